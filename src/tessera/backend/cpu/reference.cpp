@@ -1,0 +1,473 @@
+#include "tessera/backend/cpu/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "tessera/core/random.h"
+
+namespace tessera::ref {
+
+namespace {
+
+// The simd reduction lets the compiler keep several partial sums (a fixed split for a given
+// build, so still deterministic); a single double accumulator would be latency-bound, and this
+// is the inner loop of attention.
+template <class T>
+double dot(const T* x, const T* y, int64_t n) {
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(y[i]);
+  return acc;
+}
+
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+}  // namespace
+
+// ---- linear algebra ----
+
+template <class T>
+void matmul_forward(T* out, const T* a, const T* b, const T* c, const T* bias, int64_t M, int64_t N,
+                    int64_t K, bool trans_a, bool trans_b, T alpha, T beta) {
+  if (c == nullptr) c = out;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const T a_mk = trans_a ? a[k * M + m] : a[m * K + k];
+        const T b_kn = trans_b ? b[n * K + k] : b[k * N + n];
+        acc += static_cast<double>(a_mk) * static_cast<double>(b_kn);
+      }
+      double value = static_cast<double>(alpha) * acc;
+      if (beta != T(0)) value += static_cast<double>(beta) * static_cast<double>(c[m * N + n]);
+      if (bias != nullptr) value += static_cast<double>(bias[n]);
+      out[m * N + n] = static_cast<T>(value);
+    }
+  }
+}
+
+template <class T>
+void matmul_backward(T* da, T* db, T* dbias, T* dc, const T* dout, const T* a, const T* b,
+                     int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, T alpha, T beta) {
+  // d op(a) = alpha * dout @ op(b)^T and d op(b) = alpha * op(a)^T @ dout; a stored-transposed
+  // operand receives the transpose of that. The trans flags absorb every transpose, so each
+  // case is one matmul with beta = 1 (accumulate) and no operand is ever copied.
+  if (da != nullptr) {
+    if (!trans_a) {  // da (M, K) = alpha * dout @ op(b)^T
+      matmul_forward<T>(da, dout, b, nullptr, nullptr, M, K, N, false, !trans_b, alpha, T(1));
+    } else {  // da (K, M) = alpha * op(b) @ dout^T
+      matmul_forward<T>(da, b, dout, nullptr, nullptr, K, M, N, trans_b, true, alpha, T(1));
+    }
+  }
+  if (db != nullptr) {
+    if (!trans_b) {  // db (K, N) = alpha * op(a)^T @ dout
+      matmul_forward<T>(db, a, dout, nullptr, nullptr, K, N, M, !trans_a, false, alpha, T(1));
+    } else {  // db (N, K) = alpha * dout^T @ op(a)
+      matmul_forward<T>(db, dout, a, nullptr, nullptr, N, K, M, true, trans_a, alpha, T(1));
+    }
+  }
+  if (dbias != nullptr) bias_backward(dbias, dout, M, N);
+  if (dc != nullptr) {
+    for (int64_t i = 0; i < M * N; ++i) dc[i] += beta * dout[i];
+  }
+}
+
+template <class T>
+void bias_backward(T* dbias, const T* dout, int64_t M, int64_t N) {
+  for (int64_t n = 0; n < N; ++n) {
+    double acc = 0;
+    for (int64_t m = 0; m < M; ++m) acc += static_cast<double>(dout[m * N + n]);
+    dbias[n] = static_cast<T>(static_cast<double>(dbias[n]) + acc);
+  }
+}
+
+// ---- embedding ----
+
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = table + static_cast<int64_t>(tokens[n]) * C;
+    std::copy(row, row + C, out + n * C);
+  }
+}
+
+template <class T>
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C) {
+  for (int64_t n = 0; n < N; ++n) {
+    T* row = dtable + static_cast<int64_t>(tokens[n]) * C;
+    for (int64_t c = 0; c < C; ++c) row[c] += dout[n * C + c];
+  }
+}
+
+// ---- RMSNorm ----
+
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t C, T eps) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xn = x + n * C;
+    const double r = 1.0 / std::sqrt(dot(xn, xn, C) / C + static_cast<double>(eps));
+    rstd[n] = static_cast<T>(r);
+    for (int64_t c = 0; c < C; ++c) out[n * C + c] = static_cast<T>(xn[c] * r * weight[c]);
+  }
+}
+
+template <class T>
+void rmsnorm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight, const T* rstd,
+                      int64_t N, int64_t C) {
+  // y = x r w with r = (mean(x^2) + eps)^-1/2, dr/dx_c = -r^3 x_c / C, hence
+  // dx_c = r (w_c g_c - x_c r^2 mean(g w x)).
+  for (int64_t n = 0; n < N; ++n) {
+    const T* xn = x + n * C;
+    const T* gn = dout + n * C;
+    const double r = rstd[n];
+    double gwx = 0;
+    for (int64_t c = 0; c < C; ++c) gwx += static_cast<double>(gn[c]) * weight[c] * xn[c];
+    const double coef = r * r * gwx / C;
+    for (int64_t c = 0; c < C; ++c) {
+      dx[n * C + c] += static_cast<T>(r * (static_cast<double>(weight[c]) * gn[c] - xn[c] * coef));
+    }
+  }
+  if (dweight == nullptr) return;
+  for (int64_t c = 0; c < C; ++c) {
+    double acc = 0;
+    for (int64_t n = 0; n < N; ++n)
+      acc += static_cast<double>(dout[n * C + c]) * x[n * C + c] * rstd[n];
+    dweight[c] = static_cast<T>(dweight[c] + acc);
+  }
+}
+
+// ---- rotary embedding ----
+
+namespace {
+
+// Rotates the query and key heads of every token by +angle (sign 1) or -angle (sign -1).
+template <class T>
+void rope_rotate(T* qkv, const T* freqs, const AttentionShape& s, T sign) {
+  const int64_t D = s.head_dim, half = D / 2, width = s.qkv_width();
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t t = 0; t < s.seq; ++t) {
+      const T* cos_t = freqs + t * D;
+      const T* sin_t = cos_t + half;
+      T* row = qkv + (b * s.seq + t) * width;
+      for (int64_t head = 0; head < s.heads + s.kv_heads; ++head) {
+        T* x = row + head * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const T x1 = x[i], x2 = x[i + half], sine = sign * sin_t[i];
+          x[i] = x1 * cos_t[i] - x2 * sine;
+          x[i + half] = x2 * cos_t[i] + x1 * sine;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void rope_forward(T* qkv, const T* freqs, const AttentionShape& s) {
+  rope_rotate(qkv, freqs, s, T(1));
+}
+
+template <class T>
+void rope_backward(T* dqkv, const T* freqs, const AttentionShape& s) {
+  rope_rotate(dqkv, freqs, s, T(-1));
+}
+
+// ---- attention ----
+
+KeyRange visible_keys(const AttentionShape& s, int64_t i) {
+  return {s.window > 0 ? std::max<int64_t>(0, i - s.window + 1) : 0, s.causal ? i : s.seq - 1};
+}
+
+template <class T>
+void attention_head_forward(T* out, T* lse, const T* qkv, const AttentionShape& s, int64_t b,
+                            int64_t h, double* scratch) {
+  const int64_t seq = s.seq, D = s.head_dim, H = s.heads, width = s.qkv_width();
+  const int64_t kv = h / (H / s.kv_heads);
+  const double scale = s.scale;
+  const T* q_rows = qkv + b * seq * width + h * D;
+  const T* k_rows = qkv + b * seq * width + (H + kv) * D;
+  const T* v_rows = qkv + b * seq * width + (H + s.kv_heads + kv) * D;
+  T* out_rows = out + b * seq * H * D + h * D;
+  T* lse_row = lse + (b * H + h) * seq;
+  double* p = scratch;          // (seq) probabilities of the visible keys
+  double* acc = scratch + seq;  // (D) output row
+
+  for (int64_t i = 0; i < seq; ++i) {
+    const T* q = q_rows + i * width;
+    T* o = out_rows + i * H * D;
+    const KeyRange keys = visible_keys(s, i);
+    if (keys.first > keys.last) {
+      std::fill(o, o + D, T(0));
+      lse_row[i] = -std::numeric_limits<T>::infinity();
+      continue;
+    }
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t j = keys.first; j <= keys.last; ++j) {
+      p[j] = scale * dot(q, k_rows + j * width, D);
+      max = std::max(max, p[j]);
+    }
+    double denom = 0;
+    for (int64_t j = keys.first; j <= keys.last; ++j) {
+      p[j] = std::exp(p[j] - max);
+      denom += p[j];
+    }
+    std::fill(acc, acc + D, 0.0);
+    for (int64_t j = keys.first; j <= keys.last; ++j) {
+      const T* v = v_rows + j * width;
+      for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * v[d];
+    }
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / denom);
+    lse_row[i] = static_cast<T>(max + std::log(denom));
+  }
+}
+
+template <class T>
+void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T* dout, const T* out,
+                             const T* lse, const T* qkv, const AttentionShape& s, int64_t b,
+                             int64_t h, double* scratch) {
+  // With p_ij = exp(s_ij - lse_i), dp_ij = dout_i . v_j and D_i = sum_j p_ij dp_ij = dout_i .
+  // out_i, the score gradient is ds_ij = p_ij (dp_ij - D_i); then dq_i = scale sum_j ds_ij k_j,
+  // dk_j += scale ds_ij q_i, dv_j += p_ij dout_i.
+  const int64_t seq = s.seq, D = s.head_dim, H = s.heads, width = s.qkv_width();
+  const int64_t kv = h / (H / s.kv_heads);
+  const double scale = s.scale;
+  const T* q_rows = qkv + b * seq * width + h * D;
+  const T* k_rows = qkv + b * seq * width + (H + kv) * D;
+  const T* v_rows = qkv + b * seq * width + (H + s.kv_heads + kv) * D;
+  const T* dout_rows = dout + b * seq * H * D + h * D;
+  const T* out_rows = out + b * seq * H * D + h * D;
+  const T* lse_row = lse + (b * H + h) * seq;
+  T* dq_rows = dqkv + b * seq * width + h * D;
+  double* dq = scratch;  // (D)
+
+  for (int64_t i = 0; i < seq; ++i) {
+    const T* q = q_rows + i * width;
+    const T* g = dout_rows + i * H * D;
+    const double lse_i = lse_row[i];
+    const double D_i = dot(g, out_rows + i * H * D, D);
+    std::fill(dq, dq + D, 0.0);
+    const KeyRange keys = visible_keys(s, i);
+    for (int64_t j = keys.first; j <= keys.last; ++j) {
+      const T* k = k_rows + j * width;
+      const T* v = v_rows + j * width;
+      const double p = std::exp(scale * dot(q, k, D) - lse_i);
+      const double ds = p * (dot(g, v, D) - D_i);
+      T* dk_j = dk + j * dkv_stride;
+      T* dv_j = dv + j * dkv_stride;
+      for (int64_t d = 0; d < D; ++d) {
+        dq[d] += ds * k[d];
+        dk_j[d] += static_cast<T>(scale * ds * q[d]);
+        dv_j[d] += static_cast<T>(p * g[d]);
+      }
+    }
+    T* dq_i = dq_rows + i * width;
+    for (int64_t d = 0; d < D; ++d) dq_i[d] = static_cast<T>(scale * dq[d]);
+  }
+}
+
+template <class T>
+void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
+  std::vector<double> scratch(s.seq + s.head_dim);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      attention_head_forward(out, lse, qkv, s, b, h, scratch.data());
+    }
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv,
+                        const AttentionShape& s) {
+  const int64_t D = s.head_dim, width = s.qkv_width();
+  for (int64_t row = 0; row < s.tokens(); ++row) {  // dk, dv accumulate below: zero them
+    std::fill(dqkv + row * width + s.heads * D, dqkv + (row + 1) * width, T(0));
+  }
+  std::vector<double> scratch(D);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t kv = h / (s.heads / s.kv_heads);
+      T* dk = dqkv + b * s.seq * width + (s.heads + kv) * D;
+      T* dv = dqkv + b * s.seq * width + (s.heads + s.kv_heads + kv) * D;
+      attention_head_backward(dqkv, dk, dv, width, dout, out, lse, qkv, s, b, h, scratch.data());
+    }
+  }
+}
+
+// ---- SwiGLU ----
+
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* gate = gate_up + n * 2 * F;
+    const T* up = gate + F;
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gate[f];
+      out[n * F + f] = static_cast<T>(g * sigmoid(g) * up[f]);
+    }
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F) {
+  // silu'(g) = sigmoid(g) (1 + g (1 - sigmoid(g))).
+  for (int64_t n = 0; n < N; ++n) {
+    const T* gate = gate_up + n * 2 * F;
+    const T* up = gate + F;
+    T* dgate = dgate_up + n * 2 * F;
+    T* dup = dgate + F;
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gate[f], sig = sigmoid(g), grad = dout[n * F + f];
+      dgate[f] = static_cast<T>(grad * up[f] * sig * (1.0 + g * (1.0 - sig)));
+      dup[f] = static_cast<T>(grad * g * sig);
+    }
+  }
+}
+
+// ---- loss ----
+
+template <class T>
+void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                   int64_t V, T grad_scale) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    T* dx = dlogits != nullptr ? dlogits + n * V : nullptr;
+    const int32_t target = targets[n];
+    if (target < 0) {
+      losses[n] = T(0);
+      if (dx != nullptr) std::fill(dx, dx + V, T(0));
+      continue;
+    }
+    // dx may be the logits row itself: x[target] is read before anything is written, and dx
+    // holds exp(x - max) between the two passes, so that each logit costs one exp (in T).
+    const double x_target = x[target];
+    T max = x[0];
+    for (int64_t v = 1; v < V; ++v) max = std::max(max, x[v]);
+    double denom = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const T e = std::exp(x[v] - max);
+      if (dx != nullptr) dx[v] = e;
+      denom += e;
+    }
+    losses[n] = static_cast<T>(max + std::log(denom) - x_target);
+    if (dx == nullptr) continue;
+    const double scale = static_cast<double>(grad_scale) / denom, one = grad_scale;
+    for (int64_t v = 0; v < V; ++v)
+      dx[v] = static_cast<T>(scale * dx[v] - (v == target ? one : 0.0));
+  }
+}
+
+// ---- reductions ----
+
+template <class T>
+void sum(T* out, const T* x, int64_t n, bool accumulate) {
+  double acc = accumulate ? static_cast<double>(*out) : 0.0;
+  for (int64_t i = 0; i < n; ++i) acc += x[i];
+  *out = static_cast<T>(acc);
+}
+
+template <class T>
+void sum_squares(T* out, const T* x, int64_t n, bool accumulate) {
+  *out = static_cast<T>((accumulate ? static_cast<double>(*out) : 0.0) + dot(x, x, n));
+}
+
+// ---- optimizer and init ----
+
+AdamWSettings AdamWSettings::from(const AdamWArgs& a) {
+  return {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.max_grad_norm, a.step};
+}
+
+std::optional<double> adamw_grad_scale(double grad_norm_sq, double max_grad_norm) {
+  if (!std::isfinite(grad_norm_sq)) return std::nullopt;
+  if (max_grad_norm <= 0) return 1.0;
+  const double clip = max_grad_norm / (std::sqrt(grad_norm_sq) + 1e-6);
+  return std::min(clip, 1.0);
+}
+
+template <class T>
+void adamw_update(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n,
+                  const AdamWSettings& s, bool decay, double grad_scale) {
+  // Element math in double (the op is memory-bound), in torch.optim.AdamW's order: decoupled
+  // decay p *= 1 - lr wd, then p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
+  const double beta1 = s.beta1, beta2 = s.beta2, lr = s.lr, eps = s.eps;
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(s.step));
+  const double sqrt_bias_correction2 =
+      std::sqrt(1.0 - std::pow(beta2, static_cast<double>(s.step)));
+  const double step_size = lr / bias_correction1;
+  const double decay_factor = decay ? 1.0 - lr * s.weight_decay : 1.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = grad[i] * grad_scale;
+    const double m = beta1 * exp_avg[i] + (1.0 - beta1) * g;
+    const double v = beta2 * exp_avg_sq[i] + (1.0 - beta2) * g * g;
+    const double p =
+        master[i] * decay_factor - step_size * m / (std::sqrt(v) / sqrt_bias_correction2 + eps);
+    exp_avg[i] = static_cast<T>(m);
+    exp_avg_sq[i] = static_cast<T>(v);
+    master[i] = static_cast<T>(p);
+    if (params != nullptr) params[i] = master[i];
+  }
+}
+
+template <class T>
+void adamw_step(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, double grad_norm_sq,
+                std::span<const ParamSegment> segments, const AdamWSettings& s) {
+  const std::optional<double> scale = adamw_grad_scale(grad_norm_sq, s.max_grad_norm);
+  if (!scale) return;
+  for (const ParamSegment& seg : segments) {
+    const int64_t o = seg.offset;
+    adamw_update(master + o, params != nullptr ? params + o : nullptr, exp_avg + o, exp_avg_sq + o,
+                 grad + o, seg.count, s, seg.decay, *scale);
+  }
+}
+
+template <class T>
+void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean, T std) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T z = static_cast<T>(random_normal(seed, first_index + static_cast<uint64_t>(i)));
+    dst[i] = std::fma(std, z, mean);
+  }
+}
+
+// ---- instantiations ----
+
+#define TESSERA_REF_INSTANTIATE(T)                                                                 \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, const T*, int64_t, int64_t,    \
+                                  int64_t, bool, bool, T, T);                                      \
+  template void matmul_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
+                                   int64_t, bool, bool, T, T);                                     \
+  template void bias_backward<T>(T*, const T*, int64_t, int64_t);                                  \
+  template void embedding_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t);              \
+  template void embedding_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t);             \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);               \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,       \
+                                    int64_t);                                                      \
+  template void rope_forward<T>(T*, const T*, const AttentionShape&);                              \
+  template void rope_backward<T>(T*, const T*, const AttentionShape&);                             \
+  template void attention_forward<T>(T*, T*, const T*, const AttentionShape&);                     \
+  template void attention_backward<T>(T*, const T*, const T*, const T*, const T*,                  \
+                                      const AttentionShape&);                                      \
+  template void attention_head_forward<T>(T*, T*, const T*, const AttentionShape&, int64_t,        \
+                                          int64_t, double*);                                       \
+  template void attention_head_backward<T>(T*, T*, T*, int64_t, const T*, const T*, const T*,      \
+                                           const T*, const AttentionShape&, int64_t, int64_t,      \
+                                           double*);                                               \
+  template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
+  template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
+  template void cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, T);           \
+  template void sum<T>(T*, const T*, int64_t, bool);                                               \
+  template void sum_squares<T>(T*, const T*, int64_t, bool);                                       \
+  template void adamw_update<T>(T*, T*, T*, T*, const T*, int64_t, const AdamWSettings&, bool,     \
+                                double);                                                           \
+  template void adamw_step<T>(T*, T*, T*, T*, const T*, double, std::span<const ParamSegment>,     \
+                              const AdamWSettings&);                                               \
+  template void init_normal<T>(T*, int64_t, uint64_t, uint64_t, T, T);
+
+TESSERA_REF_INSTANTIATE(float)
+TESSERA_REF_INSTANTIATE(double)
+#undef TESSERA_REF_INSTANTIATE
+
+}  // namespace tessera::ref

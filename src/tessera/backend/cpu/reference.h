@@ -1,0 +1,173 @@
+#pragma once
+// Reference implementations of every op of ops/backend.h (llm.c train_gpt2.c style): plain
+// loops over raw pointers, shapes in the comments, N = tokens (B*T).
+//
+// Templates on the scalar type T, instantiated for float and double. The double instances
+// are the ground truth of the finite-difference gradient checks; the float instances do the
+// arithmetic of the CPU backend, which calls them on rows (or heads, or chunks) from its
+// OpenMP loops. Sums over a row, a column or a softmax accumulate in double in both.
+//
+// Output semantics are the op API's: gradients documented there as "accumulates" add into
+// their existing contents; every other output is overwritten.
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "tessera/ops/backend.h"
+
+namespace tessera::ref {
+
+// ---- linear algebra ----
+
+// out (M, N) = alpha * op(a) @ op(b) + beta * c + bias (broadcast over rows).
+// a: (M, K), or (K, M) when trans_a. b: (K, N), or (N, K) when trans_b. c (M, N) may be null,
+// which means out itself; beta == 0 does not read c at all (as BLAS: NaN there does not
+// propagate). bias (N) may be null. out must not alias a or b.
+template <class T>
+void matmul_forward(T* out, const T* a, const T* b, const T* c, const T* bias, int64_t M, int64_t N,
+                    int64_t K, bool trans_a, bool trans_b, T alpha, T beta);
+
+// Gradients of matmul_forward for dout (M, N); each one that is non-null accumulates:
+// da (shape of a), db (shape of b), dbias (N), dc (M, N) += beta * dout.
+// Written as the matmul_forward calls a model makes through the op API, so the trans flags of
+// each case are spelled out (and checked by finite differences) once.
+template <class T>
+void matmul_backward(T* da, T* db, T* dbias, T* dc, const T* dout, const T* a, const T* b,
+                     int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, T alpha, T beta);
+
+// dbias (N) accumulates the column sums of dout (M, N).
+template <class T>
+void bias_backward(T* dbias, const T* dout, int64_t M, int64_t N);
+
+// ---- embedding ----
+
+// out (N, C) = table[tokens]; tokens (N) in [0, V); table (V, C).
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C);
+
+// dtable (V, C) accumulates the rows of dout (N, C) at tokens (N), in token order.
+template <class T>
+void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C);
+
+// ---- RMSNorm ----
+
+// x (N, C), weight (C). rstd (N) = 1 / sqrt(mean(x^2) + eps); out (N, C) = x * rstd * weight.
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* x, const T* weight, int64_t N, int64_t C, T eps);
+
+// dout, x (N, C); weight (C); rstd (N) from rmsnorm_forward. dx (N, C) accumulates; dweight
+// (C) accumulates unless null (the CPU backend reduces it separately, split by columns).
+template <class T>
+void rmsnorm_backward(T* dx, T* dweight, const T* dout, const T* x, const T* weight, const T* rstd,
+                      int64_t N, int64_t C);
+
+// ---- rotary embedding ----
+
+// In place on the s.heads query and s.kv_heads key heads of qkv (B, T, s.qkv_width()); values
+// are untouched. freqs (T, D): row t = cos(t * inv_freq[0..D/2)) then sin(t * inv_freq[...]).
+// Rotate-half pairs element i with i + D/2:
+//   x'[i] = x[i] cos - x[i + D/2] sin,   x'[i + D/2] = x[i + D/2] cos + x[i] sin.
+template <class T>
+void rope_forward(T* qkv, const T* freqs, const AttentionShape& s);
+
+// The transposed (= inverse) rotation, in place on the query/key heads of dqkv (B, T, width).
+template <class T>
+void rope_backward(T* dqkv, const T* freqs, const AttentionShape& s);
+
+// ---- attention ----
+
+// Keys visible from query i form the contiguous range [first, last] (empty if first > last):
+// j <= i when causal, i - window < j when window > 0.
+struct KeyRange {
+  int64_t first, last;
+};
+KeyRange visible_keys(const AttentionShape& s, int64_t i);
+
+// qkv (B, T, (H + 2*KV) * D) packs per token H query heads, then KV key heads, then KV value
+// heads; query head h reads key/value head h / (H / KV).
+// out (B, T, H*D) = softmax(scale * q k^T + mask) v per head; lse (B, H, T) = log-sum-exp of
+// each query row's visible scaled scores (-inf, with a zero output row, if it sees none).
+template <class T>
+void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s);
+
+// dqkv (B, T, width) is overwritten with the gradients of q, k and v for dout (B, T, H*D).
+// Probabilities are recomputed from lse; sum_j p_ij dp_ij is taken as dout_i . out_i.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv,
+                        const AttentionShape& s);
+
+// attention_forward for the one (batch b, query head h) pair. scratch: s.seq + s.head_dim.
+template <class T>
+void attention_head_forward(T* out, T* lse, const T* qkv, const AttentionShape& s, int64_t b,
+                            int64_t h, double* scratch);
+
+// attention_backward for the one (batch b, query head h) pair: its dq rows in dqkv are
+// overwritten; the gradients of its key and value head accumulate into dk and dv, whose rows
+// t = 0..T-1 are dkv_stride elements apart (in dqkv itself: stride = width). scratch: head_dim.
+template <class T>
+void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T* dout, const T* out,
+                             const T* lse, const T* qkv, const AttentionShape& s, int64_t b,
+                             int64_t h, double* scratch);
+
+// ---- SwiGLU ----
+
+// gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up, silu(g) = g * sigmoid(g).
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
+
+// dgate_up (N, 2F) is overwritten; dout (N, F).
+template <class T>
+void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);
+
+// ---- loss ----
+
+// Forward and backward fused, as in the op API. logits (N, V); targets (N), negative =
+// ignored; losses (N) = logsumexp(logits[n]) - logits[n, targets[n]] (0 if ignored).
+// If dlogits (N, V) is non-null (it may be logits itself) it is overwritten with
+// grad_scale * (softmax(logits[n]) - onehot(targets[n])), a zero row if ignored.
+template <class T>
+void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                   int64_t V, T grad_scale);
+
+// ---- reductions ----
+
+// out (1) = sum(x) (or out += sum(x) when accumulate); x (n).
+template <class T>
+void sum(T* out, const T* x, int64_t n, bool accumulate);
+
+// out (1) = sum(x^2) (or out += sum(x^2) when accumulate); x (n).
+template <class T>
+void sum_squares(T* out, const T* x, int64_t n, bool accumulate);
+
+// ---- optimizer and init ----
+
+// The scalar settings of one AdamW step: the fields of AdamWArgs that are not tensors.
+struct AdamWSettings {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  float max_grad_norm = 0;
+  int64_t step = 1;
+  static AdamWSettings from(const AdamWArgs& a);
+};
+
+// The factor every gradient is multiplied by: max_grad_norm / (norm + 1e-6) when clipping is
+// on and that is below 1, otherwise 1. nullopt when grad_norm_sq is not finite: skip the step.
+std::optional<double> adamw_grad_scale(double grad_norm_sq, double max_grad_norm);
+
+// AdamW (torch.optim.AdamW semantics) on n consecutive elements; params (compute-dtype copy
+// of master) may be null. decay: whether weight decay applies to these elements.
+template <class T>
+void adamw_update(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n,
+                  const AdamWSettings& s, bool decay, double grad_scale);
+
+// One full step over the segments (offsets relative to master[0]): skip on a non-finite
+// grad_norm_sq, clip, update. Elements outside every segment are untouched.
+template <class T>
+void adamw_step(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, double grad_norm_sq,
+                std::span<const ParamSegment> segments, const AdamWSettings& s);
+
+// dst (n)[i] = mean + std * random_normal(seed, first_index + i), as one fused multiply-add
+// so that every backend can reproduce the float values bit for bit.
+template <class T>
+void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean, T std);
+
+}  // namespace tessera::ref

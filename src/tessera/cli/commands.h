@@ -1,0 +1,22 @@
+#pragma once
+// Entry points of `tessera <subcommand>`. Each takes the arguments after the subcommand
+// and returns the process exit code; user errors are thrown as tessera::Error subclasses
+// and turned into messages and exit codes by main().
+#include <string>
+#include <vector>
+
+namespace tessera::cli {
+
+using Args = std::vector<std::string>;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const Args& args);
+};
+
+int train_command(const Args& args);
+int report_command(const Args& args);
+int trace_command(const Args& args);
+
+}  // namespace tessera::cli

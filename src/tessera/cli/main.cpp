@@ -1,0 +1,65 @@
+// tessera: pretrain, benchmark and profile Llama-family models.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/cli/commands.h"
+#include "tessera/core/error.h"
+
+namespace {
+
+using tessera::cli::Command;
+
+constexpr Command kCommands[] = {
+    {"train", "train a model from an experiment YAML (default: the shipped Brown corpus job)",
+     tessera::cli::train_command},
+    {"report", "performance report from a Chrome/PyTorch profiler trace (also --compare, --ranks)",
+     tessera::cli::report_command},
+    {"trace", "trace tools: `trace merge` joins per-rank traces for Perfetto",
+     tessera::cli::trace_command},
+};
+
+void print_usage() {
+  fmt::print("usage: tessera <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) fmt::print("  {:<12} {}\n", c.name, c.summary);
+  fmt::print("\n`tessera <command> --help` describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    print_usage();
+    return argc < 2 ? tessera::kExitInvalidInput : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    fmt::print("tessera {}\n", TESSERA_VERSION);
+    return 0;
+  }
+  const std::string name = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : kCommands) {
+    if (name != c.name) continue;
+    try {
+      return c.run(args);
+    } catch (const tessera::ConfigError& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return tessera::kExitInvalidInput;
+    } catch (const tessera::TrainingAborted& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return e.exit_code();
+    } catch (const tessera::InternalError& e) {
+      fmt::print(stderr, "{}\n", e.what());
+      return 70;
+    } catch (const tessera::Error& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return tessera::kExitRuntimeFailure;
+    }
+  }
+  fmt::print(stderr, "error: unknown command '{}'\n\n", name);
+  print_usage();
+  return tessera::kExitInvalidInput;
+}

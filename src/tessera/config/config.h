@@ -1,0 +1,116 @@
+#pragma once
+// Typed configuration of one experiment. Keys follow Megatron/Primus names wherever the
+// concept is the same; every key can be set in the model preset, the experiment YAML
+// (top level, `overrides:` or Primus's `modules.pre_trainer.overrides:`) or on the command
+// line as `--key value` / `--key=value`, in increasing order of precedence.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tessera {
+
+enum class LrDecayStyle { Constant, Linear, Cosine };
+enum class RecomputeGranularity { None, Full, Selective };
+enum class Precision { Auto, Fp32, Bf16 };
+enum class DeviceChoice { Auto, Cpu, Cuda };
+enum class TokenizerType { ByteLevel };
+
+struct ModelConfig {
+  int64_t num_layers = 2;
+  int64_t hidden_size = 64;
+  int64_t ffn_hidden_size = 0;            // 0: derived as in Megatron's SwiGLU sizing
+  int64_t num_attention_heads = 4;
+  int64_t num_query_groups = 0;           // 0: same as num_attention_heads (no GQA)
+  int64_t kv_channels = 0;                // head dim; 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 4096;
+  int64_t vocab_size = 0;                 // 0: the tokenizer's vocabulary size
+  int64_t make_vocab_size_divisible_by = 128;
+  double rotary_base = 10000.0;
+  bool use_rope_scaling = false;          // Llama 3.1 frequency scaling
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position_embeddings = 8192;
+  double norm_epsilon = 1e-5;
+  bool add_qkv_bias = false;              // Qwen 2.5
+  bool untie_embeddings_and_output_weights = true;
+  int64_t sliding_window = 0;             // Mistral: 4096; 0 = full causal attention
+  double init_method_std = 0.02;
+};
+
+struct TrainingConfig {
+  int64_t train_iters = 100;
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 1;
+  int64_t seq_length = 128;
+  double lr = 3e-4;
+  double min_lr = 0.0;
+  int64_t lr_warmup_iters = 0;
+  int64_t lr_decay_iters = 0;             // 0: train_iters
+  LrDecayStyle lr_decay_style = LrDecayStyle::Cosine;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;                 // 0: no clipping
+  int64_t seed = 1234;
+  DeviceChoice device = DeviceChoice::Auto;
+  Precision precision = Precision::Auto;  // auto: bf16 on GPUs, fp32 on the CPU reference
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
+  int64_t recompute_num_layers = 0;       // 0: all layers (with full recompute)
+  int64_t max_consecutive_nan_iters = 10;
+  int64_t cross_entropy_chunk_tokens = 4096;
+};
+
+struct DataConfig {
+  bool mock_data = false;
+  std::string train_data_path;
+  std::string split = "969,30,1";
+  TokenizerType tokenizer_type = TokenizerType::ByteLevel;
+  int64_t eval_interval = 0;              // 0: no evaluation
+  int64_t eval_iters = 10;
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 1;
+  bool log_progress = true;               // progress bar on a terminal
+};
+
+struct Experiment {
+  std::string work_group = "tessera";
+  std::string user_name = "user";
+  std::string exp_name = "default";
+  std::string workspace = "./output";
+  std::string model = "";                 // preset name or path it was built from
+  ModelConfig model_config;
+  TrainingConfig training;
+  DataConfig data;
+  LoggingConfig logging;
+
+  // Where each key's value came from ("file.yaml:12", "command line", "default"), for errors.
+  std::map<std::string, std::string> origin;
+  std::string source_file;                // the experiment file given to the loader
+
+  // {workspace}/{work_group}/{user_name}/{exp_name}
+  std::string experiment_root() const;
+};
+
+struct LoadOptions {
+  std::string config_path;                 // empty: the shipped default experiment
+  std::vector<std::string> cli_overrides;  // "--key value" / "--key=value" tokens
+  int data_parallel_size = 1;              // world size seen by validation
+};
+
+// Loads, merges, substitutes and validates. Throws ConfigError naming file, key, value and
+// what was expected; touches nothing on disk.
+Experiment load_experiment(const LoadOptions& options);
+
+// "969,30,1" -> {969, 30, 1}; empty on malformed input (negative, non-numeric).
+std::vector<double> parse_split(const std::string& text);
+
+// The effective configuration as YAML (every key, in registry order), for logs and the
+// experiment directory.
+std::string experiment_to_yaml(const Experiment& e);
+
+}  // namespace tessera

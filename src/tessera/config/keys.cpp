@@ -1,0 +1,248 @@
+#include "tessera/config/keys.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace tessera {
+namespace {
+
+bool is_null(const std::string& s) { return s.empty() || s == "null" || s == "~" || s == "None"; }
+
+bool parse_int(const std::string& s, int64_t* out) {
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, *out);
+  return ec == std::errc() && p == end;
+}
+
+bool parse_float(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && std::isfinite(*out);
+}
+
+bool parse_bool(const std::string& s, bool* out) {
+  if (s == "true" || s == "True" || s == "TRUE" || s == "1") return *out = true, true;
+  if (s == "false" || s == "False" || s == "FALSE" || s == "0") return *out = false, true;
+  return false;
+}
+
+std::string format_float(double v) {
+  std::string s = fmt::format("{}", v);
+  // Keep floats recognisable as floats in the dumped YAML.
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+template <class Access>
+KeySpec int_key(std::string_view name, std::string_view section, std::string_view help,
+                Access access) {
+  return {name, section, KeyType::Int, help, {},
+          [access](Experiment& e, const std::string& t) -> std::string {
+            if (!parse_int(t, &access(e))) return "an integer";
+            return "";
+          },
+          [access](const Experiment& e) {
+            return std::to_string(access(const_cast<Experiment&>(e)));
+          }};
+}
+
+template <class Access>
+KeySpec float_key(std::string_view name, std::string_view section, std::string_view help,
+                  Access access) {
+  return {name, section, KeyType::Float, help, {},
+          [access](Experiment& e, const std::string& t) -> std::string {
+            if (!parse_float(t, &access(e))) return "a finite number";
+            return "";
+          },
+          [access](const Experiment& e) {
+            return format_float(access(const_cast<Experiment&>(e)));
+          }};
+}
+
+template <class Access>
+KeySpec bool_key(std::string_view name, std::string_view section, std::string_view help,
+                 Access access) {
+  return {name, section, KeyType::Bool, help, {},
+          [access](Experiment& e, const std::string& t) -> std::string {
+            if (!parse_bool(t, &access(e))) return "true or false";
+            return "";
+          },
+          [access](const Experiment& e) {
+            return access(const_cast<Experiment&>(e)) ? std::string("true") : std::string("false");
+          }};
+}
+
+template <class Access>
+KeySpec string_key(std::string_view name, std::string_view section, std::string_view help,
+                   Access access) {
+  return {name, section, KeyType::String, help, {},
+          [access](Experiment& e, const std::string& t) -> std::string {
+            access(e) = is_null(t) ? std::string() : t;
+            return "";
+          },
+          [access](const Experiment& e) {
+            const std::string& v = access(const_cast<Experiment&>(e));
+            return v.empty() ? std::string("null") : v;
+          }};
+}
+
+template <class E>
+struct Choice {
+  std::string_view name;
+  E value;
+};
+
+template <class E, class Access>
+KeySpec choice_key(std::string_view name, std::string_view section, std::string_view help,
+                   std::vector<Choice<E>> choices, Access access) {
+  std::vector<std::string_view> names;
+  std::string expected = "one of: ";
+  for (const auto& c : choices) {
+    expected += (names.empty() ? "" : ", ") + std::string(c.name);
+    names.push_back(c.name);
+  }
+  return {name, section, KeyType::Choice, help, names,
+          [access, choices, expected](Experiment& e, const std::string& t) -> std::string {
+            const std::string key = is_null(t) ? "null" : t;
+            for (const auto& c : choices) {
+              if (c.name == key) {
+                access(e) = c.value;
+                return "";
+              }
+            }
+            return expected;
+          },
+          [access, choices](const Experiment& e) {
+            for (const auto& c : choices)
+              if (c.value == access(const_cast<Experiment&>(e))) return std::string(c.name);
+            return std::string("?");
+          }};
+}
+
+#define TS_FIELD(path) [](Experiment& e) -> auto& { return e.path; }
+
+std::vector<KeySpec> build_keys() {
+  std::vector<KeySpec> k;
+  // ---- experiment ----
+  k.push_back(string_key("work_group", "experiment", "Team or group; second level of the experiment directory.", TS_FIELD(work_group)));
+  k.push_back(string_key("user_name", "experiment", "User; third level of the experiment directory.", TS_FIELD(user_name)));
+  k.push_back(string_key("exp_name", "experiment", "Experiment name; last level of the experiment directory.", TS_FIELD(exp_name)));
+  k.push_back(string_key("workspace", "experiment", "Root of all experiment directories: {workspace}/{work_group}/{user_name}/{exp_name}.", TS_FIELD(workspace)));
+  k.push_back(string_key("model", "experiment", "Model preset: a name from configs/models (e.g. llama3.1_8B) or a YAML path.", TS_FIELD(model)));
+  // ---- model ----
+  k.push_back(int_key("num_layers", "model", "Transformer layers; set lower than the preset for a proxy model.", TS_FIELD(model_config.num_layers)));
+  k.push_back(int_key("hidden_size", "model", "Model width.", TS_FIELD(model_config.hidden_size)));
+  k.push_back(int_key("ffn_hidden_size", "model", "SwiGLU inner width; 0 derives int(8*hidden/3/64)*64 as Megatron does.", TS_FIELD(model_config.ffn_hidden_size)));
+  k.push_back(int_key("num_attention_heads", "model", "Query heads.", TS_FIELD(model_config.num_attention_heads)));
+  k.push_back(int_key("num_query_groups", "model", "Key/value heads (grouped-query attention); 0 means one per query head.", TS_FIELD(model_config.num_query_groups)));
+  k.push_back(int_key("kv_channels", "model", "Head dimension; 0 means hidden_size / num_attention_heads.", TS_FIELD(model_config.kv_channels)));
+  k.push_back(int_key("max_position_embeddings", "model", "Longest sequence the model is configured for; seq_length may not exceed it.", TS_FIELD(model_config.max_position_embeddings)));
+  k.push_back(int_key("vocab_size", "model", "Vocabulary size before padding; 0 takes the tokenizer's.", TS_FIELD(model_config.vocab_size)));
+  k.push_back(int_key("make_vocab_size_divisible_by", "model", "Pad the vocabulary (embedding and output rows) to a multiple of this.", TS_FIELD(model_config.make_vocab_size_divisible_by)));
+  k.push_back(float_key("rotary_base", "model", "RoPE base frequency (theta).", TS_FIELD(model_config.rotary_base)));
+  k.push_back(bool_key("use_rope_scaling", "model", "Apply Llama 3.1 RoPE frequency scaling.", TS_FIELD(model_config.use_rope_scaling)));
+  k.push_back(float_key("rope_scaling_factor", "model", "Llama 3.1 RoPE scaling factor.", TS_FIELD(model_config.rope_scaling_factor)));
+  k.push_back(float_key("rope_low_freq_factor", "model", "Llama 3.1 RoPE low-frequency factor.", TS_FIELD(model_config.rope_low_freq_factor)));
+  k.push_back(float_key("rope_high_freq_factor", "model", "Llama 3.1 RoPE high-frequency factor.", TS_FIELD(model_config.rope_high_freq_factor)));
+  k.push_back(int_key("rope_original_max_position_embeddings", "model", "Context length the Llama 3.1 RoPE scaling is relative to.", TS_FIELD(model_config.rope_original_max_position_embeddings)));
+  k.push_back(float_key("norm_epsilon", "model", "RMSNorm epsilon.", TS_FIELD(model_config.norm_epsilon)));
+  k.push_back(bool_key("add_qkv_bias", "model", "Bias on the query/key/value projections (Qwen 2.5).", TS_FIELD(model_config.add_qkv_bias)));
+  k.push_back(bool_key("untie_embeddings_and_output_weights", "model", "Separate output head; false shares the embedding matrix.", TS_FIELD(model_config.untie_embeddings_and_output_weights)));
+  k.push_back(int_key("sliding_window", "model", "Sliding-window attention span (Mistral: 4096); 0 is full causal attention.", TS_FIELD(model_config.sliding_window)));
+  k.push_back(float_key("init_method_std", "model", "Standard deviation of the normal weight initialisation; output projections use std/sqrt(2*num_layers).", TS_FIELD(model_config.init_method_std)));
+  // ---- training ----
+  k.push_back(int_key("train_iters", "training", "Optimizer steps to run.", TS_FIELD(training.train_iters)));
+  k.push_back(int_key("micro_batch_size", "training", "Sequences per forward/backward pass on one GPU.", TS_FIELD(training.micro_batch_size)));
+  k.push_back(int_key("global_batch_size", "training", "Sequences per optimizer step over all ranks: micro_batch_size x data-parallel size x accumulation steps.", TS_FIELD(training.global_batch_size)));
+  k.push_back(int_key("seq_length", "training", "Tokens per sequence.", TS_FIELD(training.seq_length)));
+  k.push_back(float_key("lr", "training", "Peak learning rate.", TS_FIELD(training.lr)));
+  k.push_back(float_key("min_lr", "training", "Learning rate at the end of the decay.", TS_FIELD(training.min_lr)));
+  k.push_back(int_key("lr_warmup_iters", "training", "Linear warm-up steps from 0 to lr.", TS_FIELD(training.lr_warmup_iters)));
+  k.push_back(int_key("lr_decay_iters", "training", "Step at which the decay reaches min_lr; 0 means train_iters.", TS_FIELD(training.lr_decay_iters)));
+  k.push_back(choice_key<LrDecayStyle>("lr_decay_style", "training", "Learning-rate decay after warm-up.", {{"cosine", LrDecayStyle::Cosine}, {"linear", LrDecayStyle::Linear}, {"constant", LrDecayStyle::Constant}}, TS_FIELD(training.lr_decay_style)));
+  k.push_back(float_key("weight_decay", "training", "AdamW decoupled weight decay on weight matrices (not on norms and biases).", TS_FIELD(training.weight_decay)));
+  k.push_back(float_key("adam_beta1", "training", "AdamW first-moment decay.", TS_FIELD(training.adam_beta1)));
+  k.push_back(float_key("adam_beta2", "training", "AdamW second-moment decay.", TS_FIELD(training.adam_beta2)));
+  k.push_back(float_key("adam_eps", "training", "AdamW epsilon.", TS_FIELD(training.adam_eps)));
+  k.push_back(float_key("clip_grad", "training", "Clip the global gradient norm to this; 0 disables clipping.", TS_FIELD(training.clip_grad)));
+  k.push_back(int_key("seed", "training", "Seed of initialisation, mock data and data shuffling.", TS_FIELD(training.seed)));
+  k.push_back(choice_key<DeviceChoice>("device", "training", "Where to train; auto picks cuda when a GPU is present.", {{"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}}, TS_FIELD(training.device)));
+  k.push_back(choice_key<Precision>("precision", "training", "Weights/activations dtype: bf16 mixed precision with fp32 master weights, or fp32; auto is bf16 on GPUs, fp32 on the CPU.", {{"auto", Precision::Auto}, {"fp32", Precision::Fp32}, {"bf16", Precision::Bf16}}, TS_FIELD(training.precision)));
+  k.push_back(choice_key<RecomputeGranularity>("recompute_granularity", "training", "Activation recompute: full re-runs whole layers in backward; selective re-runs norms and SwiGLU only.", {{"null", RecomputeGranularity::None}, {"full", RecomputeGranularity::Full}, {"selective", RecomputeGranularity::Selective}}, TS_FIELD(training.recompute_granularity)));
+  k.push_back(int_key("recompute_num_layers", "training", "With full recompute: how many layers, from the first, recompute (Megatron's block method); 0 means all.", TS_FIELD(training.recompute_num_layers)));
+  k.push_back(int_key("max_consecutive_nan_iters", "training", "Stop after this many iterations in a row with a non-finite loss or gradient (each is skipped).", TS_FIELD(training.max_consecutive_nan_iters)));
+  k.push_back(int_key("cross_entropy_chunk_tokens", "training", "Tokens per chunk of the fused output-head + cross-entropy; bounds the logits memory to chunk x vocab.", TS_FIELD(training.cross_entropy_chunk_tokens)));
+  // ---- data ----
+  k.push_back(bool_key("mock_data", "data", "Train on random tokens (for speed runs), as Primus's mock_data.", TS_FIELD(data.mock_data)));
+  k.push_back(string_key("train_data_path", "data", "Training text: a directory or file of plain or Brown-corpus-tagged text.", TS_FIELD(data.train_data_path)));
+  k.push_back(string_key("split", "data", "Train/valid/test proportions over documents, e.g. \"969,30,1\".", TS_FIELD(data.split)));
+  k.push_back(choice_key<TokenizerType>("tokenizer_type", "data", "Tokenizer: ByteLevel maps each UTF-8 byte to a token (256) plus end-of-document.", {{"ByteLevel", TokenizerType::ByteLevel}}, TS_FIELD(data.tokenizer_type)));
+  k.push_back(int_key("eval_interval", "data", "Evaluate the validation loss every this many iterations (and at the end); 0 disables.", TS_FIELD(data.eval_interval)));
+  k.push_back(int_key("eval_iters", "data", "Micro-batches of the validation split per evaluation (times the data-parallel size).", TS_FIELD(data.eval_iters)));
+  // ---- logging ----
+  k.push_back(int_key("log_interval", "logging", "Print the iteration line every this many iterations.", TS_FIELD(logging.log_interval)));
+  k.push_back(bool_key("log_progress", "logging", "Show a progress bar when stdout is a terminal.", TS_FIELD(logging.log_progress)));
+  return k;
+}
+
+#undef TS_FIELD
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::span<const KeySpec> config_keys() {
+  static const std::vector<KeySpec> kKeys = build_keys();
+  return kKeys;
+}
+
+const KeySpec* find_key(std::string_view name) {
+  for (const auto& k : config_keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string suggest_key(std::string_view unknown) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& k : config_keys()) {
+    size_t d = edit_distance(unknown, k.name);
+    // A key containing the typed word is a good suggestion even when far by edits.
+    if (k.name.find(unknown) != std::string_view::npos && unknown.size() >= 4)
+      d = std::min(d, size_t{2});
+    if (d < best_d) best_d = d, best = std::string(k.name);
+  }
+  return best_d <= std::max<size_t>(2, unknown.size() / 3) ? best : std::string();
+}
+
+std::string describe_type(const KeySpec& key) {
+  switch (key.type) {
+    case KeyType::Int: return "an integer";
+    case KeyType::Float: return "a finite number";
+    case KeyType::Bool: return "true or false";
+    case KeyType::String: return "a string";
+    case KeyType::Choice: {
+      std::string s = "one of: ";
+      for (size_t i = 0; i < key.choices.size(); ++i) s += (i ? ", " : "") + std::string(key.choices[i]);
+      return s;
+    }
+  }
+  return "?";
+}
+
+}  // namespace tessera

@@ -1,0 +1,36 @@
+#pragma once
+// The registry of configuration keys: one entry per key with its section, type, help text
+// and accessors. Loading, CLI overrides, validation messages, `tessera train --help`,
+// the effective-config dump and docs/configuration.md all read this one table.
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/config/config.h"
+
+namespace tessera {
+
+enum class KeyType { Int, Float, Bool, String, Choice };
+
+struct KeySpec {
+  std::string_view name;
+  std::string_view section;  // experiment, model, training, data, logging
+  KeyType type;
+  std::string_view help;
+  std::vector<std::string_view> choices;  // for KeyType::Choice
+  // Parses `text` (a YAML scalar) into the experiment; returns an empty string on success or
+  // a description of what was expected.
+  std::function<std::string(Experiment&, const std::string& text)> set;
+  std::function<std::string(const Experiment&)> get;  // the value as YAML scalar text
+};
+
+std::span<const KeySpec> config_keys();
+const KeySpec* find_key(std::string_view name);
+// Closest known key by edit distance, or "" if nothing is reasonably close.
+std::string suggest_key(std::string_view unknown);
+// Human-readable type, e.g. "an integer", "one of: cosine, linear, constant".
+std::string describe_type(const KeySpec& key);
+
+}  // namespace tessera

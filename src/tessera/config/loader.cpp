@@ -1,0 +1,346 @@
+// Experiment loading: YAML files with `extends:` inheritance and ${VAR:default}
+// substitution, a model preset, and command-line overrides, merged in that order of
+// precedence into one typed Experiment.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "tessera/config/config.h"
+#include "tessera/config/embedded_configs.h"
+#include "tessera/config/keys.h"
+#include "tessera/config/validate.h"
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kDefaultExperiment = "experiments/default.yaml";
+constexpr const char* kEmbeddedPrefix = "<shipped>/";
+
+struct Setting {
+  std::string key;
+  std::string value;
+  std::string origin;  // "file.yaml:LINE" or "command line"
+};
+
+// A YAML document found on disk or among the shipped configs.
+struct ConfigDoc {
+  std::string text;
+  std::string display;  // path for messages
+  std::string dir;      // directory on disk, or "<shipped>/models" for embedded files
+};
+
+const char* find_embedded(const std::string& rel) {
+  for (const auto& c : embedded_configs())
+    if (c.path == rel) return c.content.data();
+  return nullptr;
+}
+
+bool read_file(const fs::path& p, std::string* out) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return true;
+}
+
+std::string with_yaml_suffix(const std::string& ref) {
+  return ref.ends_with(".yaml") || ref.ends_with(".yml") ? ref : ref + ".yaml";
+}
+
+// Resolves `ref` as written in `referrer` (for messages) at `key`. Paths are tried on disk
+// relative to the referring file, then the working directory; names (and paths inside a
+// shipped file) resolve among the shipped configs, under `shipped_folder` when given.
+ConfigDoc resolve(const std::string& ref, const std::string& referrer_dir,
+                  const std::string& referrer, const std::string& key,
+                  const std::string& shipped_folder) {
+  ConfigDoc doc;
+  std::vector<std::string> tried;
+  const bool referrer_shipped = referrer_dir.starts_with(kEmbeddedPrefix);
+  if (!referrer_shipped) {
+    std::vector<fs::path> candidates;
+    if (fs::path(ref).is_absolute()) {
+      candidates.push_back(ref);
+    } else {
+      if (!referrer_dir.empty()) candidates.push_back(fs::path(referrer_dir) / ref);
+      candidates.push_back(fs::path(ref));
+    }
+    for (const auto& c : candidates) {
+      tried.push_back(c.string());
+      if (fs::is_regular_file(c) && read_file(c, &doc.text)) {
+        doc.display = c.lexically_normal().string();
+        doc.dir = c.parent_path().string();
+        return doc;
+      }
+    }
+  }
+  std::vector<std::string> shipped;
+  const std::string name = with_yaml_suffix(ref);
+  if (referrer_shipped) {
+    const std::string folder = referrer_dir.substr(std::string(kEmbeddedPrefix).size());
+    shipped.push_back(folder.empty() ? name : folder + "/" + name);
+  }
+  if (!shipped_folder.empty()) shipped.push_back(shipped_folder + "/" + name);
+  shipped.push_back(name);
+  for (const auto& rel : shipped) {
+    tried.push_back(kEmbeddedPrefix + rel);
+    if (const char* text = find_embedded(rel)) {
+      doc.text = text;
+      doc.display = kEmbeddedPrefix + rel;
+      const auto slash = rel.rfind('/');
+      doc.dir = kEmbeddedPrefix + (slash == std::string::npos ? "" : rel.substr(0, slash));
+      return doc;
+    }
+  }
+  std::string list;
+  for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
+  throw ConfigError(referrer, key, ref, "an existing YAML file (looked for " + list + ")");
+}
+
+std::string builtin_variable(const std::string& name) {
+  if (name == "TESSERA_ROOT") return TESSERA_SOURCE_DIR;
+  return {};
+}
+
+// Replaces ${VAR} and ${VAR:default} with the environment's value (or the default).
+std::string substitute(const std::string& text, const std::string& origin,
+                       const std::string& key) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t start = text.find("${", i);
+    if (start == std::string::npos) {
+      out += text.substr(i);
+      break;
+    }
+    out += text.substr(i, start - i);
+    const size_t end = text.find('}', start);
+    if (end == std::string::npos)
+      throw ConfigError(origin, key, text, "a closing '}' for '${' (syntax ${VAR} or ${VAR:default})");
+    const std::string body = text.substr(start + 2, end - start - 2);
+    const size_t colon = body.find(':');
+    const std::string var = body.substr(0, colon);
+    if (var.empty()) throw ConfigError(origin, key, text, "a variable name inside ${...}");
+    const char* env = std::getenv(var.c_str());
+    if (env) {
+      out += env;
+    } else if (colon != std::string::npos) {
+      out += body.substr(colon + 1);
+    } else if (std::string b = builtin_variable(var); !b.empty()) {
+      out += b;
+    } else {
+      throw ConfigError(origin, key, text,
+                        "environment variable " + var + " to be set, or a default: ${" + var + ":value}");
+    }
+    i = end + 1;
+  }
+  return out;
+}
+
+std::string where(const ConfigDoc& doc, const YAML::Node& node) {
+  const auto mark = node.Mark();
+  return mark.line >= 0 ? doc.display + ":" + std::to_string(mark.line + 1) : doc.display;
+}
+
+void append_scalar(const ConfigDoc& doc, const std::string& key, const YAML::Node& value,
+                   std::vector<Setting>* out) {
+  if (!value.IsScalar() && !value.IsNull())
+    throw ConfigError(where(doc, value), key, YAML::Dump(value), "a single value, not a list or map");
+  const std::string origin = where(doc, value);
+  const std::string raw = value.IsNull() ? "null" : value.Scalar();
+  out->push_back({key, substitute(raw, origin, key), origin});
+}
+
+void append_map(const ConfigDoc& doc, const YAML::Node& map, std::vector<Setting>* out) {
+  for (const auto& kv : map) append_scalar(doc, kv.first.as<std::string>(), kv.second, out);
+}
+
+YAML::Node parse(const ConfigDoc& doc) {
+  try {
+    YAML::Node root = YAML::Load(doc.text);
+    if (root.IsNull()) return YAML::Node(YAML::NodeType::Map);
+    if (!root.IsMap())
+      throw ConfigError(doc.display, "(document)", YAML::Dump(root).substr(0, 60),
+                        "a YAML mapping of key: value");
+    return root;
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(doc.display + ":" + std::to_string(e.mark.line + 1), "(syntax)", e.msg,
+                      "valid YAML");
+  }
+}
+
+// Flattens one YAML file and its `extends:` ancestors (ancestors first, so later settings
+// win). Experiment-level structure (overrides:, modules.pre_trainer) is flattened too.
+void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vector<Setting>* out) {
+  for (const auto& s : *stack)
+    if (s == doc.display)
+      throw ConfigError(doc.display, "extends", doc.display, "no cycle of extends: files");
+  stack->push_back(doc.display);
+  const YAML::Node root = parse(doc);
+  if (const YAML::Node ext = root["extends"]) {
+    std::vector<std::string> parents;
+    if (ext.IsSequence()) {
+      for (const auto& p : ext) parents.push_back(p.as<std::string>());
+    } else if (ext.IsScalar()) {
+      parents.push_back(ext.Scalar());
+    } else {
+      throw ConfigError(where(doc, ext), "extends", YAML::Dump(ext), "a file name or a list of file names");
+    }
+    for (const auto& p : parents) {
+      const std::string ref = substitute(p, where(doc, ext), "extends");
+      load_chain(resolve(ref, doc.dir, where(doc, ext), "extends", ""), stack, out);
+    }
+  }
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& value = kv.second;
+    if (key == "extends") continue;
+    if (key == "overrides") {
+      if (!value.IsMap() && !value.IsNull())
+        throw ConfigError(where(doc, value), key, YAML::Dump(value), "a mapping of key: value");
+      if (value.IsMap()) append_map(doc, value, out);
+    } else if (key == "modules") {
+      const YAML::Node pre = value.IsMap() ? value["pre_trainer"] : YAML::Node();
+      if (!pre || !pre.IsMap())
+        throw ConfigError(where(doc, value), key, YAML::Dump(value), "a mapping with 'pre_trainer:'");
+      for (const auto& m : pre) {
+        const std::string sub = m.first.as<std::string>();
+        if (sub == "model") {
+          append_scalar(doc, "model", m.second, out);
+        } else if (sub == "overrides") {
+          if (m.second.IsMap()) append_map(doc, m.second, out);
+        } else {
+          throw ConfigError(where(doc, m.second), "modules.pre_trainer." + sub,
+                            YAML::Dump(m.second), "only 'model' and 'overrides' under modules.pre_trainer");
+        }
+      }
+    } else {
+      append_scalar(doc, key, value, out);
+    }
+  }
+  stack->pop_back();
+}
+
+std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
+  std::vector<Setting> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!a.starts_with("--") || a.size() == 2)
+      throw ConfigError("command line", "(argument)", a, "--key value or --key=value");
+    std::string key = a.substr(2), value;
+    const size_t eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    }
+    // Megatron spells flags with dashes; both spellings name the same key.
+    for (char& c : key)
+      if (c == '-') c = '_';
+    if (eq == std::string::npos) {
+      const KeySpec* spec = find_key(key);
+      const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
+      if (next_is_value) {
+        value = args[++i];
+      } else if (spec && spec->type == KeyType::Bool) {
+        value = "true";  // a bare boolean flag, as in Megatron's --use-distributed-optimizer
+      } else {
+        throw ConfigError("command line", key, "", "a value after --" + key);
+      }
+    }
+    out.push_back({key, value, "command line"});
+  }
+  return out;
+}
+
+void apply_settings(Experiment& e, const std::vector<Setting>& settings) {
+  for (const auto& s : settings) {
+    const KeySpec* spec = find_key(s.key);
+    if (!spec) {
+      const std::string hint = suggest_key(s.key);
+      throw ConfigError(s.origin, s.key, s.value,
+                        hint.empty() ? "a known key (`tessera train --help` lists them)"
+                                     : "a known key; did you mean '" + hint + "'?");
+    }
+    if (const std::string expected = spec->set(e, s.value); !expected.empty())
+      throw ConfigError(s.origin, s.key, s.value, expected);
+    e.origin[s.key] = s.origin;
+  }
+}
+
+}  // namespace
+
+std::string Experiment::experiment_root() const {
+  return (fs::path(workspace) / work_group / user_name / exp_name).lexically_normal().string();
+}
+
+Experiment load_experiment(const LoadOptions& options) {
+  std::vector<Setting> cli = parse_cli(options.cli_overrides);
+  ConfigDoc exp_doc = options.config_path.empty()
+                          ? resolve(kDefaultExperiment, "", "command line", "config", "")
+                          : resolve(options.config_path, "", "command line", "config", "experiments");
+  std::vector<Setting> exp_settings;
+  std::vector<std::string> stack;
+  load_chain(exp_doc, &stack, &exp_settings);
+
+  // The preset named last (command line over file) supplies the model's defaults.
+  std::string model_ref, model_origin = exp_doc.display, model_dir = exp_doc.dir;
+  for (const auto& s : exp_settings)
+    if (s.key == "model") model_ref = s.value, model_origin = s.origin;
+  for (const auto& s : cli)
+    if (s.key == "model") model_ref = s.value, model_origin = s.origin, model_dir = "";
+
+  Experiment e;
+  for (const auto& k : config_keys()) e.origin[std::string(k.name)] = "default";
+  if (!model_ref.empty() && model_ref != "null") {
+    std::vector<Setting> preset;
+    std::vector<std::string> preset_stack;
+    load_chain(resolve(model_ref, model_dir, model_origin, "model", "models"), &preset_stack, &preset);
+    apply_settings(e, preset);
+  }
+  apply_settings(e, exp_settings);
+  apply_settings(e, cli);
+  e.source_file = exp_doc.display;
+  validate_experiment(e, options.data_parallel_size);
+  return e;
+}
+
+std::vector<double> parse_split(const std::string& text) {
+  std::vector<double> parts;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(v >= 0)) return {};
+    parts.push_back(v);
+  }
+  return parts;
+}
+
+std::string experiment_to_yaml(const Experiment& e) {
+  std::string out = "# Effective configuration (defaults < model preset < experiment < command line)\n";
+  std::string_view section;
+  for (const auto& k : config_keys()) {
+    if (k.section != section) {
+      section = k.section;
+      out += "# " + std::string(section) + "\n";
+    }
+    std::string value = k.get(e);
+    if (k.type == KeyType::String && value != "null") {
+      YAML::Emitter quoted;
+      quoted << YAML::DoubleQuoted << value;
+      value = quoted.c_str();
+    }
+    out += std::string(k.name) + ": " + value + "\n";
+  }
+  return out;
+}
+
+}  // namespace tessera

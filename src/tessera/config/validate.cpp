@@ -1,0 +1,119 @@
+#include "tessera/config/validate.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "tessera/config/keys.h"
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+class Checker {
+ public:
+  explicit Checker(const Experiment& e) : e_(e) {}
+
+  // Fails with `key`'s origin and current value when `ok` is false.
+  void require(bool ok, const char* key, const std::string& expected) const {
+    if (ok) return;
+    const KeySpec* spec = find_key(key);
+    const auto it = e_.origin.find(key);
+    throw ConfigError(it == e_.origin.end() ? "default" : it->second, key,
+                      spec ? spec->get(e_) : "?", expected);
+  }
+
+ private:
+  const Experiment& e_;
+};
+
+}  // namespace
+
+void validate_experiment(const Experiment& e, int data_parallel_size) {
+  const Checker c(e);
+  const ModelConfig& m = e.model_config;
+  const TrainingConfig& t = e.training;
+  const DataConfig& d = e.data;
+
+  for (const char* key : {"work_group", "user_name", "exp_name"}) {
+    const std::string v = find_key(key)->get(e);
+    c.require(v != "null" && v.find('/') == std::string::npos && v != "." && v != "..", key,
+              "a non-empty name without '/'");
+  }
+  c.require(!e.workspace.empty(), "workspace", "a directory path");
+
+  c.require(m.num_layers >= 1, "num_layers", "at least 1");
+  c.require(m.hidden_size >= 1, "hidden_size", "at least 1");
+  c.require(m.num_attention_heads >= 1, "num_attention_heads", "at least 1");
+  c.require(m.num_query_groups >= 0, "num_query_groups", "0 (one per head) or a positive count");
+  const int64_t groups = m.num_query_groups ? m.num_query_groups : m.num_attention_heads;
+  c.require(m.num_attention_heads % groups == 0, "num_query_groups",
+            fmt::format("a divisor of num_attention_heads ({})", m.num_attention_heads));
+  c.require(m.kv_channels >= 0, "kv_channels", "0 (derived) or a positive head dimension");
+  if (m.kv_channels == 0)
+    c.require(m.hidden_size % m.num_attention_heads == 0, "num_attention_heads",
+              fmt::format("a divisor of hidden_size ({}) unless kv_channels is set", m.hidden_size));
+  const int64_t head_dim = m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
+  c.require(head_dim % 2 == 0, m.kv_channels ? "kv_channels" : "hidden_size",
+            fmt::format("an even head dimension for rotary embeddings (got {})", head_dim));
+  c.require(m.ffn_hidden_size >= 0, "ffn_hidden_size", "0 (derived) or a positive width");
+  c.require(m.max_position_embeddings >= 1, "max_position_embeddings", "at least 1");
+  c.require(m.vocab_size >= 0, "vocab_size", "0 (from the tokenizer) or a positive size");
+  c.require(m.make_vocab_size_divisible_by >= 1, "make_vocab_size_divisible_by", "at least 1");
+  c.require(m.rotary_base > 1.0, "rotary_base", "a base frequency greater than 1");
+  c.require(m.norm_epsilon > 0, "norm_epsilon", "a positive number");
+  c.require(m.sliding_window >= 0, "sliding_window", "0 (full attention) or a positive window");
+  c.require(m.init_method_std > 0, "init_method_std", "a positive standard deviation");
+  if (m.use_rope_scaling) {
+    c.require(m.rope_scaling_factor >= 1, "rope_scaling_factor", "at least 1");
+    c.require(m.rope_high_freq_factor > m.rope_low_freq_factor, "rope_high_freq_factor",
+              "greater than rope_low_freq_factor");
+    c.require(m.rope_original_max_position_embeddings >= 1, "rope_original_max_position_embeddings",
+              "at least 1");
+  }
+
+  c.require(t.train_iters >= 1, "train_iters", "at least 1");
+  c.require(t.micro_batch_size >= 1, "micro_batch_size", "at least 1");
+  c.require(t.seq_length >= 1, "seq_length", "at least 1");
+  c.require(t.seq_length <= m.max_position_embeddings, "seq_length",
+            fmt::format("at most max_position_embeddings ({})", m.max_position_embeddings));
+  const int64_t per_step = t.micro_batch_size * data_parallel_size;
+  c.require(t.global_batch_size >= 1 && t.global_batch_size % per_step == 0, "global_batch_size",
+            fmt::format("a positive multiple of micro_batch_size x data-parallel size = {} x {} = {}",
+                        t.micro_batch_size, data_parallel_size, per_step));
+  c.require(t.lr >= 0, "lr", "a non-negative learning rate");
+  c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr", fmt::format("between 0 and lr ({})", t.lr));
+  c.require(t.lr_warmup_iters >= 0, "lr_warmup_iters", "a non-negative count");
+  c.require(t.lr_decay_iters >= 0, "lr_decay_iters", "0 (train_iters) or a positive count");
+  const int64_t decay_iters = t.lr_decay_iters ? t.lr_decay_iters : t.train_iters;
+  c.require(t.lr_warmup_iters <= decay_iters, "lr_warmup_iters",
+            fmt::format("at most lr_decay_iters ({})", decay_iters));
+  c.require(t.weight_decay >= 0, "weight_decay", "a non-negative number");
+  c.require(t.adam_beta1 >= 0 && t.adam_beta1 < 1, "adam_beta1", "a number in [0, 1)");
+  c.require(t.adam_beta2 >= 0 && t.adam_beta2 < 1, "adam_beta2", "a number in [0, 1)");
+  c.require(t.adam_eps > 0, "adam_eps", "a positive number");
+  c.require(t.clip_grad >= 0, "clip_grad", "0 (off) or a positive norm");
+  c.require(t.seed >= 0, "seed", "a non-negative integer");
+  c.require(!(t.device == DeviceChoice::Cpu && t.precision == Precision::Bf16), "precision",
+            "fp32 or auto with device cpu (the CPU backend is the fp32 reference)");
+  c.require(t.recompute_num_layers >= 0 && t.recompute_num_layers <= m.num_layers,
+            "recompute_num_layers", fmt::format("between 0 (all) and num_layers ({})", m.num_layers));
+  c.require(t.recompute_num_layers == 0 || t.recompute_granularity == RecomputeGranularity::Full,
+            "recompute_num_layers", "0 unless recompute_granularity is full");
+  c.require(t.max_consecutive_nan_iters >= 1, "max_consecutive_nan_iters", "at least 1");
+  c.require(t.cross_entropy_chunk_tokens >= 1, "cross_entropy_chunk_tokens", "at least 1");
+
+  c.require(d.mock_data || !d.train_data_path.empty(), "train_data_path",
+            "a data path, or mock_data: true");
+  c.require(d.mock_data || std::filesystem::exists(d.train_data_path), "train_data_path",
+            "an existing file or directory (for the Brown corpus, run scripts/setup.sh, which "
+            "installs it under node_modules/)");
+  const std::vector<double> split = parse_split(d.split);
+  c.require(split.size() == 3 && split[0] > 0, "split",
+            "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");
+  c.require(d.eval_interval >= 0, "eval_interval", "0 (off) or a positive interval");
+  c.require(d.eval_iters >= 1 || d.eval_interval == 0, "eval_iters", "at least 1 when eval_interval is set");
+  c.require(e.logging.log_interval >= 1, "log_interval", "at least 1");
+}
+
+}  // namespace tessera

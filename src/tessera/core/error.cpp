@@ -1,0 +1,9 @@
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+void throw_internal_error(const char* file, int line, const std::string& message) {
+  throw InternalError(fmt::format("internal error at {}:{}: {}", file, line, message));
+}
+
+}  // namespace tessera

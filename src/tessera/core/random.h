@@ -1,0 +1,42 @@
+#pragma once
+// Counter-based random numbers: value i of a stream is a pure function of (seed, i), so
+// initialisation and mock data are identical on every backend, thread count and sharding.
+// Usable from CUDA device code (the CUDA backend includes this header).
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define TS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define TS_HOST_DEVICE inline
+#endif
+
+namespace tessera {
+
+TS_HOST_DEVICE uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// 64 random bits for element `index` of stream `seed`.
+TS_HOST_DEVICE uint64_t random_bits(uint64_t seed, uint64_t index) {
+  return splitmix64(splitmix64(seed) ^ (index * 0xD2B74407B1CE6E93ull));
+}
+
+// Standard normal for element `index`: Box-Muller on the two 32-bit halves, computed in
+// double so host and device results agree after rounding to float.
+TS_HOST_DEVICE float random_normal(uint64_t seed, uint64_t index) {
+  const uint64_t bits = random_bits(seed, index);
+  const double u1 = (static_cast<double>(bits >> 32) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
+  const double u2 = static_cast<double>(bits & 0xffffffffull) * (1.0 / 4294967296.0);  // [0, 1)
+  return static_cast<float>(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+// Uniform integer in [0, n) for element `index` (n < 2^32; bias below 2^-32 * n).
+TS_HOST_DEVICE uint32_t random_below(uint64_t seed, uint64_t index, uint32_t n) {
+  return static_cast<uint32_t>(((random_bits(seed, index) >> 32) * n) >> 32);
+}
+
+}  // namespace tessera

@@ -1,0 +1,76 @@
+#pragma once
+// Training samples. A sample is seq_length+1 consecutive tokens: inputs are the first
+// seq_length, targets the last seq_length. Sources are addressed by a global sample index,
+// so a batch is a pure function of (seed, consumed samples, rank): runs are deterministic,
+// data-parallel ranks read disjoint samples, and a resumed run continues exactly.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/data/tokenizer.h"
+
+namespace tessera {
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual std::string describe() const = 0;
+  // Samples before the order repeats (one epoch).
+  virtual uint64_t samples_per_epoch() const = 0;
+  // tokens and targets: seq_length ids each.
+  virtual void sample(uint64_t index, int32_t* tokens, int32_t* targets) const = 0;
+};
+
+// Uniformly random tokens in [0, vocab), as Primus/Megatron mock data.
+class MockSource final : public SampleSource {
+ public:
+  MockSource(int64_t vocab, int64_t seq_length, uint64_t seed)
+      : vocab_(vocab), seq_(seq_length), seed_(seed) {}
+  std::string describe() const override;
+  uint64_t samples_per_epoch() const override { return UINT64_MAX; }
+  void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
+
+ private:
+  int64_t vocab_, seq_;
+  uint64_t seed_;
+};
+
+// Documents joined by end-of-document tokens into one stream, cut into windows of
+// seq_length+1 tokens at stride seq_length (windows cross document boundaries, as in
+// Megatron's GPT dataset). With shuffle, every epoch visits the windows in its own seeded
+// order.
+class TokenStreamSource final : public SampleSource {
+ public:
+  TokenStreamSource(std::string name, std::vector<int32_t> stream, int64_t seq_length,
+                    uint64_t seed, bool shuffle);
+  std::string describe() const override;
+  uint64_t samples_per_epoch() const override { return windows_; }
+  void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
+  size_t tokens() const { return stream_.size(); }
+
+ private:
+  const std::vector<uint32_t>& order(uint64_t epoch) const;
+
+  std::string name_;
+  std::vector<int32_t> stream_;
+  int64_t seq_;
+  uint64_t seed_;
+  bool shuffle_;
+  uint64_t windows_;
+  mutable uint64_t cached_epoch_ = UINT64_MAX;
+  mutable std::vector<uint32_t> cached_order_;
+};
+
+struct DataSources {
+  std::unique_ptr<SampleSource> train;
+  std::unique_ptr<SampleSource> valid;  // null when the split leaves no validation data
+  std::string description;
+};
+
+// Builds the training and validation sources of an experiment. Throws DataError naming
+// the path when data cannot be read or is too small for one sample.
+DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, int64_t vocab);
+
+}  // namespace tessera

@@ -1,0 +1,106 @@
+#pragma once
+// The Llama-family decoder (Llama 2/3/3.1, Qwen 2.5, Mistral), written once against the op
+// API. Forward and backward are explicit (no autograd): each layer's stored activations
+// live in one planned arena sized for (micro_batch, seq) at construction, so the memory a
+// run needs is known before it starts and nothing is allocated inside a step.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/model/model_spec.h"
+#include "tessera/model/param_layout.h"
+#include "tessera/ops/backend.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera {
+
+struct ModelRuntime {
+  int64_t micro_batch = 1;
+  int64_t seq_length = 128;
+  DType compute_dtype = DType::F32;
+  RecomputeGranularity recompute = RecomputeGranularity::None;
+  int64_t recompute_num_layers = 0;  // with Full: first N layers; 0 = all
+  int64_t cross_entropy_chunk_tokens = 4096;
+};
+
+// Bytes the model needs on its device, by purpose (the out-of-memory message and the
+// memory planner report these).
+struct ModelMemory {
+  size_t weights = 0;      // compute-dtype parameters
+  size_t gradients = 0;    // fp32 gradients
+  size_t activations = 0;  // stored activations, backward scratch, logits chunk, batch
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime);
+
+  // What construction allocates, computable without a backend.
+  static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime);
+
+  const ModelSpec& spec() const { return spec_; }
+  const ModelRuntime& runtime() const { return runtime_; }
+  const ParamLayout& layout() const { return layout_; }
+  Backend& backend() const { return backend_; }
+
+  Tensor params() const { return params_; }  // (P) compute dtype, flat
+  Tensor grads() const { return grads_; }    // (P) fp32, flat
+  Tensor param(int index) const;
+  Tensor grad(int index) const;
+
+  void zero_grads();
+  // Host int32 arrays of micro_batch * seq_length ids; negative targets are ignored.
+  void set_batch(const int32_t* tokens, const int32_t* targets);
+  // Forward and backward of the current batch. Gradients accumulate into grads(); the
+  // summed token losses accumulate into loss_sum(). d(loss)/d(logits) is scaled by
+  // grad_scale (1 / tokens per optimizer step for a mean loss).
+  void forward_backward(float grad_scale);
+  // Forward only (evaluation): summed token losses accumulate into loss_sum().
+  void forward_loss();
+  // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
+  void forward_logits(const Tensor& logits);
+
+  Tensor loss_sum() const { return a_.loss_sum; }  // (1) fp32 on the device
+  void zero_loss_sum();
+
+ private:
+  struct LayerActs {
+    Tensor x_mid, ln1, rstd1, qkv, att, lse, ln2, rstd2, gate_up, h;
+  };
+  // Every activation tensor; all point into one arena allocation.
+  struct Activations {
+    std::vector<Tensor> resid;        // L+1 residual states (N, C)
+    std::vector<LayerActs> stored;    // per layer; full-recompute layers alias `scratch`
+    LayerActs scratch;                // recompute target of full-recompute layers
+    Tensor norm_scratch;              // (N, max(C, F)) selective-recompute target
+    Tensor final_norm, final_rstd, logits, losses, loss_sum;
+    Tensor dresid, dnorm, grad_a, grad_b;  // backward scratch
+    Tensor tokens, targets, freqs;
+  };
+  static size_t declare_activations(const ModelSpec& s, const ModelRuntime& rt, Activations& a,
+                                    const DeviceBuffer* bind_to);
+
+  bool recomputes_fully(int64_t layer) const;
+  void layer_forward(int64_t l, const LayerActs& a);
+  void layer_backward(int64_t l, const LayerActs& a);
+  void recompute_layer(int64_t l, const LayerActs& a);
+  void head_forward(bool with_grad, float grad_scale);
+  void embed();
+  void linear(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
+              const Tensor& residual);
+  void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
+                       int bias);
+  AttentionShape attention_shape() const;
+
+  Backend& backend_;
+  ModelSpec spec_;
+  ModelRuntime runtime_;
+  ParamLayout layout_;
+  DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
+  Tensor params_, grads_;
+  Activations a_;
+};
+
+}  // namespace tessera

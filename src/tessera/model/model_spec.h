@@ -1,0 +1,55 @@
+#pragma once
+// ModelSpec: the resolved dimensions of a Llama-family decoder (derived values filled in,
+// vocabulary padded), plus the parameter and FLOP counts every report uses.
+#include <cstdint>
+#include <string>
+
+#include "tessera/config/config.h"
+
+namespace tessera {
+
+struct RopeScaling {  // Llama 3.1 ("llama3" rope_type in Hugging Face configs)
+  bool enabled = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct ModelSpec {
+  int64_t vocab_size = 0;        // padded; rows of the embedding and output head
+  int64_t tokenizer_vocab = 0;   // ids the data can contain (<= vocab_size)
+  int64_t num_layers = 0;
+  int64_t hidden = 0;
+  int64_t ffn = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rotary_base = 10000.0;
+  RopeScaling rope_scaling;
+  float norm_eps = 1e-5f;
+  bool qkv_bias = false;
+  bool tied_embeddings = false;
+  int64_t sliding_window = 0;
+  float init_std = 0.02f;
+
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t attn_width() const { return heads * head_dim; }
+  // Weights that are multiplied: every layer's projections and the output head (not the
+  // embedding lookup), as in the Megatron/NeMo FLOPs convention.
+  int64_t matmul_params() const;
+  int64_t total_params() const;
+  // Model FLOPs per token for training: 6 * matmul_params + 12 * L * s_eff * heads*head_dim,
+  // s_eff = min(seq_length, sliding_window or seq_length).
+  double flops_per_token(int64_t seq_length) const;
+  std::string summary() const;
+};
+
+// Resolves derived values: num_query_groups=0 -> heads, kv_channels=0 -> hidden/heads,
+// ffn_hidden_size=0 -> int(8*hidden/3/64)*64, vocab padded to make_vocab_size_divisible_by.
+// `tokenizer_vocab` fills vocab_size=0. Throws ConfigError if vocab_size is smaller than the
+// tokenizer's.
+ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab);
+
+}  // namespace tessera

@@ -1,0 +1,165 @@
+#pragma once
+// The op API: every computation the model, trainer and benchmarks need, as one virtual
+// function per op, forward and backward. A backend (backend/cpu, backend/cuda) implements
+// all of them over memory it owns; model and trainer code only ever call this interface,
+// so a new device is a new backend, never a change to the model.
+//
+// Conventions:
+// - Tensors are contiguous and row-major; shapes are in the comments, N = tokens (B*T).
+// - "compute dtype" is the activation/weight dtype of the run (fp32 on the CPU reference,
+//   bf16 on GPUs). Statistics (rstd, lse, losses), weight gradients and optimizer state are
+//   always fp32.
+// - Outputs named d<x> with "accumulates" add into the existing contents (gradient
+//   accumulation across micro-batches and residual branches); all other outputs overwrite.
+// - Ops are asynchronous with respect to the host on devices that allow it; only
+//   download() and synchronize() wait.
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "tessera/core/tensor.h"
+
+namespace tessera {
+
+struct MemoryStats {
+  size_t allocated_bytes = 0;  // live allocations made through this backend
+  size_t peak_bytes = 0;       // high-water mark of allocated_bytes since the last reset
+  size_t device_total_bytes = 0;
+  size_t device_free_bytes = 0;
+};
+
+// out = alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows).
+struct MatmulArgs {
+  Tensor out;            // (M, N), compute dtype or fp32
+  Tensor a;              // (M, K), or (K, M) when trans_a
+  Tensor b;              // (K, N), or (N, K) when trans_b
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  Tensor c;              // (M, N) read with beta; undefined means out itself
+  Tensor bias;           // (N), optional
+};
+
+// Shape of causal (optionally sliding-window) grouped-query attention over a packed QKV
+// activation. qkv: (B, T, (H + 2*KV) * D) holds, per token, H query heads, then KV key
+// heads, then KV value heads; query head h reads key/value head h / (H / KV).
+struct AttentionShape {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  bool causal = true;
+  int64_t window = 0;    // > 0: query i sees key j only if i - window < j (and j <= i if causal)
+  float scale = 0.0f;    // softmax scale, normally 1/sqrt(head_dim)
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t tokens() const { return batch * seq; }
+};
+
+// A run of the flat parameter buffer and whether AdamW applies weight decay to it
+// (Megatron: weight matrices decay, norms and biases do not).
+struct ParamSegment {
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool decay = true;
+};
+
+struct AdamWArgs {
+  Tensor master;         // (P) fp32 master weights, updated in place
+  Tensor grad;           // (P) fp32
+  Tensor exp_avg;        // (P) fp32 first moment
+  Tensor exp_avg_sq;     // (P) fp32 second moment
+  Tensor params;         // (P) compute-dtype copy refreshed from master; undefined if master is it
+  Tensor grad_norm_sq;   // (1) fp32 on the device: squared global gradient norm. A non-finite
+                         // value makes the op change nothing (the step is skipped).
+  std::span<const ParamSegment> segments;  // offsets relative to master[0]
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
+  float max_grad_norm = 0;  // clip when the norm exceeds it: g *= max / (norm + 1e-6); 0 = off
+  int64_t step = 1;         // 1-based step count for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  // One line for logs: "cpu (OpenBLAS, 2 threads)", "NVIDIA H100 80GB HBM3 (sm_90, ...)".
+  virtual std::string description() const = 0;
+
+  // ---- memory ----
+  // Throws OutOfMemoryError naming `what` and the requested and free bytes.
+  virtual void* allocate(size_t bytes, const char* what) = 0;
+  virtual void release(void* ptr) = 0;
+  virtual MemoryStats memory_stats() = 0;
+  virtual void reset_peak_memory() = 0;
+  virtual void upload(const Tensor& dst, const void* host_src) = 0;
+  virtual void download(void* host_dst, const Tensor& src) = 0;  // waits for completion
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;   // same dtype and numel
+  virtual void synchronize() = 0;
+
+  // Markers that show the model's structure in traces (NVTX on CUDA). Default: nothing.
+  virtual void range_push(const char* /*name*/) {}
+  virtual void range_pop() {}
+
+  // ---- elementwise and init ----
+  virtual void fill(const Tensor& dst, float value) = 0;
+  // dst = src converted to dst.dtype (same numel), round-to-nearest-even.
+  virtual void convert(const Tensor& dst, const Tensor& src) = 0;
+  // dst[i] = mean + std * N(0,1) drawn from a counter-based generator keyed by
+  // (seed, first_index + i): the same values on every backend and any sharding.
+  virtual void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                           float std) = 0;
+
+  // ---- linear algebra ----
+  virtual void matmul(const MatmulArgs& args) = 0;
+  // dbias (N) fp32 accumulates the column sums of dout (M, N).
+  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+
+  // ---- model ops ----
+  // out (N, C) = table[tokens]; tokens (N) int32 in [0, V); table (V, C).
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) = 0;
+  // dtable (V, C) fp32 accumulates dout (N, C) rows at tokens (N).
+  virtual void embedding_backward(const Tensor& dtable, const Tensor& dout,
+                                  const Tensor& tokens) = 0;
+
+  // out (N, C) = x * rstd * weight, rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
+  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                               const Tensor& weight, float eps) = 0;
+  // dx (N, C) accumulates, dweight (C) fp32 accumulates; dout, x (N, C); rstd (N).
+  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+
+  // Rotary embedding, rotate-half convention (Hugging Face Llama), in place on the query and
+  // key heads of qkv (B, T, width); token t of every sequence has position t.
+  // freqs (T, D) fp32: row t holds cos(t * inv_freq[0..D/2)) then sin(t * inv_freq[0..D/2)).
+  virtual void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) = 0;
+  // The inverse rotation applied in place to the query/key gradient heads of dqkv.
+  virtual void rope_backward(const Tensor& dqkv, const Tensor& freqs,
+                             const AttentionShape& s) = 0;
+
+  // out (B, T, H*D) = softmax(q k^T * scale + mask) v per head; lse (B, H, T) fp32 receives
+  // each query row's log-sum-exp of the scaled, masked scores.
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                 const AttentionShape& s) = 0;
+  // dqkv (B, T, width) overwritten with the gradients of q, k and v.
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                  const Tensor& lse, const Tensor& qkv,
+                                  const AttentionShape& s) = 0;
+
+  // gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up.
+  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  // dgate_up (N, 2F) overwritten.
+  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                               const Tensor& gate_up) = 0;
+
+  // losses (N) fp32 = -log softmax(logits)[target]; targets (N) int32, negative = ignored
+  // (loss 0, gradient 0). If dlogits is defined (it may alias logits) it receives
+  // grad_scale * (softmax(logits) - onehot(target)).
+  virtual void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                             const Tensor& dlogits, float grad_scale) = 0;
+
+  // ---- reductions and optimizer ----
+  // out (1) fp32 = sum(x) (accumulate=false) or out += sum(x); x fp32. Deterministic.
+  virtual void sum(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  // out (1) fp32 = sum(x^2) or out += sum(x^2); x fp32. Deterministic.
+  virtual void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  virtual void adamw_step(const AdamWArgs& args) = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,50 @@
+#pragma once
+// DeviceBuffer: owning handle to one allocation made through a Backend.
+#include <cstddef>
+#include <utility>
+
+#include "tessera/ops/backend.h"
+
+namespace tessera {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& backend, size_t bytes, const char* what)
+      : backend_(&backend), data_(bytes ? backend.allocate(bytes, what) : nullptr), bytes_(bytes) {}
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(backend_, o.backend_);
+      std::swap(data_, o.data_);
+      std::swap(bytes_, o.bytes_);
+    }
+    return *this;
+  }
+
+  void reset() {
+    if (data_) backend_->release(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+  // A tensor over the buffer starting at byte_offset.
+  Tensor tensor(DType dtype, Shape shape, size_t byte_offset = 0) const {
+    TS_CHECK(byte_offset + static_cast<size_t>(shape.numel()) * dtype_size(dtype) <= bytes_,
+             "tensor {} at offset {} exceeds buffer of {} bytes", shape.str(), byte_offset, bytes_);
+    return Tensor{static_cast<char*>(data_) + byte_offset, dtype, shape, backend_->device()};
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace tessera

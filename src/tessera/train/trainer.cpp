@@ -1,0 +1,302 @@
+#include "tessera/train/trainer.h"
+
+#include <chrono>
+#include <csignal>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
+#include "tessera/model/init.h"
+#include "tessera/train/lr_schedule.h"
+#include "tessera/train/stop_signal.h"
+
+namespace tessera {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+DType compute_dtype(const Experiment& e, const Backend& b) {
+  switch (e.training.precision) {
+    case Precision::Fp32: return DType::F32;
+    case Precision::Bf16: return DType::BF16;
+    case Precision::Auto: return b.device().kind == DeviceKind::CUDA ? DType::BF16 : DType::F32;
+  }
+  return DType::F32;
+}
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60)
+                   : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
+
+[[noreturn]] void stop_on_signal(Logger& log, int sig, const std::string& where) {
+  const char* name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+  const std::string msg = fmt::format("received {}: stopped {}", name, where);
+  log.clear_progress();
+  log.warning("{}", msg);
+  log.flush();
+  throw TrainingAborted(msg, 128 + sig);
+}
+
+}  // namespace
+
+Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
+                 MetricsWriter* metrics)
+    : exp_(experiment), backend_(std::move(backend)), log_(logger), metrics_(metrics) {
+  const TrainingConfig& t = exp_.training;
+  accumulation_steps_ = t.global_batch_size / (t.micro_batch_size * data_parallel_size_);
+  tokenizer_ = make_tokenizer(exp_.data);
+  // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
+  // tokenizer's.
+  const int64_t data_vocab = exp_.data.mock_data && exp_.model_config.vocab_size
+                                 ? exp_.model_config.vocab_size
+                                 : tokenizer_->vocab_size();
+  spec_ = make_model_spec(exp_, data_vocab);
+  runtime_.micro_batch = t.micro_batch_size;
+  runtime_.seq_length = t.seq_length;
+  runtime_.compute_dtype = compute_dtype(exp_, *backend_);
+  runtime_.recompute = t.recompute_granularity;
+  runtime_.recompute_num_layers = t.recompute_num_layers;
+  runtime_.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
+
+  log_.info("backend: {}", backend_->description());
+  log_.info("model: {}", spec_.summary());
+  log_.info("precision: {} weights/activations, fp32 master weights, gradients and AdamW state",
+            dtype_name(runtime_.compute_dtype));
+  data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
+  log_.info("data: {}", data_.description);
+  if (exp_.data.eval_interval > 0 && !data_.valid)
+    log_.warning("split '{}' leaves no validation data: evaluation is disabled", exp_.data.split);
+
+  check_memory_fits();
+  try {
+    model_ = std::make_unique<LlamaModel>(*backend_, spec_, runtime_);
+    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t);
+    scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
+  } catch (const OutOfMemoryError& e) {
+    check_memory_fits();  // reports the breakdown if the estimate now says it cannot fit
+    throw;
+  }
+  grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
+  init_parameters(*backend_, spec_, model_->layout(), optimizer_->master(),
+                  static_cast<uint64_t>(t.seed));
+  optimizer_->sync_params_from_master();
+  const int64_t N = t.micro_batch_size * t.seq_length;
+  host_tokens_.resize(N);
+  host_targets_.resize(N);
+  const MemoryStats mem = backend_->memory_stats();
+  log_.info("memory: {:.3f} GiB allocated on {} ({:.3f} GiB free)", mem.allocated_bytes / kGiB,
+            device_name(backend_->device()), mem.device_free_bytes / kGiB);
+}
+
+Trainer::~Trainer() = default;
+
+// Compares what the run needs with what the device has and, if it cannot fit, says how much
+// each part takes and what to change.
+void Trainer::check_memory_fits() const {
+  const ModelMemory m = LlamaModel::plan_memory(spec_, runtime_);
+  const size_t optimizer =
+      AdamWOptimizer::state_bytes(make_param_layout(spec_).total, runtime_.compute_dtype);
+  const size_t needed = m.weights + m.gradients + optimizer + m.activations;
+  const MemoryStats s = backend_->memory_stats();
+  const size_t available = s.device_free_bytes + s.allocated_bytes;
+  if (s.device_free_bytes == 0 || needed <= available) return;
+  std::string advice;
+  if (m.activations > needed / 3) {
+    advice = exp_.training.micro_batch_size > 1
+                 ? "lower micro_batch_size (global_batch_size is kept by more accumulation steps)"
+                 : "lower seq_length";
+    if (exp_.training.recompute_granularity != RecomputeGranularity::Full)
+      advice += ", or set recompute_granularity: full (or selective)";
+  } else {
+    advice = "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer";
+  }
+  throw OutOfMemoryError(fmt::format(
+      "not enough memory on {}: the run needs {:.2f} GiB but {:.2f} GiB is free. Breakdown: "
+      "weights {:.2f} GiB, gradients {:.2f} GiB, optimizer state {:.2f} GiB, activations {:.2f} "
+      "GiB (micro_batch_size {}, seq_length {}, recompute {}). To fit: {}.",
+      device_name(backend_->device()), needed / kGiB, available / kGiB, m.weights / kGiB,
+      m.gradients / kGiB, optimizer / kGiB, m.activations / kGiB, exp_.training.micro_batch_size,
+      exp_.training.seq_length,
+      exp_.training.recompute_granularity == RecomputeGranularity::None ? "off" : "on", advice));
+}
+
+void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
+  const int64_t T = exp_.training.seq_length;
+  for (int64_t b = 0; b < exp_.training.micro_batch_size; ++b)
+    source.sample(first_sample + b, host_tokens_.data() + b * T, host_targets_.data() + b * T);
+  model_->set_batch(host_tokens_.data(), host_targets_.data());
+}
+
+IterationStats Trainer::run_iteration(int64_t iteration) {
+  const TrainingConfig& t = exp_.training;
+  const int64_t tokens_per_rank = t.micro_batch_size * t.seq_length * accumulation_steps_;
+  const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * data_parallel_size_);
+  model_->zero_grads();
+  model_->zero_loss_sum();
+  for (int64_t m = 0; m < accumulation_steps_; ++m) {
+    if (int sig = pending_stop_signal())
+      stop_on_signal(log_, sig, fmt::format("during iteration {}; its update was abandoned", iteration));
+    // Megatron's sampler order: each micro-batch slot of the global batch holds
+    // data_parallel_size consecutive micro-batches, one per rank.
+    const uint64_t first = consumed_samples_ +
+                           static_cast<uint64_t>((m * data_parallel_size_ + rank_) * t.micro_batch_size);
+    load_micro_batch(*data_.train, first);
+    model_->forward_backward(grad_scale);
+  }
+  backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+  IterationStats s;
+  s.iteration = iteration;
+  s.lr = learning_rate(t, iteration);
+  optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
+  float loss_sum = 0, norm_sq = 0;
+  backend_->download(&loss_sum, model_->loss_sum());
+  backend_->download(&norm_sq, grad_norm_sq_);
+  s.loss = loss_sum / static_cast<double>(tokens_per_rank);
+  s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
+  s.skipped = !std::isfinite(norm_sq) || !std::isfinite(loss_sum);
+  consumed_samples_ += static_cast<uint64_t>(t.global_batch_size);
+  if (s.skipped) {
+    ++skipped_iterations_;
+    ++consecutive_nan_;
+    log_.warning("iteration {}: non-finite {} (loss {}, grad norm {}); update skipped ({} in a row)",
+                 iteration, std::isfinite(loss_sum) ? "gradient" : "loss", s.loss, s.grad_norm,
+                 consecutive_nan_);
+    if (consecutive_nan_ >= t.max_consecutive_nan_iters)
+      throw TrainingAborted(
+          fmt::format("{} iterations in a row had a non-finite loss or gradient (last: {}); "
+                      "stopping. Lower lr, raise lr_warmup_iters or check the data.",
+                      consecutive_nan_, iteration),
+          kExitRuntimeFailure);
+  } else {
+    ++applied_steps_;
+    consecutive_nan_ = 0;
+  }
+  return s;
+}
+
+double Trainer::evaluate() {
+  const TrainingConfig& t = exp_.training;
+  model_->zero_loss_sum();
+  for (int64_t i = 0; i < exp_.data.eval_iters; ++i) {
+    // The same leading validation samples every time, so evaluations are comparable.
+    const uint64_t first = static_cast<uint64_t>((i * data_parallel_size_ + rank_) * t.micro_batch_size);
+    load_micro_batch(*data_.valid, first);
+    model_->forward_loss();
+  }
+  float loss_sum = 0;
+  backend_->download(&loss_sum, model_->loss_sum());
+  return loss_sum / static_cast<double>(exp_.data.eval_iters * t.micro_batch_size * t.seq_length);
+}
+
+void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters) {
+  const TrainingConfig& t = exp_.training;
+  const double ms = interval_ms / static_cast<double>(interval_iters);
+  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * accumulation_steps_);
+  const double tokens_per_s = tokens / (ms / 1e3);
+  const double tflops = spec_.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
+  const MemoryStats mem = backend_->memory_stats();
+  log_.clear_progress();
+  log_.info(
+      "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
+      "throughput per GPU (TFLOP/s/GPU): {:.2f} | tokens per GPU (tokens/s/GPU): {:.1f} | "
+      "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
+      "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
+      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}",
+      s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
+      t.global_batch_size, s.loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
+      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB);
+  if (!metrics_) return;
+  nlohmann::json j;
+  j["iteration"] = s.iteration;
+  j["lm_loss"] = std::isfinite(s.loss) ? nlohmann::json(s.loss) : nlohmann::json(nullptr);
+  j["lr"] = s.lr;
+  j["grad_norm"] = std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json(nullptr);
+  j["elapsed_ms"] = ms;
+  j["tflops_per_gpu"] = tflops;
+  j["tokens_per_s_per_gpu"] = tokens_per_s;
+  j["consumed_samples"] = consumed_samples_;
+  j["global_batch_size"] = t.global_batch_size;
+  j["skipped_iterations"] = skipped_iterations_;
+  j["nan_iterations"] = skipped_iterations_;
+  j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;
+  j["mem_peak_gib"] = mem.peak_bytes / kGiB;
+  metrics_->write(j);
+}
+
+TrainSummary Trainer::train() {
+  const TrainingConfig& t = exp_.training;
+  install_stop_signal_handlers();
+  log_.info("training for {} iterations: global batch {} = micro batch {} x data parallel {} x "
+            "accumulation {}, seq_length {}; {:.2f} GFLOP per token",
+            t.train_iters, t.global_batch_size, t.micro_batch_size, data_parallel_size_,
+            accumulation_steps_, t.seq_length, spec_.flops_per_token(t.seq_length) / 1e9);
+  TrainSummary sum;
+  backend_->synchronize();
+  backend_->reset_peak_memory();
+  const auto start = Clock::now();
+  auto interval_start = start;
+  double steady_ms = 0;  // time of iterations after the first (which includes warm-up)
+  int64_t interval_iters = 0;
+  for (int64_t it = 1; it <= t.train_iters; ++it) {
+    const auto t0 = Clock::now();
+    const IterationStats s = run_iteration(it);
+    if (it > 1) steady_ms += ms_since(t0);
+    ++interval_iters;
+    if (it == 1) sum.first_loss = s.loss;
+    sum.last_loss = s.loss;
+    if (it % exp_.logging.log_interval == 0 || it == t.train_iters) {
+      log_iteration(s, ms_since(interval_start), interval_iters);
+      interval_start = Clock::now();
+      interval_iters = 0;
+    }
+    const bool eval_now = data_.valid && exp_.data.eval_interval > 0 &&
+                          (it % exp_.data.eval_interval == 0 || it == t.train_iters);
+    if (eval_now) {
+      const auto e0 = Clock::now();
+      sum.last_eval_loss = evaluate();
+      log_.clear_progress();
+      log_.info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | "
+                "time (ms): {:.1f}",
+                it, sum.last_eval_loss, std::exp(sum.last_eval_loss), ms_since(e0));
+      if (metrics_) {
+        nlohmann::json j;
+        j["iteration"] = it;
+        j["eval_lm_loss"] = sum.last_eval_loss;
+        j["eval_ppl"] = std::exp(sum.last_eval_loss);
+        metrics_->write(j);
+      }
+      interval_start = Clock::now();  // keep evaluation out of the training throughput
+    }
+    const double elapsed_s = ms_since(start) / 1e3;
+    log_.progress(fmt::format("iteration {}/{} {:3.0f}% | loss {:.4f} | {:.0f} ms/it | ETA {}", it,
+                              t.train_iters, 100.0 * it / t.train_iters, s.loss,
+                              elapsed_s * 1e3 / it, format_duration(elapsed_s / it * (t.train_iters - it))));
+    if (int sig = pending_stop_signal())
+      stop_on_signal(log_, sig, fmt::format("after iteration {} (its update was applied)", it));
+  }
+  log_.clear_progress();
+  sum.iterations = t.train_iters;
+  sum.skipped_iterations = skipped_iterations_;
+  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * accumulation_steps_);
+  const double ms = t.train_iters > 1 ? steady_ms / (t.train_iters - 1) : ms_since(start);
+  sum.tokens_per_s_per_gpu = tokens / (ms / 1e3);
+  sum.tflops_per_gpu = spec_.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
+  sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
+  log_.info("done: {} iterations in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/GPU, {:.3f} "
+            "TFLOP/s/GPU (excluding the first iteration); peak memory {:.3f} GiB",
+            t.train_iters, ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
+            sum.last_eval_loss >= 0 ? fmt::format(" (validation {:.4f})", sum.last_eval_loss) : "",
+            sum.tokens_per_s_per_gpu, sum.tflops_per_gpu, sum.peak_memory_gib);
+  return sum;
+}
+
+}  // namespace tessera

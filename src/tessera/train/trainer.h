@@ -1,0 +1,82 @@
+#pragma once
+// The training loop: data -> forward/backward over micro-batches -> gradient norm ->
+// AdamW -> metrics, with NaN skipping, evaluation and clean stops on signals.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/data/dataset.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/model/llama_model.h"
+#include "tessera/obs/logger.h"
+#include "tessera/obs/metrics.h"
+#include "tessera/ops/backend.h"
+#include "tessera/train/adamw_optimizer.h"
+
+namespace tessera {
+
+struct IterationStats {
+  int64_t iteration = 0;
+  double loss = 0;        // mean token loss of the global batch
+  double grad_norm = 0;   // before clipping
+  double lr = 0;
+  bool skipped = false;   // non-finite loss or gradient: no update applied
+};
+
+struct TrainSummary {
+  int64_t iterations = 0;
+  int64_t skipped_iterations = 0;
+  double first_loss = 0, last_loss = 0;
+  double last_eval_loss = -1;
+  double tokens_per_s_per_gpu = 0;  // over all iterations after the first
+  double tflops_per_gpu = 0;
+  double peak_memory_gib = 0;
+};
+
+class Trainer {
+ public:
+  // metrics may be null (tests). The backend is owned by the trainer.
+  Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
+          MetricsWriter* metrics);
+  ~Trainer();
+
+  TrainSummary train();
+  // One optimizer step (all micro-batches of the global batch). Used by train() and tests.
+  IterationStats run_iteration(int64_t iteration);
+  double evaluate();  // mean validation token loss
+
+  LlamaModel& model() { return *model_; }
+  AdamWOptimizer& optimizer() { return *optimizer_; }
+  Backend& backend() { return *backend_; }
+  const ModelSpec& spec() const { return spec_; }
+
+ private:
+  void check_memory_fits() const;
+  void load_micro_batch(const SampleSource& source, uint64_t first_sample);
+  void log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters);
+
+  Experiment exp_;
+  std::unique_ptr<Backend> backend_;
+  Logger& log_;
+  MetricsWriter* metrics_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  DataSources data_;
+  ModelSpec spec_;
+  ModelRuntime runtime_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<AdamWOptimizer> optimizer_;
+  DeviceBuffer scalar_buffer_;
+  Tensor grad_norm_sq_;
+  std::vector<int32_t> host_tokens_, host_targets_;
+
+  int64_t data_parallel_size_ = 1;
+  int64_t rank_ = 0;
+  int64_t accumulation_steps_ = 1;
+  uint64_t consumed_samples_ = 0;
+  int64_t applied_steps_ = 0;
+  int64_t skipped_iterations_ = 0;
+  int64_t consecutive_nan_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,165 @@
+#include <cmath>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/core/random.h"
+#include "tessera/model/init.h"
+#include "tessera/model/llama_model.h"
+#include "tessera/model/rope.h"
+
+namespace tessera {
+namespace {
+
+ModelSpec tiny_spec() {
+  ModelSpec s;
+  s.vocab_size = s.tokenizer_vocab = 64;
+  s.num_layers = 3;
+  s.hidden = 32;
+  s.ffn = 40;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.max_position_embeddings = 64;
+  s.qkv_bias = true;
+  s.init_std = 0.1f;
+  return s;
+}
+
+// Loss and flat gradients of one micro-batch for a given runtime.
+struct Result {
+  float loss_sum = 0;
+  std::vector<float> grads;
+};
+
+Result run(const ModelSpec& spec, ModelRuntime rt) {
+  auto backend = make_cpu_backend();
+  LlamaModel model(*backend, spec, rt);
+  DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
+  init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {model.layout().total}), 7);
+  backend->copy(model.params(), master.tensor(DType::F32, {model.layout().total}));
+  const int64_t N = rt.micro_batch * rt.seq_length;
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int64_t i = 0; i < N; ++i) {
+    tokens[i] = static_cast<int32_t>(random_below(1, i, 64));
+    targets[i] = i % 5 == 0 ? -1 : static_cast<int32_t>(random_below(2, i, 64));  // some ignored
+  }
+  model.set_batch(tokens.data(), targets.data());
+  model.forward_backward(1.0f / N);
+  Result r;
+  backend->download(&r.loss_sum, model.loss_sum());
+  r.grads.resize(model.layout().total);
+  backend->download(r.grads.data(), model.grads());
+  return r;
+}
+
+ModelRuntime base_runtime() {
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 12;
+  return rt;
+}
+
+TEST(LlamaModel, RecomputeGivesIdenticalGradients) {
+  const ModelSpec spec = tiny_spec();
+  const Result plain = run(spec, base_runtime());
+  ASSERT_TRUE(std::isfinite(plain.loss_sum));
+  for (auto [mode, layers] : {std::pair{RecomputeGranularity::Full, int64_t{0}},
+                              std::pair{RecomputeGranularity::Full, int64_t{2}},
+                              std::pair{RecomputeGranularity::Selective, int64_t{0}}}) {
+    ModelRuntime rt = base_runtime();
+    rt.recompute = mode;
+    rt.recompute_num_layers = layers;
+    const Result r = run(spec, rt);
+    // Recompute re-runs the same ops on the same inputs: bitwise equal on the CPU.
+    EXPECT_EQ(r.loss_sum, plain.loss_sum);
+    EXPECT_EQ(0, std::memcmp(r.grads.data(), plain.grads.data(), r.grads.size() * 4))
+        << "recompute mode " << static_cast<int>(mode) << " layers " << layers;
+  }
+}
+
+TEST(LlamaModel, RecomputeReducesPlannedActivationMemory) {
+  const ModelSpec spec = tiny_spec();
+  ModelRuntime rt = base_runtime();
+  const size_t plain = LlamaModel::plan_memory(spec, rt).activations;
+  rt.recompute = RecomputeGranularity::Selective;
+  const size_t selective = LlamaModel::plan_memory(spec, rt).activations;
+  rt.recompute = RecomputeGranularity::Full;
+  const size_t full = LlamaModel::plan_memory(spec, rt).activations;
+  EXPECT_LT(selective, plain);
+  EXPECT_LT(full, selective);
+}
+
+TEST(LlamaModel, CrossEntropyChunkingDoesNotChangeResults) {
+  const ModelSpec spec = tiny_spec();
+  const Result whole = run(spec, base_runtime());
+  ModelRuntime rt = base_runtime();
+  rt.cross_entropy_chunk_tokens = 7;  // does not divide 24 tokens
+  const Result chunked = run(spec, rt);
+  EXPECT_NEAR(chunked.loss_sum, whole.loss_sum, 1e-5 * std::abs(whole.loss_sum));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < whole.grads.size(); ++i) {
+    diff += std::pow(chunked.grads[i] - whole.grads[i], 2);
+    norm += std::pow(whole.grads[i], 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-6);
+}
+
+TEST(ModelSpec, FlopsFollowTheMegatronConvention) {
+  // Llama 3.1 8B at seq 8192: 57.9 GFLOP per token (DESIGN.md).
+  ModelSpec s;
+  s.vocab_size = 128256;
+  s.num_layers = 32;
+  s.hidden = 4096;
+  s.ffn = 14336;
+  s.heads = 32;
+  s.kv_heads = 8;
+  s.head_dim = 128;
+  EXPECT_NEAR(s.flops_per_token(8192) / 1e9, 57.9, 0.05);
+  EXPECT_EQ(s.total_params(), 8030261248);  // published size of Llama 3.1 8B
+  s.sliding_window = 4096;                   // window caps the attention term
+  EXPECT_NEAR(s.flops_per_token(8192), 6.0 * s.matmul_params() + 12.0 * 32 * 4096 * 4096, 1.0);
+}
+
+TEST(ParamLayout, SegmentsCoverEverythingAndDecayOnlyMatrices) {
+  const ModelSpec spec = tiny_spec();
+  const ParamLayout l = make_param_layout(spec);
+  const auto segs = l.decay_segments();
+  int64_t covered = 0;
+  for (const auto& s : segs) {
+    EXPECT_EQ(s.offset, covered);
+    covered += s.count;
+  }
+  EXPECT_EQ(covered, l.total);
+  for (const ParamInfo& p : l.params) {
+    EXPECT_EQ(p.offset % 64, 0) << p.name;
+    EXPECT_EQ(p.decay, p.shape.rank() == 2) << p.name;
+    for (const auto& s : segs)
+      if (p.offset >= s.offset && p.offset < s.offset + s.count) EXPECT_EQ(s.decay, p.decay) << p.name;
+  }
+}
+
+TEST(Rope, Llama31ScalingMatchesTheReferenceBands) {
+  ModelSpec s = tiny_spec();
+  s.head_dim = 128;
+  s.rotary_base = 500000;
+  const std::vector<double> plain = rope_inverse_frequencies(s);
+  s.rope_scaling = {true, 8.0, 1.0, 4.0, 8192};
+  const std::vector<double> scaled = rope_inverse_frequencies(s);
+  // High frequencies (wavelength < 2048) are kept, low ones (> 8192) divided by 8.
+  EXPECT_DOUBLE_EQ(scaled[0], plain[0]);
+  EXPECT_DOUBLE_EQ(scaled[63], plain[63] / 8.0);
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_LE(scaled[i], plain[i] * (1 + 1e-12));
+    EXPECT_GE(scaled[i], plain[i] / 8.0 * (1 - 1e-12));
+  }
+  const std::vector<float> table = rope_table(s, 3);
+  EXPECT_FLOAT_EQ(table[0], 1.0f);                            // cos(0)
+  EXPECT_FLOAT_EQ(table[64], 0.0f);                           // sin(0)
+  EXPECT_FLOAT_EQ(table[128 + 1], static_cast<float>(std::cos(scaled[1])));
+  EXPECT_FLOAT_EQ(table[256 + 64 + 2], static_cast<float>(std::sin(2 * scaled[2])));
+}
+
+}  // namespace
+}  // namespace tessera
