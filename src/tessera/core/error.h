@@ -4,10 +4,28 @@
 // of a crash trace.
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
-#include <fmt/format.h>
+#include <sstream>
 
 namespace tessera {
+
+// Replaces each "{}" in f with the next argument (streamed). Headers that CUDA code includes
+// use this instead of fmt, whose C++20 mode nvcc cannot compile.
+template <class... Args>
+std::string format_message(std::string_view f, const Args&... args) {
+  std::ostringstream out;
+  size_t pos = 0;
+  auto put = [&](const auto& arg) {
+    const size_t at = f.find("{}", pos);
+    if (at == std::string_view::npos) return;
+    out << f.substr(pos, at - pos) << arg;
+    pos = at + 2;
+  };
+  (put(args), ...);
+  out << f.substr(pos);
+  return out.str();
+}
 
 // Exit codes of the CLI: 2 for invalid input (config, arguments), 3 for runtime failures
 // that are not bugs (out of memory, bad data, too many NaN iterations), 130/143 on signals.
@@ -37,7 +55,7 @@ class ConfigError : public Error {
  private:
   static std::string format(const std::string& source, const std::string& key,
                             const std::string& value, const std::string& expected) {
-    return fmt::format("{}: key '{}' has value '{}': expected {}", source, key, value, expected);
+    return source + ": key '" + key + "' has value '" + value + "': expected " + expected;
   }
   std::string source_, key_, value_, expected_;
 };
@@ -81,6 +99,6 @@ class InternalError : public Error {
     if (!(cond)) {                                                                 \
       ::tessera::throw_internal_error(__FILE__, __LINE__,                          \
                                       std::string("check failed: " #cond ": ") +   \
-                                          fmt::format(__VA_ARGS__));               \
+                                          ::tessera::format_message(__VA_ARGS__)); \
     }                                                                              \
   } while (0)

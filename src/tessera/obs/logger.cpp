@@ -6,6 +6,8 @@
 #include <ctime>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "tessera/core/error.h"
 
 namespace tessera {

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/core/tensor.h"
 
@@ -28,7 +30,9 @@ struct MemoryStats {
   size_t device_free_bytes = 0;
 };
 
-// out = alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows).
+// out = alpha * op(a) @ op(b) + beta * c (+ bias broadcast over rows). Leading dimensions
+// of 3-D/4-D tensors are flattened into rows. out must not alias a or b; c may be out; with
+// beta = 0, c is not read (it may hold NaN).
 struct MatmulArgs {
   Tensor out;            // (M, N), compute dtype or fp32
   Tensor a;              // (M, K), or (K, M) when trans_a
@@ -48,7 +52,7 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
   int64_t window = 0;    // > 0: query i sees key j only if i - window < j (and j <= i if causal)
-  float scale = 0.0f;    // softmax scale, normally 1/sqrt(head_dim)
+  float scale = 0.0f;    // softmax scale, normally 1/sqrt(head_dim); must be positive
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   int64_t tokens() const { return batch * seq; }
 };
@@ -96,6 +100,12 @@ class Backend {
   // Markers that show the model's structure in traces (NVTX on CUDA). Default: nothing.
   virtual void range_push(const char* /*name*/) {}
   virtual void range_pop() {}
+
+  // Per-op timing for benchmark breakdowns: while enabled, each op's device time is summed
+  // by op name (costs a pair of events per op). Backends without it report nothing.
+  virtual void enable_op_timing(bool /*on*/) {}
+  // (op name, total milliseconds) since timing was enabled; waits for the device.
+  virtual std::vector<std::pair<std::string, double>> op_times_ms() { return {}; }
 
   // ---- elementwise and init ----
   virtual void fill(const Tensor& dst, float value) = 0;

@@ -13,11 +13,23 @@
 
 #include <fmt/format.h>
 
+#include "tessera/backend/cpu/attention_blocked.h"
 #include "tessera/backend/cpu/reference.h"
 
 namespace tessera {
 
 namespace {
+
+// Heads run in parallel on OpenMP threads; each thread's BLAS calls must then stay on that
+// thread instead of spawning BLAS threads of their own.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
+  ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
 
 constexpr size_t kAlignment = 64;
 // Elementwise work and reductions are cut into chunks of this many elements, a size that does
@@ -455,13 +467,14 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   expect_count(out, s.tokens() * s.heads * s.head_dim, op, "out");
   expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
   const int64_t pairs = s.batch * s.heads;
+  const SingleThreadedBlas blas_per_thread;
 #pragma omp parallel
   {
-    std::vector<double> scratch(s.seq + s.head_dim);
+    std::vector<float> scratch;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < pairs; ++p) {
-      ref::attention_head_forward(f32(out), f32(lse), f32(qkv), s, p / s.heads, p % s.heads,
-                                  scratch.data());
+      cpu::attention_head_forward_blocked(f32(out), f32(lse), f32(qkv), s, p / s.heads, p % s.heads,
+                                          scratch);
     }
   }
 }
@@ -503,16 +516,17 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
     stride = D;
   }
   const int64_t pairs = B * H;
+  const SingleThreadedBlas blas_per_thread;
 #pragma omp parallel
   {
-    std::vector<double> row_scratch(D);
+    std::vector<float> scratch;
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t b = p / H, h = p % H, kv = h / group;
       float* head_dk = group == 1 ? dst + b * T * width + (H + kv) * D : dk + p * T * D;
       float* head_dv = group == 1 ? dst + b * T * width + (H + KV + kv) * D : dv + p * T * D;
-      ref::attention_head_backward(dst, head_dk, head_dv, stride, f32(dout), f32(out), f32(lse),
-                                   f32(qkv), s, b, h, row_scratch.data());
+      cpu::attention_head_backward_blocked(dst, head_dk, head_dv, stride, f32(dout), f32(out),
+                                           f32(lse), f32(qkv), s, b, h, scratch);
     }
   }
   if (group == 1) return;

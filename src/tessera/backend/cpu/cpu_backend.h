@@ -2,8 +2,9 @@
 // The CPU backend: the fp32 reference implementation of the op API, fast enough to train a
 // tiny model. The arithmetic is that of backend/cpu/reference.h (float instances) except
 // matmul, which is OpenBLAS sgemm; rows, heads and chunks are spread over OpenMP threads.
-// Results are deterministic for a given thread count, and reductions (sum, sum_squares,
-// column sums of weight gradients, attention dk/dv) for any thread count.
+// Results do not depend on the OpenMP thread count: row ops are independent per row, and
+// reductions (sum, sum_squares, weight-gradient column sums, dk/dv shared by query heads)
+// combine fixed pieces in a fixed order. sgemm's own threading is OpenBLAS's business.
 //
 // Tensors are fp32 (int32 for tokens and targets); other dtypes fail a check, since bf16 and
 // fp8 compute belongs to the GPU backend. convert() also handles fp32 <-> bf16 so that
