@@ -7,7 +7,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOBS="${TESSERA_BUILD_JOBS:-2}"
 
 packages=(build-essential cmake pkg-config git ca-certificates libyaml-cpp-dev nlohmann-json3-dev
-          libfmt-dev libopenblas-dev libgtest-dev libsimdjson-dev libxlsxwriter-dev zlib1g-dev
+          libfmt-dev libopenblas-openmp-dev libgtest-dev libsimdjson-dev libxlsxwriter-dev zlib1g-dev
           python3 python3-torch)
 # Node.js may come from elsewhere (e.g. NodeSource); Debian's packages conflict with it.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)

@@ -17,5 +17,7 @@ struct Command {
 
 int train_command(const Args& args);
 int bench_command(const Args& args);
+int report_command(const Args& args);
+int trace_command(const Args& args);
 
 }  // namespace tessera::cli

@@ -16,6 +16,10 @@ constexpr Command kCommands[] = {
     {"train", "train a model from an experiment YAML (default: the shipped Brown corpus job)",
      tessera::cli::train_command},
     {"bench", "benchmarks: `bench model` (throughput, MFU, time breakdown)", tessera::cli::bench_command},
+    {"report", "performance report from a Chrome/PyTorch profiler trace (also --compare, --ranks)",
+     tessera::cli::report_command},
+    {"trace", "trace tools: `trace merge` joins per-rank traces for Perfetto",
+     tessera::cli::trace_command},
 };
 
 void print_usage() {

@@ -1,0 +1,203 @@
+#include "tessera/analysis/kernel_categories.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <fmt/format.h>
+
+namespace tessera::analysis {
+namespace {
+
+using C = Category;
+using F = RuleField;
+using M = RuleMatch;
+
+// First match wins, so specific rules come before general ones: communication before
+// anything that says "reduce", attention before GEMM (cuDNN/CUTLASS attention kernels mention
+// gemm-like tiles), optimizer before elementwise (fused Adam runs in multi_tensor_apply),
+// normalisation before reduction (Triton fuses norms into reductions).
+constexpr CategoryRule kRules[] = {
+    // --- communication: NCCL / RCCL kernels and custom all-reduce kernels
+    {F::kKernel, M::kContains, "nccl", "", C::kCommunication,
+     "NCCL (ncclDevKernel_*, ncclKernel_*)"},
+    {F::kKernel, M::kContains, "rccl", "", C::kCommunication, "RCCL"},
+    {F::kKernel, M::kContains, "cross_device_reduce", "", C::kCommunication, "custom all-reduce"},
+    {F::kKernel, M::kContains, "allreduce", "", C::kCommunication, "all-reduce kernels"},
+    {F::kKernel, M::kContains, "all_reduce", "", C::kCommunication, "all-reduce kernels"},
+    {F::kKernel, M::kContains, "all_gather", "", C::kCommunication, "all-gather kernels"},
+    {F::kKernel, M::kContains, "reduce_scatter", "", C::kCommunication, "reduce-scatter kernels"},
+    // --- copies and fills recorded as kernels (traces without the gpu_memcpy category)
+    {F::kKernel, M::kPrefix, "memcpy", "", C::kMemcpy, "CUPTI memcpy records"},
+    {F::kKernel, M::kPrefix, "memset", "", C::kMemset, "CUPTI memset records"},
+    {F::kKernel, M::kContains, "__amd_rocclr_copybuffer", "", C::kMemcpy, "ROCm runtime copy"},
+    {F::kKernel, M::kContains, "__amd_rocclr_fillbuffer", "", C::kMemset, "ROCm runtime fill"},
+    // --- attention backward (before forward: some backward kernels mention the forward)
+    {F::kKernel, M::kContains, "flash_bwd", "", C::kAttentionBwd, "FlashAttention 2/3 backward"},
+    {F::kKernel, M::kContains, "sdpa", "bprop", C::kAttentionBwd, "cuDNN SDPA backward"},
+    {F::kKernel, M::kContains, "cudnn::fusion::compute_dot_do_o", "", C::kAttentionBwd,
+     "cuDNN SDPA backward (dO.O)"},
+    {F::kKernel, M::kContains, "cudnn::fusion::convert_dq", "", C::kAttentionBwd,
+     "cuDNN SDPA backward (dQ)"},
+    {F::kKernel, M::kContains, "cudnn::fusion::fmha_reduce_head", "", C::kAttentionBwd,
+     "cuDNN SDPA backward (GQA dK/dV)"},
+    {F::kKernel, M::kContains, "fmha_bwd", "", C::kAttentionBwd, "CK / aiter attention backward"},
+    {F::kKernel, M::kContains, "fmhabwd", "", C::kAttentionBwd, "CK tile attention backward"},
+    {F::kKernel, M::kContains, "fmha_cutlassb", "", C::kAttentionBwd,
+     "xFormers / mem-efficient backward"},
+    {F::kKernel, M::kContains, "efficient_attention_backward", "", C::kAttentionBwd,
+     "mem-efficient backward"},
+    {F::kKernel, M::kContains, "flex_attention_backward", "", C::kAttentionBwd,
+     "torch flex attention backward"},
+    {F::kKernel, M::kContains, "attention_backward", "", C::kAttentionBwd,
+     "Tessera attention_backward_kernel"},
+    {F::kKernel, M::kContains, "attn_bwd", "", C::kAttentionBwd, "Triton attention backward"},
+    {F::kKernel, M::kContains, "mha_bwd", "", C::kAttentionBwd, "attention backward"},
+    // --- attention forward
+    {F::kKernel, M::kContains, "flash_fwd", "", C::kAttentionFwd, "FlashAttention 2/3 forward"},
+    {F::kKernel, M::kContains, "sdpa", "fprop", C::kAttentionFwd, "cuDNN SDPA forward"},
+    {F::kKernel, M::kContains, "fmha_fwd", "", C::kAttentionFwd, "CK / aiter attention forward"},
+    {F::kKernel, M::kContains, "fmhafwd", "", C::kAttentionFwd, "CK tile attention forward"},
+    {F::kKernel, M::kContains, "fmha_cutlassf", "", C::kAttentionFwd,
+     "xFormers / mem-efficient forward"},
+    {F::kKernel, M::kContains, "efficient_attention_forward", "", C::kAttentionFwd,
+     "mem-efficient forward"},
+    {F::kKernel, M::kContains, "flex_attention", "", C::kAttentionFwd,
+     "torch flex attention forward"},
+    {F::kKernel, M::kContains, "attention_forward", "", C::kAttentionFwd,
+     "Tessera attention_forward_kernel"},
+    {F::kKernel, M::kContains, "attn_fwd", "", C::kAttentionFwd, "Triton attention forward"},
+    {F::kKernel, M::kContains, "mha_fwd", "", C::kAttentionFwd, "attention forward"},
+    // --- GEMM: cuBLAS / cuBLASLt / CUTLASS / Tensile / Triton templates
+    {F::kKernel, M::kPrefix, "nvjet", "", C::kGemm, "cuBLASLt (Hopper/Blackwell nvjet_*)"},
+    {F::kKernel, M::kContains, "gemm", "", C::kGemm, "cuBLAS/CUTLASS (*gemm*, sm90_xmma_gemm_*)"},
+    {F::kKernel, M::kContains, "gemv", "", C::kGemm, "cuBLAS gemv"},
+    {F::kKernel, M::kContains, "xmma", "", C::kGemm, "cuBLAS xmma kernels"},
+    {F::kKernel, M::kContains, "cutlass", "", C::kGemm, "CUTLASS"},
+    {F::kKernel, M::kContains, "splitkreduce", "", C::kGemm, "cuBLAS split-K reduction"},
+    {F::kKernel, M::kPrefix, "cijk_", "", C::kGemm, "rocBLAS / hipBLASLt (Tensile Cijk_*)"},
+    {F::kKernel, M::kPrefix, "triton_tem_", "", C::kGemm, "torch.compile template (mm/bmm)"},
+    {F::kKernel, M::kContains, "matmul", "", C::kGemm, "matmul kernels (Triton, Tessera)"},
+    // --- optimizer
+    {F::kKernel, M::kContains, "adam", "", C::kOptimizer,
+     "fused Adam/AdamW (FusedAdamMathFunctor, adamw_kernel)"},
+    {F::kKernel, M::kContains, "sgd", "", C::kOptimizer, "fused SGD"},
+    {F::kKernel, M::kContains, "adagrad", "", C::kOptimizer, "Adagrad"},
+    // --- normalisation
+    {F::kKernel, M::kContains, "rms_norm", "", C::kNormalization,
+     "RMSNorm (PyTorch, Triton fusions)"},
+    {F::kKernel, M::kContains, "rmsnorm", "", C::kNormalization,
+     "RMSNorm (Tessera rmsnorm_*, apex)"},
+    {F::kKernel, M::kContains, "layer_norm", "", C::kNormalization, "LayerNorm (PyTorch)"},
+    {F::kKernel, M::kContains, "layernorm", "", C::kNormalization, "LayerNorm (apex, MIOpen)"},
+    {F::kKernel, M::kContains, "gammabeta", "", C::kNormalization, "LayerNorm weight gradient"},
+    {F::kKernel, M::kContains, "batch_norm", "", C::kNormalization, "BatchNorm"},
+    {F::kKernel, M::kContains, "batchnorm", "", C::kNormalization, "BatchNorm"},
+    {F::kKernel, M::kContains, "group_norm", "", C::kNormalization, "GroupNorm"},
+    // --- reductions (softmax and losses reduce along rows)
+    {F::kKernel, M::kContains, "softmax", "", C::kReduction, "softmax / log-softmax"},
+    {F::kKernel, M::kContains, "nll_loss", "", C::kReduction, "NLL loss"},
+    {F::kKernel, M::kContains, "cross_entropy", "", C::kReduction,
+     "cross-entropy (Tessera, Triton)"},
+    {F::kKernel, M::kContains, "lpnorm", "", C::kReduction, "foreach norm (gradient clipping)"},
+    {F::kKernel, M::kContains, "reduce_kernel", "", C::kReduction, "PyTorch reduce_kernel"},
+    {F::kKernel, M::kContains, "devicereduce", "", C::kReduction, "CUB device reduce"},
+    {F::kKernel, M::kContains, "devicesegmentedreduce", "", C::kReduction, "CUB segmented reduce"},
+    {F::kKernel, M::kPrefix, "triton_red_", "", C::kReduction, "torch.compile reduction"},
+    {F::kKernel, M::kPrefix, "triton_per_", "", C::kReduction,
+     "torch.compile persistent reduction"},
+    {F::kKernel, M::kContains, "reduce", "", C::kReduction, "other reductions"},
+    // --- elementwise
+    {F::kKernel, M::kContains, "elementwise_kernel", "", C::kElementwise,
+     "PyTorch vectorized/unrolled elementwise"},
+    {F::kKernel, M::kContains, "multi_tensor_apply", "", C::kElementwise, "PyTorch foreach ops"},
+    {F::kKernel, M::kPrefix, "triton_poi_", "", C::kElementwise, "torch.compile pointwise"},
+    {F::kKernel, M::kContains, "catarraybatchedcopy", "", C::kElementwise, "torch.cat copies"},
+    {F::kKernel, M::kPrefix, "swiglu", "", C::kElementwise, "Tessera swiglu_*"},
+    {F::kKernel, M::kPrefix, "rope_", "", C::kElementwise, "Tessera rope_*"},
+    {F::kKernel, M::kContains, "rotary", "", C::kElementwise, "rotary embedding kernels"},
+    {F::kKernel, M::kContains, "silu", "", C::kElementwise, "activation kernels"},
+    {F::kKernel, M::kContains, "gelu", "", C::kElementwise, "activation kernels"},
+    {F::kKernel, M::kPrefix, "cast_", "", C::kElementwise, "Tessera cast_*"},
+    {F::kKernel, M::kPrefix, "residual_", "", C::kElementwise, "Tessera residual_*"},
+    {F::kKernel, M::kPrefix, "fill_", "", C::kElementwise, "Tessera fill_*"},
+    // --- other known kernels
+    {F::kKernel, M::kContains, "embedding", "", C::kOther, "embedding lookup / backward"},
+    {F::kKernel, M::kContains, "gather", "", C::kOther, "gather"},
+    {F::kKernel, M::kContains, "scatter", "", C::kOther, "scatter"},
+    {F::kKernel, M::kContains, "index", "", C::kOther, "indexing (index_select, index_put)"},
+    {F::kKernel, M::kContains, "distribution", "", C::kOther, "random number generation"},
+    {F::kKernel, M::kContains, "sort", "", C::kOther, "sorting (radix sort, topk)"},
+    {F::kKernel, M::kContains, "topk", "", C::kOther, "top-k"},
+    // --- fallbacks on the launching CPU op when the kernel name is unknown
+    {F::kOp, M::kContains, "attention", "backward", C::kAttentionBwd,
+     "op aten::*attention*backward"},
+    {F::kOp, M::kContains, "attention", "", C::kAttentionFwd, "op aten::*attention*"},
+    {F::kOp, M::kPrefix, "aten::mm", "", C::kGemm, "op aten::mm"},
+    {F::kOp, M::kContains, "addmm", "", C::kGemm, "op aten::addmm"},
+    {F::kOp, M::kContains, "bmm", "", C::kGemm, "op aten::bmm / baddbmm"},
+    {F::kOp, M::kContains, "matmul", "", C::kGemm, "op aten::matmul"},
+    {F::kOp, M::kContains, "linear", "", C::kGemm, "op aten::linear"},
+    {F::kOp, M::kContains, "_scaled_mm", "", C::kGemm, "op aten::_scaled_mm"},
+    {F::kOp, M::kContains, "_norm", "", C::kNormalization, "op aten::*_norm"},
+    {F::kOp, M::kContains, "adam", "", C::kOptimizer, "op *adam*"},
+    {F::kOp, M::kContains, "c10d::", "", C::kCommunication, "op c10d::*"},
+    {F::kOp, M::kContains, "record_param_comms", "", C::kCommunication, "op record_param_comms"},
+};
+
+constexpr std::string_view kCategoryNames[kNumCategories] = {
+    "GEMM",      "attention_fwd", "attention_bwd", "normalization", "elementwise", "reduction",
+    "optimizer", "communication", "memcpy",        "memset",        "other",       "unclassified",
+};
+
+bool matches(const CategoryRule& rule, std::string_view lower) {
+  bool hit = rule.match == M::kPrefix ? lower.starts_with(rule.pattern)
+                                      : lower.find(rule.pattern) != std::string_view::npos;
+  return hit && (rule.also.empty() || lower.find(rule.also) != std::string_view::npos);
+}
+
+std::string to_lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+}  // namespace
+
+std::string_view category_name(Category c) {
+  return kCategoryNames[static_cast<int>(c)];
+}
+
+std::span<const CategoryRule> category_rules() {
+  return kRules;
+}
+
+Classification classify_kernel(std::string_view kernel_name, std::string_view op_name) {
+  // CUPTI reports demangled names that start with the return type ("void at::native::...").
+  std::string name = to_lower(kernel_name);
+  std::string_view view = name;
+  if (view.starts_with("void ")) view.remove_prefix(5);
+  std::string op = to_lower(op_name);
+  for (int pass = 0; pass < 2; ++pass) {
+    const F field = pass == 0 ? F::kKernel : F::kOp;
+    std::string_view subject = pass == 0 ? view : std::string_view(op);
+    if (subject.empty()) continue;
+    for (size_t i = 0; i < std::size(kRules); ++i) {
+      if (kRules[i].field == field && matches(kRules[i], subject)) {
+        return {kRules[i].category, static_cast<int>(i)};
+      }
+    }
+  }
+  return {};
+}
+
+std::string describe_rule(int rule) {
+  if (rule < 0) return "";
+  const CategoryRule& r = kRules[rule];
+  std::string s = fmt::format("{} {} '{}'", r.field == F::kKernel ? "kernel" : "op",
+                              r.match == M::kPrefix ? "starts with" : "contains", r.pattern);
+  if (!r.also.empty()) s += fmt::format(" and '{}'", r.also);
+  return s;
+}
+
+}  // namespace tessera::analysis

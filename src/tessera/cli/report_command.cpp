@@ -1,0 +1,170 @@
+// `tessera report`: performance reports from Chrome traces (Tessera's and PyTorch profiler's).
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tessera/analysis/compare.h"
+#include "tessera/analysis/progress.h"
+#include "tessera/analysis/ranks.h"
+#include "tessera/analysis/report.h"
+#include "tessera/analysis/trace_data.h"
+#include "tessera/analysis/writers.h"
+#include "tessera/cli/commands.h"
+#include "tessera/core/error.h"
+
+namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+namespace an = tessera::analysis;
+
+constexpr const char* kUsage = R"(usage:
+  tessera report TRACE [-o DIR] [--format xlsx,csv,md,html] [--gpu NAME] [--top K]
+  tessera report --compare A B [-o DIR] [--format ...] [--gpu NAME] [--top K]
+  tessera report --ranks DIR [-o DIR] [--format ...]
+
+Reads Chrome-trace JSON (Tessera traces, PyTorch profiler *.pt.trace.json, plain or .gz),
+streaming, and writes report.xlsx (a sheet per table), <table>.csv, summary.md and
+summary.html to DIR (default: <trace stem>_report/ in the current directory).
+
+  --gpu NAME   peak figures for % of peak and roofline: H100, H200, B200, MI300X, MI325X,
+               MI355X (configs/gpus.yaml); default: detected from the trace's device name
+  --top K      rows in the top-kernels table (default 20)
+  --compare    the same tables for A and B side by side with _diff and _pct columns
+  --ranks DIR  every per-rank trace in DIR: collective skew and stragglers (takes only
+               -o and --format)
+See docs/report.md for every table's definitions.
+)";
+
+struct Options {
+  std::vector<std::string> traces;
+  std::string out_dir, ranks_dir, gpu;
+  std::string formats = "xlsx,csv,md,html";
+  std::optional<int> top_k;
+  bool compare = false;
+};
+
+Options parse(const Args& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    std::optional<std::string> inline_value;
+    if (a.starts_with("--") && a.find('=') != std::string::npos) {
+      inline_value = a.substr(a.find('=') + 1);
+      a = a.substr(0, a.find('='));
+    }
+    auto value = [&]() -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size()) {
+        throw ConfigError("command line", a, "", "a value after " + a);
+      }
+      return args[++i];
+    };
+    if (a == "-o" || a == "--output") {
+      o.out_dir = value();
+    } else if (a == "--format") {
+      o.formats = value();
+    } else if (a == "--gpu") {
+      o.gpu = value();
+    } else if (a == "--top") {
+      std::string v = value();
+      try {
+        size_t used = 0;
+        o.top_k = std::stoi(v, &used);
+        if (used != v.size() || *o.top_k <= 0) throw std::invalid_argument(v);
+      } catch (const std::exception&) {
+        throw ConfigError("command line", "top", v, "a positive integer");
+      }
+    } else if (a == "--compare") {
+      o.compare = true;
+    } else if (a == "--ranks") {
+      o.ranks_dir = value();
+    } else if (a.starts_with("-") && a != "-") {
+      throw ConfigError("command line", a, "",
+                        "one of -o, --format, --gpu, --top, --compare, "
+                        "--ranks (see tessera report --help)");
+    } else {
+      o.traces.push_back(a);
+    }
+  }
+  if (!o.ranks_dir.empty()) {
+    if (o.compare || !o.traces.empty() || !o.gpu.empty() || o.top_k) {
+      throw ConfigError("command line", "ranks", o.ranks_dir,
+                        "--ranks DIR with only -o and --format (no traces, --compare, --gpu, "
+                        "--top)");
+    }
+  } else if (o.compare) {
+    if (o.traces.size() != 2) {
+      throw ConfigError("command line", "compare", fmt::format("{} traces", o.traces.size()),
+                        "exactly two traces: --compare A B");
+    }
+  } else if (o.traces.size() != 1) {
+    throw ConfigError("command line", "TRACE", fmt::format("{} traces", o.traces.size()),
+                      "exactly one trace (or --compare A B, or --ranks DIR)");
+  }
+  return o;
+}
+
+// "runs/ddp_rank-0.pt.trace.json.gz" -> "ddp_rank-0"
+std::string trace_stem(const std::string& path) {
+  std::string name = fs::path(path).filename().string();
+  for (const char* suffix : {".gz", ".json", ".pt.trace", ".trace"}) {
+    if (name.ends_with(suffix)) name.resize(name.size() - std::string_view(suffix).size());
+  }
+  return name;
+}
+
+void print_read(const an::TraceInfo& info) {
+  const an::ReadStats& s = info.read;
+  fmt::print("{}: {}\n", info.path,
+             an::read_summary(s.events, s.json_bytes, s.seconds, s.file_bytes));
+}
+
+an::TraceData load(const std::string& path) {
+  an::TraceData data = an::TraceData::load(path, /*progress=*/true);
+  print_read(data.info);
+  return data;
+}
+
+}  // namespace
+
+int report_command(const Args& args) {
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      fmt::print("{}", kUsage);
+      return 0;
+    }
+  }
+  const Options o = parse(args);
+  const an::OutputFormats formats = an::parse_formats(o.formats);
+  an::ReportOptions ro;
+  ro.gpu = o.gpu;
+  ro.top_k = o.top_k.value_or(ro.top_k);
+  an::Report report;
+  std::string out_dir = o.out_dir;
+  if (!o.ranks_dir.empty()) {
+    report = an::ranks_report(o.ranks_dir, /*progress=*/true, print_read);
+    if (out_dir.empty()) {
+      out_dir = fs::path(o.ranks_dir).lexically_normal().filename().string() + "_ranks_report";
+    }
+  } else if (o.compare) {
+    an::Report a = an::build_report(load(o.traces[0]), ro);
+    an::Report b = an::build_report(load(o.traces[1]), ro);
+    report = an::compare_reports(a, b);
+    if (out_dir.empty()) {
+      out_dir = trace_stem(o.traces[0]) + "_vs_" + trace_stem(o.traces[1]) + "_report";
+    }
+  } else {
+    report = an::build_report(load(o.traces[0]), ro);
+    if (out_dir.empty()) out_dir = trace_stem(o.traces[0]) + "_report";
+  }
+  for (const std::string& w : report.warnings) fmt::print(stderr, "warning: {}\n", w);
+  const auto files = an::write_report(report, out_dir, formats);
+  fmt::print("wrote {} files to {}/\n", files.size(), out_dir);
+  return 0;
+}
+
+}  // namespace tessera::cli

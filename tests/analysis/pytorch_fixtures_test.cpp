@@ -1,0 +1,230 @@
+// Real PyTorch profiler traces (tests/data/traces, see its README): every number the report
+// gives is checked against an independent computation over the whole JSON document (a DOM,
+// fine for fixtures this small).
+#include <zlib.h>
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "tessera/analysis/kernel_tables.h"
+#include "tessera/analysis/ranks.h"
+#include "tessera/analysis/report.h"
+#include "tessera/analysis/shapes.h"
+#include "tessera/analysis/timeline.h"
+#include "tessera/analysis/trace_data.h"
+#include "trace_builder.h"
+
+namespace tessera::analysis {
+namespace {
+
+using testing::json;
+
+const std::string kDir = std::string(TESSERA_TEST_DATA_DIR) + "/traces/";
+
+json load_json(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  EXPECT_NE(f, nullptr) << path;
+  std::string text;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0) text.append(buf, n);
+  gzclose(f);
+  return json::parse(text);
+}
+
+const json& events_of(const json& j) {
+  return j.is_array() ? j : j["traceEvents"];
+}
+
+bool is_gpu(const json& e) {
+  const std::string cat = e.value("cat", "");
+  return e.value("ph", "") == "X" &&
+         (cat == "kernel" || cat == "gpu_memcpy" || cat == "gpu_memset");
+}
+
+int64_t ns(const json& v) {
+  return std::llround(v.get<double>() * 1000.0);
+}
+
+double num(const Table& t, size_t row, const char* column) {
+  const Cell& c = t.rows[row][t.column(column)];
+  if (auto* i = std::get_if<int64_t>(&c)) return static_cast<double>(*i);
+  return std::get<double>(c);
+}
+
+std::string str(const Table& t, size_t row, const char* column) {
+  return std::get<std::string>(t.rows[row][t.column(column)]);
+}
+
+// Category totals by independent name tests: what each library's kernels are called.
+std::string expected_category(const json& e) {
+  const std::string cat = e["cat"], n = e["name"];
+  if (cat == "gpu_memcpy") return "memcpy";
+  if (cat == "gpu_memset") return "memset";
+  auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
+  if (has("nccl")) return "communication";
+  if (has("bprop") || has("cudnn::fusion")) return "attention_bwd";
+  if (has("fprop")) return "attention_fwd";
+  if (n.rfind("nvjet", 0) == 0) return "GEMM";
+  if (has("FusedAdam")) return "optimizer";
+  if (has("rms_norm") || has("layer_norm") || has("GammaBeta")) return "normalization";
+  if (has("softmax") || has("nll_loss") || n.rfind("triton_red", 0) == 0 ||
+      n.rfind("triton_per", 0) == 0) {
+    return "reduction";
+  }
+  if (n.rfind("triton_poi", 0) == 0) return "elementwise";  // fused pointwise, whatever it fuses
+  if (has("embedding") || has("gather") || has("distribution")) return "other";
+  return "elementwise";
+}
+
+class PyTorchFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PyTorchFixture, CategoryTotalsEqualIndependentSums) {
+  const std::string path = kDir + GetParam();
+  const json j = load_json(path);
+  std::map<std::string, std::pair<int64_t, int64_t>> expected;  // category -> count, ns
+  int64_t all_ns = 0, first = INT64_MAX, last = 0;
+  for (const json& e : events_of(j)) {
+    if (!is_gpu(e)) continue;
+    auto& [count, total] = expected[expected_category(e)];
+    ++count;
+    total += ns(e["dur"]);
+    all_ns += ns(e["dur"]);
+    first = std::min(first, ns(e["ts"]));
+    last = std::max(last, ns(e["ts"]) + ns(e["dur"]));
+  }
+  ASSERT_FALSE(expected.empty());
+  TraceData d = TraceData::load(path, false);
+  Table t = categories_table(d);
+  ASSERT_EQ(t.rows.size(), expected.size() + 1);  // + total
+  for (size_t r = 0; r + 1 < t.rows.size(); ++r) {
+    const std::string cat = str(t, r, "category");
+    ASSERT_TRUE(expected.count(cat)) << cat;
+    EXPECT_EQ(num(t, r, "count"), expected[cat].first) << cat;
+    EXPECT_NEAR(num(t, r, "total_ms"), expected[cat].second / 1e6, 1e-6) << cat;
+  }
+  EXPECT_NEAR(num(t, t.rows.size() - 1, "total_ms"), all_ns / 1e6, 1e-6);
+  EXPECT_TRUE(unclassified_table(d).rows.empty());
+  // The timeline spans first start to last end and its parts add up.
+  auto timeline = gpu_timeline(d);
+  ASSERT_EQ(timeline.size(), 1u);
+  const TimelineBreakdown& b = timeline[0];
+  EXPECT_NEAR(b.total, last - first, 2);
+  EXPECT_EQ(b.computation + b.exposed_comm + b.exposed_memcpy + b.idle, b.total);
+}
+
+TEST_P(PyTorchFixture, GemmShapesMatchRecordShapes) {
+  const std::string path = kDir + GetParam();
+  const json j = load_json(path);
+  std::map<int64_t, json> ops;  // External id -> cpu_op
+  for (const json& e : events_of(j)) {
+    if (e.value("cat", "") == "cpu_op" && e["args"].contains("External id")) {
+      ops[e["args"]["External id"].get<int64_t>()] = e;
+    }
+  }
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> expected;  // (M, N, K) -> calls
+  for (const json& e : events_of(j)) {
+    if (!is_gpu(e) || std::string(e["name"]).rfind("nvjet", 0) != 0) continue;
+    const json& op = ops.at(e["args"]["External id"].get<int64_t>());
+    ASSERT_EQ(op["name"], "aten::mm");
+    const json& dims = op["args"]["Input Dims"];
+    ++expected[{dims[0][0].get<int64_t>(), dims[1][1].get<int64_t>(), dims[0][1].get<int64_t>()}];
+  }
+  Table t = gemm_table(TraceData::load(path, false), find_gpu_spec("H200"));
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> got;
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    EXPECT_EQ(str(t, r, "dtype"), "bf16");
+    got[{static_cast<int64_t>(num(t, r, "M")), static_cast<int64_t>(num(t, r, "N")),
+         static_cast<int64_t>(num(t, r, "K"))}] += static_cast<int64_t>(num(t, r, "count"));
+  }
+  EXPECT_EQ(got, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Traces, PyTorchFixture,
+                         ::testing::Values("torch_gpu_step.pt.trace.json.gz",
+                                           "torch_compiled_step.pt.trace.json.gz",
+                                           "ddp/rank-0.pt.trace.json.gz",
+                                           "ddp/rank-1.pt.trace.json.gz"));
+
+TEST(PyTorchFixtures, AttentionShapesFromCudnnOps) {
+  TraceData d = TraceData::load(kDir + "torch_gpu_step.pt.trace.json.gz", false);
+  Table t = attention_table(d, find_gpu_spec("H200"));
+  ASSERT_EQ(t.rows.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(num(t, r, "B"), 2);
+    EXPECT_EQ(num(t, r, "H"), 4);
+    EXPECT_EQ(num(t, r, "KV"), 2);
+    EXPECT_EQ(num(t, r, "T"), 128);
+    EXPECT_EQ(num(t, r, "D"), 64);
+    EXPECT_EQ(str(t, r, "causal"), "true");
+    EXPECT_EQ(num(t, r, "count"), 1);
+  }
+}
+
+TEST(PyTorchFixtures, DdpCollectivesAndRankSkew) {
+  // Independent: NCCL kernel starts, sizes and durations per rank.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> starts(2);  // (start, elements)
+  for (int r = 0; r < 2; ++r) {
+    const json j = load_json(kDir + "ddp/rank-" + std::to_string(r) + ".pt.trace.json.gz");
+    ASSERT_EQ(j["distributedInfo"]["rank"], r);
+    for (const json& e : events_of(j)) {
+      if (is_gpu(e) && std::string(e["name"]).find("nccl") != std::string::npos) {
+        starts[r].emplace_back(ns(e["ts"]), e["args"]["In msg nelems"].get<int64_t>());
+      }
+    }
+    std::sort(starts[r].begin(), starts[r].end());
+  }
+  ASSERT_EQ(starts[0].size(), 2u);
+  ASSERT_EQ(starts[1].size(), 2u);
+
+  Report report = ranks_report(kDir + "ddp", false);
+  const Table* skew = report.find("collective_skew");
+  ASSERT_NE(skew, nullptr);
+  ASSERT_EQ(skew->rows.size(), 2u);
+  std::set<std::pair<int64_t, double>> expected, got;
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(starts[0][k].second, starts[1][k].second);
+    expected.insert({starts[0][k].second * 4,  // fp32 gradients
+                     std::llabs(starts[0][k].first - starts[1][k].first) / 1e3});
+    got.insert({static_cast<int64_t>(num(*skew, k, "bytes")), num(*skew, k, "start_skew_us")});
+    EXPECT_EQ(str(*skew, k, "collective"), "all_reduce");
+  }
+  ASSERT_EQ(got.size(), expected.size());
+  for (auto g = got.begin(), e = expected.begin(); g != got.end(); ++g, ++e) {
+    EXPECT_EQ(g->first, e->first);
+    EXPECT_NEAR(g->second, e->second, 0.002);
+  }
+  const Table* ranks = report.find("ranks");
+  ASSERT_EQ(ranks->rows.size(), 2u);
+  EXPECT_EQ(num(*ranks, 1, "rank"), 1);
+  EXPECT_EQ(num(*ranks, 0, "collectives"), 2);
+}
+
+TEST(PyTorchFixtures, LegacyCpuTraceOpsEqualIndependentSums) {
+  const std::string path = kDir + "torch_cpu_legacy.pt.trace.json.gz";
+  const json j = load_json(path);
+  ASSERT_TRUE(j.is_array());  // the pre-Kineto format: a bare array, no "cat"
+  std::map<std::string, std::pair<int64_t, int64_t>> expected;
+  for (const json& e : j) {
+    auto& [calls, total] = expected[e["name"]];
+    ++calls;
+    total += ns(e["dur"]);
+  }
+  TraceData d = TraceData::load(path, false);
+  EXPECT_TRUE(d.gpu.empty());
+  Report report = build_report(d, {});
+  const Table* ops = report.find("ops");
+  ASSERT_NE(ops, nullptr);
+  ASSERT_EQ(ops->rows.size(), expected.size());
+  for (size_t r = 0; r < ops->rows.size(); ++r) {
+    const auto& [calls, total] = expected.at(str(*ops, r, "op"));
+    EXPECT_EQ(num(*ops, r, "calls"), calls);
+    EXPECT_NEAR(num(*ops, r, "cpu_total_ms"), total / 1e6, 1e-9);
+  }
+  EXPECT_FALSE(report.warnings.empty());  // "no GPU activity"
+}
+
+}  // namespace
+}  // namespace tessera::analysis

@@ -1,0 +1,182 @@
+// `tessera report` and `tessera trace merge` as a user runs them: outputs, exit codes (2 for
+// bad flags, 3 for bad traces) and messages.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "trace_builder.h"
+
+namespace tessera::analysis {
+namespace {
+
+using testing::test_dir;
+using testing::TraceBuilder;
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code;
+  std::string output;
+};
+
+// Runs the CLI in `cwd` and captures stdout + stderr.
+CliRun tessera(const std::string& args, const fs::path& cwd) {
+  const std::string log = (cwd / "cli.log").string();
+  const std::string cmd =
+      "cd '" + cwd.string() + "' && '" + TESSERA_BINARY + "' " + args + " > '" + log + "' 2>&1";
+  int status = std::system(cmd.c_str());
+  std::stringstream text;
+  text << std::ifstream(log).rdbuf();
+  return {WEXITSTATUS(status), text.str()};
+}
+
+std::string read(const fs::path& p) {
+  std::stringstream s;
+  s << std::ifstream(p).rdbuf();
+  return s.str();
+}
+
+std::string sample_trace(const fs::path& dir, const std::string& name, double gemm_us) {
+  TraceBuilder b(dir);
+  b.member("deviceProperties", {{{"name", "NVIDIA H100 80GB HBM3"}}})
+      .kernel("nvjet_a", 0, gemm_us, {{"M", 1024}, {"N", 1024}, {"K", 1024}, {"dtype", "bf16"}})
+      .kernel("ncclDevKernel_AllReduce_Sum_bf16", 5, 20,
+              {{"collective", "all_reduce"}, {"bytes", 1 << 20}, {"group_size", 8}}, 0, 20)
+      .kernel("mystery_kernel", 40, 1);
+  return b.write(name);
+}
+
+TEST(ReportCli, WritesEveryFormatToTheDefaultDirectory) {
+  const auto dir = test_dir();
+  sample_trace(dir, "step.pt.trace.json", 10);
+  CliRun r = tessera("report step.pt.trace.json", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("parsed 3 events"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("matched no category rule"), std::string::npos) << r.output;
+  const fs::path out = dir / "step_report";
+  for (const char* f :
+       {"report.xlsx", "summary.md", "summary.html", "gpu_timeline.csv", "categories.csv",
+        "top_kernels.csv", "gemm.csv", "attention.csv", "collectives.csv", "short_kernels.csv",
+        "unclassified.csv", "kernels.csv", "ops.csv"}) {
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  }
+  EXPECT_EQ(read(out / "report.xlsx").substr(0, 2), "PK");  // a zip container
+  const std::string html = read(out / "summary.html");
+  EXPECT_EQ(html.find("http"), std::string::npos);  // self-contained
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  const std::string md = read(out / "summary.md");
+  EXPECT_NE(md.find("## GPU timeline"), std::string::npos);
+  EXPECT_NE(md.find("H100"), std::string::npos);  // detected from deviceProperties
+  EXPECT_NE(read(out / "unclassified.csv").find("mystery_kernel"), std::string::npos);
+  EXPECT_NE(read(out / "gemm.csv").find("compute"), std::string::npos);
+}
+
+TEST(ReportCli, FormatsAndOutputDirectory) {
+  const auto dir = test_dir();
+  sample_trace(dir, "t.json.gz.json", 10);
+  CliRun r = tessera("report t.json.gz.json -o out --format csv,md --gpu=MI300X --top 1", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "out" / "summary.md"));
+  EXPECT_FALSE(fs::exists(dir / "out" / "report.xlsx"));
+  EXPECT_FALSE(fs::exists(dir / "out" / "summary.html"));
+  EXPECT_NE(read(dir / "out" / "summary.md").find("MI300X"), std::string::npos);
+  const std::string top = read(dir / "out" / "top_kernels.csv");
+  EXPECT_EQ(std::count(top.begin(), top.end(), '\n'), 2);  // header + 1 row
+}
+
+TEST(ReportCli, CompareWritesDiffColumns) {
+  const auto dir = test_dir();
+  sample_trace(dir, "a.json", 10);
+  sample_trace(dir, "b.json", 15);
+  CliRun r = tessera("report --compare a.json b.json", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string csv = read(dir / "a_vs_b_report" / "categories.csv");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "category,count_a,count_b,count_diff,count_pct,total_ms_a,total_ms_b,"
+            "total_ms_diff,total_ms_pct,mean_us_a,mean_us_b,mean_us_diff,mean_us_pct,"
+            "median_us_a,median_us_b,median_us_diff,median_us_pct,min_us_a,min_us_b,"
+            "min_us_diff,min_us_pct,max_us_a,max_us_b,max_us_diff,max_us_pct,share_pct_a,"
+            "share_pct_b,share_pct_diff,share_pct_pct");
+  EXPECT_NE(csv.find("GEMM,1,1,0,0,0.01,0.015,0.005"), std::string::npos) << csv;
+}
+
+TEST(ReportCli, RanksAndMerge) {
+  const auto dir = test_dir();
+  fs::create_directories(dir / "run");
+  sample_trace(dir / "run", "rank-0.json", 10);
+  sample_trace(dir / "run", "rank-1.json", 12);
+  CliRun r = tessera("report --ranks run", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "run_ranks_report" / "stragglers.csv"));
+  EXPECT_TRUE(fs::exists(dir / "run_ranks_report" / "collective_skew.csv"));
+  r = tessera("trace merge run -o merged.json.gz", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("merged 2 ranks"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "merged.json.gz"));
+}
+
+// The benchmark generator (scripts/analysis/make_big_trace.py) must keep writing traces the
+// report reads completely: every kernel classified, shapes and collective sizes found.
+TEST(ReportCli, BenchmarkGeneratorTraceIsFullyUnderstood) {
+  const auto dir = test_dir();
+  const std::string gen = std::string(TESSERA_TESTS_DIR) + "/../scripts/analysis/make_big_trace.py";
+  const std::string cmd = std::string(TESSERA_PYTHON) + " '" + gen +
+                          "' --size-gb 0.002 --layers 4 -o '" +
+                          (dir / "big.pt.trace.json.gz").string() + "' > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  CliRun r = tessera("report big.pt.trace.json.gz -o out --format csv", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string unclassified = read(dir / "out" / "unclassified.csv");
+  EXPECT_EQ(std::count(unclassified.begin(), unclassified.end(), '\n'), 1) << unclassified;
+  const std::string categories = read(dir / "out" / "categories.csv");
+  for (const char* c : {"GEMM", "attention_fwd", "attention_bwd", "normalization", "elementwise",
+                        "optimizer", "communication", "memcpy"}) {
+    EXPECT_NE(categories.find(std::string(c) + ","), std::string::npos) << c;
+  }
+  EXPECT_EQ(read(dir / "out" / "gemm.csv").find(",,,"), std::string::npos);  // every shape known
+  EXPECT_NE(read(dir / "out" / "collectives.csv").find("all_reduce,bf16,50000000,8"),
+            std::string::npos);
+}
+
+TEST(ReportCli, BadFlagsExitTwo) {
+  const auto dir = test_dir();
+  sample_trace(dir, "t.json", 10);
+  for (const char* args :
+       {"report", "report t.json --format pdf", "report t.json --top 0", "report t.json --gpu H300",
+        "report t.json --bogus", "report t.json t.json", "report --compare t.json",
+        "report --ranks . t.json", "report --ranks . --gpu H100", "report t.json -o", "trace",
+        "trace split t.json", "trace merge t.json", "trace merge t.json -o out.txt"}) {
+    CliRun r = tessera(args, dir);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("error"), std::string::npos) << args << "\n" << r.output;
+  }
+  EXPECT_EQ(tessera("report --help", dir).code, 0);
+}
+
+TEST(ReportCli, BadTracesExitThreeNamingTheFile) {
+  const auto dir = test_dir();
+  testing::write_file(dir / "cut.json", R"({"traceEvents": [{"ph": "X", "name": "k")");
+  testing::write_file(dir / "text.json", "not json at all");
+  struct Case {
+    const char* args;
+    const char* file;
+    const char* says;
+  } cases[] = {
+      {"report missing.json", "missing.json", "cannot open"},
+      {"report cut.json", "cut.json", "truncated"},
+      {"report text.json", "text.json", "expected '{' or '['"},
+      {"report --ranks nowhere", "nowhere", "not a directory"},
+      {"report .", ".", "is a directory"},
+      {"trace merge missing.json -o m.json", "missing.json", "no such trace"},
+  };
+  for (const Case& c : cases) {
+    CliRun r = tessera(c.args, dir);
+    EXPECT_EQ(r.code, 3) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.file), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::analysis
