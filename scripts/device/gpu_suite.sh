@@ -8,9 +8,18 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$ROOT/.device/out}"
 BIN="$ROOT/.device/bin"
 mkdir -p "$OUT"
+# Binaries, their host libraries, the peer scripts and the Brown corpus travel packed.
+if [ -f "$ROOT/.device/payload.tgz" ]; then
+  tar xzf "$ROOT/.device/payload.tgz" -C "$ROOT/.device"
+  [ -e "$ROOT/node_modules" ] || ln -s "$ROOT/.device/node_modules" "$ROOT/node_modules"
+fi
 # Test binaries have the build machine's source path compiled in.
 mkdir -p /work && [ -e /work/main ] || ln -s "$ROOT" /work/main
 export TESSERA_ROOT="$ROOT" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Host libraries of the build machine travel in .device/lib; cuBLASLt comes from the GPU
+# machine's CUDA (or PyTorch's wheel of it).
+cublas_dir="$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)"
+export LD_LIBRARY_PATH="$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests lab bench peer)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }

@@ -2,7 +2,9 @@
 // Helpers for GPU tests: skip visibly without a GPU, move host fp32 data into tensors of any
 // dtype on either backend, guard regions around outputs, and relative errors.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <memory>
 #include <random>
 #include <vector>
@@ -19,6 +21,13 @@ namespace tessera::gpu_test {
   do {                                                            \
     if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "skipped: no GPU"; \
   } while (0)
+
+// The source tree: $TESSERA_ROOT when set (binaries carried to another machine), else the
+// tree they were built from.
+inline std::string source_dir() {
+  const char* root = std::getenv("TESSERA_ROOT");
+  return root ? root : TESSERA_SOURCE_DIR;
+}
 
 inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);

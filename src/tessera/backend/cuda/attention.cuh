@@ -1,0 +1,50 @@
+#pragma once
+// Fused flash attention (FlashAttention-2 algorithm) for Hopper, bf16 in and out, fp32
+// softmax statistics and accumulation. Causal, native sliding window (masked tiles are never
+// visited), grouped-query attention reading the shared K/V heads in place, head_dim 64/128.
+// Include from .cu files only (cudaStream_t).
+//
+// Layouts (op API, ops/backend.h): qkv (B, T, (H + 2*KV) * D) packs per token H query heads,
+// then KV key heads, then KV value heads; out (B, T, H*D); lse (B, H, T) fp32 natural log.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "tessera/ops/backend.h"
+
+namespace tessera::cuda {
+
+// qkv (B,T,(H+2KV)*D) bf16, out (B,T,H*D) bf16, lse (B,H,T) fp32.
+void attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                       cudaStream_t stream);
+// dqkv (B,T,(H+2KV)*D) bf16 overwritten; dout, out bf16; scratch:
+// attention_backward_scratch_bytes(s) bytes of device memory.
+void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,
+                        const void* qkv, const AttentionShape& s, void* scratch,
+                        cudaStream_t stream);
+size_t attention_backward_scratch_bytes(const AttentionShape& s);
+
+// Choices the entry points above make with the defaults; exposed so that dev/attention can
+// time the alternatives on the device and the defaults can follow the measurement.
+struct AttentionOptions {
+  // Forward CTA: 128 query rows. 4 warps own 32 rows each (half the shared-memory reads
+  // per MMA, 255 registers, 2 CTAs = 8 warps per SM) or 8 warps own 16 rows each (128
+  // registers, 16 warps per SM to hide latency).
+  int forward_warps = 4;
+  // Keys per forward tile (32 or 64): 64 halves the barriers and softmax bookkeeping per key,
+  // 32 halves the S registers.
+  int forward_block_n = 64;
+  // true: dQ by its own kernel that loops over key tiles (bit-reproducible, recomputes P
+  // and dP: 7 instead of 5 tile GEMMs). false: the dK/dV kernel adds dS K into an fp32
+  // buffer with atomics (FlashAttention-2's choice; summation order varies run to run).
+  bool deterministic = true;
+};
+
+void attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                       cudaStream_t stream, const AttentionOptions& options);
+void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,
+                        const void* qkv, const AttentionShape& s, void* scratch,
+                        cudaStream_t stream, const AttentionOptions& options);
+size_t attention_backward_scratch_bytes(const AttentionShape& s, const AttentionOptions& options);
+
+}  // namespace tessera::cuda

@@ -1,0 +1,218 @@
+#include "tessera/backend/cuda/cross_entropy.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/kernel_utils.cuh"
+
+namespace tessera::cuda {
+namespace {
+
+// One block of 512 threads per row, two resident per SM. Pass 1 streams the row once,
+// keeping a running (max, sum of exp) per thread (online softmax); a block reduction gives the
+// row's log-sum-exp. With a gradient, pass 2 needs the row again: pass 1 copies the first
+// ~112 KiB of it into shared memory (half an SM's, so two rows stay in flight and one row's
+// start-up and reduction overlap the other's streaming), and pass 2 re-reads only the rest
+// from global memory, first and in reverse order, while those lines are the most recently
+// loaded ones in L2. Measured on H200 at (4096 x 128256) bf16: loss only 0.26 ms (4.0 TB/s,
+// the HBM limit), with the gradient 0.82 ms, where DRAM moves the ideal 1.05 GB read +
+// 1.05 GB written and the two exponentials per logit make the special-function unit the
+// limit (ncu: XU pipe ~70% busy in pass 1 alone). Next step if it matters: compute part of
+// pass 2's exponentials with a polynomial on the FMA pipe (FlashAttention-3's trick).
+constexpr int kThreads = 512;
+constexpr int kUnroll = 4;  // 16-byte loads in flight per thread
+
+struct MaxSum {
+  float max, sum;
+};
+
+__device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
+}
+
+// Block-wide (max, sum) in a fixed order; the result is computed once by thread 0 and
+// broadcast, so every thread normalises with the same bits.
+__device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const MaxSum other{__shfl_down_sync(0xffffffffu, v.max, offset),
+                       __shfl_down_sync(0xffffffffu, v.sum, offset)};
+    v = combine(v, other);
+  }
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    MaxSum total = shared[0];
+    for (int w = 1; w < kThreads / 32; ++w) total = combine(total, shared[w]);
+    shared[0] = total;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x on the special-function unit (one MUFU.EX2, ~2 ulp). exp(x - m) is computed as
+// 2^(x log2e - m log2e), one FFMA and one MUFU per logit: at two exponentials per logit the
+// SFU rate (16 per clock per SM) is as much a limit as HBM, so every instruction counts.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Tree reductions of a pack: depth log2(VEC) instead of a chain of VEC dependent operations.
+template <int N>
+__device__ __forceinline__ float tree_max(const float* v) {
+  if constexpr (N == 1) {
+    return v[0];
+  } else {
+    return fmaxf(tree_max<N / 2>(v), tree_max<N / 2>(v + N / 2));
+  }
+}
+
+template <int N>
+__device__ __forceinline__ float tree_sum(const float* v) {
+  if constexpr (N == 1) {
+    return v[0];
+  } else {
+    return tree_sum<N / 2>(v) + tree_sum<N / 2>(v + N / 2);
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                         int64_t V, float grad_scale, int cached_packs) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto* cache = reinterpret_cast<Pack<T, VEC>*>(smem);
+  __shared__ MaxSum reduce[kThreads / 32];
+
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  T* dx = dlogits != nullptr ? dlogits + row * V : nullptr;
+  const int32_t target = targets[row];
+  const int packs = static_cast<int>(V / VEC);  // in-row indices fit in 32 bits
+
+  if (target < 0) {  // ignored position: loss 0, zero gradient, logits never read
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (dx != nullptr) {
+      Pack<T, VEC> zero;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) zero.v[k] = from_float<T>(0.0f);
+      for (int q = threadIdx.x; q < packs; q += kThreads) store_pack<T, VEC>(dx + q * VEC, zero);
+    }
+    return;
+  }
+  const bool valid = target < V;
+  // Read before the barrier inside block_max_sum: no thread writes dx (which may be x) before.
+  const float x_target = valid ? to_float(x[target]) : NAN;
+
+  // Each thread loads kUnroll packs before it uses any.
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int q0 = threadIdx.x; q0 < packs; q0 += kThreads * kUnroll) {
+    Pack<T, VEC> pack[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int q = q0 + j * kThreads;
+      if (q < packs) pack[j] = load_pack<T, VEC>(x + q * VEC);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int q = q0 + j * kThreads;
+      if (q >= packs) break;
+      if (q < cached_packs) cache[q] = pack[j];
+      float v[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = to_float(pack[j].v[k]);
+      const float pack_max = tree_max<VEC>(v);
+      if (pack_max > acc.max) {  // rescale the running sum once per pack, not per logit
+        acc.sum *= fast_exp2((acc.max - pack_max) * kLog2e);
+        acc.max = pack_max;
+      }
+      const float max_log2 = acc.max * kLog2e;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[k] = fast_exp2(fmaf(v[k], kLog2e, -max_log2));
+      acc.sum += tree_sum<VEC>(v);
+    }
+  }
+  const MaxSum total = block_max_sum(acc, reduce);
+  if (threadIdx.x == 0) losses[row] = total.max + logf(total.sum) - x_target;
+  if (dx == nullptr) return;
+
+  // A target >= V (invalid) turns the whole gradient row into NaN through the scale.
+  const float scale = valid ? grad_scale / total.sum : NAN;
+  const float max_log2 = total.max * kLog2e;
+  const int target_pack = valid ? target / VEC : -1, target_lane = target % VEC;
+  for (int i0 = threadIdx.x; i0 < packs; i0 += kThreads * kUnroll) {
+    Pack<T, VEC> pack[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int q = packs - 1 - (i0 + j * kThreads);
+      if (q >= 0) pack[j] = q < cached_packs ? cache[q] : load_pack<T, VEC>(x + q * VEC);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      const int q = packs - 1 - (i0 + j * kThreads);
+      if (q < 0) break;
+      float g[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        g[k] = fast_exp2(fmaf(to_float(pack[j].v[k]), kLog2e, -max_log2)) * scale;
+      }
+      if (q == target_pack) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          if (k == target_lane) g[k] -= grad_scale;
+      }
+      store_floats<T, VEC>(dx + static_cast<int64_t>(q) * VEC, g);
+    }
+  }
+}
+
+}  // namespace
+
+void cross_entropy(float* losses, void* dlogits, const void* logits, const int32_t* targets,
+                   int64_t N, int64_t V, float grad_scale, DType dtype, cudaStream_t stream) {
+  NvtxRange range("cross_entropy");
+  if (N == 0) return;
+  check_grid("cross_entropy", N);
+  int device = 0, smem_per_sm = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  // Two blocks per SM; each also needs 1 KiB reserved by the system and its static shared
+  // memory (the reduction buffer).
+  const int64_t cache_bytes = smem_per_sm / 2 - 2048;
+  dispatch_float(dtype, "cross_entropy", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = kVec16<T>;
+    auto launch = [&](auto vec_tag) {
+      constexpr int VEC = decltype(vec_tag)::value;
+      constexpr int64_t kPackBytes = sizeof(Pack<T, VEC>);
+      // Without a gradient there is no second pass to feed.
+      const int64_t cached =
+          dlogits != nullptr ? std::min<int64_t>(V / VEC, cache_bytes / kPackBytes) : 0;
+      const size_t smem = static_cast<size_t>(cached * kPackBytes);
+      auto kernel = cross_entropy_kernel<T, VEC>;
+      TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+      kernel<<<N, kThreads, smem, stream>>>(losses, static_cast<T*>(dlogits),
+                                            static_cast<const T*>(logits), targets, V, grad_scale,
+                                            static_cast<int>(cached));
+    };
+    if (V % kVec == 0 && is_aligned(logits, 16) &&
+        (dlogits == nullptr || is_aligned(dlogits, 16))) {
+      launch(std::integral_constant<int, kVec>{});
+    } else {
+      launch(std::integral_constant<int, 1>{});
+    }
+    TS_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+  });
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,705 @@
+#include "tessera/backend/cuda/cuda_backend.cuh"
+
+#include <cublasLt.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "tessera/backend/cuda/attention.cuh"
+#include "tessera/backend/cuda/cross_entropy.cuh"
+#include "tessera/backend/cuda/cuda_backend.h"
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/elementwise.cuh"
+#include "tessera/backend/cuda/embedding.cuh"
+#include "tessera/backend/cuda/reduce.cuh"
+#include "tessera/backend/cuda/rmsnorm.cuh"
+#include "tessera/backend/cuda/rope.cuh"
+#include "tessera/backend/cuda/swiglu.cuh"
+#include "tessera/core/error.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+// cuBLASLt's recommended workspace for Hopper: enough for its split-K and stream-K kernels.
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+// Scratch grows in steps of this size, so that slightly larger requests do not reallocate.
+constexpr size_t kScratchGranule = size_t{1} << 20;
+
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f GiB",
+                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string version_string(int v) {  // 13000 -> "13.0"
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// ---- tensor checks (failures are bugs in the caller: InternalError via TS_CHECK) ----
+
+void expect_device(const Tensor& t, const char* op, const char* what) {
+  TS_CHECK(t.defined() || t.numel() == 0, "cuda {}: {} is undefined", op, what);
+  TS_CHECK(t.device.kind == DeviceKind::CUDA, "cuda {}: {} lives on {}", op, what,
+           device_name(t.device));
+}
+
+void expect_type(const Tensor& t, DType d, const char* op, const char* what) {
+  expect_device(t, op, what);
+  TS_CHECK(t.dtype == d, "cuda {}: {} has dtype {}, expected {}", op, what, dtype_name(t.dtype),
+           dtype_name(d));
+}
+
+// A compute tensor: bf16 (the performance path) or fp32.
+void expect_float(const Tensor& t, const char* op, const char* what) {
+  expect_device(t, op, what);
+  TS_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32,
+           "cuda {}: {} has dtype {}, expected bf16 or fp32", op, what, dtype_name(t.dtype));
+}
+
+void expect_same_type(const Tensor& t, const Tensor& like, const char* op, const char* what) {
+  expect_type(t, like.dtype, op, what);
+}
+
+void expect_count(const Tensor& t, int64_t n, const char* op, const char* what) {
+  TS_CHECK(t.numel() == n, "cuda {}: {} {} has {} elements, expected {}", op, what, t.shape.str(),
+           t.numel(), n);
+}
+
+// A tensor seen as a matrix: the last dimension is the columns, all leading ones the rows.
+struct MatrixDims {
+  int64_t rows = 1, cols = 1;
+};
+
+MatrixDims matrix_dims(const Tensor& t) {
+  MatrixDims d;
+  const int rank = t.shape.rank();
+  if (rank == 0) return d;
+  d.cols = t.shape[rank - 1];
+  for (int i = 0; i < rank - 1; ++i) d.rows *= t.shape[i];
+  return d;
+}
+
+void check_attention_shape(const AttentionShape& s, const char* op) {
+  TS_CHECK(s.batch > 0 && s.seq > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0,
+           "cuda {}: empty attention shape B={} T={} H={} KV={} D={}", op, s.batch, s.seq, s.heads,
+           s.kv_heads, s.head_dim);
+  TS_CHECK(s.heads % s.kv_heads == 0, "cuda {}: {} heads are not a multiple of {} kv heads", op,
+           s.heads, s.kv_heads);
+  TS_CHECK(s.window >= 0, "cuda {}: negative window {}", op, s.window);
+}
+
+void check_rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s, const char* op) {
+  check_attention_shape(s, op);
+  expect_float(qkv, op, "qkv");
+  expect_type(freqs, DType::F32, op, "freqs");
+  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
+  TS_CHECK(s.head_dim % 2 == 0, "cuda {}: rotary embedding needs an even head_dim, got {}", op,
+           s.head_dim);
+  const MatrixDims f = matrix_dims(freqs);
+  TS_CHECK(f.cols == s.head_dim && f.rows >= s.seq,
+           "cuda {}: freqs {} must be (T >= {}, head_dim {})", op, freqs.shape.str(), s.seq,
+           s.head_dim);
+}
+
+void require_bf16_attention(const Tensor& t, const char* op, const char* what) {
+  expect_device(t, op, what);
+  if (t.dtype != DType::BF16) {
+    throw InternalError(std::string("attention on CUDA needs bf16: ") + op + " got " + what +
+                        " in " + std::string(dtype_name(t.dtype)));
+  }
+}
+
+RopeShape rope_shape(const AttentionShape& s) {
+  return RopeShape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+}
+
+}  // namespace
+
+// ---- op timing ----
+
+// Brackets one op with a pair of events on the stream while timing is on; free otherwise.
+class CudaBackend::OpTimer {
+ public:
+  OpTimer(CudaBackend& b, const char* name) : b_(b), name_(name) {
+    if (!b_.timing_) return;
+    start_ = take_event();
+    TS_CUDA_CHECK(cudaEventRecord(start_, b_.stream_));
+  }
+  ~OpTimer() {
+    if (start_ == nullptr) return;
+    cudaEvent_t end = take_event();
+    if (end != nullptr && cudaEventRecord(end, b_.stream_) == cudaSuccess) {
+      b_.timed_.push_back({name_, start_, end});
+    }
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  cudaEvent_t take_event() {
+    if (!b_.spare_events_.empty()) {
+      cudaEvent_t e = b_.spare_events_.back();
+      b_.spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return nullptr;
+    return e;
+  }
+
+  CudaBackend& b_;
+  const char* name_;
+  cudaEvent_t start_ = nullptr;
+};
+
+void CudaBackend::enable_op_timing(bool on) {
+  if (on && !timing_) {  // a fresh measurement: drop totals and pairs from earlier ones
+    op_totals_ms_.clear();
+    for (const TimedOp& t : timed_) {
+      spare_events_.push_back(t.start);
+      spare_events_.push_back(t.end);
+    }
+    timed_.clear();
+  }
+  timing_ = on;
+}
+
+std::vector<std::pair<std::string, double>> CudaBackend::op_times_ms() {
+  synchronize();
+  for (const TimedOp& t : timed_) {
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start, t.end));
+    op_totals_ms_[t.name] += ms;
+    spare_events_.push_back(t.start);
+    spare_events_.push_back(t.end);
+  }
+  timed_.clear();
+  return {op_totals_ms_.begin(), op_totals_ms_.end()};
+}
+
+void CudaBackend::range_push(const char* name) {
+  nvtxRangePushA(name);
+}
+
+void CudaBackend::range_pop() {
+  nvtxRangePop();
+}
+
+// ---- lifetime ----
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  TS_CUDA_CHECK(cudaSetDevice(device_));
+  // Non-blocking: our stream never waits for work others put on the legacy default stream.
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  lt_workspace_ = allocate(kLtWorkspaceBytes, "cuBLASLt workspace");
+  lt_ = std::make_unique<LtMatmul>(lt_workspace_, kLtWorkspaceBytes);
+}
+
+CudaBackend::~CudaBackend() {
+  // No throwing here: errors at teardown (e.g. after a device fault) are ignored.
+  if (stream_) cudaStreamSynchronize(stream_);
+  lt_.reset();
+  for (const TimedOp& t : timed_) {
+    cudaEventDestroy(t.start);
+    cudaEventDestroy(t.end);
+  }
+  for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+  for (auto& [ptr, bytes] : allocations_) cudaFree(ptr);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::description() const {
+  cudaDeviceProp prop{};
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+  int driver = 0, runtime = 0;
+  TS_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  TS_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  const size_t lt = cublasLtGetVersion();  // e.g. 130100 = 13.1.0
+  return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
+         std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
+         gib(prop.totalGlobalMem) + ", driver " + version_string(driver) + ", runtime " +
+         version_string(runtime) + ", cuBLASLt " + std::to_string(lt / 10000) + "." +
+         std::to_string((lt / 100) % 100) + "." + std::to_string(lt % 100) + ")";
+}
+
+// ---- memory ----
+
+void* CudaBackend::allocate(size_t bytes, const char* what) {
+  void* ptr = nullptr;
+  // A zero-byte request still gets a unique pointer, so that release() stays symmetric.
+  const cudaError_t error = cudaMalloc(&ptr, std::max<size_t>(bytes, 1));
+  if (error == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the error so the next runtime call does not report it
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    size_t held = 0;
+    {
+      std::lock_guard lock(mutex_);
+      held = allocated_bytes_;
+    }
+    throw OutOfMemoryError("out of GPU memory on " + device_name(device()) + " allocating " +
+                           (what != nullptr ? what : "a buffer") + ": " + std::to_string(bytes) +
+                           " bytes (" + gib(bytes) + ") requested, " + std::to_string(free_bytes) +
+                           " bytes (" + gib(free_bytes) + ") free of " + gib(total_bytes) +
+                           ", of which Tessera already holds " + gib(held) +
+                           "; reduce micro_batch_size or seq_length, or set recompute_granularity");
+  }
+  TS_CUDA_CHECK(error);
+  std::lock_guard lock(mutex_);
+  allocations_.emplace(ptr, bytes);
+  allocated_bytes_ += bytes;
+  peak_bytes_ = std::max(peak_bytes_, allocated_bytes_);
+  return ptr;
+}
+
+void CudaBackend::release(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = allocations_.find(ptr);
+    TS_CHECK(it != allocations_.end(), "cuda release of {} which this backend did not allocate",
+             ptr);
+    allocated_bytes_ -= it->second;
+    allocations_.erase(it);
+  }
+  // cudaFree waits for the device, so no queued kernel still uses the memory.
+  TS_CUDA_CHECK(cudaFree(ptr));
+}
+
+MemoryStats CudaBackend::memory_stats() {
+  size_t free_bytes = 0, total_bytes = 0;
+  TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  std::lock_guard lock(mutex_);
+  return MemoryStats{allocated_bytes_, peak_bytes_, total_bytes, free_bytes};
+}
+
+void CudaBackend::reset_peak_memory() {
+  std::lock_guard lock(mutex_);
+  peak_bytes_ = allocated_bytes_;
+}
+
+void* CudaBackend::scratch(size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    const size_t grown = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+    void* fresh = allocate(grown, "kernel scratch");
+    release(scratch_);
+    scratch_ = fresh;
+    scratch_bytes_ = grown;
+  }
+  return scratch_;
+}
+
+void CudaBackend::upload(const Tensor& dst, const void* host_src) {
+  OpTimer timer(*this, "upload");
+  expect_device(dst, "upload", "dst");
+  if (dst.nbytes() == 0) return;
+  // From pageable memory the call returns once the source has been staged, so the caller
+  // may reuse host_src at once; the device copy itself is ordered on our stream.
+  TS_CUDA_CHECK(cudaMemcpyAsync(dst.data, host_src, dst.nbytes(), cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::download(void* host_dst, const Tensor& src) {
+  OpTimer timer(*this, "download");
+  expect_device(src, "download", "src");
+  if (src.nbytes() > 0) {
+    TS_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  }
+  TS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
+  OpTimer timer(*this, "copy");
+  expect_device(dst, "copy", "dst");
+  expect_device(src, "copy", "src");
+  TS_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
+           "cuda copy: dst {} {} and src {} {} differ", dtype_name(dst.dtype), dst.shape.str(),
+           dtype_name(src.dtype), src.shape.str());
+  if (dst.data == src.data || dst.nbytes() == 0) return;
+  TS_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::synchronize() {
+  TS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- elementwise and init ----
+
+void CudaBackend::fill(const Tensor& dst, float value) {
+  OpTimer timer(*this, "fill");
+  expect_device(dst, "fill", "dst");
+  cuda::fill(dst.data, dst.numel(), value, dst.dtype, stream_);
+}
+
+void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
+  OpTimer timer(*this, "convert");
+  expect_float(dst, "convert", "dst");
+  expect_float(src, "convert", "src");
+  expect_count(dst, src.numel(), "convert", "dst");
+  if (dst.data == src.data && dst.dtype == src.dtype) return;
+  cuda::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel(), stream_);
+}
+
+void CudaBackend::init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                              float std) {
+  OpTimer timer(*this, "init_normal");
+  expect_float(dst, "init_normal", "dst");
+  cuda::init_normal(dst.data, dst.numel(), seed, first_index, mean, std, dst.dtype, stream_);
+}
+
+// ---- linear algebra ----
+
+void CudaBackend::matmul(const MatmulArgs& args) {
+  OpTimer timer(*this, "matmul");
+  const char* op = "matmul";
+  expect_float(args.a, op, "a");
+  expect_same_type(args.b, args.a, op, "b");
+  expect_float(args.out, op, "out");
+  TS_CHECK(args.a.dtype == DType::BF16 || args.out.dtype == DType::F32,
+           "cuda matmul: fp32 a/b need an fp32 out, got {}", dtype_name(args.out.dtype));
+  const MatrixDims o = matrix_dims(args.out), a = matrix_dims(args.a), b = matrix_dims(args.b);
+  const int64_t M = o.rows, N = o.cols, K = args.trans_a ? a.rows : a.cols;
+  TS_CHECK((args.trans_a ? a.cols : a.rows) == M,
+           "cuda matmul: a {} (trans_a={}) does not have the {} rows of out {}", args.a.shape.str(),
+           args.trans_a, M, args.out.shape.str());
+  TS_CHECK((args.trans_b ? b.cols : b.rows) == K && (args.trans_b ? b.rows : b.cols) == N,
+           "cuda matmul: b {} (trans_b={}) is not (K={}, N={})", args.b.shape.str(), args.trans_b,
+           K, N);
+  TS_CHECK(args.out.data != args.a.data && args.out.data != args.b.data,
+           "cuda matmul: out aliases an input");
+
+  MatmulProblem p;
+  p.out = args.out.data;
+  p.out_dtype = args.out.dtype;
+  p.a = args.a.data;
+  p.b = args.b.data;
+  p.ab_dtype = args.a.dtype;
+  if (args.c.defined() && args.c.data != args.out.data) {
+    expect_same_type(args.c, args.out, op, "c");
+    expect_count(args.c, M * N, op, "c");
+    p.c = args.c.data;
+  }
+  if (args.bias.defined()) {
+    expect_float(args.bias, op, "bias");
+    expect_count(args.bias, N, op, "bias");
+    p.bias = args.bias.data;
+    p.bias_dtype = args.bias.dtype;
+  }
+  p.M = M, p.N = N, p.K = K;
+  p.trans_a = args.trans_a, p.trans_b = args.trans_b;
+  p.alpha = args.alpha, p.beta = args.beta;
+  lt_->run(p, stream_);
+}
+
+void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  OpTimer timer(*this, "bias_backward");
+  expect_type(dbias, DType::F32, "bias_backward", "dbias");
+  expect_float(dout, "bias_backward", "dout");
+  const MatrixDims d = matrix_dims(dout);
+  expect_count(dbias, d.cols, "bias_backward", "dbias");
+  const size_t bytes = bias_backward_scratch_bytes(d.rows, d.cols);
+  cuda::bias_backward(dbias.as<float>(), dout.data, d.rows, d.cols, dout.dtype, scratch(bytes),
+                      bytes, stream_);
+}
+
+// ---- model ops ----
+
+void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
+  OpTimer timer(*this, "embedding_forward");
+  const char* op = "embedding_forward";
+  expect_float(table, op, "table");
+  expect_same_type(out, table, op, "out");
+  expect_type(tokens, DType::I32, op, "tokens");
+  const MatrixDims t = matrix_dims(table);
+  const int64_t N = tokens.numel(), C = t.cols;
+  expect_count(out, N * C, op, "out");
+  cuda::embedding_forward(out.data, tokens.as<int32_t>(), table.data, N, C, t.rows, table.dtype,
+                          stream_);
+}
+
+void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
+                                     const Tensor& tokens) {
+  OpTimer timer(*this, "embedding_backward");
+  const char* op = "embedding_backward";
+  expect_type(dtable, DType::F32, op, "dtable");
+  expect_float(dout, op, "dout");
+  expect_type(tokens, DType::I32, op, "tokens");
+  const MatrixDims t = matrix_dims(dtable);
+  const int64_t N = tokens.numel(), C = t.cols;
+  expect_count(dout, N * C, op, "dout");
+  const size_t bytes = embedding_backward_scratch_bytes(N);
+  cuda::embedding_backward(dtable.as<float>(), dout.data, tokens.as<int32_t>(), N, C, t.rows,
+                           dout.dtype, scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                  const Tensor& weight, float eps) {
+  OpTimer timer(*this, "rmsnorm_forward");
+  const char* op = "rmsnorm_forward";
+  expect_float(x, op, "x");
+  expect_same_type(out, x, op, "out");
+  expect_same_type(weight, x, op, "weight");
+  expect_type(rstd, DType::F32, op, "rstd");
+  const MatrixDims d = matrix_dims(x);
+  expect_count(out, d.rows * d.cols, op, "out");
+  expect_count(rstd, d.rows, op, "rstd");
+  expect_count(weight, d.cols, op, "weight");
+  cuda::rmsnorm_forward(out.data, rstd.as<float>(), x.data, weight.data, d.rows, d.cols, eps,
+                        x.dtype, stream_);
+}
+
+void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  OpTimer timer(*this, "rmsnorm_backward");
+  const char* op = "rmsnorm_backward";
+  expect_float(x, op, "x");
+  expect_same_type(dx, x, op, "dx");
+  expect_same_type(dout, x, op, "dout");
+  expect_same_type(weight, x, op, "weight");
+  expect_type(dweight, DType::F32, op, "dweight");
+  expect_type(rstd, DType::F32, op, "rstd");
+  const MatrixDims d = matrix_dims(x);
+  const int64_t N = d.rows, C = d.cols;
+  expect_count(dx, N * C, op, "dx");
+  expect_count(dout, N * C, op, "dout");
+  expect_count(dweight, C, op, "dweight");
+  expect_count(weight, C, op, "weight");
+  expect_count(rstd, N, op, "rstd");
+  const size_t bytes = rmsnorm_backward_scratch_bytes(N, C);
+  cuda::rmsnorm_backward(dx.data, dweight.as<float>(), dout.data, x.data, weight.data,
+                         rstd.as<float>(), N, C, x.dtype, scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
+  OpTimer timer(*this, "rope_forward");
+  check_rope(qkv, freqs, s, "rope_forward");
+  cuda::rope_forward(qkv.data, freqs.as<float>(), rope_shape(s), qkv.dtype, stream_);
+}
+
+void CudaBackend::rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) {
+  OpTimer timer(*this, "rope_backward");
+  check_rope(dqkv, freqs, s, "rope_backward");
+  cuda::rope_backward(dqkv.data, freqs.as<float>(), rope_shape(s), dqkv.dtype, stream_);
+}
+
+void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                    const AttentionShape& s) {
+  OpTimer timer(*this, "attention_forward");
+  const char* op = "attention_forward";
+  check_attention_shape(s, op);
+  require_bf16_attention(qkv, op, "qkv");
+  require_bf16_attention(out, op, "out");
+  expect_type(lse, DType::F32, op, "lse");
+  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
+  expect_count(out, s.tokens() * s.heads * s.head_dim, op, "out");
+  expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  cuda::attention_forward(out.data, lse.as<float>(), qkv.data, s, stream_);
+}
+
+void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                     const Tensor& lse, const Tensor& qkv,
+                                     const AttentionShape& s) {
+  OpTimer timer(*this, "attention_backward");
+  const char* op = "attention_backward";
+  check_attention_shape(s, op);
+  require_bf16_attention(dqkv, op, "dqkv");
+  require_bf16_attention(dout, op, "dout");
+  require_bf16_attention(out, op, "out");
+  require_bf16_attention(qkv, op, "qkv");
+  expect_type(lse, DType::F32, op, "lse");
+  const int64_t width = s.qkv_width(), HD = s.heads * s.head_dim;
+  expect_count(qkv, s.tokens() * width, op, "qkv");
+  expect_count(dqkv, s.tokens() * width, op, "dqkv");
+  expect_count(out, s.tokens() * HD, op, "out");
+  expect_count(dout, s.tokens() * HD, op, "dout");
+  expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  const size_t bytes = attention_backward_scratch_bytes(s);
+  cuda::attention_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
+                           bytes > 0 ? scratch(bytes) : nullptr, stream_);
+}
+
+void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  OpTimer timer(*this, "swiglu_forward");
+  const char* op = "swiglu_forward";
+  expect_float(gate_up, op, "gate_up");
+  expect_same_type(out, gate_up, op, "out");
+  const MatrixDims d = matrix_dims(gate_up);
+  TS_CHECK(d.cols % 2 == 0, "cuda swiglu_forward: gate_up {} has an odd width",
+           gate_up.shape.str());
+  const int64_t N = d.rows, F = d.cols / 2;
+  expect_count(out, N * F, op, "out");
+  cuda::swiglu_forward(out.data, gate_up.data, N, F, gate_up.dtype, stream_);
+}
+
+void CudaBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                                  const Tensor& gate_up) {
+  OpTimer timer(*this, "swiglu_backward");
+  const char* op = "swiglu_backward";
+  expect_float(gate_up, op, "gate_up");
+  expect_same_type(dgate_up, gate_up, op, "dgate_up");
+  expect_same_type(dout, gate_up, op, "dout");
+  const MatrixDims d = matrix_dims(gate_up);
+  TS_CHECK(d.cols % 2 == 0, "cuda swiglu_backward: gate_up {} has an odd width",
+           gate_up.shape.str());
+  const int64_t N = d.rows, F = d.cols / 2;
+  expect_count(dgate_up, N * 2 * F, op, "dgate_up");
+  expect_count(dout, N * F, op, "dout");
+  cuda::swiglu_backward(dgate_up.data, dout.data, gate_up.data, N, F, gate_up.dtype, stream_);
+}
+
+void CudaBackend::cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                const Tensor& dlogits, float grad_scale) {
+  OpTimer timer(*this, "cross_entropy");
+  const char* op = "cross_entropy";
+  expect_float(logits, op, "logits");
+  expect_type(losses, DType::F32, op, "losses");
+  expect_type(targets, DType::I32, op, "targets");
+  const MatrixDims d = matrix_dims(logits);
+  const int64_t N = d.rows, V = d.cols;
+  expect_count(losses, N, op, "losses");
+  expect_count(targets, N, op, "targets");
+  TS_CHECK(V < (int64_t{1} << 31), "cuda cross_entropy: vocabulary {} exceeds 2^31", V);
+  void* dx = nullptr;
+  if (dlogits.defined()) {
+    expect_same_type(dlogits, logits, op, "dlogits");
+    expect_count(dlogits, N * V, op, "dlogits");
+    dx = dlogits.data;
+  }
+  cuda::cross_entropy(losses.as<float>(), dx, logits.data, targets.as<int32_t>(), N, V, grad_scale,
+                      logits.dtype, stream_);
+}
+
+// ---- reductions and optimizer ----
+
+void CudaBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
+  OpTimer timer(*this, "sum");
+  expect_type(out, DType::F32, "sum", "out");
+  expect_type(x, DType::F32, "sum", "x");
+  expect_count(out, 1, "sum", "out");
+  const size_t bytes = sum_scratch_bytes(x.numel());
+  cuda::sum(out.as<float>(), x.as<float>(), x.numel(), accumulate, scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
+  OpTimer timer(*this, "sum_squares");
+  expect_type(out, DType::F32, "sum_squares", "out");
+  expect_type(x, DType::F32, "sum_squares", "x");
+  expect_count(out, 1, "sum_squares", "out");
+  const size_t bytes = sum_scratch_bytes(x.numel());
+  cuda::sum_squares(out.as<float>(), x.as<float>(), x.numel(), accumulate, scratch(bytes), bytes,
+                    stream_);
+}
+
+const AdamWChunk* CudaBackend::adamw_chunk_table(std::span<const ParamSegment> segments,
+                                                 int64_t params, int64_t* count) {
+  const bool same =
+      params == adamw_params_ && segments.size() == adamw_segments_.size() &&
+      std::equal(segments.begin(), segments.end(), adamw_segments_.begin(),
+                 [](const ParamSegment& a, const ParamSegment& b) {
+                   return a.offset == b.offset && a.count == b.count && a.decay == b.decay;
+                 });
+  if (!same) {
+    for (const ParamSegment& seg : segments) {
+      TS_CHECK(seg.offset >= 0 && seg.count >= 0 && seg.offset + seg.count <= params,
+               "cuda adamw_step: segment [{}, +{}) outside the {} parameters", seg.offset,
+               seg.count, params);
+    }
+    adamw_chunks_ = adamw_chunks(segments);
+    if (adamw_chunks_.size() > adamw_chunks_capacity_) {
+      void* fresh = allocate(adamw_chunks_.size() * sizeof(AdamWChunk), "AdamW chunk table");
+      release(adamw_chunks_device_);
+      adamw_chunks_device_ = static_cast<AdamWChunk*>(fresh);
+      adamw_chunks_capacity_ = adamw_chunks_.size();
+    }
+    if (!adamw_chunks_.empty()) {
+      // From pageable memory: staged by the runtime before the call returns.
+      TS_CUDA_CHECK(cudaMemcpyAsync(adamw_chunks_device_, adamw_chunks_.data(),
+                                    adamw_chunks_.size() * sizeof(AdamWChunk),
+                                    cudaMemcpyHostToDevice, stream_));
+    }
+    adamw_segments_.assign(segments.begin(), segments.end());
+    adamw_params_ = params;
+  }
+  *count = static_cast<int64_t>(adamw_chunks_.size());
+  return adamw_chunks_device_;
+}
+
+void CudaBackend::adamw_step(const AdamWArgs& args) {
+  OpTimer timer(*this, "adamw_step");
+  const char* op = "adamw_step";
+  expect_type(args.master, DType::F32, op, "master");
+  expect_type(args.grad, DType::F32, op, "grad");
+  expect_type(args.exp_avg, DType::F32, op, "exp_avg");
+  expect_type(args.exp_avg_sq, DType::F32, op, "exp_avg_sq");
+  expect_type(args.grad_norm_sq, DType::F32, op, "grad_norm_sq");
+  const int64_t P = args.master.numel();
+  expect_count(args.grad, P, op, "grad");
+  expect_count(args.exp_avg, P, op, "exp_avg");
+  expect_count(args.exp_avg_sq, P, op, "exp_avg_sq");
+  expect_count(args.grad_norm_sq, 1, op, "grad_norm_sq");
+  void* params = nullptr;
+  DType params_dtype = DType::F32;
+  if (args.params.defined() && args.params.data != args.master.data) {
+    expect_float(args.params, op, "params");
+    expect_count(args.params, P, op, "params");
+    params = args.params.data;
+    params_dtype = args.params.dtype;
+  }
+  TS_CHECK(args.step >= 1, "cuda adamw_step: step {} is not 1-based", args.step);
+
+  // The same doubles as ref::adamw_update computes from the same float settings.
+  AdamWScalars s;
+  s.beta1 = args.beta1;
+  s.beta2 = args.beta2;
+  s.one_minus_beta1 = 1.0 - s.beta1;
+  s.one_minus_beta2 = 1.0 - s.beta2;
+  const double lr = args.lr;
+  s.step_size = lr / (1.0 - std::pow(s.beta1, static_cast<double>(args.step)));
+  s.sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(s.beta2, static_cast<double>(args.step)));
+  s.eps = args.eps;
+  s.decay_factor = 1.0 - lr * args.weight_decay;
+  s.max_grad_norm = args.max_grad_norm;
+
+  int64_t chunk_count = 0;
+  const AdamWChunk* chunks = adamw_chunk_table(args.segments, P, &chunk_count);
+  cuda::adamw_step(args.master.as<float>(), params, params_dtype, args.exp_avg.as<float>(),
+                   args.exp_avg_sq.as<float>(), args.grad.as<float>(),
+                   args.grad_norm_sq.as<float>(), chunks, chunk_count, s, stream_);
+}
+
+// ---- entry points (cuda_backend.h) ----
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error for the caller
+    return 0;
+  }
+  return count;
+}
+
+std::string unavailable_reason() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
+  }
+  return count == 0 ? "the CUDA runtime reports no device" : "";
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  const int count = device_count();
+  if (device < 0 || device >= count) {
+    throw ConfigError("command line", "device", "cuda:" + std::to_string(device),
+                      "a CUDA device index below " + std::to_string(count));
+  }
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,128 @@
+#pragma once
+// The CUDA backend: the op API on one GPU. Every op is queued on the backend's own stream
+// and returns at once; download() and synchronize() wait. Each method checks its tensors
+// (dtype, shape, device), then calls the launcher of its kernel family (rmsnorm.cuh, ...),
+// which opens an NVTX range named after the op and launches the kernels.
+//
+// Dtypes: bf16 is the performance path; every op also takes fp32 compute tensors (tests,
+// references), except attention, which is bf16 only. Statistics, weight gradients and
+// optimizer state are fp32, as in ops/backend.h.
+//
+// Memory: allocations go straight to cudaMalloc (the model and optimizer allocate a few
+// large buffers once), with accounting of live and peak bytes. Kernel scratch (partial
+// sums, sort buffers, attention backward) is one buffer that grows on demand; the cuBLASLt
+// workspace is another. Both count in memory_stats().
+//
+// Used from one host thread at a time (the trainer's); only the allocation table is locked.
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tessera/backend/cuda/adamw.cuh"
+#include "tessera/backend/cuda/matmul.cuh"
+#include "tessera/ops/backend.h"
+
+namespace tessera::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device{DeviceKind::CUDA, device_}; }
+  std::string description() const override;
+  cudaStream_t stream() const { return stream_; }
+
+  void* allocate(size_t bytes, const char* what) override;
+  void release(void* ptr) override;
+  MemoryStats memory_stats() override;
+  void reset_peak_memory() override;
+  void upload(const Tensor& dst, const void* host_src) override;
+  void download(void* host_dst, const Tensor& src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void synchronize() override;
+
+  void range_push(const char* name) override;
+  void range_pop() override;
+  void enable_op_timing(bool on) override;
+  std::vector<std::pair<std::string, double>> op_times_ms() override;
+
+  void fill(const Tensor& dst, float value) override;
+  void convert(const Tensor& dst, const Tensor& src) override;
+  void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                   float std) override;
+
+  void matmul(const MatmulArgs& args) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
+  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       float eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
+  void rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& s) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
+  void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                     const Tensor& dlogits, float grad_scale) override;
+
+  void sum(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void adamw_step(const AdamWArgs& args) override;
+
+ private:
+  class OpTimer;
+
+  // At least `bytes` of device scratch, valid until the next call (ops run in stream order,
+  // so one op's scratch is free again when the next op starts).
+  void* scratch(size_t bytes);
+  // Device copy of the chunk table for these segments, rebuilt only when they change.
+  const AdamWChunk* adamw_chunk_table(std::span<const ParamSegment> segments, int64_t params,
+                                      int64_t* count);
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+
+  std::mutex mutex_;  // guards the allocation table and counters
+  std::unordered_map<void*, size_t> allocations_;
+  size_t allocated_bytes_ = 0;
+  size_t peak_bytes_ = 0;
+
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  void* lt_workspace_ = nullptr;
+  std::unique_ptr<LtMatmul> lt_;
+
+  std::vector<ParamSegment> adamw_segments_;  // what the device chunk table was built from
+  int64_t adamw_params_ = -1;
+  std::vector<AdamWChunk> adamw_chunks_;
+  AdamWChunk* adamw_chunks_device_ = nullptr;
+  size_t adamw_chunks_capacity_ = 0;  // entries
+
+  // Op timing (enable_op_timing): event pairs of the ops since the last op_times_ms(), and
+  // the totals folded from them.
+  struct TimedOp {
+    const char* name;
+    cudaEvent_t start, end;
+  };
+  bool timing_ = false;
+  std::vector<TimedOp> timed_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::map<std::string, double> op_totals_ms_;
+};
+
+}  // namespace tessera::cuda

@@ -1,0 +1,21 @@
+#pragma once
+// Entry points of the CUDA backend for code compiled without nvcc (backend_factory.cpp).
+// Plain C++: no CUDA header leaks into tessera_lib through this file.
+#include <memory>
+#include <string>
+
+#include "tessera/ops/backend.h"
+
+namespace tessera::cuda {
+
+// Number of usable CUDA devices; 0 (never an abort) without a driver or a GPU.
+int device_count();
+
+// Why device_count() is 0, e.g. "CUDA driver version is insufficient for CUDA runtime
+// version"; empty when a device is available.
+std::string unavailable_reason();
+
+// The backend on device `device` (0-based). Throws ConfigError for an index out of range.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace tessera::cuda

@@ -1,0 +1,23 @@
+#pragma once
+// Elementwise launchers over flat buffers: fill, dtype conversion, random init.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+// dst (n) = value converted to dtype (fp32, bf16 round-to-nearest-even, or int32).
+void fill(void* dst, int64_t n, float value, DType dtype, cudaStream_t stream);
+
+// dst (n) = src (n) converted, fp32 <-> bf16 (round to nearest even). Same dtypes: a copy.
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n,
+             cudaStream_t stream);
+
+// dst[i] = fmaf(std, random_normal(seed, first_index + i), mean), then rounded to dtype:
+// the float values of ref::init_normal, bit for bit (see random.h for the one caveat).
+void init_normal(void* dst, int64_t n, uint64_t seed, uint64_t first_index, float mean, float std,
+                 DType dtype, cudaStream_t stream);
+
+}  // namespace tessera::cuda

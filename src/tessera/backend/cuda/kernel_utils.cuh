@@ -1,0 +1,175 @@
+#pragma once
+// Device helpers shared by the kernel families: dtype conversion, 16-byte packs, fixed-order
+// reductions, and the dispatch from DType to the kernel's element type.
+//
+// Every memory-bound kernel moves data in Packs of VEC elements. VEC = 16 / sizeof(T) gives
+// one 128-bit load or store per pack (LDG.128/STG.128), the widest access a thread can
+// issue; the launcher falls back to VEC = 1 when a pointer or a row length does not allow
+// it (odd test shapes, unaligned views), so every kernel is written once for both.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- element conversion: all arithmetic happens in fp32 ----
+
+template <class T>
+__device__ __forceinline__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return __bfloat162float(x);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return __float2bfloat16_rn(x);  // round to nearest even, as float_to_bf16_bits on the host
+  }
+}
+
+// ---- packs ----
+
+template <int Bytes>
+struct RawBits;
+template <>
+struct RawBits<16> {
+  using type = uint4;
+};
+template <>
+struct RawBits<8> {
+  using type = uint2;
+};
+template <>
+struct RawBits<4> {
+  using type = uint32_t;
+};
+template <>
+struct RawBits<2> {
+  using type = uint16_t;
+};
+
+// VEC consecutive elements moved as one access of VEC * sizeof(T) bytes.
+template <class T, int VEC>
+struct Pack {
+  using Raw = typename RawBits<static_cast<int>(sizeof(T)) * VEC>::type;
+  alignas(sizeof(Raw)) T v[VEC];
+};
+
+template <class T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
+  using Raw = typename Pack<T, VEC>::Raw;
+  Pack<T, VEC> pack;
+  *reinterpret_cast<Raw*>(pack.v) = *reinterpret_cast<const Raw*>(p);
+  return pack;
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& pack) {
+  using Raw = typename Pack<T, VEC>::Raw;
+  *reinterpret_cast<Raw*>(p) = *reinterpret_cast<const Raw*>(pack.v);
+}
+
+// Elements per 16-byte pack.
+template <class T>
+inline constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
+
+// VEC elements at p (VEC-aligned), converted to fp32, in accesses of at most 16 bytes: a kernel
+// that mixes bf16 and fp32 tensors picks VEC = 8 and issues one LDG.128 for the bf16 operand
+// and two for the fp32 one.
+template <class T, int VEC>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[VEC]) {
+  constexpr int kPer = VEC < kVec16<T> ? VEC : kVec16<T>;
+#pragma unroll
+  for (int a = 0; a < VEC / kPer; ++a) {
+    const Pack<T, kPer> pack = load_pack<T, kPer>(p + a * kPer);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) out[a * kPer + k] = to_float(pack.v[k]);
+  }
+}
+
+template <class T, int VEC>
+__device__ __forceinline__ void store_floats(T* p, const float (&in)[VEC]) {
+  constexpr int kPer = VEC < kVec16<T> ? VEC : kVec16<T>;
+#pragma unroll
+  for (int a = 0; a < VEC / kPer; ++a) {
+    Pack<T, kPer> pack;
+    if constexpr (std::is_same_v<T, bf16> && kPer % 2 == 0) {
+      // Pairs convert in one instruction (F2FP.BF16.F32.PACK_AB), half the work of singles.
+      auto* pairs = reinterpret_cast<__nv_bfloat162*>(pack.v);
+#pragma unroll
+      for (int k = 0; k < kPer / 2; ++k) {
+        pairs[k] = __floats2bfloat162_rn(in[a * kPer + 2 * k], in[a * kPer + 2 * k + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) pack.v[k] = from_float<T>(in[a * kPer + k]);
+    }
+    store_pack<T, kPer>(p + a * kPer, pack);
+  }
+}
+
+// ---- reductions (fixed order: the same bits on every run) ----
+
+// Butterfly sum: every lane ends with the same bits, since each step adds a + b on one lane
+// and b + a on its partner.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over a block whose size is a multiple of 32; every thread receives the total.
+// shared: 32 floats. Ends with a barrier so that `shared` may be reused at once.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = warp_sum(lane < warps ? shared[lane] : 0.0f);
+  __syncthreads();
+  return v;
+}
+
+// ---- host-side launch helpers ----
+
+inline bool is_aligned(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Throws InternalError: `op` has no kernel for `dtype` (defined in cuda_check.cu).
+[[noreturn]] void throw_unsupported_dtype(const char* op, DType dtype);
+// Throws InternalError: a grid of `blocks` exceeds the 2^31 - 1 limit of gridDim.x.
+void check_grid(const char* op, int64_t blocks);
+
+// Calls f(T{}) with T the element type of a compute dtype (fp32 or bf16).
+template <class F>
+void dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32:
+      f(float{});
+      break;
+    case DType::BF16:
+      f(bf16{});
+      break;
+    default:
+      throw_unsupported_dtype(op, dtype);
+  }
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,207 @@
+#include "tessera/backend/cuda/matmul.cuh"
+
+#include <algorithm>
+
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/kernel_utils.cuh"
+#include "tessera/core/error.h"
+
+namespace tessera::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    default:
+      throw_unsupported_dtype("matmul", d);
+  }
+}
+
+// Largest power of two (up to 256, cuBLASLt's default assumption) dividing the address.
+int alignment_of(const void* p) {
+  if (p == nullptr) return 256;
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  return static_cast<int>(std::min<uintptr_t>(256, u & (~u + 1)));
+}
+
+// out[m, n] = (c ? beta * c[m, n] : 0) + (bias ? bias[n] : 0), for what cuBLASLt does not do:
+// a bias it has no fused epilogue for (then c = out, beta = 1) and K = 0.
+template <class TOut, class TBias>
+__global__ void matmul_epilogue_kernel(TOut* out, const TOut* c, const TBias* bias, int64_t M,
+                                       int64_t N, float beta) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M * N) return;
+  float v = c != nullptr ? beta * to_float(c[i]) : 0.0f;
+  if (bias != nullptr) v += to_float(bias[i % N]);
+  out[i] = from_float<TOut>(v);
+}
+
+void launch_epilogue(const MatmulProblem& p, const void* c, float beta, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t blocks = ceil_div(p.M * p.N, kThreads);
+  check_grid("matmul epilogue", blocks);
+  dispatch_float(p.out_dtype, "matmul", [&](auto out_tag) {
+    using TOut = decltype(out_tag);
+    dispatch_float(p.bias_dtype, "matmul bias", [&](auto bias_tag) {
+      using TBias = decltype(bias_tag);
+      matmul_epilogue_kernel<TOut, TBias>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<TOut*>(p.out), static_cast<const TOut*>(c),
+                                            static_cast<const TBias*>(p.bias), p.M, p.N, beta);
+    });
+  });
+  TS_CUDA_CHECK_LAUNCH("matmul_epilogue_kernel");
+}
+
+std::string describe(const MatmulProblem& p) {
+  return format_message("M={} N={} K={} trans_a={} trans_b={} a/b {} out {} beta={} bias={}", p.M,
+                        p.N, p.K, p.trans_a, p.trans_b, dtype_name(p.ab_dtype),
+                        dtype_name(p.out_dtype), p.beta,
+                        p.bias != nullptr ? dtype_name(p.bias_dtype) : "none");
+}
+
+}  // namespace
+
+struct LtMatmul::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_in_epilogue = false;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {  // destroy calls cannot fail for valid descriptors; errors are ignored here
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
+    : workspace_(workspace), workspace_bytes_(workspace_bytes) {
+  TS_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+LtMatmul::~LtMatmul() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+// cuBLASLt is column-major. A row-major (r, c) matrix is the column-major (c, r) matrix over
+// the same memory, so out^T = op(b)^T op(a)^T is computed with b as cuBLAS's "A" and a as its
+// "B": no copy, only swapped operands and leading dimensions.
+LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto plan = std::make_unique<Plan>();
+  const cudaDataType_t ab = cuda_type(p.ab_dtype), out = cuda_type(p.out_dtype);
+  const uint64_t M = p.M, N = p.N, K = p.K;
+  // cuBLAS A = our b: stored (N, K) col-major when not transposed, else (K, N).
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, p.trans_b ? K : N, p.trans_b ? N : K,
+                                             static_cast<int64_t>(p.trans_b ? K : N)));
+  // cuBLAS B = our a: stored (K, M) col-major when not transposed, else (M, K).
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, p.trans_a ? M : K, p.trans_a ? K : M,
+                                             static_cast<int64_t>(p.trans_a ? M : K)));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out, N, M, static_cast<int64_t>(N)));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out, N, M, static_cast<int64_t>(N)));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = workspace_bytes_;
+  TS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t align[4] = {static_cast<uint32_t>(std::get<10>(key)),  // cuBLAS A = b
+                             static_cast<uint32_t>(std::get<9>(key)),   // cuBLAS B = a
+                             static_cast<uint32_t>(std::get<11>(key)),
+                             static_cast<uint32_t>(std::get<12>(key))};
+  const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    TS_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof(align[i])));
+  }
+
+  // First with the bias fused into the epilogue; if no algorithm supports that combination
+  // (e.g. some fp32-output cases), without it, and launch_epilogue adds the bias.
+  int found = 0;
+  cublasLtMatmulHeuristicResult_t result{};
+  for (int attempt = p.bias != nullptr ? 0 : 1; attempt < 2 && found == 0; ++attempt) {
+    if (plan->desc) TS_CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan->desc));
+    plan->desc = nullptr;
+    TS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int32_t trans_a = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int32_t trans_b = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                   &trans_a, sizeof(trans_a)));
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                   &trans_b, sizeof(trans_b)));
+    plan->bias_in_epilogue = attempt == 0;
+    if (plan->bias_in_epilogue) {
+      const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      const int32_t bias_type = cuda_type(p.bias_dtype);
+      TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                     &epilogue, sizeof(epilogue)));
+      TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      // The heuristic reads the pointer's alignment (part of the key), not its contents.
+      TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &p.bias, sizeof(p.bias)));
+    }
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, pref, 1, &result, &found);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED)
+      found = 0;
+    else if (status != CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      TS_CUBLAS_CHECK(status);
+    }
+  }
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) {
+    throw InternalError("cuBLASLt has no algorithm for matmul " + describe(p));
+  }
+  plan->algo = result.algo;
+  return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
+  NvtxRange range("matmul");
+  if (p.M == 0 || p.N == 0) return;
+  const void* c = p.c != nullptr ? p.c : p.out;
+  if (p.K == 0) {  // out = beta * c + bias; cuBLASLt rejects an empty inner dimension
+    launch_epilogue(p, p.beta != 0.0f ? c : nullptr, p.beta, stream);
+    return;
+  }
+  const Key key{p.M,
+                p.N,
+                p.K,
+                p.trans_a,
+                p.trans_b,
+                static_cast<int>(p.ab_dtype),
+                static_cast<int>(p.out_dtype),
+                p.bias != nullptr ? static_cast<int>(p.bias_dtype) : -1,
+                p.beta != 0.0f,
+                alignment_of(p.a),
+                alignment_of(p.b),
+                alignment_of(c),
+                alignment_of(p.out),
+                alignment_of(p.bias)};
+  Plan& plan = plan_for(p, key);
+  if (plan.bias_in_epilogue) {
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &p.bias, sizeof(p.bias)));
+  }
+  TS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c,
+                                 plan.c, p.out, plan.d, &plan.algo, workspace_, workspace_bytes_,
+                                 stream));
+  if (p.bias != nullptr && !plan.bias_in_epilogue) launch_epilogue(p, p.out, 1.0f, stream);
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,59 @@
+#pragma once
+// Row-major GEMM through cuBLASLt: out = alpha * op(a) @ op(b) + beta * c (+ bias).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+// One GEMM in the op API's row-major terms (MatmulArgs without tensors).
+struct MatmulProblem {
+  void* out = nullptr;  // (M, N)
+  DType out_dtype = DType::BF16;
+  const void* a = nullptr;       // (M, K), or (K, M) when trans_a
+  const void* b = nullptr;       // (K, N), or (N, K) when trans_b
+  DType ab_dtype = DType::BF16;  // a and b share it
+  const void* c = nullptr;       // (M, N) in out_dtype, read when beta != 0; null: out itself
+  const void* bias = nullptr;    // (N) or null
+  DType bias_dtype = DType::BF16;
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+// The cuBLASLt handle, the workspace it may use and the plans (descriptors + chosen
+// algorithm) of every problem shape seen so far. A training step issues the same few dozen
+// shapes every iteration, so the heuristic query and descriptor setup happen once per shape
+// and later calls only set the bias pointer and launch.
+class LtMatmul {
+ public:
+  // workspace: device memory owned by the caller, used by every launch on one stream.
+  LtMatmul(void* workspace, size_t workspace_bytes);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  void run(const MatmulProblem& p, cudaStream_t stream);
+
+ private:
+  struct Plan;
+  // (M, N, K, trans_a, trans_b, ab dtype, out dtype, bias dtype or -1, beta != 0,
+  //  alignment of a, b, c, out, bias): everything the heuristic's answer depends on.
+  using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, bool, int, int, int,
+                         int, int>;
+  Plan& plan_for(const MatmulProblem& p, const Key& key);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace tessera::cuda

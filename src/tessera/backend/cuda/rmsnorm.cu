@@ -1,0 +1,167 @@
+#include "tessera/backend/cuda/rmsnorm.cuh"
+
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/kernel_utils.cuh"
+#include "tessera/backend/cuda/reduce.cuh"
+
+namespace tessera::cuda {
+namespace {
+
+// One block of 256 threads per row: at C = 4096 bf16 that is 2 packs of 8 per thread and
+// 8 resident blocks (rows) per SM. The row is read twice, the second time from L1 (8 KiB per
+// row, 64 KiB per SM), so DRAM sees x once and out once.
+constexpr int kThreads = 256;
+
+template <class T, int VEC>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* weight, int64_t C,
+                                       float eps) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  const T* xr = x + row * C;
+  T* outr = out + row * C;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
+    float v[VEC];
+    load_floats<T, VEC>(xr + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) ss += v[k] * v[k];
+  }
+  ss = block_sum(ss, shared);
+  const float r = rsqrtf(ss / static_cast<float>(C) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
+    float v[VEC], w[VEC];
+    load_floats<T, VEC>(xr + c, v);
+    load_floats<T, VEC>(weight + c, w);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = v[k] * r * w[k];
+    store_floats<T, VEC>(outr + c, v);
+  }
+}
+
+// Each block takes kRowsPerBlock consecutive rows (a fixed number, so the partial sums and
+// hence dweight's bits do not depend on the GPU). Per row: pass 1 reduces sum(g w x), pass 2
+// re-reads g, x, w from L1 and updates dx. Each thread owns the same channels in every row,
+// so its dweight terms accumulate in shared memory without atomics; the block then writes
+// its partial row, and column_sums_accumulate adds the partials in block order.
+// Shared memory holds channel c + k of pack c / VEC at k * (C / VEC) + c / VEC: for a fixed
+// k the 32 lanes of a warp touch 32 consecutive words, free of bank conflicts.
+constexpr int kRowsPerBlock = 16;
+
+template <class T, int VEC>
+__global__ void rmsnorm_backward_kernel(T* dx, float* partial, const T* dout, const T* x,
+                                        const T* weight, const float* rstd, int64_t N, int64_t C) {
+  extern __shared__ float dweight_acc[];  // (C)
+  __shared__ float shared[32];
+  const int64_t packs = C / VEC;
+  for (int64_t c = threadIdx.x; c < C; c += kThreads) dweight_acc[c] = 0.0f;
+  __syncthreads();  // zeroed with another thread-to-channel mapping than the one used below
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const int64_t row1 = min(N, row0 + kRowsPerBlock);
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t row = row0; row < row1; ++row) {
+    const T* g = dout + row * C;
+    const T* xr = x + row * C;
+    T* dxr = dx + row * C;
+    const float r = rstd[row];
+    float gwx = 0.0f;
+    for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
+      float gv[VEC], xv[VEC], wv[VEC];
+      load_floats<T, VEC>(g + c, gv);
+      load_floats<T, VEC>(xr + c, xv);
+      load_floats<T, VEC>(weight + c, wv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) gwx += gv[k] * wv[k] * xv[k];
+    }
+    gwx = block_sum(gwx, shared);
+    const float coef = r * r * gwx * inv_c;
+    for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
+      float gv[VEC], xv[VEC], wv[VEC], dv[VEC];
+      load_floats<T, VEC>(g + c, gv);
+      load_floats<T, VEC>(xr + c, xv);
+      load_floats<T, VEC>(weight + c, wv);
+      load_floats<T, VEC>(dxr + c, dv);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        dv[k] += r * (wv[k] * gv[k] - xv[k] * coef);
+        dweight_acc[k * packs + c / VEC] += gv[k] * xv[k] * r;
+      }
+      store_floats<T, VEC>(dxr + c, dv);
+    }
+  }
+  __syncthreads();
+  float* out = partial + static_cast<int64_t>(blockIdx.x) * C;
+  for (int64_t c = threadIdx.x; c < C; c += kThreads)
+    out[c] = dweight_acc[(c % VEC) * packs + c / VEC];
+}
+
+template <class T>
+bool packed(int64_t C, std::initializer_list<const void*> pointers) {
+  if (C % kVec16<T> != 0) return false;
+  for (const void* p : pointers)
+    if (!is_aligned(p, 16)) return false;
+  return true;
+}
+
+}  // namespace
+
+void rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, int64_t N,
+                     int64_t C, float eps, DType dtype, cudaStream_t stream) {
+  NvtxRange range("rmsnorm_forward");
+  if (N == 0) return;
+  check_grid("rmsnorm_forward", N);
+  dispatch_float(dtype, "rmsnorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = kVec16<T>;
+    auto* o = static_cast<T*>(out);
+    auto* xs = static_cast<const T*>(x);
+    auto* w = static_cast<const T*>(weight);
+    if (packed<T>(C, {out, x, weight})) {
+      rmsnorm_forward_kernel<T, kVec><<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
+    } else {
+      rmsnorm_forward_kernel<T, 1><<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
+    }
+    TS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
+  });
+}
+
+size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C) {
+  return static_cast<size_t>(ceil_div(N, kRowsPerBlock)) * static_cast<size_t>(C) * sizeof(float);
+}
+
+void rmsnorm_backward(void* dx, float* dweight, const void* dout, const void* x, const void* weight,
+                      const float* rstd, int64_t N, int64_t C, DType dtype, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream) {
+  NvtxRange range("rmsnorm_backward");
+  if (N == 0 || C == 0) return;
+  const int64_t blocks = ceil_div(N, kRowsPerBlock);
+  if (scratch_bytes < rmsnorm_backward_scratch_bytes(N, C)) {
+    throw_cuda_error(cudaErrorInvalidValue, "rmsnorm_backward: scratch too small", __FILE__,
+                     __LINE__);
+  }
+  auto* partial = static_cast<float*>(scratch);
+  const size_t smem = static_cast<size_t>(C) * sizeof(float);
+  dispatch_float(dtype, "rmsnorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = kVec16<T>;
+    auto launch = [&](auto kernel) {
+      // Rows wider than 12K channels need more than the default 48 KiB of shared memory.
+      if (smem > 48 * 1024) {
+        TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+      }
+      kernel<<<blocks, kThreads, smem, stream>>>(
+          static_cast<T*>(dx), partial, static_cast<const T*>(dout), static_cast<const T*>(x),
+          static_cast<const T*>(weight), rstd, N, C);
+    };
+    if (packed<T>(C, {dx, dout, x, weight})) {
+      launch(rmsnorm_backward_kernel<T, kVec>);
+    } else {
+      launch(rmsnorm_backward_kernel<T, 1>);
+    }
+    TS_CUDA_CHECK_LAUNCH("rmsnorm_backward_kernel");
+  });
+  column_sums_accumulate(dweight, partial, blocks, C, stream);
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,26 @@
+#pragma once
+// RMSNorm forward and backward over rows of (N, C).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+// out (N, C) = x * rstd * weight; rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
+// x, out and weight (C) in dtype.
+void rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, int64_t N,
+                     int64_t C, float eps, DType dtype, cudaStream_t stream);
+
+// Device scratch bytes rmsnorm_backward needs (per-block dweight partial sums).
+size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C);
+
+// dx (N, C) accumulates (read-add-write in dtype); dweight (C) fp32 accumulates.
+// dout, x (N, C) and weight (C) in dtype; rstd (N) fp32.
+void rmsnorm_backward(void* dx, float* dweight, const void* dout, const void* x, const void* weight,
+                      const float* rstd, int64_t N, int64_t C, DType dtype, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace tessera::cuda

@@ -1,0 +1,19 @@
+#pragma once
+// SwiGLU over the fused [gate | up] projection.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+// gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up. All in dtype.
+void swiglu_forward(void* out, const void* gate_up, int64_t N, int64_t F, DType dtype,
+                    cudaStream_t stream);
+
+// dgate_up (N, 2F) overwritten: dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int64_t N, int64_t F,
+                     DType dtype, cudaStream_t stream);
+
+}  // namespace tessera::cuda
