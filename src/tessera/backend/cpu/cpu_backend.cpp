@@ -180,7 +180,7 @@ double gib(size_t bytes) {
 // ---- memory ----
 
 CpuBackend::~CpuBackend() {
-  for (auto& [ptr, bytes] : allocations_) std::free(ptr);
+  allocations_.release_all([](void* ptr) { std::free(ptr); });
 }
 
 std::string CpuBackend::description() const {
@@ -203,36 +203,22 @@ void* CpuBackend::allocate(size_t bytes, const char* what) {
         what != nullptr ? what : "a buffer", bytes, gib(bytes), host.available, gib(host.available),
         gib(host.total)));
   }
-  std::lock_guard lock(mutex_);
-  allocations_.emplace(ptr, bytes);
-  allocated_bytes_ += bytes;
-  peak_bytes_ = std::max(peak_bytes_, allocated_bytes_);
+  allocations_.add(ptr, bytes);
   return ptr;
 }
 
 void CpuBackend::release(void* ptr) {
   if (ptr == nullptr) return;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = allocations_.find(ptr);
-    TS_CHECK(it != allocations_.end(), "cpu release of {} which this backend did not allocate",
-             ptr);
-    allocated_bytes_ -= it->second;
-    allocations_.erase(it);
-  }
+  allocations_.remove(ptr);
   std::free(ptr);
 }
 
 MemoryStats CpuBackend::memory_stats() {
   const HostMemory host = read_host_memory();
-  std::lock_guard lock(mutex_);
-  return MemoryStats{allocated_bytes_, peak_bytes_, host.total, host.available};
+  return MemoryStats{allocations_.allocated(), allocations_.peak(), host.total, host.available};
 }
 
-void CpuBackend::reset_peak_memory() {
-  std::lock_guard lock(mutex_);
-  peak_bytes_ = allocated_bytes_;
-}
+void CpuBackend::reset_peak_memory() { allocations_.reset_peak(); }
 
 void CpuBackend::upload(const Tensor& dst, const void* host_src) {
   expect_host(dst, "upload", "dst");

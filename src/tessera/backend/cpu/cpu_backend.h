@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera {
@@ -67,10 +68,7 @@ class CpuBackend final : public Backend {
   void adamw_step(const AdamWArgs& args) override;
 
  private:
-  std::mutex mutex_;  // guards the allocation table and counters
-  std::unordered_map<void*, size_t> allocations_;
-  size_t allocated_bytes_ = 0;
-  size_t peak_bytes_ = 0;
+  AllocationTracker allocations_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

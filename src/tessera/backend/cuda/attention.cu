@@ -220,6 +220,15 @@ __device__ __forceinline__ void store_pair(uint8_t* tile_byte, float lo, float h
 
 }  // namespace
 
+// Whether the tile of queries [q0, q_last] x keys [k0, k0 + block_n) holds a pair that must be
+// masked: a key past T, a key above the first query's diagonal, or a key at or left of the
+// last query's window edge. Tiles entirely inside the visible band skip element masks.
+__device__ __forceinline__ bool tile_needs_mask(int q0, int q_last, int k0, int block_n, int T,
+                                                bool causal, int window) {
+  return k0 + block_n > T || (causal && k0 + block_n - 1 > q0) ||
+         (window > 0 && k0 <= q_last - window);
+}
+
 struct AttentionForwardParams {
   const bf16* qkv;
   bf16* out;
@@ -363,8 +372,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     // Element masks only where the tile holds an invisible or out-of-range pair: past T, above
     // the diagonal (a key beyond the tile's first row), or left of the band (a key at or below
     // the last row's i - window). Rows past T are never stored; they only must not make NaN.
-    const bool boundary = k0 + kBlockN > T || (p.causal && k0 + kBlockN - 1 > q0) ||
-                          (p.window > 0 && k0 <= q_last - p.window);
+    const bool boundary = tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window);
     if (boundary) {
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi) {
@@ -641,9 +649,9 @@ __global__ void __launch_bounds__(kBlockN / 16 * 32, 1)
     // P^T = exp2(S^T scale log2e - lse2[query]) and dS^T = P^T (dP^T - delta[query]).
     // Masked (and out-of-range) pairs get P = 0 by assignment, so an overflowing exponent of
     // a masked pair cannot leak.
-    const bool boundary = q0 + kBlockM > T || k0 + kBlockN > T ||
-                          (p.causal && k0 + kBlockN - 1 > q0) ||
-                          (p.window > 0 && k0 <= q0 + kBlockM - 1 - p.window);
+    // Query rows past T feed the key gradients, so they are masked too.
+    const bool boundary = q0 + kBlockM > T ||
+                          tile_needs_mask(q0, q0 + kBlockM - 1, k0, kBlockN, T, p.causal, p.window);
     const float* sL = reinterpret_cast<const float*>(smem + kOffL) + stage * kBlockM;
     const float* sDelta = reinterpret_cast<const float*>(smem + kOffDelta) + stage * kBlockM;
     // Key j (a row here) is seen by queries [j if causal, j + window - 1], below T; as column
@@ -877,9 +885,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       }
     }
 
-    const bool boundary = q0 + kBlockM > T || k0 + kBlockN > T ||
-                          (p.causal && k0 + kBlockN - 1 > q0) ||
-                          (p.window > 0 && k0 <= q0 + kBlockM - 1 - p.window);
+    // Query rows past T feed the key gradients, so they are masked too.
+    const bool boundary = q0 + kBlockM > T ||
+                          tile_needs_mask(q0, q0 + kBlockM - 1, k0, kBlockN, T, p.causal, p.window);
     // Row i sees keys [lo, hi] (as in the forward); rows past T are never stored.
     int lo[2], hi[2];
 #pragma unroll

@@ -208,7 +208,7 @@ CudaBackend::~CudaBackend() {
     cudaEventDestroy(t.end);
   }
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
-  for (auto& [ptr, bytes] : allocations_) cudaFree(ptr);
+  allocations_.release_all([](void* ptr) { cudaFree(ptr); });
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -236,11 +236,7 @@ void* CudaBackend::allocate(size_t bytes, const char* what) {
     cudaGetLastError();  // clear the error so the next runtime call does not report it
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    size_t held = 0;
-    {
-      std::lock_guard lock(mutex_);
-      held = allocated_bytes_;
-    }
+    const size_t held = allocations_.allocated();
     throw OutOfMemoryError("out of GPU memory on " + device_name(device()) + " allocating " +
                            (what != nullptr ? what : "a buffer") + ": " + std::to_string(bytes) +
                            " bytes (" + gib(bytes) + ") requested, " + std::to_string(free_bytes) +
@@ -249,23 +245,13 @@ void* CudaBackend::allocate(size_t bytes, const char* what) {
                            "; reduce micro_batch_size or seq_length, or set recompute_granularity");
   }
   TS_CUDA_CHECK(error);
-  std::lock_guard lock(mutex_);
-  allocations_.emplace(ptr, bytes);
-  allocated_bytes_ += bytes;
-  peak_bytes_ = std::max(peak_bytes_, allocated_bytes_);
+  allocations_.add(ptr, bytes);
   return ptr;
 }
 
 void CudaBackend::release(void* ptr) {
   if (ptr == nullptr) return;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = allocations_.find(ptr);
-    TS_CHECK(it != allocations_.end(), "cuda release of {} which this backend did not allocate",
-             ptr);
-    allocated_bytes_ -= it->second;
-    allocations_.erase(it);
-  }
+  allocations_.remove(ptr);
   // cudaFree waits for the device, so no queued kernel still uses the memory.
   TS_CUDA_CHECK(cudaFree(ptr));
 }
@@ -273,14 +259,10 @@ void CudaBackend::release(void* ptr) {
 MemoryStats CudaBackend::memory_stats() {
   size_t free_bytes = 0, total_bytes = 0;
   TS_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  std::lock_guard lock(mutex_);
-  return MemoryStats{allocated_bytes_, peak_bytes_, total_bytes, free_bytes};
+  return MemoryStats{allocations_.allocated(), allocations_.peak(), total_bytes, free_bytes};
 }
 
-void CudaBackend::reset_peak_memory() {
-  std::lock_guard lock(mutex_);
-  peak_bytes_ = allocated_bytes_;
-}
+void CudaBackend::reset_peak_memory() { allocations_.reset_peak(); }
 
 void* CudaBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {

@@ -26,6 +26,7 @@
 
 #include "tessera/backend/cuda/adamw.cuh"
 #include "tessera/backend/cuda/matmul.cuh"
+#include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera::cuda {
@@ -97,10 +98,7 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
 
-  std::mutex mutex_;  // guards the allocation table and counters
-  std::unordered_map<void*, size_t> allocations_;
-  size_t allocated_bytes_ = 0;
-  size_t peak_bytes_ = 0;
+  AllocationTracker allocations_;
 
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
