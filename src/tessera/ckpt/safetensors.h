@@ -2,6 +2,7 @@
 // The safetensors format (Hugging Face): an 8-byte little-endian header length, a JSON
 // header mapping each tensor name to {dtype, shape, data_offsets}, then the raw bytes.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,30 +17,46 @@ struct SafetensorsTensor {
   std::vector<int64_t> shape;
   const void* data = nullptr;  // host memory of numel * dtype_size bytes
   int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
 };
 
-// Writes to `path` through a temporary file renamed into place, so a crash never leaves a
-// half-written file under the final name.
+// Writes to `path` through a temporary file that is flushed to disk and then renamed into
+// place, so a crash never leaves a half-written file under the final name.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// A safetensors file read into memory. Throws DataError naming the file on any malformation
-// (short header, bad JSON, offsets outside the data, unknown dtype).
+// The same, with each tensor's bytes produced by fill(index, dst) just before it is written
+// (`data` is ignored): writing a checkpoint of any size needs host memory for one tensor.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(size_t index, void* dst)>& fill);
+
+// A safetensors file mapped into memory (read lazily, so opening a large file to check its
+// header is cheap). Throws DataError naming the file on any malformation (short header, bad
+// JSON, offsets outside the data, unknown dtype).
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* find(const std::string& name) const;
-  // The tensor's values as fp32 (converting bf16); throws DataError if absent.
+  // The tensor's values as fp32 (converting bf16 and fp16); throws DataError if absent.
   std::vector<float> to_float(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::vector<char> bytes_;
+  void* map_ = nullptr;
+  size_t size_ = 0;
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// "F32", "BF16", ... as written in safetensors headers.
+const char* safetensors_dtype_name(DType dtype);
 
 }  // namespace tessera

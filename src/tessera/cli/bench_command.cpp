@@ -1,7 +1,10 @@
 // tessera bench <what>: benchmarks. Each subcommand checks its own kernels' results before
-// timing them and prints a markdown table (and JSON with -o).
+// timing them and prints a markdown table (and, with -o, writes it as CSV or JSON).
 #include <fmt/format.h>
 
+#include "tessera/bench/attention_bench.h"
+#include "tessera/bench/gemm_bench.h"
+#include "tessera/bench/membw_bench.h"
 #include "tessera/bench/model_bench.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
@@ -16,6 +19,12 @@ int bench_command(const Args& args) {
   };
   static constexpr Sub kSubs[] = {
       {"model", "proxy-model training throughput, MFU and time breakdown", bench::model_bench_command},
+      {"gemm", "matmul TFLOP/s: square sweeps or a config's GEMMs, layouts, epilogues",
+       bench::gemm_bench_command},
+      {"attention", "fused attention TFLOP/s: masks, GQA, head dims, 1k-32k tokens, fwd/bwd",
+       bench::attention_bench_command},
+      {"membw", "device-to-device copy bandwidth (read + write) vs the HBM datasheet",
+       bench::membw_bench_command},
   };
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     fmt::print("usage: tessera bench <benchmark> [options]\n\nbenchmarks:\n");

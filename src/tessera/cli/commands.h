@@ -16,8 +16,13 @@ struct Command {
 };
 
 int train_command(const Args& args);
+int preprocess_command(const Args& args);
 int bench_command(const Args& args);
 int report_command(const Args& args);
 int trace_command(const Args& args);
+int convert_command(const Args& args);
+int memory_command(const Args& args);
+int plot_command(const Args& args);
+int preflight_command(const Args& args);
 
 }  // namespace tessera::cli

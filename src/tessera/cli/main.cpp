@@ -15,11 +15,22 @@ using tessera::cli::Command;
 constexpr Command kCommands[] = {
     {"train", "train a model from an experiment YAML (default: the shipped Brown corpus job)",
      tessera::cli::train_command},
-    {"bench", "benchmarks: `bench model` (throughput, MFU, time breakdown)", tessera::cli::bench_command},
+    {"preprocess", "tokenize .jsonl or text files into a Megatron indexed dataset (.bin/.idx)",
+     tessera::cli::preprocess_command},
+    {"bench", "benchmarks: `bench model|gemm|attention|membw` (verified, timed, CSV)",
+     tessera::cli::bench_command},
+    {"memory", "per-GPU memory plan of an experiment: fits or not, largest micro batch",
+     tessera::cli::memory_command},
+    {"preflight", "GPU, driver and library versions, GEMM and bandwidth sanity checks",
+     tessera::cli::preflight_command},
+    {"plot", "loss / iteration-time / throughput / memory curves of runs, and an HTML report",
+     tessera::cli::plot_command},
     {"report", "performance report from a Chrome/PyTorch profiler trace (also --compare, --ranks)",
      tessera::cli::report_command},
     {"trace", "trace tools: `trace merge` joins per-rank traces for Perfetto",
      tessera::cli::trace_command},
+    {"convert", "checkpoints <-> Hugging Face model directories; logits dump for numerics checks",
+     tessera::cli::convert_command},
 };
 
 void print_usage() {

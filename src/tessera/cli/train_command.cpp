@@ -64,7 +64,7 @@ int train_command(const Args& args) {
     }
   }
   const Experiment exp = load_experiment(opts);
-  auto backend = make_backend(exp.training.device, 0);
+  auto backend = make_backend(exp.training.device, 0, backend_options(exp.training));
 
   const std::filesystem::path root = exp.experiment_root();
   std::filesystem::create_directories(root);

@@ -14,7 +14,8 @@ enum class LrDecayStyle { Constant, Linear, Cosine };
 enum class RecomputeGranularity { None, Full, Selective };
 enum class Precision { Auto, Fp32, Bf16 };
 enum class DeviceChoice { Auto, Cpu, Cuda };
-enum class TokenizerType { ByteLevel };
+enum class TokenizerType { ByteLevel, HuggingFace };
+enum class AttentionBackend { Auto, Tessera, Cudnn };
 
 struct ModelConfig {
   int64_t num_layers = 2;
@@ -61,20 +62,38 @@ struct TrainingConfig {
   int64_t recompute_num_layers = 0;       // 0: all layers (with full recompute)
   int64_t max_consecutive_nan_iters = 10;
   int64_t cross_entropy_chunk_tokens = 4096;
+  AttentionBackend attention_backend = AttentionBackend::Auto;
 };
 
 struct DataConfig {
   bool mock_data = false;
-  std::string train_data_path;
+  std::string data_path;                  // Megatron blend "w1 prefix1 w2 prefix2", split by `split`
+  std::string train_data_path;            // training blend, or a plain/Brown text file or directory
+  std::string valid_data_path;            // validation blend (instead of the split's valid part)
+  std::string data_cache_path;            // sample-index caches; empty: beside the data
   std::string split = "969,30,1";
   TokenizerType tokenizer_type = TokenizerType::ByteLevel;
+  std::string tokenizer_model;            // tokenizer.json path or shipped name (llama3, qwen3, ...)
   int64_t eval_interval = 0;              // 0: no evaluation
   int64_t eval_iters = 10;
+  double target_loss = 0;                 // stop when the validation loss reaches it; 0: off
+};
+
+struct CheckpointConfig {
+  std::string save;                       // directory checkpoints are written to; empty: none
+  std::string load;                       // directory to resume from; empty: start fresh
+  int64_t save_interval = 0;              // iterations between checkpoints; 0: only at the end
+  int64_t ckpt_keep_last = 2;             // checkpoints kept in `save`; 0 keeps all
+  std::string hf_init_path;               // Hugging Face model directory for initial weights
 };
 
 struct LoggingConfig {
   int64_t log_interval = 1;
   bool log_progress = true;               // progress bar on a terminal
+  bool profile = false;                   // record a trace of iterations [start, end)
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::string profile_ranks = "0";        // comma-separated ranks, or "all"
 };
 
 struct Experiment {
@@ -86,6 +105,7 @@ struct Experiment {
   ModelConfig model_config;
   TrainingConfig training;
   DataConfig data;
+  CheckpointConfig checkpoint;
   LoggingConfig logging;
 
   // Where each key's value came from ("file.yaml:12", "command line", "default"), for errors.

@@ -177,16 +177,32 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("recompute_num_layers", "training", "With full recompute: how many layers, from the first, recompute (Megatron's block method); 0 means all.", TS_FIELD(training.recompute_num_layers)));
   k.push_back(int_key("max_consecutive_nan_iters", "training", "Stop after this many iterations in a row with a non-finite loss or gradient (each is skipped).", TS_FIELD(training.max_consecutive_nan_iters)));
   k.push_back(int_key("cross_entropy_chunk_tokens", "training", "Tokens per chunk of the fused output-head + cross-entropy; bounds the logits memory to chunk x vocab.", TS_FIELD(training.cross_entropy_chunk_tokens)));
+  k.push_back(choice_key<AttentionBackend>("attention_backend", "training", "Fused attention on GPUs: tessera (own kernels), cudnn (cuDNN fused SDPA; an error where cuDNN cannot run the shape), or auto (cuDNN where it loads and builds a plan for the shape, else tessera).", {{"auto", AttentionBackend::Auto}, {"tessera", AttentionBackend::Tessera}, {"cudnn", AttentionBackend::Cudnn}}, TS_FIELD(training.attention_backend)));
   // ---- data ----
   k.push_back(bool_key("mock_data", "data", "Train on random tokens (for speed runs), as Primus's mock_data.", TS_FIELD(data.mock_data)));
-  k.push_back(string_key("train_data_path", "data", "Training text: a directory or file of plain or Brown-corpus-tagged text.", TS_FIELD(data.train_data_path)));
+  k.push_back(string_key("data_path", "data", "Megatron indexed-data blend split into train/valid/test by `split`: \"prefix\" or \"w1 prefix1 w2 prefix2 ...\" (prefix = path without .bin/.idx).", TS_FIELD(data.data_path)));
+  k.push_back(string_key("train_data_path", "data", "Training data: a Megatron blend like data_path (used whole), or a directory/file of plain or Brown-corpus-tagged text (split by `split`).", TS_FIELD(data.train_data_path)));
+  k.push_back(string_key("valid_data_path", "data", "Validation blend, used instead of the split's validation part.", TS_FIELD(data.valid_data_path)));
+  k.push_back(string_key("data_cache_path", "data", "Directory for cached sample indices; empty puts them beside the data.", TS_FIELD(data.data_cache_path)));
   k.push_back(string_key("split", "data", "Train/valid/test proportions over documents, e.g. \"969,30,1\".", TS_FIELD(data.split)));
-  k.push_back(choice_key<TokenizerType>("tokenizer_type", "data", "Tokenizer: ByteLevel maps each UTF-8 byte to a token (256) plus end-of-document.", {{"ByteLevel", TokenizerType::ByteLevel}}, TS_FIELD(data.tokenizer_type)));
+  k.push_back(choice_key<TokenizerType>("tokenizer_type", "data", "Tokenizer: ByteLevel maps each UTF-8 byte to a token (256) plus end-of-document; HuggingFaceTokenizer reads tokenizer_model.", {{"ByteLevel", TokenizerType::ByteLevel}, {"HuggingFaceTokenizer", TokenizerType::HuggingFace}}, TS_FIELD(data.tokenizer_type)));
+  k.push_back(string_key("tokenizer_model", "data", "A Hugging Face tokenizer.json path, or a shipped name: llama2, llama3, llama3.1, qwen3.", TS_FIELD(data.tokenizer_model)));
   k.push_back(int_key("eval_interval", "data", "Evaluate the validation loss every this many iterations (and at the end); 0 disables.", TS_FIELD(data.eval_interval)));
   k.push_back(int_key("eval_iters", "data", "Micro-batches of the validation split per evaluation (times the data-parallel size).", TS_FIELD(data.eval_iters)));
+  k.push_back(float_key("target_loss", "data", "Stop when the validation loss reaches this and report the time to target; 0 disables.", TS_FIELD(data.target_loss)));
+  // ---- checkpoint ----
+  k.push_back(string_key("save", "checkpoint", "Directory to write checkpoints to (every save_interval iterations, at the end, and on SIGTERM).", TS_FIELD(checkpoint.save)));
+  k.push_back(string_key("load", "checkpoint", "Checkpoint directory to resume from (its latest complete checkpoint).", TS_FIELD(checkpoint.load)));
+  k.push_back(int_key("save_interval", "checkpoint", "Iterations between checkpoints; 0 saves only at the end.", TS_FIELD(checkpoint.save_interval)));
+  k.push_back(int_key("ckpt_keep_last", "checkpoint", "Checkpoints kept in `save` (older ones are deleted); 0 keeps all.", TS_FIELD(checkpoint.ckpt_keep_last)));
+  k.push_back(string_key("hf_init_path", "checkpoint", "Hugging Face model directory (config.json + *.safetensors) whose weights initialise the model.", TS_FIELD(checkpoint.hf_init_path)));
   // ---- logging ----
   k.push_back(int_key("log_interval", "logging", "Print the iteration line every this many iterations.", TS_FIELD(logging.log_interval)));
   k.push_back(bool_key("log_progress", "logging", "Show a progress bar when stdout is a terminal.", TS_FIELD(logging.log_progress)));
+  k.push_back(bool_key("profile", "logging", "Record a Chrome/Perfetto trace (GPU kernels, memory copies, CUDA API calls, op and layer ranges) of iterations [profile_step_start, profile_step_end) to {experiment}/traces/.", TS_FIELD(logging.profile)));
+  k.push_back(int_key("profile_step_start", "logging", "First profiled iteration.", TS_FIELD(logging.profile_step_start)));
+  k.push_back(int_key("profile_step_end", "logging", "Iteration at which profiling stops (exclusive).", TS_FIELD(logging.profile_step_end)));
+  k.push_back(string_key("profile_ranks", "logging", "Ranks that record a trace: comma-separated ids, or all.", TS_FIELD(logging.profile_ranks)));
   return k;
 }
 

@@ -6,6 +6,8 @@
 
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
+#include "tessera/data/blended_dataset.h"
+#include "tessera/obs/profiler/profile_ranks.h"
 
 namespace tessera {
 namespace {
@@ -103,17 +105,76 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   c.require(t.max_consecutive_nan_iters >= 1, "max_consecutive_nan_iters", "at least 1");
   c.require(t.cross_entropy_chunk_tokens >= 1, "cross_entropy_chunk_tokens", "at least 1");
 
-  c.require(d.mock_data || !d.train_data_path.empty(), "train_data_path",
-            "a data path, or mock_data: true");
-  c.require(d.mock_data || std::filesystem::exists(d.train_data_path), "train_data_path",
-            "an existing file or directory (for the Brown corpus, run scripts/setup.sh, which "
-            "installs it under node_modules/)");
+  c.require(d.mock_data || !d.train_data_path.empty() || !d.data_path.empty(), "train_data_path",
+            "a data path (train_data_path or data_path), or mock_data: true");
+  c.require(d.data_path.empty() || d.train_data_path.empty(), "data_path",
+            fmt::format("empty when train_data_path is set, as in Megatron (data_path is split "
+                        "into train/valid/test, train_data_path is used whole); train_data_path "
+                        "is '{}': clear one of them, e.g. --train_data_path null",
+                        d.train_data_path));
+  if (!d.mock_data) {
+    auto origin = [&](const std::string& key) {
+      const auto it = e.origin.find(key);
+      return it == e.origin.end() ? std::string("default") : it->second;
+    };
+    // parse_blend names the key and the offending token (a weight that is not a number).
+    if (!d.data_path.empty()) parse_blend(d.data_path, "data_path", origin("data_path"));
+    if (!d.valid_data_path.empty())
+      parse_blend(d.valid_data_path, "valid_data_path", origin("valid_data_path"));
+    if (!d.train_data_path.empty() && !is_text_corpus_path(d.train_data_path)) {
+      const auto blend =
+          parse_blend(d.train_data_path, "train_data_path", origin("train_data_path"));
+      // A single word that names neither text nor a dataset is most likely a missing corpus.
+      const std::string& p = blend[0].prefix;
+      c.require(blend.size() > 1 || std::filesystem::exists(p + ".idx") ||
+                    std::filesystem::exists(p + ".bin"),
+                "train_data_path",
+                "an existing file or directory of text, or a Megatron blend of indexed datasets "
+                "(PREFIX.bin/.idx); for the Brown corpus, run scripts/setup.sh, which installs it "
+                "under node_modules/");
+    }
+  }
   const std::vector<double> split = parse_split(d.split);
   c.require(split.size() == 3 && split[0] > 0, "split",
             "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");
   c.require(d.eval_interval >= 0, "eval_interval", "0 (off) or a positive interval");
   c.require(d.eval_iters >= 1 || d.eval_interval == 0, "eval_iters", "at least 1 when eval_interval is set");
+  c.require(d.target_loss >= 0, "target_loss", "0 (off) or a positive loss");
+  c.require(d.target_loss == 0 || d.eval_interval > 0, "target_loss",
+            "0 unless eval_interval is set (the target is checked at every evaluation)");
+
+  const CheckpointConfig& k = e.checkpoint;
+  namespace fs = std::filesystem;
+  c.require(k.save_interval >= 0, "save_interval", "0 (save only at the end) or a positive interval");
+  c.require(k.ckpt_keep_last >= 0, "ckpt_keep_last", "0 (keep all) or a positive count");
+  c.require(k.save.empty() || !fs::exists(k.save) || fs::is_directory(k.save), "save",
+            "a directory for checkpoints (this path is a file)");
+  // A missing `load` is allowed only when it is the save directory: the first run of a
+  // job that is requeued with the same command line.
+  const auto same_dir = [](const std::string& a, const std::string& b) {
+    return (fs::path(a) / "").lexically_normal() == (fs::path(b) / "").lexically_normal();
+  };
+  c.require(k.load.empty() || fs::is_directory(k.load) || same_dir(k.load, k.save), "load",
+            "an existing checkpoint directory, or the save directory");
+  c.require(k.hf_init_path.empty() || fs::exists(fs::path(k.hf_init_path) / "config.json"),
+            "hf_init_path", "a Hugging Face model directory holding config.json");
   c.require(e.logging.log_interval >= 1, "log_interval", "at least 1");
+
+  const LoggingConfig& lg = e.logging;
+  if (lg.profile) {  // the window and ranks matter only when something is recorded
+    c.require(lg.profile_step_start >= 1 && lg.profile_step_start <= t.train_iters,
+              "profile_step_start",
+              fmt::format("an iteration between 1 and train_iters ({})", t.train_iters));
+    c.require(lg.profile_step_end > lg.profile_step_start, "profile_step_end",
+              fmt::format("greater than profile_step_start ({}): iterations [start, end) are "
+                          "recorded",
+                          lg.profile_step_start));
+    const auto ranks = profiler::parse_profile_ranks(lg.profile_ranks);
+    c.require(ranks.has_value(), "profile_ranks",
+              "all, or comma-separated distinct rank ids such as 0 or 0,4");
+    c.require(ranks->all || ranks->ids.back() < data_parallel_size, "profile_ranks",
+              fmt::format("rank ids below the number of ranks ({})", data_parallel_size));
+  }
 }
 
 }  // namespace tessera

@@ -1,11 +1,17 @@
 #include "tessera/data/dataset.h"
 
+#include <cmath>
+#include <filesystem>
+#include <map>
 #include <numeric>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
 #include "tessera/core/random.h"
+#include "tessera/data/blended_dataset.h"
+#include "tessera/data/gpt_dataset.h"
+#include "tessera/data/indexed_dataset.h"
 #include "tessera/data/text_corpus.h"
 
 namespace tessera {
@@ -67,20 +73,15 @@ void TokenStreamSource::sample(uint64_t index, int32_t* tokens, int32_t* targets
   std::copy(src + 1, src + seq_ + 1, targets);
 }
 
-DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, int64_t vocab) {
+namespace {
+
+// Plain or Brown-corpus text, tokenized in memory. Documents are assigned to train/valid/test
+// in order by the split proportions, as Megatron splits its document index.
+DataSources make_text_sources(const Experiment& e, const Tokenizer& tokenizer) {
   const int64_t seq = e.training.seq_length;
   const uint64_t seed = static_cast<uint64_t>(e.training.seed);
-  DataSources d;
-  if (e.data.mock_data) {
-    d.train = std::make_unique<MockSource>(vocab, seq, seed);
-    d.valid = std::make_unique<MockSource>(vocab, seq, seed + 1);
-    d.description = d.train->describe();
-    return d;
-  }
   const std::string& path = e.data.train_data_path;
   const std::vector<std::string> docs = load_text_documents(path);
-  // Documents are assigned to train/valid/test in order by the split proportions, as
-  // Megatron splits its document index.
   const std::vector<double> split = parse_split(e.data.split);
   const double total = split[0] + split[1] + split[2];
   const size_t n_train = static_cast<size_t>(docs.size() * (split[0] / total) + 0.5);
@@ -100,11 +101,155 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
     throw DataError(fmt::format("{}: {} training tokens are too few for one sample of seq_length+1 = {}",
                                 path, train_src->tokens(), seq + 1));
   auto valid_src = std::make_unique<TokenStreamSource>("valid", std::move(valid), seq, seed, false);
+  DataSources d;
   d.description = fmt::format("{} ({} documents, {:.1f} MB of text, {} tokenizer); {}; {}", path,
                               docs.size(), bytes / 1e6, tokenizer.name(), train_src->describe(),
                               valid_src->describe());
   d.train = std::move(train_src);
   if (valid_src->samples_per_epoch() > 0) d.valid = std::move(valid_src);
+  return d;
+}
+
+// Megatron's document range of split part `part` (0 train, 1 valid, 2 test) of n documents:
+// cumulative normalised proportions scaled by n and rounded half to even, as Python's
+// round(). Empty when the part's proportion is 0.
+std::pair<uint64_t, uint64_t> split_range(const std::vector<double>& split, int part, uint64_t n) {
+  const double total = split[0] + split[1] + split[2];
+  double bounds[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 3; ++i) bounds[i + 1] = bounds[i] + split[i] / total;
+  if (bounds[part + 1] <= bounds[part]) return {0, 0};
+  const double count = static_cast<double>(n);
+  return {static_cast<uint64_t>(std::nearbyint(bounds[part] * count)),
+          static_cast<uint64_t>(std::nearbyint(bounds[part + 1] * count))};
+}
+
+// What every indexed source of one experiment shares; each prefix is opened once.
+struct IndexedContext {
+  int64_t seq_length;
+  uint32_t seed;
+  std::string cache_dir;  // empty: a cache/ directory beside the data
+  int64_t vocab;
+  std::string tokenizer;
+  std::map<std::string, std::shared_ptr<const IndexedDataset>> opened;
+
+  std::shared_ptr<const IndexedDataset> open(const std::string& prefix) {
+    auto& slot = opened[prefix];
+    if (!slot) slot = std::make_shared<const IndexedDataset>(prefix, vocab, tokenizer);
+    return slot;
+  }
+  std::string cache_for(const std::string& prefix) const {
+    return !cache_dir.empty() ? cache_dir
+                              : (std::filesystem::path(prefix).parent_path() / "cache").string();
+  }
+};
+
+// The `name` ("train", "valid") source of a blend: part `part` of each dataset's documents
+// by `split`, or all of them when split is null. Null when the split leaves it empty.
+std::unique_ptr<SampleSource> make_blend_source(const std::vector<BlendEntry>& blend,
+                                                const std::vector<double>* split, int part,
+                                                const std::string& name, uint64_t samples,
+                                                IndexedContext& ctx) {
+  std::vector<double> weights;
+  for (const auto& b : blend) weights.push_back(b.weight);
+  // Each dataset of a blend builds a margin of samples beyond its share (Megatron's
+  // mid_level_dataset_surplus), so that the interleave never runs out.
+  const std::vector<uint64_t> sizes = blend.size() == 1
+                                          ? std::vector<uint64_t>{samples}
+                                          : blend_source_sizes(weights, samples, 0.005);
+  std::vector<std::unique_ptr<SampleSource>> sources;
+  std::string identity;
+  for (size_t i = 0; i < blend.size(); ++i) {
+    const auto data = ctx.open(blend[i].prefix);
+    const auto [first, end] = split ? split_range(*split, part, data->sequences())
+                                    : std::pair<uint64_t, uint64_t>{0, data->sequences()};
+    if (first >= end) {
+      if (blend.size() == 1) return nullptr;
+      throw DataError(
+          fmt::format("{}: split leaves the {} part of its {} documents empty, but "
+                      "the blend draws {} samples from it",
+                      blend[i].prefix, name, data->sequences(), sizes[i]));
+    }
+    sources.push_back(std::make_unique<GptSource>(GptDatasetOptions{
+        .data = data,
+        .first_document = first,
+        .end_document = end,
+        .split = name,
+        .seq_length = ctx.seq_length,
+        .seed = ctx.seed,
+        .num_samples = sizes[i],
+        .cache_dir = ctx.cache_for(blend[i].prefix),
+    }));
+    identity += fmt::format("{}\"{}[{}, {})\"", i ? ", " : "[",
+                            std::filesystem::absolute(blend[i].prefix).string(), first, end);
+  }
+  if (sources.size() == 1) return std::move(sources[0]);
+  // The blend's own size is the sum of the sources' shares (at least `samples`).
+  uint64_t size = 0;
+  for (uint64_t share : blend_source_sizes(weights, samples, 0)) size += share;
+  return std::make_unique<BlendedSource>(std::move(sources), weights, size, name,
+                                         ctx.cache_for(blend[0].prefix), identity + "]");
+}
+
+std::string origin_of(const Experiment& e, const std::string& key) {
+  const auto it = e.origin.find(key);
+  return it == e.origin.end() ? "default" : it->second;
+}
+
+}  // namespace
+
+bool is_text_corpus_path(const std::string& train_data_path) {
+  // PREFIX.bin or PREFIX.idx given for PREFIX is a blend, which parse_blend then rejects.
+  const std::string ext = std::filesystem::path(train_data_path).extension().string();
+  return std::filesystem::exists(train_data_path) && ext != ".bin" && ext != ".idx";
+}
+
+DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, int64_t vocab) {
+  const int64_t seq = e.training.seq_length;
+  const uint64_t seed = static_cast<uint64_t>(e.training.seed);
+  const DataConfig& dc = e.data;
+  DataSources d;
+  if (dc.mock_data) {
+    d.train = std::make_unique<MockSource>(vocab, seq, seed);
+    d.valid = std::make_unique<MockSource>(vocab, seq, seed + 1);
+    d.description = d.train->describe();
+    return d;
+  }
+  const uint64_t batch = static_cast<uint64_t>(e.training.global_batch_size);
+  const uint64_t train_samples = static_cast<uint64_t>(e.training.train_iters) * batch;
+  const uint64_t valid_samples = static_cast<uint64_t>(dc.eval_iters) * batch;
+  const bool evaluate = dc.eval_interval > 0;
+  // NumPy's RandomState, which fixes Megatron's order, takes 32-bit seeds.
+  IndexedContext ctx{.seq_length = seq,
+                     .seed = static_cast<uint32_t>(seed),
+                     .cache_dir = dc.data_cache_path,
+                     .vocab = vocab,
+                     .tokenizer = tokenizer.name(),
+                     .opened = {}};
+  if (!dc.train_data_path.empty() && is_text_corpus_path(dc.train_data_path)) {
+    d = make_text_sources(e, tokenizer);
+  } else {
+    const bool split_data = !dc.data_path.empty();
+    const std::string key = split_data ? "data_path" : "train_data_path";
+    const auto blend =
+        parse_blend(split_data ? dc.data_path : dc.train_data_path, key, origin_of(e, key));
+    const std::vector<double> split = parse_split(dc.split);
+    d.train =
+        make_blend_source(blend, split_data ? &split : nullptr, 0, "train", train_samples, ctx);
+    if (!d.train)
+      throw DataError(fmt::format("{}: no training documents ({} documents, split '{}')",
+                                  blend[0].prefix, ctx.open(blend[0].prefix)->sequences(),
+                                  dc.split));
+    if (split_data && evaluate && dc.valid_data_path.empty())
+      d.valid = make_blend_source(blend, &split, 1, "valid", valid_samples, ctx);
+    d.description = fmt::format("{} tokenizer; {}", tokenizer.name(), d.train->describe());
+    if (d.valid) d.description += "; " + d.valid->describe();
+  }
+  if (!dc.valid_data_path.empty() && evaluate) {
+    const auto blend =
+        parse_blend(dc.valid_data_path, "valid_data_path", origin_of(e, "valid_data_path"));
+    d.valid = make_blend_source(blend, nullptr, 1, "valid", valid_samples, ctx);
+    if (d.valid) d.description += "; validation from valid_data_path: " + d.valid->describe();
+  }
   return d;
 }
 

@@ -65,12 +65,25 @@ class TokenStreamSource final : public SampleSource {
 
 struct DataSources {
   std::unique_ptr<SampleSource> train;
-  std::unique_ptr<SampleSource> valid;  // null when the split leaves no validation data
+  std::unique_ptr<SampleSource> valid;  // null when there is no validation data
   std::string description;
 };
 
-// Builds the training and validation sources of an experiment. Throws DataError naming
-// the path when data cannot be read or is too small for one sample.
+// Builds the training and validation sources of an experiment:
+//   mock_data          random tokens;
+//   train_data_path    naming an existing file or directory: plain or Brown-corpus text,
+//                      tokenized in memory and split into train/valid by `split`;
+//   data_path          a Megatron blend of indexed datasets, each split by `split`;
+//   train_data_path    otherwise, a Megatron blend used whole for training;
+//   valid_data_path    a blend used whole for validation (instead of the split's part).
+// Indexed data gives train_iters x global_batch_size training samples and, when evaluation
+// is on, eval_iters x global_batch_size validation samples, in Megatron's GPT-dataset order.
+// Throws DataError naming the file when data cannot be read, does not fit the tokenizer
+// (vocab, its name) or is too small for one sample.
 DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, int64_t vocab);
+
+// Whether train_data_path names text (an existing file or directory) rather than a blend;
+// an existing PREFIX.bin or PREFIX.idx counts as a (mistyped) blend, not as text.
+bool is_text_corpus_path(const std::string& train_data_path);
 
 }  // namespace tessera

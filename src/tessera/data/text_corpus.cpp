@@ -81,34 +81,46 @@ std::string brown_to_text(std::string_view tagged) {
   return out;
 }
 
+std::vector<std::string> list_text_files(const std::string& dir) {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file()) files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  const bool brown_dir = std::any_of(files.begin(), files.end(), [](const fs::path& p) {
+    return is_brown_file_name(p.filename().string());
+  });
+  std::vector<std::string> out;
+  for (const auto& f : files) {
+    // In the Brown distribution only the cXNN files are text; the rest is metadata.
+    const bool text = brown_dir ? is_brown_file_name(f.filename().string())
+                                : f.extension() == ".txt" || f.extension() == ".text";
+    if (text) out.push_back(f.string());
+  }
+  if (out.empty())
+    throw DataError(fmt::format(
+        "{}: no text documents found (expected Brown corpus files ca01..cr09 or *.txt files)",
+        dir));
+  return out;
+}
+
+std::string read_text_document(const std::string& file) {
+  std::string text = normalise_document(read_all(file));
+  return looks_like_brown(text) ? brown_to_text(text) : text;
+}
+
 std::vector<std::string> load_text_documents(const std::string& path) {
   std::vector<std::string> docs;
   if (fs::is_directory(path)) {
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(path))
-      if (entry.is_regular_file()) files.push_back(entry.path());
-    std::sort(files.begin(), files.end());
-    const bool brown_dir = std::any_of(files.begin(), files.end(), [](const fs::path& p) {
-      return is_brown_file_name(p.filename().string());
-    });
-    for (const auto& f : files) {
-      const std::string name = f.filename().string();
-      // In the Brown distribution only the cXNN files are text; the rest is metadata.
-      if (brown_dir && !is_brown_file_name(name)) continue;
-      if (!brown_dir && !(f.extension() == ".txt" || f.extension() == ".text")) continue;
-      std::string text = normalise_document(read_all(f));
-      if (looks_like_brown(text)) text = brown_to_text(text);
+    for (const std::string& f : list_text_files(path)) {
+      std::string text = read_text_document(f);
       if (!text.empty()) docs.push_back(std::move(text));
     }
-    if (docs.empty())
-      throw DataError(fmt::format(
-          "{}: no text documents found (expected Brown corpus files ca01..cr09 or *.txt files)", path));
+    if (docs.empty()) throw DataError(fmt::format("{}: the text files hold no text", path));
     return docs;
   }
   if (!fs::is_regular_file(path))
     throw DataError(fmt::format("{}: no such file or directory (train_data_path)", path));
-  std::string text = normalise_document(read_all(path));
-  if (looks_like_brown(text)) text = brown_to_text(text);
+  const std::string text = read_text_document(path);
   size_t start = 0;
   while (start < text.size()) {
     size_t end = text.find("\n\n", start);

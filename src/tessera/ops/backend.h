@@ -23,6 +23,8 @@
 
 namespace tessera {
 
+class OpObserver;  // ops/op_observer.h
+
 struct MemoryStats {
   size_t allocated_bytes = 0;  // live allocations made through this backend
   size_t peak_bytes = 0;       // high-water mark of allocated_bytes since the last reset
@@ -101,6 +103,11 @@ class Backend {
   virtual void range_push(const char* /*name*/) {}
   virtual void range_pop() {}
 
+  // Profiling hook (ops/op_observer.h): while set, every op and range is reported to
+  // `observer` (not owned). Null, the default, costs one pointer test per op.
+  void set_op_observer(OpObserver* observer) { op_observer_ = observer; }
+  OpObserver* op_observer() const { return op_observer_; }
+
   // Per-op timing for benchmark breakdowns: while enabled, each op's device time is summed
   // by op name (costs a pair of events per op). Backends without it report nothing.
   virtual void enable_op_timing(bool /*on*/) {}
@@ -170,6 +177,9 @@ class Backend {
   // out (1) fp32 = sum(x^2) or out += sum(x^2); x fp32. Deterministic.
   virtual void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
   virtual void adamw_step(const AdamWArgs& args) = 0;
+
+ protected:
+  OpObserver* op_observer_ = nullptr;
 };
 
 }  // namespace tessera

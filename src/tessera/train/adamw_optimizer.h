@@ -18,6 +18,8 @@ class AdamWOptimizer {
   static size_t state_bytes(int64_t params, DType compute);
 
   Tensor master() const { return master_; }
+  Tensor exp_avg() const { return exp_avg_; }        // (P) fp32 first moments
+  Tensor exp_avg_sq() const { return exp_avg_sq_; }  // (P) fp32 second moments
   // Refreshes the model's compute-dtype parameters from the fp32 master weights.
   void sync_params_from_master();
   // One update at learning rate `lr`. grad_norm_sq is the device scalar of the squared

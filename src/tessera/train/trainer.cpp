@@ -6,8 +6,10 @@
 
 #include <fmt/format.h>
 
+#include "tessera/ckpt/hf_model.h"
 #include "tessera/core/error.h"
 #include "tessera/model/init.h"
+#include "tessera/obs/profiler/training_profiler.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/stop_signal.h"
 
@@ -46,6 +48,25 @@ std::string format_duration(double seconds) {
   throw TrainingAborted(msg, 128 + sig);
 }
 
+// Time to target, the seeds' time-to-convergence metric: wall time of the training loop
+// (evaluations included) and the tokens consumed until the validation loss reached it.
+void report_target_reached(Logger& log, MetricsWriter* metrics, double target, int64_t iteration,
+                           double eval_loss, double seconds, uint64_t tokens) {
+  log.clear_progress();
+  log.info("target loss {} reached at iteration {} after {:.1f} s ({} tokens): validation loss "
+           "{:.4f}; stopping",
+           target, iteration, seconds, tokens, eval_loss);
+  if (!metrics) return;
+  nlohmann::json j;
+  j["iteration"] = iteration;
+  j["target_loss"] = target;
+  j["target_reached"] = true;
+  j["eval_lm_loss"] = eval_loss;
+  j["time_to_target_s"] = seconds;
+  j["tokens_to_target"] = tokens;
+  metrics->write(j);
+}
+
 }  // namespace
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
@@ -73,8 +94,12 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
             dtype_name(runtime_.compute_dtype));
   data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
   log_.info("data: {}", data_.description);
-  if (exp_.data.eval_interval > 0 && !data_.valid)
-    log_.warning("split '{}' leaves no validation data: evaluation is disabled", exp_.data.split);
+  if (!data_.valid && (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0)) {
+    const std::string why = fmt::format(
+        "no validation data (split '{}' leaves none, or set valid_data_path)", exp_.data.split);
+    if (exp_.data.target_loss > 0) throw DataError(why + ": target_loss cannot be checked");
+    log_.warning("{}: evaluation is disabled", why);
+  }
 
   check_memory_fits();
   try {
@@ -88,6 +113,7 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
   init_parameters(*backend_, spec_, model_->layout(), optimizer_->master(),
                   static_cast<uint64_t>(t.seed));
+  restore_start_state();
   optimizer_->sync_params_from_master();
   const int64_t N = t.micro_batch_size * t.seq_length;
   host_tokens_.resize(N);
@@ -95,9 +121,69 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   const MemoryStats mem = backend_->memory_stats();
   log_.info("memory: {:.3f} GiB allocated on {} ({:.3f} GiB free)", mem.allocated_bytes / kGiB,
             device_name(backend_->device()), mem.device_free_bytes / kGiB);
+  profiler_ = profiler::TrainingProfiler::create(exp_, rank_, data_parallel_size_, *backend_, log_);
 }
 
 Trainer::~Trainer() = default;
+
+TrainingTensors Trainer::training_tensors() const {
+  return {backend_.get(),       &spec_,
+          &model_->layout(),    model_->params(),
+          optimizer_->master(), optimizer_->exp_avg(),
+          optimizer_->exp_avg_sq()};
+}
+
+// Where the run starts: the latest checkpoint under `load` (its counters too), else the
+// Hugging Face weights at hf_init_path, else the fresh initialisation already in place.
+void Trainer::restore_start_state() {
+  const CheckpointConfig& c = exp_.checkpoint;
+  const std::string dir = checkpoint_to_resume(c);
+  std::vector<std::string> differences;
+  if (!dir.empty()) {
+    const TrainerState s = load_checkpoint(dir, training_tensors(), &differences);
+    completed_iterations_ = s.iteration;
+    consumed_samples_ = s.consumed_samples;
+    applied_steps_ = s.applied_steps;
+    skipped_iterations_ = s.skipped_iterations;
+    consecutive_nan_ = s.consecutive_nan;
+    if (s.iteration > 0 && s.seed != exp_.training.seed)
+      differences.push_back(fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)",
+                                        s.seed, exp_.training.seed));
+    log_.info("resumed from {} at iteration {} ({} consumed samples){}", dir, s.iteration,
+              s.consumed_samples, c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
+  } else {
+    if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
+    if (!c.hf_init_path.empty()) {
+      differences = load_hf_weights(c.hf_init_path, spec_, model_->layout(), *backend_, optimizer_->master());
+      log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
+    }
+  }
+  for (const auto& d : differences) log_.warning("the loaded model differs from the configuration: {}", d);
+}
+
+std::string Trainer::save_checkpoint() {
+  const auto t0 = Clock::now();
+  TrainerState s;
+  s.iteration = completed_iterations_;
+  s.consumed_samples = consumed_samples_;
+  s.applied_steps = applied_steps_;
+  s.skipped_iterations = skipped_iterations_;
+  s.consecutive_nan = consecutive_nan_;
+  s.seed = exp_.training.seed;
+  s.config_yaml = experiment_to_yaml(exp_);
+  const std::string dir = tessera::save_checkpoint(exp_.checkpoint.save, training_tensors(), s,
+                                                   exp_.checkpoint.ckpt_keep_last);
+  last_saved_iteration_ = completed_iterations_;
+  log_.clear_progress();
+  log_.info("saved checkpoint {} in {:.1f} s", dir, ms_since(t0) / 1e3);
+  return dir;
+}
+
+// Saves the state (when `save` is set) before stopping, so a preempted job can resume.
+void Trainer::stop_for_signal(int sig, const std::string& where) {
+  if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_) save_checkpoint();
+  stop_on_signal(log_, sig, where);
+}
 
 // Compares what the run needs with what the device has and, if it cannot fit, says how much
 // each part takes and what to change.
@@ -130,6 +216,7 @@ void Trainer::check_memory_fits() const {
 }
 
 void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
+  const profiler::PhaseSpan span(profiler_.get(), "data_loading");
   const int64_t T = exp_.training.seq_length;
   for (int64_t b = 0; b < exp_.training.micro_batch_size; ++b)
     source.sample(first_sample + b, host_tokens_.data() + b * T, host_targets_.data() + b * T);
@@ -137,6 +224,7 @@ void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample
 }
 
 IterationStats Trainer::run_iteration(int64_t iteration) {
+  const profiler::PhaseSpan step(profiler_.get(), "ProfilerStep#", iteration);
   const TrainingConfig& t = exp_.training;
   const int64_t tokens_per_rank = t.micro_batch_size * t.seq_length * accumulation_steps_;
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * data_parallel_size_);
@@ -144,26 +232,37 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   model_->zero_loss_sum();
   for (int64_t m = 0; m < accumulation_steps_; ++m) {
     if (int sig = pending_stop_signal())
-      stop_on_signal(log_, sig, fmt::format("during iteration {}; its update was abandoned", iteration));
+      stop_for_signal(sig, fmt::format("during iteration {}; its update was abandoned", iteration));
     // Megatron's sampler order: each micro-batch slot of the global batch holds
     // data_parallel_size consecutive micro-batches, one per rank.
     const uint64_t first = consumed_samples_ +
                            static_cast<uint64_t>((m * data_parallel_size_ + rank_) * t.micro_batch_size);
     load_micro_batch(*data_.train, first);
+    const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
     model_->forward_backward(grad_scale);
   }
-  backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+  {
+    const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
+    backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+  }
   IterationStats s;
   s.iteration = iteration;
   s.lr = learning_rate(t, iteration);
-  optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
+  {
+    const profiler::PhaseSpan span(profiler_.get(), "optimizer");
+    optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
+  }
   float loss_sum = 0, norm_sq = 0;
-  backend_->download(&loss_sum, model_->loss_sum());
-  backend_->download(&norm_sq, grad_norm_sq_);
+  {
+    const profiler::PhaseSpan span(profiler_.get(), "loss_readback");  // waits for the device
+    backend_->download(&loss_sum, model_->loss_sum());
+    backend_->download(&norm_sq, grad_norm_sq_);
+  }
   s.loss = loss_sum / static_cast<double>(tokens_per_rank);
   s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
   s.skipped = !std::isfinite(norm_sq) || !std::isfinite(loss_sum);
   consumed_samples_ += static_cast<uint64_t>(t.global_batch_size);
+  completed_iterations_ = iteration;
   if (s.skipped) {
     ++skipped_iterations_;
     ++consecutive_nan_;
@@ -198,6 +297,10 @@ double Trainer::evaluate() {
 }
 
 void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters) {
+  const profiler::PhaseSpan span(profiler_.get(), "logging");
+  // Profiled iterations run slower (the recorder's overhead): their lines say so.
+  const bool profiled =
+      profiler_ && profiler_->covers(s.iteration - interval_iters + 1, s.iteration);
   const TrainingConfig& t = exp_.training;
   const double ms = interval_ms / static_cast<double>(interval_iters);
   const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * accumulation_steps_);
@@ -210,10 +313,10 @@ void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t
       "throughput per GPU (TFLOP/s/GPU): {:.2f} | tokens per GPU (tokens/s/GPU): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
-      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}",
+      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
       t.global_batch_size, s.loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
-      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB);
+      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, profiled ? " | profiled" : "");
   if (!metrics_) return;
   nlohmann::json j;
   j["iteration"] = s.iteration;
@@ -229,6 +332,7 @@ void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t
   j["nan_iterations"] = skipped_iterations_;
   j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;
   j["mem_peak_gib"] = mem.peak_bytes / kGiB;
+  if (profiled) j["profiled"] = true;
   metrics_->write(j);
 }
 
@@ -246,12 +350,16 @@ TrainSummary Trainer::train() {
   auto interval_start = start;
   double steady_ms = 0;  // time of iterations after the first (which includes warm-up)
   int64_t interval_iters = 0;
-  for (int64_t it = 1; it <= t.train_iters; ++it) {
+  const int64_t first = completed_iterations_ + 1;  // > 1 when resuming
+  int64_t last = t.train_iters;                      // earlier when target_loss is reached
+  for (int64_t it = first; it <= t.train_iters; ++it) {
+    // Starting and stopping the recorder is kept out of the iteration times.
+    if (profiler_) interval_start += profiler_->before_iteration(it);
     const auto t0 = Clock::now();
     const IterationStats s = run_iteration(it);
-    if (it > 1) steady_ms += ms_since(t0);
+    if (it > first) steady_ms += ms_since(t0);
     ++interval_iters;
-    if (it == 1) sum.first_loss = s.loss;
+    if (it == first) sum.first_loss = s.loss;
     sum.last_loss = s.loss;
     if (it % exp_.logging.log_interval == 0 || it == t.train_iters) {
       log_iteration(s, ms_since(interval_start), interval_iters);
@@ -275,25 +383,42 @@ TrainSummary Trainer::train() {
         metrics_->write(j);
       }
       interval_start = Clock::now();  // keep evaluation out of the training throughput
+      if (exp_.data.target_loss > 0 && sum.last_eval_loss <= exp_.data.target_loss) {
+        report_target_reached(log_, metrics_, exp_.data.target_loss, it, sum.last_eval_loss,
+                              ms_since(start) / 1e3,
+                              consumed_samples_ * static_cast<uint64_t>(t.seq_length));
+        last = it;
+        break;
+      }
     }
+    if (profiler_) interval_start += profiler_->after_iteration(it, t.train_iters);
     const double elapsed_s = ms_since(start) / 1e3;
     log_.progress(fmt::format("iteration {}/{} {:3.0f}% | loss {:.4f} | {:.0f} ms/it | ETA {}", it,
                               t.train_iters, 100.0 * it / t.train_iters, s.loss,
-                              elapsed_s * 1e3 / it, format_duration(elapsed_s / it * (t.train_iters - it))));
+                              elapsed_s * 1e3 / (it - first + 1),
+                              format_duration(elapsed_s / (it - first + 1) * (t.train_iters - it))));
+    const CheckpointConfig& c = exp_.checkpoint;
+    if (!c.save.empty() && c.save_interval > 0 && it % c.save_interval == 0) {
+      save_checkpoint();
+      interval_start = Clock::now();  // keep saving out of the training throughput
+    }
     if (int sig = pending_stop_signal())
-      stop_on_signal(log_, sig, fmt::format("after iteration {} (its update was applied)", it));
+      stop_for_signal(sig, fmt::format("after iteration {} (its update was applied)", it));
   }
+  if (profiler_) profiler_->after_iteration(last, last);  // stopped early at target_loss
+  if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_) save_checkpoint();
   log_.clear_progress();
-  sum.iterations = t.train_iters;
+  sum.iterations = last;
   sum.skipped_iterations = skipped_iterations_;
   const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * accumulation_steps_);
-  const double ms = t.train_iters > 1 ? steady_ms / (t.train_iters - 1) : ms_since(start);
+  const int64_t ran = last - first + 1;
+  const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
   sum.tokens_per_s_per_gpu = tokens / (ms / 1e3);
   sum.tflops_per_gpu = spec_.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
   log_.info("done: {} iterations in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/GPU, {:.3f} "
             "TFLOP/s/GPU (excluding the first iteration); peak memory {:.3f} GiB",
-            t.train_iters, ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
+            last, ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
             sum.last_eval_loss >= 0 ? fmt::format(" (validation {:.4f})", sum.last_eval_loss) : "",
             sum.tokens_per_s_per_gpu, sum.tflops_per_gpu, sum.peak_memory_gib);
   return sum;

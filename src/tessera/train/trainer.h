@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "tessera/ckpt/checkpoint.h"
 #include "tessera/config/config.h"
 #include "tessera/data/dataset.h"
 #include "tessera/data/tokenizer.h"
@@ -13,6 +14,10 @@
 #include "tessera/obs/metrics.h"
 #include "tessera/ops/backend.h"
 #include "tessera/train/adamw_optimizer.h"
+
+namespace tessera::profiler {
+class TrainingProfiler;  // obs/profiler/training_profiler.h
+}
 
 namespace tessera {
 
@@ -45,6 +50,12 @@ class Trainer {
   // One optimizer step (all micro-batches of the global batch). Used by train() and tests.
   IterationStats run_iteration(int64_t iteration);
   double evaluate();  // mean validation token loss
+  // Writes the current state to the `save` directory (ckpt/checkpoint.h); returns its path.
+  std::string save_checkpoint();
+
+  // Counters a checkpoint restores: iterations completed and samples consumed so far.
+  int64_t completed_iterations() const { return completed_iterations_; }
+  uint64_t consumed_samples() const { return consumed_samples_; }
 
   LlamaModel& model() { return *model_; }
   AdamWOptimizer& optimizer() { return *optimizer_; }
@@ -55,6 +66,9 @@ class Trainer {
   void check_memory_fits() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
   void log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters);
+  TrainingTensors training_tensors() const;
+  void restore_start_state();
+  [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
   std::unique_ptr<Backend> backend_;
@@ -73,10 +87,15 @@ class Trainer {
   int64_t data_parallel_size_ = 1;
   int64_t rank_ = 0;
   int64_t accumulation_steps_ = 1;
+  int64_t completed_iterations_ = 0;
+  int64_t last_saved_iteration_ = -1;
   uint64_t consumed_samples_ = 0;
   int64_t applied_steps_ = 0;
   int64_t skipped_iterations_ = 0;
   int64_t consecutive_nan_ = 0;
+  // Records iterations [profile_step_start, profile_step_end) when logging.profile is on
+  // for this rank, else null. Declared last: it detaches from the backend first.
+  std::unique_ptr<profiler::TrainingProfiler> profiler_;
 };
 
 }  // namespace tessera

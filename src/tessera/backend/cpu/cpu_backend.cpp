@@ -15,6 +15,7 @@
 
 #include "tessera/backend/cpu/attention_blocked.h"
 #include "tessera/backend/cpu/reference.h"
+#include "tessera/ops/op_observer.h"
 
 namespace tessera {
 
@@ -220,17 +221,28 @@ MemoryStats CpuBackend::memory_stats() {
 
 void CpuBackend::reset_peak_memory() { allocations_.reset_peak(); }
 
+void CpuBackend::range_push(const char* name) {
+  if (op_observer_ != nullptr) op_observer_->range_begin(name);
+}
+
+void CpuBackend::range_pop() {
+  if (op_observer_ != nullptr) op_observer_->range_end();
+}
+
 void CpuBackend::upload(const Tensor& dst, const void* host_src) {
+  const ObservedOp observed(op_observer_, "upload", [&] { return op_args::transfer(dst); });
   expect_host(dst, "upload", "dst");
   if (dst.nbytes() > 0) std::memcpy(dst.data, host_src, dst.nbytes());
 }
 
 void CpuBackend::download(void* host_dst, const Tensor& src) {
+  const ObservedOp observed(op_observer_, "download", [&] { return op_args::transfer(src); });
   expect_host(src, "download", "src");
   if (src.nbytes() > 0) std::memcpy(host_dst, src.data, src.nbytes());
 }
 
 void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
+  const ObservedOp observed(op_observer_, "copy", [&] { return op_args::transfer(src); });
   expect_host(dst, "copy", "dst");
   expect_host(src, "copy", "src");
   TS_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
@@ -242,6 +254,7 @@ void CpuBackend::copy(const Tensor& dst, const Tensor& src) {
 // ---- elementwise and init ----
 
 void CpuBackend::fill(const Tensor& dst, float value) {
+  const ObservedOp observed(op_observer_, "fill", [&] { return op_args::elements(dst); });
   expect_f32(dst, "fill", "dst");
   float* p = f32(dst);
   parallel_chunks(dst.numel(),
@@ -249,6 +262,7 @@ void CpuBackend::fill(const Tensor& dst, float value) {
 }
 
 void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
+  const ObservedOp observed(op_observer_, "convert", [&] { return op_args::convert(dst, src); });
   expect_host(dst, "convert", "dst");
   expect_host(src, "convert", "src");
   expect_count(dst, src.numel(), "convert", "dst");
@@ -274,6 +288,7 @@ void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
 
 void CpuBackend::init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
                              float std) {
+  const ObservedOp observed(op_observer_, "init_normal", [&] { return op_args::elements(dst); });
   expect_f32(dst, "init_normal", "dst");
   float* p = f32(dst);
   parallel_chunks(dst.numel(), [&](int64_t begin, int64_t end) {
@@ -285,6 +300,7 @@ void CpuBackend::init_normal(const Tensor& dst, uint64_t seed, uint64_t first_in
 // ---- linear algebra ----
 
 void CpuBackend::matmul(const MatmulArgs& args) {
+  const ObservedOp observed(op_observer_, "matmul", [&] { return op_args::matmul(args); });
   expect_f32(args.out, "matmul", "out");
   expect_f32(args.a, "matmul", "a");
   expect_f32(args.b, "matmul", "b");
@@ -324,6 +340,8 @@ void CpuBackend::matmul(const MatmulArgs& args) {
 }
 
 void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  const ObservedOp observed(op_observer_, "bias_backward",
+                            [&] { return op_args::rows_cols(dout); });
   expect_f32(dbias, "bias_backward", "dbias");
   expect_f32(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
@@ -337,6 +355,8 @@ void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
 // ---- model ops ----
 
 void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
+  const ObservedOp observed(op_observer_, "embedding_forward",
+                            [&] { return op_args::embedding(tokens, table, table.dtype); });
   expect_f32(out, "embedding_forward", "out");
   expect_i32(tokens, "embedding_forward", "tokens");
   expect_f32(table, "embedding_forward", "table");
@@ -352,6 +372,8 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
 
 void CpuBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
                                     const Tensor& tokens) {
+  const ObservedOp observed(op_observer_, "embedding_backward",
+                            [&] { return op_args::embedding(tokens, dtable, dout.dtype); });
   expect_f32(dtable, "embedding_backward", "dtable");
   expect_f32(dout, "embedding_backward", "dout");
   expect_i32(tokens, "embedding_backward", "tokens");
@@ -377,6 +399,7 @@ void CpuBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
 
 void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                  const Tensor& weight, float eps) {
+  const ObservedOp observed(op_observer_, "rmsnorm_forward", [&] { return op_args::rows_cols(x); });
   const char* op = "rmsnorm_forward";
   expect_f32(out, op, "out");
   expect_f32(rstd, op, "rstd");
@@ -395,6 +418,8 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
 
 void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const ObservedOp observed(op_observer_, "rmsnorm_backward",
+                            [&] { return op_args::rows_cols(x); });
   const char* op = "rmsnorm_backward";
   expect_f32(dx, op, "dx");
   expect_f32(dweight, op, "dweight");
@@ -421,6 +446,8 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
 }
 
 void CpuBackend::rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
+  const ObservedOp observed(op_observer_, "rope_forward",
+                            [&] { return op_args::rope(s, qkv.dtype); });
   check_rope(qkv, freqs, s, "rope_forward");
   AttentionShape token = s;  // one (b, t) row at a time, with freqs row t
   token.batch = token.seq = 1;
@@ -432,6 +459,8 @@ void CpuBackend::rope_forward(const Tensor& qkv, const Tensor& freqs, const Atte
 }
 
 void CpuBackend::rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) {
+  const ObservedOp observed(op_observer_, "rope_backward",
+                            [&] { return op_args::rope(s, dqkv.dtype); });
   check_rope(dqkv, freqs, s, "rope_backward");
   AttentionShape token = s;
   token.batch = token.seq = 1;
@@ -444,6 +473,8 @@ void CpuBackend::rope_backward(const Tensor& dqkv, const Tensor& freqs, const At
 
 void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                    const AttentionShape& s) {
+  const ObservedOp observed(op_observer_, "attention_forward",
+                            [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_forward";
   check_attention_shape(s, op);
   expect_f32(out, op, "out");
@@ -467,6 +498,8 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
 
 void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                     const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+  const ObservedOp observed(op_observer_, "attention_backward",
+                            [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_backward";
   check_attention_shape(s, op);
   expect_f32(dqkv, op, "dqkv");
@@ -537,6 +570,8 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
 }
 
 void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  const ObservedOp observed(op_observer_, "swiglu_forward",
+                            [&] { return op_args::rows_cols(gate_up); });
   expect_f32(out, "swiglu_forward", "out");
   expect_f32(gate_up, "swiglu_forward", "gate_up");
   const MatrixDims d = matrix_dims(gate_up);
@@ -550,6 +585,8 @@ void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 
 void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                  const Tensor& gate_up) {
+  const ObservedOp observed(op_observer_, "swiglu_backward",
+                            [&] { return op_args::rows_cols(gate_up); });
   expect_f32(dgate_up, "swiglu_backward", "dgate_up");
   expect_f32(dout, "swiglu_backward", "dout");
   expect_f32(gate_up, "swiglu_backward", "gate_up");
@@ -568,6 +605,8 @@ void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
 
 void CpuBackend::cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                                const Tensor& dlogits, float grad_scale) {
+  const ObservedOp observed(op_observer_, "cross_entropy",
+                            [&] { return op_args::cross_entropy(logits, dlogits); });
   const char* op = "cross_entropy";
   expect_f32(losses, op, "losses");
   expect_f32(logits, op, "logits");
@@ -594,6 +633,7 @@ void CpuBackend::cross_entropy(const Tensor& losses, const Tensor& logits, const
 // ---- reductions and optimizer ----
 
 void CpuBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
+  const ObservedOp observed(op_observer_, "sum", [&] { return op_args::reduction(x, accumulate); });
   expect_f32(out, "sum", "out");
   expect_f32(x, "sum", "x");
   expect_count(out, 1, "sum", "out");
@@ -609,6 +649,8 @@ void CpuBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
 }
 
 void CpuBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
+  const ObservedOp observed(op_observer_, "sum_squares",
+                            [&] { return op_args::reduction(x, accumulate); });
   expect_f32(out, "sum_squares", "out");
   expect_f32(x, "sum_squares", "x");
   expect_count(out, 1, "sum_squares", "out");
@@ -624,6 +666,7 @@ void CpuBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate
 }
 
 void CpuBackend::adamw_step(const AdamWArgs& args) {
+  const ObservedOp observed(op_observer_, "adamw_step", [&] { return op_args::adamw(args); });
   const char* op = "adamw_step";
   expect_f32(args.master, op, "master");
   expect_f32(args.grad, op, "grad");

@@ -37,6 +37,9 @@ class CpuBackend final : public Backend {
   void download(void* host_dst, const Tensor& src) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void synchronize() override {}
+  // Only reported to the op observer (profiling); the CPU has no trace markers of its own.
+  void range_push(const char* name) override;
+  void range_pop() override;
 
   void fill(const Tensor& dst, float value) override;
   void convert(const Tensor& dst, const Tensor& src) override;

@@ -9,6 +9,7 @@
 
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
+#include "tessera/backend/cuda/cudnn_attention.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/elementwise.cuh"
@@ -18,6 +19,7 @@
 #include "tessera/backend/cuda/rope.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
 #include "tessera/core/error.h"
+#include "tessera/ops/op_observer.h"
 
 namespace tessera::cuda {
 
@@ -117,6 +119,13 @@ RopeShape rope_shape(const AttentionShape& s) {
   return RopeShape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
 }
 
+std::string attention_shape_text(const AttentionShape& s) {
+  return "B=" + std::to_string(s.batch) + " T=" + std::to_string(s.seq) +
+         " H=" + std::to_string(s.heads) + " KV=" + std::to_string(s.kv_heads) +
+         " D=" + std::to_string(s.head_dim) + (s.causal ? " causal" : " full") +
+         (s.window > 0 ? " window " + std::to_string(s.window) : std::string());
+}
+
 }  // namespace
 
 // ---- op timing ----
@@ -183,25 +192,38 @@ std::vector<std::pair<std::string, double>> CudaBackend::op_times_ms() {
 
 void CudaBackend::range_push(const char* name) {
   nvtxRangePushA(name);
+  if (op_observer_ != nullptr) op_observer_->range_begin(name);
 }
 
 void CudaBackend::range_pop() {
+  if (op_observer_ != nullptr) op_observer_->range_end();
   nvtxRangePop();
 }
 
 // ---- lifetime ----
 
-CudaBackend::CudaBackend(int device) : device_(device) {
+CudaBackend::CudaBackend(int device, AttentionBackend attention)
+    : device_(device), attention_(attention) {
   TS_CUDA_CHECK(cudaSetDevice(device_));
   // Non-blocking: our stream never waits for work others put on the legacy default stream.
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   lt_workspace_ = allocate(kLtWorkspaceBytes, "cuBLASLt workspace");
   lt_ = std::make_unique<LtMatmul>(lt_workspace_, kLtWorkspaceBytes);
+  if (attention_ != AttentionBackend::Tessera) {
+    cudnn_ = CudnnAttention::create(stream_, &cudnn_unavailable_);
+    static bool reported = false;  // once per process: tests make many backends
+    if (cudnn_ == nullptr && attention_ == AttentionBackend::Auto && !reported) {
+      reported = true;
+      std::fprintf(stderr, "tessera: attention_backend auto: using Tessera's attention kernels: %s\n",
+                   cudnn_unavailable_.c_str());
+    }
+  }
 }
 
 CudaBackend::~CudaBackend() {
   // No throwing here: errors at teardown (e.g. after a device fault) are ignored.
   if (stream_) cudaStreamSynchronize(stream_);
+  cudnn_.reset();
   lt_.reset();
   for (const TimedOp& t : timed_) {
     cudaEventDestroy(t.start);
@@ -219,11 +241,19 @@ std::string CudaBackend::description() const {
   TS_CUDA_CHECK(cudaDriverGetVersion(&driver));
   TS_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
   const size_t lt = cublasLtGetVersion();  // e.g. 130100 = 13.1.0
+  std::string attention = "Tessera kernels";
+  if (cudnn_ != nullptr) {
+    attention = "cuDNN " + cudnn_->version_string() +
+                (attention_ == AttentionBackend::Auto ? " (auto)" : "");
+  } else if (attention_ == AttentionBackend::Auto) {
+    attention += " (auto: cuDNN not loaded)";
+  }
   return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
          std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
          gib(prop.totalGlobalMem) + ", driver " + version_string(driver) + ", runtime " +
          version_string(runtime) + ", cuBLASLt " + std::to_string(lt / 10000) + "." +
-         std::to_string((lt / 100) % 100) + "." + std::to_string(lt % 100) + ")";
+         std::to_string((lt / 100) % 100) + "." + std::to_string(lt % 100) +
+         ", attention: " + attention + ")";
 }
 
 // ---- memory ----
@@ -277,6 +307,7 @@ void* CudaBackend::scratch(size_t bytes) {
 
 void CudaBackend::upload(const Tensor& dst, const void* host_src) {
   OpTimer timer(*this, "upload");
+  const ObservedOp observed(op_observer_, "upload", [&] { return op_args::transfer(dst); });
   expect_device(dst, "upload", "dst");
   if (dst.nbytes() == 0) return;
   // From pageable memory the call returns once the source has been staged, so the caller
@@ -286,6 +317,7 @@ void CudaBackend::upload(const Tensor& dst, const void* host_src) {
 
 void CudaBackend::download(void* host_dst, const Tensor& src) {
   OpTimer timer(*this, "download");
+  const ObservedOp observed(op_observer_, "download", [&] { return op_args::transfer(src); });
   expect_device(src, "download", "src");
   if (src.nbytes() > 0) {
     TS_CUDA_CHECK(
@@ -296,6 +328,7 @@ void CudaBackend::download(void* host_dst, const Tensor& src) {
 
 void CudaBackend::copy(const Tensor& dst, const Tensor& src) {
   OpTimer timer(*this, "copy");
+  const ObservedOp observed(op_observer_, "copy", [&] { return op_args::transfer(src); });
   expect_device(dst, "copy", "dst");
   expect_device(src, "copy", "src");
   TS_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
@@ -314,12 +347,14 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::fill(const Tensor& dst, float value) {
   OpTimer timer(*this, "fill");
+  const ObservedOp observed(op_observer_, "fill", [&] { return op_args::elements(dst); });
   expect_device(dst, "fill", "dst");
   cuda::fill(dst.data, dst.numel(), value, dst.dtype, stream_);
 }
 
 void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
   OpTimer timer(*this, "convert");
+  const ObservedOp observed(op_observer_, "convert", [&] { return op_args::convert(dst, src); });
   expect_float(dst, "convert", "dst");
   expect_float(src, "convert", "src");
   expect_count(dst, src.numel(), "convert", "dst");
@@ -330,6 +365,7 @@ void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
 void CudaBackend::init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
                               float std) {
   OpTimer timer(*this, "init_normal");
+  const ObservedOp observed(op_observer_, "init_normal", [&] { return op_args::elements(dst); });
   expect_float(dst, "init_normal", "dst");
   cuda::init_normal(dst.data, dst.numel(), seed, first_index, mean, std, dst.dtype, stream_);
 }
@@ -338,6 +374,7 @@ void CudaBackend::init_normal(const Tensor& dst, uint64_t seed, uint64_t first_i
 
 void CudaBackend::matmul(const MatmulArgs& args) {
   OpTimer timer(*this, "matmul");
+  const ObservedOp observed(op_observer_, "matmul", [&] { return op_args::matmul(args); });
   const char* op = "matmul";
   expect_float(args.a, op, "a");
   expect_same_type(args.b, args.a, op, "b");
@@ -380,6 +417,8 @@ void CudaBackend::matmul(const MatmulArgs& args) {
 
 void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   OpTimer timer(*this, "bias_backward");
+  const ObservedOp observed(op_observer_, "bias_backward",
+                            [&] { return op_args::rows_cols(dout); });
   expect_type(dbias, DType::F32, "bias_backward", "dbias");
   expect_float(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
@@ -393,6 +432,8 @@ void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
   OpTimer timer(*this, "embedding_forward");
+  const ObservedOp observed(op_observer_, "embedding_forward",
+                            [&] { return op_args::embedding(tokens, table, table.dtype); });
   const char* op = "embedding_forward";
   expect_float(table, op, "table");
   expect_same_type(out, table, op, "out");
@@ -407,6 +448,8 @@ void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, con
 void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
                                      const Tensor& tokens) {
   OpTimer timer(*this, "embedding_backward");
+  const ObservedOp observed(op_observer_, "embedding_backward",
+                            [&] { return op_args::embedding(tokens, dtable, dout.dtype); });
   const char* op = "embedding_backward";
   expect_type(dtable, DType::F32, op, "dtable");
   expect_float(dout, op, "dout");
@@ -422,6 +465,7 @@ void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
 void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                   const Tensor& weight, float eps) {
   OpTimer timer(*this, "rmsnorm_forward");
+  const ObservedOp observed(op_observer_, "rmsnorm_forward", [&] { return op_args::rows_cols(x); });
   const char* op = "rmsnorm_forward";
   expect_float(x, op, "x");
   expect_same_type(out, x, op, "out");
@@ -438,6 +482,8 @@ void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const T
 void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                    const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   OpTimer timer(*this, "rmsnorm_backward");
+  const ObservedOp observed(op_observer_, "rmsnorm_backward",
+                            [&] { return op_args::rows_cols(x); });
   const char* op = "rmsnorm_backward";
   expect_float(x, op, "x");
   expect_same_type(dx, x, op, "dx");
@@ -459,19 +505,51 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, cons
 
 void CudaBackend::rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
   OpTimer timer(*this, "rope_forward");
+  const ObservedOp observed(op_observer_, "rope_forward",
+                            [&] { return op_args::rope(s, qkv.dtype); });
   check_rope(qkv, freqs, s, "rope_forward");
   cuda::rope_forward(qkv.data, freqs.as<float>(), rope_shape(s), qkv.dtype, stream_);
 }
 
 void CudaBackend::rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) {
   OpTimer timer(*this, "rope_backward");
+  const ObservedOp observed(op_observer_, "rope_backward",
+                            [&] { return op_args::rope(s, dqkv.dtype); });
   check_rope(dqkv, freqs, s, "rope_backward");
   cuda::rope_backward(dqkv.data, freqs.as<float>(), rope_shape(s), dqkv.dtype, stream_);
+}
+
+bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
+                                      std::initializer_list<const void*> buffers) {
+  if (cudnn_ == nullptr) return false;  // attention_backend tessera, or auto without cuDNN
+  const std::string key = std::string(backward ? "backward " : "forward ") + attention_shape_text(s);
+  if (attention_fallbacks_.count(key) != 0) return false;  // auto only: reported before
+  const CudnnPlanInfo& plan = backward ? cudnn_->backward_plan(s) : cudnn_->forward_plan(s);
+  std::string why = plan.supported ? "" : plan.reason;
+  for (const void* p : buffers) {
+    if (why.empty() && !CudnnAttention::aligned16(p)) why = "a buffer is not 16-byte aligned";
+  }
+  if (why.empty()) return true;
+  cudnn_attention_fallback(key, why);
+  return false;
+}
+
+void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::string& why) {
+  if (attention_ == AttentionBackend::Cudnn) {
+    throw ConfigError("configuration", "attention_backend", "cudnn",
+                      "auto or tessera: cuDNN " + cudnn_->version_string() +
+                          " cannot run the attention " + key + ": " + why);
+  }
+  attention_fallbacks_.insert(key);
+  std::fprintf(stderr, "tessera: attention_backend auto: attention %s on Tessera's kernels: %s\n",
+               key.c_str(), why.c_str());
 }
 
 void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                     const AttentionShape& s) {
   OpTimer timer(*this, "attention_forward");
+  const ObservedOp observed(op_observer_, "attention_forward",
+                            [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_forward";
   check_attention_shape(s, op);
   require_bf16_attention(qkv, op, "qkv");
@@ -480,6 +558,16 @@ void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const 
   expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
   expect_count(out, s.tokens() * s.heads * s.head_dim, op, "out");
   expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  if (use_cudnn_attention(s, false, {out.data, lse.data, qkv.data})) {
+    const size_t bytes = cudnn_->forward_plan(s).workspace_bytes;
+    try {
+      cudnn_->forward(out.data, lse.as<float>(), qkv.data, s, bytes > 0 ? scratch(bytes) : nullptr);
+      return;
+    } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
+      if (attention_ == AttentionBackend::Cudnn) throw;
+      cudnn_attention_fallback("forward " + attention_shape_text(s), e.what());
+    }
+  }
   cuda::attention_forward(out.data, lse.as<float>(), qkv.data, s, stream_);
 }
 
@@ -487,6 +575,8 @@ void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, con
                                      const Tensor& lse, const Tensor& qkv,
                                      const AttentionShape& s) {
   OpTimer timer(*this, "attention_backward");
+  const ObservedOp observed(op_observer_, "attention_backward",
+                            [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_backward";
   check_attention_shape(s, op);
   require_bf16_attention(dqkv, op, "dqkv");
@@ -500,6 +590,17 @@ void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, con
   expect_count(out, s.tokens() * HD, op, "out");
   expect_count(dout, s.tokens() * HD, op, "dout");
   expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  if (use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
+    const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;
+    try {
+      cudnn_->backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
+                       bytes > 0 ? scratch(bytes) : nullptr);
+      return;
+    } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
+      if (attention_ == AttentionBackend::Cudnn) throw;
+      cudnn_attention_fallback("backward " + attention_shape_text(s), e.what());
+    }
+  }
   const size_t bytes = attention_backward_scratch_bytes(s);
   cuda::attention_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
                            bytes > 0 ? scratch(bytes) : nullptr, stream_);
@@ -507,6 +608,8 @@ void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, con
 
 void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   OpTimer timer(*this, "swiglu_forward");
+  const ObservedOp observed(op_observer_, "swiglu_forward",
+                            [&] { return op_args::rows_cols(gate_up); });
   const char* op = "swiglu_forward";
   expect_float(gate_up, op, "gate_up");
   expect_same_type(out, gate_up, op, "out");
@@ -521,6 +624,8 @@ void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 void CudaBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                   const Tensor& gate_up) {
   OpTimer timer(*this, "swiglu_backward");
+  const ObservedOp observed(op_observer_, "swiglu_backward",
+                            [&] { return op_args::rows_cols(gate_up); });
   const char* op = "swiglu_backward";
   expect_float(gate_up, op, "gate_up");
   expect_same_type(dgate_up, gate_up, op, "dgate_up");
@@ -537,6 +642,8 @@ void CudaBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
 void CudaBackend::cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                                 const Tensor& dlogits, float grad_scale) {
   OpTimer timer(*this, "cross_entropy");
+  const ObservedOp observed(op_observer_, "cross_entropy",
+                            [&] { return op_args::cross_entropy(logits, dlogits); });
   const char* op = "cross_entropy";
   expect_float(logits, op, "logits");
   expect_type(losses, DType::F32, op, "losses");
@@ -560,6 +667,7 @@ void CudaBackend::cross_entropy(const Tensor& losses, const Tensor& logits, cons
 
 void CudaBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
   OpTimer timer(*this, "sum");
+  const ObservedOp observed(op_observer_, "sum", [&] { return op_args::reduction(x, accumulate); });
   expect_type(out, DType::F32, "sum", "out");
   expect_type(x, DType::F32, "sum", "x");
   expect_count(out, 1, "sum", "out");
@@ -569,6 +677,8 @@ void CudaBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
 
 void CudaBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
   OpTimer timer(*this, "sum_squares");
+  const ObservedOp observed(op_observer_, "sum_squares",
+                            [&] { return op_args::reduction(x, accumulate); });
   expect_type(out, DType::F32, "sum_squares", "out");
   expect_type(x, DType::F32, "sum_squares", "x");
   expect_count(out, 1, "sum_squares", "out");
@@ -613,6 +723,7 @@ const AdamWChunk* CudaBackend::adamw_chunk_table(std::span<const ParamSegment> s
 
 void CudaBackend::adamw_step(const AdamWArgs& args) {
   OpTimer timer(*this, "adamw_step");
+  const ObservedOp observed(op_observer_, "adamw_step", [&] { return op_args::adamw(args); });
   const char* op = "adamw_step";
   expect_type(args.master, DType::F32, op, "master");
   expect_type(args.grad, DType::F32, op, "grad");
@@ -675,13 +786,18 @@ std::string unavailable_reason() {
   return count == 0 ? "the CUDA runtime reports no device" : "";
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attention) {
   const int count = device_count();
   if (device < 0 || device >= count) {
     throw ConfigError("command line", "device", "cuda:" + std::to_string(device),
                       "a CUDA device index below " + std::to_string(count));
   }
-  return std::make_unique<CudaBackend>(device);
+  auto backend = std::make_unique<CudaBackend>(device, attention);
+  if (attention == AttentionBackend::Cudnn && !backend->cudnn_attention_loaded()) {
+    throw ConfigError("configuration", "attention_backend", "cudnn",
+                      "auto or tessera: " + backend->cudnn_unavailable_reason());
+  }
+  return backend;
 }
 
 }  // namespace tessera::cuda

@@ -13,12 +13,29 @@
 // sums, sort buffers, attention backward) is one buffer that grows on demand; the cuBLASLt
 // workspace is another. Both count in memory_stats().
 //
+// Attention runs on Tessera's own kernels (attention.cuh) or on cuDNN's fused SDPA
+// (cudnn_attention.cuh), chosen by TrainingConfig::attention_backend:
+//   tessera  always Tessera's kernels; cuDNN is never loaded.
+//   cudnn    cuDNN (9.14 or newer) must load when the backend is made (make_cuda_backend throws
+//            ConfigError otherwise), and every attention call must get a cuDNN plan for its
+//            shape with 16-byte aligned buffers, else ConfigError naming the shape and cuDNN's
+//            reason. Never falls back.
+//   auto     cuDNN when it loads and, per shape and direction, builds a plan (first use, then
+//            cached) and the buffers are 16-byte aligned; otherwise Tessera's kernels, with a
+//            one-line note on stderr the first time a shape falls back. Forward and backward
+//            decide independently: both read and write the same out/lse, so a cuDNN forward
+//            may feed a Tessera backward and vice versa.
+// cuDNN's backward accumulates dQ with fp32 atomics (its default, fastest algorithm): bitwise
+// reproducible only while at most two key tiles meet in a dQ row.
+//
 // Used from one host thread at a time (the trainer's); only the allocation table is locked.
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -26,14 +43,17 @@
 
 #include "tessera/backend/cuda/adamw.cuh"
 #include "tessera/backend/cuda/matmul.cuh"
+#include "tessera/config/config.h"
 #include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera::cuda {
 
+class CudnnAttention;
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device);
+  explicit CudaBackend(int device, AttentionBackend attention = AttentionBackend::Auto);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -41,6 +61,9 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device{DeviceKind::CUDA, device_}; }
   std::string description() const override;
   cudaStream_t stream() const { return stream_; }
+  // Whether cuDNN attention is loaded (attention_backend cudnn or auto), and why not.
+  bool cudnn_attention_loaded() const { return cudnn_ != nullptr; }
+  const std::string& cudnn_unavailable_reason() const { return cudnn_unavailable_; }
 
   void* allocate(size_t bytes, const char* what) override;
   void release(void* ptr) override;
@@ -91,6 +114,13 @@ class CudaBackend final : public Backend {
   // At least `bytes` of device scratch, valid until the next call (ops run in stream order,
   // so one op's scratch is free again when the next op starts).
   void* scratch(size_t bytes);
+  // The attention rule above for one call: true = cuDNN, false = Tessera's kernels; throws
+  // ConfigError under attention_backend cudnn when cuDNN cannot take the call.
+  bool use_cudnn_attention(const AttentionShape& s, bool backward,
+                           std::initializer_list<const void*> buffers);
+  // Under auto: remembers that `key` ("forward B=.. T=..") runs on Tessera's kernels and says
+  // why on stderr; under cudnn: throws ConfigError.
+  void cudnn_attention_fallback(const std::string& key, const std::string& why);
   // Device copy of the chunk table for these segments, rebuilt only when they change.
   const AdamWChunk* adamw_chunk_table(std::span<const ParamSegment> segments, int64_t params,
                                       int64_t* count);
@@ -104,6 +134,11 @@ class CudaBackend final : public Backend {
   size_t scratch_bytes_ = 0;
   void* lt_workspace_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;
+
+  AttentionBackend attention_ = AttentionBackend::Auto;
+  std::unique_ptr<CudnnAttention> cudnn_;  // null: Tessera's kernels only
+  std::string cudnn_unavailable_;          // why cudnn_ is null under auto/cudnn
+  std::set<std::string> attention_fallbacks_;  // "direction shape" that run on Tessera's (auto)
 
   std::vector<ParamSegment> adamw_segments_;  // what the device chunk table was built from
   int64_t adamw_params_ = -1;

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "tessera/config/config.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera::cuda {
@@ -15,7 +16,10 @@ int device_count();
 // version"; empty when a device is available.
 std::string unavailable_reason();
 
-// The backend on device `device` (0-based). Throws ConfigError for an index out of range.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+// The backend on device `device` (0-based), attention on `attention` (the rule is in
+// cuda_backend.cuh). Throws ConfigError for an index out of range, and for
+// AttentionBackend::Cudnn when cuDNN cannot be loaded (naming why).
+std::unique_ptr<Backend> make_cuda_backend(int device,
+                                           AttentionBackend attention = AttentionBackend::Auto);
 
 }  // namespace tessera::cuda

@@ -1,0 +1,310 @@
+#include "tessera/bench/attention_bench.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessera/bench/report_output.h"
+#include "tessera/core/error.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera::bench {
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: tessera bench attention [--seqs 1024,2048,4096,8192,16384,32768]
+         [--head_dims 64,128] [--heads 32] [--kv_heads 8] [--masks causal,full,window]
+         [--window 4096] [--tokens 16384 | --batch B] [--passes forward,backward]
+         [--attention_backend auto|tessera|cudnn] [--device auto|cpu|cuda] [--gpu NAME]
+         [--warmup 5] [--iters 20] [-o DIR]
+
+The fused attention op over masks, GQA ratios (--kv_heads 32,8,1 sweeps them), head dims and
+sequence lengths; batch = max(1, tokens / seq) unless --batch. Window rows are skipped where
+the window covers the sequence. --attention_backend picks the kernels as the training key of
+that name does. Each row is checked before timing (T=200 against the CPU reference; forward
+rows also sampled at full size against a host softmax).
+TFLOP/s: forward 4*B*H*D*pairs with pairs = T^2/2 causal, T^2 full, the exact band for a
+window; backward 2.5x forward. -o DIR writes bench_attention.csv and .md.
+)";
+
+constexpr int64_t kSmallSeq = 200;  // not a multiple of any tile
+constexpr int kSampledRows = 4;
+
+// qkv, out, lse (+ dout, dqkv for the backward) of one problem, in one allocation.
+struct AttentionTensors {
+  DeviceBuffer buffer;
+  Tensor qkv, out, lse, dout, dqkv;
+};
+
+size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+size_t set_bytes(const AttentionProblem& p, DType dt) {
+  const AttentionShape s = p.shape();
+  const size_t qkv = aligned(s.tokens() * s.qkv_width() * dtype_size(dt));
+  const size_t out = aligned(s.tokens() * s.heads * s.head_dim * dtype_size(dt));
+  const size_t lse = aligned(s.batch * s.heads * s.seq * sizeof(float));
+  return qkv + out + lse + (p.backward ? qkv + out : 0);
+}
+
+AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint64_t seed) {
+  const AttentionShape s = p.shape();
+  AttentionTensors t;
+  t.buffer = DeviceBuffer(b, set_bytes(p, dt), "attention benchmark tensors");
+  size_t at = 0;
+  auto take = [&](DType d, Shape shape) {
+    const Tensor x = t.buffer.tensor(d, shape, at);
+    at += aligned(x.nbytes());
+    return x;
+  };
+  t.qkv = take(dt, {s.batch, s.seq, s.qkv_width()});
+  t.out = take(dt, {s.batch, s.seq, s.heads * s.head_dim});
+  t.lse = take(DType::F32, {s.batch, s.heads, s.seq});
+  b.init_normal(t.qkv, seed, 0, 0.0f, 1.0f);
+  if (p.backward) {
+    t.dout = take(dt, {s.batch, s.seq, s.heads * s.head_dim});
+    t.dqkv = take(dt, {s.batch, s.seq, s.qkv_width()});
+    b.init_normal(t.dout, seed + 1, 0, 0.0f, 1.0f);
+  }
+  return t;
+}
+
+void run(Backend& b, const AttentionProblem& p, const AttentionTensors& t) {
+  if (p.backward)
+    b.attention_backward(t.dqkv, t.dout, t.out, t.lse, t.qkv, p.shape());
+  else
+    b.attention_forward(t.out, t.lse, t.qkv, p.shape());
+}
+
+// Output row and log-sum-exp of query (b, t, h), in double, from the host copy of qkv.
+void host_attention_row(const AttentionShape& s, const std::vector<float>& qkv, int64_t b,
+                        int64_t t, int64_t h, std::vector<double>& out, double& lse) {
+  const int64_t W = s.qkv_width(), D = s.head_dim, kvh = h / (s.heads / s.kv_heads);
+  const float* q = &qkv[(b * s.seq + t) * W + h * D];
+  const int64_t first = s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
+  const int64_t last = s.causal ? t : s.seq - 1;
+  std::vector<double> score;
+  double max = -INFINITY;
+  for (int64_t j = first; j <= last; ++j) {
+    const float* k = &qkv[(b * s.seq + j) * W + (s.heads + kvh) * D];
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * k[d];
+    score.push_back(dot * s.scale);
+    max = std::max(max, score.back());
+  }
+  double sum = 0;
+  for (double& x : score) sum += (x = std::exp(x - max));
+  out.assign(D, 0.0);
+  for (int64_t j = first; j <= last; ++j) {
+    const float* v = &qkv[(b * s.seq + j) * W + (s.heads + s.kv_heads + kvh) * D];
+    for (int64_t d = 0; d < D; ++d) out[d] += score[j - first] / sum * v[d];
+  }
+  lse = max + std::log(sum);
+}
+
+}  // namespace
+
+AttentionShape AttentionProblem::shape() const {
+  AttentionShape s;
+  s.batch = batch, s.seq = seq, s.heads = heads, s.kv_heads = kv_heads, s.head_dim = head_dim;
+  s.causal = causal;
+  s.window = window;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return s;
+}
+
+std::string AttentionProblem::mask() const {
+  if (window > 0) return fmt::format("window {}", window);
+  return causal ? "causal" : "full";
+}
+
+double visible_pairs(int64_t seq, bool causal, int64_t window) {
+  const double T = static_cast<double>(seq);
+  if (window <= 0 || window >= seq) return causal ? T * T / 2 : T * T;  // the convention
+  double pairs = 0;  // the exact band: query i sees keys (i - window, i] (or to T - 1 if full)
+  for (int64_t i = 0; i < seq; ++i)
+    pairs += static_cast<double>((causal ? i : seq - 1) - std::max<int64_t>(0, i - window + 1) + 1);
+  return pairs;
+}
+
+double AttentionProblem::forward_flops() const {
+  return 4.0 * batch * heads * head_dim * visible_pairs(seq, causal, window);
+}
+
+AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
+  Backend& dev = *ctx.device;
+  AttentionCheck r;
+  {  // The same kind at T=200 against the CPU reference, forward and backward on both.
+    AttentionProblem small = p;
+    small.batch = 1;
+    small.seq = kSmallSeq;
+    small.kv_heads = std::min<int64_t>(p.kv_heads, 2);
+    small.heads = small.kv_heads * (p.heads / p.kv_heads);
+    if (p.window > 0) small.window = std::min<int64_t>(p.window, 64);
+    small.backward = true;
+    const AttentionShape s = small.shape();
+    const AttentionTensors d = allocate(dev, small, ctx.dtype, 31);
+    dev.attention_forward(d.out, d.lse, d.qkv, s);
+    dev.attention_backward(d.dqkv, d.dout, d.out, d.lse, d.qkv, s);
+    Backend& ref = *ctx.reference;
+    const AttentionTensors h = allocate(ref, small, DType::F32, 31);
+    upload_floats(ref, h.qkv, download_floats(dev, d.qkv));
+    upload_floats(ref, h.dout, download_floats(dev, d.dout));
+    ref.attention_forward(h.out, h.lse, h.qkv, s);
+    ref.attention_backward(h.dqkv, h.dout, h.out, h.lse, h.qkv, s);
+    // The op-test registry's tolerances for bf16 attention (tests/gpu/op_registry_test.cpp).
+    const double out_err = relative_error(download_floats(dev, d.out), download_floats(ref, h.out));
+    const double lse_err = relative_error(download_floats(dev, d.lse), download_floats(ref, h.lse));
+    const double dqkv_err =
+        relative_error(download_floats(dev, d.dqkv), download_floats(ref, h.dqkv));
+    r.rel_err = p.backward ? dqkv_err : out_err;
+    if (!(out_err <= 2e-2 && lse_err <= 1e-3 && dqkv_err <= 3e-2)) {
+      r.failure = fmt::format(
+          "T={} H={} KV={} against the CPU reference: out {:.3g} (max 2e-2), "
+          "lse {:.3g} (1e-3), dqkv {:.3g} (3e-2)",
+          s.seq, s.heads, s.kv_heads, out_err, lse_err, dqkv_err);
+      return r;
+    }
+  }
+  if (!p.backward) {  // full size: sampled query rows against the host, in double
+    AttentionProblem fwd = p;
+    const AttentionShape s = fwd.shape();
+    const AttentionTensors d = allocate(dev, fwd, ctx.dtype, 41);
+    dev.attention_forward(d.out, d.lse, d.qkv, s);
+    const std::vector<float> qkv = download_floats(dev, d.qkv), out = download_floats(dev, d.out);
+    const std::vector<float> lse = download_floats(dev, d.lse);
+    for (int i = 0; i < kSampledRows; ++i) {
+      // Rows spread over the sequence (first and last tokens included) and over heads.
+      const int64_t b = i % s.batch, h = (i * 7) % s.heads;
+      const int64_t t = i == 0 ? 0 : i == kSampledRows - 1 ? s.seq - 1 : s.seq * i / kSampledRows;
+      std::vector<double> want;
+      double want_lse = 0;
+      host_attention_row(s, qkv, b, t, h, want, want_lse);
+      std::vector<float> got(s.head_dim), ref(s.head_dim);
+      for (int64_t k = 0; k < s.head_dim; ++k) {
+        got[k] = out[(b * s.seq + t) * s.heads * s.head_dim + h * s.head_dim + k];
+        ref[k] = static_cast<float>(want[k]);
+      }
+      const double err = relative_error(got, ref);
+      const double lse_err = std::fabs(lse[(b * s.heads + h) * s.seq + t] - want_lse);
+      if (!(err <= 3e-2 && lse_err <= 1e-2)) {
+        r.failure = fmt::format(
+            "full size: query (b={}, t={}, h={}) output off by {:.3g} "
+            "(relative), lse by {:.3g}",
+            b, t, h, err, lse_err);
+        return r;
+      }
+    }
+  }
+  r.ok = true;
+  return r;
+}
+
+AttentionResult run_attention(BenchContext& ctx, const AttentionProblem& p) {
+  AttentionResult r;
+  try {
+    r.check = check_attention(ctx, p);
+    if (!r.check.ok) return r;
+    const int sets = rotation_sets(set_bytes(p, ctx.dtype), ctx.cache_bytes, ctx.budget_bytes);
+    std::vector<AttentionTensors> tensors;
+    for (int s = 0; s < sets; ++s) {
+      tensors.push_back(allocate(*ctx.device, p, ctx.dtype, 100 + 10 * s));
+      const AttentionTensors& t = tensors.back();
+      if (p.backward) ctx.device->attention_forward(t.out, t.lse, t.qkv, p.shape());  // its input
+    }
+    r.timing = measure(
+        *ctx.device, [&](int i) { run(*ctx.device, p, tensors[i % sets]); }, ctx.warmup, ctx.iters);
+    r.tflops = p.flops() / (r.timing.median_ms * 1e-3) / 1e12;
+  } catch (const Error& e) {
+    r.check.ok = false;
+    r.check.failure = e.what();
+  }
+  return r;
+}
+
+int attention_bench_command(const std::vector<std::string>& args) {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kUsage);
+    return 0;
+  }
+  std::set<std::string> valued = kCommonOptions;
+  valued.insert({"seqs", "head_dims", "heads", "kv_heads", "masks", "window", "tokens", "batch",
+                 "passes", "attention_backend"});
+  const CommandArgs a(args, valued, {}, false);
+  BenchContext ctx = make_context(context_options(a));
+  const int64_t heads = a.get_int("heads", 32), window = a.get_int("window", 4096);
+  const int64_t tokens = a.get_int("tokens", 16384);
+  std::vector<AttentionProblem> problems;
+  for (const std::string& pass : a.get_list("passes", {"forward", "backward"})) {
+    if (pass != "forward" && pass != "backward")
+      throw ConfigError("command line", "passes", pass, "forward and/or backward");
+    for (int64_t kv : a.get_int_list("kv_heads", {8})) {
+      if (heads % kv != 0)
+        throw ConfigError("command line", "kv_heads", std::to_string(kv),
+                          fmt::format("a divisor of --heads {}", heads));
+      for (int64_t d : a.get_int_list("head_dims", {64, 128}))
+        for (const std::string& mask : a.get_list("masks", {"causal", "full", "window"})) {
+          if (mask != "causal" && mask != "full" && mask != "window")
+            throw ConfigError("command line", "masks", mask, "causal, full and/or window");
+          for (int64_t t : a.get_int_list("seqs", {1024, 2048, 4096, 8192, 16384, 32768})) {
+            if (mask == "window" && window >= t) continue;
+            AttentionProblem p;
+            p.batch = a.get_int("batch", std::max<int64_t>(1, tokens / t));
+            p.seq = t, p.heads = heads, p.kv_heads = kv, p.head_dim = d;
+            p.causal = mask != "full";
+            p.window = mask == "window" ? window : 0;
+            p.backward = pass == "backward";
+            problems.push_back(p);
+          }
+        }
+    }
+  }
+
+  const double peak = ctx.spec ? analysis::peak_tflops(*ctx.spec, dtype_name(ctx.dtype)) : 0;
+  analysis::Table t;
+  t.name = "bench_attention";
+  t.title = fmt::format("Attention ({} kernels) on {}", a.get("attention_backend", "auto"),
+                        ctx.description);
+  t.note = fmt::format(
+      "{} q/k/v; median of {} samples after {} warm-up calls; TFLOP/s with forward = 4*B*H*D*"
+      "pairs (causal T^2/2, full T^2, window: exact band), backward = 2.5x forward; {}.",
+      dtype_name(ctx.dtype), ctx.iters, ctx.warmup,
+      peak_note(ctx, peak, std::string(dtype_name(ctx.dtype)) + " peak", "TFLOP/s"));
+  t.columns = {{"pass", true},  {"mask", true},     {"batch", true},    {"seq", true},
+               {"heads", true}, {"kv_heads", true}, {"head_dim", true}, {"median_ms"},
+               {"tflops"},      {"pct_of_peak"},    {"check_rel_err"},  {"status"}};
+  StatusLine status(static_cast<int>(problems.size()));
+  int failures = 0;
+  for (const AttentionProblem& p : problems) {
+    const std::string pass = p.backward ? "backward" : "forward";
+    status.step(fmt::format("{} {} B={} T={} H={} KV={} D={}", pass, p.mask(), p.batch, p.seq,
+                            p.heads, p.kv_heads, p.head_dim));
+    std::vector<analysis::Cell> row = {pass,    p.mask(),   p.batch,   p.seq,
+                                       p.heads, p.kv_heads, p.head_dim};
+    const AttentionResult r = run_attention(ctx, p);
+    if (!r.check.ok) {
+      ++failures;
+      row.insert(row.end(), {analysis::Cell{}, analysis::Cell{}, analysis::Cell{}, r.check.rel_err,
+                             "FAILED: " + r.check.failure});
+    } else {
+      row.insert(row.end(),
+                 {r.timing.median_ms, r.tflops, analysis::cell_or_empty(percent_of(r.tflops, peak)),
+                  r.check.rel_err, std::string("ok")});
+    }
+    t.rows.push_back(row);
+  }
+  const double seconds = status.finish();
+  std::string md = markdown_table(t);
+  md += fmt::format(
+      "\n{} attention problems checked and timed in {:.1f} s{}.\n", problems.size(), seconds,
+      failures ? fmt::format("; {} FAILED their check (no timing reported)", failures) : "");
+  fmt::print("{}", md);
+  if (a.has("output"))
+    for (const auto& f : write_outputs(a.get("output", ""), {t}, "bench_attention.md", md))
+      fmt::print("wrote {}\n", f);
+  return failures ? kExitRuntimeFailure : 0;
+}
+
+}  // namespace tessera::bench

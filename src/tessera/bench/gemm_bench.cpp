@@ -1,0 +1,370 @@
+#include "tessera/bench/gemm_bench.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "tessera/bench/report_output.h"
+#include "tessera/config/config.h"
+#include "tessera/core/error.h"
+#include "tessera/ops/device_buffer.h"
+#include "tessera/plan/memory_plan.h"
+
+namespace tessera::bench {
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: tessera bench gemm [--sizes 1024,2048,4096,8192,16384] [--layouts NN,NT,TN]
+                          [--epilogues none,bias] [--config EXPERIMENT [--key value ...]]
+                          [--device auto|cpu|cuda] [--gpu NAME] [--warmup 5] [--iters 20] [-o DIR]
+
+Matmul through the op API in the run's compute dtype (bf16 on GPUs, fp32 on the CPU):
+square sizes x layouts x epilogues (none, bias, residual), or with --config the GEMMs of one
+training step of that experiment (e.g. --config llama3.1_8B-pretrain --micro_batch_size 1).
+Each problem is checked (small case vs the CPU reference, sampled entries at full size)
+before it is timed: median over --iters samples after --warmup calls, inputs rotated beyond
+twice the L2. Columns: TFLOP/s (2MNK), GB/s (operands once + output), FLOPs/byte, % of the
+datasheet peak of --gpu (default: the visible GPU). -o DIR writes bench_gemm.csv and .md.
+)";
+
+constexpr int64_t kSmallM = 200, kSmallN = 136, kSmallK = 72;  // multiples of 8, not of tiles
+constexpr int kSamples = 64;
+constexpr float kAccumulateStart = 0.5f;  // what `out` holds before an accumulating call
+
+// The tensors of one problem in one allocation, with random operands.
+struct GemmTensors {
+  DeviceBuffer buffer;
+  Tensor a, b, out, bias, c;
+};
+
+size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+size_t set_bytes(const GemmProblem& p, DType in, DType out) {
+  return aligned(p.m * p.k * dtype_size(in)) + aligned(p.k * p.n * dtype_size(in)) +
+         aligned(p.m * p.n * dtype_size(out)) +
+         (p.epilogue == Epilogue::Bias ? aligned(p.n * dtype_size(in)) : 0) +
+         (p.epilogue == Epilogue::Residual ? aligned(p.m * p.n * dtype_size(out)) : 0);
+}
+
+GemmTensors allocate(Backend& b, const GemmProblem& p, DType in, DType out, uint64_t seed) {
+  GemmTensors t;
+  t.buffer = DeviceBuffer(b, set_bytes(p, in, out), "gemm benchmark operands");
+  size_t at = 0;
+  auto take = [&](DType dt, Shape shape) {
+    const Tensor x = t.buffer.tensor(dt, shape, at);
+    at += aligned(x.nbytes());
+    return x;
+  };
+  t.a = take(in, p.trans_a ? Shape{p.k, p.m} : Shape{p.m, p.k});
+  t.b = take(in, p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n});
+  t.out = take(out, {p.m, p.n});
+  b.init_normal(t.a, seed, 0, 0.0f, 1.0f);
+  b.init_normal(t.b, seed + 1, 0, 0.0f, 1.0f);
+  b.fill(t.out, kAccumulateStart);
+  if (p.epilogue == Epilogue::Bias) {
+    t.bias = take(in, {p.n});
+    b.init_normal(t.bias, seed + 2, 0, 0.0f, 1.0f);
+  }
+  if (p.epilogue == Epilogue::Residual) {
+    t.c = take(out, {p.m, p.n});
+    b.init_normal(t.c, seed + 3, 0, 0.0f, 1.0f);
+  }
+  return t;
+}
+
+MatmulArgs matmul_args(const GemmProblem& p, const GemmTensors& t) {
+  MatmulArgs m;
+  m.out = t.out;
+  m.a = t.a;
+  m.b = t.b;
+  m.trans_a = p.trans_a;
+  m.trans_b = p.trans_b;
+  m.beta = p.epilogue == Epilogue::Residual || p.epilogue == Epilogue::Accumulate ? 1.0f : 0.0f;
+  m.c = t.c;
+  m.bias = t.bias;
+  return m;
+}
+
+DType out_dtype(const BenchContext& ctx, const GemmProblem& p) {
+  return p.fp32_out ? DType::F32 : ctx.dtype;
+}
+
+// A copy of the device tensor's values in a new fp32 tensor on the reference backend.
+Tensor mirror(Backend& device, Backend& ref, const Tensor& t, std::vector<DeviceBuffer>& keep) {
+  if (!t.defined()) return {};
+  keep.emplace_back(ref, t.numel() * sizeof(float), "gemm reference operand");
+  const Tensor r = keep.back().tensor(DType::F32, t.shape);
+  upload_floats(ref, r, download_floats(device, t));
+  return r;
+}
+
+// Median time of `p` over rotated input sets, into r.
+void time_gemm(BenchContext& ctx, const GemmProblem& p, GemmResult& r) {
+  const DType out = out_dtype(ctx, p);
+  const int sets = rotation_sets(set_bytes(p, ctx.dtype, out), ctx.cache_bytes, ctx.budget_bytes);
+  std::vector<GemmTensors> tensors;
+  std::vector<MatmulArgs> calls;
+  for (int s = 0; s < sets; ++s)
+    tensors.push_back(allocate(*ctx.device, p, ctx.dtype, out, 100 + 10 * s));
+  for (const GemmTensors& g : tensors) calls.push_back(matmul_args(p, g));
+  r.timing = measure(
+      *ctx.device, [&](int i) { ctx.device->matmul(calls[i % sets]); }, ctx.warmup, ctx.iters);
+  r.tflops = p.flops() / (r.timing.median_ms * 1e-3) / 1e12;
+  r.gbps = p.bytes(ctx.dtype, out) / (r.timing.median_ms * 1e-3) / 1e9;
+}
+
+}  // namespace
+
+std::string GemmProblem::layout() const {
+  return std::string(trans_a ? "T" : "N") + (trans_b ? "T" : "N");
+}
+
+double GemmProblem::bytes(DType in, DType out) const {
+  const double read_out = epilogue == Epilogue::None || epilogue == Epilogue::Bias ? 0 : 1;
+  return static_cast<double>(m * k + k * n) * dtype_size(in) +
+         (1 + read_out) * static_cast<double>(m * n) * dtype_size(out) +
+         (epilogue == Epilogue::Bias ? static_cast<double>(n) * dtype_size(in) : 0);
+}
+
+std::string_view epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::None:
+      return "none";
+    case Epilogue::Bias:
+      return "bias";
+    case Epilogue::Residual:
+      return "residual";
+    case Epilogue::Accumulate:
+      return "accumulate";
+  }
+  return "?";
+}
+
+std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt) {
+  const int64_t T = rt.micro_batch * rt.seq_length, L = s.num_layers;
+  const int64_t C = s.hidden, F = s.ffn, Q = s.qkv_width(), A = s.attn_width(), V = s.vocab_size;
+  const int64_t chunk = std::min(T, rt.cross_entropy_chunk_tokens);
+  const int64_t chunks = (T + chunk - 1) / chunk;
+  std::vector<GemmProblem> g;
+  // Forward: out (tokens, out_features) = in @ W^T.
+  auto fwd = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, Epilogue e,
+                 int64_t calls) {
+    g.push_back({name + " forward", rows, out_f, in_f, false, true, e, false, calls});
+  };
+  // Data gradient: din (tokens, in_features) = dout @ W.
+  auto dgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls) {
+    g.push_back({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls});
+  };
+  // Weight gradient: dW (out_features, in_features) += dout^T @ in, in fp32.
+  auto wgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls) {
+    g.push_back(
+        {name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls});
+  };
+  fwd("qkv", T, Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None, L);
+  fwd("o_proj", T, C, A, Epilogue::Residual, L);
+  fwd("gate_up", T, 2 * F, C, Epilogue::None, L);
+  fwd("down", T, C, F, Epilogue::Residual, L);
+  fwd("lm_head", chunk, V, C, Epilogue::None, chunks);
+  dgrad("lm_head", chunk, V, C, chunks);
+  dgrad("down", T, C, F, L);
+  dgrad("gate_up", T, 2 * F, C, L);
+  dgrad("o_proj", T, C, A, L);
+  dgrad("qkv", T, Q, C, L);
+  wgrad("lm_head", chunk, V, C, chunks);
+  wgrad("down", T, C, F, L);
+  wgrad("gate_up", T, 2 * F, C, L);
+  wgrad("o_proj", T, C, A, L);
+  wgrad("qkv", T, Q, C, L);
+  return g;
+}
+
+GemmCheck check_gemm(BenchContext& ctx, const GemmProblem& p) {
+  Backend& dev = *ctx.device;
+  GemmCheck r;
+  const DType out = out_dtype(ctx, p);
+  {  // A small problem of the same kind against the CPU reference.
+    GemmProblem small = p;
+    small.m = kSmallM, small.n = kSmallN, small.k = kSmallK;
+    const GemmTensors d = allocate(dev, small, ctx.dtype, out, 11);
+    dev.matmul(matmul_args(small, d));
+    std::vector<DeviceBuffer> keep;
+    GemmTensors ref;
+    ref.a = mirror(dev, *ctx.reference, d.a, keep);
+    ref.b = mirror(dev, *ctx.reference, d.b, keep);
+    ref.bias = mirror(dev, *ctx.reference, d.bias, keep);
+    ref.c = mirror(dev, *ctx.reference, d.c, keep);
+    keep.emplace_back(*ctx.reference, small.m * small.n * sizeof(float), "gemm reference out");
+    ref.out = keep.back().tensor(DType::F32, {small.m, small.n});
+    ctx.reference->fill(ref.out, kAccumulateStart);
+    ctx.reference->matmul(matmul_args(small, ref));
+    r.small_rel_err =
+        relative_error(download_floats(dev, d.out), download_floats(*ctx.reference, ref.out));
+    // bf16 outputs round to 8 significant bits; fp32 outputs differ only in summation order.
+    const double tol = out == DType::BF16 ? 1e-2 : 1e-4;
+    if (!(r.small_rel_err <= tol)) {
+      r.failure = fmt::format(
+          "small case {}x{}x{}: relative error {:.3g} > {:.0e} against the "
+          "CPU reference",
+          small.m, small.n, small.k, r.small_rel_err, tol);
+      return r;
+    }
+  }
+  // The full size: sampled entries against dot products on the host, in double.
+  const GemmTensors d = allocate(dev, p, ctx.dtype, out, 21);
+  dev.matmul(matmul_args(p, d));
+  const std::vector<float> a = download_floats(dev, d.a), b = download_floats(dev, d.b);
+  const std::vector<float> got = download_floats(dev, d.out);
+  const std::vector<float> bias =
+      d.bias.defined() ? download_floats(dev, d.bias) : std::vector<float>{};
+  const std::vector<float> c = d.c.defined() ? download_floats(dev, d.c) : std::vector<float>{};
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&](int64_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(bound));
+  };
+  for (int s = 0; s < kSamples; ++s) {
+    const int64_t i = next(p.m), j = next(p.n);
+    double ref = 0;
+    for (int64_t kk = 0; kk < p.k; ++kk) {
+      const double x = a[p.trans_a ? kk * p.m + i : i * p.k + kk];
+      const double y = b[p.trans_b ? j * p.k + kk : kk * p.n + j];
+      ref += x * y;
+    }
+    if (p.epilogue == Epilogue::Bias) ref += bias[j];
+    if (p.epilogue == Epilogue::Residual) ref += c[i * p.n + j];
+    if (p.epilogue == Epilogue::Accumulate) ref += kAccumulateStart;
+    const double tol = (out == DType::BF16 ? 8e-3 : 1e-5) * std::fabs(ref) +
+                       2e-3 * std::sqrt(static_cast<double>(p.k)) + 1e-2;
+    const double err = std::fabs(got[i * p.n + j] - ref);
+    if (!(err <= tol)) {
+      r.failure = fmt::format("full size: out[{}, {}] = {} but the host computes {:.6g}", i, j,
+                              got[i * p.n + j], ref);
+      return r;
+    }
+  }
+  r.ok = true;
+  return r;
+}
+
+GemmResult run_gemm(BenchContext& ctx, const GemmProblem& p) {
+  GemmResult r;
+  try {
+    r.check = check_gemm(ctx, p);
+    if (r.check.ok) time_gemm(ctx, p, r);
+  } catch (const Error& e) {
+    r.check.ok = false;
+    r.check.failure = e.what();
+  }
+  return r;
+}
+
+int gemm_bench_command(const std::vector<std::string>& args) {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kUsage);
+    return 0;
+  }
+  std::set<std::string> valued = kCommonOptions;
+  valued.insert({"sizes", "layouts", "epilogues", "config"});
+  const CommandArgs a(args, valued, {}, true);
+  if (!a.unknown().empty() && !a.has("config"))
+    throw ConfigError("command line", a.unknown().front(), "",
+                      "an option of bench gemm (experiment keys need --config)");
+  BenchContext ctx = make_context(context_options(a));
+
+  std::vector<GemmProblem> problems;
+  const bool model = a.has("config");
+  if (model) {
+    LoadOptions lo;
+    lo.config_path = a.get("config", "");
+    lo.cli_overrides = a.unknown();
+    const Experiment e = load_experiment(lo);
+    problems = model_gemms(plan::planned_spec(e), plan::planned_runtime(e, ctx.dtype));
+  } else {
+    const std::vector<int64_t> sizes = a.get_int_list("sizes", {1024, 2048, 4096, 8192, 16384});
+    for (int64_t n : sizes)
+      for (const std::string& layout : a.get_list("layouts", {"NN", "NT", "TN"})) {
+        if (layout.size() != 2 || layout.find_first_not_of("NT") != std::string::npos)
+          throw ConfigError("command line", "layouts", layout, "NN, NT, TN or TT");
+        for (const std::string& ep : a.get_list("epilogues", {"none", "bias"})) {
+          GemmProblem p{fmt::format("{}^3", n), n, n, n, layout[0] == 'T', layout[1] == 'T'};
+          if (ep == "bias")
+            p.epilogue = Epilogue::Bias;
+          else if (ep == "residual")
+            p.epilogue = Epilogue::Residual;
+          else if (ep != "none")
+            throw ConfigError("command line", "epilogues", ep, "none, bias or residual");
+          problems.push_back(p);
+        }
+      }
+  }
+
+  const double peak = ctx.spec ? analysis::peak_tflops(*ctx.spec, dtype_name(ctx.dtype)) : 0;
+  analysis::Table t;
+  t.name = "bench_gemm";
+  t.title = fmt::format("GEMM on {}", ctx.description);
+  t.note = fmt::format(
+      "{} operands; median of {} samples after {} warm-up calls; TFLOP/s = 2MNK / time; GB/s "
+      "counts operands once and the output (read too with residual/accumulate); {}.",
+      dtype_name(ctx.dtype), ctx.iters, ctx.warmup,
+      peak_note(ctx, peak, std::string(dtype_name(ctx.dtype)) + " peak", "TFLOP/s"));
+  t.columns = {{"gemm", true},     {"layout", true}, {"m", true},       {"n", true}, {"k", true},
+               {"epilogue", true}, {"out_dtype"},    {"median_ms"},     {"tflops"},  {"gbps"},
+               {"flops_per_byte"}, {"pct_of_peak"},  {"check_rel_err"}, {"status"}};
+  if (model) t.columns.insert(t.columns.begin() + 6, {{"calls_per_step"}, {"ms_per_step"}});
+
+  StatusLine status(static_cast<int>(problems.size()));
+  int failures = 0;
+  double step_ms = 0, step_flops = 0;
+  for (const GemmProblem& p : problems) {
+    const DType out = out_dtype(ctx, p);
+    status.step(fmt::format("{} {} {}x{}x{} {}", p.name, p.layout(), p.m, p.n, p.k,
+                            epilogue_name(p.epilogue)));
+    std::vector<analysis::Cell> row = {p.name,
+                                       p.layout(),
+                                       p.m,
+                                       p.n,
+                                       p.k,
+                                       std::string(epilogue_name(p.epilogue)),
+                                       std::string(dtype_name(out))};
+    if (model) row.insert(row.begin() + 6, {p.calls_per_step, analysis::Cell{}});
+    const GemmResult r = run_gemm(ctx, p);
+    if (!r.check.ok) {
+      ++failures;
+      row.insert(row.end(),
+                 {analysis::Cell{}, analysis::Cell{}, analysis::Cell{}, analysis::Cell{},
+                  analysis::Cell{}, r.check.small_rel_err, "FAILED: " + r.check.failure});
+      t.rows.push_back(row);
+      continue;
+    }
+    const double ms = r.timing.median_ms;
+    if (model) {
+      row[7] = ms * p.calls_per_step;
+      step_ms += ms * p.calls_per_step;
+      step_flops += p.flops() * p.calls_per_step;
+    }
+    row.insert(row.end(), {ms, r.tflops, r.gbps, p.flops() / p.bytes(ctx.dtype, out),
+                           analysis::cell_or_empty(percent_of(r.tflops, peak)),
+                           r.check.small_rel_err, std::string("ok")});
+    t.rows.push_back(row);
+  }
+  const double seconds = status.finish();
+
+  std::string md = markdown_table(t);
+  std::string summary =
+      fmt::format("{} GEMM problems checked and timed in {:.1f} s", problems.size(), seconds);
+  if (model && step_ms > 0)
+    summary += fmt::format("; one training step's GEMMs: {:.2f} ms at {:.1f} TFLOP/s", step_ms,
+                           step_flops / (step_ms * 1e-3) / 1e12);
+  if (failures) summary += fmt::format("; {} FAILED their check (no timing reported)", failures);
+  md += "\n" + summary + ".\n";
+  fmt::print("{}", md);
+  if (a.has("output"))
+    for (const auto& f : write_outputs(a.get("output", ""), {t}, "bench_gemm.md", md))
+      fmt::print("wrote {}\n", f);
+  return failures ? kExitRuntimeFailure : 0;
+}
+
+}  // namespace tessera::bench

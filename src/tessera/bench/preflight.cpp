@@ -1,0 +1,159 @@
+#include "tessera/bench/preflight.h"
+
+#include <fmt/format.h>
+
+#include "tessera/backend/backend_factory.h"
+#include "tessera/bench/gemm_bench.h"
+#include "tessera/bench/gpu_info.h"
+#include "tessera/bench/membw_bench.h"
+#include "tessera/bench/report_output.h"
+
+namespace tessera::bench {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// "13.0" -> 13000, as CUDA encodes versions, so that driver and runtime compare.
+int version_code(const std::string& dotted) {
+  const size_t dot = dotted.find('.');
+  if (dot == std::string::npos) return 0;
+  return std::stoi(dotted.substr(0, dot)) * 1000 + std::stoi(dotted.substr(dot + 1)) * 10;
+}
+
+class Checks {
+ public:
+  explicit Checks(analysis::Table& t) : t_(t) {}
+  void add(const std::string& check, const std::string& value, const char* verdict,
+           const std::string& detail) {
+    t_.rows.push_back({check, value, std::string(verdict), detail});
+    if (std::string_view(verdict) == "warn") ++warnings_;
+  }
+  // pass when `ok`, warn otherwise.
+  void expect(bool ok, const std::string& check, const std::string& value,
+              const std::string& detail) {
+    add(check, value, ok ? "pass" : "warn", detail);
+  }
+  int warnings() const { return warnings_; }
+
+ private:
+  analysis::Table& t_;
+  int warnings_ = 0;
+};
+
+std::string library_line(const std::string& version) {
+  return version.starts_with("not found") ? "not found" : version;
+}
+
+}  // namespace
+
+PreflightReport run_preflight(const PreflightOptions& o) {
+  PreflightReport r;
+  analysis::Table& t = r.checks;
+  t.name = "preflight";
+  t.title = "Tessera preflight";
+  t.note = fmt::format(
+      "pass/warn per line; measurements against configs/gpus.yaml datasheet values: GEMM "
+      "(bf16 {0}^3, NT) >= {1:.0f}% of the dense bf16 peak, copy ({2} MiB device to device, "
+      "read + write bytes) >= {3:.0f}% of the HBM bandwidth.",
+      o.gemm_size, 100 * kGemmPassFraction, o.copy_mib, 100 * kCopyPassFraction);
+  t.columns = {{"check", true}, {"value"}, {"verdict"}, {"detail"}};
+  Checks c(t);
+  c.add("tessera", TESSERA_VERSION, "info",
+        built_with_cuda() ? "built with the CUDA backend" : "built without the CUDA backend");
+
+  const int gpus = cuda_device_count();
+  const std::optional<GpuInfo> g = gpu_info(0);
+  if (!g) {
+    c.add("GPU", "none", "warn", no_gpu_reason());
+    c.add("GEMM", "not run", "warn", "no GPU");
+    c.add("copy bandwidth", "not run", "warn", "no GPU");
+  } else {
+    for (int i = 0; i < gpus; ++i) {
+      const GpuInfo d = i == 0 ? *g : *gpu_info(i);
+      c.add(fmt::format("GPU {}", i), d.name, "info",
+            fmt::format("compute capability {}, {} SMs, {:.0f} MiB L2", d.compute_capability,
+                        d.multiprocessors, d.l2_bytes / (1024.0 * 1024.0)));
+    }
+    c.expect(version_code(g->driver) >= version_code(g->runtime), "CUDA driver", g->driver,
+             fmt::format("supports CUDA {}; the runtime tessera is built with needs {}", g->driver,
+                         g->runtime));
+    c.add("CUDA runtime", g->runtime, "info", "linked statically into tessera");
+    c.add("cuBLASLt", g->cublaslt, "info", "GEMMs");
+    const std::string cudnn = cudnn_version(), nccl = nccl_version();
+    c.expect(!cudnn.starts_with("not found"), "cuDNN", library_line(cudnn),
+             cudnn.starts_with("not found")
+                 ? cudnn + "; attention_backend auto falls back to Tessera's kernels"
+                 : "loaded at run time for attention_backend cudnn/auto");
+    c.expect(!nccl.starts_with("not found"), "NCCL", library_line(nccl),
+             nccl.starts_with("not found") ? nccl + "; needed for multi-GPU runs"
+                                           : "loaded at run time (ncclGetVersion)");
+
+    const std::optional<analysis::GpuSpec> spec = resolve_gpu_spec(o.gpu);
+    if (!spec) {
+      c.add("spec", "unknown", "warn",
+            "no configs/gpus.yaml entry matches '" + g->name +
+                "' (try --gpu NAME): no "
+                "datasheet to compare with");
+    } else {
+      c.add("spec", spec->name, "info", spec->source);
+      c.expect(g->total_bytes >= kCapacityPassFraction * spec->hbm_gb * kGiB, "GPU memory",
+               fmt::format("{:.1f} GiB", g->total_bytes / kGiB),
+               fmt::format("datasheet {:.0f} GB; much less means a MIG slice or another SKU",
+                           spec->hbm_gb));
+    }
+    c.expect(g->free_bytes >= kFreeMemoryPassFraction * g->total_bytes, "free memory",
+             fmt::format("{:.1f} GiB", g->free_bytes / kGiB),
+             fmt::format("{:.0f}% of the total; less means other processes hold GPU memory",
+                         100.0 * g->free_bytes / g->total_bytes));
+
+    StatusLine status(2);
+    ContextOptions co;
+    co.device = DeviceChoice::Cuda;
+    co.gpu = spec ? spec->name : "";
+    co.warmup = 3;
+    co.iters = 10;
+    BenchContext ctx = make_context(co);
+    status.step(fmt::format("GEMM bf16 {}^3", o.gemm_size));
+    const GemmProblem p{
+        fmt::format("{}^3", o.gemm_size), o.gemm_size, o.gemm_size, o.gemm_size, false, true};
+    const GemmResult gemm = run_gemm(ctx, p);
+    const double gemm_peak = spec ? spec->bf16_tflops : 0;
+    if (!gemm.check.ok) {
+      c.add("GEMM", "FAILED", "warn", "wrong result: " + gemm.check.failure);
+    } else {
+      c.expect(gemm_peak > 0 && gemm.tflops >= kGemmPassFraction * gemm_peak, "GEMM",
+               fmt::format("{:.0f} TFLOP/s", gemm.tflops),
+               gemm_peak > 0 ? fmt::format("{:.0f}% of the {:.0f} TFLOP/s bf16 datasheet peak",
+                                           100 * gemm.tflops / gemm_peak, gemm_peak)
+                             : std::string("no datasheet peak to compare with"));
+    }
+    status.step(fmt::format("copy {} MiB", o.copy_mib));
+    const CopyResult copy = run_copy(ctx, static_cast<size_t>(o.copy_mib) << 20);
+    const double copy_peak = spec ? spec->hbm_tbps * 1000 : 0;
+    if (!copy.ok) {
+      c.add("copy bandwidth", "FAILED", "warn", "wrong result: " + copy.failure);
+    } else {
+      c.expect(copy_peak > 0 && copy.gbps >= kCopyPassFraction * copy_peak, "copy bandwidth",
+               fmt::format("{:.0f} GB/s", copy.gbps),
+               copy_peak > 0 ? fmt::format("{:.0f}% of the {:.0f} GB/s HBM datasheet bandwidth",
+                                           100 * copy.gbps / copy_peak, copy_peak)
+                             : std::string("no datasheet bandwidth to compare with"));
+    }
+    status.finish();
+  }
+  if (gpus > 1) {
+    c.add("all-reduce", "not run", "warn",
+          fmt::format("{} GPUs, but this build has no NCCL communicator yet (dist/)", gpus));
+  } else {
+    c.add("all-reduce", "skipped", "info", "needs two or more GPUs");
+  }
+
+  r.warnings = c.warnings();
+  r.markdown =
+      markdown_table(t) +
+      (r.warnings == 0 ? std::string("\nverdict: PASS (every check passed)\n")
+                       : fmt::format("\nverdict: WARN ({} line(s) to look at)\n", r.warnings));
+  return r;
+}
+
+}  // namespace tessera::bench

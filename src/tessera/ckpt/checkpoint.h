@@ -1,0 +1,113 @@
+#pragma once
+// Training checkpoints in Megatron's directory layout (docs/checkpoints.md is the spec):
+//   {save}/latest_checkpointed_iteration.txt   iteration of the newest complete checkpoint
+//   {save}/iter_0000100/model.safetensors       weights in the compute dtype, Tessera names
+//                       optimizer.safetensors   fp32 master weights and AdamW moments
+//                       trainer_state.json      counters, seed, config, model, format version
+// A checkpoint is written into iter_0000100.tmp and renamed when complete; the tracker is
+// replaced atomically afterwards, so a kill at any moment leaves the last complete one.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/config/config.h"
+#include "tessera/model/model_spec.h"
+#include "tessera/model/param_layout.h"
+#include "tessera/ops/backend.h"
+
+namespace tessera {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr const char* kTrackerFileName = "latest_checkpointed_iteration.txt";
+
+// The trainer's counters. With the seed they fix the data position (a batch is a pure
+// function of seed and consumed samples) and the learning rate, so restoring them and the
+// tensors continues a run exactly.
+struct TrainerState {
+  int64_t iteration = 0;  // completed iterations
+  uint64_t consumed_samples = 0;
+  int64_t applied_steps = 0;  // AdamW updates applied: its bias-correction step count
+  int64_t skipped_iterations = 0;
+  int64_t consecutive_nan = 0;
+  int64_t seed = 0;
+  std::string config_yaml;  // the effective configuration, for the record
+};
+
+// Device tensors a checkpoint is written from and loaded into.
+struct TrainingTensors {
+  Backend* backend = nullptr;
+  const ModelSpec* spec = nullptr;
+  const ParamLayout* layout = nullptr;
+  Tensor params;                       // (P) compute dtype
+  Tensor master, exp_avg, exp_avg_sq;  // (P) fp32
+};
+
+std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
+
+// Writes {save_dir}/iter_{state.iteration}/ (replacing one of the same iteration), updates
+// the tracker and deletes all but the newest keep_last checkpoints (0 keeps all). Returns
+// the checkpoint's directory.
+std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& t,
+                            const TrainerState& state, int64_t keep_last);
+
+// A weights-only checkpoint at iteration 0 (fp32 weights, no optimizer state), e.g.
+// converted from Hugging Face: loading it starts training from these weights.
+std::string save_weights_checkpoint(
+    const std::string& save_dir, const ModelSpec& spec,
+    const std::function<std::vector<float>(const ParamInfo&)>& weights);
+
+// The checkpoint `path` names: `path` itself when it holds trainer_state.json, else the
+// latest in the save directory `path` (its tracker file; without one, its newest iter_*
+// directory). Empty when `path` holds no checkpoint.
+std::string find_latest_checkpoint(const std::string& path);
+
+// The checkpoint a run resumes from: the latest under c.load; empty when `load` is unset, or
+// when it is the save directory and holds none yet (the first run of a requeued job). Any
+// other `load` without a checkpoint is a DataError.
+std::string checkpoint_to_resume(const CheckpointConfig& c);
+
+// A checkpoint directory, checked when opened: trainer_state.json parses and has a known
+// format version, every file it lists exists with the recorded size, and every tensor of
+// the model it describes is present with the right dtype and shape. Tensor data is mapped,
+// not read, until asked for. Each problem is a DataError naming the file and what was
+// expected.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+  ~Checkpoint();
+
+  const std::string& dir() const { return dir_; }
+  const TrainerState& state() const { return state_; }
+  const ModelSpec& spec() const { return spec_; }
+  const ParamLayout& layout() const { return layout_; }
+  bool has_optimizer_state() const { return optimizer_ != nullptr; }
+
+  // fp32 master weights of `p` (the model weights when there is no optimizer state).
+  std::vector<float> master(const ParamInfo& p) const;
+  std::vector<float> exp_avg(const ParamInfo& p) const;     // needs optimizer state
+  std::vector<float> exp_avg_sq(const ParamInfo& p) const;  // needs optimizer state
+
+  // Throws DataError naming trainer_state.json and every differing key when the checkpoint
+  // holds a model of other tensor shapes than `configured`; returns the differences that
+  // only change what the weights compute (RoPE, norm epsilon, window), for a warning.
+  std::vector<std::string> require_model(const ModelSpec& configured) const;
+
+ private:
+  std::string dir_;
+  TrainerState state_;
+  ModelSpec spec_;
+  ParamLayout layout_;
+  std::unique_ptr<SafetensorsFile> model_, optimizer_;
+};
+
+// Loads checkpoint `dir` into t.master and the moments (t.params are left for the caller to
+// refresh from the master weights) and returns its state. On any problem throws DataError
+// with the cause and the newest earlier checkpoint beside it that opens cleanly, by name.
+// `warnings` receives behaviour differences between the checkpoint's model and t.spec.
+TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
+                             std::vector<std::string>* warnings);
+
+}  // namespace tessera

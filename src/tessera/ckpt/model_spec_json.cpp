@@ -1,0 +1,102 @@
+#include "tessera/ckpt/model_spec_json.h"
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+nlohmann::json spec_to_json(const ModelSpec& s) {
+  return {
+      {"vocab_size", s.vocab_size},
+      {"num_layers", s.num_layers},
+      {"hidden_size", s.hidden},
+      {"ffn_hidden_size", s.ffn},
+      {"num_attention_heads", s.heads},
+      {"num_query_groups", s.kv_heads},
+      {"kv_channels", s.head_dim},
+      {"max_position_embeddings", s.max_position_embeddings},
+      {"rotary_base", s.rotary_base},
+      {"use_rope_scaling", s.rope_scaling.enabled},
+      {"rope_scaling_factor", s.rope_scaling.factor},
+      {"rope_low_freq_factor", s.rope_scaling.low_freq_factor},
+      {"rope_high_freq_factor", s.rope_scaling.high_freq_factor},
+      {"rope_original_max_position_embeddings", s.rope_scaling.original_max_position_embeddings},
+      // The shortest decimal that reads back as the same float: 1e-05, not 9.99999974e-06.
+      {"norm_epsilon", std::stod(fmt::format("{}", s.norm_eps))},
+      {"add_qkv_bias", s.qkv_bias},
+      {"tied_embeddings", s.tied_embeddings},
+      {"sliding_window", s.sliding_window}};
+}
+
+ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
+  ModelSpec s;
+  try {
+    s.vocab_size = j.at("vocab_size").get<int64_t>();
+    s.num_layers = j.at("num_layers").get<int64_t>();
+    s.hidden = j.at("hidden_size").get<int64_t>();
+    s.ffn = j.at("ffn_hidden_size").get<int64_t>();
+    s.heads = j.at("num_attention_heads").get<int64_t>();
+    s.kv_heads = j.at("num_query_groups").get<int64_t>();
+    s.head_dim = j.at("kv_channels").get<int64_t>();
+    s.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
+    s.rotary_base = j.at("rotary_base").get<double>();
+    s.rope_scaling.enabled = j.at("use_rope_scaling").get<bool>();
+    s.rope_scaling.factor = j.at("rope_scaling_factor").get<double>();
+    s.rope_scaling.low_freq_factor = j.at("rope_low_freq_factor").get<double>();
+    s.rope_scaling.high_freq_factor = j.at("rope_high_freq_factor").get<double>();
+    s.rope_scaling.original_max_position_embeddings =
+        j.at("rope_original_max_position_embeddings").get<int64_t>();
+    s.norm_eps = j.at("norm_epsilon").get<float>();
+    s.qkv_bias = j.at("add_qkv_bias").get<bool>();
+    s.tied_embeddings = j.at("tied_embeddings").get<bool>();
+    s.sliding_window = j.at("sliding_window").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: the model description is incomplete: {}", file, e.what()));
+  }
+  s.tokenizer_vocab = s.vocab_size;
+  return s;
+}
+
+SpecDifferences compare_specs(const ModelSpec& f, const ModelSpec& c, const std::string& label) {
+  SpecDifferences d;
+  auto check = [&](std::vector<std::string>& out, const char* key, const auto& found,
+                   const auto& configured) {
+    if (found != configured)
+      out.push_back(fmt::format("{}: {} in {}, {} configured", key, found, label, configured));
+  };
+  check(d.shape, "vocab_size (padded)", f.vocab_size, c.vocab_size);
+  check(d.shape, "num_layers", f.num_layers, c.num_layers);
+  check(d.shape, "hidden_size", f.hidden, c.hidden);
+  check(d.shape, "ffn_hidden_size", f.ffn, c.ffn);
+  check(d.shape, "num_attention_heads", f.heads, c.heads);
+  check(d.shape, "num_query_groups", f.kv_heads, c.kv_heads);
+  check(d.shape, "kv_channels", f.head_dim, c.head_dim);
+  check(d.shape, "add_qkv_bias", f.qkv_bias, c.qkv_bias);
+  check(d.shape, "untie_embeddings_and_output_weights", !f.tied_embeddings, !c.tied_embeddings);
+  check(d.behaviour, "rotary_base", f.rotary_base, c.rotary_base);
+  check(d.behaviour, "norm_epsilon", f.norm_eps, c.norm_eps);
+  check(d.behaviour, "sliding_window", f.sliding_window, c.sliding_window);
+  check(d.behaviour, "use_rope_scaling", f.rope_scaling.enabled, c.rope_scaling.enabled);
+  if (f.rope_scaling.enabled && c.rope_scaling.enabled) {
+    check(d.behaviour, "rope_scaling_factor", f.rope_scaling.factor, c.rope_scaling.factor);
+    check(d.behaviour, "rope_low_freq_factor", f.rope_scaling.low_freq_factor,
+          c.rope_scaling.low_freq_factor);
+    check(d.behaviour, "rope_high_freq_factor", f.rope_scaling.high_freq_factor,
+          c.rope_scaling.high_freq_factor);
+    check(d.behaviour, "rope_original_max_position_embeddings",
+          f.rope_scaling.original_max_position_embeddings,
+          c.rope_scaling.original_max_position_embeddings);
+  }
+  return d;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += (out.empty() ? "" : "; ") + l;
+  return out;
+}
+
+}  // namespace tessera

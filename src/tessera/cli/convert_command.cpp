@@ -1,0 +1,264 @@
+// tessera convert: Tessera checkpoints <-> Hugging Face model directories, and a logits dump
+// that lets another framework check Tessera's numerics on the same weights and tokens.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "tessera/backend/backend_factory.h"
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/hf_model.h"
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/cli/commands.h"
+#include "tessera/core/error.h"
+#include "tessera/model/llama_model.h"
+
+namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+void print_convert_help() {
+  fmt::print(
+      "usage:\n"
+      "  tessera convert --from CHECKPOINT --to-hf OUT_DIR [--dtype bf16|fp32] [--shard-size 5GB]\n"
+      "  tessera convert --from-hf HF_DIR --to CHECKPOINT_DIR\n"
+      "  tessera convert (--from CHECKPOINT | --from-hf HF_DIR) --check-logits TOKENS.txt\n"
+      "                  --out LOGITS.safetensors [--device cpu|cuda|auto]\n\n"
+      "CHECKPOINT is a checkpoint directory (iter_NNNNNNN) or a save directory (its latest\n"
+      "checkpoint). --to-hf writes config.json (llama, qwen2 or mistral, from the model's\n"
+      "features) and model.safetensors, or shards of at most --shard-size with\n"
+      "model.safetensors.index.json; the fp32 master weights are exported when the checkpoint\n"
+      "has them. --to writes a weights-only checkpoint that `tessera train --load` starts from.\n"
+      "--check-logits runs the model in fp32 on each line of TOKENS.txt (space-separated ids,\n"
+      "equal lengths) and writes logits [B, T, vocab], the mean next-token loss (as\n"
+      "transformers computes it with labels = input ids) and the tokens.\n"
+      "Outputs are written to a temporary name and renamed when complete.\n");
+}
+
+struct ConvertOptions {
+  std::string from, from_hf, to_hf, to, check_logits, out;
+  DType dtype = DType::BF16;
+  uint64_t shard_bytes = 5'000'000'000ull;
+  DeviceChoice device = DeviceChoice::Cpu;
+};
+
+// "5GB", "500MB", "2GiB" or plain bytes; KB/MB/GB are decimal, as in Hugging Face's
+// max_shard_size.
+uint64_t parse_size(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {{"GiB", 1024.0 * 1024 * 1024},
+                                                          {"MiB", 1024.0 * 1024},
+                                                          {"KiB", 1024.0},
+                                                          {"GB", 1e9},
+                                                          {"MB", 1e6},
+                                                          {"KB", 1e3},
+                                                          {"B", 1}};
+  double scale = 1;
+  std::string number = text;
+  for (const auto& [unit, factor] : kUnits) {
+    if (text.size() > std::strlen(unit) && text.ends_with(unit)) {
+      number = text.substr(0, text.size() - std::strlen(unit));
+      scale = factor;
+      break;
+    }
+  }
+  size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(number, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != number.size() || !(value > 0))
+    throw ConfigError("command line", "shard-size", text, "a size such as 5GB, 500MB or 2GiB");
+  return static_cast<uint64_t>(value * scale);
+}
+
+ConvertOptions parse_args(const Args& args) {
+  ConvertOptions o;
+  const std::map<std::string, std::string*> paths = {
+      {"--from", &o.from}, {"--from-hf", &o.from_hf},           {"--to-hf", &o.to_hf},
+      {"--to", &o.to},     {"--check-logits", &o.check_logits}, {"--out", &o.out}};
+  static const std::map<std::string, DeviceChoice> kDevices = {
+      {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}, {"auto", DeviceChoice::Auto}};
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string key = args[i], value;
+    const size_t eq = key.find('=');
+    if (key.starts_with("--") && eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw ConfigError("command line", key, "", "a value after " + key);
+    }
+    if (const auto it = paths.find(key); it != paths.end()) {
+      *it->second = value;
+    } else if (key == "--shard-size") {
+      o.shard_bytes = parse_size(value);
+    } else if (key == "--dtype") {
+      if (!parse_dtype(value, &o.dtype) || (o.dtype != DType::BF16 && o.dtype != DType::F32))
+        throw ConfigError("command line", "dtype", value, "bf16 or fp32");
+    } else if (key == "--device") {
+      if (!kDevices.count(value))
+        throw ConfigError("command line", "device", value, "cpu, cuda or auto");
+      o.device = kDevices.at(value);
+    } else {
+      throw ConfigError("command line", key, value,
+                        "one of --from, --from-hf, --to-hf, --to, --check-logits, --out, --dtype, "
+                        "--shard-size, --device (see tessera convert --help)");
+    }
+  }
+  if (o.from.empty() == o.from_hf.empty())
+    throw ConfigError("command line", "from", o.from + o.from_hf,
+                      "exactly one of --from CHECKPOINT and --from-hf HF_DIR");
+  if (o.to_hf.empty() && o.to.empty() && o.check_logits.empty())
+    throw ConfigError("command line", "to", "",
+                      "--to-hf OUT_DIR, --to CHECKPOINT_DIR or --check-logits TOKENS.txt");
+  if (!o.check_logits.empty() && o.out.empty())
+    throw ConfigError("command line", "out", "", "--out LOGITS.safetensors with --check-logits");
+  return o;
+}
+
+// Outputs never replace existing files: a mistyped path must not cost a model.
+void require_new_directory(const std::string& path, const char* key) {
+  if (fs::exists(path) && !(fs::is_directory(path) && fs::is_empty(path)))
+    throw ConfigError("command line", key, path, "a new or empty directory (it holds files)");
+}
+
+// The weights to convert: a Tessera checkpoint or a Hugging Face directory.
+struct Source {
+  std::string name;
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<HfModelReader> hf;
+
+  const ModelSpec& spec() const { return checkpoint ? checkpoint->spec() : hf->spec(); }
+  std::vector<float> weights(const ParamInfo& p) const {
+    return checkpoint ? checkpoint->master(p) : hf->weights(p);
+  }
+};
+
+Source open_source(const ConvertOptions& o) {
+  Source s;
+  if (!o.from_hf.empty()) {
+    s.name = o.from_hf;
+    s.hf = std::make_unique<HfModelReader>(o.from_hf);
+    return s;
+  }
+  s.name = find_latest_checkpoint(o.from);
+  if (s.name.empty())
+    throw DataError(
+        fmt::format("{}: no checkpoint here; expected a checkpoint directory (holding "
+                    "trainer_state.json) or a save directory with {}",
+                    o.from, kTrackerFileName));
+  s.checkpoint = std::make_unique<Checkpoint>(s.name);
+  return s;
+}
+
+// One sequence of token ids per line, all of one length.
+std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab, int64_t* rows,
+                                 int64_t* cols) {
+  std::ifstream in(path);
+  if (!in) throw DataError(fmt::format("{}: cannot open the tokens file", path));
+  std::vector<int32_t> ids;
+  *rows = *cols = 0;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    std::istringstream ls(line);
+    int64_t id, count = 0;
+    while (ls >> id) {
+      if (id < 0 || id >= vocab)
+        throw DataError(fmt::format("{}:{}: token id {} outside the model's vocabulary [0, {})",
+                                    path, n, id, vocab));
+      ids.push_back(static_cast<int32_t>(id));
+      ++count;
+    }
+    if (!ls.eof())
+      throw DataError(fmt::format("{}:{}: expected space-separated token ids", path, n));
+    if (count == 0) continue;
+    if (*cols && count != *cols)
+      throw DataError(
+          fmt::format("{}:{}: {} tokens; expected {} like the first line", path, n, count, *cols));
+    *cols = count;
+    ++*rows;
+  }
+  if (*rows == 0) throw DataError(fmt::format("{}: no token ids", path));
+  return ids;
+}
+
+void write_logits(const Source& src, const ConvertOptions& o) {
+  const ModelSpec& spec = src.spec();
+  int64_t B = 0, T = 0;
+  std::vector<int32_t> tokens = read_tokens(o.check_logits, spec.vocab_size, &B, &T);
+  const int64_t V = spec.vocab_size;
+  auto backend = make_backend(o.device, 0);
+  ModelRuntime rt;
+  rt.micro_batch = B;
+  rt.seq_length = T;
+  rt.compute_dtype = DType::F32;
+  LlamaModel model(*backend, spec, rt);
+  for (const auto& p : model.layout().params)
+    backend->upload(model.params().flat_range(p.offset, p.numel()), src.weights(p).data());
+  const std::vector<int32_t> no_targets(tokens.size(), -1);
+  model.set_batch(tokens.data(), no_targets.data());
+  DeviceBuffer buffer(*backend, static_cast<size_t>(B * T * V) * sizeof(float), "logits");
+  const Tensor logits = buffer.tensor(DType::F32, {B * T, V});
+  model.forward_logits(logits);
+  std::vector<float> host(static_cast<size_t>(B * T * V));
+  backend->download(host.data(), logits);
+  // Mean cross-entropy of each next token, in double: transformers' loss with labels = ids.
+  double loss = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t + 1 < T; ++t) {
+      const float* row = host.data() + (b * T + t) * V;
+      double max = row[0], sum = 0;
+      for (int64_t v = 1; v < V; ++v) max = std::max(max, static_cast<double>(row[v]));
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+      loss += max + std::log(sum) - row[tokens[b * T + t + 1]];
+    }
+  }
+  const float mean_loss =
+      T > 1 ? static_cast<float>(loss / static_cast<double>(B * (T - 1))) : 0.0f;
+  write_safetensors(o.out,
+                    {{"logits", DType::F32, {B, T, V}, host.data()},
+                     {"loss", DType::F32, {1}, &mean_loss},
+                     {"tokens", DType::I32, {B, T}, tokens.data()}},
+                    {{"source", src.name}, {"model", spec.summary()}});
+  fmt::print("logits of {} x {} tokens from {} on {} -> {} (loss {:.6f})\n", B, T, src.name,
+             backend->description(), o.out, mean_loss);
+}
+
+}  // namespace
+
+int convert_command(const Args& args) {
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      print_convert_help();
+      return 0;
+    }
+  }
+  const ConvertOptions o = parse_args(args);
+  if (!o.to_hf.empty()) require_new_directory(o.to_hf, "to-hf");
+  if (!o.to.empty()) require_new_directory(o.to, "to");
+  const Source src = open_source(o);
+  const auto weights = [&](const ParamInfo& p) { return src.weights(p); };
+  if (!o.to_hf.empty()) {
+    write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes});
+    fmt::print("wrote {} ({}, {} weights) from {}: {}\n", o.to_hf,
+               hf_model_type(hf_architecture_for(src.spec())), dtype_name(o.dtype), src.name,
+               src.spec().summary());
+  }
+  if (!o.to.empty()) {
+    const std::string dir = save_weights_checkpoint(o.to, src.spec(), weights);
+    fmt::print("wrote weights-only checkpoint {} from {}: {}\n", dir, src.name,
+               src.spec().summary());
+  }
+  if (!o.check_logits.empty()) write_logits(src, o);
+  return 0;
+}
+
+}  // namespace tessera::cli

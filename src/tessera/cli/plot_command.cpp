@@ -1,0 +1,112 @@
+// tessera plot: curves of one or more runs overlaid (SVG or PNG) and a self-contained HTML
+// run report, from the experiment directories `tessera train` writes.
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "tessera/analysis/writers.h"
+#include "tessera/bench/command_args.h"
+#include "tessera/bench/report_output.h"
+#include "tessera/cli/commands.h"
+#include "tessera/core/error.h"
+#include "tessera/viz/png.h"
+#include "tessera/viz/run_report.h"
+#include "tessera/viz/svg.h"
+
+namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kUsage = R"(usage: tessera plot RUN_DIR... -o OUT [--format svg|png|svg,png]
+
+Reads metrics.jsonl and config.yaml of each experiment directory and writes to OUT:
+  loss, iteration_time, tokens_per_s, memory   .svg (default) and/or .png (2x resolution):
+                                   every run overlaid, legend = exp_name (or the directory)
+  report.html                      one self-contained page: throughput table, the curves
+                                   (inline SVG), configuration (differences marked) and the
+                                   tables of a `tessera report` output found in a run directory
+  throughput.csv, config.csv       the tables, one row per run / per configuration key
+No network access is needed to view anything. See docs/plots.md.
+)";
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream out(file, std::ios::binary);
+  out << text;
+  if (!out) throw DataError(fmt::format("{}: cannot write", file.string()));
+}
+
+}  // namespace
+
+int plot_command(const Args& args) {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print("{}", kUsage);
+    return 0;
+  }
+  const bench::CommandArgs a(args, {"output", "format"}, {}, false);
+  if (a.positional().empty())
+    throw ConfigError("command line", "RUN_DIR", "", "at least one experiment directory");
+  if (!a.has("output")) throw ConfigError("command line", "output", "", "-o OUT");
+  bool svg = false, png = false;
+  for (const std::string& f : a.get_list("format", {"svg"})) {
+    if (f == "svg")
+      svg = true;
+    else if (f == "png")
+      png = true;
+    else
+      throw ConfigError("command line", "format", f, "svg, png or svg,png");
+  }
+
+  bench::StatusLine status(static_cast<int>(a.positional().size()) + 1);
+  std::vector<viz::RunData> runs;
+  for (const std::string& dir : a.positional()) {
+    status.step("reading " + dir);
+    runs.push_back(viz::load_run(dir));
+  }
+  viz::disambiguate_labels(runs);
+  status.step("drawing");
+  const fs::path out = a.get("output", "");
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec)
+    throw DataError(fmt::format("{}: cannot create directory: {}", out.string(), ec.message()));
+
+  const std::vector<viz::NamedChart> charts = viz::run_charts(runs);
+  std::vector<std::string> written;
+  for (const viz::NamedChart& c : charts) {
+    if (svg) {
+      write_text(out / (c.file_stem + ".svg"), viz::render_svg(c.chart));
+      written.push_back((out / (c.file_stem + ".svg")).string());
+    }
+    if (png) {
+      viz::write_png(viz::render_raster(c.chart, 800, 450, 2), out / (c.file_stem + ".png"));
+      written.push_back((out / (c.file_stem + ".png")).string());
+    }
+  }
+  const analysis::Table throughput = viz::throughput_table(runs);
+  const analysis::Table config = viz::config_table(runs);
+  for (const analysis::Table* t : {&throughput, &config}) {
+    analysis::write_csv(*t, out / (t->name + ".csv"));
+    written.push_back((out / (t->name + ".csv")).string());
+  }
+  write_text(out / "report.html", viz::run_report_html(runs, charts, throughput, config));
+  written.push_back((out / "report.html").string());
+  const double seconds = status.finish();
+
+  fmt::print("{}\n", bench::markdown_table(throughput));
+  for (const viz::RunData& r : runs) {
+    if (r.skipped_lines > 0)
+      fmt::print(stderr,
+                 "warning: {}: skipped {} metrics.jsonl line(s) that were not JSON records\n",
+                 r.dir.string(), r.skipped_lines);
+  }
+  for (const std::string& f : written) fmt::print("wrote {}\n", f);
+  size_t records = 0;
+  for (const viz::RunData& r : runs) records += r.iterations.size();
+  fmt::print("plotted {} run(s), {} iteration records, in {:.2f} s\n", runs.size(), records,
+             seconds);
+  return 0;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,226 @@
+#include "tessera/data/preprocess.h"
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+#include "tessera/data/text_corpus.h"
+#include "tessera/data/tokenizer.h"
+
+namespace tessera {
+namespace fs = std::filesystem;
+namespace {
+
+// A batch is tokenized in parallel and then written in order; its size bounds the memory
+// in flight and how often progress is reported.
+constexpr size_t kBatchBytes = 8u << 20;
+constexpr size_t kBatchDocuments = 4096;
+
+struct InputFile {
+  std::string path;
+  bool json_lines;
+};
+
+struct RawDocument {
+  std::string json_line;  // empty for a text file, which the worker reads itself
+  const InputFile* file;
+  uint64_t line;  // of a JSON line
+};
+
+std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs) {
+  std::vector<InputFile> files;
+  for (const std::string& in : inputs) {
+    if (fs::is_directory(in)) {
+      for (const std::string& f : list_text_files(in)) files.push_back({f, false});
+    } else if (fs::is_regular_file(in)) {
+      const std::string ext = fs::path(in).extension().string();
+      files.push_back({in, ext == ".jsonl" || ext == ".json"});
+    } else {
+      throw DataError(fmt::format("{}: no such file or directory (--input)", in));
+    }
+  }
+  return files;
+}
+
+// Reads the inputs in order, a batch of documents at a time. JSON lines are read here; text
+// files are only named, and read by the workers, since reading and de-tagging a Brown file
+// costs about as much as tokenizing it.
+class DocumentReader {
+ public:
+  explicit DocumentReader(const std::vector<InputFile>& files) : files_(files) {}
+
+  bool next_batch(std::vector<RawDocument>* batch) {
+    batch->clear();
+    size_t bytes = 0;
+    while (bytes < kBatchBytes && batch->size() < kBatchDocuments && file_ < files_.size()) {
+      const InputFile& f = files_[file_];
+      if (!f.json_lines) {
+        batch->push_back({"", &f, 0});
+        bytes_read_ += fs::file_size(f.path);
+        bytes += fs::file_size(f.path);
+        ++file_;
+        continue;
+      }
+      if (!in_.is_open()) {
+        in_.open(f.path, std::ios::binary);
+        if (!in_) throw DataError(fmt::format("{}: cannot open for reading", f.path));
+        line_ = 0;
+      }
+      std::string line;
+      if (!std::getline(in_, line)) {
+        in_.close();
+        ++file_;
+        continue;
+      }
+      ++line_;
+      bytes_read_ += line.size() + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      bytes += line.size();
+      batch->push_back({std::move(line), &f, line_});
+    }
+    return !batch->empty();
+  }
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  const std::vector<InputFile>& files_;
+  size_t file_ = 0;
+  std::ifstream in_;
+  uint64_t line_ = 0, bytes_read_ = 0;
+};
+
+// Tokenizes one document into ids[k] for every key k (empty when it has no text).
+void encode_document(const RawDocument& doc, const std::vector<std::string>& keys,
+                     const Tokenizer& tokenizer, bool append_eod,
+                     std::vector<std::vector<int32_t>>* ids) {
+  for (auto& v : *ids) v.clear();
+  if (!doc.file->json_lines) {
+    tokenizer.encode(read_text_document(doc.file->path), &(*ids)[0]);
+  } else {
+    const std::string where = fmt::format("{}:{}", doc.file->path, doc.line);
+    const nlohmann::json j =
+        nlohmann::json::parse(doc.json_line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object())
+      throw DataError(fmt::format("{}: not a JSON object (JSON lines expected)", where));
+    for (size_t k = 0; k < keys.size(); ++k) {
+      const auto it = j.find(keys[k]);
+      if (it == j.end())
+        throw DataError(
+            fmt::format("{}: no key '{}' (choose the field with --json-keys)", where, keys[k]));
+      if (it->is_string()) {
+        tokenizer.encode(it->get_ref<const std::string&>(), &(*ids)[k]);
+        continue;
+      }
+      // Megatron's pre-split form: a list of sentences, tokenized one by one.
+      if (!it->is_array())
+        throw DataError(
+            fmt::format("{}: '{}' is not a string or a list of strings", where, keys[k]));
+      for (const auto& piece : *it) {
+        if (!piece.is_string())
+          throw DataError(
+              fmt::format("{}: '{}' is not a string or a list of strings", where, keys[k]));
+        tokenizer.encode(piece.get_ref<const std::string&>(), &(*ids)[k]);
+      }
+    }
+  }
+  if (append_eod)
+    for (auto& v : *ids)
+      if (!v.empty()) v.push_back(tokenizer.eod_id());
+}
+
+// Runs fn(i) for i in [0, n) on `workers` threads, each taking the next item as it gets
+// free (documents vary wildly in length); rethrows the first error.
+void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto run = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int w = 1; w < workers; ++w) threads.emplace_back(run);
+  run();
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+PreprocessStats preprocess(const PreprocessOptions& o,
+                           const std::function<void(uint64_t, uint64_t, uint64_t)>& progress) {
+  const auto start = std::chrono::steady_clock::now();
+  if (o.inputs.empty())
+    throw ConfigError("command line", "input", "", "at least one input file or directory");
+  if (o.output_prefix.empty())
+    throw ConfigError("command line", "output-prefix", "", "an output path prefix");
+  if (o.json_keys.empty()) throw ConfigError("command line", "json-keys", "", "at least one key");
+  if (o.workers < 1)
+    throw ConfigError("command line", "workers", std::to_string(o.workers), "at least 1");
+  const std::vector<InputFile> files = list_inputs(o.inputs);
+  for (const auto& f : files)
+    if (!f.json_lines && o.json_keys.size() > 1)
+      throw ConfigError(
+          "command line", "json-keys", fmt::format("{}", fmt::join(o.json_keys, " ")),
+          fmt::format("a single key: {} is a text file, which has no fields", f.path));
+
+  // One tokenizer for all workers: encode() is const and thread-safe (tokenizer.h).
+  const std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(o.tokenizer);
+  PreprocessStats stats;
+  stats.tokenizer = tokenizer->name();
+  stats.dtype = token_dtype_for_vocab(tokenizer->vocab_size());
+  for (const auto& f : files) stats.input_bytes += fs::file_size(f.path);
+
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
+  for (const std::string& key : o.json_keys) {
+    stats.outputs.push_back({fmt::format("{}_{}_document", o.output_prefix, key)});
+    writers.push_back(
+        std::make_unique<IndexedDatasetWriter>(stats.outputs.back().prefix, stats.dtype));
+  }
+  DocumentReader reader(files);
+  std::vector<RawDocument> batch;
+  std::vector<std::vector<std::vector<int32_t>>> ids;  // [document][key] -> tokens
+  while (reader.next_batch(&batch)) {
+    ids.resize(batch.size(), std::vector<std::vector<int32_t>>(o.json_keys.size()));
+    parallel_for(batch.size(), o.workers, [&](size_t i) {
+      encode_document(batch[i], o.json_keys, *tokenizer, o.append_eod, &ids[i]);
+    });
+    for (size_t i = 0; i < batch.size(); ++i) {
+      for (size_t k = 0; k < writers.size(); ++k) {
+        PreprocessOutput& out = stats.outputs[k];
+        if (ids[i][k].empty()) {
+          ++out.empty_documents;
+          continue;
+        }
+        writers[k]->add_document(ids[i][k].data(), ids[i][k].size());
+        ++out.documents;
+        out.tokens += ids[i][k].size();
+        stats.tokens += ids[i][k].size();
+      }
+    }
+    stats.documents += batch.size();
+    if (progress) progress(reader.bytes_read(), stats.input_bytes, stats.documents);
+  }
+  for (auto& w : writers) w->finish();
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+}  // namespace tessera

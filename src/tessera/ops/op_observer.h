@@ -1,0 +1,200 @@
+#pragma once
+// The hook through which a profiler sees every backend op and every model range
+// (Backend::set_op_observer in ops/backend.h). Backends open an ObservedOp at the top of
+// each op and report range_push/range_pop; with no observer set (the normal case) the
+// cost is one null-pointer test per op: the argument lambda is never called.
+//
+// Op arguments are a small fixed-capacity list (no allocation) whose keys follow
+// docs/report.md ("Tessera trace args"): GEMMs carry M, N, K, dtype; attention carries B, H,
+// KV, T, S, D, causal, window, dtype. Keys of one or two letters are reserved for those
+// two shapes (the report reads them as such); every other op describes its sizes with
+// longer lowercase keys (rows, cols, tokens, vocab, numel, nbytes, ...).
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <utility>
+
+#include "tessera/core/dtype.h"
+#include "tessera/ops/backend.h"
+
+namespace tessera {
+
+struct OpArg {
+  enum class Kind : uint8_t { kInt, kBool, kDouble, kString };
+  const char* key = "";  // a string literal
+  Kind kind = Kind::kInt;
+  int64_t i = 0;       // kInt, kBool (0/1)
+  double d = 0;        // kDouble
+  std::string_view s;  // kString: static storage only (literals, dtype_name)
+};
+
+class OpArgs {
+ public:
+  static constexpr int kCapacity = 14;
+
+  OpArgs& add(const char* key, int64_t v) { return push({key, OpArg::Kind::kInt, v, 0, {}}); }
+  OpArgs& add_bool(const char* key, bool v) {
+    return push({key, OpArg::Kind::kBool, v ? 1 : 0, 0, {}});
+  }
+  OpArgs& add_double(const char* key, double v) {
+    return push({key, OpArg::Kind::kDouble, 0, v, {}});
+  }
+  // `v` must have static storage duration (it is kept until the trace is written).
+  OpArgs& add_string(const char* key, std::string_view v) {
+    return push({key, OpArg::Kind::kString, 0, 0, v});
+  }
+  OpArgs& add_dtype(const char* key, DType t) { return add_string(key, dtype_name(t)); }
+
+  std::span<const OpArg> items() const { return {items_.data(), static_cast<size_t>(size_)}; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  OpArgs& push(const OpArg& a) {
+    if (size_ < kCapacity) items_[size_++] = a;  // extra arguments are dropped, never overflow
+    return *this;
+  }
+  std::array<OpArg, kCapacity> items_{};
+  int size_ = 0;
+};
+
+// Receives the ops and ranges of one backend, from the one host thread that drives it.
+// Calls nest: every op_begin is matched by an op_end, every range_begin by a range_end.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  // `name` is a string literal (the op's name, e.g. "matmul").
+  virtual void op_begin(const char* name, const OpArgs& args) = 0;
+  virtual void op_end() = 0;
+  // Model structure (Backend::range_push: "layer_forward", "attention_block", ...).
+  virtual void range_begin(const char* name) = 0;
+  virtual void range_end() = 0;
+};
+
+// Brackets one op: op_begin(name, make_args()) now, op_end() at scope exit; nothing (and
+// make_args is not called) when `observer` is null.
+class ObservedOp {
+ public:
+  template <class MakeArgs>
+  ObservedOp(OpObserver* observer, const char* name, MakeArgs&& make_args) : observer_(observer) {
+    if (observer_ != nullptr) [[unlikely]]
+      observer_->op_begin(name, make_args());
+  }
+  ~ObservedOp() {
+    if (observer_ != nullptr) [[unlikely]]
+      observer_->op_end();
+  }
+  ObservedOp(const ObservedOp&) = delete;
+  ObservedOp& operator=(const ObservedOp&) = delete;
+
+ private:
+  OpObserver* observer_;
+};
+
+// ---- argument builders shared by the backends, so both describe an op the same way ----
+namespace op_args {
+
+// Rows (product of leading dims) and columns (last dim) of a tensor seen as a matrix.
+inline std::pair<int64_t, int64_t> matrix(const Tensor& t) {
+  const int rank = t.shape.rank();
+  if (rank == 0) return {1, 1};
+  int64_t rows = 1;
+  for (int i = 0; i < rank - 1; ++i) rows *= t.shape[i];
+  return {rows, t.shape[rank - 1]};
+}
+
+// out (M, N) = op(a) (M, K) @ op(b) (K, N): the report's GEMM args.
+inline OpArgs matmul(const MatmulArgs& m) {
+  const auto [M, N] = matrix(m.out);
+  const auto [a_rows, a_cols] = matrix(m.a);
+  OpArgs r;
+  r.add("M", M).add("N", N).add("K", m.trans_a ? a_rows : a_cols);
+  r.add_dtype("dtype", m.a.dtype).add_dtype("out_dtype", m.out.dtype);
+  r.add_bool("trans_a", m.trans_a).add_bool("trans_b", m.trans_b);
+  if (m.beta != 0.0f) r.add_double("beta", m.beta);
+  if (m.bias.defined()) r.add_bool("bias", true);
+  return r;
+}
+
+// The report's attention args; S = T (self-attention).
+inline OpArgs attention(const AttentionShape& s, DType dtype) {
+  OpArgs r;
+  r.add("B", s.batch).add("H", s.heads).add("KV", s.kv_heads).add("T", s.seq).add("S", s.seq);
+  r.add("D", s.head_dim).add_bool("causal", s.causal).add("window", s.window);
+  r.add_dtype("dtype", dtype);
+  return r;
+}
+
+// Rotary embedding: the attention shape under non-reserved keys (it is not attention).
+inline OpArgs rope(const AttentionShape& s, DType dtype) {
+  OpArgs r;
+  r.add("tokens", s.tokens()).add("seq", s.seq).add("heads", s.heads).add("kv_heads", s.kv_heads);
+  r.add("head_dim", s.head_dim).add_dtype("dtype", dtype);
+  return r;
+}
+
+// A row-wise op over x (rows, cols): RMSNorm, SwiGLU (cols = the input width 2F), bias
+// gradients, cross-entropy (cols = vocabulary).
+inline OpArgs rows_cols(const Tensor& x) {
+  const auto [rows, cols] = matrix(x);
+  OpArgs r;
+  r.add("rows", rows).add("cols", cols).add_dtype("dtype", x.dtype);
+  return r;
+}
+
+// Embedding lookup or its gradient: tokens (N) into a table (V, C).
+inline OpArgs embedding(const Tensor& tokens, const Tensor& table, DType dtype) {
+  const auto [vocab, hidden] = matrix(table);
+  OpArgs r;
+  r.add("tokens", tokens.numel()).add("hidden", hidden).add("vocab", vocab);
+  r.add_dtype("dtype", dtype);
+  return r;
+}
+
+// An op over a flat tensor (fill, convert, init_normal, sum, ...).
+inline OpArgs elements(const Tensor& t) {
+  OpArgs r;
+  r.add("numel", t.numel()).add_dtype("dtype", t.dtype);
+  return r;
+}
+
+// dst = src converted to dst's dtype.
+inline OpArgs convert(const Tensor& dst, const Tensor& src) {
+  OpArgs r = elements(dst);
+  r.add_dtype("src_dtype", src.dtype);
+  return r;
+}
+
+// sum / sum_squares of x.
+inline OpArgs reduction(const Tensor& x, bool accumulate) {
+  OpArgs r = elements(x);
+  r.add_bool("accumulate", accumulate);
+  return r;
+}
+
+// Cross-entropy over logits (rows, vocab), with or without the gradient.
+inline OpArgs cross_entropy(const Tensor& logits, const Tensor& dlogits) {
+  const auto [rows, vocab] = matrix(logits);
+  OpArgs r;
+  r.add("rows", rows).add("vocab", vocab).add_dtype("dtype", logits.dtype);
+  r.add_bool("with_grad", dlogits.defined());
+  return r;
+}
+
+// Memory movement (upload, download, copy).
+inline OpArgs transfer(const Tensor& t) {
+  OpArgs r;
+  r.add("nbytes", static_cast<int64_t>(t.nbytes())).add_dtype("dtype", t.dtype);
+  return r;
+}
+
+inline OpArgs adamw(const AdamWArgs& a) {
+  OpArgs r;
+  r.add("numel", a.master.numel()).add("segments", static_cast<int64_t>(a.segments.size()));
+  r.add("step", a.step);
+  r.add_dtype("dtype", a.params.defined() ? a.params.dtype : a.master.dtype);
+  return r;
+}
+
+}  // namespace op_args
+}  // namespace tessera

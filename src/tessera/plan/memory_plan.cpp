@@ -1,0 +1,138 @@
+#include "tessera/plan/memory_plan.h"
+
+#include <algorithm>
+
+#include "tessera/data/tokenizer.h"
+#include "tessera/model/param_layout.h"
+#include "tessera/train/adamw_optimizer.h"
+
+namespace tessera::plan {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Elements of the largest unit FSDP gathers at once: a decoder layer, the embedding, or the
+// final norm with the output head (each contiguous in the flat layout).
+int64_t largest_fsdp_unit(const ParamLayout& layout) {
+  std::vector<int64_t> per_layer(layout.layers.size(), 0);
+  int64_t largest = 0, tail = 0;
+  for (const ParamInfo& p : layout.params) {
+    if (p.layer >= 0) {
+      per_layer[p.layer] += p.numel();
+    } else if (&p == &layout.params[layout.embedding]) {
+      largest = std::max(largest, p.numel());
+    } else {
+      tail += p.numel();  // final norm and untied output head are gathered together
+    }
+  }
+  for (int64_t n : per_layer) largest = std::max(largest, n);
+  return std::max(largest, tail);
+}
+
+}  // namespace
+
+std::string_view sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::None:
+      return "none";
+    case Sharding::Zero1:
+      return "zero1";
+    case Sharding::Fsdp:
+      return "fsdp";
+  }
+  return "?";
+}
+
+bool parse_sharding(std::string_view name, Sharding* out) {
+  for (Sharding s : {Sharding::None, Sharding::Zero1, Sharding::Fsdp}) {
+    if (name == sharding_name(s)) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  const ModelMemory model = LlamaModel::plan_memory(in.spec, in.runtime);
+  const int64_t params = make_param_layout(in.spec).total;
+  const DType dt = in.runtime.compute_dtype;
+  const int64_t n = std::max<int64_t>(1, in.num_gpus);
+  const int64_t shard = ceil_div(params, n);
+
+  MemoryPlan p;
+  p.activations = model.activations;  // per micro batch on each GPU, whatever the sharding
+  switch (in.sharding) {
+    case Sharding::None:
+      p.weights = model.weights;
+      p.gradients = model.gradients;
+      p.optimizer = AdamWOptimizer::state_bytes(params, dt);
+      break;
+    case Sharding::Zero1:
+      p.weights = model.weights;
+      p.gradients = model.gradients;
+      p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
+      break;
+    case Sharding::Fsdp: {
+      // The shard, plus the unit being computed and the one prefetched (weights), and the
+      // unit whose gradient waits for its reduce-scatter.
+      const auto unit = static_cast<size_t>(largest_fsdp_unit(make_param_layout(in.spec)));
+      p.weights = static_cast<size_t>(shard) * dtype_size(dt) + 2 * unit * dtype_size(dt);
+      p.gradients = static_cast<size_t>(shard) * sizeof(float) + unit * sizeof(float);
+      p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
+      break;
+    }
+  }
+  if (in.gpu) {
+    p.backend_buffers = kBackendBuffersBytes;
+    p.context = kContextBytes;
+  }
+  return p;
+}
+
+int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit) {
+  auto fits = [&](int64_t mbs) {
+    in.runtime.micro_batch = mbs;
+    return plan_memory(in).total() <= capacity_bytes;
+  };
+  if (!fits(1)) return 0;
+  int64_t lo = 1, hi = 2;  // fits(lo) holds; grow hi until it fails or passes the limit
+  while (hi <= limit && fits(hi)) lo = hi, hi *= 2;
+  hi = std::min(hi, limit + 1);
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+ModelSpec planned_spec(const Experiment& e) {
+  // As the trainer: the model's vocabulary when set, else the tokenizer's.
+  const int64_t vocab = e.model_config.vocab_size > 0 ? e.model_config.vocab_size
+                                                      : make_tokenizer(e.data)->vocab_size();
+  return make_model_spec(e, vocab);
+}
+
+DType planned_dtype(Precision p) {
+  return p == Precision::Fp32 ? DType::F32 : DType::BF16;
+}
+
+ModelRuntime planned_runtime(const Experiment& e, DType compute) {
+  const TrainingConfig& t = e.training;
+  ModelRuntime rt;
+  rt.micro_batch = t.micro_batch_size;
+  rt.seq_length = t.seq_length;
+  rt.compute_dtype = compute;
+  rt.recompute = t.recompute_granularity;
+  rt.recompute_num_layers = t.recompute_num_layers;
+  rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
+  return rt;
+}
+
+}  // namespace tessera::plan

@@ -1,0 +1,77 @@
+#pragma once
+// The memory planner behind `tessera memory`: bytes per GPU of weights, gradients, optimizer
+// state and activations for an experiment, before anything is allocated.
+//
+// The single-GPU numbers come from the same functions the model and the optimizer size their
+// buffers with (LlamaModel::plan_memory, AdamWOptimizer::state_bytes), so the planner cannot
+// drift from the real allocations. What the planner adds on top is stated here and in
+// docs/memory.md: the sharding of data-parallel runs, the GPU backend's own buffers and an
+// allowance for what the driver takes outside Tessera's allocations.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tessera/config/config.h"
+#include "tessera/core/dtype.h"
+#include "tessera/model/llama_model.h"
+#include "tessera/model/model_spec.h"
+
+namespace tessera::plan {
+
+// How N data-parallel GPUs split the training state.
+enum class Sharding {
+  None,   // plain data parallel: every GPU holds everything
+  Zero1,  // ZeRO-1 / Megatron distributed optimizer: optimizer state split N ways
+  Fsdp,   // FSDP / ZeRO-3: weights, gradients and optimizer state split N ways, one decoder
+          // layer (or the embedding / output head) gathered at a time, the next prefetched
+};
+
+std::string_view sharding_name(Sharding s);
+bool parse_sharding(std::string_view name, Sharding* out);
+
+// Bytes the CUDA backend allocates besides model and optimizer, counted in memory_stats():
+// the cuBLASLt workspace (32 MiB) and an upper bound of the kernel scratch (reduction and
+// attention-backward partials, a few MiB at 8k tokens).
+inline constexpr size_t kBackendBuffersBytes = size_t{96} << 20;
+// What a process on the GPU holds outside Tessera's allocations: the CUDA context, loaded
+// kernels (cuBLASLt's included) and the gap between the datasheet capacity and what the
+// driver lets processes allocate. Not in memory_stats(); only in the fit decision.
+inline constexpr size_t kContextBytes = size_t{1} << 30;
+
+struct MemoryPlan {
+  // Per GPU.
+  size_t weights = 0;          // compute-dtype parameters (shard + gathered buffers with FSDP)
+  size_t gradients = 0;        // fp32 gradients (shard + one unsharded unit with FSDP)
+  size_t optimizer = 0;        // fp32 master weights (unless the weights are fp32) + 2 moments
+  size_t activations = 0;      // stored activations, recompute and backward scratch, logits chunk
+  size_t backend_buffers = 0;  // kBackendBuffersBytes on GPUs, 0 on the CPU backend
+  size_t context = 0;          // kContextBytes on GPUs, 0 on the CPU backend
+
+  // What the backend's memory_stats().peak_bytes reports after a training step.
+  size_t allocated() const {
+    return weights + gradients + optimizer + activations + backend_buffers;
+  }
+  size_t total() const { return allocated() + context; }
+};
+
+struct PlanInput {
+  ModelSpec spec;
+  ModelRuntime runtime;
+  int64_t num_gpus = 1;
+  Sharding sharding = Sharding::None;
+  bool gpu = true;  // add the GPU backend's buffers and context allowance
+};
+
+MemoryPlan plan_memory(const PlanInput& in);
+
+// Largest micro batch (at most `limit`) whose plan().total() fits in `capacity_bytes`; 0 if
+// not even one sequence fits. Memory grows with the micro batch, so this bisects.
+int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit = 4096);
+
+// The model and runtime an experiment trains with, as the trainer derives them. `precision`
+// Auto means bf16 (the planner plans for GPUs).
+ModelSpec planned_spec(const Experiment& e);
+ModelRuntime planned_runtime(const Experiment& e, DType compute);
+DType planned_dtype(Precision p);
+
+}  // namespace tessera::plan

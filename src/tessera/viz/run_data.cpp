@@ -1,0 +1,196 @@
+#include "tessera/viz/run_data.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/core/error.h"
+
+namespace tessera::viz {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The report tables a run report shows, in this order, when present.
+constexpr const char* kReportTables[] = {"gpu_timeline", "categories", "top_kernels",
+                                         "gemm",         "attention",  "collectives"};
+
+double number(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+std::vector<std::pair<std::string, std::string>> read_config(const fs::path& file) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!fs::exists(file)) return out;
+  try {
+    const YAML::Node root = YAML::LoadFile(file.string());
+    for (const auto& kv : root) {
+      const YAML::Node& v = kv.second;
+      std::string text;
+      if (v.IsScalar()) {
+        text = v.as<std::string>();
+      } else if (!v.IsNull()) {
+        YAML::Emitter e;
+        e << YAML::Flow << v;
+        text = e.c_str();
+      }
+      out.emplace_back(kv.first.as<std::string>(), text);
+    }
+  } catch (const YAML::Exception& e) {
+    throw DataError(fmt::format("{}: not valid YAML: {}", file.string(), e.what()));
+  }
+  return out;
+}
+
+// "[2026-11-22 03:12:52.390][rank-0][INFO] backend: NVIDIA H200 (...)" -> "NVIDIA H200 (...)"
+std::string read_device(const fs::path& dir) {
+  std::ifstream in(dir / "logs" / "pre_trainer" / "rank-0" / "info.log");
+  std::string line;
+  const std::string marker = "] backend: ";
+  while (std::getline(in, line)) {
+    if (const size_t at = line.find(marker); at != std::string::npos)
+      return line.substr(at + marker.size());
+  }
+  return "";
+}
+
+// The shallowest directory under `dir` (itself included, two levels down) holding the CSVs
+// of `tessera report`.
+fs::path find_report_dir(const fs::path& dir) {
+  if (fs::exists(dir / "gpu_timeline.csv")) return dir;
+  std::vector<fs::path> level = {dir};
+  for (int depth = 0; depth < 2; ++depth) {
+    std::vector<fs::path> next;
+    for (const fs::path& d : level) {
+      std::error_code ec;
+      for (const auto& entry : fs::directory_iterator(d, ec)) {
+        if (!entry.is_directory()) continue;
+        if (fs::exists(entry.path() / "gpu_timeline.csv")) return entry.path();
+        next.push_back(entry.path());
+      }
+    }
+    level = std::move(next);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string RunData::config_value(const std::string& key) const {
+  for (const auto& [k, v] : config)
+    if (k == key) return v;
+  return "";
+}
+
+CsvTable read_csv(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot read", file.string()));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  std::vector<std::vector<std::string>> records(1);
+  std::string field;
+  bool quoted = false, any = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"', ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        field += c;
+      }
+    } else if (c == '"') {
+      quoted = any = true;
+    } else if (c == ',') {
+      records.back().push_back(std::move(field)), field.clear(), any = true;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      if (any || !field.empty()) records.back().push_back(std::move(field));
+      field.clear(), any = false;
+      records.emplace_back();
+    } else {
+      field += c, any = true;
+    }
+  }
+  if (any || !field.empty()) records.back().push_back(std::move(field));
+  while (!records.empty() && records.back().empty()) records.pop_back();
+  CsvTable t;
+  t.name = file.stem().string();
+  if (records.empty()) return t;
+  t.columns = std::move(records.front());
+  t.rows.assign(std::make_move_iterator(records.begin() + 1),
+                std::make_move_iterator(records.end()));
+  return t;
+}
+
+RunData load_run(const fs::path& dir) {
+  RunData r;
+  r.dir = dir;
+  std::ifstream in(dir / "metrics.jsonl");
+  if (!in) {
+    throw DataError(
+        fmt::format("{}: no metrics.jsonl (expected an experiment directory written "
+                    "by tessera train)",
+                    dir.string()));
+  }
+  std::map<int64_t, IterationRecord> by_iteration;
+  std::map<int64_t, double> eval;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // A run killed mid-write leaves a torn last line: count it, keep the rest.
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("iteration") || !j["iteration"].is_number_integer()) {
+      ++r.skipped_lines;
+      continue;
+    }
+    const int64_t it = j["iteration"].get<int64_t>();
+    if (j.contains("eval_lm_loss")) eval[it] = number(j, "eval_lm_loss");
+    if (!j.contains("lm_loss")) continue;
+    by_iteration[it] = IterationRecord{it,
+                                       number(j, "lm_loss"),
+                                       number(j, "elapsed_ms"),
+                                       number(j, "tokens_per_s_per_gpu"),
+                                       number(j, "tflops_per_gpu"),
+                                       number(j, "mem_peak_gib"),
+                                       number(j, "mem_allocated_gib")};
+  }
+  for (auto& [it, rec] : by_iteration) r.iterations.push_back(rec);
+  for (auto& [it, loss] : eval)
+    if (std::isfinite(loss)) r.eval_loss.emplace_back(it, loss);
+
+  r.config = read_config(dir / "config.yaml");
+  r.label = r.config_value("exp_name");
+  if (r.label.empty()) {
+    fs::path norm = fs::absolute(dir).lexically_normal();
+    if (norm.filename().empty()) norm = norm.parent_path();  // "runs/a/" names "a"
+    r.label = norm.filename().string();
+  }
+  r.device = read_device(dir);
+  r.report_dir = find_report_dir(dir);
+  if (!r.report_dir.empty()) {
+    for (const char* name : kReportTables) {
+      const fs::path csv = r.report_dir / (std::string(name) + ".csv");
+      if (fs::exists(csv)) r.report_tables.push_back(read_csv(csv));
+    }
+  }
+  return r;
+}
+
+void disambiguate_labels(std::vector<RunData>& runs) {
+  std::map<std::string, int> count;
+  for (const RunData& r : runs) ++count[r.label];
+  for (RunData& r : runs) {
+    if (count[r.label] > 1) r.label += " (" + r.dir.lexically_normal().string() + ")";
+  }
+}
+
+}  // namespace tessera::viz

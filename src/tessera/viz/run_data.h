@@ -1,0 +1,50 @@
+#pragma once
+// What `tessera plot` reads from an experiment directory: metrics.jsonl (one record per
+// logged iteration, plus evaluation records), config.yaml (the effective configuration), the
+// device line of rank 0's info.log, and a `tessera report` output if one was written there.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tessera::viz {
+
+// One logged iteration; NaN where the record lacks the key.
+struct IterationRecord {
+  int64_t iteration = 0;
+  double lm_loss, elapsed_ms, tokens_per_s_per_gpu, tflops_per_gpu, mem_peak_gib, mem_allocated_gib;
+};
+
+// A table of a trace report, read back from its CSV: every cell as text.
+struct CsvTable {
+  std::string name;  // file stem: categories, gemm, ...
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;
+};
+
+struct RunData {
+  std::filesystem::path dir;
+  std::string label;                        // exp_name from config.yaml, else the directory name
+  std::vector<IterationRecord> iterations;  // by iteration; a rerun's record wins
+  std::vector<std::pair<int64_t, double>> eval_loss;        // (iteration, eval_lm_loss)
+  std::vector<std::pair<std::string, std::string>> config;  // config.yaml, in file order
+  std::string device;                // "NVIDIA H200 (sm_90, ...)"; empty if no log
+  std::filesystem::path report_dir;  // a `tessera report` output under dir; empty if none
+  std::vector<CsvTable> report_tables;
+  int skipped_lines = 0;  // metrics lines that were not JSON objects
+
+  std::string config_value(const std::string& key) const;  // "" when absent
+};
+
+// Throws DataError when `dir` has no readable metrics.jsonl.
+RunData load_run(const std::filesystem::path& dir);
+
+// Gives runs with equal labels distinct ones ("name (dir)") so legends stay unambiguous.
+void disambiguate_labels(std::vector<RunData>& runs);
+
+// RFC 4180 CSV as written by analysis::write_csv (quoted fields may hold commas, quotes and
+// newlines). Throws DataError when the file cannot be read.
+CsvTable read_csv(const std::filesystem::path& file);
+
+}  // namespace tessera::viz

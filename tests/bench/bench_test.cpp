@@ -1,0 +1,294 @@
+// Benchmarks on the CPU backend: argument parsing, timing and rotation, the model's GEMM list
+// against the FLOPs convention, the correctness checks (a backend that computes wrong results
+// must fail them, so that no number is reported), and the commands end to end.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tessera/backend/backend_factory.h"
+#include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/bench/attention_bench.h"
+#include "tessera/bench/command_args.h"
+#include "tessera/bench/gemm_bench.h"
+#include "tessera/bench/membw_bench.h"
+#include "tessera/core/error.h"
+
+namespace tessera::bench {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The CPU backend with wrong arithmetic where a flag says so: what a broken kernel looks like
+// to the checks.
+class FaultyBackend final : public Backend {
+ public:
+  bool bad_matmul = false, bad_attention = false, bad_copy = false;
+
+  Device device() const override { return cpu_->device(); }
+  std::string description() const override { return "faulty cpu"; }
+  void* allocate(size_t bytes, const char* what) override { return cpu_->allocate(bytes, what); }
+  void release(void* p) override { cpu_->release(p); }
+  MemoryStats memory_stats() override { return cpu_->memory_stats(); }
+  void reset_peak_memory() override { cpu_->reset_peak_memory(); }
+  void upload(const Tensor& d, const void* s) override { cpu_->upload(d, s); }
+  void download(void* d, const Tensor& s) override { cpu_->download(d, s); }
+  void copy(const Tensor& d, const Tensor& s) override {
+    cpu_->copy(d, s);
+    if (bad_copy) cpu_->fill(d.flat_range(d.numel() - 1, 1), 0.0f);  // the last element lost
+  }
+  void synchronize() override {}
+  void fill(const Tensor& d, float v) override { cpu_->fill(d, v); }
+  void convert(const Tensor& d, const Tensor& s) override { cpu_->convert(d, s); }
+  void init_normal(const Tensor& d, uint64_t seed, uint64_t first, float mean, float std) override {
+    cpu_->init_normal(d, seed, first, mean, std);
+  }
+  void matmul(const MatmulArgs& a) override {
+    cpu_->matmul(a);
+    if (bad_matmul) cpu_->fill(a.out.flat_range(0, 1), 1e4f);  // one wrong element
+  }
+  void bias_backward(const Tensor& db, const Tensor& d) override { cpu_->bias_backward(db, d); }
+  void embedding_forward(const Tensor& o, const Tensor& t, const Tensor& w) override {
+    cpu_->embedding_forward(o, t, w);
+  }
+  void embedding_backward(const Tensor& dw, const Tensor& d, const Tensor& t) override {
+    cpu_->embedding_backward(dw, d, t);
+  }
+  void rmsnorm_forward(const Tensor& o, const Tensor& r, const Tensor& x, const Tensor& w,
+                       float e) override {
+    cpu_->rmsnorm_forward(o, r, x, w, e);
+  }
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& d, const Tensor& x,
+                        const Tensor& w, const Tensor& r) override {
+    cpu_->rmsnorm_backward(dx, dw, d, x, w, r);
+  }
+  void rope_forward(const Tensor& q, const Tensor& f, const AttentionShape& s) override {
+    cpu_->rope_forward(q, f, s);
+  }
+  void rope_backward(const Tensor& q, const Tensor& f, const AttentionShape& s) override {
+    cpu_->rope_backward(q, f, s);
+  }
+  void attention_forward(const Tensor& o, const Tensor& l, const Tensor& q,
+                         const AttentionShape& s) override {
+    AttentionShape wrong = s;
+    if (bad_attention) wrong.causal = !s.causal;  // a masking bug
+    cpu_->attention_forward(o, l, q, wrong);
+  }
+  void attention_backward(const Tensor& dq, const Tensor& d, const Tensor& o, const Tensor& l,
+                          const Tensor& q, const AttentionShape& s) override {
+    cpu_->attention_backward(dq, d, o, l, q, s);
+  }
+  void swiglu_forward(const Tensor& o, const Tensor& g) override { cpu_->swiglu_forward(o, g); }
+  void swiglu_backward(const Tensor& d, const Tensor& o, const Tensor& g) override {
+    cpu_->swiglu_backward(d, o, g);
+  }
+  void cross_entropy(const Tensor& l, const Tensor& x, const Tensor& t, const Tensor& d,
+                     float s) override {
+    cpu_->cross_entropy(l, x, t, d, s);
+  }
+  void sum(const Tensor& o, const Tensor& x, bool a) override { cpu_->sum(o, x, a); }
+  void sum_squares(const Tensor& o, const Tensor& x, bool a) override {
+    cpu_->sum_squares(o, x, a);
+  }
+  void adamw_step(const AdamWArgs& a) override { cpu_->adamw_step(a); }
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+};
+
+BenchContext cpu_context(bool faulty = false) {
+  BenchContext c;
+  c.device =
+      faulty ? std::unique_ptr<Backend>(std::make_unique<FaultyBackend>()) : make_cpu_backend();
+  c.reference = make_cpu_backend();
+  c.warmup = 1;
+  c.iters = 3;
+  c.budget_bytes = size_t{1} << 30;
+  return c;
+}
+
+FaultyBackend& faults(BenchContext& c) {
+  return static_cast<FaultyBackend&>(*c.device);
+}
+
+struct Result {
+  int status = -1;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  Result r;
+  FILE* p = popen((std::string(TESSERA_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
+  const int s = pclose(p);
+  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
+  return r;
+}
+
+TEST(CommandArgs, ConventionsOfTheCli) {
+  const CommandArgs a({"--sizes", "1,2", "--iters=7", "-o", "out", "run1", "--flag", "--num_layers",
+                       "4", "--seq_length=128", "run2"},
+                      {"sizes", "iters", "output"}, {"flag"}, true);
+  EXPECT_EQ(a.get_int_list("sizes", {}), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(a.get_int("iters", 1), 7);
+  EXPECT_EQ(a.get("output", ""), "out");
+  EXPECT_TRUE(a.has("flag"));
+  EXPECT_EQ(a.positional(), (std::vector<std::string>{"run1", "run2"}));
+  EXPECT_EQ(a.unknown(), (std::vector<std::string>{"--num_layers", "4", "--seq_length=128"}));
+  EXPECT_THROW(CommandArgs({"--bogus", "1"}, {"sizes"}, {}, false), ConfigError);
+  EXPECT_THROW(CommandArgs({"--sizes"}, {"sizes"}, {}, false), ConfigError);
+  EXPECT_THROW(CommandArgs({"--iters", "x"}, {"iters"}, {}, false).get_int("iters", 1),
+               ConfigError);
+  EXPECT_THROW(CommandArgs({"--iters", "0"}, {"iters"}, {}, false).get_int("iters", 1),
+               ConfigError);
+}
+
+TEST(Measure, SamplesLastAtLeastAMillisecondAndRotationCoversTheCache) {
+  auto b = make_cpu_backend();
+  int calls = 0;
+  const Timing t = measure(
+      *b,
+      [&](int i) {
+        EXPECT_EQ(i, calls);
+        ++calls;
+      },
+      2, 5);
+  EXPECT_EQ(t.samples, 5);
+  EXPECT_GT(t.calls_per_sample, 1);  // an empty op needs many calls per millisecond
+  EXPECT_EQ(calls, 2 + 1 + 5 * t.calls_per_sample);
+  EXPECT_LE(t.min_ms, t.median_ms);
+  EXPECT_LE(t.median_ms, t.max_ms);
+
+  EXPECT_EQ(rotation_sets(100 << 20, 50 << 20, size_t{8} << 30), 1);  // already beyond L2
+  EXPECT_EQ(rotation_sets(10 << 20, 50 << 20, size_t{8} << 30), 10);  // 2 x L2
+  EXPECT_EQ(rotation_sets(1 << 10, 50 << 20, size_t{8} << 30), 64);   // capped
+  EXPECT_EQ(rotation_sets(1 << 30, 50 << 20, 512 << 20), 1);          // over budget: one set
+  EXPECT_EQ(rotation_sets(10 << 20, 0, size_t{8} << 30), 1);          // CPU: no cache target
+}
+
+TEST(AttentionFlops, Convention) {
+  EXPECT_DOUBLE_EQ(visible_pairs(8192, true, 0), 8192.0 * 8192 / 2);  // causal counts half
+  EXPECT_DOUBLE_EQ(visible_pairs(8192, false, 0), 8192.0 * 8192);
+  EXPECT_DOUBLE_EQ(visible_pairs(8, true, 3), 1 + 2 + 3 * 6);  // the band, exactly
+  EXPECT_DOUBLE_EQ(visible_pairs(8192, true, 8192), 8192.0 * 8192 / 2);
+  AttentionProblem p;
+  p.batch = 1, p.seq = 8192, p.heads = 32, p.kv_heads = 8, p.head_dim = 128;
+  EXPECT_NEAR(p.forward_flops() / 1e12, 0.5497, 1e-4);  // 4 * 32 * 128 * 8192^2 / 2
+  p.backward = true;
+  EXPECT_DOUBLE_EQ(p.flops(), 2.5 * p.forward_flops());
+}
+
+// The listed GEMMs of one step are the Megatron convention's 6 * P_matmul FLOPs per token.
+TEST(ModelGemms, AddUpToSixTimesTheMatmulParametersPerToken) {
+  ModelSpec s;
+  s.vocab_size = 1024, s.num_layers = 3, s.hidden = 256, s.ffn = 512, s.heads = 8, s.kv_heads = 2;
+  s.head_dim = 32, s.qkv_bias = true;
+  ModelRuntime rt;
+  rt.micro_batch = 2, rt.seq_length = 512, rt.cross_entropy_chunk_tokens = 256;
+  const std::vector<GemmProblem> g = model_gemms(s, rt);
+  ASSERT_EQ(g.size(), 15u);
+  double flops = 0;
+  for (const GemmProblem& p : g) flops += p.flops() * p.calls_per_step;
+  EXPECT_DOUBLE_EQ(flops, 6.0 * s.matmul_params() * 1024);
+  EXPECT_EQ(g[0].name, "qkv forward");
+  EXPECT_EQ(g[0].layout(), "NT");
+  EXPECT_EQ(g[0].epilogue, Epilogue::Bias);
+  EXPECT_EQ(g[4].calls_per_step, 4);  // lm_head over 1024 tokens in chunks of 256
+  EXPECT_EQ(g.back().layout(), "TN");
+  EXPECT_TRUE(g.back().fp32_out);
+}
+
+TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {
+  BenchContext good = cpu_context();
+  for (Epilogue e : {Epilogue::None, Epilogue::Bias, Epilogue::Residual, Epilogue::Accumulate})
+    for (auto [ta, tb] : {std::pair{false, false}, {false, true}, {true, false}}) {
+      const GemmProblem p{"t", 96, 64, 48, ta, tb, e};
+      EXPECT_TRUE(check_gemm(good, p).ok) << p.layout() << " " << epilogue_name(e);
+    }
+
+  BenchContext bad = cpu_context(true);
+  faults(bad).bad_matmul = true;
+  const GemmResult wrong = run_gemm(bad, GemmProblem{"sq", 64, 64, 64, false, true});
+  EXPECT_FALSE(wrong.check.ok);
+  EXPECT_EQ(wrong.tflops, 0);  // no timing, no number
+  EXPECT_NE(wrong.check.failure.find("small case"), std::string::npos) << wrong.check.failure;
+
+  AttentionProblem a;
+  a.batch = 1, a.seq = 96, a.heads = 4, a.kv_heads = 2, a.head_dim = 16;
+  EXPECT_TRUE(check_attention(good, a).ok);
+  faults(bad).bad_matmul = false;
+  faults(bad).bad_attention = true;
+  EXPECT_FALSE(check_attention(bad, a).ok);
+
+  EXPECT_TRUE(run_copy(good, 1 << 20).ok);
+  faults(bad).bad_attention = false;
+  faults(bad).bad_copy = true;
+  const CopyResult c = run_copy(bad, 1 << 20);
+  EXPECT_FALSE(c.ok);
+  EXPECT_EQ(c.gbps, 0);
+}
+
+TEST(BenchCommands, WriteTablesAsMarkdownAndCsv) {
+  const fs::path out = fs::temp_directory_path() / ("tessera_bench_" + std::to_string(getpid()));
+  Result r = run("bench gemm --device cpu --sizes 64,96 --layouts NT,TN --iters 2 --warmup 1 -o " +
+                 out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("| 96^3 | TN | 96 | 96 | 96 | bias | fp32 |"), std::string::npos)
+      << r.output;
+  std::ifstream csv(out / "bench_gemm.csv");
+  std::string line;
+  int lines = 0;
+  while (std::getline(csv, line)) ++lines;
+  EXPECT_EQ(lines, 1 + 2 * 2 * 2);
+  EXPECT_TRUE(fs::exists(out / "bench_gemm.md"));
+
+  r =
+      run("bench attention --device cpu --seqs 64,128 --head_dims 16 --heads 4 --kv_heads 2 "
+          "--window 64 --batch 1 --iters 2 --warmup 1 -o " +
+          out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  // causal and full at both lengths, the window only where it is shorter than the sequence.
+  EXPECT_NE(r.output.find("10 attention problems checked and timed"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(out / "bench_attention.csv"));
+
+  r = run("bench membw --device cpu --sizes_mib 1,4 --iters 2 -o " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out / "bench_membw.csv"));
+
+  r =
+      run("bench gemm --device cpu --config default --seq_length 32 --micro_batch_size 2 "
+          "--iters 2 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("one training step's GEMMs"), std::string::npos) << r.output;
+
+  EXPECT_EQ(run("bench gemm --device cpu --layouts XY").status, 2);
+  EXPECT_EQ(run("bench gemm --device cpu --num_layers 2").status, 2);  // needs --config
+  EXPECT_EQ(run("bench membw --device cpu --gpu H100").status, 2);
+  fs::remove_all(out);
+}
+
+// Exit code 0 with a verdict whether or not there is a GPU; without one the report says so.
+TEST(Preflight, ReportsAVerdictPerLine) {
+  const fs::path out =
+      fs::temp_directory_path() / ("tessera_preflight_" + std::to_string(getpid()));
+  const Result r = run("preflight --gemm_size 2048 --copy_mib 256 -o " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("verdict: "), std::string::npos) << r.output;
+  if (cuda_device_count() == 0) {
+    EXPECT_NE(r.output.find("| GPU | none | warn |"), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("| GEMM | "), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;
+  }
+  EXPECT_TRUE(fs::exists(out / "preflight.csv"));
+  fs::remove_all(out);
+}
+
+}  // namespace
+}  // namespace tessera::bench

@@ -1,0 +1,111 @@
+#pragma once
+// Helpers shared by the checkpoint tests: a scratch directory per test, tiny experiments,
+// reading files, running the tessera binary and python3.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/config/config.h"
+#include "tessera/obs/logger.h"
+#include "tessera/train/trainer.h"
+
+namespace tessera::testing {
+
+namespace fs = std::filesystem;
+
+// A fresh directory named after the running test, removed when the test passes.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
+    for (char& c : name)
+      if (c == '/') c = '_';
+    path_ = fs::temp_directory_path() / ("tessera_ckpt_" + std::to_string(::getpid()) + "_" + name);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    if (!::testing::Test::HasFailure()) fs::remove_all(path_);
+  }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+inline const std::string kMockData =
+    "mock_data: true\nvocab_size: 50\nmake_vocab_size_divisible_by: 1\n";
+
+// A 2-layer GQA model, small enough to train in milliseconds, on `data` (mock by default);
+// `extra` YAML lines add keys.
+inline Experiment tiny_experiment(const fs::path& dir, const std::string& extra = "",
+                                  const std::string& data = kMockData) {
+  const fs::path p = dir / "experiment.yaml";
+  std::ofstream(p) << "model: tiny_llama\nnum_layers: 2\nhidden_size: 32\nffn_hidden_size: 48\n"
+                      "num_attention_heads: 4\nnum_query_groups: 2\nseq_length: 16\n"
+                      "micro_batch_size: 2\nglobal_batch_size: 4\ntrain_iters: 6\nlr: 0.01\n"
+                      "lr_warmup_iters: 2\nweight_decay: 0.1\nclip_grad: 0.5\nlog_progress: false\n"
+                   << data << extra;
+  LoadOptions o;
+  o.config_path = p.string();
+  return load_experiment(o);
+}
+
+inline std::unique_ptr<Trainer> make_trainer(const Experiment& e, Logger& log) {
+  return std::make_unique<Trainer>(e, make_cpu_backend(), log, nullptr);
+}
+
+inline std::vector<float> download(Backend& b, const Tensor& t) {
+  std::vector<float> out(t.numel());
+  b.download(out.data(), t);
+  return out;
+}
+
+inline std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs a shell command line, capturing its output.
+inline RunResult run_command(const std::string& command) {
+  RunResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline RunResult run_tessera(const std::string& args) {
+  return run_command(std::string(TESSERA_BINARY) + " " + args);
+}
+
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace tessera::testing

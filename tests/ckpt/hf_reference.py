@@ -1,0 +1,194 @@
+"""Hugging Face-side reference for Tessera's interop tests (tests/ckpt/hf_test.cpp).
+
+Reads and writes Hugging Face model directories by hand (config.json, model.safetensors or
+shards listed by model.safetensors.index.json; this machine has no `safetensors` or
+`transformers` package) and computes logits in float64 with the independent Llama of
+tests/model/torch_reference.py, configured from config.json the way transformers reads it
+(defaults of its config classes, Qwen2's built-in QKV bias, Mistral's window, tied heads).
+
+  hf_reference.py logits HF_DIR TOKENS.txt OUT.safetensors
+      logits [B, T, V] and the mean next-token loss (transformers' loss with labels = ids)
+  hf_reference.py make {llama,qwen2,mistral} HF_DIR {F32,BF16,F16} SHARDS
+      a tiny random model with Hugging Face names (separate q/k/v, gate/up)
+"""
+import json
+import os
+import struct
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+from torch_reference import Llama, write_safetensors  # noqa: E402
+
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    tensors = {}
+    for name, v in header.items():
+        a, b = v["data_offsets"]
+        tensors[name] = torch.frombuffer(bytearray(data[a:b]), dtype=DTYPES[v["dtype"]]).reshape(v["shape"])
+    return tensors
+
+
+def write_typed_safetensors(path, tensors, dtype_name):
+    """Writes every tensor as dtype_name (F32, BF16 or F16) with transformers' metadata."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, t in tensors.items():
+        t = t.to(DTYPES[dtype_name]).contiguous()
+        raw = (t.view(torch.int16) if t.element_size() == 2 else t).numpy().tobytes()
+        header[name] = {"dtype": dtype_name, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for raw in blobs:
+            f.write(raw)
+
+
+def read_hf_dir(d):
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    weights = {}
+    for name in files:
+        weights.update(read_safetensors(os.path.join(d, name)))
+    return config, weights
+
+
+def reference_config(hf):
+    """torch_reference's config from a Hugging Face config.json, with transformers' defaults."""
+    kind = hf["model_type"]
+    heads = hf["num_attention_heads"]
+    rope = hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    assert rope_type in ("default", "llama3"), rope_type
+    window = 0
+    if kind == "mistral":
+        window = hf.get("sliding_window", 4096) or 0
+    if kind == "qwen2":
+        assert not hf.get("use_sliding_window", False)
+    return {
+        "layers": hf["num_hidden_layers"], "heads": heads,
+        "kv_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
+        "ffn": hf["intermediate_size"], "eps": hf.get("rms_norm_eps", 1e-6),
+        "rotary_base": hf.get("rope_theta", 10000.0), "rope_scaling": rope_type == "llama3",
+        "rope_factor": rope.get("factor"), "rope_low": rope.get("low_freq_factor"),
+        "rope_high": rope.get("high_freq_factor"),
+        "rope_original": rope.get("original_max_position_embeddings"), "window": window,
+    }
+
+
+def logits(hf_dir, tokens_path, out):
+    config, weights = read_hf_dir(hf_dir)
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    # transformers ties the head to the embedding by the config, whatever the file holds.
+    if config.get("tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)
+    else:
+        assert "lm_head.weight" in weights, "untied model without lm_head.weight"
+    if config["model_type"] == "qwen2":  # Qwen2 always has q/k/v biases
+        assert all(f"model.layers.{l}.self_attn.{p}_proj.bias" in weights
+                   for l in range(config["num_hidden_layers"]) for p in "qkv")
+    with open(tokens_path) as f:
+        tokens = torch.tensor([[int(x) for x in line.split()] for line in f if line.strip()])
+    model = Llama(reference_config(config), weights)
+    with torch.no_grad():
+        out_logits = model(tokens)
+        V = out_logits.shape[-1]
+        loss = torch.nn.functional.cross_entropy(out_logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1))
+    write_safetensors(out, {"logits": out_logits, "loss": loss.reshape(1)})
+
+
+# The same shapes as the C++ test's experiments (tests/ckpt/hf_test.cpp, kHfCases).
+CONFIGS = {
+    "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96,
+              "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+              "tie_word_embeddings": False, "attention_bias": False},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 96,
+              "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 128,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu",
+              "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": None},
+    "mistral": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 96,
+                "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+                "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+                "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "hidden_act": "silu", "sliding_window": 5, "tie_word_embeddings": False},
+}
+
+
+def make(kind, out_dir, dtype_name, shards):
+    c = CONFIGS[kind]
+    g = torch.Generator().manual_seed(7)
+    C, F, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    H, KV = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or C // H
+
+    def rand(*shape, mean=0.0):
+        return mean + 0.1 * torch.randn(*shape, generator=g, dtype=torch.float32)
+
+    w = {"model.embed_tokens.weight": rand(V, C)}
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
+        for name, rows in (("q", H * hd), ("k", KV * hd), ("v", KV * hd)):
+            w[p + f"self_attn.{name}_proj.weight"] = rand(rows, C)
+            if kind == "qwen2":
+                w[p + f"self_attn.{name}_proj.bias"] = rand(rows)
+        w[p + "self_attn.o_proj.weight"] = rand(C, H * hd)
+        w[p + "post_attention_layernorm.weight"] = rand(C, mean=1.0)
+        w[p + "mlp.gate_proj.weight"] = rand(F, C)
+        w[p + "mlp.up_proj.weight"] = rand(F, C)
+        w[p + "mlp.down_proj.weight"] = rand(C, F)
+    w["model.norm.weight"] = rand(C, mean=1.0)
+    if not c["tie_word_embeddings"]:
+        w["lm_head.weight"] = rand(V, C)
+    if kind == "llama":  # old Llama checkpoints carry this buffer; loaders must skip it
+        w["model.layers.0.self_attn.rotary_emb.inv_freq"] = rand(hd // 2)
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(dict(c, torch_dtype={"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[dtype_name]), f, indent=2)
+    names = list(w)
+    if shards == 1:
+        write_typed_safetensors(os.path.join(out_dir, "model.safetensors"), w, dtype_name)
+        return
+    weight_map, per = {}, (len(names) + shards - 1) // shards
+    for k in range(shards):
+        file = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: w[n] for n in names[k * per:(k + 1) * per]}
+        write_typed_safetensors(os.path.join(out_dir, file), part, dtype_name)
+        weight_map.update({n: file for n in part})
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2)
+
+
+if __name__ == "__main__":
+    torch.set_default_dtype(torch.float64)
+    if sys.argv[1] == "logits":
+        logits(*sys.argv[2:5])
+    elif sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        sys.exit(f"unknown mode {sys.argv[1]}")

@@ -1,0 +1,421 @@
+// Hugging Face interop: config.json mapping, export and import through `tessera convert`,
+// and logits that match an independent float64 PyTorch Llama reading the Hugging Face
+// files (tests/ckpt/hf_reference.py) for Llama 3.1 (GQA, RoPE scaling, untied), Qwen 2.5
+// (QKV bias, tied, MQA) and Mistral (sliding window) shapes.
+//
+// Tolerance: Tessera's CPU backend computes in fp32, the reference in fp64; as in
+// tests/model/torch_parity_test.cpp logits agree to ~1e-6 relative and 1e-5 is the bound.
+#include <cmath>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt_test_util.h"
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/hf_model.h"
+#include "tessera/ckpt/model_spec_json.h"
+#include "tessera/ckpt/safetensors.h"
+#include "tessera/core/error.h"
+
+namespace tessera::testing {
+namespace {
+
+struct HfCase {
+  const char* name;
+  const char* model_type;  // what the export must choose, and hf_reference.py's CONFIGS key
+  const char* yaml;        // the same model as hf_reference.py's CONFIGS[model_type]
+};
+
+const HfCase kHfCases[] = {
+    {"llama31", "llama",
+     "num_layers: 2\nhidden_size: 32\nffn_hidden_size: 48\nnum_attention_heads: "
+     "4\nnum_query_groups: 2\n"
+     "use_rope_scaling: true\nrope_scaling_factor: 8\nrope_low_freq_factor: "
+     "1\nrope_high_freq_factor: 4\n"
+     "rope_original_max_position_embeddings: 64\nrotary_base: 10000\nnorm_epsilon: 1.0e-5\n"},
+    {"qwen25", "qwen2",
+     "num_layers: 2\nhidden_size: 32\nffn_hidden_size: 40\nnum_attention_heads: "
+     "4\nnum_query_groups: 1\n"
+     "add_qkv_bias: true\nuntie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
+     "norm_epsilon: 1.0e-6\n"},
+    {"mistral", "mistral",
+     "num_layers: 3\nhidden_size: 32\nffn_hidden_size: 64\nnum_attention_heads: "
+     "2\nnum_query_groups: 2\n"
+     "sliding_window: 5\nrotary_base: 10000\nnorm_epsilon: 1.0e-5\n"},
+};
+
+Experiment case_experiment(const fs::path& dir, const HfCase& c, const std::string& extra = "") {
+  const fs::path p = dir / "experiment.yaml";
+  std::ofstream(p)
+      << "model: tiny_llama\nmock_data: true\nvocab_size: 96\nmake_vocab_size_divisible_by: 1\n"
+         "max_position_embeddings: 128\nseq_length: 16\nmicro_batch_size: 2\n"
+         "global_batch_size: 4\ntrain_iters: 2\nlr: 0.01\nlog_progress: false\n"
+      << c.yaml << extra;
+  LoadOptions o;
+  o.config_path = p.string();
+  return load_experiment(o);
+}
+
+// Two sequences of 12 ids below 96 (the cases' vocabulary), one per line.
+fs::path write_tokens(const fs::path& dir) {
+  std::mt19937 rng(5);
+  std::string text;
+  for (int row = 0; row < 2; ++row) {
+    for (int t = 0; t < 12; ++t) text += std::to_string(rng() % 96) + (t < 11 ? " " : "\n");
+  }
+  write_file(dir / "tokens.txt", text);
+  return dir / "tokens.txt";
+}
+
+RunResult python(const std::string& args) {
+  return run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
+                     "/ckpt/hf_reference.py " + args);
+}
+
+// Norm-wise relative difference of `name` in two safetensors files.
+double relative_error(const fs::path& a, const fs::path& ref, const std::string& name) {
+  const std::vector<float> x = SafetensorsFile(a.string()).to_float(name),
+                           y = SafetensorsFile(ref.string()).to_float(name);
+  EXPECT_EQ(x.size(), y.size()) << name;
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+    diff += (static_cast<double>(x[i]) - y[i]) * (static_cast<double>(x[i]) - y[i]);
+    norm += static_cast<double>(y[i]) * y[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-300));
+}
+
+void expect_same_logits(const fs::path& tessera, const fs::path& reference,
+                        const std::string& what) {
+  const double logits = relative_error(tessera, reference, "logits"),
+               loss = relative_error(tessera, reference, "loss");
+  EXPECT_LT(logits, 1e-5) << what;
+  EXPECT_LT(loss, 1e-5) << what;
+  std::printf("[ hf       ] %s: logits %.2e, loss %.2e (relative errors)\n", what.c_str(), logits,
+              loss);
+}
+
+class HfInterop : public ::testing::TestWithParam<HfCase> {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(run_command(std::string(TESSERA_PYTHON) + " -c 'import torch'").exit_code, 0)
+        << TESSERA_PYTHON << " cannot import torch: install python3-torch (scripts/setup.sh does)";
+  }
+};
+
+TEST_P(HfInterop, ExportedDirectoryGivesTheSameLogitsInAnIndependentReference) {
+  const HfCase& c = GetParam();
+  ScratchDir dir;
+  Logger log("", 0, false, false);
+  const std::string save = (dir / "ckpt").string();
+  {
+    auto trainer = make_trainer(case_experiment(dir.path(), c, "save: " + save + "\n"), log);
+    trainer->train();  // two steps, so the weights are no longer their initial values
+  }
+  const fs::path tokens = write_tokens(dir.path());
+  const fs::path fp32 = dir / "hf_fp32", bf16 = dir / "hf_bf16";
+  RunResult r =
+      run_tessera("convert --from " + save + " --to-hf " + fp32.string() + " --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto config = nlohmann::json::parse(read_file(fp32 / "config.json"));
+  EXPECT_EQ(config["model_type"], c.model_type);
+  EXPECT_EQ(config["torch_dtype"], "float32");
+  EXPECT_TRUE(fs::exists(fp32 / "model.safetensors"));
+  EXPECT_EQ(SafetensorsFile((fp32 / "model.safetensors").string()).metadata().at("format"), "pt");
+
+  r = run_tessera("convert --from " + save + " --check-logits " + tokens.string() + " --out " +
+                  (dir / "tessera.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = python("logits " + fp32.string() + " " + tokens.string() + " " +
+             (dir / "ref.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_logits(dir / "tessera.safetensors", dir / "ref.safetensors",
+                     std::string(c.name) + " fp32 export");
+
+  // bf16, sharded: the reference reads the rounded weights, Tessera re-imports them.
+  r = run_tessera("convert --from " + save + " --to-hf " + bf16.string() + " --shard-size 20KB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(fs::exists(bf16 / "model.safetensors.index.json"));
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(bf16))
+    shards += e.path().filename().string().starts_with("model-");
+  EXPECT_GE(shards, 2);
+  r = run_tessera("convert --from-hf " + bf16.string() + " --check-logits " + tokens.string() +
+                  " --out " + (dir / "tessera_bf16.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = python("logits " + bf16.string() + " " + tokens.string() + " " +
+             (dir / "ref_bf16.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_logits(dir / "tessera_bf16.safetensors", dir / "ref_bf16.safetensors",
+                     std::string(c.name) + " bf16 sharded export");
+}
+
+TEST_P(HfInterop, ImportedDirectoryGivesTheSameLogitsAndInitialisesTraining) {
+  const HfCase& c = GetParam();
+  ScratchDir dir;
+  const fs::path hf = dir / "hf", tokens = write_tokens(dir.path());
+  // Hugging Face names (separate q/k/v, gate/up), bf16, in two shards with an index.
+  RunResult r = python(std::string("make ") + c.model_type + " " + hf.string() + " BF16 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = python("logits " + hf.string() + " " + tokens.string() + " " +
+             (dir / "ref.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera("convert --from-hf " + hf.string() + " --check-logits " + tokens.string() +
+                  " --out " + (dir / "tessera.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_same_logits(dir / "tessera.safetensors", dir / "ref.safetensors",
+                     std::string(c.name) + " import");
+
+  // Through a weights-only checkpoint: the same weights, so bitwise the same logits.
+  const fs::path ckpt = dir / "ckpt";
+  r = run_tessera("convert --from-hf " + hf.string() + " --to " + ckpt.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera("convert --from " + ckpt.string() + " --check-logits " + tokens.string() +
+                  " --out " + (dir / "via_ckpt.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(relative_error(dir / "via_ckpt.safetensors", dir / "tessera.safetensors", "logits"),
+            0.0);
+
+  // hf_init_path puts exactly those weights into the trainer's master weights.
+  Logger log("", 0, false, false);
+  auto trainer =
+      make_trainer(case_experiment(dir.path(), c, "hf_init_path: " + hf.string() + "\n"), log);
+  const HfModelReader reader(hf.string());
+  const std::vector<float> master = download(trainer->backend(), trainer->optimizer().master());
+  for (const ParamInfo& p : trainer->model().layout().params) {
+    const std::vector<float> w = reader.weights(p);
+    EXPECT_TRUE(std::equal(w.begin(), w.end(), master.begin() + p.offset)) << p.name;
+  }
+  // A weights-only checkpoint starts training from the same weights.
+  auto from_ckpt =
+      make_trainer(case_experiment(dir.path(), c, "load: " + ckpt.string() + "\n"), log);
+  EXPECT_EQ(from_ckpt->completed_iterations(), 0);
+  EXPECT_EQ(download(from_ckpt->backend(), from_ckpt->optimizer().master()), master);
+  EXPECT_EQ(trainer->run_iteration(1).loss, from_ckpt->run_iteration(1).loss);
+  try {
+    make_trainer(
+        case_experiment(dir.path(), c, "num_layers: 5\nhf_init_path: " + hf.string() + "\n"), log);
+    ADD_FAILURE() << "expected a shape mismatch";
+  } catch (const DataError& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(contains(m, (hf / "config.json").string() +
+                                ": the Hugging Face model differs from the configured model"))
+        << m;
+    EXPECT_TRUE(contains(m, "num_layers: " + std::to_string(reader.spec().num_layers) + " in " +
+                                (hf / "config.json").string() + ", 5 configured"))
+        << m;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfInterop, ::testing::ValuesIn(kHfCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// config.json written by hand: every field the mapping reads, and the refusals.
+TEST(HfConfig, MapsFieldsWithTransformersDefaultsAndRefusesUnsupportedFeatures) {
+  ScratchDir dir;
+  auto read = [&](const nlohmann::json& j, HfArchitecture* arch = nullptr) {
+    write_file(dir / "config.json", j.dump());
+    return read_hf_config(dir.path().string(), arch);
+  };
+  const nlohmann::json llama = {{"model_type", "llama"},
+                                {"hidden_size", 64},
+                                {"intermediate_size", 128},
+                                {"num_hidden_layers", 3},
+                                {"num_attention_heads", 8},
+                                {"num_key_value_heads", 2},
+                                {"vocab_size", 1000},
+                                {"rope_theta", 500000.0},
+                                {"rms_norm_eps", 1e-5},
+                                {"max_position_embeddings", 4096},
+                                {"tie_word_embeddings", true},
+                                {"rope_scaling",
+                                 {{"rope_type", "llama3"},
+                                  {"factor", 8.0},
+                                  {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0},
+                                  {"original_max_position_embeddings", 8192}}}};
+  HfArchitecture arch;
+  ModelSpec s = read(llama, &arch);
+  EXPECT_EQ(arch, HfArchitecture::Llama);
+  EXPECT_EQ(s.hidden, 64);
+  EXPECT_EQ(s.ffn, 128);
+  EXPECT_EQ(s.num_layers, 3);
+  EXPECT_EQ(s.heads, 8);
+  EXPECT_EQ(s.kv_heads, 2);
+  EXPECT_EQ(s.head_dim, 8);  // hidden_size / heads when head_dim is absent
+  EXPECT_EQ(s.vocab_size, 1000);
+  EXPECT_EQ(s.rotary_base, 500000.0);
+  EXPECT_EQ(s.norm_eps, 1e-5f);
+  EXPECT_TRUE(s.tied_embeddings);
+  EXPECT_TRUE(s.rope_scaling.enabled);
+  EXPECT_EQ(s.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_FALSE(s.qkv_bias);
+
+  nlohmann::json qwen = llama;
+  qwen["model_type"] = "qwen2";
+  qwen["use_sliding_window"] = false;
+  qwen["sliding_window"] = 4096;  // ignored without use_sliding_window
+  qwen.erase("rope_scaling");
+  s = read(qwen, &arch);
+  EXPECT_EQ(arch, HfArchitecture::Qwen2);
+  EXPECT_TRUE(s.qkv_bias);
+  EXPECT_EQ(s.sliding_window, 0);
+
+  nlohmann::json mistral = llama;
+  mistral["model_type"] = "mistral";
+  mistral["head_dim"] = 16;
+  mistral.erase("rope_scaling");
+  EXPECT_EQ(read(mistral).sliding_window, 4096);  // MistralConfig's default
+  EXPECT_EQ(read(mistral).head_dim, 16);
+  mistral["sliding_window"] = nullptr;  // Mistral v0.2+: full attention
+  EXPECT_EQ(read(mistral).sliding_window, 0);
+  mistral["sliding_window"] = 7;
+  EXPECT_EQ(read(mistral).sliding_window, 7);
+
+  // transformers 5 writes rope_parameters (with rope_theta inside) instead.
+  nlohmann::json v5 = llama;
+  v5["rope_parameters"] = v5["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  v5.erase("rope_scaling");
+  v5.erase("rope_theta");
+  const SpecDifferences same = compare_specs(read(v5), read(llama), "config.json");
+  EXPECT_TRUE(same.shape.empty() && same.behaviour.empty()) << join_lines(same.behaviour);
+
+  // The written config reads back as the same model, by either spelling of RoPE.
+  for (const ModelSpec& spec : {read(llama), read(qwen), read(mistral)}) {
+    const nlohmann::ordered_json written = hf_config_json(spec, DType::BF16);
+    for (const std::string drop : {"rope_parameters", "rope_scaling"}) {
+      nlohmann::ordered_json j = written;
+      j.erase(drop);
+      if (drop == "rope_scaling") j.erase("rope_theta");
+      write_file(dir / "config.json", j.dump());
+      const SpecDifferences d =
+          compare_specs(read_hf_config(dir.path().string()), spec, "config.json");
+      EXPECT_TRUE(d.shape.empty() && d.behaviour.empty())
+          << "without " << drop << ": " << join_lines(d.shape) << join_lines(d.behaviour);
+    }
+  }
+
+  const std::string file = (dir / "config.json").string();
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refusals = {
+      {[](auto& j) { j["model_type"] = "gpt2"; },
+       ": model_type 'gpt2' is not supported; expected llama, qwen2 or mistral"},
+      {[](auto& j) { j["attention_bias"] = true; },
+       ": attention_bias: true (Llama's bias includes o_proj) is not supported"},
+      {[](auto& j) { j["hidden_act"] = "gelu"; },
+       ": hidden_act 'gelu' (expected silu) is not supported"},
+      {[](auto& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+       },
+       "RoPE type 'yarn' (expected llama3 or default) is not supported"},
+      {[](auto& j) { j.erase("hidden_size"); }, ": field 'hidden_size' is missing"},
+      {[](auto& j) { j["num_key_value_heads"] = 3; }, ": inconsistent sizes"},
+      {[](auto& j) {
+         j["model_type"] = "qwen2";
+         j["use_sliding_window"] = true;
+       },
+       "use_sliding_window: true"},
+  };
+  for (const auto& [edit, expected] : refusals) {
+    nlohmann::json j = llama;
+    edit(j);
+    try {
+      read(j);
+      ADD_FAILURE() << "accepted: " << expected;
+    } catch (const DataError& e) {
+      EXPECT_TRUE(contains(e.what(), file + expected) || contains(e.what(), expected)) << e.what();
+      EXPECT_TRUE(contains(e.what(), file)) << e.what();
+    }
+  }
+}
+
+TEST(HfWeights, RoundTripFusesAndShardsAndRefusesBadTensors) {
+  ScratchDir dir;
+  Logger log("", 0, false, false);
+  auto trainer = make_trainer(case_experiment(dir.path(), kHfCases[1]), log);  // qwen: bias, tied
+  const ModelSpec& spec = trainer->spec();
+  const std::vector<float> master = download(trainer->backend(), trainer->optimizer().master());
+  const auto weights = [&](const ParamInfo& p) {
+    return std::vector<float>(master.begin() + p.offset, master.begin() + p.offset + p.numel());
+  };
+  const fs::path hf = dir / "hf";
+  write_hf_model(hf.string(), spec, weights, {DType::F32, 16 * 1024});
+  EXPECT_FALSE(fs::exists(dir / "hf.tmp"));
+  const auto index = nlohmann::json::parse(read_file(hf / "model.safetensors.index.json"));
+  EXPECT_EQ(
+      index["weight_map"]["model.layers.1.self_attn.k_proj.bias"].get<std::string>().substr(0, 6),
+      "model-");
+  EXPECT_FALSE(index["weight_map"].contains("lm_head.weight"));  // tied
+  const HfModelReader reader(hf.string());
+  for (const ParamInfo& p : reader.layout().params)
+    EXPECT_EQ(reader.weights(p), weights(p)) << p.name;
+
+  // One file, bf16: values rounded to nearest-even.
+  const fs::path single = dir / "single";
+  write_hf_model(single.string(), spec, weights, {DType::BF16, 1ull << 40});
+  const SafetensorsFile f((single / "model.safetensors").string());
+  const ParamInfo& qkv = reader.layout().params[reader.layout().layers[0].qkv_weight];
+  const std::vector<float> k = f.to_float("model.layers.0.self_attn.k_proj.weight");
+  const int64_t q_rows = spec.heads * spec.head_dim;
+  for (size_t i = 0; i < k.size(); ++i)
+    ASSERT_EQ(k[i], round_to_bf16(master[qkv.offset + q_rows * spec.hidden + i])) << i;
+
+  // Damaged directories: each refusal names the file and tensor.
+  const auto error = [](const fs::path& d) -> std::string {
+    try {
+      HfModelReader r(d.string());
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::vector<SafetensorsTensor> tensors = f.tensors();
+  std::erase_if(tensors,
+                [](const auto& t) { return t.name == "model.layers.1.mlp.up_proj.weight"; });
+  write_safetensors((single / "model.safetensors").string(), tensors);
+  EXPECT_TRUE(contains(error(single),
+                       "tensor 'model.layers.1.mlp.up_proj.weight' is missing; expected [40, 32]"))
+      << error(single);
+  const SafetensorsFile again((single / "model.safetensors").string());
+  tensors = again.tensors();
+  tensors.push_back({"model.layers.0.mlp.gate_proj.bias", DType::F32, {40}, master.data()});
+  tensors.push_back({"model.layers.1.mlp.up_proj.weight", DType::F32, {32, 40}, master.data()});
+  write_safetensors((single / "model.safetensors").string(), tensors);
+  EXPECT_TRUE(contains(error(single),
+                       "single/model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' has "
+                       "shape [32, 40]; expected [40, 32]"))
+      << error(single);
+  tensors.back().shape = {40, 32};
+  write_safetensors((single / "model.safetensors").string(), tensors);
+  EXPECT_TRUE(contains(error(single),
+                       "tensor 'model.layers.0.mlp.gate_proj.bias' has no place in the model"))
+      << error(single);
+  fs::remove(hf / index["weight_map"]["model.norm.weight"].get<std::string>());
+  EXPECT_TRUE(contains(error(hf), ": missing; ")) << error(hf);
+  EXPECT_TRUE(contains(error(dir / "nothing"), "config.json: missing")) << error(dir / "nothing");
+}
+
+TEST(ConvertCli, RefusesToOverwriteAndNamesMissingInputs) {
+  ScratchDir dir;
+  fs::create_directories(dir / "busy");
+  write_file(dir / "busy" / "keep.txt", "precious");
+  write_file(dir / "config.json", "{}");
+  RunResult r = run_tessera("convert --from-hf " + dir.path().string() + " --to-hf " +
+                            (dir / "busy").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "a new or empty directory")) << r.output;
+  EXPECT_EQ(read_file(dir / "busy" / "keep.txt"), "precious");
+  r = run_tessera("convert --from " + (dir / "none").string() + " --to-hf " +
+                  (dir / "out").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "no checkpoint here")) << r.output;
+  r = run_tessera("convert --from x --from-hf y --to z");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_tessera("convert --from x --to-hf y --shard-size lots");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "a size such as 5GB")) << r.output;
+  EXPECT_EQ(run_tessera("convert --help").exit_code, 0);
+}
+
+}  // namespace
+}  // namespace tessera::testing

