@@ -122,7 +122,7 @@ def tessera(args, *cli):
 
 def tessera_logits(args, source_flag, source, tokens_file, work):
     out = os.path.join(work, f"logits_{len(os.listdir(work))}.safetensors")
-    tessera(args, source_flag, source, "--check-logits", tokens_file, "--out", out, "--device", "cpu")
+    tessera(args, source_flag, source, "--check-logits", tokens_file, "--out", out)
     t = read_safetensors(out)
     return t["logits"], t["loss"][0]
 
