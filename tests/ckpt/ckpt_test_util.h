@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/scratch_dir.h"
+
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/config/config.h"
 #include "tessera/obs/logger.h"
@@ -21,28 +23,6 @@
 namespace tessera::testing {
 
 namespace fs = std::filesystem;
-
-// A fresh directory named after the running test, removed when the test passes.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = std::string(info->test_suite_name()) + "_" + info->name();
-    for (char& c : name)
-      if (c == '/') c = '_';
-    path_ = fs::temp_directory_path() / ("tessera_ckpt_" + std::to_string(::getpid()) + "_" + name);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    if (!::testing::Test::HasFailure()) fs::remove_all(path_);
-  }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 inline const std::string kMockData =
     "mock_data: true\nvocab_size: 50\nmake_vocab_size_divisible_by: 1\n";

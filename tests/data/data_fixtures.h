@@ -12,29 +12,13 @@
 
 #include <gtest/gtest.h>
 
+#include "common/scratch_dir.h"
+
 #include "tessera/data/indexed_dataset.h"
 
 namespace tessera::testing {
 
 namespace fs = std::filesystem;
-
-// A fresh directory per test, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("tessera_" + std::string(info->test_suite_name()) + "_" +
-                                         info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 inline void write_dataset(const std::string& prefix, const std::vector<std::vector<int32_t>>& docs,
                           TokenDType dtype = TokenDType::UInt16) {

@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/scratch_dir.h"
+
 #include "tessera/data/bpe_tokenizer.h"
 #include "tessera/data/tokenizer.h"
 
@@ -33,23 +35,6 @@ inline void write_file(const fs::path& p, std::string_view text) {
   std::ofstream out(p, std::ios::binary);
   out << text;
 }
-
-// A fresh directory per test, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("tessera_" + std::string(info->test_suite_name()) + "_" +
-                                         info->name() + "_" + std::to_string(::getpid()));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() { fs::remove_all(path_); }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
 
 inline std::unique_ptr<Tokenizer> load_shipped(const std::string& name) {
   DataConfig data;
