@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/run_command.h"
 #include "common/scratch_dir.h"
 
 #include "tessera/backend/cpu/cpu_backend.h"
@@ -61,27 +62,6 @@ inline std::string read_file(const fs::path& p) {
 
 inline void write_file(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-}
-
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-// Runs a shell command line, capturing its output.
-inline RunResult run_command(const std::string& command) {
-  RunResult r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-inline RunResult run_tessera(const std::string& args) {
-  return run_command(std::string(TESSERA_BINARY) + " " + args);
 }
 
 inline bool contains(const std::string& haystack, const std::string& needle) {

@@ -13,14 +13,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/run_command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
+using tessera::testing::RunResult;
 
 class Cli : public ::testing::Test {
  protected:
@@ -32,17 +31,7 @@ class Cli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(ws_); }
 
-  RunResult run(const std::string& args) {
-    const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " 2>&1";
-    RunResult r;
-    FILE* p = popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  }
+  RunResult run(const std::string& args) { return tessera::testing::run_tessera(args); }
 
   std::string tiny_args() const {
     return "train --model tiny_llama --mock_data true --num_layers 2 --hidden_size 32 "

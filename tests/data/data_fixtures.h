@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/run_command.h"
 #include "common/scratch_dir.h"
 
 #include "tessera/data/indexed_dataset.h"
@@ -44,22 +45,6 @@ inline std::string read_file(const fs::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-inline CommandResult run_command(const std::string& command) {
-  CommandResult r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
 }
 
 }  // namespace tessera::testing

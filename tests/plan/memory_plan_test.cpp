@@ -1,7 +1,5 @@
 // The memory planner against hand calculations, against the real allocations of a training
 // run on the CPU backend, and against peaks measured on a GPU.
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -9,6 +7,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "common/run_command.h"
 
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/obs/logger.h"
@@ -18,6 +18,9 @@
 
 namespace tessera::plan {
 namespace {
+
+using testing::RunResult;
+using testing::run_tessera;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -213,37 +216,22 @@ TEST(MemoryReport, VerdictAndAlternatives) {
   EXPECT_EQ(gpu_capacity_bytes(q.gpu), size_t{80} << 30);
 }
 
-struct Result {
-  int status = -1;
-  std::string output;
-};
-
-Result run_cli(const std::string& args) {
-  Result r;
-  FILE* p = popen((std::string(TESSERA_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
-  const int s = pclose(p);
-  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  return r;
-}
-
 TEST(MemoryCommand, PrintsAndWritesTheTables) {
   namespace fs = std::filesystem;
   const fs::path out = fs::temp_directory_path() / ("tessera_memory_" + std::to_string(getpid()));
-  const Result r = run_cli(
+  const RunResult r = run_tessera(
       "memory --config llama3.1_8B-pretrain --num_layers 4 --micro_batch_size 1 "
       "--global_batch_size 8 --num_gpus 8 --sharding zero1 --gpu H200 -o " +
       out.string());
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("FITS on H200"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| bf16 | full | fsdp |"), std::string::npos) << r.output;
   for (const char* f : {"memory_breakdown.csv", "memory_scenarios.csv", "memory.md"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   fs::remove_all(out);
-  EXPECT_EQ(run_cli("memory --sharding zero3").status, 2);
-  EXPECT_EQ(run_cli("memory --gpu Z100").status, 2);
-  EXPECT_EQ(run_cli("memory --config llama3.1_8B-pretrain --num_gpus 3").status, 2);  // 256 % 6
+  EXPECT_EQ(run_tessera("memory --sharding zero3").exit_code, 2);
+  EXPECT_EQ(run_tessera("memory --gpu Z100").exit_code, 2);
+  EXPECT_EQ(run_tessera("memory --config llama3.1_8B-pretrain --num_gpus 3").exit_code, 2);  // 256 % 6
 }
 
 }  // namespace

@@ -1,39 +1,24 @@
 // `tessera plot` end to end on two synthetic runs, and its HTML report opened in headless
 // Chromium: the page loads without script errors, the charts are in the DOM and the
 // screenshot is not blank.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "common/run_command.h"
 #include "png_reader.h"
 
 namespace tessera::viz {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Result {
-  int status = -1;
-  std::string output;
-};
-
-Result run(const std::string& command) {
-  Result r;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) r.output.append(buf, n);
-  const int s = pclose(p);
-  r.status = WIFEXITED(s) ? WEXITSTATUS(s) : -1;
-  return r;
-}
+using testing::RunResult;
+using testing::run_command;
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -91,11 +76,11 @@ class PlotTest : public ::testing::Test {
 };
 
 TEST_F(PlotTest, WritesChartsTablesAndASelfContainedReport) {
-  const Result r = run(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " " +
+  const RunResult r = run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " " +
                        (root_ / "qwen_b").string() + " -o " + out_.string() + " --format svg,png");
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("skipped 1 metrics.jsonl line"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("plotted 2 run(s), 50 iteration records"), std::string::npos);
+  EXPECT_NE(r.output.find("plotted 2 run_command(s), 50 iteration records"), std::string::npos);
   for (const char* stem : {"loss", "iteration_time", "tokens_per_s", "memory"}) {
     EXPECT_TRUE(fs::exists(out_ / (std::string(stem) + ".svg"))) << stem;
     const auto png =
@@ -122,25 +107,25 @@ TEST_F(PlotTest, WritesChartsTablesAndASelfContainedReport) {
 }
 
 TEST_F(PlotTest, BadInputsAreNamed) {
-  Result r = run(std::string(TESSERA_BINARY) + " plot " + root_.string() + " -o " + out_.string());
-  EXPECT_EQ(r.status, 3) << r.output;  // the root holds no metrics.jsonl
+  RunResult r = run_command(std::string(TESSERA_BINARY) + " plot " + root_.string() + " -o " + out_.string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;  // the root holds no metrics.jsonl
   EXPECT_NE(r.output.find("no metrics.jsonl"), std::string::npos) << r.output;
-  r = run(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string());
-  EXPECT_EQ(r.status, 2) << r.output;
-  r = run(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " -o " +
+  r = run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " -o " +
           out_.string() + " --format gif");
-  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
 // Debian's chromium, as scripts/setup.sh installs it for the test suite.
 TEST_F(PlotTest, ReportRendersInHeadlessChromium) {
-  const Result which = run("command -v chromium");
-  ASSERT_EQ(which.status, 0)
+  const RunResult which = run_command("command -v chromium");
+  ASSERT_EQ(which.exit_code, 0)
       << "chromium is not installed: run scripts/test.sh (or scripts/setup.sh --test), which "
          "installs Debian's chromium for this test";
-  ASSERT_EQ(run(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " " +
+  ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " " +
                 (root_ / "qwen_b").string() + " -o " + out_.string())
-                .status,
+                .exit_code,
             0);
   const fs::path profile = root_ / "chromium-profile", shot = root_ / "shot.png";
   const std::string chromium =
@@ -150,8 +135,8 @@ TEST_F(PlotTest, ReportRendersInHeadlessChromium) {
       profile.string() + " --window-size=1200,900 ";
   const std::string url = "file://" + fs::absolute(out_ / "report.html").string();
 
-  const Result dom = run(chromium + "--dump-dom " + url);
-  ASSERT_EQ(dom.status, 0) << dom.output;
+  const RunResult dom = run_command(chromium + "--dump-dom " + url);
+  ASSERT_EQ(dom.exit_code, 0) << dom.output;
   EXPECT_EQ(dom.output.find("Uncaught"), std::string::npos) << dom.output;
   EXPECT_EQ(dom.output.find(":CONSOLE"), std::string::npos) << dom.output;
   EXPECT_EQ(count(dom.output, "<svg"), 4u);
@@ -160,8 +145,8 @@ TEST_F(PlotTest, ReportRendersInHeadlessChromium) {
                          "table-throughput"})
     EXPECT_NE(dom.output.find(id), std::string::npos) << id;
 
-  const Result s = run(chromium + "--screenshot=" + shot.string() + " " + url);
-  ASSERT_EQ(s.status, 0) << s.output;
+  const RunResult s = run_command(chromium + "--screenshot=" + shot.string() + " " + url);
+  ASSERT_EQ(s.exit_code, 0) << s.output;
   const test::DecodedPng png = test::decode_png(test::read_file(shot.string()));
   ASSERT_EQ(png.width, 1200);
   // Not blank: the luminance varies and a good share of pixels is not background.
