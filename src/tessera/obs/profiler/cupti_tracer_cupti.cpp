@@ -398,6 +398,21 @@ class CuptiTracer final : public GpuTracer {
     return id;
   }
 
+  // The fields kernels, copies and sets share (CUPTI's records name them alike).
+  template <typename Record>
+  GpuActivityRecord device_activity(const Record& r, GpuActivityKind kind, std::string name) {
+    GpuActivityRecord a;
+    a.kind = kind;
+    a.name = intern(std::move(name));
+    a.start_ns = static_cast<int64_t>(r.start);
+    a.end_ns = static_cast<int64_t>(r.end);
+    a.device = r.deviceId;
+    a.context = r.contextId;
+    a.stream = r.streamId;
+    a.correlation = r.correlationId;
+    return a;
+  }
+
   void decode(const CUpti_Activity* record) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_KERNEL:
@@ -407,15 +422,7 @@ class CuptiTracer final : public GpuTracer {
           ++trace_.records_without_timestamps;
           return;
         }
-        GpuActivityRecord a;
-        a.kind = GpuActivityKind::kKernel;
-        a.name = intern(demangle(k->name));
-        a.start_ns = static_cast<int64_t>(k->start);
-        a.end_ns = static_cast<int64_t>(k->end);
-        a.device = k->deviceId;
-        a.context = k->contextId;
-        a.stream = k->streamId;
-        a.correlation = k->correlationId;
+        GpuActivityRecord a = device_activity(*k, GpuActivityKind::kKernel, demangle(k->name));
         a.grid[0] = k->gridX, a.grid[1] = k->gridY, a.grid[2] = k->gridZ;
         a.block[0] = k->blockX, a.block[1] = k->blockY, a.block[2] = k->blockZ;
         a.registers_per_thread = k->registersPerThread;
@@ -425,32 +432,19 @@ class CuptiTracer final : public GpuTracer {
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        GpuActivityRecord a;
-        a.kind = GpuActivityKind::kMemcpy;
-        a.name = intern(fmt::format("Memcpy {} ({} -> {})", copy_kind_name(m->copyKind),
-                                    memory_kind_name(m->srcKind), memory_kind_name(m->dstKind)));
-        a.start_ns = static_cast<int64_t>(m->start);
-        a.end_ns = static_cast<int64_t>(m->end);
-        a.device = m->deviceId;
-        a.context = m->contextId;
-        a.stream = m->streamId;
-        a.correlation = m->correlationId;
+        GpuActivityRecord a = device_activity(
+            *m, GpuActivityKind::kMemcpy,
+            fmt::format("Memcpy {} ({} -> {})", copy_kind_name(m->copyKind),
+                        memory_kind_name(m->srcKind), memory_kind_name(m->dstKind)));
         a.bytes = m->bytes;
         trace_.activities.push_back(a);
         return;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        GpuActivityRecord a;
-        a.kind = GpuActivityKind::kMemset;
-        a.name = intern(
+        GpuActivityRecord a = device_activity(
+            *m, GpuActivityKind::kMemset,
             fmt::format("Memset ({})", memory_kind_name(static_cast<uint8_t>(m->memoryKind))));
-        a.start_ns = static_cast<int64_t>(m->start);
-        a.end_ns = static_cast<int64_t>(m->end);
-        a.device = m->deviceId;
-        a.context = m->contextId;
-        a.stream = m->streamId;
-        a.correlation = m->correlationId;
         a.bytes = m->bytes;
         trace_.activities.push_back(a);
         return;
