@@ -19,6 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::RunResult;
 using testing::run_command;
+using testing::run_tessera;
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -76,11 +77,11 @@ class PlotTest : public ::testing::Test {
 };
 
 TEST_F(PlotTest, WritesChartsTablesAndASelfContainedReport) {
-  const RunResult r = run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " " +
+  const RunResult r = run_tessera("plot " + (root_ / "llama_a").string() + " " +
                        (root_ / "qwen_b").string() + " -o " + out_.string() + " --format svg,png");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("skipped 1 metrics.jsonl line"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("plotted 2 run_command(s), 50 iteration records"), std::string::npos);
+  EXPECT_NE(r.output.find("plotted 2 run(s), 50 iteration records"), std::string::npos);
   for (const char* stem : {"loss", "iteration_time", "tokens_per_s", "memory"}) {
     EXPECT_TRUE(fs::exists(out_ / (std::string(stem) + ".svg"))) << stem;
     const auto png =
@@ -107,12 +108,12 @@ TEST_F(PlotTest, WritesChartsTablesAndASelfContainedReport) {
 }
 
 TEST_F(PlotTest, BadInputsAreNamed) {
-  RunResult r = run_command(std::string(TESSERA_BINARY) + " plot " + root_.string() + " -o " + out_.string());
+  RunResult r = run_tessera("plot " + root_.string() + " -o " + out_.string());
   EXPECT_EQ(r.exit_code, 3) << r.output;  // the root holds no metrics.jsonl
   EXPECT_NE(r.output.find("no metrics.jsonl"), std::string::npos) << r.output;
-  r = run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string());
+  r = run_tessera("plot " + (root_ / "llama_a").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  r = run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " -o " +
+  r = run_tessera("plot " + (root_ / "llama_a").string() + " -o " +
           out_.string() + " --format gif");
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
@@ -123,7 +124,7 @@ TEST_F(PlotTest, ReportRendersInHeadlessChromium) {
   ASSERT_EQ(which.exit_code, 0)
       << "chromium is not installed: run scripts/test.sh (or scripts/setup.sh --test), which "
          "installs Debian's chromium for this test";
-  ASSERT_EQ(run_command(std::string(TESSERA_BINARY) + " plot " + (root_ / "llama_a").string() + " " +
+  ASSERT_EQ(run_tessera("plot " + (root_ / "llama_a").string() + " " +
                 (root_ / "qwen_b").string() + " -o " + out_.string())
                 .exit_code,
             0);
