@@ -3,6 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
+#                                    [fp8] [dist]   (not in the default; dist needs 2 GPUs)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -42,7 +43,8 @@ PY
 }
 cudnn_dirs="$(wheel_lib_dirs 'cudnn/lib/libcudnn.so.9')"
 nvrtc_dirs="$(wheel_lib_dirs '*/lib/libnvrtc.so*')"
-export LD_LIBRARY_PATH="${cudnn_dirs:+$cudnn_dirs:}$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}${nvrtc_dirs:+:$nvrtc_dirs}:${LD_LIBRARY_PATH:-}"
+nccl_dirs="$(wheel_lib_dirs 'nccl/lib/libnccl.so.2')"
+export LD_LIBRARY_PATH="${cudnn_dirs:+$cudnn_dirs:}${nccl_dirs:+$nccl_dirs:}$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}${nvrtc_dirs:+:$nvrtc_dirs}:${LD_LIBRARY_PATH:-}"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests lab hf kernels memory profile bench peer)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -51,7 +53,7 @@ want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; 
   date -u +"%Y-%m-%d %H:%M UTC"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1
-  echo "cuDNN for Tessera: ${cudnn_dirs:-no wheel directory found}; NVRTC: ${nvrtc_dirs:-no wheel directory found}"
+  echo "cuDNN for Tessera: ${cudnn_dirs:-no wheel directory found}; NVRTC: ${nvrtc_dirs:-no wheel directory found}; NCCL: ${nccl_dirs:-no wheel directory found}"
 } | tee "$OUT/machine.txt"
 
 if want tests; then
@@ -107,3 +109,17 @@ if want peer; then
     timeout 240 python3 "$ROOT/.device/peer/torch_llama.py" $args --compile --json "$OUT/peer.jsonl" 2>&1 | tail -1
   done
 fi
+if want fp8; then
+  echo "== FP8 hybrid vs BF16 (Llama 3.1 8B proxy)"
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid -o "$OUT/fp8_hybrid" \
+    2>&1 | tee "$OUT/bench_fp8_hybrid.log" | tail -4
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid \
+    --no_fp8_weight_transpose_cache -o "$OUT/fp8_hybrid_nocache" 2>&1 \
+    | tee "$OUT/bench_fp8_nocache.log" | tail -4
+fi
+if want dist; then
+  echo "== multi-GPU (scripts/device/dist_suite.sh)"
+  OUT="$OUT/dist" timeout 540 bash "$ROOT/scripts/device/dist_suite.sh" "$BIN" 2>&1 | tail -40
+fi
+# Many small files do not all come back from the GPU machine: one archive of the outputs.
+tar czf "$OUT/outputs.tgz" -C "$OUT" --exclude outputs.tgz --exclude '*.trace.json.gz' . 2>/dev/null

@@ -52,6 +52,9 @@ class FaultyBackend final : public Backend {
     if (bad_matmul) cpu_->fill(a.out.flat_range(0, 1), 1e4f);  // one wrong element
   }
   void bias_backward(const Tensor& db, const Tensor& d) override { cpu_->bias_backward(db, d); }
+  void fp8_cast_transpose(const Fp8CastArgs& a) override { cpu_->fp8_cast_transpose(a); }
+  void matmul_fp8(const Fp8MatmulArgs& a) override { cpu_->matmul_fp8(a); }
+  void fp8_update_scales(const Fp8ScaleUpdateArgs& a) override { cpu_->fp8_update_scales(a); }
   void embedding_forward(const Tensor& o, const Tensor& t, const Tensor& w) override {
     cpu_->embedding_forward(o, t, w);
   }

@@ -368,10 +368,61 @@ std::vector<OpCase> reduction_and_optimizer_cases() {
   return cases;
 }
 
+// An FP8 linear as the model runs it: tensorwise scales from each operand's amax, casts
+// (the weight's through its transpose, as in dgrad), then the FP8 GEMM. Both backends see
+// the same codes, so only the accumulation order and output rounding differ.
+std::vector<OpCase> fp8_cases() {
+  std::vector<OpCase> cases;
+  struct P { int64_t M, N, K; DType a_format; bool fp32_out; float beta; };
+  for (const P& p : std::vector<P>{{64, 48, 32, DType::E4M3, false, 0},
+                                   {256, 160, 320, DType::E4M3, false, 1},    // forward + residual
+                                   {128, 96, 256, DType::E5M2, false, 0},     // dgrad (e5m2 dY)
+                                   {96, 208, 512, DType::E5M2, true, 1}}) {   // wgrad, fp32 += 
+    OpCase c;
+    c.name = fmt::format("matmul_fp8 M{} N{} K{} {}{}{}", p.M, p.N, p.K, dtype_name(p.a_format),
+                         p.fp32_out ? " fp32-out" : "", p.beta ? " beta" : "");
+    const Kind out_kind = p.fp32_out ? Kind::F32 : Kind::Act;
+    c.specs = {{"a", {p.M, p.K}, Kind::Act, Role::In, 0.5f},
+               {"wt", {p.K, p.N}, Kind::Act, Role::In, 0.05f},
+               {"out", {p.M, p.N}, out_kind, p.beta ? Role::Accum : Role::Out, 1.0f, 0, 1,
+                p.fp32_out ? 1e-3 : 1e-2}};
+    c.run = [p](Backend& b, const Tensors& t) {
+      DeviceBuffer codes(b, 2 * (p.M * p.K + p.N * p.K) + 1024, "fp8 codes");
+      DeviceBuffer state(b, 8 * 256, "fp8 scales");
+      const Tensor qa = codes.tensor(p.a_format, {p.M, p.K});
+      const Tensor qb = codes.tensor(DType::E4M3, {p.N, p.K}, (p.M * p.K + 255) / 256 * 256);
+      Tensor inv[2];
+      for (int i = 0; i < 2; ++i) {
+        const Tensor amax = state.tensor(DType::F32, {1, 1}, 3 * i * 256);
+        const Tensor scale = state.tensor(DType::F32, {1}, (3 * i + 1) * 256);
+        inv[i] = state.tensor(DType::F32, {1}, (3 * i + 2) * 256);
+        const Tensor& src = i == 0 ? t.at("a") : t.at("wt");
+        b.fill(amax, 0.0f);
+        b.fp8_cast_transpose(Fp8CastArgs{src, {}, {}, {}, amax.view({1})});
+        Fp8ScaleUpdateArgs u;
+        u.amax_history = amax, u.scale = scale, u.scale_inv = inv[i];
+        u.fp8_max = i == 0 && p.a_format == DType::E5M2 ? 57344.0f : 448.0f;
+        u.most_recent = true, u.roll = false;
+        b.fp8_update_scales(u);
+        if (i == 0) b.fp8_cast_transpose(Fp8CastArgs{src, qa, {}, scale, {}});
+        else b.fp8_cast_transpose(Fp8CastArgs{src, {}, qb, scale, {}});  // wt (K, N) -> (N, K)
+      }
+      Fp8MatmulArgs m;
+      m.out = t.at("out"), m.a = qa, m.b = qb, m.a_scale_inv = inv[0], m.b_scale_inv = inv[1];
+      m.beta = p.beta;
+      b.matmul_fp8(m);
+    };
+    c.flops = 2.0 * p.M * p.N * p.K;
+    c.bytes = 1.0 * (p.M * p.K + p.N * p.K) + (p.fp32_out ? 4.0 : 2.0) * p.M * p.N;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, mlp_and_loss_cases,
-                  reduction_and_optimizer_cases})
+                  reduction_and_optimizer_cases, fp8_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

@@ -12,6 +12,7 @@
 #include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/config/config.h"
+#include "tessera/config/keys.h"
 #include "tessera/core/error.h"
 #include "tessera/obs/logger.h"
 #include "tessera/ops/device_buffer.h"
@@ -99,7 +100,8 @@ int model_bench_command(const std::vector<std::string>& args) {
         "--num_layers 4 --seq_length 8192 --micro_batch_size 1) and reports median step time,\n"
         "tokens/s/GPU, TFLOP/s/GPU (Megatron FLOPs convention), MFU against the measured 8192^3\n"
         "bf16 GEMM rate, peak memory and the time split GEMM / attention / other.\n"
-        "Other --key value pairs override every experiment (e.g. --sliding_window 4096).\n");
+        "Other --key value pairs override every experiment (e.g. --sliding_window 4096; FP8:\n"
+        "--fp8 hybrid, and --no_fp8_weight_transpose_cache for its peak memory without the cache).\n");
     return 0;
   }
   const Options o = parse(args);
@@ -139,8 +141,14 @@ int model_bench_command(const std::vector<std::string>& args) {
     const double tok_s = tokens / (step_ms / 1e3);
     const double tflops = trainer.spec().flops_per_token(e.training.seq_length) * tok_s / 1e12;
     const MemoryStats mem = b.memory_stats();
+    // FP8 runs say so, and whether the weight transpose cache (2 bytes per FP8 weight) is on,
+    // so that one table compares bf16, fp8 and fp8 without the cache.
+    std::string precision(dtype_name(trainer.model().params().dtype));
+    if (e.training.fp8 != Fp8Mode::Off)
+      precision = "fp8 " + find_key("fp8")->get(e) + " " + find_key("fp8_recipe")->get(e) +
+                  (e.training.fp8_weight_transpose_cache ? "" : " no-cache");
     nlohmann::json r = {{"model", model}, {"num_layers", e.model_config.num_layers},
-                        {"precision", dtype_name(trainer.model().params().dtype)},
+                        {"precision", precision},
                         {"micro_batch_size", e.training.micro_batch_size}, {"seq_length", e.training.seq_length},
                         {"sliding_window", e.model_config.sliding_window}, {"step_ms", step_ms},
                         {"tokens_per_s_per_gpu", tok_s}, {"tflops_per_gpu", tflops},

@@ -178,6 +178,8 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
                                           t.params.flat_range(params[i].offset, params[i].numel()));
                     }};
   FileToWrite optimizer{kOptimizerFile, {}, [&](size_t i, void* dst) {
+                          if (i >= 3 * params.size())
+                            return t.backend->download(dst, t.extra_state[i - 3 * params.size()].second);
                           const Tensor& src = i < params.size()       ? t.master
                                               : i < 2 * params.size() ? t.exp_avg
                                                                       : t.exp_avg_sq;
@@ -188,6 +190,10 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
   for (const char* kind : kOptimizerKinds)
     for (const auto& p : params)
       optimizer.tensors.push_back({std::string(kind) + "." + p.name, DType::F32, dims(p.shape)});
+  for (const auto& [name, tensor] : t.extra_state) {
+    TS_CHECK(tensor.dtype == DType::F32, "checkpoint state {} must be fp32", name);
+    optimizer.tensors.push_back({name, DType::F32, dims(tensor.shape)});
+  }
   const std::string dir =
       write_checkpoint(save_dir, *t.spec, t.params.dtype, state, {model, optimizer});
   prune(save_dir, state.iteration, keep_last);
@@ -323,6 +329,14 @@ std::vector<float> Checkpoint::exp_avg_sq(const ParamInfo& p) const {
   return optimizer_->to_float("exp_avg_sq." + p.name);
 }
 
+const SafetensorsTensor* Checkpoint::optimizer_tensor(const std::string& name) const {
+  return optimizer_ ? optimizer_->find(name) : nullptr;
+}
+
+std::vector<float> Checkpoint::optimizer_values(const std::string& name) const {
+  return optimizer_->to_float(name);
+}
+
 std::vector<std::string> Checkpoint::require_model(const ModelSpec& configured) const {
   const SpecDifferences d = compare_specs(spec_, configured, "the checkpoint");
   if (!d.shape.empty())
@@ -348,7 +362,22 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
       t.backend->fill(t.exp_avg, 0.0f);
       t.backend->fill(t.exp_avg_sq, 0.0f);
     }
-    return c.state();
+    TrainerState state = c.state();
+    state.extra_state_restored = true;
+    for (const auto& [name, tensor] : t.extra_state) {
+      const SafetensorsTensor* found = c.optimizer_tensor(name);
+      if (!found || found->dtype != DType::F32 || found->shape != dims(tensor.shape)) {
+        warnings->push_back(fmt::format(
+            "{}: {} is {}; expected {}: it starts fresh", dir, name,
+            found ? fmt::format("{} [{}]", safetensors_dtype_name(found->dtype), fmt::join(found->shape, ", "))
+                  : std::string("not in the checkpoint"),
+            describe(DType::F32, tensor.shape)));
+        state.extra_state_restored = false;
+        continue;
+      }
+      t.backend->upload(tensor, c.optimizer_values(name).data());
+    }
+    return state;
   } catch (const DataError& e) {
     throw DataError(e.what() + previous_good_hint(dir, *t.spec));
   }

@@ -34,6 +34,7 @@ struct TrainerState {
   int64_t consecutive_nan = 0;
   int64_t seed = 0;
   std::string config_yaml;  // the effective configuration, for the record
+  bool extra_state_restored = false;  // load_checkpoint found every TrainingTensors::extra_state
 };
 
 // Device tensors a checkpoint is written from and loaded into.
@@ -43,6 +44,10 @@ struct TrainingTensors {
   const ParamLayout* layout = nullptr;
   Tensor params;                       // (P) compute dtype
   Tensor master, exp_avg, exp_avg_sq;  // (P) fp32
+  // Further fp32 state by name (the FP8 scaling state, "fp8.*"), kept in
+  // optimizer.safetensors. Loading a checkpoint without them (or with other shapes) leaves
+  // these tensors as they are, so checkpoints of runs without that feature still load.
+  std::vector<std::pair<std::string, Tensor>> extra_state;
 };
 
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
@@ -89,6 +94,9 @@ class Checkpoint {
   std::vector<float> master(const ParamInfo& p) const;
   std::vector<float> exp_avg(const ParamInfo& p) const;     // needs optimizer state
   std::vector<float> exp_avg_sq(const ParamInfo& p) const;  // needs optimizer state
+  // Any other tensor of optimizer.safetensors (TrainingTensors::extra_state): null when absent.
+  const SafetensorsTensor* optimizer_tensor(const std::string& name) const;
+  std::vector<float> optimizer_values(const std::string& name) const;  // must exist
 
   // Throws DataError naming trainer_state.json and every differing key when the checkpoint
   // holds a model of other tensor shapes than `configured`; returns the differences that

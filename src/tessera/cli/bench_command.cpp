@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "tessera/bench/attention_bench.h"
+#include "tessera/bench/comm_bench.h"
 #include "tessera/bench/gemm_bench.h"
 #include "tessera/bench/membw_bench.h"
 #include "tessera/bench/model_bench.h"
@@ -26,6 +27,8 @@ int bench_command(const Args& args) {
        bench::attention_bench_command},
       {"membw", "device-to-device copy bandwidth (read + write) vs the HBM datasheet",
        bench::membw_bench_command},
+      {"comm", "NCCL collectives' algbw/busbw over 1 KiB..1 GiB (under `tessera launch`)",
+       bench::comm_bench_command},
       {"tokenizer", "tokenizer MB/s on one and many threads, checked against @huggingface/tokenizers",
        bench::tokenizer_bench_command},
   };

@@ -24,5 +24,6 @@ int convert_command(const Args& args);
 int memory_command(const Args& args);
 int plot_command(const Args& args);
 int preflight_command(const Args& args);
+int launch_command(const Args& args);
 
 }  // namespace tessera::cli

@@ -15,9 +15,11 @@ using tessera::cli::Command;
 constexpr Command kCommands[] = {
     {"train", "train a model from an experiment YAML (default: the shipped Brown corpus job)",
      tessera::cli::train_command},
+    {"launch", "start N ranks of a command on this node for multi-GPU training (torchrun-style)",
+     tessera::cli::launch_command},
     {"preprocess", "tokenize .jsonl or text files into a Megatron indexed dataset (.bin/.idx)",
      tessera::cli::preprocess_command},
-    {"bench", "benchmarks: `bench model|gemm|attention|membw` (verified, timed, CSV)",
+    {"bench", "benchmarks: `bench model|gemm|attention|membw|comm` (verified, timed, CSV)",
      tessera::cli::bench_command},
     {"memory", "per-GPU memory plan of an experiment: fits or not, largest micro batch",
      tessera::cli::memory_command},

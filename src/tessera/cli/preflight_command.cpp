@@ -16,7 +16,8 @@ int preflight_command(const Args& args) {
         "Reports the GPUs, CUDA driver and runtime, cuBLASLt, cuDNN and NCCL versions (the last\n"
         "two loaded at run time if present), GPU memory, and checks a bf16 GEMM (>= 70% of the\n"
         "datasheet peak) and device-to-device copy bandwidth (>= 70% of the HBM datasheet\n"
-        "bandwidth) against configs/gpus.yaml (--gpu picks the entry; default: the device name).\n"
+        "bandwidth) against configs/gpus.yaml (--gpu picks the entry; default: the device name),\n"
+        "and with two or more GPUs a checked 256 MiB NCCL all-reduce (bus bandwidth).\n"
         "Each line is pass, warn or info; without a GPU the report says so in warn lines.\n"
         "Exit code 0 whenever the report was made, warnings or not. -o DIR writes preflight.csv\n"
         "and preflight.md. See docs/cli.md.\n");

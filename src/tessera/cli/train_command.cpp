@@ -2,6 +2,8 @@
 // metrics and run the trainer. Nothing touches the disk until the configuration is valid.
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,9 @@
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/env.h"
+#include "tessera/dist/rendezvous.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
 #include "tessera/train/trainer.h"
@@ -63,19 +68,43 @@ int train_command(const Args& args) {
       opts.cli_overrides.push_back(args[i]);
     }
   }
+  // Started by `tessera launch`, torchrun or srun: this process is one rank of a job.
+  const dist::DistEnv env = dist::dist_env_from_process();
+  opts.data_parallel_size = env.world_size;
   const Experiment exp = load_experiment(opts);
-  auto backend = make_backend(exp.training.device, 0, backend_options(exp.training));
+  const double timeout_s = exp.training.dist_timeout_minutes * 60.0;
+  std::unique_ptr<dist::Rendezvous> rendezvous;
+  if (env.distributed()) {
+    rendezvous = std::make_unique<dist::Rendezvous>(env, timeout_s);
+    std::map<std::string, std::string> config;
+    for (const auto& k : config_keys()) config[std::string(k.name)] = k.get(exp);
+    rendezvous->check_config(config);
+  }
+  auto backend = make_backend(exp.training.device, dist::device_for_local_rank(env, cuda_device_count()),
+                              backend_options(exp.training));
 
   const std::filesystem::path root = exp.experiment_root();
   std::filesystem::create_directories(root);
-  write_file_atomically(root / "config.yaml", experiment_to_yaml(exp));
-  Logger log((root / "logs" / "pre_trainer" / "rank-0").string(), 0, true, exp.logging.log_progress);
-  MetricsWriter metrics((root / "metrics.jsonl").string());
+  const bool rank0 = env.rank == 0;
+  if (rank0) write_file_atomically(root / "config.yaml", experiment_to_yaml(exp));
+  Logger log((root / "logs" / "pre_trainer" / fmt::format("rank-{}", env.rank)).string(), env.rank,
+             rank0, rank0 && exp.logging.log_progress);
+  std::optional<MetricsWriter> metrics;
+  if (rank0) metrics.emplace((root / "metrics.jsonl").string());
   log.info("experiment {} from {}", root.string(), exp.source_file);
   log.debug("effective configuration:\n{}", experiment_to_yaml(exp));
   try {
-    Trainer trainer(exp, std::move(backend), log, &metrics);
+    std::unique_ptr<dist::Communicator> comm;
+    if (env.distributed()) {
+      log.info("rank {} of {} (local rank {} of {}, from the {}); rendezvous {}:{}", env.rank,
+               env.world_size, env.local_rank, env.local_world_size, env.source, env.master_addr,
+               env.master_port);
+      comm = dist::make_communicator(*backend, *rendezvous, timeout_s, log);
+    }
+    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm.get());
     trainer.train();
+    if (comm) comm->finalize();
+    if (rendezvous) rendezvous->close();
   } catch (const Error& e) {
     // main() prints the message; the logs keep it too.
     log.clear_progress();

@@ -16,6 +16,11 @@ enum class Precision { Auto, Fp32, Bf16 };
 enum class DeviceChoice { Auto, Cpu, Cuda };
 enum class TokenizerType { ByteLevel, HuggingFace };
 enum class AttentionBackend { Auto, Tessera, Cudnn };
+// FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
+// and weights, E5M2 gradients; e4m3 = E4M3 everywhere.
+enum class Fp8Mode { Off, Hybrid, E4M3 };
+enum class Fp8Recipe { Delayed, Tensorwise };
+enum class Fp8AmaxAlgo { Max, MostRecent };
 
 struct ModelConfig {
   int64_t num_layers = 2;
@@ -63,6 +68,18 @@ struct TrainingConfig {
   int64_t max_consecutive_nan_iters = 10;
   int64_t cross_entropy_chunk_tokens = 4096;
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  Fp8Mode fp8 = Fp8Mode::Off;
+  Fp8Recipe fp8_recipe = Fp8Recipe::Delayed;
+  int64_t fp8_amax_history_len = 1024;
+  Fp8AmaxAlgo fp8_amax_compute_algo = Fp8AmaxAlgo::Max;
+  int64_t fp8_margin = 0;
+  bool fp8_lm_head = false;
+  bool fp8_weight_transpose_cache = true;
+  // Data parallelism (docs/distributed.md); the world size comes from the launcher.
+  bool use_distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over ranks
+  bool overlap_grad_reduce = true;         // reduce gradient buckets during the backward
+  int64_t ddp_bucket_size = 40000000;      // elements per gradient bucket
+  double dist_timeout_minutes = 10.0;      // rendezvous and collective timeout
 };
 
 struct DataConfig {

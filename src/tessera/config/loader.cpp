@@ -243,6 +243,14 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
     // Megatron spells flags with dashes; both spellings name the same key.
     for (char& c : key)
       if (c == '-') c = '_';
+    // --no_<key> (Megatron's --no-<flag>) sets a boolean key to false.
+    if (eq == std::string::npos && key.starts_with("no_") && !find_key(key)) {
+      const KeySpec* negated = find_key(key.substr(3));
+      if (negated && negated->type == KeyType::Bool) {
+        out.push_back({key.substr(3), "false", "command line"});
+        continue;
+      }
+    }
     if (eq == std::string::npos) {
       const KeySpec* spec = find_key(key);
       const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");

@@ -83,6 +83,13 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   c.require(t.global_batch_size >= 1 && t.global_batch_size % per_step == 0, "global_batch_size",
             fmt::format("a positive multiple of micro_batch_size x data-parallel size = {} x {} = {}",
                         t.micro_batch_size, data_parallel_size, per_step));
+  c.require(t.ddp_bucket_size >= 1, "ddp_bucket_size", "at least 1 element");
+  c.require(t.dist_timeout_minutes > 0, "dist_timeout_minutes", "a positive number of minutes");
+  c.require(!(t.use_distributed_optimizer && data_parallel_size > 1 &&
+              (!e.checkpoint.save.empty() || !e.checkpoint.load.empty())),
+            "use_distributed_optimizer",
+            "false when save or load is set: sharded optimizer checkpoints are not implemented "
+            "yet (docs/distributed.md)");
   c.require(t.lr >= 0, "lr", "a non-negative learning rate");
   c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr", fmt::format("between 0 and lr ({})", t.lr));
   c.require(t.lr_warmup_iters >= 0, "lr_warmup_iters", "a non-negative count");
@@ -104,6 +111,22 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
             "recompute_num_layers", "0 unless recompute_granularity is full");
   c.require(t.max_consecutive_nan_iters >= 1, "max_consecutive_nan_iters", "at least 1");
   c.require(t.cross_entropy_chunk_tokens >= 1, "cross_entropy_chunk_tokens", "at least 1");
+  if (t.fp8 != Fp8Mode::Off) {
+    c.require(t.device != DeviceChoice::Cpu, "fp8",
+              "null with device cpu: FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
+    c.require(t.precision != Precision::Fp32, "fp8",
+              "null with precision fp32: FP8 training keeps bf16 activations and weights "
+              "(precision bf16 or auto)");
+    c.require(t.fp8_amax_history_len >= 1, "fp8_amax_history_len", "at least 1");
+    c.require(t.fp8_margin >= 0 && t.fp8_margin <= 32, "fp8_margin", "an integer in [0, 32]");
+    // cuBLASLt FP8 GEMMs need every dimension a multiple of 16; tokens are the K dimension
+    // of the weight gradients.
+    c.require(t.micro_batch_size * t.seq_length % 16 == 0, "seq_length",
+              fmt::format("micro_batch_size x seq_length (now {}) a multiple of 16 with fp8",
+                          t.micro_batch_size * t.seq_length));
+    c.require(!t.fp8_lm_head || t.cross_entropy_chunk_tokens % 16 == 0, "cross_entropy_chunk_tokens",
+              "a multiple of 16 with fp8_lm_head");
+  }
 
   c.require(d.mock_data || !d.train_data_path.empty() || !d.data_path.empty(), "train_data_path",
             "a data path (train_data_path or data_path), or mock_data: true");

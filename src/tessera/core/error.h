@@ -83,6 +83,13 @@ class TrainingAborted : public Error {
   int exit_code_;
 };
 
+// A distributed job cannot go on: a peer that never connected, died or disagrees on the
+// configuration, or a collective that failed or timed out. The message names the rank.
+class DistributedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A broken internal invariant: a bug in Tessera, not in the user's input.
 class InternalError : public Error {
  public:

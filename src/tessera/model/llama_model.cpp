@@ -34,6 +34,27 @@ class ArenaPlan {
   size_t bytes_ = 0;
 };
 
+// The weights that run as FP8 GEMMs, as (parameter index, shape), in model order.
+std::vector<std::pair<int, Fp8LinearShape>> fp8_linears(const ParamLayout& layout,
+                                                         const ModelRuntime& rt) {
+  std::vector<std::pair<int, Fp8LinearShape>> out;
+  if (!rt.fp8.enabled()) return out;
+  auto add = [&](int index) {
+    const ParamInfo& p = layout.params[index];
+    out.push_back({index, {p.name, p.shape[0], p.shape[1]}});
+  };
+  for (const LayerParamIndex& l : layout.layers)
+    for (int index : {l.qkv_weight, l.o_proj, l.gate_up, l.down_proj}) add(index);
+  if (rt.fp8.lm_head) add(layout.lm_head);
+  return out;
+}
+
+std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8LinearShape>>& linears) {
+  std::vector<Fp8LinearShape> shapes;
+  for (const auto& l : linears) shapes.push_back(l.second);
+  return shapes;
+}
+
 bool full_recompute_layer(const ModelRuntime& rt, int64_t layer) {
   return rt.recompute == RecomputeGranularity::Full &&
          (rt.recompute_num_layers == 0 || layer < rt.recompute_num_layers);
@@ -121,9 +142,14 @@ ModelMemory LlamaModel::plan_memory(const ModelSpec& spec, const ModelRuntime& r
   const ParamLayout layout = make_param_layout(spec);
   Activations acts;
   ModelMemory m;
-  m.weights = static_cast<size_t>(layout.total) * dtype_size(rt.compute_dtype);
-  m.gradients = static_cast<size_t>(layout.total) * sizeof(float);
+  const int64_t multiple = std::max<int64_t>(rt.flat_buffer_multiple, 1);
+  const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
+  m.weights = padded * dtype_size(rt.compute_dtype);
+  m.gradients = padded * sizeof(float);
   m.activations = declare_activations(spec, rt, acts, nullptr);
+  if (rt.fp8.enabled())
+    m.fp8 = Fp8Linears::plan_bytes(rt.fp8, shapes_of(fp8_linears(layout, rt)),
+                                   rt.micro_batch * rt.seq_length);
   return m;
 }
 
@@ -141,6 +167,28 @@ LlamaModel::LlamaModel(Backend& backend, const ModelSpec& spec, const ModelRunti
   const std::vector<float> table = rope_table(spec_, runtime_.seq_length);
   backend_.upload(a_.freqs, table.data());
   backend_.fill(params_, 0.0f);
+  fp8_index_.assign(layout_.params.size(), -1);
+  if (runtime_.fp8.enabled()) {
+    const auto linears = fp8_linears(layout_, runtime_);
+    for (size_t i = 0; i < linears.size(); ++i) fp8_index_[linears[i].first] = static_cast<int>(i);
+    fp8_ = std::make_unique<Fp8Linears>(backend_, runtime_.fp8, shapes_of(linears),
+                                        runtime_.micro_batch * runtime_.seq_length);
+  }
+  std::vector<char> gemm_written(layout_.params.size(), 0);
+  for (const LayerParamIndex& l : layout_.layers)
+    for (int i : {l.qkv_weight, l.o_proj, l.gate_up, l.down_proj}) gemm_written[i] = 1;
+  // A tied head's gradient is the embedding's, which the embedding backward adds to.
+  if (layout_.lm_head != layout_.embedding) gemm_written[layout_.lm_head] = 1;
+  for (size_t i = 0; i < layout_.params.size(); ++i) {
+    if (gemm_written[i]) continue;
+    const ParamInfo& p = layout_.params[i];
+    if (!accumulated_grad_ranges_.empty() &&
+        accumulated_grad_ranges_.back().first + accumulated_grad_ranges_.back().second >= p.offset)
+      accumulated_grad_ranges_.back().second = p.offset + p.numel() - accumulated_grad_ranges_.back().first;
+    else
+      accumulated_grad_ranges_.emplace_back(p.offset, p.numel());
+  }
+  backend_.fill(grads_, 0.0f);  // alignment gaps between tensors stay zero from here on
   zero_grads();
   zero_loss_sum();
 }
@@ -159,7 +207,17 @@ Tensor LlamaModel::grad(int index) const {
   return grads_.flat_range(p.offset, p.numel()).view(p.shape);
 }
 
-void LlamaModel::zero_grads() { backend_.fill(grads_, 0.0f); }
+// A new step's gradients: also the start of the step's FP8 non-finite check.
+void LlamaModel::zero_grads() {
+  for (const auto& [offset, count] : accumulated_grad_ranges_)
+    backend_.fill(grads_.flat_range(offset, count), 0.0f);
+  grad_written_.assign(layout_.params.size(), 0);
+  if (fp8_) fp8_->clear_status();
+}
+
+void LlamaModel::params_updated() {
+  if (fp8_) fp8_->weights_changed();
+}
 void LlamaModel::zero_loss_sum() { backend_.fill(a_.loss_sum, 0.0f); }
 
 void LlamaModel::set_batch(const int32_t* tokens, const int32_t* targets) {
@@ -184,6 +242,11 @@ AttentionShape LlamaModel::attention_shape() const {
 // MLP down projections rides on the GEMM's beta instead of a separate pass.
 void LlamaModel::linear(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
                         const Tensor& residual) {
+  if (fp8_index_[weight] >= 0) {
+    fp8_->forward(fp8_index_[weight], out, in, param(weight), bias >= 0 ? param(bias) : Tensor{},
+                  beta, residual);
+    return;
+  }
   MatmulArgs m;
   m.out = out;
   m.a = in;
@@ -195,9 +258,17 @@ void LlamaModel::linear(const Tensor& out, const Tensor& in, int weight, int bia
   backend_.matmul(m);
 }
 
-// din = dout @ W (skipped when din is undefined); dW += dout^T @ in; dbias += colsum(dout).
+// din = dout @ W (skipped when din is undefined); dW += dout^T @ in (dW = ... for the step's
+// first contribution); dbias += colsum(dout).
 void LlamaModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                  int weight, int bias) {
+  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
+  grad_written_[weight] = 1;
+  if (fp8_index_[weight] >= 0) {
+    fp8_->backward(fp8_index_[weight], din, dout, in, param(weight), grad(weight), grad_beta);
+    if (bias >= 0) backend_.bias_backward(grad(bias), dout);
+    return;
+  }
   if (din.defined()) {
     MatmulArgs m;
     m.out = din;
@@ -210,7 +281,7 @@ void LlamaModel::linear_backward(const Tensor& din, const Tensor& dout, const Te
   w.a = dout;
   w.trans_a = true;
   w.b = in;
-  w.beta = 1.0f;
+  w.beta = grad_beta;
   backend_.matmul(w);
   if (bias >= 0) backend_.bias_backward(grad(bias), dout);
 }
@@ -310,13 +381,16 @@ void LlamaModel::forward_backward(float grad_scale) {
     layer_forward(l, a_.stored[l]);
   }
   head_forward(true, grad_scale);
+  if (grads_ready_) grads_ready_(layout_.params[layout_.final_norm].offset);
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
     ScopedRange r(backend_, "layer_backward");
     if (recomputes_fully(l)) recompute_layer(l, a_.stored[l]);
     layer_backward(l, a_.stored[l]);
+    if (grads_ready_) grads_ready_(layout_.params[layout_.layers[l].attn_norm].offset);
   }
   ScopedRange r(backend_, "embedding_backward");
   backend_.embedding_backward(grad(layout_.embedding), a_.dresid, a_.tokens);
+  if (grads_ready_) grads_ready_(0);
 }
 
 void LlamaModel::forward_loss() {

@@ -4,11 +4,13 @@
 // live in one planned arena sized for (micro_batch, seq) at construction, so the memory a
 // run needs is known before it starts and nothing is allocated inside a step.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/model/fp8_linears.h"
 #include "tessera/model/model_spec.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/ops/backend.h"
@@ -23,6 +25,10 @@ struct ModelRuntime {
   RecomputeGranularity recompute = RecomputeGranularity::None;
   int64_t recompute_num_layers = 0;  // with Full: first N layers; 0 = all
   int64_t cross_entropy_chunk_tokens = 4096;
+  // The parameter and gradient buffers are allocated for the parameter count rounded up to
+  // this multiple, so data parallelism can split them into equal per-rank shards.
+  int64_t flat_buffer_multiple = 1;
+  Fp8Options fp8;  // FP8 linear layers (off by default)
 };
 
 // Bytes the model needs on its device, by purpose (the out-of-memory message and the
@@ -31,6 +37,7 @@ struct ModelMemory {
   size_t weights = 0;      // compute-dtype parameters
   size_t gradients = 0;    // fp32 gradients
   size_t activations = 0;  // stored activations, backward scratch, logits chunk, batch
+  size_t fp8 = 0;          // FP8 scaling state, weight cache and cast buffers (fp8 runs)
 };
 
 class LlamaModel {
@@ -50,7 +57,15 @@ class LlamaModel {
   Tensor param(int index) const;
   Tensor grad(int index) const;
 
+  // Starts a step's gradients: zeroes those that kernels accumulate into (embedding, norms,
+  // biases); the linear weights' gradients are written, not added, by their first weight-
+  // gradient GEMM of the step, which saves a pass over most of the buffer.
   void zero_grads();
+  // Called during forward_backward whenever a suffix of the flat gradient buffer is final
+  // for this micro-batch (offsets >= ready_from get no further contributions): after the
+  // output head, after each layer and after the embedding (0). Data parallelism starts
+  // reducing those gradients while the backward goes on.
+  void set_grads_ready_hook(std::function<void(int64_t ready_from)> hook) { grads_ready_ = std::move(hook); }
   // Host int32 arrays of micro_batch * seq_length ids; negative targets are ignored.
   void set_batch(const int32_t* tokens, const int32_t* targets);
   // Forward and backward of the current batch. Gradients accumulate into grads(); the
@@ -64,6 +79,12 @@ class LlamaModel {
 
   Tensor loss_sum() const { return a_.loss_sum; }  // (1) fp32 on the device
   void zero_loss_sum();
+
+  // The FP8 linear layers, or null when runtime().fp8 is off.
+  Fp8Linears* fp8() const { return fp8_.get(); }
+  // The parameters changed outside forward/backward (optimizer step, loading): drops
+  // everything derived from them (the FP8 weight cache).
+  void params_updated();
 
  private:
   struct LayerActs {
@@ -101,6 +122,15 @@ class LlamaModel {
   DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
   Tensor params_, grads_;
   Activations a_;
+  std::function<void(int64_t)> grads_ready_;
+  std::unique_ptr<Fp8Linears> fp8_;
+  std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1
+  // (offset, count) ranges of grads_ that zero_grads() fills: everything but the weights
+  // that only weight-gradient GEMMs write.
+  std::vector<std::pair<int64_t, int64_t>> accumulated_grad_ranges_;
+  // Per parameter: whether a weight-gradient GEMM wrote it since zero_grads() (the next one
+  // accumulates).
+  std::vector<char> grad_written_;
 };
 
 }  // namespace tessera

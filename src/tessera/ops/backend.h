@@ -81,6 +81,50 @@ struct AdamWArgs {
   int64_t step = 1;         // 1-based step count for bias correction
 };
 
+// ---- FP8 (docs/fp8.md) ----
+// Per-tensor scaled FP8: q = saturate(round_to_nearest_even(x * scale)) in e4m3 or e5m2,
+// x ~= q * scale_inv. Scales, amaxes and histories are fp32 device scalars/arrays, so that
+// no step waits for the host.
+
+// One read of x producing any of: its FP8 copy, its FP8 transpose, and its amax.
+struct Fp8CastArgs {
+  Tensor x;       // (R, C) compute dtype
+  Tensor out;     // (R, C) e4m3 or e5m2, or undefined
+  Tensor out_t;   // (C, R) same dtype as out, or undefined
+  Tensor scale;   // (1) fp32; read when out or out_t is defined
+  Tensor amax;    // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
+};
+
+// out = alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + beta * c (+ bias), accumulated in
+// fp32. Both operands are K-major ("TN", the only FP8 layout Hopper tensor cores take), so
+// callers pass transposed copies where the bf16 GEMM would use a trans flag. a and b may
+// differ in format, but not both e5m2. M, N and K must be multiples of 16.
+struct Fp8MatmulArgs {
+  Tensor out;          // (M, N) compute dtype or fp32
+  Tensor a;            // (M, K) e4m3/e5m2
+  Tensor b;            // (N, K) e4m3/e5m2
+  Tensor a_scale_inv;  // (1) fp32
+  Tensor b_scale_inv;  // (1) fp32
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  Tensor c;            // (M, N) like out, read with beta; undefined means out itself
+  Tensor bias;         // (N) like out, optional
+  bool fast_accum = false;  // cuBLASLt's faster, less precise accumulation (forward only)
+};
+
+// Delayed-scaling update of S tensors that share a format (core/fp8.h,
+// fp8_update_scales_reference, states the arithmetic).
+struct Fp8ScaleUpdateArgs {
+  Tensor amax_history;  // (H, S) fp32; row 0 holds the amaxes since the last update
+  Tensor scale;         // (S) fp32, updated
+  Tensor scale_inv;     // (S) fp32, = 1 / scale
+  Tensor nonfinite;     // (1) fp32 or undefined: set to NaN if any amax of row 0 is non-finite
+  float fp8_max = 448.0f;
+  int margin = 0;
+  bool most_recent = false;
+  bool roll = true;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -127,6 +171,11 @@ class Backend {
   virtual void matmul(const MatmulArgs& args) = 0;
   // dbias (N) fp32 accumulates the column sums of dout (M, N).
   virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+  // FP8 (structs above). The CPU backend emulates them: codes from core/fp8.h, then an fp32
+  // GEMM of the dequantised values.
+  virtual void fp8_cast_transpose(const Fp8CastArgs& args) = 0;
+  virtual void matmul_fp8(const Fp8MatmulArgs& args) = 0;
+  virtual void fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
 
   // ---- model ops ----
   // out (N, C) = table[tokens]; tokens (N) int32 in [0, V); table (V, C).

@@ -116,6 +116,18 @@ inline OpArgs matmul(const MatmulArgs& m) {
   return r;
 }
 
+// An FP8 GEMM out (M, N) = a (M, K) @ b (N, K)^T: the report's GEMM args.
+inline OpArgs matmul_fp8(const Fp8MatmulArgs& m) {
+  const auto [M, N] = matrix(m.out);
+  OpArgs r;
+  r.add("M", M).add("N", N).add("K", matrix(m.a).second);
+  r.add_dtype("dtype", m.a.dtype).add_dtype("b_dtype", m.b.dtype).add_dtype("out_dtype", m.out.dtype);
+  r.add_bool("trans_a", false).add_bool("trans_b", true);
+  if (m.beta != 0.0f) r.add_double("beta", m.beta);
+  if (m.bias.defined()) r.add_bool("bias", true);
+  return r;
+}
+
 // The report's attention args; S = T (self-attention).
 inline OpArgs attention(const AttentionShape& s, DType dtype) {
   OpArgs r;

@@ -1,20 +1,44 @@
 #include "tessera/train/adamw_optimizer.h"
 
+#include <algorithm>
+
 namespace tessera {
 
-AdamWOptimizer::AdamWOptimizer(LlamaModel& model, const TrainingConfig& config)
-    : model_(model), config_(config), segments_(model.layout().decay_segments()) {
+namespace {
+
+// segments (offsets from the buffer start) restricted to [r.begin, r.end), offsets from r.begin.
+std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segments, const ParamRange& r) {
+  std::vector<ParamSegment> out;
+  for (const ParamSegment& s : segments) {
+    const int64_t lo = std::max(s.offset, r.begin), hi = std::min(s.offset + s.count, r.end);
+    if (lo < hi) out.push_back({lo - r.begin, hi - lo, s.decay});
+  }
+  return out;
+}
+
+}  // namespace
+
+AdamWOptimizer::AdamWOptimizer(LlamaModel& model, const TrainingConfig& config,
+                               std::vector<ParamRange> owned)
+    : model_(model), config_(config), segments_(model.layout().decay_segments()),
+      owned_(std::move(owned)), sharded_(!owned_.empty()) {
   Backend& b = model.backend();
   const int64_t P = model.layout().total;
-  if (model.params().dtype == DType::F32) {
+  if (!sharded_) owned_ = {{0, P}};
+  int64_t held = 0;
+  for (const ParamRange& r : owned_) {
+    owned_segments_.push_back(clip_segments(segments_, r));
+    held += r.count();
+  }
+  if (model.params().dtype == DType::F32 && !sharded_) {
     master_ = model.params();
   } else {
-    master_buffer_ = DeviceBuffer(b, P * sizeof(float), "fp32 master weights");
-    master_ = master_buffer_.tensor(DType::F32, {P});
+    master_buffer_ = DeviceBuffer(b, held * sizeof(float), "fp32 master weights");
+    master_ = master_buffer_.tensor(DType::F32, {held});
   }
-  moments_buffer_ = DeviceBuffer(b, 2 * P * sizeof(float), "AdamW moments");
-  exp_avg_ = moments_buffer_.tensor(DType::F32, {P});
-  exp_avg_sq_ = moments_buffer_.tensor(DType::F32, {P}, P * sizeof(float));
+  moments_buffer_ = DeviceBuffer(b, 2 * held * sizeof(float), "AdamW moments");
+  exp_avg_ = moments_buffer_.tensor(DType::F32, {held});
+  exp_avg_sq_ = moments_buffer_.tensor(DType::F32, {held}, held * sizeof(float));
   b.fill(exp_avg_, 0.0f);
   b.fill(exp_avg_sq_, 0.0f);
 }
@@ -25,18 +49,37 @@ size_t AdamWOptimizer::state_bytes(int64_t params, DType compute) {
 }
 
 void AdamWOptimizer::sync_params_from_master() {
-  if (master_.data != model_.params().data) model_.backend().convert(model_.params(), master_);
+  if (!sharded_) {
+    if (master_.data != model_.params().data) model_.backend().convert(model_.params(), master_);
+  } else {
+    int64_t at = 0;
+    for (const ParamRange& r : owned_) {
+      model_.backend().convert(model_.params().flat_range(r.begin, r.count()), master_.flat_range(at, r.count()));
+      at += r.count();
+    }
+  }
+  model_.params_updated();
+}
+
+void AdamWOptimizer::set_master(const std::function<void(const Tensor& full_master)>& fill) {
+  if (!sharded_) {
+    fill(master_);
+    return;
+  }
+  Backend& b = model_.backend();
+  const Tensor full = model_.grads();
+  fill(full);
+  int64_t at = 0;
+  for (const ParamRange& r : owned_) {
+    b.copy(master_.flat_range(at, r.count()), full.flat_range(r.begin, r.count()));
+    at += r.count();
+  }
+  model_.zero_grads();
 }
 
 void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
   AdamWArgs a;
-  a.master = master_;
-  a.grad = model_.grads();
-  a.exp_avg = exp_avg_;
-  a.exp_avg_sq = exp_avg_sq_;
-  if (master_.data != model_.params().data) a.params = model_.params();
   a.grad_norm_sq = grad_norm_sq;
-  a.segments = segments_;
   a.lr = static_cast<float>(lr);
   a.beta1 = static_cast<float>(config_.adam_beta1);
   a.beta2 = static_cast<float>(config_.adam_beta2);
@@ -44,7 +87,20 @@ void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
   a.weight_decay = static_cast<float>(config_.weight_decay);
   a.max_grad_norm = static_cast<float>(config_.clip_grad);
   a.step = step;
-  model_.backend().adamw_step(a);
+  int64_t at = 0;
+  for (size_t i = 0; i < owned_.size(); ++i) {
+    const ParamRange& r = owned_[i];
+    a.master = master_.flat_range(at, r.count());
+    a.grad = model_.grads().flat_range(r.begin, r.count());
+    a.exp_avg = exp_avg_.flat_range(at, r.count());
+    a.exp_avg_sq = exp_avg_sq_.flat_range(at, r.count());
+    a.params = master_.data != model_.params().data ? model_.params().flat_range(r.begin, r.count())
+                                                    : Tensor{};
+    a.segments = owned_segments_[i];
+    at += r.count();
+    if (!a.segments.empty()) model_.backend().adamw_step(a);
+  }
+  model_.params_updated();
 }
 
 }  // namespace tessera

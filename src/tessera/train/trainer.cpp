@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "tessera/ckpt/hf_model.h"
+#include "tessera/config/keys.h"
 #include "tessera/core/error.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
@@ -70,9 +71,13 @@ void report_target_reached(Logger& log, MetricsWriter* metrics, double target, i
 }  // namespace
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-                 MetricsWriter* metrics)
-    : exp_(experiment), backend_(std::move(backend)), log_(logger), metrics_(metrics) {
+                 MetricsWriter* metrics, dist::Communicator* comm)
+    : exp_(experiment), backend_(std::move(backend)), log_(logger), metrics_(metrics), comm_(comm) {
   const TrainingConfig& t = exp_.training;
+  if (comm_) {
+    data_parallel_size_ = comm_->size();
+    rank_ = comm_->rank();
+  }
   accumulation_steps_ = t.global_batch_size / (t.micro_batch_size * data_parallel_size_);
   tokenizer_ = make_tokenizer(exp_.data);
   // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
@@ -87,11 +92,26 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   runtime_.recompute = t.recompute_granularity;
   runtime_.recompute_num_layers = t.recompute_num_layers;
   runtime_.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
+  if (comm_) runtime_.flat_buffer_multiple = dist::flat_buffer_multiple(comm_->size());
+  runtime_.fp8 = fp8_options(t);
+  if (runtime_.fp8.enabled() && backend_->device().kind != DeviceKind::CUDA)
+    throw ConfigError(exp_.origin.count("fp8") ? exp_.origin.at("fp8") : "default", "fp8",
+                      find_key("fp8")->get(exp_),
+                      "null on " + backend_->description() +
+                          ": FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
 
   log_.info("backend: {}", backend_->description());
   log_.info("model: {}", spec_.summary());
-  log_.info("precision: {} weights/activations, fp32 master weights, gradients and AdamW state",
-            dtype_name(runtime_.compute_dtype));
+  log_.info("precision: {} weights/activations, fp32 master weights, gradients and AdamW state{}",
+            dtype_name(runtime_.compute_dtype),
+            runtime_.fp8.enabled()
+                ? fmt::format("; FP8 {} linear layers ({} scaling, amax history {}, margin {}, "
+                              "weight transpose cache {}, output head {})",
+                              find_key("fp8")->get(exp_), find_key("fp8_recipe")->get(exp_),
+                              t.fp8_amax_history_len, t.fp8_margin,
+                              t.fp8_weight_transpose_cache ? "on" : "off",
+                              t.fp8_lm_head ? "fp8" : "bf16")
+                : "");
   data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
   log_.info("data: {}", data_.description);
   if (!data_.valid && (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0)) {
@@ -104,17 +124,35 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   check_memory_fits();
   try {
     model_ = std::make_unique<LlamaModel>(*backend_, spec_, runtime_);
-    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t);
+    if (comm_)
+      dp_ = std::make_unique<dist::DataParallel>(
+          *comm_, *model_,
+          dist::DataParallelOptions{t.use_distributed_optimizer, t.overlap_grad_reduce, t.ddp_bucket_size});
+    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, dp_ ? dp_->optimizer_ranges()
+                                                                  : std::vector<ParamRange>{});
     scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
   } catch (const OutOfMemoryError& e) {
     check_memory_fits();  // reports the breakdown if the estimate now says it cannot fit
     throw;
   }
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
-  init_parameters(*backend_, spec_, model_->layout(), optimizer_->master(),
-                  static_cast<uint64_t>(t.seed));
+  optimizer_->set_master([&](const Tensor& master) {
+    init_parameters(*backend_, spec_, model_->layout(), master, static_cast<uint64_t>(t.seed));
+  });
   restore_start_state();
   optimizer_->sync_params_from_master();
+  if (dp_ && model_->fp8()) {
+    // Transformer Engine's rule: amaxes are reduced over the data-parallel ranks, so every
+    // rank derives the same scales and the replicas stay identical.
+    model_->fp8()->set_amax_reducer([this](const Tensor& amaxes) { dp_->max(amaxes); });
+  }
+  if (dp_) {
+    dp_->gather_params();
+    log_.info("data parallel: {} ranks ({}), {} gradient buckets, {}{}", data_parallel_size_,
+              comm_->description(), dp_->plan().buckets.size(),
+              t.use_distributed_optimizer ? "ZeRO-1 optimizer shards" : "replicated optimizer",
+              t.overlap_grad_reduce ? ", reduction overlapped with backward" : "");
+  }
   const int64_t N = t.micro_batch_size * t.seq_length;
   host_tokens_.resize(N);
   host_targets_.resize(N);
@@ -127,10 +165,12 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
 Trainer::~Trainer() = default;
 
 TrainingTensors Trainer::training_tensors() const {
-  return {backend_.get(),       &spec_,
-          &model_->layout(),    model_->params(),
-          optimizer_->master(), optimizer_->exp_avg(),
-          optimizer_->exp_avg_sq()};
+  TrainingTensors t{backend_.get(),       &spec_,
+                    &model_->layout(),    model_->params(),
+                    optimizer_->master(), optimizer_->exp_avg(),
+                    optimizer_->exp_avg_sq(), {}};
+  if (model_->fp8()) t.extra_state = model_->fp8()->state_tensors();
+  return t;
 }
 
 // Where the run starts: the latest checkpoint under `load` (its counters too), else the
@@ -146,6 +186,7 @@ void Trainer::restore_start_state() {
     applied_steps_ = s.applied_steps;
     skipped_iterations_ = s.skipped_iterations;
     consecutive_nan_ = s.consecutive_nan;
+    if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
     if (s.iteration > 0 && s.seed != exp_.training.seed)
       differences.push_back(fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)",
                                         s.seed, exp_.training.seed));
@@ -154,7 +195,9 @@ void Trainer::restore_start_state() {
   } else {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
     if (!c.hf_init_path.empty()) {
-      differences = load_hf_weights(c.hf_init_path, spec_, model_->layout(), *backend_, optimizer_->master());
+      optimizer_->set_master([&](const Tensor& master) {
+        differences = load_hf_weights(c.hf_init_path, spec_, model_->layout(), *backend_, master);
+      });
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
     }
   }
@@ -162,6 +205,11 @@ void Trainer::restore_start_state() {
 }
 
 std::string Trainer::save_checkpoint() {
+  // Data-parallel ranks hold the same state; rank 0 writes it.
+  if (rank_ != 0) {
+    last_saved_iteration_ = completed_iterations_;
+    return "";
+  }
   const auto t0 = Clock::now();
   TrainerState s;
   s.iteration = completed_iterations_;
@@ -189,9 +237,10 @@ void Trainer::stop_for_signal(int sig, const std::string& where) {
 // each part takes and what to change.
 void Trainer::check_memory_fits() const {
   const ModelMemory m = LlamaModel::plan_memory(spec_, runtime_);
+  const int64_t shards = exp_.training.use_distributed_optimizer ? data_parallel_size_ : 1;
   const size_t optimizer =
-      AdamWOptimizer::state_bytes(make_param_layout(spec_).total, runtime_.compute_dtype);
-  const size_t needed = m.weights + m.gradients + optimizer + m.activations;
+      AdamWOptimizer::state_bytes(make_param_layout(spec_).total / shards, runtime_.compute_dtype);
+  const size_t needed = m.weights + m.gradients + optimizer + m.activations + m.fp8;
   const MemoryStats s = backend_->memory_stats();
   const size_t available = s.device_free_bytes + s.allocated_bytes;
   if (s.device_free_bytes == 0 || needed <= available) return;
@@ -239,11 +288,22 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
                            static_cast<uint64_t>((m * data_parallel_size_ + rank_) * t.micro_batch_size);
     load_micro_batch(*data_.train, first);
     const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
+    if (dp_) dp_->begin_micro_batch(m == accumulation_steps_ - 1);
     model_->forward_backward(grad_scale);
+  }
+  if (dp_) {
+    const profiler::PhaseSpan span(profiler_.get(), "grad_reduce");
+    dp_->finish_gradient_reduction();
   }
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
-    backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+    if (dp_) dp_->grad_norm_sq(grad_norm_sq_, *optimizer_);
+    else backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+    if (model_->fp8()) {
+      // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
+      if (dp_) dp_->sum(model_->fp8()->status());
+      model_->fp8()->end_step(grad_norm_sq_);
+    }
   }
   IterationStats s;
   s.iteration = iteration;
@@ -251,14 +311,17 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   {
     const profiler::PhaseSpan span(profiler_.get(), "optimizer");
     optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
+    if (dp_) dp_->gather_params();
   }
-  float loss_sum = 0, norm_sq = 0;
+  if (dp_) dp_->sum(model_->loss_sum());
+  float loss_sum = 0, norm_sq = 0, fp8_status = 0;
   {
     const profiler::PhaseSpan span(profiler_.get(), "loss_readback");  // waits for the device
     backend_->download(&loss_sum, model_->loss_sum());
     backend_->download(&norm_sq, grad_norm_sq_);
+    if (model_->fp8()) backend_->download(&fp8_status, model_->fp8()->status());
   }
-  s.loss = loss_sum / static_cast<double>(tokens_per_rank);
+  s.loss = loss_sum / static_cast<double>(tokens_per_rank * data_parallel_size_);
   s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
   s.skipped = !std::isfinite(norm_sq) || !std::isfinite(loss_sum);
   consumed_samples_ += static_cast<uint64_t>(t.global_batch_size);
@@ -267,8 +330,11 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     ++skipped_iterations_;
     ++consecutive_nan_;
     log_.warning("iteration {}: non-finite {} (loss {}, grad norm {}); update skipped ({} in a row)",
-                 iteration, std::isfinite(loss_sum) ? "gradient" : "loss", s.loss, s.grad_norm,
-                 consecutive_nan_);
+                 iteration,
+                 !std::isfinite(loss_sum)   ? "loss"
+                 : std::isfinite(fp8_status) ? "gradient"
+                                             : "FP8 amax (an activation, weight or gradient held NaN or Inf)",
+                 s.loss, s.grad_norm, consecutive_nan_);
     if (consecutive_nan_ >= t.max_consecutive_nan_iters)
       throw TrainingAborted(
           fmt::format("{} iterations in a row had a non-finite loss or gradient (last: {}); "
@@ -291,9 +357,11 @@ double Trainer::evaluate() {
     load_micro_batch(*data_.valid, first);
     model_->forward_loss();
   }
+  if (dp_) dp_->sum(model_->loss_sum());
   float loss_sum = 0;
   backend_->download(&loss_sum, model_->loss_sum());
-  return loss_sum / static_cast<double>(exp_.data.eval_iters * t.micro_batch_size * t.seq_length);
+  return loss_sum / static_cast<double>(exp_.data.eval_iters * t.micro_batch_size * t.seq_length *
+                                        data_parallel_size_);
 }
 
 void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters) {
@@ -326,6 +394,8 @@ void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t
   j["elapsed_ms"] = ms;
   j["tflops_per_gpu"] = tflops;
   j["tokens_per_s_per_gpu"] = tokens_per_s;
+  j["tokens_per_s"] = tokens_per_s * static_cast<double>(data_parallel_size_);
+  j["world_size"] = data_parallel_size_;
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
   j["skipped_iterations"] = skipped_iterations_;

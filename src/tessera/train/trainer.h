@@ -9,6 +9,8 @@
 #include "tessera/config/config.h"
 #include "tessera/data/dataset.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/data_parallel.h"
 #include "tessera/model/llama_model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
@@ -41,9 +43,10 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // metrics may be null (tests). The backend is owned by the trainer.
+  // metrics may be null (tests). The backend is owned by the trainer. comm (not owned):
+  // the data-parallel group this rank trains in (dist/data_parallel.h); null: one device.
   Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-          MetricsWriter* metrics);
+          MetricsWriter* metrics, dist::Communicator* comm = nullptr);
   ~Trainer();
 
   TrainSummary train();
@@ -79,6 +82,8 @@ class Trainer {
   ModelSpec spec_;
   ModelRuntime runtime_;
   std::unique_ptr<LlamaModel> model_;
+  dist::Communicator* comm_ = nullptr;
+  std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   DeviceBuffer scalar_buffer_;
   Tensor grad_norm_sq_;

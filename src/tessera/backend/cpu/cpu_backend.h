@@ -6,9 +6,11 @@
 // reductions (sum, sum_squares, weight-gradient column sums, dk/dv shared by query heads)
 // combine fixed pieces in a fixed order. sgemm's own threading is OpenBLAS's business.
 //
-// Tensors are fp32 (int32 for tokens and targets); other dtypes fail a check, since bf16 and
-// fp8 compute belongs to the GPU backend. convert() also handles fp32 <-> bf16 so that
-// checkpoints and tests can move data between the two.
+// Tensors are fp32 (int32 for tokens and targets); other dtypes fail a check, since bf16
+// compute belongs to the GPU backend. FP8 casts are emulated code for code and FP8 GEMMs
+// in fp32 on the dequantised codes, so that the FP8 recipe can be tested here
+// (cpu_fp8.cpp). convert() also handles fp32 <-> bf16 so that checkpoints and tests can
+// move data between the two.
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,6 +50,10 @@ class CpuBackend final : public Backend {
 
   void matmul(const MatmulArgs& args) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  // Emulated FP8 (cpu_fp8.cpp): fp32 inputs, fp8 codes, fp32 GEMM of dequantised values.
+  void fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void matmul_fp8(const Fp8MatmulArgs& args) override;
+  void fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
   void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens) override;

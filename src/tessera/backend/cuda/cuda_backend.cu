@@ -14,6 +14,7 @@
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/elementwise.cuh"
 #include "tessera/backend/cuda/embedding.cuh"
+#include "tessera/backend/cuda/fp8_cast.cuh"
 #include "tessera/backend/cuda/reduce.cuh"
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
@@ -397,7 +398,7 @@ void CudaBackend::matmul(const MatmulArgs& args) {
   p.out_dtype = args.out.dtype;
   p.a = args.a.data;
   p.b = args.b.data;
-  p.ab_dtype = args.a.dtype;
+  p.a_dtype = p.b_dtype = args.a.dtype;
   if (args.c.defined() && args.c.data != args.out.data) {
     expect_same_type(args.c, args.out, op, "c");
     expect_count(args.c, M * N, op, "c");
@@ -426,6 +427,113 @@ void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   const size_t bytes = bias_backward_scratch_bytes(d.rows, d.cols);
   cuda::bias_backward(dbias.as<float>(), dout.data, d.rows, d.cols, dout.dtype, scratch(bytes),
                       bytes, stream_);
+}
+
+// ---- FP8 ----
+
+void CudaBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
+  OpTimer timer(*this, "fp8_cast_transpose");
+  const ObservedOp observed(op_observer_, "fp8_cast_transpose",
+                            [&] { return op_args::rows_cols(args.x); });
+  const char* op = "fp8_cast_transpose";
+  expect_float(args.x, op, "x");
+  const MatrixDims d = matrix_dims(args.x);
+  DType format = DType::E4M3;
+  for (const Tensor* t : {&args.out, &args.out_t}) {
+    if (!t->defined()) continue;
+    expect_device(*t, op, t == &args.out ? "out" : "out_t");
+    expect_count(*t, d.rows * d.cols, op, t == &args.out ? "out" : "out_t");
+    TS_CHECK(t->dtype == DType::E4M3 || t->dtype == DType::E5M2, "cuda {}: output dtype {} is not fp8",
+             op, dtype_name(t->dtype));
+    format = t->dtype;
+  }
+  TS_CHECK(!args.out.defined() || !args.out_t.defined() || args.out.dtype == args.out_t.dtype,
+           "cuda {}: out {} and out_t {} differ", op, dtype_name(args.out.dtype),
+           dtype_name(args.out_t.dtype));
+  const bool cast = args.out.defined() || args.out_t.defined();
+  if (cast) {
+    expect_type(args.scale, DType::F32, op, "scale");
+    expect_count(args.scale, 1, op, "scale");
+  }
+  if (args.amax.defined()) {
+    expect_type(args.amax, DType::F32, op, "amax");
+    expect_count(args.amax, 1, op, "amax");
+  }
+  cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, d.cols,
+                           cast ? args.scale.as<float>() : nullptr, args.out.data, args.out_t.data,
+                           format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
+}
+
+void CudaBackend::matmul_fp8(const Fp8MatmulArgs& args) {
+  OpTimer timer(*this, "matmul_fp8");
+  const ObservedOp observed(op_observer_, "matmul_fp8", [&] { return op_args::matmul_fp8(args); });
+  const char* op = "matmul_fp8";
+  expect_float(args.out, op, "out");
+  expect_device(args.a, op, "a");
+  expect_device(args.b, op, "b");
+  for (const Tensor* s : {&args.a_scale_inv, &args.b_scale_inv}) {
+    expect_type(*s, DType::F32, op, "scale_inv");
+    expect_count(*s, 1, op, "scale_inv");
+  }
+  const MatrixDims o = matrix_dims(args.out), a = matrix_dims(args.a), b = matrix_dims(args.b);
+  const int64_t M = o.rows, N = o.cols, K = a.cols;
+  TS_CHECK(a.rows == M && b.rows == N && b.cols == K,
+           "cuda matmul_fp8: a {} and b {} do not give out {} (out = a @ b^T)", args.a.shape.str(),
+           args.b.shape.str(), args.out.shape.str());
+  // cuBLASLt's FP8 kernels need 16-byte aligned operands and leading dimensions.
+  TS_CHECK(M % 16 == 0 && N % 16 == 0 && K % 16 == 0,
+           "cuda matmul_fp8: M={} N={} K={} must all be multiples of 16 for cuBLASLt FP8", M, N, K);
+  for (const Tensor* t : {&args.out, &args.a, &args.b})
+    TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
+             "cuda matmul_fp8: an operand at {} is not 16-byte aligned", t->data);
+  TS_CHECK(args.out.data != args.a.data && args.out.data != args.b.data,
+           "cuda matmul_fp8: out aliases an input");
+  MatmulProblem p;
+  p.out = args.out.data;
+  p.out_dtype = args.out.dtype;
+  p.a = args.a.data;
+  p.b = args.b.data;
+  p.a_dtype = args.a.dtype;
+  p.b_dtype = args.b.dtype;
+  if (args.c.defined() && args.c.data != args.out.data) {
+    expect_same_type(args.c, args.out, op, "c");
+    expect_count(args.c, M * N, op, "c");
+    p.c = args.c.data;
+  }
+  if (args.bias.defined()) {
+    expect_same_type(args.bias, args.out, op, "bias");
+    expect_count(args.bias, N, op, "bias");
+    p.bias = args.bias.data;
+    p.bias_dtype = args.bias.dtype;
+  }
+  p.M = M, p.N = N, p.K = K;
+  p.trans_a = false, p.trans_b = true;
+  p.alpha = args.alpha, p.beta = args.beta;
+  p.a_scale = args.a_scale_inv.as<float>();
+  p.b_scale = args.b_scale_inv.as<float>();
+  p.fast_accum = args.fast_accum;
+  lt_->run(p, stream_);
+}
+
+void CudaBackend::fp8_update_scales(const Fp8ScaleUpdateArgs& args) {
+  OpTimer timer(*this, "fp8_update_scales");
+  const ObservedOp observed(op_observer_, "fp8_update_scales",
+                            [&] { return op_args::elements(args.amax_history); });
+  const char* op = "fp8_update_scales";
+  expect_type(args.amax_history, DType::F32, op, "amax_history");
+  const MatrixDims h = matrix_dims(args.amax_history);
+  expect_type(args.scale, DType::F32, op, "scale");
+  expect_type(args.scale_inv, DType::F32, op, "scale_inv");
+  expect_count(args.scale, h.cols, op, "scale");
+  expect_count(args.scale_inv, h.cols, op, "scale_inv");
+  if (args.nonfinite.defined()) {
+    expect_type(args.nonfinite, DType::F32, op, "nonfinite");
+    expect_count(args.nonfinite, 1, op, "nonfinite");
+  }
+  cuda::fp8_update_scales(args.amax_history.as<float>(), h.rows, h.cols, args.scale.as<float>(),
+                          args.scale_inv.as<float>(),
+                          args.nonfinite.defined() ? args.nonfinite.as<float>() : nullptr,
+                          args.fp8_max, args.margin, args.most_recent, args.roll, stream_);
 }
 
 // ---- model ops ----

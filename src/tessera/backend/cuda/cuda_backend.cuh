@@ -86,6 +86,9 @@ class CudaBackend final : public Backend {
 
   void matmul(const MatmulArgs& args) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  void fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void matmul_fp8(const Fp8MatmulArgs& args) override;
+  void fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
   void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens) override;

@@ -15,6 +15,10 @@ cudaDataType_t cuda_type(DType d) {
       return CUDA_R_32F;
     case DType::BF16:
       return CUDA_R_16BF;
+    case DType::E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::E5M2:
+      return CUDA_R_8F_E5M2;
     default:
       throw_unsupported_dtype("matmul", d);
   }
@@ -56,10 +60,21 @@ void launch_epilogue(const MatmulProblem& p, const void* c, float beta, cudaStre
 }
 
 std::string describe(const MatmulProblem& p) {
-  return format_message("M={} N={} K={} trans_a={} trans_b={} a/b {} out {} beta={} bias={}", p.M,
-                        p.N, p.K, p.trans_a, p.trans_b, dtype_name(p.ab_dtype),
-                        dtype_name(p.out_dtype), p.beta,
-                        p.bias != nullptr ? dtype_name(p.bias_dtype) : "none");
+  return format_message("M={} N={} K={} trans_a={} trans_b={} a {} b {} out {} beta={} bias={}{}",
+                        p.M, p.N, p.K, p.trans_a, p.trans_b, dtype_name(p.a_dtype),
+                        dtype_name(p.b_dtype), dtype_name(p.out_dtype), p.beta,
+                        p.bias != nullptr ? dtype_name(p.bias_dtype) : "none",
+                        p.fast_accum ? " fast_accum" : "");
+}
+
+bool is_fp8_type(DType d) { return d == DType::E4M3 || d == DType::E5M2; }
+
+// cuBLAS's A is our b and its B our a (see plan_for), so their scales swap too.
+void set_fp8_scales(cublasLtMatmulDesc_t desc, const MatmulProblem& p) {
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                 &p.b_scale, sizeof(p.b_scale)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                 &p.a_scale, sizeof(p.a_scale)));
 }
 
 }  // namespace
@@ -100,13 +115,15 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
   if (it != plans_.end()) return *it->second;
 
   auto plan = std::make_unique<Plan>();
-  const cudaDataType_t ab = cuda_type(p.ab_dtype), out = cuda_type(p.out_dtype);
+  const cudaDataType_t a_type = cuda_type(p.a_dtype), b_type = cuda_type(p.b_dtype);
+  const cudaDataType_t out = cuda_type(p.out_dtype);
+  const bool fp8 = is_fp8_type(p.a_dtype);
   const uint64_t M = p.M, N = p.N, K = p.K;
   // cuBLAS A = our b: stored (N, K) col-major when not transposed, else (K, N).
-  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, p.trans_b ? K : N, p.trans_b ? N : K,
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, b_type, p.trans_b ? K : N, p.trans_b ? N : K,
                                              static_cast<int64_t>(p.trans_b ? K : N)));
   // cuBLAS B = our a: stored (K, M) col-major when not transposed, else (M, K).
-  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, p.trans_a ? M : K, p.trans_a ? K : M,
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, a_type, p.trans_a ? M : K, p.trans_a ? K : M,
                                              static_cast<int64_t>(p.trans_a ? M : K)));
   TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out, N, M, static_cast<int64_t>(N)));
   TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out, N, M, static_cast<int64_t>(N)));
@@ -142,6 +159,12 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
                                                    &trans_a, sizeof(trans_a)));
     TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                    &trans_b, sizeof(trans_b)));
+    if (fp8) {
+      set_fp8_scales(plan->desc, p);
+      const int8_t fast_accum = p.fast_accum ? 1 : 0;
+      TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                     &fast_accum, sizeof(fast_accum)));
+    }
     plan->bias_in_epilogue = attempt == 0;
     if (plan->bias_in_epilogue) {
       const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -184,7 +207,7 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
                 p.K,
                 p.trans_a,
                 p.trans_b,
-                static_cast<int>(p.ab_dtype),
+                static_cast<int>(p.a_dtype),
                 static_cast<int>(p.out_dtype),
                 p.bias != nullptr ? static_cast<int>(p.bias_dtype) : -1,
                 p.beta != 0.0f,
@@ -192,12 +215,26 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
                 alignment_of(p.b),
                 alignment_of(c),
                 alignment_of(p.out),
-                alignment_of(p.bias)};
+                alignment_of(p.bias),
+                static_cast<int>(p.b_dtype),
+                p.fast_accum};
+  if (is_fp8_type(p.a_dtype)) {
+    TS_CHECK(is_fp8_type(p.b_dtype) && !(p.a_dtype == DType::E5M2 && p.b_dtype == DType::E5M2),
+             "cuBLASLt FP8 matmul takes e4m3 x e4m3 or e4m3 x e5m2 operands: {}", describe(p));
+    TS_CHECK(!p.trans_a && p.trans_b, "cuBLASLt FP8 matmul needs both operands K-major: {}",
+             describe(p));
+    TS_CHECK(p.a_scale != nullptr && p.b_scale != nullptr, "FP8 matmul without scales: {}",
+             describe(p));
+  } else {
+    TS_CHECK(p.a_dtype == p.b_dtype, "matmul of {} x {} operands", dtype_name(p.a_dtype),
+             dtype_name(p.b_dtype));
+  }
   Plan& plan = plan_for(p, key);
   if (plan.bias_in_epilogue) {
     TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                    &p.bias, sizeof(p.bias)));
   }
+  if (is_fp8_type(p.a_dtype)) set_fp8_scales(plan.desc, p);
   TS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c,
                                  plan.c, p.out, plan.d, &plan.algo, workspace_, workspace_bytes_,
                                  stream));

@@ -1,5 +1,6 @@
 #pragma once
-// Row-major GEMM through cuBLASLt: out = alpha * op(a) @ op(b) + beta * c (+ bias).
+// Row-major GEMM through cuBLASLt: out = alpha * op(a) @ op(b) + beta * c (+ bias), in bf16
+// or fp32, or with FP8 operands and per-tensor dequantisation scales.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -19,13 +20,19 @@ struct MatmulProblem {
   DType out_dtype = DType::BF16;
   const void* a = nullptr;       // (M, K), or (K, M) when trans_a
   const void* b = nullptr;       // (K, N), or (N, K) when trans_b
-  DType ab_dtype = DType::BF16;  // a and b share it
+  DType a_dtype = DType::BF16;   // a and b share it, except FP8 (e5m2 x e4m3)
+  DType b_dtype = DType::BF16;
   const void* c = nullptr;       // (M, N) in out_dtype, read when beta != 0; null: out itself
   const void* bias = nullptr;    // (N) or null
   DType bias_dtype = DType::BF16;
   int64_t M = 0, N = 0, K = 0;
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
+  // FP8 operands only: device fp32 scalars that multiply a and b (their scale_inv), and
+  // cuBLASLt's fast accumulation. Hopper takes FP8 only as "TN": trans_b and not trans_a.
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  bool fast_accum = false;
 };
 
 // The cuBLASLt handle, the workspace it may use and the plans (descriptors + chosen
@@ -44,10 +51,11 @@ class LtMatmul {
 
  private:
   struct Plan;
-  // (M, N, K, trans_a, trans_b, ab dtype, out dtype, bias dtype or -1, beta != 0,
-  //  alignment of a, b, c, out, bias): everything the heuristic's answer depends on.
+  // (M, N, K, trans_a, trans_b, a dtype, out dtype, bias dtype or -1, beta != 0,
+  //  alignment of a, b, c, out, bias, b dtype, fast accumulation): everything the
+  //  heuristic's answer depends on.
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, bool, int, int, int,
-                         int, int>;
+                         int, int, int, bool>;
   Plan& plan_for(const MatmulProblem& p, const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

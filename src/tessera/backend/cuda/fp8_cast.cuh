@@ -1,0 +1,25 @@
+#pragma once
+// FP8 casts and delayed-scaling updates (ops/backend.h: fp8_cast_transpose,
+// fp8_update_scales; the arithmetic is core/fp8.h's reference).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessera/core/dtype.h"
+
+namespace tessera::cuda {
+
+// x (R, C) in x_dtype (bf16 or fp32) -> out (R, C) and/or out_t (C, R) in `format` (e4m3 or
+// e5m2), q = satfinite_rn(x * *scale); amax (when non-null) = max(*amax, max |x|), NaN or Inf
+// when x holds one. Either output may be null; with both null only the amax is computed.
+void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, const float* scale,
+                        void* out, void* out_t, DType format, float* amax, cudaStream_t stream);
+
+// history (H, S), scale and scale_inv (S): one thread per column, as
+// fp8_update_scales_reference. nonfinite (may be null) is set to NaN when an amax of row 0
+// is non-finite.
+void fp8_update_scales(float* history, int64_t H, int64_t S, float* scale, float* scale_inv,
+                       float* nonfinite, float fp8_max, int margin, bool most_recent, bool roll,
+                       cudaStream_t stream);
+
+}  // namespace tessera::cuda

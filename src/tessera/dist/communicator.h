@@ -1,0 +1,68 @@
+#pragma once
+// Collectives between the ranks of a job over device tensors, independent of the vendor
+// library (NCCL here; RCCL would be another implementation). Every collective is queued on
+// a device stream and returns at once, like the backend's ops:
+//   Lane::Compute  the backend's own stream, ordered with the ops before and after it;
+//   Lane::Comm     a separate stream that first waits for the compute work queued so far,
+//                  so the collective overlaps with compute queued later; wait_comm() makes
+//                  compute wait for every collective queued on Lane::Comm.
+// Sum reductions of fp32/bf16 data; counts are elements. A failed or timed-out collective
+// never returns an error to the caller: the communicator's watchdog aborts it and ends the
+// process with a message naming the collective, its bytes and, where known, the late rank.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/core/tensor.h"
+
+namespace tessera {
+class Backend;
+class Logger;
+}  // namespace tessera
+
+namespace tessera::dist {
+
+class Rendezvous;
+struct DistEnv;
+
+enum class Lane { Compute, Comm };
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "NCCL 2.28.3, 2 ranks, non-blocking, timeout 600 s" for logs.
+  virtual std::string description() const = 0;
+
+  // In place: every rank's `buffer` becomes the elementwise reduction over ranks.
+  virtual void all_reduce(const Tensor& buffer, ReduceOp op, Lane lane) = 0;
+  // in: size() * n elements; out: n elements, this rank's reduced slice [rank*n, (rank+1)*n).
+  // out may be that slice of `in` (in place).
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in, Lane lane) = 0;
+  // in: n elements; out: size() * n elements, rank r's input at [r*n, (r+1)*n). in may be
+  // this rank's slice of `out` (in place).
+  virtual void all_gather(const Tensor& out, const Tensor& in, Lane lane) = 0;
+  // In place: every rank's `buffer` becomes root's.
+  virtual void broadcast(const Tensor& buffer, int root, Lane lane) = 0;
+  // in and out: size() * n elements; out block r = rank r's in block rank() (grouped
+  // sends and receives). out must not alias in.
+  virtual void all_to_all(const Tensor& out, const Tensor& in, Lane lane) = 0;
+
+  // Compute waits for everything queued on Lane::Comm so far.
+  virtual void wait_comm() = 0;
+  // Waits on the host for all queued collectives (barrier-like when every rank calls it).
+  virtual void synchronize() = 0;
+  // Ends the communicator collectively (all ranks call it); after this the watchdog is off.
+  virtual void finalize() = 0;
+};
+
+// The job's communicator over `backend`'s device (a CUDA backend; ConfigError otherwise):
+// rank 0 creates the NCCL unique id, the rendezvous hands it to every rank, and the
+// rendezvous keeps watching the peers so a dead rank is named. timeout_s bounds every
+// collective (dist_timeout_minutes); `log` receives the version line and failures.
+std::unique_ptr<Communicator> make_communicator(Backend& backend, Rendezvous& rendezvous,
+                                                double timeout_s, Logger& log);
+
+}  // namespace tessera::dist

@@ -1,0 +1,117 @@
+#include "tessera/dist/data_parallel.h"
+
+#include <algorithm>
+
+#include "tessera/core/error.h"
+
+namespace tessera::dist {
+
+int64_t flat_buffer_multiple(int world_size) { return 64 * static_cast<int64_t>(std::max(world_size, 1)); }
+
+BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size) {
+  BucketPlan p;
+  p.params = params;
+  p.world = std::max(world_size, 1);
+  const int64_t g = flat_buffer_multiple(p.world);
+  p.padded = (params + g - 1) / g * g;
+  const int64_t size = std::max<int64_t>((bucket_elements + g - 1) / g * g, g);
+  for (int64_t end = p.padded; end > 0;) {
+    const int64_t begin = std::max<int64_t>(end - size, 0);
+    p.buckets.push_back({begin, end});
+    end = begin;
+  }
+  return p;
+}
+
+ParamRange BucketPlan::shard(size_t k, int rank) const {
+  const ParamRange& b = buckets[k];
+  const int64_t n = b.count() / world;
+  return {b.begin + rank * n, b.begin + (rank + 1) * n};
+}
+
+std::vector<ParamRange> BucketPlan::owned(int rank) const {
+  std::vector<ParamRange> out;
+  for (size_t k = buckets.size(); k-- > 0;) {
+    const ParamRange s = shard(k, rank);
+    const ParamRange clipped{s.begin, std::min(s.end, params)};
+    if (clipped.count() > 0) out.push_back(clipped);
+  }
+  return out;
+}
+
+DataParallel::DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options)
+    : comm_(comm), model_(model), options_(options),
+      plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())) {
+  TS_CHECK(model.runtime().flat_buffer_multiple % flat_buffer_multiple(comm.size()) == 0,
+           "the model's buffers are padded to {}, data parallelism needs a multiple of {}",
+           model.runtime().flat_buffer_multiple, flat_buffer_multiple(comm.size()));
+  // The padding takes part in every reduction: keep it zero (the backward never writes it).
+  if (plan_.padded > plan_.params)
+    model.backend().fill(padded_view(model.grads(), {plan_.params, plan_.padded}), 0.0f);
+  model_.set_grads_ready_hook([this](int64_t ready_from) { on_grads_ready(ready_from); });
+}
+
+DataParallel::~DataParallel() { model_.set_grads_ready_hook(nullptr); }
+
+std::vector<ParamRange> DataParallel::optimizer_ranges() const {
+  return options_.shard_optimizer ? plan_.owned(comm_.rank()) : std::vector<ParamRange>{};
+}
+
+Tensor DataParallel::padded_view(const Tensor& flat, const ParamRange& r) const {
+  // The buffers are allocated for plan_.padded elements; the model's tensors show params.
+  TS_CHECK(r.begin >= 0 && r.end <= plan_.padded, "range [{}, {}) outside {} elements", r.begin,
+           r.end, plan_.padded);
+  return Tensor{static_cast<char*>(flat.data) + r.begin * dtype_size(flat.dtype), flat.dtype,
+                Shape{r.count()}, flat.device};
+}
+
+void DataParallel::begin_micro_batch(bool last) {
+  armed_ = last && options_.overlap_grad_reduce;
+  next_bucket_ = 0;
+}
+
+void DataParallel::reduce_bucket(size_t k, Lane lane) {
+  const Tensor bucket = padded_view(model_.grads(), plan_.buckets[k]);
+  if (options_.shard_optimizer)
+    comm_.reduce_scatter(padded_view(model_.grads(), plan_.shard(k, comm_.rank())), bucket, lane);
+  else
+    comm_.all_reduce(bucket, ReduceOp::Sum, lane);
+}
+
+void DataParallel::on_grads_ready(int64_t ready_from) {
+  if (!armed_) return;
+  while (next_bucket_ < plan_.buckets.size() && plan_.buckets[next_bucket_].begin >= ready_from)
+    reduce_bucket(next_bucket_++, Lane::Comm);
+}
+
+void DataParallel::finish_gradient_reduction() {
+  const Lane lane = options_.overlap_grad_reduce ? Lane::Comm : Lane::Compute;
+  while (next_bucket_ < plan_.buckets.size()) reduce_bucket(next_bucket_++, lane);
+  armed_ = false;
+  if (lane == Lane::Comm) comm_.wait_comm();
+}
+
+void DataParallel::grad_norm_sq(const Tensor& out, const AdamWOptimizer& optimizer) {
+  Backend& b = model_.backend();
+  if (!options_.shard_optimizer) {
+    b.sum_squares(out, model_.grads(), /*accumulate=*/false);
+    return;
+  }
+  b.fill(out, 0.0f);
+  for (const ParamRange& r : optimizer.owned())
+    b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
+  comm_.all_reduce(out, ReduceOp::Sum, Lane::Compute);
+}
+
+void DataParallel::gather_params() {
+  if (!options_.shard_optimizer) return;
+  for (size_t k = 0; k < plan_.buckets.size(); ++k)
+    comm_.all_gather(padded_view(model_.params(), plan_.buckets[k]),
+                     padded_view(model_.params(), plan_.shard(k, comm_.rank())), Lane::Compute);
+}
+
+void DataParallel::sum(const Tensor& t) { comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute); }
+
+void DataParallel::max(const Tensor& t) { comm_.all_reduce(t, ReduceOp::Max, Lane::Compute); }
+
+}  // namespace tessera::dist

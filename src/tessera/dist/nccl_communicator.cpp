@@ -1,0 +1,385 @@
+// The NCCL communicator (compiled into tessera_cuda: it needs the CUDA runtime and NCCL).
+// Non-blocking NCCL (ncclCommInitRankConfig, blocking = 0) lets a watchdog thread abort a
+// communicator whose collective never finishes; NCCL's blocking mode would leave the
+// process stuck inside NCCL with nobody to say which collective or rank hung.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "tessera/backend/cuda/cuda_backend.cuh"
+#include "tessera/core/error.h"
+#include "tessera/dist/communicator.h"
+#include "tessera/dist/rendezvous.h"
+#include "tessera/obs/logger.h"
+
+namespace tessera::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string version_text(int v) {
+  // ncclGetVersion encodes major*10000 + minor*100 + patch since NCCL 2.9.
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+ncclDataType_t nccl_type(DType t, bool reducing, const char* op) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+    case DType::E4M3:
+    case DType::E5M2:
+      // Moved as bytes; a sum of fp8 values over ranks would lose everything anyway.
+      if (!reducing) return ncclUint8;
+      break;
+  }
+  throw InternalError(fmt::format("{}: dtype {} cannot be reduced by NCCL", op, dtype_name(t)));
+}
+
+std::string bytes_text(size_t bytes) {
+  if (bytes >= (1u << 20)) return fmt::format("{:.1f} MiB", bytes / 1048576.0);
+  if (bytes >= 1024) return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw DistributedError(fmt::format("{}: CUDA error {}", what, cudaGetErrorString(e)));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(cuda::CudaBackend& backend, Rendezvous& rendezvous, double timeout_s, Logger& log)
+      : backend_(backend), device_(backend.device().index), rank_(rendezvous.rank()),
+        size_(rendezvous.world_size()), timeout_s_(timeout_s), log_(log) {
+    int version = 0;
+    ncclGetVersion(&version);
+    version_ = version_text(version);
+    log_.info("NCCL {} (runtime; built against {}.{}.{})", version_, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    if (version < NCCL_VERSION(2, 19, 0))
+      throw DistributedError(fmt::format("NCCL {} is too old: Tessera needs 2.19 or newer "
+                                         "(non-blocking communicators with ncclCommGetAsyncError)",
+                                         version_));
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    int lo = 0, hi = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
+    // The gradient reduction should not queue behind the backward's kernels.
+    cuda_check(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi), "cudaStreamCreate");
+    cuda_check(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming), "cudaEventCreate");
+
+    ncclUniqueId id{};
+    if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
+    const std::string blob = rendezvous.broadcast(
+        rank_ == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof id) : std::string());
+    if (blob.size() != sizeof id)
+      throw DistributedError(fmt::format("rank {}: the NCCL unique id from rank 0 has {} bytes, not {}",
+                                         rank_, blob.size(), sizeof id));
+    std::memcpy(&id, blob.data(), sizeof id);
+
+    // The peers' sockets name a rank that dies; the watchdog names a collective that hangs.
+    rendezvous.watch([this](int, const std::string& message) {
+      fail(fmt::format("{}; aborting the NCCL communicator", message));
+    });
+    watchdog_ = std::thread([this] { watchdog_loop(); });
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const auto t0 = Clock::now();
+    begin("ncclCommInitRankConfig", 0);
+    ncclComm_t comm = nullptr;
+    const ncclResult_t init = ncclCommInitRankConfig(&comm, size_, id, rank_, &config);
+    comm_ = comm;
+    check(init, "ncclCommInitRankConfig", 0);
+    end_host_call();
+    log_.info("NCCL communicator: rank {} of {} on GPU {} in {:.2f} s", rank_, size_, device_,
+              std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+
+  ~NcclCommunicator() override {
+    stop_watchdog();
+    if (comm_) {
+      // An exception is unwinding (finalize() did not run): peers may be stuck in a
+      // collective with us, so abort rather than a collective destroy.
+      ncclCommAbort(comm_);
+    }
+    for (auto& p : pending_) cudaEventDestroy(p.event);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    if (compute_ready_) cudaEventDestroy(compute_ready_);
+    if (comm_done_) cudaEventDestroy(comm_done_);
+    if (comm_stream_) cudaStreamDestroy(comm_stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string description() const override {
+    return fmt::format("NCCL {}, {} ranks, non-blocking, timeout {:.0f} s", version_, size_, timeout_s_);
+  }
+
+  void all_reduce(const Tensor& buffer, ReduceOp op, Lane lane) override {
+    const size_t bytes = buffer.nbytes();
+    cudaStream_t s = stream_for(lane);
+    begin("all_reduce", bytes);
+    check(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
+                        nccl_type(buffer.dtype, true, "all_reduce"),
+                        op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, s),
+          "all_reduce", bytes);
+    enqueued("all_reduce", bytes, s);
+  }
+
+  void reduce_scatter(const Tensor& out, const Tensor& in, Lane lane) override {
+    TS_CHECK(in.numel() == out.numel() * size_ && in.dtype == out.dtype,
+             "reduce_scatter: in {} must hold {} x out {}", in.shape.str(), size_, out.shape.str());
+    const size_t bytes = in.nbytes();
+    cudaStream_t s = stream_for(lane);
+    begin("reduce_scatter", bytes);
+    check(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
+                            nccl_type(in.dtype, true, "reduce_scatter"), ncclSum, comm_, s),
+          "reduce_scatter", bytes);
+    enqueued("reduce_scatter", bytes, s);
+  }
+
+  void all_gather(const Tensor& out, const Tensor& in, Lane lane) override {
+    TS_CHECK(out.numel() == in.numel() * size_ && in.dtype == out.dtype,
+             "all_gather: out {} must hold {} x in {}", out.shape.str(), size_, in.shape.str());
+    const size_t bytes = out.nbytes();
+    cudaStream_t s = stream_for(lane);
+    begin("all_gather", bytes);
+    check(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()),
+                        nccl_type(in.dtype, false, "all_gather"), comm_, s),
+          "all_gather", bytes);
+    enqueued("all_gather", bytes, s);
+  }
+
+  void broadcast(const Tensor& buffer, int root, Lane lane) override {
+    const size_t bytes = buffer.nbytes();
+    cudaStream_t s = stream_for(lane);
+    begin("broadcast", bytes);
+    check(ncclBroadcast(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
+                        nccl_type(buffer.dtype, false, "broadcast"), root, comm_, s),
+          "broadcast", bytes);
+    enqueued("broadcast", bytes, s);
+  }
+
+  void all_to_all(const Tensor& out, const Tensor& in, Lane lane) override {
+    TS_CHECK(out.numel() == in.numel() && in.dtype == out.dtype && in.numel() % size_ == 0,
+             "all_to_all: in {} and out {} must be equal multiples of {}", in.shape.str(),
+             out.shape.str(), size_);
+    const size_t bytes = in.nbytes();
+    const size_t block = static_cast<size_t>(in.numel() / size_);
+    const size_t block_bytes = bytes / size_;
+    const ncclDataType_t t = nccl_type(in.dtype, false, "all_to_all");
+    cudaStream_t s = stream_for(lane);
+    begin("all_to_all", bytes);
+    check(ncclGroupStart(), "all_to_all (ncclGroupStart)", bytes);
+    for (int r = 0; r < size_; ++r) {
+      check(ncclSend(static_cast<const char*>(in.data) + r * block_bytes, block, t, r, comm_, s),
+            "all_to_all (ncclSend)", bytes);
+      check(ncclRecv(static_cast<char*>(out.data) + r * block_bytes, block, t, r, comm_, s),
+            "all_to_all (ncclRecv)", bytes);
+    }
+    check(ncclGroupEnd(), "all_to_all (ncclGroupEnd)", bytes);
+    enqueued("all_to_all", bytes, s);
+  }
+
+  void wait_comm() override {
+    cuda_check(cudaEventRecord(comm_done_, comm_stream_), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(backend_.stream(), comm_done_, 0), "cudaStreamWaitEvent");
+  }
+
+  void synchronize() override {
+    // Polling keeps this thread out of a blocking CUDA wait the watchdog could not end.
+    while (true) {
+      {
+        std::lock_guard lock(mu_);
+        if (pending_.empty()) break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    cuda_check(cudaStreamSynchronize(comm_stream_), "cudaStreamSynchronize");
+  }
+
+  void finalize() override {
+    if (!comm_) return;
+    synchronize();
+    begin("ncclCommFinalize", 0);
+    check(ncclCommFinalize(comm_), "ncclCommFinalize", 0);
+    end_host_call();
+    stop_watchdog();
+    ncclCommDestroy(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event = nullptr;  // null: a host-side call (init, finalize) in progress
+    const char* name;
+    size_t bytes;
+    uint64_t seq;
+    Clock::time_point start;
+  };
+
+  cudaStream_t stream_for(Lane lane) {
+    if (lane == Lane::Compute) return backend_.stream();
+    cuda_check(cudaEventRecord(compute_ready_, backend_.stream()), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0), "cudaStreamWaitEvent");
+    return comm_stream_;
+  }
+
+  // Watches a host call into NCCL (the watchdog times it like a collective).
+  void begin(const char* name, size_t bytes) {
+    std::lock_guard lock(mu_);
+    host_call_ = Pending{nullptr, name, bytes, seq_, Clock::now()};
+    in_host_call_ = true;
+  }
+  void end_host_call() {
+    std::lock_guard lock(mu_);
+    in_host_call_ = false;
+  }
+
+  void enqueued(const char* name, size_t bytes, cudaStream_t s) {
+    cudaEvent_t ev = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      in_host_call_ = false;
+      if (!spare_events_.empty()) {
+        ev = spare_events_.back();
+        spare_events_.pop_back();
+      }
+    }
+    if (!ev) cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ev, s), "cudaEventRecord");
+    std::lock_guard lock(mu_);
+    pending_.push_back(Pending{ev, name, bytes, seq_++, Clock::now()});
+  }
+
+  // A non-blocking communicator answers ncclInProgress while it works in the background;
+  // the call is complete once ncclCommGetAsyncError says so.
+  void check(ncclResult_t r, const char* what, size_t bytes) {
+    while (r == ncclInProgress && comm_) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      ncclCommGetAsyncError(comm_, &r);
+    }
+    if (r == ncclSuccess || r == ncclInProgress) return;
+    const char* last = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
+    throw DistributedError(fmt::format(
+        "rank {}: NCCL {} of {} failed: {} ({}){}", rank_, what, bytes_text(bytes),
+        ncclGetErrorString(r), last && *last ? last : "no detail",
+        r == ncclSystemError || r == ncclRemoteError
+            ? "; a peer or the network failed (set NCCL_DEBUG=INFO for details)"
+            : ""));
+  }
+
+  void watchdog_loop() {
+    cudaSetDevice(device_);
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      if (stop_) break;
+      while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
+        spare_events_.push_back(pending_.front().event);
+        pending_.pop_front();
+      }
+      if (comm_) {
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm_, &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+          const std::string what = pending_.empty() ? std::string("a collective")
+                                                    : fmt::format("{} #{} of {}", pending_.front().name,
+                                                                  pending_.front().seq,
+                                                                  bytes_text(pending_.front().bytes));
+          const std::string last = ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "";
+          lock.unlock();
+          fail(fmt::format("NCCL reported an error during {}: {} ({})", what,
+                           ncclGetErrorString(async), last.empty() ? "no detail" : last));
+        }
+      }
+      const Pending* late = in_host_call_ ? &host_call_ : pending_.empty() ? nullptr : &pending_.front();
+      if (!late) continue;
+      const double waited = std::chrono::duration<double>(Clock::now() - late->start).count();
+      if (waited < timeout_s_) continue;
+      const std::string msg = fmt::format(
+          "{} #{} of {} on rank {} did not finish within {:.0f} s (dist_timeout_minutes): another "
+          "rank is late, hung or died without closing its connection; aborting the NCCL "
+          "communicator", late->name, late->seq, bytes_text(late->bytes), rank_, waited);
+      lock.unlock();
+      fail(msg);
+    }
+  }
+
+  // Ends the process from any thread: the main thread may be blocked on the device.
+  [[noreturn]] void fail(const std::string& message) {
+    static std::atomic<bool> failing{false};
+    if (failing.exchange(true)) {
+      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    log_.clear_progress();
+    log_.error("rank {}: {}", rank_, message);
+    log_.flush();
+    std::fprintf(stderr, "error: rank %d: %s\n", rank_, message.c_str());
+    std::fflush(stderr);
+    // ncclCommAbort can itself wait on a wedged device; never let it keep the process alive.
+    std::atomic<bool> aborted{false};
+    ncclComm_t comm = comm_;
+    std::thread([comm, &aborted] {
+      if (comm) ncclCommAbort(comm);
+      aborted = true;
+    }).detach();
+    for (int i = 0; i < 100 && !aborted; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::_Exit(kExitRuntimeFailure);
+  }
+
+  void stop_watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
+
+  cuda::CudaBackend& backend_;
+  int device_, rank_, size_;
+  double timeout_s_;
+  Logger& log_;
+  std::string version_;
+  std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_events_;
+  Pending host_call_{};
+  bool in_host_call_ = false;
+  bool stop_ = false;
+  uint64_t seq_ = 0;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_communicator(Backend& backend, Rendezvous& rendezvous,
+                                                double timeout_s, Logger& log) {
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+  if (!cuda_backend)
+    throw ConfigError("command line", "device", device_name(backend.device()),
+                      "cuda: distributed training runs on NCCL, one GPU per rank");
+  return std::make_unique<NcclCommunicator>(*cuda_backend, rendezvous, timeout_s, log);
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,263 @@
+#include "tessera/model/fp8_linears.h"
+
+#include <algorithm>
+
+#include "tessera/core/fp8.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+// Offsets of every tensor in the one buffer; the constructor and plan_bytes share it.
+struct Fp8Plan {
+  size_t bytes = 0;
+  size_t add(size_t n) {
+    const size_t at = bytes;
+    bytes += (n + kAlign - 1) / kAlign * kAlign;
+    return at;
+  }
+};
+
+struct Fp8Offsets {
+  size_t fwd_history, fwd_scale, fwd_scale_inv, bwd_history, bwd_scale, bwd_scale_inv, status;
+  std::vector<size_t> cache, cache_t;
+  size_t weight_scratch = 0, x_codes, dy_codes, dy_codes_t;
+  size_t bytes;
+};
+
+int64_t history_rows(const Fp8Options& o) {
+  return o.recipe == Fp8Recipe::Tensorwise ? 1 : o.amax_history_len;
+}
+
+Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& linears,
+                        int64_t rows) {
+  Fp8Plan p;
+  Fp8Offsets f;
+  const size_t L = linears.size(), H = static_cast<size_t>(history_rows(o));
+  f.fwd_history = p.add(H * 2 * L * sizeof(float));
+  f.fwd_scale = p.add(2 * L * sizeof(float));
+  f.fwd_scale_inv = p.add(2 * L * sizeof(float));
+  f.bwd_history = p.add(H * L * sizeof(float));
+  f.bwd_scale = p.add(L * sizeof(float));
+  f.bwd_scale_inv = p.add(L * sizeof(float));
+  f.status = p.add(sizeof(float));
+  int64_t max_weight = 0, max_in = 0, max_out = 0;
+  for (const auto& l : linears) {
+    max_weight = std::max(max_weight, l.out * l.in);
+    max_in = std::max(max_in, l.in);
+    max_out = std::max(max_out, l.out);
+    if (o.weight_cache) {
+      f.cache.push_back(p.add(static_cast<size_t>(l.out * l.in)));
+      f.cache_t.push_back(p.add(static_cast<size_t>(l.out * l.in)));
+    }
+  }
+  if (!o.weight_cache) f.weight_scratch = p.add(static_cast<size_t>(max_weight));
+  f.x_codes = p.add(static_cast<size_t>(rows * max_in));
+  f.dy_codes = p.add(static_cast<size_t>(rows * max_out));
+  f.dy_codes_t = p.add(static_cast<size_t>(rows * max_out));
+  f.bytes = p.bytes;
+  return f;
+}
+
+}  // namespace
+
+Fp8Options fp8_options(const TrainingConfig& t) {
+  Fp8Options o;
+  o.mode = t.fp8;
+  o.recipe = t.fp8_recipe;
+  o.amax_history_len = t.fp8_amax_history_len;
+  o.amax_algo = t.fp8_amax_compute_algo;
+  o.margin = static_cast<int>(t.fp8_margin);
+  o.lm_head = t.fp8_lm_head;
+  o.weight_cache = t.fp8_weight_transpose_cache;
+  return o;
+}
+
+size_t Fp8Linears::plan_bytes(const Fp8Options& options, const std::vector<Fp8LinearShape>& linears,
+                              int64_t rows) {
+  return plan_offsets(options, linears, rows).bytes;
+}
+
+Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
+                       std::vector<Fp8LinearShape> linears, int64_t rows)
+    : backend_(backend), options_(options), linears_(std::move(linears)), rows_(rows) {
+  // cuBLASLt FP8 GEMMs need 16-element multiples in every dimension (M, N and K of the
+  // forward, dgrad and wgrad GEMMs: tokens, in and out).
+  for (const auto& l : linears_) {
+    if (l.out % 16 != 0 || l.in % 16 != 0)
+      throw ConfigError("model", "fp8", "on",
+                        format_message("FP8 linear layers whose dimensions are multiples of 16; {} "
+                                       "is ({}, {}). Change the model width, or fp8: null",
+                                       l.name, l.out, l.in));
+  }
+  const Fp8Offsets f = plan_offsets(options_, linears_, rows_);
+  buffer_ = DeviceBuffer(backend_, f.bytes, "fp8 scaling state and casts");
+  const int64_t L = static_cast<int64_t>(linears_.size()), H = history_rows(options_);
+  fwd_ = {buffer_.tensor(DType::F32, {H, 2 * L}, f.fwd_history),
+          buffer_.tensor(DType::F32, {2 * L}, f.fwd_scale),
+          buffer_.tensor(DType::F32, {2 * L}, f.fwd_scale_inv), DType::E4M3};
+  bwd_ = {buffer_.tensor(DType::F32, {H, L}, f.bwd_history),
+          buffer_.tensor(DType::F32, {L}, f.bwd_scale),
+          buffer_.tensor(DType::F32, {L}, f.bwd_scale_inv), options_.grad_format()};
+  status_ = buffer_.tensor(DType::F32, {1}, f.status);
+  for (const Group* g : {&fwd_, &bwd_}) {  // Transformer Engine's initial state
+    backend_.fill(g->history, 0.0f);
+    backend_.fill(g->scale, 1.0f);
+    backend_.fill(g->scale_inv, 1.0f);
+  }
+  backend_.fill(status_, 0.0f);
+  for (size_t i = 0; i < linears_.size() && options_.weight_cache; ++i) {
+    const Fp8LinearShape& l = linears_[i];
+    weight_cache_.push_back(buffer_.tensor(DType::E4M3, {l.out, l.in}, f.cache[i]));
+    weight_cache_t_.push_back(buffer_.tensor(DType::E4M3, {l.in, l.out}, f.cache_t[i]));
+  }
+  cache_valid_.assign(linears_.size(), false);
+  int64_t max_weight = 0, max_in = 0, max_out = 0;
+  for (const auto& l : linears_) {
+    max_weight = std::max(max_weight, l.out * l.in);
+    max_in = std::max(max_in, l.in);
+    max_out = std::max(max_out, l.out);
+  }
+  if (!options_.weight_cache) weight_scratch_ = buffer_.tensor(DType::E4M3, {max_weight}, f.weight_scratch);
+  x_codes_ = buffer_.tensor(DType::E4M3, {rows_ * max_in}, f.x_codes);
+  dy_codes_ = buffer_.tensor(options_.grad_format(), {rows_ * max_out}, f.dy_codes);
+  dy_codes_t_ = buffer_.tensor(options_.grad_format(), {rows_ * max_out}, f.dy_codes_t);
+}
+
+bool Fp8Linears::just_in_time() const {
+  return options_.recipe == Fp8Recipe::Tensorwise || !have_history_;
+}
+
+void Fp8Linears::update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
+                               DType format, bool most_recent, bool roll) {
+  Fp8ScaleUpdateArgs u;
+  u.amax_history = history;
+  u.scale = scale;
+  u.scale_inv = scale_inv;
+  u.nonfinite = status_;
+  u.fp8_max = fp8_max(format);
+  u.margin = options_.margin;
+  u.most_recent = most_recent;
+  u.roll = roll;
+  backend_.fp8_update_scales(u);
+}
+
+void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out,
+                      const Tensor& out_t, bool record) {
+  Fp8CastArgs c;
+  c.x = x;
+  c.scale = g.scale.flat_range(slot, 1);
+  const Tensor amax = g.history.flat_range(slot, 1);  // row 0
+  if (record && just_in_time()) {
+    // Tensorwise: this tensor's amax alone; delayed before the first update: the max over
+    // the step so far (micro-batches and recomputes of the same tensor).
+    if (options_.recipe == Fp8Recipe::Tensorwise) backend_.fill(amax, 0.0f);
+    Fp8CastArgs a;
+    a.x = x;
+    a.amax = amax;
+    backend_.fp8_cast_transpose(a);
+    update_scales(amax.view({1, 1}), c.scale, g.scale_inv.flat_range(slot, 1), g.format,
+                  /*most_recent=*/true, /*roll=*/false);
+  } else if (record) {
+    c.amax = amax;
+  }
+  c.out = out;
+  c.out_t = out_t;
+  backend_.fp8_cast_transpose(c);
+}
+
+// Weight i's codes, (out, in) or transposed (in, out). The weight's amax counts once per
+// cast of its values; a transposed re-cast (no cache) reuses the forward's scale.
+Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
+  const Fp8LinearShape& l = linears_[i];
+  if (options_.weight_cache) {
+    if (!cache_valid_[i]) {
+      cast(fwd_, 2 * i + 1, weight, weight_cache_[i], weight_cache_t_[i], true);
+      cache_valid_[i] = true;
+    }
+    return transposed ? weight_cache_t_[i] : weight_cache_[i];
+  }
+  const Tensor dst = weight_scratch_.flat_range(0, l.out * l.in)
+                         .view(transposed ? Shape{l.in, l.out} : Shape{l.out, l.in});
+  cast(fwd_, 2 * i + 1, weight, transposed ? Tensor{} : dst, transposed ? dst : Tensor{}, !transposed);
+  return dst;
+}
+
+void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+                         const Tensor& bias, float beta, const Tensor& residual) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t rows = in.numel() / l.in;
+  TS_CHECK(rows <= rows_ && in.numel() == rows * l.in, "fp8 {}: input {} is not (rows <= {}, {})",
+           l.name, in.shape.str(), rows_, l.in);
+  const Tensor x = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
+  cast(fwd_, 2 * i, in, x, {}, true);
+  const Tensor w = weight_codes(i, weight, false);
+  Fp8MatmulArgs m;
+  m.out = out;
+  m.a = x;
+  m.b = w;
+  m.a_scale_inv = scale_inv(fwd_, 2 * i);
+  m.b_scale_inv = scale_inv(fwd_, 2 * i + 1);
+  m.beta = beta;
+  m.c = residual;
+  m.bias = bias;
+  m.fast_accum = true;  // Transformer Engine's choice for the forward GEMM
+  backend_.matmul_fp8(m);
+}
+
+void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+                          const Tensor& weight, const Tensor& dweight, float dweight_beta) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t rows = dout.numel() / l.out;
+  TS_CHECK(rows <= rows_ && dout.numel() == rows * l.out && in.numel() == rows * l.in,
+           "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
+           in.shape.str(), rows, l.out, l.in);
+  const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
+  const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
+  cast(bwd_, i, dout, dy, dy_t, true);
+  if (din.defined()) {
+    Fp8MatmulArgs d;
+    d.out = din;
+    d.a = dy;
+    d.b = weight_codes(i, weight, true);
+    d.a_scale_inv = scale_inv(bwd_, i);
+    d.b_scale_inv = scale_inv(fwd_, 2 * i + 1);
+    backend_.matmul_fp8(d);
+  }
+  // The input's transpose with the scale its forward cast used (same values, same codes).
+  const Tensor x_t = x_codes_.flat_range(0, rows * l.in).view({l.in, rows});
+  cast(fwd_, 2 * i, in, {}, x_t, false);
+  Fp8MatmulArgs w;
+  w.out = dweight;
+  w.a = dy_t;
+  w.b = x_t;
+  w.a_scale_inv = scale_inv(bwd_, i);
+  w.b_scale_inv = scale_inv(fwd_, 2 * i);
+  w.beta = dweight_beta;
+  backend_.matmul_fp8(w);
+}
+
+void Fp8Linears::weights_changed() { cache_valid_.assign(linears_.size(), false); }
+
+void Fp8Linears::clear_status() { backend_.fill(status_, 0.0f); }
+
+void Fp8Linears::end_step(const Tensor& grad_norm_sq) {
+  if (options_.recipe == Fp8Recipe::Delayed) {
+    const bool most_recent = options_.amax_algo == Fp8AmaxAlgo::MostRecent;
+    for (const Group* g : {&fwd_, &bwd_}) {
+      if (amax_reducer_) amax_reducer_(g->history.flat_range(0, g->history.dim(1)));
+      update_scales(g->history, g->scale, g->scale_inv, g->format, most_recent, /*roll=*/true);
+    }
+    have_history_ = true;
+  }
+  backend_.sum(grad_norm_sq, status_, /*accumulate=*/true);
+}
+
+std::vector<std::pair<std::string, Tensor>> Fp8Linears::state_tensors() const {
+  return {{"fp8.forward.amax_history", fwd_.history}, {"fp8.forward.scale", fwd_.scale},
+          {"fp8.forward.scale_inv", fwd_.scale_inv},  {"fp8.backward.amax_history", bwd_.history},
+          {"fp8.backward.scale", bwd_.scale},         {"fp8.backward.scale_inv", bwd_.scale_inv}};
+}
+
+}  // namespace tessera

@@ -1,0 +1,124 @@
+#pragma once
+// FP8 linear layers with per-tensor scaling (docs/fp8.md), after Transformer Engine:
+// every FP8 linear has three scaled tensors, its input x and weight W (E4M3) and its output
+// gradient dY (E5M2 in hybrid, E4M3 in e4m3 mode), each with a scale, its inverse and (delayed
+// scaling) an amax history. The GEMMs:
+//   forward  Y  = X  @ W^T   a = X (N, in),    b = W (out, in)     fast accumulation
+//   dgrad    dX = dY @ W     a = dY (N, out),  b = W^T (in, out)
+//   wgrad    dW += dY^T @ X  a = dY^T (out, N), b = X^T (in, N)     fp32, accumulating
+// FP8 tensor cores take only K-major operands, hence the transposed copies: dY is cast once
+// into both layouts, W (with the transpose cache) once per optimizer step into both, and X
+// forward into its copy and again in backward into its transpose, from the bf16 activation
+// the model stores anyway (FP8 copies of activations are never kept across the step).
+//
+// Delayed scaling: a cast uses the scale from earlier steps and records this tensor's amax
+// in history row 0; end_step() turns the histories into new scales. Until the first
+// end_step() there is no history, so casts then scale just in time from their own amax, as
+// tensorwise (current) scaling always does.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/ops/backend.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera {
+
+struct Fp8Options {
+  Fp8Mode mode = Fp8Mode::Off;
+  Fp8Recipe recipe = Fp8Recipe::Delayed;
+  int64_t amax_history_len = 1024;
+  Fp8AmaxAlgo amax_algo = Fp8AmaxAlgo::Max;
+  int margin = 0;
+  bool lm_head = false;
+  bool weight_cache = true;
+  bool enabled() const { return mode != Fp8Mode::Off; }
+  DType grad_format() const { return mode == Fp8Mode::Hybrid ? DType::E5M2 : DType::E4M3; }
+};
+
+Fp8Options fp8_options(const TrainingConfig& t);
+
+// One FP8 linear: its weight is (out, in).
+struct Fp8LinearShape {
+  std::string name;
+  int64_t out = 0, in = 0;
+};
+
+class Fp8Linears {
+ public:
+  // rows: the most rows (tokens) any call passes.
+  Fp8Linears(Backend& backend, const Fp8Options& options, std::vector<Fp8LinearShape> linears,
+             int64_t rows);
+  // Device bytes the constructor allocates.
+  static size_t plan_bytes(const Fp8Options& options, const std::vector<Fp8LinearShape>& linears,
+                           int64_t rows);
+
+  // out (rows, out) = in (rows, in) @ W^T (+ bias) (+ beta * residual) for linear i.
+  void forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+               const Tensor& bias, float beta, const Tensor& residual);
+  // din (rows, in) = dout @ W when din is defined; dweight (out, in) fp32 =
+  // dout^T @ in + dweight_beta * dweight.
+  void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+                const Tensor& weight, const Tensor& dweight, float dweight_beta);
+
+  // The weights changed (optimizer step, loading): cached FP8 weights are stale.
+  void weights_changed();
+  // After the step's last backward: reduces the amaxes (amax reducer), updates the delayed
+  // scales and adds status() into grad_norm_sq, so that a non-finite amax (a NaN or Inf in
+  // an activation, weight or gradient, which the saturating cast would otherwise hide) makes
+  // AdamW skip the step like a non-finite gradient does.
+  void end_step(const Tensor& grad_norm_sq);
+  // (1) fp32 on the device: 0, or NaN when an amax since clear_status() was non-finite.
+  Tensor status() const { return status_; }
+  void clear_status();
+
+  // Data parallelism: every rank must use the same scales, so the amaxes recorded in a step
+  // (history row 0 of each group, (S) fp32 on the device) are max-reduced over the ranks at
+  // this one place before the scales are updated. The reducer runs an in-place all-reduce
+  // (max) on the tensor it is given; none is set on one device.
+  using AmaxReducer = std::function<void(const Tensor& amaxes)>;
+  void set_amax_reducer(AmaxReducer reducer) { amax_reducer_ = std::move(reducer); }
+
+  // The scaling state a checkpoint keeps, by name: fp8.{forward,backward}.{amax_history,
+  // scale,scale_inv}. Forward columns are (input, weight) per linear, backward columns the
+  // output gradients, in model order (linear_names()).
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // The state was overwritten from a checkpoint: its histories are valid from now on.
+  void state_restored() { have_history_ = true; }
+  const std::vector<Fp8LinearShape>& linears() const { return linears_; }
+
+ private:
+  struct Group {  // tensors sharing a format: history (H, S), scale (S), scale_inv (S)
+    Tensor history, scale, scale_inv;
+    DType format = DType::E4M3;
+  };
+  // Casts x into out and/or out_t with the scale of `slot`. record: these are this step's
+  // values of the tensor (not a re-cast in another layout), so its amax counts and, when
+  // scaling just in time, the scale is first computed from it.
+  void cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out, const Tensor& out_t,
+            bool record);
+  void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
+                     DType format, bool most_recent, bool roll);
+  Tensor weight_codes(int i, const Tensor& weight, bool transposed);
+  Tensor scale_inv(const Group& g, int64_t slot) const { return g.scale_inv.flat_range(slot, 1); }
+  bool just_in_time() const;
+
+  Backend& backend_;
+  Fp8Options options_;
+  std::vector<Fp8LinearShape> linears_;
+  int64_t rows_;
+  DeviceBuffer buffer_;
+  Group fwd_, bwd_;
+  Tensor status_;
+  std::vector<Tensor> weight_cache_, weight_cache_t_;  // per linear (transpose cache)
+  std::vector<bool> cache_valid_;
+  Tensor weight_scratch_;  // without the cache: the one weight cast in flight
+  Tensor x_codes_, dy_codes_, dy_codes_t_;
+  bool have_history_ = false;
+  AmaxReducer amax_reducer_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,524 @@
+// FP8 on the CPU: the quantisation reference bit by bit, the delayed-scaling arithmetic, the
+// CPU backend's emulated ops, the model's FP8 linear layers against its fp32 ones, the
+// configuration keys and the checkpointed scaling state.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/config/config.h"
+#include "tessera/core/fp8.h"
+#include "tessera/model/init.h"
+#include "tessera/model/llama_model.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every finite value of a format with its code, ascending.
+std::vector<std::pair<float, uint8_t>> finite_values(DType f) {
+  std::vector<std::pair<float, uint8_t>> v;
+  for (int b = 0; b < 256; ++b) {
+    const float x = fp8_bits_to_float(static_cast<uint8_t>(b), f);
+    if (std::isfinite(x) && !(x == 0 && std::signbit(x))) v.push_back({x, static_cast<uint8_t>(b)});
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// The nearest finite value by brute force, ties to the even code (even mantissa), clamped.
+float nearest_by_search(float x, DType f) {
+  const auto values = finite_values(f);
+  const float a = std::fabs(x);
+  if (a >= values.back().first) return std::copysign(values.back().first, x);
+  float best = 0;
+  double best_d = INFINITY;
+  uint8_t best_code = 0;
+  for (const auto& [v, code] : values) {
+    if (v < 0) continue;
+    const double d = std::fabs(static_cast<double>(v) - a);
+    if (d < best_d || (d == best_d && (code & 1) == 0 && (best_code & 1) == 1)) {
+      best = v, best_d = d, best_code = code;
+    }
+  }
+  return std::copysign(best, x);
+}
+
+class Fp8Format : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Fp8Format, Every256CodeRoundTrips) {
+  const DType f = GetParam();
+  int nan_codes = 0, inf_codes = 0;
+  for (int b = 0; b < 256; ++b) {
+    const uint8_t code = static_cast<uint8_t>(b);
+    const float v = fp8_bits_to_float(code, f);
+    if (std::isnan(v)) {
+      ++nan_codes;
+      EXPECT_EQ(float_to_fp8_bits(v, f), 0x7F) << "code " << b;
+    } else if (std::isinf(v)) {
+      ++inf_codes;  // E5M2 only: a saturating cast maps Inf to the largest finite value
+      EXPECT_EQ(float_to_fp8_bits(v, f), (code & 0x80) | 0x7B) << "code " << b;
+    } else {
+      EXPECT_EQ(float_to_fp8_bits(v, f), code) << "code " << b << " value " << v;
+    }
+  }
+  EXPECT_EQ(nan_codes, f == DType::E4M3 ? 2 : 6);
+  EXPECT_EQ(inf_codes, f == DType::E4M3 ? 0 : 2);
+}
+
+TEST_P(Fp8Format, RoundsToNearestEvenAgainstABruteForceSearch) {
+  const DType f = GetParam();
+  const auto values = finite_values(f);
+  std::vector<float> xs;
+  for (size_t i = 0; i + 1 < values.size(); ++i) {  // every midpoint (the ties) and near it
+    const float mid = (values[i].first + values[i + 1].first) / 2;
+    xs.insert(xs.end(), {mid, std::nextafter(mid, -INFINITY), std::nextafter(mid, INFINITY)});
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> e(-20.0f, 17.0f);
+  for (int i = 0; i < 20000; ++i) xs.push_back(std::exp2(e(rng)) * (i % 2 ? 1.0f : -1.0f));
+  for (const float x : xs) {
+    const float got = round_to_fp8(x, f);
+    const float want = nearest_by_search(x, f);
+    ASSERT_EQ(got, want) << "x = " << x << " (" << dtype_name(f) << ")";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8, Fp8Format, ::testing::Values(DType::E4M3, DType::E5M2),
+                         [](const auto& info) { return std::string(dtype_name(info.param)).substr(4); });
+
+TEST(Fp8Reference, KnownCodesSubnormalsAndSaturation) {
+  EXPECT_EQ(fp8_max(DType::E4M3), 448.0f);
+  EXPECT_EQ(fp8_max(DType::E5M2), 57344.0f);
+  EXPECT_EQ(float_to_fp8_bits(1.0f, DType::E4M3), 0x38);
+  EXPECT_EQ(float_to_fp8_bits(1.0f, DType::E5M2), 0x3C);
+  EXPECT_EQ(float_to_fp8_bits(448.0f, DType::E4M3), 0x7E);
+  EXPECT_EQ(float_to_fp8_bits(-448.0f, DType::E4M3), 0xFE);
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -6), DType::E4M3), 0x08);  // min normal
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -9), DType::E4M3), 0x01);  // min subnormal
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(7.0f, -9), DType::E4M3), 0x07);  // max subnormal
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -16), DType::E5M2), 0x01);
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -14), DType::E5M2), 0x04);
+  // Ties to even: halfway below the smallest subnormal is 0, 1.5 subnormals is 2.
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -10), DType::E4M3), 0x00);
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(3.0f, -10), DType::E4M3), 0x02);
+  EXPECT_EQ(round_to_fp8(1.0625f, DType::E4M3), 1.0f);
+  EXPECT_EQ(round_to_fp8(1.1875f, DType::E4M3), 1.25f);
+  EXPECT_EQ(float_to_fp8_bits(-0.0f, DType::E4M3), 0x80);
+  EXPECT_EQ(float_to_fp8_bits(1e-30f, DType::E4M3), 0x00);
+  for (float big : {449.0f, 464.0f, 480.0f, 1e10f, FLT_MAX, INFINITY})
+    EXPECT_EQ(float_to_fp8_bits(big, DType::E4M3), 0x7E) << big;
+  EXPECT_EQ(float_to_fp8_bits(-INFINITY, DType::E4M3), 0xFE);
+  for (float big : {57345.0f, 61440.0f, 1e9f, INFINITY})
+    EXPECT_EQ(float_to_fp8_bits(big, DType::E5M2), 0x7B) << big;
+  EXPECT_TRUE(std::isnan(round_to_fp8(NAN, DType::E4M3)));
+  EXPECT_TRUE(std::isnan(round_to_fp8(NAN, DType::E5M2)));
+}
+
+TEST(Fp8Reference, DelayedScalingUsesMaxOrMostRecentAndMargin) {
+  // Two tensors, history of 3 steps; row 0 is this step's amax.
+  std::vector<float> h = {2.0f, 8.0f,   // row 0
+                          4.0f, 1.0f,   // row 1
+                          1.0f, 16.0f}; // row 2
+  std::vector<float> scale = {1, 1}, inv = {0, 0};
+  Fp8ScalingParams p;
+  p.fp8_max = 448.0f;
+  EXPECT_EQ(fp8_update_scales_reference(h.data(), 3, 2, scale.data(), inv.data(), p), 0);
+  EXPECT_EQ(scale[0], 448.0f / 4.0f);
+  EXPECT_EQ(scale[1], 448.0f / 16.0f);
+  EXPECT_EQ(inv[1], 16.0f / 448.0f);
+  // torch.roll(h, -1, 0) then h[0] = 0: rows move up, the old row 0 goes last.
+  EXPECT_EQ(h, (std::vector<float>{0.0f, 0.0f, 1.0f, 16.0f, 2.0f, 8.0f}));
+
+  std::vector<float> h2 = {2.0f, 4.0f, 100.0f, 100.0f};
+  p.most_recent = true;
+  p.margin = 2;
+  fp8_update_scales_reference(h2.data(), 2, 2, scale.data(), inv.data(), p);
+  EXPECT_EQ(scale[0], 448.0f / 2.0f / 4.0f);
+  EXPECT_EQ(scale[1], 448.0f / 4.0f / 4.0f);
+}
+
+TEST(Fp8Reference, ZeroAndNonFiniteAmaxesKeepTheScale) {
+  std::vector<float> h = {0.0f, NAN, INFINITY, 1e-44f, 0.0f, 0.0f, 0.0f, 0.0f};
+  std::vector<float> scale = {3, 5, 7, 1}, inv(4);
+  Fp8ScalingParams p;
+  p.fp8_max = 57344.0f;
+  EXPECT_EQ(fp8_update_scales_reference(h.data(), 2, 4, scale.data(), inv.data(), p), 2);
+  EXPECT_EQ(scale[0], 3.0f);  // amax 0: no information
+  EXPECT_EQ(scale[1], 5.0f);  // NaN: reported, previous scale
+  EXPECT_EQ(scale[2], 7.0f);  // Inf: reported, previous scale
+  EXPECT_EQ(scale[3], FLT_MAX);  // fp8_max / tiny overflows
+  EXPECT_EQ(inv[1], 1.0f / 5.0f);
+  for (float v : h) EXPECT_TRUE(std::isfinite(v)) << "a non-finite amax stayed in the history";
+  // Without roll (a just-in-time scale), the history is left as it is.
+  std::vector<float> one = {4.0f};
+  std::vector<float> s1 = {1}, i1 = {1};
+  p.roll = false;
+  p.fp8_max = 448.0f;
+  fp8_update_scales_reference(one.data(), 1, 1, s1.data(), i1.data(), p);
+  EXPECT_EQ(one[0], 4.0f);
+  EXPECT_EQ(s1[0], 112.0f);
+}
+
+// ---------------------------------------------------------------- CPU backend ops
+
+struct CpuOps : ::testing::Test {
+  std::unique_ptr<Backend> b = make_cpu_backend();
+  DeviceBuffer buf{*b, 1 << 20, "fp8 test"};
+  size_t used = 0;
+  Tensor make(DType t, Shape s) {
+    Tensor x = buf.tensor(t, s, used);
+    used += (x.nbytes() + 255) / 256 * 256;
+    return x;
+  }
+  Tensor scalar(float v) {
+    Tensor t = make(DType::F32, {1});
+    b->upload(t, &v);
+    return t;
+  }
+  float value(const Tensor& t) {
+    float v;
+    b->download(&v, t);
+    return v;
+  }
+};
+
+TEST_F(CpuOps, CastTransposeWritesCodesTransposeAndAmax) {
+  const int64_t R = 5, C = 7;
+  std::vector<float> x(R * C);
+  for (int64_t i = 0; i < R * C; ++i) x[i] = std::sin(0.7f * i) * (i + 1);
+  const Tensor xt = make(DType::F32, {R, C});
+  b->upload(xt, x.data());
+  const Tensor out = make(DType::E5M2, {R, C}), out_t = make(DType::E5M2, {C, R});
+  const float scale = 3.0f;
+  Fp8CastArgs a{xt, out, out_t, scalar(scale), scalar(0.0f)};
+  b->fp8_cast_transpose(a);
+  std::vector<uint8_t> q(R * C), qt(R * C);
+  b->download(q.data(), out);
+  b->download(qt.data(), out_t);
+  float amax = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(q[r * C + c], float_to_fp8_bits(x[r * C + c] * scale, DType::E5M2));
+      EXPECT_EQ(qt[c * R + r], q[r * C + c]);
+      amax = std::max(amax, std::fabs(x[r * C + c]));
+    }
+  EXPECT_EQ(value(a.amax), amax);
+  x[11] = NAN;  // a NaN makes the amax NaN (and is not lost behind a larger value)
+  x[12] = 1e30f;
+  b->upload(xt, x.data());
+  b->fp8_cast_transpose(Fp8CastArgs{xt, {}, {}, {}, a.amax});
+  EXPECT_TRUE(std::isnan(value(a.amax)));
+  x[11] = -INFINITY;
+  b->upload(xt, x.data());
+  const Tensor amax2 = scalar(0.0f);
+  b->fp8_cast_transpose(Fp8CastArgs{xt, out, {}, a.scale, amax2});
+  EXPECT_EQ(value(amax2), INFINITY);
+  b->download(q.data(), out);
+  EXPECT_EQ(q[11], 0xFB) << "-Inf saturates to -max in the cast; the amax reports it";
+}
+
+TEST_F(CpuOps, MatmulFp8IsTheGemmOfDequantisedCodes) {
+  const int64_t M = 16, N = 32, K = 48;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> a(M * K), w(N * K), bias(N), res(M * N);
+  for (auto* v : {&a, &w, &bias, &res})
+    for (auto& x : *v) x = d(rng);
+  const Tensor at = make(DType::F32, {M, K}), wt = make(DType::F32, {N, K});
+  b->upload(at, a.data());
+  b->upload(wt, w.data());
+  const Tensor a8 = make(DType::E5M2, {M, K}), w8 = make(DType::E4M3, {N, K});
+  const float sa = 1000.0f, sw = 50.0f;
+  b->fp8_cast_transpose({at, a8, {}, scalar(sa), {}});
+  b->fp8_cast_transpose({wt, w8, {}, scalar(sw), {}});
+  const Tensor out = make(DType::F32, {M, N}), c = make(DType::F32, {M, N}), bt = make(DType::F32, {N});
+  b->upload(c, res.data());
+  b->upload(bt, bias.data());
+  Fp8MatmulArgs m;
+  m.out = out, m.a = a8, m.b = w8, m.a_scale_inv = scalar(1 / sa), m.b_scale_inv = scalar(1 / sw);
+  m.beta = 1.0f, m.c = c, m.bias = bt;
+  b->matmul_fp8(m);
+  std::vector<float> got(M * N);
+  b->download(got.data(), out);
+  double worst_vs_fp32 = 0, norm = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double ref = res[i * N + j] + bias[j], exact = ref;
+      for (int64_t k = 0; k < K; ++k) {
+        ref += double(round_to_fp8(a[i * K + k] * sa, DType::E5M2) * (1 / sa)) *
+               (round_to_fp8(w[j * K + k] * sw, DType::E4M3) * (1 / sw));
+        exact += double(a[i * K + k]) * w[j * K + k];
+      }
+      EXPECT_NEAR(got[i * N + j], ref, 1e-4 * (1 + std::fabs(ref)));
+      worst_vs_fp32 = std::max(worst_vs_fp32, std::fabs(got[i * N + j] - exact));
+      norm = std::max(norm, std::fabs(exact));
+    }
+  // E5M2 keeps 2 mantissa bits (relative step 2^-3), E4M3 3: over K = 48 products of unit
+  // values the error stays well below the result's scale.
+  EXPECT_LT(worst_vs_fp32 / norm, 0.15);
+  EXPECT_GT(worst_vs_fp32, 0.0) << "no quantisation error at all: not FP8";
+}
+
+TEST_F(CpuOps, UpdateScalesReportsNonFiniteAmaxes) {
+  const Tensor h = make(DType::F32, {2, 2}), s = make(DType::F32, {2}), si = make(DType::F32, {2});
+  const std::vector<float> hv = {4.0f, NAN, 8.0f, 1.0f}, ones = {1, 1};
+  b->upload(h, hv.data());
+  b->upload(s, ones.data());
+  const Tensor flag = scalar(0.0f);
+  Fp8ScaleUpdateArgs u;
+  u.amax_history = h, u.scale = s, u.scale_inv = si, u.nonfinite = flag, u.fp8_max = 448.0f;
+  b->fp8_update_scales(u);
+  EXPECT_TRUE(std::isnan(value(flag)));
+  std::vector<float> sv(2);
+  b->download(sv.data(), s);
+  EXPECT_EQ(sv[0], 448.0f / 8.0f);
+  EXPECT_EQ(sv[1], 1.0f);
+}
+
+// ---------------------------------------------------------------- the model's FP8 linears
+
+ModelSpec tiny_spec() {
+  ModelSpec s;
+  s.vocab_size = 128;
+  s.tokenizer_vocab = 128;
+  s.max_position_embeddings = 64;
+  s.hidden = 64;
+  s.ffn = 128;
+  s.num_layers = 2;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 16;
+  return s;
+}
+
+struct ModelRun {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  std::unique_ptr<LlamaModel> model;
+  std::vector<float> grads;
+  float loss = 0;
+};
+
+ModelRun run_model(const Fp8Options& fp8, int steps = 1) {
+  ModelRun r;
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 16;
+  rt.fp8 = fp8;
+  const ModelSpec spec = tiny_spec();
+  r.model = std::make_unique<LlamaModel>(*r.backend, spec, rt);
+  init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
+  std::vector<int32_t> tokens(32), targets(32);
+  for (int i = 0; i < 32; ++i) tokens[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
+  DeviceBuffer norm(*r.backend, 4, "norm");
+  for (int step = 0; step < steps; ++step) {
+    r.model->set_batch(tokens.data(), targets.data());
+    r.model->zero_grads();
+    r.model->zero_loss_sum();
+    r.model->forward_backward(1.0f / 32);
+    if (r.model->fp8()) {
+      r.backend->fill(norm.tensor(DType::F32, {1}), 0.0f);
+      r.model->fp8()->end_step(norm.tensor(DType::F32, {1}));
+    }
+  }
+  r.backend->download(&r.loss, r.model->loss_sum());
+  r.grads.resize(r.model->layout().total);
+  r.backend->download(r.grads.data(), r.model->grads());
+  return r;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<float>& ref, int64_t off, int64_t n) {
+  double d = 0, s = 0;
+  for (int64_t i = off; i < off + n; ++i) d += double(a[i] - ref[i]) * (a[i] - ref[i]), s += double(ref[i]) * ref[i];
+  return std::sqrt(d / std::max(s, 1e-30));
+}
+
+class Fp8Model : public ::testing::TestWithParam<std::tuple<Fp8Mode, Fp8Recipe, bool>> {};
+
+TEST_P(Fp8Model, LossAndGradientsStayNearFp32) {
+  Fp8Options o;
+  std::tie(o.mode, o.recipe, o.weight_cache) = GetParam();
+  o.lm_head = true;
+  o.amax_history_len = 4;
+  const ModelRun ref = run_model(Fp8Options{});
+  // Three steps on the same batch without updates: the first scales just in time, the
+  // later ones from the history (delayed), so both paths are exercised.
+  const ModelRun fp8 = run_model(o, 3);
+  EXPECT_NEAR(fp8.loss / ref.loss, 1.0, 0.02);
+  for (const ParamInfo& p : ref.model->layout().params) {
+    const double e = rel_err(fp8.grads, ref.grads, p.offset, p.numel());
+    // E5M2 gradients carry 2 mantissa bits: a few percent per GEMM, compounded over layers.
+    EXPECT_LT(e, o.mode == Fp8Mode::Hybrid ? 0.25 : 0.15) << p.name;
+    EXPECT_GT(e, 0.0) << p.name << ": identical to fp32, so FP8 did not run";
+  }
+  float status = 0;
+  fp8.backend->download(&status, fp8.model->fp8()->status());
+  EXPECT_EQ(status, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fp8, Fp8Model,
+    ::testing::Values(std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Delayed, true},
+                      std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Delayed, false},
+                      std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Tensorwise, true},
+                      std::tuple{Fp8Mode::E4M3, Fp8Recipe::Delayed, true}));
+
+TEST(Fp8ModelState, DelayedScalesComeFromTheHistoryAndNaNIsReported) {
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  o.amax_history_len = 8;
+  ModelRun r = run_model(o, 2);
+  Fp8Linears& f = *r.model->fp8();
+  const auto state = f.state_tensors();
+  ASSERT_EQ(state.size(), 6u);
+  EXPECT_EQ(state[0].first, "fp8.forward.amax_history");
+  const Tensor& hist = state[0].second;
+  EXPECT_EQ(hist.dim(0), 8);
+  EXPECT_EQ(hist.dim(1), 2 * 4 * 2);  // (input, weight) x 4 linears x 2 layers
+  std::vector<float> h(hist.numel()), scale(hist.dim(1));
+  r.backend->download(h.data(), hist);
+  r.backend->download(scale.data(), state[1].second);
+  const int64_t S = hist.dim(1);
+  for (int64_t s = 0; s < S; ++s) {
+    float amax = 0;
+    for (int64_t row = 0; row < 8; ++row) amax = std::max(amax, h[row * S + s]);
+    ASSERT_GT(amax, 0.0f) << "slot " << s << " recorded no amax";
+    EXPECT_EQ(h[s], 0.0f) << "row 0 is cleared after the update";
+    EXPECT_EQ(scale[s], 448.0f / amax) << "slot " << s;
+  }
+  // A NaN in a weight: the amax is NaN, the status says so, and end_step poisons the norm.
+  const float nan = NAN;
+  r.backend->upload(r.model->param(r.model->layout().layers[0].gate_up).flat_range(5, 1), &nan);
+  r.model->params_updated();
+  r.model->zero_grads();
+  r.model->forward_backward(1.0f / 32);
+  DeviceBuffer norm(*r.backend, 4, "norm");
+  r.backend->fill(norm.tensor(DType::F32, {1}), 1.0f);
+  f.end_step(norm.tensor(DType::F32, {1}));
+  float status = 0, n = 0;
+  r.backend->download(&status, f.status());
+  r.backend->download(&n, norm.tensor(DType::F32, {1}));
+  EXPECT_TRUE(std::isnan(status));
+  EXPECT_TRUE(std::isnan(n));
+}
+
+TEST(Fp8ModelState, RejectsDimensionsThatAreNotMultiplesOf16) {
+  auto backend = make_cpu_backend();
+  ModelSpec s = tiny_spec();
+  s.ffn = 120;
+  ModelRuntime rt;
+  rt.seq_length = 16;
+  rt.fp8.mode = Fp8Mode::Hybrid;
+  try {
+    LlamaModel m(*backend, s, rt);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Fp8ModelState, CheckpointSavesAndRestoresTheScalingState) {
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  o.amax_history_len = 4;
+  ModelRun r = run_model(o, 2);
+  const ModelSpec spec = tiny_spec();
+  Backend& b = *r.backend;
+  const int64_t P = r.model->layout().total;
+  DeviceBuffer opt(b, 3 * P * 4, "optimizer");
+  TrainingTensors t{&b, &spec, &r.model->layout(), r.model->params(),
+                    opt.tensor(DType::F32, {P}), opt.tensor(DType::F32, {P}, P * 4),
+                    opt.tensor(DType::F32, {P}, 2 * P * 4), r.model->fp8()->state_tensors()};
+  b.copy(t.master, r.model->params());
+  const fs::path dir = fs::temp_directory_path() / ("tessera_fp8_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  TrainerState st;
+  st.iteration = 2;
+  const std::string saved = save_checkpoint(dir.string(), t, st, 0);
+  std::vector<float> before(t.extra_state[0].second.numel());
+  b.download(before.data(), t.extra_state[0].second);
+
+  ModelRun fresh = run_model(o, 0);
+  TrainingTensors t2 = t;
+  t2.extra_state = fresh.model->fp8()->state_tensors();
+  t2.params = fresh.model->params();
+  std::vector<std::string> warnings;
+  const TrainerState loaded = load_checkpoint(saved, t2, &warnings);
+  EXPECT_TRUE(loaded.extra_state_restored);
+  EXPECT_TRUE(warnings.empty());
+  std::vector<float> after(before.size());
+  b.download(after.data(), t2.extra_state[0].second);
+  EXPECT_EQ(after, before);
+
+  // A checkpoint of a run without FP8 still loads; the FP8 state starts fresh.
+  TrainingTensors no_fp8 = t;
+  no_fp8.extra_state.clear();
+  st.iteration = 3;
+  const std::string plain = save_checkpoint(dir.string(), no_fp8, st, 0);
+  const TrainerState loaded2 = load_checkpoint(plain, t2, &warnings);
+  EXPECT_FALSE(loaded2.extra_state_restored);
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings[0].find("fp8.forward.amax_history"), std::string::npos) << warnings[0];
+  fs::remove_all(dir);
+}
+
+// ---------------------------------------------------------------- configuration
+
+Experiment load(const std::vector<std::string>& cli) {
+  LoadOptions o;
+  o.cli_overrides = cli;
+  o.cli_overrides.insert(o.cli_overrides.end(), {"--mock_data", "true"});
+  return load_experiment(o);
+}
+
+TEST(Fp8Config, KeysParseWithTransformerEngineDefaults) {
+  const Experiment d = load({});
+  EXPECT_EQ(d.training.fp8, Fp8Mode::Off);
+  EXPECT_EQ(d.training.fp8_recipe, Fp8Recipe::Delayed);
+  EXPECT_EQ(d.training.fp8_amax_history_len, 1024);
+  EXPECT_EQ(d.training.fp8_amax_compute_algo, Fp8AmaxAlgo::Max);
+  EXPECT_EQ(d.training.fp8_margin, 0);
+  EXPECT_FALSE(d.training.fp8_lm_head);
+  EXPECT_TRUE(d.training.fp8_weight_transpose_cache);
+  const Experiment e = load({"--device", "cuda", "--fp8", "hybrid", "--fp8_recipe", "tensorwise",
+                             "--fp8-amax-compute-algo", "most_recent", "--fp8_margin", "1",
+                             "--fp8_lm_head", "--no_fp8_weight_transpose_cache", "--seq_length", "64"});
+  EXPECT_EQ(e.training.fp8, Fp8Mode::Hybrid);
+  EXPECT_EQ(e.training.fp8_recipe, Fp8Recipe::Tensorwise);
+  EXPECT_EQ(e.training.fp8_amax_compute_algo, Fp8AmaxAlgo::MostRecent);
+  EXPECT_EQ(e.training.fp8_margin, 1);
+  EXPECT_TRUE(e.training.fp8_lm_head);
+  EXPECT_FALSE(e.training.fp8_weight_transpose_cache);
+  EXPECT_FALSE(load({"--no-fp8-weight-transpose-cache"}).training.fp8_weight_transpose_cache);
+}
+
+TEST(Fp8Config, ValidationNamesTheConflict) {
+  auto error_of = [](const std::vector<std::string>& cli) -> std::string {
+    try {
+      load(cli);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of({"--fp8", "hybrid", "--device", "cpu"}).find("GPU"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8", "hybrid", "--precision", "fp32"}).find("bf16"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8", "e4m3", "--micro_batch_size", "1", "--seq_length", "100"}).find("multiple of 16"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8", "hybrid", "--fp8_amax_history_len", "0"}).find("fp8_amax_history_len"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8", "fp16"}).find("null, hybrid, e4m3"), std::string::npos);
+  // --no_<key> exists only for boolean keys.
+  EXPECT_NE(error_of({"--no_seq_length"}).find("no_seq_length"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera

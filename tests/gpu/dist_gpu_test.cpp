@@ -1,0 +1,140 @@
+// Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
+// parallel and ZeRO-1 on 2 GPUs against 1 GPU with gradient accumulation at the same global
+// batch, and a rank killed mid-run. The loss bound is docs/distributed.md's: the runs see
+// the same samples in the same order and differ only in the order of bf16/fp32 reductions.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gpu_test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kRelativeBound = 0.02;  // |loss - reference| <= 2% of reference + 0.02
+constexpr double kAbsoluteBound = 0.02;
+
+#define TS_REQUIRE_TWO_GPUS()                                                       \
+  do {                                                                              \
+    TS_REQUIRE_GPU();                                                               \
+    if (::tessera::cuda_device_count() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs"; \
+  } while (0)
+
+class DistGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ws_ = fs::temp_directory_path() / ("tessera_dist_gpu_" + std::to_string(::getpid()));
+    fs::remove_all(ws_);
+    fs::create_directories(ws_);
+  }
+  void TearDown() override { fs::remove_all(ws_); }
+
+  std::string train_args(const std::string& name) const {
+    return "train --model tiny_llama --mock_data true --device cuda --num_layers 2 --hidden_size 256 "
+           "--ffn_hidden_size 704 --num_attention_heads 4 --vocab_size 4096 --seq_length 256 "
+           "--micro_batch_size 2 --global_batch_size 8 --train_iters 20 --lr 1e-3 "
+           "--lr_warmup_iters 2 --log_interval 1 --ddp_bucket_size 200000 --workspace " +
+           ws_.string() + " --work_group g --user_name u --exp_name " + name;
+  }
+
+  int run(const std::string& args, const std::string& log) const {
+    const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " > " + (ws_ / log).string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  std::string read(const std::string& log) const {
+    std::ifstream in(ws_ / log);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+  std::vector<double> losses(const std::string& name) const {
+    std::vector<double> out;
+    std::ifstream in(ws_ / "g" / "u" / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("lm_loss") && j["lm_loss"].is_number()) out.push_back(j["lm_loss"].get<double>());
+    }
+    return out;
+  }
+
+  fs::path ws_;
+};
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const char* what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_LE(std::abs(got[i] - ref[i]), kRelativeBound * std::abs(ref[i]) + kAbsoluteBound)
+        << what << " iteration " << i + 1 << ": " << got[i] << " vs " << ref[i];
+}
+
+TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
+  TS_REQUIRE_TWO_GPUS();
+  ASSERT_EQ(run(train_args("one"), "one.txt"), 0) << read("one.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29611 " + train_args("dp"), "dp.txt"), 0)
+      << read("dp.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29612 " + train_args("zero") +
+                    " --use_distributed_optimizer true",
+                "zero.txt"),
+            0)
+      << read("zero.txt");
+  const auto one = losses("one"), dp = losses("dp"), zero = losses("zero");
+  ASSERT_EQ(one.size(), 20u);
+  EXPECT_LT(one.back(), one.front());  // it trains
+  expect_close(dp, one, "data parallel");
+  expect_close(zero, one, "ZeRO-1");
+  // Every rank keeps its own logs; rank 0 alone writes metrics.
+  EXPECT_TRUE(fs::exists(ws_ / "g/u/dp/logs/pre_trainer/rank-1/info.log"));
+}
+
+TEST_F(DistGpu, KilledRankMakesTheOtherExitWithinTheTimeout) {
+  TS_REQUIRE_TWO_GPUS();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", "2", 1);
+      ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", "29613", 1);
+      const std::string cmd = "exec " + std::string(TESSERA_BINARY) + " " + train_args("kill") +
+                              " --train_iters 1000000 --dist_timeout_minutes 0.5 > " +
+                              (ws_ / ("rank" + std::to_string(r) + ".txt")).string() + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  const fs::path metrics = ws_ / "g/u/kill/metrics.jsonl";
+  for (int i = 0; i < 1200 && (!fs::exists(metrics) || fs::file_size(metrics) < 200); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(metrics)) << read("rank0.txt");
+  ::kill(pids[1], SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = ::waitpid(pids[0], &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(90))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (done == 0) ::kill(pids[0], SIGKILL);
+  ::waitpid(pids[1], nullptr, 0);
+  ASSERT_NE(done, 0) << "rank 0 still running 90 s after rank 1 died";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  EXPECT_NE(read("rank0.txt").find("rank 1"), std::string::npos) << read("rank0.txt");
+}
+
+}  // namespace

