@@ -15,8 +15,10 @@ if [ -f "$ROOT/.device/payload.tgz" ]; then
   tar xzf "$ROOT/.device/payload.tgz" -C "$ROOT/.device"
   [ -e "$ROOT/node_modules" ] || ln -s "$ROOT/.device/node_modules" "$ROOT/node_modules"
 fi
-# Test binaries have the build machine's source path compiled in.
+# Test binaries have the build machine's source path compiled in, and the tessera binary's
+# path in the build directory.
 mkdir -p /work && [ -e /work/main ] || ln -s "$ROOT" /work/main
+mkdir -p "$ROOT/build" && ln -sf "$BIN/tessera" "$ROOT/build/tessera"
 export TESSERA_ROOT="$ROOT" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Host libraries of the build machine travel in .device/lib; cuBLASLt comes from the GPU
 # machine's CUDA (or PyTorch's wheel of it). cuDNN (attention_backend cudnn/auto, loaded with

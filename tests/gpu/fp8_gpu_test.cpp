@@ -35,8 +35,9 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
     for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {33, 65}, {300, 200}, {1024, 4096}}) {
       SCOPED_TRACE(fmt::format("{} R={} C={}", dtype_name(format), R, C));
       std::vector<float> x = round_bf16(random_normal(R * C, 17, 3.0f));
-      x[0] = 1e6f;  // saturates
-      if (x.size() > 3) x[3] = 1e-7f;  // below the smallest subnormal after scaling, or a subnormal
+      // Both backends see the bf16 input the GPU reads.
+      x[0] = round_to_bf16(1e6f);  // saturates
+      if (x.size() > 3) x[3] = round_to_bf16(1e-7f);  // below the smallest subnormal after scaling, or a subnormal
       const float scale = format == DType::E4M3 ? 448.0f / 1e6f * 1000 : 1.0f;
       DeviceBuffer cs(*be.cpu, 4 * 256, "cpu scalars"), gs(*be.gpu, 4 * 256, "gpu scalars");
       DeviceBuffer cx(*be.cpu, R * C * 4, "cpu x");

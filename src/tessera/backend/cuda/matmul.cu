@@ -82,7 +82,11 @@ void set_fp8_scales(cublasLtMatmulDesc_t desc, const MatmulProblem& p) {
 struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's algorithms, best first; `chosen` is the first that ran (some FP8
+  // combinations are offered by the heuristic but refused by cublasLtMatmul).
+  static constexpr int kMaxAlgos = 8;
+  cublasLtMatmulAlgo_t algos[kMaxAlgos] = {};
+  int algo_count = 0, chosen = 0;
   bool bias_in_epilogue = false;
 
   Plan() = default;
@@ -148,7 +152,7 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
   // First with the bias fused into the epilogue; if no algorithm supports that combination
   // (e.g. some fp32-output cases), without it, and launch_epilogue adds the bias.
   int found = 0;
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[Plan::kMaxAlgos] = {};
   for (int attempt = p.bias != nullptr ? 0 : 1; attempt < 2 && found == 0; ++attempt) {
     if (plan->desc) TS_CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan->desc));
     plan->desc = nullptr;
@@ -178,7 +182,7 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
                                                      &p.bias, sizeof(p.bias)));
     }
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, pref, 1, &result, &found);
+        handle_, plan->desc, plan->a, plan->b, plan->c, plan->d, pref, Plan::kMaxAlgos, results, &found);
     if (status == CUBLAS_STATUS_NOT_SUPPORTED)
       found = 0;
     else if (status != CUBLAS_STATUS_SUCCESS) {
@@ -190,7 +194,9 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
   if (found == 0) {
     throw InternalError("cuBLASLt has no algorithm for matmul " + describe(p));
   }
-  plan->algo = result.algo;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algos[plan->algo_count++] = results[i].algo;
+  if (plan->algo_count == 0) throw InternalError("cuBLASLt has no algorithm for matmul " + describe(p));
   return *plans_.emplace(key, std::move(plan)).first->second;
 }
 
@@ -235,9 +241,18 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
                                                    &p.bias, sizeof(p.bias)));
   }
   if (is_fp8_type(p.a_dtype)) set_fp8_scales(plan.desc, p);
-  TS_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c,
-                                 plan.c, p.out, plan.d, &plan.algo, workspace_, workspace_bytes_,
-                                 stream));
+  for (;; ++plan.chosen) {
+    if (plan.chosen == plan.algo_count)
+      throw InternalError("cuBLASLt refused every algorithm its heuristic offered for matmul " +
+                          describe(p));
+    const cublasStatus_t status =
+        cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c, plan.c,
+                       p.out, plan.d, &plan.algos[plan.chosen], workspace_, workspace_bytes_, stream);
+    if (status == CUBLAS_STATUS_SUCCESS) break;
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+      throw_cublas_error(status, ("cublasLtMatmul for matmul " + describe(p)).c_str(), __FILE__,
+                         __LINE__);
+  }
   if (p.bias != nullptr && !plan.bias_in_epilogue) launch_epilogue(p, p.out, 1.0f, stream);
 }
 
