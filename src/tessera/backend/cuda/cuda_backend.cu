@@ -511,6 +511,16 @@ void CudaBackend::matmul_fp8(const Fp8MatmulArgs& args) {
   p.alpha = args.alpha, p.beta = args.beta;
   p.a_scale = args.a_scale_inv.as<float>();
   p.b_scale = args.b_scale_inv.as<float>();
+  for (int i = 0; i < 2; ++i) {
+    const float*& scale = i == 0 ? p.a_scale : p.b_scale;
+    if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) continue;
+    if (fp8_scale_slots_ == nullptr)
+      fp8_scale_slots_ = static_cast<float*>(allocate(512, "fp8 gemm scales"));
+    // Stream order keeps the slot's value until this GEMM has read it.
+    float* slot = fp8_scale_slots_ + 64 * i;
+    TS_CUDA_CHECK(cudaMemcpyAsync(slot, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    scale = slot;
+  }
   p.fast_accum = args.fast_accum;
   lt_->run(p, stream_);
 }

@@ -134,6 +134,9 @@ class CudaBackend final : public Backend {
   AllocationTracker allocations_;
 
   void* scratch_ = nullptr;
+  // Two 256-byte slots that FP8 GEMM scales are copied to when theirs are not 16-byte aligned
+  // (cuBLASLt refuses every FP8 algorithm for such scale pointers).
+  float* fp8_scale_slots_ = nullptr;
   size_t scratch_bytes_ = 0;
   void* lt_workspace_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;
