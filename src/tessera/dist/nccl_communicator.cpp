@@ -55,9 +55,19 @@ std::string bytes_text(size_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+// Set by the first thread that ends the process over a failed rank or collective. Errors
+// that the abort causes on other threads are its echo: those threads wait for the exit
+// instead of unwinding (and exiting) while the abort is still running.
+std::atomic<bool> g_failing{false};
+
+[[noreturn]] void wait_for_exit() {
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw DistributedError(fmt::format("{}: CUDA error {}", what, cudaGetErrorString(e)));
+  if (e == cudaSuccess) return;
+  if (g_failing) wait_for_exit();
+  throw DistributedError(fmt::format("{}: CUDA error {}", what, cudaGetErrorString(e)));
 }
 
 class NcclCommunicator final : public Communicator {
@@ -274,6 +284,7 @@ class NcclCommunicator final : public Communicator {
       ncclCommGetAsyncError(comm_, &r);
     }
     if (r == ncclSuccess || r == ncclInProgress) return;
+    if (g_failing) wait_for_exit();
     const char* last = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
     throw DistributedError(fmt::format(
         "rank {}: NCCL {} of {} failed: {} ({}){}", rank_, what, bytes_text(bytes),
@@ -322,10 +333,7 @@ class NcclCommunicator final : public Communicator {
 
   // Ends the process from any thread: the main thread may be blocked on the device.
   [[noreturn]] void fail(const std::string& message) {
-    static std::atomic<bool> failing{false};
-    if (failing.exchange(true)) {
-      while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
+    if (g_failing.exchange(true)) wait_for_exit();
     log_.clear_progress();
     log_.error("rank {}: {}", rank_, message);
     log_.flush();
