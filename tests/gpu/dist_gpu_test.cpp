@@ -133,7 +133,9 @@ TEST_F(DistGpu, KilledRankMakesTheOtherExitWithinTheTimeout) {
   if (done == 0) ::kill(pids[0], SIGKILL);
   ::waitpid(pids[1], nullptr, 0);
   ASSERT_NE(done, 0) << "rank 0 still running 90 s after rank 1 died";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0)
+      << "rank 0 ended with wait status " << status << " (signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0)
+      << "):\n" << read("rank0.txt");
   EXPECT_NE(read("rank0.txt").find("rank 1"), std::string::npos) << read("rank0.txt");
 }
 
