@@ -300,10 +300,7 @@ int attention_bench_command(const std::vector<std::string>& args) {
   md += fmt::format(
       "\n{} attention problems checked and timed in {:.1f} s{}.\n", problems.size(), seconds,
       failures ? fmt::format("; {} FAILED their check (no timing reported)", failures) : "");
-  fmt::print("{}", md);
-  if (a.has("output"))
-    for (const auto& f : write_outputs(a.get("output", ""), {t}, "bench_attention.md", md))
-      fmt::print("wrote {}\n", f);
+  print_and_write(a.get("output", ""), {t}, "bench_attention.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

@@ -186,10 +186,7 @@ int comm_bench_command(const std::vector<std::string>& args) {
   md += "\npeak busbw (GB/s):";
   for (const auto& c : ops) md += fmt::format(" {} {:.1f};", c, best_busbw[c]);
   md += failures ? fmt::format(" {} size(s) FAILED their check.\n", failures) : "\n";
-  fmt::print("{}", md);
-  if (a.has("output"))
-    for (const auto& f : write_outputs(a.get("output", ""), {t}, "bench_comm.md", md))
-      fmt::print("wrote {}\n", f);
+  print_and_write(a.get("output", ""), {t}, "bench_comm.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

@@ -360,10 +360,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
                            step_flops / (step_ms * 1e-3) / 1e12);
   if (failures) summary += fmt::format("; {} FAILED their check (no timing reported)", failures);
   md += "\n" + summary + ".\n";
-  fmt::print("{}", md);
-  if (a.has("output"))
-    for (const auto& f : write_outputs(a.get("output", ""), {t}, "bench_gemm.md", md))
-      fmt::print("wrote {}\n", f);
+  print_and_write(a.get("output", ""), {t}, "bench_gemm.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

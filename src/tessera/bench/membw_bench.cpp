@@ -136,10 +136,7 @@ int membw_bench_command(const std::vector<std::string>& args) {
   md += fmt::format("\n{} copy sizes checked and timed in {:.1f} s; best {:.0f} GB/s{}.\n",
                     sizes.size(), seconds, best,
                     failures ? fmt::format("; {} FAILED their check", failures) : "");
-  fmt::print("{}", md);
-  if (a.has("output"))
-    for (const auto& f : write_outputs(a.get("output", ""), {t}, "bench_membw.md", md))
-      fmt::print("wrote {}\n", f);
+  print_and_write(a.get("output", ""), {t}, "bench_membw.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

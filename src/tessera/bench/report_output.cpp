@@ -76,4 +76,12 @@ double StatusLine::finish() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
+void print_and_write(const std::string& output_dir, const std::vector<analysis::Table>& tables,
+                     const std::string& markdown_name, const std::string& markdown) {
+  fmt::print("{}", markdown);
+  if (output_dir.empty()) return;
+  for (const auto& f : write_outputs(output_dir, tables, markdown_name, markdown))
+    fmt::print("wrote {}\n", f);
+}
+
 }  // namespace tessera::bench

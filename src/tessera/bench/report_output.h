@@ -20,6 +20,11 @@ std::vector<std::string> write_outputs(const std::filesystem::path& dir,
                                        const std::string& markdown_name,
                                        const std::string& markdown);
 
+// Prints `markdown` on stdout and, when output_dir is not empty, writes the tables and the
+// markdown there (write_outputs) and lists the files written.
+void print_and_write(const std::string& output_dir, const std::vector<analysis::Table>& tables,
+                     const std::string& markdown_name, const std::string& markdown);
+
 // "[3/30] gemm NT 8192x8192x8192 ..." redrawn in place on stderr when it is a terminal (and
 // nothing otherwise, so logs stay clean); finish() clears it and returns seconds elapsed.
 class StatusLine {

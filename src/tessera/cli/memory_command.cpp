@@ -48,12 +48,7 @@ int memory_command(const Args& args) {
 
   const plan::MemoryReport r = plan::build_memory_report(q);
   const std::string md = plan::memory_report_markdown(r);
-  fmt::print("{}", md);
-  if (a.has("output")) {
-    for (const auto& f :
-         bench::write_outputs(a.get("output", ""), {r.breakdown, r.scenarios}, "memory.md", md))
-      fmt::print("wrote {}\n", f);
-  }
+  bench::print_and_write(a.get("output", ""), {r.breakdown, r.scenarios}, "memory.md", md);
   return 0;
 }
 

@@ -29,11 +29,7 @@ int preflight_command(const Args& args) {
   o.gemm_size = a.get_int("gemm_size", 8192, 64);
   o.copy_mib = a.get_int("copy_mib", 1024, 1);
   const bench::PreflightReport r = bench::run_preflight(o);
-  fmt::print("{}", r.markdown);
-  if (a.has("output"))
-    for (const auto& f :
-         bench::write_outputs(a.get("output", ""), {r.checks}, "preflight.md", r.markdown))
-      fmt::print("wrote {}\n", f);
+  bench::print_and_write(a.get("output", ""), {r.checks}, "preflight.md", r.markdown);
   return 0;
 }
 

@@ -215,11 +215,8 @@ int tokenizer_bench_command(const std::vector<std::string>& args) {
     }
   }
   const std::string markdown = markdown_table(t);
-  fmt::print("{}\n", markdown);
   for (const auto& n : notes) fmt::print(stderr, "warning: {}\n", n);
-  if (a.has("output"))
-    for (const auto& f : write_outputs(a.get("output", ""), {t}, "tokenizer_bench.md", markdown))
-      fmt::print("wrote {}\n", f);
+  print_and_write(a.get("output", ""), {t}, "tokenizer_bench.md", markdown + "\n");
   return all_match ? 0 : kExitRuntimeFailure;
 }
 
