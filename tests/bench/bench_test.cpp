@@ -53,7 +53,10 @@ class FaultyBackend final : public Backend {
   }
   void bias_backward(const Tensor& db, const Tensor& d) override { cpu_->bias_backward(db, d); }
   void fp8_cast_transpose(const Fp8CastArgs& a) override { cpu_->fp8_cast_transpose(a); }
-  void matmul_fp8(const Fp8MatmulArgs& a) override { cpu_->matmul_fp8(a); }
+  void matmul_fp8(const Fp8MatmulArgs& a) override {
+    cpu_->matmul_fp8(a);
+    if (bad_matmul) cpu_->fill(a.out.flat_range(0, 1), 1e4f);
+  }
   void fp8_update_scales(const Fp8ScaleUpdateArgs& a) override { cpu_->fp8_update_scales(a); }
   void embedding_forward(const Tensor& o, const Tensor& t, const Tensor& w) override {
     cpu_->embedding_forward(o, t, w);
@@ -221,6 +224,13 @@ TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {
   EXPECT_EQ(wrong.tflops, 0);  // no timing, no number
   EXPECT_NE(wrong.check.failure.find("small case"), std::string::npos) << wrong.check.failure;
 
+  GemmProblem fp8{"fp8", 96, 64, 48, false, true};
+  fp8.fp8 = true;
+  EXPECT_TRUE(check_gemm(good, fp8).ok) << check_gemm(good, fp8).failure;
+  const GemmResult wrong_fp8 = run_gemm(bad, fp8);
+  EXPECT_FALSE(wrong_fp8.check.ok);
+  EXPECT_EQ(wrong_fp8.tflops, 0);
+
   AttentionProblem a;
   a.batch = 1, a.seq = 96, a.heads = 4, a.kv_heads = 2, a.head_dim = 16;
   EXPECT_TRUE(check_attention(good, a).ok);
@@ -270,6 +280,13 @@ TEST(BenchCommands, WriteTablesAsMarkdownAndCsv) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("one training step's GEMMs"), std::string::npos) << r.output;
 
+  r = run("bench gemm --device cpu --sizes 64 --layouts NT --epilogues none --dtypes bf16,fp8 "
+          "--iters 2 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("| 64^3 fp8 | NT | 64 | 64 | 64 | none |"), std::string::npos) << r.output;
+  EXPECT_EQ(run("bench gemm --device cpu --sizes 72 --dtypes fp8").status, 2);  // not a multiple of 16
+  EXPECT_EQ(run("bench gemm --device cpu --dtypes int8").status, 2);
+  EXPECT_EQ(run("bench gemm --device cpu --config default --dtypes fp8").status, 2);
   EXPECT_EQ(run("bench gemm --device cpu --layouts XY").status, 2);
   EXPECT_EQ(run("bench gemm --device cpu --num_layers 2").status, 2);  // needs --config
   EXPECT_EQ(run("bench membw --device cpu --gpu H100").status, 2);

@@ -8,6 +8,7 @@
 #include "tessera/bench/report_output.h"
 #include "tessera/config/config.h"
 #include "tessera/core/error.h"
+#include "tessera/core/fp8.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/plan/memory_plan.h"
 
@@ -16,12 +17,16 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: tessera bench gemm [--sizes 1024,2048,4096,8192,16384] [--layouts NN,NT,TN]
-                          [--epilogues none,bias] [--config EXPERIMENT [--key value ...]]
+                          [--epilogues none,bias] [--dtypes bf16,fp8]
+                          [--config EXPERIMENT [--key value ...]]
                           [--device auto|cpu|cuda] [--gpu NAME] [--warmup 5] [--iters 20] [-o DIR]
 
 Matmul through the op API in the run's compute dtype (bf16 on GPUs, fp32 on the CPU):
 square sizes x layouts x epilogues (none, bias, residual), or with --config the GEMMs of one
 training step of that experiment (e.g. --config llama3.1_8B-pretrain --micro_batch_size 1).
+--dtypes fp8 adds, per square size, the FP8 GEMM of the fp8 training mode: e4m3 x e4m3
+(cast once from random values, scale 1), NT, bf16 output, fast accumulation (the CPU
+backend emulates it); % of peak is then against the datasheet fp8 peak.
 Each problem is checked (small case vs the CPU reference, sampled entries at full size)
 before it is timed: median over --iters samples after --warmup calls, inputs rotated beyond
 twice the L2. Columns: TFLOP/s (2MNK), GB/s (operands once + output), FLOPs/byte, % of the
@@ -92,6 +97,71 @@ DType out_dtype(const BenchContext& ctx, const GemmProblem& p) {
   return p.fp32_out ? DType::F32 : ctx.dtype;
 }
 
+DType in_dtype(const BenchContext& ctx, const GemmProblem& p) {
+  return p.fp8 ? DType::E4M3 : ctx.dtype;
+}
+
+// FP8 operands: a (M, K) and b (N, K) e4m3 codes of N(0, 1) values, their scale inverses
+// (1: the values are in range) and the output.
+struct Fp8Tensors {
+  DeviceBuffer buffer;
+  Tensor a, b, out, a_scale_inv, b_scale_inv;
+};
+
+Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t seed) {
+  Fp8Tensors t;
+  const size_t staging = aligned(std::max(p.m, p.n) * p.k * sizeof(float));
+  t.buffer = DeviceBuffer(b, aligned(p.m * p.k) + aligned(p.n * p.k) +
+                                 aligned(p.m * p.n * dtype_size(out)) + 3 * 256 + staging,
+                          "fp8 gemm benchmark operands");
+  size_t at = 0;
+  auto take = [&](DType dt, Shape shape) {
+    const Tensor x = t.buffer.tensor(dt, shape, at);
+    at += aligned(x.nbytes());
+    return x;
+  };
+  t.a = take(DType::E4M3, {p.m, p.k});
+  t.b = take(DType::E4M3, {p.n, p.k});
+  t.out = take(out, {p.m, p.n});
+  t.a_scale_inv = take(DType::F32, {1});
+  t.b_scale_inv = take(DType::F32, {1});
+  const Tensor one = take(DType::F32, {1});
+  for (const Tensor& s : {t.a_scale_inv, t.b_scale_inv, one}) b.fill(s, 1.0f);
+  const DType staging_dtype = b.device().kind == DeviceKind::CUDA ? DType::BF16 : DType::F32;
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& codes = i == 0 ? t.a : t.b;
+    const Tensor values = t.buffer.tensor(staging_dtype, codes.shape, at);
+    b.init_normal(values, seed + i, 0, 0.0f, 1.0f);
+    Fp8CastArgs cast;
+    cast.x = values;
+    cast.out = codes;
+    cast.scale = one;
+    b.fp8_cast_transpose(cast);
+  }
+  b.fill(t.out, kAccumulateStart);
+  return t;
+}
+
+Fp8MatmulArgs fp8_args(const Fp8Tensors& t) {
+  Fp8MatmulArgs m;
+  m.out = t.out;
+  m.a = t.a;
+  m.b = t.b;
+  m.a_scale_inv = t.a_scale_inv;
+  m.b_scale_inv = t.b_scale_inv;
+  m.fast_accum = true;
+  return m;
+}
+
+// The host values of FP8 codes on a device.
+std::vector<float> download_fp8(Backend& b, const Tensor& codes) {
+  std::vector<uint8_t> bits(static_cast<size_t>(codes.numel()));
+  b.download(bits.data(), codes);
+  std::vector<float> v(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) v[i] = fp8_bits_to_float(bits[i], codes.dtype);
+  return v;
+}
+
 // A copy of the device tensor's values in a new fp32 tensor on the reference backend.
 Tensor mirror(Backend& device, Backend& ref, const Tensor& t, std::vector<DeviceBuffer>& keep) {
   if (!t.defined()) return {};
@@ -104,7 +174,20 @@ Tensor mirror(Backend& device, Backend& ref, const Tensor& t, std::vector<Device
 // Median time of `p` over rotated input sets, into r.
 void time_gemm(BenchContext& ctx, const GemmProblem& p, GemmResult& r) {
   const DType out = out_dtype(ctx, p);
-  const int sets = rotation_sets(set_bytes(p, ctx.dtype, out), ctx.cache_bytes, ctx.budget_bytes);
+  const int sets = rotation_sets(set_bytes(p, in_dtype(ctx, p), out), ctx.cache_bytes, ctx.budget_bytes);
+  if (p.fp8) {
+    std::vector<Fp8Tensors> tensors;
+    std::vector<Fp8MatmulArgs> calls;
+    for (int s = 0; s < sets; ++s)
+      tensors.push_back(allocate_fp8(*ctx.device, p, out, 100 + 10 * s));
+    for (const Fp8Tensors& f : tensors) calls.push_back(fp8_args(f));
+    r.timing = measure(
+        *ctx.device, [&](int i) { ctx.device->matmul_fp8(calls[i % sets]); }, ctx.warmup,
+        ctx.iters);
+    r.tflops = p.flops() / (r.timing.median_ms * 1e-3) / 1e12;
+    r.gbps = p.bytes(DType::E4M3, out) / (r.timing.median_ms * 1e-3) / 1e9;
+    return;
+  }
   std::vector<GemmTensors> tensors;
   std::vector<MatmulArgs> calls;
   for (int s = 0; s < sets; ++s)
@@ -181,7 +264,59 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
   return g;
 }
 
+// FP8: a small case on the device against the CPU backend's emulation of the same codes,
+// then sampled entries of the full size against host dot products of the decoded codes.
+GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
+  Backend& dev = *ctx.device;
+  GemmCheck r;
+  const DType out = out_dtype(ctx, p);
+  {
+    GemmProblem small = p;
+    small.m = 208, small.n = 144, small.k = 80;  // multiples of 16, not of tiles
+    const Fp8Tensors d = allocate_fp8(dev, small, out, 11);
+    dev.matmul_fp8(fp8_args(d));
+    Fp8Tensors ref = allocate_fp8(*ctx.reference, small, DType::F32, 11);
+    for (const Tensor* codes : {&d.a, &d.b}) {
+      std::vector<uint8_t> bits(static_cast<size_t>(codes->numel()));
+      dev.download(bits.data(), *codes);
+      ctx.reference->upload(codes == &d.a ? ref.a : ref.b, bits.data());
+    }
+    ctx.reference->matmul_fp8(fp8_args(ref));
+    r.small_rel_err =
+        relative_error(download_floats(dev, d.out), download_floats(*ctx.reference, ref.out));
+    if (!(r.small_rel_err <= 1e-2)) {
+      r.failure = fmt::format(
+          "small case {}x{}x{}: relative error {:.3g} > 1e-2 against the CPU emulation of the "
+          "same codes", small.m, small.n, small.k, r.small_rel_err);
+      return r;
+    }
+  }
+  const Fp8Tensors d = allocate_fp8(dev, p, out, 21);
+  dev.matmul_fp8(fp8_args(d));
+  const std::vector<float> a = download_fp8(dev, d.a), b = download_fp8(dev, d.b);
+  const std::vector<float> got = download_floats(dev, d.out);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int s = 0; s < kSamples; ++s) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const int64_t i = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(p.m));
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const int64_t j = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(p.n));
+    double ref = 0;
+    for (int64_t kk = 0; kk < p.k; ++kk) ref += double(a[i * p.k + kk]) * b[j * p.k + kk];
+    // Fast accumulation keeps partial sums in lower precision inside the tensor cores.
+    const double tol = 1e-2 * std::fabs(ref) + 4e-3 * std::sqrt(static_cast<double>(p.k)) + 1e-2;
+    if (!(std::fabs(got[i * p.n + j] - ref) <= tol)) {
+      r.failure = fmt::format("full size: out[{}, {}] = {} but the host computes {:.6g}", i, j,
+                              got[i * p.n + j], ref);
+      return r;
+    }
+  }
+  r.ok = true;
+  return r;
+}
+
 GemmCheck check_gemm(BenchContext& ctx, const GemmProblem& p) {
+  if (p.fp8) return check_fp8_gemm(ctx, p);
   Backend& dev = *ctx.device;
   GemmCheck r;
   const DType out = out_dtype(ctx, p);
@@ -267,7 +402,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     return 0;
   }
   std::set<std::string> valued = kCommonOptions;
-  valued.insert({"sizes", "layouts", "epilogues", "config"});
+  valued.insert({"sizes", "layouts", "epilogues", "dtypes", "config"});
   const CommandArgs a(args, valued, {}, true);
   if (!a.unknown().empty() && !a.has("config"))
     throw ConfigError("command line", a.unknown().front(), "",
@@ -276,6 +411,9 @@ int gemm_bench_command(const std::vector<std::string>& args) {
 
   std::vector<GemmProblem> problems;
   const bool model = a.has("config");
+  if (model && a.has("dtypes"))
+    throw ConfigError("command line", "dtypes", a.get("dtypes", ""),
+                      "no --dtypes with --config (a config's GEMMs run in its own precision)");
   if (model) {
     LoadOptions lo;
     lo.config_path = a.get("config", "");
@@ -299,9 +437,22 @@ int gemm_bench_command(const std::vector<std::string>& args) {
           problems.push_back(p);
         }
       }
+    for (const std::string& dtype : a.get_list("dtypes", {"bf16"})) {
+      if (dtype == "bf16") continue;  // the compute dtype's problems above
+      if (dtype != "fp8") throw ConfigError("command line", "dtypes", dtype, "bf16 and/or fp8");
+      for (int64_t n : sizes) {
+        if (n % 16 != 0)
+          throw ConfigError("command line", "sizes", std::to_string(n),
+                            "multiples of 16 with --dtypes fp8 (cuBLASLt's FP8 GEMMs need them)");
+        GemmProblem p{fmt::format("{}^3", n), n, n, n, false, true};
+        p.fp8 = true;
+        problems.push_back(p);
+      }
+    }
   }
 
   const double peak = ctx.spec ? analysis::peak_tflops(*ctx.spec, dtype_name(ctx.dtype)) : 0;
+  const double fp8_peak = ctx.spec ? analysis::peak_tflops(*ctx.spec, "fp8") : 0;
   analysis::Table t;
   t.name = "bench_gemm";
   t.title = fmt::format("GEMM on {}", ctx.description);
@@ -322,7 +473,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     const DType out = out_dtype(ctx, p);
     status.step(fmt::format("{} {} {}x{}x{} {}", p.name, p.layout(), p.m, p.n, p.k,
                             epilogue_name(p.epilogue)));
-    std::vector<analysis::Cell> row = {p.name,
+    std::vector<analysis::Cell> row = {p.fp8 ? p.name + " fp8" : p.name,
                                        p.layout(),
                                        p.m,
                                        p.n,
@@ -345,8 +496,9 @@ int gemm_bench_command(const std::vector<std::string>& args) {
       step_ms += ms * p.calls_per_step;
       step_flops += p.flops() * p.calls_per_step;
     }
-    row.insert(row.end(), {ms, r.tflops, r.gbps, p.flops() / p.bytes(ctx.dtype, out),
-                           analysis::cell_or_empty(percent_of(r.tflops, peak)),
+    const double row_peak = p.fp8 ? fp8_peak : peak;
+    row.insert(row.end(), {ms, r.tflops, r.gbps, p.flops() / p.bytes(in_dtype(ctx, p), out),
+                           analysis::cell_or_empty(percent_of(r.tflops, row_peak)),
                            r.check.small_rel_err, std::string("ok")});
     t.rows.push_back(row);
   }

@@ -28,6 +28,9 @@ struct GemmProblem {
   Epilogue epilogue = Epilogue::None;
   bool fp32_out = false;       // weight gradients are fp32
   int64_t calls_per_step = 1;  // model mode: how often one training step runs it
+  // e4m3 x e4m3 operands with per-tensor scales and a bf16 output, both operands K-major
+  // ("NT", the only FP8 layout of Hopper's tensor cores): the FP8 linear layers' forward.
+  bool fp8 = false;
 
   std::string layout() const;  // "NT": op(A) then op(B), T = transposed
   double flops() const { return 2.0 * m * n * k; }
