@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/data/tokenizer.h"
+#include "tessera/model/fp8_linears.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/train/adamw_optimizer.h"
 
@@ -64,6 +65,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
 
   MemoryPlan p;
   p.activations = model.activations;  // per micro batch on each GPU, whatever the sharding
+  p.fp8 = model.fp8;
   switch (in.sharding) {
     case Sharding::None:
       p.weights = model.weights;
@@ -132,6 +134,7 @@ ModelRuntime planned_runtime(const Experiment& e, DType compute) {
   rt.recompute = t.recompute_granularity;
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
+  rt.fp8 = fp8_options(t);
   return rt;
 }
 

@@ -44,12 +44,13 @@ struct MemoryPlan {
   size_t gradients = 0;        // fp32 gradients (shard + one unsharded unit with FSDP)
   size_t optimizer = 0;        // fp32 master weights (unless the weights are fp32) + 2 moments
   size_t activations = 0;      // stored activations, recompute and backward scratch, logits chunk
+  size_t fp8 = 0;              // with fp8: cast buffers, scaling state, cached FP8 weights
   size_t backend_buffers = 0;  // kBackendBuffersBytes on GPUs, 0 on the CPU backend
   size_t context = 0;          // kContextBytes on GPUs, 0 on the CPU backend
 
   // What the backend's memory_stats().peak_bytes reports after a training step.
   size_t allocated() const {
-    return weights + gradients + optimizer + activations + backend_buffers;
+    return weights + gradients + optimizer + activations + fp8 + backend_buffers;
   }
   size_t total() const { return allocated() + context; }
 };

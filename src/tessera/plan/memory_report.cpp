@@ -78,6 +78,11 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
       fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens",
                   rt.micro_batch, rt.seq_length, rt.micro_batch * rt.seq_length,
                   recompute_name(rt.recompute), rt.cross_entropy_chunk_tokens));
+  if (rt.fp8.enabled())
+    row("fp8", p.fp8,
+        rt.fp8.weight_cache
+            ? "FP8 copies of inputs and gradients, scaling state, cached FP8 weights + transposes"
+            : "FP8 copies of inputs and gradients, scaling state, one weight cast at a time");
   row("backend_buffers", p.backend_buffers, "cuBLASLt workspace + kernel scratch (fixed)");
   row("allocated", p.allocated(), "what memory_stats().peak_bytes reports");
   row("cuda_context", p.context, "CUDA context, kernels, driver reserve (fixed allowance)");
