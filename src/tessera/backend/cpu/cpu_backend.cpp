@@ -15,11 +15,14 @@
 
 #include "tessera/backend/cpu/attention_blocked.h"
 #include "tessera/backend/cpu/reference.h"
+#include "tessera/backend/op_checks.h"
 #include "tessera/ops/op_observer.h"
 
 namespace tessera {
 
 namespace {
+
+constexpr std::string_view kBackend = "cpu";  // how op-check messages name this backend
 
 // Heads run in parallel on OpenMP threads; each thread's BLAS calls must then stay on that
 // thread instead of spawning BLAS threads of their own.
@@ -60,27 +63,8 @@ void expect_i32(const Tensor& t, const char* op, const char* what) {
            dtype_name(t.dtype));
 }
 
-void expect_count(const Tensor& t, int64_t n, const char* op, const char* what) {
-  TS_CHECK(t.numel() == n, "cpu {}: {} {} has {} elements, expected {}", op, what, t.shape.str(),
-           t.numel(), n);
-}
-
 float* f32(const Tensor& t) {
   return t.as<float>();
-}
-
-// A tensor seen as a matrix: the last dimension is the columns, all leading ones the rows.
-struct MatrixDims {
-  int64_t rows = 1, cols = 1;
-};
-
-MatrixDims matrix_dims(const Tensor& t) {
-  MatrixDims d;
-  const int rank = t.shape.rank();
-  if (rank == 0) return d;
-  d.cols = t.shape[rank - 1];
-  for (int i = 0; i < rank - 1; ++i) d.rows *= t.shape[i];
-  return d;
 }
 
 // Token ids are checked on the host before the parallel loops: an exception may not leave an
@@ -94,26 +78,10 @@ void expect_ids_below(const Tensor& ids, int64_t limit, bool allow_negative, con
   }
 }
 
-void check_attention_shape(const AttentionShape& s, const char* op) {
-  TS_CHECK(s.batch > 0 && s.seq > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0,
-           "cpu {}: empty attention shape B={} T={} H={} KV={} D={}", op, s.batch, s.seq, s.heads,
-           s.kv_heads, s.head_dim);
-  TS_CHECK(s.heads % s.kv_heads == 0, "cpu {}: {} heads are not a multiple of {} kv heads", op,
-           s.heads, s.kv_heads);
-  TS_CHECK(s.window >= 0, "cpu {}: negative window {}", op, s.window);
-}
-
 void check_rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s, const char* op) {
-  check_attention_shape(s, op);
   expect_f32(qkv, op, "qkv");
   expect_f32(freqs, op, "freqs");
-  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
-  TS_CHECK(s.head_dim % 2 == 0, "cpu {}: rotary embedding needs an even head_dim, got {}", op,
-           s.head_dim);
-  const MatrixDims f = matrix_dims(freqs);
-  TS_CHECK(f.cols == s.head_dim && f.rows >= s.seq,
-           "cpu {}: freqs {} must be (T >= {}, head_dim {})", op, freqs.shape.str(), s.seq,
-           s.head_dim);
+  check_rope_shapes(kBackend, qkv, freqs, s, op);
 }
 
 // dst[c] += the sum over rows r, in row order, of term(r, c), accumulated in double. Threads
@@ -265,7 +233,7 @@ void CpuBackend::convert(const Tensor& dst, const Tensor& src) {
   const ObservedOp observed(op_observer_, "convert", [&] { return op_args::convert(dst, src); });
   expect_host(dst, "convert", "dst");
   expect_host(src, "convert", "src");
-  expect_count(dst, src.numel(), "convert", "dst");
+  expect_count(kBackend, dst, src.numel(), "convert", "dst");
   if (dst.dtype == src.dtype) {
     copy(dst, src);
   } else if (src.dtype == DType::F32 && dst.dtype == DType::BF16) {
@@ -318,7 +286,7 @@ void CpuBackend::matmul(const MatmulArgs& args) {
   float beta = args.beta;
   if (args.c.defined() && args.c.data != args.out.data) {
     expect_f32(args.c, "matmul", "c");
-    expect_count(args.c, M * N, "matmul", "c");
+    expect_count(kBackend, args.c, M * N, "matmul", "c");
     // sgemm scales its output in place, so c enters through out.
     if (beta != 0.0f) std::memcpy(out, args.c.data, args.out.nbytes());
   }
@@ -330,7 +298,7 @@ void CpuBackend::matmul(const MatmulArgs& args) {
               static_cast<int>(std::max<int64_t>(1, b.cols)), beta, out, static_cast<int>(N));
   if (args.bias.defined()) {
     expect_f32(args.bias, "matmul", "bias");
-    expect_count(args.bias, N, "matmul", "bias");
+    expect_count(kBackend, args.bias, N, "matmul", "bias");
     const float* bias = f32(args.bias);
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
@@ -345,7 +313,7 @@ void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   expect_f32(dbias, "bias_backward", "dbias");
   expect_f32(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
-  expect_count(dbias, d.cols, "bias_backward", "dbias");
+  expect_count(kBackend, dbias, d.cols, "bias_backward", "dbias");
   const float* g = f32(dout);
   accumulate_column_sums(f32(dbias), d.rows, d.cols, [&](int64_t r, int64_t c) {
     return static_cast<double>(g[r * d.cols + c]);
@@ -362,7 +330,7 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
   expect_f32(table, "embedding_forward", "table");
   const MatrixDims t = matrix_dims(table);
   const int64_t N = tokens.numel(), C = t.cols;
-  expect_count(out, N * C, "embedding_forward", "out");
+  expect_count(kBackend, out, N * C, "embedding_forward", "out");
   expect_ids_below(tokens, t.rows, false, "embedding_forward", "tokens");
   const int32_t* ids = tokens.as<int32_t>();
 #pragma omp parallel for schedule(static)
@@ -379,7 +347,7 @@ void CpuBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
   expect_i32(tokens, "embedding_backward", "tokens");
   const MatrixDims t = matrix_dims(dtable);
   const int64_t N = tokens.numel(), C = t.cols;
-  expect_count(dout, N * C, "embedding_backward", "dout");
+  expect_count(kBackend, dout, N * C, "embedding_backward", "dout");
   expect_ids_below(tokens, t.rows, false, "embedding_backward", "tokens");
   // Split by columns: a row of dtable that several tokens hit then has one writer, which adds
   // in token order whatever the thread count.
@@ -407,9 +375,9 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
   expect_f32(weight, op, "weight");
   const MatrixDims d = matrix_dims(x);
   const int64_t N = d.rows, C = d.cols;
-  expect_count(out, N * C, op, "out");
-  expect_count(rstd, N, op, "rstd");
-  expect_count(weight, C, op, "weight");
+  expect_count(kBackend, out, N * C, op, "out");
+  expect_count(kBackend, rstd, N, op, "rstd");
+  expect_count(kBackend, weight, C, op, "weight");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     ref::rmsnorm_forward(f32(out) + n * C, f32(rstd) + n, f32(x) + n * C, f32(weight), 1, C, eps);
@@ -429,11 +397,11 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
   expect_f32(rstd, op, "rstd");
   const MatrixDims d = matrix_dims(x);
   const int64_t N = d.rows, C = d.cols;
-  expect_count(dx, N * C, op, "dx");
-  expect_count(dout, N * C, op, "dout");
-  expect_count(dweight, C, op, "dweight");
-  expect_count(weight, C, op, "weight");
-  expect_count(rstd, N, op, "rstd");
+  expect_count(kBackend, dx, N * C, op, "dx");
+  expect_count(kBackend, dout, N * C, op, "dout");
+  expect_count(kBackend, dweight, C, op, "dweight");
+  expect_count(kBackend, weight, C, op, "weight");
+  expect_count(kBackend, rstd, N, op, "rstd");
   const float *g = f32(dout), *xs = f32(x), *r = f32(rstd);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -476,13 +444,13 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   const ObservedOp observed(op_observer_, "attention_forward",
                             [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_forward";
-  check_attention_shape(s, op);
+  check_attention_shape(kBackend, s, op);
   expect_f32(out, op, "out");
   expect_f32(lse, op, "lse");
   expect_f32(qkv, op, "qkv");
-  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
-  expect_count(out, s.tokens() * s.heads * s.head_dim, op, "out");
-  expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  expect_count(kBackend, qkv, s.tokens() * s.qkv_width(), op, "qkv");
+  expect_count(kBackend, out, s.tokens() * s.heads * s.head_dim, op, "out");
+  expect_count(kBackend, lse, s.batch * s.heads * s.seq, op, "lse");
   const int64_t pairs = s.batch * s.heads;
   const SingleThreadedBlas blas_per_thread;
 #pragma omp parallel
@@ -501,7 +469,7 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
   const ObservedOp observed(op_observer_, "attention_backward",
                             [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_backward";
-  check_attention_shape(s, op);
+  check_attention_shape(kBackend, s, op);
   expect_f32(dqkv, op, "dqkv");
   expect_f32(dout, op, "dout");
   expect_f32(out, op, "out");
@@ -509,11 +477,11 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
   expect_f32(qkv, op, "qkv");
   const int64_t B = s.batch, T = s.seq, H = s.heads, KV = s.kv_heads, D = s.head_dim;
   const int64_t width = s.qkv_width(), group = H / KV;
-  expect_count(qkv, s.tokens() * width, op, "qkv");
-  expect_count(dqkv, s.tokens() * width, op, "dqkv");
-  expect_count(out, s.tokens() * H * D, op, "out");
-  expect_count(dout, s.tokens() * H * D, op, "dout");
-  expect_count(lse, B * H * T, op, "lse");
+  expect_count(kBackend, qkv, s.tokens() * width, op, "qkv");
+  expect_count(kBackend, dqkv, s.tokens() * width, op, "dqkv");
+  expect_count(kBackend, out, s.tokens() * H * D, op, "out");
+  expect_count(kBackend, dout, s.tokens() * H * D, op, "dout");
+  expect_count(kBackend, lse, B * H * T, op, "lse");
   float* dst = f32(dqkv);
 
   // Query heads run in parallel. Heads that share a kv head (group > 1) would race on its dk
@@ -577,7 +545,7 @@ void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);
   TS_CHECK(d.cols % 2 == 0, "cpu swiglu_forward: gate_up {} has an odd width", gate_up.shape.str());
   const int64_t N = d.rows, F = d.cols / 2;
-  expect_count(out, N * F, "swiglu_forward", "out");
+  expect_count(kBackend, out, N * F, "swiglu_forward", "out");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     ref::swiglu_forward(f32(out) + n * F, f32(gate_up) + n * 2 * F, 1, F);
@@ -594,8 +562,8 @@ void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
   TS_CHECK(d.cols % 2 == 0, "cpu swiglu_backward: gate_up {} has an odd width",
            gate_up.shape.str());
   const int64_t N = d.rows, F = d.cols / 2;
-  expect_count(dgate_up, N * 2 * F, "swiglu_backward", "dgate_up");
-  expect_count(dout, N * F, "swiglu_backward", "dout");
+  expect_count(kBackend, dgate_up, N * 2 * F, "swiglu_backward", "dgate_up");
+  expect_count(kBackend, dout, N * F, "swiglu_backward", "dout");
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     ref::swiglu_backward(f32(dgate_up) + n * 2 * F, f32(dout) + n * F, f32(gate_up) + n * 2 * F, 1,
@@ -613,12 +581,12 @@ void CpuBackend::cross_entropy(const Tensor& losses, const Tensor& logits, const
   expect_i32(targets, op, "targets");
   const MatrixDims d = matrix_dims(logits);
   const int64_t N = d.rows, V = d.cols;
-  expect_count(losses, N, op, "losses");
-  expect_count(targets, N, op, "targets");
+  expect_count(kBackend, losses, N, op, "losses");
+  expect_count(kBackend, targets, N, op, "targets");
   float* dx = nullptr;
   if (dlogits.defined()) {
     expect_f32(dlogits, op, "dlogits");
-    expect_count(dlogits, N * V, op, "dlogits");
+    expect_count(kBackend, dlogits, N * V, op, "dlogits");
     dx = f32(dlogits);
   }
   expect_ids_below(targets, V, true, op, "targets");
@@ -636,7 +604,7 @@ void CpuBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
   const ObservedOp observed(op_observer_, "sum", [&] { return op_args::reduction(x, accumulate); });
   expect_f32(out, "sum", "out");
   expect_f32(x, "sum", "x");
-  expect_count(out, 1, "sum", "out");
+  expect_count(kBackend, out, 1, "sum", "out");
   const float* p = f32(x);
   const double total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
     double acc = 0;
@@ -653,7 +621,7 @@ void CpuBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate
                             [&] { return op_args::reduction(x, accumulate); });
   expect_f32(out, "sum_squares", "out");
   expect_f32(x, "sum_squares", "x");
-  expect_count(out, 1, "sum_squares", "out");
+  expect_count(kBackend, out, 1, "sum_squares", "out");
   const float* p = f32(x);
   const double total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
     double acc = 0;
@@ -674,14 +642,14 @@ void CpuBackend::adamw_step(const AdamWArgs& args) {
   expect_f32(args.exp_avg_sq, op, "exp_avg_sq");
   expect_f32(args.grad_norm_sq, op, "grad_norm_sq");
   const int64_t P = args.master.numel();
-  expect_count(args.grad, P, op, "grad");
-  expect_count(args.exp_avg, P, op, "exp_avg");
-  expect_count(args.exp_avg_sq, P, op, "exp_avg_sq");
-  expect_count(args.grad_norm_sq, 1, op, "grad_norm_sq");
+  expect_count(kBackend, args.grad, P, op, "grad");
+  expect_count(kBackend, args.exp_avg, P, op, "exp_avg");
+  expect_count(kBackend, args.exp_avg_sq, P, op, "exp_avg_sq");
+  expect_count(kBackend, args.grad_norm_sq, 1, op, "grad_norm_sq");
   float* params = nullptr;
   if (args.params.defined() && args.params.data != args.master.data) {
     expect_f32(args.params, op, "params");
-    expect_count(args.params, P, op, "params");
+    expect_count(kBackend, args.params, P, op, "params");
     params = f32(args.params);
   }
   TS_CHECK(args.step >= 1, "cpu adamw_step: step {} is not 1-based", args.step);

@@ -19,12 +19,15 @@
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
+#include "tessera/backend/op_checks.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/op_observer.h"
 
 namespace tessera::cuda {
 
 namespace {
+
+constexpr std::string_view kBackend = "cuda";  // how op-check messages name this backend
 
 // cuBLASLt's recommended workspace for Hopper: enough for its split-K and stream-K kernels.
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
@@ -67,45 +70,10 @@ void expect_same_type(const Tensor& t, const Tensor& like, const char* op, const
   expect_type(t, like.dtype, op, what);
 }
 
-void expect_count(const Tensor& t, int64_t n, const char* op, const char* what) {
-  TS_CHECK(t.numel() == n, "cuda {}: {} {} has {} elements, expected {}", op, what, t.shape.str(),
-           t.numel(), n);
-}
-
-// A tensor seen as a matrix: the last dimension is the columns, all leading ones the rows.
-struct MatrixDims {
-  int64_t rows = 1, cols = 1;
-};
-
-MatrixDims matrix_dims(const Tensor& t) {
-  MatrixDims d;
-  const int rank = t.shape.rank();
-  if (rank == 0) return d;
-  d.cols = t.shape[rank - 1];
-  for (int i = 0; i < rank - 1; ++i) d.rows *= t.shape[i];
-  return d;
-}
-
-void check_attention_shape(const AttentionShape& s, const char* op) {
-  TS_CHECK(s.batch > 0 && s.seq > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0,
-           "cuda {}: empty attention shape B={} T={} H={} KV={} D={}", op, s.batch, s.seq, s.heads,
-           s.kv_heads, s.head_dim);
-  TS_CHECK(s.heads % s.kv_heads == 0, "cuda {}: {} heads are not a multiple of {} kv heads", op,
-           s.heads, s.kv_heads);
-  TS_CHECK(s.window >= 0, "cuda {}: negative window {}", op, s.window);
-}
-
 void check_rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s, const char* op) {
-  check_attention_shape(s, op);
   expect_float(qkv, op, "qkv");
   expect_type(freqs, DType::F32, op, "freqs");
-  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
-  TS_CHECK(s.head_dim % 2 == 0, "cuda {}: rotary embedding needs an even head_dim, got {}", op,
-           s.head_dim);
-  const MatrixDims f = matrix_dims(freqs);
-  TS_CHECK(f.cols == s.head_dim && f.rows >= s.seq,
-           "cuda {}: freqs {} must be (T >= {}, head_dim {})", op, freqs.shape.str(), s.seq,
-           s.head_dim);
+  check_rope_shapes(kBackend, qkv, freqs, s, op);
 }
 
 void require_bf16_attention(const Tensor& t, const char* op, const char* what) {
@@ -360,7 +328,7 @@ void CudaBackend::convert(const Tensor& dst, const Tensor& src) {
   const ObservedOp observed(op_observer_, "convert", [&] { return op_args::convert(dst, src); });
   expect_float(dst, "convert", "dst");
   expect_float(src, "convert", "src");
-  expect_count(dst, src.numel(), "convert", "dst");
+  expect_count(kBackend, dst, src.numel(), "convert", "dst");
   if (dst.data == src.data && dst.dtype == src.dtype) return;
   cuda::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel(), stream_);
 }
@@ -403,12 +371,12 @@ void CudaBackend::matmul(const MatmulArgs& args) {
   p.a_dtype = p.b_dtype = args.a.dtype;
   if (args.c.defined() && args.c.data != args.out.data) {
     expect_same_type(args.c, args.out, op, "c");
-    expect_count(args.c, M * N, op, "c");
+    expect_count(kBackend, args.c, M * N, op, "c");
     p.c = args.c.data;
   }
   if (args.bias.defined()) {
     expect_float(args.bias, op, "bias");
-    expect_count(args.bias, N, op, "bias");
+    expect_count(kBackend, args.bias, N, op, "bias");
     p.bias = args.bias.data;
     p.bias_dtype = args.bias.dtype;
   }
@@ -425,7 +393,7 @@ void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   expect_type(dbias, DType::F32, "bias_backward", "dbias");
   expect_float(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
-  expect_count(dbias, d.cols, "bias_backward", "dbias");
+  expect_count(kBackend, dbias, d.cols, "bias_backward", "dbias");
   const size_t bytes = bias_backward_scratch_bytes(d.rows, d.cols);
   cuda::bias_backward(dbias.as<float>(), dout.data, d.rows, d.cols, dout.dtype, scratch(bytes),
                       bytes, stream_);
@@ -444,7 +412,7 @@ void CudaBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
   for (const Tensor* t : {&args.out, &args.out_t}) {
     if (!t->defined()) continue;
     expect_device(*t, op, t == &args.out ? "out" : "out_t");
-    expect_count(*t, d.rows * d.cols, op, t == &args.out ? "out" : "out_t");
+    expect_count(kBackend, *t, d.rows * d.cols, op, t == &args.out ? "out" : "out_t");
     TS_CHECK(t->dtype == DType::E4M3 || t->dtype == DType::E5M2, "cuda {}: output dtype {} is not fp8",
              op, dtype_name(t->dtype));
     format = t->dtype;
@@ -455,11 +423,11 @@ void CudaBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
   const bool cast = args.out.defined() || args.out_t.defined();
   if (cast) {
     expect_type(args.scale, DType::F32, op, "scale");
-    expect_count(args.scale, 1, op, "scale");
+    expect_count(kBackend, args.scale, 1, op, "scale");
   }
   if (args.amax.defined()) {
     expect_type(args.amax, DType::F32, op, "amax");
-    expect_count(args.amax, 1, op, "amax");
+    expect_count(kBackend, args.amax, 1, op, "amax");
   }
   cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, d.cols,
                            cast ? args.scale.as<float>() : nullptr, args.out.data, args.out_t.data,
@@ -475,7 +443,7 @@ void CudaBackend::matmul_fp8(const Fp8MatmulArgs& args) {
   expect_device(args.b, op, "b");
   for (const Tensor* s : {&args.a_scale_inv, &args.b_scale_inv}) {
     expect_type(*s, DType::F32, op, "scale_inv");
-    expect_count(*s, 1, op, "scale_inv");
+    expect_count(kBackend, *s, 1, op, "scale_inv");
   }
   const MatrixDims o = matrix_dims(args.out), a = matrix_dims(args.a), b = matrix_dims(args.b);
   const int64_t M = o.rows, N = o.cols, K = a.cols;
@@ -499,12 +467,12 @@ void CudaBackend::matmul_fp8(const Fp8MatmulArgs& args) {
   p.b_dtype = args.b.dtype;
   if (args.c.defined() && args.c.data != args.out.data) {
     expect_same_type(args.c, args.out, op, "c");
-    expect_count(args.c, M * N, op, "c");
+    expect_count(kBackend, args.c, M * N, op, "c");
     p.c = args.c.data;
   }
   if (args.bias.defined()) {
     expect_same_type(args.bias, args.out, op, "bias");
-    expect_count(args.bias, N, op, "bias");
+    expect_count(kBackend, args.bias, N, op, "bias");
     p.bias = args.bias.data;
     p.bias_dtype = args.bias.dtype;
   }
@@ -536,11 +504,11 @@ void CudaBackend::fp8_update_scales(const Fp8ScaleUpdateArgs& args) {
   const MatrixDims h = matrix_dims(args.amax_history);
   expect_type(args.scale, DType::F32, op, "scale");
   expect_type(args.scale_inv, DType::F32, op, "scale_inv");
-  expect_count(args.scale, h.cols, op, "scale");
-  expect_count(args.scale_inv, h.cols, op, "scale_inv");
+  expect_count(kBackend, args.scale, h.cols, op, "scale");
+  expect_count(kBackend, args.scale_inv, h.cols, op, "scale_inv");
   if (args.nonfinite.defined()) {
     expect_type(args.nonfinite, DType::F32, op, "nonfinite");
-    expect_count(args.nonfinite, 1, op, "nonfinite");
+    expect_count(kBackend, args.nonfinite, 1, op, "nonfinite");
   }
   cuda::fp8_update_scales(args.amax_history.as<float>(), h.rows, h.cols, args.scale.as<float>(),
                           args.scale_inv.as<float>(),
@@ -560,7 +528,7 @@ void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, con
   expect_type(tokens, DType::I32, op, "tokens");
   const MatrixDims t = matrix_dims(table);
   const int64_t N = tokens.numel(), C = t.cols;
-  expect_count(out, N * C, op, "out");
+  expect_count(kBackend, out, N * C, op, "out");
   cuda::embedding_forward(out.data, tokens.as<int32_t>(), table.data, N, C, t.rows, table.dtype,
                           stream_);
 }
@@ -576,7 +544,7 @@ void CudaBackend::embedding_backward(const Tensor& dtable, const Tensor& dout,
   expect_type(tokens, DType::I32, op, "tokens");
   const MatrixDims t = matrix_dims(dtable);
   const int64_t N = tokens.numel(), C = t.cols;
-  expect_count(dout, N * C, op, "dout");
+  expect_count(kBackend, dout, N * C, op, "dout");
   const size_t bytes = embedding_backward_scratch_bytes(N);
   cuda::embedding_backward(dtable.as<float>(), dout.data, tokens.as<int32_t>(), N, C, t.rows,
                            dout.dtype, scratch(bytes), bytes, stream_);
@@ -592,9 +560,9 @@ void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const T
   expect_same_type(weight, x, op, "weight");
   expect_type(rstd, DType::F32, op, "rstd");
   const MatrixDims d = matrix_dims(x);
-  expect_count(out, d.rows * d.cols, op, "out");
-  expect_count(rstd, d.rows, op, "rstd");
-  expect_count(weight, d.cols, op, "weight");
+  expect_count(kBackend, out, d.rows * d.cols, op, "out");
+  expect_count(kBackend, rstd, d.rows, op, "rstd");
+  expect_count(kBackend, weight, d.cols, op, "weight");
   cuda::rmsnorm_forward(out.data, rstd.as<float>(), x.data, weight.data, d.rows, d.cols, eps,
                         x.dtype, stream_);
 }
@@ -613,11 +581,11 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, cons
   expect_type(rstd, DType::F32, op, "rstd");
   const MatrixDims d = matrix_dims(x);
   const int64_t N = d.rows, C = d.cols;
-  expect_count(dx, N * C, op, "dx");
-  expect_count(dout, N * C, op, "dout");
-  expect_count(dweight, C, op, "dweight");
-  expect_count(weight, C, op, "weight");
-  expect_count(rstd, N, op, "rstd");
+  expect_count(kBackend, dx, N * C, op, "dx");
+  expect_count(kBackend, dout, N * C, op, "dout");
+  expect_count(kBackend, dweight, C, op, "dweight");
+  expect_count(kBackend, weight, C, op, "weight");
+  expect_count(kBackend, rstd, N, op, "rstd");
   const size_t bytes = rmsnorm_backward_scratch_bytes(N, C);
   cuda::rmsnorm_backward(dx.data, dweight.as<float>(), dout.data, x.data, weight.data,
                          rstd.as<float>(), N, C, x.dtype, scratch(bytes), bytes, stream_);
@@ -671,13 +639,13 @@ void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const 
   const ObservedOp observed(op_observer_, "attention_forward",
                             [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_forward";
-  check_attention_shape(s, op);
+  check_attention_shape(kBackend, s, op);
   require_bf16_attention(qkv, op, "qkv");
   require_bf16_attention(out, op, "out");
   expect_type(lse, DType::F32, op, "lse");
-  expect_count(qkv, s.tokens() * s.qkv_width(), op, "qkv");
-  expect_count(out, s.tokens() * s.heads * s.head_dim, op, "out");
-  expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  expect_count(kBackend, qkv, s.tokens() * s.qkv_width(), op, "qkv");
+  expect_count(kBackend, out, s.tokens() * s.heads * s.head_dim, op, "out");
+  expect_count(kBackend, lse, s.batch * s.heads * s.seq, op, "lse");
   if (use_cudnn_attention(s, false, {out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->forward_plan(s).workspace_bytes;
     try {
@@ -698,18 +666,18 @@ void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, con
   const ObservedOp observed(op_observer_, "attention_backward",
                             [&] { return op_args::attention(s, qkv.dtype); });
   const char* op = "attention_backward";
-  check_attention_shape(s, op);
+  check_attention_shape(kBackend, s, op);
   require_bf16_attention(dqkv, op, "dqkv");
   require_bf16_attention(dout, op, "dout");
   require_bf16_attention(out, op, "out");
   require_bf16_attention(qkv, op, "qkv");
   expect_type(lse, DType::F32, op, "lse");
   const int64_t width = s.qkv_width(), HD = s.heads * s.head_dim;
-  expect_count(qkv, s.tokens() * width, op, "qkv");
-  expect_count(dqkv, s.tokens() * width, op, "dqkv");
-  expect_count(out, s.tokens() * HD, op, "out");
-  expect_count(dout, s.tokens() * HD, op, "dout");
-  expect_count(lse, s.batch * s.heads * s.seq, op, "lse");
+  expect_count(kBackend, qkv, s.tokens() * width, op, "qkv");
+  expect_count(kBackend, dqkv, s.tokens() * width, op, "dqkv");
+  expect_count(kBackend, out, s.tokens() * HD, op, "out");
+  expect_count(kBackend, dout, s.tokens() * HD, op, "dout");
+  expect_count(kBackend, lse, s.batch * s.heads * s.seq, op, "lse");
   if (use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;
     try {
@@ -737,7 +705,7 @@ void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   TS_CHECK(d.cols % 2 == 0, "cuda swiglu_forward: gate_up {} has an odd width",
            gate_up.shape.str());
   const int64_t N = d.rows, F = d.cols / 2;
-  expect_count(out, N * F, op, "out");
+  expect_count(kBackend, out, N * F, op, "out");
   cuda::swiglu_forward(out.data, gate_up.data, N, F, gate_up.dtype, stream_);
 }
 
@@ -754,8 +722,8 @@ void CudaBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
   TS_CHECK(d.cols % 2 == 0, "cuda swiglu_backward: gate_up {} has an odd width",
            gate_up.shape.str());
   const int64_t N = d.rows, F = d.cols / 2;
-  expect_count(dgate_up, N * 2 * F, op, "dgate_up");
-  expect_count(dout, N * F, op, "dout");
+  expect_count(kBackend, dgate_up, N * 2 * F, op, "dgate_up");
+  expect_count(kBackend, dout, N * F, op, "dout");
   cuda::swiglu_backward(dgate_up.data, dout.data, gate_up.data, N, F, gate_up.dtype, stream_);
 }
 
@@ -770,13 +738,13 @@ void CudaBackend::cross_entropy(const Tensor& losses, const Tensor& logits, cons
   expect_type(targets, DType::I32, op, "targets");
   const MatrixDims d = matrix_dims(logits);
   const int64_t N = d.rows, V = d.cols;
-  expect_count(losses, N, op, "losses");
-  expect_count(targets, N, op, "targets");
+  expect_count(kBackend, losses, N, op, "losses");
+  expect_count(kBackend, targets, N, op, "targets");
   TS_CHECK(V < (int64_t{1} << 31), "cuda cross_entropy: vocabulary {} exceeds 2^31", V);
   void* dx = nullptr;
   if (dlogits.defined()) {
     expect_same_type(dlogits, logits, op, "dlogits");
-    expect_count(dlogits, N * V, op, "dlogits");
+    expect_count(kBackend, dlogits, N * V, op, "dlogits");
     dx = dlogits.data;
   }
   cuda::cross_entropy(losses.as<float>(), dx, logits.data, targets.as<int32_t>(), N, V, grad_scale,
@@ -790,7 +758,7 @@ void CudaBackend::sum(const Tensor& out, const Tensor& x, bool accumulate) {
   const ObservedOp observed(op_observer_, "sum", [&] { return op_args::reduction(x, accumulate); });
   expect_type(out, DType::F32, "sum", "out");
   expect_type(x, DType::F32, "sum", "x");
-  expect_count(out, 1, "sum", "out");
+  expect_count(kBackend, out, 1, "sum", "out");
   const size_t bytes = sum_scratch_bytes(x.numel());
   cuda::sum(out.as<float>(), x.as<float>(), x.numel(), accumulate, scratch(bytes), bytes, stream_);
 }
@@ -801,7 +769,7 @@ void CudaBackend::sum_squares(const Tensor& out, const Tensor& x, bool accumulat
                             [&] { return op_args::reduction(x, accumulate); });
   expect_type(out, DType::F32, "sum_squares", "out");
   expect_type(x, DType::F32, "sum_squares", "x");
-  expect_count(out, 1, "sum_squares", "out");
+  expect_count(kBackend, out, 1, "sum_squares", "out");
   const size_t bytes = sum_scratch_bytes(x.numel());
   cuda::sum_squares(out.as<float>(), x.as<float>(), x.numel(), accumulate, scratch(bytes), bytes,
                     stream_);
@@ -851,15 +819,15 @@ void CudaBackend::adamw_step(const AdamWArgs& args) {
   expect_type(args.exp_avg_sq, DType::F32, op, "exp_avg_sq");
   expect_type(args.grad_norm_sq, DType::F32, op, "grad_norm_sq");
   const int64_t P = args.master.numel();
-  expect_count(args.grad, P, op, "grad");
-  expect_count(args.exp_avg, P, op, "exp_avg");
-  expect_count(args.exp_avg_sq, P, op, "exp_avg_sq");
-  expect_count(args.grad_norm_sq, 1, op, "grad_norm_sq");
+  expect_count(kBackend, args.grad, P, op, "grad");
+  expect_count(kBackend, args.exp_avg, P, op, "exp_avg");
+  expect_count(kBackend, args.exp_avg_sq, P, op, "exp_avg_sq");
+  expect_count(kBackend, args.grad_norm_sq, 1, op, "grad_norm_sq");
   void* params = nullptr;
   DType params_dtype = DType::F32;
   if (args.params.defined() && args.params.data != args.master.data) {
     expect_float(args.params, op, "params");
-    expect_count(args.params, P, op, "params");
+    expect_count(kBackend, args.params, P, op, "params");
     params = args.params.data;
     params_dtype = args.params.dtype;
   }
