@@ -30,6 +30,22 @@ std::string md_escape(const std::string& s) {
   return out;
 }
 
+std::ofstream open_or_throw(const std::filesystem::path& file) {
+  std::ofstream out(file);
+  if (!out) throw DataError(fmt::format("{}: cannot write", file.string()));
+  return out;
+}
+
+constexpr const char* kCss = R"(body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:2px 6px}
+th{background:#f0f0f0;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
+p.note{color:#555;font-size:.85em;max-width:60em}.warn{color:#a40}
+.bar{display:inline-block;height:.8em;background:#4a7bd0;vertical-align:middle}
+)";
+
+}  // namespace
+
 std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
@@ -52,22 +68,6 @@ std::string html_escape(const std::string& s) {
   }
   return out;
 }
-
-std::ofstream open_or_throw(const std::filesystem::path& file) {
-  std::ofstream out(file);
-  if (!out) throw DataError(fmt::format("{}: cannot write", file.string()));
-  return out;
-}
-
-constexpr const char* kCss = R"(body{font-family:system-ui,sans-serif;margin:2em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:2px 6px}
-th{background:#f0f0f0;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
-p.note{color:#555;font-size:.85em;max-width:60em}.warn{color:#a40}
-.bar{display:inline-block;height:.8em;background:#4a7bd0;vertical-align:middle}
-)";
-
-}  // namespace
 
 void write_markdown(const Report& report, const std::filesystem::path& file) {
   std::ofstream out = open_or_throw(file);

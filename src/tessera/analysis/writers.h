@@ -17,6 +17,9 @@ struct OutputFormats {
 // "xlsx,csv,md,html" (any subset). Throws ConfigError naming the flag.
 OutputFormats parse_formats(std::string_view list);
 
+// Text safe in HTML (and SVG/XML) content and attribute values: & < > " escaped.
+std::string html_escape(const std::string& s);
+
 // Full precision for machine-read files (CSV).
 std::string cell_text(const Cell& c);
 // Rounded for people (markdown, HTML).

@@ -12,6 +12,8 @@
 #include "tessera/viz/svg.h"
 
 namespace tessera::viz {
+
+using analysis::html_escape;
 namespace {
 
 constexpr size_t kMaxPointsPerSeries = 2000;
@@ -65,10 +67,6 @@ p.note{color:#555;font-size:.85em;max-width:70em}
 figure{margin:0}svg.chart{width:100%;height:auto;border:1px solid #ddd}
 )";
 
-std::string esc(const std::string& s) {
-  return xml_escape(s);
-}
-
 bool looks_numeric(const std::string& s) {
   if (s.empty()) return false;
   char* end = nullptr;
@@ -78,15 +76,15 @@ bool looks_numeric(const std::string& s) {
 
 std::string html_table(const analysis::Table& t, const std::string& differs_column = "") {
   const int differs = differs_column.empty() ? -1 : t.column(differs_column);
-  std::string out = "<table class=\"data\" id=\"table-" + esc(t.name) + "\"><tr>";
-  for (const auto& c : t.columns) out += "<th>" + esc(c.name) + "</th>";
+  std::string out = "<table class=\"data\" id=\"table-" + html_escape(t.name) + "\"><tr>";
+  for (const auto& c : t.columns) out += "<th>" + html_escape(c.name) + "</th>";
   out += "</tr>\n";
   for (const auto& row : t.rows) {
     const bool marked = differs >= 0 && analysis::cell_text(row[differs]) == "yes";
     out += marked ? "<tr class=\"differs\">" : "<tr>";
     for (const auto& cell : row) {
       const bool numeric = !std::holds_alternative<std::string>(cell);
-      out += (numeric ? "<td class=\"n\">" : "<td>") + esc(analysis::cell_display(cell)) + "</td>";
+      out += (numeric ? "<td class=\"n\">" : "<td>") + html_escape(analysis::cell_display(cell)) + "</td>";
     }
     out += "</tr>\n";
   }
@@ -94,21 +92,21 @@ std::string html_table(const analysis::Table& t, const std::string& differs_colu
 }
 
 std::string html_table(const CsvTable& t) {
-  std::string out = "<h3>" + esc(t.name) + "</h3>\n<table class=\"data\"><tr>";
-  for (const auto& c : t.columns) out += "<th>" + esc(c) + "</th>";
+  std::string out = "<h3>" + html_escape(t.name) + "</h3>\n<table class=\"data\"><tr>";
+  for (const auto& c : t.columns) out += "<th>" + html_escape(c) + "</th>";
   out += "</tr>\n";
   for (size_t r = 0; r < std::min(t.rows.size(), kReportRows); ++r) {
     out += "<tr>";
     for (const auto& cell : t.rows[r]) {
       const std::string shown = cell.size() > 100 ? cell.substr(0, 97) + "..." : cell;
-      out += (looks_numeric(cell) ? "<td class=\"n\">" : "<td>") + esc(shown) + "</td>";
+      out += (looks_numeric(cell) ? "<td class=\"n\">" : "<td>") + html_escape(shown) + "</td>";
     }
     out += "</tr>\n";
   }
   out += "</table>\n";
   if (t.rows.size() > kReportRows)
     out += fmt::format("<p class=\"note\">{} more rows in {}.csv</p>\n",
-                       t.rows.size() - kReportRows, esc(t.name));
+                       t.rows.size() - kReportRows, html_escape(t.name));
   return out;
 }
 
@@ -226,13 +224,13 @@ std::string run_report_html(const std::vector<RunData>& runs, const std::vector<
                   " run(s): ";
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::string dir = runs[i].dir.string();
-    h += (i ? ", " : "") + esc(runs[i].label);
-    if (runs[i].label.find(dir) == std::string::npos) h += " (<code>" + esc(dir) + "</code>)";
+    h += (i ? ", " : "") + html_escape(runs[i].label);
+    if (runs[i].label.find(dir) == std::string::npos) h += " (<code>" + html_escape(dir) + "</code>)";
   }
   h += "</p>\n";
 
-  h += "<h2 id=\"throughput\">" + esc(throughput.title) + "</h2>\n<p class=\"note\">" +
-       esc(throughput.note) + "</p>\n" + html_table(throughput);
+  h += "<h2 id=\"throughput\">" + html_escape(throughput.title) + "</h2>\n<p class=\"note\">" +
+       html_escape(throughput.note) + "</p>\n" + html_table(throughput);
 
   h += "<h2 id=\"curves\">Curves</h2>\n<div class=\"charts\">\n";
   for (const NamedChart& c : charts)
@@ -249,20 +247,20 @@ std::string run_report_html(const std::vector<RunData>& runs, const std::vector<
                      [&](const char* k) { return key == k; }) != std::end(kSummaryKeys);
     return !usual && analysis::cell_text(row[1]) != "yes";
   });
-  h += "<h2 id=\"config\">" + esc(config.title) + "</h2>\n<p class=\"note\">" + esc(config.note) +
+  h += "<h2 id=\"config\">" + html_escape(config.title) + "</h2>\n<p class=\"note\">" + html_escape(config.note) +
        "</p>\n" + html_table(summary, "differs") + "<details><summary>every key</summary>\n" +
        html_table(config, "differs") + "</details>\n";
 
   h += "<h2 id=\"perf\">Performance report</h2>\n";
   for (const RunData& r : runs) {
-    h += "<h3>" + esc(r.label) + "</h3>\n";
+    h += "<h3>" + html_escape(r.label) + "</h3>\n";
     if (r.report_tables.empty()) {
-      h += "<p class=\"note\">No trace report in <code>" + esc(r.dir.string()) +
-           "</code>. Write one with <code>tessera report TRACE -o " + esc(r.dir.string()) +
+      h += "<p class=\"note\">No trace report in <code>" + html_escape(r.dir.string()) +
+           "</code>. Write one with <code>tessera report TRACE -o " + html_escape(r.dir.string()) +
            "/trace_report</code> and plot again to include its tables here.</p>\n";
       continue;
     }
-    h += "<p class=\"note\">From <code>" + esc(r.report_dir.string()) +
+    h += "<p class=\"note\">From <code>" + html_escape(r.report_dir.string()) +
          "</code> (tessera report; definitions in docs/report.md).</p>\n";
     for (const CsvTable& t : r.report_tables) h += html_table(t);
   }

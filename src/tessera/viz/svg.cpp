@@ -4,7 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "tessera/analysis/writers.h"
+
 namespace tessera::viz {
+
+using analysis::html_escape;
 namespace {
 
 constexpr size_t kMarkersUpTo = 40;  // short series also get a dot per point
@@ -14,30 +18,6 @@ std::string num(double v) {
 }
 
 }  // namespace
-
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 std::string render_svg(const Chart& chart, double width, double height) {
   const ChartLayout l = layout_chart(chart, width, height);
@@ -50,7 +30,7 @@ std::string render_svg(const Chart& chart, double width, double height) {
   s += fmt::format(
       "<text class=\"title\" x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"{}\" "
       "font-weight=\"bold\">{}</text>\n",
-      num(width / 2), num(12 + L::kTitleSize), L::kTitleSize, xml_escape(chart.title));
+      num(width / 2), num(12 + L::kTitleSize), L::kTitleSize, html_escape(chart.title));
 
   const double xstep = l.x.ticks.size() > 1 ? l.x.ticks[1] - l.x.ticks[0] : 1;
   const double ystep = l.y.ticks.size() > 1 ? l.y.ticks[1] - l.y.ticks[0] : 1;
@@ -69,18 +49,18 @@ std::string render_svg(const Chart& chart, double width, double height) {
   s += "<g class=\"ticks\" fill=\"#444444\">\n";
   for (double t : l.x.ticks)
     s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", num(l.px(t)),
-                     num(l.bottom + 6 + L::kFontSize), xml_escape(tick_label(t, xstep)));
+                     num(l.bottom + 6 + L::kFontSize), html_escape(tick_label(t, xstep)));
   for (double t : l.y.ticks)
     s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", num(l.left - 6),
-                     num(l.py(t) + L::kFontSize * 0.35), xml_escape(tick_label(t, ystep)));
+                     num(l.py(t) + L::kFontSize * 0.35), html_escape(tick_label(t, ystep)));
   s += "</g>\n";
   s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
                    num((l.left + l.right) / 2), num(l.bottom + 12 + 2 * L::kFontSize),
-                   xml_escape(chart.x_label));
+                   html_escape(chart.x_label));
   s += fmt::format(
       "<text x=\"{0}\" y=\"{1}\" text-anchor=\"middle\" transform=\"rotate(-90 {0} {1})\">{2}"
       "</text>\n",
-      num(12 + L::kFontSize), num((l.top + l.bottom) / 2), xml_escape(chart.y_label));
+      num(12 + L::kFontSize), num((l.top + l.bottom) / 2), html_escape(chart.y_label));
 
   for (const Series& series : chart.series) {
     const std::string color = hex_color(palette(series.color));
@@ -95,8 +75,8 @@ std::string render_svg(const Chart& chart, double width, double height) {
         "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{}\" "
         "stroke-width=\"2\" stroke-linejoin=\"round\"{} points=\"{}\"><title>{}</title>"
         "</polyline>\n",
-        xml_escape(series.name), color, series.dashed ? " stroke-dasharray=\"6 4\"" : "", points,
-        xml_escape(series.name));
+        html_escape(series.name), color, series.dashed ? " stroke-dasharray=\"6 4\"" : "", points,
+        html_escape(series.name));
     if (count > kMarkersUpTo) continue;
     for (const Point& p : series.points) {
       if (!std::isfinite(p.x) || !std::isfinite(p.y)) continue;
@@ -113,7 +93,7 @@ std::string render_svg(const Chart& chart, double width, double height) {
         "<text x=\"{}\" y=\"{}\">{}</text>\n",
         num(e.x), num(e.y), num(e.x + L::kSwatch), num(e.y), hex_color(palette(series.color)),
         series.dashed ? " stroke-dasharray=\"6 4\"" : "", num(e.x + L::kSwatch + 6),
-        num(e.y + L::kFontSize * 0.35), xml_escape(series.name));
+        num(e.y + L::kFontSize * 0.35), html_escape(series.name));
   }
   s += "</g>\n</svg>\n";
   return s;

@@ -10,7 +10,4 @@ namespace tessera::viz {
 
 std::string render_svg(const Chart& chart, double width = 800, double height = 450);
 
-// Text safe in XML/HTML content and attribute values.
-std::string xml_escape(const std::string& text);
-
 }  // namespace tessera::viz
