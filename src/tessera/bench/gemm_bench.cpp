@@ -264,6 +264,27 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
   return g;
 }
 
+// kSamples entries of the M x N output `got`, at the same pseudo-random positions on every
+// run, against expected(i, j) in double within tolerance(expected): the first miss as a
+// message, or empty.
+template <class Expected, class Tolerance>
+std::string first_sampled_mismatch(const GemmProblem& p, const std::vector<float>& got,
+                                   Expected expected, Tolerance tolerance) {
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&](int64_t bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(bound));
+  };
+  for (int s = 0; s < kSamples; ++s) {
+    const int64_t i = next(p.m), j = next(p.n);
+    const double ref = expected(i, j);
+    if (!(std::fabs(got[i * p.n + j] - ref) <= tolerance(ref)))
+      return fmt::format("full size: out[{}, {}] = {} but the host computes {:.6g}", i, j,
+                         got[i * p.n + j], ref);
+  }
+  return "";
+}
+
 // FP8: a small case on the device against the CPU backend's emulation of the same codes,
 // then sampled entries of the full size against host dot products of the decoded codes.
 GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
@@ -295,22 +316,18 @@ GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
   dev.matmul_fp8(fp8_args(d));
   const std::vector<float> a = download_fp8(dev, d.a), b = download_fp8(dev, d.b);
   const std::vector<float> got = download_floats(dev, d.out);
-  uint64_t state = 0x9e3779b97f4a7c15ull;
-  for (int s = 0; s < kSamples; ++s) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    const int64_t i = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(p.m));
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    const int64_t j = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(p.n));
-    double ref = 0;
-    for (int64_t kk = 0; kk < p.k; ++kk) ref += double(a[i * p.k + kk]) * b[j * p.k + kk];
-    // Fast accumulation keeps partial sums in lower precision inside the tensor cores.
-    const double tol = 1e-2 * std::fabs(ref) + 4e-3 * std::sqrt(static_cast<double>(p.k)) + 1e-2;
-    if (!(std::fabs(got[i * p.n + j] - ref) <= tol)) {
-      r.failure = fmt::format("full size: out[{}, {}] = {} but the host computes {:.6g}", i, j,
-                              got[i * p.n + j], ref);
-      return r;
-    }
-  }
+  r.failure = first_sampled_mismatch(
+      p, got,
+      [&](int64_t i, int64_t j) {
+        double ref = 0;
+        for (int64_t kk = 0; kk < p.k; ++kk) ref += double(a[i * p.k + kk]) * b[j * p.k + kk];
+        return ref;
+      },
+      // Fast accumulation keeps partial sums in lower precision inside the tensor cores.
+      [&](double ref) {
+        return 1e-2 * std::fabs(ref) + 4e-3 * std::sqrt(static_cast<double>(p.k)) + 1e-2;
+      });
+  if (!r.failure.empty()) return r;
   r.ok = true;
   return r;
 }
@@ -355,31 +372,25 @@ GemmCheck check_gemm(BenchContext& ctx, const GemmProblem& p) {
   const std::vector<float> bias =
       d.bias.defined() ? download_floats(dev, d.bias) : std::vector<float>{};
   const std::vector<float> c = d.c.defined() ? download_floats(dev, d.c) : std::vector<float>{};
-  uint64_t state = 0x9e3779b97f4a7c15ull;
-  auto next = [&](int64_t bound) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(bound));
-  };
-  for (int s = 0; s < kSamples; ++s) {
-    const int64_t i = next(p.m), j = next(p.n);
-    double ref = 0;
-    for (int64_t kk = 0; kk < p.k; ++kk) {
-      const double x = a[p.trans_a ? kk * p.m + i : i * p.k + kk];
-      const double y = b[p.trans_b ? j * p.k + kk : kk * p.n + j];
-      ref += x * y;
-    }
-    if (p.epilogue == Epilogue::Bias) ref += bias[j];
-    if (p.epilogue == Epilogue::Residual) ref += c[i * p.n + j];
-    if (p.epilogue == Epilogue::Accumulate) ref += kAccumulateStart;
-    const double tol = (out == DType::BF16 ? 8e-3 : 1e-5) * std::fabs(ref) +
-                       2e-3 * std::sqrt(static_cast<double>(p.k)) + 1e-2;
-    const double err = std::fabs(got[i * p.n + j] - ref);
-    if (!(err <= tol)) {
-      r.failure = fmt::format("full size: out[{}, {}] = {} but the host computes {:.6g}", i, j,
-                              got[i * p.n + j], ref);
-      return r;
-    }
-  }
+  r.failure = first_sampled_mismatch(
+      p, got,
+      [&](int64_t i, int64_t j) {
+        double ref = 0;
+        for (int64_t kk = 0; kk < p.k; ++kk) {
+          const double x = a[p.trans_a ? kk * p.m + i : i * p.k + kk];
+          const double y = b[p.trans_b ? j * p.k + kk : kk * p.n + j];
+          ref += x * y;
+        }
+        if (p.epilogue == Epilogue::Bias) ref += bias[j];
+        if (p.epilogue == Epilogue::Residual) ref += c[i * p.n + j];
+        if (p.epilogue == Epilogue::Accumulate) ref += kAccumulateStart;
+        return ref;
+      },
+      [&](double ref) {
+        return (out == DType::BF16 ? 8e-3 : 1e-5) * std::fabs(ref) +
+               2e-3 * std::sqrt(static_cast<double>(p.k)) + 1e-2;
+      });
+  if (!r.failure.empty()) return r;
   r.ok = true;
   return r;
 }
