@@ -468,8 +468,9 @@ int gemm_bench_command(const std::vector<std::string>& args) {
   t.name = "bench_gemm";
   t.title = fmt::format("GEMM on {}", ctx.description);
   t.note = fmt::format(
-      "{} operands; median of {} samples after {} warm-up calls; TFLOP/s = 2MNK / time; GB/s "
-      "counts operands once and the output (read too with residual/accumulate); {}.",
+      "{} operands (rows marked fp8: e4m3, % of the fp8 peak); median of {} samples after {} "
+      "warm-up calls; TFLOP/s = 2MNK / time; GB/s counts operands once and the output (read "
+      "too with residual/accumulate); {}.",
       dtype_name(ctx.dtype), ctx.iters, ctx.warmup,
       peak_note(ctx, peak, std::string(dtype_name(ctx.dtype)) + " peak", "TFLOP/s"));
   t.columns = {{"gemm", true},     {"layout", true}, {"m", true},       {"n", true}, {"k", true},
