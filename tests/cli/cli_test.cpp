@@ -87,7 +87,8 @@ TEST_F(Cli, TrainWritesThePrimusLayoutAndMetrics) {
 
 TEST_F(Cli, InvalidConfigExitsTwoAndCreatesNothing) {
   for (const std::string& bad : {std::string(" --lr_warmup_iter 3"), std::string(" --global_batch_size 3"),
-                                 std::string(" --num_query_groups 3"), std::string(" --lr fast")}) {
+                                 std::string(" --num_query_groups 3"), std::string(" --lr fast"),
+                                 std::string(" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama9")}) {
     const RunResult r = run(tiny_args() + " --train_iters 2" + bad);
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
     EXPECT_NE(r.output.find("command line: key '"), std::string::npos) << r.output;

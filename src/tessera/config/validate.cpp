@@ -7,6 +7,7 @@
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
 #include "tessera/data/blended_dataset.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/obs/profiler/profile_ranks.h"
 
 namespace tessera {
@@ -157,6 +158,8 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
                 "under node_modules/");
     }
   }
+  c.require(d.tokenizer_type != TokenizerType::HuggingFace || names_a_tokenizer(d.tokenizer_model),
+            "tokenizer_model", tokenizer_model_expectation() + " with tokenizer_type HuggingFaceTokenizer");
   const std::vector<double> split = parse_split(d.split);
   c.require(split.size() == 3 && split[0] > 0, "split",
             "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");

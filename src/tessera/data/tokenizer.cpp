@@ -105,6 +105,18 @@ std::vector<std::string> shipped_tokenizer_names() {
   return names;
 }
 
+bool names_a_tokenizer(const std::string& model) {
+  const auto names = shipped_tokenizer_names();
+  return std::find(names.begin(), names.end(), model) != names.end() ||
+         (!model.empty() && fs::exists(model));
+}
+
+std::string tokenizer_model_expectation() {
+  return fmt::format("a shipped name ({}) or an existing Hugging Face tokenizer.json (or a "
+                     "directory holding one)",
+                     fmt::join(shipped_tokenizer_names(), ", "));
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data) {
   switch (data.tokenizer_type) {
     case TokenizerType::ByteLevel:

@@ -44,6 +44,12 @@ class ByteTokenizer final : public Tokenizer {
 // The shipped tokenizer names tokenizer_model accepts (llama2, llama3, llama3.1, qwen3).
 std::vector<std::string> shipped_tokenizer_names();
 
+// Whether `tokenizer_model` names a tokenizer: a shipped name or an existing path (checked
+// before anything runs; whether the file parses is found when it is loaded).
+bool names_a_tokenizer(const std::string& tokenizer_model);
+// What tokenizer_model expects, for error messages.
+std::string tokenizer_model_expectation();
+
 // The tokenizer.json that tokenizer_model names (see make_tokenizer). Throws DataError when a
 // shipped name's package is not installed or a path does not exist.
 std::string tokenizer_json_path(const std::string& tokenizer_model);

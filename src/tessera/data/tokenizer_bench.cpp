@@ -150,6 +150,9 @@ int tokenizer_bench_command(const std::vector<std::string>& args) {
   const CommandArgs a(args, {"tokenizer_model", "data", "threads", "repeat", "output"},
                       {"no_reference"}, false);
   const auto models = a.get_list("tokenizer_model", {"llama3", "qwen3"});
+  for (const std::string& model : models)
+    if (!names_a_tokenizer(model))
+      throw ConfigError("command line", "tokenizer_model", model, tokenizer_model_expectation());
   const int repeat = static_cast<int>(a.get_int("repeat", 3));
   const int threads =
       static_cast<int>(a.get_int("threads", std::max(1u, std::thread::hardware_concurrency())));
