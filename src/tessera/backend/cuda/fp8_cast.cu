@@ -11,51 +11,110 @@
 namespace tessera::cuda {
 namespace {
 
-constexpr int kTile = 32;       // a block casts a 32 x 32 tile
-constexpr int kTileRows = 8;    // with 32 x 8 threads, four rows each
+// A block of 256 threads casts a 64 x 64 tile. Loading, a thread takes 8 consecutive
+// columns of one row (one 16-byte load of bf16) and two rows 32 apart, so a warp reads four
+// full 128-byte rows; the transposed tile leaves through shared memory with each thread
+// writing 16 consecutive codes of one output row. One atomic per block: per-warp atomics on
+// the single amax address serialised into the cast's dominant cost.
+constexpr int kTile = 64;
+constexpr int kCastThreads = 256;
+constexpr int kPack = 8;                             // columns per thread when loading
+constexpr int kRowsPerPass = kCastThreads / (kTile / kPack);  // 32
+constexpr int kRunT = kTile * kTile / kCastThreads;      // transposed codes per thread: 16
 
 template <__nv_fp8_interpretation_t kFormat>
 __device__ __forceinline__ uint8_t to_fp8(float v) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFormat);
 }
 
-// One read of each element: its code goes to out (row-major, coalesced along columns) and,
-// through a shared tile, to out_t (coalesced along the original rows). The amax is a max of
-// |x| bit patterns: for non-negative floats unsigned order is float order, and any NaN sorts
-// above Inf, so a NaN anywhere makes the amax NaN instead of being skipped as fmaxf would.
+// One read of each element: its code goes to out (row-major) and, through the shared tile,
+// to out_t. The amax is a max of |x| bit patterns: for non-negative floats unsigned order is
+// float order, and any NaN sorts above Inf, so a NaN anywhere makes the amax NaN instead of
+// being skipped as fmaxf would.
+// vec_in: C % 8 == 0 and x (16 bytes), out (8 bytes) aligned, so a thread's 8 columns are
+// all inside or all outside and move as single accesses; vec_t: likewise R % 16 == 0 and
+// out_t 16-byte aligned for the transposed runs. Otherwise element by element.
 template <class T, __nv_fp8_interpretation_t kFormat>
-__global__ void fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
-                                          const float* __restrict__ scale_ptr,
-                                          uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                          unsigned* __restrict__ amax_bits) {
-  __shared__ uint8_t tile[kTile][kTile + 4];
+__global__ void __launch_bounds__(kCastThreads)
+fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
+                          const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
+                          uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,
+                          bool vec_in, bool vec_t) {
+  // Rows of 72 bytes keep the 8-byte row-segment stores aligned; a warp's transposed reads
+  // (one row, 32 consecutive columns) then touch 8 distinct banks.
+  __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];
+  __shared__ unsigned warp_amax[kCastThreads / 32];
   const bool cast = out != nullptr || out_t != nullptr;
   const float scale = cast ? *scale_ptr : 1.0f;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int t = threadIdx.x;
+  const int tc = (t % (kTile / kPack)) * kPack;
   unsigned m = 0;
-  for (int k = ty; k < kTile; k += kTileRows) {
-    const int64_t r = r0 + k, c = c0 + tx;
-    if (r < R && c < C) {
-      const float v = to_float(x[r * C + c]);
-      m = max(m, __float_as_uint(fabsf(v)));
-      if (cast) {
-        const uint8_t q = to_fp8<kFormat>(v * scale);
-        if (out != nullptr) out[r * C + c] = q;
-        tile[k][tx] = q;
+#pragma unroll
+  for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
+    const int tr = t / (kTile / kPack) + pass * kRowsPerPass;
+    const int64_t r = r0 + tr, c = c0 + tc;
+    float v[kPack];
+    bool inside[kPack];
+    if (vec_in) {
+      const bool all = r < R && c < C;
+      if (all) load_floats<T, kPack>(x + r * C + c, v);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) inside[k] = all;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        inside[k] = r < R && c + k < C;
+        if (inside[k]) v[k] = to_float(x[r * C + c + k]);
       }
     }
+    alignas(8) uint8_t q[kPack];
+#pragma unroll
+    for (int k = 0; k < kPack; ++k) {
+      q[k] = 0;
+      if (!inside[k]) continue;
+      m = max(m, __float_as_uint(fabsf(v[k])));
+      if (cast) q[k] = to_fp8<kFormat>(v[k] * scale);
+    }
+    if (out != nullptr) {
+      if (vec_in) {
+        if (inside[0]) *reinterpret_cast<uint2*>(out + r * C + c) = *reinterpret_cast<const uint2*>(q);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kPack; ++k)
+          if (inside[k]) out[r * C + c + k] = q[k];
+      }
+    }
+    if (out_t != nullptr) *reinterpret_cast<uint2*>(&tile[tr][tc]) = *reinterpret_cast<const uint2*>(q);
   }
   if (amax_bits != nullptr) {
     m = __reduce_max_sync(0xffffffffu, m);
-    if (tx == 0 && m != 0) atomicMax(amax_bits, m);
+    if (t % 32 == 0) warp_amax[t / 32] = m;
+  }
+  if (amax_bits == nullptr && out_t == nullptr) return;
+  __syncthreads();
+  if (amax_bits != nullptr && t == 0) {
+    unsigned block_max = 0;
+#pragma unroll
+    for (int w = 0; w < kCastThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
+    if (block_max != 0) atomicMax(amax_bits, block_max);
   }
   if (out_t == nullptr) return;
-  __syncthreads();
-  for (int k = ty; k < kTile; k += kTileRows) {
-    const int64_t c = c0 + k, r = r0 + tx;
-    if (c < C && r < R) out_t[c * R + r] = tile[tx][k];
+  // Thread t writes codes tile[j0 .. j0 + 16)[tcol], i.e. out_t row c0 + tcol, columns
+  // r0 + j0 .. r0 + j0 + 16.
+  const int tcol = t % kTile, j0 = (t / kTile) * kRunT;
+  const int64_t c = c0 + tcol, r = r0 + j0;
+  if (c >= C) return;
+  alignas(16) uint8_t run[kRunT];
+#pragma unroll
+  for (int k = 0; k < kRunT; ++k) run[k] = tile[j0 + k][tcol];
+  if (vec_t) {
+    if (r < R) *reinterpret_cast<uint4*>(out_t + c * R + r) = *reinterpret_cast<const uint4*>(run);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kRunT; ++k)
+      if (r + k < R) out_t[c * R + r + k] = run[k];
   }
 }
 
@@ -94,19 +153,22 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
   TS_CHECK(grid_y <= 65535, "fp8_cast_transpose: {} rows exceed the grid ({} max)", R,
            int64_t{65535} * kTile);
   const dim3 grid(static_cast<unsigned>(ceil_div(C, kTile)), static_cast<unsigned>(grid_y));
-  const dim3 block(kTile, kTileRows);
   auto* o = static_cast<uint8_t*>(out);
   auto* ot = static_cast<uint8_t*>(out_t);
   auto* a = reinterpret_cast<unsigned*>(amax);
+  const bool vec_in = C % kPack == 0 && is_aligned(x, 16) && (o == nullptr || is_aligned(o, kPack));
+  const bool vec_t = R % kRunT == 0 && (ot == nullptr || is_aligned(ot, kRunT));
   dispatch_float(x_dtype, "fp8_cast_transpose", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
     if (format == DType::E5M2) {
-      fp8_cast_transpose_kernel<T, __NV_E5M2><<<grid, block, 0, stream>>>(in, R, C, scale, o, ot, a);
+      fp8_cast_transpose_kernel<T, __NV_E5M2><<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a,
+                                                                            vec_in, vec_t);
     } else {
       TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
                "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
-      fp8_cast_transpose_kernel<T, __NV_E4M3><<<grid, block, 0, stream>>>(in, R, C, scale, o, ot, a);
+      fp8_cast_transpose_kernel<T, __NV_E4M3><<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a,
+                                                                            vec_in, vec_t);
     }
   });
   TS_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");
