@@ -24,7 +24,7 @@ std::unique_ptr<Backend> make_backend(DeviceChoice choice, int device_index,
 #ifdef TESSERA_WITH_CUDA
   if (gpus == 0)
     throw ConfigError("command line", "device", "cuda", "a visible CUDA GPU (none found: " + cuda::unavailable_reason() + ")");
-  return cuda::make_cuda_backend(device_index, options.attention);
+  return cuda::make_cuda_backend(device_index, options.attention, options.gemm_autotune);
 #else
   (void)options;
   throw ConfigError("command line", "device", "cuda",

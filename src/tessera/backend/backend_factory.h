@@ -15,12 +15,15 @@ struct BackendOptions {
   // Fused attention on CUDA: Tessera's kernels, cuDNN's SDPA, or auto (cuDNN where it loads and
   // takes the shape, else Tessera's); the rule is in backend/cuda/cuda_backend.cuh.
   AttentionBackend attention = AttentionBackend::Auto;
+  // Time cuBLASLt's candidate algorithms per GEMM shape (backend/cuda/matmul.cuh).
+  bool gemm_autotune = true;
 };
 
 // Options from an experiment's training config.
 inline BackendOptions backend_options(const TrainingConfig& t) {
   BackendOptions o;
   o.attention = t.attention_backend;
+  o.gemm_autotune = t.gemm_autotune;
   return o;
 }
 

@@ -18,7 +18,7 @@ namespace {
 constexpr const char* kUsage =
     R"(usage: tessera bench gemm [--sizes 1024,2048,4096,8192,16384] [--layouts NN,NT,TN]
                           [--epilogues none,bias] [--dtypes bf16,fp8]
-                          [--config EXPERIMENT [--key value ...]]
+                          [--config EXPERIMENT [--key value ...]] [--gemm_autotune true|false]
                           [--device auto|cpu|cuda] [--gpu NAME] [--warmup 5] [--iters 20] [-o DIR]
 
 Matmul through the op API in the run's compute dtype (bf16 on GPUs, fp32 on the CPU):
@@ -30,7 +30,9 @@ backend emulates it); % of peak is then against the datasheet fp8 peak.
 Each problem is checked (small case vs the CPU reference, sampled entries at full size)
 before it is timed: median over --iters samples after --warmup calls, inputs rotated beyond
 twice the L2. Columns: TFLOP/s (2MNK), GB/s (operands once + output), FLOPs/byte, % of the
-datasheet peak of --gpu (default: the visible GPU). -o DIR writes bench_gemm.csv and .md.
+datasheet peak of --gpu (default: the visible GPU). --gemm_autotune false times cuBLASLt's
+heuristic's first algorithm instead of the fastest of its candidates (the training key of
+the same name). -o DIR writes bench_gemm.csv and .md.
 )";
 
 constexpr int64_t kSmallM = 200, kSmallN = 136, kSmallK = 72;  // multiples of 8, not of tiles
@@ -413,7 +415,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     return 0;
   }
   std::set<std::string> valued = kCommonOptions;
-  valued.insert({"sizes", "layouts", "epilogues", "dtypes", "config"});
+  valued.insert({"sizes", "layouts", "epilogues", "dtypes", "config", "gemm_autotune"});
   const CommandArgs a(args, valued, {}, true);
   if (!a.unknown().empty() && !a.has("config"))
     throw ConfigError("command line", a.unknown().front(), "",

@@ -41,6 +41,10 @@ ContextOptions context_options(const CommandArgs& args) {
     o.attention = AttentionBackend::Cudnn;
   else if (attention != "auto")
     throw ConfigError("command line", "attention_backend", attention, "auto, tessera or cudnn");
+  const std::string autotune = args.get("gemm_autotune", "true");
+  if (autotune != "true" && autotune != "false")
+    throw ConfigError("command line", "gemm_autotune", autotune, "true or false");
+  o.gemm_autotune = autotune == "true";
   o.gpu = args.get("gpu", "");
   o.warmup = static_cast<int>(args.get_int("warmup", 5, 0));
   o.iters = static_cast<int>(args.get_int("iters", 20, 1));
@@ -51,6 +55,7 @@ BenchContext make_context(const ContextOptions& o) {
   BenchContext c;
   BackendOptions backend;
   backend.attention = o.attention;
+  backend.gemm_autotune = o.gemm_autotune;
   c.device = make_backend(o.device, 0, backend);
   c.reference = make_cpu_backend();
   c.warmup = o.warmup;

@@ -19,7 +19,8 @@
 namespace tessera::bench {
 
 // The options every kernel benchmark takes (besides its own): --device, --gpu, --warmup,
-// --iters, -o. make_context also reads --attention_backend where a benchmark declares it.
+// --iters, -o. make_context also reads --attention_backend and --gemm_autotune where a
+// benchmark declares them.
 inline const std::set<std::string> kCommonOptions = {"device", "gpu", "warmup", "iters", "output"};
 
 struct BenchContext {
@@ -36,11 +37,12 @@ struct BenchContext {
 struct ContextOptions {
   DeviceChoice device = DeviceChoice::Auto;
   AttentionBackend attention = AttentionBackend::Auto;
+  bool gemm_autotune = true;
   std::string gpu;  // spec table name for "% of peak"; empty: the visible GPU's
   int warmup = 5, iters = 20;
 };
 
-// From --device, --attention_backend, --gpu, --warmup, --iters.
+// From --device, --attention_backend, --gemm_autotune, --gpu, --warmup, --iters.
 ContextOptions context_options(const CommandArgs& args);
 BenchContext make_context(const ContextOptions& options);
 

@@ -68,6 +68,7 @@ struct TrainingConfig {
   int64_t max_consecutive_nan_iters = 10;
   int64_t cross_entropy_chunk_tokens = 4096;
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  bool gemm_autotune = true;  // time cuBLASLt's candidate algorithms per GEMM shape
   Fp8Mode fp8 = Fp8Mode::Off;
   Fp8Recipe fp8_recipe = Fp8Recipe::Delayed;
   int64_t fp8_amax_history_len = 1024;

@@ -171,13 +171,13 @@ void CudaBackend::range_pop() {
 
 // ---- lifetime ----
 
-CudaBackend::CudaBackend(int device, AttentionBackend attention)
+CudaBackend::CudaBackend(int device, AttentionBackend attention, bool gemm_autotune)
     : device_(device), attention_(attention) {
   TS_CUDA_CHECK(cudaSetDevice(device_));
   // Non-blocking: our stream never waits for work others put on the legacy default stream.
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   lt_workspace_ = allocate(kLtWorkspaceBytes, "cuBLASLt workspace");
-  lt_ = std::make_unique<LtMatmul>(lt_workspace_, kLtWorkspaceBytes);
+  lt_ = std::make_unique<LtMatmul>(lt_workspace_, kLtWorkspaceBytes, gemm_autotune);
   if (attention_ != AttentionBackend::Tessera) {
     cudnn_ = CudnnAttention::create(stream_, &cudnn_unavailable_);
     static bool reported = false;  // once per process: tests make many backends
@@ -874,13 +874,13 @@ std::string unavailable_reason() {
   return count == 0 ? "the CUDA runtime reports no device" : "";
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attention) {
+std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attention, bool gemm_autotune) {
   const int count = device_count();
   if (device < 0 || device >= count) {
     throw ConfigError("command line", "device", "cuda:" + std::to_string(device),
                       "a CUDA device index below " + std::to_string(count));
   }
-  auto backend = std::make_unique<CudaBackend>(device, attention);
+  auto backend = std::make_unique<CudaBackend>(device, attention, gemm_autotune);
   if (attention == AttentionBackend::Cudnn && !backend->cudnn_attention_loaded()) {
     throw ConfigError("configuration", "attention_backend", "cudnn",
                       "auto or tessera: " + backend->cudnn_unavailable_reason());

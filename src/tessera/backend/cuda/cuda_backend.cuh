@@ -53,7 +53,8 @@ class CudnnAttention;
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device, AttentionBackend attention = AttentionBackend::Auto);
+  explicit CudaBackend(int device, AttentionBackend attention = AttentionBackend::Auto,
+                       bool gemm_autotune = true);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;

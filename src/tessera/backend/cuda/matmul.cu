@@ -1,6 +1,7 @@
 #include "tessera/backend/cuda/matmul.cuh"
 
 #include <algorithm>
+#include <mutex>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
@@ -88,6 +89,7 @@ struct LtMatmul::Plan {
   cublasLtMatmulAlgo_t algos[kMaxAlgos] = {};
   int algo_count = 0, chosen = 0;
   bool bias_in_epilogue = false;
+  bool tuned = false;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -101,8 +103,8 @@ struct LtMatmul::Plan {
   }
 };
 
-LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes)
-    : workspace_(workspace), workspace_bytes_(workspace_bytes) {
+LtMatmul::LtMatmul(void* workspace, size_t workspace_bytes, bool autotune)
+    : workspace_(workspace), workspace_bytes_(workspace_bytes), autotune_(autotune) {
   TS_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
 
@@ -200,6 +202,78 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
   return *plans_.emplace(key, std::move(plan)).first->second;
 }
 
+cublasStatus_t LtMatmul::launch(const Plan& plan, int algo, const MatmulProblem& p, const void* c,
+                                cudaStream_t stream) {
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c, plan.c,
+                     p.out, plan.d, &plan.algos[algo], workspace_, workspace_bytes_, stream);
+  if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED)
+    throw_cublas_error(status, ("cublasLtMatmul for matmul " + describe(p)).c_str(), __FILE__,
+                       __LINE__);
+  return status;
+}
+
+namespace {
+
+// The algorithm (an index into the heuristic's list, which is the same for the same key on
+// the same device) chosen for each (device, key), for every LtMatmul of the process.
+struct TunedChoices {
+  std::mutex mutex;
+  std::map<std::pair<int, LtMatmul::Key>, int> chosen;
+};
+
+TunedChoices& tuned_choices() {
+  static TunedChoices choices;
+  return choices;
+}
+
+}  // namespace
+
+void LtMatmul::tune(Plan& plan, const MatmulProblem& p, const Key& key, const void* c,
+                    cudaStream_t stream) {
+  plan.tuned = true;
+  int device = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  const std::pair<int, Key> id{device, key};
+  TunedChoices& shared = tuned_choices();
+  {
+    const std::lock_guard lock(shared.mutex);
+    if (auto it = shared.chosen.find(id); it != shared.chosen.end() && it->second < plan.algo_count) {
+      plan.chosen = it->second;
+      return;
+    }
+  }
+  // One untimed call per candidate (first-launch costs, and refusals), then kReps timed ones.
+  constexpr int kReps = 3;
+  cudaEvent_t start = nullptr, end = nullptr;
+  TS_CUDA_CHECK(cudaEventCreate(&start));
+  TS_CUDA_CHECK(cudaEventCreate(&end));
+  float best_ms = 0;
+  int best = -1;
+  try {
+    for (int i = plan.chosen; i < plan.algo_count; ++i) {
+      if (launch(plan, i, p, c, stream) != CUBLAS_STATUS_SUCCESS) continue;
+      TS_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kReps; ++r) launch(plan, i, p, c, stream);
+      TS_CUDA_CHECK(cudaEventRecord(end, stream));
+      TS_CUDA_CHECK(cudaEventSynchronize(end));
+      float ms = 0;
+      TS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+      if (best < 0 || ms < best_ms) best = i, best_ms = ms;
+    }
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+    throw;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  if (best < 0) return;  // every candidate refused: run() reports it
+  plan.chosen = best;
+  const std::lock_guard lock(shared.mutex);
+  shared.chosen.emplace(id, best);
+}
+
 void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
   NvtxRange range("matmul");
   if (p.M == 0 || p.N == 0) return;
@@ -241,17 +315,13 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
                                                    &p.bias, sizeof(p.bias)));
   }
   if (is_fp8_type(p.a_dtype)) set_fp8_scales(plan.desc, p);
+  const bool output_is_input = p.beta != 0.0f && c == p.out;
+  if (autotune_ && !plan.tuned && !output_is_input) tune(plan, p, key, c, stream);
   for (;; ++plan.chosen) {
     if (plan.chosen == plan.algo_count)
       throw InternalError("cuBLASLt refused every algorithm its heuristic offered for matmul " +
                           describe(p));
-    const cublasStatus_t status =
-        cublasLtMatmul(handle_, plan.desc, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c, plan.c,
-                       p.out, plan.d, &plan.algos[plan.chosen], workspace_, workspace_bytes_, stream);
-    if (status == CUBLAS_STATUS_SUCCESS) break;
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
-      throw_cublas_error(status, ("cublasLtMatmul for matmul " + describe(p)).c_str(), __FILE__,
-                         __LINE__);
+    if (launch(plan, plan.chosen, p, c, stream) == CUBLAS_STATUS_SUCCESS) break;
   }
   if (p.bias != nullptr && !plan.bias_in_epilogue) launch_epilogue(p, p.out, 1.0f, stream);
 }

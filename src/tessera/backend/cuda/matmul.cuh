@@ -39,28 +39,44 @@ struct MatmulProblem {
 // algorithm) of every problem shape seen so far. A training step issues the same few dozen
 // shapes every iteration, so the heuristic query and descriptor setup happen once per shape
 // and later calls only set the bias pointer and launch.
+//
+// Autotuning: the heuristic's first algorithm is often not the fastest for the large,
+// skinny shapes of a training step (an output head of 128k columns, a gate/up projection),
+// so with `autotune` the first call of a shape whose output is not also an input times every
+// candidate on the call's own operands and keeps the fastest. The choice is shared by every
+// LtMatmul of the process on that device, so two backends (or a recompute and a plain run)
+// compute with the same algorithms and give the same bits. Accumulating calls (beta != 0
+// into the output itself) are not re-run and use the heuristic's choice.
 class LtMatmul {
  public:
   // workspace: device memory owned by the caller, used by every launch on one stream.
-  LtMatmul(void* workspace, size_t workspace_bytes);
+  LtMatmul(void* workspace, size_t workspace_bytes, bool autotune);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
 
   void run(const MatmulProblem& p, cudaStream_t stream);
 
- private:
-  struct Plan;
   // (M, N, K, trans_a, trans_b, a dtype, out dtype, bias dtype or -1, beta != 0,
   //  alignment of a, b, c, out, bias, b dtype, fast accumulation): everything the
   //  heuristic's answer depends on.
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, bool, int, int, int,
                          int, int, int, bool>;
+
+ private:
+  struct Plan;
   Plan& plan_for(const MatmulProblem& p, const Key& key);
+  // Launches algorithm `algo` of `plan`; CUBLAS_STATUS_NOT_SUPPORTED is returned, other
+  // failures throw.
+  cublasStatus_t launch(const Plan& plan, int algo, const MatmulProblem& p, const void* c,
+                        cudaStream_t stream);
+  // Sets plan.chosen to the fastest candidate (see the class comment).
+  void tune(Plan& plan, const MatmulProblem& p, const Key& key, const void* c, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  bool autotune_ = false;
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
