@@ -3,7 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#                                    [fp8] [dist]   (not in the default; dist needs 2 GPUs)
+#                                    [fp8] [curves] [dist]   (not in the default; dist needs 2 GPUs)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -76,6 +76,9 @@ if want kernels; then
   timeout 60 "$BIN/tessera" preflight -o "$OUT/preflight" 2>&1 | tail -20
   timeout 120 "$BIN/tessera" bench gemm --sizes 4096,8192 --layouts NN,NT,TN -o "$OUT/gemm" 2>&1 | tail -14
   timeout 120 "$BIN/tessera" bench gemm --config llama3.1_8B-pretrain --num_layers 4 -o "$OUT/gemm_llama" 2>&1 | tail -14
+  timeout 120 "$BIN/tessera" bench gemm --config llama3.1_8B-pretrain --num_layers 4 --gemm_autotune false \
+    -o "$OUT/gemm_llama_heuristic" 2>&1 | tail -14
+  timeout 120 "$BIN/tessera" bench gemm --sizes 4096,8192 --layouts NT --dtypes bf16,fp8 -o "$OUT/gemm_fp8" 2>&1 | tail -6
   timeout 150 "$BIN/tessera" bench attention --seqs 4096,8192,16384 --masks causal,window \
     --attention_backend tessera -o "$OUT/attention_tessera" 2>&1 | tail -14
   timeout 150 "$BIN/tessera" bench attention --seqs 4096,8192,16384 --masks causal,window \
@@ -118,6 +121,10 @@ if want fp8; then
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid \
     --no_fp8_weight_transpose_cache -o "$OUT/fp8_hybrid_nocache" 2>&1 \
     | tee "$OUT/bench_fp8_nocache.log" | tail -4
+fi
+if want curves; then
+  echo "== fp32 / bf16 / FP8 hybrid loss curves of the FP8 curve test's model"
+  timeout 400 bash "$ROOT/scripts/device/fp8_curves.sh" "$BIN/tessera" "$OUT/fp8_curves" 2>&1 | tail -40
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"
