@@ -25,6 +25,13 @@ struct ParamInfo {
   int64_t numel() const { return shape.numel(); }
 };
 
+// [begin, end) in elements of the flat parameter buffer: a ZeRO-1 shard, a gradient bucket,
+// a slice of a sharded checkpoint.
+struct ParamRange {
+  int64_t begin = 0, end = 0;
+  int64_t count() const { return end - begin; }
+};
+
 // Indices into ParamLayout::params for one decoder layer (-1 when absent).
 struct LayerParamIndex {
   int attn_norm = -1, qkv_weight = -1, qkv_bias = -1, o_proj = -1, mlp_norm = -1,

@@ -14,12 +14,6 @@
 
 namespace tessera {
 
-// [begin, end) in elements of the flat parameter buffer.
-struct ParamRange {
-  int64_t begin = 0, end = 0;
-  int64_t count() const { return end - begin; }
-};
-
 class AdamWOptimizer {
  public:
   // owned: the ranges of [0, P) this optimizer updates, in increasing order (empty: all).
