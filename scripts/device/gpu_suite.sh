@@ -3,7 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#                                    [fp8] [curves] [dist]   (not in the default; dist needs 2 GPUs)
+#       [attention_choice] [fp8] [fp8_nocache] [curves] [dist]   (not in the default; dist: 2 GPUs)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -104,7 +104,9 @@ if want bench; then
   echo "== tessera bench model"
   timeout 300 "$BIN/tessera" bench model --models llama3.1_8B,qwen2.5_7B -o "$OUT" 2>&1 | tee "$OUT/bench_model.log" | tail -8
   timeout 200 "$BIN/tessera" bench model --models mistral_7B -o "$OUT/mistral" 2>&1 | tee "$OUT/bench_mistral.log" | tail -4
-  # The same proxies with Tessera's own attention kernels, for the attention_backend choice.
+fi
+if want attention_choice; then
+  # The proxies with Tessera's own attention kernels, for the attention_backend choice.
   timeout 300 "$BIN/tessera" bench model --models llama3.1_8B,mistral_7B --attention_backend tessera \
     -o "$OUT/tessera_attention" 2>&1 | tee "$OUT/bench_tessera_attention.log" | tail -5
 fi
@@ -118,6 +120,10 @@ if want fp8; then
   echo "== FP8 hybrid vs BF16 (Llama 3.1 8B proxy)"
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid -o "$OUT/fp8_hybrid" \
     2>&1 | tee "$OUT/bench_fp8_hybrid.log" | tail -4
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid --fp8_lm_head true \
+    -o "$OUT/fp8_hybrid_head" 2>&1 | tee "$OUT/bench_fp8_hybrid_head.log" | tail -4
+fi
+if want fp8_nocache; then
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid \
     --no_fp8_weight_transpose_cache -o "$OUT/fp8_hybrid_nocache" 2>&1 \
     | tee "$OUT/bench_fp8_nocache.log" | tail -4

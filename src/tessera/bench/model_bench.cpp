@@ -141,11 +141,12 @@ int model_bench_command(const std::vector<std::string>& args) {
     const double tok_s = tokens / (step_ms / 1e3);
     const double tflops = trainer.spec().flops_per_token(e.training.seq_length) * tok_s / 1e12;
     const MemoryStats mem = b.memory_stats();
-    // FP8 runs say so, and whether the weight transpose cache (2 bytes per FP8 weight) is on,
-    // so that one table compares bf16, fp8 and fp8 without the cache.
+    // FP8 runs say so, whether the weight transpose cache (2 bytes per FP8 weight) is on
+    // and the output head in FP8, so that one table compares bf16 and the fp8 variants.
     std::string precision(dtype_name(trainer.model().params().dtype));
     if (e.training.fp8 != Fp8Mode::Off)
       precision = "fp8 " + find_key("fp8")->get(e) + " " + find_key("fp8_recipe")->get(e) +
+                  (e.training.fp8_lm_head ? " +head" : "") +
                   (e.training.fp8_weight_transpose_cache ? "" : " no-cache");
     nlohmann::json r = {{"model", model}, {"num_layers", e.model_config.num_layers},
                         {"precision", precision},
