@@ -1,10 +1,12 @@
 #include "tessera/ckpt/checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -24,8 +26,36 @@ namespace fs = std::filesystem;
 constexpr const char* kStateFile = "trainer_state.json";
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
-// Optimizer tensors are named "{kind}.{parameter name}".
+// Optimizer tensors are named "{kind}.{parameter name}", shard slices "{kind}.{begin}-{end}";
+// indexed by FlatState.
 constexpr const char* kOptimizerKinds[] = {"master", "exp_avg", "exp_avg_sq"};
+constexpr FlatState kFlatStates[] = {FlatState::Master, FlatState::ExpAvg, FlatState::ExpAvgSq};
+
+const char* kind_name(FlatState s) { return kOptimizerKinds[static_cast<int>(s)]; }
+
+std::string shard_file_name(int rank, int world) {
+  return fmt::format("optimizer.rank{:05d}-of-{:05d}.safetensors", rank, world);
+}
+
+std::string slice_name(const char* kind, const ParamRange& r) {
+  return fmt::format("{}.{}-{}", kind, r.begin, r.end);
+}
+
+// The range of a slice named "{kind}.{begin}-{end}"; nullopt for any other name.
+std::optional<ParamRange> slice_range(const char* kind, const std::string& name) {
+  const std::string prefix = std::string(kind) + ".";
+  if (!name.starts_with(prefix)) return std::nullopt;
+  const char* p = name.data() + prefix.size();
+  const char* end = name.data() + name.size();
+  ParamRange r;
+  auto [dash, e1] = std::from_chars(p, end, r.begin);
+  if (e1 != std::errc() || dash == end || *dash != '-') return std::nullopt;
+  auto [last, e2] = std::from_chars(dash + 1, end, r.end);
+  if (e2 != std::errc() || last != end) return std::nullopt;
+  return r;
+}
+
+std::string describe(const ParamRange& r) { return fmt::format("[{}, {})", r.begin, r.end); }
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
@@ -71,48 +101,93 @@ struct FileToWrite {
   std::function<void(size_t, void*)> fill;
 };
 
-// Writes the files and trainer_state.json into a temp directory, publishes it under its
-// final name, then points the tracker at it.
-std::string write_checkpoint(const std::string& save_dir, const ModelSpec& spec,
-                             DType weights_dtype, const TrainerState& s,
-                             const std::vector<FileToWrite>& files) {
+void write_file(const fs::path& dir, const FileToWrite& f) {
+  write_safetensors((dir / f.name).string(), f.tensors, {{"format", "pt"}}, f.fill);
+}
+
+fs::path tmp_dir(const std::string& save_dir, int64_t iteration) {
+  return (fs::path(save_dir) / checkpoint_dir_name(iteration)).string() + ".tmp";
+}
+
+// An empty temp directory for checkpoint `iteration`, where its files are written.
+fs::path begin_dir(const std::string& save_dir, int64_t iteration) {
   fs::create_directories(save_dir);
-  const fs::path final_dir = fs::path(save_dir) / checkpoint_dir_name(s.iteration);
-  const fs::path tmp = final_dir.string() + ".tmp";
+  const fs::path tmp = tmp_dir(save_dir, iteration);
   fs::remove_all(tmp);  // left by a save that was killed
   fs::create_directories(tmp);
+  return tmp;
+}
+
+// Runs `steps`; if they fail, removes the unfinished `tmp` (the previous checkpoint stays the
+// latest) and rethrows.
+void removing_on_failure(const fs::path& tmp, const std::function<void()>& steps) {
   try {
-    nlohmann::ordered_json sizes;
-    for (const auto& f : files) {
-      write_safetensors((tmp / f.name).string(), f.tensors, {{"format", "pt"}}, f.fill);
-      sizes[f.name] = fs::file_size(tmp / f.name);
-    }
-    nlohmann::ordered_json j;
-    j["format"] = "tessera-checkpoint";
-    j["format_version"] = kCheckpointFormatVersion;
-    j["tessera_version"] = TESSERA_VERSION;
-    j["iteration"] = s.iteration;
-    j["consumed_samples"] = s.consumed_samples;
-    j["applied_steps"] = s.applied_steps;
-    j["skipped_iterations"] = s.skipped_iterations;
-    j["consecutive_nan_iterations"] = s.consecutive_nan;
-    j["seed"] = s.seed;
-    j["model"] = spec_to_json(spec);
-    j["model_summary"] = spec.summary();
-    j["weights_dtype"] = dtype_name(weights_dtype);
-    j["files"] = sizes;
-    j["config_yaml"] = s.config_yaml;
-    write_file_atomically((tmp / kStateFile).string(), j.dump(2) + "\n");
-    publish_directory(tmp.string(), final_dir.string());
+    steps();
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw;
   }
-  write_file_atomically((fs::path(save_dir) / kTrackerFileName).string(),
-                        std::to_string(s.iteration) + "\n");
-  fsync_directory(save_dir);
+}
+
+// Writes trainer_state.json (with the size of each of `files`, already in tmp) and publishes
+// tmp under its final name; `shards` lists the optimizer shards (null: none).
+std::string publish(const std::string& save_dir, const fs::path& tmp, const ModelSpec& spec,
+                    DType weights_dtype, const TrainerState& s,
+                    const std::vector<std::string>& files, const nlohmann::ordered_json& shards) {
+  nlohmann::ordered_json sizes;
+  for (const auto& f : files) sizes[f] = fs::file_size(tmp / f);
+  nlohmann::ordered_json j;
+  j["format"] = "tessera-checkpoint";
+  j["format_version"] = shards.is_null() ? kUnshardedCheckpointFormatVersion : kCheckpointFormatVersion;
+  j["tessera_version"] = TESSERA_VERSION;
+  j["iteration"] = s.iteration;
+  j["consumed_samples"] = s.consumed_samples;
+  j["applied_steps"] = s.applied_steps;
+  j["skipped_iterations"] = s.skipped_iterations;
+  j["consecutive_nan_iterations"] = s.consecutive_nan;
+  j["seed"] = s.seed;
+  j["world_size"] = s.world_size;
+  j["model"] = spec_to_json(spec);
+  j["model_summary"] = spec.summary();
+  j["weights_dtype"] = dtype_name(weights_dtype);
+  j["files"] = sizes;
+  if (!shards.is_null()) j["optimizer_shards"] = shards;
+  j["config_yaml"] = s.config_yaml;
+  write_file_atomically((tmp / kStateFile).string(), j.dump(2) + "\n");
+  const fs::path final_dir = fs::path(save_dir) / checkpoint_dir_name(s.iteration);
+  publish_directory(tmp.string(), final_dir.string());
   return final_dir.string();
+}
+
+// Points the tracker at `iteration`, once its directory is published.
+void update_tracker(const std::string& save_dir, int64_t iteration) {
+  write_file_atomically((fs::path(save_dir) / kTrackerFileName).string(),
+                        std::to_string(iteration) + "\n");
+  fsync_directory(save_dir);
+}
+
+FileToWrite model_file(const TrainingTensors& t) {
+  FileToWrite model{kModelFile, {}, [&t](size_t i, void* dst) {
+                      const ParamInfo& p = t.layout->params[i];
+                      t.backend->download(dst, t.params.flat_range(p.offset, p.numel()));
+                    }};
+  for (const auto& p : t.layout->params)
+    model.tensors.push_back({p.name, t.params.dtype, dims(p.shape)});
+  return model;
+}
+
+// Appends t.extra_state to `f`, whose fill then serves indices from `first` on from it.
+void add_extra_state(FileToWrite& f, const TrainingTensors& t) {
+  const size_t first = f.tensors.size();
+  for (const auto& [name, tensor] : t.extra_state) {
+    TS_CHECK(tensor.dtype == DType::F32, "checkpoint state {} must be fp32", name);
+    f.tensors.push_back({name, DType::F32, dims(tensor.shape)});
+  }
+  f.fill = [&t, first, fill = f.fill](size_t i, void* dst) {
+    if (i >= first) return t.backend->download(dst, t.extra_state[i - first].second);
+    fill(i, dst);
+  };
 }
 
 void prune(const std::string& save_dir, int64_t keep_iteration, int64_t keep_last) {
@@ -128,17 +203,49 @@ std::string describe(DType dtype, const Shape& shape) {
   return fmt::format("{} [{}]", safetensors_dtype_name(dtype), fmt::join(dims(shape), ", "));
 }
 
+// `why`: where the expectation comes from, e.g. "for the model in trainer_state.json (...)".
 void check_tensor(const SafetensorsFile& f, const std::string& name, DType dtype,
-                  const Shape& shape, const std::string& model) {
+                  const Shape& shape, const std::string& why) {
   const SafetensorsTensor* t = f.find(name);
   if (!t)
-    throw DataError(fmt::format("{}: tensor '{}' is missing; expected {} for the model in {} ({})",
-                                f.path(), name, describe(dtype, shape), kStateFile, model));
+    throw DataError(fmt::format("{}: tensor '{}' is missing; expected {} {}", f.path(), name,
+                                describe(dtype, shape), why));
   if (t->dtype != dtype || t->shape != dims(shape))
-    throw DataError(fmt::format("{}: tensor '{}' is {} [{}]; expected {} for the model in {} ({})",
-                                f.path(), name, safetensors_dtype_name(t->dtype),
-                                fmt::join(t->shape, ", "), describe(dtype, shape), kStateFile,
-                                model));
+    throw DataError(fmt::format("{}: tensor '{}' is {} [{}]; expected {} {}", f.path(), name,
+                                safetensors_dtype_name(t->dtype), fmt::join(t->shape, ", "),
+                                describe(dtype, shape), why));
+}
+
+struct ShardRange {
+  ParamRange range;
+  const std::string* file;
+};
+
+// Shards must not overlap (one value per element) and must hold every parameter element;
+// gaps between parameters (alignment) are not state.
+void check_shard_coverage(std::vector<ShardRange> all, const ParamLayout& layout,
+                          const std::string& state_file) {
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.range.begin < b.range.begin; });
+  for (size_t k = 1; k < all.size(); ++k)
+    if (all[k].range.begin < all[k - 1].range.end)
+      throw DataError(fmt::format(
+          "{}: optimizer shards {} {} and {} {} overlap; expected disjoint ranges", state_file,
+          *all[k - 1].file, describe(all[k - 1].range), *all[k].file, describe(all[k].range)));
+  size_t k = 0;
+  for (const ParamInfo& p : layout.params) {
+    const int64_t end = p.offset + p.numel();
+    for (int64_t at = p.offset; at < end; at = all[k].range.end) {
+      while (k < all.size() && all[k].range.end <= at) ++k;
+      if (k == all.size() || all[k].range.begin > at)
+        throw DataError(fmt::format(
+            "{}: no optimizer shard holds flat elements {} (of {}); expected the shards "
+            "listed in optimizer_shards to cover every parameter in [0, {})",
+            state_file,
+            describe({at, k == all.size() ? end : std::min(end, all[k].range.begin)}), p.name,
+            layout.total));
+    }
+  }
 }
 
 // ". The previous complete checkpoint is ..." for the newest checkpoint older than `dir`
@@ -172,30 +279,90 @@ std::string checkpoint_dir_name(int64_t iteration) {
 
 std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& t,
                             const TrainerState& state, int64_t keep_last) {
+  TS_CHECK(t.owned.empty(), "{} owned ranges: sharded optimizer state is saved by every rank "
+           "(begin_sharded_checkpoint)", t.owned.size());
   const auto& params = t.layout->params;
-  FileToWrite model{kModelFile, {}, [&](size_t i, void* dst) {
-                      t.backend->download(dst,
-                                          t.params.flat_range(params[i].offset, params[i].numel()));
-                    }};
   FileToWrite optimizer{kOptimizerFile, {}, [&](size_t i, void* dst) {
-                          if (i >= 3 * params.size())
-                            return t.backend->download(dst, t.extra_state[i - 3 * params.size()].second);
                           const Tensor& src = i < params.size()       ? t.master
                                               : i < 2 * params.size() ? t.exp_avg
                                                                       : t.exp_avg_sq;
                           const ParamInfo& p = params[i % params.size()];
                           t.backend->download(dst, src.flat_range(p.offset, p.numel()));
                         }};
-  for (const auto& p : params) model.tensors.push_back({p.name, t.params.dtype, dims(p.shape)});
   for (const char* kind : kOptimizerKinds)
     for (const auto& p : params)
       optimizer.tensors.push_back({std::string(kind) + "." + p.name, DType::F32, dims(p.shape)});
-  for (const auto& [name, tensor] : t.extra_state) {
-    TS_CHECK(tensor.dtype == DType::F32, "checkpoint state {} must be fp32", name);
-    optimizer.tensors.push_back({name, DType::F32, dims(tensor.shape)});
+  add_extra_state(optimizer, t);
+  const fs::path tmp = begin_dir(save_dir, state.iteration);
+  std::string dir;
+  removing_on_failure(tmp, [&] {
+    write_file(tmp, model_file(t));
+    write_file(tmp, optimizer);
+    dir = publish(save_dir, tmp, *t.spec, t.params.dtype, state, {kModelFile, kOptimizerFile},
+                  nullptr);
+  });
+  update_tracker(save_dir, state.iteration);
+  prune(save_dir, state.iteration, keep_last);
+  return dir;
+}
+
+void begin_sharded_checkpoint(const std::string& save_dir, int64_t iteration) {
+  begin_dir(save_dir, iteration);
+}
+
+void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& t,
+                            int64_t iteration, int rank, int world) {
+  TS_CHECK(!t.owned.empty() && rank >= 0 && rank < world, "rank {} of {} with {} owned ranges",
+           rank, world, t.owned.size());
+  const fs::path tmp = tmp_dir(save_dir, iteration);
+  TS_CHECK(fs::is_directory(tmp), "{} does not exist: rank 0 begins a sharded checkpoint",
+           tmp.string());
+  std::vector<int64_t> packed_at;  // where each owned range starts in the packed tensors
+  int64_t held = 0;
+  for (const ParamRange& r : t.owned) {
+    packed_at.push_back(held);
+    held += r.count();
   }
-  const std::string dir =
-      write_checkpoint(save_dir, *t.spec, t.params.dtype, state, {model, optimizer});
+  const size_t n = t.owned.size();
+  FileToWrite shard{shard_file_name(rank, world), {}, [&](size_t i, void* dst) {
+                      const Tensor& src = i < n ? t.master : i < 2 * n ? t.exp_avg : t.exp_avg_sq;
+                      t.backend->download(dst, src.flat_range(packed_at[i % n], t.owned[i % n].count()));
+                    }};
+  for (const char* kind : kOptimizerKinds)
+    for (const ParamRange& r : t.owned)
+      shard.tensors.push_back({slice_name(kind, r), DType::F32, {r.count()}});
+  // Every rank holds the same extra state (FP8 scales are derived from max-reduced amaxes).
+  if (rank == 0) {
+    add_extra_state(shard, t);
+    write_file(tmp, model_file(t));
+  }
+  write_file(tmp, shard);
+}
+
+std::string finish_sharded_checkpoint(const std::string& save_dir, const TrainingTensors& t,
+                                      const TrainerState& state, int world, int64_t keep_last) {
+  const fs::path tmp = tmp_dir(save_dir, state.iteration);
+  std::string dir;
+  removing_on_failure(tmp, [&] {
+    // Each shard names its ranges (its master.{begin}-{end} tensors); trainer_state.json
+    // gathers them so a loader knows which files it needs without opening every one.
+    std::vector<std::string> files = {kModelFile};
+    nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+    for (int rank = 0; rank < world; ++rank) {
+      files.push_back(shard_file_name(rank, world));
+      const SafetensorsFile f((tmp / files.back()).string());
+      std::vector<ParamRange> ranges;
+      for (const SafetensorsTensor& tensor : f.tensors())
+        if (auto r = slice_range(kind_name(FlatState::Master), tensor.name)) ranges.push_back(*r);
+      std::sort(ranges.begin(), ranges.end(),
+                [](const auto& a, const auto& b) { return a.begin < b.begin; });
+      nlohmann::ordered_json listed = nlohmann::ordered_json::array();
+      for (const ParamRange& r : ranges) listed.push_back({r.begin, r.end});
+      shards.push_back({{"file", files.back()}, {"ranges", listed}});
+    }
+    dir = publish(save_dir, tmp, *t.spec, t.params.dtype, state, files, shards);
+  });
+  update_tracker(save_dir, state.iteration);
   prune(save_dir, state.iteration, keep_last);
   return dir;
 }
@@ -209,8 +376,15 @@ std::string save_weights_checkpoint(
                       std::memcpy(dst, w.data(), w.size() * sizeof(float));
                     }};
   for (const auto& p : layout.params) model.tensors.push_back({p.name, DType::F32, dims(p.shape)});
-  TrainerState state;
-  return write_checkpoint(save_dir, spec, DType::F32, state, {model});
+  const TrainerState state;
+  const fs::path tmp = begin_dir(save_dir, state.iteration);
+  std::string dir;
+  removing_on_failure(tmp, [&] {
+    write_file(tmp, model);
+    dir = publish(save_dir, tmp, spec, DType::F32, state, {kModelFile}, nullptr);
+  });
+  update_tracker(save_dir, state.iteration);
+  return dir;
 }
 
 std::string find_latest_checkpoint(const std::string& path) {
@@ -265,13 +439,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                                 state_file, e.what()));
   }
   const nlohmann::json version = j.value("format_version", nlohmann::json());
-  if (!version.is_number_integer() || version.get<int>() != kCheckpointFormatVersion)
+  if (!version.is_number_integer() || version.get<int>() < kUnshardedCheckpointFormatVersion ||
+      version.get<int>() > kCheckpointFormatVersion)
     throw DataError(
-        fmt::format("{}: unknown checkpoint format version {}; this Tessera reads version {} "
-                    "(written by another Tessera version?)",
-                    state_file, version.dump(), kCheckpointFormatVersion));
+        fmt::format("{}: unknown checkpoint format version {}; this Tessera reads versions {} "
+                    "to {} (written by another Tessera version?)",
+                    state_file, version.dump(), kUnshardedCheckpointFormatVersion,
+                    kCheckpointFormatVersion));
   std::string dtype_text;
   std::map<std::string, uint64_t> sizes;
+  std::vector<std::pair<std::string, std::vector<ParamRange>>> shard_list;
   try {
     state_.iteration = j.at("iteration").get<int64_t>();
     state_.consumed_samples = j.at("consumed_samples").get<uint64_t>();
@@ -279,9 +456,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     state_.skipped_iterations = j.at("skipped_iterations").get<int64_t>();
     state_.consecutive_nan = j.at("consecutive_nan_iterations").get<int64_t>();
     state_.seed = j.at("seed").get<int64_t>();
+    state_.world_size = j.value("world_size", int64_t{1});  // absent in older checkpoints
     state_.config_yaml = j.at("config_yaml").get<std::string>();
     dtype_text = j.at("weights_dtype").get<std::string>();
     sizes = j.at("files").get<std::map<std::string, uint64_t>>();
+    for (const auto& shard : j.value("optimizer_shards", nlohmann::json::array())) {
+      std::vector<ParamRange> ranges;
+      for (const auto& r : shard.at("ranges"))
+        ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+      shard_list.emplace_back(shard.at("file").get<std::string>(), std::move(ranges));
+    }
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: incomplete trainer state: {}", state_file, e.what()));
   }
@@ -304,7 +488,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                       "copied?)",
                       f.string(), fs::file_size(f), bytes, kStateFile));
   }
-  const std::string model = spec_.summary();
+  const std::string model =
+      fmt::format("for the model in {} ({})", kStateFile, spec_.summary());
   model_ = std::make_unique<SafetensorsFile>((d / kModelFile).string());
   for (const auto& p : layout_.params) check_tensor(*model_, p.name, weights_dtype, p.shape, model);
   if (sizes.count(kOptimizerFile)) {
@@ -313,28 +498,85 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
       for (const auto& p : layout_.params)
         check_tensor(*optimizer_, std::string(kind) + "." + p.name, DType::F32, p.shape, model);
   }
+  std::vector<ShardRange> all;
+  for (const auto& [name, ranges] : shard_list) {
+    if (!sizes.count(name))
+      throw DataError(fmt::format(
+          "{}: optimizer shard {} has no size in files; expected every shard listed there",
+          state_file, name));
+    Shard shard{std::make_unique<SafetensorsFile>((d / name).string()), ranges};
+    for (const ParamRange& r : ranges) {
+      if (r.begin < 0 || r.end <= r.begin || r.end > layout_.total)
+        throw DataError(fmt::format("{}: optimizer shard {} lists range {}; expected a non-empty "
+                                    "range within the model's {} flat elements",
+                                    state_file, name, describe(r), layout_.total));
+      for (const char* kind : kOptimizerKinds)
+        check_tensor(*shard.file, slice_name(kind, r), DType::F32, {r.count()},
+                     fmt::format("for range {} as {} lists", describe(r), kStateFile));
+      all.push_back({r, &name});
+    }
+    shards_.push_back(std::move(shard));
+  }
+  if (!shards_.empty()) check_shard_coverage(std::move(all), layout_, state_file);
 }
 
 Checkpoint::~Checkpoint() = default;
 
+void Checkpoint::read_flat(
+    FlatState state, const ParamRange& r,
+    const std::function<void(int64_t offset, const std::vector<float>& values)>& fill) const {
+  TS_CHECK(state == FlatState::Master || has_optimizer_state(), "{}: no optimizer state", dir_);
+  const char* kind = kind_name(state);
+  for (const Shard& s : shards_)
+    for (const ParamRange& have : s.ranges) {
+      const int64_t lo = std::max(have.begin, r.begin), hi = std::min(have.end, r.end);
+      if (lo < hi) fill(lo, s.file->to_float(slice_name(kind, have), lo - have.begin, hi - lo));
+    }
+  if (!shards_.empty()) return;
+  for (const ParamInfo& p : layout_.params) {
+    const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
+    if (lo >= hi) continue;
+    fill(lo, optimizer_ ? optimizer_->to_float(std::string(kind) + "." + p.name, lo - p.offset, hi - lo)
+                        : model_->to_float(p.name, lo - p.offset, hi - lo));
+  }
+}
+
+std::vector<float> Checkpoint::read_param(FlatState state, const ParamInfo& p) const {
+  std::vector<float> out(p.numel());
+  read_flat(state, {p.offset, p.offset + p.numel()}, [&](int64_t offset, const std::vector<float>& v) {
+    std::copy(v.begin(), v.end(), out.begin() + (offset - p.offset));
+  });
+  return out;
+}
+
 std::vector<float> Checkpoint::master(const ParamInfo& p) const {
-  return optimizer_ ? optimizer_->to_float("master." + p.name) : model_->to_float(p.name);
+  return read_param(FlatState::Master, p);
 }
 
 std::vector<float> Checkpoint::exp_avg(const ParamInfo& p) const {
-  return optimizer_->to_float("exp_avg." + p.name);
+  return read_param(FlatState::ExpAvg, p);
 }
 
 std::vector<float> Checkpoint::exp_avg_sq(const ParamInfo& p) const {
-  return optimizer_->to_float("exp_avg_sq." + p.name);
+  return read_param(FlatState::ExpAvgSq, p);
+}
+
+const SafetensorsFile* Checkpoint::optimizer_file_with(const std::string& name) const {
+  if (optimizer_ && optimizer_->find(name)) return optimizer_.get();
+  for (const Shard& s : shards_)
+    if (s.file->find(name)) return s.file.get();
+  return nullptr;
 }
 
 const SafetensorsTensor* Checkpoint::optimizer_tensor(const std::string& name) const {
-  return optimizer_ ? optimizer_->find(name) : nullptr;
+  const SafetensorsFile* f = optimizer_file_with(name);
+  return f ? f->find(name) : nullptr;
 }
 
 std::vector<float> Checkpoint::optimizer_values(const std::string& name) const {
-  return optimizer_->to_float(name);
+  const SafetensorsFile* f = optimizer_file_with(name);
+  TS_CHECK(f, "{}: no optimizer tensor {}", dir_, name);
+  return f->to_float(name);
 }
 
 std::vector<std::string> Checkpoint::require_model(const ModelSpec& configured) const {
@@ -352,11 +594,25 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
   try {
     const Checkpoint c(dir);
     for (auto& w : c.require_model(*t.spec)) warnings->push_back(std::move(w));
-    for (const auto& p : t.layout->params) {
-      t.backend->upload(t.master.flat_range(p.offset, p.numel()), c.master(p).data());
-      if (!c.has_optimizer_state()) continue;
-      t.backend->upload(t.exp_avg.flat_range(p.offset, p.numel()), c.exp_avg(p).data());
-      t.backend->upload(t.exp_avg_sq.flat_range(p.offset, p.numel()), c.exp_avg_sq(p).data());
+    // The flat layout depends only on the model, so ranges mean the same in the checkpoint
+    // as here whatever the world sizes (tail padding beyond P is never owned or stored).
+    const std::vector<ParamRange> owned =
+        t.owned.empty() ? std::vector<ParamRange>{{0, t.layout->total}} : t.owned;
+    int64_t at = 0;  // where the range starts in the packed tensors
+    for (const ParamRange& r : owned) {
+      TS_CHECK(r.begin >= 0 && r.begin < r.end && r.end <= t.layout->total,
+               "owned range [{}, {}) outside the {} parameters", r.begin, r.end, t.layout->total);
+      for (FlatState s : kFlatStates) {
+        if (s != FlatState::Master && !c.has_optimizer_state()) break;
+        const Tensor& dst = s == FlatState::Master   ? t.master
+                            : s == FlatState::ExpAvg ? t.exp_avg
+                                                     : t.exp_avg_sq;
+        c.read_flat(s, r, [&](int64_t offset, const std::vector<float>& v) {
+          t.backend->upload(dst.flat_range(at + offset - r.begin, static_cast<int64_t>(v.size())),
+                            v.data());
+        });
+      }
+      at += r.count();
     }
     if (!c.has_optimizer_state()) {
       t.backend->fill(t.exp_avg, 0.0f);

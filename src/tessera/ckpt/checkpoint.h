@@ -4,6 +4,9 @@
 //   {save}/iter_0000100/model.safetensors       weights in the compute dtype, Tessera names
 //                       optimizer.safetensors   fp32 master weights and AdamW moments
 //                       trainer_state.json      counters, seed, config, model, format version
+// Under ZeRO-1 each rank writes optimizer.rank{r}-of-{world}.safetensors instead: its slices
+// of the flat fp32 buffers, named by their [begin, end) in ParamLayout offsets, which depend
+// only on the model, so any world size (or a single device) loads them by intersecting ranges.
 // A checkpoint is written into iter_0000100.tmp and renamed when complete; the tracker is
 // replaced atomically afterwards, so a kill at any moment leaves the last complete one.
 #include <cstdint>
@@ -20,7 +23,11 @@
 
 namespace tessera {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// Version 2 added optimizer shards. Checkpoints without shards are still written as version 1,
+// which every Tessera reads; earlier ones refuse a sharded checkpoint rather than mistake it
+// for a weights-only one (it has no optimizer.safetensors).
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kUnshardedCheckpointFormatVersion = 1;
 inline constexpr const char* kTrackerFileName = "latest_checkpointed_iteration.txt";
 
 // The trainer's counters. With the seed they fix the data position (a batch is a pure
@@ -33,6 +40,7 @@ struct TrainerState {
   int64_t skipped_iterations = 0;
   int64_t consecutive_nan = 0;
   int64_t seed = 0;
+  int64_t world_size = 1;   // data-parallel ranks of the run that wrote it
   std::string config_yaml;  // the effective configuration, for the record
   bool extra_state_restored = false;  // load_checkpoint found every TrainingTensors::extra_state
 };
@@ -43,20 +51,40 @@ struct TrainingTensors {
   const ModelSpec* spec = nullptr;
   const ParamLayout* layout = nullptr;
   Tensor params;                       // (P) compute dtype
-  Tensor master, exp_avg, exp_avg_sq;  // (P) fp32
+  Tensor master, exp_avg, exp_avg_sq;  // (P) fp32, or the owned ranges packed
   // Further fp32 state by name (the FP8 scaling state, "fp8.*"), kept in
-  // optimizer.safetensors. Loading a checkpoint without them (or with other shapes) leaves
-  // these tensors as they are, so checkpoints of runs without that feature still load.
+  // optimizer.safetensors (sharded: rank 0's shard). Loading a checkpoint without them (or
+  // with other shapes) leaves these tensors as they are, so checkpoints of runs without that
+  // feature still load.
   std::vector<std::pair<std::string, Tensor>> extra_state;
+  // The ranges of [0, P) that master and the moments hold, packed one after another in
+  // increasing order (ZeRO-1: AdamWOptimizer::owned()); empty: they are full (P) tensors.
+  std::vector<ParamRange> owned;
 };
 
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
 
 // Writes {save_dir}/iter_{state.iteration}/ (replacing one of the same iteration), updates
 // the tracker and deletes all but the newest keep_last checkpoints (0 keeps all). Returns
-// the checkpoint's directory.
+// the checkpoint's directory. t must hold the full optimizer state (t.owned empty).
 std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& t,
                             const TrainerState& state, int64_t keep_last);
+
+// The same from `world` ranks that each hold a shard of the optimizer state (t.owned): every
+// rank takes these steps in order, with a barrier across the ranks between consecutive
+// steps, so the directory exists before anyone writes into it and is published only once
+// every shard is on disk. A rank that dies on the way leaves only iter_N.tmp.
+//   rank 0        begin_sharded_checkpoint    a fresh iter_N.tmp (a killed save's removed)
+//   every rank    write_checkpoint_shard      its optimizer.rank{r}-of-{world}.safetensors;
+//                                             rank 0 also model.safetensors and extra_state
+//   rank 0        finish_sharded_checkpoint   trainer_state.json (listing every shard and its
+//                                             ranges), rename, tracker, keep_last; returns
+//                                             the checkpoint's directory
+void begin_sharded_checkpoint(const std::string& save_dir, int64_t iteration);
+void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& t,
+                            int64_t iteration, int rank, int world);
+std::string finish_sharded_checkpoint(const std::string& save_dir, const TrainingTensors& t,
+                                      const TrainerState& state, int world, int64_t keep_last);
 
 // A weights-only checkpoint at iteration 0 (fp32 weights, no optimizer state), e.g.
 // converted from Hugging Face: loading it starts training from these weights.
@@ -74,11 +102,16 @@ std::string find_latest_checkpoint(const std::string& path);
 // other `load` without a checkpoint is a DataError.
 std::string checkpoint_to_resume(const CheckpointConfig& c);
 
+// The fp32 state a checkpoint holds for every parameter, as flat buffers in ParamLayout
+// offsets. Master weights without optimizer state are the model weights.
+enum class FlatState { Master, ExpAvg, ExpAvgSq };
+
 // A checkpoint directory, checked when opened: trainer_state.json parses and has a known
-// format version, every file it lists exists with the recorded size, and every tensor of
-// the model it describes is present with the right dtype and shape. Tensor data is mapped,
-// not read, until asked for. Each problem is a DataError naming the file and what was
-// expected.
+// format version, every file it lists exists with the recorded size, every tensor of the
+// model it describes is present with the right dtype and shape, and optimizer shards hold
+// the ranges trainer_state.json lists, which together cover every parameter. Tensor data is
+// mapped, not read, until asked for. Each problem is a DataError naming the file and what
+// was expected.
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
@@ -88,13 +121,19 @@ class Checkpoint {
   const TrainerState& state() const { return state_; }
   const ModelSpec& spec() const { return spec_; }
   const ParamLayout& layout() const { return layout_; }
-  bool has_optimizer_state() const { return optimizer_ != nullptr; }
+  bool has_optimizer_state() const { return optimizer_ || !shards_.empty(); }
+  bool sharded() const { return !shards_.empty(); }
 
   // fp32 master weights of `p` (the model weights when there is no optimizer state).
   std::vector<float> master(const ParamInfo& p) const;
   std::vector<float> exp_avg(const ParamInfo& p) const;     // needs optimizer state
   std::vector<float> exp_avg_sq(const ParamInfo& p) const;  // needs optimizer state
-  // Any other tensor of optimizer.safetensors (TrainingTensors::extra_state): null when absent.
+  // Calls fill(offset, values) for pieces of `state` in `r`, wherever the checkpoint keeps
+  // them (one tensor per parameter, or shards' slices); together they hold every parameter
+  // element of r (gaps between parameters may be absent). ExpAvg/ExpAvgSq need optimizer state.
+  void read_flat(FlatState state, const ParamRange& r,
+                 const std::function<void(int64_t offset, const std::vector<float>& values)>& fill) const;
+  // Any other tensor of the optimizer state (TrainingTensors::extra_state): null when absent.
   const SafetensorsTensor* optimizer_tensor(const std::string& name) const;
   std::vector<float> optimizer_values(const std::string& name) const;  // must exist
 
@@ -104,17 +143,27 @@ class Checkpoint {
   std::vector<std::string> require_model(const ModelSpec& configured) const;
 
  private:
+  struct Shard {
+    std::unique_ptr<SafetensorsFile> file;
+    std::vector<ParamRange> ranges;  // increasing
+  };
+  std::vector<float> read_param(FlatState state, const ParamInfo& p) const;
+  const SafetensorsFile* optimizer_file_with(const std::string& name) const;
+
   std::string dir_;
   TrainerState state_;
   ModelSpec spec_;
   ParamLayout layout_;
   std::unique_ptr<SafetensorsFile> model_, optimizer_;
+  std::vector<Shard> shards_;  // by rank; empty unless the optimizer state is sharded
 };
 
-// Loads checkpoint `dir` into t.master and the moments (t.params are left for the caller to
-// refresh from the master weights) and returns its state. On any problem throws DataError
-// with the cause and the newest earlier checkpoint beside it that opens cleanly, by name.
-// `warnings` receives behaviour differences between the checkpoint's model and t.spec.
+// Loads checkpoint `dir` into t.master and the moments, the ranges t.owned names (all when
+// empty) from whichever files hold them, so a checkpoint of any world size, sharded or not,
+// loads into a run of any other. t.params are left for the caller to refresh from the master
+// weights. Returns the checkpoint's state. On any problem throws DataError with the cause and
+// the newest earlier checkpoint beside it that opens cleanly, by name. `warnings` receives
+// behaviour differences between the checkpoint's model and t.spec.
 TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
                              std::vector<std::string>* warnings);
 

@@ -185,11 +185,21 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
 std::vector<float> SafetensorsFile::to_float(const std::string& name) const {
   const SafetensorsTensor* t = find(name);
   if (!t) throw DataError(fmt::format("{}: no tensor named '{}'", path_, name));
-  std::vector<float> out(t->numel());
-  const auto* h = static_cast<const uint16_t*>(t->data);
+  return to_float(name, 0, t->numel());
+}
+
+std::vector<float> SafetensorsFile::to_float(const std::string& name, int64_t begin,
+                                             int64_t count) const {
+  const SafetensorsTensor* t = find(name);
+  if (!t) throw DataError(fmt::format("{}: no tensor named '{}'", path_, name));
+  TS_CHECK(begin >= 0 && count >= 0 && begin + count <= t->numel(),
+           "{}: elements [{}, {}) outside tensor '{}' of {}", path_, begin, begin + count, name,
+           t->numel());
+  std::vector<float> out(count);
+  const auto* h = static_cast<const uint16_t*>(t->data) + begin;
   switch (t->dtype) {
     case DType::F32:
-      std::memcpy(out.data(), t->data, out.size() * 4);
+      std::memcpy(out.data(), static_cast<const float*>(t->data) + begin, out.size() * 4);
       break;
     case DType::BF16:
       for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_bits_to_float(h[i]);

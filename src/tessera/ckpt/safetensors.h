@@ -45,6 +45,8 @@ class SafetensorsFile {
   const SafetensorsTensor* find(const std::string& name) const;
   // The tensor's values as fp32 (converting bf16 and fp16); throws DataError if absent.
   std::vector<float> to_float(const std::string& name) const;
+  // Elements [begin, begin + count) of the tensor in row-major order, as fp32.
+  std::vector<float> to_float(const std::string& name, int64_t begin, int64_t count) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 
