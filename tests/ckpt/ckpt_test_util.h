@@ -29,9 +29,9 @@ inline const std::string kMockData =
     "mock_data: true\nvocab_size: 50\nmake_vocab_size_divisible_by: 1\n";
 
 // A 2-layer GQA model, small enough to train in milliseconds, on `data` (mock by default);
-// `extra` YAML lines add keys.
+// `extra` YAML lines add keys; validated for `world` data-parallel ranks.
 inline Experiment tiny_experiment(const fs::path& dir, const std::string& extra = "",
-                                  const std::string& data = kMockData) {
+                                  const std::string& data = kMockData, int world = 1) {
   const fs::path p = dir / "experiment.yaml";
   std::ofstream(p) << "model: tiny_llama\nnum_layers: 2\nhidden_size: 32\nffn_hidden_size: 48\n"
                       "num_attention_heads: 4\nnum_query_groups: 2\nseq_length: 16\n"
@@ -40,6 +40,7 @@ inline Experiment tiny_experiment(const fs::path& dir, const std::string& extra 
                    << data << extra;
   LoadOptions o;
   o.config_path = p.string();
+  o.data_parallel_size = world;
   return load_experiment(o);
 }
 

@@ -86,11 +86,6 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
                         t.micro_batch_size, data_parallel_size, per_step));
   c.require(t.ddp_bucket_size >= 1, "ddp_bucket_size", "at least 1 element");
   c.require(t.dist_timeout_minutes > 0, "dist_timeout_minutes", "a positive number of minutes");
-  c.require(!(t.use_distributed_optimizer && data_parallel_size > 1 &&
-              (!e.checkpoint.save.empty() || !e.checkpoint.load.empty())),
-            "use_distributed_optimizer",
-            "false when save or load is set: sharded optimizer checkpoints are not implemented "
-            "yet (docs/distributed.md)");
   c.require(t.lr >= 0, "lr", "a non-negative learning rate");
   c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr", fmt::format("between 0 and lr ({})", t.lr));
   c.require(t.lr_warmup_iters >= 0, "lr_warmup_iters", "a non-negative count");

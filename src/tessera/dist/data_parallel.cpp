@@ -41,7 +41,8 @@ std::vector<ParamRange> BucketPlan::owned(int rank) const {
 
 DataParallel::DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options)
     : comm_(comm), model_(model), options_(options),
-      plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())) {
+      plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())),
+      barrier_buffer_(model.backend(), sizeof(float), "barrier flag") {
   TS_CHECK(model.runtime().flat_buffer_multiple % flat_buffer_multiple(comm.size()) == 0,
            "the model's buffers are padded to {}, data parallelism needs a multiple of {}",
            model.runtime().flat_buffer_multiple, flat_buffer_multiple(comm.size()));
@@ -113,5 +114,14 @@ void DataParallel::gather_params() {
 void DataParallel::sum(const Tensor& t) { comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute); }
 
 void DataParallel::max(const Tensor& t) { comm_.all_reduce(t, ReduceOp::Max, Lane::Compute); }
+
+void DataParallel::barrier() {
+  // No rank's all-reduce completes before every rank has joined it, and reading its result
+  // on the host waits for that completion.
+  const Tensor flag = barrier_buffer_.tensor(DType::F32, {1});
+  comm_.all_reduce(flag, ReduceOp::Sum, Lane::Compute);
+  float ignored = 0;
+  model_.backend().download(&ignored, flag);
+}
 
 }  // namespace tessera::dist

@@ -21,6 +21,7 @@
 
 #include "tessera/dist/communicator.h"
 #include "tessera/model/llama_model.h"
+#include "tessera/ops/device_buffer.h"
 #include "tessera/train/adamw_optimizer.h"
 
 namespace tessera::dist {
@@ -75,6 +76,8 @@ class DataParallel {
   void sum(const Tensor& t);
   // In place: the maximum over ranks (FP8 amaxes, so every rank scales alike).
   void max(const Tensor& t);
+  // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
+  void barrier();
 
  private:
   void on_grads_ready(int64_t ready_from);
@@ -87,6 +90,7 @@ class DataParallel {
   BucketPlan plan_;
   bool armed_ = false;
   size_t next_bucket_ = 0;
+  DeviceBuffer barrier_buffer_;
 };
 
 }  // namespace tessera::dist

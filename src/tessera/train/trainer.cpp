@@ -136,6 +136,8 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
     throw;
   }
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
+  stop_signal_ = scalar_buffer_.tensor(DType::F32, {1}, sizeof(float));
+  ranks_stop_together_ = dp_ && !exp_.checkpoint.save.empty();
   optimizer_->set_master([&](const Tensor& master) {
     init_parameters(*backend_, spec_, model_->layout(), master, static_cast<uint64_t>(t.seed));
   });
@@ -168,8 +170,9 @@ TrainingTensors Trainer::training_tensors() const {
   TrainingTensors t{backend_.get(),       &spec_,
                     &model_->layout(),    model_->params(),
                     optimizer_->master(), optimizer_->exp_avg(),
-                    optimizer_->exp_avg_sq(), {}};
+                    optimizer_->exp_avg_sq(), {}, {}};
   if (model_->fp8()) t.extra_state = model_->fp8()->state_tensors();
+  if (optimizer_->sharded()) t.owned = optimizer_->owned();
   return t;
 }
 
@@ -190,8 +193,9 @@ void Trainer::restore_start_state() {
     if (s.iteration > 0 && s.seed != exp_.training.seed)
       differences.push_back(fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)",
                                         s.seed, exp_.training.seed));
-    log_.info("resumed from {} at iteration {} ({} consumed samples){}", dir, s.iteration,
-              s.consumed_samples, c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
+    log_.info("resumed from {} at iteration {} ({} consumed samples; saved by {} rank{}){}", dir,
+              s.iteration, s.consumed_samples, s.world_size, s.world_size == 1 ? "" : "s",
+              c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
   } else {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
     if (!c.hf_init_path.empty()) {
@@ -205,11 +209,6 @@ void Trainer::restore_start_state() {
 }
 
 std::string Trainer::save_checkpoint() {
-  // Data-parallel ranks hold the same state; rank 0 writes it.
-  if (rank_ != 0) {
-    last_saved_iteration_ = completed_iterations_;
-    return "";
-  }
   const auto t0 = Clock::now();
   TrainerState s;
   s.iteration = completed_iterations_;
@@ -218,13 +217,44 @@ std::string Trainer::save_checkpoint() {
   s.skipped_iterations = skipped_iterations_;
   s.consecutive_nan = consecutive_nan_;
   s.seed = exp_.training.seed;
+  s.world_size = data_parallel_size_;
   s.config_yaml = experiment_to_yaml(exp_);
-  const std::string dir = tessera::save_checkpoint(exp_.checkpoint.save, training_tensors(), s,
-                                                   exp_.checkpoint.ckpt_keep_last);
+  const CheckpointConfig& c = exp_.checkpoint;
+  const TrainingTensors t = training_tensors();
+  std::string dir;
+  if (!optimizer_->sharded()) {
+    // Plain data-parallel ranks hold the same state: rank 0 writes it.
+    if (rank_ == 0) dir = tessera::save_checkpoint(c.save, t, s, c.ckpt_keep_last);
+  } else {
+    // ZeRO-1 ranks each hold a shard of the optimizer state: each writes its own, and rank 0
+    // publishes the checkpoint once all are on disk.
+    const int world = static_cast<int>(data_parallel_size_);
+    if (rank_ == 0) begin_sharded_checkpoint(c.save, s.iteration);
+    dp_->barrier();
+    write_checkpoint_shard(c.save, t, s.iteration, static_cast<int>(rank_), world);
+    dp_->barrier();
+    if (rank_ == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
+  }
+  // No rank goes on before the checkpoint is published: one that exits now (a signal stop)
+  // would make the others abort, rank 0 in the middle of publishing.
+  if (dp_) dp_->barrier();
   last_saved_iteration_ = completed_iterations_;
+  if (rank_ != 0) return "";
   log_.clear_progress();
   log_.info("saved checkpoint {} in {:.1f} s", dir, ms_since(t0) / 1e3);
   return dir;
+}
+
+// A stop signal to act on after an iteration (0: none). Data-parallel ranks save together,
+// so they stop together: on the largest signal number any of them has received (one small
+// all-reduce per iteration, after the loss readback has synchronised anyway).
+int Trainer::stop_signal_after_iteration() {
+  if (!ranks_stop_together_) return pending_stop_signal();
+  float sig = static_cast<float>(pending_stop_signal());
+  backend_->upload(stop_signal_, &sig);
+  dp_->max(stop_signal_);
+  backend_->download(&sig, stop_signal_);
+  return static_cast<int>(sig);
 }
 
 // Saves the state (when `save` is set) before stopping, so a preempted job can resume.
@@ -280,7 +310,9 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   model_->zero_grads();
   model_->zero_loss_sum();
   for (int64_t m = 0; m < accumulation_steps_; ++m) {
-    if (int sig = pending_stop_signal())
+    // Data-parallel ranks that save stop only after an iteration, where they all agree: one
+    // stopping here would save while the others go on to the next collective.
+    if (int sig = pending_stop_signal(); sig && !ranks_stop_together_)
       stop_for_signal(sig, fmt::format("during iteration {}; its update was abandoned", iteration));
     // Megatron's sampler order: each micro-batch slot of the global batch holds
     // data_parallel_size consecutive micro-batches, one per rank.
@@ -472,7 +504,7 @@ TrainSummary Trainer::train() {
       save_checkpoint();
       interval_start = Clock::now();  // keep saving out of the training throughput
     }
-    if (int sig = pending_stop_signal())
+    if (int sig = stop_signal_after_iteration())
       stop_for_signal(sig, fmt::format("after iteration {} (its update was applied)", it));
   }
   if (profiler_) profiler_->after_iteration(last, last);  // stopped early at target_loss

@@ -71,6 +71,7 @@ class Trainer {
   void log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters);
   TrainingTensors training_tensors() const;
   void restore_start_state();
+  int stop_signal_after_iteration();
   [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
@@ -87,6 +88,10 @@ class Trainer {
   std::unique_ptr<AdamWOptimizer> optimizer_;
   DeviceBuffer scalar_buffer_;
   Tensor grad_norm_sq_;
+  Tensor stop_signal_;  // (1) fp32: the signal number, max-reduced over the ranks
+  // Data-parallel runs that save: every rank takes part in a checkpoint, so a stop signal is
+  // acted on only after an iteration, once the ranks have agreed on it.
+  bool ranks_stop_together_ = false;
   std::vector<int32_t> host_tokens_, host_targets_;
 
   int64_t data_parallel_size_ = 1;
