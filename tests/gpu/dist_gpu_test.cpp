@@ -1,7 +1,8 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
 // parallel and ZeRO-1 on 2 GPUs against 1 GPU with gradient accumulation at the same global
-// batch, and a rank killed mid-run. The loss bound is docs/distributed.md's: the runs see
-// the same samples in the same order and differ only in the order of bf16/fp32 reductions.
+// batch, a ZeRO-1 checkpoint resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM,
+// and a rank killed mid-run. The loss bound is docs/distributed.md's: the runs see the same
+// samples in the same order and differ only in the order of bf16/fp32 reductions.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_test_util.h"
+#include "tessera/ckpt/checkpoint.h"
 
 namespace fs = std::filesystem;
 
@@ -73,11 +75,13 @@ class DistGpu : public ::testing::Test {
   fs::path ws_;
 };
 
-void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const char* what) {
+// got and ref: the losses of iterations first_iteration, first_iteration + 1, ...
+void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const char* what,
+                  int first_iteration = 1) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_LE(std::abs(got[i] - ref[i]), kRelativeBound * std::abs(ref[i]) + kAbsoluteBound)
-        << what << " iteration " << i + 1 << ": " << got[i] << " vs " << ref[i];
+        << what << " iteration " << first_iteration + i << ": " << got[i] << " vs " << ref[i];
 }
 
 TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
@@ -97,6 +101,72 @@ TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
   expect_close(zero, one, "ZeRO-1");
   // Every rank keeps its own logs; rank 0 alone writes metrics.
   EXPECT_TRUE(fs::exists(ws_ / "g/u/dp/logs/pre_trainer/rank-1/info.log"));
+}
+
+TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
+  TS_REQUIRE_TWO_GPUS();
+  const fs::path save = ws_ / "ckpt";
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29614 " + train_args("straight") +
+                    " --use_distributed_optimizer true --save " + save.string() +
+                    " --save_interval 10 --ckpt_keep_last 0",
+                "straight.txt"),
+            0)
+      << read("straight.txt");
+  const fs::path ckpt = save / "iter_0000010";
+  for (const char* shard : {"optimizer.rank00000-of-00002.safetensors",
+                            "optimizer.rank00001-of-00002.safetensors"})
+    EXPECT_TRUE(fs::exists(ckpt / shard)) << shard << "\n" << read("straight.txt");
+  const std::string load = " --load " + ckpt.string();
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29615 " + train_args("two") +
+                    " --use_distributed_optimizer true" + load,
+                "two.txt"),
+            0)
+      << read("two.txt");
+  ASSERT_EQ(run(train_args("one") + load, "one.txt"), 0) << read("one.txt");
+  for (const char* log : {"two.txt", "one.txt"})
+    EXPECT_NE(read(log).find("resumed from " + ckpt.string() + " at iteration 10"), std::string::npos)
+        << read(log);
+  const auto straight = losses("straight");
+  ASSERT_EQ(straight.size(), 20u);
+  const std::vector<double> rest(straight.begin() + 10, straight.end());
+  expect_close(losses("two"), rest, "ZeRO-1 resumed on 2 GPUs", 11);
+  expect_close(losses("one"), rest, "resumed on 1 GPU", 11);
+}
+
+TEST_F(DistGpu, Zero1StopsOnSigtermWithACompleteShardedCheckpoint) {
+  TS_REQUIRE_TWO_GPUS();
+  const fs::path save = ws_ / "ckpt";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(TESSERA_BINARY) +
+                            " launch --nproc_per_node 2 --master_port 29616 " + train_args("stop") +
+                            " --train_iters 1000000 --use_distributed_optimizer true --save " +
+                            save.string() + " > " + (ws_ / "stop.txt").string() + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    ::_exit(127);
+  }
+  const fs::path metrics = ws_ / "g/u/stop/metrics.jsonl";
+  for (int i = 0; i < 1200 && (!fs::exists(metrics) || fs::file_size(metrics) < 200); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(metrics)) << read("stop.txt");
+  ::kill(pid, SIGTERM);  // launch forwards it to both ranks
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string output = read("stop.txt");
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << output;
+  EXPECT_NE(output.find("saved checkpoint"), std::string::npos) << output;
+  // Both ranks stopped after the same iteration and wrote their shards before rank 0
+  // published: the checkpoint opens (every file, size and range checked) and nothing is left
+  // half-written.
+  const std::string latest = tessera::find_latest_checkpoint(save.string());
+  ASSERT_FALSE(latest.empty()) << output;
+  const tessera::Checkpoint c(latest);
+  EXPECT_TRUE(c.sharded());
+  EXPECT_EQ(c.state().world_size, 2);
+  EXPECT_GE(c.state().iteration, 1);
+  for (const auto& e : fs::directory_iterator(save))
+    EXPECT_FALSE(e.path().string().ends_with(".tmp")) << e.path();
 }
 
 TEST_F(DistGpu, KilledRankMakesTheOtherExitWithinTheTimeout) {

@@ -102,7 +102,15 @@ int train_command(const Args& args) {
       comm = dist::make_communicator(*backend, *rendezvous, timeout_s, log);
     }
     Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm.get());
-    trainer.train();
+    try {
+      trainer.train();
+    } catch (const TrainingAborted& e) {
+      // With `save`, a signal stops every rank after the same iteration, once the checkpoint
+      // is published (Trainer::stop_signal_after_iteration): say goodbye, so that ranks still
+      // on their way out do not take this exit for a crash and end with code 3.
+      if (rendezvous && !exp.checkpoint.save.empty() && e.exit_code() > 128) rendezvous->close();
+      throw;
+    }
     if (comm) comm->finalize();
     if (rendezvous) rendezvous->close();
   } catch (const Error& e) {
