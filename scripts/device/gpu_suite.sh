@@ -3,7 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#       [attention_choice] [fp8] [fp8_nocache] [curves] [dist]   (not in the default; dist: 2 GPUs)
+#       [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [dist]   (not in the default; dist: 2 GPUs)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -109,6 +109,13 @@ if want attention_choice; then
   # The proxies with Tessera's own attention kernels, for the attention_backend choice.
   timeout 300 "$BIN/tessera" bench model --models llama3.1_8B,mistral_7B --attention_backend tessera \
     -o "$OUT/tessera_attention" 2>&1 | tee "$OUT/bench_tessera_attention.log" | tail -5
+fi
+if want variants; then
+  echo "== bench model variants: whole-sequence output head chunk, heuristic GEMM algorithms"
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B,qwen2.5_7B --cross_entropy_chunk_tokens 8192 \
+    -o "$OUT/ce_chunk_8192" 2>&1 | tee "$OUT/bench_ce_chunk_8192.log" | tail -4
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B --gemm_autotune false \
+    -o "$OUT/heuristic_gemms" 2>&1 | tee "$OUT/bench_heuristic_gemms.log" | tail -3
 fi
 if want peer; then
   echo "== PyTorch peer (torch.compile)"

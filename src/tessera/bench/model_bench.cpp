@@ -129,11 +129,11 @@ int model_bench_command(const std::vector<std::string>& args) {
       last_loss = trainer.run_iteration(o.warmup + i).loss;
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::map<std::string, double> split;
+    std::map<std::string, double> split, per_op;
     if (o.breakdown) {
       b.enable_op_timing(true);
       trainer.run_iteration(o.warmup + o.iters + 1);
-      for (const auto& [op, t] : b.op_times_ms()) split[family(op)] += t;
+      for (const auto& [op, t] : b.op_times_ms()) split[family(op)] += t, per_op[op] += t;
       b.enable_op_timing(false);
     }
     const double step_ms = median(ms);
@@ -156,6 +156,7 @@ int model_bench_command(const std::vector<std::string>& args) {
                         {"mfu_vs_gemm_ceiling", ceiling > 0 ? tflops / ceiling : 0.0},
                         {"peak_mem_gib", mem.peak_bytes / double(1 << 30)}, {"loss", last_loss}};
     for (const auto& [k, v] : split) r["breakdown_ms_" + k] = v;
+    if (!per_op.empty()) r["op_ms"] = per_op;
     results.push_back(r);
     fmt::print("{}\n", r.dump());
   }
