@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt_test_util.h"
-#include "thread_ranks.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/obs/metrics.h"
+#include "thread_ranks.h"
 
 namespace tessera::testing {
 namespace {
@@ -35,7 +35,8 @@ const std::string kZero1 = "use_distributed_optimizer: true\n";
 Experiment experiment(const fs::path& dir, int world, const std::string& extra) {
   return tiny_experiment(dir,
                          "micro_batch_size: 1\nglobal_batch_size: 6\ntrain_iters: 6\n"
-                         "ddp_bucket_size: 1000\n" + extra,
+                         "ddp_bucket_size: 1000\n" +
+                             extra,
                          kMockData, world);
 }
 
@@ -57,7 +58,8 @@ TrainingRun train(const Experiment& e, int world, const fs::path& metrics_path) 
   std::ifstream in(metrics_path);
   for (std::string line; std::getline(in, line);) {
     const auto j = nlohmann::json::parse(line);
-    if (j.contains("lm_loss")) run.losses[j["iteration"].get<int64_t>()] = j["lm_loss"].get<double>();
+    if (j.contains("lm_loss"))
+      run.losses[j["iteration"].get<int64_t>()] = j["lm_loss"].get<double>();
   }
   return run;
 }
@@ -92,15 +94,15 @@ TEST(DataParallelResume, ShardedCheckpointContinuesAtTwoRanksBitwiseAndAtOneAndT
       train(experiment(dir.path(), 2, kZero1 + saving(save)), 2, dir / "straight.jsonl");
   ASSERT_EQ(straight.losses.size(), 6u);
   const fs::path ckpt = save / "iter_0000003";
-  for (const char* shard : {"optimizer.rank00000-of-00002.safetensors",
-                            "optimizer.rank00001-of-00002.safetensors"})
+  for (const char* shard :
+       {"optimizer.rank00000-of-00002.safetensors", "optimizer.rank00001-of-00002.safetensors"})
     EXPECT_TRUE(fs::exists(ckpt / shard)) << shard;
   EXPECT_FALSE(fs::exists(ckpt / "optimizer.safetensors"));
   EXPECT_EQ(read_file(save / "latest_checkpointed_iteration.txt"), "6\n");
 
   const std::string load = "load: " + ckpt.string() + "\n";
-  expect_continues(train(experiment(dir.path(), 2, kZero1 + load), 2, dir / "two.jsonl"),
-                   straight, 0.0, "2 ranks");
+  expect_continues(train(experiment(dir.path(), 2, kZero1 + load), 2, dir / "two.jsonl"), straight,
+                   0.0, "2 ranks");
   expect_continues(train(experiment(dir.path(), 1, load), 1, dir / "one.jsonl"), straight,
                    kRelativeTolerance, "1 rank");
   expect_continues(train(experiment(dir.path(), 3, kZero1 + load), 3, dir / "three.jsonl"),
@@ -114,8 +116,8 @@ TEST(DataParallelResume, WholeCheckpointContinuesAtTwoZero1Ranks) {
       train(experiment(dir.path(), 1, saving(save)), 1, dir / "straight.jsonl");
   ASSERT_TRUE(fs::exists(save / "iter_0000003" / "optimizer.safetensors"));
   const std::string load = "load: " + (save / "iter_0000003").string() + "\n";
-  expect_continues(train(experiment(dir.path(), 2, kZero1 + load), 2, dir / "two.jsonl"),
-                   straight, kRelativeTolerance, "2 ZeRO-1 ranks");
+  expect_continues(train(experiment(dir.path(), 2, kZero1 + load), 2, dir / "two.jsonl"), straight,
+                   kRelativeTolerance, "2 ZeRO-1 ranks");
 }
 
 TEST(DataParallelResume, PlainDataParallelSavesOneWholeCheckpoint) {
@@ -127,9 +129,9 @@ TEST(DataParallelResume, PlainDataParallelSavesOneWholeCheckpoint) {
   const Checkpoint c(ckpt.string());
   EXPECT_FALSE(c.sharded());
   EXPECT_EQ(c.state().world_size, 2);
-  expect_continues(train(experiment(dir.path(), 2, "load: " + ckpt.string() + "\n"), 2,
-                         dir / "two.jsonl"),
-                   straight, 0.0, "2 ranks");
+  expect_continues(
+      train(experiment(dir.path(), 2, "load: " + ckpt.string() + "\n"), 2, dir / "two.jsonl"),
+      straight, 0.0, "2 ranks");
 }
 
 }  // namespace

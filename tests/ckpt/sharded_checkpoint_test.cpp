@@ -50,10 +50,15 @@ struct Rank {
   }
 
   TrainingTensors tensors() const {
-    TrainingTensors t{backend.get(),       &spec,
-                      &model->layout(),    model->params(),
-                      optimizer->master(), optimizer->exp_avg(),
-                      optimizer->exp_avg_sq(), {{"fp8.test.scale", extra()}}, {}};
+    TrainingTensors t{backend.get(),
+                      &spec,
+                      &model->layout(),
+                      model->params(),
+                      optimizer->master(),
+                      optimizer->exp_avg(),
+                      optimizer->exp_avg_sq(),
+                      {{"fp8.test.scale", extra()}},
+                      {}};
     if (optimizer->sharded()) t.owned = optimizer->owned();
     return t;
   }
@@ -83,7 +88,8 @@ struct Rank {
       int64_t at = 0, mismatches = 0, checked = 0;
       for (const ParamRange& r : optimizer->owned()) {
         for (const ParamInfo& p : model->layout().params) {
-          const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
+          const int64_t lo = std::max(p.offset, r.begin),
+                        hi = std::min(p.offset + p.numel(), r.end);
           for (int64_t i = lo; i < hi; ++i, ++checked)
             mismatches += std::memcmp(&got[at + i - r.begin], &whole[s][i], sizeof(float)) != 0;
         }
@@ -257,8 +263,8 @@ TEST_F(ShardedCheckpoint, MissingShardFileIsNamed) {
   const std::string bytes = std::to_string(fs::file_size(shard));
   fs::remove(shard);
   const std::string message = load_error((save / "iter_0000002").string());
-  EXPECT_TRUE(contains(message, shard.string() + ": missing; trainer_state.json lists it with " +
-                                    bytes + " bytes"))
+  EXPECT_TRUE(contains(
+      message, shard.string() + ": missing; trainer_state.json lists it with " + bytes + " bytes"))
       << message;
 }
 
@@ -282,10 +288,10 @@ TEST_F(ShardedCheckpoint, RangesNoShardHoldsAreNamed) {
     break;
   }
   const std::string message = load_error(path);
-  EXPECT_TRUE(contains(message,
-                       state.string() + ": no optimizer shard holds flat elements " + missing +
-                           "; expected the shards listed in optimizer_shards to cover every "
-                           "parameter"))
+  EXPECT_TRUE(
+      contains(message, state.string() + ": no optimizer shard holds flat elements " + missing +
+                            "; expected the shards listed in optimizer_shards to cover every "
+                            "parameter"))
       << message;
 }
 
@@ -309,11 +315,10 @@ TEST_F(ShardedCheckpoint, SaveKilledBeforeItWasPublishedIsIgnoredAndReplaced) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"model.safetensors",
-                                             "optimizer.rank00000-of-00003.safetensors",
-                                             "optimizer.rank00001-of-00003.safetensors",
-                                             "optimizer.rank00002-of-00003.safetensors",
-                                             "trainer_state.json"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "model.safetensors", "optimizer.rank00000-of-00003.safetensors",
+                       "optimizer.rank00001-of-00003.safetensors",
+                       "optimizer.rank00002-of-00003.safetensors", "trainer_state.json"}));
   const auto loaded = ranks(2);
   EXPECT_EQ(load_into(loaded, path).iteration, 2);
   for (int r = 0; r < 2; ++r) loaded[r]->expect_holds(whole_, "rank " + std::to_string(r));

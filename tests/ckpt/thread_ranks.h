@@ -98,7 +98,9 @@ class ThreadCommunicator : public dist::Communicator {
     });
   }
   void broadcast(const Tensor& buffer, int root, dist::Lane) override {
-    exchange(buffer, [&](const auto& ins) { std::copy(ins[root].begin(), ins[root].end(), values(buffer)); });
+    exchange(buffer, [&](const auto& ins) {
+      std::copy(ins[root].begin(), ins[root].end(), values(buffer));
+    });
   }
   void all_to_all(const Tensor& out, const Tensor& in, dist::Lane) override {
     exchange(in, [&](const auto& ins) {

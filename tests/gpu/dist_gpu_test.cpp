@@ -113,8 +113,8 @@ TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
             0)
       << read("straight.txt");
   const fs::path ckpt = save / "iter_0000010";
-  for (const char* shard : {"optimizer.rank00000-of-00002.safetensors",
-                            "optimizer.rank00001-of-00002.safetensors"})
+  for (const char* shard :
+       {"optimizer.rank00000-of-00002.safetensors", "optimizer.rank00001-of-00002.safetensors"})
     EXPECT_TRUE(fs::exists(ckpt / shard)) << shard << "\n" << read("straight.txt");
   const std::string load = " --load " + ckpt.string();
   ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29615 " + train_args("two") +
@@ -124,7 +124,8 @@ TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
       << read("two.txt");
   ASSERT_EQ(run(train_args("one") + load, "one.txt"), 0) << read("one.txt");
   for (const char* log : {"two.txt", "one.txt"})
-    EXPECT_NE(read(log).find("resumed from " + ckpt.string() + " at iteration 10"), std::string::npos)
+    EXPECT_NE(read(log).find("resumed from " + ckpt.string() + " at iteration 10"),
+              std::string::npos)
         << read(log);
   const auto straight = losses("straight");
   ASSERT_EQ(straight.size(), 20u);

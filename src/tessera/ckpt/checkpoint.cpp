@@ -31,7 +31,9 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kOptimizerKinds[] = {"master", "exp_avg", "exp_avg_sq"};
 constexpr FlatState kFlatStates[] = {FlatState::Master, FlatState::ExpAvg, FlatState::ExpAvgSq};
 
-const char* kind_name(FlatState s) { return kOptimizerKinds[static_cast<int>(s)]; }
+const char* kind_name(FlatState s) {
+  return kOptimizerKinds[static_cast<int>(s)];
+}
 
 std::string shard_file_name(int rank, int world) {
   return fmt::format("optimizer.rank{:05d}-of-{:05d}.safetensors", rank, world);
@@ -55,7 +57,9 @@ std::optional<ParamRange> slice_range(const char* kind, const std::string& name)
   return r;
 }
 
-std::string describe(const ParamRange& r) { return fmt::format("[{}, {})", r.begin, r.end); }
+std::string describe(const ParamRange& r) {
+  return fmt::format("[{}, {})", r.begin, r.end);
+}
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
@@ -139,7 +143,8 @@ std::string publish(const std::string& save_dir, const fs::path& tmp, const Mode
   for (const auto& f : files) sizes[f] = fs::file_size(tmp / f);
   nlohmann::ordered_json j;
   j["format"] = "tessera-checkpoint";
-  j["format_version"] = shards.is_null() ? kUnshardedCheckpointFormatVersion : kCheckpointFormatVersion;
+  j["format_version"] =
+      shards.is_null() ? kUnshardedCheckpointFormatVersion : kCheckpointFormatVersion;
   j["tessera_version"] = TESSERA_VERSION;
   j["iteration"] = s.iteration;
   j["consumed_samples"] = s.consumed_samples;
@@ -241,9 +246,8 @@ void check_shard_coverage(std::vector<ShardRange> all, const ParamLayout& layout
         throw DataError(fmt::format(
             "{}: no optimizer shard holds flat elements {} (of {}); expected the shards "
             "listed in optimizer_shards to cover every parameter in [0, {})",
-            state_file,
-            describe({at, k == all.size() ? end : std::min(end, all[k].range.begin)}), p.name,
-            layout.total));
+            state_file, describe({at, k == all.size() ? end : std::min(end, all[k].range.begin)}),
+            p.name, layout.total));
     }
   }
 }
@@ -279,8 +283,10 @@ std::string checkpoint_dir_name(int64_t iteration) {
 
 std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& t,
                             const TrainerState& state, int64_t keep_last) {
-  TS_CHECK(t.owned.empty(), "{} owned ranges: sharded optimizer state is saved by every rank "
-           "(begin_sharded_checkpoint)", t.owned.size());
+  TS_CHECK(t.owned.empty(),
+           "{} owned ranges: sharded optimizer state is saved by every rank "
+           "(begin_sharded_checkpoint)",
+           t.owned.size());
   const auto& params = t.layout->params;
   FileToWrite optimizer{kOptimizerFile, {}, [&](size_t i, void* dst) {
                           const Tensor& src = i < params.size()       ? t.master
@@ -326,7 +332,8 @@ void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& 
   const size_t n = t.owned.size();
   FileToWrite shard{shard_file_name(rank, world), {}, [&](size_t i, void* dst) {
                       const Tensor& src = i < n ? t.master : i < 2 * n ? t.exp_avg : t.exp_avg_sq;
-                      t.backend->download(dst, src.flat_range(packed_at[i % n], t.owned[i % n].count()));
+                      t.backend->download(dst,
+                                          src.flat_range(packed_at[i % n], t.owned[i % n].count()));
                     }};
   for (const char* kind : kOptimizerKinds)
     for (const ParamRange& r : t.owned)
@@ -441,11 +448,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const nlohmann::json version = j.value("format_version", nlohmann::json());
   if (!version.is_number_integer() || version.get<int>() < kUnshardedCheckpointFormatVersion ||
       version.get<int>() > kCheckpointFormatVersion)
-    throw DataError(
-        fmt::format("{}: unknown checkpoint format version {}; this Tessera reads versions {} "
-                    "to {} (written by another Tessera version?)",
-                    state_file, version.dump(), kUnshardedCheckpointFormatVersion,
-                    kCheckpointFormatVersion));
+    throw DataError(fmt::format(
+        "{}: unknown checkpoint format version {}; this Tessera reads versions {} "
+        "to {} (written by another Tessera version?)",
+        state_file, version.dump(), kUnshardedCheckpointFormatVersion, kCheckpointFormatVersion));
   std::string dtype_text;
   std::map<std::string, uint64_t> sizes;
   std::vector<std::pair<std::string, std::vector<ParamRange>>> shard_list;
@@ -488,8 +494,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                       "copied?)",
                       f.string(), fs::file_size(f), bytes, kStateFile));
   }
-  const std::string model =
-      fmt::format("for the model in {} ({})", kStateFile, spec_.summary());
+  const std::string model = fmt::format("for the model in {} ({})", kStateFile, spec_.summary());
   model_ = std::make_unique<SafetensorsFile>((d / kModelFile).string());
   for (const auto& p : layout_.params) check_tensor(*model_, p.name, weights_dtype, p.shape, model);
   if (sizes.count(kOptimizerFile)) {
@@ -507,9 +512,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     Shard shard{std::make_unique<SafetensorsFile>((d / name).string()), ranges};
     for (const ParamRange& r : ranges) {
       if (r.begin < 0 || r.end <= r.begin || r.end > layout_.total)
-        throw DataError(fmt::format("{}: optimizer shard {} lists range {}; expected a non-empty "
-                                    "range within the model's {} flat elements",
-                                    state_file, name, describe(r), layout_.total));
+        throw DataError(
+            fmt::format("{}: optimizer shard {} lists range {}; expected a non-empty "
+                        "range within the model's {} flat elements",
+                        state_file, name, describe(r), layout_.total));
       for (const char* kind : kOptimizerKinds)
         check_tensor(*shard.file, slice_name(kind, r), DType::F32, {r.count()},
                      fmt::format("for range {} as {} lists", describe(r), kStateFile));
@@ -536,16 +542,18 @@ void Checkpoint::read_flat(
   for (const ParamInfo& p : layout_.params) {
     const int64_t lo = std::max(p.offset, r.begin), hi = std::min(p.offset + p.numel(), r.end);
     if (lo >= hi) continue;
-    fill(lo, optimizer_ ? optimizer_->to_float(std::string(kind) + "." + p.name, lo - p.offset, hi - lo)
-                        : model_->to_float(p.name, lo - p.offset, hi - lo));
+    fill(lo, optimizer_
+                 ? optimizer_->to_float(std::string(kind) + "." + p.name, lo - p.offset, hi - lo)
+                 : model_->to_float(p.name, lo - p.offset, hi - lo));
   }
 }
 
 std::vector<float> Checkpoint::read_param(FlatState state, const ParamInfo& p) const {
   std::vector<float> out(p.numel());
-  read_flat(state, {p.offset, p.offset + p.numel()}, [&](int64_t offset, const std::vector<float>& v) {
-    std::copy(v.begin(), v.end(), out.begin() + (offset - p.offset));
-  });
+  read_flat(state, {p.offset, p.offset + p.numel()},
+            [&](int64_t offset, const std::vector<float>& v) {
+              std::copy(v.begin(), v.end(), out.begin() + (offset - p.offset));
+            });
   return out;
 }
 

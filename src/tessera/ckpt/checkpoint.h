@@ -131,8 +131,9 @@ class Checkpoint {
   // Calls fill(offset, values) for pieces of `state` in `r`, wherever the checkpoint keeps
   // them (one tensor per parameter, or shards' slices); together they hold every parameter
   // element of r (gaps between parameters may be absent). ExpAvg/ExpAvgSq need optimizer state.
-  void read_flat(FlatState state, const ParamRange& r,
-                 const std::function<void(int64_t offset, const std::vector<float>& values)>& fill) const;
+  void read_flat(
+      FlatState state, const ParamRange& r,
+      const std::function<void(int64_t offset, const std::vector<float>& values)>& fill) const;
   // Any other tensor of the optimizer state (TrainingTensors::extra_state): null when absent.
   const SafetensorsTensor* optimizer_tensor(const std::string& name) const;
   std::vector<float> optimizer_values(const std::string& name) const;  // must exist
