@@ -24,8 +24,8 @@
 namespace tessera {
 
 // Version 2 added optimizer shards. Checkpoints without shards are still written as version 1,
-// which every Tessera reads; earlier ones refuse a sharded checkpoint rather than mistake it
-// for a weights-only one (it has no optimizer.safetensors).
+// which every Tessera reads; earlier Tessera versions refuse a sharded checkpoint rather than
+// mistake it for a weights-only one (it has no optimizer.safetensors).
 inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr int kUnshardedCheckpointFormatVersion = 1;
 inline constexpr const char* kTrackerFileName = "latest_checkpointed_iteration.txt";
@@ -146,7 +146,7 @@ class Checkpoint {
  private:
   struct Shard {
     std::unique_ptr<SafetensorsFile> file;
-    std::vector<ParamRange> ranges;  // increasing
+    std::vector<ParamRange> ranges;  // as trainer_state.json lists them
   };
   std::vector<float> read_param(FlatState state, const ParamInfo& p) const;
   const SafetensorsFile* optimizer_file_with(const std::string& name) const;
