@@ -83,6 +83,21 @@ TEST_F(Cli, TrainWritesThePrimusLayoutAndMetrics) {
   EXPECT_EQ(records[1]["consumed_samples"], 16);
   EXPECT_GT(records[1]["tokens_per_s_per_gpu"].get<double>(), 0);
   EXPECT_GT(records[1]["mem_peak_gib"].get<double>(), 0);
+
+  // The logged loss is the mean over the interval (Megatron's): the same run logging every
+  // iteration gives the losses it averages.
+  const RunResult each = run(tiny_args() + " --train_iters 4 --log_interval 1 --exp_name every");
+  ASSERT_EQ(each.exit_code, 0) << each.output;
+  std::ifstream every_metrics(ws_ / "g" / "u" / "every" / "metrics.jsonl");
+  std::vector<double> losses;
+  while (std::getline(every_metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("eval_lm_loss")) losses.push_back(j["lm_loss"].get<double>());
+  }
+  ASSERT_EQ(losses.size(), 4u);
+  EXPECT_NE(losses[0], losses[1]);
+  EXPECT_DOUBLE_EQ(records[0]["lm_loss"].get<double>(), (losses[0] + losses[1]) / 2);
+  EXPECT_DOUBLE_EQ(records[1]["lm_loss"].get<double>(), (losses[2] + losses[3]) / 2);
 }
 
 TEST_F(Cli, InvalidConfigExitsTwoAndCreatesNothing) {

@@ -209,7 +209,7 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("ckpt_keep_last", "checkpoint", "Checkpoints kept in `save` (older ones are deleted); 0 keeps all.", TS_FIELD(checkpoint.ckpt_keep_last)));
   k.push_back(string_key("hf_init_path", "checkpoint", "Hugging Face model directory (config.json + *.safetensors) whose weights initialise the model.", TS_FIELD(checkpoint.hf_init_path)));
   // ---- logging ----
-  k.push_back(int_key("log_interval", "logging", "Print the iteration line every this many iterations.", TS_FIELD(logging.log_interval)));
+  k.push_back(int_key("log_interval", "logging", "Print the iteration line every this many iterations; its loss (and metrics.jsonl's lm_loss) is the mean over those iterations, as Megatron logs it (skipped iterations left out).", TS_FIELD(logging.log_interval)));
   k.push_back(bool_key("log_progress", "logging", "Show a progress bar when stdout is a terminal.", TS_FIELD(logging.log_progress)));
   k.push_back(bool_key("profile", "logging", "Record a Chrome/Perfetto trace (GPU kernels, memory copies, CUDA API calls, op and layer ranges) of iterations [profile_step_start, profile_step_end) to {experiment}/traces/.", TS_FIELD(logging.profile)));
   k.push_back(int_key("profile_step_start", "logging", "First profiled iteration.", TS_FIELD(logging.profile_step_start)));

@@ -396,7 +396,8 @@ double Trainer::evaluate() {
                                         data_parallel_size_);
 }
 
-void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters) {
+void Trainer::log_iteration(const IterationStats& s, double loss, double interval_ms,
+                            int64_t interval_iters) {
   const profiler::PhaseSpan span(profiler_.get(), "logging");
   // Profiled iterations run slower (the recorder's overhead): their lines say so.
   const bool profiled =
@@ -415,12 +416,12 @@ void Trainer::log_iteration(const IterationStats& s, double interval_ms, int64_t
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
       "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
-      t.global_batch_size, s.loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
+      t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, profiled ? " | profiled" : "");
   if (!metrics_) return;
   nlohmann::json j;
   j["iteration"] = s.iteration;
-  j["lm_loss"] = std::isfinite(s.loss) ? nlohmann::json(s.loss) : nlohmann::json(nullptr);
+  j["lm_loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
   j["lr"] = s.lr;
   j["grad_norm"] = std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json(nullptr);
   j["elapsed_ms"] = ms;
@@ -452,6 +453,10 @@ TrainSummary Trainer::train() {
   auto interval_start = start;
   double steady_ms = 0;  // time of iterations after the first (which includes warm-up)
   int64_t interval_iters = 0;
+  // The logged loss is Megatron's: the mean over the interval's iterations that applied an
+  // update, so a log every N iterations is not one batch's (noisy) loss.
+  double interval_loss_sum = 0;
+  int64_t interval_losses = 0;
   const int64_t first = completed_iterations_ + 1;  // > 1 when resuming
   int64_t last = t.train_iters;                      // earlier when target_loss is reached
   for (int64_t it = first; it <= t.train_iters; ++it) {
@@ -461,12 +466,16 @@ TrainSummary Trainer::train() {
     const IterationStats s = run_iteration(it);
     if (it > first) steady_ms += ms_since(t0);
     ++interval_iters;
+    if (!s.skipped && std::isfinite(s.loss)) interval_loss_sum += s.loss, ++interval_losses;
     if (it == first) sum.first_loss = s.loss;
     sum.last_loss = s.loss;
     if (it % exp_.logging.log_interval == 0 || it == t.train_iters) {
-      log_iteration(s, ms_since(interval_start), interval_iters);
+      const double logged_loss = interval_losses > 0 ? interval_loss_sum / static_cast<double>(interval_losses) : s.loss;
+      log_iteration(s, logged_loss, ms_since(interval_start), interval_iters);
       interval_start = Clock::now();
       interval_iters = 0;
+      interval_loss_sum = 0;
+      interval_losses = 0;
     }
     const bool eval_now = data_.valid && exp_.data.eval_interval > 0 &&
                           (it % exp_.data.eval_interval == 0 || it == t.train_iters);

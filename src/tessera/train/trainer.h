@@ -68,7 +68,8 @@ class Trainer {
  private:
   void check_memory_fits() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
-  void log_iteration(const IterationStats& s, double interval_ms, int64_t interval_iters);
+  // loss: the mean over the interval's applied iterations (the last one's when none applied).
+  void log_iteration(const IterationStats& s, double loss, double interval_ms, int64_t interval_iters);
   TrainingTensors training_tensors() const;
   void restore_start_state();
   int stop_signal_after_iteration();
