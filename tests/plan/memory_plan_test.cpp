@@ -93,6 +93,7 @@ TEST(MemoryPlan, RecomputeAndMicroBatchOrderActivations) {
   PlanInput in = input_for(e);
   auto acts = [&](RecomputeGranularity r, int64_t mbs) {
     PlanInput x = in;
+    x.runtime.cross_entropy_chunk_tokens = 4096;
     x.runtime.recompute = r;
     x.runtime.micro_batch = mbs;
     return plan_memory(x).activations;

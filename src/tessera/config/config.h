@@ -66,7 +66,7 @@ struct TrainingConfig {
   RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
   int64_t recompute_num_layers = 0;       // 0: all layers (with full recompute)
   int64_t max_consecutive_nan_iters = 10;
-  int64_t cross_entropy_chunk_tokens = 4096;
+  int64_t cross_entropy_chunk_tokens = 8192;
   AttentionBackend attention_backend = AttentionBackend::Auto;
   bool gemm_autotune = true;  // time cuBLASLt's candidate algorithms per GEMM shape
   Fp8Mode fp8 = Fp8Mode::Off;

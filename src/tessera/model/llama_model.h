@@ -24,7 +24,7 @@ struct ModelRuntime {
   DType compute_dtype = DType::F32;
   RecomputeGranularity recompute = RecomputeGranularity::None;
   int64_t recompute_num_layers = 0;  // with Full: first N layers; 0 = all
-  int64_t cross_entropy_chunk_tokens = 4096;
+  int64_t cross_entropy_chunk_tokens = 8192;
   // The parameter and gradient buffers are allocated for the parameter count rounded up to
   // this multiple, so data parallelism can split them into equal per-rank shards.
   int64_t flat_buffer_multiple = 1;

@@ -388,29 +388,30 @@ std::optional<double> adamw_grad_scale(double grad_norm_sq, double max_grad_norm
   return std::min(clip, 1.0);
 }
 
+// GCC contracts a * b + c into one FMA under -march=x86-64-v3 even in ISO mode; the update
+// must round every step as the CUDA kernel does.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 template <class T>
 void adamw_update(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n,
                   const AdamWSettings& s, bool decay, double grad_scale) {
-  // Element math in double (the op is memory-bound), in torch.optim.AdamW's order: decoupled
-  // decay p *= 1 - lr wd, then p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-  const double beta1 = s.beta1, beta2 = s.beta2, lr = s.lr, eps = s.eps;
-  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(s.step));
-  const double sqrt_bias_correction2 =
-      std::sqrt(1.0 - std::pow(beta2, static_cast<double>(s.step)));
-  const double step_size = lr / bias_correction1;
-  const double decay_factor = decay ? 1.0 - lr * s.weight_decay : 1.0;
+  // Element math in T (fp32 for fp32 state, as torch's fused AdamW), in torch.optim.AdamW's
+  // order: decoupled decay p *= 1 - lr wd, then p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
+  // Every operation rounds once (no contraction; sqrt and divide are correctly rounded), the
+  // order the CUDA kernel spells out with explicit intrinsics: both give the same bits.
+  const AdamWScalarsOf<T> c = adamw_scalars<T>(s, decay, grad_scale);
   for (int64_t i = 0; i < n; ++i) {
-    const double g = grad[i] * grad_scale;
-    const double m = beta1 * exp_avg[i] + (1.0 - beta1) * g;
-    const double v = beta2 * exp_avg_sq[i] + (1.0 - beta2) * g * g;
-    const double p =
-        master[i] * decay_factor - step_size * m / (std::sqrt(v) / sqrt_bias_correction2 + eps);
-    exp_avg[i] = static_cast<T>(m);
-    exp_avg_sq[i] = static_cast<T>(v);
-    master[i] = static_cast<T>(p);
-    if (params != nullptr) params[i] = master[i];
+    const T g = grad[i] * c.grad_scale;
+    const T m = c.beta1 * exp_avg[i] + c.one_minus_beta1 * g;
+    const T v = c.beta2 * exp_avg_sq[i] + c.one_minus_beta2 * g * g;
+    const T p = master[i] * c.decay_factor - c.step_size * m / (std::sqrt(v) / c.sqrt_bias_correction2 + c.eps);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    master[i] = p;
+    if (params != nullptr) params[i] = p;
   }
 }
+#pragma GCC pop_options
 
 template <class T>
 void adamw_step(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, double grad_norm_sq,

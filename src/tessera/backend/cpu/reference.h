@@ -9,6 +9,7 @@
 //
 // Output semantics are the op API's: gradients documented there as "accumulates" add into
 // their existing contents; every other output is overwritten.
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -148,6 +149,32 @@ struct AdamWSettings {
   int64_t step = 1;
   static AdamWSettings from(const AdamWArgs& a);
 };
+
+// The per-step constants of the element math in T, derived in double from the float
+// settings (the CUDA backend derives its fp32 constants with this too).
+template <class T>
+struct AdamWScalarsOf {
+  T beta1, beta2, one_minus_beta1, one_minus_beta2;
+  T step_size;              // lr / (1 - beta1^step)
+  T sqrt_bias_correction2;  // sqrt(1 - beta2^step)
+  T eps;
+  T decay_factor;  // 1 - lr * weight_decay where decay applies, else 1
+  T grad_scale;    // the clipping factor (adamw_grad_scale)
+};
+
+template <class T>
+AdamWScalarsOf<T> adamw_scalars(const AdamWSettings& s, bool decay, double grad_scale) {
+  const double beta1 = s.beta1, beta2 = s.beta2, lr = s.lr, step = static_cast<double>(s.step);
+  return {static_cast<T>(beta1),
+          static_cast<T>(beta2),
+          static_cast<T>(1.0 - beta1),
+          static_cast<T>(1.0 - beta2),
+          static_cast<T>(lr / (1.0 - std::pow(beta1, step))),
+          static_cast<T>(std::sqrt(1.0 - std::pow(beta2, step))),
+          static_cast<T>(static_cast<double>(s.eps)),
+          static_cast<T>(decay ? 1.0 - lr * s.weight_decay : 1.0),
+          static_cast<T>(grad_scale)};
+}
 
 // The factor every gradient is multiplied by: max_grad_norm / (norm + 1e-6) when clipping is
 // on and that is below 1, otherwise 1. nullopt when grad_norm_sq is not finite: skip the step.

@@ -25,14 +25,14 @@ int64_t adamw_chunk_elements();
 // Cuts the segments into chunks, in segment order.
 std::vector<AdamWChunk> adamw_chunks(std::span<const ParamSegment> segments);
 
-// Per-step scalars, derived on the host in double exactly as ref::adamw_update does.
+// Per-step fp32 constants, derived on the host as ref::adamw_scalars does.
 struct AdamWScalars {
-  double beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0;
-  double step_size = 0;              // lr / (1 - beta1^step)
-  double sqrt_bias_correction2 = 0;  // sqrt(1 - beta2^step)
-  double eps = 0;
-  double decay_factor = 1;   // 1 - lr * weight_decay, for decaying chunks
-  double max_grad_norm = 0;  // 0: no clipping
+  float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0;
+  float step_size = 0;              // lr / (1 - beta1^step)
+  float sqrt_bias_correction2 = 0;  // sqrt(1 - beta2^step)
+  float eps = 0;
+  float decay_factor = 1;    // 1 - lr * weight_decay, for decaying chunks
+  double max_grad_norm = 0;  // 0: no clipping (the clip factor is derived in double)
 };
 
 // torch.optim.AdamW on every chunk: reads grad_norm_sq (1, fp32, device) and, when it is not

@@ -19,6 +19,7 @@
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
+#include "tessera/backend/cpu/reference.h"
 #include "tessera/backend/op_checks.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/op_observer.h"
@@ -833,17 +834,19 @@ void CudaBackend::adamw_step(const AdamWArgs& args) {
   }
   TS_CHECK(args.step >= 1, "cuda adamw_step: step {} is not 1-based", args.step);
 
-  // The same doubles as ref::adamw_update computes from the same float settings.
+  // The same constants as ref::adamw_update derives from the same float settings.
+  const ref::AdamWSettings settings{args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
+                                    args.max_grad_norm, args.step};
+  const auto c = ref::adamw_scalars<float>(settings, /*decay=*/true, 1.0);
   AdamWScalars s;
-  s.beta1 = args.beta1;
-  s.beta2 = args.beta2;
-  s.one_minus_beta1 = 1.0 - s.beta1;
-  s.one_minus_beta2 = 1.0 - s.beta2;
-  const double lr = args.lr;
-  s.step_size = lr / (1.0 - std::pow(s.beta1, static_cast<double>(args.step)));
-  s.sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(s.beta2, static_cast<double>(args.step)));
-  s.eps = args.eps;
-  s.decay_factor = 1.0 - lr * args.weight_decay;
+  s.beta1 = c.beta1;
+  s.beta2 = c.beta2;
+  s.one_minus_beta1 = c.one_minus_beta1;
+  s.one_minus_beta2 = c.one_minus_beta2;
+  s.step_size = c.step_size;
+  s.sqrt_bias_correction2 = c.sqrt_bias_correction2;
+  s.eps = c.eps;
+  s.decay_factor = c.decay_factor;
   s.max_grad_norm = args.max_grad_norm;
 
   int64_t chunk_count = 0;
