@@ -1,6 +1,7 @@
 #!/bin/bash
 # Multi-GPU checks for a machine with 2+ GPUs; builds nothing (run after the build exists).
-#   scripts/device/dist_suite.sh [BUILD_DIR]     results under $OUT (default ./dist_out)
+#   scripts/device/dist_suite.sh [BUILD_DIR] [STEP ...]   results under $OUT (default ./dist_out)
+# STEP: tests comm proxies full (default: all)
 # 1. the 2-GPU tests (DP and ZeRO-1 loss vs 1 GPU, killed rank), 2. bench comm on 2 GPUs and
 # on 1, preflight, 3. the Llama 3.1 8B proxy (4 layers, mock data) on 1 GPU, 2 GPUs DP, 2 GPUs
 # ZeRO-1, 4. the full 32-layer Llama 3.1 8B on 2 GPUs (ZeRO-1, full recompute) beside the
@@ -12,11 +13,18 @@ TESSERA=$BUILD/tessera
 mkdir -p "$OUT"
 status=0
 step() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+shift $(( $# > 0 ? 1 : 0 ))
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests comm proxies full)
+want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
+if want tests; then
 step "gpu tests (DistGpu.*)"
 "$BUILD/test_gpu" --gtest_filter='DistGpu.*' > "$OUT/dist_gpu_tests.txt" 2>&1 || status=1
 tail -n 5 "$OUT/dist_gpu_tests.txt" | tee -a "$OUT/summary.txt"
+fi
+if want comm; then
 
 step "bench comm, 2 GPUs"
 "$TESSERA" launch --nproc_per_node 2 --master_port 29621 bench comm -o "$OUT/comm_2gpu" \
@@ -28,9 +36,11 @@ step "bench comm, 1 GPU"
 step "preflight (all-reduce over every GPU)"
 "$TESSERA" preflight -o "$OUT/preflight" > "$OUT/preflight.txt" 2>&1 || status=1
 grep -E "all-reduce|verdict" "$OUT/preflight.txt" | tee -a "$OUT/summary.txt"
+fi
 
 PROXY="train --config llama3.1_8B-pretrain --num_layers 4 --mock_data true --train_iters 30
   --log_interval 5 --micro_batch_size 1 --global_batch_size 8 --workspace $OUT/runs"
+if want proxies; then
 step "Llama 3.1 8B proxy, 1 GPU (8 accumulation steps)"
 "$TESSERA" $PROXY --exp_name proxy_1gpu > "$OUT/proxy_1gpu.txt" 2>&1 || status=1
 step "Llama 3.1 8B proxy, 2 GPUs DP"
@@ -42,16 +52,20 @@ step "Llama 3.1 8B proxy, 2 GPUs ZeRO-1"
 step "Llama 3.1 8B proxy, 2 GPUs DP without overlap"
 "$TESSERA" launch --nproc_per_node 2 --master_port 29624 $PROXY --exp_name proxy_dp2_nooverlap \
   --overlap_grad_reduce false > "$OUT/proxy_dp2_nooverlap.txt" 2>&1 || status=1
+fi
 FULL="train --config llama3.1_8B-pretrain --mock_data true --train_iters 6 --log_interval 1
   --micro_batch_size 1 --global_batch_size 4 --use_distributed_optimizer true
   --recompute_granularity full --workspace $OUT/runs"
+if want full; then
 step "Full Llama 3.1 8B (32 layers, seq 8192), 2 GPUs ZeRO-1 + full recompute"
 "$TESSERA" memory --config llama3.1_8B-pretrain --num_gpus 2 --sharding zero1 \
   --recompute_granularity full --micro_batch_size 1 > "$OUT/full8b_memory_plan.txt" 2>&1
 grep -E "^\| (allocated|total) |FITS|DOES NOT" "$OUT/full8b_memory_plan.txt" | tee -a "$OUT/summary.txt"
 "$TESSERA" launch --nproc_per_node 2 --master_port 29625 $FULL --exp_name full8b_zero2 \
   > "$OUT/full8b_zero2.txt" 2>&1 || status=1
+fi
 for r in proxy_1gpu proxy_dp2 proxy_zero2 proxy_dp2_nooverlap full8b_zero2; do
+  [ -f "$OUT/$r.txt" ] || continue
   grep -h "done:" "$OUT/$r.txt" | sed "s/^/$r: /" | tee -a "$OUT/summary.txt"
   find "$OUT/runs" -path "*$r/metrics.jsonl" -exec cp {} "$OUT/$r.metrics.jsonl" \;
 done

@@ -15,9 +15,10 @@ if [ -f "$ROOT/.device/payload.tgz" ]; then
   tar xzf "$ROOT/.device/payload.tgz" -C "$ROOT/.device"
   [ -e "$ROOT/node_modules" ] || ln -s "$ROOT/.device/node_modules" "$ROOT/node_modules"
 fi
-# Test binaries have the build machine's source path compiled in, and the tessera binary's
-# path in the build directory.
-mkdir -p /work && [ -e /work/main ] || ln -s "$ROOT" /work/main
+# Test binaries have the build machine's source path compiled in (TESSERA_BUILT_AT, default
+# /work/main), and the tessera binary's path in the build directory.
+BUILT_AT="${TESSERA_BUILT_AT:-/work/main}"
+mkdir -p "$(dirname "$BUILT_AT")" && [ -e "$BUILT_AT" ] || ln -s "$ROOT" "$BUILT_AT"
 mkdir -p "$ROOT/build" && ln -sf "$BIN/tessera" "$ROOT/build/tessera"
 export TESSERA_ROOT="$ROOT" NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Host libraries of the build machine travel in .device/lib; cuBLASLt comes from the GPU
@@ -141,7 +142,7 @@ if want curves; then
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"
-  OUT="$OUT/dist" timeout 540 bash "$ROOT/scripts/device/dist_suite.sh" "$BIN" 2>&1 | tail -40
+  OUT="$OUT/dist" timeout 540 bash "$ROOT/scripts/device/dist_suite.sh" "$BIN" ${DIST_STEPS:-} 2>&1 | tail -40
 fi
 # Many small files do not all come back from the GPU machine: one archive of the outputs.
 tar czf "$OUT/outputs.tgz" -C "$OUT" --exclude outputs.tgz --exclude '*.trace.json.gz' . 2>/dev/null
