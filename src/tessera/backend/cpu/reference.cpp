@@ -381,50 +381,6 @@ AdamWSettings AdamWSettings::from(const AdamWArgs& a) {
   return {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.max_grad_norm, a.step};
 }
 
-std::optional<double> adamw_grad_scale(double grad_norm_sq, double max_grad_norm) {
-  if (!std::isfinite(grad_norm_sq)) return std::nullopt;
-  if (max_grad_norm <= 0) return 1.0;
-  const double clip = max_grad_norm / (std::sqrt(grad_norm_sq) + 1e-6);
-  return std::min(clip, 1.0);
-}
-
-// GCC contracts a * b + c into one FMA under -march=x86-64-v3 even in ISO mode; the update
-// must round every step as the CUDA kernel does.
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-template <class T>
-void adamw_update(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, int64_t n,
-                  const AdamWSettings& s, bool decay, double grad_scale) {
-  // Element math in T (fp32 for fp32 state, as torch's fused AdamW), in torch.optim.AdamW's
-  // order: decoupled decay p *= 1 - lr wd, then p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
-  // Every operation rounds once (no contraction; sqrt and divide are correctly rounded), the
-  // order the CUDA kernel spells out with explicit intrinsics: both give the same bits.
-  const AdamWScalarsOf<T> c = adamw_scalars<T>(s, decay, grad_scale);
-  for (int64_t i = 0; i < n; ++i) {
-    const T g = grad[i] * c.grad_scale;
-    const T m = c.beta1 * exp_avg[i] + c.one_minus_beta1 * g;
-    const T v = c.beta2 * exp_avg_sq[i] + c.one_minus_beta2 * g * g;
-    const T p = master[i] * c.decay_factor - c.step_size * m / (std::sqrt(v) / c.sqrt_bias_correction2 + c.eps);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    master[i] = p;
-    if (params != nullptr) params[i] = p;
-  }
-}
-#pragma GCC pop_options
-
-template <class T>
-void adamw_step(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad, double grad_norm_sq,
-                std::span<const ParamSegment> segments, const AdamWSettings& s) {
-  const std::optional<double> scale = adamw_grad_scale(grad_norm_sq, s.max_grad_norm);
-  if (!scale) return;
-  for (const ParamSegment& seg : segments) {
-    const int64_t o = seg.offset;
-    adamw_update(master + o, params != nullptr ? params + o : nullptr, exp_avg + o, exp_avg_sq + o,
-                 grad + o, seg.count, s, seg.decay, *scale);
-  }
-}
-
 template <class T>
 void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean, T std) {
   for (int64_t i = 0; i < n; ++i) {
@@ -461,10 +417,6 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, T);           \
   template void sum<T>(T*, const T*, int64_t, bool);                                               \
   template void sum_squares<T>(T*, const T*, int64_t, bool);                                       \
-  template void adamw_update<T>(T*, T*, T*, T*, const T*, int64_t, const AdamWSettings&, bool,     \
-                                double);                                                           \
-  template void adamw_step<T>(T*, T*, T*, T*, const T*, double, std::span<const ParamSegment>,     \
-                              const AdamWSettings&);                                               \
   template void init_normal<T>(T*, int64_t, uint64_t, uint64_t, T, T);
 
 TESSERA_REF_INSTANTIATE(float)
