@@ -5,7 +5,8 @@
 # `tessera report --ranks`, the curves through `tessera plot`, and one markdown table.
 #   examples/bench/node8.sh [GPUS] [ITERS]        (defaults: 8 GPUs, 50 iterations)
 # Environment: TESSERA (binary, default build/tessera), OUT (results, default ./node8_out),
-# GPU (spec for the memory planner, default H200).
+# GPU (spec for the memory planner, default H200), GBS_LLAMA / GBS_QWEN (global batches,
+# default the seeds' 256 / 512; smaller ones make a quick check of the whole script).
 # Batch settings are the seeds' (Llama: micro 2, global 256; Qwen: micro 4, global 512). The
 # memory planner picks the cheapest recompute that fits (null = none, selective, full) and
 # the largest micro batch up to the seeds' that fits; the chosen settings are in the table.
@@ -15,6 +16,8 @@ ITERS=${2:-50}
 TESSERA=${TESSERA:-build/tessera}
 OUT=${OUT:-$PWD/node8_out}
 GPU=${GPU:-H200}
+GBS_LLAMA=${GBS_LLAMA:-256}
+GBS_QWEN=${GBS_QWEN:-512}
 mkdir -p "$OUT"
 status=0
 table="$OUT/node.md"
@@ -82,16 +85,16 @@ print(f"| {model} | {precision} | {gpus} | {mbs} | {recompute} | {med('elapsed_m
 PY
 }
 
-run "llama3.1-8B_bf16_${GPUS}gpu" llama3.1_8B "$GPUS" 256 2
-run "llama3.1-8B_fp8_${GPUS}gpu" llama3.1_8B "$GPUS" 256 2 --fp8 hybrid
-run "qwen2.5-7B_bf16_${GPUS}gpu" qwen2.5_7B "$GPUS" 512 4
-run "qwen2.5-7B_fp8_${GPUS}gpu" qwen2.5_7B "$GPUS" 512 4 --fp8 hybrid
+run "llama3.1-8B_bf16_${GPUS}gpu" llama3.1_8B "$GPUS" "$GBS_LLAMA" 2
+run "llama3.1-8B_fp8_${GPUS}gpu" llama3.1_8B "$GPUS" "$GBS_LLAMA" 2 --fp8 hybrid
+run "qwen2.5-7B_bf16_${GPUS}gpu" qwen2.5_7B "$GPUS" "$GBS_QWEN" 4
+run "qwen2.5-7B_fp8_${GPUS}gpu" qwen2.5_7B "$GPUS" "$GBS_QWEN" 4 --fp8 hybrid
 
-# Scaling: the same Llama run on 1, 2, 4, ... GPUs (global batch 256 throughout); one GPU
+# Scaling: the same Llama run on 1, 2, 4, ... GPUs (one global batch throughout); one GPU
 # holds the full model only with a 4-layer proxy, so the series uses the seeds' proxy
 # (--num_layers 4) at every size, and its 1-GPU figure is the efficiency baseline.
 for ((g = 1; g <= GPUS; g *= 2)); do
-  run "llama3.1-8B-proxy_bf16_${g}gpu" llama3.1_8B "$g" 256 2 --num_layers 4
+  run "llama3.1-8B-proxy_bf16_${g}gpu" llama3.1_8B "$g" "$GBS_LLAMA" 2 --num_layers 4
 done
 
 # A profiled step on every rank, and the cross-rank report (collective skew, stragglers).
