@@ -3,7 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#       [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [dist]   (not in the default; dist: 2 GPUs)
+#       [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node] [dist]   (not in the default; dist: 2 GPUs)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -139,6 +139,12 @@ fi
 if want curves; then
   echo "== fp32 / bf16 / FP8 hybrid loss curves of the FP8 curve test's model"
   timeout 400 bash "$ROOT/scripts/device/fp8_curves.sh" "$BIN/tessera" "$OUT/fp8_curves" 2>&1 | tail -40
+fi
+if want node; then
+  echo "== examples/bench/node8.sh on the visible GPUs, small global batches, 3 iterations"
+  gpus=$(nvidia-smi -L | wc -l)
+  GBS_LLAMA=$((4 * gpus)) GBS_QWEN=$((4 * gpus)) TESSERA="$BIN/tessera" OUT="$OUT/node" \
+    timeout 330 bash "$ROOT/examples/bench/node8.sh" "$gpus" 3 2>&1 | tail -20
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"
