@@ -83,9 +83,11 @@ void set_fp8_scales(cublasLtMatmulDesc_t desc, const MatmulProblem& p) {
 struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-  // The heuristic's algorithms, best first; `chosen` is the first that ran (some FP8
-  // combinations are offered by the heuristic but refused by cublasLtMatmul).
-  static constexpr int kMaxAlgos = 8;
+  // The heuristic's algorithms, best first; `chosen` is the fastest when tuned, else the
+  // first that ran (some FP8 combinations are offered by the heuristic but refused by
+  // cublasLtMatmul). 32: the heuristic's first 8 missed the best algorithm for some of a
+  // training step's shapes.
+  static constexpr int kMaxAlgos = 32;
   cublasLtMatmulAlgo_t algos[kMaxAlgos] = {};
   int algo_count = 0, chosen = 0;
   bool bias_in_epilogue = false;
