@@ -85,8 +85,8 @@ struct LtMatmul::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   // The heuristic's algorithms, best first; `chosen` is the fastest when tuned, else the
   // first that ran (some FP8 combinations are offered by the heuristic but refused by
-  // cublasLtMatmul). 32: the heuristic's first 8 missed the best algorithm for some of a
-  // training step's shapes.
+  // cublasLtMatmul). Up to 32: the heuristic's order is a model's guess, and timing more
+  // of its candidates costs only the first call of each shape.
   static constexpr int kMaxAlgos = 32;
   cublasLtMatmulAlgo_t algos[kMaxAlgos] = {};
   int algo_count = 0, chosen = 0;
