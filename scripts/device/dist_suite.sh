@@ -49,6 +49,9 @@ step "Llama 3.1 8B proxy, 2 GPUs DP"
 step "Llama 3.1 8B proxy, 2 GPUs ZeRO-1"
 "$TESSERA" launch --nproc_per_node 2 --master_port 29623 $PROXY --exp_name proxy_zero2 \
   --use_distributed_optimizer true > "$OUT/proxy_zero2.txt" 2>&1 || status=1
+step "Llama 3.1 8B proxy, 2 GPUs ZeRO-1, parameter gather overlapped with the forward"
+"$TESSERA" launch --nproc_per_node 2 --master_port 29626 $PROXY --exp_name proxy_zero2_overlap \
+  --use_distributed_optimizer true --overlap_param_gather true > "$OUT/proxy_zero2_overlap.txt" 2>&1 || status=1
 step "Llama 3.1 8B proxy, 2 GPUs DP without overlap"
 "$TESSERA" launch --nproc_per_node 2 --master_port 29624 $PROXY --exp_name proxy_dp2_nooverlap \
   --overlap_grad_reduce false > "$OUT/proxy_dp2_nooverlap.txt" 2>&1 || status=1
@@ -64,7 +67,7 @@ grep -E "^\| (allocated|total) |FITS|DOES NOT" "$OUT/full8b_memory_plan.txt" | t
 "$TESSERA" launch --nproc_per_node 2 --master_port 29625 $FULL --exp_name full8b_zero2 \
   > "$OUT/full8b_zero2.txt" 2>&1 || status=1
 fi
-for r in proxy_1gpu proxy_dp2 proxy_zero2 proxy_dp2_nooverlap full8b_zero2; do
+for r in proxy_1gpu proxy_dp2 proxy_zero2 proxy_zero2_overlap proxy_dp2_nooverlap full8b_zero2; do
   [ -f "$OUT/$r.txt" ] || continue
   grep -h "done:" "$OUT/$r.txt" | sed "s/^/$r: /" | tee -a "$OUT/summary.txt"
   find "$OUT/runs" -path "*$r/metrics.jsonl" -exec cp {} "$OUT/$r.metrics.jsonl" \;

@@ -1,7 +1,8 @@
 // Data-parallel trainers on the CPU backend, their ranks as threads (thread_ranks.h): a
 // ZeRO-1 run saves sharded checkpoints, and resuming from one continues it at 2 ranks bitwise
 // and at 1 and 3 ranks up to the order of fp32 gradient sums; a whole (1-rank) checkpoint
-// resumes a ZeRO-1 run the same way; plain data parallelism saves a whole checkpoint once.
+// resumes a ZeRO-1 run the same way; plain data parallelism saves a whole checkpoint once;
+// overlapping the ZeRO-1 parameter gather with the forward changes no bit.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -132,6 +133,22 @@ TEST(DataParallelResume, PlainDataParallelSavesOneWholeCheckpoint) {
   expect_continues(
       train(experiment(dir.path(), 2, "load: " + ckpt.string() + "\n"), 2, dir / "two.jsonl"),
       straight, 0.0, "2 ranks");
+}
+
+// overlap_param_gather changes when the ZeRO-1 parameter gather runs, not what it computes:
+// with saving on (stop-signal agreement and barriers in the step) and without, the losses,
+// the weights and the resumed run are bitwise those of the gather before the forward.
+TEST(DataParallelResume, OverlappedParamGatherMatchesGatherBeforeTheForward) {
+  ScratchDir dir;
+  const std::string overlap = "overlap_param_gather: true\n";
+  const TrainingRun plain = train(experiment(dir.path(), 2, kZero1), 2, dir / "plain.jsonl");
+  const TrainingRun overlapped =
+      train(experiment(dir.path(), 2, kZero1 + overlap + saving(dir / "save")), 2, dir / "overlap.jsonl");
+  ASSERT_EQ(overlapped.losses, plain.losses);
+  EXPECT_EQ(overlapped.params, plain.params);
+  const std::string load = "load: " + (dir / "save" / "iter_0000003").string() + "\n";
+  expect_continues(train(experiment(dir.path(), 2, kZero1 + overlap + load), 2, dir / "resumed.jsonl"),
+                   plain, 0.0, "resumed with overlap");
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ struct TrainingConfig {
   // Data parallelism (docs/distributed.md); the world size comes from the launcher.
   bool use_distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over ranks
   bool overlap_grad_reduce = true;         // reduce gradient buckets during the backward
+  bool overlap_param_gather = false;       // ZeRO-1: gather parameters during the next forward
   int64_t ddp_bucket_size = 40000000;      // elements per gradient bucket
   double dist_timeout_minutes = 10.0;      // rendezvous and collective timeout
 };

@@ -5,7 +5,10 @@
 //   Lane::Compute  the backend's own stream, ordered with the ops before and after it;
 //   Lane::Comm     a separate stream that first waits for the compute work queued so far,
 //                  so the collective overlaps with compute queued later; wait_comm() makes
-//                  compute wait for every collective queued on Lane::Comm.
+//                  compute wait for every collective queued on Lane::Comm, wait_comm_mark()
+//                  for those before a mark.
+// Collectives run in the order they are issued on every rank: one on Lane::Compute first
+// waits for any still queued on Lane::Comm (one communicator runs one collective at a time).
 // Sum reductions of fp32/bf16 data; counts are elements. A failed or timed-out collective
 // never returns an error to the caller: the communicator's watchdog aborts it and ends the
 // process with a message naming the collective, its bytes and, where known, the late rank.
@@ -52,6 +55,11 @@ class Communicator {
 
   // Compute waits for everything queued on Lane::Comm so far.
   virtual void wait_comm() = 0;
+  // A point in Lane::Comm's queue: wait_comm_mark(m) makes compute wait for the collectives
+  // queued on Lane::Comm before comm_mark() returned m, not for later ones. A mark is valid
+  // until the next wait_comm().
+  virtual int comm_mark() = 0;
+  virtual void wait_comm_mark(int mark) = 0;
   // Waits on the host for all queued collectives (barrier-like when every rank calls it).
   virtual void synchronize() = 0;
   // Ends the communicator collectively (all ranks call it); after this the watchdog is off.

@@ -50,9 +50,14 @@ DataParallel::DataParallel(Communicator& comm, LlamaModel& model, const DataPara
   if (plan_.padded > plan_.params)
     model.backend().fill(padded_view(model.grads(), {plan_.params, plan_.padded}), 0.0f);
   model_.set_grads_ready_hook([this](int64_t ready_from) { on_grads_ready(ready_from); });
+  if (options_.shard_optimizer && options_.overlap_param_gather)
+    model_.set_params_needed_hook([this](int64_t needed_end) { on_params_needed(needed_end); });
 }
 
-DataParallel::~DataParallel() { model_.set_grads_ready_hook(nullptr); }
+DataParallel::~DataParallel() {
+  model_.set_grads_ready_hook(nullptr);
+  model_.set_params_needed_hook(nullptr);
+}
 
 std::vector<ParamRange> DataParallel::optimizer_ranges() const {
   return options_.shard_optimizer ? plan_.owned(comm_.rank()) : std::vector<ParamRange>{};
@@ -86,6 +91,7 @@ void DataParallel::on_grads_ready(int64_t ready_from) {
 }
 
 void DataParallel::finish_gradient_reduction() {
+  settle_params();
   const Lane lane = options_.overlap_grad_reduce ? Lane::Comm : Lane::Compute;
   while (next_bucket_ < plan_.buckets.size()) reduce_bucket(next_bucket_++, lane);
   armed_ = false;
@@ -101,24 +107,55 @@ void DataParallel::grad_norm_sq(const Tensor& out, const AdamWOptimizer& optimiz
   b.fill(out, 0.0f);
   for (const ParamRange& r : optimizer.owned())
     b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
+  settle_params();
   comm_.all_reduce(out, ReduceOp::Sum, Lane::Compute);
 }
 
 void DataParallel::gather_params() {
   if (!options_.shard_optimizer) return;
-  for (size_t k = 0; k < plan_.buckets.size(); ++k)
+  settle_params();
+  if (!options_.overlap_param_gather) {
+    for (size_t k = 0; k < plan_.buckets.size(); ++k)
+      comm_.all_gather(padded_view(model_.params(), plan_.buckets[k]),
+                       padded_view(model_.params(), plan_.shard(k, comm_.rank())), Lane::Compute);
+    return;
+  }
+  // The forward reads the buffer from offset 0 up: gather the buckets in that order.
+  for (size_t k = plan_.buckets.size(); k-- > 0;) {
     comm_.all_gather(padded_view(model_.params(), plan_.buckets[k]),
-                     padded_view(model_.params(), plan_.shard(k, comm_.rank())), Lane::Compute);
+                     padded_view(model_.params(), plan_.shard(k, comm_.rank())), Lane::Comm);
+    gathers_.push_back({plan_.buckets[k].begin, comm_.comm_mark()});
+  }
 }
 
-void DataParallel::sum(const Tensor& t) { comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute); }
+void DataParallel::on_params_needed(int64_t needed_end) {
+  while (next_gather_ < gathers_.size() && gathers_[next_gather_].begin < needed_end)
+    comm_.wait_comm_mark(gathers_[next_gather_++].mark);
+  if (next_gather_ == gathers_.size()) gathers_.clear(), next_gather_ = 0;
+}
 
-void DataParallel::max(const Tensor& t) { comm_.all_reduce(t, ReduceOp::Max, Lane::Compute); }
+void DataParallel::settle_params() {
+  if (gathers_.empty()) return;
+  comm_.wait_comm();
+  gathers_.clear();
+  next_gather_ = 0;
+}
+
+void DataParallel::sum(const Tensor& t) {
+  settle_params();
+  comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute);
+}
+
+void DataParallel::max(const Tensor& t) {
+  settle_params();
+  comm_.all_reduce(t, ReduceOp::Max, Lane::Compute);
+}
 
 void DataParallel::barrier() {
   // No rank's all-reduce completes before every rank has joined it, and reading its result
   // on the host waits for that completion.
   const Tensor flag = barrier_buffer_.tensor(DType::F32, {1});
+  settle_params();
   comm_.all_reduce(flag, ReduceOp::Sum, Lane::Compute);
   float ignored = 0;
   model_.backend().download(&ignored, flag);

@@ -13,7 +13,10 @@
 //   ZeRO-1     reduce-scatter of every bucket: rank r receives the sum of slice r of each
 //              bucket and keeps fp32 master weights and AdamW moments only for those slices
 //              (AdamWOptimizer's owned ranges); after the update every rank's bf16 slices are
-//              all-gathered back into each rank's full parameter buffer.
+//              all-gathered back into each rank's full parameter buffer. With
+//              overlap_param_gather the gathers run on the communicator's stream, lowest
+//              offsets first, and the next forward waits for each bucket only when it reaches
+//              the layer that reads it (the model's params-needed hook).
 // The gradient norm is always that of the global batch's mean gradient (clipping agrees on
 // every rank).
 #include <cstdint>
@@ -47,6 +50,7 @@ BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size)
 struct DataParallelOptions {
   bool shard_optimizer = false;      // use_distributed_optimizer (ZeRO-1)
   bool overlap_grad_reduce = true;
+  bool overlap_param_gather = false;  // ZeRO-1 only
   int64_t bucket_elements = 40'000'000;
 };
 
@@ -71,8 +75,13 @@ class DataParallel {
   // out (1) fp32 = squared norm of the reduced (mean) gradient of the global batch.
   void grad_norm_sq(const Tensor& out, const AdamWOptimizer& optimizer);
   // ZeRO-1: after the optimizer step, every rank's updated parameter slices to every rank.
+  // Overlapped, the parameters are complete only for the next forward (as it goes) or after
+  // settle_params().
   void gather_params();
-  // In place: the sum over ranks (losses, counters).
+  // Makes compute wait for every parameter gather still in flight.
+  void settle_params();
+  // In place: the sum over ranks (losses, counters). Collectives on the compute stream
+  // first settle the parameters.
   void sum(const Tensor& t);
   // In place: the maximum over ranks (FP8 amaxes, so every rank scales alike).
   void max(const Tensor& t);
@@ -81,6 +90,7 @@ class DataParallel {
 
  private:
   void on_grads_ready(int64_t ready_from);
+  void on_params_needed(int64_t needed_end);
   void reduce_bucket(size_t k, Lane lane);
   Tensor padded_view(const Tensor& flat, const ParamRange& r) const;
 
@@ -90,6 +100,12 @@ class DataParallel {
   BucketPlan plan_;
   bool armed_ = false;
   size_t next_bucket_ = 0;
+  struct GatherInFlight {
+    int64_t begin;  // the bucket's first element
+    int mark;       // Communicator::comm_mark() after its all-gather
+  };
+  std::vector<GatherInFlight> gathers_;  // increasing offsets; front: the next to wait for
+  size_t next_gather_ = 0;
   DeviceBuffer barrier_buffer_;
 };
 

@@ -13,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -128,6 +129,7 @@ class NcclCommunicator final : public Communicator {
     }
     for (auto& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     if (compute_ready_) cudaEventDestroy(compute_ready_);
     if (comm_done_) cudaEventDestroy(comm_done_);
     if (comm_stream_) cudaStreamDestroy(comm_stream_);
@@ -208,6 +210,25 @@ class NcclCommunicator final : public Communicator {
   void wait_comm() override {
     cuda_check(cudaEventRecord(comm_done_, comm_stream_), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(backend_.stream(), comm_done_, 0), "cudaStreamWaitEvent");
+    comm_queued_ = false;
+    marks_used_ = 0;
+  }
+
+  int comm_mark() override {
+    if (marks_used_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      marks_.push_back(e);
+    }
+    cuda_check(cudaEventRecord(marks_[marks_used_], comm_stream_), "cudaEventRecord");
+    return static_cast<int>(marks_used_++);
+  }
+
+  void wait_comm_mark(int mark) override {
+    TS_CHECK(mark >= 0 && static_cast<size_t>(mark) < marks_used_,
+             "wait_comm_mark: mark {} is not one of the {} taken since the last wait_comm()", mark,
+             marks_used_);
+    cuda_check(cudaStreamWaitEvent(backend_.stream(), marks_[mark], 0), "cudaStreamWaitEvent");
   }
 
   void synchronize() override {
@@ -243,7 +264,11 @@ class NcclCommunicator final : public Communicator {
   };
 
   cudaStream_t stream_for(Lane lane) {
-    if (lane == Lane::Compute) return backend_.stream();
+    if (lane == Lane::Compute) {
+      if (comm_queued_) wait_comm();
+      return backend_.stream();
+    }
+    comm_queued_ = true;
     cuda_check(cudaEventRecord(compute_ready_, backend_.stream()), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0), "cudaStreamWaitEvent");
     return comm_stream_;
@@ -367,6 +392,9 @@ class NcclCommunicator final : public Communicator {
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
+  bool comm_queued_ = false;          // Lane::Comm work compute has not waited for
+  std::vector<cudaEvent_t> marks_;    // comm_mark()'s events, reused after each wait_comm()
+  size_t marks_used_ = 0;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -287,11 +287,19 @@ void LlamaModel::linear_backward(const Tensor& din, const Tensor& dout, const Te
 }
 
 void LlamaModel::embed() {
+  if (params_needed_) {
+    const ParamInfo& e = layout_.params[layout_.embedding];
+    params_needed_(e.offset + e.numel());
+  }
   ScopedRange r(backend_, "embedding_forward");
   backend_.embedding_forward(a_.resid[0], a_.tokens, param(layout_.embedding));
 }
 
 void LlamaModel::layer_forward(int64_t l, const LayerActs& a) {
+  if (params_needed_) {
+    const ParamInfo& last = layout_.params[layout_.layers[l].down_proj];  // a layer's last tensor
+    params_needed_(last.offset + last.numel());
+  }
   recompute_layer(l, a);
   ScopedRange r(backend_, "mlp_down");
   linear(a_.resid[l + 1], a.h, layout_.layers[l].down_proj, -1, 1.0f, a.x_mid);
@@ -353,6 +361,7 @@ void LlamaModel::layer_backward(int64_t l, const LayerActs& a) {
 // chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
 // logits and is consumed at once: the head's backward runs inside the forward pass.
 void LlamaModel::head_forward(bool with_grad, float grad_scale) {
+  if (params_needed_) params_needed_(layout_.total);
   ScopedRange r(backend_, "output_head");
   const int64_t N = runtime_.micro_batch * runtime_.seq_length;
   const Tensor& x = a_.resid[spec_.num_layers];
@@ -402,6 +411,7 @@ void LlamaModel::forward_loss() {
 void LlamaModel::forward_logits(const Tensor& logits) {
   embed();
   for (int64_t l = 0; l < spec_.num_layers; ++l) layer_forward(l, a_.stored[l]);
+  if (params_needed_) params_needed_(layout_.total);
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[spec_.num_layers],
                            param(layout_.final_norm), spec_.norm_eps);
   linear(logits, a_.final_norm, layout_.lm_head, -1, 0.0f, {});

@@ -66,6 +66,11 @@ class LlamaModel {
   // output head, after each layer and after the embedding (0). Data parallelism starts
   // reducing those gradients while the backward goes on.
   void set_grads_ready_hook(std::function<void(int64_t ready_from)> hook) { grads_ready_ = std::move(hook); }
+  // Called during every forward pass before parameters are first read: the prefix
+  // [0, needed_end) of the flat parameter buffer must then be current (before the embedding,
+  // before each layer, before the output head). Data parallelism overlaps the ZeRO-1
+  // parameter all-gather with the forward through it.
+  void set_params_needed_hook(std::function<void(int64_t needed_end)> hook) { params_needed_ = std::move(hook); }
   // Host int32 arrays of micro_batch * seq_length ids; negative targets are ignored.
   void set_batch(const int32_t* tokens, const int32_t* targets);
   // Forward and backward of the current batch. Gradients accumulate into grads(); the
@@ -123,6 +128,7 @@ class LlamaModel {
   Tensor params_, grads_;
   Activations a_;
   std::function<void(int64_t)> grads_ready_;
+  std::function<void(int64_t)> params_needed_;
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1
   // (offset, count) ranges of grads_ that zero_grads() fills: everything but the weights

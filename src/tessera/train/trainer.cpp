@@ -127,7 +127,8 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
     if (comm_)
       dp_ = std::make_unique<dist::DataParallel>(
           *comm_, *model_,
-          dist::DataParallelOptions{t.use_distributed_optimizer, t.overlap_grad_reduce, t.ddp_bucket_size});
+          dist::DataParallelOptions{t.use_distributed_optimizer, t.overlap_grad_reduce,
+                                    t.overlap_param_gather, t.ddp_bucket_size});
     optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, dp_ ? dp_->optimizer_ranges()
                                                                   : std::vector<ParamRange>{});
     scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
@@ -246,10 +247,15 @@ std::string Trainer::save_checkpoint() {
 }
 
 // A stop signal to act on after an iteration (0: none). Data-parallel ranks save together,
-// so they stop together: on the largest signal number any of them has received (one small
-// all-reduce per iteration, after the loss readback has synchronised anyway).
+// so they stop together: on the largest signal number any of them had received before the
+// iteration's optimizer step (agree_on_stop_signal); a later one is agreed on in the next.
 int Trainer::stop_signal_after_iteration() {
-  if (!ranks_stop_together_) return pending_stop_signal();
+  return ranks_stop_together_ ? agreed_stop_signal_ : pending_stop_signal();
+}
+
+// One small all-reduce and host read per iteration, before the optimizer step, so that no
+// collective on the compute stream follows the parameter gather.
+int Trainer::agree_on_stop_signal() {
   float sig = static_cast<float>(pending_stop_signal());
   backend_->upload(stop_signal_, &sig);
   dp_->max(stop_signal_);
@@ -340,12 +346,15 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   IterationStats s;
   s.iteration = iteration;
   s.lr = learning_rate(t, iteration);
+  // Collectives that need the compute stream come before the ZeRO-1 parameter gather, which
+  // may then overlap with the next forward (overlap_param_gather).
+  if (dp_) dp_->sum(model_->loss_sum());
+  if (ranks_stop_together_) agreed_stop_signal_ = agree_on_stop_signal();
   {
     const profiler::PhaseSpan span(profiler_.get(), "optimizer");
     optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
     if (dp_) dp_->gather_params();
   }
-  if (dp_) dp_->sum(model_->loss_sum());
   float loss_sum = 0, norm_sq = 0, fp8_status = 0;
   {
     const profiler::PhaseSpan span(profiler_.get(), "loss_readback");  // waits for the device

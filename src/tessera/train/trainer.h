@@ -73,6 +73,7 @@ class Trainer {
   TrainingTensors training_tensors() const;
   void restore_start_state();
   int stop_signal_after_iteration();
+  int agree_on_stop_signal();
   [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
@@ -93,6 +94,7 @@ class Trainer {
   // Data-parallel runs that save: every rank takes part in a checkpoint, so a stop signal is
   // acted on only after an iteration, once the ranks have agreed on it.
   bool ranks_stop_together_ = false;
+  int agreed_stop_signal_ = 0;
   std::vector<int32_t> host_tokens_, host_targets_;
 
   int64_t data_parallel_size_ = 1;
