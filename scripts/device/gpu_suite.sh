@@ -3,7 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#       [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node] [dist]   (not in the default; dist: 2 GPUs)
+#       [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node] [dist]   (not in the default; dist: 2 GPUs)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -85,6 +85,13 @@ if want kernels; then
   timeout 150 "$BIN/tessera" bench attention --seqs 4096,8192,16384 --masks causal,window \
     --attention_backend cudnn -o "$OUT/attention_cudnn" 2>&1 | tail -14
   timeout 60 "$BIN/tessera" bench membw -o "$OUT/membw" 2>&1 | tail -8
+fi
+if want gemm_tune; then
+  echo "== the training step's GEMMs: tuned against the heuristic's first choices"
+  for tune in true false; do
+    timeout 120 "$BIN/tessera" bench gemm --config llama3.1_8B-pretrain --num_layers 4 --gemm_autotune $tune \
+      -o "$OUT/gemm_llama_tune_$tune" 2>&1 | tail -3
+  done
 fi
 if want memory; then
   echo "== memory planner (compare with the measured peaks of bench model)"
