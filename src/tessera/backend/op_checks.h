@@ -16,6 +16,10 @@ struct MatrixDims {
 };
 MatrixDims matrix_dims(const Tensor& t);
 
+// t is defined (or empty: empty tensors may have no memory at all) and lives on `kind`.
+void expect_on(std::string_view backend, const Tensor& t, DeviceKind kind, const char* op,
+               const char* what);
+
 void expect_count(std::string_view backend, const Tensor& t, int64_t n, const char* op,
                   const char* what);
 

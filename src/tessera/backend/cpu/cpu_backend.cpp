@@ -42,11 +42,8 @@ constexpr int64_t kChunk = int64_t{1} << 14;
 // Column-split reductions give each thread blocks of this many columns (one cache line).
 constexpr int64_t kColumnBlock = 16;
 
-// Empty tensors may have no memory at all (a zero-byte DeviceBuffer).
 void expect_host(const Tensor& t, const char* op, const char* what) {
-  TS_CHECK(t.defined() || t.numel() == 0, "cpu {}: {} is undefined", op, what);
-  TS_CHECK(t.device.kind == DeviceKind::CPU, "cpu {}: {} lives on {}", op, what,
-           device_name(t.device));
+  expect_on(kBackend, t, DeviceKind::CPU, op, what);
 }
 
 void expect_f32(const Tensor& t, const char* op, const char* what) {

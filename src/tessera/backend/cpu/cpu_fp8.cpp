@@ -10,16 +10,17 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/backend/op_checks.h"
 #include "tessera/core/fp8.h"
 #include "tessera/ops/op_observer.h"
 
 namespace tessera {
 namespace {
 
+constexpr std::string_view kBackend = "cpu";
+
 void expect_cpu(const Tensor& t, const char* op, const char* what) {
-  TS_CHECK(t.defined() || t.numel() == 0, "cpu {}: {} is undefined", op, what);
-  TS_CHECK(t.device.kind == DeviceKind::CPU, "cpu {}: {} lives on {}", op, what,
-           device_name(t.device));
+  expect_on(kBackend, t, DeviceKind::CPU, op, what);
 }
 
 void expect_scalar_f32(const Tensor& t, const char* op, const char* what) {
@@ -27,8 +28,6 @@ void expect_scalar_f32(const Tensor& t, const char* op, const char* what) {
   TS_CHECK(t.dtype == DType::F32 && t.numel() == 1, "cpu {}: {} must be one fp32 value, got {} {}",
            op, what, dtype_name(t.dtype), t.shape.str());
 }
-
-std::pair<int64_t, int64_t> rows_cols(const Tensor& t) { return op_args::matrix(t); }
 
 // The values of an fp8 tensor times its dequantisation scale.
 std::vector<float> dequantize(const Tensor& t, float scale_inv) {
@@ -47,7 +46,7 @@ void CpuBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
   expect_cpu(args.x, op, "x");
   TS_CHECK(args.x.dtype == DType::F32, "cpu {}: x has dtype {}, expected fp32", op,
            dtype_name(args.x.dtype));
-  const auto [R, C] = rows_cols(args.x);
+  const auto [R, C] = matrix_dims(args.x);
   const float* x = args.x.as<float>();
   if (args.amax.defined()) {
     expect_scalar_f32(args.amax, op, "amax");
@@ -100,9 +99,9 @@ void CpuBackend::matmul_fp8(const Fp8MatmulArgs& args) {
            "cpu {}: e5m2 x e5m2 is not an FP8 GEMM the GPU has", op);
   expect_scalar_f32(args.a_scale_inv, op, "a_scale_inv");
   expect_scalar_f32(args.b_scale_inv, op, "b_scale_inv");
-  const auto [M, N] = rows_cols(args.out);
-  const auto [a_rows, K] = rows_cols(args.a);
-  const auto [b_rows, b_cols] = rows_cols(args.b);
+  const auto [M, N] = matrix_dims(args.out);
+  const auto [a_rows, K] = matrix_dims(args.a);
+  const auto [b_rows, b_cols] = matrix_dims(args.b);
   TS_CHECK(a_rows == M && b_rows == N && b_cols == K, "cpu {}: a {} and b {} do not give out {}",
            op, args.a.shape.str(), args.b.shape.str(), args.out.shape.str());
   const std::vector<float> a = dequantize(args.a, *args.a_scale_inv.as<float>());
@@ -134,7 +133,7 @@ void CpuBackend::fp8_update_scales(const Fp8ScaleUpdateArgs& args) {
                             [&] { return op_args::elements(args.amax_history); });
   const char* op = "fp8_update_scales";
   expect_cpu(args.amax_history, op, "amax_history");
-  const auto [H, S] = rows_cols(args.amax_history);
+  const auto [H, S] = matrix_dims(args.amax_history);
   TS_CHECK(args.amax_history.dtype == DType::F32 && args.scale.numel() == S &&
                args.scale_inv.numel() == S && args.scale.dtype == DType::F32 &&
                args.scale_inv.dtype == DType::F32,
