@@ -24,6 +24,7 @@ struct Fp8Offsets {
   std::vector<size_t> cache, cache_t;
   size_t weight_scratch = 0, x_codes, dy_codes, dy_codes_t;
   size_t bytes;
+  int64_t max_weight = 0, max_in = 0, max_out = 0;  // over the linears: what the buffers fit
 };
 
 int64_t history_rows(const Fp8Options& o) {
@@ -42,20 +43,19 @@ Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& 
   f.bwd_scale = p.add(L * sizeof(float));
   f.bwd_scale_inv = p.add(L * sizeof(float));
   f.status = p.add(sizeof(float));
-  int64_t max_weight = 0, max_in = 0, max_out = 0;
   for (const auto& l : linears) {
-    max_weight = std::max(max_weight, l.out * l.in);
-    max_in = std::max(max_in, l.in);
-    max_out = std::max(max_out, l.out);
+    f.max_weight = std::max(f.max_weight, l.out * l.in);
+    f.max_in = std::max(f.max_in, l.in);
+    f.max_out = std::max(f.max_out, l.out);
     if (o.weight_cache) {
       f.cache.push_back(p.add(static_cast<size_t>(l.out * l.in)));
       f.cache_t.push_back(p.add(static_cast<size_t>(l.out * l.in)));
     }
   }
-  if (!o.weight_cache) f.weight_scratch = p.add(static_cast<size_t>(max_weight));
-  f.x_codes = p.add(static_cast<size_t>(rows * max_in));
-  f.dy_codes = p.add(static_cast<size_t>(rows * max_out));
-  f.dy_codes_t = p.add(static_cast<size_t>(rows * max_out));
+  if (!o.weight_cache) f.weight_scratch = p.add(static_cast<size_t>(f.max_weight));
+  f.x_codes = p.add(static_cast<size_t>(rows * f.max_in));
+  f.dy_codes = p.add(static_cast<size_t>(rows * f.max_out));
+  f.dy_codes_t = p.add(static_cast<size_t>(rows * f.max_out));
   f.bytes = p.bytes;
   return f;
 }
@@ -113,16 +113,10 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
     weight_cache_t_.push_back(buffer_.tensor(DType::E4M3, {l.in, l.out}, f.cache_t[i]));
   }
   cache_valid_.assign(linears_.size(), false);
-  int64_t max_weight = 0, max_in = 0, max_out = 0;
-  for (const auto& l : linears_) {
-    max_weight = std::max(max_weight, l.out * l.in);
-    max_in = std::max(max_in, l.in);
-    max_out = std::max(max_out, l.out);
-  }
-  if (!options_.weight_cache) weight_scratch_ = buffer_.tensor(DType::E4M3, {max_weight}, f.weight_scratch);
-  x_codes_ = buffer_.tensor(DType::E4M3, {rows_ * max_in}, f.x_codes);
-  dy_codes_ = buffer_.tensor(options_.grad_format(), {rows_ * max_out}, f.dy_codes);
-  dy_codes_t_ = buffer_.tensor(options_.grad_format(), {rows_ * max_out}, f.dy_codes_t);
+  if (!options_.weight_cache) weight_scratch_ = buffer_.tensor(DType::E4M3, {f.max_weight}, f.weight_scratch);
+  x_codes_ = buffer_.tensor(DType::E4M3, {rows_ * f.max_in}, f.x_codes);
+  dy_codes_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes);
+  dy_codes_t_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes_t);
 }
 
 bool Fp8Linears::just_in_time() const {
