@@ -1,6 +1,7 @@
 #include "tessera/model/llama_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "tessera/model/rope.h"
@@ -34,6 +35,11 @@ class ArenaPlan {
   size_t bytes_ = 0;
 };
 
+// A layer's linear weights: the parameters its GEMMs multiply by.
+std::array<int, 4> linear_weights(const LayerParamIndex& l) {
+  return {l.qkv_weight, l.o_proj, l.gate_up, l.down_proj};
+}
+
 // The weights that run as FP8 GEMMs, as (parameter index, shape), in model order.
 std::vector<std::pair<int, Fp8LinearShape>> fp8_linears(const ParamLayout& layout,
                                                          const ModelRuntime& rt) {
@@ -44,7 +50,7 @@ std::vector<std::pair<int, Fp8LinearShape>> fp8_linears(const ParamLayout& layou
     out.push_back({index, {p.name, p.shape[0], p.shape[1]}});
   };
   for (const LayerParamIndex& l : layout.layers)
-    for (int index : {l.qkv_weight, l.o_proj, l.gate_up, l.down_proj}) add(index);
+    for (int index : linear_weights(l)) add(index);
   if (rt.fp8.lm_head) add(layout.lm_head);
   return out;
 }
@@ -176,17 +182,16 @@ LlamaModel::LlamaModel(Backend& backend, const ModelSpec& spec, const ModelRunti
   }
   std::vector<char> gemm_written(layout_.params.size(), 0);
   for (const LayerParamIndex& l : layout_.layers)
-    for (int i : {l.qkv_weight, l.o_proj, l.gate_up, l.down_proj}) gemm_written[i] = 1;
+    for (int i : linear_weights(l)) gemm_written[i] = 1;
   // A tied head's gradient is the embedding's, which the embedding backward adds to.
   if (layout_.lm_head != layout_.embedding) gemm_written[layout_.lm_head] = 1;
   for (size_t i = 0; i < layout_.params.size(); ++i) {
     if (gemm_written[i]) continue;
     const ParamInfo& p = layout_.params[i];
-    if (!accumulated_grad_ranges_.empty() &&
-        accumulated_grad_ranges_.back().first + accumulated_grad_ranges_.back().second >= p.offset)
-      accumulated_grad_ranges_.back().second = p.offset + p.numel() - accumulated_grad_ranges_.back().first;
+    if (!accumulated_grad_ranges_.empty() && accumulated_grad_ranges_.back().end >= p.offset)
+      accumulated_grad_ranges_.back().end = p.offset + p.numel();
     else
-      accumulated_grad_ranges_.emplace_back(p.offset, p.numel());
+      accumulated_grad_ranges_.push_back({p.offset, p.offset + p.numel()});
   }
   backend_.fill(grads_, 0.0f);  // alignment gaps between tensors stay zero from here on
   zero_grads();
@@ -209,8 +214,8 @@ Tensor LlamaModel::grad(int index) const {
 
 // A new step's gradients: also the start of the step's FP8 non-finite check.
 void LlamaModel::zero_grads() {
-  for (const auto& [offset, count] : accumulated_grad_ranges_)
-    backend_.fill(grads_.flat_range(offset, count), 0.0f);
+  for (const ParamRange& r : accumulated_grad_ranges_)
+    backend_.fill(grads_.flat_range(r.begin, r.count()), 0.0f);
   grad_written_.assign(layout_.params.size(), 0);
   if (fp8_) fp8_->clear_status();
 }

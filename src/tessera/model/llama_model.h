@@ -131,9 +131,9 @@ class LlamaModel {
   std::function<void(int64_t)> params_needed_;
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1
-  // (offset, count) ranges of grads_ that zero_grads() fills: everything but the weights
-  // that only weight-gradient GEMMs write.
-  std::vector<std::pair<int64_t, int64_t>> accumulated_grad_ranges_;
+  // The ranges of grads_ that zero_grads() fills: everything but the weights that only
+  // weight-gradient GEMMs write.
+  std::vector<ParamRange> accumulated_grad_ranges_;
   // Per parameter: whether a weight-gradient GEMM wrote it since zero_grads() (the next one
   // accumulates).
   std::vector<char> grad_written_;
