@@ -151,10 +151,13 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   }
   if (dp_) {
     dp_->gather_params();
-    log_.info("data parallel: {} ranks ({}), {} gradient buckets, {}{}", data_parallel_size_,
+    log_.info("data parallel: {} ranks ({}), {} gradient buckets, {}{}{}", data_parallel_size_,
               comm_->description(), dp_->plan().buckets.size(),
               t.use_distributed_optimizer ? "ZeRO-1 optimizer shards" : "replicated optimizer",
-              t.overlap_grad_reduce ? ", reduction overlapped with backward" : "");
+              t.overlap_grad_reduce ? ", reduction overlapped with backward" : "",
+              t.use_distributed_optimizer && t.overlap_param_gather
+                  ? ", parameter gather overlapped with forward"
+                  : "");
   }
   const int64_t N = t.micro_batch_size * t.seq_length;
   host_tokens_.resize(N);

@@ -40,9 +40,9 @@ struct MatmulProblem {
 // shapes every iteration, so the heuristic query and descriptor setup happen once per shape
 // and later calls only set the bias pointer and launch.
 //
-// Autotuning: the heuristic's first algorithm is often not the fastest for the large,
-// skinny shapes of a training step (an output head of 128k columns, a gate/up projection),
-// so with `autotune` the first call of a shape whose output is not also an input times every
+// Autotuning: the heuristic's first algorithm is not always the fastest (on H200 the Llama
+// proxy's step GEMMs ran 1.5% and 0.4% faster tuned in two runs, docs/performance.md), so
+// with `autotune` the first call of a shape whose output is not also an input times every
 // candidate on the call's own operands and keeps the fastest. The choice is shared by every
 // LtMatmul of the process on that device, so two backends (or a recompute and a plain run)
 // compute with the same algorithms and give the same bits. Accumulating calls (beta != 0
