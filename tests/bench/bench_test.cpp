@@ -152,6 +152,12 @@ TEST(CommandArgs, ConventionsOfTheCli) {
                ConfigError);
   EXPECT_THROW(CommandArgs({"--iters", "0"}, {"iters"}, {}, false).get_int("iters", 1),
                ConfigError);
+  try {
+    context_options(CommandArgs({"--gemm_autotune", "maybe"}, {"gemm_autotune"}, {}, false));
+    FAIL() << "expected an error for --gemm_autotune maybe";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "gemm_autotune") << e.what();
+  }
 }
 
 TEST(Measure, SamplesLastAtLeastAMillisecondAndRotationCoversTheCache) {

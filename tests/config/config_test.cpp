@@ -207,6 +207,7 @@ TEST_F(ConfigTest, ImpossibleCombinationsAreRejected) {
       {{"--mock_data", "false", "--train_data_path", "/no/such/corpus"}, "train_data_path"},
       {{"--split", "1,x,0"}, "split"},
       {{"--adam_beta2", "1.0"}, "adam_beta2"},
+      {{"--overlap_param_gather", "true"}, "overlap_param_gather"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);
