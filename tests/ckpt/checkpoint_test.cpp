@@ -78,17 +78,23 @@ TEST(Checkpoint, ModelWeightsAreStoredInTheComputeDtype) {
   const ParamLayout& layout = trainer->model().layout();
   const int64_t P = layout.total;
   DeviceBuffer params(b, P * 2, "bf16 params"), state(b, 3 * P * 4, "fp32 state");
-  TrainingTensors t{&b,
-                    &spec,
-                    &layout,
-                    params.tensor(DType::BF16, {P}),
-                    state.tensor(DType::F32, {P}),
-                    state.tensor(DType::F32, {P}, P * 4),
-                    state.tensor(DType::F32, {P}, 2 * P * 4)};
+  const Tensor bf16 = params.tensor(DType::BF16, {P});
+  TrainingTensors t;
+  t.backend = &b;
+  t.spec = &spec;
+  t.layout = &layout;
+  t.param = [&](int index) {
+    const ParamInfo& p = layout.params[index];
+    return bf16.flat_range(p.offset, p.numel());
+  };
+  t.params_dtype = DType::BF16;
+  t.master = state.tensor(DType::F32, {P});
+  t.exp_avg = state.tensor(DType::F32, {P}, P * 4);
+  t.exp_avg_sq = state.tensor(DType::F32, {P}, 2 * P * 4);
   std::vector<float> values(3 * P);
   for (int64_t i = 0; i < 3 * P; ++i) values[i] = std::sin(0.37f * static_cast<float>(i)) * 0.1f;
   b.upload(state.tensor(DType::F32, {3 * P}), values.data());
-  b.convert(t.params, t.master);
+  b.convert(bf16, t.master);
   TrainerState s;
   s.iteration = 7;
   const std::string path = save_checkpoint((dir / "ckpt").string(), t, s, 0);

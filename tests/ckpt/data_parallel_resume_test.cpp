@@ -2,10 +2,13 @@
 // ZeRO-1 run saves sharded checkpoints, and resuming from one continues it at 2 ranks bitwise
 // and at 1 and 3 ranks up to the order of fp32 gradient sums; a whole (1-rank) checkpoint
 // resumes a ZeRO-1 run the same way; plain data parallelism saves a whole checkpoint once;
-// overlapping the ZeRO-1 parameter gather with the forward changes no bit.
+// overlapping the ZeRO-1 parameter gather with the forward changes no bit; FSDP trains like
+// one rank, with a tied or untied head, and its checkpoints hold the whole model and resume on
+// any world size.
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +33,7 @@ struct TrainingRun {
 };
 
 const std::string kZero1 = "use_distributed_optimizer: true\n";
+const std::string kFsdp = "use_torch_fsdp2: true\n";
 
 // One micro-batch per rank and step at 1, 2 and 3 ranks (6, 3 and 2 accumulation steps);
 // small buckets, so each ZeRO-1 rank owns many interleaved ranges.
@@ -48,13 +52,26 @@ std::string saving(const fs::path& save) {
 // train() on `world` ranks.
 TrainingRun train(const Experiment& e, int world, const fs::path& metrics_path) {
   TrainingRun run;
+  std::mutex params_mutex;
   run_ranks(world, [&](int rank, dist::Communicator& comm) {
     Logger log("", rank, false, false);
     std::unique_ptr<MetricsWriter> metrics;
     if (rank == 0) metrics = std::make_unique<MetricsWriter>(metrics_path.string());
     Trainer trainer(e, make_cpu_backend(), log, metrics.get(), world > 1 ? &comm : nullptr);
     trainer.train();
-    if (rank == 0) run.params = download(trainer.backend(), trainer.model().params());
+    // The ranks' master weights (fp32 on the CPU, so the weights), each at its offsets.
+    AdamWOptimizer& opt = trainer.optimizer();
+    const int64_t total = trainer.model().layout().total;
+    const std::vector<ParamRange> owned =
+        opt.sharded() ? opt.owned() : std::vector<ParamRange>{{0, total}};
+    const std::vector<float> master = download(trainer.backend(), opt.master());
+    std::lock_guard lock(params_mutex);
+    run.params.resize(total);
+    int64_t at = 0;
+    for (const ParamRange& r : owned) {
+      std::copy_n(master.begin() + at, r.count(), run.params.begin() + r.begin);
+      at += r.count();
+    }
   });
   std::ifstream in(metrics_path);
   for (std::string line; std::getline(in, line);) {
@@ -74,18 +91,25 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
   return std::sqrt(diff / norm);
 }
 
+// Every loss `run` logged and its final weights match `reference` (bitwise for tolerance 0).
+void expect_same_run(const TrainingRun& run, const TrainingRun& reference, double tolerance,
+                     const std::string& what) {
+  for (const auto& [it, loss] : run.losses) {
+    ASSERT_TRUE(reference.losses.count(it)) << what << " iteration " << it;
+    const double expected = reference.losses.at(it);
+    EXPECT_LE(std::abs(loss - expected), tolerance * expected)
+        << what << " iteration " << it << ": " << loss << " vs " << expected;
+  }
+  ASSERT_EQ(run.params.size(), reference.params.size()) << what;
+  EXPECT_LE(relative_difference(run.params, reference.params), tolerance) << what;
+}
+
 // `resumed` ran iterations 4..6 of `straight` from its checkpoint at iteration 3 and ended
 // with the same losses and weights (bitwise for tolerance 0).
 void expect_continues(const TrainingRun& resumed, const TrainingRun& straight, double tolerance,
                       const std::string& what) {
   ASSERT_EQ(resumed.losses.size(), 3u) << what;
-  for (const auto& [it, loss] : resumed.losses) {
-    ASSERT_TRUE(straight.losses.count(it)) << what << " iteration " << it;
-    const double expected = straight.losses.at(it);
-    EXPECT_LE(std::abs(loss - expected), tolerance * expected)
-        << what << " iteration " << it << ": " << loss << " vs " << expected;
-  }
-  EXPECT_LE(relative_difference(resumed.params, straight.params), tolerance) << what;
+  expect_same_run(resumed, straight, tolerance, what);
 }
 
 TEST(DataParallelResume, ShardedCheckpointContinuesAtTwoRanksBitwiseAndAtOneAndThreeRanks) {
@@ -149,6 +173,53 @@ TEST(DataParallelResume, OverlappedParamGatherMatchesGatherBeforeTheForward) {
   const std::string load = "load: " + (dir / "save" / "iter_0000003").string() + "\n";
   expect_continues(train(experiment(dir.path(), 2, kZero1 + overlap + load), 2, dir / "resumed.jsonl"),
                    plain, 0.0, "resumed with overlap");
+}
+
+// FSDP gathers parameters and reduce-scatters gradients unit by unit and adds each
+// micro-batch's gradients to its shards (3 and 2 accumulation steps here): it trains like one
+// rank up to the order of fp32 sums, also when the head shares the embedding's unit.
+TEST(DataParallelResume, FsdpTrainsLikeOneRankWithTiedAndUntiedHeads) {
+  ScratchDir dir;
+  for (const std::string head : {"", "untie_embeddings_and_output_weights: false\n"}) {
+    const std::string what = head.empty() ? "untied" : "tied";
+    const TrainingRun one = train(experiment(dir.path(), 1, head), 1, dir / (what + "1.jsonl"));
+    ASSERT_EQ(one.losses.size(), 6u);
+    for (int world : {2, 3}) {
+      const TrainingRun fsdp = train(experiment(dir.path(), world, kFsdp + head), world,
+                                     dir / (what + std::to_string(world) + ".jsonl"));
+      ASSERT_EQ(fsdp.losses.size(), 6u);
+      expect_same_run(fsdp, one, kRelativeTolerance, what + " head, FSDP at " + std::to_string(world));
+    }
+  }
+}
+
+// Rank 0 writes model.safetensors from units gathered from every rank, each rank its optimizer
+// shard; the checkpoint resumes FSDP at 2 ranks bitwise, and 1 rank, ZeRO-1 and FSDP at 3.
+TEST(DataParallelResume, FsdpCheckpointHoldsTheWholeModelAndResumesOnAnyWorldSize) {
+  ScratchDir dir;
+  const fs::path save = dir / "fsdp";
+  const TrainingRun straight =
+      train(experiment(dir.path(), 2, kFsdp + saving(save)), 2, dir / "straight.jsonl");
+  ASSERT_EQ(straight.losses.size(), 6u);
+  const SafetensorsFile model((save / "iter_0000006" / "model.safetensors").string());
+  const Checkpoint last((save / "iter_0000006").string());
+  EXPECT_TRUE(last.sharded());
+  for (const ParamInfo& p : last.layout().params) {
+    const std::vector<float> stored = model.to_float(p.name);
+    ASSERT_EQ(static_cast<int64_t>(stored.size()), p.numel()) << p.name;
+    EXPECT_TRUE(std::equal(stored.begin(), stored.end(), straight.params.begin() + p.offset))
+        << p.name << " in model.safetensors differs from the final weights";
+  }
+
+  const std::string load = "load: " + (save / "iter_0000003").string() + "\n";
+  expect_continues(train(experiment(dir.path(), 2, kFsdp + load), 2, dir / "two.jsonl"), straight,
+                   0.0, "2 FSDP ranks");
+  expect_continues(train(experiment(dir.path(), 1, load), 1, dir / "one.jsonl"), straight,
+                   kRelativeTolerance, "1 rank");
+  expect_continues(train(experiment(dir.path(), 3, kZero1 + load), 3, dir / "zero.jsonl"),
+                   straight, kRelativeTolerance, "3 ZeRO-1 ranks");
+  expect_continues(train(experiment(dir.path(), 3, kFsdp + load), 3, dir / "three.jsonl"),
+                   straight, kRelativeTolerance, "3 FSDP ranks");
 }
 
 }  // namespace

@@ -44,21 +44,25 @@ struct Rank {
     rt.flat_buffer_multiple = dist::flat_buffer_multiple(world);
     model = std::make_unique<LlamaModel>(*backend, spec, rt);
     plan = dist::plan_buckets(model->layout().total, kBucketElements, world);
-    optimizer = std::make_unique<AdamWOptimizer>(
-        *model, config, world > 1 ? plan.owned(rank) : std::vector<ParamRange>{});
+    std::vector<OwnedParams> owned;
+    if (world > 1)
+      for (const ParamRange& r : plan.owned(rank))
+        owned.push_back({r, model->params().flat_range(r.begin, r.count()),
+                         model->grads().flat_range(r.begin, r.count())});
+    optimizer = std::make_unique<AdamWOptimizer>(*model, config, owned);
     extra_buffer = DeviceBuffer(*backend, 4 * sizeof(float), "extra state");
   }
 
   TrainingTensors tensors() const {
-    TrainingTensors t{backend.get(),
-                      &spec,
-                      &model->layout(),
-                      model->params(),
-                      optimizer->master(),
-                      optimizer->exp_avg(),
-                      optimizer->exp_avg_sq(),
-                      {{"fp8.test.scale", extra()}},
-                      {}};
+    TrainingTensors t;
+    t.backend = backend.get();
+    t.spec = &spec;
+    t.layout = &model->layout();
+    t.param = [m = model.get()](int index) { return m->param(index); };
+    t.master = optimizer->master();
+    t.exp_avg = optimizer->exp_avg();
+    t.exp_avg_sq = optimizer->exp_avg_sq();
+    t.extra_state = {{"fp8.test.scale", extra()}};
     if (optimizer->sharded()) t.owned = optimizer->owned();
     return t;
   }

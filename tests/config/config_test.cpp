@@ -208,6 +208,7 @@ TEST_F(ConfigTest, ImpossibleCombinationsAreRejected) {
       {{"--split", "1,x,0"}, "split"},
       {{"--adam_beta2", "1.0"}, "adam_beta2"},
       {{"--overlap_param_gather", "true"}, "overlap_param_gather"},
+      {{"--use_torch_fsdp2", "true", "--use_distributed_optimizer", "true"}, "use_torch_fsdp2"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.key);

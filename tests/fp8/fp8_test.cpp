@@ -435,9 +435,15 @@ TEST(Fp8ModelState, CheckpointSavesAndRestoresTheScalingState) {
   Backend& b = *r.backend;
   const int64_t P = r.model->layout().total;
   DeviceBuffer opt(b, 3 * P * 4, "optimizer");
-  TrainingTensors t{&b, &spec, &r.model->layout(), r.model->params(),
-                    opt.tensor(DType::F32, {P}), opt.tensor(DType::F32, {P}, P * 4),
-                    opt.tensor(DType::F32, {P}, 2 * P * 4), r.model->fp8()->state_tensors()};
+  TrainingTensors t;
+  t.backend = &b;
+  t.spec = &spec;
+  t.layout = &r.model->layout();
+  t.param = [m = r.model.get()](int index) { return m->param(index); };
+  t.master = opt.tensor(DType::F32, {P});
+  t.exp_avg = opt.tensor(DType::F32, {P}, P * 4);
+  t.exp_avg_sq = opt.tensor(DType::F32, {P}, 2 * P * 4);
+  t.extra_state = r.model->fp8()->state_tensors();
   b.copy(t.master, r.model->params());
   const fs::path dir = fs::temp_directory_path() / ("tessera_fp8_ckpt_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -450,7 +456,7 @@ TEST(Fp8ModelState, CheckpointSavesAndRestoresTheScalingState) {
   ModelRun fresh = run_model(o, 0);
   TrainingTensors t2 = t;
   t2.extra_state = fresh.model->fp8()->state_tensors();
-  t2.params = fresh.model->params();
+  t2.param = [m = fresh.model.get()](int index) { return m->param(index); };
   std::vector<std::string> warnings;
   const TrainerState loaded = load_checkpoint(saved, t2, &warnings);
   EXPECT_TRUE(loaded.extra_state_restored);

@@ -1,7 +1,8 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
-// parallel and ZeRO-1 (with and without overlap_param_gather) on 2 GPUs against 1 GPU with
-// gradient accumulation at the same global batch, a ZeRO-1 checkpoint resumed on 2 GPUs and
-// on 1, a ZeRO-1 run stopped by SIGTERM, and a rank killed mid-run. The loss bound is
+// parallel, ZeRO-1 (with and without overlap_param_gather) and FSDP (untied and tied heads) on
+// 2 GPUs against 1 GPU with gradient accumulation at the same global batch, ZeRO-1 and FSDP
+// checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM, and a rank killed
+// mid-run. The loss bound is
 // docs/distributed.md's: the runs see the same samples in the same order and differ only in
 // the order of bf16/fp32 reductions.
 #include <gtest/gtest.h>
@@ -143,6 +144,44 @@ TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
   const std::vector<double> rest(straight.begin() + 10, straight.end());
   expect_close(losses("two"), rest, "ZeRO-1 resumed on 2 GPUs", 11);
   expect_close(losses("one"), rest, "resumed on 1 GPU", 11);
+}
+
+// FSDP gathers each unit just in time and reduce-scatters its gradients during the backward,
+// accumulating micro-batches in the shards.
+TEST_F(DistGpu, FsdpMatchesOneGpuAndItsCheckpointResumesOnTwoGpusAndOnOne) {
+  TS_REQUIRE_TWO_GPUS();
+  const fs::path save = ws_ / "ckpt";
+  const std::string fsdp = " --use_torch_fsdp2 true";
+  const std::string tied = " --untie_embeddings_and_output_weights false";
+  ASSERT_EQ(run(train_args("one"), "one.txt"), 0) << read("one.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29641 " + train_args("fsdp") + fsdp +
+                    " --save " + save.string() + " --save_interval 10 --ckpt_keep_last 0",
+                "fsdp.txt"),
+            0)
+      << read("fsdp.txt");
+  EXPECT_NE(read("fsdp.txt").find("FSDP (ZeRO-3)"), std::string::npos) << read("fsdp.txt");
+  ASSERT_EQ(run(train_args("one_tied") + tied, "one_tied.txt"), 0) << read("one_tied.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29642 " + train_args("fsdp_tied") + fsdp + tied,
+                "fsdp_tied.txt"),
+            0)
+      << read("fsdp_tied.txt");
+  const auto one = losses("one");
+  ASSERT_EQ(one.size(), 20u);
+  expect_close(losses("fsdp"), one, "FSDP");
+  expect_close(losses("fsdp_tied"), losses("one_tied"), "FSDP, tied head");
+
+  const fs::path ckpt = save / "iter_0000010";
+  const std::string load = " --load " + ckpt.string();
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29643 " + train_args("two") + fsdp + load,
+                "two.txt"),
+            0)
+      << read("two.txt");
+  ASSERT_EQ(run(train_args("resumed_one") + load, "resumed_one.txt"), 0) << read("resumed_one.txt");
+  const auto straight = losses("fsdp");
+  ASSERT_EQ(straight.size(), 20u);
+  const std::vector<double> rest(straight.begin() + 10, straight.end());
+  expect_close(losses("two"), rest, "FSDP resumed on 2 GPUs", 11);
+  expect_close(losses("resumed_one"), rest, "FSDP checkpoint resumed on 1 GPU", 11);
 }
 
 TEST_F(DistGpu, Zero1StopsOnSigtermWithACompleteShardedCheckpoint) {

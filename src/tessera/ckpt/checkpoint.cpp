@@ -174,11 +174,10 @@ void update_tracker(const std::string& save_dir, int64_t iteration) {
 
 FileToWrite model_file(const TrainingTensors& t) {
   FileToWrite model{kModelFile, {}, [&t](size_t i, void* dst) {
-                      const ParamInfo& p = t.layout->params[i];
-                      t.backend->download(dst, t.params.flat_range(p.offset, p.numel()));
+                      t.backend->download(dst, t.param(static_cast<int>(i)));
                     }};
   for (const auto& p : t.layout->params)
-    model.tensors.push_back({p.name, t.params.dtype, dims(p.shape)});
+    model.tensors.push_back({p.name, t.params_dtype, dims(p.shape)});
   return model;
 }
 
@@ -304,7 +303,7 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
   removing_on_failure(tmp, [&] {
     write_file(tmp, model_file(t));
     write_file(tmp, optimizer);
-    dir = publish(save_dir, tmp, *t.spec, t.params.dtype, state, {kModelFile, kOptimizerFile},
+    dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, {kModelFile, kOptimizerFile},
                   nullptr);
   });
   update_tracker(save_dir, state.iteration);
@@ -367,7 +366,7 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
       for (const ParamRange& r : ranges) listed.push_back({r.begin, r.end});
       shards.push_back({{"file", files.back()}, {"ranges", listed}});
     }
-    dir = publish(save_dir, tmp, *t.spec, t.params.dtype, state, files, shards);
+    dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards);
   });
   update_tracker(save_dir, state.iteration);
   prune(save_dir, state.iteration, keep_last);

@@ -50,7 +50,10 @@ struct TrainingTensors {
   Backend* backend = nullptr;
   const ModelSpec* spec = nullptr;
   const ParamLayout* layout = nullptr;
-  Tensor params;                       // (P) compute dtype
+  // The compute-dtype weights of parameter `index` of layout->params, read in layout order
+  // while model.safetensors is written (under FSDP each call may gather from every rank).
+  std::function<Tensor(int index)> param;
+  DType params_dtype = DType::F32;
   Tensor master, exp_avg, exp_avg_sq;  // (P) fp32, or the owned ranges packed
   // Further fp32 state by name (the FP8 scaling state, "fp8.*"), kept in
   // optimizer.safetensors (sharded: rank 0's shard). Loading a checkpoint without them (or
@@ -58,7 +61,7 @@ struct TrainingTensors {
   // feature still load.
   std::vector<std::pair<std::string, Tensor>> extra_state;
   // The ranges of [0, P) that master and the moments hold, packed one after another in
-  // increasing order (ZeRO-1: AdamWOptimizer::owned()); empty: they are full (P) tensors.
+  // increasing order (ZeRO-1, FSDP: AdamWOptimizer::owned()); empty: they are full (P) tensors.
   std::vector<ParamRange> owned;
 };
 
@@ -161,7 +164,7 @@ class Checkpoint {
 
 // Loads checkpoint `dir` into t.master and the moments, the ranges t.owned names (all when
 // empty) from whichever files hold them, so a checkpoint of any world size, sharded or not,
-// loads into a run of any other. t.params are left for the caller to refresh from the master
+// loads into a run of any other. The compute-dtype weights are left for the caller to refresh from the master
 // weights. Returns the checkpoint's state. On any problem throws DataError with the cause and
 // the newest earlier checkpoint beside it that opens cleanly, by name. `warnings` receives
 // behaviour differences between the checkpoint's model and t.spec.

@@ -357,7 +357,7 @@ std::vector<float> HfModelReader::weights(const ParamInfo& p) const {
 
 std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec& configured,
                                          const ParamLayout& layout, Backend& backend,
-                                         const Tensor& master) {
+                                         const std::vector<FlatSlice>& master) {
   const HfModelReader hf(dir);
   const std::string config = (fs::path(dir) / kConfigFile).string();
   const SpecDifferences d = compare_specs(hf.spec(), configured, config);
@@ -366,8 +366,14 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
         fmt::format("{}: the Hugging Face model differs from the configured model: {}; set "
                     "the model keys to match ({})",
                     config, join_lines(d.shape), hf.spec().summary()));
-  for (const auto& p : layout.params)
-    backend.upload(master.flat_range(p.offset, p.numel()), hf.weights(p).data());
+  for (const FlatSlice& s : master) {
+    backend.fill(s.values, 0.0f);  // alignment padding
+    layout.for_each_param_in(s.range, [&](const ParamInfo& p, const ParamRange& part) {
+      const std::vector<float> w = hf.weights(p);
+      backend.upload(s.values.flat_range(part.begin - s.range.begin, part.count()),
+                     w.data() + (part.begin - p.offset));
+    });
+  }
   return d.behaviour;
 }
 

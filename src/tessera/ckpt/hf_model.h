@@ -56,13 +56,13 @@ class HfModelReader {
   std::unique_ptr<HfWeightFiles> files_;
 };
 
-// Loads the Hugging Face model in `dir` into the fp32 `master` buffer laid out by `layout`
-// after checking that it is the `configured` model (DataError naming config.json and each
-// differing key otherwise). Returns the differences that only change behaviour (RoPE,
-// epsilon, window), for warnings.
+// Loads the Hugging Face model in `dir` into fp32 slices of the flat layout `layout` (an
+// optimizer's master weights) after checking that it is the `configured` model (DataError
+// naming config.json and each differing key otherwise). Returns the differences that only
+// change behaviour (RoPE, epsilon, window), for warnings.
 std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec& configured,
                                          const ParamLayout& layout, Backend& backend,
-                                         const Tensor& master);
+                                         const std::vector<FlatSlice>& master);
 
 struct HfExportOptions {
   DType dtype = DType::BF16;                // BF16 or F32

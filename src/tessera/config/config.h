@@ -78,6 +78,7 @@ struct TrainingConfig {
   bool fp8_weight_transpose_cache = true;
   // Data parallelism (docs/distributed.md); the world size comes from the launcher.
   bool use_distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over ranks
+  bool use_torch_fsdp2 = false;            // FSDP (ZeRO-3): parameters and gradients sharded too
   bool overlap_grad_reduce = true;         // reduce gradient buckets during the backward
   bool overlap_param_gather = false;       // ZeRO-1: gather parameters during the next forward
   int64_t ddp_bucket_size = 40000000;      // elements per gradient bucket

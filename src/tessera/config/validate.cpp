@@ -87,6 +87,9 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   c.require(t.ddp_bucket_size >= 1, "ddp_bucket_size", "at least 1 element");
   c.require(!t.overlap_param_gather || t.use_distributed_optimizer, "overlap_param_gather",
             "false unless use_distributed_optimizer is true (the gather it overlaps is ZeRO-1's)");
+  c.require(!(t.use_torch_fsdp2 && t.use_distributed_optimizer), "use_torch_fsdp2",
+            "false when use_distributed_optimizer is true (FSDP already shards the optimizer "
+            "state; choose one)");
   c.require(t.dist_timeout_minutes > 0, "dist_timeout_minutes", "a positive number of minutes");
   c.require(t.lr >= 0, "lr", "a non-negative learning rate");
   c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr", fmt::format("between 0 and lr ({})", t.lr));

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "tessera/core/error.h"
+#include "tessera/dist/fully_sharded.h"
 
 namespace tessera::dist {
 
@@ -39,28 +42,64 @@ std::vector<ParamRange> BucketPlan::owned(int rank) const {
   return out;
 }
 
+DataParallelism::DataParallelism(Communicator& comm, LlamaModel& model)
+    : comm_(comm), model_(model), barrier_buffer_(model.backend(), sizeof(float), "barrier flag") {}
+
+DataParallelism::~DataParallelism() = default;
+
+Tensor DataParallelism::gathered_param(int index) { return model_.param(index); }
+
+void DataParallelism::sum(const Tensor& t) {
+  settle();
+  comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute);
+}
+
+void DataParallelism::max(const Tensor& t) {
+  settle();
+  comm_.all_reduce(t, ReduceOp::Max, Lane::Compute);
+}
+
+void DataParallelism::barrier() {
+  // No rank's all-reduce completes before every rank has joined it, and reading its result
+  // on the host waits for that completion.
+  const Tensor flag = barrier_buffer_.tensor(DType::F32, {1});
+  settle();
+  comm_.all_reduce(flag, ReduceOp::Sum, Lane::Compute);
+  float ignored = 0;
+  model_.backend().download(&ignored, flag);
+}
+
 DataParallel::DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options)
-    : comm_(comm), model_(model), options_(options),
-      plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())),
-      barrier_buffer_(model.backend(), sizeof(float), "barrier flag") {
+    : DataParallelism(comm, model), options_(options),
+      plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())) {
   TS_CHECK(model.runtime().flat_buffer_multiple % flat_buffer_multiple(comm.size()) == 0,
            "the model's buffers are padded to {}, data parallelism needs a multiple of {}",
            model.runtime().flat_buffer_multiple, flat_buffer_multiple(comm.size()));
   // The padding takes part in every reduction: keep it zero (the backward never writes it).
   if (plan_.padded > plan_.params)
     model.backend().fill(padded_view(model.grads(), {plan_.params, plan_.padded}), 0.0f);
-  model_.set_grads_ready_hook([this](int64_t ready_from) { on_grads_ready(ready_from); });
-  if (options_.shard_optimizer && options_.overlap_param_gather)
-    model_.set_params_needed_hook([this](int64_t needed_end) { on_params_needed(needed_end); });
+  model_.set_unit_observer(this);
 }
 
-DataParallel::~DataParallel() {
-  model_.set_grads_ready_hook(nullptr);
-  model_.set_params_needed_hook(nullptr);
+DataParallel::~DataParallel() { model_.set_unit_observer(nullptr); }
+
+std::string DataParallel::description() const {
+  return fmt::format("{}, {} gradient buckets{}{}",
+                     options_.shard_optimizer ? "ZeRO-1 optimizer shards" : "replicated optimizer",
+                     plan_.buckets.size(),
+                     options_.overlap_grad_reduce ? ", reduction overlapped with backward" : "",
+                     options_.shard_optimizer && options_.overlap_param_gather
+                         ? ", parameter gather overlapped with forward"
+                         : "");
 }
 
-std::vector<ParamRange> DataParallel::optimizer_ranges() const {
-  return options_.shard_optimizer ? plan_.owned(comm_.rank()) : std::vector<ParamRange>{};
+std::vector<OwnedParams> DataParallel::optimizer_shards() const {
+  std::vector<OwnedParams> out;
+  if (!options_.shard_optimizer) return out;
+  for (const ParamRange& r : plan_.owned(comm_.rank()))
+    out.push_back({r, model_.params().flat_range(r.begin, r.count()),
+                   model_.grads().flat_range(r.begin, r.count())});
+  return out;
 }
 
 Tensor DataParallel::padded_view(const Tensor& flat, const ParamRange& r) const {
@@ -84,36 +123,38 @@ void DataParallel::reduce_bucket(size_t k, Lane lane) {
     comm_.all_reduce(bucket, ReduceOp::Sum, lane);
 }
 
-void DataParallel::on_grads_ready(int64_t ready_from) {
+// Offsets from the unit's first element up get no further contributions.
+void DataParallel::grads_ready(int unit) {
   if (!armed_) return;
+  const int64_t ready_from = model_.layout().units[unit].begin;
   while (next_bucket_ < plan_.buckets.size() && plan_.buckets[next_bucket_].begin >= ready_from)
     reduce_bucket(next_bucket_++, Lane::Comm);
 }
 
 void DataParallel::finish_gradient_reduction() {
-  settle_params();
+  settle();
   const Lane lane = options_.overlap_grad_reduce ? Lane::Comm : Lane::Compute;
   while (next_bucket_ < plan_.buckets.size()) reduce_bucket(next_bucket_++, lane);
   armed_ = false;
   if (lane == Lane::Comm) comm_.wait_comm();
 }
 
-void DataParallel::grad_norm_sq(const Tensor& out, const AdamWOptimizer& optimizer) {
+void DataParallel::grad_norm_sq(const Tensor& out) {
   Backend& b = model_.backend();
   if (!options_.shard_optimizer) {
     b.sum_squares(out, model_.grads(), /*accumulate=*/false);
     return;
   }
   b.fill(out, 0.0f);
-  for (const ParamRange& r : optimizer.owned())
+  for (const ParamRange& r : plan_.owned(comm_.rank()))
     b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
-  settle_params();
+  settle();
   comm_.all_reduce(out, ReduceOp::Sum, Lane::Compute);
 }
 
-void DataParallel::gather_params() {
+void DataParallel::params_updated() {
   if (!options_.shard_optimizer) return;
-  settle_params();
+  settle();
   if (!options_.overlap_param_gather) {
     for (size_t k = 0; k < plan_.buckets.size(); ++k)
       comm_.all_gather(padded_view(model_.params(), plan_.buckets[k]),
@@ -128,37 +169,25 @@ void DataParallel::gather_params() {
   }
 }
 
-void DataParallel::on_params_needed(int64_t needed_end) {
+// The prefix of the flat buffer up to the unit's end must be current.
+void DataParallel::params_needed(int unit, int /*next*/) {
+  const int64_t needed_end = model_.layout().units[unit].end;
   while (next_gather_ < gathers_.size() && gathers_[next_gather_].begin < needed_end)
     comm_.wait_comm_mark(gathers_[next_gather_++].mark);
   if (next_gather_ == gathers_.size()) gathers_.clear(), next_gather_ = 0;
 }
 
-void DataParallel::settle_params() {
+void DataParallel::settle() {
   if (gathers_.empty()) return;
   comm_.wait_comm();
   gathers_.clear();
   next_gather_ = 0;
 }
 
-void DataParallel::sum(const Tensor& t) {
-  settle_params();
-  comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute);
-}
-
-void DataParallel::max(const Tensor& t) {
-  settle_params();
-  comm_.all_reduce(t, ReduceOp::Max, Lane::Compute);
-}
-
-void DataParallel::barrier() {
-  // No rank's all-reduce completes before every rank has joined it, and reading its result
-  // on the host waits for that completion.
-  const Tensor flag = barrier_buffer_.tensor(DType::F32, {1});
-  settle_params();
-  comm_.all_reduce(flag, ReduceOp::Sum, Lane::Compute);
-  float ignored = 0;
-  model_.backend().download(&ignored, flag);
+std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, LlamaModel& model,
+                                                       const DataParallelOptions& options) {
+  if (options.fully_shard) return std::make_unique<FullyShardedDataParallel>(comm, model);
+  return std::make_unique<DataParallel>(comm, model, options);
 }
 
 }  // namespace tessera::dist

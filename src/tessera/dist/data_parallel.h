@@ -1,25 +1,31 @@
 #pragma once
-// Data parallelism over the model's flat gradient buffer, applied from outside the
-// single-device model (the model only reports, through its grads-ready hook, which suffix
-// of the gradients is final).
+// Data parallelism, applied from outside the single-device model: the model reports, through
+// its unit observer (ParamUnitObserver), when it reads each unit's parameters and when each
+// unit's gradients are final.
 //
-// Buckets: the flat buffer, padded to a multiple of 64 x world elements, is cut into
-// buckets of about ddp_bucket_size elements from the top down, the order in which the
-// backward finishes them. In the last micro-batch of a step each bucket's reduction is
-// queued on the communicator's own stream as soon as the backward has passed it, so it
-// overlaps with the backward of the layers below (overlap_grad_reduce).
-//   plain DP   all-reduce (sum) of every bucket; the loss scale already divides by the
-//              global token count, so the sum is the mean gradient of the global batch.
-//   ZeRO-1     reduce-scatter of every bucket: rank r receives the sum of slice r of each
-//              bucket and keeps fp32 master weights and AdamW moments only for those slices
-//              (AdamWOptimizer's owned ranges); after the update every rank's bf16 slices are
-//              all-gathered back into each rank's full parameter buffer. With
+// Three ways to share a step (make_data_parallelism picks one):
+//   plain DP   (DataParallel) all-reduce (sum) of gradient buckets; the loss scale already
+//              divides by the global token count, so the sum is the mean gradient of the
+//              global batch. Every rank holds everything.
+//   ZeRO-1     (DataParallel, use_distributed_optimizer) reduce-scatter of every bucket: rank
+//              r receives the sum of slice r of each bucket and keeps fp32 master weights and
+//              AdamW moments only for those slices; after the update every rank's bf16 slices
+//              are all-gathered back into each rank's full parameter buffer. With
 //              overlap_param_gather the gathers run on the communicator's stream, lowest
 //              offsets first, and the next forward waits for each bucket only when it reaches
-//              the layer that reads it (the model's params-needed hook).
+//              the unit that reads it.
+//   FSDP       (FullyShardedDataParallel, use_torch_fsdp2; fully_sharded.h) ZeRO-3: parameters
+//              and gradients are sharded too, gathered per unit just in time.
+// Buckets (DP, ZeRO-1): the flat buffer, padded to a multiple of 64 x world elements, is cut
+// into buckets of about ddp_bucket_size elements from the top down, the order in which the
+// backward finishes them. In the last micro-batch of a step each bucket's reduction is queued
+// on the communicator's own stream as soon as the backward has passed it, so it overlaps with
+// the backward of the layers below (overlap_grad_reduce).
 // The gradient norm is always that of the global batch's mean gradient (clipping agrees on
 // every rank).
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "tessera/dist/communicator.h"
@@ -49,53 +55,84 @@ BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size)
 
 struct DataParallelOptions {
   bool shard_optimizer = false;      // use_distributed_optimizer (ZeRO-1)
+  bool fully_shard = false;          // use_torch_fsdp2 (ZeRO-3)
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;  // ZeRO-1 only
   int64_t bucket_elements = 40'000'000;
 };
 
-class DataParallel {
+// What the trainer asks of data parallelism, whichever kind, in the order of a step.
+class DataParallelism {
  public:
-  // The model must have been built with runtime.flat_buffer_multiple =
-  // flat_buffer_multiple(comm.size()). Installs the model's grads-ready hook.
-  DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options);
-  ~DataParallel();
-  DataParallel(const DataParallel&) = delete;
-  DataParallel& operator=(const DataParallel&) = delete;
+  virtual ~DataParallelism();
+  DataParallelism(const DataParallelism&) = delete;
+  DataParallelism& operator=(const DataParallelism&) = delete;
 
-  const BucketPlan& plan() const { return plan_; }
-  // The optimizer's ranges: this rank's shard under ZeRO-1, else empty (everything).
-  std::vector<ParamRange> optimizer_ranges() const;
-
-  // Before each micro-batch's forward/backward; `last` arms the overlapped reduction.
-  void begin_micro_batch(bool last);
-  // After the last micro-batch: queues the buckets not reduced yet and makes the compute
-  // stream wait for every reduction.
-  void finish_gradient_reduction();
+  // For the log: "ZeRO-1 optimizer shards, 7 gradient buckets, ...".
+  virtual std::string description() const = 0;
+  // What this rank's optimizer updates (empty: everything, in the model's buffers).
+  virtual std::vector<OwnedParams> optimizer_shards() const = 0;
+  // Before each micro-batch's forward/backward; `last` marks the step's last one.
+  virtual void begin_micro_batch(bool last) = 0;
+  // After the last micro-batch: makes the compute stream wait for every gradient reduction.
+  virtual void finish_gradient_reduction() = 0;
   // out (1) fp32 = squared norm of the reduced (mean) gradient of the global batch.
-  void grad_norm_sq(const Tensor& out, const AdamWOptimizer& optimizer);
-  // ZeRO-1: after the optimizer step, every rank's updated parameter slices to every rank.
-  // Overlapped, the parameters are complete only for the next forward (as it goes) or after
-  // settle_params().
-  void gather_params();
-  // Makes compute wait for every parameter gather still in flight.
-  void settle_params();
-  // In place: the sum over ranks (losses, counters). Collectives on the compute stream
-  // first settle the parameters.
+  virtual void grad_norm_sq(const Tensor& out) = 0;
+  // After the optimizer step: brings every rank's updated parameters where the next forward
+  // reads them (or lets it gather them as it goes).
+  virtual void params_updated() = 0;
+
+  // Checkpoints. When parameters are sharded (FSDP), a parameter is read by gathering it: rank
+  // 0 calls gathered_param for every parameter in layout order while each other rank calls
+  // follow_gathers() once; the tensor is valid until the next call.
+  virtual bool params_sharded() const { return false; }
+  virtual Tensor gathered_param(int index);
+  virtual void follow_gathers() {}
+
+  // In place: the sum over ranks (losses, counters).
   void sum(const Tensor& t);
   // In place: the maximum over ranks (FP8 amaxes, so every rank scales alike).
   void max(const Tensor& t);
   // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
   void barrier();
 
- private:
-  void on_grads_ready(int64_t ready_from);
-  void on_params_needed(int64_t needed_end);
-  void reduce_bucket(size_t k, Lane lane);
-  Tensor padded_view(const Tensor& flat, const ParamRange& r) const;
+ protected:
+  DataParallelism(Communicator& comm, LlamaModel& model);
+  // Makes compute wait for every collective still in flight on Lane::Comm; called before
+  // each collective on Lane::Compute.
+  virtual void settle() = 0;
 
   Communicator& comm_;
   LlamaModel& model_;
+
+ private:
+  DeviceBuffer barrier_buffer_;
+};
+
+// Plain data parallelism and ZeRO-1. The model must have been built with
+// runtime.flat_buffer_multiple = flat_buffer_multiple(comm.size()).
+class DataParallel : public DataParallelism, private ParamUnitObserver {
+ public:
+  DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options);
+  ~DataParallel() override;
+
+  const BucketPlan& plan() const { return plan_; }
+  std::string description() const override;
+  std::vector<OwnedParams> optimizer_shards() const override;
+  void begin_micro_batch(bool last) override;
+  void finish_gradient_reduction() override;
+  void grad_norm_sq(const Tensor& out) override;
+  // ZeRO-1: every rank's updated parameter slices to every rank. Overlapped, the parameters
+  // are complete only for the next forward (as it goes) or after settle().
+  void params_updated() override;
+
+ private:
+  void settle() override;
+  void params_needed(int unit, int next) override;
+  void grads_ready(int unit) override;
+  void reduce_bucket(size_t k, Lane lane);
+  Tensor padded_view(const Tensor& flat, const ParamRange& r) const;
+
   DataParallelOptions options_;
   BucketPlan plan_;
   bool armed_ = false;
@@ -106,7 +143,11 @@ class DataParallel {
   };
   std::vector<GatherInFlight> gathers_;  // increasing offsets; front: the next to wait for
   size_t next_gather_ = 0;
-  DeviceBuffer barrier_buffer_;
 };
+
+// The kind `options` asks for, installed as the model's unit observer. With fully_shard the
+// model must have been built with runtime.sharded_params.
+std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, LlamaModel& model,
+                                                       const DataParallelOptions& options);
 
 }  // namespace tessera::dist

@@ -5,24 +5,28 @@
 namespace tessera {
 
 void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout& layout,
-                     const Tensor& flat, uint64_t seed) {
-  expect_dtype(flat, DType::F32, "flat parameters");
-  expect_numel(flat, layout.total, "flat parameters");
-  backend.fill(flat, 0.0f);
+                     const std::vector<FlatSlice>& slices, uint64_t seed) {
   const float scaled_std = spec.init_std / std::sqrt(2.0f * static_cast<float>(spec.num_layers));
-  for (const ParamInfo& p : layout.params) {
-    const Tensor t = flat.flat_range(p.offset, p.numel());
-    switch (p.init) {
-      case ParamInit::Normal:
-        backend.init_normal(t, seed, static_cast<uint64_t>(p.offset), 0.0f, spec.init_std);
-        break;
-      case ParamInit::ScaledNormal:
-        backend.init_normal(t, seed, static_cast<uint64_t>(p.offset), 0.0f, scaled_std);
-        break;
-      case ParamInit::Ones: backend.fill(t, 1.0f); break;
-      case ParamInit::Zeros: break;
-    }
+  for (const FlatSlice& s : slices) {
+    expect_dtype(s.values, DType::F32, "initialised parameters");
+    expect_numel(s.values, s.range.count(), "initialised parameters");
+    backend.fill(s.values, 0.0f);
+    layout.for_each_param_in(s.range, [&](const ParamInfo& p, const ParamRange& part) {
+      const Tensor t = s.values.flat_range(part.begin - s.range.begin, part.count());
+      const auto first = static_cast<uint64_t>(part.begin);  // the stream index of t[0]
+      switch (p.init) {
+        case ParamInit::Normal: backend.init_normal(t, seed, first, 0.0f, spec.init_std); break;
+        case ParamInit::ScaledNormal: backend.init_normal(t, seed, first, 0.0f, scaled_std); break;
+        case ParamInit::Ones: backend.fill(t, 1.0f); break;
+        case ParamInit::Zeros: break;
+      }
+    });
   }
+}
+
+void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout& layout,
+                     const Tensor& flat_fp32, uint64_t seed) {
+  init_parameters(backend, spec, layout, {{{0, layout.total}, flat_fp32}}, seed);
 }
 
 }  // namespace tessera

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "tessera/model/model_spec.h"
 #include "tessera/model/param_layout.h"
@@ -7,10 +8,13 @@
 
 namespace tessera {
 
-// Megatron's initialisation into a flat fp32 buffer laid out by `layout`: weights
-// N(0, init_std), output projections (o_proj, down_proj) N(0, init_std / sqrt(2 L)), norm
-// weights 1, biases 0, alignment padding 0. Each element's value depends only on the seed
-// and its offset in the layout, so every backend and sharding initialises identically.
+// Megatron's initialisation into fp32 slices of the flat layout: weights N(0, init_std),
+// output projections (o_proj, down_proj) N(0, init_std / sqrt(2 L)), norm weights 1, biases 0,
+// alignment padding 0. Each element's value depends only on the seed and its offset in the
+// layout, so every backend and sharding initialises identically.
+void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout& layout,
+                     const std::vector<FlatSlice>& slices, uint64_t seed);
+// The same into one (layout.total) fp32 buffer.
 void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout& layout,
                      const Tensor& flat_fp32, uint64_t seed);
 

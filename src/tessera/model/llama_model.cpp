@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 
+#include "tessera/core/error.h"
 #include "tessera/model/rope.h"
 
 namespace tessera {
@@ -64,6 +65,13 @@ std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8Linear
 bool full_recompute_layer(const ModelRuntime& rt, int64_t layer) {
   return rt.recompute == RecomputeGranularity::Full &&
          (rt.recompute_num_layers == 0 || layer < rt.recompute_num_layers);
+}
+
+void check_unit_binding(const Tensor& t, DType dtype, const ParamRange& unit, int index,
+                        const char* what) {
+  TS_CHECK(t.dtype == dtype && t.numel() >= unit.count(),
+           "unit {} {}: {} elements of {} bound, needs {} of {}", index, what, t.numel(),
+           dtype_name(t.dtype), unit.count(), dtype_name(dtype));
 }
 
 class ScopedRange {
@@ -150,8 +158,10 @@ ModelMemory LlamaModel::plan_memory(const ModelSpec& spec, const ModelRuntime& r
   ModelMemory m;
   const int64_t multiple = std::max<int64_t>(rt.flat_buffer_multiple, 1);
   const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
-  m.weights = padded * dtype_size(rt.compute_dtype);
-  m.gradients = padded * sizeof(float);
+  if (!rt.sharded_params) {
+    m.weights = padded * dtype_size(rt.compute_dtype);
+    m.gradients = padded * sizeof(float);
+  }
   m.activations = declare_activations(spec, rt, acts, nullptr);
   if (rt.fp8.enabled())
     m.fp8 = Fp8Linears::plan_bytes(rt.fp8, shapes_of(fp8_linears(layout, rt)),
@@ -162,17 +172,27 @@ ModelMemory LlamaModel::plan_memory(const ModelSpec& spec, const ModelRuntime& r
 LlamaModel::LlamaModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime)
     : backend_(backend), spec_(spec), runtime_(runtime), layout_(make_param_layout(spec)) {
   const ModelMemory mem = plan_memory(spec, runtime);
-  param_buffer_ = DeviceBuffer(backend_, mem.weights, "parameters");
-  grad_buffer_ = DeviceBuffer(backend_, mem.gradients, "gradients");
-  params_ = param_buffer_.tensor(runtime_.compute_dtype, {layout_.total});
-  grads_ = grad_buffer_.tensor(DType::F32, {layout_.total});
+  unit_params_.resize(layout_.units.size());
+  unit_grads_.resize(layout_.units.size());
+  if (!runtime_.sharded_params) {
+    param_buffer_ = DeviceBuffer(backend_, mem.weights, "parameters");
+    grad_buffer_ = DeviceBuffer(backend_, mem.gradients, "gradients");
+    params_ = param_buffer_.tensor(runtime_.compute_dtype, {layout_.total});
+    grads_ = grad_buffer_.tensor(DType::F32, {layout_.total});
+    for (size_t u = 0; u < layout_.units.size(); ++u) {
+      const ParamRange& r = layout_.units[u];
+      unit_params_[u] = params_.flat_range(r.begin, r.count());
+      unit_grads_[u] = grads_.flat_range(r.begin, r.count());
+    }
+    backend_.fill(params_, 0.0f);
+    backend_.fill(grads_, 0.0f);  // alignment gaps between tensors stay zero from here on
+  }
 
   act_buffer_ = DeviceBuffer(backend_, mem.activations, "activations");
   declare_activations(spec_, runtime_, a_, &act_buffer_);
 
   const std::vector<float> table = rope_table(spec_, runtime_.seq_length);
   backend_.upload(a_.freqs, table.data());
-  backend_.fill(params_, 0.0f);
   fp8_index_.assign(layout_.params.size(), -1);
   if (runtime_.fp8.enabled()) {
     const auto linears = fp8_linears(layout_, runtime_);
@@ -193,7 +213,6 @@ LlamaModel::LlamaModel(Backend& backend, const ModelSpec& spec, const ModelRunti
     else
       accumulated_grad_ranges_.push_back({p.offset, p.offset + p.numel()});
   }
-  backend_.fill(grads_, 0.0f);  // alignment gaps between tensors stay zero from here on
   zero_grads();
   zero_loss_sum();
 }
@@ -204,20 +223,60 @@ bool LlamaModel::recomputes_fully(int64_t layer) const {
 
 Tensor LlamaModel::param(int index) const {
   const ParamInfo& p = layout_.params[index];
-  return params_.flat_range(p.offset, p.numel()).view(p.shape);
+  const int64_t at = p.offset - layout_.units[p.unit].begin;
+  return unit_params_[p.unit].flat_range(at, p.numel()).view(p.shape);
 }
 
 Tensor LlamaModel::grad(int index) const {
   const ParamInfo& p = layout_.params[index];
-  return grads_.flat_range(p.offset, p.numel()).view(p.shape);
+  const int64_t at = p.offset - layout_.units[p.unit].begin;
+  return unit_grads_[p.unit].flat_range(at, p.numel()).view(p.shape);
 }
 
-// A new step's gradients: also the start of the step's FP8 non-finite check.
+void LlamaModel::bind_unit_params(int unit, const Tensor& params) {
+  TS_CHECK(runtime_.sharded_params, "parameters are bound only with sharded_params");
+  check_unit_binding(params, runtime_.compute_dtype, layout_.units[unit], unit, "parameters");
+  unit_params_[unit] = params;
+}
+
+void LlamaModel::bind_unit_grads(int unit, const Tensor& grads) {
+  TS_CHECK(runtime_.sharded_params, "gradients are bound only with sharded_params");
+  check_unit_binding(grads, DType::F32, layout_.units[unit], unit, "gradients");
+  unit_grads_[unit] = grads;
+}
+
+// A new step's gradients: also the start of the step's FP8 non-finite check. Sharded, the
+// observer starts each unit's gradients itself and every GEMM accumulates.
 void LlamaModel::zero_grads() {
-  for (const ParamRange& r : accumulated_grad_ranges_)
-    backend_.fill(grads_.flat_range(r.begin, r.count()), 0.0f);
-  grad_written_.assign(layout_.params.size(), 0);
+  if (!runtime_.sharded_params)
+    for (const ParamRange& r : accumulated_grad_ranges_)
+      backend_.fill(grads_.flat_range(r.begin, r.count()), 0.0f);
+  grad_written_.assign(layout_.params.size(), runtime_.sharded_params ? 1 : 0);
   if (fp8_) fp8_->clear_status();
+}
+
+void LlamaModel::params_needed(int unit, int next) {
+  if (observer_) observer_->params_needed(unit, next);
+}
+void LlamaModel::params_done(int unit) {
+  if (observer_) observer_->params_done(unit);
+}
+void LlamaModel::grads_needed(int unit) {
+  if (observer_) observer_->grads_needed(unit);
+}
+void LlamaModel::grads_ready(int unit) {
+  if (observer_) observer_->grads_ready(unit);
+}
+
+// The tail reads the embedding table too when the head is tied to it.
+void LlamaModel::tail_params_needed(int next) {
+  params_needed(layout_.tail_unit(), tied() ? 0 : next);
+  if (tied()) params_needed(0, next);
+}
+
+void LlamaModel::tail_params_done() {
+  params_done(layout_.tail_unit());
+  if (tied()) params_done(0);
 }
 
 void LlamaModel::params_updated() {
@@ -291,23 +350,26 @@ void LlamaModel::linear_backward(const Tensor& din, const Tensor& dout, const Te
   if (bias >= 0) backend_.bias_backward(grad(bias), dout);
 }
 
+// Units are read in forward order, each followed by the next (layer l is unit l + 1; the
+// last layer is followed by the tail).
 void LlamaModel::embed() {
-  if (params_needed_) {
-    const ParamInfo& e = layout_.params[layout_.embedding];
-    params_needed_(e.offset + e.numel());
+  params_needed(0, 1);
+  {
+    ScopedRange r(backend_, "embedding_forward");
+    backend_.embedding_forward(a_.resid[0], a_.tokens, param(layout_.embedding));
   }
-  ScopedRange r(backend_, "embedding_forward");
-  backend_.embedding_forward(a_.resid[0], a_.tokens, param(layout_.embedding));
+  params_done(0);
 }
 
 void LlamaModel::layer_forward(int64_t l, const LayerActs& a) {
-  if (params_needed_) {
-    const ParamInfo& last = layout_.params[layout_.layers[l].down_proj];  // a layer's last tensor
-    params_needed_(last.offset + last.numel());
-  }
+  const int unit = static_cast<int>(l) + 1;
+  params_needed(unit, unit + 1);
   recompute_layer(l, a);
-  ScopedRange r(backend_, "mlp_down");
-  linear(a_.resid[l + 1], a.h, layout_.layers[l].down_proj, -1, 1.0f, a.x_mid);
+  {
+    ScopedRange r(backend_, "mlp_down");
+    linear(a_.resid[l + 1], a.h, layout_.layers[l].down_proj, -1, 1.0f, a.x_mid);
+  }
+  params_done(unit);
 }
 
 // Everything of the layer's forward except the final down projection (whose output, the
@@ -366,7 +428,13 @@ void LlamaModel::layer_backward(int64_t l, const LayerActs& a) {
 // chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
 // logits and is consumed at once: the head's backward runs inside the forward pass.
 void LlamaModel::head_forward(bool with_grad, float grad_scale) {
-  if (params_needed_) params_needed_(layout_.total);
+  const int tail = layout_.tail_unit();
+  // With gradients the backward's first layer follows (unit tail - 1, unless there is none).
+  tail_params_needed(with_grad && tail > 1 ? tail - 1 : -1);
+  if (with_grad) {
+    grads_needed(tail);
+    if (tied()) grads_needed(0);
+  }
   ScopedRange r(backend_, "output_head");
   const int64_t N = runtime_.micro_batch * runtime_.seq_length;
   const Tensor& x = a_.resid[spec_.num_layers];
@@ -382,10 +450,13 @@ void LlamaModel::head_forward(bool with_grad, float grad_scale) {
     if (with_grad) linear_backward(a_.dnorm.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
-  if (!with_grad) return;
-  backend_.fill(a_.dresid, 0.0f);
-  backend_.rmsnorm_backward(a_.dresid, grad(layout_.final_norm), a_.dnorm, x,
-                            param(layout_.final_norm), a_.final_rstd);
+  if (with_grad) {
+    backend_.fill(a_.dresid, 0.0f);
+    backend_.rmsnorm_backward(a_.dresid, grad(layout_.final_norm), a_.dnorm, x,
+                              param(layout_.final_norm), a_.final_rstd);
+  }
+  tail_params_done();
+  if (with_grad) grads_ready(tail);
 }
 
 void LlamaModel::forward_backward(float grad_scale) {
@@ -395,16 +466,26 @@ void LlamaModel::forward_backward(float grad_scale) {
     layer_forward(l, a_.stored[l]);
   }
   head_forward(true, grad_scale);
-  if (grads_ready_) grads_ready_(layout_.params[layout_.final_norm].offset);
+  // Backward order: layer l's unit is followed by layer l - 1's; the embedding's backward
+  // reads no parameters.
   for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
-    ScopedRange r(backend_, "layer_backward");
-    if (recomputes_fully(l)) recompute_layer(l, a_.stored[l]);
-    layer_backward(l, a_.stored[l]);
-    if (grads_ready_) grads_ready_(layout_.params[layout_.layers[l].attn_norm].offset);
+    const int unit = static_cast<int>(l) + 1;
+    params_needed(unit, unit > 1 ? unit - 1 : -1);
+    grads_needed(unit);
+    {
+      ScopedRange r(backend_, "layer_backward");
+      if (recomputes_fully(l)) recompute_layer(l, a_.stored[l]);
+      layer_backward(l, a_.stored[l]);
+    }
+    params_done(unit);
+    grads_ready(unit);
   }
-  ScopedRange r(backend_, "embedding_backward");
-  backend_.embedding_backward(grad(layout_.embedding), a_.dresid, a_.tokens);
-  if (grads_ready_) grads_ready_(0);
+  if (!tied()) grads_needed(0);
+  {
+    ScopedRange r(backend_, "embedding_backward");
+    backend_.embedding_backward(grad(layout_.embedding), a_.dresid, a_.tokens);
+  }
+  grads_ready(0);
 }
 
 void LlamaModel::forward_loss() {
@@ -416,10 +497,11 @@ void LlamaModel::forward_loss() {
 void LlamaModel::forward_logits(const Tensor& logits) {
   embed();
   for (int64_t l = 0; l < spec_.num_layers; ++l) layer_forward(l, a_.stored[l]);
-  if (params_needed_) params_needed_(layout_.total);
+  tail_params_needed(-1);
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[spec_.num_layers],
                            param(layout_.final_norm), spec_.norm_eps);
   linear(logits, a_.final_norm, layout_.lm_head, -1, 0.0f, {});
+  tail_params_done();
 }
 
 }  // namespace tessera

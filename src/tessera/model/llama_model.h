@@ -4,7 +4,6 @@
 // live in one planned arena sized for (micro_batch, seq) at construction, so the memory a
 // run needs is known before it starts and nothing is allocated inside a step.
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +27,11 @@ struct ModelRuntime {
   // The parameter and gradient buffers are allocated for the parameter count rounded up to
   // this multiple, so data parallelism can split them into equal per-rank shards.
   int64_t flat_buffer_multiple = 1;
+  // FSDP: parameters and gradients live outside the model, sharded over ranks. The model then
+  // allocates no flat buffers; its unit observer binds each unit's tensors (bind_unit_params,
+  // bind_unit_grads) before the model reads or writes them, and starts each unit's gradients
+  // from what they already hold, so every weight-gradient GEMM accumulates.
+  bool sharded_params = false;
   Fp8Options fp8;  // FP8 linear layers (off by default)
 };
 
@@ -38,6 +42,22 @@ struct ModelMemory {
   size_t gradients = 0;    // fp32 gradients
   size_t activations = 0;  // stored activations, backward scratch, logits chunk, batch
   size_t fp8 = 0;          // FP8 scaling state, weight cache and cast buffers (fp8 runs)
+};
+
+// What the model reports, as a pass goes, to whoever manages its parameters across ranks
+// (dist/): when it reads each unit's parameters (ParamLayout::units) and writes its
+// gradients, so they can be gathered just in time and reduced as soon as they are final.
+class ParamUnitObserver {
+ public:
+  virtual ~ParamUnitObserver() = default;
+  // The pass is about to read unit u's parameters; it reads unit `next` after them (-1: none).
+  virtual void params_needed(int unit, int next) { (void)unit, (void)next; }
+  // Every read of unit u's parameters until the next params_needed(u) is queued.
+  virtual void params_done(int unit) { (void)unit; }
+  // Once per micro-batch, before the backward first writes unit u's gradients.
+  virtual void grads_needed(int unit) { (void)unit; }
+  // Unit u's gradients of this micro-batch are final (offsets >= its begin get no more).
+  virtual void grads_ready(int unit) { (void)unit; }
 };
 
 class LlamaModel {
@@ -52,25 +72,22 @@ class LlamaModel {
   const ParamLayout& layout() const { return layout_; }
   Backend& backend() const { return backend_; }
 
-  Tensor params() const { return params_; }  // (P) compute dtype, flat
-  Tensor grads() const { return grads_; }    // (P) fp32, flat
+  // (P) compute dtype and fp32, flat; undefined with runtime().sharded_params.
+  Tensor params() const { return params_; }
+  Tensor grads() const { return grads_; }
   Tensor param(int index) const;
   Tensor grad(int index) const;
+  // sharded_params: where unit u's parameters (compute dtype) or gradients (fp32) are now, at
+  // least units[u].count() elements laid out as in the flat buffer from units[u].begin.
+  void bind_unit_params(int unit, const Tensor& params);
+  void bind_unit_grads(int unit, const Tensor& grads);
 
   // Starts a step's gradients: zeroes those that kernels accumulate into (embedding, norms,
   // biases); the linear weights' gradients are written, not added, by their first weight-
   // gradient GEMM of the step, which saves a pass over most of the buffer.
   void zero_grads();
-  // Called during forward_backward whenever a suffix of the flat gradient buffer is final
-  // for this micro-batch (offsets >= ready_from get no further contributions): after the
-  // output head, after each layer and after the embedding (0). Data parallelism starts
-  // reducing those gradients while the backward goes on.
-  void set_grads_ready_hook(std::function<void(int64_t ready_from)> hook) { grads_ready_ = std::move(hook); }
-  // Called during every forward pass before parameters are first read: the prefix
-  // [0, needed_end) of the flat parameter buffer must then be current (before the embedding,
-  // before each layer, before the output head). Data parallelism overlaps the ZeRO-1
-  // parameter all-gather with the forward through it.
-  void set_params_needed_hook(std::function<void(int64_t needed_end)> hook) { params_needed_ = std::move(hook); }
+  // Data parallelism follows every pass through it (null: none).
+  void set_unit_observer(ParamUnitObserver* observer) { observer_ = observer; }
   // Host int32 arrays of micro_batch * seq_length ids; negative targets are ignored.
   void set_batch(const int32_t* tokens, const int32_t* targets);
   // Forward and backward of the current batch. Gradients accumulate into grads(); the
@@ -114,6 +131,15 @@ class LlamaModel {
   void recompute_layer(int64_t l, const LayerActs& a);
   void head_forward(bool with_grad, float grad_scale);
   void embed();
+  // The observer's calls (no-ops without one). The tail's also cover the embedding table
+  // when the head is tied to it.
+  void params_needed(int unit, int next);
+  void params_done(int unit);
+  void grads_needed(int unit);
+  void grads_ready(int unit);
+  void tail_params_needed(int next);
+  void tail_params_done();
+  bool tied() const { return layout_.lm_head == layout_.embedding; }
   void linear(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
               const Tensor& residual);
   void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
@@ -126,9 +152,9 @@ class LlamaModel {
   ParamLayout layout_;
   DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
   Tensor params_, grads_;
+  std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   Activations a_;
-  std::function<void(int64_t)> grads_ready_;
-  std::function<void(int64_t)> params_needed_;
+  ParamUnitObserver* observer_ = nullptr;
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1
   // The ranges of grads_ that zero_grads() fills: everything but the weights that only

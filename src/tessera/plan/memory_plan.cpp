@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessera/data/tokenizer.h"
+#include "tessera/dist/fully_sharded.h"
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/train/adamw_optimizer.h"
@@ -12,24 +13,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-// Elements of the largest unit FSDP gathers at once: a decoder layer, the embedding, or the
-// final norm with the output head (each contiguous in the flat layout).
-int64_t largest_fsdp_unit(const ParamLayout& layout) {
-  std::vector<int64_t> per_layer(layout.layers.size(), 0);
-  int64_t largest = 0, tail = 0;
-  for (const ParamInfo& p : layout.params) {
-    if (p.layer >= 0) {
-      per_layer[p.layer] += p.numel();
-    } else if (&p == &layout.params[layout.embedding]) {
-      largest = std::max(largest, p.numel());
-    } else {
-      tail += p.numel();  // final norm and untied output head are gathered together
-    }
-  }
-  for (int64_t n : per_layer) largest = std::max(largest, n);
-  return std::max(largest, tail);
 }
 
 }  // namespace
@@ -78,12 +61,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
       p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
       break;
     case Sharding::Fsdp: {
-      // The shard, plus the unit being computed and the one prefetched (weights), and the
-      // unit whose gradient waits for its reduce-scatter.
-      const auto unit = static_cast<size_t>(largest_fsdp_unit(make_param_layout(in.spec)));
-      p.weights = static_cast<size_t>(shard) * dtype_size(dt) + 2 * unit * dtype_size(dt);
-      p.gradients = static_cast<size_t>(shard) * sizeof(float) + unit * sizeof(float);
-      p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
+      // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
+      const auto f = dist::FullyShardedDataParallel::plan_memory(make_param_layout(in.spec),
+                                                                 static_cast<int>(n), dt);
+      p.weights = f.weights;
+      p.gradients = f.gradients;
+      p.optimizer = AdamWOptimizer::state_bytes(f.shard_elements, dt);
       break;
     }
   }

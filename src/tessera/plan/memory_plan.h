@@ -22,8 +22,8 @@ namespace tessera::plan {
 enum class Sharding {
   None,   // plain data parallel: every GPU holds everything
   Zero1,  // ZeRO-1 / Megatron distributed optimizer: optimizer state split N ways
-  Fsdp,   // FSDP / ZeRO-3: weights, gradients and optimizer state split N ways, one decoder
-          // layer (or the embedding / output head) gathered at a time, the next prefetched
+  Fsdp,   // FSDP / ZeRO-3 (dist/fully_sharded.h): weights, gradients and optimizer state split
+          // N ways; units gathered into slots just in time
 };
 
 std::string_view sharding_name(Sharding s);
@@ -40,8 +40,8 @@ inline constexpr size_t kContextBytes = size_t{1} << 30;
 
 struct MemoryPlan {
   // Per GPU.
-  size_t weights = 0;          // compute-dtype parameters (shard + gathered buffers with FSDP)
-  size_t gradients = 0;        // fp32 gradients (shard + one unsharded unit with FSDP)
+  size_t weights = 0;          // compute-dtype parameters (FSDP: shard + gathered-unit slots)
+  size_t gradients = 0;        // fp32 gradients (FSDP: shard + unit gradient slots)
   size_t optimizer = 0;        // fp32 master weights (unless the weights are fp32) + 2 moments
   size_t activations = 0;      // stored activations, recompute and backward scratch, logits chunk
   size_t fp8 = 0;              // with fp8: cast buffers, scaling state, cached FP8 weights

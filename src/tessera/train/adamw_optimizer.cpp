@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tessera/core/error.h"
+
 namespace tessera {
 
 namespace {
@@ -19,18 +21,21 @@ std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segment
 }  // namespace
 
 AdamWOptimizer::AdamWOptimizer(LlamaModel& model, const TrainingConfig& config,
-                               std::vector<ParamRange> owned)
+                               std::vector<OwnedParams> owned)
     : model_(model), config_(config), segments_(model.layout().decay_segments()),
       owned_(std::move(owned)), sharded_(!owned_.empty()) {
   Backend& b = model.backend();
   const int64_t P = model.layout().total;
-  if (!sharded_) owned_ = {{0, P}};
+  if (!sharded_) owned_ = {{{0, P}, model.params(), model.grads()}};
   int64_t held = 0;
-  for (const ParamRange& r : owned_) {
-    owned_segments_.push_back(clip_segments(segments_, r));
-    held += r.count();
+  for (const OwnedParams& o : owned_) {
+    TS_CHECK(o.params.numel() == o.range.count() && o.grads.numel() == o.range.count(),
+             "owned range [{}, {}) has {} parameters and {} gradients", o.range.begin,
+             o.range.end, o.params.numel(), o.grads.numel());
+    owned_segments_.push_back(clip_segments(segments_, o.range));
+    held += o.range.count();
   }
-  if (model.params().dtype == DType::F32 && !sharded_) {
+  if (model.runtime().compute_dtype == DType::F32 && !sharded_) {
     master_ = model.params();
   } else {
     master_buffer_ = DeviceBuffer(b, held * sizeof(float), "fp32 master weights");
@@ -48,33 +53,30 @@ size_t AdamWOptimizer::state_bytes(int64_t params, DType compute) {
   return (compute == DType::F32 ? 2 : 3) * p * sizeof(float);
 }
 
+std::vector<ParamRange> AdamWOptimizer::owned() const {
+  std::vector<ParamRange> ranges;
+  for (const OwnedParams& o : owned_) ranges.push_back(o.range);
+  return ranges;
+}
+
 void AdamWOptimizer::sync_params_from_master() {
-  if (!sharded_) {
-    if (master_.data != model_.params().data) model_.backend().convert(model_.params(), master_);
-  } else {
-    int64_t at = 0;
-    for (const ParamRange& r : owned_) {
-      model_.backend().convert(model_.params().flat_range(r.begin, r.count()), master_.flat_range(at, r.count()));
-      at += r.count();
-    }
+  int64_t at = 0;  // master weights are packed in owned order
+  for (const OwnedParams& o : owned_) {
+    if (o.params.data != master_.data)
+      model_.backend().convert(o.params, master_.flat_range(at, o.range.count()));
+    at += o.range.count();
   }
   model_.params_updated();
 }
 
-void AdamWOptimizer::set_master(const std::function<void(const Tensor& full_master)>& fill) {
-  if (!sharded_) {
-    fill(master_);
-    return;
-  }
-  Backend& b = model_.backend();
-  const Tensor full = model_.grads();
-  fill(full);
+std::vector<FlatSlice> AdamWOptimizer::master_slices() const {
+  std::vector<FlatSlice> slices;
   int64_t at = 0;
-  for (const ParamRange& r : owned_) {
-    b.copy(master_.flat_range(at, r.count()), full.flat_range(r.begin, r.count()));
-    at += r.count();
+  for (const OwnedParams& o : owned_) {
+    slices.push_back({o.range, master_.flat_range(at, o.range.count())});
+    at += o.range.count();
   }
-  model_.zero_grads();
+  return slices;
 }
 
 void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
@@ -89,15 +91,15 @@ void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
   a.step = step;
   int64_t at = 0;
   for (size_t i = 0; i < owned_.size(); ++i) {
-    const ParamRange& r = owned_[i];
-    a.master = master_.flat_range(at, r.count());
-    a.grad = model_.grads().flat_range(r.begin, r.count());
-    a.exp_avg = exp_avg_.flat_range(at, r.count());
-    a.exp_avg_sq = exp_avg_sq_.flat_range(at, r.count());
-    a.params = master_.data != model_.params().data ? model_.params().flat_range(r.begin, r.count())
-                                                    : Tensor{};
+    const OwnedParams& o = owned_[i];
+    const int64_t n = o.range.count();
+    a.master = master_.flat_range(at, n);
+    a.grad = o.grads;
+    a.exp_avg = exp_avg_.flat_range(at, n);
+    a.exp_avg_sq = exp_avg_sq_.flat_range(at, n);
+    a.params = o.params.data != master_.data ? o.params : Tensor{};
     a.segments = owned_segments_[i];
-    at += r.count();
+    at += n;
     if (!a.segments.empty()) model_.backend().adamw_step(a);
   }
   model_.params_updated();

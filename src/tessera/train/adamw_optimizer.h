@@ -1,11 +1,11 @@
 #pragma once
 // AdamW over the model's flat parameter buffer: fp32 master weights (aliasing the
 // parameters when they are fp32 already) and fp32 moments, one fused op per step. Under
-// ZeRO-1 (dist/data_parallel.h) it holds only this rank's ranges of the flat buffer: their
-// master weights and moments are packed one after another, and a step updates those ranges
-// of the parameters, which data parallelism then gathers from every rank.
+// ZeRO-1 and FSDP (dist/data_parallel.h) it holds only this rank's ranges of the flat layout:
+// their master weights and moments are packed one after another, and a step updates this
+// rank's copies of those ranges' parameters, which data parallelism then gathers from every
+// rank.
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "tessera/config/config.h"
@@ -14,16 +14,24 @@
 
 namespace tessera {
 
+// A range of the flat layout an optimizer updates, with where this rank keeps its
+// compute-dtype parameters and fp32 gradients (range.count() elements each).
+struct OwnedParams {
+  ParamRange range;
+  Tensor params, grads;
+};
+
 class AdamWOptimizer {
  public:
-  // owned: the ranges of [0, P) this optimizer updates, in increasing order (empty: all).
-  AdamWOptimizer(LlamaModel& model, const TrainingConfig& config, std::vector<ParamRange> owned = {});
+  // owned: what this optimizer updates, ranges in increasing order (empty: everything, in the
+  // model's flat buffers).
+  AdamWOptimizer(LlamaModel& model, const TrainingConfig& config, std::vector<OwnedParams> owned = {});
 
   // Bytes of optimizer state for `params` elements when parameters are `compute` dtype.
   static size_t state_bytes(int64_t params, DType compute);
 
   bool sharded() const { return sharded_; }
-  const std::vector<ParamRange>& owned() const { return owned_; }
+  std::vector<ParamRange> owned() const;
   // (P) fp32 master weights; sharded: (sum of owned counts) packed.
   Tensor master() const { return master_; }
   Tensor exp_avg() const { return exp_avg_; }        // (P) fp32 first moments
@@ -34,16 +42,15 @@ class AdamWOptimizer {
   // global gradient norm; a non-finite value leaves everything unchanged (skipped step).
   // `step` is the 1-based count of applied updates including this one.
   void step(double lr, const Tensor& grad_norm_sq, int64_t step);
-  // Sets the master weights from a full (P) fp32 copy that `fill` writes (initialisation,
-  // Hugging Face weights). Sharded, `fill` writes into the model's gradient buffer, which
-  // is free outside a step and zeroed again afterwards.
-  void set_master(const std::function<void(const Tensor& full_master)>& fill);
+  // The master weights by owned range, to initialise or load them into (then
+  // sync_params_from_master()).
+  std::vector<FlatSlice> master_slices() const;
 
  private:
   LlamaModel& model_;
   TrainingConfig config_;
   std::vector<ParamSegment> segments_;
-  std::vector<ParamRange> owned_;
+  std::vector<OwnedParams> owned_;
   std::vector<std::vector<ParamSegment>> owned_segments_;  // segments_ clipped to each range
   bool sharded_ = false;
   DeviceBuffer master_buffer_, moments_buffer_;

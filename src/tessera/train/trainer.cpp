@@ -8,6 +8,7 @@
 
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/config/keys.h"
+#include "tessera/dist/fully_sharded.h"
 #include "tessera/core/error.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
@@ -92,7 +93,10 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   runtime_.recompute = t.recompute_granularity;
   runtime_.recompute_num_layers = t.recompute_num_layers;
   runtime_.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
-  if (comm_) runtime_.flat_buffer_multiple = dist::flat_buffer_multiple(comm_->size());
+  if (comm_) {
+    runtime_.flat_buffer_multiple = dist::flat_buffer_multiple(comm_->size());
+    runtime_.sharded_params = t.use_torch_fsdp2;
+  }
   runtime_.fp8 = fp8_options(t);
   if (runtime_.fp8.enabled() && backend_->device().kind != DeviceKind::CUDA)
     throw ConfigError(exp_.origin.count("fp8") ? exp_.origin.at("fp8") : "default", "fp8",
@@ -125,12 +129,13 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   try {
     model_ = std::make_unique<LlamaModel>(*backend_, spec_, runtime_);
     if (comm_)
-      dp_ = std::make_unique<dist::DataParallel>(
+      dp_ = dist::make_data_parallelism(
           *comm_, *model_,
-          dist::DataParallelOptions{t.use_distributed_optimizer, t.overlap_grad_reduce,
-                                    t.overlap_param_gather, t.ddp_bucket_size});
-    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, dp_ ? dp_->optimizer_ranges()
-                                                                  : std::vector<ParamRange>{});
+          dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
+                                    t.overlap_grad_reduce, t.overlap_param_gather,
+                                    t.ddp_bucket_size});
+    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, dp_ ? dp_->optimizer_shards()
+                                                                  : std::vector<OwnedParams>{});
     scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
   } catch (const OutOfMemoryError& e) {
     check_memory_fits();  // reports the breakdown if the estimate now says it cannot fit
@@ -139,9 +144,8 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
   stop_signal_ = scalar_buffer_.tensor(DType::F32, {1}, sizeof(float));
   ranks_stop_together_ = dp_ && !exp_.checkpoint.save.empty();
-  optimizer_->set_master([&](const Tensor& master) {
-    init_parameters(*backend_, spec_, model_->layout(), master, static_cast<uint64_t>(t.seed));
-  });
+  init_parameters(*backend_, spec_, model_->layout(), optimizer_->master_slices(),
+                  static_cast<uint64_t>(t.seed));
   restore_start_state();
   optimizer_->sync_params_from_master();
   if (dp_ && model_->fp8()) {
@@ -150,14 +154,9 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
     model_->fp8()->set_amax_reducer([this](const Tensor& amaxes) { dp_->max(amaxes); });
   }
   if (dp_) {
-    dp_->gather_params();
-    log_.info("data parallel: {} ranks ({}), {} gradient buckets, {}{}{}", data_parallel_size_,
-              comm_->description(), dp_->plan().buckets.size(),
-              t.use_distributed_optimizer ? "ZeRO-1 optimizer shards" : "replicated optimizer",
-              t.overlap_grad_reduce ? ", reduction overlapped with backward" : "",
-              t.use_distributed_optimizer && t.overlap_param_gather
-                  ? ", parameter gather overlapped with forward"
-                  : "");
+    dp_->params_updated();
+    log_.info("data parallel: {} ranks ({}), {}", data_parallel_size_, comm_->description(),
+              dp_->description());
   }
   const int64_t N = t.micro_batch_size * t.seq_length;
   host_tokens_.resize(N);
@@ -171,10 +170,18 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
 Trainer::~Trainer() = default;
 
 TrainingTensors Trainer::training_tensors() const {
-  TrainingTensors t{backend_.get(),       &spec_,
-                    &model_->layout(),    model_->params(),
-                    optimizer_->master(), optimizer_->exp_avg(),
-                    optimizer_->exp_avg_sq(), {}, {}};
+  TrainingTensors t;
+  t.backend = backend_.get();
+  t.spec = &spec_;
+  t.layout = &model_->layout();
+  t.params_dtype = runtime_.compute_dtype;
+  if (dp_ && dp_->params_sharded())
+    t.param = [dp = dp_.get()](int index) { return dp->gathered_param(index); };
+  else
+    t.param = [model = model_.get()](int index) { return model->param(index); };
+  t.master = optimizer_->master();
+  t.exp_avg = optimizer_->exp_avg();
+  t.exp_avg_sq = optimizer_->exp_avg_sq();
   if (model_->fp8()) t.extra_state = model_->fp8()->state_tensors();
   if (optimizer_->sharded()) t.owned = optimizer_->owned();
   return t;
@@ -203,9 +210,8 @@ void Trainer::restore_start_state() {
   } else {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
     if (!c.hf_init_path.empty()) {
-      optimizer_->set_master([&](const Tensor& master) {
-        differences = load_hf_weights(c.hf_init_path, spec_, model_->layout(), *backend_, master);
-      });
+      differences = load_hf_weights(c.hf_init_path, spec_, model_->layout(), *backend_,
+                                    optimizer_->master_slices());
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
     }
   }
@@ -230,12 +236,14 @@ std::string Trainer::save_checkpoint() {
     // Plain data-parallel ranks hold the same state: rank 0 writes it.
     if (rank_ == 0) dir = tessera::save_checkpoint(c.save, t, s, c.ckpt_keep_last);
   } else {
-    // ZeRO-1 ranks each hold a shard of the optimizer state: each writes its own, and rank 0
-    // publishes the checkpoint once all are on disk.
+    // ZeRO-1 and FSDP ranks each hold a shard of the optimizer state: each writes its own,
+    // and rank 0 publishes the checkpoint once all are on disk.
     const int world = static_cast<int>(data_parallel_size_);
     if (rank_ == 0) begin_sharded_checkpoint(c.save, s.iteration);
     dp_->barrier();
     write_checkpoint_shard(c.save, t, s.iteration, static_cast<int>(rank_), world);
+    // FSDP: rank 0 has just gathered every parameter unit to write model.safetensors.
+    if (rank_ != 0 && dp_->params_sharded()) dp_->follow_gathers();
     dp_->barrier();
     if (rank_ == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
   }
@@ -275,10 +283,19 @@ void Trainer::stop_for_signal(int sig, const std::string& where) {
 // Compares what the run needs with what the device has and, if it cannot fit, says how much
 // each part takes and what to change.
 void Trainer::check_memory_fits() const {
-  const ModelMemory m = LlamaModel::plan_memory(spec_, runtime_);
-  const int64_t shards = exp_.training.use_distributed_optimizer ? data_parallel_size_ : 1;
-  const size_t optimizer =
-      AdamWOptimizer::state_bytes(make_param_layout(spec_).total / shards, runtime_.compute_dtype);
+  ModelMemory m = LlamaModel::plan_memory(spec_, runtime_);
+  const ParamLayout layout = make_param_layout(spec_);
+  int64_t optimizer_elements = layout.total;
+  if (runtime_.sharded_params) {
+    const auto fsdp = dist::FullyShardedDataParallel::plan_memory(
+        layout, static_cast<int>(data_parallel_size_), runtime_.compute_dtype);
+    m.weights = fsdp.weights;
+    m.gradients = fsdp.gradients;
+    optimizer_elements = fsdp.shard_elements;
+  } else if (exp_.training.use_distributed_optimizer) {
+    optimizer_elements /= data_parallel_size_;
+  }
+  const size_t optimizer = AdamWOptimizer::state_bytes(optimizer_elements, runtime_.compute_dtype);
   const size_t needed = m.weights + m.gradients + optimizer + m.activations + m.fp8;
   const MemoryStats s = backend_->memory_stats();
   const size_t available = s.device_free_bytes + s.allocated_bytes;
@@ -291,7 +308,8 @@ void Trainer::check_memory_fits() const {
     if (exp_.training.recompute_granularity != RecomputeGranularity::Full)
       advice += ", or set recompute_granularity: full (or selective)";
   } else {
-    advice = "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer";
+    advice = "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer "
+             "(use_distributed_optimizer) or FSDP (use_torch_fsdp2)";
   }
   throw OutOfMemoryError(fmt::format(
       "not enough memory on {}: the run needs {:.2f} GiB but {:.2f} GiB is free. Breakdown: "
@@ -338,7 +356,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   }
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
-    if (dp_) dp_->grad_norm_sq(grad_norm_sq_, *optimizer_);
+    if (dp_) dp_->grad_norm_sq(grad_norm_sq_);
     else backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
     if (model_->fp8()) {
       // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
@@ -356,7 +374,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   {
     const profiler::PhaseSpan span(profiler_.get(), "optimizer");
     optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
-    if (dp_) dp_->gather_params();
+    if (dp_) dp_->params_updated();
   }
   float loss_sum = 0, norm_sq = 0, fp8_status = 0;
   {

@@ -86,7 +86,7 @@ class Trainer {
   ModelRuntime runtime_;
   std::unique_ptr<LlamaModel> model_;
   dist::Communicator* comm_ = nullptr;
-  std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<dist::DataParallelism> dp_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   DeviceBuffer scalar_buffer_;
   Tensor grad_norm_sq_;
