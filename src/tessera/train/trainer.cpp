@@ -118,6 +118,10 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
                 : "");
   data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
   log_.info("data: {}", data_.description);
+  if (!comm_ && (t.use_distributed_optimizer || t.use_torch_fsdp2))
+    log_.warning("{} shards state over data-parallel ranks; this run has one (start it with "
+                 "tessera launch --nproc_per_node N to shard)",
+                 t.use_torch_fsdp2 ? "use_torch_fsdp2" : "use_distributed_optimizer");
   if (!data_.valid && (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0)) {
     const std::string why = fmt::format(
         "no validation data (split '{}' leaves none, or set valid_data_path)", exp_.data.split);
