@@ -57,7 +57,8 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
   t.name = "memory_breakdown";
   t.title = "Memory per GPU";
   t.note =
-      "bytes from LlamaModel::plan_memory and AdamWOptimizer::state_bytes (what the run "
+      "bytes from LlamaModel::plan_memory, FullyShardedDataParallel::plan_memory and "
+      "AdamWOptimizer::state_bytes (what the run "
       "allocates); allocated = what memory_stats() reports as peak; total adds the CUDA "
       "context allowance.";
   t.columns = {{"component", true}, {"bytes"}, {"gib"}, {"detail"}};
@@ -66,10 +67,10 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
   };
   row("weights", p.weights,
       fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(dt), dtype_name(dt),
-                  fsdp ? " + 2 gathered units (current, prefetched)" : ""));
+                  fsdp ? " + gathered-unit slots (current, prefetched)" : ""));
   row("gradients", p.gradients,
       fmt::format("{} params x 4 B (fp32){}", weight_params,
-                  fsdp ? " + 1 unsharded unit awaiting reduce-scatter" : ""));
+                  fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
   row("optimizer", p.optimizer,
       fmt::format("{} params x {} B ({})", opt_params, fp32 ? 8 : 12,
                   fp32 ? "AdamW moments; master weights are the fp32 weights"
