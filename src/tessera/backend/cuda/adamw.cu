@@ -23,7 +23,7 @@ constexpr int64_t kChunk = int64_t{1} << 16;
 // memory bound on Hopper.
 struct Update {
   float g_scale;
-  AdamWScalars s;
+  ref::AdamWScalarsOf<float> s;
   float decay;
 
   __device__ __forceinline__ void operator()(float& master, float& m, float& v, float grad) const {
@@ -48,7 +48,7 @@ __global__ void adamw_kernel(float* master, TP* params, float* exp_avg, float* e
     g_scale = fmin(s.max_grad_norm / (sqrt(static_cast<double>(norm_sq)) + 1e-6), 1.0);
   }
   const AdamWChunk chunk = chunks[blockIdx.x];
-  const Update update{static_cast<float>(g_scale), s, chunk.decay ? s.decay_factor : 1.0f};
+  const Update update{static_cast<float>(g_scale), s.c, chunk.decay ? s.c.decay_factor : 1.0f};
 
   const int64_t begin = chunk.offset, end = chunk.offset + chunk.count;
   const int64_t vec_begin = std::min(end, (begin + VEC - 1) / VEC * VEC);

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "tessera/backend/cpu/reference.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 
@@ -25,14 +26,12 @@ int64_t adamw_chunk_elements();
 // Cuts the segments into chunks, in segment order.
 std::vector<AdamWChunk> adamw_chunks(std::span<const ParamSegment> segments);
 
-// Per-step fp32 constants, derived on the host as ref::adamw_scalars does.
+// Per-step constants: the fp32 ones exactly as the CPU reference derives them (its clip
+// factor is not used: the kernel derives it from the device's gradient norm), and the
+// clipping threshold (0: no clipping).
 struct AdamWScalars {
-  float beta1 = 0, beta2 = 0, one_minus_beta1 = 0, one_minus_beta2 = 0;
-  float step_size = 0;              // lr / (1 - beta1^step)
-  float sqrt_bias_correction2 = 0;  // sqrt(1 - beta2^step)
-  float eps = 0;
-  float decay_factor = 1;    // 1 - lr * weight_decay, for decaying chunks
-  double max_grad_norm = 0;  // 0: no clipping (the clip factor is derived in double)
+  ref::AdamWScalarsOf<float> c;
+  double max_grad_norm = 0;
 };
 
 // torch.optim.AdamW on every chunk: reads grad_norm_sq (1, fp32, device) and, when it is not

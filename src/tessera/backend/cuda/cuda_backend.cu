@@ -837,17 +837,7 @@ void CudaBackend::adamw_step(const AdamWArgs& args) {
   // The same constants as ref::adamw_update derives from the same float settings.
   const ref::AdamWSettings settings{args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
                                     args.max_grad_norm, args.step};
-  const auto c = ref::adamw_scalars<float>(settings, /*decay=*/true, 1.0);
-  AdamWScalars s;
-  s.beta1 = c.beta1;
-  s.beta2 = c.beta2;
-  s.one_minus_beta1 = c.one_minus_beta1;
-  s.one_minus_beta2 = c.one_minus_beta2;
-  s.step_size = c.step_size;
-  s.sqrt_bias_correction2 = c.sqrt_bias_correction2;
-  s.eps = c.eps;
-  s.decay_factor = c.decay_factor;
-  s.max_grad_norm = args.max_grad_norm;
+  const AdamWScalars s{ref::adamw_scalars<float>(settings, /*decay=*/true, 1.0), args.max_grad_norm};
 
   int64_t chunk_count = 0;
   const AdamWChunk* chunks = adamw_chunk_table(args.segments, P, &chunk_count);
