@@ -30,7 +30,7 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
   TS_REQUIRE_GPU();
   Backends be;
   for (const DType format : {DType::E4M3, DType::E5M2}) {
-    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {33, 65}, {300, 200}, {96, 136}, {1024, 4096}}) {
+    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {33, 65}, {300, 200}, {96, 136}, {130, 72}, {256, 128}, {1024, 4096}}) {
       SCOPED_TRACE(fmt::format("{} R={} C={}", dtype_name(format), R, C));
       std::vector<float> x = round_bf16(random_normal(R * C, 17, 3.0f));
       // Both backends see the bf16 input the GPU reads.
@@ -57,6 +57,16 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
       for (int64_t i = 0; i < R * C; ++i) bad += rg[i] != rc[i], bad_t += rgt[i] != rc[R * C + i];
       EXPECT_EQ(bad, 0) << "codes differing from the CPU reference";
       EXPECT_EQ(bad_t, 0) << "transposed codes differing from the CPU reference";
+      {  // The transposed layout alone, as the weight gradient's re-cast of an input asks.
+        GuardedTensor only_t(*be.gpu, format, {C, R});
+        be.gpu->fp8_cast_transpose(Fp8CastArgs{gx, {}, only_t, g.scale, {}});
+        std::vector<uint8_t> rt(R * C);
+        be.gpu->download(rt.data(), only_t.t());
+        int64_t bad_only_t = 0;
+        for (int64_t i = 0; i < R * C; ++i) bad_only_t += rt[i] != rc[R * C + i];
+        EXPECT_EQ(bad_only_t, 0) << "transposed-only codes differing from the CPU reference";
+        EXPECT_TRUE(only_t.guards_intact()) << "write outside the transposed-only output";
+      }
       EXPECT_EQ(read_scalar(*be.gpu, g.amax), read_scalar(*be.cpu, c.amax));
       EXPECT_TRUE(go.guards_intact() && got.guards_intact()) << "write outside the outputs";
       std::printf("[ fp8      ] cast %-8s %5ldx%-5ld mismatches %ld / %ld (transposed), amax %g\n",

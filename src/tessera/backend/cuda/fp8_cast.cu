@@ -11,26 +11,45 @@
 namespace tessera::cuda {
 namespace {
 
-// A block of 256 threads casts a 64 x 64 tile. Loading, a thread takes 8 consecutive
-// columns of one row (one 16-byte load of bf16) and two rows 32 apart, so a warp reads four
-// full 128-byte rows; the transposed tile leaves through shared memory with each thread
-// writing 16 consecutive codes of one output row. One atomic per block: per-warp atomics on
-// the single amax address serialised into the cast's dominant cost.
-constexpr int kTile = 64;
-constexpr int kCastThreads = 256;
-constexpr int kPack = 8;                             // columns per thread when loading
-constexpr int kRowsPerPass = kCastThreads / (kTile / kPack);  // 32
-constexpr int kRunT = kTile * kTile / kCastThreads;      // transposed codes per thread: 16
+// A block of 128 threads casts a 128 x 64 tile. Loading, a thread takes 8 consecutive
+// columns (one 16-byte load of bf16) of 8 rows 16 apart, all loads issued before any use,
+// so that each thread keeps 128 bytes in flight: that, not arithmetic, sets the speed of a
+// kernel that moves 4 bytes per element. Codes go into shared memory as 32-bit words; each
+// thread then reads 4 x 4 blocks of codes as 4 words, transposes them in registers (byte
+// permutes) and writes 16 consecutive codes to each of 4 output rows. One amax atomic per
+// block: per-warp atomics on the single amax address serialised into the cast's dominant
+// cost. Measured on H200 over one proxy step's casts: 3.7 TB/s, against 2.8 TB/s for 64 x 64
+// tiles of 256 threads reading the transpose from shared memory a byte at a time.
+constexpr int kTileRows = 128;
+constexpr int kTileCols = 64;
+constexpr int kCastThreads = 128;
+constexpr int kPack = 8;                                           // columns per thread when loading
+constexpr int kLoadRowsPerPass = kCastThreads / (kTileCols / kPack);  // 16
+constexpr int kLoadPasses = kTileRows / kLoadRowsPerPass;           // 8
+constexpr int kColGroups = kTileCols / 4;                           // 4 tile columns per thread
+constexpr int kRunT = kTileRows / (kCastThreads / kColGroups);      // 16 codes per output row
+static_assert(kRunT == 16, "a thread writes each of its transposed rows as one 16-byte store");
 
 template <__nv_fp8_interpretation_t kFormat>
-__device__ __forceinline__ uint8_t to_fp8(float v) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFormat);
+__device__ __forceinline__ uint32_t to_fp8x2(float a, float b) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
+}
+
+// Rows j..j+3 of 4 columns (one word each, column 0 in the low byte) -> the 4 columns' words
+// of rows j..j+3 (row j in the low byte).
+__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4], uint32_t (&cols)[4]) {
+  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140), hi01 = __byte_perm(rows[0], rows[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140), hi23 = __byte_perm(rows[2], rows[3], 0x7362);
+  cols[0] = __byte_perm(lo01, lo23, 0x5410);
+  cols[1] = __byte_perm(lo01, lo23, 0x7632);
+  cols[2] = __byte_perm(hi01, hi23, 0x5410);
+  cols[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
 // One read of each element: its code goes to out (row-major) and, through the shared tile,
 // to out_t. The amax is a max of |x| bit patterns: for non-negative floats unsigned order is
 // float order, and any NaN sorts above Inf, so a NaN anywhere makes the amax NaN instead of
-// being skipped as fmaxf would.
+// being skipped as fmaxf would. Codes outside the matrix are 0 and never stored.
 // vec_in: C % 8 == 0 and x (16 bytes), out (8 bytes) aligned, so a thread's 8 columns are
 // all inside or all outside and move as single accesses; vec_t: likewise R % 16 == 0 and
 // out_t 16-byte aligned for the transposed runs. Otherwise element by element.
@@ -40,53 +59,59 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
                           const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
                           uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,
                           bool vec_in, bool vec_t) {
-  // Rows of 72 bytes keep the 8-byte row-segment stores aligned; a warp's transposed reads
-  // (one row, 32 consecutive columns) then touch 8 distinct banks.
-  __shared__ __align__(16) uint8_t tile[kTile][kTile + 8];
+  // Rows of 68 bytes: a warp's transposed reads (16 consecutive words of two rows 16 apart)
+  // fall in 32 distinct banks.
+  __shared__ __align__(16) uint8_t tile[kTileRows][kTileCols + 4];
   __shared__ unsigned warp_amax[kCastThreads / 32];
   const bool cast = out != nullptr || out_t != nullptr;
   const float scale = cast ? *scale_ptr : 1.0f;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
   const int t = threadIdx.x;
-  const int tc = (t % (kTile / kPack)) * kPack;
-  unsigned m = 0;
+  const int tc = (t % (kTileCols / kPack)) * kPack;
+  const int64_t c = c0 + tc;
+  alignas(16) T v[kLoadPasses][kPack];
 #pragma unroll
-  for (int pass = 0; pass < kTile / kRowsPerPass; ++pass) {
-    const int tr = t / (kTile / kPack) + pass * kRowsPerPass;
-    const int64_t r = r0 + tr, c = c0 + tc;
-    float v[kPack];
-    bool inside[kPack];
+  for (int pass = 0; pass < kLoadPasses; ++pass) {
+    const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
     if (vec_in) {
-      const bool all = r < R && c < C;
-      if (all) load_floats<T, kPack>(x + r * C + c, v);
+      if (r < R && c < C) {
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) inside[k] = all;
+        for (int k = 0; k < kPack; k += kVec16<T>)
+          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) = load_pack<T, kVec16<T>>(x + r * C + c + k);
+      }
     } else {
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        inside[k] = r < R && c + k < C;
-        if (inside[k]) v[k] = to_float(x[r * C + c + k]);
-      }
+      for (int k = 0; k < kPack; ++k)
+        if (r < R && c + k < C) v[pass][k] = x[r * C + c + k];
     }
-    alignas(8) uint8_t q[kPack];
+  }
+  unsigned m = 0;
 #pragma unroll
-    for (int k = 0; k < kPack; ++k) {
-      q[k] = 0;
-      if (!inside[k]) continue;
-      m = max(m, __float_as_uint(fabsf(v[k])));
-      if (cast) q[k] = to_fp8<kFormat>(v[k] * scale);
+  for (int pass = 0; pass < kLoadPasses; ++pass) {
+    const int tr = t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
+    const int64_t r = r0 + tr;
+    uint32_t words[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < kPack; k += 2) {
+      const bool in0 = r < R && c + k < C, in1 = r < R && c + k + 1 < C;
+      const float a = in0 ? to_float(v[pass][k]) : 0.0f, b = in1 ? to_float(v[pass][k + 1]) : 0.0f;
+      m = max(m, max(__float_as_uint(fabsf(a)), __float_as_uint(fabsf(b))));
+      if (cast) words[k / 4] |= to_fp8x2<kFormat>(a * scale, b * scale) << (16 * (k / 2 % 2));
     }
-    if (out != nullptr) {
+    if (out != nullptr && r < R) {
       if (vec_in) {
-        if (inside[0]) *reinterpret_cast<uint2*>(out + r * C + c) = *reinterpret_cast<const uint2*>(q);
+        if (c < C) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
       } else {
 #pragma unroll
         for (int k = 0; k < kPack; ++k)
-          if (inside[k]) out[r * C + c + k] = q[k];
+          if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
       }
     }
-    if (out_t != nullptr) *reinterpret_cast<uint2*>(&tile[tr][tc]) = *reinterpret_cast<const uint2*>(q);
+    if (out_t != nullptr) {
+      *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = words[0];
+      *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = words[1];
+    }
   }
   if (amax_bits != nullptr) {
     m = __reduce_max_sync(0xffffffffu, m);
@@ -101,20 +126,34 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
     if (block_max != 0) atomicMax(amax_bits, block_max);
   }
   if (out_t == nullptr) return;
-  // Thread t writes codes tile[j0 .. j0 + 16)[tcol], i.e. out_t row c0 + tcol, columns
-  // r0 + j0 .. r0 + j0 + 16.
-  const int tcol = t % kTile, j0 = (t / kTile) * kRunT;
-  const int64_t c = c0 + tcol, r = r0 + j0;
-  if (c >= C) return;
-  alignas(16) uint8_t run[kRunT];
+  // Thread t writes out_t rows c0 + cg .. c0 + cg + 4 (tile columns), columns r0 + j0 ..
+  // r0 + j0 + 16 (tile rows).
+  const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
+  uint32_t run[4][kRunT / 4];
 #pragma unroll
-  for (int k = 0; k < kRunT; ++k) run[k] = tile[j0 + k][tcol];
-  if (vec_t) {
-    if (r < R) *reinterpret_cast<uint4*>(out_t + c * R + r) = *reinterpret_cast<const uint4*>(run);
-  } else {
+  for (int j = 0; j < kRunT; j += 4) {
+    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
+    uint32_t cols[4];
+    transpose_4x4_bytes(rows, cols);
 #pragma unroll
-    for (int k = 0; k < kRunT; ++k)
-      if (r + k < R) out_t[c * R + r + k] = run[k];
+    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
+  }
+  const int64_t r = r0 + j0;
+  if (r >= R) return;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t oc = c0 + cg + k;
+    if (oc >= C) break;
+    if (vec_t) {
+      *reinterpret_cast<uint4*>(out_t + oc * R + r) = make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+    } else {
+#pragma unroll
+      for (int b = 0; b < kRunT; ++b)
+        if (r + b < R) out_t[oc * R + r + b] = static_cast<uint8_t>(run[k][b / 4] >> (8 * (b % 4)));
+    }
   }
 }
 
@@ -149,10 +188,10 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
                         void* out, void* out_t, DType format, float* amax, cudaStream_t stream) {
   NvtxRange range("fp8_cast_transpose");
   if (R == 0 || C == 0) return;
-  const int64_t grid_y = ceil_div(R, kTile);
+  const int64_t grid_y = ceil_div(R, kTileRows);
   TS_CHECK(grid_y <= 65535, "fp8_cast_transpose: {} rows exceed the grid ({} max)", R,
-           int64_t{65535} * kTile);
-  const dim3 grid(static_cast<unsigned>(ceil_div(C, kTile)), static_cast<unsigned>(grid_y));
+           int64_t{65535} * kTileRows);
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kTileCols)), static_cast<unsigned>(grid_y));
   auto* o = static_cast<uint8_t*>(out);
   auto* ot = static_cast<uint8_t*>(out_t);
   auto* a = reinterpret_cast<unsigned*>(amax);
