@@ -215,6 +215,40 @@ TEST(ModelGemms, AddUpToSixTimesTheMatmulParametersPerToken) {
   EXPECT_TRUE(g.back().fp32_out);
 }
 
+// FP8 training runs its linears' GEMMs on K-major FP8 copies: fast accumulation forward
+// only, output gradients in e5m2 (hybrid); the head stays bf16 unless fp8_lm_head.
+TEST(ModelGemms, Fp8LinearsAreListedAsTrainingRunsThem) {
+  ModelSpec s;
+  s.vocab_size = 1024, s.num_layers = 2, s.hidden = 256, s.ffn = 512, s.heads = 8, s.kv_heads = 2;
+  s.head_dim = 32;
+  ModelRuntime rt;
+  rt.micro_batch = 1, rt.seq_length = 512, rt.cross_entropy_chunk_tokens = 512;
+  rt.fp8.mode = Fp8Mode::Hybrid;
+  const std::vector<GemmProblem> bf16_head = model_gemms(s, rt);
+  rt.fp8.lm_head = true;
+  const std::vector<GemmProblem> fp8_head = model_gemms(s, rt);
+  ASSERT_EQ(bf16_head.size(), 15u);
+  for (const GemmProblem& p : bf16_head) {
+    SCOPED_TRACE(p.name);
+    const bool head = p.name.rfind("lm_head", 0) == 0;
+    EXPECT_EQ(p.fp8, !head);
+    if (!p.fp8) continue;
+    EXPECT_EQ(p.layout(), "NT");
+    const bool forward = p.name.find("forward") != std::string::npos;
+    EXPECT_EQ(p.fast_accum, forward);
+    EXPECT_EQ(p.fp8_a, forward ? DType::E4M3 : DType::E5M2);
+    EXPECT_EQ(p.fp32_out, p.name.find("wgrad") != std::string::npos);
+  }
+  double flops_bf16_head = 0, flops_fp8_head = 0;
+  for (size_t i = 0; i < fp8_head.size(); ++i) {
+    EXPECT_TRUE(fp8_head[i].fp8) << fp8_head[i].name;
+    flops_bf16_head += bf16_head[i].flops() * bf16_head[i].calls_per_step;
+    flops_fp8_head += fp8_head[i].flops() * fp8_head[i].calls_per_step;
+  }
+  EXPECT_DOUBLE_EQ(flops_fp8_head, flops_bf16_head);
+  EXPECT_DOUBLE_EQ(flops_fp8_head, 6.0 * s.matmul_params() * 512);
+}
+
 TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {
   BenchContext good = cpu_context();
   for (Epilogue e : {Epilogue::None, Epilogue::Bias, Epilogue::Residual, Epilogue::Accumulate})
@@ -233,6 +267,15 @@ TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {
   GemmProblem fp8{"fp8", 96, 64, 48, false, true};
   fp8.fp8 = true;
   EXPECT_TRUE(check_gemm(good, fp8).ok) << check_gemm(good, fp8).failure;
+  for (Epilogue e : {Epilogue::Bias, Epilogue::Residual, Epilogue::Accumulate}) {
+    GemmProblem grad = fp8;  // an e5m2 operand and split accumulation, as the backward runs
+    grad.epilogue = e;
+    grad.fp8_a = DType::E5M2;
+    grad.fast_accum = false;
+    grad.fp32_out = e == Epilogue::Accumulate;
+    EXPECT_TRUE(check_gemm(good, grad).ok) << epilogue_name(e) << ": " << check_gemm(good, grad).failure;
+    EXPECT_FALSE(run_gemm(bad, grad).check.ok) << epilogue_name(e);
+  }
   const GemmResult wrong_fp8 = run_gemm(bad, fp8);
   EXPECT_FALSE(wrong_fp8.check.ok);
   EXPECT_EQ(wrong_fp8.tflops, 0);

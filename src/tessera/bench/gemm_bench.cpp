@@ -23,10 +23,14 @@ constexpr const char* kUsage =
 
 Matmul through the op API in the run's compute dtype (bf16 on GPUs, fp32 on the CPU):
 square sizes x layouts x epilogues (none, bias, residual), or with --config the GEMMs of one
-training step of that experiment (e.g. --config llama3.1_8B-pretrain --micro_batch_size 1).
---dtypes fp8 adds, per square size, the FP8 GEMM of the fp8 training mode: e4m3 x e4m3
-(cast once from random values, scale 1), NT, bf16 output, fast accumulation (the CPU
-backend emulates it); % of peak is then against the datasheet fp8 peak.
+training step of that experiment (e.g. --config llama3.1_8B-pretrain --micro_batch_size 1);
+with the experiment's fp8 keys (--fp8 hybrid [--fp8_lm_head true]) its FP8 linears' GEMMs
+run as training runs them: on K-major FP8 copies ("NT"), fast accumulation in the forward
+only, e5m2 output gradients in hybrid mode, fp32 weight gradients.
+--dtypes fp8 adds, per square size, the FP8 GEMM of the fp8 training mode's forward: e4m3 x
+e4m3, NT, bf16 output, fast accumulation. FP8 operands are cast once from random values with
+scale 1 (the CPU backend emulates FP8 GEMMs); % of peak is then against the datasheet fp8
+peak.
 Each problem is checked (small case vs the CPU reference, sampled entries at full size)
 before it is timed: median over --iters samples after --warmup calls, inputs rotated beyond
 twice the L2. Columns: TFLOP/s (2MNK), GB/s (operands once + output), FLOPs/byte, % of the
@@ -82,6 +86,11 @@ GemmTensors allocate(Backend& b, const GemmProblem& p, DType in, DType out, uint
   return t;
 }
 
+// beta of the epilogue: residual and accumulation read C (or out) once.
+float epilogue_beta(const GemmProblem& p) {
+  return p.epilogue == Epilogue::Residual || p.epilogue == Epilogue::Accumulate ? 1.0f : 0.0f;
+}
+
 MatmulArgs matmul_args(const GemmProblem& p, const GemmTensors& t) {
   MatmulArgs m;
   m.out = t.out;
@@ -89,7 +98,7 @@ MatmulArgs matmul_args(const GemmProblem& p, const GemmTensors& t) {
   m.b = t.b;
   m.trans_a = p.trans_a;
   m.trans_b = p.trans_b;
-  m.beta = p.epilogue == Epilogue::Residual || p.epilogue == Epilogue::Accumulate ? 1.0f : 0.0f;
+  m.beta = epilogue_beta(p);
   m.c = t.c;
   m.bias = t.bias;
   return m;
@@ -103,18 +112,21 @@ DType in_dtype(const BenchContext& ctx, const GemmProblem& p) {
   return p.fp8 ? DType::E4M3 : ctx.dtype;
 }
 
-// FP8 operands: a (M, K) and b (N, K) e4m3 codes of N(0, 1) values, their scale inverses
-// (1: the values are in range) and the output.
+// FP8 operands: a (M, K) in p.fp8_a and b (N, K) e4m3, codes of N(0, 1) values, their scale
+// inverses (1: the values are in range), the output and the epilogue's bias or residual in
+// the output's dtype.
 struct Fp8Tensors {
   DeviceBuffer buffer;
-  Tensor a, b, out, a_scale_inv, b_scale_inv;
+  Tensor a, b, out, a_scale_inv, b_scale_inv, bias, c;
 };
 
 Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t seed) {
   Fp8Tensors t;
   const size_t staging = aligned(std::max(p.m, p.n) * p.k * sizeof(float));
-  t.buffer = DeviceBuffer(b, aligned(p.m * p.k) + aligned(p.n * p.k) +
-                                 aligned(p.m * p.n * dtype_size(out)) + 3 * 256 + staging,
+  const size_t out_bytes = aligned(p.m * p.n * dtype_size(out));
+  t.buffer = DeviceBuffer(b, aligned(p.m * p.k) + aligned(p.n * p.k) + out_bytes +
+                                 (p.epilogue == Epilogue::Residual ? out_bytes : 0) +
+                                 aligned(p.n * dtype_size(out)) + 3 * 256 + staging,
                           "fp8 gemm benchmark operands");
   size_t at = 0;
   auto take = [&](DType dt, Shape shape) {
@@ -122,9 +134,17 @@ Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t se
     at += aligned(x.nbytes());
     return x;
   };
-  t.a = take(DType::E4M3, {p.m, p.k});
+  t.a = take(p.fp8_a, {p.m, p.k});
   t.b = take(DType::E4M3, {p.n, p.k});
   t.out = take(out, {p.m, p.n});
+  if (p.epilogue == Epilogue::Bias) {
+    t.bias = take(out, {p.n});
+    b.init_normal(t.bias, seed + 2, 0, 0.0f, 1.0f);
+  }
+  if (p.epilogue == Epilogue::Residual) {
+    t.c = take(out, {p.m, p.n});
+    b.init_normal(t.c, seed + 3, 0, 0.0f, 1.0f);
+  }
   t.a_scale_inv = take(DType::F32, {1});
   t.b_scale_inv = take(DType::F32, {1});
   const Tensor one = take(DType::F32, {1});
@@ -144,14 +164,17 @@ Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t se
   return t;
 }
 
-Fp8MatmulArgs fp8_args(const Fp8Tensors& t) {
+Fp8MatmulArgs fp8_args(const GemmProblem& p, const Fp8Tensors& t) {
   Fp8MatmulArgs m;
   m.out = t.out;
   m.a = t.a;
   m.b = t.b;
   m.a_scale_inv = t.a_scale_inv;
   m.b_scale_inv = t.b_scale_inv;
-  m.fast_accum = true;
+  m.beta = epilogue_beta(p);
+  m.c = t.c;
+  m.bias = t.bias;
+  m.fast_accum = p.fast_accum;
   return m;
 }
 
@@ -182,7 +205,7 @@ void time_gemm(BenchContext& ctx, const GemmProblem& p, GemmResult& r) {
     std::vector<Fp8MatmulArgs> calls;
     for (int s = 0; s < sets; ++s)
       tensors.push_back(allocate_fp8(*ctx.device, p, out, 100 + 10 * s));
-    for (const Fp8Tensors& f : tensors) calls.push_back(fp8_args(f));
+    for (const Fp8Tensors& f : tensors) calls.push_back(fp8_args(p, f));
     r.timing = measure(
         *ctx.device, [&](int i) { ctx.device->matmul_fp8(calls[i % sets]); }, ctx.warmup,
         ctx.iters);
@@ -234,35 +257,51 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
   const int64_t chunk = std::min(T, rt.cross_entropy_chunk_tokens);
   const int64_t chunks = (T + chunk - 1) / chunk;
   std::vector<GemmProblem> g;
+  // FP8 linears take both operands K-major (transposed copies where bf16 uses a trans flag).
+  auto as_fp8 = [&](GemmProblem p, bool fp8, DType a_format, bool fast_accum) {
+    if (!fp8) return p;
+    p.fp8 = true;
+    p.trans_a = false, p.trans_b = true;
+    p.fp8_a = a_format;
+    p.fast_accum = fast_accum;
+    return p;
+  };
+  const DType grad_format = rt.fp8.grad_format();
   // Forward: out (tokens, out_features) = in @ W^T.
   auto fwd = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, Epilogue e,
-                 int64_t calls) {
-    g.push_back({name + " forward", rows, out_f, in_f, false, true, e, false, calls});
+                 int64_t calls, bool fp8) {
+    g.push_back(as_fp8({name + " forward", rows, out_f, in_f, false, true, e, false, calls}, fp8,
+                       DType::E4M3, true));
   };
   // Data gradient: din (tokens, in_features) = dout @ W.
-  auto dgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls) {
-    g.push_back({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls});
+  auto dgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
+                   bool fp8) {
+    g.push_back(as_fp8({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls},
+                       fp8, grad_format, false));
   };
   // Weight gradient: dW (out_features, in_features) += dout^T @ in, in fp32.
-  auto wgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls) {
-    g.push_back(
-        {name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls});
+  auto wgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
+                   bool fp8) {
+    g.push_back(as_fp8(
+        {name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls}, fp8,
+        grad_format, false));
   };
-  fwd("qkv", T, Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None, L);
-  fwd("o_proj", T, C, A, Epilogue::Residual, L);
-  fwd("gate_up", T, 2 * F, C, Epilogue::None, L);
-  fwd("down", T, C, F, Epilogue::Residual, L);
-  fwd("lm_head", chunk, V, C, Epilogue::None, chunks);
-  dgrad("lm_head", chunk, V, C, chunks);
-  dgrad("down", T, C, F, L);
-  dgrad("gate_up", T, 2 * F, C, L);
-  dgrad("o_proj", T, C, A, L);
-  dgrad("qkv", T, Q, C, L);
-  wgrad("lm_head", chunk, V, C, chunks);
-  wgrad("down", T, C, F, L);
-  wgrad("gate_up", T, 2 * F, C, L);
-  wgrad("o_proj", T, C, A, L);
-  wgrad("qkv", T, Q, C, L);
+  const bool fp8 = rt.fp8.enabled(), fp8_head = fp8 && rt.fp8.lm_head;
+  fwd("qkv", T, Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None, L, fp8);
+  fwd("o_proj", T, C, A, Epilogue::Residual, L, fp8);
+  fwd("gate_up", T, 2 * F, C, Epilogue::None, L, fp8);
+  fwd("down", T, C, F, Epilogue::Residual, L, fp8);
+  fwd("lm_head", chunk, V, C, Epilogue::None, chunks, fp8_head);
+  dgrad("lm_head", chunk, V, C, chunks, fp8_head);
+  dgrad("down", T, C, F, L, fp8);
+  dgrad("gate_up", T, 2 * F, C, L, fp8);
+  dgrad("o_proj", T, C, A, L, fp8);
+  dgrad("qkv", T, Q, C, L, fp8);
+  wgrad("lm_head", chunk, V, C, chunks, fp8_head);
+  wgrad("down", T, C, F, L, fp8);
+  wgrad("gate_up", T, 2 * F, C, L, fp8);
+  wgrad("o_proj", T, C, A, L, fp8);
+  wgrad("qkv", T, Q, C, L, fp8);
   return g;
 }
 
@@ -287,8 +326,25 @@ std::string first_sampled_mismatch(const GemmProblem& p, const std::vector<float
   return "";
 }
 
-// FP8: a small case on the device against the CPU backend's emulation of the same codes,
-// then sampled entries of the full size against host dot products of the decoded codes.
+// The value of out[i, j] the epilogue adds to the product (bias, residual or what out held).
+double epilogue_term(const GemmProblem& p, const std::vector<float>& bias,
+                     const std::vector<float>& c, int64_t i, int64_t j) {
+  switch (p.epilogue) {
+    case Epilogue::Bias:
+      return bias[j];
+    case Epilogue::Residual:
+      return c[i * p.n + j];
+    case Epilogue::Accumulate:
+      return kAccumulateStart;
+    case Epilogue::None:
+      break;
+  }
+  return 0;
+}
+
+// FP8: a small case on the device against the CPU backend's emulation of the same codes and
+// epilogue operands, then sampled entries of the full size against host dot products of the
+// decoded codes.
 GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
   Backend& dev = *ctx.device;
   GemmCheck r;
@@ -297,14 +353,16 @@ GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
     GemmProblem small = p;
     small.m = 208, small.n = 144, small.k = 80;  // multiples of 16, not of tiles
     const Fp8Tensors d = allocate_fp8(dev, small, out, 11);
-    dev.matmul_fp8(fp8_args(d));
+    dev.matmul_fp8(fp8_args(small, d));
     Fp8Tensors ref = allocate_fp8(*ctx.reference, small, DType::F32, 11);
     for (const Tensor* codes : {&d.a, &d.b}) {
       std::vector<uint8_t> bits(static_cast<size_t>(codes->numel()));
       dev.download(bits.data(), *codes);
       ctx.reference->upload(codes == &d.a ? ref.a : ref.b, bits.data());
     }
-    ctx.reference->matmul_fp8(fp8_args(ref));
+    if (d.bias.defined()) upload_floats(*ctx.reference, ref.bias, download_floats(dev, d.bias));
+    if (d.c.defined()) upload_floats(*ctx.reference, ref.c, download_floats(dev, d.c));
+    ctx.reference->matmul_fp8(fp8_args(small, ref));
     r.small_rel_err =
         relative_error(download_floats(dev, d.out), download_floats(*ctx.reference, ref.out));
     if (!(r.small_rel_err <= 1e-2)) {
@@ -315,13 +373,15 @@ GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
     }
   }
   const Fp8Tensors d = allocate_fp8(dev, p, out, 21);
-  dev.matmul_fp8(fp8_args(d));
+  dev.matmul_fp8(fp8_args(p, d));
   const std::vector<float> a = download_fp8(dev, d.a), b = download_fp8(dev, d.b);
   const std::vector<float> got = download_floats(dev, d.out);
+  const std::vector<float> bias = d.bias.defined() ? download_floats(dev, d.bias) : std::vector<float>{};
+  const std::vector<float> c = d.c.defined() ? download_floats(dev, d.c) : std::vector<float>{};
   r.failure = first_sampled_mismatch(
       p, got,
       [&](int64_t i, int64_t j) {
-        double ref = 0;
+        double ref = epilogue_term(p, bias, c, i, j);
         for (int64_t kk = 0; kk < p.k; ++kk) ref += double(a[i * p.k + kk]) * b[j * p.k + kk];
         return ref;
       },
@@ -383,10 +443,7 @@ GemmCheck check_gemm(BenchContext& ctx, const GemmProblem& p) {
           const double y = b[p.trans_b ? j * p.k + kk : kk * p.n + j];
           ref += x * y;
         }
-        if (p.epilogue == Epilogue::Bias) ref += bias[j];
-        if (p.epilogue == Epilogue::Residual) ref += c[i * p.n + j];
-        if (p.epilogue == Epilogue::Accumulate) ref += kAccumulateStart;
-        return ref;
+        return ref + epilogue_term(p, bias, c, i, j);
       },
       [&](double ref) {
         return (out == DType::BF16 ? 8e-3 : 1e-5) * std::fabs(ref) +
@@ -470,7 +527,8 @@ int gemm_bench_command(const std::vector<std::string>& args) {
   t.name = "bench_gemm";
   t.title = fmt::format("GEMM on {}", ctx.description);
   t.note = fmt::format(
-      "{} operands (rows marked fp8: e4m3, % of the fp8 peak); median of {} samples after {} "
+      "{} operands (rows marked fp8: e4m3 x e4m3, fp8 e5m2: e5m2 x e4m3, % of the fp8 peak); "
+      "median of {} samples after {} "
       "warm-up calls; TFLOP/s = 2MNK / time; GB/s counts operands once and the output (read "
       "too with residual/accumulate); {}.",
       dtype_name(ctx.dtype), ctx.iters, ctx.warmup,
@@ -487,7 +545,8 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     const DType out = out_dtype(ctx, p);
     status.step(fmt::format("{} {} {}x{}x{} {}", p.name, p.layout(), p.m, p.n, p.k,
                             epilogue_name(p.epilogue)));
-    std::vector<analysis::Cell> row = {p.fp8 ? p.name + " fp8" : p.name,
+    const std::string fp8_mark = p.fp8_a == DType::E5M2 ? " fp8 e5m2" : " fp8";
+    std::vector<analysis::Cell> row = {p.fp8 ? p.name + fp8_mark : p.name,
                                        p.layout(),
                                        p.m,
                                        p.n,

@@ -28,9 +28,11 @@ struct GemmProblem {
   Epilogue epilogue = Epilogue::None;
   bool fp32_out = false;       // weight gradients are fp32
   int64_t calls_per_step = 1;  // model mode: how often one training step runs it
-  // e4m3 x e4m3 operands with per-tensor scales and a bf16 output, both operands K-major
-  // ("NT", the only FP8 layout of Hopper's tensor cores): the FP8 linear layers' forward.
+  // FP8 operands with per-tensor scales, both K-major ("NT", the only FP8 layout of Hopper's
+  // tensor cores): a in fp8_a (e5m2 for hybrid training's output gradients), b in e4m3.
   bool fp8 = false;
+  DType fp8_a = DType::E4M3;
+  bool fast_accum = true;  // training uses it in the forward GEMMs only
 
   std::string layout() const;  // "NT": op(A) then op(B), T = transposed
   double flops() const { return 2.0 * m * n * k; }
@@ -40,7 +42,9 @@ struct GemmProblem {
 std::string_view epilogue_name(Epilogue e);
 
 // The GEMMs of one forward + backward of the model (full recompute would add the forward
-// ones again per recomputed layer; they are listed once).
+// ones again per recomputed layer; they are listed once). With runtime.fp8 enabled, the FP8
+// linears' GEMMs are listed as training runs them: on transposed FP8 copies, fast
+// accumulation in the forward only, output gradients in the mode's gradient format.
 std::vector<GemmProblem> model_gemms(const ModelSpec& spec, const ModelRuntime& runtime);
 
 struct GemmCheck {
