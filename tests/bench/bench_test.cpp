@@ -53,7 +53,6 @@ class FaultyBackend final : public Backend {
   }
   void bias_backward(const Tensor& db, const Tensor& d) override { cpu_->bias_backward(db, d); }
   void fp8_cast_transpose(const Fp8CastArgs& a) override { cpu_->fp8_cast_transpose(a); }
-  void swiglu_backward_fp8(const SwigluBackwardFp8Args& a) override { cpu_->swiglu_backward_fp8(a); }
   void matmul_fp8(const Fp8MatmulArgs& a) override {
     cpu_->matmul_fp8(a);
     if (bad_matmul) cpu_->fill(a.out.flat_range(0, 1), 1e4f);

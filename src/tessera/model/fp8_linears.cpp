@@ -210,41 +210,6 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
   const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
   cast(bwd_, i, dout, dy, dy_t, true);
-  backward_gemms(i, din, dy, dy_t, in, weight, dweight, dweight_beta);
-}
-
-void Fp8Linears::backward_from_swiglu(int i, const Tensor& din, const Tensor& dgate_up,
-                                      const Tensor& dh, const Tensor& gate_up, const Tensor& in,
-                                      const Tensor& weight, const Tensor& dweight,
-                                      float dweight_beta) {
-  if (just_in_time()) {  // the scale needs the values' amax first: they must exist
-    backend_.swiglu_backward(dgate_up, dh, gate_up);
-    backward(i, din, dgate_up, in, weight, dweight, dweight_beta);
-    return;
-  }
-  const Fp8LinearShape& l = linears_[i];
-  const int64_t rows = gate_up.numel() / l.out;
-  TS_CHECK(rows <= rows_ && gate_up.numel() == rows * l.out && in.numel() == rows * l.in,
-           "fp8 {}: gate_up {} / in {} are not ({} rows of {} / {})", l.name,
-           gate_up.shape.str(), in.shape.str(), rows, l.out, l.in);
-  const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
-  const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
-  SwigluBackwardFp8Args a;
-  a.dout = dh;
-  a.gate_up = gate_up;
-  a.out = dy;
-  a.out_t = dy_t;
-  a.scale = bwd_.scale.flat_range(i, 1);
-  a.amax = bwd_.history.flat_range(i, 1);  // row 0
-  backend_.swiglu_backward_fp8(a);
-  backward_gemms(i, din, dy, dy_t, in, weight, dweight, dweight_beta);
-}
-
-void Fp8Linears::backward_gemms(int i, const Tensor& din, const Tensor& dy, const Tensor& dy_t,
-                                const Tensor& in, const Tensor& weight, const Tensor& dweight,
-                                float dweight_beta) {
-  const Fp8LinearShape& l = linears_[i];
-  const int64_t rows = dy.dim(0);
   if (din.defined()) {
     Fp8MatmulArgs d;
     d.out = din;

@@ -64,14 +64,6 @@ class Fp8Linears {
   void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);
 
-  // backward() of linear i whose output gradient is swiglu_backward(dh, gate_up) (N, 2F).
-  // With a scale known before the values (delayed scaling after its first update) the
-  // gradient goes to FP8 straight from dh and gate_up, never written in the compute dtype;
-  // otherwise it is computed into dgate_up and cast from there.
-  void backward_from_swiglu(int i, const Tensor& din, const Tensor& dgate_up, const Tensor& dh,
-                            const Tensor& gate_up, const Tensor& in, const Tensor& weight,
-                            const Tensor& dweight, float dweight_beta);
-
   // The weights changed (optimizer step, loading): cached FP8 weights are stale.
   void weights_changed();
   // After the step's last backward: reduces the amaxes (amax reducer), updates the delayed
@@ -111,10 +103,6 @@ class Fp8Linears {
   void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
                      DType format, bool most_recent, bool roll);
   Tensor weight_codes(int i, const Tensor& weight, bool transposed);
-  // The GEMMs of backward() once dout's codes are in dy (rows, out) and dy_t (out, rows).
-  void backward_gemms(int i, const Tensor& din, const Tensor& dy, const Tensor& dy_t,
-                      const Tensor& in, const Tensor& weight, const Tensor& dweight,
-                      float dweight_beta);
   Tensor scale_inv(const Group& g, int64_t slot) const { return g.scale_inv.flat_range(slot, 1); }
   bool just_in_time() const;
 

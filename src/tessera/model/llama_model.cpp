@@ -326,7 +326,8 @@ void LlamaModel::linear(const Tensor& out, const Tensor& in, int weight, int bia
 // first contribution); dbias += colsum(dout).
 void LlamaModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                  int weight, int bias) {
-  const float grad_beta = take_grad_beta(weight);
+  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
+  grad_written_[weight] = 1;
   if (fp8_index_[weight] >= 0) {
     fp8_->backward(fp8_index_[weight], din, dout, in, param(weight), grad(weight), grad_beta);
     if (bias >= 0) backend_.bias_backward(grad(bias), dout);
@@ -347,23 +348,6 @@ void LlamaModel::linear_backward(const Tensor& din, const Tensor& dout, const Te
   w.beta = grad_beta;
   backend_.matmul(w);
   if (bias >= 0) backend_.bias_backward(grad(bias), dout);
-}
-
-float LlamaModel::take_grad_beta(int weight) {
-  const float beta = grad_written_[weight] ? 1.0f : 0.0f;
-  grad_written_[weight] = 1;
-  return beta;
-}
-
-void LlamaModel::gate_up_backward(const Tensor& din, const Tensor& dgate_up, const Tensor& dh,
-                                  const Tensor& gate_up, const Tensor& in, int weight) {
-  if (fp8_index_[weight] < 0) {
-    backend_.swiglu_backward(dgate_up, dh, gate_up);
-    linear_backward(din, dgate_up, in, weight, -1);
-    return;
-  }
-  fp8_->backward_from_swiglu(fp8_index_[weight], din, dgate_up, dh, gate_up, in, param(weight),
-                             grad(weight), take_grad_beta(weight));
 }
 
 // Units are read in forward order, each followed by the next (layer l is unit l + 1; the
@@ -420,9 +404,10 @@ void LlamaModel::layer_backward(int64_t l, const LayerActs& a) {
     const Tensor dh = a_.grad_a.flat_range(0, N * spec_.ffn).view({N, spec_.ffn});
     const Tensor dgu = a_.grad_b.flat_range(0, N * 2 * spec_.ffn).view({N, 2 * spec_.ffn});
     linear_backward(dh, a_.dresid, a.h, p.down_proj, -1);
+    backend_.swiglu_backward(dgu, dh, a.gate_up);
     if (selective)
       backend_.rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, param(p.mlp_norm), spec_.norm_eps);
-    gate_up_backward(a_.dnorm, dgu, dh, a.gate_up, a.ln2, p.gate_up);
+    linear_backward(a_.dnorm, dgu, a.ln2, p.gate_up, -1);
     backend_.rmsnorm_backward(a_.dresid, grad(p.mlp_norm), a_.dnorm, a.x_mid, param(p.mlp_norm),
                               a.rstd2);
   }

@@ -144,12 +144,6 @@ class LlamaModel {
               const Tensor& residual);
   void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                        int bias);
-  // linear_backward of the gate_up projection, whose output gradient is swiglu_backward(dh,
-  // gate_up) written into dgate_up, or, for an FP8 gate_up, cast from dh and gate_up directly.
-  void gate_up_backward(const Tensor& din, const Tensor& dgate_up, const Tensor& dh,
-                        const Tensor& gate_up, const Tensor& in, int weight);
-  // beta of weight's next gradient GEMM: 0 writes the gradient, 1 adds to what is there.
-  float take_grad_beta(int weight);
   AttentionShape attention_shape() const;
 
   Backend& backend_;

@@ -95,17 +95,6 @@ struct Fp8CastArgs {
   Tensor amax;    // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
 };
 
-// swiglu_backward's dgate_up cast as Fp8CastArgs casts x, without the compute-dtype copy: the
-// FP8 gate_up linear's output gradient in one pass instead of a write and a re-read.
-struct SwigluBackwardFp8Args {
-  Tensor dout;     // (N, F) compute dtype
-  Tensor gate_up;  // (N, 2F) compute dtype, [gate | up]
-  Tensor out;      // (N, 2F) e4m3 or e5m2, or undefined
-  Tensor out_t;    // (2F, N) same dtype as out, or undefined
-  Tensor scale;    // (1) fp32
-  Tensor amax;     // (1) fp32 or undefined, as Fp8CastArgs::amax over dgate_up
-};
-
 // out = alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + beta * c (+ bias), accumulated in
 // fp32. Both operands are K-major ("TN", the only FP8 layout Hopper tensor cores take), so
 // callers pass transposed copies where the bf16 GEMM would use a trans flag. a and b may
@@ -185,7 +174,6 @@ class Backend {
   // FP8 (structs above). The CPU backend emulates them: codes from core/fp8.h, then an fp32
   // GEMM of the dequantised values.
   virtual void fp8_cast_transpose(const Fp8CastArgs& args) = 0;
-  virtual void swiglu_backward_fp8(const SwigluBackwardFp8Args& args) = 0;
   virtual void matmul_fp8(const Fp8MatmulArgs& args) = 0;
   virtual void fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
 

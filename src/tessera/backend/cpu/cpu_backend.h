@@ -52,7 +52,6 @@ class CpuBackend final : public Backend {
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
   // Emulated FP8 (cpu_fp8.cpp): fp32 inputs, fp8 codes, fp32 GEMM of dequantised values.
   void fp8_cast_transpose(const Fp8CastArgs& args) override;
-  void swiglu_backward_fp8(const SwigluBackwardFp8Args& args) override;
   void matmul_fp8(const Fp8MatmulArgs& args) override;
   void fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
 

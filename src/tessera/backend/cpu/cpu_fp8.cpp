@@ -12,7 +12,6 @@
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/backend/op_checks.h"
 #include "tessera/core/fp8.h"
-#include "tessera/ops/device_buffer.h"
 #include "tessera/ops/op_observer.h"
 
 namespace tessera {
@@ -84,18 +83,6 @@ void CpuBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
       if (out_t) out_t[c * R + r] = q;
     }
   }
-}
-
-// The reference computes swiglu_backward's values in fp32 (from double arithmetic), then casts
-// them: the GPU's fused kernel never rounds them to bf16 in between either.
-void CpuBackend::swiglu_backward_fp8(const SwigluBackwardFp8Args& args) {
-  const ObservedOp observed(op_observer_, "swiglu_backward_fp8",
-                            [&] { return op_args::rows_cols(args.gate_up); });
-  const auto [N, F2] = matrix_dims(args.gate_up);
-  DeviceBuffer values(*this, static_cast<size_t>(N * F2) * sizeof(float), "swiglu_backward_fp8 values");
-  const Tensor dgate_up = values.tensor(DType::F32, {N, F2});
-  swiglu_backward(dgate_up, args.dout, args.gate_up);
-  fp8_cast_transpose({dgate_up, args.out, args.out_t, args.scale, args.amax});
 }
 
 void CpuBackend::matmul_fp8(const Fp8MatmulArgs& args) {

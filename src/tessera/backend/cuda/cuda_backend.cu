@@ -402,35 +402,6 @@ void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 // ---- FP8 ----
 
-namespace {
-
-// Checks a cast's outputs (count elements each), scale and amax; returns the FP8 format.
-DType expect_fp8_outputs(const char* op, int64_t count, const Tensor& out, const Tensor& out_t,
-                         const Tensor& scale, const Tensor& amax) {
-  DType format = DType::E4M3;
-  for (const Tensor* t : {&out, &out_t}) {
-    if (!t->defined()) continue;
-    expect_device(*t, op, t == &out ? "out" : "out_t");
-    expect_count(kBackend, *t, count, op, t == &out ? "out" : "out_t");
-    TS_CHECK(t->dtype == DType::E4M3 || t->dtype == DType::E5M2, "cuda {}: output dtype {} is not fp8",
-             op, dtype_name(t->dtype));
-    format = t->dtype;
-  }
-  TS_CHECK(!out.defined() || !out_t.defined() || out.dtype == out_t.dtype,
-           "cuda {}: out {} and out_t {} differ", op, dtype_name(out.dtype), dtype_name(out_t.dtype));
-  if (out.defined() || out_t.defined()) {
-    expect_type(scale, DType::F32, op, "scale");
-    expect_count(kBackend, scale, 1, op, "scale");
-  }
-  if (amax.defined()) {
-    expect_type(amax, DType::F32, op, "amax");
-    expect_count(kBackend, amax, 1, op, "amax");
-  }
-  return format;
-}
-
-}  // namespace
-
 void CudaBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
   OpTimer timer(*this, "fp8_cast_transpose");
   const ObservedOp observed(op_observer_, "fp8_cast_transpose",
@@ -438,30 +409,30 @@ void CudaBackend::fp8_cast_transpose(const Fp8CastArgs& args) {
   const char* op = "fp8_cast_transpose";
   expect_float(args.x, op, "x");
   const MatrixDims d = matrix_dims(args.x);
-  const DType format =
-      expect_fp8_outputs(op, d.rows * d.cols, args.out, args.out_t, args.scale, args.amax);
+  DType format = DType::E4M3;
+  for (const Tensor* t : {&args.out, &args.out_t}) {
+    if (!t->defined()) continue;
+    expect_device(*t, op, t == &args.out ? "out" : "out_t");
+    expect_count(kBackend, *t, d.rows * d.cols, op, t == &args.out ? "out" : "out_t");
+    TS_CHECK(t->dtype == DType::E4M3 || t->dtype == DType::E5M2, "cuda {}: output dtype {} is not fp8",
+             op, dtype_name(t->dtype));
+    format = t->dtype;
+  }
+  TS_CHECK(!args.out.defined() || !args.out_t.defined() || args.out.dtype == args.out_t.dtype,
+           "cuda {}: out {} and out_t {} differ", op, dtype_name(args.out.dtype),
+           dtype_name(args.out_t.dtype));
   const bool cast = args.out.defined() || args.out_t.defined();
+  if (cast) {
+    expect_type(args.scale, DType::F32, op, "scale");
+    expect_count(kBackend, args.scale, 1, op, "scale");
+  }
+  if (args.amax.defined()) {
+    expect_type(args.amax, DType::F32, op, "amax");
+    expect_count(kBackend, args.amax, 1, op, "amax");
+  }
   cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, d.cols,
                            cast ? args.scale.as<float>() : nullptr, args.out.data, args.out_t.data,
                            format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
-}
-
-void CudaBackend::swiglu_backward_fp8(const SwigluBackwardFp8Args& args) {
-  OpTimer timer(*this, "swiglu_backward_fp8");
-  const ObservedOp observed(op_observer_, "swiglu_backward_fp8",
-                            [&] { return op_args::rows_cols(args.gate_up); });
-  const char* op = "swiglu_backward_fp8";
-  expect_float(args.gate_up, op, "gate_up");
-  expect_same_type(args.dout, args.gate_up, op, "dout");
-  const MatrixDims d = matrix_dims(args.gate_up);
-  TS_CHECK(d.cols % 2 == 0, "cuda {}: gate_up {} has an odd width", op, args.gate_up.shape.str());
-  const int64_t N = d.rows, F = d.cols / 2;
-  expect_count(kBackend, args.dout, N * F, op, "dout");
-  TS_CHECK(args.out.defined() || args.out_t.defined(), "cuda {}: neither out nor out_t is given", op);
-  const DType format = expect_fp8_outputs(op, N * 2 * F, args.out, args.out_t, args.scale, args.amax);
-  cuda::swiglu_backward_fp8(args.dout.data, args.gate_up.data, N, F, args.gate_up.dtype,
-                            args.scale.as<float>(), args.out.data, args.out_t.data, format,
-                            args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
 }
 
 void CudaBackend::matmul_fp8(const Fp8MatmulArgs& args) {

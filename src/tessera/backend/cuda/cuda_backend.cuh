@@ -88,7 +88,6 @@ class CudaBackend final : public Backend {
   void matmul(const MatmulArgs& args) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void fp8_cast_transpose(const Fp8CastArgs& args) override;
-  void swiglu_backward_fp8(const SwigluBackwardFp8Args& args) override;
   void matmul_fp8(const Fp8MatmulArgs& args) override;
   void fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
 

@@ -6,7 +6,6 @@
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
-#include "tessera/backend/cuda/swiglu_math.cuh"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
@@ -47,84 +46,6 @@ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4], u
   cols[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
-// What a cast reads: Source::load(g, r, c, c_end, vec) fetches the 8 values of row r,
-// columns c .. c + 8 (those below c_end) into a Group, value(g, k) gives column c + k in fp32.
-// col0(tile) and col_end(tile) are the columns of grid column `tile`; a tile never spans two
-// sources' parts, so c_end bounds every column of it.
-
-// A plain (R, C) matrix in T.
-template <class T>
-struct MatrixSource {
-  const T* x;
-  int64_t C;
-  struct Group {
-    alignas(16) T v[kPack];
-  };
-  __device__ int64_t col0(int tile) const { return static_cast<int64_t>(tile) * kTileCols; }
-  __device__ int64_t col_end(int) const { return C; }
-  __device__ void load(Group& g, int64_t r, int64_t c, int64_t c_end, bool vec) const {
-    const T* row = x + r * C + c;
-    if (vec) {
-#pragma unroll
-      for (int k = 0; k < kPack; k += kVec16<T>)
-        *reinterpret_cast<Pack<T, kVec16<T>>*>(&g.v[k]) = load_pack<T, kVec16<T>>(row + k);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPack; ++k)
-        if (c + k < c_end) g.v[k] = row[k];
-    }
-  }
-  __device__ float value(const Group& g, int k) const { return to_float(g.v[k]); }
-};
-
-// swiglu_backward's d(gate_up) (N, 2F) computed from dout (N, F) and gate_up (N, 2F), as the
-// bf16 kernel computes it but never stored: grid column 2j is the gate part's tile j, 2j + 1
-// the up part's, so that the two blocks reading the same gate and dout columns run together
-// and the second finds them in L2.
-template <class T>
-struct SwigluGradSource {
-  const T* dout;
-  const T* gate_up;
-  int64_t F;
-  struct Group {
-    alignas(16) T g[kPack];
-    alignas(16) T u[kPack];
-    alignas(16) T d[kPack];
-    bool up;  // the up part: d(up) = dout * silu(g), which needs no u
-  };
-  __device__ int64_t col0(int tile) const {
-    return (tile % 2) * F + static_cast<int64_t>(tile / 2) * kTileCols;
-  }
-  __device__ int64_t col_end(int tile) const { return (tile % 2 + 1) * F; }
-  __device__ void load(Group& grp, int64_t r, int64_t c, int64_t c_end, bool vec) const {
-    grp.up = c >= F;
-    const int64_t f = grp.up ? c - F : c;
-    const T* gate = gate_up + r * 2 * F + f;
-    const T* dy = dout + r * F + f;
-    if (vec) {
-#pragma unroll
-      for (int k = 0; k < kPack; k += kVec16<T>) {
-        *reinterpret_cast<Pack<T, kVec16<T>>*>(&grp.g[k]) = load_pack<T, kVec16<T>>(gate + k);
-        *reinterpret_cast<Pack<T, kVec16<T>>*>(&grp.d[k]) = load_pack<T, kVec16<T>>(dy + k);
-        if (!grp.up)
-          *reinterpret_cast<Pack<T, kVec16<T>>*>(&grp.u[k]) = load_pack<T, kVec16<T>>(gate + F + k);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) {
-        if (c + k >= c_end) continue;
-        grp.g[k] = gate[k];
-        grp.d[k] = dy[k];
-        if (!grp.up) grp.u[k] = gate[F + k];
-      }
-    }
-  }
-  __device__ float value(const Group& grp, int k) const {
-    const float g = to_float(grp.g[k]), d = to_float(grp.d[k]);
-    return grp.up ? swiglu_dup(d, g) : swiglu_dgate(d, g, to_float(grp.u[k]));
-  }
-};
-
 // One read of each element: its code goes to out (row-major) and, through the shared tile,
 // to out_t. The amax is a max of |x| bit patterns: for non-negative floats unsigned order is
 // float order, and any NaN sorts above Inf, so a NaN anywhere makes the amax NaN instead of
@@ -132,11 +53,12 @@ struct SwigluGradSource {
 // vec_in: C % 8 == 0 and x (16 bytes), out (8 bytes) aligned, so a thread's 8 columns are
 // all inside or all outside and move as single accesses; vec_t: likewise R % 16 == 0 and
 // out_t 16-byte aligned for the transposed runs. Otherwise element by element.
-template <class Source, __nv_fp8_interpretation_t kFormat>
+template <class T, __nv_fp8_interpretation_t kFormat>
 __global__ void __launch_bounds__(kCastThreads)
-fp8_cast_transpose_kernel(Source src, int64_t R, int64_t C, const float* __restrict__ scale_ptr,
-                          uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                          unsigned* __restrict__ amax_bits, bool vec_in, bool vec_t) {
+fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
+                          const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
+                          uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,
+                          bool vec_in, bool vec_t) {
   // Rows of 68 bytes: a warp's transposed reads (16 consecutive words of two rows 16 apart)
   // fall in 32 distinct banks.
   __shared__ __align__(16) uint8_t tile[kTileRows][kTileCols + 4];
@@ -144,15 +66,25 @@ fp8_cast_transpose_kernel(Source src, int64_t R, int64_t C, const float* __restr
   const bool cast = out != nullptr || out_t != nullptr;
   const float scale = cast ? *scale_ptr : 1.0f;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
-  const int64_t c0 = src.col0(blockIdx.x), c_end = src.col_end(blockIdx.x);
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
   const int t = threadIdx.x;
   const int tc = (t % (kTileCols / kPack)) * kPack;
   const int64_t c = c0 + tc;
-  typename Source::Group v[kLoadPasses];
+  alignas(16) T v[kLoadPasses][kPack];
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
     const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
-    if (r < R && c < c_end) src.load(v[pass], r, c, c_end, vec_in);
+    if (vec_in) {
+      if (r < R && c < C) {
+#pragma unroll
+        for (int k = 0; k < kPack; k += kVec16<T>)
+          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) = load_pack<T, kVec16<T>>(x + r * C + c + k);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPack; ++k)
+        if (r < R && c + k < C) v[pass][k] = x[r * C + c + k];
+    }
   }
   unsigned m = 0;
 #pragma unroll
@@ -162,18 +94,18 @@ fp8_cast_transpose_kernel(Source src, int64_t R, int64_t C, const float* __restr
     uint32_t words[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < kPack; k += 2) {
-      const bool in0 = r < R && c + k < c_end, in1 = r < R && c + k + 1 < c_end;
-      const float a = in0 ? src.value(v[pass], k) : 0.0f, b = in1 ? src.value(v[pass], k + 1) : 0.0f;
+      const bool in0 = r < R && c + k < C, in1 = r < R && c + k + 1 < C;
+      const float a = in0 ? to_float(v[pass][k]) : 0.0f, b = in1 ? to_float(v[pass][k + 1]) : 0.0f;
       m = max(m, max(__float_as_uint(fabsf(a)), __float_as_uint(fabsf(b))));
       if (cast) words[k / 4] |= to_fp8x2<kFormat>(a * scale, b * scale) << (16 * (k / 2 % 2));
     }
     if (out != nullptr && r < R) {
       if (vec_in) {
-        if (c < c_end) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
+        if (c < C) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
       } else {
 #pragma unroll
         for (int k = 0; k < kPack; ++k)
-          if (c + k < c_end) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
+          if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
       }
     }
     if (out_t != nullptr) {
@@ -214,7 +146,7 @@ fp8_cast_transpose_kernel(Source src, int64_t R, int64_t C, const float* __restr
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t oc = c0 + cg + k;
-    if (oc >= c_end) break;
+    if (oc >= C) break;
     if (vec_t) {
       *reinterpret_cast<uint4*>(out_t + oc * R + r) = make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
     } else {
@@ -250,60 +182,35 @@ __global__ void fp8_update_scales_kernel(float* history, int64_t H, int64_t S, f
   history[s] = 0.0f;
 }
 
-// Launches the cast of (R, C) values from `source` (one per dtype, from make_source(T{})):
-// `col_tiles` grid columns of kTileCols, vec_in when every 8-column group loads and stores
-// as single accesses.
-template <class MakeSource>
-void launch_cast(const char* op, DType dtype, int64_t R, int64_t C, int64_t col_tiles,
-                 const float* scale, void* out, void* out_t, DType format, float* amax,
-                 bool vec_in, cudaStream_t stream, MakeSource make_source) {
-  NvtxRange range(op);
-  if (R == 0 || C == 0) return;
-  const int64_t grid_y = ceil_div(R, kTileRows);
-  TS_CHECK(grid_y <= 65535, "{}: {} rows exceed the grid ({} max)", op, R,
-           int64_t{65535} * kTileRows);
-  const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(grid_y));
-  auto* o = static_cast<uint8_t*>(out);
-  auto* ot = static_cast<uint8_t*>(out_t);
-  auto* a = reinterpret_cast<unsigned*>(amax);
-  vec_in = vec_in && (o == nullptr || is_aligned(o, kPack));
-  const bool vec_t = R % kRunT == 0 && (ot == nullptr || is_aligned(ot, kRunT));
-  TS_CHECK(format == DType::E4M3 || format == DType::E5M2 || (out == nullptr && out_t == nullptr),
-           "{}: output dtype {} is not fp8", op, dtype_name(format));
-  dispatch_float(dtype, op, [&](auto tag) {
-    const auto src = make_source(tag);
-    if (format == DType::E5M2) {
-      fp8_cast_transpose_kernel<decltype(src), __NV_E5M2>
-          <<<grid, kCastThreads, 0, stream>>>(src, R, C, scale, o, ot, a, vec_in, vec_t);
-    } else {
-      fp8_cast_transpose_kernel<decltype(src), __NV_E4M3>
-          <<<grid, kCastThreads, 0, stream>>>(src, R, C, scale, o, ot, a, vec_in, vec_t);
-    }
-  });
-  TS_CUDA_CHECK_LAUNCH(op);
-}
-
 }  // namespace
 
 void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, const float* scale,
                         void* out, void* out_t, DType format, float* amax, cudaStream_t stream) {
-  launch_cast("fp8_cast_transpose", x_dtype, R, C, ceil_div(C, kTileCols), scale, out, out_t,
-              format, amax, C % kPack == 0 && is_aligned(x, 16), stream, [&](auto tag) {
-                using T = decltype(tag);
-                return MatrixSource<T>{static_cast<const T*>(x), C};
-              });
-}
-
-void swiglu_backward_fp8(const void* dout, const void* gate_up, int64_t N, int64_t F, DType dtype,
-                         const float* scale, void* out, void* out_t, DType format, float* amax,
-                         cudaStream_t stream) {
-  const bool vec_in = F % kPack == 0 && is_aligned(dout, 16) && is_aligned(gate_up, 16);
-  launch_cast("swiglu_backward_fp8", dtype, N, 2 * F, 2 * ceil_div(F, kTileCols), scale, out,
-              out_t, format, amax, vec_in, stream, [&](auto tag) {
-                using T = decltype(tag);
-                return SwigluGradSource<T>{static_cast<const T*>(dout),
-                                           static_cast<const T*>(gate_up), F};
-              });
+  NvtxRange range("fp8_cast_transpose");
+  if (R == 0 || C == 0) return;
+  const int64_t grid_y = ceil_div(R, kTileRows);
+  TS_CHECK(grid_y <= 65535, "fp8_cast_transpose: {} rows exceed the grid ({} max)", R,
+           int64_t{65535} * kTileRows);
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kTileCols)), static_cast<unsigned>(grid_y));
+  auto* o = static_cast<uint8_t*>(out);
+  auto* ot = static_cast<uint8_t*>(out_t);
+  auto* a = reinterpret_cast<unsigned*>(amax);
+  const bool vec_in = C % kPack == 0 && is_aligned(x, 16) && (o == nullptr || is_aligned(o, kPack));
+  const bool vec_t = R % kRunT == 0 && (ot == nullptr || is_aligned(ot, kRunT));
+  dispatch_float(x_dtype, "fp8_cast_transpose", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x);
+    if (format == DType::E5M2) {
+      fp8_cast_transpose_kernel<T, __NV_E5M2><<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a,
+                                                                            vec_in, vec_t);
+    } else {
+      TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
+               "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
+      fp8_cast_transpose_kernel<T, __NV_E4M3><<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a,
+                                                                            vec_in, vec_t);
+    }
+  });
+  TS_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");
 }
 
 void fp8_update_scales(float* history, int64_t H, int64_t S, float* scale, float* scale_inv,

@@ -15,12 +15,6 @@ namespace tessera::cuda {
 void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, const float* scale,
                         void* out, void* out_t, DType format, float* amax, cudaStream_t stream);
 
-// swiglu_backward's d(gate_up) (N, 2F) from dout (N, F) and gate_up (N, 2F) in dtype, cast
-// as fp8_cast_transpose casts x, without ever being stored in dtype.
-void swiglu_backward_fp8(const void* dout, const void* gate_up, int64_t N, int64_t F, DType dtype,
-                         const float* scale, void* out, void* out_t, DType format, float* amax,
-                         cudaStream_t stream);
-
 // history (H, S), scale and scale_inv (S): one thread per column, as
 // fp8_update_scales_reference. nonfinite (may be null) is set to NaN when an amax of row 0
 // is non-finite.

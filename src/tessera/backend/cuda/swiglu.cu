@@ -2,7 +2,6 @@
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
-#include "tessera/backend/cuda/swiglu_math.cuh"
 
 namespace tessera::cuda {
 namespace {
@@ -11,6 +10,10 @@ namespace {
 // each thread issues 16-byte loads of gate and up (and dout) and 16-byte stores. Pure
 // streaming: N = 8192, F = 14336 moves 705 MB forward and 1.17 GB backward in bf16.
 constexpr int kThreads = 256;
+
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + __expf(-x));
+}
 
 template <class T, int VEC>
 __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
@@ -23,10 +26,11 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64
   load_floats<T, VEC>(gate, g);
   load_floats<T, VEC>(gate + F, u);
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) g[k] = g[k] * swiglu_sigmoid(g[k]) * u[k];
+  for (int k = 0; k < VEC; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
   store_floats<T, VEC>(out + n * F + f, g);
 }
 
+// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
 template <class T, int VEC>
 __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t N,
                                        int64_t F) {
@@ -42,8 +46,9 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
   load_floats<T, VEC>(dout + n * F + f, d);
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const float dg = swiglu_dgate(d[k], g[k], u[k]);
-    u[k] = swiglu_dup(d[k], g[k]);
+    const float sig = sigmoid(g[k]);
+    const float dg = d[k] * u[k] * sig * (1.0f + g[k] * (1.0f - sig));
+    u[k] = d[k] * g[k] * sig;
     g[k] = dg;
   }
   store_floats<T, VEC>(dgate, g);
