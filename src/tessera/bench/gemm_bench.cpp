@@ -60,6 +60,20 @@ size_t set_bytes(const GemmProblem& p, DType in, DType out) {
          (p.epilogue == Epilogue::Residual ? aligned(p.m * p.n * dtype_size(out)) : 0);
 }
 
+// The epilogue's random bias (N) or residual C (M, N), from take(dtype, shape).
+template <class Take>
+void take_epilogue_operands(Backend& b, const GemmProblem& p, DType bias_dtype, DType c_dtype,
+                            uint64_t seed, Take& take, Tensor& bias, Tensor& c) {
+  if (p.epilogue == Epilogue::Bias) {
+    bias = take(bias_dtype, {p.n});
+    b.init_normal(bias, seed + 2, 0, 0.0f, 1.0f);
+  }
+  if (p.epilogue == Epilogue::Residual) {
+    c = take(c_dtype, {p.m, p.n});
+    b.init_normal(c, seed + 3, 0, 0.0f, 1.0f);
+  }
+}
+
 GemmTensors allocate(Backend& b, const GemmProblem& p, DType in, DType out, uint64_t seed) {
   GemmTensors t;
   t.buffer = DeviceBuffer(b, set_bytes(p, in, out), "gemm benchmark operands");
@@ -75,14 +89,7 @@ GemmTensors allocate(Backend& b, const GemmProblem& p, DType in, DType out, uint
   b.init_normal(t.a, seed, 0, 0.0f, 1.0f);
   b.init_normal(t.b, seed + 1, 0, 0.0f, 1.0f);
   b.fill(t.out, kAccumulateStart);
-  if (p.epilogue == Epilogue::Bias) {
-    t.bias = take(in, {p.n});
-    b.init_normal(t.bias, seed + 2, 0, 0.0f, 1.0f);
-  }
-  if (p.epilogue == Epilogue::Residual) {
-    t.c = take(out, {p.m, p.n});
-    b.init_normal(t.c, seed + 3, 0, 0.0f, 1.0f);
-  }
+  take_epilogue_operands(b, p, in, out, seed, take, t.bias, t.c);
   return t;
 }
 
@@ -137,14 +144,7 @@ Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t se
   t.a = take(p.fp8_a, {p.m, p.k});
   t.b = take(DType::E4M3, {p.n, p.k});
   t.out = take(out, {p.m, p.n});
-  if (p.epilogue == Epilogue::Bias) {
-    t.bias = take(out, {p.n});
-    b.init_normal(t.bias, seed + 2, 0, 0.0f, 1.0f);
-  }
-  if (p.epilogue == Epilogue::Residual) {
-    t.c = take(out, {p.m, p.n});
-    b.init_normal(t.c, seed + 3, 0, 0.0f, 1.0f);
-  }
+  take_epilogue_operands(b, p, out, out, seed, take, t.bias, t.c);
   t.a_scale_inv = take(DType::F32, {1});
   t.b_scale_inv = take(DType::F32, {1});
   const Tensor one = take(DType::F32, {1});
