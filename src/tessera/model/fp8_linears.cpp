@@ -196,7 +196,7 @@ void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tenso
   m.beta = beta;
   m.c = residual;
   m.bias = bias;
-  m.fast_accum = true;  // Transformer Engine's choice for the forward GEMM
+  m.fast_accum = kFp8FastAccumForward;
   backend_.matmul_fp8(m);
 }
 
@@ -217,6 +217,7 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
     d.b = weight_codes(i, weight, true);
     d.a_scale_inv = scale_inv(bwd_, i);
     d.b_scale_inv = scale_inv(fwd_, 2 * i + 1);
+    d.fast_accum = kFp8FastAccumBackward;
     backend_.matmul_fp8(d);
   }
   // The input's transpose with the scale its forward cast used (same values, same codes).
@@ -229,6 +230,7 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
   w.a_scale_inv = scale_inv(bwd_, i);
   w.b_scale_inv = scale_inv(fwd_, 2 * i);
   w.beta = dweight_beta;
+  w.fast_accum = kFp8FastAccumBackward;
   backend_.matmul_fp8(w);
 }
 
