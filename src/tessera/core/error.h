@@ -16,7 +16,7 @@ template <class... Args>
 std::string format_message(std::string_view f, const Args&... args) {
   std::ostringstream out;
   size_t pos = 0;
-  auto put = [&](const auto& arg) {
+  [[maybe_unused]] auto put = [&](const auto& arg) {  // unused for a message without arguments
     const size_t at = f.find("{}", pos);
     if (at == std::string_view::npos) return;
     out << f.substr(pos, at - pos) << arg;
