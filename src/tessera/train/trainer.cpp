@@ -8,10 +8,10 @@
 
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/config/keys.h"
-#include "tessera/dist/fully_sharded.h"
 #include "tessera/core/error.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
+#include "tessera/plan/memory_plan.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/stop_signal.h"
 
@@ -287,20 +287,16 @@ void Trainer::stop_for_signal(int sig, const std::string& where) {
 // Compares what the run needs with what the device has and, if it cannot fit, says how much
 // each part takes and what to change.
 void Trainer::check_memory_fits() const {
-  ModelMemory m = LlamaModel::plan_memory(spec_, runtime_);
-  const ParamLayout layout = make_param_layout(spec_);
-  int64_t optimizer_elements = layout.total;
-  if (runtime_.sharded_params) {
-    const auto fsdp = dist::FullyShardedDataParallel::plan_memory(
-        layout, static_cast<int>(data_parallel_size_), runtime_.compute_dtype);
-    m.weights = fsdp.weights;
-    m.gradients = fsdp.gradients;
-    optimizer_elements = fsdp.shard_elements;
-  } else if (exp_.training.use_distributed_optimizer) {
-    optimizer_elements /= data_parallel_size_;
-  }
-  const size_t optimizer = AdamWOptimizer::state_bytes(optimizer_elements, runtime_.compute_dtype);
-  const size_t needed = m.weights + m.gradients + optimizer + m.activations + m.fp8;
+  plan::PlanInput in;
+  in.spec = spec_;
+  in.runtime = runtime_;
+  in.num_gpus = data_parallel_size_;
+  in.sharding = runtime_.sharded_params                    ? plan::Sharding::Fsdp
+                : exp_.training.use_distributed_optimizer ? plan::Sharding::Zero1
+                                                          : plan::Sharding::None;
+  in.gpu = false;  // compared with what the backend reports: its own buffers are allocated
+  const plan::MemoryPlan m = plan::plan_memory(in);
+  const size_t needed = m.allocated();
   const MemoryStats s = backend_->memory_stats();
   const size_t available = s.device_free_bytes + s.allocated_bytes;
   if (s.device_free_bytes == 0 || needed <= available) return;
@@ -320,7 +316,7 @@ void Trainer::check_memory_fits() const {
       "weights {:.2f} GiB, gradients {:.2f} GiB, optimizer state {:.2f} GiB, activations {:.2f} "
       "GiB (micro_batch_size {}, seq_length {}, recompute {}). To fit: {}.",
       device_name(backend_->device()), needed / kGiB, available / kGiB, m.weights / kGiB,
-      m.gradients / kGiB, optimizer / kGiB, m.activations / kGiB, exp_.training.micro_batch_size,
+      m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, exp_.training.micro_batch_size,
       exp_.training.seq_length,
       exp_.training.recompute_granularity == RecomputeGranularity::None ? "off" : "on", advice));
 }
