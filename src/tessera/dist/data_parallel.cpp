@@ -148,8 +148,7 @@ void DataParallel::grad_norm_sq(const Tensor& out) {
   b.fill(out, 0.0f);
   for (const ParamRange& r : plan_.owned(comm_.rank()))
     b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
-  settle();
-  comm_.all_reduce(out, ReduceOp::Sum, Lane::Compute);
+  sum(out);
 }
 
 void DataParallel::params_updated() {

@@ -98,8 +98,9 @@ class DataParallelism {
 
  protected:
   DataParallelism(Communicator& comm, LlamaModel& model);
-  // Makes compute wait for every collective still in flight on Lane::Comm; called before
-  // each collective on Lane::Compute.
+  // Makes compute wait for every collective still in flight on Lane::Comm and drops the comm
+  // marks kept for finer waits. Called before each collective on Lane::Compute (sum, max,
+  // barrier): the communicator waits there anyway, which ends the marks' validity.
   virtual void settle() = 0;
 
   Communicator& comm_;

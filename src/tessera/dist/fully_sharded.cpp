@@ -222,8 +222,7 @@ void FullyShardedDataParallel::finish_gradient_reduction() { settle(); }
 void FullyShardedDataParallel::grad_norm_sq(const Tensor& out) {
   // The shards hold every gradient element once over the ranks (padding is zero).
   model_.backend().sum_squares(out, grad_shards_, /*accumulate=*/false);
-  settle();
-  comm_.all_reduce(out, ReduceOp::Sum, Lane::Compute);
+  sum(out);
 }
 
 void FullyShardedDataParallel::params_updated() {
