@@ -247,6 +247,13 @@ TEST(ModelGemms, Fp8LinearsAreListedAsTrainingRunsThem) {
   }
   EXPECT_DOUBLE_EQ(flops_fp8_head, flops_bf16_head);
   EXPECT_DOUBLE_EQ(flops_fp8_head, 6.0 * s.matmul_params() * 512);
+
+  // The experiment's accumulation choice per GEMM kind reaches every problem of that kind.
+  rt.fp8.fast_accum_fprop = false, rt.fp8.fast_accum_wgrad = true;
+  for (const GemmProblem& p : model_gemms(s, rt)) {
+    SCOPED_TRACE(p.name);
+    EXPECT_EQ(p.fast_accum, p.name.find("wgrad") != std::string::npos);
+  }
 }
 
 TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {

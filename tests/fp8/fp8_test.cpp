@@ -507,6 +507,27 @@ TEST(Fp8Config, KeysParseWithTransformerEngineDefaults) {
   EXPECT_FALSE(load({"--no-fp8-weight-transpose-cache"}).training.fp8_weight_transpose_cache);
 }
 
+// TE's MMParams defaults: split (full-precision) accumulation in dgrad and wgrad only; each
+// key reaches its own GEMM kind.
+TEST(Fp8Config, SplitAccumulatorKeysChooseFastAccumulationPerGemmKind) {
+  const Fp8Options d = fp8_options(load({}).training);
+  EXPECT_TRUE(d.fast_accum_fprop);
+  EXPECT_FALSE(d.fast_accum_dgrad);
+  EXPECT_FALSE(d.fast_accum_wgrad);
+  EXPECT_EQ(fast_accumulation_kinds(d), "fprop");
+  const Fp8Options w =
+      fp8_options(load({"--fp8_gemm_wgrad_split_accumulator", "false"}).training);
+  EXPECT_TRUE(w.fast_accum_fprop && w.fast_accum_wgrad && !w.fast_accum_dgrad);
+  EXPECT_EQ(fast_accumulation_kinds(w, "+"), "fprop+wgrad");
+  const Fp8Options all = fp8_options(load({"--fp8_gemm_dgrad_split_accumulator", "false",
+                                           "--fp8_gemm_wgrad_split_accumulator", "false"})
+                                         .training);
+  EXPECT_EQ(fast_accumulation_kinds(all), "fprop, dgrad, wgrad");
+  const Fp8Options none =
+      fp8_options(load({"--fp8_gemm_fprop_split_accumulator", "true"}).training);
+  EXPECT_EQ(fast_accumulation_kinds(none), "none");
+}
+
 TEST(Fp8Config, ValidationNamesTheConflict) {
   auto error_of = [](const std::vector<std::string>& cli) -> std::string {
     try {

@@ -278,6 +278,14 @@ TEST(GpuFp8Model, TensorwiseWithoutCacheAndE4m3WithHeadTrackBf16) {
   compare_curves("fp8: e4m3\nfp8_lm_head: true\n", 100, 0.02);
 }
 
+// Fast accumulation in every FP8 GEMM, the head's included: its data gradient sums over the
+// Llama 3 vocabulary (K = 128,256), the longest reduction of any GEMM in these models.
+TEST(GpuFp8Model, FastAccumulationInEveryGemmTracksBf16) {
+  TS_REQUIRE_GPU();
+  compare_curves("fp8: hybrid\nfp8_lm_head: true\nfp8_gemm_dgrad_split_accumulator: false\n"
+                 "fp8_gemm_wgrad_split_accumulator: false\n", 300, 0.02);
+}
+
 TEST(GpuFp8Model, TransposeCacheCostsTwoBytesPerFp8Weight) {
   TS_REQUIRE_GPU();
   Logger log("", 0, false, false);

@@ -271,20 +271,20 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
   auto fwd = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, Epilogue e,
                  int64_t calls, bool fp8) {
     g.push_back(as_fp8({name + " forward", rows, out_f, in_f, false, true, e, false, calls}, fp8,
-                       DType::E4M3, kFp8FastAccumForward));
+                       DType::E4M3, rt.fp8.fast_accum_fprop));
   };
   // Data gradient: din (tokens, in_features) = dout @ W.
   auto dgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
                    bool fp8) {
     g.push_back(as_fp8({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls},
-                       fp8, grad_format, kFp8FastAccumBackward));
+                       fp8, grad_format, rt.fp8.fast_accum_dgrad));
   };
   // Weight gradient: dW (out_features, in_features) += dout^T @ in, in fp32.
   auto wgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
                    bool fp8) {
     g.push_back(as_fp8(
         {name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls}, fp8,
-        grad_format, kFp8FastAccumBackward));
+        grad_format, rt.fp8.fast_accum_wgrad));
   };
   const bool fp8 = rt.fp8.enabled(), fp8_head = fp8 && rt.fp8.lm_head;
   fwd("qkv", T, Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None, L, fp8);

@@ -32,7 +32,7 @@ struct GemmProblem {
   // tensor cores): a in fp8_a (e5m2 for hybrid training's output gradients), b in e4m3.
   bool fp8 = false;
   DType fp8_a = DType::E4M3;
-  bool fast_accum = kFp8FastAccumForward;  // as training: forward GEMMs only
+  bool fast_accum = true;  // as training's forward GEMMs by default (Fp8Options)
 
   std::string layout() const;  // "NT": op(A) then op(B), T = transposed
   double flops() const { return 2.0 * m * n * k; }

@@ -71,7 +71,8 @@ double measure_gemm_ceiling_tflops(Backend& b) {
   const Tensor ta = a.tensor(DType::BF16, {n, n}), tw = w.tensor(DType::BF16, {n, n}), tc = c.tensor(DType::BF16, {n, n});
   b.init_normal(ta, 1, 0, 0.0f, 1.0f);
   b.init_normal(tw, 2, 0, 0.0f, 1.0f);
-  MatmulArgs m{tc, ta, tw, false, true};
+  MatmulArgs m;
+  m.out = tc, m.a = ta, m.b = tw, m.trans_b = true;
   std::vector<double> ms;
   for (int i = 0; i < 13; ++i) {
     b.synchronize();
@@ -141,13 +142,18 @@ int model_bench_command(const std::vector<std::string>& args) {
     const double tok_s = tokens / (step_ms / 1e3);
     const double tflops = trainer.spec().flops_per_token(e.training.seq_length) * tok_s / 1e12;
     const MemoryStats mem = b.memory_stats();
-    // FP8 runs say so, whether the weight transpose cache (2 bytes per FP8 weight) is on
-    // and the output head in FP8, so that one table compares bf16 and the fp8 variants.
+    // FP8 runs say so, whether the weight transpose cache (2 bytes per FP8 weight) is on, the
+    // output head in FP8 and which GEMM kinds accumulate fast when that is not Transformer
+    // Engine's default (e.g. "fast-acc fprop+wgrad"), so that one table compares the variants.
     std::string precision(dtype_name(trainer.model().params().dtype));
-    if (e.training.fp8 != Fp8Mode::Off)
+    if (e.training.fp8 != Fp8Mode::Off) {
+      const std::string fast = fast_accumulation_kinds(fp8_options(e.training), "+");
+      const bool default_accumulation = fast == fast_accumulation_kinds(Fp8Options{}, "+");
       precision = "fp8 " + find_key("fp8")->get(e) + " " + find_key("fp8_recipe")->get(e) +
                   (e.training.fp8_lm_head ? " +head" : "") +
-                  (e.training.fp8_weight_transpose_cache ? "" : " no-cache");
+                  (e.training.fp8_weight_transpose_cache ? "" : " no-cache") +
+                  (default_accumulation ? "" : " fast-acc " + fast);
+    }
     nlohmann::json r = {{"model", model}, {"num_layers", e.model_config.num_layers},
                         {"precision", precision},
                         {"micro_batch_size", e.training.micro_batch_size}, {"seq_length", e.training.seq_length},

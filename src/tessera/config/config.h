@@ -76,6 +76,11 @@ struct TrainingConfig {
   int64_t fp8_margin = 0;
   bool fp8_lm_head = false;
   bool fp8_weight_transpose_cache = true;
+  // Transformer Engine's MMParams.use_split_accumulator per FP8 GEMM kind: false lets the tensor
+  // cores keep partial sums in reduced precision (faster, error growing with K).
+  bool fp8_gemm_fprop_split_accumulator = false;
+  bool fp8_gemm_dgrad_split_accumulator = true;
+  bool fp8_gemm_wgrad_split_accumulator = true;
   // Data parallelism (docs/distributed.md); the world size comes from the launcher.
   bool use_distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over ranks
   bool use_torch_fsdp2 = false;            // FSDP (ZeRO-3): parameters and gradients sharded too

@@ -71,7 +71,19 @@ Fp8Options fp8_options(const TrainingConfig& t) {
   o.margin = static_cast<int>(t.fp8_margin);
   o.lm_head = t.fp8_lm_head;
   o.weight_cache = t.fp8_weight_transpose_cache;
+  o.fast_accum_fprop = !t.fp8_gemm_fprop_split_accumulator;
+  o.fast_accum_dgrad = !t.fp8_gemm_dgrad_split_accumulator;
+  o.fast_accum_wgrad = !t.fp8_gemm_wgrad_split_accumulator;
   return o;
+}
+
+std::string fast_accumulation_kinds(const Fp8Options& o, std::string_view separator) {
+  std::string kinds;
+  for (const auto& [fast, name] : {std::pair{o.fast_accum_fprop, "fprop"},
+                                   std::pair{o.fast_accum_dgrad, "dgrad"},
+                                   std::pair{o.fast_accum_wgrad, "wgrad"}})
+    if (fast) kinds += (kinds.empty() ? "" : std::string(separator)) + name;
+  return kinds.empty() ? "none" : kinds;
 }
 
 size_t Fp8Linears::plan_bytes(const Fp8Options& options, const std::vector<Fp8LinearShape>& linears,
@@ -196,7 +208,7 @@ void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tenso
   m.beta = beta;
   m.c = residual;
   m.bias = bias;
-  m.fast_accum = kFp8FastAccumForward;
+  m.fast_accum = options_.fast_accum_fprop;
   backend_.matmul_fp8(m);
 }
 
@@ -217,7 +229,7 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
     d.b = weight_codes(i, weight, true);
     d.a_scale_inv = scale_inv(bwd_, i);
     d.b_scale_inv = scale_inv(fwd_, 2 * i + 1);
-    d.fast_accum = kFp8FastAccumBackward;
+    d.fast_accum = options_.fast_accum_dgrad;
     backend_.matmul_fp8(d);
   }
   // The input's transpose with the scale its forward cast used (same values, same codes).
@@ -230,7 +242,7 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
   w.a_scale_inv = scale_inv(bwd_, i);
   w.b_scale_inv = scale_inv(fwd_, 2 * i);
   w.beta = dweight_beta;
-  w.fast_accum = kFp8FastAccumBackward;
+  w.fast_accum = options_.fast_accum_wgrad;
   backend_.matmul_fp8(w);
 }
 

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,13 +28,6 @@
 
 namespace tessera {
 
-// Transformer Engine's accumulation choice, which `bench gemm` reproduces: fast accumulation
-// in the forward GEMM only. The gradient GEMMs accumulate in full precision: with fast
-// accumulation the head's data gradient (K = 128,256) misses its check by 2.5% (measured,
-// docs/performance.md).
-inline constexpr bool kFp8FastAccumForward = true;
-inline constexpr bool kFp8FastAccumBackward = false;
-
 struct Fp8Options {
   Fp8Mode mode = Fp8Mode::Off;
   Fp8Recipe recipe = Fp8Recipe::Delayed;
@@ -42,11 +36,20 @@ struct Fp8Options {
   int margin = 0;
   bool lm_head = false;
   bool weight_cache = true;
+  // Fast (reduced-precision) tensor-core accumulation per GEMM kind, the inverse of Transformer
+  // Engine's use_split_accumulator; TE's default, the forward only: with fast accumulation the
+  // head's data gradient (K = 128,256) misses its check by 2.5% (docs/fp8.md).
+  bool fast_accum_fprop = true;
+  bool fast_accum_dgrad = false;
+  bool fast_accum_wgrad = false;
   bool enabled() const { return mode != Fp8Mode::Off; }
   DType grad_format() const { return mode == Fp8Mode::Hybrid ? DType::E5M2 : DType::E4M3; }
 };
 
 Fp8Options fp8_options(const TrainingConfig& t);
+// The GEMM kinds with fast accumulation joined by separator, e.g. "fprop" or
+// "fprop, dgrad, wgrad"; "none" when there are none.
+std::string fast_accumulation_kinds(const Fp8Options& o, std::string_view separator = ", ");
 
 // One FP8 linear: its weight is (out, in).
 struct Fp8LinearShape {

@@ -110,11 +110,11 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
             dtype_name(runtime_.compute_dtype),
             runtime_.fp8.enabled()
                 ? fmt::format("; FP8 {} linear layers ({} scaling, amax history {}, margin {}, "
-                              "weight transpose cache {}, output head {})",
+                              "weight transpose cache {}, output head {}, fast accumulation: {})",
                               find_key("fp8")->get(exp_), find_key("fp8_recipe")->get(exp_),
                               t.fp8_amax_history_len, t.fp8_margin,
                               t.fp8_weight_transpose_cache ? "on" : "off",
-                              t.fp8_lm_head ? "fp8" : "bf16")
+                              t.fp8_lm_head ? "fp8" : "bf16", fast_accumulation_kinds(runtime_.fp8))
                 : "");
   data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
   log_.info("data: {}", data_.description);
