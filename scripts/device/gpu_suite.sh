@@ -146,6 +146,8 @@ fi
 if want curves; then
   echo "== fp32 / bf16 / FP8 hybrid loss curves of the FP8 curve test's model"
   timeout 400 bash "$ROOT/scripts/device/fp8_curves.sh" "$BIN/tessera" "$OUT/fp8_curves" 2>&1 | tail -40
+  echo "== the Llama 3.1 8B proxy on Brown text: bf16, FP8+head, FP8+head with fast accumulation"
+  timeout 400 bash "$ROOT/scripts/device/fp8_proxy_curves.sh" "$BIN/tessera" "$OUT/fp8_proxy_curves" 2>&1 | tail -4
 fi
 if want node; then
   echo "== examples/bench/node8.sh on the visible GPUs, small global batches, 3 iterations"

@@ -280,7 +280,8 @@ TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {
     grad.fp8_a = DType::E5M2;
     grad.fast_accum = false;
     grad.fp32_out = e == Epilogue::Accumulate;
-    EXPECT_TRUE(check_gemm(good, grad).ok) << epilogue_name(e) << ": " << check_gemm(good, grad).failure;
+    EXPECT_TRUE(check_gemm(good, grad).ok)
+        << epilogue_name(e) << ": " << check_gemm(good, grad).failure;
     EXPECT_FALSE(run_gemm(bad, grad).check.ok) << epilogue_name(e);
   }
   const GemmResult wrong_fp8 = run_gemm(bad, fp8);

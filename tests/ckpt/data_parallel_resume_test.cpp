@@ -166,13 +166,14 @@ TEST(DataParallelResume, OverlappedParamGatherMatchesGatherBeforeTheForward) {
   ScratchDir dir;
   const std::string overlap = "overlap_param_gather: true\n";
   const TrainingRun plain = train(experiment(dir.path(), 2, kZero1), 2, dir / "plain.jsonl");
-  const TrainingRun overlapped =
-      train(experiment(dir.path(), 2, kZero1 + overlap + saving(dir / "save")), 2, dir / "overlap.jsonl");
+  const TrainingRun overlapped = train(
+      experiment(dir.path(), 2, kZero1 + overlap + saving(dir / "save")), 2, dir / "overlap.jsonl");
   ASSERT_EQ(overlapped.losses, plain.losses);
   EXPECT_EQ(overlapped.params, plain.params);
   const std::string load = "load: " + (dir / "save" / "iter_0000003").string() + "\n";
-  expect_continues(train(experiment(dir.path(), 2, kZero1 + overlap + load), 2, dir / "resumed.jsonl"),
-                   plain, 0.0, "resumed with overlap");
+  expect_continues(
+      train(experiment(dir.path(), 2, kZero1 + overlap + load), 2, dir / "resumed.jsonl"), plain,
+      0.0, "resumed with overlap");
 }
 
 // FSDP gathers parameters and reduce-scatters gradients unit by unit and adds each
@@ -188,7 +189,8 @@ TEST(DataParallelResume, FsdpTrainsLikeOneRankWithTiedAndUntiedHeads) {
       const TrainingRun fsdp = train(experiment(dir.path(), world, kFsdp + head), world,
                                      dir / (what + std::to_string(world) + ".jsonl"));
       ASSERT_EQ(fsdp.losses.size(), 6u);
-      expect_same_run(fsdp, one, kRelativeTolerance, what + " head, FSDP at " + std::to_string(world));
+      expect_same_run(fsdp, one, kRelativeTolerance,
+                      what + " head, FSDP at " + std::to_string(world));
     }
   }
 }
@@ -216,10 +218,10 @@ TEST(DataParallelResume, FsdpCheckpointHoldsTheWholeModelAndResumesOnAnyWorldSiz
                    0.0, "2 FSDP ranks");
   expect_continues(train(experiment(dir.path(), 1, load), 1, dir / "one.jsonl"), straight,
                    kRelativeTolerance, "1 rank");
-  expect_continues(train(experiment(dir.path(), 3, kZero1 + load), 3, dir / "zero.jsonl"),
-                   straight, kRelativeTolerance, "3 ZeRO-1 ranks");
-  expect_continues(train(experiment(dir.path(), 3, kFsdp + load), 3, dir / "three.jsonl"),
-                   straight, kRelativeTolerance, "3 FSDP ranks");
+  expect_continues(train(experiment(dir.path(), 3, kZero1 + load), 3, dir / "zero.jsonl"), straight,
+                   kRelativeTolerance, "3 ZeRO-1 ranks");
+  expect_continues(train(experiment(dir.path(), 3, kFsdp + load), 3, dir / "three.jsonl"), straight,
+                   kRelativeTolerance, "3 FSDP ranks");
 }
 
 }  // namespace

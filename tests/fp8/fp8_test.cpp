@@ -515,8 +515,7 @@ TEST(Fp8Config, SplitAccumulatorKeysChooseFastAccumulationPerGemmKind) {
   EXPECT_FALSE(d.fast_accum_dgrad);
   EXPECT_FALSE(d.fast_accum_wgrad);
   EXPECT_EQ(fast_accumulation_kinds(d), "fprop");
-  const Fp8Options w =
-      fp8_options(load({"--fp8_gemm_wgrad_split_accumulator", "false"}).training);
+  const Fp8Options w = fp8_options(load({"--fp8_gemm_wgrad_split_accumulator", "false"}).training);
   EXPECT_TRUE(w.fast_accum_fprop && w.fast_accum_wgrad && !w.fast_accum_dgrad);
   EXPECT_EQ(fast_accumulation_kinds(w, "+"), "fprop+wgrad");
   const Fp8Options all = fp8_options(load({"--fp8_gemm_dgrad_split_accumulator", "false",

@@ -98,10 +98,11 @@ TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
                 "zero.txt"),
             0)
       << read("zero.txt");
-  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29617 " + train_args("zero_overlap") +
-                    " --use_distributed_optimizer true --overlap_param_gather true --gemm_autotune false",
-                "zero_overlap.txt"),
-            0)
+  ASSERT_EQ(
+      run("launch --nproc_per_node 2 --master_port 29617 " + train_args("zero_overlap") +
+              " --use_distributed_optimizer true --overlap_param_gather true --gemm_autotune false",
+          "zero_overlap.txt"),
+      0)
       << read("zero_overlap.txt");
   const auto one = losses("one"), dp = losses("dp"), zero = losses("zero");
   ASSERT_EQ(one.size(), 20u);
@@ -161,9 +162,10 @@ TEST_F(DistGpu, FsdpMatchesOneGpuAndItsCheckpointResumesOnTwoGpusAndOnOne) {
       << read("fsdp.txt");
   EXPECT_NE(read("fsdp.txt").find("FSDP (ZeRO-3)"), std::string::npos) << read("fsdp.txt");
   ASSERT_EQ(run(train_args("one_tied") + tied, "one_tied.txt"), 0) << read("one_tied.txt");
-  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29642 " + train_args("fsdp_tied") + fsdp + tied,
-                "fsdp_tied.txt"),
-            0)
+  ASSERT_EQ(
+      run("launch --nproc_per_node 2 --master_port 29642 " + train_args("fsdp_tied") + fsdp + tied,
+          "fsdp_tied.txt"),
+      0)
       << read("fsdp_tied.txt");
   const auto one = losses("one");
   ASSERT_EQ(one.size(), 20u);

@@ -30,7 +30,8 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
   TS_REQUIRE_GPU();
   Backends be;
   for (const DType format : {DType::E4M3, DType::E5M2}) {
-    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {33, 65}, {300, 200}, {96, 136}, {130, 72}, {256, 128}, {1024, 4096}}) {
+    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {33, 65}, {300, 200}, {96, 136}, {130, 72}, {256, 128}, {1024, 4096}}) {
       SCOPED_TRACE(fmt::format("{} R={} C={}", dtype_name(format), R, C));
       std::vector<float> x = round_bf16(random_normal(R * C, 17, 3.0f));
       // Both backends see the bf16 input the GPU reads.
@@ -282,8 +283,10 @@ TEST(GpuFp8Model, TensorwiseWithoutCacheAndE4m3WithHeadTrackBf16) {
 // Llama 3 vocabulary (K = 128,256), the longest reduction of any GEMM in these models.
 TEST(GpuFp8Model, FastAccumulationInEveryGemmTracksBf16) {
   TS_REQUIRE_GPU();
-  compare_curves("fp8: hybrid\nfp8_lm_head: true\nfp8_gemm_dgrad_split_accumulator: false\n"
-                 "fp8_gemm_wgrad_split_accumulator: false\n", 300, 0.02);
+  compare_curves(
+      "fp8: hybrid\nfp8_lm_head: true\nfp8_gemm_dgrad_split_accumulator: false\n"
+      "fp8_gemm_wgrad_split_accumulator: false\n",
+      300, 0.02);
 }
 
 TEST(GpuFp8Model, TransposeCacheCostsTwoBytesPerFp8Weight) {

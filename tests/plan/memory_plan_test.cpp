@@ -193,7 +193,8 @@ TEST(MemoryPlan, WithinTenPercentOfPeaksMeasuredOnH200) {
       {"llama3.1_8B-pretrain", {"--fp8", "hybrid"}, 41.82},
       {"llama3.1_8B-pretrain", {"--fp8", "hybrid", "--fp8_lm_head", "true"}, 44.31},
       {"llama3.1_8B-pretrain",
-       {"--fp8", "hybrid", "--no_fp8_weight_transpose_cache", "--cross_entropy_chunk_tokens", "4096"},
+       {"--fp8", "hybrid", "--no_fp8_weight_transpose_cache", "--cross_entropy_chunk_tokens",
+        "4096"},
        39.32},
   };
   for (const Measured& m : runs) {

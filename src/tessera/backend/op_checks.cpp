@@ -16,7 +16,8 @@ MatrixDims matrix_dims(const Tensor& t) {
 void expect_on(std::string_view backend, const Tensor& t, DeviceKind kind, const char* op,
                const char* what) {
   TS_CHECK(t.defined() || t.numel() == 0, "{} {}: {} is undefined", backend, op, what);
-  TS_CHECK(t.device.kind == kind, "{} {}: {} lives on {}", backend, op, what, device_name(t.device));
+  TS_CHECK(t.device.kind == kind, "{} {}: {} lives on {}", backend, op, what,
+           device_name(t.device));
 }
 
 void expect_count(std::string_view backend, const Tensor& t, int64_t n, const char* op,

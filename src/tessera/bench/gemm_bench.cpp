@@ -131,9 +131,10 @@ Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t se
   Fp8Tensors t;
   const size_t staging = aligned(std::max(p.m, p.n) * p.k * sizeof(float));
   const size_t out_bytes = aligned(p.m * p.n * dtype_size(out));
-  t.buffer = DeviceBuffer(b, aligned(p.m * p.k) + aligned(p.n * p.k) + out_bytes +
-                                 (p.epilogue == Epilogue::Residual ? out_bytes : 0) +
-                                 aligned(p.n * dtype_size(out)) + 3 * 256 + staging,
+  t.buffer = DeviceBuffer(b,
+                          aligned(p.m * p.k) + aligned(p.n * p.k) + out_bytes +
+                              (p.epilogue == Epilogue::Residual ? out_bytes : 0) +
+                              aligned(p.n * dtype_size(out)) + 3 * 256 + staging,
                           "fp8 gemm benchmark operands");
   size_t at = 0;
   auto take = [&](DType dt, Shape shape) {
@@ -276,15 +277,16 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
   // Data gradient: din (tokens, in_features) = dout @ W.
   auto dgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
                    bool fp8) {
-    g.push_back(as_fp8({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls},
-                       fp8, grad_format, rt.fp8.fast_accum_dgrad));
+    g.push_back(
+        as_fp8({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls},
+               fp8, grad_format, rt.fp8.fast_accum_dgrad));
   };
   // Weight gradient: dW (out_features, in_features) += dout^T @ in, in fp32.
   auto wgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
                    bool fp8) {
-    g.push_back(as_fp8(
-        {name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls}, fp8,
-        grad_format, rt.fp8.fast_accum_wgrad));
+    g.push_back(
+        as_fp8({name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls},
+               fp8, grad_format, rt.fp8.fast_accum_wgrad));
   };
   const bool fp8 = rt.fp8.enabled(), fp8_head = fp8 && rt.fp8.lm_head;
   fwd("qkv", T, Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None, L, fp8);
@@ -376,7 +378,8 @@ GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
   dev.matmul_fp8(fp8_args(p, d));
   const std::vector<float> a = download_fp8(dev, d.a), b = download_fp8(dev, d.b);
   const std::vector<float> got = download_floats(dev, d.out);
-  const std::vector<float> bias = d.bias.defined() ? download_floats(dev, d.bias) : std::vector<float>{};
+  const std::vector<float> bias =
+      d.bias.defined() ? download_floats(dev, d.bias) : std::vector<float>{};
   const std::vector<float> c = d.c.defined() ? download_floats(dev, d.c) : std::vector<float>{};
   r.failure = first_sampled_mismatch(
       p, got,

@@ -164,10 +164,10 @@ class Checkpoint {
 
 // Loads checkpoint `dir` into t.master and the moments, the ranges t.owned names (all when
 // empty) from whichever files hold them, so a checkpoint of any world size, sharded or not,
-// loads into a run of any other. The compute-dtype weights are left for the caller to refresh from the master
-// weights. Returns the checkpoint's state. On any problem throws DataError with the cause and
-// the newest earlier checkpoint beside it that opens cleanly, by name. `warnings` receives
-// behaviour differences between the checkpoint's model and t.spec.
+// loads into a run of any other. The compute-dtype weights are left for the caller to refresh from
+// the master weights. Returns the checkpoint's state. On any problem throws DataError with the
+// cause and the newest earlier checkpoint beside it that opens cleanly, by name. `warnings`
+// receives behaviour differences between the checkpoint's model and t.spec.
 TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
                              std::vector<std::string>* warnings);
 

@@ -69,8 +69,11 @@ std::string brown_to_text(std::string_view tagged) {
     while (words >> tok) {
       const size_t slash = tok.rfind('/');
       std::string w = slash == std::string::npos || slash == 0 ? tok : tok.substr(0, slash);
-      if (w == "``") w = "\"", quote_open = true;
-      else if (w == "''") w = "\"", quote_open = false;
+      // Brown's `` and '' quotes become plain double quotes.
+      if (w == "``" || w == "''") {
+        quote_open = w == "``";
+        w.assign(1, '"');
+      }
       const bool left = attaches_left(tok.substr(0, slash)) && !sentence.empty();
       if (!sentence.empty() && !left && !glue_next) sentence += ' ';
       sentence += w;

@@ -47,7 +47,9 @@ DataParallelism::DataParallelism(Communicator& comm, LlamaModel& model)
 
 DataParallelism::~DataParallelism() = default;
 
-Tensor DataParallelism::gathered_param(int index) { return model_.param(index); }
+Tensor DataParallelism::gathered_param(int index) {
+  return model_.param(index);
+}
 
 void DataParallelism::sum(const Tensor& t) {
   settle();
@@ -69,8 +71,10 @@ void DataParallelism::barrier() {
   model_.backend().download(&ignored, flag);
 }
 
-DataParallel::DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options)
-    : DataParallelism(comm, model), options_(options),
+DataParallel::DataParallel(Communicator& comm, LlamaModel& model,
+                           const DataParallelOptions& options)
+    : DataParallelism(comm, model),
+      options_(options),
       plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())) {
   TS_CHECK(model.runtime().flat_buffer_multiple % flat_buffer_multiple(comm.size()) == 0,
            "the model's buffers are padded to {}, data parallelism needs a multiple of {}",
@@ -81,7 +85,9 @@ DataParallel::DataParallel(Communicator& comm, LlamaModel& model, const DataPara
   model_.set_unit_observer(this);
 }
 
-DataParallel::~DataParallel() { model_.set_unit_observer(nullptr); }
+DataParallel::~DataParallel() {
+  model_.set_unit_observer(nullptr);
+}
 
 std::string DataParallel::description() const {
   return fmt::format("{}, {} gradient buckets{}{}",

@@ -15,7 +15,9 @@ int64_t slice_elements(const ParamRange& unit, int world) {
   return (unit.count() + g - 1) / g * g / world;
 }
 
-int slot_count(const ParamLayout& layout) { return layout.lm_head == layout.embedding ? 3 : 2; }
+int slot_count(const ParamLayout& layout) {
+  return layout.lm_head == layout.embedding ? 3 : 2;
+}
 
 }  // namespace
 
@@ -67,7 +69,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, LlamaMode
   model_.set_unit_observer(this);
 }
 
-FullyShardedDataParallel::~FullyShardedDataParallel() { model_.set_unit_observer(nullptr); }
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  model_.set_unit_observer(nullptr);
+}
 
 std::string FullyShardedDataParallel::description() const {
   int64_t largest = 0;
@@ -87,7 +91,8 @@ std::vector<OwnedParams> FullyShardedDataParallel::optimizer_shards() const {
     const int64_t begin = u.range.begin + r * u.slice;
     const int64_t end = std::min(begin + u.slice, u.range.end);
     if (begin >= end) continue;
-    out.push_back({{begin, end}, param_shards_.flat_range(u.shard_at, end - begin),
+    out.push_back({{begin, end},
+                   param_shards_.flat_range(u.shard_at, end - begin),
                    grad_shards_.flat_range(u.shard_at, end - begin)});
   }
   return out;
@@ -95,16 +100,18 @@ std::vector<OwnedParams> FullyShardedDataParallel::optimizer_shards() const {
 
 Tensor FullyShardedDataParallel::param_slot(const Slot& s, int unit) const {
   const auto index = static_cast<size_t>(&s - param_slots_.data());
-  const Tensor all = slot_buffer_.tensor(model_.runtime().compute_dtype,
-                                         {static_cast<int64_t>(param_slots_.size()) * padded_unit_});
-  return all.flat_range(static_cast<int64_t>(index) * padded_unit_, units_[unit].slice * comm_.size());
+  const Tensor all = slot_buffer_.tensor(
+      model_.runtime().compute_dtype, {static_cast<int64_t>(param_slots_.size()) * padded_unit_});
+  return all.flat_range(static_cast<int64_t>(index) * padded_unit_,
+                        units_[unit].slice * comm_.size());
 }
 
 Tensor FullyShardedDataParallel::grad_slot(const Slot& s, int unit) const {
   const auto index = static_cast<size_t>(&s - grad_slots_.data());
-  const Tensor all = grad_slot_buffer_.tensor(DType::F32,
-                                              {static_cast<int64_t>(grad_slots_.size()) * padded_unit_});
-  return all.flat_range(static_cast<int64_t>(index) * padded_unit_, units_[unit].slice * comm_.size());
+  const Tensor all = grad_slot_buffer_.tensor(
+      DType::F32, {static_cast<int64_t>(grad_slots_.size()) * padded_unit_});
+  return all.flat_range(static_cast<int64_t>(index) * padded_unit_,
+                        units_[unit].slice * comm_.size());
 }
 
 Tensor FullyShardedDataParallel::param_shard(int unit) const {
@@ -115,7 +122,8 @@ Tensor FullyShardedDataParallel::grad_shard(int unit) const {
   return grad_shards_.flat_range(units_[unit].shard_at, units_[unit].slice);
 }
 
-FullyShardedDataParallel::Slot* FullyShardedDataParallel::holding(std::vector<Slot>& slots, int unit) {
+FullyShardedDataParallel::Slot* FullyShardedDataParallel::holding(std::vector<Slot>& slots,
+                                                                  int unit) {
   for (Slot& s : slots)
     if (s.unit == unit) return &s;
   return nullptr;
@@ -161,8 +169,8 @@ void FullyShardedDataParallel::params_needed(int unit, int next) {
   slot->last_use = ++uses_;
   model_.bind_unit_params(unit, param_slot(*slot, unit));
   // Prefetch into a free slot; without one the next unit is gathered when needed.
-  const bool slot_free =
-      std::any_of(param_slots_.begin(), param_slots_.end(), [](const Slot& s) { return !s.in_use; });
+  const bool slot_free = std::any_of(param_slots_.begin(), param_slots_.end(),
+                                     [](const Slot& s) { return !s.in_use; });
   if (next >= 0 && slot_free && !holding(param_slots_, next))
     gather(next, least_recently_used_free(param_slots_, "parameter"), Lane::Comm);
 }
@@ -181,7 +189,8 @@ void FullyShardedDataParallel::grads_needed(int unit) {
   const Tensor g = grad_slot(slot, unit);
   Backend& b = model_.backend();
   b.fill(g, 0.0f);
-  if (accumulate_) b.copy(g.flat_range(comm_.rank() * units_[unit].slice, units_[unit].slice), grad_shard(unit));
+  if (accumulate_)
+    b.copy(g.flat_range(comm_.rank() * units_[unit].slice, units_[unit].slice), grad_shard(unit));
   slot.unit = unit;
   slot.in_use = true;
   slot.last_use = ++uses_;
@@ -217,7 +226,9 @@ void FullyShardedDataParallel::settle() {
   forget_marks();
 }
 
-void FullyShardedDataParallel::finish_gradient_reduction() { settle(); }
+void FullyShardedDataParallel::finish_gradient_reduction() {
+  settle();
+}
 
 void FullyShardedDataParallel::grad_norm_sq(const Tensor& out) {
   // The shards hold every gradient element once over the ranks (padding is zero).
@@ -247,7 +258,8 @@ Tensor FullyShardedDataParallel::gathered_param(int index) {
 
 void FullyShardedDataParallel::follow_gathers() {
   settle();
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) gather(u, param_slots_.front(), Lane::Compute);
+  for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+    gather(u, param_slots_.front(), Lane::Compute);
 }
 
 }  // namespace tessera::dist

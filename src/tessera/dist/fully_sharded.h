@@ -56,9 +56,9 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
     int reduce_mark = -1;  // comm mark after the last reduce-scatter into the shard (-1: done)
   };
   struct Slot {
-    int unit = -1;         // whose parameters or gradients it holds (-1: none)
-    int mark = -1;         // comm mark after the last collective on it (-1: done)
-    bool in_use = false;   // between params_needed and params_done (grads_needed, grads_ready)
+    int unit = -1;        // whose parameters or gradients it holds (-1: none)
+    int mark = -1;        // comm mark after the last collective on it (-1: done)
+    bool in_use = false;  // between params_needed and params_done (grads_needed, grads_ready)
     uint64_t last_use = 0;
   };
 
@@ -84,10 +84,10 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
   Tensor param_shards_, grad_shards_;
   std::vector<Slot> param_slots_, grad_slots_;
   uint64_t uses_ = 0;
-  bool comm_pending_ = false;       // Lane::Comm work compute has not waited for
-  bool step_started_ = false;       // a micro-batch of the current step ran
-  bool accumulate_ = false;         // this micro-batch adds to the shards' gradients
-  int checkpoint_unit_ = -1;        // the unit gathered_param last gathered
+  bool comm_pending_ = false;  // Lane::Comm work compute has not waited for
+  bool step_started_ = false;  // a micro-batch of the current step ran
+  bool accumulate_ = false;    // this micro-batch adds to the shards' gradients
+  int checkpoint_unit_ = -1;   // the unit gathered_param last gathered
 };
 
 }  // namespace tessera::dist

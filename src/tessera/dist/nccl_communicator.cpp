@@ -392,8 +392,8 @@ class NcclCommunicator final : public Communicator {
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
-  bool comm_queued_ = false;          // Lane::Comm work compute has not waited for
-  std::vector<cudaEvent_t> marks_;    // comm_mark()'s events, reused after each wait_comm()
+  bool comm_queued_ = false;        // Lane::Comm work compute has not waited for
+  std::vector<cudaEvent_t> marks_;  // comm_mark()'s events, reused after each wait_comm()
   size_t marks_used_ = 0;
 
   std::mutex mu_;

@@ -79,9 +79,9 @@ Fp8Options fp8_options(const TrainingConfig& t) {
 
 std::string fast_accumulation_kinds(const Fp8Options& o, std::string_view separator) {
   std::string kinds;
-  for (const auto& [fast, name] : {std::pair{o.fast_accum_fprop, "fprop"},
-                                   std::pair{o.fast_accum_dgrad, "dgrad"},
-                                   std::pair{o.fast_accum_wgrad, "wgrad"}})
+  for (const auto& [fast, name] :
+       {std::pair{o.fast_accum_fprop, "fprop"}, std::pair{o.fast_accum_dgrad, "dgrad"},
+        std::pair{o.fast_accum_wgrad, "wgrad"}})
     if (fast) kinds += (kinds.empty() ? "" : std::string(separator)) + name;
   return kinds.empty() ? "none" : kinds;
 }
@@ -125,7 +125,8 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
     weight_cache_t_.push_back(buffer_.tensor(DType::E4M3, {l.in, l.out}, f.cache_t[i]));
   }
   cache_valid_.assign(linears_.size(), false);
-  if (!options_.weight_cache) weight_scratch_ = buffer_.tensor(DType::E4M3, {f.max_weight}, f.weight_scratch);
+  if (!options_.weight_cache)
+    weight_scratch_ = buffer_.tensor(DType::E4M3, {f.max_weight}, f.weight_scratch);
   x_codes_ = buffer_.tensor(DType::E4M3, {rows_ * f.max_in}, f.x_codes);
   dy_codes_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes);
   dy_codes_t_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes_t);

@@ -15,10 +15,17 @@ void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout&
       const Tensor t = s.values.flat_range(part.begin - s.range.begin, part.count());
       const auto first = static_cast<uint64_t>(part.begin);  // the stream index of t[0]
       switch (p.init) {
-        case ParamInit::Normal: backend.init_normal(t, seed, first, 0.0f, spec.init_std); break;
-        case ParamInit::ScaledNormal: backend.init_normal(t, seed, first, 0.0f, scaled_std); break;
-        case ParamInit::Ones: backend.fill(t, 1.0f); break;
-        case ParamInit::Zeros: break;
+        case ParamInit::Normal:
+          backend.init_normal(t, seed, first, 0.0f, spec.init_std);
+          break;
+        case ParamInit::ScaledNormal:
+          backend.init_normal(t, seed, first, 0.0f, scaled_std);
+          break;
+        case ParamInit::Ones:
+          backend.fill(t, 1.0f);
+          break;
+        case ParamInit::Zeros:
+          break;
       }
     });
   }

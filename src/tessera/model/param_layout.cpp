@@ -11,7 +11,8 @@ constexpr int64_t kAlignElements = 64;
 
 // Appends a parameter to the last unit.
 int add(ParamLayout& l, std::string name, Shape shape, int layer, bool decay, ParamInit init) {
-  ParamInfo p{std::move(name), shape, l.total, layer, static_cast<int>(l.units.size()) - 1, decay, init};
+  const int unit = static_cast<int>(l.units.size()) - 1;
+  ParamInfo p{std::move(name), shape, l.total, layer, unit, decay, init};
   l.total += (p.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
   l.units.back().end = l.total;
   l.params.push_back(std::move(p));

@@ -22,16 +22,19 @@ std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segment
 
 AdamWOptimizer::AdamWOptimizer(LlamaModel& model, const TrainingConfig& config,
                                std::vector<OwnedParams> owned)
-    : model_(model), config_(config), segments_(model.layout().decay_segments()),
-      owned_(std::move(owned)), sharded_(!owned_.empty()) {
+    : model_(model),
+      config_(config),
+      segments_(model.layout().decay_segments()),
+      owned_(std::move(owned)),
+      sharded_(!owned_.empty()) {
   Backend& b = model.backend();
   const int64_t P = model.layout().total;
   if (!sharded_) owned_ = {{{0, P}, model.params(), model.grads()}};
   int64_t held = 0;
   for (const OwnedParams& o : owned_) {
     TS_CHECK(o.params.numel() == o.range.count() && o.grads.numel() == o.range.count(),
-             "owned range [{}, {}) has {} parameters and {} gradients", o.range.begin,
-             o.range.end, o.params.numel(), o.grads.numel());
+             "owned range [{}, {}) has {} parameters and {} gradients", o.range.begin, o.range.end,
+             o.params.numel(), o.grads.numel());
     owned_segments_.push_back(clip_segments(segments_, o.range));
     held += o.range.count();
   }

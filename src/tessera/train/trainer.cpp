@@ -119,9 +119,10 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
   log_.info("data: {}", data_.description);
   if (!comm_ && (t.use_distributed_optimizer || t.use_torch_fsdp2))
-    log_.warning("{} shards state over data-parallel ranks; this run has one (start it with "
-                 "tessera launch --nproc_per_node N to shard)",
-                 t.use_torch_fsdp2 ? "use_torch_fsdp2" : "use_distributed_optimizer");
+    log_.warning(
+        "{} shards state over data-parallel ranks; this run has one (start it with "
+        "tessera launch --nproc_per_node N to shard)",
+        t.use_torch_fsdp2 ? "use_torch_fsdp2" : "use_distributed_optimizer");
   if (!data_.valid && (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0)) {
     const std::string why = fmt::format(
         "no validation data (split '{}' leaves none, or set valid_data_path)", exp_.data.split);
@@ -138,8 +139,8 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
           dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
                                     t.overlap_grad_reduce, t.overlap_param_gather,
                                     t.ddp_bucket_size});
-    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, dp_ ? dp_->optimizer_shards()
-                                                                  : std::vector<OwnedParams>{});
+    optimizer_ = std::make_unique<AdamWOptimizer>(
+        *model_, t, dp_ ? dp_->optimizer_shards() : std::vector<OwnedParams>{});
     scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
   } catch (const OutOfMemoryError& e) {
     check_memory_fits();  // reports the breakdown if the estimate now says it cannot fit
@@ -291,7 +292,7 @@ void Trainer::check_memory_fits() const {
   in.spec = spec_;
   in.runtime = runtime_;
   in.num_gpus = data_parallel_size_;
-  in.sharding = runtime_.sharded_params                    ? plan::Sharding::Fsdp
+  in.sharding = runtime_.sharded_params                   ? plan::Sharding::Fsdp
                 : exp_.training.use_distributed_optimizer ? plan::Sharding::Zero1
                                                           : plan::Sharding::None;
   in.gpu = false;  // compared with what the backend reports: its own buffers are allocated
@@ -308,8 +309,9 @@ void Trainer::check_memory_fits() const {
     if (exp_.training.recompute_granularity != RecomputeGranularity::Full)
       advice += ", or set recompute_granularity: full (or selective)";
   } else {
-    advice = "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer "
-             "(use_distributed_optimizer) or FSDP (use_torch_fsdp2)";
+    advice =
+        "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer "
+        "(use_distributed_optimizer) or FSDP (use_torch_fsdp2)";
   }
   throw OutOfMemoryError(fmt::format(
       "not enough memory on {}: the run needs {:.2f} GiB but {:.2f} GiB is free. Breakdown: "
@@ -356,7 +358,8 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   }
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
-    if (dp_) dp_->grad_norm_sq(grad_norm_sq_);
+    if (dp_)
+      dp_->grad_norm_sq(grad_norm_sq_);
     else backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
     if (model_->fp8()) {
       // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).

@@ -28,7 +28,8 @@ void adamw_update(T* master, T* params, T* exp_avg, T* exp_avg_sq, const T* grad
     const T g = grad[i] * c.grad_scale;
     const T m = c.beta1 * exp_avg[i] + c.one_minus_beta1 * g;
     const T v = c.beta2 * exp_avg_sq[i] + c.one_minus_beta2 * g * g;
-    const T p = master[i] * c.decay_factor - c.step_size * m / (std::sqrt(v) / c.sqrt_bias_correction2 + c.eps);
+    const T p = master[i] * c.decay_factor -
+                c.step_size * m / (std::sqrt(v) / c.sqrt_bias_correction2 + c.eps);
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     master[i] = p;

@@ -837,7 +837,8 @@ void CudaBackend::adamw_step(const AdamWArgs& args) {
   // The same constants as ref::adamw_update derives from the same float settings.
   const ref::AdamWSettings settings{args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
                                     args.max_grad_norm, args.step};
-  const AdamWScalars s{ref::adamw_scalars<float>(settings, /*decay=*/true, 1.0), args.max_grad_norm};
+  const AdamWScalars s{ref::adamw_scalars<float>(settings, /*decay=*/true, 1.0),
+                       args.max_grad_norm};
 
   int64_t chunk_count = 0;
   const AdamWChunk* chunks = adamw_chunk_table(args.segments, P, &chunk_count);

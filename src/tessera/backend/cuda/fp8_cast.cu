@@ -23,11 +23,11 @@ namespace {
 constexpr int kTileRows = 128;
 constexpr int kTileCols = 64;
 constexpr int kCastThreads = 128;
-constexpr int kPack = 8;                                           // columns per thread when loading
+constexpr int kPack = 8;  // columns per thread when loading
 constexpr int kLoadRowsPerPass = kCastThreads / (kTileCols / kPack);  // 16
-constexpr int kLoadPasses = kTileRows / kLoadRowsPerPass;           // 8
-constexpr int kColGroups = kTileCols / 4;                           // 4 tile columns per thread
-constexpr int kRunT = kTileRows / (kCastThreads / kColGroups);      // 16 codes per output row
+constexpr int kLoadPasses = kTileRows / kLoadRowsPerPass;             // 8
+constexpr int kColGroups = kTileCols / 4;                             // 4 tile columns per thread
+constexpr int kRunT = kTileRows / (kCastThreads / kColGroups);        // 16 codes per output row
 static_assert(kRunT == 16, "a thread writes each of its transposed rows as one 16-byte store");
 
 template <__nv_fp8_interpretation_t kFormat>
@@ -37,9 +37,12 @@ __device__ __forceinline__ uint32_t to_fp8x2(float a, float b) {
 
 // Rows j..j+3 of 4 columns (one word each, column 0 in the low byte) -> the 4 columns' words
 // of rows j..j+3 (row j in the low byte).
-__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4], uint32_t (&cols)[4]) {
-  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140), hi01 = __byte_perm(rows[0], rows[1], 0x7362);
-  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140), hi23 = __byte_perm(rows[2], rows[3], 0x7362);
+__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4],
+                                                    uint32_t (&cols)[4]) {
+  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140),
+                 hi01 = __byte_perm(rows[0], rows[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140),
+                 hi23 = __byte_perm(rows[2], rows[3], 0x7362);
   cols[0] = __byte_perm(lo01, lo23, 0x5410);
   cols[1] = __byte_perm(lo01, lo23, 0x7632);
   cols[2] = __byte_perm(hi01, hi23, 0x5410);
@@ -78,7 +81,8 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
       if (r < R && c < C) {
 #pragma unroll
         for (int k = 0; k < kPack; k += kVec16<T>)
-          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) = load_pack<T, kVec16<T>>(x + r * C + c + k);
+          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
+              load_pack<T, kVec16<T>>(x + r * C + c + k);
       }
     } else {
 #pragma unroll
@@ -148,7 +152,8 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
     const int64_t oc = c0 + cg + k;
     if (oc >= C) break;
     if (vec_t) {
-      *reinterpret_cast<uint4*>(out_t + oc * R + r) = make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+      *reinterpret_cast<uint4*>(out_t + oc * R + r) =
+          make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
     } else {
 #pragma unroll
       for (int b = 0; b < kRunT; ++b)
