@@ -45,24 +45,17 @@ for model in "${!models[@]}"; do
     done
   done
 done
-python3 - "$OUT" "${!models[@]}" <<'PY'
-import glob, json, os, sys
+PYTHONPATH="$ROOT/scripts/device" python3 - "$OUT" "${!models[@]}" <<'PY'
+import sys
+from loss_curves import difference, means
 out, models = sys.argv[1], sorted(sys.argv[2:])
-def means(name):
-    files = glob.glob(os.path.join(out, name, "**", "metrics.jsonl"), recursive=True)
-    if not files: return []
-    loss = [json.loads(l)["lm_loss"] for l in open(files[0]) if l.strip() and "lm_loss" in l]
-    return [sum(loss[i:i + 10]) / 10 for i in range(0, len(loss) - 9, 10)]
 print("worst difference from bf16 of 10-iteration mean losses (at iteration), and the final one")
 for model in models:
     for seed in (5, 6):
-        b = means(f"{model}_seed{seed}_bf16")
+        b = means(out, f"{model}_seed{seed}_bf16")
         row = f"{model:20s} seed {seed}: bf16 {b[0]:.3f} -> {b[-1]:.3f}" if b else f"{model} seed {seed}: no bf16 curve"
         for v in ("fp8", "bf16_own_attention"):
-            o = means(f"{model}_seed{seed}_{v}")
-            if not b or len(o) != len(b): row += f" | {v}: missing"; continue
-            d = [(x - y) / y for x, y in zip(o, b)]
-            k = max(range(len(d)), key=lambda i: abs(d[i]))
-            row += f" | {v}: worst {100*d[k]:+.2f}% at {10*(k+1)}, final {100*d[-1]:+.2f}%"
+            d = difference(means(out, f"{model}_seed{seed}_{v}"), b)
+            row += f" | {v}: {d or 'missing'}"
         print(row)
 PY

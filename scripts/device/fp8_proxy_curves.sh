@@ -26,21 +26,15 @@ for v in bf16 fp8_head fp8_head_fast; do
   timeout 240 "$TESSERA" train "${common[@]}" ${variants[$v]} --workspace "$OUT/$v" \
     > "$OUT/$v.log" 2>&1 || echo "$v failed: $(tail -2 "$OUT/$v.log")"
 done
-python3 - "$OUT" <<'PY'
-import glob, json, os, sys
+PYTHONPATH="$ROOT/scripts/device" python3 - "$OUT" <<'PY'
+import sys
+from loss_curves import difference, means
 out = sys.argv[1]
-def means(name):
-    files = glob.glob(os.path.join(out, name, "**", "metrics.jsonl"), recursive=True)
-    if not files: return []
-    loss = [json.loads(l)["lm_loss"] for l in open(files[0]) if l.strip() and "lm_loss" in l]
-    return [sum(loss[i:i + 10]) / 10 for i in range(0, len(loss) - 9, 10)]
-b = means("bf16")
+b = means(out, "bf16")
 if not b: sys.exit("no bf16 curve")
 print(f"bf16 10-iteration mean loss {b[0]:.3f} -> {b[-1]:.3f}")
 for v in ("fp8_head", "fp8_head_fast"):
-    o = means(v)
-    if len(o) != len(b): print(f"{v}: missing"); continue
-    d = [(x - y) / y for x, y in zip(o, b)]
-    k = max(range(len(d)), key=lambda i: abs(d[i]))
-    print(f"{v:14s}: {o[0]:.3f} -> {o[-1]:.3f}, worst {100*d[k]:+.2f}% at {10*(k+1)}, final {100*d[-1]:+.2f}%")
+    o = means(out, v)
+    d = difference(o, b)
+    print(f"{v:14s}: " + (f"{o[0]:.3f} -> {o[-1]:.3f}, {d}" if d else "missing"))
 PY

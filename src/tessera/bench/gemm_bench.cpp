@@ -25,8 +25,9 @@ Matmul through the op API in the run's compute dtype (bf16 on GPUs, fp32 on the 
 square sizes x layouts x epilogues (none, bias, residual), or with --config the GEMMs of one
 training step of that experiment (e.g. --config llama3.1_8B-pretrain --micro_batch_size 1);
 with the experiment's fp8 keys (--fp8 hybrid [--fp8_lm_head true]) its FP8 linears' GEMMs
-run as training runs them: on K-major FP8 copies ("NT"), fast accumulation in the forward
-only, e5m2 output gradients in hybrid mode, fp32 weight gradients.
+run as training runs them: on K-major FP8 copies ("NT"), fast accumulation where the
+fp8_gemm_*_split_accumulator keys ask for it (by default the forward only), e5m2 output
+gradients in hybrid mode, fp32 weight gradients.
 --dtypes fp8 adds, per square size, the FP8 GEMM of the fp8 training mode's forward: e4m3 x
 e4m3, NT, bf16 output, fast accumulation. FP8 operands are cast once from random values with
 scale 1 (the CPU backend emulates FP8 GEMMs); % of peak is then against the datasheet fp8

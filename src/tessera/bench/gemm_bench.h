@@ -44,7 +44,8 @@ std::string_view epilogue_name(Epilogue e);
 // The GEMMs of one forward + backward of the model (full recompute would add the forward
 // ones again per recomputed layer; they are listed once). With runtime.fp8 enabled, the FP8
 // linears' GEMMs are listed as training runs them: on transposed FP8 copies, fast
-// accumulation in the forward only, output gradients in the mode's gradient format.
+// accumulation per GEMM kind as runtime.fp8 says, output gradients in the mode's gradient
+// format.
 std::vector<GemmProblem> model_gemms(const ModelSpec& spec, const ModelRuntime& runtime);
 
 struct GemmCheck {

@@ -316,11 +316,13 @@ void Trainer::check_memory_fits() const {
   throw OutOfMemoryError(fmt::format(
       "not enough memory on {}: the run needs {:.2f} GiB but {:.2f} GiB is free. Breakdown: "
       "weights {:.2f} GiB, gradients {:.2f} GiB, optimizer state {:.2f} GiB, activations {:.2f} "
-      "GiB (micro_batch_size {}, seq_length {}, recompute {}). To fit: {}.",
+      "GiB (micro_batch_size {}, seq_length {}, recompute {}){}. To fit: {}.",
       device_name(backend_->device()), needed / kGiB, available / kGiB, m.weights / kGiB,
       m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, exp_.training.micro_batch_size,
       exp_.training.seq_length,
-      exp_.training.recompute_granularity == RecomputeGranularity::None ? "off" : "on", advice));
+      exp_.training.recompute_granularity == RecomputeGranularity::None ? "off" : "on",
+      m.fp8 > 0 ? fmt::format(", FP8 buffers {:.2f} GiB", m.fp8 / kGiB) : std::string(),
+      advice));
 }
 
 void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
@@ -358,9 +360,11 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   }
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
-    if (dp_)
+    if (dp_) {
       dp_->grad_norm_sq(grad_norm_sq_);
-    else backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+    } else {
+      backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
+    }
     if (model_->fp8()) {
       // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
       if (dp_) dp_->sum(model_->fp8()->status());
