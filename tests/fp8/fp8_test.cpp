@@ -525,6 +525,14 @@ TEST(Fp8Config, SplitAccumulatorKeysChooseFastAccumulationPerGemmKind) {
   const Fp8Options none =
       fp8_options(load({"--fp8_gemm_fprop_split_accumulator", "true"}).training);
   EXPECT_EQ(fast_accumulation_kinds(none), "none");
+  try {
+    load({"--fp8_gemm_wgrad_split_accumulator", "sometimes"});
+    FAIL() << "expected a ConfigError for a non-boolean accumulation key";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("fp8_gemm_wgrad_split_accumulator"), std::string::npos) << m;
+    EXPECT_NE(m.find("sometimes"), std::string::npos) << m;
+  }
 }
 
 TEST(Fp8Config, ValidationNamesTheConflict) {
