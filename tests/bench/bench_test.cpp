@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tessera/backend/backend_factory.h"
+#include "tessera/backend/platform.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/bench/attention_bench.h"
 #include "tessera/bench/command_args.h"
@@ -357,7 +357,7 @@ TEST(Preflight, ReportsAVerdictPerLine) {
   const Result r = run("preflight --gemm_size 2048 --copy_mib 256 -o " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("verdict: "), std::string::npos) << r.output;
-  if (cuda_device_count() == 0) {
+  if (gpu_device_count() == 0) {
     EXPECT_NE(r.output.find("| GPU | none | warn |"), std::string::npos) << r.output;
   } else {
     EXPECT_NE(r.output.find("| GEMM | "), std::string::npos) << r.output;

@@ -11,7 +11,7 @@
 #include "ckpt_test_util.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
-#include "tessera/dist/data_parallel.h"
+#include "tessera/distributed/data_parallel.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera::testing {

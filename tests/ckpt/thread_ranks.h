@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "tessera/dist/communicator.h"
+#include "tessera/distributed/communicator.h"
 
 namespace tessera::testing {
 

@@ -33,7 +33,7 @@ constexpr double kAbsoluteBound = 0.02;
 #define TS_REQUIRE_TWO_GPUS()                                                       \
   do {                                                                              \
     TS_REQUIRE_GPU();                                                               \
-    if (::tessera::cuda_device_count() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs"; \
+    if (::tessera::gpu_device_count() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs"; \
   } while (0)
 
 class DistGpu : public ::testing::Test {

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tessera/backend/backend_factory.h"
+#include "tessera/backend/platform.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -19,7 +19,7 @@ namespace tessera::gpu_test {
 
 #define TS_REQUIRE_GPU()                                          \
   do {                                                            \
-    if (::tessera::cuda_device_count() == 0) GTEST_SKIP() << "skipped: no GPU"; \
+    if (::tessera::gpu_device_count() == 0) GTEST_SKIP() << "skipped: no GPU"; \
   } while (0)
 
 // The source tree: $TESSERA_ROOT when set (binaries carried to another machine), else the

@@ -7,14 +7,14 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/backend_factory.h"
+#include "tessera/backend/platform.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/measure.h"
 #include "tessera/bench/report_output.h"
 #include "tessera/core/error.h"
-#include "tessera/dist/communicator.h"
-#include "tessera/dist/env.h"
-#include "tessera/dist/rendezvous.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/env.h"
+#include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -123,9 +123,9 @@ int comm_bench_command(const std::vector<std::string>& args) {
   const dist::DistEnv env = dist::dist_env_from_process();
   const double timeout_s = 600;
   dist::Rendezvous rendezvous(env, timeout_s);
-  auto backend = make_backend(DeviceChoice::Cuda, dist::device_for_local_rank(env, cuda_device_count()));
+  auto backend = make_backend(DeviceChoice::Cuda, dist::device_for_local_rank(env, gpu_device_count()));
   Logger log("", env.rank, env.rank == 0, false);
-  auto comm = dist::make_communicator(*backend, rendezvous, timeout_s, log);
+  auto comm = make_communicator(*backend, rendezvous, timeout_s, log);
   const int n = comm->size();
 
   analysis::Table t;

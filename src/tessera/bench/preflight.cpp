@@ -11,12 +11,12 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/backend_factory.h"
+#include "tessera/backend/platform.h"
 #include "tessera/bench/gemm_bench.h"
 #include "tessera/bench/gpu_info.h"
 #include "tessera/bench/membw_bench.h"
 #include "tessera/bench/report_output.h"
-#include "tessera/dist/launcher.h"
+#include "tessera/distributed/launcher.h"
 
 namespace tessera::bench {
 namespace {
@@ -49,10 +49,6 @@ class Checks {
   analysis::Table& t_;
   int warnings_ = 0;
 };
-
-std::string library_line(const std::string& version) {
-  return version.starts_with("not found") ? "not found" : version;
-}
 
 // A 256 MiB fp32 all-reduce over every GPU of this machine: `tessera bench comm` under
 // `tessera launch` (one process per GPU, as training runs), which checks the result before
@@ -101,35 +97,35 @@ PreflightReport run_preflight(const PreflightOptions& o) {
       o.gemm_size, 100 * kGemmPassFraction, o.copy_mib, 100 * kCopyPassFraction);
   t.columns = {{"check", true}, {"value"}, {"verdict"}, {"detail"}};
   Checks c(t);
+  const Platform* platform = gpu_platform();
   c.add("tessera", TESSERA_VERSION, "info",
-        built_with_cuda() ? "built with the CUDA backend" : "built without the CUDA backend");
+        platform ? fmt::format("built with the {} backend", platform->name())
+                 : std::string("built without a GPU backend"));
 
-  const int gpus = cuda_device_count();
-  const std::optional<GpuInfo> g = gpu_info(0);
+  const int gpus = gpu_device_count();
+  const std::optional<DeviceInfo> g = gpu_info(0);
   if (!g) {
     c.add("GPU", "none", "warn", no_gpu_reason());
     c.add("GEMM", "not run", "warn", "no GPU");
     c.add("copy bandwidth", "not run", "warn", "no GPU");
   } else {
     for (int i = 0; i < gpus; ++i) {
-      const GpuInfo d = i == 0 ? *g : *gpu_info(i);
+      const DeviceInfo d = i == 0 ? *g : *gpu_info(i);
       c.add(fmt::format("GPU {}", i), d.name, "info",
             fmt::format("compute capability {}, {} SMs, {:.0f} MiB L2", d.compute_capability,
                         d.multiprocessors, d.l2_bytes / (1024.0 * 1024.0)));
     }
-    c.expect(version_code(g->driver) >= version_code(g->runtime), "CUDA driver", g->driver,
-             fmt::format("supports CUDA {}; the runtime tessera is built with needs {}", g->driver,
-                         g->runtime));
-    c.add("CUDA runtime", g->runtime, "info", "linked statically into tessera");
-    c.add("cuBLASLt", g->cublaslt, "info", "GEMMs");
-    const std::string cudnn = cudnn_version(), nccl = nccl_version();
-    c.expect(!cudnn.starts_with("not found"), "cuDNN", library_line(cudnn),
-             cudnn.starts_with("not found")
-                 ? cudnn + "; attention_backend auto falls back to Tessera's kernels"
-                 : "loaded at run time for attention_backend cudnn/auto");
-    c.expect(!nccl.starts_with("not found"), "NCCL", library_line(nccl),
-             nccl.starts_with("not found") ? nccl + "; needed for multi-GPU runs"
-                                           : "loaded at run time (ncclGetVersion)");
+    const std::string driver = fmt::format("{} driver", platform->name());
+    c.expect(version_code(g->driver) >= version_code(g->runtime), driver, g->driver,
+             fmt::format("supports {} {}; the runtime tessera is built with needs {}",
+                         platform->name(), g->driver, g->runtime));
+    c.add(fmt::format("{} runtime", platform->name()), g->runtime, "info",
+          "linked statically into tessera");
+    c.add(g->blas.substr(0, g->blas.find(' ')), g->blas.substr(g->blas.find(' ') + 1), "info",
+          "GEMMs");
+    for (const RuntimeLibrary& lib : platform->runtime_libraries())
+      c.expect(lib.found(), lib.name, lib.found() ? lib.version : "not found",
+               lib.found() ? lib.used_for : lib.version + "; " + lib.when_missing);
 
     const std::optional<analysis::GpuSpec> spec = resolve_gpu_spec(o.gpu);
     if (!spec) {

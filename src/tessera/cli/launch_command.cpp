@@ -10,7 +10,7 @@
 #include "tessera/bench/command_args.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
-#include "tessera/dist/launcher.h"
+#include "tessera/distributed/launcher.h"
 
 namespace tessera::cli {
 namespace {

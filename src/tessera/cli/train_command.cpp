@@ -7,14 +7,14 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/backend_factory.h"
+#include "tessera/backend/platform.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
-#include "tessera/dist/communicator.h"
-#include "tessera/dist/env.h"
-#include "tessera/dist/rendezvous.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/env.h"
+#include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
 #include "tessera/train/trainer.h"
@@ -80,7 +80,7 @@ int train_command(const Args& args) {
     for (const auto& k : config_keys()) config[std::string(k.name)] = k.get(exp);
     rendezvous->check_config(config);
   }
-  auto backend = make_backend(exp.training.device, dist::device_for_local_rank(env, cuda_device_count()),
+  auto backend = make_backend(exp.training.device, dist::device_for_local_rank(env, gpu_device_count()),
                               backend_options(exp.training));
 
   const std::filesystem::path root = exp.experiment_root();
@@ -99,7 +99,7 @@ int train_command(const Args& args) {
       log.info("rank {} of {} (local rank {} of {}, from the {}); rendezvous {}:{}", env.rank,
                env.world_size, env.local_rank, env.local_world_size, env.source, env.master_addr,
                env.master_port);
-      comm = dist::make_communicator(*backend, *rendezvous, timeout_s, log);
+      comm = make_communicator(*backend, *rendezvous, timeout_s, log);
     }
     Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm.get());
     try {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "tessera/data/tokenizer.h"
-#include "tessera/dist/fully_sharded.h"
+#include "tessera/distributed/fully_sharded.h"
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/train/adamw_optimizer.h"

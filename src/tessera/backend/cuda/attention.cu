@@ -28,13 +28,13 @@
 #include "tessera/backend/cuda/attention.cuh"
 
 #include <cuda_bf16.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
@@ -969,17 +969,6 @@ constexpr int kForwardBlockM = 128;
 constexpr int kDkdvBlockN = 128, kDkdvBlockM = 64;
 constexpr int kDqBlockM = 128, kDqBlockN = 64, kDqWarps = 8;
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw InternalError(std::string("attention: ") + what + ": " + cudaGetErrorString(e));
-  }
-}
-
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-};
-
 void check_shape(const AttentionShape& s) {
   auto fail = [&](const std::string& why) {
     throw InternalError("attention: unsupported shape (B=" + std::to_string(s.batch) +
@@ -1019,13 +1008,12 @@ Params make_params(const AttentionShape& s) {
 }
 
 template <class Kernel>
-void prepare(Kernel kernel, size_t smem_bytes, const char* name) {
+void prepare(Kernel kernel, size_t smem_bytes) {
   // Above 48 KB a kernel must opt in; the attribute is cheap to set and per device, so it
   // is set on every launch rather than cached.
   if (smem_bytes > 48 * 1024) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_bytes)),
-               name);
+    TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem_bytes)));
   }
 }
 
@@ -1033,10 +1021,10 @@ template <int kD, int kWarps, int kBlockN>
 void launch_forward(const AttentionForwardParams& p, int batch, cudaStream_t stream) {
   auto kernel = attention_forward_kernel<kD, kForwardBlockM, kBlockN, kWarps>;
   constexpr size_t smem = (kForwardBlockM + 4 * kBlockN) * kD * 2 + kSmemAlignSlack;
-  prepare(kernel, smem, "attention_forward_kernel smem");
+  prepare(kernel, smem);
   const dim3 grid((p.seq + kForwardBlockM - 1) / kForwardBlockM, p.heads, batch);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
-  check_cuda(cudaGetLastError(), "attention_forward_kernel launch");
+  TS_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
 template <int kD>
@@ -1046,32 +1034,32 @@ void launch_backward(const AttentionBackwardParams& p, int batch, bool determini
     auto kernel = attention_backward_dkdv_kernel<kD, kDkdvBlockN, kDkdvBlockM, false>;
     constexpr size_t smem =
         (2 * kDkdvBlockN + 4 * kDkdvBlockM) * kD * 2 + 4 * kDkdvBlockM * 4 + kSmemAlignSlack;
-    prepare(kernel, smem, "attention_backward_dkdv_kernel smem");
+    prepare(kernel, smem);
     const dim3 grid((p.seq + kDkdvBlockN - 1) / kDkdvBlockN, p.kv_heads, batch);
     kernel<<<grid, kDkdvBlockN / 16 * 32, smem, stream>>>(p);
-    check_cuda(cudaGetLastError(), "attention_backward_dkdv_kernel launch");
+    TS_CUDA_CHECK_LAUNCH("attention_backward_dkdv_kernel");
 
     auto dq_kernel = attention_backward_dq_kernel<kD, kDqBlockM, kDqBlockN, kDqWarps>;
     constexpr size_t dq_smem = (2 * kDqBlockM + 4 * kDqBlockN) * kD * 2 + kSmemAlignSlack;
-    prepare(dq_kernel, dq_smem, "attention_backward_dq_kernel smem");
+    prepare(dq_kernel, dq_smem);
     const dim3 dq_grid((p.seq + kDqBlockM - 1) / kDqBlockM, p.heads, batch);
     dq_kernel<<<dq_grid, kDqWarps * 32, dq_smem, stream>>>(p);
-    check_cuda(cudaGetLastError(), "attention_backward_dq_kernel launch");
+    TS_CUDA_CHECK_LAUNCH("attention_backward_dq_kernel");
   } else {
     auto kernel = attention_backward_dkdv_kernel<kD, kDkdvBlockN, kDkdvBlockM, true>;
     constexpr size_t smem = (2 * kDkdvBlockN + 4 * kDkdvBlockM) * kD * 2 + 4 * kDkdvBlockM * 4 +
                             kDkdvBlockN * kDkdvBlockM * 2 + kSmemAlignSlack;
-    prepare(kernel, smem, "attention_backward_dkdv_kernel smem");
+    prepare(kernel, smem);
     const dim3 grid((p.seq + kDkdvBlockN - 1) / kDkdvBlockN, p.kv_heads, batch);
     kernel<<<grid, kDkdvBlockN / 16 * 32, smem, stream>>>(p);
-    check_cuda(cudaGetLastError(), "attention_backward_dkdv_kernel launch");
+    TS_CUDA_CHECK_LAUNCH("attention_backward_dkdv_kernel");
 
     const int64_t rows = static_cast<int64_t>(batch) * p.seq * p.heads;
     const int64_t threads = rows * (kD / 8);
     attention_backward_dq_convert_kernel<kD>
         <<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
             p.dqkv, p.dq_accum, p.width, p.heads, p.scale, rows);
-    check_cuda(cudaGetLastError(), "attention_backward_dq_convert_kernel launch");
+    TS_CUDA_CHECK_LAUNCH("attention_backward_dq_convert_kernel");
   }
 }
 
@@ -1140,9 +1128,8 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
 
   const int64_t rows = s.batch * s.seq * s.heads;
   if (!options.deterministic) {
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0, static_cast<size_t>(rows * s.head_dim) * sizeof(float),
-                               stream),
-               "attention dq_accum memset");
+    TS_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0,
+                                  static_cast<size_t>(rows * s.head_dim) * sizeof(float), stream));
   }
   const int64_t threads = rows * (s.head_dim / 8);
   const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
@@ -1155,7 +1142,7 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
         static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, delta, p.seq,
         p.heads, rows);
   }
-  check_cuda(cudaGetLastError(), "attention_backward_preprocess_kernel launch");
+  TS_CUDA_CHECK_LAUNCH("attention_backward_preprocess_kernel");
 
   const int batch = static_cast<int>(s.batch);
   if (s.head_dim == 64) {

@@ -1,5 +1,5 @@
 #pragma once
-// Entry points of the CUDA backend for code compiled without nvcc (backend_factory.cpp).
+// Entry points of the CUDA backend for code compiled without nvcc (cuda_platform.cpp).
 // Plain C++: no CUDA header leaks into tessera_lib through this file.
 #include <memory>
 #include <string>

@@ -58,7 +58,6 @@
 #include "tessera/backend/cuda/cudnn_attention.cuh"
 
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <array>
 #include <chrono>
@@ -76,6 +75,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/core/error.h"
 
 #if __has_include(<cudnn_graph.h>)
@@ -112,11 +112,6 @@ std::string shape_text(const AttentionShape& s) {
          (s.window > 0 ? " window=" + std::to_string(s.window) : std::string());
 }
 
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-};
-
 // The attention problem as the graphs see it; window 0 = no left bound (a window >= T restricts
 // nothing, causal or not, and is dropped).
 struct Geometry {
@@ -142,13 +137,6 @@ __global__ void fill_seq_lens_kernel(int32_t* seq_q, int32_t* seq_kv, int64_t n,
   if (i < n) {
     seq_q[i] = value;
     seq_kv[i] = value;
-  }
-}
-
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw InternalError(std::string("cuDNN attention: ") + what + " failed: " +
-                        cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
   }
 }
 
@@ -968,7 +956,7 @@ struct CudnnAttention::Impl {
       fill_seq_lens_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
           reinterpret_cast<int32_t*>(ws + p.seq_q_offset),
           reinterpret_cast<int32_t*>(ws + p.seq_kv_offset), p.batch, static_cast<int32_t>(p.seq));
-      check_cuda(cudaGetLastError(), "fill_seq_lens_kernel launch");
+      TS_CUDA_CHECK_LAUNCH("fill_seq_lens_kernel");
     }
     const size_t n = p.bindings.size();
     std::vector<int64_t> uids(n);

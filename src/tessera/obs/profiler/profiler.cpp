@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/backend/platform.h"
 #include "tessera/obs/profiler/trace_file.h"
 
 namespace tessera::profiler {
@@ -115,20 +116,15 @@ void append_metadata(std::string& out, std::string_view what, int64_t pid, int64
   out += ": " + value_json + "}}";
 }
 
-}  // namespace
-
 std::unique_ptr<GpuTracer> make_gpu_tracer(const Device& device, std::string* why_not) {
-  if (device.kind != DeviceKind::CUDA) {
+  if (device.kind != DeviceKind::CUDA || !gpu_platform()) {
     *why_not = "the device is the CPU";
     return nullptr;
   }
-#ifdef TESSERA_WITH_CUPTI
-  return make_cupti_tracer(device.index);
-#else
-  *why_not = "this build has no CUPTI (not found when it was configured)";
-  return nullptr;
-#endif
+  return gpu_platform()->make_tracer(device.index, why_not);
 }
+
+}  // namespace
 
 Profiler::Profiler(ProfilerOptions options, std::unique_ptr<GpuTracer> gpu)
     : options_(std::move(options)), gpu_(std::move(gpu)) {

@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tessera/obs/profiler/gpu_tracer.h"
+#include "tessera/ops/gpu_tracer.h"
 #include "tessera/ops/op_observer.h"
 
 namespace tessera::profiler {
@@ -56,7 +56,7 @@ struct TraceSummary {
 
 class Profiler final : public OpObserver {
  public:
-  // `gpu`: a tracer to use instead of make_gpu_tracer(options.device) (tests); null means
+  // `gpu`: a tracer to use instead of the device platform's (tests); null means
   // make one when options.trace_gpu and the device is a GPU.
   explicit Profiler(ProfilerOptions options, std::unique_ptr<GpuTracer> gpu = nullptr);
   ~Profiler() override;

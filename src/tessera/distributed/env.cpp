@@ -1,4 +1,4 @@
-#include "tessera/dist/env.h"
+#include "tessera/distributed/env.h"
 
 #include <charconv>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "tessera/dist/fully_sharded.h"
+#include "tessera/distributed/fully_sharded.h"
 
 #include <algorithm>
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "tessera/dist/env.h"
+#include "tessera/distributed/env.h"
 
 namespace tessera::dist {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/data_parallel.h"
+#include "tessera/distributed/data_parallel.h"
 
 namespace tessera::dist {
 

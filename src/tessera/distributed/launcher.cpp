@@ -1,4 +1,4 @@
-#include "tessera/dist/launcher.h"
+#include "tessera/distributed/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "tessera/dist/communicator.h"
+#include "tessera/distributed/communicator.h"
 #include "tessera/model/llama_model.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/train/adamw_optimizer.h"

@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "tessera/core/error.h"
-#include "tessera/dist/data_parallel.h"
-#include "tessera/dist/env.h"
-#include "tessera/dist/launcher.h"
-#include "tessera/dist/rendezvous.h"
+#include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/env.h"
+#include "tessera/distributed/launcher.h"
+#include "tessera/distributed/rendezvous.h"
 
 namespace tessera::dist {
 namespace {

@@ -1,11 +1,11 @@
-#include "tessera/dist/data_parallel.h"
+#include "tessera/distributed/data_parallel.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
-#include "tessera/dist/fully_sharded.h"
+#include "tessera/distributed/fully_sharded.h"
 
 namespace tessera::dist {
 

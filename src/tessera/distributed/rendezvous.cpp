@@ -1,4 +1,4 @@
-#include "tessera/dist/rendezvous.h"
+#include "tessera/distributed/rendezvous.h"
 
 #include <netdb.h>
 #include <netinet/in.h>

@@ -1,4 +1,6 @@
-#include "tessera/backend/cuda/bench_kernels.cuh"
+// Device facts and the versions of the libraries the CUDA platform opens at run time (cuDNN,
+// NCCL): Tessera does not link them, so a machine without them still runs.
+#include "tessera/backend/cuda/device_info.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -28,21 +30,29 @@ void* open_first(std::initializer_list<const char*> names, std::string* why) {
 
 }  // namespace
 
-GpuProperties gpu_properties(int device) {
+// CUDA's version encoding: 13000 = 13.0.
+static std::string cuda_version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+DeviceInfo device_info(int device) {
   cudaDeviceProp prop{};
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  GpuProperties p;
-  p.name = prop.name;
-  p.sm_major = prop.major;
-  p.sm_minor = prop.minor;
-  p.multiprocessors = prop.multiProcessorCount;
-  p.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  DeviceInfo d;
+  d.name = prop.name;
+  d.compute_capability = std::to_string(prop.major) + "." + std::to_string(prop.minor);
+  d.multiprocessors = prop.multiProcessorCount;
+  d.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
   TS_CUDA_CHECK(cudaSetDevice(device));
-  TS_CUDA_CHECK(cudaMemGetInfo(&p.free_bytes, &p.total_bytes));
-  TS_CUDA_CHECK(cudaDriverGetVersion(&p.driver_version));
-  TS_CUDA_CHECK(cudaRuntimeGetVersion(&p.runtime_version));
-  p.cublaslt_version = cublasLtGetVersion();
-  return p;
+  TS_CUDA_CHECK(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
+  int driver = 0, runtime = 0;
+  TS_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  TS_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  d.driver = cuda_version(driver);
+  d.runtime = cuda_version(runtime);
+  const size_t lt = cublasLtGetVersion();  // 130100 = 13.1.0
+  d.blas = "cuBLASLt " + dotted(lt / 10000, lt / 100 % 100, lt % 100);
+  return d;
 }
 
 std::string cudnn_version() {

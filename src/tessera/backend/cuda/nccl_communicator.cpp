@@ -1,4 +1,4 @@
-// The NCCL communicator (compiled into tessera_cuda: it needs the CUDA runtime and NCCL).
+// The NCCL communicator (compiled into tessera_cuda when NCCL is found).
 // Non-blocking NCCL (ncclCommInitRankConfig, blocking = 0) lets a watchdog thread abort a
 // communicator whose collective never finishes; NCCL's blocking mode would leave the
 // process stuck inside NCCL with nobody to say which collective or rank hung.
@@ -18,9 +18,10 @@
 #include <fmt/format.h>
 
 #include "tessera/backend/cuda/cuda_backend.cuh"
+#include "tessera/backend/cuda/nccl_communicator.h"
 #include "tessera/core/error.h"
-#include "tessera/dist/communicator.h"
-#include "tessera/dist/rendezvous.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
 
 namespace tessera::dist {
@@ -408,14 +409,18 @@ class NcclCommunicator final : public Communicator {
 };
 
 }  // namespace
+}  // namespace tessera::dist
 
-std::unique_ptr<Communicator> make_communicator(Backend& backend, Rendezvous& rendezvous,
-                                                double timeout_s, Logger& log) {
-  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+namespace tessera::cuda {
+
+std::unique_ptr<dist::Communicator> make_nccl_communicator(Backend& backend,
+                                                           dist::Rendezvous& rendezvous,
+                                                           double timeout_s, Logger& log) {
+  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
   if (!cuda_backend)
     throw ConfigError("command line", "device", device_name(backend.device()),
                       "cuda: distributed training runs on NCCL, one GPU per rank");
-  return std::make_unique<NcclCommunicator>(*cuda_backend, rendezvous, timeout_s, log);
+  return std::make_unique<dist::NcclCommunicator>(*cuda_backend, rendezvous, timeout_s, log);
 }
 
-}  // namespace tessera::dist
+}  // namespace tessera::cuda

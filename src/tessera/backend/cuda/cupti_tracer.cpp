@@ -2,8 +2,8 @@
 // memset, CUDA runtime and driver API calls and external correlations into buffers that
 // CUPTI hands back through callbacks; they are decoded into GpuTrace records as they arrive.
 //
-// Compiled into tessera_cuda only (the CMake glob takes obs/profiler/*_cupti.cpp there),
-// so no CUPTI symbol reaches tessera_lib. Every CUPTI call is checked: a failure to start
+// Compiled into tessera_cuda only, when CMake finds CUPTI, so no CUPTI symbol reaches
+// tessera_lib. Every CUPTI call is checked: a failure to start
 // becomes a reason string (the profiler then writes a CPU-only trace), a failure later
 // becomes a warning in the trace, never an exception or an abort.
 //
@@ -24,7 +24,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/obs/profiler/gpu_tracer.h"
+#include "tessera/backend/cuda/cupti_tracer.h"
 
 namespace tessera::profiler {
 namespace {
@@ -518,9 +518,12 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
 
 }  // namespace
 
-// One tracer records every device of the process; `device` is the one the caller uses.
-std::unique_ptr<GpuTracer> make_cupti_tracer(int /*device*/) {
-  return std::make_unique<CuptiTracer>();
+}  // namespace tessera::profiler
+
+namespace tessera::cuda {
+
+std::unique_ptr<profiler::GpuTracer> make_cupti_tracer(int /*device*/) {
+  return std::make_unique<profiler::CuptiTracer>();
 }
 
-}  // namespace tessera::profiler
+}  // namespace tessera::cuda

@@ -18,15 +18,7 @@
 
 #include "tessera/core/tensor.h"
 
-namespace tessera {
-class Backend;
-class Logger;
-}  // namespace tessera
-
 namespace tessera::dist {
-
-class Rendezvous;
-struct DistEnv;
 
 enum class Lane { Compute, Comm };
 enum class ReduceOp { Sum, Max };
@@ -65,12 +57,5 @@ class Communicator {
   // Ends the communicator collectively (all ranks call it); after this the watchdog is off.
   virtual void finalize() = 0;
 };
-
-// The job's communicator over `backend`'s device (a CUDA backend; ConfigError otherwise):
-// rank 0 creates the NCCL unique id, the rendezvous hands it to every rank, and the
-// rendezvous keeps watching the peers so a dead rank is named. timeout_s bounds every
-// collective (dist_timeout_minutes); `log` receives the version line and failures.
-std::unique_ptr<Communicator> make_communicator(Backend& backend, Rendezvous& rendezvous,
-                                                double timeout_s, Logger& log);
 
 }  // namespace tessera::dist

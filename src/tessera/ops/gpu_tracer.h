@@ -3,9 +3,9 @@
 // copies and fills) and the CUDA API calls that asked for it, with correlation ids linking
 // each call to its GPU activity and external ids linking each call to the op that made it.
 //
-// Plain C++: the CUPTI implementation lives in cupti_tracer_cupti.cpp, compiled into the
-// CUDA target only, so that this header and the host-side profiler build without CUDA.
-// A ROCm port adds a rocprofiler-sdk implementation behind the same interface.
+// Plain C++: a platform (backend/platform.h) makes one; the CUPTI implementation lives in
+// backend/cuda/cupti_tracer.cpp, so that this header and the host-side profiler build
+// without CUDA. A ROCm port adds a rocprofiler-sdk implementation behind the same interface.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -85,14 +85,5 @@ class GpuTracer {
   // Waits for the device, stops collecting and hands over everything since start().
   virtual GpuTrace stop() = 0;
 };
-
-// A tracer for `device` when it is a CUDA GPU and this build has CUPTI; otherwise null,
-// with the reason in *why_not.
-std::unique_ptr<GpuTracer> make_gpu_tracer(const Device& device, std::string* why_not);
-
-#ifdef TESSERA_WITH_CUPTI
-// Defined in cupti_tracer_cupti.cpp (the CUDA target).
-std::unique_ptr<GpuTracer> make_cupti_tracer(int device);
-#endif
 
 }  // namespace tessera::profiler

@@ -1,0 +1,114 @@
+#pragma once
+// A GPU vendor's runtime as the rest of Tessera sees it: its devices, a backend (the op API)
+// on one of them, a communicator between processes that each drive one, a tracer of what
+// the devices run, and the facts benchmarks and preflight report. Everything that names a
+// vendor lives behind this interface in backend/<vendor>/ (backend/cuda/ today); a second
+// vendor is a new folder implementing it plus one line in platform.cpp.
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/ops/backend.h"
+
+namespace tessera {
+class Logger;
+}
+namespace tessera::dist {
+class Communicator;
+class Rendezvous;
+}  // namespace tessera::dist
+namespace tessera::profiler {
+class GpuTracer;
+}
+
+namespace tessera {
+
+// Choices a backend is made with beyond the device (the CPU backend ignores them).
+struct BackendOptions {
+  // Fused attention on GPUs: Tessera's kernels, the vendor library's (cuDNN's SDPA), or auto
+  // (the library where it loads and takes the shape, else Tessera's); the CUDA rule is in
+  // backend/cuda/cuda_backend.cuh.
+  AttentionBackend attention = AttentionBackend::Auto;
+  // Time the GEMM library's candidate algorithms per shape (backend/cuda/matmul.cuh).
+  bool gemm_autotune = true;
+};
+
+// Options from an experiment's training config.
+inline BackendOptions backend_options(const TrainingConfig& t) {
+  BackendOptions o;
+  o.attention = t.attention_backend;
+  o.gemm_autotune = t.gemm_autotune;
+  return o;
+}
+
+// A library the platform opens at run time rather than links, so that machines without it
+// still run: its version, or "not found (<why>)" when it could not be opened.
+struct RuntimeLibrary {
+  std::string name;          // "cuDNN"
+  std::string version;       // "9.14.0" or "not found (...)"
+  std::string used_for;      // "attention_backend cudnn/auto"
+  std::string when_missing;  // "attention_backend auto falls back to Tessera's kernels"
+  bool found() const { return !version.starts_with("not found"); }
+};
+
+struct DeviceInfo {
+  std::string name;                // "NVIDIA H200"
+  std::string compute_capability;  // "9.0"
+  int multiprocessors = 0;
+  size_t total_bytes = 0, free_bytes = 0, l2_bytes = 0;
+  std::string driver, runtime;  // the driver's supported and the linked runtime's version
+  std::string blas;             // "cuBLASLt 13.1.0"
+};
+
+class Platform {
+ public:
+  virtual ~Platform() = default;
+  virtual std::string_view name() const = 0;  // "CUDA"
+  // Usable devices; 0 (never an abort) without a driver or a device.
+  virtual int device_count() const = 0;
+  // Why device_count() is 0; empty when a device is available.
+  virtual std::string unavailable_reason() const = 0;
+  // The backend on device `device` (0-based). Throws ConfigError for an index out of range
+  // and for options the machine cannot honour (attention_backend cudnn without cuDNN).
+  virtual std::unique_ptr<Backend> make_backend(int device,
+                                                const BackendOptions& options) const = 0;
+  // One rank's communicator over `backend`'s device: rank 0 creates the job's id, the
+  // rendezvous hands it to every rank and keeps watching the peers so a dead rank is named.
+  // timeout_s bounds every collective; `log` receives the version line and failures. Throws
+  // ConfigError when the backend is not this platform's or the platform has no collectives
+  // library.
+  virtual std::unique_ptr<dist::Communicator> make_communicator(Backend& backend,
+                                                                dist::Rendezvous& rendezvous,
+                                                                double timeout_s,
+                                                                Logger& log) const = 0;
+  // A tracer of device `device`; null with the reason in *why_not when the platform has none.
+  virtual std::unique_ptr<profiler::GpuTracer> make_tracer(int device,
+                                                           std::string* why_not) const = 0;
+  // Device `device` (below device_count()).
+  virtual DeviceInfo device_info(int device) const = 0;
+  virtual std::vector<RuntimeLibrary> runtime_libraries() const = 0;
+};
+
+// This build's GPU platform; null when it was built without one.
+const Platform* gpu_platform();
+// gpu_platform()'s device count, 0 without a platform.
+int gpu_device_count();
+// Why no GPU can be used: no platform in this build, or the platform's reason.
+std::string no_gpu_reason();
+
+// The backend for `choice` (auto: a GPU when one is present, else the CPU). Throws
+// ConfigError when a GPU is asked for but unavailable, naming why, and when the options ask
+// for what the GPU's platform cannot do.
+std::unique_ptr<Backend> make_backend(DeviceChoice choice, int device_index,
+                                      const BackendOptions& options = {});
+
+// This process's communicator in a job of several processes, one per device, over
+// `backend`'s platform (Platform::make_communicator). Throws ConfigError for a backend that
+// has no communicator between processes (the CPU's).
+std::unique_ptr<dist::Communicator> make_communicator(Backend& backend,
+                                                      dist::Rendezvous& rendezvous,
+                                                      double timeout_s, Logger& log);
+
+}  // namespace tessera
