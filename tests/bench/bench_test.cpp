@@ -25,85 +25,31 @@ namespace fs = std::filesystem;
 
 // The CPU backend with wrong arithmetic where a flag says so: what a broken kernel looks like
 // to the checks.
-class FaultyBackend final : public Backend {
+class FaultyBackend final : public CpuBackend {
  public:
   bool bad_matmul = false, bad_attention = false, bad_copy = false;
 
-  Device device() const override { return cpu_->device(); }
   std::string description() const override { return "faulty cpu"; }
-  void* allocate(size_t bytes, const char* what) override { return cpu_->allocate(bytes, what); }
-  void release(void* p) override { cpu_->release(p); }
-  MemoryStats memory_stats() override { return cpu_->memory_stats(); }
-  void reset_peak_memory() override { cpu_->reset_peak_memory(); }
-  void upload(const Tensor& d, const void* s) override { cpu_->upload(d, s); }
-  void download(void* d, const Tensor& s) override { cpu_->download(d, s); }
-  void copy(const Tensor& d, const Tensor& s) override {
-    cpu_->copy(d, s);
-    if (bad_copy) cpu_->fill(d.flat_range(d.numel() - 1, 1), 0.0f);  // the last element lost
+
+ protected:
+  void do_copy(const Tensor& d, const Tensor& s) override {
+    CpuBackend::do_copy(d, s);
+    if (bad_copy) CpuBackend::do_fill(d.flat_range(d.numel() - 1, 1), 0.0f);  // the last element lost
   }
-  void synchronize() override {}
-  void fill(const Tensor& d, float v) override { cpu_->fill(d, v); }
-  void convert(const Tensor& d, const Tensor& s) override { cpu_->convert(d, s); }
-  void init_normal(const Tensor& d, uint64_t seed, uint64_t first, float mean, float std) override {
-    cpu_->init_normal(d, seed, first, mean, std);
+  void do_matmul(const MatmulArgs& a) override {
+    CpuBackend::do_matmul(a);
+    if (bad_matmul) CpuBackend::do_fill(a.out.flat_range(0, 1), 1e4f);  // one wrong element
   }
-  void matmul(const MatmulArgs& a) override {
-    cpu_->matmul(a);
-    if (bad_matmul) cpu_->fill(a.out.flat_range(0, 1), 1e4f);  // one wrong element
+  void do_matmul_fp8(const Fp8MatmulArgs& a) override {
+    CpuBackend::do_matmul_fp8(a);
+    if (bad_matmul) CpuBackend::do_fill(a.out.flat_range(0, 1), 1e4f);
   }
-  void bias_backward(const Tensor& db, const Tensor& d) override { cpu_->bias_backward(db, d); }
-  void fp8_cast_transpose(const Fp8CastArgs& a) override { cpu_->fp8_cast_transpose(a); }
-  void matmul_fp8(const Fp8MatmulArgs& a) override {
-    cpu_->matmul_fp8(a);
-    if (bad_matmul) cpu_->fill(a.out.flat_range(0, 1), 1e4f);
-  }
-  void fp8_update_scales(const Fp8ScaleUpdateArgs& a) override { cpu_->fp8_update_scales(a); }
-  void embedding_forward(const Tensor& o, const Tensor& t, const Tensor& w) override {
-    cpu_->embedding_forward(o, t, w);
-  }
-  void embedding_backward(const Tensor& dw, const Tensor& d, const Tensor& t) override {
-    cpu_->embedding_backward(dw, d, t);
-  }
-  void rmsnorm_forward(const Tensor& o, const Tensor& r, const Tensor& x, const Tensor& w,
-                       float e) override {
-    cpu_->rmsnorm_forward(o, r, x, w, e);
-  }
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dw, const Tensor& d, const Tensor& x,
-                        const Tensor& w, const Tensor& r) override {
-    cpu_->rmsnorm_backward(dx, dw, d, x, w, r);
-  }
-  void rope_forward(const Tensor& q, const Tensor& f, const AttentionShape& s) override {
-    cpu_->rope_forward(q, f, s);
-  }
-  void rope_backward(const Tensor& q, const Tensor& f, const AttentionShape& s) override {
-    cpu_->rope_backward(q, f, s);
-  }
-  void attention_forward(const Tensor& o, const Tensor& l, const Tensor& q,
-                         const AttentionShape& s) override {
+  void do_attention_forward(const Tensor& o, const Tensor& l, const Tensor& q,
+                            const AttentionShape& s) override {
     AttentionShape wrong = s;
     if (bad_attention) wrong.causal = !s.causal;  // a masking bug
-    cpu_->attention_forward(o, l, q, wrong);
+    CpuBackend::do_attention_forward(o, l, q, wrong);
   }
-  void attention_backward(const Tensor& dq, const Tensor& d, const Tensor& o, const Tensor& l,
-                          const Tensor& q, const AttentionShape& s) override {
-    cpu_->attention_backward(dq, d, o, l, q, s);
-  }
-  void swiglu_forward(const Tensor& o, const Tensor& g) override { cpu_->swiglu_forward(o, g); }
-  void swiglu_backward(const Tensor& d, const Tensor& o, const Tensor& g) override {
-    cpu_->swiglu_backward(d, o, g);
-  }
-  void cross_entropy(const Tensor& l, const Tensor& x, const Tensor& t, const Tensor& d,
-                     float s) override {
-    cpu_->cross_entropy(l, x, t, d, s);
-  }
-  void sum(const Tensor& o, const Tensor& x, bool a) override { cpu_->sum(o, x, a); }
-  void sum_squares(const Tensor& o, const Tensor& x, bool a) override {
-    cpu_->sum_squares(o, x, a);
-  }
-  void adamw_step(const AdamWArgs& a) override { cpu_->adamw_step(a); }
-
- private:
-  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
 BenchContext cpu_context(bool faulty = false) {

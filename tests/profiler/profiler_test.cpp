@@ -273,7 +273,7 @@ TEST(Profiler, JoinsKernelsToTheirOpsByExternalIdAndByTime) {
   auto tracer = std::make_unique<ScriptedTracer>();
   ScriptedTracer* gpu = tracer.get();
   ProfilerOptions o;
-  o.device = Device{DeviceKind::CUDA, 0};
+  o.device = Device{DeviceKind::GPU, 0};
   Profiler p(o, std::move(tracer));
   p.start();
   EXPECT_EQ(p.gpu_tracing(), "scripted");
@@ -281,9 +281,9 @@ TEST(Profiler, JoinsKernelsToTheirOpsByExternalIdAndByTime) {
   p.range_begin("layer_forward");
   MatmulArgs m;
   float dummy = 0;
-  m.out = Tensor{&dummy, DType::BF16, Shape{512, 1024}, Device{DeviceKind::CUDA, 0}};
-  m.a = Tensor{&dummy, DType::BF16, Shape{512, 256}, Device{DeviceKind::CUDA, 0}};
-  m.b = Tensor{&dummy, DType::BF16, Shape{1024, 256}, Device{DeviceKind::CUDA, 0}};
+  m.out = Tensor{&dummy, DType::BF16, Shape{512, 1024}, Device{DeviceKind::GPU, 0}};
+  m.a = Tensor{&dummy, DType::BF16, Shape{512, 256}, Device{DeviceKind::GPU, 0}};
+  m.b = Tensor{&dummy, DType::BF16, Shape{1024, 256}, Device{DeviceKind::GPU, 0}};
   m.trans_b = true;
   p.op_begin("matmul", op_args::matmul(m));
   gpu->launch("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", /*with_external_record=*/true);
@@ -380,7 +380,7 @@ TEST(Profiler, JoinsKernelsToTheirOpsByExternalIdAndByTime) {
 TEST(Profiler, AGpuTracerThatCannotStartGivesAHostOnlyTraceWithTheReason) {
   const fs::path dir = fresh_dir("nogpu");
   ProfilerOptions o;
-  o.device = Device{DeviceKind::CUDA, 0};
+  o.device = Device{DeviceKind::GPU, 0};
   Profiler p(o, std::make_unique<ScriptedTracer>(/*fail_start=*/true));
   p.start();
   ASSERT_EQ(p.warnings().size(), 1u);
@@ -405,7 +405,7 @@ TEST(Profiler, AGpuTracerThatCannotStartGivesAHostOnlyTraceWithTheReason) {
 TEST(Profiler, TheBuildsGpuTracerNeverStopsARecording) {
   const fs::path dir = fresh_dir("real_tracer");
   ProfilerOptions o;
-  o.device = Device{DeviceKind::CUDA, 0};
+  o.device = Device{DeviceKind::GPU, 0};
   Profiler p(o);
   p.start();
   p.op_begin("fill", OpArgs().add("numel", 1));

@@ -46,7 +46,7 @@ std::unique_ptr<Backend> make_backend(DeviceChoice choice, int device_index,
 std::unique_ptr<dist::Communicator> make_communicator(Backend& backend,
                                                       dist::Rendezvous& rendezvous,
                                                       double timeout_s, Logger& log) {
-  if (backend.device().kind != DeviceKind::CUDA || !gpu_platform())
+  if (backend.device().kind != DeviceKind::GPU || !gpu_platform())
     throw ConfigError("command line", "device", device_name(backend.device()),
                       "cuda: a job of several processes trains one GPU per process");
   return gpu_platform()->make_communicator(backend, rendezvous, timeout_s, log);

@@ -151,7 +151,7 @@ Fp8Tensors allocate_fp8(Backend& b, const GemmProblem& p, DType out, uint64_t se
   t.b_scale_inv = take(DType::F32, {1});
   const Tensor one = take(DType::F32, {1});
   for (const Tensor& s : {t.a_scale_inv, t.b_scale_inv, one}) b.fill(s, 1.0f);
-  const DType staging_dtype = b.device().kind == DeviceKind::CUDA ? DType::BF16 : DType::F32;
+  const DType staging_dtype = b.default_compute_dtype();
   for (int i = 0; i < 2; ++i) {
     const Tensor& codes = i == 0 ? t.a : t.b;
     const Tensor values = t.buffer.tensor(staging_dtype, codes.shape, at);

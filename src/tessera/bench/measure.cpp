@@ -63,8 +63,8 @@ BenchContext make_context(const ContextOptions& o) {
   c.description = c.device->description();
   const MemoryStats m = c.device->memory_stats();
   c.budget_bytes = std::min(kMaxBudget, m.device_free_bytes / 4);
-  if (c.device->device().kind == DeviceKind::CUDA) {
-    c.dtype = DType::BF16;
+  c.dtype = c.device->default_compute_dtype();
+  if (c.device->device().kind == DeviceKind::GPU) {
     c.spec = resolve_gpu_spec(o.gpu);
     if (auto g = gpu_info(0)) c.cache_bytes = g->l2_bytes;
   } else if (!o.gpu.empty()) {

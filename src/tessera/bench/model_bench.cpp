@@ -65,7 +65,7 @@ double median(std::vector<double> v) {
 
 // The dense bf16 GEMM rate this backend reaches at 8192^3: the ceiling MFU is quoted against.
 double measure_gemm_ceiling_tflops(Backend& b) {
-  if (b.device().kind != DeviceKind::CUDA) return 0;
+  if (!b.supports(Capability::Bf16Compute)) return 0;
   const int64_t n = 8192;
   DeviceBuffer a(b, n * n * 2, "gemm a"), w(b, n * n * 2, "gemm b"), c(b, n * n * 2, "gemm c");
   const Tensor ta = a.tensor(DType::BF16, {n, n}), tw = w.tensor(DType::BF16, {n, n}), tc = c.tensor(DType::BF16, {n, n});

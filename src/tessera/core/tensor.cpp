@@ -5,7 +5,7 @@
 namespace tessera {
 
 std::string device_name(Device d) {
-  return d.kind == DeviceKind::CPU ? "cpu" : fmt::format("cuda:{}", d.index);
+  return d.kind == DeviceKind::CPU ? "cpu" : fmt::format("gpu:{}", d.index);
 }
 
 Shape::Shape(std::initializer_list<int64_t> dims) {

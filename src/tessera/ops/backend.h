@@ -1,8 +1,11 @@
 #pragma once
-// The op API: every computation the model, trainer and benchmarks need, as one virtual
-// function per op, forward and backward. A backend (backend/cpu, backend/cuda) implements
-// all of them over memory it owns; model and trainer code only ever call this interface,
-// so a new device is a new backend, never a change to the model.
+// The op API: every computation the model, trainer and benchmarks need, forward and
+// backward, as a facade. Each public op is a plain function (ops/backend.cpp) that checks the
+// tensors' placement and shapes, reports the op to the profiler's observer and times it when
+// asked, then calls the backend's do_<op>; a backend (backend/cpu, backend/cuda) implements
+// only the do_<op>s, over memory it owns, and checks only its own dtype rules. Model and
+// trainer code only ever call this interface, and ask what a backend can do with supports(),
+// never which vendor it is: a new device is a new backend, never a change to the model.
 //
 // Conventions:
 // - Tensors are contiguous and row-major; shapes are in the comments, N = tokens (B*T).
@@ -16,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +28,26 @@
 namespace tessera {
 
 class OpObserver;  // ops/op_observer.h
+
+// What callers may ask of a backend instead of which device or vendor it is.
+enum class Capability {
+  Bf16Compute,     // bf16 activations and weights (the performance path of GPUs)
+  Fp8TensorCores,  // FP8 GEMMs in hardware; the CPU emulates them for tests only
+  AsyncQueue,      // ops queue on a device stream and return at once (stream() is valid)
+};
+
+// The backend's queue of work (CUDA: its cudaStream_t), for libraries that queue work beside
+// the ops, such as a communicator's collectives. Opaque: only code of the same platform
+// (backend/<vendor>/) reads `native`. Null on backends that run ops as they are called.
+struct StreamHandle {
+  void* native = nullptr;
+};
+
+// A point in the backend's queue (CUDA: an event). Opaque like StreamHandle.
+struct EventHandle {
+  void* native = nullptr;
+  bool defined() const { return native != nullptr; }
+};
 
 struct MemoryStats {
   size_t allocated_bytes = 0;  // live allocations made through this backend
@@ -129,8 +153,15 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
+  // How messages name the backend: "cpu", "cuda".
+  virtual std::string_view name() const = 0;
   // One line for logs: "cpu (OpenBLAS, 2 threads)", "NVIDIA H100 80GB HBM3 (sm_90, ...)".
   virtual std::string description() const = 0;
+  virtual bool supports(Capability c) const = 0;
+  // The compute dtype of a run with `precision` auto: bf16 where supported, else fp32.
+  DType default_compute_dtype() const {
+    return supports(Capability::Bf16Compute) ? DType::BF16 : DType::F32;
+  }
 
   // ---- memory ----
   // Throws OutOfMemoryError naming `what` and the requested and free bytes.
@@ -138,97 +169,162 @@ class Backend {
   virtual void release(void* ptr) = 0;
   virtual MemoryStats memory_stats() = 0;
   virtual void reset_peak_memory() = 0;
-  virtual void upload(const Tensor& dst, const void* host_src) = 0;
-  virtual void download(void* host_dst, const Tensor& src) = 0;  // waits for completion
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;   // same dtype and numel
+  void upload(const Tensor& dst, const void* host_src);
+  void download(void* host_dst, const Tensor& src);  // waits for completion
+  void copy(const Tensor& dst, const Tensor& src);   // same dtype and numel
   virtual void synchronize() = 0;
 
-  // Markers that show the model's structure in traces (NVTX on CUDA). Default: nothing.
-  virtual void range_push(const char* /*name*/) {}
-  virtual void range_pop() {}
+  // ---- queue and events ----
+  virtual StreamHandle stream() const { return {}; }
+  // Events belong to the backend that made them and are freed with it at the latest.
+  virtual EventHandle create_event() = 0;
+  virtual void destroy_event(EventHandle event) = 0;
+  // Marks the point after every op queued so far.
+  virtual void record_event(EventHandle event) = 0;
+  // Ops queued from now on start after `event` (recorded on any queue of this device).
+  virtual void wait_event(EventHandle event) = 0;
+  // Milliseconds between two recorded events; waits for `end`.
+  virtual double elapsed_ms(EventHandle start, EventHandle end) = 0;
+
+  // Markers that show the model's structure in traces (NVTX on CUDA), reported to the op
+  // observer too.
+  void range_push(const char* name);
+  void range_pop();
 
   // Profiling hook (ops/op_observer.h): while set, every op and range is reported to
   // `observer` (not owned). Null, the default, costs one pointer test per op.
   void set_op_observer(OpObserver* observer) { op_observer_ = observer; }
   OpObserver* op_observer() const { return op_observer_; }
 
-  // Per-op timing for benchmark breakdowns: while enabled, each op's device time is summed
-  // by op name (costs a pair of events per op). Backends without it report nothing.
-  virtual void enable_op_timing(bool /*on*/) {}
+  // Per-op timing for benchmark breakdowns: while enabled, each op's time between a pair of
+  // events is summed by op name.
+  void enable_op_timing(bool on);
   // (op name, total milliseconds) since timing was enabled; waits for the device.
-  virtual std::vector<std::pair<std::string, double>> op_times_ms() { return {}; }
+  std::vector<std::pair<std::string, double>> op_times_ms();
 
   // ---- elementwise and init ----
-  virtual void fill(const Tensor& dst, float value) = 0;
+  void fill(const Tensor& dst, float value);
   // dst = src converted to dst.dtype (same numel), round-to-nearest-even.
-  virtual void convert(const Tensor& dst, const Tensor& src) = 0;
+  void convert(const Tensor& dst, const Tensor& src);
   // dst[i] = mean + std * N(0,1) drawn from a counter-based generator keyed by
   // (seed, first_index + i): the same values on every backend and any sharding.
-  virtual void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
-                           float std) = 0;
+  void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean, float std);
 
   // ---- linear algebra ----
-  virtual void matmul(const MatmulArgs& args) = 0;
+  void matmul(const MatmulArgs& args);
   // dbias (N) fp32 accumulates the column sums of dout (M, N).
-  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+  void bias_backward(const Tensor& dbias, const Tensor& dout);
   // FP8 (structs above). The CPU backend emulates them: codes from core/fp8.h, then an fp32
   // GEMM of the dequantised values.
-  virtual void fp8_cast_transpose(const Fp8CastArgs& args) = 0;
-  virtual void matmul_fp8(const Fp8MatmulArgs& args) = 0;
-  virtual void fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
+  void fp8_cast_transpose(const Fp8CastArgs& args);
+  void matmul_fp8(const Fp8MatmulArgs& args);
+  void fp8_update_scales(const Fp8ScaleUpdateArgs& args);
 
   // ---- model ops ----
   // out (N, C) = table[tokens]; tokens (N) int32 in [0, V); table (V, C).
-  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) = 0;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table);
   // dtable (V, C) fp32 accumulates dout (N, C) rows at tokens (N).
-  virtual void embedding_backward(const Tensor& dtable, const Tensor& dout,
-                                  const Tensor& tokens) = 0;
+  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens);
 
   // out (N, C) = x * rstd * weight, rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
-  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                               const Tensor& weight, float eps) = 0;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                       const Tensor& weight, float eps);
   // dx (N, C) accumulates, dweight (C) fp32 accumulates; dout, x (N, C); rstd (N).
-  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd);
 
   // Rotary embedding, rotate-half convention (Hugging Face Llama), in place on the query and
   // key heads of qkv (B, T, width); token t of every sequence has position t.
   // freqs (T, D) fp32: row t holds cos(t * inv_freq[0..D/2)) then sin(t * inv_freq[0..D/2)).
-  virtual void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) = 0;
+  void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s);
   // The inverse rotation applied in place to the query/key gradient heads of dqkv.
-  virtual void rope_backward(const Tensor& dqkv, const Tensor& freqs,
-                             const AttentionShape& s) = 0;
+  void rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s);
 
   // out (B, T, H*D) = softmax(q k^T * scale + mask) v per head; lse (B, H, T) fp32 receives
   // each query row's log-sum-exp of the scaled, masked scores.
-  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                 const AttentionShape& s) = 0;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& s);
   // dqkv (B, T, width) overwritten with the gradients of q, k and v.
-  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                                  const Tensor& lse, const Tensor& qkv,
-                                  const AttentionShape& s) = 0;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s);
 
   // gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up.
-  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up);
   // dgate_up (N, 2F) overwritten.
-  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
-                               const Tensor& gate_up) = 0;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up);
 
   // losses (N) fp32 = -log softmax(logits)[target]; targets (N) int32, negative = ignored
   // (loss 0, gradient 0). If dlogits is defined (it may alias logits) it receives
   // grad_scale * (softmax(logits) - onehot(target)).
-  virtual void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                             const Tensor& dlogits, float grad_scale) = 0;
+  void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                     const Tensor& dlogits, float grad_scale);
 
   // ---- reductions and optimizer ----
   // out (1) fp32 = sum(x) (accumulate=false) or out += sum(x); x fp32. Deterministic.
-  virtual void sum(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  void sum(const Tensor& out, const Tensor& x, bool accumulate);
   // out (1) fp32 = sum(x^2) or out += sum(x^2); x fp32. Deterministic.
-  virtual void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
-  virtual void adamw_step(const AdamWArgs& args) = 0;
+  void sum_squares(const Tensor& out, const Tensor& x, bool accumulate);
+  void adamw_step(const AdamWArgs& args);
 
  protected:
+  // What each backend implements. The facade has checked that every tensor argument is
+  // defined (or empty) and lives on this backend's device, and that shapes and counts agree
+  // as the op's comment states; a do_<op> checks its dtypes and anything only it knows.
+  virtual void do_upload(const Tensor& dst, const void* host_src) = 0;
+  virtual void do_download(void* host_dst, const Tensor& src) = 0;
+  virtual void do_copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual void do_range_push(const char* /*name*/) {}
+  virtual void do_range_pop() {}
+  virtual void do_fill(const Tensor& dst, float value) = 0;
+  virtual void do_convert(const Tensor& dst, const Tensor& src) = 0;
+  virtual void do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                              float std) = 0;
+  virtual void do_matmul(const MatmulArgs& args) = 0;
+  virtual void do_bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+  virtual void do_fp8_cast_transpose(const Fp8CastArgs& args) = 0;
+  virtual void do_matmul_fp8(const Fp8MatmulArgs& args) = 0;
+  virtual void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
+  virtual void do_embedding_forward(const Tensor& out, const Tensor& tokens,
+                                    const Tensor& table) = 0;
+  virtual void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
+                                     const Tensor& tokens) = 0;
+  virtual void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                  const Tensor& weight, float eps) = 0;
+  virtual void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  virtual void do_rope_forward(const Tensor& qkv, const Tensor& freqs,
+                               const AttentionShape& s) = 0;
+  virtual void do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
+                                const AttentionShape& s) = 0;
+  virtual void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                    const AttentionShape& s) = 0;
+  virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                     const Tensor& lse, const Tensor& qkv,
+                                     const AttentionShape& s) = 0;
+  virtual void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  virtual void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                                  const Tensor& gate_up) = 0;
+  virtual void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                const Tensor& dlogits, float grad_scale) = 0;
+  virtual void do_sum(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  virtual void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
+  virtual void do_adamw_step(const AdamWArgs& args) = 0;
+
+ private:
+  template <class MakeArgs>
+  friend class OpScope;  // ops/backend.cpp: the observer and timing around one op
+  struct TimedOp {
+    const char* name;
+    EventHandle start, end;
+  };
+  EventHandle take_event();
+  void fold_timed_ops();
+
   OpObserver* op_observer_ = nullptr;
+  bool timing_ = false;
+  std::vector<TimedOp> timed_;           // since the last op_times_ms()
+  std::vector<EventHandle> spare_events_;
+  std::vector<std::pair<std::string, double>> op_totals_ms_;
 };
 
 }  // namespace tessera

@@ -1,8 +1,8 @@
 #pragma once
 // The hook through which a profiler sees every backend op and every model range
-// (Backend::set_op_observer in ops/backend.h). Backends open an ObservedOp at the top of
-// each op and report range_push/range_pop; with no observer set (the normal case) the
-// cost is one null-pointer test per op: the argument lambda is never called.
+// (Backend::set_op_observer in ops/backend.h). The op facade (ops/backend.cpp) reports each
+// op and range_push/range_pop; with no observer set (the normal case) the cost is one
+// null-pointer test per op: the op's argument list is never built.
 //
 // Op arguments are a small fixed-capacity list (no allocation) whose keys follow
 // docs/report.md ("Tessera trace args"): GEMMs carry M, N, K, dtype; attention carries B, H,
@@ -71,27 +71,7 @@ class OpObserver {
   virtual void range_end() = 0;
 };
 
-// Brackets one op: op_begin(name, make_args()) now, op_end() at scope exit; nothing (and
-// make_args is not called) when `observer` is null.
-class ObservedOp {
- public:
-  template <class MakeArgs>
-  ObservedOp(OpObserver* observer, const char* name, MakeArgs&& make_args) : observer_(observer) {
-    if (observer_ != nullptr) [[unlikely]]
-      observer_->op_begin(name, make_args());
-  }
-  ~ObservedOp() {
-    if (observer_ != nullptr) [[unlikely]]
-      observer_->op_end();
-  }
-  ObservedOp(const ObservedOp&) = delete;
-  ObservedOp& operator=(const ObservedOp&) = delete;
-
- private:
-  OpObserver* observer_;
-};
-
-// ---- argument builders shared by the backends, so both describe an op the same way ----
+// ---- argument builders: how the facade describes each op ----
 namespace op_args {
 
 // Rows (product of leading dims) and columns (last dim) of a tensor seen as a matrix.

@@ -30,7 +30,7 @@ DType compute_dtype(const Experiment& e, const Backend& b) {
   switch (e.training.precision) {
     case Precision::Fp32: return DType::F32;
     case Precision::Bf16: return DType::BF16;
-    case Precision::Auto: return b.device().kind == DeviceKind::CUDA ? DType::BF16 : DType::F32;
+    case Precision::Auto: return b.default_compute_dtype();
   }
   return DType::F32;
 }
@@ -98,7 +98,7 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
     runtime_.sharded_params = t.use_torch_fsdp2;
   }
   runtime_.fp8 = fp8_options(t);
-  if (runtime_.fp8.enabled() && backend_->device().kind != DeviceKind::CUDA)
+  if (runtime_.fp8.enabled() && !backend_->supports(Capability::Fp8TensorCores))
     throw ConfigError(exp_.origin.count("fp8") ? exp_.origin.at("fp8") : "default", "fp8",
                       find_key("fp8")->get(exp_),
                       "null on " + backend_->description() +

@@ -11,17 +11,18 @@
 // in fp32 on the dequantised codes, so that the FP8 recipe can be tested here
 // (cpu_fp8.cpp). convert() also handles fp32 <-> bf16 so that checkpoints and tests can
 // move data between the two.
+#include <deque>
 #include <memory>
-#include <mutex>
+#include <vector>
 #include <string>
-#include <unordered_map>
 
 #include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera {
 
-class CpuBackend final : public Backend {
+// Not final: tests derive broken variants of single ops from it.
+class CpuBackend : public Backend {
  public:
   CpuBackend() = default;
   ~CpuBackend() override;
@@ -29,55 +30,68 @@ class CpuBackend final : public Backend {
   CpuBackend& operator=(const CpuBackend&) = delete;
 
   Device device() const override { return Device{DeviceKind::CPU, 0}; }
+  std::string_view name() const override { return "cpu"; }
   std::string description() const override;
+  bool supports(Capability c) const override;
 
   void* allocate(size_t bytes, const char* what) override;
   void release(void* ptr) override;
   MemoryStats memory_stats() override;
   void reset_peak_memory() override;
-  void upload(const Tensor& dst, const void* host_src) override;
-  void download(void* host_dst, const Tensor& src) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
   void synchronize() override {}
-  // Only reported to the op observer (profiling); the CPU has no trace markers of its own.
-  void range_push(const char* name) override;
-  void range_pop() override;
 
-  void fill(const Tensor& dst, float value) override;
-  void convert(const Tensor& dst, const Tensor& src) override;
-  void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
-                   float std) override;
+  // Ops run as they are called, so an event is the host time at which it was recorded.
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event) override;
+  void wait_event(EventHandle) override {}
+  double elapsed_ms(EventHandle start, EventHandle end) override;
 
-  void matmul(const MatmulArgs& args) override;
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+ protected:
+  void do_upload(const Tensor& dst, const void* host_src) override;
+  void do_download(void* host_dst, const Tensor& src) override;
+  void do_copy(const Tensor& dst, const Tensor& src) override;
+
+  void do_fill(const Tensor& dst, float value) override;
+  void do_convert(const Tensor& dst, const Tensor& src) override;
+  void do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                      float std) override;
+
+  void do_matmul(const MatmulArgs& args) override;
+  void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
   // Emulated FP8 (cpu_fp8.cpp): fp32 inputs, fp8 codes, fp32 GEMM of dequantised values.
-  void fp8_cast_transpose(const Fp8CastArgs& args) override;
-  void matmul_fp8(const Fp8MatmulArgs& args) override;
-  void fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
+  void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void do_matmul_fp8(const Fp8MatmulArgs& args) override;
+  void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
 
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
-  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens) override;
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       float eps) override;
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
-  void rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         const AttentionShape& s) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
-  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
-  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
-  void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                     const Tensor& dlogits, float grad_scale) override;
+  void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
+  void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
+                             const Tensor& tokens) override;
+  void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                          const Tensor& weight, float eps) override;
+  void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                           const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
+  void do_rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
+  void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                            const AttentionShape& s) override;
+  void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& qkv,
+                             const AttentionShape& s) override;
+  void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                          const Tensor& gate_up) override;
+  void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                        const Tensor& dlogits, float grad_scale) override;
 
-  void sum(const Tensor& out, const Tensor& x, bool accumulate) override;
-  void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
-  void adamw_step(const AdamWArgs& args) override;
+  void do_sum(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void do_adamw_step(const AdamWArgs& args) override;
 
  private:
   AllocationTracker allocations_;
+  std::deque<double> event_times_ms_;   // events: indices into it, biased by one
+  std::vector<size_t> free_events_;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

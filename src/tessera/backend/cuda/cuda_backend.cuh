@@ -1,8 +1,9 @@
 #pragma once
 // The CUDA backend: the op API on one GPU. Every op is queued on the backend's own stream
-// and returns at once; download() and synchronize() wait. Each method checks its tensors
-// (dtype, shape, device), then calls the launcher of its kernel family (rmsnorm.cuh, ...),
-// which opens an NVTX range named after the op and launches the kernels.
+// and returns at once; download() and synchronize() wait. Each do_<op> checks its dtypes (the
+// facade, ops/backend.cpp, has checked placement and shapes), then calls the launcher of its
+// kernel family (rmsnorm.cuh, ...), which opens an NVTX range named after the op and launches
+// the kernels.
 //
 // Dtypes: bf16 is the performance path; every op also takes fp32 compute tensors (tests,
 // references), except attention, which is bf16 only. Statistics, weight gradients and
@@ -32,12 +33,9 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -59,9 +57,11 @@ class CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  Device device() const override { return Device{DeviceKind::CUDA, device_}; }
+  Device device() const override { return Device{DeviceKind::GPU, device_}; }
+  std::string_view name() const override { return "cuda"; }
   std::string description() const override;
-  cudaStream_t stream() const { return stream_; }
+  bool supports(Capability c) const override;
+  StreamHandle stream() const override { return StreamHandle{stream_}; }
   // Whether cuDNN attention is loaded (attention_backend cudnn or auto), and why not.
   bool cudnn_attention_loaded() const { return cudnn_ != nullptr; }
   const std::string& cudnn_unavailable_reason() const { return cudnn_unavailable_; }
@@ -70,51 +70,57 @@ class CudaBackend final : public Backend {
   void release(void* ptr) override;
   MemoryStats memory_stats() override;
   void reset_peak_memory() override;
-  void upload(const Tensor& dst, const void* host_src) override;
-  void download(void* host_dst, const Tensor& src) override;
-  void copy(const Tensor& dst, const Tensor& src) override;
   void synchronize() override;
 
-  void range_push(const char* name) override;
-  void range_pop() override;
-  void enable_op_timing(bool on) override;
-  std::vector<std::pair<std::string, double>> op_times_ms() override;
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) override;
+  void record_event(EventHandle event) override;
+  void wait_event(EventHandle event) override;
+  double elapsed_ms(EventHandle start, EventHandle end) override;
 
-  void fill(const Tensor& dst, float value) override;
-  void convert(const Tensor& dst, const Tensor& src) override;
-  void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
-                   float std) override;
+ protected:
+  void do_upload(const Tensor& dst, const void* host_src) override;
+  void do_download(void* host_dst, const Tensor& src) override;
+  void do_copy(const Tensor& dst, const Tensor& src) override;
+  void do_range_push(const char* name) override;
+  void do_range_pop() override;
 
-  void matmul(const MatmulArgs& args) override;
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
-  void fp8_cast_transpose(const Fp8CastArgs& args) override;
-  void matmul_fp8(const Fp8MatmulArgs& args) override;
-  void fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
+  void do_fill(const Tensor& dst, float value) override;
+  void do_convert(const Tensor& dst, const Tensor& src) override;
+  void do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                      float std) override;
 
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
-  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens) override;
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       float eps) override;
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
-  void rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         const AttentionShape& s) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
-  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
-  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
-  void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                     const Tensor& dlogits, float grad_scale) override;
+  void do_matmul(const MatmulArgs& args) override;
+  void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void do_matmul_fp8(const Fp8MatmulArgs& args) override;
+  void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
 
-  void sum(const Tensor& out, const Tensor& x, bool accumulate) override;
-  void sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
-  void adamw_step(const AdamWArgs& args) override;
+  void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
+  void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
+                             const Tensor& tokens) override;
+  void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                          const Tensor& weight, float eps) override;
+  void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                           const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
+  void do_rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
+  void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                            const AttentionShape& s) override;
+  void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& qkv,
+                             const AttentionShape& s) override;
+  void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                          const Tensor& gate_up) override;
+  void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                        const Tensor& dlogits, float grad_scale) override;
+
+  void do_sum(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void do_adamw_step(const AdamWArgs& args) override;
 
  private:
-  class OpTimer;
-
   // At least `bytes` of device scratch, valid until the next call (ops run in stream order,
   // so one op's scratch is free again when the next op starts).
   void* scratch(size_t bytes);
@@ -153,16 +159,8 @@ class CudaBackend final : public Backend {
   AdamWChunk* adamw_chunks_device_ = nullptr;
   size_t adamw_chunks_capacity_ = 0;  // entries
 
-  // Op timing (enable_op_timing): event pairs of the ops since the last op_times_ms(), and
-  // the totals folded from them.
-  struct TimedOp {
-    const char* name;
-    cudaEvent_t start, end;
-  };
-  bool timing_ = false;
-  std::vector<TimedOp> timed_;
-  std::vector<cudaEvent_t> spare_events_;
-  std::map<std::string, double> op_totals_ms_;
+  bool fp8_tensor_cores_ = false;    // compute capability 8.9 or newer
+  std::vector<cudaEvent_t> events_;  // every event made and not destroyed, freed with us
 };
 
 }  // namespace tessera::cuda

@@ -17,12 +17,12 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/cuda/cuda_backend.cuh"
 #include "tessera/backend/cuda/nccl_communicator.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
+#include "tessera/ops/backend.h"
 
 namespace tessera::dist {
 namespace {
@@ -74,8 +74,9 @@ void cuda_check(cudaError_t e, const char* what) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(cuda::CudaBackend& backend, Rendezvous& rendezvous, double timeout_s, Logger& log)
-      : backend_(backend), device_(backend.device().index), rank_(rendezvous.rank()),
+  NcclCommunicator(Backend& backend, Rendezvous& rendezvous, double timeout_s, Logger& log)
+      : compute_stream_(static_cast<cudaStream_t>(backend.stream().native)),
+        device_(backend.device().index), rank_(rendezvous.rank()),
         size_(rendezvous.world_size()), timeout_s_(timeout_s), log_(log) {
     int version = 0;
     ncclGetVersion(&version);
@@ -210,7 +211,7 @@ class NcclCommunicator final : public Communicator {
 
   void wait_comm() override {
     cuda_check(cudaEventRecord(comm_done_, comm_stream_), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(backend_.stream(), comm_done_, 0), "cudaStreamWaitEvent");
+    cuda_check(cudaStreamWaitEvent(compute_stream_, comm_done_, 0), "cudaStreamWaitEvent");
     comm_queued_ = false;
     marks_used_ = 0;
   }
@@ -229,7 +230,7 @@ class NcclCommunicator final : public Communicator {
     TS_CHECK(mark >= 0 && static_cast<size_t>(mark) < marks_used_,
              "wait_comm_mark: mark {} is not one of the {} taken since the last wait_comm()", mark,
              marks_used_);
-    cuda_check(cudaStreamWaitEvent(backend_.stream(), marks_[mark], 0), "cudaStreamWaitEvent");
+    cuda_check(cudaStreamWaitEvent(compute_stream_, marks_[mark], 0), "cudaStreamWaitEvent");
   }
 
   void synchronize() override {
@@ -267,10 +268,10 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_for(Lane lane) {
     if (lane == Lane::Compute) {
       if (comm_queued_) wait_comm();
-      return backend_.stream();
+      return compute_stream_;
     }
     comm_queued_ = true;
-    cuda_check(cudaEventRecord(compute_ready_, backend_.stream()), "cudaEventRecord");
+    cuda_check(cudaEventRecord(compute_ready_, compute_stream_), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0), "cudaStreamWaitEvent");
     return comm_stream_;
   }
@@ -385,7 +386,7 @@ class NcclCommunicator final : public Communicator {
     if (watchdog_.joinable()) watchdog_.join();
   }
 
-  cuda::CudaBackend& backend_;
+  cudaStream_t compute_stream_;  // the backend's: Lane::Compute collectives queue there
   int device_, rank_, size_;
   double timeout_s_;
   Logger& log_;
@@ -416,11 +417,12 @@ namespace tessera::cuda {
 std::unique_ptr<dist::Communicator> make_nccl_communicator(Backend& backend,
                                                            dist::Rendezvous& rendezvous,
                                                            double timeout_s, Logger& log) {
-  auto* cuda_backend = dynamic_cast<CudaBackend*>(&backend);
-  if (!cuda_backend)
+  // The platform makes a communicator only over its own backends; a GPU backend's stream is
+  // then a cudaStream_t.
+  if (backend.device().kind != DeviceKind::GPU || backend.name() != "cuda")
     throw ConfigError("command line", "device", device_name(backend.device()),
                       "cuda: distributed training runs on NCCL, one GPU per rank");
-  return std::make_unique<dist::NcclCommunicator>(*cuda_backend, rendezvous, timeout_s, log);
+  return std::make_unique<dist::NcclCommunicator>(backend, rendezvous, timeout_s, log);
 }
 
 }  // namespace tessera::cuda

@@ -117,7 +117,7 @@ void append_metadata(std::string& out, std::string_view what, int64_t pid, int64
 }
 
 std::unique_ptr<GpuTracer> make_gpu_tracer(const Device& device, std::string* why_not) {
-  if (device.kind != DeviceKind::CUDA || !gpu_platform()) {
+  if (device.kind != DeviceKind::GPU || !gpu_platform()) {
     *why_not = "the device is the CPU";
     return nullptr;
   }
