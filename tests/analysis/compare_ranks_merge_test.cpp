@@ -138,6 +138,38 @@ TEST(Ranks, SkewAndStragglers) {
   EXPECT_NE(r.warnings[0].find("1 collective kernels could not be matched"), std::string::npos);
 }
 
+// With a "seq" arg on every collective, occurrences match by seq, not by their count: rank 1's
+// extra all-reduce (seq 0) is unmatched instead of shifting every later pair.
+TEST(Ranks, SeqIdsMatchOccurrencesAcrossRanks) {
+  const auto dir = test_dir();
+  const std::vector<std::vector<std::pair<int, double>>> seq_starts = {
+      {{1, 100}, {2, 300}}, {{0, 50}, {1, 110}, {2, 320}}};
+  for (int r = 0; r < 2; ++r) {
+    TraceBuilder b(dir);
+    for (const auto& [seq, start] : seq_starts[r]) {
+      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", start, 10,
+               {{"Collective name", "allreduce"},
+                {"In msg nelems", 1000},
+                {"Out msg nelems", 1000},
+                {"Group size", 2},
+                {"dtype", "BFloat16"},
+                {"Process Group Name", "0"},
+                {"seq", seq}},
+               0, 20);
+    }
+    b.write("rank-" + std::to_string(r) + ".json");
+  }
+  const Report r = ranks_report(dir.string(), false);
+  const Table* skew = r.find("collective_skew");
+  ASSERT_EQ(skew->rows.size(), 2u);
+  EXPECT_EQ(num(*skew, 0, "index"), 2);
+  EXPECT_DOUBLE_EQ(num(*skew, 0, "start_skew_us"), 20);
+  EXPECT_EQ(num(*skew, 1, "index"), 1);
+  EXPECT_DOUBLE_EQ(num(*skew, 1, "start_skew_us"), 10);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("1 collective kernels could not be matched"), std::string::npos);
+}
+
 TEST(Ranks, FilesWithoutRankIdAreDataErrors) {
   const auto dir = test_dir();
   TraceBuilder(dir).kernel("k", 0, 1).write("anonymous.json");
