@@ -71,6 +71,11 @@ TEST(Ranks, RankIdsFromFileNames) {
 //   occurrence 1 starts r0 300, r1 305, r2 340; lasts 60, 55, 20 -> skew 40, last r2,
 //     waits r0 40, r1 35 (75 caused by r2), spread 40
 // rank 2 also runs an all-gather nobody else does: unmatched, reported.
+json allreduce_args(int group_size) {
+  return {{"Collective name", "allreduce"}, {"In msg nelems", 1000}, {"Out msg nelems", 1000},
+          {"Group size", group_size},       {"dtype", "BFloat16"},   {"Process Group Name", "0"}};
+}
+
 void write_rank_traces(const std::filesystem::path& dir) {
   const double starts[3][2] = {{100, 300}, {130, 305}, {110, 340}};
   const double durs[3][2] = {{50, 60}, {20, 55}, {40, 20}};
@@ -79,14 +84,8 @@ void write_rank_traces(const std::filesystem::path& dir) {
     TraceBuilder b(dir);
     b.kernel("nvjet_x", 0, 90);
     for (int k = 0; k < 2; ++k) {
-      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", starts[r][k], durs[r][k],
-               {{"Collective name", "allreduce"},
-                {"In msg nelems", 1000},
-                {"Out msg nelems", 1000},
-                {"Group size", 3},
-                {"dtype", "BFloat16"},
-                {"Process Group Name", "0"}},
-               0, 20);
+      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", starts[r][k], durs[r][k], allreduce_args(3), 0,
+               20);
     }
     if (r == 2) {
       b.kernel("ncclDevKernel_AllGather", 500, 5, {}, 0, 20);
@@ -147,15 +146,9 @@ TEST(Ranks, SeqIdsMatchOccurrencesAcrossRanks) {
   for (int r = 0; r < 2; ++r) {
     TraceBuilder b(dir);
     for (const auto& [seq, start] : seq_starts[r]) {
-      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", start, 10,
-               {{"Collective name", "allreduce"},
-                {"In msg nelems", 1000},
-                {"Out msg nelems", 1000},
-                {"Group size", 2},
-                {"dtype", "BFloat16"},
-                {"Process Group Name", "0"},
-                {"seq", seq}},
-               0, 20);
+      json args = allreduce_args(2);
+      args["seq"] = seq;
+      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", start, 10, args, 0, 20);
     }
     b.write("rank-" + std::to_string(r) + ".json");
   }
