@@ -71,6 +71,11 @@ TEST(Ranks, RankIdsFromFileNames) {
 //   occurrence 1 starts r0 300, r1 305, r2 340; lasts 60, 55, 20 -> skew 40, last r2,
 //     waits r0 40, r1 35 (75 caused by r2), spread 40
 // rank 2 also runs an all-gather nobody else does: unmatched, reported.
+json allreduce_args(int group_size) {
+  return {{"Collective name", "allreduce"}, {"In msg nelems", 1000}, {"Out msg nelems", 1000},
+          {"Group size", group_size},       {"dtype", "BFloat16"},   {"Process Group Name", "0"}};
+}
+
 void write_rank_traces(const std::filesystem::path& dir) {
   const double starts[3][2] = {{100, 300}, {130, 305}, {110, 340}};
   const double durs[3][2] = {{50, 60}, {20, 55}, {40, 20}};
@@ -79,14 +84,8 @@ void write_rank_traces(const std::filesystem::path& dir) {
     TraceBuilder b(dir);
     b.kernel("nvjet_x", 0, 90);
     for (int k = 0; k < 2; ++k) {
-      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", starts[r][k], durs[r][k],
-               {{"Collective name", "allreduce"},
-                {"In msg nelems", 1000},
-                {"Out msg nelems", 1000},
-                {"Group size", 3},
-                {"dtype", "BFloat16"},
-                {"Process Group Name", "0"}},
-               0, 20);
+      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", starts[r][k], durs[r][k], allreduce_args(3), 0,
+               20);
     }
     if (r == 2) {
       b.kernel("ncclDevKernel_AllGather", 500, 5, {}, 0, 20);
@@ -134,6 +133,32 @@ TEST(Ranks, SkewAndStragglers) {
   EXPECT_DOUBLE_EQ(num(*summary, 0, "mean_skew_us"), 35);
   EXPECT_DOUBLE_EQ(num(*summary, 0, "max_skew_us"), 40);
   EXPECT_DOUBLE_EQ(num(*summary, 0, "total_wait_ms"), 0.125);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("1 collective kernels could not be matched"), std::string::npos);
+}
+
+// With a "seq" arg on every collective, occurrences match by seq, not by their count: rank 1's
+// extra all-reduce (seq 0) is unmatched instead of shifting every later pair.
+TEST(Ranks, SeqIdsMatchOccurrencesAcrossRanks) {
+  const auto dir = test_dir();
+  const std::vector<std::vector<std::pair<int, double>>> seq_starts = {
+      {{1, 100}, {2, 300}}, {{0, 50}, {1, 110}, {2, 320}}};
+  for (int r = 0; r < 2; ++r) {
+    TraceBuilder b(dir);
+    for (const auto& [seq, start] : seq_starts[r]) {
+      json args = allreduce_args(2);
+      args["seq"] = seq;
+      b.kernel("ncclDevKernel_AllReduce_Sum_bf16", start, 10, args, 0, 20);
+    }
+    b.write("rank-" + std::to_string(r) + ".json");
+  }
+  const Report r = ranks_report(dir.string(), false);
+  const Table* skew = r.find("collective_skew");
+  ASSERT_EQ(skew->rows.size(), 2u);
+  EXPECT_EQ(num(*skew, 0, "index"), 2);
+  EXPECT_DOUBLE_EQ(num(*skew, 0, "start_skew_us"), 20);
+  EXPECT_EQ(num(*skew, 1, "index"), 1);
+  EXPECT_DOUBLE_EQ(num(*skew, 1, "start_skew_us"), 10);
   ASSERT_EQ(r.warnings.size(), 1u);
   EXPECT_NE(r.warnings[0].find("1 collective kernels could not be matched"), std::string::npos);
 }

@@ -377,6 +377,37 @@ TEST(Profiler, JoinsKernelsToTheirOpsByExternalIdAndByTime) {
   fs::remove_all(dir);
 }
 
+// The time-based join walks back over nested ops that ended before the launch to the op
+// still open around it, and stops at a top-level op.
+TEST(Profiler, ALaunchByTimeGoesToTheInnermostOpStillOpen) {
+  const fs::path dir = fresh_dir("nested_join");
+  auto tracer = std::make_unique<ScriptedTracer>();
+  ScriptedTracer* gpu = tracer.get();
+  ProfilerOptions o;
+  o.device = Device{DeviceKind::CUDA, 0};
+  Profiler p(o, std::move(tracer));
+  p.start();
+  p.op_begin("outer", OpArgs());
+  p.op_begin("inner", OpArgs());
+  gpu->launch("in_inner", /*with_external_record=*/false);
+  p.op_end();
+  gpu->launch("in_outer_after_inner", /*with_external_record=*/false);
+  p.op_end();
+  gpu->launch("outside_ops", /*with_external_record=*/false);
+  p.stop();
+  const fs::path path = dir / "t.json";
+  EXPECT_EQ(p.write(path.string()).kernels_with_op, 2u);
+  const Trace t = read_events(path.string());
+  const auto outer = t.spans("cpu_op", "outer");
+  const auto inner = t.spans("cpu_op", "inner");
+  ASSERT_EQ(outer.size(), 1u);
+  ASSERT_EQ(inner.size(), 1u);
+  EXPECT_EQ(t.spans("kernel", "in_inner").at(0)->external_id, inner[0]->external_id);
+  EXPECT_EQ(t.spans("kernel", "in_outer_after_inner").at(0)->external_id, outer[0]->external_id);
+  EXPECT_EQ(t.spans("kernel", "outside_ops").at(0)->external_id, -1);
+  fs::remove_all(dir);
+}
+
 TEST(Profiler, AGpuTracerThatCannotStartGivesAHostOnlyTraceWithTheReason) {
   const fs::path dir = fresh_dir("nogpu");
   ProfilerOptions o;

@@ -60,6 +60,197 @@ RankTrace summarize(const std::string& file, bool progress,
   return r;
 }
 
+// The ranks' traces in rank order. Throws DataError when two files claim one rank.
+std::vector<RankTrace> load_ranks(const std::string& dir, bool progress,
+                                  const std::function<void(const TraceInfo&)>& on_loaded) {
+  std::vector<RankTrace> ranks;
+  for (const std::string& f : trace_files_in(dir)) {
+    ranks.push_back(summarize(f, progress, on_loaded));
+  }
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankTrace& a, const RankTrace& b) { return a.rank < b.rank; });
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    if (ranks[i].rank == ranks[i - 1].rank) {
+      throw DataError(fmt::format("{} and {}: both are rank {}", ranks[i - 1].file, ranks[i].file,
+                                  ranks[i].rank));
+    }
+  }
+  return ranks;
+}
+
+Table per_rank_table(const std::vector<RankTrace>& ranks) {
+  Table per_rank;
+  per_rank.name = "ranks";
+  per_rank.title = "Per-rank GPU timeline";
+  per_rank.note = "The busiest GPU track of each rank's trace (TraceLens definitions).";
+  per_rank.columns = {{"rank", true}, {"file"},           {"total_ms"},
+                      {"busy_ms"},    {"computation_ms"}, {"exposed_comm_ms"},
+                      {"idle_ms"},    {"collectives"},    {"comm_total_ms"}};
+  for (const RankTrace& t : ranks) {
+    per_rank.rows.push_back({int64_t{t.rank}, fs::path(t.file).filename().string(),
+                             t.timeline.total / 1e6, t.timeline.busy / 1e6,
+                             t.timeline.computation / 1e6, t.timeline.exposed_comm / 1e6,
+                             t.timeline.idle / 1e6, static_cast<int64_t>(t.collectives.size()),
+                             t.timeline.total_comm / 1e6});
+  }
+  return per_rank;
+}
+
+using OccurrenceKey = std::tuple<std::string, std::string, int64_t>;  // group, kind, index or seq
+// One occurrence of a collective on the ranks that ran it: (index into ranks, occurrence).
+using RankOccurrences = std::vector<std::pair<size_t, const Occurrence*>>;
+
+// Match occurrences: key (group, kind) and the k-th occurrence, or seq when all ranks have it.
+std::map<OccurrenceKey, RankOccurrences> match_occurrences(const std::vector<RankTrace>& ranks) {
+  bool all_seq = true;
+  for (const RankTrace& t : ranks) {
+    for (const Occurrence& o : t.collectives) all_seq = all_seq && o.seq >= 0;
+  }
+  std::map<OccurrenceKey, RankOccurrences> matched;
+  for (size_t ri = 0; ri < ranks.size(); ++ri) {
+    std::map<std::pair<std::string, std::string>, int64_t> counter;
+    for (const Occurrence& o : ranks[ri].collectives) {
+      int64_t index = all_seq ? o.seq : counter[{o.group, o.kind}]++;
+      matched[{o.group, o.kind, index}].emplace_back(ri, &o);
+    }
+  }
+  return matched;
+}
+
+Table skew_table() {
+  Table skew;
+  skew.name = "collective_skew";
+  skew.title = "Collective skew (largest first)";
+  skew.note =
+      "Per occurrence of a collective on all ranks: start skew = latest - earliest start; "
+      "spread = longest - shortest kernel; last_rank arrived last (everyone waited for it).";
+  skew.columns = {{"collective", true},
+                  {"process_group", true},
+                  {"index", true},
+                  {"bytes"},
+                  {"ranks"},
+                  {"first_start_ms"},
+                  {"start_skew_us"},
+                  {"dur_min_us"},
+                  {"dur_max_us"},
+                  {"dur_spread_us"},
+                  {"first_rank"},
+                  {"last_rank"}};
+  return skew;
+}
+
+struct Straggle {
+  int64_t last = 0, caused_ns = 0, waited_ns = 0;
+};
+
+struct KindSummary {
+  int64_t count = 0, skew_total = 0, skew_max = 0, spread_total = 0, wait_total = 0;
+};
+
+// The skew of every occurrence matched on all ranks, and its sums per rank and per collective.
+struct SkewTally {
+  Table skew = skew_table();
+  std::vector<Straggle> straggle;                                    // per rank
+  std::map<std::pair<std::string, std::string>, KindSummary> kinds;  // (kind, group)
+  uint64_t unmatched = 0;  // collective kernels not found on every rank
+};
+
+void add_occurrence(SkewTally& tally, const std::vector<RankTrace>& ranks, const OccurrenceKey& key,
+                    const RankOccurrences& occ, int64_t origin) {
+  auto [first, last] = std::minmax_element(occ.begin(), occ.end(), [](auto& a, auto& b) {
+    return a.second->start_ns < b.second->start_ns;
+  });
+  auto [shortest, longest] = std::minmax_element(
+      occ.begin(), occ.end(), [](auto& a, auto& b) { return a.second->dur_ns < b.second->dur_ns; });
+  const int64_t latest = last->second->start_ns;
+  const int64_t s = latest - first->second->start_ns;
+  const int64_t spread = longest->second->dur_ns - shortest->second->dur_ns;
+  int64_t caused = 0;
+  for (const auto& [ri, o] : occ) {
+    tally.straggle[ri].waited_ns += latest - o->start_ns;
+    caused += latest - o->start_ns;
+  }
+  ++tally.straggle[last->first].last;
+  tally.straggle[last->first].caused_ns += caused;
+  KindSummary& k = tally.kinds[{std::get<1>(key), std::get<0>(key)}];
+  ++k.count;
+  k.skew_total += s;
+  k.skew_max = std::max(k.skew_max, s);
+  k.spread_total += spread;
+  k.wait_total += caused;
+  tally.skew.rows.push_back(
+      {std::get<1>(key), std::get<0>(key), std::get<2>(key),
+       cell_or_empty(occ.front().second->bytes), static_cast<int64_t>(occ.size()),
+       (first->second->start_ns - origin) / 1e6, s / 1e3, shortest->second->dur_ns / 1e3,
+       longest->second->dur_ns / 1e3, spread / 1e3, int64_t{ranks[first->first].rank},
+       int64_t{ranks[last->first].rank}});
+}
+
+SkewTally tally_skew(const std::vector<RankTrace>& ranks) {
+  SkewTally tally;
+  tally.straggle.resize(ranks.size());
+  int64_t origin = INT64_MAX;
+  for (const RankTrace& t : ranks) {
+    if (!t.collectives.empty()) origin = std::min(origin, t.collectives.front().start_ns);
+  }
+  for (const auto& [key, occ] : match_occurrences(ranks)) {
+    if (occ.size() != ranks.size()) {
+      tally.unmatched += occ.size();
+      continue;
+    }
+    add_occurrence(tally, ranks, key, occ, origin);
+  }
+  std::stable_sort(
+      tally.skew.rows.begin(), tally.skew.rows.end(),
+      [](const auto& a, const auto& b) { return std::get<double>(a[6]) > std::get<double>(b[6]); });
+  return tally;
+}
+
+Table skew_summary_table(const SkewTally& tally) {
+  Table summary;
+  summary.name = "skew_summary";
+  summary.title = "Skew by collective";
+  summary.note =
+      "total_wait: summed over ranks and occurrences, time spent waiting for the last rank.";
+  summary.columns = {{"collective", true}, {"process_group", true}, {"count"},
+                     {"mean_skew_us"},     {"max_skew_us"},         {"mean_spread_us"},
+                     {"total_wait_ms"}};
+  for (const auto& [key, k] : tally.kinds) {
+    summary.rows.push_back({key.first, key.second, k.count, k.skew_total / 1e3 / k.count,
+                            k.skew_max / 1e3, k.spread_total / 1e3 / k.count, k.wait_total / 1e6});
+  }
+  return summary;
+}
+
+Table stragglers_table(const std::vector<RankTrace>& ranks, const SkewTally& tally) {
+  Table stragglers;
+  stragglers.name = "stragglers";
+  stragglers.title = "Stragglers";
+  stragglers.note =
+      "times_last: occurrences where this rank started last; caused_wait: the others' waiting "
+      "in those; waited: this rank's own waiting for later ranks.";
+  stragglers.columns = {
+      {"rank", true}, {"times_last"}, {"last_pct"}, {"caused_wait_ms"}, {"waited_ms"}};
+  const int64_t occurrences = static_cast<int64_t>(tally.skew.rows.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const Straggle& s = tally.straggle[i];
+    stragglers.rows.push_back({int64_t{ranks[i].rank}, s.last,
+                               occurrences ? 100.0 * s.last / occurrences : 0.0, s.caused_ns / 1e6,
+                               s.waited_ns / 1e6});
+  }
+  return stragglers;
+}
+
+// The rank that caused the most waiting, for the report's info; needs an occurrence.
+std::string worst_straggler(const std::vector<RankTrace>& ranks, const SkewTally& tally) {
+  const int64_t occurrences = static_cast<int64_t>(tally.skew.rows.size());
+  auto worst = std::max_element(tally.straggle.begin(), tally.straggle.end(),
+                                [](auto& a, auto& b) { return a.caused_ns < b.caused_ns; });
+  const size_t wi = static_cast<size_t>(worst - tally.straggle.begin());
+  return fmt::format("rank {} arrived last in {} of {} collectives; others waited {:.3f} ms for it",
+                     ranks[wi].rank, worst->last, occurrences, worst->caused_ns / 1e6);
+}
+
 }  // namespace
 
 std::optional<int> rank_from_filename(std::string_view filename) {
@@ -98,164 +289,20 @@ std::vector<std::string> trace_files_in(const std::string& dir) {
 
 Report ranks_report(const std::string& dir, bool progress,
                     const std::function<void(const TraceInfo&)>& on_loaded) {
-  std::vector<RankTrace> ranks;
-  for (const std::string& f : trace_files_in(dir)) {
-    ranks.push_back(summarize(f, progress, on_loaded));
-  }
-  std::sort(ranks.begin(), ranks.end(),
-            [](const RankTrace& a, const RankTrace& b) { return a.rank < b.rank; });
-  for (size_t i = 1; i < ranks.size(); ++i) {
-    if (ranks[i].rank == ranks[i - 1].rank) {
-      throw DataError(fmt::format("{} and {}: both are rank {}", ranks[i - 1].file, ranks[i].file,
-                                  ranks[i].rank));
-    }
-  }
+  const std::vector<RankTrace> ranks = load_ranks(dir, progress, on_loaded);
+  SkewTally tally = tally_skew(ranks);
   Report r;
   r.title = "Multi-rank report: " + dir;
   r.info = {{"directory", dir}, {"ranks", std::to_string(ranks.size())}};
-
-  Table per_rank;
-  per_rank.name = "ranks";
-  per_rank.title = "Per-rank GPU timeline";
-  per_rank.note = "The busiest GPU track of each rank's trace (TraceLens definitions).";
-  per_rank.columns = {{"rank", true}, {"file"},           {"total_ms"},
-                      {"busy_ms"},    {"computation_ms"}, {"exposed_comm_ms"},
-                      {"idle_ms"},    {"collectives"},    {"comm_total_ms"}};
-  for (const RankTrace& t : ranks) {
-    per_rank.rows.push_back({int64_t{t.rank}, fs::path(t.file).filename().string(),
-                             t.timeline.total / 1e6, t.timeline.busy / 1e6,
-                             t.timeline.computation / 1e6, t.timeline.exposed_comm / 1e6,
-                             t.timeline.idle / 1e6, static_cast<int64_t>(t.collectives.size()),
-                             t.timeline.total_comm / 1e6});
-  }
-
-  // Match occurrences: key (group, kind) and the k-th occurrence, or seq when all ranks have it.
-  bool all_seq = true;
-  for (const RankTrace& t : ranks) {
-    for (const Occurrence& o : t.collectives) all_seq = all_seq && o.seq >= 0;
-  }
-  using Key = std::tuple<std::string, std::string, int64_t>;  // group, kind, index or seq
-  std::map<Key, std::vector<std::pair<size_t, const Occurrence*>>> matched;
-  for (size_t ri = 0; ri < ranks.size(); ++ri) {
-    std::map<std::pair<std::string, std::string>, int64_t> counter;
-    for (const Occurrence& o : ranks[ri].collectives) {
-      int64_t index = all_seq ? o.seq : counter[{o.group, o.kind}]++;
-      matched[{o.group, o.kind, index}].emplace_back(ri, &o);
-    }
-  }
-  int64_t origin = INT64_MAX;
-  for (const RankTrace& t : ranks) {
-    if (!t.collectives.empty()) origin = std::min(origin, t.collectives.front().start_ns);
-  }
-
-  Table skew;
-  skew.name = "collective_skew";
-  skew.title = "Collective skew (largest first)";
-  skew.note =
-      "Per occurrence of a collective on all ranks: start skew = latest - earliest start; "
-      "spread = longest - shortest kernel; last_rank arrived last (everyone waited for it).";
-  skew.columns = {{"collective", true},
-                  {"process_group", true},
-                  {"index", true},
-                  {"bytes"},
-                  {"ranks"},
-                  {"first_start_ms"},
-                  {"start_skew_us"},
-                  {"dur_min_us"},
-                  {"dur_max_us"},
-                  {"dur_spread_us"},
-                  {"first_rank"},
-                  {"last_rank"}};
-  struct Straggle {
-    int64_t last = 0, caused_ns = 0, waited_ns = 0;
-  };
-  std::vector<Straggle> straggle(ranks.size());
-  struct KindSummary {
-    int64_t count = 0, skew_total = 0, skew_max = 0, spread_total = 0, wait_total = 0;
-  };
-  std::map<std::pair<std::string, std::string>, KindSummary> kinds;
-  uint64_t unmatched = 0;
-  for (const auto& [key, occ] : matched) {
-    if (occ.size() != ranks.size()) {
-      unmatched += occ.size();
-      continue;
-    }
-    auto [first, last] = std::minmax_element(occ.begin(), occ.end(), [](auto& a, auto& b) {
-      return a.second->start_ns < b.second->start_ns;
-    });
-    auto [shortest, longest] = std::minmax_element(occ.begin(), occ.end(), [](auto& a, auto& b) {
-      return a.second->dur_ns < b.second->dur_ns;
-    });
-    const int64_t latest = last->second->start_ns;
-    const int64_t s = latest - first->second->start_ns;
-    const int64_t spread = longest->second->dur_ns - shortest->second->dur_ns;
-    int64_t caused = 0;
-    for (const auto& [ri, o] : occ) {
-      straggle[ri].waited_ns += latest - o->start_ns;
-      caused += latest - o->start_ns;
-    }
-    ++straggle[last->first].last;
-    straggle[last->first].caused_ns += caused;
-    KindSummary& k = kinds[{std::get<1>(key), std::get<0>(key)}];
-    ++k.count;
-    k.skew_total += s;
-    k.skew_max = std::max(k.skew_max, s);
-    k.spread_total += spread;
-    k.wait_total += caused;
-    skew.rows.push_back({std::get<1>(key), std::get<0>(key), std::get<2>(key),
-                         cell_or_empty(occ.front().second->bytes), static_cast<int64_t>(occ.size()),
-                         (first->second->start_ns - origin) / 1e6, s / 1e3,
-                         shortest->second->dur_ns / 1e3, longest->second->dur_ns / 1e3,
-                         spread / 1e3, int64_t{ranks[first->first].rank},
-                         int64_t{ranks[last->first].rank}});
-  }
-  std::stable_sort(skew.rows.begin(), skew.rows.end(), [](const auto& a, const auto& b) {
-    return std::get<double>(a[6]) > std::get<double>(b[6]);
-  });
-  if (unmatched > 0) {
+  if (tally.unmatched > 0) {
     r.warnings.push_back(fmt::format(
         "{} collective kernels could not be matched on every rank (different counts per rank: "
         "traces of different steps, or ranks outside some process groups)",
-        unmatched));
+        tally.unmatched));
   }
-
-  Table summary;
-  summary.name = "skew_summary";
-  summary.title = "Skew by collective";
-  summary.note =
-      "total_wait: summed over ranks and occurrences, time spent waiting for the last rank.";
-  summary.columns = {{"collective", true}, {"process_group", true}, {"count"},
-                     {"mean_skew_us"},     {"max_skew_us"},         {"mean_spread_us"},
-                     {"total_wait_ms"}};
-  for (const auto& [key, k] : kinds) {
-    summary.rows.push_back({key.first, key.second, k.count, k.skew_total / 1e3 / k.count,
-                            k.skew_max / 1e3, k.spread_total / 1e3 / k.count, k.wait_total / 1e6});
-  }
-
-  Table stragglers;
-  stragglers.name = "stragglers";
-  stragglers.title = "Stragglers";
-  stragglers.note =
-      "times_last: occurrences where this rank started last; caused_wait: the others' waiting "
-      "in those; waited: this rank's own waiting for later ranks.";
-  stragglers.columns = {
-      {"rank", true}, {"times_last"}, {"last_pct"}, {"caused_wait_ms"}, {"waited_ms"}};
-  const int64_t occurrences = static_cast<int64_t>(skew.rows.size());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    stragglers.rows.push_back({int64_t{ranks[i].rank}, straggle[i].last,
-                               occurrences ? 100.0 * straggle[i].last / occurrences : 0.0,
-                               straggle[i].caused_ns / 1e6, straggle[i].waited_ns / 1e6});
-  }
-  if (occurrences > 0) {
-    auto worst = std::max_element(straggle.begin(), straggle.end(),
-                                  [](auto& a, auto& b) { return a.caused_ns < b.caused_ns; });
-    const size_t wi = static_cast<size_t>(worst - straggle.begin());
-    r.info.push_back({"straggler", fmt::format("rank {} arrived last in {} of {} collectives; "
-                                               "others waited {:.3f} ms for it",
-                                               ranks[wi].rank, worst->last, occurrences,
-                                               worst->caused_ns / 1e6)});
-  }
-  r.tables = {std::move(stragglers), std::move(summary), std::move(skew), std::move(per_rank)};
+  if (!tally.skew.rows.empty()) r.info.push_back({"straggler", worst_straggler(ranks, tally)});
+  r.tables = {stragglers_table(ranks, tally), skew_summary_table(tally), std::move(tally.skew),
+              per_rank_table(ranks)};
   return r;
 }
 

@@ -13,6 +13,8 @@
 namespace tessera {
 namespace {
 
+namespace fs = std::filesystem;
+
 class Checker {
  public:
   explicit Checker(const Experiment& e) : e_(e) {}
@@ -21,30 +23,29 @@ class Checker {
   void require(bool ok, const char* key, const std::string& expected) const {
     if (ok) return;
     const KeySpec* spec = find_key(key);
+    throw ConfigError(origin(key), key, spec ? spec->get(e_) : "?", expected);
+  }
+
+  // The file and line, or command line, that set `key`.
+  std::string origin(const std::string& key) const {
     const auto it = e_.origin.find(key);
-    throw ConfigError(it == e_.origin.end() ? "default" : it->second, key,
-                      spec ? spec->get(e_) : "?", expected);
+    return it == e_.origin.end() ? std::string("default") : it->second;
   }
 
  private:
   const Experiment& e_;
 };
 
-}  // namespace
-
-void validate_experiment(const Experiment& e, int data_parallel_size) {
-  const Checker c(e);
-  const ModelConfig& m = e.model_config;
-  const TrainingConfig& t = e.training;
-  const DataConfig& d = e.data;
-
+void check_experiment_names(const Checker& c, const Experiment& e) {
   for (const char* key : {"work_group", "user_name", "exp_name"}) {
     const std::string v = find_key(key)->get(e);
     c.require(v != "null" && v.find('/') == std::string::npos && v != "." && v != "..", key,
               "a non-empty name without '/'");
   }
   c.require(!e.workspace.empty(), "workspace", "a directory path");
+}
 
+void check_model(const Checker& c, const ModelConfig& m) {
   c.require(m.num_layers >= 1, "num_layers", "at least 1");
   c.require(m.hidden_size >= 1, "hidden_size", "at least 1");
   c.require(m.num_attention_heads >= 1, "num_attention_heads", "at least 1");
@@ -54,8 +55,9 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
             fmt::format("a divisor of num_attention_heads ({})", m.num_attention_heads));
   c.require(m.kv_channels >= 0, "kv_channels", "0 (derived) or a positive head dimension");
   if (m.kv_channels == 0)
-    c.require(m.hidden_size % m.num_attention_heads == 0, "num_attention_heads",
-              fmt::format("a divisor of hidden_size ({}) unless kv_channels is set", m.hidden_size));
+    c.require(
+        m.hidden_size % m.num_attention_heads == 0, "num_attention_heads",
+        fmt::format("a divisor of hidden_size ({}) unless kv_channels is set", m.hidden_size));
   const int64_t head_dim = m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
   c.require(head_dim % 2 == 0, m.kv_channels ? "kv_channels" : "hidden_size",
             fmt::format("an even head dimension for rotary embeddings (got {})", head_dim));
@@ -74,16 +76,23 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
     c.require(m.rope_original_max_position_embeddings >= 1, "rope_original_max_position_embeddings",
               "at least 1");
   }
+}
 
+void check_batch(const Checker& c, const TrainingConfig& t, const ModelConfig& m,
+                 int data_parallel_size) {
   c.require(t.train_iters >= 1, "train_iters", "at least 1");
   c.require(t.micro_batch_size >= 1, "micro_batch_size", "at least 1");
   c.require(t.seq_length >= 1, "seq_length", "at least 1");
   c.require(t.seq_length <= m.max_position_embeddings, "seq_length",
             fmt::format("at most max_position_embeddings ({})", m.max_position_embeddings));
   const int64_t per_step = t.micro_batch_size * data_parallel_size;
-  c.require(t.global_batch_size >= 1 && t.global_batch_size % per_step == 0, "global_batch_size",
-            fmt::format("a positive multiple of micro_batch_size x data-parallel size = {} x {} = {}",
-                        t.micro_batch_size, data_parallel_size, per_step));
+  c.require(
+      t.global_batch_size >= 1 && t.global_batch_size % per_step == 0, "global_batch_size",
+      fmt::format("a positive multiple of micro_batch_size x data-parallel size = {} x {} = {}",
+                  t.micro_batch_size, data_parallel_size, per_step));
+}
+
+void check_data_parallel(const Checker& c, const TrainingConfig& t) {
   c.require(t.ddp_bucket_size >= 1, "ddp_bucket_size", "at least 1 element");
   c.require(!t.overlap_param_gather || t.use_distributed_optimizer, "overlap_param_gather",
             "false unless use_distributed_optimizer is true (the gather it overlaps is ZeRO-1's)");
@@ -91,8 +100,12 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
             "false when use_distributed_optimizer is true (FSDP already shards the optimizer "
             "state; choose one)");
   c.require(t.dist_timeout_minutes > 0, "dist_timeout_minutes", "a positive number of minutes");
+}
+
+void check_optimizer(const Checker& c, const TrainingConfig& t) {
   c.require(t.lr >= 0, "lr", "a non-negative learning rate");
-  c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr", fmt::format("between 0 and lr ({})", t.lr));
+  c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr",
+            fmt::format("between 0 and lr ({})", t.lr));
   c.require(t.lr_warmup_iters >= 0, "lr_warmup_iters", "a non-negative count");
   c.require(t.lr_decay_iters >= 0, "lr_decay_iters", "0 (train_iters) or a positive count");
   const int64_t decay_iters = t.lr_decay_iters ? t.lr_decay_iters : t.train_iters;
@@ -103,32 +116,55 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   c.require(t.adam_beta2 >= 0 && t.adam_beta2 < 1, "adam_beta2", "a number in [0, 1)");
   c.require(t.adam_eps > 0, "adam_eps", "a positive number");
   c.require(t.clip_grad >= 0, "clip_grad", "0 (off) or a positive norm");
+}
+
+// How each step runs: seed, precision, recompute, the NaN guard and cross-entropy chunks.
+void check_step(const Checker& c, const TrainingConfig& t, const ModelConfig& m) {
   c.require(t.seed >= 0, "seed", "a non-negative integer");
   c.require(!(t.device == DeviceChoice::Cpu && t.precision == Precision::Bf16), "precision",
             "fp32 or auto with device cpu (the CPU backend is the fp32 reference)");
   c.require(t.recompute_num_layers >= 0 && t.recompute_num_layers <= m.num_layers,
-            "recompute_num_layers", fmt::format("between 0 (all) and num_layers ({})", m.num_layers));
+            "recompute_num_layers",
+            fmt::format("between 0 (all) and num_layers ({})", m.num_layers));
   c.require(t.recompute_num_layers == 0 || t.recompute_granularity == RecomputeGranularity::Full,
             "recompute_num_layers", "0 unless recompute_granularity is full");
   c.require(t.max_consecutive_nan_iters >= 1, "max_consecutive_nan_iters", "at least 1");
   c.require(t.cross_entropy_chunk_tokens >= 1, "cross_entropy_chunk_tokens", "at least 1");
-  if (t.fp8 != Fp8Mode::Off) {
-    c.require(t.device != DeviceChoice::Cpu, "fp8",
-              "null with device cpu: FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
-    c.require(t.precision != Precision::Fp32, "fp8",
-              "null with precision fp32: FP8 training keeps bf16 activations and weights "
-              "(precision bf16 or auto)");
-    c.require(t.fp8_amax_history_len >= 1, "fp8_amax_history_len", "at least 1");
-    c.require(t.fp8_margin >= 0 && t.fp8_margin <= 32, "fp8_margin", "an integer in [0, 32]");
-    // cuBLASLt FP8 GEMMs need every dimension a multiple of 16; tokens are the K dimension
-    // of the weight gradients.
-    c.require(t.micro_batch_size * t.seq_length % 16 == 0, "seq_length",
-              fmt::format("micro_batch_size x seq_length (now {}) a multiple of 16 with fp8",
-                          t.micro_batch_size * t.seq_length));
-    c.require(!t.fp8_lm_head || t.cross_entropy_chunk_tokens % 16 == 0, "cross_entropy_chunk_tokens",
-              "a multiple of 16 with fp8_lm_head");
-  }
+}
 
+void check_fp8(const Checker& c, const TrainingConfig& t) {
+  c.require(t.device != DeviceChoice::Cpu, "fp8",
+            "null with device cpu: FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
+  c.require(t.precision != Precision::Fp32, "fp8",
+            "null with precision fp32: FP8 training keeps bf16 activations and weights "
+            "(precision bf16 or auto)");
+  c.require(t.fp8_amax_history_len >= 1, "fp8_amax_history_len", "at least 1");
+  c.require(t.fp8_margin >= 0 && t.fp8_margin <= 32, "fp8_margin", "an integer in [0, 32]");
+  // cuBLASLt FP8 GEMMs need every dimension a multiple of 16; tokens are the K dimension
+  // of the weight gradients.
+  c.require(t.micro_batch_size * t.seq_length % 16 == 0, "seq_length",
+            fmt::format("micro_batch_size x seq_length (now {}) a multiple of 16 with fp8",
+                        t.micro_batch_size * t.seq_length));
+  c.require(!t.fp8_lm_head || t.cross_entropy_chunk_tokens % 16 == 0, "cross_entropy_chunk_tokens",
+            "a multiple of 16 with fp8_lm_head");
+}
+
+// parse_blend names the key and the offending token (a weight that is not a number).
+void check_blends(const Checker& c, const DataConfig& d) {
+  if (!d.data_path.empty()) parse_blend(d.data_path, "data_path", c.origin("data_path"));
+  if (!d.valid_data_path.empty())
+    parse_blend(d.valid_data_path, "valid_data_path", c.origin("valid_data_path"));
+  if (d.train_data_path.empty() || is_text_corpus_path(d.train_data_path)) return;
+  const auto blend = parse_blend(d.train_data_path, "train_data_path", c.origin("train_data_path"));
+  // A single word that names neither text nor a dataset is most likely a missing corpus.
+  const std::string& p = blend[0].prefix;
+  c.require(blend.size() > 1 || fs::exists(p + ".idx") || fs::exists(p + ".bin"), "train_data_path",
+            "an existing file or directory of text, or a Megatron blend of indexed datasets "
+            "(PREFIX.bin/.idx); for the Brown corpus, run scripts/setup.sh, which installs it "
+            "under node_modules/");
+}
+
+void check_data(const Checker& c, const DataConfig& d) {
   c.require(d.mock_data || !d.train_data_path.empty() || !d.data_path.empty(), "train_data_path",
             "a data path (train_data_path or data_path), or mock_data: true");
   c.require(d.data_path.empty() || d.train_data_path.empty(), "data_path",
@@ -136,42 +172,24 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
                         "into train/valid/test, train_data_path is used whole); train_data_path "
                         "is '{}': clear one of them, e.g. --train_data_path null",
                         d.train_data_path));
-  if (!d.mock_data) {
-    auto origin = [&](const std::string& key) {
-      const auto it = e.origin.find(key);
-      return it == e.origin.end() ? std::string("default") : it->second;
-    };
-    // parse_blend names the key and the offending token (a weight that is not a number).
-    if (!d.data_path.empty()) parse_blend(d.data_path, "data_path", origin("data_path"));
-    if (!d.valid_data_path.empty())
-      parse_blend(d.valid_data_path, "valid_data_path", origin("valid_data_path"));
-    if (!d.train_data_path.empty() && !is_text_corpus_path(d.train_data_path)) {
-      const auto blend =
-          parse_blend(d.train_data_path, "train_data_path", origin("train_data_path"));
-      // A single word that names neither text nor a dataset is most likely a missing corpus.
-      const std::string& p = blend[0].prefix;
-      c.require(blend.size() > 1 || std::filesystem::exists(p + ".idx") ||
-                    std::filesystem::exists(p + ".bin"),
-                "train_data_path",
-                "an existing file or directory of text, or a Megatron blend of indexed datasets "
-                "(PREFIX.bin/.idx); for the Brown corpus, run scripts/setup.sh, which installs it "
-                "under node_modules/");
-    }
-  }
+  if (!d.mock_data) check_blends(c, d);
   c.require(d.tokenizer_type != TokenizerType::HuggingFace || names_a_tokenizer(d.tokenizer_model),
-            "tokenizer_model", tokenizer_model_expectation() + " with tokenizer_type HuggingFaceTokenizer");
+            "tokenizer_model",
+            tokenizer_model_expectation() + " with tokenizer_type HuggingFaceTokenizer");
   const std::vector<double> split = parse_split(d.split);
   c.require(split.size() == 3 && split[0] > 0, "split",
             "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");
   c.require(d.eval_interval >= 0, "eval_interval", "0 (off) or a positive interval");
-  c.require(d.eval_iters >= 1 || d.eval_interval == 0, "eval_iters", "at least 1 when eval_interval is set");
+  c.require(d.eval_iters >= 1 || d.eval_interval == 0, "eval_iters",
+            "at least 1 when eval_interval is set");
   c.require(d.target_loss >= 0, "target_loss", "0 (off) or a positive loss");
   c.require(d.target_loss == 0 || d.eval_interval > 0, "target_loss",
             "0 unless eval_interval is set (the target is checked at every evaluation)");
+}
 
-  const CheckpointConfig& k = e.checkpoint;
-  namespace fs = std::filesystem;
-  c.require(k.save_interval >= 0, "save_interval", "0 (save only at the end) or a positive interval");
+void check_checkpoint(const Checker& c, const CheckpointConfig& k) {
+  c.require(k.save_interval >= 0, "save_interval",
+            "0 (save only at the end) or a positive interval");
   c.require(k.ckpt_keep_last >= 0, "ckpt_keep_last", "0 (keep all) or a positive count");
   c.require(k.save.empty() || !fs::exists(k.save) || fs::is_directory(k.save), "save",
             "a directory for checkpoints (this path is a file)");
@@ -184,23 +202,40 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
             "an existing checkpoint directory, or the save directory");
   c.require(k.hf_init_path.empty() || fs::exists(fs::path(k.hf_init_path) / "config.json"),
             "hf_init_path", "a Hugging Face model directory holding config.json");
-  c.require(e.logging.log_interval >= 1, "log_interval", "at least 1");
+}
 
-  const LoggingConfig& lg = e.logging;
-  if (lg.profile) {  // the window and ranks matter only when something is recorded
-    c.require(lg.profile_step_start >= 1 && lg.profile_step_start <= t.train_iters,
-              "profile_step_start",
-              fmt::format("an iteration between 1 and train_iters ({})", t.train_iters));
-    c.require(lg.profile_step_end > lg.profile_step_start, "profile_step_end",
-              fmt::format("greater than profile_step_start ({}): iterations [start, end) are "
-                          "recorded",
-                          lg.profile_step_start));
-    const auto ranks = profiler::parse_profile_ranks(lg.profile_ranks);
-    c.require(ranks.has_value(), "profile_ranks",
-              "all, or comma-separated distinct rank ids such as 0 or 0,4");
-    c.require(ranks->all || ranks->ids.back() < data_parallel_size, "profile_ranks",
-              fmt::format("rank ids below the number of ranks ({})", data_parallel_size));
-  }
+void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iters,
+                   int data_parallel_size) {
+  c.require(lg.log_interval >= 1, "log_interval", "at least 1");
+  if (!lg.profile) return;  // the window and ranks matter only when something is recorded
+  c.require(lg.profile_step_start >= 1 && lg.profile_step_start <= train_iters,
+            "profile_step_start",
+            fmt::format("an iteration between 1 and train_iters ({})", train_iters));
+  c.require(lg.profile_step_end > lg.profile_step_start, "profile_step_end",
+            fmt::format("greater than profile_step_start ({}): iterations [start, end) are "
+                        "recorded",
+                        lg.profile_step_start));
+  const auto ranks = profiler::parse_profile_ranks(lg.profile_ranks);
+  c.require(ranks.has_value(), "profile_ranks",
+            "all, or comma-separated distinct rank ids such as 0 or 0,4");
+  c.require(ranks->all || ranks->ids.back() < data_parallel_size, "profile_ranks",
+            fmt::format("rank ids below the number of ranks ({})", data_parallel_size));
+}
+
+}  // namespace
+
+void validate_experiment(const Experiment& e, int data_parallel_size) {
+  const Checker c(e);
+  check_experiment_names(c, e);
+  check_model(c, e.model_config);
+  check_batch(c, e.training, e.model_config, data_parallel_size);
+  check_data_parallel(c, e.training);
+  check_optimizer(c, e.training);
+  check_step(c, e.training, e.model_config);
+  if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
+  check_data(c, e.data);
+  check_checkpoint(c, e.checkpoint);
+  check_logging(c, e.logging, e.training.train_iters, data_parallel_size);
 }
 
 }  // namespace tessera

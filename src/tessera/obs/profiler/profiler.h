@@ -108,8 +108,9 @@ class Profiler final : public OpObserver {
   uint32_t intern(std::string_view name);
   void begin(SpanKind kind, uint32_t name, const OpArgs& args);
   void end(SpanKind kind);
-  // The innermost op on thread `tid` whose span contains time `t`, or -1.
-  int64_t innermost_op_at(int32_t tid, int64_t t) const;
+
+  // write() in sections, over the recording (profiler.cpp).
+  friend class TraceWriter;
 
   ProfilerOptions options_;
   std::unique_ptr<GpuTracer> gpu_;
