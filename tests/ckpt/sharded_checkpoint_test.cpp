@@ -12,6 +12,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/data_parallel.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera::testing {
@@ -42,7 +43,7 @@ struct Rank {
     ModelRuntime rt;
     rt.seq_length = 16;
     rt.flat_buffer_multiple = dist::flat_buffer_multiple(world);
-    model = std::make_unique<LlamaModel>(*backend, spec, rt);
+    model = std::make_unique<DecoderModel>(*backend, spec, rt);
     plan = dist::plan_buckets(model->layout().total, kBucketElements, world);
     std::vector<OwnedParams> owned;
     if (world > 1)
@@ -106,7 +107,7 @@ struct Rank {
 
   std::unique_ptr<Backend> backend;
   const ModelSpec& spec;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   dist::BucketPlan plan;
   std::unique_ptr<AdamWOptimizer> optimizer;
   DeviceBuffer extra_buffer;

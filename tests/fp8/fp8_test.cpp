@@ -16,7 +16,7 @@
 #include "tessera/config/config.h"
 #include "tessera/core/fp8.h"
 #include "tessera/model/init.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
@@ -303,7 +303,7 @@ ModelSpec tiny_spec() {
 
 struct ModelRun {
   std::unique_ptr<Backend> backend = make_cpu_backend();
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Model> model;
   std::vector<float> grads;
   float loss = 0;
 };
@@ -315,7 +315,7 @@ ModelRun run_model(const Fp8Options& fp8, int steps = 1) {
   rt.seq_length = 16;
   rt.fp8 = fp8;
   const ModelSpec spec = tiny_spec();
-  r.model = std::make_unique<LlamaModel>(*r.backend, spec, rt);
+  r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
   init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
   std::vector<int32_t> tokens(32), targets(32);
   for (int i = 0; i < 32; ++i) tokens[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
@@ -397,7 +397,10 @@ TEST(Fp8ModelState, DelayedScalesComeFromTheHistoryAndNaNIsReported) {
   }
   // A NaN in a weight: the amax is NaN, the status says so, and end_step poisons the norm.
   const float nan = NAN;
-  r.backend->upload(r.model->param(r.model->layout().layers[0].gate_up).flat_range(5, 1), &nan);
+  const ParamInfo* gate_up = r.model->layout().find("model.layers.0.mlp.gate_up_proj.weight");
+  ASSERT_NE(gate_up, nullptr);
+  const int gate_up_index = static_cast<int>(gate_up - r.model->layout().params.data());
+  r.backend->upload(r.model->param(gate_up_index).flat_range(5, 1), &nan);
   r.model->params_updated();
   r.model->zero_grads();
   r.model->forward_backward(1.0f / 32);
@@ -419,7 +422,7 @@ TEST(Fp8ModelState, RejectsDimensionsThatAreNotMultiplesOf16) {
   rt.seq_length = 16;
   rt.fp8.mode = Fp8Mode::Hybrid;
   try {
-    LlamaModel m(*backend, s, rt);
+    DecoderModel m(*backend, s, rt);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("multiples of 16"), std::string::npos) << e.what();

@@ -6,7 +6,7 @@
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
 #include "tessera/model/init.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/model/rope.h"
 
 namespace tessera {
@@ -35,7 +35,7 @@ struct Result {
 
 Result run(const ModelSpec& spec, ModelRuntime rt) {
   auto backend = make_cpu_backend();
-  LlamaModel model(*backend, spec, rt);
+  DecoderModel model(*backend, spec, rt);
   DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
   init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {model.layout().total}), 7);
   backend->copy(model.params(), master.tensor(DType::F32, {model.layout().total}));
@@ -61,7 +61,7 @@ ModelRuntime base_runtime() {
   return rt;
 }
 
-TEST(LlamaModel, RecomputeGivesIdenticalGradients) {
+TEST(Model, RecomputeGivesIdenticalGradients) {
   const ModelSpec spec = tiny_spec();
   const Result plain = run(spec, base_runtime());
   ASSERT_TRUE(std::isfinite(plain.loss_sum));
@@ -79,19 +79,19 @@ TEST(LlamaModel, RecomputeGivesIdenticalGradients) {
   }
 }
 
-TEST(LlamaModel, RecomputeReducesPlannedActivationMemory) {
+TEST(Model, RecomputeReducesPlannedActivationMemory) {
   const ModelSpec spec = tiny_spec();
   ModelRuntime rt = base_runtime();
-  const size_t plain = LlamaModel::plan_memory(spec, rt).activations;
+  const size_t plain = DecoderModel::plan_memory(spec, rt).activations;
   rt.recompute = RecomputeGranularity::Selective;
-  const size_t selective = LlamaModel::plan_memory(spec, rt).activations;
+  const size_t selective = DecoderModel::plan_memory(spec, rt).activations;
   rt.recompute = RecomputeGranularity::Full;
-  const size_t full = LlamaModel::plan_memory(spec, rt).activations;
+  const size_t full = DecoderModel::plan_memory(spec, rt).activations;
   EXPECT_LT(selective, plain);
   EXPECT_LT(full, selective);
 }
 
-TEST(LlamaModel, CrossEntropyChunkingDoesNotChangeResults) {
+TEST(Model, CrossEntropyChunkingDoesNotChangeResults) {
   const ModelSpec spec = tiny_spec();
   const Result whole = run(spec, base_runtime());
   ModelRuntime rt = base_runtime();

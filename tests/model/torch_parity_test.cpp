@@ -72,7 +72,7 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
   const Experiment exp = load_experiment(opts);
   Logger log("", 0, false, false);
   Trainer trainer(exp, make_cpu_backend(), log, nullptr);
-  LlamaModel& model = trainer.model();
+  Model& model = trainer.model();
   Backend& b = trainer.backend();
   const ModelSpec& s = trainer.spec();
   const int64_t B = 2, T = 16, N = B * T, V = s.vocab_size;

@@ -384,7 +384,7 @@ TEST(Profiler, ALaunchByTimeGoesToTheInnermostOpStillOpen) {
   auto tracer = std::make_unique<ScriptedTracer>();
   ScriptedTracer* gpu = tracer.get();
   ProfilerOptions o;
-  o.device = Device{DeviceKind::CUDA, 0};
+  o.device = Device{DeviceKind::GPU, 0};
   Profiler p(o, std::move(tracer));
   p.start();
   p.op_begin("outer", OpArgs());

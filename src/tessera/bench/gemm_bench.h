@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tessera/bench/measure.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/model.h"
 
 namespace tessera::bench {
 

@@ -1,9 +1,9 @@
 #pragma once
-// Hugging Face model directories (Llama, Qwen2, Mistral): config.json <-> ModelSpec, and
-// weights in model.safetensors or shards listed by model.safetensors.index.json <->
-// Tessera's flat layout. Hugging Face keeps q/k/v and gate/up as separate tensors; Tessera
-// fuses them along the output dimension (rows), so each fused tensor is its Hugging Face
-// pieces stacked in order. Both use rotate-half RoPE, so no weight permutation is needed.
+// Hugging Face model directories: config.json <-> ModelSpec, and weights in
+// model.safetensors or shards listed by model.safetensors.index.json <-> Tessera's flat
+// layout. The files are read and written here; what a config.json means and which Hugging
+// Face tensors each parameter holds is the model family's (ModelFamily, found by the config's
+// model_type: llama, qwen2, mistral for the Llama family).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,16 +18,9 @@
 
 namespace tessera {
 
-enum class HfArchitecture { Llama, Qwen2, Mistral };
-
-// The model config.json in `dir` describes. Throws DataError naming config.json and the
-// field for a missing field or an unsupported architecture or feature.
-ModelSpec read_hf_config(const std::string& dir, HfArchitecture* arch = nullptr);
-
-// The architecture an exported model is written as: qwen2 with QKV bias, mistral with a
-// sliding window, else llama. Throws DataError when no supported architecture fits.
-HfArchitecture hf_architecture_for(const ModelSpec& spec);
-const char* hf_model_type(HfArchitecture arch);
+// The model config.json in `dir` describes, and its model_type. Throws DataError naming
+// config.json and the field for a missing field or an unsupported model type or feature.
+ModelSpec read_hf_config(const std::string& dir, std::string* model_type = nullptr);
 
 // config.json for `spec` with weights stored as `dtype`.
 nlohmann::ordered_json hf_config_json(const ModelSpec& spec, DType dtype);
@@ -44,14 +37,14 @@ class HfModelReader {
   ~HfModelReader();
 
   const ModelSpec& spec() const { return spec_; }
-  HfArchitecture architecture() const { return arch_; }
+  const std::string& model_type() const { return model_type_; }
   const ParamLayout& layout() const { return layout_; }
   // fp32 values of a parameter of layout(), with q/k/v and gate/up fused.
   std::vector<float> weights(const ParamInfo& p) const;
 
  private:
+  std::string model_type_;
   ModelSpec spec_;
-  HfArchitecture arch_;
   ParamLayout layout_;
   std::unique_ptr<HfWeightFiles> files_;
 };

@@ -16,7 +16,8 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/decoder_model.h"
+#include "tessera/model/model_family.h"
 
 namespace tessera::cli {
 namespace {
@@ -195,7 +196,7 @@ void write_logits(const Source& src, const ConvertOptions& o) {
   rt.micro_batch = B;
   rt.seq_length = T;
   rt.compute_dtype = DType::F32;
-  LlamaModel model(*backend, spec, rt);
+  DecoderModel model(*backend, spec, rt);
   for (const auto& p : model.layout().params)
     backend->upload(model.params().flat_range(p.offset, p.numel()), src.weights(p).data());
   const std::vector<int32_t> no_targets(tokens.size(), -1);
@@ -244,7 +245,7 @@ int convert_command(const Args& args) {
   if (!o.to_hf.empty()) {
     write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes});
     fmt::print("wrote {} ({}, {} weights) from {}: {}\n", o.to_hf,
-               hf_model_type(hf_architecture_for(src.spec())), dtype_name(o.dtype), src.name,
+               model_family(src.spec().family).hf_model_type(src.spec()), dtype_name(o.dtype), src.name,
                src.spec().summary());
   }
   if (!o.to.empty()) {

@@ -42,7 +42,7 @@ std::vector<ParamRange> BucketPlan::owned(int rank) const {
   return out;
 }
 
-DataParallelism::DataParallelism(Communicator& comm, LlamaModel& model)
+DataParallelism::DataParallelism(Communicator& comm, Model& model)
     : comm_(comm), model_(model), barrier_buffer_(model.backend(), sizeof(float), "barrier flag") {}
 
 DataParallelism::~DataParallelism() = default;
@@ -71,7 +71,7 @@ void DataParallelism::barrier() {
   model_.backend().download(&ignored, flag);
 }
 
-DataParallel::DataParallel(Communicator& comm, LlamaModel& model,
+DataParallel::DataParallel(Communicator& comm, Model& model,
                            const DataParallelOptions& options)
     : DataParallelism(comm, model),
       options_(options),
@@ -189,7 +189,7 @@ void DataParallel::settle() {
   next_gather_ = 0;
 }
 
-std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, LlamaModel& model,
+std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, Model& model,
                                                        const DataParallelOptions& options) {
   if (options.fully_shard) return std::make_unique<FullyShardedDataParallel>(comm, model);
   return std::make_unique<DataParallel>(comm, model, options);

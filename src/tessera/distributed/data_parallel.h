@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "tessera/distributed/communicator.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/model.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/train/adamw_optimizer.h"
 
@@ -97,14 +97,14 @@ class DataParallelism {
   void barrier();
 
  protected:
-  DataParallelism(Communicator& comm, LlamaModel& model);
+  DataParallelism(Communicator& comm, Model& model);
   // Makes compute wait for every collective still in flight on Lane::Comm and drops the comm
   // marks kept for finer waits. Called before each collective on Lane::Compute (sum, max,
   // barrier): the communicator waits there anyway, which ends the marks' validity.
   virtual void settle() = 0;
 
   Communicator& comm_;
-  LlamaModel& model_;
+  Model& model_;
 
  private:
   DeviceBuffer barrier_buffer_;
@@ -114,7 +114,7 @@ class DataParallelism {
 // runtime.flat_buffer_multiple = flat_buffer_multiple(comm.size()).
 class DataParallel : public DataParallelism, private ParamUnitObserver {
  public:
-  DataParallel(Communicator& comm, LlamaModel& model, const DataParallelOptions& options);
+  DataParallel(Communicator& comm, Model& model, const DataParallelOptions& options);
   ~DataParallel() override;
 
   const BucketPlan& plan() const { return plan_; }
@@ -148,7 +148,7 @@ class DataParallel : public DataParallelism, private ParamUnitObserver {
 
 // The kind `options` asks for, installed as the model's unit observer. With fully_shard the
 // model must have been built with runtime.sharded_params.
-std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, LlamaModel& model,
+std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, Model& model,
                                                        const DataParallelOptions& options);
 
 }  // namespace tessera::dist

@@ -37,7 +37,7 @@ FullyShardedDataParallel::Memory FullyShardedDataParallel::plan_memory(const Par
   return m;
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, LlamaModel& model)
+FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& model)
     : DataParallelism(comm, model) {
   TS_CHECK(model.runtime().sharded_params, "FSDP needs a model built with sharded_params");
   const ParamLayout& layout = model.layout();

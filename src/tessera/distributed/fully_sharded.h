@@ -27,7 +27,7 @@ namespace tessera::dist {
 class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserver {
  public:
   // The model must have been built with runtime.sharded_params.
-  FullyShardedDataParallel(Communicator& comm, LlamaModel& model);
+  FullyShardedDataParallel(Communicator& comm, Model& model);
   ~FullyShardedDataParallel() override;
 
   // Device bytes a rank holds for `layout` on `world` ranks (shards and slots), and the

@@ -1,6 +1,7 @@
 #pragma once
-// ModelSpec: the resolved dimensions of a Llama-family decoder (derived values filled in,
-// vocabulary padded), plus the parameter and FLOP counts every report uses.
+// ModelSpec: the resolved dimensions of a decoder model (derived values filled in, vocabulary
+// padded), plus the parameter and FLOP counts every report uses. One struct holds the sizes
+// of every family; its family (model/model_family.h) says which of them its blocks read.
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,7 @@ struct RopeScaling {  // Llama 3.1 ("llama3" rope_type in Hugging Face configs)
 };
 
 struct ModelSpec {
+  std::string family = "llama";  // model/model_family.h
   int64_t vocab_size = 0;        // padded; rows of the embedding and output head
   int64_t tokenizer_vocab = 0;   // ids the data can contain (<= vocab_size)
   int64_t num_layers = 0;
@@ -37,19 +39,19 @@ struct ModelSpec {
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   int64_t attn_width() const { return heads * head_dim; }
   // Weights that are multiplied: every layer's projections and the output head (not the
-  // embedding lookup), as in the Megatron/NeMo FLOPs convention.
+  // embedding lookup), as in the Megatron/NeMo FLOPs convention; each block counts its own.
   int64_t matmul_params() const;
   int64_t total_params() const;
-  // Model FLOPs per token for training: 6 * matmul_params + 12 * L * s_eff * heads*head_dim,
-  // s_eff = min(seq_length, sliding_window or seq_length).
+  // Model FLOPs per token for training: 6 * matmul_params + each block's attention FLOPs
+  // (GQA: 12 * s_eff * heads*head_dim per layer, s_eff = min(seq_length, sliding_window)).
   double flops_per_token(int64_t seq_length) const;
   std::string summary() const;
 };
 
-// Resolves derived values: num_query_groups=0 -> heads, kv_channels=0 -> hidden/heads,
-// ffn_hidden_size=0 -> int(8*hidden/3/64)*64, vocab padded to make_vocab_size_divisible_by.
-// `tokenizer_vocab` fills vocab_size=0. Throws ConfigError if vocab_size is smaller than the
-// tokenizer's.
+// The experiment's model: its family (model_family key; ConfigError naming the registered
+// families otherwise) resolves the derived sizes, then the vocabulary is padded to
+// make_vocab_size_divisible_by. `tokenizer_vocab` fills vocab_size=0. Throws ConfigError if
+// vocab_size is smaller than the tokenizer's.
 ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab);
 
 }  // namespace tessera

@@ -2,22 +2,12 @@
 
 #include <algorithm>
 
-#include <fmt/format.h>
+#include "tessera/model/decoder_layer.h"
 
 namespace tessera {
 namespace {
 
 constexpr int64_t kAlignElements = 64;
-
-// Appends a parameter to the last unit.
-int add(ParamLayout& l, std::string name, Shape shape, int layer, bool decay, ParamInit init) {
-  const int unit = static_cast<int>(l.units.size()) - 1;
-  ParamInfo p{std::move(name), shape, l.total, layer, unit, decay, init};
-  l.total += (p.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
-  l.units.back().end = l.total;
-  l.params.push_back(std::move(p));
-  return static_cast<int>(l.params.size()) - 1;
-}
 
 }  // namespace
 
@@ -52,31 +42,32 @@ std::vector<ParamSegment> ParamLayout::decay_segments() const {
   return segs;
 }
 
-ParamLayout make_param_layout(const ModelSpec& s) {
-  ParamLayout l;
-  const int64_t C = s.hidden;
-  auto begin_unit = [&l] { l.units.push_back({l.total, l.total}); };
-  begin_unit();
-  l.embedding = add(l, "model.embed_tokens.weight", {s.vocab_size, C}, -1, true, ParamInit::Normal);
-  for (int i = 0; i < s.num_layers; ++i) {
-    const std::string p = fmt::format("model.layers.{}.", i);
-    LayerParamIndex li;
-    begin_unit();
-    li.attn_norm = add(l, p + "input_layernorm.weight", {C}, i, false, ParamInit::Ones);
-    li.qkv_weight = add(l, p + "self_attn.qkv_proj.weight", {s.qkv_width(), C}, i, true, ParamInit::Normal);
-    if (s.qkv_bias)
-      li.qkv_bias = add(l, p + "self_attn.qkv_proj.bias", {s.qkv_width()}, i, false, ParamInit::Zeros);
-    li.o_proj = add(l, p + "self_attn.o_proj.weight", {C, s.attn_width()}, i, true, ParamInit::ScaledNormal);
-    li.mlp_norm = add(l, p + "post_attention_layernorm.weight", {C}, i, false, ParamInit::Ones);
-    li.gate_up = add(l, p + "mlp.gate_up_proj.weight", {2 * s.ffn, C}, i, true, ParamInit::Normal);
-    li.down_proj = add(l, p + "mlp.down_proj.weight", {C, s.ffn}, i, true, ParamInit::ScaledNormal);
-    l.layers.push_back(li);
-  }
-  begin_unit();
-  l.final_norm = add(l, "model.norm.weight", {C}, -1, false, ParamInit::Ones);
-  l.lm_head = s.tied_embeddings ? l.embedding
-                                : add(l, "lm_head.weight", {s.vocab_size, C}, -1, true, ParamInit::Normal);
-  return l;
+void ParamLayoutBuilder::begin_unit(std::string prefix, int layer) {
+  l_.units.push_back({l_.total, l_.total});
+  prefix_ = std::move(prefix);
+  layer_ = layer;
+}
+
+int ParamLayoutBuilder::add(std::string_view name, Shape shape, ParamInit init, bool decay,
+                            TensorParallelStyle tp, std::vector<int64_t> fused_rows) {
+  ParamInfo p;
+  p.name = prefix_ + std::string(name);
+  p.shape = shape;
+  p.offset = l_.total;
+  p.layer = layer_;
+  p.unit = static_cast<int>(l_.units.size()) - 1;
+  p.decay = decay;
+  p.init = init;
+  p.tp = tp;
+  p.fused_rows = std::move(fused_rows);
+  l_.total += (p.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
+  l_.units.back().end = l_.total;
+  l_.params.push_back(std::move(p));
+  return static_cast<int>(l_.params.size()) - 1;
+}
+
+ParamLayout make_param_layout(const ModelSpec& spec) {
+  return decoder_param_layout(spec, make_decoder_layers(spec));
 }
 
 }  // namespace tessera

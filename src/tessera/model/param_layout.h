@@ -4,27 +4,46 @@
 // large buckets and ZeRO shards contiguous ranges. The buffer is cut into units, each
 // contiguous and read by one stage of the model (the embedding, each decoder layer, the final
 // norm with the output head), so a unit can be gathered or freed as a whole (FSDP).
+//
+// The layout is built by the model family's blocks (model/block.h), each declaring its own
+// parameters; nothing here knows which projections a layer has.
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/tensor.h"
-#include "tessera/model/model_spec.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera {
 
+struct ModelSpec;
+
 enum class ParamInit { Normal, ScaledNormal, Ones, Zeros };
 
+// How tensor parallelism splits a parameter across the ranks of a group (Megatron's layer
+// kinds): the family's blocks declare it with each parameter, parallelize applies it.
+enum class TensorParallelStyle {
+  Replicated,  // every rank holds all of it (norms)
+  Column,      // output rows split: each rank computes a slice of the outputs
+  Row,         // input columns split: each rank computes partial sums of every output
+  Vocab,       // embedding/output-head rows split by vocabulary range
+};
+
 struct ParamInfo {
-  std::string name;   // e.g. "model.layers.3.self_attn.qkv_proj.weight"
+  std::string name;  // e.g. "model.layers.3.self_attn.qkv_proj.weight"
   Shape shape;
-  int64_t offset = 0; // elements from the start of the flat buffer
-  int layer = -1;     // -1 for embedding, final norm and output head
-  int unit = 0;       // the ParamLayout::units entry holding it
-  bool decay = true;  // weight matrices decay; norms and biases do not
+  int64_t offset = 0;  // elements from the start of the flat buffer
+  int layer = -1;      // -1 for embedding, final norm and output head
+  int unit = 0;        // the ParamLayout::units entry holding it
+  bool decay = true;   // weight matrices decay; norms and biases do not
   ParamInit init = ParamInit::Normal;
+  TensorParallelStyle tp = TensorParallelStyle::Replicated;
+  // A fused projection's pieces, as rows stacked along the first dimension in order (q, k, v;
+  // gate, up): column parallelism splits each piece, and Hugging Face stores them apart.
+  // Empty for a parameter that is one piece.
+  std::vector<int64_t> fused_rows;
   int64_t numel() const { return shape.numel(); }
 };
 
@@ -42,15 +61,16 @@ struct FlatSlice {
   Tensor values;
 };
 
-// Indices into ParamLayout::params for one decoder layer (-1 when absent).
-struct LayerParamIndex {
-  int attn_norm = -1, qkv_weight = -1, qkv_bias = -1, o_proj = -1, mlp_norm = -1,
-      gate_up = -1, down_proj = -1;
+// What an optimizer updates of the flat layout: a range, with where this rank keeps its
+// compute-dtype parameters and fp32 gradients (range.count() elements each). Data
+// parallelism that shards the optimizer hands these out.
+struct OwnedParams {
+  ParamRange range;
+  Tensor params, grads;
 };
 
 struct ParamLayout {
   std::vector<ParamInfo> params;
-  std::vector<LayerParamIndex> layers;
   int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
   int64_t total = 0;
   // Consecutive ranges covering [0, total): 0 the embedding, 1 + l decoder layer l, and last
@@ -66,9 +86,25 @@ struct ParamLayout {
   std::vector<ParamSegment> decay_segments() const;
 };
 
-// Order: embedding; per layer: input norm, qkv (+bias), o_proj, post-attention norm,
-// gate_up, down; final norm; output head (if untied). Each offset is rounded up to a
-// multiple of 64 elements so every tensor starts 128-byte aligned for vector loads.
+// Appends parameters to a layout unit by unit. Each offset is rounded up to a multiple of 64
+// elements so every tensor starts 128-byte aligned for vector loads.
+class ParamLayoutBuilder {
+ public:
+  explicit ParamLayoutBuilder(ParamLayout& layout) : l_(layout) {}
+  // Starts the next unit; parameters added to it are named prefix + name and belong to
+  // `layer` (-1: none).
+  void begin_unit(std::string prefix, int layer);
+  int add(std::string_view name, Shape shape, ParamInit init, bool decay,
+          TensorParallelStyle tp = TensorParallelStyle::Replicated,
+          std::vector<int64_t> fused_rows = {});
+
+ private:
+  ParamLayout& l_;
+  std::string prefix_;
+  int layer_ = -1;
+};
+
+// The layout of `spec`'s model (model/decoder_layer.h: decoder_param_layout).
 ParamLayout make_param_layout(const ModelSpec& spec);
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/fully_sharded.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/train/adamw_optimizer.h"
@@ -40,7 +41,7 @@ bool parse_sharding(std::string_view name, Sharding* out) {
 }
 
 MemoryPlan plan_memory(const PlanInput& in) {
-  const ModelMemory model = LlamaModel::plan_memory(in.spec, in.runtime);
+  const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
   const int64_t params = make_param_layout(in.spec).total;
   const DType dt = in.runtime.compute_dtype;
   const int64_t n = std::max<int64_t>(1, in.num_gpus);

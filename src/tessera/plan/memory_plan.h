@@ -3,7 +3,7 @@
 // state and activations for an experiment, before anything is allocated.
 //
 // The single-GPU numbers come from the same functions the model and the optimizer size their
-// buffers with (LlamaModel::plan_memory, AdamWOptimizer::state_bytes), so the planner cannot
+// buffers with (DecoderModel::plan_memory, AdamWOptimizer::state_bytes), so the planner cannot
 // drift from the real allocations. What the planner adds on top is stated here and in
 // docs/memory.md: the sharding of data-parallel runs, the GPU backend's own buffers and an
 // allowance for what the driver takes outside Tessera's allocations.
@@ -13,7 +13,7 @@
 
 #include "tessera/config/config.h"
 #include "tessera/core/dtype.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/model.h"
 #include "tessera/model/model_spec.h"
 
 namespace tessera::plan {

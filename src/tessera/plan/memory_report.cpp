@@ -57,7 +57,7 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
   t.name = "memory_breakdown";
   t.title = "Memory per GPU";
   t.note =
-      "bytes from LlamaModel::plan_memory, FullyShardedDataParallel::plan_memory and "
+      "bytes from DecoderModel::plan_memory, FullyShardedDataParallel::plan_memory and "
       "AdamWOptimizer::state_bytes (what the run "
       "allocates); allocated = what memory_stats() reports as peak; total adds the CUDA "
       "context allowance.";

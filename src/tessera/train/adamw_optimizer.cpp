@@ -20,7 +20,7 @@ std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segment
 
 }  // namespace
 
-AdamWOptimizer::AdamWOptimizer(LlamaModel& model, const TrainingConfig& config,
+AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
                                std::vector<OwnedParams> owned)
     : model_(model),
       config_(config),

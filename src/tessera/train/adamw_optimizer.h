@@ -9,23 +9,16 @@
 #include <vector>
 
 #include "tessera/config/config.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/model.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
-
-// A range of the flat layout an optimizer updates, with where this rank keeps its
-// compute-dtype parameters and fp32 gradients (range.count() elements each).
-struct OwnedParams {
-  ParamRange range;
-  Tensor params, grads;
-};
 
 class AdamWOptimizer {
  public:
   // owned: what this optimizer updates, ranges in increasing order (empty: everything, in the
   // model's flat buffers).
-  AdamWOptimizer(LlamaModel& model, const TrainingConfig& config,
+  AdamWOptimizer(Model& model, const TrainingConfig& config,
                  std::vector<OwnedParams> owned = {});
 
   // Bytes of optimizer state for `params` elements when parameters are `compute` dtype.
@@ -48,7 +41,7 @@ class AdamWOptimizer {
   std::vector<FlatSlice> master_slices() const;
 
  private:
-  LlamaModel& model_;
+  Model& model_;
   TrainingConfig config_;
   std::vector<ParamSegment> segments_;
   std::vector<OwnedParams> owned_;

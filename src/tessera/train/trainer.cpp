@@ -9,6 +9,7 @@
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
 #include "tessera/plan/memory_plan.h"
@@ -132,7 +133,7 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
 
   check_memory_fits();
   try {
-    model_ = std::make_unique<LlamaModel>(*backend_, spec_, runtime_);
+    model_ = std::make_unique<DecoderModel>(*backend_, spec_, runtime_);
     if (comm_)
       dp_ = dist::make_data_parallelism(
           *comm_, *model_,

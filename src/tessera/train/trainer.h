@@ -11,7 +11,7 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/data_parallel.h"
-#include "tessera/model/llama_model.h"
+#include "tessera/model/model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
 #include "tessera/ops/backend.h"
@@ -60,7 +60,7 @@ class Trainer {
   int64_t completed_iterations() const { return completed_iterations_; }
   uint64_t consumed_samples() const { return consumed_samples_; }
 
-  LlamaModel& model() { return *model_; }
+  Model& model() { return *model_; }
   AdamWOptimizer& optimizer() { return *optimizer_; }
   Backend& backend() { return *backend_; }
   const ModelSpec& spec() const { return spec_; }
@@ -84,7 +84,7 @@ class Trainer {
   DataSources data_;
   ModelSpec spec_;
   ModelRuntime runtime_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Model> model_;
   dist::Communicator* comm_ = nullptr;
   std::unique_ptr<dist::DataParallelism> dp_;
   std::unique_ptr<AdamWOptimizer> optimizer_;

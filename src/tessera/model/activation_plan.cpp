@@ -1,0 +1,74 @@
+#include "tessera/model/activation_plan.h"
+
+#include <algorithm>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t aligned_bytes(DType dtype, const Shape& shape) {
+  const size_t n = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
+
+void ActivationPlan::place(Tensor* target, DType dtype, Shape shape, Region region) {
+  const size_t bytes = aligned_bytes(dtype, shape);
+  size_t offset = 0;
+  if (region == kStored) {
+    offset = sizes_[kStored];
+    sizes_[kStored] += bytes;
+  } else if (region == kRecomputable) {
+    sizes_[kRecomputable] = std::max(sizes_[kRecomputable], bytes);  // one tensor at a time
+  } else {
+    offset = cursor_;
+    cursor_ += bytes;
+    sizes_[region] = std::max(sizes_[region], cursor_);
+  }
+  items_.push_back({target, dtype, shape, region, offset});
+}
+
+void ActivationPlan::add(Tensor* target, DType dtype, Shape shape, Keep keep) {
+  const bool recomputable = keep == Keep::Recomputable && selective_ && current_ == kStored;
+  place(target, dtype, shape, recomputable ? kRecomputable : current_);
+}
+
+void ActivationPlan::begin_layer(bool recomputed) {
+  TS_CHECK(current_ == kStored, "activation plan: a layer began inside another set");
+  if (recomputed) current_ = kRecomputedLayers, cursor_ = 0;
+}
+
+void ActivationPlan::end_layer() {
+  TS_CHECK(current_ != kBackwardScratch, "activation plan: end_layer in backward scratch");
+  current_ = kStored;
+}
+
+void ActivationPlan::begin_backward_scratch() {
+  TS_CHECK(current_ == kStored, "activation plan: backward scratch began inside another set");
+  current_ = kBackwardScratch;
+  cursor_ = 0;
+}
+
+void ActivationPlan::end_backward_scratch() {
+  TS_CHECK(current_ == kBackwardScratch, "activation plan: no backward scratch to end");
+  current_ = kStored;
+}
+
+size_t ActivationPlan::bytes() const {
+  size_t total = 0;
+  for (size_t s : sizes_) total += s;
+  return total;
+}
+
+void ActivationPlan::bind(const DeviceBuffer& buffer) const {
+  size_t base[kRegions] = {};
+  for (int r = 1; r < kRegions; ++r) base[r] = base[r - 1] + sizes_[r - 1];
+  for (const Item& it : items_)
+    *it.target = buffer.tensor(it.dtype, it.shape, base[it.region] + it.offset);
+}
+
+}  // namespace tessera

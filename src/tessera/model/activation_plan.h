@@ -1,0 +1,60 @@
+#pragma once
+// Every activation of a model in one planned allocation, sized before anything runs so that the
+// memory a run needs is known up front and nothing is allocated inside a step. Tensors are
+// declared with how long their values must live, which decides where they go:
+//   stored         its own bytes (residual states, what the backward reads);
+//   a recomputed layer's
+//                  between begin_layer(true) and end_layer(): every fully recomputed layer's
+//                  tensors share one region, refilled by the layer's recompute pass before
+//                  its backward (recompute_granularity full);
+//   recomputable   with selective recompute, one region shared by every such tensor, refilled
+//                  by its block just before each use (norm outputs, the SwiGLU output);
+//                  otherwise stored;
+//   backward scratch
+//                  between begin_backward_scratch() and end_backward_scratch(): live only inside
+//                  one block's backward, so every block's set shares one region.
+// A region shared by several sets is as large as the largest set.
+#include <cstddef>
+#include <vector>
+
+#include "tessera/core/tensor.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera {
+
+enum class Keep { Stored, Recomputable };
+
+class ActivationPlan {
+ public:
+  explicit ActivationPlan(bool selective_recompute) : selective_(selective_recompute) {}
+
+  void add(Tensor* target, DType dtype, Shape shape, Keep keep = Keep::Stored);
+
+  void begin_layer(bool recomputed);
+  void end_layer();
+  void begin_backward_scratch();
+  void end_backward_scratch();
+
+  size_t bytes() const;
+  // Points every declared tensor into `buffer` (at least bytes() long).
+  void bind(const DeviceBuffer& buffer) const;
+
+ private:
+  enum Region { kStored, kRecomputedLayers, kRecomputable, kBackwardScratch, kRegions };
+  struct Item {
+    Tensor* target;
+    DType dtype;
+    Shape shape;
+    Region region;
+    size_t offset;  // within the region
+  };
+  void place(Tensor* target, DType dtype, Shape shape, Region region);
+
+  bool selective_;
+  Region current_ = kStored;  // where add() puts stored tensors now
+  size_t cursor_ = 0;         // next offset in a shared region's current set
+  size_t sizes_[kRegions] = {};
+  std::vector<Item> items_;
+};
+
+}  // namespace tessera

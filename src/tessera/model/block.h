@@ -1,0 +1,85 @@
+#pragma once
+// A decoder layer is a sequence of blocks, each a pre-norm residual sub-layer
+// out = x + f(norm(x)): an attention block (GQA now; MLA next) then an MLP block (dense
+// SwiGLU now; MoE next). A block declares its parameters, activations and backward scratch,
+// and runs its forward and backward through LayerOps, which the model implements: parameter
+// access, linear layers (bf16 or FP8) and the shared tensors of a pass. A new kind of block
+// is a new file here; a family (model/model_family.h) says which blocks its layers have.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/model/activation_plan.h"
+#include "tessera/model/model.h"
+#include "tessera/model/param_layout.h"
+
+namespace tessera {
+
+// What a block sees of its model during a pass.
+class LayerOps {
+ public:
+  virtual ~LayerOps() = default;
+  virtual Backend& backend() const = 0;
+  virtual const ModelSpec& spec() const = 0;
+  virtual const ModelRuntime& runtime() const = 0;
+  virtual Tensor param(int index) const = 0;
+  virtual Tensor grad(int index) const = 0;
+  // out = in @ W^T (+ bias) (+ residual). A residual is added exactly once: folded into the
+  // GEMM (its beta) on the rank that owns the output's sum (model.h, tensor_parallel_rank).
+  virtual void linear(const Tensor& out, const Tensor& in, int weight, int bias,
+                      const Tensor& residual = {}) = 0;
+  // din = dout @ W (skipped when din is undefined); dW += dout^T @ in (dW = ... for the step's
+  // first contribution); dbias += colsum(dout).
+  virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
+                               int bias) = 0;
+  // (T, rotary dims) fp32: the rope ops' cos/sin table for the run's sequence length.
+  virtual const Tensor& rope_table() const = 0;
+  // (N, C): the gradient of a norm's output, shared by every block's backward.
+  virtual const Tensor& norm_grad() const = 0;
+};
+
+class Block {
+ public:
+  virtual ~Block() = default;
+  // The trace ranges of its forward and backward (string literals).
+  virtual const char* range_name() const = 0;
+  virtual const char* backward_range_name() const = 0;
+  // Adds its parameters, in layout order, to the layer's unit and keeps their indices.
+  virtual void declare_params(ParamLayoutBuilder& builder) = 0;
+  // The parameters its GEMMs multiply, in the order they run (the FP8 linear layers).
+  virtual std::vector<int> linear_weights() const = 0;
+  // Its activations (within the layer's set) and its backward's scratch (backward set).
+  virtual void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) = 0;
+  virtual void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) = 0;
+
+  // forward = forward_inner then forward_output. forward_inner is everything but the output
+  // projection, which writes out = x + projection: a fully recomputed layer reruns the inner
+  // part of its last block only, its output being stored.
+  virtual void forward_inner(LayerOps& ops, const Tensor& x) = 0;
+  virtual void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) = 0;
+  // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x): the residual path plus the
+  // block's. Weight gradients accumulate.
+  virtual void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) = 0;
+
+  // Model FLOPs (model_spec.h): weights its GEMMs multiply per token, and attention's
+  // score and value FLOPs per token of a training step (forward and backward).
+  virtual int64_t matmul_params() const = 0;
+  virtual double attention_flops_per_token(int64_t seq_length) const {
+    (void)seq_length;
+    return 0;
+  }
+};
+
+// Brackets ops in a trace range (NVTX on CUDA).
+class ScopedRange {
+ public:
+  ScopedRange(Backend& b, const char* name) : b_(b) { b_.range_push(name); }
+  ~ScopedRange() { b_.range_pop(); }
+  ScopedRange(const ScopedRange&) = delete;
+  ScopedRange& operator=(const ScopedRange&) = delete;
+
+ private:
+  Backend& b_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,36 @@
+#pragma once
+// Grouped-query self-attention with rotary embeddings (Llama, Qwen 2.5, Mistral):
+//   ln  = rmsnorm(x)                         (N, C)
+//   qkv = ln @ Wqkv^T (+ bias)               (N, (H + 2 KV) D), q, k, v heads packed per token
+//   rope on the q and k heads; att = causal (optionally windowed) softmax attention (N, H D)
+//   out = x + att @ Wo^T                     (N, C)
+#include "tessera/model/block.h"
+
+namespace tessera {
+
+class GqaAttentionBlock final : public Block {
+ public:
+  explicit GqaAttentionBlock(const ModelSpec& spec) : s_(spec) {}
+
+  const char* range_name() const override { return "attention_block"; }
+  const char* backward_range_name() const override { return "attention_block_backward"; }
+  void declare_params(ParamLayoutBuilder& builder) override;
+  std::vector<int> linear_weights() const override { return {qkv_weight_, o_proj_}; }
+  void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
+  void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
+  void forward_inner(LayerOps& ops, const Tensor& x) override;
+  void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) override;
+  void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) override;
+  int64_t matmul_params() const override;
+  double attention_flops_per_token(int64_t seq_length) const override;
+
+ private:
+  AttentionShape shape(const ModelRuntime& rt) const;
+
+  ModelSpec s_;
+  int norm_ = -1, qkv_weight_ = -1, qkv_bias_ = -1, o_proj_ = -1;
+  Tensor ln_, rstd_, qkv_, att_, lse_;  // activations
+  Tensor datt_, dqkv_;                  // backward scratch
+};
+
+}  // namespace tessera

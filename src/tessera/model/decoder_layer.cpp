@@ -1,0 +1,106 @@
+#include "tessera/model/decoder_layer.h"
+
+#include <fmt/format.h>
+
+#include "tessera/model/model_family.h"
+
+namespace tessera {
+
+DecoderLayer::DecoderLayer(int64_t index, std::vector<std::unique_ptr<Block>> blocks)
+    : index_(index), blocks_(std::move(blocks)), between_(blocks_.size() - 1) {}
+
+void DecoderLayer::declare_params(ParamLayoutBuilder& builder) {
+  builder.begin_unit(fmt::format("model.layers.{}.", index_), static_cast<int>(index_));
+  for (auto& b : blocks_) b->declare_params(builder);
+}
+
+std::vector<int> DecoderLayer::linear_weights() const {
+  std::vector<int> weights;
+  for (const auto& b : blocks_)
+    for (int w : b->linear_weights()) weights.push_back(w);
+  return weights;
+}
+
+void DecoderLayer::declare_activations(ActivationPlan& plan, const ModelSpec& spec,
+                                       const ModelRuntime& rt, bool recomputed) {
+  plan.begin_layer(recomputed);
+  for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.tokens(), spec.hidden});
+  for (auto& b : blocks_) b->declare_activations(plan, rt);
+  plan.end_layer();
+}
+
+void DecoderLayer::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
+  for (auto& b : blocks_) {
+    plan.begin_backward_scratch();
+    b->declare_backward_scratch(plan, rt);
+    plan.end_backward_scratch();
+  }
+}
+
+void DecoderLayer::run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool last_output) {
+  Tensor in = x;
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const bool last = i + 1 == blocks_.size();
+    ScopedRange r(ops.backend(), blocks_[i]->range_name());
+    blocks_[i]->forward_inner(ops, in);
+    if (last && !last_output) break;
+    const Tensor& next = last ? out : between_[i];
+    blocks_[i]->forward_output(ops, in, next);
+    in = next;
+  }
+}
+
+void DecoderLayer::forward(LayerOps& ops, const Tensor& x, const Tensor& out) {
+  run_blocks(ops, x, out, true);
+}
+
+void DecoderLayer::recompute(LayerOps& ops, const Tensor& x) {
+  run_blocks(ops, x, {}, false);
+}
+
+void DecoderLayer::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    ScopedRange r(ops.backend(), blocks_[i]->backward_range_name());
+    blocks_[i]->backward(ops, i == 0 ? x : between_[i - 1], dresid);
+  }
+}
+
+int64_t DecoderLayer::matmul_params() const {
+  int64_t n = 0;
+  for (const auto& b : blocks_) n += b->matmul_params();
+  return n;
+}
+
+double DecoderLayer::attention_flops_per_token(int64_t seq_length) const {
+  double f = 0;
+  for (const auto& b : blocks_) f += b->attention_flops_per_token(seq_length);
+  return f;
+}
+
+std::unique_ptr<DecoderLayer> make_decoder_layer(const ModelSpec& spec, int64_t layer) {
+  return std::make_unique<DecoderLayer>(layer, model_family(spec.family).layer_blocks(spec, layer));
+}
+
+std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& spec) {
+  std::vector<std::unique_ptr<DecoderLayer>> layers;
+  for (int64_t l = 0; l < spec.num_layers; ++l) layers.push_back(make_decoder_layer(spec, l));
+  return layers;
+}
+
+ParamLayout decoder_param_layout(const ModelSpec& s,
+                                 const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
+  ParamLayout l;
+  ParamLayoutBuilder b(l);
+  b.begin_unit("model.", -1);
+  l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,
+                      TensorParallelStyle::Vocab);
+  for (const auto& layer : layers) layer->declare_params(b);
+  b.begin_unit("", -1);
+  l.final_norm = b.add("model.norm.weight", {s.hidden}, ParamInit::Ones, false);
+  l.lm_head = s.tied_embeddings ? l.embedding
+                                : b.add("lm_head.weight", {s.vocab_size, s.hidden},
+                                        ParamInit::Normal, true, TensorParallelStyle::Vocab);
+  return l;
+}
+
+}  // namespace tessera

@@ -1,0 +1,53 @@
+#pragma once
+// One decoder layer: its blocks in order (model/block.h) and the residual states between
+// them, one parameter unit. The family decides the blocks (make_decoder_layer).
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/model/block.h"
+
+namespace tessera {
+
+class DecoderLayer {
+ public:
+  DecoderLayer(int64_t index, std::vector<std::unique_ptr<Block>> blocks);
+
+  // Starts the layer's unit ("model.layers.<index>.") and adds every block's parameters.
+  void declare_params(ParamLayoutBuilder& builder);
+  std::vector<int> linear_weights() const;
+  // The layer's activations; `recomputed`: a full-recompute layer (activation_plan.h).
+  void declare_activations(ActivationPlan& plan, const ModelSpec& spec, const ModelRuntime& rt,
+                           bool recomputed);
+  void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt);
+
+  // out (N, C) = the layer applied to x (N, C).
+  void forward(LayerOps& ops, const Tensor& x, const Tensor& out);
+  // forward without its final projection, whose output (the next residual state) is stored:
+  // refills a fully recomputed layer's activations before its backward.
+  void recompute(LayerOps& ops, const Tensor& x);
+  // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x).
+  void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid);
+
+  int64_t matmul_params() const;
+  double attention_flops_per_token(int64_t seq_length) const;
+
+ private:
+  void run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool last_output);
+
+  int64_t index_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<Tensor> between_;  // (N, C) residual state after each block but the last
+};
+
+// Layer `layer` of `spec`'s model, made of its family's blocks; all of its layers.
+std::unique_ptr<DecoderLayer> make_decoder_layer(const ModelSpec& spec, int64_t layer);
+std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& spec);
+
+// The parameter layout of a decoder with these layers (param_layout.h), which keep the
+// indices of their parameters in it: the embedding; per layer, each block's parameters in
+// order; the final norm; the output head (if untied).
+ParamLayout decoder_param_layout(const ModelSpec& spec,
+                                 const std::vector<std::unique_ptr<DecoderLayer>>& layers);
+
+}  // namespace tessera

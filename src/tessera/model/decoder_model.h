@@ -1,0 +1,112 @@
+#pragma once
+// The decoder every family builds (model/model_family.h): a token embedding, decoder layers
+// made of the family's blocks, a final RMSNorm and an output head with a chunked
+// cross-entropy, written once against the op API. Forward and backward are explicit (no
+// autograd): every activation lives in one planned arena (model/activation_plan.h) sized for
+// (micro_batch, seq) at construction, so the memory a run needs is known before it starts and
+// nothing is allocated inside a step.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tessera/model/block.h"
+#include "tessera/model/decoder_layer.h"
+#include "tessera/model/model.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera {
+
+class DecoderModel final : public Model, private LayerOps {
+ public:
+  DecoderModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime);
+  ~DecoderModel() override;
+
+  // What construction allocates, computable without a backend: the same declarations the
+  // constructor allocates from.
+  static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime);
+
+  const ModelSpec& spec() const override { return spec_; }
+  const ModelRuntime& runtime() const override { return runtime_; }
+  const ParamLayout& layout() const override { return layout_; }
+  Backend& backend() const override { return backend_; }
+
+  Tensor params() const override { return params_; }
+  Tensor grads() const override { return grads_; }
+  Tensor param(int index) const override;
+  Tensor grad(int index) const override;
+  void bind_unit_params(int unit, const Tensor& params) override;
+  void bind_unit_grads(int unit, const Tensor& grads) override;
+  void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
+
+  // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
+  // weights' gradients are written, not added, by their first weight-gradient GEMM of the
+  // step, which saves a pass over most of the buffer.
+  void zero_grads() override;
+  void set_batch(const int32_t* tokens, const int32_t* targets) override;
+  void forward_backward(float grad_scale) override;
+  void forward_loss() override;
+  void forward_logits(const Tensor& logits) override;
+  Tensor loss_sum() const override { return a_.loss_sum; }
+  void zero_loss_sum() override;
+
+  Fp8Linears* fp8() const override { return fp8_.get(); }
+  void params_updated() override;
+
+ private:
+  // Model-level activations (the layers and blocks hold their own).
+  struct Activations {
+    std::vector<Tensor> resid;  // L+1 residual states (N, C)
+    Tensor final_norm, final_rstd, logits, losses, loss_sum;
+    Tensor dresid, dnorm;  // backward: d(residual state), d(a norm's output)
+    Tensor tokens, targets, freqs;
+  };
+  // Declares the layers' and the model's activations into `plan`.
+  static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
+                                  const std::vector<std::unique_ptr<DecoderLayer>>& layers,
+                                  Activations& a, ActivationPlan& plan);
+  bool recomputes_fully(int64_t layer) const;
+
+  // LayerOps
+  void linear(const Tensor& out, const Tensor& in, int weight, int bias,
+              const Tensor& residual) override;
+  void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
+                       int bias) override;
+  const Tensor& rope_table() const override { return a_.freqs; }
+  const Tensor& norm_grad() const override { return a_.dnorm; }
+
+  void embed();
+  void forward_layers();
+  void head_forward(bool with_grad, float grad_scale);
+  // The observer's calls (no-ops without one). The tail's also cover the embedding table
+  // when the head is tied to it.
+  void params_needed(int unit, int next);
+  void params_done(int unit);
+  void grads_needed(int unit);
+  void grads_ready(int unit);
+  void tail_params_needed(int next);
+  void tail_params_done();
+  bool tied() const { return layout_.lm_head == layout_.embedding; }
+
+  Backend& backend_;
+  ModelSpec spec_;
+  ModelRuntime runtime_;
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  ParamLayout layout_;
+  DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
+  Tensor params_, grads_;
+  std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
+  ParamUnitObserver* observer_ = nullptr;
+
+  Activations a_;
+
+  std::unique_ptr<Fp8Linears> fp8_;
+  std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1
+  // The ranges of grads_ that zero_grads() fills: everything but the weights that only
+  // weight-gradient GEMMs write.
+  std::vector<ParamRange> accumulated_grad_ranges_;
+  // Per parameter: whether a weight-gradient GEMM wrote it since zero_grads() (the next one
+  // accumulates).
+  std::vector<char> grad_written_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,108 @@
+#pragma once
+// What the trainer, the optimizer, data parallelism and checkpoints need of a model: a flat
+// parameter layout cut into units, forward/backward passes over a micro-batch, and hooks that
+// let code outside the model manage parameters across ranks. Model code is single-device and
+// rank-free; parallel layouts are applied from outside (distributed/parallelize.h).
+#include <cstdint>
+
+#include "tessera/config/config.h"
+#include "tessera/model/fp8_linears.h"
+#include "tessera/model/model_spec.h"
+#include "tessera/model/param_layout.h"
+#include "tessera/ops/backend.h"
+
+namespace tessera {
+
+struct ModelRuntime {
+  int64_t micro_batch = 1;
+  int64_t seq_length = 128;
+  DType compute_dtype = DType::F32;
+  RecomputeGranularity recompute = RecomputeGranularity::None;
+  int64_t recompute_num_layers = 0;  // with Full: first N layers; 0 = all
+  int64_t cross_entropy_chunk_tokens = 8192;
+  // The parameter and gradient buffers are allocated for the parameter count rounded up to
+  // this multiple, so data parallelism can split them into equal per-rank shards.
+  int64_t flat_buffer_multiple = 1;
+  // FSDP: parameters and gradients live outside the model, sharded over ranks. The model then
+  // allocates no flat buffers; its unit observer binds each unit's tensors (bind_unit_params,
+  // bind_unit_grads) before the model reads or writes them, and starts each unit's gradients
+  // from what they already hold, so every weight-gradient GEMM accumulates.
+  bool sharded_params = false;
+  // This rank's index in its tensor-parallel group. A row-parallel projection leaves partial
+  // sums that the group adds up, so only rank 0 adds the residual into its output (the
+  // residual is added exactly once).
+  int tensor_parallel_rank = 0;
+  Fp8Options fp8;  // FP8 linear layers (off by default)
+
+  int64_t tokens() const { return micro_batch * seq_length; }
+};
+
+// Bytes the model needs on its device, by purpose (the out-of-memory message and the
+// memory planner report these).
+struct ModelMemory {
+  size_t weights = 0;      // compute-dtype parameters
+  size_t gradients = 0;    // fp32 gradients
+  size_t activations = 0;  // stored activations, backward scratch, logits chunk, batch
+  size_t fp8 = 0;          // FP8 scaling state, weight cache and cast buffers (fp8 runs)
+};
+
+// What the model reports, as a pass goes, to whoever manages its parameters across ranks
+// (distributed/): when it reads each unit's parameters (ParamLayout::units) and writes its
+// gradients, so they can be gathered just in time and reduced as soon as they are final.
+class ParamUnitObserver {
+ public:
+  virtual ~ParamUnitObserver() = default;
+  // The pass is about to read unit u's parameters; it reads unit `next` after them (-1: none).
+  virtual void params_needed(int unit, int next) { (void)unit, (void)next; }
+  // Every read of unit u's parameters until the next params_needed(u) is queued.
+  virtual void params_done(int unit) { (void)unit; }
+  // Once per micro-batch, before the backward first writes unit u's gradients.
+  virtual void grads_needed(int unit) { (void)unit; }
+  // Unit u's gradients of this micro-batch are final (offsets >= its begin get no more).
+  virtual void grads_ready(int unit) { (void)unit; }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelSpec& spec() const = 0;
+  virtual const ModelRuntime& runtime() const = 0;
+  virtual const ParamLayout& layout() const = 0;
+  virtual Backend& backend() const = 0;
+
+  // (P) compute dtype and fp32, flat; undefined with runtime().sharded_params.
+  virtual Tensor params() const = 0;
+  virtual Tensor grads() const = 0;
+  virtual Tensor param(int index) const = 0;
+  virtual Tensor grad(int index) const = 0;
+  // sharded_params: where unit u's parameters (compute dtype) or gradients (fp32) are now, at
+  // least units[u].count() elements laid out as in the flat buffer from units[u].begin.
+  virtual void bind_unit_params(int unit, const Tensor& params) = 0;
+  virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;
+  // Parallelism follows every pass through it (null: none).
+  virtual void set_unit_observer(ParamUnitObserver* observer) = 0;
+
+  // Starts a step's gradients (and the step's FP8 non-finite check).
+  virtual void zero_grads() = 0;
+  // Host int32 arrays of micro_batch * seq_length ids; negative targets are ignored.
+  virtual void set_batch(const int32_t* tokens, const int32_t* targets) = 0;
+  // Forward and backward of the current batch. Gradients accumulate into grads(); the
+  // summed token losses accumulate into loss_sum(). d(loss)/d(logits) is scaled by
+  // grad_scale (1 / tokens per optimizer step for a mean loss).
+  virtual void forward_backward(float grad_scale) = 0;
+  // Forward only (evaluation): summed token losses accumulate into loss_sum().
+  virtual void forward_loss() = 0;
+  // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
+  virtual void forward_logits(const Tensor& logits) = 0;
+  virtual Tensor loss_sum() const = 0;  // (1) fp32 on the device
+  virtual void zero_loss_sum() = 0;
+
+  // The FP8 linear layers, or null when runtime().fp8 is off.
+  virtual Fp8Linears* fp8() const = 0;
+  // The parameters changed outside forward/backward (optimizer step, loading): drops
+  // everything derived from them (the FP8 weight cache).
+  virtual void params_updated() = 0;
+};
+
+}  // namespace tessera
