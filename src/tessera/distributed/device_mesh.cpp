@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
+#include "tessera/distributed/communicator.h"
 
 namespace tessera::dist {
 namespace {
@@ -135,6 +136,17 @@ std::string DeviceMesh::description() const {
     if (size(d) > 1) s += fmt::format(" x {} {}", mesh_dim_name(d), size(d));
   if (sizes_.ep > 1) s += fmt::format(", experts: ep {} x expert dp {}", sizes_.ep, expert_dp_);
   return s;
+}
+
+std::unique_ptr<Communicator> split_mesh_group(Communicator& world, const DeviceMesh& mesh,
+                                               std::initializer_list<MeshDim> dims) {
+  TS_CHECK(world.size() == mesh.world_size(), "a {}-rank communicator for a {}-rank mesh",
+           world.size(), mesh.world_size());
+  const std::vector<int> ranks = mesh.group_ranks(world.rank(), dims);
+  std::string label;
+  for (MeshDim d : dims) label += std::string(label.empty() ? "" : "-") + mesh_dim_name(d);
+  // The smallest rank names the group uniquely; keys by rank keep group_ranks' order.
+  return world.split(ranks.front(), world.rank(), label);
 }
 
 }  // namespace tessera::dist

@@ -20,10 +20,13 @@
 //   {TP, EP}      expert tensor and model parallel (the MoE token all-to-all with TP)
 // A group never mixes dense-only dimensions (CP, DP) with expert-only ones (EP, ExpertDP).
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace tessera::dist {
+
+class Communicator;
 
 enum class MeshDim { TP, CP, DP, PP, EP, ExpertDP };
 
@@ -78,5 +81,10 @@ class DeviceMesh {
   MeshSizes sizes_;
   int dp_, expert_dp_;
 };
+
+// The communicator of `rank`'s group over `dims` (ranks in group_ranks order), split from
+// `world`, whose ranks are the mesh's. Collective over `world`, like Communicator::split.
+std::unique_ptr<Communicator> split_mesh_group(Communicator& world, const DeviceMesh& mesh,
+                                               std::initializer_list<MeshDim> dims);
 
 }  // namespace tessera::dist
