@@ -18,12 +18,6 @@
 namespace tessera::dist {
 namespace {
 
-// Thrown on the ranks that another rank's failure released: a consequence, never the cause.
-class Released : public DistributedError {
- public:
-  using DistributedError::DistributedError;
-};
-
 std::string tensor_text(const Tensor& t) {
   return fmt::format("{} B ({})", t.nbytes(), dtype_name(t.dtype));
 }
@@ -57,8 +51,10 @@ struct LocalCommunicator::Job {
     cv.notify_all();
   }
 
+  // On the ranks that another's failure released: a consequence, never the run's cause.
   void throw_if_failed(int rank) const {
-    if (failed()) throw Released(fmt::format("rank {}: released: another rank failed", rank));
+    if (failed())
+      throw DistributedError(fmt::format("rank {}: released: another rank failed", rank));
   }
 
   // Blocks global rank `rank` until ready() (evaluated under the lock `lock` holds).
@@ -116,6 +112,7 @@ struct LocalCommunicator::Call {
     return std::strcmp(name, o.name) == 0 && bytes == o.bytes && dtype == o.dtype && root == o.root;
   }
   std::string text() const {
+    if (std::strcmp(name, "split") == 0) return name;
     return fmt::format("{} of {} B ({}){}", name, bytes, dtype_name(dtype),
                        std::strcmp(name, "broadcast") == 0 ? fmt::format(" from {}", root) : "");
   }
@@ -358,8 +355,9 @@ std::unique_ptr<Communicator> LocalCommunicator::split(int color, int key,
 void run_local_ranks(int world, const std::function<void(int rank, Communicator& comm)>& body) {
   TS_CHECK(world >= 1, "run_local_ranks: {} ranks", world);
   // The ranks call OpenBLAS from several threads at once, which its OpenMP build supports
-  // only when it runs single-threaded (else its shared buffers race and results are wrong).
-  // The CPU backend's results do not depend on the thread count.
+  // only when it runs single-threaded (its threaded path assumes one caller at a time; see
+  // OpenBLAS's FAQ on multi-threaded applications). The CPU backend's results do not depend
+  // on the thread count, so this changes no number.
   const int blas_threads = openblas_get_num_threads();
   openblas_set_num_threads(1);
   auto job = std::make_shared<LocalCommunicator::Job>(world);
