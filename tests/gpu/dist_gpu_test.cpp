@@ -149,8 +149,8 @@ void split_point_to_point_rank() {
   if (rank == 1) EXPECT_EQ(download(*backend, in)[5], 5.0f);
 
   // Collectives on the sub-groups: the gather follows the reversed ranks.
-  DeviceBuffer small(*backend, 2 * 4, "small");
-  const Tensor pair = small.tensor(DType::F32, {2}), one = pair.flat_range(0, 1);
+  DeviceBuffer pair_buf(*backend, 2 * 4, "pair"), one_buf(*backend, 4, "one");
+  const Tensor pair = pair_buf.tensor(DType::F32, {2}), one = one_buf.tensor(DType::F32, {1});
   const float me = static_cast<float>(rank);
   backend->upload(one, &me);
   reversed->all_gather(pair, one, Lane::Comm);
