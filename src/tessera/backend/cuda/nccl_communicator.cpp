@@ -421,7 +421,10 @@ class NcclCommunicator final : public Communicator {
         spare_events_.push_back(pending_.front().event);
         pending_.pop_front();
       }
-      if (comm_) {
+      // During a host call the calling thread polls ncclCommGetAsyncError itself (check());
+      // two threads polling at once could both complete NCCL's background job (init, split),
+      // which NCCL does not guard against.
+      if (comm_ && !in_host_call_) {
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm_, &async);
         if (async != ncclSuccess && async != ncclInProgress) {
