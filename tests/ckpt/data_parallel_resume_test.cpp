@@ -1,4 +1,4 @@
-// Data-parallel trainers on the CPU backend, their ranks as threads (thread_ranks.h): a
+// Data-parallel trainers on the CPU backend, their ranks as threads (LocalCommunicator): a
 // ZeRO-1 run saves sharded checkpoints, and resuming from one continues it at 2 ranks bitwise
 // and at 1 and 3 ranks up to the order of fp32 gradient sums; a whole (1-rank) checkpoint
 // resumes a ZeRO-1 run the same way; plain data parallelism saves a whole checkpoint once;
@@ -14,8 +14,8 @@
 
 #include "ckpt_test_util.h"
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/distributed/local_communicator.h"
 #include "tessera/obs/metrics.h"
-#include "thread_ranks.h"
 
 namespace tessera::testing {
 namespace {
@@ -53,7 +53,7 @@ std::string saving(const fs::path& save) {
 TrainingRun train(const Experiment& e, int world, const fs::path& metrics_path) {
   TrainingRun run;
   std::mutex params_mutex;
-  run_ranks(world, [&](int rank, dist::Communicator& comm) {
+  dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
     Logger log("", rank, false, false);
     std::unique_ptr<MetricsWriter> metrics;
     if (rank == 0) metrics = std::make_unique<MetricsWriter>(metrics_path.string());

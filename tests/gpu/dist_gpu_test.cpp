@@ -1,8 +1,9 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
 // parallel, ZeRO-1 (with and without overlap_param_gather) and FSDP (untied and tied heads) on
 // 2 GPUs against 1 GPU with gradient accumulation at the same global batch, ZeRO-1 and FSDP
-// checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM, and a rank killed
-// mid-run. The loss bound is
+// checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM, a rank killed
+// mid-run, and the NCCL communicator's split, point-to-point and sub-group collectives (two
+// processes running this binary). The loss bound is
 // docs/distributed.md's: the runs see the same samples in the same order and differ only in
 // the order of bf16/fp32 reductions.
 #include <gtest/gtest.h>
@@ -21,7 +22,14 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_test_util.h"
+#include "tessera/backend/platform.h"
 #include "tessera/ckpt/checkpoint.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/device_mesh.h"
+#include "tessera/distributed/env.h"
+#include "tessera/distributed/rendezvous.h"
+#include "tessera/obs/logger.h"
+#include "tessera/ops/device_buffer.h"
 
 namespace fs = std::filesystem;
 
@@ -84,6 +92,125 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& ref
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_LE(std::abs(got[i] - ref[i]), kRelativeBound * std::abs(ref[i]) + kAbsoluteBound)
         << what << " iteration " << first_iteration + i << ": " << got[i] << " vs " << ref[i];
+}
+
+// Set in the two processes that SplitPointToPointAndSubGroupCollectives starts.
+constexpr const char* kRankProcessVariable = "TESSERA_DIST_GPU_RANK_PROCESS";
+
+std::vector<float> download(tessera::Backend& backend, const tessera::Tensor& t) {
+  std::vector<float> v(t.numel());
+  backend.download(v.data(), t);
+  return v;
+}
+
+// One rank of SplitPointToPointAndSubGroupCollectives, on GPU LOCAL_RANK of 2.
+void split_point_to_point_rank() {
+  using namespace tessera;
+  using namespace tessera::dist;
+  const DistEnv env = dist_env_from_process();
+  Rendezvous rendezvous(env, 60);
+  auto backend = make_backend(DeviceChoice::Cuda, env.local_rank);
+  Logger log("", env.rank, true, false);
+  auto world = make_communicator(*backend, rendezvous, 60, log);
+  const int rank = world->rank();
+  // Both ranks, in reverse order: world rank 1 is rank 0 here.
+  auto reversed = world->split(0, -rank, "reversed");
+  ASSERT_TRUE(reversed);
+  EXPECT_EQ(reversed->rank(), 1 - rank);
+  EXPECT_EQ(reversed->size(), 2);
+  // Rank 1 joins no group.
+  auto alone = world->split(rank == 0 ? 7 : -1, 0, "alone");
+  EXPECT_EQ(alone != nullptr, rank == 0);
+  const DeviceMesh mesh(2, {.tp = 2});
+  auto tp = split_mesh_group(*world, mesh, {MeshDim::TP});
+  EXPECT_EQ(tp->rank(), rank);
+
+  // A grouped exchange on the split communicator, each rank sending to the other.
+  constexpr int64_t kN = 1 << 16;
+  DeviceBuffer out_buf(*backend, kN * 4, "send"), in_buf(*backend, kN * 4, "recv");
+  const Tensor out = out_buf.tensor(DType::F32, {kN}), in = in_buf.tensor(DType::F32, {kN});
+  std::vector<float> mine(kN);
+  for (int64_t i = 0; i < kN; ++i) mine[i] = 100000.0f * rank + i;
+  backend->upload(out, mine.data());
+  backend->fill(in, -1.0f);
+  const int peer = 1 - reversed->rank();
+  const P2POp ops[] = {{P2POp::Kind::Send, out, peer}, {P2POp::Kind::Recv, in, peer}};
+  reversed->send_recv(ops, Lane::Comm);
+  reversed->wait_comm();
+  const std::vector<float> got = download(*backend, in);
+  for (int64_t i = 0; i < kN; i += 997) ASSERT_EQ(got[i], 100000.0f * (1 - rank) + i) << i;
+
+  // A lone send and receive on the world: rank 0 to rank 1.
+  backend->fill(in, -1.0f);
+  if (rank == 0)
+    world->send(out, 1, Lane::Compute);
+  else
+    world->recv(in, 0, Lane::Compute);
+  if (rank == 1) EXPECT_EQ(download(*backend, in)[5], 5.0f);
+
+  // Collectives on the sub-groups: the gather follows the reversed ranks.
+  DeviceBuffer pair_buf(*backend, 2 * 4, "pair"), one_buf(*backend, 4, "one");
+  const Tensor pair = pair_buf.tensor(DType::F32, {2}), one = one_buf.tensor(DType::F32, {1});
+  const float me = static_cast<float>(rank);
+  backend->upload(one, &me);
+  reversed->all_gather(pair, one, Lane::Comm);
+  reversed->wait_comm();
+  EXPECT_EQ(download(*backend, pair), (std::vector<float>{1.0f, 0.0f}));
+  const float x = rank + 1.5f;
+  backend->upload(one, &x);
+  tp->all_reduce(one, ReduceOp::Sum, Lane::Compute);
+  EXPECT_EQ(download(*backend, one)[0], 4.0f);
+  if (alone) {
+    alone->all_reduce(one, ReduceOp::Sum, Lane::Compute);
+    EXPECT_EQ(download(*backend, one)[0], 4.0f);
+    alone->finalize();
+  }
+  tp->finalize();
+  reversed->finalize();
+  world->finalize();
+}
+
+// Two processes of this binary, one per GPU, run split_point_to_point_rank.
+TEST_F(DistGpu, SplitPointToPointAndSubGroupCollectives) {
+  if (std::getenv(kRankProcessVariable)) return split_point_to_point_rank();
+  TS_REQUIRE_TWO_GPUS();
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv(kRankProcessVariable, "1", 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", "2", 1);
+      ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", "29651", 1);
+      const std::string cmd = "exec " + self +
+                              " --gtest_filter=DistGpu.SplitPointToPointAndSubGroupCollectives > " +
+                              (ws_ / ("rank" + std::to_string(r) + ".txt")).string() + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r) {
+    int status = 0;
+    pid_t done = 0;
+    while ((done = ::waitpid(pids[r], &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120))
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (done == 0) {
+      ::kill(pids[r], SIGKILL);
+      ::waitpid(pids[r], nullptr, 0);
+    }
+    const std::string log = read("rank" + std::to_string(r) + ".txt");
+    EXPECT_TRUE(done != 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << (done == 0 ? " still running after 120 s" : " failed") << ":\n"
+        << log;
+    EXPECT_NE(log.find("[  PASSED  ] 1 test"), std::string::npos) << log;
+  }
 }
 
 TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {

@@ -12,8 +12,14 @@
 // Sum reductions of fp32/bf16 data; counts are elements. A failed or timed-out collective
 // never returns an error to the caller: the communicator's watchdog aborts it and ends the
 // process with a message naming the collective, its bytes and, where known, the late rank.
+//
+// split() makes communicators over sub-groups of the ranks (tensor, pipeline, ... parallel
+// groups; see device_mesh.h); each has its own Lane::Comm stream and watchdog, and ranks and
+// peers in its calls are ranks within it. Point-to-point transfers (send_recv) follow the same
+// lanes and ordering as the collectives.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "tessera/core/tensor.h"
@@ -22,6 +28,14 @@ namespace tessera::dist {
 
 enum class Lane { Compute, Comm };
 enum class ReduceOp { Sum, Max };
+
+// One send or receive of a whole tensor to or from `peer` (a rank of the communicator).
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind;
+  Tensor tensor;
+  int peer;
+};
 
 class Communicator {
  public:
@@ -44,6 +58,26 @@ class Communicator {
   // in and out: size() * n elements; out block r = rank r's in block rank() (grouped
   // sends and receives). out must not alias in.
   virtual void all_to_all(const Tensor& out, const Tensor& in, Lane lane) = 0;
+
+  // Issues `ops` together (ncclGroupStart..End, torch's batch_isend_irecv) and completes
+  // when all of them have. The k-th send from a to b pairs with the k-th receive on b from a,
+  // of the same dtype and size. A send may wait until its peer posts the receive (NCCL's
+  // rendezvous), so ranks that send to each other (a pipeline stage sending to the next while
+  // receiving from the previous one, a ring) must post both directions in one call.
+  virtual void send_recv(std::span<const P2POp> ops, Lane lane) = 0;
+  void send(const Tensor& tensor, int peer, Lane lane) {
+    const P2POp op{P2POp::Kind::Send, tensor, peer};
+    send_recv({&op, 1}, lane);
+  }
+  void recv(const Tensor& tensor, int peer, Lane lane) {
+    const P2POp op{P2POp::Kind::Recv, tensor, peer};
+    send_recv({&op, 1}, lane);
+  }
+
+  // Collective over every rank: the ranks passing the same color >= 0 form a new
+  // communicator, ranked by key (ties by rank here); a negative color joins none and gets
+  // nullptr (ncclCommSplit). `label` names the group in descriptions and errors ("tp").
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& label) = 0;
 
   // Compute waits for everything queued on Lane::Comm so far.
   virtual void wait_comm() = 0;

@@ -1,7 +1,10 @@
 // The NCCL communicator (compiled into tessera_cuda when NCCL is found).
 // Non-blocking NCCL (ncclCommInitRankConfig, blocking = 0) lets a watchdog thread abort a
 // communicator whose collective never finishes; NCCL's blocking mode would leave the
-// process stuck inside NCCL with nobody to say which collective or rank hung.
+// process stuck inside NCCL with nobody to say which collective or rank hung. Communicators
+// split from it (ncclCommSplit, NCCL 2.18) are non-blocking too, with their own Lane::Comm
+// stream and watchdog, so a hang in a tensor- or pipeline-parallel group is named like one in
+// the world.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -12,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -57,6 +61,17 @@ std::string bytes_text(size_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+// "send to rank 1", "send_recv (send to rank 1, recv from rank 3)": peers are ranks of the
+// communicator.
+std::string p2p_text(std::span<const P2POp> ops) {
+  std::string list;
+  for (const P2POp& op : ops)
+    list += fmt::format("{}{}", list.empty() ? "" : ", ",
+                        op.kind == P2POp::Kind::Send ? fmt::format("send to rank {}", op.peer)
+                                                     : fmt::format("recv from rank {}", op.peer));
+  return ops.size() == 1 ? list : fmt::format("send_recv ({})", list);
+}
+
 // Set by the first thread that ends the process over a failed rank or collective. Errors
 // that the abort causes on other threads are its echo: those threads wait for the exit
 // instead of unwinding (and exiting) while the abort is still running.
@@ -86,13 +101,7 @@ class NcclCommunicator final : public Communicator {
       throw DistributedError(fmt::format("NCCL {} is too old: Tessera needs 2.19 or newer "
                                          "(non-blocking communicators with ncclCommGetAsyncError)",
                                          version_));
-    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-    int lo = 0, hi = 0;
-    cuda_check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
-    // The gradient reduction should not queue behind the backward's kernels.
-    cuda_check(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi), "cudaStreamCreate");
-    cuda_check(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming), "cudaEventCreate");
+    create_streams();
 
     ncclUniqueId id{};
     if (rank_ == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
@@ -122,6 +131,28 @@ class NcclCommunicator final : public Communicator {
               std::chrono::duration<double>(Clock::now() - t0).count());
   }
 
+  // A communicator split from `parent` (split()), once NCCL has made `comm`.
+  NcclCommunicator(const NcclCommunicator& parent, ncclComm_t comm, const std::string& label)
+      : backend_(parent.backend_),
+        device_(parent.device_),
+        rank_(-1),
+        size_(0),
+        timeout_s_(parent.timeout_s_),
+        log_(parent.log_),
+        version_(parent.version_),
+        label_(label),
+        world_rank_(parent.world_rank()),
+        comm_(comm) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comm, &state);
+    check(state, "ncclCommSplit", 0);
+    check(ncclCommUserRank(comm, &rank_), "ncclCommUserRank", 0);
+    check(ncclCommCount(comm, &size_), "ncclCommCount", 0);
+    create_streams();
+    watchdog_ = std::thread([this] { watchdog_loop(); });
+    log_.info("NCCL {} communicator: rank {} of {}", label_, rank_, size_);
+  }
+
   ~NcclCommunicator() override {
     stop_watchdog();
     if (comm_) {
@@ -140,7 +171,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string description() const override {
-    return fmt::format("NCCL {}, {} ranks, non-blocking, timeout {:.0f} s", version_, size_, timeout_s_);
+    return fmt::format("NCCL {}, {}{} ranks, non-blocking, timeout {:.0f} s", version_,
+                       label_.empty() ? "" : label_ + " group of ", size_, timeout_s_);
   }
 
   void all_reduce(const Tensor& buffer, ReduceOp op, Lane lane) override {
@@ -209,6 +241,44 @@ class NcclCommunicator final : public Communicator {
     enqueued("all_to_all", bytes, s);
   }
 
+  void send_recv(std::span<const P2POp> ops, Lane lane) override {
+    size_t bytes = 0;
+    for (const P2POp& op : ops) {
+      TS_CHECK(op.peer >= 0 && op.peer < size_, "send_recv: peer {} of {} ranks", op.peer, size_);
+      bytes += op.tensor.nbytes();
+    }
+    const std::string what = p2p_text(ops);
+    cudaStream_t s = stream_for(lane);
+    begin(what, bytes);
+    // One group: NCCL progresses all of them together, so opposite sends do not deadlock.
+    check(ncclGroupStart(), what + " (ncclGroupStart)", bytes);
+    for (const P2POp& op : ops) {
+      const Tensor& t = op.tensor;
+      const ncclDataType_t type = nccl_type(t.dtype, false, "send_recv");
+      const size_t count = static_cast<size_t>(t.numel());
+      check(op.kind == P2POp::Kind::Send ? ncclSend(t.data, count, type, op.peer, comm_, s)
+                                         : ncclRecv(t.data, count, type, op.peer, comm_, s),
+            what, bytes);
+    }
+    check(ncclGroupEnd(), what + " (ncclGroupEnd)", bytes);
+    enqueued(what, bytes, s);
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& label) override {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    begin("ncclCommSplit", 0);
+    const ncclResult_t r =
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    // The split runs in the background, reported on this (the parent) communicator; NCCL
+    // stores `child` when it is done.
+    check(r, "ncclCommSplit", 0);
+    end_host_call();
+    if (!child) return nullptr;
+    return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, label));
+  }
+
   void wait_comm() override {
     cuda_check(cudaEventRecord(comm_done_, comm_stream_), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(compute_stream_, comm_done_, 0), "cudaStreamWaitEvent");
@@ -258,12 +328,33 @@ class NcclCommunicator final : public Communicator {
 
  private:
   struct Pending {
-    cudaEvent_t event = nullptr;  // null: a host-side call (init, finalize) in progress
-    const char* name;
+    cudaEvent_t event = nullptr;  // null: a host-side call (init, split, finalize) in progress
+    std::string name;
     size_t bytes;
     uint64_t seq;
     Clock::time_point start;
   };
+
+  void create_streams() {
+    cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+    int lo = 0, hi = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
+    // The gradient reduction should not queue behind the backward's kernels.
+    cuda_check(cudaStreamCreateWithPriority(&comm_stream_, cudaStreamNonBlocking, hi),
+               "cudaStreamCreate");
+    cuda_check(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming),
+               "cudaEventCreate");
+    cuda_check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+
+  int world_rank() const { return label_.empty() ? rank_ : world_rank_; }
+  // "rank 3" for the world, "rank 3 (tp rank 1 of 2)" for a split communicator: the rank the
+  // logs use, and the rank that the operation's peers and roots refer to.
+  std::string where() const {
+    return label_.empty()
+               ? fmt::format("rank {}", rank_)
+               : fmt::format("rank {} ({} rank {} of {})", world_rank_, label_, rank_, size_);
+  }
 
   cudaStream_t stream_for(Lane lane) {
     if (lane == Lane::Compute) {
@@ -277,7 +368,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Watches a host call into NCCL (the watchdog times it like a collective).
-  void begin(const char* name, size_t bytes) {
+  void begin(const std::string& name, size_t bytes) {
     std::lock_guard lock(mu_);
     host_call_ = Pending{nullptr, name, bytes, seq_, Clock::now()};
     in_host_call_ = true;
@@ -287,7 +378,7 @@ class NcclCommunicator final : public Communicator {
     in_host_call_ = false;
   }
 
-  void enqueued(const char* name, size_t bytes, cudaStream_t s) {
+  void enqueued(const std::string& name, size_t bytes, cudaStream_t s) {
     cudaEvent_t ev = nullptr;
     {
       std::lock_guard lock(mu_);
@@ -305,7 +396,7 @@ class NcclCommunicator final : public Communicator {
 
   // A non-blocking communicator answers ncclInProgress while it works in the background;
   // the call is complete once ncclCommGetAsyncError says so.
-  void check(ncclResult_t r, const char* what, size_t bytes) {
+  void check(ncclResult_t r, const std::string& what, size_t bytes) {
     while (r == ncclInProgress && comm_) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
       ncclCommGetAsyncError(comm_, &r);
@@ -313,12 +404,12 @@ class NcclCommunicator final : public Communicator {
     if (r == ncclSuccess || r == ncclInProgress) return;
     if (g_failing) wait_for_exit();
     const char* last = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
-    throw DistributedError(fmt::format(
-        "rank {}: NCCL {} of {} failed: {} ({}){}", rank_, what, bytes_text(bytes),
-        ncclGetErrorString(r), last && *last ? last : "no detail",
-        r == ncclSystemError || r == ncclRemoteError
-            ? "; a peer or the network failed (set NCCL_DEBUG=INFO for details)"
-            : ""));
+    throw DistributedError(
+        fmt::format("{}: NCCL {} of {} failed: {} ({}){}", where(), what, bytes_text(bytes),
+                    ncclGetErrorString(r), last && *last ? last : "no detail",
+                    r == ncclSystemError || r == ncclRemoteError
+                        ? "; a peer or the network failed (set NCCL_DEBUG=INFO for details)"
+                        : ""));
   }
 
   void watchdog_loop() {
@@ -331,7 +422,10 @@ class NcclCommunicator final : public Communicator {
         spare_events_.push_back(pending_.front().event);
         pending_.pop_front();
       }
-      if (comm_) {
+      // During a host call the calling thread polls ncclCommGetAsyncError itself (check());
+      // two threads polling at once could both complete NCCL's background job (init, split),
+      // which NCCL does not guard against.
+      if (comm_ && !in_host_call_) {
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm_, &async);
         if (async != ncclSuccess && async != ncclInProgress) {
@@ -350,9 +444,10 @@ class NcclCommunicator final : public Communicator {
       const double waited = std::chrono::duration<double>(Clock::now() - late->start).count();
       if (waited < timeout_s_) continue;
       const std::string msg = fmt::format(
-          "{} #{} of {} on rank {} did not finish within {:.0f} s (dist_timeout_minutes): another "
+          "{} #{} of {} on {} did not finish within {:.0f} s (dist_timeout_minutes): another "
           "rank is late, hung or died without closing its connection; aborting the NCCL "
-          "communicator", late->name, late->seq, bytes_text(late->bytes), rank_, waited);
+          "communicator",
+          late->name, late->seq, bytes_text(late->bytes), where(), waited);
       lock.unlock();
       fail(msg);
     }
@@ -362,9 +457,9 @@ class NcclCommunicator final : public Communicator {
   [[noreturn]] void fail(const std::string& message) {
     if (g_failing.exchange(true)) wait_for_exit();
     log_.clear_progress();
-    log_.error("rank {}: {}", rank_, message);
+    log_.error("{}: {}", where(), message);
     log_.flush();
-    std::fprintf(stderr, "error: rank %d: %s\n", rank_, message.c_str());
+    std::fprintf(stderr, "error: %s: %s\n", where().c_str(), message.c_str());
     std::fflush(stderr);
     // ncclCommAbort can itself wait on a wedged device; never let it keep the process alive.
     std::atomic<bool> aborted{false};
@@ -391,6 +486,8 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   Logger& log_;
   std::string version_;
+  std::string label_;    // the group, for a split communicator ("tp"); empty for the world
+  int world_rank_ = -1;  // a split communicator's rank in the world, for messages
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
