@@ -133,7 +133,7 @@ class NcclCommunicator final : public Communicator {
 
   // A communicator split from `parent` (split()), once NCCL has made `comm`.
   NcclCommunicator(const NcclCommunicator& parent, ncclComm_t comm, const std::string& label)
-      : backend_(parent.backend_),
+      : compute_stream_(parent.compute_stream_),
         device_(parent.device_),
         rank_(-1),
         size_(0),
