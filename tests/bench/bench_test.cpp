@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/bench/attention_bench.h"
 #include "tessera/bench/command_args.h"

@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpu_test_util.h"
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/device_mesh.h"

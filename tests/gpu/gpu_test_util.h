@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ops/device_buffer.h"
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -275,7 +275,7 @@ int attention_bench_command(const std::vector<std::string>& args) {
   t.columns = {{"pass", true},  {"mask", true},     {"batch", true},    {"seq", true},
                {"heads", true}, {"kv_heads", true}, {"head_dim", true}, {"median_ms"},
                {"tflops"},      {"pct_of_peak"},    {"check_rel_err"},  {"status"}};
-  StatusLine status(static_cast<int>(problems.size()));
+  analysis::StatusLine status(static_cast<int>(problems.size()));
   int failures = 0;
   for (const AttentionProblem& p : problems) {
     const std::string pass = p.backward ? "backward" : "forward";
@@ -296,11 +296,11 @@ int attention_bench_command(const std::vector<std::string>& args) {
     t.rows.push_back(row);
   }
   const double seconds = status.finish();
-  std::string md = markdown_table(t);
+  std::string md = analysis::markdown_table(t);
   md += fmt::format(
       "\n{} attention problems checked and timed in {:.1f} s{}.\n", problems.size(), seconds,
       failures ? fmt::format("; {} FAILED their check (no timing reported)", failures) : "");
-  print_and_write(a.get("output", ""), {t}, "bench_attention.md", md);
+  analysis::print_and_write(a.get("output", ""), {t}, "bench_attention.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

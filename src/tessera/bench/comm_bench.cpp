@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/measure.h"
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/env.h"
@@ -182,11 +182,11 @@ int comm_bench_command(const std::vector<std::string>& args) {
   comm->finalize();
   rendezvous.close();
   if (env.rank != 0) return failures ? kExitRuntimeFailure : 0;
-  std::string md = markdown_table(t);
+  std::string md = analysis::markdown_table(t);
   md += "\npeak busbw (GB/s):";
   for (const auto& c : ops) md += fmt::format(" {} {:.1f};", c, best_busbw[c]);
   md += failures ? fmt::format(" {} size(s) FAILED their check.\n", failures) : "\n";
-  print_and_write(a.get("output", ""), {t}, "bench_comm.md", md);
+  analysis::print_and_write(a.get("output", ""), {t}, "bench_comm.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/config/config.h"
 #include "tessera/core/error.h"
 #include "tessera/core/fp8.h"
@@ -542,7 +542,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
                {"flops_per_byte"}, {"pct_of_peak"},  {"check_rel_err"}, {"status"}};
   if (model) t.columns.insert(t.columns.begin() + 6, {{"calls_per_step"}, {"ms_per_step"}});
 
-  StatusLine status(static_cast<int>(problems.size()));
+  analysis::StatusLine status(static_cast<int>(problems.size()));
   int failures = 0;
   double step_ms = 0, step_flops = 0;
   for (const GemmProblem& p : problems) {
@@ -581,7 +581,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
   }
   const double seconds = status.finish();
 
-  std::string md = markdown_table(t);
+  std::string md = analysis::markdown_table(t);
   std::string summary =
       fmt::format("{} GEMM problems checked and timed in {:.1f} s", problems.size(), seconds);
   if (model && step_ms > 0)
@@ -589,7 +589,7 @@ int gemm_bench_command(const std::vector<std::string>& args) {
                            step_flops / (step_ms * 1e-3) / 1e12);
   if (failures) summary += fmt::format("; {} FAILED their check (no timing reported)", failures);
   md += "\n" + summary + ".\n";
-  print_and_write(a.get("output", ""), {t}, "bench_gemm.md", md);
+  analysis::print_and_write(a.get("output", ""), {t}, "bench_gemm.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

@@ -1,12 +1,12 @@
 #pragma once
 // The GPU facts benchmarks, `tessera memory` and `tessera preflight` report and rely on,
-// from this build's GPU platform (backend/platform.h), in a form that also compiles
+// from this build's GPU platform (backend/backend_factory.h), in a form that also compiles
 // without one (where there is no GPU to describe).
 #include <optional>
 #include <string>
 
 #include "tessera/analysis/gpu_specs.h"
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 
 namespace tessera::bench {
 

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/bench/gpu_info.h"
 #include "tessera/core/error.h"

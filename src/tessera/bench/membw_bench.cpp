@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -113,7 +113,7 @@ int membw_bench_command(const std::vector<std::string>& args) {
       ctx.iters, ctx.warmup, peak_note(ctx, peak_gbps, "HBM bandwidth", "GB/s"));
   t.columns = {{"size_mib", true}, {"bytes"},       {"buffers"}, {"median_ms"},
                {"gbps"},           {"pct_of_peak"}, {"status"}};
-  StatusLine status(static_cast<int>(sizes.size()));
+  analysis::StatusLine status(static_cast<int>(sizes.size()));
   int failures = 0;
   double best = 0;
   for (int64_t mib : sizes) {
@@ -132,11 +132,11 @@ int membw_bench_command(const std::vector<std::string>& args) {
                       analysis::cell_or_empty(percent_of(r.gbps, peak_gbps)), std::string("ok")});
   }
   const double seconds = status.finish();
-  std::string md = markdown_table(t);
+  std::string md = analysis::markdown_table(t);
   md += fmt::format("\n{} copy sizes checked and timed in {:.1f} s; best {:.0f} GB/s{}.\n",
                     sizes.size(), seconds, best,
                     failures ? fmt::format("; {} FAILED their check", failures) : "");
-  print_and_write(a.get("output", ""), {t}, "bench_membw.md", md);
+  analysis::print_and_write(a.get("output", ""), {t}, "bench_membw.md", md);
   return failures ? kExitRuntimeFailure : 0;
 }
 

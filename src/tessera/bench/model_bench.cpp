@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"

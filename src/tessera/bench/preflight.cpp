@@ -11,11 +11,11 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/bench/gemm_bench.h"
 #include "tessera/bench/gpu_info.h"
 #include "tessera/bench/membw_bench.h"
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/distributed/launcher.h"
 
 namespace tessera::bench {
@@ -145,7 +145,7 @@ PreflightReport run_preflight(const PreflightOptions& o) {
              fmt::format("{:.0f}% of the total; less means other processes hold GPU memory",
                          100.0 * g->free_bytes / g->total_bytes));
 
-    StatusLine status(2);
+    analysis::StatusLine status(2);
     ContextOptions co;
     co.device = DeviceChoice::Cuda;
     co.gpu = spec ? spec->name : "";
@@ -195,7 +195,7 @@ PreflightReport run_preflight(const PreflightOptions& o) {
 
   r.warnings = c.warnings();
   r.markdown =
-      markdown_table(t) +
+      analysis::markdown_table(t) +
       (r.warnings == 0 ? std::string("\nverdict: PASS (every check passed)\n")
                        : fmt::format("\nverdict: WARN ({} line(s) to look at)\n", r.warnings));
   return r;

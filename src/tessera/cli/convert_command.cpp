@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/ckpt/safetensors.h"

@@ -4,7 +4,7 @@
 
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/gpu_info.h"
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/plan/memory_report.h"
@@ -48,7 +48,7 @@ int memory_command(const Args& args) {
 
   const plan::MemoryReport r = plan::build_memory_report(q);
   const std::string md = plan::memory_report_markdown(r);
-  bench::print_and_write(a.get("output", ""), {r.breakdown, r.scenarios}, "memory.md", md);
+  analysis::print_and_write(a.get("output", ""), {r.breakdown, r.scenarios}, "memory.md", md);
   return 0;
 }
 

@@ -7,7 +7,7 @@
 
 #include "tessera/analysis/writers.h"
 #include "tessera/bench/command_args.h"
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/viz/png.h"
@@ -58,7 +58,7 @@ int plot_command(const Args& args) {
       throw ConfigError("command line", "format", f, "svg, png or svg,png");
   }
 
-  bench::StatusLine status(static_cast<int>(a.positional().size()) + 1);
+  analysis::StatusLine status(static_cast<int>(a.positional().size()) + 1);
   std::vector<viz::RunData> runs;
   for (const std::string& dir : a.positional()) {
     status.step("reading " + dir);
@@ -94,7 +94,7 @@ int plot_command(const Args& args) {
   written.push_back((out / "report.html").string());
   const double seconds = status.finish();
 
-  fmt::print("{}\n", bench::markdown_table(throughput));
+  fmt::print("{}\n", analysis::markdown_table(throughput));
   for (const viz::RunData& r : runs) {
     if (r.skipped_lines > 0)
       fmt::print(stderr,

@@ -4,7 +4,7 @@
 
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/preflight.h"
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/cli/commands.h"
 
 namespace tessera::cli {
@@ -29,7 +29,7 @@ int preflight_command(const Args& args) {
   o.gemm_size = a.get_int("gemm_size", 8192, 64);
   o.copy_mib = a.get_int("copy_mib", 1024, 1);
   const bench::PreflightReport r = bench::run_preflight(o);
-  bench::print_and_write(a.get("output", ""), {r.checks}, "preflight.md", r.markdown);
+  analysis::print_and_write(a.get("output", ""), {r.checks}, "preflight.md", r.markdown);
   return 0;
 }
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"

@@ -6,9 +6,9 @@
 
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
-#include "tessera/data/blended_dataset.h"
-#include "tessera/data/tokenizer.h"
-#include "tessera/obs/profiler/profile_ranks.h"
+#include "tessera/config/blend.h"
+#include "tessera/config/tokenizer_model.h"
+#include "tessera/config/profile_ranks.h"
 
 namespace tessera {
 namespace {
@@ -215,7 +215,7 @@ void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iter
             fmt::format("greater than profile_step_start ({}): iterations [start, end) are "
                         "recorded",
                         lg.profile_step_start));
-  const auto ranks = profiler::parse_profile_ranks(lg.profile_ranks);
+  const auto ranks = parse_profile_ranks(lg.profile_ranks);
   c.require(ranks.has_value(), "profile_ranks",
             "all, or comma-separated distinct rank ids such as 0 or 0,4");
   c.require(ranks->all || ranks->ids.back() < data_parallel_size, "profile_ranks",

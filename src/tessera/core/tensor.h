@@ -14,7 +14,7 @@
 namespace tessera {
 
 // Where a tensor lives: host memory, or the memory of a GPU of whichever vendor the build
-// has (backend/platform.h); backends and platforms name the vendor, core/ never does.
+// has (ops/platform.h); backends and platforms name the vendor, core/ never does.
 enum class DeviceKind : uint8_t { CPU, GPU };
 
 struct Device {

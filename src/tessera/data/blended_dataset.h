@@ -9,21 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/blend.h"
 #include "tessera/data/dataset.h"
 #include "tessera/data/numpy_compat.h"
 
 namespace tessera {
-
-struct BlendEntry {
-  double weight = 1;  // normalised: the weights of a blend sum to 1
-  std::string prefix;
-};
-
-// Parses a blend value of config key `key` (set at `origin`, e.g. "exp.yaml:7"). Throws
-// ConfigError naming the key and the offending token for a weight that is not a positive
-// number, or a weight without a prefix.
-std::vector<BlendEntry> parse_blend(const std::string& text, const std::string& key,
-                                    const std::string& origin);
 
 // Samples each source contributes to a blend of `size` samples, as Megatron sizes them:
 // ceil(size * weight), and with `surplus` (0.005 for the sources' own sample counts) a

@@ -197,12 +197,6 @@ std::string origin_of(const Experiment& e, const std::string& key) {
 
 }  // namespace
 
-bool is_text_corpus_path(const std::string& train_data_path) {
-  // PREFIX.bin or PREFIX.idx given for PREFIX is a blend, which parse_blend then rejects.
-  const std::string ext = std::filesystem::path(train_data_path).extension().string();
-  return std::filesystem::exists(train_data_path) && ext != ".bin" && ext != ".idx";
-}
-
 DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, int64_t vocab) {
   const int64_t seq = e.training.seq_length;
   const uint64_t seed = static_cast<uint64_t>(e.training.seed);

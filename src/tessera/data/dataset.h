@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/blend.h"
 #include "tessera/config/config.h"
 #include "tessera/data/tokenizer.h"
 
@@ -81,9 +82,5 @@ struct DataSources {
 // Throws DataError naming the file when data cannot be read, does not fit the tokenizer
 // (vocab, its name) or is too small for one sample.
 DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, int64_t vocab);
-
-// Whether train_data_path names text (an existing file or directory) rather than a blend;
-// an existing PREFIX.bin or PREFIX.idx counts as a (mistyped) blend, not as text.
-bool is_text_corpus_path(const std::string& train_data_path);
 
 }  // namespace tessera

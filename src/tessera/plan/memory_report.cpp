@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/model/param_layout.h"
 
 namespace tessera::plan {
@@ -166,8 +166,8 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
 }
 
 std::string memory_report_markdown(const MemoryReport& r) {
-  return r.summary + "\n" + bench::markdown_table(r.breakdown) + "\n" + r.verdict + "\n\n" +
-         bench::markdown_table(r.scenarios);
+  return r.summary + "\n" + analysis::markdown_table(r.breakdown) + "\n" + r.verdict + "\n\n" +
+         analysis::markdown_table(r.scenarios);
 }
 
 }  // namespace tessera::plan

@@ -15,7 +15,7 @@
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
 #include "tessera/ops/backend.h"
-#include "tessera/train/adamw_optimizer.h"
+#include "tessera/optim/adamw_optimizer.h"
 
 namespace tessera::profiler {
 class TrainingProfiler;  // obs/profiler/training_profiler.h

@@ -1,7 +1,7 @@
 #pragma once
-// The CUDA platform (backend/platform.h): CudaBackend, the NCCL communicator, the CUPTI
-// tracer and device facts. Plain C++, so that platform.cpp includes it without nvcc.
-#include "tessera/backend/platform.h"
+// The CUDA platform (ops/platform.h): CudaBackend, the NCCL communicator, the CUPTI
+// tracer and device facts. Plain C++, so that backend_factory.cpp includes it without nvcc.
+#include "tessera/ops/platform.h"
 
 namespace tessera::cuda {
 

@@ -3,7 +3,7 @@
 // C++ declarations, included by cuda_platform.cpp.
 #include <string>
 
-#include "tessera/backend/platform.h"
+#include "tessera/ops/platform.h"
 
 namespace tessera::cuda {
 

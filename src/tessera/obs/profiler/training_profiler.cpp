@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
-#include "tessera/obs/profiler/profile_ranks.h"
+#include "tessera/config/profile_ranks.h"
 
 namespace tessera::profiler {
 namespace {

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace tessera::profiler {
+namespace tessera {
 
 struct ProfileRanks {
   bool all = false;
@@ -53,4 +53,4 @@ inline std::optional<ProfileRanks> parse_profile_ranks(std::string_view text) {
   return r;
 }
 
-}  // namespace tessera::profiler
+}  // namespace tessera

@@ -1,4 +1,4 @@
-#include "tessera/backend/platform.h"
+#include "tessera/backend/backend_factory.h"
 
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/error.h"

@@ -1,4 +1,4 @@
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include "tessera/analysis/writers.h"
 #include "tessera/core/error.h"
 
-namespace tessera::bench {
+namespace tessera::analysis {
 
 std::string markdown_table(const analysis::Table& t) {
   std::string out = fmt::format("**{}**\n\n", t.title);
@@ -84,4 +84,4 @@ void print_and_write(const std::string& output_dir, const std::vector<analysis::
     fmt::print("wrote {}\n", f);
 }
 
-}  // namespace tessera::bench
+}  // namespace tessera::analysis

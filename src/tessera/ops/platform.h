@@ -3,7 +3,7 @@
 // on one of them, a communicator between processes that each drive one, a tracer of what
 // the devices run, and the facts benchmarks and preflight report. Everything that names a
 // vendor lives behind this interface in backend/<vendor>/ (backend/cuda/ today); a second
-// vendor is a new folder implementing it plus one line in platform.cpp.
+// vendor is a new folder implementing it plus one line in backend/backend_factory.cpp.
 #include <memory>
 #include <string>
 #include <string_view>
@@ -90,25 +90,5 @@ class Platform {
   virtual DeviceInfo device_info(int device) const = 0;
   virtual std::vector<RuntimeLibrary> runtime_libraries() const = 0;
 };
-
-// This build's GPU platform; null when it was built without one.
-const Platform* gpu_platform();
-// gpu_platform()'s device count, 0 without a platform.
-int gpu_device_count();
-// Why no GPU can be used: no platform in this build, or the platform's reason.
-std::string no_gpu_reason();
-
-// The backend for `choice` (auto: a GPU when one is present, else the CPU). Throws
-// ConfigError when a GPU is asked for but unavailable, naming why, and when the options ask
-// for what the GPU's platform cannot do.
-std::unique_ptr<Backend> make_backend(DeviceChoice choice, int device_index,
-                                      const BackendOptions& options = {});
-
-// This process's communicator in a job of several processes, one per device, over
-// `backend`'s platform (Platform::make_communicator). Throws ConfigError for a backend that
-// has no communicator between processes (the CPU's).
-std::unique_ptr<dist::Communicator> make_communicator(Backend& backend,
-                                                      dist::Rendezvous& rendezvous,
-                                                      double timeout_s, Logger& log);
 
 }  // namespace tessera

@@ -1,4 +1,4 @@
-#include "tessera/train/adamw_optimizer.h"
+#include "tessera/optim/adamw_optimizer.h"
 
 #include <algorithm>
 

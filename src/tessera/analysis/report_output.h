@@ -8,7 +8,7 @@
 
 #include "tessera/analysis/table.h"
 
-namespace tessera::bench {
+namespace tessera::analysis {
 
 // A markdown table: title as a bold line, note below, every row.
 std::string markdown_table(const analysis::Table& table);
@@ -42,4 +42,4 @@ class StatusLine {
   std::chrono::steady_clock::time_point start_;
 };
 
-}  // namespace tessera::bench
+}  // namespace tessera::analysis

@@ -1,4 +1,4 @@
-#include "tessera/data/tokenizer_bench.h"
+#include "tessera/bench/tokenizer_bench.h"
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include <simdjson.h>
 
 #include "tessera/bench/command_args.h"
-#include "tessera/bench/report_output.h"
+#include "tessera/analysis/report_output.h"
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
 
@@ -246,9 +246,9 @@ int tokenizer_bench_command(const std::vector<std::string>& args) {
     if (!bench_tokenizer(model, corpus, repeat, threads, !a.has("no_reference"), t, notes))
       all_match = false;
   }
-  const std::string markdown = markdown_table(t);
+  const std::string markdown = analysis::markdown_table(t);
   for (const auto& n : notes) fmt::print(stderr, "warning: {}\n", n);
-  print_and_write(a.get("output", ""), {t}, "tokenizer_bench.md", markdown + "\n");
+  analysis::print_and_write(a.get("output", ""), {t}, "tokenizer_bench.md", markdown + "\n");
   return all_match ? 0 : kExitRuntimeFailure;
 }
 
