@@ -46,7 +46,6 @@ inline std::string brown_tiny_llama_yaml(int train_iters, bool llama3_tokens = f
 // Tensors on either backend, guard regions and relative errors, as the op-test registry has them.
 using test::download_float;
 using test::GuardedTensor;
-using test::poison;
 using test::random_normal;
 using test::relative_error;
 using test::round_bf16;
