@@ -1,5 +1,6 @@
 #pragma once
-// Helpers shared by the op tests: random non-zero inputs, error norms, finite differences.
+// Helpers of the reference tests: random non-zero inputs in double, finite differences
+// (all_nonzero and relative_error come from common/test_tensors.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "common/test_tensors.h"
 
 namespace tessera::test {
 
@@ -24,10 +27,6 @@ inline std::vector<double> random_values(size_t n, std::mt19937_64& rng, double 
     x = static_cast<float>(negative(rng) ? -magnitude(rng) : magnitude(rng));
   }
   return v;
-}
-
-inline bool all_nonzero(const std::vector<double>& v) {
-  return std::none_of(v.begin(), v.end(), [](double x) { return x == 0.0; });
 }
 
 // Token ids in [0, limit) with every id of a small vocabulary likely to repeat.
@@ -46,17 +45,6 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   double acc = 0;
   for (size_t i = 0; i < a.size(); ++i) acc += a[i] * b[i];
   return acc;
-}
-
-// ||a - b|| / ||b||; infinite if a holds a NaN.
-inline double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
-    diff += (a[i] - b[i]) * (a[i] - b[i]);
-    norm += b[i] * b[i];
-  }
-  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
 }
 
 // Central differences of loss() with respect to every element of x, which loss() reads; x is

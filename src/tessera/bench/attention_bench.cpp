@@ -154,7 +154,7 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
     upload_floats(ref, h.dout, download_floats(dev, d.dout));
     ref.attention_forward(h.out, h.lse, h.qkv, s);
     ref.attention_backward(h.dqkv, h.dout, h.out, h.lse, h.qkv, s);
-    // The op-test registry's tolerances for bf16 attention (tests/gpu/op_registry_test.cpp).
+    // The op-test registry's tolerances for bf16 attention (tests/common/op_registry.cpp).
     const double out_err = relative_error(download_floats(dev, d.out), download_floats(ref, h.out));
     const double lse_err = relative_error(download_floats(dev, d.lse), download_floats(ref, h.lse));
     const double dqkv_err =

@@ -1,0 +1,591 @@
+#include "common/op_registry.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <tuple>
+#include <utility>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "common/reference_backend.h"
+#include "common/test_tensors.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera::test {
+namespace {
+
+// fp32 compute against the double reference on the same inputs: accumulated fp32 rounding,
+// ~1e-7 per operation.
+constexpr double kF32Tol = 1e-5;
+
+// ---------------------------------------------------------------- harness
+
+DType dtype_of(Kind kind, DType compute) {
+  return kind == Kind::Act    ? compute
+         : kind == Kind::F32  ? DType::F32
+         : kind == Kind::BF16 ? DType::BF16
+                              : DType::I32;
+}
+
+std::vector<float> host_values(const Spec& s, uint32_t seed, DType compute) {
+  const size_t n = static_cast<size_t>(s.shape.numel());
+  if (s.kind == Kind::I32) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> d(s.int_lo, s.int_hi - 1);
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(d(rng));
+    return v;
+  }
+  std::vector<float> v = random_normal(n, seed, s.scale);
+  if (s.positive)
+    for (auto& x : v) x = std::abs(x);
+  return dtype_of(s.kind, compute) == DType::BF16 ? round_bf16(v) : v;
+}
+
+// Host values of a tensor of any dtype the cases use.
+std::vector<float> download_values(Backend& b, const Tensor& t) {
+  if (t.dtype != DType::I32) return download_float(b, t);
+  std::vector<int32_t> ints(static_cast<size_t>(t.numel()));
+  b.download(ints.data(), t);
+  return std::vector<float>(ints.begin(), ints.end());
+}
+
+struct Materialized {
+  std::vector<std::unique_ptr<GuardedTensor>> storage;  // in the order of the case's specs
+  Tensors tensors;
+};
+
+Materialized materialize(Backend& b, const OpCase& c, DType compute,
+                         const std::map<std::string, std::vector<float>>& values) {
+  Materialized m;
+  for (const Spec& s : c.specs) {
+    const DType dt = dtype_of(s.kind, compute);
+    m.storage.push_back(std::make_unique<GuardedTensor>(b, dt, s.shape));
+    const Tensor& t = m.storage.back()->t();
+    m.tensors[s.name] = t;
+    if (s.role == Role::Out) {
+      if (dt != DType::I32) poison(b, t);
+    } else if (dt == DType::I32) {
+      const auto& v = values.at(s.name);
+      std::vector<int32_t> ints(v.begin(), v.end());
+      b.upload(t, ints.data());
+    } else {
+      upload_float(b, t, values.at(s.name));
+    }
+  }
+  return m;
+}
+
+void time_case(const OpCase& c, Backend& b, const Tensors& tensors, const std::string& label) {
+  std::vector<double> ms;
+  for (int i = 0; i < 25; ++i) {
+    b.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    c.run(b, tensors);
+    b.synchronize();
+    if (i >= 5)
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double t = ms[ms.size() / 2];
+  std::printf("[ perf     ] %-44s %9.3f ms %8.1f TFLOP/s %8.1f GB/s\n", label.c_str(), t,
+              c.flops / t / 1e9, c.bytes / t / 1e6);
+}
+
+}  // namespace
+
+void check_case(const OpCase& c, const BackendUnderTest& under_test) {
+  const bool attention_case = c.name.starts_with("attention_");
+  const std::string label = attention_case && !under_test.attention.empty()
+                                ? c.name + " [" + under_test.attention + "]"
+                                : c.name;
+  SCOPED_TRACE(label + " on " + under_test.name);
+  int64_t elements = 0;
+  for (const Spec& s : c.specs) elements += s.shape.numel();
+  if (elements > under_test.max_elements) {
+    std::printf("[ skipped  ] %-44s %lld elements, more than %s takes\n", label.c_str(),
+                static_cast<long long>(elements), under_test.name.c_str());
+    return;
+  }
+  const std::unique_ptr<Backend> backend = under_test.make();
+  ReferenceBackend reference;
+  std::map<std::string, std::vector<float>> values;
+  uint32_t seed = 1;
+  for (const Spec& s : c.specs) {
+    if (s.role == Role::Out) continue;
+    values[s.name] = host_values(s, seed++, under_test.compute);
+    if (s.kind != Kind::I32) ASSERT_TRUE(all_nonzero(values[s.name])) << s.name << ": a zero input";
+  }
+  const Materialized tested = materialize(*backend, c, under_test.compute, values);
+  const Materialized expected = materialize(reference, c, DType::F32, values);
+  c.run(*backend, tested.tensors);
+  c.run(reference, expected.tensors);
+  backend->synchronize();
+  for (size_t i = 0; i < c.specs.size(); ++i) {
+    const Spec& s = c.specs[i];
+    const Tensor& t = tested.tensors.at(s.name);
+    EXPECT_TRUE(tested.storage[i]->guards_intact()) << s.name << ": write outside the tensor";
+    if (s.role == Role::In) {
+      EXPECT_TRUE(download_values(*backend, t) == values.at(s.name)) << s.name << ": input changed";
+      continue;
+    }
+    const double tol = under_test.compute == DType::BF16 ? s.tol : std::min(s.tol, kF32Tol);
+    const std::vector<float> want = download_float(reference, expected.tensors.at(s.name));
+    const double err = relative_error(download_float(*backend, t), want);
+    EXPECT_LE(err, tol) << s.name << " relative error " << err;
+    std::printf("[ op       ] %-44s %-10s rel err %.2e (tol %.0e)\n", label.c_str(), s.name.c_str(),
+                err, tol);
+  }
+  if (std::getenv("TESSERA_OP_PERF") && c.flops + c.bytes > 0)
+    time_case(c, *backend, tested.tensors, label);
+}
+
+// ---------------------------------------------------------------- cases
+
+namespace {
+
+// out = alpha * op(a) @ op(b) + beta * c (+ bias): c a separate tensor, out itself, or none.
+enum class COperand { None, Separate, Out };
+
+struct MatmulCase {
+  int64_t M, N, K;
+  bool ta, tb;
+  bool fp32_out;
+  float beta;
+  bool separate_c, bias;
+  float alpha = 1.0f;
+};
+
+OpCase matmul_case(std::string name, const MatmulCase& p) {
+  OpCase c;
+  c.name = std::move(name);
+  const Kind out_kind = p.fp32_out ? Kind::F32 : Kind::Act;
+  const double tol = p.fp32_out ? 1e-3 : 1e-2;
+  const bool accumulate = p.beta != 0 && !p.separate_c;
+  c.specs = {{"a", p.ta ? Shape{p.K, p.M} : Shape{p.M, p.K}, Kind::Act, Role::In, 0.5f},
+             {"b", p.tb ? Shape{p.N, p.K} : Shape{p.K, p.N}, Kind::Act, Role::In, 0.5f},
+             {"out", {p.M, p.N}, out_kind, accumulate ? Role::Accum : Role::Out, 1.0f, 0, 1, tol}};
+  if (p.separate_c) c.specs.push_back({"c", {p.M, p.N}, out_kind, Role::In});
+  if (p.bias) c.specs.push_back({"bias", {p.N}, out_kind, Role::In});
+  c.run = [p](Backend& b, const Tensors& t) {
+    MatmulArgs m;
+    m.out = t.at("out");
+    m.a = t.at("a");
+    m.b = t.at("b");
+    m.trans_a = p.ta;
+    m.trans_b = p.tb;
+    m.alpha = p.alpha;
+    m.beta = p.beta;
+    if (p.separate_c) m.c = t.at("c");
+    if (p.bias) m.bias = t.at("bias");
+    b.matmul(m);
+  };
+  c.flops = 2.0 * p.M * p.N * p.K;
+  c.bytes = 2.0 * (p.M * p.K + p.N * p.K) + (p.fp32_out ? 4.0 : 2.0) * p.M * p.N;
+  return c;
+}
+
+std::vector<OpCase> matmul_cases() {
+  std::vector<OpCase> cases;
+  // The GEMMs of a model.
+  for (const MatmulCase& p : std::vector<MatmulCase>{
+           {64, 48, 32, false, true, false, 0, false, false},
+           {129, 77, 200, false, true, false, 0, false, true},    // forward + bias
+           {130, 96, 72, false, true, false, 1, true, false},     // residual via beta
+           {257, 136, 96, false, false, false, 0, false, false},  // data gradient
+           {96, 200, 333, true, false, true, 1, false, false},    // weight gradient
+           {1024, 1024, 1024, false, true, false, 0, false, false}}) {
+    cases.push_back(
+        matmul_case(fmt::format("matmul M{} N{} K{} {}{}{}{}{}", p.M, p.N, p.K, p.ta ? "T" : "N",
+                                p.tb ? "T" : "N", p.fp32_out ? " fp32-out" : "",
+                                p.beta ? " beta" : "", p.bias ? " bias" : ""),
+                    p));
+  }
+  // Every operand combination at odd sizes, with alpha and a negative beta.
+  for (int flags = 0; flags < 8; ++flags) {
+    for (COperand c : {COperand::None, COperand::Separate, COperand::Out}) {
+      const bool ta = flags & 1, tb = flags & 2, bias = flags & 4;
+      const float beta = c == COperand::None ? 0.0f : -0.5f;
+      const MatmulCase p{33, 19, 29, ta, tb, false, beta, c == COperand::Separate, bias, 0.75f};
+      const char* c_name = c == COperand::None       ? ""
+                           : c == COperand::Separate ? " beta-0.5 c"
+                                                     : " beta-0.5 c=out";
+      cases.push_back(
+          matmul_case(fmt::format("matmul M33 N19 K29 {}{} alpha0.75{}{}", ta ? "T" : "N",
+                                  tb ? "T" : "N", c_name, bias ? " bias" : ""),
+                      p));
+    }
+  }
+  // Leading dimensions flatten into rows: x (B, T, C) @ w (N, C)^T.
+  OpCase flat;
+  flat.name = "matmul x(2,3,5) w(4,5) NT";
+  flat.specs = {{"x", {2, 3, 5}, Kind::Act, Role::In, 0.5f},
+                {"w", {4, 5}, Kind::Act, Role::In, 0.5f},
+                {"out", {2, 3, 4}, Kind::Act, Role::Out, 1.0f, 0, 1, 1e-2}};
+  flat.run = [](Backend& b, const Tensors& t) {
+    MatmulArgs m;
+    m.out = t.at("out");
+    m.a = t.at("x");
+    m.b = t.at("w");
+    m.trans_b = true;
+    b.matmul(m);
+  };
+  cases.push_back(flat);
+  OpCase bias;
+  bias.name = "bias_backward M333 N200";
+  bias.specs = {{"dout", {333, 200}, Kind::Act},
+                {"dbias", {200}, Kind::F32, Role::Accum, 1, 0, 1, 1e-4}};
+  bias.run = [](Backend& b, const Tensors& t) { b.bias_backward(t.at("dbias"), t.at("dout")); };
+  cases.push_back(bias);
+  return cases;
+}
+
+std::vector<OpCase> norm_and_embedding_cases() {
+  std::vector<OpCase> cases;
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{257, 320}, {33, 100}, {512, 4096}}) {
+    OpCase f;
+    f.name = fmt::format("rmsnorm_forward N{} C{}", N, C);
+    f.specs = {{"x", {N, C}},
+               {"w", {C}, Kind::Act, Role::In, 0.5f},
+               {"out", {N, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+               {"rstd", {N}, Kind::F32, Role::Out, 1, 0, 1, 1e-5}};
+    f.run = [](Backend& b, const Tensors& t) {
+      b.rmsnorm_forward(t.at("out"), t.at("rstd"), t.at("x"), t.at("w"), 1e-5f);
+    };
+    f.bytes = 2.0 * 2 * N * C;
+    cases.push_back(f);
+    OpCase g;
+    g.name = fmt::format("rmsnorm_backward N{} C{}", N, C);
+    // rstd must be consistent with x for a meaningful backward: recompute it inside run.
+    g.specs = {{"x", {N, C}},
+               {"w", {C}, Kind::Act, Role::In, 0.5f},
+               {"dout", {N, C}},
+               {"rstd", {N}, Kind::F32, Role::Out, 1, 0, 1, 1e-5},
+               {"y", {N, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+               {"dx", {N, C}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2},
+               {"dw", {C}, Kind::F32, Role::Accum, 1, 0, 1, 1e-3}};
+    g.run = [](Backend& b, const Tensors& t) {
+      b.rmsnorm_forward(t.at("y"), t.at("rstd"), t.at("x"), t.at("w"), 1e-5f);
+      b.rmsnorm_backward(t.at("dx"), t.at("dw"), t.at("dout"), t.at("x"), t.at("w"), t.at("rstd"));
+    };
+    g.bytes = 2.0 * 4 * N * C;
+    cases.push_back(g);
+  }
+  for (auto [V, N, C] :
+       {std::tuple<int64_t, int64_t, int64_t>{1000, 333, 72}, {50, 64, 100}, {32000, 4096, 1024}}) {
+    OpCase f;
+    f.name = fmt::format("embedding_forward V{} N{} C{}", V, N, C);
+    f.specs = {{"tokens", {N}, Kind::I32, Role::In, 1, 0, static_cast<int>(V)},
+               {"table", {V, C}},
+               {"out", {N, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-6}};
+    f.run = [](Backend& b, const Tensors& t) {
+      b.embedding_forward(t.at("out"), t.at("tokens"), t.at("table"));
+    };
+    cases.push_back(f);
+    OpCase g;
+    g.name = fmt::format("embedding_backward V{} N{} C{}", V, N, C);
+    g.specs = {{"tokens", {N}, Kind::I32, Role::In, 1, 0, static_cast<int>(V)},
+               {"dout", {N, C}},
+               {"dtable", {V, C}, Kind::F32, Role::Accum, 1, 0, 1, 1e-5}};
+    g.run = [](Backend& b, const Tensors& t) {
+      b.embedding_backward(t.at("dtable"), t.at("dout"), t.at("tokens"));
+    };
+    g.bytes = 2.0 * N * C + 8.0 * V * C;
+    cases.push_back(g);
+  }
+  return cases;
+}
+
+AttentionShape attn(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t window,
+                    bool causal = true) {
+  AttentionShape s;
+  s.batch = B, s.seq = T, s.heads = H, s.kv_heads = KV, s.head_dim = D, s.window = window,
+  s.causal = causal;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  return s;
+}
+
+// (T, D): row t holds cos(t * inv_freq) then sin(t * inv_freq), inv_freq[i] = 10000^(-2i/D).
+std::vector<float> rope_freqs(int64_t T, int64_t D) {
+  std::vector<float> f(T * D);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double a = t * std::pow(10000.0, -2.0 * i / D);
+      f[t * D + i] = static_cast<float>(std::cos(a));
+      f[t * D + D / 2 + i] = static_cast<float>(std::sin(a));
+    }
+  return f;
+}
+
+std::vector<OpCase> mlp_and_loss_cases() {
+  std::vector<OpCase> cases;
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{300, 700}, {4096, 14336}}) {
+    OpCase f;
+    f.name = fmt::format("swiglu_forward+backward N{} F{}", N, F);
+    f.specs = {{"gu", {N, 2 * F}},
+               {"dout", {N, F}},
+               {"out", {N, F}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+               {"dgu", {N, 2 * F}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
+    f.run = [](Backend& b, const Tensors& t) {
+      b.swiglu_forward(t.at("out"), t.at("gu"));
+      b.swiglu_backward(t.at("dgu"), t.at("dout"), t.at("gu"));
+    };
+    f.bytes = 2.0 * (2 * N * F + N * F + N * F + 2 * N * F + 2 * N * F);
+    cases.push_back(f);
+  }
+  for (auto [N, V] : {std::pair<int64_t, int64_t>{77, 1000}, {33, 32001}, {512, 128256}}) {
+    for (bool with_grad : {false, true}) {
+      OpCase c;
+      c.name = fmt::format("cross_entropy N{} V{}{}", N, V, with_grad ? " +grad in place" : "");
+      c.specs = {
+          {"logits", {N, V}, Kind::Act, with_grad ? Role::InOut : Role::In, 2.0f, 0, 1, 2e-2},
+          {"targets", {N}, Kind::I32, Role::In, 1, -1, static_cast<int>(V)},  // -1: ignored
+          {"losses", {N}, Kind::F32, Role::Out, 1, 0, 1, 1e-4}};
+      c.run = [with_grad](Backend& b, const Tensors& t) {
+        b.cross_entropy(t.at("losses"), t.at("logits"), t.at("targets"),
+                        with_grad ? t.at("logits") : Tensor{}, 0.01f);
+      };
+      c.bytes = (with_grad ? 4.0 : 2.0) * N * V;
+      cases.push_back(c);
+    }
+  }
+  // The gradient into a tensor of its own; any negative target is ignored.
+  OpCase c;
+  c.name = "cross_entropy N77 V1000 +grad";
+  c.specs = {{"logits", {77, 1000}, Kind::Act, Role::In, 2.0f},
+             {"targets", {77}, Kind::I32, Role::In, 1, -100, 1000},
+             {"losses", {77}, Kind::F32, Role::Out, 1, 0, 1, 1e-4},
+             {"dlogits", {77, 1000}, Kind::Act, Role::Out, 1, 0, 1, 2e-2}};
+  c.run = [](Backend& b, const Tensors& t) {
+    b.cross_entropy(t.at("losses"), t.at("logits"), t.at("targets"), t.at("dlogits"), 0.37f);
+  };
+  cases.push_back(c);
+  return cases;
+}
+
+OpCase adamw_case(int64_t P, float norm_sq, std::vector<ParamSegment> segments,
+                  const char* suffix) {
+  OpCase c;
+  c.name = fmt::format("adamw_step P{} grad_norm_sq {}{}", P, norm_sq, suffix);
+  c.specs = {{"master", {P}, Kind::F32, Role::InOut, 0.1f, 0, 1, 1e-6},
+             {"grad", {P}, Kind::F32, Role::In, 0.01f},
+             {"m", {P}, Kind::F32, Role::InOut, 0.01f, 0, 1, 1e-6},
+             {"v", {P}, Kind::F32, Role::InOut, 1e-4f, 0, 1, 1e-6, true},
+             {"params", {P}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
+  c.run = [norm_sq, segments](Backend& b, const Tensors& t) {
+    DeviceBuffer nb(b, 4, "norm");
+    const Tensor norm = nb.tensor(DType::F32, {1});
+    b.upload(norm, &norm_sq);
+    AdamWArgs a;
+    a.master = t.at("master");
+    a.grad = t.at("grad");
+    a.exp_avg = t.at("m");
+    a.exp_avg_sq = t.at("v");
+    a.params = t.at("params");
+    a.grad_norm_sq = norm;
+    a.segments = segments;
+    a.lr = 1e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f;
+    a.max_grad_norm = 1.0f;
+    a.step = 7;
+    b.convert(t.at("params"), t.at("master"));  // skipped steps leave this copy as it was
+    b.adamw_step(a);
+    b.synchronize();
+  };
+  c.bytes = 4.0 * P * 7;
+  return c;
+}
+
+std::vector<OpCase> reduction_and_optimizer_cases() {
+  std::vector<OpCase> cases;
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{12345677}}) {
+    for (bool squares : {false, true}) {
+      for (bool accumulate : {false, true}) {
+        OpCase c;
+        c.name = fmt::format("{} n{}{}", squares ? "sum_squares" : "sum", n,
+                             accumulate ? " accumulate" : "");
+        c.specs = {{"x", {n}, Kind::F32},
+                   {"out", {1}, Kind::F32, accumulate ? Role::Accum : Role::Out, 1, 0, 1, 1e-5}};
+        c.run = [squares, accumulate](Backend& b, const Tensors& t) {
+          if (squares)
+            b.sum_squares(t.at("out"), t.at("x"), accumulate);
+          else
+            b.sum(t.at("out"), t.at("x"), accumulate);
+        };
+        c.bytes = 4.0 * n;
+        cases.push_back(c);
+      }
+    }
+  }
+  // No clipping, clipping, skipped steps.
+  const int64_t P = 100003;
+  for (float norm_sq : {0.25f, 400.0f, std::nanf(""), std::numeric_limits<float>::infinity()})
+    cases.push_back(adamw_case(
+        P, norm_sq, {{0, 5000, false}, {5000, 90000, true}, {95000, P - 95000, false}}, ""));
+  // Elements in no segment stay as they are.
+  cases.push_back(adamw_case(50000, 400.0f,
+                             {{0, 20000, true}, {20000, 100, false}, {20100, 28900, true}},
+                             " tail in no segment"));
+  return cases;
+}
+
+// An FP8 linear as the model runs it: tensorwise scales from each operand's amax, casts
+// (the weight's through its transpose, as in dgrad), then the FP8 GEMM. Every backend sees
+// the same codes, so only the accumulation order and output rounding differ.
+std::vector<OpCase> fp8_cases() {
+  std::vector<OpCase> cases;
+  struct P {
+    int64_t M, N, K;
+    DType a_format;
+    bool fp32_out;
+    float beta;
+  };
+  for (const P& p : std::vector<P>{{64, 48, 32, DType::E4M3, false, 0},
+                                   {256, 160, 320, DType::E4M3, false, 1},   // forward + residual
+                                   {128, 96, 256, DType::E5M2, false, 0},    // dgrad (e5m2 dY)
+                                   {96, 208, 512, DType::E5M2, true, 1}}) {  // wgrad, fp32 +=
+    OpCase c;
+    c.name = fmt::format("matmul_fp8 M{} N{} K{} {}{}{}", p.M, p.N, p.K, dtype_name(p.a_format),
+                         p.fp32_out ? " fp32-out" : "", p.beta ? " beta" : "");
+    const Kind out_kind = p.fp32_out ? Kind::F32 : Kind::Act;
+    c.specs = {{"a", {p.M, p.K}, Kind::Act, Role::In, 0.5f},
+               {"wt", {p.K, p.N}, Kind::Act, Role::In, 0.05f},
+               {"out",
+                {p.M, p.N},
+                out_kind,
+                p.beta ? Role::Accum : Role::Out,
+                1.0f,
+                0,
+                1,
+                p.fp32_out ? 1e-3 : 1e-2}};
+    c.run = [p](Backend& b, const Tensors& t) {
+      DeviceBuffer codes(b, 2 * (p.M * p.K + p.N * p.K) + 1024, "fp8 codes");
+      DeviceBuffer state(b, 8 * 256, "fp8 scales");
+      const Tensor qa = codes.tensor(p.a_format, {p.M, p.K});
+      const Tensor qb = codes.tensor(DType::E4M3, {p.N, p.K}, (p.M * p.K + 255) / 256 * 256);
+      Tensor inv[2];
+      for (int i = 0; i < 2; ++i) {
+        const Tensor amax = state.tensor(DType::F32, {1, 1}, 3 * i * 256);
+        const Tensor scale = state.tensor(DType::F32, {1}, (3 * i + 1) * 256);
+        inv[i] = state.tensor(DType::F32, {1}, (3 * i + 2) * 256);
+        const Tensor& src = i == 0 ? t.at("a") : t.at("wt");
+        b.fill(amax, 0.0f);
+        b.fp8_cast_transpose(Fp8CastArgs{src, {}, {}, {}, amax.view({1})});
+        Fp8ScaleUpdateArgs u;
+        u.amax_history = amax, u.scale = scale, u.scale_inv = inv[i];
+        u.fp8_max = i == 0 && p.a_format == DType::E5M2 ? 57344.0f : 448.0f;
+        u.most_recent = true, u.roll = false;
+        b.fp8_update_scales(u);
+        if (i == 0)
+          b.fp8_cast_transpose(Fp8CastArgs{src, qa, {}, scale, {}});
+        else
+          b.fp8_cast_transpose(Fp8CastArgs{src, {}, qb, scale, {}});  // wt (K, N) -> (N, K)
+      }
+      Fp8MatmulArgs m;
+      m.out = t.at("out"), m.a = qa, m.b = qb, m.a_scale_inv = inv[0], m.b_scale_inv = inv[1];
+      m.beta = p.beta;
+      b.matmul_fp8(m);
+    };
+    c.flops = 2.0 * p.M * p.N * p.K;
+    c.bytes = 1.0 * (p.M * p.K + p.N * p.K) + (p.fp32_out ? 4.0 : 2.0) * p.M * p.N;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// fill, convert and init_normal are exact: bit for bit on every backend.
+std::vector<OpCase> init_and_conversion_cases() {
+  std::vector<OpCase> cases;
+  OpCase fill;
+  fill.name = "fill n100003";
+  fill.specs = {{"x", {100003}, Kind::Act, Role::Out, 1, 0, 1, 0}};
+  fill.run = [](Backend& b, const Tensors& t) { b.fill(t.at("x"), -2.5f); };  // exact in bf16
+  cases.push_back(fill);
+  OpCase convert;
+  convert.name = "convert n100003 fp32-bf16-fp32";
+  convert.specs = {{"x", {100003}, Kind::F32, Role::In, 100.0f},
+                   {"half", {100003}, Kind::BF16, Role::Out, 1, 0, 1, 0},
+                   {"back", {100003}, Kind::F32, Role::Out, 1, 0, 1, 0}};
+  convert.run = [](Backend& b, const Tensors& t) {
+    b.convert(t.at("half"), t.at("x"));
+    b.convert(t.at("back"), t.at("half"));
+  };
+  cases.push_back(convert);
+  OpCase init;
+  init.name = "init_normal n1000003 first_index 1234";
+  init.specs = {{"x", {1000003}, Kind::F32, Role::Out, 1, 0, 1, 0}};
+  init.run = [](Backend& b, const Tensors& t) { b.init_normal(t.at("x"), 77, 1234, 0.1f, 0.02f); };
+  init.bytes = 4.0 * 1000003;
+  cases.push_back(init);
+  return cases;
+}
+
+}  // namespace
+
+std::vector<OpCase> attention_cases() {
+  std::vector<OpCase> cases;
+  for (const AttentionShape& s :
+       {attn(2, 37, 4, 2, 64, 0), attn(1, 200, 4, 4, 128, 0), attn(1, 200, 8, 1, 64, 33),
+        attn(2, 77, 4, 2, 128, 0, false), attn(1, 1024, 8, 2, 128, 0),
+        attn(1, 1024, 8, 2, 128, 256), attn(1, 9, 6, 3, 64, 4, false)}) {
+    const std::string shape =
+        fmt::format("B{} T{} H{} KV{} D{} window{}{}", s.batch, s.seq, s.heads, s.kv_heads,
+                    s.head_dim, s.window, s.causal ? "" : " full");
+    const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.heads * s.head_dim;
+    const double causal_frac = s.causal ? 0.5 : 1.0;
+    const double fwd_flops = 4.0 * s.batch * s.heads * s.seq * s.seq * s.head_dim * causal_frac;
+    OpCase rope;
+    rope.name = "rope_forward+backward " + shape;
+    rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
+                  {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
+    rope.run = [s](Backend& b, const Tensors& t) {
+      DeviceBuffer f(b, s.seq * s.head_dim * 4, "freqs");
+      const Tensor freqs = f.tensor(DType::F32, {s.seq, s.head_dim});
+      b.upload(freqs, rope_freqs(s.seq, s.head_dim).data());
+      b.rope_forward(t.at("qkv"), freqs, s);
+      b.rope_backward(t.at("dqkv"), freqs, s);
+      b.synchronize();
+    };
+    cases.push_back(rope);
+    OpCase f;
+    f.name = "attention_forward " + shape;
+    f.specs = {{"qkv", {N, W}},
+               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}};
+    f.run = [s](Backend& b, const Tensors& t) {
+      b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
+    };
+    f.flops = fwd_flops;
+    cases.push_back(f);
+    OpCase g;
+    g.name = "attention_backward " + shape;
+    g.specs = {{"qkv", {N, W}},
+               {"dout", {N, HD}},
+               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
+               {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+    g.run = [s](Backend& b, const Tensors& t) {
+      b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
+      b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), s);
+    };
+    g.flops = 3.5 * fwd_flops;
+    cases.push_back(g);
+  }
+  return cases;
+}
+
+std::vector<OpCase> all_cases() {
+  std::vector<OpCase> all;
+  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, mlp_and_loss_cases,
+                  reduction_and_optimizer_cases, fp8_cases, init_and_conversion_cases})
+    for (auto& c : fn()) all.push_back(std::move(c));
+  return all;
+}
+
+}  // namespace tessera::test

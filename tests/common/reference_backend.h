@@ -1,0 +1,58 @@
+#pragma once
+// The oracle of the op-test registry (op_registry.h): a backend whose every computing op runs
+// the double instances of backend/cpu/reference.h on double copies of its fp32 tensors (int32
+// for ids) and rounds the results to fp32 once. So the CPU backend, which runs the float
+// instances, OpenBLAS and OpenMP, is tested like any other backend.
+//
+// Memory, transfers and events are the CPU backend's (host memory). Everything else is
+// overridden, fill and convert included, so that no op of the backend under test is ever
+// compared with itself. Exceptions, where the op is defined in float: init_normal (bit for bit
+// the float instance), the FP8 codes (core/fp8.h, of the fp32 product x * scale, as GPUs
+// compute it) and the FP8 scale update (core/fp8.h's fp32 reference).
+#include "tessera/backend/cpu/cpu_backend.h"
+
+namespace tessera::test {
+
+class ReferenceBackend final : public CpuBackend {
+ public:
+  std::string_view name() const override { return "reference"; }
+  std::string description() const override { return "double-precision reference"; }
+
+ protected:
+  void do_fill(const Tensor& dst, float value) override;
+  void do_convert(const Tensor& dst, const Tensor& src) override;
+  void do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
+                      float std) override;
+
+  void do_matmul(const MatmulArgs& args) override;
+  void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void do_matmul_fp8(const Fp8MatmulArgs& args) override;
+  void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
+
+  void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
+  void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
+                             const Tensor& tokens) override;
+  void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                          const Tensor& weight, float eps) override;
+  void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                           const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) override;
+  void do_rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) override;
+  void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                            const AttentionShape& s) override;
+  void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& qkv,
+                             const AttentionShape& s) override;
+  void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                          const Tensor& gate_up) override;
+  void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                        const Tensor& dlogits, float grad_scale) override;
+
+  void do_sum(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
+  void do_adamw_step(const AdamWArgs& args) override;
+};
+
+}  // namespace tessera::test
