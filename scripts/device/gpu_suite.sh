@@ -3,14 +3,17 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#       [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node] [dist]   (not in the default; dist: 2 GPUs)
+#       [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node] [dist]
+#       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
+#                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$ROOT/.device/out}"
 BIN="$ROOT/.device/bin"
 mkdir -p "$OUT"
-# Binaries, their host libraries, the peer scripts and the Brown corpus travel packed.
+# Binaries, their host libraries, the peer scripts and the Brown corpus travel packed
+# (scripts/device/pack.sh).
 if [ -f "$ROOT/.device/payload.tgz" ]; then
   tar xzf "$ROOT/.device/payload.tgz" -C "$ROOT/.device"
   [ -e "$ROOT/node_modules" ] || ln -s "$ROOT/.device/node_modules" "$ROOT/node_modules"
@@ -112,6 +115,15 @@ if want bench; then
   echo "== tessera bench model"
   timeout 300 "$BIN/tessera" bench model --models llama3.1_8B,qwen2.5_7B -o "$OUT" 2>&1 | tee "$OUT/bench_model.log" | tail -8
   timeout 200 "$BIN/tessera" bench model --models mistral_7B -o "$OUT/mistral" 2>&1 | tee "$OUT/bench_mistral.log" | tail -4
+fi
+if want baseline && [ -x "$BIN/tessera_baseline" ]; then
+  echo "== bench model: the baseline build and this one, two interleaved rounds"
+  for round in 1 2; do
+    for build in tessera_baseline tessera; do
+      timeout 400 "$BIN/$build" bench model -o "$OUT/${build}_round$round" 2>&1 \
+        | tee "$OUT/bench_${build}_round$round.log" | tail -5
+    done
+  done
 fi
 if want attention_choice; then
   # The proxies with Tessera's own attention kernels, for the attention_backend choice.

@@ -12,6 +12,7 @@
 
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/obs/logger.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/plan/memory_report.h"
 #include "tessera/train/trainer.h"
@@ -31,13 +32,13 @@ Experiment load(const std::string& config, std::vector<std::string> overrides) {
   return load_experiment(o);
 }
 
-PlanInput input_for(const Experiment& e, int64_t gpus = 1, Sharding sharding = Sharding::None) {
-  PlanInput in;
-  in.spec = planned_spec(e);
-  in.runtime = planned_runtime(e, planned_dtype(e.training.precision));
-  in.num_gpus = gpus;
-  in.sharding = sharding;
-  return in;
+PlanInput input_for(const Experiment& e, int64_t gpus = 1,
+                    StateSharding sharding = StateSharding::None) {
+  RunSetup setup = make_run_setup(e, {static_cast<int>(gpus), DType::BF16},
+                                  [&] { return make_tokenizer(e.data)->vocab_size(); });
+  setup.sharding = sharding;
+  setup.runtime.sharded_params = sharding == StateSharding::Fsdp;
+  return plan_input(setup, /*gpu=*/true);
 }
 
 // Llama 3.1 8B by hand: embedding and output head 128256 x 4096 each; per layer qkv
@@ -73,9 +74,9 @@ TEST(MemoryPlan, Llama8BStateMatchesHandCalculation) {
 TEST(MemoryPlan, ShardingSplitsTheRightParts) {
   const Experiment e = load("llama3.1_8B-pretrain", {"--global_batch_size", "16"});
   const int64_t shard = (kLlama8BParams + 7) / 8;
-  const MemoryPlan none = plan_memory(input_for(e, 8, Sharding::None));
-  const MemoryPlan zero1 = plan_memory(input_for(e, 8, Sharding::Zero1));
-  const MemoryPlan fsdp = plan_memory(input_for(e, 8, Sharding::Fsdp));
+  const MemoryPlan none = plan_memory(input_for(e, 8, StateSharding::None));
+  const MemoryPlan zero1 = plan_memory(input_for(e, 8, StateSharding::Zero1));
+  const MemoryPlan fsdp = plan_memory(input_for(e, 8, StateSharding::Fsdp));
   EXPECT_EQ(none.optimizer, kLlama8BParams * 12);
   EXPECT_EQ(zero1.weights, none.weights);
   EXPECT_EQ(zero1.gradients, none.gradients);
@@ -83,7 +84,7 @@ TEST(MemoryPlan, ShardingSplitsTheRightParts) {
   // FSDP: each unit padded to a multiple of 64 x 8 elements and split 8 ways, plus two slots
   // (parameters, gradients) of the largest unit, the final norm with the untied output head.
   int64_t fsdp_shard = 0;
-  for (const ParamRange& u : make_param_layout(planned_spec(e)).units)
+  for (const ParamRange& u : make_param_layout(input_for(e).spec).units)
     fsdp_shard += (u.count() + 511) / 512 * 64;
   EXPECT_GE(fsdp_shard, shard);
   EXPECT_LT(fsdp_shard, shard + 64 * 40);
@@ -214,14 +215,14 @@ TEST(MemoryReport, VerdictAndAlternatives) {
   q.experiment = load("llama3.1_8B-pretrain", {"--global_batch_size", "16"});
   q.gpu = *analysis::find_gpu_spec("H100");
   q.num_gpus = 8;
-  q.sharding = Sharding::None;
+  q.sharding = StateSharding::None;
   const MemoryReport r = build_memory_report(q);
   EXPECT_FALSE(r.fits);  // 16 B/param of state alone is 120 GiB
   EXPECT_NE(r.verdict.find("DOES NOT FIT"), std::string::npos);
   EXPECT_EQ(r.scenarios.rows.size(), 2u * 3 * 3);
   EXPECT_EQ(r.breakdown.rows.size(), 8u);
 
-  q.sharding = Sharding::Fsdp;
+  q.sharding = StateSharding::Fsdp;
   q.experiment = load("llama3.1_8B-pretrain",
                       {"--global_batch_size", "16", "--recompute_granularity", "full"});
   const MemoryReport f = build_memory_report(q);

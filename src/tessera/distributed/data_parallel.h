@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tessera/distributed/communicator.h"
+#include "tessera/distributed/parallelism.h"
 #include "tessera/model/model.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -60,40 +61,19 @@ struct DataParallelOptions {
   int64_t bucket_elements = 40'000'000;
 };
 
-// What the trainer asks of data parallelism, whichever kind, in the order of a step.
-class DataParallelism {
+// Data parallelism of every kind: the collectives over its ranks.
+class DataParallelism : public Parallelism {
  public:
-  virtual ~DataParallelism();
-  DataParallelism(const DataParallelism&) = delete;
-  DataParallelism& operator=(const DataParallelism&) = delete;
+  ~DataParallelism() override;
 
-  // For the log: "ZeRO-1 optimizer shards, 7 gradient buckets, ...".
-  virtual std::string description() const = 0;
-  // What this rank's optimizer updates (empty: everything, in the model's buffers).
-  virtual std::vector<OwnedParams> optimizer_shards() const = 0;
-  // Before each micro-batch's forward/backward; `last` marks the step's last one.
-  virtual void begin_micro_batch(bool last) = 0;
-  // After the last micro-batch: makes the compute stream wait for every gradient reduction.
-  virtual void finish_gradient_reduction() = 0;
-  // out (1) fp32 = squared norm of the reduced (mean) gradient of the global batch.
-  virtual void grad_norm_sq(const Tensor& out) = 0;
-  // After the optimizer step: brings every rank's updated parameters where the next forward
-  // reads them (or lets it gather them as it goes).
-  virtual void params_updated() = 0;
-
-  // Checkpoints. When parameters are sharded (FSDP), a parameter is read by gathering it: rank
-  // 0 calls gathered_param for every parameter in layout order while each other rank calls
-  // follow_gathers() once; the tensor is valid until the next call.
-  virtual bool params_sharded() const { return false; }
-  virtual Tensor gathered_param(int index);
-  virtual void follow_gathers() {}
-
-  // In place: the sum over ranks (losses, counters).
-  void sum(const Tensor& t);
-  // In place: the maximum over ranks (FP8 amaxes, so every rank scales alike).
-  void max(const Tensor& t);
-  // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
-  void barrier();
+  int rank() const override { return comm_.rank(); }
+  int world_size() const override { return comm_.size(); }
+  int data_parallel_rank() const override { return comm_.rank(); }
+  int data_parallel_size() const override { return comm_.size(); }
+  Tensor gathered_param(int index) override;
+  void sum(const Tensor& t) override;
+  void max(const Tensor& t) override;
+  void barrier() override;
 
  protected:
   DataParallelism(Communicator& comm, Model& model);

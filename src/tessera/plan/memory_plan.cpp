@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "tessera/data/tokenizer.h"
 #include "tessera/distributed/fully_sharded.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/fp8_linears.h"
@@ -18,20 +17,20 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
-std::string_view sharding_name(Sharding s) {
+std::string_view sharding_name(StateSharding s) {
   switch (s) {
-    case Sharding::None:
+    case StateSharding::None:
       return "none";
-    case Sharding::Zero1:
+    case StateSharding::Zero1:
       return "zero1";
-    case Sharding::Fsdp:
+    case StateSharding::Fsdp:
       return "fsdp";
   }
   return "?";
 }
 
-bool parse_sharding(std::string_view name, Sharding* out) {
-  for (Sharding s : {Sharding::None, Sharding::Zero1, Sharding::Fsdp}) {
+bool parse_sharding(std::string_view name, StateSharding* out) {
+  for (StateSharding s : {StateSharding::None, StateSharding::Zero1, StateSharding::Fsdp}) {
     if (name == sharding_name(s)) {
       *out = s;
       return true;
@@ -51,17 +50,17 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.activations = model.activations;  // per micro batch on each GPU, whatever the sharding
   p.fp8 = model.fp8;
   switch (in.sharding) {
-    case Sharding::None:
+    case StateSharding::None:
       p.weights = model.weights;
       p.gradients = model.gradients;
       p.optimizer = AdamWOptimizer::state_bytes(params, dt);
       break;
-    case Sharding::Zero1:
+    case StateSharding::Zero1:
       p.weights = model.weights;
       p.gradients = model.gradients;
       p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
       break;
-    case Sharding::Fsdp: {
+    case StateSharding::Fsdp: {
       // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
       const auto f = dist::FullyShardedDataParallel::plan_memory(make_param_layout(in.spec),
                                                                  static_cast<int>(n), dt);
@@ -98,28 +97,14 @@ int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit) 
   return lo;
 }
 
-ModelSpec planned_spec(const Experiment& e) {
-  // As the trainer: the model's vocabulary when set, else the tokenizer's.
-  const int64_t vocab = e.model_config.vocab_size > 0 ? e.model_config.vocab_size
-                                                      : make_tokenizer(e.data)->vocab_size();
-  return make_model_spec(e, vocab);
-}
-
-DType planned_dtype(Precision p) {
-  return p == Precision::Fp32 ? DType::F32 : DType::BF16;
-}
-
-ModelRuntime planned_runtime(const Experiment& e, DType compute) {
-  const TrainingConfig& t = e.training;
-  ModelRuntime rt;
-  rt.micro_batch = t.micro_batch_size;
-  rt.seq_length = t.seq_length;
-  rt.compute_dtype = compute;
-  rt.recompute = t.recompute_granularity;
-  rt.recompute_num_layers = t.recompute_num_layers;
-  rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
-  rt.fp8 = fp8_options(t);
-  return rt;
+PlanInput plan_input(const RunSetup& setup, bool gpu) {
+  PlanInput in;
+  in.spec = setup.spec;
+  in.runtime = setup.runtime;
+  in.num_gpus = setup.mesh.world_size();
+  in.sharding = setup.sharding;
+  in.gpu = gpu;
+  return in;
 }
 
 }  // namespace tessera::plan

@@ -14,20 +14,13 @@
 #include "tessera/config/config.h"
 #include "tessera/core/dtype.h"
 #include "tessera/model/model.h"
+#include "tessera/run/run_setup.h"
 #include "tessera/model/model_spec.h"
 
 namespace tessera::plan {
 
-// How N data-parallel GPUs split the training state.
-enum class Sharding {
-  None,   // plain data parallel: every GPU holds everything
-  Zero1,  // ZeRO-1 / Megatron distributed optimizer: optimizer state split N ways
-  Fsdp,   // FSDP / ZeRO-3 (dist/fully_sharded.h): weights, gradients and optimizer state split
-          // N ways; units gathered into slots just in time
-};
-
-std::string_view sharding_name(Sharding s);
-bool parse_sharding(std::string_view name, Sharding* out);
+std::string_view sharding_name(StateSharding s);
+bool parse_sharding(std::string_view name, StateSharding* out);
 
 // Bytes the CUDA backend allocates besides model and optimizer, counted in memory_stats():
 // the cuBLASLt workspace (32 MiB) and an upper bound of the kernel scratch (reduction and
@@ -59,7 +52,7 @@ struct PlanInput {
   ModelSpec spec;
   ModelRuntime runtime;
   int64_t num_gpus = 1;
-  Sharding sharding = Sharding::None;
+  StateSharding sharding = StateSharding::None;
   bool gpu = true;  // add the GPU backend's buffers and context allowance
 };
 
@@ -69,10 +62,7 @@ MemoryPlan plan_memory(const PlanInput& in);
 // not even one sequence fits. Memory grows with the micro batch, so this bisects.
 int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit = 4096);
 
-// The model and runtime an experiment trains with, as the trainer derives them. `precision`
-// Auto means bf16 (the planner plans for GPUs).
-ModelSpec planned_spec(const Experiment& e);
-ModelRuntime planned_runtime(const Experiment& e, DType compute);
-DType planned_dtype(Precision p);
+// The plan of a run set up by make_run_setup (run/run_setup.h), as it trains.
+PlanInput plan_input(const RunSetup& setup, bool gpu);
 
 }  // namespace tessera::plan

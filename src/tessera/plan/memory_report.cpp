@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "tessera/analysis/report_output.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/model/param_layout.h"
 
 namespace tessera::plan {
@@ -26,13 +27,13 @@ std::string_view recompute_name(RecomputeGranularity r) {
   return "?";
 }
 
-std::string sharding_text(Sharding s, int64_t n) {
+std::string sharding_text(StateSharding s, int64_t n) {
   switch (s) {
-    case Sharding::None:
+    case StateSharding::None:
       return n > 1 ? "none (plain data parallel: every GPU holds everything)" : "none";
-    case Sharding::Zero1:
+    case StateSharding::Zero1:
       return "zero1 (optimizer state split across GPUs)";
-    case Sharding::Fsdp:
+    case StateSharding::Fsdp:
       return "fsdp (weights, gradients and optimizer state split across GPUs)";
   }
   return "?";
@@ -46,11 +47,11 @@ std::string count_text(double n) {
 analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_t params) {
   const DType dt = in.runtime.compute_dtype;
   const bool fp32 = dt == DType::F32;
-  const bool fsdp = in.sharding == Sharding::Fsdp;
+  const bool fsdp = in.sharding == StateSharding::Fsdp;
   const int64_t n = std::max<int64_t>(1, in.num_gpus);
   const double shard = static_cast<double>((params + n - 1) / n);
   const std::string weight_params = count_text(fsdp ? shard : params);
-  const std::string opt_params = count_text(in.sharding == Sharding::None ? params : shard);
+  const std::string opt_params = count_text(in.sharding == StateSharding::None ? params : shard);
   const ModelRuntime& rt = in.runtime;
 
   analysis::Table t;
@@ -100,11 +101,11 @@ size_t gpu_capacity_bytes(const analysis::GpuSpec& gpu) {
 MemoryReport build_memory_report(const MemoryQuery& q) {
   const Experiment& e = q.experiment;
   const size_t capacity = gpu_capacity_bytes(q.gpu);
-  PlanInput in;
-  in.spec = planned_spec(e);
-  in.runtime = planned_runtime(e, planned_dtype(e.training.precision));
-  in.num_gpus = q.num_gpus;
-  in.sharding = q.sharding;
+  RunSetup setup = make_run_setup(e, {static_cast<int>(q.num_gpus), DType::BF16},
+                                   [&] { return make_tokenizer(e.data)->vocab_size(); });
+  setup.sharding = q.sharding;
+  setup.runtime.sharded_params = q.sharding == StateSharding::Fsdp;
+  const PlanInput in = plan_input(setup, /*gpu=*/true);
   const int64_t params = make_param_layout(in.spec).total;
 
   MemoryReport r;
@@ -142,12 +143,12 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
                {"weights_gib"},     {"gradients_gib"},   {"optimizer_gib"},
                {"activations_gib"}, {"total_gib"},       {"fits"},
                {"max_micro_batch"}};
-  std::vector<Sharding> shardings = {Sharding::None};
-  if (q.num_gpus > 1) shardings = {Sharding::None, Sharding::Zero1, Sharding::Fsdp};
+  std::vector<StateSharding> shardings = {StateSharding::None};
+  if (q.num_gpus > 1) shardings = {StateSharding::None, StateSharding::Zero1, StateSharding::Fsdp};
   for (DType dt : {DType::BF16, DType::F32}) {
     for (auto rc : {RecomputeGranularity::None, RecomputeGranularity::Selective,
                     RecomputeGranularity::Full}) {
-      for (Sharding sh : shardings) {
+      for (StateSharding sh : shardings) {
         PlanInput alt = in;
         alt.runtime.compute_dtype = dt;
         alt.runtime.recompute = rc;

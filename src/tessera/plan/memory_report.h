@@ -15,7 +15,7 @@ namespace tessera::plan {
 struct MemoryQuery {
   Experiment experiment;
   int64_t num_gpus = 1;
-  Sharding sharding = Sharding::None;
+  StateSharding sharding = StateSharding::None;
   analysis::GpuSpec gpu;
 };
 

@@ -12,6 +12,7 @@
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
+#include "tessera/distributed/parallelize.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/stop_signal.h"
@@ -25,15 +26,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-DType compute_dtype(const Experiment& e, const Backend& b) {
-  switch (e.training.precision) {
-    case Precision::Fp32: return DType::F32;
-    case Precision::Bf16: return DType::BF16;
-    case Precision::Auto: return b.default_compute_dtype();
-  }
-  return DType::F32;
 }
 
 std::string format_duration(double seconds) {
@@ -74,74 +66,81 @@ void report_target_reached(Logger& log, MetricsWriter* metrics, double target, i
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
                  MetricsWriter* metrics, dist::Communicator* comm)
-    : exp_(experiment), backend_(std::move(backend)), log_(logger), metrics_(metrics), comm_(comm) {
-  const TrainingConfig& t = exp_.training;
-  if (comm_) {
-    data_parallel_size_ = comm_->size();
-    rank_ = comm_->rank();
-  }
-  accumulation_steps_ = t.global_batch_size / (t.micro_batch_size * data_parallel_size_);
-  tokenizer_ = make_tokenizer(exp_.data);
-  // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
-  // tokenizer's.
-  const int64_t data_vocab = exp_.data.mock_data && exp_.model_config.vocab_size
-                                 ? exp_.model_config.vocab_size
-                                 : tokenizer_->vocab_size();
-  spec_ = make_model_spec(exp_, data_vocab);
-  runtime_.micro_batch = t.micro_batch_size;
-  runtime_.seq_length = t.seq_length;
-  runtime_.compute_dtype = compute_dtype(exp_, *backend_);
-  runtime_.recompute = t.recompute_granularity;
-  runtime_.recompute_num_layers = t.recompute_num_layers;
-  runtime_.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
-  if (comm_) {
-    runtime_.flat_buffer_multiple = dist::flat_buffer_multiple(comm_->size());
-    runtime_.sharded_params = t.use_torch_fsdp2;
-  }
-  runtime_.fp8 = fp8_options(t);
-  if (runtime_.fp8.enabled() && !backend_->supports(Capability::Fp8TensorCores))
+    : exp_(experiment),
+      backend_(std::move(backend)),
+      log_(logger),
+      metrics_(metrics),
+      comm_(comm),
+      tokenizer_(make_tokenizer(exp_.data)),
+      setup_(make_run_setup(exp_, {comm ? comm->size() : 1, backend_->default_compute_dtype()},
+                            [this] { return tokenizer_->vocab_size(); })) {
+  check_device_can_run();
+  log_run();
+  open_data();
+  build_model();
+  start_state();
+  profiler_ = profiler::TrainingProfiler::create(exp_, parallel_->rank(), parallel_->world_size(),
+                                                 *backend_, log_);
+}
+
+void Trainer::check_device_can_run() const {
+  if (setup_.runtime.fp8.enabled() && !backend_->supports(Capability::Fp8TensorCores))
     throw ConfigError(exp_.origin.count("fp8") ? exp_.origin.at("fp8") : "default", "fp8",
                       find_key("fp8")->get(exp_),
                       "null on " + backend_->description() +
                           ": FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
+}
 
+void Trainer::log_run() const {
+  const TrainingConfig& t = exp_.training;
+  const ModelRuntime& rt = setup_.runtime;
   log_.info("backend: {}", backend_->description());
-  log_.info("model: {}", spec_.summary());
+  log_.info("model: {}", setup_.spec.summary());
   log_.info("precision: {} weights/activations, fp32 master weights, gradients and AdamW state{}",
-            dtype_name(runtime_.compute_dtype),
-            runtime_.fp8.enabled()
+            dtype_name(rt.compute_dtype),
+            rt.fp8.enabled()
                 ? fmt::format("; FP8 {} linear layers ({} scaling, amax history {}, margin {}, "
                               "weight transpose cache {}, output head {}, fast accumulation: {})",
                               find_key("fp8")->get(exp_), find_key("fp8_recipe")->get(exp_),
                               t.fp8_amax_history_len, t.fp8_margin,
                               t.fp8_weight_transpose_cache ? "on" : "off",
-                              t.fp8_lm_head ? "fp8" : "bf16", fast_accumulation_kinds(runtime_.fp8))
+                              t.fp8_lm_head ? "fp8" : "bf16", fast_accumulation_kinds(rt.fp8))
                 : "");
-  data_ = make_data_sources(exp_, *tokenizer_, data_vocab);
-  log_.info("data: {}", data_.description);
   if (!comm_ && (t.use_distributed_optimizer || t.use_torch_fsdp2))
     log_.warning(
         "{} shards state over data-parallel ranks; this run has one (start it with "
         "tessera launch --nproc_per_node N to shard)",
         t.use_torch_fsdp2 ? "use_torch_fsdp2" : "use_distributed_optimizer");
+}
+
+void Trainer::open_data() {
+  data_ = make_data_sources(exp_, *tokenizer_, setup_.data_vocab);
+  log_.info("data: {}", data_.description);
   if (!data_.valid && (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0)) {
     const std::string why = fmt::format(
         "no validation data (split '{}' leaves none, or set valid_data_path)", exp_.data.split);
     if (exp_.data.target_loss > 0) throw DataError(why + ": target_loss cannot be checked");
     log_.warning("{}: evaluation is disabled", why);
   }
+  const int64_t N = setup_.runtime.tokens();
+  host_tokens_.resize(N);
+  host_targets_.resize(N);
+}
 
+// The model, its parallel layout and optimizer, and the step's device scalars; an
+// out-of-memory error on the way gets the planner's breakdown when the plan says it cannot
+// fit.
+void Trainer::build_model() {
+  const TrainingConfig& t = exp_.training;
   check_memory_fits();
   try {
-    model_ = std::make_unique<DecoderModel>(*backend_, spec_, runtime_);
-    if (comm_)
-      dp_ = dist::make_data_parallelism(
-          *comm_, *model_,
-          dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
-                                    t.overlap_grad_reduce, t.overlap_param_gather,
-                                    t.ddp_bucket_size});
-    optimizer_ = std::make_unique<AdamWOptimizer>(
-        *model_, t, dp_ ? dp_->optimizer_shards() : std::vector<OwnedParams>{});
+    model_ = std::make_unique<DecoderModel>(*backend_, setup_.spec, setup_.runtime);
+    parallel_ = dist::parallelize(
+        *model_, setup_.mesh, comm_,
+        dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
+                                  t.overlap_grad_reduce, t.overlap_param_gather,
+                                  t.ddp_bucket_size});
+    optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, parallel_->optimizer_shards());
     scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
   } catch (const OutOfMemoryError& e) {
     check_memory_fits();  // reports the breakdown if the estimate now says it cannot fit
@@ -149,28 +148,28 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   }
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
   stop_signal_ = scalar_buffer_.tensor(DType::F32, {1}, sizeof(float));
-  ranks_stop_together_ = dp_ && !exp_.checkpoint.save.empty();
-  init_parameters(*backend_, spec_, model_->layout(), optimizer_->master_slices(),
-                  static_cast<uint64_t>(t.seed));
+}
+
+// Initial weights (fresh, a checkpoint or Hugging Face) on every rank, and the rules that
+// keep ranks alike from here on.
+void Trainer::start_state() {
+  ranks_stop_together_ = parallel_->world_size() > 1 && !exp_.checkpoint.save.empty();
+  init_parameters(*backend_, setup_.spec, model_->layout(), optimizer_->master_slices(),
+                  static_cast<uint64_t>(exp_.training.seed));
   restore_start_state();
   optimizer_->sync_params_from_master();
-  if (dp_ && model_->fp8()) {
+  if (model_->fp8()) {
     // Transformer Engine's rule: amaxes are reduced over the data-parallel ranks, so every
     // rank derives the same scales and the replicas stay identical.
-    model_->fp8()->set_amax_reducer([this](const Tensor& amaxes) { dp_->max(amaxes); });
+    model_->fp8()->set_amax_reducer([this](const Tensor& amaxes) { parallel_->max(amaxes); });
   }
-  if (dp_) {
-    dp_->params_updated();
-    log_.info("data parallel: {} ranks ({}), {}", data_parallel_size_, comm_->description(),
-              dp_->description());
-  }
-  const int64_t N = t.micro_batch_size * t.seq_length;
-  host_tokens_.resize(N);
-  host_targets_.resize(N);
+  parallel_->params_updated();
+  if (comm_)
+    log_.info("parallel: {} ranks ({}), {}", parallel_->world_size(), comm_->description(),
+              parallel_->description());
   const MemoryStats mem = backend_->memory_stats();
   log_.info("memory: {:.3f} GiB allocated on {} ({:.3f} GiB free)", mem.allocated_bytes / kGiB,
             device_name(backend_->device()), mem.device_free_bytes / kGiB);
-  profiler_ = profiler::TrainingProfiler::create(exp_, rank_, data_parallel_size_, *backend_, log_);
 }
 
 Trainer::~Trainer() = default;
@@ -178,13 +177,10 @@ Trainer::~Trainer() = default;
 TrainingTensors Trainer::training_tensors() const {
   TrainingTensors t;
   t.backend = backend_.get();
-  t.spec = &spec_;
+  t.spec = &setup_.spec;
   t.layout = &model_->layout();
-  t.params_dtype = runtime_.compute_dtype;
-  if (dp_ && dp_->params_sharded())
-    t.param = [dp = dp_.get()](int index) { return dp->gathered_param(index); };
-  else
-    t.param = [model = model_.get()](int index) { return model->param(index); };
+  t.params_dtype = setup_.runtime.compute_dtype;
+  t.param = [parallel = parallel_.get()](int index) { return parallel->gathered_param(index); };
   t.master = optimizer_->master();
   t.exp_avg = optimizer_->exp_avg();
   t.exp_avg_sq = optimizer_->exp_avg_sq();
@@ -216,7 +212,7 @@ void Trainer::restore_start_state() {
   } else {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
     if (!c.hf_init_path.empty()) {
-      differences = load_hf_weights(c.hf_init_path, spec_, model_->layout(), *backend_,
+      differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
                                     optimizer_->master_slices());
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
     }
@@ -233,31 +229,31 @@ std::string Trainer::save_checkpoint() {
   s.skipped_iterations = skipped_iterations_;
   s.consecutive_nan = consecutive_nan_;
   s.seed = exp_.training.seed;
-  s.world_size = data_parallel_size_;
+  s.world_size = parallel_->world_size();
   s.config_yaml = experiment_to_yaml(exp_);
   const CheckpointConfig& c = exp_.checkpoint;
   const TrainingTensors t = training_tensors();
   std::string dir;
+  const int rank = parallel_->rank(), world = parallel_->world_size();
   if (!optimizer_->sharded()) {
     // Plain data-parallel ranks hold the same state: rank 0 writes it.
-    if (rank_ == 0) dir = tessera::save_checkpoint(c.save, t, s, c.ckpt_keep_last);
+    if (rank == 0) dir = tessera::save_checkpoint(c.save, t, s, c.ckpt_keep_last);
   } else {
     // ZeRO-1 and FSDP ranks each hold a shard of the optimizer state: each writes its own,
     // and rank 0 publishes the checkpoint once all are on disk.
-    const int world = static_cast<int>(data_parallel_size_);
-    if (rank_ == 0) begin_sharded_checkpoint(c.save, s.iteration);
-    dp_->barrier();
-    write_checkpoint_shard(c.save, t, s.iteration, static_cast<int>(rank_), world);
+    if (rank == 0) begin_sharded_checkpoint(c.save, s.iteration);
+    parallel_->barrier();
+    write_checkpoint_shard(c.save, t, s.iteration, rank, world);
     // FSDP: rank 0 has just gathered every parameter unit to write model.safetensors.
-    if (rank_ != 0 && dp_->params_sharded()) dp_->follow_gathers();
-    dp_->barrier();
-    if (rank_ == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
+    if (rank != 0 && parallel_->params_sharded()) parallel_->follow_gathers();
+    parallel_->barrier();
+    if (rank == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
   }
   // No rank goes on before the checkpoint is published: one that exits now (a signal stop)
   // would make the others abort, rank 0 in the middle of publishing.
-  if (dp_) dp_->barrier();
+  parallel_->barrier();
   last_saved_iteration_ = completed_iterations_;
-  if (rank_ != 0) return "";
+  if (rank != 0) return "";
   log_.clear_progress();
   log_.info("saved checkpoint {} in {:.1f} s", dir, ms_since(t0) / 1e3);
   return dir;
@@ -275,7 +271,7 @@ int Trainer::stop_signal_after_iteration() {
 int Trainer::agree_on_stop_signal() {
   float sig = static_cast<float>(pending_stop_signal());
   backend_->upload(stop_signal_, &sig);
-  dp_->max(stop_signal_);
+  parallel_->max(stop_signal_);
   backend_->download(&sig, stop_signal_);
   return static_cast<int>(sig);
 }
@@ -289,14 +285,8 @@ void Trainer::stop_for_signal(int sig, const std::string& where) {
 // Compares what the run needs with what the device has and, if it cannot fit, says how much
 // each part takes and what to change.
 void Trainer::check_memory_fits() const {
-  plan::PlanInput in;
-  in.spec = spec_;
-  in.runtime = runtime_;
-  in.num_gpus = data_parallel_size_;
-  in.sharding = runtime_.sharded_params                   ? plan::Sharding::Fsdp
-                : exp_.training.use_distributed_optimizer ? plan::Sharding::Zero1
-                                                          : plan::Sharding::None;
-  in.gpu = false;  // compared with what the backend reports: its own buffers are allocated
+  // Compared with what the backend reports, which counts its own buffers: no allowance.
+  const plan::PlanInput in = plan::plan_input(setup_, /*gpu=*/false);
   const plan::MemoryPlan m = plan::plan_memory(in);
   const size_t needed = m.allocated();
   const MemoryStats s = backend_->memory_stats();
@@ -337,38 +327,36 @@ void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample
 IterationStats Trainer::run_iteration(int64_t iteration) {
   const profiler::PhaseSpan step(profiler_.get(), "ProfilerStep#", iteration);
   const TrainingConfig& t = exp_.training;
-  const int64_t tokens_per_rank = t.micro_batch_size * t.seq_length * accumulation_steps_;
-  const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * data_parallel_size_);
+  const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
+  const int64_t accumulation = setup_.accumulation_steps;
+  const int64_t tokens_per_rank = t.micro_batch_size * t.seq_length * accumulation;
+  const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * dp);
   model_->zero_grads();
   model_->zero_loss_sum();
-  for (int64_t m = 0; m < accumulation_steps_; ++m) {
+  for (int64_t m = 0; m < accumulation; ++m) {
     // Data-parallel ranks that save stop only after an iteration, where they all agree: one
     // stopping here would save while the others go on to the next collective.
     if (int sig = pending_stop_signal(); sig && !ranks_stop_together_)
       stop_for_signal(sig, fmt::format("during iteration {}; its update was abandoned", iteration));
     // Megatron's sampler order: each micro-batch slot of the global batch holds
     // data_parallel_size consecutive micro-batches, one per rank.
-    const uint64_t first = consumed_samples_ +
-                           static_cast<uint64_t>((m * data_parallel_size_ + rank_) * t.micro_batch_size);
+    const uint64_t first =
+        consumed_samples_ + static_cast<uint64_t>((m * dp + dp_rank) * t.micro_batch_size);
     load_micro_batch(*data_.train, first);
     const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
-    if (dp_) dp_->begin_micro_batch(m == accumulation_steps_ - 1);
+    parallel_->begin_micro_batch(m == accumulation - 1);
     model_->forward_backward(grad_scale);
   }
-  if (dp_) {
+  {
     const profiler::PhaseSpan span(profiler_.get(), "grad_reduce");
-    dp_->finish_gradient_reduction();
+    parallel_->finish_gradient_reduction();
   }
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
-    if (dp_) {
-      dp_->grad_norm_sq(grad_norm_sq_);
-    } else {
-      backend_->sum_squares(grad_norm_sq_, model_->grads(), /*accumulate=*/false);
-    }
+    parallel_->grad_norm_sq(grad_norm_sq_);
     if (model_->fp8()) {
       // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
-      if (dp_) dp_->sum(model_->fp8()->status());
+      parallel_->sum(model_->fp8()->status());
       model_->fp8()->end_step(grad_norm_sq_);
     }
   }
@@ -377,12 +365,12 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   s.lr = learning_rate(t, iteration);
   // Collectives that need the compute stream come before the ZeRO-1 parameter gather, which
   // may then overlap with the next forward (overlap_param_gather).
-  if (dp_) dp_->sum(model_->loss_sum());
+  parallel_->sum(model_->loss_sum());
   if (ranks_stop_together_) agreed_stop_signal_ = agree_on_stop_signal();
   {
     const profiler::PhaseSpan span(profiler_.get(), "optimizer");
     optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
-    if (dp_) dp_->params_updated();
+    parallel_->params_updated();
   }
   float loss_sum = 0, norm_sq = 0, fp8_status = 0;
   {
@@ -391,7 +379,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     backend_->download(&norm_sq, grad_norm_sq_);
     if (model_->fp8()) backend_->download(&fp8_status, model_->fp8()->status());
   }
-  s.loss = loss_sum / static_cast<double>(tokens_per_rank * data_parallel_size_);
+  s.loss = loss_sum / static_cast<double>(tokens_per_rank * dp);
   s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
   s.skipped = !std::isfinite(norm_sq) || !std::isfinite(loss_sum);
   consumed_samples_ += static_cast<uint64_t>(t.global_batch_size);
@@ -420,18 +408,19 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
 
 double Trainer::evaluate() {
   const TrainingConfig& t = exp_.training;
+  const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
   model_->zero_loss_sum();
   for (int64_t i = 0; i < exp_.data.eval_iters; ++i) {
     // The same leading validation samples every time, so evaluations are comparable.
-    const uint64_t first = static_cast<uint64_t>((i * data_parallel_size_ + rank_) * t.micro_batch_size);
+    const uint64_t first = static_cast<uint64_t>((i * dp + dp_rank) * t.micro_batch_size);
     load_micro_batch(*data_.valid, first);
     model_->forward_loss();
   }
-  if (dp_) dp_->sum(model_->loss_sum());
+  parallel_->sum(model_->loss_sum());
   float loss_sum = 0;
   backend_->download(&loss_sum, model_->loss_sum());
-  return loss_sum / static_cast<double>(exp_.data.eval_iters * t.micro_batch_size * t.seq_length *
-                                        data_parallel_size_);
+  return loss_sum /
+         static_cast<double>(exp_.data.eval_iters * t.micro_batch_size * t.seq_length * dp);
 }
 
 void Trainer::log_iteration(const IterationStats& s, double loss, double interval_ms,
@@ -442,9 +431,9 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       profiler_ && profiler_->covers(s.iteration - interval_iters + 1, s.iteration);
   const TrainingConfig& t = exp_.training;
   const double ms = interval_ms / static_cast<double>(interval_iters);
-  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * accumulation_steps_);
+  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
   const double tokens_per_s = tokens / (ms / 1e3);
-  const double tflops = spec_.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
+  const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
   log_.clear_progress();
   log_.info(
@@ -465,8 +454,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["elapsed_ms"] = ms;
   j["tflops_per_gpu"] = tflops;
   j["tokens_per_s_per_gpu"] = tokens_per_s;
-  j["tokens_per_s"] = tokens_per_s * static_cast<double>(data_parallel_size_);
-  j["world_size"] = data_parallel_size_;
+  j["tokens_per_s"] = tokens_per_s * static_cast<double>(parallel_->data_parallel_size());
+  j["world_size"] = parallel_->world_size();
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
   j["skipped_iterations"] = skipped_iterations_;
@@ -482,8 +471,8 @@ TrainSummary Trainer::train() {
   install_stop_signal_handlers();
   log_.info("training for {} iterations: global batch {} = micro batch {} x data parallel {} x "
             "accumulation {}, seq_length {}; {:.2f} GFLOP per token",
-            t.train_iters, t.global_batch_size, t.micro_batch_size, data_parallel_size_,
-            accumulation_steps_, t.seq_length, spec_.flops_per_token(t.seq_length) / 1e9);
+            t.train_iters, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
+            setup_.accumulation_steps, t.seq_length, setup_.spec.flops_per_token(t.seq_length) / 1e9);
   TrainSummary sum;
   backend_->synchronize();
   backend_->reset_peak_memory();
@@ -559,11 +548,11 @@ TrainSummary Trainer::train() {
   log_.clear_progress();
   sum.iterations = last;
   sum.skipped_iterations = skipped_iterations_;
-  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * accumulation_steps_);
+  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
   const int64_t ran = last - first + 1;
   const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
   sum.tokens_per_s_per_gpu = tokens / (ms / 1e3);
-  sum.tflops_per_gpu = spec_.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
+  sum.tflops_per_gpu = setup_.spec.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
   log_.info("done: {} iterations in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/GPU, {:.3f} "
             "TFLOP/s/GPU (excluding the first iteration); peak memory {:.3f} GiB",

@@ -10,12 +10,13 @@
 #include "tessera/data/dataset.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
-#include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/parallelism.h"
 #include "tessera/model/model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
 #include "tessera/ops/backend.h"
 #include "tessera/optim/adamw_optimizer.h"
+#include "tessera/run/run_setup.h"
 
 namespace tessera::profiler {
 class TrainingProfiler;  // obs/profiler/training_profiler.h
@@ -44,7 +45,7 @@ struct TrainSummary {
 class Trainer {
  public:
   // metrics may be null (tests). The backend is owned by the trainer. comm (not owned):
-  // the data-parallel group this rank trains in (dist/data_parallel.h); null: one device.
+  // the job this rank trains in (distributed/parallelize.h); null: one device.
   Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
           MetricsWriter* metrics, dist::Communicator* comm = nullptr);
   ~Trainer();
@@ -63,9 +64,16 @@ class Trainer {
   Model& model() { return *model_; }
   AdamWOptimizer& optimizer() { return *optimizer_; }
   Backend& backend() { return *backend_; }
-  const ModelSpec& spec() const { return spec_; }
+  const ModelSpec& spec() const { return setup_.spec; }
 
  private:
+  // The constructor's steps, in order.
+  void check_device_can_run() const;
+  void log_run() const;
+  void open_data();
+  void build_model();
+  void start_state();
+
   void check_memory_fits() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
   // loss: the mean over the interval's applied iterations (the last one's when none applied).
@@ -80,13 +88,12 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   Logger& log_;
   MetricsWriter* metrics_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  DataSources data_;
-  ModelSpec spec_;
-  ModelRuntime runtime_;
-  std::unique_ptr<Model> model_;
   dist::Communicator* comm_ = nullptr;
-  std::unique_ptr<dist::DataParallelism> dp_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  RunSetup setup_;
+  DataSources data_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<dist::Parallelism> parallel_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   DeviceBuffer scalar_buffer_;
   Tensor grad_norm_sq_;
@@ -97,9 +104,6 @@ class Trainer {
   int agreed_stop_signal_ = 0;
   std::vector<int32_t> host_tokens_, host_targets_;
 
-  int64_t data_parallel_size_ = 1;
-  int64_t rank_ = 0;
-  int64_t accumulation_steps_ = 1;
   int64_t completed_iterations_ = 0;
   int64_t last_saved_iteration_ = -1;
   uint64_t consumed_samples_ = 0;

@@ -1,0 +1,57 @@
+#pragma once
+// What the trainer asks of a run's parallel layout, whatever it is, in the order of a step.
+// parallelize() (distributed/parallelize.h) returns one; on a single device it is the
+// single-device step, so the trainer never branches on the world size.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/core/tensor.h"
+#include "tessera/model/param_layout.h"
+
+namespace tessera::dist {
+
+class Parallelism {
+ public:
+  Parallelism() = default;
+  virtual ~Parallelism() = default;
+  Parallelism(const Parallelism&) = delete;
+  Parallelism& operator=(const Parallelism&) = delete;
+
+  // This rank in the job (logs, checkpoints) and in the data-parallel group (which samples
+  // it reads: Megatron's sampler order over data-parallel ranks).
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int data_parallel_rank() const = 0;
+  virtual int data_parallel_size() const = 0;
+  // For the log: "ZeRO-1 optimizer shards, 7 gradient buckets, ...".
+  virtual std::string description() const = 0;
+
+  // What this rank's optimizer updates (empty: everything, in the model's buffers).
+  virtual std::vector<OwnedParams> optimizer_shards() const = 0;
+  // Before each micro-batch's forward/backward; `last` marks the step's last one.
+  virtual void begin_micro_batch(bool last) = 0;
+  // After the last micro-batch: makes the compute stream wait for every gradient reduction.
+  virtual void finish_gradient_reduction() = 0;
+  // out (1) fp32 = squared norm of the (mean) gradient of the global batch.
+  virtual void grad_norm_sq(const Tensor& out) = 0;
+  // After the optimizer step: brings every rank's updated parameters where the next forward
+  // reads them (or lets it gather them as it goes).
+  virtual void params_updated() = 0;
+
+  // Checkpoints. When parameters are sharded (FSDP), a parameter is read by gathering it: rank
+  // 0 calls gathered_param for every parameter in layout order while each other rank calls
+  // follow_gathers() once; the tensor is valid until the next call.
+  virtual bool params_sharded() const { return false; }
+  virtual Tensor gathered_param(int index) = 0;
+  virtual void follow_gathers() {}
+
+  // In place: the sum over the data-parallel ranks (losses, counters).
+  virtual void sum(const Tensor& t) = 0;
+  // In place: the maximum over them (FP8 amaxes, so every rank scales alike).
+  virtual void max(const Tensor& t) = 0;
+  // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
+  virtual void barrier() = 0;
+};
+
+}  // namespace tessera::dist

@@ -1,0 +1,49 @@
+#include "tessera/distributed/parallelize.h"
+
+#include "tessera/core/error.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera::dist {
+namespace {
+
+// One device: the step's collectives are the identity, the gradient norm a reduction of the
+// model's own gradients.
+class SingleDevice final : public Parallelism {
+ public:
+  explicit SingleDevice(Model& model) : model_(model) {}
+
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  int data_parallel_rank() const override { return 0; }
+  int data_parallel_size() const override { return 1; }
+  std::string description() const override { return "one device"; }
+  std::vector<OwnedParams> optimizer_shards() const override { return {}; }
+  void begin_micro_batch(bool) override {}
+  void finish_gradient_reduction() override {}
+  void grad_norm_sq(const Tensor& out) override {
+    model_.backend().sum_squares(out, model_.grads(), /*accumulate=*/false);
+  }
+  void params_updated() override {}
+  Tensor gathered_param(int index) override { return model_.param(index); }
+  void sum(const Tensor&) override {}
+  void max(const Tensor&) override {}
+  void barrier() override {}
+
+ private:
+  Model& model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
+                                         const DataParallelOptions& data_parallel) {
+  for (MeshDim dim : {MeshDim::TP, MeshDim::PP, MeshDim::CP, MeshDim::EP})
+    TS_CHECK(mesh.size(dim) == 1, "parallelize: {} {} is not laid out yet", mesh_dim_name(dim),
+             mesh.size(dim));
+  if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
+  TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
+           "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());
+  return make_data_parallelism(*world, model, data_parallel);
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,49 @@
+#pragma once
+// What an experiment's run is, derived in one place: the model (spec), how it runs on each
+// device (runtime: micro batch, sequence, dtypes, recompute, FP8, flat-buffer padding and
+// sharded parameters), the device mesh, how data parallelism shares the training state, and
+// the gradient accumulation that makes up the global batch. The trainer, the memory planner
+// and the benchmarks all start from make_run_setup, so they cannot disagree.
+#include <cstdint>
+#include <functional>
+
+#include "tessera/config/config.h"
+#include "tessera/distributed/device_mesh.h"
+#include "tessera/model/model.h"
+
+namespace tessera {
+
+// How data-parallel ranks share the training state.
+enum class StateSharding {
+  None,   // plain data parallel: every rank holds everything
+  Zero1,  // ZeRO-1 / Megatron distributed optimizer: optimizer state split over the ranks
+  Fsdp,   // FSDP / ZeRO-3 (distributed/fully_sharded.h): parameters and gradients split too
+};
+
+struct RunSetup {
+  ModelSpec spec;
+  ModelRuntime runtime;
+  dist::DeviceMesh mesh{1, {}};
+  StateSharding sharding = StateSharding::None;
+  int64_t data_vocab = 0;          // token ids the training data can contain
+  int64_t accumulation_steps = 1;  // micro-batches per rank per optimizer step
+};
+
+// The devices a run is set up for.
+struct RunDevices {
+  int world_size = 1;
+  // What precision auto means there (Backend::default_compute_dtype): bf16 on GPUs.
+  DType auto_compute_dtype = DType::BF16;
+};
+
+// `tokenizer_vocab` gives the tokenizer's vocabulary when asked (loading a tokenizer is only
+// needed when the model's vocabulary is not set, or the data is real text). Throws ConfigError
+// for a model family or vocabulary the experiment cannot have.
+RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
+                        const std::function<int64_t()>& tokenizer_vocab);
+
+// The sharding the training keys ask for (use_torch_fsdp2, use_distributed_optimizer); None
+// on one rank, where there is nothing to shard over.
+StateSharding state_sharding(const TrainingConfig& t, int world_size);
+
+}  // namespace tessera
