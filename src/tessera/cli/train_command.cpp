@@ -1,5 +1,8 @@
 // tessera train: load and validate the experiment, then create its directory, logs and
 // metrics and run the trainer. Nothing touches the disk until the configuration is valid.
+#include <omp.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,6 +17,7 @@
 #include "tessera/core/error.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/env.h"
+#include "tessera/distributed/local_communicator.h"
 #include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
@@ -24,10 +28,14 @@ namespace {
 
 void print_train_help() {
   fmt::print(
-      "usage: tessera train [--config EXPERIMENT.yaml] [--key value | --key=value ...]\n\n"
+      "usage: tessera train [--config EXPERIMENT.yaml] [--nproc_per_node N]\n"
+      "                     [--key value | --key=value ...]\n\n"
       "Without --config, runs the shipped default experiment (a small Llama on the Brown "
       "corpus).\nShipped experiments and model presets can be named without a path, e.g.\n"
       "  tessera train --config llama3.1_8B-pretrain --num_layers 4 --train_iters 20\n\n"
+      "--nproc_per_node N with --device cpu runs N ranks as threads of this process (data\n"
+      "parallel, ZeRO-1, FSDP exactly as on N GPUs); on GPUs, start one process per GPU with\n"
+      "tessera launch --nproc_per_node N train ...\n\n"
       "Outputs go to {{workspace}}/{{work_group}}/{{user_name}}/{{exp_name}}/: config.yaml, "
       "metrics.jsonl,\nlogs/pre_trainer/rank-N/{{debug,info,warning,error}}.log.\n\nkeys:\n");
   std::string_view section;
@@ -50,58 +58,67 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
   std::filesystem::rename(tmp, path);
 }
 
-}  // namespace
+struct TrainArgs {
+  LoadOptions load;
+  int local_ranks = 1;  // --nproc_per_node on the CPU: ranks as threads of this process
+};
 
-int train_command(const Args& args) {
-  LoadOptions opts;
+TrainArgs parse_train_args(const Args& args) {
+  TrainArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--help" || args[i] == "-h") {
-      print_train_help();
-      return 0;
-    }
-    if (args[i] == "--config" || args[i] == "--exp") {
-      if (i + 1 >= args.size()) throw ConfigError("command line", "config", "", "a file after --config");
-      opts.config_path = args[++i];
-    } else if (args[i].starts_with("--config=") || args[i].starts_with("--exp=")) {
-      opts.config_path = args[i].substr(args[i].find('=') + 1);
+    auto value = [&](const std::string& key) -> std::string {
+      const size_t eq = args[i].find('=');
+      if (eq != std::string::npos) return args[i].substr(eq + 1);
+      if (i + 1 >= args.size())
+        throw ConfigError("command line", key, "", "a value after --" + key);
+      return args[++i];
+    };
+    const std::string& arg = args[i];
+    if (arg == "--config" || arg == "--exp" || arg.starts_with("--config=") ||
+        arg.starts_with("--exp=")) {
+      a.load.config_path = value("config");
+    } else if (arg == "--nproc_per_node" || arg == "--nproc-per-node" ||
+               arg.starts_with("--nproc_per_node=") || arg.starts_with("--nproc-per-node=")) {
+      const std::string v = value("nproc_per_node");
+      try {
+        a.local_ranks = std::stoi(v);
+      } catch (...) {
+        a.local_ranks = 0;
+      }
+      if (a.local_ranks < 1 || std::to_string(a.local_ranks) != v)
+        throw ConfigError("command line", "nproc_per_node", v, "a positive integer");
     } else {
-      opts.cli_overrides.push_back(args[i]);
+      a.load.cli_overrides.push_back(arg);
     }
   }
-  // Started by `tessera launch`, torchrun or srun: this process is one rank of a job.
-  const dist::DistEnv env = dist::dist_env_from_process();
-  opts.data_parallel_size = env.world_size;
-  const Experiment exp = load_experiment(opts);
-  const double timeout_s = exp.training.dist_timeout_minutes * 60.0;
-  std::unique_ptr<dist::Rendezvous> rendezvous;
-  if (env.distributed()) {
-    rendezvous = std::make_unique<dist::Rendezvous>(env, timeout_s);
-    std::map<std::string, std::string> config;
-    for (const auto& k : config_keys()) config[std::string(k.name)] = k.get(exp);
-    rendezvous->check_config(config);
-  }
-  auto backend = make_backend(exp.training.device, dist::device_for_local_rank(env, gpu_device_count()),
-                              backend_options(exp.training));
+  return a;
+}
 
+// One rank's run: its logs and (rank 0) metrics, then the trainer. A rank of a job of
+// processes (`env` distributed) makes its communicator through `rendezvous`; a thread rank is
+// handed `thread_comm`; a single process has neither.
+void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int rank,
+                dist::Communicator* thread_comm, const dist::DistEnv& env,
+                dist::Rendezvous* rendezvous) {
   const std::filesystem::path root = exp.experiment_root();
-  std::filesystem::create_directories(root);
-  const bool rank0 = env.rank == 0;
-  if (rank0) write_file_atomically(root / "config.yaml", experiment_to_yaml(exp));
-  Logger log((root / "logs" / "pre_trainer" / fmt::format("rank-{}", env.rank)).string(), env.rank,
-             rank0, rank0 && exp.logging.log_progress);
+  const bool rank0 = rank == 0;
+  Logger log((root / "logs" / "pre_trainer" / fmt::format("rank-{}", rank)).string(), rank, rank0,
+             rank0 && exp.logging.log_progress);
   std::optional<MetricsWriter> metrics;
   if (rank0) metrics.emplace((root / "metrics.jsonl").string());
   log.info("experiment {} from {}", root.string(), exp.source_file);
   log.debug("effective configuration:\n{}", experiment_to_yaml(exp));
   try {
-    std::unique_ptr<dist::Communicator> comm;
-    if (env.distributed()) {
+    std::unique_ptr<dist::Communicator> process_comm;
+    if (rendezvous) {
       log.info("rank {} of {} (local rank {} of {}, from the {}); rendezvous {}:{}", env.rank,
                env.world_size, env.local_rank, env.local_world_size, env.source, env.master_addr,
                env.master_port);
-      comm = make_communicator(*backend, *rendezvous, timeout_s, log);
+      process_comm =
+          make_communicator(*backend, *rendezvous, exp.training.dist_timeout_minutes * 60.0, log);
     }
-    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm.get());
+    dist::Communicator* comm = thread_comm ? thread_comm : process_comm.get();
+    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm);
     try {
       trainer.train();
     } catch (const TrainingAborted& e) {
@@ -111,7 +128,7 @@ int train_command(const Args& args) {
       if (rendezvous && !exp.checkpoint.save.empty() && e.exit_code() > 128) rendezvous->close();
       throw;
     }
-    if (comm) comm->finalize();
+    if (process_comm) process_comm->finalize();
     if (rendezvous) rendezvous->close();
   } catch (const Error& e) {
     // main() prints the message; the logs keep it too.
@@ -121,6 +138,65 @@ int train_command(const Args& args) {
     throw;
   }
   log.info("outputs: {}", root.string());
+}
+
+// --nproc_per_node N on the CPU: N ranks as threads over a LocalCommunicator, so every
+// parallel mode runs on a laptop exactly as on N GPUs (distributed/local_communicator.h).
+void train_thread_ranks(const Experiment& exp, int world) {
+  const int threads_per_rank = std::max(1, omp_get_max_threads() / world);
+  dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
+    // The CPU backend's results do not depend on its thread count; the ranks share the cores.
+    omp_set_num_threads(threads_per_rank);
+    train_rank(exp, make_backend(DeviceChoice::Cpu, 0), rank, &comm, dist::DistEnv{}, nullptr);
+  });
+}
+
+}  // namespace
+
+int train_command(const Args& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      print_train_help();
+      return 0;
+    }
+  TrainArgs a = parse_train_args(args);
+  // Started by `tessera launch`, torchrun or srun: this process is one rank of a job.
+  const dist::DistEnv env = dist::dist_env_from_process();
+  if (a.local_ranks > 1 && env.distributed())
+    throw ConfigError("command line", "nproc_per_node", std::to_string(a.local_ranks),
+                      "1 in a process that " + env.source + " started as one rank of a job");
+  a.load.data_parallel_size = a.local_ranks > 1 ? a.local_ranks : env.world_size;
+  const Experiment exp = load_experiment(a.load);
+  if (a.local_ranks > 1) {
+    const bool cpu = exp.training.device == DeviceChoice::Cpu ||
+                     (exp.training.device == DeviceChoice::Auto && gpu_device_count() == 0);
+    if (!cpu)
+      throw ConfigError("command line", "nproc_per_node", std::to_string(a.local_ranks),
+                        "1 with GPUs (start one process per GPU: tessera launch --nproc_per_node "
+                        "N train ...), or --device cpu for ranks as threads");
+  }
+  const double timeout_s = exp.training.dist_timeout_minutes * 60.0;
+  std::unique_ptr<dist::Rendezvous> rendezvous;
+  if (env.distributed()) {
+    rendezvous = std::make_unique<dist::Rendezvous>(env, timeout_s);
+    std::map<std::string, std::string> config;
+    for (const auto& k : config_keys()) config[std::string(k.name)] = k.get(exp);
+    rendezvous->check_config(config);
+  }
+  auto backend =
+      a.local_ranks > 1
+          ? nullptr
+          : make_backend(exp.training.device, dist::device_for_local_rank(env, gpu_device_count()),
+                         backend_options(exp.training));
+
+  const std::filesystem::path root = exp.experiment_root();
+  std::filesystem::create_directories(root);
+  if (env.rank == 0) write_file_atomically(root / "config.yaml", experiment_to_yaml(exp));
+  if (a.local_ranks > 1) {
+    train_thread_ranks(exp, a.local_ranks);
+    return 0;
+  }
+  train_rank(exp, std::move(backend), env.rank, nullptr, env, rendezvous.get());
   return 0;
 }
 
