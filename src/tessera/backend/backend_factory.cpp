@@ -48,7 +48,9 @@ std::unique_ptr<dist::Communicator> make_communicator(Backend& backend,
                                                       double timeout_s, Logger& log) {
   if (backend.device().kind != DeviceKind::GPU || !gpu_platform())
     throw ConfigError("command line", "device", device_name(backend.device()),
-                      "cuda: a job of several processes trains one GPU per process");
+                      "cuda: a job of several processes trains one GPU per process (on the CPU, "
+                      "run the ranks as threads of one process: tessera train --device cpu "
+                      "--nproc_per_node N)");
   return gpu_platform()->make_communicator(backend, rendezvous, timeout_s, log);
 }
 
