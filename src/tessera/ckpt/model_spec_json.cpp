@@ -5,11 +5,13 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
+#include "tessera/model/model_family.h"
 
 namespace tessera {
 
 nlohmann::json spec_to_json(const ModelSpec& s) {
   return {
+      {"model_family", s.family},
       {"vocab_size", s.vocab_size},
       {"num_layers", s.num_layers},
       {"hidden_size", s.hidden},
@@ -34,6 +36,8 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
 ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
   ModelSpec s;
   try {
+    // Checkpoints written before model families existed hold Llama-family models.
+    s.family = j.value("model_family", std::string("llama"));
     s.vocab_size = j.at("vocab_size").get<int64_t>();
     s.num_layers = j.at("num_layers").get<int64_t>();
     s.hidden = j.at("hidden_size").get<int64_t>();
@@ -56,6 +60,9 @@ ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: the model description is incomplete: {}", file, e.what()));
   }
+  if (find_model_family(s.family) == nullptr)
+    throw DataError(fmt::format("{}: model_family '{}' is not one this build has ({})", file,
+                                s.family, model_family_names()));
   s.tokenizer_vocab = s.vocab_size;
   return s;
 }
@@ -67,6 +74,7 @@ SpecDifferences compare_specs(const ModelSpec& f, const ModelSpec& c, const std:
     if (found != configured)
       out.push_back(fmt::format("{}: {} in {}, {} configured", key, found, label, configured));
   };
+  check(d.shape, "model_family", f.family, c.family);
   check(d.shape, "vocab_size (padded)", f.vocab_size, c.vocab_size);
   check(d.shape, "num_layers", f.num_layers, c.num_layers);
   check(d.shape, "hidden_size", f.hidden, c.hidden);
