@@ -81,6 +81,9 @@ std::atomic<bool> g_failing{false};
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// TS_CUDA_CHECK for the communicator's own CUDA calls, with two differences: a failure while
+// another thread ends the process over a failed collective is that failure's echo (wait for
+// the exit), and a failure is a DistributedError, which names the communicator's operation.
 void cuda_check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   if (g_failing) wait_for_exit();
