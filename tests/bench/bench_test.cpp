@@ -34,7 +34,8 @@ class FaultyBackend final : public CpuBackend {
  protected:
   void do_copy(const Tensor& d, const Tensor& s) override {
     CpuBackend::do_copy(d, s);
-    if (bad_copy) CpuBackend::do_fill(d.flat_range(d.numel() - 1, 1), 0.0f);  // the last element lost
+    if (bad_copy)
+      CpuBackend::do_fill(d.flat_range(d.numel() - 1, 1), 0.0f);  // the last element lost
   }
   void do_matmul(const MatmulArgs& a) override {
     CpuBackend::do_matmul(a);

@@ -33,7 +33,9 @@ DistEnv parse(const Env& vars, std::vector<std::string> hosts = {}) {
 }
 
 // A port per test: tests of one binary run one after another, but other jobs may hold ports.
-int test_port(int offset) { return 20000 + (static_cast<int>(::getpid()) % 20000 + offset * 97) % 40000; }
+int test_port(int offset) {
+  return 20000 + (static_cast<int>(::getpid()) % 20000 + offset * 97) % 40000;
+}
 
 DistEnv local(int rank, int world, int port) {
   DistEnv e;
@@ -52,8 +54,12 @@ TEST(DistEnvTest, SingleProcessWithoutVariables) {
 }
 
 TEST(DistEnvTest, TorchrunVariables) {
-  const DistEnv e = parse({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                           {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node7"}, {"MASTER_PORT", "1234"}});
+  const DistEnv e = parse({{"RANK", "3"},
+                           {"WORLD_SIZE", "8"},
+                           {"LOCAL_RANK", "1"},
+                           {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "node7"},
+                           {"MASTER_PORT", "1234"}});
   EXPECT_EQ(e.rank, 3);
   EXPECT_EQ(e.world_size, 8);
   EXPECT_EQ(e.local_rank, 1);
@@ -64,7 +70,8 @@ TEST(DistEnvTest, TorchrunVariables) {
 }
 
 TEST(DistEnvTest, TorchrunWinsOverSlurm) {
-  const DistEnv e = parse({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}});
+  const DistEnv e =
+      parse({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}});
   EXPECT_EQ(e.rank, 1);
   EXPECT_EQ(e.world_size, 2);
 }
@@ -80,8 +87,11 @@ TEST(DistEnvTest, RejectsRankOutsideWorldNamingTheVariable) {
 }
 
 TEST(DistEnvTest, SlurmVariablesWithScontrolHosts) {
-  const DistEnv e = parse({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                           {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_JOB_NODELIST", "gpu[003-004]"},
+  const DistEnv e = parse({{"SLURM_PROCID", "5"},
+                           {"SLURM_NTASKS", "8"},
+                           {"SLURM_LOCALID", "1"},
+                           {"SLURM_NTASKS_PER_NODE", "4"},
+                           {"SLURM_JOB_NODELIST", "gpu[003-004]"},
                            {"SLURM_JOB_ID", "4242"}},
                           {"gpu003", "gpu004"});
   EXPECT_EQ(e.rank, 5);
@@ -94,9 +104,13 @@ TEST(DistEnvTest, SlurmVariablesWithScontrolHosts) {
 }
 
 TEST(DistEnvTest, SlurmWithoutScontrolParsesNodeListAndTaskCounts) {
-  const DistEnv e = parse({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "10"}, {"SLURM_LOCALID", "1"},
-                           {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2),2"},
-                           {"SLURM_NODELIST", "a-node[07,09-10],b1"}, {"MASTER_PORT", "999"}});
+  const DistEnv e = parse({{"SLURM_PROCID", "9"},
+                           {"SLURM_NTASKS", "10"},
+                           {"SLURM_LOCALID", "1"},
+                           {"SLURM_NODEID", "2"},
+                           {"SLURM_TASKS_PER_NODE", "4(x2),2"},
+                           {"SLURM_NODELIST", "a-node[07,09-10],b1"},
+                           {"MASTER_PORT", "999"}});
   EXPECT_EQ(e.local_world_size, 2);
   EXPECT_EQ(e.master_addr, "a-node07");
   EXPECT_EQ(e.master_port, 999);

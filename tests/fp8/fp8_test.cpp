@@ -15,8 +15,8 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/config/config.h"
 #include "tessera/core/fp8.h"
-#include "tessera/model/init.h"
 #include "tessera/model/decoder_model.h"
+#include "tessera/model/init.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {

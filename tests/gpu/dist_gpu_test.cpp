@@ -38,9 +38,9 @@ namespace {
 constexpr double kRelativeBound = 0.02;  // |loss - reference| <= 2% of reference + 0.02
 constexpr double kAbsoluteBound = 0.02;
 
-#define TS_REQUIRE_TWO_GPUS()                                                       \
-  do {                                                                              \
-    TS_REQUIRE_GPU();                                                               \
+#define TS_REQUIRE_TWO_GPUS()                                                            \
+  do {                                                                                   \
+    TS_REQUIRE_GPU();                                                                    \
     if (::tessera::gpu_device_count() < 2) GTEST_SKIP() << "skipped: fewer than 2 GPUs"; \
   } while (0)
 

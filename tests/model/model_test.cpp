@@ -5,8 +5,8 @@
 
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
-#include "tessera/model/init.h"
 #include "tessera/model/decoder_model.h"
+#include "tessera/model/init.h"
 #include "tessera/model/rope.h"
 
 namespace tessera {

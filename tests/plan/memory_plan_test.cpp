@@ -11,8 +11,8 @@
 #include "common/run_command.h"
 
 #include "tessera/backend/cpu/cpu_backend.h"
-#include "tessera/obs/logger.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/obs/logger.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/plan/memory_report.h"
 #include "tessera/train/trainer.h"

@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "tessera/analysis/report_output.h"
 #include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/measure.h"
-#include "tessera/analysis/report_output.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/env.h"
@@ -123,7 +123,8 @@ int comm_bench_command(const std::vector<std::string>& args) {
   const dist::DistEnv env = dist::dist_env_from_process();
   const double timeout_s = 600;
   dist::Rendezvous rendezvous(env, timeout_s);
-  auto backend = make_backend(DeviceChoice::Cuda, dist::device_for_local_rank(env, gpu_device_count()));
+  auto backend =
+      make_backend(DeviceChoice::Cuda, dist::device_for_local_rank(env, gpu_device_count()));
   Logger log("", env.rank, env.rank == 0, false);
   auto comm = make_communicator(*backend, rendezvous, timeout_s, log);
   const int n = comm->size();

@@ -7,9 +7,9 @@
 
 #include "tessera/analysis/report_output.h"
 #include "tessera/config/config.h"
-#include "tessera/data/tokenizer.h"
 #include "tessera/core/error.h"
 #include "tessera/core/fp8.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/plan/memory_plan.h"
 
@@ -494,8 +494,8 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     lo.config_path = a.get("config", "");
     lo.cli_overrides = a.unknown();
     const Experiment e = load_experiment(lo);
-    const RunSetup setup = make_run_setup(e, {1, ctx.dtype},
-                                          [&] { return make_tokenizer(e.data)->vocab_size(); });
+    const RunSetup setup =
+        make_run_setup(e, {1, ctx.dtype}, [&] { return make_tokenizer(e.data)->vocab_size(); });
     problems = model_gemms(setup.spec, setup.runtime);
   } else {
     const std::vector<int64_t> sizes = a.get_int_list("sizes", {1024, 2048, 4096, 8192, 16384});

@@ -11,11 +11,11 @@
 
 #include <fmt/format.h>
 
+#include "tessera/analysis/report_output.h"
 #include "tessera/backend/backend_factory.h"
 #include "tessera/bench/gemm_bench.h"
 #include "tessera/bench/gpu_info.h"
 #include "tessera/bench/membw_bench.h"
-#include "tessera/analysis/report_output.h"
 #include "tessera/distributed/launcher.h"
 
 namespace tessera::bench {

@@ -15,8 +15,8 @@
 #include <fmt/format.h>
 #include <simdjson.h>
 
-#include "tessera/bench/command_args.h"
 #include "tessera/analysis/report_output.h"
+#include "tessera/bench/command_args.h"
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
 

@@ -7,9 +7,9 @@
 #include "tessera/bench/gemm_bench.h"
 #include "tessera/bench/membw_bench.h"
 #include "tessera/bench/model_bench.h"
+#include "tessera/bench/tokenizer_bench.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
-#include "tessera/bench/tokenizer_bench.h"
 
 namespace tessera::cli {
 

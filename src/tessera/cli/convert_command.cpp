@@ -245,8 +245,8 @@ int convert_command(const Args& args) {
   if (!o.to_hf.empty()) {
     write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes});
     fmt::print("wrote {} ({}, {} weights) from {}: {}\n", o.to_hf,
-               model_family(src.spec().family).hf_model_type(src.spec()), dtype_name(o.dtype), src.name,
-               src.spec().summary());
+               model_family(src.spec().family).hf_model_type(src.spec()), dtype_name(o.dtype),
+               src.name, src.spec().summary());
   }
   if (!o.to.empty()) {
     const std::string dir = save_weights_checkpoint(o.to, src.spec(), weights);

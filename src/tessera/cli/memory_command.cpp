@@ -2,9 +2,9 @@
 // memory without touching a GPU (see plan/memory_plan.h for what is counted).
 #include <fmt/format.h>
 
+#include "tessera/analysis/report_output.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/gpu_info.h"
-#include "tessera/analysis/report_output.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/plan/memory_report.h"

@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 
+#include "tessera/analysis/report_output.h"
 #include "tessera/analysis/writers.h"
 #include "tessera/bench/command_args.h"
-#include "tessera/analysis/report_output.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
 #include "tessera/viz/png.h"

@@ -2,9 +2,9 @@
 // as one markdown report with a verdict per line (bench/preflight.h has the thresholds).
 #include <fmt/format.h>
 
+#include "tessera/analysis/report_output.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/bench/preflight.h"
-#include "tessera/analysis/report_output.h"
 #include "tessera/cli/commands.h"
 
 namespace tessera::cli {

@@ -23,7 +23,7 @@ enum class Fp8Recipe { Delayed, Tensorwise };
 enum class Fp8AmaxAlgo { Max, MostRecent };
 
 struct ModelConfig {
-  std::string model_family = "llama";     // model/model_family.h: which blocks the layers have
+  std::string model_family = "llama";  // model/model_family.h: which blocks the layers have
   int64_t num_layers = 2;
   int64_t hidden_size = 64;
   int64_t ffn_hidden_size = 0;            // 0: derived as in Megatron's SwiGLU sizing

@@ -4,11 +4,11 @@
 
 #include <fmt/format.h>
 
-#include "tessera/config/keys.h"
-#include "tessera/core/error.h"
 #include "tessera/config/blend.h"
-#include "tessera/config/tokenizer_model.h"
+#include "tessera/config/keys.h"
 #include "tessera/config/profile_ranks.h"
+#include "tessera/config/tokenizer_model.h"
+#include "tessera/core/error.h"
 
 namespace tessera {
 namespace {

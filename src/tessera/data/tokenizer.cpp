@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tessera/core/error.h"
 #include "tessera/config/tokenizer_model.h"
+#include "tessera/core/error.h"
 #include "tessera/data/bpe_tokenizer.h"
 
 namespace tessera {

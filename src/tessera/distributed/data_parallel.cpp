@@ -9,7 +9,9 @@
 
 namespace tessera::dist {
 
-int64_t flat_buffer_multiple(int world_size) { return 64 * static_cast<int64_t>(std::max(world_size, 1)); }
+int64_t flat_buffer_multiple(int world_size) {
+  return 64 * static_cast<int64_t>(std::max(world_size, 1));
+}
 
 BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size) {
   BucketPlan p;
@@ -71,8 +73,7 @@ void DataParallelism::barrier() {
   model_.backend().download(&ignored, flag);
 }
 
-DataParallel::DataParallel(Communicator& comm, Model& model,
-                           const DataParallelOptions& options)
+DataParallel::DataParallel(Communicator& comm, Model& model, const DataParallelOptions& options)
     : DataParallelism(comm, model),
       options_(options),
       plan_(plan_buckets(model.layout().total, options.bucket_elements, comm.size())) {

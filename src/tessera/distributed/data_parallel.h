@@ -54,8 +54,8 @@ struct BucketPlan {
 BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size);
 
 struct DataParallelOptions {
-  bool shard_optimizer = false;      // use_distributed_optimizer (ZeRO-1)
-  bool fully_shard = false;          // use_torch_fsdp2 (ZeRO-3)
+  bool shard_optimizer = false;  // use_distributed_optimizer (ZeRO-1)
+  bool fully_shard = false;      // use_torch_fsdp2 (ZeRO-3)
   bool overlap_grad_reduce = true;
   bool overlap_param_gather = false;  // ZeRO-1 only
   int64_t bucket_elements = 40'000'000;

@@ -112,8 +112,9 @@ DistEnv parse_dist_env(const GetEnv& getenv, const ExpandHosts& expand_hosts) {
       e.local_world_size = env_int(getenv, "SLURM_NTASKS_PER_NODE", 1, 1);
     } else {
       const std::string tasks = env_string(getenv, "SLURM_TASKS_PER_NODE");
-      e.local_world_size = tasks.empty() ? e.world_size
-                                         : slurm_tasks_on_node(tasks, env_int(getenv, "SLURM_NODEID", 0, 0));
+      e.local_world_size = tasks.empty()
+                               ? e.world_size
+                               : slurm_tasks_on_node(tasks, env_int(getenv, "SLURM_NODEID", 0, 0));
     }
   } else {
     return e;
@@ -122,9 +123,9 @@ DistEnv parse_dist_env(const GetEnv& getenv, const ExpandHosts& expand_hosts) {
     throw ConfigError("environment", torchrun ? "RANK" : "SLURM_PROCID", std::to_string(e.rank),
                       fmt::format("a rank below the world size {}", e.world_size));
   if (e.local_rank >= e.local_world_size)
-    throw ConfigError("environment", torchrun ? "LOCAL_RANK" : "SLURM_LOCALID",
-                      std::to_string(e.local_rank),
-                      fmt::format("a local rank below the {} processes on this node", e.local_world_size));
+    throw ConfigError(
+        "environment", torchrun ? "LOCAL_RANK" : "SLURM_LOCALID", std::to_string(e.local_rank),
+        fmt::format("a local rank below the {} processes on this node", e.local_world_size));
 
   const std::string addr = env_string(getenv, "MASTER_ADDR");
   if (!addr.empty()) {
@@ -145,7 +146,8 @@ DistEnv parse_dist_env(const GetEnv& getenv, const ExpandHosts& expand_hosts) {
     e.master_port = 20000 + env_int(getenv, "SLURM_JOB_ID", 0, 0) % 20000;
   }
   if (e.master_port > 65535)
-    throw ConfigError("environment", "MASTER_PORT", std::to_string(e.master_port), "a TCP port (1-65535)");
+    throw ConfigError("environment", "MASTER_PORT", std::to_string(e.master_port),
+                      "a TCP port (1-65535)");
   return e;
 }
 

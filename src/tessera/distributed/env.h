@@ -13,7 +13,7 @@ namespace tessera::dist {
 struct DistEnv {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;        // the GPU index on this node
+  int local_rank = 0;  // the GPU index on this node
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;

@@ -26,7 +26,9 @@ using Clock = std::chrono::steady_clock;
 
 std::atomic<int> g_forward_signal{0};
 
-void remember_signal(int sig) { g_forward_signal = sig; }
+void remember_signal(int sig) {
+  g_forward_signal = sig;
+}
 
 struct Child {
   int rank = 0;
@@ -61,7 +63,8 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
     const std::string_view kv(*e);
     bool replaced = false;
     for (const auto& add : env_add)
-      if (kv.substr(0, kv.find('=') + 1) == std::string_view(add).substr(0, add.find('=') + 1)) replaced = true;
+      if (kv.substr(0, kv.find('=') + 1) == std::string_view(add).substr(0, add.find('=') + 1))
+        replaced = true;
     if (!replaced) env_text.emplace_back(kv);
   }
   for (const auto& add : env_add) env_text.push_back(add);
@@ -88,18 +91,21 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
 
 LaunchResult launch(const LaunchOptions& o) {
   if (o.nproc_per_node < 1)
-    throw ConfigError("command line", "nproc_per_node", std::to_string(o.nproc_per_node), "at least 1");
-  if (o.nnodes < 1) throw ConfigError("command line", "nnodes", std::to_string(o.nnodes), "at least 1");
+    throw ConfigError("command line", "nproc_per_node", std::to_string(o.nproc_per_node),
+                      "at least 1");
+  if (o.nnodes < 1)
+    throw ConfigError("command line", "nnodes", std::to_string(o.nnodes), "at least 1");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw ConfigError("command line", "node_rank", std::to_string(o.node_rank),
                       fmt::format("a node index below --nnodes ({})", o.nnodes));
   if (o.command.empty()) throw ConfigError("command line", "launch", "", "a command to run");
   const int world = o.nproc_per_node * o.nnodes;
 
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = remember_signal;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int{}, old_term{};
+  struct sigaction old_int {
+  }, old_term{};
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
   g_forward_signal = 0;
@@ -125,7 +131,8 @@ LaunchResult launch(const LaunchOptions& o) {
     ::close(err[1]);
     c.out_fd = out[0];
     c.err_fd = err[0];
-    if (c.pid < 0) throw Error(fmt::format("launch: cannot start rank {}: {}", c.rank, std::strerror(errno)));
+    if (c.pid < 0)
+      throw Error(fmt::format("launch: cannot start rank {}: {}", c.rank, std::strerror(errno)));
   }
 
   LaunchResult result;
@@ -177,8 +184,8 @@ LaunchResult launch(const LaunchOptions& o) {
         if (c.code != 0 && result.failed_rank < 0 && !terminating) {
           result.failed_rank = c.rank;
           result.exit_code = c.code;
-          fmt::print(stderr, "launch: rank {} exited with {} {}; stopping the other ranks\n", c.rank,
-                     WIFEXITED(status) ? "code" : "signal",
+          fmt::print(stderr, "launch: rank {} exited with {} {}; stopping the other ranks\n",
+                     c.rank, WIFEXITED(status) ? "code" : "signal",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
           std::fflush(stderr);
           terminating = true;
@@ -194,7 +201,8 @@ LaunchResult launch(const LaunchOptions& o) {
     }
     // Output still open after every rank exited belongs to processes they left behind.
     if (all_exited && all_exited_at == Clock::time_point()) all_exited_at = Clock::now();
-    if (all_exited && (fds.empty() || Clock::now() - all_exited_at > std::chrono::seconds(2))) break;
+    if (all_exited && (fds.empty() || Clock::now() - all_exited_at > std::chrono::seconds(2)))
+      break;
     if (terminating && !killed &&
         std::chrono::duration<double>(Clock::now() - term_sent).count() > o.grace_s) {
       signal_all(SIGKILL);

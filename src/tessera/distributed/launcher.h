@@ -15,8 +15,8 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  double grace_s = 10.0;              // between SIGTERM and SIGKILL
-  std::vector<std::string> command;   // program and arguments of every child
+  double grace_s = 10.0;             // between SIGTERM and SIGKILL
+  std::vector<std::string> command;  // program and arguments of every child
 };
 
 struct LaunchResult {

@@ -33,7 +33,8 @@ struct Header {
 enum class ReadStatus { Ok, Closed, Timeout };
 
 int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
 }
 
@@ -101,8 +102,10 @@ std::string config_differences(const std::map<std::string, std::string>& root,
   };
   for (const auto& [k, v] : root) {
     const auto it = other.find(k);
-    if (it == other.end()) add(k, v, "<missing>");
-    else if (it->second != v) add(k, v, it->second);
+    if (it == other.end())
+      add(k, v, "<missing>");
+    else if (it->second != v)
+      add(k, v, it->second);
   }
   for (const auto& [k, v] : other)
     if (!root.contains(k)) add(k, "<missing>", v);
@@ -162,7 +165,8 @@ void Rendezvous::accept_peers(double timeout_s) {
       ::listen(listen_fd_, env_.world_size) != 0)
     throw DistributedError(fmt::format(
         "rank 0 cannot listen on port {} for the rendezvous: {} (another job on this port? set "
-        "MASTER_PORT or --master_port)", env_.master_port, std::strerror(errno)));
+        "MASTER_PORT or --master_port)",
+        env_.master_port, std::strerror(errno)));
   const auto deadline = deadline_after(timeout_s);
   int connected = 0;
   while (connected < env_.world_size - 1) {
@@ -258,7 +262,8 @@ void Rendezvous::check_config(const std::map<std::string, std::string>& config) 
     std::string payload;
     const ReadStatus s = read_frame(peer_fds_[0], &h, &payload, deadline_after(2 * timeout_s_));
     if (s != ReadStatus::Ok || h.type != kVerdict)
-      throw DistributedError(fmt::format("rank {}: rank 0 {} while comparing configurations", env_.rank,
+      throw DistributedError(fmt::format("rank {}: rank 0 {} while comparing configurations",
+                                         env_.rank,
                                          s == ReadStatus::Timeout ? "did not answer" : "exited"));
     if (!payload.empty()) throw DistributedError(payload);
     return;
@@ -275,8 +280,10 @@ void Rendezvous::check_config(const std::map<std::string, std::string>& config) 
     }
     const std::string diff = config_differences(config, deserialize(payload));
     if (!diff.empty())
-      verdict = fmt::format("the configuration differs between ranks: rank {} has {}. Every rank "
-                            "must run the same command line and files.", r, diff);
+      verdict = fmt::format(
+          "the configuration differs between ranks: rank {} has {}. Every rank "
+          "must run the same command line and files.",
+          r, diff);
   }
   for (int r = 1; r < env_.world_size; ++r) send_frame(peer_fds_[r], kVerdict, 0, verdict);
   if (!verdict.empty()) throw DistributedError(verdict);
@@ -306,7 +313,8 @@ void Rendezvous::report_lost(int rank, const std::string& message) {
   if (reported_.exchange(true)) return;
   if (env_.rank == 0)
     for (int r = 1; r < env_.world_size; ++r)
-      if (r != rank && peer_fds_[r] >= 0 && !said_bye_[r]) send_frame(peer_fds_[r], kLost, rank, message);
+      if (r != rank && peer_fds_[r] >= 0 && !said_bye_[r])
+        send_frame(peer_fds_[r], kLost, rank, message);
   if (on_lost_) on_lost_(rank, message);
 }
 

@@ -227,8 +227,8 @@ class Backend {
   void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens);
 
   // out (N, C) = x * rstd * weight, rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                       const Tensor& weight, float eps);
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       float eps);
   // dx (N, C) accumulates, dweight (C) fp32 accumulates; dout, x (N, C); rstd (N).
   void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                         const Tensor& x, const Tensor& weight, const Tensor& rstd);
@@ -292,8 +292,7 @@ class Backend {
                                   const Tensor& weight, float eps) = 0;
   virtual void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                    const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
-  virtual void do_rope_forward(const Tensor& qkv, const Tensor& freqs,
-                               const AttentionShape& s) = 0;
+  virtual void do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) = 0;
   virtual void do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
                                 const AttentionShape& s) = 0;
   virtual void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -322,7 +321,7 @@ class Backend {
 
   OpObserver* op_observer_ = nullptr;
   bool timing_ = false;
-  std::vector<TimedOp> timed_;           // since the last op_times_ms()
+  std::vector<TimedOp> timed_;  // since the last op_times_ms()
   std::vector<EventHandle> spare_events_;
   std::vector<std::pair<std::string, double>> op_totals_ms_;
 };

@@ -9,7 +9,8 @@ namespace tessera {
 namespace {
 
 // segments (offsets from the buffer start) restricted to [r.begin, r.end), offsets from r.begin.
-std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segments, const ParamRange& r) {
+std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segments,
+                                        const ParamRange& r) {
   std::vector<ParamSegment> out;
   for (const ParamSegment& s : segments) {
     const int64_t lo = std::max(s.offset, r.begin), hi = std::min(s.offset + s.count, r.end);

@@ -18,8 +18,7 @@ class AdamWOptimizer {
  public:
   // owned: what this optimizer updates, ranges in increasing order (empty: everything, in the
   // model's flat buffers).
-  AdamWOptimizer(Model& model, const TrainingConfig& config,
-                 std::vector<OwnedParams> owned = {});
+  AdamWOptimizer(Model& model, const TrainingConfig& config, std::vector<OwnedParams> owned = {});
 
   // Bytes of optimizer state for `params` elements when parameters are `compute` dtype.
   static size_t state_bytes(int64_t params, DType compute);

@@ -14,8 +14,8 @@
 #include "tessera/config/config.h"
 #include "tessera/core/dtype.h"
 #include "tessera/model/model.h"
-#include "tessera/run/run_setup.h"
 #include "tessera/model/model_spec.h"
+#include "tessera/run/run_setup.h"
 
 namespace tessera::plan {
 

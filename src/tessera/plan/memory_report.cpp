@@ -102,7 +102,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   const Experiment& e = q.experiment;
   const size_t capacity = gpu_capacity_bytes(q.gpu);
   RunSetup setup = make_run_setup(e, {static_cast<int>(q.num_gpus), DType::BF16},
-                                   [&] { return make_tokenizer(e.data)->vocab_size(); });
+                                  [&] { return make_tokenizer(e.data)->vocab_size(); });
   setup.sharding = q.sharding;
   setup.runtime.sharded_params = q.sharding == StateSharding::Fsdp;
   const PlanInput in = plan_input(setup, /*gpu=*/true);

@@ -9,10 +9,10 @@
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
+#include "tessera/distributed/parallelize.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
-#include "tessera/distributed/parallelize.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/stop_signal.h"
@@ -135,11 +135,11 @@ void Trainer::build_model() {
   check_memory_fits();
   try {
     model_ = std::make_unique<DecoderModel>(*backend_, setup_.spec, setup_.runtime);
-    parallel_ = dist::parallelize(
-        *model_, setup_.mesh, comm_,
-        dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
-                                  t.overlap_grad_reduce, t.overlap_param_gather,
-                                  t.ddp_bucket_size});
+    parallel_ =
+        dist::parallelize(*model_, setup_.mesh, comm_,
+                          dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
+                                                    t.overlap_grad_reduce, t.overlap_param_gather,
+                                                    t.ddp_bucket_size});
     optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, parallel_->optimizer_shards());
     scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
   } catch (const OutOfMemoryError& e) {
@@ -431,7 +431,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       profiler_ && profiler_->covers(s.iteration - interval_iters + 1, s.iteration);
   const TrainingConfig& t = exp_.training;
   const double ms = interval_ms / static_cast<double>(interval_iters);
-  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
+  const double tokens =
+      static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
   const double tokens_per_s = tokens / (ms / 1e3);
   const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
@@ -469,10 +470,11 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
 TrainSummary Trainer::train() {
   const TrainingConfig& t = exp_.training;
   install_stop_signal_handlers();
-  log_.info("training for {} iterations: global batch {} = micro batch {} x data parallel {} x "
-            "accumulation {}, seq_length {}; {:.2f} GFLOP per token",
-            t.train_iters, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
-            setup_.accumulation_steps, t.seq_length, setup_.spec.flops_per_token(t.seq_length) / 1e9);
+  log_.info(
+      "training for {} iterations: global batch {} = micro batch {} x data parallel {} x "
+      "accumulation {}, seq_length {}; {:.2f} GFLOP per token",
+      t.train_iters, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
+      setup_.accumulation_steps, t.seq_length, setup_.spec.flops_per_token(t.seq_length) / 1e9);
   TrainSummary sum;
   backend_->synchronize();
   backend_->reset_peak_memory();
@@ -548,7 +550,8 @@ TrainSummary Trainer::train() {
   log_.clear_progress();
   sum.iterations = last;
   sum.skipped_iterations = skipped_iterations_;
-  const double tokens = static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
+  const double tokens =
+      static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
   const int64_t ran = last - first + 1;
   const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
   sum.tokens_per_s_per_gpu = tokens / (ms / 1e3);

@@ -265,7 +265,7 @@ void CpuBackend::do_convert(const Tensor& dst, const Tensor& src) {
 }
 
 void CpuBackend::do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
-                             float std) {
+                                float std) {
   expect_f32(dst, "init_normal", "dst");
   float* p = f32(dst);
   parallel_chunks(dst.numel(), [&](int64_t begin, int64_t end) {
@@ -319,7 +319,8 @@ void CpuBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 // ---- model ops ----
 
-void CpuBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
+void CpuBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens,
+                                      const Tensor& table) {
   expect_f32(out, "embedding_forward", "out");
   expect_i32(tokens, "embedding_forward", "tokens");
   expect_f32(table, "embedding_forward", "table");
@@ -333,7 +334,7 @@ void CpuBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens, c
 }
 
 void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
-                                    const Tensor& tokens) {
+                                       const Tensor& tokens) {
   expect_f32(dtable, "embedding_backward", "dtable");
   expect_f32(dout, "embedding_backward", "dout");
   expect_i32(tokens, "embedding_backward", "tokens");
@@ -357,7 +358,7 @@ void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
 }
 
 void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                 const Tensor& weight, float eps) {
+                                    const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
   expect_f32(out, op, "out");
   expect_f32(rstd, op, "rstd");
@@ -372,7 +373,7 @@ void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const
 }
 
 void CpuBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+                                     const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
   expect_f32(dx, op, "dx");
   expect_f32(dweight, op, "dweight");
@@ -404,7 +405,8 @@ void CpuBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs, const A
   }
 }
 
-void CpuBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) {
+void CpuBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
+                                  const AttentionShape& s) {
   check_rope(dqkv, freqs, "rope_backward");
   AttentionShape token = s;
   token.batch = token.seq = 1;
@@ -416,7 +418,7 @@ void CpuBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs, const
 }
 
 void CpuBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                   const AttentionShape& s) {
+                                      const AttentionShape& s) {
   const char* op = "attention_forward";
   expect_f32(out, op, "out");
   expect_f32(lse, op, "lse");
@@ -435,7 +437,8 @@ void CpuBackend::do_attention_forward(const Tensor& out, const Tensor& lse, cons
 }
 
 void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                                    const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+                                       const Tensor& lse, const Tensor& qkv,
+                                       const AttentionShape& s) {
   const char* op = "attention_backward";
   expect_f32(dqkv, op, "dqkv");
   expect_f32(dout, op, "dout");
@@ -510,7 +513,7 @@ void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 }
 
 void CpuBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
-                                 const Tensor& gate_up) {
+                                    const Tensor& gate_up) {
   expect_f32(dgate_up, "swiglu_backward", "dgate_up");
   expect_f32(dout, "swiglu_backward", "dout");
   expect_f32(gate_up, "swiglu_backward", "gate_up");
@@ -524,7 +527,7 @@ void CpuBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
 }
 
 void CpuBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                               const Tensor& dlogits, float grad_scale) {
+                                  const Tensor& dlogits, float grad_scale) {
   const char* op = "cross_entropy";
   expect_f32(losses, op, "losses");
   expect_f32(logits, op, "logits");

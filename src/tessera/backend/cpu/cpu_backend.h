@@ -13,8 +13,8 @@
 // move data between the two.
 #include <deque>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"
@@ -90,7 +90,7 @@ class CpuBackend : public Backend {
 
  private:
   AllocationTracker allocations_;
-  std::deque<double> event_times_ms_;   // events: indices into it, biased by one
+  std::deque<double> event_times_ms_;  // events: indices into it, biased by one
   std::vector<size_t> free_events_;
 };
 

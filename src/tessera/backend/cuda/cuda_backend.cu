@@ -7,11 +7,12 @@
 #include <cmath>
 #include <cstdio>
 
+#include "tessera/backend/cpu/reference.h"
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
-#include "tessera/backend/cuda/cudnn_attention.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/cudnn_attention.cuh"
 #include "tessera/backend/cuda/elementwise.cuh"
 #include "tessera/backend/cuda/embedding.cuh"
 #include "tessera/backend/cuda/fp8_cast.cuh"
@@ -19,7 +20,6 @@
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
-#include "tessera/backend/cpu/reference.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/op_checks.h"
 
@@ -54,8 +54,8 @@ void expect_type(const Tensor& t, DType d, const char* op, const char* what) {
 // A compute tensor: bf16 (the performance path) or fp32.
 void expect_float(const Tensor& t, const char* op, const char* what) {
   OpChecks(kBackend, DeviceKind::GPU, op)
-      .that(t.dtype == DType::BF16 || t.dtype == DType::F32, "{} has dtype {}, expected bf16 or fp32",
-            what, dtype_name(t.dtype));
+      .that(t.dtype == DType::BF16 || t.dtype == DType::F32,
+            "{} has dtype {}, expected bf16 or fp32", what, dtype_name(t.dtype));
 }
 
 void expect_same_type(const Tensor& t, const Tensor& like, const char* op, const char* what) {
@@ -89,9 +89,13 @@ std::string attention_shape_text(const AttentionShape& s) {
 
 // ---- ranges and events ----
 
-void CudaBackend::do_range_push(const char* name) { nvtxRangePushA(name); }
+void CudaBackend::do_range_push(const char* name) {
+  nvtxRangePushA(name);
+}
 
-void CudaBackend::do_range_pop() { nvtxRangePop(); }
+void CudaBackend::do_range_pop() {
+  nvtxRangePop();
+}
 
 EventHandle CudaBackend::create_event() {
   cudaEvent_t e = nullptr;
@@ -277,7 +281,7 @@ void CudaBackend::do_convert(const Tensor& dst, const Tensor& src) {
 }
 
 void CudaBackend::do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
-                              float std) {
+                                 float std) {
   expect_float(dst, "init_normal", "dst");
   cuda::init_normal(dst.data, dst.numel(), seed, first_index, mean, std, dst.dtype, stream_);
 }
@@ -411,7 +415,8 @@ void CudaBackend::do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) {
 
 // ---- model ops ----
 
-void CudaBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
+void CudaBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens,
+                                       const Tensor& table) {
   const char* op = "embedding_forward";
   expect_float(table, op, "table");
   expect_same_type(out, table, op, "out");
@@ -423,7 +428,7 @@ void CudaBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens, 
 }
 
 void CudaBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
-                                     const Tensor& tokens) {
+                                        const Tensor& tokens) {
   const char* op = "embedding_backward";
   expect_type(dtable, DType::F32, op, "dtable");
   expect_float(dout, op, "dout");
@@ -436,7 +441,7 @@ void CudaBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout
 }
 
 void CudaBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                  const Tensor& weight, float eps) {
+                                     const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
   expect_float(x, op, "x");
   expect_same_type(out, x, op, "out");
@@ -448,7 +453,7 @@ void CudaBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, cons
 }
 
 void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+                                      const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
   expect_float(x, op, "x");
   expect_same_type(dx, x, op, "dx");
@@ -468,7 +473,8 @@ void CudaBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs, const 
   cuda::rope_forward(qkv.data, freqs.as<float>(), rope_shape(s), qkv.dtype, stream_);
 }
 
-void CudaBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s) {
+void CudaBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
+                                   const AttentionShape& s) {
   check_rope(dqkv, freqs, "rope_backward");
   cuda::rope_backward(dqkv.data, freqs.as<float>(), rope_shape(s), dqkv.dtype, stream_);
 }
@@ -500,7 +506,7 @@ void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::st
 }
 
 void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                    const AttentionShape& s) {
+                                       const AttentionShape& s) {
   const char* op = "attention_forward";
   require_bf16_attention(qkv, op, "qkv");
   require_bf16_attention(out, op, "out");
@@ -519,8 +525,8 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
 }
 
 void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                                     const Tensor& lse, const Tensor& qkv,
-                                     const AttentionShape& s) {
+                                        const Tensor& lse, const Tensor& qkv,
+                                        const AttentionShape& s) {
   const char* op = "attention_backward";
   require_bf16_attention(dqkv, op, "dqkv");
   require_bf16_attention(dout, op, "dout");
@@ -554,7 +560,7 @@ void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 }
 
 void CudaBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
-                                  const Tensor& gate_up) {
+                                     const Tensor& gate_up) {
   const char* op = "swiglu_backward";
   expect_float(gate_up, op, "gate_up");
   expect_same_type(dgate_up, gate_up, op, "dgate_up");
@@ -564,8 +570,8 @@ void CudaBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
   cuda::swiglu_backward(dgate_up.data, dout.data, gate_up.data, N, F, gate_up.dtype, stream_);
 }
 
-void CudaBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                                const Tensor& dlogits, float grad_scale) {
+void CudaBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits,
+                                   const Tensor& targets, const Tensor& dlogits, float grad_scale) {
   const char* op = "cross_entropy";
   expect_float(logits, op, "logits");
   expect_type(losses, DType::F32, op, "losses");

@@ -40,12 +40,18 @@ std::string version_text(int v) {
 
 ncclDataType_t nccl_type(DType t, bool reducing, const char* op) {
   switch (t) {
-    case DType::F32: return ncclFloat32;
-    case DType::BF16: return ncclBfloat16;
-    case DType::F16: return ncclFloat16;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    case DType::U8: return ncclUint8;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::U8:
+      return ncclUint8;
     case DType::E4M3:
     case DType::E5M2:
       // Moved as bytes; a sum of fp8 values over ranks would lose everything anyway.
@@ -94,16 +100,21 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Backend& backend, Rendezvous& rendezvous, double timeout_s, Logger& log)
       : compute_stream_(static_cast<cudaStream_t>(backend.stream().native)),
-        device_(backend.device().index), rank_(rendezvous.rank()),
-        size_(rendezvous.world_size()), timeout_s_(timeout_s), log_(log) {
+        device_(backend.device().index),
+        rank_(rendezvous.rank()),
+        size_(rendezvous.world_size()),
+        timeout_s_(timeout_s),
+        log_(log) {
     int version = 0;
     ncclGetVersion(&version);
     version_ = version_text(version);
-    log_.info("NCCL {} (runtime; built against {}.{}.{})", version_, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    log_.info("NCCL {} (runtime; built against {}.{}.{})", version_, NCCL_MAJOR, NCCL_MINOR,
+              NCCL_PATCH);
     if (version < NCCL_VERSION(2, 19, 0))
-      throw DistributedError(fmt::format("NCCL {} is too old: Tessera needs 2.19 or newer "
-                                         "(non-blocking communicators with ncclCommGetAsyncError)",
-                                         version_));
+      throw DistributedError(
+          fmt::format("NCCL {} is too old: Tessera needs 2.19 or newer "
+                      "(non-blocking communicators with ncclCommGetAsyncError)",
+                      version_));
     create_streams();
 
     ncclUniqueId id{};
@@ -111,8 +122,9 @@ class NcclCommunicator final : public Communicator {
     const std::string blob = rendezvous.broadcast(
         rank_ == 0 ? std::string(reinterpret_cast<const char*>(&id), sizeof id) : std::string());
     if (blob.size() != sizeof id)
-      throw DistributedError(fmt::format("rank {}: the NCCL unique id from rank 0 has {} bytes, not {}",
-                                         rank_, blob.size(), sizeof id));
+      throw DistributedError(
+          fmt::format("rank {}: the NCCL unique id from rank 0 has {} bytes, not {}", rank_,
+                      blob.size(), sizeof id));
     std::memcpy(&id, blob.data(), sizeof id);
 
     // The peers' sockets name a rank that dies; the watchdog names a collective that hangs.
@@ -432,17 +444,20 @@ class NcclCommunicator final : public Communicator {
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm_, &async);
         if (async != ncclSuccess && async != ncclInProgress) {
-          const std::string what = pending_.empty() ? std::string("a collective")
-                                                    : fmt::format("{} #{} of {}", pending_.front().name,
-                                                                  pending_.front().seq,
-                                                                  bytes_text(pending_.front().bytes));
+          const std::string what =
+              pending_.empty()
+                  ? std::string("a collective")
+                  : fmt::format("{} #{} of {}", pending_.front().name, pending_.front().seq,
+                                bytes_text(pending_.front().bytes));
           const std::string last = ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "";
           lock.unlock();
           fail(fmt::format("NCCL reported an error during {}: {} ({})", what,
                            ncclGetErrorString(async), last.empty() ? "no detail" : last));
         }
       }
-      const Pending* late = in_host_call_ ? &host_call_ : pending_.empty() ? nullptr : &pending_.front();
+      const Pending* late = in_host_call_      ? &host_call_
+                            : pending_.empty() ? nullptr
+                                               : &pending_.front();
       if (!late) continue;
       const double waited = std::chrono::duration<double>(Clock::now() - late->start).count();
       if (waited < timeout_s_) continue;
@@ -471,7 +486,8 @@ class NcclCommunicator final : public Communicator {
       if (comm) ncclCommAbort(comm);
       aborted = true;
     }).detach();
-    for (int i = 0; i < 100 && !aborted; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (int i = 0; i < 100 && !aborted; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::_Exit(kExitRuntimeFailure);
   }
 

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "tessera/core/error.h"
 #include "tessera/config/profile_ranks.h"
+#include "tessera/core/error.h"
 
 namespace tessera::profiler {
 namespace {
