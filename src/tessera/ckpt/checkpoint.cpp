@@ -153,6 +153,7 @@ std::string publish(const std::string& save_dir, const fs::path& tmp, const Mode
   j["consecutive_nan_iterations"] = s.consecutive_nan;
   j["seed"] = s.seed;
   j["world_size"] = s.world_size;
+  if (!s.run_id.empty()) j["run_id"] = s.run_id;
   j["model"] = spec_to_json(spec);
   j["model_summary"] = spec.summary();
   j["weights_dtype"] = dtype_name(weights_dtype);
@@ -194,13 +195,19 @@ void add_extra_state(FileToWrite& f, const TrainingTensors& t) {
   };
 }
 
-void prune(const std::string& save_dir, int64_t keep_iteration, int64_t keep_last) {
+// Keeps the newest keep_last checkpoints of the run that wrote `keep_iteration`. Checkpoints
+// of other runs are never deleted: a run is refused a save directory that holds another's
+// (train/run_directories.h), and this rule holds even if one appears there.
+void prune(const std::string& save_dir, int64_t keep_iteration, const std::string& run_id,
+           int64_t keep_last) {
   if (keep_last <= 0) return;
-  auto all = list_checkpoints(save_dir);
-  std::erase_if(all, [&](const auto& c) { return c.first == keep_iteration; });
+  auto all = saved_checkpoints(save_dir);
+  std::erase_if(all, [&](const SavedCheckpoint& c) {
+    return c.iteration == keep_iteration || !c.belongs_to(run_id);
+  });
   // The one just written counts towards keep_last even when an older run left newer ones.
   const int64_t remove = static_cast<int64_t>(all.size()) - (keep_last - 1);
-  for (int64_t i = 0; i < remove; ++i) fs::remove_all(all[i].second);
+  for (int64_t i = 0; i < remove; ++i) fs::remove_all(all[i].dir);
 }
 
 std::string describe(DType dtype, const Shape& shape) {
@@ -307,7 +314,7 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
                   nullptr);
   });
   update_tracker(save_dir, state.iteration);
-  prune(save_dir, state.iteration, keep_last);
+  prune(save_dir, state.iteration, state.run_id, keep_last);
   return dir;
 }
 
@@ -369,7 +376,7 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
     dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards);
   });
   update_tracker(save_dir, state.iteration);
-  prune(save_dir, state.iteration, keep_last);
+  prune(save_dir, state.iteration, state.run_id, keep_last);
   return dir;
 }
 
@@ -410,6 +417,20 @@ std::string find_latest_checkpoint(const std::string& path) {
   // tracker, and directories are only published complete, so the newest one is good.
   const auto all = list_checkpoints(root);
   return all.empty() ? std::string() : all.back().second.string();
+}
+
+std::vector<SavedCheckpoint> saved_checkpoints(const std::string& save_dir) {
+  std::vector<SavedCheckpoint> out;
+  for (const auto& [iteration, dir] : list_checkpoints(save_dir)) {
+    SavedCheckpoint c{iteration, dir.string(), std::nullopt};
+    try {
+      c.run_id = nlohmann::json::parse(read_text(dir / kStateFile)).value("run_id", std::string());
+    } catch (const nlohmann::json::exception&) {
+      // Unreadable: it belongs to no run, so no run ever deletes it.
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 std::string checkpoint_to_resume(const CheckpointConfig& c) {
@@ -462,6 +483,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     state_.consecutive_nan = j.at("consecutive_nan_iterations").get<int64_t>();
     state_.seed = j.at("seed").get<int64_t>();
     state_.world_size = j.value("world_size", int64_t{1});  // absent in older checkpoints
+    state_.run_id = j.value("run_id", std::string());     // likewise
     state_.config_yaml = j.at("config_yaml").get<std::string>();
     dtype_text = j.at("weights_dtype").get<std::string>();
     sizes = j.at("files").get<std::map<std::string, uint64_t>>();

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,9 @@ struct TrainerState {
   int64_t consecutive_nan = 0;
   int64_t seed = 0;
   int64_t world_size = 1;   // data-parallel ranks of the run that wrote it
+  // The run it belongs to (train/run_directories.h): a resumed run keeps it. Empty in
+  // checkpoints written before runs had ids.
+  std::string run_id;
   std::string config_yaml;  // the effective configuration, for the record
   bool extra_state_restored = false;  // load_checkpoint found every TrainingTensors::extra_state
 };
@@ -99,6 +103,20 @@ std::string save_weights_checkpoint(
 // latest in the save directory `path` (its tracker file; without one, its newest iter_*
 // directory). Empty when `path` holds no checkpoint.
 std::string find_latest_checkpoint(const std::string& path);
+
+// The complete checkpoints in a save directory, oldest first, with the run that wrote each.
+struct SavedCheckpoint {
+  int64_t iteration = 0;
+  std::string dir;
+  // Empty for checkpoints written before runs had ids; nullopt when trainer_state.json
+  // cannot be read (then it belongs to no run).
+  std::optional<std::string> run_id;
+  // Whether run `id` may treat it as its own: written by it, or by a run without an id.
+  bool belongs_to(const std::string& id) const {
+    return run_id && (run_id->empty() || *run_id == id);
+  }
+};
+std::vector<SavedCheckpoint> saved_checkpoints(const std::string& save_dir);
 
 // The checkpoint a run resumes from: the latest under c.load; empty when `load` is unset, or
 // when it is the save directory and holds none yet (the first run of a requeued job). Any

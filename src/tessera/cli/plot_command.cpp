@@ -100,6 +100,10 @@ int plot_command(const Args& args) {
       fmt::print(stderr,
                  "warning: {}: skipped {} metrics.jsonl line(s) that were not JSON records\n",
                  r.dir.string(), r.skipped_lines);
+    if (r.earlier_runs_left_out)
+      fmt::print(stderr,
+                 "note: {}: metrics.jsonl also holds earlier runs; plotted the latest{}\n",
+                 r.dir.string(), r.run_id.empty() ? "" : " (run " + r.run_id + ")");
   }
   for (const std::string& f : written) fmt::print("wrote {}\n", f);
   size_t records = 0;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "tessera/backend/backend_factory.h"
+#include "tessera/ckpt/checkpoint.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
@@ -21,6 +22,8 @@
 #include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
+#include "tessera/train/run_directories.h"
+#include "tessera/train/stop_signal.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::cli {
@@ -96,17 +99,22 @@ TrainArgs parse_train_args(const Args& args) {
 
 // One rank's run: its logs and (rank 0) metrics, then the trainer. A rank of a job of
 // processes (`env` distributed) makes its communicator through `rendezvous`; a thread rank is
-// handed `thread_comm`; a single process has neither.
+// handed `thread_comm`; a single process has neither. `dirs`: what rank 0 prepared (null on
+// other ranks).
 void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int rank,
                 dist::Communicator* thread_comm, const dist::DistEnv& env,
-                dist::Rendezvous* rendezvous) {
+                dist::Rendezvous* rendezvous, const RunDirectories* dirs) {
   const std::filesystem::path root = exp.experiment_root();
   const bool rank0 = rank == 0;
   Logger log((root / "logs" / "pre_trainer" / fmt::format("rank-{}", rank)).string(), rank, rank0,
              rank0 && exp.logging.log_progress);
+  const std::string run_id = dirs ? dirs->run_id : "";
   std::optional<MetricsWriter> metrics;
-  if (rank0) metrics.emplace((root / "metrics.jsonl").string());
-  log.info("experiment {} from {}", root.string(), exp.source_file);
+  if (rank0) metrics.emplace((root / "metrics.jsonl").string(), run_id);
+  log.info("experiment {} from {}{}", root.string(), exp.source_file,
+           run_id.empty() ? "" : "; run " + run_id);
+  if (dirs)
+    for (const std::string& note : dirs->notes) log.warning("{}", note);
   log.debug("effective configuration:\n{}", experiment_to_yaml(exp));
   try {
     std::unique_ptr<dist::Communicator> process_comm;
@@ -118,7 +126,7 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
           make_communicator(*backend, *rendezvous, exp.training.dist_timeout_minutes * 60.0, log);
     }
     dist::Communicator* comm = thread_comm ? thread_comm : process_comm.get();
-    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm);
+    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm, run_id);
     try {
       trainer.train();
     } catch (const TrainingAborted& e) {
@@ -142,12 +150,13 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
 
 // --nproc_per_node N on the CPU: N ranks as threads over a LocalCommunicator, so every
 // parallel mode runs on a laptop exactly as on N GPUs (distributed/local_communicator.h).
-void train_thread_ranks(const Experiment& exp, int world) {
+void train_thread_ranks(const Experiment& exp, int world, const RunDirectories& dirs) {
   const int threads_per_rank = std::max(1, omp_get_max_threads() / world);
   dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
     // The CPU backend's results do not depend on its thread count; the ranks share the cores.
     omp_set_num_threads(threads_per_rank);
-    train_rank(exp, make_backend(DeviceChoice::Cpu, 0), rank, &comm, dist::DistEnv{}, nullptr);
+    train_rank(exp, make_backend(DeviceChoice::Cpu, 0), rank, &comm, dist::DistEnv{}, nullptr,
+               rank == 0 ? &dirs : nullptr);
   });
 }
 
@@ -159,6 +168,9 @@ int train_command(const Args& args) {
       print_train_help();
       return 0;
     }
+  // From here a stop signal is noted and acted on at the next clean point (the trainer's set-up
+  // steps, then between micro-batches), with the logs flushed.
+  install_stop_signal_handlers();
   TrainArgs a = parse_train_args(args);
   // Started by `tessera launch`, torchrun or srun: this process is one rank of a job.
   const dist::DistEnv env = dist::dist_env_from_process();
@@ -189,14 +201,19 @@ int train_command(const Args& args) {
           : make_backend(exp.training.device, dist::device_for_local_rank(env, gpu_device_count()),
                          backend_options(exp.training));
 
-  const std::filesystem::path root = exp.experiment_root();
-  std::filesystem::create_directories(root);
-  if (env.rank == 0) write_file_atomically(root / "config.yaml", experiment_to_yaml(exp));
+  check_run_outputs(exp);
+  std::optional<RunDirectories> dirs;
+  if (env.rank == 0) {
+    dirs.emplace(prepare_run_directories(exp, checkpoint_to_resume(exp.checkpoint)));
+    write_file_atomically(std::filesystem::path(exp.experiment_root()) / "config.yaml",
+                          experiment_to_yaml(exp));
+  }
   if (a.local_ranks > 1) {
-    train_thread_ranks(exp, a.local_ranks);
+    train_thread_ranks(exp, a.local_ranks, *dirs);
     return 0;
   }
-  train_rank(exp, std::move(backend), env.rank, nullptr, env, rendezvous.get());
+  train_rank(exp, std::move(backend), env.rank, nullptr, env, rendezvous.get(),
+             dirs ? &*dirs : nullptr);
   return 0;
 }
 

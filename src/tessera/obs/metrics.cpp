@@ -6,7 +6,8 @@
 
 namespace tessera {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, std::string run_id)
+    : path_(path), run_id_(std::move(run_id)) {
   file_ = std::fopen(path.c_str(), "a");
   if (!file_) throw Error(fmt::format("{}: cannot open metrics file for writing", path));
 }
@@ -16,7 +17,9 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const nlohmann::json& record) {
-  const std::string line = record.dump() + "\n";
+  nlohmann::json stamped = record;
+  if (!run_id_.empty()) stamped["run_id"] = run_id_;
+  const std::string line = stamped.dump() + "\n";
   if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0)
     throw Error(fmt::format("{}: write failed (disk full?)", path_));
 }

@@ -10,7 +10,9 @@ namespace tessera {
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);  // appends
+  // Appends. With a run id (train/run_directories.h), every record carries it as "run_id",
+  // so readers can tell runs apart in one file.
+  explicit MetricsWriter(const std::string& path, std::string run_id = "");
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -19,6 +21,7 @@ class MetricsWriter {
  private:
   FILE* file_ = nullptr;
   std::string path_;
+  std::string run_id_;
 };
 
 }  // namespace tessera

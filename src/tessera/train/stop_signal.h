@@ -1,6 +1,7 @@
 #pragma once
-// SIGINT/SIGTERM set a flag that the trainer polls between micro-batches, so a stop
-// request ends the run at a clean point (logs and metrics flushed) instead of mid-write.
+// SIGINT/SIGTERM set a flag that the trainer polls between micro-batches (and between its
+// set-up steps), so a stop request ends the run at a clean point (logs and metrics flushed)
+// instead of mid-write. A second signal ends the process at once.
 namespace tessera {
 
 void install_stop_signal_handlers();

@@ -15,6 +15,7 @@
 #include "tessera/obs/profiler/training_profiler.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/train/lr_schedule.h"
+#include "tessera/train/run_directories.h"
 #include "tessera/train/stop_signal.h"
 
 namespace tessera {
@@ -65,7 +66,7 @@ void report_target_reached(Logger& log, MetricsWriter* metrics, double target, i
 }  // namespace
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-                 MetricsWriter* metrics, dist::Communicator* comm)
+                 MetricsWriter* metrics, dist::Communicator* comm, std::string run_id)
     : exp_(experiment),
       backend_(std::move(backend)),
       log_(logger),
@@ -73,14 +74,23 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       comm_(comm),
       tokenizer_(make_tokenizer(exp_.data)),
       setup_(make_run_setup(exp_, {comm ? comm->size() : 1, backend_->default_compute_dtype()},
-                            [this] { return tokenizer_->vocab_size(); })) {
+                            [this] { return tokenizer_->vocab_size(); })),
+      run_id_(std::move(run_id)) {
+  install_stop_signal_handlers();
   check_device_can_run();
   log_run();
   open_data();
+  stop_if_signalled("while opening the data");
   build_model();
+  stop_if_signalled("while building the model");
   start_state();
+  stop_if_signalled("while loading the initial weights");
   profiler_ = profiler::TrainingProfiler::create(exp_, parallel_->rank(), parallel_->world_size(),
                                                  *backend_, log_);
+}
+
+void Trainer::stop_if_signalled(const char* doing) {
+  if (int sig = pending_stop_signal()) stop_on_signal(log_, sig, std::string("before training, ") + doing);
 }
 
 void Trainer::check_device_can_run() const {
@@ -203,6 +213,7 @@ void Trainer::restore_start_state() {
     skipped_iterations_ = s.skipped_iterations;
     consecutive_nan_ = s.consecutive_nan;
     if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
+    if (run_id_.empty()) run_id_ = s.run_id;
     if (s.iteration > 0 && s.seed != exp_.training.seed)
       differences.push_back(fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)",
                                         s.seed, exp_.training.seed));
@@ -218,6 +229,7 @@ void Trainer::restore_start_state() {
     }
   }
   for (const auto& d : differences) log_.warning("the loaded model differs from the configuration: {}", d);
+  if (run_id_.empty()) run_id_ = new_run_id();
 }
 
 std::string Trainer::save_checkpoint() {
@@ -230,6 +242,7 @@ std::string Trainer::save_checkpoint() {
   s.consecutive_nan = consecutive_nan_;
   s.seed = exp_.training.seed;
   s.world_size = parallel_->world_size();
+  s.run_id = run_id_;
   s.config_yaml = experiment_to_yaml(exp_);
   const CheckpointConfig& c = exp_.checkpoint;
   const TrainingTensors t = training_tensors();
@@ -470,12 +483,21 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
 TrainSummary Trainer::train() {
   const TrainingConfig& t = exp_.training;
   install_stop_signal_handlers();
+  TrainSummary sum;
+  if (completed_iterations_ >= t.train_iters) {
+    // Resumed at or past the end: nothing runs, so there is no loss or throughput to report.
+    sum.iterations = completed_iterations_;
+    sum.skipped_iterations = skipped_iterations_;
+    log_.warning("nothing to train: the run resumed at iteration {} and train_iters is {} "
+                 "(raise --train_iters to train further)",
+                 completed_iterations_, t.train_iters);
+    return sum;
+  }
   log_.info(
       "training for {} iterations: global batch {} = micro batch {} x data parallel {} x "
       "accumulation {}, seq_length {}; {:.2f} GFLOP per token",
       t.train_iters, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
       setup_.accumulation_steps, t.seq_length, setup_.spec.flops_per_token(t.seq_length) / 1e9);
-  TrainSummary sum;
   backend_->synchronize();
   backend_->reset_peak_memory();
   const auto start = Clock::now();

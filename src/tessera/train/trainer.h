@@ -45,9 +45,12 @@ struct TrainSummary {
 class Trainer {
  public:
   // metrics may be null (tests). The backend is owned by the trainer. comm (not owned):
-  // the job this rank trains in (distributed/parallelize.h); null: one device.
+  // the job this rank trains in (distributed/parallelize.h); null: one device. run_id: the
+  // run's (train/run_directories.h), written into its checkpoints; empty: the resumed
+  // checkpoint's, else a new one. A stop signal received while it sets up (loading data or a
+  // checkpoint) ends it with TrainingAborted once the step in progress returns.
   Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-          MetricsWriter* metrics, dist::Communicator* comm = nullptr);
+          MetricsWriter* metrics, dist::Communicator* comm = nullptr, std::string run_id = "");
   ~Trainer();
 
   TrainSummary train();
@@ -73,6 +76,8 @@ class Trainer {
   void open_data();
   void build_model();
   void start_state();
+  // Stops with TrainingAborted when a stop signal arrived while `doing` (setting up).
+  void stop_if_signalled(const char* doing);
 
   void check_memory_fits() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
@@ -91,6 +96,7 @@ class Trainer {
   dist::Communicator* comm_ = nullptr;
   std::unique_ptr<Tokenizer> tokenizer_;
   RunSetup setup_;
+  std::string run_id_;
   DataSources data_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<dist::Parallelism> parallel_;

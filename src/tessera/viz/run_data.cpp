@@ -131,6 +131,28 @@ CsvTable read_csv(const fs::path& file) {
   return t;
 }
 
+namespace {
+
+// Where the latest run's records begin: after the last record of another run id or, in files
+// written before runs had ids, after the last time the iteration went down (a rerun that
+// appended from iteration 1). A resumed run continues its iterations, and its id.
+size_t latest_run_start(const std::vector<nlohmann::json>& records) {
+  if (records.empty()) return 0;
+  const nlohmann::json& last = records.back();
+  if (last.contains("run_id")) {
+    size_t i = records.size();
+    while (i > 0 && records[i - 1].value("run_id", std::string()) == last["run_id"]) --i;
+    return i;
+  }
+  size_t start = 0;
+  for (size_t i = 1; i < records.size(); ++i)
+    if (records[i]["iteration"].get<int64_t>() < records[i - 1]["iteration"].get<int64_t>())
+      start = i;
+  return start;
+}
+
+}  // namespace
+
 RunData load_run(const fs::path& dir) {
   RunData r;
   r.dir = dir;
@@ -141,17 +163,26 @@ RunData load_run(const fs::path& dir) {
                     "by tessera train)",
                     dir.string()));
   }
-  std::map<int64_t, IterationRecord> by_iteration;
-  std::map<int64_t, double> eval;
+  std::vector<nlohmann::json> records;
   std::string line;
   while (std::getline(in, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     // A run killed mid-write leaves a torn last line: count it, keep the rest.
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_object() || !j.contains("iteration") || !j["iteration"].is_number_integer()) {
       ++r.skipped_lines;
       continue;
     }
+    records.push_back(std::move(j));
+  }
+  const size_t first = latest_run_start(records);
+  r.earlier_runs_left_out = first > 0;
+  if (!records.empty() && records.back().contains("run_id"))
+    r.run_id = records.back()["run_id"].get<std::string>();
+  std::map<int64_t, IterationRecord> by_iteration;
+  std::map<int64_t, double> eval;
+  for (size_t i = first; i < records.size(); ++i) {
+    const nlohmann::json& j = records[i];
     const int64_t it = j["iteration"].get<int64_t>();
     if (j.contains("eval_lm_loss")) eval[it] = number(j, "eval_lm_loss");
     if (!j.contains("lm_loss")) continue;

@@ -26,7 +26,12 @@ struct CsvTable {
 struct RunData {
   std::filesystem::path dir;
   std::string label;                        // exp_name from config.yaml, else the directory name
-  std::vector<IterationRecord> iterations;  // by iteration; a rerun's record wins
+  // The latest run in metrics.jsonl (its run id; earlier runs that appended there before
+  // runs were moved aside are left out). Earlier runs of the experiment are under
+  // previous_runs/<run id>/, each an experiment directory of its own.
+  std::string run_id;
+  bool earlier_runs_left_out = false;
+  std::vector<IterationRecord> iterations;  // by iteration
   std::vector<std::pair<int64_t, double>> eval_loss;        // (iteration, eval_lm_loss)
   std::vector<std::pair<std::string, std::string>> config;  // config.yaml, in file order
   std::string device;                // "NVIDIA H200 (sm_90, ...)"; empty if no log

@@ -1,0 +1,281 @@
+#include "tessera/train/run_directories.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/config/blend.h"
+#include "tessera/core/error.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kLockFile = ".tessera.lock";
+constexpr const char* kPreviousRuns = "previous_runs";
+// A run's own files in the experiment root, moved aside when another run starts there.
+constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.yaml", "logs", "traces"};
+
+std::string origin_of(const Experiment& e, const std::string& key) {
+  const auto it = e.origin.find(key);
+  return it == e.origin.end() ? "default" : it->second;
+}
+
+// Creates `dir` if needed and proves it writable with a probe file, before any work: a run
+// must not find out at its first save, after its training time, that it cannot write.
+// Throws ConfigError naming `key` and the reason.
+void claim_writable_directory(const fs::path& dir, const std::string& key, const std::string& value,
+                              const std::string& origin) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!ec && !fs::is_directory(dir)) ec = std::make_error_code(std::errc::not_a_directory);
+  if (!ec) {
+    const fs::path probe = dir / fmt::format(".tessera-write-test-{}", ::getpid());
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+      ec = std::error_code(errno, std::generic_category());
+    } else {
+      ::close(fd);
+      fs::remove(probe, ec);
+    }
+  }
+  if (!ec) return;
+  std::string why = ec.message();
+  if (ec == std::errc::filename_too_long)
+    why += " (a path component longer than the file system's 255-byte limit?)";
+  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
+    why += " (a path component is a regular file)";
+  throw ConfigError(
+      origin, key, value,
+      fmt::format("a directory Tessera can create and write: {} is not ({})", dir.string(), why));
+}
+
+// The experiment root comes from four keys; name the one whose part of the path is at fault.
+void claim_experiment_root(const Experiment& e) {
+  const fs::path root = e.experiment_root();
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"exp_name", e.exp_name},
+                                   {"user_name", e.user_name},
+                                   {"work_group", e.work_group}})
+    if (value.size() > 255)
+      throw ConfigError(
+          origin_of(e, key), key, value.substr(0, 40) + "...",
+          fmt::format("a directory name of at most 255 bytes (it has {})", value.size()));
+  claim_writable_directory(root, "workspace", e.workspace, origin_of(e, "workspace"));
+}
+
+bool process_alive(long pid) {
+  return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM);
+}
+
+std::string this_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (char& c : raw)
+    if (c == '\0') c = ' ';
+  while (!raw.empty() && raw.back() == ' ') raw.pop_back();
+  return raw;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The run id of the last line of `metrics` that has one; empty when none has.
+std::string last_run_id(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::string id;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("run_id") && j["run_id"].is_string()) id = j["run_id"].get<std::string>();
+    } catch (const nlohmann::json::exception&) {
+      // A line cut by a killed run: the lines before it still tell the run.
+    }
+  }
+  return id;
+}
+
+// Moves the previous run's files out of `root`, into previous_runs/<its id> (or, for a run
+// from before run ids, the time its metrics were last written). Returns what it did, or "".
+std::string archive_previous_run(const fs::path& root, const std::string& previous_id) {
+  bool any = false;
+  for (const char* f : kRunFiles) any = any || fs::exists(root / f);
+  if (!any) return "";
+  std::string name = previous_id;
+  if (name.empty()) {
+    std::error_code ec;
+    const auto t = fs::last_write_time(root / "metrics.jsonl", ec);
+    name = ec ? "unnamed" : fmt::format("before-run-ids-{}", t.time_since_epoch().count());
+  }
+  fs::path dest = root / kPreviousRuns / name;
+  for (int n = 2; fs::exists(dest); ++n)
+    dest = root / kPreviousRuns / fmt::format("{}.{}", name, n);
+  fs::create_directories(dest);
+  for (const char* f : kRunFiles)
+    if (fs::exists(root / f)) fs::rename(root / f, dest / f);
+  return fmt::format(
+      "the previous run's files (metrics.jsonl, config.yaml, logs) in {} moved to {}",
+      root.string(), dest.string());
+}
+
+// Files named *.tmp-<PID> whose process is gone, and (in a locked save directory, where no
+// live run writes) unfinished iter_*.tmp checkpoint directories. Returns the paths removed.
+std::vector<std::string> remove_stale_temporaries(const fs::path& dir, bool locked_save_dir) {
+  static const std::regex kPidTemp(R"(.*\.tmp-([0-9]+))");
+  static const std::regex kCheckpointTemp(R"(iter_[0-9]+\.tmp)");
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    const bool stale =
+        (std::regex_match(name, m, kPidTemp) && !process_alive(std::stol(m[1].str()))) ||
+        (locked_save_dir && std::regex_match(name, kCheckpointTemp));
+    if (!stale) continue;
+    std::error_code rm;
+    fs::remove_all(entry.path(), rm);
+    if (!rm) removed.push_back(entry.path().string());
+  }
+  return removed;
+}
+
+// The directories the data's index caches are written to: data_cache_path, else beside
+// each dataset prefix.
+std::vector<fs::path> data_cache_dirs(const Experiment& e) {
+  if (!e.data.data_cache_path.empty()) return {e.data.data_cache_path};
+  std::vector<fs::path> dirs;
+  for (const std::string* blend :
+       {&e.data.data_path, &e.data.train_data_path, &e.data.valid_data_path}) {
+    if (blend->empty() || is_text_corpus_path(*blend)) continue;
+    try {
+      for (const BlendEntry& b : parse_blend(*blend, "", ""))
+        dirs.push_back(fs::path(b.prefix).parent_path());
+    } catch (const ConfigError&) {
+      // Validation has already accepted it; nothing to clean where nothing parses.
+    }
+  }
+  return dirs;
+}
+
+}  // namespace
+
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what,
+                             const std::string& key, const std::string& origin) {
+  const fs::path path = fs::path(dir) / kLockFile;
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw ConfigError(
+        origin, key, dir,
+        fmt::format("{} Tessera can lock: {}: {}", what, path.string(), std::strerror(errno)));
+  const std::string previous = read_file(path);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    const std::string holder = previous.empty() ? "another process" : previous;
+    throw ConfigError(origin, key, dir,
+                      error == EWOULDBLOCK
+                          ? fmt::format("{} no other run is using: {} holds it (lock file {}); "
+                                        "wait for it, stop it, or choose another {}",
+                                        what, holder, path.string(), key)
+                          : fmt::format("{} Tessera can lock: {}: {}", what, path.string(),
+                                        std::strerror(error)));
+  }
+  // The lock is ours, so whoever the file names is gone: a killed run's lock.
+  if (!previous.empty()) stale_holder_ = previous;
+  const std::string me = fmt::format("PID {} ({})", ::getpid(), this_command_line());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
+    // The lock holds without the note; only the message of a second run gets vaguer.
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ < 0) return;
+  // Emptied before release: a lock file with content always names a run that holds it or
+  // died holding it.
+  if (::ftruncate(fd_, 0) != 0) {
+  }
+  ::close(fd_);
+}
+
+std::string new_run_id() {
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::random_device rd;
+  return fmt::format("{:04d}{:02d}{:02d}-{:02d}{:02d}{:02d}-{:04x}", utc.tm_year + 1900,
+                     utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                     rd() & 0xffff);
+}
+
+void check_run_outputs(const Experiment& e) {
+  claim_experiment_root(e);
+  if (!e.checkpoint.save.empty())
+    claim_writable_directory(e.checkpoint.save, "save", e.checkpoint.save, origin_of(e, "save"));
+}
+
+RunDirectories prepare_run_directories(const Experiment& e, const std::string& resume_dir) {
+  RunDirectories d;
+  const fs::path root = e.experiment_root();
+  d.locks.push_back(std::make_unique<DirectoryLock>(root.string(), "an experiment directory",
+                                                    "exp_name", origin_of(e, "exp_name")));
+  const CheckpointConfig& c = e.checkpoint;
+  std::string resumed_id;
+  if (!resume_dir.empty()) resumed_id = Checkpoint(resume_dir).state().run_id;
+  d.run_id = resumed_id.empty() ? new_run_id() : resumed_id;
+
+  if (!c.save.empty()) {
+    if (!fs::equivalent(c.save, root))
+      d.locks.push_back(std::make_unique<DirectoryLock>(c.save, "a save directory", "save",
+                                                        origin_of(e, "save")));
+    const auto saved = saved_checkpoints(c.save);
+    const bool resumes_from_save =
+        !resume_dir.empty() && fs::equivalent(fs::path(resume_dir).parent_path(), c.save);
+    if (!saved.empty() && !resumes_from_save)
+      throw ConfigError(
+          origin_of(e, "save"), "save", c.save,
+          fmt::format("a save directory without another run's checkpoints: it "
+                      "holds {} (iterations {} to {}), which this run's "
+                      "ckpt_keep_last would delete; resume that run with --load "
+                      "{}, or choose another save directory",
+                      saved.size(), saved.front().iteration, saved.back().iteration, c.save));
+    for (const std::string& f : remove_stale_temporaries(c.save, /*locked_save_dir=*/true))
+      d.notes.push_back("removed " + f + ", left by a killed run");
+  }
+  for (const auto& lock : d.locks)
+    if (!lock->stale_holder().empty())
+      d.notes.push_back("took over a lock left by " + lock->stale_holder() + ", which has ended");
+
+  const std::string previous = last_run_id(root / "metrics.jsonl");
+  const bool continues = !resumed_id.empty() && previous == resumed_id;
+  if (!continues)
+    if (std::string moved = archive_previous_run(root, previous); !moved.empty())
+      d.notes.push_back(moved);
+  for (const fs::path& dir : {root, root / "traces"})
+    for (const std::string& f : remove_stale_temporaries(dir, false))
+      d.notes.push_back("removed " + f + ", left by a killed run");
+  for (const fs::path& dir : data_cache_dirs(e))
+    for (const std::string& f : remove_stale_temporaries(dir, false))
+      d.notes.push_back("removed " + f + ", left by a killed run");
+  return d;
+}
+
+}  // namespace tessera

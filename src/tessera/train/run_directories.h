@@ -1,0 +1,65 @@
+#pragma once
+// The directories a training run writes, claimed and prepared before any work starts, so that
+// a run fails early and clearly instead of after its training time, and never loses or
+// deletes another run's files:
+//   - the experiment root and the save directory must be creatable and writable (ConfigError,
+//     exit 2, naming the key, the path and the reason);
+//   - each is locked for the life of the run; a second run there exits 2 naming the holder's
+//     PID and command; a lock left by a dead process is taken over;
+//   - a save directory holding another run's checkpoints is refused unless the run resumes
+//     from it (its pruning would delete them);
+//   - a previous run's metrics, config and logs in the experiment root move to
+//     previous_runs/<its run id>/ unless this run continues it (resumes its checkpoint);
+//   - temporary files left by killed runs (unfinished checkpoints, .tmp-PID files of dead
+//     processes) are removed.
+// Every run has an id, written into each metrics.jsonl line and each checkpoint; a resumed
+// run keeps its checkpoint's.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/config/config.h"
+
+namespace tessera {
+
+// An exclusive claim on a directory: DIR/.tessera.lock holds this process's PID and command
+// line and is flock()ed, so that the claim ends when the process does, however it ends.
+class DirectoryLock {
+ public:
+  // `what` names the directory in messages ("an experiment directory"); `key`
+  // and `origin` the configuration key that chose it. Throws ConfigError when a live process
+  // holds the lock.
+  DirectoryLock(const std::string& dir, const std::string& what, const std::string& key,
+                const std::string& origin);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+  // "PID 123 (tessera train ...)" of a dead process whose lock was taken over; else empty.
+  const std::string& stale_holder() const { return stale_holder_; }
+
+ private:
+  int fd_ = -1;
+  std::string stale_holder_;
+};
+
+struct RunDirectories {
+  std::string run_id;
+  std::vector<std::string> notes;  // what preparing did, for the run's log
+  std::vector<std::unique_ptr<DirectoryLock>> locks;
+};
+
+// Every rank, before any work: the experiment root and the save directory exist and can be
+// written. Throws ConfigError naming the key.
+void check_run_outputs(const Experiment& e);
+
+// For the process that writes a run's shared files (rank 0), after check_run_outputs.
+// `resume_dir` is the checkpoint the run resumes (checkpoint_to_resume), empty for a fresh
+// start.
+RunDirectories prepare_run_directories(const Experiment& e, const std::string& resume_dir);
+
+// "20261124-013512-3f9c": when the run started, and a random tail for runs started within
+// the same second.
+std::string new_run_id();
+
+}  // namespace tessera
