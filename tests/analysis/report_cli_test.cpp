@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "trace_builder.h"
@@ -35,6 +36,15 @@ std::string read(const fs::path& p) {
   std::stringstream s;
   s << std::ifstream(p).rdbuf();
   return s.str();
+}
+
+// Every path under `dir` but the CLI's own log: what a failed command must leave unchanged.
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> paths;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().filename() != "cli.log") paths.insert(fs::relative(e.path(), dir).string());
+  }
+  return paths;
 }
 
 std::string sample_trace(const fs::path& dir, const std::string& name, double gemm_us) {
@@ -175,6 +185,36 @@ TEST(ReportCli, BadTracesExitThreeNamingTheFile) {
     EXPECT_EQ(r.code, 3) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.file), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(c.says), std::string::npos) << r.output;
+  }
+}
+
+TEST(ReportCli, JsonThatIsNotATraceExitsThreeAndWritesNothing) {
+  const auto dir = test_dir();
+  testing::write_file(dir / "a.json", R"({"a": 1})");
+  testing::write_file(dir / "metrics.jsonl",
+                      "{\"iteration\": 1, \"lm_loss\": 9.5}\n"
+                      "{\"iteration\": 2, \"lm_loss\": 9.1}\n");
+  const std::set<std::string> before = listing(dir);
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {
+      {"report a.json",
+       "a.json: not a Chrome/PyTorch profiler trace (a JSON object with a \"traceEvents\" "
+       "array of events, or a JSON array of events): found a JSON object with members \"a\""},
+      {"report metrics.jsonl -o out",
+       "metrics.jsonl: not a Chrome/PyTorch profiler trace (a JSON object with a "
+       "\"traceEvents\" array of events, or a JSON array of events): found a JSON object with "
+       "members \"iteration\", \"lm_loss\" and more JSON objects after it (JSON Lines, e.g. "
+       "metrics.jsonl)"},
+      {"report --compare a.json a.json", "a.json: not a Chrome/PyTorch profiler trace"},
+  };
+  for (const Case& c : cases) {
+    CliRun r = tessera(c.args, dir);
+    EXPECT_EQ(r.code, 3) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("wrote"), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(listing(dir), before) << c.args;
   }
 }
 
