@@ -218,5 +218,47 @@ TEST(ReportCli, JsonThatIsNotATraceExitsThreeAndWritesNothing) {
   }
 }
 
+// A cut trace fails only once parsed: a bad option must be reported first, with exit 2.
+TEST(ReportCli, OptionsAndOutputDirectoryAreCheckedBeforeAnyTraceIsRead) {
+  const auto dir = test_dir();
+  testing::write_file(dir / "cut.json", R"({"traceEvents": [{"ph": "X", "name": "k")");
+  testing::write_file(dir / "notes.txt", "precious");
+  fs::create_directories(dir / "run");
+  testing::write_file(dir / "run" / "rank-0.json", R"({"traceEvents": [{"ph": "X")");
+  const std::set<std::string> before = listing(dir);
+  const std::string under_file =
+      "key 'o' has value 'notes.txt/out': expected a directory that "
+      "can be created and written (notes.txt is a regular file, not a "
+      "directory)";
+  struct Case {
+    const char* args;
+    std::string says;
+  } cases[] = {
+      {"report cut.json --gpu H300",
+       "key 'gpu' has value 'H300': expected one of H100, H200, B200"},
+      {"report --compare cut.json cut.json --gpu h300", "key 'gpu' has value 'h300'"},
+      {"report cut.json -o notes.txt/out", under_file},
+      {"report cut.json -o notes.txt",
+       "key 'o' has value 'notes.txt': expected a directory that can be created and written "
+       "(notes.txt is a regular file, not a directory)"},
+      {"report --compare cut.json cut.json -o notes.txt/out", under_file},
+      {"report --ranks run -o notes.txt/out", under_file},
+  };
+  for (const Case& c : cases) {
+    CliRun r = tessera(c.args, dir);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("truncated"), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(listing(dir), before) << c.args;
+  }
+  EXPECT_EQ(read(dir / "notes.txt"), "precious");
+  // Both traces are opened before either is parsed.
+  sample_trace(dir, "a.json", 10);
+  CliRun r = tessera("report --compare a.json missing.json", dir);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("missing.json: cannot open trace"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("parsed"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace tessera::analysis
