@@ -260,5 +260,16 @@ TEST(ReportCli, OptionsAndOutputDirectoryAreCheckedBeforeAnyTraceIsRead) {
   EXPECT_EQ(r.output.find("parsed"), std::string::npos) << r.output;
 }
 
+// Files appear only when the whole report is written: a failure leaves none, not even a part.
+TEST(ReportCli, AFailedWriteLeavesNoPartOfTheReport) {
+  const auto dir = test_dir();
+  sample_trace(dir, "t.json", 10);
+  fs::create_directories(dir / "out" / "summary.md.tmp");  // the markdown cannot be written
+  CliRun r = tessera("report t.json -o out", dir);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("summary.md.tmp: cannot write"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(dir / "out")) << "left: " << testing::json(listing(dir / "out"));
+}
+
 }  // namespace
 }  // namespace tessera::analysis
