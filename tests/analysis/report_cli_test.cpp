@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "trace_builder.h"
@@ -35,6 +36,15 @@ std::string read(const fs::path& p) {
   std::stringstream s;
   s << std::ifstream(p).rdbuf();
   return s.str();
+}
+
+// Every path under `dir` but the CLI's own log: what a failed command must leave unchanged.
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> paths;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().filename() != "cli.log") paths.insert(fs::relative(e.path(), dir).string());
+  }
+  return paths;
 }
 
 std::string sample_trace(const fs::path& dir, const std::string& name, double gemm_us) {
@@ -176,6 +186,89 @@ TEST(ReportCli, BadTracesExitThreeNamingTheFile) {
     EXPECT_NE(r.output.find(c.file), std::string::npos) << r.output;
     EXPECT_NE(r.output.find(c.says), std::string::npos) << r.output;
   }
+}
+
+TEST(ReportCli, JsonThatIsNotATraceExitsThreeAndWritesNothing) {
+  const auto dir = test_dir();
+  testing::write_file(dir / "a.json", R"({"a": 1})");
+  testing::write_file(dir / "metrics.jsonl",
+                      "{\"iteration\": 1, \"lm_loss\": 9.5}\n"
+                      "{\"iteration\": 2, \"lm_loss\": 9.1}\n");
+  const std::set<std::string> before = listing(dir);
+  struct Case {
+    const char* args;
+    const char* says;
+  } cases[] = {
+      {"report a.json",
+       "a.json: not a Chrome/PyTorch profiler trace (a JSON object with a \"traceEvents\" "
+       "array of events, or a JSON array of events): found a JSON object with members \"a\""},
+      {"report metrics.jsonl -o out",
+       "metrics.jsonl: not a Chrome/PyTorch profiler trace (a JSON object with a "
+       "\"traceEvents\" array of events, or a JSON array of events): found a JSON object with "
+       "members \"iteration\", \"lm_loss\" and more JSON objects after it (JSON Lines, e.g. "
+       "metrics.jsonl)"},
+      {"report --compare a.json a.json", "a.json: not a Chrome/PyTorch profiler trace"},
+  };
+  for (const Case& c : cases) {
+    CliRun r = tessera(c.args, dir);
+    EXPECT_EQ(r.code, 3) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("wrote"), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(listing(dir), before) << c.args;
+  }
+}
+
+// A cut trace fails only once parsed: a bad option must be reported first, with exit 2.
+TEST(ReportCli, OptionsAndOutputDirectoryAreCheckedBeforeAnyTraceIsRead) {
+  const auto dir = test_dir();
+  testing::write_file(dir / "cut.json", R"({"traceEvents": [{"ph": "X", "name": "k")");
+  testing::write_file(dir / "notes.txt", "precious");
+  fs::create_directories(dir / "run");
+  testing::write_file(dir / "run" / "rank-0.json", R"({"traceEvents": [{"ph": "X")");
+  const std::set<std::string> before = listing(dir);
+  const std::string under_file =
+      "key 'o' has value 'notes.txt/out': expected a directory that "
+      "can be created and written (notes.txt is a regular file, not a "
+      "directory)";
+  struct Case {
+    const char* args;
+    std::string says;
+  } cases[] = {
+      {"report cut.json --gpu H300",
+       "key 'gpu' has value 'H300': expected one of H100, H200, B200"},
+      {"report --compare cut.json cut.json --gpu h300", "key 'gpu' has value 'h300'"},
+      {"report cut.json -o notes.txt/out", under_file},
+      {"report cut.json -o notes.txt",
+       "key 'o' has value 'notes.txt': expected a directory that can be created and written "
+       "(notes.txt is a regular file, not a directory)"},
+      {"report --compare cut.json cut.json -o notes.txt/out", under_file},
+      {"report --ranks run -o notes.txt/out", under_file},
+  };
+  for (const Case& c : cases) {
+    CliRun r = tessera(c.args, dir);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("truncated"), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(listing(dir), before) << c.args;
+  }
+  EXPECT_EQ(read(dir / "notes.txt"), "precious");
+  // Both traces are opened before either is parsed.
+  sample_trace(dir, "a.json", 10);
+  CliRun r = tessera("report --compare a.json missing.json", dir);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("missing.json: cannot open trace"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("parsed"), std::string::npos) << r.output;
+}
+
+// Files appear only when the whole report is written: a failure leaves none, not even a part.
+TEST(ReportCli, AFailedWriteLeavesNoPartOfTheReport) {
+  const auto dir = test_dir();
+  sample_trace(dir, "t.json", 10);
+  fs::create_directories(dir / "out" / "summary.md.tmp");  // the markdown cannot be written
+  CliRun r = tessera("report t.json -o out", dir);
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("summary.md.tmp: cannot write"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(dir / "out")) << "left: " << testing::json(listing(dir / "out"));
 }
 
 }  // namespace

@@ -126,6 +126,28 @@ TEST(TraceScanner, NonJsonAndBadEventsAreDataErrors) {
   expect_data_error((dir / "missing.json").string(), {"cannot open"});
 }
 
+TEST(TraceScanner, JsonThatIsNotATraceSaysWhatItIs) {
+  const auto dir = test_dir();
+  const std::string not_a_trace = "not a Chrome/PyTorch profiler trace";
+  expect_data_error(write_file(dir / "a.json", R"({"a": 1})"),
+                    {not_a_trace, R"(found a JSON object with members "a")"});
+  expect_data_error(write_file(dir / "empty.json", "{}"), {not_a_trace, "an empty JSON object"});
+  expect_data_error(write_file(dir / "many.json", R"({"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7})"),
+                    {R"("a", "b", "c", "d", "e", ... (7 members))"});
+  expect_data_error(write_file(dir / "metrics.jsonl",
+                               "{\"iteration\": 1, \"lm_loss\": 9.5}\n"
+                               "{\"iteration\": 2, \"lm_loss\": 9.1}\n"),
+                    {not_a_trace, R"("iteration", "lm_loss")", "JSON Lines"});
+  expect_data_error(write_file(dir / "object.json", R"({"traceEvents": {"ph": "X"}})"),
+                    {not_a_trace, R"("traceEvents" starting with '{', not '[')"});
+  expect_data_error(write_file(dir / "records.json", R"([{"name": "a"}, {"name": "b"}])"),
+                    {not_a_trace, "2 objects where the events belong, none with the \"ph\""});
+  // An empty trace is still a trace (the report warns that it has no GPU activity).
+  EXPECT_EQ(TraceData::load(write_file(dir / "none.json", R"({"traceEvents": []})"), false)
+                .info.read.events,
+            0u);
+}
+
 TEST(TraceReader, DecodesFieldsAndArgs) {
   TraceBuilder b(test_dir());
   b.kernel("gemm", 1000.25, 3.5,

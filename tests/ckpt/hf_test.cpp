@@ -7,6 +7,7 @@
 // tests/model/torch_parity_test.cpp logits agree to ~1e-6 relative and 1e-5 is the bound.
 #include <cmath>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -415,6 +416,56 @@ TEST(ConvertCli, RefusesToOverwriteAndNamesMissingInputs) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "a size such as 5GB")) << r.output;
   EXPECT_EQ(run_tessera("convert --help").exit_code, 0);
+}
+
+// Every path under `dir`: what a refused command must leave unchanged.
+std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> paths;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    paths.insert(fs::relative(e.path(), dir).string());
+  return paths;
+}
+
+TEST(ConvertCli, UnusableOutputLocationsExitTwoBeforeTheSourceIsRead) {
+  ScratchDir dir;
+  Logger log("", 0, false, false);
+  const std::string save = (dir / "ckpt").string();
+  make_trainer(tiny_experiment(dir.path(), "save: " + save + "\n"), log)->train();
+  write_file(dir / "notes.txt", "precious");
+  write_file(dir / "tokens.txt", "1 2 3\n");
+  const std::set<std::string> before = listing(dir.path());
+  const std::string file = (dir / "notes.txt").string();
+  const std::string under_file = " is a regular file, not a directory)";
+  struct Case {
+    std::string args, says;
+  } cases[] = {
+      {"--to-hf " + file + "/out", "key 'to-hf' has value '" + file +
+                                       "/out': expected a directory that can be created and " +
+                                       "written (" + file + under_file},
+      {"--to-hf " + file, "key 'to-hf' has value '" + file + "'"},
+      {"--to " + file + "/out/ckpt", "key 'to' has value '" + file + "/out/ckpt'"},
+      {"--check-logits " + (dir / "tokens.txt").string() + " --out " + file + "/logits.st",
+       "key 'out' has value '" + file + "/logits.st': expected a file that can be written (" +
+           file + under_file},
+  };
+  for (const Case& c : cases) {
+    const RunResult r = run_tessera("convert --from " + save + " " + c.args);
+    EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "error: command line: " + c.says)) << c.args << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, under_file)) << c.args << "\n" << r.output;
+    EXPECT_EQ(listing(dir.path()), before) << c.args;
+  }
+  EXPECT_EQ(read_file(dir / "notes.txt"), "precious");
+  // Checked before the source is opened: a missing one would give exit code 3.
+  RunResult r =
+      run_tessera("convert --from " + (dir / "nowhere").string() + " --to-hf " + file + "/out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  // "out/" names the directory "out": the export lands there, with no OUT.tmp left beside it.
+  r = run_tessera("convert --from " + save + " --to-hf " + (dir / "hf").string() + "/");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "hf" / "config.json"));
+  EXPECT_FALSE(fs::exists(dir / "hf.tmp"));
+  EXPECT_FALSE(fs::exists(dir / "hf" / ".tmp"));
 }
 
 }  // namespace

@@ -58,6 +58,14 @@ std::optional<GpuSpec> find_gpu_spec(std::string_view name_or_device) {
   return std::nullopt;
 }
 
+GpuSpec require_gpu_spec(std::string_view name) {
+  if (auto spec = find_gpu_spec(name)) return *spec;
+  std::string known;
+  for (const GpuSpec& s : load_gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
+  throw ConfigError("command line", "gpu", std::string(name),
+                    "one of " + known + " (configs/gpus.yaml)");
+}
+
 double peak_tflops(const GpuSpec& spec, std::string_view dtype) {
   if (dtype == "bf16") return spec.bf16_tflops;
   if (dtype == "fp16") return spec.fp16_tflops;

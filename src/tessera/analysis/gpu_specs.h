@@ -19,6 +19,8 @@ struct GpuSpec {
 std::vector<GpuSpec> load_gpu_specs();
 // By name ("h200" works too) or, failing that, by the match substrings of a device name.
 std::optional<GpuSpec> find_gpu_spec(std::string_view name_or_device);
+// The spec a --gpu option names (as find_gpu_spec); throws ConfigError listing the known names.
+GpuSpec require_gpu_spec(std::string_view name);
 // Dense peak for an element type name from dtype_info() (fp8_e4m3 -> fp8 peak); 0 if none.
 double peak_tflops(const GpuSpec& spec, std::string_view dtype);
 

@@ -99,7 +99,22 @@ std::string describe(int c) {
   return fmt::format("byte 0x{:02x}", c & 0xff);
 }
 
+// `"a", "b", "c", ... (12 members)`: enough to recognise what the file is.
+std::string member_list(const std::vector<std::string>& keys, size_t count) {
+  std::string out;
+  for (const std::string& k : keys) out += (out.empty() ? "\"" : ", \"") + k + "\"";
+  if (count > keys.size()) out += fmt::format(", ... ({} members)", count);
+  return out;
+}
+
 }  // namespace
+
+void throw_not_a_trace(const std::string& path, const std::string& found) {
+  throw DataError(fmt::format(
+      "{}: not a Chrome/PyTorch profiler trace (a JSON object with a \"traceEvents\" array of "
+      "events, or a JSON array of events): found {}",
+      path, found));
+}
 
 std::unique_ptr<ByteSource> open_byte_source(const std::string& path) {
   std::error_code ec;
@@ -282,7 +297,9 @@ void TraceScanner::scan(const Handler& handler) {
     scan_events(handler);
   } else if (c == '{') {
     ++pos_;
-    bool first = true;
+    bool first = true, has_events = false;
+    std::vector<std::string> keys;  // the first few, to say what the file is if not a trace
+    size_t members = 0;
     for (;;) {
       c = peek();
       if (c == '}' && first) {
@@ -290,8 +307,14 @@ void TraceScanner::scan(const Handler& handler) {
         break;
       }
       std::string key = read_key();
-      if (key == "traceEvents" && peek() == '[') {
+      if (++members <= 5) keys.push_back(key);
+      if (key == "traceEvents") {
+        if (peek() != '[') {
+          throw_not_a_trace(
+              path_, fmt::format("\"traceEvents\" starting with {}, not '['", describe(peek())));
+        }
         scan_events(handler);
+        has_events = true;
       } else {
         PaddedText value = capture_value();
         if (handler.on_member) handler.on_member(key, value.view());
@@ -309,6 +332,14 @@ void TraceScanner::scan(const Handler& handler) {
       if (c < 0)
         fail("file ends before the '}' closing the trace (truncated trace?)", bytes_scanned());
       fail_here("',' or '}' after a top-level member");
+    }
+    if (!has_events) {
+      std::string found = members == 0 ? "an empty JSON object"
+                                       : "a JSON object with members " + member_list(keys, members);
+      // Lines of JSON objects: a metrics.jsonl, or events written without the trace around them.
+      if (peek() == '{')
+        found += " and more JSON objects after it (JSON Lines, e.g. metrics.jsonl)";
+      throw_not_a_trace(path_, found);
     }
   } else {
     fail_here("'{' or '[' starting a Chrome trace (is this a JSON trace file?)");

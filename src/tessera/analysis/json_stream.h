@@ -33,6 +33,9 @@ class ByteSource {
 
 std::unique_ptr<ByteSource> open_byte_source(const std::string& path);
 
+// Throws DataError for valid JSON that is not a trace; `found` says what the file holds instead.
+[[noreturn]] void throw_not_a_trace(const std::string& path, const std::string& found);
+
 // A piece of JSON text that simdjson may parse in place: `capacity` >= size + padding bytes
 // are readable from `data`.
 struct PaddedText {
@@ -56,7 +59,8 @@ class TraceScanner {
   // `chunk_bytes`: read granularity (tests use tiny chunks to exercise refills).
   TraceScanner(std::string path, std::unique_ptr<ByteSource> source, size_t chunk_bytes = 8u << 20);
   // Scans the whole file. Throws DataError (file name, byte offset, what was expected) on
-  // anything that is not a complete Chrome-trace JSON document.
+  // anything that is not a complete Chrome-trace JSON document, and (throw_not_a_trace) on a
+  // JSON object without a traceEvents array, such as a metrics.jsonl line.
   void scan(const Handler& handler);
   uint64_t bytes_scanned() const { return base_ + (pos_ - buf_.data()); }
   const ByteSource& source() const { return *source_; }

@@ -10,21 +10,12 @@
 #include "tessera/analysis/progress.h"
 #include "tessera/analysis/shapes.h"
 #include "tessera/analysis/timeline.h"
-#include "tessera/core/error.h"
 
 namespace tessera::analysis {
 namespace {
 
 std::optional<GpuSpec> choose_gpu(const TraceData& data, const ReportOptions& options) {
-  if (!options.gpu.empty()) {
-    auto spec = find_gpu_spec(options.gpu);
-    if (!spec) {
-      std::string known;
-      for (const GpuSpec& s : load_gpu_specs()) known += (known.empty() ? "" : ", ") + s.name;
-      throw ConfigError("command line", "gpu", options.gpu, "one of " + known);
-    }
-    return spec;
-  }
+  if (!options.gpu.empty()) return require_gpu_spec(options.gpu);
   for (const std::string& device : data.info.devices) {
     if (auto spec = find_gpu_spec(device)) return spec;
   }

@@ -209,6 +209,7 @@ ReadStats read_trace(const std::string& path,
   od::parser parser;
   ReadStats stats;
   TraceEvent event;
+  uint64_t with_phase = 0;
   TraceScanner::Handler handler;
   handler.on_member = on_member;
   handler.on_event = [&](const PaddedText& text, uint64_t offset) {
@@ -221,10 +222,17 @@ ReadStats read_trace(const std::string& path,
                                   path, offset, err.what(), text.view()));
     }
     ++stats.events;
+    with_phase += event.ph != 0;
     on_event(event);
   };
   handler.on_progress = [&](uint64_t bytes) { bar.update(bytes, stats.events); };
   scanner.scan(handler);
+  // Every trace event has a phase: a list of other JSON objects is some other file.
+  if (stats.events > 0 && with_phase == 0) {
+    throw_not_a_trace(path, fmt::format("{} objects where the events belong, none with the "
+                                        "\"ph\" (phase) member every trace event has",
+                                        stats.events));
+  }
   stats.seconds = bar.finish();
   stats.file_bytes = scanner.source().file_size();
   stats.json_bytes = scanner.bytes_scanned();

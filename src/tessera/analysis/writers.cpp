@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -83,30 +85,46 @@ void write_csv(const Table& table, const std::filesystem::path& file) {
 
 std::vector<std::string> write_report(const Report& report, const std::filesystem::path& dir,
                                       const OutputFormats& formats) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::function<void(const fs::path&)>>> outputs;
+  if (formats.xlsx)
+    outputs.emplace_back("report.xlsx", [&](const fs::path& f) { write_xlsx(report, f); });
+  if (formats.csv) {
+    for (const Table& t : report.tables)
+      outputs.emplace_back(t.name + ".csv", [&](const fs::path& f) { write_csv(t, f); });
+  }
+  if (formats.md)
+    outputs.emplace_back("summary.md", [&](const fs::path& f) { write_markdown(report, f); });
+  if (formats.html)
+    outputs.emplace_back("summary.html", [&](const fs::path& f) { write_html(report, f); });
+
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  const bool existed = fs::is_directory(dir, ec);
+  fs::create_directories(dir, ec);
   if (ec) {
     throw DataError(
         fmt::format("{}: cannot create output directory: {}", dir.string(), ec.message()));
   }
-  std::vector<std::string> written;
-  if (formats.xlsx) {
-    write_xlsx(report, dir / "report.xlsx");
-    written.push_back((dir / "report.xlsx").string());
-  }
-  if (formats.csv) {
-    for (const Table& t : report.tables) {
-      write_csv(t, dir / (t.name + ".csv"));
-      written.push_back((dir / (t.name + ".csv")).string());
+  // Every file is written under a temporary name and renamed once all are complete, so a failure
+  // leaves neither half a file nor half a report (nor a directory it created).
+  std::vector<fs::path> temps;
+  try {
+    for (const auto& [name, write] : outputs) {
+      temps.push_back(dir / (name + ".tmp"));
+      write(temps.back());
     }
+  } catch (...) {
+    for (const fs::path& t : temps) fs::remove(t, ec);
+    if (!existed) fs::remove(dir, ec);
+    throw;
   }
-  if (formats.md) {
-    write_markdown(report, dir / "summary.md");
-    written.push_back((dir / "summary.md").string());
-  }
-  if (formats.html) {
-    write_html(report, dir / "summary.html");
-    written.push_back((dir / "summary.html").string());
+  std::vector<std::string> written;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const fs::path file = dir / outputs[i].first;
+    fs::rename(temps[i], file, ec);
+    if (ec)
+      throw DataError(fmt::format("{}: cannot rename into place: {}", file.string(), ec.message()));
+    written.push_back(file.string());
   }
   return written;
 }

@@ -30,8 +30,9 @@ void write_xlsx(const Report& report, const std::filesystem::path& file);
 void write_markdown(const Report& report, const std::filesystem::path& file);
 void write_html(const Report& report, const std::filesystem::path& file);
 
-// Writes the chosen formats into `dir` (created if needed); returns the files written.
-// Throws DataError when a file cannot be written.
+// Writes the chosen formats into `dir` (created if needed); returns the files written. Files
+// appear only when all are complete (temporary names, then renames). Throws DataError when a file
+// cannot be written.
 std::vector<std::string> write_report(const Report& report, const std::filesystem::path& dir,
                                       const OutputFormats& formats);
 

@@ -16,6 +16,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/model_family.h"
 
@@ -107,6 +108,9 @@ ConvertOptions parse_args(const Args& args) {
                         "--shard-size (see tessera convert --help)");
     }
   }
+  // "out/" -> "out": the export is published by renaming OUT_DIR.tmp to OUT_DIR, which needs
+  // OUT_DIR to name an entry of its parent.
+  while (o.to_hf.size() > 1 && o.to_hf.ends_with('/')) o.to_hf.pop_back();
   if (o.from.empty() == o.from_hf.empty())
     throw ConfigError("command line", "from", o.from + o.from_hf,
                       "exactly one of --from CHECKPOINT and --from-hf HF_DIR");
@@ -120,8 +124,26 @@ ConvertOptions parse_args(const Args& args) {
 
 // Outputs never replace existing files: a mistyped path must not cost a model.
 void require_new_directory(const std::string& path, const char* key) {
-  if (fs::exists(path) && !(fs::is_directory(path) && fs::is_empty(path)))
-    throw ConfigError("command line", key, path, "a new or empty directory (it holds files)");
+  require_output_directory(path, "command line", key);
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_empty(path, ec)) {
+    throw ConfigError("command line", key, path,
+                      ec ? "a new or empty directory (cannot list it: " + ec.message() + ")"
+                         : "a new or empty directory (it holds files)");
+  }
+}
+
+// Every output location is checked before the source is read, so that a bad path fails at once
+// (exit 2) and not after loading or converting a model.
+void check_outputs(const ConvertOptions& o) {
+  if (!o.to_hf.empty()) {
+    require_new_directory(o.to_hf, "to-hf");
+    // The export is built in OUT_DIR.tmp beside OUT_DIR and renamed into place.
+    const fs::path parent = fs::path(o.to_hf).parent_path();
+    require_output_directory(parent.empty() ? fs::path(".") : parent, "command line", "to-hf");
+  }
+  if (!o.to.empty()) require_new_directory(o.to, "to");
+  if (!o.out.empty()) require_output_file(o.out, "command line", "out");
 }
 
 // The weights to convert: a Tessera checkpoint or a Hugging Face directory.
@@ -238,8 +260,7 @@ int convert_command(const Args& args) {
     }
   }
   const ConvertOptions o = parse_args(args);
-  if (!o.to_hf.empty()) require_new_directory(o.to_hf, "to-hf");
-  if (!o.to.empty()) require_new_directory(o.to, "to");
+  check_outputs(o);
   const Source src = open_source(o);
   const auto weights = [&](const ParamInfo& p) { return src.weights(p); };
   if (!o.to_hf.empty()) {

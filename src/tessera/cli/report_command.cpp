@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "tessera/analysis/compare.h"
+#include "tessera/analysis/gpu_specs.h"
+#include "tessera/analysis/json_stream.h"
 #include "tessera/analysis/progress.h"
 #include "tessera/analysis/ranks.h"
 #include "tessera/analysis/report.h"
@@ -14,6 +16,7 @@
 #include "tessera/analysis/writers.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 
 namespace tessera::cli {
 namespace {
@@ -117,6 +120,15 @@ std::string trace_stem(const std::string& path) {
   return name;
 }
 
+// -o, or the default: <trace stem>_report, A_vs_B_report or DIR_ranks_report.
+std::string output_dir(const Options& o) {
+  if (!o.out_dir.empty()) return o.out_dir;
+  if (!o.ranks_dir.empty())
+    return fs::path(o.ranks_dir).lexically_normal().filename().string() + "_ranks_report";
+  if (o.compare) return trace_stem(o.traces[0]) + "_vs_" + trace_stem(o.traces[1]) + "_report";
+  return trace_stem(o.traces[0]) + "_report";
+}
+
 void print_read(const an::TraceInfo& info) {
   const an::ReadStats& s = info.read;
   fmt::print("{}: {}\n", info.path,
@@ -140,26 +152,25 @@ int report_command(const Args& args) {
   }
   const Options o = parse(args);
   const an::OutputFormats formats = an::parse_formats(o.formats);
+  // Every option is checked before a trace is read: a typo must fail at once, not after minutes
+  // of parsing.
+  if (!o.gpu.empty()) an::require_gpu_spec(o.gpu);
+  const std::string out_dir = output_dir(o);
+  require_output_directory(out_dir, "command line", o.out_dir.empty() ? "o (default)" : "o");
+  // Every trace is opened before any is parsed: a missing B must not cost the minutes of A.
+  for (const std::string& trace : o.traces) an::open_byte_source(trace);
   an::ReportOptions ro;
   ro.gpu = o.gpu;
   ro.top_k = o.top_k.value_or(ro.top_k);
   an::Report report;
-  std::string out_dir = o.out_dir;
   if (!o.ranks_dir.empty()) {
     report = an::ranks_report(o.ranks_dir, /*progress=*/true, print_read);
-    if (out_dir.empty()) {
-      out_dir = fs::path(o.ranks_dir).lexically_normal().filename().string() + "_ranks_report";
-    }
   } else if (o.compare) {
     an::Report a = an::build_report(load(o.traces[0]), ro);
     an::Report b = an::build_report(load(o.traces[1]), ro);
     report = an::compare_reports(a, b);
-    if (out_dir.empty()) {
-      out_dir = trace_stem(o.traces[0]) + "_vs_" + trace_stem(o.traces[1]) + "_report";
-    }
   } else {
     report = an::build_report(load(o.traces[0]), ro);
-    if (out_dir.empty()) out_dir = trace_stem(o.traces[0]) + "_report";
   }
   for (const std::string& w : report.warnings) fmt::print(stderr, "warning: {}\n", w);
   const auto files = an::write_report(report, out_dir, formats);
