@@ -1,5 +1,6 @@
 // tessera: pretrain, benchmark and profile Llama-family models.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,11 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "{}\n", e.what());
       return 70;
     } catch (const tessera::Error& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return tessera::kExitRuntimeFailure;
+    } catch (const std::filesystem::filesystem_error& e) {
+      // Commands check their outputs before they start (core/output_path.h); what still fails
+      // (a disk that fills up, a directory removed under a run) is a runtime failure, not a crash.
       fmt::print(stderr, "error: {}\n", e.what());
       return tessera::kExitRuntimeFailure;
     }

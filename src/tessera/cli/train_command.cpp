@@ -144,6 +144,11 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
     log.record(LogLevel::Error, e.what());
     log.flush();
     throw;
+  } catch (const std::filesystem::filesystem_error& e) {
+    log.clear_progress();
+    log.record(LogLevel::Error, e.what());
+    log.flush();
+    throw;
   }
   log.info("outputs: {}", root.string());
 }

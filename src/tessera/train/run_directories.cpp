@@ -20,6 +20,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/config/blend.h"
 #include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 
 namespace tessera {
 namespace {
@@ -36,33 +37,20 @@ std::string origin_of(const Experiment& e, const std::string& key) {
   return it == e.origin.end() ? "default" : it->second;
 }
 
-// Creates `dir` if needed and proves it writable with a probe file, before any work: a run
-// must not find out at its first save, after its training time, that it cannot write.
-// Throws ConfigError naming `key` and the reason.
-void claim_writable_directory(const fs::path& dir, const std::string& key, const std::string& value,
-                              const std::string& origin) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!ec && !fs::is_directory(dir)) ec = std::make_error_code(std::errc::not_a_directory);
-  if (!ec) {
-    const fs::path probe = dir / fmt::format(".tessera-write-test-{}", ::getpid());
-    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-      ec = std::error_code(errno, std::generic_category());
-    } else {
-      ::close(fd);
-      fs::remove(probe, ec);
-    }
+// Checks that `dir` can be created and written (core/output_path.h), then creates it, before
+// any work: a run must not find out at its first save, after its training time, that it cannot
+// write. Throws ConfigError naming `key`.
+void claim_writable_directory(const fs::path& dir, const std::string& key,
+                              const std::string& value, const std::string& origin) {
+  std::optional<std::string> problem = output_directory_problem(dir);
+  if (!problem) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) problem = dir.string() + ": " + ec.message();
   }
-  if (!ec) return;
-  std::string why = ec.message();
-  if (ec == std::errc::filename_too_long)
-    why += " (a path component longer than the file system's 255-byte limit?)";
-  if (ec == std::errc::not_a_directory || ec == std::errc::file_exists)
-    why += " (a path component is a regular file)";
-  throw ConfigError(
-      origin, key, value,
-      fmt::format("a directory Tessera can create and write: {} is not ({})", dir.string(), why));
+  if (problem)
+    throw ConfigError(origin, key, value,
+                      "a directory that can be created and written (" + *problem + ")");
 }
 
 // The experiment root comes from four keys; name the one whose part of the path is at fault.
