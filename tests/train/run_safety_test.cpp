@@ -92,10 +92,14 @@ TEST(RunOutputs, UnwritableLocationsFailBeforeAnyWork) {
   EXPECT_TRUE(contains(r.output, "'exp_name'")) << r.output;
   EXPECT_TRUE(contains(r.output, "at most 255 bytes")) << r.output;
 
+}
+
+TEST(RunOutputs, AReadOnlyWorkspaceFailsBeforeAnyWork) {
   if (::geteuid() == 0) GTEST_SKIP() << "skipped: a read-only directory does not stop root";
+  ScratchDir dir;
   fs::create_directories(dir / "ro");
   fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
-  r = run_tessera(tiny_args(dir / "ro", "e") + " --train_iters 2");
+  const RunResult r = run_tessera(tiny_args(dir / "ro", "e") + " --train_iters 2");
   fs::permissions(dir / "ro", fs::perms::owner_all);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "Permission denied")) << r.output;
