@@ -1,6 +1,7 @@
 // Experiment loading: YAML files with `extends:` inheritance and ${VAR:default}
 // substitution, a model preset, and command-line overrides, merged in that order of
 // precedence into one typed Experiment.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -178,24 +179,33 @@ YAML::Node parse(const ConfigDoc& doc) {
 
 // Flattens one YAML file and its `extends:` ancestors (ancestors first, so later settings
 // win). Experiment-level structure (overrides:, modules.pre_trainer) is flattened too.
+// `stack`: the files being loaded, the first one extended by the second and so on.
 void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vector<Setting>* out) {
-  for (const auto& s : *stack)
-    if (s == doc.display)
-      throw ConfigError(doc.display, "extends", doc.display, "no cycle of extends: files");
   stack->push_back(doc.display);
   const YAML::Node root = parse(doc);
   if (const YAML::Node ext = root["extends"]) {
-    std::vector<std::string> parents;
+    std::vector<YAML::Node> parents;
     if (ext.IsSequence()) {
-      for (const auto& p : ext) parents.push_back(p.as<std::string>());
-    } else if (ext.IsScalar()) {
-      parents.push_back(ext.Scalar());
+      for (const YAML::Node& p : ext) parents.push_back(p);
     } else {
-      throw ConfigError(where(doc, ext), "extends", YAML::Dump(ext), "a file name or a list of file names");
+      parents.push_back(ext);
     }
     for (const auto& p : parents) {
-      const std::string ref = substitute(p, where(doc, ext), "extends");
-      load_chain(resolve(ref, doc.dir, where(doc, ext), "extends", ""), stack, out);
+      const std::string origin = where(doc, p);
+      if (!p.IsScalar())
+        throw ConfigError(origin, "extends", YAML::Dump(p), "a file name or a list of file names");
+      const ConfigDoc parent =
+          resolve(substitute(p.Scalar(), origin, "extends"), doc.dir, origin, "extends", "");
+      // The whole loop, so that the user sees which extends: to drop.
+      if (const auto again = std::find(stack->begin(), stack->end(), parent.display);
+          again != stack->end()) {
+        std::string chain;
+        for (auto it = again; it != stack->end(); ++it) chain += *it + " -> ";
+        throw ConfigError(origin, "extends", p.Scalar(),
+                          "no cycle of extends: files, but " + chain + parent.display +
+                              " loops; remove one extends: of this chain");
+      }
+      load_chain(parent, stack, out);
     }
   }
   for (const auto& kv : root) {

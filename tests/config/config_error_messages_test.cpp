@@ -1,0 +1,58 @@
+// Configuration mistakes users make on `tessera train`: each one exits 2,
+// writes nothing, and its message names the real cause and the fix rather than
+// a symptom further down the line.
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/run_command.h"
+#include "common/scratch_dir.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ConfigErrorMessage : public ::testing::Test {
+ protected:
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  }
+
+  // Runs `tessera train ARGS` in the scratch directory with a workspace inside
+  // it; expects exit code 2 and no file added there. Returns the output.
+  std::string train_error(const std::string& args) {
+    const std::set<fs::path> before = files();
+    const RunResult r = run_command("cd " + dir_.path().string() + " && " + TESSERA_BINARY +
+                                    " train " + args + " --workspace ws");
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_EQ(files(), before) << args << " wrote files";
+    return r.output;
+  }
+
+  std::set<fs::path> files() const {
+    std::set<fs::path> out;
+    for (const auto& f : fs::recursive_directory_iterator(dir_.path())) out.insert(f.path());
+    return out;
+  }
+
+  ScratchDir dir_;
+};
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST_F(ConfigErrorMessage, ExtendsCycleNamesTheWholeChain) {
+  write("a.yaml", "extends: b.yaml\n");
+  write("b.yaml", "model: tiny_llama\nextends: a.yaml\n");
+  const std::string out = train_error("--config a.yaml");
+  EXPECT_TRUE(contains(out, "b.yaml:2: key 'extends' has value 'a.yaml'")) << out;
+  EXPECT_TRUE(contains(out, "a.yaml -> b.yaml -> a.yaml loops; remove one extends:")) << out;
+}
+
+}  // namespace
+}  // namespace tessera::testing
