@@ -54,5 +54,17 @@ TEST_F(ConfigErrorMessage, ExtendsCycleNamesTheWholeChain) {
   EXPECT_TRUE(contains(out, "a.yaml -> b.yaml -> a.yaml loops; remove one extends:")) << out;
 }
 
+TEST_F(ConfigErrorMessage, ModelPresetAsExperimentSuggestsDashDashModel) {
+  for (const std::string preset : {"tiny_llama", "models/tiny_llama.yaml"}) {
+    const std::string out = train_error("--config " + preset);
+    EXPECT_TRUE(contains(out, "command line: key 'config' has value '" + preset + "'")) << out;
+    EXPECT_TRUE(contains(out, preset + " is a model preset: train it with --model " + preset))
+        << out;
+  }
+  // A preset with a shipped experiment of its own points to that too.
+  const std::string out = train_error("--config llama3.1_8B");
+  EXPECT_TRUE(contains(out, "its shipped experiment is --config llama3.1_8B-pretrain")) << out;
+}
+
 }  // namespace
 }  // namespace tessera::testing

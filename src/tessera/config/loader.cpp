@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -277,6 +278,28 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   return out;
 }
 
+// --config with a model preset's name would fail as a missing file (or, reached through
+// models/, load without data or training settings); say what it is and how to use it.
+ConfigDoc resolve_experiment(const std::string& ref) {
+  std::optional<ConfigDoc> doc;
+  try {
+    doc = resolve(ref, "", "command line", "config", "experiments");
+  } catch (const ConfigError&) {
+    if (!find_embedded("models/" + with_yaml_suffix(ref))) throw;
+  }
+  if (doc && !doc->display.starts_with(std::string(kEmbeddedPrefix) + "models/")) return *doc;
+  const std::string file = fs::path(with_yaml_suffix(ref)).filename().string();
+  const std::string pretrain = file.substr(0, file.rfind('.')) + "-pretrain";
+  throw ConfigError("command line", "config", ref,
+                    "an experiment (a name from configs/experiments or a YAML file), but " + ref +
+                        " is a model preset: train it with --model " + ref +
+                        " (on the shipped default experiment), or add --model " + ref +
+                        " to --config EXPERIMENT" +
+                        (find_embedded("experiments/" + pretrain + ".yaml")
+                             ? "; its shipped experiment is --config " + pretrain
+                             : ""));
+}
+
 void apply_settings(Experiment& e, const std::vector<Setting>& settings) {
   for (const auto& s : settings) {
     const KeySpec* spec = find_key(s.key);
@@ -302,7 +325,7 @@ Experiment load_experiment(const LoadOptions& options) {
   std::vector<Setting> cli = parse_cli(options.cli_overrides);
   ConfigDoc exp_doc = options.config_path.empty()
                           ? resolve(kDefaultExperiment, "", "command line", "config", "")
-                          : resolve(options.config_path, "", "command line", "config", "experiments");
+                          : resolve_experiment(options.config_path);
   std::vector<Setting> exp_settings;
   std::vector<std::string> stack;
   load_chain(exp_doc, &stack, &exp_settings);
