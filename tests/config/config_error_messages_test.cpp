@@ -66,5 +66,24 @@ TEST_F(ConfigErrorMessage, ModelPresetAsExperimentSuggestsDashDashModel) {
   EXPECT_TRUE(contains(out, "its shipped experiment is --config llama3.1_8B-pretrain")) << out;
 }
 
+TEST_F(ConfigErrorMessage, ShortTrainItersIsBlamedNotTheShippedWarmup) {
+  // The shipped default experiment warms up for 20 iterations.
+  const std::string out = train_error("--train_iters 5");
+  EXPECT_TRUE(contains(out,
+                       "command line: key 'train_iters' has value '5': expected at least "
+                       "lr_warmup_iters (20, set at <shipped>/experiments/default.yaml:"))
+      << out;
+  EXPECT_TRUE(contains(out,
+                       "lower --lr_warmup_iters to 5 or less, or raise --train_iters (or "
+                       "--lr_decay_iters) to 20 or more"))
+      << out;
+  // Set on the command line too, the warm-up is the value that does not fit.
+  const std::string both = train_error("--train_iters 5 --lr_warmup_iters 8");
+  EXPECT_TRUE(contains(both,
+                       "key 'lr_warmup_iters' has value '8': expected at most train_iters "
+                       "(5, set on the command line)"))
+      << both;
+}
+
 }  // namespace
 }  // namespace tessera::testing
