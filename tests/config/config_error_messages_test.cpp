@@ -85,5 +85,16 @@ TEST_F(ConfigErrorMessage, ShortTrainItersIsBlamedNotTheShippedWarmup) {
       << both;
 }
 
+TEST_F(ConfigErrorMessage, MisspelledFlagBeforeAnotherFlagSuggestsTheKey) {
+  for (const std::string args :
+       {"--trian_iters --lr 1e-3", "--trian_iters 5 --lr 1e-3", "--mock-dta --lr 1e-3"}) {
+    const std::string out = train_error(args);
+    EXPECT_TRUE(contains(out, "command line: key '")) << out;
+    EXPECT_TRUE(contains(out, "expected a known key; did you mean '")) << out;
+    EXPECT_TRUE(contains(out, args.starts_with("--mock") ? "'mock_data'" : "'train_iters'")) << out;
+    EXPECT_FALSE(contains(out, "a value after")) << out;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::testing

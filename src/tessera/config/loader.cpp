@@ -239,6 +239,14 @@ void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vect
   stack->pop_back();
 }
 
+ConfigError unknown_key(const std::string& origin, const std::string& key,
+                        const std::string& value) {
+  const std::string hint = suggest_key(key);
+  return ConfigError(origin, key, value,
+                     hint.empty() ? "a known key (`tessera train --help` lists them)"
+                                  : "a known key; did you mean '" + hint + "'?");
+}
+
 std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   std::vector<Setting> out;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -262,12 +270,17 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
         continue;
       }
     }
+    const KeySpec* spec = find_key(key);
+    const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
+    // Checked before the value: a misspelled flag followed by another flag has none, and
+    // "a value after --trian_iters" would hide the misspelling.
+    if (!spec)
+      throw unknown_key("command line", key,
+                        eq == std::string::npos && next_is_value ? args[i + 1] : value);
     if (eq == std::string::npos) {
-      const KeySpec* spec = find_key(key);
-      const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
       if (next_is_value) {
         value = args[++i];
-      } else if (spec && spec->type == KeyType::Bool) {
+      } else if (spec->type == KeyType::Bool) {
         value = "true";  // a bare boolean flag, as in Megatron's --use-distributed-optimizer
       } else {
         throw ConfigError("command line", key, "", "a value after --" + key);
@@ -303,12 +316,7 @@ ConfigDoc resolve_experiment(const std::string& ref) {
 void apply_settings(Experiment& e, const std::vector<Setting>& settings) {
   for (const auto& s : settings) {
     const KeySpec* spec = find_key(s.key);
-    if (!spec) {
-      const std::string hint = suggest_key(s.key);
-      throw ConfigError(s.origin, s.key, s.value,
-                        hint.empty() ? "a known key (`tessera train --help` lists them)"
-                                     : "a known key; did you mean '" + hint + "'?");
-    }
+    if (!spec) throw unknown_key(s.origin, s.key, s.value);
     if (const std::string expected = spec->set(e, s.value); !expected.empty())
       throw ConfigError(s.origin, s.key, s.value, expected);
     e.origin[s.key] = s.origin;
