@@ -396,5 +396,32 @@ TEST(Checkpoint, DamagedCheckpointsNameTheFileTheExpectationAndThePreviousGoodOn
       << tracker;
 }
 
+// A trainer_state.json cut inside config_yaml (an interrupted copy) is named with the position
+// of the break, without echoing the kilobytes of configuration the JSON library last read.
+TEST(Checkpoint, MalformedTrainerStateNamesThePositionWithoutEchoingTheFile) {
+  ScratchDir dir;
+  Logger log("", 0, false, false);
+  auto t =
+      make_trainer(tiny_experiment(dir.path(), "save: " + (dir / "ckpt").string() + "\n"), log);
+  t->run_iteration(1);
+  const fs::path state = fs::path(t->save_checkpoint()) / "trainer_state.json";
+  const std::string text = read_file(state);
+  // At a space inside config_yaml: a cut after a '\\' is a different JSON error.
+  const size_t cut = text.find(' ', text.find("\"config_yaml\"") + 1000);
+  ASSERT_LT(cut, text.size());
+  write_file(state, text.substr(0, cut));
+  try {
+    const Checkpoint c(state.parent_path().string());
+    ADD_FAILURE() << "expected a DataError";
+  } catch (const DataError& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(contains(message, state.string() + ": malformed JSON at line ")) << message;
+    EXPECT_TRUE(contains(message, ", column ")) << message;
+    EXPECT_TRUE(contains(message, "invalid string: missing closing quote")) << message;
+    EXPECT_FALSE(contains(message, "work_group")) << message;
+    EXPECT_LT(message.size(), 300u) << message;
+  }
+}
+
 }  // namespace
 }  // namespace tessera::testing

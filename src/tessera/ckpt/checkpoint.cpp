@@ -461,9 +461,14 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_text(state_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: malformed JSON ({}); expected Tessera's trainer state",
-                                state_file, e.what()));
+  } catch (const nlohmann::json::parse_error& e) {
+    // The library's message ends with the token it stopped in ("; last read: '...'"): in a
+    // file cut inside config_yaml, kilobytes of configuration. Keep its position and reason.
+    const std::string what = e.what();
+    std::string reason = what.substr(0, what.find("; last read:"));
+    if (const size_t at = reason.find("at line "); at != std::string::npos) reason.erase(0, at);
+    throw DataError(
+        fmt::format("{}: malformed JSON {} (damaged or partly copied?)", state_file, reason));
   }
   const nlohmann::json version = j.value("format_version", nlohmann::json());
   if (!version.is_number_integer() || version.get<int>() < kUnshardedCheckpointFormatVersion ||

@@ -1,9 +1,11 @@
 // Experiment loading: YAML files with `extends:` inheritance and ${VAR:default}
 // substitution, a model preset, and command-line overrides, merged in that order of
 // precedence into one typed Experiment.
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -178,24 +180,33 @@ YAML::Node parse(const ConfigDoc& doc) {
 
 // Flattens one YAML file and its `extends:` ancestors (ancestors first, so later settings
 // win). Experiment-level structure (overrides:, modules.pre_trainer) is flattened too.
+// `stack`: the files being loaded, the first one extended by the second and so on.
 void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vector<Setting>* out) {
-  for (const auto& s : *stack)
-    if (s == doc.display)
-      throw ConfigError(doc.display, "extends", doc.display, "no cycle of extends: files");
   stack->push_back(doc.display);
   const YAML::Node root = parse(doc);
   if (const YAML::Node ext = root["extends"]) {
-    std::vector<std::string> parents;
+    std::vector<YAML::Node> parents;
     if (ext.IsSequence()) {
-      for (const auto& p : ext) parents.push_back(p.as<std::string>());
-    } else if (ext.IsScalar()) {
-      parents.push_back(ext.Scalar());
+      for (const YAML::Node& p : ext) parents.push_back(p);
     } else {
-      throw ConfigError(where(doc, ext), "extends", YAML::Dump(ext), "a file name or a list of file names");
+      parents.push_back(ext);
     }
     for (const auto& p : parents) {
-      const std::string ref = substitute(p, where(doc, ext), "extends");
-      load_chain(resolve(ref, doc.dir, where(doc, ext), "extends", ""), stack, out);
+      const std::string origin = where(doc, p);
+      if (!p.IsScalar())
+        throw ConfigError(origin, "extends", YAML::Dump(p), "a file name or a list of file names");
+      const ConfigDoc parent =
+          resolve(substitute(p.Scalar(), origin, "extends"), doc.dir, origin, "extends", "");
+      // The whole loop, so that the user sees which extends: to drop.
+      if (const auto again = std::find(stack->begin(), stack->end(), parent.display);
+          again != stack->end()) {
+        std::string chain;
+        for (auto it = again; it != stack->end(); ++it) chain += *it + " -> ";
+        throw ConfigError(origin, "extends", p.Scalar(),
+                          "no cycle of extends: files, but " + chain + parent.display +
+                              " loops; remove one extends: of this chain");
+      }
+      load_chain(parent, stack, out);
     }
   }
   for (const auto& kv : root) {
@@ -228,6 +239,14 @@ void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vect
   stack->pop_back();
 }
 
+ConfigError unknown_key(const std::string& origin, const std::string& key,
+                        const std::string& value) {
+  const std::string hint = suggest_key(key);
+  return ConfigError(origin, key, value,
+                     hint.empty() ? "a known key (`tessera train --help` lists them)"
+                                  : "a known key; did you mean '" + hint + "'?");
+}
+
 std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   std::vector<Setting> out;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -251,12 +270,17 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
         continue;
       }
     }
+    const KeySpec* spec = find_key(key);
+    const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
+    // Checked before the value: a misspelled flag followed by another flag has none, and
+    // "a value after --trian_iters" would hide the misspelling.
+    if (!spec)
+      throw unknown_key("command line", key,
+                        eq == std::string::npos && next_is_value ? args[i + 1] : value);
     if (eq == std::string::npos) {
-      const KeySpec* spec = find_key(key);
-      const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
       if (next_is_value) {
         value = args[++i];
-      } else if (spec && spec->type == KeyType::Bool) {
+      } else if (spec->type == KeyType::Bool) {
         value = "true";  // a bare boolean flag, as in Megatron's --use-distributed-optimizer
       } else {
         throw ConfigError("command line", key, "", "a value after --" + key);
@@ -267,15 +291,32 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   return out;
 }
 
+// --config with a model preset's name would fail as a missing file (or, reached through
+// models/, load without data or training settings); say what it is and how to use it.
+ConfigDoc resolve_experiment(const std::string& ref) {
+  std::optional<ConfigDoc> doc;
+  try {
+    doc = resolve(ref, "", "command line", "config", "experiments");
+  } catch (const ConfigError&) {
+    if (!find_embedded("models/" + with_yaml_suffix(ref))) throw;
+  }
+  if (doc && !doc->display.starts_with(std::string(kEmbeddedPrefix) + "models/")) return *doc;
+  const std::string file = fs::path(with_yaml_suffix(ref)).filename().string();
+  const std::string pretrain = file.substr(0, file.rfind('.')) + "-pretrain";
+  throw ConfigError("command line", "config", ref,
+                    "an experiment (a name from configs/experiments or a YAML file), but " + ref +
+                        " is a model preset: train it with --model " + ref +
+                        " (on the shipped default experiment), or add --model " + ref +
+                        " to --config EXPERIMENT" +
+                        (find_embedded("experiments/" + pretrain + ".yaml")
+                             ? "; its shipped experiment is --config " + pretrain
+                             : ""));
+}
+
 void apply_settings(Experiment& e, const std::vector<Setting>& settings) {
   for (const auto& s : settings) {
     const KeySpec* spec = find_key(s.key);
-    if (!spec) {
-      const std::string hint = suggest_key(s.key);
-      throw ConfigError(s.origin, s.key, s.value,
-                        hint.empty() ? "a known key (`tessera train --help` lists them)"
-                                     : "a known key; did you mean '" + hint + "'?");
-    }
+    if (!spec) throw unknown_key(s.origin, s.key, s.value);
     if (const std::string expected = spec->set(e, s.value); !expected.empty())
       throw ConfigError(s.origin, s.key, s.value, expected);
     e.origin[s.key] = s.origin;
@@ -292,7 +333,7 @@ Experiment load_experiment(const LoadOptions& options) {
   std::vector<Setting> cli = parse_cli(options.cli_overrides);
   ConfigDoc exp_doc = options.config_path.empty()
                           ? resolve(kDefaultExperiment, "", "command line", "config", "")
-                          : resolve(options.config_path, "", "command line", "config", "experiments");
+                          : resolve_experiment(options.config_path);
   std::vector<Setting> exp_settings;
   std::vector<std::string> stack;
   load_chain(exp_doc, &stack, &exp_settings);

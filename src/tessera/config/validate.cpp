@@ -21,7 +21,10 @@ class Checker {
 
   // Fails with `key`'s origin and current value when `ok` is false.
   void require(bool ok, const char* key, const std::string& expected) const {
-    if (ok) return;
+    if (!ok) fail(key, expected);
+  }
+
+  [[noreturn]] void fail(const char* key, const std::string& expected) const {
     const KeySpec* spec = find_key(key);
     throw ConfigError(origin(key), key, spec ? spec->get(e_) : "?", expected);
   }
@@ -30,6 +33,14 @@ class Checker {
   std::string origin(const std::string& key) const {
     const auto it = e_.origin.find(key);
     return it == e_.origin.end() ? std::string("default") : it->second;
+  }
+
+  // `key`'s value and where it came from, e.g. "20, set at default.yaml:31".
+  std::string value_and_origin(const char* key) const {
+    const std::string o = origin(key);
+    return find_key(key)->get(e_) + (o == "default"        ? ", the default"
+                                     : o == "command line" ? ", set on the command line"
+                                                           : ", set at " + o);
   }
 
  private:
@@ -102,15 +113,34 @@ void check_data_parallel(const Checker& c, const TrainingConfig& t) {
   c.require(t.dist_timeout_minutes > 0, "dist_timeout_minutes", "a positive number of minutes");
 }
 
+// The warm-up must end by the end of the decay (lr_decay_iters; 0 means train_iters). Of the
+// two keys, the one the user changed on the command line is blamed: `--train_iters 5`
+// against an experiment's 20 warm-up steps is a problem of the 5, not of the file.
+void check_warmup(const Checker& c, const TrainingConfig& t) {
+  const char* end_key = t.lr_decay_iters ? "lr_decay_iters" : "train_iters";
+  const int64_t end = t.lr_decay_iters ? t.lr_decay_iters : t.train_iters;
+  if (t.lr_warmup_iters <= end) return;
+  const std::string why =
+      t.lr_decay_iters ? "the learning-rate warm-up must end by lr_decay_iters"
+                       : "the learning-rate warm-up must end by lr_decay_iters (0: train_iters)";
+  const std::string fix =
+      fmt::format("lower --lr_warmup_iters to {} or less, or raise {} to {} or more", end,
+                  t.lr_decay_iters ? "--lr_decay_iters" : "--train_iters (or --lr_decay_iters)",
+                  t.lr_warmup_iters);
+  if (c.origin(end_key) == "command line" && c.origin("lr_warmup_iters") != "command line")
+    c.fail(end_key, fmt::format("at least lr_warmup_iters ({}): {}; {}",
+                                c.value_and_origin("lr_warmup_iters"), why, fix));
+  c.fail("lr_warmup_iters",
+         fmt::format("at most {} ({}): {}; {}", end_key, c.value_and_origin(end_key), why, fix));
+}
+
 void check_optimizer(const Checker& c, const TrainingConfig& t) {
   c.require(t.lr >= 0, "lr", "a non-negative learning rate");
   c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr",
             fmt::format("between 0 and lr ({})", t.lr));
   c.require(t.lr_warmup_iters >= 0, "lr_warmup_iters", "a non-negative count");
   c.require(t.lr_decay_iters >= 0, "lr_decay_iters", "0 (train_iters) or a positive count");
-  const int64_t decay_iters = t.lr_decay_iters ? t.lr_decay_iters : t.train_iters;
-  c.require(t.lr_warmup_iters <= decay_iters, "lr_warmup_iters",
-            fmt::format("at most lr_decay_iters ({})", decay_iters));
+  check_warmup(c, t);
   c.require(t.weight_decay >= 0, "weight_decay", "a non-negative number");
   c.require(t.adam_beta1 >= 0 && t.adam_beta1 < 1, "adam_beta1", "a number in [0, 1)");
   c.require(t.adam_beta2 >= 0 && t.adam_beta2 < 1, "adam_beta2", "a number in [0, 1)");

@@ -1,0 +1,100 @@
+// Configuration mistakes users make on `tessera train`: each one exits 2,
+// writes nothing, and its message names the real cause and the fix rather than
+// a symptom further down the line.
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "common/run_command.h"
+#include "common/scratch_dir.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ConfigErrorMessage : public ::testing::Test {
+ protected:
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  }
+
+  // Runs `tessera train ARGS` in the scratch directory with a workspace inside
+  // it; expects exit code 2 and no file added there. Returns the output.
+  std::string train_error(const std::string& args) {
+    const std::set<fs::path> before = files();
+    const RunResult r = run_command("cd " + dir_.path().string() + " && " + TESSERA_BINARY +
+                                    " train " + args + " --workspace ws");
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_EQ(files(), before) << args << " wrote files";
+    return r.output;
+  }
+
+  std::set<fs::path> files() const {
+    std::set<fs::path> out;
+    for (const auto& f : fs::recursive_directory_iterator(dir_.path())) out.insert(f.path());
+    return out;
+  }
+
+  ScratchDir dir_;
+};
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST_F(ConfigErrorMessage, ExtendsCycleNamesTheWholeChain) {
+  write("a.yaml", "extends: b.yaml\n");
+  write("b.yaml", "model: tiny_llama\nextends: a.yaml\n");
+  const std::string out = train_error("--config a.yaml");
+  EXPECT_TRUE(contains(out, "b.yaml:2: key 'extends' has value 'a.yaml'")) << out;
+  EXPECT_TRUE(contains(out, "a.yaml -> b.yaml -> a.yaml loops; remove one extends:")) << out;
+}
+
+TEST_F(ConfigErrorMessage, ModelPresetAsExperimentSuggestsDashDashModel) {
+  for (const std::string preset : {"tiny_llama", "models/tiny_llama.yaml"}) {
+    const std::string out = train_error("--config " + preset);
+    EXPECT_TRUE(contains(out, "command line: key 'config' has value '" + preset + "'")) << out;
+    EXPECT_TRUE(contains(out, preset + " is a model preset: train it with --model " + preset))
+        << out;
+  }
+  // A preset with a shipped experiment of its own points to that too.
+  const std::string out = train_error("--config llama3.1_8B");
+  EXPECT_TRUE(contains(out, "its shipped experiment is --config llama3.1_8B-pretrain")) << out;
+}
+
+TEST_F(ConfigErrorMessage, ShortTrainItersIsBlamedNotTheShippedWarmup) {
+  // The shipped default experiment warms up for 20 iterations.
+  const std::string out = train_error("--train_iters 5");
+  EXPECT_TRUE(contains(out,
+                       "command line: key 'train_iters' has value '5': expected at least "
+                       "lr_warmup_iters (20, set at <shipped>/experiments/default.yaml:"))
+      << out;
+  EXPECT_TRUE(contains(out,
+                       "lower --lr_warmup_iters to 5 or less, or raise --train_iters (or "
+                       "--lr_decay_iters) to 20 or more"))
+      << out;
+  // Set on the command line too, the warm-up is the value that does not fit.
+  const std::string both = train_error("--train_iters 5 --lr_warmup_iters 8");
+  EXPECT_TRUE(contains(both,
+                       "key 'lr_warmup_iters' has value '8': expected at most train_iters "
+                       "(5, set on the command line)"))
+      << both;
+}
+
+TEST_F(ConfigErrorMessage, MisspelledFlagBeforeAnotherFlagSuggestsTheKey) {
+  for (const std::string args :
+       {"--trian_iters --lr 1e-3", "--trian_iters 5 --lr 1e-3", "--mock-dta --lr 1e-3"}) {
+    const std::string out = train_error(args);
+    EXPECT_TRUE(contains(out, "command line: key '")) << out;
+    EXPECT_TRUE(contains(out, "expected a known key; did you mean '")) << out;
+    EXPECT_TRUE(contains(out, args.starts_with("--mock") ? "'mock_data'" : "'train_iters'")) << out;
+    EXPECT_FALSE(contains(out, "a value after")) << out;
+  }
+}
+
+}  // namespace
+}  // namespace tessera::testing
