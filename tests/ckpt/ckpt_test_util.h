@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/experiment_yaml.h"
 #include "common/run_command.h"
 #include "common/scratch_dir.h"
 
@@ -37,7 +38,7 @@ inline Experiment tiny_experiment(const fs::path& dir, const std::string& extra 
                       "num_attention_heads: 4\nnum_query_groups: 2\nseq_length: 16\n"
                       "micro_batch_size: 2\nglobal_batch_size: 4\ntrain_iters: 6\nlr: 0.01\n"
                       "lr_warmup_iters: 2\nweight_decay: 0.1\nclip_grad: 0.5\nlog_progress: false\n"
-                   << data << extra;
+                   << data << overrides_yaml(extra);
   LoadOptions o;
   o.config_path = p.string();
   o.data_parallel_size = world;

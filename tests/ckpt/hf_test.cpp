@@ -51,7 +51,7 @@ Experiment case_experiment(const fs::path& dir, const HfCase& c, const std::stri
       << "model: tiny_llama\nmock_data: true\nvocab_size: 96\nmake_vocab_size_divisible_by: 1\n"
          "max_position_embeddings: 128\nseq_length: 16\nmicro_batch_size: 2\n"
          "global_batch_size: 4\ntrain_iters: 2\nlr: 0.01\nlog_progress: false\n"
-      << c.yaml << extra;
+      << c.yaml << overrides_yaml(extra);
   LoadOptions o;
   o.config_path = p.string();
   return load_experiment(o);

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,16 @@
 #include "tessera/config/config.h"
 
 namespace tessera::testing {
+
+// `lines` ("key: value\n"...) as an `overrides:` block placed after a base experiment's
+// keys: they win over the base, where repeating a top-level key is an error.
+inline std::string overrides_yaml(const std::string& lines) {
+  if (lines.empty()) return "";
+  std::string out = "overrides:\n";
+  std::istringstream in(lines);
+  for (std::string line; std::getline(in, line);) out += "  " + line + "\n";
+  return out;
+}
 
 inline Experiment experiment_from_yaml(const std::string& yaml,
                                        const std::vector<std::string>& cli_overrides = {},

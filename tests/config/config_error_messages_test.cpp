@@ -96,5 +96,19 @@ TEST_F(ConfigErrorMessage, MisspelledFlagBeforeAnotherFlagSuggestsTheKey) {
   }
 }
 
+TEST_F(ConfigErrorMessage, DuplicateKeyNamesFileLineAndKey) {
+  write("top.yaml", "model: tiny_llama\nmock_data: true\nlr: 0.1\nlr: 0.2\n");
+  // --train_iters 1: should the file be accepted, the run is short.
+  const std::string top = train_error("--config top.yaml --train_iters 1");
+  EXPECT_TRUE(contains(top,
+                       "top.yaml:4: key 'lr' has value '0.2': expected each key once in a "
+                       "mapping, but 'lr' is also set at line 3"))
+      << top;
+  write("nested.yaml", "model: tiny_llama\noverrides:\n  seed: 1\n  mock_data: true\n  seed: 2\n");
+  const std::string nested = train_error("--config nested.yaml --train_iters 1");
+  EXPECT_TRUE(contains(nested, "nested.yaml:5: key 'seed' has value '2'")) << nested;
+  EXPECT_TRUE(contains(nested, "also set at line 3")) << nested;
+}
+
 }  // namespace
 }  // namespace tessera::testing

@@ -177,7 +177,9 @@ TEST_F(ConfigTest, WrongTypesNameKeyValueAndExpectation) {
                                          {"lr_decay_style", "exponential", "one of: cosine, linear, constant"},
                                          {"num_layers", "2.5", "an integer"}}) {
     SCOPED_TRACE(c.key);
-    const std::string p = write("t.yaml", std::string(kMinimal) + c.key + ": " + c.value + "\n");
+    // Under overrides:, as kMinimal's own mock_data may not be given twice in one mapping.
+    const std::string p =
+        write("t.yaml", std::string(kMinimal) + "overrides:\n  " + c.key + ": " + c.value + "\n");
     const ConfigError err = load_error(p);
     EXPECT_EQ(err.key(), c.key);
     EXPECT_EQ(err.value(), c.value);

@@ -19,7 +19,8 @@ Experiment tiny_experiment(const std::string& extra = "") {
       "model: tiny_llama\nmock_data: true\nnum_layers: 2\nhidden_size: 32\n"
       "ffn_hidden_size: 48\nnum_attention_heads: 4\nnum_query_groups: 2\n"
       "vocab_size: 50\nseq_length: 16\nmicro_batch_size: 2\nglobal_batch_size: 4\n"
-      "train_iters: 6\nlr: 0.01\nlr_warmup_iters: 2\n" + extra);
+      "train_iters: 6\nlr: 0.01\nlr_warmup_iters: 2\n" +
+      testing::overrides_yaml(extra));
 }
 
 TEST(LrSchedule, WarmupThenDecayToMin) {

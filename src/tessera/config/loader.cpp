@@ -5,10 +5,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "tessera/config/config.h"
@@ -164,6 +166,26 @@ void append_map(const ConfigDoc& doc, const YAML::Node& map, std::vector<Setting
   for (const auto& kv : map) append_scalar(doc, kv.first.as<std::string>(), kv.second, out);
 }
 
+// yaml-cpp accepts a key repeated in one mapping and keeps both entries; which one takes
+// effect depends on how the mapping is read, so a repeated key is refused instead.
+void check_unique_keys(const ConfigDoc& doc, const YAML::Node& node) {
+  if (node.IsSequence())
+    for (const auto& item : node) check_unique_keys(doc, item);
+  if (!node.IsMap()) return;
+  std::map<std::string, int> line_of;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+    const auto [first, inserted] = line_of.emplace(key, kv.first.Mark().line + 1);
+    if (!inserted)
+      throw ConfigError(where(doc, kv.first), key,
+                        kv.second.IsScalar() ? kv.second.Scalar() : YAML::Dump(kv.second),
+                        fmt::format("each key once in a mapping, but '{}' is also set at line {}; "
+                                    "remove one of the two",
+                                    key, first->second));
+    check_unique_keys(doc, kv.second);
+  }
+}
+
 YAML::Node parse(const ConfigDoc& doc) {
   try {
     YAML::Node root = YAML::Load(doc.text);
@@ -171,6 +193,7 @@ YAML::Node parse(const ConfigDoc& doc) {
     if (!root.IsMap())
       throw ConfigError(doc.display, "(document)", YAML::Dump(root).substr(0, 60),
                         "a YAML mapping of key: value");
+    check_unique_keys(doc, root);
     return root;
   } catch (const YAML::ParserException& e) {
     throw ConfigError(doc.display + ":" + std::to_string(e.mark.line + 1), "(syntax)", e.msg,
