@@ -1,5 +1,10 @@
 // `tessera preprocess` end to end (JSON lines, several keys, the Brown corpus, bad input, the
-// CLI with Megatron's spelling) and training on its output until target_loss stops the run.
+// CLI with Megatron's spelling), refusing an unwritable output before any work, and training
+// on its output until target_loss stops the run.
+#include <unistd.h>
+
+#include <set>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -110,7 +115,7 @@ TEST(Preprocess, BadInputNamesFileAndLineAndLeavesNothing) {
     } catch (const DataError& e) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
-    EXPECT_TRUE(std::filesystem::is_empty(dir / "out"));
+    EXPECT_FALSE(fs::exists(dir / "out"));  // not even the directory made for the output
   }
   o.inputs = {(dir / "missing.jsonl").string()};
   EXPECT_THROW(preprocess(o), DataError);
@@ -169,6 +174,58 @@ TEST(PreprocessCli, MegatronSpellingAndSummary) {
                            " --output-prefix " + (dir / "z").string());
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("none.jsonl"), std::string::npos);
+}
+
+// Every path under `dir`, to compare what is on disk before and after a command.
+std::set<std::string> files_under(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& f : fs::recursive_directory_iterator(dir)) out.insert(f.path().string());
+  return out;
+}
+
+// An output prefix under a regular file aborted with an uncaught filesystem_error (exit 134);
+// a read-only directory failed only after all the input was tokenized. Both are refused
+// before any work, with exit 2, naming the prefix and why.
+TEST(PreprocessCli, UnwritableOutputPrefixIsRefusedBeforeAnyWork) {
+  ScratchDir dir;
+  std::ofstream(dir / "d.jsonl") << R"({"text": "some text"})"
+                                 << "\n";
+  std::ofstream(dir / "a_file") << "not a directory\n";
+  const std::string bin = TESSERA_BINARY, input = (dir / "d.jsonl").string();
+  const std::set<std::string> before = files_under(dir.path());
+  for (const fs::path& prefix : {dir / "a_file" / "x", dir / "a_file" / "sub" / "x"}) {
+    SCOPED_TRACE(prefix.string());
+    const auto r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                                        prefix.string());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    for (const std::string& part : {std::string("output-prefix"), prefix.string(),
+                                    (dir / "a_file").string() + " is not a directory"})
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_EQ(files_under(dir.path()), before);
+  }
+  // Errors only a write can show are DataErrors (exit 3), not an abort.
+  EXPECT_THROW(IndexedDatasetWriter((dir / "a_file" / "x").string(), TokenDType::UInt16),
+               DataError);
+
+  // Root writes anywhere, so the read-only case runs as nobody.
+  fs::create_directory(dir / "read_only");
+  fs::permissions(dir / "read_only", fs::perms::owner_read | fs::perms::owner_exec |
+                                         fs::perms::group_read | fs::perms::group_exec |
+                                         fs::perms::others_read | fs::perms::others_exec);
+  std::string as_user;
+  if (::geteuid() == 0) {
+    if (testing::run_command("command -v setpriv").exit_code != 0)
+      GTEST_SKIP() << "running as root without setpriv: no user for whom a directory is read-only";
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  }
+  const std::string prefix = (dir / "read_only" / "new" / "x").string();
+  const auto r = testing::run_command(as_user + bin + " preprocess --input " + input +
+                                      " --output-prefix " + prefix);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const std::string& part :
+       {prefix, "directory " + (dir / "read_only").string() + " is not writable"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(fs::is_empty(dir / "read_only"));
 }
 
 // Trains a tiny model on a tiny preprocessed corpus until the validation loss reaches the

@@ -32,6 +32,19 @@ void put(std::vector<uint8_t>* out, T v) {
   out->insert(out->end(), p, p + sizeof v);
 }
 
+void write_whole_file(const std::string& path, const void* data, size_t bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  bool ok = f && std::fwrite(data, 1, bytes, f) == bytes;
+  if (f && std::fclose(f) != 0) ok = false;
+  if (!ok) throw DataError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
+}
+
+void rename_file(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::rename(from, to, ec);
+  if (ec) throw DataError(fmt::format("{}: cannot rename to {}: {}", from, to, ec.message()));
+}
+
 template <class T>
 void widen(const uint8_t* src, uint64_t count, int32_t* out) {
   for (uint64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(load<T>(src + i * sizeof(T)));
@@ -241,7 +254,11 @@ IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype)
   bin_tmp_ = prefix_ + ".bin" + tmp;
   idx_tmp_ = prefix_ + ".idx" + tmp;
   const std::filesystem::path dir = std::filesystem::path(prefix_).parent_path();
-  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw DataError(
+        fmt::format("{}: cannot create the output directory: {}", dir.string(), ec.message()));
   bin_ = std::fopen(bin_tmp_.c_str(), "wb");
   if (!bin_) throw DataError(fmt::format("{}: cannot create: {}", bin_tmp_, std::strerror(errno)));
 }
@@ -297,13 +314,10 @@ void IndexedDatasetWriter::finish() {
     pointer += static_cast<int64_t>(length) * static_cast<int64_t>(token_dtype_size(dtype_));
   }
   for (uint64_t d = 0; d <= n; ++d) put<int64_t>(&idx, static_cast<int64_t>(d));
-  FILE* f = std::fopen(idx_tmp_.c_str(), "wb");
-  bool idx_ok = f && std::fwrite(idx.data(), 1, idx.size(), f) == idx.size();
-  if (f && std::fclose(f) != 0) idx_ok = false;
-  if (!idx_ok) throw DataError(fmt::format("{}: write failed: {}", idx_tmp_, std::strerror(errno)));
+  write_whole_file(idx_tmp_, idx.data(), idx.size());
   // The .bin first: a reader that finds the new .idx also finds its .bin.
-  std::filesystem::rename(bin_tmp_, prefix_ + ".bin");
-  std::filesystem::rename(idx_tmp_, prefix_ + ".idx");
+  rename_file(bin_tmp_, prefix_ + ".bin");
+  rename_file(idx_tmp_, prefix_ + ".idx");
   finished_ = true;
 }
 

@@ -75,7 +75,8 @@ class IndexedDataset {
 };
 
 // Writes PREFIX.bin and PREFIX.idx under temporary names and renames them only in finish(),
-// so a crash or error never leaves a half-written dataset under the real name.
+// so a crash or error never leaves a half-written dataset under the real name. Throws
+// DataError naming the file when a file cannot be created, written or renamed.
 class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(std::string prefix, TokenDType dtype);
