@@ -1,6 +1,6 @@
 // `tessera preprocess` end to end (JSON lines, several keys, the Brown corpus, bad input, the
-// CLI with Megatron's spelling), refusing an unwritable output before any work, and training
-// on its output until target_loss stops the run.
+// CLI with Megatron's spelling), what it refuses before writing anything (an unwritable
+// output, input without text), and training on its output until target_loss stops the run.
 #include <unistd.h>
 
 #include <set>
@@ -226,6 +226,30 @@ TEST(PreprocessCli, UnwritableOutputPrefixIsRefusedBeforeAnyWork) {
        {prefix, "directory " + (dir / "read_only").string() + " is not writable"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   EXPECT_TRUE(fs::is_empty(dir / "read_only"));
+}
+
+// An empty JSON lines file, or one whose texts are all empty, made an empty dataset that only
+// failed in training; now it is exit 2 and nothing is written.
+TEST(PreprocessCli, InputWithoutTextIsRefusedAndWritesNothing) {
+  ScratchDir dir;
+  std::ofstream(dir / "empty.jsonl");
+  std::ofstream(dir / "blank.jsonl") << R"({"text": ""})"
+                                     << "\n\n"
+                                     << R"({"text": ""})"
+                                     << "\n";
+  const std::string bin = TESSERA_BINARY;
+  const std::set<std::string> before = files_under(dir.path());
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {"empty.jsonl", "the input holds no documents"},
+           {"blank.jsonl", "none of the 2 documents read has any"}}) {
+    SCOPED_TRACE(file);
+    const auto r = testing::run_command(bin + " preprocess --input " + (dir / file).string() +
+                                        " --output-prefix " + (dir / "out" / "p").string());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    for (const std::string& part : {std::string("key 'input'"), (dir / file).string(), why})
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_EQ(files_under(dir.path()), before);
+  }
 }
 
 // Trains a tiny model on a tiny preprocessed corpus until the validation loss reaches the

@@ -281,6 +281,16 @@ PreprocessStats preprocess(const PreprocessOptions& o,
     stats.documents += batch.size();
     if (progress) progress(reader.bytes_read(), stats.input_bytes, stats.documents);
   }
+  // An empty dataset only fails later, in training, far from its cause.
+  for (size_t k = 0; k < writers.size(); ++k)
+    if (stats.outputs[k].documents == 0)
+      throw ConfigError(
+          "command line", "input", fmt::format("{}", fmt::join(o.inputs, " ")),
+          fmt::format("documents with text for key '{}', but {}; nothing was written",
+                      o.json_keys[k],
+                      stats.documents == 0
+                          ? "the input holds no documents"
+                          : fmt::format("none of the {} documents read has any", stats.documents)));
   for (auto& w : writers) w->finish();
   directories.keep();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -46,9 +46,9 @@ struct PreprocessStats {
 
 // progress(bytes read so far, total input bytes, documents so far) is called after every
 // batch of documents. Throws ConfigError for unusable options (an output prefix that cannot
-// be written is found before any work), DataError (naming the file and line) for unreadable
-// input or a JSON line without the key, or for a write that fails; no output is left then,
-// nor the directories made for it.
+// be written is found before any work) and for input without any text for a key, DataError
+// (naming the file and line) for unreadable input or a JSON line without the key, or for a
+// write that fails; no output is left then, nor the directories made for it.
 PreprocessStats preprocess(
     const PreprocessOptions& options,
     const std::function<void(uint64_t, uint64_t, uint64_t)>& progress = nullptr);
