@@ -1,6 +1,7 @@
 // `tessera preprocess` end to end (JSON lines, several keys, the Brown corpus, bad input, the
 // CLI with Megatron's spelling), what it refuses before writing anything (an unwritable
-// output, input without text), and training on its output until target_loss stops the run.
+// output, a contradictory tokenizer, input without text), and training on its output until
+// target_loss stops the run.
 #include <unistd.h>
 
 #include <set>
@@ -10,10 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "data_fixtures.h"
+#include "tessera/config/config.h"
 #include "tessera/core/error.h"
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/preprocess.h"
 #include "tessera/data/text_corpus.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera {
 namespace {
@@ -226,6 +229,41 @@ TEST(PreprocessCli, UnwritableOutputPrefixIsRefusedBeforeAnyWork) {
        {prefix, "directory " + (dir / "read_only").string() + " is not writable"})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   EXPECT_TRUE(fs::is_empty(dir / "read_only"));
+}
+
+// --tokenizer-model alone wrote byte-level tokens (the default type), which training then read
+// under the model's vocabulary. A model now implies the Hugging Face type; a model with
+// ByteLevel is a contradiction (exit 2, nothing written).
+TEST(PreprocessCli, TokenizerModelImpliesItsTypeAndContradictionsAreRefused) {
+  ScratchDir dir;
+  const std::string text = "The Fulton County Grand Jury said Friday an investigation";
+  std::ofstream(dir / "d.jsonl") << nlohmann::json{{"text", text}}.dump() << "\n";
+  const std::string bin = TESSERA_BINARY, input = (dir / "d.jsonl").string();
+  const std::string prefix = (dir / "out" / "l").string();
+  auto r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                                prefix + " --tokenizer-model llama3 --tokenizer-type ByteLevel");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const std::string& part : {"tokenizer_type", "'ByteLevel'", "--tokenizer-model llama3"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+
+  r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " + prefix +
+                           " --tokenizer-model llama3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: HuggingFaceTokenizer llama3 (type inferred from "
+                          "--tokenizer-model)"),
+            std::string::npos)
+      << r.output;
+  DataConfig llama3;
+  llama3.tokenizer_type = TokenizerType::HuggingFace;
+  llama3.tokenizer_model = "llama3";
+  const auto tokenizer = make_tokenizer(llama3);
+  std::vector<int32_t> expected;
+  tokenizer->encode(text, &expected);
+  expected.push_back(tokenizer->eod_id());
+  const IndexedDataset d(prefix + "_text_document", tokenizer->vocab_size(), tokenizer->name());
+  EXPECT_EQ(d.dtype(), TokenDType::Int32);
+  EXPECT_EQ(read_document(d, 0), expected);
 }
 
 // An empty JSON lines file, or one whose texts are all empty, made an empty dataset that only

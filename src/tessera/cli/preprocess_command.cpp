@@ -12,6 +12,7 @@
 
 #include "tessera/cli/commands.h"
 #include "tessera/config/keys.h"
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 #include "tessera/data/preprocess.h"
 
@@ -31,6 +32,8 @@ void print_preprocess_help() {
       "lines; --json-keys names the fields, one output per key), a directory (its *.txt files,\n"
       "or the Brown corpus's cXNN files), or any other file (one document). Train on the\n"
       "result with --data_path PREFIX_text_document (or a blend: \"0.7 A 0.3 B\").\n\n"
+      "  --tokenizer-model  a shipped name (llama2, llama3, llama3.1, qwen3) or a tokenizer.json;\n"
+      "                     implies --tokenizer-type HuggingFaceTokenizer (default: ByteLevel)\n"
       "  --workers N        tokenizing threads (default: all cores); output order is input order\n"
       "  --append-eod       end each document with the end-of-document token (the default)\n"
       "  --no-append-eod    do not\n");
@@ -75,6 +78,7 @@ int preprocess_command(const Args& args) {
   PreprocessOptions o;
   o.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Experiment e;  // carries tokenizer_type / tokenizer_model through the config key parsers
+  bool type_given = false, model_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], inline_value;
     const size_t eq = flag.find('=');
@@ -107,10 +111,12 @@ int preprocess_command(const Args& args) {
     } else if (flag == "--json-keys") {
       o.json_keys = values();
     } else if (flag == "--tokenizer-type" || flag == "--tokenizer-model") {
-      const std::string key = flag == "--tokenizer-type" ? "tokenizer_type" : "tokenizer_model";
+      const bool type = flag == "--tokenizer-type";
+      const std::string key = type ? "tokenizer_type" : "tokenizer_model";
       const std::string v = value();
       const std::string expected = find_key(key)->set(e, v);
       if (!expected.empty()) throw ConfigError("command line", key, v, expected);
+      (type ? type_given : model_given) = true;
     } else if (flag == "--workers") {
       const std::string v = value();
       try {
@@ -129,6 +135,25 @@ int preprocess_command(const Args& args) {
                         "--no-append-eod (see --help)");
     }
   }
+  // Every tokenizer model is a Hugging Face tokenizer.json, so a model alone says the type;
+  // the byte-level default with a model would quietly write byte ids that training then
+  // reads under the model's vocabulary.
+  std::string how_chosen;
+  if (model_given && !type_given) {
+    e.data.tokenizer_type = TokenizerType::HuggingFace;
+    how_chosen = " (type inferred from --tokenizer-model)";
+  } else if (model_given && e.data.tokenizer_type == TokenizerType::ByteLevel) {
+    throw ConfigError("command line", "tokenizer_type", "ByteLevel",
+                      fmt::format("HuggingFaceTokenizer (or no --tokenizer-type) with "
+                                  "--tokenizer-model {}: the byte-level tokenizer reads no "
+                                  "model; drop one of the two",
+                                  e.data.tokenizer_model));
+  } else if (!type_given) {
+    how_chosen = " (the default without --tokenizer-model)";
+  }
+  fmt::print("tokenizer: {}{}{}\n", tokenizer_type_name(e.data.tokenizer_type),
+             model_given ? " " + e.data.tokenizer_model : "", how_chosen);
+  std::fflush(stdout);
   o.tokenizer = e.data;
   ProgressBar bar;
   const PreprocessStats s = preprocess(o, [&](uint64_t bytes, uint64_t total, uint64_t documents) {

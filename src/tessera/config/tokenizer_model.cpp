@@ -73,4 +73,8 @@ std::string tokenizer_model_expectation() {
       fmt::join(shipped_tokenizer_names(), ", "));
 }
 
+std::string tokenizer_type_name(TokenizerType type) {
+  return type == TokenizerType::HuggingFace ? "HuggingFaceTokenizer" : "ByteLevel";
+}
+
 }  // namespace tessera

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/config.h"
+
 namespace tessera {
 
 // The shipped tokenizer names tokenizer_model accepts (llama2, llama3, llama3.1, qwen3).
@@ -23,5 +25,8 @@ std::string tokenizer_json_path(const std::string& tokenizer_model);
 
 // Where the npm packages and scripts are: $TESSERA_ROOT, else the source tree.
 std::string tessera_root();
+
+// The tokenizer_type key's spelling of a type: ByteLevel, HuggingFaceTokenizer.
+std::string tokenizer_type_name(TokenizerType type);
 
 }  // namespace tessera
