@@ -1,8 +1,10 @@
 #include "tessera/config/validate.h"
 
 #include <filesystem>
+#include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessera/config/blend.h"
 #include "tessera/config/keys.h"
@@ -149,19 +151,34 @@ void check_fp8(const Checker& c, const TrainingConfig& t) {
             "a multiple of 16 with fp8_lm_head");
 }
 
-// parse_blend names the key and the offending token (a weight that is not a number).
-void check_blends(const Checker& c, const DataConfig& d) {
-  if (!d.data_path.empty()) parse_blend(d.data_path, "data_path", c.origin("data_path"));
-  if (!d.valid_data_path.empty())
-    parse_blend(d.valid_data_path, "valid_data_path", c.origin("valid_data_path"));
-  if (d.train_data_path.empty() || is_text_corpus_path(d.train_data_path)) return;
-  const auto blend = parse_blend(d.train_data_path, "train_data_path", c.origin("train_data_path"));
-  // A single word that names neither text nor a dataset is most likely a missing corpus.
-  const std::string& p = blend[0].prefix;
-  c.require(blend.size() > 1 || fs::exists(p + ".idx") || fs::exists(p + ".bin"), "train_data_path",
-            "an existing file or directory of text, or a Megatron blend of indexed datasets "
+// Every prefix of a blend must name a dataset (PREFIX.bin and PREFIX.idx), checked here so
+// that a typo stops the run before its experiment directory is made. parse_blend names the
+// key and the offending token (a weight that is not a number).
+void check_blend(const Checker& c, const char* key, const std::string& value) {
+  const auto blend = parse_blend(value, key, c.origin(key));
+  // A single train_data_path word that names neither text nor a dataset is most likely a
+  // missing corpus.
+  const std::string expected =
+      std::string_view(key) == "train_data_path" && blend.size() == 1
+          ? "an existing file or directory of text, or a Megatron blend of indexed datasets "
             "(PREFIX.bin/.idx); for the Brown corpus, run scripts/setup.sh, which installs it "
-            "under node_modules/");
+            "under node_modules/"
+          : "a Megatron blend of existing indexed datasets, PREFIX.bin + PREFIX.idx (written by "
+            "`tessera preprocess`; the default experiment's by scripts/setup.sh)";
+  for (const auto& b : blend) {
+    std::vector<std::string> missing;
+    for (const char* ext : {".bin", ".idx"})
+      if (!fs::is_regular_file(b.prefix + ext)) missing.push_back(b.prefix + ext);
+    c.require(missing.empty(), key,
+              fmt::format("{}; {} not found", expected, fmt::join(missing, " and ")));
+  }
+}
+
+void check_blends(const Checker& c, const DataConfig& d) {
+  if (!d.data_path.empty()) check_blend(c, "data_path", d.data_path);
+  if (!d.valid_data_path.empty()) check_blend(c, "valid_data_path", d.valid_data_path);
+  if (!d.train_data_path.empty() && !is_text_corpus_path(d.train_data_path))
+    check_blend(c, "train_data_path", d.train_data_path);
 }
 
 void check_data(const Checker& c, const DataConfig& d) {
