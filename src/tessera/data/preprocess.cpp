@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 #include "tessera/data/text_corpus.h"
 #include "tessera/data/tokenizer.h"
@@ -161,7 +162,7 @@ void check_output_location(const std::string& prefix, const std::vector<std::str
                                   existing.string(), std::strerror(errno)));
   for (const std::string& key : keys) {
     const std::string out = fmt::format("{}_{}_document", prefix, key);
-    for (const std::string& file : {out + ".bin", out + ".idx"})
+    for (const std::string& file : {out + ".bin", out + ".idx", dataset_meta_path(out)})
       if (fs::is_directory(file))
         throw ConfigError(
             "command line", "output-prefix", prefix,
@@ -249,13 +250,20 @@ PreprocessStats preprocess(const PreprocessOptions& o,
   stats.tokenizer = tokenizer->name();
   stats.dtype = token_dtype_for_vocab(tokenizer->vocab_size());
   for (const auto& f : files) stats.input_bytes += fs::file_size(f.path);
+  TokenizerRecord record;
+  record.tokenizer_type = o.tokenizer.tokenizer_type;
+  record.vocab_size = tokenizer->vocab_size();
+  if (o.tokenizer.tokenizer_type == TokenizerType::HuggingFace) {
+    record.tokenizer_model = o.tokenizer.tokenizer_model;
+    record.tokenizer_json_sha256 = file_sha256(tokenizer_json_path(o.tokenizer.tokenizer_model));
+  }
 
   OutputDirectories directories(fs::path(o.output_prefix).parent_path());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
   for (const std::string& key : o.json_keys) {
     stats.outputs.push_back({fmt::format("{}_{}_document", o.output_prefix, key)});
-    writers.push_back(
-        std::make_unique<IndexedDatasetWriter>(stats.outputs.back().prefix, stats.dtype));
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(
+        stats.outputs.back().prefix, stats.dtype, tokenizer_record_json(record)));
   }
   DocumentReader reader(files);
   std::vector<RawDocument> batch;

@@ -1,7 +1,9 @@
 #pragma once
 // Text -> Megatron indexed dataset, as Megatron's tools/preprocess_data.py: every document is
 // tokenized (in parallel) and written in input order, with an end-of-document token, to
-// {output_prefix}_{key}_document.bin/.idx, one file pair per JSON key.
+// {output_prefix}_{key}_document.bin/.idx, one file pair per JSON key. Beside each pair,
+// .meta.json records the tokenizer (config/tokenizer_model.h, TokenizerRecord), so that
+// training refuses a run with a different one.
 //
 // Inputs, in the order given:
 //   *.jsonl, *.json   one JSON object per line; each key names a string field (a list of
