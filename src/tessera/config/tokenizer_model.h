@@ -2,9 +2,14 @@
 // What a tokenizer_model value names: a tokenizer shipped as an npm package (installed by
 // scripts/setup.sh under $TESSERA_ROOT/node_modules) or a tokenizer.json path. Here, with the
 // configuration, so that validation can check the value before anything is loaded;
-// data/tokenizer.h loads it.
+// data/tokenizer.h loads it. Also the record of the tokenizer a dataset was made with, which
+// validation compares with the run's.
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "tessera/config/config.h"
 
 namespace tessera {
 
@@ -23,5 +28,32 @@ std::string tokenizer_json_path(const std::string& tokenizer_model);
 
 // Where the npm packages and scripts are: $TESSERA_ROOT, else the source tree.
 std::string tessera_root();
+
+// The tokenizer_type key's spelling of a type: ByteLevel, HuggingFaceTokenizer.
+std::string tokenizer_type_name(TokenizerType type);
+
+// SHA-256 of a file as `sha256sum` prints it (Hugging Face shows the same digest for files it
+// keeps in Git LFS). Throws DataError when the file cannot be read.
+std::string file_sha256(const std::string& path);
+
+// The tokenizer a dataset was made with, as `tessera preprocess` records it beside the
+// dataset in PREFIX.meta.json. Token ids mean something only under the tokenizer that made
+// them, and a name does not pin a tokenizer down (a path's file can change), so the record
+// holds the tokenizer.json's content hash.
+struct TokenizerRecord {
+  TokenizerType tokenizer_type = TokenizerType::ByteLevel;
+  std::string tokenizer_model;  // as given to preprocess; empty for ByteLevel
+  int64_t vocab_size = 0;
+  std::string tokenizer_json_sha256;  // empty for ByteLevel
+};
+
+std::string dataset_meta_path(const std::string& prefix);
+std::string tokenizer_record_json(const TokenizerRecord& record);
+// Dataset `prefix`'s record; none for datasets without PREFIX.meta.json (made by Megatron's
+// tools or before Tessera wrote one). Throws DataError naming the file when it is not a record
+// this Tessera reads (malformed, or a later version).
+std::optional<TokenizerRecord> read_tokenizer_record(const std::string& prefix);
+// "HuggingFaceTokenizer llama3 (vocabulary 128256, tokenizer.json sha256 c05a3c2174e9)".
+std::string describe_tokenizer_record(const TokenizerRecord& record);
 
 }  // namespace tessera

@@ -1,8 +1,11 @@
 #include "tessera/config/validate.h"
 
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessera/config/blend.h"
 #include "tessera/config/keys.h"
@@ -179,19 +182,71 @@ void check_fp8(const Checker& c, const TrainingConfig& t) {
             "a multiple of 16 with fp8_lm_head");
 }
 
-// parse_blend names the key and the offending token (a weight that is not a number).
-void check_blends(const Checker& c, const DataConfig& d) {
-  if (!d.data_path.empty()) parse_blend(d.data_path, "data_path", c.origin("data_path"));
-  if (!d.valid_data_path.empty())
-    parse_blend(d.valid_data_path, "valid_data_path", c.origin("valid_data_path"));
-  if (d.train_data_path.empty() || is_text_corpus_path(d.train_data_path)) return;
-  const auto blend = parse_blend(d.train_data_path, "train_data_path", c.origin("train_data_path"));
-  // A single word that names neither text nor a dataset is most likely a missing corpus.
-  const std::string& p = blend[0].prefix;
-  c.require(blend.size() > 1 || fs::exists(p + ".idx") || fs::exists(p + ".bin"), "train_data_path",
-            "an existing file or directory of text, or a Megatron blend of indexed datasets "
+// The run's tokenizer as a dataset would record it (without the vocabulary, which only
+// loading the tokenizer tells); the tokenizer.json is hashed once, on first use.
+class RunTokenizer {
+ public:
+  explicit RunTokenizer(const DataConfig& d) : d_(d) {}
+  const TokenizerRecord& record() {
+    if (!record_) {
+      record_.emplace();
+      record_->tokenizer_type = d_.tokenizer_type;
+      if (d_.tokenizer_type == TokenizerType::HuggingFace) {
+        record_->tokenizer_model = d_.tokenizer_model;
+        record_->tokenizer_json_sha256 = file_sha256(tokenizer_json_path(d_.tokenizer_model));
+      }
+    }
+    return *record_;
+  }
+
+ private:
+  const DataConfig& d_;
+  std::optional<TokenizerRecord> record_;
+};
+
+// Every prefix of a blend must name a dataset (PREFIX.bin and PREFIX.idx), checked here so
+// that a typo stops the run before its experiment directory is made. A dataset that records
+// its tokenizer (dataset_meta_path) must have been made with the run's: the same ids under
+// another vocabulary train on nonsense. Datasets without a record (Megatron's tools, older
+// Tessera) are not checked. parse_blend names the key and the offending token (a weight that
+// is not a number).
+void check_blend(const Checker& c, const char* key, const std::string& value, RunTokenizer& run) {
+  const auto blend = parse_blend(value, key, c.origin(key));
+  // A single train_data_path word that names neither text nor a dataset is most likely a
+  // missing corpus.
+  const std::string expected =
+      std::string_view(key) == "train_data_path" && blend.size() == 1
+          ? "an existing file or directory of text, or a Megatron blend of indexed datasets "
             "(PREFIX.bin/.idx); for the Brown corpus, run scripts/setup.sh, which installs it "
-            "under node_modules/");
+            "under node_modules/"
+          : "a Megatron blend of existing indexed datasets, PREFIX.bin + PREFIX.idx (written by "
+            "`tessera preprocess`; the default experiment's by scripts/setup.sh)";
+  for (const auto& b : blend) {
+    std::vector<std::string> missing;
+    for (const char* ext : {".bin", ".idx"})
+      if (!fs::is_regular_file(b.prefix + ext)) missing.push_back(b.prefix + ext);
+    c.require(missing.empty(), key,
+              fmt::format("{}; {} not found", expected, fmt::join(missing, " and ")));
+    const std::optional<TokenizerRecord> made_with = read_tokenizer_record(b.prefix);
+    if (!made_with) continue;
+    const TokenizerRecord& r = run.record();
+    c.require(made_with->tokenizer_type == r.tokenizer_type &&
+                  made_with->tokenizer_json_sha256 == r.tokenizer_json_sha256,
+              key,
+              fmt::format("datasets made with this run's tokenizer, {}; {} was made with {}, "
+                          "as {} records: preprocess it again with this tokenizer, or set "
+                          "tokenizer_type / tokenizer_model to the dataset's",
+                          describe_tokenizer_record(r), b.prefix,
+                          describe_tokenizer_record(*made_with), dataset_meta_path(b.prefix)));
+  }
+}
+
+void check_blends(const Checker& c, const DataConfig& d) {
+  RunTokenizer run(d);
+  if (!d.data_path.empty()) check_blend(c, "data_path", d.data_path, run);
+  if (!d.valid_data_path.empty()) check_blend(c, "valid_data_path", d.valid_data_path, run);
+  if (!d.train_data_path.empty() && !is_text_corpus_path(d.train_data_path))
+    check_blend(c, "train_data_path", d.train_data_path, run);
 }
 
 void check_data(const Checker& c, const DataConfig& d) {
@@ -202,10 +257,10 @@ void check_data(const Checker& c, const DataConfig& d) {
                         "into train/valid/test, train_data_path is used whole); train_data_path "
                         "is '{}': clear one of them, e.g. --train_data_path null",
                         d.train_data_path));
-  if (!d.mock_data) check_blends(c, d);
   c.require(d.tokenizer_type != TokenizerType::HuggingFace || names_a_tokenizer(d.tokenizer_model),
             "tokenizer_model",
             tokenizer_model_expectation() + " with tokenizer_type HuggingFaceTokenizer");
+  if (!d.mock_data) check_blends(c, d);
   const std::vector<double> split = parse_split(d.split);
   c.require(split.size() == 3 && split[0] > 0, "split",
             "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");

@@ -6,7 +6,9 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 #include "tessera/core/random.h"
 #include "tessera/data/blended_dataset.h"
@@ -131,10 +133,15 @@ struct IndexedContext {
   int64_t vocab;
   std::string tokenizer;
   std::map<std::string, std::shared_ptr<const IndexedDataset>> opened;
+  // Datasets without a tokenizer record, which validation could not check (validate.cpp).
+  std::vector<std::string> unrecorded;
 
   std::shared_ptr<const IndexedDataset> open(const std::string& prefix) {
     auto& slot = opened[prefix];
-    if (!slot) slot = std::make_shared<const IndexedDataset>(prefix, vocab, tokenizer);
+    if (!slot) {
+      slot = std::make_shared<const IndexedDataset>(prefix, vocab, tokenizer);
+      if (!std::filesystem::exists(dataset_meta_path(prefix))) unrecorded.push_back(prefix);
+    }
     return slot;
   }
   std::string cache_for(const std::string& prefix) const {
@@ -218,7 +225,8 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
                      .cache_dir = dc.data_cache_path,
                      .vocab = vocab,
                      .tokenizer = tokenizer.name(),
-                     .opened = {}};
+                     .opened = {},
+                     .unrecorded = {}};
   if (!dc.train_data_path.empty() && is_text_corpus_path(dc.train_data_path)) {
     d = make_text_sources(e, tokenizer);
   } else {
@@ -244,6 +252,11 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
     d.valid = make_blend_source(blend, nullptr, 1, "valid", valid_samples, ctx);
     if (d.valid) d.description += "; validation from valid_data_path: " + d.valid->describe();
   }
+  if (!ctx.unrecorded.empty())
+    d.description += fmt::format(
+        "; tokenizer not checked for {} (no .meta.json: made by Megatron's tools or an older "
+        "Tessera)",
+        fmt::join(ctx.unrecorded, ", "));
   return d;
 }
 

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -30,6 +31,25 @@ template <class T>
 void put(std::vector<uint8_t>* out, T v) {
   const auto* p = reinterpret_cast<const uint8_t*>(&v);
   out->insert(out->end(), p, p + sizeof v);
+}
+
+void write_whole_file(const std::string& path, const void* data, size_t bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  bool ok = f && std::fwrite(data, 1, bytes, f) == bytes;
+  if (f && std::fclose(f) != 0) ok = false;
+  if (!ok) throw DataError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
+}
+
+void rename_file(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  std::filesystem::rename(from, to, ec);
+  if (ec) throw DataError(fmt::format("{}: cannot rename to {}: {}", from, to, ec.message()));
+}
+
+void remove_file(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) throw DataError(fmt::format("{}: cannot remove: {}", path, ec.message()));
 }
 
 template <class T>
@@ -233,15 +253,21 @@ void IndexedDataset::read(uint64_t seq, uint64_t offset, uint64_t count, int32_t
           prefix_, out[i], seq, offset + i, vocab_, tokenizer_name_));
 }
 
-IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype)
-    : prefix_(std::move(prefix)), dtype_(dtype) {
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype,
+                                           std::string meta_json)
+    : prefix_(std::move(prefix)), meta_json_(std::move(meta_json)), dtype_(dtype) {
   TS_CHECK(dtype == TokenDType::UInt16 || dtype == TokenDType::Int32,
            "the writer supports uint16 and int32 tokens, not {}", token_dtype_name(dtype));
   const std::string tmp = fmt::format(".tmp-{}", ::getpid());
   bin_tmp_ = prefix_ + ".bin" + tmp;
   idx_tmp_ = prefix_ + ".idx" + tmp;
+  meta_tmp_ = dataset_meta_path(prefix_) + tmp;
   const std::filesystem::path dir = std::filesystem::path(prefix_).parent_path();
-  if (!dir.empty()) std::filesystem::create_directories(dir);
+  std::error_code ec;
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw DataError(
+        fmt::format("{}: cannot create the output directory: {}", dir.string(), ec.message()));
   bin_ = std::fopen(bin_tmp_.c_str(), "wb");
   if (!bin_) throw DataError(fmt::format("{}: cannot create: {}", bin_tmp_, std::strerror(errno)));
 }
@@ -250,8 +276,8 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
   if (bin_) std::fclose(bin_);
   if (!finished_) {
     std::error_code ignored;
-    std::filesystem::remove(bin_tmp_, ignored);
-    std::filesystem::remove(idx_tmp_, ignored);
+    for (const std::string& tmp : {bin_tmp_, idx_tmp_, meta_tmp_})
+      std::filesystem::remove(tmp, ignored);
   }
 }
 
@@ -297,13 +323,14 @@ void IndexedDatasetWriter::finish() {
     pointer += static_cast<int64_t>(length) * static_cast<int64_t>(token_dtype_size(dtype_));
   }
   for (uint64_t d = 0; d <= n; ++d) put<int64_t>(&idx, static_cast<int64_t>(d));
-  FILE* f = std::fopen(idx_tmp_.c_str(), "wb");
-  bool idx_ok = f && std::fwrite(idx.data(), 1, idx.size(), f) == idx.size();
-  if (f && std::fclose(f) != 0) idx_ok = false;
-  if (!idx_ok) throw DataError(fmt::format("{}: write failed: {}", idx_tmp_, std::strerror(errno)));
+  write_whole_file(idx_tmp_, idx.data(), idx.size());
+  if (!meta_json_.empty()) write_whole_file(meta_tmp_, meta_json_.data(), meta_json_.size());
+  // An earlier dataset's record must not describe this one, even if a crash stops the renames.
+  remove_file(dataset_meta_path(prefix_));
   // The .bin first: a reader that finds the new .idx also finds its .bin.
-  std::filesystem::rename(bin_tmp_, prefix_ + ".bin");
-  std::filesystem::rename(idx_tmp_, prefix_ + ".idx");
+  rename_file(bin_tmp_, prefix_ + ".bin");
+  rename_file(idx_tmp_, prefix_ + ".idx");
+  if (!meta_json_.empty()) rename_file(meta_tmp_, dataset_meta_path(prefix_));
   finished_ = true;
 }
 

@@ -75,10 +75,14 @@ class IndexedDataset {
 };
 
 // Writes PREFIX.bin and PREFIX.idx under temporary names and renames them only in finish(),
-// so a crash or error never leaves a half-written dataset under the real name.
+// so a crash or error never leaves a half-written dataset under the real name. With
+// `meta_json`, finish() also writes it as the dataset's record (dataset_meta_path), after the
+// data: a crash in between leaves a dataset without a record, never one with a wrong record.
+// A stale record of an earlier dataset under the same prefix is removed first. Throws
+// DataError naming the file when a file cannot be created, written or renamed.
 class IndexedDatasetWriter {
  public:
-  IndexedDatasetWriter(std::string prefix, TokenDType dtype);
+  IndexedDatasetWriter(std::string prefix, TokenDType dtype, std::string meta_json = "");
   ~IndexedDatasetWriter();  // removes the temporary files unless finish() succeeded
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
   IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
@@ -91,7 +95,7 @@ class IndexedDatasetWriter {
   uint64_t tokens() const { return tokens_; }
 
  private:
-  std::string prefix_, bin_tmp_, idx_tmp_;
+  std::string prefix_, bin_tmp_, idx_tmp_, meta_tmp_, meta_json_;
   TokenDType dtype_;
   FILE* bin_ = nullptr;
   std::vector<int32_t> lengths_;

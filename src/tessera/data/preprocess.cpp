@@ -1,7 +1,11 @@
 #include "tessera/data/preprocess.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +17,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 #include "tessera/data/text_corpus.h"
 #include "tessera/data/tokenizer.h"
@@ -138,6 +143,63 @@ void encode_document(const RawDocument& doc, const std::vector<std::string>& key
       if (!v.empty()) v.push_back(tokenizer.eod_id());
 }
 
+// Refuses, before any work, an output prefix that cannot be written: without this a
+// directory under a file aborted the run, and a read-only one failed only after everything
+// was tokenized.
+void check_output_location(const std::string& prefix, const std::vector<std::string>& keys) {
+  // Files go into the nearest directory that exists, or into directories made under it.
+  fs::path existing = fs::path(prefix).parent_path();
+  std::error_code ec;
+  while (!existing.empty() && !fs::exists(existing, ec)) existing = existing.parent_path();
+  if (existing.empty()) existing = ".";
+  if (!fs::is_directory(existing))
+    throw ConfigError(
+        "command line", "output-prefix", prefix,
+        fmt::format("a path in a directory, but {} is not a directory", existing.string()));
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    throw ConfigError("command line", "output-prefix", prefix,
+                      fmt::format("a writable location, but directory {} is not writable: {}",
+                                  existing.string(), std::strerror(errno)));
+  for (const std::string& key : keys) {
+    const std::string out = fmt::format("{}_{}_document", prefix, key);
+    for (const std::string& file : {out + ".bin", out + ".idx", dataset_meta_path(out)})
+      if (fs::is_directory(file))
+        throw ConfigError(
+            "command line", "output-prefix", prefix,
+            fmt::format("a prefix whose outputs can be files, but {} is a directory", file));
+  }
+}
+
+// The output's missing directories: made before the first file is written and, unless the
+// run succeeds, removed again (deepest first, and only while empty), so that a refused or
+// failed run leaves nothing behind.
+class OutputDirectories {
+ public:
+  explicit OutputDirectories(const fs::path& dir) {
+    std::error_code ec;
+    for (fs::path d = dir; !d.empty() && !fs::exists(d, ec); d = d.parent_path())
+      made_.push_back(d);
+    if (!made_.empty()) fs::create_directories(dir, ec);
+    if (ec) {
+      remove_made();
+      throw DataError(
+          fmt::format("{}: cannot create the output directory: {}", dir.string(), ec.message()));
+    }
+  }
+  ~OutputDirectories() {
+    if (!keep_) remove_made();
+  }
+  void keep() { keep_ = true; }
+
+ private:
+  void remove_made() {
+    std::error_code ignored;
+    for (const fs::path& d : made_) fs::remove(d, ignored);
+  }
+  std::vector<fs::path> made_;  // deepest first
+  bool keep_ = false;
+};
+
 // Runs fn(i) for i in [0, n) on `workers` threads, each taking the next item as it gets
 // free (documents vary wildly in length); rethrows the first error.
 void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) {
@@ -174,6 +236,7 @@ PreprocessStats preprocess(const PreprocessOptions& o,
   if (o.json_keys.empty()) throw ConfigError("command line", "json-keys", "", "at least one key");
   if (o.workers < 1)
     throw ConfigError("command line", "workers", std::to_string(o.workers), "at least 1");
+  check_output_location(o.output_prefix, o.json_keys);
   const std::vector<InputFile> files = list_inputs(o.inputs);
   for (const auto& f : files)
     if (!f.json_lines && o.json_keys.size() > 1)
@@ -187,12 +250,20 @@ PreprocessStats preprocess(const PreprocessOptions& o,
   stats.tokenizer = tokenizer->name();
   stats.dtype = token_dtype_for_vocab(tokenizer->vocab_size());
   for (const auto& f : files) stats.input_bytes += fs::file_size(f.path);
+  TokenizerRecord record;
+  record.tokenizer_type = o.tokenizer.tokenizer_type;
+  record.vocab_size = tokenizer->vocab_size();
+  if (o.tokenizer.tokenizer_type == TokenizerType::HuggingFace) {
+    record.tokenizer_model = o.tokenizer.tokenizer_model;
+    record.tokenizer_json_sha256 = file_sha256(tokenizer_json_path(o.tokenizer.tokenizer_model));
+  }
 
+  OutputDirectories directories(fs::path(o.output_prefix).parent_path());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
   for (const std::string& key : o.json_keys) {
     stats.outputs.push_back({fmt::format("{}_{}_document", o.output_prefix, key)});
-    writers.push_back(
-        std::make_unique<IndexedDatasetWriter>(stats.outputs.back().prefix, stats.dtype));
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(
+        stats.outputs.back().prefix, stats.dtype, tokenizer_record_json(record)));
   }
   DocumentReader reader(files);
   std::vector<RawDocument> batch;
@@ -218,7 +289,18 @@ PreprocessStats preprocess(const PreprocessOptions& o,
     stats.documents += batch.size();
     if (progress) progress(reader.bytes_read(), stats.input_bytes, stats.documents);
   }
+  // An empty dataset only fails later, in training, far from its cause.
+  for (size_t k = 0; k < writers.size(); ++k)
+    if (stats.outputs[k].documents == 0)
+      throw ConfigError(
+          "command line", "input", fmt::format("{}", fmt::join(o.inputs, " ")),
+          fmt::format("documents with text for key '{}', but {}; nothing was written",
+                      o.json_keys[k],
+                      stats.documents == 0
+                          ? "the input holds no documents"
+                          : fmt::format("none of the {} documents read has any", stats.documents)));
   for (auto& w : writers) w->finish();
+  directories.keep();
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

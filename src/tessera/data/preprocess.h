@@ -1,7 +1,9 @@
 #pragma once
 // Text -> Megatron indexed dataset, as Megatron's tools/preprocess_data.py: every document is
 // tokenized (in parallel) and written in input order, with an end-of-document token, to
-// {output_prefix}_{key}_document.bin/.idx, one file pair per JSON key.
+// {output_prefix}_{key}_document.bin/.idx, one file pair per JSON key. Beside each pair,
+// .meta.json records the tokenizer (config/tokenizer_model.h, TokenizerRecord), so that
+// training refuses a run with a different one.
 //
 // Inputs, in the order given:
 //   *.jsonl, *.json   one JSON object per line; each key names a string field (a list of
@@ -45,8 +47,10 @@ struct PreprocessStats {
 };
 
 // progress(bytes read so far, total input bytes, documents so far) is called after every
-// batch of documents. Throws ConfigError for unusable options, DataError (naming the file
-// and line) for unreadable input or a JSON line without the key; no output is left then.
+// batch of documents. Throws ConfigError for unusable options (an output prefix that cannot
+// be written is found before any work) and for input without any text for a key, DataError
+// (naming the file and line) for unreadable input or a JSON line without the key, or for a
+// write that fails; no output is left then, nor the directories made for it.
 PreprocessStats preprocess(
     const PreprocessOptions& options,
     const std::function<void(uint64_t, uint64_t, uint64_t)>& progress = nullptr);
