@@ -1,6 +1,7 @@
 #pragma once
 // Small hand-built Chrome traces with known answers, written to a per-test temp directory.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,8 +16,10 @@ using nlohmann::json;
 // A fresh directory per test, under GoogleTest's temp dir.
 inline std::filesystem::path test_dir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  // The process id keeps test runs of several checkouts at once apart.
   auto dir = std::filesystem::path(::testing::TempDir()) / "tessera_analysis" /
-             (std::string(info->test_suite_name()) + "." + info->name());
+             (std::string(info->test_suite_name()) + "." + info->name() + "." +
+              std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
