@@ -580,9 +580,41 @@ std::vector<OpCase> attention_cases() {
   return cases;
 }
 
+// Generation's attention over a KV cache: one new token per sequence at position pos, the
+// cache filled up to it (and beyond: later positions must not be read).
+std::vector<OpCase> decode_cases() {
+  std::vector<OpCase> cases;
+  struct Decode {
+    AttentionShape s;
+    int64_t pos;
+  };
+  for (const Decode& d : {Decode{attn(1, 64, 4, 2, 64, 0), 0}, Decode{attn(2, 100, 8, 2, 128, 0), 99},
+                          Decode{attn(1, 300, 4, 1, 64, 33), 250},
+                          Decode{attn(1, 2048, 8, 2, 128, 512), 2047},
+                          Decode{attn(3, 40, 4, 4, 128, 0), 17}, Decode{attn(1, 16, 2, 1, 256, 0), 9}}) {
+    const AttentionShape& s = d.s;
+    const int64_t HD = s.heads * s.head_dim, row = 2 * s.kv_heads * s.head_dim;
+    OpCase c;
+    c.name = fmt::format("attention_decode B{} S{} H{} KV{} D{} window{} pos{}", s.batch, s.seq,
+                         s.heads, s.kv_heads, s.head_dim, s.window, d.pos);
+    c.specs = {{"q", {s.batch, HD}},
+               {"kv", {s.batch, s.seq, row}},
+               {"out", {s.batch, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2}};
+    c.run = [d](Backend& b, const Tensors& t) {
+      b.attention_decode(t.at("out"), t.at("q"), t.at("kv"), d.pos, d.s);
+    };
+    const int64_t keys = s.window > 0 ? std::min(s.window, d.pos + 1) : d.pos + 1;
+    c.flops = 4.0 * s.batch * s.heads * keys * s.head_dim;
+    c.bytes = 2.0 * s.batch * keys * row + 4.0 * s.batch * HD;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
-  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, mlp_and_loss_cases,
+  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases,
+                  mlp_and_loss_cases,
                   reduction_and_optimizer_cases, fp8_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;

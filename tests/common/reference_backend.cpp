@@ -234,6 +234,13 @@ void ReferenceBackend::do_attention_backward(const Tensor& dqkv, const Tensor& d
   store(dqkv, d);
 }
 
+void ReferenceBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
+                                           int64_t pos, const AttentionShape& s) {
+  std::vector<double> o(static_cast<size_t>(out.numel()));
+  ref::attention_decode(o.data(), values(q).data(), values(kv).data(), pos, s);
+  store(out, o);
+}
+
 void ReferenceBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(out);
   std::vector<double> o(static_cast<size_t>(out.numel()));

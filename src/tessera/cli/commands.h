@@ -21,6 +21,7 @@ int bench_command(const Args& args);
 int report_command(const Args& args);
 int trace_command(const Args& args);
 int convert_command(const Args& args);
+int generate_command(const Args& args);
 int memory_command(const Args& args);
 int plot_command(const Args& args);
 int preflight_command(const Args& args);

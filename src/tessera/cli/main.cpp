@@ -34,6 +34,8 @@ constexpr Command kCommands[] = {
      tessera::cli::trace_command},
     {"convert", "checkpoints <-> Hugging Face model directories; logits dump for numerics checks",
      tessera::cli::convert_command},
+    {"generate", "sample text from a checkpoint or a Hugging Face directory (KV cache, tokens/s)",
+     tessera::cli::generate_command},
 };
 
 void print_usage() {

@@ -12,28 +12,34 @@
 #include "tessera/model/activation_plan.h"
 #include "tessera/model/model.h"
 #include "tessera/model/param_layout.h"
+#include "tessera/model/scratch_arena.h"
 
 namespace tessera {
 
-// What a block sees of its model during a pass.
-class LayerOps {
+// What a block sees of its model during a forward pass, in training or generation.
+class ForwardOps {
  public:
-  virtual ~LayerOps() = default;
+  virtual ~ForwardOps() = default;
   virtual Backend& backend() const = 0;
   virtual const ModelSpec& spec() const = 0;
-  virtual const ModelRuntime& runtime() const = 0;
   virtual Tensor param(int index) const = 0;
-  virtual Tensor grad(int index) const = 0;
   // out = in @ W^T (+ bias) (+ residual). A residual is added exactly once: folded into the
   // GEMM (its beta) on the rank that owns the output's sum (model.h, tensor_parallel_rank).
   virtual void linear(const Tensor& out, const Tensor& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
+  // (positions, rotary dims) fp32: the rope ops' cos/sin table; row t is position t.
+  virtual const Tensor& rope_table() const = 0;
+};
+
+// What a block sees of its model during training: the run's shapes, gradients and backward.
+class LayerOps : public ForwardOps {
+ public:
+  virtual const ModelRuntime& runtime() const = 0;
+  virtual Tensor grad(int index) const = 0;
   // din = dout @ W (skipped when din is undefined); dW += dout^T @ in (dW = ... for the step's
   // first contribution); dbias += colsum(dout).
-  virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
-                               int bias) = 0;
-  // (T, rotary dims) fp32: the rope ops' cos/sin table for the run's sequence length.
-  virtual const Tensor& rope_table() const = 0;
+  virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                               int weight, int bias) = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
 };
@@ -60,6 +66,17 @@ class Block {
   // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x): the residual path plus the
   // block's. Weight gradients accumulate.
   virtual void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) = 0;
+
+  // ---- generation with a cache (model/generator.h) ----
+  // Values per position it keeps for later tokens (an attention block's keys and values).
+  virtual int64_t cache_width() const { return 0; }
+  // Scratch bytes its forward_cached takes for n tokens of `dtype`.
+  virtual size_t cached_scratch_bytes(int64_t n, DType dtype) const = 0;
+  // The block on n new tokens x (n, C) of one sequence at positions [pos, pos + n):
+  // out = x + f(norm(x)). `cache` (S, cache_width()) holds positions [0, pos) on entry and
+  // [0, pos + n) on exit. Either a prompt (pos 0, any n) or one token (n 1) at a time.
+  virtual void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
+                              const Tensor& out, const Tensor& cache, int64_t pos) = 0;
 
   // Model FLOPs (model_spec.h): weights its GEMMs multiply per token, and attention's
   // score and value FLOPs per token of a training step (forward and backward).

@@ -1,5 +1,7 @@
 #include "tessera/model/decoder_layer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tessera/model/model_family.h"
@@ -63,6 +65,34 @@ void DecoderLayer::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid
     ScopedRange r(ops.backend(), blocks_[i]->backward_range_name());
     blocks_[i]->backward(ops, i == 0 ? x : between_[i - 1], dresid);
   }
+}
+
+void DecoderLayer::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
+                                  const Tensor& out, const std::vector<Tensor>& caches,
+                                  int64_t pos) {
+  const size_t start = scratch.mark();
+  std::vector<Tensor> states = {x};
+  for (size_t i = 0; i + 1 < blocks_.size(); ++i) states.push_back(scratch.take(x.dtype, x.shape));
+  states.push_back(out);
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const size_t block_start = scratch.mark();
+    blocks_[i]->forward_cached(ops, scratch, states[i], states[i + 1], caches[i], pos);
+    scratch.release(block_start);
+  }
+  scratch.release(start);
+}
+
+std::vector<int64_t> DecoderLayer::cache_widths() const {
+  std::vector<int64_t> widths;
+  for (const auto& b : blocks_) widths.push_back(b->cache_width());
+  return widths;
+}
+
+size_t DecoderLayer::cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const {
+  size_t largest = 0;
+  for (const auto& b : blocks_) largest = std::max(largest, b->cached_scratch_bytes(n, dtype));
+  const size_t states = (blocks_.size() - 1) * ScratchArena::aligned(n * hidden * dtype_size(dtype));
+  return states + largest;
 }
 
 int64_t DecoderLayer::matmul_params() const {

@@ -29,6 +29,15 @@ class DecoderLayer {
   // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x).
   void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid);
 
+  // Generation (model/generator.h): the layer on n new tokens x (n, C) at positions
+  // [pos, pos + n), out (n, C). caches[i] is block i's cache (S, its cache_width()).
+  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
+                      const std::vector<Tensor>& caches, int64_t pos);
+  // Values per position each block caches, and the scratch bytes forward_cached takes for n
+  // tokens.
+  std::vector<int64_t> cache_widths() const;
+  size_t cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const;
+
   int64_t matmul_params() const;
   double attention_flops_per_token(int64_t seq_length) const;
 

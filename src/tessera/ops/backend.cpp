@@ -325,6 +325,20 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dout, const T
   do_attention_backward(dqkv, dout, out, lse, qkv, s);
 }
 
+void Backend::attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
+                               const AttentionShape& s) {
+  const OpScope scope(*this, "attention_decode", [&] { return op_args::attention(s, q.dtype); });
+  const OpChecks check(*this, "attention_decode");
+  check.attention_shape(s);
+  check.that(s.causal, "generation's attention is causal");
+  check.that(pos >= 0 && pos < s.seq, "position {} outside the cache's {} positions", pos, s.seq);
+  const int64_t heads_width = s.heads * s.head_dim;
+  check.count(q, s.batch * heads_width, "q");
+  check.count(out, s.batch * heads_width, "out");
+  check.count(kv, s.batch * s.seq * 2 * s.kv_heads * s.head_dim, "kv");
+  do_attention_decode(out, q, kv, pos, s);
+}
+
 void Backend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const OpScope scope(*this, "swiglu_forward", [&] { return op_args::rows_cols(gate_up); });
   const OpChecks check(*this, "swiglu_forward");

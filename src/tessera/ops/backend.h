@@ -248,6 +248,13 @@ class Backend {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                           const Tensor& lse, const Tensor& qkv, const AttentionShape& s);
 
+  // Generation with a KV cache: q (B, H*D), the query heads of one new token per sequence at
+  // position `pos`, attends to the positions visible from it (causal, s.window) of
+  // kv (B, S, 2*KV*D), which holds per position the KV key heads then the KV value heads;
+  // out (B, H*D). s.seq is the cache's capacity S > pos.
+  void attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
+                        const AttentionShape& s);
+
   // gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up.
   void swiglu_forward(const Tensor& out, const Tensor& gate_up);
   // dgate_up (N, 2F) overwritten.
@@ -300,6 +307,8 @@ class Backend {
   virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                      const Tensor& lse, const Tensor& qkv,
                                      const AttentionShape& s) = 0;
+  virtual void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
+                                   int64_t pos, const AttentionShape& s) = 0;
   virtual void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
   virtual void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                   const Tensor& gate_up) = 0;

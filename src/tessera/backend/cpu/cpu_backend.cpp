@@ -502,6 +502,16 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   }
 }
 
+// One token per sequence: little work, so the reference's loops as they are.
+void CpuBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
+                                     int64_t pos, const AttentionShape& s) {
+  const char* op = "attention_decode";
+  expect_f32(out, op, "out");
+  expect_f32(q, op, "q");
+  expect_f32(kv, op, "kv");
+  ref::attention_decode(f32(out), f32(q), f32(kv), pos, s);
+}
+
 void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   expect_f32(out, "swiglu_forward", "out");
   expect_f32(gate_up, "swiglu_forward", "gate_up");
@@ -585,7 +595,6 @@ void CpuBackend::do_adamw_step(const AdamWArgs& args) {
   expect_f32(args.exp_avg, op, "exp_avg");
   expect_f32(args.exp_avg_sq, op, "exp_avg_sq");
   expect_f32(args.grad_norm_sq, op, "grad_norm_sq");
-  const int64_t P = args.master.numel();
   float* params = nullptr;
   if (args.params.defined() && args.params.data != args.master.data) {
     expect_f32(args.params, op, "params");

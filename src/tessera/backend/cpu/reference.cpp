@@ -281,6 +281,35 @@ void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
 }
 
 template <class T>
+void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const AttentionShape& s) {
+  const int64_t D = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
+  const KeyRange keys = visible_keys(s, pos);
+  std::vector<double> p(static_cast<size_t>(keys.last - keys.first + 1));
+  std::vector<double> acc(static_cast<size_t>(D));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* qh = q + (b * H + h) * D;
+      const T* k_rows = kv + b * s.seq * 2 * KV * D + (h / group) * D;
+      const T* v_rows = k_rows + KV * D;
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t j = keys.first; j <= keys.last; ++j) {
+        p[j - keys.first] = s.scale * dot(qh, k_rows + j * 2 * KV * D, D);
+        max = std::max(max, p[j - keys.first]);
+      }
+      double denom = 0;
+      for (double& x : p) denom += (x = std::exp(x - max));
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = keys.first; j <= keys.last; ++j) {
+        const T* v = v_rows + j * 2 * KV * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += p[j - keys.first] * v[d];
+      }
+      T* o = out + (b * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / denom);
+    }
+  }
+}
+
+template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv,
                         const AttentionShape& s) {
   const int64_t D = s.head_dim, width = s.qkv_width();
@@ -412,6 +441,7 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void attention_head_backward<T>(T*, T*, T*, int64_t, const T*, const T*, const T*,      \
                                            const T*, const AttentionShape&, int64_t, int64_t,      \
                                            double*);                                               \
+  template void attention_decode<T>(T*, const T*, const T*, int64_t, const AttentionShape&);       \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, T);           \

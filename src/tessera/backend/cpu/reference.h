@@ -110,6 +110,13 @@ void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T*
                              const T* lse, const T* qkv, const AttentionShape& s, int64_t b,
                              int64_t h, double* scratch);
 
+// Generation's attention for one new token per sequence, at position `pos`: q (B, H*D)
+// attends to the keys and values of the positions visible from `pos` (visible_keys) in the
+// cache kv (B, S, 2*KV*D), which holds per position the KV key heads, then the KV value
+// heads. out (B, H*D). s.seq is the cache's capacity S.
+template <class T>
+void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const AttentionShape& s);
+
 // ---- SwiGLU ----
 
 // gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up, silu(g) = g * sigmoid(g).

@@ -9,6 +9,7 @@
 
 #include "tessera/backend/cpu/reference.h"
 #include "tessera/backend/cuda/attention.cuh"
+#include "tessera/backend/cuda/attention_decode.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
@@ -533,7 +534,6 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
   require_bf16_attention(out, op, "out");
   require_bf16_attention(qkv, op, "qkv");
   expect_type(lse, DType::F32, op, "lse");
-  const int64_t width = s.qkv_width(), HD = s.heads * s.head_dim;
   if (use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;
     try {
@@ -548,6 +548,15 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
   const size_t bytes = attention_backward_scratch_bytes(s);
   cuda::attention_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
                            bytes > 0 ? scratch(bytes) : nullptr, stream_);
+}
+
+void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
+                                      int64_t pos, const AttentionShape& s) {
+  const char* op = "attention_decode";
+  expect_float(q, op, "q");
+  expect_same_type(out, q, op, "out");
+  expect_same_type(kv, q, op, "kv");
+  cuda::attention_decode(out.data, q.data, kv.data, pos, s, q.dtype, stream_);
 }
 
 void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {

@@ -110,6 +110,8 @@ class CudaBackend final : public Backend {
   void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                              const Tensor& lse, const Tensor& qkv,
                              const AttentionShape& s) override;
+  void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
+                           const AttentionShape& s) override;
   void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                           const Tensor& gate_up) override;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tessera/core/error.h"
+
 namespace tessera {
 
 void GqaAttentionBlock::declare_params(ParamLayoutBuilder& b) {
@@ -33,10 +35,10 @@ void GqaAttentionBlock::declare_backward_scratch(ActivationPlan& plan, const Mod
   plan.add(&dqkv_, rt.compute_dtype, {N, s_.qkv_width()});
 }
 
-AttentionShape GqaAttentionBlock::shape(const ModelRuntime& rt) const {
+AttentionShape GqaAttentionBlock::shape(int64_t batch, int64_t seq) const {
   AttentionShape a;
-  a.batch = rt.micro_batch;
-  a.seq = rt.seq_length;
+  a.batch = batch;
+  a.seq = seq;
   a.heads = s_.heads;
   a.kv_heads = s_.kv_heads;
   a.head_dim = s_.head_dim;
@@ -48,7 +50,7 @@ AttentionShape GqaAttentionBlock::shape(const ModelRuntime& rt) const {
 
 void GqaAttentionBlock::forward_inner(LayerOps& ops, const Tensor& x) {
   Backend& b = ops.backend();
-  const AttentionShape a = shape(ops.runtime());
+  const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
   ops.linear(qkv_, ln_, qkv_weight_, qkv_bias_);
   b.rope_forward(qkv_, ops.rope_table(), a);
@@ -61,7 +63,7 @@ void GqaAttentionBlock::forward_output(LayerOps& ops, const Tensor& x, const Ten
 
 void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
   Backend& b = ops.backend();
-  const AttentionShape a = shape(ops.runtime());
+  const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
   b.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   b.rope_backward(dqkv_, ops.rope_table(), a);
@@ -69,6 +71,44 @@ void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
     b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
   ops.linear_backward(ops.norm_grad(), dqkv_, ln_, qkv_weight_, qkv_bias_);
   b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
+}
+
+size_t GqaAttentionBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
+  const size_t e = dtype_size(dtype);
+  return ScratchArena::aligned(n * s_.hidden * e) + ScratchArena::aligned(n * 4) +
+         ScratchArena::aligned(n * s_.qkv_width() * e) +
+         ScratchArena::aligned(n * s_.attn_width() * e) + ScratchArena::aligned(s_.heads * n * 4);
+}
+
+// A prompt attends within itself (attention_forward over its own q, k and v); one new token
+// attends to the cache. Both write every position's keys and values into the cache first.
+void GqaAttentionBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
+                                       const Tensor& out, const Tensor& cache, int64_t pos) {
+  Backend& b = ops.backend();
+  const int64_t n = x.dim(0), width = s_.qkv_width(), q_width = s_.attn_width();
+  const int64_t S = cache.dim(0), row = cache_width();
+  const DType dt = x.dtype;
+  TS_CHECK(pos == 0 || n == 1, "generation: {} tokens at position {} (a prompt, or one token)", n,
+           pos);
+  TS_CHECK(pos + n <= S, "generation: positions up to {} in a cache of {}", pos + n, S);
+  const Tensor ln = scratch.take(dt, {n, s_.hidden});
+  const Tensor rstd = scratch.take(DType::F32, {n});
+  const Tensor qkv = scratch.take(dt, {n, width});
+  const Tensor att = scratch.take(dt, {n, q_width});
+  b.rmsnorm_forward(ln, rstd, x, ops.param(norm_), s_.norm_eps);
+  ops.linear(qkv, ln, qkv_weight_, qkv_bias_);
+  // Row t of the table slice is position pos + t.
+  b.rope_forward(qkv, ops.rope_table().rows(pos, pos + n), shape(1, n));
+  for (int64_t t = 0; t < n; ++t)
+    b.copy(cache.flat_range((pos + t) * row, row), qkv.flat_range(t * width + q_width, row));
+  if (pos == 0) {
+    const Tensor lse = scratch.take(DType::F32, {1, s_.heads, n});
+    b.attention_forward(att, lse, qkv, shape(1, n));
+  } else {
+    b.attention_decode(att, qkv.flat_range(0, q_width).view({1, q_width}),
+                       cache.view({1, S, row}), pos, shape(1, S));
+  }
+  ops.linear(out, att, o_proj_, -1, x);
 }
 
 int64_t GqaAttentionBlock::matmul_params() const {

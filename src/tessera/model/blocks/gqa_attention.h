@@ -4,6 +4,8 @@
 //   qkv = ln @ Wqkv^T (+ bias)               (N, (H + 2 KV) D), q, k, v heads packed per token
 //   rope on the q and k heads; att = causal (optionally windowed) softmax attention (N, H D)
 //   out = x + att @ Wo^T                     (N, C)
+// In generation each position's key and value heads go to the cache (2 KV D per position), and
+// a new token's query attends to them (Backend::attention_decode).
 #include "tessera/model/block.h"
 
 namespace tessera {
@@ -21,11 +23,15 @@ class GqaAttentionBlock final : public Block {
   void forward_inner(LayerOps& ops, const Tensor& x) override;
   void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) override;
   void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) override;
+  int64_t cache_width() const override { return 2 * s_.kv_heads * s_.head_dim; }
+  size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
+  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
+                      const Tensor& cache, int64_t pos) override;
   int64_t matmul_params() const override;
   double attention_flops_per_token(int64_t seq_length) const override;
 
  private:
-  AttentionShape shape(const ModelRuntime& rt) const;
+  AttentionShape shape(int64_t batch, int64_t seq) const;
 
   ModelSpec s_;
   int norm_ = -1, qkv_weight_ = -1, qkv_bias_ = -1, o_proj_ = -1;

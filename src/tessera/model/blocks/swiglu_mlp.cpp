@@ -48,4 +48,25 @@ void SwigluMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dres
   b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
 }
 
+size_t SwigluMlpBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
+  const size_t e = dtype_size(dtype);
+  return ScratchArena::aligned(n * s_.hidden * e) + ScratchArena::aligned(n * 4) +
+         ScratchArena::aligned(n * 2 * s_.ffn * e) + ScratchArena::aligned(n * s_.ffn * e);
+}
+
+void SwigluMlpBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
+                                    const Tensor& out, const Tensor& /*cache*/,
+                                    int64_t /*pos*/) {
+  Backend& b = ops.backend();
+  const int64_t n = x.dim(0);
+  const Tensor ln = scratch.take(x.dtype, {n, s_.hidden});
+  const Tensor rstd = scratch.take(DType::F32, {n});
+  const Tensor gate_up = scratch.take(x.dtype, {n, 2 * s_.ffn});
+  const Tensor h = scratch.take(x.dtype, {n, s_.ffn});
+  b.rmsnorm_forward(ln, rstd, x, ops.param(norm_), s_.norm_eps);
+  ops.linear(gate_up, ln, gate_up_, -1);
+  b.swiglu_forward(h, gate_up);
+  ops.linear(out, h, down_, -1, x);
+}
+
 }  // namespace tessera

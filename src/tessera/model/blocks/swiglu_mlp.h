@@ -21,6 +21,9 @@ class SwigluMlpBlock final : public Block {
   void forward_inner(LayerOps& ops, const Tensor& x) override;
   void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) override;
   void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) override;
+  size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
+  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
+                      const Tensor& cache, int64_t pos) override;
   int64_t matmul_params() const override { return 3 * s_.hidden * s_.ffn; }
 
  private:

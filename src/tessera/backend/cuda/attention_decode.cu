@@ -1,0 +1,104 @@
+#include "tessera/backend/cuda/attention_decode.cuh"
+
+#include <cmath>
+
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/kernel_utils.cuh"
+
+namespace tessera::cuda {
+namespace {
+
+// One block per (query head, sequence). Decoding reads every visible key and value once and
+// does two multiply-adds per element read, so the kernel is bound by memory latency and
+// bandwidth, not by math: each warp walks its share of the keys (key j goes to warp
+// j % kWarps) with an online softmax, its lanes holding D/32 of the head dimensions, and the
+// warps' partial results are combined once at the end. Reading a key is one coalesced load
+// of D contiguous elements by the warp.
+constexpr int kWarps = 8;
+
+template <class T, int PER_LANE>
+__global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t S, int64_t H,
+                                        int64_t KV, int64_t first, int64_t last, float scale) {
+  constexpr int D = PER_LANE * 32;
+  const int64_t h = blockIdx.x, b = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = 2 * KV * D;  // elements per cached position
+  const T* keys = kv + b * S * row + (h / (H / KV)) * D;
+  const T* values = keys + KV * D;
+
+  float qd[PER_LANE], acc[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    qd[i] = to_float(q[(b * H + h) * D + lane + 32 * i]) * scale;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t j = first + warp; j <= last; j += kWarps) {
+    const T* k = keys + j * row;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) dot += qd[i] * to_float(k[lane + 32 * i]);
+    const float score = warp_sum(dot);
+    const float m_new = fmaxf(m, score);
+    const float correction = __expf(m - m_new), p = __expf(score - m_new);
+    l = l * correction + p;
+    const T* v = values + j * row;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i)
+      acc[i] = acc[i] * correction + p * to_float(v[lane + 32 * i]);
+    m = m_new;
+  }
+
+  __shared__ float warp_m[kWarps], warp_l[kWarps];
+  __shared__ float warp_acc[kWarps][D];
+  if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) warp_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  float m_all = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, warp_m[w]);
+  float l_all = 0.0f;
+  for (int w = 0; w < kWarps; ++w)
+    if (warp_l[w] > 0.0f) l_all += warp_l[w] * __expf(warp_m[w] - m_all);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      if (warp_l[w] > 0.0f) o += warp_acc[w][d] * __expf(warp_m[w] - m_all);
+    out[(b * H + h) * D + d] = from_float<T>(o / l_all);
+  }
+}
+
+template <class T, int PER_LANE>
+void launch(void* out, const void* q, const void* kv, int64_t first, int64_t last,
+            const AttentionShape& s, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
+  attention_decode_kernel<T, PER_LANE><<<grid, kWarps * 32, 0, stream>>>(
+      static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(kv), s.seq, s.heads,
+      s.kv_heads, first, last, s.scale);
+  TS_CUDA_CHECK_LAUNCH("attention_decode_kernel");
+}
+
+}  // namespace
+
+void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
+                      const AttentionShape& s, DType dtype, cudaStream_t stream) {
+  NvtxRange range("attention_decode");
+  // The visible keys: the op API's rule (reference.h, visible_keys) for query row pos.
+  const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
+  dispatch_float(dtype, "attention_decode", [&](auto tag) {
+    using T = decltype(tag);
+    switch (s.head_dim) {
+      case 64:
+        return launch<T, 2>(out, q, kv, first, pos, s, stream);
+      case 128:
+        return launch<T, 4>(out, q, kv, first, pos, s, stream);
+      case 256:
+        return launch<T, 8>(out, q, kv, first, pos, s, stream);
+      default:
+        throw InternalError("attention_decode: head_dim " + std::to_string(s.head_dim) +
+                            " (64, 128 or 256 on CUDA)");
+    }
+  });
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,18 @@
+#pragma once
+// Attention of one new token per sequence during generation, over a KV cache (op API:
+// Backend::attention_decode). Include from .cu files only (cudaStream_t).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "tessera/core/dtype.h"
+#include "tessera/ops/backend.h"
+
+namespace tessera::cuda {
+
+// q (B, H*D), out (B, H*D), kv (B, S, 2*KV*D) with S = s.seq: all in dtype (bf16 or fp32).
+// The new token is at position `pos`; it sees the cached positions s allows (causal, window).
+void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
+                      const AttentionShape& s, DType dtype, cudaStream_t stream);
+
+}  // namespace tessera::cuda

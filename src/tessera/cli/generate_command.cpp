@@ -1,0 +1,202 @@
+// tessera generate: sample text from a Tessera checkpoint or a Hugging Face model directory,
+// with a KV cache (model/generator.h), on the CPU or a GPU.
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+#include "tessera/backend/backend_factory.h"
+#include "tessera/bench/command_args.h"
+#include "tessera/ckpt/checkpoint.h"
+#include "tessera/ckpt/hf_model.h"
+#include "tessera/cli/commands.h"
+#include "tessera/core/error.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/model/generator.h"
+#include "tessera/model/sampling.h"
+
+namespace tessera::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+void print_generate_help() {
+  fmt::print(
+      "usage: tessera generate --from CHECKPOINT_OR_HF_DIR (--prompt TEXT | --prompt_ids IDS)\n"
+      "                        [--max_new_tokens 64] [--temperature 0] [--top_k 0] [--top_p 1]\n"
+      "                        [--seed 1] [--device auto|cpu|cuda] [--precision auto|fp32|bf16]\n"
+      "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n\n"
+      "Samples a continuation of the prompt, one token at a time with a KV cache, and prints it\n"
+      "with the time the prompt took and the decoding rate in tokens/s. --from is a checkpoint\n"
+      "directory, a save directory (its latest checkpoint) or a Hugging Face model directory.\n"
+      "Temperature 0 decodes greedily; otherwise top-k, then top-p (nucleus) restrict the\n"
+      "sampled tokens, as transformers' generate() does. The tokenizer is the checkpoint's\n"
+      "(its training config), the Hugging Face directory's tokenizer.json, or --tokenizer\n"
+      "(llama2, llama3, llama3.1, qwen3, a tokenizer.json, or ByteLevel); --prompt_ids takes\n"
+      "space-separated token ids instead of text (no tokenizer needed). Generation stops at\n"
+      "the tokenizer's end-of-document token unless --ignore_eos.\n");
+}
+
+// The weights: a Tessera checkpoint or a Hugging Face directory.
+struct Source {
+  std::string name;
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::unique_ptr<HfModelReader> hf;
+  const ModelSpec& spec() const { return checkpoint ? checkpoint->spec() : hf->spec(); }
+  std::vector<float> weights(const ParamInfo& p) const {
+    return checkpoint ? checkpoint->master(p) : hf->weights(p);
+  }
+};
+
+Source open_source(const std::string& from) {
+  Source s;
+  if (fs::exists(fs::path(from) / "config.json")) {
+    s.name = from;
+    s.hf = std::make_unique<HfModelReader>(from);
+    return s;
+  }
+  s.name = find_latest_checkpoint(from);
+  if (s.name.empty())
+    throw ConfigError("command line", "from", from,
+                      "a checkpoint directory, a save directory holding one, or a Hugging Face "
+                      "model directory (config.json and safetensors)");
+  s.checkpoint = std::make_unique<Checkpoint>(s.name);
+  return s;
+}
+
+// --tokenizer, else the checkpoint's training config, else the Hugging Face directory's file.
+std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& option) {
+  DataConfig d;
+  if (!option.empty()) {
+    if (option == "ByteLevel") return make_tokenizer(d);
+    if (!names_a_tokenizer(option))
+      throw ConfigError("command line", "tokenizer", option,
+                        tokenizer_model_expectation() + ", or ByteLevel");
+    d.tokenizer_type = TokenizerType::HuggingFace;
+    d.tokenizer_model = option;
+    return make_tokenizer(d);
+  }
+  if (src.checkpoint) {
+    const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
+    if (config["tokenizer_type"] &&
+        config["tokenizer_type"].as<std::string>() == "HuggingFaceTokenizer") {
+      d.tokenizer_type = TokenizerType::HuggingFace;
+      d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
+    }
+    return make_tokenizer(d);
+  }
+  const fs::path file = fs::path(src.name) / "tokenizer.json";
+  if (!fs::exists(file))
+    throw ConfigError(
+        "command line", "tokenizer", "",
+        fmt::format("a tokenizer: {} has no tokenizer.json; pass --tokenizer", src.name));
+  d.tokenizer_type = TokenizerType::HuggingFace;
+  d.tokenizer_model = file.string();
+  return make_tokenizer(d);
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::istringstream in(text);
+  int64_t id = 0;
+  while (in >> id) ids.push_back(static_cast<int32_t>(id));
+  if (!in.eof() || ids.empty())
+    throw ConfigError("command line", "prompt_ids", text, "space-separated token ids");
+  return ids;
+}
+
+double parse_number(const bench::CommandArgs& a, const std::string& key, double fallback,
+                    double min, double max) {
+  if (!a.has(key)) return fallback;
+  const std::string text = a.get(key, "");
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && v >= min && v <= max) return v;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError("command line", key, text, fmt::format("a number in [{}, {}]", min, max));
+}
+
+}  // namespace
+
+int generate_command(const Args& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      print_generate_help();
+      return 0;
+    }
+  const bench::CommandArgs a(args,
+                             {"from", "prompt", "prompt_ids", "max_new_tokens", "temperature",
+                              "top_k", "top_p", "seed", "device", "precision", "tokenizer"},
+                             {"ignore_eos"}, false);
+  if (!a.has("from")) throw ConfigError("command line", "from", "", "--from CHECKPOINT_OR_HF_DIR");
+  if (a.has("prompt") == a.has("prompt_ids"))
+    throw ConfigError("command line", "prompt", "", "exactly one of --prompt and --prompt_ids");
+  SamplingOptions so;
+  so.temperature = parse_number(a, "temperature", 0.0, 0.0, 100.0);
+  so.top_k = a.get_int("top_k", 0, 0);
+  so.top_p = parse_number(a, "top_p", 1.0, 1e-6, 1.0);
+  so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0));
+  const int64_t max_new = a.get_int("max_new_tokens", 64, 1);
+  const std::string device = a.get("device", "auto"), precision = a.get("precision", "auto");
+  const DeviceChoice choice =
+      device == "cpu"    ? DeviceChoice::Cpu
+      : device == "cuda" ? DeviceChoice::Cuda
+      : device == "auto" ? DeviceChoice::Auto
+                         : throw ConfigError("command line", "device", device, "auto, cpu or cuda");
+  if (precision != "auto" && precision != "fp32" && precision != "bf16")
+    throw ConfigError("command line", "precision", precision, "auto, fp32 or bf16");
+
+  const Source src = open_source(a.get("from", ""));
+  const ModelSpec& spec = src.spec();
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int32_t> prompt;
+  if (a.has("prompt_ids")) {
+    prompt = parse_ids(a.get("prompt_ids", ""));
+    if (a.has("tokenizer") || !a.has("ignore_eos"))
+      tokenizer = open_tokenizer(src, a.get("tokenizer", ""));
+  } else {
+    tokenizer = open_tokenizer(src, a.get("tokenizer", ""));
+    tokenizer->encode(a.get("prompt", ""), &prompt);
+    if (prompt.empty())
+      throw ConfigError("command line", "prompt", "", "text that encodes to tokens");
+  }
+  const int64_t vocab =
+      tokenizer ? std::min(tokenizer->vocab_size(), spec.vocab_size) : spec.vocab_size;
+
+  auto backend = make_backend(choice, 0);
+  const DType dtype = precision == "fp32"   ? DType::F32
+                      : precision == "bf16" ? DType::BF16
+                                            : backend->default_compute_dtype();
+  Generator gen(*backend, spec, dtype, static_cast<int64_t>(prompt.size()) + max_new);
+  gen.load([&](const ParamInfo& p) { return src.weights(p); });
+  Sampler sampler(so);
+
+  const auto t0 = Clock::now();
+  std::vector<float> logits = gen.prefill(prompt);
+  const double prefill_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::vector<int32_t> generated;
+  const auto t1 = Clock::now();
+  for (int64_t i = 0; i < max_new; ++i) {
+    const int32_t token = sampler.next(logits, vocab);
+    generated.push_back(token);
+    if (tokenizer && !a.has("ignore_eos") && token == tokenizer->eod_id()) break;
+    if (i + 1 < max_new) logits = gen.step(token);
+  }
+  const double decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
+
+  if (tokenizer) fmt::print("{}\n", tokenizer->decode(generated));
+  fmt::print(stderr, "ids: {}\n", fmt::join(generated, " "));
+  fmt::print(stderr,
+             "{} on {} ({}): prompt of {} tokens in {:.1f} ms; {} new tokens at {:.1f} tokens/s\n",
+             src.name, backend->description(), dtype_name(dtype), prompt.size(), prefill_ms,
+             generated.size(), generated.size() / std::max(decode_s, 1e-9));
+  return 0;
+}
+
+}  // namespace tessera::cli

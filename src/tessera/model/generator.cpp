@@ -1,0 +1,156 @@
+#include "tessera/model/generator.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
+#include "tessera/model/rope.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t aligned(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+}  // namespace
+
+Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtype,
+                     int64_t max_positions)
+    : backend_(backend),
+      spec_(spec),
+      dtype_(compute_dtype),
+      max_positions_(max_positions),
+      layers_(make_decoder_layers(spec)),
+      layout_(decoder_param_layout(spec, layers_)) {
+  TS_CHECK(max_positions > 0, "generation needs room for at least one position");
+  const size_t e = dtype_size(dtype_);
+  const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size;
+  param_buffer_ = DeviceBuffer(backend_, layout_.total * e, "parameters");
+  params_ = param_buffer_.tensor(dtype_, {layout_.total});
+
+  size_t cache_bytes = 0;
+  for (const auto& layer : layers_)
+    for (int64_t w : layer->cache_widths()) cache_bytes += aligned(S * w * e);
+  cache_buffer_ = DeviceBuffer(backend_, cache_bytes, "KV cache");
+  size_t at = 0;
+  for (const auto& layer : layers_) {
+    caches_.emplace_back();
+    for (int64_t w : layer->cache_widths()) {
+      caches_.back().push_back(w > 0 ? cache_buffer_.tensor(dtype_, {S, w}, at) : Tensor{});
+      at += aligned(S * w * e);
+    }
+  }
+
+  // Two residual states for the layers to ping-pong between, the final norm and logits of one
+  // position, the tokens and the rope table.
+  const size_t sizes[] = {
+      aligned(S * 4), aligned(S * C * e), aligned(S * C * e), aligned(C * e),
+      aligned(4),     aligned(V * e),     aligned(V * 4),     aligned(S * spec_.head_dim * 4)};
+  size_t total = 0;
+  for (size_t b : sizes) total += b;
+  state_buffer_ = DeviceBuffer(backend_, total, "generation state");
+  at = 0;
+  auto next = [&](DType dtype, Shape shape, size_t bytes) {
+    const Tensor t = state_buffer_.tensor(dtype, shape, at);
+    at += bytes;
+    return t;
+  };
+  tokens_ = next(DType::I32, {S}, sizes[0]);
+  state_a_ = next(dtype_, {S, C}, sizes[1]);
+  state_b_ = next(dtype_, {S, C}, sizes[2]);
+  final_norm_ = next(dtype_, {1, C}, sizes[3]);
+  final_rstd_ = next(DType::F32, {1}, sizes[4]);
+  logits_ = next(dtype_, {1, V}, sizes[5]);
+  logits_f32_ = next(DType::F32, {V}, sizes[6]);
+  freqs_ = next(DType::F32, {S, spec_.head_dim}, sizes[7]);
+  const std::vector<float> table = tessera::rope_table(spec_, S);
+  backend_.upload(freqs_, table.data());
+
+  size_t scratch = 0;
+  for (const auto& layer : layers_)
+    scratch = std::max(scratch, layer->cached_scratch_bytes(S, C, dtype_));
+  scratch_ = ScratchArena(backend_, scratch);
+}
+
+Generator::~Generator() = default;
+
+Tensor Generator::param(int index) const {
+  const ParamInfo& p = layout_.params[index];
+  return params_.flat_range(p.offset, p.numel()).view(p.shape);
+}
+
+void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& weights) {
+  DeviceBuffer staging(backend_, 0, "staging");
+  for (const ParamInfo& p : layout_.params) {
+    const std::vector<float> w = weights(p);
+    TS_CHECK(static_cast<int64_t>(w.size()) == p.numel(), "{}: {} values for {} elements", p.name,
+             w.size(), p.numel());
+    const Tensor dst = params_.flat_range(p.offset, p.numel());
+    if (dtype_ == DType::F32) {
+      backend_.upload(dst, w.data());
+      continue;
+    }
+    // Through an fp32 copy on the device, rounded to nearest even as everywhere else.
+    if (staging.bytes() < w.size() * 4) staging = DeviceBuffer(backend_, w.size() * 4, "staging");
+    const Tensor f32 = staging.tensor(DType::F32, {p.numel()});
+    backend_.upload(f32, w.data());
+    backend_.convert(dst, f32);
+  }
+  backend_.synchronize();
+}
+
+void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias,
+                       const Tensor& residual) {
+  MatmulArgs m;
+  m.out = out;
+  m.a = in;
+  m.b = param(weight);
+  m.trans_b = true;
+  if (residual.defined()) m.beta = 1.0f, m.c = residual;
+  if (bias >= 0) m.bias = param(bias);
+  backend_.matmul(m);
+}
+
+std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {
+  TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
+  position_ = 0;
+  return run(prompt.data(), static_cast<int64_t>(prompt.size()));
+}
+
+std::vector<float> Generator::step(int32_t token) {
+  return run(&token, 1);
+}
+
+std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
+  if (position_ + n > max_positions_)
+    throw Error(
+        fmt::format("generation: {} positions do not fit the {} the generator has room "
+                    "for (raise --max-new-tokens's budget or shorten the prompt)",
+                    position_ + n, max_positions_));
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
+      throw DataError(fmt::format("generation: token id {} outside the vocabulary [0, {})",
+                                  tokens[i], spec_.vocab_size));
+  const Tensor ids = tokens_.flat_range(0, n);
+  backend_.upload(ids, tokens);
+  Tensor x = state_a_.rows(0, n), y = state_b_.rows(0, n);
+  backend_.embedding_forward(x, ids, param(layout_.embedding));
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l]->forward_cached(*this, scratch_, x, y, caches_[l], position_);
+    std::swap(x, y);
+  }
+  backend_.rmsnorm_forward(final_norm_, final_rstd_, x.rows(n - 1, n), param(layout_.final_norm),
+                           spec_.norm_eps);
+  linear(logits_, final_norm_, layout_.lm_head, -1, {});
+  backend_.convert(logits_f32_, logits_);
+  std::vector<float> logits(static_cast<size_t>(spec_.vocab_size));
+  backend_.download(logits.data(), logits_f32_);
+  position_ += n;
+  return logits;
+}
+
+}  // namespace tessera

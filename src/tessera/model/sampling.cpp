@@ -1,0 +1,45 @@
+#include "tessera/model/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+int32_t Sampler::next(const std::vector<float>& logits, int64_t vocab) {
+  TS_CHECK(vocab > 0 && vocab <= static_cast<int64_t>(logits.size()), "sampling {} of {} logits",
+           vocab, logits.size());
+  if (o_.temperature <= 0) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) -
+                                logits.begin());
+  }
+  // Candidates by decreasing logit (ties by id), cut to top_k.
+  std::vector<int32_t> ids(static_cast<size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  const size_t keep = o_.top_k > 0 ? std::min<size_t>(o_.top_k, ids.size()) : ids.size();
+  const auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
+  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
+  ids.resize(keep);
+  // Softmax of logit / temperature over the candidates, in double.
+  std::vector<double> p(keep);
+  const double top = logits[ids[0]] / o_.temperature;
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(logits[ids[i]] / o_.temperature - top);
+  // The nucleus: the most likely tokens until their probability reaches top_p (at least one).
+  size_t n = keep;
+  if (o_.top_p < 1.0) {
+    double mass = 0;
+    for (n = 0; n < keep;) {
+      mass += p[n++] / sum;
+      if (mass >= o_.top_p) break;
+    }
+  }
+  std::discrete_distribution<size_t> pick(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(n));
+  return ids[pick(rng_)];
+}
+
+}  // namespace tessera
