@@ -19,8 +19,24 @@ any exceeds --tolerance. Tessera runs in fp32 on its CPU reference backend (the 
 backend computes in bf16 and is checked against that reference by the GPU tests),
 transformers in fp32 with eager attention.
 
+  3. generation: for each tokenizer of --tokenizers, a tiny model of one family trains for a few
+     iterations with it (tessera train, mock data, CPU), and
+       tessera convert --from SAVE --to-hf OUT
+     exports it with the tokenizer its checkpoint records. AutoTokenizer.from_pretrained(OUT)
+     must load, agree with config.json and generation_config.json on the bos/eos/pad ids,
+     take model_max_length from max_position_embeddings, and encode and decode a few
+     sentences as the `tokenizers` library does from OUT/tokenizer.json (which Tessera's own
+     tests compare with Tessera's ids); pipeline("text-generation",
+     model=OUT) must load and, under generation_config.json's greedy decoding, give
+     model.generate's ids, each the argmax of the model's logits; the text is printed.
+     ByteLevel runs have no tokenizer files (docs/checkpoints.md): their model generates from
+     the prompt's bytes, checked the same way. --checkpoint adds real checkpoints
+     (exported with their recorded tokenizer). Any loading failure fails the check.
+
   python3 scripts/ckpt/hf_transformers_check.py [--tessera build/tessera]
       [--torch-device cpu|cuda] [--tolerance 1e-4] [--keep DIR]
+      [--tokenizers llama3,llama3.1,qwen3,llama2,ByteLevel] [--checkpoint SAVE_DIR ...]
+      [--prompt TEXT] [--max-new-tokens 16]
 """
 import argparse
 import copy
@@ -31,7 +47,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import traceback
 
+import tokenizers
 import torch
 import transformers
 
@@ -164,6 +182,151 @@ def check(args, kind, work, rows):
                  max_relative_error(loss.reshape(1), original_loss.reshape(1))))
 
 
+# Encoded with AutoTokenizer and with the `tokenizers` library from the same tokenizer.json.
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "  Leading spaces, a tab\tand numbers 1234567 and 3.14159\n\nnew paragraph",
+    "Unicode: naïve café, 日本語のテキスト, emoji 🙂",
+    "Special tokens in the text: <|end_of_text|> <|endoftext|> <s> </s>",
+]
+
+# The tokenizer each generation check trains with, and the model family its tiny model has.
+GENERATION_MODELS = {
+    "llama3": ["--num_query_groups", "2"],
+    "llama3.1": ["--num_query_groups", "2", "--use_rope_scaling", "true",
+                 "--rope_original_max_position_embeddings", "32"],
+    "qwen3": ["--num_query_groups", "1", "--add_qkv_bias", "true",
+              "--untie_embeddings_and_output_weights", "false"],
+    "llama2": ["--num_query_groups", "4", "--sliding_window", "16"],
+    "ByteLevel": ["--num_query_groups", "2"],
+}
+
+
+def train_tiny(args, tokenizer, work):
+    """A few iterations on mock data over the tokenizer's vocabulary; returns the save dir."""
+    save = os.path.join(work, "ckpt")
+    tokenizer_args = (["--tokenizer_type", "ByteLevel"] if tokenizer == "ByteLevel" else
+                      ["--tokenizer_type", "HuggingFaceTokenizer", "--tokenizer_model", tokenizer])
+    cmd = [args.tessera, "train", "--model", "tiny_llama", "--num_layers", "2", "--hidden_size", "64",
+           "--ffn_hidden_size", "128", "--num_attention_heads", "4", "--max_position_embeddings", "128",
+           "--seq_length", "32", "--micro_batch_size", "2", "--global_batch_size", "2",
+           "--train_iters", "3", "--lr_warmup_iters", "0", "--eval_interval", "0", "--mock_data", "true",
+           "--vocab_size", "0", "--device", "cpu", "--log_progress", "false", "--save", save,
+           "--workspace", os.path.join(work, "workspace"), *tokenizer_args, *GENERATION_MODELS[tokenizer]]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+    return save
+
+
+def check_generation(args, label, save, work, results):
+    """Exports checkpoint `save` with its tokenizer and generates from it with transformers."""
+    out = os.path.join(work, "exported")
+    cmd = [args.tessera, "convert", "--from", save, "--to-hf", out]
+    exported = subprocess.run(cmd, capture_output=True, text=True)
+    if exported.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({exported.returncode}):\n{exported.stdout}{exported.stderr}")
+    print(f"[{label}] {exported.stdout.strip()}")
+    for line in exported.stderr.splitlines():
+        print(f"[{label}] {line}")
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(out, "generation_config.json")) as f:
+        generation = json.load(f)
+    ids = {k: config.get(f"{k}_token_id") for k in ("bos", "eos", "pad")}
+    if {k: generation.get(f"{k}_token_id") for k in ids} != ids:
+        raise RuntimeError(f"generation_config.json {generation} and config.json {ids} disagree on token ids")
+    if generation.get("do_sample", False):
+        raise RuntimeError(f"generation_config.json samples: {generation}")
+
+    dtype = {"dtype" if V5 else "torch_dtype": torch.float32}
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True, **dtype)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        raise RuntimeError(f"{out}: transformers reports {bad}")
+    model = model.to(args.torch_device).eval()
+
+    if not os.path.exists(os.path.join(out, "tokenizer.json")):
+        # A byte-level run: no tokenizer files (docs/checkpoints.md); the prompt's bytes are its ids.
+        if ids["eos"] != 256 or ids["bos"] is not None:
+            raise RuntimeError(f"{out} has no tokenizer.json but token ids {ids}, not a byte-level run's")
+        prompt = torch.tensor([list(args.prompt.encode("utf-8"))], device=args.torch_device)
+        with torch.no_grad():
+            generated = model.generate(prompt, max_new_tokens=args.max_new_tokens,
+                                       attention_mask=torch.ones_like(prompt))[0]
+        check_greedy(model, generated, prompt.shape[1], args)
+        text = bytes(i for i in generated.tolist() if i < 256).decode("utf-8", "replace")
+        results.append((label, "generate from bytes", text))
+        return
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    got = {k: getattr(tokenizer, f"{k}_token_id") for k in ids}
+    if got != ids:
+        raise RuntimeError(f"AutoTokenizer has token ids {got}, config.json {ids}")
+    if tokenizer.model_max_length != config["max_position_embeddings"]:
+        raise RuntimeError(f"model_max_length {tokenizer.model_max_length}, expected "
+                           f"max_position_embeddings {config['max_position_embeddings']}")
+    reference = tokenizers.Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    for sentence in SENTENCES:
+        for add in (False, True):
+            want = reference.encode(sentence, add_special_tokens=add).ids
+            encoded = tokenizer(sentence, add_special_tokens=add)["input_ids"]
+            if encoded != want:
+                raise RuntimeError(f"{type(tokenizer).__name__} encodes {sentence!r} (add_special_tokens={add}) "
+                                   f"as {encoded}, tokenizer.json as {want}")
+            if tokenizer.decode(want, clean_up_tokenization_spaces=False) != reference.decode(
+                    want, skip_special_tokens=False):
+                raise RuntimeError(f"{type(tokenizer).__name__} decodes {want} otherwise than tokenizer.json")
+    generator = transformers.pipeline("text-generation", model=out, device=args.torch_device, **dtype)
+    piped = [int(i) for i in generator(args.prompt, max_new_tokens=args.max_new_tokens,
+                                       return_tensors=True)[0]["generated_token_ids"]]
+    text = generator(args.prompt, max_new_tokens=args.max_new_tokens, return_full_text=False)[0]["generated_text"]
+    # The pipeline's prompt ids, with or without the special tokens the tokenizer adds
+    # (transformers versions differ in what the pipeline asks for).
+    prompts = [tokenizer(args.prompt, add_special_tokens=add)["input_ids"] for add in (True, False)]
+    prompt_ids = next((p for p in prompts if piped[:len(p)] == p), None)
+    if prompt_ids is None:
+        raise RuntimeError(f"pipeline output {piped} starts with neither tokenization of the prompt {prompts}")
+    prompt = torch.tensor([prompt_ids], device=args.torch_device)
+    with torch.no_grad():
+        generated = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                   max_new_tokens=args.max_new_tokens)[0]
+    if piped != generated.tolist():
+        raise RuntimeError(f"pipeline generated {piped}, model.generate {generated.tolist()}")
+    check_greedy(model, generated, len(prompt_ids), args)
+    results.append((label, f"pipeline ({type(tokenizer).__name__})", text))
+
+
+def check_greedy(model, sequence, prompt_length, args):
+    """Each generated token is the argmax of the logits before it (to rounding)."""
+    with torch.no_grad():
+        logits = model(sequence[None].to(args.torch_device)).logits[0].float()
+    for t in range(prompt_length, sequence.shape[0]):
+        row = logits[t - 1]
+        gap = (row.max() - row[sequence[t]]).item()
+        if gap > 1e-4 * row.abs().max().item():
+            raise RuntimeError(f"token {t} ({int(sequence[t])}) is {gap:.3g} below the argmax "
+                               f"({int(row.argmax())}): not greedy decoding")
+
+
+def run_generation_checks(args, work_root):
+    """Returns (label, check, output text or the error) per model, and whether all passed."""
+    results, failed = [], False
+    jobs = [(name, None) for name in args.tokenizers.split(",") if name]
+    jobs += [(f"checkpoint {path}", path) for path in args.checkpoint]
+    for k, (label, save) in enumerate(jobs):
+        work = os.path.join(work_root, f"generation_{k}")
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        try:
+            check_generation(args, label, save or train_tiny(args, label, work), work, results)
+        except Exception as e:  # noqa: BLE001 - reported, and the check fails
+            traceback.print_exc()
+            results.append((label, "FAILED", f"{type(e).__name__}: {e}"))
+            failed = True
+    return results, failed
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -171,7 +334,16 @@ def main():
     parser.add_argument("--torch-device", default="cpu")
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--keep", help="keep the work files in this directory")
+    parser.add_argument("--tokenizers", default=",".join(GENERATION_MODELS),
+                        help="tokenizers of the generation checks, comma-separated (empty: none)")
+    parser.add_argument("--checkpoint", action="append", default=[],
+                        help="also export and generate from this Tessera checkpoint (repeatable)")
+    parser.add_argument("--prompt", default="The quick brown fox")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
     args = parser.parse_args()
+    unknown = [t for t in args.tokenizers.split(",") if t and t not in GENERATION_MODELS]
+    if unknown:
+        parser.error(f"--tokenizers: {unknown} not among {list(GENERATION_MODELS)}")
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, tessera {args.tessera}")
     rows = []
     work_root = args.keep or tempfile.mkdtemp(prefix="tessera_hf_check_")
@@ -181,6 +353,7 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
             os.makedirs(work)
             check(args, kind, work, rows)
+        generated, generation_failed = run_generation_checks(args, work_root)
     finally:
         if not args.keep:
             shutil.rmtree(work_root, ignore_errors=True)
@@ -191,7 +364,11 @@ def main():
         failed |= not ok
         print(f"{kind:<8} {what:<24} {logits_err:>18.3e} {loss_err:>13.3e}  {'ok' if ok else 'FAIL'}")
     print(f"tolerance {args.tolerance:g}: {'FAILED' if failed else 'all passed'}")
-    return 1 if failed else 0
+    print(f"greedy generation, prompt {args.prompt!r}, {args.max_new_tokens} new tokens:")
+    for label, what, text in generated:
+        print(f"  {label:<10} {what:<36} {text!r}")
+    print(f"generation: {'FAILED' if generation_failed else 'all loaded and generated'}")
+    return 1 if failed or generation_failed else 0
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -68,6 +69,14 @@ inline void write_file(const fs::path& p, const std::string& text) {
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// Every path under `dir`: what a refused command must leave unchanged.
+inline std::set<std::string> listing(const fs::path& dir) {
+  std::set<std::string> paths;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    paths.insert(fs::relative(e.path(), dir).string());
+  return paths;
 }
 
 }  // namespace tessera::testing

@@ -418,14 +418,6 @@ TEST(ConvertCli, RefusesToOverwriteAndNamesMissingInputs) {
   EXPECT_EQ(run_tessera("convert --help").exit_code, 0);
 }
 
-// Every path under `dir`: what a refused command must leave unchanged.
-std::set<std::string> listing(const fs::path& dir) {
-  std::set<std::string> paths;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    paths.insert(fs::relative(e.path(), dir).string());
-  return paths;
-}
-
 TEST(ConvertCli, UnusableOutputLocationsExitTwoBeforeTheSourceIsRead) {
   ScratchDir dir;
   Logger log("", 0, false, false);

@@ -4,17 +4,24 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <simdjson.h>
 
 #include "tessera/ckpt/atomic_files.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/ckpt/safetensors.h"
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
+#include "tessera/data/bpe_tokenizer.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/model/model_family.h"
 
 namespace tessera {
@@ -25,6 +32,14 @@ namespace fs = std::filesystem;
 constexpr const char* kConfigFile = "config.json";
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kGenerationConfigFile = "generation_config.json";
+constexpr const char* kTokenizerFile = "tokenizer.json";
+constexpr const char* kTokenizerConfigFile = "tokenizer_config.json";
+constexpr const char* kSpecialTokensMapFile = "special_tokens_map.json";
+
+// transformers' special-token attributes, in the order it writes special_tokens_map.json.
+constexpr const char* kSpecialTokenKeys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                             "pad_token", "cls_token", "mask_token"};
 
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
@@ -39,6 +54,92 @@ nlohmann::json read_json(const fs::path& path) {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot open", path.string()));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A special token as tokenizer_config.json gives it: a string or an AddedToken object; null
+// or absent: none.
+std::optional<std::string> token_content(const nlohmann::ordered_json& config, const char* key) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  return std::string();  // not a token; the caller names the file
+}
+
+// What a tokenizer.json says about its special tokens beyond what BpeTokenizer reads.
+struct AddedTokenFlags {
+  // content -> the AddedToken object transformers writes into special_tokens_map.json
+  std::map<std::string, nlohmann::ordered_json> added;
+  // The special token the post-processor puts before a single sequence (the BOS), if any.
+  std::optional<std::string> prepended;
+};
+
+std::optional<std::string> prepended_token(simdjson::dom::element processor) {
+  std::string_view type;
+  if (processor["type"].get(type) != simdjson::SUCCESS) return std::nullopt;
+  if (type == "Sequence") {
+    simdjson::dom::array steps;
+    if (processor["processors"].get(steps) != simdjson::SUCCESS) return std::nullopt;
+    for (simdjson::dom::element step : steps)
+      if (auto token = prepended_token(step)) return token;
+    return std::nullopt;
+  }
+  simdjson::dom::array single;
+  std::string_view name, token;
+  if (type != "TemplateProcessing" || processor["single"].get(single) != simdjson::SUCCESS ||
+      single.size() == 0 || single.at(0)["SpecialToken"]["id"].get(name) != simdjson::SUCCESS)
+    return std::nullopt;
+  // The template names a special token; special_tokens maps the name to its token(s).
+  simdjson::dom::array tokens;
+  if (processor["special_tokens"][name]["tokens"].get(tokens) == simdjson::SUCCESS &&
+      tokens.size() == 1 && tokens.at(0).get(token) == simdjson::SUCCESS)
+    return std::string(token);
+  return std::string(name);
+}
+
+AddedTokenFlags read_added_token_flags(const std::string& path) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (const auto error = parser.load(path).get(doc); error != simdjson::SUCCESS)
+    throw DataError(fmt::format("{}: not valid JSON ({})", path, simdjson::error_message(error)));
+  AddedTokenFlags out;
+  simdjson::dom::array added;
+  if (doc["added_tokens"].get(added) == simdjson::SUCCESS) {
+    for (simdjson::dom::element t : added) {
+      std::string_view content;
+      if (t["content"].get(content) != simdjson::SUCCESS) continue;
+      nlohmann::ordered_json token = {{"content", std::string(content)}};
+      for (const char* flag : {"lstrip", "normalized", "rstrip", "single_word"}) {
+        bool value = false;
+        if (t[flag].get(value) != simdjson::SUCCESS) value = false;  // transformers' default
+        token[flag] = value;
+      }
+      out.added[std::string(content)] = std::move(token);
+    }
+  }
+  simdjson::dom::element processor;
+  if (doc["post_processor"].get(processor) == simdjson::SUCCESS && processor.is_object())
+    out.prepended = prepended_token(processor);
+  return out;
+}
+
+nlohmann::ordered_json id_or_null(std::optional<int32_t> id) {
+  return id ? nlohmann::ordered_json(*id) : nlohmann::ordered_json(nullptr);
+}
+
+// bos and eos always (null where the tokenizer has none, which transformers would otherwise
+// replace by its config class's defaults, e.g. Llama's 1 and 2); pad only where there is one.
+void add_token_ids(const HfTokenizer& t, nlohmann::ordered_json* j) {
+  (*j)["bos_token_id"] = id_or_null(t.bos_id);
+  (*j)["eos_token_id"] = id_or_null(t.eos_id);
+  if (t.pad_id) (*j)["pad_token_id"] = *t.pad_id;
 }
 
 }  // namespace
@@ -183,12 +284,88 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
   return d.behaviour;
 }
 
+HfTokenizer read_hf_tokenizer(const DataConfig& data) {
+  HfTokenizer t;
+  if (data.tokenizer_type == TokenizerType::ByteLevel) {
+    t.name = tokenizer_type_name(data.tokenizer_type);
+    t.vocab = 257;
+    t.eos_id = 256;
+    t.no_files_reason =
+        "no Hugging Face tokenizer encodes exactly like Tessera's byte tokenizer (ids 0-255 = "
+        "the bytes of the text, 256 = end of document): transformers only treats 256 as the end "
+        "of text if it is a special token, and a special token is matched inside the text, so "
+        "a document that spells it would encode differently";
+    return t;
+  }
+  const std::unique_ptr<Tokenizer> loaded = make_tokenizer(data);
+  const auto& bpe = dynamic_cast<const BpeTokenizer&>(*loaded);
+  t.name = data.tokenizer_model;
+  t.vocab = bpe.vocab_size();
+  t.tokenizer_json = tokenizer_json_path(data.tokenizer_model);
+  const AddedTokenFlags flags = read_added_token_flags(t.tokenizer_json);
+
+  const fs::path source_config = fs::path(t.tokenizer_json).parent_path() / kTokenizerConfigFile;
+  nlohmann::ordered_json& config = t.tokenizer_config;
+  if (fs::exists(source_config)) {
+    std::ifstream in(source_config);
+    config = nlohmann::ordered_json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!config.is_object())
+      throw DataError(fmt::format("{}: not a JSON object (malformed?): expected a Hugging Face {}",
+                                  source_config.string(), kTokenizerConfigFile));
+  } else {
+    // What the tokenizer.json itself implies; decoding leaves spaces as they are, as
+    // Tessera's decode does.
+    config["bos_token"] = flags.prepended ? nlohmann::ordered_json(*flags.prepended) : nullptr;
+    config["clean_up_tokenization_spaces"] = false;
+  }
+  // The class that runs tokenizer.json as it is, in transformers 4 and 5: transformers 5's
+  // model-specific classes (LlamaTokenizer, Qwen2Tokenizer) rebuild the normalizer,
+  // pre-tokenizer and decoder from their own definitions, which for Llama 2 encodes text that
+  // starts with a space differently.
+  config["tokenizer_class"] = "PreTrainedTokenizerFast";
+  // The model learned to end a document with the token training appended to each one.
+  config["eos_token"] = bpe.eod_token();
+
+  for (const char* key : kSpecialTokenKeys) {
+    const std::optional<std::string> content = token_content(config, key);
+    if (!content) continue;
+    const std::optional<int32_t> id = bpe.token_to_id(*content);
+    if (!id)
+      throw DataError(fmt::format("{}: {} '{}' is not a token of {}", source_config.string(), key,
+                                  *content, t.tokenizer_json));
+    if (key == std::string_view("bos_token")) t.bos_id = id;
+    if (key == std::string_view("pad_token")) t.pad_id = id;
+    const auto added = flags.added.find(*content);
+    t.special_tokens_map[key] = added != flags.added.end()
+                                    ? added->second
+                                    : nlohmann::ordered_json{{"content", *content},
+                                                             {"lstrip", false},
+                                                             {"normalized", false},
+                                                             {"rstrip", false},
+                                                             {"single_word", false}};
+  }
+  t.eos_id = bpe.eod_id();
+  if (const auto extra = config.find("additional_special_tokens");
+      extra != config.end() && extra->is_array() && !extra->empty())
+    t.special_tokens_map["additional_special_tokens"] = *extra;
+  return t;
+}
+
 void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
                     const std::function<std::vector<float>(const ParamInfo&)>& weights,
                     const HfExportOptions& options) {
   TS_CHECK(options.dtype == DType::F32 || options.dtype == DType::BF16, "export dtype {}",
            dtype_name(options.dtype));
-  const nlohmann::ordered_json config = hf_config_json(spec, options.dtype);
+  nlohmann::ordered_json config = hf_config_json(spec, options.dtype);
+  const HfTokenizer* tokenizer = options.tokenizer ? &*options.tokenizer : nullptr;
+  if (tokenizer) {
+    if (tokenizer->vocab > spec.vocab_size)
+      throw DataError(fmt::format(
+          "tokenizer {}: ids up to {}, but the model's vocabulary has {} (a tokenizer of "
+          "another model?)",
+          tokenizer->name, tokenizer->vocab - 1, spec.vocab_size));
+    add_token_ids(*tokenizer, &config);
+  }
   const ParamLayout layout = make_param_layout(spec);
   struct Entry {
     const ParamInfo* param;
@@ -215,6 +392,26 @@ void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
   fs::create_directories(tmp);
   try {
     write_file_atomically((fs::path(tmp) / kConfigFile).string(), config.dump(2) + "\n");
+    if (tokenizer) {
+      // Greedy decoding: transformers' default; the run has no sampling settings to record.
+      nlohmann::ordered_json generation;
+      add_token_ids(*tokenizer, &generation);
+      generation["do_sample"] = false;
+      write_file_atomically((fs::path(tmp) / kGenerationConfigFile).string(),
+                            generation.dump(2) + "\n");
+    }
+    if (tokenizer && !tokenizer->tokenizer_json.empty()) {
+      // model_max_length bounds the inputs (truncation, over-length warnings): the longest
+      // sequence config.json declares the model for.
+      nlohmann::ordered_json tokenizer_config = tokenizer->tokenizer_config;
+      tokenizer_config["model_max_length"] = spec.max_position_embeddings;
+      write_file_atomically((fs::path(tmp) / kTokenizerFile).string(),
+                            read_bytes(tokenizer->tokenizer_json));
+      write_file_atomically((fs::path(tmp) / kTokenizerConfigFile).string(),
+                            tokenizer_config.dump(2) + "\n");
+      write_file_atomically((fs::path(tmp) / kSpecialTokensMapFile).string(),
+                            tokenizer->special_tokens_map.dump(2) + "\n");
+    }
     nlohmann::ordered_json weight_map;
     const ParamInfo* cached_param = nullptr;  // fused tensors are fetched once for all pieces
     std::vector<float> cached;

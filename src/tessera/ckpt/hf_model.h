@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tessera/config/config.h"
 #include "tessera/model/model_spec.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/ops/backend.h"
@@ -57,15 +59,47 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
                                          const ParamLayout& layout, Backend& backend,
                                          const std::vector<FlatSlice>& master);
 
+// The tokenizer an export carries: the special token ids that config.json and
+// generation_config.json hold, and the files transformers' AutoTokenizer loads.
+struct HfTokenizer {
+  std::string name;   // for messages: "llama3", a path, "ByteLevel"
+  int64_t vocab = 0;  // ids run from 0 to vocab - 1
+  std::optional<int32_t> bos_id, eos_id, pad_id;
+  // tokenizer.json, copied byte for byte; empty: no tokenizer files (see no_files_reason).
+  std::string tokenizer_json;
+  // Without model_max_length, which is the exported model's max_position_embeddings.
+  nlohmann::ordered_json tokenizer_config, special_tokens_map;
+  std::string no_files_reason;
+};
+
+// The tokenizer of a run configured with `data` (tokenizer_type, tokenizer_model):
+//   - a Hugging Face tokenizer.json (a shipped name or a path): the file itself;
+//     tokenizer_config.json based on the tokenizer_config.json beside it when there is one
+//     (the shipped packages have one): eos_token the run's end-of-document token
+//     (BpeTokenizer::eod_id, what training appended to every document), tokenizer_class
+//     PreTrainedTokenizerFast (which runs tokenizer.json as it is), the rest (bos, pad and unk
+//     tokens, chat template) as that file has it; without one, bos is the token the
+//     tokenizer's post-processor prepends, if any. special_tokens_map.json holds the same
+//     tokens.
+//   - Tessera's byte tokenizer: ids only (eos 256, no bos), no files: no tokenizer.json
+//     encodes exactly like it (docs/checkpoints.md says why).
+// Throws DataError naming the file when the tokenizer does not load or its tokenizer_config.json
+// names a token the tokenizer does not have, ConfigError when tokenizer_model is empty.
+HfTokenizer read_hf_tokenizer(const DataConfig& data);
+
 struct HfExportOptions {
   DType dtype = DType::BF16;                // BF16 or F32
   uint64_t shard_bytes = 5'000'000'000ull;  // Hugging Face's default "5GB"
+  // nullopt: config.json and the weights only, config.json without token ids.
+  std::optional<HfTokenizer> tokenizer;
 };
 
 // Writes `out_dir` as a Hugging Face model directory: config.json and model.safetensors,
 // or model-0000k-of-0000n.safetensors shards and model.safetensors.index.json when the
-// weights exceed one shard. weights(param) gives each parameter's fp32 values. Written
-// into out_dir + ".tmp" and renamed when complete.
+// weights exceed one shard. weights(param) gives each parameter's fp32 values. With a
+// tokenizer, config.json holds its bos/eos(/pad) ids, and generation_config.json (the same
+// ids, greedy decoding) and its files are written too; a tokenizer with more ids than the
+// model's vocabulary is a DataError. Written into out_dir + ".tmp" and renamed when complete.
 void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
                     const std::function<std::vector<float>(const ParamInfo&)>& weights,
                     const HfExportOptions& options);

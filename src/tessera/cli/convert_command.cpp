@@ -6,15 +6,18 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 #include "tessera/backend/backend_factory.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
+#include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
 #include "tessera/core/output_path.h"
 #include "tessera/model/decoder_model.h"
@@ -29,6 +32,7 @@ void print_convert_help() {
   fmt::print(
       "usage:\n"
       "  tessera convert --from CHECKPOINT --to-hf OUT_DIR [--dtype bf16|fp32] [--shard-size 5GB]\n"
+      "                  [--tokenizer NAME|PATH]\n"
       "  tessera convert --from-hf HF_DIR --to CHECKPOINT_DIR\n"
       "  tessera convert (--from CHECKPOINT | --from-hf HF_DIR) --check-logits TOKENS.txt\n"
       "                  --out LOGITS.safetensors\n\n"
@@ -36,7 +40,13 @@ void print_convert_help() {
       "checkpoint). --to-hf writes config.json (llama, qwen2 or mistral, from the model's\n"
       "features) and model.safetensors, or shards of at most --shard-size with\n"
       "model.safetensors.index.json; the fp32 master weights are exported when the checkpoint\n"
-      "has them. --to writes a weights-only checkpoint that `tessera train --load` starts from.\n"
+      "has them. With them come the run's tokenizer (tokenizer.json, tokenizer_config.json,\n"
+      "special_tokens_map.json) and generation_config.json, so that transformers' AutoTokenizer\n"
+      "and pipeline(\"text-generation\") load the directory; the tokenizer is the one the\n"
+      "checkpoint's configuration names, or --tokenizer: a shipped name (llama2, llama3,\n"
+      "llama3.1, qwen3) or a tokenizer.json (or a directory holding one). A byte-level run has\n"
+      "no Hugging Face tokenizer: only its token ids are written. --to writes a weights-only\n"
+      "checkpoint that `tessera train --load` starts from.\n"
       "--check-logits runs the model in fp32 on the CPU reference backend on each line of TOKENS.txt (space-separated ids,\n"
       "equal lengths) and writes logits [B, T, vocab], the mean next-token loss (as\n"
       "transformers computes it with labels = input ids) and the tokens.\n"
@@ -45,6 +55,7 @@ void print_convert_help() {
 
 struct ConvertOptions {
   std::string from, from_hf, to_hf, to, check_logits, out;
+  std::optional<std::string> tokenizer;  // --tokenizer: overrides the checkpoint's
   DType dtype = DType::BF16;
   uint64_t shard_bytes = 5'000'000'000ull;
 };
@@ -97,6 +108,10 @@ ConvertOptions parse_args(const Args& args) {
     }
     if (const auto it = paths.find(key); it != paths.end()) {
       *it->second = value;
+    } else if (key == "--tokenizer") {
+      if (!names_a_tokenizer(value))
+        throw ConfigError("command line", "tokenizer", value, tokenizer_model_expectation());
+      o.tokenizer = value;
     } else if (key == "--shard-size") {
       o.shard_bytes = parse_size(value);
     } else if (key == "--dtype") {
@@ -105,7 +120,7 @@ ConvertOptions parse_args(const Args& args) {
     } else {
       throw ConfigError("command line", key, value,
                         "one of --from, --from-hf, --to-hf, --to, --check-logits, --out, --dtype, "
-                        "--shard-size (see tessera convert --help)");
+                        "--shard-size, --tokenizer (see tessera convert --help)");
     }
   }
   // "out/" -> "out": the export is published by renaming OUT_DIR.tmp to OUT_DIR, which needs
@@ -119,6 +134,9 @@ ConvertOptions parse_args(const Args& args) {
                       "--to-hf OUT_DIR, --to CHECKPOINT_DIR or --check-logits TOKENS.txt");
   if (!o.check_logits.empty() && o.out.empty())
     throw ConfigError("command line", "out", "", "--out LOGITS.safetensors with --check-logits");
+  if (o.tokenizer && o.to_hf.empty())
+    throw ConfigError("command line", "tokenizer", *o.tokenizer,
+                      "--to-hf OUT_DIR with --tokenizer");
   return o;
 }
 
@@ -173,6 +191,88 @@ Source open_source(const ConvertOptions& o) {
                     o.from, kTrackerFileName));
   s.checkpoint = std::make_unique<Checkpoint>(s.name);
   return s;
+}
+
+// The tokenizer --tokenizer names, loaded before the source is read so that a bad one fails at
+// once (exit 2).
+std::optional<HfTokenizer> tokenizer_option(const ConvertOptions& o) {
+  if (!o.tokenizer) return std::nullopt;
+  DataConfig data;
+  data.tokenizer_type = TokenizerType::HuggingFace;
+  data.tokenizer_model = *o.tokenizer;
+  try {
+    return read_hf_tokenizer(data);
+  } catch (const DataError& e) {
+    throw ConfigError("command line", "tokenizer", *o.tokenizer,
+                      fmt::format("{} ({})", tokenizer_model_expectation(), e.what()));
+  }
+}
+
+// The tokenizer of the run that wrote checkpoint `c`, from the configuration it recorded;
+// nullopt, with the reason in *why, when there is none.
+std::optional<DataConfig> recorded_tokenizer(const Checkpoint& c, std::string* why) {
+  const std::string state_file = (fs::path(c.dir()) / "trainer_state.json").string();
+  if (c.state().config_yaml.empty()) {
+    *why = state_file + " records no configuration (a checkpoint converted from Hugging Face?)";
+    return std::nullopt;
+  }
+  YAML::Node config;
+  try {
+    config = YAML::Load(c.state().config_yaml);
+  } catch (const YAML::Exception& e) {
+    throw DataError(fmt::format("{}: config_yaml is not YAML: {}", state_file, e.what()));
+  }
+  // Mock data of a vocabulary of its own never went through the tokenizer (run_setup.h).
+  const int64_t vocab_size = config["vocab_size"].as<int64_t>(0);
+  if (config["mock_data"].as<bool>(false) && vocab_size > 0) {
+    *why = fmt::format("the run trained on mock data over vocab_size {}, not on tokenized text",
+                       vocab_size);
+    return std::nullopt;
+  }
+  DataConfig data;
+  const std::string type = config["tokenizer_type"].as<std::string>("");
+  if (type == tokenizer_type_name(TokenizerType::HuggingFace)) {
+    data.tokenizer_type = TokenizerType::HuggingFace;
+  } else if (type != tokenizer_type_name(TokenizerType::ByteLevel)) {
+    throw DataError(fmt::format("{}: config_yaml has tokenizer_type '{}': expected {} or {}",
+                                state_file, type, tokenizer_type_name(TokenizerType::ByteLevel),
+                                tokenizer_type_name(TokenizerType::HuggingFace)));
+  }
+  data.tokenizer_model = config["tokenizer_model"].as<std::string>("");
+  return data;
+}
+
+// What the export carries: --tokenizer's, else the run's; nullopt (after a warning) when
+// neither is known.
+std::optional<HfTokenizer> export_tokenizer(const ConvertOptions& o,
+                                            std::optional<HfTokenizer> chosen, const Source& src) {
+  const int64_t vocab = src.spec().vocab_size;
+  if (chosen) {
+    if (chosen->vocab > vocab)
+      throw ConfigError("command line", "tokenizer", *o.tokenizer,
+                        fmt::format("a tokenizer of this model: its ids run to {}, but the "
+                                    "model's vocabulary has {}",
+                                    chosen->vocab - 1, vocab));
+    return chosen;
+  }
+  std::string why =
+      "the source is a Hugging Face directory (--tokenizer " + src.name + " copies its tokenizer)";
+  if (src.checkpoint) {
+    if (const auto data = recorded_tokenizer(*src.checkpoint, &why)) {
+      try {
+        return read_hf_tokenizer(*data);
+      } catch (const Error& e) {
+        throw DataError(fmt::format(
+            "{} (the tokenizer {}'s configuration names; --tokenizer NAME|PATH exports another)",
+            e.what(), src.name));
+      }
+    }
+  }
+  fmt::print(stderr,
+             "warning: {}: no tokenizer files, generation_config.json or token ids: {}; pass "
+             "--tokenizer NAME|PATH to include the tokenizer\n",
+             o.to_hf, why);
+  return std::nullopt;
 }
 
 // One sequence of token ids per line, all of one length.
@@ -261,13 +361,20 @@ int convert_command(const Args& args) {
   }
   const ConvertOptions o = parse_args(args);
   check_outputs(o);
+  std::optional<HfTokenizer> tokenizer = tokenizer_option(o);
   const Source src = open_source(o);
   const auto weights = [&](const ParamInfo& p) { return src.weights(p); };
   if (!o.to_hf.empty()) {
-    write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes});
-    fmt::print("wrote {} ({}, {} weights) from {}: {}\n", o.to_hf,
+    tokenizer = export_tokenizer(o, std::move(tokenizer), src);
+    write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes, tokenizer});
+    if (tokenizer && tokenizer->tokenizer_json.empty())
+      fmt::print(stderr,
+                 "warning: {}: no tokenizer files: {}. config.json and generation_config.json "
+                 "hold its end-of-document id {}\n",
+                 o.to_hf, tokenizer->no_files_reason, *tokenizer->eos_id);
+    fmt::print("wrote {} ({}, {} weights, tokenizer {}) from {}: {}\n", o.to_hf,
                model_family(src.spec().family).hf_model_type(src.spec()), dtype_name(o.dtype),
-               src.name, src.spec().summary());
+               tokenizer ? tokenizer->name : "none", src.name, src.spec().summary());
   }
   if (!o.to.empty()) {
     const std::string dir = save_weights_checkpoint(o.to, src.spec(), weights);

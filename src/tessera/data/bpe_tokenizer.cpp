@@ -124,6 +124,7 @@ BpeTokenizer::BpeTokenizer(const std::string& path, const std::string& label) : 
   for (std::string_view name : kEodTokens) {
     if (const auto id = token_to_id(name)) {
       eod_id_ = *id;
+      eod_token_ = name;
       break;
     }
   }

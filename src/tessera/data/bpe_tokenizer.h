@@ -42,6 +42,8 @@ class BpeTokenizer final : public Tokenizer {
   std::string name() const override { return "HuggingFace(" + label_ + ")"; }
   int64_t vocab_size() const override { return static_cast<int64_t>(decoded_.size()); }
   int32_t eod_id() const override { return eod_id_; }
+  // The end-of-document token as tokenizer.json spells it ("<|end_of_text|>", "</s>", ...).
+  const std::string& eod_token() const { return eod_token_; }
   void encode(std::string_view text, std::vector<int32_t>* out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
 
@@ -91,6 +93,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<bool> is_added_;        // by id
   std::string section_prefix_;        // decoded form of the Prepend normalizer's prefix
   int32_t eod_id_ = -1;
+  std::string eod_token_;
 };
 
 }  // namespace tessera
