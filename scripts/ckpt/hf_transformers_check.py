@@ -255,6 +255,7 @@ def check_generation(args, label, save, work, results):
             generated = model.generate(prompt, max_new_tokens=args.max_new_tokens,
                                        attention_mask=torch.ones_like(prompt))[0]
         check_greedy(model, generated, prompt.shape[1], args)
+        check_tessera_generate(args, label, out, generated.tolist(), prompt.shape[1], results)
         text = bytes(i for i in generated.tolist() if i < 256).decode("utf-8", "replace")
         results.append((label, "generate from bytes", text))
         return
@@ -294,7 +295,33 @@ def check_generation(args, label, save, work, results):
     if piped != generated.tolist():
         raise RuntimeError(f"pipeline generated {piped}, model.generate {generated.tolist()}")
     check_greedy(model, generated, len(prompt_ids), args)
+    check_tessera_generate(args, label, out, generated.tolist(), len(prompt_ids), results)
     results.append((label, f"pipeline ({type(tokenizer).__name__})", text))
+
+
+def check_tessera_generate(args, label, exported, sequence, prompt_length, results):
+    """`tessera generate` (KV cache) on the exported directory (the weights transformers ran)
+    continues the prompt with transformers' greedy tokens:
+    exactly in fp32 on the CPU; on the GPU in bf16, where a near tie may flip a token, the
+    agreement is reported."""
+    prompt, want = sequence[:prompt_length], sequence[prompt_length:]
+    for device, precision in (("cpu", "fp32"), ("cuda", "bf16")):
+        if device == "cuda" and not torch.cuda.is_available():
+            continue
+        cmd = [args.tessera, "generate", "--from", exported, "--prompt_ids", " ".join(map(str, prompt)),
+               "--max_new_tokens", str(len(want)), "--ignore_eos", "--device", device,
+               "--precision", precision]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stdout}{run.stderr}")
+        ids_line = next(l for l in run.stderr.splitlines() if l.startswith("ids:"))
+        got = [int(t) for t in ids_line.split()[1:]]
+        agree = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        rate = next((l for l in run.stderr.splitlines() if "tokens/s" in l), "").split(";")[-1].strip()
+        results.append((label, f"tessera generate {device} {precision}",
+                        f"{agree}/{len(want)} tokens as transformers ({rate})"))
+        if device == "cpu" and got[:len(want)] != want:
+            raise RuntimeError(f"tessera generate (cpu, fp32) {got}, transformers greedy {want}")
 
 
 def check_greedy(model, sequence, prompt_length, args):
