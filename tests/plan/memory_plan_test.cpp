@@ -380,7 +380,8 @@ TEST(MemoryReport, Fp8IsInTheHeaderAndAnAxisOfTheAlternatives) {
 
 // With --device cpu the plan is for this host's memory, as the CPU backend reports it: no GPU
 // verdict, no CUDA context or backend buffers, fp32 (precision auto there), and only the
-// alternatives the CPU backend can run.
+// alternatives the CPU backend can run. N ranks are threads of one process
+// (tessera train --nproc_per_node N): together they must fit.
 TEST(MemoryCommand, DeviceCpuPlansHostMemory) {
   const std::string tiny =
       "memory --device cpu --mock_data true --num_layers 2 --micro_batch_size 2 "
@@ -399,7 +400,11 @@ TEST(MemoryCommand, DeviceCpuPlansHostMemory) {
        {"H100", "cuda_context", "backend_buffers", "--precision bf16", "--fp8 hybrid", "per GPU"})
     EXPECT_FALSE(contains(r.output, gpu_only)) << gpu_only << "\n" << r.output;
   EXPECT_EQ(run_tessera(tiny + " --gpu H100").exit_code, 2);
-  EXPECT_EQ(run_tessera(tiny + " --num_gpus 2").exit_code, 2);
+  const RunResult ranks = run_tessera(tiny + " --num_gpus 2 --use_distributed_optimizer true");
+  ASSERT_EQ(ranks.exit_code, 0) << ranks.output;
+  EXPECT_TRUE(contains(ranks.output, "2 ranks as threads of one process, sharding zero1"))
+      << ranks.output;
+  EXPECT_TRUE(contains(ranks.output, "\nFITS in host memory: 2 ranks x ")) << ranks.output;
 
   // Against a host of a given size: the whole plan (nothing added for a GPU) must fit in it.
   MemoryQuery q;
@@ -415,6 +420,13 @@ TEST(MemoryCommand, DeviceCpuPlansHostMemory) {
   const MemoryReport tight = build_memory_report(q);
   EXPECT_FALSE(tight.fits);
   EXPECT_TRUE(tight.verdict.starts_with("DOES NOT FIT in host memory")) << tight.verdict;
+
+  q.experiment = load("", words(tiny.substr(7)), 2);
+  q.num_gpus = 2;
+  q.host->total_bytes = 2 * fits.plan.total();  // the same ranks, twice: exactly full
+  EXPECT_TRUE(build_memory_report(q).fits);
+  q.host->total_bytes -= 2;
+  EXPECT_FALSE(build_memory_report(q).fits);
 }
 
 // Megatron spells options with dashes: `--num-gpus 8` is `--num_gpus 8`, for memory's own

@@ -46,7 +46,8 @@ int memory_command(const Args& args) {
         "  --gpu       H100, H200, B200, MI300X, MI325X, MI355X (configs/gpus.yaml); default:\n"
         "              the visible GPU, else H100. With --device cpu the plan is for this\n"
         "              host's memory instead.\n"
-        "  --num_gpus  data-parallel GPUs (default 1)\n"
+        "  --num_gpus  data-parallel GPUs (default 1); with --device cpu, ranks as threads of\n"
+        "              one process (tessera train --nproc_per_node N) sharing the host's memory\n"
         "  -o DIR      also write memory_breakdown.csv, memory_scenarios.csv and memory.md\n"
         "  --sharding  deprecated: use --use_distributed_optimizer true (zero1) or\n"
         "              --use_torch_fsdp2 true (fsdp)\n"
@@ -74,10 +75,6 @@ int memory_command(const Args& args) {
     if (a.has("gpu"))
       throw ConfigError("command line", "gpu", a.get("gpu", ""),
                         "no --gpu with device cpu (the plan is for this host's memory)");
-    if (q.num_gpus > 1)
-      throw ConfigError("command line", "num_gpus", std::to_string(q.num_gpus),
-                        "1 with device cpu (the CPU backend has no communicator between "
-                        "processes)");
     const auto cpu = make_backend(DeviceChoice::Cpu, 0);
     const MemoryStats s = cpu->memory_stats();
     q.host =

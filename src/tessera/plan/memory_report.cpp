@@ -33,14 +33,19 @@ std::string_view recompute_name(RecomputeGranularity r) {
   return "?";
 }
 
-std::string sharding_text(StateSharding s, int64_t n) {
+// `ranks`: "GPUs", or "ranks" for thread ranks on the CPU.
+std::string sharding_text(StateSharding s, int64_t n, std::string_view ranks) {
   switch (s) {
     case StateSharding::None:
-      return n > 1 ? "none (plain data parallel: every GPU holds everything)" : "none";
+      return n > 1 ? fmt::format("none (plain data parallel: every one of the {} holds everything)",
+                                 ranks)
+                   : "none";
     case StateSharding::Zero1:
-      return "zero1 (use_distributed_optimizer: optimizer state split across GPUs)";
+      return fmt::format("zero1 (use_distributed_optimizer: optimizer state split across {})",
+                         ranks);
     case StateSharding::Fsdp:
-      return "fsdp (use_torch_fsdp2: weights, gradients and optimizer state split across GPUs)";
+      return fmt::format(
+          "fsdp (use_torch_fsdp2: weights, gradients and optimizer state split across {})", ranks);
   }
   return "?";
 }
@@ -76,7 +81,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
 
   analysis::Table t;
   t.name = "memory_breakdown";
-  t.title = in.gpu ? "Memory per GPU" : "Memory on the host";
+  t.title = in.gpu  ? "Memory per GPU"
+            : n > 1 ? "Memory per rank on the host"
+                    : "Memory on the host";
   t.note = fmt::format(
       "bytes from DecoderModel::plan_memory, FullyShardedDataParallel::plan_memory and "
       "AdamWOptimizer::state_bytes (what the run allocates); allocated = what memory_stats() "
@@ -119,11 +126,14 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
 // trainer's run there.
 class Planner {
  public:
+  // On the CPU the ranks are threads of one process (tessera train --nproc_per_node N), so
+  // each has 1/N of the host's memory.
   explicit Planner(const MemoryQuery& q)
       : devices_{static_cast<int>(q.num_gpus), q.host ? q.host->compute_dtype : DType::BF16},
         gpu_(!q.host),
-        capacity_(q.host ? q.host->total_bytes : gpu_capacity_bytes(q.gpu)) {}
+        capacity_(q.host ? q.host->total_bytes / q.num_gpus : gpu_capacity_bytes(q.gpu)) {}
 
+  // Per GPU, or per rank on the host.
   size_t capacity() const { return capacity_; }
 
   PlanInput input(const Experiment& e) {
@@ -206,8 +216,9 @@ Alternative make_alternative(const Experiment& e, const ModelRuntime& rt, Precis
 
 // "global_batch_size 256 on 8 GPUs"
 std::string global_batch_text(int64_t global_batch, int64_t n, bool host) {
-  return host ? fmt::format("global_batch_size {}", global_batch)
-              : fmt::format("global_batch_size {} on {} GPU{}", global_batch, n, n > 1 ? "s" : "");
+  if (host && n == 1) return fmt::format("global_batch_size {}", global_batch);
+  return fmt::format("global_batch_size {} on {} {}{}", global_batch, n, host ? "rank" : "GPU",
+                     n > 1 ? "s" : "");
 }
 
 std::string micro_batch_text(int64_t largest, int64_t valid, const std::string& global_batch) {
@@ -243,11 +254,14 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   r.largest_valid_micro_batch = planner.largest_valid_micro_batch(e, in);
   const std::string device =
       q.host ? fmt::format(
-                   "device: cpu, this host's memory: {:.2f} GiB ({:.2f} GiB available now), as "
+                   "device: cpu{}; this host's memory: {:.2f} GiB ({:.2f} GiB available now), as "
                    "the CPU backend reports it; no GPU",
+                   n > 1 ? fmt::format(", {} ranks as threads of one process, sharding {}", n,
+                                       sharding_text(in.sharding, n, "ranks"))
+                         : std::string(),
                    gib(q.host->total_bytes), gib(q.host->available_bytes))
              : fmt::format("GPUs: {} x {} ({} GB HBM, configs/gpus.yaml), sharding {}", n,
-                           q.gpu.name, q.gpu.hbm_gb, sharding_text(in.sharding, n));
+                           q.gpu.name, q.gpu.hbm_gb, sharding_text(in.sharding, n, "GPUs"));
   r.summary = fmt::format(
       "model: {}\nrun: micro batch {}, seq {}, {} weights and activations, fp32 gradients and "
       "AdamW state, recompute {}{}\n{}\n{}\n",
@@ -261,8 +275,10 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
 
   analysis::Table& s = r.scenarios;
   s.name = "memory_scenarios";
-  s.title = q.host ? std::string("Alternatives: GiB on this host (device cpu)")
-                   : fmt::format("Alternatives: GiB per GPU on {} x {}", n, q.gpu.name);
+  s.title = !q.host ? fmt::format("Alternatives: GiB per GPU on {} x {}", n, q.gpu.name)
+            : n > 1
+                ? fmt::format("Alternatives: GiB per rank on this host (device cpu, {} ranks)", n)
+                : std::string("Alternatives: GiB on this host (device cpu)");
   s.columns = {{"flags", true},        {"weights_gib"}, {"gradients_gib"}, {"optimizer_gib"},
                {"activations_gib"},    {"fp8_gib"},     {"total_gib"},     {"fits"},
                {"largest_micro_batch"}};
@@ -314,12 +330,18 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
           ? fmt::format(" {} combinations the configuration rejects are left out.", rejected)
           : std::string());
 
-  const std::string where =
-      q.host ? std::string("in host memory") : fmt::format("on {}", q.gpu.name);
+  // "on H100: 66.96 GiB per GPU of 80 GiB", "in host memory: 2 ranks x 1.03 GiB = 2.06 GiB of
+  // 24 GiB"
+  const size_t used = q.host ? r.plan.total() * n : r.plan.total();
+  const size_t available = q.host ? q.host->total_bytes : capacity;
+  const std::string usage =
+      !q.host ? fmt::format("on {}: {:.2f} GiB per GPU", q.gpu.name, gib(used))
+      : n > 1 ? fmt::format("in host memory: {} ranks x {:.2f} GiB = {:.2f} GiB", n,
+                            gib(r.plan.total()), gib(used))
+              : fmt::format("in host memory: {:.2f} GiB", gib(used));
   r.verdict =
-      fmt::format("{} {}: {:.2f} GiB{} of {:.0f} GiB ({:.0f}%); {}.",
-                  r.fits ? "FITS" : "DOES NOT FIT", where, gib(r.plan.total()),
-                  q.host ? "" : " per GPU", gib(capacity), 100.0 * r.plan.total() / capacity,
+      fmt::format("{} {} of {:.0f} GiB ({:.0f}%); {}.", r.fits ? "FITS" : "DOES NOT FIT", usage,
+                  gib(available), 100.0 * used / available,
                   micro_batch_text(r.largest_micro_batch, r.largest_valid_micro_batch, batch));
   if (!r.fits && suggestion)
     r.verdict += fmt::format(" Fits with {} ({:.2f} GiB); see the alternatives.", suggestion->flags,
