@@ -107,6 +107,25 @@ TEST(CommandArgs, ConventionsOfTheCli) {
   }
 }
 
+// Megatron users type `--sizes-mib`; it names the same option as `--sizes_mib`, in every
+// spelling a command line allows, while unknown dashed keys go on to the configuration loader.
+TEST(CommandArgs, DashedNamesAreTheUnderscoredOptions) {
+  const CommandArgs a(
+      {"--sizes-mib", "1,4", "--num-gpus=8", "--dry-run", "--micro-batch-size", "2"},
+      {"sizes_mib", "num_gpus"}, {"dry_run"}, true);
+  EXPECT_EQ(a.get_int_list("sizes_mib", {}), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(a.get_int("num_gpus", 1), 8);
+  EXPECT_TRUE(a.has("dry_run"));
+  EXPECT_EQ(a.unknown(), (std::vector<std::string>{"--micro-batch-size", "2"}));
+  EXPECT_THROW(CommandArgs({"--sizes-mb", "1"}, {"sizes_mib"}, {}, false), ConfigError);
+
+  const fs::path out = fs::temp_directory_path() / ("tessera_dashed_" + std::to_string(getpid()));
+  const Result r = run("bench membw --device cpu --sizes-mib 1 --iters 2 -o " + out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(out / "bench_membw.csv"));
+  fs::remove_all(out);
+}
+
 TEST(Measure, SamplesLastAtLeastAMillisecondAndRotationCoversTheCache) {
   auto b = make_cpu_backend();
   int calls = 0;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,19 +26,18 @@ using testing::run_tessera;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-Experiment load(const std::string& config, std::vector<std::string> overrides) {
+Experiment load(const std::string& config, std::vector<std::string> overrides, int gpus = 1) {
   LoadOptions o;
   o.config_path = config;
   o.cli_overrides = std::move(overrides);
+  o.data_parallel_size = gpus;
   return load_experiment(o);
 }
 
-PlanInput input_for(const Experiment& e, int64_t gpus = 1,
-                    StateSharding sharding = StateSharding::None) {
-  RunSetup setup = make_run_setup(e, {static_cast<int>(gpus), DType::BF16},
-                                  [&] { return make_tokenizer(e.data)->vocab_size(); });
-  setup.sharding = sharding;
-  setup.runtime.sharded_params = sharding == StateSharding::Fsdp;
+// The plan of the run the experiment's training keys set up on `gpus` GPUs.
+PlanInput input_for(const Experiment& e, int64_t gpus = 1) {
+  const RunSetup setup = make_run_setup(e, {static_cast<int>(gpus), DType::BF16},
+                                        [&] { return make_tokenizer(e.data)->vocab_size(); });
   return plan_input(setup, /*gpu=*/true);
 }
 
@@ -72,11 +72,16 @@ TEST(MemoryPlan, Llama8BStateMatchesHandCalculation) {
 }
 
 TEST(MemoryPlan, ShardingSplitsTheRightParts) {
+  auto plan_with = [](std::vector<std::string> keys) {
+    keys.insert(keys.end(), {"--global_batch_size", "16"});
+    const PlanInput in = input_for(load("llama3.1_8B-pretrain", keys, 8), 8);
+    return plan_memory(in);
+  };
   const Experiment e = load("llama3.1_8B-pretrain", {"--global_batch_size", "16"});
   const int64_t shard = (kLlama8BParams + 7) / 8;
-  const MemoryPlan none = plan_memory(input_for(e, 8, StateSharding::None));
-  const MemoryPlan zero1 = plan_memory(input_for(e, 8, StateSharding::Zero1));
-  const MemoryPlan fsdp = plan_memory(input_for(e, 8, StateSharding::Fsdp));
+  const MemoryPlan none = plan_with({});
+  const MemoryPlan zero1 = plan_with({"--use_distributed_optimizer", "true"});
+  const MemoryPlan fsdp = plan_with({"--use_torch_fsdp2", "true"});
   EXPECT_EQ(none.optimizer, kLlama8BParams * 12);
   EXPECT_EQ(zero1.weights, none.weights);
   EXPECT_EQ(zero1.gradients, none.gradients);
@@ -210,25 +215,235 @@ TEST(MemoryPlan, WithinTenPercentOfPeaksMeasuredOnH200) {
   }
 }
 
-TEST(MemoryReport, VerdictAndAlternatives) {
+MemoryQuery gpu_query(const std::string& config, const std::vector<std::string>& keys, int64_t gpus,
+                      const char* gpu) {
   MemoryQuery q;
-  q.experiment = load("llama3.1_8B-pretrain", {"--global_batch_size", "16"});
-  q.gpu = *analysis::find_gpu_spec("H100");
-  q.num_gpus = 8;
-  q.sharding = StateSharding::None;
-  const MemoryReport r = build_memory_report(q);
-  EXPECT_FALSE(r.fits);  // 16 B/param of state alone is 120 GiB
-  EXPECT_NE(r.verdict.find("DOES NOT FIT"), std::string::npos);
-  EXPECT_EQ(r.scenarios.rows.size(), 2u * 3 * 3);
-  EXPECT_EQ(r.breakdown.rows.size(), 8u);
+  q.experiment = load(config, keys, static_cast<int>(gpus));
+  q.num_gpus = gpus;
+  q.gpu = *analysis::find_gpu_spec(gpu);
+  return q;
+}
 
-  q.sharding = StateSharding::Fsdp;
-  q.experiment = load("llama3.1_8B-pretrain",
-                      {"--global_batch_size", "16", "--recompute_granularity", "full"});
-  const MemoryReport f = build_memory_report(q);
-  EXPECT_TRUE(f.fits) << f.verdict;
-  EXPECT_GT(f.largest_micro_batch, 1);
-  EXPECT_EQ(gpu_capacity_bytes(q.gpu), size_t{80} << 30);
+const std::string& text(const analysis::Table& t, size_t row, const char* column) {
+  return std::get<std::string>(t.rows[row][t.column(column)]);
+}
+
+double number(const analysis::Table& t, size_t row, const char* column) {
+  return std::get<double>(t.rows[row][t.column(column)]);
+}
+
+// "--fp8 hybrid --recompute_granularity full" -> {"--fp8", "hybrid", ...}
+std::vector<std::string> words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// The README's 8-GPU recipe: --use_distributed_optimizer true is ZeRO-1 in the plan as in
+// training. Llama 3.1 8B at micro batch 2 without recompute then needs 129 GiB per GPU: it fits
+// an H200 (plain data parallel, 208 GiB, does not), and on an H100 the verdict names the key
+// that makes it fit, which does.
+TEST(MemoryCommand, ReadmeRecipePlansZero1FromTheTrainingKey) {
+  const std::string recipe =
+      "memory --config llama3.1_8B-pretrain --num_gpus 8 --use_distributed_optimizer true";
+  RunResult r = run_tessera(recipe + " --gpu H200");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "sharding zero1 (use_distributed_optimizer")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| optimizer | 12045391872 |")) << r.output;  // P/8 x 12 B
+  EXPECT_TRUE(contains(r.output, "\nFITS on H200: 129.02 GiB per GPU")) << r.output;
+
+  r = run_tessera(recipe + " --gpu H100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nDOES NOT FIT on H100: 129.02 GiB per GPU")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Fits with --recompute_granularity full (66.96 GiB)")) << r.output;
+  r = run_tessera(recipe + " --gpu H100 --recompute_granularity full");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nFITS on H100: 66.96 GiB per GPU")) << r.output;
+
+  r = run_tessera("memory --config llama3.1_8B-pretrain --num_gpus 8 --gpu H200");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "sharding none (plain data parallel")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nDOES NOT FIT on H200: 207.55 GiB per GPU")) << r.output;
+
+  const MemoryReport z = build_memory_report(
+      gpu_query("llama3.1_8B-pretrain", {"--use_distributed_optimizer", "true"}, 8, "H200"));
+  EXPECT_EQ(z.sharding, StateSharding::Zero1);
+  EXPECT_TRUE(z.fits) << z.verdict;
+  EXPECT_EQ(z.plan.optimizer, (kLlama8BParams + 7) / 8 * 12);
+}
+
+// --use_torch_fsdp2 true on 8 GPUs: the breakdown is FullyShardedDataParallel's (shards plus
+// unit slots); fitting it on an H100 takes selective recompute.
+TEST(MemoryCommand, Fsdp2OnEightGpusShowsTheFsdpBreakdown) {
+  const MemoryPlan fsdp =
+      plan_memory(input_for(load("llama3.1_8B-pretrain", {"--use_torch_fsdp2", "true"}, 8), 8));
+  const RunResult r = run_tessera(
+      "memory --config llama3.1_8B-pretrain --num_gpus 8 --use_torch_fsdp2 true --gpu H100");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "sharding fsdp (use_torch_fsdp2: weights, gradients")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| weights | " + std::to_string(fsdp.weights) + " |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "+ gathered-unit slots (current, prefetched)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| gradients | " + std::to_string(fsdp.gradients) + " |"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "+ unit gradient slots")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nDOES NOT FIT on H100: 95.63 GiB per GPU")) << r.output;
+  EXPECT_TRUE(contains(r.output, "Fits with --recompute_granularity selective (74.07 GiB)"))
+      << r.output;
+}
+
+// Every alternative's flags are training keys: appended to the command line they load (so
+// they can be pasted), and the run they set up plans to the row's numbers; the row's
+// largest_micro_batch flag loads too, and fits.
+TEST(MemoryReport, AlternativesAreCommandLineFlags) {
+  const std::vector<std::string> base = {"--use_distributed_optimizer", "true"};
+  const MemoryQuery q = gpu_query("llama3.1_8B-pretrain", base, 8, "H100");
+  const MemoryReport r = build_memory_report(q);
+  const analysis::Table& t = r.scenarios;
+  ASSERT_EQ(t.rows.size(), 3u * 3 * 3);  // bf16, fp8 hybrid, fp32 x recompute x sharding
+  EXPECT_EQ(t.summary_rows, t.rows.size());
+  EXPECT_EQ(r.breakdown.rows.size(), 8u);
+  const size_t capacity = gpu_capacity_bytes(q.gpu);
+  EXPECT_EQ(capacity, size_t{80} << 30);
+  int as_configured = 0;
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const std::string& flags = text(t, i, "flags");
+    std::vector<std::string> keys = base;
+    if (flags == "(as configured)") {
+      ++as_configured;
+    } else {
+      for (const std::string& w : words(flags)) keys.push_back(w);
+    }
+    const Experiment alt = load("llama3.1_8B-pretrain", keys, 8);
+    const MemoryPlan p = plan_memory(input_for(alt, 8));
+    EXPECT_DOUBLE_EQ(number(t, i, "total_gib"), p.total() / kGiB) << flags;
+    EXPECT_DOUBLE_EQ(number(t, i, "fp8_gib"), p.fp8 / kGiB) << flags;
+    EXPECT_EQ(text(t, i, "fits"), p.total() <= capacity ? "yes" : "no") << flags;
+    const std::string& mbs = text(t, i, "largest_micro_batch");
+    if (mbs == "none") continue;
+    for (const std::string& w : words(mbs)) keys.push_back(w);
+    EXPECT_LE(plan_memory(input_for(load("llama3.1_8B-pretrain", keys, 8), 8)).total(), capacity)
+        << flags << " " << mbs;
+  }
+  EXPECT_EQ(as_configured, 1);
+  EXPECT_EQ(text(t, 1, "flags"), "(as configured)");  // bf16, no recompute, ZeRO-1
+  EXPECT_EQ(text(t, 0, "flags"), "--use_distributed_optimizer false");
+}
+
+// FP8 is in the header (mode, recipe and its buffers) and an axis of the alternatives: bf16
+// rows have no FP8 buffers, `--fp8 hybrid` rows the planner's.
+TEST(MemoryReport, Fp8IsInTheHeaderAndAnAxisOfTheAlternatives) {
+  const std::vector<std::string> proxy = {"--num_layers",        "4", "--micro_batch_size", "1",
+                                          "--global_batch_size", "1"};
+  // Rows whose flags contain `flag`; the rows with FP8 buffers are exactly those when
+  // `flag_turns_fp8_on`, else exactly the others.
+  auto rows_with = [](const analysis::Table& t, const std::string& flag, bool flag_turns_fp8_on) {
+    int n = 0;
+    for (size_t i = 0; i < t.rows.size(); ++i) {
+      const bool has = contains(text(t, i, "flags"), flag);
+      n += has;
+      EXPECT_EQ(number(t, i, "fp8_gib") > 0, has == flag_turns_fp8_on) << text(t, i, "flags");
+    }
+    return n;
+  };
+  const MemoryReport bf16 =
+      build_memory_report(gpu_query("llama3.1_8B-pretrain", proxy, 1, "H200"));
+  EXPECT_TRUE(contains(bf16.summary, "\nfp8: null (bf16 GEMMs)\n")) << bf16.summary;
+  EXPECT_EQ(bf16.scenarios.rows.size(), 3u * 3);
+  EXPECT_EQ(rows_with(bf16.scenarios, "--fp8 hybrid", true), 3);
+  EXPECT_EQ(bf16.plan.fp8, 0u);
+
+  std::vector<std::string> keys = proxy;
+  keys.insert(keys.end(), {"--fp8", "hybrid"});
+  const MemoryReport fp8 = build_memory_report(gpu_query("llama3.1_8B-pretrain", keys, 1, "H200"));
+  ASSERT_GT(fp8.plan.fp8, 0u);
+  char buffers[64];
+  std::snprintf(buffers, sizeof buffers, "FP8 buffers %.2f GiB\n", fp8.plan.fp8 / kGiB);
+  EXPECT_TRUE(contains(fp8.summary, "\nfp8: hybrid (delayed scaling), output head in bf16"))
+      << fp8.summary;
+  EXPECT_TRUE(contains(fp8.summary, buffers)) << fp8.summary;
+  EXPECT_EQ(rows_with(fp8.scenarios, "--fp8 null", false), 6);  // bf16 and fp32
+  EXPECT_EQ(fp8.breakdown.rows.size(), 9u);                     // with the fp8 line
+
+  const RunResult r = run_tessera(
+      "memory --config llama3.1_8B-pretrain --num_layers 4 --micro_batch_size 1 "
+      "--global_batch_size 1 --gpu H200 --fp8 hybrid");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nfp8: hybrid (delayed scaling)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\n| fp8 | ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\n| --fp8 null --recompute_granularity full | ")) << r.output;
+}
+
+// With --device cpu the plan is for this host's memory, as the CPU backend reports it: no GPU
+// verdict, no CUDA context or backend buffers, fp32 (precision auto there), and only the
+// alternatives the CPU backend can run. N ranks are threads of one process
+// (tessera train --nproc_per_node N): together they must fit.
+TEST(MemoryCommand, DeviceCpuPlansHostMemory) {
+  const std::string tiny =
+      "memory --device cpu --mock_data true --num_layers 2 --micro_batch_size 2 "
+      "--global_batch_size 4";
+  const RunResult r = run_tessera(tiny);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  char host[64];
+  std::snprintf(host, sizeof host, "this host's memory: %.2f GiB",
+                make_cpu_backend()->memory_stats().device_total_bytes / kGiB);
+  EXPECT_TRUE(contains(r.output, host)) << r.output;
+  EXPECT_TRUE(contains(r.output, "as the CPU backend reports it; no GPU")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nFITS in host memory: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "fp32 weights and activations")) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nfp8: null (fp32 GEMMs)\n")) << r.output;
+  for (const char* gpu_only :
+       {"H100", "cuda_context", "backend_buffers", "--precision bf16", "--fp8 hybrid", "per GPU"})
+    EXPECT_FALSE(contains(r.output, gpu_only)) << gpu_only << "\n" << r.output;
+  EXPECT_EQ(run_tessera(tiny + " --gpu H100").exit_code, 2);
+  const RunResult ranks = run_tessera(tiny + " --num_gpus 2 --use_distributed_optimizer true");
+  ASSERT_EQ(ranks.exit_code, 0) << ranks.output;
+  EXPECT_TRUE(contains(ranks.output, "2 ranks as threads of one process, sharding zero1"))
+      << ranks.output;
+  EXPECT_TRUE(contains(ranks.output, "\nFITS in host memory: 2 ranks x ")) << ranks.output;
+
+  // Against a host of a given size: the whole plan (nothing added for a GPU) must fit in it.
+  MemoryQuery q;
+  q.experiment = load("", words(tiny.substr(7)));
+  q.host = HostMemory{size_t{64} << 30, size_t{32} << 30, DType::F32};
+  const MemoryReport fits = build_memory_report(q);
+  EXPECT_TRUE(fits.fits) << fits.verdict;
+  EXPECT_EQ(fits.plan.total(),
+            fits.plan.weights + fits.plan.gradients + fits.plan.optimizer + fits.plan.activations);
+  EXPECT_EQ(fits.scenarios.rows.size(), 3u);  // recompute only: fp32, no FP8, one process
+  EXPECT_EQ(fits.breakdown.rows.size(), 6u);
+  q.host->total_bytes = fits.plan.total() - 1;
+  const MemoryReport tight = build_memory_report(q);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_TRUE(tight.verdict.starts_with("DOES NOT FIT in host memory")) << tight.verdict;
+
+  q.experiment = load("", words(tiny.substr(7)), 2);
+  q.num_gpus = 2;
+  q.host->total_bytes = 2 * fits.plan.total();  // the same ranks, twice: exactly full
+  EXPECT_TRUE(build_memory_report(q).fits);
+  q.host->total_bytes -= 2;
+  EXPECT_FALSE(build_memory_report(q).fits);
+}
+
+// Megatron spells options with dashes: `--num-gpus 8` is `--num_gpus 8`, for memory's own
+// options and the training keys alike.
+TEST(MemoryCommand, DashedNamesAreAccepted) {
+  const RunResult dashed = run_tessera(
+      "memory --config llama3.1_8B-pretrain --num-gpus 8 --use-distributed-optimizer true "
+      "--micro-batch-size 1 --gpu H200");
+  const RunResult underscored = run_tessera(
+      "memory --config llama3.1_8B-pretrain --num_gpus 8 --use_distributed_optimizer true "
+      "--micro_batch_size 1 --gpu H200");
+  ASSERT_EQ(dashed.exit_code, 0) << dashed.output;
+  EXPECT_EQ(dashed.output, underscored.output);
+  EXPECT_TRUE(contains(dashed.output,
+                       "GPUs: 8 x H200 (141 GB HBM, configs/gpus.yaml), sharding "
+                       "zero1"))
+      << dashed.output;
 }
 
 TEST(MemoryCommand, PrintsAndWritesTheTables) {
@@ -236,17 +451,39 @@ TEST(MemoryCommand, PrintsAndWritesTheTables) {
   const fs::path out = fs::temp_directory_path() / ("tessera_memory_" + std::to_string(getpid()));
   const RunResult r = run_tessera(
       "memory --config llama3.1_8B-pretrain --num_layers 4 --micro_batch_size 1 "
-      "--global_batch_size 8 --num_gpus 8 --sharding zero1 --gpu H200 -o " +
+      "--global_batch_size 8 --num_gpus 8 --use_distributed_optimizer true --gpu H200 -o " +
       out.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("FITS on H200"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("| bf16 | full | fsdp |"), std::string::npos) << r.output;
+  EXPECT_TRUE(contains(r.output, "\nFITS on H200")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "\n| --recompute_granularity full --use_distributed_optimizer false "
+                       "--use_torch_fsdp2 true | "))
+      << r.output;
   for (const char* f : {"memory_breakdown.csv", "memory_scenarios.csv", "memory.md"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   fs::remove_all(out);
-  EXPECT_EQ(run_tessera("memory --sharding zero3").exit_code, 2);
   EXPECT_EQ(run_tessera("memory --gpu Z100").exit_code, 2);
-  EXPECT_EQ(run_tessera("memory --config llama3.1_8B-pretrain --num_gpus 3").exit_code, 2);  // 256 % 6
+  EXPECT_EQ(run_tessera("memory --config llama3.1_8B-pretrain --num_gpus 3").exit_code,
+            2);  // 256 % 6
+}
+
+// `--sharding` is a deprecated spelling of the training keys: it plans the same and says which
+// key to use; training keys given as well take precedence.
+TEST(MemoryCommand, ShardingIsADeprecatedAliasOfTheTrainingKeys) {
+  const std::string proxy =
+      "memory --config llama3.1_8B-pretrain --num_layers 4 --micro_batch_size 1 "
+      "--global_batch_size 8 --num_gpus 8 --gpu H200";
+  const RunResult alias = run_tessera(proxy + " --sharding zero1");
+  ASSERT_EQ(alias.exit_code, 0) << alias.output;
+  EXPECT_TRUE(contains(alias.output,
+                       "warning: --sharding is deprecated; the training keys decide the sharding: "
+                       "--use_distributed_optimizer true --use_torch_fsdp2 false\n"))
+      << alias.output;
+  const RunResult key = run_tessera(proxy + " --use_distributed_optimizer true");
+  EXPECT_EQ(alias.output.substr(alias.output.find("model:")), key.output);
+  EXPECT_TRUE(contains(run_tessera(proxy + " --sharding none --use_torch_fsdp2 true").output,
+                       "sharding fsdp"));
+  EXPECT_EQ(run_tessera(proxy + " --sharding zero3").exit_code, 2);
 }
 
 }  // namespace

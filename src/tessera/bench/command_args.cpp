@@ -20,6 +20,21 @@ int64_t parse_int(const std::string& name, const std::string& text, int64_t min)
   return v;
 }
 
+// Megatron spells options with dashes, the configuration keys with underscores; as in the
+// configuration loader, both spellings name the same option.
+std::string option_name(std::string_view name) {
+  std::string out(name);
+  for (char& c : out)
+    if (c == '-') c = '_';
+  return out;
+}
+
+std::set<std::string> option_names(const std::set<std::string>& names) {
+  std::set<std::string> out;
+  for (const std::string& n : names) out.insert(option_name(n));
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -35,8 +50,11 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
-CommandArgs::CommandArgs(const std::vector<std::string>& args, const std::set<std::string>& valued,
-                         const std::set<std::string>& flags, bool pass_unknown) {
+CommandArgs::CommandArgs(const std::vector<std::string>& args,
+                         const std::set<std::string>& declared_valued,
+                         const std::set<std::string>& declared_flags, bool pass_unknown) {
+  const std::set<std::string> valued = option_names(declared_valued);
+  const std::set<std::string> flags = option_names(declared_flags);
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (!a.starts_with("-") || a == "-") {
@@ -51,6 +69,7 @@ CommandArgs::CommandArgs(const std::vector<std::string>& args, const std::set<st
       name = name.substr(0, eq);
       inline_value = true;
     }
+    name = option_name(name);
     if (flags.contains(name)) {
       if (inline_value) throw ConfigError("command line", name, value, "no value (a flag)");
       values_[name] = "";
@@ -73,8 +92,12 @@ CommandArgs::CommandArgs(const std::vector<std::string>& args, const std::set<st
   }
 }
 
+bool CommandArgs::has(const std::string& name) const {
+  return values_.contains(option_name(name));
+}
+
 std::string CommandArgs::get(const std::string& name, const std::string& fallback) const {
-  auto it = values_.find(name);
+  auto it = values_.find(option_name(name));
   return it == values_.end() ? fallback : it->second;
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // Command lines in the CLI's conventions (docs/cli.md): `--name value`, `--name=value`, bare
-// flags, `-o DIR` for `--output DIR`, and positional arguments. Each command declares the
-// names it takes; anything else is either an error or, for commands that load an experiment,
-// kept as `--key value` tokens for the configuration loader.
+// flags, `-o DIR` for `--output DIR`, and positional arguments. Dashes and underscores in a
+// name are the same (`--sizes-mib` is `--sizes_mib`), as for configuration keys. Each command
+// declares the names it takes; anything else is either an error or, for commands that load an
+// experiment, kept as `--key value` tokens for the configuration loader.
 #include <cstdint>
 #include <map>
 #include <set>
@@ -18,7 +19,7 @@ class CommandArgs {
   CommandArgs(const std::vector<std::string>& args, const std::set<std::string>& valued,
               const std::set<std::string>& flags, bool pass_unknown);
 
-  bool has(const std::string& name) const { return values_.contains(name); }
+  bool has(const std::string& name) const;
   std::string get(const std::string& name, const std::string& fallback) const;
   // An integer at least `min`; ConfigError names the option otherwise.
   int64_t get_int(const std::string& name, int64_t fallback, int64_t min = 1) const;
@@ -32,7 +33,7 @@ class CommandArgs {
   const std::vector<std::string>& unknown() const { return unknown_; }
 
  private:
-  std::map<std::string, std::string> values_;  // flags map to ""
+  std::map<std::string, std::string> values_;  // by name with underscores; flags map to ""
   std::vector<std::string> positional_, unknown_;
 };
 

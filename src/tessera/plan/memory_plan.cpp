@@ -17,28 +17,6 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 }  // namespace
 
-std::string_view sharding_name(StateSharding s) {
-  switch (s) {
-    case StateSharding::None:
-      return "none";
-    case StateSharding::Zero1:
-      return "zero1";
-    case StateSharding::Fsdp:
-      return "fsdp";
-  }
-  return "?";
-}
-
-bool parse_sharding(std::string_view name, StateSharding* out) {
-  for (StateSharding s : {StateSharding::None, StateSharding::Zero1, StateSharding::Fsdp}) {
-    if (name == sharding_name(s)) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
-}
-
 MemoryPlan plan_memory(const PlanInput& in) {
   const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
   const int64_t params = make_param_layout(in.spec).total;

@@ -19,9 +19,6 @@
 
 namespace tessera::plan {
 
-std::string_view sharding_name(StateSharding s);
-bool parse_sharding(std::string_view name, StateSharding* out);
-
 // Bytes the CUDA backend allocates besides model and optimizer, counted in memory_stats():
 // the cuBLASLt workspace (32 MiB) and an upper bound of the kernel scratch (reduction and
 // attention-backward partials, a few MiB at 8k tokens).
