@@ -120,6 +120,14 @@ struct LoggingConfig {
   int64_t profile_step_start = 10;
   int64_t profile_step_end = 12;
   std::string profile_ranks = "0";        // comma-separated ranks, or "all"
+  // TensorBoard event files (obs/tensorboard.h), rank 0; empty: none.
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_timers_to_tensorboard = false;
+  bool log_throughput_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
 };
 
 struct Experiment {
@@ -140,6 +148,12 @@ struct Experiment {
 
   // {workspace}/{work_group}/{user_name}/{exp_name}
   std::string experiment_root() const;
+  // logging.tensorboard_dir; a relative one lies under the experiment root, where Primus puts
+  // its {experiment}/tensorboard. Empty when TensorBoard is off.
+  std::string tensorboard_directory() const {
+    const std::string& d = logging.tensorboard_dir;
+    return d.empty() || d.front() == '/' ? d : experiment_root() + "/" + d;
+  }
 };
 
 struct LoadOptions {

@@ -221,6 +221,13 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("profile_step_start", "logging", "First profiled iteration.", TS_FIELD(logging.profile_step_start)));
   k.push_back(int_key("profile_step_end", "logging", "Iteration at which profiling stops (exclusive).", TS_FIELD(logging.profile_step_end)));
   k.push_back(string_key("profile_ranks", "logging", "Ranks that record a trace: comma-separated ids, or all.", TS_FIELD(logging.profile_ranks)));
+  k.push_back(string_key("tensorboard_dir", "logging", "Write TensorBoard event files (events.out.tfevents.*, rank 0) to this directory; a relative path lies under the experiment directory (tensorboard: Primus's {experiment}/tensorboard); empty: none.", TS_FIELD(logging.tensorboard_dir)));
+  k.push_back(int_key("tensorboard_log_interval", "logging", "Write the per-iteration scalars (lm loss, learning-rate, batch-size, grad-norm, memory: that iteration's values) every this many iterations, independently of log_interval, as Megatron.", TS_FIELD(logging.tensorboard_log_interval)));
+  k.push_back(bool_key("log_learning_rate_to_tensorboard", "logging", "Write learning-rate (and learning-rate vs samples) to TensorBoard.", TS_FIELD(logging.log_learning_rate_to_tensorboard)));
+  k.push_back(bool_key("log_timers_to_tensorboard", "logging", "Write iteration-time (seconds per iteration) and throughput (TFLOP/s/GPU) to TensorBoard every log_interval.", TS_FIELD(logging.log_timers_to_tensorboard)));
+  k.push_back(bool_key("log_throughput_to_tensorboard", "logging", "Write throughput/tflops/device, throughput/tflops, throughput/tokens_per_sec/device and throughput/tokens_per_sec to TensorBoard every log_interval.", TS_FIELD(logging.log_throughput_to_tensorboard)));
+  k.push_back(bool_key("log_memory_to_tensorboard", "logging", "Write mem-allocated-bytes and mem-max-allocated-bytes (peak since training started) to TensorBoard every tensorboard_log_interval.", TS_FIELD(logging.log_memory_to_tensorboard)));
+  k.push_back(bool_key("log_validation_ppl_to_tensorboard", "logging", "Write lm loss validation ppl (exp of the validation loss, capped at e^20) to TensorBoard at each evaluation.", TS_FIELD(logging.log_validation_ppl_to_tensorboard)));
   return k;
 }
 

@@ -12,6 +12,7 @@
 #include "tessera/config/profile_ranks.h"
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 
 namespace tessera {
 namespace {
@@ -307,6 +308,15 @@ void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iter
             fmt::format("rank ids below the number of ranks ({})", data_parallel_size));
 }
 
+// Checked here, before the run makes anything, as the experiment and save directories are.
+void check_tensorboard(const Checker& c, const Experiment& e) {
+  c.require(e.logging.tensorboard_log_interval >= 1, "tensorboard_log_interval", "at least 1");
+  if (e.logging.tensorboard_dir.empty()) return;
+  const auto problem = output_directory_problem(e.tensorboard_directory());
+  c.require(!problem, "tensorboard_dir",
+            "a directory that can be created and written (" + problem.value_or("") + ")");
+}
+
 }  // namespace
 
 void validate_experiment(const Experiment& e, int data_parallel_size) {
@@ -321,6 +331,7 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   check_data(c, e.data);
   check_checkpoint(c, e.checkpoint);
   check_logging(c, e.logging, e.training.train_iters, data_parallel_size);
+  check_tensorboard(c, e);
 }
 
 }  // namespace tessera

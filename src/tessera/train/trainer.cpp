@@ -13,6 +13,7 @@
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
+#include "tessera/obs/tensorboard.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/run_directories.h"
@@ -87,6 +88,11 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   stop_if_signalled("while loading the initial weights");
   profiler_ = profiler::TrainingProfiler::create(exp_, parallel_->rank(), parallel_->world_size(),
                                                  *backend_, log_);
+  if (parallel_->rank() == 0 && !exp_.logging.tensorboard_dir.empty()) {
+    tensorboard_ =
+        std::make_unique<TrainingTensorBoard>(exp_.logging, exp_.tensorboard_directory());
+    log_.info("tensorboard: {}", tensorboard_->path());
+  }
 }
 
 void Trainer::stop_if_signalled(const char* doing) {
@@ -459,6 +465,13 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
       t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, profiled ? " | profiled" : "");
+  if (tensorboard_)
+    tensorboard_->interval({.iteration = s.iteration,
+                            .iterations = interval_iters,
+                            .seconds_per_iteration = ms / 1e3,
+                            .tflops_per_gpu = tflops,
+                            .tokens_per_s_per_gpu = tokens_per_s,
+                            .gpus = parallel_->world_size()});
   if (!metrics_) return;
   nlohmann::json j;
   j["iteration"] = s.iteration;
@@ -477,6 +490,36 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;
   j["mem_peak_gib"] = mem.peak_bytes / kGiB;
   if (profiled) j["profiled"] = true;
+  metrics_->write(j);
+}
+
+void Trainer::write_tensorboard_iteration(const IterationStats& s) {
+  IterationScalars v{.iteration = s.iteration,
+                     .consumed_samples = consumed_samples_,
+                     .batch_size = exp_.training.global_batch_size,
+                     .lm_loss = s.loss,
+                     .learning_rate = s.lr,
+                     .grad_norm = s.grad_norm};
+  if (exp_.logging.log_memory_to_tensorboard) {
+    const MemoryStats mem = backend_->memory_stats();
+    v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);
+    v.mem_max_allocated_bytes = static_cast<double>(mem.peak_bytes);
+  }
+  tensorboard_->iteration(v);
+}
+
+void Trainer::report_evaluation(int64_t iteration, double loss, double ms) {
+  log_.clear_progress();
+  log_.info(
+      "validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | "
+      "time (ms): {:.1f}",
+      iteration, loss, std::exp(loss), ms);
+  if (tensorboard_) tensorboard_->validation(iteration, consumed_samples_, loss);
+  if (!metrics_) return;
+  nlohmann::json j;
+  j["iteration"] = iteration;
+  j["eval_lm_loss"] = loss;
+  j["eval_ppl"] = std::exp(loss);
   metrics_->write(j);
 }
 
@@ -516,6 +559,8 @@ TrainSummary Trainer::train() {
     const auto t0 = Clock::now();
     const IterationStats s = run_iteration(it);
     if (it > first) steady_ms += ms_since(t0);
+    if (tensorboard_ && it % exp_.logging.tensorboard_log_interval == 0)
+      write_tensorboard_iteration(s);
     ++interval_iters;
     if (!s.skipped && std::isfinite(s.loss)) interval_loss_sum += s.loss, ++interval_losses;
     if (it == first) sum.first_loss = s.loss;
@@ -533,17 +578,7 @@ TrainSummary Trainer::train() {
     if (eval_now) {
       const auto e0 = Clock::now();
       sum.last_eval_loss = evaluate();
-      log_.clear_progress();
-      log_.info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | "
-                "time (ms): {:.1f}",
-                it, sum.last_eval_loss, std::exp(sum.last_eval_loss), ms_since(e0));
-      if (metrics_) {
-        nlohmann::json j;
-        j["iteration"] = it;
-        j["eval_lm_loss"] = sum.last_eval_loss;
-        j["eval_ppl"] = std::exp(sum.last_eval_loss);
-        metrics_->write(j);
-      }
+      report_evaluation(it, sum.last_eval_loss, ms_since(e0));
       interval_start = Clock::now();  // keep evaluation out of the training throughput
       if (exp_.data.target_loss > 0 && sum.last_eval_loss <= exp_.data.target_loss) {
         report_target_reached(log_, metrics_, exp_.data.target_loss, it, sum.last_eval_loss,

@@ -24,6 +24,8 @@ class TrainingProfiler;  // obs/profiler/training_profiler.h
 
 namespace tessera {
 
+class TrainingTensorBoard;  // obs/tensorboard.h
+
 struct IterationStats {
   int64_t iteration = 0;
   double loss = 0;        // mean token loss of the global batch
@@ -87,6 +89,9 @@ class Trainer {
   void restore_start_state();
   int stop_signal_after_iteration();
   int agree_on_stop_signal();
+  // The validation loss of `iteration` to the log, metrics.jsonl and TensorBoard.
+  void report_evaluation(int64_t iteration, double loss, double ms);
+  void write_tensorboard_iteration(const IterationStats& s);
   [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
@@ -109,6 +114,7 @@ class Trainer {
   bool ranks_stop_together_ = false;
   int agreed_stop_signal_ = 0;
   std::vector<int32_t> host_tokens_, host_targets_;
+  std::unique_ptr<TrainingTensorBoard> tensorboard_;  // rank 0 with tensorboard_dir, else null
 
   int64_t completed_iterations_ = 0;
   int64_t last_saved_iteration_ = -1;
