@@ -48,6 +48,11 @@ struct ModelConfig {
 
 struct TrainingConfig {
   int64_t train_iters = 100;
+  // The run's length in samples instead (Megatron): train_iters = train_samples /
+  // global_batch_size, derived while loading. 0: train_iters gives it.
+  int64_t train_samples = 0;
+  int64_t exit_interval = 0;         // stop after an iteration that is a multiple; 0: off
+  double exit_duration_in_mins = 0;  // stop once the process has run this long; 0: off
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 1;
   int64_t seq_length = 128;
@@ -103,6 +108,7 @@ struct DataConfig {
   int64_t eval_interval = 0;              // 0: no evaluation
   int64_t eval_iters = 10;
   double target_loss = 0;                 // stop when the validation loss reaches it; 0: off
+  bool skip_train = false;                // evaluate the loaded weights only, then exit
 };
 
 struct CheckpointConfig {
