@@ -2,8 +2,9 @@
 # One call on a GPU machine: GPU tests, the attention kernel lab, and the benchmark against
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
-#   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [bench] [peer]
-#       [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node] [dist]
+#   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
+#       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
+#       [dist]
 #       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #   (default: all)
@@ -52,7 +53,7 @@ nvrtc_dirs="$(wheel_lib_dirs '*/lib/libnvrtc.so*')"
 nccl_dirs="$(wheel_lib_dirs 'nccl/lib/libnccl.so.2')"
 export LD_LIBRARY_PATH="${cudnn_dirs:+$cudnn_dirs:}${nccl_dirs:+$nccl_dirs:}$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}${nvrtc_dirs:+:$nvrtc_dirs}:${LD_LIBRARY_PATH:-}"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests lab hf kernels memory profile bench peer)
+[ ${#steps[@]} -eq 0 ] && steps=(tests lab hf kernels memory profile tensorboard bench peer)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 {
@@ -110,6 +111,26 @@ if want profile; then
     --workspace "$OUT/profile_ws" 2>&1 | tail -4
   trace="$(find "$OUT/profile_ws" -name 'rank-0.pt.trace.json.gz' | head -1)"
   [ -n "$trace" ] && timeout 120 "$BIN/tessera" report "$trace" -o "$OUT/profile_report" 2>&1 | head -60
+fi
+if want tensorboard; then
+  echo "== TensorBoard event file of a short run, as TensorBoard's EventAccumulator reads it"
+  timeout 150 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 2 --train_iters 10 \
+    --global_batch_size 2 --log_interval 5 --eval_interval 5 --eval_iters 2 --log_progress false \
+    --tensorboard_dir tensorboard --log_timers_to_tensorboard --log_throughput_to_tensorboard \
+    --log_memory_to_tensorboard --log_validation_ppl_to_tensorboard \
+    --workspace "$OUT/tensorboard_ws" 2>&1 | tail -3
+  # Every scalar as TensorBoard itself reads the natively written file: one line per tag.
+  tb_dir="$(find "$OUT/tensorboard_ws" -type d -name tensorboard | head -1)"
+  timeout 120 python3 - "${tb_dir:-$OUT/tensorboard_ws}" <<'PY' 2>&1 | tee "$OUT/tensorboard_scalars.log" | tail -30
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+accumulator = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})  # 0: keep every point
+accumulator.Reload()
+tags = sorted(accumulator.Tags()["scalars"])
+print(f"{len(tags)} scalar tags in {sys.argv[1]}")
+for tag in tags:
+    print(f"{tag:36s} " + " ".join(f"{e.step}:{e.value:.6g}" for e in accumulator.Scalars(tag)))
+PY
 fi
 if want bench; then
   echo "== tessera bench model"

@@ -48,6 +48,11 @@ struct ModelConfig {
 
 struct TrainingConfig {
   int64_t train_iters = 100;
+  // The run's length in samples instead (Megatron): train_iters = train_samples /
+  // global_batch_size, derived while loading. 0: train_iters gives it.
+  int64_t train_samples = 0;
+  int64_t exit_interval = 0;         // stop after an iteration that is a multiple; 0: off
+  double exit_duration_in_mins = 0;  // stop once the process has run this long; 0: off
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 1;
   int64_t seq_length = 128;
@@ -103,6 +108,7 @@ struct DataConfig {
   int64_t eval_interval = 0;              // 0: no evaluation
   int64_t eval_iters = 10;
   double target_loss = 0;                 // stop when the validation loss reaches it; 0: off
+  bool skip_train = false;                // evaluate the loaded weights only, then exit
 };
 
 struct CheckpointConfig {
@@ -120,6 +126,14 @@ struct LoggingConfig {
   int64_t profile_step_start = 10;
   int64_t profile_step_end = 12;
   std::string profile_ranks = "0";        // comma-separated ranks, or "all"
+  // TensorBoard event files (obs/tensorboard.h), rank 0; empty: none.
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_learning_rate_to_tensorboard = true;
+  bool log_timers_to_tensorboard = false;
+  bool log_throughput_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
 };
 
 struct Experiment {
@@ -140,6 +154,12 @@ struct Experiment {
 
   // {workspace}/{work_group}/{user_name}/{exp_name}
   std::string experiment_root() const;
+  // logging.tensorboard_dir; a relative one lies under the experiment root, where Primus puts
+  // its {experiment}/tensorboard. Empty when TensorBoard is off.
+  std::string tensorboard_directory() const {
+    const std::string& d = logging.tensorboard_dir;
+    return d.empty() || d.front() == '/' ? d : experiment_root() + "/" + d;
+  }
 };
 
 struct LoadOptions {

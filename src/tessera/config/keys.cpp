@@ -157,7 +157,10 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("sliding_window", "model", "Sliding-window attention span (Mistral: 4096); 0 is full causal attention.", TS_FIELD(model_config.sliding_window)));
   k.push_back(float_key("init_method_std", "model", "Standard deviation of the normal weight initialisation; output projections use std/sqrt(2*num_layers).", TS_FIELD(model_config.init_method_std)));
   // ---- training ----
-  k.push_back(int_key("train_iters", "training", "Optimizer steps to run.", TS_FIELD(training.train_iters)));
+  k.push_back(int_key("train_iters", "training", "Optimizer steps to run; 0 lets train_samples set it.", TS_FIELD(training.train_iters)));
+  k.push_back(int_key("train_samples", "training", "The run's length in samples, as Megatron: train_iters = train_samples / global_batch_size (rounded down); 0: train_iters gives it. Not with a different train_iters.", TS_FIELD(training.train_samples)));
+  k.push_back(int_key("exit_interval", "training", "Stop after the iteration that is a multiple of this (counted from iteration 0, as Megatron), with a checkpoint when save is set, and exit 0; 0 disables.", TS_FIELD(training.exit_interval)));
+  k.push_back(float_key("exit_duration_in_mins", "training", "Stop after the iteration during which the process has run this many minutes (fractions allowed; every rank stops at the same one), with a checkpoint when save is set, and exit 0; 0 disables.", TS_FIELD(training.exit_duration_in_mins)));
   k.push_back(int_key("micro_batch_size", "training", "Sequences per forward/backward pass on one GPU.", TS_FIELD(training.micro_batch_size)));
   k.push_back(int_key("global_batch_size", "training", "Sequences per optimizer step over all ranks: micro_batch_size x data-parallel size x accumulation steps.", TS_FIELD(training.global_batch_size)));
   k.push_back(int_key("seq_length", "training", "Tokens per sequence.", TS_FIELD(training.seq_length)));
@@ -208,6 +211,7 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("eval_interval", "data", "Evaluate the validation loss every this many iterations (and at the end); 0 disables.", TS_FIELD(data.eval_interval)));
   k.push_back(int_key("eval_iters", "data", "Micro-batches of the validation split per evaluation (times the data-parallel size).", TS_FIELD(data.eval_iters)));
   k.push_back(float_key("target_loss", "data", "Stop when the validation loss reaches this and report the time to target; 0 disables.", TS_FIELD(data.target_loss)));
+  k.push_back(bool_key("skip_train", "data", "Train nothing: evaluate the starting weights (from load, hf_init_path or the initialisation) on eval_iters validation micro-batches, then exit.", TS_FIELD(data.skip_train)));
   // ---- checkpoint ----
   k.push_back(string_key("save", "checkpoint", "Directory to write checkpoints to (every save_interval iterations, at the end, and on SIGTERM).", TS_FIELD(checkpoint.save)));
   k.push_back(string_key("load", "checkpoint", "Checkpoint directory to resume from (its latest complete checkpoint).", TS_FIELD(checkpoint.load)));
@@ -221,6 +225,13 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("profile_step_start", "logging", "First profiled iteration.", TS_FIELD(logging.profile_step_start)));
   k.push_back(int_key("profile_step_end", "logging", "Iteration at which profiling stops (exclusive).", TS_FIELD(logging.profile_step_end)));
   k.push_back(string_key("profile_ranks", "logging", "Ranks that record a trace: comma-separated ids, or all.", TS_FIELD(logging.profile_ranks)));
+  k.push_back(string_key("tensorboard_dir", "logging", "Write TensorBoard event files (events.out.tfevents.*, rank 0) to this directory; a relative path lies under the experiment directory (tensorboard: Primus's {experiment}/tensorboard); empty: none.", TS_FIELD(logging.tensorboard_dir)));
+  k.push_back(int_key("tensorboard_log_interval", "logging", "Write the per-iteration scalars (lm loss, learning-rate, batch-size, grad-norm, memory: that iteration's values) every this many iterations, independently of log_interval, as Megatron.", TS_FIELD(logging.tensorboard_log_interval)));
+  k.push_back(bool_key("log_learning_rate_to_tensorboard", "logging", "Write learning-rate (and learning-rate vs samples) to TensorBoard.", TS_FIELD(logging.log_learning_rate_to_tensorboard)));
+  k.push_back(bool_key("log_timers_to_tensorboard", "logging", "Write iteration-time (seconds per iteration) and throughput (TFLOP/s/GPU) to TensorBoard every log_interval.", TS_FIELD(logging.log_timers_to_tensorboard)));
+  k.push_back(bool_key("log_throughput_to_tensorboard", "logging", "Write throughput/tflops/device, throughput/tflops, throughput/tokens_per_sec/device and throughput/tokens_per_sec to TensorBoard every log_interval.", TS_FIELD(logging.log_throughput_to_tensorboard)));
+  k.push_back(bool_key("log_memory_to_tensorboard", "logging", "Write mem-allocated-bytes and mem-max-allocated-bytes (peak since training started) to TensorBoard every tensorboard_log_interval.", TS_FIELD(logging.log_memory_to_tensorboard)));
+  k.push_back(bool_key("log_validation_ppl_to_tensorboard", "logging", "Write lm loss validation ppl (exp of the validation loss, capped at e^20) to TensorBoard at each evaluation.", TS_FIELD(logging.log_validation_ppl_to_tensorboard)));
   return k;
 }
 

@@ -346,6 +346,17 @@ void apply_settings(Experiment& e, const std::vector<Setting>& settings) {
   }
 }
 
+// Megatron's run length in samples becomes train_iters here, so that everything reading
+// train_iters (schedule, data, validation) sees the run's length. A train_iters that was set
+// as well is left for validation to compare.
+void derive_train_iters(Experiment& e) {
+  TrainingConfig& t = e.training;
+  if (t.train_samples <= 0 || t.global_batch_size <= 0) return;
+  if (t.train_iters != 0 && e.origin["train_iters"] != "default") return;
+  t.train_iters = t.train_samples / t.global_batch_size;
+  e.origin["train_iters"] = e.origin["train_samples"];
+}
+
 }  // namespace
 
 std::string Experiment::experiment_root() const {
@@ -378,6 +389,7 @@ Experiment load_experiment(const LoadOptions& options) {
   }
   apply_settings(e, exp_settings);
   apply_settings(e, cli);
+  derive_train_iters(e);
   e.source_file = exp_doc.display;
   validate_experiment(e, options.data_parallel_size);
   return e;

@@ -12,6 +12,7 @@
 #include "tessera/config/profile_ranks.h"
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 
 namespace tessera {
 namespace {
@@ -90,6 +91,37 @@ void check_model(const Checker& c, const ModelConfig& m) {
     c.require(m.rope_original_max_position_embeddings >= 1, "rope_original_max_position_embeddings",
               "at least 1");
   }
+}
+
+// How long the run goes: train_iters, or train_samples (which loading turned into train_iters,
+// so its mistakes are named here, by train_samples, before the checks of train_iters), and
+// the early exits.
+void check_run_length(const Checker& c, const TrainingConfig& t) {
+  c.require(t.exit_interval >= 0, "exit_interval", "0 (off) or a positive interval");
+  c.require(t.exit_duration_in_mins >= 0, "exit_duration_in_mins",
+            "0 (off) or a positive number of minutes");
+  c.require(t.train_samples >= 0, "train_samples",
+            "0 (train_iters gives the run's length) or a positive count");
+  if (t.train_samples == 0) {
+    c.require(t.train_iters >= 1, "train_iters", "at least 1 (0 only with train_samples set)");
+    return;
+  }
+  if (t.global_batch_size < 1) return;  // check_batch names it
+  const int64_t iters = t.train_samples / t.global_batch_size;
+  c.require(iters >= 1, "train_samples",
+            fmt::format("at least global_batch_size ({}): train_iters = train_samples / "
+                        "global_batch_size",
+                        t.global_batch_size));
+  c.require(t.train_iters == iters, "train_samples",
+            fmt::format("one run length: train_samples / global_batch_size = {} iterations, but "
+                        "train_iters is {}; set one of them (--train_iters 0 leaves the length "
+                        "to train_samples)",
+                        iters, c.value_and_origin("train_iters")));
+  c.require(
+      t.lr_decay_iters != 0 || t.lr_warmup_iters <= iters, "train_samples",
+      fmt::format("at least lr_warmup_iters x global_batch_size = {} x {} = {}: the "
+                  "learning-rate warm-up must end by the end of the run",
+                  t.lr_warmup_iters, t.global_batch_size, t.lr_warmup_iters * t.global_batch_size));
 }
 
 void check_batch(const Checker& c, const TrainingConfig& t, const ModelConfig& m,
@@ -307,12 +339,28 @@ void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iter
             fmt::format("rank ids below the number of ranks ({})", data_parallel_size));
 }
 
+// skip_train runs nothing but an evaluation.
+void check_skip_train(const Checker& c, const DataConfig& d) {
+  c.require(!d.skip_train || d.eval_iters >= 1, "eval_iters",
+            "at least 1 with skip_train (the evaluation is all the run does)");
+}
+
+// Checked here, before the run makes anything, as the experiment and save directories are.
+void check_tensorboard(const Checker& c, const Experiment& e) {
+  c.require(e.logging.tensorboard_log_interval >= 1, "tensorboard_log_interval", "at least 1");
+  if (e.logging.tensorboard_dir.empty()) return;
+  const auto problem = output_directory_problem(e.tensorboard_directory());
+  c.require(!problem, "tensorboard_dir",
+            "a directory that can be created and written (" + problem.value_or("") + ")");
+}
+
 }  // namespace
 
 void validate_experiment(const Experiment& e, int data_parallel_size) {
   const Checker c(e);
   check_experiment_names(c, e);
   check_model(c, e.model_config);
+  check_run_length(c, e.training);
   check_batch(c, e.training, e.model_config, data_parallel_size);
   check_data_parallel(c, e.training);
   check_optimizer(c, e.training);
@@ -321,6 +369,8 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   check_data(c, e.data);
   check_checkpoint(c, e.checkpoint);
   check_logging(c, e.logging, e.training.train_iters, data_parallel_size);
+  check_skip_train(c, e.data);
+  check_tensorboard(c, e);
 }
 
 }  // namespace tessera

@@ -13,6 +13,7 @@
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
 #include "tessera/obs/profiler/training_profiler.h"
+#include "tessera/obs/tensorboard.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/run_directories.h"
@@ -24,6 +25,14 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 using Clock = std::chrono::steady_clock;
+
+// exit_duration_in_mins counts from here, as Megatron's from its first statement: set-up
+// (data, model, a checkpoint to load) spends the job's time as training does.
+const Clock::time_point kProcessStart = Clock::now();
+
+double minutes_since_process_start() {
+  return std::chrono::duration<double, std::ratio<60>>(Clock::now() - kProcessStart).count();
+}
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -87,6 +96,12 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   stop_if_signalled("while loading the initial weights");
   profiler_ = profiler::TrainingProfiler::create(exp_, parallel_->rank(), parallel_->world_size(),
                                                  *backend_, log_);
+  // Megatron writes no TensorBoard values for skip_train's evaluation either.
+  if (parallel_->rank() == 0 && !exp_.logging.tensorboard_dir.empty() && !exp_.data.skip_train) {
+    tensorboard_ =
+        std::make_unique<TrainingTensorBoard>(exp_.logging, exp_.tensorboard_directory());
+    log_.info("tensorboard: {}", tensorboard_->path());
+  }
 }
 
 void Trainer::stop_if_signalled(const char* doing) {
@@ -124,12 +139,18 @@ void Trainer::log_run() const {
 }
 
 void Trainer::open_data() {
-  data_ = make_data_sources(exp_, *tokenizer_, setup_.data_vocab);
+  // Validation samples are made for runs that evaluate; skip_train's does whatever
+  // eval_interval says.
+  Experiment data_exp = exp_;
+  if (exp_.data.skip_train) data_exp.data.eval_interval = 1;
+  data_ = make_data_sources(data_exp, *tokenizer_, setup_.data_vocab);
   log_.info("data: {}", data_.description);
-  if (!data_.valid && (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0)) {
+  if (!data_.valid &&
+      (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0 || exp_.data.skip_train)) {
     const std::string why = fmt::format(
         "no validation data (split '{}' leaves none, or set valid_data_path)", exp_.data.split);
     if (exp_.data.target_loss > 0) throw DataError(why + ": target_loss cannot be checked");
+    if (exp_.data.skip_train) throw DataError(why + ": skip_train has nothing to evaluate");
     log_.warning("{}: evaluation is disabled", why);
   }
   const int64_t N = setup_.runtime.tokens();
@@ -158,6 +179,7 @@ void Trainer::build_model() {
   }
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
   stop_signal_ = scalar_buffer_.tensor(DType::F32, {1}, sizeof(float));
+  out_of_time_flag_ = scalar_buffer_.tensor(DType::F32, {1}, 2 * sizeof(float));
 }
 
 // Initial weights (fresh, a checkpoint or Hugging Face) on every rank, and the rules that
@@ -289,6 +311,29 @@ int Trainer::agree_on_stop_signal() {
   return static_cast<int>(sig);
 }
 
+// Every rank reads its own clock: the ranks take the largest verdict (Megatron's MAX
+// all-reduce), so that all stop after the same iteration.
+bool Trainer::agree_out_of_time() {
+  float late = minutes_since_process_start() > exp_.training.exit_duration_in_mins ? 1.0f : 0.0f;
+  if (parallel_->world_size() == 1) return late > 0;
+  backend_->upload(out_of_time_flag_, &late);
+  parallel_->max(out_of_time_flag_);
+  backend_->download(&late, out_of_time_flag_);
+  return late > 0;
+}
+
+// Megatron checks the duration first; the last iteration needs no early exit.
+std::string Trainer::exit_reason(int64_t it) const {
+  const TrainingConfig& t = exp_.training;
+  if (it >= t.train_iters) return "";
+  if (out_of_time_)
+    return fmt::format("the process has run {:.2f} minutes (exit_duration_in_mins {})",
+                       minutes_since_process_start(), t.exit_duration_in_mins);
+  if (t.exit_interval > 0 && it % t.exit_interval == 0)
+    return fmt::format("it is a multiple of exit_interval ({})", t.exit_interval);
+  return "";
+}
+
 // Saves the state (when `save` is set) before stopping, so a preempted job can resume.
 void Trainer::stop_for_signal(int sig, const std::string& where) {
   if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_) save_checkpoint();
@@ -380,6 +425,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   // may then overlap with the next forward (overlap_param_gather).
   parallel_->sum(model_->loss_sum());
   if (ranks_stop_together_) agreed_stop_signal_ = agree_on_stop_signal();
+  if (t.exit_duration_in_mins > 0) out_of_time_ = agree_out_of_time();
   {
     const profiler::PhaseSpan span(profiler_.get(), "optimizer");
     optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
@@ -459,6 +505,13 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
       t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, profiled ? " | profiled" : "");
+  if (tensorboard_)
+    tensorboard_->interval({.iteration = s.iteration,
+                            .iterations = interval_iters,
+                            .seconds_per_iteration = ms / 1e3,
+                            .tflops_per_gpu = tflops,
+                            .tokens_per_s_per_gpu = tokens_per_s,
+                            .gpus = parallel_->world_size()});
   if (!metrics_) return;
   nlohmann::json j;
   j["iteration"] = s.iteration;
@@ -480,9 +533,56 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   metrics_->write(j);
 }
 
+void Trainer::write_tensorboard_iteration(const IterationStats& s) {
+  IterationScalars v{.iteration = s.iteration,
+                     .consumed_samples = consumed_samples_,
+                     .batch_size = exp_.training.global_batch_size,
+                     .lm_loss = s.loss,
+                     .learning_rate = s.lr,
+                     .grad_norm = s.grad_norm};
+  if (exp_.logging.log_memory_to_tensorboard) {
+    const MemoryStats mem = backend_->memory_stats();
+    v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);
+    v.mem_max_allocated_bytes = static_cast<double>(mem.peak_bytes);
+  }
+  tensorboard_->iteration(v);
+}
+
+void Trainer::report_evaluation(int64_t iteration, double loss, double ms) {
+  log_.clear_progress();
+  log_.info(
+      "validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | "
+      "time (ms): {:.1f}",
+      iteration, loss, std::exp(loss), ms);
+  if (tensorboard_) tensorboard_->validation(iteration, consumed_samples_, loss);
+  if (!metrics_) return;
+  nlohmann::json j;
+  j["iteration"] = iteration;
+  j["eval_lm_loss"] = loss;
+  j["eval_ppl"] = std::exp(loss);
+  metrics_->write(j);
+}
+
+// skip_train, as Megatron: the starting weights evaluated at the iteration they come from;
+// nothing is trained or saved.
+TrainSummary Trainer::evaluate_only() {
+  TrainSummary sum;
+  sum.iterations = completed_iterations_;
+  sum.skipped_iterations = skipped_iterations_;
+  log_.info(
+      "skip_train: evaluating the weights of iteration {} on {} validation micro-batches "
+      "per rank, without training",
+      completed_iterations_, exp_.data.eval_iters);
+  const auto t0 = Clock::now();
+  sum.last_eval_loss = evaluate();
+  report_evaluation(completed_iterations_, sum.last_eval_loss, ms_since(t0));
+  return sum;
+}
+
 TrainSummary Trainer::train() {
   const TrainingConfig& t = exp_.training;
   install_stop_signal_handlers();
+  if (exp_.data.skip_train) return evaluate_only();
   TrainSummary sum;
   if (completed_iterations_ >= t.train_iters) {
     // Resumed at or past the end: nothing runs, so there is no loss or throughput to report.
@@ -509,18 +609,21 @@ TrainSummary Trainer::train() {
   double interval_loss_sum = 0;
   int64_t interval_losses = 0;
   const int64_t first = completed_iterations_ + 1;  // > 1 when resuming
-  int64_t last = t.train_iters;                      // earlier when target_loss is reached
+  int64_t last = t.train_iters;                     // earlier at target_loss or an early exit
   for (int64_t it = first; it <= t.train_iters; ++it) {
     // Starting and stopping the recorder is kept out of the iteration times.
     if (profiler_) interval_start += profiler_->before_iteration(it);
     const auto t0 = Clock::now();
     const IterationStats s = run_iteration(it);
     if (it > first) steady_ms += ms_since(t0);
+    if (tensorboard_ && it % exp_.logging.tensorboard_log_interval == 0)
+      write_tensorboard_iteration(s);
+    const std::string exit_why = exit_reason(it);
     ++interval_iters;
     if (!s.skipped && std::isfinite(s.loss)) interval_loss_sum += s.loss, ++interval_losses;
     if (it == first) sum.first_loss = s.loss;
     sum.last_loss = s.loss;
-    if (it % exp_.logging.log_interval == 0 || it == t.train_iters) {
+    if (it % exp_.logging.log_interval == 0 || it == t.train_iters || !exit_why.empty()) {
       const double logged_loss = interval_losses > 0 ? interval_loss_sum / static_cast<double>(interval_losses) : s.loss;
       log_iteration(s, logged_loss, ms_since(interval_start), interval_iters);
       interval_start = Clock::now();
@@ -533,17 +636,7 @@ TrainSummary Trainer::train() {
     if (eval_now) {
       const auto e0 = Clock::now();
       sum.last_eval_loss = evaluate();
-      log_.clear_progress();
-      log_.info("validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | "
-                "time (ms): {:.1f}",
-                it, sum.last_eval_loss, std::exp(sum.last_eval_loss), ms_since(e0));
-      if (metrics_) {
-        nlohmann::json j;
-        j["iteration"] = it;
-        j["eval_lm_loss"] = sum.last_eval_loss;
-        j["eval_ppl"] = std::exp(sum.last_eval_loss);
-        metrics_->write(j);
-      }
+      report_evaluation(it, sum.last_eval_loss, ms_since(e0));
       interval_start = Clock::now();  // keep evaluation out of the training throughput
       if (exp_.data.target_loss > 0 && sum.last_eval_loss <= exp_.data.target_loss) {
         report_target_reached(log_, metrics_, exp_.data.target_loss, it, sum.last_eval_loss,
@@ -566,8 +659,14 @@ TrainSummary Trainer::train() {
     }
     if (int sig = stop_signal_after_iteration())
       stop_for_signal(sig, fmt::format("after iteration {} (its update was applied)", it));
+    if (!exit_why.empty()) {
+      log_.clear_progress();
+      log_.info("stopping after iteration {}: {}", it, exit_why);
+      last = it;
+      break;
+    }
   }
-  if (profiler_) profiler_->after_iteration(last, last);  // stopped early at target_loss
+  if (profiler_) profiler_->after_iteration(last, last);  // stopped early
   if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_) save_checkpoint();
   log_.clear_progress();
   sum.iterations = last;

@@ -24,6 +24,8 @@ class TrainingProfiler;  // obs/profiler/training_profiler.h
 
 namespace tessera {
 
+class TrainingTensorBoard;  // obs/tensorboard.h
+
 struct IterationStats {
   int64_t iteration = 0;
   double loss = 0;        // mean token loss of the global batch
@@ -87,6 +89,14 @@ class Trainer {
   void restore_start_state();
   int stop_signal_after_iteration();
   int agree_on_stop_signal();
+  bool agree_out_of_time();
+  // The early exits (exit_interval, exit_duration_in_mins): why the run stops after iteration
+  // `it`, or empty.
+  std::string exit_reason(int64_t it) const;
+  TrainSummary evaluate_only();
+  // The validation loss of `iteration` to the log, metrics.jsonl and TensorBoard.
+  void report_evaluation(int64_t iteration, double loss, double ms);
+  void write_tensorboard_iteration(const IterationStats& s);
   [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
@@ -104,11 +114,14 @@ class Trainer {
   DeviceBuffer scalar_buffer_;
   Tensor grad_norm_sq_;
   Tensor stop_signal_;  // (1) fp32: the signal number, max-reduced over the ranks
+  Tensor out_of_time_flag_;   // (1) fp32: 1 once exit_duration_in_mins has passed, max-reduced
+  bool out_of_time_ = false;  // agreed during the last iteration
   // Data-parallel runs that save: every rank takes part in a checkpoint, so a stop signal is
   // acted on only after an iteration, once the ranks have agreed on it.
   bool ranks_stop_together_ = false;
   int agreed_stop_signal_ = 0;
   std::vector<int32_t> host_tokens_, host_targets_;
+  std::unique_ptr<TrainingTensorBoard> tensorboard_;  // rank 0 with tensorboard_dir, else null
 
   int64_t completed_iterations_ = 0;
   int64_t last_saved_iteration_ = -1;
