@@ -155,7 +155,9 @@ TEST(ReportCli, BadFlagsExitTwo) {
   for (const char* args :
        {"report", "report t.json --format pdf", "report t.json --top 0", "report t.json --gpu H300",
         "report t.json --bogus", "report t.json t.json", "report --compare t.json",
-        "report --ranks . t.json", "report --ranks . --gpu H100", "report t.json -o", "trace",
+        "report --ranks . t.json", "report --ranks . --gpu H100",
+        "report --ranks . --categories c.yaml", "report t.json --categories", "report t.json -o",
+        "trace",
         "trace split t.json", "trace merge t.json", "trace merge t.json -o out.txt"}) {
     CliRun r = tessera(args, dir);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
@@ -269,6 +271,37 @@ TEST(ReportCli, AFailedWriteLeavesNoPartOfTheReport) {
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("summary.md.tmp: cannot write"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::is_empty(dir / "out")) << "left: " << testing::json(listing(dir / "out"));
+}
+
+TEST(ReportCli, CategoriesFile) {
+  const auto dir = test_dir();
+  sample_trace(dir, "t.json", 10);
+  testing::write_file(dir / "cats.yaml", "rules:\n  - kernel: '^mystery'\n    category: other\n");
+  CliRun r = tessera("report t.json --categories cats.yaml -o out --format csv", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("matched no category rule"), std::string::npos) << r.output;
+  EXPECT_NE(read(dir / "out" / "kernels.csv")
+                .find("mystery_kernel,other,1,0.001,1,1,1,1,3.22580645,,cats.yaml:2: kernel "
+                      "matches '^mystery'"),
+            std::string::npos)
+      << read(dir / "out" / "kernels.csv");
+  // A bad file fails with exit 2, naming the file and line, before the trace is read.
+  testing::write_file(dir / "cut.json", R"({"traceEvents": [{"ph": "X", "name": "k")");
+  testing::write_file(dir / "bad.json",
+                      "{\"rules\": [\n  {\"kernel\": \"x\", \"category\": 7}\n]}");
+  const std::set<std::string> before = listing(dir);
+  r = tessera("report cut.json --categories bad.json", dir);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("error: bad.json:2: key 'rules[0].category' has value '7': expected one "
+                          "of GEMM"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(listing(dir), before);
+  r = tessera("report t.json --categories missing.yaml", dir);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'categories' has value 'missing.yaml': expected a readable file"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

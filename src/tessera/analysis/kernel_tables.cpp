@@ -125,7 +125,7 @@ Table kernels_table(const TraceData& data) {
     auto best = std::max_element(p.ops.begin(), p.ops.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
     row.push_back(data.strings[best->first]);
-    row.push_back(describe_rule(p.rule));
+    row.push_back(data.describe_rule(p.rule));
     t.rows.push_back(std::move(row));
   }
   std::sort(t.rows.begin(), t.rows.end(), [](const auto& a, const auto& b) {
