@@ -67,8 +67,8 @@ TEST(ReportCli, WritesEveryFormatToTheDefaultDirectory) {
   const fs::path out = dir / "step_report";
   for (const char* f :
        {"report.xlsx", "summary.md", "summary.html", "gpu_timeline.csv", "categories.csv",
-        "top_kernels.csv", "gemm.csv", "attention.csv", "collectives.csv", "short_kernels.csv",
-        "unclassified.csv", "kernels.csv", "ops.csv"}) {
+        "top_kernels.csv", "gemm.csv", "attention.csv", "bandwidth.csv", "collectives.csv",
+        "short_kernels.csv", "unclassified.csv", "kernels.csv", "ops.csv", "ops_unique_args.csv"}) {
     EXPECT_TRUE(fs::exists(out / f)) << f;
   }
   EXPECT_EQ(read(out / "report.xlsx").substr(0, 2), "PK");  // a zip container

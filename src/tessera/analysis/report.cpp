@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/analysis/bandwidth.h"
 #include "tessera/analysis/collectives.h"
 #include "tessera/analysis/gpu_specs.h"
 #include "tessera/analysis/kernel_tables.h"
@@ -62,6 +63,7 @@ Report build_report(const TraceData& data, const ReportOptions& options) {
   r.tables.push_back(top_kernels_table(kernels, options.top_k));
   r.tables.push_back(gemm_table(data, gpu));
   r.tables.push_back(attention_table(data, gpu));
+  r.tables.push_back(bandwidth_table(data, gpu));
   r.tables.push_back(collectives_table(data));
   r.tables.push_back(short_kernels_table(data));
   Table unclassified = unclassified_table(data);
@@ -73,6 +75,7 @@ Report build_report(const TraceData& data, const ReportOptions& options) {
   r.tables.push_back(std::move(unclassified));
   r.tables.push_back(std::move(kernels));
   r.tables.push_back(ops_table(data));
+  r.tables.push_back(ops_unique_args_table(data));
   return r;
 }
 
