@@ -1,12 +1,16 @@
-// The bandwidth and ops_unique_args sheets on hand-built traces whose answers are worked out
-// here, from the op shapes and the GPU's datasheet bandwidth.
+// The bandwidth and ops_unique_args sheets and the report's headline on hand-built traces
+// whose answers are worked out here, from the op shapes and the GPU's datasheet bandwidth.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+
+#include <fmt/format.h>
 
 #include "tessera/analysis/bandwidth.h"
 #include "tessera/analysis/gpu_specs.h"
 #include "tessera/analysis/kernel_tables.h"
+#include "tessera/analysis/report.h"
 #include "tessera/analysis/trace_data.h"
 #include "trace_builder.h"
 
@@ -306,6 +310,46 @@ TEST(OpsUniqueArgs, TesseraOpsGroupByTheirArgs) {
   EXPECT_EQ(str(t, norm, "thread"), "pid 100 tid 100");
   EXPECT_EQ(str(t, row_of(t, "name", "matmul"), "other_args"),
             R"({"K": 64, "M": 64, "N": 64, "dtype": "bf16"})");
+}
+
+TEST(Headline, StepBusyCategoriesGemmAndBandwidth) {
+  TraceBuilder b(test_dir());
+  b.member("deviceProperties", {{{"name", "NVIDIA H100 80GB HBM3"}}});
+  b.step(1, 0, 1000).step(2, 1000, 3000);
+  // GEMM [0, 100): 2*4096^3 FLOP. RMSNorm [100, 150), idle, RMSNorm [200, 260).
+  b.kernel("nvjet_sm90_a", 0, 100, {{"M", 4096}, {"N", 4096}, {"K", 4096}, {"dtype", "bf16"}});
+  const json norm = {{"rows", 4096}, {"cols", 4096}, {"dtype", "bf16"}};
+  tessera_op(b, "rmsnorm_forward", 1, norm, 99, "rmsnorm_forward_kernel", 50);
+  tessera_op(b, "rmsnorm_forward", 2, norm, 199, "rmsnorm_forward_kernel", 60);
+  const Report r = build_report(TraceData::load(b.write("t.json"), false), ReportOptions{});
+  std::map<std::string, std::vector<std::string>> h;
+  for (const auto& [label, text] : r.headline) h[label].push_back(text);
+  using Lines = std::vector<std::string>;
+  EXPECT_EQ(h["step time"], Lines{"2.000 ms (mean of 2 ProfilerStep# ranges)"});
+  EXPECT_EQ(h["GPU busy"],
+            Lines{fmt::format("{:.1f}% of 0.260 ms: computation {:.1f}%, exposed "
+                              "communication 0.0%, exposed memcpy 0.0%, idle "
+                              "{:.1f}%",
+                              100 * 210 / 260.0, 100 * 210 / 260.0, 100 * 50 / 260.0)});
+  EXPECT_EQ(h["top categories"],
+            Lines{fmt::format("normalization {:.1f}%, GEMM {:.1f}% of GPU time", 100 * 110 / 210.0,
+                              100 * 100 / 210.0)});
+  const double tflops = 2.0 * 4096 * 4096 * 4096 / 100e-6 / 1e12;
+  EXPECT_EQ(h["GEMM"], Lines{fmt::format("{:.1f} TFLOP/s, {:.1f}% of peak (1 calls, 0.100 ms; "
+                                         "shapes for 100% of that time)",
+                                         tflops, 100 * tflops / 989.4)});
+  const double bytes = (2.0 * 4096 * 4096 + 4096) * 2 + 4.0 * 4096;
+  const double bps = 2 * bytes / 110e-6;
+  EXPECT_EQ(h["bandwidth"],
+            Lines{fmt::format("{:.2f} TB/s, {:.1f}% of H100 HBM (2 calls, 0.110 ms of elementwise, "
+                              "reduction, normalization, optimizer and copy work; bytes for 100% "
+                              "of that time)",
+                              bps / 1e12, 100 * bps / 3.35e12)});
+  EXPECT_EQ(h["worst bandwidth"],
+            Lines{fmt::format("rmsnorm_forward {{\"cols\": 4096, \"dtype\": \"bf16\", \"rows\": "
+                              "4096}}: {:.0f} GB/s, {:.1f}% of HBM (2 calls, {:.3f} ms above "
+                              "the bandwidth floor)",
+                              bps / 1e9, 100 * bps / 3.35e12, 0.110 - 2 * bytes / 3.35e12 * 1e3)});
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // `tessera report`: performance reports from Chrome traces (Tessera's and PyTorch profiler's).
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -148,6 +149,17 @@ an::TraceData load(const std::string& path, const std::vector<an::UserCategoryRu
   return data;
 }
 
+// The headline, labels aligned; a repeated label (a list) is printed once.
+void print_headline(const an::Report& report) {
+  size_t width = 0;
+  for (const auto& [label, text] : report.headline) width = std::max(width, label.size());
+  std::string previous;
+  for (const auto& [label, text] : report.headline) {
+    fmt::print("{:<{}}  {}\n", label == previous ? "" : label, width, text);
+    previous = label;
+  }
+}
+
 }  // namespace
 
 int report_command(const Args& args) {
@@ -182,6 +194,7 @@ int report_command(const Args& args) {
     report = an::build_report(load(o.traces[0], rules), ro);
   }
   for (const std::string& w : report.warnings) fmt::print(stderr, "warning: {}\n", w);
+  print_headline(report);
   const auto files = an::write_report(report, out_dir, formats);
   fmt::print("wrote {} files to {}/\n", files.size(), out_dir);
   return 0;
