@@ -1,8 +1,13 @@
 // The category rules on real kernel names from cuBLAS/cuBLASLt, cuDNN, FlashAttention, PyTorch,
-// NCCL, Triton / torch.compile, ROCm libraries and Tessera's own kernels.
+// NCCL, Triton / torch.compile, ROCm libraries and Tessera's own kernels; rules of a
+// --categories file before them, and what a bad file says.
 #include <gtest/gtest.h>
 
 #include "tessera/analysis/kernel_categories.h"
+#include "tessera/analysis/kernel_tables.h"
+#include "tessera/analysis/trace_data.h"
+#include "tessera/core/error.h"
+#include "trace_builder.h"
 
 namespace tessera::analysis {
 namespace {
@@ -112,6 +117,116 @@ TEST(KernelCategories, RuleTableIsLowerCaseAndDocumented) {
   }
   EXPECT_EQ(describe_rule(-1), "");
   EXPECT_EQ(describe_rule(classify_kernel("nvjet_x", "").rule), "kernel starts with 'nvjet'");
+}
+
+using testing::test_dir;
+using testing::write_file;
+
+TEST(UserCategories, RulesComeBeforeTheBuiltInOnes) {
+  const auto dir = test_dir();
+  const std::string file = write_file(dir / "cats.yaml",
+                                      "# mine\n"
+                                      "rules:\n"
+                                      "  - kernel: '^nvjet_sm90_a$'\n"
+                                      "    category: other\n"
+                                      "  - {kernel: 'MYSTERY', category: Reduction}\n");
+  const auto rules = load_category_rules(file);
+  ASSERT_EQ(rules.size(), 2u);
+  EXPECT_EQ(rules[0].origin, file + ":3");
+  EXPECT_EQ(rules[1].origin, file + ":5");
+  // The user rule overrides the built-in GEMM rule; regexes are case-insensitive and search.
+  Classification a = classify_kernel("nvjet_sm90_a", "", rules);
+  EXPECT_EQ(a.category, Category::kOther);
+  EXPECT_EQ(describe_rule(a.rule, rules), file + ":3: kernel matches '^nvjet_sm90_a$'");
+  Classification b = classify_kernel("nvjet_sm90_ab", "", rules);
+  EXPECT_EQ(b.category, Category::kGemm);
+  EXPECT_EQ(describe_rule(b.rule, rules), "kernel starts with 'nvjet'");
+  EXPECT_EQ(classify_kernel("a_mystery_kernel", "", rules).category, Category::kReduction);
+
+  // Through a trace: the categories and kernels sheets follow the user's rules.
+  testing::TraceBuilder t(dir);
+  t.kernel("nvjet_sm90_a", 0, 10).kernel("nvjet_sm90_b", 10, 10).kernel("mystery_kernel", 20, 1);
+  const TraceData d = TraceData::load(t.write("t.json"), false, rules);
+  const Table kernels = kernels_table(d);
+  for (size_t r = 0; r < kernels.rows.size(); ++r) {
+    const std::string name = std::get<std::string>(kernels.rows[r][kernels.column("name")]);
+    const std::string category = std::get<std::string>(kernels.rows[r][kernels.column("category")]);
+    const std::string rule = std::get<std::string>(kernels.rows[r][kernels.column("rule")]);
+    if (name == "nvjet_sm90_a") {
+      EXPECT_EQ(category, "other");
+      EXPECT_EQ(rule, file + ":3: kernel matches '^nvjet_sm90_a$'");
+    } else if (name == "nvjet_sm90_b") {
+      EXPECT_EQ(category, "GEMM");
+    } else {
+      EXPECT_EQ(category, "reduction");
+      EXPECT_EQ(rule, file + ":5: kernel matches 'MYSTERY'");
+    }
+  }
+  EXPECT_TRUE(unclassified_table(d).rows.empty());
+}
+
+TEST(UserCategories, JsonAndTheShippedExample) {
+  const auto dir = test_dir();
+  const std::string json = write_file(
+      dir / "cats.json", R"({"rules": [{"kernel": "flash_fwd_splitkv", "category": "GEMM"}]})");
+  const auto rules = load_category_rules(json);
+  ASSERT_EQ(rules.size(), 1u);
+  EXPECT_EQ(classify_kernel("flash_fwd_splitkv_kernel", "", rules).category, Category::kGemm);
+  const auto example = load_category_rules(std::string(TESSERA_TESTS_DIR) +
+                                           "/../configs/kernel_categories.example.yaml");
+  ASSERT_EQ(example.size(), 3u);
+  EXPECT_EQ(classify_kernel("my_fused_rmsnorm_silu_kernel", "", example).category,
+            Category::kNormalization);
+  EXPECT_EQ(classify_kernel("void te::cast_transpose_kernel<bf16>", "", example).category,
+            Category::kMemcpy);
+}
+
+// Every problem names the file and the line, and what was expected.
+TEST(UserCategories, BadFilesNameFileLineAndProblem) {
+  const auto dir = test_dir();
+  struct Case {
+    const char* text;
+    const char* says;
+  } cases[] = {
+      {"rules:\n  - kernel: [unclosed\n", "c.yaml:3: key '(syntax)'"},
+      {"- kernel: x\n", "c.yaml:1: key '(document)'"},
+      {"rules:\n  - kernel: x\n    category: fast\n",
+       "c.yaml:3: key 'rules[0].category' has value 'fast': expected one of GEMM, attention_fwd, "
+       "attention_bwd, normalization, elementwise, reduction, optimizer, communication, memcpy, "
+       "memset, other"},
+      {"rules:\n  - kernel: x\n    category: unclassified\n",
+       "c.yaml:3: key 'rules[0].category' has value 'unclassified'"},
+      {"rules:\n  - kernel: 'a('\n    category: other\n",
+       "c.yaml:2: key 'rules[0].kernel' has value 'a(': expected a regular expression "
+       "(ECMAScript syntax), but it is not one"},
+      {"rules:\n  - category: other\n",
+       "c.yaml:2: key 'rules[0].kernel' has value '(missing)': expected a regular expression"},
+      {"rules:\n  - kernel: x\n", "c.yaml:2: key 'rules[0].category' has value '(missing)'"},
+      {"rules:\n  - kernel: x\n    category: other\n    op: aten::mm\n",
+       "c.yaml:4: key 'rules[0].op' has value 'aten::mm': expected only the keys 'kernel', "
+       "'category'"},
+      {"rules:\n  - kernel: x\n    kernel: y\n    category: other\n",
+       "c.yaml:3: key 'rules[0].kernel' has value 'y': expected each key once"},
+      {"rules:\n  - kernel: ''\n    category: other\n",
+       "c.yaml:2: key 'rules[0].kernel' has value '': expected a non-empty string"},
+      {"rules:\n  - just a string\n", "c.yaml:2: key 'rules[0]' has value 'just a string'"},
+      {"rules: nvjet\n", "c.yaml:1: key 'rules' has value 'nvjet': expected a list of rules"},
+      {"rule:\n  - kernel: x\n", "c.yaml:1: key 'rule'"},
+      {"{}\n", "c.yaml:1: key 'rules' has value '(missing)'"},
+  };
+  for (const Case& c : cases) {
+    const std::string file = write_file(dir / "c.yaml", c.text);
+    try {
+      load_category_rules(file);
+      ADD_FAILURE() << "accepted: " << c.text;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(file.substr(0, file.size() - 6) + c.says),
+                std::string::npos)
+          << c.text << "\n"
+          << e.what();
+    }
+  }
+  EXPECT_THROW(load_category_rules((dir / "missing.yaml").string()), ConfigError);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "tessera/analysis/bandwidth.h"
 #include "tessera/analysis/kernel_tables.h"
 #include "tessera/analysis/ranks.h"
 #include "tessera/analysis/report.h"
@@ -140,6 +141,147 @@ TEST_P(PyTorchFixture, GemmShapesMatchRecordShapes) {
          static_cast<int64_t>(num(t, r, "K"))}] += static_cast<int64_t>(num(t, r, "count"));
   }
   EXPECT_EQ(got, expected);
+}
+
+// The launching op of every GPU event: its own External id, else its launch's.
+std::map<int64_t, int64_t> external_of_correlation(const json& j) {
+  std::map<int64_t, int64_t> out;
+  for (const json& e : events_of(j)) {
+    const std::string cat = e.value("cat", "");
+    if ((cat == "cuda_runtime" || cat == "cuda_driver") && e["args"].contains("External id")) {
+      out[e["args"]["correlation"].get<int64_t>()] = e["args"]["External id"].get<int64_t>();
+    }
+  }
+  return out;
+}
+
+int64_t external_id(const json& gpu_event, const std::map<int64_t, int64_t>& by_correlation) {
+  const json& a = gpu_event["args"];
+  if (a.contains("External id")) return a["External id"].get<int64_t>();
+  auto it = by_correlation.find(a.value("correlation", int64_t{-1}));
+  return it == by_correlation.end() ? -1 : it->second;
+}
+
+// TraceLens's grouping, done here on the JSON document: the op that launched each non-NCCL GPU
+// event, the union of its events' intervals, grouped by (name, pid, tid, Input Dims, Input
+// type, Input Strides, Concrete Inputs).
+TEST_P(PyTorchFixture, OpsUniqueArgsEqualAnIndependentGroupBy) {
+  const std::string path = kDir + GetParam();
+  const json j = load_json(path);
+  std::map<int64_t, json> ops;
+  for (const json& e : events_of(j)) {
+    if (e.value("cat", "") == "cpu_op" && e["args"].contains("External id")) {
+      ops[e["args"]["External id"].get<int64_t>()] = e;
+    }
+  }
+  const auto by_correlation = external_of_correlation(j);
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> intervals;  // per op instance
+  for (const json& e : events_of(j)) {
+    if (!is_gpu(e) || std::string(e["name"]).find("nccl") != std::string::npos) continue;
+    const int64_t ext = external_id(e, by_correlation);
+    ASSERT_TRUE(ops.count(ext)) << e["name"];
+    intervals[ext].emplace_back(ns(e["ts"]), ns(e["ts"]) + ns(e["dur"]));
+  }
+  std::map<std::string, std::vector<int64_t>> groups;  // key -> busy time per call
+  for (auto& [ext, v] : intervals) {
+    std::sort(v.begin(), v.end());
+    int64_t busy = 0, end = INT64_MIN;
+    for (const auto& [a, b] : v) {
+      busy += std::max<int64_t>(0, b - std::max(a, end));
+      end = std::max(end, b);
+    }
+    const json& op = ops.at(ext);
+    const json& args = op["args"];
+    const std::string key =
+        json({op["name"], op["pid"], op["tid"], args.value("Input Dims", json()),
+              args.value("Input type", json()), args.value("Input Strides", json()),
+              args.value("Concrete Inputs", json())})
+            .dump();
+    groups[key].push_back(busy);
+  }
+  int64_t whole = 0;
+  std::multiset<std::tuple<std::string, int64_t, int64_t>> expected, got;  // name, count, ns
+  for (const auto& [key, busy] : groups) {
+    int64_t total = 0;
+    for (int64_t b : busy) total += b;
+    whole += total;
+    expected.insert({json::parse(key)[0], static_cast<int64_t>(busy.size()), total});
+  }
+  const Table t = ops_unique_args_table(TraceData::load(path, false));
+  ASSERT_EQ(t.rows.size(), groups.size());
+  double share = 0;
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    got.insert({str(t, r, "name"), static_cast<int64_t>(num(t, r, "count")),
+                std::llround(num(t, r, "total_ms") * 1e6)});
+    share += num(t, r, "share_pct");
+    if (r > 0) EXPECT_GE(num(t, r - 1, "total_ms"), num(t, r, "total_ms"));
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_NEAR(share, 100, 1e-9);
+}
+
+// Bytes from record_shapes, recomputed here for the rules that are exact: copy_ reads its
+// source and writes its destination; a Triton kernel touches each tensor argument once.
+TEST_P(PyTorchFixture, BandwidthFromRecordShapes) {
+  const std::string path = kDir + GetParam();
+  const json j = load_json(path);
+  std::set<std::string> categories = {"elementwise", "reduction", "normalization",
+                                      "optimizer",   "memcpy",    "memset"};
+  const auto by_correlation = external_of_correlation(j);
+  std::set<int64_t> calls;
+  int64_t lone = 0, total_ns = 0;
+  for (const json& e : events_of(j)) {
+    if (!is_gpu(e) || !categories.count(expected_category(e))) continue;
+    const int64_t ext = external_id(e, by_correlation);
+    ext < 0 ? ++lone : (calls.insert(ext), 0);
+    total_ns += ns(e["dur"]);
+  }
+  const Table t = bandwidth_table(TraceData::load(path, false), find_gpu_spec("H200"));
+  auto element_size = [](const std::string& type) {
+    static const std::map<std::string, int> sizes = {
+        {"float", 4}, {"c10::BFloat16", 2}, {"c10::Half", 2}, {"long int", 8}, {"int", 4}};
+    auto it = sizes.find(type);
+    return it == sizes.end() ? 0 : it->second;
+  };
+  int64_t count = 0, checked = 0;
+  double total_ms = 0;
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    count += static_cast<int64_t>(num(t, r, "count"));
+    total_ms += num(t, r, "total_ms");
+    const std::string op = str(t, r, "op");
+    if (str(t, r, "category") == "memcpy" || str(t, r, "category") == "memset") {
+      // The event's own byte count; device to device reads and writes it.
+      const double bytes = json::parse(str(t, r, "args"))["bytes"].get<double>();
+      const bool dtod = str(t, r, "kernel").find("DtoD") != std::string::npos;
+      EXPECT_DOUBLE_EQ(num(t, r, "mbytes"), (dtod ? 2 : 1) * bytes / 1e6) << str(t, r, "kernel");
+      continue;
+    }
+    if (op != "aten::copy_" && op.rfind("triton_", 0) != 0) continue;
+    const json dims = json::parse(str(t, r, "input_dims"));
+    const json types = json::parse(str(t, r, "input_type"));
+    double bytes = 0;
+    for (size_t i = 0; i < types.size(); ++i) {
+      double n = 1;
+      for (const json& d : dims[i]) n *= d.get<double>();
+      bytes += n * element_size(types[i]);
+    }
+    EXPECT_NEAR(num(t, r, "mbytes"), bytes / 1e6, 1e-12) << op;
+    EXPECT_NEAR(num(t, r, "gbps"), bytes / (num(t, r, "mean_us") / 1e6) / 1e9, 1e-6) << op;
+    EXPECT_NEAR(num(t, r, "hbm_pct"), num(t, r, "gbps") / 48, 1e-9) << op;  // H200: 4.8 TB/s
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_EQ(count, static_cast<int64_t>(calls.size()) + lone);  // every call, derived or not
+  EXPECT_NEAR(total_ms, total_ns / 1e6, 1e-9);
+  // Fused AdamW takes tensor lists, which carry no element type: listed, with the reason.
+  bool adamw = false;
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    if (str(t, r, "op") != "aten::_fused_adamw_") continue;
+    adamw = true;
+    EXPECT_EQ(str(t, r, "bytes_basis"),
+              "not derived: argument 0 is a TensorList, which the trace gives no element type for");
+  }
+  EXPECT_TRUE(adamw);
 }
 
 INSTANTIATE_TEST_SUITE_P(Traces, PyTorchFixture,

@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "trace_builder.h"
 
 namespace tessera::analysis {
@@ -67,8 +69,8 @@ TEST(ReportCli, WritesEveryFormatToTheDefaultDirectory) {
   const fs::path out = dir / "step_report";
   for (const char* f :
        {"report.xlsx", "summary.md", "summary.html", "gpu_timeline.csv", "categories.csv",
-        "top_kernels.csv", "gemm.csv", "attention.csv", "collectives.csv", "short_kernels.csv",
-        "unclassified.csv", "kernels.csv", "ops.csv"}) {
+        "top_kernels.csv", "gemm.csv", "attention.csv", "bandwidth.csv", "collectives.csv",
+        "short_kernels.csv", "unclassified.csv", "kernels.csv", "ops.csv", "ops_unique_args.csv"}) {
     EXPECT_TRUE(fs::exists(out / f)) << f;
   }
   EXPECT_EQ(read(out / "report.xlsx").substr(0, 2), "PK");  // a zip container
@@ -155,8 +157,9 @@ TEST(ReportCli, BadFlagsExitTwo) {
   for (const char* args :
        {"report", "report t.json --format pdf", "report t.json --top 0", "report t.json --gpu H300",
         "report t.json --bogus", "report t.json t.json", "report --compare t.json",
-        "report --ranks . t.json", "report --ranks . --gpu H100", "report t.json -o", "trace",
-        "trace split t.json", "trace merge t.json", "trace merge t.json -o out.txt"}) {
+        "report --ranks . t.json", "report --ranks . --gpu H100",
+        "report --ranks . --categories c.yaml", "report t.json --categories", "report t.json -o",
+        "trace", "trace split t.json", "trace merge t.json", "trace merge t.json -o out.txt"}) {
     CliRun r = tessera(args, dir);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("error"), std::string::npos) << args << "\n" << r.output;
@@ -269,6 +272,101 @@ TEST(ReportCli, AFailedWriteLeavesNoPartOfTheReport) {
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("summary.md.tmp: cannot write"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::is_empty(dir / "out")) << "left: " << testing::json(listing(dir / "out"));
+}
+
+// The console leads with the headline, before the list of files.
+TEST(ReportCli, ConsoleHeadline) {
+  const auto dir = test_dir();
+  TraceBuilder b(dir);
+  b.member("deviceProperties", {{{"name", "NVIDIA H100 80GB HBM3"}}})
+      .step(1, 0, 500)
+      .kernel("nvjet_a", 0, 10, {{"M", 1024}, {"N", 1024}, {"K", 1024}, {"dtype", "bf16"}})
+      .cpu_op("fill", 10, 10, {{"External id", 1}, {"numel", 1 << 20}, {"dtype", "fp32"}})
+      .kernel("fill_kernel", 10, 10, {{"External id", 1}});
+  b.write("t.json");
+  CliRun r = tessera("report t.json", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double tflops = 2.0 * 1024 * 1024 * 1024 / 10e-6 / 1e12;
+  const double bps = 4.0 * (1 << 20) / 10e-6;
+  const std::string expected =
+      "step time        0.500 ms (mean of 1 ProfilerStep# ranges)\n"
+      "GPU busy         100.0% of 0.020 ms: computation 100.0%, exposed communication 0.0%, "
+      "exposed memcpy 0.0%, idle 0.0%\n"
+      "top categories   GEMM 50.0%, elementwise 50.0% of GPU time\n" +
+      fmt::format(
+          "GEMM             {:.1f} TFLOP/s, {:.1f}% of peak (1 calls, 0.010 ms; shapes "
+          "for 100% of that time)\n",
+          tflops, 100 * tflops / 989.4) +
+      fmt::format(
+          "bandwidth        {:.2f} TB/s, {:.1f}% of H100 HBM (1 calls, 0.010 ms of "
+          "elementwise, reduction, normalization, optimizer and copy work; bytes for "
+          "100% of that time)\n",
+          bps / 1e12, 100 * bps / 3.35e12) +
+      fmt::format(
+          "worst bandwidth  fill {{\"dtype\": \"fp32\", \"numel\": 1048576}}: {:.0f} "
+          "GB/s, {:.1f}% of HBM (1 calls, {:.3f} ms above the bandwidth floor)\n",
+          bps / 1e9, 100 * bps / 3.35e12, 0.010 - 4.0 * (1 << 20) / 3.35e12 * 1e3) +
+      "wrote 15 files to t_report/\n";
+  const size_t at = r.output.find("step time");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.substr(at), expected);
+  EXPECT_NE(read(dir / "t_report" / "summary.md").find("- **step time**: 0.500 ms"),
+            std::string::npos);
+  EXPECT_NE(read(dir / "t_report" / "summary.html").find("<li><b>GPU busy</b>: 100.0%"),
+            std::string::npos);
+  // --compare prints both headlines.
+  r = tessera("report --compare t.json t.json -o cmp --format csv", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("A step time"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("B worst bandwidth"), std::string::npos) << r.output;
+}
+
+// The PyTorch path: a real torch.compile step, its headline and the two new sheets.
+TEST(ReportCli, ConsoleHeadlineOfAPyTorchTrace) {
+  const auto dir = test_dir();
+  const std::string trace =
+      std::string(TESSERA_TEST_DATA_DIR) + "/traces/torch_compiled_step.pt.trace.json.gz";
+  CliRun r = tessera("report '" + trace + "' -o out --format csv", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* line :
+       {"\nGPU busy         3.0% of 6.404 ms: computation 3.0%", "\ntop categories   GEMM 29.6%",
+        "\nGEMM             33.9 TFLOP/s, 3.4% of peak (18 calls, 0.056 ms; shapes for 100%",
+        "of H200 HBM (46 calls, 0.114 ms of elementwise", "\nworst bandwidth  triton_",
+        "\n                 triton_", "\nwrote 12 files to out/"}) {
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  }
+  EXPECT_EQ(r.output.find("step time"), std::string::npos);  // no ProfilerStep# in this trace
+}
+
+TEST(ReportCli, CategoriesFile) {
+  const auto dir = test_dir();
+  sample_trace(dir, "t.json", 10);
+  testing::write_file(dir / "cats.yaml", "rules:\n  - kernel: '^mystery'\n    category: other\n");
+  CliRun r = tessera("report t.json --categories cats.yaml -o out --format csv", dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("matched no category rule"), std::string::npos) << r.output;
+  EXPECT_NE(read(dir / "out" / "kernels.csv")
+                .find("mystery_kernel,other,1,0.001,1,1,1,1,3.22580645,,cats.yaml:2: kernel "
+                      "matches '^mystery'"),
+            std::string::npos)
+      << read(dir / "out" / "kernels.csv");
+  // A bad file fails with exit 2, naming the file and line, before the trace is read.
+  testing::write_file(dir / "cut.json", R"({"traceEvents": [{"ph": "X", "name": "k")");
+  testing::write_file(dir / "bad.json",
+                      "{\"rules\": [\n  {\"kernel\": \"x\", \"category\": 7}\n]}");
+  const std::set<std::string> before = listing(dir);
+  r = tessera("report cut.json --categories bad.json", dir);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("error: bad.json:2: key 'rules[0].category' has value '7': expected one "
+                          "of GEMM"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(listing(dir), before);
+  r = tessera("report t.json --categories missing.yaml", dir);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'categories' has value 'missing.yaml': expected a readable file"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

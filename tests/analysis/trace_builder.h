@@ -44,17 +44,19 @@ class TraceBuilder {
                 {"dur", dur},
                 {"args", args}});
   }
-  TraceBuilder& memcpy(double ts, double dur, int device = 0) {
+  TraceBuilder& memcpy(double ts, double dur, int device = 0,
+                       const std::string& name = "Memcpy HtoD (Pageable -> Device)",
+                       json args = {{"bytes", 1 << 20}}) {
     return add({{"ph", "X"},
                 {"cat", "gpu_memcpy"},
-                {"name", "Memcpy HtoD (Pageable -> Device)"},
+                {"name", name},
                 {"pid", device},
                 {"tid", 7},
                 {"ts", ts},
                 {"dur", dur},
-                {"args", {{"bytes", 1 << 20}}}});
+                {"args", args}});
   }
-  TraceBuilder& memset(double ts, double dur, int device = 0) {
+  TraceBuilder& memset(double ts, double dur, int device = 0, json args = json::object()) {
     return add({{"ph", "X"},
                 {"cat", "gpu_memset"},
                 {"name", "Memset (Device)"},
@@ -62,17 +64,37 @@ class TraceBuilder {
                 {"tid", 7},
                 {"ts", ts},
                 {"dur", dur},
-                {"args", json::object()}});
+                {"args", args}});
   }
-  TraceBuilder& cpu_op(const std::string& name, double ts, double dur, json args = json::object()) {
+  TraceBuilder& cpu_op(const std::string& name, double ts, double dur, json args = json::object(),
+                       int tid = 100) {
     return add({{"ph", "X"},
                 {"cat", "cpu_op"},
                 {"name", name},
                 {"pid", 100},
-                {"tid", 100},
+                {"tid", tid},
                 {"ts", ts},
                 {"dur", dur},
                 {"args", args}});
+  }
+  // Kineto's thread_name metadata event.
+  TraceBuilder& thread_name(int tid, const std::string& name) {
+    return add({{"ph", "M"},
+                {"name", "thread_name"},
+                {"pid", 100},
+                {"tid", tid},
+                {"ts", 0},
+                {"args", {{"name", name}}}});
+  }
+  // A ProfilerStep#N range, as torch.profiler and Tessera's recorder write one per iteration.
+  TraceBuilder& step(int n, double ts, double dur) {
+    return add({{"ph", "X"},
+                {"cat", "user_annotation"},
+                {"name", "ProfilerStep#" + std::to_string(n)},
+                {"pid", 100},
+                {"tid", 100},
+                {"ts", ts},
+                {"dur", dur}});
   }
   TraceBuilder& runtime(double ts, int64_t correlation, int64_t external_id) {
     return add({{"ph", "X"},

@@ -107,6 +107,8 @@ Report compare_reports(const Report& a, const Report& b) {
   Report out;
   out.title = "Comparison: A = " + a.title.substr(a.title.find(':') + 2) +
               ", B = " + b.title.substr(b.title.find(':') + 2);
+  for (const auto& [k, v] : a.headline) out.headline.push_back({"A " + k, v});
+  for (const auto& [k, v] : b.headline) out.headline.push_back({"B " + k, v});
   for (const auto& [k, v] : a.info) out.info.push_back({"A " + k, v});
   for (const auto& [k, v] : b.info) out.info.push_back({"B " + k, v});
   for (const std::string& w : a.warnings) out.warnings.push_back("A: " + w);

@@ -1,9 +1,16 @@
 #include "tessera/analysis/kernel_categories.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include <fmt/format.h>
+
+#include "tessera/core/error.h"
 
 namespace tessera::analysis {
 namespace {
@@ -173,7 +180,130 @@ std::string to_lower(std::string_view s) {
   return out;
 }
 
+// Where a node of the categories file is, for messages: "FILE:LINE".
+std::string where(const std::string& path, const YAML::Node& node) {
+  const int line = node.Mark().line;
+  return line >= 0 ? fmt::format("{}:{}", path, line + 1) : path;
+}
+
+std::string text_of(const YAML::Node& node) {
+  return node.IsScalar() ? node.Scalar() : YAML::Dump(node);
+}
+
+std::string category_choices() {
+  std::string out;
+  for (int c = 0; c < kNumCategories; ++c) {
+    if (static_cast<Category>(c) == C::kUnclassified) continue;
+    if (!out.empty()) out += ", ";
+    out += kCategoryNames[c];
+  }
+  return out;
+}
+
+// The keys of a mapping, each once (yaml-cpp keeps a repeated key twice and which one counts
+// would depend on how the mapping is read), each one of `allowed`.
+void check_keys(const std::string& path, const YAML::Node& map, const std::string& prefix,
+                std::initializer_list<std::string_view> allowed) {
+  std::set<std::string> seen;
+  for (const auto& kv : map) {
+    const std::string key = text_of(kv.first);
+    const std::string full = prefix.empty() ? key : prefix + "." + key;
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      std::string names;
+      for (std::string_view a : allowed)
+        names += (names.empty() ? "'" : ", '") + std::string(a) + "'";
+      throw ConfigError(where(path, kv.first), full, text_of(kv.second), "only the keys " + names);
+    }
+    if (!seen.insert(key).second) {
+      throw ConfigError(where(path, kv.first), full, text_of(kv.second),
+                        "each key once; remove the repeated '" + key + "'");
+    }
+  }
+}
+
+UserCategoryRule parse_rule(const std::string& path, const YAML::Node& node, size_t index) {
+  const std::string name = fmt::format("rules[{}]", index);
+  if (!node.IsMap()) {
+    throw ConfigError(where(path, node), name, text_of(node),
+                      "a mapping with 'kernel' (a regular expression) and 'category'");
+  }
+  check_keys(path, node, name, {"kernel", "category"});
+  UserCategoryRule rule;
+  const YAML::Node kernel = node["kernel"];
+  const YAML::Node category = node["category"];
+  for (const auto& [key, value] : {std::pair{"kernel", kernel}, std::pair{"category", category}}) {
+    if (!value) {
+      throw ConfigError(where(path, node), name + "." + key, "(missing)",
+                        std::string(key) == "kernel" ? "a regular expression for the kernel name"
+                                                     : "a category: one of " + category_choices());
+    }
+    if (!value.IsScalar() || value.Scalar().empty()) {
+      throw ConfigError(where(path, value), name + "." + key, text_of(value), "a non-empty string");
+    }
+  }
+  rule.pattern = kernel.Scalar();
+  try {
+    rule.regex =
+        std::regex(rule.pattern, std::regex::ECMAScript | std::regex::icase | std::regex::optimize);
+  } catch (const std::regex_error& e) {
+    throw ConfigError(where(path, kernel), name + ".kernel", rule.pattern,
+                      fmt::format("a regular expression (ECMAScript syntax), but it is not "
+                                  "one: {}",
+                                  e.what()));
+  }
+  const std::string wanted = to_lower(category.Scalar());
+  int found = -1;
+  for (int c = 0; c < kNumCategories; ++c) {
+    if (static_cast<Category>(c) != C::kUnclassified && to_lower(kCategoryNames[c]) == wanted) {
+      found = c;
+    }
+  }
+  if (found < 0) {
+    throw ConfigError(where(path, category), name + ".category", category.Scalar(),
+                      "one of " + category_choices());
+  }
+  rule.category = static_cast<Category>(found);
+  rule.origin = where(path, node);
+  return rule;
+}
+
 }  // namespace
+
+std::vector<UserCategoryRule> load_category_rules(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError("command line", "categories", path, "a readable file");
+  std::stringstream text;
+  text << in.rdbuf();
+  YAML::Node root;
+  try {
+    root = YAML::Load(text.str());
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("{}:{}", path, e.mark.line + 1), "(syntax)", e.msg,
+                      "valid YAML or JSON");
+  }
+  const std::string expected_root =
+      "a mapping with a 'rules' list, e.g. rules: [{kernel: '^my_norm', category: "
+      "normalization}]";
+  if (!root.IsMap()) {
+    throw ConfigError(where(path, root), "(document)", text_of(root).substr(0, 60), expected_root);
+  }
+  check_keys(path, root, "", {"rules"});
+  const YAML::Node rules = root["rules"];
+  if (!rules) throw ConfigError(path + ":1", "rules", "(missing)", expected_root);
+  if (!rules.IsSequence()) {
+    throw ConfigError(where(path, rules), "rules", text_of(rules),
+                      "a list of rules (each a mapping with 'kernel' and 'category')");
+  }
+  // Rule numbers share GpuActivity::rule (int16) with the built-in rules.
+  constexpr size_t kMaxRules = 10000;
+  if (rules.size() > kMaxRules) {
+    throw ConfigError(where(path, rules), "rules", fmt::format("{} rules", rules.size()),
+                      fmt::format("at most {} rules", kMaxRules));
+  }
+  std::vector<UserCategoryRule> out;
+  for (size_t i = 0; i < rules.size(); ++i) out.push_back(parse_rule(path, rules[i], i));
+  return out;
+}
 
 std::string_view category_name(Category c) {
   return kCategoryNames[static_cast<int>(c)];
@@ -183,7 +313,14 @@ std::span<const CategoryRule> category_rules() {
   return kRules;
 }
 
-Classification classify_kernel(std::string_view kernel_name, std::string_view op_name) {
+Classification classify_kernel(std::string_view kernel_name, std::string_view op_name,
+                               std::span<const UserCategoryRule> user_rules) {
+  const int offset = static_cast<int>(user_rules.size());
+  for (int i = 0; i < offset; ++i) {
+    if (std::regex_search(kernel_name.begin(), kernel_name.end(), user_rules[i].regex)) {
+      return {user_rules[i].category, i};
+    }
+  }
   // CUPTI reports demangled names that start with the return type ("void at::native::...").
   std::string name = to_lower(kernel_name);
   std::string_view view = name;
@@ -195,16 +332,20 @@ Classification classify_kernel(std::string_view kernel_name, std::string_view op
     if (subject.empty()) continue;
     for (size_t i = 0; i < std::size(kRules); ++i) {
       if (kRules[i].field == field && matches(kRules[i], subject)) {
-        return {kRules[i].category, static_cast<int>(i)};
+        return {kRules[i].category, offset + static_cast<int>(i)};
       }
     }
   }
   return {};
 }
 
-std::string describe_rule(int rule) {
+std::string describe_rule(int rule, std::span<const UserCategoryRule> user_rules) {
   if (rule < 0) return "";
-  const CategoryRule& r = kRules[rule];
+  if (rule < static_cast<int>(user_rules.size())) {
+    const UserCategoryRule& u = user_rules[rule];
+    return fmt::format("{}: kernel matches '{}'", u.origin, u.pattern);
+  }
+  const CategoryRule& r = kRules[rule - user_rules.size()];
   std::string s = fmt::format("{} {} '{}'", r.field == F::kKernel ? "kernel" : "op",
                               r.match == M::kPrefix ? "starts with" : "contains", r.pattern);
   if (!r.also.empty()) s += fmt::format(" and '{}'", r.also);

@@ -6,10 +6,15 @@
 // the CPU op that launched it tried. Kernels that match nothing are "unclassified" and are
 // listed by name in the report's `unclassified` sheet, never folded into another category.
 // To teach the analyser a new library, add a row to kRules; docs/report.md explains the order.
+//
+// Users add their own rules with `tessera report --categories FILE`: regular expressions on
+// the kernel name, tried in file order before every built-in rule.
 #include <cstdint>
+#include <regex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tessera::analysis {
 
@@ -45,15 +50,31 @@ struct CategoryRule {
 
 std::span<const CategoryRule> category_rules();
 
+// A rule of a --categories file.
+struct UserCategoryRule {
+  std::string pattern;  // as written
+  std::regex regex;     // ECMAScript, case-insensitive, searched anywhere in the kernel name
+  Category category;
+  std::string origin;  // "FILE:LINE", for the kernels sheet
+};
+
+// Reads a --categories file (YAML, or JSON, which is YAML too; format in docs/report.md).
+// Throws ConfigError (exit 2) naming the file, the line and the problem.
+std::vector<UserCategoryRule> load_category_rules(const std::string& path);
+
 struct Classification {
   Category category = Category::kUnclassified;
-  int rule = -1;  // index into category_rules(), -1 when unclassified
+  // -1 when unclassified; else user rules are numbered first (0 .. U-1), then category_rules()
+  // (U + index).
+  int rule = -1;
 };
 
 // `op_name` is the launching CPU op (empty when unknown).
-Classification classify_kernel(std::string_view kernel_name, std::string_view op_name);
+Classification classify_kernel(std::string_view kernel_name, std::string_view op_name,
+                               std::span<const UserCategoryRule> user_rules = {});
 
-// "kernel contains 'nvjet'", for the kernels sheet; "" for -1.
-std::string describe_rule(int rule);
+// "kernel contains 'nvjet'", "my.yaml:3: kernel matches '^fused_'", for the kernels sheet;
+// "" for -1. `user_rules` as given to classify_kernel.
+std::string describe_rule(int rule, std::span<const UserCategoryRule> user_rules = {});
 
 }  // namespace tessera::analysis

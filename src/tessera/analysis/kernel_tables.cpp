@@ -1,10 +1,14 @@
 #include "tessera/analysis/kernel_tables.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <map>
 #include <unordered_map>
 
 #include <fmt/format.h>
+
+#include "tessera/analysis/timeline.h"
 
 namespace tessera::analysis {
 namespace {
@@ -125,7 +129,7 @@ Table kernels_table(const TraceData& data) {
     auto best = std::max_element(p.ops.begin(), p.ops.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
     row.push_back(data.strings[best->first]);
-    row.push_back(describe_rule(p.rule));
+    row.push_back(data.describe_rule(p.rule));
     t.rows.push_back(std::move(row));
   }
   std::sort(t.rows.begin(), t.rows.end(), [](const auto& a, const auto& b) {
@@ -254,6 +258,161 @@ Table ops_table(const TraceData& data) {
     if (ga != gb) return ga > gb;
     return std::get<double>(a[2]) > std::get<double>(b[2]);
   });
+  return t;
+}
+
+Table ops_unique_args_table(const TraceData& data) {
+  // One call: the GPU activities one op instance launched directly.
+  struct Call {
+    const OpRef* op;
+    std::vector<size_t> activities;
+  };
+  std::vector<Call> calls;
+  std::unordered_map<const OpRef*, size_t> call_of;
+  for (size_t i = 0; i < data.gpu.size(); ++i) {
+    // TraceLens leaves NCCL kernels out of its kernel launchers by default.
+    if (data.gpu[i].category == Category::kCommunication) continue;
+    const OpRef* op = data.launching_op(data.gpu[i]);
+    Call* call = nullptr;
+    if (op) {
+      auto [it, inserted] = call_of.emplace(op, calls.size());
+      if (!inserted) call = &calls[it->second];
+    }
+    if (!call) call = &calls.emplace_back(Call{op, {}});
+    call->activities.push_back(i);
+  }
+
+  struct Group {
+    std::vector<int64_t> busy_ns;
+    uint64_t kernels = 0;
+    std::unordered_map<uint32_t, int64_t> kernel_ns;  // by kernel name
+    int64_t category_ns[kNumCategories] = {};
+    int64_t example_external_id = -1;
+  };
+  // Groups by (name, thread, input dims, types, strides, concrete inputs, other args) as
+  // interned ids; without a launching op, by the kernel's name (the last id set apart).
+  using GroupKey = std::array<uint32_t, 8>;
+  std::map<GroupKey, Group> groups;
+  for (const Call& call : calls) {
+    const GpuActivity& first = data.gpu[call.activities.front()];
+    GroupKey key{};
+    if (call.op) {
+      const OpDetail none;
+      const OpDetail* d = data.detail(call.op);
+      if (!d) d = &none;
+      key = {call.op->name,    d->thread,          d->input_dims, d->input_types,
+             d->input_strides, d->concrete_inputs, d->other_args, 0};
+    } else {
+      key[0] = first.name;
+      key[7] = 1;
+    }
+    Group& group = groups[key];
+    if (group.busy_ns.empty()) {
+      group.example_external_id = call.op ? call.op->external_id : first.external_id;
+    }
+    std::vector<Interval> intervals;
+    for (size_t i : call.activities) {
+      const GpuActivity& g = data.gpu[i];
+      intervals.emplace_back(g.start_ns, g.start_ns + g.dur_ns);
+      group.kernel_ns[g.name] += g.dur_ns;
+      group.category_ns[static_cast<int>(g.category)] += g.dur_ns;
+    }
+    // Busy time, not the sum: kernels of one call on several streams overlap.
+    group.busy_ns.push_back(total_length(merge_intervals(std::move(intervals))));
+    group.kernels += call.activities.size();
+  }
+
+  int64_t whole = 0;
+  for (const auto& [key, group] : groups) {
+    for (int64_t b : group.busy_ns) whole += b;
+  }
+  Table t;
+  t.name = "ops_unique_args";
+  t.title = "Ops by unique arguments";
+  t.note =
+      "TraceLens's ops_unique_args: ops that launched GPU work (communication left out), one "
+      "row per name, thread and arguments; a call's time is the busy time of the kernels it "
+      "launched directly. std_us is the sample standard deviation; share_pct of the sum over "
+      "all rows.";
+  t.columns = {{"name", true},
+               {"thread", true},
+               {"input_dims", true},
+               {"input_type", true},
+               {"input_strides", true},
+               {"concrete_inputs", true},
+               {"other_args", true},
+               {"category"},
+               {"count"},
+               {"kernels_per_call"},
+               {"total_ms"},
+               {"mean_us"},
+               {"median_us"},
+               {"std_us"},
+               {"min_us"},
+               {"max_us"},
+               {"share_pct"},
+               {"cumulative_pct"},
+               {"kernels"},
+               {"example_external_id"}};
+  struct Sorted {
+    const GroupKey* key;
+    Group* group;
+    Stats stats;
+  };
+  std::vector<Sorted> sorted;
+  for (auto& [key, group] : groups) {
+    std::vector<int64_t> busy = group.busy_ns;
+    sorted.push_back({&key, &group, stats_of(busy)});
+  }
+  std::sort(sorted.begin(), sorted.end(), [](const Sorted& a, const Sorted& b) {
+    if (a.stats.total_ns != b.stats.total_ns) return a.stats.total_ns > b.stats.total_ns;
+    return a.group->example_external_id < b.group->example_external_id;
+  });
+  double cumulative = 0;
+  for (const Sorted& s : sorted) {
+    const Group& g = *s.group;
+    const double n = static_cast<double>(s.stats.count);
+    const double mean_ns = static_cast<double>(s.stats.total_ns) / n;
+    double squares = 0;
+    for (int64_t b : g.busy_ns) squares += (b - mean_ns) * (b - mean_ns);
+    const int category =
+        static_cast<int>(std::max_element(std::begin(g.category_ns), std::end(g.category_ns)) -
+                         std::begin(g.category_ns));
+    std::vector<std::pair<uint32_t, int64_t>> kernels(g.kernel_ns.begin(), g.kernel_ns.end());
+    std::sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) {
+      return a.second != b.second ? a.second > b.second : a.first < b.first;
+    });
+    std::string kernel_names;
+    for (const auto& [name, ns] : kernels) {
+      kernel_names += (kernel_names.empty() ? "" : "; ") + data.strings[name];
+    }
+    const double share = pct(s.stats.total_ns, whole);
+    cumulative += share;
+    const GroupKey& k = *s.key;
+    std::vector<Cell> row;
+    if (k[7]) {
+      // Without a launching op the kernel stands for itself, as the launch call does in
+      // TraceLens.
+      row = {"(no op) " + data.strings[k[0]], "", "", "", "", "", ""};
+    } else {
+      row = {data.strings[k[0]], data.thread_label(k[1]), data.strings[k[2]], data.strings[k[3]],
+             data.strings[k[4]], data.strings[k[5]],      data.strings[k[6]]};
+    }
+    row.push_back(std::string(category_name(static_cast<Category>(category))));
+    row.push_back(static_cast<int64_t>(s.stats.count));
+    row.push_back(static_cast<double>(g.kernels) / n);
+    row.push_back(s.stats.total_ns / 1e6);
+    row.push_back(mean_ns / 1e3);
+    row.push_back(s.stats.median_ns / 1e3);
+    row.push_back(s.stats.count > 1 ? Cell{std::sqrt(squares / (n - 1)) / 1e3} : Cell{});
+    row.push_back(s.stats.min_ns / 1e3);
+    row.push_back(s.stats.max_ns / 1e3);
+    row.push_back(share);
+    row.push_back(cumulative);
+    row.push_back(kernel_names);
+    row.push_back(cell_or_empty(g.example_external_id));
+    t.rows.push_back(std::move(row));
+  }
   return t;
 }
 

@@ -18,5 +18,10 @@ Table top_kernels_table(const Table& kernels, int k);
 Table short_kernels_table(const TraceData& data);
 Table unclassified_table(const TraceData& data);
 Table ops_table(const TraceData& data);  // CPU ops: calls, CPU time, GPU time they launched
+// TraceLens's ops_unique_args: the ops that launched GPU work (communication left out),
+// grouped by name, thread and arguments (input shapes, dtypes, strides, concrete inputs, and
+// the op's other args), with the GPU busy time of each call: count, total / mean / median /
+// std / min / max, share of the sum over all rows.
+Table ops_unique_args_table(const TraceData& data);
 
 }  // namespace tessera::analysis

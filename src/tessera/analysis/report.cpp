@@ -1,9 +1,11 @@
 #include "tessera/analysis/report.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
 
+#include "tessera/analysis/bandwidth.h"
 #include "tessera/analysis/collectives.h"
 #include "tessera/analysis/gpu_specs.h"
 #include "tessera/analysis/kernel_tables.h"
@@ -20,6 +22,146 @@ std::optional<GpuSpec> choose_gpu(const TraceData& data, const ReportOptions& op
     if (auto spec = find_gpu_spec(device)) return spec;
   }
   return std::nullopt;
+}
+
+// A numeric cell, or nullopt when empty (or no such column).
+std::optional<double> number(const Table& t, size_t row, std::string_view column) {
+  const int c = t.column(column);
+  if (c < 0) return std::nullopt;
+  const Cell& cell = t.rows[row][c];
+  if (auto* i = std::get_if<int64_t>(&cell)) return static_cast<double>(*i);
+  if (auto* d = std::get_if<double>(&cell)) return *d;
+  return std::nullopt;
+}
+
+std::string text(const Table& t, size_t row, std::string_view column) {
+  const int c = t.column(column);
+  const auto* s = c < 0 ? nullptr : std::get_if<std::string>(&t.rows[row][c]);
+  return s ? *s : std::string();
+}
+
+std::string shorten(const std::string& s, size_t n) {
+  return s.size() <= n ? s : s.substr(0, n - 3) + "...";
+}
+
+// The GPU with the most busy time (a trace of one process may record several).
+const TimelineBreakdown* busiest(const std::vector<TimelineBreakdown>& timeline) {
+  auto it = std::max_element(timeline.begin(), timeline.end(),
+                             [](const auto& a, const auto& b) { return a.busy < b.busy; });
+  return it == timeline.end() ? nullptr : &*it;
+}
+
+using Headline = std::vector<std::pair<std::string, std::string>>;
+
+void step_and_busy(const TraceInfo& info, const std::vector<TimelineBreakdown>& timeline,
+                   Headline& h) {
+  if (!info.step_ns.empty()) {
+    double total = 0;
+    for (int64_t ns : info.step_ns) total += static_cast<double>(ns);
+    h.push_back({"step time", fmt::format("{:.3f} ms (mean of {} ProfilerStep# ranges)",
+                                          total / 1e6 / static_cast<double>(info.step_ns.size()),
+                                          info.step_ns.size())});
+  }
+  const TimelineBreakdown* t = busiest(timeline);
+  if (!t || t->total <= 0) return;
+  auto pct = [&](int64_t part) { return 100.0 * static_cast<double>(part) / t->total; };
+  h.push_back(
+      {"GPU busy", fmt::format("{:.1f}% of {:.3f} ms{}: computation {:.1f}%, exposed communication "
+                               "{:.1f}%, exposed memcpy {:.1f}%, idle {:.1f}%",
+                               pct(t->busy), t->total / 1e6,
+                               timeline.size() > 1 ? fmt::format(" on GPU {}", t->device) : "",
+                               pct(t->computation), pct(t->exposed_comm), pct(t->exposed_memcpy),
+                               pct(t->idle))});
+}
+
+void top_categories(const Table& categories, Headline& h) {
+  std::string top;
+  int shown = 0;
+  for (size_t r = 0; r < categories.rows.size() && shown < 3; ++r) {
+    const std::string name = text(categories, r, "category");
+    if (name == "total") continue;
+    top += fmt::format("{}{} {:.1f}%", top.empty() ? "" : ", ", name,
+                       number(categories, r, "share_pct").value_or(0));
+    ++shown;
+  }
+  if (!top.empty()) h.push_back({"top categories", top + " of GPU time"});
+}
+
+// Time-weighted: all FLOPs over all time of the GEMMs whose shapes are known.
+void gemm_rate(const Table& gemm, Headline& h) {
+  // % of peak over the rows with a peak: their FLOPs over what the peak does in their time.
+  double all_ms = 0, known_ms = 0, flops = 0, rated_flops = 0, peak_flops = 0;
+  int64_t calls = 0;
+  for (size_t r = 0; r < gemm.rows.size(); ++r) {
+    const double ms = number(gemm, r, "total_ms").value_or(0);
+    const double count = number(gemm, r, "count").value_or(0);
+    all_ms += ms;
+    calls += static_cast<int64_t>(count);
+    const auto gflop = number(gemm, r, "gflop");
+    if (!gflop) continue;
+    known_ms += ms;
+    flops += *gflop * 1e9 * count;
+    if (const auto peak = number(gemm, r, "peak_tflops")) {
+      rated_flops += *gflop * 1e9 * count;
+      peak_flops += *peak * 1e12 * ms / 1e3;
+    }
+  }
+  if (all_ms <= 0) return;
+  if (known_ms <= 0) {
+    h.push_back(
+        {"GEMM", fmt::format("no shapes in the trace ({} calls, {:.3f} ms)", calls, all_ms)});
+    return;
+  }
+  std::string rate = fmt::format("{:.1f} TFLOP/s", flops / (known_ms / 1e3) / 1e12);
+  if (peak_flops > 0) rate += fmt::format(", {:.1f}% of peak", 100 * rated_flops / peak_flops);
+  h.push_back({"GEMM", fmt::format("{} ({} calls, {:.3f} ms; shapes for {:.0f}% of that time)",
+                                   rate, calls, all_ms, 100 * known_ms / all_ms)});
+}
+
+void bandwidth_rate(const Table& bw, const std::optional<GpuSpec>& gpu, Headline& h) {
+  double all_ms = 0, known_ms = 0, bytes = 0;
+  int64_t calls = 0;
+  std::vector<size_t> worst;
+  for (size_t r = 0; r < bw.rows.size(); ++r) {
+    const double ms = number(bw, r, "total_ms").value_or(0);
+    all_ms += ms;
+    calls += static_cast<int64_t>(number(bw, r, "count").value_or(0));
+    const auto mbytes = number(bw, r, "mbytes");
+    if (!mbytes || text(bw, r, "memory") != "HBM") continue;
+    known_ms += ms;
+    bytes += *mbytes * 1e6 * number(bw, r, "count").value_or(0);
+    if (number(bw, r, "excess_ms").value_or(0) > 0) worst.push_back(r);
+  }
+  if (all_ms <= 0) return;
+  std::string rate = "bytes not derived for any call";
+  if (known_ms > 0) {
+    const double bps = bytes / (known_ms / 1e3);
+    rate = fmt::format("{:.2f} TB/s", bps / 1e12);
+    if (gpu) {
+      rate += fmt::format(", {:.1f}% of {} HBM", 100 * bps / (gpu->hbm_tbps * 1e12), gpu->name);
+    }
+  }
+  h.push_back(
+      {"bandwidth", fmt::format("{} ({} calls, {:.3f} ms of elementwise, reduction, normalization, "
+                                "optimizer and copy work; bytes for {:.0f}% of that time)",
+                                rate, calls, all_ms, 100 * known_ms / all_ms)});
+  std::sort(worst.begin(), worst.end(), [&](size_t a, size_t b) {
+    return number(bw, a, "excess_ms").value_or(0) > number(bw, b, "excess_ms").value_or(0);
+  });
+  for (size_t i = 0; i < worst.size() && i < 3; ++i) {
+    const size_t r = worst[i];
+    // The op and its shapes: PyTorch's input dims, else Tessera's op args.
+    std::string shapes = text(bw, r, "input_dims");
+    if (shapes.empty()) shapes = text(bw, r, "args");
+    const std::string what = text(bw, r, "op") + (shapes.empty() ? "" : " " + shapes);
+    h.push_back({"worst bandwidth",
+                 fmt::format("{}: {:.0f} GB/s, {:.1f}% of HBM ({} calls, {:.3f} ms above "
+                             "the bandwidth floor)",
+                             shorten(what, 90), number(bw, r, "gbps").value_or(0),
+                             number(bw, r, "hbm_pct").value_or(0),
+                             static_cast<int64_t>(number(bw, r, "count").value_or(0)),
+                             number(bw, r, "excess_ms").value_or(0))});
+  }
 }
 
 }  // namespace
@@ -56,12 +198,14 @@ Report build_report(const TraceData& data, const ReportOptions& options) {
         "no GPU activity (kernel, gpu_memcpy, gpu_memset events) in this trace: the GPU "
         "sheets are empty; the ops sheet still covers CPU ops");
   }
-  r.tables.push_back(gpu_timeline_table(gpu_timeline(data)));
+  const std::vector<TimelineBreakdown> timeline = gpu_timeline(data);
+  r.tables.push_back(gpu_timeline_table(timeline));
   r.tables.push_back(categories_table(data));
   Table kernels = kernels_table(data);
   r.tables.push_back(top_kernels_table(kernels, options.top_k));
   r.tables.push_back(gemm_table(data, gpu));
   r.tables.push_back(attention_table(data, gpu));
+  r.tables.push_back(bandwidth_table(data, gpu));
   r.tables.push_back(collectives_table(data));
   r.tables.push_back(short_kernels_table(data));
   Table unclassified = unclassified_table(data);
@@ -73,6 +217,11 @@ Report build_report(const TraceData& data, const ReportOptions& options) {
   r.tables.push_back(std::move(unclassified));
   r.tables.push_back(std::move(kernels));
   r.tables.push_back(ops_table(data));
+  r.tables.push_back(ops_unique_args_table(data));
+  step_and_busy(info, timeline, r.headline);
+  top_categories(*r.find("categories"), r.headline);
+  gemm_rate(*r.find("gemm"), r.headline);
+  bandwidth_rate(*r.find("bandwidth"), gpu, r.headline);
   return r;
 }
 

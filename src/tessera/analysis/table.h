@@ -36,6 +36,10 @@ struct Table {
 
 struct Report {
   std::string title;
+  // The numbers to read first (step time, GPU busy, top categories, GEMM TFLOP/s, bandwidth),
+  // as (label, text); printed on the console and at the top of the summaries. A label may
+  // repeat for a list (the worst bandwidth rows).
+  std::vector<std::pair<std::string, std::string>> headline;
   std::vector<std::pair<std::string, std::string>> info;  // shown first, and as the info sheet
   std::vector<Table> tables;
   std::vector<std::string> warnings;

@@ -6,6 +6,25 @@
 #include <nlohmann/json.hpp>
 
 namespace tessera::analysis {
+namespace {
+
+// `key` as a JSON string (it was unescaped by the parser).
+void append_json_key(std::string& out, std::string_view key) {
+  out += '"';
+  for (char c : key) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  out += "\": ";
+}
+
+}  // namespace
 
 StringTable::StringTable() {
   intern("");
@@ -20,9 +39,11 @@ uint32_t StringTable::intern(std::string_view s) {
   return id;
 }
 
-TraceData TraceData::load(const std::string& path, bool progress) {
+TraceData TraceData::load(const std::string& path, bool progress,
+                          std::vector<UserCategoryRule> user_rules) {
   TraceData data;
   data.info.path = path;
+  data.user_rules = std::move(user_rules);
   data.info.read = read_trace(
       path, [&](std::string_view key, std::string_view value) { data.add_member(key, value); },
       [&](const TraceEvent& e) { data.add_event(e); }, progress);
@@ -63,20 +84,55 @@ int32_t TraceData::add_collective(const EventArgs& a) {
   return static_cast<int32_t>(collectives.size() - 1);
 }
 
-bool TraceData::keeps_detail(uint32_t op_name) {
-  auto it = keeps_detail_.find(op_name);
-  if (it != keeps_detail_.end()) return it->second;
-  std::string_view n = strings[op_name];
-  // GEMM ops (mm, addmm, bmm, _scaled_mm, matmul, linear), attention ops and collectives.
-  bool keep = n.find("mm") != n.npos || n.find("linear") != n.npos || n.find("matmul") != n.npos ||
-              n.find("attention") != n.npos || n.find("record_param_comms") != n.npos;
-  keeps_detail_.emplace(op_name, keep);
-  return keep;
+size_t TraceData::DetailKeyHash::operator()(const DetailKey& k) const {
+  size_t h = 0;
+  for (uint32_t v : k) h = h * 1000003u ^ v;
+  return h;
+}
+
+uint32_t TraceData::thread_of(const TraceEvent& e) {
+  if (e.pid_is_string || e.tid < 0) return 0;
+  const std::pair<int64_t, int64_t> key(e.pid, e.tid);
+  auto [it, inserted] = thread_ids_.emplace(key, static_cast<uint32_t>(threads.size() + 1));
+  if (inserted) threads.push_back(key);
+  return it->second;
+}
+
+int32_t TraceData::add_detail(const TraceEvent& e) {
+  const EventArgs& a = e.args;
+  scratch_.clear();
+  for (int i = 0; i < a.op_arg_count; ++i) {
+    scratch_ += scratch_.empty() ? "{" : ", ";
+    append_json_key(scratch_, a.op_args[i].key);
+    scratch_ += a.op_args[i].raw;
+  }
+  if (!scratch_.empty()) scratch_ += "}";
+  const DetailKey key = {strings.intern(a.input_dims),    strings.intern(a.input_types),
+                         strings.intern(a.input_strides), strings.intern(a.concrete_inputs),
+                         strings.intern(scratch_),        thread_of(e)};
+  const bool collective = !a.collective.empty();
+  if (!collective) {
+    if (key == DetailKey{}) return -1;
+    auto it = detail_ids_.find(key);
+    if (it != detail_ids_.end()) return it->second;
+  }
+  OpDetail d;
+  d.input_dims = key[0], d.input_types = key[1], d.input_strides = key[2];
+  d.concrete_inputs = key[3], d.other_args = key[4], d.thread = key[5];
+  if (collective) d.collective = add_collective(a);
+  op_details.push_back(d);
+  const auto id = static_cast<int32_t>(op_details.size() - 1);
+  if (!collective) detail_ids_.emplace(key, id);
+  return id;
 }
 
 void TraceData::add_event(const TraceEvent& e) {
   if (e.ph == 's' || e.ph == 'f' || e.ph == 't') {
     ++info.flow_events;
+    return;
+  }
+  if (e.ph == 'M' && e.name == "thread_name" && !e.pid_is_string && e.tid >= 0) {
+    thread_names[{e.pid, e.tid}] = strings.intern(e.args.meta_name);
     return;
   }
   if (e.ph != 'X') return;
@@ -102,7 +158,12 @@ void TraceData::add_event(const TraceEvent& e) {
     g.device = e.pid_is_string ? -1 : static_cast<int32_t>(e.pid);
     g.shape = -1;
     g.collective = -1;
+    g.bytes = -1;
     g.rule = -1;
+    if (g.kind != GpuKind::kKernel && a.bytes >= 0) {
+      transfer_bytes.push_back(a.bytes);
+      g.bytes = static_cast<int32_t>(transfer_bytes.size() - 1);
+    }
     if (g.kind == GpuKind::kKernel) {
       if (!a.collective.empty() || a.in_nelems >= 0) g.collective = add_collective(a);
       if (a.m >= 0 || a.n >= 0 || a.k >= 0 || a.b >= 0 || a.h >= 0 || a.t >= 0) {
@@ -119,6 +180,7 @@ void TraceData::add_event(const TraceEvent& e) {
   } else if (cat == "cpu_op" || cat.empty()) {
     // Legacy (pre-Kineto) profiler traces have no "cat": their complete events are ops.
     ++info.cpu_ops;
+    if (e.name.starts_with("ProfilerStep#")) info.step_ns.push_back(e.dur_ns);
     uint32_t name = strings.intern(e.name);
     OpTimes& t = op_times[name];
     ++t.count;
@@ -126,17 +188,9 @@ void TraceData::add_event(const TraceEvent& e) {
     t.min_ns = std::min(t.min_ns, e.dur_ns);
     t.max_ns = std::max(t.max_ns, e.dur_ns);
     if (a.external_id < 0) return;
-    int32_t detail = -1;
-    if (keeps_detail(name)) {
-      OpDetail d;
-      d.input_dims = strings.intern(a.input_dims);
-      d.input_types = strings.intern(a.input_types);
-      d.concrete_inputs = strings.intern(a.concrete_inputs);
-      if (!a.collective.empty()) d.collective = add_collective(a);
-      op_details.push_back(d);
-      detail = static_cast<int32_t>(op_details.size() - 1);
-    }
-    ops.push_back({a.external_id, name, detail});
+    ops.push_back({a.external_id, name, add_detail(e)});
+  } else if (cat == "user_annotation" && e.name.starts_with("ProfilerStep#")) {
+    info.step_ns.push_back(e.dur_ns);
   } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
     ++info.runtime_calls;
     if (a.correlation >= 0 && a.external_id >= 0) {
@@ -165,7 +219,7 @@ void TraceData::finish() {
     uint64_t key = (static_cast<uint64_t>(g.name) << 32) | op_name;
     auto it = cache.find(key);
     if (it == cache.end()) {
-      it = cache.emplace(key, classify_kernel(strings[g.name], strings[op_name])).first;
+      it = cache.emplace(key, classify_kernel(strings[g.name], strings[op_name], user_rules)).first;
     }
     g.category = it->second.category;
     g.rule = static_cast<int16_t>(it->second.rule);
@@ -184,6 +238,18 @@ const OpRef* TraceData::launching_op(const GpuActivity& a) const {
                              [](const OpRef& o, int64_t v) { return o.external_id < v; });
   if (it == ops.end() || it->external_id != ext) return nullptr;
   return &*it;
+}
+
+std::string TraceData::thread_label(uint32_t thread) const {
+  if (thread == 0) return "";
+  const auto& [pid, tid] = threads[thread - 1];
+  auto it = thread_names.find({pid, tid});
+  if (it != thread_names.end() && it->second != StringTable::kEmpty) return strings[it->second];
+  return fmt::format("pid {} tid {}", pid, tid);
+}
+
+std::string TraceData::describe_rule(int rule) const {
+  return analysis::describe_rule(rule, user_rules);
 }
 
 }  // namespace tessera::analysis

@@ -4,9 +4,11 @@
 // collective sizes), runtime-call correlations, and per-op-name CPU time. Strings are
 // interned; everything else of the trace is dropped while streaming. For a 1 GB PyTorch trace
 // this is tens of MB.
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -61,6 +63,7 @@ struct GpuActivity {
   uint32_t name;
   int32_t shape;       // index into TraceData::shapes, -1 if none
   int32_t collective;  // index into TraceData::collectives, -1 if none
+  int32_t bytes;       // memcpy/memset: index into TraceData::transfer_bytes, -1 if none
   int32_t device;      // pid of the GPU track
   GpuKind kind;
   Category category;  // filled by TraceData::finish()
@@ -71,12 +74,16 @@ struct GpuActivity {
 struct OpRef {
   int64_t external_id;
   uint32_t name;
-  int32_t detail;  // index into TraceData::op_details, -1 if none was kept
+  int32_t detail;  // index into TraceData::op_details, -1 if the op has no arguments
 };
 
-// Arguments kept for ops whose kernels the report needs shapes or sizes of.
+// An op's arguments and thread, interned. Ops with equal arguments on one thread share one
+// OpDetail (the same shapes repeat every layer and step), except collectives, whose sizes
+// come with per-call ids.
 struct OpDetail {
-  uint32_t input_dims = 0, input_types = 0, concrete_inputs = 0;
+  uint32_t input_dims = 0, input_types = 0, input_strides = 0, concrete_inputs = 0;
+  uint32_t other_args = 0;  // the op's own arguments as a JSON object (EventArgs::op_args)
+  uint32_t thread = 0;      // 1 + index into TraceData::threads; 0 when unknown
   int32_t collective = -1;
 };
 
@@ -92,14 +99,17 @@ struct TraceInfo {
   int world_size = 0;
   std::vector<std::string> devices;  // deviceProperties[].name
   uint64_t missing_fields = 0;       // complete events without ts/dur, skipped
+  std::vector<int64_t> step_ns;      // durations of the ProfilerStep#N ranges, in file order
   uint64_t gpu_events = 0, cpu_ops = 0, runtime_calls = 0, flow_events = 0;
   std::string first_missing;  // one example, for the warning
 };
 
 class TraceData {
  public:
-  // Reads and collects `path` (streaming). Throws DataError.
-  static TraceData load(const std::string& path, bool progress);
+  // Reads and collects `path` (streaming); kernels are classified with `user_rules` (from a
+  // --categories file) before the built-in rules. Throws DataError.
+  static TraceData load(const std::string& path, bool progress,
+                        std::vector<UserCategoryRule> user_rules = {});
 
   void add_member(std::string_view key, std::string_view value);
   void add_event(const TraceEvent& e);
@@ -108,6 +118,15 @@ class TraceData {
 
   // The CPU op that launched `a` (through External id, else correlation), or nullptr.
   const OpRef* launching_op(const GpuActivity& a) const;
+  // The arguments of `op`, or nullptr when it has none.
+  const OpDetail* detail(const OpRef* op) const {
+    return op && op->detail >= 0 ? &op_details[op->detail] : nullptr;
+  }
+  // "kernel contains 'nvjet'", "categories.yaml:4: kernel matches '^my_'" for a
+  // GpuActivity::rule; "" for -1.
+  std::string describe_rule(int rule) const;
+  // The thread_name the trace gives OpDetail::thread, else "pid P tid T"; "" for 0.
+  std::string thread_label(uint32_t thread) const;
 
   TraceInfo info;
   StringTable strings;
@@ -116,13 +135,24 @@ class TraceData {
   std::vector<OpDetail> op_details;
   std::vector<CollectiveArgs> collectives;
   std::vector<ShapeArgs> shapes;
+  std::vector<int64_t> transfer_bytes;               // the "bytes" of memcpy/memset events
+  std::vector<std::pair<int64_t, int64_t>> threads;  // (pid, tid) of ops
+  std::map<std::pair<int64_t, int64_t>, uint32_t> thread_names;  // from thread_name metadata
+  std::vector<UserCategoryRule> user_rules;
   std::vector<std::pair<int64_t, int64_t>> runtime_links;  // correlation -> external id
   std::unordered_map<uint32_t, OpTimes> op_times;          // by op name id
 
  private:
   int32_t add_collective(const EventArgs& a);
-  bool keeps_detail(uint32_t op_name);
-  std::unordered_map<uint32_t, bool> keeps_detail_;
+  int32_t add_detail(const TraceEvent& e);
+  uint32_t thread_of(const TraceEvent& e);
+  using DetailKey = std::array<uint32_t, 6>;
+  struct DetailKeyHash {
+    size_t operator()(const DetailKey& k) const;
+  };
+  std::unordered_map<DetailKey, int32_t, DetailKeyHash> detail_ids_;
+  std::map<std::pair<int64_t, int64_t>, uint32_t> thread_ids_;
+  std::string scratch_;  // the op-args JSON being built, reused across events
 };
 
 }  // namespace tessera::analysis

@@ -58,11 +58,31 @@ int bool_or_missing(od::value v) {
   return n < 0 ? -1 : (n != 0);
 }
 
-void decode_args(od::object args, EventArgs& a) {
+// The raw JSON text of a value: the whole array or object, or the scalar token.
+std::string_view raw_value(od::value v) {
+  od::json_type type;
+  if (v.type().get(type)) return {};
+  if (type == od::json_type::array) return raw_array(v);
+  if (type == od::json_type::object) {
+    od::object o;
+    std::string_view raw;
+    if (v.get_object().get(o) || o.raw_json().get(raw)) return {};
+    return raw;
+  }
+  return trim(v.raw_json_token());
+}
+
+void decode_args(od::object args, EventArgs& a, bool op_event) {
   for (auto field : args) {
     std::string_view key;
     if (field.unescaped_key().get(key)) continue;
     od::value v = field.value();
+    // Before the fields below read it: raw_value consumes arrays and objects, which none of
+    // them are for a key without a space.
+    if (op_event && key.find(' ') == std::string_view::npos &&
+        a.op_arg_count < EventArgs::kMaxOpArgs) {
+      a.op_args[a.op_arg_count++] = {key, raw_value(v)};
+    }
     // Keys of one or two letters are Tessera's shape args (docs/report.md).
     if (key.size() <= 2) {
       if (key == "M")
@@ -93,6 +113,8 @@ void decode_args(od::object args, EventArgs& a) {
       a.input_dims = raw_array(v);
     else if (key == "Input type")
       a.input_types = raw_array(v);
+    else if (key == "Input Strides")
+      a.input_strides = raw_array(v);
     else if (key == "Concrete Inputs")
       a.concrete_inputs = raw_array(v);
     else if (key == "Collective name" || key == "collective")
@@ -154,9 +176,13 @@ void decode_event(od::parser& parser, const PaddedText& text, TraceEvent& e) {
       } else {
         e.pid = int_or_missing(v);
       }
+    } else if (key == "tid") {
+      if (v.type() != od::json_type::string) e.tid = int_or_missing(v);
     } else if (key == "args") {
       od::object args;
-      if (!v.get_object().get(args)) decode_args(args, e.args);
+      // Kineto and Tessera write "cat" before "args"; an event that names its category
+      // later is taken for an op here, and add_event ignores op args on other events.
+      if (!v.get_object().get(args)) decode_args(args, e.args, e.cat.empty() || e.cat == "cpu_op");
     }
   }
 }

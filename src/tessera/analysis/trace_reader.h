@@ -5,6 +5,7 @@
 // Each event is parsed with simdjson's on-demand API from the text TraceScanner hands out, so
 // nothing of the whole file is ever materialised. Views in TraceEvent point into parser
 // buffers and are valid only during the callback.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -16,16 +17,27 @@
 namespace tessera::analysis {
 
 // The subset of "args" the analyser reads. Absent numbers are -1, absent strings empty.
-// PyTorch names: "correlation", "External id", "Input Dims", "Input type", "Concrete Inputs",
-// "Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype",
-// "Process Group Name", "bytes". Tessera's names (docs/report.md, "Tessera trace
+// PyTorch names: "correlation", "External id", "Input Dims", "Input type", "Input Strides",
+// "Concrete Inputs", "Collective name", "In msg nelems", "Out msg nelems", "Group size",
+// "dtype", "Process Group Name", "bytes". Tessera's names (docs/report.md, "Tessera trace
 // args"): "M", "N", "K", "batch", "B", "H", "KV", "T", "S", "D", "causal", "window", "dtype",
 // "collective", "bytes", "group_size", "seq".
 struct EventArgs {
+  // An op's own arguments, for op events (cat "cpu_op" or none) only: every member whose key
+  // has no space, as raw JSON in file order. The profiler's bookkeeping keys all have a space
+  // ("External id", "Record function id", "Sequence number", ...), so what is left is
+  // Tessera's op sizes (rows, cols, M, N, K, dtype, ...) and Triton's kernel metadata.
+  static constexpr int kMaxOpArgs = 24;
+  struct OpArg {
+    std::string_view key, raw;
+  };
+  std::array<OpArg, kMaxOpArgs> op_args;
+  int op_arg_count = 0;  // members beyond kMaxOpArgs are dropped
   int64_t correlation = -1;
   int64_t external_id = -1;
   std::string_view input_dims;       // raw JSON, e.g. [[1024, 256], [256, 256]]
   std::string_view input_types;      // raw JSON, e.g. ["c10::BFloat16", "c10::BFloat16"]
+  std::string_view input_strides;    // raw JSON, e.g. [[256, 1], [256, 1]]
   std::string_view concrete_inputs;  // raw JSON
   std::string_view collective;       // "allreduce", "all_gather", ...
   int64_t in_nelems = -1, out_nelems = -1, group_size = -1;
@@ -51,6 +63,7 @@ struct TraceEvent {
   bool pid_is_string = false;
   int64_t pid = 0;
   std::string_view pid_string;
+  int64_t tid = -1;  // a number in Kineto and Tessera traces; -1 when missing or a string
   EventArgs args;
   uint64_t offset = 0;  // byte offset of the event in the JSON text, for messages
 };

@@ -72,6 +72,8 @@ std::string html_escape(const std::string& s) {
 void write_markdown(const Report& report, const std::filesystem::path& file) {
   std::ofstream out = open_or_throw(file);
   out << "# " << report.title << "\n\n";
+  for (const auto& [k, v] : report.headline) out << "- **" << k << "**: " << v << "\n";
+  if (!report.headline.empty()) out << "\n";
   for (const auto& [k, v] : report.info) out << "- **" << k << "**: " << v << "\n";
   for (const std::string& w : report.warnings) out << "- **warning**: " << w << "\n";
   for (const Table& t : report.tables) {
@@ -102,7 +104,15 @@ void write_html(const Report& report, const std::filesystem::path& file) {
   std::ofstream out = open_or_throw(file);
   out << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << html_escape(report.title)
       << "</title><style>" << kCss << "</style></head><body>\n";
-  out << "<h1>" << html_escape(report.title) << "</h1>\n<table>\n";
+  out << "<h1>" << html_escape(report.title) << "</h1>\n";
+  if (!report.headline.empty()) {
+    out << "<ul>\n";
+    for (const auto& [k, v] : report.headline) {
+      out << "<li><b>" << html_escape(k) << "</b>: " << html_escape(v) << "</li>\n";
+    }
+    out << "</ul>\n";
+  }
+  out << "<table>\n";
   for (const auto& [k, v] : report.info) {
     out << "<tr><th>" << html_escape(k) << "</th><td>" << html_escape(v) << "</td></tr>\n";
   }

@@ -36,6 +36,10 @@ void write_xlsx(const Report& report, const std::filesystem::path& file) {
   worksheet_set_column(info, 1, 1, 100, nullptr);
   lxw_row_t r = 0;
   worksheet_write_string(info, r++, 0, clip(report.title, 32767).c_str(), bold);
+  for (const auto& [k, v] : report.headline) {
+    worksheet_write_string(info, r, 0, k.c_str(), bold);
+    worksheet_write_string(info, r++, 1, clip(v, 32767).c_str(), nullptr);
+  }
   for (const auto& [k, v] : report.info) {
     worksheet_write_string(info, r, 0, k.c_str(), bold);
     worksheet_write_string(info, r++, 1, clip(v, 32767).c_str(), nullptr);

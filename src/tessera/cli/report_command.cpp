@@ -1,4 +1,5 @@
 // `tessera report`: performance reports from Chrome traces (Tessera's and PyTorch profiler's).
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -9,6 +10,7 @@
 #include "tessera/analysis/compare.h"
 #include "tessera/analysis/gpu_specs.h"
 #include "tessera/analysis/json_stream.h"
+#include "tessera/analysis/kernel_categories.h"
 #include "tessera/analysis/progress.h"
 #include "tessera/analysis/ranks.h"
 #include "tessera/analysis/report.h"
@@ -26,7 +28,8 @@ namespace an = tessera::analysis;
 
 constexpr const char* kUsage = R"(usage:
   tessera report TRACE [-o DIR] [--format xlsx,csv,md,html] [--gpu NAME] [--top K]
-  tessera report --compare A B [-o DIR] [--format ...] [--gpu NAME] [--top K]
+                 [--categories FILE]
+  tessera report --compare A B [-o DIR] [--format ...] [--gpu NAME] [--top K] [--categories FILE]
   tessera report --ranks DIR [-o DIR] [--format ...]
 
 Reads Chrome-trace JSON (Tessera traces, PyTorch profiler *.pt.trace.json, plain or .gz),
@@ -36,6 +39,9 @@ summary.html to DIR (default: <trace stem>_report/ in the current directory).
   --gpu NAME   peak figures for % of peak and roofline: H100, H200, B200, MI300X, MI325X,
                MI355X (configs/gpus.yaml); default: detected from the trace's device name
   --top K      rows in the top-kernels table (default 20)
+  --categories FILE
+               kernel categories of your own, tried before the built-in rules: YAML or
+               JSON, rules: [{kernel: REGEX, category: NAME}, ...]
   --compare    the same tables for A and B side by side with _diff and _pct columns
   --ranks DIR  every per-rank trace in DIR: collective skew and stragglers (takes only
                -o and --format)
@@ -44,7 +50,7 @@ See docs/report.md for every table's definitions.
 
 struct Options {
   std::vector<std::string> traces;
-  std::string out_dir, ranks_dir, gpu;
+  std::string out_dir, ranks_dir, gpu, categories;
   std::string formats = "xlsx,csv,md,html";
   std::optional<int> top_k;
   bool compare = false;
@@ -72,6 +78,8 @@ Options parse(const Args& args) {
       o.formats = value();
     } else if (a == "--gpu") {
       o.gpu = value();
+    } else if (a == "--categories") {
+      o.categories = value();
     } else if (a == "--top") {
       std::string v = value();
       try {
@@ -87,17 +95,17 @@ Options parse(const Args& args) {
       o.ranks_dir = value();
     } else if (a.starts_with("-") && a != "-") {
       throw ConfigError("command line", a, "",
-                        "one of -o, --format, --gpu, --top, --compare, "
+                        "one of -o, --format, --gpu, --top, --categories, --compare, "
                         "--ranks (see tessera report --help)");
     } else {
       o.traces.push_back(a);
     }
   }
   if (!o.ranks_dir.empty()) {
-    if (o.compare || !o.traces.empty() || !o.gpu.empty() || o.top_k) {
+    if (o.compare || !o.traces.empty() || !o.gpu.empty() || o.top_k || !o.categories.empty()) {
       throw ConfigError("command line", "ranks", o.ranks_dir,
                         "--ranks DIR with only -o and --format (no traces, --compare, --gpu, "
-                        "--top)");
+                        "--top, --categories)");
     }
   } else if (o.compare) {
     if (o.traces.size() != 2) {
@@ -135,10 +143,21 @@ void print_read(const an::TraceInfo& info) {
              an::read_summary(s.events, s.json_bytes, s.seconds, s.file_bytes));
 }
 
-an::TraceData load(const std::string& path) {
-  an::TraceData data = an::TraceData::load(path, /*progress=*/true);
+an::TraceData load(const std::string& path, const std::vector<an::UserCategoryRule>& rules) {
+  an::TraceData data = an::TraceData::load(path, /*progress=*/true, rules);
   print_read(data.info);
   return data;
+}
+
+// The headline, labels aligned; a repeated label (a list) is printed once.
+void print_headline(const an::Report& report) {
+  size_t width = 0;
+  for (const auto& [label, text] : report.headline) width = std::max(width, label.size());
+  std::string previous;
+  for (const auto& [label, text] : report.headline) {
+    fmt::print("{:<{}}  {}\n", label == previous ? "" : label, width, text);
+    previous = label;
+  }
 }
 
 }  // namespace
@@ -155,6 +174,8 @@ int report_command(const Args& args) {
   // Every option is checked before a trace is read: a typo must fail at once, not after minutes
   // of parsing.
   if (!o.gpu.empty()) an::require_gpu_spec(o.gpu);
+  std::vector<an::UserCategoryRule> rules;
+  if (!o.categories.empty()) rules = an::load_category_rules(o.categories);
   const std::string out_dir = output_dir(o);
   require_output_directory(out_dir, "command line", o.out_dir.empty() ? "o (default)" : "o");
   // Every trace is opened before any is parsed: a missing B must not cost the minutes of A.
@@ -166,13 +187,14 @@ int report_command(const Args& args) {
   if (!o.ranks_dir.empty()) {
     report = an::ranks_report(o.ranks_dir, /*progress=*/true, print_read);
   } else if (o.compare) {
-    an::Report a = an::build_report(load(o.traces[0]), ro);
-    an::Report b = an::build_report(load(o.traces[1]), ro);
+    an::Report a = an::build_report(load(o.traces[0], rules), ro);
+    an::Report b = an::build_report(load(o.traces[1], rules), ro);
     report = an::compare_reports(a, b);
   } else {
-    report = an::build_report(load(o.traces[0]), ro);
+    report = an::build_report(load(o.traces[0], rules), ro);
   }
   for (const std::string& w : report.warnings) fmt::print(stderr, "warning: {}\n", w);
+  print_headline(report);
   const auto files = an::write_report(report, out_dir, formats);
   fmt::print("wrote {} files to {}/\n", files.size(), out_dir);
   return 0;
