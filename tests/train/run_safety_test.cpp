@@ -181,6 +181,26 @@ TEST(RunReruns, APreviousRunMovesAsideAndEveryLineCarriesItsRunId) {
   for (const auto& j : lines) EXPECT_NE(j["run_id"], first_id);
   EXPECT_EQ(viz::load_run(root).iterations.size(), 3u);
 
+  // TensorBoard files under the experiment root go with their run; the fresh run's file is
+  // the only one left for TensorBoard to draw.
+  const auto event_files = [](const fs::path& d) {
+    std::vector<fs::path> files;
+    if (fs::exists(d))
+      for (const auto& entry : fs::directory_iterator(d))
+        if (entry.path().filename().string().find("tfevents") != std::string::npos)
+          files.push_back(entry.path());
+    return files;
+  };
+  const std::string tb = " --tensorboard_dir tb --tensorboard_log_interval 1";
+  ASSERT_EQ(run_tessera(tiny_args(dir.path(), "e") + " --train_iters 2" + tb).exit_code, 0);
+  const std::string tb_id = metrics_lines(root / "metrics.jsonl").back()["run_id"];
+  ASSERT_EQ(event_files(root / "tb").size(), 1u);
+  const RunResult tb_rerun = run_tessera(tiny_args(dir.path(), "e") + " --train_iters 2" + tb);
+  ASSERT_EQ(tb_rerun.exit_code, 0) << tb_rerun.output;
+  EXPECT_TRUE(contains(tb_rerun.output, "TensorBoard events")) << tb_rerun.output;
+  EXPECT_EQ(event_files(root / "tb").size(), 1u);
+  EXPECT_EQ(event_files(root / "previous_runs" / tb_id / "tb").size(), 1u);
+
   // A file two runs appended to before runs had ids: plot reads the last one.
   const fs::path legacy = dir / "legacy";
   fs::create_directories(legacy);

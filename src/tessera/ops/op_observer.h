@@ -183,7 +183,6 @@ inline OpArgs transfer(const Tensor& t) {
 inline OpArgs adamw(const AdamWArgs& a) {
   OpArgs r;
   r.add("numel", a.master.numel()).add("segments", static_cast<int64_t>(a.segments.size()));
-  r.add("step", a.step);
   r.add_dtype("dtype", a.params.defined() ? a.params.dtype : a.master.dtype);
   return r;
 }

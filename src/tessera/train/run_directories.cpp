@@ -101,10 +101,30 @@ std::string last_run_id(const fs::path& metrics) {
   return id;
 }
 
+// The TensorBoard event files in `tensorboard_dir` when that directory lies inside the
+// experiment root: they belong to this experiment's runs, and TensorBoard would draw a fresh
+// run's curves on top of the previous run's. A directory outside the root may be shared by
+// other experiments, so its files are left alone (as Megatron does).
+std::vector<fs::path> event_files_of_root(const fs::path& root, const std::string& tensorboard_dir) {
+  std::vector<fs::path> files;
+  if (tensorboard_dir.empty()) return files;
+  const fs::path dir = fs::weakly_canonical(tensorboard_dir);
+  const fs::path relative = dir.lexically_relative(fs::weakly_canonical(root));
+  if (relative.empty() || *relative.begin() == "..") return files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file() &&
+        entry.path().filename().string().find("tfevents") != std::string::npos)
+      files.push_back(entry.path());
+  return files;
+}
+
 // Moves the previous run's files out of `root`, into previous_runs/<its id> (or, for a run
 // from before run ids, the time its metrics were last written). Returns what it did, or "".
-std::string archive_previous_run(const fs::path& root, const std::string& previous_id) {
-  bool any = false;
+std::string archive_previous_run(const fs::path& root, const std::string& previous_id,
+                                 const std::string& tensorboard_dir) {
+  const std::vector<fs::path> events = event_files_of_root(root, tensorboard_dir);
+  bool any = !events.empty();
   for (const char* f : kRunFiles) any = any || fs::exists(root / f);
   if (!any) return "";
   std::string name = previous_id;
@@ -119,9 +139,17 @@ std::string archive_previous_run(const fs::path& root, const std::string& previo
   fs::create_directories(dest);
   for (const char* f : kRunFiles)
     if (fs::exists(root / f)) fs::rename(root / f, dest / f);
-  return fmt::format(
-      "the previous run's files (metrics.jsonl, config.yaml, logs) in {} moved to {}",
-      root.string(), dest.string());
+  std::string what = "metrics.jsonl, config.yaml, logs";
+  if (!events.empty()) {
+    // Under the same relative path, so that `tensorboard --logdir previous_runs` finds them.
+    const fs::path events_dest =
+        dest / fs::weakly_canonical(tensorboard_dir).lexically_relative(fs::weakly_canonical(root));
+    fs::create_directories(events_dest);
+    for (const fs::path& f : events) fs::rename(f, events_dest / f.filename());
+    what += ", TensorBoard events";
+  }
+  return fmt::format("the previous run's files ({}) in {} moved to {}", what, root.string(),
+                     dest.string());
 }
 
 // Files named *.tmp-<PID> whose process is gone, and (in a locked save directory, where no
@@ -255,7 +283,7 @@ RunDirectories prepare_run_directories(const Experiment& e, const std::string& r
   const std::string previous = last_run_id(root / "metrics.jsonl");
   const bool continues = !resumed_id.empty() && previous == resumed_id;
   if (!continues)
-    if (std::string moved = archive_previous_run(root, previous); !moved.empty())
+    if (std::string moved = archive_previous_run(root, previous, e.tensorboard_directory()); !moved.empty())
       d.notes.push_back(moved);
   for (const fs::path& dir : {root, root / "traces"})
     for (const std::string& f : remove_stale_temporaries(dir, false))

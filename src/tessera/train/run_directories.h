@@ -8,8 +8,9 @@
 //     PID and command; a lock left by a dead process is taken over;
 //   - a save directory holding another run's checkpoints is refused unless the run resumes
 //     from it (its pruning would delete them);
-//   - a previous run's metrics, config and logs in the experiment root move to
-//     previous_runs/<its run id>/ unless this run continues it (resumes its checkpoint);
+//   - a previous run's metrics, config, logs (and TensorBoard event files, when tensorboard_dir
+//     lies inside the experiment root) move to previous_runs/<its run id>/ unless this run
+//     continues it (resumes its checkpoint);
 //   - temporary files left by killed runs (unfinished checkpoints, .tmp-PID files of dead
 //     processes) are removed.
 // Every run has an id, written into each metrics.jsonl line and each checkpoint; a resumed
