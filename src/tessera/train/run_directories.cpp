@@ -105,7 +105,8 @@ std::string last_run_id(const fs::path& metrics) {
 // experiment root: they belong to this experiment's runs, and TensorBoard would draw a fresh
 // run's curves on top of the previous run's. A directory outside the root may be shared by
 // other experiments, so its files are left alone (as Megatron does).
-std::vector<fs::path> event_files_of_root(const fs::path& root, const std::string& tensorboard_dir) {
+std::vector<fs::path> event_files_of_root(const fs::path& root,
+                                          const std::string& tensorboard_dir) {
   std::vector<fs::path> files;
   if (tensorboard_dir.empty()) return files;
   const fs::path dir = fs::weakly_canonical(tensorboard_dir);
@@ -283,7 +284,8 @@ RunDirectories prepare_run_directories(const Experiment& e, const std::string& r
   const std::string previous = last_run_id(root / "metrics.jsonl");
   const bool continues = !resumed_id.empty() && previous == resumed_id;
   if (!continues)
-    if (std::string moved = archive_previous_run(root, previous, e.tensorboard_directory()); !moved.empty())
+    if (std::string moved = archive_previous_run(root, previous, e.tensorboard_directory());
+        !moved.empty())
       d.notes.push_back(moved);
   for (const fs::path& dir : {root, root / "traces"})
     for (const std::string& f : remove_stale_temporaries(dir, false))
