@@ -13,13 +13,16 @@ namespace {
 // bandwidth, not by math: each warp walks its share of the keys (key j goes to warp
 // j % kWarps) with an online softmax, its lanes holding D/32 of the head dimensions, and the
 // warps' partial results are combined once at the end. Reading a key is one coalesced load
-// of D contiguous elements by the warp.
+// of D contiguous elements by the warp. PER_LANE is the register count fixed at compile time
+// (D up to 32 x PER_LANE); a head dimension that is not a multiple of 32 leaves the last
+// lanes idle in their last slot.
 constexpr int kWarps = 8;
+constexpr int kMaxHeadDim = 256;
 
 template <class T, int PER_LANE>
 __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t S, int64_t H,
-                                        int64_t KV, int64_t first, int64_t last, float scale) {
-  constexpr int D = PER_LANE * 32;
+                                        int64_t KV, int D, int64_t first, int64_t last,
+                                        float scale) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = 2 * KV * D;  // elements per cached position
@@ -29,7 +32,8 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t
   float qd[PER_LANE], acc[PER_LANE];
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
-    qd[i] = to_float(q[(b * H + h) * D + lane + 32 * i]) * scale;
+    const int d = lane + 32 * i;
+    qd[i] = d < D ? to_float(q[(b * H + h) * D + d]) * scale : 0.0f;
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
@@ -37,7 +41,8 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t
     const T* k = keys + j * row;
     float dot = 0.0f;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) dot += qd[i] * to_float(k[lane + 32 * i]);
+    for (int i = 0; i < PER_LANE; ++i)
+      if (lane + 32 * i < D) dot += qd[i] * to_float(k[lane + 32 * i]);
     const float score = warp_sum(dot);
     const float m_new = fmaxf(m, score);
     const float correction = __expf(m - m_new), p = __expf(score - m_new);
@@ -45,12 +50,12 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t
     const T* v = values + j * row;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i)
-      acc[i] = acc[i] * correction + p * to_float(v[lane + 32 * i]);
+      if (lane + 32 * i < D) acc[i] = acc[i] * correction + p * to_float(v[lane + 32 * i]);
     m = m_new;
   }
 
   __shared__ float warp_m[kWarps], warp_l[kWarps];
-  __shared__ float warp_acc[kWarps][D];
+  __shared__ float warp_acc[kWarps][32 * PER_LANE];
   if (lane == 0) warp_m[warp] = m, warp_l[warp] = l;
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) warp_acc[warp][lane + 32 * i] = acc[i];
@@ -74,7 +79,7 @@ void launch(void* out, const void* q, const void* kv, int64_t first, int64_t las
   const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
   attention_decode_kernel<T, PER_LANE><<<grid, kWarps * 32, 0, stream>>>(
       static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(kv), s.seq, s.heads,
-      s.kv_heads, first, last, s.scale);
+      s.kv_heads, static_cast<int>(s.head_dim), first, last, s.scale);
   TS_CUDA_CHECK_LAUNCH("attention_decode_kernel");
 }
 
@@ -87,17 +92,12 @@ void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
   dispatch_float(dtype, "attention_decode", [&](auto tag) {
     using T = decltype(tag);
-    switch (s.head_dim) {
-      case 64:
-        return launch<T, 2>(out, q, kv, first, pos, s, stream);
-      case 128:
-        return launch<T, 4>(out, q, kv, first, pos, s, stream);
-      case 256:
-        return launch<T, 8>(out, q, kv, first, pos, s, stream);
-      default:
-        throw InternalError("attention_decode: head_dim " + std::to_string(s.head_dim) +
-                            " (64, 128 or 256 on CUDA)");
-    }
+    if (s.head_dim <= 32) return launch<T, 1>(out, q, kv, first, pos, s, stream);
+    if (s.head_dim <= 64) return launch<T, 2>(out, q, kv, first, pos, s, stream);
+    if (s.head_dim <= 128) return launch<T, 4>(out, q, kv, first, pos, s, stream);
+    if (s.head_dim <= kMaxHeadDim) return launch<T, 8>(out, q, kv, first, pos, s, stream);
+    throw InternalError("attention_decode: head_dim " + std::to_string(s.head_dim) +
+                        " (at most " + std::to_string(kMaxHeadDim) + " on CUDA)");
   });
 }
 
