@@ -588,12 +588,12 @@ std::vector<OpCase> decode_cases() {
     AttentionShape s;
     int64_t pos;
   };
-  for (const Decode& d : {Decode{attn(1, 64, 4, 2, 64, 0), 0}, Decode{attn(2, 100, 8, 2, 128, 0), 99},
-                          Decode{attn(1, 300, 4, 1, 64, 33), 250},
-                          Decode{attn(1, 2048, 8, 2, 128, 512), 2047},
-                          Decode{attn(3, 40, 4, 4, 128, 0), 17}, Decode{attn(1, 16, 2, 1, 256, 0), 9},
-                          Decode{attn(2, 33, 4, 2, 16, 0), 32}, Decode{attn(1, 70, 6, 3, 80, 8), 61},
-                          Decode{attn(1, 12, 2, 2, 200, 0), 5}}) {
+  for (const Decode& d :
+       {Decode{attn(1, 64, 4, 2, 64, 0), 0}, Decode{attn(2, 100, 8, 2, 128, 0), 99},
+        Decode{attn(1, 300, 4, 1, 64, 33), 250}, Decode{attn(1, 2048, 8, 2, 128, 512), 2047},
+        Decode{attn(3, 40, 4, 4, 128, 0), 17}, Decode{attn(1, 16, 2, 1, 256, 0), 9},
+        Decode{attn(2, 33, 4, 2, 16, 0), 32}, Decode{attn(1, 70, 6, 3, 80, 8), 61},
+        Decode{attn(1, 12, 2, 2, 200, 0), 5}}) {
     const AttentionShape& s = d.s;
     const int64_t HD = s.heads * s.head_dim, row = 2 * s.kv_heads * s.head_dim;
     OpCase c;

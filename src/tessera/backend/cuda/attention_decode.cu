@@ -96,8 +96,8 @@ void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
     if (s.head_dim <= 64) return launch<T, 2>(out, q, kv, first, pos, s, stream);
     if (s.head_dim <= 128) return launch<T, 4>(out, q, kv, first, pos, s, stream);
     if (s.head_dim <= kMaxHeadDim) return launch<T, 8>(out, q, kv, first, pos, s, stream);
-    throw InternalError("attention_decode: head_dim " + std::to_string(s.head_dim) +
-                        " (at most " + std::to_string(kMaxHeadDim) + " on CUDA)");
+    throw InternalError("attention_decode: head_dim " + std::to_string(s.head_dim) + " (at most " +
+                        std::to_string(kMaxHeadDim) + " on CUDA)");
   });
 }
 
