@@ -25,19 +25,9 @@ bool empty(const Table& t, size_t row, const char* column) {
   return std::holds_alternative<std::monostate>(t.rows[row][t.column(column)]);
 }
 
-double num(const Table& t, size_t row, const char* column) {
-  const Cell& c = t.rows[row][t.column(column)];
-  if (auto* i = std::get_if<int64_t>(&c)) return static_cast<double>(*i);
-  return std::get<double>(c);
-}
-
-std::string str(const Table& t, size_t row, const char* column) {
-  return std::get<std::string>(t.rows[row][t.column(column)]);
-}
-
 size_t row_of(const Table& t, const char* column, const std::string& value) {
   for (size_t r = 0; r < t.rows.size(); ++r) {
-    if (str(t, r, column) == value) return r;
+    if (t.text(r, column) == value) return r;
   }
   ADD_FAILURE() << "no row with " << column << " = " << value << " in " << t.name;
   return 0;
@@ -87,45 +77,45 @@ TEST(Bandwidth, TesseraOpsBytesGbpsAndShareOfHbm) {
   // RMSNorm: x and out (rows x cols bf16), weight (cols bf16), rstd (rows fp32); two calls.
   const double norm_bytes = (2.0 * 4096 * 4096 + 4096) * 2 + 4.0 * 4096;
   const size_t norm = row_of(t, "op", "rmsnorm_forward");
-  EXPECT_EQ(num(t, norm, "count"), 2);
-  EXPECT_DOUBLE_EQ(num(t, norm, "mean_us"), 80);
-  EXPECT_DOUBLE_EQ(num(t, norm, "mbytes"), norm_bytes / 1e6);
+  EXPECT_EQ(t.number(norm, "count").value(), 2);
+  EXPECT_DOUBLE_EQ(t.number(norm, "mean_us").value(), 80);
+  EXPECT_DOUBLE_EQ(t.number(norm, "mbytes").value(), norm_bytes / 1e6);
   const double gbps = norm_bytes / 80e-6 / 1e9;
-  EXPECT_NEAR(num(t, norm, "gbps"), gbps, 1e-9);
-  EXPECT_NEAR(num(t, norm, "hbm_pct"), 100 * gbps / (h100.hbm_tbps * 1e3), 1e-9);
-  EXPECT_NEAR(num(t, norm, "excess_ms"), 0.160 - 2 * norm_bytes / (h100.hbm_tbps * 1e12) * 1e3,
-              1e-12);
-  EXPECT_EQ(str(t, norm, "category"), "normalization");
+  EXPECT_NEAR(t.number(norm, "gbps").value(), gbps, 1e-9);
+  EXPECT_NEAR(t.number(norm, "hbm_pct").value(), 100 * gbps / (h100.hbm_tbps * 1e3), 1e-9);
+  EXPECT_NEAR(t.number(norm, "excess_ms").value(),
+              0.160 - 2 * norm_bytes / (h100.hbm_tbps * 1e12) * 1e3, 1e-12);
+  EXPECT_EQ(t.text(norm, "category"), "normalization");
   // Op args as the trace writes them (nlohmann orders the builder's keys).
-  EXPECT_EQ(str(t, norm, "args"), R"({"cols": 4096, "dtype": "bf16", "rows": 4096})");
-  EXPECT_EQ(str(t, norm, "bytes_basis"),
+  EXPECT_EQ(t.text(norm, "args"), R"({"cols": 4096, "dtype": "bf16", "rows": 4096})");
+  EXPECT_EQ(t.text(norm, "bytes_basis"),
             "rmsnorm_forward: x, weight read; out, rstd (fp32) written");
   EXPECT_EQ(norm, 0u);  // the most time first
 
   // A call is the op instance: both sum kernels, 25 µs; x read, the fp32 sum written.
   const size_t sum = row_of(t, "op", "sum");
-  EXPECT_EQ(num(t, sum, "count"), 1);
-  EXPECT_DOUBLE_EQ(num(t, sum, "mean_us"), 25);
-  EXPECT_DOUBLE_EQ(num(t, sum, "mbytes"), (4.0 * (1 << 20) + 4) / 1e6);
-  EXPECT_EQ(str(t, sum, "kernel"), "void tessera::sum_partial_kernel<float>");
+  EXPECT_EQ(t.number(sum, "count").value(), 1);
+  EXPECT_DOUBLE_EQ(t.number(sum, "mean_us").value(), 25);
+  EXPECT_DOUBLE_EQ(t.number(sum, "mbytes").value(), (4.0 * (1 << 20) + 4) / 1e6);
+  EXPECT_EQ(t.text(sum, "kernel"), "void tessera::sum_partial_kernel<float>");
 
   const size_t convert = row_of(t, "op", "convert");
-  EXPECT_DOUBLE_EQ(num(t, convert, "mbytes"), 6.0 * (1 << 20) / 1e6);
-  EXPECT_NEAR(num(t, convert, "gbps"), 6.0 * (1 << 20) / 8e-6 / 1e9, 1e-9);
+  EXPECT_DOUBLE_EQ(t.number(convert, "mbytes").value(), 6.0 * (1 << 20) / 1e6);
+  EXPECT_NEAR(t.number(convert, "gbps").value(), 6.0 * (1 << 20) / 8e-6 / 1e9, 1e-9);
 
   // Copies carry their own bytes: device to device reads and writes them, a host transfer
   // is bound by its link, not HBM.
   const size_t copy = row_of(t, "op", "copy");
-  EXPECT_DOUBLE_EQ(num(t, copy, "mbytes"), 2.0 * (8 << 20) / 1e6);
-  EXPECT_EQ(str(t, copy, "memory"), "HBM");
-  EXPECT_EQ(str(t, copy, "category"), "memcpy");
+  EXPECT_DOUBLE_EQ(t.number(copy, "mbytes").value(), 2.0 * (8 << 20) / 1e6);
+  EXPECT_EQ(t.text(copy, "memory"), "HBM");
+  EXPECT_EQ(t.text(copy, "category"), "memcpy");
   const size_t upload = row_of(t, "op", "upload");
-  EXPECT_DOUBLE_EQ(num(t, upload, "gbps"), (1 << 20) / 40e-6 / 1e9);
-  EXPECT_EQ(str(t, upload, "memory"), "host/peer link");
+  EXPECT_DOUBLE_EQ(t.number(upload, "gbps").value(), (1 << 20) / 40e-6 / 1e9);
+  EXPECT_EQ(t.text(upload, "memory"), "host/peer link");
   EXPECT_TRUE(empty(t, upload, "hbm_pct"));
   const size_t memset = row_of(t, "kernel", "Memset (Device)");
-  EXPECT_EQ(str(t, memset, "op"), "(no op)");
-  EXPECT_DOUBLE_EQ(num(t, memset, "mbytes"), 4096 / 1e6);
+  EXPECT_EQ(t.text(memset, "op"), "(no op)");
+  EXPECT_DOUBLE_EQ(t.number(memset, "mbytes").value(), 4096 / 1e6);
 
   // Listed, not dropped, with the reason.
   const size_t lone = row_of(t, "kernel", "void at::native::vectorized_elementwise_kernel<4, add>");
@@ -133,14 +123,14 @@ TEST(Bandwidth, TesseraOpsBytesGbpsAndShareOfHbm) {
            {lone, "not derived: no launching op (the kernel has no External id or runtime link)"},
            {row_of(t, "op", "mystery_op"), "not derived: no byte model for op 'mystery_op'"},
            {row_of(t, "op", "fill"), "not derived: op argument 'numel' is (missing)"}}) {
-    EXPECT_EQ(str(t, r, "bytes_basis"), why);
+    EXPECT_EQ(t.text(r, "bytes_basis"), why);
     EXPECT_TRUE(empty(t, r, "mbytes") && empty(t, r, "gbps") && empty(t, r, "hbm_pct"));
-    EXPECT_EQ(num(t, r, "count"), 1);
+    EXPECT_EQ(t.number(r, "count").value(), 1);
   }
 
   // Without a GPU the rates stay, the share of HBM goes.
   const Table no_gpu = bandwidth_table(d, std::nullopt);
-  EXPECT_NEAR(num(no_gpu, 0, "gbps"), gbps, 1e-9);
+  EXPECT_NEAR(no_gpu.number(0, "gbps").value(), gbps, 1e-9);
   EXPECT_TRUE(empty(no_gpu, 0, "hbm_pct") && empty(no_gpu, 0, "excess_ms"));
 }
 
@@ -218,10 +208,10 @@ TEST(Bandwidth, PyTorchOpThroughTheRuntimeLink) {
               {{"correlation", 77}});
   const Table t = bandwidth_table(TraceData::load(b.write("t.json"), false), std::nullopt);
   ASSERT_EQ(t.rows.size(), 1u);
-  EXPECT_EQ(str(t, 0, "op"), "aten::mul");
-  EXPECT_EQ(str(t, 0, "input_dims"), "[[2,128,1024],[2,128,1024]]");
-  EXPECT_DOUBLE_EQ(num(t, 0, "mbytes"), 3 * 262144.0 * 2 / 1e6);
-  EXPECT_DOUBLE_EQ(num(t, 0, "gbps"), 3 * 262144.0 * 2 / 2e-6 / 1e9);
+  EXPECT_EQ(t.text(0, "op"), "aten::mul");
+  EXPECT_EQ(t.text(0, "input_dims"), "[[2,128,1024],[2,128,1024]]");
+  EXPECT_DOUBLE_EQ(t.number(0, "mbytes").value(), 3 * 262144.0 * 2 / 1e6);
+  EXPECT_DOUBLE_EQ(t.number(0, "gbps").value(), 3 * 262144.0 * 2 / 2e-6 / 1e9);
 }
 
 // Op instances and their kernels, in µs:
@@ -265,50 +255,50 @@ TEST(OpsUniqueArgs, GroupsByNameThreadAndArgumentsWithTraceLensStatistics) {
   ASSERT_EQ(t.rows.size(), 5u);
   const double whole = 70 + 8 + 5 + 20 + 3;
   // Sorted by total time: mm small (70), rms norm backward (20), mm on tid 200 (8), ...
-  EXPECT_EQ(str(t, 0, "name"), "aten::mm");
-  EXPECT_EQ(str(t, 0, "thread"), "thread 100 (python3)");
+  EXPECT_EQ(t.text(0, "name"), "aten::mm");
+  EXPECT_EQ(t.text(0, "thread"), "thread 100 (python3)");
   // The raw JSON text of the trace, here compact.
-  EXPECT_EQ(str(t, 0, "input_dims"), "[[64,32],[32,16]]");
-  EXPECT_EQ(str(t, 0, "input_type"), R"(["c10::BFloat16","c10::BFloat16"])");
-  EXPECT_EQ(str(t, 0, "input_strides"), "[[32,1],[16,1]]");
-  EXPECT_EQ(str(t, 0, "other_args"), "");
-  EXPECT_EQ(str(t, 0, "category"), "GEMM");
-  EXPECT_EQ(num(t, 0, "count"), 3);
-  EXPECT_DOUBLE_EQ(num(t, 0, "total_ms"), 0.070);
-  EXPECT_NEAR(num(t, 0, "mean_us"), 70.0 / 3, 1e-9);
-  EXPECT_DOUBLE_EQ(num(t, 0, "median_us"), 20);
+  EXPECT_EQ(t.text(0, "input_dims"), "[[64,32],[32,16]]");
+  EXPECT_EQ(t.text(0, "input_type"), R"(["c10::BFloat16","c10::BFloat16"])");
+  EXPECT_EQ(t.text(0, "input_strides"), "[[32,1],[16,1]]");
+  EXPECT_EQ(t.text(0, "other_args"), "");
+  EXPECT_EQ(t.text(0, "category"), "GEMM");
+  EXPECT_EQ(t.number(0, "count").value(), 3);
+  EXPECT_DOUBLE_EQ(t.number(0, "total_ms").value(), 0.070);
+  EXPECT_NEAR(t.number(0, "mean_us").value(), 70.0 / 3, 1e-9);
+  EXPECT_DOUBLE_EQ(t.number(0, "median_us").value(), 20);
   const double mean = 70.0 / 3;
   const double std =
       std::sqrt((std::pow(10 - mean, 2) + std::pow(20 - mean, 2) + std::pow(40 - mean, 2)) /
                 2);  // sample std, as pandas
-  EXPECT_NEAR(num(t, 0, "std_us"), std, 1e-9);
-  EXPECT_DOUBLE_EQ(num(t, 0, "min_us"), 10);
-  EXPECT_DOUBLE_EQ(num(t, 0, "max_us"), 40);
-  EXPECT_NEAR(num(t, 0, "share_pct"), 100 * 70 / whole, 1e-9);
-  EXPECT_EQ(num(t, 0, "example_external_id"), 11);
+  EXPECT_NEAR(t.number(0, "std_us").value(), std, 1e-9);
+  EXPECT_DOUBLE_EQ(t.number(0, "min_us").value(), 10);
+  EXPECT_DOUBLE_EQ(t.number(0, "max_us").value(), 40);
+  EXPECT_NEAR(t.number(0, "share_pct").value(), 100 * 70 / whole, 1e-9);
+  EXPECT_EQ(t.number(0, "example_external_id").value(), 11);
   // Busy time, not the sum of the two overlapping kernels.
-  EXPECT_EQ(str(t, 1, "name"), "aten::_fused_rms_norm_backward");
-  EXPECT_DOUBLE_EQ(num(t, 1, "total_ms"), 0.020);
-  EXPECT_EQ(num(t, 1, "kernels_per_call"), 2);
+  EXPECT_EQ(t.text(1, "name"), "aten::_fused_rms_norm_backward");
+  EXPECT_DOUBLE_EQ(t.number(1, "total_ms").value(), 0.020);
+  EXPECT_EQ(t.number(1, "kernels_per_call").value(), 2);
   EXPECT_TRUE(empty(t, 1, "std_us"));  // one call
-  EXPECT_EQ(str(t, 1, "kernels"), "GammaBetaBackward_kernel; layer_norm_grad_input_kernel");
-  EXPECT_NEAR(num(t, 1, "cumulative_pct"), 100 * 90 / whole, 1e-9);
+  EXPECT_EQ(t.text(1, "kernels"), "GammaBetaBackward_kernel; layer_norm_grad_input_kernel");
+  EXPECT_NEAR(t.number(1, "cumulative_pct").value(), 100 * 90 / whole, 1e-9);
   // The same op and arguments on another thread is another row (no thread_name: pid and tid).
-  EXPECT_EQ(str(t, 2, "name"), "aten::mm");
-  EXPECT_EQ(str(t, 2, "thread"), "pid 100 tid 200");
-  EXPECT_EQ(str(t, 3, "input_dims"), "[[128,32],[32,16]]");
-  EXPECT_EQ(str(t, 4, "name"), "(no op) mystery_kernel");
-  EXPECT_NEAR(num(t, 4, "cumulative_pct"), 100, 1e-9);
+  EXPECT_EQ(t.text(2, "name"), "aten::mm");
+  EXPECT_EQ(t.text(2, "thread"), "pid 100 tid 200");
+  EXPECT_EQ(t.text(3, "input_dims"), "[[128,32],[32,16]]");
+  EXPECT_EQ(t.text(4, "name"), "(no op) mystery_kernel");
+  EXPECT_NEAR(t.number(4, "cumulative_pct").value(), 100, 1e-9);
 }
 
 // Tessera's ops group by their own sizes.
 TEST(OpsUniqueArgs, TesseraOpsGroupByTheirArgs) {
   const Table t = ops_unique_args_table(tessera_trace(test_dir()));
   const size_t norm = row_of(t, "name", "rmsnorm_forward");
-  EXPECT_EQ(str(t, norm, "other_args"), R"({"cols": 4096, "dtype": "bf16", "rows": 4096})");
-  EXPECT_EQ(num(t, norm, "count"), 2);
-  EXPECT_EQ(str(t, norm, "thread"), "pid 100 tid 100");
-  EXPECT_EQ(str(t, row_of(t, "name", "matmul"), "other_args"),
+  EXPECT_EQ(t.text(norm, "other_args"), R"({"cols": 4096, "dtype": "bf16", "rows": 4096})");
+  EXPECT_EQ(t.number(norm, "count").value(), 2);
+  EXPECT_EQ(t.text(norm, "thread"), "pid 100 tid 100");
+  EXPECT_EQ(t.text(row_of(t, "name", "matmul"), "other_args"),
             R"({"K": 64, "M": 64, "N": 64, "dtype": "bf16"})");
 }
 

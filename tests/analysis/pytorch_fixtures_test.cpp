@@ -49,16 +49,6 @@ int64_t ns(const json& v) {
   return std::llround(v.get<double>() * 1000.0);
 }
 
-double num(const Table& t, size_t row, const char* column) {
-  const Cell& c = t.rows[row][t.column(column)];
-  if (auto* i = std::get_if<int64_t>(&c)) return static_cast<double>(*i);
-  return std::get<double>(c);
-}
-
-std::string str(const Table& t, size_t row, const char* column) {
-  return std::get<std::string>(t.rows[row][t.column(column)]);
-}
-
 // Category totals by independent name tests: what each library's kernels are called.
 std::string expected_category(const json& e) {
   const std::string cat = e["cat"], n = e["name"];
@@ -101,12 +91,12 @@ TEST_P(PyTorchFixture, CategoryTotalsEqualIndependentSums) {
   Table t = categories_table(d);
   ASSERT_EQ(t.rows.size(), expected.size() + 1);  // + total
   for (size_t r = 0; r + 1 < t.rows.size(); ++r) {
-    const std::string cat = str(t, r, "category");
+    const std::string cat = t.text(r, "category");
     ASSERT_TRUE(expected.count(cat)) << cat;
-    EXPECT_EQ(num(t, r, "count"), expected[cat].first) << cat;
-    EXPECT_NEAR(num(t, r, "total_ms"), expected[cat].second / 1e6, 1e-6) << cat;
+    EXPECT_EQ(t.number(r, "count").value(), expected[cat].first) << cat;
+    EXPECT_NEAR(t.number(r, "total_ms").value(), expected[cat].second / 1e6, 1e-6) << cat;
   }
-  EXPECT_NEAR(num(t, t.rows.size() - 1, "total_ms"), all_ns / 1e6, 1e-6);
+  EXPECT_NEAR(t.number(t.rows.size() - 1, "total_ms").value(), all_ns / 1e6, 1e-6);
   EXPECT_TRUE(unclassified_table(d).rows.empty());
   // The timeline spans first start to last end and its parts add up.
   auto timeline = gpu_timeline(d);
@@ -136,9 +126,11 @@ TEST_P(PyTorchFixture, GemmShapesMatchRecordShapes) {
   Table t = gemm_table(TraceData::load(path, false), find_gpu_spec("H200"));
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> got;
   for (size_t r = 0; r < t.rows.size(); ++r) {
-    EXPECT_EQ(str(t, r, "dtype"), "bf16");
-    got[{static_cast<int64_t>(num(t, r, "M")), static_cast<int64_t>(num(t, r, "N")),
-         static_cast<int64_t>(num(t, r, "K"))}] += static_cast<int64_t>(num(t, r, "count"));
+    EXPECT_EQ(t.text(r, "dtype"), "bf16");
+    got[{static_cast<int64_t>(t.number(r, "M").value()),
+         static_cast<int64_t>(t.number(r, "N").value()),
+         static_cast<int64_t>(t.number(r, "K").value())}] +=
+        static_cast<int64_t>(t.number(r, "count").value());
   }
   EXPECT_EQ(got, expected);
 }
@@ -211,10 +203,10 @@ TEST_P(PyTorchFixture, OpsUniqueArgsEqualAnIndependentGroupBy) {
   ASSERT_EQ(t.rows.size(), groups.size());
   double share = 0;
   for (size_t r = 0; r < t.rows.size(); ++r) {
-    got.insert({str(t, r, "name"), static_cast<int64_t>(num(t, r, "count")),
-                std::llround(num(t, r, "total_ms") * 1e6)});
-    share += num(t, r, "share_pct");
-    if (r > 0) EXPECT_GE(num(t, r - 1, "total_ms"), num(t, r, "total_ms"));
+    got.insert({t.text(r, "name"), static_cast<int64_t>(t.number(r, "count").value()),
+                std::llround(t.number(r, "total_ms").value() * 1e6)});
+    share += t.number(r, "share_pct").value();
+    if (r > 0) EXPECT_GE(t.number(r - 1, "total_ms").value(), t.number(r, "total_ms").value());
   }
   EXPECT_EQ(got, expected);
   EXPECT_NEAR(share, 100, 1e-9);
@@ -246,28 +238,32 @@ TEST_P(PyTorchFixture, BandwidthFromRecordShapes) {
   int64_t count = 0, checked = 0;
   double total_ms = 0;
   for (size_t r = 0; r < t.rows.size(); ++r) {
-    count += static_cast<int64_t>(num(t, r, "count"));
-    total_ms += num(t, r, "total_ms");
-    const std::string op = str(t, r, "op");
-    if (str(t, r, "category") == "memcpy" || str(t, r, "category") == "memset") {
+    count += static_cast<int64_t>(t.number(r, "count").value());
+    total_ms += t.number(r, "total_ms").value();
+    const std::string op = t.text(r, "op");
+    if (t.text(r, "category") == "memcpy" || t.text(r, "category") == "memset") {
       // The event's own byte count; device to device reads and writes it.
-      const double bytes = json::parse(str(t, r, "args"))["bytes"].get<double>();
-      const bool dtod = str(t, r, "kernel").find("DtoD") != std::string::npos;
-      EXPECT_DOUBLE_EQ(num(t, r, "mbytes"), (dtod ? 2 : 1) * bytes / 1e6) << str(t, r, "kernel");
+      const double bytes = json::parse(t.text(r, "args"))["bytes"].get<double>();
+      const bool dtod = t.text(r, "kernel").find("DtoD") != std::string::npos;
+      EXPECT_DOUBLE_EQ(t.number(r, "mbytes").value(), (dtod ? 2 : 1) * bytes / 1e6)
+          << t.text(r, "kernel");
       continue;
     }
     if (op != "aten::copy_" && op.rfind("triton_", 0) != 0) continue;
-    const json dims = json::parse(str(t, r, "input_dims"));
-    const json types = json::parse(str(t, r, "input_type"));
+    const json dims = json::parse(t.text(r, "input_dims"));
+    const json types = json::parse(t.text(r, "input_type"));
     double bytes = 0;
     for (size_t i = 0; i < types.size(); ++i) {
       double n = 1;
       for (const json& d : dims[i]) n *= d.get<double>();
       bytes += n * element_size(types[i]);
     }
-    EXPECT_NEAR(num(t, r, "mbytes"), bytes / 1e6, 1e-12) << op;
-    EXPECT_NEAR(num(t, r, "gbps"), bytes / (num(t, r, "mean_us") / 1e6) / 1e9, 1e-6) << op;
-    EXPECT_NEAR(num(t, r, "hbm_pct"), num(t, r, "gbps") / 48, 1e-9) << op;  // H200: 4.8 TB/s
+    EXPECT_NEAR(t.number(r, "mbytes").value(), bytes / 1e6, 1e-12) << op;
+    EXPECT_NEAR(t.number(r, "gbps").value(), bytes / (t.number(r, "mean_us").value() / 1e6) / 1e9,
+                1e-6)
+        << op;
+    EXPECT_NEAR(t.number(r, "hbm_pct").value(), t.number(r, "gbps").value() / 48, 1e-9)
+        << op;  // H200: 4.8 TB/s
     ++checked;
   }
   EXPECT_GT(checked, 0);
@@ -276,9 +272,9 @@ TEST_P(PyTorchFixture, BandwidthFromRecordShapes) {
   // Fused AdamW takes tensor lists, which carry no element type: listed, with the reason.
   bool adamw = false;
   for (size_t r = 0; r < t.rows.size(); ++r) {
-    if (str(t, r, "op") != "aten::_fused_adamw_") continue;
+    if (t.text(r, "op") != "aten::_fused_adamw_") continue;
     adamw = true;
-    EXPECT_EQ(str(t, r, "bytes_basis"),
+    EXPECT_EQ(t.text(r, "bytes_basis"),
               "not derived: argument 0 is a TensorList, which the trace gives no element type for");
   }
   EXPECT_TRUE(adamw);
@@ -295,13 +291,13 @@ TEST(PyTorchFixtures, AttentionShapesFromCudnnOps) {
   Table t = attention_table(d, find_gpu_spec("H200"));
   ASSERT_EQ(t.rows.size(), 2u);
   for (size_t r = 0; r < 2; ++r) {
-    EXPECT_EQ(num(t, r, "B"), 2);
-    EXPECT_EQ(num(t, r, "H"), 4);
-    EXPECT_EQ(num(t, r, "KV"), 2);
-    EXPECT_EQ(num(t, r, "T"), 128);
-    EXPECT_EQ(num(t, r, "D"), 64);
-    EXPECT_EQ(str(t, r, "causal"), "true");
-    EXPECT_EQ(num(t, r, "count"), 1);
+    EXPECT_EQ(t.number(r, "B").value(), 2);
+    EXPECT_EQ(t.number(r, "H").value(), 4);
+    EXPECT_EQ(t.number(r, "KV").value(), 2);
+    EXPECT_EQ(t.number(r, "T").value(), 128);
+    EXPECT_EQ(t.number(r, "D").value(), 64);
+    EXPECT_EQ(t.text(r, "causal"), "true");
+    EXPECT_EQ(t.number(r, "count").value(), 1);
   }
 }
 
@@ -330,8 +326,9 @@ TEST(PyTorchFixtures, DdpCollectivesAndRankSkew) {
     EXPECT_EQ(starts[0][k].second, starts[1][k].second);
     expected.insert({starts[0][k].second * 4,  // fp32 gradients
                      std::llabs(starts[0][k].first - starts[1][k].first) / 1e3});
-    got.insert({static_cast<int64_t>(num(*skew, k, "bytes")), num(*skew, k, "start_skew_us")});
-    EXPECT_EQ(str(*skew, k, "collective"), "all_reduce");
+    got.insert({static_cast<int64_t>((*skew).number(k, "bytes").value()),
+                (*skew).number(k, "start_skew_us").value()});
+    EXPECT_EQ((*skew).text(k, "collective"), "all_reduce");
   }
   ASSERT_EQ(got.size(), expected.size());
   for (auto g = got.begin(), e = expected.begin(); g != got.end(); ++g, ++e) {
@@ -340,8 +337,8 @@ TEST(PyTorchFixtures, DdpCollectivesAndRankSkew) {
   }
   const Table* ranks = report.find("ranks");
   ASSERT_EQ(ranks->rows.size(), 2u);
-  EXPECT_EQ(num(*ranks, 1, "rank"), 1);
-  EXPECT_EQ(num(*ranks, 0, "collectives"), 2);
+  EXPECT_EQ((*ranks).number(1, "rank").value(), 1);
+  EXPECT_EQ((*ranks).number(0, "collectives").value(), 2);
 }
 
 TEST(PyTorchFixtures, LegacyCpuTraceOpsEqualIndependentSums) {
@@ -361,9 +358,9 @@ TEST(PyTorchFixtures, LegacyCpuTraceOpsEqualIndependentSums) {
   ASSERT_NE(ops, nullptr);
   ASSERT_EQ(ops->rows.size(), expected.size());
   for (size_t r = 0; r < ops->rows.size(); ++r) {
-    const auto& [calls, total] = expected.at(str(*ops, r, "op"));
-    EXPECT_EQ(num(*ops, r, "calls"), calls);
-    EXPECT_NEAR(num(*ops, r, "cpu_total_ms"), total / 1e6, 1e-9);
+    const auto& [calls, total] = expected.at((*ops).text(r, "op"));
+    EXPECT_EQ((*ops).number(r, "calls").value(), calls);
+    EXPECT_NEAR((*ops).number(r, "cpu_total_ms").value(), total / 1e6, 1e-9);
   }
   EXPECT_FALSE(report.warnings.empty());  // "no GPU activity"
 }

@@ -67,10 +67,6 @@ inline void write_file(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
 }
 
-inline bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 // Every path under `dir`: what a refused command must leave unchanged.
 inline std::set<std::string> listing(const fs::path& dir) {
   std::set<std::string> paths;

@@ -13,10 +13,6 @@
 namespace tessera::testing {
 namespace {
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 std::string ids_line(const std::string& output) {
   std::smatch m;
   static const std::regex kIds("ids: ([0-9 ]*)");

@@ -23,6 +23,10 @@ inline RunResult run_command(const std::string& command) {
   return r;
 }
 
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 // TESSERA_BINARY: the build's tessera, set by tests/CMakeLists.txt.
 inline RunResult run_tessera(const std::string& args) {
   return run_command(std::string(TESSERA_BINARY) + " " + args);

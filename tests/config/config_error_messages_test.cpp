@@ -42,10 +42,6 @@ class ConfigErrorMessage : public ::testing::Test {
   ScratchDir dir_;
 };
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 TEST_F(ConfigErrorMessage, ExtendsCycleNamesTheWholeChain) {
   write("a.yaml", "extends: b.yaml\n");
   write("b.yaml", "model: tiny_llama\nextends: a.yaml\n");

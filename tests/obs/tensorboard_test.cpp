@@ -16,12 +16,14 @@
 
 #include "common/run_command.h"
 #include "common/scratch_dir.h"
+#include "common/tiny_run.h"
 #include "tessera/obs/tensorboard.h"
 
 namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::metrics_lines;
 using testing::ScratchDir;
 
 std::string bytes(std::initializer_list<int> values) {
@@ -138,14 +140,6 @@ TEST(EventFileWriter, TheReaderRejectsCorruptAndTruncatedFiles) {
             std::string::npos);
   std::ofstream(dir / "cut", std::ios::binary) << data.substr(0, data.size() - 3);
   EXPECT_NE(read_events(dir / "cut", 1).get<std::string>().find("truncated"), std::string::npos);
-}
-
-std::vector<nlohmann::json> metrics_lines(const fs::path& file) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  return lines;
 }
 
 // A tiny CPU run of 2 ranks (threads), ~10 ms per iteration.

@@ -21,8 +21,9 @@
 namespace tessera::plan {
 namespace {
 
-using testing::RunResult;
+using testing::contains;
 using testing::run_tessera;
+using testing::RunResult;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -238,10 +239,6 @@ std::vector<std::string> words(const std::string& s) {
   std::istringstream in(s);
   for (std::string w; in >> w;) out.push_back(w);
   return out;
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
 }
 
 // The README's 8-GPU recipe: --use_distributed_optimizer true is ZeRO-1 in the plan as in

@@ -12,32 +12,12 @@
 
 #include "common/run_command.h"
 #include "common/scratch_dir.h"
+#include "common/tiny_run.h"
 
 namespace tessera::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// A tiny CPU run: ~10 ms per iteration.
-std::string tiny_args(const fs::path& workspace, const std::string& exp_name) {
-  return "train --device cpu --model tiny_llama --mock_data true --num_layers 2 --hidden_size 32 "
-         "--ffn_hidden_size 48 --vocab_size 64 --seq_length 16 --micro_batch_size 2 "
-         "--global_batch_size 4 --lr_warmup_iters 1 --eval_interval 0 --log_interval 1 "
-         "--log_progress false --workspace " +
-         workspace.string() + " --work_group g --user_name u --exp_name " + exp_name;
-}
-
-std::vector<nlohmann::json> metrics_lines(const fs::path& file) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
 
 // The iterations a metrics file logged training lines for, in order.
 std::vector<int64_t> trained_iterations(const fs::path& file) {

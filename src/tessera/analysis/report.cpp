@@ -24,22 +24,6 @@ std::optional<GpuSpec> choose_gpu(const TraceData& data, const ReportOptions& op
   return std::nullopt;
 }
 
-// A numeric cell, or nullopt when empty (or no such column).
-std::optional<double> number(const Table& t, size_t row, std::string_view column) {
-  const int c = t.column(column);
-  if (c < 0) return std::nullopt;
-  const Cell& cell = t.rows[row][c];
-  if (auto* i = std::get_if<int64_t>(&cell)) return static_cast<double>(*i);
-  if (auto* d = std::get_if<double>(&cell)) return *d;
-  return std::nullopt;
-}
-
-std::string text(const Table& t, size_t row, std::string_view column) {
-  const int c = t.column(column);
-  const auto* s = c < 0 ? nullptr : std::get_if<std::string>(&t.rows[row][c]);
-  return s ? *s : std::string();
-}
-
 std::string shorten(const std::string& s, size_t n) {
   return s.size() <= n ? s : s.substr(0, n - 3) + "...";
 }
@@ -78,10 +62,10 @@ void top_categories(const Table& categories, Headline& h) {
   std::string top;
   int shown = 0;
   for (size_t r = 0; r < categories.rows.size() && shown < 3; ++r) {
-    const std::string name = text(categories, r, "category");
+    const std::string name = categories.text(r, "category");
     if (name == "total") continue;
     top += fmt::format("{}{} {:.1f}%", top.empty() ? "" : ", ", name,
-                       number(categories, r, "share_pct").value_or(0));
+                       categories.number(r, "share_pct").value_or(0));
     ++shown;
   }
   if (!top.empty()) h.push_back({"top categories", top + " of GPU time"});
@@ -93,15 +77,15 @@ void gemm_rate(const Table& gemm, Headline& h) {
   double all_ms = 0, known_ms = 0, flops = 0, rated_flops = 0, peak_flops = 0;
   int64_t calls = 0;
   for (size_t r = 0; r < gemm.rows.size(); ++r) {
-    const double ms = number(gemm, r, "total_ms").value_or(0);
-    const double count = number(gemm, r, "count").value_or(0);
+    const double ms = gemm.number(r, "total_ms").value_or(0);
+    const double count = gemm.number(r, "count").value_or(0);
     all_ms += ms;
     calls += static_cast<int64_t>(count);
-    const auto gflop = number(gemm, r, "gflop");
+    const auto gflop = gemm.number(r, "gflop");
     if (!gflop) continue;
     known_ms += ms;
     flops += *gflop * 1e9 * count;
-    if (const auto peak = number(gemm, r, "peak_tflops")) {
+    if (const auto peak = gemm.number(r, "peak_tflops")) {
       rated_flops += *gflop * 1e9 * count;
       peak_flops += *peak * 1e12 * ms / 1e3;
     }
@@ -123,14 +107,14 @@ void bandwidth_rate(const Table& bw, const std::optional<GpuSpec>& gpu, Headline
   int64_t calls = 0;
   std::vector<size_t> worst;
   for (size_t r = 0; r < bw.rows.size(); ++r) {
-    const double ms = number(bw, r, "total_ms").value_or(0);
+    const double ms = bw.number(r, "total_ms").value_or(0);
     all_ms += ms;
-    calls += static_cast<int64_t>(number(bw, r, "count").value_or(0));
-    const auto mbytes = number(bw, r, "mbytes");
-    if (!mbytes || text(bw, r, "memory") != "HBM") continue;
+    calls += static_cast<int64_t>(bw.number(r, "count").value_or(0));
+    const auto mbytes = bw.number(r, "mbytes");
+    if (!mbytes || bw.text(r, "memory") != "HBM") continue;
     known_ms += ms;
-    bytes += *mbytes * 1e6 * number(bw, r, "count").value_or(0);
-    if (number(bw, r, "excess_ms").value_or(0) > 0) worst.push_back(r);
+    bytes += *mbytes * 1e6 * bw.number(r, "count").value_or(0);
+    if (bw.number(r, "excess_ms").value_or(0) > 0) worst.push_back(r);
   }
   if (all_ms <= 0) return;
   std::string rate = "bytes not derived for any call";
@@ -146,21 +130,21 @@ void bandwidth_rate(const Table& bw, const std::optional<GpuSpec>& gpu, Headline
                                 "optimizer and copy work; bytes for {:.0f}% of that time)",
                                 rate, calls, all_ms, 100 * known_ms / all_ms)});
   std::sort(worst.begin(), worst.end(), [&](size_t a, size_t b) {
-    return number(bw, a, "excess_ms").value_or(0) > number(bw, b, "excess_ms").value_or(0);
+    return bw.number(a, "excess_ms").value_or(0) > bw.number(b, "excess_ms").value_or(0);
   });
   for (size_t i = 0; i < worst.size() && i < 3; ++i) {
     const size_t r = worst[i];
     // The op and its shapes: PyTorch's input dims, else Tessera's op args.
-    std::string shapes = text(bw, r, "input_dims");
-    if (shapes.empty()) shapes = text(bw, r, "args");
-    const std::string what = text(bw, r, "op") + (shapes.empty() ? "" : " " + shapes);
+    std::string shapes = bw.text(r, "input_dims");
+    if (shapes.empty()) shapes = bw.text(r, "args");
+    const std::string what = bw.text(r, "op") + (shapes.empty() ? "" : " " + shapes);
     h.push_back({"worst bandwidth",
                  fmt::format("{}: {:.0f} GB/s, {:.1f}% of HBM ({} calls, {:.3f} ms above "
                              "the bandwidth floor)",
-                             shorten(what, 90), number(bw, r, "gbps").value_or(0),
-                             number(bw, r, "hbm_pct").value_or(0),
-                             static_cast<int64_t>(number(bw, r, "count").value_or(0)),
-                             number(bw, r, "excess_ms").value_or(0))});
+                             shorten(what, 90), bw.number(r, "gbps").value_or(0),
+                             bw.number(r, "hbm_pct").value_or(0),
+                             static_cast<int64_t>(bw.number(r, "count").value_or(0)),
+                             bw.number(r, "excess_ms").value_or(0))});
   }
 }
 

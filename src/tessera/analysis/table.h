@@ -3,6 +3,7 @@
 // writer (xlsx, csv, markdown, html) and the compare step consume them, so a new sheet needs
 // no writer changes.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -31,6 +32,21 @@ struct Table {
       if (columns[i].name == column_name) return static_cast<int>(i);
     }
     return -1;
+  }
+  // A numeric cell, or nullopt when empty (or no such column).
+  std::optional<double> number(size_t row, std::string_view column_name) const {
+    const int c = column(column_name);
+    if (c < 0) return std::nullopt;
+    const Cell& cell = rows[row][c];
+    if (auto* i = std::get_if<int64_t>(&cell)) return static_cast<double>(*i);
+    if (auto* d = std::get_if<double>(&cell)) return *d;
+    return std::nullopt;
+  }
+  // A text cell, or "" when it holds none (or no such column).
+  std::string text(size_t row, std::string_view column_name) const {
+    const int c = column(column_name);
+    const auto* s = c < 0 ? nullptr : std::get_if<std::string>(&rows[row][c]);
+    return s ? *s : std::string();
   }
 };
 

@@ -1,0 +1,34 @@
+#pragma once
+// What tests of whole training runs share: a tiny CPU run's command line and its
+// metrics.jsonl read back.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/run_command.h"
+
+namespace tessera::testing {
+
+// `tessera train` of a tiny CPU model (~10 ms per iteration) into
+// workspace/g/u/<exp_name>; append more options to it.
+inline std::string tiny_args(const std::filesystem::path& workspace, const std::string& exp_name) {
+  return "train --device cpu --model tiny_llama --mock_data true --num_layers 2 --hidden_size 32 "
+         "--ffn_hidden_size 48 --vocab_size 64 --seq_length 16 --micro_batch_size 2 "
+         "--global_batch_size 4 --lr_warmup_iters 1 --eval_interval 0 --log_interval 1 "
+         "--log_progress false --workspace " +
+         workspace.string() + " --work_group g --user_name u --exp_name " + exp_name;
+}
+
+// Every line of a metrics.jsonl, parsed.
+inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& file) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+}  // namespace tessera::testing
