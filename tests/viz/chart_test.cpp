@@ -61,6 +61,24 @@ TEST(Chart, NiceAxesAndLabels) {
   EXPECT_GT(flat.hi, 3);
 }
 
+TEST(Chart, CountAxesHaveWholeTicks) {
+  // Iterations 1..3 would get ticks 0.2 apart; a count never goes below steps of 1.
+  EXPECT_LT(nice_axis(1, 3, 8).ticks[1] - nice_axis(1, 3, 8).ticks[0], 1);
+  for (const auto& [lo, hi] : {std::pair{1.0, 1.0}, {1.0, 3.0}, {1.0, 5.0}, {10.0, 17.0}}) {
+    const Axis a = nice_axis(lo, hi, 8, 1);
+    ASSERT_GE(a.ticks.size(), 2u) << lo << ".." << hi;
+    EXPECT_LE(a.lo, lo);
+    EXPECT_GE(a.hi, hi);
+    for (double t : a.ticks) EXPECT_EQ(t, std::round(t)) << lo << ".." << hi;
+    EXPECT_EQ(tick_label(a.ticks[1], a.ticks[1] - a.ticks[0]).find('.'), std::string::npos);
+  }
+  EXPECT_EQ(nice_axis(1, 5000, 8, 1).ticks, nice_axis(1, 5000, 8).ticks);  // long runs: as before
+  Chart c;
+  c.x_whole = true;
+  c.series = {{"a", {{1, 2}, {2, 3}, {3, 1}}}};
+  for (double t : layout_chart(c, 800, 450).x.ticks) EXPECT_EQ(t, std::round(t));
+}
+
 TEST(Chart, DecimationKeepsSpikes) {
   std::vector<Point> pts;
   for (int i = 0; i < 100000; ++i) pts.push_back({double(i), i == 51234 ? 100.0 : 1.0});

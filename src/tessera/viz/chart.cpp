@@ -20,7 +20,7 @@ std::string hex_color(Rgb c) {
   return fmt::format("#{:02x}{:02x}{:02x}", c.r, c.g, c.b);
 }
 
-Axis nice_axis(double lo, double hi, int target) {
+Axis nice_axis(double lo, double hi, int target, double min_step) {
   if (!(hi > lo)) {  // one value (or none): a unit-wide range around it
     const double pad = lo != 0 ? std::fabs(lo) * 0.1 : 1.0;
     lo -= pad;
@@ -29,7 +29,7 @@ Axis nice_axis(double lo, double hi, int target) {
   const double raw = (hi - lo) / std::max(1, target);
   const double mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double norm = raw / mag;
-  const double step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag;
+  const double step = std::max((norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag, min_step);
   Axis a;
   a.lo = std::floor(lo / step + 1e-9) * step;
   a.hi = std::ceil(hi / step - 1e-9) * step;
@@ -72,7 +72,7 @@ ChartLayout layout_chart(const Chart& chart, double width, double height) {
   }
   if (!std::isfinite(xmin)) xmin = 0, xmax = 1, ymin = 0, ymax = 1;  // no data: empty axes
   if (chart.y_from_zero) ymin = std::min(ymin, 0.0), ymax = std::max(ymax, 0.0);
-  l.x = nice_axis(xmin, xmax, 8);
+  l.x = nice_axis(xmin, xmax, 8, chart.x_whole ? 1 : 0);
   l.y = nice_axis(ymin, ymax, 6);
 
   size_t tick_chars = 1;

@@ -23,6 +23,7 @@ struct Chart {
   std::string title, x_label, y_label;
   std::vector<Series> series;
   bool y_from_zero = false;  // throughput and memory: include 0 so ratios read correctly
+  bool x_whole = false;      // x counts something (iterations): ticks 1 apart at least
 };
 
 struct Rgb {
@@ -37,8 +38,9 @@ struct Axis {
   std::vector<double> ticks;
 };
 
-// "nice" ticks (1, 2, 5 x 10^k) covering [lo, hi], about `target` of them.
-Axis nice_axis(double lo, double hi, int target);
+// "nice" ticks (1, 2, 5 x 10^k) covering [lo, hi], about `target` of them, never closer than
+// `min_step` (1 for a count, so that a 3-iteration run has no tick at 1.5).
+Axis nice_axis(double lo, double hi, int target, double min_step = 0);
 // Tick label: "0.5", "120", "52k", "1.2M", "1e-05".
 std::string tick_label(double v, double step);
 

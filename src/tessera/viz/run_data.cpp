@@ -1,5 +1,6 @@
 #include "tessera/viz/run_data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -48,16 +49,29 @@ std::vector<std::pair<std::string, std::string>> read_config(const fs::path& fil
   return out;
 }
 
-// "[2026-11-22 03:12:52.390][rank-0][INFO] backend: NVIDIA H200 (...)" -> "NVIDIA H200 (...)"
-std::string read_device(const fs::path& dir) {
-  std::ifstream in(dir / "logs" / "pre_trainer" / "rank-0" / "info.log");
+// The message of the first line of rank 0's `file` that contains `text`:
+// "[2026-11-22 03:12:52.390][rank-0][INFO] backend: NVIDIA H200 (...)" -> "backend: ...".
+std::string log_message(const fs::path& dir, const char* file, const std::string& text) {
+  std::ifstream in(dir / "logs" / "pre_trainer" / "rank-0" / file);
   std::string line;
-  const std::string marker = "] backend: ";
   while (std::getline(in, line)) {
-    if (const size_t at = line.find(marker); at != std::string::npos)
-      return line.substr(at + marker.size());
+    if (line.find(text) == std::string::npos) continue;
+    const size_t at = line.find("] ");
+    return at == std::string::npos ? line : line.substr(at + 2);
   }
   return "";
+}
+
+std::vector<std::string> find_traces(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir / "traces", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && (name.ends_with(".json") || name.ends_with(".json.gz")))
+      out.push_back("traces/" + name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 // The shallowest directory under `dir` (itself included, two levels down) holding the CSVs
@@ -205,7 +219,13 @@ RunData load_run(const fs::path& dir) {
     if (norm.filename().empty()) norm = norm.parent_path();  // "runs/a/" names "a"
     r.label = norm.filename().string();
   }
-  r.device = read_device(dir);
+  r.has_config = fs::exists(dir / "config.yaml");
+  const std::string backend = "backend: ";
+  r.device = log_message(dir, "info.log", "] " + backend);
+  if (r.device.starts_with(backend)) r.device.erase(0, backend.size());
+  r.on_cpu = r.device.empty() ? r.config_value("device") == "cpu" : r.device.starts_with("cpu");
+  r.eval_warning = log_message(dir, "warning.log", "evaluation is disabled");
+  r.trace_files = find_traces(dir);
   r.report_dir = find_report_dir(dir);
   if (!r.report_dir.empty()) {
     for (const char* name : kReportTables) {

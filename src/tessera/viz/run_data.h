@@ -34,9 +34,15 @@ struct RunData {
   std::vector<IterationRecord> iterations;  // by iteration
   std::vector<std::pair<int64_t, double>> eval_loss;        // (iteration, eval_lm_loss)
   std::vector<std::pair<std::string, std::string>> config;  // config.yaml, in file order
+  bool has_config = false;                                  // config.yaml exists
   std::string device;                // "NVIDIA H200 (sm_90, ...)"; empty if no log
+  // Trained on the CPU backend: rank 0's log names it ("cpu (OpenBLAS, ...)") or, without a
+  // log, config.yaml says `device: cpu`. Its memory is host memory and a rank is a thread.
+  bool on_cpu = false;
+  std::string eval_warning;          // rank 0's warning that evaluation is disabled, if any
   std::filesystem::path report_dir;  // a `tessera report` output under dir; empty if none
   std::vector<CsvTable> report_tables;
+  std::vector<std::string> trace_files;  // traces/*.json[.gz] relative to dir, sorted
   int skipped_lines = 0;  // metrics lines that were not JSON objects
 
   std::string config_value(const std::string& key) const;  // "" when absent
