@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 
@@ -273,6 +274,26 @@ std::string suggest_key(std::string_view unknown) {
     if (d < best_d) best_d = d, best = std::string(k.name);
   }
   return best_d <= std::max<size_t>(2, unknown.size() / 3) ? best : std::string();
+}
+
+std::vector<std::string> nearest_names(std::string_view word, std::span<const std::string> names,
+                                       size_t limit) {
+  const auto lower = [](std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  const std::string w = lower(word);
+  const size_t close = std::max<size_t>(2, w.size() / 3);
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const std::string& n : names)
+    if (const size_t d = edit_distance(w, lower(n)); d <= close) scored.emplace_back(d, n);
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> out;
+  // Only the nearest (and those one edit further): llama3.1_8b is llama3.1_8B, not llama3_8B.
+  for (size_t i = 0; i < scored.size() && i < limit && scored[i].first <= scored[0].first + 1; ++i)
+    out.push_back(scored[i].second);
+  return out;
 }
 
 std::string describe_type(const KeySpec& key) {
