@@ -41,7 +41,8 @@ Options parse(const std::vector<std::string>& args) {
   o.output_dir = a.get("output", "");
   o.breakdown = !a.has("no_breakdown");
   if (!a.positional().empty())
-    throw ConfigError("command line", "(argument)", a.positional()[0], "--key value or --key=value");
+    throw ConfigError("command line", "(argument)", a.positional()[0],
+                      "--key value or --key=value");
   // Any experiment key, e.g. --num_layers 8 --precision bf16, after the proxy's defaults.
   o.overrides.insert(o.overrides.end(), a.unknown().begin(), a.unknown().end());
   return o;

@@ -38,15 +38,16 @@ std::span<const Command> commands() {
        launch_command},
       {"preprocess", "tokenize .jsonl or text files into a Megatron indexed dataset (.bin/.idx)",
        preprocess_command},
-      {"bench", "benchmarks, each result checked before it is timed:",
-       bench_command, bench_commands},
+      {"bench", "benchmarks, each result checked before it is timed:", bench_command,
+       bench_commands},
       {"memory", "per-GPU memory plan of an experiment: fits or not, largest micro batch",
        memory_command},
       {"preflight", "GPU, driver and library versions, GEMM and bandwidth sanity checks",
        preflight_command},
       {"plot", "loss / iteration-time / throughput / memory curves of runs, and an HTML report",
        plot_command},
-      {"report", "performance report from a Chrome/PyTorch profiler trace (also --compare, --ranks)",
+      {"report",
+       "performance report from a Chrome/PyTorch profiler trace (also --compare, --ranks)",
        report_command},
       {"trace", "trace tools: `trace merge` joins per-rank traces for Perfetto", trace_command},
       {"convert", "checkpoints <-> Hugging Face model directories; logits dump for numerics checks",
@@ -65,8 +66,9 @@ std::string usage() {
       for (const Command& s : c.subcommands())
         out += fmt::format("  {:<12}   {:<10} {}\n", "", s.name, s.summary);
   }
-  out += "\n`tessera <command> --help` describes a command's options; options are spelled\n"
-         "--key value or --key=value, with underscores or dashes (--num-gpus is --num_gpus).\n";
+  out +=
+      "\n`tessera <command> --help` describes a command's options; options are spelled\n"
+      "--key value or --key=value, with underscores or dashes (--num-gpus is --num_gpus).\n";
   return out;
 }
 

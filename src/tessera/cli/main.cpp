@@ -11,7 +11,9 @@
 
 namespace {
 
-void print_usage() { fmt::print("{}", tessera::cli::usage()); }
+void print_usage() {
+  fmt::print("{}", tessera::cli::usage());
+}
 
 }  // namespace
 

@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 // its default output too.
 constexpr const char* kDefaultOutput = "plots";
 
-constexpr const char* kUsage = R"(usage: tessera plot RUN_OR_WORKSPACE_DIR... [-o OUT] [--format svg|png|svg,png]
+constexpr const char* kUsage =
+    R"(usage: tessera plot RUN_OR_WORKSPACE_DIR... [-o OUT] [--format svg|png|svg,png]
 
 Each directory is a run (an experiment directory holding metrics.jsonl) or a workspace: every
 run below it is plotted ({workspace}/{work_group}/{user_name}/{exp_name}; not a run's
@@ -73,7 +74,8 @@ int plot_command(const Args& args) {
   std::vector<fs::path> run_dirs;
   for (const std::string& dir : a.positional()) {
     if (!fs::is_directory(dir))
-      throw ConfigError("command line", "RUN_DIR", dir, "a run directory or a workspace (a directory)");
+      throw ConfigError("command line", "RUN_DIR", dir,
+                        "a run directory or a workspace (a directory)");
     const std::vector<fs::path> found = viz::find_runs(dir);
     if (found.empty())
       throw ConfigError("command line", "RUN_DIR", dir,

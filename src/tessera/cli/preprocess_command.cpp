@@ -102,8 +102,7 @@ int preprocess_command(const Args& args) {
     auto value = [&] {
       const auto v = values();
       if (v.size() != 1)
-        throw ConfigError("command line", name, fmt::format("{}", fmt::join(v, " ")),
-                          "one value");
+        throw ConfigError("command line", name, fmt::format("{}", fmt::join(v, " ")), "one value");
       return v[0];
     };
     if (args[i] == "--help" || args[i] == "-h") {

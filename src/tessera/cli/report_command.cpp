@@ -92,7 +92,8 @@ Options parse(const Args& args) {
         throw ConfigError("command line", "top", v, "a positive integer");
       }
     } else if (a == "--compare") {
-      if (inline_value) throw ConfigError("command line", "compare", *inline_value, "no value: --compare A B");
+      if (inline_value)
+        throw ConfigError("command line", "compare", *inline_value, "no value: --compare A B");
       o.compare = true;
     } else if (a == "--ranks") {
       o.ranks_dir = value();

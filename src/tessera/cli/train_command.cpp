@@ -63,7 +63,7 @@ void print_train_help() {
       "                       layout); default: default (configs/experiments/default.yaml)\n"
       "  --nproc_per_node N   with --device cpu, N ranks as threads of this process (data\n"
       "                       parallel, ZeRO-1, FSDP exactly as on N GPUs); default: 1. On GPUs,\n"
-      "                       start one process per GPU: tessera launch --nproc_per_node N train\n\n"
+      "                       one process per GPU: tessera launch --nproc_per_node N train\n\n"
       "{}\n{}\n"
       "Outputs go to {{workspace}}/{{work_group}}/{{user_name}}/{{exp_name}}/: config.yaml, "
       "metrics.jsonl,\nlogs/pre_trainer/rank-N/{{debug,info,warning,error}}.log.\n\n"
@@ -80,7 +80,8 @@ void print_train_help() {
       section = k.section;
       fmt::print("\n  [{}]\n", section);
     }
-    fmt::print("  --{:<38} {} ({}; default: {})\n", k.name, k.help, describe_type(k), k.get(defaults));
+    fmt::print("  --{:<38} {} ({}; default: {})\n", k.name, k.help, describe_type(k),
+               k.get(defaults));
   }
   fmt::print("\n  [Megatron and Primus]\n");
   std::vector<std::string> accepted;
@@ -90,9 +91,10 @@ void print_train_help() {
     else
       accepted.emplace_back(k.name);
   }
-  fmt::print("  Accepted without effect where the value agrees with Tessera (the run's log lists them;\n"
-             "  docs/configuration.md says what each means here):\n{}",
-             wrapped("  ", accepted, 2));
+  fmt::print(
+      "  Accepted without effect where the value agrees with Tessera (the run's log lists them;\n"
+      "  docs/configuration.md says what each means here):\n{}",
+      wrapped("  ", accepted, 2));
 }
 
 void write_file_atomically(const std::filesystem::path& path, const std::string& content) {

@@ -1,8 +1,8 @@
 #include "tessera/config/keys.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
@@ -290,8 +290,10 @@ std::vector<std::string> nearest_names(std::string_view word, std::span<const st
     if (const size_t d = edit_distance(w, lower(n)); d <= close) scored.emplace_back(d, n);
   std::sort(scored.begin(), scored.end());
   std::vector<std::string> out;
-  // Only the nearest (and those one edit further): llama3.1_8b is llama3.1_8B, not llama3_8B.
-  for (size_t i = 0; i < scored.size() && i < limit && scored[i].first <= scored[0].first + 1; ++i)
+  // Only the nearest, and those one edit further unless the nearest differs in case alone
+  // (llama3.1_8b is llama3.1_8B, not llama3.1_70B or llama3_8B).
+  const size_t furthest = scored.empty() || scored[0].first == 0 ? 0 : scored[0].first + 1;
+  for (size_t i = 0; i < scored.size() && i < limit && scored[i].first <= furthest; ++i)
     out.push_back(scored[i].second);
   return out;
 }

@@ -1,6 +1,7 @@
-// Experiment loading: YAML files with `extends:` inheritance and ${VAR:default}
-// substitution, a model preset, and command-line overrides, merged in that order of
-// precedence into one typed Experiment.
+// Experiment loading: YAML files (Tessera's layout or Primus's modules.pre_trainer) with
+// `extends:` inheritance and ${VAR:default} substitution, a Primus module configuration, a
+// model preset, and command-line overrides, merged in that order of precedence into one typed
+// Experiment.
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -245,15 +246,16 @@ void load_primus_modules(const ConfigDoc& doc, const YAML::Node& modules, Chain*
       append_scalar(doc, "model", m.second, &chain->settings);
     } else if (sub == "overrides") {
       if (!m.second.IsMap() && !m.second.IsNull())
-        throw ConfigError(where(doc, m.second), key, YAML::Dump(m.second), "a mapping of key: value");
+        throw ConfigError(where(doc, m.second), key, YAML::Dump(m.second),
+                          "a mapping of key: value");
       if (m.second.IsMap()) append_map(doc, m.second, &chain->settings);
     } else if (sub == "framework") {
       std::vector<Setting> v;
       append_scalar(doc, key, m.second, &v);
       if (v[0].value != "megatron")
-        throw ConfigError(v[0].origin, key, v[0].value,
-                          "megatron: Tessera's keys are Megatron's (a " + v[0].value +
-                              " module's keys are not)");
+        throw ConfigError(
+            v[0].origin, key, v[0].value,
+            "megatron: Tessera's keys are Megatron's (a " + v[0].value + " module's keys are not)");
     } else if (sub == "config") {
       std::vector<Setting> v;
       append_scalar(doc, key, m.second, &v);
@@ -332,7 +334,8 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   std::vector<Setting> out;
   for (size_t i = 0; i < args.size(); ++i) {
     const auto option = parse_command_line_option(args[i]);
-    if (!option) throw ConfigError("command line", "(argument)", args[i], "--key value or --key=value");
+    if (!option)
+      throw ConfigError("command line", "(argument)", args[i], "--key value or --key=value");
     const std::string& key = option->name;
     // --no_<key> (Megatron's --no-<flag>) sets a boolean key to false.
     if (!option->value && key.starts_with("no_") && !find_key(key) && !find_megatron_key(key)) {
@@ -387,7 +390,9 @@ ConfigDoc resolve_experiment(const std::string& ref) {
                              : ""));
 }
 
-bool is_null(const std::string& v) { return v.empty() || v == "null" || v == "~" || v == "None"; }
+bool is_null(const std::string& v) {
+  return v.empty() || v == "null" || v == "~" || v == "None";
+}
 
 // Applies settings in order. Megatron/Primus keys without effect are collected in `accepted`
 // (each key once, its last setting) and checked once everything is loaded.
@@ -407,9 +412,12 @@ void apply_settings(Experiment& e, const std::vector<Setting>& settings,
     } else if (const MegatronKey* m = find_megatron_key(s.key)) {
       if (m->set) {
         if (is_null(s.value)) continue;  // not set: the Tessera key keeps its value
+        const KeySpec& target = *find_key(m->sets);
+        const std::string before = target.get(e);
         if (const std::string expected = m->set(e, s.value); !expected.empty())
           throw ConfigError(s.origin, s.key, s.value, expected);
-        e.origin[std::string(m->sets)] = s.origin;
+        // fp16: false sets nothing; the key's origin stays where its value came from.
+        if (target.get(e) != before) e.origin[std::string(m->sets)] = s.origin;
       } else {
         std::erase_if(*accepted, [&](const Setting& a) { return a.key == s.key; });
         accepted->push_back(s);
