@@ -107,15 +107,64 @@ TEST_F(PlotTest, WritesChartsTablesAndASelfContainedReport) {
     EXPECT_EQ(html.find(ref), std::string::npos) << ref;
 }
 
-TEST_F(PlotTest, BadInputsAreNamed) {
-  RunResult r = run_tessera("plot " + root_.string() + " -o " + out_.string());
-  EXPECT_EQ(r.exit_code, 3) << r.output;  // the root holds no metrics.jsonl
-  EXPECT_NE(r.output.find("no metrics.jsonl"), std::string::npos) << r.output;
-  r = run_tessera("plot " + (root_ / "llama_a").string());
+// A workspace ({workspace}/{work_group}/{user_name}/{exp_name}) names every run below it, but
+// not a run's previous_runs/ (earlier runs of the same experiment) or hidden directories; -o
+// defaults to plots/ in the working directory.
+TEST_F(PlotTest, AWorkspaceFindsItsRunsAndOutputDefaultsToPlots) {
+  const fs::path ws = root_ / "ws";
+  for (const char* exp : {"llama_a", "qwen_b"}) {
+    fs::create_directories(ws / "team" / "me");
+    fs::rename(root_ / exp, ws / "team" / "me" / exp);
+  }
+  fs::create_directories(ws / "team" / "me" / "llama_a" / "previous_runs");
+  fs::copy(ws / "team" / "me" / "qwen_b", ws / "team" / "me" / "llama_a" / "previous_runs" / "old",
+           fs::copy_options::recursive);
+  fs::create_directories(ws / ".cache" / "hidden_run");
+  fs::copy_file(ws / "team" / "me" / "qwen_b" / "metrics.jsonl",
+                ws / ".cache" / "hidden_run" / "metrics.jsonl");
+  fs::create_directories(ws / "other" / "me" / "crashed" / "logs");  // a run without metrics
+  const fs::path cwd = root_ / "cwd";
+  fs::create_directories(cwd);
+
+  RunResult r =
+      run_command("cd " + cwd.string() + " && " + TESSERA_BINARY + " plot " + ws.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(ws.string() + ": 2 run(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plotted 2 run(s), 50 iteration records"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(cwd / "plots" / "report.html"));
+  const std::string throughput = slurp(cwd / "plots" / "throughput.csv");
+  EXPECT_EQ(count(throughput, "\n"), 3u) << throughput;
+  EXPECT_NE(throughput.find("llama_a,"), std::string::npos) << throughput;
+  EXPECT_NE(throughput.find("qwen_b,"), std::string::npos) << throughput;
+
+  // A workspace and a run inside it, and a run directory alone, as before.
+  r = run_tessera("plot " + ws.string() + " " + (ws / "team" / "me" / "qwen_b").string() + " -o " +
+                  out_.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("plotted 2 run(s)"), std::string::npos) << r.output;
+  r = run_tessera("plot " + (ws / "team" / "me" / "llama_a" / "previous_runs" / "old").string() +
+                  " -o " + out_.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("plotted 1 run(s), 20 iteration records"), std::string::npos) << r.output;
+}
+
+TEST_F(PlotTest, BadInputsAreNamedBeforeAnythingIsWritten) {
+  const fs::path empty = root_ / "empty";
+  fs::create_directories(empty / "team" / "me");
+  RunResult r = run_tessera("plot " + empty.string() + " -o " + out_.string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // neither a run nor a workspace with runs
+  EXPECT_NE(r.output.find("key 'RUN_DIR' has value '" + empty.string() + "'"), std::string::npos)
+      << r.output;
+  r = run_tessera("plot " + (root_ / "no_such_dir").string() + " -o " + out_.string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  r = run_tessera("plot " + (root_ / "llama_a").string() + " -o " +
-          out_.string() + " --format gif");
+  r = run_tessera("plot " + (root_ / "llama_a").string() + " -o " + out_.string() +
+                  " --format gif");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::ofstream(root_ / "file.txt") << "x";
+  r = run_tessera("plot " + (root_ / "llama_a").string() + " -o " + (root_ / "file.txt").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;  // an output that cannot be a directory
+  EXPECT_NE(r.output.find("key 'output'"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out_));
 }
 
 // Debian's chromium, as scripts/setup.sh installs it for the test suite.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 
 namespace tessera::bench {
@@ -18,15 +19,6 @@ int64_t parse_int(const std::string& name, const std::string& text, int64_t min)
   if (used == 0 || used != text.size() || v < min)
     throw ConfigError("command line", name, text, fmt::format("an integer >= {}", min));
   return v;
-}
-
-// Megatron spells options with dashes, the configuration keys with underscores; as in the
-// configuration loader, both spellings name the same option.
-std::string option_name(std::string_view name) {
-  std::string out(name);
-  for (char& c : out)
-    if (c == '-') c = '_';
-  return out;
 }
 
 std::set<std::string> option_names(const std::set<std::string>& names) {
@@ -61,15 +53,16 @@ CommandArgs::CommandArgs(const std::vector<std::string>& args,
       positional_.push_back(a);
       continue;
     }
-    std::string name = a == "-o" ? "output" : a.substr(a.starts_with("--") ? 2 : 1);
-    std::string value;
+    std::string name, value;
     bool inline_value = false;
-    if (const size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      inline_value = true;
+    if (const auto option = parse_command_line_option(a)) {
+      name = option->name;
+      inline_value = option->value.has_value();
+      value = option->value.value_or("");
+    } else {
+      // Short options: -o is --output; others (-n) are spelled as their long name.
+      name = a == "-o" ? "output" : option_name(a.substr(a.starts_with("--") ? 2 : 1));
     }
-    name = option_name(name);
     if (flags.contains(name)) {
       if (inline_value) throw ConfigError("command line", name, value, "no value (a flag)");
       values_[name] = "";

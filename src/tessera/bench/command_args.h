@@ -1,7 +1,8 @@
 #pragma once
 // Command lines in the CLI's conventions (docs/cli.md): `--name value`, `--name=value`, bare
 // flags, `-o DIR` for `--output DIR`, and positional arguments. Dashes and underscores in a
-// name are the same (`--sizes-mib` is `--sizes_mib`), as for configuration keys. Each command
+// name are the same (`--sizes-mib` is `--sizes_mib`): options are read through
+// core/command_line.h, as every command and the configuration loader read them. Each command
 // declares the names it takes; anything else is either an error or, for commands that load an
 // experiment, kept as `--key value` tokens for the configuration loader.
 #include <cstdint>

@@ -34,27 +34,17 @@ Options parse(const std::vector<std::string>& args) {
   Options o;
   o.overrides = {"--num_layers", "4", "--seq_length", "8192", "--micro_batch_size", "1",
                  "--global_batch_size", "1", "--eval_interval", "0", "--log_interval", "1000000"};
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw ConfigError("command line", a.substr(2), "", "a value after " + a);
-      return args[++i];
-    };
-    auto number = [&](const std::string& v) {
-      try {
-        return std::stoi(v);
-      } catch (...) {
-        throw ConfigError("command line", a.substr(2), v, "an integer");
-      }
-    };
-    if (a == "--models") o.models = split_list(value());
-    else if (a == "--warmup") o.warmup = number(value());
-    else if (a == "--iters") o.iters = number(value());
-    else if (a == "-o" || a == "--output") o.output_dir = value();
-    else if (a == "--no_breakdown") o.breakdown = false;
-    else o.overrides.push_back(a);  // any experiment key, e.g. --num_layers 8 --precision bf16
-  }
-  if (o.iters < 1) throw ConfigError("command line", "iters", std::to_string(o.iters), "at least 1");
+  const CommandArgs a(args, {"models", "warmup", "iters", "output"}, {"no_breakdown"}, true);
+  o.models = a.get_list("models", o.models);
+  o.warmup = static_cast<int>(a.get_int("warmup", o.warmup, 0));
+  o.iters = static_cast<int>(a.get_int("iters", o.iters, 1));
+  o.output_dir = a.get("output", "");
+  o.breakdown = !a.has("no_breakdown");
+  if (!a.positional().empty())
+    throw ConfigError("command line", "(argument)", a.positional()[0],
+                      "--key value or --key=value");
+  // Any experiment key, e.g. --num_layers 8 --precision bf16, after the proxy's defaults.
+  o.overrides.insert(o.overrides.end(), a.unknown().begin(), a.unknown().end());
   return o;
 }
 

@@ -2,6 +2,7 @@
 // Entry points of `tessera <subcommand>`. Each takes the arguments after the subcommand
 // and returns the process exit code; user errors are thrown as tessera::Error subclasses
 // and turned into messages and exit codes by main().
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,7 +14,17 @@ struct Command {
   const char* name;
   const char* summary;
   int (*run)(const Args& args);
+  // The commands it dispatches to by its first argument (`tessera bench gemm`), if any.
+  std::span<const Command> (*subcommands)() = nullptr;
 };
+
+// Every `tessera <command>`: main() dispatches through this table and the usage lists it, so
+// the two cannot disagree.
+std::span<const Command> commands();
+// Every `tessera bench <benchmark>`, for bench_command and the usage alike.
+std::span<const Command> bench_commands();
+// `tessera --help`: the commands above, with their subcommands.
+std::string usage();
 
 int train_command(const Args& args);
 int preprocess_command(const Args& args);

@@ -18,6 +18,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/tokenizer_model.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 #include "tessera/core/output_path.h"
 #include "tessera/model/decoder_model.h"
@@ -93,32 +94,34 @@ uint64_t parse_size(const std::string& text) {
 ConvertOptions parse_args(const Args& args) {
   ConvertOptions o;
   const std::map<std::string, std::string*> paths = {
-      {"--from", &o.from}, {"--from-hf", &o.from_hf},           {"--to-hf", &o.to_hf},
-      {"--to", &o.to},     {"--check-logits", &o.check_logits}, {"--out", &o.out}};
+      {"from", &o.from}, {"from_hf", &o.from_hf},           {"to_hf", &o.to_hf},
+      {"to", &o.to},     {"check_logits", &o.check_logits}, {"out", &o.out}};
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string key = args[i], value;
-    const size_t eq = key.find('=');
-    if (key.starts_with("--") && eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
+    // Every option takes a value: --to-hf DIR, --to_hf=DIR (core/command_line.h).
+    const std::string given = args[i].substr(0, args[i].find('='));  // as given, for messages
+    const auto option = parse_command_line_option(args[i]);
+    const std::string key = option ? option->name : args[i];
+    std::string value;
+    if (option && option->value) {
+      value = *option->value;
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
-      throw ConfigError("command line", key, "", "a value after " + key);
+      throw ConfigError("command line", key, "", "a value after " + given);
     }
     if (const auto it = paths.find(key); it != paths.end()) {
       *it->second = value;
-    } else if (key == "--tokenizer") {
+    } else if (key == "tokenizer") {
       if (!names_a_tokenizer(value))
         throw ConfigError("command line", "tokenizer", value, tokenizer_model_expectation());
       o.tokenizer = value;
-    } else if (key == "--shard-size") {
+    } else if (key == "shard_size") {
       o.shard_bytes = parse_size(value);
-    } else if (key == "--dtype") {
+    } else if (key == "dtype") {
       if (!parse_dtype(value, &o.dtype) || (o.dtype != DType::BF16 && o.dtype != DType::F32))
         throw ConfigError("command line", "dtype", value, "bf16 or fp32");
     } else {
-      throw ConfigError("command line", key, value,
+      throw ConfigError("command line", given, value,
                         "one of --from, --from-hf, --to-hf, --to, --check-logits, --out, --dtype, "
                         "--shard-size, --tokenizer (see tessera convert --help)");
     }

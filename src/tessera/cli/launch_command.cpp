@@ -4,11 +4,13 @@
 //   tessera launch --nproc_per_node 2 -- python3 my_script.py   (any program after --)
 #include <unistd.h>
 
-
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/cli/commands.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/launcher.h"
 
@@ -26,13 +28,20 @@ void print_launch_help() {
       "SIGTERM, then SIGKILL after --grace_s seconds (default 10), and launch exits with the\n"
       "failed rank's code. For several nodes, run it on every node with the same --nnodes,\n"
       "--master_addr (node 0's address) and --master_port, and each node's --node_rank.\n"
-      "Under Slurm, srun can start `tessera train` directly (examples/slurm/pretrain.sbatch).\n");
+      "Under Slurm, srun can start `tessera train` directly (examples/slurm/pretrain.sbatch).\n"
+      "A tessera command needs a GPU per rank: without a visible GPU, launch refuses it before\n"
+      "starting any rank (nothing is written); train's ranks run as threads on the CPU instead:\n"
+      "tessera train --device cpu --nproc_per_node N. A program after -- runs anywhere.\n"
+      "Options are spelled --key value or --key=value, with underscores or dashes\n"
+      "(--nproc-per-node 8).\n");
 }
 
 }  // namespace
 
 int launch_command(const Args& args) {
-  // Options come first; the command starts at the first word that is not one of them.
+  // Launch's own options come first, in the shared conventions (--nproc-per-node=8 is
+  // --nproc_per_node 8); the command starts at the first word that is not one of them, and
+  // its options are its own (the trainer reads them in the same conventions).
   size_t split = 0;
   const std::set<std::string> valued = {"nproc_per_node", "nnodes", "node_rank", "master_addr",
                                         "master_port", "grace_s"};
@@ -42,10 +51,9 @@ int launch_command(const Args& args) {
       print_launch_help();
       return 0;
     }
-    if (!a.starts_with("--") || a == "--") break;
-    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
-    if (!valued.contains(name)) break;
-    split += a.find('=') == std::string::npos ? 2 : 1;
+    const auto option = parse_command_line_option(a);
+    if (!option || !valued.contains(option->name)) break;
+    split += option->value ? 1 : 2;
   }
   if (split > args.size()) throw ConfigError("command line", args.back().substr(2), "", "a value");
   const bench::CommandArgs opts(Args(args.begin(), args.begin() + split), valued, {}, false);
@@ -60,6 +68,16 @@ int launch_command(const Args& args) {
     print_launch_help();
     throw ConfigError("command line", "launch", "", "a command after the options (e.g. train ...)");
   }
+  // Tessera's commands under launch (train, bench comm) run one process per GPU over NCCL. On a
+  // machine without one every rank would fail on its own, after rank 0 had made the run's
+  // directories and logs; refuse before any rank starts, so that nothing is written.
+  if (args[split] != "--" && gpu_device_count() == 0)
+    throw ConfigError("command line", "launch",
+                      fmt::format("{}", fmt::join(args.begin() + split, args.end(), " ")),
+                      fmt::format("a GPU per rank, but no GPU is visible ({}). On the CPU, run N "
+                                  "ranks as threads of one process: tessera train --device cpu "
+                                  "--nproc_per_node N ...",
+                                  no_gpu_reason()));
   if (args[split] == "--") {
     o.command.assign(args.begin() + split + 1, args.end());
   } else {

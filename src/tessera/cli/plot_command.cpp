@@ -1,5 +1,6 @@
 // tessera plot: curves of one or more runs overlaid (SVG or PNG) and a self-contained HTML
 // run report, from the experiment directories `tessera train` writes.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -10,6 +11,7 @@
 #include "tessera/bench/command_args.h"
 #include "tessera/cli/commands.h"
 #include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 #include "tessera/viz/png.h"
 #include "tessera/viz/run_report.h"
 #include "tessera/viz/svg.h"
@@ -19,9 +21,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kUsage = R"(usage: tessera plot RUN_DIR... -o OUT [--format svg|png|svg,png]
+// Without -o the charts go to plots/ in the working directory, where `tessera report` puts
+// its default output too.
+constexpr const char* kDefaultOutput = "plots";
 
-Reads metrics.jsonl and config.yaml of each experiment directory and writes to OUT:
+constexpr const char* kUsage =
+    R"(usage: tessera plot RUN_OR_WORKSPACE_DIR... [-o OUT] [--format svg|png|svg,png]
+
+Each directory is a run (an experiment directory holding metrics.jsonl) or a workspace: every
+run below it is plotted ({workspace}/{work_group}/{user_name}/{exp_name}; not a run's
+previous_runs/, which can be named explicitly). Reads metrics.jsonl and config.yaml of each
+run and writes to OUT (default: ./plots):
   loss, iteration_time, tokens_per_s, memory   .svg (default) and/or .png (2x resolution):
                                    every run overlaid, legend = exp_name (or the directory)
   report.html                      one self-contained page: throughput table, the curves
@@ -46,8 +56,8 @@ int plot_command(const Args& args) {
   }
   const bench::CommandArgs a(args, {"output", "format"}, {}, false);
   if (a.positional().empty())
-    throw ConfigError("command line", "RUN_DIR", "", "at least one experiment directory");
-  if (!a.has("output")) throw ConfigError("command line", "output", "", "-o OUT");
+    throw ConfigError("command line", "RUN_DIR", "",
+                      "at least one run directory or workspace (tessera plot --help)");
   bool svg = false, png = false;
   for (const std::string& f : a.get_list("format", {"svg"})) {
     if (f == "svg")
@@ -57,16 +67,38 @@ int plot_command(const Args& args) {
     else
       throw ConfigError("command line", "format", f, "svg, png or svg,png");
   }
+  const fs::path out = a.get("output", kDefaultOutput);
+  require_output_directory(out, "command line", a.has("output") ? "output" : "output (default)");
 
-  analysis::StatusLine status(static_cast<int>(a.positional().size()) + 1);
-  std::vector<viz::RunData> runs;
+  // Every run the arguments name, each once (a workspace and a run inside it name it twice).
+  std::vector<fs::path> run_dirs;
   for (const std::string& dir : a.positional()) {
-    status.step("reading " + dir);
+    if (!fs::is_directory(dir))
+      throw ConfigError("command line", "RUN_DIR", dir,
+                        "a run directory or a workspace (a directory)");
+    const std::vector<fs::path> found = viz::find_runs(dir);
+    if (found.empty())
+      throw ConfigError("command line", "RUN_DIR", dir,
+                        "a run directory (holding metrics.jsonl, as tessera train writes it) or a "
+                        "workspace with runs below it, but there is none");
+    if (found.size() > 1 || found[0] != fs::path(dir))
+      fmt::print("{}: {} run(s)\n", dir, found.size());
+    for (const fs::path& run : found) {
+      const fs::path key = fs::weakly_canonical(run);
+      if (std::none_of(run_dirs.begin(), run_dirs.end(),
+                       [&](const fs::path& r) { return fs::weakly_canonical(r) == key; }))
+        run_dirs.push_back(run);
+    }
+  }
+
+  analysis::StatusLine status(static_cast<int>(run_dirs.size()) + 1);
+  std::vector<viz::RunData> runs;
+  for (const fs::path& dir : run_dirs) {
+    status.step("reading " + dir.string());
     runs.push_back(viz::load_run(dir));
   }
   viz::disambiguate_labels(runs);
   status.step("drawing");
-  const fs::path out = a.get("output", "");
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec)

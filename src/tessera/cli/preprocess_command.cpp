@@ -13,6 +13,7 @@
 #include "tessera/cli/commands.h"
 #include "tessera/config/keys.h"
 #include "tessera/config/tokenizer_model.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 #include "tessera/data/preprocess.h"
 
@@ -82,53 +83,54 @@ int preprocess_command(const Args& args) {
   Experiment e;  // carries tokenizer_type / tokenizer_model through the config key parsers
   bool type_given = false, model_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], inline_value;
-    const size_t eq = flag.find('=');
-    const bool has_inline = flag.starts_with("--") && eq != std::string::npos;
-    if (has_inline) inline_value = flag.substr(eq + 1), flag.resize(eq);
-    std::replace(flag.begin() + std::min<size_t>(2, flag.size()), flag.end(), '_', '-');
+    // Megatron's tools/preprocess_data.py spells the options with dashes; as everywhere, both
+    // spellings work (core/command_line.h).
+    const auto option = parse_command_line_option(args[i]);
+    const std::string name = option ? option->name : args[i];
+    const std::string flag = args[i].substr(0, args[i].find('='));  // as given, for messages
+    const bool has_inline = option && option->value;
+    const std::string inline_value = has_inline ? *option->value : "";
     // The values after a flag: its "=value", or the arguments up to the next option.
     auto values = [&] {
       std::vector<std::string> v;
       if (has_inline) v.push_back(inline_value);
       while (!has_inline && i + 1 < args.size() && !args[i + 1].starts_with("--"))
         v.push_back(args[++i]);
-      if (v.empty()) throw ConfigError("command line", flag.substr(2), "", "a value after " + flag);
+      if (v.empty()) throw ConfigError("command line", name, "", "a value after " + flag);
       return v;
     };
     auto value = [&] {
       const auto v = values();
       if (v.size() != 1)
-        throw ConfigError("command line", flag.substr(2), fmt::format("{}", fmt::join(v, " ")),
-                          "one value");
+        throw ConfigError("command line", name, fmt::format("{}", fmt::join(v, " ")), "one value");
       return v[0];
     };
-    if (flag == "--help" || flag == "-h") {
+    if (args[i] == "--help" || args[i] == "-h") {
       print_preprocess_help();
       return 0;
-    } else if (flag == "--input") {
+    } else if (name == "input") {
       for (auto& v : values()) o.inputs.push_back(v);
-    } else if (flag == "--output-prefix") {
+    } else if (name == "output_prefix") {
       o.output_prefix = value();
-    } else if (flag == "--json-keys") {
+    } else if (name == "json_keys") {
       o.json_keys = values();
-    } else if (flag == "--tokenizer-type" || flag == "--tokenizer-model") {
-      const bool type = flag == "--tokenizer-type";
+    } else if (name == "tokenizer_type" || name == "tokenizer_model") {
+      const bool type = name == "tokenizer_type";
       const std::string key = type ? "tokenizer_type" : "tokenizer_model";
       const std::string v = value();
       const std::string expected = find_key(key)->set(e, v);
       if (!expected.empty()) throw ConfigError("command line", key, v, expected);
       (type ? type_given : model_given) = true;
-    } else if (flag == "--workers") {
+    } else if (name == "workers") {
       const std::string v = value();
       try {
         o.workers = std::stoi(v);
       } catch (const std::exception&) {
         throw ConfigError("command line", "workers", v, "a number of threads");
       }
-    } else if (flag == "--append-eod") {
+    } else if (name == "append_eod") {
       o.append_eod = true;
-    } else if (flag == "--no-append-eod") {
+    } else if (name == "no_append_eod") {
       o.append_eod = false;
     } else {
       throw ConfigError("command line", flag, "",

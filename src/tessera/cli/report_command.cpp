@@ -17,6 +17,7 @@
 #include "tessera/analysis/trace_data.h"
 #include "tessera/analysis/writers.h"
 #include "tessera/cli/commands.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 #include "tessera/core/output_path.h"
 
@@ -59,11 +60,12 @@ struct Options {
 Options parse(const Args& args) {
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
+    // Options in the shared conventions (core/command_line.h); `a` is "--name" from here on.
     std::string a = args[i];
     std::optional<std::string> inline_value;
-    if (a.starts_with("--") && a.find('=') != std::string::npos) {
-      inline_value = a.substr(a.find('=') + 1);
-      a = a.substr(0, a.find('='));
+    if (const auto option = parse_command_line_option(a)) {
+      inline_value = option->value;
+      a = "--" + option->name;
     }
     auto value = [&]() -> std::string {
       if (inline_value) return *inline_value;
@@ -90,6 +92,8 @@ Options parse(const Args& args) {
         throw ConfigError("command line", "top", v, "a positive integer");
       }
     } else if (a == "--compare") {
+      if (inline_value)
+        throw ConfigError("command line", "compare", *inline_value, "no value: --compare A B");
       o.compare = true;
     } else if (a == "--ranks") {
       o.ranks_dir = value();

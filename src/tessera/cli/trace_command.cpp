@@ -7,6 +7,7 @@
 #include "tessera/analysis/progress.h"
 #include "tessera/analysis/trace_merge.h"
 #include "tessera/cli/commands.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 
 namespace tessera::cli {
@@ -42,11 +43,14 @@ int trace_command(const Args& args) {
       fmt::print("{}", kUsage);
       return 0;
     }
-    if (a == "-o" || a == "--output") {
-      if (i + 1 >= args.size()) throw ConfigError("command line", a, "", "an output file");
-      output = args[++i];
-    } else if (a.starts_with("--output=")) {
-      output = a.substr(9);
+    const auto option = parse_command_line_option(a);
+    if (a == "-o" || (option && option->name == "output")) {
+      if (option && option->value) {
+        output = *option->value;
+      } else {
+        if (i + 1 >= args.size()) throw ConfigError("command line", a, "", "an output file");
+        output = args[++i];
+      }
     } else if (a.starts_with("-")) {
       throw ConfigError("command line", a, "", "-o OUT.json[.gz] or input traces");
     } else {

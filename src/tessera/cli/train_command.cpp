@@ -15,6 +15,8 @@
 #include "tessera/cli/commands.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
+#include "tessera/config/megatron_keys.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/env.h"
@@ -29,26 +31,70 @@
 namespace tessera::cli {
 namespace {
 
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// "items: a, b, c" wrapped at 100 columns, continuation lines indented by `indent`.
+std::string wrapped(std::string line, const std::vector<std::string>& items, size_t indent) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string item = items[i] + (i + 1 < items.size() ? "," : "");
+    if (line.size() + 1 + item.size() > 100) {
+      out += line + "\n";
+      line = std::string(indent, ' ') + item;
+    } else {
+      line += (line.ends_with(' ') ? "" : " ") + item;
+    }
+  }
+  return out + line + "\n";
+}
+
 void print_train_help() {
   fmt::print(
-      "usage: tessera train [--config EXPERIMENT.yaml] [--nproc_per_node N]\n"
+      "usage: tessera train [--config EXPERIMENT] [--nproc_per_node N]\n"
       "                     [--key value | --key=value ...]\n\n"
       "Without --config, runs the shipped default experiment (a small Llama on the Brown "
       "corpus).\nShipped experiments and model presets can be named without a path, e.g.\n"
       "  tessera train --config llama3.1_8B-pretrain --num_layers 4 --train_iters 20\n\n"
-      "--nproc_per_node N with --device cpu runs N ranks as threads of this process (data\n"
-      "parallel, ZeRO-1, FSDP exactly as on N GPUs); on GPUs, start one process per GPU with\n"
-      "tessera launch --nproc_per_node N train ...\n\n"
+      "  --config EXPERIMENT  a shipped experiment's name or a YAML file (Tessera's or Primus's\n"
+      "                       layout); default: default (configs/experiments/default.yaml)\n"
+      "  --nproc_per_node N   with --device cpu, N ranks as threads of this process (data\n"
+      "                       parallel, ZeRO-1, FSDP exactly as on N GPUs); default: 1. On GPUs,\n"
+      "                       one process per GPU: tessera launch --nproc_per_node N train\n\n"
+      "{}\n{}\n"
       "Outputs go to {{workspace}}/{{work_group}}/{{user_name}}/{{exp_name}}/: config.yaml, "
-      "metrics.jsonl,\nlogs/pre_trainer/rank-N/{{debug,info,warning,error}}.log.\n\nkeys:\n");
+      "metrics.jsonl,\nlogs/pre_trainer/rank-N/{{debug,info,warning,error}}.log.\n\n"
+      "Keys are spelled --key value or --key=value, with underscores or dashes (--lr-warmup-iters "
+      "10);\na boolean key alone means true, --no-<key> false. The defaults shown are the built-in "
+      "ones:\nthe model preset and the experiment set their own over them, and the run's "
+      "config.yaml\nrecords every value it used.\n\nkeys:\n",
+      wrapped("experiments (--config):", shipped_config_names("experiments"), 2),
+      wrapped("model presets (--model):", shipped_config_names("models"), 2));
+  static const Experiment defaults;
   std::string_view section;
   for (const auto& k : config_keys()) {
     if (k.section != section) {
       section = k.section;
       fmt::print("\n  [{}]\n", section);
     }
-    fmt::print("  --{:<38} {} ({})\n", k.name, k.help, describe_type(k));
+    fmt::print("  --{:<38} {} ({}; default: {})\n", k.name, k.help, describe_type(k),
+               k.get(defaults));
   }
+  fmt::print("\n  [Megatron and Primus]\n");
+  std::vector<std::string> accepted;
+  for (const auto& k : megatron_keys()) {
+    if (k.set)
+      fmt::print("  --{:<38} {}\n", k.name, k.effect);
+    else
+      accepted.emplace_back(k.name);
+  }
+  fmt::print(
+      "  Accepted without effect where the value agrees with Tessera (the run's log lists them;\n"
+      "  docs/configuration.md says what each means here):\n{}",
+      wrapped("  ", accepted, 2));
 }
 
 void write_file_atomically(const std::filesystem::path& path, const std::string& content) {
@@ -66,23 +112,23 @@ struct TrainArgs {
   int local_ranks = 1;  // --nproc_per_node on the CPU: ranks as threads of this process
 };
 
+// --config and --nproc_per_node are train's own; every other argument is a configuration key
+// for the loader, which reads them in the same conventions (core/command_line.h).
 TrainArgs parse_train_args(const Args& args) {
   TrainArgs a;
   for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](const std::string& key) -> std::string {
-      const size_t eq = args[i].find('=');
-      if (eq != std::string::npos) return args[i].substr(eq + 1);
+    const auto option = parse_command_line_option(args[i]);
+    const std::string name = option ? option->name : "";
+    auto value = [&]() -> std::string {
+      if (option->value) return *option->value;
       if (i + 1 >= args.size())
-        throw ConfigError("command line", key, "", "a value after --" + key);
+        throw ConfigError("command line", name, "", "a value after --" + name);
       return args[++i];
     };
-    const std::string& arg = args[i];
-    if (arg == "--config" || arg == "--exp" || arg.starts_with("--config=") ||
-        arg.starts_with("--exp=")) {
-      a.load.config_path = value("config");
-    } else if (arg == "--nproc_per_node" || arg == "--nproc-per-node" ||
-               arg.starts_with("--nproc_per_node=") || arg.starts_with("--nproc-per-node=")) {
-      const std::string v = value("nproc_per_node");
+    if (name == "config" || name == "exp") {
+      a.load.config_path = value();
+    } else if (name == "nproc_per_node") {
+      const std::string v = value();
       try {
         a.local_ranks = std::stoi(v);
       } catch (...) {
@@ -91,10 +137,27 @@ TrainArgs parse_train_args(const Args& args) {
       if (a.local_ranks < 1 || std::to_string(a.local_ranks) != v)
         throw ConfigError("command line", "nproc_per_node", v, "a positive integer");
     } else {
-      a.load.cli_overrides.push_back(arg);
+      a.load.cli_overrides.push_back(args[i]);
     }
   }
   return a;
+}
+
+// The Megatron/Primus keys the experiment set that change nothing here: one line naming them,
+// each one's meaning in the debug log, and a warning where the run differs from Megatron's.
+void log_megatron_keys(const Experiment& exp, Logger& log) {
+  std::vector<std::string> names;
+  for (const AcceptedMegatronKey& k : exp.megatron_keys) {
+    const MegatronKey& m = *find_megatron_key(k.key);
+    names.push_back(k.key);
+    if (k.warning)
+      log.warning("{}: {} ({}): {}", k.key, k.value, k.origin, m.effect);
+    else
+      log.debug("{}: {} ({}): accepted without effect: {}", k.key, k.value, k.origin, m.effect);
+  }
+  if (!names.empty())
+    log.info("Megatron/Primus keys accepted without effect (docs/configuration.md): {}",
+             joined(names));
 }
 
 // One rank's run: its logs and (rank 0) metrics, then the trainer. A rank of a job of
@@ -115,6 +178,7 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
            run_id.empty() ? "" : "; run " + run_id);
   if (dirs)
     for (const std::string& note : dirs->notes) log.warning("{}", note);
+  log_megatron_keys(exp, log);
   log.debug("effective configuration:\n{}", experiment_to_yaml(exp));
   try {
     std::unique_ptr<dist::Communicator> process_comm;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tessera {
@@ -136,6 +137,12 @@ struct LoggingConfig {
   bool log_validation_ppl_to_tensorboard = false;
 };
 
+// A Megatron or Primus key accepted without effect (config/megatron_keys.h), for the run's log.
+struct AcceptedMegatronKey {
+  std::string key, value, origin;
+  bool warning = false;  // Tessera's run differs from Megatron's at this value
+};
+
 struct Experiment {
   std::string work_group = "tessera";
   std::string user_name = "user";
@@ -151,6 +158,8 @@ struct Experiment {
   // Where each key's value came from ("file.yaml:12", "command line", "default"), for errors.
   std::map<std::string, std::string> origin;
   std::string source_file;                // the experiment file given to the loader
+  // Megatron/Primus keys that were accepted without effect, each once (its last setting).
+  std::vector<AcceptedMegatronKey> megatron_keys;
 
   // {workspace}/{work_group}/{user_name}/{exp_name}
   std::string experiment_root() const;
@@ -171,6 +180,10 @@ struct LoadOptions {
 // Loads, merges, substitutes and validates. Throws ConfigError naming file, key, value and
 // what was expected; touches nothing on disk.
 Experiment load_experiment(const LoadOptions& options);
+
+// The shipped configs of one folder of configs/ by the names they are given as (`models`:
+// "llama3.1_8B", ..., `experiments`: "default", "primus/llama3.1_8B-pretrain", ...), sorted.
+std::vector<std::string> shipped_config_names(std::string_view folder);
 
 // "969,30,1" -> {969, 30, 1}; empty on malformed input (negative, non-numeric).
 std::vector<double> parse_split(const std::string& text);

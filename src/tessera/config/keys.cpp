@@ -1,6 +1,7 @@
 #include "tessera/config/keys.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -273,6 +274,28 @@ std::string suggest_key(std::string_view unknown) {
     if (d < best_d) best_d = d, best = std::string(k.name);
   }
   return best_d <= std::max<size_t>(2, unknown.size() / 3) ? best : std::string();
+}
+
+std::vector<std::string> nearest_names(std::string_view word, std::span<const std::string> names,
+                                       size_t limit) {
+  const auto lower = [](std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  const std::string w = lower(word);
+  const size_t close = std::max<size_t>(2, w.size() / 3);
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const std::string& n : names)
+    if (const size_t d = edit_distance(w, lower(n)); d <= close) scored.emplace_back(d, n);
+  std::sort(scored.begin(), scored.end());
+  std::vector<std::string> out;
+  // Only the nearest, and those one edit further unless the nearest differs in case alone
+  // (llama3.1_8b is llama3.1_8B, not llama3.1_70B or llama3_8B).
+  const size_t furthest = scored.empty() || scored[0].first == 0 ? 0 : scored[0].first + 1;
+  for (size_t i = 0; i < scored.size() && i < limit && scored[i].first <= furthest; ++i)
+    out.push_back(scored[i].second);
+  return out;
 }
 
 std::string describe_type(const KeySpec& key) {

@@ -30,6 +30,11 @@ std::span<const KeySpec> config_keys();
 const KeySpec* find_key(std::string_view name);
 // Closest known key by edit distance, or "" if nothing is reasonably close.
 std::string suggest_key(std::string_view unknown);
+// The names closest to `word` by edit distance, ignoring case (a typo, or the wrong case of a
+// preset name: lama3_8B, llama3.1_8b), nearest first, at most `limit`; empty when none is
+// reasonably close.
+std::vector<std::string> nearest_names(std::string_view word, std::span<const std::string> names,
+                                       size_t limit = 3);
 // Human-readable type, e.g. "an integer", "one of: cosine, linear, constant".
 std::string describe_type(const KeySpec& key);
 

@@ -1,6 +1,7 @@
-// Experiment loading: YAML files with `extends:` inheritance and ${VAR:default}
-// substitution, a model preset, and command-line overrides, merged in that order of
-// precedence into one typed Experiment.
+// Experiment loading: YAML files (Tessera's layout or Primus's modules.pre_trainer) with
+// `extends:` inheritance and ${VAR:default} substitution, a Primus module configuration, a
+// model preset, and command-line overrides, merged in that order of precedence into one typed
+// Experiment.
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -16,7 +17,9 @@
 #include "tessera/config/config.h"
 #include "tessera/config/embedded_configs.h"
 #include "tessera/config/keys.h"
+#include "tessera/config/megatron_keys.h"
 #include "tessera/config/validate.h"
+#include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -105,7 +108,20 @@ ConfigDoc resolve(const std::string& ref, const std::string& referrer_dir,
   }
   std::string list;
   for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
-  throw ConfigError(referrer, key, ref, "an existing YAML file (looked for " + list + ")");
+  std::string hint;
+  // A name (not a path) of a preset or experiment that does not exist is most likely a typo or
+  // the wrong case (lama3_8B, llama3.1_8b): name the nearest shipped ones.
+  if (!shipped_folder.empty() && ref.find('/') == std::string::npos) {
+    const std::vector<std::string> names = shipped_config_names(shipped_folder);
+    std::string stem = ref;
+    if (stem.ends_with(".yaml")) stem.resize(stem.size() - 5);
+    const std::vector<std::string> near = nearest_names(stem, names);
+    const std::vector<std::string>& shown = near.empty() ? names : near;
+    std::string joined;
+    for (const auto& n : shown) joined += (joined.empty() ? "" : ", ") + n;
+    hint = near.empty() ? "; the shipped ones are " + joined : "; did you mean " + joined + "?";
+  }
+  throw ConfigError(referrer, key, ref, "an existing YAML file (looked for " + list + ")" + hint);
 }
 
 std::string builtin_variable(const std::string& name) {
@@ -201,10 +217,67 @@ YAML::Node parse(const ConfigDoc& doc) {
   }
 }
 
+// An experiment file and its `extends:` ancestors, flattened.
+struct Chain {
+  std::vector<Setting> settings;  // in file order, ancestors first, so that later ones win
+  // Primus's modules.pre_trainer.config: the module configuration beneath the model preset.
+  std::optional<Setting> module_config;
+};
+
+// The module configurations of Primus's `modules.<name>.config:` that Tessera ships under
+// configs/primus/: the Megatron pre-training module's defaults, for Tessera's keys.
+constexpr const char* kPrimusModuleConfigs[] = {"pre_trainer"};
+
+// Primus's experiment layout: `modules: {pre_trainer: {framework, config, model, overrides}}`.
+// Tessera pretrains with Megatron's key names, so the module must be Megatron's pre_trainer.
+void load_primus_modules(const ConfigDoc& doc, const YAML::Node& modules, Chain* chain) {
+  if (!modules.IsMap() || !modules["pre_trainer"] || !modules["pre_trainer"].IsMap())
+    throw ConfigError(where(doc, modules), "modules", YAML::Dump(modules),
+                      "a mapping with 'pre_trainer:' (Primus's pre-training module)");
+  for (const auto& module : modules) {
+    const std::string name = module.first.as<std::string>();
+    if (name != "pre_trainer")
+      throw ConfigError(where(doc, module.first), "modules." + name, YAML::Dump(module.second),
+                        "only modules.pre_trainer: Tessera runs Primus's pre-training module");
+  }
+  for (const auto& m : modules["pre_trainer"]) {
+    const std::string sub = m.first.as<std::string>(), key = "modules.pre_trainer." + sub;
+    if (sub == "model") {
+      append_scalar(doc, "model", m.second, &chain->settings);
+    } else if (sub == "overrides") {
+      if (!m.second.IsMap() && !m.second.IsNull())
+        throw ConfigError(where(doc, m.second), key, YAML::Dump(m.second),
+                          "a mapping of key: value");
+      if (m.second.IsMap()) append_map(doc, m.second, &chain->settings);
+    } else if (sub == "framework") {
+      std::vector<Setting> v;
+      append_scalar(doc, key, m.second, &v);
+      if (v[0].value != "megatron")
+        throw ConfigError(
+            v[0].origin, key, v[0].value,
+            "megatron: Tessera's keys are Megatron's (a " + v[0].value + " module's keys are not)");
+    } else if (sub == "config") {
+      std::vector<Setting> v;
+      append_scalar(doc, key, m.second, &v);
+      std::string name = v[0].value;
+      if (name.ends_with(".yaml")) name.resize(name.size() - 5);
+      if (std::find(std::begin(kPrimusModuleConfigs), std::end(kPrimusModuleConfigs), name) ==
+          std::end(kPrimusModuleConfigs))
+        throw ConfigError(v[0].origin, key, v[0].value,
+                          "pre_trainer.yaml (Primus's pre-training module configuration; Tessera "
+                          "ships its defaults as configs/primus/pre_trainer.yaml)");
+      chain->module_config = Setting{key, name, v[0].origin};
+    } else {
+      throw ConfigError(where(doc, m.second), key, YAML::Dump(m.second),
+                        "one of framework, config, model, overrides under modules.pre_trainer");
+    }
+  }
+}
+
 // Flattens one YAML file and its `extends:` ancestors (ancestors first, so later settings
 // win). Experiment-level structure (overrides:, modules.pre_trainer) is flattened too.
 // `stack`: the files being loaded, the first one extended by the second and so on.
-void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vector<Setting>* out) {
+void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, Chain* chain) {
   stack->push_back(doc.display);
   const YAML::Node root = parse(doc);
   if (const YAML::Node ext = root["extends"]) {
@@ -229,7 +302,7 @@ void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vect
                           "no cycle of extends: files, but " + chain + parent.display +
                               " loops; remove one extends: of this chain");
       }
-      load_chain(parent, stack, out);
+      load_chain(parent, stack, chain);
     }
   }
   for (const auto& kv : root) {
@@ -239,24 +312,11 @@ void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, std::vect
     if (key == "overrides") {
       if (!value.IsMap() && !value.IsNull())
         throw ConfigError(where(doc, value), key, YAML::Dump(value), "a mapping of key: value");
-      if (value.IsMap()) append_map(doc, value, out);
+      if (value.IsMap()) append_map(doc, value, &chain->settings);
     } else if (key == "modules") {
-      const YAML::Node pre = value.IsMap() ? value["pre_trainer"] : YAML::Node();
-      if (!pre || !pre.IsMap())
-        throw ConfigError(where(doc, value), key, YAML::Dump(value), "a mapping with 'pre_trainer:'");
-      for (const auto& m : pre) {
-        const std::string sub = m.first.as<std::string>();
-        if (sub == "model") {
-          append_scalar(doc, "model", m.second, out);
-        } else if (sub == "overrides") {
-          if (m.second.IsMap()) append_map(doc, m.second, out);
-        } else {
-          throw ConfigError(where(doc, m.second), "modules.pre_trainer." + sub,
-                            YAML::Dump(m.second), "only 'model' and 'overrides' under modules.pre_trainer");
-        }
-      }
+      load_primus_modules(doc, value, chain);
     } else {
-      append_scalar(doc, key, value, out);
+      append_scalar(doc, key, value, &chain->settings);
     }
   }
   stack->pop_back();
@@ -273,20 +333,12 @@ ConfigError unknown_key(const std::string& origin, const std::string& key,
 std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   std::vector<Setting> out;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (!a.starts_with("--") || a.size() == 2)
-      throw ConfigError("command line", "(argument)", a, "--key value or --key=value");
-    std::string key = a.substr(2), value;
-    const size_t eq = key.find('=');
-    if (eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    }
-    // Megatron spells flags with dashes; both spellings name the same key.
-    for (char& c : key)
-      if (c == '-') c = '_';
+    const auto option = parse_command_line_option(args[i]);
+    if (!option)
+      throw ConfigError("command line", "(argument)", args[i], "--key value or --key=value");
+    const std::string& key = option->name;
     // --no_<key> (Megatron's --no-<flag>) sets a boolean key to false.
-    if (eq == std::string::npos && key.starts_with("no_") && !find_key(key)) {
+    if (!option->value && key.starts_with("no_") && !find_key(key) && !find_megatron_key(key)) {
       const KeySpec* negated = find_key(key.substr(3));
       if (negated && negated->type == KeyType::Bool) {
         out.push_back({key.substr(3), "false", "command line"});
@@ -294,20 +346,22 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
       }
     }
     const KeySpec* spec = find_key(key);
+    const MegatronKey* megatron = spec ? nullptr : find_megatron_key(key);
     const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
     // Checked before the value: a misspelled flag followed by another flag has none, and
     // "a value after --trian_iters" would hide the misspelling.
-    if (!spec)
+    if (!spec && !megatron)
       throw unknown_key("command line", key,
-                        eq == std::string::npos && next_is_value ? args[i + 1] : value);
-    if (eq == std::string::npos) {
-      if (next_is_value) {
-        value = args[++i];
-      } else if (spec->type == KeyType::Bool) {
-        value = "true";  // a bare boolean flag, as in Megatron's --use-distributed-optimizer
-      } else {
-        throw ConfigError("command line", key, "", "a value after --" + key);
-      }
+                        !option->value && next_is_value ? args[i + 1] : option->value.value_or(""));
+    std::string value;
+    if (option->value) {
+      value = *option->value;
+    } else if (next_is_value) {
+      value = args[++i];
+    } else if (spec ? spec->type == KeyType::Bool : megatron->flag) {
+      value = "true";  // a bare boolean flag, as in Megatron's --use-distributed-optimizer
+    } else {
+      throw ConfigError("command line", key, "", "a value after --" + key);
     }
     out.push_back({key, value, "command line"});
   }
@@ -336,13 +390,51 @@ ConfigDoc resolve_experiment(const std::string& ref) {
                              : ""));
 }
 
-void apply_settings(Experiment& e, const std::vector<Setting>& settings) {
+bool is_null(const std::string& v) {
+  return v.empty() || v == "null" || v == "~" || v == "None";
+}
+
+// Applies settings in order. Megatron/Primus keys without effect are collected in `accepted`
+// (each key once, its last setting) and checked once everything is loaded.
+void apply_settings(Experiment& e, const std::vector<Setting>& settings,
+                    std::vector<Setting>* accepted) {
+  static const Experiment kDefaults;
   for (const auto& s : settings) {
-    const KeySpec* spec = find_key(s.key);
-    if (!spec) throw unknown_key(s.origin, s.key, s.value);
-    if (const std::string expected = spec->set(e, s.value); !expected.empty())
+    if (const KeySpec* spec = find_key(s.key)) {
+      // YAML's null on a number or a boolean is Megatron's None, "not set": the built-in
+      // default (Primus writes lr_decay_iters: null). Strings and choices parse null themselves.
+      const bool scalar =
+          spec->type == KeyType::Int || spec->type == KeyType::Float || spec->type == KeyType::Bool;
+      const std::string value = scalar && is_null(s.value) ? spec->get(kDefaults) : s.value;
+      if (const std::string expected = spec->set(e, value); !expected.empty())
+        throw ConfigError(s.origin, s.key, s.value, expected);
+      e.origin[s.key] = s.origin;
+    } else if (const MegatronKey* m = find_megatron_key(s.key)) {
+      if (m->set) {
+        if (is_null(s.value)) continue;  // not set: the Tessera key keeps its value
+        const KeySpec& target = *find_key(m->sets);
+        const std::string before = target.get(e);
+        if (const std::string expected = m->set(e, s.value); !expected.empty())
+          throw ConfigError(s.origin, s.key, s.value, expected);
+        // fp16: false sets nothing; the key's origin stays where its value came from.
+        if (target.get(e) != before) e.origin[std::string(m->sets)] = s.origin;
+      } else {
+        std::erase_if(*accepted, [&](const Setting& a) { return a.key == s.key; });
+        accepted->push_back(s);
+      }
+    } else {
+      throw unknown_key(s.origin, s.key, s.value);
+    }
+  }
+}
+
+// Each accepted Megatron/Primus key's last value must agree with what Tessera does.
+void check_megatron_keys(Experiment& e, const std::vector<Setting>& accepted) {
+  for (const Setting& s : accepted) {
+    const MegatronKey& m = *find_megatron_key(s.key);
+    if (const std::string expected = m.check(e, s.value); !expected.empty())
       throw ConfigError(s.origin, s.key, s.value, expected);
-    e.origin[s.key] = s.origin;
+    e.megatron_keys.push_back({s.key, s.value, s.origin, m.warns && m.warns(s.value)});
   }
 }
 
@@ -359,6 +451,18 @@ void derive_train_iters(Experiment& e) {
 
 }  // namespace
 
+std::vector<std::string> shipped_config_names(std::string_view folder) {
+  std::vector<std::string> names;
+  const std::string prefix = std::string(folder) + "/";
+  for (const auto& c : embedded_configs()) {
+    if (!c.path.starts_with(prefix) || !c.path.ends_with(".yaml")) continue;
+    const std::string_view rel = c.path.substr(prefix.size(), c.path.size() - prefix.size() - 5);
+    names.emplace_back(rel);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 std::string Experiment::experiment_root() const {
   return (fs::path(workspace) / work_group / user_name / exp_name).lexically_normal().string();
 }
@@ -368,9 +472,10 @@ Experiment load_experiment(const LoadOptions& options) {
   ConfigDoc exp_doc = options.config_path.empty()
                           ? resolve(kDefaultExperiment, "", "command line", "config", "")
                           : resolve_experiment(options.config_path);
-  std::vector<Setting> exp_settings;
+  Chain chain;
   std::vector<std::string> stack;
-  load_chain(exp_doc, &stack, &exp_settings);
+  load_chain(exp_doc, &stack, &chain);
+  const std::vector<Setting>& exp_settings = chain.settings;
 
   // The preset named last (command line over file) supplies the model's defaults.
   std::string model_ref, model_origin = exp_doc.display, model_dir = exp_doc.dir;
@@ -381,14 +486,26 @@ Experiment load_experiment(const LoadOptions& options) {
 
   Experiment e;
   for (const auto& k : config_keys()) e.origin[std::string(k.name)] = "default";
+  std::vector<Setting> accepted;
+  // As in Primus: the module configuration, then the model, then the experiment's overrides.
+  if (chain.module_config) {
+    const Setting& c = *chain.module_config;
+    Chain module;
+    std::vector<std::string> module_stack;
+    // Only the shipped file: Primus names its own module configurations, not a path.
+    load_chain(resolve("primus/" + c.value, kEmbeddedPrefix, c.origin, c.key, ""), &module_stack,
+               &module);
+    apply_settings(e, module.settings, &accepted);
+  }
   if (!model_ref.empty() && model_ref != "null") {
-    std::vector<Setting> preset;
+    Chain preset;
     std::vector<std::string> preset_stack;
     load_chain(resolve(model_ref, model_dir, model_origin, "model", "models"), &preset_stack, &preset);
-    apply_settings(e, preset);
+    apply_settings(e, preset.settings, &accepted);
   }
-  apply_settings(e, exp_settings);
-  apply_settings(e, cli);
+  apply_settings(e, exp_settings, &accepted);
+  apply_settings(e, cli, &accepted);
+  check_megatron_keys(e, accepted);
   derive_train_iters(e);
   e.source_file = exp_doc.display;
   validate_experiment(e, options.data_parallel_size);

@@ -28,7 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kLockFile = ".tessera.lock";
-constexpr const char* kPreviousRuns = "previous_runs";
 // A run's own files in the experiment root, moved aside when another run starts there.
 constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.yaml", "logs", "traces"};
 
@@ -134,9 +133,9 @@ std::string archive_previous_run(const fs::path& root, const std::string& previo
     const auto t = fs::last_write_time(root / "metrics.jsonl", ec);
     name = ec ? "unnamed" : fmt::format("before-run-ids-{}", t.time_since_epoch().count());
   }
-  fs::path dest = root / kPreviousRuns / name;
+  fs::path dest = root / kPreviousRunsDir / name;
   for (int n = 2; fs::exists(dest); ++n)
-    dest = root / kPreviousRuns / fmt::format("{}.{}", name, n);
+    dest = root / kPreviousRunsDir / fmt::format("{}.{}", name, n);
   fs::create_directories(dest);
   for (const char* f : kRunFiles)
     if (fs::exists(root / f)) fs::rename(root / f, dest / f);

@@ -23,6 +23,9 @@
 
 namespace tessera {
 
+// Under an experiment root: where a previous run's files go when another run starts there.
+inline constexpr const char* kPreviousRunsDir = "previous_runs";
+
 // An exclusive claim on a directory: DIR/.tessera.lock holds this process's PID and command
 // line and is flock()ed, so that the claim ends when the process does, however it ends.
 class DirectoryLock {

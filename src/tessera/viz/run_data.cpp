@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
+#include "tessera/train/run_directories.h"
 
 namespace tessera::viz {
 namespace {
@@ -166,6 +167,27 @@ size_t latest_run_start(const std::vector<nlohmann::json>& records) {
 }
 
 }  // namespace
+
+std::vector<fs::path> find_runs(const fs::path& dir) {
+  if (fs::is_regular_file(dir / "metrics.jsonl")) return {dir};
+  std::vector<fs::path> runs;
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& entry = *it;
+    std::error_code type_ec;
+    if (!entry.is_directory(type_ec)) continue;
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".") || name == kPreviousRunsDir) {
+      it.disable_recursion_pending();
+    } else if (fs::is_regular_file(entry.path() / "metrics.jsonl", type_ec)) {
+      runs.push_back(entry.path());
+      it.disable_recursion_pending();
+    }
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs;
+}
 
 RunData load_run(const fs::path& dir) {
   RunData r;

@@ -48,6 +48,12 @@ struct RunData {
   std::string config_value(const std::string& key) const;  // "" when absent
 };
 
+// The run directories `dir` names: `dir` itself when it holds a metrics.jsonl, else every
+// directory below it that does (a workspace: {workspace}/{work_group}/{user_name}/{exp_name}),
+// sorted. The search does not go into a run (its previous_runs/ holds earlier runs of the same
+// experiment, to be named explicitly) or into hidden directories. Empty when there is none.
+std::vector<std::filesystem::path> find_runs(const std::filesystem::path& dir);
+
 // Throws DataError when `dir` has no readable metrics.jsonl.
 RunData load_run(const std::filesystem::path& dir);
 
