@@ -21,6 +21,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
   const int64_t params = make_param_layout(in.spec).total;
   const DType dt = in.runtime.compute_dtype;
+  const OptimizerDtypes& od = in.optimizer;
   const int64_t n = std::max<int64_t>(1, in.num_gpus);
   const int64_t shard = ceil_div(params, n);
 
@@ -31,20 +32,20 @@ MemoryPlan plan_memory(const PlanInput& in) {
     case StateSharding::None:
       p.weights = model.weights;
       p.gradients = model.gradients;
-      p.optimizer = AdamWOptimizer::state_bytes(params, dt);
+      p.optimizer = AdamWOptimizer::state_bytes(params, dt, od, /*sharded=*/false);
       break;
     case StateSharding::Zero1:
       p.weights = model.weights;
       p.gradients = model.gradients;
-      p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
+      p.optimizer = AdamWOptimizer::state_bytes(shard, dt, od, /*sharded=*/true);
       break;
     case StateSharding::Fsdp: {
       // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
-      const auto f = dist::FullyShardedDataParallel::plan_memory(make_param_layout(in.spec),
-                                                                 static_cast<int>(n), dt);
+      const auto f = dist::FullyShardedDataParallel::plan_memory(
+          make_param_layout(in.spec), static_cast<int>(n), dt, in.runtime.grad_dtype);
       p.weights = f.weights;
       p.gradients = f.gradients;
-      p.optimizer = AdamWOptimizer::state_bytes(f.shard_elements, dt);
+      p.optimizer = AdamWOptimizer::state_bytes(f.shard_elements, dt, od, /*sharded=*/true);
       break;
     }
   }
@@ -81,6 +82,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.runtime = setup.runtime;
   in.num_gpus = setup.mesh.world_size();
   in.sharding = setup.sharding;
+  in.optimizer = setup.optimizer;
   in.gpu = gpu;
   return in;
 }

@@ -31,8 +31,9 @@ inline constexpr size_t kContextBytes = size_t{1} << 30;
 struct MemoryPlan {
   // Per GPU.
   size_t weights = 0;          // compute-dtype parameters (FSDP: shard + gathered-unit slots)
-  size_t gradients = 0;        // fp32 gradients (FSDP: shard + unit gradient slots)
-  size_t optimizer = 0;        // fp32 master weights (unless the weights are fp32) + 2 moments
+  size_t gradients = 0;        // gradients in their dtype (FSDP: shard + unit gradient slots)
+  size_t optimizer = 0;        // master weights (unless fp32 weights or bf16 main parameters)
+                               // + 2 moments, in their dtypes
   size_t activations = 0;      // stored activations, recompute and backward scratch, logits chunk
   size_t fp8 = 0;              // with fp8: cast buffers, scaling state, cached FP8 weights
   size_t backend_buffers = 0;  // kBackendBuffersBytes on GPUs, 0 on the CPU backend
@@ -50,6 +51,7 @@ struct PlanInput {
   ModelRuntime runtime;
   int64_t num_gpus = 1;
   StateSharding sharding = StateSharding::None;
+  OptimizerDtypes optimizer;  // the precision-aware optimizer's state dtypes
   bool gpu = true;  // add the GPU backend's buffers and context allowance
 };
 

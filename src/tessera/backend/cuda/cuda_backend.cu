@@ -321,12 +321,12 @@ void CudaBackend::do_matmul(const MatmulArgs& args) {
 }
 
 void CudaBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout) {
-  expect_type(dbias, DType::F32, "bias_backward", "dbias");
+  expect_float(dbias, "bias_backward", "dbias");
   expect_float(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
   const size_t bytes = bias_backward_scratch_bytes(d.rows, d.cols);
-  cuda::bias_backward(dbias.as<float>(), dout.data, d.rows, d.cols, dout.dtype, scratch(bytes),
-                      bytes, stream_);
+  cuda::bias_backward(dbias.data, dbias.dtype, dout.data, d.rows, d.cols, dout.dtype,
+                      scratch(bytes), bytes, stream_);
 }
 
 // ---- FP8 ----
@@ -431,13 +431,13 @@ void CudaBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens,
 void CudaBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
                                         const Tensor& tokens) {
   const char* op = "embedding_backward";
-  expect_type(dtable, DType::F32, op, "dtable");
+  expect_float(dtable, op, "dtable");
   expect_float(dout, op, "dout");
   expect_type(tokens, DType::I32, op, "tokens");
   const MatrixDims t = matrix_dims(dtable);
   const int64_t N = tokens.numel(), C = t.cols;
   const size_t bytes = embedding_backward_scratch_bytes(N);
-  cuda::embedding_backward(dtable.as<float>(), dout.data, tokens.as<int32_t>(), N, C, t.rows,
+  cuda::embedding_backward(dtable.data, dtable.dtype, dout.data, tokens.as<int32_t>(), N, C, t.rows,
                            dout.dtype, scratch(bytes), bytes, stream_);
 }
 
@@ -460,12 +460,12 @@ void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, c
   expect_same_type(dx, x, op, "dx");
   expect_same_type(dout, x, op, "dout");
   expect_same_type(weight, x, op, "weight");
-  expect_type(dweight, DType::F32, op, "dweight");
+  expect_float(dweight, op, "dweight");
   expect_type(rstd, DType::F32, op, "rstd");
   const MatrixDims d = matrix_dims(x);
   const int64_t N = d.rows, C = d.cols;
   const size_t bytes = rmsnorm_backward_scratch_bytes(N, C);
-  cuda::rmsnorm_backward(dx.data, dweight.as<float>(), dout.data, x.data, weight.data,
+  cuda::rmsnorm_backward(dx.data, dweight.data, dweight.dtype, dout.data, x.data, weight.data,
                          rstd.as<float>(), N, C, x.dtype, scratch(bytes), bytes, stream_);
 }
 
@@ -608,9 +608,9 @@ void CudaBackend::do_sum(const Tensor& out, const Tensor& x, bool accumulate) {
 
 void CudaBackend::do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
   expect_type(out, DType::F32, "sum_squares", "out");
-  expect_type(x, DType::F32, "sum_squares", "x");
+  expect_float(x, "sum_squares", "x");  // bf16: the norm of bf16 gradients
   const size_t bytes = sum_scratch_bytes(x.numel());
-  cuda::sum_squares(out.as<float>(), x.as<float>(), x.numel(), accumulate, scratch(bytes), bytes,
+  cuda::sum_squares(out.as<float>(), x.data, x.dtype, x.numel(), accumulate, scratch(bytes), bytes,
                     stream_);
 }
 
@@ -645,19 +645,31 @@ const AdamWChunk* CudaBackend::adamw_chunk_table(std::span<const ParamSegment> s
 
 void CudaBackend::do_adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
-  expect_type(args.master, DType::F32, op, "master");
-  expect_type(args.grad, DType::F32, op, "grad");
-  expect_type(args.exp_avg, DType::F32, op, "exp_avg");
-  expect_type(args.exp_avg_sq, DType::F32, op, "exp_avg_sq");
   expect_type(args.grad_norm_sq, DType::F32, op, "grad_norm_sq");
-  const int64_t P = args.master.numel();
-  void* params = nullptr;
-  DType params_dtype = DType::F32;
-  if (args.params.defined() && args.params.data != args.master.data) {
+  expect_float(args.grad, op, "grad");
+  expect_float(args.exp_avg, op, "exp_avg");
+  expect_float(args.exp_avg_sq, op, "exp_avg_sq");
+  AdamWBuffers t;
+  const bool has_master = args.master.defined();
+  const Tensor& updated = has_master ? args.master : args.params;
+  if (has_master) {
+    expect_type(args.master, DType::F32, op, "master");
+  } else {
     expect_float(args.params, op, "params");
-    params = args.params.data;
-    params_dtype = args.params.dtype;
   }
+  t.master = updated.data;
+  t.master_dtype = updated.dtype;
+  if (has_master && args.params.defined() && args.params.data != args.master.data) {
+    expect_float(args.params, op, "params");
+    t.params = args.params.data;
+    t.params_dtype = args.params.dtype;
+  }
+  t.grad = args.grad.data;
+  t.grad_dtype = args.grad.dtype;
+  t.exp_avg = args.exp_avg.data;
+  t.exp_avg_dtype = args.exp_avg.dtype;
+  t.exp_avg_sq = args.exp_avg_sq.data;
+  t.exp_avg_sq_dtype = args.exp_avg_sq.dtype;
 
   // The same constants as ref::adamw_update derives from the same float settings.
   const ref::AdamWSettings settings{args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
@@ -666,10 +678,8 @@ void CudaBackend::do_adamw_step(const AdamWArgs& args) {
                        args.max_grad_norm};
 
   int64_t chunk_count = 0;
-  const AdamWChunk* chunks = adamw_chunk_table(args.segments, P, &chunk_count);
-  cuda::adamw_step(args.master.as<float>(), params, params_dtype, args.exp_avg.as<float>(),
-                   args.exp_avg_sq.as<float>(), args.grad.as<float>(),
-                   args.grad_norm_sq.as<float>(), chunks, chunk_count, s, stream_);
+  const AdamWChunk* chunks = adamw_chunk_table(args.segments, updated.numel(), &chunk_count);
+  cuda::adamw_step(t, args.grad_norm_sq.as<float>(), chunks, chunk_count, s, stream_);
 }
 
 // ---- entry points (cuda_backend.h) ----
