@@ -8,7 +8,9 @@
 #include "common/experiment_yaml.h"
 #include "common/scratch_dir.h"
 #include "gpu_test_util.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/obs/logger.h"
+#include "tessera/plan/memory_plan.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::gpu_test {
@@ -103,6 +105,47 @@ TEST(GpuPrecisionAwareOptimizer, Bf16StateCheckpointResumesBitwise) {
   ASSERT_EQ(resumed.completed_iterations(), 3);
   for (int it = 4; it <= 6; ++it)
     EXPECT_EQ(resumed.run_iteration(it).loss, straight[it - 1]) << "iteration " << it;
+}
+
+// The memory planner counts what the CUDA backend allocates, exactly: weights, gradients and
+// optimizer state in their dtypes, activations, FP8 buffers, the cuBLASLt workspace, the kernel
+// scratch, the AdamW chunk table and the trainer's scalars. With Tessera's attention every
+// byte is known; with cuDNN's, the engine's own workspace (not counted) may add to it.
+TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
+  TS_REQUIRE_GPU();
+  struct Case {
+    const char* name;
+    std::string extra;
+    bool exact;
+  };
+  const Case cases[] = {
+      {"fp32 state", "attention_backend: tessera\n", true},
+      {"bf16 state", kAllBf16 + "attention_backend: tessera\n", true},
+      {"bf16 grads+moments, fp8, selective",
+       kBf16GradsAndMoments +
+           "attention_backend: tessera\nfp8: hybrid\nrecompute_granularity: selective\n",
+       true},
+      {"cuDNN attention, full recompute", kBf16GradsAndMoments + "recompute_granularity: full\n",
+       false}};
+  for (const Case& c : cases) {
+    const Experiment e = experiment(3, c.extra);
+    Logger log("", 0, false, false);
+    Trainer t(e, make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+    const RunSetup setup =
+        make_run_setup(e, {1, DType::BF16}, [&] { return make_tokenizer(e.data)->vocab_size(); });
+    const plan::MemoryPlan p = plan::plan_memory(plan::plan_input(setup, /*gpu=*/true));
+    for (int it = 1; it <= 2; ++it) t.run_iteration(it);
+    const size_t peak = t.backend().memory_stats().peak_bytes;
+    std::printf("[ memory   ] %-38s planned %zu measured %zu (%+lld bytes)\n", c.name,
+                p.allocated(), peak,
+                static_cast<long long>(peak) - static_cast<long long>(p.allocated()));
+    if (c.exact) {
+      EXPECT_EQ(peak, p.allocated()) << c.name;
+    } else {
+      EXPECT_GE(peak + (size_t{1} << 20), p.allocated()) << c.name;
+      EXPECT_LE(peak, p.allocated() + (size_t{64} << 20)) << c.name;
+    }
+  }
 }
 
 }  // namespace

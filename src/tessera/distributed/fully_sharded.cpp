@@ -83,12 +83,22 @@ std::string FullyShardedDataParallel::description() const {
       units_.size(), static_cast<double>(largest) / 1e6);
 }
 
-// Rank r's slice of each unit, clipped to the unit's end (the rest is padding).
+std::vector<ParamRange> FullyShardedDataParallel::owned_ranges(const ParamLayout& layout, int world,
+                                                               int rank) {
+  std::vector<ParamRange> out;
+  for (const ParamRange& unit : layout.units) {
+    const int64_t slice = slice_elements(unit, world);
+    const int64_t begin = unit.begin + rank * slice;
+    const int64_t end = std::min(begin + slice, unit.end);
+    if (begin < end) out.push_back({begin, end});
+  }
+  return out;
+}
+
 std::vector<OwnedParams> FullyShardedDataParallel::optimizer_shards() const {
   std::vector<OwnedParams> out;
   const int64_t r = comm_.rank();
-  for (size_t k = 0; k < units_.size(); ++k) {
-    const Unit& u = units_[k];
+  for (const Unit& u : units_) {
     const int64_t begin = u.range.begin + r * u.slice;
     const int64_t end = std::min(begin + u.slice, u.range.end);
     if (begin >= end) continue;

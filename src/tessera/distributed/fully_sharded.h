@@ -37,6 +37,9 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
     int64_t shard_elements = 0;
   };
   static Memory plan_memory(const ParamLayout& layout, int world, DType compute, DType grad);
+  // Rank `rank`'s slice of each unit, clipped to the unit's end (the rest is padding): what
+  // its optimizer updates, in increasing order.
+  static std::vector<ParamRange> owned_ranges(const ParamLayout& layout, int world, int rank);
 
   std::string description() const override;
   std::vector<OwnedParams> optimizer_shards() const override;

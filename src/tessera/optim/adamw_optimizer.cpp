@@ -36,6 +36,14 @@ bool separate_master(DType compute, const OptimizerDtypes& d, bool sharded) {
 
 }  // namespace
 
+std::vector<std::vector<ParamSegment>> AdamWOptimizer::step_segments(
+    const ParamLayout& layout, const std::vector<ParamRange>& owned) {
+  const std::vector<ParamSegment> all = layout.decay_segments();
+  std::vector<std::vector<ParamSegment>> out;
+  for (const ParamRange& r : owned) out.push_back(clip_segments(all, r));
+  return out;
+}
+
 OptimizerDtypes OptimizerDtypes::from(const TrainingConfig& t) {
   return {t.main_params_dtype, t.exp_avg_dtype, t.exp_avg_sq_dtype};
 }
@@ -45,7 +53,7 @@ AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
     : model_(model),
       config_(config),
       dtypes_(OptimizerDtypes::from(config)),
-      segments_(model.layout().decay_segments()),
+
       owned_(std::move(owned)),
       sharded_(!owned_.empty()) {
   Backend& b = model.backend();
@@ -57,9 +65,9 @@ AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
     TS_CHECK(o.params.numel() == o.range.count() && o.grads.numel() == o.range.count(),
              "owned range [{}, {}) has {} parameters and {} gradients", o.range.begin, o.range.end,
              o.params.numel(), o.grads.numel());
-    owned_segments_.push_back(clip_segments(segments_, o.range));
     held += o.range.count();
   }
+  owned_segments_ = step_segments(model.layout(), this->owned());
   if (dtypes_.main_params != DType::F32) {
     TS_CHECK(dtypes_.main_params == compute,
              "{} main parameters need {} parameters; the model's are {}",

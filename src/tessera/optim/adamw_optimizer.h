@@ -38,6 +38,11 @@ class AdamWOptimizer {
   static size_t state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,
                             bool sharded);
 
+  // The segments of each fused AdamW call of a step, relative to its owned range: the
+  // layout's decay segments clipped to each range of `owned` (a call per range).
+  static std::vector<std::vector<ParamSegment>> step_segments(const ParamLayout& layout,
+                                                              const std::vector<ParamRange>& owned);
+
   bool sharded() const { return sharded_; }
   std::vector<ParamRange> owned() const;
   const OptimizerDtypes& dtypes() const { return dtypes_; }
@@ -62,7 +67,6 @@ class AdamWOptimizer {
   Model& model_;
   TrainingConfig config_;
   OptimizerDtypes dtypes_;
-  std::vector<ParamSegment> segments_;
   std::vector<OwnedParams> owned_;
   std::vector<std::vector<ParamSegment>> owned_segments_;  // segments_ clipped to each range
   bool sharded_ = false;

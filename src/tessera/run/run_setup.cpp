@@ -46,6 +46,8 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.sharding = state_sharding(t, devices.world_size);
   const int dp = s.mesh.size(dist::MeshDim::DP);
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
+  s.ddp_bucket_size = t.ddp_bucket_size;
+  s.attention_backend = t.attention_backend;
 
   ModelRuntime& rt = s.runtime;
   rt.micro_batch = t.micro_batch_size;

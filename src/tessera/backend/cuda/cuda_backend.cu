@@ -34,6 +34,8 @@ constexpr std::string_view kBackend = "cuda";  // how op-check messages name thi
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 // Scratch grows in steps of this size, so that slightly larger requests do not reallocate.
 constexpr size_t kScratchGranule = size_t{1} << 20;
+// Where FP8 GEMM scales that are not 16-byte aligned are copied for cuBLASLt.
+constexpr size_t kFp8ScaleSlotBytes = 512;
 
 std::string gib(size_t bytes) {
   char buf[32];
@@ -233,12 +235,15 @@ MemoryStats CudaBackend::memory_stats() {
 
 void CudaBackend::reset_peak_memory() { allocations_.reset_peak(); }
 
+// The old scratch goes before the new one comes (release waits for the device, so no queued
+// kernel still reads it): the peak holds one scratch, the size the memory planner counts.
 void* CudaBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
     const size_t grown = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
-    void* fresh = allocate(grown, "kernel scratch");
     release(scratch_);
-    scratch_ = fresh;
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    scratch_ = allocate(grown, "kernel scratch");
     scratch_bytes_ = grown;
   }
   return scratch_;
@@ -389,7 +394,7 @@ void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
     const float*& scale = i == 0 ? p.a_scale : p.b_scale;
     if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) continue;
     if (fp8_scale_slots_ == nullptr)
-      fp8_scale_slots_ = static_cast<float*>(allocate(512, "fp8 gemm scales"));
+      fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
     // Stream order keeps the slot's value until this GEMM has read it.
     float* slot = fp8_scale_slots_ + 64 * i;
     TS_CUDA_CHECK(cudaMemcpyAsync(slot, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
@@ -624,10 +629,12 @@ const AdamWChunk* CudaBackend::adamw_chunk_table(std::span<const ParamSegment> s
                  });
   if (!same) {
     adamw_chunks_ = adamw_chunks(segments);
-    if (adamw_chunks_.size() > adamw_chunks_capacity_) {
-      void* fresh = allocate(adamw_chunks_.size() * sizeof(AdamWChunk), "AdamW chunk table");
+    if (adamw_chunks_.size() > adamw_chunks_capacity_) {  // released first, as the scratch
       release(adamw_chunks_device_);
-      adamw_chunks_device_ = static_cast<AdamWChunk*>(fresh);
+      adamw_chunks_device_ = nullptr;
+      adamw_chunks_capacity_ = 0;
+      adamw_chunks_device_ = static_cast<AdamWChunk*>(
+          allocate(adamw_chunks_.size() * sizeof(AdamWChunk), "AdamW chunk table"));
       adamw_chunks_capacity_ = adamw_chunks_.size();
     }
     if (!adamw_chunks_.empty()) {
@@ -683,6 +690,38 @@ void CudaBackend::do_adamw_step(const AdamWArgs& args) {
 }
 
 // ---- entry points (cuda_backend.h) ----
+
+size_t step_buffer_bytes(const StepBufferDemand& d) {
+  // The largest scratch any op of the step asks for, in the formulas the ops above use.
+  size_t scratch = 0;
+  auto need = [&](size_t bytes) { scratch = std::max(scratch, bytes); };
+  if (d.tokens > 0 && d.hidden > 0) need(rmsnorm_backward_scratch_bytes(d.tokens, d.hidden));
+  if (d.tokens > 0 && d.widest_bias > 0) need(bias_backward_scratch_bytes(d.tokens, d.widest_bias));
+  // CUB's size query of the token sort needs a device; without one it is left out (a few
+  // hundred KB at 8k tokens, below every other scratch of a model step).
+  if (d.tokens > 0 && device_count() > 0) need(embedding_backward_scratch_bytes(d.tokens));
+  if (d.largest_reduction > 0) need(sum_scratch_bytes(d.largest_reduction));
+  if (d.attention.tokens() > 0) {
+    // auto and cudnn are planned as cuDNN's SDPA, which auto runs wherever the library loads
+    // (it takes the model families' shapes), whether or not this machine has it: a plan must
+    // not depend on where it is made. Its workspace holds Tessera's softmax sums and dQ
+    // accumulator in front of the engine's own; Tessera's kernels (tessera, or auto without
+    // cuDNN) need less, two (B, H, T) statistics.
+    need(d.attention_backend != AttentionBackend::Tessera
+             ? cudnn_backward_tessera_workspace_bytes(d.attention, /*deterministic=*/false)
+             : attention_backward_scratch_bytes(d.attention));
+  }
+  const size_t granules = (scratch + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+  size_t chunks = 0;  // the chunk table grows to the largest call's
+  for (const auto& call : d.adamw_segments) {
+    size_t n = 0;
+    for (int64_t count : call)
+      n += static_cast<size_t>((count + adamw_chunk_elements() - 1) / adamw_chunk_elements());
+    chunks = std::max(chunks, n);
+  }
+  return kLtWorkspaceBytes + granules + chunks * sizeof(AdamWChunk) +
+         (d.fp8 ? kFp8ScaleSlotBytes : 0);
+}
 
 int device_count() {
   int count = 0;
