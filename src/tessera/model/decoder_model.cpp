@@ -337,7 +337,11 @@ void DecoderModel::forward_backward(float grad_scale) {
     grads_needed(unit);
     {
       ScopedRange r(backend_, "layer_backward");
-      if (recomputes_fully(l)) layers_[l]->recompute(*this, a_.resid[l]);
+      if (recomputes_fully(l)) {
+        // Named so that a trace's step breakdown can tell recompute from the first forward.
+        ScopedRange rr(backend_, "recompute");
+        layers_[l]->recompute(*this, a_.resid[l]);
+      }
       layers_[l]->backward(*this, a_.resid[l], a_.dresid);
     }
     params_done(unit);
