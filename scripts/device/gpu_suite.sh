@@ -4,9 +4,14 @@
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
-#       [dist]
+#       [dist] [full] [full_proxies]
 #       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
+#       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
+#             (bench model --full: all layers, 16 micro-batches per step, precision-aware
+#             optimizer, profiled step breakdown); full_proxies: the 4-layer proxies and the
+#             PyTorch peers they are compared with. Each writes OUT/full_table.md (the two
+#             together: the whole table; each fits one 10-minute call).
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -187,6 +192,31 @@ if want node; then
   gpus=$(nvidia-smi -L | wc -l)
   GBS_LLAMA=$((4 * gpus)) GBS_QWEN=$((4 * gpus)) TESSERA="$BIN/tessera" OUT="$OUT/node" \
     timeout 330 bash "$ROOT/examples/bench/node8.sh" "$gpus" 3 2>&1 | tail -20
+fi
+if want full; then
+  echo "== full-size models on one GPU (bench model --full)"
+  for precision in bf16 fp8; do
+    extra=""; [ "$precision" = fp8 ] && extra="--fp8 hybrid"
+    timeout 290 "$BIN/tessera" bench model --full --models "${FULL_MODELS:-llama3.1_8B,qwen2.5_7B}" \
+      $extra -o "$OUT/full_$precision" 2>&1 | tee "$OUT/full_$precision.log" | tail -12
+  done
+  python3 "$ROOT/scripts/device/full_table.py" "$OUT" | tee "$OUT/full_table.md"
+fi
+if want full_proxies; then
+  echo "== proxies against the PyTorch peers (compile, flex attention for the window, FP8)"
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B,qwen2.5_7B -o "$OUT/proxy_bf16" \
+    2>&1 | tee "$OUT/proxy_bf16.log" | tail -5
+  timeout 120 "$BIN/tessera" bench model --models mistral_7B -o "$OUT/proxy_mistral" \
+    2>&1 | tee "$OUT/proxy_mistral.log" | tail -4
+  timeout 120 "$BIN/tessera" bench model --models llama3.1_8B --fp8 hybrid -o "$OUT/proxy_fp8" \
+    2>&1 | tee "$OUT/proxy_fp8.log" | tail -4
+  rm -f "$OUT/full_peer.jsonl"
+  for args in "--model llama3.1_8b" "--model qwen2.5_7b" "--model mistral_7b --window 4096 --attn flex" \
+              "--model llama3.1_8b --fp8"; do
+    timeout 200 python3 "$ROOT/.device/peer/torch_llama.py" $args --compile \
+      --json "$OUT/full_peer.jsonl" 2>&1 | tail -1
+  done
+  python3 "$ROOT/scripts/device/full_table.py" "$OUT" | tee "$OUT/full_table.md"
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"

@@ -9,6 +9,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tessera/backend/backend_factory.h"
 #include "tessera/backend/cpu/cpu_backend.h"
@@ -313,6 +314,51 @@ TEST(BenchCommands, WriteTablesAsMarkdownAndCsv) {
   EXPECT_EQ(run("bench gemm --device cpu --layouts XY").status, 2);
   EXPECT_EQ(run("bench gemm --device cpu --num_layers 2").status, 2);  // needs --config
   EXPECT_EQ(run("bench membw --device cpu --gpu H100").status, 2);
+  fs::remove_all(out);
+}
+
+// bench model --full on the CPU backend with a small stand-in for the preset: every layer,
+// the global batch by accumulation of --micro_batches, the precision-aware optimizer's bf16
+// state by default (keys given win), the planner's bytes against the measured peak (exact on
+// the CPU), and a profiled step whose parts add up to it (no GPU: all idle).
+TEST(BenchCommands, ModelFullSizeAccumulatesAndBreaksTheStepDown) {
+  const fs::path out =
+      fs::temp_directory_path() / ("tessera_bench_full_" + std::to_string(getpid()));
+  const std::string small =
+      "bench model --full --device cpu --models llama3.1_8B --num_layers 3 --hidden_size 64 "
+      "--ffn_hidden_size 128 --num_attention_heads 4 --num_query_groups 2 --seq_length 32 "
+      "--vocab_size 300 --iters 1 --warmup 1 --micro_batches 3 -o " +
+      out.string();
+  Result r = run(small);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("| llama3.1_8B | 3 | fp32 | grads bf16, master fp32, m/v bf16/bf16 | "
+                          "1 x 3 |"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("the parts add up to the step"), std::string::npos) << r.output;
+  std::ifstream in(out / "bench_model_full.json");
+  const auto results = nlohmann::json::parse(in);
+  ASSERT_EQ(results.size(), 1u);
+  const auto& row = results[0];
+  EXPECT_EQ(row["global_batch_size"], 3);
+  EXPECT_EQ(row["micro_batches"], 3);
+  EXPECT_EQ(row["recompute"], "selective");
+  EXPECT_EQ(row["planned"]["allocated"], row["measured_peak_bytes"]);
+  double sum = 0;
+  for (const auto& [part, ms] : row["breakdown"]["parts_ms"].items()) sum += ms.get<double>();
+  EXPECT_NEAR(sum, row["breakdown"]["step_ms"].get<double>(), 1e-6);
+  EXPECT_EQ(row["breakdown"]["parts_ms"].size(), 8u);
+  EXPECT_TRUE(fs::exists(row["breakdown"]["trace"].get<std::string>()));
+
+  // The micro batch a key sets multiplies the global batch; the recompute a key sets wins.
+  r = run(small + " --micro_batch_size=2 --recompute_granularity full --no_breakdown");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream again(out / "bench_model_full.json");
+  const auto second = nlohmann::json::parse(again)[0];
+  EXPECT_EQ(second["global_batch_size"], 6);
+  EXPECT_EQ(second["recompute"], "full");
+  EXPECT_FALSE(second.contains("breakdown"));
+  EXPECT_EQ(run(small + " --micro_batches 0").status, 2);
   fs::remove_all(out);
 }
 

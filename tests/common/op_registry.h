@@ -7,7 +7,8 @@
 // and must come back unchanged; outputs are poisoned with NaN so that unwritten elements fail;
 // accumulating outputs are pre-filled with random values; every tensor sits between guard
 // bytes that must stay untouched. A case's tolerance is for bf16 compute (GPUs); fp32 compute
-// (the CPU backend, which gets inputs of full fp32 precision) is held to min(tolerance, 1e-5).
+// (the CPU backend, which gets inputs of full fp32 precision) is held to min(tolerance, 1e-5),
+// except outputs stored in bf16 (Kind::BF16), which keep their own.
 //
 // With TESSERA_OP_PERF=1 each case is also timed on the backend under test (median of 20 after
 // warm-up) and reported with its FLOP and byte counts.

@@ -15,17 +15,25 @@ void expect_f32(const Tensor& t) {
            dtype_name(t.dtype));
 }
 
-// The values of an fp32 tensor, exactly, in double.
+float read_float(const Tensor& t, int64_t i);
+void write_float(const Tensor& t, int64_t i, float v);
+
+// The values of an fp32 (or bf16: a gradient or optimizer state kept in bf16) tensor, exactly,
+// in double.
 std::vector<double> values(const Tensor& t) {
-  expect_f32(t);
-  const float* p = t.as<float>();
-  return std::vector<double>(p, p + t.numel());
+  if (t.dtype == DType::F32) {
+    const float* p = t.as<float>();
+    return std::vector<double>(p, p + t.numel());
+  }
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = read_float(t, i);
+  return v;
 }
 
-// v rounded to fp32 into t.
+// v rounded to t's dtype into t (bf16: through fp32, as the backends round their fp32 sums).
 void store(const Tensor& t, const std::vector<double>& v) {
-  float* p = t.as<float>();
-  for (size_t i = 0; i < v.size(); ++i) p[i] = static_cast<float>(v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    write_float(t, static_cast<int64_t>(i), static_cast<float>(v[i]));
 }
 
 // Ids that index rows of a (limit, C) tensor; negative ones only where ignored ids are allowed.
@@ -284,17 +292,22 @@ void ReferenceBackend::do_sum_squares(const Tensor& out, const Tensor& x, bool a
   store(out, o);
 }
 
+// The state in double whatever its storage; each tensor is rounded once to its dtype (fp32 or
+// bf16) at the end, as the op's contract says.
 void ReferenceBackend::do_adamw_step(const AdamWArgs& args) {
-  std::vector<double> master = values(args.master), m = values(args.exp_avg),
+  const bool has_master = args.master.defined();
+  const Tensor& updated = has_master ? args.master : args.params;
+  const bool copy = has_master && args.params.defined() && args.params.data != args.master.data;
+  std::vector<double> master = values(updated), m = values(args.exp_avg),
                       v = values(args.exp_avg_sq);
-  std::vector<double> params = args.params.defined() ? values(args.params) : std::vector<double>{};
-  ref::adamw_step(master.data(), args.params.defined() ? params.data() : nullptr, m.data(),
-                  v.data(), values(args.grad).data(), values(args.grad_norm_sq)[0], args.segments,
+  std::vector<double> params = copy ? values(args.params) : std::vector<double>{};
+  ref::adamw_step(master.data(), copy ? params.data() : nullptr, m.data(), v.data(),
+                  values(args.grad).data(), values(args.grad_norm_sq)[0], args.segments,
                   ref::AdamWSettings::from(args));
-  store(args.master, master);
+  store(updated, master);
   store(args.exp_avg, m);
   store(args.exp_avg_sq, v);
-  if (args.params.defined()) store(args.params, params);
+  if (copy) store(args.params, params);
 }
 
 }  // namespace tessera::test

@@ -128,6 +128,7 @@ class OpArgsView {
     auto it = j_.find(key);
     return it != j_.end() && it->is_string() ? dtype_info(it->get<std::string>()).bytes : 0;
   }
+  bool has(const char* key) const { return j_.find(key) != j_.end(); }
   bool flag(const char* key) const {
     auto it = j_.find(key);
     return it != j_.end() && it->is_boolean() && it->get<bool>();
@@ -233,12 +234,17 @@ const TesseraModel kTesseraModels[] = {
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) { return a.num("rows") * a.num("cols") * (a.size("dtype") + 2); }},
     {"adamw_step",
-     "grad, master, exp_avg, exp_avg_sq (fp32) read and the last three written; params written "
-     "when they are a compute-dtype copy",
+     "grad, master, exp_avg, exp_avg_sq read and the last three written, each in its dtype "
+     "(fp32 where the trace names none); params written when they are a compute-dtype copy, "
+     "read and written when they are the master (master false)",
      {"numel", "dtype"},
      [](const OpArgsView& a) {
        const double n = a.num("numel"), e = a.size("dtype");
-       return 28 * n + (e != 4 ? n * e : 0);
+       auto state = [&](const char* key) { return a.size(key) > 0 ? a.size(key) : 4.0; };
+       const double moments = 2 * (state("exp_avg_dtype") + state("exp_avg_sq_dtype"));
+       const double grad = state("grad_dtype");
+       if (a.has("master") && !a.flag("master")) return n * (grad + moments + 2 * e);
+       return n * (grad + moments + 8) + (e != 4 ? n * e : 0);
      }},
 };
 

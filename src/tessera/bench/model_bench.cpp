@@ -9,42 +9,73 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/analysis/gpu_specs.h"
+#include "tessera/analysis/step_breakdown.h"
 #include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/obs/logger.h"
+#include "tessera/obs/profiler/profiler.h"
 #include "tessera/ops/device_buffer.h"
+#include "tessera/plan/memory_plan.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::bench {
 namespace {
 
+namespace fs = std::filesystem;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 struct Options {
   std::vector<std::string> models = {"llama3.1_8B", "qwen2.5_7B", "mistral_7B"};
   std::vector<std::string> overrides;  // passed to every experiment
-  int warmup = 3;
-  int iters = 10;
+  int warmup = 3, iters = 10;  // the proxy's; --full's are 1 and 2
   std::string output_dir;
   bool breakdown = true;
+  // Full size: every layer of the preset, the global batch by accumulation of micro_batches
+  // micro-batches (the optimizer amortized as in real training), and the step's time broken
+  // down from a profiled step's trace.
+  bool full = false;
+  int micro_batches = 16;
 };
+
+// The full-size run's defaults, before the user's keys (which win): Megatron's
+// precision-aware optimizer with bf16 gradients and moments and selective recompute, what
+// fits the 7-8B presets on one H200 at seq 8192 (docs/memory.md).
+const std::vector<std::string> kFullDefaults = {"--use_precision_aware_optimizer",
+                                                "true",
+                                                "--use_distributed_optimizer",
+                                                "true",
+                                                "--main_grads_dtype",
+                                                "bf16",
+                                                "--exp_avg_dtype",
+                                                "bf16",
+                                                "--exp_avg_sq_dtype",
+                                                "bf16",
+                                                "--recompute_granularity",
+                                                "selective"};
 
 Options parse(const std::vector<std::string>& args) {
   Options o;
-  o.overrides = {"--num_layers", "4", "--seq_length", "8192", "--micro_batch_size", "1",
-                 "--global_batch_size", "1", "--eval_interval", "0", "--log_interval", "1000000"};
-  const CommandArgs a(args, {"models", "warmup", "iters", "output"}, {"no_breakdown"}, true);
+  const CommandArgs a(args, {"models", "warmup", "iters", "output", "micro_batches"},
+                      {"no_breakdown", "full"}, true);
   o.models = a.get_list("models", o.models);
-  o.warmup = static_cast<int>(a.get_int("warmup", o.warmup, 0));
-  o.iters = static_cast<int>(a.get_int("iters", o.iters, 1));
+  o.full = a.has("full");
+  o.warmup = static_cast<int>(a.get_int("warmup", o.full ? 1 : 3, 0));
+  o.iters = static_cast<int>(a.get_int("iters", o.full ? 2 : 10, 1));
+  // The global batch is micro_batches x micro_batch_size.
+  o.micro_batches = static_cast<int>(a.get_int("micro_batches", o.micro_batches, 1));
   o.output_dir = a.get("output", "");
   o.breakdown = !a.has("no_breakdown");
   if (!a.positional().empty())
     throw ConfigError("command line", "(argument)", a.positional()[0],
                       "--key value or --key=value");
-  // Any experiment key, e.g. --num_layers 8 --precision bf16, after the proxy's defaults.
-  o.overrides.insert(o.overrides.end(), a.unknown().begin(), a.unknown().end());
+  // Any experiment key, e.g. --num_layers 8 --precision bf16, after the mode's defaults.
+  o.overrides.assign(a.unknown().begin(), a.unknown().end());
   return o;
 }
 
@@ -80,19 +111,185 @@ std::string family(const std::string& op) {
   return "other";
 }
 
+// The last --micro_batch_size among `--key value` / `--key=value` tokens (dashes or underscores).
+int64_t last_micro_batch(const std::vector<std::string>& tokens) {
+  int64_t mbs = 1;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!tokens[i].starts_with("--")) continue;
+    std::string name = tokens[i].substr(2), value;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    } else if (i + 1 < tokens.size()) {
+      value = tokens[i + 1];
+    }
+    std::replace(name.begin(), name.end(), '-', '_');
+    if (name != "micro_batch_size") continue;
+    try {
+      mbs = std::stoll(value);
+    } catch (...) {
+      throw ConfigError("command line", "micro_batch_size", value, "an integer");
+    }
+  }
+  return mbs;
+}
+
+// The experiment `bench model` trains for `model`: the proxy (4 layers, global batch 1) or
+// the full model (all layers, micro_batches micro-batches per step), then the user's keys.
+Experiment bench_experiment(const Options& o, const std::string& model) {
+  LoadOptions lo;
+  lo.config_path = model + "-pretrain";
+  lo.cli_overrides = {"--seq_length",    "8192", "--micro_batch_size", "1",
+                      "--eval_interval", "0",    "--log_interval",     "1000000"};
+  if (o.full) {
+    lo.cli_overrides.insert(lo.cli_overrides.end(), kFullDefaults.begin(), kFullDefaults.end());
+  } else {
+    lo.cli_overrides.insert(lo.cli_overrides.end(),
+                            {"--num_layers", "4", "--global_batch_size", "1"});
+  }
+  lo.cli_overrides.insert(lo.cli_overrides.end(), o.overrides.begin(), o.overrides.end());
+  lo.cli_overrides.insert(lo.cli_overrides.end(),
+                          {"--train_iters", std::to_string(o.warmup + o.iters + 1)});
+  if (!o.full) return load_experiment(lo);
+  // The global batch follows the micro batch the keys settle on.
+  lo.cli_overrides.insert(lo.cli_overrides.end(),
+                          {"--global_batch_size",
+                           std::to_string(o.micro_batches * last_micro_batch(lo.cli_overrides))});
+  return load_experiment(lo);
+}
+
+// Runs iteration `it` under the profiler (CUPTI on GPUs) as ProfilerStep#it, writes the trace
+// to `path` and returns its breakdown.
+analysis::StepBreakdown profiled_step(Trainer& trainer, int64_t it, const std::string& path) {
+  Backend& b = trainer.backend();
+  profiler::ProfilerOptions po;
+  po.device = b.device();
+  po.process_name = "tessera bench model";
+  profiler::Profiler prof(po);
+  b.synchronize();  // the step's window holds only its own GPU work
+  b.set_op_observer(&prof);
+  prof.start();
+  prof.begin_annotation("ProfilerStep#" + std::to_string(it));
+  trainer.run_iteration(it);  // ends reading the loss back: its GPU work is done
+  prof.end_annotation();
+  prof.stop();
+  b.set_op_observer(nullptr);
+  prof.write(path);
+  return analysis::step_breakdown(path);
+}
+
+// "bf16", or "fp8 hybrid delayed +head no-cache fast-acc ..." so that one table compares
+// FP8 variants.
+std::string precision_text(const Experiment& e, DType compute) {
+  std::string precision(dtype_name(compute));
+  if (e.training.fp8 == Fp8Mode::Off) return precision;
+  const std::string fast = fast_accumulation_kinds(fp8_options(e.training), "+");
+  const bool default_accumulation = fast == fast_accumulation_kinds(Fp8Options{}, "+");
+  return "fp8 " + find_key("fp8")->get(e) + " " + find_key("fp8_recipe")->get(e) +
+         (e.training.fp8_lm_head ? " +head" : "") +
+         (e.training.fp8_weight_transpose_cache ? "" : " no-cache") +
+         (default_accumulation ? "" : " fast-acc " + fast);
+}
+
+// "grads bf16, master fp32, m/v bf16/bf16", the precision-aware optimizer's state.
+std::string state_text(const Experiment& e) {
+  const TrainingConfig& t = e.training;
+  return fmt::format("grads {}, master {}, m/v {}/{}", dtype_name(t.main_grads_dtype),
+                     dtype_name(t.main_params_dtype), dtype_name(t.exp_avg_dtype),
+                     dtype_name(t.exp_avg_sq_dtype));
+}
+
+void print_proxy_table(const nlohmann::json& results) {
+  fmt::print(
+      "| model | layers | precision | mbs | seq | window | step ms | tokens/s/GPU | TFLOP/s/GPU | "
+      "MFU | peak GiB | gemm ms | attention ms | other ms |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  auto ms_or_dash = [](const nlohmann::json& r, const char* key) {
+    return r.contains(key) ? fmt::format("{:.1f}", r[key].get<double>()) : std::string("-");
+  };
+  for (const auto& r : results)
+    fmt::print(
+        "| {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f}% | {:.2f} | {} | {} | "
+        "{} |\n",
+        r["model"].get<std::string>(), r["num_layers"].get<int64_t>(),
+        r["precision"].get<std::string>(), r["micro_batch_size"].get<int64_t>(),
+        r["seq_length"].get<int64_t>(), r["sliding_window"].get<int64_t>(),
+        r["step_ms"].get<double>(), r["tokens_per_s_per_gpu"].get<double>(),
+        r["tflops_per_gpu"].get<double>(), 100 * r["mfu_vs_gemm_ceiling"].get<double>(),
+        r["peak_mem_gib"].get<double>(), ms_or_dash(r, "breakdown_ms_gemm"),
+        ms_or_dash(r, "breakdown_ms_attention"), ms_or_dash(r, "breakdown_ms_other"));
+}
+
+constexpr const char* kParts[] = {"gemm",      "attention",     "recompute", "casts",
+                                  "optimizer", "communication", "other",     "idle"};
+
+void print_full_table(const nlohmann::json& results) {
+  fmt::print(
+      "| model | layers | precision | state | global batch | step s | tokens/s/GPU | TFLOP/s/GPU | "
+      "MFU | peak GiB | planned GiB | plan error |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& r : results)
+    fmt::print(
+        "| {} | {} | {} | {} | {} x {} | {:.2f} | {:.0f} | {:.1f} | {:.1f}% | {:.2f} | {:.2f} | "
+        "{:+.2f}% |\n",
+        r["model"].get<std::string>(), r["num_layers"].get<int64_t>(),
+        r["precision"].get<std::string>(), r["state"].get<std::string>(),
+        r["micro_batch_size"].get<int64_t>(), r["micro_batches"].get<int64_t>(),
+        r["step_ms"].get<double>() / 1e3, r["tokens_per_s_per_gpu"].get<double>(),
+        r["tflops_per_gpu"].get<double>(), 100 * r["mfu"].get<double>(),
+        r["peak_mem_gib"].get<double>(), r["planned_mem_gib"].get<double>(),
+        r["plan_error_pct"].get<double>());
+  bool any = false;
+  for (const auto& r : results) any = any || r.contains("breakdown");
+  if (!any) return;
+  fmt::print("\nTime of one profiled step, ms (% of it); the parts add up to the step:\n\n");
+  fmt::print("| model | precision | step |");
+  for (const char* p : kParts) fmt::print(" {} |", p);
+  fmt::print("\n|---|---|---|");
+  for (size_t i = 0; i < std::size(kParts); ++i) fmt::print("---|");
+  fmt::print("\n");
+  for (const auto& r : results) {
+    if (!r.contains("breakdown")) continue;
+    const auto& b = r["breakdown"];
+    const double step = b["step_ms"].get<double>();
+    fmt::print("| {} | {} | {:.0f} |", r["model"].get<std::string>(),
+               r["precision"].get<std::string>(), step);
+    for (const char* p : kParts) {
+      const double ms = b["parts_ms"][p].get<double>();
+      fmt::print(" {:.0f} ({:.1f}%) |", ms, 100 * ms / step);
+    }
+    fmt::print("\n");
+  }
+}
+
 }  // namespace
 
 int model_bench_command(const std::vector<std::string>& args) {
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
     fmt::print(
-        "usage: tessera bench model [--models a,b,...] [--iters N] [--warmup N] [-o DIR] [--no_breakdown]\n"
-        "                           [--key value ...]\n\n"
-        "Trains each model's shipped `<model>-pretrain` experiment on mock data as a proxy (default:\n"
-        "--num_layers 4 --seq_length 8192 --micro_batch_size 1) and reports median step time,\n"
-        "tokens/s/GPU, TFLOP/s/GPU (Megatron FLOPs convention), MFU against the measured 8192^3\n"
-        "bf16 GEMM rate, peak memory and the time split GEMM / attention / other.\n"
+        "usage: tessera bench model [--models a,b,...] [--iters N] [--warmup N] [-o DIR] "
+        "[--no_breakdown]\n"
+        "                           [--full [--micro_batches N]] [--key value ...]\n\n"
+        "Trains each model's shipped `<model>-pretrain` experiment on mock data and reports median "
+        "step\n"
+        "time, tokens/s/GPU, TFLOP/s/GPU (Megatron FLOPs convention), MFU and peak memory.\n"
+        "Proxy (default): --num_layers 4 --seq_length 8192 --micro_batch_size 1, global batch 1;\n"
+        "MFU against the measured 8192^3 bf16 GEMM rate and the time split GEMM / attention / "
+        "other.\n"
+        "--full: every layer of the preset, the global batch by accumulation of --micro_batches\n"
+        "micro-batches (default 16), Megatron's precision-aware optimizer with bf16 gradients and\n"
+        "moments and selective recompute (keys given here win); MFU against the GPU's datasheet "
+        "bf16\n"
+        "peak (configs/gpus.yaml), the memory planner's prediction beside the measured peak, and "
+        "one\n"
+        "more step profiled (CUPTI) and broken down into GEMM, attention, recompute, casts, "
+        "optimizer,\n"
+        "communication, other and idle, which add up to it (its trace under -o DIR or the "
+        "workspace).\n"
+        "Defaults: --warmup 3 --iters 10, with --full --warmup 1 --iters 2.\n"
         "Other --key value pairs override every experiment (e.g. --sliding_window 4096; FP8:\n"
-        "--fp8 hybrid, and --no_fp8_weight_transpose_cache for its peak memory without the cache).\n");
+        "--fp8 hybrid, and --no_fp8_weight_transpose_cache for its peak memory without the "
+        "cache).\n");
     return 0;
   }
   const Options o = parse(args);
@@ -101,13 +298,14 @@ int model_bench_command(const std::vector<std::string>& args) {
   double ceiling = -1;
   std::string device;
   for (const std::string& model : o.models) {
-    LoadOptions lo;
-    lo.config_path = model + "-pretrain";
-    lo.cli_overrides = o.overrides;
-    lo.cli_overrides.insert(lo.cli_overrides.end(), {"--train_iters", std::to_string(o.warmup + o.iters)});
-    const Experiment e = load_experiment(lo);
+    const Experiment e = bench_experiment(o, model);
     auto backend = make_backend(e.training.device, 0, backend_options(e.training));
     if (ceiling < 0) ceiling = measure_gemm_ceiling_tflops(*backend), device = backend->description();
+    // What the planner says this run needs, from the run set-up the trainer makes.
+    const RunSetup setup = make_run_setup(e, {1, backend->default_compute_dtype()},
+                                          [&] { return make_tokenizer(e.data)->vocab_size(); });
+    const plan::MemoryPlan planned =
+        plan::plan_memory(plan::plan_input(setup, backend->device().kind == DeviceKind::GPU));
     Trainer trainer(e, std::move(backend), log, nullptr);
     Backend& b = trainer.backend();
     for (int i = 1; i <= o.warmup; ++i) trainer.run_iteration(i);
@@ -120,59 +318,83 @@ int model_bench_command(const std::vector<std::string>& args) {
       last_loss = trainer.run_iteration(o.warmup + i).loss;
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::map<std::string, double> split, per_op;
-    if (o.breakdown) {
-      b.enable_op_timing(true);
-      trainer.run_iteration(o.warmup + o.iters + 1);
-      for (const auto& [op, t] : b.op_times_ms()) split[family(op)] += t, per_op[op] += t;
-      b.enable_op_timing(false);
-    }
+    const MemoryStats mem = b.memory_stats();
     const double step_ms = median(ms);
     const double tokens = static_cast<double>(e.training.global_batch_size * e.training.seq_length);
     const double tok_s = tokens / (step_ms / 1e3);
     const double tflops = trainer.spec().flops_per_token(e.training.seq_length) * tok_s / 1e12;
-    const MemoryStats mem = b.memory_stats();
-    // FP8 runs say so, whether the weight transpose cache (2 bytes per FP8 weight) is on, the
-    // output head in FP8 and which GEMM kinds accumulate fast when that is not Transformer
-    // Engine's default (e.g. "fast-acc fprop+wgrad"), so that one table compares the variants.
-    std::string precision(dtype_name(trainer.model().params().dtype));
-    if (e.training.fp8 != Fp8Mode::Off) {
-      const std::string fast = fast_accumulation_kinds(fp8_options(e.training), "+");
-      const bool default_accumulation = fast == fast_accumulation_kinds(Fp8Options{}, "+");
-      precision = "fp8 " + find_key("fp8")->get(e) + " " + find_key("fp8_recipe")->get(e) +
-                  (e.training.fp8_lm_head ? " +head" : "") +
-                  (e.training.fp8_weight_transpose_cache ? "" : " no-cache") +
-                  (default_accumulation ? "" : " fast-acc " + fast);
-    }
-    nlohmann::json r = {{"model", model}, {"num_layers", e.model_config.num_layers},
-                        {"precision", precision},
-                        {"micro_batch_size", e.training.micro_batch_size}, {"seq_length", e.training.seq_length},
-                        {"sliding_window", e.model_config.sliding_window}, {"step_ms", step_ms},
-                        {"tokens_per_s_per_gpu", tok_s}, {"tflops_per_gpu", tflops},
+    const int64_t last = o.warmup + o.iters + 1;
+    nlohmann::json r = {{"model", model},
+                        {"num_layers", e.model_config.num_layers},
+                        {"precision", precision_text(e, trainer.model().params().dtype)},
+                        {"micro_batch_size", e.training.micro_batch_size},
+                        {"seq_length", e.training.seq_length},
+                        {"sliding_window", e.model_config.sliding_window},
+                        {"step_ms", step_ms},
+                        {"tokens_per_s_per_gpu", tok_s},
+                        {"tflops_per_gpu", tflops},
                         {"mfu_vs_gemm_ceiling", ceiling > 0 ? tflops / ceiling : 0.0},
-                        {"peak_mem_gib", mem.peak_bytes / double(1 << 30)}, {"loss", last_loss}};
-    for (const auto& [k, v] : split) r["breakdown_ms_" + k] = v;
-    if (!per_op.empty()) r["op_ms"] = per_op;
+                        {"peak_mem_gib", mem.peak_bytes / kGiB},
+                        {"loss", last_loss}};
+    if (o.full) {
+      const auto spec = analysis::find_gpu_spec(device);
+      r["mode"] = "full";
+      r["state"] = state_text(e);
+      r["recompute"] = find_key("recompute_granularity")->get(e);
+      r["micro_batches"] = setup.accumulation_steps;
+      r["global_batch_size"] = e.training.global_batch_size;
+      r["mfu"] = spec && spec->bf16_tflops > 0 ? tflops / spec->bf16_tflops : 0.0;
+      r["peak_tflops_bf16"] = spec ? spec->bf16_tflops : 0.0;
+      r["planned_mem_gib"] = planned.allocated() / kGiB;
+      r["plan_error_pct"] =
+          100.0 * (static_cast<double>(planned.allocated()) - static_cast<double>(mem.peak_bytes)) /
+          static_cast<double>(mem.peak_bytes);
+      r["planned"] = {{"weights", planned.weights},
+                      {"gradients", planned.gradients},
+                      {"optimizer", planned.optimizer},
+                      {"activations", planned.activations},
+                      {"fp8", planned.fp8},
+                      {"backend_buffers", planned.backend_buffers},
+                      {"run_buffers", planned.run_buffers},
+                      {"allocated", planned.allocated()}};
+      r["measured_peak_bytes"] = mem.peak_bytes;
+      r["device_used_gib"] = (mem.device_total_bytes - mem.device_free_bytes) / kGiB;
+      if (o.breakdown) {
+        const fs::path dir = o.output_dir.empty() ? fs::path(e.experiment_root()) / "traces"
+                                                  : fs::path(o.output_dir) / "traces";
+        fs::create_directories(dir);
+        const std::string trace =
+            (dir / (model + "-" + std::to_string(results.size()) + ".pt.trace.json.gz")).string();
+        const analysis::StepBreakdown sb = profiled_step(trainer, last, trace);
+        nlohmann::json parts;
+        for (const analysis::StepPart& p : sb.parts) parts[p.name] = p.ns / 1e6;
+        r["breakdown"] = {{"step_ms", sb.step_ns / 1e6},
+                          {"parts_ms", parts},
+                          {"kernels", sb.kernels},
+                          {"trace", trace}};
+      }
+    } else if (o.breakdown) {
+      std::map<std::string, double> split, per_op;
+      b.enable_op_timing(true);
+      trainer.run_iteration(last);
+      for (const auto& [op, t] : b.op_times_ms()) split[family(op)] += t, per_op[op] += t;
+      b.enable_op_timing(false);
+      for (const auto& [k, v] : split) r["breakdown_ms_" + k] = v;
+      if (!per_op.empty()) r["op_ms"] = per_op;
+    }
     results.push_back(r);
     fmt::print("{}\n", r.dump());
   }
   fmt::print("\n{}\nGEMM ceiling (bf16 8192^3): {:.1f} TFLOP/s\n\n", device, ceiling);
-  fmt::print("| model | layers | precision | mbs | seq | window | step ms | tokens/s/GPU | TFLOP/s/GPU | MFU | peak GiB | gemm ms | attention ms | other ms |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  auto ms_or_dash = [](const nlohmann::json& r, const char* key) {
-    return r.contains(key) ? fmt::format("{:.1f}", r[key].get<double>()) : std::string("-");
-  };
-  for (const auto& r : results)
-    fmt::print("| {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f}% | {:.2f} | {} | {} | {} |\n",
-               r["model"].get<std::string>(), r["num_layers"].get<int64_t>(), r["precision"].get<std::string>(),
-               r["micro_batch_size"].get<int64_t>(), r["seq_length"].get<int64_t>(), r["sliding_window"].get<int64_t>(),
-               r["step_ms"].get<double>(), r["tokens_per_s_per_gpu"].get<double>(), r["tflops_per_gpu"].get<double>(),
-               100 * r["mfu_vs_gemm_ceiling"].get<double>(), r["peak_mem_gib"].get<double>(),
-               ms_or_dash(r, "breakdown_ms_gemm"), ms_or_dash(r, "breakdown_ms_attention"),
-               ms_or_dash(r, "breakdown_ms_other"));
+  if (o.full) {
+    print_full_table(results);
+  } else {
+    print_proxy_table(results);
+  }
   if (!o.output_dir.empty()) {
-    std::filesystem::create_directories(o.output_dir);
-    std::ofstream out(std::filesystem::path(o.output_dir) / "bench_model.json");
+    fs::create_directories(o.output_dir);
+    std::ofstream out(fs::path(o.output_dir) /
+                      (o.full ? "bench_model_full.json" : "bench_model.json"));
     out << results.dump(2) << "\n";
   }
   return 0;

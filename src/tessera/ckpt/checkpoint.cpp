@@ -17,6 +17,7 @@
 #include "tessera/ckpt/atomic_files.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/core/error.h"
+#include "tessera/ops/device_buffer.h"
 
 namespace tessera {
 namespace {
@@ -138,7 +139,8 @@ void removing_on_failure(const fs::path& tmp, const std::function<void()>& steps
 // tmp under its final name; `shards` lists the optimizer shards (null: none).
 std::string publish(const std::string& save_dir, const fs::path& tmp, const ModelSpec& spec,
                     DType weights_dtype, const TrainerState& s,
-                    const std::vector<std::string>& files, const nlohmann::ordered_json& shards) {
+                    const std::vector<std::string>& files, const nlohmann::ordered_json& shards,
+                    const nlohmann::ordered_json& state_dtypes = nullptr) {
   nlohmann::ordered_json sizes;
   for (const auto& f : files) sizes[f] = fs::file_size(tmp / f);
   nlohmann::ordered_json j;
@@ -159,6 +161,7 @@ std::string publish(const std::string& save_dir, const fs::path& tmp, const Mode
   j["weights_dtype"] = dtype_name(weights_dtype);
   j["files"] = sizes;
   if (!shards.is_null()) j["optimizer_shards"] = shards;
+  if (!state_dtypes.is_null()) j["optimizer_state_dtypes"] = state_dtypes;
   j["config_yaml"] = s.config_yaml;
   write_file_atomically((tmp / kStateFile).string(), j.dump(2) + "\n");
   const fs::path final_dir = fs::path(save_dir) / checkpoint_dir_name(s.iteration);
@@ -193,6 +196,32 @@ void add_extra_state(FileToWrite& f, const TrainingTensors& t) {
     if (i >= first) return t.backend->download(dst, t.extra_state[i - first].second);
     fill(i, dst);
   };
+}
+
+// The device tensor of `state` for owned range i (packed at `packed_at`), or the unsharded
+// tensor's elements [at, at + count).
+Tensor state_tensor(const TrainingTensors& t, FlatState state, size_t i, int64_t at,
+                    int64_t count) {
+  if (state == FlatState::Master && !t.master_ranges.empty()) return t.master_ranges[i];
+  const Tensor& all = state == FlatState::Master   ? t.master
+                      : state == FlatState::ExpAvg ? t.exp_avg
+                                                   : t.exp_avg_sq;
+  return all.flat_range(at, count);
+}
+
+DType state_dtype_of(const TrainingTensors& t, FlatState state) {
+  if (state == FlatState::Master && !t.master_ranges.empty()) return t.master_ranges[0].dtype;
+  return (state == FlatState::Master   ? t.master
+          : state == FlatState::ExpAvg ? t.exp_avg
+                                       : t.exp_avg_sq)
+      .dtype;
+}
+
+// trainer_state.json's record of the dtype each kind of state is saved in.
+nlohmann::ordered_json state_dtypes_json(const TrainingTensors& t) {
+  nlohmann::ordered_json j;
+  for (FlatState s : kFlatStates) j[kind_name(s)] = dtype_name(state_dtype_of(t, s));
+  return j;
 }
 
 // Keeps the newest keep_last checkpoints of the run that wrote `keep_iteration`. Checkpoints
@@ -295,15 +324,14 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
            t.owned.size());
   const auto& params = t.layout->params;
   FileToWrite optimizer{kOptimizerFile, {}, [&](size_t i, void* dst) {
-                          const Tensor& src = i < params.size()       ? t.master
-                                              : i < 2 * params.size() ? t.exp_avg
-                                                                      : t.exp_avg_sq;
                           const ParamInfo& p = params[i % params.size()];
-                          t.backend->download(dst, src.flat_range(p.offset, p.numel()));
+                          t.backend->download(dst, state_tensor(t, kFlatStates[i / params.size()],
+                                                                0, p.offset, p.numel()));
                         }};
-  for (const char* kind : kOptimizerKinds)
+  for (FlatState s : kFlatStates)
     for (const auto& p : params)
-      optimizer.tensors.push_back({std::string(kind) + "." + p.name, DType::F32, dims(p.shape)});
+      optimizer.tensors.push_back(
+          {std::string(kind_name(s)) + "." + p.name, state_dtype_of(t, s), dims(p.shape)});
   add_extra_state(optimizer, t);
   const fs::path tmp = begin_dir(save_dir, state.iteration);
   std::string dir;
@@ -311,7 +339,7 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
     write_file(tmp, model_file(t));
     write_file(tmp, optimizer);
     dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, {kModelFile, kOptimizerFile},
-                  nullptr);
+                  nullptr, state_dtypes_json(t));
   });
   update_tracker(save_dir, state.iteration);
   prune(save_dir, state.iteration, state.run_id, keep_last);
@@ -337,13 +365,13 @@ void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& 
   }
   const size_t n = t.owned.size();
   FileToWrite shard{shard_file_name(rank, world), {}, [&](size_t i, void* dst) {
-                      const Tensor& src = i < n ? t.master : i < 2 * n ? t.exp_avg : t.exp_avg_sq;
-                      t.backend->download(dst,
-                                          src.flat_range(packed_at[i % n], t.owned[i % n].count()));
+                      t.backend->download(
+                          dst, state_tensor(t, kFlatStates[i / n], i % n, packed_at[i % n],
+                                            t.owned[i % n].count()));
                     }};
-  for (const char* kind : kOptimizerKinds)
+  for (FlatState s : kFlatStates)
     for (const ParamRange& r : t.owned)
-      shard.tensors.push_back({slice_name(kind, r), DType::F32, {r.count()}});
+      shard.tensors.push_back({slice_name(kind_name(s), r), state_dtype_of(t, s), {r.count()}});
   // Every rank holds the same extra state (FP8 scales are derived from max-reduced amaxes).
   if (rank == 0) {
     add_extra_state(shard, t);
@@ -373,7 +401,8 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
       for (const ParamRange& r : ranges) listed.push_back({r.begin, r.end});
       shards.push_back({{"file", files.back()}, {"ranges", listed}});
     }
-    dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards);
+    dir =
+        publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards, state_dtypes_json(t));
   });
   update_tracker(save_dir, state.iteration);
   prune(save_dir, state.iteration, state.run_id, keep_last);
@@ -492,6 +521,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     state_.config_yaml = j.at("config_yaml").get<std::string>();
     dtype_text = j.at("weights_dtype").get<std::string>();
     sizes = j.at("files").get<std::map<std::string, uint64_t>>();
+    const nlohmann::json recorded = j.value("optimizer_state_dtypes", nlohmann::json::object());
+    for (FlatState s : kFlatStates) {
+      if (!recorded.contains(kind_name(s))) continue;  // older checkpoints: fp32
+      const std::string text = recorded.at(kind_name(s)).get<std::string>();
+      DType d;
+      if (!parse_dtype(text, &d) || (d != DType::F32 && d != DType::BF16))
+        throw DataError(fmt::format("{}: optimizer_state_dtypes.{} is '{}'; expected fp32 or bf16",
+                                    state_file, kind_name(s), text));
+      state_dtypes_[static_cast<int>(s)] = d;
+    }
     for (const auto& shard : j.value("optimizer_shards", nlohmann::json::array())) {
       std::vector<ParamRange> ranges;
       for (const auto& r : shard.at("ranges"))
@@ -525,9 +564,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   for (const auto& p : layout_.params) check_tensor(*model_, p.name, weights_dtype, p.shape, model);
   if (sizes.count(kOptimizerFile)) {
     optimizer_ = std::make_unique<SafetensorsFile>((d / kOptimizerFile).string());
-    for (const char* kind : kOptimizerKinds)
+    for (FlatState s : kFlatStates)
       for (const auto& p : layout_.params)
-        check_tensor(*optimizer_, std::string(kind) + "." + p.name, DType::F32, p.shape, model);
+        check_tensor(*optimizer_, std::string(kind_name(s)) + "." + p.name, state_dtype(s), p.shape,
+                     model);
   }
   std::vector<ShardRange> all;
   for (const auto& [name, ranges] : shard_list) {
@@ -542,8 +582,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
             fmt::format("{}: optimizer shard {} lists range {}; expected a non-empty "
                         "range within the model's {} flat elements",
                         state_file, name, describe(r), layout_.total));
-      for (const char* kind : kOptimizerKinds)
-        check_tensor(*shard.file, slice_name(kind, r), DType::F32, {r.count()},
+      for (FlatState s : kFlatStates)
+        check_tensor(*shard.file, slice_name(kind_name(s), r), state_dtype(s), {r.count()},
                      fmt::format("for range {} as {} lists", describe(r), kStateFile));
       all.push_back({r, &name});
     }
@@ -633,17 +673,18 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
     const std::vector<ParamRange> owned =
         t.owned.empty() ? std::vector<ParamRange>{{0, t.layout->total}} : t.owned;
     int64_t at = 0;  // where the range starts in the packed tensors
-    for (const ParamRange& r : owned) {
+    for (size_t i = 0; i < owned.size(); ++i) {
+      const ParamRange& r = owned[i];
       TS_CHECK(r.begin >= 0 && r.begin < r.end && r.end <= t.layout->total,
                "owned range [{}, {}) outside the {} parameters", r.begin, r.end, t.layout->total);
       for (FlatState s : kFlatStates) {
         if (s != FlatState::Master && !c.has_optimizer_state()) break;
-        const Tensor& dst = s == FlatState::Master   ? t.master
-                            : s == FlatState::ExpAvg ? t.exp_avg
-                                                     : t.exp_avg_sq;
+        // Whatever dtype the checkpoint holds it in, the state arrives as the run keeps it
+        // (bf16 moments resume fp32 ones and the other way round).
+        const Tensor dst = state_tensor(t, s, i, at, r.count());
         c.read_flat(s, r, [&](int64_t offset, const std::vector<float>& v) {
-          t.backend->upload(dst.flat_range(at + offset - r.begin, static_cast<int64_t>(v.size())),
-                            v.data());
+          upload_values(*t.backend,
+                        dst.flat_range(offset - r.begin, static_cast<int64_t>(v.size())), v.data());
         });
       }
       at += r.count();

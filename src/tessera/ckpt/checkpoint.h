@@ -2,7 +2,8 @@
 // Training checkpoints in Megatron's directory layout (docs/checkpoints.md is the spec):
 //   {save}/latest_checkpointed_iteration.txt   iteration of the newest complete checkpoint
 //   {save}/iter_0000100/model.safetensors       weights in the compute dtype, Tessera names
-//                       optimizer.safetensors   fp32 master weights and AdamW moments
+//                       optimizer.safetensors   master weights and AdamW moments (fp32, or bf16
+//                                               as the precision-aware optimizer keeps them)
 //                       trainer_state.json      counters, seed, config, model, format version
 // Under ZeRO-1 each rank writes optimizer.rank{r}-of-{world}.safetensors instead: its slices
 // of the flat fp32 buffers, named by their [begin, end) in ParamLayout offsets, which depend
@@ -58,7 +59,12 @@ struct TrainingTensors {
   // while model.safetensors is written (under FSDP each call may gather from every rank).
   std::function<Tensor(int index)> param;
   DType params_dtype = DType::F32;
-  Tensor master, exp_avg, exp_avg_sq;  // (P) fp32, or the owned ranges packed
+  // (P), or the owned ranges packed; fp32, or bf16 where the precision-aware optimizer keeps
+  // them so (written in their dtype, which trainer_state.json records; loading converts).
+  Tensor master, exp_avg, exp_avg_sq;
+  // Master weights that are not packed: with bf16 main parameters under ZeRO-1 or FSDP they
+  // are this rank's parameters, owned range i in master_ranges[i]. Empty: `master` holds them.
+  std::vector<Tensor> master_ranges;
   // Further fp32 state by name (the FP8 scaling state, "fp8.*"), kept in
   // optimizer.safetensors (sharded: rank 0's shard). Loading a checkpoint without them (or
   // with other shapes) leaves these tensors as they are, so checkpoints of runs without that
@@ -123,8 +129,9 @@ std::vector<SavedCheckpoint> saved_checkpoints(const std::string& save_dir);
 // other `load` without a checkpoint is a DataError.
 std::string checkpoint_to_resume(const CheckpointConfig& c);
 
-// The fp32 state a checkpoint holds for every parameter, as flat buffers in ParamLayout
-// offsets. Master weights without optimizer state are the model weights.
+// The state a checkpoint holds for every parameter, as flat buffers in ParamLayout offsets
+// (read as fp32 whatever dtype it was saved in). Master weights without optimizer state are
+// the model weights.
 enum class FlatState { Master, ExpAvg, ExpAvgSq };
 
 // A checkpoint directory, checked when opened: trainer_state.json parses and has a known
@@ -145,6 +152,8 @@ class Checkpoint {
   bool has_optimizer_state() const { return optimizer_ || !shards_.empty(); }
   bool sharded() const { return !shards_.empty(); }
 
+  // The dtype each kind of optimizer state was saved in (fp32 in checkpoints that record none).
+  DType state_dtype(FlatState state) const { return state_dtypes_[static_cast<int>(state)]; }
   // fp32 master weights of `p` (the model weights when there is no optimizer state).
   std::vector<float> master(const ParamInfo& p) const;
   std::vector<float> exp_avg(const ParamInfo& p) const;     // needs optimizer state
@@ -178,6 +187,7 @@ class Checkpoint {
   ParamLayout layout_;
   std::unique_ptr<SafetensorsFile> model_, optimizer_;
   std::vector<Shard> shards_;  // by rank; empty unless the optimizer state is sharded
+  DType state_dtypes_[3] = {DType::F32, DType::F32, DType::F32};  // by FlatState
 };
 
 // Loads checkpoint `dir` into t.master and the moments, the ranges t.owned names (all when

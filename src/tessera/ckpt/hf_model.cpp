@@ -23,6 +23,7 @@
 #include "tessera/data/bpe_tokenizer.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/model/model_family.h"
+#include "tessera/ops/device_buffer.h"
 
 namespace tessera {
 namespace {
@@ -277,8 +278,8 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
     backend.fill(s.values, 0.0f);  // alignment padding
     layout.for_each_param_in(s.range, [&](const ParamInfo& p, const ParamRange& part) {
       const std::vector<float> w = hf.weights(p);
-      backend.upload(s.values.flat_range(part.begin - s.range.begin, part.count()),
-                     w.data() + (part.begin - p.offset));
+      upload_values(backend, s.values.flat_range(part.begin - s.range.begin, part.count()),
+                    w.data() + (part.begin - p.offset));
     });
   }
   return d.behaviour;

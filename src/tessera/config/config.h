@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/core/dtype.h"
+
 namespace tessera {
 
 enum class LrDecayStyle { Constant, Linear, Cosine };
@@ -94,6 +96,16 @@ struct TrainingConfig {
   bool overlap_grad_reduce = true;         // reduce gradient buckets during the backward
   bool overlap_param_gather = false;       // ZeRO-1: gather parameters during the next forward
   int64_t ddp_bucket_size = 40000000;      // elements per gradient bucket
+  // Megatron's precision-aware optimizer (docs/memory.md): the dtypes the optimizer's tensors
+  // are stored in (fp32 or bf16; the AdamW arithmetic stays fp32). Other than fp32 only with
+  // use_precision_aware_optimizer, which, as in Megatron, needs the distributed optimizer (or
+  // FSDP). main_grads_dtype bf16: the gradient buffer accumulates and is reduced in bf16;
+  // main_params_dtype bf16: no fp32 master copy, the bf16 parameters are updated in place.
+  bool use_precision_aware_optimizer = false;
+  DType main_grads_dtype = DType::F32;
+  DType main_params_dtype = DType::F32;
+  DType exp_avg_dtype = DType::F32;
+  DType exp_avg_sq_dtype = DType::F32;
   double dist_timeout_minutes = 10.0;      // rendezvous and collective timeout
 };
 

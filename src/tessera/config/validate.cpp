@@ -22,6 +22,7 @@ namespace fs = std::filesystem;
 class Checker {
  public:
   explicit Checker(const Experiment& e) : e_(e) {}
+  const Experiment& experiment() const { return e_; }
 
   // Fails with `key`'s origin and current value when `ok` is false.
   void require(bool ok, const char* key, const std::string& expected) const {
@@ -146,6 +147,27 @@ void check_data_parallel(const Checker& c, const TrainingConfig& t) {
             "false when use_distributed_optimizer is true (FSDP already shards the optimizer "
             "state; choose one)");
   c.require(t.dist_timeout_minutes > 0, "dist_timeout_minutes", "a positive number of minutes");
+}
+
+// Megatron's rules for the precision-aware optimizer: the four dtypes stay fp32 without it,
+// and it runs inside the distributed optimizer (here: ZeRO-1, or FSDP, which shards the same
+// state), so a one-GPU run sets use_distributed_optimizer too, as Megatron's does.
+void check_optimizer_precision(const Checker& c, const TrainingConfig& t) {
+  for (const char* key :
+       {"main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"})
+    c.require(t.use_precision_aware_optimizer || find_key(key)->get(c.experiment()) == "fp32", key,
+              "fp32 unless use_precision_aware_optimizer is true (Megatron's rule: the "
+              "optimizer's tensors are lowered only by the precision-aware optimizer)");
+  if (!t.use_precision_aware_optimizer) return;
+  c.require(t.use_distributed_optimizer || t.use_torch_fsdp2, "use_precision_aware_optimizer",
+            "false unless use_distributed_optimizer (or use_torch_fsdp2) is true: as in Megatron, "
+            "the precision-aware optimizer is the distributed optimizer's (on one GPU, "
+            "--use_distributed_optimizer true changes nothing else)");
+  c.require(t.main_params_dtype == DType::F32 ||
+                (t.device != DeviceChoice::Cpu && t.precision != Precision::Fp32),
+            "main_params_dtype",
+            "fp32 unless the parameters are bf16 (precision bf16, or auto on a GPU): bf16 main "
+            "parameters are the bf16 parameters themselves");
 }
 
 // The warm-up must end by the end of the decay (lr_decay_iters; 0 means train_iters). Of the
@@ -364,6 +386,7 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   check_batch(c, e.training, e.model_config, data_parallel_size);
   check_data_parallel(c, e.training);
   check_optimizer(c, e.training);
+  check_optimizer_precision(c, e.training);
   check_step(c, e.training, e.model_config);
   if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
   check_data(c, e.data);

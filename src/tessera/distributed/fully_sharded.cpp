@@ -22,7 +22,8 @@ int slot_count(const ParamLayout& layout) {
 }  // namespace
 
 FullyShardedDataParallel::Memory FullyShardedDataParallel::plan_memory(const ParamLayout& layout,
-                                                                       int world, DType compute) {
+                                                                       int world, DType compute,
+                                                                       DType grad) {
   Memory m;
   int64_t padded = 0;
   for (const ParamRange& u : layout.units) {
@@ -33,7 +34,7 @@ FullyShardedDataParallel::Memory FullyShardedDataParallel::plan_memory(const Par
   const auto slots = static_cast<size_t>(slot_count(layout) * padded);
   const auto shard = static_cast<size_t>(m.shard_elements);
   m.weights = (shard + slots) * dtype_size(compute);
-  m.gradients = (shard + slots) * sizeof(float);
+  m.gradients = (shard + slots) * dtype_size(grad);
   return m;
 }
 
@@ -53,14 +54,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& mo
     units_.push_back(u);
   }
   Backend& b = model.backend();
-  const DType dt = model.runtime().compute_dtype;
+  const DType dt = model.runtime().compute_dtype, gt = model.runtime().grad_dtype;
   const int slots = slot_count(layout);
   shard_buffer_ = DeviceBuffer(b, at * dtype_size(dt), "parameter shard");
-  grad_shard_buffer_ = DeviceBuffer(b, at * sizeof(float), "gradient shard");
+  grad_shard_buffer_ = DeviceBuffer(b, at * dtype_size(gt), "gradient shard");
   slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
-  grad_slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * sizeof(float), "unit gradients");
+  grad_slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
   param_shards_ = shard_buffer_.tensor(dt, {at});
-  grad_shards_ = grad_shard_buffer_.tensor(DType::F32, {at});
+  grad_shards_ = grad_shard_buffer_.tensor(gt, {at});
   // Slice padding beyond a unit's end is gathered and reduced with the rest: keep it zero.
   b.fill(param_shards_, 0.0f);
   b.fill(grad_shards_, 0.0f);
@@ -82,12 +83,22 @@ std::string FullyShardedDataParallel::description() const {
       units_.size(), static_cast<double>(largest) / 1e6);
 }
 
-// Rank r's slice of each unit, clipped to the unit's end (the rest is padding).
+std::vector<ParamRange> FullyShardedDataParallel::owned_ranges(const ParamLayout& layout, int world,
+                                                               int rank) {
+  std::vector<ParamRange> out;
+  for (const ParamRange& unit : layout.units) {
+    const int64_t slice = slice_elements(unit, world);
+    const int64_t begin = unit.begin + rank * slice;
+    const int64_t end = std::min(begin + slice, unit.end);
+    if (begin < end) out.push_back({begin, end});
+  }
+  return out;
+}
+
 std::vector<OwnedParams> FullyShardedDataParallel::optimizer_shards() const {
   std::vector<OwnedParams> out;
   const int64_t r = comm_.rank();
-  for (size_t k = 0; k < units_.size(); ++k) {
-    const Unit& u = units_[k];
+  for (const Unit& u : units_) {
     const int64_t begin = u.range.begin + r * u.slice;
     const int64_t end = std::min(begin + u.slice, u.range.end);
     if (begin >= end) continue;
@@ -109,7 +120,7 @@ Tensor FullyShardedDataParallel::param_slot(const Slot& s, int unit) const {
 Tensor FullyShardedDataParallel::grad_slot(const Slot& s, int unit) const {
   const auto index = static_cast<size_t>(&s - grad_slots_.data());
   const Tensor all = grad_slot_buffer_.tensor(
-      DType::F32, {static_cast<int64_t>(grad_slots_.size()) * padded_unit_});
+      model_.runtime().grad_dtype, {static_cast<int64_t>(grad_slots_.size()) * padded_unit_});
   return all.flat_range(static_cast<int64_t>(index) * padded_unit_,
                         units_[unit].slice * comm_.size());
 }

@@ -1,9 +1,9 @@
 #pragma once
 // FSDP (ZeRO-3, use_torch_fsdp2): every rank keeps only its shard of each parameter unit
 // (ParamLayout::units: the embedding, each decoder layer, the final norm with the output
-// head): its compute-dtype parameters and fp32 gradients here, its fp32 master weights and
-// AdamW moments in the optimizer. Unit u, padded to W x n_u elements (n_u a multiple of 64),
-// is cut into W equal slices; rank r holds slice r.
+// head): its compute-dtype parameters and gradients (fp32, or bf16 with main_grads_dtype) here,
+// its master weights and AdamW moments in the optimizer. Unit u, padded to W x n_u elements (n_u a
+// multiple of 64), is cut into W equal slices; rank r holds slice r.
 //
 // Just before the model reads a unit, the slices are all-gathered into a parameter slot (a
 // buffer the size of the largest padded unit), while the unit the model reads next is
@@ -36,7 +36,10 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
     size_t weights = 0, gradients = 0;
     int64_t shard_elements = 0;
   };
-  static Memory plan_memory(const ParamLayout& layout, int world, DType compute);
+  static Memory plan_memory(const ParamLayout& layout, int world, DType compute, DType grad);
+  // Rank `rank`'s slice of each unit, clipped to the unit's end (the rest is padding): what
+  // its optimizer updates, in increasing order.
+  static std::vector<ParamRange> owned_ranges(const ParamLayout& layout, int world, int rank);
 
   std::string description() const override;
   std::vector<OwnedParams> optimizer_shards() const override;

@@ -27,9 +27,33 @@ void expect_host(const Tensor& t, const char* op) {
            op, device_name(t.device));
 }
 
-void expect_fp32(const Tensor& t, const char* op) {
-  TS_CHECK(t.dtype == DType::F32, "{}: the local communicator reduces fp32 only, not {}", op,
+void expect_reducible(const Tensor& t, const char* op) {
+  TS_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16,
+           "{}: the local communicator reduces fp32 and bf16 only, not {}", op,
            dtype_name(t.dtype));
+}
+
+// Element i of a rank's reduction input (fp32 or bf16), as fp32.
+float element(const std::byte* data, DType dtype, int64_t i) {
+  if (dtype == DType::F32) return reinterpret_cast<const float*>(data)[i];
+  return bf16_bits_to_float(reinterpret_cast<const uint16_t*>(data)[i]);
+}
+
+// ranks' inputs reduced in rank order in fp32, elements [first, first + n) into out (bf16
+// rounded once at the end, as the sum of fp32 values NCCL's kernels add would be).
+void reduce_into(const Tensor& out, std::span<const std::vector<std::byte>> ins, DType dtype,
+                 int64_t first, int64_t n, ReduceOp op) {
+  for (int64_t i = 0; i < n; ++i) {
+    float acc = element(ins[0].data(), dtype, first + i);
+    for (size_t r = 1; r < ins.size(); ++r) {
+      const float x = element(ins[r].data(), dtype, first + i);
+      acc = op == ReduceOp::Sum ? acc + x : std::max(acc, x);
+    }
+    if (dtype == DType::F32)
+      out.as<float>()[i] = acc;
+    else
+      out.as<uint16_t>()[i] = float_to_bf16_bits(acc);
+  }
 }
 
 }  // namespace
@@ -212,31 +236,19 @@ void LocalCommunicator::collective(const char* name, const Tensor& in, int root,
 }
 
 void LocalCommunicator::all_reduce(const Tensor& buffer, ReduceOp op, Lane) {
-  expect_fp32(buffer, "all_reduce");
+  expect_reducible(buffer, "all_reduce");
   collective("all_reduce", buffer, 0, [&](std::span<const Bytes> in) {
-    float* out = buffer.as<float>();
-    const auto* first = reinterpret_cast<const float*>(in[0].data());
-    std::copy_n(first, buffer.numel(), out);
-    for (int r = 1; r < size(); ++r) {
-      const auto* x = reinterpret_cast<const float*>(in[r].data());
-      for (int64_t i = 0; i < buffer.numel(); ++i)
-        out[i] = op == ReduceOp::Sum ? out[i] + x[i] : std::max(out[i], x[i]);
-    }
+    reduce_into(buffer, in, buffer.dtype, 0, buffer.numel(), op);
   });
 }
 
 void LocalCommunicator::reduce_scatter(const Tensor& out, const Tensor& in, Lane) {
-  expect_fp32(in, "reduce_scatter");
+  expect_reducible(in, "reduce_scatter");
   TS_CHECK(in.numel() == out.numel() * size() && in.dtype == out.dtype,
            "reduce_scatter: in {} must hold {} x out {}", in.shape.str(), size(), out.shape.str());
   collective("reduce_scatter", in, 0, [&](std::span<const Bytes> ins) {
     const int64_t n = out.numel();
-    float* o = out.as<float>();
-    std::copy_n(reinterpret_cast<const float*>(ins[0].data()) + rank_ * n, n, o);
-    for (int r = 1; r < size(); ++r) {
-      const auto* x = reinterpret_cast<const float*>(ins[r].data()) + rank_ * n;
-      for (int64_t i = 0; i < n; ++i) o[i] += x[i];
-    }
+    reduce_into(out, ins, in.dtype, rank_ * n, n, ReduceOp::Sum);
   });
 }
 

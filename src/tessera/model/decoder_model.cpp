@@ -74,7 +74,7 @@ ModelMemory DecoderModel::plan_memory(const ModelSpec& spec, const ModelRuntime&
   const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
   if (!rt.sharded_params) {
     m.weights = padded * dtype_size(rt.compute_dtype);
-    m.gradients = padded * sizeof(float);
+    m.gradients = padded * dtype_size(rt.grad_dtype);
   }
   ActivationPlan plan(rt.recompute == RecomputeGranularity::Selective);
   Activations acts;
@@ -98,7 +98,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     param_buffer_ = DeviceBuffer(backend_, mem.weights, "parameters");
     grad_buffer_ = DeviceBuffer(backend_, mem.gradients, "gradients");
     params_ = param_buffer_.tensor(runtime_.compute_dtype, {layout_.total});
-    grads_ = grad_buffer_.tensor(DType::F32, {layout_.total});
+    grads_ = grad_buffer_.tensor(runtime_.grad_dtype, {layout_.total});
     for (size_t u = 0; u < layout_.units.size(); ++u) {
       const ParamRange& r = layout_.units[u];
       unit_params_[u] = params_.flat_range(r.begin, r.count());
@@ -167,7 +167,7 @@ void DecoderModel::bind_unit_params(int unit, const Tensor& params) {
 
 void DecoderModel::bind_unit_grads(int unit, const Tensor& grads) {
   TS_CHECK(runtime_.sharded_params, "gradients are bound only with sharded_params");
-  check_unit_binding(grads, DType::F32, layout_.units[unit], unit, "gradients");
+  check_unit_binding(grads, runtime_.grad_dtype, layout_.units[unit], unit, "gradients");
   unit_grads_[unit] = grads;
 }
 
@@ -337,7 +337,11 @@ void DecoderModel::forward_backward(float grad_scale) {
     grads_needed(unit);
     {
       ScopedRange r(backend_, "layer_backward");
-      if (recomputes_fully(l)) layers_[l]->recompute(*this, a_.resid[l]);
+      if (recomputes_fully(l)) {
+        // Named so that a trace's step breakdown can tell recompute from the first forward.
+        ScopedRange rr(backend_, "recompute");
+        layers_[l]->recompute(*this, a_.resid[l]);
+      }
       layers_[l]->backward(*this, a_.resid[l], a_.dresid);
     }
     params_done(unit);

@@ -69,7 +69,8 @@ class Fp8Linears {
   // out (rows, out) = in (rows, in) @ W^T (+ bias) (+ beta * residual) for linear i.
   void forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
                const Tensor& bias, float beta, const Tensor& residual);
-  // din (rows, in) = dout @ W when din is defined; dweight (out, in) fp32 =
+  // din (rows, in) = dout @ W when din is defined; dweight (out, in), fp32 or bf16 (the
+  // gradient buffer's dtype) =
   // dout^T @ in + dweight_beta * dweight.
   void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);

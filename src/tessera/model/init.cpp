@@ -8,7 +8,10 @@ void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout&
                      const std::vector<FlatSlice>& slices, uint64_t seed) {
   const float scaled_std = spec.init_std / std::sqrt(2.0f * static_cast<float>(spec.num_layers));
   for (const FlatSlice& s : slices) {
-    expect_dtype(s.values, DType::F32, "initialised parameters");
+    // bf16 slices (bf16 main parameters) receive the fp32 values rounded, as a conversion
+    // of fp32 master weights would give them.
+    TS_CHECK(s.values.dtype == DType::F32 || s.values.dtype == DType::BF16,
+             "initialised parameters: dtype {}, expected fp32 or bf16", dtype_name(s.values.dtype));
     expect_numel(s.values, s.range.count(), "initialised parameters");
     backend.fill(s.values, 0.0f);
     layout.for_each_param_in(s.range, [&](const ParamInfo& p, const ParamRange& part) {

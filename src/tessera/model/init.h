@@ -8,7 +8,7 @@
 
 namespace tessera {
 
-// Megatron's initialisation into fp32 slices of the flat layout: weights N(0, init_std),
+// Megatron's initialisation into fp32 (or bf16) slices of the flat layout: weights N(0, init_std),
 // output projections (o_proj, down_proj) N(0, init_std / sqrt(2 L)), norm weights 1, biases 0,
 // alignment padding 0. Each element's value depends only on the seed and its offset in the
 // layout, so every backend and sharding initialises identically.

@@ -17,6 +17,9 @@ struct ModelRuntime {
   int64_t micro_batch = 1;
   int64_t seq_length = 128;
   DType compute_dtype = DType::F32;
+  // The gradient buffer's dtype (main_grads_dtype): fp32, or bf16, which every op that adds
+  // into a gradient rounds its fp32 sum to (ops/backend.h).
+  DType grad_dtype = DType::F32;
   RecomputeGranularity recompute = RecomputeGranularity::None;
   int64_t recompute_num_layers = 0;  // with Full: first N layers; 0 = all
   int64_t cross_entropy_chunk_tokens = 8192;
@@ -41,7 +44,7 @@ struct ModelRuntime {
 // memory planner report these).
 struct ModelMemory {
   size_t weights = 0;      // compute-dtype parameters
-  size_t gradients = 0;    // fp32 gradients
+  size_t gradients = 0;    // gradients (ModelRuntime::grad_dtype)
   size_t activations = 0;  // stored activations, backward scratch, logits chunk, batch
   size_t fp8 = 0;          // FP8 scaling state, weight cache and cast buffers (fp8 runs)
 };
@@ -71,12 +74,12 @@ class Model {
   virtual const ParamLayout& layout() const = 0;
   virtual Backend& backend() const = 0;
 
-  // (P) compute dtype and fp32, flat; undefined with runtime().sharded_params.
+  // (P) compute dtype and grad dtype, flat; undefined with runtime().sharded_params.
   virtual Tensor params() const = 0;
   virtual Tensor grads() const = 0;
   virtual Tensor param(int index) const = 0;
   virtual Tensor grad(int index) const = 0;
-  // sharded_params: where unit u's parameters (compute dtype) or gradients (fp32) are now, at
+  // sharded_params: where unit u's parameters (compute dtype) or gradients (grad dtype) are now, at
   // least units[u].count() elements laid out as in the flat buffer from units[u].begin.
   virtual void bind_unit_params(int unit, const Tensor& params) = 0;
   virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;

@@ -394,8 +394,11 @@ void Backend::sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
 void Backend::adamw_step(const AdamWArgs& args) {
   const OpScope scope(*this, "adamw_step", [&] { return op_args::adamw(args); });
   const OpChecks check(*this, "adamw_step");
-  check.placed(args.master, "master");
-  const int64_t P = args.master.numel();
+  check.that(args.master.defined() || args.params.defined(),
+             "neither master nor params is defined: nothing to update");
+  const Tensor& updated = args.master.defined() ? args.master : args.params;
+  check.placed(updated, args.master.defined() ? "master" : "params");
+  const int64_t P = updated.numel();
   check.count(args.grad, P, "grad");
   check.count(args.exp_avg, P, "exp_avg");
   check.count(args.exp_avg_sq, P, "exp_avg_sq");

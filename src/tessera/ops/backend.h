@@ -10,8 +10,10 @@
 // Conventions:
 // - Tensors are contiguous and row-major; shapes are in the comments, N = tokens (B*T).
 // - "compute dtype" is the activation/weight dtype of the run (fp32 on the CPU reference,
-//   bf16 on GPUs). Statistics (rstd, lse, losses), weight gradients and optimizer state are
-//   always fp32.
+//   bf16 on GPUs). Statistics (rstd, lse, losses) are always fp32; gradients that accumulate
+//   across micro-batches (weight, norm, bias and embedding gradients) and optimizer state
+//   are fp32, or bf16 where the run asks for it (main_grads_dtype, exp_avg_dtype, ...): an
+//   accumulating op then adds its fp32 result into the bf16 value and rounds once.
 // - Outputs named d<x> with "accumulates" add into the existing contents (gradient
 //   accumulation across micro-batches and residual branches); all other outputs overwrite.
 // - Ops are asynchronous with respect to the host on devices that allow it; only
@@ -91,11 +93,15 @@ struct ParamSegment {
   bool decay = true;
 };
 
+// The state may be stored in bf16 (Megatron's precision-aware optimizer): the arithmetic is
+// fp32 whatever the storage, each bf16 tensor is read into fp32 and its new value rounded back
+// to nearest even; the parameter update uses the fp32 moments before that rounding.
 struct AdamWArgs {
-  Tensor master;         // (P) fp32 master weights, updated in place
-  Tensor grad;           // (P) fp32
-  Tensor exp_avg;        // (P) fp32 first moment
-  Tensor exp_avg_sq;     // (P) fp32 second moment
+  Tensor master;         // (P) fp32 master weights, updated in place; undefined: `params` are
+                         // the master (bf16 main parameters), updated in place
+  Tensor grad;           // (P) fp32 or bf16
+  Tensor exp_avg;        // (P) fp32 or bf16 first moment
+  Tensor exp_avg_sq;     // (P) fp32 or bf16 second moment
   Tensor params;         // (P) compute-dtype copy refreshed from master; undefined if master is it
   Tensor grad_norm_sq;   // (1) fp32 on the device: squared global gradient norm. A non-finite
                          // value makes the op change nothing (the step is skipped).

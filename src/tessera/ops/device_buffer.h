@@ -1,7 +1,9 @@
 #pragma once
 // DeviceBuffer: owning handle to one allocation made through a Backend.
 #include <cstddef>
+#include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "tessera/ops/backend.h"
 
@@ -46,5 +48,17 @@ class DeviceBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Uploads n host fp32 values into dst, an fp32 or bf16 tensor of n elements (bf16 rounded to
+// nearest even on the host): loaded weights and optimizer state into wherever a run keeps
+// them.
+inline void upload_values(Backend& backend, const Tensor& dst, const float* values) {
+  if (dst.dtype == DType::F32) return backend.upload(dst, values);
+  TS_CHECK(dst.dtype == DType::BF16, "upload_values: {} destination, expected fp32 or bf16",
+           dtype_name(dst.dtype));
+  std::vector<uint16_t> bits(static_cast<size_t>(dst.numel()));
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = float_to_bf16_bits(values[i]);
+  backend.upload(dst, bits.data());
+}
 
 }  // namespace tessera

@@ -180,10 +180,17 @@ inline OpArgs transfer(const Tensor& t) {
   return r;
 }
 
+// The state dtypes (the precision-aware optimizer's) fix the bytes the step moves; without
+// an fp32 master the parameters are updated in place.
 inline OpArgs adamw(const AdamWArgs& a) {
   OpArgs r;
-  r.add("numel", a.master.numel()).add("segments", static_cast<int64_t>(a.segments.size()));
+  r.add("numel", a.master.defined() ? a.master.numel() : a.params.numel())
+      .add("segments", static_cast<int64_t>(a.segments.size()));
   r.add_dtype("dtype", a.params.defined() ? a.params.dtype : a.master.dtype);
+  r.add_bool("master", a.master.defined());
+  r.add_dtype("grad_dtype", a.grad.dtype)
+      .add_dtype("exp_avg_dtype", a.exp_avg.dtype)
+      .add_dtype("exp_avg_sq_dtype", a.exp_avg_sq.dtype);
   return r;
 }
 

@@ -62,6 +62,22 @@ struct DeviceInfo {
   std::string blas;             // "cuBLASLt 13.1.0"
 };
 
+// The ops of a training step that make a backend allocate buffers of its own (kernel scratch,
+// the fused AdamW's chunk table, FP8 scale slots), with their sizes, so that the memory planner
+// counts what a backend of the platform allocates for them from the backend's own size
+// formulas (Platform::step_buffer_bytes).
+struct StepBufferDemand {
+  int64_t tokens = 0;             // rows of a micro batch (norm, bias, embedding backward)
+  int64_t hidden = 0;             // width of the norms
+  int64_t widest_bias = 0;        // widest bias gradient; 0: the model has no biases
+  int64_t largest_reduction = 0;  // elements of the largest sum / sum_squares (gradient norm)
+  AttentionShape attention;       // a layer's attention, forward and backward
+  AttentionBackend attention_backend = AttentionBackend::Auto;
+  // The fused AdamW calls of one optimizer step, each with the lengths of its segments.
+  std::vector<std::vector<int64_t>> adamw_segments;
+  bool fp8 = false;  // FP8 GEMMs (their scale slots)
+};
+
 class Platform {
  public:
   virtual ~Platform() = default;
@@ -89,6 +105,13 @@ class Platform {
   // Device `device` (below device_count()).
   virtual DeviceInfo device_info(int device) const = 0;
   virtual std::vector<RuntimeLibrary> runtime_libraries() const = 0;
+  // Bytes a backend of this platform holds in buffers of its own once a training step with
+  // these demands has run (its memory_stats() counts them besides the tensors its callers
+  // allocate): the GEMM library's workspace and the largest scratch any op asked for.
+  virtual size_t step_buffer_bytes(const StepBufferDemand& d) const {
+    (void)d;
+    return 0;
+  }
 };
 
 }  // namespace tessera

@@ -8,6 +8,14 @@ namespace tessera {
 
 namespace {
 
+// Each state tensor starts on a 256-byte boundary of its buffer, so that the vector loads of
+// the fused op stay aligned whatever the element counts and dtypes before it.
+constexpr size_t kStateAlign = 256;
+
+size_t aligned(size_t bytes) {
+  return (bytes + kStateAlign - 1) / kStateAlign * kStateAlign;
+}
+
 // segments (offsets from the buffer start) restricted to [r.begin, r.end), offsets from r.begin.
 std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segments,
                                         const ParamRange& r) {
@@ -19,42 +27,73 @@ std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segment
   return out;
 }
 
+// Whether an fp32 master copy is allocated: not when the parameters are the master (bf16
+// main parameters) or already are fp32 master weights of the whole layout.
+bool separate_master(DType compute, const OptimizerDtypes& d, bool sharded) {
+  if (d.main_params != DType::F32) return false;
+  return compute != DType::F32 || sharded;
+}
+
 }  // namespace
+
+std::vector<std::vector<ParamSegment>> AdamWOptimizer::step_segments(
+    const ParamLayout& layout, const std::vector<ParamRange>& owned) {
+  const std::vector<ParamSegment> all = layout.decay_segments();
+  std::vector<std::vector<ParamSegment>> out;
+  for (const ParamRange& r : owned) out.push_back(clip_segments(all, r));
+  return out;
+}
+
+OptimizerDtypes OptimizerDtypes::from(const TrainingConfig& t) {
+  return {t.main_params_dtype, t.exp_avg_dtype, t.exp_avg_sq_dtype};
+}
 
 AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
                                std::vector<OwnedParams> owned)
     : model_(model),
       config_(config),
-      segments_(model.layout().decay_segments()),
+      dtypes_(OptimizerDtypes::from(config)),
+
       owned_(std::move(owned)),
       sharded_(!owned_.empty()) {
   Backend& b = model.backend();
   const int64_t P = model.layout().total;
+  const DType compute = model.runtime().compute_dtype;
   if (!sharded_) owned_ = {{{0, P}, model.params(), model.grads()}};
   int64_t held = 0;
   for (const OwnedParams& o : owned_) {
     TS_CHECK(o.params.numel() == o.range.count() && o.grads.numel() == o.range.count(),
              "owned range [{}, {}) has {} parameters and {} gradients", o.range.begin, o.range.end,
              o.params.numel(), o.grads.numel());
-    owned_segments_.push_back(clip_segments(segments_, o.range));
     held += o.range.count();
   }
-  if (model.runtime().compute_dtype == DType::F32 && !sharded_) {
+  owned_segments_ = step_segments(model.layout(), this->owned());
+  if (dtypes_.main_params != DType::F32) {
+    TS_CHECK(dtypes_.main_params == compute,
+             "{} main parameters need {} parameters; the model's are {}",
+             dtype_name(dtypes_.main_params), dtype_name(dtypes_.main_params), dtype_name(compute));
+    params_are_master_ = true;
+    if (!sharded_) master_ = model.params();
+  } else if (!separate_master(compute, dtypes_, sharded_)) {
     master_ = model.params();
   } else {
     master_buffer_ = DeviceBuffer(b, held * sizeof(float), "fp32 master weights");
     master_ = master_buffer_.tensor(DType::F32, {held});
   }
-  moments_buffer_ = DeviceBuffer(b, 2 * held * sizeof(float), "AdamW moments");
-  exp_avg_ = moments_buffer_.tensor(DType::F32, {held});
-  exp_avg_sq_ = moments_buffer_.tensor(DType::F32, {held}, held * sizeof(float));
+  const size_t m_bytes = aligned(static_cast<size_t>(held) * dtype_size(dtypes_.exp_avg));
+  moments_buffer_ = DeviceBuffer(
+      b, m_bytes + static_cast<size_t>(held) * dtype_size(dtypes_.exp_avg_sq), "AdamW moments");
+  exp_avg_ = moments_buffer_.tensor(dtypes_.exp_avg, {held});
+  exp_avg_sq_ = moments_buffer_.tensor(dtypes_.exp_avg_sq, {held}, m_bytes);
   b.fill(exp_avg_, 0.0f);
   b.fill(exp_avg_sq_, 0.0f);
 }
 
-size_t AdamWOptimizer::state_bytes(int64_t params, DType compute) {
-  const size_t p = static_cast<size_t>(params);
-  return (compute == DType::F32 ? 2 : 3) * p * sizeof(float);
+size_t AdamWOptimizer::state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,
+                                   bool sharded) {
+  const auto p = static_cast<size_t>(params);
+  const size_t master = separate_master(compute, dtypes, sharded) ? p * sizeof(float) : 0;
+  return master + aligned(p * dtype_size(dtypes.exp_avg)) + p * dtype_size(dtypes.exp_avg_sq);
 }
 
 std::vector<ParamRange> AdamWOptimizer::owned() const {
@@ -64,11 +103,13 @@ std::vector<ParamRange> AdamWOptimizer::owned() const {
 }
 
 void AdamWOptimizer::sync_params_from_master() {
-  int64_t at = 0;  // master weights are packed in owned order
-  for (const OwnedParams& o : owned_) {
-    if (o.params.data != master_.data)
-      model_.backend().convert(o.params, master_.flat_range(at, o.range.count()));
-    at += o.range.count();
+  if (!params_are_master_) {
+    int64_t at = 0;  // master weights are packed in owned order
+    for (const OwnedParams& o : owned_) {
+      if (o.params.data != master_.data)
+        model_.backend().convert(o.params, master_.flat_range(at, o.range.count()));
+      at += o.range.count();
+    }
   }
   model_.params_updated();
 }
@@ -77,7 +118,8 @@ std::vector<FlatSlice> AdamWOptimizer::master_slices() const {
   std::vector<FlatSlice> slices;
   int64_t at = 0;
   for (const OwnedParams& o : owned_) {
-    slices.push_back({o.range, master_.flat_range(at, o.range.count())});
+    slices.push_back(
+        {o.range, params_are_master_ ? o.params : master_.flat_range(at, o.range.count())});
     at += o.range.count();
   }
   return slices;
@@ -97,11 +139,16 @@ void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
   for (size_t i = 0; i < owned_.size(); ++i) {
     const OwnedParams& o = owned_[i];
     const int64_t n = o.range.count();
-    a.master = master_.flat_range(at, n);
+    if (params_are_master_) {
+      a.master = Tensor{};
+      a.params = o.params;
+    } else {
+      a.master = master_.flat_range(at, n);
+      a.params = o.params.data != master_.data ? o.params : Tensor{};
+    }
     a.grad = o.grads;
     a.exp_avg = exp_avg_.flat_range(at, n);
     a.exp_avg_sq = exp_avg_sq_.flat_range(at, n);
-    a.params = o.params.data != master_.data ? o.params : Tensor{};
     a.segments = owned_segments_[i];
     at += n;
     if (!a.segments.empty()) model_.backend().adamw_step(a);

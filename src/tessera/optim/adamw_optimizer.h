@@ -1,6 +1,8 @@
 #pragma once
-// AdamW over the model's flat parameter buffer: fp32 master weights (aliasing the
-// parameters when they are fp32 already) and fp32 moments, one fused op per step. Under
+// AdamW over the model's flat parameter buffer, one fused op per step. Its state is stored
+// in the dtypes of Megatron's precision-aware optimizer (OptimizerDtypes): fp32 master weights
+// (aliasing the parameters when they are fp32 already) or none (the bf16 parameters are the
+// master), and fp32 or bf16 moments; the update's arithmetic is fp32 in every case. Under
 // ZeRO-1 and FSDP (dist/data_parallel.h) it holds only this rank's ranges of the flat layout:
 // their master weights and moments are packed one after another, and a step updates this
 // rank's copies of those ranges' parameters, which data parallelism then gathers from every
@@ -14,38 +16,61 @@
 
 namespace tessera {
 
+// The dtypes AdamW keeps its state in (the gradients' dtype is the model's,
+// ModelRuntime::grad_dtype).
+struct OptimizerDtypes {
+  DType main_params = DType::F32;  // F32: an fp32 master copy; BF16: none (bf16 parameters)
+  DType exp_avg = DType::F32;
+  DType exp_avg_sq = DType::F32;
+  static OptimizerDtypes from(const TrainingConfig& t);
+};
+
 class AdamWOptimizer {
  public:
   // owned: what this optimizer updates, ranges in increasing order (empty: everything, in the
   // model's flat buffers).
   AdamWOptimizer(Model& model, const TrainingConfig& config, std::vector<OwnedParams> owned = {});
 
-  // Bytes of optimizer state for `params` elements when parameters are `compute` dtype.
-  static size_t state_bytes(int64_t params, DType compute);
+  // Device bytes the constructor allocates for `params` elements (the sum of the owned
+  // ranges) when parameters are `compute` dtype: master weights unless they alias the
+  // parameters (fp32 parameters of an unsharded run) or are the parameters (bf16 main
+  // parameters), and the two moments.
+  static size_t state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,
+                            bool sharded);
+
+  // The segments of each fused AdamW call of a step, relative to its owned range: the
+  // layout's decay segments clipped to each range of `owned` (a call per range).
+  static std::vector<std::vector<ParamSegment>> step_segments(const ParamLayout& layout,
+                                                              const std::vector<ParamRange>& owned);
 
   bool sharded() const { return sharded_; }
   std::vector<ParamRange> owned() const;
-  // (P) fp32 master weights; sharded: (sum of owned counts) packed.
+  const OptimizerDtypes& dtypes() const { return dtypes_; }
+  // bf16 main parameters: no master copy; master_slices() are the parameters.
+  bool params_are_master() const { return params_are_master_; }
+  // (P) master weights, fp32 (sharded: the owned counts packed); with bf16 main parameters
+  // the parameters themselves (bf16), packed views only when unsharded.
   Tensor master() const { return master_; }
-  Tensor exp_avg() const { return exp_avg_; }        // (P) fp32 first moments
-  Tensor exp_avg_sq() const { return exp_avg_sq_; }  // (P) fp32 second moments
+  Tensor exp_avg() const { return exp_avg_; }        // (P) first moments, dtypes().exp_avg
+  Tensor exp_avg_sq() const { return exp_avg_sq_; }  // (P) second moments
   // Refreshes the model's compute-dtype parameters from the fp32 master weights.
   void sync_params_from_master();
   // One update at learning rate `lr`. grad_norm_sq is the device scalar of the squared
   // global gradient norm; a non-finite value leaves everything unchanged (skipped step).
   // `step` is the 1-based count of applied updates including this one.
   void step(double lr, const Tensor& grad_norm_sq, int64_t step);
-  // The master weights by owned range, to initialise or load them into (then
-  // sync_params_from_master()).
+  // The master weights by owned range (fp32, or the bf16 parameters with bf16 main
+  // parameters), to initialise or load them into (then sync_params_from_master()).
   std::vector<FlatSlice> master_slices() const;
 
  private:
   Model& model_;
   TrainingConfig config_;
-  std::vector<ParamSegment> segments_;
+  OptimizerDtypes dtypes_;
   std::vector<OwnedParams> owned_;
   std::vector<std::vector<ParamSegment>> owned_segments_;  // segments_ clipped to each range
   bool sharded_ = false;
+  bool params_are_master_ = false;  // bf16 main parameters: no master copy
   DeviceBuffer master_buffer_, moments_buffer_;
   Tensor master_, exp_avg_, exp_avg_sq_;
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tessera/backend/backend_factory.h"
+#include "tessera/distributed/data_parallel.h"
 #include "tessera/distributed/fully_sharded.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/fp8_linears.h"
@@ -11,45 +13,106 @@
 namespace tessera::plan {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+int64_t count(const std::vector<ParamRange>& ranges) {
+  int64_t n = 0;
+  for (const ParamRange& r : ranges) n += r.count();
+  return n;
+}
+
+// The ranges each rank's optimizer updates; one entry, [0, P), without sharding.
+std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const ParamLayout& layout) {
+  const int world = static_cast<int>(std::max<int64_t>(1, in.num_gpus));
+  std::vector<std::vector<ParamRange>> out;
+  switch (in.sharding) {
+    case StateSharding::None:
+      out.push_back({{0, layout.total}});
+      break;
+    case StateSharding::Zero1: {
+      const dist::BucketPlan buckets = dist::plan_buckets(layout.total, in.bucket_elements, world);
+      for (int r = 0; r < world; ++r) out.push_back(buckets.owned(r));
+      break;
+    }
+    case StateSharding::Fsdp:
+      for (int r = 0; r < world; ++r)
+        out.push_back(dist::FullyShardedDataParallel::owned_ranges(layout, world, r));
+      break;
+  }
+  return out;
+}
+
+// What the GPU backend's own buffers are asked for in a step of this run (StepBufferDemand).
+StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
+                             const std::vector<ParamRange>& owned) {
+  const ModelSpec& s = in.spec;
+  const ModelRuntime& rt = in.runtime;
+  StepBufferDemand d;
+  d.tokens = rt.tokens();
+  for (const ParamInfo& p : layout.params) {
+    if (p.init == ParamInit::Ones) d.hidden = std::max(d.hidden, p.numel());  // norms
+    if (p.init == ParamInit::Zeros) d.widest_bias = std::max(d.widest_bias, p.numel());
+  }
+  // The gradient norm: over every gradient (plain data parallelism and one GPU) or one owned
+  // range at a time (sharded); and the loss sum over the micro batch's tokens.
+  d.largest_reduction = d.tokens;
+  if (in.sharding == StateSharding::None) {
+    d.largest_reduction = std::max(d.largest_reduction, layout.total);
+  } else {
+    for (const ParamRange& r : owned)
+      d.largest_reduction = std::max(d.largest_reduction, r.count());
+  }
+  d.attention.batch = rt.micro_batch;
+  d.attention.seq = rt.seq_length;
+  d.attention.heads = s.heads;
+  d.attention.kv_heads = s.kv_heads;
+  d.attention.head_dim = s.head_dim;
+  d.attention.window = s.sliding_window;
+  d.attention_backend = in.attention_backend;
+  for (const auto& call : AdamWOptimizer::step_segments(layout, owned)) {
+    std::vector<int64_t> lengths;
+    for (const ParamSegment& seg : call) lengths.push_back(seg.count);
+    if (!lengths.empty()) d.adamw_segments.push_back(std::move(lengths));
+  }
+  d.fp8 = rt.fp8.enabled();
+  return d;
 }
 
 }  // namespace
 
 MemoryPlan plan_memory(const PlanInput& in) {
   const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
-  const int64_t params = make_param_layout(in.spec).total;
+  const ParamLayout layout = make_param_layout(in.spec);
   const DType dt = in.runtime.compute_dtype;
+  const OptimizerDtypes& od = in.optimizer;
   const int64_t n = std::max<int64_t>(1, in.num_gpus);
-  const int64_t shard = ceil_div(params, n);
 
   MemoryPlan p;
   p.activations = model.activations;  // per micro batch on each GPU, whatever the sharding
   p.fp8 = model.fp8;
-  switch (in.sharding) {
-    case StateSharding::None:
-      p.weights = model.weights;
-      p.gradients = model.gradients;
-      p.optimizer = AdamWOptimizer::state_bytes(params, dt);
-      break;
-    case StateSharding::Zero1:
-      p.weights = model.weights;
-      p.gradients = model.gradients;
-      p.optimizer = AdamWOptimizer::state_bytes(shard, dt);
-      break;
-    case StateSharding::Fsdp: {
-      // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
-      const auto f = dist::FullyShardedDataParallel::plan_memory(make_param_layout(in.spec),
-                                                                 static_cast<int>(n), dt);
-      p.weights = f.weights;
-      p.gradients = f.gradients;
-      p.optimizer = AdamWOptimizer::state_bytes(f.shard_elements, dt);
-      break;
-    }
+  // The GPU with the largest optimizer shard holds the most.
+  const auto owned = owned_by_rank(in, layout);
+  size_t largest = 0;
+  for (size_t r = 0; r < owned.size(); ++r) {
+    if (count(owned[r]) > p.optimizer_elements) largest = r;
+    p.optimizer_elements = std::max(p.optimizer_elements, count(owned[r]));
   }
+  const bool sharded = in.sharding != StateSharding::None;
+  p.optimizer = AdamWOptimizer::state_bytes(p.optimizer_elements, dt, od, sharded);
+  if (in.sharding == StateSharding::Fsdp) {
+    // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
+    const auto f = dist::FullyShardedDataParallel::plan_memory(layout, static_cast<int>(n), dt,
+                                                               in.runtime.grad_dtype);
+    p.weights = f.weights;
+    p.gradients = f.gradients;
+  } else {
+    p.weights = model.weights;
+    p.gradients = model.gradients;
+  }
+  p.run_buffers = kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0);
   if (in.gpu) {
-    p.backend_buffers = kBackendBuffersBytes;
+    const Platform* platform = gpu_platform();
+    p.backend_buffers = platform
+                            ? platform->step_buffer_bytes(step_demand(in, layout, owned[largest]))
+                            : kBackendBuffersBytes;
     p.context = kContextBytes;
   }
   return p;
@@ -81,6 +144,9 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.runtime = setup.runtime;
   in.num_gpus = setup.mesh.world_size();
   in.sharding = setup.sharding;
+  in.optimizer = setup.optimizer;
+  in.bucket_elements = setup.ddp_bucket_size;
+  in.attention_backend = setup.attention_backend;
   in.gpu = gpu;
   return in;
 }

@@ -2,11 +2,12 @@
 // The memory planner behind `tessera memory`: bytes per GPU of weights, gradients, optimizer
 // state and activations for an experiment, before anything is allocated.
 //
-// The single-GPU numbers come from the same functions the model and the optimizer size their
-// buffers with (DecoderModel::plan_memory, AdamWOptimizer::state_bytes), so the planner cannot
-// drift from the real allocations. What the planner adds on top is stated here and in
-// docs/memory.md: the sharding of data-parallel runs, the GPU backend's own buffers and an
-// allowance for what the driver takes outside Tessera's allocations.
+// Every number comes from the functions the allocating code sizes its buffers with
+// (DecoderModel::plan_memory, AdamWOptimizer::state_bytes, the data-parallel shards of
+// BucketPlan and FullyShardedDataParallel, Fp8Linears::plan_bytes, and the GPU platform's
+// step_buffer_bytes for the backend's own workspace and scratch), so the planner cannot drift
+// from the real allocations; docs/memory.md lists them. On top it adds only an allowance for
+// what the driver takes outside Tessera's allocations (the CUDA context).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -19,10 +20,12 @@
 
 namespace tessera::plan {
 
-// Bytes the CUDA backend allocates besides model and optimizer, counted in memory_stats():
-// the cuBLASLt workspace (32 MiB) and an upper bound of the kernel scratch (reduction and
-// attention-backward partials, a few MiB at 8k tokens).
+// The GPU backend's own buffers when this build has no GPU platform to ask
+// (Platform::step_buffer_bytes): the 32 MiB cuBLASLt workspace and a bound of the kernel
+// scratch.
 inline constexpr size_t kBackendBuffersBytes = size_t{96} << 20;
+// The trainer's device scalars (gradient norm, stop signal, out-of-time flag).
+inline constexpr size_t kTrainerScalarBytes = 256;
 // What a process on the GPU holds outside Tessera's allocations: the CUDA context, loaded
 // kernels (cuBLASLt's included) and the gap between the datasheet capacity and what the
 // driver lets processes allocate. Not in memory_stats(); only in the fit decision.
@@ -31,16 +34,19 @@ inline constexpr size_t kContextBytes = size_t{1} << 30;
 struct MemoryPlan {
   // Per GPU.
   size_t weights = 0;          // compute-dtype parameters (FSDP: shard + gathered-unit slots)
-  size_t gradients = 0;        // fp32 gradients (FSDP: shard + unit gradient slots)
-  size_t optimizer = 0;        // fp32 master weights (unless the weights are fp32) + 2 moments
+  size_t gradients = 0;        // gradients in their dtype (FSDP: shard + unit gradient slots)
+  size_t optimizer = 0;        // master weights (unless fp32 weights or bf16 main parameters)
+                               // + 2 moments, in their dtypes
   size_t activations = 0;      // stored activations, recompute and backward scratch, logits chunk
   size_t fp8 = 0;              // with fp8: cast buffers, scaling state, cached FP8 weights
-  size_t backend_buffers = 0;  // kBackendBuffersBytes on GPUs, 0 on the CPU backend
+  size_t backend_buffers = 0;  // the GPU backend's workspace and scratch; 0 on the CPU backend
+  size_t run_buffers = 0;      // the trainer's scalars and data parallelism's barrier flag
   size_t context = 0;          // kContextBytes on GPUs, 0 on the CPU backend
+  int64_t optimizer_elements = 0;  // parameters this GPU's optimizer updates (its largest shard)
 
   // What the backend's memory_stats().peak_bytes reports after a training step.
   size_t allocated() const {
-    return weights + gradients + optimizer + activations + fp8 + backend_buffers;
+    return weights + gradients + optimizer + activations + fp8 + backend_buffers + run_buffers;
   }
   size_t total() const { return allocated() + context; }
 };
@@ -50,6 +56,9 @@ struct PlanInput {
   ModelRuntime runtime;
   int64_t num_gpus = 1;
   StateSharding sharding = StateSharding::None;
+  OptimizerDtypes optimizer;  // the precision-aware optimizer's state dtypes
+  int64_t bucket_elements = 40000000;  // ddp_bucket_size: ZeRO-1's shards are bucket slices
+  AttentionBackend attention_backend = AttentionBackend::Auto;
   bool gpu = true;  // add the GPU backend's buffers and context allowance
 };
 

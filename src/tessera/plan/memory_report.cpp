@@ -64,6 +64,19 @@ std::string fp8_text(const Experiment& e, const ModelRuntime& rt, const MemoryPl
       gib(p.fp8));
 }
 
+// "fp32 master weights, bf16/bf16 AdamW moments" (the precision-aware optimizer's dtypes).
+std::string optimizer_state_text(const PlanInput& in) {
+  const OptimizerDtypes& o = in.optimizer;
+  const bool master_is_params =
+      o.main_params != DType::F32 ||
+      (in.runtime.compute_dtype == DType::F32 && in.sharding == StateSharding::None);
+  return fmt::format("{} master weights, {}/{} AdamW moments",
+                     o.main_params != DType::F32 ? "no (bf16 parameters updated in place)"
+                     : master_is_params          ? "fp32 (the weights)"
+                                                 : "fp32",
+                     dtype_name(o.exp_avg), dtype_name(o.exp_avg_sq));
+}
+
 // "8.03B" / "52.4M"
 std::string count_text(double n) {
   return n >= 1e9 ? fmt::format("{:.2f}B", n / 1e9) : fmt::format("{:.1f}M", n / 1e6);
@@ -71,12 +84,12 @@ std::string count_text(double n) {
 
 analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_t params) {
   const DType dt = in.runtime.compute_dtype;
-  const bool fp32 = dt == DType::F32;
   const bool fsdp = in.sharding == StateSharding::Fsdp;
   const int64_t n = std::max<int64_t>(1, in.num_gpus);
   const double shard = static_cast<double>((params + n - 1) / n);
   const std::string weight_params = count_text(fsdp ? shard : params);
-  const std::string opt_params = count_text(in.sharding == StateSharding::None ? params : shard);
+  const std::string opt_params = count_text(static_cast<double>(p.optimizer_elements));
+  const DType gt = in.runtime.grad_dtype;
   const ModelRuntime& rt = in.runtime;
 
   analysis::Table t;
@@ -85,9 +98,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
             : n > 1 ? "Memory per rank on the host"
                     : "Memory on the host";
   t.note = fmt::format(
-      "bytes from DecoderModel::plan_memory, FullyShardedDataParallel::plan_memory and "
-      "AdamWOptimizer::state_bytes (what the run allocates); allocated = what memory_stats() "
-      "reports as peak; {}",
+      "bytes from DecoderModel::plan_memory, FullyShardedDataParallel::plan_memory, "
+      "AdamWOptimizer::state_bytes and the GPU platform's step_buffer_bytes (what the run "
+      "allocates); allocated = what memory_stats() reports as peak; {}",
       in.gpu ? "total adds the CUDA context allowance."
              : "the CPU backend has no context or scratch buffers besides these.");
   t.columns = {{"component", true}, {"bytes"}, {"gib"}, {"detail"}};
@@ -98,12 +111,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
       fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(dt), dtype_name(dt),
                   fsdp ? " + gathered-unit slots (current, prefetched)" : ""));
   row("gradients", p.gradients,
-      fmt::format("{} params x 4 B (fp32){}", weight_params,
+      fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(gt), dtype_name(gt),
                   fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
-  row("optimizer", p.optimizer,
-      fmt::format("{} params x {} B ({})", opt_params, fp32 ? 8 : 12,
-                  fp32 ? "AdamW moments; master weights are the fp32 weights"
-                       : "fp32 master weights + AdamW moments"));
+  row("optimizer", p.optimizer, fmt::format("{} params: {}", opt_params, optimizer_state_text(in)));
   row("activations", p.activations,
       fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens",
                   rt.micro_batch, rt.seq_length, rt.micro_batch * rt.seq_length,
@@ -114,7 +124,10 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
             ? "FP8 copies of inputs and gradients, scaling state, cached FP8 weights + transposes"
             : "FP8 copies of inputs and gradients, scaling state, one weight cast at a time");
   if (in.gpu)
-    row("backend_buffers", p.backend_buffers, "cuBLASLt workspace + kernel scratch (fixed)");
+    row("backend_buffers", p.backend_buffers,
+        "cuBLASLt workspace + the largest kernel scratch of a step (attention backward, norm "
+        "and reduction partials) + AdamW chunk table");
+  row("run_buffers", p.run_buffers, "the trainer's device scalars");
   row("allocated", p.allocated(), "what memory_stats().peak_bytes reports");
   if (in.gpu)
     row("cuda_context", p.context, "CUDA context, kernels, driver reserve (fixed allowance)");
@@ -145,9 +158,12 @@ class Planner {
     return plan_input(make_run_setup(e, devices_, vocab), gpu_);
   }
 
-  bool accepted(const Experiment& e) const {
+  // Validation, and the run set-up's checks of what the devices decide (bf16 gradients and
+  // main parameters need bf16 parameters on a GPU).
+  bool accepted(const Experiment& e) {
     try {
       validate_experiment(e, devices_.world_size);
+      input(e);
       return true;
     } catch (const ConfigError&) {
       return false;
@@ -157,7 +173,7 @@ class Planner {
   // The largest micro batch that fits and that validation accepts (global_batch_size a
   // multiple of micro batch x ranks; with fp8, tokens a multiple of 16): a
   // `--micro_batch_size` to paste. 0 if none.
-  int64_t largest_valid_micro_batch(const Experiment& e, const PlanInput& in) const {
+  int64_t largest_valid_micro_batch(const Experiment& e, const PlanInput& in) {
     const int64_t per_rank = e.training.global_batch_size / devices_.world_size;
     for (int64_t mbs = largest_micro_batch(in, capacity_, per_rank); mbs >= 1; --mbs) {
       if (per_rank % mbs != 0) continue;
@@ -263,10 +279,10 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
              : fmt::format("GPUs: {} x {} ({} GB HBM, configs/gpus.yaml), sharding {}", n,
                            q.gpu.name, q.gpu.hbm_gb, sharding_text(in.sharding, n, "GPUs"));
   r.summary = fmt::format(
-      "model: {}\nrun: micro batch {}, seq {}, {} weights and activations, fp32 gradients and "
-      "AdamW state, recompute {}{}\n{}\n{}\n",
+      "model: {}\nrun: micro batch {}, seq {}, {} weights and activations, {} gradients, {}, "
+      "recompute {}{}\n{}\n{}\n",
       in.spec.summary(), rt.micro_batch, rt.seq_length, dtype_name(rt.compute_dtype),
-      recompute_name(rt.recompute),
+      dtype_name(rt.grad_dtype), optimizer_state_text(in), recompute_name(rt.recompute),
       rt.recompute == RecomputeGranularity::Full && rt.recompute_num_layers > 0
           ? fmt::format(" (first {} layers)", rt.recompute_num_layers)
           : "",

@@ -1,5 +1,8 @@
 #include "tessera/run/run_setup.h"
 
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
 #include "tessera/distributed/data_parallel.h"
 
 namespace tessera {
@@ -15,6 +18,11 @@ DType compute_dtype(Precision p, DType auto_dtype) {
       return auto_dtype;
   }
   return auto_dtype;
+}
+
+std::string origin_of(const Experiment& e, const std::string& key) {
+  const auto it = e.origin.find(key);
+  return it == e.origin.end() ? std::string("default") : it->second;
 }
 
 }  // namespace
@@ -38,11 +46,28 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.sharding = state_sharding(t, devices.world_size);
   const int dp = s.mesh.size(dist::MeshDim::DP);
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
+  s.ddp_bucket_size = t.ddp_bucket_size;
+  s.attention_backend = t.attention_backend;
 
   ModelRuntime& rt = s.runtime;
   rt.micro_batch = t.micro_batch_size;
   rt.seq_length = t.seq_length;
   rt.compute_dtype = compute_dtype(t.precision, devices.auto_compute_dtype);
+  rt.grad_dtype = t.main_grads_dtype;
+  s.optimizer = OptimizerDtypes::from(t);
+  // What validation could not know before the device was: what precision auto means.
+  if (s.optimizer.main_params != DType::F32 && rt.compute_dtype != s.optimizer.main_params)
+    throw ConfigError(origin_of(e, "main_params_dtype"), "main_params_dtype",
+                      std::string(dtype_name(s.optimizer.main_params)),
+                      fmt::format("fp32 with {} parameters: bf16 main parameters are the bf16 "
+                                  "parameters themselves (precision bf16, or auto on a GPU)",
+                                  dtype_name(rt.compute_dtype)));
+  // bf16 gradients come out of bf16 GEMMs on GPUs; the CPU reference rounds its fp32 ones.
+  if (rt.grad_dtype == DType::BF16 && rt.compute_dtype == DType::F32 &&
+      devices.auto_compute_dtype == DType::BF16)
+    throw ConfigError(origin_of(e, "main_grads_dtype"), "main_grads_dtype", "bf16",
+                      "fp32 with fp32 parameters on a GPU: bf16 gradients are written by bf16 "
+                      "GEMMs (precision bf16 or auto)");
   rt.recompute = t.recompute_granularity;
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;

@@ -10,6 +10,7 @@
 #include "tessera/config/config.h"
 #include "tessera/distributed/device_mesh.h"
 #include "tessera/model/model.h"
+#include "tessera/optim/adamw_optimizer.h"
 
 namespace tessera {
 
@@ -25,6 +26,9 @@ struct RunSetup {
   ModelRuntime runtime;
   dist::DeviceMesh mesh{1, {}};
   StateSharding sharding = StateSharding::None;
+  OptimizerDtypes optimizer;       // the dtypes AdamW keeps its state in
+  int64_t ddp_bucket_size = 40000000;  // elements per gradient bucket (ZeRO-1's shards)
+  AttentionBackend attention_backend = AttentionBackend::Auto;
   int64_t data_vocab = 0;          // token ids the training data can contain
   int64_t accumulation_steps = 1;  // micro-batches per rank per optimizer step
 };

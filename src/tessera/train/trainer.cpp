@@ -121,16 +121,21 @@ void Trainer::log_run() const {
   const ModelRuntime& rt = setup_.runtime;
   log_.info("backend: {}", backend_->description());
   log_.info("model: {}", setup_.spec.summary());
-  log_.info("precision: {} weights/activations, fp32 master weights, gradients and AdamW state{}",
-            dtype_name(rt.compute_dtype),
-            rt.fp8.enabled()
-                ? fmt::format("; FP8 {} linear layers ({} scaling, amax history {}, margin {}, "
-                              "weight transpose cache {}, output head {}, fast accumulation: {})",
-                              find_key("fp8")->get(exp_), find_key("fp8_recipe")->get(exp_),
-                              t.fp8_amax_history_len, t.fp8_margin,
-                              t.fp8_weight_transpose_cache ? "on" : "off",
-                              t.fp8_lm_head ? "fp8" : "bf16", fast_accumulation_kinds(rt.fp8))
-                : "");
+  const OptimizerDtypes& od = setup_.optimizer;
+  log_.info(
+      "precision: {} weights/activations, {} master weights, {} gradients, {}/{} AdamW "
+      "moments{}",
+      dtype_name(rt.compute_dtype),
+      od.main_params == DType::F32 ? "fp32" : "no (bf16 parameters updated in place)",
+      dtype_name(rt.grad_dtype), dtype_name(od.exp_avg), dtype_name(od.exp_avg_sq),
+      rt.fp8.enabled()
+          ? fmt::format("; FP8 {} linear layers ({} scaling, amax history {}, margin {}, "
+                        "weight transpose cache {}, output head {}, fast accumulation: {})",
+                        find_key("fp8")->get(exp_), find_key("fp8_recipe")->get(exp_),
+                        t.fp8_amax_history_len, t.fp8_margin,
+                        t.fp8_weight_transpose_cache ? "on" : "off", t.fp8_lm_head ? "fp8" : "bf16",
+                        fast_accumulation_kinds(rt.fp8))
+          : "");
   if (!comm_ && (t.use_distributed_optimizer || t.use_torch_fsdp2))
     log_.warning(
         "{} shards state over data-parallel ranks; this run has one (start it with "
@@ -214,6 +219,9 @@ TrainingTensors Trainer::training_tensors() const {
   t.params_dtype = setup_.runtime.compute_dtype;
   t.param = [parallel = parallel_.get()](int index) { return parallel->gathered_param(index); };
   t.master = optimizer_->master();
+  // Sharded bf16 main parameters are this rank's parameter slices, wherever they lie.
+  if (optimizer_->sharded() && optimizer_->params_are_master())
+    for (const FlatSlice& s : optimizer_->master_slices()) t.master_ranges.push_back(s.values);
   t.exp_avg = optimizer_->exp_avg();
   t.exp_avg_sq = optimizer_->exp_avg_sq();
   if (model_->fp8()) t.extra_state = model_->fp8()->state_tensors();

@@ -118,6 +118,33 @@ void parallel_chunks(int64_t n, Body body) {
   for (int64_t c = 0; c < chunks; ++c) body(c * kChunk, std::min(n, (c + 1) * kChunk));
 }
 
+// A tensor the op adds into (a gradient), fp32 or bf16, seen as fp32: a bf16 tensor's values are
+// copied into an fp32 buffer the op adds to, and finish() rounds the sums back to nearest even
+// once, as the op API defines bf16 accumulation.
+class Fp32Accumulator {
+ public:
+  Fp32Accumulator(const Tensor& t, const char* op, const char* what) : t_(t) {
+    expect_host(t, op, what);
+    TS_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16,
+             "cpu {}: {} has dtype {}, expected fp32 or bf16 (a gradient)", op, what,
+             dtype_name(t.dtype));
+    if (t.dtype == DType::F32) return;
+    copy_.resize(static_cast<size_t>(t.numel()));
+    const uint16_t* in = t.as<uint16_t>();
+    for (size_t i = 0; i < copy_.size(); ++i) copy_[i] = bf16_bits_to_float(in[i]);
+  }
+  float* data() { return t_.dtype == DType::F32 ? t_.as<float>() : copy_.data(); }
+  void finish() {
+    if (t_.dtype == DType::F32) return;
+    uint16_t* out = t_.as<uint16_t>();
+    for (size_t i = 0; i < copy_.size(); ++i) out[i] = float_to_bf16_bits(copy_[i]);
+  }
+
+ private:
+  Tensor t_;
+  std::vector<float> copy_;
+};
+
 struct HostMemory {
   size_t total = 0, available = 0;
 };
@@ -237,6 +264,14 @@ void CpuBackend::do_copy(const Tensor& dst, const Tensor& src) {
 // ---- elementwise and init ----
 
 void CpuBackend::do_fill(const Tensor& dst, float value) {
+  if (dst.dtype == DType::BF16) {  // gradients and optimizer state kept in bf16
+    expect_host(dst, "fill", "dst");
+    uint16_t* p = dst.as<uint16_t>();
+    const uint16_t bits = float_to_bf16_bits(value);
+    parallel_chunks(dst.numel(),
+                    [&](int64_t begin, int64_t end) { std::fill(p + begin, p + end, bits); });
+    return;
+  }
   expect_f32(dst, "fill", "dst");
   float* p = f32(dst);
   parallel_chunks(dst.numel(),
@@ -277,21 +312,26 @@ void CpuBackend::do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first
 // ---- linear algebra ----
 
 void CpuBackend::do_matmul(const MatmulArgs& args) {
-  expect_f32(args.out, "matmul", "out");
   expect_f32(args.a, "matmul", "a");
   expect_f32(args.b, "matmul", "b");
   const MatrixDims o = matrix_dims(args.out), a = matrix_dims(args.a), b = matrix_dims(args.b);
   const int64_t M = o.rows, N = o.cols, K = args.trans_a ? a.rows : a.cols;
   TS_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX, "cpu matmul: {}x{}x{} exceeds BLAS int", M,
            N, K);
-  float* out = f32(args.out);
+  // A bf16 out (a gradient kept in bf16) is computed in fp32 and rounded once at the end.
+  Fp32Accumulator acc(args.out, "matmul", "out");
+  float* out = acc.data();
   float beta = args.beta;
   if (args.c.defined() && args.c.data != args.out.data) {
-    expect_f32(args.c, "matmul", "c");
+    TS_CHECK(args.c.dtype == args.out.dtype, "cpu matmul: c is {}, out {}",
+             dtype_name(args.c.dtype), dtype_name(args.out.dtype));
     // sgemm scales its output in place, so c enters through out.
-    if (beta != 0.0f) std::memcpy(out, args.c.data, args.out.nbytes());
+    if (beta != 0.0f) {
+      Fp32Accumulator c(args.c, "matmul", "c");
+      std::memcpy(out, c.data(), static_cast<size_t>(M * N) * sizeof(float));
+    }
   }
-  if (M == 0 || N == 0) return;
+  if (M == 0 || N == 0) return acc.finish();
   cblas_sgemm(CblasRowMajor, args.trans_a ? CblasTrans : CblasNoTrans,
               args.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
               static_cast<int>(K), args.alpha, f32(args.a),
@@ -305,16 +345,18 @@ void CpuBackend::do_matmul(const MatmulArgs& args) {
       for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
     }
   }
+  acc.finish();
 }
 
 void CpuBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout) {
-  expect_f32(dbias, "bias_backward", "dbias");
+  Fp32Accumulator db(dbias, "bias_backward", "dbias");
   expect_f32(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
   const float* g = f32(dout);
-  accumulate_column_sums(f32(dbias), d.rows, d.cols, [&](int64_t r, int64_t c) {
+  accumulate_column_sums(db.data(), d.rows, d.cols, [&](int64_t r, int64_t c) {
     return static_cast<double>(g[r * d.cols + c]);
   });
+  db.finish();
 }
 
 // ---- model ops ----
@@ -335,7 +377,7 @@ void CpuBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens,
 
 void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
                                        const Tensor& tokens) {
-  expect_f32(dtable, "embedding_backward", "dtable");
+  Fp32Accumulator acc(dtable, "embedding_backward", "dtable");
   expect_f32(dout, "embedding_backward", "dout");
   expect_i32(tokens, "embedding_backward", "tokens");
   const MatrixDims t = matrix_dims(dtable);
@@ -345,7 +387,7 @@ void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
   // in token order whatever the thread count.
   const int32_t* ids = tokens.as<int32_t>();
   const float* g = f32(dout);
-  float* table = f32(dtable);
+  float* table = acc.data();
   const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {
@@ -355,6 +397,7 @@ void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
       for (int64_t c = c0; c < c1; ++c) row[c] += g[n * C + c];
     }
   }
+  acc.finish();
 }
 
 void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
@@ -376,7 +419,7 @@ void CpuBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, co
                                      const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
   expect_f32(dx, op, "dx");
-  expect_f32(dweight, op, "dweight");
+  Fp32Accumulator dw(dweight, op, "dweight");
   expect_f32(dout, op, "dout");
   expect_f32(x, op, "x");
   expect_f32(weight, op, "weight");
@@ -389,9 +432,10 @@ void CpuBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, co
     ref::rmsnorm_backward<float>(f32(dx) + n * C, nullptr, g + n * C, xs + n * C, f32(weight),
                                  r + n, 1, C);
   }
-  accumulate_column_sums(f32(dweight), N, C, [&](int64_t n, int64_t c) {
+  accumulate_column_sums(dw.data(), N, C, [&](int64_t n, int64_t c) {
     return static_cast<double>(g[n * C + c]) * xs[n * C + c] * r[n];
   });
+  dw.finish();
 }
 
 void CpuBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
@@ -576,27 +620,76 @@ void CpuBackend::do_sum(const Tensor& out, const Tensor& x, bool accumulate) {
 
 void CpuBackend::do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
   expect_f32(out, "sum_squares", "out");
-  expect_f32(x, "sum_squares", "x");
-  const float* p = f32(x);
-  const double total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
-    double acc = 0;
+  double total = 0;
+  if (x.dtype == DType::BF16) {  // the norm of bf16 gradients
+    expect_host(x, "sum_squares", "x");
+    const uint16_t* p = x.as<uint16_t>();
+    total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
+      double acc = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const double v = bf16_bits_to_float(p[i]);
+        acc += v * v;
+      }
+      return acc;
+    });
+  } else {
+    expect_f32(x, "sum_squares", "x");
+    const float* p = f32(x);
+    total = deterministic_sum(x.numel(), [&](int64_t begin, int64_t end) {
+      double acc = 0;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t i = begin; i < end; ++i) acc += static_cast<double>(p[i]) * p[i];
-    return acc;
-  });
+      for (int64_t i = begin; i < end; ++i) acc += static_cast<double>(p[i]) * p[i];
+      return acc;
+    });
+  }
   float* o = f32(out);
   *o = static_cast<float>((accumulate ? static_cast<double>(*o) : 0.0) + total);
 }
 
+namespace {
+
+// fp32 or bf16 storage of one AdamW state tensor: its elements [o, o + n) are read into fp32
+// and written back rounded to nearest even. fp32 tensors are used in place.
+class StateView {
+ public:
+  StateView(const Tensor& t, const char* op, const char* what) : t_(t) {
+    expect_host(t, op, what);
+    TS_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16,
+             "cpu {}: {} has dtype {}, expected fp32 or bf16", op, what, dtype_name(t.dtype));
+  }
+  // The fp32 values of [o, o + n): the tensor itself, or `scratch` filled from its bf16.
+  float* read(int64_t o, int64_t n, std::vector<float>& scratch) const {
+    if (t_.dtype == DType::F32) return f32(t_) + o;
+    scratch.resize(static_cast<size_t>(n));
+    const uint16_t* in = t_.as<uint16_t>() + o;
+    for (int64_t i = 0; i < n; ++i) scratch[i] = bf16_bits_to_float(in[i]);
+    return scratch.data();
+  }
+  // Stores values (from read()) back when the tensor is bf16.
+  void write(int64_t o, int64_t n, const float* values) const {
+    if (t_.dtype == DType::F32) return;
+    uint16_t* out = t_.as<uint16_t>() + o;
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(values[i]);
+  }
+
+ private:
+  Tensor t_;
+};
+
+}  // namespace
+
 void CpuBackend::do_adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
-  expect_f32(args.master, op, "master");
-  expect_f32(args.grad, op, "grad");
-  expect_f32(args.exp_avg, op, "exp_avg");
-  expect_f32(args.exp_avg_sq, op, "exp_avg_sq");
   expect_f32(args.grad_norm_sq, op, "grad_norm_sq");
+  // Without an fp32 master the parameters are the master (bf16 main parameters).
+  const bool has_master = args.master.defined();
+  if (has_master) expect_f32(args.master, op, "master");
+  const StateView master(has_master ? args.master : args.params, op,
+                         has_master ? "master" : "params");
+  const StateView grad(args.grad, op, "grad"), m(args.exp_avg, op, "exp_avg"),
+      v(args.exp_avg_sq, op, "exp_avg_sq");
   float* params = nullptr;
-  if (args.params.defined() && args.params.data != args.master.data) {
+  if (has_master && args.params.defined() && args.params.data != args.master.data) {
     expect_f32(args.params, op, "params");
     params = f32(args.params);
   }
@@ -618,15 +711,23 @@ void CpuBackend::do_adamw_step(const AdamWArgs& args) {
     }
   }
   const ref::AdamWSettings settings = ref::AdamWSettings::from(args);
-  float *master = f32(args.master), *grad = f32(args.grad);
-  float *m = f32(args.exp_avg), *v = f32(args.exp_avg_sq);
   const int64_t count = static_cast<int64_t>(pieces.size());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < count; ++i) {
-    const Piece& piece = pieces[i];
-    const int64_t o = piece.offset;
-    ref::adamw_update(master + o, params != nullptr ? params + o : nullptr, m + o, v + o, grad + o,
-                      piece.count, settings, piece.decay, *scale);
+#pragma omp parallel
+  {
+    std::vector<float> p_tmp, g_tmp, m_tmp, v_tmp;  // a bf16 piece's fp32 values
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const Piece& piece = pieces[i];
+      const int64_t o = piece.offset, n = piece.count;
+      float* p = master.read(o, n, p_tmp);
+      float* mv = m.read(o, n, m_tmp);
+      float* vv = v.read(o, n, v_tmp);
+      ref::adamw_update(p, params != nullptr ? params + o : nullptr, mv, vv, grad.read(o, n, g_tmp),
+                        n, settings, piece.decay, *scale);
+      master.write(o, n, p);
+      m.write(o, n, mv);
+      v.write(o, n, vv);
+    }
   }
 }
 

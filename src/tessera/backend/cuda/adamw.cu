@@ -4,14 +4,16 @@
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
+#include "tessera/core/error.h"
 
 namespace tessera::cuda {
 namespace {
 
-// One block of 256 threads per chunk of 64K elements: 16 float4 steps per thread over four
-// fp32 streams (read master, grad, m, v; write master, m, v; write the bf16 copy): 30 bytes
-// per parameter, the ideal for this op. Chunks let one launch cover tensors of every size
-// (a 525M-entry embedding and 4096-entry norm weights) with full blocks.
+// One block of 256 threads per chunk of 64K elements: 16 steps of 4 elements per thread over
+// the state streams (read master, grad, m, v; write master, m, v; write the bf16 copy): 30
+// bytes per parameter with fp32 state, 16 with bf16 gradients and moments and no master copy.
+// Chunks let one launch cover tensors of every size (a 525M-entry embedding and 4096-entry norm
+// weights) with full blocks.
 constexpr int kThreads = 256;
 constexpr int64_t kChunk = int64_t{1} << 16;
 
@@ -35,12 +37,14 @@ struct Update {
   }
 };
 
-// VEC = 4 (float4 accesses) when every base pointer allows it; elements before the first
-// 4-aligned index of a chunk and after the last full pack go through the scalar path.
-template <class TP, int VEC>
-__global__ void adamw_kernel(float* master, TP* params, float* exp_avg, float* exp_avg_sq,
-                             const float* grad, const float* grad_norm_sq, const AdamWChunk* chunks,
-                             AdamWScalars s) {
+// VEC = 4 when every base pointer allows it; elements before the first 4-aligned index of a
+// chunk and after the last full pack go through the scalar path. Storage types: TM the master
+// (fp32, or the bf16 parameters themselves), TP the compute-dtype copy (written when params is
+// not null), TG the gradient, TS1 / TS2 the moments. Whatever they are, the update runs on
+// fp32 values and each bf16 store rounds to nearest even (the host reference's rounding).
+template <class TM, class TP, class TG, class TS1, class TS2, int VEC>
+__global__ void adamw_kernel(TM* master, TP* params, TS1* exp_avg, TS2* exp_avg_sq, const TG* grad,
+                             const float* grad_norm_sq, const AdamWChunk* chunks, AdamWScalars s) {
   const float norm_sq = *grad_norm_sq;
   if (!isfinite(norm_sq)) return;  // skipped step: nothing changes
   double g_scale = 1.0;
@@ -54,32 +58,28 @@ __global__ void adamw_kernel(float* master, TP* params, float* exp_avg, float* e
   const int64_t vec_begin = std::min(end, (begin + VEC - 1) / VEC * VEC);
   const int64_t vec_end = std::max(vec_begin, end / VEC * VEC);
   auto scalar = [&](int64_t i) {
-    float p = master[i], m = exp_avg[i], v = exp_avg_sq[i];
-    update(p, m, v, grad[i]);
-    master[i] = p;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
+    float p = to_float(master[i]), m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
+    update(p, m, v, to_float(grad[i]));
+    master[i] = from_float<TM>(p);
+    exp_avg[i] = from_float<TS1>(m);
+    exp_avg_sq[i] = from_float<TS2>(v);
     if (params != nullptr) params[i] = from_float<TP>(p);
   };
   for (int64_t i = begin + threadIdx.x; i < vec_begin; i += kThreads) scalar(i);
   for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) scalar(i);
   for (int64_t i = vec_begin + static_cast<int64_t>(threadIdx.x) * VEC; i < vec_end;
        i += kThreads * VEC) {
-    Pack<float, VEC> p = load_pack<float, VEC>(master + i);
-    Pack<float, VEC> m = load_pack<float, VEC>(exp_avg + i);
-    Pack<float, VEC> v = load_pack<float, VEC>(exp_avg_sq + i);
-    const Pack<float, VEC> g = load_pack<float, VEC>(grad + i);
+    float p[VEC], m[VEC], v[VEC], g[VEC];
+    load_floats<TM, VEC>(master + i, p);
+    load_floats<TS1, VEC>(exp_avg + i, m);
+    load_floats<TS2, VEC>(exp_avg_sq + i, v);
+    load_floats<TG, VEC>(grad + i, g);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) update(p.v[k], m.v[k], v.v[k], g.v[k]);
-    store_pack<float, VEC>(master + i, p);
-    store_pack<float, VEC>(exp_avg + i, m);
-    store_pack<float, VEC>(exp_avg_sq + i, v);
-    if (params != nullptr) {
-      Pack<TP, VEC> out;
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out.v[k] = from_float<TP>(p.v[k]);
-      store_pack<TP, VEC>(params + i, out);
-    }
+    for (int k = 0; k < VEC; ++k) update(p[k], m[k], v[k], g[k]);
+    store_floats<TM, VEC>(master + i, p);
+    store_floats<TS1, VEC>(exp_avg + i, m);
+    store_floats<TS2, VEC>(exp_avg_sq + i, v);
+    if (params != nullptr) store_floats<TP, VEC>(params + i, p);
   }
 }
 
@@ -101,33 +101,52 @@ std::vector<AdamWChunk> adamw_chunks(std::span<const ParamSegment> segments) {
   return chunks;
 }
 
-void adamw_step(float* master, void* params, DType params_dtype, float* exp_avg, float* exp_avg_sq,
-                const float* grad, const float* grad_norm_sq, const AdamWChunk* chunks,
+void adamw_step(const AdamWBuffers& t, const float* grad_norm_sq, const AdamWChunk* chunks,
                 int64_t chunk_count, const AdamWScalars& s, cudaStream_t stream) {
   NvtxRange range("adamw_step");
   if (chunk_count == 0) return;
   check_grid("adamw_step", chunk_count);
-  auto launch = [&](auto tag) {
-    using TP = decltype(tag);
-    auto* p = static_cast<TP*>(params);
-    // The bf16 copy is written 4 elements (8 bytes) at a time.
-    const bool vec = is_aligned(master, 16) && is_aligned(exp_avg, 16) &&
-                     is_aligned(exp_avg_sq, 16) && is_aligned(grad, 16) &&
+  // Storage types are dispatched one tensor at a time: master, copy, gradient, moments.
+  auto launch = [&](auto tm, auto tp, auto tg, auto ts1, auto ts2) {
+    using TM = decltype(tm);
+    using TP = decltype(tp);
+    using TG = decltype(tg);
+    using TS1 = decltype(ts1);
+    using TS2 = decltype(ts2);
+    auto* master = static_cast<TM*>(t.master);
+    auto* params = static_cast<TP*>(t.params);
+    auto* m = static_cast<TS1*>(t.exp_avg);
+    auto* v = static_cast<TS2*>(t.exp_avg_sq);
+    const auto* g = static_cast<const TG*>(t.grad);
+    // Four elements per access of every tensor (16 bytes fp32, 8 bytes bf16).
+    const bool vec = is_aligned(master, 4 * sizeof(TM)) && is_aligned(m, 4 * sizeof(TS1)) &&
+                     is_aligned(v, 4 * sizeof(TS2)) && is_aligned(g, 4 * sizeof(TG)) &&
                      is_aligned(params, 4 * sizeof(TP));
     if (vec) {
-      adamw_kernel<TP, 4><<<chunk_count, kThreads, 0, stream>>>(master, p, exp_avg, exp_avg_sq,
-                                                                grad, grad_norm_sq, chunks, s);
+      adamw_kernel<TM, TP, TG, TS1, TS2, 4>
+          <<<chunk_count, kThreads, 0, stream>>>(master, params, m, v, g, grad_norm_sq, chunks, s);
     } else {
-      adamw_kernel<TP, 1><<<chunk_count, kThreads, 0, stream>>>(master, p, exp_avg, exp_avg_sq,
-                                                                grad, grad_norm_sq, chunks, s);
+      adamw_kernel<TM, TP, TG, TS1, TS2, 1>
+          <<<chunk_count, kThreads, 0, stream>>>(master, params, m, v, g, grad_norm_sq, chunks, s);
     }
     TS_CUDA_CHECK_LAUNCH("adamw_kernel");
   };
-  if (params == nullptr) {
-    launch(float{});
-  } else {
-    dispatch_float(params_dtype, "adamw_step", launch);
-  }
+  auto with_moments = [&](auto tm, auto tp, auto tg) {
+    dispatch_float(t.exp_avg_dtype, "adamw_step exp_avg", [&](auto ts1) {
+      dispatch_float(t.exp_avg_sq_dtype, "adamw_step exp_avg_sq",
+                     [&](auto ts2) { launch(tm, tp, tg, ts1, ts2); });
+    });
+  };
+  dispatch_float(t.grad_dtype, "adamw_step grad", [&](auto tg) {
+    if (t.params == nullptr) {  // no copy: the master is fp32 master weights or the parameters
+      dispatch_float(t.master_dtype, "adamw_step master",
+                     [&](auto tm) { with_moments(tm, float{}, tg); });
+    } else {
+      TS_CHECK(t.master_dtype == DType::F32, "adamw_step: a parameter copy needs an fp32 master");
+      dispatch_float(t.params_dtype, "adamw_step params",
+                     [&](auto tp) { with_moments(float{}, tp, tg); });
+    }
+  });
 }
 
 }  // namespace tessera::cuda

@@ -1,5 +1,6 @@
 #pragma once
-// Fused AdamW over the flat fp32 parameter buffer: one launch per optimizer step.
+// Fused AdamW over the flat parameter buffer: one launch per optimizer step, for every storage
+// dtype of its state (fp32 or bf16).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,12 +35,27 @@ struct AdamWScalars {
   double max_grad_norm = 0;
 };
 
+// The tensors of one step and their storage dtypes (fp32 or bf16). master: the fp32 master
+// weights, or, with bf16 main parameters, the parameters themselves (params then null).
+// params: the compute-dtype copy written from the master, or null.
+struct AdamWBuffers {
+  void* master = nullptr;
+  DType master_dtype = DType::F32;
+  void* params = nullptr;
+  DType params_dtype = DType::F32;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::F32;
+  void* exp_avg = nullptr;
+  DType exp_avg_dtype = DType::F32;
+  void* exp_avg_sq = nullptr;
+  DType exp_avg_sq_dtype = DType::F32;
+};
+
 // torch.optim.AdamW on every chunk: reads grad_norm_sq (1, fp32, device) and, when it is not
 // finite, writes nothing; otherwise clips the gradient by max_grad_norm / (norm + 1e-6) when
-// that is below 1 and updates master, exp_avg, exp_avg_sq (fp32) and params (in
-// params_dtype; null when master is the parameters).
-void adamw_step(float* master, void* params, DType params_dtype, float* exp_avg, float* exp_avg_sq,
-                const float* grad, const float* grad_norm_sq, const AdamWChunk* chunks,
+// that is below 1 and updates master, the moments and params. The arithmetic is fp32 for
+// every storage dtype.
+void adamw_step(const AdamWBuffers& t, const float* grad_norm_sq, const AdamWChunk* chunks,
                 int64_t chunk_count, const AdamWScalars& s, cudaStream_t stream);
 
 }  // namespace tessera::cuda

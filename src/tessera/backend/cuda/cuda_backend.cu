@@ -34,6 +34,8 @@ constexpr std::string_view kBackend = "cuda";  // how op-check messages name thi
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 // Scratch grows in steps of this size, so that slightly larger requests do not reallocate.
 constexpr size_t kScratchGranule = size_t{1} << 20;
+// Where FP8 GEMM scales that are not 16-byte aligned are copied for cuBLASLt.
+constexpr size_t kFp8ScaleSlotBytes = 512;
 
 std::string gib(size_t bytes) {
   char buf[32];
@@ -233,12 +235,15 @@ MemoryStats CudaBackend::memory_stats() {
 
 void CudaBackend::reset_peak_memory() { allocations_.reset_peak(); }
 
+// The old scratch goes before the new one comes (release waits for the device, so no queued
+// kernel still reads it): the peak holds one scratch, the size the memory planner counts.
 void* CudaBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
     const size_t grown = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
-    void* fresh = allocate(grown, "kernel scratch");
     release(scratch_);
-    scratch_ = fresh;
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    scratch_ = allocate(grown, "kernel scratch");
     scratch_bytes_ = grown;
   }
   return scratch_;
@@ -321,12 +326,12 @@ void CudaBackend::do_matmul(const MatmulArgs& args) {
 }
 
 void CudaBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout) {
-  expect_type(dbias, DType::F32, "bias_backward", "dbias");
+  expect_float(dbias, "bias_backward", "dbias");
   expect_float(dout, "bias_backward", "dout");
   const MatrixDims d = matrix_dims(dout);
   const size_t bytes = bias_backward_scratch_bytes(d.rows, d.cols);
-  cuda::bias_backward(dbias.as<float>(), dout.data, d.rows, d.cols, dout.dtype, scratch(bytes),
-                      bytes, stream_);
+  cuda::bias_backward(dbias.data, dbias.dtype, dout.data, d.rows, d.cols, dout.dtype,
+                      scratch(bytes), bytes, stream_);
 }
 
 // ---- FP8 ----
@@ -389,7 +394,7 @@ void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
     const float*& scale = i == 0 ? p.a_scale : p.b_scale;
     if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) continue;
     if (fp8_scale_slots_ == nullptr)
-      fp8_scale_slots_ = static_cast<float*>(allocate(512, "fp8 gemm scales"));
+      fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
     // Stream order keeps the slot's value until this GEMM has read it.
     float* slot = fp8_scale_slots_ + 64 * i;
     TS_CUDA_CHECK(cudaMemcpyAsync(slot, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
@@ -431,13 +436,13 @@ void CudaBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens,
 void CudaBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
                                         const Tensor& tokens) {
   const char* op = "embedding_backward";
-  expect_type(dtable, DType::F32, op, "dtable");
+  expect_float(dtable, op, "dtable");
   expect_float(dout, op, "dout");
   expect_type(tokens, DType::I32, op, "tokens");
   const MatrixDims t = matrix_dims(dtable);
   const int64_t N = tokens.numel(), C = t.cols;
   const size_t bytes = embedding_backward_scratch_bytes(N);
-  cuda::embedding_backward(dtable.as<float>(), dout.data, tokens.as<int32_t>(), N, C, t.rows,
+  cuda::embedding_backward(dtable.data, dtable.dtype, dout.data, tokens.as<int32_t>(), N, C, t.rows,
                            dout.dtype, scratch(bytes), bytes, stream_);
 }
 
@@ -460,12 +465,12 @@ void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, c
   expect_same_type(dx, x, op, "dx");
   expect_same_type(dout, x, op, "dout");
   expect_same_type(weight, x, op, "weight");
-  expect_type(dweight, DType::F32, op, "dweight");
+  expect_float(dweight, op, "dweight");
   expect_type(rstd, DType::F32, op, "rstd");
   const MatrixDims d = matrix_dims(x);
   const int64_t N = d.rows, C = d.cols;
   const size_t bytes = rmsnorm_backward_scratch_bytes(N, C);
-  cuda::rmsnorm_backward(dx.data, dweight.as<float>(), dout.data, x.data, weight.data,
+  cuda::rmsnorm_backward(dx.data, dweight.data, dweight.dtype, dout.data, x.data, weight.data,
                          rstd.as<float>(), N, C, x.dtype, scratch(bytes), bytes, stream_);
 }
 
@@ -608,9 +613,9 @@ void CudaBackend::do_sum(const Tensor& out, const Tensor& x, bool accumulate) {
 
 void CudaBackend::do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) {
   expect_type(out, DType::F32, "sum_squares", "out");
-  expect_type(x, DType::F32, "sum_squares", "x");
+  expect_float(x, "sum_squares", "x");  // bf16: the norm of bf16 gradients
   const size_t bytes = sum_scratch_bytes(x.numel());
-  cuda::sum_squares(out.as<float>(), x.as<float>(), x.numel(), accumulate, scratch(bytes), bytes,
+  cuda::sum_squares(out.as<float>(), x.data, x.dtype, x.numel(), accumulate, scratch(bytes), bytes,
                     stream_);
 }
 
@@ -624,10 +629,12 @@ const AdamWChunk* CudaBackend::adamw_chunk_table(std::span<const ParamSegment> s
                  });
   if (!same) {
     adamw_chunks_ = adamw_chunks(segments);
-    if (adamw_chunks_.size() > adamw_chunks_capacity_) {
-      void* fresh = allocate(adamw_chunks_.size() * sizeof(AdamWChunk), "AdamW chunk table");
+    if (adamw_chunks_.size() > adamw_chunks_capacity_) {  // released first, as the scratch
       release(adamw_chunks_device_);
-      adamw_chunks_device_ = static_cast<AdamWChunk*>(fresh);
+      adamw_chunks_device_ = nullptr;
+      adamw_chunks_capacity_ = 0;
+      adamw_chunks_device_ = static_cast<AdamWChunk*>(
+          allocate(adamw_chunks_.size() * sizeof(AdamWChunk), "AdamW chunk table"));
       adamw_chunks_capacity_ = adamw_chunks_.size();
     }
     if (!adamw_chunks_.empty()) {
@@ -645,19 +652,31 @@ const AdamWChunk* CudaBackend::adamw_chunk_table(std::span<const ParamSegment> s
 
 void CudaBackend::do_adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
-  expect_type(args.master, DType::F32, op, "master");
-  expect_type(args.grad, DType::F32, op, "grad");
-  expect_type(args.exp_avg, DType::F32, op, "exp_avg");
-  expect_type(args.exp_avg_sq, DType::F32, op, "exp_avg_sq");
   expect_type(args.grad_norm_sq, DType::F32, op, "grad_norm_sq");
-  const int64_t P = args.master.numel();
-  void* params = nullptr;
-  DType params_dtype = DType::F32;
-  if (args.params.defined() && args.params.data != args.master.data) {
+  expect_float(args.grad, op, "grad");
+  expect_float(args.exp_avg, op, "exp_avg");
+  expect_float(args.exp_avg_sq, op, "exp_avg_sq");
+  AdamWBuffers t;
+  const bool has_master = args.master.defined();
+  const Tensor& updated = has_master ? args.master : args.params;
+  if (has_master) {
+    expect_type(args.master, DType::F32, op, "master");
+  } else {
     expect_float(args.params, op, "params");
-    params = args.params.data;
-    params_dtype = args.params.dtype;
   }
+  t.master = updated.data;
+  t.master_dtype = updated.dtype;
+  if (has_master && args.params.defined() && args.params.data != args.master.data) {
+    expect_float(args.params, op, "params");
+    t.params = args.params.data;
+    t.params_dtype = args.params.dtype;
+  }
+  t.grad = args.grad.data;
+  t.grad_dtype = args.grad.dtype;
+  t.exp_avg = args.exp_avg.data;
+  t.exp_avg_dtype = args.exp_avg.dtype;
+  t.exp_avg_sq = args.exp_avg_sq.data;
+  t.exp_avg_sq_dtype = args.exp_avg_sq.dtype;
 
   // The same constants as ref::adamw_update derives from the same float settings.
   const ref::AdamWSettings settings{args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
@@ -666,13 +685,43 @@ void CudaBackend::do_adamw_step(const AdamWArgs& args) {
                        args.max_grad_norm};
 
   int64_t chunk_count = 0;
-  const AdamWChunk* chunks = adamw_chunk_table(args.segments, P, &chunk_count);
-  cuda::adamw_step(args.master.as<float>(), params, params_dtype, args.exp_avg.as<float>(),
-                   args.exp_avg_sq.as<float>(), args.grad.as<float>(),
-                   args.grad_norm_sq.as<float>(), chunks, chunk_count, s, stream_);
+  const AdamWChunk* chunks = adamw_chunk_table(args.segments, updated.numel(), &chunk_count);
+  cuda::adamw_step(t, args.grad_norm_sq.as<float>(), chunks, chunk_count, s, stream_);
 }
 
 // ---- entry points (cuda_backend.h) ----
+
+size_t step_buffer_bytes(const StepBufferDemand& d) {
+  // The largest scratch any op of the step asks for, in the formulas the ops above use.
+  size_t scratch = 0;
+  auto need = [&](size_t bytes) { scratch = std::max(scratch, bytes); };
+  if (d.tokens > 0 && d.hidden > 0) need(rmsnorm_backward_scratch_bytes(d.tokens, d.hidden));
+  if (d.tokens > 0 && d.widest_bias > 0) need(bias_backward_scratch_bytes(d.tokens, d.widest_bias));
+  // CUB's size query of the token sort needs a device; without one it is left out (a few
+  // hundred KB at 8k tokens, below every other scratch of a model step).
+  if (d.tokens > 0 && device_count() > 0) need(embedding_backward_scratch_bytes(d.tokens));
+  if (d.largest_reduction > 0) need(sum_scratch_bytes(d.largest_reduction));
+  if (d.attention.tokens() > 0) {
+    // auto and cudnn are planned as cuDNN's SDPA, which auto runs wherever the library loads
+    // (it takes the model families' shapes), whether or not this machine has it: a plan must
+    // not depend on where it is made. Its workspace holds Tessera's softmax sums and dQ
+    // accumulator in front of the engine's own; Tessera's kernels (tessera, or auto without
+    // cuDNN) need less, two (B, H, T) statistics.
+    need(d.attention_backend != AttentionBackend::Tessera
+             ? cudnn_backward_tessera_workspace_bytes(d.attention, /*deterministic=*/false)
+             : attention_backward_scratch_bytes(d.attention));
+  }
+  const size_t granules = (scratch + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+  size_t chunks = 0;  // the chunk table grows to the largest call's
+  for (const auto& call : d.adamw_segments) {
+    size_t n = 0;
+    for (int64_t count : call)
+      n += static_cast<size_t>((count + adamw_chunk_elements() - 1) / adamw_chunk_elements());
+    chunks = std::max(chunks, n);
+  }
+  return kLtWorkspaceBytes + granules + chunks * sizeof(AdamWChunk) +
+         (d.fp8 ? kFp8ScaleSlotBytes : 0);
+}
 
 int device_count() {
   int count = 0;

@@ -6,6 +6,7 @@
 
 #include "tessera/config/config.h"
 #include "tessera/ops/backend.h"
+#include "tessera/ops/platform.h"
 
 namespace tessera::cuda {
 
@@ -23,5 +24,12 @@ std::string unavailable_reason();
 std::unique_ptr<Backend> make_cuda_backend(int device,
                                            AttentionBackend attention = AttentionBackend::Auto,
                                            bool gemm_autotune = true);
+
+// What a CudaBackend allocates of its own for a step with demands `d` (Platform's
+// step_buffer_bytes): the cuBLASLt workspace, the kernel scratch grown to the largest request
+// in whole granules, the AdamW chunk table and the FP8 scale slots. The cuDNN attention
+// workspace counts Tessera's part (softmax sums, dQ accumulator) and not the engine's own,
+// which only a built plan knows (0 for cuDNN 9.x's SDPA engines on Hopper).
+size_t step_buffer_bytes(const StepBufferDemand& d);
 
 }  // namespace tessera::cuda

@@ -50,6 +50,10 @@ class CudaPlatform final : public Platform {
 #endif
   }
 
+  size_t step_buffer_bytes(const StepBufferDemand& d) const override {
+    return cuda::step_buffer_bytes(d);
+  }
+
   DeviceInfo device_info(int device) const override {
     return cuda::device_info(device);
   }

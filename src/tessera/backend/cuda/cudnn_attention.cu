@@ -96,7 +96,43 @@ std::string version_text(size_t v) {  // 91500 -> "9.15.0" (cuDNN 9 numbering)
          std::to_string(v % 100);
 }
 
+constexpr size_t kWorkspaceAlign = 256;
+size_t align_up(size_t n) {
+  return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+}
+
+// Offsets in a backward plan's workspace of Tessera's buffers and of the engine's own part.
+struct BackwardWorkspace {
+  size_t softmax_sum = 0, dq_accum = 0, seq_q = 0, seq_kv = 0, engine = 0;
+};
+
+BackwardWorkspace backward_workspace(int64_t B, int64_t H, int64_t T, int64_t D, bool deterministic,
+                                     bool padding_workaround) {
+  BackwardWorkspace w;
+  size_t offset = 0;
+  w.softmax_sum = offset;
+  offset = align_up(offset + static_cast<size_t>(B * H * T) * sizeof(float));
+  if (!deterministic) {
+    w.dq_accum = offset;
+    offset = align_up(offset + static_cast<size_t>(B * H * T * D) * sizeof(float));
+  }
+  if (padding_workaround) {
+    w.seq_q = offset;
+    offset = align_up(offset + static_cast<size_t>(B) * sizeof(int32_t));
+    w.seq_kv = offset;
+    offset = align_up(offset + static_cast<size_t>(B) * sizeof(int32_t));
+  }
+  w.engine = offset;
+  return w;
+}
+
 }  // namespace
+
+size_t cudnn_backward_tessera_workspace_bytes(const AttentionShape& s, bool deterministic) {
+  // A window at least the sequence long restricts nothing and changes no buffer.
+  return backward_workspace(s.batch, s.heads, s.seq, s.head_dim, deterministic, s.seq % 128 != 0)
+      .engine;
+}
 
 #if TESSERA_CUDNN_HEADERS
 
@@ -128,9 +164,6 @@ Geometry geometry_of(const AttentionShape& s) {
   g.window = (s.window > 0 && s.window < s.seq) ? s.window : 0;
   return g;
 }
-
-constexpr size_t kWorkspaceAlign = 256;
-size_t align_up(size_t n) { return (n + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 __global__ void fill_seq_lens_kernel(int32_t* seq_q, int32_t* seq_kv, int64_t n, int32_t value) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -904,20 +937,13 @@ struct CudnnAttention::Impl {
         p.cudnn_offset = 0;
         if (backward) {
           build_backward_graph(g, G, style, deterministic, p.padding_workaround);
-          size_t offset = 0;
-          p.softmax_sum_offset = offset;
-          offset = align_up(offset + static_cast<size_t>(G.B * G.H * G.T) * sizeof(float));
-          if (!deterministic) {
-            p.dq_accum_offset = offset;
-            offset = align_up(offset + static_cast<size_t>(G.B * G.H * G.T * G.D) * sizeof(float));
-          }
-          if (p.padding_workaround) {
-            p.seq_q_offset = offset;
-            offset = align_up(offset + static_cast<size_t>(G.B) * sizeof(int32_t));
-            p.seq_kv_offset = offset;
-            offset = align_up(offset + static_cast<size_t>(G.B) * sizeof(int32_t));
-          }
-          p.cudnn_offset = offset;
+          const BackwardWorkspace w =
+              backward_workspace(G.B, G.H, G.T, G.D, deterministic, p.padding_workaround);
+          p.softmax_sum_offset = w.softmax_sum;
+          p.dq_accum_offset = w.dq_accum;
+          p.seq_q_offset = w.seq_q;
+          p.seq_kv_offset = w.seq_kv;
+          p.cudnn_offset = w.engine;
         } else {
           build_forward_graph(g, G, style);
         }

@@ -52,6 +52,12 @@ struct CudnnPlanInfo {
   int graph_ops = 0;            // operations in the graph
 };
 
+// The part of a backward plan's workspace that Tessera lays out in front of the engine's own:
+// the softmax sums (B, H, T) fp32, without `deterministic` the dQ accumulator (B, H, T, D) fp32,
+// and for T % 128 != 0 the sequence-length arrays; the engine's part follows it (its size is
+// known once a plan is built, CudnnPlanInfo::workspace_bytes).
+size_t cudnn_backward_tessera_workspace_bytes(const AttentionShape& s, bool deterministic);
+
 class CudnnAttention {
  public:
   // Loads cuDNN and creates a handle bound to `stream` on the current device. Returns nullptr

@@ -43,8 +43,8 @@ __global__ void iota_kernel(int32_t* out, int64_t n) {
 // dout rows into registers, starting from the table row, and writes the row back once. One
 // writer per (row, channel) and a fixed summation order make the result deterministic
 // without atomics; the sequence of fp32 additions is exactly the CPU reference's.
-template <class T, int VEC>
-__global__ void embedding_backward_kernel(float* dtable, const T* dout, const uint32_t* sorted_ids,
+template <class T, class TD, int VEC>
+__global__ void embedding_backward_kernel(TD* dtable, const T* dout, const uint32_t* sorted_ids,
                                           const int32_t* sorted_pos, int64_t N, int64_t C,
                                           int64_t V) {
   const int64_t i = blockIdx.x;
@@ -55,9 +55,9 @@ __global__ void embedding_backward_kernel(float* dtable, const T* dout, const ui
 
   const int64_t c = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * VEC;
   if (c >= C) return;
-  float* row = dtable + static_cast<int64_t>(id) * C + c;
+  TD* row = dtable + static_cast<int64_t>(id) * C + c;
   float acc[VEC];
-  load_floats<float, VEC>(row, acc);
+  load_floats<TD, VEC>(row, acc);
 #pragma unroll 4
   for (int64_t k = i; k < end; ++k) {
     float g[VEC];
@@ -65,7 +65,7 @@ __global__ void embedding_backward_kernel(float* dtable, const T* dout, const ui
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] += g[v];
   }
-  store_floats<float, VEC>(row, acc);
+  store_floats<TD, VEC>(row, acc);
 }
 
 constexpr size_t kScratchAlign = 256;
@@ -111,9 +111,9 @@ size_t embedding_backward_scratch_bytes(int64_t N) {
   return 3 * align_up(static_cast<size_t>(N) * 4) + align_up(sort_temp_bytes(N));
 }
 
-void embedding_backward(float* dtable, const void* dout, const int32_t* tokens, int64_t N,
-                        int64_t C, int64_t V, DType dout_dtype, void* scratch, size_t scratch_bytes,
-                        cudaStream_t stream) {
+void embedding_backward(void* dtable, DType table_dtype, const void* dout, const int32_t* tokens,
+                        int64_t N, int64_t C, int64_t V, DType dout_dtype, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("embedding_backward");
   if (N == 0 || C == 0) return;
   check_grid("embedding_backward", N);
@@ -139,21 +139,24 @@ void embedding_backward(float* dtable, const void* dout, const int32_t* tokens, 
 
   dispatch_float(dout_dtype, "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int kVec = 8;  // one 16-byte bf16 load, two fp32 ones; the table row in fp32
-    constexpr int kBackwardThreads = 128;
-    auto launch = [&](auto vec_tag) {
-      constexpr int VEC = decltype(vec_tag)::value;
-      const dim3 grid(static_cast<unsigned>(N),
-                      static_cast<unsigned>(ceil_div(C, kBackwardThreads * VEC)));
-      embedding_backward_kernel<T, VEC><<<grid, kBackwardThreads, 0, stream>>>(
-          dtable, static_cast<const T*>(dout), sorted_ids, sorted_pos, N, C, V);
-    };
-    if (C % kVec == 0 && is_aligned(dout, 16) && is_aligned(dtable, 16)) {
-      launch(std::integral_constant<int, kVec>{});
-    } else {
-      launch(std::integral_constant<int, 1>{});
-    }
-    TS_CUDA_CHECK_LAUNCH("embedding_backward_kernel");
+    dispatch_float(table_dtype, "embedding_backward table", [&](auto table_tag) {
+      using TD = decltype(table_tag);
+      constexpr int kVec = 8;  // one 16-byte bf16 load, two fp32 ones; the row summed in fp32
+      constexpr int kBackwardThreads = 128;
+      auto launch = [&](auto vec_tag) {
+        constexpr int VEC = decltype(vec_tag)::value;
+        const dim3 grid(static_cast<unsigned>(N),
+                        static_cast<unsigned>(ceil_div(C, kBackwardThreads * VEC)));
+        embedding_backward_kernel<T, TD, VEC><<<grid, kBackwardThreads, 0, stream>>>(
+            static_cast<TD*>(dtable), static_cast<const T*>(dout), sorted_ids, sorted_pos, N, C, V);
+      };
+      if (C % kVec == 0 && is_aligned(dout, 16) && is_aligned(dtable, 16)) {
+        launch(std::integral_constant<int, kVec>{});
+      } else {
+        launch(std::integral_constant<int, 1>{});
+      }
+      TS_CUDA_CHECK_LAUNCH("embedding_backward_kernel");
+    });
   });
 }
 

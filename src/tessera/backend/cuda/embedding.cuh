@@ -18,11 +18,12 @@ void embedding_forward(void* out, const int32_t* tokens, const void* table, int6
 // Device scratch bytes embedding_backward needs for N tokens.
 size_t embedding_backward_scratch_bytes(int64_t N);
 
-// dtable (V, C) fp32 accumulates the rows of dout (N, C) (in dout_dtype) at tokens (N), each
-// row's additions in token order: the same bits on every run and as the fp32 CPU reference.
-// Tokens outside [0, V) are skipped.
-void embedding_backward(float* dtable, const void* dout, const int32_t* tokens, int64_t N,
-                        int64_t C, int64_t V, DType dout_dtype, void* scratch, size_t scratch_bytes,
-                        cudaStream_t stream);
+// dtable (V, C) accumulates the rows of dout (N, C) (in dout_dtype) at tokens (N), each row's
+// additions in token order in fp32: the same bits on every run and as the fp32 CPU reference.
+// dtable fp32, or bf16 (table_dtype): the row's fp32 sum rounded once. Tokens outside [0, V)
+// are skipped.
+void embedding_backward(void* dtable, DType table_dtype, const void* dout, const int32_t* tokens,
+                        int64_t N, int64_t C, int64_t V, DType dout_dtype, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace tessera::cuda

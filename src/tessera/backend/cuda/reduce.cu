@@ -14,7 +14,8 @@ namespace {
 // there are only a few thousand columns (C = 4096 gives 128 blocks).
 constexpr int kColumnLanes = 8;
 
-__global__ void column_sums_accumulate_kernel(float* dst, const float* partial, int64_t rows,
+template <class TD>
+__global__ void column_sums_accumulate_kernel(TD* dst, const float* partial, int64_t rows,
                                               int64_t cols) {
   __shared__ float lane_sums[kColumnLanes][32];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
@@ -29,7 +30,7 @@ __global__ void column_sums_accumulate_kernel(float* dst, const float* partial, 
   float total = lane_sums[0][threadIdx.x];
 #pragma unroll
   for (int y = 1; y < kColumnLanes; ++y) total += lane_sums[y][threadIdx.x];
-  dst[col] += total;
+  dst[col] = from_float<TD>(to_float(dst[col]) + total);
 }
 
 // ---- whole-tensor sums ----
@@ -65,8 +66,8 @@ __device__ __forceinline__ double block_sum_double(double v, double* shared) {
   return warp_sum_double(threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.0);
 }
 
-template <bool kSquare, int VEC>
-__global__ void sum_partial_kernel(double* partial, const float* x, int64_t n) {
+template <bool kSquare, class T, int VEC>
+__global__ void sum_partial_kernel(double* partial, const T* x, int64_t n) {
   __shared__ double shared[32];
   constexpr int kSteps = kSumChunk / (kSumThreads * VEC);
   const int64_t base = static_cast<int64_t>(blockIdx.x) * kSumChunk;
@@ -76,15 +77,15 @@ __global__ void sum_partial_kernel(double* partial, const float* x, int64_t n) {
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
       float v[VEC];
-      load_floats<float, VEC>(
-          x + base + (static_cast<int64_t>(j) * kSumThreads + threadIdx.x) * VEC, v);
+      load_floats<T, VEC>(x + base + (static_cast<int64_t>(j) * kSumThreads + threadIdx.x) * VEC,
+                          v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc += term<kSquare>(v[k]);
     }
   } else {
     for (int j = 0; j < kSteps; ++j) {
       const int64_t i = base + (static_cast<int64_t>(j) * kSumThreads + threadIdx.x) * VEC;
-      for (int64_t e = i; e < min(n, i + VEC); ++e) acc += term<kSquare>(x[e]);
+      for (int64_t e = i; e < min(n, i + VEC); ++e) acc += term<kSquare>(to_float(x[e]));
     }
   }
   acc = block_sum_double(acc, shared);
@@ -104,9 +105,9 @@ __global__ void sum_final_kernel(float* out, const double* partial, int64_t coun
     *out = static_cast<float>((accumulate ? static_cast<double>(*out) : 0.0) + acc);
 }
 
-template <bool kSquare>
-void launch_sum(const char* name, float* out, const float* x, int64_t n, bool accumulate,
-                void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+template <bool kSquare, class T>
+void launch_sum(const char* name, float* out, const T* x, int64_t n, bool accumulate, void* scratch,
+                size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range(name);
   const int64_t blocks = ceil_div(n, kSumChunk);
   check_grid(name, blocks);
@@ -115,10 +116,10 @@ void launch_sum(const char* name, float* out, const float* x, int64_t n, bool ac
   }
   auto* partial = static_cast<double*>(scratch);
   if (blocks > 0) {
-    if (is_aligned(x, 16)) {
-      sum_partial_kernel<kSquare, 4><<<blocks, kSumThreads, 0, stream>>>(partial, x, n);
+    if (is_aligned(x, 4 * sizeof(T))) {
+      sum_partial_kernel<kSquare, T, 4><<<blocks, kSumThreads, 0, stream>>>(partial, x, n);
     } else {
-      sum_partial_kernel<kSquare, 1><<<blocks, kSumThreads, 0, stream>>>(partial, x, n);
+      sum_partial_kernel<kSquare, T, 1><<<blocks, kSumThreads, 0, stream>>>(partial, x, n);
     }
     TS_CUDA_CHECK_LAUNCH("sum_partial_kernel");
   }
@@ -153,13 +154,16 @@ __global__ void bias_partial_kernel(float* partial, const T* dout, int64_t M, in
 
 }  // namespace
 
-void column_sums_accumulate(float* dst, const float* partial, int64_t rows, int64_t cols,
-                            cudaStream_t stream) {
+void column_sums_accumulate(void* dst, DType dst_dtype, const float* partial, int64_t rows,
+                            int64_t cols, cudaStream_t stream) {
   if (cols == 0) return;
   const int64_t blocks = ceil_div(cols, 32);
   check_grid("column_sums_accumulate", blocks);
-  column_sums_accumulate_kernel<<<blocks, dim3(32, kColumnLanes), 0, stream>>>(dst, partial, rows,
-                                                                               cols);
+  dispatch_float(dst_dtype, "column_sums_accumulate", [&](auto tag) {
+    using TD = decltype(tag);
+    column_sums_accumulate_kernel<TD>
+        <<<blocks, dim3(32, kColumnLanes), 0, stream>>>(static_cast<TD*>(dst), partial, rows, cols);
+  });
   TS_CUDA_CHECK_LAUNCH("column_sums_accumulate_kernel");
 }
 
@@ -172,17 +176,21 @@ void sum(float* out, const float* x, int64_t n, bool accumulate, void* scratch,
   launch_sum<false>("sum", out, x, n, accumulate, scratch, scratch_bytes, stream);
 }
 
-void sum_squares(float* out, const float* x, int64_t n, bool accumulate, void* scratch,
-                 size_t scratch_bytes, cudaStream_t stream) {
-  launch_sum<true>("sum_squares", out, x, n, accumulate, scratch, scratch_bytes, stream);
+void sum_squares(float* out, const void* x, DType x_dtype, int64_t n, bool accumulate,
+                 void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  dispatch_float(x_dtype, "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    launch_sum<true>("sum_squares", out, static_cast<const T*>(x), n, accumulate, scratch,
+                     scratch_bytes, stream);
+  });
 }
 
 size_t bias_backward_scratch_bytes(int64_t M, int64_t N) {
   return static_cast<size_t>(ceil_div(M, kBiasRows)) * static_cast<size_t>(N) * sizeof(float);
 }
 
-void bias_backward(float* dbias, const void* dout, int64_t M, int64_t N, DType dtype, void* scratch,
-                   size_t scratch_bytes, cudaStream_t stream) {
+void bias_backward(void* dbias, DType dbias_dtype, const void* dout, int64_t M, int64_t N,
+                   DType dtype, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("bias_backward");
   if (M == 0 || N == 0) return;
   if (scratch_bytes < bias_backward_scratch_bytes(M, N)) {
@@ -211,7 +219,7 @@ void bias_backward(float* dbias, const void* dout, int64_t M, int64_t N, DType d
     }
     TS_CUDA_CHECK_LAUNCH("bias_partial_kernel");
   });
-  column_sums_accumulate(dbias, partial, groups, N, stream);
+  column_sums_accumulate(dbias, dbias_dtype, partial, groups, N, stream);
 }
 
 }  // namespace tessera::cuda

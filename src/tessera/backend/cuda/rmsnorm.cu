@@ -129,9 +129,9 @@ size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C) {
   return static_cast<size_t>(ceil_div(N, kRowsPerBlock)) * static_cast<size_t>(C) * sizeof(float);
 }
 
-void rmsnorm_backward(void* dx, float* dweight, const void* dout, const void* x, const void* weight,
-                      const float* rstd, int64_t N, int64_t C, DType dtype, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream) {
+void rmsnorm_backward(void* dx, void* dweight, DType dweight_dtype, const void* dout, const void* x,
+                      const void* weight, const float* rstd, int64_t N, int64_t C, DType dtype,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("rmsnorm_backward");
   if (N == 0 || C == 0) return;
   const int64_t blocks = ceil_div(N, kRowsPerBlock);
@@ -161,7 +161,7 @@ void rmsnorm_backward(void* dx, float* dweight, const void* dout, const void* x,
     }
     TS_CUDA_CHECK_LAUNCH("rmsnorm_backward_kernel");
   });
-  column_sums_accumulate(dweight, partial, blocks, C, stream);
+  column_sums_accumulate(dweight, dweight_dtype, partial, blocks, C, stream);
 }
 
 }  // namespace tessera::cuda

@@ -17,10 +17,10 @@ void rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, 
 // Device scratch bytes rmsnorm_backward needs (per-block dweight partial sums).
 size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C);
 
-// dx (N, C) accumulates (read-add-write in dtype); dweight (C) fp32 accumulates.
-// dout, x (N, C) and weight (C) in dtype; rstd (N) fp32.
-void rmsnorm_backward(void* dx, float* dweight, const void* dout, const void* x, const void* weight,
-                      const float* rstd, int64_t N, int64_t C, DType dtype, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream);
+// dx (N, C) accumulates (read-add-write in dtype); dweight (C) accumulates, fp32 or bf16
+// (dweight_dtype). dout, x (N, C) and weight (C) in dtype; rstd (N) fp32.
+void rmsnorm_backward(void* dx, void* dweight, DType dweight_dtype, const void* dout, const void* x,
+                      const void* weight, const float* rstd, int64_t N, int64_t C, DType dtype,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace tessera::cuda

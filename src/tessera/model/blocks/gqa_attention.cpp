@@ -67,8 +67,10 @@ void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
   ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
   b.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   b.rope_backward(dqkv_, ops.rope_table(), a);
-  if (ops.runtime().recompute == RecomputeGranularity::Selective)
+  if (ops.runtime().recompute == RecomputeGranularity::Selective) {
+    ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
     b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
+  }
   ops.linear_backward(ops.norm_grad(), dqkv_, ln_, qkv_weight_, qkv_bias_);
   b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
 }

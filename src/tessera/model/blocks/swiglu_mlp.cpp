@@ -40,10 +40,16 @@ void SwigluMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor
 void SwigluMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
   Backend& b = ops.backend();
   const bool selective = ops.runtime().recompute == RecomputeGranularity::Selective;
-  if (selective) b.swiglu_forward(h_, gate_up_out_);
+  if (selective) {
+    ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
+    b.swiglu_forward(h_, gate_up_out_);
+  }
   ops.linear_backward(dh_, dresid, h_, down_, -1);
   b.swiglu_backward(dgate_up_, dh_, gate_up_out_);
-  if (selective) b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
+  if (selective) {
+    ScopedRange r(b, "recompute");
+    b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
+  }
   ops.linear_backward(ops.norm_grad(), dgate_up_, ln_, gate_up_, -1);
   b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
 }
