@@ -42,6 +42,10 @@ class LayerOps : public ForwardOps {
                                int weight, int bias) = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
+  // d(objective)/d(the per-token loss sum) of this pass (forward_backward's grad_scale): a
+  // loss a block adds per micro-batch (MoE aux losses) scales its gradient by this times the
+  // tokens, the micro-batch mean's share of the step's mean.
+  virtual float loss_grad_scale() const = 0;
 };
 
 class Block {
@@ -85,6 +89,12 @@ class Block {
     (void)seq_length;
     return 0;
   }
+
+  // ---- statistics kept across a step (MoE load balance, Model::moe_stats) ----
+  // fp32 values it sums over a step's forward passes; 0: none.
+  virtual int64_t stats_width() const { return 0; }
+  // Where they live (stats_width() values, zeroed by the model between steps).
+  virtual void bind_stats(const Tensor& stats) { (void)stats; }
 };
 
 // Brackets ops in a trace range (NVTX on CUDA).

@@ -40,6 +40,9 @@ class DecoderLayer {
 
   int64_t matmul_params() const;
   double attention_flops_per_token(int64_t seq_length) const;
+  // The statistics its blocks keep (Block::stats_width), bound block after block.
+  int64_t stats_width() const;
+  void bind_stats(const Tensor& stats);
 
  private:
   void run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool last_output);

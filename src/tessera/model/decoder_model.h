@@ -48,6 +48,8 @@ class DecoderModel final : public Model, private LayerOps {
   void forward_logits(const Tensor& logits) override;
   Tensor loss_sum() const override { return a_.loss_sum; }
   void zero_loss_sum() override;
+  Tensor moe_stats() const override { return moe_stats_; }
+  const std::vector<int64_t>& moe_layers() const override { return moe_layers_; }
 
   Fp8Linears* fp8() const override { return fp8_.get(); }
   void params_updated() override;
@@ -65,6 +67,8 @@ class DecoderModel final : public Model, private LayerOps {
                                   const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                   Activations& a, ActivationPlan& plan);
   bool recomputes_fully(int64_t layer) const;
+  // Allocates the blocks' statistics and binds each layer's row.
+  void bind_stats();
 
   // LayerOps
   void linear(const Tensor& out, const Tensor& in, int weight, int bias,
@@ -73,6 +77,7 @@ class DecoderModel final : public Model, private LayerOps {
                        int bias) override;
   const Tensor& rope_table() const override { return a_.freqs; }
   const Tensor& norm_grad() const override { return a_.dnorm; }
+  float loss_grad_scale() const override { return grad_scale_; }
 
   void embed();
   void forward_layers();
@@ -98,6 +103,12 @@ class DecoderModel final : public Model, private LayerOps {
   ParamUnitObserver* observer_ = nullptr;
 
   Activations a_;
+  float grad_scale_ = 0.0f;  // of the forward_backward in progress
+
+  // The blocks' statistics (Block::stats_width): one row per layer that keeps any.
+  DeviceBuffer stats_buffer_;
+  Tensor moe_stats_;
+  std::vector<int64_t> moe_layers_;
 
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1

@@ -4,6 +4,7 @@
 // let code outside the model manage parameters across ranks. Model code is single-device and
 // rank-free; parallel layouts are applied from outside (distributed/parallelize.h).
 #include <cstdint>
+#include <vector>
 
 #include "tessera/config/config.h"
 #include "tessera/model/fp8_linears.h"
@@ -33,6 +34,8 @@ struct ModelRuntime {
   // residual is added exactly once).
   int tensor_parallel_rank = 0;
   Fp8Options fp8;  // FP8 linear layers (off by default)
+  // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).
+  bool moe_force_balance = false;
 
   int64_t tokens() const { return micro_batch * seq_length; }
 };
@@ -96,7 +99,16 @@ class Model {
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;
   virtual Tensor loss_sum() const = 0;  // (1) fp32 on the device
+  // Zeroes loss_sum() and moe_stats().
   virtual void zero_loss_sum() = 0;
+
+  // Load balance of the MoE layers (docs/moe.md), summed over the forward passes since
+  // zero_loss_sum(): (moe layers, experts + 2) fp32 on the device, per MoE layer in layer
+  // order the (token, slot) pairs routed to each expert, then the layer's aux loss and z-loss
+  // (unweighted, summed over micro-batches). Undefined for a dense model.
+  virtual Tensor moe_stats() const = 0;
+  // The decoder layer of each row of moe_stats().
+  virtual const std::vector<int64_t>& moe_layers() const = 0;
 
   // The FP8 linear layers, or null when runtime().fp8 is off.
   virtual Fp8Linears* fp8() const = 0;

@@ -47,6 +47,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
   rt.fp8 = fp8_options(t);
+  rt.moe_force_balance = t.moe_force_balance;
   if (devices.world_size > 1) {
     rt.flat_buffer_multiple = dist::flat_buffer_multiple(devices.world_size);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;
