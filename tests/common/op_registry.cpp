@@ -773,6 +773,19 @@ std::vector<OpCase> moe_cases() {
     b.moe_expert_counts(t.at("counts"), t.at("indices"));
   };
   cases.push_back(counts);
+  // Counts as a step leaves them (whole numbers), one expert exactly at the mean.
+  OpCase bias_update;
+  bias_update.name = "moe_expert_bias_update E9";
+  bias_update.specs = {{"bias", {9}, Kind::F32, Role::Accum, 0.01f, 0, 1, 1e-7}};
+  bias_update.run = [](Backend& b, const Tensors& t) {
+    const std::vector<float> c = {3, 10, 4, 0, 7, 9, 5, 6, 1};  // mean 5
+    DeviceBuffer buf(b, c.size() * 4, "counts");
+    const Tensor counts = buf.tensor(DType::F32, {9});
+    b.upload(counts, c.data());
+    b.moe_expert_bias_update(t.at("bias"), counts, 1e-3f);
+    b.synchronize();
+  };
+  cases.push_back(bias_update);
   cases.push_back(permute_case(37, 2, 8, 45, 1, 0, 8));
   cases.push_back(permute_case(37, 2, 8, 45, 16, 0, 5));  // experts 5..7 empty
   cases.push_back(permute_case(29, 1, 6, 64, 16, 3, 4));  // every token to expert 3

@@ -348,6 +348,14 @@ void ReferenceBackend::do_moe_expert_counts(const Tensor& counts, const Tensor& 
   store(counts, c);
 }
 
+void ReferenceBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts,
+                                                 float rate) {
+  std::vector<double> b = values(bias);
+  ref::moe_expert_bias_update(b.data(), values(counts).data(), bias.numel(),
+                              static_cast<double>(rate));
+  store(bias, b);
+}
+
 void ReferenceBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
                                       const Tensor& x, const Tensor& indices, int64_t align) {
   const int64_t E = offsets.numel() - 1;

@@ -131,6 +131,16 @@ TEST(ReferenceMoe, DispatchPlanSortsByExpertPaddedToTheAlignment) {
   EXPECT_EQ(xp, (std::vector<double>{1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0}));
 }
 
+TEST(ReferenceMoe, ExpertBiasMovesTowardsBalance) {
+  std::vector<double> bias = {0.5, 0.5, 0.5, 0.5};
+  const std::vector<double> counts = {10, 2, 4, 8};  // mean 6
+  ref::moe_expert_bias_update(bias.data(), counts.data(), 4, 0.25);
+  EXPECT_EQ(bias, (std::vector<double>{0.25, 0.75, 0.75, 0.25}));
+  const std::vector<double> balanced = {3, 3, 3, 3};
+  ref::moe_expert_bias_update(bias.data(), balanced.data(), 4, 0.25);
+  EXPECT_EQ(bias, (std::vector<double>{0.25, 0.75, 0.75, 0.25})) << "no step at the mean";
+}
+
 TEST(ReferenceMoe, LossValuesAtKnownPoints) {
   // Uniform scores: Switch's aux loss is 1 whatever the counts (it weighs counts by scores).
   const std::vector<double> uniform(4 * 4, 0.0);

@@ -23,7 +23,8 @@ constexpr const char* kUsage = R"(usage: tessera plot RUN_DIR... -o OUT [--forma
 
 Reads metrics.jsonl and config.yaml of each experiment directory and writes to OUT:
   loss, iteration_time, tokens_per_s, memory   .svg (default) and/or .png (2x resolution):
-                                   every run overlaid, legend = exp_name (or the directory)
+                                   every run overlaid, legend = exp_name (or the directory);
+                                   moe_balance too when a run is an MoE model
   report.html                      one self-contained page: throughput table, the curves
                                    (inline SVG), configuration (differences marked) and the
                                    tables of a `tessera report` output found in a run directory

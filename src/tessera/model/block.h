@@ -95,6 +95,16 @@ class Block {
   virtual int64_t stats_width() const { return 0; }
   // Where they live (stats_width() values, zeroed by the model between steps).
   virtual void bind_stats(const Tensor& stats) { (void)stats; }
+
+  // ---- state kept across steps outside the parameters (the MoE expert bias) ----
+  // fp32 values, zero at the start of training and kept in checkpoints; 0: none.
+  virtual int64_t state_width() const { return 0; }
+  // Where they live, and the name a checkpoint stores them under ("mlp.router.expert_bias",
+  // prefixed with the layer's).
+  virtual void bind_state(const Tensor& state) { (void)state; }
+  virtual const char* state_name() const { return ""; }
+  // After a step, once the statistics hold the whole step (every micro-batch and rank).
+  virtual void update_state(Backend& backend) { (void)backend; }
 };
 
 // Brackets ops in a trace range (NVTX on CUDA).

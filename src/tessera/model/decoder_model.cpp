@@ -138,11 +138,36 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
       accumulated_grad_ranges_.push_back({p.offset, p.offset + p.numel()});
   }
   bind_stats();
+  bind_state();
   zero_grads();
   zero_loss_sum();
 }
 
 DecoderModel::~DecoderModel() = default;
+
+void DecoderModel::bind_state() {
+  int64_t total = 0;
+  for (const auto& layer : layers_)
+    for (const auto& [name, width] : layer->state_layout()) total += width;
+  if (total == 0) return;
+  state_buffer_ = DeviceBuffer(backend_, static_cast<size_t>(total) * sizeof(float), "block state");
+  const Tensor all = state_buffer_.tensor(DType::F32, {total});
+  backend_.fill(all, 0.0f);
+  int64_t at = 0;
+  for (auto& layer : layers_) {
+    std::vector<Tensor> mine;
+    for (const auto& [name, width] : layer->state_layout()) {
+      mine.push_back(all.flat_range(at, width));
+      state_.emplace_back(name, mine.back());
+      at += width;
+    }
+    layer->bind_state(mine);
+  }
+}
+
+void DecoderModel::update_persistent_state() {
+  for (auto& layer : layers_) layer->update_state(backend_);
+}
 
 void DecoderModel::bind_stats() {
   int64_t width = 0;

@@ -50,6 +50,8 @@ class DecoderModel final : public Model, private LayerOps {
   void zero_loss_sum() override;
   Tensor moe_stats() const override { return moe_stats_; }
   const std::vector<int64_t>& moe_layers() const override { return moe_layers_; }
+  std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return state_; }
+  void update_persistent_state() override;
 
   Fp8Linears* fp8() const override { return fp8_.get(); }
   void params_updated() override;
@@ -67,8 +69,9 @@ class DecoderModel final : public Model, private LayerOps {
                                   const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                   Activations& a, ActivationPlan& plan);
   bool recomputes_fully(int64_t layer) const;
-  // Allocates the blocks' statistics and binds each layer's row.
+  // Allocates the blocks' statistics and binds each layer's row; likewise their state.
   void bind_stats();
+  void bind_state();
 
   // LayerOps
   void linear(const Tensor& out, const Tensor& in, int weight, int bias,
@@ -109,6 +112,9 @@ class DecoderModel final : public Model, private LayerOps {
   DeviceBuffer stats_buffer_;
   Tensor moe_stats_;
   std::vector<int64_t> moe_layers_;
+  // The blocks' state kept across steps (Block::state_width), zero from the start.
+  DeviceBuffer state_buffer_;
+  std::vector<std::pair<std::string, Tensor>> state_;
 
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1

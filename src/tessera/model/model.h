@@ -4,6 +4,8 @@
 // let code outside the model manage parameters across ranks. Model code is single-device and
 // rank-free; parallel layouts are applied from outside (distributed/parallelize.h).
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/config/config.h"
@@ -109,6 +111,11 @@ class Model {
   virtual Tensor moe_stats() const = 0;
   // The decoder layer of each row of moe_stats().
   virtual const std::vector<int64_t>& moe_layers() const = 0;
+  // State kept across steps outside the parameters (the MoE expert bias), fp32 on the device
+  // by checkpoint name; empty for most models.
+  virtual std::vector<std::pair<std::string, Tensor>> persistent_state() const = 0;
+  // After a step whose moe_stats() have been summed over every rank: updates that state.
+  virtual void update_persistent_state() = 0;
 
   // The FP8 linear layers, or null when runtime().fp8 is off.
   virtual Fp8Linears* fp8() const = 0;

@@ -509,6 +509,14 @@ void Backend::moe_expert_counts(const Tensor& counts, const Tensor& indices) {
   do_moe_expert_counts(counts, indices);
 }
 
+void Backend::moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) {
+  const OpScope scope(*this, "moe_expert_bias_update", [&] { return op_args::elements(bias); });
+  const OpChecks check(*this, "moe_expert_bias_update");
+  check.placed(bias, "bias");
+  check.count(counts, bias.numel(), "counts");
+  do_moe_expert_bias_update(bias, counts, rate);
+}
+
 void Backend::moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
                           const Tensor& x, const Tensor& indices, int64_t align) {
   const OpScope scope(*this, "moe_permute", [&] { return op_args::moe_permute(x, indices, xp); });

@@ -364,6 +364,9 @@ class Backend {
                   float grad_scale);
   // counts (E) fp32 accumulates, per expert, the (token, slot) pairs indices (N, K) route to it.
   void moe_expert_counts(const Tensor& counts, const Tensor& indices);
+  // Aux-loss-free balancing (DeepSeek-V3, Megatron's get_updated_expert_bias): bias (E) fp32
+  // += rate * sign(mean(counts) - counts[e]) for counts (E) fp32, the step's tokens per expert.
+  void moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate);
 
   // Dropless dispatch. Token n's copy for its k-th expert goes to row rows[n, k] of xp (R, C);
   // the rows of expert e are [offsets[e], offsets[e+1]), holding its tokens in order of
@@ -450,6 +453,7 @@ class Backend {
   virtual void do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
                              float grad_scale) = 0;
   virtual void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) = 0;
+  virtual void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) = 0;
   virtual void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
                               const Tensor& x, const Tensor& indices, int64_t align) = 0;
   virtual void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) = 0;

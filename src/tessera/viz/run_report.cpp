@@ -56,7 +56,8 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
-constexpr const char* kCss = R"(body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1700px}
+constexpr const char* kCss =
+    R"(body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1700px}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.8em}h3{font-size:1em}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 table.data{display:block;overflow-x:auto;max-width:100%}
@@ -84,7 +85,8 @@ std::string html_table(const analysis::Table& t, const std::string& differs_colu
     out += marked ? "<tr class=\"differs\">" : "<tr>";
     for (const auto& cell : row) {
       const bool numeric = !std::holds_alternative<std::string>(cell);
-      out += (numeric ? "<td class=\"n\">" : "<td>") + html_escape(analysis::cell_display(cell)) + "</td>";
+      out += (numeric ? "<td class=\"n\">" : "<td>") + html_escape(analysis::cell_display(cell)) +
+             "</td>";
     }
     out += "</tr>\n";
   }
@@ -138,6 +140,20 @@ std::vector<NamedChart> run_charts(const std::vector<RunData>& runs) {
     charts[3].chart.series.push_back(
         series_of(r, c, &IterationRecord::mem_allocated_gib, r.label + " allocated", true));
   }
+  // MoE runs add their load balance: the aux loss (1 when balanced) and the expert-load CV of
+  // the worst layer (0 when balanced).
+  NamedChart balance{"moe_balance",
+                     {"MoE load balance", "iteration", "aux loss / expert-load CV", {}, false}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunData& r = runs[i];
+    const int c = static_cast<int>(i);
+    Series aux = series_of(r, c, &IterationRecord::moe_aux_loss, r.label + " aux loss", false);
+    if (aux.points.empty()) continue;
+    balance.chart.series.push_back(std::move(aux));
+    balance.chart.series.push_back(
+        series_of(r, c, &IterationRecord::moe_expert_tokens_cv, r.label + " expert-load CV", true));
+  }
+  if (!balance.chart.series.empty()) charts.push_back(std::move(balance));
   return charts;
 }
 
@@ -225,7 +241,8 @@ std::string run_report_html(const std::vector<RunData>& runs, const std::vector<
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::string dir = runs[i].dir.string();
     h += (i ? ", " : "") + html_escape(runs[i].label);
-    if (runs[i].label.find(dir) == std::string::npos) h += " (<code>" + html_escape(dir) + "</code>)";
+    if (runs[i].label.find(dir) == std::string::npos)
+      h += " (<code>" + html_escape(dir) + "</code>)";
   }
   h += "</p>\n";
 
@@ -247,9 +264,9 @@ std::string run_report_html(const std::vector<RunData>& runs, const std::vector<
                      [&](const char* k) { return key == k; }) != std::end(kSummaryKeys);
     return !usual && analysis::cell_text(row[1]) != "yes";
   });
-  h += "<h2 id=\"config\">" + html_escape(config.title) + "</h2>\n<p class=\"note\">" + html_escape(config.note) +
-       "</p>\n" + html_table(summary, "differs") + "<details><summary>every key</summary>\n" +
-       html_table(config, "differs") + "</details>\n";
+  h += "<h2 id=\"config\">" + html_escape(config.title) + "</h2>\n<p class=\"note\">" +
+       html_escape(config.note) + "</p>\n" + html_table(summary, "differs") +
+       "<details><summary>every key</summary>\n" + html_table(config, "differs") + "</details>\n";
 
   h += "<h2 id=\"perf\">Performance report</h2>\n";
   for (const RunData& r : runs) {

@@ -673,6 +673,13 @@ void CpuBackend::do_moe_expert_counts(const Tensor& counts, const Tensor& indice
   ref::moe_expert_counts(f32(counts), ids, indices.numel(), counts.numel());
 }
 
+void CpuBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) {
+  const char* op = "moe_expert_bias_update";
+  expect_f32(bias, op, "bias");
+  expect_f32(counts, op, "counts");
+  ref::moe_expert_bias_update(f32(bias), f32(counts), bias.numel(), rate);
+}
+
 void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
                                 const Tensor& x, const Tensor& indices, int64_t align) {
   const char* op = "moe_permute";

@@ -101,6 +101,7 @@ class CpuBackend : public Backend {
   void do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
                      float grad_scale) override;
   void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) override;
+  void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) override;
   void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets, const Tensor& x,
                       const Tensor& indices, int64_t align) override;
   void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) override;

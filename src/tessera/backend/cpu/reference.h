@@ -179,6 +179,10 @@ void moe_z_loss(T* loss, T* dlogits, const T* logits, int64_t N, int64_t E, T gr
 template <class T>
 void moe_expert_counts(T* counts, const int32_t* indices, int64_t n, int64_t E);
 
+// bias (E) += rate * sign(mean(counts) - counts[e]).
+template <class T>
+void moe_expert_bias_update(T* bias, const T* counts, int64_t E, T rate);
+
 // The dispatch of moe_permute: rows (N, K) and offsets (E + 1) from indices (N, K).
 void moe_dispatch_plan(int32_t* rows, int32_t* offsets, const int32_t* indices, int64_t N,
                        int64_t K, int64_t E, int64_t align);

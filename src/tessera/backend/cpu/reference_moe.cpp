@@ -317,6 +317,18 @@ void moe_expert_counts(T* counts, const int32_t* indices, int64_t n, int64_t E) 
   for (int64_t e = 0; e < E; ++e) counts[e] = static_cast<T>(counts[e] + c[e]);
 }
 
+template <class T>
+void moe_expert_bias_update(T* bias, const T* counts, int64_t E, T rate) {
+  double total = 0;
+  for (int64_t e = 0; e < E; ++e) total += counts[e];
+  const double mean = total / static_cast<double>(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const double offset = mean - static_cast<double>(counts[e]);
+    const double sign = offset > 0 ? 1.0 : offset < 0 ? -1.0 : 0.0;
+    bias[e] = static_cast<T>(static_cast<double>(bias[e]) + sign * static_cast<double>(rate));
+  }
+}
+
 // ---- dispatch and combine ----
 
 void moe_dispatch_plan(int32_t* rows, int32_t* offsets, const int32_t* indices, int64_t N,
@@ -422,6 +434,7 @@ void grouped_matmul_wgrad(T* out, const T* a, const T* b, const int32_t* offsets
                                 int64_t, T);                                                      \
   template void moe_z_loss<T>(T*, T*, const T*, int64_t, int64_t, T);                             \
   template void moe_expert_counts<T>(T*, const int32_t*, int64_t, int64_t);                       \
+  template void moe_expert_bias_update<T>(T*, const T*, int64_t, T);                              \
   template void moe_permute<T>(T*, int64_t, const T*, const int32_t*, int64_t, int64_t, int64_t); \
   template void moe_permute_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t); \
   template void moe_unpermute<T>(T*, const T*, const int32_t*, const T*, int64_t, int64_t,        \

@@ -692,6 +692,13 @@ void CudaBackend::do_moe_expert_counts(const Tensor& counts, const Tensor& indic
   cuda::moe_expert_counts(counts.as<float>(), indices.as<int32_t>(), indices.numel(), stream_);
 }
 
+void CudaBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) {
+  const char* op = "moe_expert_bias_update";
+  expect_type(bias, DType::F32, op, "bias");
+  expect_type(counts, DType::F32, op, "counts");
+  cuda::moe_expert_bias_update(bias.as<float>(), counts.as<float>(), bias.numel(), rate, stream_);
+}
+
 void CudaBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
                                  const Tensor& x, const Tensor& indices, int64_t align) {
   const char* op = "moe_permute";

@@ -492,6 +492,29 @@ __global__ void slot_dots_kernel(float* dweights, const T* dout, const T* yp, co
   }
 }
 
+// One block: the mean in double (counts are whole numbers, summed exactly in any order), then
+// each expert's step.
+__global__ void moe_expert_bias_update_kernel(float* bias, const float* counts, int64_t E,
+                                              float rate) {
+  __shared__ double partial[kRowThreads];
+  double local = 0;
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) local += counts[e];
+  partial[threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int i = 0; i < kRowThreads; ++i) total += partial[i];
+    partial[0] = total;
+  }
+  __syncthreads();
+  const double mean = partial[0] / static_cast<double>(E);
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    const double offset = mean - static_cast<double>(counts[e]);
+    const double sign = offset > 0 ? 1.0 : offset < 0 ? -1.0 : 0.0;
+    bias[e] = static_cast<float>(static_cast<double>(bias[e]) + sign * rate);
+  }
+}
+
 __global__ void scale_floats_kernel(float* x, int64_t n, float factor) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] *= factor;
@@ -625,6 +648,14 @@ void moe_expert_counts(float* counts, const int32_t* indices, int64_t n, cudaStr
   if (n == 0) return;
   moe_expert_counts_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(counts, indices, n);
   TS_CUDA_CHECK_LAUNCH("moe_expert_counts_kernel");
+}
+
+void moe_expert_bias_update(float* bias, const float* counts, int64_t E, float rate,
+                            cudaStream_t stream) {
+  NvtxRange range("moe_expert_bias_update");
+  if (E == 0) return;
+  moe_expert_bias_update_kernel<<<1, kRowThreads, 0, stream>>>(bias, counts, E, rate);
+  TS_CUDA_CHECK_LAUNCH("moe_expert_bias_update_kernel");
 }
 
 size_t moe_permute_scratch_bytes(int64_t R, int64_t E) {

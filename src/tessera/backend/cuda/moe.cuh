@@ -46,6 +46,10 @@ void moe_z_loss(float* loss, float* dlogits, const void* logits, DType dtype, in
 // counts (E) fp32 += tokens per expert over the n entries of indices.
 void moe_expert_counts(float* counts, const int32_t* indices, int64_t n, cudaStream_t stream);
 
+// bias (E) fp32 += rate * sign(mean(counts) - counts[e]).
+void moe_expert_bias_update(float* bias, const float* counts, int64_t E, float rate,
+                            cudaStream_t stream);
+
 size_t moe_permute_scratch_bytes(int64_t R, int64_t E);
 
 // xp (R, C), rows (N, K), offsets (E + 1) overwritten from x (N, C) and indices (N, K).

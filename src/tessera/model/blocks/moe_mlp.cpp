@@ -79,7 +79,7 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
                                         std::vector<int32_t>& host_offsets) {
   Backend& b = ops.backend();
   ops.linear(t.logits, t.ln, router_, -1);
-  b.moe_router_forward(t.indices, t.weights, t.logits, Tensor{}, routing(force_balance));
+  b.moe_router_forward(t.indices, t.weights, t.logits, expert_bias_, routing(force_balance));
   b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign);
   // The group sizes are known on the device only; one copy per pass serves every grouped
   // GEMM of the layer, forward and backward.
@@ -234,6 +234,12 @@ void MoeMlpBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const T
     b.copy(out, x);
   }
   b.moe_unpermute(out, t.yp, t.rows, t.weights);
+}
+
+void MoeMlpBlock::update_state(Backend& backend) {
+  if (!expert_bias_.defined() || !stats_.defined()) return;
+  backend.moe_expert_bias_update(expert_bias_, stats_.flat_range(0, s_.moe.experts),
+                                 static_cast<float>(s_.moe.bias_update_rate));
 }
 
 int64_t MoeMlpBlock::matmul_params() const {

@@ -47,6 +47,12 @@ class MoeMlpBlock final : public Block {
   // Per expert the (token, slot) pairs routed to it, then the aux loss and the z-loss.
   int64_t stats_width() const override { return s_.moe.experts + 2; }
   void bind_stats(const Tensor& stats) override { stats_ = stats; }
+  // The expert bias of aux-loss-free balancing (moe_router_enable_expert_bias): added to the
+  // router's scores for choosing, moved after every step from the step's tokens per expert.
+  int64_t state_width() const override { return s_.moe.expert_bias ? s_.moe.experts : 0; }
+  void bind_state(const Tensor& state) override { expert_bias_ = state; }
+  const char* state_name() const override { return "mlp.router.expert_bias"; }
+  void update_state(Backend& backend) override;
 
   // Rows of the permuted activations for n tokens: every routing fits.
   static int64_t permuted_rows(int64_t n, const MoeSpec& moe) {
@@ -72,7 +78,7 @@ class MoeMlpBlock final : public Block {
   // backward scratch (dxp reuses dyp's memory: dyp is dead once W2's gradients are taken)
   Tensor dyp_, dweights_, dh_, dh1_, dlogits_, dlogits_c_, dshared_h_, dshared_gu_;
   std::vector<int32_t> host_offsets_;
-  Tensor stats_;
+  Tensor stats_, expert_bias_;
 };
 
 }  // namespace tessera
