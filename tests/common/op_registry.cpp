@@ -680,8 +680,11 @@ OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, i
 // Grouped GEMMs over groups of the given sizes: forward (b transposed or not), and the weight
 // gradient accumulating (beta 1) or overwriting.
 std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int64_t N, int64_t K,
-                                         const std::string& what) {
+                                         const std::string& what,
+                                         const std::vector<int32_t>& weights = {},
+                                         int64_t num_weights = 0) {
   const int64_t G = static_cast<int64_t>(sizes.size());
+  const int64_t W = weights.empty() ? G : num_weights;
   std::vector<int32_t> offsets = {0};
   for (int32_t size : sizes) offsets.push_back(offsets.back() + size);
   const int64_t R = offsets.back() + 7;  // rows past the groups: zeroed by the forward
@@ -697,7 +700,7 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
     c.name = fmt::format("grouped_matmul G{} rows{} N{} K{} {} {}", G, used, N, K,
                          trans_b ? "NT" : "NN", what);
     c.specs = {{"a", {R, K}, Kind::Act, Role::In, 0.5f},
-               {"b", trans_b ? Shape{G, N, K} : Shape{G, K, N}, Kind::Act, Role::In, 0.5f},
+               {"b", trans_b ? Shape{W, N, K} : Shape{W, K, N}, Kind::Act, Role::In, 0.5f},
                {"out", {R, N}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
     c.run = [=](Backend& b, const Tensors& t) {
       DeviceBuffer buf(b, offsets.size() * 4, "offsets");
@@ -705,11 +708,12 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
       g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.trans_b = trans_b;
       g.offsets = upload_offsets(b, buf);
       g.host_offsets = offsets;
+      g.group_weights = weights;
       b.grouped_matmul(g);
       b.synchronize();
     };
     c.flops = 2.0 * used * N * K;
-    c.bytes = 2.0 * (used * K + G * N * K + R * N);
+    c.bytes = 2.0 * (used * K + W * N * K + R * N);
     cases.push_back(c);
   }
   for (float beta : {0.0f, 1.0f}) {
@@ -718,13 +722,14 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
                          beta != 0 ? " beta1" : "", what);
     c.specs = {{"a", {R, N}, Kind::Act, Role::In, 0.5f},
                {"b", {R, K}, Kind::Act, Role::In, 0.5f},
-               {"out", {G, N, K}, Kind::F32, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-2}};
+               {"out", {W, N, K}, Kind::F32, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-2}};
     c.run = [=](Backend& b, const Tensors& t) {
       DeviceBuffer buf(b, offsets.size() * 4, "offsets");
       GroupedMatmulWgradArgs g;
       g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.beta = beta;
       g.offsets = upload_offsets(b, buf);
       g.host_offsets = offsets;
+      g.group_weights = weights;
       b.grouped_matmul_wgrad(g);
       b.synchronize();
     };
@@ -794,6 +799,11 @@ std::vector<OpCase> moe_cases() {
   for (auto& c : grouped_matmul_cases({3, 0, 17, 1, 0, 9}, 37, 29, "with empty groups"))
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_cases({0, 0, 40, 0}, 24, 16, "all rows in one group"))
+    cases.push_back(std::move(c));
+  // Expert parallelism's received rows: (source rank, expert) groups sharing 4 experts'
+  // weights; expert 3 has no group, expert 1 only an empty one.
+  for (auto& c :
+       grouped_matmul_cases({3, 5, 0, 4, 7, 2}, 21, 19, "shared weights", {0, 2, 1, 0, 2, 0}, 4))
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
     cases.push_back(std::move(c));

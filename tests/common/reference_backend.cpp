@@ -403,10 +403,11 @@ void ReferenceBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor
 
 void ReferenceBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   const MatrixDims o = matrix_dims(a.out);
-  const int64_t G = a.b.dim(0), K = matrix_dims(a.a).cols;
+  const int64_t G = a.offsets.numel() - 1, K = matrix_dims(a.a).cols;
   std::vector<double> out(static_cast<size_t>(a.out.numel()));
   ref::grouped_matmul(out.data(), values(a.a).data(), values(a.b).data(),
-                      ids(a.offsets, o.rows + 1, false), G, o.rows, o.cols, K, a.trans_b);
+                      ids(a.offsets, o.rows + 1, false), G, o.rows, o.cols, K, a.trans_b,
+                      a.group_weights.empty() ? nullptr : a.group_weights.data());
   store(a.out, out);
 }
 
@@ -414,8 +415,9 @@ void ReferenceBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) 
   std::vector<double> out =
       a.beta == 0.0f ? std::vector<double>(static_cast<size_t>(a.out.numel())) : values(a.out);
   ref::grouped_matmul_wgrad(out.data(), values(a.a).data(), values(a.b).data(),
-                            ids(a.offsets, matrix_dims(a.a).rows + 1, false), a.out.dim(0),
-                            a.out.dim(1), a.out.dim(2), static_cast<double>(a.beta));
+                            ids(a.offsets, matrix_dims(a.a).rows + 1, false), a.offsets.numel() - 1,
+                            a.out.dim(1), a.out.dim(2), static_cast<double>(a.beta), a.out.dim(0),
+                            a.group_weights.empty() ? nullptr : a.group_weights.data());
   store(a.out, out);
 }
 

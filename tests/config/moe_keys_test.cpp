@@ -176,6 +176,10 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
             "expert_model_parallel_size",
             "1 for a dense model",
             2},
+           {{"--expert_model_parallel_size", "2", "--use_torch_fsdp2", "true"},
+            "expert_model_parallel_size",
+            "1 with use_torch_fsdp2",
+            2},
        }) {
     SCOPED_TRACE(b.key);
     const ConfigError e = tiny_moe_error(b.cli, b.ranks);

@@ -306,6 +306,38 @@ TEST(ReferenceMoeGrad, GroupedMatmul) {
   }
 }
 
+// Groups sharing weights (expert parallelism's received rows): each weight's gradient sums
+// its groups', a weight without rows gets beta times its old value.
+TEST(ReferenceMoeGrad, GroupedMatmulWithSharedWeights) {
+  std::mt19937_64 rng(26);
+  const std::vector<int32_t> offsets = {0, 2, 5, 5, 9}, weights = {1, 0, 2, 1};  // weight 2 empty
+  const int64_t G = 4, W = 4, R = 10, N = 3, K = 4;  // weight 3 has no group
+  std::vector<double> a = random_values(R * K, rng), b = random_values(W * N * K, rng);
+  const std::vector<double> Gout = random_values(R * N, rng);
+  auto loss = [&] {
+    std::vector<double> out(R * N);
+    ref::grouped_matmul(out.data(), a.data(), b.data(), offsets.data(), G, R, N, K, true,
+                        weights.data());
+    return dot(out, Gout);
+  };
+  std::vector<double> da = nan_values(a.size());
+  ref::grouped_matmul(da.data(), Gout.data(), b.data(), offsets.data(), G, R, K, N, false,
+                      weights.data());
+  expect_gradient(da, numerical_gradient(a, loss), "da");
+  const std::vector<double> db0 = random_values(b.size(), rng);
+  std::vector<double> db = db0;
+  ref::grouped_matmul_wgrad(db.data(), Gout.data(), a.data(), offsets.data(), G, N, K, 1.0, W,
+                            weights.data());
+  expect_gradient(db, db0, numerical_gradient(b, loss), "db");
+  std::vector<double> fresh = nan_values(b.size());
+  ref::grouped_matmul_wgrad(fresh.data(), Gout.data(), a.data(), offsets.data(), G, N, K, 0.0, W,
+                            weights.data());
+  // Overwriting (beta 0): the same gradient, and zeros (not the NaN that was there) for the
+  // weights without rows.
+  for (size_t i = 0; i < fresh.size(); ++i) EXPECT_NEAR(fresh[i], db[i] - db0[i], 1e-12) << i;
+  for (size_t i = 2 * N * K; i < fresh.size(); ++i) EXPECT_EQ(fresh[i], 0.0) << i;
+}
+
 TEST(ReferenceMoeGrad, QkNorm) {
   std::mt19937_64 rng(25);
   AttentionShape s;

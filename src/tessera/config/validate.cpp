@@ -157,8 +157,9 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
                         E));
   c.require(data_parallel_size % ep == 0, "expert_model_parallel_size",
             fmt::format("a divisor of the number of ranks ({})", data_parallel_size));
-  c.require(ep == 1, "expert_model_parallel_size",
-            "1: expert parallelism is not laid out yet (every rank holds all experts)");
+  c.require(ep == 1 || !t.use_torch_fsdp2, "expert_model_parallel_size",
+            "1 with use_torch_fsdp2 (expert parallelism composes with plain data parallelism "
+            "and use_distributed_optimizer)");
 }
 
 // How long the run goes: train_iters, or train_samples (which loading turned into train_iters,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/model/activation_plan.h"
+#include "tessera/model/expert_exchange.h"
 #include "tessera/model/model.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/model/scratch_arena.h"
@@ -42,6 +43,8 @@ class LayerOps : public ForwardOps {
                                int weight, int bias) = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
+  // Expert parallelism (model/expert_exchange.h); null when every expert runs here.
+  virtual ExpertExchange* expert_exchange() const = 0;
   // d(objective)/d(the per-token loss sum) of this pass (forward_backward's grad_scale): a
   // loss a block adds per micro-batch (MoE aux losses) scales its gradient by this times the
   // tokens, the micro-batch mean's share of the step's mean.

@@ -165,6 +165,14 @@ void DecoderModel::bind_state() {
   }
 }
 
+void DecoderModel::set_expert_exchange(ExpertExchange* exchange) {
+  const int size = exchange ? exchange->size() : runtime_.expert_parallel_size;
+  TS_CHECK(size == runtime_.expert_parallel_size,
+           "an expert exchange over {} ranks for a model planned for {}", size,
+           runtime_.expert_parallel_size);
+  expert_exchange_ = exchange;
+}
+
 void DecoderModel::update_persistent_state() {
   for (auto& layer : layers_) layer->update_state(backend_);
 }

@@ -37,6 +37,7 @@ class DecoderModel final : public Model, private LayerOps {
   void bind_unit_params(int unit, const Tensor& params) override;
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
+  void set_expert_exchange(ExpertExchange* exchange) override;
 
   // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
@@ -81,6 +82,7 @@ class DecoderModel final : public Model, private LayerOps {
   const Tensor& rope_table() const override { return a_.freqs; }
   const Tensor& norm_grad() const override { return a_.dnorm; }
   float loss_grad_scale() const override { return grad_scale_; }
+  ExpertExchange* expert_exchange() const override { return expert_exchange_; }
 
   void embed();
   void forward_layers();
@@ -104,6 +106,7 @@ class DecoderModel final : public Model, private LayerOps {
   Tensor params_, grads_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
+  ExpertExchange* expert_exchange_ = nullptr;
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress

@@ -38,6 +38,10 @@ struct ModelRuntime {
   Fp8Options fp8;  // FP8 linear layers (off by default)
   // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).
   bool moe_force_balance = false;
+  // Ranks an MoE layer's experts are spread over (expert_model_parallel_size): the received
+  // rows of this rank's experts are planned for the worst case, every routed row of every
+  // rank of the group (model/expert_exchange.h).
+  int expert_parallel_size = 1;
 
   int64_t tokens() const { return micro_batch * seq_length; }
 };
@@ -54,6 +58,8 @@ struct ModelMemory {
 // What the model reports, as a pass goes, to whoever manages its parameters across ranks
 // (distributed/): when it reads each unit's parameters (ParamLayout::units) and writes its
 // gradients, so they can be gathered just in time and reduced as soon as they are final.
+class ExpertExchange;  // model/expert_exchange.h
+
 class ParamUnitObserver {
  public:
   virtual ~ParamUnitObserver() = default;
@@ -87,6 +93,10 @@ class Model {
   virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;
   // Parallelism follows every pass through it (null: none).
   virtual void set_unit_observer(ParamUnitObserver* observer) = 0;
+  // Expert parallelism: MoE layers send their rows to the experts' ranks through it. Its size
+  // must be runtime().expert_parallel_size; without one (null, the default, or detached) only
+  // a model planned for one expert-parallel rank runs its MoE layers.
+  virtual void set_expert_exchange(ExpertExchange* exchange) = 0;
 
   // Starts a step's gradients (and the step's FP8 non-finite check).
   virtual void zero_grads() = 0;

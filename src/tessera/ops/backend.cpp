@@ -430,9 +430,22 @@ void check_slots(const OpChecks& check, const Tensor& t, int64_t N, int64_t K, c
   check.that(d.rows == N && d.cols == K, "{} {} is not ({}, {})", what, t.shape.str(), N, K);
 }
 
+// The groups of a grouped GEMM (offsets, host offsets) and the weight each multiplies.
 void check_groups(const OpChecks& check, const Tensor& offsets,
-                  std::span<const int32_t> host_offsets, int64_t groups, int64_t rows) {
-  check.count(offsets, groups + 1, "offsets");
+                  std::span<const int32_t> host_offsets, std::span<const int32_t> group_weights,
+                  int64_t weights, int64_t rows) {
+  check.placed(offsets, "offsets");
+  const int64_t groups = offsets.numel() - 1;
+  check.that(groups >= 0, "no offsets");
+  if (group_weights.empty()) {
+    check.that(groups == weights, "{} groups for {} weights without group_weights", groups,
+               weights);
+  } else {
+    check.that(static_cast<int64_t>(group_weights.size()) == groups,
+               "{} group weights for {} groups", group_weights.size(), groups);
+    for (int32_t w : group_weights)
+      check.that(w >= 0 && w < weights, "group weight {} outside the {} weights", w, weights);
+  }
   check.that(static_cast<int64_t>(host_offsets.size()) == groups + 1,
              "{} host offsets for {} groups", host_offsets.size(), groups);
   check.that(host_offsets[0] == 0 && host_offsets.back() <= rows,
@@ -591,13 +604,13 @@ void Backend::grouped_matmul(const GroupedMatmulArgs& a) {
   check.placed(a.b, "b");
   check.that(a.b.shape.rank() == 3, "b {} is not (groups, rows, cols)", a.b.shape.str());
   const MatrixDims o = matrix_dims(a.out), ad = matrix_dims(a.a);
-  const int64_t G = a.b.dim(0), N = a.trans_b ? a.b.dim(1) : a.b.dim(2),
+  const int64_t W = a.b.dim(0), N = a.trans_b ? a.b.dim(1) : a.b.dim(2),
                 K = a.trans_b ? a.b.dim(2) : a.b.dim(1);
   check.that(o.rows == ad.rows && ad.cols == K && o.cols == N,
              "a {} and b {} (trans_b={}) do not give out {}", a.a.shape.str(), a.b.shape.str(),
              a.trans_b, a.out.shape.str());
   check.that(a.out.data != a.a.data && a.out.data != a.b.data, "out aliases an input");
-  check_groups(check, a.offsets, a.host_offsets, G, o.rows);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows);
   do_grouped_matmul(a);
 }
 
@@ -610,11 +623,11 @@ void Backend::grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   check.placed(a.b, "b");
   check.that(a.out.shape.rank() == 3, "out {} is not (groups, rows, cols)", a.out.shape.str());
   const MatrixDims ad = matrix_dims(a.a), bd = matrix_dims(a.b);
-  const int64_t G = a.out.dim(0);
+  const int64_t W = a.out.dim(0);
   check.that(ad.rows == bd.rows && a.out.dim(1) == ad.cols && a.out.dim(2) == bd.cols,
              "a {} and b {} do not give out {} per group", a.a.shape.str(), a.b.shape.str(),
              a.out.shape.str());
-  check_groups(check, a.offsets, a.host_offsets, G, ad.rows);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, ad.rows);
   do_grouped_matmul_wgrad(a);
 }
 

@@ -193,28 +193,33 @@ struct MoeAuxLossArgs {
 // Per-group GEMMs over contiguous row ranges (the experts of an MoE layer): group g is rows
 // [offsets[g], offsets[g+1]) with offsets[0] = 0 and offsets non-decreasing. host_offsets
 // holds the same G + 1 values on the host (a backend that launches one GEMM per group reads
-// them there instead of waiting for the device).
-//   out[rows_g] (M_g, N) = a[rows_g] (M_g, K) @ op(b[g]),  op(b[g]) = b[g]^T when trans_b
+// them there instead of waiting for the device). Group g multiplies weight w(g) of b's W:
+// group_weights[g] (host, G values in [0, W)), or g itself when group_weights is empty (then
+// G = W). Several groups may share a weight (an expert's rows from several ranks).
+//   out[rows_g] (M_g, N) = a[rows_g] (M_g, K) @ op(b[w(g)]),  op(x) = x^T when trans_b
 // Rows of out from offsets[G] on are set to zero.
 struct GroupedMatmulArgs {
   Tensor out;  // (R, N) compute dtype
   Tensor a;    // (R, K) compute dtype
-  Tensor b;    // (G, N, K) when trans_b, else (G, K, N)
+  Tensor b;    // (W, N, K) when trans_b, else (W, K, N)
   bool trans_b = true;
-  Tensor offsets;                         // (G + 1) int32
-  std::span<const int32_t> host_offsets;  // G + 1 values
+  Tensor offsets;                          // (G + 1) int32
+  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
 };
 
-// The weight gradients of grouped_matmul: for every group g,
-//   out[g] (M, N) = a[rows_g]^T (M, M_g) @ b[rows_g] (M_g, N) + beta * out[g]
-// (an empty group gives beta * out[g]).
+// The weight gradients of grouped_matmul: for every weight w,
+//   out[w] (M, N) = beta * out[w] + the sum over the groups g of w of
+//                   a[rows_g]^T (M, M_g) @ b[rows_g] (M_g, N)
+// (a weight without rows gives beta * out[w]); groups and w(g) as in GroupedMatmulArgs.
 struct GroupedMatmulWgradArgs {
-  Tensor out;  // (G, M, N) fp32
+  Tensor out;  // (W, M, N) fp32
   Tensor a;    // (R, M) compute dtype
   Tensor b;    // (R, N) compute dtype
   float beta = 0.0f;
-  Tensor offsets;                         // (G + 1) int32
-  std::span<const int32_t> host_offsets;  // G + 1 values
+  Tensor offsets;                          // (G + 1) int32
+  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
 };
 
 class Backend {

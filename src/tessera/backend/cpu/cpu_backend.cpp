@@ -761,14 +761,16 @@ void CpuBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwei
 
 namespace {
 
-// The groups of a grouped GEMM from the host offsets, each as [begin, rows).
+// The groups of a grouped GEMM from the host offsets, each as [begin, rows) and its weight.
 struct GroupRows {
-  int64_t begin, rows;
+  int64_t begin, rows, weight;
 };
-std::vector<GroupRows> group_rows(std::span<const int32_t> offsets) {
+std::vector<GroupRows> group_rows(std::span<const int32_t> offsets,
+                                  std::span<const int32_t> weights) {
   std::vector<GroupRows> g;
   for (size_t i = 0; i + 1 < offsets.size(); ++i)
-    g.push_back({offsets[i], offsets[i + 1] - offsets[i]});
+    g.push_back({offsets[i], offsets[i + 1] - offsets[i],
+                 weights.empty() ? static_cast<int64_t>(i) : weights[i]});
   return g;
 }
 
@@ -782,15 +784,14 @@ void CpuBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   expect_i32(a.offsets, op, "offsets");
   const MatrixDims o = matrix_dims(a.out);
   const int64_t N = o.cols, K = matrix_dims(a.a).cols;
-  const std::vector<GroupRows> groups = group_rows(a.host_offsets);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (groups[g].rows == 0) continue;
+  for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
+    if (g.rows == 0) continue;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(groups[g].rows), static_cast<int>(N), static_cast<int>(K), 1.0f,
-                f32(a.a) + groups[g].begin * K, static_cast<int>(std::max<int64_t>(1, K)),
-                f32(a.b) + static_cast<int64_t>(g) * N * K,
+                static_cast<int>(g.rows), static_cast<int>(N), static_cast<int>(K), 1.0f,
+                f32(a.a) + g.begin * K, static_cast<int>(std::max<int64_t>(1, K)),
+                f32(a.b) + g.weight * N * K,
                 static_cast<int>(std::max<int64_t>(1, a.trans_b ? K : N)), 0.0f,
-                f32(a.out) + groups[g].begin * N, static_cast<int>(std::max<int64_t>(1, N)));
+                f32(a.out) + g.begin * N, static_cast<int>(std::max<int64_t>(1, N)));
   }
   float* tail = f32(a.out) + static_cast<int64_t>(a.host_offsets.back()) * N;
   std::fill(tail, f32(a.out) + o.rows * N, 0.0f);
@@ -802,19 +803,23 @@ void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   expect_f32(a.a, op, "a");
   expect_f32(a.b, op, "b");
   expect_i32(a.offsets, op, "offsets");
-  const int64_t M = a.out.dim(1), N = a.out.dim(2);
-  const std::vector<GroupRows> groups = group_rows(a.host_offsets);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    float* out = f32(a.out) + static_cast<int64_t>(g) * M * N;
-    if (groups[g].rows == 0) {  // BLAS with K = 0 may leave beta to the caller
-      for (int64_t i = 0; i < M * N; ++i) out[i] = a.beta == 0.0f ? 0.0f : a.beta * out[i];
-      continue;
-    }
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
+  // A weight's first group applies beta, later ones add; BLAS is never called with K = 0
+  // (it may leave beta to the caller), so weights without rows are scaled here.
+  std::vector<char> started(static_cast<size_t>(W), 0);
+  for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
+    if (g.rows == 0) continue;
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(groups[g].rows), 1.0f, f32(a.a) + groups[g].begin * M,
-                static_cast<int>(std::max<int64_t>(1, M)), f32(a.b) + groups[g].begin * N,
-                static_cast<int>(std::max<int64_t>(1, N)), a.beta, out,
-                static_cast<int>(std::max<int64_t>(1, N)));
+                static_cast<int>(g.rows), 1.0f, f32(a.a) + g.begin * M,
+                static_cast<int>(std::max<int64_t>(1, M)), f32(a.b) + g.begin * N,
+                static_cast<int>(std::max<int64_t>(1, N)), started[g.weight] ? 1.0f : a.beta,
+                f32(a.out) + g.weight * M * N, static_cast<int>(std::max<int64_t>(1, N)));
+    started[g.weight] = 1;
+  }
+  for (int64_t w = 0; w < W; ++w) {
+    if (started[w]) continue;
+    float* out = f32(a.out) + w * M * N;
+    for (int64_t i = 0; i < M * N; ++i) out[i] = a.beta == 0.0f ? 0.0f : a.beta * out[i];
   }
 }
 

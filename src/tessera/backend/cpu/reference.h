@@ -207,16 +207,18 @@ template <class T>
 void moe_unpermute_backward(T* dyp, int64_t R, T* dweights, const T* dout, const T* yp,
                             const int32_t* rows, const T* weights, int64_t N, int64_t K, int64_t C);
 
-// out (R, N) = per group a[rows_g] (M_g, K) @ op(b[g]); rows from offsets[G] on zeroed.
-// b (G, N, K) when trans_b, else (G, K, N).
+// out (R, N) = per group a[rows_g] (M_g, K) @ op(b[w(g)]); rows from offsets[G] on zeroed.
+// b (W, N, K) when trans_b, else (W, K, N); w(g) = weights[g], or g when weights is null.
 template <class T>
 void grouped_matmul(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G, int64_t R,
-                    int64_t N, int64_t K, bool trans_b);
+                    int64_t N, int64_t K, bool trans_b, const int32_t* weights = nullptr);
 
-// out[g] (M, N) = a[rows_g]^T @ b[rows_g] + beta * out[g]; a (R, M), b (R, N).
+// out[w] (M, N) = beta * out[w] + the sum over the groups g of w of a[rows_g]^T @ b[rows_g],
+// for each of the W weights (W < 0: W = G); a (R, M), b (R, N).
 template <class T>
 void grouped_matmul_wgrad(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G,
-                          int64_t M, int64_t N, T beta);
+                          int64_t M, int64_t N, T beta, int64_t W = -1,
+                          const int32_t* weights = nullptr);
 
 // ---- reductions ----
 

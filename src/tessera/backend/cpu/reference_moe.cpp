@@ -400,10 +400,11 @@ void moe_unpermute_backward(T* dyp, int64_t R, T* dweights, const T* dout, const
 
 template <class T>
 void grouped_matmul(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G, int64_t R,
-                    int64_t N, int64_t K, bool trans_b) {
+                    int64_t N, int64_t K, bool trans_b, const int32_t* weights) {
   for (int64_t g = 0; g < G; ++g) {
     const int64_t begin = offsets[g], rows = offsets[g + 1] - offsets[g];
-    matmul_forward<T>(out + begin * N, a + begin * K, b + g * N * K, nullptr, nullptr, rows, N, K,
+    const int64_t w = weights ? weights[g] : g;
+    matmul_forward<T>(out + begin * N, a + begin * K, b + w * N * K, nullptr, nullptr, rows, N, K,
                       false, trans_b, T(1), T(0));
   }
   std::fill(out + static_cast<int64_t>(offsets[G]) * N, out + R * N, T(0));
@@ -411,12 +412,22 @@ void grouped_matmul(T* out, const T* a, const T* b, const int32_t* offsets, int6
 
 template <class T>
 void grouped_matmul_wgrad(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G,
-                          int64_t M, int64_t N, T beta) {
+                          int64_t M, int64_t N, T beta, int64_t W, const int32_t* weights) {
+  if (W < 0) W = G;
+  // A weight's first group applies beta, later ones add; a weight without groups is scaled by
+  // beta alone.
+  std::vector<char> started(static_cast<size_t>(W), 0);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t begin = offsets[g], rows = offsets[g + 1] - offsets[g];
-    matmul_forward<T>(out + g * M * N, a + begin * M, b + begin * N, nullptr, nullptr, M, N, rows,
-                      true, false, T(1), beta);
+    const int64_t w = weights ? weights[g] : g;
+    matmul_forward<T>(out + w * M * N, a + begin * M, b + begin * N, nullptr, nullptr, M, N, rows,
+                      true, false, T(1), started[w] ? T(1) : beta);
+    started[w] = 1;
   }
+  for (int64_t w = 0; w < W; ++w)
+    if (!started[w])
+      for (int64_t i = 0; i < M * N; ++i)
+        out[w * M * N + i] = beta == T(0) ? T(0) : beta * out[w * M * N + i];
 }
 
 // ---- instantiations ----
@@ -442,9 +453,9 @@ void grouped_matmul_wgrad(T* out, const T* a, const T* b, const int32_t* offsets
   template void moe_unpermute_backward<T>(T*, int64_t, T*, const T*, const T*, const int32_t*,    \
                                           const T*, int64_t, int64_t, int64_t);                   \
   template void grouped_matmul<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t,       \
-                                  int64_t, int64_t, bool);                                        \
+                                  int64_t, int64_t, bool, const int32_t*);                        \
   template void grouped_matmul_wgrad<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, \
-                                        int64_t, T);
+                                        int64_t, T, int64_t, const int32_t*);
 
 TESSERA_REF_MOE_INSTANTIATE(float)
 TESSERA_REF_MOE_INSTANTIATE(double)

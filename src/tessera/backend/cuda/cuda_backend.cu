@@ -765,16 +765,18 @@ void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   expect_same_type(a.out, a.a, op, "out");
   expect_type(a.offsets, DType::I32, op, "offsets");
   const MatrixDims o = matrix_dims(a.out);
-  const int64_t N = o.cols, K = matrix_dims(a.a).cols, G = a.b.dim(0);
+  const int64_t N = o.cols, K = matrix_dims(a.a).cols;
+  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t elem = dtype_size(a.a.dtype);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
+    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
     if (rows == 0) continue;
     MatmulProblem p;
     p.out = static_cast<char*>(a.out.data) + begin * N * elem;
     p.out_dtype = a.out.dtype;
     p.a = static_cast<const char*>(a.a.data) + begin * K * elem;
-    p.b = static_cast<const char*>(a.b.data) + g * N * K * elem;
+    p.b = static_cast<const char*>(a.b.data) + w * N * K * elem;
     p.a_dtype = p.b_dtype = a.a.dtype;
     p.M = rows, p.N = N, p.K = K;
     p.trans_b = a.trans_b;
@@ -792,18 +794,16 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   expect_same_type(a.b, a.a, op, "b");
   expect_type(a.out, DType::F32, op, "out");
   expect_type(a.offsets, DType::I32, op, "offsets");
-  const int64_t M = a.out.dim(1), N = a.out.dim(2), G = a.out.dim(0);
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
+  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t elem = dtype_size(a.a.dtype);
+  // A weight's first group applies beta, later ones add; weights without rows get beta alone.
+  std::vector<char> started(static_cast<size_t>(W), 0);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
-    float* out = a.out.as<float>() + g * M * N;
-    if (rows == 0) {  // nothing to multiply: out = beta * out
-      if (a.beta == 0.0f)
-        TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * sizeof(float), stream_));
-      else if (a.beta != 1.0f)
-        scale_floats(out, M * N, a.beta, stream_);
-      continue;
-    }
+    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
+    float* out = a.out.as<float>() + w * M * N;
+    if (rows == 0) continue;
     MatmulProblem p;
     p.out = out;
     p.out_dtype = DType::F32;
@@ -812,8 +812,17 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
     p.a_dtype = p.b_dtype = a.a.dtype;
     p.M = M, p.N = N, p.K = rows;
     p.trans_a = true;
-    p.beta = a.beta;
+    p.beta = started[w] ? 1.0f : a.beta;
     lt_->run(p, stream_);
+    started[w] = 1;
+  }
+  for (int64_t w = 0; w < W; ++w) {
+    if (started[w]) continue;
+    float* out = a.out.as<float>() + w * M * N;
+    if (a.beta == 0.0f)
+      TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * sizeof(float), stream_));
+    else if (a.beta != 1.0f)
+      scale_floats(out, M * N, a.beta, stream_);
   }
 }
 

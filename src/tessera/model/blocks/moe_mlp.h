@@ -16,6 +16,10 @@
 // zeroed with the step's (they are not linear weights the model tracks) and always
 // accumulated. The group offsets are copied to the host once per forward pass (grouped GEMMs
 // that launch per expert size their GEMMs from them).
+//
+// With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
+// go to that rank, which runs its experts on the (source rank, expert) groups it receives,
+// and the outputs (forward) and the inputs' gradients (backward) come back.
 #include <vector>
 
 #include "tessera/model/block.h"
@@ -66,8 +70,17 @@ class MoeMlpBlock final : public Block {
   struct Buffers {
     Tensor ln, logits, indices, weights, rows, offsets, xp, h1, h, yp, shared_gu, shared_h;
   };
+  // ex: the expert exchange (expert parallelism), or null when every expert runs here.
   void route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
-                             std::vector<int32_t>& host_offsets);
+                             ExpertExchange* ex, std::vector<int32_t>& host_offsets);
+  // The exchange of the pass, checked against the plan; null without expert parallelism.
+  ExpertExchange* exchange(LayerOps& ops) const;
+  // Rows the experts of this rank run on, at most, for n tokens per rank.
+  int64_t expert_rows(int64_t n, int ep) const;
+  // This rank's share of an (E, rows, cols) expert tensor.
+  Tensor local_experts(const Tensor& all, int rank, int ep) const;
+  // Swaps the per-expert counts with the group and lays out the rows to send and receive.
+  void plan_exchange(Backend& b, ExpertExchange& ex);
 
   ModelSpec s_;
   int norm_ = -1, router_ = -1, gate_up_ = -1, down_ = -1;
@@ -78,6 +91,13 @@ class MoeMlpBlock final : public Block {
   // backward scratch (dxp reuses dyp's memory: dyp is dead once W2's gradients are taken)
   Tensor dyp_, dweights_, dh_, dh1_, dlogits_, dlogits_c_, dshared_h_, dshared_gu_;
   std::vector<int32_t> host_offsets_;
+  // Expert parallelism: the rows this rank's experts receive (xr, yr, dyr), their
+  // (source rank, expert) groups on the device and the host, each group's local expert, and
+  // the rows sent to and received from each rank.
+  int ep_ = 1;
+  Tensor xr_, yr_, dyr_, expert_offsets_;
+  std::vector<int32_t> host_expert_offsets_, group_weights_;
+  std::vector<int64_t> send_rows_, send_first_, recv_rows_, recv_first_;
   Tensor stats_, expert_bias_;
 };
 
