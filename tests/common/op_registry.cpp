@@ -70,7 +70,12 @@ Materialized materialize(Backend& b, const OpCase& c, DType compute,
     const Tensor& t = m.storage.back()->t();
     m.tensors[s.name] = t;
     if (s.role == Role::Out) {
-      if (dt != DType::I32) poison(b, t);
+      if (dt != DType::I32) {
+        poison(b, t);
+      } else {  // ids no op writes, so that unwritten elements fail
+        const std::vector<int32_t> sentinel(static_cast<size_t>(t.numel()), -123456789);
+        b.upload(t, sentinel.data());
+      }
     } else if (dt == DType::I32) {
       const auto& v = values.at(s.name);
       std::vector<int32_t> ints(v.begin(), v.end());
@@ -134,6 +139,16 @@ void check_case(const OpCase& c, const BackendUnderTest& under_test) {
     EXPECT_TRUE(tested.storage[i]->guards_intact()) << s.name << ": write outside the tensor";
     if (s.role == Role::In) {
       EXPECT_TRUE(download_values(*backend, t) == values.at(s.name)) << s.name << ": input changed";
+      continue;
+    }
+    if (s.kind == Kind::I32) {  // ids (routing choices, rows, offsets) must match exactly
+      const std::vector<float> got = download_values(*backend, t);
+      const std::vector<float> want = download_values(reference, expected.tensors.at(s.name));
+      size_t wrong = 0;
+      for (size_t j = 0; j < got.size(); ++j) wrong += got[j] != want[j];
+      EXPECT_EQ(wrong, 0u) << s.name << ": " << wrong << " of " << got.size() << " ids differ";
+      std::printf("[ op       ] %-44s %-10s %zu of %zu ids differ\n", label.c_str(), s.name.c_str(),
+                  wrong, got.size());
       continue;
     }
     // A tensor stored in bf16 (a gradient or optimizer state) rounds to bf16 on every backend:
@@ -633,6 +648,275 @@ std::vector<OpCase> init_and_conversion_cases() {
   return cases;
 }
 
+// QK norm (Qwen3): every query and key head normalised, value heads copied; the backward
+// into its own tensor and in place over dout.
+std::vector<OpCase> qk_norm_cases() {
+  std::vector<OpCase> cases;
+  for (const AttentionShape& s :
+       {attn(2, 13, 4, 2, 64, 0), attn(1, 33, 6, 3, 36, 0), attn(1, 8192, 32, 4, 128, 0)}) {
+    for (bool in_place : {false, true}) {
+      const int64_t N = s.tokens(), W = s.qkv_width(), D = s.head_dim;
+      OpCase c;
+      c.name = fmt::format("qk_norm_forward+backward N{} H{} KV{} D{}{}", N, s.heads, s.kv_heads, D,
+                           in_place ? " in place" : "");
+      c.specs = {{"qkv", {N, W}},
+                 {"qw", {D}, Kind::Act, Role::In, 0.5f},
+                 {"kw", {D}, Kind::Act, Role::In, 0.5f},
+                 {"out", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+                 {"rstd", {N, s.heads + s.kv_heads}, Kind::F32, Role::Out, 1, 0, 1, 1e-4},
+                 {"dout", {N, W}, Kind::Act, in_place ? Role::InOut : Role::In, 1, 0, 1, 2e-2},
+                 {"dqw", {D}, Kind::F32, Role::Accum, 1, 0, 1, 1e-3},
+                 {"dkw", {D}, Kind::F32, Role::Accum, 1, 0, 1, 1e-3}};
+      if (!in_place) c.specs.push_back({"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 2e-2});
+      c.run = [s, in_place](Backend& b, const Tensors& t) {
+        b.qk_norm_forward(t.at("out"), t.at("rstd"), t.at("qkv"), t.at("qw"), t.at("kw"), s, 1e-6f);
+        b.qk_norm_backward(in_place ? t.at("dout") : t.at("dqkv"), t.at("dqw"), t.at("dkw"),
+                           t.at("dout"), t.at("qkv"), t.at("qw"), t.at("kw"), t.at("rstd"), s);
+      };
+      c.bytes = 2.0 * 4 * N * W;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+// A routing as the op API takes it.
+MoeRouting routing(int64_t E, int64_t K, bool sigmoid = false, bool pre_softmax = false,
+                   int64_t groups = 0, int64_t group_topk = 0, float scaling = 0.0f,
+                   bool force_balance = false) {
+  MoeRouting r;
+  r.experts = E, r.topk = K, r.sigmoid = sigmoid, r.pre_softmax = pre_softmax;
+  r.num_groups = groups, r.group_topk = group_topk, r.scaling = scaling;
+  r.force_balance = force_balance;
+  return r;
+}
+
+std::string routing_name(const MoeRouting& r) {
+  return fmt::format("E{} K{} {}{}{}{}{}", r.experts, r.topk, r.sigmoid ? "sigmoid" : "softmax",
+                     r.pre_softmax ? " pre" : "",
+                     r.num_groups ? fmt::format(" groups{}/{}", r.group_topk, r.num_groups) : "",
+                     r.scaling != 0.0f ? fmt::format(" scale{}", r.scaling) : "",
+                     r.force_balance ? " force-balance" : "");
+}
+
+// The router, forward then backward (the backward reads the forward's choices), with the
+// expert bias where the scores are sigmoids; `hot_expert` >= 0 biases every token onto it.
+OpCase router_case(int64_t N, const MoeRouting& r, int hot_expert = -1) {
+  const int64_t E = r.experts, K = r.topk;
+  OpCase c;
+  c.name = fmt::format("moe_router_forward+backward N{} {}{}", N, routing_name(r),
+                       hot_expert >= 0 ? fmt::format(" all to expert {}", hot_expert) : "");
+  c.specs = {{"logits", {N, E}, Kind::Act, Role::In, 1.5f},
+             {"indices", {N, K}, Kind::I32, Role::Out},
+             {"weights", {N, K}, Kind::F32, Role::Out, 1, 0, 1, 1e-4},
+             {"dweights", {N, K}, Kind::F32, Role::In},
+             {"dlogits", {N, E}, Kind::F32, Role::Out, 1, 0, 1, 1e-4}};
+  const bool bias = r.sigmoid;
+  if (bias) c.specs.push_back({"bias", {E}, Kind::F32, Role::In, 0.1f});
+  c.run = [r, bias, hot_expert, E](Backend& b, const Tensors& t) {
+    Tensor expert_bias = bias ? t.at("bias") : Tensor{};
+    DeviceBuffer hot(b, static_cast<size_t>(E) * 4, "hot expert bias");
+    if (hot_expert >= 0) {  // a bias no score can overcome: every token's first choice
+      std::vector<float> v(static_cast<size_t>(E), 0.0f);
+      v[static_cast<size_t>(hot_expert)] = 10.0f;
+      expert_bias = hot.tensor(DType::F32, {E});
+      b.upload(expert_bias, v.data());
+    }
+    b.moe_router_forward(t.at("indices"), t.at("weights"), t.at("logits"), expert_bias, r);
+    b.moe_router_backward(t.at("dlogits"), t.at("dweights"), t.at("logits"), t.at("indices"), r);
+    b.synchronize();
+  };
+  return c;
+}
+
+// Random routing slots (N, K) over experts [lo, hi): the other experts get no token.
+Spec slots(const char* name, int64_t N, int64_t K, int lo, int hi) {
+  return {name, {N, K}, Kind::I32, Role::In, 1, lo, hi};
+}
+
+OpCase aux_loss_case(int64_t N, const MoeRouting& r, int64_t seq) {
+  const int64_t E = r.experts, K = r.topk;
+  OpCase c;
+  c.name = fmt::format("moe_aux_loss N{} {} {}", N, routing_name(r),
+                       seq ? fmt::format("seq_aux seq{}", seq) : "aux");
+  c.specs = {{"logits", {N, E}, Kind::Act, Role::In, 1.5f},
+             slots("indices", N, K, 0, static_cast<int>(E)),
+             {"loss", {1}, Kind::F32, Role::Accum, 1, 0, 1, 1e-4},
+             {"dlogits", {N, E}, Kind::F32, Role::Accum, 1, 0, 1, 1e-5}};
+  c.run = [r, seq](Backend& b, const Tensors& t) {
+    MoeAuxLossArgs a;
+    a.logits = t.at("logits"), a.indices = t.at("indices"), a.routing = r, a.seq = seq;
+    a.loss = t.at("loss"), a.dlogits = t.at("dlogits"), a.grad_scale = 3.0f;
+    b.moe_aux_loss(a);
+  };
+  return c;
+}
+
+// Dispatch, combine and both backwards, in a layer's order: permute x, combine stand-in
+// expert outputs yp with the routing weights, then the gradients back. lo/hi: the experts the
+// slots may use (the others stay empty).
+OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, int lo, int hi) {
+  const int64_t R = N * K + E * (align - 1) + 5;  // 5 rows more than any routing can use
+  OpCase c;
+  c.name = fmt::format("moe_permute+unpermute N{} K{} E{} C{} align{} experts[{},{})", N, K, E, C,
+                       align, lo, hi);
+  c.specs = {{"x", {N, C}},
+             slots("indices", N, K, lo, hi),
+             {"xp", {R, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-6},
+             {"rows", {N, K}, Kind::I32, Role::Out},
+             {"offsets", {E + 1}, Kind::I32, Role::Out},
+             {"yp", {R, C}},
+             {"weights", {N, K}, Kind::F32, Role::In, 0.5f},
+             {"out", {N, C}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2},
+             {"dout", {N, C}},
+             {"dyp", {R, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+             {"dweights", {N, K}, Kind::F32, Role::Out, 1, 0, 1, 2e-2},
+             {"dxp", {R, C}},
+             {"dx", {N, C}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2}};
+  c.run = [align](Backend& b, const Tensors& t) {
+    b.moe_permute(t.at("xp"), t.at("rows"), t.at("offsets"), t.at("x"), t.at("indices"), align);
+    b.moe_unpermute(t.at("out"), t.at("yp"), t.at("rows"), t.at("weights"));
+    b.moe_unpermute_backward(t.at("dyp"), t.at("dweights"), t.at("dout"), t.at("yp"), t.at("rows"),
+                             t.at("weights"));
+    b.moe_permute_backward(t.at("dx"), t.at("dxp"), t.at("rows"));
+  };
+  c.bytes = 2.0 * (3 * N * K * C + 2 * R * C);
+  return c;
+}
+
+// Grouped GEMMs over groups of the given sizes: forward (b transposed or not), and the weight
+// gradient accumulating (beta 1) or overwriting.
+std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int64_t N, int64_t K,
+                                         const std::string& what,
+                                         const std::vector<int32_t>& weights = {},
+                                         int64_t num_weights = 0) {
+  const int64_t G = static_cast<int64_t>(sizes.size());
+  const int64_t W = weights.empty() ? G : num_weights;
+  std::vector<int32_t> offsets = {0};
+  for (int32_t size : sizes) offsets.push_back(offsets.back() + size);
+  const int64_t R = offsets.back() + 7;  // rows past the groups: zeroed by the forward
+  const int64_t used = offsets.back();
+  auto upload_offsets = [offsets](Backend& b, DeviceBuffer& buf) {
+    const Tensor t = buf.tensor(DType::I32, {static_cast<int64_t>(offsets.size())});
+    b.upload(t, offsets.data());
+    return t;
+  };
+  std::vector<OpCase> cases;
+  for (bool trans_b : {true, false}) {
+    OpCase c;
+    c.name = fmt::format("grouped_matmul G{} rows{} N{} K{} {} {}", G, used, N, K,
+                         trans_b ? "NT" : "NN", what);
+    c.specs = {{"a", {R, K}, Kind::Act, Role::In, 0.5f},
+               {"b", trans_b ? Shape{W, N, K} : Shape{W, K, N}, Kind::Act, Role::In, 0.5f},
+               {"out", {R, N}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
+    c.run = [=](Backend& b, const Tensors& t) {
+      DeviceBuffer buf(b, offsets.size() * 4, "offsets");
+      GroupedMatmulArgs g;
+      g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.trans_b = trans_b;
+      g.offsets = upload_offsets(b, buf);
+      g.host_offsets = offsets;
+      g.group_weights = weights;
+      b.grouped_matmul(g);
+      b.synchronize();
+    };
+    c.flops = 2.0 * used * N * K;
+    c.bytes = 2.0 * (used * K + W * N * K + R * N);
+    cases.push_back(c);
+  }
+  for (float beta : {0.0f, 1.0f}) {
+    OpCase c;
+    c.name = fmt::format("grouped_matmul_wgrad G{} rows{} M{} N{}{} {}", G, used, N, K,
+                         beta != 0 ? " beta1" : "", what);
+    c.specs = {{"a", {R, N}, Kind::Act, Role::In, 0.5f},
+               {"b", {R, K}, Kind::Act, Role::In, 0.5f},
+               {"out", {W, N, K}, Kind::F32, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-2}};
+    c.run = [=](Backend& b, const Tensors& t) {
+      DeviceBuffer buf(b, offsets.size() * 4, "offsets");
+      GroupedMatmulWgradArgs g;
+      g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.beta = beta;
+      g.offsets = upload_offsets(b, buf);
+      g.host_offsets = offsets;
+      g.group_weights = weights;
+      b.grouped_matmul_wgrad(g);
+      b.synchronize();
+    };
+    c.flops = 2.0 * used * N * K;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::vector<OpCase> moe_cases() {
+  std::vector<OpCase> cases;
+  for (const MoeRouting& r :
+       {routing(8, 2), routing(61, 3), routing(8, 2, false, true), routing(16, 1, true),
+        routing(16, 4, true), routing(16, 4, true, false, 4, 2, 2.5f),
+        routing(64, 6, false, true, 8, 3), routing(7, 3, false, false, 0, 0, 0.0f, true),
+        routing(128, 8), routing(256, 8, true, false, 8, 4, 2.5f)}) {
+    const int64_t N = r.experts >= 128 ? 4096 : 37;
+    cases.push_back(router_case(N, r));
+  }
+  cases.push_back(router_case(33, routing(8, 1, true), 5));
+  cases.push_back(router_case(33, routing(8, 2, true), 0));
+  for (const auto& [r, seq] :
+       std::vector<std::pair<MoeRouting, int64_t>>{{routing(8, 2), 0},
+                                                   {routing(8, 2), 13},
+                                                   {routing(16, 4, true), 0},
+                                                   {routing(16, 1, true), 13},
+                                                   {routing(128, 8), 0},
+                                                   {routing(256, 8, true), 4096}})
+    cases.push_back(aux_loss_case(r.experts >= 128 ? 8192 : 39, r, seq));
+  for (auto [N, E] : {std::pair<int64_t, int64_t>{39, 8}, {8192, 128}}) {
+    OpCase z;
+    z.name = fmt::format("moe_z_loss N{} E{}", N, E);
+    z.specs = {{"logits", {N, E}, Kind::Act, Role::In, 2.0f},
+               {"loss", {1}, Kind::F32, Role::Accum, 1, 0, 1, 1e-4},
+               {"dlogits", {N, E}, Kind::F32, Role::Accum, 1, 0, 1, 1e-5}};
+    z.run = [](Backend& b, const Tensors& t) {
+      b.moe_z_loss(t.at("loss"), t.at("dlogits"), t.at("logits"), 0.7f);
+    };
+    cases.push_back(z);
+  }
+  OpCase counts;
+  counts.name = "moe_expert_counts N1000 K3 E17 (experts 15, 16 empty)";
+  counts.specs = {slots("indices", 1000, 3, 0, 15),
+                  {"counts", {17}, Kind::F32, Role::Accum, 1, 0, 1, 1e-7}};
+  counts.run = [](Backend& b, const Tensors& t) {
+    b.moe_expert_counts(t.at("counts"), t.at("indices"));
+  };
+  cases.push_back(counts);
+  // Counts as a step leaves them (whole numbers), one expert exactly at the mean.
+  OpCase bias_update;
+  bias_update.name = "moe_expert_bias_update E9";
+  bias_update.specs = {{"bias", {9}, Kind::F32, Role::Accum, 0.01f, 0, 1, 1e-7}};
+  bias_update.run = [](Backend& b, const Tensors& t) {
+    const std::vector<float> c = {3, 10, 4, 0, 7, 9, 5, 6, 1};  // mean 5
+    DeviceBuffer buf(b, c.size() * 4, "counts");
+    const Tensor counts = buf.tensor(DType::F32, {9});
+    b.upload(counts, c.data());
+    b.moe_expert_bias_update(t.at("bias"), counts, 1e-3f);
+    b.synchronize();
+  };
+  cases.push_back(bias_update);
+  cases.push_back(permute_case(37, 2, 8, 45, 1, 0, 8));
+  cases.push_back(permute_case(37, 2, 8, 45, 16, 0, 5));  // experts 5..7 empty
+  cases.push_back(permute_case(29, 1, 6, 64, 16, 3, 4));  // every token to expert 3
+  cases.push_back(permute_case(31, 3, 5, 33, 8, 1, 3));   // only experts 1 and 2
+  cases.push_back(permute_case(8192, 2, 8, 4096, 16, 0, 8));
+  for (auto& c : grouped_matmul_cases({3, 0, 17, 1, 0, 9}, 37, 29, "with empty groups"))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_cases({0, 0, 40, 0}, 24, 16, "all rows in one group"))
+    cases.push_back(std::move(c));
+  // Expert parallelism's received rows: (source rank, expert) groups sharing 4 experts'
+  // weights; expert 3 has no group, expert 1 only an empty one.
+  for (auto& c :
+       grouped_matmul_cases({3, 5, 0, 4, 7, 2}, 21, 19, "shared weights", {0, 2, 1, 0, 2, 0}, 4))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
+    cases.push_back(std::move(c));
+  return cases;
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -722,9 +1006,9 @@ std::vector<OpCase> decode_cases() {
 
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
-  for (auto fn :
-       {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mlp_and_loss_cases,
-        reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, init_and_conversion_cases})
+  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases,
+                  mlp_and_loss_cases, qk_norm_cases, moe_cases, reduction_and_optimizer_cases,
+                  bf16_gradient_cases, fp8_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

@@ -278,6 +278,157 @@ void ReferenceBackend::do_cross_entropy(const Tensor& losses, const Tensor& logi
   if (dlogits.defined()) store(dlogits, dl);
 }
 
+// ---- QK norm and mixture of experts ----
+
+void ReferenceBackend::do_qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                                          const Tensor& q_weight, const Tensor& k_weight,
+                                          const AttentionShape& s, float eps) {
+  std::vector<double> o(static_cast<size_t>(out.numel())), r(static_cast<size_t>(rstd.numel()));
+  ref::qk_norm_forward<double>(o.data(), r.data(), values(qkv).data(), values(q_weight).data(),
+                               values(k_weight).data(), s, eps);
+  store(out, o);
+  store(rstd, r);
+}
+
+void ReferenceBackend::do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight,
+                                           const Tensor& dk_weight, const Tensor& dout,
+                                           const Tensor& qkv, const Tensor& q_weight,
+                                           const Tensor& k_weight, const Tensor& rstd,
+                                           const AttentionShape& s) {
+  std::vector<double> d(static_cast<size_t>(dqkv.numel())), dq = values(dq_weight),
+                                                            dk = values(dk_weight);
+  ref::qk_norm_backward(d.data(), dq.data(), dk.data(), values(dout).data(), values(qkv).data(),
+                        values(q_weight).data(), values(k_weight).data(), values(rstd).data(), s);
+  store(dqkv, d);
+  store(dq_weight, dq);
+  store(dk_weight, dk);
+}
+
+void ReferenceBackend::do_moe_router_forward(const Tensor& indices, const Tensor& weights,
+                                             const Tensor& logits, const Tensor& bias,
+                                             const MoeRouting& r) {
+  const int64_t N = matrix_dims(logits).rows;
+  std::vector<double> w(static_cast<size_t>(weights.numel()));
+  const std::vector<double> b = bias.defined() ? values(bias) : std::vector<double>{};
+  TS_CHECK(indices.dtype == DType::I32, "reference backend: indices must be int32");
+  ref::moe_router_forward<double>(indices.as<int32_t>(), w.data(), values(logits).data(),
+                                  bias.defined() ? b.data() : nullptr, N, r);
+  store(weights, w);
+}
+
+void ReferenceBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dweights,
+                                              const Tensor& logits, const Tensor& indices,
+                                              const MoeRouting& r) {
+  const int64_t N = matrix_dims(logits).rows;
+  std::vector<double> d(static_cast<size_t>(dlogits.numel()));
+  ref::moe_router_backward<double>(d.data(), values(dweights).data(), values(logits).data(),
+                                   ids(indices, r.experts, false), N, r);
+  store(dlogits, d);
+}
+
+void ReferenceBackend::do_moe_aux_loss(const MoeAuxLossArgs& a) {
+  std::vector<double> loss = a.loss.defined() ? values(a.loss) : std::vector<double>{};
+  std::vector<double> d = a.dlogits.defined() ? values(a.dlogits) : std::vector<double>{};
+  ref::moe_aux_loss<double>(a.loss.defined() ? loss.data() : nullptr,
+                            a.dlogits.defined() ? d.data() : nullptr, values(a.logits).data(),
+                            ids(a.indices, a.routing.experts, false), matrix_dims(a.logits).rows,
+                            a.routing, a.seq, a.grad_scale);
+  if (a.loss.defined()) store(a.loss, loss);
+  if (a.dlogits.defined()) store(a.dlogits, d);
+}
+
+void ReferenceBackend::do_moe_z_loss(const Tensor& loss, const Tensor& dlogits,
+                                     const Tensor& logits, float grad_scale) {
+  const MatrixDims dims = matrix_dims(logits);
+  std::vector<double> l = loss.defined() ? values(loss) : std::vector<double>{};
+  std::vector<double> d = dlogits.defined() ? values(dlogits) : std::vector<double>{};
+  ref::moe_z_loss<double>(loss.defined() ? l.data() : nullptr,
+                          dlogits.defined() ? d.data() : nullptr, values(logits).data(), dims.rows,
+                          dims.cols, grad_scale);
+  if (loss.defined()) store(loss, l);
+  if (dlogits.defined()) store(dlogits, d);
+}
+
+void ReferenceBackend::do_moe_expert_counts(const Tensor& counts, const Tensor& indices) {
+  std::vector<double> c = values(counts);
+  ref::moe_expert_counts(c.data(), ids(indices, counts.numel(), false), indices.numel(),
+                         counts.numel());
+  store(counts, c);
+}
+
+void ReferenceBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts,
+                                                 float rate) {
+  std::vector<double> b = values(bias);
+  ref::moe_expert_bias_update(b.data(), values(counts).data(), bias.numel(),
+                              static_cast<double>(rate));
+  store(bias, b);
+}
+
+void ReferenceBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
+                                      const Tensor& x, const Tensor& indices, int64_t align) {
+  const int64_t E = offsets.numel() - 1;
+  const MatrixDims xd = matrix_dims(x), pd = matrix_dims(xp);
+  const int64_t K = matrix_dims(indices).cols;
+  TS_CHECK(rows.dtype == DType::I32 && offsets.dtype == DType::I32,
+           "reference backend: rows and offsets must be int32");
+  ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), ids(indices, E, false), xd.rows,
+                         K, E, align);
+  std::vector<double> out(static_cast<size_t>(xp.numel()));
+  ref::moe_permute(out.data(), pd.rows, values(x).data(), rows.as<int32_t>(), xd.rows, K, xd.cols);
+  store(xp, out);
+}
+
+void ReferenceBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dxp,
+                                               const Tensor& rows) {
+  const MatrixDims xd = matrix_dims(dx);
+  std::vector<double> d = values(dx);
+  ref::moe_permute_backward(d.data(), values(dxp).data(), ids(rows, matrix_dims(dxp).rows, false),
+                            xd.rows, matrix_dims(rows).cols, xd.cols);
+  store(dx, d);
+}
+
+void ReferenceBackend::do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                                        const Tensor& weights) {
+  const MatrixDims od = matrix_dims(out);
+  std::vector<double> o = values(out);
+  ref::moe_unpermute(o.data(), values(yp).data(), ids(rows, matrix_dims(yp).rows, false),
+                     values(weights).data(), od.rows, matrix_dims(rows).cols, od.cols);
+  store(out, o);
+}
+
+void ReferenceBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights,
+                                                 const Tensor& dout, const Tensor& yp,
+                                                 const Tensor& rows, const Tensor& weights) {
+  const MatrixDims od = matrix_dims(dout), pd = matrix_dims(yp);
+  std::vector<double> d(static_cast<size_t>(dyp.numel())),
+      dw(static_cast<size_t>(dweights.numel()));
+  ref::moe_unpermute_backward(d.data(), pd.rows, dw.data(), values(dout).data(), values(yp).data(),
+                              ids(rows, pd.rows, false), values(weights).data(), od.rows,
+                              matrix_dims(rows).cols, od.cols);
+  store(dyp, d);
+  store(dweights, dw);
+}
+
+void ReferenceBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
+  const MatrixDims o = matrix_dims(a.out);
+  const int64_t G = a.offsets.numel() - 1, K = matrix_dims(a.a).cols;
+  std::vector<double> out(static_cast<size_t>(a.out.numel()));
+  ref::grouped_matmul(out.data(), values(a.a).data(), values(a.b).data(),
+                      ids(a.offsets, o.rows + 1, false), G, o.rows, o.cols, K, a.trans_b,
+                      a.group_weights.empty() ? nullptr : a.group_weights.data());
+  store(a.out, out);
+}
+
+void ReferenceBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
+  std::vector<double> out =
+      a.beta == 0.0f ? std::vector<double>(static_cast<size_t>(a.out.numel())) : values(a.out);
+  ref::grouped_matmul_wgrad(out.data(), values(a.a).data(), values(a.b).data(),
+                            ids(a.offsets, matrix_dims(a.a).rows + 1, false), a.offsets.numel() - 1,
+                            a.out.dim(1), a.out.dim(2), static_cast<double>(a.beta), a.out.dim(0),
+                            a.group_weights.empty() ? nullptr : a.group_weights.data());
+  store(a.out, out);
+}
+
 // ---- reductions and optimizer ----
 
 void ReferenceBackend::do_sum(const Tensor& out, const Tensor& x, bool accumulate) {

@@ -1,5 +1,6 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
-// parallel, ZeRO-1 (with and without overlap_param_gather) and FSDP (untied and tied heads) on
+// parallel, ZeRO-1 (with and without overlap_param_gather), expert parallelism (an MoE's
+// experts on 2 GPUs, alone and with ZeRO-1) and FSDP (untied and tied heads) on
 // 2 GPUs against 1 GPU with gradient accumulation at the same global batch, ZeRO-1 and FSDP
 // checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM, a rank killed
 // mid-run, and the NCCL communicator's split, point-to-point and sub-group collectives (two
@@ -148,6 +149,30 @@ void split_point_to_point_rank() {
     world->recv(in, 0, Lane::Compute);
   if (rank == 1) EXPECT_EQ(download(*backend, in)[5], 5.0f);
 
+  // A variable-size all-to-all on the world (expert parallelism's exchange): rank r sends
+  // 1000 (r + 1) + 7 j values to rank j, itself included, from one buffer into one.
+  {
+    auto count = [](int from, int to) { return int64_t{1000} * (from + 1) + 7 * to; };
+    std::vector<int64_t> sc, so, rc, ro;
+    int64_t sent = 0, received = 0;
+    for (int j = 0; j < 2; ++j) {
+      so.push_back(sent), sc.push_back(count(rank, j)), sent += count(rank, j);
+      ro.push_back(received), rc.push_back(count(j, rank)), received += count(j, rank);
+    }
+    std::vector<float> values(sent);
+    for (int j = 0; j < 2; ++j)
+      for (int64_t k = 0; k < sc[j]; ++k) values[so[j] + k] = 100000.0f * rank + 10000.0f * j + k;
+    DeviceBuffer a2a_in(*backend, sent * 4, "a2a in"), a2a_out(*backend, received * 4, "a2a out");
+    const Tensor send = a2a_in.tensor(DType::F32, {sent}),
+                 recv = a2a_out.tensor(DType::F32, {received});
+    backend->upload(send, values.data());
+    world->all_to_allv(recv, rc, ro, send, sc, so, Lane::Compute);
+    const std::vector<float> got = download(*backend, recv);
+    for (int i = 0; i < 2; ++i)
+      for (int64_t k = 0; k < rc[i]; k += 13)
+        ASSERT_EQ(got[ro[i] + k], 100000.0f * i + 10000.0f * rank + k) << "from " << i;
+  }
+
   // Collectives on the sub-groups: the gather follows the reversed ranks.
   DeviceBuffer pair_buf(*backend, 2 * 4, "pair"), one_buf(*backend, 4, "one");
   const Tensor pair = pair_buf.tensor(DType::F32, {2}), one = one_buf.tensor(DType::F32, {1});
@@ -241,6 +266,34 @@ TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
   EXPECT_EQ(losses("zero_overlap"), zero) << "overlap_param_gather changed the numbers";
   // Every rank keeps its own logs; rank 0 alone writes metrics.
   EXPECT_TRUE(fs::exists(ws_ / "g/u/dp/logs/pre_trainer/rank-1/info.log"));
+}
+
+// A tiny MoE with its experts on 2 GPUs (the NCCL all-to-all of expert parallelism), alone
+// and with ZeRO-1, against 1 GPU at the same global batch.
+TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  const std::string moe =
+      " --model_family mixtral --num_experts 8 --moe_router_topk 2 --moe_ffn_hidden_size 384 "
+      "--moe_aux_loss_coeff 0.01 --moe_z_loss_coeff 0.001";
+  ASSERT_EQ(run(train_args("moe_one") + moe, "moe_one.txt"), 0) << read("moe_one.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29621 " + train_args("moe_ep") + moe +
+                    " --expert_model_parallel_size 2",
+                "moe_ep.txt"),
+            0)
+      << read("moe_ep.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29622 " + train_args("moe_ep_zero") + moe +
+                    " --expert_model_parallel_size 2 --use_distributed_optimizer true",
+                "moe_ep_zero.txt"),
+            0)
+      << read("moe_ep_zero.txt");
+  const auto one = losses("moe_one");
+  ASSERT_EQ(one.size(), 20u);
+  EXPECT_LT(one.back(), one.front());
+  expect_close(losses("moe_ep"), one, "expert parallel");
+  expect_close(losses("moe_ep_zero"), one, "expert parallel with ZeRO-1");
+  EXPECT_NE(read("moe_ep.txt").find("experts spread over 2 expert-parallel ranks"),
+            std::string::npos)
+      << read("moe_ep.txt");
 }
 
 TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {

@@ -1,7 +1,8 @@
 // Generation with a KV cache against the model without one: at every step the cached
 // generator's logits are those of a full forward pass over the whole sequence so far (the
 // training model's forward_logits), for GQA, a sliding window shorter than the sequence, QKV
-// bias and a tied head; and the sampler's rules.
+// bias, a tied head, and Qwen3-MoE's QK norm with an MoE layer (shared expert); and the
+// sampler's rules.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,8 +19,17 @@
 namespace tessera {
 namespace {
 
-ModelSpec spec(int64_t window, bool bias, bool tied) {
+ModelSpec spec(int64_t window, bool bias, bool tied, bool moe = false) {
   ModelSpec s;
+  if (moe) {
+    s.family = "qwen3_moe";
+    s.qk_norm = true;
+    s.moe.experts = 4;
+    s.moe.topk = 2;
+    s.moe.ffn = 32;
+    s.moe.shared_ffn = 16;
+    s.moe.layers = {true, false};
+  }
   s.vocab_size = s.tokenizer_vocab = 96;
   s.num_layers = 2;
   s.hidden = 64;
@@ -79,13 +89,14 @@ struct Case {
   const char* name;
   int64_t window;
   bool bias, tied;
+  bool moe = false;
 };
 
 class GeneratorVsFullForward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GeneratorVsFullForward, EveryStepsLogitsMatchAndGreedyTokensAgree) {
   const Case c = GetParam();
-  const ModelSpec s = spec(c.window, c.bias, c.tied);
+  const ModelSpec s = spec(c.window, c.bias, c.tied, c.moe);
   auto backend = make_cpu_backend();
   const std::vector<float> w = weights(*backend, s);
   const ParamLayout layout = make_param_layout(s);
@@ -115,7 +126,8 @@ TEST_P(GeneratorVsFullForward, EveryStepsLogitsMatchAndGreedyTokensAgree) {
 INSTANTIATE_TEST_SUITE_P(Models, GeneratorVsFullForward,
                          ::testing::Values(Case{"gqa", 0, false, false},
                                            Case{"window5_bias", 5, true, false},
-                                           Case{"tied", 0, false, true}),
+                                           Case{"tied", 0, false, true},
+                                           Case{"qk_norm_moe", 0, false, false, true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Generator, RefusesPositionsBeyondItsRoom) {

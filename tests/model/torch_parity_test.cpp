@@ -1,6 +1,7 @@
 // Whole-model parity with an independent PyTorch implementation (tests/model/
-// torch_reference.py, run in float64 with Debian's python3-torch): logits, loss and every
-// parameter gradient of one batch, and a 20-step AdamW training curve through the real
+// torch_reference.py, run in float64 with Debian's python3-torch): logits, loss, every
+// parameter gradient and each MoE layer's aux and z losses of one batch (the MoE cases train
+// with those losses in the objective), and a 20-step AdamW training curve through the real
 // Trainer (gradient accumulation, clipping, warm-up + cosine schedule, weight decay on
 // weight matrices only).
 //
@@ -102,15 +103,50 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
     inputs.push_back({names[2 * k], DType::I32, {B, T}, tokens[k].data()});
     inputs.push_back({names[2 * k + 1], DType::I32, {B, T}, targets[k].data()});
   }
-  const nlohmann::json cfg = {
-      {"vocab", V}, {"layers", s.num_layers}, {"heads", s.heads}, {"kv_heads", s.kv_heads},
-      {"head_dim", s.head_dim}, {"ffn", s.ffn}, {"eps", s.norm_eps}, {"rotary_base", s.rotary_base},
-      {"rope_scaling", s.rope_scaling.enabled}, {"rope_factor", s.rope_scaling.factor},
-      {"rope_low", s.rope_scaling.low_freq_factor}, {"rope_high", s.rope_scaling.high_freq_factor},
-      {"rope_original", s.rope_scaling.original_max_position_embeddings}, {"window", s.sliding_window},
-      {"steps", 20}, {"accum", 2}, {"lr", 0.01}, {"min_lr", 0.001}, {"warmup", 3},
-      {"decay_iters", 20}, {"weight_decay", 0.1}, {"beta1", 0.9}, {"beta2", 0.95},
-      {"adam_eps", 1e-8}, {"clip_grad", 0.5}};
+  nlohmann::json cfg = {{"vocab", V},
+                        {"layers", s.num_layers},
+                        {"heads", s.heads},
+                        {"kv_heads", s.kv_heads},
+                        {"head_dim", s.head_dim},
+                        {"ffn", s.ffn},
+                        {"eps", s.norm_eps},
+                        {"rotary_base", s.rotary_base},
+                        {"rope_scaling", s.rope_scaling.enabled},
+                        {"rope_factor", s.rope_scaling.factor},
+                        {"rope_low", s.rope_scaling.low_freq_factor},
+                        {"rope_high", s.rope_scaling.high_freq_factor},
+                        {"rope_original", s.rope_scaling.original_max_position_embeddings},
+                        {"window", s.sliding_window},
+                        {"steps", 20},
+                        {"accum", 2},
+                        {"lr", 0.01},
+                        {"min_lr", 0.001},
+                        {"warmup", 3},
+                        {"decay_iters", 20},
+                        {"weight_decay", 0.1},
+                        {"beta1", 0.9},
+                        {"beta2", 0.95},
+                        {"adam_eps", 1e-8},
+                        {"clip_grad", 0.5}};
+  if (s.qk_norm) cfg["qk_norm"] = true;
+  if (s.moe.enabled()) {
+    const MoeSpec& m = s.moe;
+    std::vector<int> layers;
+    for (bool moe : m.layers) layers.push_back(moe);
+    cfg["moe"] = {{"experts", m.experts},
+                  {"topk", m.topk},
+                  {"layers", layers},
+                  {"sigmoid", m.sigmoid},
+                  {"pre_softmax", m.pre_softmax},
+                  {"groups", m.num_groups},
+                  {"group_topk", m.group_topk},
+                  {"scaling", m.topk_scaling},
+                  {"shared_ffn", m.shared_ffn},
+                  {"load_balancing", m.load_balancing != MoeLoadBalancing::None},
+                  {"seq_aux", m.load_balancing == MoeLoadBalancing::SeqAuxLoss},
+                  {"aux_coeff", m.aux_loss_coeff},
+                  {"z_coeff", m.z_loss_coeff}};
+  }
   write_safetensors((dir / "in.safetensors").string(), inputs, {{"config", cfg.dump()}});
   const std::string cmd = std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
                           "/model/torch_reference.py " + (dir / "in.safetensors").string() + " " +
@@ -136,6 +172,28 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
   b.download(&loss_sum, model.loss_sum());
   const double loss = loss_sum / N, ref_loss = ref.to_float("loss")[0];
   EXPECT_NEAR(loss, ref_loss, 1e-6 * std::abs(ref_loss));
+  // Each MoE layer's aux and z losses of micro-batch 0 (unweighted), as the model reports them.
+  double worst_balance = 0;
+  if (s.moe.enabled()) {
+    const std::vector<float> stats = download_all(b, model.moe_stats());
+    const int64_t width = s.moe.experts + 2;
+    ASSERT_EQ(model.moe_layers().size(), static_cast<size_t>(s.moe.moe_layers()));
+    for (size_t i = 0; i < model.moe_layers().size(); ++i) {
+      const int64_t l = model.moe_layers()[i];
+      double routed = 0;
+      for (int64_t e = 0; e < s.moe.experts; ++e) routed += stats[i * width + e];
+      EXPECT_EQ(routed, static_cast<double>(N * s.moe.topk)) << "layer " << l;
+      for (const auto& [key, at] : {std::pair{"aux.", width - 2}, std::pair{"z.", width - 1}}) {
+        if (at == width - 2 && s.moe.load_balancing == MoeLoadBalancing::None) {
+          EXPECT_EQ(stats[i * width + at], 0.0f) << "an aux loss without load balancing";
+          continue;
+        }
+        const double want = ref.to_float(key + std::to_string(l))[0], got = stats[i * width + at];
+        worst_balance = std::max(worst_balance, std::abs(got - want) / std::abs(want));
+        EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << key << l;
+      }
+    }
+  }
   const std::vector<float> grads = download_all(b, model.grads());
   double worst_grad = 0;
   for (const ParamInfo& p : model.layout().params) {
@@ -157,10 +215,11 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
     EXPECT_LT(err, 1e-4) << "iteration " << it << ": " << st.loss << " vs " << curve[it - 1];
   }
   EXPECT_LT(worst_norm, 1e-4);
-  std::printf("[ parity   ] %s: logits %.2e, loss %.2e, worst gradient %.2e, worst curve step %.2e, "
-              "worst grad norm %.2e (relative errors)\n",
-              pc.name, logits_err, std::abs(loss - ref_loss) / std::abs(ref_loss), worst_grad,
-              worst_curve, worst_norm);
+  std::printf(
+      "[ parity   ] %s: logits %.2e, loss %.2e, worst gradient %.2e, worst curve step %.2e, "
+      "worst grad norm %.2e, worst aux/z loss %.2e (relative errors)\n",
+      pc.name, logits_err, std::abs(loss - ref_loss) / std::abs(ref_loss), worst_grad, worst_curve,
+      worst_norm, worst_balance);
   fs::remove_all(dir);
 }
 
@@ -168,17 +227,57 @@ INSTANTIATE_TEST_SUITE_P(
     Models, TorchParity,
     ::testing::Values(
         // Llama 3.1 style: GQA 4:2, untied head, RoPE scaling with bands inside head_dim 8.
-        ParityCase{"llama31", "num_layers: 2\nhidden_size: 32\nffn_hidden_size: 48\n"
-                              "num_attention_heads: 4\nnum_query_groups: 2\nuse_rope_scaling: true\n"
-                              "rope_original_max_position_embeddings: 64\nrotary_base: 10000\n"},
+        ParityCase{"llama31",
+                   "num_layers: 2\nhidden_size: 32\nffn_hidden_size: 48\n"
+                   "num_attention_heads: 4\nnum_query_groups: 2\nuse_rope_scaling: true\n"
+                   "rope_original_max_position_embeddings: 64\nrotary_base: 10000\n"},
         // Qwen 2.5 style: QKV bias, tied embeddings, one KV head (MQA).
-        ParityCase{"qwen25", "num_layers: 2\nhidden_size: 32\nffn_hidden_size: 40\n"
-                             "num_attention_heads: 4\nnum_query_groups: 1\nadd_qkv_bias: true\n"
-                             "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
-                             "norm_epsilon: 1.0e-6\n"},
+        ParityCase{"qwen25",
+                   "num_layers: 2\nhidden_size: 32\nffn_hidden_size: 40\n"
+                   "num_attention_heads: 4\nnum_query_groups: 1\nadd_qkv_bias: true\n"
+                   "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
+                   "norm_epsilon: 1.0e-6\n"},
         // Mistral style: sliding window shorter than the sequence, head_dim 16.
-        ParityCase{"mistral", "num_layers: 3\nhidden_size: 32\nffn_hidden_size: 64\n"
-                              "num_attention_heads: 2\nnum_query_groups: 2\nsliding_window: 5\n"}),
+        ParityCase{"mistral",
+                   "num_layers: 3\nhidden_size: 32\nffn_hidden_size: 64\n"
+                   "num_attention_heads: 2\nnum_query_groups: 2\nsliding_window: 5\n"},
+        // Mixtral style: 4 experts top-2 (softmax over the chosen), MoE in layers 0 and 2 of
+        // 3, Switch aux loss and z-loss in the objective.
+        ParityCase{"mixtral",
+                   "model_family: mixtral\nnum_layers: 3\nhidden_size: 32\n"
+                   "ffn_hidden_size: 40\nnum_attention_heads: 4\nnum_query_groups: 2\n"
+                   "num_experts: 4\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 24\n"
+                   "moe_layer_freq: \"[1,0,1]\"\nmoe_aux_loss_coeff: 0.05\n"
+                   "moe_z_loss_coeff: 0.01\nrotary_base: 1000000\n"},
+        // Qwen3-MoE style: QK norm, head_dim 16 wider than hidden / heads, 8 experts top-4,
+        // every layer MoE, tied head, the per-sequence aux loss.
+        ParityCase{"qwen3_moe",
+                   "model_family: qwen3_moe\nqk_layernorm: true\nnum_layers: 2\n"
+                   "hidden_size: 32\nkv_channels: 16\nnum_attention_heads: 4\n"
+                   "num_query_groups: 2\nnum_experts: 8\nmoe_router_topk: 4\n"
+                   "moe_ffn_hidden_size: 16\nmoe_router_load_balancing_type: "
+                   "seq_aux_loss\nmoe_aux_loss_coeff: 0.02\n"
+                   "untie_embeddings_and_output_weights: false\n"
+                   "norm_epsilon: 1.0e-6\n"},
+        // DeepSeek-V3's router on Mixtral's layers: sigmoid scores, 2 of 4 groups, scaling
+        // 2.5, a shared expert, pre-softmax off; z-loss only.
+        ParityCase{"sigmoid_groups",
+                   "model_family: mixtral\nnum_layers: 2\nhidden_size: 32\n"
+                   "ffn_hidden_size: 40\nnum_attention_heads: 4\n"
+                   "num_experts: 8\nmoe_router_topk: 4\n"
+                   "moe_ffn_hidden_size: 16\n"
+                   "moe_router_score_function: sigmoid\n"
+                   "moe_router_num_groups: 4\nmoe_router_group_topk: 2\n"
+                   "moe_router_topk_scaling_factor: 2.5\n"
+                   "moe_shared_expert_intermediate_size: 24\n"
+                   "moe_router_load_balancing_type: none\n"
+                   "moe_z_loss_coeff: 0.01\n"},
+        // DeepSeek-V2's: softmax over all experts before the top-k.
+        ParityCase{"pre_softmax",
+                   "model_family: mixtral\nnum_layers: 2\nhidden_size: 32\n"
+                   "ffn_hidden_size: 40\nnum_attention_heads: 2\n"
+                   "num_experts: 6\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 16\n"
+                   "moe_router_pre_softmax: true\nmoe_aux_loss_coeff: 0.03\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -2,10 +2,13 @@
 
 Reads weights, batches and a config from a safetensors file written by the C++ test, runs
 a Hugging Face-style Llama (rotate-half RoPE with optional Llama 3.1 scaling, RMSNorm,
-grouped-query attention with optional sliding window and QKV bias, SwiGLU, tied or untied
-head) in float64, and writes logits, loss, every parameter gradient and a short AdamW
+grouped-query attention with optional sliding window, QKV bias and per-head QK norm (Qwen3),
+SwiGLU, tied or untied head) in float64, with Megatron-style mixture-of-experts MLPs in the
+layers the config lists (router top-k over softmax or sigmoid scores, group-limited, scaled,
+a shared expert; Switch / sequence aux loss and z-loss added to the objective), and writes
+logits, loss, every parameter gradient, each MoE layer's aux and z losses and a short AdamW
 training curve back as safetensors. Written independently of Tessera's kernels: separate
-q/k/v and gate/up projections, torch autograd, torch.optim.AdamW.
+q/k/v and gate/up projections, one module per expert, torch autograd, torch.optim.AdamW.
 """
 import json
 import math
@@ -90,9 +93,19 @@ class Llama(torch.nn.Module):
                 param(base + "q_proj." + kind, q)
                 param(base + "k_proj." + kind, k)
                 param(base + "v_proj." + kind, v)
+            elif name.endswith("experts.gate_up_proj.weight"):
+                base = name[: -len("gate_up_proj.weight")]
+                f = t.shape[1] // 2
+                for e in range(t.shape[0]):
+                    param(f"{base}{e}.gate_proj.weight", t[e, :f])
+                    param(f"{base}{e}.up_proj.weight", t[e, f:])
+            elif name.endswith("experts.down_proj.weight"):
+                base = name[: -len("down_proj.weight")]
+                for e in range(t.shape[0]):
+                    param(f"{base}{e}.down_proj.weight", t[e])
             elif name.endswith("gate_up_proj.weight"):
                 base = name[: -len("gate_up_proj.weight")]
-                g, u = torch.split(t, [F, F], dim=0)
+                g, u = torch.split(t, [t.shape[0] // 2, t.shape[0] // 2], dim=0)
                 param(base + "gate_proj.weight", g)
                 param(base + "up_proj.weight", u)
             else:
@@ -104,6 +117,87 @@ class Llama(torch.nn.Module):
     def has(self, name):
         return name.replace(".", "__") in self.p
 
+    def moe_layers(self):
+        m = self.c.get("moe")
+        return [l for l in range(self.c["layers"]) if m and m["layers"][l]]
+
+    def swiglu(self, x, base):
+        gate = torch.nn.functional.linear(x, self.w(base + "gate_proj.weight"))
+        up = torch.nn.functional.linear(x, self.w(base + "up_proj.weight"))
+        return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up,
+                                          self.w(base + "down_proj.weight"))
+
+    def route(self, logits):
+        """Megatron's topk_softmax_with_capacity (dropless): experts (N, K), weights (N, K)."""
+        m = self.c["moe"]
+        E, K = m["experts"], m["topk"]
+        if m["sigmoid"]:
+            scores = torch.sigmoid(logits)
+            select = scores
+        elif m["pre_softmax"]:
+            scores = torch.softmax(logits, dim=-1)
+            select = scores
+        else:
+            select = logits
+        select = select.detach()
+        if m["groups"]:
+            G = m["groups"]
+            grouped = select.view(-1, G, E // G)
+            group_scores = grouped.topk(K // m["group_topk"], dim=-1).values.sum(dim=-1)
+            keep = group_scores.topk(m["group_topk"], dim=-1).indices
+            mask = torch.zeros_like(group_scores).scatter(1, keep, 1.0).bool()
+            mask = mask.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E)
+            select = select.masked_fill(~mask, float("-inf"))
+        experts = select.topk(K, dim=-1).indices
+        if m["sigmoid"]:
+            weights = scores.gather(1, experts)
+            if K > 1:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        elif m["pre_softmax"]:
+            weights = scores.gather(1, experts)
+        else:
+            weights = torch.softmax(logits.gather(1, experts), dim=-1)
+        if m["scaling"]:
+            weights = weights * m["scaling"]
+        return experts, weights
+
+    def balance_losses(self, logits, experts, B, T):
+        """The layer's aux loss (Switch, or per sequence) and z-loss, unweighted."""
+        m = self.c["moe"]
+        E, K = m["experts"], m["topk"]
+        if m["sigmoid"]:
+            P = torch.sigmoid(logits)
+            if K > 1:
+                P = P / (P.sum(dim=-1, keepdim=True) + 1e-20)
+        else:
+            P = torch.softmax(logits, dim=-1)
+        one_hot = torch.zeros_like(P).scatter_add(1, experts, torch.ones_like(P[:, :K]))
+        if m["seq_aux"]:
+            f = one_hot.view(B, T, E).sum(dim=1)  # (B, E)
+            aux = ((f * E / (T * K)) * P.view(B, T, E).mean(dim=1)).sum(dim=1).mean()
+        else:
+            N = logits.shape[0]
+            aux = E / (K * N * N) * (one_hot.sum(dim=0) * P.sum(dim=0)).sum()
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        return aux, z
+
+    def moe(self, h, p, B, T):
+        m = self.c["moe"]
+        x = h.reshape(-1, h.shape[-1])
+        logits = torch.nn.functional.linear(x, self.w(p + "mlp.router.weight"))
+        experts, weights = self.route(logits)
+        out = torch.zeros_like(x)
+        for e in range(m["experts"]):
+            token, slot = (experts == e).nonzero(as_tuple=True)
+            if token.numel() == 0:
+                continue
+            y = self.swiglu(x[token], f"{p}mlp.experts.{e}.")
+            out = out.index_add(0, token, y * weights[token, slot].unsqueeze(-1))
+        if m["shared_ffn"]:
+            out = out + self.swiglu(x, p + "mlp.shared_expert.")
+        self.balance.append(self.balance_losses(logits, experts, B, T))
+        return out.view_as(h)
+
     def forward(self, tokens):
         c = self.c
         B, T = tokens.shape
@@ -113,6 +207,7 @@ class Llama(torch.nn.Module):
         freqs = torch.outer(pos, inverse_frequencies(c))
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        self.balance = []  # (aux, z) of each MoE layer, in order
         i = torch.arange(T)
         visible = i[None, :] <= i[:, None]
         if c["window"] > 0:
@@ -128,6 +223,9 @@ class Llama(torch.nn.Module):
             q = proj("self_attn.q_proj", h).view(B, T, H, hd).transpose(1, 2)
             k = proj("self_attn.k_proj", h).view(B, T, KV, hd).transpose(1, 2)
             v = proj("self_attn.v_proj", h).view(B, T, KV, hd).transpose(1, 2)
+            if c.get("qk_norm"):
+                q = rms_norm(q, self.w(p + "self_attn.q_norm.weight"), c["eps"])
+                k = rms_norm(k, self.w(p + "self_attn.k_norm.weight"), c["eps"])
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             k = k.repeat_interleave(H // KV, dim=1)
@@ -137,17 +235,31 @@ class Llama(torch.nn.Module):
             att = torch.softmax(scores, dim=-1) @ v
             x = x + proj("self_attn.o_proj", att.transpose(1, 2).reshape(B, T, H * hd))
             h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), c["eps"])
-            gate = torch.nn.functional.linear(h, self.w(p + "mlp.gate_proj.weight"))
-            up = torch.nn.functional.linear(h, self.w(p + "mlp.up_proj.weight"))
-            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up,
-                                               self.w(p + "mlp.down_proj.weight"))
+            if l in self.moe_layers():
+                x = x + self.moe(h, p, B, T)
+            else:
+                x = x + self.swiglu(h, p + "mlp.")
         x = rms_norm(x, self.w("model.norm.weight"), c["eps"])
         head = self.w("lm_head.weight") if self.has("lm_head.weight") else self.w("model.embed_tokens.weight")
         return torch.nn.functional.linear(x, head)
 
 
 def fused_grad(model, name, c):
-    """Gradient in Tessera's layout (fused qkv / gate_up) for parameter `name`."""
+    """Gradient in Tessera's layout (fused qkv / gate_up, stacked experts) for `name`."""
+    E = c["moe"]["experts"] if c.get("moe") else 0
+
+    def grad_or_zero(n):  # an expert no token reached has no gradient
+        g = model.w(n).grad
+        return torch.zeros_like(model.w(n)) if g is None else g
+
+    if name.endswith("experts.gate_up_proj.weight"):
+        base = name[: -len("gate_up_proj.weight")]
+        return torch.stack([torch.cat([grad_or_zero(f"{base}{e}.gate_proj.weight"),
+                                       grad_or_zero(f"{base}{e}.up_proj.weight")], dim=0)
+                            for e in range(E)])
+    if name.endswith("experts.down_proj.weight"):
+        base = name[: -len("down_proj.weight")]
+        return torch.stack([grad_or_zero(f"{base}{e}.down_proj.weight") for e in range(E)])
     if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
         base, kind = name.rsplit("qkv_proj.", 1)
         return torch.cat([model.w(base + s + "_proj." + kind).grad for s in "qkv"], dim=0)
@@ -167,9 +279,25 @@ def learning_rate(c, it):
     return c["min_lr"] + 0.5 * (math.cos(math.pi * ratio) + 1) * (c["lr"] - c["min_lr"])
 
 
+def balance_objective(model, c):
+    """The MoE layers' aux and z losses as the objective weighs them."""
+    m = c.get("moe")
+    if not m:
+        return 0.0
+    total = 0.0
+    for aux, z in model.balance:
+        if m["aux_coeff"] and m["load_balancing"]:
+            total = total + m["aux_coeff"] * aux
+        if m["z_coeff"]:
+            total = total + m["z_coeff"] * z
+    return total
+
+
 def mean_loss(model, tokens, targets, V):
+    """The language-model loss (the curve), and the objective it is trained with."""
     logits = model(tokens)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1).long())
+    lm = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1).long())
+    return lm, lm + balance_objective(model, model.c)
 
 
 def main(inp, out):
@@ -183,9 +311,12 @@ def main(inp, out):
     tokens, targets = tensors["batch.0.tokens"], tensors["batch.0.targets"]
     logits = model(tokens)
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1).long())
-    loss.backward()
+    (loss + balance_objective(model, c)).backward()
     results["logits"] = logits.reshape(-1, V)
     results["loss"] = loss.reshape(1)
+    for l, (aux, z) in zip(model.moe_layers(), model.balance):
+        results[f"aux.{l}"] = aux.reshape(1)
+        results[f"z.{l}"] = z.reshape(1)
     for name in weights:
         results["grad." + name] = fused_grad(model, name, c)
 
@@ -203,10 +334,14 @@ def main(inp, out):
         opt.zero_grad()
         total = 0.0
         for _ in range(c["accum"]):
-            l = mean_loss(model, tensors[f"batch.{batch}.tokens"], tensors[f"batch.{batch}.targets"], V) / c["accum"]
-            l.backward()
-            total += l.item()
+            lm, objective = mean_loss(model, tensors[f"batch.{batch}.tokens"],
+                                      tensors[f"batch.{batch}.targets"], V)
+            (objective / c["accum"]).backward()
+            total += lm.item() / c["accum"]
             batch += 1
+        for p in model.parameters():  # an expert no token reached: a zero gradient, as in
+            if p.grad is None:         # Tessera's flat buffer (AdamW still decays it)
+                p.grad = torch.zeros_like(p)
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), c["clip_grad"]).item())
         for g in opt.param_groups:
             g["lr"] = learning_rate(c, it)

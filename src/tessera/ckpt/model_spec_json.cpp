@@ -9,8 +9,74 @@
 
 namespace tessera {
 
+namespace {
+
+const char* load_balancing_name(MoeLoadBalancing b) {
+  switch (b) {
+    case MoeLoadBalancing::AuxLoss:
+      return "aux_loss";
+    case MoeLoadBalancing::SeqAuxLoss:
+      return "seq_aux_loss";
+    case MoeLoadBalancing::None:
+      return "none";
+  }
+  return "?";
+}
+
+MoeLoadBalancing load_balancing_of(const std::string& name, const std::string& file) {
+  if (name == "aux_loss") return MoeLoadBalancing::AuxLoss;
+  if (name == "seq_aux_loss") return MoeLoadBalancing::SeqAuxLoss;
+  if (name == "none") return MoeLoadBalancing::None;
+  throw DataError(
+      fmt::format("{}: moe_router_load_balancing_type '{}' is not one this build has", file, name));
+}
+
+// The MoE part, written only for MoE models (dense checkpoints stay as they were).
+nlohmann::json moe_to_json(const MoeSpec& m) {
+  std::vector<int> layers;
+  for (bool moe : m.layers) layers.push_back(moe ? 1 : 0);
+  return {{"num_experts", m.experts},
+          {"moe_router_topk", m.topk},
+          {"moe_ffn_hidden_size", m.ffn},
+          {"moe_shared_expert_intermediate_size", m.shared_ffn},
+          {"moe_layers", layers},
+          {"moe_router_load_balancing_type", load_balancing_name(m.load_balancing)},
+          {"moe_aux_loss_coeff", m.aux_loss_coeff},
+          {"moe_z_loss_coeff", m.z_loss_coeff},
+          {"moe_router_score_function", m.sigmoid ? "sigmoid" : "softmax"},
+          {"moe_router_pre_softmax", m.pre_softmax},
+          {"moe_router_enable_expert_bias", m.expert_bias},
+          {"moe_router_bias_update_rate", m.bias_update_rate},
+          {"moe_router_num_groups", m.num_groups},
+          {"moe_router_group_topk", m.group_topk},
+          {"moe_router_topk_scaling_factor", m.topk_scaling}};
+}
+
+MoeSpec moe_from_json(const nlohmann::json& j, const std::string& file) {
+  MoeSpec m;
+  m.experts = j.at("num_experts").get<int64_t>();
+  m.topk = j.at("moe_router_topk").get<int64_t>();
+  m.ffn = j.at("moe_ffn_hidden_size").get<int64_t>();
+  m.shared_ffn = j.at("moe_shared_expert_intermediate_size").get<int64_t>();
+  for (int v : j.at("moe_layers").get<std::vector<int>>()) m.layers.push_back(v != 0);
+  m.load_balancing =
+      load_balancing_of(j.at("moe_router_load_balancing_type").get<std::string>(), file);
+  m.aux_loss_coeff = j.at("moe_aux_loss_coeff").get<double>();
+  m.z_loss_coeff = j.at("moe_z_loss_coeff").get<double>();
+  m.sigmoid = j.at("moe_router_score_function").get<std::string>() == "sigmoid";
+  m.pre_softmax = j.at("moe_router_pre_softmax").get<bool>();
+  m.expert_bias = j.at("moe_router_enable_expert_bias").get<bool>();
+  m.bias_update_rate = j.at("moe_router_bias_update_rate").get<double>();
+  m.num_groups = j.at("moe_router_num_groups").get<int64_t>();
+  m.group_topk = j.at("moe_router_group_topk").get<int64_t>();
+  m.topk_scaling = j.at("moe_router_topk_scaling_factor").get<double>();
+  return m;
+}
+
+}  // namespace
+
 nlohmann::json spec_to_json(const ModelSpec& s) {
-  return {
+  nlohmann::json j = {
       {"model_family", s.family},
       {"vocab_size", s.vocab_size},
       {"num_layers", s.num_layers},
@@ -31,6 +97,9 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
       {"add_qkv_bias", s.qkv_bias},
       {"tied_embeddings", s.tied_embeddings},
       {"sliding_window", s.sliding_window}};
+  if (s.qk_norm) j["qk_layernorm"] = true;
+  if (s.moe.enabled()) j["moe"] = moe_to_json(s.moe);
+  return j;
 }
 
 ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
@@ -57,6 +126,8 @@ ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
     s.qkv_bias = j.at("add_qkv_bias").get<bool>();
     s.tied_embeddings = j.at("tied_embeddings").get<bool>();
     s.sliding_window = j.at("sliding_window").get<int64_t>();
+    s.qk_norm = j.value("qk_layernorm", false);
+    if (j.contains("moe")) s.moe = moe_from_json(j.at("moe"), file);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: the model description is incomplete: {}", file, e.what()));
   }
@@ -84,6 +155,18 @@ SpecDifferences compare_specs(const ModelSpec& f, const ModelSpec& c, const std:
   check(d.shape, "kv_channels", f.head_dim, c.head_dim);
   check(d.shape, "add_qkv_bias", f.qkv_bias, c.qkv_bias);
   check(d.shape, "untie_embeddings_and_output_weights", !f.tied_embeddings, !c.tied_embeddings);
+  check(d.shape, "qk_layernorm", f.qk_norm, c.qk_norm);
+  check(d.shape, "num_experts", f.moe.experts, c.moe.experts);
+  if (f.moe.enabled() && c.moe.enabled()) {
+    check(d.shape, "moe_ffn_hidden_size", f.moe.ffn, c.moe.ffn);
+    check(d.shape, "moe_shared_expert_intermediate_size", f.moe.shared_ffn, c.moe.shared_ffn);
+    check(d.shape, "moe_layer_freq (MoE layers)", f.moe.moe_layers(), c.moe.moe_layers());
+    if (f.moe.layers != c.moe.layers && f.moe.moe_layers() == c.moe.moe_layers())
+      d.shape.push_back(
+          fmt::format("moe_layer_freq: other MoE layers in {} than configured", label));
+    check(d.behaviour, "moe_router_topk", f.moe.topk, c.moe.topk);
+    check(d.behaviour, "moe_router_score_function (sigmoid)", f.moe.sigmoid, c.moe.sigmoid);
+  }
   check(d.behaviour, "rotary_base", f.rotary_base, c.rotary_base);
   check(d.behaviour, "norm_epsilon", f.norm_eps, c.norm_eps);
   check(d.behaviour, "sliding_window", f.sliding_window, c.sliding_window);

@@ -33,7 +33,8 @@ run below it is plotted ({workspace}/{work_group}/{user_name}/{exp_name}; not a 
 previous_runs/, which can be named explicitly). Reads metrics.jsonl and config.yaml of each
 run and writes to OUT (default: ./plots):
   loss, iteration_time, tokens_per_s, memory   .svg (default) and/or .png (2x resolution):
-                                   every run overlaid, legend = exp_name (or the directory)
+                                   every run overlaid, legend = exp_name (or the directory);
+                                   moe_balance too when a run is an MoE model
   report.html                      one self-contained page: throughput table, the curves
                                    (inline SVG), configuration (differences marked) and the
                                    tables of a `tessera report` output found in a run directory

@@ -24,6 +24,10 @@ enum class AttentionBackend { Auto, Tessera, Cudnn };
 enum class Fp8Mode { Off, Hybrid, E4M3 };
 enum class Fp8Recipe { Delayed, Tensorwise };
 enum class Fp8AmaxAlgo { Max, MostRecent };
+// Mixture of experts, Megatron's choices (docs/moe.md).
+enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
+enum class MoeScoreFunction { Softmax, Sigmoid };
+enum class MoeDispatcher { AllToAll };
 
 struct ModelConfig {
   std::string model_family = "llama";  // model/model_family.h: which blocks the layers have
@@ -47,6 +51,29 @@ struct ModelConfig {
   bool untie_embeddings_and_output_weights = true;
   int64_t sliding_window = 0;             // Mistral: 4096; 0 = full causal attention
   double init_method_std = 0.02;
+  bool qk_layernorm = false;  // Qwen3: RMSNorm over each query and key head
+  // Mixture of experts (Megatron's keys, docs/moe.md); num_experts 0 is a dense model.
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 0;  // each expert's SwiGLU width; 0: ffn_hidden_size
+  int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared expert
+  // Which layers are MoE: every Nth ("1": all, "2": 0, 2, 4, ...) or Megatron's list
+  // ("[0]*3+[1]*27", "[1,0,1,0]"), one entry per layer.
+  std::string moe_layer_freq = "1";
+  MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::AuxLoss;
+  double moe_aux_loss_coeff = 0.0;
+  double moe_z_loss_coeff = 0.0;
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::Softmax;
+  bool moe_router_pre_softmax = false;         // softmax over all experts, then top-k (no renorm)
+  bool moe_router_enable_expert_bias = false;  // DeepSeek-V3's aux-loss-free balancing
+  double moe_router_bias_update_rate = 1e-3;
+  int64_t moe_router_num_groups = 0;  // group-limited routing; 0: off
+  int64_t moe_router_group_topk = 0;
+  double moe_router_topk_scaling_factor = 0.0;  // 0: unscaled
+  // Tokens per expert at most capacity_factor x the balanced share; unset (negative) is
+  // dropless, the only mode Tessera runs.
+  double moe_expert_capacity_factor = -1.0;
+  MoeDispatcher moe_token_dispatcher_type = MoeDispatcher::AllToAll;
 };
 
 struct TrainingConfig {
@@ -107,6 +134,10 @@ struct TrainingConfig {
   DType exp_avg_dtype = DType::F32;
   DType exp_avg_sq_dtype = DType::F32;
   double dist_timeout_minutes = 10.0;      // rendezvous and collective timeout
+  int64_t expert_model_parallel_size = 1;  // ranks the experts of a layer are spread over
+  // Benchmarks: route tokens round-robin over the experts instead of by the router's scores
+  // (published MoE numbers are force-balanced); the router's weights still get gradients.
+  bool moe_force_balance = false;
 };
 
 struct DataConfig {

@@ -65,6 +65,25 @@ KeySpec float_key(std::string_view name, std::string_view section, std::string_v
           }};
 }
 
+// A number that may be unset: null reads as (and a negative value dumps as) null.
+template <class Access>
+KeySpec optional_float_key(std::string_view name, std::string_view section, std::string_view help,
+                           Access access) {
+  return {name, section, KeyType::Float, help, {},
+          [access](Experiment& e, const std::string& t) -> std::string {
+            if (is_null(t)) {
+              access(e) = -1.0;
+              return "";
+            }
+            if (!parse_float(t, &access(e)) || access(e) < 0) return "null or a non-negative number";
+            return "";
+          },
+          [access](const Experiment& e) {
+            const double v = access(const_cast<Experiment&>(e));
+            return v < 0 ? std::string("null") : format_float(v);
+          }};
+}
+
 template <class Access>
 KeySpec bool_key(std::string_view name, std::string_view section, std::string_view help,
                  Access access) {
@@ -136,7 +155,7 @@ std::vector<KeySpec> build_keys() {
   k.push_back(string_key("workspace", "experiment", "Root of all experiment directories: {workspace}/{work_group}/{user_name}/{exp_name}.", TS_FIELD(workspace)));
   k.push_back(string_key("model", "experiment", "Model preset: a name from configs/models (e.g. llama3.1_8B) or a YAML path.", TS_FIELD(model)));
   // ---- model ----
-  k.push_back(string_key("model_family", "model", "Model family: which blocks the decoder layers have and how Hugging Face names them (llama: Llama 2/3/3.1/3.3, Qwen 2.5, Mistral).", TS_FIELD(model_config.model_family)));
+  k.push_back(string_key("model_family", "model", "Model family: which blocks the decoder layers have and how Hugging Face names them (llama: Llama 2/3/3.1/3.3, Qwen 2.5, Mistral; mixtral: Mixtral 8x7B/8x22B; qwen3_moe: Qwen3-MoE).", TS_FIELD(model_config.model_family)));
   k.push_back(int_key("num_layers", "model", "Transformer layers; set lower than the preset for a proxy model.", TS_FIELD(model_config.num_layers)));
   k.push_back(int_key("hidden_size", "model", "Model width.", TS_FIELD(model_config.hidden_size)));
   k.push_back(int_key("ffn_hidden_size", "model", "SwiGLU inner width; 0 derives int(8*hidden/3/64)*64 as Megatron does.", TS_FIELD(model_config.ffn_hidden_size)));
@@ -157,6 +176,25 @@ std::vector<KeySpec> build_keys() {
   k.push_back(bool_key("untie_embeddings_and_output_weights", "model", "Separate output head; false shares the embedding matrix.", TS_FIELD(model_config.untie_embeddings_and_output_weights)));
   k.push_back(int_key("sliding_window", "model", "Sliding-window attention span (Mistral: 4096); 0 is full causal attention.", TS_FIELD(model_config.sliding_window)));
   k.push_back(float_key("init_method_std", "model", "Standard deviation of the normal weight initialisation; output projections use std/sqrt(2*num_layers).", TS_FIELD(model_config.init_method_std)));
+  k.push_back(bool_key("qk_layernorm", "model", "RMSNorm over each query and key head before RoPE, with one weight vector (head_dim) for the queries and one for the keys (Qwen3).", TS_FIELD(model_config.qk_layernorm)));
+  k.push_back(int_key("num_experts", "model", "Experts per MoE layer (docs/moe.md); 0 is a dense model. The mixtral and qwen3_moe families need it.", TS_FIELD(model_config.num_experts)));
+  k.push_back(int_key("moe_router_topk", "model", "Experts each token is routed to.", TS_FIELD(model_config.moe_router_topk)));
+  k.push_back(int_key("moe_ffn_hidden_size", "model", "SwiGLU inner width of each routed expert; 0 means ffn_hidden_size.", TS_FIELD(model_config.moe_ffn_hidden_size)));
+  k.push_back(int_key("moe_shared_expert_intermediate_size", "model", "SwiGLU inner width of the shared expert every token also passes (DeepSeek); 0: none.", TS_FIELD(model_config.moe_shared_expert_intermediate_size)));
+  k.push_back(string_key("moe_layer_freq", "model", "Which layers are MoE (the others dense SwiGLU): N makes every Nth layer, from the first, MoE (1: all); or Megatron's list with one 0/1 entry per layer, e.g. \"[0]*3+[1]*27\" or \"[1,0,1,0]\".", TS_FIELD(model_config.moe_layer_freq)));
+  k.back().accepts_list = true;
+  k.push_back(choice_key<MoeLoadBalancing>("moe_router_load_balancing_type", "model", "Load-balancing loss: aux_loss (Switch Transformer's, over the micro-batch), seq_aux_loss (DeepSeek's, per sequence) or none. Weighted by moe_aux_loss_coeff.", {{"aux_loss", MoeLoadBalancing::AuxLoss}, {"seq_aux_loss", MoeLoadBalancing::SeqAuxLoss}, {"none", MoeLoadBalancing::None}}, TS_FIELD(model_config.moe_router_load_balancing_type)));
+  k.push_back(float_key("moe_aux_loss_coeff", "model", "Weight of the load-balancing loss in the training objective; 0 trains without it (its value is still reported).", TS_FIELD(model_config.moe_aux_loss_coeff)));
+  k.push_back(float_key("moe_z_loss_coeff", "model", "Weight of the router z-loss, mean(logsumexp(logits)^2) (ST-MoE); 0 trains without it (its value is still reported).", TS_FIELD(model_config.moe_z_loss_coeff)));
+  k.push_back(choice_key<MoeScoreFunction>("moe_router_score_function", "model", "Router scores: softmax over the experts (Mixtral, Qwen3-MoE) or sigmoid per expert (DeepSeek-V3).", {{"softmax", MoeScoreFunction::Softmax}, {"sigmoid", MoeScoreFunction::Sigmoid}}, TS_FIELD(model_config.moe_router_score_function)));
+  k.push_back(bool_key("moe_router_pre_softmax", "model", "Softmax over all experts before the top-k, the weights not renormalised (DeepSeek-V2); false: top-k of the logits, then softmax over the chosen (Mixtral, Qwen3-MoE).", TS_FIELD(model_config.moe_router_pre_softmax)));
+  k.push_back(bool_key("moe_router_enable_expert_bias", "model", "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for choosing experts only, moved by moe_router_bias_update_rate after every step towards balance. Sigmoid scores only.", TS_FIELD(model_config.moe_router_enable_expert_bias)));
+  k.push_back(float_key("moe_router_bias_update_rate", "model", "Step of the expert-bias update: bias += rate * sign(mean tokens per expert - the expert's tokens), over the step's tokens on all ranks.", TS_FIELD(model_config.moe_router_bias_update_rate)));
+  k.push_back(int_key("moe_router_num_groups", "model", "Group-limited routing (DeepSeek): experts in this many equal groups; each token first picks moe_router_group_topk groups by the sum of their top (topk / group_topk) scores, then its experts among them. 0: off.", TS_FIELD(model_config.moe_router_num_groups)));
+  k.push_back(int_key("moe_router_group_topk", "model", "Groups each token may route to (with moe_router_num_groups).", TS_FIELD(model_config.moe_router_group_topk)));
+  k.push_back(float_key("moe_router_topk_scaling_factor", "model", "Multiplies the routing weights (DeepSeek-V3: 2.5); 0 leaves them unscaled.", TS_FIELD(model_config.moe_router_topk_scaling_factor)));
+  k.push_back(optional_float_key("moe_expert_capacity_factor", "model", "Megatron's token dropping above capacity_factor x the balanced share per expert; Tessera's MoE is dropless, so null (unset) is the only value.", TS_FIELD(model_config.moe_expert_capacity_factor)));
+  k.push_back(choice_key<MoeDispatcher>("moe_token_dispatcher_type", "model", "How tokens reach their experts' ranks: alltoall (variable-size all-to-all over the expert-parallel group).", {{"alltoall", MoeDispatcher::AllToAll}}, TS_FIELD(model_config.moe_token_dispatcher_type)));
   // ---- training ----
   k.push_back(int_key("train_iters", "training", "Optimizer steps to run; 0 lets train_samples set it.", TS_FIELD(training.train_iters)));
   k.push_back(int_key("train_samples", "training", "The run's length in samples, as Megatron: train_iters = train_samples / global_batch_size (rounded down); 0: train_iters gives it. Not with a different train_iters.", TS_FIELD(training.train_samples)));
@@ -205,6 +243,8 @@ std::vector<KeySpec> build_keys() {
   k.push_back(choice_key<DType>("exp_avg_dtype", "training", "AdamW first moment storage: bf16 is read into fp32, updated there and rounded back (2 bytes per parameter less). bf16 needs use_precision_aware_optimizer.", {{"fp32", DType::F32}, {"bf16", DType::BF16}}, TS_FIELD(training.exp_avg_dtype)));
   k.push_back(choice_key<DType>("exp_avg_sq_dtype", "training", "AdamW second moment storage, as exp_avg_dtype. bf16 needs use_precision_aware_optimizer.", {{"fp32", DType::F32}, {"bf16", DType::BF16}}, TS_FIELD(training.exp_avg_sq_dtype)));
   k.push_back(float_key("dist_timeout_minutes", "training", "Multi-GPU: how long the rendezvous waits for every rank and a collective may take before the job is aborted, naming the late or dead rank (fractions allowed).", TS_FIELD(training.dist_timeout_minutes)));
+  k.push_back(int_key("expert_model_parallel_size", "training", "Ranks the experts of each MoE layer are spread over (expert parallelism, docs/distributed.md): tokens travel to their experts' ranks by all-to-all; every rank keeps all experts' weights. Divides num_experts and the number of ranks; not with use_torch_fsdp2.", TS_FIELD(training.expert_model_parallel_size)));
+  k.push_back(bool_key("moe_force_balance", "training", "Benchmark mode: route tokens round-robin over the experts (exactly balanced) instead of by the router's choice; the routing weights still come from the router. Published MoE throughputs are force-balanced; compare like with like.", TS_FIELD(training.moe_force_balance)));
   // ---- data ----
   k.push_back(bool_key("mock_data", "data", "Train on random tokens (for speed runs), as Primus's mock_data.", TS_FIELD(data.mock_data)));
   k.push_back(string_key("data_path", "data", "Megatron indexed-data blend split into train/valid/test by `split`: \"prefix\" or \"w1 prefix1 w2 prefix2 ...\" (prefix = path without .bin/.idx).", TS_FIELD(data.data_path)));

@@ -24,6 +24,9 @@ struct KeySpec {
   // a description of what was expected.
   std::function<std::string(Experiment&, const std::string& text)> set;
   std::function<std::string(const Experiment&)> get;  // the value as YAML scalar text
+  // A YAML list is also accepted and read as its flow text ("[1, 0, 1]"): keys whose value
+  // Megatron writes as a Python list (moe_layer_freq).
+  bool accepts_list = false;
 };
 
 std::span<const KeySpec> config_keys();

@@ -171,10 +171,17 @@ std::string where(const ConfigDoc& doc, const YAML::Node& node) {
 
 void append_scalar(const ConfigDoc& doc, const std::string& key, const YAML::Node& value,
                    std::vector<Setting>* out) {
-  if (!value.IsScalar() && !value.IsNull())
+  const KeySpec* spec = find_key(key);
+  const bool list = value.IsSequence() && spec != nullptr && spec->accepts_list;
+  if (!value.IsScalar() && !value.IsNull() && !list)
     throw ConfigError(where(doc, value), key, YAML::Dump(value), "a single value, not a list or map");
   const std::string origin = where(doc, value);
-  const std::string raw = value.IsNull() ? "null" : value.Scalar();
+  std::string raw = value.IsNull() ? "null" : list ? std::string() : value.Scalar();
+  if (list) {
+    YAML::Emitter flow;
+    flow << YAML::Flow << value;
+    raw = flow.c_str();
+  }
   out->push_back({key, substitute(raw, origin, key), origin});
 }
 

@@ -9,6 +9,7 @@
 
 #include "tessera/config/blend.h"
 #include "tessera/config/keys.h"
+#include "tessera/config/moe_layer_freq.h"
 #include "tessera/config/profile_ranks.h"
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
@@ -92,6 +93,74 @@ void check_model(const Checker& c, const ModelConfig& m) {
     c.require(m.rope_original_max_position_embeddings >= 1, "rope_original_max_position_embeddings",
               "at least 1");
   }
+}
+
+// Mixture of experts: Megatron's rules for its MoE keys (TransformerConfig's checks), plus
+// what Tessera does not run (token dropping). Nothing is checked for a dense model.
+void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
+               int data_parallel_size) {
+  c.require(m.num_experts >= 0, "num_experts", "0 (a dense model) or a positive count");
+  c.require(t.expert_model_parallel_size >= 1, "expert_model_parallel_size", "at least 1");
+  if (m.num_experts == 0) {
+    c.require(t.expert_model_parallel_size == 1, "expert_model_parallel_size",
+              "1 for a dense model (num_experts is 0)");
+    return;
+  }
+  const int64_t E = m.num_experts;
+  c.require(m.moe_router_topk >= 1 && m.moe_router_topk <= E, "moe_router_topk",
+            fmt::format("between 1 and num_experts ({})", E));
+  c.require(m.moe_ffn_hidden_size >= 0, "moe_ffn_hidden_size",
+            "0 (ffn_hidden_size) or a positive width");
+  c.require(m.moe_shared_expert_intermediate_size >= 0, "moe_shared_expert_intermediate_size",
+            "0 (no shared expert) or a positive width");
+  std::string why;
+  c.require(parse_moe_layer_freq(m.moe_layer_freq, m.num_layers, &why).has_value(),
+            "moe_layer_freq", why);
+  c.require(m.moe_aux_loss_coeff >= 0, "moe_aux_loss_coeff", "a non-negative weight");
+  c.require(m.moe_z_loss_coeff >= 0, "moe_z_loss_coeff", "a non-negative weight");
+  c.require(m.moe_router_topk_scaling_factor >= 0, "moe_router_topk_scaling_factor",
+            "0 (unscaled) or a positive factor");
+  c.require(
+      !m.moe_router_enable_expert_bias || m.moe_router_score_function == MoeScoreFunction::Sigmoid,
+      "moe_router_enable_expert_bias",
+      "false unless moe_router_score_function is sigmoid (the aux-loss-free bias is "
+      "DeepSeek-V3's, for sigmoid scores)");
+  c.require(m.moe_router_bias_update_rate >= 0, "moe_router_bias_update_rate",
+            "a non-negative rate");
+  c.require(!m.moe_router_pre_softmax || m.moe_router_score_function == MoeScoreFunction::Softmax,
+            "moe_router_pre_softmax", "false with moe_router_score_function sigmoid");
+  c.require(m.moe_router_num_groups >= 0, "moe_router_num_groups", "0 (off) or a positive count");
+  c.require((m.moe_router_num_groups == 0) == (m.moe_router_group_topk == 0),
+            m.moe_router_num_groups == 0 ? "moe_router_group_topk" : "moe_router_num_groups",
+            "set together with the other of moe_router_num_groups / moe_router_group_topk "
+            "(both 0: no group-limited routing)");
+  if (m.moe_router_num_groups > 0) {
+    const int64_t groups = m.moe_router_num_groups;
+    c.require(E % groups == 0, "moe_router_num_groups",
+              fmt::format("a divisor of num_experts ({})", E));
+    c.require(m.moe_router_group_topk >= 1 && m.moe_router_group_topk <= groups &&
+                  m.moe_router_group_topk <= m.moe_router_topk,
+              "moe_router_group_topk",
+              fmt::format("between 1 and moe_router_num_groups ({}) and at most moe_router_topk "
+                          "({}): each chosen group contributes its top topk / group_topk scores",
+                          groups, m.moe_router_topk));
+    c.require(m.moe_router_topk <= m.moe_router_group_topk * (E / groups), "moe_router_topk",
+              fmt::format("at most moe_router_group_topk x experts per group = {} x {}",
+                          m.moe_router_group_topk, E / groups));
+  }
+  c.require(m.moe_expert_capacity_factor < 0, "moe_expert_capacity_factor",
+            "null: Tessera's MoE is dropless (every token reaches its experts); token dropping "
+            "is not implemented");
+  const int64_t ep = t.expert_model_parallel_size;
+  c.require(E % ep == 0, "expert_model_parallel_size",
+            fmt::format("a divisor of num_experts ({}): each expert-parallel rank holds an equal "
+                        "share of the experts",
+                        E));
+  c.require(data_parallel_size % ep == 0, "expert_model_parallel_size",
+            fmt::format("a divisor of the number of ranks ({})", data_parallel_size));
+  c.require(ep == 1 || !t.use_torch_fsdp2, "expert_model_parallel_size",
+            "1 with use_torch_fsdp2 (expert parallelism composes with plain data parallelism "
+            "and use_distributed_optimizer)");
 }
 
 // How long the run goes: train_iters, or train_samples (which loading turned into train_iters,
@@ -382,6 +451,7 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   const Checker c(e);
   check_experiment_names(c, e);
   check_model(c, e.model_config);
+  check_moe(c, e.model_config, e.training, data_parallel_size);
   check_run_length(c, e.training);
   check_batch(c, e.training, e.model_config, data_parallel_size);
   check_data_parallel(c, e.training);

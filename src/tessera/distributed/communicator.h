@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tessera/core/tensor.h"
 
@@ -72,6 +73,29 @@ class Communicator {
   void recv(const Tensor& tensor, int peer, Lane lane) {
     const P2POp op{P2POp::Kind::Recv, tensor, peer};
     send_recv({&op, 1}, lane);
+  }
+
+  // Variable-size all-to-all (MoE token dispatch): elements [send_offsets[j], + send_counts[j])
+  // of `in` go to rank j, which receives them at [recv_offsets[r], + recv_counts[r]) of its
+  // `out` (r: this rank). Host spans of size() entries; rank j's recv_counts[r] must equal rank
+  // r's send_counts[j]. One send_recv call (ncclSend/ncclRecv in one group under NCCL), empty
+  // transfers left out; out must not alias in.
+  void all_to_allv(const Tensor& out, std::span<const int64_t> recv_counts,
+                   std::span<const int64_t> recv_offsets, const Tensor& in,
+                   std::span<const int64_t> send_counts, std::span<const int64_t> send_offsets,
+                   Lane lane) {
+    const auto n = static_cast<size_t>(size());
+    TS_CHECK(recv_counts.size() == n && recv_offsets.size() == n && send_counts.size() == n &&
+                 send_offsets.size() == n,
+             "all_to_allv: counts and offsets for {} ranks", n);
+    std::vector<P2POp> ops;
+    for (int j = 0; j < size(); ++j)
+      if (send_counts[j] > 0)
+        ops.push_back({P2POp::Kind::Send, in.flat_range(send_offsets[j], send_counts[j]), j});
+    for (int j = 0; j < size(); ++j)
+      if (recv_counts[j] > 0)
+        ops.push_back({P2POp::Kind::Recv, out.flat_range(recv_offsets[j], recv_counts[j]), j});
+    if (!ops.empty()) send_recv(ops, lane);
   }
 
   // Collective over every rank: the ranks passing the same color >= 0 form a new

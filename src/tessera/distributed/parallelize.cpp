@@ -1,6 +1,7 @@
 #include "tessera/distributed/parallelize.h"
 
 #include "tessera/core/error.h"
+#include "tessera/distributed/expert_exchange.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera::dist {
@@ -33,17 +34,68 @@ class SingleDevice final : public Parallelism {
   Model& model_;
 };
 
+// Expert parallelism around the data parallelism of every rank: owns the expert-parallel
+// group's communicator and the model's expert exchange over it; everything a step asks is
+// the data parallelism's (experts' gradients are summed over every rank with the rest).
+class ExpertParallel final : public Parallelism {
+ public:
+  ExpertParallel(Model& model, std::unique_ptr<Communicator> group,
+                 std::unique_ptr<Parallelism> data_parallel)
+      : model_(model),
+        group_(std::move(group)),
+        exchange_(model.backend(), *group_),
+        inner_(std::move(data_parallel)) {
+    model_.set_expert_exchange(&exchange_);
+  }
+  ~ExpertParallel() override { model_.set_expert_exchange(nullptr); }
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  int data_parallel_rank() const override { return inner_->data_parallel_rank(); }
+  int data_parallel_size() const override { return inner_->data_parallel_size(); }
+  std::string description() const override {
+    return inner_->description() + ", experts spread over " + std::to_string(group_->size()) +
+           " expert-parallel ranks";
+  }
+  std::vector<OwnedParams> optimizer_shards() const override { return inner_->optimizer_shards(); }
+  void begin_micro_batch(bool last) override { inner_->begin_micro_batch(last); }
+  void finish_gradient_reduction() override { inner_->finish_gradient_reduction(); }
+  void grad_norm_sq(const Tensor& out) override { inner_->grad_norm_sq(out); }
+  void params_updated() override { inner_->params_updated(); }
+  bool params_sharded() const override { return inner_->params_sharded(); }
+  Tensor gathered_param(int index) override { return inner_->gathered_param(index); }
+  void follow_gathers() override { inner_->follow_gathers(); }
+  void sum(const Tensor& t) override { inner_->sum(t); }
+  void max(const Tensor& t) override { inner_->max(t); }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  Model& model_;
+  std::unique_ptr<Communicator> group_;
+  CommExpertExchange exchange_;
+  std::unique_ptr<Parallelism> inner_;
+};
+
 }  // namespace
 
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel) {
-  for (MeshDim dim : {MeshDim::TP, MeshDim::PP, MeshDim::CP, MeshDim::EP})
+  for (MeshDim dim : {MeshDim::TP, MeshDim::PP, MeshDim::CP})
     TS_CHECK(mesh.size(dim) == 1, "parallelize: {} {} is not laid out yet", mesh_dim_name(dim),
              mesh.size(dim));
   if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
   TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
            "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());
-  return make_data_parallelism(*world, model, data_parallel);
+  // EP: the expert-parallel group's communicator is split first (collective over every
+  // rank), then data parallelism over all ranks, as without experts.
+  std::unique_ptr<Communicator> experts;
+  if (mesh.size(MeshDim::EP) > 1) {
+    TS_CHECK(!data_parallel.fully_shard, "parallelize: expert parallelism with FSDP");
+    experts = split_mesh_group(*world, mesh, {MeshDim::EP});
+  }
+  auto dp = make_data_parallelism(*world, model, data_parallel);
+  if (!experts) return dp;
+  return std::make_unique<ExpertParallel>(model, std::move(experts), std::move(dp));
 }
 
 }  // namespace tessera::dist

@@ -5,8 +5,10 @@
 // activations the model plans when it is constructed, before parallelize runs.
 //
 // Implemented today: data parallelism over the mesh's dp dimension (plain, ZeRO-1 or FSDP:
-// distributed/data_parallel.h), and a single device. The mesh's other dimensions are 1 until
-// the layouts that use them exist; parallelize refuses a mesh it cannot lay out.
+// distributed/data_parallel.h), expert parallelism over its ep dimension (MoE layers send
+// their rows to the ranks of their experts, model/expert_exchange.h; with plain DP or ZeRO-1),
+// and a single device. The mesh's other dimensions are 1 until the layouts that use them
+// exist; parallelize refuses a mesh it cannot lay out.
 #include <memory>
 
 #include "tessera/distributed/communicator.h"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/model/activation_plan.h"
+#include "tessera/model/expert_exchange.h"
 #include "tessera/model/model.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/model/scratch_arena.h"
@@ -42,6 +43,12 @@ class LayerOps : public ForwardOps {
                                int weight, int bias) = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
+  // Expert parallelism (model/expert_exchange.h); null when every expert runs here.
+  virtual ExpertExchange* expert_exchange() const = 0;
+  // d(objective)/d(the per-token loss sum) of this pass (forward_backward's grad_scale): a
+  // loss a block adds per micro-batch (MoE aux losses) scales its gradient by this times the
+  // tokens, the micro-batch mean's share of the step's mean.
+  virtual float loss_grad_scale() const = 0;
 };
 
 class Block {
@@ -85,6 +92,22 @@ class Block {
     (void)seq_length;
     return 0;
   }
+
+  // ---- statistics kept across a step (MoE load balance, Model::moe_stats) ----
+  // fp32 values it sums over a step's forward passes; 0: none.
+  virtual int64_t stats_width() const { return 0; }
+  // Where they live (stats_width() values, zeroed by the model between steps).
+  virtual void bind_stats(const Tensor& stats) { (void)stats; }
+
+  // ---- state kept across steps outside the parameters (the MoE expert bias) ----
+  // fp32 values, zero at the start of training and kept in checkpoints; 0: none.
+  virtual int64_t state_width() const { return 0; }
+  // Where they live, and the name a checkpoint stores them under ("mlp.router.expert_bias",
+  // prefixed with the layer's).
+  virtual void bind_state(const Tensor& state) { (void)state; }
+  virtual const char* state_name() const { return ""; }
+  // After a step, once the statistics hold the whole step (every micro-batch and rank).
+  virtual void update_state(Backend& backend) { (void)backend; }
 };
 
 // Brackets ops in a trace range (NVTX on CUDA).

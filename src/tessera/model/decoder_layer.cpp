@@ -107,6 +107,41 @@ double DecoderLayer::attention_flops_per_token(int64_t seq_length) const {
   return f;
 }
 
+int64_t DecoderLayer::stats_width() const {
+  int64_t n = 0;
+  for (const auto& b : blocks_) n += b->stats_width();
+  return n;
+}
+
+void DecoderLayer::bind_stats(const Tensor& stats) {
+  int64_t at = 0;
+  for (auto& b : blocks_) {
+    const int64_t n = b->stats_width();
+    if (n == 0) continue;
+    b->bind_stats(stats.flat_range(at, n));
+    at += n;
+  }
+}
+
+std::vector<std::pair<std::string, int64_t>> DecoderLayer::state_layout() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const auto& b : blocks_)
+    if (b->state_width() > 0)
+      out.emplace_back(fmt::format("model.layers.{}.{}", index_, b->state_name()),
+                       b->state_width());
+  return out;
+}
+
+void DecoderLayer::bind_state(const std::vector<Tensor>& states) {
+  size_t i = 0;
+  for (auto& b : blocks_)
+    if (b->state_width() > 0) b->bind_state(states.at(i++));
+}
+
+void DecoderLayer::update_state(Backend& backend) {
+  for (auto& b : blocks_) b->update_state(backend);
+}
+
 std::unique_ptr<DecoderLayer> make_decoder_layer(const ModelSpec& spec, int64_t layer) {
   return std::make_unique<DecoderLayer>(layer, model_family(spec.family).layer_blocks(spec, layer));
 }

@@ -3,6 +3,8 @@
 // them, one parameter unit. The family decides the blocks (make_decoder_layer).
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/model/block.h"
@@ -40,6 +42,14 @@ class DecoderLayer {
 
   int64_t matmul_params() const;
   double attention_flops_per_token(int64_t seq_length) const;
+  // The statistics its blocks keep (Block::stats_width), bound block after block.
+  int64_t stats_width() const;
+  void bind_stats(const Tensor& stats);
+  // Its blocks' state kept across steps (Block::state_width): (block name, width) per block
+  // that keeps any, in block order; binding and updating go block by block.
+  std::vector<std::pair<std::string, int64_t>> state_layout() const;
+  void bind_state(const std::vector<Tensor>& states);
+  void update_state(Backend& backend);
 
  private:
   void run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool last_output);

@@ -137,11 +137,63 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     else
       accumulated_grad_ranges_.push_back({p.offset, p.offset + p.numel()});
   }
+  bind_stats();
+  bind_state();
   zero_grads();
   zero_loss_sum();
 }
 
 DecoderModel::~DecoderModel() = default;
+
+void DecoderModel::bind_state() {
+  int64_t total = 0;
+  for (const auto& layer : layers_)
+    for (const auto& [name, width] : layer->state_layout()) total += width;
+  if (total == 0) return;
+  state_buffer_ = DeviceBuffer(backend_, static_cast<size_t>(total) * sizeof(float), "block state");
+  const Tensor all = state_buffer_.tensor(DType::F32, {total});
+  backend_.fill(all, 0.0f);
+  int64_t at = 0;
+  for (auto& layer : layers_) {
+    std::vector<Tensor> mine;
+    for (const auto& [name, width] : layer->state_layout()) {
+      mine.push_back(all.flat_range(at, width));
+      state_.emplace_back(name, mine.back());
+      at += width;
+    }
+    layer->bind_state(mine);
+  }
+}
+
+void DecoderModel::set_expert_exchange(ExpertExchange* exchange) {
+  const int size = exchange ? exchange->size() : runtime_.expert_parallel_size;
+  TS_CHECK(size == runtime_.expert_parallel_size,
+           "an expert exchange over {} ranks for a model planned for {}", size,
+           runtime_.expert_parallel_size);
+  expert_exchange_ = exchange;
+}
+
+void DecoderModel::update_persistent_state() {
+  for (auto& layer : layers_) layer->update_state(backend_);
+}
+
+void DecoderModel::bind_stats() {
+  int64_t width = 0;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int64_t w = layers_[l]->stats_width();
+    if (w == 0) continue;
+    TS_CHECK(width == 0 || w == width, "layer {} keeps {} statistics, others {}", l, w, width);
+    width = w;
+    moe_layers_.push_back(static_cast<int64_t>(l));
+  }
+  if (moe_layers_.empty()) return;
+  const int64_t rows = static_cast<int64_t>(moe_layers_.size());
+  stats_buffer_ =
+      DeviceBuffer(backend_, static_cast<size_t>(rows * width) * sizeof(float), "moe statistics");
+  moe_stats_ = stats_buffer_.tensor(DType::F32, {rows, width});
+  for (int64_t i = 0; i < rows; ++i)
+    layers_[moe_layers_[i]]->bind_stats(moe_stats_.flat_range(i * width, width));
+}
 
 bool DecoderModel::recomputes_fully(int64_t layer) const {
   return full_recompute_layer(runtime_, layer);
@@ -210,6 +262,7 @@ void DecoderModel::params_updated() {
 }
 void DecoderModel::zero_loss_sum() {
   backend_.fill(a_.loss_sum, 0.0f);
+  if (moe_stats_.defined()) backend_.fill(moe_stats_, 0.0f);
 }
 
 void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
@@ -326,6 +379,7 @@ void DecoderModel::forward_layers() {
 }
 
 void DecoderModel::forward_backward(float grad_scale) {
+  grad_scale_ = grad_scale;
   embed();
   forward_layers();
   head_forward(true, grad_scale);

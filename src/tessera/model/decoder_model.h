@@ -37,6 +37,7 @@ class DecoderModel final : public Model, private LayerOps {
   void bind_unit_params(int unit, const Tensor& params) override;
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
+  void set_expert_exchange(ExpertExchange* exchange) override;
 
   // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
@@ -48,6 +49,10 @@ class DecoderModel final : public Model, private LayerOps {
   void forward_logits(const Tensor& logits) override;
   Tensor loss_sum() const override { return a_.loss_sum; }
   void zero_loss_sum() override;
+  Tensor moe_stats() const override { return moe_stats_; }
+  const std::vector<int64_t>& moe_layers() const override { return moe_layers_; }
+  std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return state_; }
+  void update_persistent_state() override;
 
   Fp8Linears* fp8() const override { return fp8_.get(); }
   void params_updated() override;
@@ -65,6 +70,9 @@ class DecoderModel final : public Model, private LayerOps {
                                   const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                   Activations& a, ActivationPlan& plan);
   bool recomputes_fully(int64_t layer) const;
+  // Allocates the blocks' statistics and binds each layer's row; likewise their state.
+  void bind_stats();
+  void bind_state();
 
   // LayerOps
   void linear(const Tensor& out, const Tensor& in, int weight, int bias,
@@ -73,6 +81,8 @@ class DecoderModel final : public Model, private LayerOps {
                        int bias) override;
   const Tensor& rope_table() const override { return a_.freqs; }
   const Tensor& norm_grad() const override { return a_.dnorm; }
+  float loss_grad_scale() const override { return grad_scale_; }
+  ExpertExchange* expert_exchange() const override { return expert_exchange_; }
 
   void embed();
   void forward_layers();
@@ -96,8 +106,18 @@ class DecoderModel final : public Model, private LayerOps {
   Tensor params_, grads_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
+  ExpertExchange* expert_exchange_ = nullptr;
 
   Activations a_;
+  float grad_scale_ = 0.0f;  // of the forward_backward in progress
+
+  // The blocks' statistics (Block::stats_width): one row per layer that keeps any.
+  DeviceBuffer stats_buffer_;
+  Tensor moe_stats_;
+  std::vector<int64_t> moe_layers_;
+  // The blocks' state kept across steps (Block::state_width), zero from the start.
+  DeviceBuffer state_buffer_;
+  std::vector<std::pair<std::string, Tensor>> state_;
 
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1

@@ -4,6 +4,9 @@
 // let code outside the model manage parameters across ranks. Model code is single-device and
 // rank-free; parallel layouts are applied from outside (distributed/parallelize.h).
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/config/config.h"
 #include "tessera/model/fp8_linears.h"
@@ -36,6 +39,12 @@ struct ModelRuntime {
   // residual is added exactly once).
   int tensor_parallel_rank = 0;
   Fp8Options fp8;  // FP8 linear layers (off by default)
+  // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).
+  bool moe_force_balance = false;
+  // Ranks an MoE layer's experts are spread over (expert_model_parallel_size): the received
+  // rows of this rank's experts are planned for the worst case, every routed row of every
+  // rank of the group (model/expert_exchange.h).
+  int expert_parallel_size = 1;
 
   int64_t tokens() const { return micro_batch * seq_length; }
 };
@@ -52,6 +61,8 @@ struct ModelMemory {
 // What the model reports, as a pass goes, to whoever manages its parameters across ranks
 // (distributed/): when it reads each unit's parameters (ParamLayout::units) and writes its
 // gradients, so they can be gathered just in time and reduced as soon as they are final.
+class ExpertExchange;  // model/expert_exchange.h
+
 class ParamUnitObserver {
  public:
   virtual ~ParamUnitObserver() = default;
@@ -85,6 +96,10 @@ class Model {
   virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;
   // Parallelism follows every pass through it (null: none).
   virtual void set_unit_observer(ParamUnitObserver* observer) = 0;
+  // Expert parallelism: MoE layers send their rows to the experts' ranks through it. Its size
+  // must be runtime().expert_parallel_size; without one (null, the default, or detached) only
+  // a model planned for one expert-parallel rank runs its MoE layers.
+  virtual void set_expert_exchange(ExpertExchange* exchange) = 0;
 
   // Starts a step's gradients (and the step's FP8 non-finite check).
   virtual void zero_grads() = 0;
@@ -99,7 +114,21 @@ class Model {
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;
   virtual Tensor loss_sum() const = 0;  // (1) fp32 on the device
+  // Zeroes loss_sum() and moe_stats().
   virtual void zero_loss_sum() = 0;
+
+  // Load balance of the MoE layers (docs/moe.md), summed over the forward passes since
+  // zero_loss_sum(): (moe layers, experts + 2) fp32 on the device, per MoE layer in layer
+  // order the (token, slot) pairs routed to each expert, then the layer's aux loss and z-loss
+  // (unweighted, summed over micro-batches). Undefined for a dense model.
+  virtual Tensor moe_stats() const = 0;
+  // The decoder layer of each row of moe_stats().
+  virtual const std::vector<int64_t>& moe_layers() const = 0;
+  // State kept across steps outside the parameters (the MoE expert bias), fp32 on the device
+  // by checkpoint name; empty for most models.
+  virtual std::vector<std::pair<std::string, Tensor>> persistent_state() const = 0;
+  // After a step whose moe_stats() have been summed over every rank: updates that state.
+  virtual void update_persistent_state() = 0;
 
   // The FP8 linear layers, or null when runtime().fp8 is off.
   virtual Fp8Linears* fp8() const = 0;

@@ -5,6 +5,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/model/families/llama.h"
+#include "tessera/model/families/moe.h"
 
 namespace tessera {
 namespace {
@@ -13,6 +14,8 @@ namespace {
 std::span<const ModelFamily* const> families() {
   static const ModelFamily* const all[] = {
       &llama_family(),
+      &mixtral_family(),
+      &qwen3_moe_family(),
   };
   return all;
 }

@@ -8,6 +8,12 @@
 
 namespace tessera {
 
+int64_t MoeSpec::moe_layers() const {
+  int64_t n = 0;
+  for (size_t l = 0; l < layers.size(); ++l) n += is_moe_layer(static_cast<int64_t>(l));
+  return n;
+}
+
 int64_t ModelSpec::matmul_params() const {
   int64_t n = vocab_size * hidden;  // the output head
   for (int64_t l = 0; l < num_layers; ++l) n += make_decoder_layer(*this, l)->matmul_params();
@@ -27,12 +33,17 @@ double ModelSpec::flops_per_token(int64_t seq_length) const {
   return 6.0 * static_cast<double>(matmul_params()) + attention;
 }
 
+int64_t ModelSpec::active_params() const {
+  return total_params() - moe.moe_layers() * (moe.experts - moe.topk) * 3 * hidden * moe.ffn;
+}
+
 std::string ModelSpec::summary() const {
   return fmt::format(
       "{} layers, hidden {}, ffn {}, heads {} (kv {}), head_dim {}, vocab {}{}; "
-      "{:.3f}B parameters",
+      "{:.3f}B parameters{}",
       num_layers, hidden, ffn, heads, kv_heads, head_dim, vocab_size,
-      model_family(family).features(*this), total_params() / 1e9);
+      model_family(family).features(*this), total_params() / 1e9,
+      moe.enabled() ? fmt::format(", {:.3f}B active per token", active_params() / 1e9) : "");
 }
 
 ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab) {

@@ -4,6 +4,7 @@
 // of every family; its family (model/model_family.h) says which of them its blocks read.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tessera/config/config.h"
 
@@ -15,6 +16,31 @@ struct RopeScaling {  // Llama 3.1 ("llama3" rope_type in Hugging Face configs)
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+};
+
+// The mixture-of-experts part of a model (docs/moe.md); experts 0 is a dense model.
+struct MoeSpec {
+  int64_t experts = 0;
+  int64_t topk = 0;
+  int64_t ffn = 0;           // each routed expert's SwiGLU width
+  int64_t shared_ffn = 0;    // the shared expert's width; 0: none
+  std::vector<bool> layers;  // per decoder layer: an MoE MLP (else the dense SwiGLU)
+  MoeLoadBalancing load_balancing = MoeLoadBalancing::AuxLoss;
+  double aux_loss_coeff = 0.0;
+  double z_loss_coeff = 0.0;
+  bool sigmoid = false;  // moe_router_score_function sigmoid
+  bool pre_softmax = false;
+  bool expert_bias = false;  // aux-loss-free balancing
+  double bias_update_rate = 1e-3;
+  int64_t num_groups = 0, group_topk = 0;
+  double topk_scaling = 0.0;  // 0: unscaled
+
+  bool enabled() const { return experts > 0; }
+  bool is_moe_layer(int64_t layer) const {
+    return enabled() && layer >= 0 && layer < static_cast<int64_t>(layers.size()) &&
+           layers[static_cast<size_t>(layer)];
+  }
+  int64_t moe_layers() const;
 };
 
 struct ModelSpec {
@@ -35,13 +61,19 @@ struct ModelSpec {
   bool tied_embeddings = false;
   int64_t sliding_window = 0;
   float init_std = 0.02f;
+  bool qk_norm = false;  // RMSNorm over each query and key head (Qwen3)
+  MoeSpec moe;
 
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   int64_t attn_width() const { return heads * head_dim; }
   // Weights that are multiplied: every layer's projections and the output head (not the
   // embedding lookup), as in the Megatron/NeMo FLOPs convention; each block counts its own.
+  // An MoE layer counts the weights one token multiplies: the router, its top-k experts and
+  // the shared expert (active parameters).
   int64_t matmul_params() const;
   int64_t total_params() const;
+  // total_params without the routed experts a token does not use (all of them when dense).
+  int64_t active_params() const;
   // Model FLOPs per token for training: 6 * matmul_params + each block's attention FLOPs
   // (GQA: 12 * s_eff * heads*head_dim per layer, s_eff = min(seq_length, sliding_window)).
   double flops_per_token(int64_t seq_length) const;

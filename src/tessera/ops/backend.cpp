@@ -373,6 +373,264 @@ void Backend::cross_entropy(const Tensor& losses, const Tensor& logits, const Te
   do_cross_entropy(losses, logits, targets, dlogits, grad_scale);
 }
 
+void Backend::qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                              const Tensor& q_weight, const Tensor& k_weight,
+                              const AttentionShape& s, float eps) {
+  const OpScope scope(*this, "qk_norm_forward", [&] { return op_args::rope(s, qkv.dtype); });
+  const OpChecks check(*this, "qk_norm_forward");
+  check.attention_shape(s);
+  check.count(qkv, s.tokens() * s.qkv_width(), "qkv");
+  check.count(out, s.tokens() * s.qkv_width(), "out");
+  check.count(rstd, s.tokens() * (s.heads + s.kv_heads), "rstd");
+  check.count(q_weight, s.head_dim, "q_weight");
+  check.count(k_weight, s.head_dim, "k_weight");
+  do_qk_norm_forward(out, rstd, qkv, q_weight, k_weight, s, eps);
+}
+
+void Backend::qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight, const Tensor& dk_weight,
+                               const Tensor& dout, const Tensor& qkv, const Tensor& q_weight,
+                               const Tensor& k_weight, const Tensor& rstd,
+                               const AttentionShape& s) {
+  const OpScope scope(*this, "qk_norm_backward", [&] { return op_args::rope(s, qkv.dtype); });
+  const OpChecks check(*this, "qk_norm_backward");
+  check.attention_shape(s);
+  const int64_t n = s.tokens() * s.qkv_width();
+  check.count(qkv, n, "qkv");
+  check.count(dqkv, n, "dqkv");
+  check.count(dout, n, "dout");
+  check.count(rstd, s.tokens() * (s.heads + s.kv_heads), "rstd");
+  for (const auto& [t, what] :
+       {std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"},
+        std::pair{&dq_weight, "dq_weight"}, std::pair{&dk_weight, "dk_weight"}})
+    check.count(*t, s.head_dim, what);
+  do_qk_norm_backward(dqkv, dq_weight, dk_weight, dout, qkv, q_weight, k_weight, rstd, s);
+}
+
+// ---- mixture of experts ----
+
+namespace {
+
+// A routing that moe ops can run: topk within the experts, groups that divide them and can
+// supply the top-k.
+void check_routing(const OpChecks& check, const MoeRouting& r, int64_t experts) {
+  check.that(r.experts == experts, "routing for {} experts, logits have {}", r.experts, experts);
+  check.that(r.topk >= 1 && r.topk <= r.experts, "topk {} outside [1, {}]", r.topk, r.experts);
+  if (r.num_groups > 0) {
+    check.that(r.experts % r.num_groups == 0 && r.group_topk >= 1 && r.group_topk <= r.num_groups &&
+                   r.group_topk <= r.topk && r.topk <= r.group_topk * (r.experts / r.num_groups),
+               "{} groups choosing {} cannot route {} experts top-{}", r.num_groups, r.group_topk,
+               r.experts, r.topk);
+  }
+}
+
+// (N, K) int32 of routing slots, as indices, rows and weights are.
+void check_slots(const OpChecks& check, const Tensor& t, int64_t N, int64_t K, const char* what) {
+  check.placed(t, what);
+  const MatrixDims d = matrix_dims(t);
+  check.that(d.rows == N && d.cols == K, "{} {} is not ({}, {})", what, t.shape.str(), N, K);
+}
+
+// The groups of a grouped GEMM (offsets, host offsets) and the weight each multiplies.
+void check_groups(const OpChecks& check, const Tensor& offsets,
+                  std::span<const int32_t> host_offsets, std::span<const int32_t> group_weights,
+                  int64_t weights, int64_t rows) {
+  check.placed(offsets, "offsets");
+  const int64_t groups = offsets.numel() - 1;
+  check.that(groups >= 0, "no offsets");
+  if (group_weights.empty()) {
+    check.that(groups == weights, "{} groups for {} weights without group_weights", groups,
+               weights);
+  } else {
+    check.that(static_cast<int64_t>(group_weights.size()) == groups,
+               "{} group weights for {} groups", group_weights.size(), groups);
+    for (int32_t w : group_weights)
+      check.that(w >= 0 && w < weights, "group weight {} outside the {} weights", w, weights);
+  }
+  check.that(static_cast<int64_t>(host_offsets.size()) == groups + 1,
+             "{} host offsets for {} groups", host_offsets.size(), groups);
+  check.that(host_offsets[0] == 0 && host_offsets.back() <= rows,
+             "host offsets [{}, {}] outside the {} rows", host_offsets[0], host_offsets.back(),
+             rows);
+  for (int64_t g = 0; g < groups; ++g)
+    check.that(host_offsets[g] <= host_offsets[g + 1], "host offsets decrease at group {}", g);
+}
+
+}  // namespace
+
+void Backend::moe_router_forward(const Tensor& indices, const Tensor& weights, const Tensor& logits,
+                                 const Tensor& bias, const MoeRouting& r) {
+  const OpScope scope(*this, "moe_router_forward", [&] { return op_args::moe_routing(logits, r); });
+  const OpChecks check(*this, "moe_router_forward");
+  check.placed(logits, "logits");
+  const MatrixDims d = matrix_dims(logits);
+  check_routing(check, r, d.cols);
+  check_slots(check, indices, d.rows, r.topk, "indices");
+  check_slots(check, weights, d.rows, r.topk, "weights");
+  if (bias.defined()) {
+    check.count(bias, d.cols, "bias");
+    check.that(r.sigmoid, "an expert bias needs sigmoid scores");
+  }
+  do_moe_router_forward(indices, weights, logits, bias, r);
+}
+
+void Backend::moe_router_backward(const Tensor& dlogits, const Tensor& dweights,
+                                  const Tensor& logits, const Tensor& indices,
+                                  const MoeRouting& r) {
+  const OpScope scope(*this, "moe_router_backward",
+                      [&] { return op_args::moe_routing(logits, r); });
+  const OpChecks check(*this, "moe_router_backward");
+  check.placed(logits, "logits");
+  const MatrixDims d = matrix_dims(logits);
+  check_routing(check, r, d.cols);
+  check.count(dlogits, d.rows * d.cols, "dlogits");
+  check_slots(check, dweights, d.rows, r.topk, "dweights");
+  check_slots(check, indices, d.rows, r.topk, "indices");
+  do_moe_router_backward(dlogits, dweights, logits, indices, r);
+}
+
+void Backend::moe_aux_loss(const MoeAuxLossArgs& a) {
+  const OpScope scope(*this, "moe_aux_loss",
+                      [&] { return op_args::moe_routing(a.logits, a.routing); });
+  const OpChecks check(*this, "moe_aux_loss");
+  check.placed(a.logits, "logits");
+  const MatrixDims d = matrix_dims(a.logits);
+  check_routing(check, a.routing, d.cols);
+  check_slots(check, a.indices, d.rows, a.routing.topk, "indices");
+  check.that(a.seq >= 0 && (a.seq == 0 || d.rows % a.seq == 0), "{} tokens are not sequences of {}",
+             d.rows, a.seq);
+  if (a.loss.defined()) check.count(a.loss, 1, "loss");
+  if (a.dlogits.defined()) check.count(a.dlogits, d.rows * d.cols, "dlogits");
+  do_moe_aux_loss(a);
+}
+
+void Backend::moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
+                         float grad_scale) {
+  const OpScope scope(*this, "moe_z_loss", [&] { return op_args::rows_cols(logits); });
+  const OpChecks check(*this, "moe_z_loss");
+  check.placed(logits, "logits");
+  const MatrixDims d = matrix_dims(logits);
+  if (loss.defined()) check.count(loss, 1, "loss");
+  if (dlogits.defined()) check.count(dlogits, d.rows * d.cols, "dlogits");
+  do_moe_z_loss(loss, dlogits, logits, grad_scale);
+}
+
+void Backend::moe_expert_counts(const Tensor& counts, const Tensor& indices) {
+  const OpScope scope(*this, "moe_expert_counts", [&] { return op_args::rows_cols(indices); });
+  const OpChecks check(*this, "moe_expert_counts");
+  check.placed(counts, "counts");
+  check.placed(indices, "indices");
+  do_moe_expert_counts(counts, indices);
+}
+
+void Backend::moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) {
+  const OpScope scope(*this, "moe_expert_bias_update", [&] { return op_args::elements(bias); });
+  const OpChecks check(*this, "moe_expert_bias_update");
+  check.placed(bias, "bias");
+  check.count(counts, bias.numel(), "counts");
+  do_moe_expert_bias_update(bias, counts, rate);
+}
+
+void Backend::moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
+                          const Tensor& x, const Tensor& indices, int64_t align) {
+  const OpScope scope(*this, "moe_permute", [&] { return op_args::moe_permute(x, indices, xp); });
+  const OpChecks check(*this, "moe_permute");
+  check.placed(x, "x");
+  check.placed(indices, "indices");
+  check.placed(offsets, "offsets");
+  const MatrixDims xd = matrix_dims(x), id = matrix_dims(indices), pd = matrix_dims(xp);
+  const int64_t N = xd.rows, C = xd.cols, K = id.cols, E = offsets.numel() - 1;
+  check.that(id.rows == N, "indices {} and x {} differ in tokens", indices.shape.str(),
+             x.shape.str());
+  check.that(E >= 1 && align >= 1, "{} experts, alignment {}", E, align);
+  check.placed(xp, "xp");
+  check.that(pd.cols == C && pd.rows >= N * K + E * (align - 1),
+             "xp {} cannot hold {} tokens x {} copies in {} groups aligned to {} rows of {}",
+             xp.shape.str(), N, K, E, align, C);
+  check_slots(check, rows, N, K, "rows");
+  do_moe_permute(xp, rows, offsets, x, indices, align);
+}
+
+void Backend::moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {
+  const OpScope scope(*this, "moe_permute_backward",
+                      [&] { return op_args::moe_permute(dx, rows, dxp); });
+  const OpChecks check(*this, "moe_permute_backward");
+  check.placed(dx, "dx");
+  check.placed(dxp, "dxp");
+  const MatrixDims xd = matrix_dims(dx), pd = matrix_dims(dxp);
+  check.that(pd.cols == xd.cols, "dxp {} and dx {} differ in width", dxp.shape.str(),
+             dx.shape.str());
+  check_slots(check, rows, xd.rows, matrix_dims(rows).cols, "rows");
+  do_moe_permute_backward(dx, dxp, rows);
+}
+
+void Backend::moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                            const Tensor& weights) {
+  const OpScope scope(*this, "moe_unpermute", [&] { return op_args::moe_permute(out, rows, yp); });
+  const OpChecks check(*this, "moe_unpermute");
+  check.placed(out, "out");
+  check.placed(yp, "yp");
+  const MatrixDims od = matrix_dims(out), pd = matrix_dims(yp);
+  const int64_t K = matrix_dims(rows).cols;
+  check.that(pd.cols == od.cols, "yp {} and out {} differ in width", yp.shape.str(),
+             out.shape.str());
+  check_slots(check, rows, od.rows, K, "rows");
+  check_slots(check, weights, od.rows, K, "weights");
+  do_moe_unpermute(out, yp, rows, weights);
+}
+
+void Backend::moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights, const Tensor& dout,
+                                     const Tensor& yp, const Tensor& rows, const Tensor& weights) {
+  const OpScope scope(*this, "moe_unpermute_backward",
+                      [&] { return op_args::moe_permute(dout, rows, yp); });
+  const OpChecks check(*this, "moe_unpermute_backward");
+  check.placed(dout, "dout");
+  check.placed(yp, "yp");
+  const MatrixDims od = matrix_dims(dout), pd = matrix_dims(yp);
+  const int64_t K = matrix_dims(rows).cols;
+  check.that(pd.cols == od.cols, "yp {} and dout {} differ in width", yp.shape.str(),
+             dout.shape.str());
+  check.count(dyp, pd.rows * pd.cols, "dyp");
+  check_slots(check, rows, od.rows, K, "rows");
+  check_slots(check, weights, od.rows, K, "weights");
+  check_slots(check, dweights, od.rows, K, "dweights");
+  do_moe_unpermute_backward(dyp, dweights, dout, yp, rows, weights);
+}
+
+void Backend::grouped_matmul(const GroupedMatmulArgs& a) {
+  const OpScope scope(*this, "grouped_matmul", [&] { return op_args::grouped_matmul(a); });
+  const OpChecks check(*this, "grouped_matmul");
+  check.placed(a.out, "out");
+  check.placed(a.a, "a");
+  check.placed(a.b, "b");
+  check.that(a.b.shape.rank() == 3, "b {} is not (groups, rows, cols)", a.b.shape.str());
+  const MatrixDims o = matrix_dims(a.out), ad = matrix_dims(a.a);
+  const int64_t W = a.b.dim(0), N = a.trans_b ? a.b.dim(1) : a.b.dim(2),
+                K = a.trans_b ? a.b.dim(2) : a.b.dim(1);
+  check.that(o.rows == ad.rows && ad.cols == K && o.cols == N,
+             "a {} and b {} (trans_b={}) do not give out {}", a.a.shape.str(), a.b.shape.str(),
+             a.trans_b, a.out.shape.str());
+  check.that(a.out.data != a.a.data && a.out.data != a.b.data, "out aliases an input");
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows);
+  do_grouped_matmul(a);
+}
+
+void Backend::grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
+  const OpScope scope(*this, "grouped_matmul_wgrad",
+                      [&] { return op_args::grouped_matmul_wgrad(a); });
+  const OpChecks check(*this, "grouped_matmul_wgrad");
+  check.placed(a.out, "out");
+  check.placed(a.a, "a");
+  check.placed(a.b, "b");
+  check.that(a.out.shape.rank() == 3, "out {} is not (groups, rows, cols)", a.out.shape.str());
+  const MatrixDims ad = matrix_dims(a.a), bd = matrix_dims(a.b);
+  const int64_t W = a.out.dim(0);
+  check.that(ad.rows == bd.rows && a.out.dim(1) == ad.cols && a.out.dim(2) == bd.cols,
+             "a {} and b {} do not give out {} per group", a.a.shape.str(), a.b.shape.str(),
+             a.out.shape.str());
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, ad.rows);
+  do_grouped_matmul_wgrad(a);
+}
+
 // ---- reductions and optimizer ----
 
 void Backend::sum(const Tensor& out, const Tensor& x, bool accumulate) {

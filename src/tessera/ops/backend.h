@@ -155,6 +155,79 @@ struct Fp8ScaleUpdateArgs {
   bool roll = true;
 };
 
+// ---- mixture of experts (docs/moe.md) ----
+
+// How a router turns logits into each token's experts and their weights: Megatron's
+// topk_softmax_with_capacity without capacity (dropless). With `sigmoid` false:
+//   pre_softmax false: the top-k of the logits, weights = softmax over those k logits;
+//   pre_softmax true:  p = softmax over all logits, the top-k of p, weights = those p.
+// With `sigmoid`: s = sigmoid(logits); the top-k of s + bias (the bias chooses, it does not
+// weigh); weights = the chosen s, divided by their sum (+1e-20) when topk > 1.
+// Group-limited (num_groups > 0): experts form num_groups equal groups; a token first keeps
+// the group_topk groups with the largest sum of their top (topk / group_topk) selection scores,
+// then takes its top-k among those groups' experts. Weights are finally multiplied by
+// `scaling` (0: not). Ties go to the lower expert index. force_balance ignores the scores for
+// choosing: token n's slot k goes to expert (n * topk + k) mod experts (exactly balanced over a
+// batch of experts / gcd(experts, topk) tokens); the weights are computed as above for the
+// experts so chosen.
+struct MoeRouting {
+  int64_t experts = 0, topk = 0;
+  bool sigmoid = false;
+  bool pre_softmax = false;
+  int64_t num_groups = 0, group_topk = 0;
+  float scaling = 0.0f;
+  bool force_balance = false;
+};
+
+// The load-balancing losses of Megatron (moe_utils.py), over the router scores P: softmax of
+// the logits, or with sigmoid the sigmoid divided by its sum over experts (+1e-20) when
+// topk > 1. f_e counts the (token, slot) pairs routed to expert e (indices).
+//   aux_loss (Switch):       L = E / (K * N^2) * sum_e f_e * sum_n P_ne
+//   seq_aux_loss (DeepSeek): per sequence b of T tokens, L_b = sum_e (f_be * E / (T K)) *
+//                            mean_t P_bte; L = mean_b L_b
+// f carries no gradient. L itself is 1 for aux_loss at perfect balance.
+struct MoeAuxLossArgs {
+  Tensor logits;       // (N, E) compute dtype
+  Tensor indices;      // (N, K) int32: the experts each token was routed to
+  MoeRouting routing;  // experts, topk and the score function (sigmoid)
+  int64_t seq = 0;     // > 0: seq_aux_loss over sequences of seq tokens (N a multiple); 0: aux_loss
+  Tensor loss;         // (1) fp32 or undefined: += L
+  Tensor dlogits;      // (N, E) fp32 or undefined: += grad_scale * dL/dlogits
+  float grad_scale = 1.0f;
+};
+
+// Per-group GEMMs over contiguous row ranges (the experts of an MoE layer): group g is rows
+// [offsets[g], offsets[g+1]) with offsets[0] = 0 and offsets non-decreasing. host_offsets
+// holds the same G + 1 values on the host (a backend that launches one GEMM per group reads
+// them there instead of waiting for the device). Group g multiplies weight w(g) of b's W:
+// group_weights[g] (host, G values in [0, W)), or g itself when group_weights is empty (then
+// G = W). Several groups may share a weight (an expert's rows from several ranks).
+//   out[rows_g] (M_g, N) = a[rows_g] (M_g, K) @ op(b[w(g)]),  op(x) = x^T when trans_b
+// Rows of out from offsets[G] on are set to zero.
+struct GroupedMatmulArgs {
+  Tensor out;  // (R, N) compute dtype
+  Tensor a;    // (R, K) compute dtype
+  Tensor b;    // (W, N, K) when trans_b, else (W, K, N)
+  bool trans_b = true;
+  Tensor offsets;                          // (G + 1) int32
+  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
+};
+
+// The weight gradients of grouped_matmul: for every weight w,
+//   out[w] (M, N) = beta * out[w] + the sum over the groups g of w of
+//                   a[rows_g]^T (M, M_g) @ b[rows_g] (M_g, N)
+// (a weight without rows gives beta * out[w]); groups and w(g) as in GroupedMatmulArgs.
+struct GroupedMatmulWgradArgs {
+  Tensor out;  // (W, M, N) fp32
+  Tensor a;    // (R, M) compute dtype
+  Tensor b;    // (R, N) compute dtype
+  float beta = 0.0f;
+  Tensor offsets;                          // (G + 1) int32
+  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -272,6 +345,60 @@ class Backend {
   void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                      const Tensor& dlogits, float grad_scale);
 
+  // RMSNorm of every query and key head of a packed QKV activation (Qwen3's q_norm and
+  // k_norm): out (N, width) = qkv with each query head x (D) replaced by x * r * q_weight and
+  // each key head by x * r * k_weight, r = 1 / sqrt(mean(x^2) + eps); value heads copied.
+  // rstd (N, H + KV) fp32: r per token and head, query heads first. N = s.tokens().
+  void qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                       const Tensor& q_weight, const Tensor& k_weight, const AttentionShape& s,
+                       float eps);
+  // dqkv (N, width) overwritten with d(loss)/d(qkv) for dout = d(loss)/d(out); dqkv may be
+  // dout itself. dq_weight and dk_weight (D) fp32 accumulate.
+  void qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight, const Tensor& dk_weight,
+                        const Tensor& dout, const Tensor& qkv, const Tensor& q_weight,
+                        const Tensor& k_weight, const Tensor& rstd, const AttentionShape& s);
+
+  // ---- mixture of experts (structs above) ----
+  // indices (N, K) int32 and weights (N, K) fp32 overwritten with each token's experts, in
+  // decreasing order of their selection score (slot order under force_balance), and their
+  // routing weights; logits (N, E) compute dtype; bias (E) fp32 or undefined (sigmoid only).
+  void moe_router_forward(const Tensor& indices, const Tensor& weights, const Tensor& logits,
+                          const Tensor& bias, const MoeRouting& r);
+  // dlogits (N, E) fp32 overwritten with the gradient of the weights' loss given dweights
+  // (N, K) fp32; indices as moe_router_forward wrote them. The bias has no gradient.
+  void moe_router_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& logits,
+                           const Tensor& indices, const MoeRouting& r);
+  void moe_aux_loss(const MoeAuxLossArgs& args);
+  // z-loss (ST-MoE) of logits (N, E): L = mean_n logsumexp(logits_n)^2. loss (1) fp32 += L
+  // (undefined: skipped); dlogits (N, E) fp32 += grad_scale * dL/dlogits (undefined: skipped).
+  void moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
+                  float grad_scale);
+  // counts (E) fp32 accumulates, per expert, the (token, slot) pairs indices (N, K) route to it.
+  void moe_expert_counts(const Tensor& counts, const Tensor& indices);
+  // Aux-loss-free balancing (DeepSeek-V3, Megatron's get_updated_expert_bias): bias (E) fp32
+  // += rate * sign(mean(counts) - counts[e]) for counts (E) fp32, the step's tokens per expert.
+  void moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate);
+
+  // Dropless dispatch. Token n's copy for its k-th expert goes to row rows[n, k] of xp (R, C);
+  // the rows of expert e are [offsets[e], offsets[e+1]), holding its tokens in order of
+  // (n, k) and then zero rows up to a multiple of `align` rows (offsets (E + 1) int32,
+  // offsets[0] = 0). Every row of xp that holds no token is zero. x (N, C); indices (N, K)
+  // int32 in [0, E); R >= N*K + E*(align - 1). rows (N, K) int32 and offsets overwritten.
+  void moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets, const Tensor& x,
+                   const Tensor& indices, int64_t align);
+  // dx (N, C) accumulates, for each token, the rows of dxp (R, C) its copies went to.
+  void moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows);
+  // The combine: out (N, C) accumulates sum_k weights[n, k] * yp[rows[n, k]], k in order.
+  // yp (R, C); weights (N, K) fp32.
+  void moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                     const Tensor& weights);
+  // Its gradients: dyp (R, C) overwritten, row rows[n, k] = weights[n, k] * dout[n] and
+  // every other row zero; dweights (N, K) fp32 overwritten with dout[n] . yp[rows[n, k]].
+  void moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights, const Tensor& dout,
+                              const Tensor& yp, const Tensor& rows, const Tensor& weights);
+  void grouped_matmul(const GroupedMatmulArgs& args);
+  void grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args);
+
   // ---- reductions and optimizer ----
   // out (1) fp32 = sum(x) (accumulate=false) or out += sum(x); x fp32. Deterministic.
   void sum(const Tensor& out, const Tensor& x, bool accumulate);
@@ -320,6 +447,34 @@ class Backend {
                                   const Tensor& gate_up) = 0;
   virtual void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                                 const Tensor& dlogits, float grad_scale) = 0;
+  virtual void do_qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                                  const Tensor& q_weight, const Tensor& k_weight,
+                                  const AttentionShape& s, float eps) = 0;
+  virtual void do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight,
+                                   const Tensor& dk_weight, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& q_weight, const Tensor& k_weight,
+                                   const Tensor& rstd, const AttentionShape& s) = 0;
+  virtual void do_moe_router_forward(const Tensor& indices, const Tensor& weights,
+                                     const Tensor& logits, const Tensor& bias,
+                                     const MoeRouting& r) = 0;
+  virtual void do_moe_router_backward(const Tensor& dlogits, const Tensor& dweights,
+                                      const Tensor& logits, const Tensor& indices,
+                                      const MoeRouting& r) = 0;
+  virtual void do_moe_aux_loss(const MoeAuxLossArgs& args) = 0;
+  virtual void do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
+                             float grad_scale) = 0;
+  virtual void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) = 0;
+  virtual void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) = 0;
+  virtual void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
+                              const Tensor& x, const Tensor& indices, int64_t align) = 0;
+  virtual void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) = 0;
+  virtual void do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                                const Tensor& weights) = 0;
+  virtual void do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights,
+                                         const Tensor& dout, const Tensor& yp, const Tensor& rows,
+                                         const Tensor& weights) = 0;
+  virtual void do_grouped_matmul(const GroupedMatmulArgs& args) = 0;
+  virtual void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) = 0;
   virtual void do_sum(const Tensor& out, const Tensor& x, bool accumulate) = 0;
   virtual void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
   virtual void do_adamw_step(const AdamWArgs& args) = 0;

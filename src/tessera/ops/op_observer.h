@@ -180,6 +180,50 @@ inline OpArgs transfer(const Tensor& t) {
   return r;
 }
 
+// A router or its losses over logits (tokens, experts).
+inline OpArgs moe_routing(const Tensor& logits, const MoeRouting& r) {
+  const auto [tokens, experts] = matrix(logits);
+  OpArgs args;
+  args.add("tokens", tokens).add("experts", experts).add("topk", r.topk);
+  args.add_dtype("dtype", logits.dtype);
+  return args;
+}
+
+// Token dispatch or combine: x (tokens, hidden), (tokens, topk) slots, the permuted rows.
+inline OpArgs moe_permute(const Tensor& x, const Tensor& slots, const Tensor& permuted) {
+  const auto [tokens, hidden] = matrix(x);
+  OpArgs args;
+  args.add("tokens", tokens).add("hidden", hidden).add("topk", matrix(slots).second);
+  args.add("rows", matrix(permuted).first).add_dtype("dtype", x.dtype);
+  return args;
+}
+
+// A grouped GEMM: M is the rows in groups (the useful ones, where the host knows them), so
+// that 2 M N K is its FLOP count as for a GEMM.
+inline OpArgs grouped_matmul(const GroupedMatmulArgs& g) {
+  const int64_t G = g.b.shape.rank() == 3 ? g.b.shape[0] : 0;
+  const int64_t N = g.trans_b ? g.b.shape[1] : g.b.shape[2];
+  const int64_t K = g.trans_b ? g.b.shape[2] : g.b.shape[1];
+  OpArgs r;
+  r.add("M", g.host_offsets.empty() ? matrix(g.a).first : g.host_offsets.back());
+  r.add("N", N).add("K", K).add("groups", G);
+  r.add_dtype("dtype", g.a.dtype).add_dtype("out_dtype", g.out.dtype);
+  r.add_bool("trans_a", false).add_bool("trans_b", g.trans_b);
+  return r;
+}
+
+inline OpArgs grouped_matmul_wgrad(const GroupedMatmulWgradArgs& g) {
+  const int64_t G = g.out.shape.rank() == 3 ? g.out.shape[0] : 0;
+  OpArgs r;
+  r.add("M", g.out.shape.rank() == 3 ? g.out.shape[1] : 0);
+  r.add("N", g.out.shape.rank() == 3 ? g.out.shape[2] : 0);
+  r.add("K", g.host_offsets.empty() ? matrix(g.a).first : g.host_offsets.back());
+  r.add("groups", G).add_dtype("dtype", g.a.dtype).add_dtype("out_dtype", g.out.dtype);
+  r.add_bool("trans_a", true).add_bool("trans_b", false);
+  if (g.beta != 0.0f) r.add_double("beta", g.beta);
+  return r;
+}
+
 // The state dtypes (the precision-aware optimizer's) fix the bytes the step moves; without
 // an fp32 master the parameters are updated in place.
 inline OpArgs adamw(const AdamWArgs& a) {

@@ -37,7 +37,9 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                         const std::function<int64_t()>& tokenizer_vocab) {
   const TrainingConfig& t = e.training;
   RunSetup s;
-  s.mesh = dist::DeviceMesh(devices.world_size, dist::MeshSizes{});
+  dist::MeshSizes sizes;
+  sizes.ep = static_cast<int>(t.expert_model_parallel_size);
+  s.mesh = dist::DeviceMesh(devices.world_size, sizes);
   // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
   // tokenizer's.
   s.data_vocab = e.data.mock_data && e.model_config.vocab_size > 0 ? e.model_config.vocab_size
@@ -72,6 +74,8 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
   rt.fp8 = fp8_options(t);
+  rt.moe_force_balance = t.moe_force_balance;
+  rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);
   if (devices.world_size > 1) {
     rt.flat_buffer_multiple = dist::flat_buffer_multiple(devices.world_size);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;

@@ -136,6 +136,14 @@ void Trainer::log_run() const {
                         t.fp8_weight_transpose_cache ? "on" : "off", t.fp8_lm_head ? "fp8" : "bf16",
                         fast_accumulation_kinds(rt.fp8))
           : "");
+  if (setup_.spec.moe.enabled())
+    log_.info(
+        "moe: {} of {} layers with {} experts, top-{}, dropless; routing {}; model FLOPs "
+        "count the active parameters ({:.3f}B of {:.3f}B)",
+        setup_.spec.moe.moe_layers(), setup_.spec.num_layers, setup_.spec.moe.experts,
+        setup_.spec.moe.topk,
+        rt.moe_force_balance ? "force-balanced (round-robin, benchmark mode)" : "by the router",
+        setup_.spec.active_params() / 1e9, setup_.spec.total_params() / 1e9);
   if (!comm_ && (t.use_distributed_optimizer || t.use_torch_fsdp2))
     log_.warning(
         "{} shards state over data-parallel ranks; this run has one (start it with "
@@ -225,6 +233,7 @@ TrainingTensors Trainer::training_tensors() const {
   t.exp_avg = optimizer_->exp_avg();
   t.exp_avg_sq = optimizer_->exp_avg_sq();
   if (model_->fp8()) t.extra_state = model_->fp8()->state_tensors();
+  for (const auto& state : model_->persistent_state()) t.extra_state.push_back(state);
   if (optimizer_->sharded()) t.owned = optimizer_->owned();
   return t;
 }
@@ -432,6 +441,11 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   // Collectives that need the compute stream come before the ZeRO-1 parameter gather, which
   // may then overlap with the next forward (overlap_param_gather).
   parallel_->sum(model_->loss_sum());
+  // The step's balance over every rank, which also moves the aux-loss-free expert bias.
+  if (model_->moe_stats().defined()) {
+    parallel_->sum(model_->moe_stats());
+    model_->update_persistent_state();
+  }
   if (ranks_stop_together_) agreed_stop_signal_ = agree_on_stop_signal();
   if (t.exit_duration_in_mins > 0) out_of_time_ = agree_out_of_time();
   {
@@ -445,6 +459,12 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     backend_->download(&loss_sum, model_->loss_sum());
     backend_->download(&norm_sq, grad_norm_sq_);
     if (model_->fp8()) backend_->download(&fp8_status, model_->fp8()->status());
+    if (model_->moe_stats().defined()) {
+      std::vector<float> stats(static_cast<size_t>(model_->moe_stats().numel()));
+      backend_->download(stats.data(), model_->moe_stats());
+      s.moe =
+          moe_step_balance(stats, model_->moe_layers(), setup_.spec.moe.experts, accumulation * dp);
+    }
   }
   s.loss = loss_sum / static_cast<double>(tokens_per_rank * dp);
   s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
@@ -503,16 +523,24 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const double tokens_per_s = tokens / (ms / 1e3);
   const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
+  const std::vector<MoeLayerBalance> moe = moe_interval_.mean();
+  moe_interval_.clear();
   log_.clear_progress();
   log_.info(
-      "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
+      "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} "
+      "| "
       "throughput per GPU (TFLOP/s/GPU): {:.2f} | tokens per GPU (tokens/s/GPU): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
-      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}",
+      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
       t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
-      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, profiled ? " | profiled" : "");
+      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, moe_iteration_fields(moe),
+      profiled ? " | profiled" : "");
+  if (!moe.empty())
+    log_.info("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}", s.iteration,
+              setup_.runtime.moe_force_balance ? "force-balanced" : "learned", interval_iters,
+              interval_iters == 1 ? "" : "s", moe_layer_lines(moe));
   if (tensorboard_)
     tensorboard_->interval({.iteration = s.iteration,
                             .iterations = interval_iters,
@@ -538,6 +566,10 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;
   j["mem_peak_gib"] = mem.peak_bytes / kGiB;
   if (profiled) j["profiled"] = true;
+  if (!moe.empty()) {
+    add_moe_metrics(j, moe);
+    j["moe_force_balance"] = setup_.runtime.moe_force_balance;
+  }
   metrics_->write(j);
 }
 
@@ -554,6 +586,12 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
     v.mem_max_allocated_bytes = static_cast<double>(mem.peak_bytes);
   }
   tensorboard_->iteration(v);
+  if (s.moe.empty()) return;
+  std::vector<MoeLayerScalars> layers;
+  for (const MoeLayerBalance& b : s.moe)
+    layers.push_back({b.layer, b.aux_loss, b.z_loss, b.tokens_cv,
+                      b.tokens_mean > 0 ? b.tokens_max / b.tokens_mean : 0.0});
+  tensorboard_->moe(s.iteration, layers);
 }
 
 void Trainer::report_evaluation(int64_t iteration, double loss, double ms) {
@@ -626,6 +664,7 @@ TrainSummary Trainer::train() {
     if (it > first) steady_ms += ms_since(t0);
     if (tensorboard_ && it % exp_.logging.tensorboard_log_interval == 0)
       write_tensorboard_iteration(s);
+    if (!s.moe.empty()) moe_interval_.add(s.moe);
     const std::string exit_why = exit_reason(it);
     ++interval_iters;
     if (!s.skipped && std::isfinite(s.loss)) interval_loss_sum += s.loss, ++interval_losses;

@@ -17,6 +17,7 @@
 #include "tessera/ops/backend.h"
 #include "tessera/optim/adamw_optimizer.h"
 #include "tessera/run/run_setup.h"
+#include "tessera/train/moe_balance.h"
 
 namespace tessera::profiler {
 class TrainingProfiler;  // obs/profiler/training_profiler.h
@@ -32,6 +33,7 @@ struct IterationStats {
   double grad_norm = 0;   // before clipping
   double lr = 0;
   bool skipped = false;   // non-finite loss or gradient: no update applied
+  std::vector<MoeLayerBalance> moe;  // per MoE layer; empty for a dense model
 };
 
 struct TrainSummary {
@@ -129,6 +131,7 @@ class Trainer {
   int64_t applied_steps_ = 0;
   int64_t skipped_iterations_ = 0;
   int64_t consecutive_nan_ = 0;
+  MoeBalanceInterval moe_interval_;  // the MoE balance of the iterations since the last log
   // Records iterations [profile_step_start, profile_step_end) when logging.profile is on
   // for this rank, else null. Declared last: it detaches from the backend first.
   std::unique_ptr<profiler::TrainingProfiler> profiler_;

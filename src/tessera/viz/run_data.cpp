@@ -166,6 +166,16 @@ size_t latest_run_start(const std::vector<nlohmann::json>& records) {
   return start;
 }
 
+// The largest of the per-layer expert-load CVs of an MoE record; NaN otherwise.
+double worst_cv(const nlohmann::json& j) {
+  double worst = std::nan("");
+  if (!j.contains("moe_expert_tokens_cv") || !j["moe_expert_tokens_cv"].is_array()) return worst;
+  for (const auto& v : j["moe_expert_tokens_cv"])
+    if (v.is_number())
+      worst = std::isfinite(worst) ? std::max(worst, v.get<double>()) : v.get<double>();
+  return worst;
+}
+
 }  // namespace
 
 std::vector<fs::path> find_runs(const fs::path& dir) {
@@ -228,7 +238,9 @@ RunData load_run(const fs::path& dir) {
                                        number(j, "tokens_per_s_per_gpu"),
                                        number(j, "tflops_per_gpu"),
                                        number(j, "mem_peak_gib"),
-                                       number(j, "mem_allocated_gib")};
+                                       number(j, "mem_allocated_gib"),
+                                       number(j, "moe_aux_loss"),
+                                       worst_cv(j)};
   }
   for (auto& [it, rec] : by_iteration) r.iterations.push_back(rec);
   for (auto& [it, loss] : eval)

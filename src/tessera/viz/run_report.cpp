@@ -310,6 +310,20 @@ std::vector<NamedChart> run_charts(const std::vector<RunData>& runs) {
     charts[3].chart.series.push_back(
         series_of(r, c, &IterationRecord::mem_allocated_gib, r.label + " allocated", true));
   }
+  // MoE runs add their load balance: the aux loss (1 when balanced) and the expert-load CV of
+  // the worst layer (0 when balanced).
+  NamedChart balance{"moe_balance",
+                     {"MoE load balance", "iteration", "aux loss / expert-load CV", {}, false}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunData& r = runs[i];
+    const int c = static_cast<int>(i);
+    Series aux = series_of(r, c, &IterationRecord::moe_aux_loss, r.label + " aux loss", false);
+    if (aux.points.empty()) continue;
+    balance.chart.series.push_back(std::move(aux));
+    balance.chart.series.push_back(
+        series_of(r, c, &IterationRecord::moe_expert_tokens_cv, r.label + " expert-load CV", true));
+  }
+  if (!balance.chart.series.empty()) charts.push_back(std::move(balance));
   return charts;
 }
 

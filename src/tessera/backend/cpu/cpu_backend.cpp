@@ -602,6 +602,271 @@ void CpuBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits, co
   }
 }
 
+// ---- QK norm ----
+
+void CpuBackend::do_qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                                    const Tensor& q_weight, const Tensor& k_weight,
+                                    const AttentionShape& s, float eps) {
+  const char* op = "qk_norm_forward";
+  for (const auto& [t, what] :
+       {std::pair{&out, "out"}, std::pair{&rstd, "rstd"}, std::pair{&qkv, "qkv"},
+        std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}})
+    expect_f32(*t, op, what);
+  AttentionShape token = s;  // one token at a time
+  token.batch = token.seq = 1;
+  const int64_t W = s.qkv_width(), heads = s.heads + s.kv_heads;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < s.tokens(); ++n)
+    ref::qk_norm_forward(f32(out) + n * W, f32(rstd) + n * heads, f32(qkv) + n * W, f32(q_weight),
+                         f32(k_weight), token, eps);
+}
+
+void CpuBackend::do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight,
+                                     const Tensor& dk_weight, const Tensor& dout, const Tensor& qkv,
+                                     const Tensor& q_weight, const Tensor& k_weight,
+                                     const Tensor& rstd, const AttentionShape& s) {
+  const char* op = "qk_norm_backward";
+  for (const auto& [t, what] : {std::pair{&dqkv, "dqkv"}, std::pair{&dq_weight, "dq_weight"},
+                                std::pair{&dk_weight, "dk_weight"}, std::pair{&dout, "dout"},
+                                std::pair{&qkv, "qkv"}, std::pair{&q_weight, "q_weight"},
+                                std::pair{&k_weight, "k_weight"}, std::pair{&rstd, "rstd"}})
+    expect_f32(*t, op, what);
+  ref::qk_norm_backward(f32(dqkv), f32(dq_weight), f32(dk_weight), f32(dout), f32(qkv),
+                        f32(q_weight), f32(k_weight), f32(rstd), s);
+}
+
+// ---- mixture of experts ----
+// Router, losses and counts are per-token loops over a few experts: the reference's, run as
+// they are. Dispatch and combine are row copies spread over threads by token.
+
+namespace {
+
+// Expert ids of (N, K) routing slots, each in [0, E).
+const int32_t* expert_ids(const Tensor& indices, int64_t experts, const char* op) {
+  expect_i32(indices, op, "indices");
+  expect_ids_below(indices, experts, false, op, "indices");
+  return indices.as<int32_t>();
+}
+
+// Rows of a permuted (R, C) tensor, each in [0, R).
+const int32_t* permuted_rows(const Tensor& rows, int64_t R, const char* op) {
+  expect_i32(rows, op, "rows");
+  expect_ids_below(rows, R, false, op, "rows");
+  return rows.as<int32_t>();
+}
+
+}  // namespace
+
+void CpuBackend::do_moe_router_forward(const Tensor& indices, const Tensor& weights,
+                                       const Tensor& logits, const Tensor& bias,
+                                       const MoeRouting& r) {
+  const char* op = "moe_router_forward";
+  expect_f32(logits, op, "logits");
+  expect_f32(weights, op, "weights");
+  expect_i32(indices, op, "indices");
+  if (bias.defined()) expect_f32(bias, op, "bias");
+  const int64_t N = matrix_dims(logits).rows, E = r.experts, K = r.topk;
+  const float* b = bias.defined() ? f32(bias) : nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::moe_router_forward(indices.as<int32_t>() + n * K, f32(weights) + n * K,
+                            f32(logits) + n * E, b, 1, r, n);
+}
+
+void CpuBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dweights,
+                                        const Tensor& logits, const Tensor& indices,
+                                        const MoeRouting& r) {
+  const char* op = "moe_router_backward";
+  expect_f32(dlogits, op, "dlogits");
+  expect_f32(dweights, op, "dweights");
+  expect_f32(logits, op, "logits");
+  const int32_t* ids = expert_ids(indices, r.experts, op);
+  const int64_t N = matrix_dims(logits).rows, E = r.experts, K = r.topk;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::moe_router_backward(f32(dlogits) + n * E, f32(dweights) + n * K, f32(logits) + n * E,
+                             ids + n * K, 1, r);
+}
+
+void CpuBackend::do_moe_aux_loss(const MoeAuxLossArgs& a) {
+  const char* op = "moe_aux_loss";
+  expect_f32(a.logits, op, "logits");
+  if (a.loss.defined()) expect_f32(a.loss, op, "loss");
+  if (a.dlogits.defined()) expect_f32(a.dlogits, op, "dlogits");
+  const int32_t* ids = expert_ids(a.indices, a.routing.experts, op);
+  ref::moe_aux_loss(a.loss.defined() ? f32(a.loss) : nullptr,
+                    a.dlogits.defined() ? f32(a.dlogits) : nullptr, f32(a.logits), ids,
+                    matrix_dims(a.logits).rows, a.routing, a.seq, a.grad_scale);
+}
+
+void CpuBackend::do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
+                               float grad_scale) {
+  const char* op = "moe_z_loss";
+  expect_f32(logits, op, "logits");
+  if (loss.defined()) expect_f32(loss, op, "loss");
+  if (dlogits.defined()) expect_f32(dlogits, op, "dlogits");
+  const MatrixDims d = matrix_dims(logits);
+  ref::moe_z_loss(loss.defined() ? f32(loss) : nullptr, dlogits.defined() ? f32(dlogits) : nullptr,
+                  f32(logits), d.rows, d.cols, grad_scale);
+}
+
+void CpuBackend::do_moe_expert_counts(const Tensor& counts, const Tensor& indices) {
+  const char* op = "moe_expert_counts";
+  expect_f32(counts, op, "counts");
+  const int32_t* ids = expert_ids(indices, counts.numel(), op);
+  ref::moe_expert_counts(f32(counts), ids, indices.numel(), counts.numel());
+}
+
+void CpuBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) {
+  const char* op = "moe_expert_bias_update";
+  expect_f32(bias, op, "bias");
+  expect_f32(counts, op, "counts");
+  ref::moe_expert_bias_update(f32(bias), f32(counts), bias.numel(), rate);
+}
+
+void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
+                                const Tensor& x, const Tensor& indices, int64_t align) {
+  const char* op = "moe_permute";
+  expect_f32(xp, op, "xp");
+  expect_f32(x, op, "x");
+  expect_i32(rows, op, "rows");
+  expect_i32(offsets, op, "offsets");
+  const int64_t E = offsets.numel() - 1;
+  const int32_t* ids = expert_ids(indices, E, op);
+  const MatrixDims xd = matrix_dims(x), pd = matrix_dims(xp);
+  const int64_t N = xd.rows, C = xd.cols, K = matrix_dims(indices).cols;
+  ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), ids, N, K, E, align);
+  float* out = f32(xp);
+  const int32_t* to = rows.as<int32_t>();
+  parallel_chunks(pd.rows * C,
+                  [&](int64_t begin, int64_t end) { std::fill(out + begin, out + end, 0.0f); });
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      std::copy(f32(x) + n * C, f32(x) + (n + 1) * C, out + to[n * K + k] * C);
+}
+
+void CpuBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {
+  const char* op = "moe_permute_backward";
+  expect_f32(dx, op, "dx");
+  expect_f32(dxp, op, "dxp");
+  const MatrixDims xd = matrix_dims(dx);
+  const int32_t* from = permuted_rows(rows, matrix_dims(dxp).rows, op);
+  const int64_t N = xd.rows, C = xd.cols, K = matrix_dims(rows).cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::moe_permute_backward(f32(dx) + n * C, f32(dxp), from + n * K, 1, K, C);
+}
+
+void CpuBackend::do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                                  const Tensor& weights) {
+  const char* op = "moe_unpermute";
+  expect_f32(out, op, "out");
+  expect_f32(yp, op, "yp");
+  expect_f32(weights, op, "weights");
+  const MatrixDims od = matrix_dims(out);
+  const int32_t* from = permuted_rows(rows, matrix_dims(yp).rows, op);
+  const int64_t N = od.rows, C = od.cols, K = matrix_dims(rows).cols;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::moe_unpermute(f32(out) + n * C, f32(yp), from + n * K, f32(weights) + n * K, 1, K, C);
+}
+
+void CpuBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights,
+                                           const Tensor& dout, const Tensor& yp, const Tensor& rows,
+                                           const Tensor& weights) {
+  const char* op = "moe_unpermute_backward";
+  expect_f32(dyp, op, "dyp");
+  expect_f32(dweights, op, "dweights");
+  expect_f32(dout, op, "dout");
+  expect_f32(yp, op, "yp");
+  expect_f32(weights, op, "weights");
+  const MatrixDims od = matrix_dims(dout), pd = matrix_dims(yp);
+  const int32_t* to = permuted_rows(rows, pd.rows, op);
+  const int64_t N = od.rows, C = od.cols, K = matrix_dims(rows).cols;
+  float* d = f32(dyp);
+  parallel_chunks(pd.rows * C,
+                  [&](int64_t begin, int64_t end) { std::fill(d + begin, d + end, 0.0f); });
+  // Every (n, k) writes its own row of dyp (the plan gives each copy a distinct row).
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t row = to[n * K + k];
+      const float w = f32(weights)[n * K + k];
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        dot += static_cast<double>(f32(dout)[n * C + c]) * f32(yp)[row * C + c];
+        d[row * C + c] = w * f32(dout)[n * C + c];
+      }
+      f32(dweights)[n * K + k] = static_cast<float>(dot);
+    }
+  }
+}
+
+namespace {
+
+// The groups of a grouped GEMM from the host offsets, each as [begin, rows) and its weight.
+struct GroupRows {
+  int64_t begin, rows, weight;
+};
+std::vector<GroupRows> group_rows(std::span<const int32_t> offsets,
+                                  std::span<const int32_t> weights) {
+  std::vector<GroupRows> g;
+  for (size_t i = 0; i + 1 < offsets.size(); ++i)
+    g.push_back({offsets[i], offsets[i + 1] - offsets[i],
+                 weights.empty() ? static_cast<int64_t>(i) : weights[i]});
+  return g;
+}
+
+}  // namespace
+
+void CpuBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
+  const char* op = "grouped_matmul";
+  expect_f32(a.out, op, "out");
+  expect_f32(a.a, op, "a");
+  expect_f32(a.b, op, "b");
+  expect_i32(a.offsets, op, "offsets");
+  const MatrixDims o = matrix_dims(a.out);
+  const int64_t N = o.cols, K = matrix_dims(a.a).cols;
+  for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
+    if (g.rows == 0) continue;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(g.rows), static_cast<int>(N), static_cast<int>(K), 1.0f,
+                f32(a.a) + g.begin * K, static_cast<int>(std::max<int64_t>(1, K)),
+                f32(a.b) + g.weight * N * K,
+                static_cast<int>(std::max<int64_t>(1, a.trans_b ? K : N)), 0.0f,
+                f32(a.out) + g.begin * N, static_cast<int>(std::max<int64_t>(1, N)));
+  }
+  float* tail = f32(a.out) + static_cast<int64_t>(a.host_offsets.back()) * N;
+  std::fill(tail, f32(a.out) + o.rows * N, 0.0f);
+}
+
+void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
+  const char* op = "grouped_matmul_wgrad";
+  expect_f32(a.out, op, "out");
+  expect_f32(a.a, op, "a");
+  expect_f32(a.b, op, "b");
+  expect_i32(a.offsets, op, "offsets");
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
+  // A weight's first group applies beta, later ones add; BLAS is never called with K = 0
+  // (it may leave beta to the caller), so weights without rows are scaled here.
+  std::vector<char> started(static_cast<size_t>(W), 0);
+  for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
+    if (g.rows == 0) continue;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(g.rows), 1.0f, f32(a.a) + g.begin * M,
+                static_cast<int>(std::max<int64_t>(1, M)), f32(a.b) + g.begin * N,
+                static_cast<int>(std::max<int64_t>(1, N)), started[g.weight] ? 1.0f : a.beta,
+                f32(a.out) + g.weight * M * N, static_cast<int>(std::max<int64_t>(1, N)));
+    started[g.weight] = 1;
+  }
+  for (int64_t w = 0; w < W; ++w) {
+    if (started[w]) continue;
+    float* out = f32(a.out) + w * M * N;
+    for (int64_t i = 0; i < M * N; ++i) out[i] = a.beta == 0.0f ? 0.0f : a.beta * out[i];
+  }
+}
+
 // ---- reductions and optimizer ----
 
 void CpuBackend::do_sum(const Tensor& out, const Tensor& x, bool accumulate) {

@@ -137,6 +137,89 @@ template <class T>
 void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
                    int64_t V, T grad_scale);
 
+// ---- QK norm (Qwen3) ----
+
+// Every query and key head x (D) of qkv (N, width), N = s.tokens(), RMS-normalised with
+// q_weight or k_weight (D); value heads copied. rstd (N, H + KV), query heads first.
+template <class T>
+void qk_norm_forward(T* out, T* rstd, const T* qkv, const T* q_weight, const T* k_weight,
+                     const AttentionShape& s, T eps);
+
+// dqkv (N, width) overwritten (it may be dout); dq_weight, dk_weight (D) accumulate.
+template <class T>
+void qk_norm_backward(T* dqkv, T* dq_weight, T* dk_weight, const T* dout, const T* qkv,
+                      const T* q_weight, const T* k_weight, const T* rstd, const AttentionShape& s);
+
+// ---- mixture of experts (ops/backend.h: MoeRouting, MoeAuxLossArgs) ----
+
+// logits (N, E); bias (E) or null. indices and weights (N, K) overwritten. Token i here is
+// token first_token + i of the batch (force_balance's round-robin counts from the batch's
+// first token).
+template <class T>
+void moe_router_forward(int32_t* indices, T* weights, const T* logits, const T* bias, int64_t N,
+                        const MoeRouting& r, int64_t first_token = 0);
+
+// dlogits (N, E) overwritten from dweights (N, K).
+template <class T>
+void moe_router_backward(T* dlogits, const T* dweights, const T* logits, const int32_t* indices,
+                         int64_t N, const MoeRouting& r);
+
+// loss (1) += L and dlogits (N, E) += grad_scale * dL/dlogits, each unless null; seq 0 is
+// aux_loss, seq > 0 seq_aux_loss over sequences of seq tokens.
+template <class T>
+void moe_aux_loss(T* loss, T* dlogits, const T* logits, const int32_t* indices, int64_t N,
+                  const MoeRouting& r, int64_t seq, T grad_scale);
+
+// loss (1) += mean_n logsumexp(logits_n)^2, dlogits (N, E) += grad_scale * its gradient, each
+// unless null.
+template <class T>
+void moe_z_loss(T* loss, T* dlogits, const T* logits, int64_t N, int64_t E, T grad_scale);
+
+// counts (E) += the (token, slot) pairs of indices (n: N * K entries) routed to each expert.
+template <class T>
+void moe_expert_counts(T* counts, const int32_t* indices, int64_t n, int64_t E);
+
+// bias (E) += rate * sign(mean(counts) - counts[e]).
+template <class T>
+void moe_expert_bias_update(T* bias, const T* counts, int64_t E, T rate);
+
+// The dispatch of moe_permute: rows (N, K) and offsets (E + 1) from indices (N, K).
+void moe_dispatch_plan(int32_t* rows, int32_t* offsets, const int32_t* indices, int64_t N,
+                       int64_t K, int64_t E, int64_t align);
+
+// xp (R, C) overwritten: x (N, C) rows at rows (N, K), zero elsewhere.
+template <class T>
+void moe_permute(T* xp, int64_t R, const T* x, const int32_t* rows, int64_t N, int64_t K,
+                 int64_t C);
+
+// dx (N, C) accumulates the rows of dxp its copies went to.
+template <class T>
+void moe_permute_backward(T* dx, const T* dxp, const int32_t* rows, int64_t N, int64_t K,
+                          int64_t C);
+
+// out (N, C) accumulates sum_k weights[n, k] * yp[rows[n, k]].
+template <class T>
+void moe_unpermute(T* out, const T* yp, const int32_t* rows, const T* weights, int64_t N, int64_t K,
+                   int64_t C);
+
+// dyp (R, C) and dweights (N, K) overwritten.
+template <class T>
+void moe_unpermute_backward(T* dyp, int64_t R, T* dweights, const T* dout, const T* yp,
+                            const int32_t* rows, const T* weights, int64_t N, int64_t K, int64_t C);
+
+// out (R, N) = per group a[rows_g] (M_g, K) @ op(b[w(g)]); rows from offsets[G] on zeroed.
+// b (W, N, K) when trans_b, else (W, K, N); w(g) = weights[g], or g when weights is null.
+template <class T>
+void grouped_matmul(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G, int64_t R,
+                    int64_t N, int64_t K, bool trans_b, const int32_t* weights = nullptr);
+
+// out[w] (M, N) = beta * out[w] + the sum over the groups g of w of a[rows_g]^T @ b[rows_g],
+// for each of the W weights (W < 0: W = G); a (R, M), b (R, N).
+template <class T>
+void grouped_matmul_wgrad(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G,
+                          int64_t M, int64_t N, T beta, int64_t W = -1,
+                          const int32_t* weights = nullptr);
+
 // ---- reductions ----
 
 // out (1) = sum(x) (or out += sum(x) when accumulate); x (n).

@@ -17,6 +17,7 @@
 #include "tessera/backend/cuda/elementwise.cuh"
 #include "tessera/backend/cuda/embedding.cuh"
 #include "tessera/backend/cuda/fp8_cast.cuh"
+#include "tessera/backend/cuda/moe.cuh"
 #include "tessera/backend/cuda/reduce.cuh"
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
@@ -600,6 +601,234 @@ void CudaBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits,
   }
   cuda::cross_entropy(losses.as<float>(), dx, logits.data, targets.as<int32_t>(), N, V, grad_scale,
                       logits.dtype, stream_);
+}
+
+// ---- QK norm and mixture of experts ----
+
+void CudaBackend::do_qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                                     const Tensor& q_weight, const Tensor& k_weight,
+                                     const AttentionShape& s, float eps) {
+  const char* op = "qk_norm_forward";
+  expect_float(qkv, op, "qkv");
+  expect_same_type(out, qkv, op, "out");
+  expect_same_type(q_weight, qkv, op, "q_weight");
+  expect_same_type(k_weight, qkv, op, "k_weight");
+  expect_type(rstd, DType::F32, op, "rstd");
+  cuda::qk_norm_forward(out.data, rstd.as<float>(), qkv.data, q_weight.data, k_weight.data, s, eps,
+                        qkv.dtype, stream_);
+}
+
+void CudaBackend::do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight,
+                                      const Tensor& dk_weight, const Tensor& dout,
+                                      const Tensor& qkv, const Tensor& q_weight,
+                                      const Tensor& k_weight, const Tensor& rstd,
+                                      const AttentionShape& s) {
+  const char* op = "qk_norm_backward";
+  expect_float(qkv, op, "qkv");
+  for (const auto& [t, what] : {std::pair{&dqkv, "dqkv"}, std::pair{&dout, "dout"},
+                                std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}})
+    expect_same_type(*t, qkv, op, what);
+  expect_type(dq_weight, DType::F32, op, "dq_weight");
+  expect_type(dk_weight, DType::F32, op, "dk_weight");
+  expect_type(rstd, DType::F32, op, "rstd");
+  const size_t bytes = qk_norm_backward_scratch_bytes(s);
+  cuda::qk_norm_backward(dqkv.data, dq_weight.as<float>(), dk_weight.as<float>(), dout.data,
+                         qkv.data, q_weight.data, k_weight.data, rstd.as<float>(), s, qkv.dtype,
+                         scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::do_moe_router_forward(const Tensor& indices, const Tensor& weights,
+                                        const Tensor& logits, const Tensor& bias,
+                                        const MoeRouting& r) {
+  const char* op = "moe_router_forward";
+  expect_float(logits, op, "logits");
+  expect_type(indices, DType::I32, op, "indices");
+  expect_type(weights, DType::F32, op, "weights");
+  if (bias.defined()) expect_type(bias, DType::F32, op, "bias");
+  cuda::moe_router_forward(indices.as<int32_t>(), weights.as<float>(), logits.data, logits.dtype,
+                           bias.defined() ? bias.as<float>() : nullptr, matrix_dims(logits).rows, r,
+                           stream_);
+}
+
+void CudaBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dweights,
+                                         const Tensor& logits, const Tensor& indices,
+                                         const MoeRouting& r) {
+  const char* op = "moe_router_backward";
+  expect_float(logits, op, "logits");
+  expect_type(dlogits, DType::F32, op, "dlogits");
+  expect_type(dweights, DType::F32, op, "dweights");
+  expect_type(indices, DType::I32, op, "indices");
+  cuda::moe_router_backward(dlogits.as<float>(), dweights.as<float>(), logits.data, logits.dtype,
+                            indices.as<int32_t>(), matrix_dims(logits).rows, r, stream_);
+}
+
+void CudaBackend::do_moe_aux_loss(const MoeAuxLossArgs& a) {
+  const char* op = "moe_aux_loss";
+  expect_float(a.logits, op, "logits");
+  expect_type(a.indices, DType::I32, op, "indices");
+  if (a.loss.defined()) expect_type(a.loss, DType::F32, op, "loss");
+  if (a.dlogits.defined()) expect_type(a.dlogits, DType::F32, op, "dlogits");
+  const int64_t N = matrix_dims(a.logits).rows;
+  const int64_t sequences = a.seq > 0 ? N / a.seq : 1;
+  const size_t bytes = moe_loss_scratch_bytes(N, a.routing.experts, sequences);
+  cuda::moe_aux_loss(a.loss.defined() ? a.loss.as<float>() : nullptr,
+                     a.dlogits.defined() ? a.dlogits.as<float>() : nullptr, a.logits.data,
+                     a.logits.dtype, a.indices.as<int32_t>(), N, a.routing, a.seq, a.grad_scale,
+                     scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
+                                float grad_scale) {
+  const char* op = "moe_z_loss";
+  expect_float(logits, op, "logits");
+  if (loss.defined()) expect_type(loss, DType::F32, op, "loss");
+  if (dlogits.defined()) expect_type(dlogits, DType::F32, op, "dlogits");
+  const MatrixDims d = matrix_dims(logits);
+  const size_t bytes = moe_loss_scratch_bytes(d.rows, d.cols, 0);
+  cuda::moe_z_loss(loss.defined() ? loss.as<float>() : nullptr,
+                   dlogits.defined() ? dlogits.as<float>() : nullptr, logits.data, logits.dtype,
+                   d.rows, d.cols, grad_scale, scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::do_moe_expert_counts(const Tensor& counts, const Tensor& indices) {
+  const char* op = "moe_expert_counts";
+  expect_type(counts, DType::F32, op, "counts");
+  expect_type(indices, DType::I32, op, "indices");
+  cuda::moe_expert_counts(counts.as<float>(), indices.as<int32_t>(), indices.numel(), stream_);
+}
+
+void CudaBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) {
+  const char* op = "moe_expert_bias_update";
+  expect_type(bias, DType::F32, op, "bias");
+  expect_type(counts, DType::F32, op, "counts");
+  cuda::moe_expert_bias_update(bias.as<float>(), counts.as<float>(), bias.numel(), rate, stream_);
+}
+
+void CudaBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
+                                 const Tensor& x, const Tensor& indices, int64_t align) {
+  const char* op = "moe_permute";
+  expect_float(x, op, "x");
+  expect_same_type(xp, x, op, "xp");
+  expect_type(rows, DType::I32, op, "rows");
+  expect_type(offsets, DType::I32, op, "offsets");
+  expect_type(indices, DType::I32, op, "indices");
+  const MatrixDims xd = matrix_dims(x);
+  const int64_t E = offsets.numel() - 1, R = matrix_dims(xp).rows;
+  const size_t bytes = moe_permute_scratch_bytes(R, E);
+  cuda::moe_permute(xp.data, rows.as<int32_t>(), offsets.as<int32_t>(), x.data,
+                    indices.as<int32_t>(), xd.rows, matrix_dims(indices).cols, xd.cols, E, R, align,
+                    x.dtype, scratch(bytes), bytes, stream_);
+}
+
+void CudaBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {
+  const char* op = "moe_permute_backward";
+  expect_float(dx, op, "dx");
+  expect_same_type(dxp, dx, op, "dxp");
+  expect_type(rows, DType::I32, op, "rows");
+  const MatrixDims d = matrix_dims(dx);
+  cuda::moe_permute_backward(dx.data, dxp.data, rows.as<int32_t>(), d.rows, matrix_dims(rows).cols,
+                             d.cols, dx.dtype, stream_);
+}
+
+void CudaBackend::do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                                   const Tensor& weights) {
+  const char* op = "moe_unpermute";
+  expect_float(out, op, "out");
+  expect_same_type(yp, out, op, "yp");
+  expect_type(rows, DType::I32, op, "rows");
+  expect_type(weights, DType::F32, op, "weights");
+  const MatrixDims d = matrix_dims(out);
+  cuda::moe_unpermute(out.data, yp.data, rows.as<int32_t>(), weights.as<float>(), d.rows,
+                      matrix_dims(rows).cols, d.cols, out.dtype, stream_);
+}
+
+void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights,
+                                            const Tensor& dout, const Tensor& yp,
+                                            const Tensor& rows, const Tensor& weights) {
+  const char* op = "moe_unpermute_backward";
+  expect_float(dout, op, "dout");
+  expect_same_type(dyp, dout, op, "dyp");
+  expect_same_type(yp, dout, op, "yp");
+  expect_type(dweights, DType::F32, op, "dweights");
+  expect_type(rows, DType::I32, op, "rows");
+  expect_type(weights, DType::F32, op, "weights");
+  const MatrixDims d = matrix_dims(dout);
+  const int64_t R = matrix_dims(yp).rows;
+  const size_t bytes = moe_unpermute_backward_scratch_bytes(R);
+  cuda::moe_unpermute_backward(
+      dyp.data, dweights.as<float>(), dout.data, yp.data, rows.as<int32_t>(), weights.as<float>(),
+      d.rows, matrix_dims(rows).cols, d.cols, R, dout.dtype, scratch(bytes), bytes, stream_);
+}
+
+// One cuBLASLt GEMM per non-empty group, sized from the host offsets: the first CUDA grouped
+// GEMM. A single grouped kernel reading the device offsets would replace this loop without
+// changing the op.
+void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
+  const char* op = "grouped_matmul";
+  expect_float(a.a, op, "a");
+  expect_same_type(a.b, a.a, op, "b");
+  expect_same_type(a.out, a.a, op, "out");
+  expect_type(a.offsets, DType::I32, op, "offsets");
+  const MatrixDims o = matrix_dims(a.out);
+  const int64_t N = o.cols, K = matrix_dims(a.a).cols;
+  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
+  const size_t elem = dtype_size(a.a.dtype);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
+    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
+    if (rows == 0) continue;
+    MatmulProblem p;
+    p.out = static_cast<char*>(a.out.data) + begin * N * elem;
+    p.out_dtype = a.out.dtype;
+    p.a = static_cast<const char*>(a.a.data) + begin * K * elem;
+    p.b = static_cast<const char*>(a.b.data) + w * N * K * elem;
+    p.a_dtype = p.b_dtype = a.a.dtype;
+    p.M = rows, p.N = N, p.K = K;
+    p.trans_b = a.trans_b;
+    lt_->run(p, stream_);
+  }
+  const int64_t used = a.host_offsets[G];
+  if (used < o.rows)
+    TS_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(a.out.data) + used * N * elem, 0,
+                                  (o.rows - used) * N * elem, stream_));
+}
+
+void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
+  const char* op = "grouped_matmul_wgrad";
+  expect_float(a.a, op, "a");
+  expect_same_type(a.b, a.a, op, "b");
+  expect_type(a.out, DType::F32, op, "out");
+  expect_type(a.offsets, DType::I32, op, "offsets");
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
+  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
+  const size_t elem = dtype_size(a.a.dtype);
+  // A weight's first group applies beta, later ones add; weights without rows get beta alone.
+  std::vector<char> started(static_cast<size_t>(W), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
+    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
+    float* out = a.out.as<float>() + w * M * N;
+    if (rows == 0) continue;
+    MatmulProblem p;
+    p.out = out;
+    p.out_dtype = DType::F32;
+    p.a = static_cast<const char*>(a.a.data) + begin * M * elem;
+    p.b = static_cast<const char*>(a.b.data) + begin * N * elem;
+    p.a_dtype = p.b_dtype = a.a.dtype;
+    p.M = M, p.N = N, p.K = rows;
+    p.trans_a = true;
+    p.beta = started[w] ? 1.0f : a.beta;
+    lt_->run(p, stream_);
+    started[w] = 1;
+  }
+  for (int64_t w = 0; w < W; ++w) {
+    if (started[w]) continue;
+    float* out = a.out.as<float>() + w * M * N;
+    if (a.beta == 0.0f)
+      TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * sizeof(float), stream_));
+    else if (a.beta != 1.0f)
+      scale_floats(out, M * N, a.beta, stream_);
+  }
 }
 
 // ---- reductions and optimizer ----

@@ -118,6 +118,33 @@ class CudaBackend final : public Backend {
   void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                         const Tensor& dlogits, float grad_scale) override;
 
+  void do_qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
+                          const Tensor& q_weight, const Tensor& k_weight, const AttentionShape& s,
+                          float eps) override;
+  void do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight, const Tensor& dk_weight,
+                           const Tensor& dout, const Tensor& qkv, const Tensor& q_weight,
+                           const Tensor& k_weight, const Tensor& rstd,
+                           const AttentionShape& s) override;
+  void do_moe_router_forward(const Tensor& indices, const Tensor& weights, const Tensor& logits,
+                             const Tensor& bias, const MoeRouting& r) override;
+  void do_moe_router_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& logits,
+                              const Tensor& indices, const MoeRouting& r) override;
+  void do_moe_aux_loss(const MoeAuxLossArgs& args) override;
+  void do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
+                     float grad_scale) override;
+  void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) override;
+  void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) override;
+  void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets, const Tensor& x,
+                      const Tensor& indices, int64_t align) override;
+  void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) override;
+  void do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
+                        const Tensor& weights) override;
+  void do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights, const Tensor& dout,
+                                 const Tensor& yp, const Tensor& rows,
+                                 const Tensor& weights) override;
+  void do_grouped_matmul(const GroupedMatmulArgs& args) override;
+  void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) override;
+
   void do_sum(const Tensor& out, const Tensor& x, bool accumulate) override;
   void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
   void do_adamw_step(const AdamWArgs& args) override;

@@ -17,6 +17,10 @@ void GqaAttentionBlock::declare_params(ParamLayoutBuilder& b) {
                       TensorParallelStyle::Column, {q, kv, kv});
   o_proj_ = b.add("self_attn.o_proj.weight", {C, s_.attn_width()}, ParamInit::ScaledNormal, true,
                   TensorParallelStyle::Row);
+  if (s_.qk_norm) {
+    q_norm_ = b.add("self_attn.q_norm.weight", {s_.head_dim}, ParamInit::Ones, false);
+    k_norm_ = b.add("self_attn.k_norm.weight", {s_.head_dim}, ParamInit::Ones, false);
+  }
 }
 
 void GqaAttentionBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
@@ -27,6 +31,10 @@ void GqaAttentionBlock::declare_activations(ActivationPlan& plan, const ModelRun
   plan.add(&qkv_, dt, {N, s_.qkv_width()});
   plan.add(&att_, dt, {N, s_.attn_width()});
   plan.add(&lse_, DType::F32, {rt.micro_batch, s_.heads, rt.seq_length});
+  if (s_.qk_norm) {
+    plan.add(&qkv_raw_, dt, {N, s_.qkv_width()});
+    plan.add(&qk_rstd_, DType::F32, {N, s_.heads + s_.kv_heads});
+  }
 }
 
 void GqaAttentionBlock::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
@@ -52,7 +60,13 @@ void GqaAttentionBlock::forward_inner(LayerOps& ops, const Tensor& x) {
   Backend& b = ops.backend();
   const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
-  ops.linear(qkv_, ln_, qkv_weight_, qkv_bias_);
+  if (s_.qk_norm) {
+    ops.linear(qkv_raw_, ln_, qkv_weight_, qkv_bias_);
+    b.qk_norm_forward(qkv_, qk_rstd_, qkv_raw_, ops.param(q_norm_), ops.param(k_norm_), a,
+                      s_.norm_eps);
+  } else {
+    ops.linear(qkv_, ln_, qkv_weight_, qkv_bias_);
+  }
   b.rope_forward(qkv_, ops.rope_table(), a);
   b.attention_forward(att_, lse_, qkv_, a);
 }
@@ -67,6 +81,9 @@ void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
   ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
   b.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   b.rope_backward(dqkv_, ops.rope_table(), a);
+  if (s_.qk_norm)
+    b.qk_norm_backward(dqkv_, ops.grad(q_norm_), ops.grad(k_norm_), dqkv_, qkv_raw_,
+                       ops.param(q_norm_), ops.param(k_norm_), qk_rstd_, a);
   if (ops.runtime().recompute == RecomputeGranularity::Selective) {
     ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
     b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
@@ -77,9 +94,13 @@ void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
 
 size_t GqaAttentionBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
   const size_t e = dtype_size(dtype);
+  const size_t qk_norm = s_.qk_norm ? ScratchArena::aligned(n * s_.qkv_width() * e) +
+                                          ScratchArena::aligned(n * (s_.heads + s_.kv_heads) * 4)
+                                    : 0;
   return ScratchArena::aligned(n * s_.hidden * e) + ScratchArena::aligned(n * 4) +
          ScratchArena::aligned(n * s_.qkv_width() * e) +
-         ScratchArena::aligned(n * s_.attn_width() * e) + ScratchArena::aligned(s_.heads * n * 4);
+         ScratchArena::aligned(n * s_.attn_width() * e) + ScratchArena::aligned(s_.heads * n * 4) +
+         qk_norm;
 }
 
 // A prompt attends within itself (attention_forward over its own q, k and v); one new token
@@ -98,7 +119,15 @@ void GqaAttentionBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, c
   const Tensor qkv = scratch.take(dt, {n, width});
   const Tensor att = scratch.take(dt, {n, q_width});
   b.rmsnorm_forward(ln, rstd, x, ops.param(norm_), s_.norm_eps);
-  ops.linear(qkv, ln, qkv_weight_, qkv_bias_);
+  if (s_.qk_norm) {
+    const Tensor raw = scratch.take(dt, {n, width});
+    const Tensor qk_rstd = scratch.take(DType::F32, {n, s_.heads + s_.kv_heads});
+    ops.linear(raw, ln, qkv_weight_, qkv_bias_);
+    b.qk_norm_forward(qkv, qk_rstd, raw, ops.param(q_norm_), ops.param(k_norm_), shape(1, n),
+                      s_.norm_eps);
+  } else {
+    ops.linear(qkv, ln, qkv_weight_, qkv_bias_);
+  }
   // Row t of the table slice is position pos + t.
   b.rope_forward(qkv, ops.rope_table().rows(pos, pos + n), shape(1, n));
   for (int64_t t = 0; t < n; ++t)

@@ -2,6 +2,7 @@
 // Grouped-query self-attention with rotary embeddings (Llama, Qwen 2.5, Mistral):
 //   ln  = rmsnorm(x)                         (N, C)
 //   qkv = ln @ Wqkv^T (+ bias)               (N, (H + 2 KV) D), q, k, v heads packed per token
+//   with qk_norm (Qwen3): RMSNorm over each q head (q_norm) and k head (k_norm)
 //   rope on the q and k heads; att = causal (optionally windowed) softmax attention (N, H D)
 //   out = x + att @ Wo^T                     (N, C)
 // In generation each position's key and value heads go to the cache (2 KV D per position), and
@@ -35,7 +36,9 @@ class GqaAttentionBlock final : public Block {
 
   ModelSpec s_;
   int norm_ = -1, qkv_weight_ = -1, qkv_bias_ = -1, o_proj_ = -1;
+  int q_norm_ = -1, k_norm_ = -1;
   Tensor ln_, rstd_, qkv_, att_, lse_;  // activations
+  Tensor qkv_raw_, qk_rstd_;            // with qk_norm: the projection before the norms
   Tensor datt_, dqkv_;                  // backward scratch
 };
 

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "tessera/config/keys.h"
+#include "tessera/core/error.h"
+
 #include "tessera/model/blocks/gqa_attention.h"
 #include "tessera/model/blocks/swiglu_mlp.h"
 
@@ -9,7 +12,7 @@ namespace tessera {
 
 // Derived values as Megatron derives them: num_query_groups=0 -> heads, kv_channels=0 ->
 // hidden/heads, ffn_hidden_size=0 -> int(8*hidden/3/64)*64.
-ModelSpec LlamaFamily::make_spec(const Experiment& e) const {
+ModelSpec decoder_spec(const Experiment& e) {
   const ModelConfig& m = e.model_config;
   ModelSpec s;
   s.num_layers = m.num_layers;
@@ -28,7 +31,28 @@ ModelSpec LlamaFamily::make_spec(const Experiment& e) const {
   s.tied_embeddings = !m.untie_embeddings_and_output_weights;
   s.sliding_window = m.sliding_window;
   s.init_std = static_cast<float>(m.init_method_std);
+  s.qk_norm = m.qk_layernorm;
   return s;
+}
+
+void reject_model_key(const Experiment& e, const char* key, const std::string& expected) {
+  const auto it = e.origin.find(key);
+  const KeySpec* spec = find_key(key);
+  throw ConfigError(it == e.origin.end() ? std::string("default") : it->second, key,
+                    spec ? spec->get(e) : "?", expected);
+}
+
+ModelSpec LlamaFamily::make_spec(const Experiment& e) const {
+  const ModelConfig& m = e.model_config;
+  if (m.num_experts > 0)
+    reject_model_key(e, "num_experts",
+                     "0 with model_family llama (a dense model); MoE models are model_family "
+                     "mixtral or qwen3_moe");
+  if (m.qk_layernorm)
+    reject_model_key(e, "qk_layernorm",
+                     "false with model_family llama (Llama, Qwen 2.5 and Mistral have no QK "
+                     "norm; qwen3_moe has it)");
+  return decoder_spec(e);
 }
 
 std::vector<std::unique_ptr<Block>> LlamaFamily::layer_blocks(const ModelSpec& s,

@@ -1,0 +1,341 @@
+#include "tessera/model/blocks/moe_mlp.h"
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+void MoeMlpBlock::declare_params(ParamLayoutBuilder& b) {
+  const int64_t C = s_.hidden, E = s_.moe.experts, F = s_.moe.ffn, S = s_.moe.shared_ffn;
+  norm_ = b.add("post_attention_layernorm.weight", {C}, ParamInit::Ones, false);
+  router_ = b.add("mlp.router.weight", {E, C}, ParamInit::Normal, true);
+  gate_up_ = b.add("mlp.experts.gate_up_proj.weight", {E, 2 * F, C}, ParamInit::Normal, true);
+  down_ = b.add("mlp.experts.down_proj.weight", {E, C, F}, ParamInit::ScaledNormal, true);
+  if (S > 0) {
+    shared_gate_up_ = b.add("mlp.shared_expert.gate_up_proj.weight", {2 * S, C}, ParamInit::Normal,
+                            true, TensorParallelStyle::Column, {S, S});
+    shared_down_ = b.add("mlp.shared_expert.down_proj.weight", {C, S}, ParamInit::ScaledNormal,
+                         true, TensorParallelStyle::Row);
+  }
+}
+
+std::vector<int> MoeMlpBlock::linear_weights() const {
+  if (s_.moe.shared_ffn == 0) return {};
+  return {shared_gate_up_, shared_down_};
+}
+
+void MoeMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
+  const int64_t N = rt.tokens(), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
+  const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
+  const DType dt = rt.compute_dtype;
+  ep_ = rt.expert_parallel_size;
+  const int64_t Re = expert_rows(N, rt.expert_parallel_size);
+  plan.add(&rstd_, DType::F32, {N});
+  plan.add(&ln_, dt, {N, C}, Keep::Recomputable);
+  plan.add(&logits_, dt, {N, E});
+  plan.add(&indices_, DType::I32, {N, K});
+  plan.add(&weights_, DType::F32, {N, K});
+  plan.add(&rows_, DType::I32, {N, K});
+  plan.add(&offsets_, DType::I32, {E + 1});
+  plan.add(&xp_, dt, {R, C});
+  plan.add(&h1_, dt, {Re, 2 * F});
+  plan.add(&h_, dt, {Re, F}, Keep::Recomputable);
+  plan.add(&yp_, dt, {R, C});
+  if (ep_ > 1) {
+    plan.add(&xr_, dt, {Re, C});
+    plan.add(&yr_, dt, {Re, C});
+    plan.add(&expert_offsets_, DType::I32, {E + 1});  // ep x (E / ep) groups
+  }
+  if (S > 0) {
+    plan.add(&shared_gu_, dt, {N, 2 * S});
+    plan.add(&shared_h_, dt, {N, S}, Keep::Recomputable);
+  }
+}
+
+void MoeMlpBlock::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
+  const int64_t N = rt.tokens(), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
+  const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
+  const int64_t Re = expert_rows(N, rt.expert_parallel_size);
+  const DType dt = rt.compute_dtype;
+  plan.add(&dyp_, dt, {R, C});
+  plan.add(&dweights_, DType::F32, {N, K});
+  plan.add(&dh_, dt, {Re, F});
+  plan.add(&dh1_, dt, {Re, 2 * F});
+  if (rt.expert_parallel_size > 1) plan.add(&dyr_, dt, {Re, C});
+  plan.add(&dlogits_, DType::F32, {N, E});
+  plan.add(&dlogits_c_, dt, {N, E});
+  if (S > 0) {
+    plan.add(&dshared_h_, dt, {N, S});
+    plan.add(&dshared_gu_, dt, {N, 2 * S});
+  }
+}
+
+MoeRouting MoeMlpBlock::routing(bool force_balance) const {
+  const MoeSpec& m = s_.moe;
+  MoeRouting r;
+  r.experts = m.experts;
+  r.topk = m.topk;
+  r.sigmoid = m.sigmoid;
+  r.pre_softmax = m.pre_softmax;
+  r.num_groups = m.num_groups;
+  r.group_topk = m.group_topk;
+  r.scaling = static_cast<float>(m.topk_scaling);
+  r.force_balance = force_balance;
+  return r;
+}
+
+int64_t MoeMlpBlock::expert_rows(int64_t n, int ep) const {
+  // Each rank of the group sends at most its routed rows for this rank's experts, padded.
+  return ep == 1 ? permuted_rows(n, s_.moe)
+                 : ep * (n * s_.moe.topk + s_.moe.experts / ep * (kGroupAlign - 1));
+}
+
+Tensor MoeMlpBlock::local_experts(const Tensor& all, int rank, int ep) const {
+  const int64_t local = s_.moe.experts / ep, per_expert = all.numel() / s_.moe.experts;
+  return all.flat_range(rank * local * per_expert, local * per_expert)
+      .view({local, all.dim(1), all.dim(2)});
+}
+
+// Where this rank's rows go: the permuted rows are sorted by expert, so the rows of rank j's
+// experts are one block; the ranks swap their per-expert counts, and this rank's experts
+// receive (source rank, expert) groups, each a multiple of kGroupAlign rows.
+void MoeMlpBlock::plan_exchange(Backend& b, ExpertExchange& ex) {
+  const int P = ex.size();
+  const int64_t E = s_.moe.experts, El = E / P;
+  const std::vector<int32_t>& local = host_offsets_;
+  std::vector<int64_t> send(E), recv(E);
+  for (int64_t g = 0; g < E; ++g) send[g] = local[g + 1] - local[g];
+  ex.exchange_counts(send, recv, El);
+  send_rows_.assign(P, 0), send_first_.assign(P, 0), recv_rows_.assign(P, 0);
+  recv_first_.assign(P, 0);
+  host_expert_offsets_.assign(E + 1, 0);
+  group_weights_.assign(E, 0);
+  for (int j = 0; j < P; ++j) {
+    send_first_[j] = local[j * El];
+    send_rows_[j] = local[(j + 1) * El] - local[j * El];
+    recv_first_[j] = host_expert_offsets_[j * El];
+    for (int64_t e = 0; e < El; ++e) {
+      const int64_t g = j * El + e;
+      host_expert_offsets_[g + 1] = static_cast<int32_t>(host_expert_offsets_[g] + recv[g]);
+      group_weights_[g] = static_cast<int32_t>(e);
+      recv_rows_[j] += recv[g];
+    }
+  }
+  TS_CHECK(host_expert_offsets_[E] <= xr_.dim(0), "{} received rows, planned for {}",
+           host_expert_offsets_[E], xr_.dim(0));
+  b.upload(expert_offsets_, host_expert_offsets_.data());
+}
+
+// Under selective recompute ln, h and the shared expert's h share one buffer (one
+// recomputable tensor is live at a time), so each is used up before the next is written: ln
+// feeds the router, the dispatch and the shared expert's first GEMM before h overwrites it.
+void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
+                                        ExpertExchange* ex, std::vector<int32_t>& host_offsets) {
+  Backend& b = ops.backend();
+  ops.linear(t.logits, t.ln, router_, -1);
+  b.moe_router_forward(t.indices, t.weights, t.logits, expert_bias_, routing(force_balance));
+  b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign);
+  // The group sizes are known on the device only; one copy per pass serves every grouped
+  // GEMM of the layer, forward and backward (and the exchange's counts).
+  host_offsets.resize(static_cast<size_t>(s_.moe.experts + 1));
+  b.download(host_offsets.data(), t.offsets);
+  // The experts run on this rank's rows (every expert) or on the rows the group sends to
+  // this rank's share of them.
+  Tensor x = t.xp, y = t.yp, offsets = t.offsets;
+  std::span<const int32_t> groups = host_offsets, weights;
+  Tensor w_up = ops.param(gate_up_), w_down = ops.param(down_);
+  if (ex != nullptr) {
+    plan_exchange(b, *ex);
+    ex->exchange_rows(xr_, recv_rows_, recv_first_, t.xp, send_rows_, send_first_);
+    x = xr_, y = yr_, offsets = expert_offsets_;
+    groups = host_expert_offsets_, weights = group_weights_;
+    w_up = local_experts(w_up, ex->rank(), ex->size());
+    w_down = local_experts(w_down, ex->rank(), ex->size());
+  }
+  GroupedMatmulArgs up;
+  up.out = t.h1, up.a = x, up.b = w_up, up.trans_b = true;
+  up.offsets = offsets, up.host_offsets = groups, up.group_weights = weights;
+  b.grouped_matmul(up);
+  if (t.shared_gu.defined()) ops.linear(t.shared_gu, t.ln, shared_gate_up_, -1);
+  b.swiglu_forward(t.h, t.h1);
+  GroupedMatmulArgs down = up;
+  down.out = y, down.a = t.h, down.b = w_down;
+  b.grouped_matmul(down);
+  if (ex != nullptr) ex->exchange_rows(t.yp, send_rows_, send_first_, yr_, recv_rows_, recv_first_);
+  if (t.shared_gu.defined()) b.swiglu_forward(t.shared_h, t.shared_gu);
+}
+
+ExpertExchange* MoeMlpBlock::exchange(LayerOps& ops) const {
+  ExpertExchange* ex = ops.expert_exchange();
+  const int size = ex ? ex->size() : 1;
+  TS_CHECK(size == ep_, "moe block planned for {} expert-parallel ranks, run on {}", ep_, size);
+  return size > 1 ? ex : nullptr;
+}
+
+void MoeMlpBlock::forward_inner(LayerOps& ops, const Tensor& x) {
+  ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
+  route_and_run_experts(
+      ops,
+      {ln_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_, shared_gu_, shared_h_},
+      ops.runtime().moe_force_balance, exchange(ops), host_offsets_);
+}
+
+// Runs once per forward pass (a fully recomputed layer reruns forward_inner only), so the
+// statistics count each micro-batch once.
+void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
+  Backend& b = ops.backend();
+  if (s_.moe.shared_ffn > 0) {
+    ops.linear(out, shared_h_, shared_down_, -1, x);
+  } else {
+    b.copy(out, x);
+  }
+  b.moe_unpermute(out, yp_, rows_, weights_);
+  if (!stats_.defined()) return;
+  const int64_t E = s_.moe.experts;
+  b.moe_expert_counts(stats_.flat_range(0, E), indices_);
+  if (s_.moe.load_balancing != MoeLoadBalancing::None) {
+    MoeAuxLossArgs a;
+    a.logits = logits_, a.indices = indices_, a.routing = routing(false);
+    a.seq = s_.moe.load_balancing == MoeLoadBalancing::SeqAuxLoss ? ops.runtime().seq_length : 0;
+    a.loss = stats_.flat_range(E, 1);
+    b.moe_aux_loss(a);
+  }
+  b.moe_z_loss(stats_.flat_range(E + 1, 1), Tensor{}, logits_, 0.0f);
+}
+
+void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
+  Backend& b = ops.backend();
+  const bool selective = ops.runtime().recompute == RecomputeGranularity::Selective;
+  const bool shared = s_.moe.shared_ffn > 0;
+  const MoeSpec& m = s_.moe;
+  ExpertExchange* ex = exchange(ops);
+  // The combine: d(expert outputs) and d(routing weights), then to the experts' ranks.
+  b.moe_unpermute_backward(dyp_, dweights_, dresid, yp_, rows_, weights_);
+  Tensor dy = dyp_, xe = xp_, offsets = offsets_;
+  std::span<const int32_t> groups = host_offsets_, weights;
+  Tensor w_up = ops.param(gate_up_), w_down = ops.param(down_);
+  Tensor g_up = ops.grad(gate_up_), g_down = ops.grad(down_);
+  if (ex != nullptr) {
+    ex->exchange_rows(dyr_, recv_rows_, recv_first_, dyp_, send_rows_, send_first_);
+    dy = dyr_, xe = xr_, offsets = expert_offsets_;
+    groups = host_expert_offsets_, weights = group_weights_;
+    w_up = local_experts(w_up, ex->rank(), ex->size());
+    w_down = local_experts(w_down, ex->rank(), ex->size());
+    g_up = local_experts(g_up, ex->rank(), ex->size());
+    g_down = local_experts(g_down, ex->rank(), ex->size());
+  }
+  // The experts, down then up; their gradients accumulate (zeroed with the step's).
+  if (selective) b.swiglu_forward(h_, h1_);
+  GroupedMatmulArgs dgrad;
+  dgrad.out = dh_, dgrad.a = dy, dgrad.b = w_down, dgrad.trans_b = false;
+  dgrad.offsets = offsets, dgrad.host_offsets = groups, dgrad.group_weights = weights;
+  b.grouped_matmul(dgrad);
+  GroupedMatmulWgradArgs wgrad;
+  wgrad.out = g_down, wgrad.a = dy, wgrad.b = h_, wgrad.beta = 1.0f;
+  wgrad.offsets = offsets, wgrad.host_offsets = groups, wgrad.group_weights = weights;
+  b.grouped_matmul_wgrad(wgrad);
+  b.swiglu_backward(dh1_, dh_, h1_);
+  const Tensor dx = dy;  // dy's memory, free from here on
+  dgrad.out = dx, dgrad.a = dh1_, dgrad.b = w_up;
+  b.grouped_matmul(dgrad);
+  wgrad.out = g_up, wgrad.a = dh1_, wgrad.b = xe;
+  b.grouped_matmul_wgrad(wgrad);
+  // Back to the rows' own ranks (dyp's memory is free once sent).
+  const Tensor dxp = dyp_;
+  if (ex != nullptr) ex->exchange_rows(dxp, send_rows_, send_first_, dx, recv_rows_, recv_first_);
+  // The router: the weights' gradient, then the aux and z losses', into fp32 logit gradients.
+  const MoeRouting r = routing(ops.runtime().moe_force_balance);
+  b.moe_router_backward(dlogits_, dweights_, logits_, indices_, r);
+  // Each micro-batch's losses are means over its tokens; the step averages them over the
+  // micro-batches and ranks, as the language-model loss over tokens (Megatron's scaling).
+  const float micro_batch_scale =
+      ops.loss_grad_scale() * static_cast<float>(ops.runtime().tokens());
+  if (m.load_balancing != MoeLoadBalancing::None && m.aux_loss_coeff > 0) {
+    MoeAuxLossArgs a;
+    a.logits = logits_, a.indices = indices_, a.routing = routing(false);
+    a.seq = m.load_balancing == MoeLoadBalancing::SeqAuxLoss ? ops.runtime().seq_length : 0;
+    a.dlogits = dlogits_;
+    a.grad_scale = static_cast<float>(m.aux_loss_coeff) * micro_batch_scale;
+    b.moe_aux_loss(a);
+  }
+  if (m.z_loss_coeff > 0)
+    b.moe_z_loss(Tensor{}, dlogits_, logits_,
+                 static_cast<float>(m.z_loss_coeff) * micro_batch_scale);
+  b.convert(dlogits_c_, dlogits_);
+  // The shared expert's down projection and SwiGLU, then (ln recomputed after shared_h, whose
+  // buffer it shares under selective recompute) the GEMMs that read ln.
+  if (shared) {
+    if (selective) b.swiglu_forward(shared_h_, shared_gu_);
+    ops.linear_backward(dshared_h_, dresid, shared_h_, shared_down_, -1);
+    b.swiglu_backward(dshared_gu_, dshared_h_, shared_gu_);
+  }
+  if (selective) b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
+  ops.linear_backward({}, dlogits_c_, ln_, router_, -1);
+  // d(ln): the shared expert's, the router's and the experts' inputs'.
+  if (shared) ops.linear_backward(ops.norm_grad(), dshared_gu_, ln_, shared_gate_up_, -1);
+  MatmulArgs router_dgrad;
+  router_dgrad.out = ops.norm_grad();
+  router_dgrad.a = dlogits_c_;
+  router_dgrad.b = ops.param(router_);
+  router_dgrad.beta = shared ? 1.0f : 0.0f;
+  b.matmul(router_dgrad);
+  b.moe_permute_backward(ops.norm_grad(), dxp, rows_);
+  b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
+}
+
+size_t MoeMlpBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
+  const size_t e = dtype_size(dtype);
+  const int64_t C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk, F = s_.moe.ffn;
+  const int64_t S = s_.moe.shared_ffn, R = permuted_rows(n, s_.moe);
+  size_t bytes = ScratchArena::aligned(n * C * e) + ScratchArena::aligned(n * 4) +
+                 ScratchArena::aligned(n * E * e) + 3 * ScratchArena::aligned(n * K * 4) +
+                 ScratchArena::aligned((E + 1) * 4) + 2 * ScratchArena::aligned(R * C * e) +
+                 ScratchArena::aligned(R * 2 * F * e) + ScratchArena::aligned(R * F * e);
+  if (S > 0) bytes += ScratchArena::aligned(n * 2 * S * e) + ScratchArena::aligned(n * S * e);
+  return bytes;
+}
+
+void MoeMlpBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
+                                 const Tensor& out, const Tensor& /*cache*/, int64_t /*pos*/) {
+  Backend& b = ops.backend();
+  const int64_t n = x.dim(0), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
+  const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(n, s_.moe);
+  const DType dt = x.dtype;
+  Buffers t;
+  t.ln = scratch.take(dt, {n, C});
+  const Tensor rstd = scratch.take(DType::F32, {n});
+  t.logits = scratch.take(dt, {n, E});
+  t.indices = scratch.take(DType::I32, {n, K});
+  t.weights = scratch.take(DType::F32, {n, K});
+  t.rows = scratch.take(DType::I32, {n, K});
+  t.offsets = scratch.take(DType::I32, {E + 1});
+  t.xp = scratch.take(dt, {R, C});
+  t.h1 = scratch.take(dt, {R, 2 * F});
+  t.h = scratch.take(dt, {R, F});
+  t.yp = scratch.take(dt, {R, C});
+  if (S > 0) {
+    t.shared_gu = scratch.take(dt, {n, 2 * S});
+    t.shared_h = scratch.take(dt, {n, S});
+  }
+  b.rmsnorm_forward(t.ln, rstd, x, ops.param(norm_), s_.norm_eps);
+  std::vector<int32_t> host_offsets;
+  route_and_run_experts(ops, t, /*force_balance=*/false, /*ex=*/nullptr, host_offsets);
+  if (S > 0) {
+    ops.linear(out, t.shared_h, shared_down_, -1, x);
+  } else {
+    b.copy(out, x);
+  }
+  b.moe_unpermute(out, t.yp, t.rows, t.weights);
+}
+
+void MoeMlpBlock::update_state(Backend& backend) {
+  if (!expert_bias_.defined() || !stats_.defined()) return;
+  backend.moe_expert_bias_update(expert_bias_, stats_.flat_range(0, s_.moe.experts),
+                                 static_cast<float>(s_.moe.bias_update_rate));
+}
+
+int64_t MoeMlpBlock::matmul_params() const {
+  const int64_t C = s_.hidden;
+  return C * s_.moe.experts + s_.moe.topk * 3 * C * s_.moe.ffn + 3 * C * s_.moe.shared_ffn;
+}
+
+}  // namespace tessera

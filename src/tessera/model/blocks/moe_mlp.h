@@ -1,0 +1,104 @@
+#pragma once
+// The dropless mixture-of-experts MLP (Mixtral, Qwen3-MoE, DeepSeek; docs/moe.md):
+//   ln      = rmsnorm(x)                                  (N, C)
+//   logits  = ln @ Wrouter^T                              (N, E)
+//   experts, weights = router(logits)                     (N, K) each
+//   xp      = ln's rows sorted by expert, each expert's rows padded to kGroupAlign   (R, C)
+//   h1      = xp @ W1[e]^T per expert (grouped GEMM)     (R, 2F) = [gate | up]
+//   h       = silu(gate) * up                             (R, F)
+//   yp      = h @ W2[e]^T per expert                      (R, C)
+//   out     = x + shared(ln) + sum_k weights[n, k] * yp[row of (n, k)]
+// with shared(ln) the optional shared expert, a dense SwiGLU of width shared_ffn. The router's
+// aux and z losses enter the backward through the logits' gradient; their values, with the
+// tokens each expert received, are summed into the block's statistics once per forward pass.
+//
+// The experts' weights are one (E, 2F, C) and one (E, C, F) tensor; their gradients are
+// zeroed with the step's (they are not linear weights the model tracks) and always
+// accumulated. The group offsets are copied to the host once per forward pass (grouped GEMMs
+// that launch per expert size their GEMMs from them).
+//
+// With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
+// go to that rank, which runs its experts on the (source rank, expert) groups it receives,
+// and the outputs (forward) and the inputs' gradients (backward) come back.
+#include <vector>
+
+#include "tessera/model/block.h"
+
+namespace tessera {
+
+class MoeMlpBlock final : public Block {
+ public:
+  // Rows of each expert's group are padded to a multiple of this: FP8 and the fastest bf16
+  // GEMM kernels want 16-row multiples, and padding rows are zeros.
+  static constexpr int64_t kGroupAlign = 16;
+
+  explicit MoeMlpBlock(const ModelSpec& spec) : s_(spec) {}
+
+  const char* range_name() const override { return "moe_block"; }
+  const char* backward_range_name() const override { return "moe_block_backward"; }
+  void declare_params(ParamLayoutBuilder& builder) override;
+  // The shared expert's projections; the routed experts' grouped GEMMs run in bf16.
+  std::vector<int> linear_weights() const override;
+  void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
+  void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
+  void forward_inner(LayerOps& ops, const Tensor& x) override;
+  void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) override;
+  void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) override;
+  size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
+  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
+                      const Tensor& cache, int64_t pos) override;
+  int64_t matmul_params() const override;
+  // Per expert the (token, slot) pairs routed to it, then the aux loss and the z-loss.
+  int64_t stats_width() const override { return s_.moe.experts + 2; }
+  void bind_stats(const Tensor& stats) override { stats_ = stats; }
+  // The expert bias of aux-loss-free balancing (moe_router_enable_expert_bias): added to the
+  // router's scores for choosing, moved after every step from the step's tokens per expert.
+  int64_t state_width() const override { return s_.moe.expert_bias ? s_.moe.experts : 0; }
+  void bind_state(const Tensor& state) override { expert_bias_ = state; }
+  const char* state_name() const override { return "mlp.router.expert_bias"; }
+  void update_state(Backend& backend) override;
+
+  // Rows of the permuted activations for n tokens: every routing fits.
+  static int64_t permuted_rows(int64_t n, const MoeSpec& moe) {
+    return n * moe.topk + moe.experts * (kGroupAlign - 1);
+  }
+
+ private:
+  MoeRouting routing(bool force_balance) const;
+  // Router, dispatch, the experts and the shared expert (when shared_gu is defined) for the
+  // tokens of ln, into yp and shared_h: the part every pass runs.
+  struct Buffers {
+    Tensor ln, logits, indices, weights, rows, offsets, xp, h1, h, yp, shared_gu, shared_h;
+  };
+  // ex: the expert exchange (expert parallelism), or null when every expert runs here.
+  void route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
+                             ExpertExchange* ex, std::vector<int32_t>& host_offsets);
+  // The exchange of the pass, checked against the plan; null without expert parallelism.
+  ExpertExchange* exchange(LayerOps& ops) const;
+  // Rows the experts of this rank run on, at most, for n tokens per rank.
+  int64_t expert_rows(int64_t n, int ep) const;
+  // This rank's share of an (E, rows, cols) expert tensor.
+  Tensor local_experts(const Tensor& all, int rank, int ep) const;
+  // Swaps the per-expert counts with the group and lays out the rows to send and receive.
+  void plan_exchange(Backend& b, ExpertExchange& ex);
+
+  ModelSpec s_;
+  int norm_ = -1, router_ = -1, gate_up_ = -1, down_ = -1;
+  int shared_gate_up_ = -1, shared_down_ = -1;
+  // activations
+  Tensor ln_, rstd_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_;
+  Tensor shared_gu_, shared_h_;
+  // backward scratch (dxp reuses dyp's memory: dyp is dead once W2's gradients are taken)
+  Tensor dyp_, dweights_, dh_, dh1_, dlogits_, dlogits_c_, dshared_h_, dshared_gu_;
+  std::vector<int32_t> host_offsets_;
+  // Expert parallelism: the rows this rank's experts receive (xr, yr, dyr), their
+  // (source rank, expert) groups on the device and the host, each group's local expert, and
+  // the rows sent to and received from each rank.
+  int ep_ = 1;
+  Tensor xr_, yr_, dyr_, expert_offsets_;
+  std::vector<int32_t> host_expert_offsets_, group_weights_;
+  std::vector<int64_t> send_rows_, send_first_, recv_rows_, recv_first_;
+  Tensor stats_, expert_bias_;
+};
+
+}  // namespace tessera

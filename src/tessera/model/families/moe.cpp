@@ -1,0 +1,111 @@
+#include "tessera/model/families/moe.h"
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
+
+#include "tessera/config/moe_layer_freq.h"
+#include "tessera/model/blocks/gqa_attention.h"
+#include "tessera/model/blocks/moe_mlp.h"
+#include "tessera/model/blocks/swiglu_mlp.h"
+#include "tessera/model/families/llama.h"
+
+namespace tessera {
+
+ModelSpec MoeFamily::make_spec(const Experiment& e) const {
+  const ModelConfig& m = e.model_config;
+  if (m.num_experts < 1)
+    reject_model_key(e, "num_experts",
+                     fmt::format("at least 1 with model_family {} (an MoE family)", arch_.name));
+  if (m.qk_layernorm != arch_.qk_norm)
+    reject_model_key(
+        e, "qk_layernorm",
+        fmt::format("{} with model_family {}{}", arch_.qk_norm ? "true" : "false", arch_.name,
+                    arch_.qk_norm ? " (Qwen3's attention normalises q and k heads)"
+                                  : " (qwen3_moe has QK norm)"));
+  ModelSpec s = decoder_spec(e);
+  MoeSpec& moe = s.moe;
+  moe.experts = m.num_experts;
+  moe.topk = m.moe_router_topk;
+  moe.ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : s.ffn;
+  moe.shared_ffn = m.moe_shared_expert_intermediate_size;
+  std::string why;
+  const auto layers = parse_moe_layer_freq(m.moe_layer_freq, m.num_layers, &why);
+  if (!layers) reject_model_key(e, "moe_layer_freq", why);
+  moe.layers = *layers;
+  moe.load_balancing = m.moe_router_load_balancing_type;
+  moe.aux_loss_coeff = m.moe_aux_loss_coeff;
+  moe.z_loss_coeff = m.moe_z_loss_coeff;
+  moe.sigmoid = m.moe_router_score_function == MoeScoreFunction::Sigmoid;
+  moe.pre_softmax = m.moe_router_pre_softmax;
+  moe.expert_bias = m.moe_router_enable_expert_bias;
+  moe.bias_update_rate = m.moe_router_bias_update_rate;
+  moe.num_groups = m.moe_router_num_groups;
+  moe.group_topk = m.moe_router_group_topk;
+  moe.topk_scaling = m.moe_router_topk_scaling_factor;
+  return s;
+}
+
+std::vector<std::unique_ptr<Block>> MoeFamily::layer_blocks(const ModelSpec& s,
+                                                            int64_t layer) const {
+  std::vector<std::unique_ptr<Block>> blocks;
+  blocks.push_back(std::make_unique<GqaAttentionBlock>(s));
+  if (s.moe.is_moe_layer(layer)) {
+    blocks.push_back(std::make_unique<MoeMlpBlock>(s));
+  } else {
+    blocks.push_back(std::make_unique<SwigluMlpBlock>(s));
+  }
+  return blocks;
+}
+
+std::string MoeFamily::features(const ModelSpec& s) const {
+  const MoeSpec& m = s.moe;
+  const int64_t moe_layers = m.moe_layers();
+  return fmt::format(
+      ", {} experts top-{} (ffn {}{}) in {} of {} layers{}{}{}{}", m.experts, m.topk, m.ffn,
+      m.shared_ffn ? fmt::format(", shared expert {}", m.shared_ffn) : "", moe_layers, s.num_layers,
+      m.sigmoid ? ", sigmoid router" : "",
+      m.num_groups ? fmt::format(", {} of {} groups", m.group_topk, m.num_groups) : "",
+      s.qk_norm ? ", qk norm" : "", s.tied_embeddings ? ", tied embeddings" : "");
+}
+
+namespace {
+
+[[noreturn]] void no_hf_mapping(std::string_view family) {
+  throw DataError(fmt::format(
+      "model_family {} has no Hugging Face mapping yet (Tessera maps llama, qwen2 and mistral "
+      "models); keep its checkpoints in Tessera's format",
+      family));
+}
+
+}  // namespace
+
+ModelSpec MoeFamily::read_hf_config(const nlohmann::json& /*config*/,
+                                    const std::string& /*file*/) const {
+  no_hf_mapping(arch_.name);
+}
+
+std::string MoeFamily::hf_model_type(const ModelSpec& /*s*/) const {
+  no_hf_mapping(arch_.name);
+}
+
+nlohmann::ordered_json MoeFamily::hf_config(const ModelSpec& /*s*/) const {
+  no_hf_mapping(arch_.name);
+}
+
+std::vector<HfTensorPiece> MoeFamily::hf_pieces(const ParamInfo& /*p*/,
+                                                const ModelSpec& /*s*/) const {
+  no_hf_mapping(arch_.name);
+}
+
+const ModelFamily& mixtral_family() {
+  static const MoeFamily family({"mixtral", "Mixtral 8x7B/8x22B", false});
+  return family;
+}
+
+const ModelFamily& qwen3_moe_family() {
+  static const MoeFamily family({"qwen3_moe", "Qwen3-MoE (Qwen3-30B-A3B)", true});
+  return family;
+}
+
+}  // namespace tessera

@@ -1,0 +1,42 @@
+#pragma once
+// The MoE families (docs/moe.md): decoder layers of a GQA attention block and, where
+// moe_layer_freq says so, an MoE MLP block (model/blocks/moe_mlp.h), else the dense SwiGLU.
+//   mixtral    Mixtral 8x7B / 8x22B
+//   qwen3_moe  Qwen3-MoE (Qwen3-30B-A3B): the same with RMSNorm on each query and key head
+// Both are one class; what differs is a few facts about the architecture.
+#include "tessera/model/model_family.h"
+
+namespace tessera {
+
+struct MoeArchitecture {
+  std::string_view name;    // the model_family key's value
+  std::string_view covers;  // for help texts
+  bool qk_norm = false;     // the architecture has QK norm (required) or not (refused)
+};
+
+class MoeFamily final : public ModelFamily {
+ public:
+  explicit MoeFamily(MoeArchitecture arch) : arch_(arch) {}
+  std::string_view name() const override { return arch_.name; }
+  std::string_view covers() const override { return arch_.covers; }
+  ModelSpec make_spec(const Experiment& e) const override;
+  std::vector<std::unique_ptr<Block>> layer_blocks(const ModelSpec& s,
+                                                   int64_t layer) const override;
+  std::string features(const ModelSpec& s) const override;
+
+  // Hugging Face: no mapping yet. No config.json model_type reads as an MoE family, and
+  // exporting one is a DataError naming the family.
+  std::vector<std::string> hf_model_types() const override { return {}; }
+  ModelSpec read_hf_config(const nlohmann::json& config, const std::string& file) const override;
+  std::string hf_model_type(const ModelSpec& s) const override;
+  nlohmann::ordered_json hf_config(const ModelSpec& s) const override;
+  std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const override;
+
+ private:
+  MoeArchitecture arch_;
+};
+
+const ModelFamily& mixtral_family();
+const ModelFamily& qwen3_moe_family();
+
+}  // namespace tessera

@@ -1,0 +1,222 @@
+// MoE models: the families' specs and checks, the published presets' parameter counts (total
+// and active), model FLOPs on active parameters, the layout of MoE and dense layers, recompute
+// (full and selective) reproducing gradients and balance statistics bit for bit, force-balanced
+// routing, and the checkpoint description of an MoE model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/ckpt/model_spec_json.h"
+#include "tessera/config/config.h"
+#include "tessera/core/error.h"
+#include "tessera/core/random.h"
+#include "tessera/model/decoder_model.h"
+#include "tessera/model/init.h"
+#include "tessera/model/model_family.h"
+
+namespace tessera {
+namespace {
+
+// A tiny Mixtral-family model: MoE in layers 0 and 2 of 3, a shared expert, both losses.
+ModelSpec tiny_moe_spec() {
+  ModelSpec s;
+  s.family = "mixtral";
+  s.vocab_size = s.tokenizer_vocab = 64;
+  s.num_layers = 3;
+  s.hidden = 32;
+  s.ffn = 40;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.max_position_embeddings = 64;
+  s.init_std = 0.1f;
+  s.moe.experts = 4;
+  s.moe.topk = 2;
+  s.moe.ffn = 24;
+  s.moe.shared_ffn = 16;
+  s.moe.layers = {true, false, true};
+  s.moe.aux_loss_coeff = 0.01;
+  s.moe.z_loss_coeff = 0.001;
+  return s;
+}
+
+struct Result {
+  float loss_sum = 0;
+  std::vector<float> grads, stats;
+};
+
+Result run(const ModelSpec& spec, ModelRuntime rt) {
+  auto backend = make_cpu_backend();
+  DecoderModel model(*backend, spec, rt);
+  const int64_t P = model.layout().total;
+  DeviceBuffer master(*backend, P * sizeof(float), "master");
+  init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
+  backend->copy(model.params(), master.tensor(DType::F32, {P}));
+  const int64_t N = rt.micro_batch * rt.seq_length;
+  std::vector<int32_t> tokens(N), targets(N);
+  for (int64_t i = 0; i < N; ++i) {
+    tokens[i] = static_cast<int32_t>(random_below(1, i, 64));
+    targets[i] = static_cast<int32_t>(random_below(2, i, 64));
+  }
+  model.set_batch(tokens.data(), targets.data());
+  model.zero_loss_sum();
+  model.forward_backward(1.0f / N);
+  Result r;
+  backend->download(&r.loss_sum, model.loss_sum());
+  r.grads.resize(P);
+  backend->download(r.grads.data(), model.grads());
+  r.stats.resize(model.moe_stats().numel());
+  backend->download(r.stats.data(), model.moe_stats());
+  return r;
+}
+
+ModelRuntime runtime() {
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 12;
+  return rt;
+}
+
+Experiment load(const std::string& name, std::vector<std::string> cli = {}) {
+  LoadOptions o;
+  o.config_path = name;
+  o.cli_overrides = std::move(cli);
+  return load_experiment(o);
+}
+
+TEST(MoeModel, PresetsHaveThePublishedParameterCounts) {
+  // Hugging Face's counts of Mixtral-8x7B-v0.1 and Qwen3-30B-A3B; active: all but the experts
+  // a token does not use.
+  const ModelSpec mixtral = make_model_spec(load("mixtral_8x7B-pretrain"), 32000);
+  EXPECT_EQ(mixtral.family, "mixtral");
+  EXPECT_EQ(mixtral.total_params(), 46702792704);
+  EXPECT_EQ(mixtral.active_params(), 12879925248);
+  const ModelSpec qwen = make_model_spec(load("qwen3_30B_A3B-pretrain"), 151936);
+  EXPECT_EQ(qwen.family, "qwen3_moe");
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_EQ(qwen.total_params(), 30532122624);
+  EXPECT_EQ(qwen.active_params(), 3353032704);
+  EXPECT_NE(qwen.summary().find("128 experts top-8"), std::string::npos) << qwen.summary();
+  EXPECT_NE(qwen.summary().find("3.353B active"), std::string::npos) << qwen.summary();
+}
+
+TEST(MoeModel, FlopsCountActiveParameters) {
+  // 6 x (head + per layer: attention, router, top-2 experts) + attention's 12 s d per layer.
+  const ModelSpec s = make_model_spec(load("mixtral_8x7B-pretrain"), 32000);
+  const double C = 4096, F = 14336, V = 32000, L = 32, seq = 4096;
+  const double per_layer = C * (4096 + 2 * 1024) + 4096 * C + 8 * C + 2 * 3 * C * F;
+  EXPECT_EQ(s.matmul_params(), static_cast<int64_t>(V * C + L * per_layer));
+  EXPECT_DOUBLE_EQ(s.flops_per_token(4096), 6 * (V * C + L * per_layer) + L * 12 * seq * 4096);
+}
+
+TEST(MoeModel, FamiliesCheckTheirKeys) {
+  struct Bad {
+    std::vector<std::string> cli;
+    const char* key;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{"--num_experts", "0"}, "num_experts"},
+           {{"--qk_layernorm", "true"}, "qk_layernorm"},
+           {{"--model_family", "qwen3_moe"}, "qk_layernorm"},
+           {{"--model_family", "llama"}, "num_experts"},
+           {{"--model_family", "llama", "--num_experts", "0", "--qk_layernorm", "true"},
+            "qk_layernorm"}}) {
+    SCOPED_TRACE(b.key);
+    std::vector<std::string> cli = {"--model", "mixtral_8x7B", "--mock_data",
+                                    "true",    "--num_layers", "2"};
+    cli.insert(cli.end(), b.cli.begin(), b.cli.end());
+    try {
+      make_model_spec(load("mixtral_8x7B-pretrain", cli), 32000);
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key(), b.key) << e.what();
+    }
+  }
+}
+
+TEST(MoeModel, LayoutHasExpertsInTheMoeLayersOnly) {
+  const ModelSpec s = tiny_moe_spec();
+  const ParamLayout l = make_param_layout(s);
+  auto has = [&](const std::string& name) { return l.find(name) != nullptr; };
+  EXPECT_TRUE(has("model.layers.0.mlp.router.weight"));
+  EXPECT_TRUE(has("model.layers.0.mlp.experts.gate_up_proj.weight"));
+  EXPECT_TRUE(has("model.layers.2.mlp.shared_expert.down_proj.weight"));
+  EXPECT_FALSE(has("model.layers.1.mlp.router.weight"));
+  EXPECT_TRUE(has("model.layers.1.mlp.gate_up_proj.weight"));  // dense SwiGLU
+  const ParamInfo* up = l.find("model.layers.2.mlp.experts.gate_up_proj.weight");
+  ASSERT_NE(up, nullptr);
+  EXPECT_EQ(up->shape, Shape({4, 48, 32}));
+  EXPECT_TRUE(up->decay);
+  EXPECT_EQ(l.find("model.layers.2.mlp.experts.down_proj.weight")->shape, Shape({4, 32, 24}));
+}
+
+TEST(MoeModel, RecomputeGivesIdenticalGradientsAndStatistics) {
+  const ModelSpec spec = tiny_moe_spec();
+  const Result plain = run(spec, runtime());
+  ASSERT_TRUE(std::isfinite(plain.loss_sum));
+  ASSERT_EQ(plain.stats.size(), 2u * 6u);
+  for (int row = 0; row < 2; ++row) {
+    double routed = 0;
+    for (int e = 0; e < 4; ++e) routed += plain.stats[row * 6 + e];
+    EXPECT_EQ(routed, 24.0 * 2) << "every token's two slots, counted once";
+    EXPECT_GT(plain.stats[row * 6 + 4], 0.5) << "aux loss";
+    EXPECT_GT(plain.stats[row * 6 + 5], 0.0) << "z-loss";
+  }
+  for (auto [mode, layers] : {std::pair{RecomputeGranularity::Full, int64_t{0}},
+                              std::pair{RecomputeGranularity::Full, int64_t{1}},
+                              std::pair{RecomputeGranularity::Selective, int64_t{0}}}) {
+    ModelRuntime rt = runtime();
+    rt.recompute = mode;
+    rt.recompute_num_layers = layers;
+    const Result r = run(spec, rt);
+    EXPECT_EQ(r.loss_sum, plain.loss_sum);
+    EXPECT_EQ(0, std::memcmp(r.grads.data(), plain.grads.data(), r.grads.size() * 4))
+        << "recompute mode " << static_cast<int>(mode) << " layers " << layers;
+    EXPECT_EQ(r.stats, plain.stats) << "statistics counted once per forward pass";
+  }
+}
+
+TEST(MoeModel, ForceBalanceRoutesEvenlyAndStillTrainsTheRouter) {
+  ModelRuntime rt = runtime();
+  rt.moe_force_balance = true;
+  const ModelSpec spec = tiny_moe_spec();
+  const Result r = run(spec, rt);
+  for (int row = 0; row < 2; ++row)
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(r.stats[row * 6 + e], 12.0f) << "expert " << e;
+  const ParamInfo* router = make_param_layout(spec).find("model.layers.0.mlp.router.weight");
+  double norm = 0;
+  for (int64_t i = 0; i < router->numel(); ++i) norm += std::abs(r.grads[router->offset + i]);
+  EXPECT_GT(norm, 0.0) << "the router gets gradients through the weights";
+  const Result routed = run(spec, runtime());
+  EXPECT_NE(routed.stats, r.stats);
+}
+
+TEST(MoeModel, CheckpointDescriptionKeepsTheMoeSpec) {
+  ModelSpec s = tiny_moe_spec();
+  s.qk_norm = true;
+  s.moe.sigmoid = true;
+  s.moe.num_groups = 2, s.moe.group_topk = 1;
+  s.moe.load_balancing = MoeLoadBalancing::SeqAuxLoss;
+  s.moe.topk_scaling = 2.5;
+  const ModelSpec back = spec_from_json(spec_to_json(s), "test");
+  EXPECT_TRUE(back.qk_norm);
+  EXPECT_EQ(back.moe.experts, 4);
+  EXPECT_EQ(back.moe.layers, s.moe.layers);
+  EXPECT_EQ(back.moe.shared_ffn, 16);
+  EXPECT_TRUE(back.moe.sigmoid);
+  EXPECT_EQ(back.moe.num_groups, 2);
+  EXPECT_EQ(back.moe.load_balancing, MoeLoadBalancing::SeqAuxLoss);
+  EXPECT_DOUBLE_EQ(back.moe.topk_scaling, 2.5);
+  const SpecDifferences none = compare_specs(back, s, "checkpoint");
+  EXPECT_TRUE(none.shape.empty() && none.behaviour.empty()) << join_lines(none.shape);
+  ModelSpec other = s;
+  other.moe.layers = {false, true, true};
+  EXPECT_FALSE(compare_specs(other, s, "checkpoint").shape.empty());
+  // A dense model's description has no MoE part (older readers see nothing new).
+  EXPECT_FALSE(spec_to_json(ModelSpec{}).contains("moe"));
+}
+
+}  // namespace
+}  // namespace tessera
