@@ -4,7 +4,7 @@
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
-#       [dist] [full] [full_proxies]
+#       [dist] [full] [full_proxies] [moe]
 #       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
@@ -168,6 +168,19 @@ if want peer; then
   for args in "--model llama3.1_8b" "--model qwen2.5_7b" "--model mistral_7b --window 4096"; do
     timeout 240 python3 "$ROOT/.device/peer/torch_llama.py" $args --compile --json "$OUT/peer.jsonl" 2>&1 | tail -1
   done
+fi
+if want moe; then
+  echo "== MoE proxies (4 layers, seq 8192, mbs 1): real and force-balanced routing, BF16 and FP8; the peer"
+  for run in "mixtral_8x7B bf16_routed" "mixtral_8x7B bf16_balanced --moe_force_balance true" \
+             "mixtral_8x7B fp8_routed --fp8 hybrid" "mixtral_8x7B fp8_balanced --fp8 hybrid --moe_force_balance true" \
+             "qwen3_30B_A3B bf16_routed" "qwen3_30B_A3B bf16_balanced --moe_force_balance true"; do
+    set -- $run
+    model="$1" name="$1_$2"; shift 2
+    timeout 240 "$BIN/tessera" bench model --models "$model" "$@" -o "$OUT/moe_$name" \
+      2>&1 | tee "$OUT/moe_$name.log" | tail -3
+  done
+  timeout 300 python3 "$ROOT/.device/peer/torch_llama.py" --model mixtral_8x7b --compile \
+    --json "$OUT/moe_peer.jsonl" 2>&1 | tail -1
 fi
 if want fp8; then
   echo "== FP8 hybrid vs BF16 (Llama 3.1 8B proxy)"

@@ -628,11 +628,11 @@ void CudaBackend::do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weigh
   for (const auto& [t, what] : {std::pair{&dqkv, "dqkv"}, std::pair{&dout, "dout"},
                                 std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}})
     expect_same_type(*t, qkv, op, what);
-  expect_type(dq_weight, DType::F32, op, "dq_weight");
-  expect_type(dk_weight, DType::F32, op, "dk_weight");
+  expect_float(dq_weight, op, "dq_weight");
+  expect_same_type(dk_weight, dq_weight, op, "dk_weight");
   expect_type(rstd, DType::F32, op, "rstd");
   const size_t bytes = qk_norm_backward_scratch_bytes(s);
-  cuda::qk_norm_backward(dqkv.data, dq_weight.as<float>(), dk_weight.as<float>(), dout.data,
+  cuda::qk_norm_backward(dqkv.data, dq_weight.data, dk_weight.data, dq_weight.dtype, dout.data,
                          qkv.data, q_weight.data, k_weight.data, rstd.as<float>(), s, qkv.dtype,
                          scratch(bytes), bytes, stream_);
 }

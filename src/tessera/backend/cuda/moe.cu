@@ -877,7 +877,8 @@ size_t qk_norm_backward_scratch_bytes(const AttentionShape& s) {
                       sizeof(float));
 }
 
-void qk_norm_backward(void* dqkv, float* dq_weight, float* dk_weight, const void* dout,
+void qk_norm_backward(void* dqkv, void* dq_weight, void* dk_weight, DType grad_dtype,
+                      const void* dout,
                       const void* qkv, const void* q_weight, const void* k_weight,
                       const float* rstd, const AttentionShape& s, DType dtype, void* scratch,
                       size_t scratch_bytes, cudaStream_t stream) {
@@ -900,8 +901,8 @@ void qk_norm_backward(void* dqkv, float* dq_weight, float* dk_weight, const void
         static_cast<const T*>(k_weight), rstd, qk_shape(s));
   });
   TS_CUDA_CHECK_LAUNCH("qk_norm_backward_kernel");
-  column_sums_accumulate(dq_weight, partial_q, blocks, D, stream);
-  column_sums_accumulate(dk_weight, partial_k, blocks, D, stream);
+  column_sums_accumulate(dq_weight, grad_dtype, partial_q, blocks, D, stream);
+  column_sums_accumulate(dk_weight, grad_dtype, partial_k, blocks, D, stream);
 }
 
 }  // namespace tessera::cuda

@@ -85,8 +85,10 @@ void qk_norm_forward(void* out, float* rstd, const void* qkv, const void* q_weig
 
 size_t qk_norm_backward_scratch_bytes(const AttentionShape& s);
 
-// dqkv (N, W) overwritten (may be dout); dq_weight, dk_weight (D) fp32 accumulate.
-void qk_norm_backward(void* dqkv, float* dq_weight, float* dk_weight, const void* dout,
+// dqkv (N, W) overwritten (may be dout); dq_weight, dk_weight (D, of the gradients' dtype
+// grad_dtype) accumulate.
+void qk_norm_backward(void* dqkv, void* dq_weight, void* dk_weight, DType grad_dtype,
+                      const void* dout,
                       const void* qkv, const void* q_weight, const void* k_weight,
                       const float* rstd, const AttentionShape& s, DType dtype, void* scratch,
                       size_t scratch_bytes, cudaStream_t stream);
