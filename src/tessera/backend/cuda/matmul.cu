@@ -318,7 +318,7 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
   }
   if (is_fp8_type(p.a_dtype)) set_fp8_scales(plan.desc, p);
   const bool output_is_input = p.beta != 0.0f && c == p.out;
-  if (autotune_ && !plan.tuned && !output_is_input) tune(plan, p, key, c, stream);
+  if (autotune_ && p.tune && !plan.tuned && !output_is_input) tune(plan, p, key, c, stream);
   for (;; ++plan.chosen) {
     if (plan.chosen == plan.algo_count)
       throw InternalError("cuBLASLt refused every algorithm its heuristic offered for matmul " +

@@ -33,6 +33,10 @@ struct MatmulProblem {
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
   bool fast_accum = false;
+  // Time the candidates of a new shape (with the LtMatmul's autotune). Off for a grouped
+  // GEMM's per-expert calls: routed row counts change every call, so each would be a new
+  // shape timed once and never seen again (7x slower steps on the Mixtral proxy).
+  bool tune = true;
 };
 
 // The cuBLASLt handle, the workspace it may use and the plans (descriptors + chosen
