@@ -2,7 +2,9 @@
 """Tessera against Hugging Face transformers on tiny random models (needs `transformers`).
 
 For LlamaForCausalLM (GQA, llama3 RoPE scaling, untied head), Qwen2ForCausalLM (QKV bias,
-tied head, MQA) and MistralForCausalLM (sliding window shorter than the sequence):
+tied head, MQA), MistralForCausalLM (sliding window shorter than the sequence),
+MixtralForCausalLM (4 experts, top-2) and Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a
+dense layer, tied head):
 
   1. import: build a random model with transformers, save_pretrained it (fp32 in one file,
      and bf16 in small shards with an index), run
@@ -81,6 +83,17 @@ MODELS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rms_norm_eps=1e-5, sliding_window=8, tie_word_embeddings=False, **rope(10000.0))),
+    "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=None,
+        tie_word_embeddings=False, **rope(1000000.0))),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[1], max_position_embeddings=64, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, **rope(1000000.0))),
 }
 
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32}
@@ -109,7 +122,7 @@ def random_model(kind):
     config_cls, model_cls, kwargs = MODELS[kind]
     config = config_cls(**kwargs, initializer_range=0.1)
     config._attn_implementation = "eager"
-    torch.manual_seed({"llama": 1, "qwen2": 2, "mistral": 3}[kind])
+    torch.manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "mixtral": 4, "qwen3_moe": 5}[kind])
     model = model_cls(config).eval()
     with torch.no_grad():  # norms at 1 and biases at 0 would hide mistakes in their mapping
         for name, p in model.named_parameters():

@@ -1,4 +1,5 @@
-"""Hugging Face-side reference for Tessera's interop tests (tests/ckpt/hf_test.cpp).
+"""Hugging Face-side reference for Tessera's interop tests (tests/ckpt/hf_test.cpp and the
+MoE families' mixtral and qwen3_moe, with one tensor per expert as on the Hub).
 
 Reads and writes Hugging Face model directories by hand (config.json, model.safetensors or
 shards listed by model.safetensors.index.json; this machine has no `safetensors` or
@@ -83,7 +84,21 @@ def reference_config(hf):
         window = hf.get("sliding_window", 4096) or 0
     if kind == "qwen2":
         assert not hf.get("use_sliding_window", False)
+    moe = None
+    if kind in ("mixtral", "qwen3_moe"):
+        layers = hf["num_hidden_layers"]
+        if kind == "mixtral":
+            sparse = [True] * layers
+        else:  # transformers' Qwen3-MoE rule for sparse layers
+            step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or [])
+            sparse = [l not in dense and (l + 1) % step == 0 for l in range(layers)]
+        moe = {"experts": hf["num_local_experts"] if kind == "mixtral" else hf["num_experts"],
+               "topk": hf["num_experts_per_tok"], "layers": sparse, "sigmoid": False,
+               "pre_softmax": kind == "qwen3_moe" and not hf.get("norm_topk_prob", False),
+               "groups": 0, "group_topk": 0, "scaling": 0, "shared_ffn": 0,
+               "load_balancing": False, "seq_aux": False, "aux_coeff": 0, "z_coeff": 0}
     return {
+        "moe": moe, "qk_norm": kind == "qwen3_moe",
         "layers": hf["num_hidden_layers"], "heads": heads,
         "kv_heads": hf.get("num_key_value_heads") or heads,
         "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
@@ -106,6 +121,18 @@ def logits(hf_dir, tokens_path, out):
     if config["model_type"] == "qwen2":  # Qwen2 always has q/k/v biases
         assert all(f"model.layers.{l}.self_attn.{p}_proj.bias" in weights
                    for l in range(config["num_hidden_layers"]) for p in "qkv")
+    # Hugging Face's MoE names to the reference's: the router, then one module per expert.
+    renamed = {}
+    for name, t in weights.items():
+        name = name.replace("block_sparse_moe.gate.weight", "mlp.router.weight")
+        if config["model_type"] == "qwen3_moe":
+            name = name.replace("mlp.gate.weight", "mlp.router.weight")
+        name = name.replace("block_sparse_moe.experts.", "mlp.experts.")
+        for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
+            if "mlp.experts." in name:
+                name = name.replace(old, new)
+        renamed[name] = t
+    weights = renamed
     with open(tokens_path) as f:
         tokens = torch.tensor([[int(x) for x in line.split()] for line in f if line.strip()])
     model = Llama(reference_config(config), weights)
@@ -135,6 +162,20 @@ CONFIGS = {
                 "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
                 "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                 "hidden_act": "silu", "sliding_window": 5, "tie_word_embeddings": False},
+    "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 96,
+                "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+                "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "hidden_act": "silu",
+                "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None,
+                "tie_word_embeddings": False},
+    "qwen3_moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                  "vocab_size": 96, "hidden_size": 32, "intermediate_size": 40,
+                  "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 128,
+                  "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "hidden_act": "silu",
+                  "num_experts": 8, "num_experts_per_tok": 4, "norm_topk_prob": True,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [1], "tie_word_embeddings": True,
+                  "use_sliding_window": False, "sliding_window": None, "attention_bias": False},
 }
 
 
@@ -158,6 +199,21 @@ def make(kind, out_dir, dtype_name, shards):
                 w[p + f"self_attn.{name}_proj.bias"] = rand(rows)
         w[p + "self_attn.o_proj.weight"] = rand(C, H * hd)
         w[p + "post_attention_layernorm.weight"] = rand(C, mean=1.0)
+        if kind == "qwen3_moe":
+            w[p + "self_attn.q_norm.weight"] = rand(hd, mean=1.0)
+            w[p + "self_attn.k_norm.weight"] = rand(hd, mean=1.0)
+        sparse = kind == "mixtral" or (kind == "qwen3_moe" and l not in c["mlp_only_layers"])
+        if sparse:
+            E = c.get("num_local_experts") or c["num_experts"]
+            Fe = c.get("moe_intermediate_size") or F
+            moe = p + ("block_sparse_moe." if kind == "mixtral" else "mlp.")
+            w[moe + "gate.weight"] = rand(E, C)
+            for e in range(E):
+                names = ("w1", "w3", "w2") if kind == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+                w[f"{moe}experts.{e}.{names[0]}.weight"] = rand(Fe, C)
+                w[f"{moe}experts.{e}.{names[1]}.weight"] = rand(Fe, C)
+                w[f"{moe}experts.{e}.{names[2]}.weight"] = rand(C, Fe)
+            continue
         w[p + "mlp.gate_proj.weight"] = rand(F, C)
         w[p + "mlp.up_proj.weight"] = rand(F, C)
         w[p + "mlp.down_proj.weight"] = rand(C, F)

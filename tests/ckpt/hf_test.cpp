@@ -6,6 +6,7 @@
 // Tolerance: Tessera's CPU backend computes in fp32, the reference in fp64; as in
 // tests/model/torch_parity_test.cpp logits agree to ~1e-6 relative and 1e-5 is the bound.
 #include <cmath>
+#include <functional>
 #include <random>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
+#include "tessera/model/model_family.h"
 
 namespace tessera::testing {
 namespace {
@@ -43,6 +45,19 @@ const HfCase kHfCases[] = {
      "num_layers: 3\nhidden_size: 32\nffn_hidden_size: 64\nnum_attention_heads: "
      "2\nnum_query_groups: 2\n"
      "sliding_window: 5\nrotary_base: 10000\nnorm_epsilon: 1.0e-5\n"},
+    // MixtralForCausalLM: 4 experts top-2 in every layer.
+    {"mixtral", "mixtral",
+     "model_family: mixtral\nnum_layers: 2\nhidden_size: 32\nffn_hidden_size: 24\n"
+     "moe_ffn_hidden_size: 24\nnum_attention_heads: 4\nnum_query_groups: 2\nnum_experts: 4\n"
+     "moe_router_topk: 2\nrotary_base: 1000000\nnorm_epsilon: 1.0e-5\n"},
+    // Qwen3MoeForCausalLM: QK norm, head_dim 16, 8 experts top-4, layer 1 dense
+    // (mlp_only_layers), tied head.
+    {"qwen3_moe", "qwen3_moe",
+     "model_family: qwen3_moe\nqk_layernorm: true\nnum_layers: 3\nhidden_size: 32\n"
+     "ffn_hidden_size: 40\nkv_channels: 16\nnum_attention_heads: 4\nnum_query_groups: 2\n"
+     "num_experts: 8\nmoe_router_topk: 4\nmoe_ffn_hidden_size: 16\nmoe_layer_freq: 2\n"
+     "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
+     "norm_epsilon: 1.0e-6\n"},
 };
 
 Experiment case_experiment(const fs::path& dir, const HfCase& c, const std::string& extra = "") {
@@ -300,7 +315,8 @@ TEST(HfConfig, MapsFieldsWithTransformersDefaultsAndRefusesUnsupportedFeatures) 
   const std::string file = (dir / "config.json").string();
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refusals = {
       {[](auto& j) { j["model_type"] = "gpt2"; },
-       ": model_type 'gpt2' is not supported; expected llama, qwen2 or mistral"},
+       ": model_type 'gpt2' is not supported; expected llama, qwen2, mistral, mixtral or "
+       "qwen3_moe"},
       {[](auto& j) { j["attention_bias"] = true; },
        ": attention_bias: true (Llama's bias includes o_proj) is not supported"},
       {[](auto& j) { j["hidden_act"] = "gelu"; },
@@ -394,6 +410,65 @@ TEST(HfWeights, RoundTripFusesAndShardsAndRefusesBadTensors) {
   fs::remove(hf / index["weight_map"]["model.norm.weight"].get<std::string>());
   EXPECT_TRUE(contains(error(hf), ": missing; ")) << error(hf);
   EXPECT_TRUE(contains(error(dir / "nothing"), "config.json: missing")) << error(dir / "nothing");
+}
+
+// The MoE families' config.json: transformers' defaults and Qwen3-MoE's layer rule on reading,
+// and on export the features MixtralForCausalLM and Qwen3MoeForCausalLM cannot hold.
+TEST(HfMoeConfig, ReadsQwen3SparseLayersAndRefusesWhatTheArchitecturesLack) {
+  const nlohmann::json qwen = {
+      {"model_type", "qwen3_moe"}, {"hidden_size", 32},        {"num_hidden_layers", 4},
+      {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"head_dim", 16},
+      {"vocab_size", 96},          {"intermediate_size", 40},  {"moe_intermediate_size", 16},
+      {"num_experts", 8},          {"num_experts_per_tok", 2}, {"decoder_sparse_step", 2}};
+  const ModelSpec q = model_family("qwen3_moe").read_hf_config(qwen, "config.json");
+  EXPECT_EQ(q.moe.layers, (std::vector<bool>{false, true, false, true}));  // (l + 1) % 2 == 0
+  EXPECT_TRUE(q.moe.pre_softmax) << "norm_topk_prob defaults to false: no renormalisation";
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_EQ(q.moe.ffn, 16);
+  EXPECT_EQ(q.ffn, 40);
+  nlohmann::json dense_listed = qwen;
+  dense_listed["decoder_sparse_step"] = 1;
+  dense_listed["mlp_only_layers"] = {0, 2};
+  dense_listed["norm_topk_prob"] = true;
+  const ModelSpec d = model_family("qwen3_moe").read_hf_config(dense_listed, "config.json");
+  EXPECT_EQ(d.moe.layers, (std::vector<bool>{false, true, false, true}));
+  EXPECT_FALSE(d.moe.pre_softmax);
+  const nlohmann::json mixtral = {{"model_type", "mixtral"}, {"hidden_size", 32},
+                                  {"num_hidden_layers", 2},  {"num_attention_heads", 4},
+                                  {"vocab_size", 96},        {"intermediate_size", 24},
+                                  {"num_local_experts", 4},  {"num_experts_per_tok", 2}};
+  const ModelSpec m = model_family("mixtral").read_hf_config(mixtral, "config.json");
+  EXPECT_EQ(m.moe.layers, (std::vector<bool>{true, true}));
+  EXPECT_EQ(m.kv_heads, 4);
+  EXPECT_DOUBLE_EQ(m.rotary_base, 1e6);  // MixtralConfig's default
+  nlohmann::json missing = mixtral;
+  missing.erase("num_local_experts");
+  try {
+    model_family("mixtral").read_hf_config(missing, "config.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(contains(e.what(), "field 'num_local_experts' is missing")) << e.what();
+  }
+  struct Refusal {
+    const char* family;
+    std::function<void(ModelSpec&)> change;
+    const char* says;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {"mixtral", [](ModelSpec& s) { s.moe.shared_ffn = 8; }, "a shared expert"},
+           {"mixtral", [](ModelSpec& s) { s.moe.layers[1] = false; }, "dense layers"},
+           {"qwen3_moe", [](ModelSpec& s) { s.moe.sigmoid = true; }, "sigmoid routing"},
+           {"qwen3_moe", [](ModelSpec& s) { s.moe.num_groups = 2; }, "group-limited routing"}}) {
+    ModelSpec s = std::string(r.family) == "mixtral" ? m : q;
+    s.family = r.family;
+    r.change(s);
+    try {
+      model_family(r.family).hf_config(s);
+      ADD_FAILURE() << r.says << " exported";
+    } catch (const DataError& e) {
+      EXPECT_TRUE(contains(e.what(), r.says)) << e.what();
+    }
+  }
 }
 
 TEST(ConvertCli, RefusesToOverwriteAndNamesMissingInputs) {

@@ -166,6 +166,7 @@ SpecDifferences compare_specs(const ModelSpec& f, const ModelSpec& c, const std:
           fmt::format("moe_layer_freq: other MoE layers in {} than configured", label));
     check(d.behaviour, "moe_router_topk", f.moe.topk, c.moe.topk);
     check(d.behaviour, "moe_router_score_function (sigmoid)", f.moe.sigmoid, c.moe.sigmoid);
+    check(d.behaviour, "moe_router_pre_softmax", f.moe.pre_softmax, c.moe.pre_softmax);
   }
   check(d.behaviour, "rotary_base", f.rotary_base, c.rotary_base);
   check(d.behaviour, "norm_epsilon", f.norm_eps, c.norm_eps);

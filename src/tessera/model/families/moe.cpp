@@ -69,42 +69,15 @@ std::string MoeFamily::features(const ModelSpec& s) const {
       s.qk_norm ? ", qk norm" : "", s.tied_embeddings ? ", tied embeddings" : "");
 }
 
-namespace {
-
-[[noreturn]] void no_hf_mapping(std::string_view family) {
-  throw DataError(fmt::format(
-      "model_family {} has no Hugging Face mapping yet (Tessera maps llama, qwen2 and mistral "
-      "models); keep its checkpoints in Tessera's format",
-      family));
-}
-
-}  // namespace
-
-ModelSpec MoeFamily::read_hf_config(const nlohmann::json& /*config*/,
-                                    const std::string& /*file*/) const {
-  no_hf_mapping(arch_.name);
-}
-
-std::string MoeFamily::hf_model_type(const ModelSpec& /*s*/) const {
-  no_hf_mapping(arch_.name);
-}
-
-nlohmann::ordered_json MoeFamily::hf_config(const ModelSpec& /*s*/) const {
-  no_hf_mapping(arch_.name);
-}
-
-std::vector<HfTensorPiece> MoeFamily::hf_pieces(const ParamInfo& /*p*/,
-                                                const ModelSpec& /*s*/) const {
-  no_hf_mapping(arch_.name);
-}
-
 const ModelFamily& mixtral_family() {
-  static const MoeFamily family({"mixtral", "Mixtral 8x7B/8x22B", false});
+  static const MoeFamily family(
+      {"mixtral", "Mixtral 8x7B/8x22B", false, "mixtral", "MixtralForCausalLM"});
   return family;
 }
 
 const ModelFamily& qwen3_moe_family() {
-  static const MoeFamily family({"qwen3_moe", "Qwen3-MoE (Qwen3-30B-A3B)", true});
+  static const MoeFamily family(
+      {"qwen3_moe", "Qwen3-MoE (Qwen3-30B-A3B)", true, "qwen3_moe", "Qwen3MoeForCausalLM"});
   return family;
 }
 

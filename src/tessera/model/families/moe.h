@@ -12,6 +12,8 @@ struct MoeArchitecture {
   std::string_view name;    // the model_family key's value
   std::string_view covers;  // for help texts
   bool qk_norm = false;     // the architecture has QK norm (required) or not (refused)
+  std::string_view hf_type;   // config.json's model_type
+  std::string_view hf_class;  // its architectures entry
 };
 
 class MoeFamily final : public ModelFamily {
@@ -24,9 +26,10 @@ class MoeFamily final : public ModelFamily {
                                                    int64_t layer) const override;
   std::string features(const ModelSpec& s) const override;
 
-  // Hugging Face: no mapping yet. No config.json model_type reads as an MoE family, and
-  // exporting one is a DataError naming the family.
-  std::vector<std::string> hf_model_types() const override { return {}; }
+  // Hugging Face (moe_hf.cpp): MixtralForCausalLM and Qwen3MoeForCausalLM, experts stored one
+  // tensor per expert and projection as on the Hub (block_sparse_moe.experts.<e>.w1/w3/w2;
+  // mlp.experts.<e>.gate_proj/up_proj/down_proj), the rest as the Llama family names it.
+  std::vector<std::string> hf_model_types() const override { return {std::string(arch_.hf_type)}; }
   ModelSpec read_hf_config(const nlohmann::json& config, const std::string& file) const override;
   std::string hf_model_type(const ModelSpec& s) const override;
   nlohmann::ordered_json hf_config(const ModelSpec& s) const override;
