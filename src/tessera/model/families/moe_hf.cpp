@@ -69,16 +69,22 @@ ModelSpec MoeFamily::read_hf_config(const nlohmann::json& j, const std::string& 
       throw unsupported(fmt::format("RoPE type '{}' (expected default)", rope_type));
     MoeSpec& m = s.moe;
     m.topk = required("num_experts_per_tok");
+    // Each family's own name first; transformers versions have written the other one too.
+    const auto experts = [&] {
+      const char* own = mixtral ? "num_local_experts" : "num_experts";
+      const char* other = mixtral ? "num_experts" : "num_local_experts";
+      return has(own) || !has(other) ? required(own) : required(other);
+    };
     if (mixtral) {
       s.ffn = required("intermediate_size");
-      m.experts = required("num_local_experts");
+      m.experts = experts();
       m.ffn = s.ffn;
       m.layers.assign(static_cast<size_t>(s.num_layers), true);
       s.sliding_window = has("sliding_window") ? j["sliding_window"].get<int64_t>() : 0;
     } else {
       s.qk_norm = true;
       s.ffn = j.value("intermediate_size", int64_t{6144});
-      m.experts = required("num_experts");
+      m.experts = experts();
       m.ffn = required("moe_intermediate_size");
       // Qwen3-MoE: layer l is sparse unless listed in mlp_only_layers, and when
       // (l + 1) % decoder_sparse_step == 0.
