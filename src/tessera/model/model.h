@@ -28,13 +28,25 @@ struct ModelRuntime {
   // bind_unit_grads) before the model reads or writes them, and starts each unit's gradients
   // from what they already hold, so every weight-gradient GEMM accumulates.
   bool sharded_params = false;
-  // This rank's index in its tensor-parallel group. A row-parallel projection leaves partial
-  // sums that the group adds up, so only rank 0 adds the residual into its output (the
-  // residual is added exactly once).
+  // Tensor parallelism (Megatron's): the model holds part tensor_parallel_rank of
+  // tensor_parallel_size of every parameter its blocks declare Column, Row or Vocab
+  // (param_layout.h), so its layers compute that share of the heads, MLP width and vocabulary.
+  // A row-parallel projection leaves partial sums that the group adds up, so only the rank that
+  // owns a row of the sum adds the residual into it (the residual is added exactly once).
+  int tensor_parallel_size = 1;
   int tensor_parallel_rank = 0;
+  // With tensor parallelism: the residual stream (residual states, norms) holds
+  // tokens() / tensor_parallel_size rows on each rank, gathered before the column-parallel
+  // linears and reduce-scattered after the row-parallel ones.
+  bool sequence_parallel = false;
   Fp8Options fp8;  // FP8 linear layers (off by default)
 
   int64_t tokens() const { return micro_batch * seq_length; }
+  // Rows of the residual-stream activations on this rank: its share of the tokens under
+  // sequence parallelism, else all of them.
+  int64_t sequence_tokens() const {
+    return sequence_parallel ? tokens() / tensor_parallel_size : tokens();
+  }
 };
 
 // Bytes the model needs on its device, by purpose (the out-of-memory message and the

@@ -1,5 +1,7 @@
 #include "tessera/model/model_spec.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
@@ -53,7 +55,9 @@ ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab) {
     throw ConfigError(
         origin("vocab_size"), "vocab_size", std::to_string(m.vocab_size),
         fmt::format("at least the tokenizer's vocabulary ({}) or 0", tokenizer_vocab));
-  const int64_t multiple = m.make_vocab_size_divisible_by;
+  // Megatron's padding: every tensor-parallel rank holds an equal, aligned share of the rows.
+  const int64_t multiple =
+      m.make_vocab_size_divisible_by * std::max<int64_t>(1, e.training.tensor_model_parallel_size);
   s.vocab_size = (vocab + multiple - 1) / multiple * multiple;
   return s;
 }

@@ -49,8 +49,8 @@ struct ModelSpec {
 };
 
 // The experiment's model: its family (model_family key; ConfigError naming the registered
-// families otherwise) resolves the derived sizes, then the vocabulary is padded to
-// make_vocab_size_divisible_by. `tokenizer_vocab` fills vocab_size=0. Throws ConfigError if
+// families otherwise) resolves the derived sizes, then the vocabulary is padded to a multiple
+// of make_vocab_size_divisible_by x tensor_model_parallel_size (Megatron). `tokenizer_vocab` fills vocab_size=0. Throws ConfigError if
 // vocab_size is smaller than the tokenizer's.
 ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab);
 

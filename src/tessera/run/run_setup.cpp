@@ -1,5 +1,8 @@
 #include "tessera/run/run_setup.h"
 
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
 #include "tessera/distributed/data_parallel.h"
 
 namespace tessera {
@@ -19,24 +22,39 @@ DType compute_dtype(Precision p, DType auto_dtype) {
 
 }  // namespace
 
-StateSharding state_sharding(const TrainingConfig& t, int world_size) {
-  if (world_size <= 1) return StateSharding::None;
+StateSharding state_sharding(const TrainingConfig& t, int data_parallel_size) {
+  if (data_parallel_size <= 1) return StateSharding::None;
   if (t.use_torch_fsdp2) return StateSharding::Fsdp;
   return t.use_distributed_optimizer ? StateSharding::Zero1 : StateSharding::None;
+}
+
+dist::DeviceMesh device_mesh(const TrainingConfig& t, int world_size) {
+  return dist::DeviceMesh(world_size, {.tp = static_cast<int>(t.tensor_model_parallel_size),
+                                       .pp = static_cast<int>(t.pipeline_model_parallel_size),
+                                       .cp = static_cast<int>(t.context_parallel_size)});
 }
 
 RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                         const std::function<int64_t()>& tokenizer_vocab) {
   const TrainingConfig& t = e.training;
   RunSetup s;
-  s.mesh = dist::DeviceMesh(devices.world_size, dist::MeshSizes{});
+  s.mesh = device_mesh(t, devices.world_size);
   // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
   // tokenizer's.
   s.data_vocab = e.data.mock_data && e.model_config.vocab_size > 0 ? e.model_config.vocab_size
                                                                    : tokenizer_vocab();
   s.spec = make_model_spec(e, s.data_vocab);
-  s.sharding = state_sharding(t, devices.world_size);
-  const int dp = s.mesh.size(dist::MeshDim::DP);
+  const int tp = s.mesh.size(dist::MeshDim::TP), dp = s.mesh.size(dist::MeshDim::DP);
+  // The family derives the MLP width, so only now can its split be checked.
+  if (s.spec.ffn % tp != 0) {
+    const auto origin = e.origin.find("tensor_model_parallel_size");
+    throw ConfigError(origin == e.origin.end() ? "default" : origin->second,
+                      "tensor_model_parallel_size", std::to_string(tp),
+                      fmt::format("a divisor of the MLP width ({}, derived from hidden_size): each "
+                                  "tensor-parallel rank holds an equal share",
+                                  s.spec.ffn));
+  }
+  s.sharding = state_sharding(t, dp);
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
 
   ModelRuntime& rt = s.runtime;
@@ -47,8 +65,12 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
   rt.fp8 = fp8_options(t);
-  if (devices.world_size > 1) {
-    rt.flat_buffer_multiple = dist::flat_buffer_multiple(devices.world_size);
+  rt.tensor_parallel_size = tp;
+  rt.tensor_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::TP);
+  // Megatron turns sequence parallelism off without tensor parallelism.
+  rt.sequence_parallel = t.sequence_parallel && tp > 1;
+  if (dp > 1) {
+    rt.flat_buffer_multiple = dist::flat_buffer_multiple(dp);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;
   }
   return s;

@@ -82,8 +82,10 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       metrics_(metrics),
       comm_(comm),
       tokenizer_(make_tokenizer(exp_.data)),
-      setup_(make_run_setup(exp_, {comm ? comm->size() : 1, backend_->default_compute_dtype()},
-                            [this] { return tokenizer_->vocab_size(); })),
+      setup_(make_run_setup(
+          exp_,
+          {comm ? comm->size() : 1, backend_->default_compute_dtype(), comm ? comm->rank() : 0},
+          [this] { return tokenizer_->vocab_size(); })),
       run_id_(std::move(run_id)) {
   install_stop_signal_handlers();
   check_device_can_run();
