@@ -96,6 +96,23 @@ TEST_F(ThreadRanksCli, DataParallelZero1AndFsdpTrainLikeOneRank) {
   }
 }
 
+// Tensor parallelism through the command: 2 ranks that split the model, with sequence
+// parallelism, and 4 with data parallelism over 2 model replicas (tests/distributed/
+// tensor_parallel_test.cpp compares weights and gradients too).
+TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
+  // Two heads in two query groups (one each per rank).
+  const std::string model = "--num_query_groups 2 --log_interval 1 ";
+  const TrainingRun one = train(workspace_, "one", 1, model);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+    SCOPED_TRACE(flags);
+    const TrainingRun run = train(workspace_, "tp" + std::to_string(ranks), ranks, model + flags);
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+  }
+}
+
 TEST_F(ThreadRanksCli, RejectsANonPositiveRankCount) {
   const RunResult r = run_tessera("train --device cpu --nproc_per_node 0 --train_iters 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -1,9 +1,9 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
-// parallel, ZeRO-1 (with and without overlap_param_gather) and FSDP (untied and tied heads) on
-// 2 GPUs against 1 GPU with gradient accumulation at the same global batch, ZeRO-1 and FSDP
-// checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM, a rank killed
-// mid-run, and the NCCL communicator's split, point-to-point and sub-group collectives (two
-// processes running this binary). The loss bound is
+// parallel, ZeRO-1 (with and without overlap_param_gather), FSDP (untied and tied heads) and
+// tensor parallelism (with and without sequence parallelism) on 2 GPUs against 1 GPU with gradient
+// accumulation at the same global batch, ZeRO-1 and FSDP checkpoints resumed on 2 GPUs and on 1, a
+// ZeRO-1 run stopped by SIGTERM, a rank killed mid-run, and the NCCL communicator's split,
+// point-to-point and sub-group collectives (two processes running this binary). The loss bound is
 // docs/distributed.md's: the runs see the same samples in the same order and differ only in
 // the order of bf16/fp32 reductions.
 #include <gtest/gtest.h>
@@ -241,6 +241,31 @@ TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
   EXPECT_EQ(losses("zero_overlap"), zero) << "overlap_param_gather changed the numbers";
   // Every rank keeps its own logs; rank 0 alone writes metrics.
   EXPECT_TRUE(fs::exists(ws_ / "g/u/dp/logs/pre_trainer/rank-1/info.log"));
+}
+
+// Tensor parallelism over NCCL: the model split over 2 GPUs (its parts, the vocabulary-parallel
+// embedding and cross-entropy, bf16 all-reduces, with sequence parallelism reduce-scatters and
+// all-gathers) trains like one GPU within the loss bound.
+TEST_F(DistGpu, TensorParallelMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  ASSERT_EQ(run(train_args("one"), "one.txt"), 0) << read("one.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29621 " + train_args("tp") +
+                    " --tensor_model_parallel_size 2",
+                "tp.txt"),
+            0)
+      << read("tp.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29622 " + train_args("tp_sp") +
+                    " --tensor_model_parallel_size 2 --sequence_parallel true",
+                "tp_sp.txt"),
+            0)
+      << read("tp_sp.txt");
+  const auto one = losses("one");
+  ASSERT_EQ(one.size(), 20u);
+  expect_close(losses("tp"), one, "tensor parallel");
+  expect_close(losses("tp_sp"), one, "tensor and sequence parallel");
+  EXPECT_NE(read("tp_sp.txt").find("tensor parallel 2 with sequence parallelism"),
+            std::string::npos)
+      << read("tp_sp.txt");
 }
 
 TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {

@@ -265,13 +265,19 @@ void check_pipeline_batch(const Checker& c, const TrainingConfig& t, int64_t lay
 }
 
 // Layouts parallelize cannot build (yet) are refused here, before anything is written.
-void check_laid_out(const Checker& c, const TrainingConfig& t) {
-  c.require(t.tensor_model_parallel_size == 1, "tensor_model_parallel_size",
-            "1: tensor parallelism is not available yet");
+void check_laid_out(const Checker& c, const Experiment& e) {
+  const TrainingConfig& t = e.training;
   c.require(t.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
             "1: pipeline parallelism is not available yet");
   c.require(t.context_parallel_size == 1, "context_parallel_size",
             "1: context parallelism is not available yet");
+  if (t.tensor_model_parallel_size > 1)
+    for (const auto& [key, value] :
+         {std::pair{"save", e.checkpoint.save}, std::pair{"load", e.checkpoint.load},
+          std::pair{"hf_init_path", e.checkpoint.hf_init_path}})
+      c.require(value.empty(), key,
+                "null with tensor_model_parallel_size above 1: checkpoints of a model split "
+                "over tensor-parallel ranks are not available yet");
   c.require(!t.use_torch_fsdp2 || t.tensor_model_parallel_size == 1, "use_torch_fsdp2",
             "false with tensor_model_parallel_size above 1 (FSDP shards whole layers over the "
             "data-parallel ranks; use use_distributed_optimizer with tensor parallelism)");
@@ -521,7 +527,7 @@ void validate_experiment(const Experiment& e, int world_size) {
   check_logging(c, e.logging, e.training.train_iters, world_size);
   check_skip_train(c, e.data);
   check_tensorboard(c, e);
-  check_laid_out(c, e.training);
+  check_laid_out(c, e);
 }
 
 }  // namespace tessera

@@ -46,10 +46,18 @@ class Parallelism {
   virtual Tensor gathered_param(int index) = 0;
   virtual void follow_gathers() {}
 
-  // In place: the sum over the data-parallel ranks (losses, counters).
+  // In place: the sum over the ranks that hold other samples' losses (data parallel), once
+  // each: the ranks that split one model (tensor parallel) hold the same loss.
   virtual void sum(const Tensor& t) = 0;
-  // In place: the maximum over them (FP8 amaxes, so every rank scales alike).
+  // In place: the maximum over every rank of the job (stop signals, time limits).
   virtual void max(const Tensor& t) = 0;
+  // FP8 delayed scaling, in place: each amax's maximum over the ranks that hold the same
+  // linear layers (data parallel, and the parts of tensor-parallel ones), so that every rank
+  // derives the same scales.
+  virtual void reduce_fp8_amaxes(const Tensor& amaxes) { max(amaxes); }
+  // In place: the FP8 non-finite status (0 or NaN) summed over every rank, so that a
+  // non-finite amax on one skips the step on all of them.
+  virtual void reduce_fp8_status(const Tensor& status) { sum(status); }
   // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
   virtual void barrier() = 0;
 };

@@ -26,7 +26,7 @@ std::vector<int> DecoderLayer::linear_weights() const {
 void DecoderLayer::declare_activations(ActivationPlan& plan, const ModelSpec& spec,
                                        const ModelRuntime& rt, bool recomputed) {
   plan.begin_layer(recomputed);
-  for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.tokens(), spec.hidden});
+  for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.sequence_tokens(), spec.hidden});
   for (auto& b : blocks_) b->declare_activations(plan, rt);
   plan.end_layer();
 }
@@ -118,9 +118,10 @@ std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& 
 }
 
 ParamLayout decoder_param_layout(const ModelSpec& s,
-                                 const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
+                                 const std::vector<std::unique_ptr<DecoderLayer>>& layers,
+                                 ParamPlacement tensor_parallel) {
   ParamLayout l;
-  ParamLayoutBuilder b(l);
+  ParamLayoutBuilder b(l, tensor_parallel);
   b.begin_unit("model.", -1);
   l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,
                       TensorParallelStyle::Vocab);

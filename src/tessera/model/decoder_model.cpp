@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "tessera/core/error.h"
 #include "tessera/model/rope.h"
 
@@ -44,31 +46,49 @@ std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8Linear
 
 }  // namespace
 
+// s: what this rank computes (tensor_parallel_shard), whose vocabulary is its rows of the head.
 void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& rt,
                                        const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                        Activations& a, ActivationPlan& plan) {
-  const int64_t N = rt.tokens(), C = s.hidden;
+  const int64_t N = rt.tokens(), Ns = rt.sequence_tokens(), C = s.hidden;
+  const int64_t chunk = std::min(N, rt.cross_entropy_chunk_tokens);
   const DType dt = rt.compute_dtype;
   a.resid.assign(s.num_layers + 1, Tensor{});
-  for (Tensor& r : a.resid) plan.add(&r, dt, {N, C});
+  for (Tensor& r : a.resid) plan.add(&r, dt, {Ns, C});
   for (size_t l = 0; l < layers.size(); ++l)
     layers[l]->declare_activations(plan, s, rt, full_recompute_layer(rt, static_cast<int64_t>(l)));
   for (const auto& layer : layers) layer->declare_backward_scratch(plan, rt);
-  plan.add(&a.final_norm, dt, {N, C});
-  plan.add(&a.final_rstd, DType::F32, {N});
-  plan.add(&a.logits, dt, {std::min(N, rt.cross_entropy_chunk_tokens), s.vocab_size});
+  plan.add(&a.final_norm, dt, {Ns, C});
+  plan.add(&a.final_rstd, DType::F32, {Ns});
+  plan.add(&a.logits, dt, {chunk, s.vocab_size});
   plan.add(&a.losses, DType::F32, {N});
   plan.add(&a.loss_sum, DType::F32, {1});
-  plan.add(&a.dresid, dt, {N, C});
-  plan.add(&a.dnorm, dt, {N, C});
+  plan.add(&a.dresid, dt, {Ns, C});
+  plan.add(&a.dnorm, dt, {Ns, C});
   plan.add(&a.tokens, DType::I32, {N});
   plan.add(&a.targets, DType::I32, {N});
   plan.add(&a.freqs, DType::F32, {rt.seq_length, s.head_dim});
+  if (rt.tensor_parallel_size > 1) {
+    plan.add(&a.ce_stats, DType::F32, {chunk, 2});
+    plan.add(&a.ce_all_stats, DType::F32, {rt.tensor_parallel_size, chunk, 2});
+  }
+  if (rt.sequence_parallel) {
+    plan.add(&a.gathered, dt, {N, C});
+    plan.add(&a.partial, dt, {N, C});
+  }
 }
 
-ModelMemory DecoderModel::plan_memory(const ModelSpec& spec, const ModelRuntime& rt) {
+ParamLayout DecoderModel::plan_layout(const ModelSpec& whole, const ModelRuntime& rt) {
+  const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
+  return decoder_param_layout(spec, make_decoder_layers(spec),
+                              {rt.tensor_parallel_size, rt.tensor_parallel_rank});
+}
+
+ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime& rt) {
+  const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
   const auto layers = make_decoder_layers(spec);
-  const ParamLayout layout = decoder_param_layout(spec, layers);
+  const ParamLayout layout =
+      decoder_param_layout(spec, layers, {rt.tensor_parallel_size, rt.tensor_parallel_rank});
   ModelMemory m;
   const int64_t multiple = std::max<int64_t>(rt.flat_buffer_multiple, 1);
   const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
@@ -89,8 +109,18 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     : backend_(backend),
       spec_(spec),
       runtime_(runtime),
-      layers_(make_decoder_layers(spec)),
-      layout_(decoder_param_layout(spec, layers_)) {
+      local_spec_(tensor_parallel_shard(spec, runtime.tensor_parallel_size)),
+      layers_(make_decoder_layers(local_spec_)),
+      layout_(decoder_param_layout(local_spec_, layers_,
+                                   {runtime.tensor_parallel_size, runtime.tensor_parallel_rank})) {
+  TS_CHECK(runtime_.tensor_parallel_rank >= 0 &&
+               runtime_.tensor_parallel_rank < runtime_.tensor_parallel_size,
+           "tensor-parallel rank {} of {}", runtime_.tensor_parallel_rank,
+           runtime_.tensor_parallel_size);
+  TS_CHECK(!runtime_.sequence_parallel || runtime_.tokens() % runtime_.tensor_parallel_size == 0,
+           "sequence parallelism: {} tokens do not split over {} ranks", runtime_.tokens(),
+           runtime_.tensor_parallel_size);
+  if (runtime_.tensor_parallel_size > 1) set_full_offsets(layout_, make_param_layout(spec_));
   const ModelMemory mem = plan_memory(spec, runtime);
   unit_params_.resize(layout_.units.size());
   unit_grads_.resize(layout_.units.size());
@@ -109,7 +139,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   }
 
   ActivationPlan plan(runtime_.recompute == RecomputeGranularity::Selective);
-  declare_activations(spec_, runtime_, layers_, a_, plan);
+  declare_activations(local_spec_, runtime_, layers_, a_, plan);
   TS_CHECK(plan.bytes() == mem.activations, "activation plan {} bytes, planned {}", plan.bytes(),
            mem.activations);
   act_buffer_ = DeviceBuffer(backend_, plan.bytes(), "activations");
@@ -221,11 +251,14 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
 // sum (model.h): a separate add would be one more pass over the (N, C) states per block.
 void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int bias,
                           const Tensor& residual) {
-  const bool row_partial =
-      layout_.params[weight].tp == TensorParallelStyle::Row && runtime_.tensor_parallel_rank != 0;
-  const bool add_residual = residual.defined() && !row_partial;
-  const float beta = add_residual ? 1.0f : 0.0f;
-  const Tensor c = add_residual ? residual : Tensor{};
+  if (runtime_.tensor_parallel_size > 1)
+    return linear_tensor_parallel(out, in, weight, bias, residual);
+  const bool add_residual = residual.defined();
+  gemm(out, in, weight, bias, add_residual ? 1.0f : 0.0f, add_residual ? residual : Tensor{});
+}
+
+void DecoderModel::gemm(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
+                        const Tensor& c) {
   if (fp8_index_[weight] >= 0) {
     fp8_->forward(fp8_index_[weight], out, in, param(weight), bias >= 0 ? param(bias) : Tensor{},
                   beta, c);
@@ -242,8 +275,67 @@ void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int b
   backend_.matmul(m);
 }
 
+TensorParallelGroup& DecoderModel::tp_group() const {
+  TS_CHECK(tp_group_ != nullptr, "tensor parallelism over {} ranks without a group",
+           runtime_.tensor_parallel_size);
+  return *tp_group_;
+}
+
+const Tensor& DecoderModel::gather_sequence(const Tensor& x) {
+  tp_group().all_gather(a_.gathered, x);
+  return a_.gathered;
+}
+
+// Megatron's column- and row-parallel linears. Column: every rank computes its slice of the
+// outputs from the whole input (gathered from the sequence shards first, with sequence
+// parallelism). Row: every rank computes partial sums of every output from its slice of the
+// inputs; the sums are added up over the ranks, straight into the residual stream (all-reduce),
+// or into each rank's sequence shard of it (reduce-scatter). The residual is added once: by
+// rank 0 before an all-reduce, by each rank into the rows of its own shard before a
+// reduce-scatter. Vocab (the output head) leaves its collectives to the head.
+void DecoderModel::linear_tensor_parallel(const Tensor& out, const Tensor& in, int weight, int bias,
+                                          const Tensor& residual) {
+  const ParamInfo& p = layout_.params[weight];
+  switch (p.tp) {
+    case TensorParallelStyle::Column:
+      gemm(out, sequence_parallel() ? gather_sequence(in) : in, weight, bias, 0.0f, {});
+      return;
+    case TensorParallelStyle::Row: {
+      // A bias would be added by every rank.
+      TS_CHECK(bias < 0, "{}: a row-parallel linear with a bias", p.name);
+      if (!sequence_parallel()) {
+        const bool add_residual = residual.defined() && runtime_.tensor_parallel_rank == 0;
+        gemm(out, in, weight, -1, add_residual ? 1.0f : 0.0f, add_residual ? residual : Tensor{});
+        tp_group().all_reduce(out);
+        return;
+      }
+      const Tensor partial = a_.partial.view({in.dim(0), out.dim(1)});
+      float beta = 0.0f;
+      if (residual.defined()) {
+        // Zeros but for the residual in this rank's shard of the rows.
+        const int64_t n = out.dim(0), own = runtime_.tensor_parallel_rank * n;
+        backend_.fill(partial.rows(0, own), 0.0f);
+        backend_.copy(partial.rows(own, own + n), residual);
+        backend_.fill(partial.rows(own + n, partial.dim(0)), 0.0f);
+        beta = 1.0f;
+      }
+      gemm(partial, in, weight, -1, beta, partial);
+      tp_group().reduce_scatter(out, partial);
+      return;
+    }
+    case TensorParallelStyle::Vocab:
+      gemm(out, in, weight, bias, 0.0f, {});
+      return;
+    case TensorParallelStyle::Replicated:
+      break;
+  }
+  throw InternalError(fmt::format("{}: a replicated parameter used as a linear layer", p.name));
+}
+
 void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                    int weight, int bias) {
+  if (runtime_.tensor_parallel_size > 1)
+    return linear_backward_tensor_parallel(din, dout, in, weight, bias);
   const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
   grad_written_[weight] = 1;
   if (fp8_index_[weight] >= 0) {
@@ -268,13 +360,66 @@ void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const 
   if (bias >= 0) backend_.bias_backward(grad(bias), dout);
 }
 
+// The backward of linear_tensor_parallel. Column: d(input) holds partial sums over this rank's
+// outputs, added up over the ranks (reduce-scattered onto the sequence shards with sequence
+// parallelism); the weight gradient needs the whole input, gathered again rather than kept.
+// Row: d(output) is the same on every rank (gathered from the shards with sequence
+// parallelism), and d(input) is this rank's slice, complete.
+void DecoderModel::linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout,
+                                                   const Tensor& in, int weight, int bias) {
+  const ParamInfo& p = layout_.params[weight];
+  const bool sp = sequence_parallel();
+  const bool column = p.tp == TensorParallelStyle::Column;
+  const Tensor x = sp && column ? gather_sequence(in) : in;
+  const Tensor dy = sp && p.tp == TensorParallelStyle::Row ? gather_sequence(dout) : dout;
+  // Column with sequence parallelism: the partial sums for every token, then each rank's shard.
+  const Tensor dx = din.defined() && column && sp ? a_.partial.view({dy.dim(0), din.dim(1)}) : din;
+  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
+  grad_written_[weight] = 1;
+  if (fp8_index_[weight] >= 0) {
+    fp8_->backward(fp8_index_[weight], dx, dy, x, param(weight), grad(weight), grad_beta);
+  } else {
+    if (dx.defined()) {
+      MatmulArgs m;
+      m.out = dx;
+      m.a = dy;
+      m.b = param(weight);
+      backend_.matmul(m);
+    }
+    MatmulArgs w;
+    w.out = grad(weight);
+    w.a = dy;
+    w.trans_a = true;
+    w.b = x;
+    w.beta = grad_beta;
+    backend_.matmul(w);
+  }
+  if (bias >= 0) backend_.bias_backward(grad(bias), dy);
+  if (!din.defined() || !column) return;
+  if (sp)
+    tp_group().reduce_scatter(din, dx);
+  else
+    tp_group().all_reduce(din);
+}
+
 // Units are read in forward order, each followed by the next (layer l is unit l + 1; the
 // last layer is followed by the tail).
 void DecoderModel::embed() {
   params_needed(0, 1);
   {
     ScopedRange r(backend_, "embedding_forward");
-    backend_.embedding_forward(a_.resid[0], a_.tokens, param(layout_.embedding));
+    if (runtime_.tensor_parallel_size == 1) {
+      backend_.embedding_forward(a_.resid[0], a_.tokens, param(layout_.embedding));
+    } else {
+      // Each rank looks up the tokens of its rows of the vocabulary (zeros for the others'),
+      // and the sum over the ranks is the embedding: into every rank, or its sequence shard.
+      const Tensor& out = sequence_parallel() ? a_.partial : a_.resid[0];
+      backend_.embedding_shard_forward(out, a_.tokens, param(layout_.embedding), first_vocab_id());
+      if (sequence_parallel())
+        tp_group().reduce_scatter(a_.resid[0], out);
+      else
+        tp_group().all_reduce(out);
+    }
   }
   params_done(0);
 }
@@ -292,21 +437,40 @@ void DecoderModel::head_forward(bool with_grad, float grad_scale) {
   }
   ScopedRange r(backend_, "output_head");
   const int64_t N = runtime_.tokens();
+  const int tp = runtime_.tensor_parallel_size;
   const Tensor& x = a_.resid[spec_.num_layers];
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, x, param(layout_.final_norm),
                            spec_.norm_eps);
+  // Vocabulary-parallel head: every rank computes its columns of the logits for every token,
+  // and d(normed) partial sums over them, added up over the ranks after the last chunk.
+  const Tensor& normed = sequence_parallel() ? gather_sequence(a_.final_norm) : a_.final_norm;
+  const Tensor& dnormed = sequence_parallel() ? a_.partial : a_.dnorm;
   const int64_t chunk = a_.logits.dim(0);
   for (int64_t c = 0; c < N; c += chunk) {
     const int64_t n = std::min(chunk, N - c);
     const Tensor logits = a_.logits.rows(0, n);
-    const Tensor xn = a_.final_norm.rows(c, c + n);
+    const Tensor xn = normed.rows(c, c + n);
+    const Tensor targets = a_.targets.rows(c, c + n);
     linear(logits, xn, layout_.lm_head, -1, {});
-    backend_.cross_entropy(a_.losses.rows(c, c + n), logits, a_.targets.rows(c, c + n),
-                           with_grad ? logits : Tensor{}, grad_scale);
-    if (with_grad) linear_backward(a_.dnorm.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+    if (tp == 1) {
+      backend_.cross_entropy(a_.losses.rows(c, c + n), logits, targets,
+                             with_grad ? logits : Tensor{}, grad_scale);
+    } else {
+      const Tensor stats = a_.ce_stats.rows(0, n);
+      const Tensor all_stats = a_.ce_all_stats.flat_range(0, tp * n * 2).view({tp, n, 2});
+      backend_.cross_entropy_shard_stats(stats, logits, targets, first_vocab_id());
+      tp_group().all_gather(all_stats, stats);
+      backend_.cross_entropy_shard(a_.losses.rows(c, c + n), logits, targets, all_stats,
+                                   first_vocab_id(), with_grad ? logits : Tensor{}, grad_scale);
+    }
+    if (with_grad) linear_backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
   if (with_grad) {
+    if (sequence_parallel())
+      tp_group().reduce_scatter(a_.dnorm, dnormed);
+    else if (tp > 1)
+      tp_group().all_reduce(a_.dnorm);
     backend_.fill(a_.dresid, 0.0f);
     backend_.rmsnorm_backward(a_.dresid, grad(layout_.final_norm), a_.dnorm, x,
                               param(layout_.final_norm), a_.final_rstd);
@@ -346,7 +510,13 @@ void DecoderModel::forward_backward(float grad_scale) {
   if (!tied()) grads_needed(0);
   {
     ScopedRange r(backend_, "embedding_backward");
-    backend_.embedding_backward(grad(layout_.embedding), a_.dresid, a_.tokens);
+    if (runtime_.tensor_parallel_size == 1) {
+      backend_.embedding_backward(grad(layout_.embedding), a_.dresid, a_.tokens);
+    } else {
+      const Tensor& dembed = sequence_parallel() ? gather_sequence(a_.dresid) : a_.dresid;
+      backend_.embedding_shard_backward(grad(layout_.embedding), dembed, a_.tokens,
+                                        first_vocab_id());
+    }
   }
   grads_ready(0);
 }
@@ -358,6 +528,9 @@ void DecoderModel::forward_loss() {
 }
 
 void DecoderModel::forward_logits(const Tensor& logits) {
+  TS_CHECK(runtime_.tensor_parallel_size == 1,
+           "whole logits from a model split over {} tensor-parallel ranks",
+           runtime_.tensor_parallel_size);
   embed();
   forward_layers();
   tail_params_needed(-1);

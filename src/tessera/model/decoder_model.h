@@ -24,6 +24,8 @@ class DecoderModel final : public Model, private LayerOps {
   // What construction allocates, computable without a backend: the same declarations the
   // constructor allocates from.
   static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime);
+  // The parameter layout the model has on a rank with `runtime` (its tensor-parallel part).
+  static ParamLayout plan_layout(const ModelSpec& spec, const ModelRuntime& runtime);
 
   const ModelSpec& spec() const override { return spec_; }
   const ModelRuntime& runtime() const override { return runtime_; }
@@ -37,6 +39,7 @@ class DecoderModel final : public Model, private LayerOps {
   void bind_unit_params(int unit, const Tensor& params) override;
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
+  void set_tensor_parallel_group(TensorParallelGroup* group) override { tp_group_ = group; }
 
   // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
@@ -53,12 +56,18 @@ class DecoderModel final : public Model, private LayerOps {
   void params_updated() override;
 
  private:
-  // Model-level activations (the layers and blocks hold their own).
+  // Model-level activations (the layers and blocks hold their own). Ns = sequence_tokens().
   struct Activations {
-    std::vector<Tensor> resid;  // L+1 residual states (N, C)
+    std::vector<Tensor> resid;  // L+1 residual states (Ns, C)
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
-    Tensor dresid, dnorm;  // backward: d(residual state), d(a norm's output)
+    Tensor dresid, dnorm;  // backward: d(residual state), d(a norm's output), (Ns, C)
     Tensor tokens, targets, freqs;
+    // Tensor parallelism: a logits chunk's cross-entropy stats (chunk, 2) and every rank's
+    // (tp, chunk, 2).
+    Tensor ce_stats, ce_all_stats;
+    // Sequence parallelism, (N, C): a residual-stream tensor gathered from every rank, and the
+    // partial sums a rank computes for all tokens before they are reduce-scattered.
+    Tensor gathered, partial;
   };
   // Declares the layers' and the model's activations into `plan`.
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
@@ -73,6 +82,19 @@ class DecoderModel final : public Model, private LayerOps {
                        int bias) override;
   const Tensor& rope_table() const override { return a_.freqs; }
   const Tensor& norm_grad() const override { return a_.dnorm; }
+
+  // The GEMM of linear(): FP8 or the compute dtype, out = in @ W^T (+ bias) + beta * c.
+  void gemm(const Tensor& out, const Tensor& in, int weight, int bias, float beta, const Tensor& c);
+  void linear_tensor_parallel(const Tensor& out, const Tensor& in, int weight, int bias,
+                              const Tensor& residual);
+  void linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                       int weight, int bias);
+  bool sequence_parallel() const { return runtime_.sequence_parallel; }
+  TensorParallelGroup& tp_group() const;
+  // The first vocabulary id of this rank's rows of the embedding and output head.
+  int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
+  // a_.gathered (N, C) = every rank's sequence shard x (Ns, C).
+  const Tensor& gather_sequence(const Tensor& x);
 
   void embed();
   void forward_layers();
@@ -90,12 +112,14 @@ class DecoderModel final : public Model, private LayerOps {
   Backend& backend_;
   ModelSpec spec_;
   ModelRuntime runtime_;
+  ModelSpec local_spec_;  // what this rank computes of spec_ (tensor_parallel_shard)
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ParamLayout layout_;
   DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
   Tensor params_, grads_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
+  TensorParallelGroup* tp_group_ = nullptr;
 
   Activations a_;
 

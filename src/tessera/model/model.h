@@ -74,6 +74,22 @@ class ParamUnitObserver {
   virtual void grads_ready(int unit) { (void)unit; }
 };
 
+// The collectives tensor parallelism inserts into a model's passes (Megatron's mappings),
+// over the ranks that hold the parts of its split parameters. The model calls them where its
+// parameters' TensorParallelStyle leaves partial sums or sequence shards (block.h, linear);
+// distributed/ implements them on its communicator, in the order the model calls them, which
+// is the same on every rank of the group. Rows split in rank order.
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  // In place: t becomes the sum over the group (fp32 or the compute dtype).
+  virtual void all_reduce(const Tensor& t) = 0;
+  // out (size x n rows) = every rank's in (n rows), rank r's at rows [r n, (r + 1) n).
+  virtual void all_gather(const Tensor& out, const Tensor& in) = 0;
+  // out (n rows) = the sum over the group of rows [rank n, (rank + 1) n) of in (size x n rows).
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -94,6 +110,9 @@ class Model {
   virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;
   // Parallelism follows every pass through it (null: none).
   virtual void set_unit_observer(ParamUnitObserver* observer) = 0;
+  // The group of runtime().tensor_parallel_size ranks (not owned); needed before the first
+  // pass when that is above 1.
+  virtual void set_tensor_parallel_group(TensorParallelGroup* group) = 0;
 
   // Starts a step's gradients (and the step's FP8 non-finite check).
   virtual void zero_grads() = 0;

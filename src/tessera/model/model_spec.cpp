@@ -37,6 +37,20 @@ std::string ModelSpec::summary() const {
       model_family(family).features(*this), total_params() / 1e9);
 }
 
+ModelSpec tensor_parallel_shard(const ModelSpec& spec, int parts) {
+  TS_CHECK(parts >= 1 && spec.heads % parts == 0 && spec.kv_heads % parts == 0 &&
+               spec.ffn % parts == 0 && spec.vocab_size % parts == 0,
+           "a model of {} heads, {} query groups, MLP width {} and vocabulary {} does not split "
+           "over {} tensor-parallel ranks",
+           spec.heads, spec.kv_heads, spec.ffn, spec.vocab_size, parts);
+  ModelSpec s = spec;
+  s.heads /= parts;
+  s.kv_heads /= parts;
+  s.ffn /= parts;
+  s.vocab_size /= parts;
+  return s;
+}
+
 ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab) {
   const ModelConfig& m = e.model_config;
   auto origin = [&](const char* key) {

@@ -19,9 +19,11 @@ int64_t ceil_div(int64_t a, int64_t b) {
 
 MemoryPlan plan_memory(const PlanInput& in) {
   const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
-  const int64_t params = make_param_layout(in.spec).total;
+  // What one rank's model holds: its tensor-parallel part of the parameters.
+  const ParamLayout layout = DecoderModel::plan_layout(in.spec, in.runtime);
+  const int64_t params = layout.total;
   const DType dt = in.runtime.compute_dtype;
-  const int64_t n = std::max<int64_t>(1, in.num_gpus);
+  const int64_t n = std::max<int64_t>(1, in.data_parallel);
   const int64_t shard = ceil_div(params, n);
 
   MemoryPlan p;
@@ -40,8 +42,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
       break;
     case StateSharding::Fsdp: {
       // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
-      const auto f = dist::FullyShardedDataParallel::plan_memory(make_param_layout(in.spec),
-                                                                 static_cast<int>(n), dt);
+      const auto f = dist::FullyShardedDataParallel::plan_memory(layout, static_cast<int>(n), dt);
       p.weights = f.weights;
       p.gradients = f.gradients;
       p.optimizer = AdamWOptimizer::state_bytes(f.shard_elements, dt);
@@ -80,6 +81,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.spec = setup.spec;
   in.runtime = setup.runtime;
   in.num_gpus = setup.mesh.world_size();
+  in.data_parallel = setup.mesh.size(dist::MeshDim::DP);
   in.sharding = setup.sharding;
   in.gpu = gpu;
   return in;

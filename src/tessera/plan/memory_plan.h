@@ -49,6 +49,7 @@ struct PlanInput {
   ModelSpec spec;
   ModelRuntime runtime;
   int64_t num_gpus = 1;
+  int64_t data_parallel = 1;  // the ranks state sharding splits over (num_gpus / model parallel)
   StateSharding sharding = StateSharding::None;
   bool gpu = true;  // add the GPU backend's buffers and context allowance
 };

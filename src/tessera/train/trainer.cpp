@@ -193,9 +193,10 @@ void Trainer::start_state() {
   restore_start_state();
   optimizer_->sync_params_from_master();
   if (model_->fp8()) {
-    // Transformer Engine's rule: amaxes are reduced over the data-parallel ranks, so every
-    // rank derives the same scales and the replicas stay identical.
-    model_->fp8()->set_amax_reducer([this](const Tensor& amaxes) { parallel_->max(amaxes); });
+    // Transformer Engine's rule: amaxes are reduced over the data- and tensor-parallel ranks,
+    // so every rank derives the same scales and the replicas stay identical.
+    model_->fp8()->set_amax_reducer(
+        [this](const Tensor& amaxes) { parallel_->reduce_fp8_amaxes(amaxes); });
   }
   parallel_->params_updated();
   if (comm_)
@@ -376,6 +377,15 @@ void Trainer::check_memory_fits() const {
       advice));
 }
 
+// A model replica (the ranks of one data-parallel rank: its tensor-parallel group) trains on
+// micro_batch x seq_length x accumulation tokens per step, shared by its GPUs.
+double Trainer::tokens_per_gpu_per_step() const {
+  const TrainingConfig& t = exp_.training;
+  const int replica_gpus = parallel_->world_size() / parallel_->data_parallel_size();
+  return static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps) /
+         replica_gpus;
+}
+
 void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
   const profiler::PhaseSpan span(profiler_.get(), "data_loading");
   const int64_t T = exp_.training.seq_length;
@@ -416,7 +426,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     parallel_->grad_norm_sq(grad_norm_sq_);
     if (model_->fp8()) {
       // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
-      parallel_->sum(model_->fp8()->status());
+      parallel_->reduce_fp8_status(model_->fp8()->status());
       model_->fp8()->end_step(grad_norm_sq_);
     }
   }
@@ -492,9 +502,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       profiler_ && profiler_->covers(s.iteration - interval_iters + 1, s.iteration);
   const TrainingConfig& t = exp_.training;
   const double ms = interval_ms / static_cast<double>(interval_iters);
-  const double tokens =
-      static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
-  const double tokens_per_s = tokens / (ms / 1e3);
+  const double tokens_per_s = tokens_per_gpu_per_step() / (ms / 1e3);
   const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
   log_.clear_progress();
@@ -523,7 +531,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["elapsed_ms"] = ms;
   j["tflops_per_gpu"] = tflops;
   j["tokens_per_s_per_gpu"] = tokens_per_s;
-  j["tokens_per_s"] = tokens_per_s * static_cast<double>(parallel_->data_parallel_size());
+  j["tokens_per_s"] = tokens_per_s * static_cast<double>(parallel_->world_size());
   j["world_size"] = parallel_->world_size();
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
@@ -673,11 +681,9 @@ TrainSummary Trainer::train() {
   log_.clear_progress();
   sum.iterations = last;
   sum.skipped_iterations = skipped_iterations_;
-  const double tokens =
-      static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
   const int64_t ran = last - first + 1;
   const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
-  sum.tokens_per_s_per_gpu = tokens / (ms / 1e3);
+  sum.tokens_per_s_per_gpu = tokens_per_gpu_per_step() / (ms / 1e3);
   sum.tflops_per_gpu = setup_.spec.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
   log_.info("done: {} iterations in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/GPU, {:.3f} "

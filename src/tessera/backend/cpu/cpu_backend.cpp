@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -357,6 +358,48 @@ void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
   }
 }
 
+void CpuBackend::do_embedding_shard_forward(const Tensor& out, const Tensor& tokens,
+                                            const Tensor& table, int64_t first_id) {
+  const char* op = "embedding_shard_forward";
+  expect_f32(out, op, "out");
+  expect_i32(tokens, op, "tokens");
+  expect_f32(table, op, "table");
+  const MatrixDims t = matrix_dims(table);
+  const int64_t N = tokens.numel(), C = t.cols;
+  // Tokens of other shards are expected; only a negative one is bad data.
+  expect_ids_below(tokens, std::numeric_limits<int32_t>::max(), false, op, "tokens");
+  const int32_t* ids = tokens.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::embedding_shard_forward(f32(out) + n * C, ids + n, f32(table), 1, C, t.rows, first_id);
+}
+
+void CpuBackend::do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
+                                             const Tensor& tokens, int64_t first_id) {
+  const char* op = "embedding_shard_backward";
+  expect_f32(dtable, op, "dtable");
+  expect_f32(dout, op, "dout");
+  expect_i32(tokens, op, "tokens");
+  const MatrixDims t = matrix_dims(dtable);
+  const int64_t N = tokens.numel(), C = t.cols, V = t.rows;
+  expect_ids_below(tokens, std::numeric_limits<int32_t>::max(), false, op, "tokens");
+  // Split by columns, as embedding_backward: one writer per row, adding in token order.
+  const int32_t* ids = tokens.as<int32_t>();
+  const float* g = f32(dout);
+  float* table = f32(dtable);
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t id = static_cast<int64_t>(ids[n]) - first_id;
+      if (id < 0 || id >= V) continue;
+      float* row = table + id * C;
+      for (int64_t c = c0; c < c1; ++c) row[c] += g[n * C + c];
+    }
+  }
+}
+
 void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                     const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
@@ -555,6 +598,52 @@ void CpuBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits, co
   for (int64_t n = 0; n < N; ++n) {
     ref::cross_entropy(f32(losses) + n, dx != nullptr ? dx + n * V : nullptr, f32(logits) + n * V,
                        ids + n, 1, V, grad_scale);
+  }
+}
+
+void CpuBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                              const Tensor& targets, int64_t first_id) {
+  const char* op = "cross_entropy_shard_stats";
+  expect_f32(stats, op, "stats");
+  expect_f32(logits, op, "logits");
+  expect_i32(targets, op, "targets");
+  const MatrixDims d = matrix_dims(logits);
+  const int64_t N = d.rows, V = d.cols;
+  const int32_t* ids = targets.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::cross_entropy_shard_stats(f32(stats) + 2 * n, f32(logits) + n * V, ids + n, 1, V,
+                                   first_id);
+}
+
+void CpuBackend::do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,
+                                        const Tensor& targets, const Tensor& all_stats,
+                                        int64_t first_id, const Tensor& dlogits, float grad_scale) {
+  const char* op = "cross_entropy_shard";
+  expect_f32(losses, op, "losses");
+  expect_f32(logits, op, "logits");
+  expect_i32(targets, op, "targets");
+  expect_f32(all_stats, op, "all_stats");
+  const MatrixDims d = matrix_dims(logits);
+  const int64_t N = d.rows, V = d.cols, S = all_stats.numel() / (2 * N);
+  float* dx = nullptr;
+  if (dlogits.defined()) {
+    expect_f32(dlogits, op, "dlogits");
+    dx = f32(dlogits);
+  }
+  // Row n of each shard's stats, gathered so that the reference sees S shards of one row.
+  const float* stats = f32(all_stats);
+  const int32_t* ids = targets.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<float> row_stats(2 * S);
+    for (int64_t s = 0; s < S; ++s) {
+      row_stats[2 * s] = stats[(s * N + n) * 2];
+      row_stats[2 * s + 1] = stats[(s * N + n) * 2 + 1];
+    }
+    ref::cross_entropy_shard(f32(losses) + n, dx != nullptr ? dx + n * V : nullptr,
+                             f32(logits) + n * V, ids + n, row_stats.data(), S, 1, V, first_id,
+                             grad_scale);
   }
 }
 
