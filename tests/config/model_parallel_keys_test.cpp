@@ -123,12 +123,34 @@ TEST(ModelParallelKeys, ImpossibleMeshesNameTheKey) {
       // The data-parallel size is what the model-parallel sizes leave of the world.
       {"tensor_model_parallel_size: 2\nglobal_batch_size: 3\n", 4, "global_batch_size",
        "micro_batch_size x data-parallel size = 1 x 2"},
+      // Layouts that are not combined.
+      {"pipeline_model_parallel_size: 2\nuntie_embeddings_and_output_weights: false\n", 2,
+       "untie_embeddings_and_output_weights", "the embedding (first stage) and the output head"},
+      {"tensor_model_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
+       "use use_distributed_optimizer with tensor or pipeline parallelism"},
+      {"pipeline_model_parallel_size: 2\nsave: /tmp/x\n", 2, "save",
+       "checkpoints of a model split over ranks are not available yet"},
+      {"context_parallel_size: 2\n", 2, "context_parallel_size", "not available yet"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.lines);
     const Refusal r = refusal(c.lines, c.world);
     EXPECT_EQ(r.key, c.key) << r.message;
     EXPECT_NE(r.message.find(c.fragment), std::string::npos) << r.message;
+  }
+}
+
+TEST(ModelParallelKeys, PossibleMeshesLoad) {
+  for (const auto& [lines, world] : std::vector<std::pair<std::string, int>>{
+           {"tensor_model_parallel_size: 2\nsequence_parallel: true\n", 4},
+           {"pipeline_model_parallel_size: 4\n", 4},
+           {"pipeline_model_parallel_size: 2\nvirtual_pipeline_model_parallel_size: 2\n", 2},
+           {"pipeline_model_parallel_size: 2\nnum_layers_per_virtual_pipeline_stage: 1\n", 4},
+           {"pipeline_model_parallel_size: 3\ndecoder_last_pipeline_num_layers: 2\n", 3},
+           {"tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n", 8}}) {
+    SCOPED_TRACE(lines);
+    const Refusal r = refusal(lines, world);
+    EXPECT_EQ(r.key, "") << r.message;
   }
 }
 

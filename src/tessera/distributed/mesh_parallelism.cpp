@@ -34,13 +34,23 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
   TS_CHECK(rt.tensor_parallel_size == tp && rt.tensor_parallel_rank == tp_rank,
            "the model holds tensor-parallel part {} of {}, rank {} is part {} of {}",
            rt.tensor_parallel_rank, rt.tensor_parallel_size, world.rank(), tp_rank, tp);
-  TS_CHECK(!data_parallel.fully_shard, "FSDP with tensor parallelism");
+  TS_CHECK(!data_parallel.fully_shard, "FSDP with tensor or pipeline parallelism");
+  TS_CHECK(mesh.size(MeshDim::PP) == 1 || !rt.pipeline_chunks.empty(),
+           "a pipeline of {} stages over a model that holds every layer", mesh.size(MeshDim::PP));
   // Every rank splits the same groups in the same order (Communicator::split is collective).
   tp_comm_ = split_mesh_group(world, mesh, {MeshDim::TP});
   dp_comm_ = split_mesh_group(world, mesh, {MeshDim::DP});
   amax_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::DP});
+  pp_comm_ = split_mesh_group(world, mesh, {MeshDim::PP});
+  model_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::PP});
   model_.set_tensor_parallel_group(this);
-  if (mesh.size(MeshDim::DP) > 1) data_ = make_data_parallelism(*dp_comm_, model, data_parallel);
+  if (mesh.size(MeshDim::DP) > 1) {
+    DataParallelOptions options = data_parallel;
+    // A stage's backward passes of different micro-batches interleave with its forwards: the
+    // gradients are final only after the schedule's last pass.
+    if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
+    data_ = make_data_parallelism(*dp_comm_, model, options);
+  }
 
   const ParamLayout& layout = model.layout();
   for (size_t i = 0; i < layout.params.size(); ++i) {
@@ -70,9 +80,79 @@ int MeshParallelism::data_parallel_size() const {
 }
 
 std::string MeshParallelism::description() const {
-  return fmt::format("{}: tensor parallel {}{}{}", mesh_.description(), mesh_.size(MeshDim::TP),
-                     model_.runtime().sequence_parallel ? " with sequence parallelism" : "",
-                     data_ ? "; data parallel: " + data_->description() : "");
+  std::string s = mesh_.description();
+  if (mesh_.size(MeshDim::TP) > 1)
+    s += fmt::format("; tensor parallel {}{}", mesh_.size(MeshDim::TP),
+                     model_.runtime().sequence_parallel ? " with sequence parallelism" : "");
+  if (mesh_.size(MeshDim::PP) > 1) {
+    std::string layers;
+    for (const LayerRange& c : model_.runtime().pipeline_chunks)
+      layers += fmt::format("{}{}-{}", layers.empty() ? "" : ", ", c.first, c.end() - 1);
+    s += fmt::format("; pipeline stage {} of {} ({}1F1B, layers {}, {} micro-batch slots)",
+                     mesh_.coordinate(world_.rank(), MeshDim::PP), mesh_.size(MeshDim::PP),
+                     model_.chunks() > 1 ? "interleaved " : "", layers,
+                     model_.runtime().pipeline_slots);
+  }
+  if (data_) s += "; data parallel: " + data_->description();
+  return s;
+}
+
+const PipelineSchedule& MeshParallelism::schedule(int64_t count, bool with_backward) {
+  auto& s = schedules_[{count, with_backward}];
+  if (!s)
+    s = std::make_unique<PipelineSchedule>(mesh_.size(MeshDim::PP), model_.chunks(), count,
+                                           with_backward);
+  return *s;
+}
+
+void MeshParallelism::run_micro_batches(int64_t count, float grad_scale,
+                                        const std::function<void(int64_t)>& load,
+                                        const std::function<void(int64_t)>& run) {
+  if (mesh_.size(MeshDim::PP) == 1)
+    return Parallelism::run_micro_batches(count, grad_scale, load, run);
+  // The gradients are reduced after the schedule (finish_gradient_reduction): no bucket is
+  // armed for the backward.
+  if (data_) data_->begin_micro_batch(false);
+  run_schedule(schedule(count, true), true, grad_scale, load);
+}
+
+void MeshParallelism::run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,
+                                         const std::function<void(int64_t)>& run) {
+  if (mesh_.size(MeshDim::PP) == 1) return Parallelism::run_forward_passes(count, load, run);
+  run_schedule(schedule(count, false), false, 0.0f, load);
+}
+
+void MeshParallelism::run_schedule(const PipelineSchedule& schedule, bool with_backward,
+                                   float grad_scale, const std::function<void(int64_t)>& load) {
+  const int stage = mesh_.coordinate(world_.rank(), MeshDim::PP);
+  // The stages holding the embedding (tokens) and the head (targets) read the micro-batches.
+  const std::vector<LayerRange>& chunks = model_.runtime().pipeline_chunks;
+  const bool reads_batches =
+      chunks.front().first == 0 || chunks.back().end() == model_.spec().num_layers;
+  std::vector<char> loaded(static_cast<size_t>(schedule.micro_batches()), 0);
+  std::vector<P2POp> ops;
+  for (const PipelineStep& step : schedule.steps(stage)) {
+    if (step.pass) {
+      const PipelinePass& p = *step.pass;
+      model_.use_slot(schedule.slot(stage, p.micro_batch));
+      if (p.kind == PipelinePass::Kind::Forward) {
+        if (reads_batches && !loaded[p.micro_batch]) load(p.micro_batch), loaded[p.micro_batch] = 1;
+        model_.forward_chunk(p.chunk, with_backward, grad_scale);
+      } else {
+        model_.backward_chunk(p.chunk);
+      }
+    }
+    if (step.transfers.empty()) continue;
+    ops.clear();
+    for (const PipelineTransfer& x : step.transfers) {
+      const int slot = schedule.slot(stage, x.micro_batch);
+      const Tensor t = x.gradient ? model_.chunk_grad(x.chunk, slot)
+                       : x.send   ? model_.chunk_output(x.chunk, slot)
+                                  : model_.chunk_input(x.chunk, slot);
+      ops.push_back({x.send ? P2POp::Kind::Send : P2POp::Kind::Recv, t, x.peer});
+    }
+    pp_comm_->send_recv(ops, Lane::Compute);
+  }
 }
 
 std::vector<OwnedParams> MeshParallelism::optimizer_shards() const {
@@ -104,7 +184,7 @@ void MeshParallelism::grad_norm_sq(const Tensor& out) {
     b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
   settle();
   if (!owned.empty()) dp_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
-  tp_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
+  model_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
 }
 
 void MeshParallelism::params_updated() {
@@ -113,6 +193,7 @@ void MeshParallelism::params_updated() {
 
 void MeshParallelism::sum(const Tensor& t) {
   if (data_) data_->sum(t);
+  if (mesh_.size(MeshDim::PP) > 1) pp_comm_->all_reduce(t, ReduceOp::Sum, Lane::Compute);
 }
 
 void MeshParallelism::max(const Tensor& t) {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/error.h"
 #include "tessera/model/model_family.h"
 
 namespace tessera {
@@ -119,18 +120,24 @@ std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& 
 
 ParamLayout decoder_param_layout(const ModelSpec& s,
                                  const std::vector<std::unique_ptr<DecoderLayer>>& layers,
-                                 ParamPlacement tensor_parallel) {
+                                 ParamPlacement tensor_parallel, DecoderParts parts) {
+  TS_CHECK(!s.tied_embeddings || parts.embedding || !parts.head,
+           "a head tied to an embedding the layout does not hold");
   ParamLayout l;
   ParamLayoutBuilder b(l, tensor_parallel);
-  b.begin_unit("model.", -1);
-  l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,
-                      TensorParallelStyle::Vocab);
+  if (parts.embedding) {
+    b.begin_unit("model.", -1);
+    l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,
+                        TensorParallelStyle::Vocab);
+  }
   for (const auto& layer : layers) layer->declare_params(b);
-  b.begin_unit("", -1);
-  l.final_norm = b.add("model.norm.weight", {s.hidden}, ParamInit::Ones, false);
-  l.lm_head = s.tied_embeddings ? l.embedding
-                                : b.add("lm_head.weight", {s.vocab_size, s.hidden},
-                                        ParamInit::Normal, true, TensorParallelStyle::Vocab);
+  if (parts.head) {
+    b.begin_unit("", -1);
+    l.final_norm = b.add("model.norm.weight", {s.hidden}, ParamInit::Ones, false);
+    l.lm_head = s.tied_embeddings ? l.embedding
+                                  : b.add("lm_head.weight", {s.vocab_size, s.hidden},
+                                          ParamInit::Normal, true, TensorParallelStyle::Vocab);
+  }
   return l;
 }
 

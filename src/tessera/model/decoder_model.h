@@ -55,12 +55,23 @@ class DecoderModel final : public Model, private LayerOps {
   Fp8Linears* fp8() const override { return fp8_.get(); }
   void params_updated() override;
 
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  void use_slot(int slot) override;
+  void forward_chunk(int chunk, bool with_grad, float grad_scale) override;
+  void backward_chunk(int chunk) override;
+  Tensor chunk_input(int chunk, int slot) const override;
+  Tensor chunk_output(int chunk, int slot) const override;
+  Tensor chunk_grad(int chunk, int slot) const override;
+
  private:
   // Model-level activations (the layers and blocks hold their own). Ns = sequence_tokens().
   struct Activations {
-    std::vector<Tensor> resid;  // L+1 residual states (Ns, C)
+    // Per chunk: its layers' count + 1 residual states (Ns, C), from its input to its output.
+    std::vector<std::vector<Tensor>> resid;
+    // Per chunk: d(residual state) (Ns, C) as its backward goes, from d(output) to d(input).
+    std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
-    Tensor dresid, dnorm;  // backward: d(residual state), d(a norm's output), (Ns, C)
+    Tensor dnorm;  // d(a norm's output), (Ns, C)
     Tensor tokens, targets, freqs;
     // Tensor parallelism: a logits chunk's cross-entropy stats (chunk, 2) and every rank's
     // (tp, chunk, 2).
@@ -96,9 +107,14 @@ class DecoderModel final : public Model, private LayerOps {
   // a_.gathered (N, C) = every rank's sequence shard x (Ns, C).
   const Tensor& gather_sequence(const Tensor& x);
 
-  void embed();
-  void forward_layers();
-  void head_forward(bool with_grad, float grad_scale);
+  void embed(const Tensor& x);
+  void forward_layers(int chunk);
+  void head_forward(int chunk, bool with_grad, float grad_scale);
+  bool holds_embedding(int chunk) const { return chunk == 0 && parts_.embedding; }
+  bool holds_head(int chunk) const { return chunk == chunks() - 1 && parts_.head; }
+  // The parameter unit of the rank's layer `layer` (an index into layers_).
+  int layer_unit(size_t layer) const;
+  Tensor at_slot(const Tensor& t, int slot) const;
   // The observer's calls (no-ops without one). The tail's also cover the embedding table
   // when the head is tied to it.
   void params_needed(int unit, int next);
@@ -107,15 +123,20 @@ class DecoderModel final : public Model, private LayerOps {
   void grads_ready(int unit);
   void tail_params_needed(int next);
   void tail_params_done();
-  bool tied() const { return layout_.lm_head == layout_.embedding; }
+  bool tied() const { return layout_.embedding >= 0 && layout_.lm_head == layout_.embedding; }
 
   Backend& backend_;
   ModelSpec spec_;
   ModelRuntime runtime_;
-  ModelSpec local_spec_;  // what this rank computes of spec_ (tensor_parallel_shard)
-  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  ModelSpec local_spec_;            // what this rank computes of spec_ (tensor_parallel_shard)
+  std::vector<LayerRange> chunks_;  // the runs of layers held (pipeline chunks, or all)
+  DecoderParts parts_;              // whether it holds the embedding and the head
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;  // the chunks' layers, in order
+  std::vector<size_t> chunk_begin_;                    // each chunk's first in layers_
   ParamLayout layout_;
   DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
+  std::unique_ptr<ActivationPlan> plan_;
+  int slot_ = 0;  // the micro-batch slot the activations are bound to
   Tensor params_, grads_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;

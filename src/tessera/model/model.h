@@ -4,6 +4,7 @@
 // let code outside the model manage parameters across ranks. Model code is single-device and
 // rank-free; parallel layouts are applied from outside (distributed/parallelize.h).
 #include <cstdint>
+#include <vector>
 
 #include "tessera/config/config.h"
 #include "tessera/model/fp8_linears.h"
@@ -12,6 +13,12 @@
 #include "tessera/ops/backend.h"
 
 namespace tessera {
+
+// A run of consecutive decoder layers [first, first + count): a pipeline stage's model chunk.
+struct LayerRange {
+  int64_t first = 0, count = 0;
+  int64_t end() const { return first + count; }
+};
 
 struct ModelRuntime {
   int64_t micro_batch = 1;
@@ -39,6 +46,12 @@ struct ModelRuntime {
   // tokens() / tensor_parallel_size rows on each rank, gathered before the column-parallel
   // linears and reduce-scattered after the row-parallel ones.
   bool sequence_parallel = false;
+  // Pipeline parallelism: the model chunks (runs of consecutive layers) this rank holds, in
+  // layer order; the chunk starting at layer 0 also holds the embedding, the one ending at the
+  // last layer the final norm and output head. Empty: every layer, in one chunk.
+  std::vector<LayerRange> pipeline_chunks;
+  // Micro-batches whose activations the rank holds at once (a pipeline stage's in-flight ones).
+  int pipeline_slots = 1;
   Fp8Options fp8;  // FP8 linear layers (off by default)
 
   int64_t tokens() const { return micro_batch * seq_length; }
@@ -126,6 +139,26 @@ class Model {
   virtual void forward_loss() = 0;
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;
+
+  // ---- pipeline stages: the passes a pipeline schedule runs (distributed/pipeline_schedule.h)
+  // The model's chunks (runtime().pipeline_chunks; 1 without pipeline parallelism).
+  virtual int chunks() const = 0;
+  // The micro-batch slot (0 .. runtime().pipeline_slots - 1) whose activations set_batch and
+  // the chunk passes use from now on.
+  virtual void use_slot(int slot) = 0;
+  // Forward of chunk c on the slot's micro-batch: from its tokens (the chunk holding the
+  // embedding) or chunk_input, to chunk_output; the chunk holding the head then adds the
+  // losses to loss_sum() and, with_grad, runs the head's backward into chunk_grad (grad_scale
+  // as in forward_backward).
+  virtual void forward_chunk(int chunk, bool with_grad, float grad_scale) = 0;
+  // Backward of chunk c: from d(output) in chunk_grad to d(input) in chunk_grad (the
+  // embedding's gradient in the chunk holding it). Weight gradients accumulate.
+  virtual void backward_chunk(int chunk) = 0;
+  // A chunk's boundary tensors (sequence_tokens(), hidden) in `slot`: what a stage receives
+  // into and sends from.
+  virtual Tensor chunk_input(int chunk, int slot) const = 0;
+  virtual Tensor chunk_output(int chunk, int slot) const = 0;
+  virtual Tensor chunk_grad(int chunk, int slot) const = 0;
   virtual Tensor loss_sum() const = 0;  // (1) fp32 on the device
   virtual void zero_loss_sum() = 0;
 

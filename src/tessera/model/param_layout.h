@@ -92,10 +92,12 @@ struct OwnedParams {
 
 struct ParamLayout {
   std::vector<ParamInfo> params;
-  int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
+  // -1 where a pipeline stage does not hold them; lm_head == embedding when tied.
+  int embedding = -1, final_norm = -1, lm_head = -1;
   int64_t total = 0;
   // Consecutive ranges covering [0, total): 0 the embedding, 1 + l decoder layer l, and last
-  // the final norm with the output head (with tied embeddings the head is unit 0's table).
+  // the final norm with the output head (with tied embeddings the head is unit 0's table). A
+  // pipeline stage's layout has the units of the parts it holds, in that order.
   std::vector<ParamRange> units;
   int tail_unit() const { return static_cast<int>(units.size()) - 1; }
 

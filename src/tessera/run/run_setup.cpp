@@ -1,9 +1,12 @@
 #include "tessera/run/run_setup.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
 #include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/pipeline_schedule.h"
 
 namespace tessera {
 namespace {
@@ -69,6 +72,20 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.tensor_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::TP);
   // Megatron turns sequence parallelism off without tensor parallelism.
   rt.sequence_parallel = t.sequence_parallel && tp > 1;
+  const int pp = s.mesh.size(dist::MeshDim::PP);
+  if (pp > 1) {
+    // This rank's layers, and the micro-batches its stage holds at once in a training step
+    // and in an evaluation.
+    const int stage = s.mesh.coordinate(devices.rank, dist::MeshDim::PP);
+    const int chunks = static_cast<int>(virtual_pipeline_chunks(t, s.spec.num_layers));
+    rt.pipeline_chunks =
+        dist::pipeline_layers(s.spec.num_layers, pp, chunks, t.decoder_first_pipeline_num_layers,
+                              t.decoder_last_pipeline_num_layers, stage);
+    const dist::PipelineSchedule step(pp, chunks, s.accumulation_steps, true);
+    const dist::PipelineSchedule evaluation(pp, chunks, std::max<int64_t>(1, e.data.eval_iters),
+                                            false);
+    rt.pipeline_slots = std::max(step.slots(stage), evaluation.slots(stage));
+  }
   if (dp > 1) {
     rt.flat_buffer_multiple = dist::flat_buffer_multiple(dp);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;

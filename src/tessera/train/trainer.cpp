@@ -403,7 +403,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * dp);
   model_->zero_grads();
   model_->zero_loss_sum();
-  for (int64_t m = 0; m < accumulation; ++m) {
+  const auto load = [&](int64_t m) {
     // Data-parallel ranks that save stop only after an iteration, where they all agree: one
     // stopping here would save while the others go on to the next collective.
     if (int sig = pending_stop_signal(); sig && !ranks_stop_together_)
@@ -413,10 +413,13 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     const uint64_t first =
         consumed_samples_ + static_cast<uint64_t>((m * dp + dp_rank) * t.micro_batch_size);
     load_micro_batch(*data_.train, first);
+  };
+  const auto run = [&](int64_t m) {
     const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
     parallel_->begin_micro_batch(m == accumulation - 1);
     model_->forward_backward(grad_scale);
-  }
+  };
+  parallel_->run_micro_batches(accumulation, grad_scale, load, run);
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_reduce");
     parallel_->finish_gradient_reduction();
@@ -481,12 +484,14 @@ double Trainer::evaluate() {
   const TrainingConfig& t = exp_.training;
   const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
   model_->zero_loss_sum();
-  for (int64_t i = 0; i < exp_.data.eval_iters; ++i) {
-    // The same leading validation samples every time, so evaluations are comparable.
-    const uint64_t first = static_cast<uint64_t>((i * dp + dp_rank) * t.micro_batch_size);
-    load_micro_batch(*data_.valid, first);
-    model_->forward_loss();
-  }
+  parallel_->run_forward_passes(
+      exp_.data.eval_iters,
+      [&](int64_t i) {
+        // The same leading validation samples every time, so evaluations are comparable.
+        const uint64_t first = static_cast<uint64_t>((i * dp + dp_rank) * t.micro_batch_size);
+        load_micro_batch(*data_.valid, first);
+      },
+      [&](int64_t) { model_->forward_loss(); });
   parallel_->sum(model_->loss_sum());
   float loss_sum = 0;
   backend_->download(&loss_sum, model_->loss_sum());

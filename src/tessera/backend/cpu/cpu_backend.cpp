@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,6 +33,26 @@ class SingleThreadedBlas {
  public:
   SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
   ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// CPU backends alive in the process. OpenBLAS's OpenMP build runs a GEMM on as many threads as
+// the calling thread's OpenMP thread count (it resets its own thread setting to that count at
+// every call), and its buffers are not safe for GEMMs from several threads at once. With more
+// than one backend alive (ranks as threads, LocalCommunicator) each GEMM runs on its calling
+// thread alone, so that ranks that multiply at the same time, as pipeline stages do, never
+// share those buffers.
+std::atomic<int> g_live_backends{0};
+
+// The calling thread's OpenMP thread count set to 1 for the scope.
+class OneOpenMpThread {
+ public:
+  OneOpenMpThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOpenMpThread() { omp_set_num_threads(saved_); }
+  OneOpenMpThread(const OneOpenMpThread&) = delete;
+  OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
 
  private:
   int saved_;
@@ -145,8 +167,13 @@ double gib(size_t bytes) {
 
 // ---- memory ----
 
+CpuBackend::CpuBackend() {
+  g_live_backends.fetch_add(1, std::memory_order_relaxed);
+}
+
 CpuBackend::~CpuBackend() {
   allocations_.release_all([](void* ptr) { std::free(ptr); });
+  g_live_backends.fetch_sub(1, std::memory_order_relaxed);
 }
 
 std::string CpuBackend::description() const {
@@ -293,6 +320,8 @@ void CpuBackend::do_matmul(const MatmulArgs& args) {
     if (beta != 0.0f) std::memcpy(out, args.c.data, args.out.nbytes());
   }
   if (M == 0 || N == 0) return;
+  std::optional<OneOpenMpThread> alone;
+  if (g_live_backends.load(std::memory_order_relaxed) > 1) alone.emplace();
   cblas_sgemm(CblasRowMajor, args.trans_a ? CblasTrans : CblasNoTrans,
               args.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
               static_cast<int>(K), args.alpha, f32(args.a),

@@ -24,7 +24,7 @@ namespace tessera {
 // Not final: tests derive broken variants of single ops from it.
 class CpuBackend : public Backend {
  public:
-  CpuBackend() = default;
+  CpuBackend();
   ~CpuBackend() override;
   CpuBackend(const CpuBackend&) = delete;
   CpuBackend& operator=(const CpuBackend&) = delete;

@@ -1,18 +1,31 @@
-// Tensor (and sequence) parallelism on thread ranks (LocalCommunicator) against one rank: the
-// same experiment trained 10 steps on a mesh gives the single-rank run's losses, gradient
-// norms, and, once each rank's parts are put back in place in the whole parameters, its final
-// gradients and weights. Replicated parameters stay bitwise identical on every
-// tensor-parallel rank.
+// Model parallelism on thread ranks (LocalCommunicator) against one rank: the same experiment
+// trained 10 steps on a mesh of tensor-parallel ranks (with and without sequence parallelism),
+// pipeline stages (1F1B, interleaved 1F1B, uneven stages) and data-parallel ranks gives the
+// single-rank run's losses, gradient norms and, once each rank's parts are put back in place in
+// the whole parameters, its final gradients and weights. Replicated parameters stay bitwise
+// identical on every tensor-parallel rank.
 //
-// Not bitwise: a row-parallel linear (o_proj, down_proj) adds partial sums over the ranks'
-// slices of its inputs, the head's logsumexp combines the vocabulary shards', and the gradient
-// norm sums the ranks' squares, each in another order than one rank's GEMMs and reductions.
-// Measured (fp32) at 2 and 4 ranks, with and without sequence parallelism and data
-// parallelism: losses within 8e-8 relative, gradient norms within 1.3e-7, final weights within
-// 1e-6 and last gradients within 6e-6 relative L2. The tolerances below are ~10x those; a
-// wrong split misses them by orders of magnitude (a residual added on both of 2 ranks moves
-// the first loss by 1e-4 relative and its gradient norm by 40%).
+// Tensor parallelism is not bitwise: a row-parallel linear (o_proj, down_proj) adds partial
+// sums over the ranks' slices of its inputs, the head's logsumexp combines the vocabulary
+// shards', and the gradient norm sums the ranks' squares, each in another order than one rank's
+// GEMMs and reductions; the differences reach the weights through gradient clipping. Measured
+// (fp32): tensor parallelism at 2 and 4 ranks, with and without sequence and data parallelism,
+// losses within 8e-8 relative, gradient norms 9e-8, final weights 7e-7 and last gradients 3e-6
+// relative L2; the three kinds together on 8 ranks (4 layers, whose gradient norm reaches
+// 1.7) losses 1.5e-7, norms 5.2e-6, weights 3.4e-6, gradients 7.2e-6. The tolerances: 1e-6
+// for losses, 5e-5 for the rest. A wrong split misses them by orders of magnitude (a residual
+// added on both of 2 ranks moves the first loss by 1e-4 relative and its gradient norm by 40%).
+//
+// A pipeline computes every layer as one rank does and accumulates each weight's gradient over
+// the micro-batches in the same order; only the gradient norm sums the stages' squares in
+// another order, which reaches the weights through clipping (measured: losses equal, weights
+// within 1e-8). Without clipping a pipeline (without tensor parallelism) is bitwise: those
+// cases require equal bits.
+//
+// Every rank, and the single rank, computes on one OpenMP thread: OpenBLAS's GEMMs round
+// differently on several threads, and thread ranks run theirs on one each (cpu_backend.cpp).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <map>
@@ -32,11 +45,11 @@ namespace {
 
 constexpr int kIterations = 10;
 constexpr double kLossTolerance = 1e-6;      // relative
-constexpr double kGradNormTolerance = 1e-6;  // relative
+constexpr double kGradNormTolerance = 5e-5;  // relative
 constexpr double kStateTolerance = 5e-5;     // relative L2 of weights and gradients
 
 // 8 query heads in 4 groups, so that 4 tensor-parallel ranks hold one group each; a vocabulary
-// that Megatron's padding keeps at 512 for 1, 2 and 4 ranks. Two micro-batches per step at
+// that Megatron's padding keeps at 512 for 1, 2 and 4 ranks. Four micro-batches per step at
 // one data-parallel rank; the gradient norm (~1) is clipped at 0.5.
 const std::string kExperiment =
     "model: tiny_llama\nmock_data: true\nvocab_size: 512\nnum_layers: 2\nhidden_size: 64\n"
@@ -76,6 +89,7 @@ TrainedRun train(int world, const std::string& lines) {
   std::vector<char> initial_written, weight_written, grad_written;
   dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
     Logger log("", rank, false, false);
+    omp_set_num_threads(1);
     Trainer trainer(e, make_cpu_backend(), log, nullptr, world > 1 ? &comm : nullptr);
     Model& m = trainer.model();
     std::vector<float> initial(m.params().numel());
@@ -135,19 +149,27 @@ struct Mesh {
   int world;
   std::string lines;       // the mesh and how it runs
   std::string model = "";  // keys of the model both runs train
+  bool bitwise = false;    // equal bits required
 };
 
 void PrintTo(const Mesh& m, std::ostream* os) {
   *os << m.name;
 }
 
-class TensorParallel : public ::testing::TestWithParam<Mesh> {};
+class ModelParallel : public ::testing::TestWithParam<Mesh> {};
 
-TEST_P(TensorParallel, TrainsLikeOneRank) {
+TEST_P(ModelParallel, TrainsLikeOneRank) {
   const TrainedRun& one = single_rank(GetParam().model);
   // The steps move the weights far more than the tolerance.
   ASSERT_GT(relative_l2(one.initial_weights, one.weights), 100 * kStateTolerance);
   const TrainedRun run = train(GetParam().world, GetParam().model + GetParam().lines);
+  if (GetParam().bitwise) {
+    EXPECT_EQ(run.losses, one.losses);
+    EXPECT_EQ(run.weights, one.weights) << "final weights";
+    EXPECT_EQ(run.grads, one.grads) << "last gradients";
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "gradient norm");
+    return;
+  }
   expect_close(run.losses, one.losses, kLossTolerance, "loss");
   expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "gradient norm");
   EXPECT_LE(relative_l2(run.weights, one.weights), kStateTolerance) << "final weights";
@@ -157,7 +179,7 @@ TEST_P(TensorParallel, TrainsLikeOneRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Meshes, TensorParallel,
+    Meshes, ModelParallel,
     ::testing::Values(
         Mesh{"tp2", 2, "tensor_model_parallel_size: 2\n"},
         Mesh{"tp2_sp", 2, "tensor_model_parallel_size: 2\nsequence_parallel: true\n"},
@@ -180,7 +202,35 @@ INSTANTIATE_TEST_SUITE_P(
              "recompute_granularity: full\ncross_entropy_chunk_tokens: 24\n"},
         Mesh{"tp4_sp_selective_recompute", 4,
              "tensor_model_parallel_size: 4\nsequence_parallel: true\n"
-             "recompute_granularity: selective\n"}),
+             "recompute_granularity: selective\n"},
+        // Pipelines: 1F1B, interleaved over 2 model chunks per rank, uneven.
+        Mesh{"pp2", 2, "pipeline_model_parallel_size: 2\n", "num_layers: 4\n"},
+        Mesh{"pp4", 4, "pipeline_model_parallel_size: 4\n", "num_layers: 4\n"},
+        Mesh{"pp2_interleaved", 2,
+             "pipeline_model_parallel_size: 2\nvirtual_pipeline_model_parallel_size: 2\n",
+             "num_layers: 4\n"},
+        Mesh{"pp4_interleaved", 4,
+             "pipeline_model_parallel_size: 4\nnum_layers_per_virtual_pipeline_stage: 1\n",
+             "num_layers: 8\n"},
+        Mesh{"pp3_uneven_full_recompute", 3,
+             "pipeline_model_parallel_size: 3\ndecoder_first_pipeline_num_layers: 2\n"
+             "recompute_granularity: full\n",
+             "num_layers: 4\n"},
+        Mesh{"pp4_no_clipping", 4, "pipeline_model_parallel_size: 4\n",
+             "num_layers: 4\nclip_grad: 0\n", true},
+        Mesh{"pp4_interleaved_no_clipping", 4,
+             "pipeline_model_parallel_size: 4\nvirtual_pipeline_model_parallel_size: 2\n",
+             "num_layers: 8\nclip_grad: 0\n", true},
+        // The three together on 8 ranks.
+        Mesh{"tp2_sp_pp2_dp2", 8,
+             "tensor_model_parallel_size: 2\nsequence_parallel: true\n"
+             "pipeline_model_parallel_size: 2\n",
+             "num_layers: 4\n"},
+        Mesh{"tp2_pp2_interleaved_dp2_zero1", 8,
+             "tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n"
+             "virtual_pipeline_model_parallel_size: 2\nuse_distributed_optimizer: true\n"
+             "ddp_bucket_size: 5000\n",
+             "num_layers: 4\n"}),
     [](const ::testing::TestParamInfo<Mesh>& info) { return std::string(info.param.name); });
 
 }  // namespace
