@@ -900,8 +900,8 @@ void qk_norm_backward(void* dqkv, float* dq_weight, float* dk_weight, const void
         static_cast<const T*>(k_weight), rstd, qk_shape(s));
   });
   TS_CUDA_CHECK_LAUNCH("qk_norm_backward_kernel");
-  column_sums_accumulate(dq_weight, partial_q, blocks, D, stream);
-  column_sums_accumulate(dk_weight, partial_k, blocks, D, stream);
+  column_sums_accumulate(dq_weight, DType::F32, partial_q, blocks, D, stream);
+  column_sums_accumulate(dk_weight, DType::F32, partial_k, blocks, D, stream);
 }
 
 }  // namespace tessera::cuda
