@@ -313,7 +313,7 @@ TEST(CliConventions, PrimusExperimentTrainsTwoIterationsOnTheCpu) {
   const std::string info = slurp(logs / "info.log"), warnings = slurp(logs / "warning.log");
   EXPECT_TRUE(has(info, "Megatron/Primus keys accepted without effect")) << info;
   for (const char* key : {"wandb_project", "stderr_sink_level", "log_avg_skip_iterations",
-                          "log_avg_reset_interval", "tensor_model_parallel_size"})
+                          "log_avg_reset_interval", "ckpt_format"})
     EXPECT_TRUE(has(info, key)) << key;
   EXPECT_TRUE(has(warnings, "eod_mask_loss: true")) << warnings;
   const std::string config = slurp(root / "config.yaml");

@@ -30,10 +30,11 @@ inline Experiment experiment_from_yaml(const std::string& yaml,
                                        const std::vector<std::string>& cli_overrides = {},
                                        int data_parallel_size = 1) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::filesystem::path p =
-      std::filesystem::temp_directory_path() /
-      ("tessera_" + std::string(info ? info->name() : "experiment") + "_" +
-       std::to_string(::getpid()) + ".yaml");
+  std::string name = info ? info->name() : "experiment";
+  for (char& c : name)
+    if (c == '/') c = '_';  // parameterised tests' names hold '/'
+  const std::filesystem::path p = std::filesystem::temp_directory_path() /
+                                  ("tessera_" + name + "_" + std::to_string(::getpid()) + ".yaml");
   std::ofstream(p) << yaml;
   LoadOptions o;
   o.config_path = p.string();

@@ -320,6 +320,33 @@ std::vector<OpCase> norm_and_embedding_cases() {
     g.bytes = 2.0 * N * C + 8.0 * V * C;
     cases.push_back(g);
   }
+  // A vocabulary shard: ids [first, first + V) of a vocabulary of 4V; tokens from all of it,
+  // so most rows belong to other shards (zero rows, no gradient).
+  for (auto [V, N, C, first] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{250, 333, 72, 500},
+                                {16, 64, 100, 0},
+                                {8000, 4096, 1024, 24000}}) {
+    OpCase f;
+    f.name =
+        fmt::format("embedding_shard_forward V{} of {} first {} N{} C{}", V, 4 * V, first, N, C);
+    f.specs = {{"tokens", {N}, Kind::I32, Role::In, 1, 0, static_cast<int>(4 * V)},
+               {"table", {V, C}},
+               {"out", {N, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-6}};
+    f.run = [first](Backend& b, const Tensors& t) {
+      b.embedding_shard_forward(t.at("out"), t.at("tokens"), t.at("table"), first);
+    };
+    cases.push_back(f);
+    OpCase g;
+    g.name =
+        fmt::format("embedding_shard_backward V{} of {} first {} N{} C{}", V, 4 * V, first, N, C);
+    g.specs = {{"tokens", {N}, Kind::I32, Role::In, 1, 0, static_cast<int>(4 * V)},
+               {"dout", {N, C}},
+               {"dtable", {V, C}, Kind::F32, Role::Accum, 1, 0, 1, 1e-5}};
+    g.run = [first](Backend& b, const Tensors& t) {
+      b.embedding_shard_backward(t.at("dtable"), t.at("dout"), t.at("tokens"), first);
+    };
+    g.bytes = 2.0 * N * C + 8.0 * V * C;
+    cases.push_back(g);
+  }
   return cases;
 }
 
@@ -375,6 +402,30 @@ std::vector<OpCase> mlp_and_loss_cases() {
       c.bytes = (with_grad ? 4.0 : 2.0) * N * V;
       cases.push_back(c);
     }
+  }
+  // Vocabulary-parallel: the stats of two shards of V columns each (a vocabulary of 2V), then
+  // shard 1's losses and gradient from both; targets anywhere in the vocabulary, some ignored.
+  for (auto [N, V, with_grad] : {std::tuple<int64_t, int64_t, bool>{77, 500, true},
+                                 {33, 16001, false},
+                                 {512, 64128, true}}) {
+    OpCase c;
+    c.name = fmt::format("cross_entropy_shard N{} V{} of {}{}", N, V, 2 * V,
+                         with_grad ? " +grad in place" : "");
+    c.specs = {{"logits0", {N, V}, Kind::Act, Role::In, 2.0f},
+               {"logits1", {N, V}, Kind::Act, with_grad ? Role::InOut : Role::In, 2.0f, 0, 1, 2e-2},
+               {"targets", {N}, Kind::I32, Role::In, 1, -1, static_cast<int>(2 * V)},
+               {"stats", {2, N, 2}, Kind::F32, Role::Out, 1, 0, 1, 1e-4},
+               {"losses", {N}, Kind::F32, Role::Out, 1, 0, 1, 1e-4}};
+    c.run = [N = N, V = V, with_grad = with_grad](Backend& b, const Tensors& t) {
+      const Tensor& stats = t.at("stats");
+      b.cross_entropy_shard_stats(stats.flat_range(0, 2 * N), t.at("logits0"), t.at("targets"), 0);
+      b.cross_entropy_shard_stats(stats.flat_range(2 * N, 2 * N), t.at("logits1"), t.at("targets"),
+                                  V);
+      b.cross_entropy_shard(t.at("losses"), t.at("logits1"), t.at("targets"), stats, V,
+                            with_grad ? t.at("logits1") : Tensor{}, 0.01f);
+    };
+    c.bytes = (with_grad ? 5.0 : 4.0) * N * V;
+    cases.push_back(c);
   }
   // The gradient into a tensor of its own; any negative target is ignored.
   OpCase c;
@@ -610,6 +661,15 @@ std::vector<OpCase> bf16_gradient_cases() {
     b.embedding_backward(t.at("dtable"), t.at("dout"), t.at("tokens"));
   };
   cases.push_back(emb);
+  OpCase shard;
+  shard.name = "embedding_shard_backward V250 of 1000 first 500 N333 C72 bf16-grad";
+  shard.specs = {{"tokens", {333}, Kind::I32, Role::In, 1, 0, 1000},
+                 {"dout", {333, 72}},
+                 {"dtable", {250, 72}, Kind::BF16, Role::Accum, 1, 0, 1, 1e-2}};
+  shard.run = [](Backend& b, const Tensors& t) {
+    b.embedding_shard_backward(t.at("dtable"), t.at("dout"), t.at("tokens"), 500);
+  };
+  cases.push_back(shard);
   for (int64_t n : {int64_t{1000}, int64_t{12345677}}) {
     OpCase sq;
     sq.name = fmt::format("sum_squares n{} bf16 accumulate", n);

@@ -190,6 +190,24 @@ void ReferenceBackend::do_embedding_backward(const Tensor& dtable, const Tensor&
   store(dtable, dt);
 }
 
+void ReferenceBackend::do_embedding_shard_forward(const Tensor& out, const Tensor& tokens,
+                                                  const Tensor& table, int64_t first_id) {
+  const MatrixDims t = matrix_dims(table);
+  std::vector<double> o(static_cast<size_t>(out.numel()));
+  ref::embedding_shard_forward(o.data(), ids(tokens, INT32_MAX, false), values(table).data(),
+                               tokens.numel(), t.cols, t.rows, first_id);
+  store(out, o);
+}
+
+void ReferenceBackend::do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
+                                                   const Tensor& tokens, int64_t first_id) {
+  const MatrixDims t = matrix_dims(dtable);
+  std::vector<double> dt = values(dtable);
+  ref::embedding_shard_backward(dt.data(), values(dout).data(), ids(tokens, INT32_MAX, false),
+                                tokens.numel(), t.cols, t.rows, first_id);
+  store(dtable, dt);
+}
+
 void ReferenceBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                           const Tensor& weight, float eps) {
   const MatrixDims d = matrix_dims(x);
@@ -427,6 +445,30 @@ void ReferenceBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) 
                             a.out.dim(1), a.out.dim(2), static_cast<double>(a.beta), a.out.dim(0),
                             a.group_weights.empty() ? nullptr : a.group_weights.data());
   store(a.out, out);
+}
+
+void ReferenceBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                                    const Tensor& targets, int64_t first_id) {
+  const MatrixDims d = matrix_dims(logits);
+  std::vector<double> st(static_cast<size_t>(2 * d.rows));
+  ref::cross_entropy_shard_stats<double>(st.data(), values(logits).data(),
+                                         ids(targets, INT32_MAX, true), d.rows, d.cols, first_id);
+  store(stats, st);
+}
+
+void ReferenceBackend::do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,
+                                              const Tensor& targets, const Tensor& all_stats,
+                                              int64_t first_id, const Tensor& dlogits,
+                                              float grad_scale) {
+  const MatrixDims d = matrix_dims(logits);
+  std::vector<double> l(static_cast<size_t>(d.rows));
+  std::vector<double> dl(dlogits.defined() ? static_cast<size_t>(logits.numel()) : 0);
+  ref::cross_entropy_shard<double>(l.data(), dlogits.defined() ? dl.data() : nullptr,
+                                   values(logits).data(), ids(targets, INT32_MAX, true),
+                                   values(all_stats).data(), all_stats.numel() / (2 * d.rows),
+                                   d.rows, d.cols, first_id, grad_scale);
+  store(losses, l);
+  if (dlogits.defined()) store(dlogits, dl);
 }
 
 // ---- reductions and optimizer ----

@@ -33,6 +33,10 @@ class ReferenceBackend final : public CpuBackend {
   void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
   void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
                              const Tensor& tokens) override;
+  void do_embedding_shard_forward(const Tensor& out, const Tensor& tokens, const Tensor& table,
+                                  int64_t first_id) override;
+  void do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens,
+                                   int64_t first_id) override;
   void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                           const Tensor& weight, float eps) override;
   void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
@@ -49,6 +53,11 @@ class ReferenceBackend final : public CpuBackend {
   void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                           const Tensor& gate_up) override;
+  void do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                    const Tensor& targets, int64_t first_id) override;
+  void do_cross_entropy_shard(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                              const Tensor& all_stats, int64_t first_id, const Tensor& dlogits,
+                              float grad_scale) override;
   void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
                         const Tensor& dlogits, float grad_scale) override;
 

@@ -93,7 +93,7 @@ TEST(MegatronKeys, KeysWithoutEffectAreRecordedWithTheirLastValueAndOrigin) {
   const Experiment e = experiment_from_yaml(
       std::string(kMinimal) +
           "wandb_project: first\noverrides:\n  wandb_project: \"Primus_Pretrain\"\n"
-          "  tensor_model_parallel_size: 1\n  eod_mask_loss: true\n  no_load_optim: null\n",
+          "  ckpt_format: torch_dist\n  eod_mask_loss: true\n  no_load_optim: null\n",
       {"--stderr-sink-level", "DEBUG", "--use-flash-attn"});
   const AcceptedMegatronKey* wandb = accepted(e, "wandb_project");
   ASSERT_NE(wandb, nullptr);
@@ -104,7 +104,7 @@ TEST(MegatronKeys, KeysWithoutEffectAreRecordedWithTheirLastValueAndOrigin) {
   EXPECT_TRUE(accepted(e, "eod_mask_loss")->warning);  // Tessera's loss differs from Megatron's
   ASSERT_NE(accepted(e, "stderr_sink_level"), nullptr);
   EXPECT_EQ(accepted(e, "stderr_sink_level")->origin, "command line");
-  EXPECT_EQ(accepted(e, "tensor_model_parallel_size")->value, "1");
+  EXPECT_EQ(accepted(e, "ckpt_format")->value, "torch_dist");
   EXPECT_EQ(accepted(e, "no_load_optim")->value, "null");
   EXPECT_EQ(e.megatron_keys.size(), 6u);  // each key once
   EXPECT_FALSE(accepted(experiment_from_yaml(std::string(kMinimal) + "eod_mask_loss: false\n"),
@@ -119,12 +119,6 @@ TEST(MegatronKeys, ValuesTesseraWouldNotHonourAreRefused) {
     std::string key, fragment;
   };
   for (const Case& c : std::vector<Case>{
-           {"tensor_model_parallel_size: 2\n",
-            {},
-            "tensor_model_parallel_size",
-            "only data parallelism"},
-           {"", {"--pipeline-model-parallel-size", "4"}, "pipeline_model_parallel_size", "1:"},
-           {"", {"--sequence-parallel"}, "sequence_parallel", "false:"},
            {"finetune: true\n", {}, "finetune", "hf_init_path"},
            {"", {"--no-load-optim"}, "no_load_optim", "optimizer"},
            {"test_data_path: /data/test\n", {}, "test_data_path", "validation"},
@@ -207,8 +201,8 @@ TEST_F(PrimusExperiment, ShippedPrimusExampleLoadsAsWritten) {
   EXPECT_EQ(e.checkpoint.save_interval, 20000);
   for (const char* key :
        {"wandb_project", "stderr_sink_level", "log_avg_skip_iterations", "log_avg_reset_interval",
-        "eod_mask_loss", "tensor_model_parallel_size", "gradient_accumulation_fusion",
-        "test_data_path", "finetune", "disable_last_saving", "ckpt_format", "enable_primus_turbo"})
+        "eod_mask_loss", "gradient_accumulation_fusion", "test_data_path", "finetune",
+        "disable_last_saving", "ckpt_format", "enable_primus_turbo"})
     EXPECT_NE(accepted(e, key), nullptr) << key;
 }
 

@@ -180,6 +180,25 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
             "expert_model_parallel_size",
             "1 with use_torch_fsdp2",
             2},
+           // MoE layers are not laid out over tensor-parallel ranks or pipeline stages yet.
+           {{"--expert_model_parallel_size", "2", "--tensor_model_parallel_size", "2"},
+            "expert_model_parallel_size",
+            "does not compose with tensor or pipeline parallelism",
+            4},
+           {{"--expert_model_parallel_size", "2", "--pipeline_model_parallel_size", "2",
+             "--untie_embeddings_and_output_weights", "true"},
+            "expert_model_parallel_size",
+            "does not compose with tensor or pipeline parallelism",
+            4},
+           {{"--tensor_model_parallel_size", "2"},
+            "tensor_model_parallel_size",
+            "1 for a mixture-of-experts model",
+            2},
+           {{"--pipeline_model_parallel_size", "2", "--untie_embeddings_and_output_weights",
+             "true"},
+            "pipeline_model_parallel_size",
+            "1 for a mixture-of-experts model",
+            2},
        }) {
     SCOPED_TRACE(b.key);
     const ConfigError e = tiny_moe_error(b.cli, b.ranks);
@@ -200,7 +219,10 @@ TEST(MoeKeys, CliExitsTwoNamingTheKey) {
   for (const auto& [args, key] : std::vector<std::pair<std::string, std::string>>{
            {"--moe_router_topk 9", "key 'moe_router_topk' has value '9'"},
            {"--num_experts 6 --moe_router_topk 2 --expert_model_parallel_size 4",
-            "key 'expert_model_parallel_size' has value '4'"}}) {
+            "key 'expert_model_parallel_size' has value '4'"},
+           {"--device cpu --nproc_per_node 4 --expert_model_parallel_size 2 "
+            "--pipeline_model_parallel_size 2",
+            "key 'expert_model_parallel_size' has value '2'"}}) {
     const auto r = run_command("cd " + dir.path().string() + " && " + TESSERA_BINARY +
                                " train --model tiny_moe --mock_data true --workspace ws " + args);
     EXPECT_EQ(r.exit_code, 2) << r.output;

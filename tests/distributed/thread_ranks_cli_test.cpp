@@ -28,7 +28,7 @@ constexpr double kLossTolerance = 1e-6;
 constexpr double kGradNormTolerance = 1e-4;
 
 struct TrainingRun {
-  std::vector<double> losses, grad_norms;
+  std::vector<double> losses, grad_norms, eval_losses;
   fs::path root;
 };
 
@@ -47,6 +47,7 @@ TrainingRun train(const fs::path& workspace, const std::string& name, int ranks,
   std::ifstream metrics(run.root / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     const auto j = nlohmann::json::parse(line);
+    if (j.contains("eval_lm_loss")) run.eval_losses.push_back(j["eval_lm_loss"].get<double>());
     if (!j.contains("lm_loss")) continue;
     run.losses.push_back(j["lm_loss"].get<double>());
     run.grad_norms.push_back(j["grad_norm"].get<double>());
@@ -93,6 +94,45 @@ TEST_F(ThreadRanksCli, DataParallelZero1AndFsdpTrainLikeOneRank) {
                                "info.log"))
             << "rank " << r;
     }
+  }
+}
+
+// Tensor parallelism through the command: 2 ranks that split the model, with sequence
+// parallelism, and 4 with data parallelism over 2 model replicas (tests/distributed/
+// tensor_parallel_test.cpp compares weights and gradients too).
+TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
+  // Two heads in two query groups (one each per rank).
+  const std::string model = "--num_query_groups 2 --log_interval 1 ";
+  const TrainingRun one = train(workspace_, "one", 1, model);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+    SCOPED_TRACE(flags);
+    const TrainingRun run = train(workspace_, "tp" + std::to_string(ranks), ranks, model + flags);
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+  }
+}
+
+// Pipelines through the command: 1F1B and interleaved over 2 stages, and tensor x pipeline x
+// data parallel on 8 ranks, with evaluations (forward passes only through the stages).
+TEST_F(ThreadRanksCli, PipelineTrainsAndEvaluatesLikeOneRank) {
+  const std::string model =
+      "--num_query_groups 2 --num_layers 4 --log_interval 1 --eval_interval 3 --eval_iters 2 ";
+  const TrainingRun one = train(workspace_, "one", 1, model);
+  ASSERT_EQ(one.eval_losses.size(), 2u);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {2, "--pipeline_model_parallel_size 2"},
+           {2, "--pipeline_model_parallel_size 2 --virtual_pipeline_model_parallel_size 2"},
+           {8,
+            "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 "
+            "--sequence_parallel true"}}) {
+    SCOPED_TRACE(flags);
+    const TrainingRun run = train(workspace_, "pp" + std::to_string(ranks), ranks, model + flags);
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+    // 8 ranks are 2 data-parallel ranks, which evaluate twice the samples.
+    if (ranks == 2) expect_close(run.eval_losses, one.eval_losses, kLossTolerance, "eval loss");
   }
 }
 

@@ -1,10 +1,11 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
 // parallel, ZeRO-1 (with and without overlap_param_gather), expert parallelism (an MoE's
-// experts on 2 GPUs, alone and with ZeRO-1) and FSDP (untied and tied heads) on
-// 2 GPUs against 1 GPU with gradient accumulation at the same global batch, ZeRO-1 and FSDP
-// checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by SIGTERM, a rank killed
-// mid-run, and the NCCL communicator's split, point-to-point and sub-group collectives (two
-// processes running this binary). The loss bound is
+// experts on 2 GPUs, alone and with ZeRO-1), FSDP (untied and tied heads), tensor parallelism
+// (with and without sequence parallelism) and pipelines (1F1B, interleaved; with tensor
+// parallelism on 4 GPUs) on 2 GPUs against 1 GPU with gradient accumulation at the same global
+// batch, ZeRO-1 and FSDP checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by
+// SIGTERM, a rank killed mid-run, and the NCCL communicator's split, point-to-point and
+// sub-group collectives (two processes running this binary). The loss bound is
 // docs/distributed.md's: the runs see the same samples in the same order and differ only in
 // the order of bf16/fp32 reductions.
 #include <gtest/gtest.h>
@@ -276,12 +277,12 @@ TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
       " --model_family mixtral --num_experts 8 --moe_router_topk 2 --moe_ffn_hidden_size 384 "
       "--moe_aux_loss_coeff 0.01 --moe_z_loss_coeff 0.001";
   ASSERT_EQ(run(train_args("moe_one") + moe, "moe_one.txt"), 0) << read("moe_one.txt");
-  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29621 " + train_args("moe_ep") + moe +
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29626 " + train_args("moe_ep") + moe +
                     " --expert_model_parallel_size 2",
                 "moe_ep.txt"),
             0)
       << read("moe_ep.txt");
-  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29622 " + train_args("moe_ep_zero") + moe +
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29627 " + train_args("moe_ep_zero") + moe +
                     " --expert_model_parallel_size 2 --use_distributed_optimizer true",
                 "moe_ep_zero.txt"),
             0)
@@ -294,6 +295,62 @@ TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
   EXPECT_NE(read("moe_ep.txt").find("experts spread over 2 expert-parallel ranks"),
             std::string::npos)
       << read("moe_ep.txt");
+}
+
+// Tensor parallelism over NCCL: the model split over 2 GPUs (its parts, the vocabulary-parallel
+// embedding and cross-entropy, bf16 all-reduces, with sequence parallelism reduce-scatters and
+// all-gathers) trains like one GPU within the loss bound.
+TEST_F(DistGpu, TensorParallelMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  ASSERT_EQ(run(train_args("one"), "one.txt"), 0) << read("one.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29621 " + train_args("tp") +
+                    " --tensor_model_parallel_size 2",
+                "tp.txt"),
+            0)
+      << read("tp.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29622 " + train_args("tp_sp") +
+                    " --tensor_model_parallel_size 2 --sequence_parallel true",
+                "tp_sp.txt"),
+            0)
+      << read("tp_sp.txt");
+  const auto one = losses("one");
+  ASSERT_EQ(one.size(), 20u);
+  expect_close(losses("tp"), one, "tensor parallel");
+  expect_close(losses("tp_sp"), one, "tensor and sequence parallel");
+  EXPECT_NE(read("tp_sp.txt").find("tensor parallel 2 with sequence parallelism"),
+            std::string::npos)
+      << read("tp_sp.txt");
+}
+
+// Pipelines over NCCL point-to-point transfers: 2 stages (1F1B, and interleaved with 2 model
+// chunks each on a 4-layer model) train like one GPU; with 4 GPUs, tensor x pipeline parallel.
+TEST_F(DistGpu, PipelineMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  const std::string four_layers = " --num_layers 4";
+  ASSERT_EQ(run(train_args("one") + four_layers, "one.txt"), 0) << read("one.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29623 " + train_args("pp") + four_layers +
+                    " --pipeline_model_parallel_size 2",
+                "pp.txt"),
+            0)
+      << read("pp.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29624 " + train_args("vpp") + four_layers +
+                    " --pipeline_model_parallel_size 2 --virtual_pipeline_model_parallel_size 2",
+                "vpp.txt"),
+            0)
+      << read("vpp.txt");
+  const auto one = losses("one");
+  ASSERT_EQ(one.size(), 20u);
+  expect_close(losses("pp"), one, "pipeline 1F1B");
+  expect_close(losses("vpp"), one, "pipeline interleaved 1F1B");
+  if (tessera::gpu_device_count() < 4) GTEST_SKIP() << "tensor x pipeline: fewer than 4 GPUs";
+  ASSERT_EQ(
+      run("launch --nproc_per_node 4 --master_port 29625 " + train_args("tp_pp") + four_layers +
+              " --tensor_model_parallel_size 2 --sequence_parallel true "
+              "--pipeline_model_parallel_size 2",
+          "tp_pp.txt"),
+      0)
+      << read("tp_pp.txt");
+  expect_close(losses("tp_pp"), one, "tensor x pipeline parallel");
 }
 
 TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {

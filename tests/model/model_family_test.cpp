@@ -138,16 +138,40 @@ TEST(ActivationPlan, SharedRegionsAreAsLargeAsTheirLargestSet) {
 // tensor-parallel rank 0 the residual then reaches the head; on any other rank a row-parallel
 // projection's partial sum must not carry it (the group's reduction adds rank 0's), so the
 // final state, and with no bias the logits, are zero.
+// Records what the model hands to its tensor-parallel group's all-reduces, and sums nothing:
+// each rank's own partial sums stay visible.
+class RecordingGroup final : public TensorParallelGroup {
+ public:
+  explicit RecordingGroup(Backend& b) : b_(b) {}
+  void all_reduce(const Tensor& t) override {
+    std::vector<float> v(t.numel());
+    b_.download(v.data(), t);
+    reduced.push_back(v);
+  }
+  void all_gather(const Tensor&, const Tensor&) override {}
+  void reduce_scatter(const Tensor&, const Tensor&) override {}
+  std::vector<std::vector<float>> reduced;
+
+ private:
+  Backend& b_;
+};
+
+// With the row-parallel projections zeroed, a layer's output is the residual alone: rank 0 of
+// two hands its all-reduce the residual stream, rank 1 zeros, so that the sum over the ranks
+// holds the residual once.
 TEST(ResidualRule, RowParallelProjectionsAddTheResidualOnRankZeroOnly) {
   const ModelSpec spec = tiny_spec(1);
-  std::vector<std::vector<float>> logits_by_rank;
+  std::vector<std::vector<float>> o_proj_outputs;
   for (int rank : {0, 1}) {
     auto backend = make_cpu_backend();
     ModelRuntime rt;
     rt.micro_batch = 1;
     rt.seq_length = 8;
+    rt.tensor_parallel_size = 2;
     rt.tensor_parallel_rank = rank;
     DecoderModel model(*backend, spec, rt);
+    RecordingGroup group(*backend);
+    model.set_tensor_parallel_group(&group);
     const int64_t P = model.layout().total;
     DeviceBuffer master(*backend, P * sizeof(float), "master");
     init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 3);
@@ -157,20 +181,21 @@ TEST(ResidualRule, RowParallelProjectionsAddTheResidualOnRankZeroOnly) {
       const ParamInfo* p = model.layout().find(name);
       backend->fill(model.params().flat_range(p->offset, p->numel()), 0.0f);
     }
-    std::vector<int32_t> tokens(8), targets(8);
-    for (int i = 0; i < 8; ++i) tokens[i] = static_cast<int32_t>(random_below(1, i, 64));
+    // Tokens of both ranks' halves of the vocabulary.
+    std::vector<int32_t> tokens(8), targets(8, -1);
+    for (int i = 0; i < 8; ++i) tokens[i] = static_cast<int32_t>(i * 8 + 3);
     model.set_batch(tokens.data(), targets.data());
-    DeviceBuffer out(*backend, 8 * 64 * sizeof(float), "logits");
-    model.forward_logits(out.tensor(DType::F32, {8, 64}));
-    std::vector<float> logits(8 * 64);
-    backend->download(logits.data(), out.tensor(DType::F32, {8, 64}));
-    logits_by_rank.push_back(logits);
+    model.forward_loss();
+    // All-reduces: the embedding, then each row-parallel projection (o_proj, down_proj).
+    ASSERT_EQ(group.reduced.size(), 3u);
+    o_proj_outputs.push_back(group.reduced[1]);
   }
   const auto nonzero = [](const std::vector<float>& v) {
     return std::count_if(v.begin(), v.end(), [](float x) { return x != 0.0f; });
   };
-  EXPECT_EQ(nonzero(logits_by_rank[0]), 8 * 64) << "rank 0 carries the embedding through";
-  EXPECT_EQ(nonzero(logits_by_rank[1]), 0) << "another rank added the residual too";
+  // Rank 0 looked up tokens 0..31 only: half the rows of its embedding output are zeros.
+  EXPECT_EQ(nonzero(o_proj_outputs[0]), 4 * 32) << "rank 0 carries the residual through";
+  EXPECT_EQ(nonzero(o_proj_outputs[1]), 0) << "another rank added the residual too";
 }
 
 }  // namespace

@@ -184,6 +184,75 @@ TEST_F(CpuBackendTest, RejectsNonFp32AndBadIds) {
   EXPECT_THROW(backend->cross_entropy(rstd, logits, targets, Tensor{}, 1.0f), InternalError);
 }
 
+// ---- vocabulary shards ----
+
+// The whole vocabulary split into S shards of V/S columns (rows of the table): the shards'
+// lookups add up to the whole lookup (each token's row from exactly one shard) and their
+// gradients are the whole gradient's rows; the sharded cross-entropy gives every shard the
+// whole row's losses and its columns of the whole gradient.
+TEST_F(CpuBackendTest, VocabularyShardsAddUpToTheWholeVocabulary) {
+  constexpr int64_t N = 37, C = 24, V = 96, S = 3, Vs = V / S;
+  std::vector<int32_t> token_ids(N), target_ids(N);
+  for (int64_t n = 0; n < N; ++n) {
+    token_ids[n] = static_cast<int32_t>((n * 41 + 7) % V);
+    target_ids[n] = n % 9 == 4 ? -1 : static_cast<int32_t>((n * 29 + 3) % V);  // some ignored
+  }
+  GuardedTensor tokens = ids(token_ids), targets = ids(target_ids);
+
+  const std::vector<float> table_values = random_normal(V * C, 11);
+  GuardedTensor table = input({V, C}, table_values), whole = random({N, C});
+  backend->embedding_forward(whole, tokens, table);
+  std::vector<float> sum(N * C, 0.0f);
+  const std::vector<float> dout_values = random_normal(N * C, 12);
+  GuardedTensor dout = input({N, C}, dout_values),
+                dtable = input({V, C}, std::vector<float>(V * C));
+  backend->embedding_backward(dtable, dout, tokens);
+  const std::vector<float> whole_dtable = download_float(*backend, dtable);
+  for (int64_t s = 0; s < S; ++s) {
+    GuardedTensor shard = input(
+        {Vs, C}, {table_values.begin() + s * Vs * C, table_values.begin() + (s + 1) * Vs * C});
+    GuardedTensor out = random({N, C}), dshard = input({Vs, C}, std::vector<float>(Vs * C));
+    backend->embedding_shard_forward(out, tokens, shard, s * Vs);
+    const std::vector<float> part = download_float(*backend, out);
+    for (int64_t i = 0; i < N * C; ++i) sum[i] += part[i];
+    backend->embedding_shard_backward(dshard, dout, tokens, s * Vs);
+    const std::vector<float> drows = download_float(*backend, dshard);
+    EXPECT_TRUE(std::equal(drows.begin(), drows.end(), whole_dtable.begin() + s * Vs * C))
+        << "shard " << s << "'s rows of the table gradient";
+  }
+  EXPECT_EQ(sum, download_float(*backend, whole)) << "the shards' lookups add up to the whole";
+
+  const std::vector<float> logit_values = random_normal(N * V, 13, 2.0f);
+  GuardedTensor logits = input({N, V}, logit_values), losses = random({N}),
+                dlogits = random({N, V});
+  backend->cross_entropy(losses, logits, targets, dlogits, 0.25f);
+  const std::vector<float> want_losses = download_float(*backend, losses),
+                           want_grad = download_float(*backend, dlogits);
+  std::vector<GuardedTensor> shards;
+  GuardedTensor stats = random({S, N, 2});
+  for (int64_t s = 0; s < S; ++s) {
+    std::vector<float> cols(N * Vs);
+    for (int64_t n = 0; n < N; ++n)
+      std::copy_n(logit_values.begin() + n * V + s * Vs, Vs, cols.begin() + n * Vs);
+    shards.push_back(input({N, Vs}, cols));
+    backend->cross_entropy_shard_stats(stats.t().flat_range(s * 2 * N, 2 * N), shards.back(),
+                                       targets, s * Vs);
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    GuardedTensor shard_losses = random({N});
+    backend->cross_entropy_shard(shard_losses, shards[s], targets, stats, s * Vs, shards[s], 0.25f);
+    const std::vector<float> got = download_float(*backend, shard_losses),
+                             grad = download_float(*backend, shards[s]);
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_NEAR(got[n], want_losses[n], 1e-5 * std::max(1.0f, std::abs(want_losses[n])))
+          << "row " << n << " on shard " << s;
+      for (int64_t v = 0; v < Vs; ++v)
+        EXPECT_NEAR(grad[n * Vs + v], want_grad[n * V + s * Vs + v], 1e-7)
+            << "row " << n << ", column " << s * Vs + v;
+    }
+  }
+}
+
 TEST_F(CpuBackendTest, Description) {
   EXPECT_EQ(backend->description(),
             fmt::format("cpu (OpenBLAS, {} threads)", omp_get_max_threads()));

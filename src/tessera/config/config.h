@@ -117,6 +117,19 @@ struct TrainingConfig {
   bool fp8_gemm_fprop_split_accumulator = false;
   bool fp8_gemm_dgrad_split_accumulator = true;
   bool fp8_gemm_wgrad_split_accumulator = true;
+  // Model parallelism (docs/distributed.md), Megatron's keys. The data-parallel size is what
+  // the world leaves: world / (tensor x pipeline x context).
+  int64_t tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;  // with tensor parallelism: norms and residuals sharded too
+  int64_t pipeline_model_parallel_size = 1;
+  // Interleaved 1F1B: model chunks per pipeline rank, given directly or by layers per chunk;
+  // 0 is Megatron's None (one chunk per rank, plain 1F1B).
+  int64_t virtual_pipeline_model_parallel_size = 0;
+  int64_t num_layers_per_virtual_pipeline_stage = 0;
+  // Uneven pipelines: layers of the first and the last stage; 0 is an even share.
+  int64_t decoder_first_pipeline_num_layers = 0;
+  int64_t decoder_last_pipeline_num_layers = 0;
+  int64_t context_parallel_size = 1;
   // Data parallelism (docs/distributed.md); the world size comes from the launcher.
   bool use_distributed_optimizer = false;  // ZeRO-1: optimizer state sharded over ranks
   bool use_torch_fsdp2 = false;            // FSDP (ZeRO-3): parameters and gradients sharded too
@@ -217,7 +230,7 @@ struct Experiment {
 struct LoadOptions {
   std::string config_path;                 // empty: the shipped default experiment
   std::vector<std::string> cli_overrides;  // "--key value" / "--key=value" tokens
-  int data_parallel_size = 1;              // world size seen by validation
+  int data_parallel_size = 1;              // ranks of the job (world size) seen by validation
 };
 
 // Loads, merges, substitutes and validates. Throws ConfigError naming file, key, value and
@@ -227,6 +240,10 @@ Experiment load_experiment(const LoadOptions& options);
 // The shipped configs of one folder of configs/ by the names they are given as (`models`:
 // "llama3.1_8B", ..., `experiments`: "default", "primus/llama3.1_8B-pretrain", ...), sorted.
 std::vector<std::string> shipped_config_names(std::string_view folder);
+
+// Model chunks per pipeline rank: virtual_pipeline_model_parallel_size, or what
+// num_layers_per_virtual_pipeline_stage makes of num_layers; 1 without interleaving.
+int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers);
 
 // "969,30,1" -> {969, 30, 1}; empty on malformed input (negative, non-numeric).
 std::vector<double> parse_split(const std::string& text);

@@ -52,6 +52,22 @@ KeySpec int_key(std::string_view name, std::string_view section, std::string_vie
           }};
 }
 
+// A count where Megatron's YAMLs write null for none: null reads as 0 and 0 prints as null.
+template <class Access>
+KeySpec optional_count_key(std::string_view name, std::string_view section, std::string_view help,
+                           Access access) {
+  return {name, section, KeyType::Int, help, {},
+          [access](Experiment& e, const std::string& t) -> std::string {
+            if (is_null(t)) return access(e) = 0, "";
+            if (!parse_int(t, &access(e))) return "an integer, or null for none";
+            return "";
+          },
+          [access](const Experiment& e) {
+            const int64_t v = access(const_cast<Experiment&>(e));
+            return v == 0 ? std::string("null") : std::to_string(v);
+          }};
+}
+
 template <class Access>
 KeySpec float_key(std::string_view name, std::string_view section, std::string_view help,
                   Access access) {
@@ -234,6 +250,14 @@ std::vector<KeySpec> build_keys() {
   k.push_back(bool_key("fp8_gemm_wgrad_split_accumulator", "training", "FP8 weight-gradient GEMMs (dW = dY^T X, K = tokens per micro batch) accumulate in full fp32 (true, Transformer Engine's default) or with fast accumulation (false: faster, less accurate).", TS_FIELD(training.fp8_gemm_wgrad_split_accumulator)));
   k.push_back(bool_key("use_distributed_optimizer", "training", "ZeRO-1 (multi-GPU): reduce-scatter gradients and keep the fp32 master weights and AdamW moments sharded over the data-parallel ranks; bf16 parameters are all-gathered after each step.", TS_FIELD(training.use_distributed_optimizer)));
   k.push_back(bool_key("use_torch_fsdp2", "training", "FSDP (ZeRO-3, multi-GPU; the name is Primus's): bf16 parameters, fp32 gradients, master weights and AdamW moments all sharded over the data-parallel ranks; each unit (embedding, decoder layer, head) is all-gathered just before use while the next is prefetched, and its gradients are reduce-scattered during the backward. Not with use_distributed_optimizer.", TS_FIELD(training.use_torch_fsdp2)));
+  k.push_back(int_key("tensor_model_parallel_size", "training", "Tensor parallelism: ranks that split every layer's attention heads, MLP width and the vocabulary (Megatron's column- and row-parallel linears), neighbours in the rank order; a divisor of num_attention_heads and num_query_groups.", TS_FIELD(training.tensor_model_parallel_size)));
+  k.push_back(bool_key("sequence_parallel", "training", "With tensor parallelism: residual states and norms hold 1/tensor_model_parallel_size of the tokens on each rank, all-gathered before each block's column-parallel linears and reduce-scattered after its row-parallel ones (instead of all-reduces). No effect without tensor parallelism.", TS_FIELD(training.sequence_parallel)));
+  k.push_back(int_key("pipeline_model_parallel_size", "training", "Pipeline parallelism: stages that each hold consecutive layers (the first also the embedding, the last the final norm and output head), run with the 1F1B schedule over the micro-batches.", TS_FIELD(training.pipeline_model_parallel_size)));
+  k.push_back(optional_count_key("virtual_pipeline_model_parallel_size", "training", "Interleaved 1F1B: model chunks per pipeline rank (layers are dealt out chunk by chunk over the ranks); null (0) is none: plain 1F1B. Needs micro-batches per step a multiple of pipeline_model_parallel_size.", TS_FIELD(training.virtual_pipeline_model_parallel_size)));
+  k.push_back(optional_count_key("num_layers_per_virtual_pipeline_stage", "training", "Interleaved 1F1B given by layers per model chunk instead: virtual_pipeline_model_parallel_size = num_layers / pipeline_model_parallel_size / this; null (0) is none.", TS_FIELD(training.num_layers_per_virtual_pipeline_stage)));
+  k.push_back(optional_count_key("decoder_first_pipeline_num_layers", "training", "Uneven pipeline: layers of the first stage (which also holds the embedding); the stages without a set count share the rest evenly; null (0) is an even share.", TS_FIELD(training.decoder_first_pipeline_num_layers)));
+  k.push_back(optional_count_key("decoder_last_pipeline_num_layers", "training", "Uneven pipeline: layers of the last stage (which also holds the final norm, output head and loss); null (0) is an even share.", TS_FIELD(training.decoder_last_pipeline_num_layers)));
+  k.push_back(int_key("context_parallel_size", "training", "Context parallelism: ranks that split each sequence (Megatron's causal load balancing, 2 x context_parallel_size chunks) and exchange keys and values in attention.", TS_FIELD(training.context_parallel_size)));
   k.push_back(bool_key("overlap_param_gather", "training", "ZeRO-1: all-gather the updated parameters on a communication stream, lowest offsets first, while the next forward runs; each layer waits only for the buckets it reads. Off: gathered before the next forward starts.", TS_FIELD(training.overlap_param_gather)));
   k.push_back(bool_key("overlap_grad_reduce", "training", "Multi-GPU: reduce each gradient bucket on a communication stream as soon as the last micro-batch's backward has finished it, overlapping the backward of earlier layers.", TS_FIELD(training.overlap_grad_reduce)));
   k.push_back(int_key("ddp_bucket_size", "training", "Multi-GPU: elements per gradient bucket (one all-reduce or reduce-scatter each).", TS_FIELD(training.ddp_bucket_size)));

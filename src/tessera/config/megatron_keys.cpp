@@ -122,13 +122,8 @@ std::vector<MegatronKey> build() {
                         "Megatron's checkpoint format (torch, torch_dist): Tessera writes "
                         "safetensors checkpoints (docs/checkpoints.md)."));
   // ---- accepted at the values that agree with Tessera ----
-  for (const char* name :
-       {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"})
-    k.push_back(only(name, {"1"},
-                     "only data and expert parallelism are implemented (plain, ZeRO-1 with "
-                     "use_distributed_optimizer, FSDP with use_torch_fsdp2, "
-                     "expert_model_parallel_size; docs/distributed.md)"));
-  k.push_back(only_false("sequence_parallel", "sequence parallelism is not implemented"));
+  // (tensor/pipeline/context/expert model-parallel sizes and sequence_parallel are Tessera
+  // keys: config/keys.cpp.)
   k.push_back(only_false("finetune",
                          "a fine-tuning start (weights only, iteration 0) is not implemented; "
                          "hf_init_path starts from a Hugging Face model's weights"));

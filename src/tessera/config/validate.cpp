@@ -1,5 +1,6 @@
 #include "tessera/config/validate.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string_view>
@@ -106,6 +107,22 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
               "1 for a dense model (num_experts is 0)");
     return;
   }
+  // MoE layers are laid out over data- and expert-parallel ranks only: their blocks do not
+  // split experts over tensor-parallel ranks, and their statistics and expert exchange are not
+  // carried through pipeline stages yet.
+  const int64_t tp = t.tensor_model_parallel_size, pp = t.pipeline_model_parallel_size;
+  if (tp > 1 || pp > 1) {
+    c.require(t.expert_model_parallel_size == 1, "expert_model_parallel_size",
+              fmt::format("1 with tensor_model_parallel_size ({}) or pipeline_model_parallel_size "
+                          "({}) above 1: expert parallelism does not compose with tensor or "
+                          "pipeline parallelism yet",
+                          tp, pp));
+    c.fail(tp > 1 ? "tensor_model_parallel_size" : "pipeline_model_parallel_size",
+           fmt::format("1 for a mixture-of-experts model (num_experts {}): MoE layers are not "
+                       "split over tensor-parallel ranks or pipeline stages yet (use "
+                       "expert_model_parallel_size and data parallelism)",
+                       m.num_experts));
+  }
   const int64_t E = m.num_experts;
   c.require(m.moe_router_topk >= 1 && m.moe_router_topk <= E, "moe_router_topk",
             fmt::format("between 1 and num_experts ({})", E));
@@ -194,8 +211,15 @@ void check_run_length(const Checker& c, const TrainingConfig& t) {
                   t.lr_warmup_iters, t.global_batch_size, t.lr_warmup_iters * t.global_batch_size));
 }
 
+// The ranks that each train on other samples: what tensor, pipeline and context parallelism
+// leave of the world (check_model_parallel has checked that they divide it).
+int64_t data_parallel_size(const TrainingConfig& t, int world_size) {
+  return world_size /
+         (t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size);
+}
+
 void check_batch(const Checker& c, const TrainingConfig& t, const ModelConfig& m,
-                 int data_parallel_size) {
+                 int64_t data_parallel_size) {
   c.require(t.train_iters >= 1, "train_iters", "at least 1");
   c.require(t.micro_batch_size >= 1, "micro_batch_size", "at least 1");
   c.require(t.seq_length >= 1, "seq_length", "at least 1");
@@ -206,6 +230,149 @@ void check_batch(const Checker& c, const TrainingConfig& t, const ModelConfig& m
       t.global_batch_size >= 1 && t.global_batch_size % per_step == 0, "global_batch_size",
       fmt::format("a positive multiple of micro_batch_size x data-parallel size = {} x {} = {}",
                   t.micro_batch_size, data_parallel_size, per_step));
+}
+
+// How the layers are dealt out over the pipeline: evenly over its stages (and over each
+// stage's model chunks when interleaved), or with Megatron's uneven first and last stages.
+void check_pipeline(const Checker& c, const TrainingConfig& t, int64_t layers) {
+  const int64_t pp = t.pipeline_model_parallel_size;
+  const bool interleaved =
+      t.virtual_pipeline_model_parallel_size > 0 || t.num_layers_per_virtual_pipeline_stage > 0;
+  const bool uneven =
+      t.decoder_first_pipeline_num_layers > 0 || t.decoder_last_pipeline_num_layers > 0;
+  const std::pair<const char*, int64_t> stage_keys[] = {
+      {"virtual_pipeline_model_parallel_size", t.virtual_pipeline_model_parallel_size},
+      {"num_layers_per_virtual_pipeline_stage", t.num_layers_per_virtual_pipeline_stage},
+      {"decoder_first_pipeline_num_layers", t.decoder_first_pipeline_num_layers},
+      {"decoder_last_pipeline_num_layers", t.decoder_last_pipeline_num_layers}};
+  for (const auto& [key, value] : stage_keys) {
+    c.require(value >= 0, key, "0 (none) or a positive integer");
+    c.require(pp > 1 || value == 0, key,
+              "0 without pipeline parallelism (pipeline_model_parallel_size 1)");
+  }
+  if (pp == 1) return;
+  if (interleaved) {
+    c.require(
+        t.virtual_pipeline_model_parallel_size == 0 || t.num_layers_per_virtual_pipeline_stage == 0,
+        "num_layers_per_virtual_pipeline_stage",
+        "0 when virtual_pipeline_model_parallel_size is set (one of the two gives the "
+        "model chunks per pipeline rank)");
+    c.require(!uneven,
+              t.decoder_first_pipeline_num_layers > 0 ? "decoder_first_pipeline_num_layers"
+                                                      : "decoder_last_pipeline_num_layers",
+              "0 with an interleaved pipeline (virtual stages are even)");
+    if (t.num_layers_per_virtual_pipeline_stage > 0)
+      c.require(layers % (pp * t.num_layers_per_virtual_pipeline_stage) == 0,
+                "num_layers_per_virtual_pipeline_stage",
+                fmt::format("num_layers ({}) divisible by pipeline_model_parallel_size x this "
+                            "(each of the {} ranks holds whole chunks of this many layers)",
+                            layers, pp));
+    const int64_t chunks = virtual_pipeline_chunks(t, layers);
+    c.require(layers % (pp * chunks) == 0, "virtual_pipeline_model_parallel_size",
+              fmt::format("num_layers ({}) divisible by pipeline_model_parallel_size x this = {} "
+                          "x {}: every model chunk holds as many layers",
+                          layers, pp, chunks));
+    return;
+  }
+  if (!uneven) {
+    c.require(layers % pp == 0, "pipeline_model_parallel_size",
+              fmt::format("a divisor of num_layers ({}): every stage holds as many layers "
+                          "(or set decoder_first_pipeline_num_layers / "
+                          "decoder_last_pipeline_num_layers)",
+                          layers));
+    return;
+  }
+  const int64_t first = t.decoder_first_pipeline_num_layers,
+                last = t.decoder_last_pipeline_num_layers;
+  const int64_t middle_stages = pp - (first > 0) - (last > 0), rest = layers - first - last;
+  const char* blamed =
+      last > 0 ? "decoder_last_pipeline_num_layers" : "decoder_first_pipeline_num_layers";
+  c.require(rest >= middle_stages && (middle_stages == 0 ? rest == 0 : rest % middle_stages == 0),
+            blamed,
+            fmt::format("first and last stage layers that leave the other {} stage(s) an equal, "
+                        "non-zero share of num_layers ({}); {} remain",
+                        middle_stages, layers, rest));
+}
+
+// Megatron's mesh: tensor x pipeline x context parallel sizes dividing the world, each model
+// dimension the tensor-parallel ranks split divisible by their number, layers dealt out evenly
+// over the pipeline's stages (and chunks). Each mistake names the size that does not fit.
+void check_model_parallel(const Checker& c, const Experiment& e, int world_size) {
+  const TrainingConfig& t = e.training;
+  const ModelConfig& m = e.model_config;
+  const int64_t tp = t.tensor_model_parallel_size, pp = t.pipeline_model_parallel_size,
+                cp = t.context_parallel_size;
+  const std::pair<const char*, int64_t> sizes[] = {{"tensor_model_parallel_size", tp},
+                                                   {"pipeline_model_parallel_size", pp},
+                                                   {"context_parallel_size", cp}};
+  for (const auto& [key, size] : sizes) c.require(size >= 1, key, "a positive integer (1: off)");
+  // Blame the first size whose product with those before it stops dividing the world.
+  int64_t model = 1;
+  for (const auto& [key, size] : sizes) {
+    model *= size;
+    c.require(world_size % model == 0, key,
+              fmt::format("tensor x pipeline x context parallel sizes ({} x {} x {}) to divide "
+                          "the number of ranks, {} (the data-parallel size is what they leave)",
+                          tp, pp, cp, world_size));
+  }
+  const int64_t groups = m.num_query_groups ? m.num_query_groups : m.num_attention_heads;
+  c.require(m.num_attention_heads % tp == 0 && groups % tp == 0, "tensor_model_parallel_size",
+            fmt::format("a divisor of num_attention_heads ({}) and num_query_groups ({}): each "
+                        "tensor-parallel rank computes whole heads",
+                        m.num_attention_heads, groups));
+  c.require(m.ffn_hidden_size % tp == 0, "tensor_model_parallel_size",
+            fmt::format("a divisor of ffn_hidden_size ({}): each tensor-parallel rank holds an "
+                        "equal share of the MLP",
+                        m.ffn_hidden_size));
+  if (t.sequence_parallel && tp > 1)
+    c.require(t.seq_length % tp == 0, "seq_length",
+              fmt::format("a multiple of tensor_model_parallel_size ({}) with sequence_parallel: "
+                          "each rank holds an equal share of the tokens",
+                          tp));
+  if (cp > 1)
+    c.require(t.seq_length % (2 * cp) == 0, "seq_length",
+              fmt::format("a multiple of 2 x context_parallel_size = {}: each context-parallel "
+                          "rank holds two of 2 x {} equal chunks (causal load balancing)",
+                          2 * cp, cp));
+  check_pipeline(c, t, m.num_layers);
+}
+
+// The interleaved schedule runs the micro-batches of a step in groups of one per stage.
+void check_pipeline_batch(const Checker& c, const TrainingConfig& t, int64_t layers,
+                          int64_t data_parallel_size) {
+  const int64_t pp = t.pipeline_model_parallel_size;
+  if (pp == 1 || virtual_pipeline_chunks(t, layers) <= 1) return;
+  const int64_t micro_batches = t.global_batch_size / (t.micro_batch_size * data_parallel_size);
+  c.require(micro_batches % pp == 0, "global_batch_size",
+            fmt::format("micro-batches per step (global_batch_size / (micro_batch_size x "
+                        "data-parallel size) = {}) a multiple of pipeline_model_parallel_size "
+                        "({}) with an interleaved pipeline",
+                        micro_batches, pp));
+}
+
+// Layouts parallelize cannot build (yet) are refused here, before anything is written.
+void check_laid_out(const Checker& c, const Experiment& e) {
+  const TrainingConfig& t = e.training;
+  c.require(t.context_parallel_size == 1, "context_parallel_size",
+            "1: context parallelism is not available yet");
+  const bool model_parallel =
+      t.tensor_model_parallel_size > 1 || t.pipeline_model_parallel_size > 1;
+  if (model_parallel)
+    for (const auto& [key, value] :
+         {std::pair{"save", e.checkpoint.save}, std::pair{"load", e.checkpoint.load},
+          std::pair{"hf_init_path", e.checkpoint.hf_init_path}})
+      c.require(value.empty(), key,
+                "null with tensor_model_parallel_size or pipeline_model_parallel_size above 1: "
+                "checkpoints of a model split over ranks are not available yet");
+  c.require(!t.use_torch_fsdp2 || !model_parallel, "use_torch_fsdp2",
+            "false with tensor_model_parallel_size or pipeline_model_parallel_size above 1 "
+            "(FSDP shards whole layers over the data-parallel ranks; use "
+            "use_distributed_optimizer with tensor or pipeline parallelism)");
+  c.require(
+      t.pipeline_model_parallel_size == 1 || e.model_config.untie_embeddings_and_output_weights,
+      "untie_embeddings_and_output_weights",
+      "true with pipeline_model_parallel_size above 1: the embedding (first stage) and the "
+      "output head (last stage) are separate weights");
 }
 
 void check_data_parallel(const Checker& c, const TrainingConfig& t) {
@@ -412,8 +579,7 @@ void check_checkpoint(const Checker& c, const CheckpointConfig& k) {
             "hf_init_path", "a Hugging Face model directory holding config.json");
 }
 
-void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iters,
-                   int data_parallel_size) {
+void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iters, int world_size) {
   c.require(lg.log_interval >= 1, "log_interval", "at least 1");
   if (!lg.profile) return;  // the window and ranks matter only when something is recorded
   c.require(lg.profile_step_start >= 1 && lg.profile_step_start <= train_iters,
@@ -426,8 +592,8 @@ void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iter
   const auto ranks = parse_profile_ranks(lg.profile_ranks);
   c.require(ranks.has_value(), "profile_ranks",
             "all, or comma-separated distinct rank ids such as 0 or 0,4");
-  c.require(ranks->all || ranks->ids.back() < data_parallel_size, "profile_ranks",
-            fmt::format("rank ids below the number of ranks ({})", data_parallel_size));
+  c.require(ranks->all || ranks->ids.back() < world_size, "profile_ranks",
+            fmt::format("rank ids below the number of ranks ({})", world_size));
 }
 
 // skip_train runs nothing but an evaluation.
@@ -447,13 +613,28 @@ void check_tensorboard(const Checker& c, const Experiment& e) {
 
 }  // namespace
 
-void validate_experiment(const Experiment& e, int data_parallel_size) {
+int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers) {
+  if (t.pipeline_model_parallel_size <= 1) return 1;
+  if (t.virtual_pipeline_model_parallel_size > 0) return t.virtual_pipeline_model_parallel_size;
+  if (t.num_layers_per_virtual_pipeline_stage > 0)
+    return std::max<int64_t>(
+        1, num_layers / t.pipeline_model_parallel_size / t.num_layers_per_virtual_pipeline_stage);
+  return 1;
+}
+
+void validate_experiment(const Experiment& e, int world_size) {
   const Checker c(e);
   check_experiment_names(c, e);
   check_model(c, e.model_config);
-  check_moe(c, e.model_config, e.training, data_parallel_size);
   check_run_length(c, e.training);
-  check_batch(c, e.training, e.model_config, data_parallel_size);
+  check_model_parallel(c, e, world_size);
+  // Expert-parallel ranks are carved out of the data-parallel (x context-parallel) ones.
+  check_moe(c, e.model_config, e.training,
+            static_cast<int>(data_parallel_size(e.training, world_size) *
+                             e.training.context_parallel_size));
+  check_batch(c, e.training, e.model_config, data_parallel_size(e.training, world_size));
+  check_pipeline_batch(c, e.training, e.model_config.num_layers,
+                       data_parallel_size(e.training, world_size));
   check_data_parallel(c, e.training);
   check_optimizer(c, e.training);
   check_optimizer_precision(c, e.training);
@@ -461,9 +642,10 @@ void validate_experiment(const Experiment& e, int data_parallel_size) {
   if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
   check_data(c, e.data);
   check_checkpoint(c, e.checkpoint);
-  check_logging(c, e.logging, e.training.train_iters, data_parallel_size);
+  check_logging(c, e.logging, e.training.train_iters, world_size);
   check_skip_train(c, e.data);
   check_tensorboard(c, e);
+  check_laid_out(c, e);
 }
 
 }  // namespace tessera

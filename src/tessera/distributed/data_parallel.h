@@ -74,13 +74,14 @@ class DataParallelism : public Parallelism {
   void sum(const Tensor& t) override;
   void max(const Tensor& t) override;
   void barrier() override;
+  // Makes compute wait for every collective still in flight on Lane::Comm and drops the comm
+  // marks kept for finer waits. Called before each collective on Lane::Compute (sum, max,
+  // barrier): the communicator waits there anyway, which ends the marks' validity. Layouts
+  // that hold data parallelism call it before their own collectives on the compute stream.
+  virtual void settle() = 0;
 
  protected:
   DataParallelism(Communicator& comm, Model& model);
-  // Makes compute wait for every collective still in flight on Lane::Comm and drops the comm
-  // marks kept for finer waits. Called before each collective on Lane::Compute (sum, max,
-  // barrier): the communicator waits there anyway, which ends the marks' validity.
-  virtual void settle() = 0;
 
   Communicator& comm_;
   Model& model_;

@@ -3,6 +3,7 @@
 // parallelize() (distributed/parallelize.h) returns one; on a single device it is the
 // single-device step, so the trainer never branches on the world size.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,21 @@ class Parallelism {
 
   // What this rank's optimizer updates (empty: everything, in the model's buffers).
   virtual std::vector<OwnedParams> optimizer_shards() const = 0;
+  // Runs a step's `count` micro-batches: load(m) puts micro-batch m's samples into the model,
+  // run(m) runs its forward and backward (the trainer's: begin_micro_batch, then
+  // Model::forward_backward). One after another here; a pipeline runs its schedule of the
+  // stages' passes instead, loading each micro-batch where its stage needs it.
+  virtual void run_micro_batches(int64_t count, float grad_scale,
+                                 const std::function<void(int64_t)>& load,
+                                 const std::function<void(int64_t)>& run) {
+    (void)grad_scale;
+    for (int64_t m = 0; m < count; ++m) load(m), run(m);
+  }
+  // The same for forward passes only (evaluation): run(m) is Model::forward_loss.
+  virtual void run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,
+                                  const std::function<void(int64_t)>& run) {
+    for (int64_t m = 0; m < count; ++m) load(m), run(m);
+  }
   // Before each micro-batch's forward/backward; `last` marks the step's last one.
   virtual void begin_micro_batch(bool last) = 0;
   // After the last micro-batch: makes the compute stream wait for every gradient reduction.
@@ -46,10 +62,18 @@ class Parallelism {
   virtual Tensor gathered_param(int index) = 0;
   virtual void follow_gathers() {}
 
-  // In place: the sum over the data-parallel ranks (losses, counters).
+  // In place: the sum over the ranks that hold other samples' losses (data parallel), once
+  // each: the ranks that split one model (tensor parallel) hold the same loss.
   virtual void sum(const Tensor& t) = 0;
-  // In place: the maximum over them (FP8 amaxes, so every rank scales alike).
+  // In place: the maximum over every rank of the job (stop signals, time limits).
   virtual void max(const Tensor& t) = 0;
+  // FP8 delayed scaling, in place: each amax's maximum over the ranks that hold the same
+  // linear layers (data parallel, and the parts of tensor-parallel ones), so that every rank
+  // derives the same scales.
+  virtual void reduce_fp8_amaxes(const Tensor& amaxes) { max(amaxes); }
+  // In place: the FP8 non-finite status (0 or NaN) summed over every rank, so that a
+  // non-finite amax on one skips the step on all of them.
+  virtual void reduce_fp8_status(const Tensor& status) { sum(status); }
   // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
   virtual void barrier() = 0;
 };

@@ -2,6 +2,7 @@
 
 #include "tessera/core/error.h"
 #include "tessera/distributed/expert_exchange.h"
+#include "tessera/distributed/mesh_parallelism.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera::dist {
@@ -58,6 +59,14 @@ class ExpertParallel final : public Parallelism {
            " expert-parallel ranks";
   }
   std::vector<OwnedParams> optimizer_shards() const override { return inner_->optimizer_shards(); }
+  void run_micro_batches(int64_t count, float grad_scale, const std::function<void(int64_t)>& load,
+                         const std::function<void(int64_t)>& run) override {
+    inner_->run_micro_batches(count, grad_scale, load, run);
+  }
+  void run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,
+                          const std::function<void(int64_t)>& run) override {
+    inner_->run_forward_passes(count, load, run);
+  }
   void begin_micro_batch(bool last) override { inner_->begin_micro_batch(last); }
   void finish_gradient_reduction() override { inner_->finish_gradient_reduction(); }
   void grad_norm_sq(const Tensor& out) override { inner_->grad_norm_sq(out); }
@@ -67,6 +76,8 @@ class ExpertParallel final : public Parallelism {
   void follow_gathers() override { inner_->follow_gathers(); }
   void sum(const Tensor& t) override { inner_->sum(t); }
   void max(const Tensor& t) override { inner_->max(t); }
+  void reduce_fp8_amaxes(const Tensor& amaxes) override { inner_->reduce_fp8_amaxes(amaxes); }
+  void reduce_fp8_status(const Tensor& status) override { inner_->reduce_fp8_status(status); }
   void barrier() override { inner_->barrier(); }
 
  private:
@@ -80,12 +91,23 @@ class ExpertParallel final : public Parallelism {
 
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel) {
-  for (MeshDim dim : {MeshDim::TP, MeshDim::PP, MeshDim::CP})
-    TS_CHECK(mesh.size(dim) == 1, "parallelize: {} {} is not laid out yet", mesh_dim_name(dim),
-             mesh.size(dim));
+  TS_CHECK(mesh.size(MeshDim::CP) == 1, "parallelize: {} {} is not laid out yet",
+           mesh_dim_name(MeshDim::CP), mesh.size(MeshDim::CP));
+  // Validation refuses these meshes with the keys named (expert_model_parallel_size with
+  // tensor_model_parallel_size or pipeline_model_parallel_size); this guards other callers.
+  TS_CHECK(
+      mesh.size(MeshDim::EP) == 1 || (mesh.size(MeshDim::TP) == 1 && mesh.size(MeshDim::PP) == 1),
+      "parallelize: expert parallelism (ep {}) with tensor or pipeline parallelism (tp {}, "
+      "pp {}) is not laid out yet",
+      mesh.size(MeshDim::EP), mesh.size(MeshDim::TP), mesh.size(MeshDim::PP));
   if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
   TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
            "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());
+  // TP/SP and PP stages: the model holds its part and its stage's layers already (its
+  // runtime); the mesh layout gives it the group's collectives, runs the pipeline's schedule
+  // and composes data parallelism over the data-parallel ranks.
+  if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1)
+    return std::make_unique<MeshParallelism>(*world, mesh, model, data_parallel);
   // EP: the expert-parallel group's communicator is split first (collective over every
   // rank), then data parallelism over all ranks, as without experts.
   std::unique_ptr<Communicator> experts;

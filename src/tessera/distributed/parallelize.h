@@ -4,11 +4,13 @@
 // the trainer drives (Parallelism). Recompute is part of the model's runtime: it decides the
 // activations the model plans when it is constructed, before parallelize runs.
 //
-// Implemented today: data parallelism over the mesh's dp dimension (plain, ZeRO-1 or FSDP:
-// distributed/data_parallel.h), expert parallelism over its ep dimension (MoE layers send
-// their rows to the ranks of their experts, model/expert_exchange.h; with plain DP or ZeRO-1),
-// and a single device. The mesh's other dimensions are 1 until the layouts that use them
-// exist; parallelize refuses a mesh it cannot lay out.
+// Implemented today: tensor (and sequence) parallelism and pipeline stages composed with data
+// parallelism (plain or ZeRO-1; distributed/mesh_parallelism.h), expert parallelism over the
+// mesh's ep dimension (MoE layers send their rows to the ranks of their experts,
+// model/expert_exchange.h; with plain DP or ZeRO-1 over every rank), data parallelism alone
+// (plain, ZeRO-1 or FSDP: distributed/data_parallel.h), and a single device. Expert
+// parallelism together with tensor or pipeline parallelism, and context parallelism, are not
+// laid out yet; parallelize refuses a mesh it cannot lay out.
 #include <memory>
 
 #include "tessera/distributed/communicator.h"
@@ -20,8 +22,9 @@
 namespace tessera::dist {
 
 // `world` spans the mesh's ranks (null for a mesh of one). The model must have been built
-// with the runtime make_run_setup derives for the mesh (flat-buffer padding, sharded
-// parameters for FSDP). Installs the model's unit observer where the layout needs one.
+// with the runtime make_run_setup derives for this rank of the mesh (its tensor-parallel part,
+// flat-buffer padding, sharded parameters for FSDP). Installs the model's unit observer and
+// tensor-parallel group where the layout needs them.
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel);
 

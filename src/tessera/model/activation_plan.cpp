@@ -19,9 +19,9 @@ size_t aligned_bytes(DType dtype, const Shape& shape) {
 void ActivationPlan::place(Tensor* target, DType dtype, Shape shape, Region region) {
   const size_t bytes = aligned_bytes(dtype, shape);
   size_t offset = 0;
-  if (region == kStored) {
-    offset = sizes_[kStored];
-    sizes_[kStored] += bytes;
+  if (region == kStored || region == kShared) {
+    offset = sizes_[region];
+    sizes_[region] += bytes;
   } else if (region == kRecomputable) {
     sizes_[kRecomputable] = std::max(sizes_[kRecomputable], bytes);  // one tensor at a time
   } else {
@@ -33,6 +33,7 @@ void ActivationPlan::place(Tensor* target, DType dtype, Shape shape, Region regi
 }
 
 void ActivationPlan::add(Tensor* target, DType dtype, Shape shape, Keep keep) {
+  if (keep == Keep::Shared && current_ == kStored) return place(target, dtype, shape, kShared);
   const bool recomputable = keep == Keep::Recomputable && selective_ && current_ == kStored;
   place(target, dtype, shape, recomputable ? kRecomputable : current_);
 }
@@ -59,14 +60,17 @@ void ActivationPlan::end_backward_scratch() {
 }
 
 size_t ActivationPlan::bytes() const {
-  size_t total = 0;
-  for (size_t s : sizes_) total += s;
+  size_t total = sizes_[kStored] * static_cast<size_t>(slots_);
+  for (int r = 1; r < kRegions; ++r) total += sizes_[r];
   return total;
 }
 
-void ActivationPlan::bind(const DeviceBuffer& buffer) const {
+void ActivationPlan::bind(const DeviceBuffer& buffer, int slot) const {
+  TS_CHECK(slot >= 0 && slot < slots_, "activation plan: slot {} of {}", slot, slots_);
   size_t base[kRegions] = {};
-  for (int r = 1; r < kRegions; ++r) base[r] = base[r - 1] + sizes_[r - 1];
+  base[kShared] = sizes_[kStored] * static_cast<size_t>(slots_);
+  for (int r = kShared + 1; r < kRegions; ++r) base[r] = base[r - 1] + sizes_[r - 1];
+  base[kStored] = sizes_[kStored] * static_cast<size_t>(slot);
   for (const Item& it : items_)
     *it.target = buffer.tensor(it.dtype, it.shape, base[it.region] + it.offset);
 }

@@ -12,8 +12,16 @@
 //                  otherwise stored;
 //   backward scratch
 //                  between begin_backward_scratch() and end_backward_scratch(): live only inside
-//                  one block's backward, so every block's set shares one region.
+//                  one block's backward, so every block's set shares one region;
+//   shared         (Keep::Shared) live only within one forward or backward call of one
+//                  micro-batch (the head's logits and statistics, gathers): its own bytes,
+//                  once whatever the slots.
 // A region shared by several sets is as large as the largest set.
+//
+// Slots (pipeline parallelism): a stage holds the stored activations of several micro-batches
+// at once, so the stored region is repeated once per slot, and bind(buffer, slot) points the
+// stored tensors at that slot's copy; the other regions are used by one pass at a time and
+// exist once.
 #include <cstddef>
 #include <vector>
 
@@ -22,11 +30,12 @@
 
 namespace tessera {
 
-enum class Keep { Stored, Recomputable };
+enum class Keep { Stored, Recomputable, Shared };
 
 class ActivationPlan {
  public:
-  explicit ActivationPlan(bool selective_recompute) : selective_(selective_recompute) {}
+  explicit ActivationPlan(bool selective_recompute, int slots = 1)
+      : selective_(selective_recompute), slots_(slots) {}
 
   void add(Tensor* target, DType dtype, Shape shape, Keep keep = Keep::Stored);
 
@@ -36,11 +45,14 @@ class ActivationPlan {
   void end_backward_scratch();
 
   size_t bytes() const;
-  // Points every declared tensor into `buffer` (at least bytes() long).
-  void bind(const DeviceBuffer& buffer) const;
+  // Points every declared tensor into `buffer` (at least bytes() long), the stored ones into
+  // slot `slot`'s copy.
+  void bind(const DeviceBuffer& buffer, int slot = 0) const;
+  // Bytes from a stored tensor in one slot to the same tensor in the next.
+  size_t slot_stride() const { return sizes_[kStored]; }
 
  private:
-  enum Region { kStored, kRecomputedLayers, kRecomputable, kBackwardScratch, kRegions };
+  enum Region { kStored, kShared, kRecomputedLayers, kRecomputable, kBackwardScratch, kRegions };
   struct Item {
     Tensor* target;
     DType dtype;
@@ -51,6 +63,7 @@ class ActivationPlan {
   void place(Tensor* target, DType dtype, Shape shape, Region region);
 
   bool selective_;
+  int slots_;
   Region current_ = kStored;  // where add() puts stored tensors now
   size_t cursor_ = 0;         // next offset in a shared region's current set
   size_t sizes_[kRegions] = {};

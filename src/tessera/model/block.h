@@ -26,6 +26,10 @@ class ForwardOps {
   virtual Tensor param(int index) const = 0;
   // out = in @ W^T (+ bias) (+ residual). A residual is added exactly once: folded into the
   // GEMM (its beta) on the rank that owns the output's sum (model.h, tensor_parallel_rank).
+  // Under tensor parallelism W is this rank's part, and the collectives its style needs run
+  // here: a row-parallel output is summed over the ranks (or reduce-scattered onto the
+  // sequence shards, with sequence parallelism, when out has sequence_tokens() rows), and a
+  // column-parallel input with sequence_tokens() rows is gathered first.
   virtual void linear(const Tensor& out, const Tensor& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
   // (positions, rotary dims) fp32: the rope ops' cos/sin table; row t is position t.
@@ -38,7 +42,9 @@ class LayerOps : public ForwardOps {
   virtual const ModelRuntime& runtime() const = 0;
   virtual Tensor grad(int index) const = 0;
   // din = dout @ W (skipped when din is undefined); dW += dout^T @ in (dW = ... for the step's
-  // first contribution); dbias += colsum(dout).
+  // first contribution); dbias += colsum(dout). Under tensor parallelism a column-parallel
+  // din is summed over the ranks (reduce-scattered with sequence parallelism), and sequence
+  // shards (in of a column-parallel, dout of a row-parallel linear) are gathered first.
   virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                int weight, int bias) = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
@@ -61,7 +67,10 @@ class Block {
   virtual void declare_params(ParamLayoutBuilder& builder) = 0;
   // The parameters its GEMMs multiply, in the order they run (the FP8 linear layers).
   virtual std::vector<int> linear_weights() const = 0;
-  // Its activations (within the layer's set) and its backward's scratch (backward set).
+  // Its activations (within the layer's set) and its backward's scratch (backward set). What
+  // lives on the residual stream (its norm's output and statistics, like x and out) has
+  // rt.sequence_tokens() rows, the rest rt.tokens(): with sequence parallelism the model's
+  // linear layers gather the one into the other (LayerOps::linear).
   virtual void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) = 0;
   virtual void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) = 0;
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/error.h"
 #include "tessera/model/model_family.h"
 
 namespace tessera {
@@ -26,7 +27,7 @@ std::vector<int> DecoderLayer::linear_weights() const {
 void DecoderLayer::declare_activations(ActivationPlan& plan, const ModelSpec& spec,
                                        const ModelRuntime& rt, bool recomputed) {
   plan.begin_layer(recomputed);
-  for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.tokens(), spec.hidden});
+  for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.sequence_tokens(), spec.hidden});
   for (auto& b : blocks_) b->declare_activations(plan, rt);
   plan.end_layer();
 }
@@ -153,18 +154,25 @@ std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& 
 }
 
 ParamLayout decoder_param_layout(const ModelSpec& s,
-                                 const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
+                                 const std::vector<std::unique_ptr<DecoderLayer>>& layers,
+                                 ParamPlacement tensor_parallel, DecoderParts parts) {
+  TS_CHECK(!s.tied_embeddings || parts.embedding || !parts.head,
+           "a head tied to an embedding the layout does not hold");
   ParamLayout l;
-  ParamLayoutBuilder b(l);
-  b.begin_unit("model.", -1);
-  l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,
-                      TensorParallelStyle::Vocab);
+  ParamLayoutBuilder b(l, tensor_parallel);
+  if (parts.embedding) {
+    b.begin_unit("model.", -1);
+    l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,
+                        TensorParallelStyle::Vocab);
+  }
   for (const auto& layer : layers) layer->declare_params(b);
-  b.begin_unit("", -1);
-  l.final_norm = b.add("model.norm.weight", {s.hidden}, ParamInit::Ones, false);
-  l.lm_head = s.tied_embeddings ? l.embedding
-                                : b.add("lm_head.weight", {s.vocab_size, s.hidden},
-                                        ParamInit::Normal, true, TensorParallelStyle::Vocab);
+  if (parts.head) {
+    b.begin_unit("", -1);
+    l.final_norm = b.add("model.norm.weight", {s.hidden}, ParamInit::Ones, false);
+    l.lm_head = s.tied_embeddings ? l.embedding
+                                  : b.add("lm_head.weight", {s.vocab_size, s.hidden},
+                                          ParamInit::Normal, true, TensorParallelStyle::Vocab);
+  }
   return l;
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "tessera/core/error.h"
 #include "tessera/model/rope.h"
 
@@ -32,7 +34,7 @@ std::vector<std::pair<int, Fp8LinearShape>> fp8_linears(
   };
   for (const auto& layer : layers)
     for (int index : layer->linear_weights()) add(index);
-  if (rt.fp8.lm_head) add(layout.lm_head);
+  if (rt.fp8.lm_head && layout.lm_head >= 0) add(layout.lm_head);
   return out;
 }
 
@@ -42,33 +44,78 @@ std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8Linear
   return shapes;
 }
 
+// The runs of layers a rank's model holds: its pipeline chunks, or every layer.
+std::vector<LayerRange> model_chunks(const ModelSpec& spec, const ModelRuntime& rt) {
+  if (rt.pipeline_chunks.empty()) return {{0, spec.num_layers}};
+  return rt.pipeline_chunks;
+}
+
+DecoderParts parts_held(const ModelSpec& spec, const ModelRuntime& rt) {
+  const std::vector<LayerRange> chunks = model_chunks(spec, rt);
+  return {chunks.front().first == 0, chunks.back().end() == spec.num_layers};
+}
+
+std::vector<std::unique_ptr<DecoderLayer>> chunk_layers(const ModelSpec& spec,
+                                                        const ModelRuntime& rt) {
+  std::vector<std::unique_ptr<DecoderLayer>> layers;
+  for (const LayerRange& c : model_chunks(spec, rt))
+    for (int64_t l = c.first; l < c.end(); ++l) layers.push_back(make_decoder_layer(spec, l));
+  return layers;
+}
+
 }  // namespace
 
+// s: what this rank computes (tensor_parallel_shard), whose vocabulary is its rows of the head.
+// What each pass of one micro-batch reads from earlier passes is stored (once per slot); what
+// lives within one pass is shared.
 void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& rt,
                                        const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                        Activations& a, ActivationPlan& plan) {
-  const int64_t N = rt.tokens(), C = s.hidden;
+  const int64_t N = rt.tokens(), Ns = rt.sequence_tokens(), C = s.hidden;
+  const int64_t chunk = std::min(N, rt.cross_entropy_chunk_tokens);
   const DType dt = rt.compute_dtype;
-  a.resid.assign(s.num_layers + 1, Tensor{});
-  for (Tensor& r : a.resid) plan.add(&r, dt, {N, C});
-  for (size_t l = 0; l < layers.size(); ++l)
-    layers[l]->declare_activations(plan, s, rt, full_recompute_layer(rt, static_cast<int64_t>(l)));
+  const std::vector<LayerRange> chunks = model_chunks(s, rt);
+  a.resid.assign(chunks.size(), {});
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    a.resid[c].assign(chunks[c].count + 1, Tensor{});
+    for (Tensor& r : a.resid[c]) plan.add(&r, dt, {Ns, C});
+  }
+  for (const auto& layer : layers)
+    layer->declare_activations(plan, s, rt, full_recompute_layer(rt, layer->index()));
   for (const auto& layer : layers) layer->declare_backward_scratch(plan, rt);
-  plan.add(&a.final_norm, dt, {N, C});
-  plan.add(&a.final_rstd, DType::F32, {N});
-  plan.add(&a.logits, dt, {std::min(N, rt.cross_entropy_chunk_tokens), s.vocab_size});
-  plan.add(&a.losses, DType::F32, {N});
-  plan.add(&a.loss_sum, DType::F32, {1});
-  plan.add(&a.dresid, dt, {N, C});
-  plan.add(&a.dnorm, dt, {N, C});
+  plan.add(&a.final_norm, dt, {Ns, C}, Keep::Shared);
+  plan.add(&a.final_rstd, DType::F32, {Ns}, Keep::Shared);
+  plan.add(&a.logits, dt, {chunk, s.vocab_size}, Keep::Shared);
+  plan.add(&a.losses, DType::F32, {N}, Keep::Shared);
+  plan.add(&a.loss_sum, DType::F32, {1}, Keep::Shared);
+  a.dresid.assign(chunks.size(), Tensor{});
+  for (Tensor& d : a.dresid) plan.add(&d, dt, {Ns, C});
+  plan.add(&a.dnorm, dt, {Ns, C}, Keep::Shared);
   plan.add(&a.tokens, DType::I32, {N});
   plan.add(&a.targets, DType::I32, {N});
-  plan.add(&a.freqs, DType::F32, {rt.seq_length, s.head_dim});
+  plan.add(&a.freqs, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+  if (rt.tensor_parallel_size > 1) {
+    plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
+    plan.add(&a.ce_all_stats, DType::F32, {rt.tensor_parallel_size, chunk, 2}, Keep::Shared);
+  }
+  if (rt.sequence_parallel) {
+    plan.add(&a.gathered, dt, {N, C}, Keep::Shared);
+    plan.add(&a.partial, dt, {N, C}, Keep::Shared);
+  }
 }
 
-ModelMemory DecoderModel::plan_memory(const ModelSpec& spec, const ModelRuntime& rt) {
-  const auto layers = make_decoder_layers(spec);
-  const ParamLayout layout = decoder_param_layout(spec, layers);
+ParamLayout DecoderModel::plan_layout(const ModelSpec& whole, const ModelRuntime& rt) {
+  const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
+  return decoder_param_layout(spec, chunk_layers(spec, rt),
+                              {rt.tensor_parallel_size, rt.tensor_parallel_rank},
+                              parts_held(spec, rt));
+}
+
+ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime& rt) {
+  const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
+  const auto layers = chunk_layers(spec, rt);
+  const ParamLayout layout = decoder_param_layout(
+      spec, layers, {rt.tensor_parallel_size, rt.tensor_parallel_rank}, parts_held(spec, rt));
   ModelMemory m;
   const int64_t multiple = std::max<int64_t>(rt.flat_buffer_multiple, 1);
   const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
@@ -76,7 +123,7 @@ ModelMemory DecoderModel::plan_memory(const ModelSpec& spec, const ModelRuntime&
     m.weights = padded * dtype_size(rt.compute_dtype);
     m.gradients = padded * dtype_size(rt.grad_dtype);
   }
-  ActivationPlan plan(rt.recompute == RecomputeGranularity::Selective);
+  ActivationPlan plan(rt.recompute == RecomputeGranularity::Selective, rt.pipeline_slots);
   Activations acts;
   declare_activations(spec, rt, layers, acts, plan);
   m.activations = plan.bytes();
@@ -89,8 +136,32 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     : backend_(backend),
       spec_(spec),
       runtime_(runtime),
-      layers_(make_decoder_layers(spec)),
-      layout_(decoder_param_layout(spec, layers_)) {
+      local_spec_(tensor_parallel_shard(spec, runtime.tensor_parallel_size)),
+      chunks_(model_chunks(spec, runtime)),
+      parts_(parts_held(spec, runtime)),
+      layers_(chunk_layers(local_spec_, runtime)),
+      layout_(decoder_param_layout(local_spec_, layers_,
+                                   {runtime.tensor_parallel_size, runtime.tensor_parallel_rank},
+                                   parts_)) {
+  int64_t held = 0;
+  size_t begin = 0;
+  for (const LayerRange& c : chunks_) {
+    TS_CHECK(c.count >= 1 && c.first >= held && c.end() <= spec_.num_layers,
+             "pipeline chunks: layers [{}, {}) after layer {} of {}", c.first, c.end(), held,
+             spec_.num_layers);
+    chunk_begin_.push_back(begin);
+    begin += static_cast<size_t>(c.count);
+    held = c.end();
+  }
+  TS_CHECK(runtime_.tensor_parallel_rank >= 0 &&
+               runtime_.tensor_parallel_rank < runtime_.tensor_parallel_size,
+           "tensor-parallel rank {} of {}", runtime_.tensor_parallel_rank,
+           runtime_.tensor_parallel_size);
+  TS_CHECK(!runtime_.sequence_parallel || runtime_.tokens() % runtime_.tensor_parallel_size == 0,
+           "sequence parallelism: {} tokens do not split over {} ranks", runtime_.tokens(),
+           runtime_.tensor_parallel_size);
+  if (runtime_.tensor_parallel_size > 1 || !runtime_.pipeline_chunks.empty())
+    set_full_offsets(layout_, make_param_layout(spec_));
   const ModelMemory mem = plan_memory(spec, runtime);
   unit_params_.resize(layout_.units.size());
   unit_grads_.resize(layout_.units.size());
@@ -108,12 +179,13 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     backend_.fill(grads_, 0.0f);  // alignment gaps between tensors stay zero from here on
   }
 
-  ActivationPlan plan(runtime_.recompute == RecomputeGranularity::Selective);
-  declare_activations(spec_, runtime_, layers_, a_, plan);
-  TS_CHECK(plan.bytes() == mem.activations, "activation plan {} bytes, planned {}", plan.bytes(),
-           mem.activations);
-  act_buffer_ = DeviceBuffer(backend_, plan.bytes(), "activations");
-  plan.bind(act_buffer_);
+  plan_ = std::make_unique<ActivationPlan>(runtime_.recompute == RecomputeGranularity::Selective,
+                                           runtime_.pipeline_slots);
+  declare_activations(local_spec_, runtime_, layers_, a_, *plan_);
+  TS_CHECK(plan_->bytes() == mem.activations, "activation plan {} bytes, planned {}",
+           plan_->bytes(), mem.activations);
+  act_buffer_ = DeviceBuffer(backend_, plan_->bytes(), "activations");
+  plan_->bind(act_buffer_);
 
   const std::vector<float> table = tessera::rope_table(spec_, runtime_.seq_length);
   backend_.upload(a_.freqs, table.data());
@@ -128,7 +200,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   for (const auto& layer : layers_)
     for (int i : layer->linear_weights()) gemm_written[i] = 1;
   // A tied head's gradient is the embedding's, which the embedding backward adds to.
-  if (!tied()) gemm_written[layout_.lm_head] = 1;
+  if (!tied() && layout_.lm_head >= 0) gemm_written[layout_.lm_head] = 1;
   for (size_t i = 0; i < layout_.params.size(); ++i) {
     if (gemm_written[i]) continue;
     const ParamInfo& p = layout_.params[i];
@@ -246,6 +318,10 @@ void DecoderModel::grads_ready(int unit) {
   if (observer_) observer_->grads_ready(unit);
 }
 
+int DecoderModel::layer_unit(size_t layer) const {
+  return (parts_.embedding ? 1 : 0) + static_cast<int>(layer);
+}
+
 // The tail reads the embedding table too when the head is tied to it.
 void DecoderModel::tail_params_needed(int next) {
   params_needed(layout_.tail_unit(), tied() ? 0 : next);
@@ -274,11 +350,14 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
 // sum (model.h): a separate add would be one more pass over the (N, C) states per block.
 void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int bias,
                           const Tensor& residual) {
-  const bool row_partial =
-      layout_.params[weight].tp == TensorParallelStyle::Row && runtime_.tensor_parallel_rank != 0;
-  const bool add_residual = residual.defined() && !row_partial;
-  const float beta = add_residual ? 1.0f : 0.0f;
-  const Tensor c = add_residual ? residual : Tensor{};
+  if (runtime_.tensor_parallel_size > 1)
+    return linear_tensor_parallel(out, in, weight, bias, residual);
+  const bool add_residual = residual.defined();
+  gemm(out, in, weight, bias, add_residual ? 1.0f : 0.0f, add_residual ? residual : Tensor{});
+}
+
+void DecoderModel::gemm(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
+                        const Tensor& c) {
   if (fp8_index_[weight] >= 0) {
     fp8_->forward(fp8_index_[weight], out, in, param(weight), bias >= 0 ? param(bias) : Tensor{},
                   beta, c);
@@ -295,8 +374,67 @@ void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int b
   backend_.matmul(m);
 }
 
+TensorParallelGroup& DecoderModel::tp_group() const {
+  TS_CHECK(tp_group_ != nullptr, "tensor parallelism over {} ranks without a group",
+           runtime_.tensor_parallel_size);
+  return *tp_group_;
+}
+
+const Tensor& DecoderModel::gather_sequence(const Tensor& x) {
+  tp_group().all_gather(a_.gathered, x);
+  return a_.gathered;
+}
+
+// Megatron's column- and row-parallel linears. Column: every rank computes its slice of the
+// outputs from the whole input (gathered from the sequence shards first, with sequence
+// parallelism). Row: every rank computes partial sums of every output from its slice of the
+// inputs; the sums are added up over the ranks, straight into the residual stream (all-reduce),
+// or into each rank's sequence shard of it (reduce-scatter). The residual is added once: by
+// rank 0 before an all-reduce, by each rank into the rows of its own shard before a
+// reduce-scatter. Vocab (the output head) leaves its collectives to the head.
+void DecoderModel::linear_tensor_parallel(const Tensor& out, const Tensor& in, int weight, int bias,
+                                          const Tensor& residual) {
+  const ParamInfo& p = layout_.params[weight];
+  switch (p.tp) {
+    case TensorParallelStyle::Column:
+      gemm(out, sequence_parallel() ? gather_sequence(in) : in, weight, bias, 0.0f, {});
+      return;
+    case TensorParallelStyle::Row: {
+      // A bias would be added by every rank.
+      TS_CHECK(bias < 0, "{}: a row-parallel linear with a bias", p.name);
+      if (!sequence_parallel()) {
+        const bool add_residual = residual.defined() && runtime_.tensor_parallel_rank == 0;
+        gemm(out, in, weight, -1, add_residual ? 1.0f : 0.0f, add_residual ? residual : Tensor{});
+        tp_group().all_reduce(out);
+        return;
+      }
+      const Tensor partial = a_.partial.view({in.dim(0), out.dim(1)});
+      float beta = 0.0f;
+      if (residual.defined()) {
+        // Zeros but for the residual in this rank's shard of the rows.
+        const int64_t n = out.dim(0), own = runtime_.tensor_parallel_rank * n;
+        backend_.fill(partial.rows(0, own), 0.0f);
+        backend_.copy(partial.rows(own, own + n), residual);
+        backend_.fill(partial.rows(own + n, partial.dim(0)), 0.0f);
+        beta = 1.0f;
+      }
+      gemm(partial, in, weight, -1, beta, partial);
+      tp_group().reduce_scatter(out, partial);
+      return;
+    }
+    case TensorParallelStyle::Vocab:
+      gemm(out, in, weight, bias, 0.0f, {});
+      return;
+    case TensorParallelStyle::Replicated:
+      break;
+  }
+  throw InternalError(fmt::format("{}: a replicated parameter used as a linear layer", p.name));
+}
+
 void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                    int weight, int bias) {
+  if (runtime_.tensor_parallel_size > 1)
+    return linear_backward_tensor_parallel(din, dout, in, weight, bias);
   const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
   grad_written_[weight] = 1;
   if (fp8_index_[weight] >= 0) {
@@ -321,13 +459,66 @@ void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const 
   if (bias >= 0) backend_.bias_backward(grad(bias), dout);
 }
 
+// The backward of linear_tensor_parallel. Column: d(input) holds partial sums over this rank's
+// outputs, added up over the ranks (reduce-scattered onto the sequence shards with sequence
+// parallelism); the weight gradient needs the whole input, gathered again rather than kept.
+// Row: d(output) is the same on every rank (gathered from the shards with sequence
+// parallelism), and d(input) is this rank's slice, complete.
+void DecoderModel::linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout,
+                                                   const Tensor& in, int weight, int bias) {
+  const ParamInfo& p = layout_.params[weight];
+  const bool sp = sequence_parallel();
+  const bool column = p.tp == TensorParallelStyle::Column;
+  const Tensor x = sp && column ? gather_sequence(in) : in;
+  const Tensor dy = sp && p.tp == TensorParallelStyle::Row ? gather_sequence(dout) : dout;
+  // Column with sequence parallelism: the partial sums for every token, then each rank's shard.
+  const Tensor dx = din.defined() && column && sp ? a_.partial.view({dy.dim(0), din.dim(1)}) : din;
+  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
+  grad_written_[weight] = 1;
+  if (fp8_index_[weight] >= 0) {
+    fp8_->backward(fp8_index_[weight], dx, dy, x, param(weight), grad(weight), grad_beta);
+  } else {
+    if (dx.defined()) {
+      MatmulArgs m;
+      m.out = dx;
+      m.a = dy;
+      m.b = param(weight);
+      backend_.matmul(m);
+    }
+    MatmulArgs w;
+    w.out = grad(weight);
+    w.a = dy;
+    w.trans_a = true;
+    w.b = x;
+    w.beta = grad_beta;
+    backend_.matmul(w);
+  }
+  if (bias >= 0) backend_.bias_backward(grad(bias), dy);
+  if (!din.defined() || !column) return;
+  if (sp)
+    tp_group().reduce_scatter(din, dx);
+  else
+    tp_group().all_reduce(din);
+}
+
 // Units are read in forward order, each followed by the next (layer l is unit l + 1; the
 // last layer is followed by the tail).
-void DecoderModel::embed() {
+void DecoderModel::embed(const Tensor& x) {
   params_needed(0, 1);
   {
     ScopedRange r(backend_, "embedding_forward");
-    backend_.embedding_forward(a_.resid[0], a_.tokens, param(layout_.embedding));
+    if (runtime_.tensor_parallel_size == 1) {
+      backend_.embedding_forward(x, a_.tokens, param(layout_.embedding));
+    } else {
+      // Each rank looks up the tokens of its rows of the vocabulary (zeros for the others'),
+      // and the sum over the ranks is the embedding: into every rank, or its sequence shard.
+      const Tensor& out = sequence_parallel() ? a_.partial : x;
+      backend_.embedding_shard_forward(out, a_.tokens, param(layout_.embedding), first_vocab_id());
+      if (sequence_parallel())
+        tp_group().reduce_scatter(x, out);
+      else
+        tp_group().all_reduce(out);
+    }
   }
   params_done(0);
 }
@@ -335,91 +526,171 @@ void DecoderModel::embed() {
 // Final norm, output head and cross-entropy, chunked over tokens so that only
 // chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
 // logits and is consumed at once: the head's backward runs inside the forward pass.
-void DecoderModel::head_forward(bool with_grad, float grad_scale) {
+void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
   const int tail = layout_.tail_unit();
-  // With gradients the backward's first layer follows (unit tail - 1, unless there is none).
-  tail_params_needed(with_grad && tail > 1 ? tail - 1 : -1);
+  // With gradients the backward's first layer follows (the chunk's last).
+  tail_params_needed(with_grad && chunks_[chunk].count > 0
+                         ? layer_unit(chunk_begin_[chunk] + chunks_[chunk].count - 1)
+                         : -1);
   if (with_grad) {
     grads_needed(tail);
     if (tied()) grads_needed(0);
   }
   ScopedRange r(backend_, "output_head");
   const int64_t N = runtime_.tokens();
-  const Tensor& x = a_.resid[spec_.num_layers];
+  const int tp = runtime_.tensor_parallel_size;
+  const Tensor& x = a_.resid[chunk].back();
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, x, param(layout_.final_norm),
                            spec_.norm_eps);
-  const int64_t chunk = a_.logits.dim(0);
-  for (int64_t c = 0; c < N; c += chunk) {
-    const int64_t n = std::min(chunk, N - c);
+  // Vocabulary-parallel head: every rank computes its columns of the logits for every token,
+  // and d(normed) partial sums over them, added up over the ranks after the last chunk.
+  const Tensor& normed = sequence_parallel() ? gather_sequence(a_.final_norm) : a_.final_norm;
+  const Tensor& dnormed = sequence_parallel() ? a_.partial : a_.dnorm;
+  const int64_t rows = a_.logits.dim(0);
+  for (int64_t c = 0; c < N; c += rows) {
+    const int64_t n = std::min(rows, N - c);
     const Tensor logits = a_.logits.rows(0, n);
-    const Tensor xn = a_.final_norm.rows(c, c + n);
+    const Tensor xn = normed.rows(c, c + n);
+    const Tensor targets = a_.targets.rows(c, c + n);
     linear(logits, xn, layout_.lm_head, -1, {});
-    backend_.cross_entropy(a_.losses.rows(c, c + n), logits, a_.targets.rows(c, c + n),
-                           with_grad ? logits : Tensor{}, grad_scale);
-    if (with_grad) linear_backward(a_.dnorm.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+    if (tp == 1) {
+      backend_.cross_entropy(a_.losses.rows(c, c + n), logits, targets,
+                             with_grad ? logits : Tensor{}, grad_scale);
+    } else {
+      const Tensor stats = a_.ce_stats.rows(0, n);
+      const Tensor all_stats = a_.ce_all_stats.flat_range(0, tp * n * 2).view({tp, n, 2});
+      backend_.cross_entropy_shard_stats(stats, logits, targets, first_vocab_id());
+      tp_group().all_gather(all_stats, stats);
+      backend_.cross_entropy_shard(a_.losses.rows(c, c + n), logits, targets, all_stats,
+                                   first_vocab_id(), with_grad ? logits : Tensor{}, grad_scale);
+    }
+    if (with_grad) linear_backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
   if (with_grad) {
-    backend_.fill(a_.dresid, 0.0f);
-    backend_.rmsnorm_backward(a_.dresid, grad(layout_.final_norm), a_.dnorm, x,
+    if (sequence_parallel())
+      tp_group().reduce_scatter(a_.dnorm, dnormed);
+    else if (tp > 1)
+      tp_group().all_reduce(a_.dnorm);
+    backend_.fill(a_.dresid[chunk], 0.0f);
+    backend_.rmsnorm_backward(a_.dresid[chunk], grad(layout_.final_norm), a_.dnorm, x,
                               param(layout_.final_norm), a_.final_rstd);
   }
   tail_params_done();
   if (with_grad) grads_ready(tail);
 }
 
-void DecoderModel::forward_layers() {
-  for (int64_t l = 0; l < spec_.num_layers; ++l) {
+// Units are read in forward order, each followed by the next within the chunk (the last
+// layer of the model by the tail).
+void DecoderModel::forward_layers(int chunk) {
+  const std::vector<Tensor>& x = a_.resid[chunk];
+  const size_t begin = chunk_begin_[chunk], count = static_cast<size_t>(chunks_[chunk].count);
+  const bool head = holds_head(chunk);
+  for (size_t i = 0; i < count; ++i) {
     ScopedRange r(backend_, "layer_forward");
-    const int unit = static_cast<int>(l) + 1;
-    params_needed(unit, unit + 1);
-    layers_[l]->forward(*this, a_.resid[l], a_.resid[l + 1]);
+    const int unit = layer_unit(begin + i);
+    params_needed(unit, i + 1 < count ? unit + 1 : head ? layout_.tail_unit() : -1);
+    layers_[begin + i]->forward(*this, x[i], x[i + 1]);
     params_done(unit);
   }
 }
 
-void DecoderModel::forward_backward(float grad_scale) {
-  grad_scale_ = grad_scale;
-  embed();
-  forward_layers();
-  head_forward(true, grad_scale);
-  // Backward order: layer l's unit is followed by layer l - 1's; the embedding's backward
-  // reads no parameters.
-  for (int64_t l = spec_.num_layers - 1; l >= 0; --l) {
-    const int unit = static_cast<int>(l) + 1;
-    params_needed(unit, unit > 1 ? unit - 1 : -1);
+void DecoderModel::forward_chunk(int chunk, bool with_grad, float grad_scale) {
+  TS_CHECK(chunk >= 0 && chunk < chunks(), "model chunk {} of {}", chunk, chunks());
+  // The MoE layers' backward scales their auxiliary losses' gradients as the loss's.
+  if (with_grad) grad_scale_ = grad_scale;
+  if (holds_embedding(chunk)) embed(a_.resid[chunk][0]);
+  forward_layers(chunk);
+  if (holds_head(chunk)) head_forward(chunk, with_grad, grad_scale);
+}
+
+// Backward order: each layer's unit is followed by the one below it in the chunk; the
+// embedding's backward reads no parameters.
+void DecoderModel::backward_chunk(int chunk) {
+  TS_CHECK(chunk >= 0 && chunk < chunks(), "model chunk {} of {}", chunk, chunks());
+  const std::vector<Tensor>& x = a_.resid[chunk];
+  const Tensor& dresid = a_.dresid[chunk];
+  const size_t begin = chunk_begin_[chunk], count = static_cast<size_t>(chunks_[chunk].count);
+  for (size_t i = count; i-- > 0;) {
+    const int unit = layer_unit(begin + i);
+    params_needed(unit, i > 0 ? unit - 1 : -1);
     grads_needed(unit);
     {
       ScopedRange r(backend_, "layer_backward");
-      if (recomputes_fully(l)) {
+      DecoderLayer& layer = *layers_[begin + i];
+      if (recomputes_fully(layer.index())) {
         // Named so that a trace's step breakdown can tell recompute from the first forward.
         ScopedRange rr(backend_, "recompute");
-        layers_[l]->recompute(*this, a_.resid[l]);
+        layer.recompute(*this, x[i]);
       }
-      layers_[l]->backward(*this, a_.resid[l], a_.dresid);
+      layer.backward(*this, x[i], dresid);
     }
     params_done(unit);
     grads_ready(unit);
   }
+  if (!holds_embedding(chunk)) return;
   if (!tied()) grads_needed(0);
   {
     ScopedRange r(backend_, "embedding_backward");
-    backend_.embedding_backward(grad(layout_.embedding), a_.dresid, a_.tokens);
+    if (runtime_.tensor_parallel_size == 1) {
+      backend_.embedding_backward(grad(layout_.embedding), dresid, a_.tokens);
+    } else {
+      const Tensor& dembed = sequence_parallel() ? gather_sequence(dresid) : dresid;
+      backend_.embedding_shard_backward(grad(layout_.embedding), dembed, a_.tokens,
+                                        first_vocab_id());
+    }
   }
   grads_ready(0);
 }
 
+void DecoderModel::forward_backward(float grad_scale) {
+  TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
+           "forward_backward on a pipeline stage: its schedule runs the chunks' passes");
+  forward_chunk(0, true, grad_scale);
+  backward_chunk(0);
+}
+
 void DecoderModel::forward_loss() {
-  embed();
-  forward_layers();
-  head_forward(false, 0.0f);
+  TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
+           "forward_loss on a pipeline stage: its schedule runs the chunks' passes");
+  forward_chunk(0, false, 0.0f);
+}
+
+void DecoderModel::use_slot(int slot) {
+  if (slot == slot_) return;
+  plan_->bind(act_buffer_, slot);
+  slot_ = slot;
+}
+
+// The same tensor in another slot: stored tensors repeat every slot_stride() bytes.
+Tensor DecoderModel::at_slot(const Tensor& t, int slot) const {
+  TS_CHECK(slot >= 0 && slot < runtime_.pipeline_slots, "slot {} of {}", slot,
+           runtime_.pipeline_slots);
+  Tensor s = t;
+  s.data = static_cast<char*>(t.data) + (static_cast<std::ptrdiff_t>(slot) - slot_) *
+                                            static_cast<std::ptrdiff_t>(plan_->slot_stride());
+  return s;
+}
+
+Tensor DecoderModel::chunk_input(int chunk, int slot) const {
+  return at_slot(a_.resid[chunk].front(), slot);
+}
+
+Tensor DecoderModel::chunk_output(int chunk, int slot) const {
+  return at_slot(a_.resid[chunk].back(), slot);
+}
+
+Tensor DecoderModel::chunk_grad(int chunk, int slot) const {
+  return at_slot(a_.dresid[chunk], slot);
 }
 
 void DecoderModel::forward_logits(const Tensor& logits) {
-  embed();
-  forward_layers();
+  TS_CHECK(runtime_.tensor_parallel_size == 1 && chunks() == 1 && parts_.embedding && parts_.head,
+           "whole logits from a model split over tensor- or pipeline-parallel ranks");
+  embed(a_.resid[0][0]);
+  forward_layers(0);
   tail_params_needed(-1);
-  backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[spec_.num_layers],
+  backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[0].back(),
                            param(layout_.final_norm), spec_.norm_eps);
   linear(logits, a_.final_norm, layout_.lm_head, -1, {});
   tail_params_done();

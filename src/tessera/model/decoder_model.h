@@ -24,6 +24,8 @@ class DecoderModel final : public Model, private LayerOps {
   // What construction allocates, computable without a backend: the same declarations the
   // constructor allocates from.
   static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime);
+  // The parameter layout the model has on a rank with `runtime` (its tensor-parallel part).
+  static ParamLayout plan_layout(const ModelSpec& spec, const ModelRuntime& runtime);
 
   const ModelSpec& spec() const override { return spec_; }
   const ModelRuntime& runtime() const override { return runtime_; }
@@ -38,6 +40,7 @@ class DecoderModel final : public Model, private LayerOps {
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override;
+  void set_tensor_parallel_group(TensorParallelGroup* group) override { tp_group_ = group; }
 
   // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
@@ -57,13 +60,30 @@ class DecoderModel final : public Model, private LayerOps {
   Fp8Linears* fp8() const override { return fp8_.get(); }
   void params_updated() override;
 
+  int chunks() const override { return static_cast<int>(chunks_.size()); }
+  void use_slot(int slot) override;
+  void forward_chunk(int chunk, bool with_grad, float grad_scale) override;
+  void backward_chunk(int chunk) override;
+  Tensor chunk_input(int chunk, int slot) const override;
+  Tensor chunk_output(int chunk, int slot) const override;
+  Tensor chunk_grad(int chunk, int slot) const override;
+
  private:
-  // Model-level activations (the layers and blocks hold their own).
+  // Model-level activations (the layers and blocks hold their own). Ns = sequence_tokens().
   struct Activations {
-    std::vector<Tensor> resid;  // L+1 residual states (N, C)
+    // Per chunk: its layers' count + 1 residual states (Ns, C), from its input to its output.
+    std::vector<std::vector<Tensor>> resid;
+    // Per chunk: d(residual state) (Ns, C) as its backward goes, from d(output) to d(input).
+    std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
-    Tensor dresid, dnorm;  // backward: d(residual state), d(a norm's output)
+    Tensor dnorm;  // d(a norm's output), (Ns, C)
     Tensor tokens, targets, freqs;
+    // Tensor parallelism: a logits chunk's cross-entropy stats (chunk, 2) and every rank's
+    // (tp, chunk, 2).
+    Tensor ce_stats, ce_all_stats;
+    // Sequence parallelism, (N, C): a residual-stream tensor gathered from every rank, and the
+    // partial sums a rank computes for all tokens before they are reduce-scattered.
+    Tensor gathered, partial;
   };
   // Declares the layers' and the model's activations into `plan`.
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
@@ -84,9 +104,27 @@ class DecoderModel final : public Model, private LayerOps {
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
 
-  void embed();
-  void forward_layers();
-  void head_forward(bool with_grad, float grad_scale);
+  // The GEMM of linear(): FP8 or the compute dtype, out = in @ W^T (+ bias) + beta * c.
+  void gemm(const Tensor& out, const Tensor& in, int weight, int bias, float beta, const Tensor& c);
+  void linear_tensor_parallel(const Tensor& out, const Tensor& in, int weight, int bias,
+                              const Tensor& residual);
+  void linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                       int weight, int bias);
+  bool sequence_parallel() const { return runtime_.sequence_parallel; }
+  TensorParallelGroup& tp_group() const;
+  // The first vocabulary id of this rank's rows of the embedding and output head.
+  int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
+  // a_.gathered (N, C) = every rank's sequence shard x (Ns, C).
+  const Tensor& gather_sequence(const Tensor& x);
+
+  void embed(const Tensor& x);
+  void forward_layers(int chunk);
+  void head_forward(int chunk, bool with_grad, float grad_scale);
+  bool holds_embedding(int chunk) const { return chunk == 0 && parts_.embedding; }
+  bool holds_head(int chunk) const { return chunk == chunks() - 1 && parts_.head; }
+  // The parameter unit of the rank's layer `layer` (an index into layers_).
+  int layer_unit(size_t layer) const;
+  Tensor at_slot(const Tensor& t, int slot) const;
   // The observer's calls (no-ops without one). The tail's also cover the embedding table
   // when the head is tied to it.
   void params_needed(int unit, int next);
@@ -95,18 +133,25 @@ class DecoderModel final : public Model, private LayerOps {
   void grads_ready(int unit);
   void tail_params_needed(int next);
   void tail_params_done();
-  bool tied() const { return layout_.lm_head == layout_.embedding; }
+  bool tied() const { return layout_.embedding >= 0 && layout_.lm_head == layout_.embedding; }
 
   Backend& backend_;
   ModelSpec spec_;
   ModelRuntime runtime_;
-  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  ModelSpec local_spec_;            // what this rank computes of spec_ (tensor_parallel_shard)
+  std::vector<LayerRange> chunks_;  // the runs of layers held (pipeline chunks, or all)
+  DecoderParts parts_;              // whether it holds the embedding and the head
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;  // the chunks' layers, in order
+  std::vector<size_t> chunk_begin_;                    // each chunk's first in layers_
   ParamLayout layout_;
   DeviceBuffer param_buffer_, grad_buffer_, act_buffer_;
+  std::unique_ptr<ActivationPlan> plan_;
+  int slot_ = 0;  // the micro-batch slot the activations are bound to
   Tensor params_, grads_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
   ExpertExchange* expert_exchange_ = nullptr;
+  TensorParallelGroup* tp_group_ = nullptr;
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress

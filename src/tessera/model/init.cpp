@@ -15,21 +15,28 @@ void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout&
     expect_numel(s.values, s.range.count(), "initialised parameters");
     backend.fill(s.values, 0.0f);
     layout.for_each_param_in(s.range, [&](const ParamInfo& p, const ParamRange& part) {
-      const Tensor t = s.values.flat_range(part.begin - s.range.begin, part.count());
-      const auto first = static_cast<uint64_t>(part.begin);  // the stream index of t[0]
-      switch (p.init) {
-        case ParamInit::Normal:
-          backend.init_normal(t, seed, first, 0.0f, spec.init_std);
-          break;
-        case ParamInit::ScaledNormal:
-          backend.init_normal(t, seed, first, 0.0f, scaled_std);
-          break;
-        case ParamInit::Ones:
-          backend.fill(t, 1.0f);
-          break;
-        case ParamInit::Zeros:
-          break;
-      }
+      // A tensor-parallel part draws the values of its elements' places in the whole
+      // parameter, run by run, so that every mesh initialises the same model.
+      p.for_each_run(part.begin - p.offset, part.end - p.offset,
+                     [&](int64_t begin, int64_t count, int64_t full_begin) {
+                       const Tensor t =
+                           s.values.flat_range(p.offset + begin - s.range.begin, count);
+                       // The stream index of t[0]: its offset in the one-device layout.
+                       const auto first = static_cast<uint64_t>(p.full_offset + full_begin);
+                       switch (p.init) {
+                         case ParamInit::Normal:
+                           backend.init_normal(t, seed, first, 0.0f, spec.init_std);
+                           break;
+                         case ParamInit::ScaledNormal:
+                           backend.init_normal(t, seed, first, 0.0f, scaled_std);
+                           break;
+                         case ParamInit::Ones:
+                           backend.fill(t, 1.0f);
+                           break;
+                         case ParamInit::Zeros:
+                           break;
+                       }
+                     });
     });
   }
 }

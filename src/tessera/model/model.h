@@ -16,6 +16,12 @@
 
 namespace tessera {
 
+// A run of consecutive decoder layers [first, first + count): a pipeline stage's model chunk.
+struct LayerRange {
+  int64_t first = 0, count = 0;
+  int64_t end() const { return first + count; }
+};
+
 struct ModelRuntime {
   int64_t micro_batch = 1;
   int64_t seq_length = 128;
@@ -34,10 +40,23 @@ struct ModelRuntime {
   // bind_unit_grads) before the model reads or writes them, and starts each unit's gradients
   // from what they already hold, so every weight-gradient GEMM accumulates.
   bool sharded_params = false;
-  // This rank's index in its tensor-parallel group. A row-parallel projection leaves partial
-  // sums that the group adds up, so only rank 0 adds the residual into its output (the
-  // residual is added exactly once).
+  // Tensor parallelism (Megatron's): the model holds part tensor_parallel_rank of
+  // tensor_parallel_size of every parameter its blocks declare Column, Row or Vocab
+  // (param_layout.h), so its layers compute that share of the heads, MLP width and vocabulary.
+  // A row-parallel projection leaves partial sums that the group adds up, so only the rank that
+  // owns a row of the sum adds the residual into it (the residual is added exactly once).
+  int tensor_parallel_size = 1;
   int tensor_parallel_rank = 0;
+  // With tensor parallelism: the residual stream (residual states, norms) holds
+  // tokens() / tensor_parallel_size rows on each rank, gathered before the column-parallel
+  // linears and reduce-scattered after the row-parallel ones.
+  bool sequence_parallel = false;
+  // Pipeline parallelism: the model chunks (runs of consecutive layers) this rank holds, in
+  // layer order; the chunk starting at layer 0 also holds the embedding, the one ending at the
+  // last layer the final norm and output head. Empty: every layer, in one chunk.
+  std::vector<LayerRange> pipeline_chunks;
+  // Micro-batches whose activations the rank holds at once (a pipeline stage's in-flight ones).
+  int pipeline_slots = 1;
   Fp8Options fp8;  // FP8 linear layers (off by default)
   // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).
   bool moe_force_balance = false;
@@ -47,6 +66,11 @@ struct ModelRuntime {
   int expert_parallel_size = 1;
 
   int64_t tokens() const { return micro_batch * seq_length; }
+  // Rows of the residual-stream activations on this rank: its share of the tokens under
+  // sequence parallelism, else all of them.
+  int64_t sequence_tokens() const {
+    return sequence_parallel ? tokens() / tensor_parallel_size : tokens();
+  }
 };
 
 // Bytes the model needs on its device, by purpose (the out-of-memory message and the
@@ -76,6 +100,22 @@ class ParamUnitObserver {
   virtual void grads_ready(int unit) { (void)unit; }
 };
 
+// The collectives tensor parallelism inserts into a model's passes (Megatron's mappings),
+// over the ranks that hold the parts of its split parameters. The model calls them where its
+// parameters' TensorParallelStyle leaves partial sums or sequence shards (block.h, linear);
+// distributed/ implements them on its communicator, in the order the model calls them, which
+// is the same on every rank of the group. Rows split in rank order.
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  // In place: t becomes the sum over the group (fp32 or the compute dtype).
+  virtual void all_reduce(const Tensor& t) = 0;
+  // out (size x n rows) = every rank's in (n rows), rank r's at rows [r n, (r + 1) n).
+  virtual void all_gather(const Tensor& out, const Tensor& in) = 0;
+  // out (n rows) = the sum over the group of rows [rank n, (rank + 1) n) of in (size x n rows).
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -100,6 +140,9 @@ class Model {
   // must be runtime().expert_parallel_size; without one (null, the default, or detached) only
   // a model planned for one expert-parallel rank runs its MoE layers.
   virtual void set_expert_exchange(ExpertExchange* exchange) = 0;
+  // The group of runtime().tensor_parallel_size ranks (not owned); needed before the first
+  // pass when that is above 1.
+  virtual void set_tensor_parallel_group(TensorParallelGroup* group) = 0;
 
   // Starts a step's gradients (and the step's FP8 non-finite check).
   virtual void zero_grads() = 0;
@@ -113,6 +156,26 @@ class Model {
   virtual void forward_loss() = 0;
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;
+
+  // ---- pipeline stages: the passes a pipeline schedule runs (distributed/pipeline_schedule.h)
+  // The model's chunks (runtime().pipeline_chunks; 1 without pipeline parallelism).
+  virtual int chunks() const = 0;
+  // The micro-batch slot (0 .. runtime().pipeline_slots - 1) whose activations set_batch and
+  // the chunk passes use from now on.
+  virtual void use_slot(int slot) = 0;
+  // Forward of chunk c on the slot's micro-batch: from its tokens (the chunk holding the
+  // embedding) or chunk_input, to chunk_output; the chunk holding the head then adds the
+  // losses to loss_sum() and, with_grad, runs the head's backward into chunk_grad (grad_scale
+  // as in forward_backward).
+  virtual void forward_chunk(int chunk, bool with_grad, float grad_scale) = 0;
+  // Backward of chunk c: from d(output) in chunk_grad to d(input) in chunk_grad (the
+  // embedding's gradient in the chunk holding it). Weight gradients accumulate.
+  virtual void backward_chunk(int chunk) = 0;
+  // A chunk's boundary tensors (sequence_tokens(), hidden) in `slot`: what a stage receives
+  // into and sends from.
+  virtual Tensor chunk_input(int chunk, int slot) const = 0;
+  virtual Tensor chunk_output(int chunk, int slot) const = 0;
+  virtual Tensor chunk_grad(int chunk, int slot) const = 0;
   virtual Tensor loss_sum() const = 0;  // (1) fp32 on the device
   // Zeroes loss_sum() and moe_stats().
   virtual void zero_loss_sum() = 0;

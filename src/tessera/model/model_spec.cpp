@@ -1,5 +1,7 @@
 #include "tessera/model/model_spec.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
@@ -46,6 +48,20 @@ std::string ModelSpec::summary() const {
       moe.enabled() ? fmt::format(", {:.3f}B active per token", active_params() / 1e9) : "");
 }
 
+ModelSpec tensor_parallel_shard(const ModelSpec& spec, int parts) {
+  TS_CHECK(parts >= 1 && spec.heads % parts == 0 && spec.kv_heads % parts == 0 &&
+               spec.ffn % parts == 0 && spec.vocab_size % parts == 0,
+           "a model of {} heads, {} query groups, MLP width {} and vocabulary {} does not split "
+           "over {} tensor-parallel ranks",
+           spec.heads, spec.kv_heads, spec.ffn, spec.vocab_size, parts);
+  ModelSpec s = spec;
+  s.heads /= parts;
+  s.kv_heads /= parts;
+  s.ffn /= parts;
+  s.vocab_size /= parts;
+  return s;
+}
+
 ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab) {
   const ModelConfig& m = e.model_config;
   auto origin = [&](const char* key) {
@@ -64,7 +80,9 @@ ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab) {
     throw ConfigError(
         origin("vocab_size"), "vocab_size", std::to_string(m.vocab_size),
         fmt::format("at least the tokenizer's vocabulary ({}) or 0", tokenizer_vocab));
-  const int64_t multiple = m.make_vocab_size_divisible_by;
+  // Megatron's padding: every tensor-parallel rank holds an equal, aligned share of the rows.
+  const int64_t multiple =
+      m.make_vocab_size_divisible_by * std::max<int64_t>(1, e.training.tensor_model_parallel_size);
   s.vocab_size = (vocab + multiple - 1) / multiple * multiple;
   return s;
 }

@@ -80,10 +80,15 @@ struct ModelSpec {
   std::string summary() const;
 };
 
+// What one of `parts` tensor-parallel ranks computes of `spec`'s model: its share of the
+// query heads, key/value heads, MLP width and vocabulary (Megatron's per-partition sizes).
+// Blocks built from it declare the shapes of a rank's part of each parameter.
+ModelSpec tensor_parallel_shard(const ModelSpec& spec, int parts);
+
 // The experiment's model: its family (model_family key; ConfigError naming the registered
-// families otherwise) resolves the derived sizes, then the vocabulary is padded to
-// make_vocab_size_divisible_by. `tokenizer_vocab` fills vocab_size=0. Throws ConfigError if
-// vocab_size is smaller than the tokenizer's.
+// families otherwise) resolves the derived sizes, then the vocabulary is padded to a multiple
+// of make_vocab_size_divisible_by x tensor_model_parallel_size (Megatron). `tokenizer_vocab` fills
+// vocab_size=0. Throws ConfigError if vocab_size is smaller than the tokenizer's.
 ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab);
 
 }  // namespace tessera

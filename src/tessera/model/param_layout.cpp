@@ -1,13 +1,31 @@
 #include "tessera/model/param_layout.h"
 
 #include <algorithm>
+#include <unordered_map>
 
+#include "tessera/core/error.h"
 #include "tessera/model/decoder_layer.h"
 
 namespace tessera {
 namespace {
 
 constexpr int64_t kAlignElements = 64;
+
+// `s` with dimension `dim` multiplied by `factor`.
+Shape scaled(const Shape& s, int dim, int64_t factor) {
+  int64_t d[Shape::kMaxRank] = {};
+  for (int i = 0; i < s.rank(); ++i) d[i] = s[i] * (i == dim ? factor : 1);
+  switch (s.rank()) {
+    case 1:
+      return {d[0]};
+    case 2:
+      return {d[0], d[1]};
+    case 3:
+      return {d[0], d[1], d[2]};
+    default:
+      return {d[0], d[1], d[2], d[3]};
+  }
+}
 
 }  // namespace
 
@@ -22,6 +40,47 @@ void ParamLayout::for_each_param_in(
   for (const ParamInfo& p : params) {
     const int64_t begin = std::max(p.offset, r.begin), end = std::min(p.offset + p.numel(), r.end);
     if (begin < end) f(p, {begin, end});
+  }
+}
+
+std::vector<int64_t> ParamInfo::full_fused_rows() const {
+  std::vector<int64_t> rows = fused_rows;
+  // Column parallelism splits every piece: the whole has parts times each.
+  if (tp == TensorParallelStyle::Column)
+    for (int64_t& r : rows) r *= placement.parts;
+  return rows;
+}
+
+void ParamInfo::for_each_run(
+    int64_t lo, int64_t hi,
+    const std::function<void(int64_t begin, int64_t count, int64_t full_begin)>& f) const {
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min(hi, numel());
+  if (lo >= hi) return;
+  if (whole()) return f(lo, hi - lo, lo);
+  // The runs of this part, as (first element, count, first element in the whole); each
+  // clipped to [lo, hi).
+  auto run = [&](int64_t begin, int64_t count, int64_t full_begin) {
+    const int64_t b = std::max(begin, lo), e = std::min(begin + count, hi);
+    if (b < e) f(b, e - b, full_begin + (b - begin));
+  };
+  const int64_t rows = shape[0], cols = numel() / rows;
+  if (tp == TensorParallelStyle::Row) {
+    // Row i of the part is columns [index x cols, (index + 1) x cols) of the whole's row i.
+    const int64_t full_cols = full_shape.numel() / full_shape[0];
+    const int64_t first_row = lo / cols, last_row = (hi - 1) / cols;
+    for (int64_t i = first_row; i <= last_row; ++i)
+      run(i * cols, cols, i * full_cols + placement.index * cols);
+    return;
+  }
+  // Column and Vocab: each piece's rows of the part are rows [index x n, (index + 1) x n) of
+  // the whole's piece of parts x n rows.
+  const std::vector<int64_t> pieces = fused_rows.empty() ? std::vector<int64_t>{rows} : fused_rows;
+  int64_t row = 0, full_row = 0;
+  for (const int64_t n : pieces) {
+    run(row * cols, n * cols, (full_row + placement.index * n) * cols);
+    row += n;
+    full_row += n * placement.parts;
   }
 }
 
@@ -53,7 +112,15 @@ int ParamLayoutBuilder::add(std::string_view name, Shape shape, ParamInit init, 
   ParamInfo p;
   p.name = prefix_ + std::string(name);
   p.shape = shape;
+  p.full_shape = shape;
+  if (tp != TensorParallelStyle::Replicated && tensor_parallel_.parts > 1) {
+    p.placement = tensor_parallel_;
+    // Row splits the columns (the last dimension), the others the rows.
+    p.full_shape = scaled(shape, tp == TensorParallelStyle::Row ? shape.rank() - 1 : 0,
+                          tensor_parallel_.parts);
+  }
   p.offset = l_.total;
+  p.full_offset = l_.total;
   p.layer = layer_;
   p.unit = static_cast<int>(l_.units.size()) - 1;
   p.decay = decay;
@@ -68,6 +135,17 @@ int ParamLayoutBuilder::add(std::string_view name, Shape shape, ParamInit init, 
 
 ParamLayout make_param_layout(const ModelSpec& spec) {
   return decoder_param_layout(spec, make_decoder_layers(spec));
+}
+
+void set_full_offsets(ParamLayout& layout, const ParamLayout& whole) {
+  std::unordered_map<std::string_view, const ParamInfo*> by_name;
+  for (const ParamInfo& p : whole.params) by_name.emplace(p.name, &p);
+  for (ParamInfo& p : layout.params) {
+    const auto it = by_name.find(p.name);
+    TS_CHECK(it != by_name.end() && it->second->shape == p.full_shape,
+             "parameter {} {} is not in the one-device layout", p.name, p.full_shape.str());
+    p.full_offset = it->second->offset;
+  }
 }
 
 }  // namespace tessera

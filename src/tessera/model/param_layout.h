@@ -31,9 +31,18 @@ enum class TensorParallelStyle {
   Vocab,       // embedding/output-head rows split by vocabulary range
 };
 
+// Which part of the whole parameter (as one device holds it) a rank holds: part `index` of
+// `parts` equal parts along the dimension its TensorParallelStyle splits (Megatron's layout):
+// rows for Column and Vocab, each fused piece split alike, so that part r holds rows r of
+// q, k and v (or gate and up) one after another; columns for Row. Every parameter is whole
+// (parts 1) without tensor parallelism, and Replicated ones always are.
+struct ParamPlacement {
+  int parts = 1, index = 0;
+};
+
 struct ParamInfo {
   std::string name;  // e.g. "model.layers.3.self_attn.qkv_proj.weight"
-  Shape shape;
+  Shape shape;       // of this rank's part
   int64_t offset = 0;  // elements from the start of the flat buffer
   int layer = -1;      // -1 for embedding, final norm and output head
   int unit = 0;        // the ParamLayout::units entry holding it
@@ -41,10 +50,22 @@ struct ParamInfo {
   ParamInit init = ParamInit::Normal;
   TensorParallelStyle tp = TensorParallelStyle::Replicated;
   // A fused projection's pieces, as rows stacked along the first dimension in order (q, k, v;
-  // gate, up): column parallelism splits each piece, and Hugging Face stores them apart.
-  // Empty for a parameter that is one piece.
+  // gate, up), in this rank's part: column parallelism splits each piece, and Hugging Face
+  // stores them apart. Empty for a parameter that is one piece.
   std::vector<int64_t> fused_rows;
+  ParamPlacement placement;
+  Shape full_shape;         // of the whole parameter (= shape when whole)
+  int64_t full_offset = 0;  // in the one-device layout: what keys its initialisation
   int64_t numel() const { return shape.numel(); }
+  bool whole() const { return placement.parts == 1; }
+  // The whole parameter's fused pieces (fused_rows of the whole).
+  std::vector<int64_t> full_fused_rows() const;
+  // Calls f(begin, count, full_begin) for the runs of this part's elements [begin, begin +
+  // count) (offsets within the parameter, row-major) that are consecutive in the whole
+  // parameter too, from its element full_begin; together they cover [lo, hi).
+  void for_each_run(
+      int64_t lo, int64_t hi,
+      const std::function<void(int64_t begin, int64_t count, int64_t full_begin)>& f) const;
 };
 
 // [begin, end) in elements of the flat parameter buffer: a ZeRO-1 shard, a gradient bucket,
@@ -71,10 +92,12 @@ struct OwnedParams {
 
 struct ParamLayout {
   std::vector<ParamInfo> params;
-  int embedding = -1, final_norm = -1, lm_head = -1;  // lm_head == embedding when tied
+  // -1 where a pipeline stage does not hold them; lm_head == embedding when tied.
+  int embedding = -1, final_norm = -1, lm_head = -1;
   int64_t total = 0;
   // Consecutive ranges covering [0, total): 0 the embedding, 1 + l decoder layer l, and last
-  // the final norm with the output head (with tied embeddings the head is unit 0's table).
+  // the final norm with the output head (with tied embeddings the head is unit 0's table). A
+  // pipeline stage's layout has the units of the parts it holds, in that order.
   std::vector<ParamRange> units;
   int tail_unit() const { return static_cast<int>(units.size()) - 1; }
 
@@ -90,7 +113,11 @@ struct ParamLayout {
 // elements so every tensor starts 128-byte aligned for vector loads.
 class ParamLayoutBuilder {
  public:
-  explicit ParamLayoutBuilder(ParamLayout& layout) : l_(layout) {}
+  // tensor_parallel: the part of every split parameter this layout holds. Blocks declare the
+  // shapes of that part (they are built from the tensor-parallel share of the model's sizes,
+  // tensor_parallel_shard in model_spec.h); the builder derives the whole shapes.
+  explicit ParamLayoutBuilder(ParamLayout& layout, ParamPlacement tensor_parallel = {})
+      : l_(layout), tensor_parallel_(tensor_parallel) {}
   // Starts the next unit; parameters added to it are named prefix + name and belong to
   // `layer` (-1: none).
   void begin_unit(std::string prefix, int layer);
@@ -100,11 +127,16 @@ class ParamLayoutBuilder {
 
  private:
   ParamLayout& l_;
+  ParamPlacement tensor_parallel_;
   std::string prefix_;
   int layer_ = -1;
 };
 
 // The layout of `spec`'s model (model/decoder_layer.h: decoder_param_layout).
 ParamLayout make_param_layout(const ModelSpec& spec);
+
+// Sets every parameter's full_offset to its offset in `whole`, the one-device layout of the
+// same model, found by name.
+void set_full_offsets(ParamLayout& layout, const ParamLayout& whole);
 
 }  // namespace tessera

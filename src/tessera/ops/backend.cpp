@@ -261,6 +261,30 @@ void Backend::embedding_backward(const Tensor& dtable, const Tensor& dout, const
   do_embedding_backward(dtable, dout, tokens);
 }
 
+void Backend::embedding_shard_forward(const Tensor& out, const Tensor& tokens, const Tensor& table,
+                                      int64_t first_id) {
+  const OpScope scope(*this, "embedding_shard_forward",
+                      [&] { return op_args::embedding(tokens, table, table.dtype); });
+  const OpChecks check(*this, "embedding_shard_forward");
+  check.placed(tokens, "tokens");
+  check.placed(table, "table");
+  check.count(out, tokens.numel() * matrix_dims(table).cols, "out");
+  check.that(first_id >= 0, "first_id {} is negative", first_id);
+  do_embedding_shard_forward(out, tokens, table, first_id);
+}
+
+void Backend::embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
+                                       const Tensor& tokens, int64_t first_id) {
+  const OpScope scope(*this, "embedding_shard_backward",
+                      [&] { return op_args::embedding(tokens, dtable, dout.dtype); });
+  const OpChecks check(*this, "embedding_shard_backward");
+  check.placed(tokens, "tokens");
+  check.placed(dtable, "dtable");
+  check.count(dout, tokens.numel() * matrix_dims(dtable).cols, "dout");
+  check.that(first_id >= 0, "first_id {} is negative", first_id);
+  do_embedding_shard_backward(dtable, dout, tokens, first_id);
+}
+
 void Backend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                               const Tensor& weight, float eps) {
   const OpScope scope(*this, "rmsnorm_forward", [&] { return op_args::rows_cols(x); });
@@ -629,6 +653,37 @@ void Backend::grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
              a.out.shape.str());
   check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, ad.rows);
   do_grouped_matmul_wgrad(a);
+}
+
+void Backend::cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                        const Tensor& targets, int64_t first_id) {
+  const OpScope scope(*this, "cross_entropy_shard_stats",
+                      [&] { return op_args::cross_entropy(logits, Tensor{}); });
+  const OpChecks check(*this, "cross_entropy_shard_stats");
+  check.placed(logits, "logits");
+  const MatrixDims d = matrix_dims(logits);
+  check.count(stats, 2 * d.rows, "stats");
+  check.count(targets, d.rows, "targets");
+  check.that(first_id >= 0, "first_id {} is negative", first_id);
+  do_cross_entropy_shard_stats(stats, logits, targets, first_id);
+}
+
+void Backend::cross_entropy_shard(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                                  const Tensor& all_stats, int64_t first_id, const Tensor& dlogits,
+                                  float grad_scale) {
+  const OpScope scope(*this, "cross_entropy_shard",
+                      [&] { return op_args::cross_entropy(logits, dlogits); });
+  const OpChecks check(*this, "cross_entropy_shard");
+  check.placed(logits, "logits");
+  const MatrixDims d = matrix_dims(logits);
+  check.count(losses, d.rows, "losses");
+  check.count(targets, d.rows, "targets");
+  check.placed(all_stats, "all_stats");
+  check.that(all_stats.numel() > 0 && all_stats.numel() % (2 * d.rows) == 0,
+             "all_stats {} is not (shards, {}, 2)", all_stats.shape.str(), d.rows);
+  check.that(first_id >= 0, "first_id {} is negative", first_id);
+  if (dlogits.defined()) check.count(dlogits, d.rows * d.cols, "dlogits");
+  do_cross_entropy_shard(losses, logits, targets, all_stats, first_id, dlogits, grad_scale);
 }
 
 // ---- reductions and optimizer ----

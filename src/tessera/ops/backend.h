@@ -305,6 +305,17 @@ class Backend {
   // dtable (V, C) fp32 accumulates dout (N, C) rows at tokens (N).
   void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens);
 
+  // Vocabulary-parallel embedding (Megatron's VocabParallelEmbedding): table (V, C) is the
+  // shard holding the rows of token ids [first_id, first_id + V). out (N, C) =
+  // table[tokens - first_id], a zero row for a token of another shard, so the shards' outputs
+  // add up to the whole lookup.
+  void embedding_shard_forward(const Tensor& out, const Tensor& tokens, const Tensor& table,
+                               int64_t first_id);
+  // dtable (V, C) accumulates the rows of dout (N, C) whose tokens lie in the shard; fp32, or
+  // bf16 as embedding_backward's (a gradient kept in bf16).
+  void embedding_shard_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens,
+                                int64_t first_id);
+
   // out (N, C) = x * rstd * weight, rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
   void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                        float eps);
@@ -399,6 +410,21 @@ class Backend {
   void grouped_matmul(const GroupedMatmulArgs& args);
   void grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args);
 
+  // Vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy), in two steps
+  // around an all-gather of the stats over the shards. logits (N, V) are the columns
+  // [first_id, first_id + V) of the whole vocabulary; targets (N) int32, negative = ignored.
+  // stats (N, 2) fp32: per row, the logsumexp of this shard's logits and the target's logit
+  // when the target lies in the shard (else 0).
+  void cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits, const Tensor& targets,
+                                 int64_t first_id);
+  // all_stats (S, N, 2) fp32: every shard's stats, in shard order. losses (N) fp32 = the
+  // logsumexp over all shards - the target's logit (0 if ignored), the same on every shard. If
+  // dlogits is defined (it may alias logits) it receives grad_scale * (softmax - onehot(target))
+  // on this shard's columns.
+  void cross_entropy_shard(const Tensor& losses, const Tensor& logits, const Tensor& targets,
+                           const Tensor& all_stats, int64_t first_id, const Tensor& dlogits,
+                           float grad_scale);
+
   // ---- reductions and optimizer ----
   // out (1) fp32 = sum(x) (accumulate=false) or out += sum(x); x fp32. Deterministic.
   void sum(const Tensor& out, const Tensor& x, bool accumulate);
@@ -428,6 +454,10 @@ class Backend {
                                     const Tensor& table) = 0;
   virtual void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
                                      const Tensor& tokens) = 0;
+  virtual void do_embedding_shard_forward(const Tensor& out, const Tensor& tokens,
+                                          const Tensor& table, int64_t first_id) = 0;
+  virtual void do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
+                                           const Tensor& tokens, int64_t first_id) = 0;
   virtual void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                   const Tensor& weight, float eps) = 0;
   virtual void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
@@ -475,6 +505,12 @@ class Backend {
                                          const Tensor& weights) = 0;
   virtual void do_grouped_matmul(const GroupedMatmulArgs& args) = 0;
   virtual void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) = 0;
+  virtual void do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                            const Tensor& targets, int64_t first_id) = 0;
+  virtual void do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,
+                                      const Tensor& targets, const Tensor& all_stats,
+                                      int64_t first_id, const Tensor& dlogits,
+                                      float grad_scale) = 0;
   virtual void do_sum(const Tensor& out, const Tensor& x, bool accumulate) = 0;
   virtual void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
   virtual void do_adamw_step(const AdamWArgs& args) = 0;

@@ -21,7 +21,7 @@ int64_t count(const std::vector<ParamRange>& ranges) {
 
 // The ranges each rank's optimizer updates; one entry, [0, P), without sharding.
 std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const ParamLayout& layout) {
-  const int world = static_cast<int>(std::max<int64_t>(1, in.num_gpus));
+  const int world = static_cast<int>(std::max<int64_t>(1, in.data_parallel));
   std::vector<std::vector<ParamRange>> out;
   switch (in.sharding) {
     case StateSharding::None:
@@ -80,10 +80,12 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
 
 MemoryPlan plan_memory(const PlanInput& in) {
   const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
-  const ParamLayout layout = make_param_layout(in.spec);
+  // What one rank's model holds: its tensor-parallel part of the parameters.
+  const ParamLayout layout = DecoderModel::plan_layout(in.spec, in.runtime);
   const DType dt = in.runtime.compute_dtype;
   const OptimizerDtypes& od = in.optimizer;
-  const int64_t n = std::max<int64_t>(1, in.num_gpus);
+  // State sharding splits over the data-parallel ranks.
+  const int64_t n = std::max<int64_t>(1, in.data_parallel);
 
   MemoryPlan p;
   p.activations = model.activations;  // per micro batch on each GPU, whatever the sharding
@@ -107,7 +109,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.weights = model.weights;
     p.gradients = model.gradients;
   }
-  p.run_buffers = kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0);
+  // Barrier flags: data parallelism's, and the tensor/pipeline layout's (MeshParallelism).
+  const bool mesh_layout =
+      in.runtime.tensor_parallel_size > 1 || !in.runtime.pipeline_chunks.empty();
+  p.run_buffers =
+      kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0) + (mesh_layout ? sizeof(float) : 0);
   if (in.gpu) {
     const Platform* platform = gpu_platform();
     p.backend_buffers = platform
@@ -143,6 +149,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.spec = setup.spec;
   in.runtime = setup.runtime;
   in.num_gpus = setup.mesh.world_size();
+  in.data_parallel = setup.mesh.size(dist::MeshDim::DP);
   in.sharding = setup.sharding;
   in.optimizer = setup.optimizer;
   in.bucket_elements = setup.ddp_bucket_size;

@@ -10,6 +10,7 @@
 #include "tessera/config/validate.h"
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/model/param_layout.h"
 
 namespace tessera::plan {
@@ -85,7 +86,7 @@ std::string count_text(double n) {
 analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_t params) {
   const DType dt = in.runtime.compute_dtype;
   const bool fsdp = in.sharding == StateSharding::Fsdp;
-  const int64_t n = std::max<int64_t>(1, in.num_gpus);
+  const int64_t n = std::max<int64_t>(1, in.data_parallel);
   const double shard = static_cast<double>((params + n - 1) / n);
   const std::string weight_params = count_text(fsdp ? shard : params);
   const std::string opt_params = count_text(static_cast<double>(p.optimizer_elements));
@@ -94,9 +95,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
 
   analysis::Table t;
   t.name = "memory_breakdown";
-  t.title = in.gpu  ? "Memory per GPU"
-            : n > 1 ? "Memory per rank on the host"
-                    : "Memory on the host";
+  t.title = in.gpu            ? "Memory per GPU"
+            : in.num_gpus > 1 ? "Memory per rank on the host"
+                              : "Memory on the host";
   t.note = fmt::format(
       "bytes from DecoderModel::plan_memory, FullyShardedDataParallel::plan_memory, "
       "AdamWOptimizer::state_bytes and the GPU platform's step_buffer_bytes (what the run "
@@ -258,7 +259,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   const size_t capacity = planner.capacity();
   const PlanInput in = planner.input(e);
   const ModelRuntime& rt = in.runtime;
-  const int64_t params = make_param_layout(in.spec).total;
+  const int64_t params = DecoderModel::plan_layout(in.spec, rt).total;  // one rank's part
   const int64_t n = q.num_gpus;
   const std::string batch = global_batch_text(e.training.global_batch_size, n, q.host.has_value());
 

@@ -1,9 +1,12 @@
 #include "tessera/run/run_setup.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
 #include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/pipeline_schedule.h"
 
 namespace tessera {
 namespace {
@@ -27,26 +30,40 @@ std::string origin_of(const Experiment& e, const std::string& key) {
 
 }  // namespace
 
-StateSharding state_sharding(const TrainingConfig& t, int world_size) {
-  if (world_size <= 1) return StateSharding::None;
+StateSharding state_sharding(const TrainingConfig& t, int data_parallel_size) {
+  if (data_parallel_size <= 1) return StateSharding::None;
   if (t.use_torch_fsdp2) return StateSharding::Fsdp;
   return t.use_distributed_optimizer ? StateSharding::Zero1 : StateSharding::None;
+}
+
+dist::DeviceMesh device_mesh(const TrainingConfig& t, int world_size) {
+  return dist::DeviceMesh(world_size, {.tp = static_cast<int>(t.tensor_model_parallel_size),
+                                       .pp = static_cast<int>(t.pipeline_model_parallel_size),
+                                       .cp = static_cast<int>(t.context_parallel_size),
+                                       .ep = static_cast<int>(t.expert_model_parallel_size)});
 }
 
 RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                         const std::function<int64_t()>& tokenizer_vocab) {
   const TrainingConfig& t = e.training;
   RunSetup s;
-  dist::MeshSizes sizes;
-  sizes.ep = static_cast<int>(t.expert_model_parallel_size);
-  s.mesh = dist::DeviceMesh(devices.world_size, sizes);
+  s.mesh = device_mesh(t, devices.world_size);
   // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
   // tokenizer's.
   s.data_vocab = e.data.mock_data && e.model_config.vocab_size > 0 ? e.model_config.vocab_size
                                                                    : tokenizer_vocab();
   s.spec = make_model_spec(e, s.data_vocab);
-  s.sharding = state_sharding(t, devices.world_size);
-  const int dp = s.mesh.size(dist::MeshDim::DP);
+  const int tp = s.mesh.size(dist::MeshDim::TP), dp = s.mesh.size(dist::MeshDim::DP);
+  // The family derives the MLP width, so only now can its split be checked.
+  if (s.spec.ffn % tp != 0) {
+    const auto origin = e.origin.find("tensor_model_parallel_size");
+    throw ConfigError(origin == e.origin.end() ? "default" : origin->second,
+                      "tensor_model_parallel_size", std::to_string(tp),
+                      fmt::format("a divisor of the MLP width ({}, derived from hidden_size): each "
+                                  "tensor-parallel rank holds an equal share",
+                                  s.spec.ffn));
+  }
+  s.sharding = state_sharding(t, dp);
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
   s.ddp_bucket_size = t.ddp_bucket_size;
   s.attention_backend = t.attention_backend;
@@ -76,8 +93,26 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.fp8 = fp8_options(t);
   rt.moe_force_balance = t.moe_force_balance;
   rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);
-  if (devices.world_size > 1) {
-    rt.flat_buffer_multiple = dist::flat_buffer_multiple(devices.world_size);
+  rt.tensor_parallel_size = tp;
+  rt.tensor_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::TP);
+  // Megatron turns sequence parallelism off without tensor parallelism.
+  rt.sequence_parallel = t.sequence_parallel && tp > 1;
+  const int pp = s.mesh.size(dist::MeshDim::PP);
+  if (pp > 1) {
+    // This rank's layers, and the micro-batches its stage holds at once in a training step
+    // and in an evaluation.
+    const int stage = s.mesh.coordinate(devices.rank, dist::MeshDim::PP);
+    const int chunks = static_cast<int>(virtual_pipeline_chunks(t, s.spec.num_layers));
+    rt.pipeline_chunks =
+        dist::pipeline_layers(s.spec.num_layers, pp, chunks, t.decoder_first_pipeline_num_layers,
+                              t.decoder_last_pipeline_num_layers, stage);
+    const dist::PipelineSchedule step(pp, chunks, s.accumulation_steps, true);
+    const dist::PipelineSchedule evaluation(pp, chunks, std::max<int64_t>(1, e.data.eval_iters),
+                                            false);
+    rt.pipeline_slots = std::max(step.slots(stage), evaluation.slots(stage));
+  }
+  if (dp > 1) {
+    rt.flat_buffer_multiple = dist::flat_buffer_multiple(dp);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;
   }
   return s;

@@ -38,16 +38,22 @@ struct RunDevices {
   int world_size = 1;
   // What precision auto means there (Backend::default_compute_dtype): bf16 on GPUs.
   DType auto_compute_dtype = DType::BF16;
+  // The rank being set up: which tensor-parallel shard its model holds. The memory planner
+  // plans rank 0 (every tensor-parallel rank holds as much).
+  int rank = 0;
 };
 
 // `tokenizer_vocab` gives the tokenizer's vocabulary when asked (loading a tokenizer is only
 // needed when the model's vocabulary is not set, or the data is real text). Throws ConfigError
-// for a model family or vocabulary the experiment cannot have.
+// for a model family, vocabulary or mesh the experiment cannot have.
 RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                         const std::function<int64_t()>& tokenizer_vocab);
 
 // The sharding the training keys ask for (use_torch_fsdp2, use_distributed_optimizer); None
-// on one rank, where there is nothing to shard over.
-StateSharding state_sharding(const TrainingConfig& t, int world_size);
+// with one data-parallel rank, where there is nothing to shard over.
+StateSharding state_sharding(const TrainingConfig& t, int data_parallel_size);
+
+// The experiment's device mesh over `world_size` ranks (Megatron's sizes).
+dist::DeviceMesh device_mesh(const TrainingConfig& t, int world_size);
 
 }  // namespace tessera

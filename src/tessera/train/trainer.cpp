@@ -82,8 +82,10 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       metrics_(metrics),
       comm_(comm),
       tokenizer_(make_tokenizer(exp_.data)),
-      setup_(make_run_setup(exp_, {comm ? comm->size() : 1, backend_->default_compute_dtype()},
-                            [this] { return tokenizer_->vocab_size(); })),
+      setup_(make_run_setup(
+          exp_,
+          {comm ? comm->size() : 1, backend_->default_compute_dtype(), comm ? comm->rank() : 0},
+          [this] { return tokenizer_->vocab_size(); })),
       run_id_(std::move(run_id)) {
   install_stop_signal_handlers();
   check_device_can_run();
@@ -204,9 +206,10 @@ void Trainer::start_state() {
   restore_start_state();
   optimizer_->sync_params_from_master();
   if (model_->fp8()) {
-    // Transformer Engine's rule: amaxes are reduced over the data-parallel ranks, so every
-    // rank derives the same scales and the replicas stay identical.
-    model_->fp8()->set_amax_reducer([this](const Tensor& amaxes) { parallel_->max(amaxes); });
+    // Transformer Engine's rule: amaxes are reduced over the data- and tensor-parallel ranks,
+    // so every rank derives the same scales and the replicas stay identical.
+    model_->fp8()->set_amax_reducer(
+        [this](const Tensor& amaxes) { parallel_->reduce_fp8_amaxes(amaxes); });
   }
   parallel_->params_updated();
   if (comm_)
@@ -391,6 +394,15 @@ void Trainer::check_memory_fits() const {
       advice));
 }
 
+// A model replica (the ranks of one data-parallel rank: its tensor-parallel group) trains on
+// micro_batch x seq_length x accumulation tokens per step, shared by its GPUs.
+double Trainer::tokens_per_gpu_per_step() const {
+  const TrainingConfig& t = exp_.training;
+  const int replica_gpus = parallel_->world_size() / parallel_->data_parallel_size();
+  return static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps) /
+         replica_gpus;
+}
+
 void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
   const profiler::PhaseSpan span(profiler_.get(), "data_loading");
   const int64_t T = exp_.training.seq_length;
@@ -408,7 +420,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * dp);
   model_->zero_grads();
   model_->zero_loss_sum();
-  for (int64_t m = 0; m < accumulation; ++m) {
+  const auto load = [&](int64_t m) {
     // Data-parallel ranks that save stop only after an iteration, where they all agree: one
     // stopping here would save while the others go on to the next collective.
     if (int sig = pending_stop_signal(); sig && !ranks_stop_together_)
@@ -418,10 +430,13 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     const uint64_t first =
         consumed_samples_ + static_cast<uint64_t>((m * dp + dp_rank) * t.micro_batch_size);
     load_micro_batch(*data_.train, first);
+  };
+  const auto run = [&](int64_t m) {
     const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
     parallel_->begin_micro_batch(m == accumulation - 1);
     model_->forward_backward(grad_scale);
-  }
+  };
+  parallel_->run_micro_batches(accumulation, grad_scale, load, run);
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_reduce");
     parallel_->finish_gradient_reduction();
@@ -431,7 +446,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     parallel_->grad_norm_sq(grad_norm_sq_);
     if (model_->fp8()) {
       // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
-      parallel_->sum(model_->fp8()->status());
+      parallel_->reduce_fp8_status(model_->fp8()->status());
       model_->fp8()->end_step(grad_norm_sq_);
     }
   }
@@ -497,12 +512,14 @@ double Trainer::evaluate() {
   const TrainingConfig& t = exp_.training;
   const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
   model_->zero_loss_sum();
-  for (int64_t i = 0; i < exp_.data.eval_iters; ++i) {
-    // The same leading validation samples every time, so evaluations are comparable.
-    const uint64_t first = static_cast<uint64_t>((i * dp + dp_rank) * t.micro_batch_size);
-    load_micro_batch(*data_.valid, first);
-    model_->forward_loss();
-  }
+  parallel_->run_forward_passes(
+      exp_.data.eval_iters,
+      [&](int64_t i) {
+        // The same leading validation samples every time, so evaluations are comparable.
+        const uint64_t first = static_cast<uint64_t>((i * dp + dp_rank) * t.micro_batch_size);
+        load_micro_batch(*data_.valid, first);
+      },
+      [&](int64_t) { model_->forward_loss(); });
   parallel_->sum(model_->loss_sum());
   float loss_sum = 0;
   backend_->download(&loss_sum, model_->loss_sum());
@@ -518,9 +535,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       profiler_ && profiler_->covers(s.iteration - interval_iters + 1, s.iteration);
   const TrainingConfig& t = exp_.training;
   const double ms = interval_ms / static_cast<double>(interval_iters);
-  const double tokens =
-      static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
-  const double tokens_per_s = tokens / (ms / 1e3);
+  const double tokens_per_s = tokens_per_gpu_per_step() / (ms / 1e3);
   const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
   const std::vector<MoeLayerBalance> moe = moe_interval_.mean();
@@ -557,7 +572,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["elapsed_ms"] = ms;
   j["tflops_per_gpu"] = tflops;
   j["tokens_per_s_per_gpu"] = tokens_per_s;
-  j["tokens_per_s"] = tokens_per_s * static_cast<double>(parallel_->data_parallel_size());
+  j["tokens_per_s"] = tokens_per_s * static_cast<double>(parallel_->world_size());
   j["world_size"] = parallel_->world_size();
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
@@ -718,11 +733,9 @@ TrainSummary Trainer::train() {
   log_.clear_progress();
   sum.iterations = last;
   sum.skipped_iterations = skipped_iterations_;
-  const double tokens =
-      static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps);
   const int64_t ran = last - first + 1;
   const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
-  sum.tokens_per_s_per_gpu = tokens / (ms / 1e3);
+  sum.tokens_per_s_per_gpu = tokens_per_gpu_per_step() / (ms / 1e3);
   sum.tflops_per_gpu = setup_.spec.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
   log_.info("done: {} iterations in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/GPU, {:.3f} "

@@ -84,6 +84,7 @@ class Trainer {
   void stop_if_signalled(const char* doing);
 
   void check_memory_fits() const;
+  double tokens_per_gpu_per_step() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
   // loss: the mean over the interval's applied iterations (the last one's when none applied).
   void log_iteration(const IterationStats& s, double loss, double interval_ms, int64_t interval_iters);

@@ -4,12 +4,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -30,6 +33,26 @@ class SingleThreadedBlas {
  public:
   SingleThreadedBlas() : saved_(openblas_get_num_threads()) { openblas_set_num_threads(1); }
   ~SingleThreadedBlas() { openblas_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// CPU backends alive in the process. OpenBLAS's OpenMP build runs a GEMM on as many threads as
+// the calling thread's OpenMP thread count (it resets its own thread setting to that count at
+// every call), and its buffers are not safe for GEMMs from several threads at once. With more
+// than one backend alive (ranks as threads, LocalCommunicator) each GEMM runs on its calling
+// thread alone, so that ranks that multiply at the same time, as pipeline stages do, never
+// share those buffers.
+std::atomic<int> g_live_backends{0};
+
+// The calling thread's OpenMP thread count set to 1 for the scope.
+class OneOpenMpThread {
+ public:
+  OneOpenMpThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOpenMpThread() { omp_set_num_threads(saved_); }
+  OneOpenMpThread(const OneOpenMpThread&) = delete;
+  OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
 
  private:
   int saved_;
@@ -171,8 +194,13 @@ double gib(size_t bytes) {
 
 // ---- memory ----
 
+CpuBackend::CpuBackend() {
+  g_live_backends.fetch_add(1, std::memory_order_relaxed);
+}
+
 CpuBackend::~CpuBackend() {
   allocations_.release_all([](void* ptr) { std::free(ptr); });
+  g_live_backends.fetch_sub(1, std::memory_order_relaxed);
 }
 
 std::string CpuBackend::description() const {
@@ -332,6 +360,8 @@ void CpuBackend::do_matmul(const MatmulArgs& args) {
     }
   }
   if (M == 0 || N == 0) return acc.finish();
+  std::optional<OneOpenMpThread> alone;
+  if (g_live_backends.load(std::memory_order_relaxed) > 1) alone.emplace();
   cblas_sgemm(CblasRowMajor, args.trans_a ? CblasTrans : CblasNoTrans,
               args.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
               static_cast<int>(K), args.alpha, f32(args.a),
@@ -394,6 +424,51 @@ void CpuBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout,
     const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
     for (int64_t n = 0; n < N; ++n) {
       float* row = table + static_cast<int64_t>(ids[n]) * C;
+      for (int64_t c = c0; c < c1; ++c) row[c] += g[n * C + c];
+    }
+  }
+  acc.finish();
+}
+
+void CpuBackend::do_embedding_shard_forward(const Tensor& out, const Tensor& tokens,
+                                            const Tensor& table, int64_t first_id) {
+  const char* op = "embedding_shard_forward";
+  expect_f32(out, op, "out");
+  expect_i32(tokens, op, "tokens");
+  expect_f32(table, op, "table");
+  const MatrixDims t = matrix_dims(table);
+  const int64_t N = tokens.numel(), C = t.cols;
+  // Tokens of other shards are expected; only a negative one is bad data.
+  expect_ids_below(tokens, std::numeric_limits<int32_t>::max(), false, op, "tokens");
+  const int32_t* ids = tokens.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::embedding_shard_forward(f32(out) + n * C, ids + n, f32(table), 1, C, t.rows, first_id);
+}
+
+void CpuBackend::do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
+                                             const Tensor& tokens, int64_t first_id) {
+  const char* op = "embedding_shard_backward";
+  // A bf16 dtable (a gradient kept in bf16) is summed in fp32 and rounded once, as
+  // embedding_backward's.
+  Fp32Accumulator acc(dtable, op, "dtable");
+  expect_f32(dout, op, "dout");
+  expect_i32(tokens, op, "tokens");
+  const MatrixDims t = matrix_dims(dtable);
+  const int64_t N = tokens.numel(), C = t.cols, V = t.rows;
+  expect_ids_below(tokens, std::numeric_limits<int32_t>::max(), false, op, "tokens");
+  // Split by columns, as embedding_backward: one writer per row, adding in token order.
+  const int32_t* ids = tokens.as<int32_t>();
+  const float* g = f32(dout);
+  float* table = acc.data();
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t id = static_cast<int64_t>(ids[n]) - first_id;
+      if (id < 0 || id >= V) continue;
+      float* row = table + id * C;
       for (int64_t c = c0; c < c1; ++c) row[c] += g[n * C + c];
     }
   }
@@ -828,6 +903,8 @@ void CpuBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   expect_i32(a.offsets, op, "offsets");
   const MatrixDims o = matrix_dims(a.out);
   const int64_t N = o.cols, K = matrix_dims(a.a).cols;
+  std::optional<OneOpenMpThread> alone;
+  if (g_live_backends.load(std::memory_order_relaxed) > 1) alone.emplace();
   for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
     if (g.rows == 0) continue;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
@@ -850,6 +927,8 @@ void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
   // A weight's first group applies beta, later ones add; BLAS is never called with K = 0
   // (it may leave beta to the caller), so weights without rows are scaled here.
+  std::optional<OneOpenMpThread> alone;
+  if (g_live_backends.load(std::memory_order_relaxed) > 1) alone.emplace();
   std::vector<char> started(static_cast<size_t>(W), 0);
   for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
     if (g.rows == 0) continue;
@@ -864,6 +943,52 @@ void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
     if (started[w]) continue;
     float* out = f32(a.out) + w * M * N;
     for (int64_t i = 0; i < M * N; ++i) out[i] = a.beta == 0.0f ? 0.0f : a.beta * out[i];
+  }
+}
+
+void CpuBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                              const Tensor& targets, int64_t first_id) {
+  const char* op = "cross_entropy_shard_stats";
+  expect_f32(stats, op, "stats");
+  expect_f32(logits, op, "logits");
+  expect_i32(targets, op, "targets");
+  const MatrixDims d = matrix_dims(logits);
+  const int64_t N = d.rows, V = d.cols;
+  const int32_t* ids = targets.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    ref::cross_entropy_shard_stats(f32(stats) + 2 * n, f32(logits) + n * V, ids + n, 1, V,
+                                   first_id);
+}
+
+void CpuBackend::do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,
+                                        const Tensor& targets, const Tensor& all_stats,
+                                        int64_t first_id, const Tensor& dlogits, float grad_scale) {
+  const char* op = "cross_entropy_shard";
+  expect_f32(losses, op, "losses");
+  expect_f32(logits, op, "logits");
+  expect_i32(targets, op, "targets");
+  expect_f32(all_stats, op, "all_stats");
+  const MatrixDims d = matrix_dims(logits);
+  const int64_t N = d.rows, V = d.cols, S = all_stats.numel() / (2 * N);
+  float* dx = nullptr;
+  if (dlogits.defined()) {
+    expect_f32(dlogits, op, "dlogits");
+    dx = f32(dlogits);
+  }
+  // Row n of each shard's stats, gathered so that the reference sees S shards of one row.
+  const float* stats = f32(all_stats);
+  const int32_t* ids = targets.as<int32_t>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    std::vector<float> row_stats(2 * S);
+    for (int64_t s = 0; s < S; ++s) {
+      row_stats[2 * s] = stats[(s * N + n) * 2];
+      row_stats[2 * s + 1] = stats[(s * N + n) * 2 + 1];
+    }
+    ref::cross_entropy_shard(f32(losses) + n, dx != nullptr ? dx + n * V : nullptr,
+                             f32(logits) + n * V, ids + n, row_stats.data(), S, 1, V, first_id,
+                             grad_scale);
   }
 }
 

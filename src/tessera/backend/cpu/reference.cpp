@@ -103,6 +103,28 @@ void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t
   }
 }
 
+template <class T>
+void embedding_shard_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C,
+                             int64_t V, int64_t first_id) {
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = static_cast<int64_t>(tokens[n]) - first_id;
+    if (id >= 0 && id < V)
+      std::copy(table + id * C, table + (id + 1) * C, out + n * C);
+    else
+      std::fill(out + n * C, out + (n + 1) * C, T(0));
+  }
+}
+
+template <class T>
+void embedding_shard_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C,
+                              int64_t V, int64_t first_id) {
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = static_cast<int64_t>(tokens[n]) - first_id;
+    if (id < 0 || id >= V) continue;
+    for (int64_t c = 0; c < C; ++c) dtable[id * C + c] += dout[n * C + c];
+  }
+}
+
 // ---- RMSNorm ----
 
 template <class T>
@@ -390,6 +412,51 @@ void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* target
   }
 }
 
+template <class T>
+void cross_entropy_shard_stats(T* stats, const T* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t first_id) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    T max = x[0];
+    for (int64_t v = 1; v < V; ++v) max = std::max(max, x[v]);
+    double denom = 0;
+    for (int64_t v = 0; v < V; ++v) denom += std::exp(x[v] - max);
+    const int64_t t = static_cast<int64_t>(targets[n]) - first_id;
+    stats[2 * n] = static_cast<T>(max + std::log(denom));
+    stats[2 * n + 1] = targets[n] >= 0 && t >= 0 && t < V ? x[t] : T(0);
+  }
+}
+
+template <class T>
+void cross_entropy_shard(T* losses, T* dlogits, const T* logits, const int32_t* targets,
+                         const T* all_stats, int64_t S, int64_t N, int64_t V, int64_t first_id,
+                         T grad_scale) {
+  for (int64_t n = 0; n < N; ++n) {
+    T* dx = dlogits != nullptr ? dlogits + n * V : nullptr;
+    if (targets[n] < 0) {
+      losses[n] = T(0);
+      if (dx != nullptr) std::fill(dx, dx + V, T(0));
+      continue;
+    }
+    // Shards in order, so every shard combines the same values the same way.
+    T max = all_stats[2 * n];
+    for (int64_t s = 1; s < S; ++s) max = std::max(max, all_stats[(s * N + n) * 2]);
+    double denom = 0, target_logit = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      denom += std::exp(all_stats[(s * N + n) * 2] - max);
+      target_logit += all_stats[(s * N + n) * 2 + 1];
+    }
+    const double lse = max + std::log(denom);
+    losses[n] = static_cast<T>(lse - target_logit);
+    if (dx == nullptr) continue;
+    const T* x = logits + n * V;
+    const int64_t t = static_cast<int64_t>(targets[n]) - first_id;
+    for (int64_t v = 0; v < V; ++v)
+      dx[v] = static_cast<T>(static_cast<double>(grad_scale) * std::exp(x[v] - lse) -
+                             (v == t ? static_cast<double>(grad_scale) : 0.0));
+  }
+}
+
 // ---- reductions ----
 
 template <class T>
@@ -445,6 +512,14 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, T);           \
+  template void embedding_shard_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t,         \
+                                           int64_t, int64_t);                                      \
+  template void embedding_shard_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,        \
+                                            int64_t, int64_t);                                     \
+  template void cross_entropy_shard_stats<T>(T*, const T*, const int32_t*, int64_t, int64_t,       \
+                                             int64_t);                                             \
+  template void cross_entropy_shard<T>(T*, T*, const T*, const int32_t*, const T*, int64_t,        \
+                                       int64_t, int64_t, int64_t, T);                              \
   template void sum<T>(T*, const T*, int64_t, bool);                                               \
   template void sum_squares<T>(T*, const T*, int64_t, bool);                                       \
   template void init_normal<T>(T*, int64_t, uint64_t, uint64_t, T, T);

@@ -50,6 +50,18 @@ void embedding_forward(T* out, const int32_t* tokens, const T* table, int64_t N,
 template <class T>
 void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C);
 
+// A vocabulary shard's table (V, C) holds the rows of token ids [first_id, first_id + V).
+// out (N, C) = table[tokens - first_id], a zero row for a token outside the shard.
+template <class T>
+void embedding_shard_forward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C,
+                             int64_t V, int64_t first_id);
+
+// dtable (V, C) accumulates the rows of dout (N, C) whose tokens lie in the shard, in token
+// order.
+template <class T>
+void embedding_shard_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C,
+                              int64_t V, int64_t first_id);
+
 // ---- RMSNorm ----
 
 // x (N, C), weight (C). rstd (N) = 1 / sqrt(mean(x^2) + eps); out (N, C) = x * rstd * weight.
@@ -219,6 +231,23 @@ template <class T>
 void grouped_matmul_wgrad(T* out, const T* a, const T* b, const int32_t* offsets, int64_t G,
                           int64_t M, int64_t N, T beta, int64_t W = -1,
                           const int32_t* weights = nullptr);
+
+// Cross-entropy over logits split by vocabulary (Megatron's vocab_parallel_cross_entropy).
+// logits (N, V) are the columns [first_id, first_id + V) of the whole row.
+// stats (N, 2) = {logsumexp(logits[n]), logits[n, targets[n] - first_id] when the target lies
+// in the shard, else 0}.
+template <class T>
+void cross_entropy_shard_stats(T* stats, const T* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t first_id);
+
+// all_stats (S, N, 2): every shard's stats, in shard order. losses (N) = the logsumexp of the
+// shards' logsumexps - the sum of their target logits (0 if ignored). If dlogits (N, V) is
+// non-null (it may be logits itself) it is overwritten with grad_scale * (softmax - onehot) on
+// this shard's columns, a zero row if ignored.
+template <class T>
+void cross_entropy_shard(T* losses, T* dlogits, const T* logits, const int32_t* targets,
+                         const T* all_stats, int64_t S, int64_t N, int64_t V, int64_t first_id,
+                         T grad_scale);
 
 // ---- reductions ----
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
@@ -174,7 +175,138 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Vocabulary-parallel cross-entropy, step 1: each row's (max, sum of exp) over this shard,
+// streamed once as in cross_entropy_kernel's first pass, then the row's log-sum-exp and the
+// target's logit (when the target lies in the shard). One block per row.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_shard_stats_kernel(float* stats, const T* logits, const int32_t* targets,
+                                     int64_t V, int64_t first_id) {
+  __shared__ MaxSum reduce[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  const int packs = static_cast<int>(V / VEC);
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int q = threadIdx.x; q < packs; q += kThreads) {
+    const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
+    float v[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
+    const float pack_max = tree_max<VEC>(v);
+    if (pack_max > acc.max) {
+      acc.sum *= fast_exp2((acc.max - pack_max) * kLog2e);
+      acc.max = pack_max;
+    }
+    const float max_log2 = acc.max * kLog2e;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = fast_exp2(fmaf(v[k], kLog2e, -max_log2));
+    acc.sum += tree_sum<VEC>(v);
+  }
+  const MaxSum total = block_max_sum(acc, reduce);
+  if (threadIdx.x != 0) return;
+  const int64_t t = static_cast<int64_t>(targets[row]) - first_id;
+  stats[2 * row] = total.max + logf(total.sum);
+  stats[2 * row + 1] = targets[row] >= 0 && t >= 0 && t < V ? to_float(x[t]) : 0.0f;
+}
+
+// Step 2, after the stats of every shard (S, N, 2) are gathered: the row's log-sum-exp over
+// the shards and its target logit, combined by thread 0 in shard order (every shard gets the
+// same bits), its loss, and the gradient over this shard's columns. One block per row.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_shard_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
+                               const float* all_stats, int64_t S, int64_t N, int64_t V,
+                               int64_t first_id, float grad_scale) {
+  __shared__ float lse_shared;
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * V;
+  T* dx = dlogits != nullptr ? dlogits + row * V : nullptr;
+  const int packs = static_cast<int>(V / VEC);
+  const int32_t target = targets[row];
+  if (target < 0) {
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (dx != nullptr) {
+      float zero[VEC] = {};
+      for (int q = threadIdx.x; q < packs; q += kThreads)
+        store_floats<T, VEC>(dx + static_cast<int64_t>(q) * VEC, zero);
+    }
+    return;
+  }
+  if (threadIdx.x == 0) {
+    float max = all_stats[2 * row];
+    for (int64_t s = 1; s < S; ++s) max = fmaxf(max, all_stats[(s * N + row) * 2]);
+    float sum = 0.0f, target_logit = 0.0f;
+    for (int64_t s = 0; s < S; ++s) {
+      sum += expf(all_stats[(s * N + row) * 2] - max);
+      target_logit += all_stats[(s * N + row) * 2 + 1];
+    }
+    lse_shared = max + logf(sum);
+    losses[row] = lse_shared - target_logit;
+  }
+  __syncthreads();
+  if (dx == nullptr) return;
+  const float lse_log2 = lse_shared * kLog2e;
+  const int64_t t = static_cast<int64_t>(target) - first_id;
+  for (int q = threadIdx.x; q < packs; q += kThreads) {
+    const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
+    float g[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      g[k] = fast_exp2(fmaf(to_float(pack.v[k]), kLog2e, -lse_log2)) * grad_scale;
+      if (static_cast<int64_t>(q) * VEC + k == t) g[k] -= grad_scale;
+    }
+    store_floats<T, VEC>(dx + static_cast<int64_t>(q) * VEC, g);
+  }
+}
+
+// The widest pack the row length and the pointers allow.
+template <class T, class Launch>
+void launch_with_pack(int64_t V, std::initializer_list<const void*> pointers, Launch launch) {
+  constexpr int kVec = kVec16<T>;
+  bool aligned = V % kVec == 0;
+  for (const void* p : pointers) aligned = aligned && (p == nullptr || is_aligned(p, 16));
+  if (aligned) {
+    launch(std::integral_constant<int, kVec>{});
+  } else {
+    launch(std::integral_constant<int, 1>{});
+  }
+}
+
 }  // namespace
+
+void cross_entropy_shard_stats(float* stats, const void* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t first_id, DType dtype, cudaStream_t stream) {
+  NvtxRange range("cross_entropy_shard_stats");
+  if (N == 0) return;
+  check_grid("cross_entropy_shard_stats", N);
+  dispatch_float(dtype, "cross_entropy_shard_stats", [&](auto tag) {
+    using T = decltype(tag);
+    launch_with_pack<T>(V, {logits}, [&](auto vec_tag) {
+      constexpr int VEC = decltype(vec_tag)::value;
+      cross_entropy_shard_stats_kernel<T, VEC>
+          <<<N, kThreads, 0, stream>>>(stats, static_cast<const T*>(logits), targets, V, first_id);
+    });
+    TS_CUDA_CHECK_LAUNCH("cross_entropy_shard_stats_kernel");
+  });
+}
+
+void cross_entropy_shard(float* losses, void* dlogits, const void* logits, const int32_t* targets,
+                         const float* all_stats, int64_t S, int64_t N, int64_t V, int64_t first_id,
+                         float grad_scale, DType dtype, cudaStream_t stream) {
+  NvtxRange range("cross_entropy_shard");
+  if (N == 0) return;
+  check_grid("cross_entropy_shard", N);
+  dispatch_float(dtype, "cross_entropy_shard", [&](auto tag) {
+    using T = decltype(tag);
+    launch_with_pack<T>(V, {logits, dlogits}, [&](auto vec_tag) {
+      constexpr int VEC = decltype(vec_tag)::value;
+      cross_entropy_shard_kernel<T, VEC><<<N, kThreads, 0, stream>>>(
+          losses, static_cast<T*>(dlogits), static_cast<const T*>(logits), targets, all_stats, S, N,
+          V, first_id, grad_scale);
+    });
+    TS_CUDA_CHECK_LAUNCH("cross_entropy_shard_kernel");
+  });
+}
 
 void cross_entropy(float* losses, void* dlogits, const void* logits, const int32_t* targets,
                    int64_t N, int64_t V, float grad_scale, DType dtype, cudaStream_t stream) {

@@ -15,4 +15,16 @@ namespace tessera::cuda {
 void cross_entropy(float* losses, void* dlogits, const void* logits, const int32_t* targets,
                    int64_t N, int64_t V, float grad_scale, DType dtype, cudaStream_t stream);
 
+// Vocabulary-parallel cross-entropy (Backend::cross_entropy_shard_stats / cross_entropy_shard):
+// logits (N, V) in dtype are the columns [first_id, first_id + V) of the whole vocabulary.
+// stats (N, 2) fp32 = {logsumexp of the row, the target's logit if it lies in the shard, else 0}.
+void cross_entropy_shard_stats(float* stats, const void* logits, const int32_t* targets, int64_t N,
+                               int64_t V, int64_t first_id, DType dtype, cudaStream_t stream);
+// all_stats (S, N, 2) fp32: every shard's stats in shard order. losses (N) fp32 = the
+// logsumexp over the shards - the target's logit; dlogits (optional, may be logits) =
+// grad_scale * (softmax - onehot) over this shard's columns, in dtype.
+void cross_entropy_shard(float* losses, void* dlogits, const void* logits, const int32_t* targets,
+                         const float* all_stats, int64_t S, int64_t N, int64_t V, int64_t first_id,
+                         float grad_scale, DType dtype, cudaStream_t stream);
+
 }  // namespace tessera::cuda

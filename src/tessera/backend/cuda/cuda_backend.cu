@@ -447,6 +447,31 @@ void CudaBackend::do_embedding_backward(const Tensor& dtable, const Tensor& dout
                            dout.dtype, scratch(bytes), bytes, stream_);
 }
 
+void CudaBackend::do_embedding_shard_forward(const Tensor& out, const Tensor& tokens,
+                                             const Tensor& table, int64_t first_id) {
+  const char* op = "embedding_shard_forward";
+  expect_float(table, op, "table");
+  expect_same_type(out, table, op, "out");
+  expect_type(tokens, DType::I32, op, "tokens");
+  const MatrixDims t = matrix_dims(table);
+  cuda::embedding_shard_forward(out.data, tokens.as<int32_t>(), table.data, tokens.numel(), t.cols,
+                                t.rows, first_id, table.dtype, stream_);
+}
+
+void CudaBackend::do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
+                                              const Tensor& tokens, int64_t first_id) {
+  const char* op = "embedding_shard_backward";
+  expect_float(dtable, op, "dtable");
+  expect_float(dout, op, "dout");
+  expect_type(tokens, DType::I32, op, "tokens");
+  const MatrixDims t = matrix_dims(dtable);
+  const int64_t N = tokens.numel();
+  const size_t bytes = embedding_backward_scratch_bytes(N);
+  cuda::embedding_shard_backward(dtable.data, dtable.dtype, dout.data, tokens.as<int32_t>(), N,
+                                 t.cols, t.rows, first_id, dout.dtype, scratch(bytes), bytes,
+                                 stream_);
+}
+
 void CudaBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                      const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
@@ -831,6 +856,39 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
     else if (a.beta != 1.0f)
       scale_floats(out, M * N, a.beta, stream_);
   }
+}
+
+void CudaBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
+                                               const Tensor& targets, int64_t first_id) {
+  const char* op = "cross_entropy_shard_stats";
+  expect_float(logits, op, "logits");
+  expect_type(stats, DType::F32, op, "stats");
+  expect_type(targets, DType::I32, op, "targets");
+  const MatrixDims d = matrix_dims(logits);
+  TS_CHECK(d.cols < (int64_t{1} << 31), "cuda {}: vocabulary shard {} exceeds 2^31", op, d.cols);
+  cuda::cross_entropy_shard_stats(stats.as<float>(), logits.data, targets.as<int32_t>(), d.rows,
+                                  d.cols, first_id, logits.dtype, stream_);
+}
+
+void CudaBackend::do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,
+                                         const Tensor& targets, const Tensor& all_stats,
+                                         int64_t first_id, const Tensor& dlogits,
+                                         float grad_scale) {
+  const char* op = "cross_entropy_shard";
+  expect_float(logits, op, "logits");
+  expect_type(losses, DType::F32, op, "losses");
+  expect_type(targets, DType::I32, op, "targets");
+  expect_type(all_stats, DType::F32, op, "all_stats");
+  const MatrixDims d = matrix_dims(logits);
+  TS_CHECK(d.cols < (int64_t{1} << 31), "cuda {}: vocabulary shard {} exceeds 2^31", op, d.cols);
+  void* dx = nullptr;
+  if (dlogits.defined()) {
+    expect_same_type(dlogits, logits, op, "dlogits");
+    dx = dlogits.data;
+  }
+  cuda::cross_entropy_shard(losses.as<float>(), dx, logits.data, targets.as<int32_t>(),
+                            all_stats.as<float>(), all_stats.numel() / (2 * d.rows), d.rows, d.cols,
+                            first_id, grad_scale, logits.dtype, stream_);
 }
 
 // ---- reductions and optimizer ----

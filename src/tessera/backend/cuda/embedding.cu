@@ -14,22 +14,32 @@ constexpr int kThreads = 256;
 
 // One thread per pack of VEC channels of one output row: a flat grid keeps every load and
 // store a coalesced 16-byte access, whatever C is.
-template <class T, int VEC>
+// SHARD: the table holds the rows of ids [first_id, first_id + V) of a vocabulary split over
+// ranks, and a token outside them (another shard's) gets a zero row; otherwise first_id is 0
+// and a token outside the table is bad data.
+template <class T, int VEC, bool SHARD>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* table, int64_t N,
-                                         int64_t C, int64_t V) {
+                                         int64_t C, int64_t V, int64_t first_id) {
   const int64_t packs_per_row = C / VEC;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= N * packs_per_row) return;
   const int64_t n = p / packs_per_row, c = (p % packs_per_row) * VEC;
-  const int32_t id = tokens[n];
+  const int64_t id = SHARD ? static_cast<int64_t>(tokens[n]) - first_id : tokens[n];
   Pack<T, VEC> pack;
   if (id >= 0 && id < V) {
     pack = load_pack<T, VEC>(table + id * C + c);
   } else {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) pack.v[k] = from_float<T>(NAN);
+    for (int k = 0; k < VEC; ++k) pack.v[k] = from_float<T>(SHARD ? 0.0f : NAN);
   }
   store_pack<T, VEC>(out + n * C + c, pack);
+}
+
+// ids[i] = tokens[i] - first_id: another shard's tokens fall outside [0, V), where the
+// backward's unsigned sort puts them after every row of the shard.
+__global__ void shift_ids_kernel(int32_t* ids, const int32_t* tokens, int64_t n, int64_t first_id) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) ids[i] = static_cast<int32_t>(tokens[i] - first_id);
 }
 
 __global__ void iota_kernel(int32_t* out, int64_t n) {
@@ -82,11 +92,10 @@ size_t sort_temp_bytes(int64_t N) {
   return bytes;
 }
 
-}  // namespace
-
-void embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N, int64_t C,
-                       int64_t V, DType dtype, cudaStream_t stream) {
-  NvtxRange range("embedding_forward");
+template <bool SHARD>
+void launch_embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
+                              int64_t C, int64_t V, int64_t first_id, DType dtype,
+                              cudaStream_t stream) {
   if (N == 0 || C == 0) return;
   dispatch_float(dtype, "embedding_forward", [&](auto tag) {
     using T = decltype(tag);
@@ -95,8 +104,8 @@ void embedding_forward(void* out, const int32_t* tokens, const void* table, int6
       constexpr int VEC = decltype(vec_tag)::value;
       const int64_t blocks = ceil_div(N * (C / VEC), kThreads);
       check_grid("embedding_forward", blocks);
-      embedding_forward_kernel<T, VEC><<<blocks, kThreads, 0, stream>>>(
-          static_cast<T*>(out), tokens, static_cast<const T*>(table), N, C, V);
+      embedding_forward_kernel<T, VEC, SHARD><<<blocks, kThreads, 0, stream>>>(
+          static_cast<T*>(out), tokens, static_cast<const T*>(table), N, C, V, first_id);
     };
     if (C % kVec == 0 && is_aligned(out, 16) && is_aligned(table, 16)) {
       launch(std::integral_constant<int, kVec>{});
@@ -107,14 +116,12 @@ void embedding_forward(void* out, const int32_t* tokens, const void* table, int6
   });
 }
 
-size_t embedding_backward_scratch_bytes(int64_t N) {
-  return 3 * align_up(static_cast<size_t>(N) * 4) + align_up(sort_temp_bytes(N));
-}
-
-void embedding_backward(void* dtable, DType table_dtype, const void* dout, const int32_t* tokens,
-                        int64_t N, int64_t C, int64_t V, DType dout_dtype, void* scratch,
-                        size_t scratch_bytes, cudaStream_t stream) {
-  NvtxRange range("embedding_backward");
+// The backward of either lookup into dtable (fp32, or bf16: table_dtype). With `shard` the rows
+// are indexed by tokens - first_id (computed into the scratch); ids outside [0, V) are skipped.
+void launch_embedding_backward(void* dtable, DType table_dtype, const void* dout,
+                               const int32_t* tokens, int64_t N, int64_t C, int64_t V,
+                               int64_t first_id, bool shard, DType dout_dtype, void* scratch,
+                               size_t scratch_bytes, cudaStream_t stream) {
   if (N == 0 || C == 0) return;
   check_grid("embedding_backward", N);
   char* base = static_cast<char*>(scratch);
@@ -122,20 +129,27 @@ void embedding_backward(void* dtable, DType table_dtype, const void* dout, const
   auto* sorted_ids = reinterpret_cast<uint32_t*>(base);
   auto* positions = reinterpret_cast<int32_t*>(base + ids_bytes);
   auto* sorted_pos = reinterpret_cast<int32_t*>(base + 2 * ids_bytes);
-  void* temp = base + 3 * ids_bytes;
+  auto* shifted = reinterpret_cast<int32_t*>(base + 3 * ids_bytes);
+  void* temp = base + 4 * ids_bytes;
   size_t temp_bytes = sort_temp_bytes(N);
-  if (scratch_bytes < 3 * ids_bytes + temp_bytes) {
+  if (scratch_bytes < 4 * ids_bytes + temp_bytes) {
     throw_cuda_error(cudaErrorInvalidValue, "embedding_backward: scratch too small", __FILE__,
                      __LINE__);
   }
 
   iota_kernel<<<ceil_div(N, kThreads), kThreads, 0, stream>>>(positions, N);
   TS_CUDA_CHECK_LAUNCH("iota_kernel");
+  const int32_t* ids = tokens;
+  if (shard) {
+    shift_ids_kernel<<<ceil_div(N, kThreads), kThreads, 0, stream>>>(shifted, tokens, N, first_id);
+    TS_CUDA_CHECK_LAUNCH("shift_ids_kernel");
+    ids = shifted;
+  }
   // Ids as unsigned and all 32 bits sorted: ids outside [0, V) (negative ones included) land
   // after every valid id, in runs of their own, and are skipped.
   TS_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      temp, temp_bytes, reinterpret_cast<const uint32_t*>(tokens), sorted_ids, positions,
-      sorted_pos, static_cast<int>(N), 0, 32, stream));
+      temp, temp_bytes, reinterpret_cast<const uint32_t*>(ids), sorted_ids, positions, sorted_pos,
+      static_cast<int>(N), 0, 32, stream));
 
   dispatch_float(dout_dtype, "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -158,6 +172,42 @@ void embedding_backward(void* dtable, DType table_dtype, const void* dout, const
       TS_CUDA_CHECK_LAUNCH("embedding_backward_kernel");
     });
   });
+}
+
+}  // namespace
+
+void embedding_forward(void* out, const int32_t* tokens, const void* table, int64_t N, int64_t C,
+                       int64_t V, DType dtype, cudaStream_t stream) {
+  NvtxRange range("embedding_forward");
+  launch_embedding_forward<false>(out, tokens, table, N, C, V, 0, dtype, stream);
+}
+
+void embedding_shard_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
+                             int64_t C, int64_t V, int64_t first_id, DType dtype,
+                             cudaStream_t stream) {
+  NvtxRange range("embedding_shard_forward");
+  launch_embedding_forward<true>(out, tokens, table, N, C, V, first_id, dtype, stream);
+}
+
+size_t embedding_backward_scratch_bytes(int64_t N) {
+  return 4 * align_up(static_cast<size_t>(N) * 4) + align_up(sort_temp_bytes(N));
+}
+
+void embedding_backward(void* dtable, DType table_dtype, const void* dout, const int32_t* tokens,
+                        int64_t N, int64_t C, int64_t V, DType dout_dtype, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream) {
+  NvtxRange range("embedding_backward");
+  launch_embedding_backward(dtable, table_dtype, dout, tokens, N, C, V, 0, false, dout_dtype,
+                            scratch, scratch_bytes, stream);
+}
+
+void embedding_shard_backward(void* dtable, DType table_dtype, const void* dout,
+                              const int32_t* tokens, int64_t N, int64_t C, int64_t V,
+                              int64_t first_id, DType dout_dtype, void* scratch,
+                              size_t scratch_bytes, cudaStream_t stream) {
+  NvtxRange range("embedding_shard_backward");
+  launch_embedding_backward(dtable, table_dtype, dout, tokens, N, C, V, first_id, true, dout_dtype,
+                            scratch, scratch_bytes, stream);
 }
 
 }  // namespace tessera::cuda

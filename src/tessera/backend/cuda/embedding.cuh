@@ -26,4 +26,18 @@ void embedding_backward(void* dtable, DType table_dtype, const void* dout, const
                         int64_t N, int64_t C, int64_t V, DType dout_dtype, void* scratch,
                         size_t scratch_bytes, cudaStream_t stream);
 
+// Vocabulary-parallel lookup (Backend::embedding_shard_forward): table (V, C) holds the rows
+// of ids [first_id, first_id + V); a token outside them gets a zero row.
+void embedding_shard_forward(void* out, const int32_t* tokens, const void* table, int64_t N,
+                             int64_t C, int64_t V, int64_t first_id, DType dtype,
+                             cudaStream_t stream);
+
+// Its backward: dtable (V, C) (fp32, or bf16: table_dtype) accumulates the rows of dout whose
+// tokens lie in the shard, deterministically as embedding_backward. Scratch:
+// embedding_backward_scratch_bytes(N).
+void embedding_shard_backward(void* dtable, DType table_dtype, const void* dout,
+                              const int32_t* tokens, int64_t N, int64_t C, int64_t V,
+                              int64_t first_id, DType dout_dtype, void* scratch,
+                              size_t scratch_bytes, cudaStream_t stream);
+
 }  // namespace tessera::cuda

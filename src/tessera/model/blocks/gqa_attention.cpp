@@ -24,10 +24,10 @@ void GqaAttentionBlock::declare_params(ParamLayoutBuilder& b) {
 }
 
 void GqaAttentionBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
-  const int64_t N = rt.tokens();
+  const int64_t N = rt.tokens(), Ns = rt.sequence_tokens();
   const DType dt = rt.compute_dtype;
-  plan.add(&ln_, dt, {N, s_.hidden}, Keep::Recomputable);
-  plan.add(&rstd_, DType::F32, {N});
+  plan.add(&ln_, dt, {Ns, s_.hidden}, Keep::Recomputable);
+  plan.add(&rstd_, DType::F32, {Ns});
   plan.add(&qkv_, dt, {N, s_.qkv_width()});
   plan.add(&att_, dt, {N, s_.attn_width()});
   plan.add(&lse_, DType::F32, {rt.micro_batch, s_.heads, rt.seq_length});

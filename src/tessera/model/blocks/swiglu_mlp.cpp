@@ -12,11 +12,11 @@ void SwigluMlpBlock::declare_params(ParamLayoutBuilder& b) {
 }
 
 void SwigluMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
-  const int64_t N = rt.tokens();
+  const int64_t N = rt.tokens(), Ns = rt.sequence_tokens();
   const DType dt = rt.compute_dtype;
-  plan.add(&rstd_, DType::F32, {N});
+  plan.add(&rstd_, DType::F32, {Ns});
   plan.add(&gate_up_out_, dt, {N, 2 * s_.ffn});
-  plan.add(&ln_, dt, {N, s_.hidden}, Keep::Recomputable);
+  plan.add(&ln_, dt, {Ns, s_.hidden}, Keep::Recomputable);
   plan.add(&h_, dt, {N, s_.ffn}, Keep::Recomputable);
 }
 

@@ -1,0 +1,238 @@
+#include "tessera/distributed/mesh_parallelism.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
+
+namespace tessera::dist {
+namespace {
+
+// The parts of `ranges` inside `within` (both increasing and disjoint).
+std::vector<ParamRange> intersect(const std::vector<ParamRange>& ranges,
+                                  const std::vector<ParamRange>& within) {
+  std::vector<ParamRange> out;
+  for (const ParamRange& a : ranges)
+    for (const ParamRange& b : within) {
+      const ParamRange r{std::max(a.begin, b.begin), std::min(a.end, b.end)};
+      if (r.count() > 0) out.push_back(r);
+    }
+  return out;
+}
+
+}  // namespace
+
+MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Model& model,
+                                 const DataParallelOptions& data_parallel)
+    : world_(world),
+      mesh_(mesh),
+      model_(model),
+      barrier_buffer_(model.backend(), sizeof(float), "barrier flag") {
+  const ModelRuntime& rt = model.runtime();
+  const int tp = mesh.size(MeshDim::TP), tp_rank = mesh.coordinate(world.rank(), MeshDim::TP);
+  TS_CHECK(rt.tensor_parallel_size == tp && rt.tensor_parallel_rank == tp_rank,
+           "the model holds tensor-parallel part {} of {}, rank {} is part {} of {}",
+           rt.tensor_parallel_rank, rt.tensor_parallel_size, world.rank(), tp_rank, tp);
+  TS_CHECK(!data_parallel.fully_shard, "FSDP with tensor or pipeline parallelism");
+  TS_CHECK(mesh.size(MeshDim::PP) == 1 || !rt.pipeline_chunks.empty(),
+           "a pipeline of {} stages over a model that holds every layer", mesh.size(MeshDim::PP));
+  // Every rank splits the same groups in the same order (Communicator::split is collective).
+  tp_comm_ = split_mesh_group(world, mesh, {MeshDim::TP});
+  dp_comm_ = split_mesh_group(world, mesh, {MeshDim::DP});
+  amax_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::DP});
+  pp_comm_ = split_mesh_group(world, mesh, {MeshDim::PP});
+  model_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::PP});
+  model_.set_tensor_parallel_group(this);
+  if (mesh.size(MeshDim::DP) > 1) {
+    DataParallelOptions options = data_parallel;
+    // A stage's backward passes of different micro-batches interleave with its forwards: the
+    // gradients are final only after the schedule's last pass.
+    if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
+    data_ = make_data_parallelism(*dp_comm_, model, options);
+  }
+
+  const ParamLayout& layout = model.layout();
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamInfo& p = layout.params[i];
+    const bool replicated = p.tp == TensorParallelStyle::Replicated;
+    if (replicated && rt.sequence_parallel) sequence_partial_grads_.push_back(static_cast<int>(i));
+    if (replicated && tp_rank != 0) continue;
+    // To the next parameter: the alignment gap between them holds zeros.
+    const int64_t end = i + 1 < layout.params.size() ? layout.params[i + 1].offset : layout.total;
+    if (!counted_.empty() && counted_.back().end == p.offset)
+      counted_.back().end = end;
+    else
+      counted_.push_back({p.offset, end});
+  }
+}
+
+MeshParallelism::~MeshParallelism() {
+  model_.set_tensor_parallel_group(nullptr);
+}
+
+int MeshParallelism::data_parallel_rank() const {
+  return mesh_.coordinate(world_.rank(), MeshDim::DP);
+}
+
+int MeshParallelism::data_parallel_size() const {
+  return mesh_.size(MeshDim::DP);
+}
+
+std::string MeshParallelism::description() const {
+  std::string s = mesh_.description();
+  if (mesh_.size(MeshDim::TP) > 1)
+    s += fmt::format("; tensor parallel {}{}", mesh_.size(MeshDim::TP),
+                     model_.runtime().sequence_parallel ? " with sequence parallelism" : "");
+  if (mesh_.size(MeshDim::PP) > 1) {
+    std::string layers;
+    for (const LayerRange& c : model_.runtime().pipeline_chunks)
+      layers += fmt::format("{}{}-{}", layers.empty() ? "" : ", ", c.first, c.end() - 1);
+    s += fmt::format("; pipeline stage {} of {} ({}1F1B, layers {}, {} micro-batch slots)",
+                     mesh_.coordinate(world_.rank(), MeshDim::PP), mesh_.size(MeshDim::PP),
+                     model_.chunks() > 1 ? "interleaved " : "", layers,
+                     model_.runtime().pipeline_slots);
+  }
+  if (data_) s += "; data parallel: " + data_->description();
+  return s;
+}
+
+const PipelineSchedule& MeshParallelism::schedule(int64_t count, bool with_backward) {
+  auto& s = schedules_[{count, with_backward}];
+  if (!s)
+    s = std::make_unique<PipelineSchedule>(mesh_.size(MeshDim::PP), model_.chunks(), count,
+                                           with_backward);
+  return *s;
+}
+
+void MeshParallelism::run_micro_batches(int64_t count, float grad_scale,
+                                        const std::function<void(int64_t)>& load,
+                                        const std::function<void(int64_t)>& run) {
+  if (mesh_.size(MeshDim::PP) == 1)
+    return Parallelism::run_micro_batches(count, grad_scale, load, run);
+  // The gradients are reduced after the schedule (finish_gradient_reduction): no bucket is
+  // armed for the backward.
+  if (data_) data_->begin_micro_batch(false);
+  run_schedule(schedule(count, true), true, grad_scale, load);
+}
+
+void MeshParallelism::run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,
+                                         const std::function<void(int64_t)>& run) {
+  if (mesh_.size(MeshDim::PP) == 1) return Parallelism::run_forward_passes(count, load, run);
+  run_schedule(schedule(count, false), false, 0.0f, load);
+}
+
+void MeshParallelism::run_schedule(const PipelineSchedule& schedule, bool with_backward,
+                                   float grad_scale, const std::function<void(int64_t)>& load) {
+  const int stage = mesh_.coordinate(world_.rank(), MeshDim::PP);
+  // The stages holding the embedding (tokens) and the head (targets) read the micro-batches.
+  const std::vector<LayerRange>& chunks = model_.runtime().pipeline_chunks;
+  const bool reads_batches =
+      chunks.front().first == 0 || chunks.back().end() == model_.spec().num_layers;
+  std::vector<char> loaded(static_cast<size_t>(schedule.micro_batches()), 0);
+  std::vector<P2POp> ops;
+  for (const PipelineStep& step : schedule.steps(stage)) {
+    if (step.pass) {
+      const PipelinePass& p = *step.pass;
+      model_.use_slot(schedule.slot(stage, p.micro_batch));
+      if (p.kind == PipelinePass::Kind::Forward) {
+        if (reads_batches && !loaded[p.micro_batch]) load(p.micro_batch), loaded[p.micro_batch] = 1;
+        model_.forward_chunk(p.chunk, with_backward, grad_scale);
+      } else {
+        model_.backward_chunk(p.chunk);
+      }
+    }
+    if (step.transfers.empty()) continue;
+    ops.clear();
+    for (const PipelineTransfer& x : step.transfers) {
+      const int slot = schedule.slot(stage, x.micro_batch);
+      const Tensor t = x.gradient ? model_.chunk_grad(x.chunk, slot)
+                       : x.send   ? model_.chunk_output(x.chunk, slot)
+                                  : model_.chunk_input(x.chunk, slot);
+      ops.push_back({x.send ? P2POp::Kind::Send : P2POp::Kind::Recv, t, x.peer});
+    }
+    pp_comm_->send_recv(ops, Lane::Compute);
+  }
+}
+
+std::vector<OwnedParams> MeshParallelism::optimizer_shards() const {
+  return data_ ? data_->optimizer_shards() : std::vector<OwnedParams>{};
+}
+
+void MeshParallelism::begin_micro_batch(bool last) {
+  if (data_) data_->begin_micro_batch(last);
+}
+
+void MeshParallelism::finish_gradient_reduction() {
+  if (data_) data_->finish_gradient_reduction();
+  for (int index : sequence_partial_grads_)
+    tp_comm_->all_reduce(model_.grad(index), ReduceOp::Sum, Lane::Compute);
+}
+
+void MeshParallelism::grad_norm_sq(const Tensor& out) {
+  Backend& b = model_.backend();
+  const std::vector<OwnedParams> owned = optimizer_shards();
+  std::vector<ParamRange> ranges = counted_;
+  if (!owned.empty()) {
+    // ZeRO-1: only this rank's slices hold the data-parallel sum.
+    std::vector<ParamRange> slices;
+    for (const OwnedParams& o : owned) slices.push_back(o.range);
+    ranges = intersect(counted_, slices);
+  }
+  b.fill(out, 0.0f);
+  for (const ParamRange& r : ranges)
+    b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
+  settle();
+  if (!owned.empty()) dp_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
+  model_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
+}
+
+void MeshParallelism::params_updated() {
+  if (data_) data_->params_updated();
+}
+
+void MeshParallelism::sum(const Tensor& t) {
+  if (data_) data_->sum(t);
+  if (mesh_.size(MeshDim::PP) > 1) pp_comm_->all_reduce(t, ReduceOp::Sum, Lane::Compute);
+}
+
+void MeshParallelism::max(const Tensor& t) {
+  settle();
+  world_.all_reduce(t, ReduceOp::Max, Lane::Compute);
+}
+
+void MeshParallelism::reduce_fp8_amaxes(const Tensor& amaxes) {
+  settle();
+  amax_comm_->all_reduce(amaxes, ReduceOp::Max, Lane::Compute);
+}
+
+void MeshParallelism::reduce_fp8_status(const Tensor& status) {
+  settle();
+  world_.all_reduce(status, ReduceOp::Sum, Lane::Compute);
+}
+
+void MeshParallelism::barrier() {
+  const Tensor flag = barrier_buffer_.tensor(DType::F32, {1});
+  settle();
+  world_.all_reduce(flag, ReduceOp::Sum, Lane::Compute);
+  float ignored = 0;
+  model_.backend().download(&ignored, flag);
+}
+
+void MeshParallelism::settle() {
+  if (data_) data_->settle();
+}
+
+void MeshParallelism::all_reduce(const Tensor& t) {
+  tp_comm_->all_reduce(t, ReduceOp::Sum, Lane::Compute);
+}
+
+void MeshParallelism::all_gather(const Tensor& out, const Tensor& in) {
+  tp_comm_->all_gather(out, in, Lane::Compute);
+}
+
+void MeshParallelism::reduce_scatter(const Tensor& out, const Tensor& in) {
+  tp_comm_->reduce_scatter(out, in, Lane::Compute);
+}
+
+}  // namespace tessera::dist

@@ -1,0 +1,101 @@
+#pragma once
+// A model split over a device mesh's tensor-parallel ranks and pipeline stages, composed with
+// data parallelism over its data-parallel ranks (plain or ZeRO-1, distributed/data_parallel.h),
+// driven as one Parallelism. The model was built holding this rank's part of every split
+// parameter (ModelRuntime::tensor_parallel_size/rank) and its stage's layers
+// (ModelRuntime::pipeline_chunks); this layout gives it the tensor-parallel group's collectives
+// (TensorParallelGroup, on a communicator split from the world), runs the pipeline's schedule
+// (distributed/pipeline_schedule.h) over the step's micro-batches with point-to-point
+// transfers between the stages, and keeps the step exact across the mesh:
+//   - with sequence parallelism each rank's gradients of replicated parameters (the norms) are
+//     sums over its own tokens: they are summed over the tensor-parallel group once per step,
+//     after the data-parallel reduction (the two sums commute);
+//   - the gradient norm counts every element of the whole model once: split parameters on
+//     every tensor-parallel rank, replicated ones (the same on every rank) on rank 0 only
+//     (Megatron's param_is_not_tensor_parallel_duplicate), summed over the tensor-parallel
+//     ranks and the pipeline stages;
+//   - with pipeline parallelism the data-parallel gradient reduction runs after the step's
+//     last pass (a stage's backward passes of different micro-batches interleave with its
+//     forwards, so no bucket is final earlier);
+//   - losses are summed over the data-parallel ranks and the pipeline stages (the last one
+//     holds them; tensor-parallel ranks each hold the whole loss), FP8 amaxes maxed over the
+//     tensor and data-parallel ranks (a stage's own linears), the FP8 status summed and stop
+//     signals maxed over the whole job.
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/distributed/communicator.h"
+#include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/device_mesh.h"
+#include "tessera/distributed/parallelism.h"
+#include "tessera/distributed/pipeline_schedule.h"
+#include "tessera/model/model.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera::dist {
+
+class MeshParallelism final : public Parallelism, private TensorParallelGroup {
+ public:
+  // Collective over `world` (it splits the mesh's groups from it). The model must have been
+  // built for this rank's place in `mesh` (make_run_setup).
+  MeshParallelism(Communicator& world, const DeviceMesh& mesh, Model& model,
+                  const DataParallelOptions& data_parallel);
+  ~MeshParallelism() override;
+
+  int rank() const override { return world_.rank(); }
+  int world_size() const override { return world_.size(); }
+  int data_parallel_rank() const override;
+  int data_parallel_size() const override;
+  std::string description() const override;
+
+  std::vector<OwnedParams> optimizer_shards() const override;
+  void run_micro_batches(int64_t count, float grad_scale, const std::function<void(int64_t)>& load,
+                         const std::function<void(int64_t)>& run) override;
+  void run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,
+                          const std::function<void(int64_t)>& run) override;
+  void begin_micro_batch(bool last) override;
+  void finish_gradient_reduction() override;
+  void grad_norm_sq(const Tensor& out) override;
+  void params_updated() override;
+  Tensor gathered_param(int index) override { return model_.param(index); }
+
+  void sum(const Tensor& t) override;
+  void max(const Tensor& t) override;
+  void reduce_fp8_amaxes(const Tensor& amaxes) override;
+  void reduce_fp8_status(const Tensor& status) override;
+  void barrier() override;
+
+ private:
+  // TensorParallelGroup, on the compute stream.
+  void all_reduce(const Tensor& t) override;
+  void all_gather(const Tensor& out, const Tensor& in) override;
+  void reduce_scatter(const Tensor& out, const Tensor& in) override;
+
+  // Waits for the data-parallel collectives still in flight (before any on compute).
+  void settle();
+  // The pipeline's schedule for `count` micro-batches, made once.
+  const PipelineSchedule& schedule(int64_t count, bool with_backward);
+  // Runs this stage's steps of `schedule`: its passes, each stage's transfers after each step.
+  void run_schedule(const PipelineSchedule& schedule, bool with_backward, float grad_scale,
+                    const std::function<void(int64_t)>& load);
+
+  Communicator& world_;
+  DeviceMesh mesh_;
+  Model& model_;
+  // Groups: tensor-parallel, data-parallel, FP8 amaxes (tp x dp), pipeline stages, and the
+  // model's parts (tp x pp: the gradient norm).
+  std::unique_ptr<Communicator> tp_comm_, dp_comm_, amax_comm_, pp_comm_, model_comm_;
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
+  std::unique_ptr<DataParallelism> data_;  // null with one data-parallel rank
+  // Replicated parameters whose gradients are partial sums over sequence shards.
+  std::vector<int> sequence_partial_grads_;
+  // What of the flat gradient buffer this rank counts in the norm (before ZeRO-1's shards).
+  std::vector<ParamRange> counted_;
+  DeviceBuffer barrier_buffer_;
+};
+
+}  // namespace tessera::dist
