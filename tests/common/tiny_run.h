@@ -3,6 +3,7 @@
 // metrics.jsonl read back.
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -22,12 +23,14 @@ inline std::string tiny_args(const std::filesystem::path& workspace, const std::
          workspace.string() + " --work_group g --user_name u --exp_name " + exp_name;
 }
 
-// Every line of a metrics.jsonl, parsed.
+// Every complete line of a metrics.jsonl, parsed. A run may be writing the file: a last line
+// without its newline is still being written (or was cut by a kill) and is left out.
 inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& file) {
   std::vector<nlohmann::json> lines;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  std::ifstream in(file, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  for (size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
+    if (end > begin) lines.push_back(nlohmann::json::parse(text.substr(begin, end - begin)));
   return lines;
 }
 
