@@ -275,6 +275,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                           float fp8_max, float* nonfinite) {
   extern __shared__ float tile[];  // [kBlock][kBlockPitch]
   __shared__ float row_scale[kBlock], col_scale[kBlock], warp_amax[kBlockThreads / 32];
+  __shared__ float tile_scale;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBlock;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -300,14 +301,14 @@ __global__ void __launch_bounds__(kBlockThreads)
       float a = 0.0f;
       for (int w = 0; w < kBlockThreads / 32; ++w) a = fmaxf(a, warp_amax[w]);
       const float s = block_scale(a, fp8_max);
-      row_scale[0] = s;
+      tile_scale = s;
       const int64_t rb = blockIdx.y, cb = blockIdx.x;
       if (out) out_scale_inv[rb * ((kb_c + 3) / 4 * 4) + cb] = 1.0f / s;
       if (out_t) out_t_scale_inv[cb * ((kb_r + 3) / 4 * 4) + rb] = 1.0f / s;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < kBlock; i += kBlockThreads)
-      row_scale[i] = col_scale[i] = row_scale[0];
+      row_scale[i] = col_scale[i] = tile_scale;
     __syncthreads();
   } else {
     // Warp w takes tile rows (and columns) w, w + 8, ...: lanes stride over the 128 entries.
