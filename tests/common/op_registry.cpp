@@ -609,6 +609,68 @@ std::vector<OpCase> fp8_cases() {
     c.bytes = 1.0 * (p.M * p.K + p.N * p.K) + (p.fp32_out ? 4.0 : 2.0) * p.M * p.N;
     cases.push_back(c);
   }
+  // Blockwise scaling (fp8_recipe blockwise), the three GEMMs of an FP8 linear as the model runs
+  // them: fprop x (1x128 tiles) by W (128x128 blocks), dgrad dY (e5m2, 1x128) by W^T (the
+  // blocks transposed, from the cast's second output), wgrad dY^T by X^T, both cast
+  // transposed in tiles along the tokens, accumulated into fp32. Codes and scales are exact
+  // fp32 arithmetic (core/fp8.h), so every backend sees the same ones. Sizes are whole blocks
+  // (what the GEMMs take) with more than one block along each dimension.
+  enum class Gemm { Fprop, Dgrad, Wgrad };
+  for (Gemm g : {Gemm::Fprop, Gemm::Dgrad, Gemm::Wgrad}) {
+    const int64_t M = 256, N = 384, K = 512;
+    OpCase c;
+    const bool wgrad = g == Gemm::Wgrad;
+    c.name = fmt::format("fp8_block_cast+matmul_fp8 M{} N{} K{} {}", M, N, K,
+                         g == Gemm::Fprop   ? "fprop 1x128 x 128x128 +residual"
+                         : g == Gemm::Dgrad ? "dgrad e5m2 1x128 x 128x128(transposed)"
+                                            : "wgrad 1x128 x 1x128 (both transposed) fp32 +=");
+    // The operands as the model holds them: fprop x (M, K) and W (N, K); dgrad dY (M, K) and
+    // W (K, N); wgrad dY (K, M) and X (K, N), K being the tokens.
+    const Shape a_shape = wgrad ? Shape{K, M} : Shape{M, K};
+    const Shape b_shape = g == Gemm::Fprop ? Shape{N, K} : Shape{K, N};
+    c.specs = {{"a", a_shape, Kind::Act, Role::In, 0.5f},
+               {"b", b_shape, Kind::Act, Role::In, 0.05f},
+               {"out",
+                {M, N},
+                wgrad ? Kind::F32 : Kind::Act,
+                g == Gemm::Dgrad ? Role::Out : Role::Accum,
+                1.0f,
+                0,
+                1,
+                wgrad ? 1e-3 : 1e-2}};
+    c.run = [g, M, N, K, wgrad](Backend& b, const Tensors& t) {
+      const DType a_format = g == Gemm::Fprop ? DType::E4M3 : DType::E5M2;
+      const Fp8Scaling b_scaling = wgrad ? Fp8Scaling::Tile1x128 : Fp8Scaling::Block128x128;
+      const int64_t na = fp8_scale_count(Fp8Scaling::Tile1x128, M, K);
+      const int64_t nb = fp8_scale_count(b_scaling, N, K);
+      DeviceBuffer codes(b, M * K + N * K + 1024, "fp8 codes");
+      DeviceBuffer scales(b, 4 * (na + nb) + 1024, "fp8 block scales");
+      const Tensor qa = codes.tensor(a_format, {M, K});
+      const Tensor qb = codes.tensor(DType::E4M3, {N, K}, (M * K + 255) / 256 * 256);
+      const Tensor sa = scales.tensor(DType::F32, {na});
+      const Tensor sb = scales.tensor(DType::F32, {nb}, (4 * na + 255) / 256 * 256);
+      Fp8BlockCastArgs ca;
+      ca.x = t.at("a");
+      ca.scaling = Fp8Scaling::Tile1x128;
+      (wgrad ? ca.out_t : ca.out) = qa;
+      (wgrad ? ca.out_t_scale_inv : ca.out_scale_inv) = sa;
+      b.fp8_block_cast(ca);
+      Fp8BlockCastArgs cb;
+      cb.x = t.at("b");
+      cb.scaling = b_scaling;
+      (g == Gemm::Fprop ? cb.out : cb.out_t) = qb;
+      (g == Gemm::Fprop ? cb.out_scale_inv : cb.out_t_scale_inv) = sb;
+      b.fp8_block_cast(cb);
+      Fp8MatmulArgs m;
+      m.out = t.at("out"), m.a = qa, m.b = qb, m.a_scale_inv = sa, m.b_scale_inv = sb;
+      m.a_scaling = Fp8Scaling::Tile1x128;
+      m.b_scaling = b_scaling;
+      m.beta = g == Gemm::Dgrad ? 0.0f : 1.0f;
+      b.matmul_fp8(m);
+    };
+    c.flops = 2.0 * M * N * K;
+    cases.push_back(c);
+  }
   return cases;
 }
 

@@ -64,12 +64,17 @@ void write_float(const Tensor& t, int64_t i, float v) {
   t.as<uint16_t>()[i] = float_to_bf16_bits(v);
 }
 
-// An FP8 tensor's values times its dequantisation scale.
-std::vector<double> dequantize(const Tensor& q, const Tensor& scale_inv) {
-  const double s = values(scale_inv)[0];
+// A K-major FP8 operand's (rows, K) values times the dequantisation scale of each element's
+// tensor, tile or block.
+std::vector<double> dequantize(const Tensor& q, const Tensor& scale_inv, Fp8Scaling scaling) {
+  const MatrixDims d = matrix_dims(q);
+  const std::vector<double> s = values(scale_inv);
   const uint8_t* codes = q.as<uint8_t>();
   std::vector<double> v(static_cast<size_t>(q.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = fp8_bits_to_float(codes[i], q.dtype) * s;
+  for (int64_t r = 0; r < d.rows; ++r)
+    for (int64_t k = 0; k < d.cols; ++k)
+      v[r * d.cols + k] = fp8_bits_to_float(codes[r * d.cols + k], q.dtype) *
+                          s[fp8_scale_index(scaling, d.rows, d.cols, r, k)];
   return v;
 }
 
@@ -145,13 +150,27 @@ void ReferenceBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   const MatrixDims o = matrix_dims(args.out);
   const int64_t K = matrix_dims(args.a).cols;
   std::vector<double> out = gemm_start(args.out, args.c, args.beta);
-  const std::vector<double> a = dequantize(args.a, args.a_scale_inv);
-  const std::vector<double> b = dequantize(args.b, args.b_scale_inv);
+  const std::vector<double> a = dequantize(args.a, args.a_scale_inv, args.a_scaling);
+  const std::vector<double> b = dequantize(args.b, args.b_scale_inv, args.b_scaling);
   const std::vector<double> bias = args.bias.defined() ? values(args.bias) : std::vector<double>{};
   ref::matmul_forward<double>(out.data(), a.data(), b.data(), nullptr,
                               args.bias.defined() ? bias.data() : nullptr, o.rows, o.cols, K, false,
                               true, args.alpha, args.beta);
   store(args.out, out);
+}
+
+// The codes and scales are defined in fp32 (core/fp8.h's reference), as for fp8_cast_transpose.
+void ReferenceBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
+  expect_f32(args.x);
+  const MatrixDims d = matrix_dims(args.x);
+  const DType format = args.out.defined() ? args.out.dtype : args.out_t.dtype;
+  const bool bad =
+      fp8_block_cast_reference(args.x.as<float>(), d.rows, d.cols, args.scaling, format,
+                               args.out.defined() ? args.out.as<uint8_t>() : nullptr,
+                               args.out.defined() ? args.out_scale_inv.as<float>() : nullptr,
+                               args.out_t.defined() ? args.out_t.as<uint8_t>() : nullptr,
+                               args.out_t.defined() ? args.out_t_scale_inv.as<float>() : nullptr);
+  if (bad && args.nonfinite.defined()) store(args.nonfinite, {NAN});
 }
 
 void ReferenceBackend::do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) {

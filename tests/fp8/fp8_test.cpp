@@ -557,5 +557,223 @@ TEST(Fp8Config, ValidationNamesTheConflict) {
   EXPECT_NE(error_of({"--no_seq_length"}).find("no_seq_length"), std::string::npos);
 }
 
+// ---------------------------------------------------------------- block scaling
+
+// Every tile's scale is the power of two that brings its amax into [fp8_max / 2, fp8_max], the
+// codes decode to the tile's values within an FP8 rounding, and the layouts put each scale
+// where core/fp8.h says, for 1x128 tiles along either dimension and for 128x128 blocks, at
+// sizes with partial tiles at the edges.
+TEST(Fp8BlockScaling, ScalesArePowersOfTwoAndCodesDecodeToTheirTile) {
+  const int64_t R = 200, C = 300;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(R * C);
+  for (int64_t i = 0; i < R * C; ++i)  // a few rows and columns far larger: block scales' case
+    x[i] = normal(rng) * ((i / C) % 37 == 5 || (i % C) % 41 == 7 ? 300.0f : 0.01f);
+  for (Fp8Scaling scaling : {Fp8Scaling::Tile1x128, Fp8Scaling::Block128x128}) {
+    for (DType format : {DType::E4M3, DType::E5M2}) {
+      std::vector<uint8_t> q(R * C), qt(R * C);
+      std::vector<float> s(fp8_scale_count(scaling, R, C)), st(fp8_scale_count(scaling, C, R));
+      EXPECT_FALSE(fp8_block_cast_reference(x.data(), R, C, scaling, format, q.data(), s.data(),
+                                            qt.data(), st.data()));
+      const float max = fp8_max(format);
+      const bool blocks = scaling == Fp8Scaling::Block128x128;
+      // The amax each element's out (rowwise) and out_t (columnwise) tile sees.
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          float amax = 0, amax_t = 0;
+          for (int64_t k = c / 128 * 128; k < std::min(C, c / 128 * 128 + 128); ++k)
+            for (int64_t j = blocks ? r / 128 * 128 : r;
+                 j < (blocks ? std::min(R, r / 128 * 128 + 128) : r + 1); ++j)
+              amax = std::max(amax, std::fabs(x[j * C + k]));
+          for (int64_t j = r / 128 * 128; j < std::min(R, r / 128 * 128 + 128); ++j)
+            for (int64_t k = blocks ? c / 128 * 128 : c;
+                 k < (blocks ? std::min(C, c / 128 * 128 + 128) : c + 1); ++k)
+              amax_t = std::max(amax_t, std::fabs(x[j * C + k]));
+          const float inv = s[fp8_scale_index(scaling, R, C, r, c)];
+          const float inv_t = st[fp8_scale_index(scaling, C, R, c, r)];
+          for (const auto& [a, i] : {std::pair{amax, inv}, std::pair{amax_t, inv_t}}) {
+            int e = 0;
+            ASSERT_EQ(std::frexp(i, &e), 0.5f) << "scale_inv " << i << " is not a power of two";
+            ASSERT_LE(a / i, max) << r << "," << c;
+            ASSERT_GT(a / i, max / 2) << r << "," << c;
+          }
+          const float back = fp8_bits_to_float(q[r * C + c], format) * inv;
+          const float back_t = fp8_bits_to_float(qt[c * R + r], format) * inv_t;
+          // Half an ulp relative, or half the smallest subnormal (times the tile's scale_inv).
+          const float step = format == DType::E4M3 ? 1.0f / 16 : 1.0f / 8;
+          const float sub = std::ldexp(1.0f, format == DType::E4M3 ? -10 : -17);
+          const float ax = std::fabs(x[r * C + c]);
+          ASSERT_LE(std::fabs(back - x[r * C + c]), ax * step + sub * inv) << r << "," << c;
+          ASSERT_LE(std::fabs(back_t - x[r * C + c]), ax * step + sub * inv_t) << r << "," << c;
+        }
+      if (blocks)  // one block, two layouts: the same scales
+        for (int64_t r = 0; r < R; r += 128)
+          for (int64_t c = 0; c < C; c += 128)
+            EXPECT_EQ(s[fp8_scale_index(scaling, R, C, r, c)],
+                      st[fp8_scale_index(scaling, C, R, c, r)]);
+    }
+  }
+  EXPECT_EQ(fp8_scale_count(Fp8Scaling::Tile1x128, 200, 300), 3 * 200);
+  EXPECT_EQ(fp8_scale_count(Fp8Scaling::Block128x128, 200, 300), 2 * 4);  // 3 blocks, 16-byte rows
+  EXPECT_EQ(fp8_block_scale(0.0f, 448.0f), 1.0f);
+  EXPECT_EQ(fp8_block_scale(448.0f, 448.0f), 1.0f);
+  EXPECT_EQ(fp8_block_scale(449.0f, 448.0f), 0.5f);
+  EXPECT_EQ(fp8_block_scale(1.0f, 448.0f), 256.0f);
+  EXPECT_EQ(fp8_block_scale(INFINITY, 448.0f), 1.0f);
+}
+
+// With outliers in a few rows, 1x128 tiles keep the other rows' precision that one scale for
+// the tensor loses: the blockwise GEMM is closer to the exact product than the tensorwise one.
+TEST(Fp8BlockScaling, OutliersCostTilesLessThanTensors) {
+  auto b = make_cpu_backend();
+  const int64_t M = 256, N = 128, K = 256;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(M * K), w(N * K), exact(M * N, 0.0f);
+  for (int64_t i = 0; i < M * K; ++i) a[i] = normal(rng) * ((i / K) % 64 == 0 ? 1000.0f : 0.001f);
+  for (float& v : w) v = normal(rng);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) exact[m * N + n] += a[m * K + k] * w[n * K + k];
+  DeviceBuffer buf(*b, size_t{8} << 20, "tensors");
+  size_t at = 0;
+  auto take = [&](DType d, Shape s) {
+    const Tensor t = buf.tensor(d, s, at);
+    at += (static_cast<size_t>(s.numel()) * dtype_size(d) + 255) / 256 * 256;
+    return t;
+  };
+  const Tensor ta = take(DType::F32, {M, K}), tw = take(DType::F32, {N, K}),
+               out = take(DType::F32, {M, N});
+  b->upload(ta, a.data());
+  b->upload(tw, w.data());
+  const Tensor qa = take(DType::E4M3, {M, K}), qw = take(DType::E4M3, {N, K});
+  auto error = [&]() {
+    std::vector<float> got(M * N);
+    b->download(got.data(), out);
+    double d = 0, s = 0;
+    for (int64_t m = 0; m < M; ++m)
+      if (m % 64 != 0)  // the ordinary rows
+        for (int64_t n = 0; n < N; ++n)
+          d += std::pow(got[m * N + n] - exact[m * N + n], 2), s += std::pow(exact[m * N + n], 2);
+    return std::sqrt(d / s);
+  };
+  // Blockwise.
+  const Tensor sa = take(DType::F32, {fp8_scale_count(Fp8Scaling::Tile1x128, M, K)});
+  const Tensor sw = take(DType::F32, {fp8_scale_count(Fp8Scaling::Block128x128, N, K)});
+  b->fp8_block_cast({ta, Fp8Scaling::Tile1x128, qa, sa, {}, {}, {}});
+  b->fp8_block_cast({tw, Fp8Scaling::Block128x128, qw, sw, {}, {}, {}});
+  Fp8MatmulArgs m;
+  m.out = out, m.a = qa, m.b = qw, m.a_scale_inv = sa, m.b_scale_inv = sw;
+  m.a_scaling = Fp8Scaling::Tile1x128, m.b_scaling = Fp8Scaling::Block128x128;
+  b->matmul_fp8(m);
+  const double blockwise = error();
+  // Tensorwise, one scale each from the tensor's amax.
+  const Tensor amax = take(DType::F32, {1}), scale = take(DType::F32, {2}),
+               inv = take(DType::F32, {2});
+  for (int i = 0; i < 2; ++i) {
+    b->fill(amax, 0.0f);
+    b->fp8_cast_transpose(Fp8CastArgs{i == 0 ? ta : tw, {}, {}, {}, amax});
+    Fp8ScaleUpdateArgs u;
+    u.amax_history = amax.view({1, 1}), u.scale = scale.flat_range(i, 1),
+    u.scale_inv = inv.flat_range(i, 1);
+    u.most_recent = true, u.roll = false;
+    b->fp8_update_scales(u);
+    b->fp8_cast_transpose(
+        Fp8CastArgs{i == 0 ? ta : tw, i == 0 ? qa : qw, {}, scale.flat_range(i, 1), {}});
+  }
+  Fp8MatmulArgs t;
+  t.out = out, t.a = qa, t.b = qw, t.a_scale_inv = inv.flat_range(0, 1),
+  t.b_scale_inv = inv.flat_range(1, 1);
+  b->matmul_fp8(t);
+  const double tensorwise = error();
+  std::printf("[ fp8      ] ordinary rows' relative error: blockwise %.3e, tensorwise %.3e\n",
+              blockwise, tensorwise);
+  EXPECT_LT(blockwise, 0.05);
+  EXPECT_GT(tensorwise, 10 * blockwise);
+}
+
+TEST(Fp8BlockScaling, NonFiniteInputIsReported) {
+  auto b = make_cpu_backend();
+  DeviceBuffer buf(*b, 64 * 1024, "tensors");
+  const Tensor x = buf.tensor(DType::F32, {2, 256});
+  std::vector<float> v(512, 1.0f);
+  v[300] = INFINITY;
+  b->upload(x, v.data());
+  const Tensor q = buf.tensor(DType::E4M3, {2, 256}, 4096);
+  const Tensor s = buf.tensor(DType::F32, {4}, 8192);
+  const Tensor flag = buf.tensor(DType::F32, {1}, 12288);
+  b->fill(flag, 0.0f);
+  b->fp8_block_cast({x, Fp8Scaling::Tile1x128, q, s, {}, {}, flag});
+  float f = 0;
+  b->download(&f, flag);
+  EXPECT_TRUE(std::isnan(f));
+}
+
+// A model whose FP8 dimensions and tokens are whole blocks: blockwise training stays near fp32
+// like the per-tensor recipes (test Fp8Model), and keeps no scaling state.
+TEST(Fp8BlockScaling, ModelLossAndGradientsStayNearFp32) {
+  auto spec = tiny_spec();
+  spec.hidden = 128, spec.ffn = 256, spec.heads = 2, spec.kv_heads = 1, spec.head_dim = 64;
+  spec.max_position_embeddings = 128;
+  auto run = [&](const Fp8Options& fp8) {
+    ModelRun r;
+    ModelRuntime rt;
+    rt.micro_batch = 1;
+    rt.seq_length = 128;
+    rt.fp8 = fp8;
+    r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
+    init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
+    std::vector<int32_t> tokens(128), targets(128);
+    for (int i = 0; i < 128; ++i) tokens[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
+    r.model->set_batch(tokens.data(), targets.data());
+    r.model->zero_grads();
+    r.model->zero_loss_sum();
+    r.model->forward_backward(1.0f / 128);
+    r.backend->download(&r.loss, r.model->loss_sum());
+    r.grads.resize(r.model->layout().total);
+    r.backend->download(r.grads.data(), r.model->grads());
+    return r;
+  };
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  o.recipe = Fp8Recipe::Blockwise;
+  o.lm_head = true;
+  const ModelRun ref = run(Fp8Options{});
+  for (bool cache : {true, false}) {
+    o.weight_cache = cache;
+    const ModelRun fp8 = run(o);
+    EXPECT_NEAR(fp8.loss / ref.loss, 1.0, 0.02);
+    for (const ParamInfo& p : ref.model->layout().params) {
+      const double e = rel_err(fp8.grads, ref.grads, p.offset, p.numel());
+      EXPECT_LT(e, 0.25) << p.name;
+      EXPECT_GT(e, 0.0) << p.name << ": identical to fp32, so FP8 did not run";
+    }
+    EXPECT_TRUE(fp8.model->fp8()->state_tensors().empty());
+    EXPECT_EQ(Fp8Linears::plan_bytes(o, fp8.model->fp8()->linears(), 128),
+              DecoderModel::plan_memory(spec,
+                                        [&] {
+                                          ModelRuntime rt;
+                                          rt.seq_length = 128;
+                                          rt.fp8 = o;
+                                          return rt;
+                                        }())
+                  .fp8);
+  }
+  // Widths that are not whole blocks are refused by name.
+  spec.ffn = 320;
+  ModelRuntime rt;
+  rt.seq_length = 128;
+  rt.fp8 = o;
+  auto backend = make_cpu_backend();
+  try {
+    DecoderModel m(*backend, spec, rt);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 128"), std::string::npos) << e.what();
+    EXPECT_EQ(e.key(), "fp8_recipe");
+  }
+}
+
 }  // namespace
 }  // namespace tessera

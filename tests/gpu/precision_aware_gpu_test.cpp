@@ -127,7 +127,15 @@ TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
        true},
       {"cuDNN attention, full recompute", kBf16GradsAndMoments + "recompute_granularity: full\n",
        false}};
-  for (const Case& c : cases) {
+  std::vector<Case> all(std::begin(cases), std::end(cases));
+  if (make_backend(DeviceChoice::Cuda, 0)->supports(Capability::Fp8BlockScaling))
+    all.push_back(
+        {"fp8 blockwise, head, no cache",
+         kBf16GradsAndMoments +
+             "attention_backend: tessera\nffn_hidden_size: 384\nfp8: hybrid\n"
+             "fp8_recipe: blockwise\nfp8_lm_head: true\nfp8_weight_transpose_cache: false\n",
+         true});
+  for (const Case& c : all) {
     const Experiment e = experiment(3, c.extra);
     Logger log("", 0, false, false);
     Trainer t(e, make_backend(DeviceChoice::Cuda, 0), log, nullptr);

@@ -11,6 +11,7 @@
 
 #include "common/run_command.h"
 
+#include "tessera/analysis/gpu_specs.h"
 #include "tessera/backend/backend_factory.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/config/keys.h"
@@ -167,6 +168,47 @@ TEST(MemoryPlan, LargestMicroBatchIsTheLastThatFits) {
   }
   EXPECT_EQ(largest_micro_batch(in, size_t{1} << 30), 0);
   EXPECT_EQ(largest_micro_batch(in, size_t{1} << 50, 7), 7);  // the limit caps the search
+}
+
+// The workload fits one H200: full Llama 3.1 8B and Qwen 2.5 7B at micro batch 1 and
+// seq 8192, with selective or full recompute, in BF16 and FP8 hybrid (its weight cache
+// included), once the precision-aware optimizer keeps gradients and moments in bf16 (what
+// bench model --full runs). With fp32 gradients and moments, selective recompute does not.
+TEST(MemoryPlan, FullSevenAndEightBModelsFitOneH200WithBf16State) {
+  const size_t h200 = gpu_capacity_bytes(analysis::require_gpu_spec("H200"));
+  const std::vector<std::string> lean = {"--use_precision_aware_optimizer",
+                                         "true",
+                                         "--use_distributed_optimizer",
+                                         "true",
+                                         "--main_grads_dtype",
+                                         "bf16",
+                                         "--exp_avg_dtype",
+                                         "bf16",
+                                         "--exp_avg_sq_dtype",
+                                         "bf16"};
+  for (const char* model : {"llama3.1_8B-pretrain", "qwen2.5_7B-pretrain"})
+    for (const char* recompute : {"selective", "full"})
+      for (const char* fp8 : {"null", "hybrid"}) {
+        std::vector<std::string> keys = {"--micro_batch_size",
+                                         "1",
+                                         "--global_batch_size",
+                                         "16",
+                                         "--seq_length",
+                                         "8192",
+                                         "--recompute_granularity",
+                                         recompute,
+                                         "--fp8",
+                                         fp8};
+        const MemoryPlan fp32_state = plan_memory(input_for(load(model, keys)));
+        keys.insert(keys.end(), lean.begin(), lean.end());
+        const MemoryPlan p = plan_memory(input_for(load(model, keys)));
+        std::printf("[ plan     ] %s %s fp8 %s: %.1f GiB with bf16 state, %.1f GiB with fp32\n",
+                    model, recompute, fp8, p.total() / kGiB, fp32_state.total() / kGiB);
+        EXPECT_LE(p.total(), h200) << model << " " << recompute << " fp8 " << fp8;
+        EXPECT_LT(p.total(), fp32_state.total());
+        if (std::string(recompute) == "selective")
+          EXPECT_GT(fp32_state.total(), h200) << model << " fp8 " << fp8;
+      }
 }
 
 // The planner's bytes are exactly what a training run on the CPU backend allocates (peak of

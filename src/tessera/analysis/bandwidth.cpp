@@ -233,6 +233,15 @@ const TesseraModel kTesseraModels[] = {
      "x read; its fp8 copy and fp8 transpose written (both counted)",
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) { return a.num("rows") * a.num("cols") * (a.size("dtype") + 2); }},
+    {"fp8_block_cast",
+     "x read; each written output's fp8 codes and its fp32 scales (one per 128 elements, or "
+     "per 128x128 block)",
+     {"rows", "cols", "dtype", "outputs"},
+     [](const OpArgsView& a) {
+       const double n = a.num("rows") * a.num("cols");
+       return n * a.size("dtype") +
+              a.num("outputs") * n * (1 + (a.flag("blocks") ? 4.0 / 16384 : 4.0 / 128));
+     }},
     {"adamw_step",
      "grad, master, exp_avg, exp_avg_sq read and the last three written, each in its dtype "
      "(fp32 where the trace names none); params written when they are a compute-dtype copy, "

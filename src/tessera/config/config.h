@@ -22,7 +22,7 @@ enum class AttentionBackend { Auto, Tessera, Cudnn };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
 // and weights, E5M2 gradients; e4m3 = E4M3 everywhere.
 enum class Fp8Mode { Off, Hybrid, E4M3 };
-enum class Fp8Recipe { Delayed, Tensorwise };
+enum class Fp8Recipe { Delayed, Tensorwise, Blockwise };
 enum class Fp8AmaxAlgo { Max, MostRecent };
 // Mixture of experts, Megatron's choices (docs/moe.md).
 enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };

@@ -470,6 +470,14 @@ void check_fp8(const Checker& c, const TrainingConfig& t) {
                         t.micro_batch_size * t.seq_length));
   c.require(!t.fp8_lm_head || t.cross_entropy_chunk_tokens % 16 == 0, "cross_entropy_chunk_tokens",
             "a multiple of 16 with fp8_lm_head");
+  if (t.fp8_recipe != Fp8Recipe::Blockwise) return;
+  // Block-scaled GEMMs take whole 128-blocks: the tokens are wgrad's K.
+  c.require(t.micro_batch_size * t.seq_length % 128 == 0, "seq_length",
+            fmt::format("micro_batch_size x seq_length (now {}) a multiple of 128 with fp8_recipe "
+                        "blockwise",
+                        t.micro_batch_size * t.seq_length));
+  c.require(!t.fp8_lm_head || t.cross_entropy_chunk_tokens % 128 == 0, "cross_entropy_chunk_tokens",
+            "a multiple of 128 with fp8_lm_head and blockwise");
 }
 
 // The run's tokenizer as a dataset would record it (without the vocabulary, which only

@@ -103,4 +103,90 @@ int64_t fp8_update_scales_reference(float* history, int64_t H, int64_t S, float*
   return nonfinite;
 }
 
+int64_t fp8_scale_count(Fp8Scaling s, int64_t rows, int64_t K) {
+  const int64_t kb = (K + kFp8BlockSize - 1) / kFp8BlockSize;
+  switch (s) {
+    case Fp8Scaling::Tensor:
+      return 1;
+    case Fp8Scaling::Tile1x128:
+      return kb * rows;
+    case Fp8Scaling::Block128x128:
+      return (rows + kFp8BlockSize - 1) / kFp8BlockSize * ((kb + 3) / 4 * 4);
+  }
+  return 0;
+}
+
+int64_t fp8_scale_index(Fp8Scaling s, int64_t rows, int64_t K, int64_t r, int64_t k) {
+  const int64_t kb = (K + kFp8BlockSize - 1) / kFp8BlockSize;
+  switch (s) {
+    case Fp8Scaling::Tensor:
+      return 0;
+    case Fp8Scaling::Tile1x128:
+      return k / kFp8BlockSize * rows + r;
+    case Fp8Scaling::Block128x128:
+      return r / kFp8BlockSize * ((kb + 3) / 4 * 4) + k / kFp8BlockSize;
+  }
+  return 0;
+}
+
+float fp8_block_scale(float amax, float fp8_max) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+  const float ratio = fp8_max / amax;
+  if (!std::isfinite(ratio)) return 1.0f;
+  int e = 0;
+  std::frexp(ratio, &e);  // ratio = m * 2^e, m in [0.5, 1): floor(log2(ratio)) = e - 1
+  return std::ldexp(1.0f, e - 1);
+}
+
+bool fp8_block_cast_reference(const float* x, int64_t R, int64_t C, Fp8Scaling scaling,
+                              DType format, uint8_t* out, float* out_scale_inv, uint8_t* out_t,
+                              float* out_t_scale_inv) {
+  const float max = fp8_max(format);
+  const int64_t B = kFp8BlockSize;
+  bool nonfinite = false;
+  for (int64_t i = 0; i < R * C; ++i) nonfinite = nonfinite || !std::isfinite(x[i]);
+  // The amax of x over rows [r0, r1) and columns [c0, c1).
+  auto amax = [&](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float m = 0.0f;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) m = std::max(m, std::fabs(x[r * C + c]));
+    return m;
+  };
+  // Tiles or blocks of x: rows [r0, r0 + rows), columns [c0, c0 + cols).
+  auto cast = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cols, bool transposed) {
+    const int64_t r1 = std::min(R, r0 + rows), c1 = std::min(C, c0 + cols);
+    const float scale = fp8_block_scale(amax(r0, r1, c0, c1), max);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint8_t q = float_to_fp8_bits(x[r * C + c] * scale, format);
+        if (transposed) {
+          out_t[c * R + r] = q;
+        } else {
+          out[r * C + c] = q;
+        }
+      }
+    return 1.0f / scale;
+  };
+  if (scaling == Fp8Scaling::Tile1x128) {
+    if (out)  // tiles of one row, K = C
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c0 = 0; c0 < C; c0 += B)
+          out_scale_inv[fp8_scale_index(scaling, R, C, r, c0)] = cast(r, 1, c0, B, false);
+    if (out_t)  // tiles of one column of x, K = R
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t r0 = 0; r0 < R; r0 += B)
+          out_t_scale_inv[fp8_scale_index(scaling, C, R, c, r0)] = cast(r0, B, c, 1, true);
+    return nonfinite;
+  }
+  for (int64_t r0 = 0; r0 < R; r0 += B)
+    for (int64_t c0 = 0; c0 < C; c0 += B) {
+      float inv = 1.0f;
+      if (out) inv = cast(r0, B, c0, B, false);
+      if (out_t) inv = cast(r0, B, c0, B, true);
+      if (out) out_scale_inv[fp8_scale_index(scaling, R, C, r0, c0)] = inv;
+      if (out_t) out_t_scale_inv[fp8_scale_index(scaling, C, R, c0, r0)] = inv;
+    }
+  return nonfinite;
+}
+
 }  // namespace tessera

@@ -53,4 +53,35 @@ struct Fp8ScalingParams {
 int64_t fp8_update_scales_reference(float* history, int64_t H, int64_t S, float* scale,
                                     float* scale_inv, const Fp8ScalingParams& params);
 
+// ---- block scaling (fp8_recipe blockwise; DeepSeek-V3's recipe) ----
+// How an FP8 operand's codes are scaled back (x ~= code * scale_inv): one fp32 for the tensor,
+// one per 1x128 tile along its K dimension (activations and gradients), or one per 128x128
+// block (weights). Scales are never kept across steps: each tile's comes from its own amax.
+enum class Fp8Scaling { Tensor, Tile1x128, Block128x128 };
+inline constexpr int64_t kFp8BlockSize = 128;
+
+// The scale_inv tensor of a K-major FP8 operand (rows, K), in cuBLASLt's layouts:
+//   Tensor        1 value
+//   Tile1x128     (ceil(K / 128), rows) row-major: the tile of row r covering k-block kb at
+//                 kb * rows + r
+//   Block128x128  (ceil(rows / 128), ld) row-major with ld = round_up(ceil(K / 128), 4) (16-byte
+//                 aligned rows): block (rb, kb) at rb * ld + kb; the ld - ceil(K/128) pad
+//                 entries are never read
+int64_t fp8_scale_count(Fp8Scaling s, int64_t rows, int64_t K);
+// Where the scale_inv of element (r, k) of such an operand is.
+int64_t fp8_scale_index(Fp8Scaling s, int64_t rows, int64_t K, int64_t r, int64_t k);
+
+// The scale of a tile or block whose largest |x| is amax: the largest power of two with
+// amax * scale <= fp8_max, 2^floor(log2(fp8_max / amax)), so that x * scale and code *
+// scale_inv are exact; 1 when amax is 0 or not finite (or the ratio overflows fp32), where
+// nothing better exists. fp8_max / amax is one correctly rounded fp32 division, as on GPUs.
+float fp8_block_scale(float amax, float fp8_max);
+
+// The block-scaled cast of x (R, C) (Backend::fp8_block_cast states it): the codes of out (R, C)
+// and out_t (C, R), either may be null, and their scale_inv in the layouts above. Returns
+// whether x holds a NaN or Inf.
+bool fp8_block_cast_reference(const float* x, int64_t R, int64_t C, Fp8Scaling scaling,
+                              DType format, uint8_t* out, float* out_scale_inv, uint8_t* out_t,
+                              float* out_t_scale_inv);
+
 }  // namespace tessera

@@ -23,12 +23,39 @@ struct Fp8Offsets {
   size_t fwd_history, fwd_scale, fwd_scale_inv, bwd_history, bwd_scale, bwd_scale_inv, status;
   std::vector<size_t> cache, cache_t;
   size_t weight_scratch = 0, x_codes, dy_codes, dy_codes_t;
+  // Blockwise: the scale_inv of every cast (Fp8BlockScales), for the weights per linear with
+  // the cache (else of the one weight in flight).
+  std::vector<size_t> cache_scales, cache_t_scales;
+  size_t weight_scales = 0, weight_t_scales = 0, x_scales = 0, dy_scales = 0, dy_t_scales = 0;
   size_t bytes;
   int64_t max_weight = 0, max_in = 0, max_out = 0;  // over the linears: what the buffers fit
+  int64_t max_w_scales = 0, max_w_t_scales = 0, max_x_scales = 0, max_dy_scales = 0,
+          max_dy_t_scales = 0;
 };
 
+bool blockwise(const Fp8Options& o) {
+  return o.recipe == Fp8Recipe::Blockwise;
+}
+
+// Scale counts of a linear's casts under blockwise scaling (core/fp8.h layouts): its weight
+// (out, in) and transpose in 128x128 blocks, its input (rows, in) in 1x128 tiles for the
+// forward and transposed (in, rows) for the weight gradient, its output gradient (rows, out)
+// and transposed (out, rows).
+struct BlockScaleCounts {
+  int64_t w, w_t, x, x_t, dy, dy_t;
+};
+BlockScaleCounts block_scale_counts(const Fp8LinearShape& l, int64_t rows) {
+  return {fp8_scale_count(Fp8Scaling::Block128x128, l.out, l.in),
+          fp8_scale_count(Fp8Scaling::Block128x128, l.in, l.out),
+          fp8_scale_count(Fp8Scaling::Tile1x128, rows, l.in),
+          fp8_scale_count(Fp8Scaling::Tile1x128, l.in, rows),
+          fp8_scale_count(Fp8Scaling::Tile1x128, rows, l.out),
+          fp8_scale_count(Fp8Scaling::Tile1x128, l.out, rows)};
+}
+
+// Blockwise scaling keeps no history; its (unused) per-tensor state is one row.
 int64_t history_rows(const Fp8Options& o) {
-  return o.recipe == Fp8Recipe::Tensorwise ? 1 : o.amax_history_len;
+  return o.recipe == Fp8Recipe::Delayed ? o.amax_history_len : 1;
 }
 
 Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& linears,
@@ -43,19 +70,41 @@ Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& 
   f.bwd_scale = p.add(L * sizeof(float));
   f.bwd_scale_inv = p.add(L * sizeof(float));
   f.status = p.add(sizeof(float));
+  const bool blocks = blockwise(o);
   for (const auto& l : linears) {
     f.max_weight = std::max(f.max_weight, l.out * l.in);
     f.max_in = std::max(f.max_in, l.in);
     f.max_out = std::max(f.max_out, l.out);
+    const BlockScaleCounts n = block_scale_counts(l, rows);
+    f.max_w_scales = std::max(f.max_w_scales, n.w);
+    f.max_w_t_scales = std::max(f.max_w_t_scales, n.w_t);
+    f.max_x_scales = std::max({f.max_x_scales, n.x, n.x_t});
+    f.max_dy_scales = std::max(f.max_dy_scales, n.dy);
+    f.max_dy_t_scales = std::max(f.max_dy_t_scales, n.dy_t);
     if (o.weight_cache) {
       f.cache.push_back(p.add(static_cast<size_t>(l.out * l.in)));
       f.cache_t.push_back(p.add(static_cast<size_t>(l.out * l.in)));
+      if (blocks) {
+        f.cache_scales.push_back(p.add(static_cast<size_t>(n.w) * sizeof(float)));
+        f.cache_t_scales.push_back(p.add(static_cast<size_t>(n.w_t) * sizeof(float)));
+      }
     }
   }
-  if (!o.weight_cache) f.weight_scratch = p.add(static_cast<size_t>(f.max_weight));
+  if (!o.weight_cache) {
+    f.weight_scratch = p.add(static_cast<size_t>(f.max_weight));
+    if (blocks) {
+      f.weight_scales = p.add(static_cast<size_t>(f.max_w_scales) * sizeof(float));
+      f.weight_t_scales = p.add(static_cast<size_t>(f.max_w_t_scales) * sizeof(float));
+    }
+  }
   f.x_codes = p.add(static_cast<size_t>(rows * f.max_in));
   f.dy_codes = p.add(static_cast<size_t>(rows * f.max_out));
   f.dy_codes_t = p.add(static_cast<size_t>(rows * f.max_out));
+  if (blocks) {
+    f.x_scales = p.add(static_cast<size_t>(f.max_x_scales) * sizeof(float));
+    f.dy_scales = p.add(static_cast<size_t>(f.max_dy_scales) * sizeof(float));
+    f.dy_t_scales = p.add(static_cast<size_t>(f.max_dy_t_scales) * sizeof(float));
+  }
   f.bytes = p.bytes;
   return f;
 }
@@ -74,6 +123,10 @@ Fp8Options fp8_options(const TrainingConfig& t) {
   o.fast_accum_fprop = !t.fp8_gemm_fprop_split_accumulator;
   o.fast_accum_dgrad = !t.fp8_gemm_dgrad_split_accumulator;
   o.fast_accum_wgrad = !t.fp8_gemm_wgrad_split_accumulator;
+  // cuBLASLt's block-scaled kernels promote every 128-deep partial sum to fp32 themselves and
+  // take no fast-accumulation flag.
+  if (t.fp8_recipe == Fp8Recipe::Blockwise)
+    o.fast_accum_fprop = o.fast_accum_dgrad = o.fast_accum_wgrad = false;
   return o;
 }
 
@@ -95,14 +148,21 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
                        std::vector<Fp8LinearShape> linears, int64_t rows)
     : backend_(backend), options_(options), linears_(std::move(linears)), rows_(rows) {
   // cuBLASLt FP8 GEMMs need 16-element multiples in every dimension (M, N and K of the
-  // forward, dgrad and wgrad GEMMs: tokens, in and out).
+  // forward, dgrad and wgrad GEMMs: tokens, in and out); its block-scaled ones whole blocks.
+  const int64_t multiple = blockwise() ? kFp8BlockSize : 16;
   for (const auto& l : linears_) {
-    if (l.out % 16 != 0 || l.in % 16 != 0)
-      throw ConfigError("model", "fp8", "on",
-                        format_message("FP8 linear layers whose dimensions are multiples of 16; {} "
+    if (l.out % multiple != 0 || l.in % multiple != 0)
+      throw ConfigError("model", blockwise() ? "fp8_recipe" : "fp8",
+                        blockwise() ? "blockwise" : "on",
+                        format_message("FP8 linear layers whose dimensions are multiples of {}; {} "
                                        "is ({}, {}). Change the model width, or fp8: null",
-                                       l.name, l.out, l.in));
+                                       multiple, l.name, l.out, l.in));
   }
+  if (blockwise() && rows_ % kFp8BlockSize != 0)
+    throw ConfigError("configuration", "fp8_recipe", "blockwise",
+                      format_message("tokens per micro batch (and output-head chunk) a multiple of "
+                                     "128 with blockwise scaling; the FP8 GEMMs see {} rows",
+                                     rows_));
   const Fp8Offsets f = plan_offsets(options_, linears_, rows_);
   buffer_ = DeviceBuffer(backend_, f.bytes, "fp8 scaling state and casts");
   const int64_t L = static_cast<int64_t>(linears_.size()), H = history_rows(options_);
@@ -130,6 +190,123 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
   x_codes_ = buffer_.tensor(DType::E4M3, {rows_ * f.max_in}, f.x_codes);
   dy_codes_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes);
   dy_codes_t_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes_t);
+  if (!blockwise()) return;
+  for (size_t i = 0; i < linears_.size() && options_.weight_cache; ++i) {
+    const BlockScaleCounts n = block_scale_counts(linears_[i], rows_);
+    cache_scales_.push_back(buffer_.tensor(DType::F32, {n.w}, f.cache_scales[i]));
+    cache_t_scales_.push_back(buffer_.tensor(DType::F32, {n.w_t}, f.cache_t_scales[i]));
+  }
+  if (!options_.weight_cache) {
+    weight_scales_ = buffer_.tensor(DType::F32, {f.max_w_scales}, f.weight_scales);
+    weight_t_scales_ = buffer_.tensor(DType::F32, {f.max_w_t_scales}, f.weight_t_scales);
+  }
+  x_scales_ = buffer_.tensor(DType::F32, {f.max_x_scales}, f.x_scales);
+  dy_scales_ = buffer_.tensor(DType::F32, {f.max_dy_scales}, f.dy_scales);
+  dy_t_scales_ = buffer_.tensor(DType::F32, {f.max_dy_t_scales}, f.dy_t_scales);
+}
+
+std::pair<Tensor, Tensor> Fp8Linears::block_weight(int i, const Tensor& weight, bool transposed) {
+  const Fp8LinearShape& l = linears_[i];
+  const BlockScaleCounts n = block_scale_counts(l, rows_);
+  Fp8BlockCastArgs c;
+  c.x = weight;
+  c.scaling = Fp8Scaling::Block128x128;
+  c.nonfinite = status_;
+  if (options_.weight_cache) {
+    if (!cache_valid_[i]) {
+      c.out = weight_cache_[i];
+      c.out_scale_inv = cache_scales_[i];
+      c.out_t = weight_cache_t_[i];
+      c.out_t_scale_inv = cache_t_scales_[i];
+      backend_.fp8_block_cast(c);
+      cache_valid_[i] = true;
+    }
+    return transposed ? std::pair{weight_cache_t_[i], cache_t_scales_[i]}
+                      : std::pair{weight_cache_[i], cache_scales_[i]};
+  }
+  const Tensor codes = weight_scratch_.flat_range(0, l.out * l.in)
+                           .view(transposed ? Shape{l.in, l.out} : Shape{l.out, l.in});
+  const Tensor scales =
+      transposed ? weight_t_scales_.flat_range(0, n.w_t) : weight_scales_.flat_range(0, n.w);
+  (transposed ? c.out_t : c.out) = codes;
+  (transposed ? c.out_t_scale_inv : c.out_scale_inv) = scales;
+  backend_.fp8_block_cast(c);
+  return {codes, scales};
+}
+
+void Fp8Linears::forward_blockwise(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+                                   const Tensor& bias, float beta, const Tensor& residual) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t rows = in.numel() / l.in;
+  const BlockScaleCounts n = block_scale_counts(l, rows);
+  Fp8BlockCastArgs c;
+  c.x = in.view({rows, l.in});
+  c.scaling = Fp8Scaling::Tile1x128;
+  c.out = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
+  c.out_scale_inv = x_scales_.flat_range(0, n.x);
+  c.nonfinite = status_;
+  backend_.fp8_block_cast(c);
+  const auto [w, w_scales] = block_weight(i, weight, false);
+  Fp8MatmulArgs m;
+  m.out = out;
+  m.a = c.out;
+  m.a_scale_inv = c.out_scale_inv;
+  m.a_scaling = Fp8Scaling::Tile1x128;
+  m.b = w;
+  m.b_scale_inv = w_scales;
+  m.b_scaling = Fp8Scaling::Block128x128;
+  m.beta = beta;
+  m.c = residual;
+  m.bias = bias;
+  backend_.matmul_fp8(m);  // block-scaled GEMMs accumulate in full fp32
+}
+
+void Fp8Linears::backward_blockwise(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+                                    const Tensor& weight, const Tensor& dweight,
+                                    float dweight_beta) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t rows = dout.numel() / l.out;
+  const BlockScaleCounts n = block_scale_counts(l, rows);
+  // dY in 1x128 tiles along out (dgrad's K) and, transposed, along the tokens (wgrad's K).
+  Fp8BlockCastArgs g;
+  g.x = dout.view({rows, l.out});
+  g.scaling = Fp8Scaling::Tile1x128;
+  g.out = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
+  g.out_scale_inv = dy_scales_.flat_range(0, n.dy);
+  g.out_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
+  g.out_t_scale_inv = dy_t_scales_.flat_range(0, n.dy_t);
+  g.nonfinite = status_;
+  backend_.fp8_block_cast(g);
+  if (din.defined()) {
+    const auto [w_t, w_t_scales] = block_weight(i, weight, true);
+    Fp8MatmulArgs d;
+    d.out = din;
+    d.a = g.out;
+    d.a_scale_inv = g.out_scale_inv;
+    d.a_scaling = Fp8Scaling::Tile1x128;
+    d.b = w_t;
+    d.b_scale_inv = w_t_scales;
+    d.b_scaling = Fp8Scaling::Block128x128;
+    backend_.matmul_fp8(d);
+  }
+  // X transposed, in tiles along the tokens, from the stored bf16 input.
+  Fp8BlockCastArgs x;
+  x.x = in.view({rows, l.in});
+  x.scaling = Fp8Scaling::Tile1x128;
+  x.out_t = x_codes_.flat_range(0, rows * l.in).view({l.in, rows});
+  x.out_t_scale_inv = x_scales_.flat_range(0, n.x_t);
+  x.nonfinite = status_;
+  backend_.fp8_block_cast(x);
+  Fp8MatmulArgs w;
+  w.out = dweight;
+  w.a = g.out_t;
+  w.a_scale_inv = g.out_t_scale_inv;
+  w.a_scaling = Fp8Scaling::Tile1x128;
+  w.b = x.out_t;
+  w.b_scale_inv = x.out_t_scale_inv;
+  w.b_scaling = Fp8Scaling::Tile1x128;
+  w.beta = dweight_beta;
+  backend_.matmul_fp8(w);
 }
 
 bool Fp8Linears::just_in_time() const {
@@ -197,6 +374,7 @@ void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tenso
   const int64_t rows = in.numel() / l.in;
   TS_CHECK(rows <= rows_ && in.numel() == rows * l.in, "fp8 {}: input {} is not (rows <= {}, {})",
            l.name, in.shape.str(), rows_, l.in);
+  if (blockwise()) return forward_blockwise(i, out, in, weight, bias, beta, residual);
   const Tensor x = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
   cast(fwd_, 2 * i, in, x, {}, true);
   const Tensor w = weight_codes(i, weight, false);
@@ -220,6 +398,7 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
   TS_CHECK(rows <= rows_ && dout.numel() == rows * l.out && in.numel() == rows * l.in,
            "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
            in.shape.str(), rows, l.out, l.in);
+  if (blockwise()) return backward_blockwise(i, din, dout, in, weight, dweight, dweight_beta);
   const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
   cast(bwd_, i, dout, dy, dy_t, true);
@@ -264,6 +443,7 @@ void Fp8Linears::end_step(const Tensor& grad_norm_sq) {
 }
 
 std::vector<std::pair<std::string, Tensor>> Fp8Linears::state_tensors() const {
+  if (blockwise()) return {};  // every scale comes from the step's own values
   return {{"fp8.forward.amax_history", fwd_.history}, {"fp8.forward.scale", fwd_.scale},
           {"fp8.forward.scale_inv", fwd_.scale_inv},  {"fp8.backward.amax_history", bwd_.history},
           {"fp8.backward.scale", bwd_.scale},         {"fp8.backward.scale_inv", bwd_.scale_inv}};

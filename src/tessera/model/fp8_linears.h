@@ -15,6 +15,10 @@
 // in history row 0; end_step() turns the histories into new scales. Until the first
 // end_step() there is no history, so casts then scale just in time from their own amax, as
 // tensorwise (current) scaling always does.
+// Blockwise scaling (DeepSeek-V3's recipe) keeps no state: X and dY are cast in 1x128 tiles
+// along each GEMM's K (rows for the forward and dgrad, tokens, transposed, for wgrad), W in
+// 128x128 blocks, each with its own power-of-two scale (Backend::fp8_block_cast), and the GEMMs
+// take the scale arrays (1x128 x 128x128 for fprop and dgrad, 1x128 x 1x128 for wgrad).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -114,6 +118,13 @@ class Fp8Linears {
   void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
                      DType format, bool most_recent, bool roll);
   Tensor weight_codes(int i, const Tensor& weight, bool transposed);
+  // Blockwise: weight i's codes, (out, in) or transposed (in, out), and their block scales.
+  std::pair<Tensor, Tensor> block_weight(int i, const Tensor& weight, bool transposed);
+  void forward_blockwise(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+                         const Tensor& bias, float beta, const Tensor& residual);
+  void backward_blockwise(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+                          const Tensor& weight, const Tensor& dweight, float dweight_beta);
+  bool blockwise() const { return options_.recipe == Fp8Recipe::Blockwise; }
   Tensor scale_inv(const Group& g, int64_t slot) const { return g.scale_inv.flat_range(slot, 1); }
   bool just_in_time() const;
 
@@ -128,6 +139,9 @@ class Fp8Linears {
   std::vector<bool> cache_valid_;
   Tensor weight_scratch_;  // without the cache: the one weight cast in flight
   Tensor x_codes_, dy_codes_, dy_codes_t_;
+  // Blockwise: the scale_inv arrays (per linear with the cache, else of the weight in flight).
+  std::vector<Tensor> cache_scales_, cache_t_scales_;
+  Tensor weight_scales_, weight_t_scales_, x_scales_, dy_scales_, dy_t_scales_;
   bool have_history_ = false;
   AmaxReducer amax_reducer_;
 };

@@ -3,6 +3,7 @@
 #include "tessera/ops/backend.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "tessera/core/fp8.h"
 #include "tessera/ops/op_checks.h"
@@ -212,8 +213,21 @@ void Backend::matmul_fp8(const Fp8MatmulArgs& args) {
   check.placed(args.out, "out");
   check.placed(args.a, "a");
   check.placed(args.b, "b");
-  check.count(args.a_scale_inv, 1, "a_scale_inv");
-  check.count(args.b_scale_inv, 1, "b_scale_inv");
+  const MatrixDims ad = matrix_dims(args.a), bd = matrix_dims(args.b);
+  check.count(args.a_scale_inv, fp8_scale_count(args.a_scaling, ad.rows, ad.cols), "a_scale_inv");
+  check.count(args.b_scale_inv, fp8_scale_count(args.b_scaling, bd.rows, bd.cols), "b_scale_inv");
+  const bool blocks = args.a_scaling != Fp8Scaling::Tensor || args.b_scaling != Fp8Scaling::Tensor;
+  if (blocks) {
+    check.that(args.a_scaling != Fp8Scaling::Tensor && args.b_scaling != Fp8Scaling::Tensor,
+               "block scales on one operand and a tensor scale on the other");
+    check.that(
+        !(args.a_scaling == Fp8Scaling::Block128x128 && args.b_scaling == Fp8Scaling::Block128x128),
+        "128x128 blocks on both operands (block-scaled GEMMs take 1x128 x 1x128, 1x128 x "
+        "128x128 or 128x128 x 1x128)");
+    check.that(!args.fast_accum, "fast accumulation with block scales");
+    check.that(supports(Capability::Fp8BlockScaling) || device().kind == DeviceKind::CPU,
+               "block-scaled FP8 GEMMs on a backend without them ({})", description());
+  }
   check.that(is_fp8(args.a.dtype) && is_fp8(args.b.dtype), "a {} and b {} must be fp8",
              dtype_name(args.a.dtype), dtype_name(args.b.dtype));
   check.that(!(args.a.dtype == DType::E5M2 && args.b.dtype == DType::E5M2),
@@ -225,6 +239,29 @@ void Backend::matmul_fp8(const Fp8MatmulArgs& args) {
   check.that(args.out.data != args.a.data && args.out.data != args.b.data, "out aliases an input");
   check_epilogue(check, args.out, args.c, args.bias, o.rows, o.cols);
   do_matmul_fp8(args);
+}
+
+void Backend::fp8_block_cast(const Fp8BlockCastArgs& args) {
+  const OpScope scope(*this, "fp8_block_cast", [&] { return op_args::fp8_block_cast(args); });
+  const OpChecks check(*this, "fp8_block_cast");
+  check.placed(args.x, "x");
+  const MatrixDims d = matrix_dims(args.x);
+  check.that(args.scaling != Fp8Scaling::Tensor, "a tensor scale (use fp8_cast_transpose)");
+  check.that(args.out.defined() || args.out_t.defined(), "neither out nor out_t is defined");
+  for (const auto& [t, s, what, rows, k] :
+       {std::tuple{&args.out, &args.out_scale_inv, "out", d.rows, d.cols},
+        std::tuple{&args.out_t, &args.out_t_scale_inv, "out_t", d.cols, d.rows}}) {
+    if (!t->defined()) continue;
+    check.count(*t, d.rows * d.cols, what);
+    check.that(is_fp8(t->dtype), "{} dtype {} is not fp8", what, dtype_name(t->dtype));
+    check.count(*s, fp8_scale_count(args.scaling, rows, k),
+                std::string(what) == "out" ? "out_scale_inv" : "out_t_scale_inv");
+  }
+  check.that(!args.out.defined() || !args.out_t.defined() || args.out.dtype == args.out_t.dtype,
+             "out {} and out_t {} differ", dtype_name(args.out.dtype),
+             dtype_name(args.out_t.dtype));
+  if (args.nonfinite.defined()) check.count(args.nonfinite, 1, "nonfinite");
+  do_fp8_block_cast(args);
 }
 
 void Backend::fp8_update_scales(const Fp8ScaleUpdateArgs& args) {

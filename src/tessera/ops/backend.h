@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/fp8.h"
 #include "tessera/core/tensor.h"
 
 namespace tessera {
@@ -33,9 +34,10 @@ class OpObserver;  // ops/op_observer.h
 
 // What callers may ask of a backend instead of which device or vendor it is.
 enum class Capability {
-  Bf16Compute,     // bf16 activations and weights (the performance path of GPUs)
-  Fp8TensorCores,  // FP8 GEMMs in hardware; the CPU emulates them for tests only
-  AsyncQueue,      // ops queue on a device stream and return at once (stream() is valid)
+  Bf16Compute,      // bf16 activations and weights (the performance path of GPUs)
+  Fp8TensorCores,   // FP8 GEMMs in hardware; the CPU emulates them for tests only
+  AsyncQueue,       // ops queue on a device stream and return at once (stream() is valid)
+  Fp8BlockScaling,  // FP8 GEMMs with 1x128 / 128x128 block scales (Fp8Scaling) in hardware
 };
 
 // The backend's queue of work (CUDA: its cudaStream_t), for libraries that queue work beside
@@ -128,18 +130,40 @@ struct Fp8CastArgs {
 // out = alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + beta * c (+ bias), accumulated in
 // fp32. Both operands are K-major ("TN", the only FP8 layout Hopper tensor cores take), so
 // callers pass transposed copies where the bf16 GEMM would use a trans flag. a and b may
-// differ in format, but not both e5m2. M, N and K must be multiples of 16.
+// differ in format, but not both e5m2. M, N and K must be multiples of 16. Each operand's
+// scale_inv is one fp32 (Fp8Scaling::Tensor), or one per 1x128 tile or 128x128 block in the
+// layout core/fp8.h states (fp8_scale_count): block scales need Capability::Fp8BlockScaling,
+// not both operands in 128x128 blocks, no fast accumulation, and M, N, K multiples of 128.
 struct Fp8MatmulArgs {
   Tensor out;          // (M, N) compute dtype or fp32
   Tensor a;            // (M, K) e4m3/e5m2
   Tensor b;            // (N, K) e4m3/e5m2
-  Tensor a_scale_inv;  // (1) fp32
-  Tensor b_scale_inv;  // (1) fp32
+  Tensor a_scale_inv;  // fp8_scale_count(a_scaling, M, K) fp32
+  Tensor b_scale_inv;  // fp8_scale_count(b_scaling, N, K) fp32
+  Fp8Scaling a_scaling = Fp8Scaling::Tensor;
+  Fp8Scaling b_scaling = Fp8Scaling::Tensor;
   float alpha = 1.0f;
   float beta = 0.0f;
   Tensor c;            // (M, N) like out, read with beta; undefined means out itself
   Tensor bias;         // (N) like out, optional
   bool fast_accum = false;  // cuBLASLt's faster, less precise accumulation (forward only)
+};
+
+// Block-scaled cast (fp8_recipe blockwise): every 1x128 tile or 128x128 block of x gets its
+// own scale from its own amax, fp8_block_scale (a power of two), and its codes
+// saturate(round_to_nearest_even(x * scale)). For the two K-major operands a GEMM may need:
+//   out   (R, C): K = C. Tile1x128: tiles of one row and 128 columns.
+//   out_t (C, R): x transposed, K = R. Tile1x128: tiles of 128 rows of one column of x.
+// Block128x128: out and out_t share the blocks (the same scales, in each one's layout).
+// Scales are written as scale_inv = 1 / scale in the layouts of core/fp8.h.
+struct Fp8BlockCastArgs {
+  Tensor x;                                    // (R, C) compute dtype
+  Fp8Scaling scaling = Fp8Scaling::Tile1x128;  // Tile1x128 or Block128x128
+  Tensor out;                                  // (R, C) e4m3/e5m2, or undefined
+  Tensor out_scale_inv;                        // fp8_scale_count(scaling, R, C) fp32, with out
+  Tensor out_t;                                // (C, R) like out, or undefined
+  Tensor out_t_scale_inv;                      // fp8_scale_count(scaling, C, R) fp32, with out_t
+  Tensor nonfinite;  // (1) fp32 or undefined: set to NaN when x holds a NaN or Inf
 };
 
 // Delayed-scaling update of S tensors that share a format (core/fp8.h,
@@ -298,6 +322,7 @@ class Backend {
   void fp8_cast_transpose(const Fp8CastArgs& args);
   void matmul_fp8(const Fp8MatmulArgs& args);
   void fp8_update_scales(const Fp8ScaleUpdateArgs& args);
+  void fp8_block_cast(const Fp8BlockCastArgs& args);
 
   // ---- model ops ----
   // out (N, C) = table[tokens]; tokens (N) int32 in [0, V); table (V, C).
@@ -450,6 +475,7 @@ class Backend {
   virtual void do_fp8_cast_transpose(const Fp8CastArgs& args) = 0;
   virtual void do_matmul_fp8(const Fp8MatmulArgs& args) = 0;
   virtual void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
+  virtual void do_fp8_block_cast(const Fp8BlockCastArgs& args) = 0;
   virtual void do_embedding_forward(const Tensor& out, const Tensor& tokens,
                                     const Tensor& table) = 0;
   virtual void do_embedding_backward(const Tensor& dtable, const Tensor& dout,

@@ -127,6 +127,16 @@ inline OpArgs rope(const AttentionShape& s, DType dtype) {
 
 // A row-wise op over x (rows, cols): RMSNorm, SwiGLU (cols = the input width 2F), bias
 // gradients, cross-entropy (cols = vocabulary).
+// A block-scaled FP8 cast: its input and how many of its two outputs are written.
+inline OpArgs fp8_block_cast(const Fp8BlockCastArgs& a) {
+  const auto [rows, cols] = matrix(a.x);
+  OpArgs r;
+  r.add("rows", rows).add("cols", cols).add_dtype("dtype", a.x.dtype);
+  r.add("outputs", int64_t{a.out.defined()} + int64_t{a.out_t.defined()});
+  r.add_bool("blocks", a.scaling == Fp8Scaling::Block128x128);
+  return r;
+}
+
 inline OpArgs rows_cols(const Tensor& x) {
   const auto [rows, cols] = matrix(x);
   OpArgs r;

@@ -75,7 +75,7 @@ struct StepBufferDemand {
   AttentionBackend attention_backend = AttentionBackend::Auto;
   // The fused AdamW calls of one optimizer step, each with the lengths of its segments.
   std::vector<std::vector<int64_t>> adamw_segments;
-  bool fp8 = false;  // FP8 GEMMs (their scale slots)
+  bool fp8 = false;  // FP8 GEMMs with per-tensor scales (their scale slots)
 };
 
 class Platform {

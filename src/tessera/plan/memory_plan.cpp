@@ -72,7 +72,8 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
     for (const ParamSegment& seg : call) lengths.push_back(seg.count);
     if (!lengths.empty()) d.adamw_segments.push_back(std::move(lengths));
   }
-  d.fp8 = rt.fp8.enabled();
+  // Per-tensor FP8 GEMMs copy unaligned scalar scales into slots; block scales are arrays.
+  d.fp8 = rt.fp8.enabled() && rt.fp8.recipe != Fp8Recipe::Blockwise;
   return d;
 }
 

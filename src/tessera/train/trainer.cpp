@@ -116,6 +116,13 @@ void Trainer::check_device_can_run() const {
                       find_key("fp8")->get(exp_),
                       "null on " + backend_->description() +
                           ": FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
+  if (setup_.runtime.fp8.enabled() && setup_.runtime.fp8.recipe == Fp8Recipe::Blockwise &&
+      !backend_->supports(Capability::Fp8BlockScaling))
+    throw ConfigError(exp_.origin.count("fp8_recipe") ? exp_.origin.at("fp8_recipe") : "default",
+                      "fp8_recipe", "blockwise",
+                      "delayed or tensorwise on " + backend_->description() +
+                          ": block-scaled FP8 GEMMs need a Hopper GPU and the cuBLASLt loaded at "
+                          "run time 12.9 or newer (its version is in that description)");
 }
 
 void Trainer::log_run() const {

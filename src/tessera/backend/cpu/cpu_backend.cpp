@@ -211,6 +211,7 @@ bool CpuBackend::supports(Capability c) const {
   switch (c) {
     case Capability::Bf16Compute:
     case Capability::Fp8TensorCores:
+    case Capability::Fp8BlockScaling:
     case Capability::AsyncQueue:
       return false;
   }

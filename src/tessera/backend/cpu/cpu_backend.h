@@ -63,6 +63,7 @@ class CpuBackend : public Backend {
   void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
   void do_matmul_fp8(const Fp8MatmulArgs& args) override;
   void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
+  void do_fp8_block_cast(const Fp8BlockCastArgs& args) override;
 
   void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
   void do_embedding_backward(const Tensor& dtable, const Tensor& dout,

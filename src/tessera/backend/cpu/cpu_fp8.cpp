@@ -22,11 +22,16 @@ void expect_f32(const Tensor& t, const char* op, const char* what) {
   OpChecks(kBackend, DeviceKind::CPU, op).dtype(t, DType::F32, what);
 }
 
-// The values of an fp8 tensor times its dequantisation scale.
-std::vector<float> dequantize(const Tensor& t, float scale_inv) {
+// The values of a K-major fp8 operand (rows, K) times its dequantisation scales.
+std::vector<float> dequantize(const Tensor& t, const Tensor& scale_inv, Fp8Scaling scaling) {
+  const auto [rows, K] = matrix_dims(t);
   std::vector<float> v(static_cast<size_t>(t.numel()));
   const uint8_t* q = t.as<uint8_t>();
-  for (size_t i = 0; i < v.size(); ++i) v[i] = fp8_bits_to_float(q[i], t.dtype) * scale_inv;
+  const float* s = scale_inv.as<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k)
+      v[r * K + k] =
+          fp8_bits_to_float(q[r * K + k], t.dtype) * s[fp8_scale_index(scaling, rows, K, r, k)];
   return v;
 }
 
@@ -70,8 +75,8 @@ void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   expect_f32(args.b_scale_inv, op, "b_scale_inv");
   const auto [M, N] = matrix_dims(args.out);
   const int64_t K = matrix_dims(args.a).cols;
-  const std::vector<float> a = dequantize(args.a, *args.a_scale_inv.as<float>());
-  const std::vector<float> b = dequantize(args.b, *args.b_scale_inv.as<float>());
+  const std::vector<float> a = dequantize(args.a, args.a_scale_inv, args.a_scaling);
+  const std::vector<float> b = dequantize(args.b, args.b_scale_inv, args.b_scaling);
   float* out = args.out.as<float>();
   if (args.c.defined() && args.c.data != args.out.data && args.beta != 0.0f) {
     expect_f32(args.c, op, "c");
@@ -87,6 +92,25 @@ void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
     const float* bias = args.bias.as<float>();
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
+  }
+}
+
+void CpuBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
+  const char* op = "fp8_block_cast";
+  expect_f32(args.x, op, "x");
+  const auto [R, C] = matrix_dims(args.x);
+  const DType format = args.out.defined() ? args.out.dtype : args.out_t.dtype;
+  if (args.out.defined()) expect_f32(args.out_scale_inv, op, "out_scale_inv");
+  if (args.out_t.defined()) expect_f32(args.out_t_scale_inv, op, "out_t_scale_inv");
+  const bool bad =
+      fp8_block_cast_reference(args.x.as<float>(), R, C, args.scaling, format,
+                               args.out.defined() ? args.out.as<uint8_t>() : nullptr,
+                               args.out.defined() ? args.out_scale_inv.as<float>() : nullptr,
+                               args.out_t.defined() ? args.out_t.as<uint8_t>() : nullptr,
+                               args.out_t.defined() ? args.out_t_scale_inv.as<float>() : nullptr);
+  if (bad && args.nonfinite.defined()) {
+    expect_f32(args.nonfinite, op, "nonfinite");
+    *args.nonfinite.as<float>() = NAN;
   }
 }
 

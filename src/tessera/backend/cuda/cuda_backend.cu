@@ -137,6 +137,8 @@ bool CudaBackend::supports(Capability c) const {
       return true;
     case Capability::Fp8TensorCores:
       return fp8_tensor_cores_;
+    case Capability::Fp8BlockScaling:
+      return fp8_block_scaling_;
   }
   return false;
 }
@@ -149,6 +151,10 @@ CudaBackend::CudaBackend(int device, AttentionBackend attention, bool gemm_autot
   cudaDeviceProp prop{};
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
   fp8_tensor_cores_ = prop.major * 10 + prop.minor >= 89;  // Ada (8.9) and Hopper (9.0) on
+  // cuBLASLt's 1x128 / 128x128 block-scaled FP8 kernels are Hopper's (Blackwell scales FP8 by
+  // 32-element MX blocks instead) and came with cuBLAS 12.9: the library loaded at run time
+  // decides, whatever the headers this was built with.
+  fp8_block_scaling_ = prop.major == 9 && lt_block_scaling_available();
   // Non-blocking: our stream never waits for work others put on the legacy default stream.
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   lt_workspace_ = allocate(kLtWorkspaceBytes, "cuBLASLt workspace");
@@ -391,8 +397,21 @@ void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   p.alpha = args.alpha, p.beta = args.beta;
   p.a_scale = args.a_scale_inv.as<float>();
   p.b_scale = args.b_scale_inv.as<float>();
+  p.a_scaling = args.a_scaling;
+  p.b_scaling = args.b_scaling;
+  if (p.a_scaling != Fp8Scaling::Tensor || p.b_scaling != Fp8Scaling::Tensor) {
+    TS_CHECK(fp8_block_scaling_,
+             "cuda matmul_fp8: block scales need a Hopper GPU and cuBLASLt 12.9 or newer; this "
+             "process loaded cuBLASLt {} on {}",
+             lt_version_string(), description());
+    TS_CHECK(M % 128 == 0 && N % 128 == 0 && K % 128 == 0,
+             "cuda matmul_fp8: block-scaled M={} N={} K={} must be multiples of 128", M, N, K);
+  }
   for (int i = 0; i < 2; ++i) {
     const float*& scale = i == 0 ? p.a_scale : p.b_scale;
+    // Block scales are arrays whose every tile is written by the cast: only tensor scales
+    // (single values inside a state buffer) are moved to an aligned slot.
+    if ((i == 0 ? p.a_scaling : p.b_scaling) != Fp8Scaling::Tensor) continue;
     if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) continue;
     if (fp8_scale_slots_ == nullptr)
       fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
@@ -403,6 +422,21 @@ void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   }
   p.fast_accum = args.fast_accum;
   lt_->run(p, stream_);
+}
+
+void CudaBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
+  const char* op = "fp8_block_cast";
+  expect_float(args.x, op, "x");
+  const MatrixDims d = matrix_dims(args.x);
+  if (args.out.defined()) expect_type(args.out_scale_inv, DType::F32, op, "out_scale_inv");
+  if (args.out_t.defined()) expect_type(args.out_t_scale_inv, DType::F32, op, "out_t_scale_inv");
+  if (args.nonfinite.defined()) expect_type(args.nonfinite, DType::F32, op, "nonfinite");
+  cuda::fp8_block_cast(args.x.data, args.x.dtype, d.rows, d.cols, args.scaling, args.out.data,
+                       args.out.defined() ? args.out_scale_inv.as<float>() : nullptr,
+                       args.out_t.data,
+                       args.out_t.defined() ? args.out_t_scale_inv.as<float>() : nullptr,
+                       args.out.defined() ? args.out.dtype : args.out_t.dtype,
+                       args.nonfinite.defined() ? args.nonfinite.as<float>() : nullptr, stream_);
 }
 
 void CudaBackend::do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) {

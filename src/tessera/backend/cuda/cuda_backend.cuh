@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
   void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
   void do_matmul_fp8(const Fp8MatmulArgs& args) override;
   void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
+  void do_fp8_block_cast(const Fp8BlockCastArgs& args) override;
 
   void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table) override;
   void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
@@ -198,6 +199,7 @@ class CudaBackend final : public Backend {
   size_t adamw_chunks_capacity_ = 0;  // entries
 
   bool fp8_tensor_cores_ = false;    // compute capability 8.9 or newer
+  bool fp8_block_scaling_ = false;   // Hopper with a cuBLASLt of 12.9 or newer loaded
   std::vector<cudaEvent_t> events_;  // every event made and not destroyed, freed with us
 };
 

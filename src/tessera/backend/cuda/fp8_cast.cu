@@ -232,4 +232,149 @@ void fp8_update_scales(float* history, int64_t H, int64_t S, float* scale, float
   TS_CUDA_CHECK_LAUNCH("fp8_update_scales_kernel");
 }
 
+// ---- block scaling ----
+
+namespace {
+
+constexpr int kBlock = 128;              // tile length and block side (core/fp8.h kFp8BlockSize)
+constexpr int kBlockThreads = 256;       // 8 warps
+constexpr int kBlockPitch = kBlock + 1;  // floats per shared row: column reads hit 32 banks
+
+// fp8_block_scale on the device: one correctly rounded division, then the power of two below.
+__device__ __forceinline__ float block_scale(float amax, float fp8_max) {
+  if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
+  const float ratio = __fdiv_rn(fp8_max, amax);
+  if (!isfinite(ratio)) return 1.0f;
+  int e = 0;
+  frexpf(ratio, &e);
+  return ldexpf(1.0f, e - 1);
+}
+
+template <__nv_fp8_interpretation_t kFormat>
+__device__ __forceinline__ uint8_t to_fp8(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFormat));
+}
+
+// Warp max of |v| (non-negative, finite or not: fmaxf drops NaN, which the caller reports
+// apart through nonfinite).
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One CTA per 128 x 128 tile of x (rows r0.., columns c0..), staged in shared memory as fp32
+// (zero outside x). Scales: a warp per tile row (out, Tile1x128), a warp per tile column
+// (out_t, Tile1x128) or the CTA's (Block128x128). Codes are written row by row for out and
+// column by column of x (rows of out_t) for out_t, a byte per thread, consecutive threads on
+// consecutive bytes.
+template <class T, __nv_fp8_interpretation_t kFormat>
+__global__ void __launch_bounds__(kBlockThreads)
+    fp8_block_cast_kernel(const T* x, int64_t R, int64_t C, bool blocks, uint8_t* out,
+                          float* out_scale_inv, uint8_t* out_t, float* out_t_scale_inv,
+                          float fp8_max, float* nonfinite) {
+  extern __shared__ float tile[];  // [kBlock][kBlockPitch]
+  __shared__ float row_scale[kBlock], col_scale[kBlock], warp_amax[kBlockThreads / 32];
+  __shared__ float tile_scale;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kBlock;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kBlock;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  bool bad = false;
+  for (int i = threadIdx.x; i < kBlock * kBlock; i += kBlockThreads) {
+    const int r = i / kBlock, c = i % kBlock;
+    float v = 0.0f;
+    if (r0 + r < R && c0 + c < C) v = to_float(x[(r0 + r) * C + c0 + c]);
+    bad = bad || !isfinite(v);
+    tile[r * kBlockPitch + c] = v;
+  }
+  if (bad && nonfinite != nullptr) *nonfinite = NAN;
+  __syncthreads();
+  const int64_t kb_c = (C + kBlock - 1) / kBlock, kb_r = (R + kBlock - 1) / kBlock;
+  if (blocks) {
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < kBlock * kBlock; i += kBlockThreads)
+      m = fmaxf(m, fabsf(tile[(i / kBlock) * kBlockPitch + i % kBlock]));
+    m = warp_max(m);
+    if (lane == 0) warp_amax[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float a = 0.0f;
+      for (int w = 0; w < kBlockThreads / 32; ++w) a = fmaxf(a, warp_amax[w]);
+      const float s = block_scale(a, fp8_max);
+      tile_scale = s;
+      const int64_t rb = blockIdx.y, cb = blockIdx.x;
+      if (out) out_scale_inv[rb * ((kb_c + 3) / 4 * 4) + cb] = 1.0f / s;
+      if (out_t) out_t_scale_inv[cb * ((kb_r + 3) / 4 * 4) + rb] = 1.0f / s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kBlock; i += kBlockThreads)
+      row_scale[i] = col_scale[i] = tile_scale;
+    __syncthreads();
+  } else {
+    // Warp w takes tile rows (and columns) w, w + 8, ...: lanes stride over the 128 entries.
+    for (int j = warp; j < kBlock; j += kBlockThreads / 32) {
+      float mr = 0.0f, mc = 0.0f;
+      for (int k = lane; k < kBlock; k += 32) {
+        mr = fmaxf(mr, fabsf(tile[j * kBlockPitch + k]));
+        mc = fmaxf(mc, fabsf(tile[k * kBlockPitch + j]));
+      }
+      mr = warp_max(mr);
+      mc = warp_max(mc);
+      if (lane == 0) {
+        const float sr = block_scale(mr, fp8_max), sc = block_scale(mc, fp8_max);
+        row_scale[j] = sr;
+        col_scale[j] = sc;
+        if (out && r0 + j < R) out_scale_inv[blockIdx.x * R + r0 + j] = 1.0f / sr;
+        if (out_t && c0 + j < C) out_t_scale_inv[blockIdx.y * C + c0 + j] = 1.0f / sc;
+      }
+    }
+    __syncthreads();
+  }
+  if (out) {
+    for (int i = threadIdx.x; i < kBlock * kBlock; i += kBlockThreads) {
+      const int r = i / kBlock, c = i % kBlock;
+      if (r0 + r < R && c0 + c < C)
+        out[(r0 + r) * C + c0 + c] = to_fp8<kFormat>(tile[r * kBlockPitch + c] * row_scale[r]);
+    }
+  }
+  if (out_t) {
+    for (int i = threadIdx.x; i < kBlock * kBlock; i += kBlockThreads) {
+      const int c = i / kBlock, r = i % kBlock;
+      if (r0 + r < R && c0 + c < C)
+        out_t[(c0 + c) * R + r0 + r] = to_fp8<kFormat>(tile[r * kBlockPitch + c] * col_scale[c]);
+    }
+  }
+}
+
+}  // namespace
+
+void fp8_block_cast(const void* x, DType x_dtype, int64_t R, int64_t C, Fp8Scaling scaling,
+                    void* out, float* out_scale_inv, void* out_t, float* out_t_scale_inv,
+                    DType format, float* nonfinite, cudaStream_t stream) {
+  NvtxRange range("fp8_block_cast");
+  if (R == 0 || C == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kBlock)),
+                  static_cast<unsigned>(ceil_div(R, kBlock)));
+  TS_CHECK(grid.y <= 65535, "fp8_block_cast: {} rows exceed the grid", R);
+  const size_t smem = static_cast<size_t>(kBlock) * kBlockPitch * sizeof(float);
+  const bool blocks = scaling == Fp8Scaling::Block128x128;
+  const float max = fp8_max(format);
+  dispatch_float(x_dtype, "fp8_block_cast", [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto kernel) {
+      TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+      kernel<<<grid, kBlockThreads, smem, stream>>>(
+          static_cast<const T*>(x), R, C, blocks, static_cast<uint8_t*>(out), out_scale_inv,
+          static_cast<uint8_t*>(out_t), out_t_scale_inv, max, nonfinite);
+    };
+    if (format == DType::E4M3) {
+      launch(fp8_block_cast_kernel<T, __NV_E4M3>);
+    } else {
+      launch(fp8_block_cast_kernel<T, __NV_E5M2>);
+    }
+    TS_CUDA_CHECK_LAUNCH("fp8_block_cast_kernel");
+  });
+}
+
 }  // namespace tessera::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "tessera/core/dtype.h"
+#include "tessera/core/fp8.h"
 
 namespace tessera::cuda {
 
@@ -21,5 +22,14 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
 void fp8_update_scales(float* history, int64_t H, int64_t S, float* scale, float* scale_inv,
                        float* nonfinite, float fp8_max, int margin, bool most_recent, bool roll,
                        cudaStream_t stream);
+
+// Block-scaled cast (ops/backend.h: fp8_block_cast; fp8_block_cast_reference's arithmetic):
+// x (R, C) -> out (R, C) with out_scale_inv and/or out_t (C, R) with out_t_scale_inv in
+// `format`, each 1x128 tile (Tile1x128: along C for out, along R for out_t) or 128x128 block
+// scaled by its own power-of-two scale; nonfinite (may be null) is set to NaN when x holds a
+// NaN or Inf.
+void fp8_block_cast(const void* x, DType x_dtype, int64_t R, int64_t C, Fp8Scaling scaling,
+                    void* out, float* out_scale_inv, void* out_t, float* out_t_scale_inv,
+                    DType format, float* nonfinite, cudaStream_t stream);
 
 }  // namespace tessera::cuda

@@ -61,14 +61,50 @@ void launch_epilogue(const MatmulProblem& p, const void* c, float beta, cudaStre
 }
 
 std::string describe(const MatmulProblem& p) {
-  return format_message("M={} N={} K={} trans_a={} trans_b={} a {} b {} out {} beta={} bias={}{}",
-                        p.M, p.N, p.K, p.trans_a, p.trans_b, dtype_name(p.a_dtype),
-                        dtype_name(p.b_dtype), dtype_name(p.out_dtype), p.beta,
-                        p.bias != nullptr ? dtype_name(p.bias_dtype) : "none",
-                        p.fast_accum ? " fast_accum" : "");
+  auto scaling = [](Fp8Scaling s) {
+    return s == Fp8Scaling::Tile1x128 ? " 1x128" : s == Fp8Scaling::Block128x128 ? " 128x128" : "";
+  };
+  return format_message(
+      "M={} N={} K={} trans_a={} trans_b={} a {}{} b {}{} out {} beta={} bias={}{}", p.M, p.N, p.K,
+      p.trans_a, p.trans_b, dtype_name(p.a_dtype), scaling(p.a_scaling), dtype_name(p.b_dtype),
+      scaling(p.b_scaling), dtype_name(p.out_dtype), p.beta,
+      p.bias != nullptr ? dtype_name(p.bias_dtype) : "none", p.fast_accum ? " fast_accum" : "");
 }
 
 bool is_fp8_type(DType d) { return d == DType::E4M3 || d == DType::E5M2; }
+
+// The block-scale modes came with cuBLAS 12.9; older headers do not name them.
+#if CUBLAS_VERSION >= 120900
+constexpr bool kHeadersHaveBlockScaling = true;
+
+int32_t scale_mode(Fp8Scaling s) {
+  switch (s) {
+    case Fp8Scaling::Tensor:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    case Fp8Scaling::Tile1x128:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Scaling::Block128x128:
+      return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+  }
+  return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+}
+
+// cuBLAS's A is our b: its scale mode is b's.
+void set_scale_modes(cublasLtMatmulDesc_t desc, const MatmulProblem& p) {
+  const int32_t a_mode = scale_mode(p.b_scaling), b_mode = scale_mode(p.a_scaling);
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode,
+                                                 sizeof(a_mode)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode,
+                                                 sizeof(b_mode)));
+}
+#else
+constexpr bool kHeadersHaveBlockScaling = false;
+
+void set_scale_modes(cublasLtMatmulDesc_t, const MatmulProblem& p) {
+  TS_CHECK(p.a_scaling == Fp8Scaling::Tensor && p.b_scaling == Fp8Scaling::Tensor,
+           "FP8 block scales: this build's cuBLAS headers predate 12.9");
+}
+#endif
 
 // cuBLAS's A is our b and its B our a (see plan_for), so their scales swap too.
 void set_fp8_scales(cublasLtMatmulDesc_t desc, const MatmulProblem& p) {
@@ -79,6 +115,16 @@ void set_fp8_scales(cublasLtMatmulDesc_t desc, const MatmulProblem& p) {
 }
 
 }  // namespace
+
+std::string lt_version_string() {
+  const size_t v = cublasLtGetVersion();  // e.g. 130100 = 13.1.0
+  return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." +
+         std::to_string(v % 100);
+}
+
+bool lt_block_scaling_available() {
+  return kHeadersHaveBlockScaling && cublasLtGetVersion() >= 120900;
+}
 
 struct LtMatmul::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -169,6 +215,8 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
                                                    &trans_b, sizeof(trans_b)));
     if (fp8) {
       set_fp8_scales(plan->desc, p);
+      if (p.a_scaling != Fp8Scaling::Tensor || p.b_scaling != Fp8Scaling::Tensor)
+        set_scale_modes(plan->desc, p);
       const int8_t fast_accum = p.fast_accum ? 1 : 0;
       TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
                                                      &fast_accum, sizeof(fast_accum)));
@@ -299,7 +347,9 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
                 alignment_of(p.out),
                 alignment_of(p.bias),
                 static_cast<int>(p.b_dtype),
-                p.fast_accum};
+                p.fast_accum,
+                static_cast<int>(p.a_scaling),
+                static_cast<int>(p.b_scaling)};
   if (is_fp8_type(p.a_dtype)) {
     TS_CHECK(is_fp8_type(p.b_dtype) && !(p.a_dtype == DType::E5M2 && p.b_dtype == DType::E5M2),
              "cuBLASLt FP8 matmul takes e4m3 x e4m3 or e4m3 x e5m2 operands: {}", describe(p));

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "tessera/core/dtype.h"
+#include "tessera/core/fp8.h"
 
 namespace tessera::cuda {
 
@@ -37,7 +38,17 @@ struct MatmulProblem {
   // GEMM's per-expert calls: routed row counts change every call, so each would be a new
   // shape timed once and never seen again (7x slower steps on the Mixtral proxy).
   bool tune = true;
+  // How a_scale and b_scale scale their operands (core/fp8.h): one value each, or 1x128 tiles
+  // and 128x128 blocks (cuBLASLt's VEC128_32F and BLK128x128_32F scale modes).
+  Fp8Scaling a_scaling = Fp8Scaling::Tensor;
+  Fp8Scaling b_scaling = Fp8Scaling::Tensor;
 };
+
+// The cuBLASLt this process loaded, "13.1.0".
+std::string lt_version_string();
+// Whether FP8 GEMMs can take 1x128 / 128x128 block scales: the loaded cuBLASLt is 12.9 or
+// newer and this build's headers name the scale modes.
+bool lt_block_scaling_available();
 
 // The cuBLASLt handle, the workspace it may use and the plans (descriptors + chosen
 // algorithm) of every problem shape seen so far. A training step issues the same few dozen
@@ -62,10 +73,10 @@ class LtMatmul {
   void run(const MatmulProblem& p, cudaStream_t stream);
 
   // (M, N, K, trans_a, trans_b, a dtype, out dtype, bias dtype or -1, beta != 0,
-  //  alignment of a, b, c, out, bias, b dtype, fast accumulation): everything the
-  //  heuristic's answer depends on.
+  //  alignment of a, b, c, out, bias, b dtype, fast accumulation, a and b scalings):
+  //  everything the heuristic's answer depends on.
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, bool, int, int, int,
-                         int, int, int, bool>;
+                         int, int, int, bool, int, int>;
 
  private:
   struct Plan;
