@@ -1,7 +1,7 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
 // parallel, ZeRO-1 (with and without overlap_param_gather), FSDP (untied and tied heads),
-// tensor parallelism (with and without sequence parallelism) and pipelines (1F1B, interleaved;
-// with tensor parallelism on 4 GPUs) on 2 GPUs against 1 GPU with gradient
+// tensor parallelism (with and without sequence parallelism), pipelines (1F1B, interleaved;
+// with tensor parallelism on 4 GPUs) and context parallelism on 2 GPUs against 1 GPU with gradient
 // accumulation at the same global batch, ZeRO-1 and FSDP checkpoints resumed on 2 GPUs and on 1, a
 // ZeRO-1 run stopped by SIGTERM, a rank killed mid-run, and the NCCL communicator's split,
 // point-to-point and sub-group collectives (two processes running this binary). The loss bound is
@@ -298,6 +298,27 @@ TEST_F(DistGpu, PipelineMatchesOneGpu) {
       0)
       << read("tp_pp.txt");
   expect_close(losses("tp_pp"), one, "tensor x pipeline parallel");
+}
+
+// Context parallelism over NCCL: 2 GPUs sharing each sequence (load-balanced chunks, keys and
+// values all-gathered, their gradients reduce-scattered), causal and with a sliding window
+// wider than a chunk, train like one GPU.
+TEST_F(DistGpu, ContextParallelMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  for (const std::string window : {"0", "96"}) {
+    SCOPED_TRACE(window);
+    const std::string w = " --sliding_window " + window;
+    ASSERT_EQ(run(train_args("one" + window) + w, "one.txt"), 0) << read("one.txt");
+    ASSERT_EQ(run("launch --nproc_per_node 2 --master_port " +
+                      std::to_string(29626 + (window == "0" ? 0 : 1)) + " " +
+                      train_args("cp" + window) + w + " --context_parallel_size 2",
+                  "cp.txt"),
+              0)
+        << read("cp.txt");
+    const auto one = losses("one" + window);
+    ASSERT_EQ(one.size(), 20u);
+    expect_close(losses("cp" + window), one, "context parallel");
+  }
 }
 
 TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {

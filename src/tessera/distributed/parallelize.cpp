@@ -38,16 +38,17 @@ class SingleDevice final : public Parallelism {
 
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel) {
-  for (MeshDim dim : {MeshDim::CP, MeshDim::EP})
+  for (MeshDim dim : {MeshDim::EP})
     TS_CHECK(mesh.size(dim) == 1, "parallelize: {} {} is not laid out yet", mesh_dim_name(dim),
              mesh.size(dim));
   if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
   TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
            "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());
-  // TP/SP and PP stages: the model holds its part and its stage's layers already (its
-  // runtime); the mesh layout gives it the group's collectives, runs the pipeline's schedule
-  // and composes data parallelism over the data-parallel ranks.
-  if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1)
+  // TP/SP, CP and PP stages: the model holds its part, its share of the sequences and its
+  // stage's layers already (its runtime); the mesh layout gives it the groups' collectives,
+  // runs the pipeline's schedule and composes data parallelism over the data (x context)
+  // parallel ranks.
+  if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1 || mesh.size(MeshDim::CP) > 1)
     return std::make_unique<MeshParallelism>(*world, mesh, model, data_parallel);
   return make_data_parallelism(*world, model, data_parallel);
 }

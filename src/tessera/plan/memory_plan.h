@@ -49,7 +49,8 @@ struct PlanInput {
   ModelSpec spec;
   ModelRuntime runtime;
   int64_t num_gpus = 1;
-  int64_t data_parallel = 1;  // the ranks state sharding splits over (num_gpus / model parallel)
+  // The ranks state sharding splits over: data x context parallel (num_gpus / (tp x pp)).
+  int64_t data_parallel = 1;
   StateSharding sharding = StateSharding::None;
   bool gpu = true;  // add the GPU backend's buffers and context allowance
 };

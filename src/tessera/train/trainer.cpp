@@ -155,7 +155,8 @@ void Trainer::open_data() {
     if (exp_.data.skip_train) throw DataError(why + ": skip_train has nothing to evaluate");
     log_.warning("{}: evaluation is disabled", why);
   }
-  const int64_t N = setup_.runtime.tokens();
+  // Whole sequences: under context parallelism the model takes its share of them.
+  const int64_t N = exp_.training.micro_batch_size * exp_.training.seq_length;
   host_tokens_.resize(N);
   host_targets_.resize(N);
 }
@@ -512,7 +513,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const MemoryStats mem = backend_->memory_stats();
   log_.clear_progress();
   log_.info(
-      "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | "
+      "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} "
+      "| "
       "throughput per GPU (TFLOP/s/GPU): {:.2f} | tokens per GPU (tokens/s/GPU): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "

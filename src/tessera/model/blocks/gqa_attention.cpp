@@ -54,7 +54,7 @@ void GqaAttentionBlock::forward_inner(LayerOps& ops, const Tensor& x) {
   b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
   ops.linear(qkv_, ln_, qkv_weight_, qkv_bias_);
   b.rope_forward(qkv_, ops.rope_table(), a);
-  b.attention_forward(att_, lse_, qkv_, a);
+  ops.attention_forward(att_, lse_, qkv_, a);
 }
 
 void GqaAttentionBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
@@ -65,7 +65,7 @@ void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
   Backend& b = ops.backend();
   const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
-  b.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
+  ops.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   b.rope_backward(dqkv_, ops.rope_table(), a);
   if (ops.runtime().recompute == RecomputeGranularity::Selective)
     b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
