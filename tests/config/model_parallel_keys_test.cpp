@@ -128,8 +128,6 @@ TEST(ModelParallelKeys, ImpossibleMeshesNameTheKey) {
        "untie_embeddings_and_output_weights", "the embedding (first stage) and the output head"},
       {"tensor_model_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
        "use use_distributed_optimizer with them"},
-      {"pipeline_model_parallel_size: 2\nsave: /tmp/x\n", 2, "save",
-       "checkpoints of a model split over ranks are not available yet"},
       {"context_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
        "use use_distributed_optimizer with them"},
   };

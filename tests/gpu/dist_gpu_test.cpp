@@ -260,10 +260,18 @@ TEST_F(DistGpu, TensorParallelMatchesOneGpu) {
                 "tp_sp.txt"),
             0)
       << read("tp_sp.txt");
+  // FP8 linears on the ranks' parts, their amaxes max-reduced over the tensor-parallel group.
+  ASSERT_EQ(run(train_args("one_fp8") + " --fp8 hybrid", "one_fp8.txt"), 0) << read("one_fp8.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29630 " + train_args("tp_fp8") +
+                    " --tensor_model_parallel_size 2 --sequence_parallel true --fp8 hybrid",
+                "tp_fp8.txt"),
+            0)
+      << read("tp_fp8.txt");
   const auto one = losses("one");
   ASSERT_EQ(one.size(), 20u);
   expect_close(losses("tp"), one, "tensor parallel");
   expect_close(losses("tp_sp"), one, "tensor and sequence parallel");
+  expect_close(losses("tp_fp8"), losses("one_fp8"), "tensor parallel with FP8");
   EXPECT_NE(read("tp_sp.txt").find("tensor parallel 2 with sequence parallelism"),
             std::string::npos)
       << read("tp_sp.txt");
@@ -350,6 +358,34 @@ TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
   const std::vector<double> rest(straight.begin() + 10, straight.end());
   expect_close(losses("two"), rest, "ZeRO-1 resumed on 2 GPUs", 11);
   expect_close(losses("one"), rest, "resumed on 1 GPU", 11);
+}
+
+// A split model's checkpoint (format 3: each part's runs of the one-device layout) resumes
+// under another split and on one GPU.
+TEST_F(DistGpu, SplitModelCheckpointResumesUnderAnotherMeshAndOnOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  const fs::path save = ws_ / "ckpt";
+  const std::string four_layers = " --num_layers 4";
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29628 " + train_args("straight") +
+                    four_layers + " --tensor_model_parallel_size 2 --save " + save.string() +
+                    " --save_interval 10 --ckpt_keep_last 0",
+                "straight.txt"),
+            0)
+      << read("straight.txt");
+  const fs::path ckpt = save / "iter_0000010";
+  EXPECT_FALSE(fs::exists(ckpt / "model.safetensors")) << read("straight.txt");
+  const std::string load = " --load " + ckpt.string();
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29629 " + train_args("pp") + four_layers +
+                    " --pipeline_model_parallel_size 2" + load,
+                "pp.txt"),
+            0)
+      << read("pp.txt");
+  ASSERT_EQ(run(train_args("one") + four_layers + load, "one.txt"), 0) << read("one.txt");
+  const auto straight = losses("straight");
+  ASSERT_EQ(straight.size(), 20u);
+  const std::vector<double> rest(straight.begin() + 10, straight.end());
+  expect_close(losses("pp"), rest, "tensor parallel resumed as a pipeline", 11);
+  expect_close(losses("one"), rest, "tensor parallel resumed on 1 GPU", 11);
 }
 
 // FSDP gathers each unit just in time and reduce-scatters its gradients during the backward,

@@ -269,14 +269,6 @@ void check_laid_out(const Checker& c, const Experiment& e) {
   const TrainingConfig& t = e.training;
   const bool model_parallel = t.tensor_model_parallel_size > 1 ||
                               t.pipeline_model_parallel_size > 1 || t.context_parallel_size > 1;
-  if (model_parallel)
-    for (const auto& [key, value] :
-         {std::pair{"save", e.checkpoint.save}, std::pair{"load", e.checkpoint.load},
-          std::pair{"hf_init_path", e.checkpoint.hf_init_path}})
-      c.require(value.empty(), key,
-                "null with tensor_model_parallel_size, pipeline_model_parallel_size or "
-                "context_parallel_size above 1: checkpoints of a model split over ranks are "
-                "not available yet");
   c.require(!t.use_torch_fsdp2 || !model_parallel, "use_torch_fsdp2",
             "false with tensor, pipeline or context parallelism above 1 (FSDP shards whole "
             "layers over the data-parallel ranks; use use_distributed_optimizer with them)");
