@@ -347,7 +347,7 @@ TEST(Checkpoint, DamagedCheckpointsNameTheFileTheExpectationAndThePreviousGoodOn
          write_file(state, j.dump());
        },
        {"trainer_state.json: unknown checkpoint format version 99; this Tessera reads versions "
-        "1 to 2",
+        "1 to 3",
         "iter_0000002"}},
       {"tracker names a missing checkpoint",
        [](const fs::path& s) { write_file(s / "latest_checkpointed_iteration.txt", "7\n"); },

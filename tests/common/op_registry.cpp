@@ -1126,10 +1126,62 @@ std::vector<OpCase> decode_cases() {
   return cases;
 }
 
+// Context parallelism's attention: segment `segment` of S holds the tokens of positions
+// [c Tc, (c + 1) Tc) and [(2S - 1 - c) Tc, (2S - c) Tc) with Tc = T / 2 (Megatron's causal load
+// balancing); its queries attend to every segment's keys.
+std::vector<OpCase> gathered_attention_cases() {
+  std::vector<OpCase> cases;
+  struct Gathered {
+    AttentionShape s;  // s.seq: tokens per segment and sequence
+    int64_t segments, segment;
+  };
+  for (const Gathered& g :
+       {Gathered{attn(2, 16, 4, 2, 64, 0), 2, 0}, Gathered{attn(2, 16, 4, 2, 64, 0), 2, 1},
+        Gathered{attn(1, 24, 8, 2, 128, 20), 4, 2}, Gathered{attn(1, 512, 8, 8, 128, 0), 2, 1}}) {
+    const AttentionShape s = g.s;
+    const int64_t S = g.segments, N = s.tokens(), W = s.qkv_width(), HD = s.heads * s.head_dim;
+    const std::string shape =
+        fmt::format("S{} segment {} B{} T{} H{} KV{} D{} window{}", S, g.segment, s.batch, s.seq,
+                    s.heads, s.kv_heads, s.head_dim, s.window);
+    std::vector<int32_t> positions;
+    const int64_t Tc = s.seq / 2;
+    for (int64_t c = 0; c < S; ++c)
+      for (int64_t t = 0; t < s.seq; ++t)
+        positions.push_back(
+            static_cast<int32_t>(t < Tc ? c * Tc + t : (2 * S - 1 - c) * Tc + t - Tc));
+    auto run_forward = [s, positions, segment = g.segment](Backend& b, const Tensors& t) {
+      DeviceBuffer p(b, positions.size() * 4, "positions");
+      const Tensor pos = p.tensor(DType::I32, {static_cast<int64_t>(positions.size())});
+      b.upload(pos, positions.data());
+      b.attention_gathered_forward(t.at("out"), t.at("lse"), t.at("qkv_all"), pos, segment, s);
+      if (t.count("dqkv_all"))
+        b.attention_gathered_backward(t.at("dqkv_all"), t.at("dout"), t.at("out"), t.at("lse"),
+                                      t.at("qkv_all"), pos, segment, s);
+      b.synchronize();
+    };
+    OpCase f;
+    f.name = "attention_gathered_forward " + shape;
+    f.specs = {{"qkv_all", {S * N, W}},
+               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}};
+    f.run = run_forward;
+    cases.push_back(f);
+    OpCase b = f;
+    b.name = "attention_gathered_backward " + shape;
+    b.specs = {{"qkv_all", {S * N, W}},
+               {"dout", {N, HD}},
+               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
+               {"dqkv_all", {S * N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+    cases.push_back(b);
+  }
+  return cases;
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases,
-                  mlp_and_loss_cases, qk_norm_cases, moe_cases, reduction_and_optimizer_cases,
+                  gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases, reduction_and_optimizer_cases,
                   bf16_gradient_cases, fp8_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;

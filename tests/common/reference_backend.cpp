@@ -279,6 +279,29 @@ void ReferenceBackend::do_attention_backward(const Tensor& dqkv, const Tensor& d
   store(dqkv, d);
 }
 
+void ReferenceBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
+                                                     const Tensor& qkv_all, const Tensor& positions,
+                                                     int64_t segment, const AttentionShape& s) {
+  std::vector<double> o(static_cast<size_t>(out.numel())), l(static_cast<size_t>(lse.numel()));
+  ref::attention_gathered_forward(o.data(), l.data(), values(qkv_all).data(),
+                                  ids(positions, INT32_MAX, false), positions.numel() / s.seq,
+                                  segment, s);
+  store(out, o);
+  store(lse, l);
+}
+
+void ReferenceBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
+                                                      const Tensor& out, const Tensor& lse,
+                                                      const Tensor& qkv_all,
+                                                      const Tensor& positions, int64_t segment,
+                                                      const AttentionShape& s) {
+  std::vector<double> d(static_cast<size_t>(dqkv_all.numel()));
+  ref::attention_gathered_backward(
+      d.data(), values(dout).data(), values(out).data(), values(lse).data(), values(qkv_all).data(),
+      ids(positions, INT32_MAX, false), positions.numel() / s.seq, segment, s);
+  store(dqkv_all, d);
+}
+
 void ReferenceBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
                                            int64_t pos, const AttentionShape& s) {
   std::vector<double> o(static_cast<size_t>(out.numel()));

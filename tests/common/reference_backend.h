@@ -49,6 +49,13 @@ class ReferenceBackend final : public CpuBackend {
   void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                              const Tensor& lse, const Tensor& qkv,
                              const AttentionShape& s) override;
+  void do_attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
+                                     const Tensor& positions, int64_t segment,
+                                     const AttentionShape& s) override;
+  void do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout, const Tensor& out,
+                                      const Tensor& lse, const Tensor& qkv_all,
+                                      const Tensor& positions, int64_t segment,
+                                      const AttentionShape& s) override;
   void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
                            const AttentionShape& s) override;
   void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;

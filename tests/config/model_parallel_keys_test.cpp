@@ -127,10 +127,9 @@ TEST(ModelParallelKeys, ImpossibleMeshesNameTheKey) {
       {"pipeline_model_parallel_size: 2\nuntie_embeddings_and_output_weights: false\n", 2,
        "untie_embeddings_and_output_weights", "the embedding (first stage) and the output head"},
       {"tensor_model_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
-       "use use_distributed_optimizer with tensor or pipeline parallelism"},
-      {"pipeline_model_parallel_size: 2\nsave: /tmp/x\n", 2, "save",
-       "checkpoints of a model split over ranks are not available yet"},
-      {"context_parallel_size: 2\n", 2, "context_parallel_size", "not available yet"},
+       "use use_distributed_optimizer with them"},
+      {"context_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
+       "use use_distributed_optimizer with them"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.lines);
@@ -147,7 +146,11 @@ TEST(ModelParallelKeys, PossibleMeshesLoad) {
            {"pipeline_model_parallel_size: 2\nvirtual_pipeline_model_parallel_size: 2\n", 2},
            {"pipeline_model_parallel_size: 2\nnum_layers_per_virtual_pipeline_stage: 1\n", 4},
            {"pipeline_model_parallel_size: 3\ndecoder_last_pipeline_num_layers: 2\n", 3},
-           {"tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n", 8}}) {
+           {"tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n", 8},
+           {"context_parallel_size: 2\nsliding_window: 4\n", 2},
+           {"context_parallel_size: 2\ntensor_model_parallel_size: 2\n"
+            "pipeline_model_parallel_size: 2\n",
+            8}}) {
     SCOPED_TRACE(lines);
     const Refusal r = refusal(lines, world);
     EXPECT_EQ(r.key, "") << r.message;

@@ -1,6 +1,7 @@
 // Model parallelism on thread ranks (LocalCommunicator) against one rank: the same experiment
 // trained 10 steps on a mesh of tensor-parallel ranks (with and without sequence parallelism),
-// pipeline stages (1F1B, interleaved 1F1B, uneven stages) and data-parallel ranks gives the
+// context-parallel ranks (causal and sliding-window attention), pipeline stages (1F1B,
+// interleaved 1F1B, uneven stages) and data-parallel ranks gives the
 // single-rank run's losses, gradient norms and, once each rank's parts are put back in place in
 // the whole parameters, its final gradients and weights. Replicated parameters stay bitwise
 // identical on every tensor-parallel rank.
@@ -8,12 +9,15 @@
 // Tensor parallelism is not bitwise: a row-parallel linear (o_proj, down_proj) adds partial
 // sums over the ranks' slices of its inputs, the head's logsumexp combines the vocabulary
 // shards', and the gradient norm sums the ranks' squares, each in another order than one rank's
-// GEMMs and reductions; the differences reach the weights through gradient clipping. Measured
-// (fp32): tensor parallelism at 2 and 4 ranks, with and without sequence and data parallelism,
-// losses within 8e-8 relative, gradient norms 9e-8, final weights 7e-7 and last gradients 3e-6
-// relative L2; the three kinds together on 8 ranks (4 layers, whose gradient norm reaches
-// 1.7) losses 1.5e-7, norms 5.2e-6, weights 3.4e-6, gradients 7.2e-6. The tolerances: 1e-6
-// for losses, 5e-5 for the rest. A wrong split misses them by orders of magnitude (a residual
+// GEMMs and reductions; the differences reach the weights through gradient clipping. Nor is
+// context parallelism: its ranks' weight gradients are partial sums over their tokens, added
+// up over the ranks. Measured (fp32): tensor parallelism at 2 and 4 ranks, with and without
+// sequence and data parallelism, losses within 8e-8 relative, gradient norms 9e-8, final
+// weights 7e-7 and last gradients 3e-6 relative L2; context parallelism at 2 and 4 ranks,
+// causal and windowed, losses 8e-8, norms 9e-8, weights 8e-7, gradients 1.8e-6; tensor x
+// pipeline x data or context parallel on 8 ranks (4 layers, whose gradient norm reaches 1.7)
+// losses 1.5e-7, norms 5.2e-6, weights 4.5e-6, gradients 1.3e-5. The tolerances: 1e-6 for
+// losses, 5e-5 for the rest. A wrong split misses them by orders of magnitude (a residual
 // added on both of 2 ranks moves the first loss by 1e-4 relative and its gradient norm by 40%).
 //
 // A pipeline computes every layer as one rank does and accumulates each weight's gradient over
@@ -241,9 +245,23 @@ INSTANTIATE_TEST_SUITE_P(
              "num_layers: 4\nclip_grad: 0\nuse_distributed_optimizer: true\n"
              "use_precision_aware_optimizer: true\nmain_grads_dtype: bf16\n",
              true},
+        // Context parallelism: 2 and 4 ranks, causal and with a sliding window wider than a
+        // chunk (8 tokens at 2 ranks), with data, tensor and sequence parallelism.
+        Mesh{"cp2", 2, "context_parallel_size: 2\n"},
+        Mesh{"cp2_window", 2, "context_parallel_size: 2\n", "sliding_window: 12\n"},
+        Mesh{"cp4_window", 4, "context_parallel_size: 4\n", "sliding_window: 6\n"},
+        Mesh{"cp2_dp2_zero1", 4,
+             "context_parallel_size: 2\nuse_distributed_optimizer: true\nddp_bucket_size: 5000\n"},
+        Mesh{"tp2_sp_cp2_window", 4,
+             "tensor_model_parallel_size: 2\nsequence_parallel: true\ncontext_parallel_size: 2\n",
+             "sliding_window: 12\n"},
         // The three together on 8 ranks.
         Mesh{"tp2_sp_pp2_dp2", 8,
              "tensor_model_parallel_size: 2\nsequence_parallel: true\n"
+             "pipeline_model_parallel_size: 2\n",
+             "num_layers: 4\n"},
+        Mesh{"tp2_cp2_pp2", 8,
+             "tensor_model_parallel_size: 2\ncontext_parallel_size: 2\n"
              "pipeline_model_parallel_size: 2\n",
              "num_layers: 4\n"},
         Mesh{"tp2_pp2_interleaved_dp2_zero1", 8,

@@ -136,6 +136,22 @@ TEST_F(ThreadRanksCli, PipelineTrainsAndEvaluatesLikeOneRank) {
   }
 }
 
+// Context parallelism through the command: 2 ranks sharing each sequence, causal and with a
+// sliding window, with evaluations.
+TEST_F(ThreadRanksCli, ContextParallelTrainsAndEvaluatesLikeOneRank) {
+  for (const std::string window : {"0", "40"}) {
+    SCOPED_TRACE(window);
+    const std::string model =
+        "--log_interval 1 --eval_interval 3 --eval_iters 2 --sliding_window " + window + " ";
+    const TrainingRun one = train(workspace_, "one" + window, 1, model);
+    const TrainingRun run =
+        train(workspace_, "cp" + window, 2, model + "--context_parallel_size 2");
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+    expect_close(run.eval_losses, one.eval_losses, kLossTolerance, "eval loss");
+  }
+}
+
 TEST_F(ThreadRanksCli, RejectsANonPositiveRankCount) {
   const RunResult r = run_tessera("train --device cpu --nproc_per_node 0 --train_iters 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;

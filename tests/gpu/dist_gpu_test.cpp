@@ -1,11 +1,11 @@
 // Multi-GPU training through `tessera launch` (needs 2 GPUs; skipped otherwise): plain data
 // parallel, ZeRO-1 (with and without overlap_param_gather), expert parallelism (an MoE's
 // experts on 2 GPUs, alone and with ZeRO-1), FSDP (untied and tied heads), tensor parallelism
-// (with and without sequence parallelism) and pipelines (1F1B, interleaved; with tensor
-// parallelism on 4 GPUs) on 2 GPUs against 1 GPU with gradient accumulation at the same global
-// batch, ZeRO-1 and FSDP checkpoints resumed on 2 GPUs and on 1, a ZeRO-1 run stopped by
-// SIGTERM, a rank killed mid-run, and the NCCL communicator's split, point-to-point and
-// sub-group collectives (two processes running this binary). The loss bound is
+// (with and without sequence parallelism), pipelines (1F1B, interleaved; with tensor
+// parallelism on 4 GPUs) and context parallelism on 2 GPUs against 1 GPU with gradient
+// accumulation at the same global batch, ZeRO-1 and FSDP checkpoints resumed on 2 GPUs and on
+// 1, a ZeRO-1 run stopped by SIGTERM, a rank killed mid-run, and the NCCL communicator's split,
+// point-to-point and sub-group collectives (two processes running this binary). The loss bound is
 // docs/distributed.md's: the runs see the same samples in the same order and differ only in
 // the order of bf16/fp32 reductions.
 #include <gtest/gtest.h>
@@ -313,10 +313,18 @@ TEST_F(DistGpu, TensorParallelMatchesOneGpu) {
                 "tp_sp.txt"),
             0)
       << read("tp_sp.txt");
+  // FP8 linears on the ranks' parts, their amaxes max-reduced over the tensor-parallel group.
+  ASSERT_EQ(run(train_args("one_fp8") + " --fp8 hybrid", "one_fp8.txt"), 0) << read("one_fp8.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29630 " + train_args("tp_fp8") +
+                    " --tensor_model_parallel_size 2 --sequence_parallel true --fp8 hybrid",
+                "tp_fp8.txt"),
+            0)
+      << read("tp_fp8.txt");
   const auto one = losses("one");
   ASSERT_EQ(one.size(), 20u);
   expect_close(losses("tp"), one, "tensor parallel");
   expect_close(losses("tp_sp"), one, "tensor and sequence parallel");
+  expect_close(losses("tp_fp8"), losses("one_fp8"), "tensor parallel with FP8");
   EXPECT_NE(read("tp_sp.txt").find("tensor parallel 2 with sequence parallelism"),
             std::string::npos)
       << read("tp_sp.txt");
@@ -353,6 +361,27 @@ TEST_F(DistGpu, PipelineMatchesOneGpu) {
   expect_close(losses("tp_pp"), one, "tensor x pipeline parallel");
 }
 
+// Context parallelism over NCCL: 2 GPUs sharing each sequence (load-balanced chunks, keys and
+// values all-gathered, their gradients reduce-scattered), causal and with a sliding window
+// wider than a chunk, train like one GPU.
+TEST_F(DistGpu, ContextParallelMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  for (const std::string window : {"0", "96"}) {
+    SCOPED_TRACE(window);
+    const std::string w = " --sliding_window " + window;
+    ASSERT_EQ(run(train_args("one" + window) + w, "one.txt"), 0) << read("one.txt");
+    ASSERT_EQ(run("launch --nproc_per_node 2 --master_port " +
+                      std::to_string(29626 + (window == "0" ? 0 : 1)) + " " +
+                      train_args("cp" + window) + w + " --context_parallel_size 2",
+                  "cp.txt"),
+              0)
+        << read("cp.txt");
+    const auto one = losses("one" + window);
+    ASSERT_EQ(one.size(), 20u);
+    expect_close(losses("cp" + window), one, "context parallel");
+  }
+}
+
 TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
   TS_REQUIRE_TWO_GPUS();
   const fs::path save = ws_ / "ckpt";
@@ -382,6 +411,34 @@ TEST_F(DistGpu, Zero1CheckpointResumesOnTwoGpusAndOnOne) {
   const std::vector<double> rest(straight.begin() + 10, straight.end());
   expect_close(losses("two"), rest, "ZeRO-1 resumed on 2 GPUs", 11);
   expect_close(losses("one"), rest, "resumed on 1 GPU", 11);
+}
+
+// A split model's checkpoint (format 3: each part's runs of the one-device layout) resumes
+// under another split and on one GPU.
+TEST_F(DistGpu, SplitModelCheckpointResumesUnderAnotherMeshAndOnOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  const fs::path save = ws_ / "ckpt";
+  const std::string four_layers = " --num_layers 4";
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29628 " + train_args("straight") +
+                    four_layers + " --tensor_model_parallel_size 2 --save " + save.string() +
+                    " --save_interval 10 --ckpt_keep_last 0",
+                "straight.txt"),
+            0)
+      << read("straight.txt");
+  const fs::path ckpt = save / "iter_0000010";
+  EXPECT_FALSE(fs::exists(ckpt / "model.safetensors")) << read("straight.txt");
+  const std::string load = " --load " + ckpt.string();
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29629 " + train_args("pp") + four_layers +
+                    " --pipeline_model_parallel_size 2" + load,
+                "pp.txt"),
+            0)
+      << read("pp.txt");
+  ASSERT_EQ(run(train_args("one") + four_layers + load, "one.txt"), 0) << read("one.txt");
+  const auto straight = losses("straight");
+  ASSERT_EQ(straight.size(), 20u);
+  const std::vector<double> rest(straight.begin() + 10, straight.end());
+  expect_close(losses("pp"), rest, "tensor parallel resumed as a pipeline", 11);
+  expect_close(losses("one"), rest, "tensor parallel resumed on 1 GPU", 11);
 }
 
 // FSDP gathers each unit just in time and reduce-scatters its gradients during the backward,

@@ -140,7 +140,7 @@ TEST(ActivationPlan, SharedRegionsAreAsLargeAsTheirLargestSet) {
 // final state, and with no bias the logits, are zero.
 // Records what the model hands to its tensor-parallel group's all-reduces, and sums nothing:
 // each rank's own partial sums stay visible.
-class RecordingGroup final : public TensorParallelGroup {
+class RecordingGroup final : public ParallelGroup {
  public:
   explicit RecordingGroup(Backend& b) : b_(b) {}
   void all_reduce(const Tensor& t) override {

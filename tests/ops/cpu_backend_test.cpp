@@ -253,6 +253,70 @@ TEST_F(CpuBackendTest, VocabularyShardsAddUpToTheWholeVocabulary) {
   }
 }
 
+// Context parallelism: the sequence cut into 2S chunks, segment c holding chunks c and
+// 2S - 1 - c. Each segment's queries against every segment's keys give the rows of whole-
+// sequence attention (causal, and with a window), and the segments' backward calls add up to
+// the whole backward once their rows are put back in sequence order (fp32: within 1e-6
+// relative; the sums of the key gradients over the segments run in another order).
+TEST_F(CpuBackendTest, GatheredAttentionOverSegmentsIsWholeSequenceAttention) {
+  for (const int64_t window : {int64_t{0}, int64_t{5}}) {
+    SCOPED_TRACE(window);
+    constexpr int64_t S = 3, B = 2, T = 24, Tl = T / S, Tc = T / (2 * S), H = 4, KV = 2, D = 8;
+    AttentionShape whole;
+    whole.batch = B, whole.seq = T, whole.heads = H, whole.kv_heads = KV, whole.head_dim = D;
+    whole.window = window;
+    whole.scale = 0.35f;
+    AttentionShape local = whole;
+    local.seq = Tl;
+    const int64_t W = whole.qkv_width(), HD = H * D;
+    std::vector<int32_t> positions;
+    for (int64_t c = 0; c < S; ++c)
+      for (int64_t t = 0; t < Tl; ++t)
+        positions.push_back(
+            static_cast<int32_t>(t < Tc ? c * Tc + t : (2 * S - 1 - c) * Tc + t - Tc));
+    const std::vector<float> qkv = random_normal(B * T * W, 21),
+                             dout = random_normal(B * T * HD, 22);
+    // Segment-major (S, B, Tl) copies of rows of (B, T) tensors.
+    auto segmented = [&](const std::vector<float>& v, int64_t width) {
+      std::vector<float> out(v.size());
+      for (int64_t c = 0; c < S; ++c)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t t = 0; t < Tl; ++t)
+            std::copy_n(v.begin() + (b * T + positions[c * Tl + t]) * width, width,
+                        out.begin() + ((c * B + b) * Tl + t) * width);
+      return out;
+    };
+    GuardedTensor full_qkv = input({B * T, W}, qkv), full_out = random({B * T, HD}),
+                  full_lse = random({B, H, T}), full_dqkv = random({B * T, W}),
+                  full_dout = input({B * T, HD}, dout);
+    backend->attention_forward(full_out, full_lse, full_qkv, whole);
+    backend->attention_backward(full_dqkv, full_dout, full_out, full_lse, full_qkv, whole);
+    const std::vector<float> want_out = segmented(download_float(*backend, full_out), HD);
+    const std::vector<float> want_dqkv = segmented(download_float(*backend, full_dqkv), W);
+
+    GuardedTensor all = input({S * B * Tl, W}, segmented(qkv, W)), pos = ids(positions);
+    const std::vector<float> seg_dout = segmented(dout, HD);
+    std::vector<float> dqkv_sum(S * B * Tl * W, 0.0f);
+    for (int64_t c = 0; c < S; ++c) {
+      GuardedTensor out = random({B * Tl, HD}), lse = random({B, H, Tl}),
+                    d = input({B * Tl, HD}, {seg_dout.begin() + c * B * Tl * HD,
+                                             seg_dout.begin() + (c + 1) * B * Tl * HD}),
+                    dall = random({S * B * Tl, W});
+      backend->attention_gathered_forward(out, lse, all, pos, c, local);
+      const std::vector<float> got = download_float(*backend, out);
+      for (int64_t i = 0; i < B * Tl * HD; ++i)
+        EXPECT_NEAR(got[i], want_out[c * B * Tl * HD + i], 1e-6f * std::max(1.0f, std::abs(got[i])))
+            << "segment " << c << " " << i;
+      backend->attention_gathered_backward(dall, d, out, lse, all, pos, c, local);
+      const std::vector<float> part = download_float(*backend, dall);
+      for (size_t i = 0; i < part.size(); ++i) dqkv_sum[i] += part[i];
+    }
+    for (size_t i = 0; i < dqkv_sum.size(); ++i)
+      EXPECT_NEAR(dqkv_sum[i], want_dqkv[i], 1e-6f * std::max(1.0f, std::abs(want_dqkv[i])))
+          << "element " << i;
+  }
+}
+
 TEST_F(CpuBackendTest, Description) {
   EXPECT_EQ(backend->description(),
             fmt::format("cpu (OpenBLAS, {} threads)", omp_get_max_threads()));

@@ -17,6 +17,7 @@
 #include "tessera/config/keys.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/local_communicator.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/plan/memory_report.h"
@@ -419,6 +420,46 @@ TEST(MemoryCommand, ReadmeRecipePlansZero1FromTheTrainingKey) {
   EXPECT_EQ(z.plan.optimizer, (kLlama8BParams + 7) / 8 * 12);
 }
 
+// A mesh splits what each GPU holds: tensor parallelism the weights and (with sequence
+// parallelism) every activation of the residual stream, a pipeline the layers (planned at its
+// fullest stage, the first: it holds the embedding and the most micro-batches); ZeRO-1 shards
+// over the data-parallel ranks that remain.
+TEST(MemoryPlan, MeshesSplitTheModel) {
+  const Experiment one = load("llama3.1_8B-pretrain", {});
+  const MemoryPlan whole = plan_memory(input_for(one));
+  const MemoryPlan tp = plan_memory(
+      input_for(load("llama3.1_8B-pretrain",
+                     {"--tensor_model_parallel_size", "2", "--sequence_parallel", "true"}, 2),
+                2));
+  // Every tensor of Llama 8B splits over 2 ranks but the norms (replicated): (P - norms) / 2.
+  constexpr int64_t kNorms = 65 * 4096;
+  EXPECT_EQ(tp.weights, ((kLlama8BParams - kNorms) / 2 + kNorms) * 2);
+  EXPECT_LT(tp.activations, whole.activations * 0.55);
+  const PlanInput pp = input_for(
+      load("llama3.1_8B-pretrain",
+           {"--pipeline_model_parallel_size", "4", "--use_distributed_optimizer", "true"}, 8),
+      8);
+  EXPECT_EQ(pp.data_parallel, 2);
+  EXPECT_EQ(pp.runtime.pipeline_chunks.size(), 1u);
+  EXPECT_EQ(pp.runtime.pipeline_chunks[0].count, 8);
+  EXPECT_EQ(pp.runtime.pipeline_slots, 4);  // stage 0 of 4 holds 4 micro-batches (1F1B)
+  // 8 layers and the embedding: a quarter of the layers' weights and one of the two tables.
+  const MemoryPlan stage0 = plan_memory(pp);
+  EXPECT_LT(stage0.weights, whole.weights * 0.33);
+  EXPECT_EQ(stage0.optimizer, (DecoderModel::plan_layout(pp.spec, pp.runtime).total + 1) / 2 * 12);
+}
+
+// 70B on 16 H100s fits only split: the verdict names the mesh keys to change.
+TEST(MemoryReport, ANonFittingRunIsToldTheMeshThatFits) {
+  const MemoryReport r = build_memory_report(gpu_query("llama3.1_70B-pretrain", {}, 16, "H100"));
+  EXPECT_FALSE(r.fits);
+  EXPECT_TRUE(contains(r.verdict,
+                       "Fits with --recompute_granularity full "
+                       "--tensor_model_parallel_size 8 --sequence_parallel true "
+                       "--pipeline_model_parallel_size 2"))
+      << r.verdict;
+}
+
 // --use_torch_fsdp2 true on 8 GPUs: the breakdown is FullyShardedDataParallel's (shards plus
 // unit slots); fitting it on an H100 takes selective recompute.
 TEST(MemoryCommand, Fsdp2OnEightGpusShowsTheFsdpBreakdown) {
@@ -446,7 +487,9 @@ TEST(MemoryReport, AlternativesAreCommandLineFlags) {
   const MemoryQuery q = gpu_query("llama3.1_8B-pretrain", base, 8, "H100");
   const MemoryReport r = build_memory_report(q);
   const analysis::Table& t = r.scenarios;
-  ASSERT_EQ(t.rows.size(), 3u * 3 * 3);  // bf16, fp8 hybrid, fp32 x recompute x sharding
+  // bf16, fp8 hybrid, fp32 x recompute x sharding; then the 9 meshes of tp x pp <= 8 ranks
+  // (but 1 x 1), as configured and with full recompute.
+  ASSERT_EQ(t.rows.size(), 3u * 3 * 3 + 9 * 2);
   EXPECT_EQ(t.summary_rows, t.rows.size());
   EXPECT_EQ(r.breakdown.rows.size(), 9u);
   const size_t capacity = gpu_capacity_bytes(q.gpu);

@@ -1,6 +1,7 @@
 #include "tessera/ckpt/checkpoint.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -61,6 +62,71 @@ std::optional<ParamRange> slice_range(const char* kind, const std::string& name)
 std::string describe(const ParamRange& r) {
   return fmt::format("[{}, {})", r.begin, r.end);
 }
+
+// A model split over ranks (tensor or pipeline parallel) holds parts of the one-device layout
+// (a stage lacks the embedding or the head): its state is written as runs of that layout
+// (format 3).
+bool placed(const ParamLayout& layout) {
+  return layout.embedding < 0 || layout.lm_head < 0 ||
+         std::any_of(layout.params.begin(), layout.params.end(),
+                     [](const ParamInfo& p) { return !p.whole() || p.full_offset != p.offset; });
+}
+
+// Where a rank's local elements lie in the one-device layout: runs [begin, begin + count) of
+// it, each starting at element `local` of the rank's packed owned ranges.
+struct PlacedRun {
+  int64_t begin, count, local;
+};
+
+// The runs of `owned` (ranges of `layout`, packed one after another), in packed order; those
+// of whole parameters only with `whole_params`.
+std::vector<PlacedRun> placed_runs(const ParamLayout& layout, const std::vector<ParamRange>& owned,
+                                   bool whole_params = true) {
+  std::vector<PlacedRun> runs;
+  int64_t at = 0;
+  for (const ParamRange& r : owned) {
+    layout.for_each_param_in(r, [&](const ParamInfo& p, const ParamRange& part) {
+      if (!whole_params && p.whole()) return;
+      p.for_each_run(
+          part.begin - p.offset, part.end - p.offset,
+          [&](int64_t begin, int64_t count, int64_t full_begin) {
+            runs.push_back({p.full_offset + full_begin, count, at + p.offset + begin - r.begin});
+          });
+    });
+    at += r.count();
+  }
+  return runs;
+}
+
+// Runs as [begin, count, stride, repeat] groups: `repeat` runs of `count` elements, `stride`
+// apart (a row-parallel part is one group of a run per row). The packed data holds them one
+// after another.
+nlohmann::json run_groups(const std::vector<PlacedRun>& runs) {
+  struct Group {
+    int64_t begin, count, stride, repeat;
+  };
+  std::vector<Group> groups;
+  for (const PlacedRun& r : runs) {
+    if (!groups.empty() && groups.back().count == r.count) {
+      Group& g = groups.back();
+      if (g.repeat == 1 && r.begin > g.begin) {
+        g.stride = r.begin - g.begin;
+        g.repeat = 2;
+        continue;
+      }
+      if (r.begin == g.begin + g.repeat * g.stride) {
+        ++g.repeat;
+        continue;
+      }
+    }
+    groups.push_back({r.begin, r.count, r.count, 1});
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const Group& g : groups) out.push_back({g.begin, g.count, g.stride, g.repeat});
+  return out;
+}
+
+constexpr const char* kRunsMetadata = "tessera_runs";  // a shard's run groups, as JSON
 
 std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
@@ -140,13 +206,13 @@ void removing_on_failure(const fs::path& tmp, const std::function<void()>& steps
 std::string publish(const std::string& save_dir, const fs::path& tmp, const ModelSpec& spec,
                     DType weights_dtype, const TrainerState& s,
                     const std::vector<std::string>& files, const nlohmann::ordered_json& shards,
-                    const nlohmann::ordered_json& state_dtypes = nullptr) {
+                    const nlohmann::ordered_json& state_dtypes = nullptr,
+                    int version = kShardedCheckpointFormatVersion) {
   nlohmann::ordered_json sizes;
   for (const auto& f : files) sizes[f] = fs::file_size(tmp / f);
   nlohmann::ordered_json j;
   j["format"] = "tessera-checkpoint";
-  j["format_version"] =
-      shards.is_null() ? kUnshardedCheckpointFormatVersion : kCheckpointFormatVersion;
+  j["format_version"] = shards.is_null() ? kUnshardedCheckpointFormatVersion : version;
   j["tessera_version"] = TESSERA_VERSION;
   j["iteration"] = s.iteration;
   j["consumed_samples"] = s.consumed_samples;
@@ -357,6 +423,43 @@ void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& 
   const fs::path tmp = tmp_dir(save_dir, iteration);
   TS_CHECK(fs::is_directory(tmp), "{} does not exist: rank 0 begins a sharded checkpoint",
            tmp.string());
+  if (placed(*t.layout)) {
+    // Each kind of state as one tensor of the rank's runs of the one-device layout, their
+    // groups in the file's metadata (finish_sharded_checkpoint lists them).
+    // A replicated parameter (a norm) is the same on every tensor-parallel rank: the rank
+    // holding part 0 of the split ones writes it.
+    const auto split = std::find_if(t.layout->params.begin(), t.layout->params.end(),
+                                    [](const ParamInfo& p) { return !p.whole(); });
+    const bool replicated = split == t.layout->params.end() || split->placement.index == 0;
+    const std::vector<PlacedRun> runs = placed_runs(*t.layout, t.owned, replicated);
+    int64_t elements = 0;
+    for (const PlacedRun& r : runs) elements += r.count;
+    // Each kind of state in the dtype the run keeps it in: the owned ranges downloaded
+    // packed, then the runs copied out of them in order.
+    std::vector<std::byte> host;
+    FileToWrite shard{shard_file_name(rank, world), {}, [&](size_t i, void* dst) {
+                        const FlatState s = kFlatStates[i];
+                        const size_t width = dtype_size(state_dtype_of(t, s));
+                        int64_t at = 0;
+                        for (size_t k = 0; k < t.owned.size(); ++k) {
+                          const int64_t count = t.owned[k].count();
+                          host.resize(static_cast<size_t>(at + count) * width);
+                          t.backend->download(host.data() + at * width,
+                                              state_tensor(t, s, k, at, count));
+                          at += count;
+                        }
+                        auto* out = static_cast<std::byte*>(dst);
+                        for (const PlacedRun& r : runs)
+                          out = std::copy_n(host.begin() + r.local * static_cast<int64_t>(width),
+                                            r.count * static_cast<int64_t>(width), out);
+                      }};
+    for (FlatState s : kFlatStates)
+      shard.tensors.push_back({kind_name(s), state_dtype_of(t, s), {elements}});
+    if (rank == 0) add_extra_state(shard, t);
+    write_safetensors((tmp / shard.name).string(), shard.tensors,
+                      {{"format", "pt"}, {kRunsMetadata, run_groups(runs).dump()}}, shard.fill);
+    return;
+  }
   std::vector<int64_t> packed_at;  // where each owned range starts in the packed tensors
   int64_t held = 0;
   for (const ParamRange& r : t.owned) {
@@ -387,11 +490,23 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
   removing_on_failure(tmp, [&] {
     // Each shard names its ranges (its master.{begin}-{end} tensors); trainer_state.json
     // gathers them so a loader knows which files it needs without opening every one.
-    std::vector<std::string> files = {kModelFile};
+    const bool runs = placed(*t.layout);
+    // Split models write no whole-model weights (their master weights are the weights), and
+    // only the ranks whose state no other rank holds write a shard.
+    std::vector<std::string> files;
+    if (!runs) files.push_back(kModelFile);
     nlohmann::ordered_json shards = nlohmann::ordered_json::array();
     for (int rank = 0; rank < world; ++rank) {
-      files.push_back(shard_file_name(rank, world));
+      const std::string name = shard_file_name(rank, world);
+      if (runs && !fs::exists(tmp / name)) continue;
+      files.push_back(name);
       const SafetensorsFile f((tmp / files.back()).string());
+      if (runs) {
+        const auto it = f.metadata().find(kRunsMetadata);
+        TS_CHECK(it != f.metadata().end(), "{}: no {} metadata", name, kRunsMetadata);
+        shards.push_back({{"file", name}, {"runs", nlohmann::ordered_json::parse(it->second)}});
+        continue;
+      }
       std::vector<ParamRange> ranges;
       for (const SafetensorsTensor& tensor : f.tensors())
         if (auto r = slice_range(kind_name(FlatState::Master), tensor.name)) ranges.push_back(*r);
@@ -401,8 +516,9 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
       for (const ParamRange& r : ranges) listed.push_back({r.begin, r.end});
       shards.push_back({{"file", files.back()}, {"ranges", listed}});
     }
-    dir =
-        publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards, state_dtypes_json(t));
+    dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards,
+                  state_dtypes_json(t),
+                  runs ? kCheckpointFormatVersion : kShardedCheckpointFormatVersion);
   });
   update_tracker(save_dir, state.iteration);
   prune(save_dir, state.iteration, state.run_id, keep_last);
@@ -509,6 +625,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::string dtype_text;
   std::map<std::string, uint64_t> sizes;
   std::vector<std::pair<std::string, std::vector<ParamRange>>> shard_list;
+  // Format 3: each shard's run groups [begin, count, stride, repeat].
+  std::vector<std::pair<std::string, std::vector<std::array<int64_t, 4>>>> run_list;
   try {
     state_.iteration = j.at("iteration").get<int64_t>();
     state_.consumed_samples = j.at("consumed_samples").get<uint64_t>();
@@ -532,6 +650,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
       state_dtypes_[static_cast<int>(s)] = d;
     }
     for (const auto& shard : j.value("optimizer_shards", nlohmann::json::array())) {
+      if (shard.contains("runs")) {
+        run_list.emplace_back(shard.at("file").get<std::string>(),
+                              shard.at("runs").get<std::vector<std::array<int64_t, 4>>>());
+        continue;
+      }
       std::vector<ParamRange> ranges;
       for (const auto& r : shard.at("ranges"))
         ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
@@ -545,7 +668,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   DType weights_dtype;
   if (!parse_dtype(dtype_text, &weights_dtype))
     throw DataError(fmt::format("{}: weights_dtype '{}' is not a dtype", state_file, dtype_text));
-  if (!sizes.count(kModelFile))
+  // A split model's checkpoint keeps its weights as the master weights in its shards.
+  if (!sizes.count(kModelFile) && run_list.empty())
     throw DataError(
         fmt::format("{}: lists no {}; expected the model weights", state_file, kModelFile));
   for (const auto& [name, bytes] : sizes) {
@@ -560,8 +684,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                       f.string(), fs::file_size(f), bytes, kStateFile));
   }
   const std::string model = fmt::format("for the model in {} ({})", kStateFile, spec_.summary());
-  model_ = std::make_unique<SafetensorsFile>((d / kModelFile).string());
-  for (const auto& p : layout_.params) check_tensor(*model_, p.name, weights_dtype, p.shape, model);
+  if (sizes.count(kModelFile)) {
+    model_ = std::make_unique<SafetensorsFile>((d / kModelFile).string());
+    for (const auto& p : layout_.params)
+      check_tensor(*model_, p.name, weights_dtype, p.shape, model);
+  }
   if (sizes.count(kOptimizerFile)) {
     optimizer_ = std::make_unique<SafetensorsFile>((d / kOptimizerFile).string());
     for (FlatState s : kFlatStates)
@@ -589,7 +716,40 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     }
     shards_.push_back(std::move(shard));
   }
-  if (!shards_.empty()) check_shard_coverage(std::move(all), layout_, state_file);
+  for (const auto& [name, groups] : run_list) {
+    if (!sizes.count(name))
+      throw DataError(fmt::format(
+          "{}: optimizer shard {} has no size in files; expected every shard listed there",
+          state_file, name));
+    run_files_.push_back(std::make_unique<SafetensorsFile>((d / name).string()));
+    run_file_names_.push_back(name);
+    int64_t packed = 0;
+    for (const auto& [begin, count, stride, repeat] : groups) {
+      if (count < 1 || repeat < 1 || stride < count || begin < 0 ||
+          begin + (repeat - 1) * stride + count > layout_.total)
+        throw DataError(fmt::format(
+            "{}: optimizer shard {} lists runs [{}, {}, {}, {}]; expected [begin, count, "
+            "stride, repeat] of non-empty runs within the model's {} flat elements",
+            state_file, name, begin, count, stride, repeat, layout_.total));
+      for (int64_t k = 0; k < repeat; ++k) {
+        runs_.push_back({begin + k * stride, count, run_files_.back().get(), packed});
+        packed += count;
+      }
+    }
+    for (FlatState s : kFlatStates)
+      check_tensor(*run_files_.back(), kind_name(s), state_dtype(s), {packed},
+                   fmt::format("for the runs {} lists", kStateFile));
+  }
+  std::sort(runs_.begin(), runs_.end(),
+            [](const Run& a, const Run& b) { return a.begin < b.begin; });
+  for (const Run& r : runs_) {
+    const size_t file =
+        static_cast<size_t>(std::find_if(run_files_.begin(), run_files_.end(),
+                                         [&](const auto& f) { return f.get() == r.file; }) -
+                            run_files_.begin());
+    all.push_back({{r.begin, r.begin + r.count}, &run_file_names_[file]});
+  }
+  if (!shards_.empty() || !runs_.empty()) check_shard_coverage(std::move(all), layout_, state_file);
 }
 
 Checkpoint::~Checkpoint() = default;
@@ -599,6 +759,16 @@ void Checkpoint::read_flat(
     const std::function<void(int64_t offset, const std::vector<float>& values)>& fill) const {
   TS_CHECK(state == FlatState::Master || has_optimizer_state(), "{}: no optimizer state", dir_);
   const char* kind = kind_name(state);
+  if (!runs_.empty()) {
+    // Runs are disjoint and sorted: the first that ends after r.begin, then on.
+    auto it = std::partition_point(runs_.begin(), runs_.end(),
+                                   [&](const Run& x) { return x.begin + x.count <= r.begin; });
+    for (; it != runs_.end() && it->begin < r.end; ++it) {
+      const int64_t lo = std::max(it->begin, r.begin), hi = std::min(it->begin + it->count, r.end);
+      fill(lo, it->file->to_float(kind, it->packed + lo - it->begin, hi - lo));
+    }
+    return;
+  }
   for (const Shard& s : shards_)
     for (const ParamRange& have : s.ranges) {
       const int64_t lo = std::max(have.begin, r.begin), hi = std::min(have.end, r.end);
@@ -639,6 +809,8 @@ const SafetensorsFile* Checkpoint::optimizer_file_with(const std::string& name) 
   if (optimizer_ && optimizer_->find(name)) return optimizer_.get();
   for (const Shard& s : shards_)
     if (s.file->find(name)) return s.file.get();
+  for (const auto& f : run_files_)
+    if (f->find(name)) return f.get();
   return nullptr;
 }
 
@@ -672,20 +844,29 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
     // as here whatever the world sizes (tail padding beyond P is never owned or stored).
     const std::vector<ParamRange> owned =
         t.owned.empty() ? std::vector<ParamRange>{{0, t.layout->total}} : t.owned;
+    // A rank of a split model reads its parts run by run, wherever the checkpoint keeps them;
+    // an unsplit one reads its owned ranges whole.
+    const bool split = placed(*t.layout);
     int64_t at = 0;  // where the range starts in the packed tensors
     for (size_t i = 0; i < owned.size(); ++i) {
       const ParamRange& r = owned[i];
       TS_CHECK(r.begin >= 0 && r.begin < r.end && r.end <= t.layout->total,
                "owned range [{}, {}) outside the {} parameters", r.begin, r.end, t.layout->total);
+      const std::vector<PlacedRun> runs = split ? placed_runs(*t.layout, {r})
+                                                : std::vector<PlacedRun>{{r.begin, r.count(), 0}};
       for (FlatState s : kFlatStates) {
         if (s != FlatState::Master && !c.has_optimizer_state()) break;
         // Whatever dtype the checkpoint holds it in, the state arrives as the run keeps it
         // (bf16 moments resume fp32 ones and the other way round).
         const Tensor dst = state_tensor(t, s, i, at, r.count());
-        c.read_flat(s, r, [&](int64_t offset, const std::vector<float>& v) {
-          upload_values(*t.backend,
-                        dst.flat_range(offset - r.begin, static_cast<int64_t>(v.size())), v.data());
-        });
+        for (const PlacedRun& run : runs)
+          c.read_flat(s, {run.begin, run.begin + run.count},
+                      [&](int64_t offset, const std::vector<float>& v) {
+                        upload_values(*t.backend,
+                                      dst.flat_range(run.local + offset - run.begin,
+                                                     static_cast<int64_t>(v.size())),
+                                      v.data());
+                      });
       }
       at += r.count();
     }

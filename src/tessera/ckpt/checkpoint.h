@@ -25,10 +25,13 @@
 
 namespace tessera {
 
-// Version 2 added optimizer shards. Checkpoints without shards are still written as version 1,
-// which every Tessera reads; earlier Tessera versions refuse a sharded checkpoint rather than
-// mistake it for a weights-only one (it has no optimizer.safetensors).
-inline constexpr int kCheckpointFormatVersion = 2;
+// Version 2 added optimizer shards, version 3 shards of a model split over ranks (tensor or
+// pipeline parallel): each holds a rank's runs of the one-device layout, grouped as
+// [begin, count, stride, repeat] in trainer_state.json, and there is no model.safetensors (the
+// master weights are the weights). Checkpoints are written with the lowest version that holds
+// them; earlier Tessera versions refuse a newer one rather than misread it.
+inline constexpr int kCheckpointFormatVersion = 3;
+inline constexpr int kShardedCheckpointFormatVersion = 2;
 inline constexpr int kUnshardedCheckpointFormatVersion = 1;
 inline constexpr const char* kTrackerFileName = "latest_checkpointed_iteration.txt";
 
@@ -137,7 +140,8 @@ enum class FlatState { Master, ExpAvg, ExpAvgSq };
 // A checkpoint directory, checked when opened: trainer_state.json parses and has a known
 // format version, every file it lists exists with the recorded size, every tensor of the
 // model it describes is present with the right dtype and shape, and optimizer shards hold
-// the ranges trainer_state.json lists, which together cover every parameter. Tensor data is
+// the ranges (or runs) trainer_state.json lists, which together cover every parameter. All
+// reads are in the one-device layout's offsets, whatever mesh wrote the checkpoint. Tensor data is
 // mapped, not read, until asked for. Each problem is a DataError naming the file and what
 // was expected.
 class Checkpoint {
@@ -149,8 +153,8 @@ class Checkpoint {
   const TrainerState& state() const { return state_; }
   const ModelSpec& spec() const { return spec_; }
   const ParamLayout& layout() const { return layout_; }
-  bool has_optimizer_state() const { return optimizer_ || !shards_.empty(); }
-  bool sharded() const { return !shards_.empty(); }
+  bool has_optimizer_state() const { return optimizer_ || !shards_.empty() || !runs_.empty(); }
+  bool sharded() const { return !shards_.empty() || !runs_.empty(); }
 
   // The dtype each kind of optimizer state was saved in (fp32 in checkpoints that record none).
   DType state_dtype(FlatState state) const { return state_dtypes_[static_cast<int>(state)]; }
@@ -185,9 +189,19 @@ class Checkpoint {
   TrainerState state_;
   ModelSpec spec_;
   ParamLayout layout_;
-  std::unique_ptr<SafetensorsFile> model_, optimizer_;
+  std::unique_ptr<SafetensorsFile> model_, optimizer_;  // model_ null in format 3
   std::vector<Shard> shards_;  // by rank; empty unless the optimizer state is sharded
   DType state_dtypes_[3] = {DType::F32, DType::F32, DType::F32};  // by FlatState
+  // Format 3: the shards' runs of the one-device layout, sorted by their first element, each
+  // at `packed` in its file's master, exp_avg and exp_avg_sq tensors.
+  struct Run {
+    int64_t begin, count;
+    const SafetensorsFile* file;
+    int64_t packed;
+  };
+  std::vector<std::unique_ptr<SafetensorsFile>> run_files_;
+  std::vector<std::string> run_file_names_;
+  std::vector<Run> runs_;
 };
 
 // Loads checkpoint `dir` into t.master and the moments, the ranges t.owned names (all when

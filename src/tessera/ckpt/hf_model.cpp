@@ -274,12 +274,20 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
         fmt::format("{}: the Hugging Face model differs from the configured model: {}; set "
                     "the model keys to match ({})",
                     config, join_lines(d.shape), hf.spec().summary()));
+  // A split model's rank holds parts of the parameters: each is read whole, as Hugging Face
+  // stores it, and its part's runs are taken from it.
+  const ParamLayout whole = make_param_layout(configured);
   for (const FlatSlice& s : master) {
     backend.fill(s.values, 0.0f);  // alignment padding
     layout.for_each_param_in(s.range, [&](const ParamInfo& p, const ParamRange& part) {
-      const std::vector<float> w = hf.weights(p);
-      upload_values(backend, s.values.flat_range(part.begin - s.range.begin, part.count()),
-                    w.data() + (part.begin - p.offset));
+      const ParamInfo* full = whole.find(p.name);
+      TS_CHECK(full != nullptr, "{} is not a parameter of the configured model", p.name);
+      const std::vector<float> w = hf.weights(*full);
+      p.for_each_run(part.begin - p.offset, part.end - p.offset,
+                     [&](int64_t begin, int64_t count, int64_t full_begin) {
+                       upload_values(backend, s.values.flat_range(p.offset + begin - s.range.begin, count),
+                                     w.data() + full_begin);
+                     });
     });
   }
   return d.behaviour;

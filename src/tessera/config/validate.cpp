@@ -108,19 +108,22 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
     return;
   }
   // MoE layers are laid out over data- and expert-parallel ranks only: their blocks do not
-  // split experts over tensor-parallel ranks, and their statistics and expert exchange are not
-  // carried through pipeline stages yet.
-  const int64_t tp = t.tensor_model_parallel_size, pp = t.pipeline_model_parallel_size;
-  if (tp > 1 || pp > 1) {
+  // split experts over tensor-parallel ranks, their statistics and expert exchange are not
+  // carried through pipeline stages, and their sequence-level losses see whole sequences.
+  const int64_t tp = t.tensor_model_parallel_size, pp = t.pipeline_model_parallel_size,
+                cp = t.context_parallel_size;
+  if (tp > 1 || pp > 1 || cp > 1) {
     c.require(t.expert_model_parallel_size == 1, "expert_model_parallel_size",
-              fmt::format("1 with tensor_model_parallel_size ({}) or pipeline_model_parallel_size "
-                          "({}) above 1: expert parallelism does not compose with tensor or "
-                          "pipeline parallelism yet",
-                          tp, pp));
-    c.fail(tp > 1 ? "tensor_model_parallel_size" : "pipeline_model_parallel_size",
+              fmt::format("1 with tensor_model_parallel_size ({}), pipeline_model_parallel_size "
+                          "({}) or context_parallel_size ({}) above 1: expert parallelism does "
+                          "not compose with tensor, pipeline or context parallelism yet",
+                          tp, pp, cp));
+    c.fail(tp > 1   ? "tensor_model_parallel_size"
+           : pp > 1 ? "pipeline_model_parallel_size"
+                    : "context_parallel_size",
            fmt::format("1 for a mixture-of-experts model (num_experts {}): MoE layers are not "
-                       "split over tensor-parallel ranks or pipeline stages yet (use "
-                       "expert_model_parallel_size and data parallelism)",
+                       "split over tensor-parallel ranks, pipeline stages or context-parallel "
+                       "ranks yet (use expert_model_parallel_size and data parallelism)",
                        m.num_experts));
   }
   const int64_t E = m.num_experts;
@@ -353,21 +356,11 @@ void check_pipeline_batch(const Checker& c, const TrainingConfig& t, int64_t lay
 // Layouts parallelize cannot build (yet) are refused here, before anything is written.
 void check_laid_out(const Checker& c, const Experiment& e) {
   const TrainingConfig& t = e.training;
-  c.require(t.context_parallel_size == 1, "context_parallel_size",
-            "1: context parallelism is not available yet");
-  const bool model_parallel =
-      t.tensor_model_parallel_size > 1 || t.pipeline_model_parallel_size > 1;
-  if (model_parallel)
-    for (const auto& [key, value] :
-         {std::pair{"save", e.checkpoint.save}, std::pair{"load", e.checkpoint.load},
-          std::pair{"hf_init_path", e.checkpoint.hf_init_path}})
-      c.require(value.empty(), key,
-                "null with tensor_model_parallel_size or pipeline_model_parallel_size above 1: "
-                "checkpoints of a model split over ranks are not available yet");
+  const bool model_parallel = t.tensor_model_parallel_size > 1 ||
+                              t.pipeline_model_parallel_size > 1 || t.context_parallel_size > 1;
   c.require(!t.use_torch_fsdp2 || !model_parallel, "use_torch_fsdp2",
-            "false with tensor_model_parallel_size or pipeline_model_parallel_size above 1 "
-            "(FSDP shards whole layers over the data-parallel ranks; use "
-            "use_distributed_optimizer with tensor or pipeline parallelism)");
+            "false with tensor, pipeline or context parallelism above 1 (FSDP shards whole "
+            "layers over the data-parallel ranks; use use_distributed_optimizer with them)");
   c.require(
       t.pipeline_model_parallel_size == 1 || e.model_config.untie_embeddings_and_output_weights,
       "untie_embeddings_and_output_weights",

@@ -34,22 +34,32 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
   TS_CHECK(rt.tensor_parallel_size == tp && rt.tensor_parallel_rank == tp_rank,
            "the model holds tensor-parallel part {} of {}, rank {} is part {} of {}",
            rt.tensor_parallel_rank, rt.tensor_parallel_size, world.rank(), tp_rank, tp);
-  TS_CHECK(!data_parallel.fully_shard, "FSDP with tensor or pipeline parallelism");
+  TS_CHECK(!data_parallel.fully_shard, "FSDP with tensor, pipeline or context parallelism");
+  const int cp = mesh.size(MeshDim::CP);
+  TS_CHECK(rt.context_parallel_size == cp &&
+               rt.context_parallel_rank == mesh.coordinate(world.rank(), MeshDim::CP),
+           "the model holds context-parallel share {} of {}, rank {} is {} of {}",
+           rt.context_parallel_rank, rt.context_parallel_size, world.rank(),
+           mesh.coordinate(world.rank(), MeshDim::CP), cp);
   TS_CHECK(mesh.size(MeshDim::PP) == 1 || !rt.pipeline_chunks.empty(),
            "a pipeline of {} stages over a model that holds every layer", mesh.size(MeshDim::PP));
   // Every rank splits the same groups in the same order (Communicator::split is collective).
   tp_comm_ = split_mesh_group(world, mesh, {MeshDim::TP});
-  dp_comm_ = split_mesh_group(world, mesh, {MeshDim::DP});
-  amax_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::DP});
+  cp_comm_ = split_mesh_group(world, mesh, {MeshDim::CP});
+  data_comm_ = split_mesh_group(world, mesh, {MeshDim::DP, MeshDim::CP});
+  amax_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::DP, MeshDim::CP});
   pp_comm_ = split_mesh_group(world, mesh, {MeshDim::PP});
   model_comm_ = split_mesh_group(world, mesh, {MeshDim::TP, MeshDim::PP});
-  model_.set_tensor_parallel_group(this);
-  if (mesh.size(MeshDim::DP) > 1) {
+  tp_group_ = std::make_unique<CommunicatorGroup>(*tp_comm_);
+  cp_group_ = std::make_unique<CommunicatorGroup>(*cp_comm_);
+  model_.set_tensor_parallel_group(tp_group_.get());
+  model_.set_context_parallel_group(cp_group_.get());
+  if (data_comm_->size() > 1) {
     DataParallelOptions options = data_parallel;
     // A stage's backward passes of different micro-batches interleave with its forwards: the
     // gradients are final only after the schedule's last pass.
     if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
-    data_ = make_data_parallelism(*dp_comm_, model, options);
+    data_ = make_data_parallelism(*data_comm_, model, options);
   }
 
   const ParamLayout& layout = model.layout();
@@ -69,6 +79,7 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
 
 MeshParallelism::~MeshParallelism() {
   model_.set_tensor_parallel_group(nullptr);
+  model_.set_context_parallel_group(nullptr);
 }
 
 int MeshParallelism::data_parallel_rank() const {
@@ -81,6 +92,9 @@ int MeshParallelism::data_parallel_size() const {
 
 std::string MeshParallelism::description() const {
   std::string s = mesh_.description();
+  if (mesh_.size(MeshDim::CP) > 1)
+    s += fmt::format("; context parallel {} (tokens of 2 of {} chunks per sequence)",
+                     mesh_.size(MeshDim::CP), 2 * mesh_.size(MeshDim::CP));
   if (mesh_.size(MeshDim::TP) > 1)
     s += fmt::format("; tensor parallel {}{}", mesh_.size(MeshDim::TP),
                      model_.runtime().sequence_parallel ? " with sequence parallelism" : "");
@@ -93,7 +107,9 @@ std::string MeshParallelism::description() const {
                      model_.chunks() > 1 ? "interleaved " : "", layers,
                      model_.runtime().pipeline_slots);
   }
-  if (data_) s += "; data parallel: " + data_->description();
+  if (data_)
+    s += fmt::format("; data{} parallel: {}", mesh_.size(MeshDim::CP) > 1 ? " x context" : "",
+                     data_->description());
   return s;
 }
 
@@ -183,7 +199,7 @@ void MeshParallelism::grad_norm_sq(const Tensor& out) {
   for (const ParamRange& r : ranges)
     b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
   settle();
-  if (!owned.empty()) dp_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
+  if (!owned.empty()) data_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
   model_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
 }
 
@@ -221,18 +237,6 @@ void MeshParallelism::barrier() {
 
 void MeshParallelism::settle() {
   if (data_) data_->settle();
-}
-
-void MeshParallelism::all_reduce(const Tensor& t) {
-  tp_comm_->all_reduce(t, ReduceOp::Sum, Lane::Compute);
-}
-
-void MeshParallelism::all_gather(const Tensor& out, const Tensor& in) {
-  tp_comm_->all_gather(out, in, Lane::Compute);
-}
-
-void MeshParallelism::reduce_scatter(const Tensor& out, const Tensor& in) {
-  tp_comm_->reduce_scatter(out, in, Lane::Compute);
 }
 
 }  // namespace tessera::dist

@@ -4,9 +4,13 @@
 // driven as one Parallelism. The model was built holding this rank's part of every split
 // parameter (ModelRuntime::tensor_parallel_size/rank) and its stage's layers
 // (ModelRuntime::pipeline_chunks); this layout gives it the tensor-parallel group's collectives
-// (TensorParallelGroup, on a communicator split from the world), runs the pipeline's schedule
+// (ParallelGroup, on a communicator split from the world), runs the pipeline's schedule
 // (distributed/pipeline_schedule.h) over the step's micro-batches with point-to-point
 // transfers between the stages, and keeps the step exact across the mesh:
+//   - context-parallel ranks each hold a share of every sequence (the model's runtime) and
+//     gather each other's keys and values in attention; their gradients are partial sums over
+//     their tokens, reduced with the data-parallel ranks' (Megatron's dp-cp group: plain or
+//     ZeRO-1 over data x context parallel ranks);
 //   - with sequence parallelism each rank's gradients of replicated parameters (the norms) are
 //     sums over its own tokens: they are summed over the tensor-parallel group once per step,
 //     after the data-parallel reduction (the two sums commute);
@@ -17,10 +21,10 @@
 //   - with pipeline parallelism the data-parallel gradient reduction runs after the step's
 //     last pass (a stage's backward passes of different micro-batches interleave with its
 //     forwards, so no bucket is final earlier);
-//   - losses are summed over the data-parallel ranks and the pipeline stages (the last one
-//     holds them; tensor-parallel ranks each hold the whole loss), FP8 amaxes maxed over the
-//     tensor and data-parallel ranks (a stage's own linears), the FP8 status summed and stop
-//     signals maxed over the whole job.
+//   - losses are summed over the data and context-parallel ranks and the pipeline stages (the
+//     last one holds them; tensor-parallel ranks each hold the whole loss), FP8 amaxes maxed
+//     over the tensor, data and context-parallel ranks (a stage's own linears), the FP8 status
+//     summed and stop signals maxed over the whole job.
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,7 +42,23 @@
 
 namespace tessera::dist {
 
-class MeshParallelism final : public Parallelism, private TensorParallelGroup {
+// A model's group collectives (ParallelGroup) on a communicator's compute stream.
+class CommunicatorGroup final : public ParallelGroup {
+ public:
+  explicit CommunicatorGroup(Communicator& comm) : comm_(comm) {}
+  void all_reduce(const Tensor& t) override { comm_.all_reduce(t, ReduceOp::Sum, Lane::Compute); }
+  void all_gather(const Tensor& out, const Tensor& in) override {
+    comm_.all_gather(out, in, Lane::Compute);
+  }
+  void reduce_scatter(const Tensor& out, const Tensor& in) override {
+    comm_.reduce_scatter(out, in, Lane::Compute);
+  }
+
+ private:
+  Communicator& comm_;
+};
+
+class MeshParallelism final : public Parallelism {
  public:
   // Collective over `world` (it splits the mesh's groups from it). The model must have been
   // built for this rank's place in `mesh` (make_run_setup).
@@ -70,11 +90,6 @@ class MeshParallelism final : public Parallelism, private TensorParallelGroup {
   void barrier() override;
 
  private:
-  // TensorParallelGroup, on the compute stream.
-  void all_reduce(const Tensor& t) override;
-  void all_gather(const Tensor& out, const Tensor& in) override;
-  void reduce_scatter(const Tensor& out, const Tensor& in) override;
-
   // Waits for the data-parallel collectives still in flight (before any on compute).
   void settle();
   // The pipeline's schedule for `count` micro-batches, made once.
@@ -86,11 +101,13 @@ class MeshParallelism final : public Parallelism, private TensorParallelGroup {
   Communicator& world_;
   DeviceMesh mesh_;
   Model& model_;
-  // Groups: tensor-parallel, data-parallel, FP8 amaxes (tp x dp), pipeline stages, and the
-  // model's parts (tp x pp: the gradient norm).
-  std::unique_ptr<Communicator> tp_comm_, dp_comm_, amax_comm_, pp_comm_, model_comm_;
+  // Groups: tensor-parallel, context-parallel, the ranks that reduce gradients together (dp x
+  // cp), FP8 amaxes (tp x dp x cp), pipeline stages, and the model's parts (tp x pp: the
+  // gradient norm).
+  std::unique_ptr<Communicator> tp_comm_, cp_comm_, data_comm_, amax_comm_, pp_comm_, model_comm_;
+  std::unique_ptr<CommunicatorGroup> tp_group_, cp_group_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
-  std::unique_ptr<DataParallelism> data_;  // null with one data-parallel rank
+  std::unique_ptr<DataParallelism> data_;  // null with one data x context-parallel rank
   // Replicated parameters whose gradients are partial sums over sequence shards.
   std::vector<int> sequence_partial_grads_;
   // What of the flat gradient buffer this rank counts in the norm (before ZeRO-1's shards).

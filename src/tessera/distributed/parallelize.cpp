@@ -91,22 +91,23 @@ class ExpertParallel final : public Parallelism {
 
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel) {
-  TS_CHECK(mesh.size(MeshDim::CP) == 1, "parallelize: {} {} is not laid out yet",
-           mesh_dim_name(MeshDim::CP), mesh.size(MeshDim::CP));
   // Validation refuses these meshes with the keys named (expert_model_parallel_size with
-  // tensor_model_parallel_size or pipeline_model_parallel_size); this guards other callers.
-  TS_CHECK(
-      mesh.size(MeshDim::EP) == 1 || (mesh.size(MeshDim::TP) == 1 && mesh.size(MeshDim::PP) == 1),
-      "parallelize: expert parallelism (ep {}) with tensor or pipeline parallelism (tp {}, "
-      "pp {}) is not laid out yet",
-      mesh.size(MeshDim::EP), mesh.size(MeshDim::TP), mesh.size(MeshDim::PP));
+  // tensor, pipeline or context parallelism); this guards other callers.
+  TS_CHECK(mesh.size(MeshDim::EP) == 1 || (mesh.size(MeshDim::TP) == 1 &&
+                                           mesh.size(MeshDim::PP) == 1 &&
+                                           mesh.size(MeshDim::CP) == 1),
+           "parallelize: expert parallelism (ep {}) with tensor, pipeline or context parallelism "
+           "(tp {}, pp {}, cp {}) is not laid out yet",
+           mesh.size(MeshDim::EP), mesh.size(MeshDim::TP), mesh.size(MeshDim::PP),
+           mesh.size(MeshDim::CP));
   if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
   TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
            "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());
-  // TP/SP and PP stages: the model holds its part and its stage's layers already (its
-  // runtime); the mesh layout gives it the group's collectives, runs the pipeline's schedule
-  // and composes data parallelism over the data-parallel ranks.
-  if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1)
+  // TP/SP, CP and PP stages: the model holds its part, its share of the sequences and its
+  // stage's layers already (its runtime); the mesh layout gives it the groups' collectives,
+  // runs the pipeline's schedule and composes data parallelism over the data (x context)
+  // parallel ranks.
+  if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1 || mesh.size(MeshDim::CP) > 1)
     return std::make_unique<MeshParallelism>(*world, mesh, model, data_parallel);
   // EP: the expert-parallel group's communicator is split first (collective over every
   // rank), then data parallelism over all ranks, as without experts.

@@ -32,8 +32,15 @@ class ForwardOps {
   // column-parallel input with sequence_tokens() rows is gathered first.
   virtual void linear(const Tensor& out, const Tensor& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
-  // (positions, rotary dims) fp32: the rope ops' cos/sin table; row t is position t.
+  // (positions, rotary dims) fp32: the rope ops' cos/sin table; row t is the position of the
+  // sequence's token t on this rank (position t, but under context parallelism).
   virtual const Tensor& rope_table() const = 0;
+  // Causal (windowed) attention over a packed QKV activation (Backend::attention_forward);
+  // under context parallelism its keys and values span every rank's tokens.
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                 const AttentionShape& s) {
+    backend().attention_forward(out, lse, qkv, s);
+  }
 };
 
 // What a block sees of its model during training: the run's shapes, gradients and backward.
@@ -55,6 +62,11 @@ class LayerOps : public ForwardOps {
   // loss a block adds per micro-batch (MoE aux losses) scales its gradient by this times the
   // tokens, the micro-batch mean's share of the step's mean.
   virtual float loss_grad_scale() const = 0;
+  // The backward of attention_forward (Backend::attention_backward).
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                  const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
+    backend().attention_backward(dqkv, dout, out, lse, qkv, s);
+  }
 };
 
 class Block {

@@ -44,6 +44,18 @@ std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8Linear
   return shapes;
 }
 
+// Megatron's causal load balancing: of a sequence cut into 2 x cp chunks of seq_length / 2
+// tokens, rank r holds chunks r and 2 cp - 1 - r; the whole sequence's position of each of its
+// seq_length tokens.
+std::vector<int32_t> context_positions(const ModelRuntime& rt, int rank) {
+  const int64_t local = rt.seq_length, half = local / 2, cp = rt.context_parallel_size;
+  std::vector<int32_t> pos(static_cast<size_t>(local));
+  for (int64_t t = 0; t < local; ++t)
+    pos[t] =
+        static_cast<int32_t>(t < half ? rank * half + t : (2 * cp - 1 - rank) * half + t - half);
+  return pos;
+}
+
 // The runs of layers a rank's model holds: its pipeline chunks, or every layer.
 std::vector<LayerRange> model_chunks(const ModelSpec& spec, const ModelRuntime& rt) {
   if (rt.pipeline_chunks.empty()) return {{0, spec.num_layers}};
@@ -101,6 +113,12 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   if (rt.sequence_parallel) {
     plan.add(&a.gathered, dt, {N, C}, Keep::Shared);
     plan.add(&a.partial, dt, {N, C}, Keep::Shared);
+  }
+  if (rt.context_parallel_size > 1) {
+    const int64_t cp = rt.context_parallel_size;
+    plan.add(&a.cp_qkv, dt, {cp * N, s.qkv_width()}, Keep::Shared);
+    plan.add(&a.cp_dqkv, dt, {cp * N, s.qkv_width()}, Keep::Shared);
+    plan.add(&a.cp_positions, DType::I32, {cp, rt.seq_length}, Keep::Shared);
   }
 }
 
@@ -187,8 +205,31 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   act_buffer_ = DeviceBuffer(backend_, plan_->bytes(), "activations");
   plan_->bind(act_buffer_);
 
-  const std::vector<float> table = tessera::rope_table(spec_, runtime_.seq_length);
-  backend_.upload(a_.freqs, table.data());
+  const int cp = runtime_.context_parallel_size;
+  TS_CHECK(cp >= 1 && runtime_.context_parallel_rank >= 0 && runtime_.context_parallel_rank < cp &&
+               (cp == 1 || runtime_.seq_length % 2 == 0),
+           "context-parallel rank {} of {} with {} tokens per sequence",
+           runtime_.context_parallel_rank, cp, runtime_.seq_length);
+  if (cp == 1) {
+    const std::vector<float> table = tessera::rope_table(spec_, runtime_.seq_length);
+    backend_.upload(a_.freqs, table.data());
+  } else {
+    // Each token's row of the whole sequence's table, and every rank's positions for the
+    // attention's masks.
+    const int64_t D = spec_.head_dim;
+    const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp);
+    context_positions_ = context_positions(runtime_, runtime_.context_parallel_rank);
+    std::vector<float> table;
+    for (int32_t p : context_positions_)
+      table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
+    backend_.upload(a_.freqs, table.data());
+    std::vector<int32_t> all;
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<int32_t> pos = context_positions(runtime_, r);
+      all.insert(all.end(), pos.begin(), pos.end());
+    }
+    backend_.upload(a_.cp_positions, all.data());
+  }
   fp8_index_.assign(layout_.params.size(), -1);
   if (runtime_.fp8.enabled()) {
     const auto linears = fp8_linears(layout_, layers_, runtime_);
@@ -342,8 +383,49 @@ void DecoderModel::zero_loss_sum() {
 }
 
 void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
-  backend_.upload(a_.tokens, tokens);
-  backend_.upload(a_.targets, targets);
+  if (runtime_.context_parallel_size == 1) {
+    backend_.upload(a_.tokens, tokens);
+    backend_.upload(a_.targets, targets);
+    return;
+  }
+  // This rank's tokens (and targets) of each whole sequence.
+  const int64_t local = runtime_.seq_length, whole = local * runtime_.context_parallel_size;
+  host_ids_.resize(static_cast<size_t>(runtime_.tokens()));
+  for (const auto& [from, to] : {std::pair{tokens, a_.tokens}, std::pair{targets, a_.targets}}) {
+    for (int64_t b = 0; b < runtime_.micro_batch; ++b)
+      for (int64_t t = 0; t < local; ++t)
+        host_ids_[b * local + t] = from[b * whole + context_positions_[t]];
+    backend_.upload(to, host_ids_.data());
+  }
+}
+
+ParallelGroup& DecoderModel::cp_group() const {
+  TS_CHECK(cp_group_ != nullptr, "context parallelism over {} ranks without a group",
+           runtime_.context_parallel_size);
+  return *cp_group_;
+}
+
+// Context parallelism (Megatron's all-gather of keys and values): every rank's packed q, k, v
+// are gathered, and this rank's queries attend to all of them by position; in the backward
+// they are gathered again rather than kept, and each rank's key and value gradients, which
+// every rank's queries contribute to, are reduce-scattered back to it.
+void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                     const AttentionShape& s) {
+  if (runtime_.context_parallel_size == 1) return backend_.attention_forward(out, lse, qkv, s);
+  cp_group().all_gather(a_.cp_qkv, qkv);
+  backend_.attention_gathered_forward(out, lse, a_.cp_qkv, a_.cp_positions,
+                                      runtime_.context_parallel_rank, s);
+}
+
+void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                      const Tensor& lse, const Tensor& qkv,
+                                      const AttentionShape& s) {
+  if (runtime_.context_parallel_size == 1)
+    return backend_.attention_backward(dqkv, dout, out, lse, qkv, s);
+  cp_group().all_gather(a_.cp_qkv, qkv);
+  backend_.attention_gathered_backward(a_.cp_dqkv, dout, out, lse, a_.cp_qkv, a_.cp_positions,
+                                       runtime_.context_parallel_rank, s);
+  cp_group().reduce_scatter(dqkv, a_.cp_dqkv);
 }
 
 // The residual rides on the GEMM's beta, on the tensor-parallel rank that owns the output's
@@ -374,7 +456,7 @@ void DecoderModel::gemm(const Tensor& out, const Tensor& in, int weight, int bia
   backend_.matmul(m);
 }
 
-TensorParallelGroup& DecoderModel::tp_group() const {
+ParallelGroup& DecoderModel::tp_group() const {
   TS_CHECK(tp_group_ != nullptr, "tensor parallelism over {} ranks without a group",
            runtime_.tensor_parallel_size);
   return *tp_group_;

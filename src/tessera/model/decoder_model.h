@@ -40,7 +40,8 @@ class DecoderModel final : public Model, private LayerOps {
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override;
-  void set_tensor_parallel_group(TensorParallelGroup* group) override { tp_group_ = group; }
+  void set_tensor_parallel_group(ParallelGroup* group) override { tp_group_ = group; }
+  void set_context_parallel_group(ParallelGroup* group) override { cp_group_ = group; }
 
   // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
@@ -84,6 +85,9 @@ class DecoderModel final : public Model, private LayerOps {
     // Sequence parallelism, (N, C): a residual-stream tensor gathered from every rank, and the
     // partial sums a rank computes for all tokens before they are reduce-scattered.
     Tensor gathered, partial;
+    // Context parallelism: every rank's packed q, k, v (cp x N, width) and their gradients,
+    // and every rank's token positions (cp, seq_length) int32.
+    Tensor cp_qkv, cp_dqkv, cp_positions;
   };
   // Declares the layers' and the model's activations into `plan`.
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
@@ -100,6 +104,11 @@ class DecoderModel final : public Model, private LayerOps {
   void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                        int bias) override;
   const Tensor& rope_table() const override { return a_.freqs; }
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& s) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
+  ParallelGroup& cp_group() const;
   const Tensor& norm_grad() const override { return a_.dnorm; }
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
@@ -111,7 +120,7 @@ class DecoderModel final : public Model, private LayerOps {
   void linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout, const Tensor& in,
                                        int weight, int bias);
   bool sequence_parallel() const { return runtime_.sequence_parallel; }
-  TensorParallelGroup& tp_group() const;
+  ParallelGroup& tp_group() const;
   // The first vocabulary id of this rank's rows of the embedding and output head.
   int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
   // a_.gathered (N, C) = every rank's sequence shard x (Ns, C).
@@ -151,7 +160,10 @@ class DecoderModel final : public Model, private LayerOps {
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
   ExpertExchange* expert_exchange_ = nullptr;
-  TensorParallelGroup* tp_group_ = nullptr;
+  ParallelGroup* tp_group_ = nullptr;
+  ParallelGroup* cp_group_ = nullptr;
+  std::vector<int32_t> context_positions_;  // of this rank's tokens in the whole sequence
+  std::vector<int32_t> host_ids_;           // this rank's tokens of a micro-batch, on the host
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress

@@ -24,7 +24,8 @@ struct LayerRange {
 
 struct ModelRuntime {
   int64_t micro_batch = 1;
-  int64_t seq_length = 128;
+  int64_t seq_length = 128;  // tokens of each sequence on this rank (its share under context
+                             // parallelism)
   DType compute_dtype = DType::F32;
   // The gradient buffer's dtype (main_grads_dtype): fp32, or bf16, which every op that adds
   // into a gradient rounds its fp32 sum to (ops/backend.h).
@@ -51,6 +52,11 @@ struct ModelRuntime {
   // tokens() / tensor_parallel_size rows on each rank, gathered before the column-parallel
   // linears and reduce-scattered after the row-parallel ones.
   bool sequence_parallel = false;
+  // Context parallelism (Megatron's): each sequence is cut into 2 x context_parallel_size
+  // chunks and this rank holds chunks context_parallel_rank and 2 x size - 1 - rank (causal
+  // load balancing), seq_length tokens of each sequence; its attention sees every rank's keys.
+  int context_parallel_size = 1;
+  int context_parallel_rank = 0;
   // Pipeline parallelism: the model chunks (runs of consecutive layers) this rank holds, in
   // layer order; the chunk starting at layer 0 also holds the embedding, the one ending at the
   // last layer the final norm and output head. Empty: every layer, in one chunk.
@@ -100,14 +106,15 @@ class ParamUnitObserver {
   virtual void grads_ready(int unit) { (void)unit; }
 };
 
-// The collectives tensor parallelism inserts into a model's passes (Megatron's mappings),
-// over the ranks that hold the parts of its split parameters. The model calls them where its
-// parameters' TensorParallelStyle leaves partial sums or sequence shards (block.h, linear);
-// distributed/ implements them on its communicator, in the order the model calls them, which
-// is the same on every rank of the group. Rows split in rank order.
-class TensorParallelGroup {
+// The collectives that tensor and context parallelism insert into a model's passes (Megatron's
+// mappings), over the ranks that split its parameters (tensor parallel) or its sequences
+// (context parallel). The model calls them where its parameters' TensorParallelStyle leaves
+// partial sums or sequence shards (block.h, linear) and around attention; distributed/
+// implements them on a communicator, in the order the model calls them, which is the same on
+// every rank of the group. Rows split in rank order.
+class ParallelGroup {
  public:
-  virtual ~TensorParallelGroup() = default;
+  virtual ~ParallelGroup() = default;
   // In place: t becomes the sum over the group (fp32 or the compute dtype).
   virtual void all_reduce(const Tensor& t) = 0;
   // out (size x n rows) = every rank's in (n rows), rank r's at rows [r n, (r + 1) n).
@@ -142,11 +149,14 @@ class Model {
   virtual void set_expert_exchange(ExpertExchange* exchange) = 0;
   // The group of runtime().tensor_parallel_size ranks (not owned); needed before the first
   // pass when that is above 1.
-  virtual void set_tensor_parallel_group(TensorParallelGroup* group) = 0;
+  virtual void set_tensor_parallel_group(ParallelGroup* group) = 0;
+  // The group of runtime().context_parallel_size ranks, likewise.
+  virtual void set_context_parallel_group(ParallelGroup* group) = 0;
 
   // Starts a step's gradients (and the step's FP8 non-finite check).
   virtual void zero_grads() = 0;
-  // Host int32 arrays of micro_batch * seq_length ids; negative targets are ignored.
+  // Host int32 arrays of micro_batch whole sequences (micro_batch x seq_length x
+  // context_parallel_size ids; the model takes its tokens); negative targets are ignored.
   virtual void set_batch(const int32_t* tokens, const int32_t* targets) = 0;
   // Forward and backward of the current batch. Gradients accumulate into grads(); the
   // summed token losses accumulate into loss_sum(). d(loss)/d(logits) is scaled by

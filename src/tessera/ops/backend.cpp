@@ -386,6 +386,46 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dout, const T
   do_attention_backward(dqkv, dout, out, lse, qkv, s);
 }
 
+void Backend::attention_gathered_forward(const Tensor& out, const Tensor& lse,
+                                         const Tensor& qkv_all, const Tensor& positions,
+                                         int64_t segment, const AttentionShape& s) {
+  const OpScope scope(*this, "attention_gathered_forward",
+                      [&] { return op_args::attention(s, qkv_all.dtype); });
+  const OpChecks check(*this, "attention_gathered_forward");
+  check.attention_shape(s);
+  check.placed(positions, "positions");
+  const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
+  check.that(segments >= 1 && positions.numel() == segments * s.seq,
+             "positions {} are not (segments, {})", positions.shape.str(), s.seq);
+  check.that(segment >= 0 && segment < segments, "segment {} of {}", segment, segments);
+  check.count(qkv_all, segments * s.tokens() * s.qkv_width(), "qkv_all");
+  check.count(out, s.tokens() * s.heads * s.head_dim, "out");
+  check.count(lse, s.batch * s.heads * s.seq, "lse");
+  do_attention_gathered_forward(out, lse, qkv_all, positions, segment, s);
+}
+
+void Backend::attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
+                                          const Tensor& out, const Tensor& lse,
+                                          const Tensor& qkv_all, const Tensor& positions,
+                                          int64_t segment, const AttentionShape& s) {
+  const OpScope scope(*this, "attention_gathered_backward",
+                      [&] { return op_args::attention(s, qkv_all.dtype); });
+  const OpChecks check(*this, "attention_gathered_backward");
+  check.attention_shape(s);
+  check.placed(positions, "positions");
+  const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
+  check.that(segments >= 1 && positions.numel() == segments * s.seq,
+             "positions {} are not (segments, {})", positions.shape.str(), s.seq);
+  check.that(segment >= 0 && segment < segments, "segment {} of {}", segment, segments);
+  const int64_t width = s.qkv_width(), heads_width = s.heads * s.head_dim;
+  check.count(qkv_all, segments * s.tokens() * width, "qkv_all");
+  check.count(dqkv_all, segments * s.tokens() * width, "dqkv_all");
+  check.count(out, s.tokens() * heads_width, "out");
+  check.count(dout, s.tokens() * heads_width, "dout");
+  check.count(lse, s.batch * s.heads * s.seq, "lse");
+  do_attention_gathered_backward(dqkv_all, dout, out, lse, qkv_all, positions, segment, s);
+}
+
 void Backend::attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
                                const AttentionShape& s) {
   const OpScope scope(*this, "attention_decode", [&] { return op_args::attention(s, q.dtype); });

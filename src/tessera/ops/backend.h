@@ -363,6 +363,25 @@ class Backend {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                           const Tensor& lse, const Tensor& qkv, const AttentionShape& s);
 
+  // Context parallelism (Megatron's all-gather of keys and values): the queries of this
+  // rank's tokens attend to the keys and values of every rank's. qkv_all (S, B, T, width):
+  // segment s packs q, k and v of rank s's T tokens per sequence (s.seq = T), as an all-gather
+  // of every rank's qkv (B, T, width) leaves them; positions (S, T) int32: each token's place
+  // in the whole sequence (the same in every sequence). A key is visible from a query at a
+  // position no later (causal) and within s.window of it. out (B, T, H*D), lse (B, H, T) fp32:
+  // the outputs of segment `segment`'s queries, as attention_forward over the whole sequence
+  // gives them.
+  void attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
+                                  const Tensor& positions, int64_t segment,
+                                  const AttentionShape& s);
+  // dqkv_all (S, B, T, width) overwritten: segment `segment`'s query gradients in its query
+  // heads (zeros in the other segments'), and the key and value gradients its queries give
+  // every segment's tokens: the sum over the ranks, reduce-scattered, is each rank's dqkv.
+  void attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout, const Tensor& out,
+                                   const Tensor& lse, const Tensor& qkv_all,
+                                   const Tensor& positions, int64_t segment,
+                                   const AttentionShape& s);
+
   // Generation with a KV cache: q (B, H*D), the query heads of one new token per sequence at
   // position `pos`, attends to the positions visible from it (causal, s.window) of
   // kv (B, S, 2*KV*D), which holds per position the KV key heads then the KV value heads;
@@ -496,6 +515,13 @@ class Backend {
   virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                      const Tensor& lse, const Tensor& qkv,
                                      const AttentionShape& s) = 0;
+  virtual void do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
+                                             const Tensor& qkv_all, const Tensor& positions,
+                                             int64_t segment, const AttentionShape& s) = 0;
+  virtual void do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
+                                              const Tensor& out, const Tensor& lse,
+                                              const Tensor& qkv_all, const Tensor& positions,
+                                              int64_t segment, const AttentionShape& s) = 0;
   virtual void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
                                    int64_t pos, const AttentionShape& s) = 0;
   virtual void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;

@@ -150,7 +150,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.spec = setup.spec;
   in.runtime = setup.runtime;
   in.num_gpus = setup.mesh.world_size();
-  in.data_parallel = setup.mesh.size(dist::MeshDim::DP);
+  in.data_parallel = setup.mesh.size(dist::MeshDim::DP) * setup.mesh.size(dist::MeshDim::CP);
   in.sharding = setup.sharding;
   in.optimizer = setup.optimizer;
   in.bucket_elements = setup.ddp_bucket_size;

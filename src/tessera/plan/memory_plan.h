@@ -55,7 +55,8 @@ struct PlanInput {
   ModelSpec spec;
   ModelRuntime runtime;
   int64_t num_gpus = 1;
-  int64_t data_parallel = 1;  // the ranks state sharding splits over (num_gpus / model parallel)
+  // The ranks state sharding splits over: data x context parallel (num_gpus / (tp x pp)).
+  int64_t data_parallel = 1;
   StateSharding sharding = StateSharding::None;
   OptimizerDtypes optimizer;  // the precision-aware optimizer's state dtypes
   int64_t bucket_elements = 40000000;  // ddp_bucket_size: ZeRO-1's shards are bucket slices

@@ -156,7 +156,17 @@ class Planner {
       if (!vocab_) vocab_ = make_tokenizer(e.data)->vocab_size();
       return *vocab_;
     };
-    return plan_input(make_run_setup(e, devices_, vocab), gpu_);
+    // Pipeline stages hold different layers, the embedding or the head, and different numbers
+    // of micro-batches: the plan is the stage that needs the most (its first rank).
+    PlanInput worst = plan_input(make_run_setup(e, devices_, vocab), gpu_);
+    const int64_t pp = e.training.pipeline_model_parallel_size;
+    for (int64_t stage = 1; stage < pp; ++stage) {
+      RunDevices d = devices_;
+      d.rank = static_cast<int>(stage * devices_.world_size / pp);
+      const PlanInput in = plan_input(make_run_setup(e, d, vocab), gpu_);
+      if (plan_memory(in).total() > plan_memory(worst).total()) worst = in;
+    }
+    return worst;
   }
 
   // Validation, and the run set-up's checks of what the devices decide (bf16 gradients and
@@ -337,10 +347,50 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
       }
     }
   }
+  // Model-parallel meshes at the configured precision, with the configured and with full
+  // recompute: tensor parallelism (with sequence parallelism) over up to the ranks of a node
+  // and pipeline stages, the rest data parallel (ZeRO-1 where there are data-parallel ranks to
+  // shard over).
+  for (int64_t tp = 1; tp <= std::min<int64_t>(n, 8); tp *= 2) {
+    for (int64_t pp = 1; tp * pp <= n; pp *= 2) {
+      for (const bool full : {false, true}) {
+        const TrainingConfig& t = e.training;
+        if ((tp == t.tensor_model_parallel_size && pp == t.pipeline_model_parallel_size) ||
+            n % (tp * pp * t.context_parallel_size) != 0 ||
+            (full && t.recompute_granularity == RecomputeGranularity::Full))
+          continue;
+        Alternative alt{e, "", 0};
+        if (full) alt.set("recompute_granularity", "full"), alt.set("recompute_num_layers", "0");
+        alt.set("tensor_model_parallel_size", std::to_string(tp));
+        alt.set("sequence_parallel", tp > 1 ? "true" : "false");
+        alt.set("pipeline_model_parallel_size", std::to_string(pp));
+        if (n / (tp * pp * t.context_parallel_size) > 1 && !t.use_torch_fsdp2)
+          alt.set("use_distributed_optimizer", "true");
+        if (!planner.accepted(alt.experiment)) {
+          ++rejected;
+          continue;
+        }
+        const PlanInput a = planner.input(alt.experiment);
+        const MemoryPlan plan = plan_memory(a);
+        const bool fits = plan.total() <= capacity;
+        const int64_t mbs = planner.largest_valid_micro_batch(alt.experiment, a);
+        s.rows.push_back(
+            {alt.flags, gib(plan.weights), gib(plan.gradients), gib(plan.optimizer),
+             gib(plan.activations), gib(plan.fp8), gib(plan.total()),
+             std::string(fits ? "yes" : "no"),
+             mbs > 0 ? fmt::format("--micro_batch_size {}", mbs) : std::string("none")});
+        if (fits &&
+            (!suggestion || alt.changed_keys < suggestion->changed_keys ||
+             (alt.changed_keys == suggestion->changed_keys && plan.total() > suggestion->total)))
+          suggestion = Suggestion{alt.flags, alt.changed_keys, plan.total()};
+      }
+    }
+  }
   s.summary_rows = s.rows.size();
   s.note = fmt::format(
       "each row's flags, added to this command line or to tessera train's, select that run "
-      "(full recompute covers every layer); fits: at the configured micro batch ({}); "
+      "(full recompute covers every layer; meshes plan their fullest pipeline stage); fits: at "
+      "the configured micro batch ({}); "
       "largest_micro_batch: the largest that fits and that {} allows.{}",
       rt.micro_batch, batch,
       rejected > 0

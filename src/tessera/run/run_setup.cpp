@@ -63,14 +63,19 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                                   "tensor-parallel rank holds an equal share",
                                   s.spec.ffn));
   }
-  s.sharding = state_sharding(t, dp);
+  // ZeRO-1 shards over the ranks that reduce gradients together: data x context parallel.
+  s.sharding = state_sharding(t, dp * s.mesh.size(dist::MeshDim::CP));
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
   s.ddp_bucket_size = t.ddp_bucket_size;
   s.attention_backend = t.attention_backend;
 
   ModelRuntime& rt = s.runtime;
   rt.micro_batch = t.micro_batch_size;
-  rt.seq_length = t.seq_length;
+  // Under context parallelism each rank holds 2 of the 2 x cp chunks of every sequence.
+  const int cp = s.mesh.size(dist::MeshDim::CP);
+  rt.seq_length = t.seq_length / cp;
+  rt.context_parallel_size = cp;
+  rt.context_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::CP);
   rt.compute_dtype = compute_dtype(t.precision, devices.auto_compute_dtype);
   rt.grad_dtype = t.main_grads_dtype;
   s.optimizer = OptimizerDtypes::from(t);
@@ -111,8 +116,10 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                                             false);
     rt.pipeline_slots = std::max(step.slots(stage), evaluation.slots(stage));
   }
-  if (dp > 1) {
-    rt.flat_buffer_multiple = dist::flat_buffer_multiple(dp);
+  // Context-parallel ranks reduce their gradients with the data-parallel ones (Megatron's
+  // dp-cp group), so the buffers split over both.
+  if (dp * cp > 1) {
+    rt.flat_buffer_multiple = dist::flat_buffer_multiple(dp * cp);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;
   }
   return s;

@@ -175,7 +175,8 @@ void Trainer::open_data() {
     if (exp_.data.skip_train) throw DataError(why + ": skip_train has nothing to evaluate");
     log_.warning("{}: evaluation is disabled", why);
   }
-  const int64_t N = setup_.runtime.tokens();
+  // Whole sequences: under context parallelism the model takes its share of them.
+  const int64_t N = exp_.training.micro_batch_size * exp_.training.seq_length;
   host_tokens_.resize(N);
   host_targets_.resize(N);
 }
@@ -294,18 +295,25 @@ std::string Trainer::save_checkpoint() {
   s.run_id = run_id_;
   s.config_yaml = experiment_to_yaml(exp_);
   const CheckpointConfig& c = exp_.checkpoint;
-  const TrainingTensors t = training_tensors();
+  TrainingTensors t = training_tensors();
   std::string dir;
   const int rank = parallel_->rank(), world = parallel_->world_size();
-  if (!optimizer_->sharded()) {
+  const dist::DeviceMesh& mesh = setup_.mesh;
+  // A model split over tensor-parallel ranks or pipeline stages: no rank holds all of it.
+  const bool split = mesh.size(dist::MeshDim::TP) > 1 || mesh.size(dist::MeshDim::PP) > 1;
+  if (!optimizer_->sharded() && !split) {
     // Plain data-parallel ranks hold the same state: rank 0 writes it.
     if (rank == 0) dir = tessera::save_checkpoint(c.save, t, s, c.ckpt_keep_last);
   } else {
-    // ZeRO-1 and FSDP ranks each hold a shard of the optimizer state: each writes its own,
-    // and rank 0 publishes the checkpoint once all are on disk.
+    // ZeRO-1 and FSDP ranks each hold a shard of the optimizer state, the parts of a split
+    // model each a part of the model: each writes its own (a part once, by its first data x
+    // context-parallel rank), and rank 0 publishes the checkpoint once all are on disk.
+    const bool writes = optimizer_->sharded() || (mesh.coordinate(rank, dist::MeshDim::DP) == 0 &&
+                                                  mesh.coordinate(rank, dist::MeshDim::CP) == 0);
+    if (!optimizer_->sharded()) t.owned = {{0, model_->layout().total}};
     if (rank == 0) begin_sharded_checkpoint(c.save, s.iteration);
     parallel_->barrier();
-    write_checkpoint_shard(c.save, t, s.iteration, rank, world);
+    if (writes) write_checkpoint_shard(c.save, t, s.iteration, rank, world);
     // FSDP: rank 0 has just gathered every parameter unit to write model.safetensors.
     if (rank != 0 && parallel_->params_sharded()) parallel_->follow_gathers();
     parallel_->barrier();

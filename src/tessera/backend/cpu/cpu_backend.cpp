@@ -623,6 +623,47 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
 }
 
 // One token per sequence: little work, so the reference's loops as they are.
+void CpuBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
+                                               const Tensor& qkv_all, const Tensor& positions,
+                                               int64_t segment, const AttentionShape& s) {
+  const char* op = "attention_gathered_forward";
+  expect_f32(out, op, "out");
+  expect_f32(lse, op, "lse");
+  expect_f32(qkv_all, op, "qkv_all");
+  expect_i32(positions, op, "positions");
+  const int64_t segments = positions.numel() / s.seq, pairs = s.batch * s.heads;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pairs; ++p)
+    ref::attention_gathered_head_forward(f32(out), f32(lse), f32(qkv_all), positions.as<int32_t>(),
+                                         segments, segment, s, p / s.heads, p % s.heads);
+}
+
+void CpuBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
+                                                const Tensor& out, const Tensor& lse,
+                                                const Tensor& qkv_all, const Tensor& positions,
+                                                int64_t segment, const AttentionShape& s) {
+  const char* op = "attention_gathered_backward";
+  expect_f32(dqkv_all, op, "dqkv_all");
+  expect_f32(dout, op, "dout");
+  expect_f32(out, op, "out");
+  expect_f32(lse, op, "lse");
+  expect_f32(qkv_all, op, "qkv_all");
+  expect_i32(positions, op, "positions");
+  const int64_t segments = positions.numel() / s.seq;
+  std::memset(dqkv_all.data, 0, dqkv_all.nbytes());
+  // The heads that share a key/value head add into the same rows: each thread takes a (batch,
+  // key/value head) pair and its query heads in order, the reference's order.
+  const int64_t group = s.heads / s.kv_heads, pairs = s.batch * s.kv_heads;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t b = p / s.kv_heads, kv = p % s.kv_heads;
+    for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+      ref::attention_gathered_head_backward(f32(dqkv_all), f32(dout), f32(out), f32(lse),
+                                            f32(qkv_all), positions.as<int32_t>(), segments,
+                                            segment, s, b, h);
+  }
+}
+
 void CpuBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
                                      int64_t pos, const AttentionShape& s) {
   const char* op = "attention_decode";

@@ -122,6 +122,35 @@ void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T*
                              const T* lse, const T* qkv, const AttentionShape& s, int64_t b,
                              int64_t h, double* scratch);
 
+// Context parallelism: the queries of segment `segment` attend to the keys and values of
+// every segment. qkv_all (S, B, T, width): segment s packs q, k and v of its T tokens per
+// sequence (s.seq = T); positions (S, T): each token's position in the whole sequence, the same
+// in every sequence of the batch. A key is visible from a query at a position no later
+// (causal) and within the window. out (B, T, H*D), lse (B, H, T): the segment's queries.
+template <class T>
+void attention_gathered_forward(T* out, T* lse, const T* qkv_all, const int32_t* positions,
+                                int64_t segments, int64_t segment, const AttentionShape& s);
+
+// dqkv_all (S, B, T, width) is overwritten: the query gradients of segment `segment` in its
+// query heads (zero in the other segments'), and the key and value gradients that its queries
+// give every segment's tokens. The sum over the segments' calls is the whole gradient.
+template <class T>
+void attention_gathered_backward(T* dqkv_all, const T* dout, const T* out, const T* lse,
+                                 const T* qkv_all, const int32_t* positions, int64_t segments,
+                                 int64_t segment, const AttentionShape& s);
+
+// The two above for the one (batch b, query head h) pair; the backward accumulates into the
+// key and value rows of dqkv_all (not zeroed) and overwrites the pair's query rows.
+template <class T>
+void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int32_t* positions,
+                                     int64_t segments, int64_t segment, const AttentionShape& s,
+                                     int64_t b, int64_t h);
+template <class T>
+void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, const T* lse,
+                                      const T* qkv_all, const int32_t* positions, int64_t segments,
+                                      int64_t segment, const AttentionShape& s, int64_t b,
+                                      int64_t h);
+
 // Generation's attention for one new token per sequence, at position `pos`: q (B, H*D)
 // attends to the keys and values of the positions visible from `pos` (visible_keys) in the
 // cache kv (B, S, 2*KV*D), which holds per position the KV key heads, then the KV value

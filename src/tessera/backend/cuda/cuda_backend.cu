@@ -10,6 +10,7 @@
 #include "tessera/backend/cpu/reference.h"
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/attention_decode.cuh"
+#include "tessera/backend/cuda/attention_gathered.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
@@ -613,6 +614,35 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
   const size_t bytes = attention_backward_scratch_bytes(s);
   cuda::attention_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
                            bytes > 0 ? scratch(bytes) : nullptr, stream_);
+}
+
+void CudaBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
+                                                const Tensor& qkv_all, const Tensor& positions,
+                                                int64_t segment, const AttentionShape& s) {
+  const char* op = "attention_gathered_forward";
+  expect_float(qkv_all, op, "qkv_all");
+  expect_same_type(out, qkv_all, op, "out");
+  expect_type(lse, DType::F32, op, "lse");
+  expect_type(positions, DType::I32, op, "positions");
+  cuda::attention_gathered_forward(out.data, lse.as<float>(), qkv_all.data, positions.as<int32_t>(),
+                                   positions.numel() / s.seq, segment, s, qkv_all.dtype, stream_);
+}
+
+void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
+                                                 const Tensor& out, const Tensor& lse,
+                                                 const Tensor& qkv_all, const Tensor& positions,
+                                                 int64_t segment, const AttentionShape& s) {
+  const char* op = "attention_gathered_backward";
+  expect_float(qkv_all, op, "qkv_all");
+  expect_same_type(dqkv_all, qkv_all, op, "dqkv_all");
+  expect_same_type(dout, qkv_all, op, "dout");
+  expect_same_type(out, qkv_all, op, "out");
+  expect_type(lse, DType::F32, op, "lse");
+  expect_type(positions, DType::I32, op, "positions");
+  const size_t bytes = cuda::attention_gathered_backward_scratch_bytes(s);
+  cuda::attention_gathered_backward(
+      dqkv_all.data, dout.data, out.data, lse.as<float>(), qkv_all.data, positions.as<int32_t>(),
+      positions.numel() / s.seq, segment, s, qkv_all.dtype, scratch(bytes), bytes, stream_);
 }
 
 void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,

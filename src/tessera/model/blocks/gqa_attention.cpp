@@ -68,7 +68,7 @@ void GqaAttentionBlock::forward_inner(LayerOps& ops, const Tensor& x) {
     ops.linear(qkv_, ln_, qkv_weight_, qkv_bias_);
   }
   b.rope_forward(qkv_, ops.rope_table(), a);
-  b.attention_forward(att_, lse_, qkv_, a);
+  ops.attention_forward(att_, lse_, qkv_, a);
 }
 
 void GqaAttentionBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
@@ -79,7 +79,7 @@ void GqaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
   Backend& b = ops.backend();
   const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
-  b.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
+  ops.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   b.rope_backward(dqkv_, ops.rope_table(), a);
   if (s_.qk_norm)
     b.qk_norm_backward(dqkv_, ops.grad(q_norm_), ops.grad(k_norm_), dqkv_, qkv_raw_,

@@ -1,0 +1,35 @@
+#pragma once
+// Context parallelism's attention (Backend::attention_gathered_forward / _backward): the
+// queries of one segment (this rank's tokens) against the keys and values of every segment
+// (all ranks' tokens, all-gathered), masked by each token's position in the whole sequence.
+// Straightforward kernels: one block per query row (forward, query gradients) or key row (key
+// and value gradients), keys or queries streamed in tiles through shared memory, fp32
+// accumulation in a fixed order (deterministic, no atomics). They do not use tensor cores; a
+// fused kernel is future work, the CPU reference and these agree within the op registry's
+// tolerances.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/dtype.h"
+#include "tessera/ops/backend.h"
+
+namespace tessera::cuda {
+
+// qkv_all (S, B, T, width), positions (S, T) int32; out (B, T, H*D), lse (B, H, T) fp32.
+void attention_gathered_forward(void* out, float* lse, const void* qkv_all,
+                                const int32_t* positions, int64_t segments, int64_t segment,
+                                const AttentionShape& s, DType dtype, cudaStream_t stream);
+
+// Device scratch bytes attention_gathered_backward needs.
+size_t attention_gathered_backward_scratch_bytes(const AttentionShape& s);
+
+// dqkv_all (S, B, T, width) overwritten, as Backend::attention_gathered_backward states.
+void attention_gathered_backward(void* dqkv_all, const void* dout, const void* out,
+                                 const float* lse, const void* qkv_all, const int32_t* positions,
+                                 int64_t segments, int64_t segment, const AttentionShape& s,
+                                 DType dtype, void* scratch, size_t scratch_bytes,
+                                 cudaStream_t stream);
+
+}  // namespace tessera::cuda
