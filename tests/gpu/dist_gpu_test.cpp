@@ -57,7 +57,8 @@ class DistGpu : public ::testing::Test {
 
   std::string train_args(const std::string& name) const {
     return "train --model tiny_llama --mock_data true --device cuda --num_layers 2 --hidden_size 256 "
-           "--ffn_hidden_size 704 --num_attention_heads 4 --vocab_size 4096 --seq_length 256 "
+           "--ffn_hidden_size 704 --num_attention_heads 4 --num_query_groups 2 --vocab_size 4096 "
+           "--seq_length 256 "
            "--micro_batch_size 2 --global_batch_size 8 --train_iters 20 --lr 1e-3 "
            "--lr_warmup_iters 2 --log_interval 1 --ddp_bucket_size 200000 --workspace " +
            ws_.string() + " --work_group g --user_name u --exp_name " + name;
@@ -94,6 +95,14 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& ref
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_LE(std::abs(got[i] - ref[i]), kRelativeBound * std::abs(ref[i]) + kAbsoluteBound)
         << what << " iteration " << first_iteration + i << ": " << got[i] << " vs " << ref[i];
+}
+
+// Mock data is uniform random tokens: no model does better than ln(vocabulary) = 8.318 nats,
+// and a sound run ends near it (a diverging one far above). Parity, not learning, is what
+// these tests compare; real-text learning is GpuModel's.
+void expect_uniform_floor(const std::vector<double>& losses) {
+  ASSERT_FALSE(losses.empty());
+  EXPECT_NEAR(losses.back(), std::log(4096.0), 0.1) << "the last of " << losses.size();
 }
 
 // Set in the two processes that SplitPointToPointAndSubGroupCollectives starts.
@@ -194,6 +203,8 @@ void split_point_to_point_rank() {
   tp->finalize();
   reversed->finalize();
   world->finalize();
+  // A goodbye: the peer still finishing must not take this process's exit for a lost rank.
+  rendezvous.close();
 }
 
 // Two processes of this binary, one per GPU, run split_point_to_point_rank.
@@ -259,7 +270,7 @@ TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
       << read("zero_overlap.txt");
   const auto one = losses("one"), dp = losses("dp"), zero = losses("zero");
   ASSERT_EQ(one.size(), 20u);
-  EXPECT_LT(one.back(), one.front());  // it trains
+  expect_uniform_floor(one);
   expect_close(dp, one, "data parallel");
   expect_close(zero, one, "ZeRO-1");
   // The overlapped gather moves the same bytes: a layer that read its weights before they
@@ -289,7 +300,7 @@ TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
       << read("moe_ep_zero.txt");
   const auto one = losses("moe_one");
   ASSERT_EQ(one.size(), 20u);
-  EXPECT_LT(one.back(), one.front());
+  expect_uniform_floor(one);
   expect_close(losses("moe_ep"), one, "expert parallel");
   expect_close(losses("moe_ep_zero"), one, "expert parallel with ZeRO-1");
   EXPECT_NE(read("moe_ep.txt").find("experts spread over 2 expert-parallel ranks"),

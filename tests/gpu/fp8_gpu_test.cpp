@@ -230,8 +230,9 @@ TEST(GpuFp8, GemmRejectsDimensionsThatAreNotMultiplesOf16) {
 // ---------------------------------------------------------------- training
 
 // Brown text through the Llama 3 tokenizer (128,256 tokens), as FP8 runs see real data.
-Experiment experiment(const std::string& extra) {
-  return testing::experiment_from_yaml(brown_tiny_llama_yaml(300, /*llama3_tokens=*/true) + extra);
+Experiment experiment(const std::string& extra, int ffn_hidden_size = 320) {
+  return testing::experiment_from_yaml(
+      brown_tiny_llama_yaml(300, /*llama3_tokens=*/true, ffn_hidden_size) + extra);
 }
 
 // Runs bf16 and FP8 side by side for `iters` steps, with no skipped FP8 step. The logged
@@ -376,11 +377,11 @@ TEST(GpuFp8Blockwise, BlockCastMatchesTheCpuCodeForCode) {
 TEST(GpuFp8Blockwise, TracksBf16OnRealTextOrStopsNamingTheRecipe) {
   TS_REQUIRE_GPU();
   const bool available = make_backend(DeviceChoice::Cuda, 0)->supports(Capability::Fp8BlockScaling);
-  const std::string wide = "ffn_hidden_size: 384\n";
+  constexpr int kWide = 384;
   if (!available) {
     Logger log("", 0, false, false);
     try {
-      Trainer t(experiment(wide + "fp8: hybrid\nfp8_recipe: blockwise\n"),
+      Trainer t(experiment("fp8: hybrid\nfp8_recipe: blockwise\n", kWide),
                 make_backend(DeviceChoice::Cuda, 0), log, nullptr);
       FAIL() << "blockwise FP8 started without block-scaled GEMMs";
     } catch (const ConfigError& e) {
@@ -392,8 +393,8 @@ TEST(GpuFp8Blockwise, TracksBf16OnRealTextOrStopsNamingTheRecipe) {
   }
   Logger log("", 0, false, false);
   constexpr int kIters = 300, kLogInterval = 10;
-  Trainer bf16(experiment(wide), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
-  Trainer fp8(experiment(wide + "fp8: hybrid\nfp8_recipe: blockwise\nfp8_lm_head: true\n"),
+  Trainer bf16(experiment("", kWide), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer fp8(experiment("fp8: hybrid\nfp8_recipe: blockwise\nfp8_lm_head: true\n", kWide),
               make_backend(DeviceChoice::Cuda, 0), log, nullptr);
   double sum_b = 0, sum_f = 0, worst = 0, first = 0, last = 0;
   for (int it = 1; it <= kIters; ++it) {

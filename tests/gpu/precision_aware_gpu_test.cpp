@@ -24,8 +24,9 @@ const std::string kBf16Moments =
 const std::string kBf16GradsAndMoments = kBf16Moments + "main_grads_dtype: bf16\n";
 const std::string kAllBf16 = kBf16GradsAndMoments + "main_params_dtype: bf16\n";
 
-Experiment experiment(int iters, const std::string& extra) {
-  return testing::experiment_from_yaml(brown_tiny_llama_yaml(iters) + extra);
+Experiment experiment(int iters, const std::string& extra, int ffn_hidden_size = 320) {
+  return testing::experiment_from_yaml(brown_tiny_llama_yaml(iters, false, ffn_hidden_size) +
+                                       extra);
 }
 
 std::vector<double> losses(const Experiment& e, int iters) {
@@ -117,6 +118,7 @@ TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
     const char* name;
     std::string extra;
     bool exact;
+    int ffn_hidden_size = 320;  // whole 128-blocks (384) for blockwise FP8
   };
   const Case cases[] = {
       {"fp32 state", "attention_backend: tessera\n", true},
@@ -132,11 +134,11 @@ TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
     all.push_back(
         {"fp8 blockwise, head, no cache",
          kBf16GradsAndMoments +
-             "attention_backend: tessera\nffn_hidden_size: 384\nfp8: hybrid\n"
+             "attention_backend: tessera\nfp8: hybrid\n"
              "fp8_recipe: blockwise\nfp8_lm_head: true\nfp8_weight_transpose_cache: false\n",
-         true});
+         true, 384});
   for (const Case& c : all) {
-    const Experiment e = experiment(3, c.extra);
+    const Experiment e = experiment(3, c.extra, c.ffn_hidden_size);
     Logger log("", 0, false, false);
     Trainer t(e, make_backend(DeviceChoice::Cuda, 0), log, nullptr);
     const RunSetup setup =

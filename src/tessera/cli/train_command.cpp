@@ -277,6 +277,9 @@ int train_command(const Args& args) {
     write_file_atomically(std::filesystem::path(exp.experiment_root()) / "config.yaml",
                           experiment_to_yaml(exp));
   }
+  // The other ranks create their log directories only once rank 0 has moved the previous
+  // run's files aside: one created before would be taken for the previous run's and moved.
+  if (rendezvous) rendezvous->broadcast(dirs ? dirs->run_id : std::string());
   if (a.local_ranks > 1) {
     train_thread_ranks(exp, a.local_ranks, *dirs);
     return 0;

@@ -286,9 +286,22 @@ class NcclCommunicator final : public Communicator {
     begin("ncclCommSplit", 0);
     const ncclResult_t r =
         ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-    // The split runs in the background, reported on this (the parent) communicator; NCCL
-    // stores `child` when it is done.
-    check(r, "ncclCommSplit", 0);
+    // The split runs in the background as a job of this (the parent) communicator, which stays
+    // "in progress" until it ends, and NCCL stores `child` only then. Whatever the call
+    // answered, poll the parent until the job is over (polling also completes it), then wait
+    // for `child` to appear: seen on H200s, returning on the call's answer alone left `child`
+    // null and the parent busy for the next split.
+    check(r == ncclSuccess ? ncclInProgress : r, "ncclCommSplit", 0);
+    if (color >= 0) {
+      const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+      while (std::atomic_ref<ncclComm_t>(child).load(std::memory_order_acquire) == nullptr) {
+        if (Clock::now() > deadline)
+          throw DistributedError(fmt::format(
+              "{}: NCCL ncclCommSplit ({}) made no communicator within {:.0f} s", where(), label,
+              timeout_s_));
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
     end_host_call();
     if (!child) return nullptr;
     return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, label));
