@@ -4,14 +4,15 @@
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
-#       [dist] [full] [full_proxies] [moe]
+#       [dist] [full] [full_proxies] [moe] [full_fp8_loss]
 #       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
 #             (bench model --full: all layers, 16 micro-batches per step, precision-aware
 #             optimizer, profiled step breakdown); full_proxies: the 4-layer proxies and the
 #             PyTorch peers they are compared with. Each writes OUT/full_table.md (the two
-#             together: the whole table; each fits one 10-minute call).
+#             together: the whole table; each fits one 10-minute call). full_fp8_loss:
+#             scripts/device/full_fp8_loss.sh (two GPUs side by side, or one).
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -230,6 +231,10 @@ if want full_proxies; then
       --json "$OUT/full_peer.jsonl" 2>&1 | tail -1
   done
   python3 "$ROOT/scripts/device/full_table.py" "$OUT" | tee "$OUT/full_table.md"
+fi
+if want full_fp8_loss; then
+  echo "== full Llama 3.1 8B, FP8 hybrid against BF16 over 300 steps of Brown text"
+  bash "$ROOT/scripts/device/full_fp8_loss.sh" "$BIN/tessera" "$OUT/full_fp8_loss" 2>&1 | tail -8
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"
