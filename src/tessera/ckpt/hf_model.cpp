@@ -239,11 +239,22 @@ HfModelReader::HfModelReader(const std::string& dir) : spec_(read_hf_config(dir,
       used.insert(piece.name);
     }
   }
+  const ModelFamily& family = model_family(spec_.family);
   for (const auto& [name, file] : where) {
     // Old Llama checkpoints store RoPE's inverse frequencies; tied models may store the
     // head anyway. Neither carries information the config does not.
     const bool redundant = ends_with(name, "rotary_emb.inv_freq") ||
                            (spec_.tied_embeddings && name == "lm_head.weight");
+    if (!used.count(name) && family.hf_zero_state(name)) {
+      // State Tessera starts at zero: a checkpoint that has moved it would route differently.
+      for (float v : file->to_float(name))
+        if (v != 0.0f)
+          throw DataError(fmt::format(
+              "{}: tensor '{}' is not zero; importing this trained state (an expert bias) is not "
+              "supported yet, only its initial zeros",
+              file->path(), name));
+      continue;
+    }
     if (!used.count(name) && !redundant)
       throw DataError(
           fmt::format("{}: tensor '{}' has no place in the model {} describes (an "

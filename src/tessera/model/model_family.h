@@ -63,6 +63,12 @@ class ModelFamily {
   virtual nlohmann::ordered_json hf_config(const ModelSpec& s) const = 0;
   // The Hugging Face tensors parameter `p` holds, in the order they are stacked.
   virtual std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const = 0;
+  // Tensors a checkpoint of this family may hold for state Tessera keeps outside the parameters
+  // and starts at zero (DeepSeek-V3's expert bias): a reader accepts them when all zero.
+  virtual bool hf_zero_state(std::string_view tensor_name) const {
+    (void)tensor_name;
+    return false;
+  }
 };
 
 // The registered family called `name`, or null.
