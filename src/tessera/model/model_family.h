@@ -63,11 +63,12 @@ class ModelFamily {
   virtual nlohmann::ordered_json hf_config(const ModelSpec& s) const = 0;
   // The Hugging Face tensors parameter `p` holds, in the order they are stacked.
   virtual std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const = 0;
-  // Tensors a checkpoint of this family may hold for state Tessera keeps outside the parameters
-  // and starts at zero (DeepSeek-V3's expert bias): a reader accepts them when all zero.
-  virtual bool hf_zero_state(std::string_view tensor_name) const {
-    (void)tensor_name;
-    return false;
+  // Tensors this family's Hugging Face models hold for state Tessera keeps outside the
+  // parameters and starts at zero (DeepSeek-V3's expert bias), by name and shape: an export
+  // writes them as zeros, an import accepts them when they are (offsets unused).
+  virtual std::vector<HfTensorPiece> hf_zero_state(const ModelSpec& s) const {
+    (void)s;
+    return {};
   }
 };
 

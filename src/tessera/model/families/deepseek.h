@@ -25,8 +25,8 @@ class DeepseekFamily final : public ModelFamily {
   std::string hf_model_type(const ModelSpec& s) const override;
   nlohmann::ordered_json hf_config(const ModelSpec& s) const override;
   std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const override;
-  // DeepSeek-V3's mlp.gate.e_score_correction_bias: the expert bias, accepted when zero.
-  bool hf_zero_state(std::string_view tensor_name) const override;
+  // DeepSeek-V3's mlp.gate.e_score_correction_bias of each MoE layer: the expert bias.
+  std::vector<HfTensorPiece> hf_zero_state(const ModelSpec& s) const override;
 };
 
 const ModelFamily& deepseek_family();

@@ -168,13 +168,18 @@ ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::str
       m.kv_lora_rank <= 0 || m.q_lora_rank < 0 || m.qk_head_dim <= 0 || m.rope_dim <= 0 ||
       m.rope_dim % 2 != 0 || m.v_head_dim <= 0 || s.ffn <= 0 ||
       (s.moe.enabled() &&
-       (s.moe.topk <= 0 || s.moe.topk > s.moe.experts || s.moe.ffn <= 0 || s.moe.shared_ffn < 0)))
+       (s.moe.topk <= 0 || s.moe.topk > s.moe.experts || s.moe.ffn <= 0 || s.moe.shared_ffn < 0 ||
+        (s.moe.num_groups > 0 &&
+         (s.moe.experts % s.moe.num_groups != 0 || s.moe.group_topk > s.moe.num_groups ||
+          s.moe.topk > s.moe.group_topk * (s.moe.experts / s.moe.num_groups))))))
     throw DataError(fmt::format(
         "{}: inconsistent sizes (hidden_size {}, num_attention_heads {}, num_hidden_layers {}, "
         "vocab_size {}, kv_lora_rank {}, q_lora_rank {}, qk_nope_head_dim {}, qk_rope_head_dim "
-        "{} (even), v_head_dim {}, intermediate_size {}, experts {} top-{} of width {})",
+        "{} (even), v_head_dim {}, intermediate_size {}, experts {} top-{} of width {} in {} "
+        "groups choosing {})",
         file, s.hidden, s.heads, s.num_layers, s.vocab_size, m.kv_lora_rank, m.q_lora_rank,
-        m.qk_head_dim, m.rope_dim, m.v_head_dim, s.ffn, s.moe.experts, s.moe.topk, s.moe.ffn));
+        m.qk_head_dim, m.rope_dim, m.v_head_dim, s.ffn, s.moe.experts, s.moe.topk, s.moe.ffn,
+        s.moe.num_groups, s.moe.group_topk));
   s.tokenizer_vocab = s.vocab_size;
   return s;
 }
@@ -296,8 +301,13 @@ std::vector<HfTensorPiece> DeepseekFamily::hf_pieces(const ParamInfo& p, const M
   return qwen3_moe_family().hf_pieces(p, s);
 }
 
-bool DeepseekFamily::hf_zero_state(std::string_view tensor_name) const {
-  return tensor_name.ends_with(".mlp.gate.e_score_correction_bias");
+std::vector<HfTensorPiece> DeepseekFamily::hf_zero_state(const ModelSpec& s) const {
+  std::vector<HfTensorPiece> out;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (s.moe.is_moe_layer(l))
+      out.push_back(
+          {fmt::format("model.layers.{}.mlp.gate.e_score_correction_bias", l), 0, {s.moe.experts}});
+  return out;
 }
 
 }  // namespace tessera
