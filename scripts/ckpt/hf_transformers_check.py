@@ -3,8 +3,10 @@
 
 For LlamaForCausalLM (GQA, llama3 RoPE scaling, untied head), Qwen2ForCausalLM (QKV bias,
 tied head, MQA), MistralForCausalLM (sliding window shorter than the sequence),
-MixtralForCausalLM (4 experts, top-2) and Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a
-dense layer, tied head):
+MixtralForCausalLM (4 experts, top-2), Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a
+dense layer, tied head) and DeepseekV3ForCausalLM (multi-latent attention with a query latent,
+YaRN RoPE with both mscales, a dense first layer, 8 experts top-4 by sigmoid scores in 2 of 4
+groups scaled by 2.5, a shared expert):
 
   1. import: build a random model with transformers, save_pretrained it (fp32 in one file,
      and bf16 in small shards with an index), run
@@ -94,6 +96,19 @@ MODELS = {
         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[1], max_position_embeddings=64, rms_norm_eps=1e-6,
         tie_word_embeddings=True, **rope(1000000.0))),
+    # max_position_embeddings = factor x original: transformers versions that derive YaRN's
+    # factor from the two agree with those that read it.
+    "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM, dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48,
+        qk_rope_head_dim=16, v_head_dim=24, qk_nope_head_dim=16, n_group=4, topk_group=2,
+        num_experts_per_tok=4, first_k_dense_replace=1, norm_topk_prob=True,
+        max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_interleave=True,
+        **rope(10000.0, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.8,
+                         "mscale_all_dim": 0.9}))),
 }
 
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32}
@@ -122,7 +137,8 @@ def random_model(kind):
     config_cls, model_cls, kwargs = MODELS[kind]
     config = config_cls(**kwargs, initializer_range=0.1)
     config._attn_implementation = "eager"
-    torch.manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "mixtral": 4, "qwen3_moe": 5}[kind])
+    torch.manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "mixtral": 4, "qwen3_moe": 5,
+                       "deepseek_v3": 6}[kind])
     model = model_cls(config).eval()
     with torch.no_grad():  # norms at 1 and biases at 0 would hide mistakes in their mapping
         for name, p in model.named_parameters():

@@ -79,8 +79,8 @@ if want lab && [ -x "$BIN/attention_lab" ]; then
 fi
 if want hf; then
   echo "== Hugging Face transformers round trip (import, export, logits)"
-  timeout 120 python3 "$ROOT/scripts/ckpt/hf_transformers_check.py" --tessera "$BIN/tessera" \
-    2>&1 | tee "$OUT/hf_check.log" | tail -12
+  timeout 180 python3 "$ROOT/scripts/ckpt/hf_transformers_check.py" --tessera "$BIN/tessera" \
+    2>&1 | tee "$OUT/hf_check.log" | tail -14
 fi
 if want kernels; then
   echo "== preflight and kernel benchmarks"

@@ -76,6 +76,9 @@ TEST(Shapes, AttentionFlopsConventions) {
   EXPECT_DOUBLE_EQ(attention_flops(s, false), 4.0 * 32 * 8192.0 * 1024 * 128);
   s.window = 100000;  // a window longer than the sequence is no window
   EXPECT_DOUBLE_EQ(attention_flops(s, false), full / 2);
+  // Multi-latent attention: scores over D = 192, values over Dv = 128.
+  s.d = 192, s.dv = 128;
+  EXPECT_DOUBLE_EQ(attention_flops(s, false), 2.0 * 32 * 8192.0 * 8192.0 * (192 + 128) / 2);
 }
 
 TEST(Shapes, AttentionShapesFromOpInputs) {

@@ -182,6 +182,31 @@ TEST(ModelGemms, AddUpToSixTimesTheMatmulParametersPerToken) {
   EXPECT_TRUE(g.back().fp32_out);
 }
 
+// A multi-latent attention model lists its own projections (the fused down-projection, the
+// query and key/value up-projections, o_proj), with and without a query latent.
+TEST(ModelGemms, MlaProjectionsAddUpToSixTimesTheMatmulParameters) {
+  for (int64_t q_lora : {int64_t{0}, int64_t{96}}) {
+    SCOPED_TRACE(q_lora);
+    ModelSpec s;
+    s.family = "deepseek";
+    s.vocab_size = 1024, s.num_layers = 2, s.hidden = 256, s.ffn = 512, s.heads = 8;
+    s.kv_heads = 8;
+    s.mla = {true, q_lora, 64, 32, 16, 24};
+    s.head_dim = s.mla.rope_dim;
+    ModelRuntime rt;
+    rt.micro_batch = 1, rt.seq_length = 512, rt.cross_entropy_chunk_tokens = 512;
+    const std::vector<GemmProblem> g = model_gemms(s, rt);
+    ASSERT_EQ(g.size(), (q_lora ? 7u : 6u) * 3);  // attention, gate_up, down, the head
+    double flops = 0;
+    for (const GemmProblem& p : g) flops += p.flops() * p.calls_per_step;
+    EXPECT_DOUBLE_EQ(flops, 6.0 * s.matmul_params() * 512);
+    EXPECT_EQ(g[0].name, "q_kv_a forward");
+    EXPECT_EQ(g[0].n, (q_lora ? q_lora : 8 * 48) + 64 + 16);
+    EXPECT_EQ(g[q_lora ? 3 : 2].name, "o_proj forward");
+    EXPECT_EQ(g[q_lora ? 3 : 2].k, 8 * 24);
+  }
+}
+
 // FP8 training runs its linears' GEMMs on K-major FP8 copies: fast accumulation forward
 // only, output gradients in e5m2 (hybrid); the head stays bf16 unless fp8_lm_head.
 TEST(ModelGemms, Fp8LinearsAreListedAsTrainingRunsThem) {

@@ -1,5 +1,6 @@
 """Hugging Face-side reference for Tessera's interop tests (tests/ckpt/hf_test.cpp and the
-MoE families' mixtral and qwen3_moe, with one tensor per expert as on the Hub).
+MoE families' mixtral, qwen3_moe and deepseek_v3, with one tensor per expert as on the Hub;
+DeepSeek-V3's multi-latent attention as transformers' DeepseekV3Attention computes it).
 
 Reads and writes Hugging Face model directories by hand (config.json, model.safetensors or
 shards listed by model.safetensors.index.json; this machine has no `safetensors` or
@@ -9,7 +10,7 @@ tests/model/torch_reference.py, configured from config.json the way transformers
 
   hf_reference.py logits HF_DIR TOKENS.txt OUT.safetensors
       logits [B, T, V] and the mean next-token loss (transformers' loss with labels = ids)
-  hf_reference.py make {llama,qwen2,mistral} HF_DIR {F32,BF16,F16} SHARDS
+  hf_reference.py make {llama,qwen2,mistral,mixtral,qwen3_moe,deepseek_v3} HF_DIR {F32,BF16,F16} SHARDS
       a tiny random model with Hugging Face names (separate q/k/v, gate/up)
 """
 import json
@@ -72,9 +73,43 @@ def read_hf_dir(d):
     return config, weights
 
 
+def deepseek_config(hf):
+    """torch_reference's config of a deepseek_v3 config.json, with transformers' defaults."""
+    heads, layers = hf["num_attention_heads"], hf["num_hidden_layers"]
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    assert rope_type in ("default", "yarn"), rope_type
+    yarn = None
+    if rope_type == "yarn":
+        original = rope.get("original_max_position_embeddings") or hf["max_position_embeddings"]
+        yarn = {"factor": rope.get("factor") or hf["max_position_embeddings"] / original,
+                "original": original, "beta_fast": rope.get("beta_fast") or 32,
+                "beta_slow": rope.get("beta_slow") or 1, "mscale": rope.get("mscale") or 0,
+                "mscale_all_dim": rope.get("mscale_all_dim") or 0}
+    E, K, Fe = hf["n_routed_experts"], hf["num_experts_per_tok"], hf["moe_intermediate_size"]
+    groups = hf.get("n_group", 8)
+    assert not groups or groups == 1 or K == 2 * hf["topk_group"], "group scores of two experts"
+    assert hf.get("norm_topk_prob", True) == (K > 1)
+    moe = {"experts": E, "topk": K, "sigmoid": True, "pre_softmax": False,
+           "layers": [l >= hf.get("first_k_dense_replace", 3) for l in range(layers)],
+           "groups": groups if groups > 1 else 0, "group_topk": hf["topk_group"] if groups > 1 else 0,
+           "scaling": hf.get("routed_scaling_factor", 2.5),
+           "shared_ffn": Fe * hf.get("n_shared_experts", 1),
+           "load_balancing": False, "seq_aux": False, "aux_coeff": 0, "z_coeff": 0}
+    mla = {"q_lora": hf.get("q_lora_rank") or 0, "kv_lora": hf["kv_lora_rank"],
+           "qk": hf["qk_nope_head_dim"], "rope": hf["qk_rope_head_dim"], "v": hf["v_head_dim"]}
+    return {"moe": moe, "mla": mla, "yarn": yarn, "layers": layers, "heads": heads,
+            "kv_heads": heads, "head_dim": mla["rope"], "ffn": hf["intermediate_size"],
+            "eps": hf.get("rms_norm_eps", 1e-6),
+            "rotary_base": rope.get("rope_theta") or hf.get("rope_theta", 10000.0),
+            "rope_scaling": False, "window": 0}
+
+
 def reference_config(hf):
     """torch_reference's config from a Hugging Face config.json, with transformers' defaults."""
     kind = hf["model_type"]
+    if kind == "deepseek_v3":
+        return deepseek_config(hf)
     heads = hf["num_attention_heads"]
     rope = hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -124,9 +159,13 @@ def logits(hf_dir, tokens_path, out):
     # Hugging Face's MoE names to the reference's: the router, then one module per expert.
     renamed = {}
     for name, t in weights.items():
+        if name.endswith("mlp.gate.e_score_correction_bias"):  # a new model's zeros
+            assert not t.any(), name
+            continue
         name = name.replace("block_sparse_moe.gate.weight", "mlp.router.weight")
-        if config["model_type"] == "qwen3_moe":
+        if config["model_type"] in ("qwen3_moe", "deepseek_v3"):
             name = name.replace("mlp.gate.weight", "mlp.router.weight")
+            name = name.replace("mlp.shared_experts.", "mlp.shared_expert.")
         name = name.replace("block_sparse_moe.experts.", "mlp.experts.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
             if "mlp.experts." in name:
@@ -176,7 +215,59 @@ CONFIGS = {
                   "num_experts": 8, "num_experts_per_tok": 4, "norm_topk_prob": True,
                   "decoder_sparse_step": 1, "mlp_only_layers": [1], "tie_word_embeddings": True,
                   "use_sliding_window": False, "sliding_window": None, "attention_bias": False},
+    # DeepSeek-V3: query latent, YaRN with both mscales (max_position_embeddings = factor x the
+    # original, which transformers versions that derive the factor from them agree with),
+    # a dense first layer, sigmoid routing in 2 of 4 groups scaled by 2.5, a shared expert.
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                    "vocab_size": 96, "hidden_size": 32, "intermediate_size": 40,
+                    "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 8,
+                    "routed_scaling_factor": 2.5, "kv_lora_rank": 20, "q_lora_rank": 24,
+                    "qk_rope_head_dim": 8, "v_head_dim": 10, "qk_nope_head_dim": 6, "n_group": 4,
+                    "topk_group": 2, "num_experts_per_tok": 4, "first_k_dense_replace": 1,
+                    "norm_topk_prob": True, "hidden_act": "silu", "max_position_embeddings": 256,
+                    "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.9},
+                    "rope_interleave": True, "tie_word_embeddings": False, "attention_bias": False},
 }
+
+
+def make_deepseek(c, rand):
+    """A tiny random DeepseekV3ForCausalLM's tensors, named as modeling_deepseek_v3 names them."""
+    C, F, V, H = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_attention_heads"]
+    Dn, Dr, Dv = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    Qr, Kr, E, Fe = c["q_lora_rank"], c["kv_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"]
+    w = {"model.embed_tokens.weight": rand(V, C)}
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
+        w[p + "self_attn.q_a_proj.weight"] = rand(Qr, C)
+        w[p + "self_attn.q_a_layernorm.weight"] = rand(Qr, mean=1.0)
+        w[p + "self_attn.q_b_proj.weight"] = rand(H * (Dn + Dr), Qr)
+        w[p + "self_attn.kv_a_proj_with_mqa.weight"] = rand(Kr + Dr, C)
+        w[p + "self_attn.kv_a_layernorm.weight"] = rand(Kr, mean=1.0)
+        w[p + "self_attn.kv_b_proj.weight"] = rand(H * (Dn + Dv), Kr)
+        w[p + "self_attn.o_proj.weight"] = rand(C, H * Dv)
+        w[p + "post_attention_layernorm.weight"] = rand(C, mean=1.0)
+        if l < c["first_k_dense_replace"]:
+            w[p + "mlp.gate_proj.weight"] = rand(F, C)
+            w[p + "mlp.up_proj.weight"] = rand(F, C)
+            w[p + "mlp.down_proj.weight"] = rand(C, F)
+            continue
+        w[p + "mlp.gate.weight"] = rand(E, C)
+        w[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(E)
+        for e in range(E):
+            w[f"{p}mlp.experts.{e}.gate_proj.weight"] = rand(Fe, C)
+            w[f"{p}mlp.experts.{e}.up_proj.weight"] = rand(Fe, C)
+            w[f"{p}mlp.experts.{e}.down_proj.weight"] = rand(C, Fe)
+        S = Fe * c["n_shared_experts"]
+        w[p + "mlp.shared_experts.gate_proj.weight"] = rand(S, C)
+        w[p + "mlp.shared_experts.up_proj.weight"] = rand(S, C)
+        w[p + "mlp.shared_experts.down_proj.weight"] = rand(C, S)
+    w["model.norm.weight"] = rand(C, mean=1.0)
+    w["lm_head.weight"] = rand(V, C)
+    return w
 
 
 def make(kind, out_dir, dtype_name, shards):
@@ -190,7 +281,7 @@ def make(kind, out_dir, dtype_name, shards):
         return mean + 0.1 * torch.randn(*shape, generator=g, dtype=torch.float32)
 
     w = {"model.embed_tokens.weight": rand(V, C)}
-    for l in range(c["num_hidden_layers"]):
+    for l in range(c["num_hidden_layers"] if kind != "deepseek_v3" else 0):
         p = f"model.layers.{l}."
         w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
         for name, rows in (("q", H * hd), ("k", KV * hd), ("v", KV * hd)):
@@ -220,6 +311,8 @@ def make(kind, out_dir, dtype_name, shards):
     w["model.norm.weight"] = rand(C, mean=1.0)
     if not c["tie_word_embeddings"]:
         w["lm_head.weight"] = rand(V, C)
+    if kind == "deepseek_v3":
+        w = make_deepseek(c, rand)
     if kind == "llama":  # old Llama checkpoints carry this buffer; loaders must skip it
         w["model.layers.0.self_attn.rotary_emb.inv_freq"] = rand(hd // 2)
 

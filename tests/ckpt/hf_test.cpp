@@ -1,7 +1,8 @@
 // Hugging Face interop: config.json mapping, export and import through `tessera convert`,
 // and logits that match an independent float64 PyTorch Llama reading the Hugging Face
 // files (tests/ckpt/hf_reference.py) for Llama 3.1 (GQA, RoPE scaling, untied), Qwen 2.5
-// (QKV bias, tied, MQA) and Mistral (sliding window) shapes.
+// (QKV bias, tied, MQA), Mistral (sliding window), Mixtral, Qwen3-MoE and DeepSeek-V3
+// (multi-latent attention, YaRN, sigmoid group-limited routing) shapes.
 //
 // Tolerance: Tessera's CPU backend computes in fp32, the reference in fp64; as in
 // tests/model/torch_parity_test.cpp logits agree to ~1e-6 relative and 1e-5 is the bound.
@@ -57,6 +58,20 @@ const HfCase kHfCases[] = {
      "ffn_hidden_size: 40\nkv_channels: 16\nnum_attention_heads: 4\nnum_query_groups: 2\n"
      "num_experts: 8\nmoe_router_topk: 4\nmoe_ffn_hidden_size: 16\nmoe_layer_freq: 2\n"
      "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
+     "norm_epsilon: 1.0e-6\n"},
+    // DeepseekV3ForCausalLM: multi-latent attention with a query latent and YaRN, a dense
+    // first layer, then 8 experts top-4 by sigmoid scores in 2 of 4 groups, scaled by 2.5, and
+    // a shared expert (the expert bias stays off: a trained one is not exported yet).
+    {"deepseek_v3", "deepseek_v3",
+     "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 3\nhidden_size: 32\n"
+     "ffn_hidden_size: 40\nnum_attention_heads: 4\nnum_query_groups: 0\nq_lora_rank: 24\n"
+     "kv_lora_rank: 20\n"
+     "qk_head_dim: 6\nqk_pos_emb_head_dim: 8\nv_head_dim: 10\nrope_type: yarn\n"
+     "rotary_scaling_factor: 4\noriginal_max_position_embeddings: 64\nmscale: 0.8\n"
+     "mscale_all_dim: 0.9\nnum_experts: 8\nmoe_router_topk: 4\nmoe_ffn_hidden_size: 16\n"
+     "moe_shared_expert_intermediate_size: 16\nmoe_layer_freq: \"[0,1,1]\"\n"
+     "moe_router_score_function: sigmoid\nmoe_router_num_groups: 4\n"
+     "moe_router_group_topk: 2\nmoe_router_topk_scaling_factor: 2.5\nrotary_base: 10000\n"
      "norm_epsilon: 1.0e-6\n"},
 };
 
@@ -209,8 +224,11 @@ TEST_P(HfInterop, ImportedDirectoryGivesTheSameLogitsAndInitialisesTraining) {
   EXPECT_EQ(download(from_ckpt->backend(), from_ckpt->optimizer().master()), master);
   EXPECT_EQ(trainer->run_iteration(1).loss, from_ckpt->run_iteration(1).loss);
   try {
+    // (moe_layer_freq 1: a list of the case's layers would not fit 5.)
     make_trainer(
-        case_experiment(dir.path(), c, "num_layers: 5\nhf_init_path: " + hf.string() + "\n"), log);
+        case_experiment(dir.path(), c,
+                        "num_layers: 5\nmoe_layer_freq: 1\nhf_init_path: " + hf.string() + "\n"),
+        log);
     ADD_FAILURE() << "expected a shape mismatch";
   } catch (const DataError& e) {
     const std::string m = e.what();
@@ -315,8 +333,8 @@ TEST(HfConfig, MapsFieldsWithTransformersDefaultsAndRefusesUnsupportedFeatures) 
   const std::string file = (dir / "config.json").string();
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refusals = {
       {[](auto& j) { j["model_type"] = "gpt2"; },
-       ": model_type 'gpt2' is not supported; expected llama, qwen2, mistral, mixtral or "
-       "qwen3_moe"},
+       ": model_type 'gpt2' is not supported; expected llama, qwen2, mistral, mixtral, "
+       "qwen3_moe or deepseek_v3"},
       {[](auto& j) { j["attention_bias"] = true; },
        ": attention_bias: true (Llama's bias includes o_proj) is not supported"},
       {[](auto& j) { j["hidden_act"] = "gelu"; },
@@ -469,6 +487,177 @@ TEST(HfMoeConfig, ReadsQwen3SparseLayersAndRefusesWhatTheArchitecturesLack) {
       EXPECT_TRUE(contains(e.what(), r.says)) << e.what();
     }
   }
+}
+
+// DeepseekV3Config: transformers' defaults and YaRN on reading, the features Tessera cannot run
+// the way transformers does refused on reading and on export, DeepSeek-V3's expert bias accepted
+// only at its initial zeros, and a checkpoint whose trained expert bias cannot be exported.
+TEST(HfDeepseekConfig, ReadsDeepseekV3AndRefusesWhatEitherSideLacks) {
+  const ModelFamily& family = model_family("deepseek");
+  const nlohmann::json v3 = {{"model_type", "deepseek_v3"},
+                             {"hidden_size", 64},
+                             {"num_hidden_layers", 4},
+                             {"num_attention_heads", 4},
+                             {"vocab_size", 96},
+                             {"q_lora_rank", nullptr},
+                             {"n_routed_experts", 8},
+                             {"num_experts_per_tok", 4},
+                             {"moe_intermediate_size", 16},
+                             {"first_k_dense_replace", 2},
+                             {"n_group", 4},
+                             {"topk_group", 2},
+                             {"max_position_embeddings", 256},
+                             {"rope_scaling",
+                              {{"type", "yarn"},
+                               {"factor", 4},
+                               {"original_max_position_embeddings", 64},
+                               {"mscale", 0.707},
+                               {"mscale_all_dim", 0.707}}}};
+  const ModelSpec s = family.read_hf_config(v3, "config.json");
+  EXPECT_EQ(s.mla.q_lora_rank, 0);  // null: queries projected directly
+  EXPECT_EQ(s.mla.kv_lora_rank, 512);
+  EXPECT_EQ(s.mla.qk_head_dim, 128);
+  EXPECT_EQ(s.head_dim, 64);  // the RoPE part, as DeepseekV3Config sets head_dim
+  EXPECT_EQ(s.kv_heads, 4);
+  EXPECT_EQ(s.moe.layers, (std::vector<bool>{false, false, true, true}));
+  EXPECT_EQ(s.moe.shared_ffn, 16);  // n_shared_experts 1 x moe_intermediate_size
+  EXPECT_TRUE(s.moe.sigmoid);
+  EXPECT_TRUE(s.moe.expert_bias);
+  EXPECT_EQ(s.moe.num_groups, 4);
+  EXPECT_EQ(s.moe.group_topk, 2);
+  EXPECT_DOUBLE_EQ(s.moe.topk_scaling, 2.5);
+  EXPECT_TRUE(s.yarn.enabled);
+  EXPECT_DOUBLE_EQ(s.yarn.factor, 4);
+  EXPECT_DOUBLE_EQ(s.yarn.mscale_all_dim, 0.707);
+  EXPECT_DOUBLE_EQ(s.rotary_base, 10000);
+  // The export holds what was read.
+  const nlohmann::ordered_json out = family.hf_config(s);
+  EXPECT_EQ(out["architectures"][0], "DeepseekV3ForCausalLM");
+  EXPECT_TRUE(out["q_lora_rank"].is_null());
+  EXPECT_EQ(out["first_k_dense_replace"], 2);
+  EXPECT_EQ(out["n_shared_experts"], 1);
+  EXPECT_EQ(out["rope_parameters"]["rope_type"], "yarn");
+  EXPECT_EQ(out["rope_scaling"]["type"], "yarn");
+  EXPECT_EQ(family.read_hf_config(nlohmann::json::parse(out.dump()), "out").moe.layers,
+            s.moe.layers);
+
+  struct Bad {
+    std::function<void(nlohmann::json&)> change;
+    const char* says;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {[](nlohmann::json& j) { j["rope_interleave"] = false; }, "rope_interleave: false"},
+           {[](nlohmann::json& j) { j["num_key_value_heads"] = 2; }, "num_key_value_heads 2"},
+           {[](nlohmann::json& j) { j["topk_group"] = 1; }, "top 2"},
+           {[](nlohmann::json& j) { j["norm_topk_prob"] = false; }, "norm_topk_prob false"},
+           {[](nlohmann::json& j) { j["rope_scaling"]["type"] = "dynamic"; },
+            "RoPE type 'dynamic'"},
+           {[](nlohmann::json& j) { j["rope_scaling"].erase("mscale"); },
+            "mscale_all_dim 0.707 without mscale"},
+           {[](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, "hidden_act 'gelu'"},
+           {[](nlohmann::json& j) { j["qk_rope_head_dim"] = 7; }, "inconsistent sizes"},
+           {[](nlohmann::json& j) { j["n_group"] = 8, j["topk_group"] = 2; },
+            "inconsistent sizes"}}) {  // 2 groups of one expert cannot supply 4
+    nlohmann::json j = v3;
+    b.change(j);
+    try {
+      family.read_hf_config(j, "config.json");
+      ADD_FAILURE() << b.says << " accepted";
+    } catch (const DataError& e) {
+      EXPECT_TRUE(contains(e.what(), b.says)) << e.what();
+    }
+  }
+  struct Refusal {
+    std::function<void(ModelSpec&)> change;
+    const char* says;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {[](ModelSpec& m) { m.moe.sigmoid = false, m.moe.pre_softmax = true; },
+            "softmax routing"},
+           {[](ModelSpec& m) {
+              m.moe.layers = {true, false, true, true};
+            },
+            "a dense layer after"},
+           {[](ModelSpec& m) { m.moe.shared_ffn = 24; }, "a shared expert of width 24"},
+           {[](ModelSpec& m) { m.moe.group_topk = 1; }, "group-limited routing with top-4"},
+           {[](ModelSpec& m) { m.yarn.mscale = 0.5, m.yarn.mscale_all_dim = 0; }, "YaRN mscale"},
+           {[](ModelSpec& m) { m.sliding_window = 8; }, "a sliding window"}}) {
+    ModelSpec m = s;
+    r.change(m);
+    try {
+      family.hf_config(m);
+      ADD_FAILURE() << r.says << " exported";
+    } catch (const DataError& e) {
+      EXPECT_TRUE(contains(e.what(), r.says)) << e.what();
+    }
+  }
+  // DeepSeek-V2-Lite's preset routes with a softmax: not a DeepseekV3ForCausalLM.
+  LoadOptions o;
+  o.config_path = "deepseek_v2_lite-pretrain";
+  try {
+    family.hf_model_type(make_model_spec(load_experiment(o), 102400));
+    ADD_FAILURE() << "V2-Lite exported as V3";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(contains(e.what(), "softmax routing")) << e.what();
+  }
+}
+
+TEST(HfDeepseekConfig, ExpertBiasLoadsAtZeroAndTrainedBiasIsNotExported) {
+  ScratchDir dir;
+  const fs::path hf = dir / "hf";
+  ASSERT_EQ(run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
+                        "/ckpt/hf_reference.py make deepseek_v3 " + hf.string() + " F32 1")
+                .exit_code,
+            0);
+  EXPECT_NO_THROW(HfModelReader{hf.string()});
+  // An export writes every MoE layer's bias, as zeros (transformers' DeepseekV3TopkRouter holds
+  // it as a buffer that from_pretrained expects).
+  const fs::path again = dir / "again";
+  RunResult r = run_tessera("convert --from-hf " + hf.string() + " --to-hf " + again.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const SafetensorsFile exported((again / "model.safetensors").string());
+  for (int l : {1, 2}) {
+    const std::string name = fmt::format("model.layers.{}.mlp.gate.e_score_correction_bias", l);
+    ASSERT_NE(exported.find(name), nullptr) << name;
+    EXPECT_EQ(exported.to_float(name), std::vector<float>(8, 0.0f)) << name;
+  }
+  EXPECT_EQ(exported.find("model.layers.0.mlp.gate.e_score_correction_bias"), nullptr);
+  // A trained DeepSeek-V3's bias is not imported: refused, naming the tensor.
+  const SafetensorsFile file((hf / "model.safetensors").string());
+  std::vector<std::vector<float>> values;
+  std::vector<SafetensorsTensor> tensors;
+  for (const auto& t : file.tensors()) values.push_back(file.to_float(t.name));
+  size_t i = 0;
+  for (const auto& t : file.tensors()) {
+    if (t.name == "model.layers.2.mlp.gate.e_score_correction_bias") values[i][3] = 0.25f;
+    tensors.push_back({t.name, DType::F32, t.shape, values[i++].data()});
+  }
+  write_safetensors((hf / "model.safetensors").string(), tensors);
+  try {
+    HfModelReader reader(hf.string());
+    ADD_FAILURE() << "a trained expert bias was accepted";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(contains(e.what(), "'model.layers.2.mlp.gate.e_score_correction_bias' is not zero"))
+        << e.what();
+  }
+  // Training with the aux-loss-free bias moves it; the export refuses rather than drop it.
+  const HfCase& c = kHfCases[std::size(kHfCases) - 1];
+  ASSERT_EQ(std::string(c.name), "deepseek_v3");
+  Logger log("", 0, false, false);
+  const std::string save = (dir / "ckpt").string();
+  {
+    auto trainer = make_trainer(
+        case_experiment(dir.path(), c,
+                        "moe_router_enable_expert_bias: true\nmoe_router_bias_update_rate: "
+                        "0.01\nsave: " +
+                            save + "\n"),
+        log);
+    trainer->train();
+  }
+  r = run_tessera("convert --from " + save + " --to-hf " + (dir / "out").string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "mlp.router.expert_bias is not zero")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out"));
 }
 
 TEST(ConvertCli, RefusesToOverwriteAndNamesMissingInputs) {

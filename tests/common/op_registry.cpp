@@ -359,6 +359,19 @@ AttentionShape attn(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int6
   return s;
 }
 
+// Value heads of Dv beside query/key heads of D (multi-latent attention's shapes).
+AttentionShape attn_v(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv,
+                      int64_t window, bool causal = true) {
+  AttentionShape s = attn(B, T, H, KV, D, window, causal);
+  s.v_head_dim = Dv;
+  return s;
+}
+
+// " Dv<n>" in a case's name where the value heads differ from the query/key heads.
+std::string v_dim_text(const AttentionShape& s) {
+  return s.v_dim() != s.head_dim ? fmt::format(" Dv{}", s.v_dim()) : std::string();
+}
+
 // (T, D): row t holds cos(t * inv_freq) then sin(t * inv_freq), inv_freq[i] = 10000^(-2i/D).
 std::vector<float> rope_freqs(int64_t T, int64_t D) {
   std::vector<float> f(T * D);
@@ -1046,13 +1059,19 @@ std::vector<OpCase> attention_cases() {
   for (const AttentionShape& s :
        {attn(2, 37, 4, 2, 64, 0), attn(1, 200, 4, 4, 128, 0), attn(1, 200, 8, 1, 64, 33),
         attn(2, 77, 4, 2, 128, 0, false), attn(1, 1024, 8, 2, 128, 0),
-        attn(1, 1024, 8, 2, 128, 256), attn(1, 9, 6, 3, 64, 4, false)}) {
+        attn(1, 1024, 8, 2, 128, 256), attn(1, 9, 6, 3, 64, 4, false),
+        // Head dims the flash kernels do not take, and multi-latent attention's narrower value
+        // heads: odd sizes, GQA, windows, full attention, and DeepSeek's 192 / 128.
+        attn(1, 40, 2, 1, 80, 0), attn_v(2, 37, 4, 4, 24, 16, 0), attn_v(1, 53, 3, 3, 20, 12, 0),
+        attn_v(1, 130, 4, 2, 48, 40, 17), attn_v(2, 65, 2, 2, 96, 64, 0, false),
+        attn_v(1, 256, 16, 16, 192, 128, 0), attn_v(1, 1024, 8, 8, 192, 128, 0)}) {
     const std::string shape =
-        fmt::format("B{} T{} H{} KV{} D{} window{}{}", s.batch, s.seq, s.heads, s.kv_heads,
-                    s.head_dim, s.window, s.causal ? "" : " full");
-    const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.heads * s.head_dim;
+        fmt::format("B{} T{} H{} KV{} D{}{} window{}{}", s.batch, s.seq, s.heads, s.kv_heads,
+                    s.head_dim, v_dim_text(s), s.window, s.causal ? "" : " full");
+    const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
     const double causal_frac = s.causal ? 0.5 : 1.0;
-    const double fwd_flops = 4.0 * s.batch * s.heads * s.seq * s.seq * s.head_dim * causal_frac;
+    const double fwd_flops =
+        2.0 * s.batch * s.heads * s.seq * s.seq * (s.head_dim + s.v_dim()) * causal_frac;
     OpCase rope;
     rope.name = "rope_forward+backward " + shape;
     rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
@@ -1106,21 +1125,89 @@ std::vector<OpCase> decode_cases() {
         Decode{attn(1, 300, 4, 1, 64, 33), 250}, Decode{attn(1, 2048, 8, 2, 128, 512), 2047},
         Decode{attn(3, 40, 4, 4, 128, 0), 17}, Decode{attn(1, 16, 2, 1, 256, 0), 9},
         Decode{attn(2, 33, 4, 2, 16, 0), 32}, Decode{attn(1, 70, 6, 3, 80, 8), 61},
-        Decode{attn(1, 12, 2, 2, 200, 0), 5}}) {
+        Decode{attn(1, 12, 2, 2, 200, 0), 5}, Decode{attn_v(1, 50, 4, 4, 24, 16, 0), 31},
+        Decode{attn_v(2, 64, 8, 8, 192, 128, 0), 63}}) {
     const AttentionShape& s = d.s;
-    const int64_t HD = s.heads * s.head_dim, row = 2 * s.kv_heads * s.head_dim;
+    const int64_t QD = s.heads * s.head_dim, HD = s.out_width();
+    const int64_t row = s.kv_heads * (s.head_dim + s.v_dim());
     OpCase c;
-    c.name = fmt::format("attention_decode B{} S{} H{} KV{} D{} window{} pos{}", s.batch, s.seq,
-                         s.heads, s.kv_heads, s.head_dim, s.window, d.pos);
-    c.specs = {{"q", {s.batch, HD}},
+    c.name = fmt::format("attention_decode B{} S{} H{} KV{} D{}{} window{} pos{}", s.batch, s.seq,
+                         s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window, d.pos);
+    c.specs = {{"q", {s.batch, QD}},
                {"kv", {s.batch, s.seq, row}},
                {"out", {s.batch, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2}};
     c.run = [d](Backend& b, const Tensors& t) {
       b.attention_decode(t.at("out"), t.at("q"), t.at("kv"), d.pos, d.s);
     };
     const int64_t keys = s.window > 0 ? std::min(s.window, d.pos + 1) : d.pos + 1;
-    c.flops = 4.0 * s.batch * s.heads * keys * s.head_dim;
-    c.bytes = 2.0 * s.batch * keys * row + 4.0 * s.batch * HD;
+    c.flops = 2.0 * s.batch * s.heads * keys * (s.head_dim + s.v_dim());
+    c.bytes = 2.0 * s.batch * keys * row + 2.0 * s.batch * (QD + HD);
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// Multi-latent attention's packing, forward and backward, with the queries in their own tensor
+// (q_lora_rank set: q_b_proj's output) or beside the latents and the rope key in one fused
+// projection output (DeepSeek-V2-Lite), whose other columns the backward must leave alone.
+std::vector<OpCase> mla_cases() {
+  std::vector<OpCase> cases;
+  struct Mla {
+    int64_t B, T, H, Dn, Dr, Dv, latent;
+    bool fused;  // q and the rope key in one tensor with a latent of `latent` between them
+  };
+  for (const Mla& m :
+       {Mla{2, 19, 3, 10, 6, 8, 0, false}, Mla{1, 37, 5, 12, 4, 14, 9, true},
+        Mla{1, 64, 16, 128, 64, 128, 512, true}, Mla{2, 512, 16, 128, 64, 128, 0, false}}) {
+    AttentionShape s = attn_v(m.B, m.T, m.H, m.H, m.Dn + m.Dr, m.Dv, 0);
+    const int64_t N = s.tokens(), QW = m.H * s.head_dim, KVW = m.H * (m.Dn + m.Dv);
+    const int64_t AW = QW + m.latent + m.Dr;  // fused: [q | latent | rope key]
+    OpCase c;
+    c.name = fmt::format("mla_qkv_forward+backward B{} T{} H{} Dn{} Dr{} Dv{}{}", m.B, m.T, m.H,
+                         m.Dn, m.Dr, m.Dv, m.fused ? fmt::format(" fused latent{}", m.latent) : "");
+    c.specs = {{"kv", {N, KVW}},
+               {"freqs", {m.T, m.Dr}, Kind::F32},
+               {"qkv", {N, s.qkv_width()}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+               {"dqkv", {N, s.qkv_width()}},
+               {"dkv", {N, KVW}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
+    if (m.fused) {
+      c.specs.push_back({"a", {N, AW}});
+      c.specs.push_back({"da", {N, AW}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2});
+    } else {
+      c.specs.push_back({"q", {N, QW}});
+      c.specs.push_back({"k", {N, m.Dr}});
+      c.specs.push_back({"dq", {N, QW}, Kind::Act, Role::Out, 1, 0, 1, 1e-2});
+      c.specs.push_back({"dk", {N, m.Dr}, Kind::Act, Role::Out, 1, 0, 1, 2e-2});
+    }
+    c.run = [m, s](Backend& b, const Tensors& t) {
+      MlaQkvArgs a;
+      a.qkv = t.at("qkv"), a.kv = t.at("kv"), a.freqs = t.at("freqs");
+      a.s = s, a.rope_dim = m.Dr;
+      a.q = t.at(m.fused ? "a" : "q");
+      a.k_rope = t.at(m.fused ? "a" : "k");
+      a.k_col = m.fused ? m.H * s.head_dim + m.latent : 0;
+      b.mla_qkv_forward(a);
+      MlaQkvArgs g = a;
+      g.qkv = t.at("dqkv"), g.kv = t.at("dkv");
+      g.q = t.at(m.fused ? "da" : "dq");
+      g.k_rope = t.at(m.fused ? "da" : "dk");
+      b.mla_qkv_backward(g);
+    };
+    c.bytes = 2.0 * 2 * N * (s.qkv_width() + KVW);
+    cases.push_back(c);
+  }
+  // The slices of fused projection outputs: an odd window, and DeepSeek-V3's latent.
+  for (auto [N, WS, WD, from, to, cols] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{37, 29, 23, 5, 7, 11},
+        {4096, 2112, 512, 1536, 0, 512}}) {
+    OpCase c;
+    c.name = fmt::format("copy_columns N{} [{}, {}) of {} to [{}, {}) of {}", N, from, from + cols,
+                         WS, to, to + cols, WD);
+    c.specs = {{"src", {N, WS}}, {"dst", {N, WD}, Kind::Act, Role::Accum, 1, 0, 1, 1e-6}};
+    c.run = [=](Backend& b, const Tensors& t) {
+      b.copy_columns(t.at("dst"), to, t.at("src"), from, cols);
+    };
+    c.bytes = 2.0 * 2 * N * cols;
     cases.push_back(c);
   }
   return cases;
@@ -1180,7 +1267,7 @@ std::vector<OpCase> gathered_attention_cases() {
 
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
-  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases,
+  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
                   gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases, reduction_and_optimizer_cases,
                   bf16_gradient_cases, fp8_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));

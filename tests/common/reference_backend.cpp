@@ -309,6 +309,44 @@ void ReferenceBackend::do_attention_decode(const Tensor& out, const Tensor& q, c
   store(out, o);
 }
 
+void ReferenceBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
+  const int64_t q_stride = matrix_dims(a.q).cols, k_stride = matrix_dims(a.k_rope).cols;
+  std::vector<double> o(static_cast<size_t>(a.qkv.numel()));
+  ref::mla_qkv_forward(o.data(), values(a.q).data() + a.q_col, q_stride,
+                       values(a.k_rope).data() + a.k_col, k_stride, values(a.kv).data(),
+                       values(a.freqs).data(), a.s, a.rope_dim, 0, a.s.tokens());
+  store(a.qkv, o);
+}
+
+// dq and dk_rope keep their other columns: they start from the tensors' own values.
+void ReferenceBackend::do_mla_qkv_backward(const MlaQkvArgs& g) {
+  const int64_t q_stride = matrix_dims(g.q).cols, k_stride = matrix_dims(g.k_rope).cols;
+  std::vector<double> dq = values(g.q), dk = values(g.k_rope);
+  std::vector<double> dkv(static_cast<size_t>(g.kv.numel()));
+  ref::mla_qkv_backward(dq.data() + g.q_col, q_stride, dk.data() + g.k_col, k_stride, dkv.data(),
+                        values(g.qkv).data(), values(g.freqs).data(), g.s, g.rope_dim, 0,
+                        g.s.tokens());
+  if (g.q.data == g.k_rope.data) {  // one tensor holds both windows: merge them
+    for (int64_t n = 0; n < g.s.tokens(); ++n)
+      for (int64_t i = 0; i < g.rope_dim; ++i)
+        dq[n * k_stride + g.k_col + i] = dk[n * k_stride + g.k_col + i];
+  } else {
+    store(g.k_rope, dk);
+  }
+  store(g.q, dq);
+  store(g.kv, dkv);
+}
+
+void ReferenceBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                                       int64_t src_col, int64_t cols) {
+  const MatrixDims d = matrix_dims(dst), r = matrix_dims(src);
+  std::vector<double> out = values(dst);
+  const std::vector<double> in = values(src);
+  for (int64_t n = 0; n < d.rows; ++n)
+    for (int64_t j = 0; j < cols; ++j) out[n * d.cols + dst_col + j] = in[n * r.cols + src_col + j];
+  store(dst, out);
+}
+
 void ReferenceBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(out);
   std::vector<double> o(static_cast<size_t>(out.numel()));

@@ -242,10 +242,11 @@ TEST(PresetNames, AnUnknownPresetSuggestsTheNearestIgnoringCase) {
   struct Case {
     std::string ref, suggestion;
   };
-  for (const Case& c : std::vector<Case>{{"lama3_8B", "did you mean llama3_8B?"},
-                                         {"llama3.1_8b", "did you mean llama3.1_8B?"},
-                                         {"Qwen2.5_7b.yaml", "did you mean qwen2.5_7B?"},
-                                         {"gpt5", "the shipped ones are llama2_70B, "}}) {
+  for (const Case& c : std::vector<Case>{
+           {"lama3_8B", "did you mean llama3_8B?"},
+           {"llama3.1_8b", "did you mean llama3.1_8B?"},
+           {"Qwen2.5_7b.yaml", "did you mean qwen2.5_7B?"},
+           {"gpt5", "the shipped ones are deepseek_v2_lite, deepseek_v3, llama2_70B, "}}) {
     SCOPED_TRACE(c.ref);
     const ConfigError err = yaml_error("mock_data: true\n", {"--model", c.ref});
     EXPECT_EQ(err.key(), "model");

@@ -1,6 +1,7 @@
 // Expert parallelism on thread ranks (LocalCommunicator): the variable-size all-to-all, and
-// training a tiny MoE with its experts spread over 2 and 4 ranks, alone and with ZeRO-1 and
-// more data-parallel ranks than expert-parallel ones, like one rank at the same global batch:
+// training a tiny MoE (GQA, or DeepSeek's multi-latent attention) with its experts spread over 2
+// and 4 ranks, alone and with ZeRO-1 and more data-parallel ranks than expert-parallel ones,
+// like one rank at the same global batch:
 // the same losses, gradient norms, balance statistics and weights after a few steps (each
 // rank reads other samples and gradients are summed in another order: equal to fp32
 // rounding), every rank keeping identical weights.
@@ -175,20 +176,54 @@ TEST(ExpertParallel, ExpertsOverTwoAndFourRanksTrainLikeOneRank) {
   struct Layout {
     int ranks;
     std::vector<std::string> flags;
+    std::vector<std::string> model;  // the model's keys, the one-rank reference's too
   };
   for (const Layout& l :
-       {Layout{2, {"--expert_model_parallel_size", "2"}},
-        Layout{4, {"--expert_model_parallel_size", "4"}},
-        Layout{4, {"--expert_model_parallel_size", "2", "--use_distributed_optimizer", "true"}},
+       {Layout{2, {"--expert_model_parallel_size", "2"}, {}},
+        Layout{4, {"--expert_model_parallel_size", "4"}, {}},
+        Layout{4, {"--expert_model_parallel_size", "2", "--use_distributed_optimizer", "true"}, {}},
+        Layout{
+            2,
+            {"--expert_model_parallel_size", "2"},
+            {"--moe_router_score_function", "sigmoid", "--moe_router_enable_expert_bias", "true"}},
+        // DeepSeek: multi-latent attention beside the experts (with YaRN, a query latent and
+        // sigmoid group-limited routing), the experts over 2 ranks.
         Layout{2,
-               {"--expert_model_parallel_size", "2", "--moe_router_score_function", "sigmoid",
-                "--moe_router_enable_expert_bias", "true"}}}) {
+               {"--expert_model_parallel_size", "2"},
+               {"--model_family",
+                "deepseek",
+                "--multi_latent_attention",
+                "true",
+                "--num_query_groups",
+                "0",
+                "--q_lora_rank",
+                "12",
+                "--kv_lora_rank",
+                "16",
+                "--qk_head_dim",
+                "8",
+                "--qk_pos_emb_head_dim",
+                "4",
+                "--v_head_dim",
+                "6",
+                "--rotary_scaling_factor",
+                "4",
+                "--original_max_position_embeddings",
+                "8",
+                "--moe_router_score_function",
+                "sigmoid",
+                "--moe_router_num_groups",
+                "2",
+                "--moe_router_group_topk",
+                "1"}}}) {
     std::string name = std::to_string(l.ranks) + " ranks";
     for (const std::string& f : l.flags) name += " " + f;
+    for (const std::string& f : l.model) name += " " + f;
     SCOPED_TRACE(name);
-    const bool bias = l.flags.size() > 2 && l.flags[2] == "--moe_router_score_function";
-    const TrainingRun reference = bias ? train(1, {l.flags.begin() + 2, l.flags.end()}) : one;
-    const TrainingRun ep = train(l.ranks, l.flags);
+    std::vector<std::string> flags = l.flags;
+    flags.insert(flags.end(), l.model.begin(), l.model.end());
+    const TrainingRun reference = l.model.empty() ? one : train(1, l.model);
+    const TrainingRun ep = train(l.ranks, flags);
     double worst_loss = 0, worst_norm = 0, worst_aux = 0;
     for (size_t i = 0; i < reference.losses.size(); ++i) {
       worst_loss = std::max(worst_loss, relative(ep.losses[i], reference.losses[i]));

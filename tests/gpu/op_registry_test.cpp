@@ -56,6 +56,14 @@ TEST(GpuOps, AttentionOnCudnnMatchesTheReference) {
     if (!c.name.starts_with("attention_")) continue;
     try {  // a refused shape throws ConfigError naming cuDNN's reason; go on with the next
       check_case(c, cudnn);
+    } catch (const ConfigError& e) {
+      // Value heads narrower than the query/key heads (multi-latent attention) are a graph the
+      // loaded cuDNN's engines may not take; auto then runs Tessera's kernels (EveryOp...).
+      if (c.name.find(" Dv") != std::string::npos) {
+        std::printf("[ skipped  ] %s [cudnn]: %s\n", c.name.c_str(), e.what());
+      } else {
+        ADD_FAILURE() << c.name << " [cudnn]: " << e.what();
+      }
     } catch (const std::exception& e) {
       ADD_FAILURE() << c.name << " [cudnn]: " << e.what();
     }

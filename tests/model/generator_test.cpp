@@ -1,8 +1,9 @@
 // Generation with a KV cache against the model without one: at every step the cached
 // generator's logits are those of a full forward pass over the whole sequence so far (the
 // training model's forward_logits), for GQA, a sliding window shorter than the sequence, QKV
-// bias, a tied head, and Qwen3-MoE's QK norm with an MoE layer (shared expert); and the
-// sampler's rules.
+// bias, a tied head, Qwen3-MoE's QK norm with an MoE layer (shared expert), and DeepSeek's
+// multi-latent attention (with and without a query latent, with YaRN) beside a sigmoid-routed MoE
+// layer; and the sampler's rules.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,9 +20,20 @@
 namespace tessera {
 namespace {
 
-ModelSpec spec(int64_t window, bool bias, bool tied, bool moe = false) {
+// mla: 0 GQA, 1 multi-latent attention with a query latent and YaRN, 2 without a query latent.
+ModelSpec spec(int64_t window, bool bias, bool tied, bool moe = false, int mla = 0) {
   ModelSpec s;
-  if (moe) {
+  if (mla > 0) {
+    s.family = "deepseek";
+    s.mla = {true, mla == 1 ? 24 : 0, 16, 8, 8, 12};
+    s.yarn = {mla == 1, 4.0, 16, 32.0, 1.0, 0.8, 1.0};
+    s.moe.experts = 4;
+    s.moe.topk = 2;
+    s.moe.ffn = 32;
+    s.moe.shared_ffn = 16;
+    s.moe.sigmoid = true;
+    s.moe.layers = {false, true};
+  } else if (moe) {
     s.family = "qwen3_moe";
     s.qk_norm = true;
     s.moe.experts = 4;
@@ -42,6 +54,7 @@ ModelSpec spec(int64_t window, bool bias, bool tied, bool moe = false) {
   s.qkv_bias = bias;
   s.tied_embeddings = tied;
   s.init_std = 0.2f;  // large enough that the next token depends strongly on the context
+  if (mla > 0) s.kv_heads = s.heads, s.head_dim = s.mla.rope_dim;
   return s;
 }
 
@@ -90,13 +103,14 @@ struct Case {
   int64_t window;
   bool bias, tied;
   bool moe = false;
+  int mla = 0;
 };
 
 class GeneratorVsFullForward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GeneratorVsFullForward, EveryStepsLogitsMatchAndGreedyTokensAgree) {
   const Case c = GetParam();
-  const ModelSpec s = spec(c.window, c.bias, c.tied, c.moe);
+  const ModelSpec s = spec(c.window, c.bias, c.tied, c.moe, c.mla);
   auto backend = make_cpu_backend();
   const std::vector<float> w = weights(*backend, s);
   const ParamLayout layout = make_param_layout(s);
@@ -127,7 +141,9 @@ INSTANTIATE_TEST_SUITE_P(Models, GeneratorVsFullForward,
                          ::testing::Values(Case{"gqa", 0, false, false},
                                            Case{"window5_bias", 5, true, false},
                                            Case{"tied", 0, false, true},
-                                           Case{"qk_norm_moe", 0, false, false, true}),
+                                           Case{"qk_norm_moe", 0, false, false, true},
+                                           Case{"mla_q_latent_yarn", 0, false, false, false, 1},
+                                           Case{"mla_direct_queries", 0, false, false, false, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Generator, RefusesPositionsBeyondItsRoom) {

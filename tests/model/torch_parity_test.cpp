@@ -1,9 +1,9 @@
 // Whole-model parity with an independent PyTorch implementation (tests/model/
-// torch_reference.py, run in float64 with Debian's python3-torch): logits, loss, every
-// parameter gradient and each MoE layer's aux and z losses of one batch (the MoE cases train
-// with those losses in the objective), and a 20-step AdamW training curve through the real
-// Trainer (gradient accumulation, clipping, warm-up + cosine schedule, weight decay on
-// weight matrices only).
+// torch_reference.py, run in float64 with Debian's python3-torch; DeepSeek's multi-latent attention
+// as transformers' DeepseekV3Attention computes it): logits, loss, every parameter gradient and
+// each MoE layer's aux and z losses of one batch (the MoE cases train with those losses in the
+// objective), and a 20-step AdamW training curve through the real Trainer (gradient accumulation,
+// clipping, warm-up + cosine schedule, weight decay on weight matrices only).
 //
 // Tolerances: Tessera's CPU backend computes in fp32 (sums in double where cheap) and the
 // reference in fp64, so single-pass quantities differ by fp32 rounding: logits and loss to
@@ -129,6 +129,20 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
                         {"adam_eps", 1e-8},
                         {"clip_grad", 0.5}};
   if (s.qk_norm) cfg["qk_norm"] = true;
+  if (s.mla.enabled) {
+    const MlaSpec& m = s.mla;
+    cfg["mla"] = {{"q_lora", m.q_lora_rank},
+                  {"kv_lora", m.kv_lora_rank},
+                  {"qk", m.qk_head_dim},
+                  {"rope", m.rope_dim},
+                  {"v", m.v_head_dim}};
+  }
+  if (s.yarn.enabled) {
+    const YarnRope& y = s.yarn;
+    cfg["yarn"] = {{"factor", y.factor},       {"original", y.original_max_position_embeddings},
+                   {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow},
+                   {"mscale", y.mscale},       {"mscale_all_dim", y.mscale_all_dim}};
+  }
   if (s.moe.enabled()) {
     const MoeSpec& m = s.moe;
     std::vector<int> layers;
@@ -277,7 +291,33 @@ INSTANTIATE_TEST_SUITE_P(
                    "model_family: mixtral\nnum_layers: 2\nhidden_size: 32\n"
                    "ffn_hidden_size: 40\nnum_attention_heads: 2\n"
                    "num_experts: 6\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 16\n"
-                   "moe_router_pre_softmax: true\nmoe_aux_loss_coeff: 0.03\n"}),
+                   "moe_router_pre_softmax: true\nmoe_aux_loss_coeff: 0.03\n"},
+        // DeepSeek-V3 style: multi-latent attention with a query latent, YaRN whose ramp runs
+        // through the RoPE dims (8 over an original 64 positions) with both mscales, a dense
+        // first layer, then sigmoid routing in 2 of 4 groups with a shared expert (the scaled
+        // weights are sigmoid_groups'; here they amplify AdamW's fp32 noise past the bound).
+        ParityCase{"mla_q_latent_yarn",
+                   "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 2\n"
+                   "hidden_size: 32\nffn_hidden_size: 40\nnum_attention_heads: 4\n"
+                   "q_lora_rank: 24\nkv_lora_rank: 20\nqk_head_dim: 6\n"
+                   "qk_pos_emb_head_dim: 8\nv_head_dim: 10\nrope_type: yarn\n"
+                   "rotary_scaling_factor: 4\noriginal_max_position_embeddings: 64\n"
+                   "mscale: 0.8\nmscale_all_dim: 0.9\nnorm_epsilon: 1.0e-6\n"
+                   "num_experts: 8\nmoe_router_topk: 4\nmoe_ffn_hidden_size: 16\n"
+                   "moe_layer_freq: \"[0,1]\"\nmoe_router_score_function: sigmoid\n"
+                   "moe_router_num_groups: 4\nmoe_router_group_topk: 2\n"
+                   "moe_shared_expert_intermediate_size: 16\n"
+                   "moe_router_load_balancing_type: seq_aux_loss\nmoe_aux_loss_coeff: 0.02\n"},
+        // DeepSeek-V2-Lite style: queries projected directly (no query latent), plain RoPE,
+        // the softmax over all experts before the top-k, MoE in the last two of three layers.
+        ParityCase{"mla_direct_queries",
+                   "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 3\n"
+                   "hidden_size: 32\nffn_hidden_size: 48\nnum_attention_heads: 3\n"
+                   "kv_lora_rank: 12\nqk_head_dim: 8\nqk_pos_emb_head_dim: 4\n"
+                   "v_head_dim: 6\nrope_type: rope\n"
+                   "num_experts: 6\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 16\n"
+                   "moe_layer_freq: \"[0,1,1]\"\nmoe_router_pre_softmax: true\n"
+                   "moe_shared_expert_intermediate_size: 24\nmoe_aux_loss_coeff: 0.03\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -5,10 +5,13 @@ a Hugging Face-style Llama (rotate-half RoPE with optional Llama 3.1 scaling, RM
 grouped-query attention with optional sliding window, QKV bias and per-head QK norm (Qwen3),
 SwiGLU, tied or untied head) in float64, with Megatron-style mixture-of-experts MLPs in the
 layers the config lists (router top-k over softmax or sigmoid scores, group-limited, scaled,
-a shared expert; Switch / sequence aux loss and z-loss added to the objective), and writes
-logits, loss, every parameter gradient, each MoE layer's aux and z losses and a short AdamW
-training curve back as safetensors. Written independently of Tessera's kernels: separate
-q/k/v and gate/up projections, one module per expert, torch autograd, torch.optim.AdamW.
+a shared expert; Switch / sequence aux loss and z-loss added to the objective), or Hugging
+Face's DeepseekV3Attention (multi-latent attention: query and key/value latents with their
+norms, RoPE on part of each head in DeepSeek's interleaved layout, YaRN frequencies and
+softmax scale) instead of GQA, and writes logits, loss, every parameter gradient, each MoE
+layer's aux and z losses and a short AdamW training curve back as safetensors. Written
+independently of Tessera's kernels: separate q/k/v, latent and gate/up projections, one module
+per expert, torch autograd, torch.optim.AdamW.
 """
 import json
 import math
@@ -66,6 +69,55 @@ def inverse_frequencies(c):
     return torch.where(medium, smoothed, scaled)
 
 
+def yarn_get_mscale(scale, mscale=1.0):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def mla_rope(c):
+    """Inverse frequencies of MLA's RoPE part and the cos/sin factor: transformers'
+    _compute_yarn_parameters (DeepSeek's YaRN) when the config has yarn, else plain RoPE."""
+    dim, base = c["mla"]["rope"], c["rotary_base"]
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    extrapolation = 1.0 / pos_freqs
+    y = c.get("yarn")
+    if not y:
+        return extrapolation, 1.0
+    factor = y["factor"]
+    interpolation = 1.0 / (factor * pos_freqs)
+
+    def correction_dim(rotations):
+        return dim * math.log(y["original"] / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(y["beta_fast"])), 0)
+    high = min(math.ceil(correction_dim(y["beta_slow"])), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low), 0, 1)
+    extrapolation_factor = 1 - ramp
+    inv = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+    if y["mscale"] and y["mscale_all_dim"]:
+        attention_factor = yarn_get_mscale(factor, y["mscale"]) / yarn_get_mscale(factor, y["mscale_all_dim"])
+    else:
+        attention_factor = yarn_get_mscale(factor)
+    return inv, attention_factor
+
+
+def mla_softmax_scale(c):
+    """DeepseekV3Attention.scaling: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2."""
+    m, y = c["mla"], c.get("yarn")
+    scale = (m["qk"] + m["rope"]) ** -0.5
+    if y and y["mscale_all_dim"]:
+        scale *= yarn_get_mscale(y["factor"], y["mscale_all_dim"]) ** 2
+    return scale
+
+
+def rope_interleave(x, cos, sin):
+    """transformers' apply_rotary_pos_emb_interleave on one tensor (..., T, d)."""
+    b, h, t, d = x.shape
+    x = x.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+    return x * cos + rotate_half(x) * sin
+
+
 def rotate_half(x):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     return torch.cat((-x2, x1), dim=-1)
@@ -87,7 +139,14 @@ class Llama(torch.nn.Module):
 
         for name, t in weights.items():
             # Split Tessera's fused projections into Hugging Face's separate ones.
-            if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
+            if name.endswith("q_kv_a_proj.weight"):
+                m = c["mla"]
+                base = name[: -len("q_kv_a_proj.weight")]
+                q_rows = m["q_lora"] if m["q_lora"] else H * (m["qk"] + m["rope"])
+                q, kv = torch.split(t, [q_rows, m["kv_lora"] + m["rope"]], dim=0)
+                param(base + ("q_a_proj.weight" if m["q_lora"] else "q_proj.weight"), q)
+                param(base + "kv_a_proj_with_mqa.weight", kv)
+            elif name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
                 base, kind = name.rsplit("qkv_proj.", 1)
                 q, k, v = torch.split(t, [H * hd, KV * hd, KV * hd], dim=0)
                 param(base + "q_proj." + kind, q)
@@ -198,6 +257,39 @@ class Llama(torch.nn.Module):
         self.balance.append(self.balance_losses(logits, experts, B, T))
         return out.view_as(h)
 
+    def mla(self, h, p, B, T, visible):
+        """transformers' DeepseekV3Attention (eager): the latents, interleaved RoPE, attention."""
+        c, m = self.c, self.c["mla"]
+        H, Dn, Dr, Dv = c["heads"], m["qk"], m["rope"], m["v"]
+        lin = torch.nn.functional.linear
+        if m["q_lora"]:
+            q_a = rms_norm(lin(h, self.w(p + "self_attn.q_a_proj.weight")),
+                           self.w(p + "self_attn.q_a_layernorm.weight"), c["eps"])
+            q = lin(q_a, self.w(p + "self_attn.q_b_proj.weight"))
+        else:
+            q = lin(h, self.w(p + "self_attn.q_proj.weight"))
+        q = q.view(B, T, H, Dn + Dr).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [Dn, Dr], dim=-1)
+        compressed = lin(h, self.w(p + "self_attn.kv_a_proj_with_mqa.weight"))
+        k_pass, k_rot = torch.split(compressed, [m["kv_lora"], Dr], dim=-1)
+        k_pass = lin(rms_norm(k_pass, self.w(p + "self_attn.kv_a_layernorm.weight"), c["eps"]),
+                     self.w(p + "self_attn.kv_b_proj.weight"))
+        k_pass = k_pass.view(B, T, H, Dn + Dv).transpose(1, 2)
+        k_pass, v = torch.split(k_pass, [Dn, Dv], dim=-1)
+        k_rot = k_rot.view(B, 1, T, Dr)
+        inv, factor = mla_rope(c)
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = (emb.cos() * factor)[None, None], (emb.sin() * factor)[None, None]
+        q_rot = rope_interleave(q_rot, cos, sin)
+        k_rot = rope_interleave(k_rot, cos, sin).expand(B, H, T, Dr)
+        q = torch.cat((q_pass, q_rot), dim=-1)
+        k = torch.cat((k_pass, k_rot), dim=-1)
+        scores = (q @ k.transpose(-1, -2)) * mla_softmax_scale(c)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        att = torch.softmax(scores, dim=-1) @ v
+        return lin(att.transpose(1, 2).reshape(B, T, H * Dv), self.w(p + "self_attn.o_proj.weight"))
+
     def forward(self, tokens):
         c = self.c
         B, T = tokens.shape
@@ -220,6 +312,11 @@ class Llama(torch.nn.Module):
                 b = self.w(p + name + ".bias") if self.has(p + name + ".bias") else None
                 return torch.nn.functional.linear(inp, self.w(p + name + ".weight"), b)
 
+            if c.get("mla"):
+                x = x + self.mla(h, p, B, T, visible)
+                h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), c["eps"])
+                x = x + (self.moe(h, p, B, T) if l in self.moe_layers() else self.swiglu(h, p + "mlp."))
+                continue
             q = proj("self_attn.q_proj", h).view(B, T, H, hd).transpose(1, 2)
             k = proj("self_attn.k_proj", h).view(B, T, KV, hd).transpose(1, 2)
             v = proj("self_attn.v_proj", h).view(B, T, KV, hd).transpose(1, 2)
@@ -260,6 +357,10 @@ def fused_grad(model, name, c):
     if name.endswith("experts.down_proj.weight"):
         base = name[: -len("down_proj.weight")]
         return torch.stack([grad_or_zero(f"{base}{e}.down_proj.weight") for e in range(E)])
+    if name.endswith("q_kv_a_proj.weight"):
+        base = name[: -len("q_kv_a_proj.weight")]
+        q = "q_a_proj.weight" if c["mla"]["q_lora"] else "q_proj.weight"
+        return torch.cat([model.w(base + q).grad, model.w(base + "kv_a_proj_with_mqa.weight").grad], dim=0)
     if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
         base, kind = name.rsplit("qkv_proj.", 1)
         return torch.cat([model.w(base + s + "_proj." + kind).grad for s in "qkv"], dim=0)

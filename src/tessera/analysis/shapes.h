@@ -31,6 +31,7 @@ struct AttentionShape {
   int64_t b = -1, h = -1, kv = -1, t = -1, s = -1, d = -1, window = -1;
   int causal = -1;
   std::string dtype;
+  int64_t dv = -1;  // value head dim where it differs from d (multi-latent attention)
 };
 
 // "[[1024, 256], [256, 256]]" -> {{1024, 256}, {256, 256}}; entries that are not flat lists

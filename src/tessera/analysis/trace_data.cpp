@@ -169,7 +169,7 @@ void TraceData::add_event(const TraceEvent& e) {
       if (a.m >= 0 || a.n >= 0 || a.k >= 0 || a.b >= 0 || a.h >= 0 || a.t >= 0) {
         ShapeArgs s;
         s.m = a.m, s.n = a.n, s.k = a.k, s.batch = a.batch;
-        s.b = a.b, s.h = a.h, s.kv = a.kv, s.t = a.t, s.s = a.s, s.d = a.d;
+        s.b = a.b, s.h = a.h, s.kv = a.kv, s.t = a.t, s.s = a.s, s.d = a.d, s.dv = a.dv;
         s.window = a.window, s.causal = a.causal;
         s.dtype = strings.intern(a.dtype);
         shapes.push_back(s);

@@ -53,6 +53,7 @@ struct ShapeArgs {
   int64_t b = -1, h = -1, kv = -1, t = -1, s = -1, d = -1, window = -1;
   int causal = -1;
   uint32_t dtype = 0;
+  int64_t dv = -1;  // value head dim where it differs from d (multi-latent attention)
 };
 
 struct GpuActivity {

@@ -103,6 +103,8 @@ void decode_args(od::object args, EventArgs& a, bool op_event) {
         a.s = int_or_missing(v);
       else if (key == "D")
         a.d = int_or_missing(v);
+      else if (key == "Dv")
+        a.dv = int_or_missing(v);
       continue;
     }
     if (key == "correlation")

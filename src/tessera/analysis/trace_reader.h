@@ -50,6 +50,7 @@ struct EventArgs {
   int64_t b = -1, h = -1, kv = -1, t = -1, s = -1, d = -1, window = -1;
   int causal = -1;             // -1 unknown, 0 false, 1 true
   std::string_view meta_name;  // args.name of "M" metadata events (process_name, ...)
+  int64_t dv = -1;             // value head dim where it differs from d (multi-latent attention)
 };
 
 struct TraceEvent {

@@ -291,21 +291,41 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
                fp8, grad_format, rt.fp8.fast_accum_wgrad));
   };
   const bool fp8 = rt.fp8.enabled(), fp8_head = fp8 && rt.fp8.lm_head;
-  fwd("qkv", T, Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None, L, fp8);
-  fwd("o_proj", T, C, A, Epilogue::Residual, L, fp8);
+  // The attention block's projections in the order they run: GQA's fused qkv and o_proj, or
+  // multi-latent attention's fused down-projection, the query and key/value up-projections and
+  // o_proj (model/blocks/mla_attention.h).
+  struct Linear {
+    std::string name;
+    int64_t out_f, in_f;
+    Epilogue epilogue;
+  };
+  std::vector<Linear> attention;
+  if (s.mla.enabled) {
+    const MlaSpec& m = s.mla;
+    const int64_t H = s.heads, D = m.qk_dim(), Qa = m.q_lora_rank ? m.q_lora_rank : H * D;
+    attention.push_back({"q_kv_a", Qa + m.kv_lora_rank + m.rope_dim, C, Epilogue::None});
+    if (m.q_lora_rank) attention.push_back({"q_b", H * D, m.q_lora_rank, Epilogue::None});
+    attention.push_back(
+        {"kv_b", H * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank, Epilogue::None});
+    attention.push_back({"o_proj", C, H * m.v_head_dim, Epilogue::Residual});
+  } else {
+    attention.push_back({"qkv", Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None});
+    attention.push_back({"o_proj", C, A, Epilogue::Residual});
+  }
+  for (const Linear& a : attention) fwd(a.name, T, a.out_f, a.in_f, a.epilogue, L, fp8);
   fwd("gate_up", T, 2 * F, C, Epilogue::None, L, fp8);
   fwd("down", T, C, F, Epilogue::Residual, L, fp8);
   fwd("lm_head", chunk, V, C, Epilogue::None, chunks, fp8_head);
   dgrad("lm_head", chunk, V, C, chunks, fp8_head);
   dgrad("down", T, C, F, L, fp8);
   dgrad("gate_up", T, 2 * F, C, L, fp8);
-  dgrad("o_proj", T, C, A, L, fp8);
-  dgrad("qkv", T, Q, C, L, fp8);
+  for (auto a = attention.rbegin(); a != attention.rend(); ++a)
+    dgrad(a->name, T, a->out_f, a->in_f, L, fp8);
   wgrad("lm_head", chunk, V, C, chunks, fp8_head);
   wgrad("down", T, C, F, L, fp8);
   wgrad("gate_up", T, 2 * F, C, L, fp8);
-  wgrad("o_proj", T, C, A, L, fp8);
-  wgrad("qkv", T, Q, C, L, fp8);
+  for (auto a = attention.rbegin(); a != attention.rend(); ++a)
+    wgrad(a->name, T, a->out_f, a->in_f, L, fp8);
   return g;
 }
 

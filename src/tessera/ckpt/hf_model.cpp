@@ -239,6 +239,24 @@ HfModelReader::HfModelReader(const std::string& dir) : spec_(read_hf_config(dir,
       used.insert(piece.name);
     }
   }
+  // State Tessera starts at zero (an expert bias): a checkpoint that has moved it would route
+  // differently, so only its zeros are accepted.
+  for (const HfTensorPiece& piece : model_family(spec_.family).hf_zero_state(spec_)) {
+    const auto it = where.find(piece.name);
+    if (it == where.end()) continue;
+    const SafetensorsTensor* t = it->second->find(piece.name);
+    if (!t || t->shape != piece.shape)
+      throw DataError(fmt::format(
+          "{}: tensor '{}' has shape [{}]; expected [{}]", it->second->path(), piece.name,
+          t ? fmt::format("{}", fmt::join(t->shape, ", ")) : "", fmt::join(piece.shape, ", ")));
+    for (float v : it->second->to_float(piece.name))
+      if (v != 0.0f)
+        throw DataError(fmt::format(
+            "{}: tensor '{}' is not zero; importing this trained state (an expert bias) is not "
+            "supported yet, only its initial zeros",
+            it->second->path(), piece.name));
+    used.insert(piece.name);
+  }
   for (const auto& [name, file] : where) {
     // Old Llama checkpoints store RoPE's inverse frequencies; tied models may store the
     // head anyway. Neither carries information the config does not.
@@ -384,18 +402,22 @@ void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
   // shard size gets a shard of its own.
   std::vector<std::vector<Entry>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
-  for (const auto& p : layout.params) {
-    for (HfTensorPiece& piece : model_family(spec.family).hf_pieces(p, spec)) {
-      const uint64_t bytes = static_cast<uint64_t>(piece.numel()) * dtype_size(options.dtype);
-      if (!shards.back().empty() && shard_bytes + bytes > options.shard_bytes) {
-        shards.emplace_back();
-        shard_bytes = 0;
-      }
-      shards.back().push_back({&p, std::move(piece)});
-      shard_bytes += bytes;
-      total_bytes += bytes;
+  auto add = [&](const ParamInfo* p, HfTensorPiece piece) {
+    const uint64_t bytes = static_cast<uint64_t>(piece.numel()) * dtype_size(options.dtype);
+    if (!shards.back().empty() && shard_bytes + bytes > options.shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
     }
-  }
+    shards.back().push_back({p, std::move(piece)});
+    shard_bytes += bytes;
+    total_bytes += bytes;
+  };
+  for (const auto& p : layout.params)
+    for (HfTensorPiece& piece : model_family(spec.family).hf_pieces(p, spec))
+      add(&p, std::move(piece));
+  // The family's zero state (no parameter holds it): written as zeros.
+  for (HfTensorPiece& piece : model_family(spec.family).hf_zero_state(spec))
+    add(nullptr, std::move(piece));
   const std::string tmp = out_dir + ".tmp";
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -437,6 +459,10 @@ void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
       write_safetensors((fs::path(tmp) / name).string(), tensors, {{"format", "pt"}},
                         [&](size_t i, void* dst) {
                           const Entry& e = shards[k][i];
+                          if (e.param == nullptr) {
+                            std::memset(dst, 0, e.piece.numel() * dtype_size(options.dtype));
+                            return;
+                          }
                           if (cached_param != e.param) {
                             cached = weights(*e.param);
                             cached_param = e.param;

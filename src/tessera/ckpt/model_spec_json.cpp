@@ -73,6 +73,42 @@ MoeSpec moe_from_json(const nlohmann::json& j, const std::string& file) {
   return m;
 }
 
+// Multi-latent attention and its YaRN RoPE, written only for MLA models.
+nlohmann::json mla_to_json(const ModelSpec& s) {
+  const MlaSpec& m = s.mla;
+  const YarnRope& y = s.yarn;
+  return {{"q_lora_rank", m.q_lora_rank},
+          {"kv_lora_rank", m.kv_lora_rank},
+          {"qk_head_dim", m.qk_head_dim},
+          {"qk_pos_emb_head_dim", m.rope_dim},
+          {"v_head_dim", m.v_head_dim},
+          {"rope_type", y.enabled ? "yarn" : "rope"},
+          {"rotary_scaling_factor", y.factor},
+          {"original_max_position_embeddings", y.original_max_position_embeddings},
+          {"beta_fast", y.beta_fast},
+          {"beta_slow", y.beta_slow},
+          {"mscale", y.mscale},
+          {"mscale_all_dim", y.mscale_all_dim}};
+}
+
+void mla_from_json(const nlohmann::json& j, ModelSpec& s) {
+  MlaSpec& m = s.mla;
+  m.enabled = true;
+  m.q_lora_rank = j.at("q_lora_rank").get<int64_t>();
+  m.kv_lora_rank = j.at("kv_lora_rank").get<int64_t>();
+  m.qk_head_dim = j.at("qk_head_dim").get<int64_t>();
+  m.rope_dim = j.at("qk_pos_emb_head_dim").get<int64_t>();
+  m.v_head_dim = j.at("v_head_dim").get<int64_t>();
+  YarnRope& y = s.yarn;
+  y.enabled = j.at("rope_type").get<std::string>() == "yarn";
+  y.factor = j.at("rotary_scaling_factor").get<double>();
+  y.original_max_position_embeddings = j.at("original_max_position_embeddings").get<int64_t>();
+  y.beta_fast = j.at("beta_fast").get<double>();
+  y.beta_slow = j.at("beta_slow").get<double>();
+  y.mscale = j.at("mscale").get<double>();
+  y.mscale_all_dim = j.at("mscale_all_dim").get<double>();
+}
+
 }  // namespace
 
 nlohmann::json spec_to_json(const ModelSpec& s) {
@@ -99,6 +135,7 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
       {"sliding_window", s.sliding_window}};
   if (s.qk_norm) j["qk_layernorm"] = true;
   if (s.moe.enabled()) j["moe"] = moe_to_json(s.moe);
+  if (s.mla.enabled) j["multi_latent_attention"] = mla_to_json(s);
   return j;
 }
 
@@ -128,6 +165,7 @@ ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
     s.sliding_window = j.at("sliding_window").get<int64_t>();
     s.qk_norm = j.value("qk_layernorm", false);
     if (j.contains("moe")) s.moe = moe_from_json(j.at("moe"), file);
+    if (j.contains("multi_latent_attention")) mla_from_json(j.at("multi_latent_attention"), s);
   } catch (const nlohmann::json::exception& e) {
     throw DataError(fmt::format("{}: the model description is incomplete: {}", file, e.what()));
   }
@@ -167,6 +205,24 @@ SpecDifferences compare_specs(const ModelSpec& f, const ModelSpec& c, const std:
     check(d.behaviour, "moe_router_topk", f.moe.topk, c.moe.topk);
     check(d.behaviour, "moe_router_score_function (sigmoid)", f.moe.sigmoid, c.moe.sigmoid);
     check(d.behaviour, "moe_router_pre_softmax", f.moe.pre_softmax, c.moe.pre_softmax);
+  }
+  check(d.shape, "multi_latent_attention", f.mla.enabled, c.mla.enabled);
+  if (f.mla.enabled && c.mla.enabled) {
+    check(d.shape, "q_lora_rank", f.mla.q_lora_rank, c.mla.q_lora_rank);
+    check(d.shape, "kv_lora_rank", f.mla.kv_lora_rank, c.mla.kv_lora_rank);
+    check(d.shape, "qk_head_dim", f.mla.qk_head_dim, c.mla.qk_head_dim);
+    check(d.shape, "qk_pos_emb_head_dim", f.mla.rope_dim, c.mla.rope_dim);
+    check(d.shape, "v_head_dim", f.mla.v_head_dim, c.mla.v_head_dim);
+  }
+  check(d.behaviour, "rope_type (yarn)", f.yarn.enabled, c.yarn.enabled);
+  if (f.yarn.enabled && c.yarn.enabled) {
+    check(d.behaviour, "rotary_scaling_factor", f.yarn.factor, c.yarn.factor);
+    check(d.behaviour, "original_max_position_embeddings", f.yarn.original_max_position_embeddings,
+          c.yarn.original_max_position_embeddings);
+    check(d.behaviour, "beta_fast", f.yarn.beta_fast, c.yarn.beta_fast);
+    check(d.behaviour, "beta_slow", f.yarn.beta_slow, c.yarn.beta_slow);
+    check(d.behaviour, "mscale", f.yarn.mscale, c.yarn.mscale);
+    check(d.behaviour, "mscale_all_dim", f.yarn.mscale_all_dim, c.yarn.mscale_all_dim);
   }
   check(d.behaviour, "rotary_base", f.rotary_base, c.rotary_base);
   check(d.behaviour, "norm_epsilon", f.norm_eps, c.norm_eps);

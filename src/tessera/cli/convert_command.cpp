@@ -353,6 +353,26 @@ void write_logits(const Source& src, const ConvertOptions& o) {
              backend->description(), o.out, mean_loss);
 }
 
+// State a checkpoint keeps outside the parameters (the MoE layers' expert bias of aux-loss-free
+// balancing) has no place in the export yet: refuse a checkpoint whose state has moved from its
+// initial zeros rather than write a model that routes differently.
+void require_no_trained_state(const Source& src) {
+  if (!src.checkpoint) return;
+  const ModelSpec& s = src.spec();
+  if (!s.moe.expert_bias) return;
+  for (int64_t l = 0; l < s.num_layers; ++l) {
+    if (!s.moe.is_moe_layer(l)) continue;
+    const std::string name = fmt::format("model.layers.{}.mlp.router.expert_bias", l);
+    if (src.checkpoint->optimizer_tensor(name) == nullptr) continue;
+    for (float v : src.checkpoint->optimizer_values(name))
+      if (v != 0.0f)
+        throw DataError(fmt::format(
+            "{}: {} is not zero (moe_router_enable_expert_bias has moved it); exporting a trained "
+            "expert bias to Hugging Face (e_score_correction_bias) is not supported yet",
+            src.name, name));
+  }
+}
+
 }  // namespace
 
 int convert_command(const Args& args) {
@@ -368,6 +388,7 @@ int convert_command(const Args& args) {
   const Source src = open_source(o);
   const auto weights = [&](const ParamInfo& p) { return src.weights(p); };
   if (!o.to_hf.empty()) {
+    require_no_trained_state(src);
     tokenizer = export_tokenizer(o, std::move(tokenizer), src);
     write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes, tokenizer});
     if (tokenizer && tokenizer->tokenizer_json.empty())

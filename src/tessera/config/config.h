@@ -28,6 +28,9 @@ enum class Fp8AmaxAlgo { Max, MostRecent };
 enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
 enum class MoeScoreFunction { Softmax, Sigmoid };
 enum class MoeDispatcher { AllToAll };
+// RoPE variants, Megatron's rope_type: null (Default) is Megatron's choice, yarn with
+// multi-latent attention and plain rope otherwise.
+enum class RopeType { Default, Rope, Yarn };
 
 struct ModelConfig {
   std::string model_family = "llama";  // model/model_family.h: which blocks the layers have
@@ -74,6 +77,26 @@ struct ModelConfig {
   // dropless, the only mode Tessera runs.
   double moe_expert_capacity_factor = -1.0;
   MoeDispatcher moe_token_dispatcher_type = MoeDispatcher::AllToAll;
+  // Multi-head latent attention (DeepSeek-V2/V3, Megatron's MLATransformerConfig names;
+  // docs/moe.md). Queries come from a q_lora_rank latent (0: projected directly), keys and
+  // values from a kv_lora_rank latent; each head's query and key are a qk_head_dim part
+  // without RoPE and a qk_pos_emb_head_dim part with it (the key's shared by every head).
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;  // required with multi_latent_attention
+  int64_t qk_head_dim = 128;
+  int64_t qk_pos_emb_head_dim = 64;
+  int64_t v_head_dim = 128;
+  // DeepSeek's YaRN RoPE (rope_type yarn): frequencies interpolated by rotary_scaling_factor
+  // outside the band [beta_slow, beta_fast] rotations over original_max_position_embeddings,
+  // and attention logits scaled by mscale (Megatron's defaults).
+  RopeType rope_type = RopeType::Default;
+  double rotary_scaling_factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
 };
 
 struct TrainingConfig {

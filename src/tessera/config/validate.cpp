@@ -72,13 +72,15 @@ void check_model(const Checker& c, const ModelConfig& m) {
   c.require(m.num_attention_heads % groups == 0, "num_query_groups",
             fmt::format("a divisor of num_attention_heads ({})", m.num_attention_heads));
   c.require(m.kv_channels >= 0, "kv_channels", "0 (derived) or a positive head dimension");
-  if (m.kv_channels == 0)
+  // Multi-latent attention sizes its heads with its own keys (check_mla); kv_channels is unused.
+  if (m.kv_channels == 0 && !m.multi_latent_attention)
     c.require(
         m.hidden_size % m.num_attention_heads == 0, "num_attention_heads",
         fmt::format("a divisor of hidden_size ({}) unless kv_channels is set", m.hidden_size));
   const int64_t head_dim = m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
-  c.require(head_dim % 2 == 0, m.kv_channels ? "kv_channels" : "hidden_size",
-            fmt::format("an even head dimension for rotary embeddings (got {})", head_dim));
+  if (!m.multi_latent_attention)
+    c.require(head_dim % 2 == 0, m.kv_channels ? "kv_channels" : "hidden_size",
+              fmt::format("an even head dimension for rotary embeddings (got {})", head_dim));
   c.require(m.ffn_hidden_size >= 0, "ffn_hidden_size", "0 (derived) or a positive width");
   c.require(m.max_position_embeddings >= 1, "max_position_embeddings", "at least 1");
   c.require(m.vocab_size >= 0, "vocab_size", "0 (from the tokenizer) or a positive size");
@@ -94,6 +96,61 @@ void check_model(const Checker& c, const ModelConfig& m) {
     c.require(m.rope_original_max_position_embeddings >= 1, "rope_original_max_position_embeddings",
               "at least 1");
   }
+}
+
+// Multi-latent attention (DeepSeek) and its YaRN RoPE: Megatron's MLA keys, and the layouts
+// Tessera's MLA block does not run yet. Nothing is checked for other attention unless it asks
+// for YaRN.
+void check_mla(const Checker& c, const ModelConfig& m, const TrainingConfig& t) {
+  const bool mla = m.multi_latent_attention;
+  if (m.rope_type == RopeType::Yarn)
+    c.require(mla, "rope_type",
+              "rope or null without multi_latent_attention (DeepSeek's YaRN, with its softmax "
+              "scaling, belongs to multi-latent attention)");
+  if (mla && m.rope_type != RopeType::Rope) {  // yarn, Megatron's default for MLA
+    c.require(m.rotary_scaling_factor >= 1, "rotary_scaling_factor",
+              "at least 1 (1 leaves the frequencies unscaled)");
+    c.require(m.original_max_position_embeddings >= 1, "original_max_position_embeddings",
+              "at least 1");
+    c.require(m.beta_slow > 0, "beta_slow", "a positive number of rotations");
+    c.require(m.beta_fast > m.beta_slow, "beta_fast",
+              fmt::format("greater than beta_slow ({}): the band of interpolated frequencies "
+                          "runs from beta_fast down to beta_slow rotations",
+                          m.beta_slow));
+    c.require(m.mscale >= 0, "mscale", "a non-negative number");
+    c.require(m.mscale_all_dim >= 0, "mscale_all_dim", "a non-negative number");
+  }
+  if (!mla) return;
+  c.require(m.kv_lora_rank >= 1, "kv_lora_rank",
+            "a positive width with multi_latent_attention: keys and values come from a latent "
+            "of this width (DeepSeek: 512)");
+  c.require(m.q_lora_rank >= 0, "q_lora_rank",
+            "null (queries projected directly from the hidden state) or a positive width");
+  c.require(m.qk_head_dim >= 1, "qk_head_dim", "a positive per-head dimension");
+  c.require(m.v_head_dim >= 1, "v_head_dim", "a positive per-head dimension");
+  c.require(m.qk_pos_emb_head_dim >= 2 && m.qk_pos_emb_head_dim % 2 == 0, "qk_pos_emb_head_dim",
+            "a positive even dimension (RoPE rotates pairs of elements)");
+  c.require(m.num_query_groups == 0 || m.num_query_groups == m.num_attention_heads,
+            "num_query_groups",
+            fmt::format("0 or num_attention_heads ({}) with multi_latent_attention: every head has "
+                        "its own key and value, up-projected from the shared latent",
+                        m.num_attention_heads));
+  c.require(!m.use_rope_scaling, "use_rope_scaling",
+            "false with multi_latent_attention (its RoPE scaling is rope_type yarn)");
+  c.require(!m.add_qkv_bias, "add_qkv_bias",
+            "false with multi_latent_attention (its projections have no bias)");
+  c.require(!m.qk_layernorm, "qk_layernorm",
+            "false with multi_latent_attention (its latents are normalised instead)");
+  // The MLA block declares no tensor-parallel split and no context-parallel exchange of its
+  // keys and values, and has not been laid out over pipeline stages.
+  c.require(t.context_parallel_size == 1, "context_parallel_size",
+            "1 with multi_latent_attention: its keys and values are not exchanged between "
+            "context-parallel ranks yet");
+  c.require(t.tensor_model_parallel_size == 1, "tensor_model_parallel_size",
+            "1 with multi_latent_attention: its projections are not split over tensor-parallel "
+            "ranks yet (use expert_model_parallel_size and data parallelism)");
+  c.require(t.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
+            "1 with multi_latent_attention: its layers are not laid out over pipeline stages yet");
 }
 
 // Mixture of experts: Megatron's rules for its MoE keys (TransformerConfig's checks), plus
@@ -627,6 +684,7 @@ void validate_experiment(const Experiment& e, int world_size) {
   const Checker c(e);
   check_experiment_names(c, e);
   check_model(c, e.model_config);
+  check_mla(c, e.model_config, e.training);
   check_run_length(c, e.training);
   check_model_parallel(c, e, world_size);
   // Expert-parallel ranks are carved out of the data-parallel (x context-parallel) ones.

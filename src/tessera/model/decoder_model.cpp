@@ -145,6 +145,12 @@ ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime
   Activations acts;
   declare_activations(spec, rt, layers, acts, plan);
   m.activations = plan.bytes();
+  int64_t stats_rows = 0, stats_width = 0, state = 0;  // as bind_stats and bind_state allocate
+  for (const auto& layer : layers) {
+    if (layer->stats_width() > 0) ++stats_rows, stats_width = layer->stats_width();
+    for (const auto& [name, width] : layer->state_layout()) state += width;
+  }
+  m.block_state = static_cast<size_t>(stats_rows * stats_width + state) * sizeof(float);
   if (rt.fp8.enabled())
     m.fp8 = Fp8Linears::plan_bytes(rt.fp8, shapes_of(fp8_linears(layout, layers, rt)), rt.tokens());
   return m;

@@ -4,6 +4,7 @@
 #include <span>
 
 #include "tessera/core/error.h"
+#include "tessera/model/families/deepseek.h"
 #include "tessera/model/families/llama.h"
 #include "tessera/model/families/moe.h"
 
@@ -16,6 +17,7 @@ std::span<const ModelFamily* const> families() {
       &llama_family(),
       &mixtral_family(),
       &qwen3_moe_family(),
+      &deepseek_family(),
   };
   return all;
 }

@@ -63,6 +63,13 @@ class ModelFamily {
   virtual nlohmann::ordered_json hf_config(const ModelSpec& s) const = 0;
   // The Hugging Face tensors parameter `p` holds, in the order they are stacked.
   virtual std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const = 0;
+  // Tensors this family's Hugging Face models hold for state Tessera keeps outside the
+  // parameters and starts at zero (DeepSeek-V3's expert bias), by name and shape: an export
+  // writes them as zeros, an import accepts them when they are (offsets unused).
+  virtual std::vector<HfTensorPiece> hf_zero_state(const ModelSpec& s) const {
+    (void)s;
+    return {};
+  }
 };
 
 // The registered family called `name`, or null.

@@ -40,11 +40,12 @@ int64_t ModelSpec::active_params() const {
 }
 
 std::string ModelSpec::summary() const {
+  // An MLA model's head_dim is its RoPE part; its family's features give the head sizes.
   return fmt::format(
-      "{} layers, hidden {}, ffn {}, heads {} (kv {}), head_dim {}, vocab {}{}; "
+      "{} layers, hidden {}, ffn {}, heads {} (kv {}), {} {}, vocab {}{}; "
       "{:.3f}B parameters{}",
-      num_layers, hidden, ffn, heads, kv_heads, head_dim, vocab_size,
-      model_family(family).features(*this), total_params() / 1e9,
+      num_layers, hidden, ffn, heads, kv_heads, mla.enabled ? "rope dim" : "head_dim", head_dim,
+      vocab_size, model_family(family).features(*this), total_params() / 1e9,
       moe.enabled() ? fmt::format(", {:.3f}B active per token", active_params() / 1e9) : "");
 }
 

@@ -18,6 +18,32 @@ struct RopeScaling {  // Llama 3.1 ("llama3" rope_type in Hugging Face configs)
   int64_t original_max_position_embeddings = 8192;
 };
 
+// DeepSeek's YaRN RoPE (rope_type yarn; model/rope.h builds its table): frequencies making fewer
+// than beta_slow rotations over original_max_position_embeddings are divided by `factor`, those
+// making more than beta_fast are kept, a linear ramp lies between; cos and sin are multiplied by
+// mscale(factor, mscale) / mscale(factor, mscale_all_dim) and the softmax scale by
+// mscale(factor, mscale_all_dim)^2, with mscale(s, m) = 0.1 m ln(s) + 1 (1 for s <= 1).
+struct YarnRope {
+  bool enabled = false;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 1.0, mscale_all_dim = 0.0;
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3; model/blocks/mla_attention.h). An MLA model has
+// as many key/value heads as query heads, and its head_dim is the RoPE part (the rope table's
+// width), as Hugging Face's DeepseekV3Config sets it.
+struct MlaSpec {
+  bool enabled = false;
+  int64_t q_lora_rank = 0;  // 0: queries projected straight from the hidden state
+  int64_t kv_lora_rank = 0;
+  int64_t qk_head_dim = 0;  // per head, without RoPE (Dn)
+  int64_t rope_dim = 0;     // per head, with RoPE (Dr; the key's shared by every head)
+  int64_t v_head_dim = 0;   // Dv
+  int64_t qk_dim() const { return qk_head_dim + rope_dim; }  // D = Dn + Dr
+};
+
 // The mixture-of-experts part of a model (docs/moe.md); experts 0 is a dense model.
 struct MoeSpec {
   int64_t experts = 0;
@@ -63,6 +89,8 @@ struct ModelSpec {
   float init_std = 0.02f;
   bool qk_norm = false;  // RMSNorm over each query and key head (Qwen3)
   MoeSpec moe;
+  MlaSpec mla;
+  YarnRope yarn;
 
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
   int64_t attn_width() const { return heads * head_dim; }
@@ -75,7 +103,8 @@ struct ModelSpec {
   // total_params without the routed experts a token does not use (all of them when dense).
   int64_t active_params() const;
   // Model FLOPs per token for training: 6 * matmul_params + each block's attention FLOPs
-  // (GQA: 12 * s_eff * heads*head_dim per layer, s_eff = min(seq_length, sliding_window)).
+  // (GQA: 12 * s_eff * heads*head_dim per layer, s_eff = min(seq_length, sliding_window);
+  // MLA: 6 * s_eff * heads * (qk_dim + v_head_dim), the same with its two head sizes).
   double flops_per_token(int64_t seq_length) const;
   std::string summary() const;
 };

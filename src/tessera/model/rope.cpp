@@ -1,14 +1,64 @@
 #include "tessera/model/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tessera {
+
+namespace {
+
+// YaRN (Peng et al., DeepSeek-V2's and Megatron's _yarn_find_correction_range): the dimension
+// pair whose frequency makes `rotations` turns over the original context, fractional.
+double yarn_correction_dim(double rotations, int64_t dim, double base, double context) {
+  return dim * std::log(context / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+}
+
+// The frequencies of every pair below dimension `low` keep their value (extrapolation),
+// those above `high` are divided by the factor (interpolation), with a linear ramp between;
+// low and high are rounded outwards and clamped to [0, dim - 1], as DeepSeek's code does.
+void apply_yarn(std::vector<double>& inv, const ModelSpec& spec) {
+  const YarnRope& y = spec.yarn;
+  const int64_t dim = spec.head_dim, half = dim / 2;
+  const double context = static_cast<double>(y.original_max_position_embeddings);
+  double low = std::floor(yarn_correction_dim(y.beta_fast, dim, spec.rotary_base, context));
+  double high = std::ceil(yarn_correction_dim(y.beta_slow, dim, spec.rotary_base, context));
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // a step instead of a ramp
+  for (int64_t i = 0; i < half; ++i) {
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double keep = 1.0 - ramp;  // the extrapolated (unscaled) share
+    inv[i] = inv[i] / y.factor * (1.0 - keep) + inv[i] * keep;
+  }
+}
+
+}  // namespace
+
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double yarn_table_scale(const YarnRope& y) {
+  if (!y.enabled) return 1.0;
+  return yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
+}
+
+double mla_softmax_scale(const ModelSpec& spec) {
+  const double base = 1.0 / std::sqrt(static_cast<double>(spec.mla.qk_dim()));
+  if (!spec.yarn.enabled) return base;
+  const double m = yarn_mscale(spec.yarn.factor, spec.yarn.mscale_all_dim);
+  return base * m * m;
+}
 
 std::vector<double> rope_inverse_frequencies(const ModelSpec& spec) {
   const int64_t half = spec.head_dim / 2;
   std::vector<double> inv(half);
   for (int64_t i = 0; i < half; ++i)
     inv[i] = 1.0 / std::pow(spec.rotary_base, static_cast<double>(2 * i) / spec.head_dim);
+  if (spec.yarn.enabled) {
+    apply_yarn(inv, spec);
+    return inv;
+  }
   const RopeScaling& r = spec.rope_scaling;
   if (!r.enabled) return inv;
   // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, and the band in
@@ -32,14 +82,15 @@ std::vector<double> rope_inverse_frequencies(const ModelSpec& spec) {
 
 std::vector<float> rope_table(const ModelSpec& spec, int64_t seq_length) {
   const std::vector<double> inv = rope_inverse_frequencies(spec);
+  const double scale = yarn_table_scale(spec.yarn);
   const int64_t half = static_cast<int64_t>(inv.size());
   std::vector<float> table(seq_length * 2 * half);
   for (int64_t t = 0; t < seq_length; ++t) {
     float* row = table.data() + t * 2 * half;
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(t) * inv[i];
-      row[i] = static_cast<float>(std::cos(angle));
-      row[half + i] = static_cast<float>(std::sin(angle));
+      row[i] = static_cast<float>(std::cos(angle) * scale);
+      row[half + i] = static_cast<float>(std::sin(angle) * scale);
     }
   }
   return table;

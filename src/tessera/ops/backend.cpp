@@ -366,7 +366,7 @@ void Backend::attention_forward(const Tensor& out, const Tensor& lse, const Tens
   const OpChecks check(*this, "attention_forward");
   check.attention_shape(s);
   check.count(qkv, s.tokens() * s.qkv_width(), "qkv");
-  check.count(out, s.tokens() * s.heads * s.head_dim, "out");
+  check.count(out, s.tokens() * s.out_width(), "out");
   check.count(lse, s.batch * s.heads * s.seq, "lse");
   do_attention_forward(out, lse, qkv, s);
 }
@@ -377,7 +377,7 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dout, const T
                       [&] { return op_args::attention(s, qkv.dtype); });
   const OpChecks check(*this, "attention_backward");
   check.attention_shape(s);
-  const int64_t width = s.qkv_width(), heads_width = s.heads * s.head_dim;
+  const int64_t width = s.qkv_width(), heads_width = s.out_width();
   check.count(qkv, s.tokens() * width, "qkv");
   check.count(dqkv, s.tokens() * width, "dqkv");
   check.count(out, s.tokens() * heads_width, "out");
@@ -433,11 +433,71 @@ void Backend::attention_decode(const Tensor& out, const Tensor& q, const Tensor&
   check.attention_shape(s);
   check.that(s.causal, "generation's attention is causal");
   check.that(pos >= 0 && pos < s.seq, "position {} outside the cache's {} positions", pos, s.seq);
-  const int64_t heads_width = s.heads * s.head_dim;
-  check.count(q, s.batch * heads_width, "q");
-  check.count(out, s.batch * heads_width, "out");
-  check.count(kv, s.batch * s.seq * 2 * s.kv_heads * s.head_dim, "kv");
+  check.count(q, s.batch * s.heads * s.head_dim, "q");
+  check.count(out, s.batch * s.out_width(), "out");
+  check.count(kv, s.batch * s.seq * s.kv_heads * (s.head_dim + s.v_dim()), "kv");
   do_attention_decode(out, q, kv, pos, s);
+}
+
+namespace {
+
+// The tensors of a multi-latent attention packing (MlaQkvArgs) and their column windows.
+void check_mla_qkv(const OpChecks& check, const MlaQkvArgs& a) {
+  const AttentionShape& s = a.s;
+  check.attention_shape(s);
+  check.that(s.kv_heads == s.heads,
+             "multi-latent attention has a key head per query head, "
+             "got {} and {}",
+             s.heads, s.kv_heads);
+  check.that(a.rope_dim > 0 && a.rope_dim % 2 == 0 && a.rope_dim < s.head_dim,
+             "rope dim {} must be even and below head_dim {}", a.rope_dim, s.head_dim);
+  const int64_t N = s.tokens(), H = s.heads, Dn = s.head_dim - a.rope_dim;
+  check.count(a.qkv, N * s.qkv_width(), "qkv");
+  check.count(a.kv, N * H * (Dn + s.v_dim()), "kv");
+  for (const auto& [t, col, cols, what] : {std::tuple{&a.q, a.q_col, H * s.head_dim, "q"},
+                                           std::tuple{&a.k_rope, a.k_col, a.rope_dim, "k_rope"}}) {
+    check.placed(*t, what);
+    const MatrixDims d = matrix_dims(*t);
+    check.that(d.rows == N && col >= 0 && col + cols <= d.cols,
+               "{} {} has no columns [{}, {}) for {} tokens", what, t->shape.str(), col, col + cols,
+               N);
+  }
+  check.dtype(a.freqs, DType::F32, "freqs");
+  const MatrixDims f = matrix_dims(a.freqs);
+  check.that(f.cols == a.rope_dim && f.rows >= s.seq, "freqs {} must be (T >= {}, rope dim {})",
+             a.freqs.shape.str(), s.seq, a.rope_dim);
+}
+
+}  // namespace
+
+void Backend::mla_qkv_forward(const MlaQkvArgs& a) {
+  const OpScope scope(*this, "mla_qkv_forward", [&] { return op_args::rope(a.s, a.qkv.dtype); });
+  check_mla_qkv(OpChecks(*this, "mla_qkv_forward"), a);
+  do_mla_qkv_forward(a);
+}
+
+void Backend::mla_qkv_backward(const MlaQkvArgs& g) {
+  const OpScope scope(*this, "mla_qkv_backward", [&] { return op_args::rope(g.s, g.qkv.dtype); });
+  check_mla_qkv(OpChecks(*this, "mla_qkv_backward"), g);
+  do_mla_qkv_backward(g);
+}
+
+void Backend::copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                           int64_t cols) {
+  const OpScope scope(*this, "copy_columns", [&] { return op_args::rows_cols(src); });
+  const OpChecks check(*this, "copy_columns");
+  check.placed(dst, "dst");
+  check.placed(src, "src");
+  check.that(dst.dtype == src.dtype, "dst is {}, src {}", dtype_name(dst.dtype),
+             dtype_name(src.dtype));
+  const MatrixDims d = matrix_dims(dst), r = matrix_dims(src);
+  check.that(d.rows == r.rows, "dst {} and src {} differ in rows", dst.shape.str(),
+             src.shape.str());
+  check.that(cols >= 0 && dst_col >= 0 && src_col >= 0 && dst_col + cols <= d.cols &&
+                 src_col + cols <= r.cols,
+             "columns [{}, {}) of dst {} or [{}, {}) of src {} out of range", dst_col,
+             dst_col + cols, dst.shape.str(), src_col, src_col + cols, src.shape.str());
+  do_copy_columns(dst, dst_col, src, src_col, cols);
 }
 
 void Backend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {

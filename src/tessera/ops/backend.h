@@ -76,15 +76,43 @@ struct MatmulArgs {
 };
 
 // Shape of causal (optionally sliding-window) grouped-query attention over a packed QKV
-// activation. qkv: (B, T, (H + 2*KV) * D) holds, per token, H query heads, then KV key
-// heads, then KV value heads; query head h reads key/value head h / (H / KV).
+// activation. qkv: (B, T, (H + KV) * D + KV * Dv) holds, per token, H query heads and KV key
+// heads of D, then KV value heads of Dv; query head h reads key/value head h / (H / KV). The
+// output has H heads of Dv. Dv is D except in multi-latent attention (DeepSeek: D 192, Dv 128).
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
   int64_t window = 0;    // > 0: query i sees key j only if i - window < j (and j <= i if causal)
   float scale = 0.0f;    // softmax scale, normally 1/sqrt(head_dim); must be positive
-  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t v_head_dim = 0;  // Dv; 0: head_dim
+  int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * v_dim(); }
+  int64_t out_width() const { return heads * v_dim(); }  // of out (B, T, H * Dv)
   int64_t tokens() const { return batch * seq; }
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3, model/blocks/mla_attention.h) assembles the
+// attention op's qkv (s: H query and H key heads of D = Dn + Dr, H value heads of Dv) from
+// its projections, per token:
+//   query head h  = q[h]                    both parts as projected, the rope part rotated;
+//   key head h    = [kv[h]'s first Dn | the rope key, rotated]   (one rope key for all heads);
+//   value head h  = kv[h]'s last Dv.
+// The rope part of a query head and the rope key arrive in DeepSeek's interleaved layout and
+// leave rotated in the rotate-half layout, as Hugging Face's apply_rotary_pos_emb_interleave
+// does: with c, s = freqs[t][i], freqs[t][Dr/2 + i] (their cos and sin, times YaRN's mscale),
+//   out[i] = c x[2i] - s x[2i+1],   out[Dr/2 + i] = s x[2i] + c x[2i+1].
+// Both queries and keys are permuted alike, so attention scores are those of rotating the
+// interleaved pairs in place, and Hugging Face's DeepSeek weights load unpermuted.
+struct MlaQkvArgs {
+  Tensor qkv;  // (N, s.qkv_width()) compute dtype
+  Tensor q;    // (N, Wq): the H query heads [nope Dn | rope Dr] at columns [q_col, q_col + H D)
+  int64_t q_col = 0;
+  Tensor k_rope;  // (N, Wk): the rope key at columns [k_col, k_col + Dr)
+  int64_t k_col = 0;
+  Tensor kv;             // (N, H (Dn + Dv)): per head its key's nope part, then its value
+  Tensor freqs;          // (>= T, Dr) fp32 rope table; token t of every sequence has position t
+  AttentionShape s;      // kv_heads == heads, head_dim = Dn + Dr, v_head_dim = Dv
+  int64_t rope_dim = 0;  // Dr: even, below head_dim
 };
 
 // A run of the flat parameter buffer and whether AdamW applies weight decay to it
@@ -359,7 +387,8 @@ class Backend {
   // each query row's log-sum-exp of the scaled, masked scores.
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                          const AttentionShape& s);
-  // dqkv (B, T, width) overwritten with the gradients of q, k and v.
+  // dqkv (B, T, width) overwritten with the gradients of q, k and v. With Dv != D the out
+  // and dout tensors are (B, T, H*Dv), as the forward's out.
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                           const Tensor& lse, const Tensor& qkv, const AttentionShape& s);
 
@@ -384,10 +413,24 @@ class Backend {
 
   // Generation with a KV cache: q (B, H*D), the query heads of one new token per sequence at
   // position `pos`, attends to the positions visible from it (causal, s.window) of
-  // kv (B, S, 2*KV*D), which holds per position the KV key heads then the KV value heads;
-  // out (B, H*D). s.seq is the cache's capacity S > pos.
+  // kv (B, S, KV*(D + Dv)), which holds per position the KV key heads then the KV value heads;
+  // out (B, H*Dv). s.seq is the cache's capacity S > pos.
   void attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
                         const AttentionShape& s);
+
+  // Multi-latent attention's packing (MlaQkvArgs): a.qkv overwritten from a.q, a.k_rope, a.kv.
+  void mla_qkv_forward(const MlaQkvArgs& a);
+  // Its gradient, with each tensor of `g` the gradient of the forward's: g.qkv (dqkv) is read;
+  // g.q's columns [q_col, q_col + H D) and g.k_rope's [k_col, k_col + Dr) (the rope key's
+  // gradient summed over the heads) are overwritten, their other columns untouched; g.kv is
+  // overwritten.
+  void mla_qkv_backward(const MlaQkvArgs& g);
+
+  // dst[:, dst_col + j] = src[:, src_col + j] for j < cols: a block of columns between two
+  // matrices of the same dtype and rows, dst (N, Wd) and src (N, Ws); dst's other columns are
+  // untouched. The slices of a fused projection's output that feed separate ops.
+  void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                    int64_t cols);
 
   // gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up.
   void swiglu_forward(const Tensor& out, const Tensor& gate_up);
@@ -524,6 +567,10 @@ class Backend {
                                               int64_t segment, const AttentionShape& s) = 0;
   virtual void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
                                    int64_t pos, const AttentionShape& s) = 0;
+  virtual void do_mla_qkv_forward(const MlaQkvArgs& a) = 0;
+  virtual void do_mla_qkv_backward(const MlaQkvArgs& g) = 0;
+  virtual void do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                               int64_t src_col, int64_t cols) = 0;
   virtual void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
   virtual void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                   const Tensor& gate_up) = 0;

@@ -113,6 +113,7 @@ inline OpArgs attention(const AttentionShape& s, DType dtype) {
   OpArgs r;
   r.add("B", s.batch).add("H", s.heads).add("KV", s.kv_heads).add("T", s.seq).add("S", s.seq);
   r.add("D", s.head_dim).add_bool("causal", s.causal).add("window", s.window);
+  if (s.v_dim() != s.head_dim) r.add("Dv", s.v_dim());
   r.add_dtype("dtype", dtype);
   return r;
 }

@@ -65,6 +65,10 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
   d.attention.heads = s.heads;
   d.attention.kv_heads = s.kv_heads;
   d.attention.head_dim = s.head_dim;
+  if (s.mla.enabled) {  // its head_dim is the RoPE part; attention runs on whole heads
+    d.attention.head_dim = s.mla.qk_dim();
+    d.attention.v_head_dim = s.mla.v_head_dim;
+  }
   d.attention.window = s.sliding_window;
   d.attention_backend = in.attention_backend;
   for (const auto& call : AdamWOptimizer::step_segments(layout, owned)) {
@@ -113,8 +117,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // Barrier flags: data parallelism's, and the tensor/pipeline layout's (MeshParallelism).
   const bool mesh_layout =
       in.runtime.tensor_parallel_size > 1 || !in.runtime.pipeline_chunks.empty();
-  p.run_buffers =
-      kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0) + (mesh_layout ? sizeof(float) : 0);
+  // With them the model's own small buffers: the MoE layers' statistics and expert bias.
+  p.run_buffers = kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0) +
+                  (mesh_layout ? sizeof(float) : 0) + model.block_state;
   if (in.gpu) {
     const Platform* platform = gpu_platform();
     p.backend_buffers = platform

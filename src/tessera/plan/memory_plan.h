@@ -40,7 +40,8 @@ struct MemoryPlan {
   size_t activations = 0;      // stored activations, recompute and backward scratch, logits chunk
   size_t fp8 = 0;              // with fp8: cast buffers, scaling state, cached FP8 weights
   size_t backend_buffers = 0;  // the GPU backend's workspace and scratch; 0 on the CPU backend
-  size_t run_buffers = 0;      // the trainer's scalars and data parallelism's barrier flag
+  size_t run_buffers = 0;      // the trainer's scalars, data parallelism's barrier flag and the
+                               // MoE layers' statistics and expert bias
   size_t context = 0;          // kContextBytes on GPUs, 0 on the CPU backend
   int64_t optimizer_elements = 0;  // parameters this GPU's optimizer updates (its largest shard)
 

@@ -128,7 +128,8 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
     row("backend_buffers", p.backend_buffers,
         "cuBLASLt workspace + the largest kernel scratch of a step (attention backward, norm "
         "and reduction partials) + AdamW chunk table");
-  row("run_buffers", p.run_buffers, "the trainer's device scalars");
+  row("run_buffers", p.run_buffers,
+      "the trainer's device scalars (and MoE layers' statistics and expert bias)");
   row("allocated", p.allocated(), "what memory_stats().peak_bytes reports");
   if (in.gpu)
     row("cuda_context", p.context, "CUDA context, kernels, driver reserve (fixed allowance)");

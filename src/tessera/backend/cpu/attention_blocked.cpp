@@ -24,7 +24,8 @@ struct HeadView {
 HeadView head_view(const float* qkv, const AttentionShape& s, int64_t b, int64_t h) {
   const int64_t width = s.qkv_width(), D = s.head_dim, kv = h / (s.heads / s.kv_heads);
   const float* base = qkv + b * s.seq * width;
-  return {base + h * D, base + (s.heads + kv) * D, base + (s.heads + s.kv_heads + kv) * D, width};
+  return {base + h * D, base + (s.heads + kv) * D,
+          base + (s.heads + s.kv_heads) * D + kv * s.v_dim(), width};
 }
 
 // Keys any row of [r0, r1) can see; visible ranges move monotonically with the row.
@@ -45,16 +46,16 @@ void block_scores(float* scores, const HeadView& hv, const AttentionShape& s, in
 void attention_head_forward_blocked(float* out, float* lse, const float* qkv, const AttentionShape& s,
                                     int64_t b, int64_t h, std::vector<float>& scratch) {
   const HeadView hv = head_view(qkv, s, b, h);
-  const int64_t T = s.seq, D = s.head_dim, HD = s.heads * D;
+  const int64_t T = s.seq, Dv = s.v_dim(), HD = s.out_width();
   for (int64_t r0 = 0; r0 < T; r0 += kQueryBlock) {
     const int64_t r1 = std::min(T, r0 + kQueryBlock), rows = r1 - r0;
     const ref::KeyRange keys = block_keys(s, r0, r1);
     const int64_t lo = keys.first, n = std::max<int64_t>(0, keys.last - keys.first + 1);
-    float* out_rows = out + (b * T + r0) * HD + h * D;
+    float* out_rows = out + (b * T + r0) * HD + h * Dv;
     float* lse_rows = lse + (b * s.heads + h) * T + r0;
     if (n == 0) {
       for (int64_t i = 0; i < rows; ++i) {
-        std::fill(out_rows + i * HD, out_rows + i * HD + D, 0.0f);
+        std::fill(out_rows + i * HD, out_rows + i * HD + Dv, 0.0f);
         lse_rows[i] = -std::numeric_limits<float>::infinity();
       }
       continue;
@@ -77,25 +78,26 @@ void attention_head_forward_blocked(float* out, float* lse, const float* qkv, co
       for (int64_t j = 0; j < n; ++j) row[j] *= inv;
       lse_rows[i] = sum > 0 ? mx + static_cast<float>(std::log(sum)) : -std::numeric_limits<float>::infinity();
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(D),
-                static_cast<int>(n), 1.0f, p, static_cast<int>(n), hv.v + lo * hv.width,
-                static_cast<int>(hv.width), 0.0f, out_rows, static_cast<int>(HD));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(Dv), static_cast<int>(n), 1.0f, p, static_cast<int>(n),
+                hv.v + lo * hv.width, static_cast<int>(hv.width), 0.0f, out_rows,
+                static_cast<int>(HD));
   }
 }
 
-void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t dkv_stride,
-                                     const float* dout, const float* out, const float* lse,
-                                     const float* qkv, const AttentionShape& s, int64_t b,
-                                     int64_t h, std::vector<float>& scratch) {
+void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t dk_stride,
+                                     int64_t dv_stride, const float* dout, const float* out,
+                                     const float* lse, const float* qkv, const AttentionShape& s,
+                                     int64_t b, int64_t h, std::vector<float>& scratch) {
   const HeadView hv = head_view(qkv, s, b, h);
-  const int64_t T = s.seq, D = s.head_dim, HD = s.heads * D, W = hv.width;
+  const int64_t T = s.seq, D = s.head_dim, Dv = s.v_dim(), HD = s.out_width(), W = hv.width;
   for (int64_t r0 = 0; r0 < T; r0 += kQueryBlock) {
     const int64_t r1 = std::min(T, r0 + kQueryBlock), rows = r1 - r0;
     const ref::KeyRange keys = block_keys(s, r0, r1);
     const int64_t lo = keys.first, n = std::max<int64_t>(0, keys.last - keys.first + 1);
     float* dq_rows = dqkv + (b * T + r0) * W + h * D;
-    const float* dout_rows = dout + (b * T + r0) * HD + h * D;
-    const float* out_rows = out + (b * T + r0) * HD + h * D;
+    const float* dout_rows = dout + (b * T + r0) * HD + h * Dv;
+    const float* out_rows = out + (b * T + r0) * HD + h * Dv;
     const float* lse_rows = lse + (b * s.heads + h) * T + r0;
     if (n == 0) {
       for (int64_t i = 0; i < rows; ++i) std::fill(dq_rows + i * W, dq_rows + i * W + D, 0.0f);
@@ -106,13 +108,14 @@ void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t 
     float* ds = p + rows * n;
     block_scores(p, hv, s, r0, rows, lo, n);
     // dP = dout v^T, then dS = P * (dP - delta), delta_i = dout_i . out_i.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
-                static_cast<int>(D), 1.0f, dout_rows, static_cast<int>(HD), hv.v + lo * W,
-                static_cast<int>(W), 0.0f, ds, static_cast<int>(n));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                static_cast<int>(n), static_cast<int>(Dv), 1.0f, dout_rows, static_cast<int>(HD),
+                hv.v + lo * W, static_cast<int>(W), 0.0f, ds, static_cast<int>(n));
     for (int64_t i = 0; i < rows; ++i) {
       const ref::KeyRange vis = ref::visible_keys(s, r0 + i);
       double delta = 0;
-      for (int64_t d = 0; d < D; ++d) delta += static_cast<double>(dout_rows[i * HD + d]) * out_rows[i * HD + d];
+      for (int64_t d = 0; d < Dv; ++d)
+        delta += static_cast<double>(dout_rows[i * HD + d]) * out_rows[i * HD + d];
       float* prow = p + i * n;
       float* dsrow = ds + i * n;
       for (int64_t j = 0; j < n; ++j) {
@@ -127,11 +130,11 @@ void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t 
                 static_cast<int>(n), s.scale, ds, static_cast<int>(n), hv.k + lo * W, static_cast<int>(W),
                 0.0f, dq_rows, static_cast<int>(W));
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(D),
-                static_cast<int>(rows), s.scale, ds, static_cast<int>(n), hv.q + r0 * W, static_cast<int>(W),
-                1.0f, dk + lo * dkv_stride, static_cast<int>(dkv_stride));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(D),
-                static_cast<int>(rows), 1.0f, p, static_cast<int>(n), dout_rows, static_cast<int>(HD),
-                1.0f, dv + lo * dkv_stride, static_cast<int>(dkv_stride));
+                static_cast<int>(rows), s.scale, ds, static_cast<int>(n), hv.q + r0 * W,
+                static_cast<int>(W), 1.0f, dk + lo * dk_stride, static_cast<int>(dk_stride));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(Dv),
+                static_cast<int>(rows), 1.0f, p, static_cast<int>(n), dout_rows,
+                static_cast<int>(HD), 1.0f, dv + lo * dv_stride, static_cast<int>(dv_stride));
   }
 }
 

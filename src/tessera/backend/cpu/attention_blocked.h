@@ -16,10 +16,10 @@ void attention_head_forward_blocked(float* out, float* lse, const float* qkv, co
                                     int64_t b, int64_t h, std::vector<float>& scratch);
 
 // Overwrites the dq rows of head h in dqkv; adds the head's key and value gradients into dk
-// and dv, whose rows are dkv_stride elements apart.
-void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t dkv_stride,
-                                     const float* dout, const float* out, const float* lse,
-                                     const float* qkv, const AttentionShape& s, int64_t b,
-                                     int64_t h, std::vector<float>& scratch);
+// and dv, whose rows are dk_stride and dv_stride elements apart.
+void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t dk_stride,
+                                     int64_t dv_stride, const float* dout, const float* out,
+                                     const float* lse, const float* qkv, const AttentionShape& s,
+                                     int64_t b, int64_t h, std::vector<float>& scratch);
 
 }  // namespace tessera::cpu

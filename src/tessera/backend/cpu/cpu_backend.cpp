@@ -566,26 +566,27 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   expect_f32(lse, op, "lse");
   expect_f32(qkv, op, "qkv");
   const int64_t B = s.batch, T = s.seq, H = s.heads, KV = s.kv_heads, D = s.head_dim;
-  const int64_t width = s.qkv_width(), group = H / KV;
+  const int64_t Dv = s.v_dim(), width = s.qkv_width(), group = H / KV;
   float* dst = f32(dqkv);
 
   // Query heads run in parallel. Heads that share a kv head (group > 1) would race on its dk
-  // and dv, so each head then accumulates into its own (T, D) slices of a scratch buffer, which
-  // are summed afterwards in head order: the same result for any thread count.
+  // and dv, so each head then accumulates into its own (T, D) and (T, Dv) slices of a scratch
+  // buffer, which are summed afterwards in head order: the same result for any thread count.
   std::vector<float> scratch;
   float* dk = nullptr;
   float* dv = nullptr;
-  int64_t stride = width;
+  int64_t k_stride = width, v_stride = width;
   if (group == 1) {
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < s.tokens(); ++row) {
       std::fill(dst + row * width + H * D, dst + (row + 1) * width, 0.0f);
     }
   } else {
-    scratch.assign(2 * B * H * T * D, 0.0f);
+    scratch.assign(B * H * T * (D + Dv), 0.0f);
     dk = scratch.data();
     dv = dk + B * H * T * D;
-    stride = D;
+    k_stride = D;
+    v_stride = Dv;
   }
   const int64_t pairs = B * H;
   const SingleThreadedBlas blas_per_thread;
@@ -596,9 +597,9 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t b = p / H, h = p % H, kv = h / group;
       float* head_dk = group == 1 ? dst + b * T * width + (H + kv) * D : dk + p * T * D;
-      float* head_dv = group == 1 ? dst + b * T * width + (H + KV + kv) * D : dv + p * T * D;
-      cpu::attention_head_backward_blocked(dst, head_dk, head_dv, stride, f32(dout), f32(out),
-                                           f32(lse), f32(qkv), s, b, h, scratch);
+      float* head_dv = group == 1 ? dst + b * T * width + (H + KV) * D + kv * Dv : dv + p * T * Dv;
+      cpu::attention_head_backward_blocked(dst, head_dk, head_dv, k_stride, v_stride, f32(dout),
+                                           f32(out), f32(lse), f32(qkv), s, b, h, scratch);
     }
   }
   if (group == 1) return;
@@ -607,15 +608,17 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
     const int64_t b = row / T, t = row % T;
     for (int64_t kv = 0; kv < KV; ++kv) {
       float* dk_row = dst + row * width + (H + kv) * D;
-      float* dv_row = dst + row * width + (H + KV + kv) * D;
+      float* dv_row = dst + row * width + (H + KV) * D + kv * Dv;
       for (int64_t d = 0; d < D; ++d) {
-        double k_sum = 0, v_sum = 0;
-        for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-          const int64_t at = ((b * H + h) * T + t) * D + d;
-          k_sum += dk[at];
-          v_sum += dv[at];
-        }
+        double k_sum = 0;
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+          k_sum += dk[((b * H + h) * T + t) * D + d];
         dk_row[d] = static_cast<float>(k_sum);
+      }
+      for (int64_t d = 0; d < Dv; ++d) {
+        double v_sum = 0;
+        for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+          v_sum += dv[((b * H + h) * T + t) * Dv + d];
         dv_row[d] = static_cast<float>(v_sum);
       }
     }
@@ -671,6 +674,56 @@ void CpuBackend::do_attention_decode(const Tensor& out, const Tensor& q, const T
   expect_f32(q, op, "q");
   expect_f32(kv, op, "kv");
   ref::attention_decode(f32(out), f32(q), f32(kv), pos, s);
+}
+
+// Blocks of tokens in parallel; each token's row is computed alone.
+void CpuBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
+  const char* op = "mla_qkv_forward";
+  for (const auto& [t, what] :
+       {std::pair{&a.qkv, "qkv"}, std::pair{&a.q, "q"}, std::pair{&a.k_rope, "k_rope"},
+        std::pair{&a.kv, "kv"}, std::pair{&a.freqs, "freqs"}})
+    expect_f32(*t, op, what);
+  const int64_t N = a.s.tokens(), q_stride = matrix_dims(a.q).cols;
+  const int64_t k_stride = matrix_dims(a.k_rope).cols;
+  const int64_t blocks = (N + 63) / 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * 64;
+    ref::mla_qkv_forward(f32(a.qkv), f32(a.q) + a.q_col, q_stride, f32(a.k_rope) + a.k_col,
+                         k_stride, f32(a.kv), f32(a.freqs), a.s, a.rope_dim, first,
+                         std::min<int64_t>(64, N - first));
+  }
+}
+
+void CpuBackend::do_mla_qkv_backward(const MlaQkvArgs& g) {
+  const char* op = "mla_qkv_backward";
+  for (const auto& [t, what] :
+       {std::pair{&g.qkv, "dqkv"}, std::pair{&g.q, "dq"}, std::pair{&g.k_rope, "dk_rope"},
+        std::pair{&g.kv, "dkv"}, std::pair{&g.freqs, "freqs"}})
+    expect_f32(*t, op, what);
+  const int64_t N = g.s.tokens(), q_stride = matrix_dims(g.q).cols;
+  const int64_t k_stride = matrix_dims(g.k_rope).cols;
+  const int64_t blocks = (N + 63) / 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * 64;
+    ref::mla_qkv_backward(f32(g.q) + g.q_col, q_stride, f32(g.k_rope) + g.k_col, k_stride,
+                          f32(g.kv), f32(g.qkv), f32(g.freqs), g.s, g.rope_dim, first,
+                          std::min<int64_t>(64, N - first));
+  }
+}
+
+void CpuBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                                 int64_t src_col, int64_t cols) {
+  expect_host(dst, "copy_columns", "dst");
+  expect_host(src, "copy_columns", "src");
+  const MatrixDims d = matrix_dims(dst), r = matrix_dims(src);
+  const size_t e = dtype_size(dst.dtype);
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < d.rows; ++n)
+    std::memcpy(to + (n * d.cols + dst_col) * e, from + (n * r.cols + src_col) * e, cols * e);
 }
 
 void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {

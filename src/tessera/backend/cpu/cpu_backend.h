@@ -92,6 +92,10 @@ class CpuBackend : public Backend {
                                       const AttentionShape& s) override;
   void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
                            const AttentionShape& s) override;
+  void do_mla_qkv_forward(const MlaQkvArgs& a) override;
+  void do_mla_qkv_backward(const MlaQkvArgs& g) override;
+  void do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                       int64_t cols) override;
   void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                           const Tensor& gate_up) override;

@@ -208,23 +208,23 @@ KeyRange visible_keys(const AttentionShape& s, int64_t i) {
 template <class T>
 void attention_head_forward(T* out, T* lse, const T* qkv, const AttentionShape& s, int64_t b,
                             int64_t h, double* scratch) {
-  const int64_t seq = s.seq, D = s.head_dim, H = s.heads, width = s.qkv_width();
-  const int64_t kv = h / (H / s.kv_heads);
+  const int64_t seq = s.seq, D = s.head_dim, Dv = s.v_dim(), H = s.heads, width = s.qkv_width();
+  const int64_t kv = h / (H / s.kv_heads), out_width = s.out_width();
   const double scale = s.scale;
   const T* q_rows = qkv + b * seq * width + h * D;
   const T* k_rows = qkv + b * seq * width + (H + kv) * D;
-  const T* v_rows = qkv + b * seq * width + (H + s.kv_heads + kv) * D;
-  T* out_rows = out + b * seq * H * D + h * D;
+  const T* v_rows = qkv + b * seq * width + (H + s.kv_heads) * D + kv * Dv;
+  T* out_rows = out + b * seq * out_width + h * Dv;
   T* lse_row = lse + (b * H + h) * seq;
   double* p = scratch;          // (seq) probabilities of the visible keys
-  double* acc = scratch + seq;  // (D) output row
+  double* acc = scratch + seq;  // (Dv) output row
 
   for (int64_t i = 0; i < seq; ++i) {
     const T* q = q_rows + i * width;
-    T* o = out_rows + i * H * D;
+    T* o = out_rows + i * out_width;
     const KeyRange keys = visible_keys(s, i);
     if (keys.first > keys.last) {
-      std::fill(o, o + D, T(0));
+      std::fill(o, o + Dv, T(0));
       lse_row[i] = -std::numeric_limits<T>::infinity();
       continue;
     }
@@ -238,12 +238,12 @@ void attention_head_forward(T* out, T* lse, const T* qkv, const AttentionShape& 
       p[j] = std::exp(p[j] - max);
       denom += p[j];
     }
-    std::fill(acc, acc + D, 0.0);
+    std::fill(acc, acc + Dv, 0.0);
     for (int64_t j = keys.first; j <= keys.last; ++j) {
       const T* v = v_rows + j * width;
-      for (int64_t d = 0; d < D; ++d) acc[d] += p[j] * v[d];
+      for (int64_t d = 0; d < Dv; ++d) acc[d] += p[j] * v[d];
     }
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / denom);
+    for (int64_t d = 0; d < Dv; ++d) o[d] = static_cast<T>(acc[d] / denom);
     lse_row[i] = static_cast<T>(max + std::log(denom));
   }
 }
@@ -255,37 +255,37 @@ void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T*
   // With p_ij = exp(s_ij - lse_i), dp_ij = dout_i . v_j and D_i = sum_j p_ij dp_ij = dout_i .
   // out_i, the score gradient is ds_ij = p_ij (dp_ij - D_i); then dq_i = scale sum_j ds_ij k_j,
   // dk_j += scale ds_ij q_i, dv_j += p_ij dout_i.
-  const int64_t seq = s.seq, D = s.head_dim, H = s.heads, width = s.qkv_width();
-  const int64_t kv = h / (H / s.kv_heads);
+  const int64_t seq = s.seq, D = s.head_dim, Dv = s.v_dim(), H = s.heads, width = s.qkv_width();
+  const int64_t kv = h / (H / s.kv_heads), out_width = s.out_width();
   const double scale = s.scale;
   const T* q_rows = qkv + b * seq * width + h * D;
   const T* k_rows = qkv + b * seq * width + (H + kv) * D;
-  const T* v_rows = qkv + b * seq * width + (H + s.kv_heads + kv) * D;
-  const T* dout_rows = dout + b * seq * H * D + h * D;
-  const T* out_rows = out + b * seq * H * D + h * D;
+  const T* v_rows = qkv + b * seq * width + (H + s.kv_heads) * D + kv * Dv;
+  const T* dout_rows = dout + b * seq * out_width + h * Dv;
+  const T* out_rows = out + b * seq * out_width + h * Dv;
   const T* lse_row = lse + (b * H + h) * seq;
   T* dq_rows = dqkv + b * seq * width + h * D;
   double* dq = scratch;  // (D)
 
   for (int64_t i = 0; i < seq; ++i) {
     const T* q = q_rows + i * width;
-    const T* g = dout_rows + i * H * D;
+    const T* g = dout_rows + i * out_width;
     const double lse_i = lse_row[i];
-    const double D_i = dot(g, out_rows + i * H * D, D);
+    const double D_i = dot(g, out_rows + i * out_width, Dv);
     std::fill(dq, dq + D, 0.0);
     const KeyRange keys = visible_keys(s, i);
     for (int64_t j = keys.first; j <= keys.last; ++j) {
       const T* k = k_rows + j * width;
       const T* v = v_rows + j * width;
       const double p = std::exp(scale * dot(q, k, D) - lse_i);
-      const double ds = p * (dot(g, v, D) - D_i);
+      const double ds = p * (dot(g, v, Dv) - D_i);
       T* dk_j = dk + j * dkv_stride;
       T* dv_j = dv + j * dkv_stride;
       for (int64_t d = 0; d < D; ++d) {
         dq[d] += ds * k[d];
         dk_j[d] += static_cast<T>(scale * ds * q[d]);
-        dv_j[d] += static_cast<T>(p * g[d]);
       }
+      for (int64_t d = 0; d < Dv; ++d) dv_j[d] += static_cast<T>(p * g[d]);
     }
     T* dq_i = dq_rows + i * width;
     for (int64_t d = 0; d < D; ++d) dq_i[d] = static_cast<T>(scale * dq[d]);
@@ -294,7 +294,7 @@ void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T*
 
 template <class T>
 void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
-  std::vector<double> scratch(s.seq + s.head_dim);
+  std::vector<double> scratch(s.seq + s.v_dim());
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       attention_head_forward(out, lse, qkv, s, b, h, scratch.data());
@@ -304,29 +304,30 @@ void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
 
 template <class T>
 void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const AttentionShape& s) {
-  const int64_t D = s.head_dim, H = s.heads, KV = s.kv_heads, group = H / KV;
+  const int64_t D = s.head_dim, Dv = s.v_dim(), H = s.heads, KV = s.kv_heads, group = H / KV;
+  const int64_t row = KV * (D + Dv);  // one cached position: KV keys, then KV values
   const KeyRange keys = visible_keys(s, pos);
   std::vector<double> p(static_cast<size_t>(keys.last - keys.first + 1));
-  std::vector<double> acc(static_cast<size_t>(D));
+  std::vector<double> acc(static_cast<size_t>(Dv));
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const T* qh = q + (b * H + h) * D;
-      const T* k_rows = kv + b * s.seq * 2 * KV * D + (h / group) * D;
-      const T* v_rows = k_rows + KV * D;
+      const T* k_rows = kv + b * s.seq * row + (h / group) * D;
+      const T* v_rows = kv + b * s.seq * row + KV * D + (h / group) * Dv;
       double max = -std::numeric_limits<double>::infinity();
       for (int64_t j = keys.first; j <= keys.last; ++j) {
-        p[j - keys.first] = s.scale * dot(qh, k_rows + j * 2 * KV * D, D);
+        p[j - keys.first] = s.scale * dot(qh, k_rows + j * row, D);
         max = std::max(max, p[j - keys.first]);
       }
       double denom = 0;
       for (double& x : p) denom += (x = std::exp(x - max));
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = keys.first; j <= keys.last; ++j) {
-        const T* v = v_rows + j * 2 * KV * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += p[j - keys.first] * v[d];
+        const T* v = v_rows + j * row;
+        for (int64_t d = 0; d < Dv; ++d) acc[d] += p[j - keys.first] * v[d];
       }
-      T* o = out + (b * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / denom);
+      T* o = out + (b * H + h) * Dv;
+      for (int64_t d = 0; d < Dv; ++d) o[d] = static_cast<T>(acc[d] / denom);
     }
   }
 }
@@ -334,7 +335,7 @@ void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const Attent
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv,
                         const AttentionShape& s) {
-  const int64_t D = s.head_dim, width = s.qkv_width();
+  const int64_t D = s.head_dim, Dv = s.v_dim(), width = s.qkv_width();
   for (int64_t row = 0; row < s.tokens(); ++row) {  // dk, dv accumulate below: zero them
     std::fill(dqkv + row * width + s.heads * D, dqkv + (row + 1) * width, T(0));
   }
@@ -343,7 +344,7 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t kv = h / (s.heads / s.kv_heads);
       T* dk = dqkv + b * s.seq * width + (s.heads + kv) * D;
-      T* dv = dqkv + b * s.seq * width + (s.heads + s.kv_heads + kv) * D;
+      T* dv = dqkv + b * s.seq * width + (s.heads + s.kv_heads) * D + kv * Dv;
       attention_head_backward(dqkv, dk, dv, width, dout, out, lse, qkv, s, b, h, scratch.data());
     }
   }
@@ -449,6 +450,92 @@ void attention_gathered_backward(T* dqkv_all, const T* dout, const T* out, const
     for (int64_t h = 0; h < s.heads; ++h)
       attention_gathered_head_backward(dqkv_all, dout, out, lse, qkv_all, positions, segments,
                                        segment, s, b, h);
+}
+
+// ---- multi-latent attention ----
+
+namespace {
+
+// DeepSeek's RoPE of one interleaved vector x (Dr) into the rotate-half layout (ops/backend.h,
+// MlaQkvArgs): out[i] = c x[2i] - s x[2i+1], out[half + i] = s x[2i] + c x[2i+1].
+template <class T>
+void mla_rope_rotate(T* out, const T* x, const T* freqs_t, int64_t Dr) {
+  const int64_t half = Dr / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double c = freqs_t[i], sn = freqs_t[half + i];
+    const double even = x[2 * i], odd = x[2 * i + 1];
+    out[i] = static_cast<T>(c * even - sn * odd);
+    out[half + i] = static_cast<T>(sn * even + c * odd);
+  }
+}
+
+// Its transpose, the gradient: dx[2i] = c g[i] + s g[half + i], dx[2i+1] = -s g[i] + c g[half + i].
+template <class G, class T>
+void mla_rope_rotate_backward(double* dx, const G* g, const T* freqs_t, int64_t Dr) {
+  const int64_t half = Dr / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const double c = freqs_t[i], sn = freqs_t[half + i];
+    dx[2 * i] = c * g[i] + sn * g[half + i];
+    dx[2 * i + 1] = -sn * g[i] + c * g[half + i];
+  }
+}
+
+}  // namespace
+
+template <class T>
+void mla_qkv_forward(T* qkv, const T* q, int64_t q_stride, const T* k_rope, int64_t k_stride,
+                     const T* kv, const T* freqs, const AttentionShape& s, int64_t rope_dim,
+                     int64_t first_token, int64_t tokens) {
+  const int64_t H = s.heads, D = s.head_dim, Dr = rope_dim, Dn = D - Dr, Dv = s.v_dim();
+  const int64_t width = s.qkv_width(), kv_width = H * (Dn + Dv);
+  std::vector<T> k_rot(static_cast<size_t>(Dr));
+  for (int64_t n = first_token; n < first_token + tokens; ++n) {
+    const T* freqs_t = freqs + (n % s.seq) * Dr;
+    T* row = qkv + n * width;
+    const T* q_row = q + n * q_stride;
+    const T* kv_row = kv + n * kv_width;
+    mla_rope_rotate(k_rot.data(), k_rope + n * k_stride, freqs_t, Dr);
+    for (int64_t h = 0; h < H; ++h) {
+      T* qh = row + h * D;
+      T* kh = row + (H + h) * D;
+      T* vh = row + 2 * H * D + h * Dv;
+      std::copy(q_row + h * D, q_row + h * D + Dn, qh);
+      mla_rope_rotate(qh + Dn, q_row + h * D + Dn, freqs_t, Dr);
+      std::copy(kv_row + h * (Dn + Dv), kv_row + h * (Dn + Dv) + Dn, kh);
+      std::copy(k_rot.begin(), k_rot.end(), kh + Dn);
+      std::copy(kv_row + h * (Dn + Dv) + Dn, kv_row + (h + 1) * (Dn + Dv), vh);
+    }
+  }
+}
+
+template <class T>
+void mla_qkv_backward(T* dq, int64_t q_stride, T* dk_rope, int64_t k_stride, T* dkv, const T* dqkv,
+                      const T* freqs, const AttentionShape& s, int64_t rope_dim,
+                      int64_t first_token, int64_t tokens) {
+  const int64_t H = s.heads, D = s.head_dim, Dr = rope_dim, Dn = D - Dr, Dv = s.v_dim();
+  const int64_t width = s.qkv_width(), kv_width = H * (Dn + Dv);
+  std::vector<double> rot(static_cast<size_t>(Dr)), k_sum(static_cast<size_t>(Dr));
+  for (int64_t n = first_token; n < first_token + tokens; ++n) {
+    const T* freqs_t = freqs + (n % s.seq) * Dr;
+    const T* row = dqkv + n * width;
+    T* dq_row = dq + n * q_stride;
+    T* dkv_row = dkv + n * kv_width;
+    std::fill(k_sum.begin(), k_sum.end(), 0.0);
+    for (int64_t h = 0; h < H; ++h) {
+      const T* gq = row + h * D;
+      const T* gk = row + (H + h) * D;
+      const T* gv = row + 2 * H * D + h * Dv;
+      std::copy(gq, gq + Dn, dq_row + h * D);
+      mla_rope_rotate_backward(rot.data(), gq + Dn, freqs_t, Dr);
+      for (int64_t i = 0; i < Dr; ++i) dq_row[h * D + Dn + i] = static_cast<T>(rot[i]);
+      std::copy(gk, gk + Dn, dkv_row + h * (Dn + Dv));
+      std::copy(gv, gv + Dv, dkv_row + h * (Dn + Dv) + Dn);
+      // The rope key is shared: its gradient sums the heads' (in head order), then rotates back.
+      for (int64_t i = 0; i < Dr; ++i) k_sum[i] += gk[Dn + i];
+    }
+    mla_rope_rotate_backward(rot.data(), k_sum.data(), freqs_t, Dr);
+    for (int64_t i = 0; i < Dr; ++i) dk_rope[n * k_stride + i] = static_cast<T>(rot[i]);
+  }
 }
 
 // ---- SwiGLU ----
@@ -603,6 +690,10 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void rope_forward<T>(T*, const T*, const AttentionShape&);                              \
   template void rope_backward<T>(T*, const T*, const AttentionShape&);                             \
   template void attention_forward<T>(T*, T*, const T*, const AttentionShape&);                     \
+  template void mla_qkv_forward<T>(T*, const T*, int64_t, const T*, int64_t, const T*, const T*,   \
+                                   const AttentionShape&, int64_t, int64_t, int64_t);              \
+  template void mla_qkv_backward<T>(T*, int64_t, T*, int64_t, T*, const T*, const T*,              \
+                                    const AttentionShape&, int64_t, int64_t, int64_t);             \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const T*,                  \
                                       const AttentionShape&);                                      \
   template void attention_head_forward<T>(T*, T*, const T*, const AttentionShape&, int64_t,        \

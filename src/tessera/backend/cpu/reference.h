@@ -96,20 +96,20 @@ struct KeyRange {
 };
 KeyRange visible_keys(const AttentionShape& s, int64_t i);
 
-// qkv (B, T, (H + 2*KV) * D) packs per token H query heads, then KV key heads, then KV value
-// heads; query head h reads key/value head h / (H / KV).
-// out (B, T, H*D) = softmax(scale * q k^T + mask) v per head; lse (B, H, T) = log-sum-exp of
+// qkv (B, T, (H + KV) * D + KV * Dv) packs per token H query heads, then KV key heads, then KV
+// value heads (Dv = s.v_dim()); query head h reads key/value head h / (H / KV).
+// out (B, T, H*Dv) = softmax(scale * q k^T + mask) v per head; lse (B, H, T) = log-sum-exp of
 // each query row's visible scaled scores (-inf, with a zero output row, if it sees none).
 template <class T>
 void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s);
 
-// dqkv (B, T, width) is overwritten with the gradients of q, k and v for dout (B, T, H*D).
+// dqkv (B, T, width) is overwritten with the gradients of q, k and v for dout (B, T, H*Dv).
 // Probabilities are recomputed from lse; sum_j p_ij dp_ij is taken as dout_i . out_i.
 template <class T>
 void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, const T* qkv,
                         const AttentionShape& s);
 
-// attention_forward for the one (batch b, query head h) pair. scratch: s.seq + s.head_dim.
+// attention_forward for the one (batch b, query head h) pair. scratch: s.seq + s.v_dim().
 template <class T>
 void attention_head_forward(T* out, T* lse, const T* qkv, const AttentionShape& s, int64_t b,
                             int64_t h, double* scratch);
@@ -153,10 +153,28 @@ void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, 
 
 // Generation's attention for one new token per sequence, at position `pos`: q (B, H*D)
 // attends to the keys and values of the positions visible from `pos` (visible_keys) in the
-// cache kv (B, S, 2*KV*D), which holds per position the KV key heads, then the KV value
-// heads. out (B, H*D). s.seq is the cache's capacity S.
+// cache kv (B, S, KV*(D + Dv)), which holds per position the KV key heads, then the KV value
+// heads. out (B, H*Dv). s.seq is the cache's capacity S.
 template <class T>
 void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const AttentionShape& s);
+
+// ---- multi-latent attention ----
+
+// qkv (N, s.qkv_width()) rows [first_token, first_token + tokens) from the query heads
+// q (rows q_stride apart, H x (Dn | Dr) from its first element), the rope key k_rope (rows
+// k_stride apart, Dr), kv (N, H (Dn + Dv)) and freqs (T, Dr), as ops/backend.h's MlaQkvArgs
+// states; token n has position n % s.seq.
+template <class T>
+void mla_qkv_forward(T* qkv, const T* q, int64_t q_stride, const T* k_rope, int64_t k_stride,
+                     const T* kv, const T* freqs, const AttentionShape& s, int64_t rope_dim,
+                     int64_t first_token, int64_t tokens);
+
+// Its gradient for those rows: dq's H x D and dk_rope's Dr columns per row overwritten (the
+// rope key's is the heads' sum, taken in head order), dkv (N, H (Dn + Dv)) overwritten.
+template <class T>
+void mla_qkv_backward(T* dq, int64_t q_stride, T* dk_rope, int64_t k_stride, T* dkv, const T* dqkv,
+                      const T* freqs, const AttentionShape& s, int64_t rope_dim,
+                      int64_t first_token, int64_t tokens);
 
 // ---- SwiGLU ----
 

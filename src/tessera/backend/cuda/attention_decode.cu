@@ -1,5 +1,6 @@
 #include "tessera/backend/cuda/attention_decode.cuh"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
@@ -15,19 +16,20 @@ namespace {
 // warps' partial results are combined once at the end. Reading a key is one coalesced load
 // of D contiguous elements by the warp. PER_LANE is the register count fixed at compile time
 // (D up to 32 x PER_LANE); a head dimension that is not a multiple of 32 leaves the last
-// lanes idle in their last slot.
+// lanes idle in their last slot. Values may be narrower than keys (Dv < D: multi-latent
+// attention); PER_LANE covers the wider of the two.
 constexpr int kWarps = 8;
 constexpr int kMaxHeadDim = 256;
 
 template <class T, int PER_LANE>
 __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t S, int64_t H,
-                                        int64_t KV, int D, int64_t first, int64_t last,
+                                        int64_t KV, int D, int Dv, int64_t first, int64_t last,
                                         float scale) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t row = 2 * KV * D;  // elements per cached position
+  const int64_t row = KV * (D + Dv);  // elements per cached position
   const T* keys = kv + b * S * row + (h / (H / KV)) * D;
-  const T* values = keys + KV * D;
+  const T* values = kv + b * S * row + KV * D + (h / (H / KV)) * Dv;
 
   float qd[PER_LANE], acc[PER_LANE];
 #pragma unroll
@@ -50,7 +52,7 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t
     const T* v = values + j * row;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < D) acc[i] = acc[i] * correction + p * to_float(v[lane + 32 * i]);
+      if (lane + 32 * i < Dv) acc[i] = acc[i] * correction + p * to_float(v[lane + 32 * i]);
     m = m_new;
   }
 
@@ -65,11 +67,11 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t
   float l_all = 0.0f;
   for (int w = 0; w < kWarps; ++w)
     if (warp_l[w] > 0.0f) l_all += warp_l[w] * __expf(warp_m[w] - m_all);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w)
       if (warp_l[w] > 0.0f) o += warp_acc[w][d] * __expf(warp_m[w] - m_all);
-    out[(b * H + h) * D + d] = from_float<T>(o / l_all);
+    out[(b * H + h) * Dv + d] = from_float<T>(o / l_all);
   }
 }
 
@@ -79,7 +81,7 @@ void launch(void* out, const void* q, const void* kv, int64_t first, int64_t las
   const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
   attention_decode_kernel<T, PER_LANE><<<grid, kWarps * 32, 0, stream>>>(
       static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(kv), s.seq, s.heads,
-      s.kv_heads, static_cast<int>(s.head_dim), first, last, s.scale);
+      s.kv_heads, static_cast<int>(s.head_dim), static_cast<int>(s.v_dim()), first, last, s.scale);
   TS_CUDA_CHECK_LAUNCH("attention_decode_kernel");
 }
 
@@ -90,13 +92,14 @@ void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
   NvtxRange range("attention_decode");
   // The visible keys: the op API's rule (reference.h, visible_keys) for query row pos.
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
+  const int64_t widest = std::max(s.head_dim, s.v_dim());
   dispatch_float(dtype, "attention_decode", [&](auto tag) {
     using T = decltype(tag);
-    if (s.head_dim <= 32) return launch<T, 1>(out, q, kv, first, pos, s, stream);
-    if (s.head_dim <= 64) return launch<T, 2>(out, q, kv, first, pos, s, stream);
-    if (s.head_dim <= 128) return launch<T, 4>(out, q, kv, first, pos, s, stream);
-    if (s.head_dim <= kMaxHeadDim) return launch<T, 8>(out, q, kv, first, pos, s, stream);
-    throw InternalError("attention_decode: head_dim " + std::to_string(s.head_dim) + " (at most " +
+    if (widest <= 32) return launch<T, 1>(out, q, kv, first, pos, s, stream);
+    if (widest <= 64) return launch<T, 2>(out, q, kv, first, pos, s, stream);
+    if (widest <= 128) return launch<T, 4>(out, q, kv, first, pos, s, stream);
+    if (widest <= kMaxHeadDim) return launch<T, 8>(out, q, kv, first, pos, s, stream);
+    throw InternalError("attention_decode: head_dim " + std::to_string(widest) + " (at most " +
                         std::to_string(kMaxHeadDim) + " on CUDA)");
   });
 }

@@ -10,7 +10,8 @@
 
 namespace tessera::cuda {
 
-// q (B, H*D), out (B, H*D), kv (B, S, 2*KV*D) with S = s.seq: all in dtype (bf16 or fp32).
+// q (B, H*D), out (B, H*Dv), kv (B, S, KV*(D + Dv)) with S = s.seq and Dv = s.v_dim(): all in
+// dtype (bf16 or fp32).
 // The new token is at position `pos`; it sees the cached positions s allows (causal, window).
 void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
                       const AttentionShape& s, DType dtype, cudaStream_t stream);

@@ -11,6 +11,7 @@
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/attention_decode.cuh"
 #include "tessera/backend/cuda/attention_gathered.cuh"
+#include "tessera/backend/cuda/attention_rowwise.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
@@ -18,6 +19,7 @@
 #include "tessera/backend/cuda/elementwise.cuh"
 #include "tessera/backend/cuda/embedding.cuh"
 #include "tessera/backend/cuda/fp8_cast.cuh"
+#include "tessera/backend/cuda/mla.cuh"
 #include "tessera/backend/cuda/moe.cuh"
 #include "tessera/backend/cuda/reduce.cuh"
 #include "tessera/backend/cuda/rmsnorm.cuh"
@@ -86,8 +88,31 @@ RopeShape rope_shape(const AttentionShape& s) {
 std::string attention_shape_text(const AttentionShape& s) {
   return "B=" + std::to_string(s.batch) + " T=" + std::to_string(s.seq) +
          " H=" + std::to_string(s.heads) + " KV=" + std::to_string(s.kv_heads) +
-         " D=" + std::to_string(s.head_dim) + (s.causal ? " causal" : " full") +
+         " D=" + std::to_string(s.head_dim) +
+         (s.v_dim() != s.head_dim ? " Dv=" + std::to_string(s.v_dim()) : std::string()) +
+         (s.causal ? " causal" : " full") +
          (s.window > 0 ? " window " + std::to_string(s.window) : std::string());
+}
+
+// Tessera's flash kernels (attention.cuh) take head_dim 64 or 128 with values as wide; every
+// other shape runs on the row-wise kernels (attention_rowwise.cuh) when cuDNN does not take it.
+bool flash_kernels_take(const AttentionShape& s) {
+  return (s.head_dim == 64 || s.head_dim == 128) && s.v_dim() == s.head_dim;
+}
+
+cuda::MlaQkvView mla_view(const MlaQkvArgs& a) {
+  cuda::MlaQkvView v;
+  const size_t e = dtype_size(a.qkv.dtype);
+  v.qkv = a.qkv.data;
+  v.q = static_cast<char*>(a.q.data) + a.q_col * e;
+  v.q_stride = matrix_dims(a.q).cols;
+  v.k_rope = static_cast<char*>(a.k_rope.data) + a.k_col * e;
+  v.k_stride = matrix_dims(a.k_rope).cols;
+  v.kv = a.kv.data;
+  v.freqs = a.freqs.as<float>();
+  v.s = a.s;
+  v.rope_dim = a.rope_dim;
+  return v;
 }
 
 }  // namespace
@@ -588,6 +613,10 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
       cudnn_attention_fallback("forward " + attention_shape_text(s), e.what());
     }
   }
+  if (!flash_kernels_take(s)) {
+    cuda::attention_rowwise_forward(out.data, lse.as<float>(), qkv.data, s, qkv.dtype, stream_);
+    return;
+  }
   cuda::attention_forward(out.data, lse.as<float>(), qkv.data, s, stream_);
 }
 
@@ -610,6 +639,12 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
       if (attention_ == AttentionBackend::Cudnn) throw;
       cudnn_attention_fallback("backward " + attention_shape_text(s), e.what());
     }
+  }
+  if (!flash_kernels_take(s)) {
+    const size_t bytes = attention_rowwise_backward_scratch_bytes(s);
+    cuda::attention_rowwise_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
+                                     scratch(bytes), qkv.dtype, stream_);
+    return;
   }
   const size_t bytes = attention_backward_scratch_bytes(s);
   cuda::attention_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
@@ -652,6 +687,33 @@ void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const 
   expect_same_type(out, q, op, "out");
   expect_same_type(kv, q, op, "kv");
   cuda::attention_decode(out.data, q.data, kv.data, pos, s, q.dtype, stream_);
+}
+
+void CudaBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
+  const char* op = "mla_qkv_forward";
+  expect_float(a.qkv, op, "qkv");
+  for (const auto& [t, what] :
+       {std::pair{&a.q, "q"}, std::pair{&a.k_rope, "k_rope"}, std::pair{&a.kv, "kv"}})
+    expect_same_type(*t, a.qkv, op, what);
+  expect_type(a.freqs, DType::F32, op, "freqs");
+  cuda::mla_qkv_forward(mla_view(a), a.qkv.dtype, stream_);
+}
+
+void CudaBackend::do_mla_qkv_backward(const MlaQkvArgs& g) {
+  const char* op = "mla_qkv_backward";
+  expect_float(g.qkv, op, "dqkv");
+  for (const auto& [t, what] :
+       {std::pair{&g.q, "dq"}, std::pair{&g.k_rope, "dk_rope"}, std::pair{&g.kv, "dkv"}})
+    expect_same_type(*t, g.qkv, op, what);
+  expect_type(g.freqs, DType::F32, op, "freqs");
+  cuda::mla_qkv_backward(mla_view(g), g.qkv.dtype, stream_);
+}
+
+void CudaBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                                  int64_t src_col, int64_t cols) {
+  const MatrixDims d = matrix_dims(dst), r = matrix_dims(src);
+  cuda::copy_columns(dst.data, d.cols, dst_col, src.data, r.cols, src_col, d.rows, cols,
+                     dtype_size(dst.dtype), stream_);
 }
 
 void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
@@ -1060,9 +1122,11 @@ size_t step_buffer_bytes(const StepBufferDemand& d) {
     // not depend on where it is made. Its workspace holds Tessera's softmax sums and dQ
     // accumulator in front of the engine's own; Tessera's kernels (tessera, or auto without
     // cuDNN) need less, two (B, H, T) statistics.
+    // Shapes the flash kernels do not take fall back to the row-wise kernels' statistics.
     need(d.attention_backend != AttentionBackend::Tessera
              ? cudnn_backward_tessera_workspace_bytes(d.attention, /*deterministic=*/false)
-             : attention_backward_scratch_bytes(d.attention));
+         : flash_kernels_take(d.attention) ? attention_backward_scratch_bytes(d.attention)
+                                           : attention_rowwise_backward_scratch_bytes(d.attention));
   }
   const size_t granules = (scratch + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   size_t chunks = 0;  // the chunk table grows to the largest call's

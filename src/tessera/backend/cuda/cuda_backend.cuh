@@ -14,8 +14,10 @@
 // sums, sort buffers, attention backward) is one buffer that grows on demand; the cuBLASLt
 // workspace is another. Both count in memory_stats().
 //
-// Attention runs on Tessera's own kernels (attention.cuh) or on cuDNN's fused SDPA
-// (cudnn_attention.cuh), chosen by TrainingConfig::attention_backend:
+// Attention runs on Tessera's own kernels (attention.cuh: the flash kernels for head_dim 64 and
+// 128; attention_rowwise.cuh for every other shape, such as multi-latent attention's narrower
+// value heads) or on cuDNN's fused SDPA (cudnn_attention.cuh), chosen by
+// TrainingConfig::attention_backend:
 //   tessera  always Tessera's kernels; cuDNN is never loaded.
 //   cudnn    cuDNN (9.14 or newer) must load when the backend is made (make_cuda_backend throws
 //            ConfigError otherwise), and every attention call must get a cuDNN plan for its
@@ -124,6 +126,10 @@ class CudaBackend final : public Backend {
                                       const AttentionShape& s) override;
   void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
                            const AttentionShape& s) override;
+  void do_mla_qkv_forward(const MlaQkvArgs& a) override;
+  void do_mla_qkv_backward(const MlaQkvArgs& g) override;
+  void do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                       int64_t cols) override;
   void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                           const Tensor& gate_up) override;

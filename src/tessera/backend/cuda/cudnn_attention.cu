@@ -55,6 +55,11 @@
 // Version rules copied from the frontend: cuDNN 9.14.0 (exactly) refuses full attention with a
 // window and T > 1024 (known wrong results); backward refuses T = 1; D must be a multiple of 8,
 // at most 256.
+//
+// Value heads narrower than the query/key heads (multi-latent attention, Dv < D) use the same
+// graphs with V, O, dO and dV (and the dO * O product) Dv wide, as the frontend sizes them from
+// the V tensor; whether an engine of the loaded cuDNN takes such a graph is its plan's answer
+// (CudnnPlanInfo::supported), asked once per shape.
 #include "tessera/backend/cuda/cudnn_attention.cuh"
 
 #include <cuda_runtime.h>
@@ -144,21 +149,23 @@ constexpr size_t kMinCudnnVersion = 91400;
 std::string shape_text(const AttentionShape& s) {
   return "B=" + std::to_string(s.batch) + " T=" + std::to_string(s.seq) +
          " H=" + std::to_string(s.heads) + " KV=" + std::to_string(s.kv_heads) +
-         " D=" + std::to_string(s.head_dim) + (s.causal ? " causal" : " full") +
+         " D=" + std::to_string(s.head_dim) +
+         (s.v_dim() != s.head_dim ? " Dv=" + std::to_string(s.v_dim()) : std::string()) +
+         (s.causal ? " causal" : " full") +
          (s.window > 0 ? " window=" + std::to_string(s.window) : std::string());
 }
 
 // The attention problem as the graphs see it; window 0 = no left bound (a window >= T restricts
 // nothing, causal or not, and is dropped).
 struct Geometry {
-  int64_t B = 0, T = 0, H = 0, KV = 0, D = 0, W = 0;
+  int64_t B = 0, T = 0, H = 0, KV = 0, D = 0, Dv = 0, W = 0;
   bool causal = true;
   int64_t window = 0;
 };
 
 Geometry geometry_of(const AttentionShape& s) {
   Geometry g;
-  g.B = s.batch, g.T = s.seq, g.H = s.heads, g.KV = s.kv_heads, g.D = s.head_dim;
+  g.B = s.batch, g.T = s.seq, g.H = s.heads, g.KV = s.kv_heads, g.D = s.head_dim, g.Dv = s.v_dim();
   g.W = s.qkv_width();
   g.causal = s.causal;
   g.window = (s.window > 0 && s.window < s.seq) ? s.window : 0;
@@ -604,13 +611,13 @@ int64_t apply_band_masks(GraphBuilder& g, int64_t x, const Geometry& G, WindowIn
 }
 
 void build_forward_graph(GraphBuilder& g, const Geometry& G, WindowIndex index_type) {
-  const int64_t B = G.B, T = G.T, H = G.H, KV = G.KV, D = G.D, W = G.W;
+  const int64_t B = G.B, T = G.T, H = G.H, KV = G.KV, D = G.D, Dv = G.Dv, W = G.W;
   const Dims S{B, H, T, T}, Ss{H * T * T, T * T, T, 1};
   const Dims R{B, H, T, 1}, Rs{H * T, T, 1, 1};
   const int64_t q = g.tensor("Q", kBF16, {B, H, T, D}, {T * W, D, W, 1}, Bind::Q);
   const int64_t kt = g.tensor("K^T", kBF16, {B, KV, D, T}, {T * W, D, 1, W}, Bind::K);
-  const int64_t v = g.tensor("V", kBF16, {B, KV, T, D}, {T * W, D, W, 1}, Bind::V);
-  const int64_t o = g.tensor("O", kBF16, {B, H, T, D}, {T * H * D, D, H * D, 1}, Bind::O);
+  const int64_t v = g.tensor("V", kBF16, {B, KV, T, Dv}, {T * W, Dv, W, 1}, Bind::V);
+  const int64_t o = g.tensor("O", kBF16, {B, H, T, Dv}, {T * H * Dv, Dv, H * Dv, 1}, Bind::O);
   const int64_t stats = g.tensor("Stats", kF32, R, Rs, Bind::Stats);
   const int64_t scale = g.scalar("attn_scale", Bind::Scale, 0.0f);
 
@@ -661,20 +668,21 @@ int64_t apply_padding_mask(GraphBuilder& g, int64_t x, int64_t seq_q, int64_t se
 
 void build_backward_graph(GraphBuilder& g, const Geometry& G, WindowIndex index_type,
                           bool deterministic, bool padding_workaround) {
-  const int64_t B = G.B, T = G.T, H = G.H, KV = G.KV, D = G.D, W = G.W;
+  const int64_t B = G.B, T = G.T, H = G.H, KV = G.KV, D = G.D, Dv = G.Dv, W = G.W;
   const Dims S{B, H, T, T}, Ss{H * T * T, T * T, T, 1};
   const Dims St{H * T * T, T * T, 1, T};  // the transposed (B,H,T,T) views
   const Dims R{B, H, T, 1}, Rs{H * T, T, 1, 1};
   const Dims Hd{B, H, T, D}, Hds{H * T * D, T * D, D, 1};  // packed (B,H,T,D) intermediates
+  const Dims Hv{B, H, T, Dv}, Hvs{H * T * Dv, T * Dv, Dv, 1};  // and (B,H,T,Dv) ones
   const int64_t q = g.tensor("Q", kBF16, {B, H, T, D}, {T * W, D, W, 1}, Bind::Q);
   const int64_t kt = g.tensor("K^T", kBF16, {B, KV, D, T}, {T * W, D, 1, W}, Bind::K);
-  const int64_t vt = g.tensor("V^T", kBF16, {B, KV, D, T}, {T * W, D, 1, W}, Bind::V);
-  const int64_t o = g.tensor("O", kBF16, {B, H, T, D}, {T * H * D, D, H * D, 1}, Bind::O);
-  const int64_t dout = g.tensor("dO", kBF16, {B, H, T, D}, {T * H * D, D, H * D, 1}, Bind::dO);
+  const int64_t vt = g.tensor("V^T", kBF16, {B, KV, Dv, T}, {T * W, Dv, 1, W}, Bind::V);
+  const int64_t o = g.tensor("O", kBF16, {B, H, T, Dv}, {T * H * Dv, Dv, H * Dv, 1}, Bind::O);
+  const int64_t dout = g.tensor("dO", kBF16, {B, H, T, Dv}, {T * H * Dv, Dv, H * Dv, 1}, Bind::dO);
   const int64_t stats = g.tensor("Stats", kF32, R, Rs, Bind::Stats);
   const int64_t dq = g.tensor("dQ", kBF16, {B, H, T, D}, {T * W, D, W, 1}, Bind::dQ);
   const int64_t dk = g.tensor("dK", kBF16, {B, KV, T, D}, {T * W, D, W, 1}, Bind::dK);
-  const int64_t dv = g.tensor("dV", kBF16, {B, KV, T, D}, {T * W, D, W, 1}, Bind::dV);
+  const int64_t dv = g.tensor("dV", kBF16, {B, KV, T, Dv}, {T * W, Dv, W, 1}, Bind::dV);
   const int64_t scale = g.scalar("attn_scale", Bind::Scale, 0.0f);
   int64_t seq_q = 0, seq_kv = 0;
   if (padding_workaround) {
@@ -683,7 +691,7 @@ void build_backward_graph(GraphBuilder& g, const Geometry& G, WindowIndex index_
   }
 
   // softmax_sum = rowsum(dO * O) (x 1.0, the dropout-free scale).
-  const int64_t d_o = g.virt("mul_dO_O::Y", kF32, Hd, {H * T * D, T * D, H * D, 1});
+  const int64_t d_o = g.virt("mul_dO_O::Y", kF32, Hv, {H * T * Dv, T * Dv, H * Dv, 1});
   TS_PW(g, "mul_dO_O", CUDNN_POINTWISE_MUL, kF32, dout, o, 0, d_o);
   const int64_t rowsum = g.virt("reduce_dO_o::Y", kF32, R, Rs);
   TS_RED(g, "reduce_dO_o", CUDNN_REDUCE_TENSOR_ADD, d_o, rowsum);
@@ -709,7 +717,7 @@ void build_backward_graph(GraphBuilder& g, const Geometry& G, WindowIndex index_
   if (H == KV) {
     g.matmul("matmul_pT_dO", pt, dout, dv, seq_kv, 0, seq_q);
   } else {
-    const int64_t dv_full = g.virt("matmul_pT_dO::C", kBF16, Hd, Hds);
+    const int64_t dv_full = g.virt("matmul_pT_dO::C", kBF16, Hv, Hvs);
     g.matmul("matmul_pT_dO", pt, dout, dv_full, seq_kv, 0, seq_q);
     TS_RED(g, "red_dV_head", CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
   }
@@ -872,12 +880,16 @@ void make_plan(const Api& api, cudnnHandle_t handle, GraphBuilder& g, Plan& out)
 
 // Why cuDNN will not be asked at all (empty: try it).
 std::string precheck(const AttentionShape& s, const Geometry& G, bool backward, size_t version) {
-  if (G.B <= 0 || G.T <= 0 || G.H <= 0 || G.KV <= 0 || G.D <= 0 || G.H % G.KV != 0) {
+  if (G.B <= 0 || G.T <= 0 || G.H <= 0 || G.KV <= 0 || G.D <= 0 || G.Dv <= 0 || G.H % G.KV != 0) {
     return "invalid shape";
   }
   if (!(s.scale > 0.0f) || !std::isfinite(s.scale)) return "scale must be positive and finite";
   if (G.D % 8 != 0 || G.D > 256) {
     return "head_dim " + std::to_string(G.D) + ": cuDNN SDPA needs a multiple of 8, at most 256";
+  }
+  if (G.Dv % 8 != 0 || G.Dv > 256) {
+    return "value head_dim " + std::to_string(G.Dv) +
+           ": cuDNN SDPA needs a multiple of 8, at most 256";
   }
   if (s.window < 0) return "negative window";
   if (backward && G.T == 1) return "cuDNN SDPA backward does not support T = 1 (s_q = s_kv = 1)";
@@ -898,8 +910,9 @@ struct CudnnAttention::Impl {
   const Api* api = nullptr;
   cudnnHandle_t handle = nullptr;
   cudaStream_t stream = nullptr;
-  // (backward, deterministic, B, T, H, KV, D, causal, window)
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t>;
+  // (backward, deterministic, B, T, H, KV, D, Dv, causal, window)
+  using Key =
+      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int64_t>;
   std::map<Key, std::unique_ptr<Plan>> plans;
 
   ~Impl() {
@@ -909,7 +922,8 @@ struct CudnnAttention::Impl {
 
   Plan& plan_for(const AttentionShape& s, bool backward, bool deterministic) {
     const Geometry G = geometry_of(s);
-    const Key key{backward, backward && deterministic, G.B, G.T, G.H, G.KV, G.D, G.causal, G.window};
+    const Key key{backward, backward && deterministic, G.B, G.T, G.H, G.KV, G.D, G.Dv, G.causal,
+                  G.window};
     auto it = plans.find(key);
     if (it != plans.end()) return *it->second;
     auto plan = std::make_unique<Plan>();

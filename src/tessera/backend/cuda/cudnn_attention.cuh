@@ -1,14 +1,16 @@
 #pragma once
 // cuDNN's fused flash attention (SDPA) through the cuDNN backend graph API, as an alternative to
 // Tessera's own kernels (attention.cuh), with the same op contract (ops/backend.h):
-//   qkv (B, T, (H + 2*KV) * D) bf16: per token H query heads, KV key heads, KV value heads;
-//   out (B, T, H*D) bf16; lse (B, H, T) fp32, natural-log log-sum-exp of the scaled, masked
+//   qkv (B, T, (H + KV) * D + KV * Dv) bf16: per token H query heads, KV key heads, KV value
+//   heads (Dv = D but in multi-latent attention);
+//   out (B, T, H*Dv) bf16; lse (B, H, T) fp32, natural-log log-sum-exp of the scaled, masked
 //   scores; causal and/or sliding window (query i sees key j iff i - window < j [<= i]);
 //   backward overwrites dqkv.
 //
 // Q, K, V, O, dO, dQ, dK, dV are strided BSHD views straight into the packed buffers (no copies):
-// Q (B, H, T, D) strides (T*W, D, W, 1) with W = (H + 2*KV) * D, K and V the same with KV heads
-// at offsets H*D and (H + KV)*D; O and dO (B, H, T, D) strides (T*H*D, D, H*D, 1). cuDNN's softmax
+// Q (B, H, T, D) strides (T*W, D, W, 1) with W the qkv width, K the same with KV heads at offset
+// H*D, V (B, KV, T, Dv) strides (T*W, Dv, W, 1) at (H + KV)*D; O and dO (B, H, T, Dv) strides
+// (T*H*Dv, Dv, H*Dv, 1). cuDNN's softmax
 // statistics output is max + log(sum exp) of the scaled scores, natural log, (B, H, T, 1) fp32
 // contiguous: exactly Tessera's lse, so the lse buffer is passed to cuDNN as is, and a forward of
 // one implementation can feed the backward of the other.

@@ -47,7 +47,11 @@ ModelSpec LlamaFamily::make_spec(const Experiment& e) const {
   if (m.num_experts > 0)
     reject_model_key(e, "num_experts",
                      "0 with model_family llama (a dense model); MoE models are model_family "
-                     "mixtral or qwen3_moe");
+                     "mixtral, qwen3_moe or deepseek");
+  if (m.multi_latent_attention)
+    reject_model_key(e, "multi_latent_attention",
+                     "false with model_family llama (GQA attention); multi-latent attention is "
+                     "model_family deepseek");
   if (m.qk_layernorm)
     reject_model_key(e, "qk_layernorm",
                      "false with model_family llama (Llama, Qwen 2.5 and Mistral have no QK "

@@ -23,11 +23,22 @@ ModelSpec MoeFamily::make_spec(const Experiment& e) const {
         fmt::format("{} with model_family {}{}", arch_.qk_norm ? "true" : "false", arch_.name,
                     arch_.qk_norm ? " (Qwen3's attention normalises q and k heads)"
                                   : " (qwen3_moe has QK norm)"));
+  if (m.multi_latent_attention)
+    reject_model_key(e, "multi_latent_attention",
+                     fmt::format("false with model_family {} (GQA attention); multi-latent "
+                                 "attention is model_family deepseek",
+                                 arch_.name));
   ModelSpec s = decoder_spec(e);
-  MoeSpec& moe = s.moe;
+  s.moe = moe_spec(e, s.ffn);
+  return s;
+}
+
+MoeSpec moe_spec(const Experiment& e, int64_t dense_ffn) {
+  const ModelConfig& m = e.model_config;
+  MoeSpec moe;
   moe.experts = m.num_experts;
   moe.topk = m.moe_router_topk;
-  moe.ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : s.ffn;
+  moe.ffn = m.moe_ffn_hidden_size ? m.moe_ffn_hidden_size : dense_ffn;
   moe.shared_ffn = m.moe_shared_expert_intermediate_size;
   std::string why;
   const auto layers = parse_moe_layer_freq(m.moe_layer_freq, m.num_layers, &why);
@@ -43,7 +54,7 @@ ModelSpec MoeFamily::make_spec(const Experiment& e) const {
   moe.num_groups = m.moe_router_num_groups;
   moe.group_topk = m.moe_router_group_topk;
   moe.topk_scaling = m.moe_router_topk_scaling_factor;
-  return s;
+  return moe;
 }
 
 std::vector<std::unique_ptr<Block>> MoeFamily::layer_blocks(const ModelSpec& s,
@@ -58,15 +69,19 @@ std::vector<std::unique_ptr<Block>> MoeFamily::layer_blocks(const ModelSpec& s,
   return blocks;
 }
 
-std::string MoeFamily::features(const ModelSpec& s) const {
+std::string moe_features(const ModelSpec& s) {
   const MoeSpec& m = s.moe;
-  const int64_t moe_layers = m.moe_layers();
+  if (!m.enabled()) return "";
   return fmt::format(
-      ", {} experts top-{} (ffn {}{}) in {} of {} layers{}{}{}{}", m.experts, m.topk, m.ffn,
-      m.shared_ffn ? fmt::format(", shared expert {}", m.shared_ffn) : "", moe_layers, s.num_layers,
-      m.sigmoid ? ", sigmoid router" : "",
-      m.num_groups ? fmt::format(", {} of {} groups", m.group_topk, m.num_groups) : "",
-      s.qk_norm ? ", qk norm" : "", s.tied_embeddings ? ", tied embeddings" : "");
+      ", {} experts top-{} (ffn {}{}) in {} of {} layers{}{}", m.experts, m.topk, m.ffn,
+      m.shared_ffn ? fmt::format(", shared expert {}", m.shared_ffn) : "", m.moe_layers(),
+      s.num_layers, m.sigmoid ? ", sigmoid router" : "",
+      m.num_groups ? fmt::format(", {} of {} groups", m.group_topk, m.num_groups) : "");
+}
+
+std::string MoeFamily::features(const ModelSpec& s) const {
+  return fmt::format("{}{}{}", moe_features(s), s.qk_norm ? ", qk norm" : "",
+                     s.tied_embeddings ? ", tied embeddings" : "");
 }
 
 const ModelFamily& mixtral_family() {

@@ -42,4 +42,12 @@ class MoeFamily final : public ModelFamily {
 const ModelFamily& mixtral_family();
 const ModelFamily& qwen3_moe_family();
 
+// The MoE keys of `e` (num_experts at least 1) as a MoeSpec: routing, losses, which layers are
+// MoE; each routed expert's width defaults to the dense MLP's. ConfigError naming a bad
+// moe_layer_freq.
+MoeSpec moe_spec(const Experiment& e, int64_t dense_ffn);
+// ", 8 experts top-2 (ffn 14336) in 32 of 32 layers, sigmoid router, ...": the MoE part of a
+// model summary.
+std::string moe_features(const ModelSpec& s);
+
 }  // namespace tessera
