@@ -4,7 +4,7 @@
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
-#       [dist] [full] [full_proxies] [moe] [full_fp8_loss]
+#       [dist] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
 #       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
@@ -182,6 +182,15 @@ if want moe; then
   done
   timeout 300 python3 "$ROOT/.device/peer/torch_llama.py" --model mixtral_8x7b --compile \
     --json "$OUT/moe_peer.jsonl" 2>&1 | tail -1
+fi
+if want deepseek; then
+  echo "== DeepSeek-V2-Lite proxy (4 layers, every one MoE, seq 8192, mbs 1): real and force-balanced routing"
+  for run in "bf16_routed" "bf16_balanced --moe_force_balance true" "fp8_routed --fp8 hybrid"; do
+    set -- $run
+    name="deepseek_v2_lite_$1"; shift
+    timeout 240 "$BIN/tessera" bench model --models deepseek_v2_lite --moe_layer_freq 1 "$@" \
+      -o "$OUT/moe_$name" 2>&1 | tee "$OUT/moe_$name.log" | tail -3
+  done
 fi
 if want fp8; then
   echo "== FP8 hybrid vs BF16 (Llama 3.1 8B proxy)"
