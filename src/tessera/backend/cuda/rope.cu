@@ -46,7 +46,7 @@ void launch_rope(const char* name, void* qkv, const float* freqs, const RopeShap
   const int64_t rows = s.batch * s.seq;
   if (rows == 0) return;
   check_grid(name, rows);
-  const int64_t width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+  const int64_t width = s.width;
   const int64_t rotated = s.heads + s.kv_heads;
   dispatch_float(dtype, name, [&](auto tag) {
     using T = decltype(tag);

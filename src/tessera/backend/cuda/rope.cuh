@@ -13,6 +13,7 @@ namespace tessera::cuda {
 // heads + kv_heads heads of every token rotate, the value heads do not.
 struct RopeShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t width = 0;  // elements per token row of qkv: the value heads may be narrower
 };
 
 // Rotates by +angle (forward) in place; freqs (>= seq, head_dim) fp32 holds per position t
