@@ -37,8 +37,10 @@ class MoeMlpBlock final : public Block {
   const char* range_name() const override { return "moe_block"; }
   const char* backward_range_name() const override { return "moe_block_backward"; }
   void declare_params(ParamLayoutBuilder& builder) override;
-  // The shared expert's projections; the routed experts' grouped GEMMs run in bf16.
+  // The shared expert's projections.
   std::vector<int> linear_weights() const override;
+  // The routed experts' two stacks (their grouped GEMMs run in FP8 under fp8, but blockwise).
+  std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const override;
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
   void forward_inner(LayerOps& ops, const Tensor& x) override;
@@ -77,6 +79,8 @@ class MoeMlpBlock final : public Block {
   ExpertExchange* exchange(LayerOps& ops) const;
   // Rows the experts of this rank run on, at most, for n tokens per rank.
   int64_t expert_rows(int64_t n, int ep) const;
+  // The experts each rank of the exchange runs.
+  int64_t local_count(const ExpertExchange& ex) const { return s_.moe.experts / ex.size(); }
   // This rank's share of an (E, rows, cols) expert tensor.
   Tensor local_experts(const Tensor& all, int rank, int ep) const;
   // Swaps the per-expert counts with the group and lays out the rows to send and receive.
