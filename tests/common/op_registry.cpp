@@ -1023,7 +1023,8 @@ std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, 
       const Tensor b_inv = state.tensor(DType::F32, {W}, 256);
       cast_fp8_tensorwise(b, state, 512, t.at("a"), qa, a_inv);
       for (int64_t e = 0; e < W; ++e)
-        cast_fp8_tensorwise(b, state, 1024 + 512 * e, t.at("b").flat_range(e * N * K, N * K).view({N, K}),
+        cast_fp8_tensorwise(b, state, 1024 + 512 * e,
+                            t.at("b").flat_range(e * N * K, N * K).view({N, K}),
                             qb.flat_range(e * N * K, N * K).view({N, K}), b_inv.flat_range(e, 1));
       GroupedFp8MatmulArgs g;
       g.out = t.at("out"), g.a = qa, g.b = qb, g.a_scale_inv = a_inv, g.b_scale_inv = b_inv;
@@ -1050,15 +1051,16 @@ std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, 
       DeviceBuffer state(b, 4 * 512, "fp8 scales");
       const Tensor qa = codes.tensor(DType::E5M2, {R * N});  // the output gradient
       const Tensor qb = codes.tensor(DType::E4M3, {R * K}, (R * N + 255) / 256 * 256);
-      const Tensor a_inv = state.tensor(DType::F32, {1}), b_inv = state.tensor(DType::F32, {1}, 256);
+      const Tensor a_inv = state.tensor(DType::F32, {1}),
+                   b_inv = state.tensor(DType::F32, {1}, 256);
       for (int i = 0; i < 2; ++i) {
         const Tensor& src = t.at(i == 0 ? "a" : "b");
         const Tensor& q = i == 0 ? qa : qb;
         const Tensor& inv = i == 0 ? a_inv : b_inv;
         const int64_t cols = i == 0 ? N : K;
         // The scale from the whole tensor, then each group transposed in place.
-        cast_fp8_tensorwise(b, state, 512 + 1024 * i, src, q.flat_range(0, R * cols).view({R, cols}),
-                            inv);
+        cast_fp8_tensorwise(b, state, 512 + 1024 * i, src,
+                            q.flat_range(0, R * cols).view({R, cols}), inv);
         for (int64_t g = 0; g < G; ++g) {
           const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
           if (rows == 0) continue;

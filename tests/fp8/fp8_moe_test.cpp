@@ -190,7 +190,8 @@ TEST(Fp8MoeState, EveryExpertHasItsOwnDelayedWeightScale) {
   const ParamInfo* up = r.model->layout().find("model.layers.1.mlp.experts.gate_up_proj.weight");
   ASSERT_NE(up, nullptr);
   std::vector<float> w(up->numel());
-  r.backend->download(w.data(), r.model->param(static_cast<int>(up - r.model->layout().params.data())));
+  r.backend->download(w.data(),
+                      r.model->param(static_cast<int>(up - r.model->layout().params.data())));
   const int64_t per_expert = up->numel() / kExperts;
   for (int64_t e = 0; e < kExperts; ++e) {
     float m = 0;
@@ -311,7 +312,8 @@ TEST(Fp8MoeExpertParallel, TwoRanksComputeWhatOneDoes) {
     r.backend->upload(r.model->params(), weights.data());
     r.model->params_updated();
     const auto state = r.model->fp8()->state_tensors();
-    for (size_t i = 0; i < state.size(); ++i) r.backend->upload(state[i].second, state_values[i].data());
+    for (size_t i = 0; i < state.size(); ++i)
+      r.backend->upload(state[i].second, state_values[i].data());
     r.model->fp8()->state_restored();
     r.model->fp8()->set_amax_reducer([&comm](const Tensor& amaxes) {
       comm.all_reduce(amaxes, dist::ReduceOp::Max, dist::Lane::Compute);

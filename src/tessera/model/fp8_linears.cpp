@@ -382,7 +382,8 @@ Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
   }
   const Tensor dst = weight_scratch_.flat_range(0, l.out * l.in)
                          .view(transposed ? Shape{l.in, l.out} : Shape{l.out, l.in});
-  cast(fwd_, weight_slot(i), weight, transposed ? Tensor{} : dst, transposed ? dst : Tensor{}, !transposed);
+  cast(fwd_, weight_slot(i), weight, transposed ? Tensor{} : dst, transposed ? dst : Tensor{},
+       !transposed);
   return dst;
 }
 
@@ -444,7 +445,8 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
   backend_.matmul_fp8(w);
 }
 
-Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_expert, bool transposed) {
+Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_expert,
+                                bool transposed) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t E = l.local_experts, n = l.out * l.in;
   TS_CHECK(weight.numel() == E * n && first_expert >= 0 && first_expert + E <= l.experts,
@@ -455,8 +457,7 @@ Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_exper
       const Tensor w = weight.flat_range(e * n, n).view({l.out, l.in});
       cast(fwd_, expert_slot(i, first_expert + e), w,
            codes.defined() ? codes.flat_range(e * n, n).view({l.out, l.in}) : Tensor{},
-           codes_t.defined() ? codes_t.flat_range(e * n, n).view({l.in, l.out}) : Tensor{},
-           record);
+           codes_t.defined() ? codes_t.flat_range(e * n, n).view({l.in, l.out}) : Tensor{}, record);
     }
   };
   const Shape shape = transposed ? Shape{E, l.in, l.out} : Shape{E, l.out, l.in};

@@ -61,9 +61,10 @@ std::string fast_accumulation_kinds(const Fp8Options& o, std::string_view separa
 struct Fp8LinearShape {
   std::string name;
   int64_t out = 0, in = 0;
-  int64_t experts = 0;        // > 0: an expert stack with a weight scale per expert
-  int64_t local_experts = 0;  // the experts this rank runs (expert parallelism), whose codes it casts
-  int64_t rows = 0;           // the most rows its GEMMs see when that is not the tokens (experts)
+  int64_t experts = 0;  // > 0: an expert stack with a weight scale per expert
+  int64_t local_experts =
+      0;             // the experts this rank runs (expert parallelism), whose codes it casts
+  int64_t rows = 0;  // the most rows its GEMMs see when that is not the tokens (experts)
   bool expert_stack() const { return experts > 0; }
 };
 

@@ -263,15 +263,15 @@ struct GroupedMatmulWgradArgs {
 // skipped and rows of out from offsets[G] on are set to zero. a and b may differ in format,
 // but not both e5m2; N and K must be multiples of 16.
 struct GroupedFp8MatmulArgs {
-  Tensor out;          // (R, N) compute dtype or fp32
-  Tensor a;            // (R, K) e4m3/e5m2
-  Tensor b;            // (W, N, K) e4m3/e5m2, each weight K-major
-  Tensor a_scale_inv;  // (1) fp32
-  Tensor b_scale_inv;  // (W) fp32, one per weight (expert)
+  Tensor out;                              // (R, N) compute dtype or fp32
+  Tensor a;                                // (R, K) e4m3/e5m2
+  Tensor b;                                // (W, N, K) e4m3/e5m2, each weight K-major
+  Tensor a_scale_inv;                      // (1) fp32
+  Tensor b_scale_inv;                      // (W) fp32, one per weight (expert)
   Tensor offsets;                          // (G + 1) int32
   std::span<const int32_t> host_offsets;   // G + 1 values
   std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
-  bool fast_accum = false;  // cuBLASLt's faster, less precise accumulation
+  bool fast_accum = false;                 // cuBLASLt's faster, less precise accumulation
 };
 
 // Its weight gradients. The K of these GEMMs is the rows, so both operands come in the

@@ -241,7 +241,9 @@ inline OpArgs grouped_matmul_fp8(const GroupedFp8MatmulArgs& g) {
   r.add("M", g.host_offsets.empty() ? matrix(g.a).first : g.host_offsets.back());
   r.add("N", shaped ? g.b.shape[1] : 0).add("K", shaped ? g.b.shape[2] : 0);
   r.add("groups", shaped ? g.b.shape[0] : 0);
-  r.add_dtype("dtype", g.a.dtype).add_dtype("b_dtype", g.b.dtype).add_dtype("out_dtype", g.out.dtype);
+  r.add_dtype("dtype", g.a.dtype)
+      .add_dtype("b_dtype", g.b.dtype)
+      .add_dtype("out_dtype", g.out.dtype);
   r.add_bool("trans_a", false).add_bool("trans_b", true);
   return r;
 }

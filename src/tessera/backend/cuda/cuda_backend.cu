@@ -422,8 +422,7 @@ const float* CudaBackend::aligned_fp8_scale(const float* scale, int slot) {
     fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
   // Stream order keeps the slot's value until the GEMM queued next has read it.
   float* aligned = fp8_scale_slots_ + 64 * slot;
-  TS_CUDA_CHECK(
-      cudaMemcpyAsync(aligned, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  TS_CUDA_CHECK(cudaMemcpyAsync(aligned, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   return aligned;
 }
 

@@ -15,7 +15,8 @@
 // The experts' weights are one (E, 2F, C) and one (E, C, F) tensor; their gradients are
 // zeroed with the step's (they are not linear weights the model tracks) and always
 // accumulated. The group offsets are copied to the host once per forward pass (grouped GEMMs
-// that launch per expert size their GEMMs from them).
+// that launch per expert size their GEMMs from them). The grouped GEMMs run through the
+// model's expert_linear, in FP8 when the run's FP8 covers the experts (docs/fp8.md).
 //
 // With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
 // go to that rank, which runs its experts on the (source rank, expert) groups it receives,
