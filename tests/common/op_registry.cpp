@@ -981,6 +981,124 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
   return cases;
 }
 
+// Tensorwise FP8 codes of src into `codes` as the model casts them: the scale from src's amax
+// into scale_inv; out_t: the transposed layout (C, R) instead.
+void cast_fp8_tensorwise(Backend& b, DeviceBuffer& state, size_t at, const Tensor& src,
+                         const Tensor& codes, const Tensor& scale_inv, bool transposed = false) {
+  const Tensor amax = state.tensor(DType::F32, {1, 1}, at);
+  const Tensor scale = state.tensor(DType::F32, {1}, at + 256);
+  b.fill(amax, 0.0f);
+  b.fp8_cast_transpose(Fp8CastArgs{src, {}, {}, {}, amax.view({1})});
+  Fp8ScaleUpdateArgs u;
+  u.amax_history = amax, u.scale = scale, u.scale_inv = scale_inv;
+  u.fp8_max = fp8_max(codes.dtype);
+  u.most_recent = true, u.roll = false;
+  b.fp8_update_scales(u);
+  b.fp8_cast_transpose(
+      Fp8CastArgs{src, transposed ? Tensor{} : codes, transposed ? codes : Tensor{}, scale, {}});
+}
+
+// The FP8 grouped GEMMs as the MoE block runs them under fp8: activations cast with one
+// tensorwise scale (e5m2 for a gradient), every expert's weight with its own, the codes then
+// multiplied per group; the weight gradient from both operands cast per group into the
+// group-transposed layout. Every backend sees the same codes. Group sizes are multiples of
+// 16 rows, as moe_permute pads them and FP8 GEMMs need.
+std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, int64_t N,
+                                             int64_t K, const std::string& what,
+                                             const std::vector<int32_t>& weights = {},
+                                             int64_t num_weights = 0) {
+  const int64_t G = static_cast<int64_t>(sizes.size());
+  const int64_t W = weights.empty() ? G : num_weights;
+  std::vector<int32_t> offsets = {0};
+  for (int32_t size : sizes) offsets.push_back(offsets.back() + size);
+  const int64_t used = offsets.back(), R = used + 16;  // rows past the groups: zeroed
+  auto upload_offsets = [offsets](Backend& b, DeviceBuffer& buf) {
+    const Tensor t = buf.tensor(DType::I32, {static_cast<int64_t>(offsets.size())});
+    b.upload(t, offsets.data());
+    return t;
+  };
+  std::vector<OpCase> cases;
+  for (DType a_format : {DType::E4M3, DType::E5M2}) {  // forward, data gradient
+    OpCase c;
+    c.name = fmt::format("grouped_matmul_fp8 G{} rows{} N{} K{} {} {}", G, used, N, K,
+                         dtype_name(a_format), what);
+    c.specs = {{"a", {R, K}, Kind::Act, Role::In, 0.5f},
+               {"b", {W, N, K}, Kind::Act, Role::In, 0.05f},
+               {"out", {R, N}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
+    c.run = [=](Backend& b, const Tensors& t) {
+      DeviceBuffer buf(b, offsets.size() * 4, "offsets");
+      DeviceBuffer codes(b, R * K + W * N * K + 1024, "fp8 codes");
+      DeviceBuffer state(b, (2 * W + 4) * 512 + 256, "fp8 scales");
+      const Tensor qa = codes.tensor(a_format, {R, K});
+      const Tensor qb = codes.tensor(DType::E4M3, {W, N, K}, (R * K + 255) / 256 * 256);
+      const Tensor a_inv = state.tensor(DType::F32, {1});
+      // The experts' scale_invs side by side, as the model keeps them (not 16-byte aligned).
+      const Tensor b_inv = state.tensor(DType::F32, {W}, 256);
+      cast_fp8_tensorwise(b, state, 512, t.at("a"), qa, a_inv);
+      for (int64_t e = 0; e < W; ++e)
+        cast_fp8_tensorwise(b, state, 1024 + 512 * e,
+                            t.at("b").flat_range(e * N * K, N * K).view({N, K}),
+                            qb.flat_range(e * N * K, N * K).view({N, K}), b_inv.flat_range(e, 1));
+      GroupedFp8MatmulArgs g;
+      g.out = t.at("out"), g.a = qa, g.b = qb, g.a_scale_inv = a_inv, g.b_scale_inv = b_inv;
+      g.offsets = upload_offsets(b, buf);
+      g.host_offsets = offsets;
+      g.group_weights = weights;
+      b.grouped_matmul_fp8(g);
+      b.synchronize();
+    };
+    c.flops = 2.0 * used * N * K;
+    c.bytes = 1.0 * (used * K + W * N * K) + 2.0 * R * N;
+    cases.push_back(c);
+  }
+  for (float beta : {0.0f, 1.0f}) {
+    OpCase c;
+    c.name = fmt::format("grouped_matmul_fp8_wgrad G{} rows{} M{} N{}{} {}", G, used, N, K,
+                         beta != 0 ? " beta1" : "", what);
+    c.specs = {{"a", {R, N}, Kind::Act, Role::In, 0.5f},
+               {"b", {R, K}, Kind::Act, Role::In, 0.5f},
+               {"out", {W, N, K}, Kind::F32, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-3}};
+    c.run = [=](Backend& b, const Tensors& t) {
+      DeviceBuffer buf(b, offsets.size() * 4, "offsets");
+      DeviceBuffer codes(b, R * (N + K) + 1024, "fp8 codes");
+      DeviceBuffer state(b, 4 * 512, "fp8 scales");
+      const Tensor qa = codes.tensor(DType::E5M2, {R * N});  // the output gradient
+      const Tensor qb = codes.tensor(DType::E4M3, {R * K}, (R * N + 255) / 256 * 256);
+      const Tensor a_inv = state.tensor(DType::F32, {1}),
+                   b_inv = state.tensor(DType::F32, {1}, 256);
+      for (int i = 0; i < 2; ++i) {
+        const Tensor& src = t.at(i == 0 ? "a" : "b");
+        const Tensor& q = i == 0 ? qa : qb;
+        const Tensor& inv = i == 0 ? a_inv : b_inv;
+        const int64_t cols = i == 0 ? N : K;
+        // The scale from the whole tensor, then each group transposed in place.
+        cast_fp8_tensorwise(b, state, 512 + 1024 * i, src,
+                            q.flat_range(0, R * cols).view({R, cols}), inv);
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
+          if (rows == 0) continue;
+          Fp8CastArgs x;
+          x.x = src.flat_range(begin * cols, rows * cols).view({rows, cols});
+          x.out_t = q.flat_range(begin * cols, rows * cols).view({cols, rows});
+          x.scale = state.tensor(DType::F32, {1}, 512 + 1024 * i + 256);
+          b.fp8_cast_transpose(x);
+        }
+      }
+      GroupedFp8MatmulWgradArgs g;
+      g.out = t.at("out"), g.a_t = qa, g.b_t = qb, g.a_scale_inv = a_inv, g.b_scale_inv = b_inv;
+      g.beta = beta;
+      g.offsets = upload_offsets(b, buf);
+      g.host_offsets = offsets;
+      g.group_weights = weights;
+      b.grouped_matmul_fp8_wgrad(g);
+      b.synchronize();
+    };
+    c.flops = 2.0 * used * N * K;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 std::vector<OpCase> moe_cases() {
   std::vector<OpCase> cases;
   for (const MoeRouting& r :
@@ -1048,6 +1166,15 @@ std::vector<OpCase> moe_cases() {
        grouped_matmul_cases({3, 5, 0, 4, 7, 2}, 21, 19, "shared weights", {0, 2, 1, 0, 2, 0}, 4))
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_fp8_cases({48, 0, 16, 112, 0, 32}, 48, 80, "with empty groups"))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_fp8_cases({0, 0, 208, 0}, 32, 16, "all rows in one group"))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_fp8_cases({16, 48, 0, 32, 80, 16}, 16, 48, "shared weights",
+                                          {0, 2, 1, 0, 2, 0}, 4))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_fp8_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
     cases.push_back(std::move(c));
   return cases;
 }

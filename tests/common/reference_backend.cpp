@@ -527,6 +527,49 @@ void ReferenceBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) 
   store(a.out, out);
 }
 
+// The FP8 grouped GEMMs: the bf16 ones' reference over the dequantised operands, each weight
+// with its own scale; the wgrad's group-transposed blocks are first put back as rows.
+void ReferenceBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
+  const MatrixDims o = matrix_dims(a.out);
+  const int64_t W = a.b.dim(0), N = a.b.dim(1), K = a.b.dim(2);
+  const int64_t G = a.offsets.numel() - 1;
+  const std::vector<double> x = dequantize(a.a, a.a_scale_inv, Fp8Scaling::Tensor);
+  std::vector<double> w(static_cast<size_t>(W * N * K));
+  for (int64_t e = 0; e < W; ++e) {
+    const std::vector<double> we = dequantize(a.b.flat_range(e * N * K, N * K).view({N, K}),
+                                              a.b_scale_inv.flat_range(e, 1), Fp8Scaling::Tensor);
+    std::copy(we.begin(), we.end(), w.begin() + e * N * K);
+  }
+  std::vector<double> out(static_cast<size_t>(a.out.numel()));
+  ref::grouped_matmul(out.data(), x.data(), w.data(), ids(a.offsets, o.rows + 1, false), G, o.rows,
+                      N, K, /*trans_b=*/true,
+                      a.group_weights.empty() ? nullptr : a.group_weights.data());
+  store(a.out, out);
+}
+
+void ReferenceBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), R = a.a_t.numel() / M;
+  const int64_t G = a.offsets.numel() - 1;
+  const int32_t* offsets = ids(a.offsets, R + 1, false);
+  auto rows_of = [&](const Tensor& t, const Tensor& scale_inv, int64_t cols) {
+    const std::vector<double> v = dequantize(t.view({cols, R}), scale_inv, Fp8Scaling::Tensor);
+    std::vector<double> rows(v.size(), 0.0);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t begin = offsets[g], n = offsets[g + 1] - begin;
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < n; ++r) rows[(begin + r) * cols + c] = v[begin * cols + c * n + r];
+    }
+    return rows;
+  };
+  std::vector<double> out =
+      a.beta == 0.0f ? std::vector<double>(static_cast<size_t>(a.out.numel())) : values(a.out);
+  ref::grouped_matmul_wgrad(out.data(), rows_of(a.a_t, a.a_scale_inv, M).data(),
+                            rows_of(a.b_t, a.b_scale_inv, N).data(), offsets, G, M, N,
+                            static_cast<double>(a.beta), a.out.dim(0),
+                            a.group_weights.empty() ? nullptr : a.group_weights.data());
+  store(a.out, out);
+}
+
 void ReferenceBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
                                                     const Tensor& targets, int64_t first_id) {
   const MatrixDims d = matrix_dims(logits);

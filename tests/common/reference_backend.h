@@ -99,6 +99,8 @@ class ReferenceBackend final : public CpuBackend {
                                  const Tensor& weights) override;
   void do_grouped_matmul(const GroupedMatmulArgs& args) override;
   void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) override;
+  void do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) override;
+  void do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) override;
 
   void do_sum(const Tensor& out, const Tensor& x, bool accumulate) override;
   void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;

@@ -240,12 +240,19 @@ Experiment experiment(const std::string& extra, int ffn_hidden_size = 320) {
 // within `tol` of bf16's at every logged step. Single iterations are not compared: two runs
 // whose weights differ by rounding see each batch at slightly different points, and one
 // batch's loss then differs by a few percent either way (bf16 vs fp32 does so too).
-void compare_curves(const std::string& fp8_keys, int iters, double tol) {
+// model_keys: keys both runs add to the dense test model (an MoE family's).
+void compare_curves(const std::string& fp8_keys, int iters, double tol,
+                    const std::string& model_keys = "") {
   constexpr int kLogInterval = 10;
   Logger log("", 0, false, false);
-  Trainer bf16(experiment(""), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
-  Trainer fp8(experiment(fp8_keys), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer bf16(experiment(model_keys), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer fp8(experiment(model_keys + fp8_keys), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
   ASSERT_NE(fp8.model().fp8(), nullptr);
+  if (!model_keys.empty()) {
+    int stacks = 0;
+    for (const Fp8LinearShape& l : fp8.model().fp8()->linears()) stacks += l.expert_stack();
+    ASSERT_EQ(stacks, 2 * fp8.model().spec().num_layers) << "the experts do not run in FP8";
+  }
   double worst = 0, first = 0, last_bf16 = 0, last_fp8 = 0, sum_bf16 = 0, sum_fp8 = 0;
   int worst_at = 0;
   for (int it = 1; it <= iters; ++it) {
@@ -289,6 +296,24 @@ TEST(GpuFp8Model, FastAccumulationInEveryGemmTracksBf16) {
       "fp8: hybrid\nfp8_lm_head: true\nfp8_gemm_dgrad_split_accumulator: false\n"
       "fp8_gemm_wgrad_split_accumulator: false\n",
       300, 0.02);
+}
+
+// A tiny Mixtral (8 experts top-2 in both layers, learned routing) whose experts' grouped
+// GEMMs run in FP8 too: hybrid delayed, and tensorwise without the transpose cache, track
+// bf16 within the dense model's tolerance.
+const char* kTinyMixtral =
+    "model_family: mixtral\nnum_experts: 8\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 96\n"
+    "moe_layer_freq: 1\nmoe_aux_loss_coeff: 0.01\n";
+
+TEST(GpuFp8Moe, HybridExpertsTrackBf16OnRealText) {
+  TS_REQUIRE_GPU();
+  compare_curves("fp8: hybrid\n", 300, 0.02, kTinyMixtral);
+}
+
+TEST(GpuFp8Moe, TensorwiseExpertsWithoutCacheTrackBf16) {
+  TS_REQUIRE_GPU();
+  compare_curves("fp8: hybrid\nfp8_recipe: tensorwise\nfp8_weight_transpose_cache: false\n", 100,
+                 0.02, kTinyMixtral);
 }
 
 TEST(GpuFp8Model, TransposeCacheCostsTwoBytesPerFp8Weight) {

@@ -35,6 +35,18 @@ class ForwardOps {
   // (positions, rotary dims) fp32: the rope ops' cos/sin table; row t is the position of the
   // sequence's token t on this rank (position t, but under context parallelism).
   virtual const Tensor& rope_table() const = 0;
+  // An MoE layer's experts: out (R, out) = in (R, in) @ w[e]^T over the row groups (rows
+  // past them zeroed), w (local experts, out, in) this rank's experts of parameter `weight`;
+  // bf16 grouped GEMMs, or FP8 ones when the run's FP8 covers the stack (expert_linears).
+  virtual void expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
+                             const ExpertGroups& groups) {
+    GroupedMatmulArgs g;
+    g.out = out, g.a = in, g.b = w, g.trans_b = true;
+    g.offsets = groups.offsets, g.host_offsets = groups.host_offsets;
+    g.group_weights = groups.group_weights;
+    (void)weight;
+    backend().grouped_matmul(g);
+  }
   // Causal (windowed) attention over a packed QKV activation (Backend::attention_forward);
   // under context parallelism its keys and values span every rank's tokens.
   virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -62,6 +74,11 @@ class LayerOps : public ForwardOps {
   // loss a block adds per micro-batch (MoE aux losses) scales its gradient by this times the
   // tokens, the micro-batch mean's share of the step's mean.
   virtual float loss_grad_scale() const = 0;
+  // The backward of expert_linear: din = dout @ w[e] per group (when defined), and dw (local
+  // experts, out, in) += dout_g^T @ in_g (the experts' gradients always accumulate).
+  virtual void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                      int weight, const Tensor& w, const Tensor& dw,
+                                      const ExpertGroups& groups) = 0;
   // The backward of attention_forward (Backend::attention_backward).
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                   const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
@@ -79,6 +96,12 @@ class Block {
   virtual void declare_params(ParamLayoutBuilder& builder) = 0;
   // The parameters its GEMMs multiply, in the order they run (the FP8 linear layers).
   virtual std::vector<int> linear_weights() const = 0;
+  // The expert stacks its grouped GEMMs multiply (expert_linear), by parameter index, with
+  // their FP8 shapes (all but the name): the FP8 expert linears of an fp8 run.
+  virtual std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const {
+    (void)rt;
+    return {};
+  }
   // Its activations (within the layer's set) and its backward's scratch (backward set). What
   // lives on the residual stream (its norm's output and statistics, like x and out) has
   // rt.sequence_tokens() rows, the rest rt.tokens(): with sequence parallelism the model's

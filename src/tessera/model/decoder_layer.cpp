@@ -24,6 +24,14 @@ std::vector<int> DecoderLayer::linear_weights() const {
   return weights;
 }
 
+std::vector<std::pair<int, Fp8LinearShape>> DecoderLayer::expert_linears(
+    const ModelRuntime& rt) const {
+  std::vector<std::pair<int, Fp8LinearShape>> stacks;
+  for (const auto& b : blocks_)
+    for (auto& s : b->expert_linears(rt)) stacks.push_back(std::move(s));
+  return stacks;
+}
+
 void DecoderLayer::declare_activations(ActivationPlan& plan, const ModelSpec& spec,
                                        const ModelRuntime& rt, bool recomputed) {
   plan.begin_layer(recomputed);

@@ -19,6 +19,7 @@ class DecoderLayer {
   // Starts the layer's unit ("model.layers.<index>.") and adds every block's parameters.
   void declare_params(ParamLayoutBuilder& builder);
   std::vector<int> linear_weights() const;
+  std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const;
   // The layer's activations; `recomputed`: a full-recompute layer (activation_plan.h).
   void declare_activations(ActivationPlan& plan, const ModelSpec& spec, const ModelRuntime& rt,
                            bool recomputed);

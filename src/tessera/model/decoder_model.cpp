@@ -32,8 +32,15 @@ std::vector<std::pair<int, Fp8LinearShape>> fp8_linears(
     const ParamInfo& p = layout.params[index];
     out.push_back({index, {p.name, p.shape[0], p.shape[1]}});
   };
-  for (const auto& layer : layers)
+  for (const auto& layer : layers) {
     for (int index : layer->linear_weights()) add(index);
+    // Blockwise scaling keeps the experts in bf16 (their grouped GEMMs take tensor scales).
+    if (rt.fp8.recipe == Fp8Recipe::Blockwise) continue;
+    for (auto [index, shape] : layer->expert_linears(rt)) {
+      shape.name = layout.params[index].name;
+      out.push_back({index, shape});
+    }
+  }
   if (rt.fp8.lm_head && layout.lm_head >= 0) add(layout.lm_head);
   return out;
 }
@@ -517,6 +524,29 @@ void DecoderModel::linear_tensor_parallel(const Tensor& out, const Tensor& in, i
       break;
   }
   throw InternalError(fmt::format("{}: a replicated parameter used as a linear layer", p.name));
+}
+
+void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
+                                 const ExpertGroups& groups) {
+  if (fp8_index_[weight] >= 0) return fp8_->expert_forward(fp8_index_[weight], out, in, w, groups);
+  LayerOps::expert_linear(out, in, weight, w, groups);
+}
+
+void DecoderModel::expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                          int weight, const Tensor& w, const Tensor& dw,
+                                          const ExpertGroups& groups) {
+  if (fp8_index_[weight] >= 0)
+    return fp8_->expert_backward(fp8_index_[weight], din, dout, in, w, dw, groups);
+  GroupedMatmulArgs d;
+  d.out = din, d.a = dout, d.b = w, d.trans_b = false;
+  d.offsets = groups.offsets, d.host_offsets = groups.host_offsets;
+  d.group_weights = groups.group_weights;
+  if (din.defined()) backend_.grouped_matmul(d);
+  GroupedMatmulWgradArgs g;
+  g.out = dw, g.a = dout, g.b = in, g.beta = 1.0f;
+  g.offsets = groups.offsets, g.host_offsets = groups.host_offsets;
+  g.group_weights = groups.group_weights;
+  backend_.grouped_matmul_wgrad(g);
 }
 
 void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,

@@ -104,6 +104,11 @@ class DecoderModel final : public Model, private LayerOps {
   void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                        int bias) override;
   const Tensor& rope_table() const override { return a_.freqs; }
+  void expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
+                     const ExpertGroups& groups) override;
+  void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
+                              const Tensor& w, const Tensor& dw,
+                              const ExpertGroups& groups) override;
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                          const AttentionShape& s) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,

@@ -28,7 +28,7 @@ struct Fp8Offsets {
   std::vector<size_t> cache_scales, cache_t_scales;
   size_t weight_scales = 0, weight_t_scales = 0, x_scales = 0, dy_scales = 0, dy_t_scales = 0;
   size_t bytes;
-  int64_t max_weight = 0, max_in = 0, max_out = 0;  // over the linears: what the buffers fit
+  int64_t max_weight = 0, max_x = 0, max_dy = 0;  // over the linears: what the buffers fit
   int64_t max_w_scales = 0, max_w_t_scales = 0, max_x_scales = 0, max_dy_scales = 0,
           max_dy_t_scales = 0;
 };
@@ -58,23 +58,36 @@ int64_t history_rows(const Fp8Options& o) {
   return o.recipe == Fp8Recipe::Delayed ? o.amax_history_len : 1;
 }
 
+// Forward columns: (input, weight) per linear, (input, every expert's weight) per expert stack.
+int64_t forward_columns(const Fp8LinearShape& l) {
+  return l.expert_stack() ? 1 + l.experts : 2;
+}
+
+// The codes a linear's weight has on this rank: all of it, or its local experts'.
+int64_t weight_elements(const Fp8LinearShape& l) {
+  return (l.expert_stack() ? l.local_experts : 1) * l.out * l.in;
+}
+
 Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& linears,
                         int64_t rows) {
   Fp8Plan p;
   Fp8Offsets f;
   const size_t L = linears.size(), H = static_cast<size_t>(history_rows(o));
-  f.fwd_history = p.add(H * 2 * L * sizeof(float));
-  f.fwd_scale = p.add(2 * L * sizeof(float));
-  f.fwd_scale_inv = p.add(2 * L * sizeof(float));
+  size_t F = 0;
+  for (const auto& l : linears) F += static_cast<size_t>(forward_columns(l));
+  f.fwd_history = p.add(H * F * sizeof(float));
+  f.fwd_scale = p.add(F * sizeof(float));
+  f.fwd_scale_inv = p.add(F * sizeof(float));
   f.bwd_history = p.add(H * L * sizeof(float));
   f.bwd_scale = p.add(L * sizeof(float));
   f.bwd_scale_inv = p.add(L * sizeof(float));
   f.status = p.add(sizeof(float));
   const bool blocks = blockwise(o);
   for (const auto& l : linears) {
-    f.max_weight = std::max(f.max_weight, l.out * l.in);
-    f.max_in = std::max(f.max_in, l.in);
-    f.max_out = std::max(f.max_out, l.out);
+    const int64_t l_rows = l.rows > 0 ? l.rows : rows;
+    f.max_weight = std::max(f.max_weight, weight_elements(l));
+    f.max_x = std::max(f.max_x, l_rows * l.in);
+    f.max_dy = std::max(f.max_dy, l_rows * l.out);
     const BlockScaleCounts n = block_scale_counts(l, rows);
     f.max_w_scales = std::max(f.max_w_scales, n.w);
     f.max_w_t_scales = std::max(f.max_w_t_scales, n.w_t);
@@ -82,8 +95,8 @@ Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& 
     f.max_dy_scales = std::max(f.max_dy_scales, n.dy);
     f.max_dy_t_scales = std::max(f.max_dy_t_scales, n.dy_t);
     if (o.weight_cache) {
-      f.cache.push_back(p.add(static_cast<size_t>(l.out * l.in)));
-      f.cache_t.push_back(p.add(static_cast<size_t>(l.out * l.in)));
+      f.cache.push_back(p.add(static_cast<size_t>(weight_elements(l))));
+      f.cache_t.push_back(p.add(static_cast<size_t>(weight_elements(l))));
       if (blocks) {
         f.cache_scales.push_back(p.add(static_cast<size_t>(n.w) * sizeof(float)));
         f.cache_t_scales.push_back(p.add(static_cast<size_t>(n.w_t) * sizeof(float)));
@@ -97,9 +110,9 @@ Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& 
       f.weight_t_scales = p.add(static_cast<size_t>(f.max_w_t_scales) * sizeof(float));
     }
   }
-  f.x_codes = p.add(static_cast<size_t>(rows * f.max_in));
-  f.dy_codes = p.add(static_cast<size_t>(rows * f.max_out));
-  f.dy_codes_t = p.add(static_cast<size_t>(rows * f.max_out));
+  f.x_codes = p.add(static_cast<size_t>(f.max_x));
+  f.dy_codes = p.add(static_cast<size_t>(f.max_dy));
+  f.dy_codes_t = p.add(static_cast<size_t>(f.max_dy));
   if (blocks) {
     f.x_scales = p.add(static_cast<size_t>(f.max_x_scales) * sizeof(float));
     f.dy_scales = p.add(static_cast<size_t>(f.max_dy_scales) * sizeof(float));
@@ -151,6 +164,8 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
   // forward, dgrad and wgrad GEMMs: tokens, in and out); its block-scaled ones whole blocks.
   const int64_t multiple = blockwise() ? kFp8BlockSize : 16;
   for (const auto& l : linears_) {
+    TS_CHECK(!(blockwise() && l.expert_stack()), "fp8 {}: blockwise scaling has no expert stacks",
+             l.name);
     if (l.out % multiple != 0 || l.in % multiple != 0)
       throw ConfigError("model", blockwise() ? "fp8_recipe" : "fp8",
                         blockwise() ? "blockwise" : "on",
@@ -166,9 +181,11 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
   const Fp8Offsets f = plan_offsets(options_, linears_, rows_);
   buffer_ = DeviceBuffer(backend_, f.bytes, "fp8 scaling state and casts");
   const int64_t L = static_cast<int64_t>(linears_.size()), H = history_rows(options_);
-  fwd_ = {buffer_.tensor(DType::F32, {H, 2 * L}, f.fwd_history),
-          buffer_.tensor(DType::F32, {2 * L}, f.fwd_scale),
-          buffer_.tensor(DType::F32, {2 * L}, f.fwd_scale_inv), DType::E4M3};
+  int64_t F = 0;
+  for (const auto& l : linears_) fwd_column_.push_back(F), F += forward_columns(l);
+  fwd_ = {buffer_.tensor(DType::F32, {H, F}, f.fwd_history),
+          buffer_.tensor(DType::F32, {F}, f.fwd_scale),
+          buffer_.tensor(DType::F32, {F}, f.fwd_scale_inv), DType::E4M3};
   bwd_ = {buffer_.tensor(DType::F32, {H, L}, f.bwd_history),
           buffer_.tensor(DType::F32, {L}, f.bwd_scale),
           buffer_.tensor(DType::F32, {L}, f.bwd_scale_inv), options_.grad_format()};
@@ -181,15 +198,16 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
   backend_.fill(status_, 0.0f);
   for (size_t i = 0; i < linears_.size() && options_.weight_cache; ++i) {
     const Fp8LinearShape& l = linears_[i];
-    weight_cache_.push_back(buffer_.tensor(DType::E4M3, {l.out, l.in}, f.cache[i]));
-    weight_cache_t_.push_back(buffer_.tensor(DType::E4M3, {l.in, l.out}, f.cache_t[i]));
+    const int64_t n = l.expert_stack() ? l.local_experts : 1;
+    weight_cache_.push_back(buffer_.tensor(DType::E4M3, {n * l.out, l.in}, f.cache[i]));
+    weight_cache_t_.push_back(buffer_.tensor(DType::E4M3, {n * l.in, l.out}, f.cache_t[i]));
   }
   cache_valid_.assign(linears_.size(), false);
   if (!options_.weight_cache)
     weight_scratch_ = buffer_.tensor(DType::E4M3, {f.max_weight}, f.weight_scratch);
-  x_codes_ = buffer_.tensor(DType::E4M3, {rows_ * f.max_in}, f.x_codes);
-  dy_codes_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes);
-  dy_codes_t_ = buffer_.tensor(options_.grad_format(), {rows_ * f.max_out}, f.dy_codes_t);
+  x_codes_ = buffer_.tensor(DType::E4M3, {f.max_x}, f.x_codes);
+  dy_codes_ = buffer_.tensor(options_.grad_format(), {f.max_dy}, f.dy_codes);
+  dy_codes_t_ = buffer_.tensor(options_.grad_format(), {f.max_dy}, f.dy_codes_t);
   if (!blockwise()) return;
   for (size_t i = 0; i < linears_.size() && options_.weight_cache; ++i) {
     const BlockScaleCounts n = block_scale_counts(linears_[i], rows_);
@@ -357,14 +375,15 @@ Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
   const Fp8LinearShape& l = linears_[i];
   if (options_.weight_cache) {
     if (!cache_valid_[i]) {
-      cast(fwd_, 2 * i + 1, weight, weight_cache_[i], weight_cache_t_[i], true);
+      cast(fwd_, weight_slot(i), weight, weight_cache_[i], weight_cache_t_[i], true);
       cache_valid_[i] = true;
     }
     return transposed ? weight_cache_t_[i] : weight_cache_[i];
   }
   const Tensor dst = weight_scratch_.flat_range(0, l.out * l.in)
                          .view(transposed ? Shape{l.in, l.out} : Shape{l.out, l.in});
-  cast(fwd_, 2 * i + 1, weight, transposed ? Tensor{} : dst, transposed ? dst : Tensor{}, !transposed);
+  cast(fwd_, weight_slot(i), weight, transposed ? Tensor{} : dst, transposed ? dst : Tensor{},
+       !transposed);
   return dst;
 }
 
@@ -376,14 +395,14 @@ void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tenso
            l.name, in.shape.str(), rows_, l.in);
   if (blockwise()) return forward_blockwise(i, out, in, weight, bias, beta, residual);
   const Tensor x = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
-  cast(fwd_, 2 * i, in, x, {}, true);
+  cast(fwd_, input_slot(i), in, x, {}, true);
   const Tensor w = weight_codes(i, weight, false);
   Fp8MatmulArgs m;
   m.out = out;
   m.a = x;
   m.b = w;
-  m.a_scale_inv = scale_inv(fwd_, 2 * i);
-  m.b_scale_inv = scale_inv(fwd_, 2 * i + 1);
+  m.a_scale_inv = scale_inv(fwd_, input_slot(i));
+  m.b_scale_inv = scale_inv(fwd_, weight_slot(i));
   m.beta = beta;
   m.c = residual;
   m.bias = bias;
@@ -408,22 +427,139 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
     d.a = dy;
     d.b = weight_codes(i, weight, true);
     d.a_scale_inv = scale_inv(bwd_, i);
-    d.b_scale_inv = scale_inv(fwd_, 2 * i + 1);
+    d.b_scale_inv = scale_inv(fwd_, weight_slot(i));
     d.fast_accum = options_.fast_accum_dgrad;
     backend_.matmul_fp8(d);
   }
   // The input's transpose with the scale its forward cast used (same values, same codes).
   const Tensor x_t = x_codes_.flat_range(0, rows * l.in).view({l.in, rows});
-  cast(fwd_, 2 * i, in, {}, x_t, false);
+  cast(fwd_, input_slot(i), in, {}, x_t, false);
   Fp8MatmulArgs w;
   w.out = dweight;
   w.a = dy_t;
   w.b = x_t;
   w.a_scale_inv = scale_inv(bwd_, i);
-  w.b_scale_inv = scale_inv(fwd_, 2 * i);
+  w.b_scale_inv = scale_inv(fwd_, input_slot(i));
   w.beta = dweight_beta;
   w.fast_accum = options_.fast_accum_wgrad;
   backend_.matmul_fp8(w);
+}
+
+Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_expert,
+                                bool transposed) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t E = l.local_experts, n = l.out * l.in;
+  TS_CHECK(weight.numel() == E * n && first_expert >= 0 && first_expert + E <= l.experts,
+           "fp8 {}: weight {} from expert {} is not {} of the {} experts' ({}, {})", l.name,
+           weight.shape.str(), first_expert, E, l.experts, l.out, l.in);
+  auto cast_all = [&](const Tensor& codes, const Tensor& codes_t, bool record) {
+    for (int64_t e = 0; e < E; ++e) {
+      const Tensor w = weight.flat_range(e * n, n).view({l.out, l.in});
+      cast(fwd_, expert_slot(i, first_expert + e), w,
+           codes.defined() ? codes.flat_range(e * n, n).view({l.out, l.in}) : Tensor{},
+           codes_t.defined() ? codes_t.flat_range(e * n, n).view({l.in, l.out}) : Tensor{}, record);
+    }
+  };
+  const Shape shape = transposed ? Shape{E, l.in, l.out} : Shape{E, l.out, l.in};
+  if (options_.weight_cache) {
+    if (!cache_valid_[i]) {
+      cast_all(weight_cache_[i], weight_cache_t_[i], true);
+      cache_valid_[i] = true;
+    }
+    return (transposed ? weight_cache_t_[i] : weight_cache_[i]).view(shape);
+  }
+  // Without the cache: cast for the GEMM at hand; a transposed re-cast reuses the forward's
+  // scales (the weights' amaxes count once per forward).
+  const Tensor dst = weight_scratch_.flat_range(0, E * n);
+  cast_all(transposed ? Tensor{} : dst, transposed ? dst : Tensor{}, !transposed);
+  return dst.view(shape);
+}
+
+void Fp8Linears::cast_groups_transposed(const Group& g, int64_t slot, const Tensor& x,
+                                        const Tensor& codes_t,
+                                        std::span<const int32_t> host_offsets) {
+  const int64_t C = x.dim(1);
+  for (size_t k = 0; k + 1 < host_offsets.size(); ++k) {
+    const int64_t begin = host_offsets[k], rows = host_offsets[k + 1] - begin;
+    if (rows == 0) continue;
+    Fp8CastArgs c;
+    c.x = x.flat_range(begin * C, rows * C).view({rows, C});
+    c.out_t = codes_t.flat_range(begin * C, rows * C).view({C, rows});
+    c.scale = g.scale.flat_range(slot, 1);
+    backend_.fp8_cast_transpose(c);
+  }
+}
+
+// Only the rows in groups are cast (and count towards the amaxes): rows past them are
+// padding the grouped GEMMs never read, and under expert parallelism may hold stale values.
+void Fp8Linears::expert_forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+                                const ExpertGroups& groups) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t R = in.dim(0), used = groups.host_offsets.back();
+  TS_CHECK(l.expert_stack() && R * l.in <= x_codes_.numel() && in.numel() == R * l.in,
+           "fp8 {}: input {} is not (rows <= {}, {}) of an expert stack", l.name, in.shape.str(),
+           l.rows, l.in);
+  const Tensor x = x_codes_.flat_range(0, R * l.in).view({R, l.in});
+  if (used > 0)
+    cast(fwd_, input_slot(i), in.flat_range(0, used * l.in).view({used, l.in}),
+         x.flat_range(0, used * l.in).view({used, l.in}), {}, true);
+  GroupedFp8MatmulArgs m;
+  m.out = out;
+  m.a = x;
+  m.b = expert_codes(i, weight, groups.first_expert, false);
+  m.a_scale_inv = scale_inv(fwd_, input_slot(i));
+  m.b_scale_inv = fwd_.scale_inv.flat_range(expert_slot(i, groups.first_expert), l.local_experts);
+  m.offsets = groups.offsets;
+  m.host_offsets = groups.host_offsets;
+  m.group_weights = groups.group_weights;
+  m.fast_accum = options_.fast_accum_fprop;
+  backend_.grouped_matmul_fp8(m);
+}
+
+void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+                                 const Tensor& weight, const Tensor& dweight,
+                                 const ExpertGroups& groups) {
+  const Fp8LinearShape& l = linears_[i];
+  const int64_t R = dout.dim(0), used = groups.host_offsets.back();
+  TS_CHECK(l.expert_stack() && R * l.out <= dy_codes_.numel() && dout.numel() == R * l.out &&
+               in.numel() == R * l.in,
+           "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
+           in.shape.str(), R, l.out, l.in);
+  // dY row-major for the data gradient, and per group transposed for the weights'.
+  const Tensor dy = dy_codes_.flat_range(0, R * l.out).view({R, l.out});
+  const Tensor dy_t = dy_codes_t_.flat_range(0, R * l.out);
+  if (used > 0)
+    cast(bwd_, i, dout.flat_range(0, used * l.out).view({used, l.out}),
+         dy.flat_range(0, used * l.out).view({used, l.out}), {}, true);
+  cast_groups_transposed(bwd_, i, dout, dy_t, groups.host_offsets);
+  if (din.defined()) {
+    GroupedFp8MatmulArgs d;
+    d.out = din;
+    d.a = dy;
+    d.b = expert_codes(i, weight, groups.first_expert, true);
+    d.a_scale_inv = scale_inv(bwd_, i);
+    d.b_scale_inv = fwd_.scale_inv.flat_range(expert_slot(i, groups.first_expert), l.local_experts);
+    d.offsets = groups.offsets;
+    d.host_offsets = groups.host_offsets;
+    d.group_weights = groups.group_weights;
+    d.fast_accum = options_.fast_accum_dgrad;
+    backend_.grouped_matmul_fp8(d);
+  }
+  // The input per group transposed, with the scale its forward cast used.
+  const Tensor x_t = x_codes_.flat_range(0, R * l.in);
+  cast_groups_transposed(fwd_, input_slot(i), in, x_t, groups.host_offsets);
+  GroupedFp8MatmulWgradArgs w;
+  w.out = dweight;
+  w.a_t = dy_t;
+  w.b_t = x_t;
+  w.a_scale_inv = scale_inv(bwd_, i);
+  w.b_scale_inv = scale_inv(fwd_, input_slot(i));
+  w.beta = 1.0f;
+  w.offsets = groups.offsets;
+  w.host_offsets = groups.host_offsets;
+  w.group_weights = groups.group_weights;
+  w.fast_accum = options_.fast_accum_wgrad;
+  backend_.grouped_matmul_fp8_wgrad(w);
 }
 
 void Fp8Linears::weights_changed() { cache_valid_.assign(linears_.size(), false); }

@@ -21,6 +21,7 @@
 // take the scale arrays (1x128 x 128x128 for fprop and dgrad, 1x128 x 1x128 for wgrad).
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -55,10 +56,24 @@ Fp8Options fp8_options(const TrainingConfig& t);
 // "fprop, dgrad, wgrad"; "none" when there are none.
 std::string fast_accumulation_kinds(const Fp8Options& o, std::string_view separator = ", ");
 
-// One FP8 linear: its weight is (out, in).
+// One FP8 linear: its weight is (out, in); or an MoE layer's expert stack (experts, out, in),
+// whose grouped GEMMs run over the experts' row groups (expert_forward / expert_backward).
 struct Fp8LinearShape {
   std::string name;
   int64_t out = 0, in = 0;
+  int64_t experts = 0;  // > 0: an expert stack with a weight scale per expert
+  int64_t local_experts =
+      0;             // the experts this rank runs (expert parallelism), whose codes it casts
+  int64_t rows = 0;  // the most rows its GEMMs see when that is not the tokens (experts)
+  bool expert_stack() const { return experts > 0; }
+};
+
+// The row groups of an expert stack's grouped GEMMs (GroupedMatmulArgs), and the stack's
+// global index of the first expert in `weight` (this rank's experts under expert parallelism).
+struct ExpertGroups {
+  Tensor offsets;
+  std::span<const int32_t> host_offsets, group_weights;
+  int64_t first_expert = 0;
 };
 
 class Fp8Linears {
@@ -79,6 +94,16 @@ class Fp8Linears {
   void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);
 
+  // Expert stack i over its row groups: out (R, out) = in (R, in) @ W[e]^T per group of expert
+  // e, rows past the groups zeroed. weight (local_experts, out, in): this rank's experts. The
+  // input has one scale (all experts' rows), every expert's weight its own.
+  void expert_forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+                      const ExpertGroups& groups);
+  // din (R, in) = dout @ W[e] per group when din is defined; dweight (local_experts, out, in)
+  // fp32 or bf16 += dout_g^T @ in_g (accumulated, as the experts' gradients always are).
+  void expert_backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+                       const Tensor& weight, const Tensor& dweight, const ExpertGroups& groups);
+
   // The weights changed (optimizer step, loading): cached FP8 weights are stale.
   void weights_changed();
   // After the step's last backward: reduces the amaxes (amax reducer), updates the delayed
@@ -98,8 +123,9 @@ class Fp8Linears {
   void set_amax_reducer(AmaxReducer reducer) { amax_reducer_ = std::move(reducer); }
 
   // The scaling state a checkpoint keeps, by name: fp8.{forward,backward}.{amax_history,
-  // scale,scale_inv}. Forward columns are (input, weight) per linear, backward columns the
-  // output gradients, in model order (linear_names()).
+  // scale,scale_inv}. Forward columns are (input, weight) per linear, (input, the weight of
+  // every expert) per expert stack, backward columns the output gradients, in model order
+  // (linears()).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   // The state was overwritten from a checkpoint: its histories are valid from now on.
   void state_restored() { have_history_ = true; }
@@ -118,6 +144,16 @@ class Fp8Linears {
   void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
                      DType format, bool most_recent, bool roll);
   Tensor weight_codes(int i, const Tensor& weight, bool transposed);
+  // Expert stack i's codes of this rank's experts, (local, out, in) or transposed per expert
+  // (local, in, out); their scale_invs are the forward columns expert_slot(i, first_expert)...
+  Tensor expert_codes(int i, const Tensor& weight, int64_t first_expert, bool transposed);
+  // Casts rows [offsets[g], offsets[g+1]) of x (R, C) for every group into codes_t, each
+  // group's block transposed in place (the grouped wgrad's layout), with the scale of `slot`.
+  void cast_groups_transposed(const Group& g, int64_t slot, const Tensor& x, const Tensor& codes_t,
+                              std::span<const int32_t> host_offsets);
+  int64_t input_slot(int i) const { return fwd_column_[i]; }
+  int64_t weight_slot(int i) const { return fwd_column_[i] + 1; }
+  int64_t expert_slot(int i, int64_t expert) const { return fwd_column_[i] + 1 + expert; }
   // Blockwise: weight i's codes, (out, in) or transposed (in, out), and their block scales.
   std::pair<Tensor, Tensor> block_weight(int i, const Tensor& weight, bool transposed);
   void forward_blockwise(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
@@ -131,6 +167,7 @@ class Fp8Linears {
   Backend& backend_;
   Fp8Options options_;
   std::vector<Fp8LinearShape> linears_;
+  std::vector<int64_t> fwd_column_;  // per linear: its input's forward column
   int64_t rows_;
   DeviceBuffer buffer_;
   Group fwd_, bwd_;

@@ -792,6 +792,56 @@ void Backend::grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   do_grouped_matmul_wgrad(a);
 }
 
+namespace {
+
+// The FP8 operand rules matmul_fp8 states, for the grouped GEMMs.
+void check_fp8_operands(const OpChecks& check, const Tensor& a, const Tensor& b,
+                        const Tensor& a_scale_inv, const Tensor& b_scale_inv, int64_t b_scales) {
+  check.that(is_fp8(a.dtype) && is_fp8(b.dtype), "a {} and b {} must be fp8", dtype_name(a.dtype),
+             dtype_name(b.dtype));
+  check.that(!(a.dtype == DType::E5M2 && b.dtype == DType::E5M2),
+             "e5m2 x e5m2 is not an FP8 GEMM tensor cores have");
+  check.count(a_scale_inv, 1, "a_scale_inv");
+  check.count(b_scale_inv, b_scales, "b_scale_inv");
+}
+
+}  // namespace
+
+void Backend::grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
+  const OpScope scope(*this, "grouped_matmul_fp8", [&] { return op_args::grouped_matmul_fp8(a); });
+  const OpChecks check(*this, "grouped_matmul_fp8");
+  check.placed(a.out, "out");
+  check.placed(a.a, "a");
+  check.placed(a.b, "b");
+  check.that(a.b.shape.rank() == 3, "b {} is not (weights, N, K)", a.b.shape.str());
+  const MatrixDims o = matrix_dims(a.out), ad = matrix_dims(a.a);
+  const int64_t W = a.b.dim(0), N = a.b.dim(1), K = a.b.dim(2);
+  check.that(o.rows == ad.rows && ad.cols == K && o.cols == N,
+             "a {} and b {} do not give out {} (out = a @ b[w]^T)", a.a.shape.str(),
+             a.b.shape.str(), a.out.shape.str());
+  check_fp8_operands(check, a.a, a.b, a.a_scale_inv, a.b_scale_inv, W);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows);
+  do_grouped_matmul_fp8(a);
+}
+
+void Backend::grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
+  const OpScope scope(*this, "grouped_matmul_fp8_wgrad",
+                      [&] { return op_args::grouped_matmul_fp8_wgrad(a); });
+  const OpChecks check(*this, "grouped_matmul_fp8_wgrad");
+  check.placed(a.out, "out");
+  check.placed(a.a_t, "a_t");
+  check.placed(a.b_t, "b_t");
+  check.that(a.out.shape.rank() == 3, "out {} is not (weights, M, N)", a.out.shape.str());
+  const int64_t W = a.out.dim(0), M = a.out.dim(1), N = a.out.dim(2);
+  check.that(M > 0 && N > 0 && a.a_t.numel() % M == 0 && a.b_t.numel() % N == 0 &&
+                 a.a_t.numel() / M == a.b_t.numel() / N,
+             "a_t ({} values) and b_t ({}) are not the same rows of {} and {} columns",
+             a.a_t.numel(), a.b_t.numel(), M, N);
+  check_fp8_operands(check, a.a_t, a.b_t, a.a_scale_inv, a.b_scale_inv, 1);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, M > 0 ? a.a_t.numel() / M : 0);
+  do_grouped_matmul_fp8_wgrad(a);
+}
+
 void Backend::cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
                                         const Tensor& targets, int64_t first_id) {
   const OpScope scope(*this, "cross_entropy_shard_stats",

@@ -280,6 +280,47 @@ struct GroupedMatmulWgradArgs {
   std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
 };
 
+// FP8 grouped GEMMs (the experts of an MoE layer under fp8, docs/fp8.md): grouped_matmul's
+// row groups over per-tensor scaled FP8 operands. A separate op rather than FP8 dtypes accepted
+// by grouped_matmul because the operands differ in kind, not only in dtype: FP8 tensor cores
+// take only K-major ("TN") operands, so there is no trans_b (callers pass transposed weight
+// copies for the data gradient, as for matmul_fp8), every operand carries scales, and every
+// group's row count must be a multiple of 16 (moe_permute pads the groups so).
+//   out[rows_g] (M_g, N) = (a[rows_g] * a_scale_inv) @ (b[w(g)] * b_scale_inv[w(g)])^T
+// accumulated in fp32; groups and w(g) as in GroupedMatmulArgs; groups without rows are
+// skipped and rows of out from offsets[G] on are set to zero. a and b may differ in format,
+// but not both e5m2; N and K must be multiples of 16.
+struct GroupedFp8MatmulArgs {
+  Tensor out;                              // (R, N) compute dtype or fp32
+  Tensor a;                                // (R, K) e4m3/e5m2
+  Tensor b;                                // (W, N, K) e4m3/e5m2, each weight K-major
+  Tensor a_scale_inv;                      // (1) fp32
+  Tensor b_scale_inv;                      // (W) fp32, one per weight (expert)
+  Tensor offsets;                          // (G + 1) int32
+  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
+  bool fast_accum = false;                 // cuBLASLt's faster, less precise accumulation
+};
+
+// Its weight gradients. The K of these GEMMs is the rows, so both operands come in the
+// "group-transposed" layout: group g's rows transposed in place, a (M, M_g) row-major block at
+// element offsets[g] * M of a_t (and (N, M_g) at offsets[g] * N of b_t). For every weight w:
+//   out[w] (M, N) = beta * out[w] + the sum over the groups g of w of
+//                   (a_t block g * a_scale_inv) @ (b_t block g * b_scale_inv)^T
+// (a weight without rows gives beta * out[w]); fp32 accumulation, bf16 out rounded once.
+struct GroupedFp8MatmulWgradArgs {
+  Tensor out;          // (W, M, N) fp32 or compute dtype
+  Tensor a_t;          // R * M e4m3/e5m2, group-transposed
+  Tensor b_t;          // R * N e4m3/e5m2, group-transposed
+  Tensor a_scale_inv;  // (1) fp32
+  Tensor b_scale_inv;  // (1) fp32
+  float beta = 0.0f;
+  Tensor offsets;                          // (G + 1) int32
+  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
+  bool fast_accum = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -496,6 +537,8 @@ class Backend {
                               const Tensor& yp, const Tensor& rows, const Tensor& weights);
   void grouped_matmul(const GroupedMatmulArgs& args);
   void grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args);
+  void grouped_matmul_fp8(const GroupedFp8MatmulArgs& args);
+  void grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args);
 
   // Vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy), in two steps
   // around an all-gather of the stats over the shards. logits (N, V) are the columns
@@ -604,6 +647,8 @@ class Backend {
                                          const Tensor& weights) = 0;
   virtual void do_grouped_matmul(const GroupedMatmulArgs& args) = 0;
   virtual void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) = 0;
+  virtual void do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) = 0;
+  virtual void do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) = 0;
   virtual void do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
                                             const Tensor& targets, int64_t first_id) = 0;
   virtual void do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,

@@ -235,6 +235,33 @@ inline OpArgs grouped_matmul_wgrad(const GroupedMatmulWgradArgs& g) {
   return r;
 }
 
+// The FP8 grouped GEMMs, as the bf16 ones (b is K-major: trans_b).
+inline OpArgs grouped_matmul_fp8(const GroupedFp8MatmulArgs& g) {
+  const bool shaped = g.b.shape.rank() == 3;
+  OpArgs r;
+  r.add("M", g.host_offsets.empty() ? matrix(g.a).first : g.host_offsets.back());
+  r.add("N", shaped ? g.b.shape[1] : 0).add("K", shaped ? g.b.shape[2] : 0);
+  r.add("groups", shaped ? g.b.shape[0] : 0);
+  r.add_dtype("dtype", g.a.dtype)
+      .add_dtype("b_dtype", g.b.dtype)
+      .add_dtype("out_dtype", g.out.dtype);
+  r.add_bool("trans_a", false).add_bool("trans_b", true);
+  return r;
+}
+
+inline OpArgs grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& g) {
+  const bool shaped = g.out.shape.rank() == 3;
+  OpArgs r;
+  r.add("M", shaped ? g.out.shape[1] : 0).add("N", shaped ? g.out.shape[2] : 0);
+  r.add("K", g.host_offsets.empty() ? 0 : g.host_offsets.back());
+  r.add("groups", shaped ? g.out.shape[0] : 0);
+  r.add_dtype("dtype", g.a_t.dtype).add_dtype("b_dtype", g.b_t.dtype);
+  r.add_dtype("out_dtype", g.out.dtype);
+  r.add_bool("trans_a", false).add_bool("trans_b", true);
+  if (g.beta != 0.0f) r.add_double("beta", g.beta);
+  return r;
+}
+
 // The state dtypes (the precision-aware optimizer's) fix the bytes the step moves; without
 // an fp32 master the parameters are updated in place.
 inline OpArgs adamw(const AdamWArgs& a) {

@@ -22,6 +22,14 @@
 namespace tessera {
 namespace {
 
+// What the precision line says of an MoE model's experts under FP8 (docs/fp8.md).
+std::string fp8_experts_note(const ModelSpec& spec, const Fp8Options& fp8) {
+  if (!spec.moe.enabled()) return "";
+  return fp8.recipe == Fp8Recipe::Blockwise
+             ? ", MoE experts bf16 (blockwise scaling covers the dense linears only)"
+             : ", MoE experts fp8 (grouped GEMMs, a weight scale per expert)";
+}
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 using Clock = std::chrono::steady_clock;
@@ -139,11 +147,11 @@ void Trainer::log_run() const {
       dtype_name(rt.grad_dtype), dtype_name(od.exp_avg), dtype_name(od.exp_avg_sq),
       rt.fp8.enabled()
           ? fmt::format("; FP8 {} linear layers ({} scaling, amax history {}, margin {}, "
-                        "weight transpose cache {}, output head {}, fast accumulation: {})",
+                        "weight transpose cache {}, output head {}, fast accumulation: {}{})",
                         find_key("fp8")->get(exp_), find_key("fp8_recipe")->get(exp_),
                         t.fp8_amax_history_len, t.fp8_margin,
                         t.fp8_weight_transpose_cache ? "on" : "off", t.fp8_lm_head ? "fp8" : "bf16",
-                        fast_accumulation_kinds(rt.fp8))
+                        fast_accumulation_kinds(rt.fp8), fp8_experts_note(setup_.spec, rt.fp8))
           : "");
   if (setup_.spec.moe.enabled())
     log_.info(

@@ -95,6 +95,71 @@ void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   }
 }
 
+// The grouped GEMMs dequantise each group's operands and multiply them in fp32, like
+// do_matmul_fp8, one sgemm per group with rows.
+void CpuBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) {
+  const char* op = "grouped_matmul_fp8";
+  expect_f32(args.out, op, "out");
+  expect_f32(args.a_scale_inv, op, "a_scale_inv");
+  expect_f32(args.b_scale_inv, op, "b_scale_inv");
+  OpChecks(kBackend, DeviceKind::CPU, op).dtype(args.offsets, DType::I32, "offsets");
+  const auto [R, N] = matrix_dims(args.out);
+  const int64_t K = args.b.dim(2);
+  const std::vector<float> a = dequantize(args.a, args.a_scale_inv, Fp8Scaling::Tensor);
+  const uint8_t* b = args.b.as<uint8_t>();
+  const float* b_scale_inv = args.b_scale_inv.as<float>();
+  float* out = args.out.as<float>();
+  const int64_t G = static_cast<int64_t>(args.host_offsets.size()) - 1;
+  std::vector<float> w(static_cast<size_t>(N * K));
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = args.host_offsets[g], rows = args.host_offsets[g + 1] - begin;
+    const int64_t e = args.group_weights.empty() ? g : args.group_weights[g];
+    if (rows == 0) continue;
+    for (int64_t i = 0; i < N * K; ++i)
+      w[i] = fp8_bits_to_float(b[e * N * K + i], args.b.dtype) * b_scale_inv[e];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
+                static_cast<int>(N), static_cast<int>(K), 1.0f, a.data() + begin * K,
+                static_cast<int>(std::max<int64_t>(1, K)), w.data(),
+                static_cast<int>(std::max<int64_t>(1, K)), 0.0f, out + begin * N,
+                static_cast<int>(std::max<int64_t>(1, N)));
+  }
+  std::fill(out + static_cast<int64_t>(args.host_offsets.back()) * N, out + R * N, 0.0f);
+}
+
+void CpuBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) {
+  const char* op = "grouped_matmul_fp8_wgrad";
+  expect_f32(args.out, op, "out");
+  expect_f32(args.a_scale_inv, op, "a_scale_inv");
+  expect_f32(args.b_scale_inv, op, "b_scale_inv");
+  OpChecks(kBackend, DeviceKind::CPU, op).dtype(args.offsets, DType::I32, "offsets");
+  const int64_t W = args.out.dim(0), M = args.out.dim(1), N = args.out.dim(2);
+  // The group-transposed blocks are K-major rows of the whole buffers: one dequantisation.
+  const int64_t R = args.a_t.numel() / M;
+  const std::vector<float> a =
+      dequantize(args.a_t.view({M, R}), args.a_scale_inv, Fp8Scaling::Tensor);
+  const std::vector<float> b =
+      dequantize(args.b_t.view({N, R}), args.b_scale_inv, Fp8Scaling::Tensor);
+  float* out = args.out.as<float>();
+  // A weight's first group applies beta, later ones add; BLAS is never called with K = 0.
+  std::vector<char> started(static_cast<size_t>(W), 0);
+  const int64_t G = static_cast<int64_t>(args.host_offsets.size()) - 1;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = args.host_offsets[g], rows = args.host_offsets[g + 1] - begin;
+    const int64_t e = args.group_weights.empty() ? g : args.group_weights[g];
+    if (rows == 0) continue;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(rows), 1.0f, a.data() + begin * M, static_cast<int>(rows),
+                b.data() + begin * N, static_cast<int>(rows), started[e] ? 1.0f : args.beta,
+                out + e * M * N, static_cast<int>(N));
+    started[e] = 1;
+  }
+  for (int64_t e = 0; e < W; ++e) {
+    if (started[e]) continue;
+    float* o = out + e * M * N;
+    for (int64_t i = 0; i < M * N; ++i) o[i] = args.beta == 0.0f ? 0.0f : args.beta * o[i];
+  }
+}
+
 void CpuBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
   const char* op = "fp8_block_cast";
   expect_f32(args.x, op, "x");

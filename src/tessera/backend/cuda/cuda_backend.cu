@@ -433,21 +433,22 @@ void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
     TS_CHECK(M % 128 == 0 && N % 128 == 0 && K % 128 == 0,
              "cuda matmul_fp8: block-scaled M={} N={} K={} must be multiples of 128", M, N, K);
   }
-  for (int i = 0; i < 2; ++i) {
-    const float*& scale = i == 0 ? p.a_scale : p.b_scale;
-    // Block scales are arrays whose every tile is written by the cast: only tensor scales
-    // (single values inside a state buffer) are moved to an aligned slot.
-    if ((i == 0 ? p.a_scaling : p.b_scaling) != Fp8Scaling::Tensor) continue;
-    if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) continue;
-    if (fp8_scale_slots_ == nullptr)
-      fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
-    // Stream order keeps the slot's value until this GEMM has read it.
-    float* slot = fp8_scale_slots_ + 64 * i;
-    TS_CUDA_CHECK(cudaMemcpyAsync(slot, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
-    scale = slot;
-  }
+  // Block scales are arrays whose every tile is written by the cast: only tensor scales
+  // (single values inside a state buffer) are moved to an aligned slot.
+  if (p.a_scaling == Fp8Scaling::Tensor) p.a_scale = aligned_fp8_scale(p.a_scale, 0);
+  if (p.b_scaling == Fp8Scaling::Tensor) p.b_scale = aligned_fp8_scale(p.b_scale, 1);
   p.fast_accum = args.fast_accum;
   lt_->run(p, stream_);
+}
+
+const float* CudaBackend::aligned_fp8_scale(const float* scale, int slot) {
+  if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) return scale;
+  if (fp8_scale_slots_ == nullptr)
+    fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
+  // Stream order keeps the slot's value until the GEMM queued next has read it.
+  float* aligned = fp8_scale_slots_ + 64 * slot;
+  TS_CUDA_CHECK(cudaMemcpyAsync(aligned, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  return aligned;
 }
 
 void CudaBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
@@ -981,6 +982,110 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
       TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * sizeof(float), stream_));
     else if (a.beta != 1.0f)
       scale_floats(out, M * N, a.beta, stream_);
+  }
+}
+
+// The FP8 grouped GEMMs: one cuBLASLt FP8 GEMM per group with rows, as do_grouped_matmul.
+// Each expert's weight scale is its own element of b_scale_inv, copied to an aligned slot
+// when cuBLASLt could not read it in place (one copy per group; stream order keeps it until
+// that group's GEMM has run).
+void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
+  const char* op = "grouped_matmul_fp8";
+  expect_float(a.out, op, "out");
+  expect_type(a.a_scale_inv, DType::F32, op, "a_scale_inv");
+  expect_type(a.b_scale_inv, DType::F32, op, "b_scale_inv");
+  expect_type(a.offsets, DType::I32, op, "offsets");
+  const MatrixDims o = matrix_dims(a.out);
+  const int64_t N = o.cols, K = a.b.dim(2);
+  TS_CHECK(N % 16 == 0 && K % 16 == 0,
+           "cuda grouped_matmul_fp8: N={} K={} must be multiples of 16 for cuBLASLt FP8", N, K);
+  for (const Tensor* t : {&a.out, &a.a, &a.b})
+    TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
+             "cuda grouped_matmul_fp8: an operand at {} is not 16-byte aligned", t->data);
+  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
+  const size_t out_elem = dtype_size(a.out.dtype);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
+    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
+    if (rows == 0) continue;
+    TS_CHECK(rows % 16 == 0 && begin % 16 == 0,
+             "cuda grouped_matmul_fp8: group {} has rows [{}, {}); FP8 groups start and end at "
+             "multiples of 16 rows",
+             g, begin, begin + rows);
+    MatmulProblem p;
+    p.out = static_cast<char*>(a.out.data) + begin * N * out_elem;
+    p.out_dtype = a.out.dtype;
+    p.a = static_cast<const uint8_t*>(a.a.data) + begin * K;
+    p.b = static_cast<const uint8_t*>(a.b.data) + w * N * K;
+    p.a_dtype = a.a.dtype;
+    p.b_dtype = a.b.dtype;
+    p.M = rows, p.N = N, p.K = K;
+    p.trans_a = false, p.trans_b = true;
+    p.a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
+    p.b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>() + w, 1);
+    p.fast_accum = a.fast_accum;
+    p.tune = false;  // routed row counts: a new shape nearly every call
+    lt_->run(p, stream_);
+  }
+  const int64_t used = a.host_offsets[G];
+  if (used < o.rows)
+    TS_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(a.out.data) + used * N * out_elem, 0,
+                                  (o.rows - used) * N * out_elem, stream_));
+}
+
+void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
+  const char* op = "grouped_matmul_fp8_wgrad";
+  expect_float(a.out, op, "out");
+  expect_type(a.a_scale_inv, DType::F32, op, "a_scale_inv");
+  expect_type(a.b_scale_inv, DType::F32, op, "b_scale_inv");
+  expect_type(a.offsets, DType::I32, op, "offsets");
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
+  TS_CHECK(M % 16 == 0 && N % 16 == 0,
+           "cuda grouped_matmul_fp8_wgrad: M={} N={} must be multiples of 16 for cuBLASLt FP8", M,
+           N);
+  for (const Tensor* t : {&a.out, &a.a_t, &a.b_t})
+    TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
+             "cuda grouped_matmul_fp8_wgrad: an operand at {} is not 16-byte aligned", t->data);
+  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
+  const size_t out_elem = dtype_size(a.out.dtype);
+  // A weight's first group applies beta, later ones add; weights without rows get beta alone.
+  std::vector<char> started(static_cast<size_t>(W), 0);
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
+    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
+    if (rows == 0) continue;
+    TS_CHECK(rows % 16 == 0 && begin % 16 == 0,
+             "cuda grouped_matmul_fp8_wgrad: group {} has rows [{}, {}); FP8 groups start and end "
+             "at multiples of 16 rows",
+             g, begin, begin + rows);
+    MatmulProblem p;
+    p.out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
+    p.out_dtype = a.out.dtype;
+    p.a = static_cast<const uint8_t*>(a.a_t.data) + begin * M;  // (M, rows) K-major
+    p.b = static_cast<const uint8_t*>(a.b_t.data) + begin * N;  // (N, rows) K-major
+    p.a_dtype = a.a_t.dtype;
+    p.b_dtype = a.b_t.dtype;
+    p.M = M, p.N = N, p.K = rows;
+    p.trans_a = false, p.trans_b = true;
+    p.beta = started[w] ? 1.0f : a.beta;
+    p.a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
+    p.b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>(), 1);
+    p.fast_accum = a.fast_accum;
+    p.tune = false;
+    lt_->run(p, stream_);
+    started[w] = 1;
+  }
+  for (int64_t w = 0; w < W; ++w) {
+    if (started[w]) continue;
+    void* out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
+    if (a.beta == 0.0f) {
+      TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * out_elem, stream_));
+    } else if (a.beta != 1.0f) {
+      TS_CHECK(a.out.dtype == DType::F32,
+               "cuda grouped_matmul_fp8_wgrad: beta {} on a {} weight without rows (fp32 only)",
+               a.beta, dtype_name(a.out.dtype));
+      scale_floats(static_cast<float*>(out), M * N, a.beta, stream_);
+    }
   }
 }
 

@@ -167,6 +167,8 @@ class CudaBackend final : public Backend {
                                  const Tensor& weights) override;
   void do_grouped_matmul(const GroupedMatmulArgs& args) override;
   void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) override;
+  void do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) override;
+  void do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) override;
 
   void do_sum(const Tensor& out, const Tensor& x, bool accumulate) override;
   void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) override;
@@ -176,6 +178,9 @@ class CudaBackend final : public Backend {
   // At least `bytes` of device scratch, valid until the next call (ops run in stream order,
   // so one op's scratch is free again when the next op starts).
   void* scratch(size_t bytes);
+  // A tensor scale cuBLASLt can read: `scale` itself when 16-byte aligned, else slot `slot`
+  // (0 or 1) of fp8_scale_slots_ after a copy queued on the stream.
+  const float* aligned_fp8_scale(const float* scale, int slot);
   // The attention rule above for one call: true = cuDNN, false = Tessera's kernels; throws
   // ConfigError under attention_backend cudnn when cuDNN cannot take the call.
   bool use_cudnn_attention(const AttentionShape& s, bool backward,

@@ -18,6 +18,17 @@ void MoeMlpBlock::declare_params(ParamLayoutBuilder& b) {
   }
 }
 
+std::vector<std::pair<int, Fp8LinearShape>> MoeMlpBlock::expert_linears(
+    const ModelRuntime& rt) const {
+  const int64_t C = s_.hidden, E = s_.moe.experts, F = s_.moe.ffn;
+  const int ep = rt.expert_parallel_size;
+  const int64_t rows = expert_rows(rt.tokens(), ep);
+  Fp8LinearShape up, down;
+  up.out = 2 * F, up.in = C, down.out = C, down.in = F;
+  for (Fp8LinearShape* s : {&up, &down}) s->experts = E, s->local_experts = E / ep, s->rows = rows;
+  return {{gate_up_, up}, {down_, down}};
+}
+
 std::vector<int> MoeMlpBlock::linear_weights() const {
   if (s_.moe.shared_ffn == 0) return {};
   return {shared_gate_up_, shared_down_};
@@ -151,15 +162,11 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
     w_up = local_experts(w_up, ex->rank(), ex->size());
     w_down = local_experts(w_down, ex->rank(), ex->size());
   }
-  GroupedMatmulArgs up;
-  up.out = t.h1, up.a = x, up.b = w_up, up.trans_b = true;
-  up.offsets = offsets, up.host_offsets = groups, up.group_weights = weights;
-  b.grouped_matmul(up);
+  const ExpertGroups g{offsets, groups, weights, ex != nullptr ? ex->rank() * local_count(*ex) : 0};
+  ops.expert_linear(t.h1, x, gate_up_, w_up, g);
   if (t.shared_gu.defined()) ops.linear(t.shared_gu, t.ln, shared_gate_up_, -1);
   b.swiglu_forward(t.h, t.h1);
-  GroupedMatmulArgs down = up;
-  down.out = y, down.a = t.h, down.b = w_down;
-  b.grouped_matmul(down);
+  ops.expert_linear(y, t.h, down_, w_down, g);
   if (ex != nullptr) ex->exchange_rows(t.yp, send_rows_, send_first_, yr_, recv_rows_, recv_first_);
   if (t.shared_gu.defined()) b.swiglu_forward(t.shared_h, t.shared_gu);
 }
@@ -225,20 +232,11 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
   }
   // The experts, down then up; their gradients accumulate (zeroed with the step's).
   if (selective) b.swiglu_forward(h_, h1_);
-  GroupedMatmulArgs dgrad;
-  dgrad.out = dh_, dgrad.a = dy, dgrad.b = w_down, dgrad.trans_b = false;
-  dgrad.offsets = offsets, dgrad.host_offsets = groups, dgrad.group_weights = weights;
-  b.grouped_matmul(dgrad);
-  GroupedMatmulWgradArgs wgrad;
-  wgrad.out = g_down, wgrad.a = dy, wgrad.b = h_, wgrad.beta = 1.0f;
-  wgrad.offsets = offsets, wgrad.host_offsets = groups, wgrad.group_weights = weights;
-  b.grouped_matmul_wgrad(wgrad);
+  const ExpertGroups g{offsets, groups, weights, ex != nullptr ? ex->rank() * local_count(*ex) : 0};
+  ops.expert_linear_backward(dh_, dy, h_, down_, w_down, g_down, g);
   b.swiglu_backward(dh1_, dh_, h1_);
   const Tensor dx = dy;  // dy's memory, free from here on
-  dgrad.out = dx, dgrad.a = dh1_, dgrad.b = w_up;
-  b.grouped_matmul(dgrad);
-  wgrad.out = g_up, wgrad.a = dh1_, wgrad.b = xe;
-  b.grouped_matmul_wgrad(wgrad);
+  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, w_up, g_up, g);
   // Back to the rows' own ranks (dyp's memory is free once sent).
   const Tensor dxp = dyp_;
   if (ex != nullptr) ex->exchange_rows(dxp, send_rows_, send_first_, dx, recv_rows_, recv_first_);

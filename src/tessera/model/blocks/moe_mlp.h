@@ -15,7 +15,8 @@
 // The experts' weights are one (E, 2F, C) and one (E, C, F) tensor; their gradients are
 // zeroed with the step's (they are not linear weights the model tracks) and always
 // accumulated. The group offsets are copied to the host once per forward pass (grouped GEMMs
-// that launch per expert size their GEMMs from them).
+// that launch per expert size their GEMMs from them). The grouped GEMMs run through the
+// model's expert_linear, in FP8 when the run's FP8 covers the experts (docs/fp8.md).
 //
 // With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
 // go to that rank, which runs its experts on the (source rank, expert) groups it receives,
@@ -37,8 +38,10 @@ class MoeMlpBlock final : public Block {
   const char* range_name() const override { return "moe_block"; }
   const char* backward_range_name() const override { return "moe_block_backward"; }
   void declare_params(ParamLayoutBuilder& builder) override;
-  // The shared expert's projections; the routed experts' grouped GEMMs run in bf16.
+  // The shared expert's projections.
   std::vector<int> linear_weights() const override;
+  // The routed experts' two stacks (their grouped GEMMs run in FP8 under fp8, but blockwise).
+  std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const override;
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
   void forward_inner(LayerOps& ops, const Tensor& x) override;
@@ -77,6 +80,8 @@ class MoeMlpBlock final : public Block {
   ExpertExchange* exchange(LayerOps& ops) const;
   // Rows the experts of this rank run on, at most, for n tokens per rank.
   int64_t expert_rows(int64_t n, int ep) const;
+  // The experts each rank of the exchange runs.
+  int64_t local_count(const ExpertExchange& ex) const { return s_.moe.experts / ex.size(); }
   // This rank's share of an (E, rows, cols) expert tensor.
   Tensor local_experts(const Tensor& all, int rank, int ep) const;
   // Swaps the per-expert counts with the group and lays out the rows to send and receive.
