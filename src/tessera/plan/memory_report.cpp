@@ -322,29 +322,33 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
     size_t total;
   };
   std::optional<Suggestion> suggestion;
+  // One row per alternative the configuration accepts; a fitting one that changes some key
+  // may become the suggestion.
+  auto consider = [&](const Alternative& alt) {
+    if (!planner.accepted(alt.experiment)) {
+      ++rejected;
+      return;
+    }
+    const PlanInput a = planner.input(alt.experiment);
+    const MemoryPlan plan = plan_memory(a);
+    const bool fits = plan.total() <= capacity;
+    const int64_t mbs = planner.largest_valid_micro_batch(alt.experiment, a);
+    s.rows.push_back(
+        {alt.flags.empty() ? std::string("(as configured)") : alt.flags, gib(plan.weights),
+         gib(plan.gradients), gib(plan.optimizer), gib(plan.activations), gib(plan.fp8),
+         gib(plan.total()), std::string(fits ? "yes" : "no"),
+         mbs > 0 ? fmt::format("--micro_batch_size {}", mbs) : std::string("none")});
+    if (fits && alt.changed_keys > 0 &&
+        (!suggestion || alt.changed_keys < suggestion->changed_keys ||
+         (alt.changed_keys == suggestion->changed_keys && plan.total() > suggestion->total)))
+      suggestion = Suggestion{alt.flags, alt.changed_keys, plan.total()};
+  };
   for (PrecisionChoice p : {PrecisionChoice{DType::BF16, false}, PrecisionChoice{DType::BF16, true},
                             PrecisionChoice{DType::F32, false}}) {
     for (auto rc : {RecomputeGranularity::None, RecomputeGranularity::Selective,
                     RecomputeGranularity::Full}) {
       for (StateSharding sh : shardings) {
-        Alternative alt = make_alternative(e, rt, p, rc, sh, n);
-        if (!planner.accepted(alt.experiment)) {
-          ++rejected;
-          continue;
-        }
-        const PlanInput a = planner.input(alt.experiment);
-        const MemoryPlan plan = plan_memory(a);
-        const bool fits = plan.total() <= capacity;
-        const int64_t mbs = planner.largest_valid_micro_batch(alt.experiment, a);
-        s.rows.push_back(
-            {alt.flags.empty() ? std::string("(as configured)") : alt.flags, gib(plan.weights),
-             gib(plan.gradients), gib(plan.optimizer), gib(plan.activations), gib(plan.fp8),
-             gib(plan.total()), std::string(fits ? "yes" : "no"),
-             mbs > 0 ? fmt::format("--micro_batch_size {}", mbs) : std::string("none")});
-        if (fits && alt.changed_keys > 0 &&
-            (!suggestion || alt.changed_keys < suggestion->changed_keys ||
-             (alt.changed_keys == suggestion->changed_keys && plan.total() > suggestion->total)))
-          suggestion = Suggestion{alt.flags, alt.changed_keys, plan.total()};
+        consider(make_alternative(e, rt, p, rc, sh, n));
       }
     }
   }
@@ -367,23 +371,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
         alt.set("pipeline_model_parallel_size", std::to_string(pp));
         if (n / (tp * pp * t.context_parallel_size) > 1 && !t.use_torch_fsdp2)
           alt.set("use_distributed_optimizer", "true");
-        if (!planner.accepted(alt.experiment)) {
-          ++rejected;
-          continue;
-        }
-        const PlanInput a = planner.input(alt.experiment);
-        const MemoryPlan plan = plan_memory(a);
-        const bool fits = plan.total() <= capacity;
-        const int64_t mbs = planner.largest_valid_micro_batch(alt.experiment, a);
-        s.rows.push_back(
-            {alt.flags, gib(plan.weights), gib(plan.gradients), gib(plan.optimizer),
-             gib(plan.activations), gib(plan.fp8), gib(plan.total()),
-             std::string(fits ? "yes" : "no"),
-             mbs > 0 ? fmt::format("--micro_batch_size {}", mbs) : std::string("none")});
-        if (fits &&
-            (!suggestion || alt.changed_keys < suggestion->changed_keys ||
-             (alt.changed_keys == suggestion->changed_keys && plan.total() > suggestion->total)))
-          suggestion = Suggestion{alt.flags, alt.changed_keys, plan.total()};
+        consider(alt);
       }
     }
   }
