@@ -12,7 +12,8 @@
 #             optimizer, profiled step breakdown); full_proxies: the 4-layer proxies and the
 #             PyTorch peers they are compared with. Each writes OUT/full_table.md (the two
 #             together: the whole table; each fits one 10-minute call). full_fp8_loss:
-#             scripts/device/full_fp8_loss.sh (two GPUs side by side, or one).
+#             scripts/device/full_fp8_loss.sh (two GPUs side by side, or one;
+#             FULL_FP8_MODEL, TOKENIZER, FP8_RECIPE pass through).
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -242,8 +243,9 @@ if want full_proxies; then
   python3 "$ROOT/scripts/device/full_table.py" "$OUT" | tee "$OUT/full_table.md"
 fi
 if want full_fp8_loss; then
-  echo "== full Llama 3.1 8B, FP8 hybrid against BF16 over 300 steps of Brown text"
-  bash "$ROOT/scripts/device/full_fp8_loss.sh" "$BIN/tessera" "$OUT/full_fp8_loss" 2>&1 | tail -8
+  echo "== full ${FULL_FP8_MODEL:-llama3.1_8B}, FP8 hybrid against BF16 over 300 steps of Brown text"
+  bash "$ROOT/scripts/device/full_fp8_loss.sh" "$BIN/tessera" "$OUT/full_fp8_loss" \
+    "${FULL_FP8_MODEL:-llama3.1_8B}" 2>&1 | tail -8
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"
