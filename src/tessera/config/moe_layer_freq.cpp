@@ -93,8 +93,13 @@ std::optional<std::vector<bool>> parse_moe_layer_freq(std::string_view text, int
     return std::nullopt;
   }
   if (static_cast<int64_t>(moe->size()) != num_layers) {
-    *error = fmt::format("a list of one 0/1 entry per layer: num_layers is {}, the list has {}",
-                         num_layers, moe->size());
+    // A preset's list is written for its full depth; proxies with fewer layers (the seed's
+    // "--num_layers 3 --moe_layer_freq 1") say which of their layers are MoE.
+    *error = fmt::format(
+        "a list of one 0/1 entry per layer: num_layers is {}, the list has {} (with fewer "
+        "layers than the preset, set moe_layer_freq too, e.g. --moe_layer_freq 1 for every "
+        "layer MoE)",
+        num_layers, moe->size());
     return std::nullopt;
   }
   return moe;
