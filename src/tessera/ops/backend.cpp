@@ -393,6 +393,9 @@ void Backend::attention_gathered_forward(const Tensor& out, const Tensor& lse,
                       [&] { return op_args::attention(s, qkv_all.dtype); });
   const OpChecks check(*this, "attention_gathered_forward");
   check.attention_shape(s);
+  // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
+  check.that(s.v_dim() == s.head_dim, "value heads of {} with heads of {}: the gathered "
+             "attention takes equal head dims", s.v_dim(), s.head_dim);
   check.placed(positions, "positions");
   const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
   check.that(segments >= 1 && positions.numel() == segments * s.seq,
@@ -412,6 +415,9 @@ void Backend::attention_gathered_backward(const Tensor& dqkv_all, const Tensor& 
                       [&] { return op_args::attention(s, qkv_all.dtype); });
   const OpChecks check(*this, "attention_gathered_backward");
   check.attention_shape(s);
+  // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
+  check.that(s.v_dim() == s.head_dim, "value heads of {} with heads of {}: the gathered "
+             "attention takes equal head dims", s.v_dim(), s.head_dim);
   check.placed(positions, "positions");
   const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
   check.that(segments >= 1 && positions.numel() == segments * s.seq,

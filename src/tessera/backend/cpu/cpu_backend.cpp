@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -676,41 +677,40 @@ void CpuBackend::do_attention_decode(const Tensor& out, const Tensor& q, const T
   ref::attention_decode(f32(out), f32(q), f32(kv), pos, s);
 }
 
-// Blocks of tokens in parallel; each token's row is computed alone.
-void CpuBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
-  const char* op = "mla_qkv_forward";
-  for (const auto& [t, what] :
-       {std::pair{&a.qkv, "qkv"}, std::pair{&a.q, "q"}, std::pair{&a.k_rope, "k_rope"},
-        std::pair{&a.kv, "kv"}, std::pair{&a.freqs, "freqs"}})
-    expect_f32(*t, op, what);
-  const int64_t N = a.s.tokens(), q_stride = matrix_dims(a.q).cols;
-  const int64_t k_stride = matrix_dims(a.k_rope).cols;
-  const int64_t blocks = (N + 63) / 64;
+namespace {
+
+// The MLA packing's operands, all fp32, and f(first token, count) over blocks of tokens in
+// parallel: each token's row is computed alone.
+template <class F>
+void mla_qkv_in_token_blocks(const MlaQkvArgs& a, const char* op, bool gradients, F&& f) {
+  for (const auto& [t, what, grad] :
+       {std::tuple{&a.qkv, "qkv", "dqkv"}, std::tuple{&a.q, "q", "dq"},
+        std::tuple{&a.k_rope, "k_rope", "dk_rope"}, std::tuple{&a.kv, "kv", "dkv"},
+        std::tuple{&a.freqs, "freqs", "freqs"}})
+    expect_f32(*t, op, gradients ? grad : what);
+  constexpr int64_t kBlock = 64;
+  const int64_t N = a.s.tokens(), blocks = (N + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t first = blk * 64;
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    f(blk * kBlock, std::min<int64_t>(kBlock, N - blk * kBlock));
+}
+
+}  // namespace
+
+void CpuBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
+  const int64_t q_stride = matrix_dims(a.q).cols, k_stride = matrix_dims(a.k_rope).cols;
+  mla_qkv_in_token_blocks(a, "mla_qkv_forward", false, [&](int64_t first, int64_t tokens) {
     ref::mla_qkv_forward(f32(a.qkv), f32(a.q) + a.q_col, q_stride, f32(a.k_rope) + a.k_col,
-                         k_stride, f32(a.kv), f32(a.freqs), a.s, a.rope_dim, first,
-                         std::min<int64_t>(64, N - first));
-  }
+                         k_stride, f32(a.kv), f32(a.freqs), a.s, a.rope_dim, first, tokens);
+  });
 }
 
 void CpuBackend::do_mla_qkv_backward(const MlaQkvArgs& g) {
-  const char* op = "mla_qkv_backward";
-  for (const auto& [t, what] :
-       {std::pair{&g.qkv, "dqkv"}, std::pair{&g.q, "dq"}, std::pair{&g.k_rope, "dk_rope"},
-        std::pair{&g.kv, "dkv"}, std::pair{&g.freqs, "freqs"}})
-    expect_f32(*t, op, what);
-  const int64_t N = g.s.tokens(), q_stride = matrix_dims(g.q).cols;
-  const int64_t k_stride = matrix_dims(g.k_rope).cols;
-  const int64_t blocks = (N + 63) / 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t first = blk * 64;
+  const int64_t q_stride = matrix_dims(g.q).cols, k_stride = matrix_dims(g.k_rope).cols;
+  mla_qkv_in_token_blocks(g, "mla_qkv_backward", true, [&](int64_t first, int64_t tokens) {
     ref::mla_qkv_backward(f32(g.q) + g.q_col, q_stride, f32(g.k_rope) + g.k_col, k_stride,
-                          f32(g.kv), f32(g.qkv), f32(g.freqs), g.s, g.rope_dim, first,
-                          std::min<int64_t>(64, N - first));
-  }
+                          f32(g.kv), f32(g.qkv), f32(g.freqs), g.s, g.rope_dim, first, tokens);
+  });
 }
 
 void CpuBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,

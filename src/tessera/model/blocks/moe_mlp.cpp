@@ -100,10 +100,24 @@ int64_t MoeMlpBlock::expert_rows(int64_t n, int ep) const {
                  : ep * (n * s_.moe.topk + s_.moe.experts / ep * (kGroupAlign - 1));
 }
 
-Tensor MoeMlpBlock::local_experts(const Tensor& all, int rank, int ep) const {
-  const int64_t local = s_.moe.experts / ep, per_expert = all.numel() / s_.moe.experts;
-  return all.flat_range(rank * local * per_expert, local * per_expert)
+Tensor MoeMlpBlock::local_experts(const Tensor& all, const ExpertExchange* ex) const {
+  if (ex == nullptr) return all;
+  const int64_t local = local_count(*ex), per_expert = all.numel() / s_.moe.experts;
+  return all.flat_range(ex->rank() * local * per_expert, local * per_expert)
       .view({local, all.dim(1), all.dim(2)});
+}
+
+ExpertGroups MoeMlpBlock::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
+                                        std::span<const int32_t> host_offsets) const {
+  if (ex == nullptr) return {offsets, host_offsets, {}, 0};
+  return {expert_offsets_, host_expert_offsets_, group_weights_, ex->rank() * local_count(*ex)};
+}
+
+MoeAuxLossArgs MoeMlpBlock::aux_loss_args(const ModelRuntime& rt) const {
+  MoeAuxLossArgs a;
+  a.logits = logits_, a.indices = indices_, a.routing = routing(false);
+  a.seq = s_.moe.load_balancing == MoeLoadBalancing::SeqAuxLoss ? rt.seq_length : 0;
+  return a;
 }
 
 // Where this rank's rows go: the permuted rows are sorted by expert, so the rows of rank j's
@@ -151,22 +165,17 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
   b.download(host_offsets.data(), t.offsets);
   // The experts run on this rank's rows (every expert) or on the rows the group sends to
   // this rank's share of them.
-  Tensor x = t.xp, y = t.yp, offsets = t.offsets;
-  std::span<const int32_t> groups = host_offsets, weights;
-  Tensor w_up = ops.param(gate_up_), w_down = ops.param(down_);
+  Tensor x = t.xp, y = t.yp;
   if (ex != nullptr) {
     plan_exchange(b, *ex);
     ex->exchange_rows(xr_, recv_rows_, recv_first_, t.xp, send_rows_, send_first_);
-    x = xr_, y = yr_, offsets = expert_offsets_;
-    groups = host_expert_offsets_, weights = group_weights_;
-    w_up = local_experts(w_up, ex->rank(), ex->size());
-    w_down = local_experts(w_down, ex->rank(), ex->size());
+    x = xr_, y = yr_;
   }
-  const ExpertGroups g{offsets, groups, weights, ex != nullptr ? ex->rank() * local_count(*ex) : 0};
-  ops.expert_linear(t.h1, x, gate_up_, w_up, g);
+  const ExpertGroups g = expert_groups(ex, t.offsets, host_offsets);
+  ops.expert_linear(t.h1, x, gate_up_, local_experts(ops.param(gate_up_), ex), g);
   if (t.shared_gu.defined()) ops.linear(t.shared_gu, t.ln, shared_gate_up_, -1);
   b.swiglu_forward(t.h, t.h1);
-  ops.expert_linear(y, t.h, down_, w_down, g);
+  ops.expert_linear(y, t.h, down_, local_experts(ops.param(down_), ex), g);
   if (ex != nullptr) ex->exchange_rows(t.yp, send_rows_, send_first_, yr_, recv_rows_, recv_first_);
   if (t.shared_gu.defined()) b.swiglu_forward(t.shared_h, t.shared_gu);
 }
@@ -200,9 +209,7 @@ void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& o
   const int64_t E = s_.moe.experts;
   b.moe_expert_counts(stats_.flat_range(0, E), indices_);
   if (s_.moe.load_balancing != MoeLoadBalancing::None) {
-    MoeAuxLossArgs a;
-    a.logits = logits_, a.indices = indices_, a.routing = routing(false);
-    a.seq = s_.moe.load_balancing == MoeLoadBalancing::SeqAuxLoss ? ops.runtime().seq_length : 0;
+    MoeAuxLossArgs a = aux_loss_args(ops.runtime());
     a.loss = stats_.flat_range(E, 1);
     b.moe_aux_loss(a);
   }
@@ -217,26 +224,20 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
   ExpertExchange* ex = exchange(ops);
   // The combine: d(expert outputs) and d(routing weights), then to the experts' ranks.
   b.moe_unpermute_backward(dyp_, dweights_, dresid, yp_, rows_, weights_);
-  Tensor dy = dyp_, xe = xp_, offsets = offsets_;
-  std::span<const int32_t> groups = host_offsets_, weights;
-  Tensor w_up = ops.param(gate_up_), w_down = ops.param(down_);
-  Tensor g_up = ops.grad(gate_up_), g_down = ops.grad(down_);
+  Tensor dy = dyp_, xe = xp_;
   if (ex != nullptr) {
     ex->exchange_rows(dyr_, recv_rows_, recv_first_, dyp_, send_rows_, send_first_);
-    dy = dyr_, xe = xr_, offsets = expert_offsets_;
-    groups = host_expert_offsets_, weights = group_weights_;
-    w_up = local_experts(w_up, ex->rank(), ex->size());
-    w_down = local_experts(w_down, ex->rank(), ex->size());
-    g_up = local_experts(g_up, ex->rank(), ex->size());
-    g_down = local_experts(g_down, ex->rank(), ex->size());
+    dy = dyr_, xe = xr_;
   }
   // The experts, down then up; their gradients accumulate (zeroed with the step's).
   if (selective) b.swiglu_forward(h_, h1_);
-  const ExpertGroups g{offsets, groups, weights, ex != nullptr ? ex->rank() * local_count(*ex) : 0};
-  ops.expert_linear_backward(dh_, dy, h_, down_, w_down, g_down, g);
+  const ExpertGroups g = expert_groups(ex, offsets_, host_offsets_);
+  ops.expert_linear_backward(dh_, dy, h_, down_, local_experts(ops.param(down_), ex),
+                             local_experts(ops.grad(down_), ex), g);
   b.swiglu_backward(dh1_, dh_, h1_);
   const Tensor dx = dy;  // dy's memory, free from here on
-  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, w_up, g_up, g);
+  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, local_experts(ops.param(gate_up_), ex),
+                             local_experts(ops.grad(gate_up_), ex), g);
   // Back to the rows' own ranks (dyp's memory is free once sent).
   const Tensor dxp = dyp_;
   if (ex != nullptr) ex->exchange_rows(dxp, send_rows_, send_first_, dx, recv_rows_, recv_first_);
@@ -248,9 +249,7 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
   const float micro_batch_scale =
       ops.loss_grad_scale() * static_cast<float>(ops.runtime().tokens());
   if (m.load_balancing != MoeLoadBalancing::None && m.aux_loss_coeff > 0) {
-    MoeAuxLossArgs a;
-    a.logits = logits_, a.indices = indices_, a.routing = routing(false);
-    a.seq = m.load_balancing == MoeLoadBalancing::SeqAuxLoss ? ops.runtime().seq_length : 0;
+    MoeAuxLossArgs a = aux_loss_args(ops.runtime());
     a.dlogits = dlogits_;
     a.grad_scale = static_cast<float>(m.aux_loss_coeff) * micro_batch_scale;
     b.moe_aux_loss(a);

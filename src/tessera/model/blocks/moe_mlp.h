@@ -82,8 +82,15 @@ class MoeMlpBlock final : public Block {
   int64_t expert_rows(int64_t n, int ep) const;
   // The experts each rank of the exchange runs.
   int64_t local_count(const ExpertExchange& ex) const { return s_.moe.experts / ex.size(); }
-  // This rank's share of an (E, rows, cols) expert tensor.
-  Tensor local_experts(const Tensor& all, int rank, int ep) const;
+  // The share of an (E, rows, cols) expert tensor that this rank runs: all of it without an
+  // exchange.
+  Tensor local_experts(const Tensor& all, const ExpertExchange* ex) const;
+  // The row groups the experts run on: this rank's own (offsets, host_offsets), or with an
+  // exchange the (source rank, expert) groups it received (plan_exchange).
+  ExpertGroups expert_groups(const ExpertExchange* ex, const Tensor& offsets,
+                             std::span<const int32_t> host_offsets) const;
+  // The load-balancing loss of the routing in logits_ / indices_ (Backend::moe_aux_loss).
+  MoeAuxLossArgs aux_loss_args(const ModelRuntime& rt) const;
   // Swaps the per-expert counts with the group and lays out the rows to send and receive.
   void plan_exchange(Backend& b, ExpertExchange& ex);
 
