@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/model_step.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/config/config.h"
@@ -194,33 +195,8 @@ TEST(MlaModel, LayoutFusesTheDownProjections) {
   }
 }
 
-struct Result {
-  float loss_sum = 0;
-  std::vector<float> grads;
-};
-
-Result run(const ModelSpec& spec, ModelRuntime rt) {
-  auto backend = make_cpu_backend();
-  DecoderModel model(*backend, spec, rt);
-  const int64_t P = model.layout().total;
-  DeviceBuffer master(*backend, P * sizeof(float), "master");
-  init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
-  backend->copy(model.params(), master.tensor(DType::F32, {P}));
-  const int64_t N = rt.micro_batch * rt.seq_length;
-  std::vector<int32_t> tokens(N), targets(N);
-  for (int64_t i = 0; i < N; ++i) {
-    tokens[i] = static_cast<int32_t>(random_below(1, i, 64));
-    targets[i] = static_cast<int32_t>(random_below(2, i, 64));
-  }
-  model.set_batch(tokens.data(), targets.data());
-  model.zero_loss_sum();
-  model.forward_backward(1.0f / N);
-  Result r;
-  backend->download(&r.loss_sum, model.loss_sum());
-  r.grads.resize(P);
-  backend->download(r.grads.data(), model.grads());
-  return r;
-}
+using Result = testing::ModelStep;
+using testing::one_model_step;
 
 TEST(MlaModel, RecomputeGivesIdenticalGradients) {
   for (int64_t q_lora : {int64_t{0}, int64_t{20}}) {
@@ -229,7 +205,7 @@ TEST(MlaModel, RecomputeGivesIdenticalGradients) {
     ModelRuntime rt;
     rt.micro_batch = 2;
     rt.seq_length = 12;
-    const Result plain = run(spec, rt);
+    const Result plain = one_model_step(spec, rt);
     ASSERT_TRUE(std::isfinite(plain.loss_sum));
     double norm = 0;
     for (const ParamInfo& p : make_param_layout(spec).params) {
@@ -245,7 +221,7 @@ TEST(MlaModel, RecomputeGivesIdenticalGradients) {
       ModelRuntime r2 = rt;
       r2.recompute = mode;
       r2.recompute_num_layers = layers;
-      const Result r = run(spec, r2);
+      const Result r = one_model_step(spec, r2);
       EXPECT_EQ(r.loss_sum, plain.loss_sum);
       EXPECT_EQ(0, std::memcmp(r.grads.data(), plain.grads.data(), r.grads.size() * 4))
           << "recompute mode " << static_cast<int>(mode) << " layers " << layers;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/model_step.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/config/config.h"
@@ -42,35 +43,8 @@ ModelSpec tiny_moe_spec() {
   return s;
 }
 
-struct Result {
-  float loss_sum = 0;
-  std::vector<float> grads, stats;
-};
-
-Result run(const ModelSpec& spec, ModelRuntime rt) {
-  auto backend = make_cpu_backend();
-  DecoderModel model(*backend, spec, rt);
-  const int64_t P = model.layout().total;
-  DeviceBuffer master(*backend, P * sizeof(float), "master");
-  init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
-  backend->copy(model.params(), master.tensor(DType::F32, {P}));
-  const int64_t N = rt.micro_batch * rt.seq_length;
-  std::vector<int32_t> tokens(N), targets(N);
-  for (int64_t i = 0; i < N; ++i) {
-    tokens[i] = static_cast<int32_t>(random_below(1, i, 64));
-    targets[i] = static_cast<int32_t>(random_below(2, i, 64));
-  }
-  model.set_batch(tokens.data(), targets.data());
-  model.zero_loss_sum();
-  model.forward_backward(1.0f / N);
-  Result r;
-  backend->download(&r.loss_sum, model.loss_sum());
-  r.grads.resize(P);
-  backend->download(r.grads.data(), model.grads());
-  r.stats.resize(model.moe_stats().numel());
-  backend->download(r.stats.data(), model.moe_stats());
-  return r;
-}
+using Result = testing::ModelStep;
+using testing::one_model_step;
 
 ModelRuntime runtime() {
   ModelRuntime rt;
@@ -154,15 +128,15 @@ TEST(MoeModel, LayoutHasExpertsInTheMoeLayersOnly) {
 
 TEST(MoeModel, RecomputeGivesIdenticalGradientsAndStatistics) {
   const ModelSpec spec = tiny_moe_spec();
-  const Result plain = run(spec, runtime());
+  const Result plain = one_model_step(spec, runtime());
   ASSERT_TRUE(std::isfinite(plain.loss_sum));
-  ASSERT_EQ(plain.stats.size(), 2u * 6u);
+  ASSERT_EQ(plain.moe_stats.size(), 2u * 6u);
   for (int row = 0; row < 2; ++row) {
     double routed = 0;
-    for (int e = 0; e < 4; ++e) routed += plain.stats[row * 6 + e];
+    for (int e = 0; e < 4; ++e) routed += plain.moe_stats[row * 6 + e];
     EXPECT_EQ(routed, 24.0 * 2) << "every token's two slots, counted once";
-    EXPECT_GT(plain.stats[row * 6 + 4], 0.5) << "aux loss";
-    EXPECT_GT(plain.stats[row * 6 + 5], 0.0) << "z-loss";
+    EXPECT_GT(plain.moe_stats[row * 6 + 4], 0.5) << "aux loss";
+    EXPECT_GT(plain.moe_stats[row * 6 + 5], 0.0) << "z-loss";
   }
   for (auto [mode, layers] : {std::pair{RecomputeGranularity::Full, int64_t{0}},
                               std::pair{RecomputeGranularity::Full, int64_t{1}},
@@ -170,11 +144,11 @@ TEST(MoeModel, RecomputeGivesIdenticalGradientsAndStatistics) {
     ModelRuntime rt = runtime();
     rt.recompute = mode;
     rt.recompute_num_layers = layers;
-    const Result r = run(spec, rt);
+    const Result r = one_model_step(spec, rt);
     EXPECT_EQ(r.loss_sum, plain.loss_sum);
     EXPECT_EQ(0, std::memcmp(r.grads.data(), plain.grads.data(), r.grads.size() * 4))
         << "recompute mode " << static_cast<int>(mode) << " layers " << layers;
-    EXPECT_EQ(r.stats, plain.stats) << "statistics counted once per forward pass";
+    EXPECT_EQ(r.moe_stats, plain.moe_stats) << "statistics counted once per forward pass";
   }
 }
 
@@ -182,15 +156,15 @@ TEST(MoeModel, ForceBalanceRoutesEvenlyAndStillTrainsTheRouter) {
   ModelRuntime rt = runtime();
   rt.moe_force_balance = true;
   const ModelSpec spec = tiny_moe_spec();
-  const Result r = run(spec, rt);
+  const Result r = one_model_step(spec, rt);
   for (int row = 0; row < 2; ++row)
-    for (int e = 0; e < 4; ++e) EXPECT_EQ(r.stats[row * 6 + e], 12.0f) << "expert " << e;
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(r.moe_stats[row * 6 + e], 12.0f) << "expert " << e;
   const ParamInfo* router = make_param_layout(spec).find("model.layers.0.mlp.router.weight");
   double norm = 0;
   for (int64_t i = 0; i < router->numel(); ++i) norm += std::abs(r.grads[router->offset + i]);
   EXPECT_GT(norm, 0.0) << "the router gets gradients through the weights";
-  const Result routed = run(spec, runtime());
-  EXPECT_NE(routed.stats, r.stats);
+  const Result routed = one_model_step(spec, runtime());
+  EXPECT_NE(routed.moe_stats, r.moe_stats);
 }
 
 TEST(MoeModel, CheckpointDescriptionKeepsTheMoeSpec) {
