@@ -129,7 +129,7 @@ void MlaAttentionBlock::forward_inner(LayerOps& ops, const Tensor& x) {
   t.ln = ln_, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;
   t.c_kv = c_kv_, t.c_kv_ln = c_kv_ln_, t.kv_rstd = kv_rstd_, t.kv = dkv_, t.qkv = qkv_;
   pack_qkv(ops, t, ops.rope_table(), a);
-  ops.backend().attention_forward(att_, lse_, qkv_, a);
+  ops.attention_forward(att_, lse_, qkv_, a);
 }
 
 void MlaAttentionBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
@@ -142,7 +142,7 @@ void MlaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
   const bool selective = rt.recompute == RecomputeGranularity::Selective;
   const AttentionShape a = shape(rt.micro_batch, rt.seq_length);
   ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
-  b.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
+  ops.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   // d(qkv) -> the queries' (in dq, or a's first columns), the rope key's (a's last columns) and
   // kv's gradients; c_kv's columns of da follow from its norm below.
   MlaQkvArgs g;
