@@ -317,6 +317,23 @@ TEST_F(CpuBackendTest, GatheredAttentionOverSegmentsIsWholeSequenceAttention) {
   }
 }
 
+// Context parallelism runs grouped-query attention only: narrower value heads (multi-latent
+// attention) are refused by name rather than read with the keys' width.
+TEST_F(CpuBackendTest, GatheredAttentionRefusesNarrowerValueHeads) {
+  AttentionShape s;
+  s.batch = 1, s.seq = 4, s.heads = 2, s.kv_heads = 2, s.head_dim = 8, s.v_head_dim = 4;
+  s.scale = 0.35f;
+  GuardedTensor all = random({2 * 4, s.qkv_width()}), pos = ids({0, 1, 6, 7, 2, 3, 4, 5});
+  GuardedTensor out = random({4, s.heads * s.v_dim()}), lse = random({1, 2, 4});
+  try {
+    backend->attention_gathered_forward(out, lse, all, pos, 0, s);
+    FAIL() << "no exception";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("value heads of 4 with heads of 8"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CpuBackendTest, Description) {
   EXPECT_EQ(backend->description(),
             fmt::format("cpu (OpenBLAS, {} threads)", omp_get_max_threads()));
