@@ -1,6 +1,7 @@
-// Checkpoints of models split over ranks (tensor and pipeline parallelism, format 3): every
-// part's state is written once as runs of the one-device layout, so a run saved under one mesh
-// resumes under any other (tensor x pipeline x data/context parallel, ZeRO-1, one rank) and the
+// Checkpoints of models split over ranks (tensor, pipeline and expert parallelism, format 3):
+// every part's state is written once as runs of the one-device layout, so a run saved under one
+// mesh resumes under any other (tensor x pipeline x data/context parallel, expert parallel,
+// ZeRO-1, one rank) and the
 // checkpoint reads like a one-device one (its master weights, Hugging Face export).
 //
 // A resumed run continues its straight run: bitwise on the same mesh (every value is restored
@@ -219,6 +220,55 @@ TEST(ModelParallelResume, HuggingFaceExportFromASplitCheckpointAndInitOfASplitMo
   expect_same_run(split, one, false, "tp2 x pp2 from Hugging Face weights");
   // The first step's loss is the exported model's loss: the weights were taken as they are.
   EXPECT_NE(one.losses.at(1), straight.losses.at(1));
+}
+
+// Expert parallelism: each rank holds its experts (written by their first
+// expert-data-parallel rank, or as ZeRO-1 shards), the rest is whole on every rank.
+const std::string kMoe =
+    "model_family: mixtral\nnum_experts: 4\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 24\n"
+    "moe_shared_expert_intermediate_size: 16\nmoe_layer_freq: 1\nmoe_aux_loss_coeff: 0.01\n";
+const Mesh kEp2{2, "expert_model_parallel_size: 2\n"};
+const Mesh kEp2Edp2{4, "expert_model_parallel_size: 2\n"};
+const Mesh kEp2Edp2Zero1{4, "expert_model_parallel_size: 2\nuse_distributed_optimizer: true\n"};
+const Mesh kEp4{4, "expert_model_parallel_size: 4\n"};
+
+TEST(ModelParallelResume, ExpertParallelCheckpointsResumeUnderAnyMeshAndBitwiseOnTheirOwn) {
+  ScratchDir dir;
+  const TrainingRun reference = train(experiment(dir.path(), 1, kMoe), 1);
+  ASSERT_EQ(reference.losses.size(), 6u);
+  struct Case {
+    const char* name;
+    Mesh saved, resumed;
+  };
+  const std::vector<Case> cases = {{"ep2 -> one rank", kEp2, kOne},
+                                   {"one rank -> ep2 x edp2", kOne, kEp2Edp2},
+                                   {"ep2 x edp2 ZeRO-1 -> ep4", kEp2Edp2Zero1, kEp4},
+                                   {"ep2 x edp2 -> same", kEp2Edp2, kEp2Edp2},
+                                   {"ep2 x edp2 ZeRO-1 -> same", kEp2Edp2Zero1, kEp2Edp2Zero1}};
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    SCOPED_TRACE(c.name);
+    const fs::path save = dir / ("save" + std::to_string(k));
+    const TrainingRun straight = train(
+        experiment(dir.path(), c.saved.world, kMoe + c.saved.lines + saving(save)), c.saved.world);
+    ASSERT_EQ(straight.losses.size(), 6u);
+    expect_same_run(straight, reference, false, "the saving run against one rank");
+    if (c.saved.world > 1) {
+      // The checkpoint holds the whole model, each expert once.
+      const Checkpoint last((save / "iter_0000006").string());
+      for (const ParamInfo& p : last.layout().params) {
+        const std::vector<float> master = last.master(p);
+        EXPECT_TRUE(
+            std::equal(master.begin(), master.end(), straight.weights.begin() + p.offset))
+            << p.name << " in the checkpoint differs from the final weights";
+      }
+    }
+    const std::string load = "load: " + (save / "iter_0000003").string() + "\n";
+    const TrainingRun resumed = train(
+        experiment(dir.path(), c.resumed.world, kMoe + c.resumed.lines + load), c.resumed.world);
+    expect_continues(resumed, straight, c.saved.lines == c.resumed.lines && c.saved.world > 1,
+                     "resumed");
+  }
 }
 
 }  // namespace

@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <vector>
 
+#include "common/placed_layout.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/distributed/expert_exchange.h"
@@ -278,8 +280,8 @@ TEST(Fp8MoeState, CheckpointResumesBitwise) {
 }
 
 // Two ranks with the same tokens, experts split between them, from the scaling state of one
-// rank's step (so no scale is taken just in time from a rank's own rows): each rank's
-// experts' gradients are twice one model's, everything else one model's; and after the step
+// rank's step (so no scale is taken just in time from a rank's own rows): each rank holds its
+// experts, whose gradients are twice one model's, everything else one model's; and after the step
 // the amaxes, max-reduced over the ranks, give one model's scales exactly.
 TEST(Fp8MoeExpertParallel, TwoRanksComputeWhatOneDoes) {
   const Fp8Options o = hybrid();
@@ -302,14 +304,17 @@ TEST(Fp8MoeExpertParallel, TwoRanksComputeWhatOneDoes) {
   }
 
   std::vector<std::vector<float>> grads(2), states(2);
+  std::vector<ParamLayout> layouts(2);
   dist::run_local_ranks(2, [&](int rank, dist::Communicator& comm) {
     ModelRuntime rt = moe_runtime(o);
     rt.expert_parallel_size = 2;
+    rt.expert_parallel_rank = rank;
     MoeRun r;
     r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
+    layouts[rank] = r.model->layout();
     dist::CommExpertExchange exchange(*r.backend, comm);
     r.model->set_expert_exchange(&exchange);
-    r.backend->upload(r.model->params(), weights.data());
+    r.backend->upload(r.model->params(), testing::placed_part(layouts[rank], weights).data());
     r.model->params_updated();
     const auto state = r.model->fp8()->state_tensors();
     for (size_t i = 0; i < state.size(); ++i)
@@ -326,23 +331,18 @@ TEST(Fp8MoeExpertParallel, TwoRanksComputeWhatOneDoes) {
       states[rank].insert(states[rank].end(), v.begin(), v.end());
     }
   });
-  for (const ParamInfo& p : one.model->layout().params) {
-    const bool experts = p.name.find("mlp.experts.") != std::string::npos;
-    const int64_t per_expert = p.numel() / kExperts;
-    for (int rank = 0; rank < 2; ++rank) {
-      double diff = 0, norm = 0;
-      for (int64_t i = 0; i < p.numel(); ++i) {
-        const int64_t at = p.offset + i;
-        const bool mine = !experts || i / per_expert / 2 == rank;
-        const double want = !experts ? one.grads[at] : mine ? 2.0 * one.grads[at] : 0.0;
-        if (experts && !mine) {
-          ASSERT_EQ(grads[rank][at], 0.0f) << p.name << " on rank " << rank;
-          continue;
-        }
-        diff += std::pow(grads[rank][at] - want, 2), norm += want * want;
-      }
-      EXPECT_LT(std::sqrt(diff / norm), 1e-5) << p.name << " on rank " << rank;
-    }
+  for (int rank = 0; rank < 2; ++rank) {
+    std::map<std::string, std::pair<double, double>> diff_norm;
+    testing::for_each_placed_element(
+        layouts[rank], [&](int64_t local, int64_t whole, const ParamInfo& p) {
+          const bool experts = p.tp == TensorParallelStyle::Expert;
+          const double want = experts ? 2.0 * one.grads[whole] : one.grads[whole];
+          auto& [diff, norm] = diff_norm[p.name];
+          diff += std::pow(grads[rank][local] - want, 2), norm += want * want;
+        });
+    ASSERT_EQ(diff_norm.size(), one.model->layout().params.size());
+    for (const auto& [name, dn] : diff_norm)
+      EXPECT_LT(std::sqrt(dn.first / dn.second), 1e-5) << name << " on rank " << rank;
   }
   std::vector<float> one_flat;
   for (const auto& v : one_state) one_flat.insert(one_flat.end(), v.begin(), v.end());

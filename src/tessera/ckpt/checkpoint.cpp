@@ -417,7 +417,7 @@ void begin_sharded_checkpoint(const std::string& save_dir, int64_t iteration) {
 }
 
 void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& t,
-                            int64_t iteration, int rank, int world) {
+                            int64_t iteration, int rank, int world, bool whole_params) {
   TS_CHECK(!t.owned.empty() && rank >= 0 && rank < world, "rank {} of {} with {} owned ranges",
            rank, world, t.owned.size());
   const fs::path tmp = tmp_dir(save_dir, iteration);
@@ -426,12 +426,7 @@ void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& 
   if (placed(*t.layout)) {
     // Each kind of state as one tensor of the rank's runs of the one-device layout, their
     // groups in the file's metadata (finish_sharded_checkpoint lists them).
-    // A replicated parameter (a norm) is the same on every tensor-parallel rank: the rank
-    // holding part 0 of the split ones writes it.
-    const auto split = std::find_if(t.layout->params.begin(), t.layout->params.end(),
-                                    [](const ParamInfo& p) { return !p.whole(); });
-    const bool replicated = split == t.layout->params.end() || split->placement.index == 0;
-    const std::vector<PlacedRun> runs = placed_runs(*t.layout, t.owned, replicated);
+    const std::vector<PlacedRun> runs = placed_runs(*t.layout, t.owned, whole_params);
     int64_t elements = 0;
     for (const PlacedRun& r : runs) elements += r.count;
     // Each kind of state in the dtype the run keeps it in: the owned ranges downloaded

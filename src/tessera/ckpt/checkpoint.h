@@ -97,8 +97,11 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
 //                                             ranges), rename, tracker, keep_last; returns
 //                                             the checkpoint's directory
 void begin_sharded_checkpoint(const std::string& save_dir, int64_t iteration);
+// A model split over ranks (format 3) writes each run once: `whole_params` says whether this
+// rank writes the runs of its parameters that are whole (norms, and with expert parallelism
+// everything but the experts), which other ranks hold too.
 void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& t,
-                            int64_t iteration, int rank, int world);
+                            int64_t iteration, int rank, int world, bool whole_params = true);
 std::string finish_sharded_checkpoint(const std::string& save_dir, const TrainingTensors& t,
                                       const TrainerState& state, int world, int64_t keep_last);
 

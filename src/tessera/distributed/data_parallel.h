@@ -21,6 +21,10 @@
 // backward finishes them. In the last micro-batch of a step each bucket's reduction is queued
 // on the communicator's own stream as soon as the backward has passed it, so it overlaps with
 // the backward of the layers below (overlap_grad_reduce).
+// Expert parallelism: each rank holds its experts' stacks only (ParamLayout::expert_runs), the
+// same as the other ranks of its expert-data-parallel group (Megatron's expt_dp). The expert
+// runs' gradients are bucketed and reduced (or ZeRO-1 sharded and gathered) over that group,
+// everything else over every data-parallel rank, each in its own buckets.
 // The gradient norm is always that of the global batch's mean gradient (clipping agrees on
 // every rank).
 #include <cstdint>
@@ -43,7 +47,7 @@ struct BucketPlan {
   int64_t params = 0;  // elements in use
   int64_t padded = 0;  // params rounded up to flat_buffer_multiple(world)
   int world = 1;
-  std::vector<ParamRange> buckets;  // cover [0, padded), highest offsets first
+  std::vector<ParamRange> buckets;  // cover the planned ranges, highest offsets first
 
   // Rank r's slice of bucket k (ZeRO-1).
   ParamRange shard(size_t k, int rank) const;
@@ -51,7 +55,24 @@ struct BucketPlan {
   std::vector<ParamRange> owned(int rank) const;
 };
 
+// Buckets covering [0, padded).
 BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size);
+// Buckets covering `ranges` (increasing, each a multiple of flat_buffer_multiple(world_size)
+// long) of a buffer of `params` elements; no bucket spans two of them.
+BucketPlan plan_buckets(const std::vector<ParamRange>& ranges, int64_t params,
+                        int64_t bucket_elements, int world_size);
+
+// Where a layout's gradients are reduced: the expert runs (ParamLayout::expert_runs) over the
+// world / ep expert-data-parallel ranks, the rest over all `world` data-parallel ranks.
+// Without expert runs every element is dense.
+struct ReductionPlan {
+  BucketPlan dense, experts;
+  // Shards (ZeRO-1) of the rank that is `dense_rank` of every data-parallel rank and
+  // `expert_rank` of its expert-data-parallel group, in increasing order.
+  std::vector<ParamRange> owned(int dense_rank, int expert_rank) const;
+};
+ReductionPlan plan_reduction(const ParamLayout& layout, int64_t bucket_elements, int world,
+                             int expert_parallel);
 
 struct DataParallelOptions {
   bool shard_optimizer = false;  // use_distributed_optimizer (ZeRO-1)
@@ -90,14 +111,20 @@ class DataParallelism : public Parallelism {
   DeviceBuffer barrier_buffer_;
 };
 
+// With expert parallelism: the groups a rank's experts' gradients are summed over (not owned).
+struct ExpertCommunicators {
+  Communicator* expert_parallel = nullptr;  // ranks holding the other experts
+  Communicator* expert_data = nullptr;      // ranks holding the same experts; null when alone
+};
+
 // Plain data parallelism and ZeRO-1. The model must have been built with
 // runtime.flat_buffer_multiple = flat_buffer_multiple(comm.size()).
 class DataParallel : public DataParallelism, private ParamUnitObserver {
  public:
-  DataParallel(Communicator& comm, Model& model, const DataParallelOptions& options);
+  DataParallel(Communicator& comm, Model& model, const DataParallelOptions& options,
+               ExpertCommunicators experts = {});
   ~DataParallel() override;
 
-  const BucketPlan& plan() const { return plan_; }
   std::string description() const override;
   std::vector<OwnedParams> optimizer_shards() const override;
   void begin_micro_batch(bool last) override;
@@ -111,16 +138,26 @@ class DataParallel : public DataParallelism, private ParamUnitObserver {
   void settle() override;
   void params_needed(int unit, int next) override;
   void grads_ready(int unit) override;
-  void reduce_bucket(size_t k, Lane lane);
+  // A bucket of either plan, with the group that reduces it (null: a group of one).
+  struct Bucket {
+    ParamRange range, shard;
+    Communicator* comm;
+  };
+  void reduce_bucket(const Bucket& b, Lane lane);
   Tensor padded_view(const Tensor& flat, const ParamRange& r) const;
+  std::vector<Communicator*> comms() const;
 
   DataParallelOptions options_;
-  BucketPlan plan_;
+  ExpertCommunicators experts_;
+  ReductionPlan plan_;
+  std::vector<Bucket> buckets_;  // both plans', highest offsets first
+  int64_t padded_ = 0;
   bool armed_ = false;
   size_t next_bucket_ = 0;
   struct GatherInFlight {
     int64_t begin;  // the bucket's first element
-    int mark;       // Communicator::comm_mark() after its all-gather
+    Communicator* comm;
+    int mark;  // comm->comm_mark() after its all-gather
   };
   std::vector<GatherInFlight> gathers_;  // increasing offsets; front: the next to wait for
   size_t next_gather_ = 0;
@@ -129,6 +166,7 @@ class DataParallel : public DataParallelism, private ParamUnitObserver {
 // The kind `options` asks for, installed as the model's unit observer. With fully_shard the
 // model must have been built with runtime.sharded_params.
 std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, Model& model,
-                                                       const DataParallelOptions& options);
+                                                       const DataParallelOptions& options,
+                                                       ExpertCommunicators experts = {});
 
 }  // namespace tessera::dist

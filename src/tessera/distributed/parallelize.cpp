@@ -36,16 +36,21 @@ class SingleDevice final : public Parallelism {
 };
 
 // Expert parallelism around the data parallelism of every rank: owns the expert-parallel
-// group's communicator and the model's expert exchange over it; everything a step asks is
-// the data parallelism's (experts' gradients are summed over every rank with the rest).
+// group's communicator, the model's expert exchange over it and the expert-data-parallel
+// group's; everything a step asks is the data parallelism's, which reduces the experts'
+// gradients over the expert-data-parallel group and the rest over every rank.
 class ExpertParallel final : public Parallelism {
  public:
-  ExpertParallel(Model& model, std::unique_ptr<Communicator> group,
-                 std::unique_ptr<Parallelism> data_parallel)
+  ExpertParallel(Communicator& world, const DeviceMesh& mesh, Model& model,
+                 const DataParallelOptions& data_parallel)
       : model_(model),
-        group_(std::move(group)),
+        group_(split_mesh_group(world, mesh, {MeshDim::EP})),
+        expert_data_(mesh.size(MeshDim::ExpertDP) > 1
+                         ? split_mesh_group(world, mesh, {MeshDim::ExpertDP})
+                         : nullptr),
         exchange_(model.backend(), *group_),
-        inner_(std::move(data_parallel)) {
+        inner_(make_data_parallelism(world, model, data_parallel,
+                                     {group_.get(), expert_data_.get()})) {
     model_.set_expert_exchange(&exchange_);
   }
   ~ExpertParallel() override { model_.set_expert_exchange(nullptr); }
@@ -82,7 +87,7 @@ class ExpertParallel final : public Parallelism {
 
  private:
   Model& model_;
-  std::unique_ptr<Communicator> group_;
+  std::unique_ptr<Communicator> group_, expert_data_;
   CommExpertExchange exchange_;
   std::unique_ptr<Parallelism> inner_;
 };
@@ -109,16 +114,9 @@ std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, C
   // parallel ranks.
   if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1 || mesh.size(MeshDim::CP) > 1)
     return std::make_unique<MeshParallelism>(*world, mesh, model, data_parallel);
-  // EP: the expert-parallel group's communicator is split first (collective over every
-  // rank), then data parallelism over all ranks, as without experts.
-  std::unique_ptr<Communicator> experts;
-  if (mesh.size(MeshDim::EP) > 1) {
-    TS_CHECK(!data_parallel.fully_shard, "parallelize: expert parallelism with FSDP");
-    experts = split_mesh_group(*world, mesh, {MeshDim::EP});
-  }
-  auto dp = make_data_parallelism(*world, model, data_parallel);
-  if (!experts) return dp;
-  return std::make_unique<ExpertParallel>(model, std::move(experts), std::move(dp));
+  if (mesh.size(MeshDim::EP) == 1) return make_data_parallelism(*world, model, data_parallel);
+  TS_CHECK(!data_parallel.fully_shard, "parallelize: expert parallelism with FSDP");
+  return std::make_unique<ExpertParallel>(*world, mesh, model, data_parallel);
 }
 
 }  // namespace tessera::dist

@@ -6,8 +6,9 @@
 //
 // Implemented today: tensor (and sequence) parallelism and pipeline stages composed with data
 // parallelism (plain or ZeRO-1; distributed/mesh_parallelism.h), expert parallelism over the
-// mesh's ep dimension (MoE layers send their rows to the ranks of their experts,
-// model/expert_exchange.h; with plain DP or ZeRO-1 over every rank), data parallelism alone
+// mesh's ep dimension (each rank holds its experts' weights, MoE layers send their rows to
+// the ranks of their experts, model/expert_exchange.h; plain DP or ZeRO-1 over every rank, the
+// experts' over the expert-data-parallel ranks), data parallelism alone
 // (plain, ZeRO-1 or FSDP: distributed/data_parallel.h), and a single device. Expert
 // parallelism together with tensor or pipeline parallelism, and context parallelism, are not
 // laid out yet; parallelize refuses a mesh it cannot lay out.

@@ -163,11 +163,11 @@ std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& 
 
 ParamLayout decoder_param_layout(const ModelSpec& s,
                                  const std::vector<std::unique_ptr<DecoderLayer>>& layers,
-                                 ParamPlacement tensor_parallel, DecoderParts parts) {
+                                 ParamSplit split, DecoderParts parts) {
   TS_CHECK(!s.tied_embeddings || parts.embedding || !parts.head,
            "a head tied to an embedding the layout does not hold");
   ParamLayout l;
-  ParamLayoutBuilder b(l, tensor_parallel);
+  ParamLayoutBuilder b(l, split);
   if (parts.embedding) {
     b.begin_unit("model.", -1);
     l.embedding = b.add("embed_tokens.weight", {s.vocab_size, s.hidden}, ParamInit::Normal, true,

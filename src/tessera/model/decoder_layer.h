@@ -68,14 +68,14 @@ std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& 
 // The parameter layout of a decoder with these layers (param_layout.h), which keep the
 // indices of their parameters in it: the embedding; per layer, each block's parameters in
 // order; the final norm; the output head (if untied). With tensor parallelism `spec` and the
-// layers are a rank's share (tensor_parallel_shard) and the layout holds part
-// `tensor_parallel` of every split parameter. A pipeline stage holds some of the layers, and
+// layers are a rank's share (tensor_parallel_shard) and the layout holds the parts `split`
+// names of every split parameter (and of the expert stacks). A pipeline stage holds some of the layers, and
 // the embedding and the head (with the final norm) only where they are its own.
 struct DecoderParts {
   bool embedding = true, head = true;
 };
 ParamLayout decoder_param_layout(const ModelSpec& spec,
                                  const std::vector<std::unique_ptr<DecoderLayer>>& layers,
-                                 ParamPlacement tensor_parallel = {}, DecoderParts parts = {});
+                                 ParamSplit split = {}, DecoderParts parts = {});
 
 }  // namespace tessera

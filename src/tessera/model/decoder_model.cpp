@@ -69,6 +69,16 @@ std::vector<LayerRange> model_chunks(const ModelSpec& spec, const ModelRuntime& 
   return rt.pipeline_chunks;
 }
 
+// The parts of the split parameters a rank holds. Expert runs align to the buffer's own
+// multiple: the data-parallel shards of both kinds of runs are then whole granules.
+ParamSplit param_split(const ModelRuntime& rt) {
+  ParamSplit s;
+  s.tensor_parallel = {rt.tensor_parallel_size, rt.tensor_parallel_rank};
+  s.expert_parallel = {rt.expert_parallel_size, rt.expert_parallel_rank};
+  if (rt.expert_parallel_size > 1) s.expert_run_multiple = std::max<int64_t>(rt.flat_buffer_multiple, 64);
+  return s;
+}
+
 DecoderParts parts_held(const ModelSpec& spec, const ModelRuntime& rt) {
   const std::vector<LayerRange> chunks = model_chunks(spec, rt);
   return {chunks.front().first == 0, chunks.back().end() == spec.num_layers};
@@ -131,16 +141,13 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
 
 ParamLayout DecoderModel::plan_layout(const ModelSpec& whole, const ModelRuntime& rt) {
   const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
-  return decoder_param_layout(spec, chunk_layers(spec, rt),
-                              {rt.tensor_parallel_size, rt.tensor_parallel_rank},
-                              parts_held(spec, rt));
+  return decoder_param_layout(spec, chunk_layers(spec, rt), param_split(rt), parts_held(spec, rt));
 }
 
 ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime& rt) {
   const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
   const auto layers = chunk_layers(spec, rt);
-  const ParamLayout layout = decoder_param_layout(
-      spec, layers, {rt.tensor_parallel_size, rt.tensor_parallel_rank}, parts_held(spec, rt));
+  const ParamLayout layout = decoder_param_layout(spec, layers, param_split(rt), parts_held(spec, rt));
   ModelMemory m;
   const int64_t multiple = std::max<int64_t>(rt.flat_buffer_multiple, 1);
   const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
@@ -171,9 +178,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
       chunks_(model_chunks(spec, runtime)),
       parts_(parts_held(spec, runtime)),
       layers_(chunk_layers(local_spec_, runtime)),
-      layout_(decoder_param_layout(local_spec_, layers_,
-                                   {runtime.tensor_parallel_size, runtime.tensor_parallel_rank},
-                                   parts_)) {
+      layout_(decoder_param_layout(local_spec_, layers_, param_split(runtime), parts_)) {
   int64_t held = 0;
   size_t begin = 0;
   for (const LayerRange& c : chunks_) {
@@ -191,7 +196,12 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   TS_CHECK(!runtime_.sequence_parallel || runtime_.tokens() % runtime_.tensor_parallel_size == 0,
            "sequence parallelism: {} tokens do not split over {} ranks", runtime_.tokens(),
            runtime_.tensor_parallel_size);
-  if (runtime_.tensor_parallel_size > 1 || !runtime_.pipeline_chunks.empty())
+  TS_CHECK(runtime_.expert_parallel_rank >= 0 &&
+               runtime_.expert_parallel_rank < runtime_.expert_parallel_size,
+           "expert-parallel rank {} of {}", runtime_.expert_parallel_rank,
+           runtime_.expert_parallel_size);
+  if (runtime_.tensor_parallel_size > 1 || runtime_.expert_parallel_size > 1 ||
+      !runtime_.pipeline_chunks.empty())
     set_full_offsets(layout_, make_param_layout(spec_));
   const ModelMemory mem = plan_memory(spec, runtime);
   unit_params_.resize(layout_.units.size());
@@ -293,8 +303,10 @@ void DecoderModel::bind_state() {
 
 void DecoderModel::set_expert_exchange(ExpertExchange* exchange) {
   const int size = exchange ? exchange->size() : runtime_.expert_parallel_size;
-  TS_CHECK(size == runtime_.expert_parallel_size,
-           "an expert exchange over {} ranks for a model planned for {}", size,
+  TS_CHECK(size == runtime_.expert_parallel_size &&
+               (exchange == nullptr || exchange->rank() == runtime_.expert_parallel_rank),
+           "an expert exchange over {} ranks (this one {}) for a model planned for rank {} of {}",
+           size, exchange ? exchange->rank() : 0, runtime_.expert_parallel_rank,
            runtime_.expert_parallel_size);
   expert_exchange_ = exchange;
 }
@@ -521,9 +533,10 @@ void DecoderModel::linear_tensor_parallel(const Tensor& out, const Tensor& in, i
       gemm(out, in, weight, bias, 0.0f, {});
       return;
     case TensorParallelStyle::Replicated:
+    case TensorParallelStyle::Expert:
       break;
   }
-  throw InternalError(fmt::format("{}: a replicated parameter used as a linear layer", p.name));
+  throw InternalError(fmt::format("{}: a replicated parameter or an expert stack used as a linear layer", p.name));
 }
 
 void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,

@@ -70,6 +70,9 @@ struct ModelRuntime {
   // rows of this rank's experts are planned for the worst case, every routed row of every
   // rank of the group (model/expert_exchange.h).
   int expert_parallel_size = 1;
+  // This rank's place in that group: its layout holds experts [rank x E / size, (rank + 1) x
+  // E / size) of every expert stack (param_layout.h, TensorParallelStyle::Expert).
+  int expert_parallel_rank = 0;
 
   int64_t tokens() const { return micro_batch * seq_length; }
   // Rows of the residual-stream activations on this rank: its share of the tokens under

@@ -73,8 +73,8 @@ void ParamInfo::for_each_run(
       run(i * cols, cols, i * full_cols + placement.index * cols);
     return;
   }
-  // Column and Vocab: each piece's rows of the part are rows [index x n, (index + 1) x n) of
-  // the whole's piece of parts x n rows.
+  // Column, Vocab and Expert: each piece's rows of the part are rows [index x n, (index + 1) x
+  // n) of the whole's piece of parts x n rows (an expert stack is one piece of experts).
   const std::vector<int64_t> pieces = fused_rows.empty() ? std::vector<int64_t>{rows} : fused_rows;
   int64_t row = 0, full_row = 0;
   for (const int64_t n : pieces) {
@@ -113,12 +113,29 @@ int ParamLayoutBuilder::add(std::string_view name, Shape shape, ParamInit init, 
   p.name = prefix_ + std::string(name);
   p.shape = shape;
   p.full_shape = shape;
-  if (tp != TensorParallelStyle::Replicated && tensor_parallel_.parts > 1) {
-    p.placement = tensor_parallel_;
+  const bool expert = tp == TensorParallelStyle::Expert;
+  if (expert && split_.expert_parallel.parts > 1) {
+    TS_CHECK(shape.rank() == 3 && shape[0] % split_.expert_parallel.parts == 0,
+             "{}: {} experts do not split over {} expert-parallel ranks", p.name, shape.str(),
+             split_.expert_parallel.parts);
+    p.placement = split_.expert_parallel;
+    p.shape = {shape[0] / split_.expert_parallel.parts, shape[1], shape[2]};
+  } else if (!expert && tp != TensorParallelStyle::Replicated &&
+             split_.tensor_parallel.parts > 1) {
+    p.placement = split_.tensor_parallel;
     // Row splits the columns (the last dimension), the others the rows.
     p.full_shape = scaled(shape, tp == TensorParallelStyle::Row ? shape.rank() - 1 : 0,
-                          tensor_parallel_.parts);
+                          split_.tensor_parallel.parts);
   }
+  // Runs of expert stacks start and end on the reduction groups' boundaries.
+  const int64_t run_multiple = split_.expert_run_multiple;
+  if (run_multiple > 1 && expert != last_was_expert_) {
+    l_.total = (l_.total + run_multiple - 1) / run_multiple * run_multiple;
+    if (expert) {
+      l_.expert_runs.push_back({l_.total, l_.total});
+    }
+  }
+  last_was_expert_ = expert;
   p.offset = l_.total;
   p.full_offset = l_.total;
   p.layer = layer_;
@@ -128,6 +145,8 @@ int ParamLayoutBuilder::add(std::string_view name, Shape shape, ParamInit init, 
   p.tp = tp;
   p.fused_rows = std::move(fused_rows);
   l_.total += (p.numel() + kAlignElements - 1) / kAlignElements * kAlignElements;
+  if (expert && run_multiple > 1)
+    l_.expert_runs.back().end = (l_.total + run_multiple - 1) / run_multiple * run_multiple;
   l_.units.back().end = l_.total;
   l_.params.push_back(std::move(p));
   return static_cast<int>(l_.params.size()) - 1;

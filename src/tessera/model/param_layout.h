@@ -29,13 +29,17 @@ enum class TensorParallelStyle {
   Column,      // output rows split: each rank computes a slice of the outputs
   Row,         // input columns split: each rank computes partial sums of every output
   Vocab,       // embedding/output-head rows split by vocabulary range
+  // An MoE layer's stack of experts' weights (E, rows, cols): split by whole experts (the first
+  // dimension) over the expert-parallel ranks instead, each holding the experts it runs.
+  Expert,
 };
 
 // Which part of the whole parameter (as one device holds it) a rank holds: part `index` of
 // `parts` equal parts along the dimension its TensorParallelStyle splits (Megatron's layout):
 // rows for Column and Vocab, each fused piece split alike, so that part r holds rows r of
-// q, k and v (or gate and up) one after another; columns for Row. Every parameter is whole
-// (parts 1) without tensor parallelism, and Replicated ones always are.
+// q, k and v (or gate and up) one after another; columns for Row; experts for Expert (part r
+// holds experts [r x E / parts, (r + 1) x E / parts)). Every parameter is whole (parts 1)
+// without tensor or expert parallelism, and Replicated ones always are.
 struct ParamPlacement {
   int parts = 1, index = 0;
 };
@@ -92,6 +96,10 @@ struct OwnedParams {
 
 struct ParamLayout {
   std::vector<ParamInfo> params;
+  // Ranges of the flat buffer holding only expert stacks (and alignment padding) when the
+  // layout splits them over expert-parallel ranks (ParamSplit::expert_run_multiple), in
+  // increasing order; empty otherwise.
+  std::vector<ParamRange> expert_runs;
   // -1 where a pipeline stage does not hold them; lm_head == embedding when tied.
   int embedding = -1, final_norm = -1, lm_head = -1;
   int64_t total = 0;
@@ -109,15 +117,27 @@ struct ParamLayout {
   std::vector<ParamSegment> decay_segments() const;
 };
 
+// What of the model one rank's layout holds.
+struct ParamSplit {
+  // The part of every tensor-parallel (Column, Row, Vocab) parameter. Blocks declare the
+  // shapes of that part (they are built from the tensor-parallel share of the model's sizes,
+  // tensor_parallel_shard in model_spec.h); the builder derives the whole shapes.
+  ParamPlacement tensor_parallel;
+  // The part of every expert stack. Blocks declare the whole stack (the router needs every
+  // expert); the builder keeps this part's experts.
+  ParamPlacement expert_parallel;
+  // With expert parallelism the expert stacks' gradients are reduced over other ranks than
+  // the rest (the expert-data-parallel ones): each run of consecutive expert stacks starts and
+  // ends at a multiple of this many elements, so both kinds of runs split evenly into shards.
+  int64_t expert_run_multiple = 1;
+};
+
 // Appends parameters to a layout unit by unit. Each offset is rounded up to a multiple of 64
 // elements so every tensor starts 128-byte aligned for vector loads.
 class ParamLayoutBuilder {
  public:
-  // tensor_parallel: the part of every split parameter this layout holds. Blocks declare the
-  // shapes of that part (they are built from the tensor-parallel share of the model's sizes,
-  // tensor_parallel_shard in model_spec.h); the builder derives the whole shapes.
-  explicit ParamLayoutBuilder(ParamLayout& layout, ParamPlacement tensor_parallel = {})
-      : l_(layout), tensor_parallel_(tensor_parallel) {}
+  explicit ParamLayoutBuilder(ParamLayout& layout, ParamSplit split = {})
+      : l_(layout), split_(split) {}
   // Starts the next unit; parameters added to it are named prefix + name and belong to
   // `layer` (-1: none).
   void begin_unit(std::string prefix, int layer);
@@ -127,7 +147,8 @@ class ParamLayoutBuilder {
 
  private:
   ParamLayout& l_;
-  ParamPlacement tensor_parallel_;
+  ParamSplit split_;
+  bool last_was_expert_ = false;
   std::string prefix_;
   int layer_ = -1;
 };

@@ -98,6 +98,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.fp8 = fp8_options(t);
   rt.moe_force_balance = t.moe_force_balance;
   rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);
+  rt.expert_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::EP);
   rt.tensor_parallel_size = tp;
   rt.tensor_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::TP);
   // Megatron turns sequence parallelism off without tensor parallelism.

@@ -307,21 +307,31 @@ std::string Trainer::save_checkpoint() {
   std::string dir;
   const int rank = parallel_->rank(), world = parallel_->world_size();
   const dist::DeviceMesh& mesh = setup_.mesh;
-  // A model split over tensor-parallel ranks or pipeline stages: no rank holds all of it.
-  const bool split = mesh.size(dist::MeshDim::TP) > 1 || mesh.size(dist::MeshDim::PP) > 1;
+  // A model split over tensor-parallel ranks, pipeline stages or (its experts)
+  // expert-parallel ranks: no rank holds all of it.
+  const bool split = mesh.size(dist::MeshDim::TP) > 1 || mesh.size(dist::MeshDim::PP) > 1 ||
+                     mesh.size(dist::MeshDim::EP) > 1;
   if (!optimizer_->sharded() && !split) {
     // Plain data-parallel ranks hold the same state: rank 0 writes it.
     if (rank == 0) dir = tessera::save_checkpoint(c.save, t, s, c.ckpt_keep_last);
   } else {
     // ZeRO-1 and FSDP ranks each hold a shard of the optimizer state, the parts of a split
     // model each a part of the model: each writes its own (a part once, by its first data x
-    // context-parallel rank), and rank 0 publishes the checkpoint once all are on disk.
-    const bool writes = optimizer_->sharded() || (mesh.coordinate(rank, dist::MeshDim::DP) == 0 &&
-                                                  mesh.coordinate(rank, dist::MeshDim::CP) == 0);
+    // context-parallel rank; the experts by their first expert-data-parallel rank), and rank 0
+    // publishes the checkpoint once all are on disk. Whole parameters are the same on every
+    // tensor-parallel rank, and without ZeRO-1 on every expert-parallel rank: the first writes
+    // them.
+    auto first = [&](dist::MeshDim d) { return mesh.coordinate(rank, d) == 0; };
+    const bool writes =
+        optimizer_->sharded() ||
+        (mesh.size(dist::MeshDim::EP) > 1 ? first(dist::MeshDim::ExpertDP)
+                                          : first(dist::MeshDim::DP) && first(dist::MeshDim::CP));
+    const bool whole_params =
+        first(dist::MeshDim::TP) && (optimizer_->sharded() || first(dist::MeshDim::EP));
     if (!optimizer_->sharded()) t.owned = {{0, model_->layout().total}};
     if (rank == 0) begin_sharded_checkpoint(c.save, s.iteration);
     parallel_->barrier();
-    if (writes) write_checkpoint_shard(c.save, t, s.iteration, rank, world);
+    if (writes) write_checkpoint_shard(c.save, t, s.iteration, rank, world, whole_params);
     // FSDP: rank 0 has just gathered every parameter unit to write model.safetensors.
     if (rank != 0 && parallel_->params_sharded()) parallel_->follow_gathers();
     parallel_->barrier();

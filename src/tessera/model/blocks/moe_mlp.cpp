@@ -8,8 +8,11 @@ void MoeMlpBlock::declare_params(ParamLayoutBuilder& b) {
   const int64_t C = s_.hidden, E = s_.moe.experts, F = s_.moe.ffn, S = s_.moe.shared_ffn;
   norm_ = b.add("post_attention_layernorm.weight", {C}, ParamInit::Ones, false);
   router_ = b.add("mlp.router.weight", {E, C}, ParamInit::Normal, true);
-  gate_up_ = b.add("mlp.experts.gate_up_proj.weight", {E, 2 * F, C}, ParamInit::Normal, true);
-  down_ = b.add("mlp.experts.down_proj.weight", {E, C, F}, ParamInit::ScaledNormal, true);
+  // Under expert parallelism the layout keeps this rank's experts of each stack.
+  gate_up_ = b.add("mlp.experts.gate_up_proj.weight", {E, 2 * F, C}, ParamInit::Normal, true,
+                   TensorParallelStyle::Expert);
+  down_ = b.add("mlp.experts.down_proj.weight", {E, C, F}, ParamInit::ScaledNormal, true,
+                TensorParallelStyle::Expert);
   if (S > 0) {
     shared_gate_up_ = b.add("mlp.shared_expert.gate_up_proj.weight", {2 * S, C}, ParamInit::Normal,
                             true, TensorParallelStyle::Column, {S, S});
@@ -100,13 +103,6 @@ int64_t MoeMlpBlock::expert_rows(int64_t n, int ep) const {
                  : ep * (n * s_.moe.topk + s_.moe.experts / ep * (kGroupAlign - 1));
 }
 
-Tensor MoeMlpBlock::local_experts(const Tensor& all, const ExpertExchange* ex) const {
-  if (ex == nullptr) return all;
-  const int64_t local = local_count(*ex), per_expert = all.numel() / s_.moe.experts;
-  return all.flat_range(ex->rank() * local * per_expert, local * per_expert)
-      .view({local, all.dim(1), all.dim(2)});
-}
-
 ExpertGroups MoeMlpBlock::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
                                         std::span<const int32_t> host_offsets) const {
   if (ex == nullptr) return {offsets, host_offsets, {}, 0};
@@ -172,10 +168,10 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
     x = xr_, y = yr_;
   }
   const ExpertGroups g = expert_groups(ex, t.offsets, host_offsets);
-  ops.expert_linear(t.h1, x, gate_up_, local_experts(ops.param(gate_up_), ex), g);
+  ops.expert_linear(t.h1, x, gate_up_, ops.param(gate_up_), g);
   if (t.shared_gu.defined()) ops.linear(t.shared_gu, t.ln, shared_gate_up_, -1);
   b.swiglu_forward(t.h, t.h1);
-  ops.expert_linear(y, t.h, down_, local_experts(ops.param(down_), ex), g);
+  ops.expert_linear(y, t.h, down_, ops.param(down_), g);
   if (ex != nullptr) ex->exchange_rows(t.yp, send_rows_, send_first_, yr_, recv_rows_, recv_first_);
   if (t.shared_gu.defined()) b.swiglu_forward(t.shared_h, t.shared_gu);
 }
@@ -232,12 +228,12 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
   // The experts, down then up; their gradients accumulate (zeroed with the step's).
   if (selective) b.swiglu_forward(h_, h1_);
   const ExpertGroups g = expert_groups(ex, offsets_, host_offsets_);
-  ops.expert_linear_backward(dh_, dy, h_, down_, local_experts(ops.param(down_), ex),
-                             local_experts(ops.grad(down_), ex), g);
+  ops.expert_linear_backward(dh_, dy, h_, down_, ops.param(down_),
+                             ops.grad(down_), g);
   b.swiglu_backward(dh1_, dh_, h1_);
   const Tensor dx = dy;  // dy's memory, free from here on
-  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, local_experts(ops.param(gate_up_), ex),
-                             local_experts(ops.grad(gate_up_), ex), g);
+  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, ops.param(gate_up_),
+                             ops.grad(gate_up_), g);
   // Back to the rows' own ranks (dyp's memory is free once sent).
   const Tensor dxp = dyp_;
   if (ex != nullptr) ex->exchange_rows(dxp, send_rows_, send_first_, dx, recv_rows_, recv_first_);

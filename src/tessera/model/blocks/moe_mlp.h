@@ -12,7 +12,8 @@
 // aux and z losses enter the backward through the logits' gradient; their values, with the
 // tokens each expert received, are summed into the block's statistics once per forward pass.
 //
-// The experts' weights are one (E, 2F, C) and one (E, C, F) tensor; their gradients are
+// The experts' weights are one (E, 2F, C) and one (E, C, F) tensor (under expert parallelism
+// each rank holds its E / ep experts of them, param_layout.h); their gradients are
 // zeroed with the step's (they are not linear weights the model tracks) and always
 // accumulated. The group offsets are copied to the host once per forward pass (grouped GEMMs
 // that launch per expert size their GEMMs from them). The grouped GEMMs run through the
@@ -82,9 +83,6 @@ class MoeMlpBlock final : public Block {
   int64_t expert_rows(int64_t n, int ep) const;
   // The experts each rank of the exchange runs.
   int64_t local_count(const ExpertExchange& ex) const { return s_.moe.experts / ex.size(); }
-  // The share of an (E, rows, cols) expert tensor that this rank runs: all of it without an
-  // exchange.
-  Tensor local_experts(const Tensor& all, const ExpertExchange* ex) const;
   // The row groups the experts run on: this rank's own (offsets, host_offsets), or with an
   // exchange the (source rank, expert) groups it received (plan_exchange).
   ExpertGroups expert_groups(const ExpertExchange* ex, const Tensor& offsets,
