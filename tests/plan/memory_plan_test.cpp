@@ -329,6 +329,44 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
   }
 }
 
+// Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the
+// rest's state and of its experts' over their expert-data-parallel ranks); the planner's
+// bytes are the largest rank's peak, exactly.
+TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
+  const int world = 4;
+  for (const char* zero1 : {"false", "true"}) {
+    const Experiment e = load("", {"--mock_data", "true", "--num_layers", "2", "--hidden_size",
+                                   "64", "--num_attention_heads", "4", "--num_query_groups", "2",
+                                   "--model_family", "mixtral", "--num_experts", "4",
+                                   "--moe_router_topk", "2", "--moe_ffn_hidden_size", "48",
+                                   "--moe_layer_freq", "1", "--expert_model_parallel_size", "2",
+                                   "--seq_length", "32", "--micro_batch_size", "1",
+                                   "--global_batch_size", "4", "--train_iters", "1",
+                                   "--lr_warmup_iters", "0", "--eval_interval", "0",
+                                   "--ddp_bucket_size", "5000", "--device", "cpu",
+                                   "--use_distributed_optimizer", zero1},
+                              world);
+    const RunSetup setup = make_run_setup(e, {world, DType::F32},
+                                          [&] { return make_tokenizer(e.data)->vocab_size(); });
+    const MemoryPlan p = plan_memory(plan_input(setup, /*gpu=*/false));
+    const MemoryPlan one_rank_experts = [&] {
+      PlanInput in = plan_input(setup, false);
+      in.runtime.expert_parallel_size = 1;
+      return plan_memory(in);
+    }();
+    EXPECT_LT(p.weights, one_rank_experts.weights) << "the experts split over 2 ranks";
+    std::vector<size_t> peaks(world);
+    dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
+      Logger log("", rank, false, false);
+      Trainer trainer(e, make_cpu_backend(), log, nullptr, &comm);
+      trainer.run_iteration(1);
+      peaks[rank] = trainer.backend().memory_stats().peak_bytes;
+    });
+    EXPECT_EQ(*std::max_element(peaks.begin(), peaks.end()), p.allocated())
+        << "use_distributed_optimizer " << zero1;
+  }
+}
+
 // Peak memory_stats() of `tessera bench model` on one NVIDIA H200, measured 2026-11-22
 // (docs/performance.md; at commit 8bdf54c with cuDNN attention and one output-head chunk;
 // FP8 without the cache at ff5efdb with two chunks of 4096): proxies with 4 layers, seq 8192,
@@ -447,6 +485,23 @@ TEST(MemoryPlan, MeshesSplitTheModel) {
   const MemoryPlan stage0 = plan_memory(pp);
   EXPECT_LT(stage0.weights, whole.weights * 0.33);
   EXPECT_EQ(stage0.optimizer, (DecoderModel::plan_layout(pp.spec, pp.runtime).total + 1) / 2 * 12);
+}
+
+// The DeepSeek-V3 proxy (3 layers, all MoE: 36.4 B parameters, 33.8 B of them in 256 experts
+// per layer) on 8 H200s: every GPU holding every expert cannot fit; with the experts split 8
+// ways each holds 32 per layer and, with full recompute, it fits.
+TEST(MemoryReport, DeepSeekV3ProxyFitsEightH200sWithItsExpertsSplit) {
+  const std::vector<std::string> proxy = {"--num_layers", "3", "--moe_layer_freq", "1",
+                                          "--use_distributed_optimizer", "true"};
+  std::vector<std::string> ep8 = proxy;
+  ep8.insert(ep8.end(), {"--expert_model_parallel_size", "8"});
+  const MemoryReport all = build_memory_report(gpu_query("deepseek_v3-pretrain", proxy, 8, "H200"));
+  const MemoryReport split = build_memory_report(gpu_query("deepseek_v3-pretrain", ep8, 8, "H200"));
+  EXPECT_FALSE(all.fits);
+  EXPECT_FALSE(contains(all.verdict, "Fits with --recompute_granularity full (")) << all.verdict;
+  EXPECT_LT(split.plan.weights, all.plan.weights / 4);
+  EXPECT_LT(split.plan.gradients, all.plan.gradients / 4);
+  EXPECT_TRUE(contains(split.verdict, "Fits with --recompute_granularity full (")) << split.verdict;
 }
 
 // 70B on 16 H100s fits only split: the verdict names the mesh keys to change.

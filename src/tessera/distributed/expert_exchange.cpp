@@ -17,7 +17,7 @@ void CommExpertExchange::exchange_counts(std::span<const int64_t> send, std::spa
            "exchange_counts: {} and {} counts for {} ranks x {}", send.size(), recv.size(), size(),
            per_peer);
   if (n > counts_capacity_) {
-    counts_ = DeviceBuffer(backend_, static_cast<size_t>(2 * n) * sizeof(float), "expert counts");
+    counts_ = DeviceBuffer(backend_, counts_bytes(n), "expert counts");
     counts_capacity_ = n;
   }
   const Tensor out = counts_.tensor(DType::F32, {n});

@@ -16,6 +16,10 @@ class CommExpertExchange final : public ExpertExchange {
   // `comm` spans the expert-parallel group (not owned; it outlives this).
   CommExpertExchange(Backend& backend, Communicator& comm);
 
+  // Device bytes the exchange holds for `counts` per-expert counts per direction (the memory
+  // planner counts them).
+  static size_t counts_bytes(int64_t counts) { return static_cast<size_t>(2 * counts) * sizeof(float); }
+
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }
   void exchange_counts(std::span<const int64_t> send, std::span<int64_t> recv,

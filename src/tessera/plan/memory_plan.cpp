@@ -4,6 +4,7 @@
 
 #include "tessera/backend/backend_factory.h"
 #include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/expert_exchange.h"
 #include "tessera/distributed/fully_sharded.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/fp8_linears.h"
@@ -123,8 +124,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const bool mesh_layout =
       in.runtime.tensor_parallel_size > 1 || !in.runtime.pipeline_chunks.empty();
   // With them the model's own small buffers: the MoE layers' statistics and expert bias.
+  // and the expert exchange's counts under expert parallelism.
   p.run_buffers = kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0) +
-                  (mesh_layout ? sizeof(float) : 0) + model.block_state;
+                  (mesh_layout ? sizeof(float) : 0) + model.block_state +
+                  (in.runtime.expert_parallel_size > 1
+                       ? dist::CommExpertExchange::counts_bytes(in.spec.moe.experts)
+                       : 0);
   if (in.gpu) {
     const Platform* platform = gpu_platform();
     p.backend_buffers = platform
