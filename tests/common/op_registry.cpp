@@ -958,17 +958,20 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
     c.bytes = 2.0 * (used * K + W * N * K + R * N);
     cases.push_back(c);
   }
-  for (float beta : {0.0f, 1.0f}) {
+  // Weight gradients overwritten, added to, and added to in bf16 (main_grads_dtype bf16).
+  for (const auto& [beta, out_kind] :
+       {std::pair{0.0f, Kind::F32}, std::pair{1.0f, Kind::F32}, std::pair{1.0f, Kind::BF16}}) {
     OpCase c;
-    c.name = fmt::format("grouped_matmul_wgrad G{} rows{} M{} N{}{} {}", G, used, N, K,
-                         beta != 0 ? " beta1" : "", what);
+    c.name = fmt::format("grouped_matmul_wgrad G{} rows{} M{} N{}{}{} {}", G, used, N, K,
+                         beta != 0 ? " beta1" : "", out_kind == Kind::BF16 ? " bf16-grad" : "",
+                         what);
     c.specs = {{"a", {R, N}, Kind::Act, Role::In, 0.5f},
                {"b", {R, K}, Kind::Act, Role::In, 0.5f},
-               {"out", {W, N, K}, Kind::F32, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-2}};
-    c.run = [=](Backend& b, const Tensors& t) {
+               {"out", {W, N, K}, out_kind, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-2}};
+    c.run = [=, beta_ = beta](Backend& b, const Tensors& t) {
       DeviceBuffer buf(b, offsets.size() * 4, "offsets");
       GroupedMatmulWgradArgs g;
-      g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.beta = beta;
+      g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.beta = beta_;
       g.offsets = upload_offsets(b, buf);
       g.host_offsets = offsets;
       g.group_weights = weights;

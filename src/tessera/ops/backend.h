@@ -271,7 +271,7 @@ struct GroupedMatmulArgs {
 //                   a[rows_g]^T (M, M_g) @ b[rows_g] (M_g, N)
 // (a weight without rows gives beta * out[w]); groups and w(g) as in GroupedMatmulArgs.
 struct GroupedMatmulWgradArgs {
-  Tensor out;  // (W, M, N) fp32
+  Tensor out;  // (W, M, N) fp32, or bf16 (gradients kept in bf16: the fp32 sums rounded)
   Tensor a;    // (R, M) compute dtype
   Tensor b;    // (R, N) compute dtype
   float beta = 0.0f;

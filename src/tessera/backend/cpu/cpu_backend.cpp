@@ -1015,7 +1015,9 @@ void CpuBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
 
 void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   const char* op = "grouped_matmul_wgrad";
-  expect_f32(a.out, op, "out");
+  // A bf16 out (expert gradients kept in bf16) is summed in fp32 and rounded once at the end.
+  Fp32Accumulator acc(a.out, op, "out");
+  float* out = acc.data();
   expect_f32(a.a, op, "a");
   expect_f32(a.b, op, "b");
   expect_i32(a.offsets, op, "offsets");
@@ -1031,14 +1033,15 @@ void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
                 static_cast<int>(g.rows), 1.0f, f32(a.a) + g.begin * M,
                 static_cast<int>(std::max<int64_t>(1, M)), f32(a.b) + g.begin * N,
                 static_cast<int>(std::max<int64_t>(1, N)), started[g.weight] ? 1.0f : a.beta,
-                f32(a.out) + g.weight * M * N, static_cast<int>(std::max<int64_t>(1, N)));
+                out + g.weight * M * N, static_cast<int>(std::max<int64_t>(1, N)));
     started[g.weight] = 1;
   }
   for (int64_t w = 0; w < W; ++w) {
     if (started[w]) continue;
-    float* out = f32(a.out) + w * M * N;
-    for (int64_t i = 0; i < M * N; ++i) out[i] = a.beta == 0.0f ? 0.0f : a.beta * out[i];
+    float* weight = out + w * M * N;
+    for (int64_t i = 0; i < M * N; ++i) weight[i] = a.beta == 0.0f ? 0.0f : a.beta * weight[i];
   }
+  acc.finish();
 }
 
 void CpuBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,

@@ -950,21 +950,23 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   const char* op = "grouped_matmul_wgrad";
   expect_float(a.a, op, "a");
   expect_same_type(a.b, a.a, op, "b");
-  expect_type(a.out, DType::F32, op, "out");
   expect_type(a.offsets, DType::I32, op, "offsets");
+  // fp32, or bf16 gradients (main_grads_dtype bf16): cuBLASLt adds in fp32 and rounds.
+  TS_CHECK(a.out.dtype == DType::F32 || a.out.dtype == DType::BF16,
+           "cuda grouped_matmul_wgrad: out is {}, expected fp32 or bf16", dtype_name(a.out.dtype));
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
   const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
-  const size_t elem = dtype_size(a.a.dtype);
+  const size_t elem = dtype_size(a.a.dtype), out_elem = dtype_size(a.out.dtype);
+  auto weight_out = [&](int64_t w) { return static_cast<char*>(a.out.data) + w * M * N * out_elem; };
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
   for (int64_t g = 0; g < G; ++g) {
     const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
     const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
-    float* out = a.out.as<float>() + w * M * N;
     if (rows == 0) continue;
     MatmulProblem p;
-    p.out = out;
-    p.out_dtype = DType::F32;
+    p.out = weight_out(w);
+    p.out_dtype = a.out.dtype;
     p.a = static_cast<const char*>(a.a.data) + begin * M * elem;
     p.b = static_cast<const char*>(a.b.data) + begin * N * elem;
     p.a_dtype = p.b_dtype = a.a.dtype;
@@ -977,11 +979,14 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   }
   for (int64_t w = 0; w < W; ++w) {
     if (started[w]) continue;
-    float* out = a.out.as<float>() + w * M * N;
-    if (a.beta == 0.0f)
-      TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * sizeof(float), stream_));
-    else if (a.beta != 1.0f)
-      scale_floats(out, M * N, a.beta, stream_);
+    if (a.beta == 0.0f) {
+      TS_CUDA_CHECK(cudaMemsetAsync(weight_out(w), 0, M * N * out_elem, stream_));
+    } else if (a.beta != 1.0f) {
+      TS_CHECK(a.out.dtype == DType::F32,
+               "cuda grouped_matmul_wgrad: beta {} on a {} weight without rows (fp32 only)",
+               a.beta, dtype_name(a.out.dtype));
+      scale_floats(reinterpret_cast<float*>(weight_out(w)), M * N, a.beta, stream_);
+    }
   }
 }
 
