@@ -260,9 +260,13 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     fp8_ =
         std::make_unique<Fp8Linears>(backend_, runtime_.fp8, shapes_of(linears), runtime_.tokens());
   }
+  // Gradients the first GEMM of a step writes (beta 0) need no zeroing: the linears' and the
+  // expert stacks' (whose grouped weight gradient writes every expert, with rows or not).
   std::vector<char> gemm_written(layout_.params.size(), 0);
-  for (const auto& layer : layers_)
+  for (const auto& layer : layers_) {
     for (int i : layer->linear_weights()) gemm_written[i] = 1;
+    for (const auto& [i, shape] : layer->expert_linears(runtime_)) gemm_written[i] = 1;
+  }
   // A tied head's gradient is the embedding's, which the embedding backward adds to.
   if (!tied() && layout_.lm_head >= 0) gemm_written[layout_.lm_head] = 1;
   for (size_t i = 0; i < layout_.params.size(); ++i) {
@@ -548,15 +552,17 @@ void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight
 void DecoderModel::expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                           int weight, const Tensor& w, const Tensor& dw,
                                           const ExpertGroups& groups) {
+  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
+  grad_written_[weight] = 1;
   if (fp8_index_[weight] >= 0)
-    return fp8_->expert_backward(fp8_index_[weight], din, dout, in, w, dw, groups);
+    return fp8_->expert_backward(fp8_index_[weight], din, dout, in, w, dw, groups, grad_beta);
   GroupedMatmulArgs d;
   d.out = din, d.a = dout, d.b = w, d.trans_b = false;
   d.offsets = groups.offsets, d.host_offsets = groups.host_offsets;
   d.group_weights = groups.group_weights;
   if (din.defined()) backend_.grouped_matmul(d);
   GroupedMatmulWgradArgs g;
-  g.out = dw, g.a = dout, g.b = in, g.beta = 1.0f;
+  g.out = dw, g.a = dout, g.b = in, g.beta = grad_beta;
   g.offsets = groups.offsets, g.host_offsets = groups.host_offsets;
   g.group_weights = groups.group_weights;
   backend_.grouped_matmul_wgrad(g);

@@ -518,7 +518,7 @@ void Fp8Linears::expert_forward(int i, const Tensor& out, const Tensor& in, cons
 
 void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                                  const Tensor& weight, const Tensor& dweight,
-                                 const ExpertGroups& groups) {
+                                 const ExpertGroups& groups, float dweight_beta) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t R = dout.dim(0), used = groups.host_offsets.back();
   TS_CHECK(l.expert_stack() && R * l.out <= dy_codes_.numel() && dout.numel() == R * l.out &&
@@ -554,7 +554,7 @@ void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, c
   w.b_t = x_t;
   w.a_scale_inv = scale_inv(bwd_, i);
   w.b_scale_inv = scale_inv(fwd_, input_slot(i));
-  w.beta = 1.0f;
+  w.beta = dweight_beta;
   w.offsets = groups.offsets;
   w.host_offsets = groups.host_offsets;
   w.group_weights = groups.group_weights;

@@ -100,9 +100,11 @@ class Fp8Linears {
   void expert_forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
                       const ExpertGroups& groups);
   // din (R, in) = dout @ W[e] per group when din is defined; dweight (local_experts, out, in)
-  // fp32 or bf16 += dout_g^T @ in_g (accumulated, as the experts' gradients always are).
+  // fp32 or bf16 = dout_g^T @ in_g + dweight_beta * dweight (an expert without rows: the
+  // second term alone).
   void expert_backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
-                       const Tensor& weight, const Tensor& dweight, const ExpertGroups& groups);
+                       const Tensor& weight, const Tensor& dweight, const ExpertGroups& groups,
+                       float dweight_beta);
 
   // The weights changed (optimizer step, loading): cached FP8 weights are stale.
   void weights_changed();

@@ -225,7 +225,7 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
     ex->exchange_rows(dyr_, recv_rows_, recv_first_, dyp_, send_rows_, send_first_);
     dy = dyr_, xe = xr_;
   }
-  // The experts, down then up; their gradients accumulate (zeroed with the step's).
+  // The experts, down then up (their gradients written, then accumulated over micro-batches).
   if (selective) b.swiglu_forward(h_, h1_);
   const ExpertGroups g = expert_groups(ex, offsets_, host_offsets_);
   ops.expert_linear_backward(dh_, dy, h_, down_, ops.param(down_),

@@ -13,9 +13,9 @@
 // tokens each expert received, are summed into the block's statistics once per forward pass.
 //
 // The experts' weights are one (E, 2F, C) and one (E, C, F) tensor (under expert parallelism
-// each rank holds its E / ep experts of them, param_layout.h); their gradients are
-// zeroed with the step's (they are not linear weights the model tracks) and always
-// accumulated. The group offsets are copied to the host once per forward pass (grouped GEMMs
+// each rank holds its E / ep experts of them, param_layout.h); like a linear's, their
+// gradients are written by a step's first weight-gradient GEMM and added to by later
+// micro-batches' (the model's expert_linear_backward). The group offsets are copied to the host once per forward pass (grouped GEMMs
 // that launch per expert size their GEMMs from them). The grouped GEMMs run through the
 // model's expert_linear, in FP8 when the run's FP8 covers the experts (docs/fp8.md).
 //
