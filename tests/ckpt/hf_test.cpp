@@ -60,8 +60,8 @@ const HfCase kHfCases[] = {
      "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
      "norm_epsilon: 1.0e-6\n"},
     // DeepseekV3ForCausalLM: multi-latent attention with a query latent and YaRN, a dense
-    // first layer, then 8 experts top-4 by sigmoid scores in 2 of 4 groups, scaled by 2.5, and
-    // a shared expert (the expert bias stays off: a trained one is not exported yet).
+    // first layer, then 8 experts top-4 by sigmoid scores plus the expert bias (which training
+    // moves, and the export carries) in 2 of 4 groups, scaled by 2.5, and a shared expert.
     {"deepseek_v3", "deepseek_v3",
      "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 3\nhidden_size: 32\n"
      "ffn_hidden_size: 40\nnum_attention_heads: 4\nnum_query_groups: 0\nq_lora_rank: 24\n"
@@ -72,6 +72,20 @@ const HfCase kHfCases[] = {
      "moe_shared_expert_intermediate_size: 16\nmoe_layer_freq: \"[0,1,1]\"\n"
      "moe_router_score_function: sigmoid\nmoe_router_num_groups: 4\n"
      "moe_router_group_topk: 2\nmoe_router_topk_scaling_factor: 2.5\nrotary_base: 10000\n"
+     "norm_epsilon: 1.0e-6\nmoe_router_enable_expert_bias: true\n"
+     "moe_router_bias_update_rate: 0.01\n"},
+    // DeepseekV2ForCausalLM (DeepSeek-V2-Lite's shape): queries projected directly, YaRN with
+    // equal mscales, a dense first layer, then 8 experts top-2 by a softmax over all of them,
+    // not renormalised, scaled by 1.5, and two shared experts.
+    {"deepseek_v2", "deepseek_v2",
+     "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 3\nhidden_size: 32\n"
+     "ffn_hidden_size: 40\nnum_attention_heads: 4\nnum_query_groups: 0\nq_lora_rank: null\n"
+     "kv_lora_rank: 20\nqk_head_dim: 6\nqk_pos_emb_head_dim: 8\nv_head_dim: 10\n"
+     "rope_type: yarn\nrotary_scaling_factor: 4\noriginal_max_position_embeddings: 64\n"
+     "mscale: 0.707\nmscale_all_dim: 0.707\nnum_experts: 8\nmoe_router_topk: 2\n"
+     "moe_ffn_hidden_size: 16\nmoe_shared_expert_intermediate_size: 32\n"
+     "moe_layer_freq: \"[0,1,1]\"\nmoe_router_score_function: softmax\n"
+     "moe_router_pre_softmax: true\nmoe_router_topk_scaling_factor: 1.5\nrotary_base: 10000\n"
      "norm_epsilon: 1.0e-6\n"},
 };
 
