@@ -692,9 +692,9 @@ TEST(HfDeepseekConfig, ReadsDeepseekV2AndRefusesWhatEitherSideLacks) {
 
   // DeepseekV2Config's defaults where V3's differ: first_k_dense_replace 0, two shared experts,
   // 64 experts, unscaled greedy routing.
-  nlohmann::json minimal = {{"model_type", "deepseek_v2"}, {"hidden_size", 64},
-                            {"num_hidden_layers", 2},      {"num_attention_heads", 4},
-                            {"vocab_size", 96},            {"num_experts_per_tok", 2}};
+  nlohmann::json minimal = {
+      {"model_type", "deepseek_v2"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+      {"num_attention_heads", 4},    {"vocab_size", 96},  {"num_experts_per_tok", 2}};
   const ModelSpec m = family.read_hf_config(minimal, "config.json");
   EXPECT_EQ(m.moe.layers, (std::vector<bool>{true, true}));
   EXPECT_EQ(m.moe.experts, 64);
@@ -736,7 +736,9 @@ TEST(HfDeepseekConfig, ReadsDeepseekV2AndRefusesWhatEitherSideLacks) {
               j["topk_method"] = "group_limited_greedy", j["n_group"] = 8, j["topk_group"] = 3;
             },
             "key 'topk_group' has value '3': expected num_experts_per_tok (6)"},
-           {[](nlohmann::json& j) { j["topk_method"] = "group_limited_greedy", j["n_group"] = nullptr; },
+           {[](nlohmann::json& j) {
+              j["topk_method"] = "group_limited_greedy", j["n_group"] = nullptr;
+            },
             "key 'n_group' has value 'null'"},
            {[](nlohmann::json& j) { j["norm_topk_prob"] = true; },
             "key 'norm_topk_prob' has value 'true': expected false"},
@@ -791,11 +793,11 @@ TEST(HfDeepseekConfig, RefusedDeepseekV2KeyExitsTwoNamingIt) {
   auto config = nlohmann::json::parse(read_file(hf / "config.json"));
   config["topk_method"] = "noaux_tc";
   write_file(hf / "config.json", config.dump(2));
-  const RunResult r = run_tessera("convert --from-hf " + hf.string() + " --to " +
-                                  (dir / "ckpt").string());
+  const RunResult r =
+      run_tessera("convert --from-hf " + hf.string() + " --to " + (dir / "ckpt").string());
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_TRUE(contains(r.output, (hf / "config.json").string() +
-                                     ": key 'topk_method' has value 'noaux_tc'"))
+  EXPECT_TRUE(contains(r.output,
+                       (hf / "config.json").string() + ": key 'topk_method' has value 'noaux_tc'"))
       << r.output;
   EXPECT_FALSE(fs::exists(dir / "ckpt"));
 }
@@ -849,7 +851,8 @@ TEST(HfDeepseekConfig, ExpertBiasRoundTripsExactlyAndRoutesTheModel) {
   r = run_tessera("convert --from " + ckpt.string() + " --check-logits " + tokens.string() +
                   " --out " + (dir / "via_ckpt.safetensors").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(relative_error(dir / "via_ckpt.safetensors", dir / "biased.safetensors", "logits"), 0.0);
+  EXPECT_EQ(relative_error(dir / "via_ckpt.safetensors", dir / "biased.safetensors", "logits"),
+            0.0);
   {
     const SafetensorsFile file((hf / "model.safetensors").string());
     std::vector<std::vector<float>> values;
@@ -860,7 +863,8 @@ TEST(HfDeepseekConfig, ExpertBiasRoundTripsExactlyAndRoutesTheModel) {
         std::fill(values.back().begin(), values.back().end(), 0.0f);
     }
     size_t i = 0;
-    for (const auto& t : file.tensors()) tensors.push_back({t.name, DType::F32, t.shape, values[i++].data()});
+    for (const auto& t : file.tensors())
+      tensors.push_back({t.name, DType::F32, t.shape, values[i++].data()});
     fs::create_directories(dir / "unbiased");
     fs::copy_file(hf / "config.json", dir / "unbiased" / "config.json");
     write_safetensors((dir / "unbiased" / "model.safetensors").string(), tensors);
@@ -868,7 +872,8 @@ TEST(HfDeepseekConfig, ExpertBiasRoundTripsExactlyAndRoutesTheModel) {
   r = run_tessera("convert --from-hf " + (dir / "unbiased").string() + " --check-logits " +
                   tokens.string() + " --out " + (dir / "unbiased.safetensors").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_GT(relative_error(dir / "unbiased.safetensors", dir / "biased.safetensors", "logits"), 1e-3);
+  EXPECT_GT(relative_error(dir / "unbiased.safetensors", dir / "biased.safetensors", "logits"),
+            1e-3);
 
   // hf_init_path puts the bias into the model's state; a model configured without an expert
   // bias refuses it rather than drop it.
@@ -884,14 +889,15 @@ TEST(HfDeepseekConfig, ExpertBiasRoundTripsExactlyAndRoutesTheModel) {
       EXPECT_EQ(download(trainer->backend(), tensor), reader.state(name)) << name;
   }
   try {
-    make_trainer(case_experiment(dir.path(), c,
-                                 "moe_router_enable_expert_bias: false\nhf_init_path: " +
-                                     hf.string() + "\n"),
+    make_trainer(case_experiment(
+                     dir.path(), c,
+                     "moe_router_enable_expert_bias: false\nhf_init_path: " + hf.string() + "\n"),
                  log);
     ADD_FAILURE() << "a trained expert bias was dropped";
   } catch (const DataError& e) {
-    EXPECT_TRUE(contains(e.what(), "'model.layers.1.mlp.gate.e_score_correction_bias' (a trained "
-                                   "expert bias) is not zero"))
+    EXPECT_TRUE(contains(e.what(),
+                         "'model.layers.1.mlp.gate.e_score_correction_bias' (a trained "
+                         "expert bias) is not zero"))
         << e.what();
     EXPECT_TRUE(contains(e.what(), "moe_router_enable_expert_bias: true")) << e.what();
   }

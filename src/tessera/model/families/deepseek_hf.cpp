@@ -81,9 +81,9 @@ void read_v3_routing(const nlohmann::json& j, const std::string& file, MoeSpec* 
 // moe_layer_freq, which transformers ignores: values on which the two disagree are refused.
 void read_v2_routing(const nlohmann::json& j, const std::string& file, MoeSpec* moe) {
   auto value = [&](const char* key) {
-    return !j.contains(key)        ? std::string("(absent)")
-           : j[key].is_string()    ? j[key].get<std::string>()
-                                   : j[key].dump();
+    return !j.contains(key)     ? std::string("(absent)")
+           : j[key].is_string() ? j[key].get<std::string>()
+                                : j[key].dump();
   };
   auto refuse = [&](const char* key, const std::string& expected) {
     return ConfigError(file, key, value(key), expected + " for Tessera's deepseek_v2 model");
@@ -98,20 +98,20 @@ void read_v2_routing(const nlohmann::json& j, const std::string& file, MoeSpec* 
                  "false (transformers' DeepseekV2Moe does not renormalise the chosen weights, "
                  "DeepSeek's own code does: the two disagree)");
   moe->pre_softmax = true;
-  const double scaling = j.contains("routed_scaling_factor") && !j["routed_scaling_factor"].is_null()
-                             ? j["routed_scaling_factor"].get<double>()
-                             : 1.0;
+  const double scaling =
+      j.contains("routed_scaling_factor") && !j["routed_scaling_factor"].is_null()
+          ? j["routed_scaling_factor"].get<double>()
+          : 1.0;
   moe->topk_scaling = scaling == 1.0 ? 0.0 : scaling;  // 0: unscaled
   // Absent: DeepseekV2Config's default; null or another method: no routing Tessera has.
-  const std::string method = !j.contains("topk_method")      ? "greedy"
+  const std::string method = !j.contains("topk_method")     ? "greedy"
                              : j["topk_method"].is_string() ? j["topk_method"].get<std::string>()
                                                             : "";
   if (method == "greedy") return;
   if (method != "group_limited_greedy")
     throw refuse("topk_method", "\"greedy\" or \"group_limited_greedy\"");
-  const int64_t groups = j.contains("n_group") && j["n_group"].is_number_integer()
-                             ? j["n_group"].get<int64_t>()
-                             : 0;
+  const int64_t groups =
+      j.contains("n_group") && j["n_group"].is_number_integer() ? j["n_group"].get<int64_t>() : 0;
   if (groups < 1) throw refuse("n_group", "a number of expert groups with group_limited_greedy");
   const int64_t group_topk = j.contains("topk_group") && j["topk_group"].is_number_integer()
                                  ? j["topk_group"].get<int64_t>()
