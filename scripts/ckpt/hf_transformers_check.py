@@ -4,9 +4,15 @@
 For LlamaForCausalLM (GQA, llama3 RoPE scaling, untied head), Qwen2ForCausalLM (QKV bias,
 tied head, MQA), MistralForCausalLM (sliding window shorter than the sequence),
 MixtralForCausalLM (4 experts, top-2), Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a
-dense layer, tied head) and DeepseekV3ForCausalLM (multi-latent attention with a query latent,
-YaRN RoPE with both mscales, a dense first layer, 8 experts top-4 by sigmoid scores in 2 of 4
-groups scaled by 2.5, a shared expert):
+dense layer, tied head), DeepseekV3ForCausalLM (multi-latent attention with a query latent,
+YaRN RoPE with both mscales, a dense first layer, 8 experts top-4 by sigmoid scores plus a
+random nonzero e_score_correction_bias in 2 of 4 groups scaled by 2.5, a shared expert) and
+DeepseekV2ForCausalLM (DeepSeek-V2-Lite's attention: queries projected directly, YaRN with
+equal mscales; a dense first layer, 8 experts top-2 by a softmax over all of them (greedy, as
+V2-Lite; some transformers versions' group_limited_greedy branch reads an attribute
+DeepseekV2Moe does not set), scaled by 1.5, two shared experts). transformers versions whose DeepseekV2Attention leaves out YaRN's softmax factor
+mscale(factor, mscale_all_dim)^2 (DeepSeek's own code and later transformers apply it, as
+Tessera does) get the V2 model without mscale_all_dim, with a notice:
 
   1. import: build a random model with transformers, save_pretrained it (fp32 in one file,
      and bf16 in small shards with an index), run
@@ -16,7 +22,8 @@ groups scaled by 2.5, a shared expert):
   2. export: tessera convert --from-hf DIR --to CKPT, then
        tessera convert --from CKPT --to-hf OUT --dtype fp32
      load OUT with from_pretrained (no missing or unexpected weights allowed) and compare
-     its logits with the original model's.
+     its logits with the original model's; DeepSeek-V3's e_score_correction_bias must come back
+     bit for bit (row "export expert bias": its maximum relative error, which must be 0).
 
 Prints the maximum relative error of each (max |diff| / max |reference|) and exits 1 if
 any exceeds --tolerance. Tessera runs in fp32 on its CPU reference backend (the CUDA
@@ -111,6 +118,44 @@ MODELS = {
                          "mscale_all_dim": 0.9}))),
 }
 
+V2_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+           "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+
+
+def deepseek_v2_kwargs(yarn):
+    return dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2,
+        n_routed_experts=8, routed_scaling_factor=1.5, kv_lora_rank=32, q_lora_rank=None,
+        qk_rope_head_dim=16, v_head_dim=24, qk_nope_head_dim=16, topk_method="greedy",
+        n_group=1, topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1,
+        norm_topk_prob=False, max_position_embeddings=64, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, **rope(10000.0, yarn))
+
+
+def v2_softmax_has_mscale():
+    """Whether this transformers' DeepseekV2Attention scales the softmax by YaRN's
+    mscale(factor, mscale_all_dim)^2, as DeepSeek's code and Tessera do."""
+    config = transformers.DeepseekV2Config(**deepseek_v2_kwargs(V2_YARN))
+    attention = transformers.DeepseekV2ForCausalLM(config).model.layers[0].self_attn
+    return abs(attention.scaling - (16 + 16) ** -0.5) > 1e-9
+
+
+if hasattr(transformers, "DeepseekV2ForCausalLM"):
+    if v2_softmax_has_mscale():
+        V2_ROPE = V2_YARN
+    else:
+        # YaRN's table factor is then mscale(factor, 1) on both sides and the softmax unscaled.
+        V2_ROPE = {k: v for k, v in V2_YARN.items() if k not in ("mscale", "mscale_all_dim")}
+        print(f"note: transformers {transformers.__version__}'s DeepseekV2Attention leaves out YaRN's "
+              "softmax factor mscale(factor, mscale_all_dim)^2: deepseek_v2 is checked without "
+              "mscale_all_dim")
+    MODELS["deepseek_v2"] = (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM,
+                             deepseek_v2_kwargs(V2_ROPE))
+else:
+    print(f"note: transformers {transformers.__version__} has no DeepseekV2ForCausalLM: deepseek_v2 "
+          "is not checked")
+
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32}
 
 
@@ -138,13 +183,27 @@ def random_model(kind):
     config = config_cls(**kwargs, initializer_range=0.1)
     config._attn_implementation = "eager"
     torch.manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "mixtral": 4, "qwen3_moe": 5,
-                       "deepseek_v3": 6}[kind])
+                       "deepseek_v3": 6, "deepseek_v2": 7}[kind])
     model = model_cls(config).eval()
     with torch.no_grad():  # norms at 1 and biases at 0 would hide mistakes in their mapping
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 p.add_(0.1 * torch.randn_like(p))
+        # A trained router's expert bias (zero in a new model), large enough to change choices.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn_like(b))
     return model
+
+
+def expert_biases(directory):
+    """Every e_score_correction_bias tensor a saved directory holds, by name."""
+    out = {}
+    for file in sorted(os.listdir(directory)):
+        if file.endswith(".safetensors"):
+            out.update({k: v for k, v in read_safetensors(os.path.join(directory, file)).items()
+                        if k.endswith("e_score_correction_bias")})
+    return out
 
 
 def reference(model_cls, directory, tokens, device):
@@ -209,6 +268,15 @@ def check(args, kind, work, rows):
         raise RuntimeError(f"exported directory loads as {type(reloaded).__name__}")
     rows.append((kind, "export fp32 round trip", max_relative_error(logits, original_logits),
                  max_relative_error(loss.reshape(1), original_loss.reshape(1))))
+    if kind == "deepseek_v3":
+        source, written = expert_biases(os.path.join(work, "fp32")), expert_biases(exported)
+        if not source or sorted(source) != sorted(written):
+            raise RuntimeError(f"e_score_correction_bias tensors {sorted(source)} saved, {sorted(written)} exported")
+        if not any(t.abs().max() > 0 for t in source.values()):
+            raise RuntimeError("the saved e_score_correction_bias is zero: the check would not see it")
+        error = max(max_relative_error(written[k].float(), source[k].float()) for k in source)
+        # Exact: any difference fails the tolerance.
+        rows.append((kind, "export expert bias", error if error == 0 else float("inf"), 0.0))
 
 
 # Encoded with AutoTokenizer and with the `tokenizers` library from the same tokenizer.json.

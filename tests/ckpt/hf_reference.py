@@ -1,6 +1,7 @@
 """Hugging Face-side reference for Tessera's interop tests (tests/ckpt/hf_test.cpp and the
-MoE families' mixtral, qwen3_moe and deepseek_v3, with one tensor per expert as on the Hub;
-DeepSeek-V3's multi-latent attention as transformers' DeepseekV3Attention computes it).
+MoE families' mixtral, qwen3_moe, deepseek_v3 and deepseek_v2, with one tensor per expert as on
+the Hub; DeepSeek's multi-latent attention as transformers' DeepseekV3Attention computes it,
+V3's routing with its e_score_correction_bias, V2's softmax routing).
 
 Reads and writes Hugging Face model directories by hand (config.json, model.safetensors or
 shards listed by model.safetensors.index.json; this machine has no `safetensors` or
@@ -10,8 +11,9 @@ tests/model/torch_reference.py, configured from config.json the way transformers
 
   hf_reference.py logits HF_DIR TOKENS.txt OUT.safetensors
       logits [B, T, V] and the mean next-token loss (transformers' loss with labels = ids)
-  hf_reference.py make {llama,qwen2,mistral,mixtral,qwen3_moe,deepseek_v3} HF_DIR {F32,BF16,F16} SHARDS
-      a tiny random model with Hugging Face names (separate q/k/v, gate/up)
+  hf_reference.py make {llama,qwen2,mistral,mixtral,qwen3_moe,deepseek_v3,deepseek_v2} HF_DIR {F32,BF16,F16} SHARDS
+      a tiny random model with Hugging Face names (separate q/k/v, gate/up); deepseek_v3's
+      e_score_correction_bias is random (a trained one), not zero
 """
 import json
 import os
@@ -74,7 +76,9 @@ def read_hf_dir(d):
 
 
 def deepseek_config(hf):
-    """torch_reference's config of a deepseek_v3 config.json, with transformers' defaults."""
+    """torch_reference's config of a deepseek_v3 or deepseek_v2 config.json, with transformers'
+    defaults (DeepseekV3Config's, DeepseekV2Config's)."""
+    v2 = hf["model_type"] == "deepseek_v2"
     heads, layers = hf["num_attention_heads"], hf["num_hidden_layers"]
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -87,15 +91,28 @@ def deepseek_config(hf):
                 "beta_slow": rope.get("beta_slow") or 1, "mscale": rope.get("mscale") or 0,
                 "mscale_all_dim": rope.get("mscale_all_dim") or 0}
     E, K, Fe = hf["n_routed_experts"], hf["num_experts_per_tok"], hf["moe_intermediate_size"]
-    groups = hf.get("n_group", 8)
-    assert not groups or groups == 1 or K == 2 * hf["topk_group"], "group scores of two experts"
-    assert hf.get("norm_topk_prob", True) == (K > 1)
-    moe = {"experts": E, "topk": K, "sigmoid": True, "pre_softmax": False,
-           "layers": [l >= hf.get("first_k_dense_replace", 3) for l in range(layers)],
-           "groups": groups if groups > 1 else 0, "group_topk": hf["topk_group"] if groups > 1 else 0,
-           "scaling": hf.get("routed_scaling_factor", 2.5),
-           "shared_ffn": Fe * hf.get("n_shared_experts", 1),
-           "load_balancing": False, "seq_aux": False, "aux_coeff": 0, "z_coeff": 0}
+    if v2:
+        # DeepseekV2Moe: softmax over all experts, top-k (within the topk_group groups whose best
+        # expert scores highest), scaled by routed_scaling_factor, not renormalised. The
+        # reference's Megatron routing scores a group by its best K / topk_group experts.
+        limited = hf.get("topk_method", "greedy") == "group_limited_greedy"
+        assert not limited or K == hf["topk_group"], "group scores of one expert"
+        groups = hf["n_group"] if limited and hf["n_group"] > 1 else 0
+        moe = {"experts": E, "topk": K, "sigmoid": False, "pre_softmax": True,
+               "groups": groups, "group_topk": hf["topk_group"] if groups else 0,
+               "scaling": hf.get("routed_scaling_factor", 1.0),
+               "shared_ffn": Fe * hf.get("n_shared_experts", 2), "first_dense": hf.get("first_k_dense_replace", 0)}
+    else:
+        groups = hf.get("n_group", 8)
+        assert not groups or groups == 1 or K == 2 * hf["topk_group"], "group scores of two experts"
+        assert hf.get("norm_topk_prob", True) == (K > 1)
+        moe = {"experts": E, "topk": K, "sigmoid": True, "pre_softmax": False,
+               "groups": groups if groups > 1 else 0, "group_topk": hf["topk_group"] if groups > 1 else 0,
+               "scaling": hf.get("routed_scaling_factor", 2.5),
+               "shared_ffn": Fe * hf.get("n_shared_experts", 1), "first_dense": hf.get("first_k_dense_replace", 3)}
+    first_dense = moe.pop("first_dense")
+    moe.update({"layers": [l >= first_dense for l in range(layers)],
+                "load_balancing": False, "seq_aux": False, "aux_coeff": 0, "z_coeff": 0})
     mla = {"q_lora": hf.get("q_lora_rank") or 0, "kv_lora": hf["kv_lora_rank"],
            "qk": hf["qk_nope_head_dim"], "rope": hf["qk_rope_head_dim"], "v": hf["v_head_dim"]}
     return {"moe": moe, "mla": mla, "yarn": yarn, "layers": layers, "heads": heads,
@@ -108,7 +125,7 @@ def deepseek_config(hf):
 def reference_config(hf):
     """torch_reference's config from a Hugging Face config.json, with transformers' defaults."""
     kind = hf["model_type"]
-    if kind == "deepseek_v3":
+    if kind in ("deepseek_v3", "deepseek_v2"):
         return deepseek_config(hf)
     heads = hf["num_attention_heads"]
     rope = hf.get("rope_scaling") or {}
@@ -159,11 +176,10 @@ def logits(hf_dir, tokens_path, out):
     # Hugging Face's MoE names to the reference's: the router, then one module per expert.
     renamed = {}
     for name, t in weights.items():
-        if name.endswith("mlp.gate.e_score_correction_bias"):  # a new model's zeros
-            assert not t.any(), name
-            continue
+        # DeepSeek-V3's router bias: added to the sigmoid scores for choosing experts.
+        name = name.replace("mlp.gate.e_score_correction_bias", "mlp.router.expert_bias")
         name = name.replace("block_sparse_moe.gate.weight", "mlp.router.weight")
-        if config["model_type"] in ("qwen3_moe", "deepseek_v3"):
+        if config["model_type"] in ("qwen3_moe", "deepseek_v3", "deepseek_v2"):
             name = name.replace("mlp.gate.weight", "mlp.router.weight")
             name = name.replace("mlp.shared_experts.", "mlp.shared_expert.")
         name = name.replace("block_sparse_moe.experts.", "mlp.experts.")
@@ -230,11 +246,28 @@ CONFIGS = {
                     "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                                      "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.9},
                     "rope_interleave": True, "tie_word_embeddings": False, "attention_bias": False},
+    # DeepSeek-V2-Lite's shape: queries projected directly (q_lora_rank null), YaRN with equal
+    # mscales, a dense first layer, then 8 experts top-2 by a softmax over all of them (greedy),
+    # scaled by 1.5, and two shared experts.
+    "deepseek_v2": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                    "vocab_size": 96, "hidden_size": 32, "intermediate_size": 40,
+                    "moe_intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "n_shared_experts": 2, "n_routed_experts": 8,
+                    "routed_scaling_factor": 1.5, "kv_lora_rank": 20, "q_lora_rank": None,
+                    "qk_rope_head_dim": 8, "v_head_dim": 10, "qk_nope_head_dim": 6,
+                    "topk_method": "greedy", "n_group": 1, "topk_group": 1,
+                    "num_experts_per_tok": 2, "first_k_dense_replace": 1, "norm_topk_prob": False,
+                    "hidden_act": "silu", "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+                    "rope_theta": 10000.0,
+                    "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                     "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+                    "tie_word_embeddings": False, "attention_bias": False},
 }
 
 
 def make_deepseek(c, rand):
-    """A tiny random DeepseekV3ForCausalLM's tensors, named as modeling_deepseek_v3 names them."""
+    """A tiny random DeepseekV3ForCausalLM's or DeepseekV2ForCausalLM's tensors, named as
+    modeling_deepseek_v3 / modeling_deepseek_v2 name them."""
     C, F, V, H = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_attention_heads"]
     Dn, Dr, Dv = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     Qr, Kr, E, Fe = c["q_lora_rank"], c["kv_lora_rank"], c["n_routed_experts"], c["moe_intermediate_size"]
@@ -242,9 +275,12 @@ def make_deepseek(c, rand):
     for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
         w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
-        w[p + "self_attn.q_a_proj.weight"] = rand(Qr, C)
-        w[p + "self_attn.q_a_layernorm.weight"] = rand(Qr, mean=1.0)
-        w[p + "self_attn.q_b_proj.weight"] = rand(H * (Dn + Dr), Qr)
+        if Qr:
+            w[p + "self_attn.q_a_proj.weight"] = rand(Qr, C)
+            w[p + "self_attn.q_a_layernorm.weight"] = rand(Qr, mean=1.0)
+            w[p + "self_attn.q_b_proj.weight"] = rand(H * (Dn + Dr), Qr)
+        else:
+            w[p + "self_attn.q_proj.weight"] = rand(H * (Dn + Dr), C)
         w[p + "self_attn.kv_a_proj_with_mqa.weight"] = rand(Kr + Dr, C)
         w[p + "self_attn.kv_a_layernorm.weight"] = rand(Kr, mean=1.0)
         w[p + "self_attn.kv_b_proj.weight"] = rand(H * (Dn + Dv), Kr)
@@ -256,7 +292,8 @@ def make_deepseek(c, rand):
             w[p + "mlp.down_proj.weight"] = rand(C, F)
             continue
         w[p + "mlp.gate.weight"] = rand(E, C)
-        w[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(E)
+        if c["model_type"] == "deepseek_v3":  # a trained bias, large enough to change choices
+            w[p + "mlp.gate.e_score_correction_bias"] = 3 * rand(E)
         for e in range(E):
             w[f"{p}mlp.experts.{e}.gate_proj.weight"] = rand(Fe, C)
             w[f"{p}mlp.experts.{e}.up_proj.weight"] = rand(Fe, C)
@@ -281,7 +318,8 @@ def make(kind, out_dir, dtype_name, shards):
         return mean + 0.1 * torch.randn(*shape, generator=g, dtype=torch.float32)
 
     w = {"model.embed_tokens.weight": rand(V, C)}
-    for l in range(c["num_hidden_layers"] if kind != "deepseek_v3" else 0):
+    deepseek = kind in ("deepseek_v3", "deepseek_v2")
+    for l in range(c["num_hidden_layers"] if not deepseek else 0):
         p = f"model.layers.{l}."
         w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
         for name, rows in (("q", H * hd), ("k", KV * hd), ("v", KV * hd)):
@@ -311,7 +349,7 @@ def make(kind, out_dir, dtype_name, shards):
     w["model.norm.weight"] = rand(C, mean=1.0)
     if not c["tie_word_embeddings"]:
         w["lm_head.weight"] = rand(V, C)
-    if kind == "deepseek_v3":
+    if deepseek:
         w = make_deepseek(c, rand)
     if kind == "llama":  # old Llama checkpoints carry this buffer; loaders must skip it
         w["model.layers.0.self_attn.rotary_emb.inv_freq"] = rand(hd // 2)

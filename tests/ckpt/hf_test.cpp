@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ckpt_test_util.h"
@@ -60,8 +61,8 @@ const HfCase kHfCases[] = {
      "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
      "norm_epsilon: 1.0e-6\n"},
     // DeepseekV3ForCausalLM: multi-latent attention with a query latent and YaRN, a dense
-    // first layer, then 8 experts top-4 by sigmoid scores in 2 of 4 groups, scaled by 2.5, and
-    // a shared expert (the expert bias stays off: a trained one is not exported yet).
+    // first layer, then 8 experts top-4 by sigmoid scores plus the expert bias (which training
+    // moves, and the export carries) in 2 of 4 groups, scaled by 2.5, and a shared expert.
     {"deepseek_v3", "deepseek_v3",
      "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 3\nhidden_size: 32\n"
      "ffn_hidden_size: 40\nnum_attention_heads: 4\nnum_query_groups: 0\nq_lora_rank: 24\n"
@@ -72,6 +73,20 @@ const HfCase kHfCases[] = {
      "moe_shared_expert_intermediate_size: 16\nmoe_layer_freq: \"[0,1,1]\"\n"
      "moe_router_score_function: sigmoid\nmoe_router_num_groups: 4\n"
      "moe_router_group_topk: 2\nmoe_router_topk_scaling_factor: 2.5\nrotary_base: 10000\n"
+     "norm_epsilon: 1.0e-6\nmoe_router_enable_expert_bias: true\n"
+     "moe_router_bias_update_rate: 0.01\n"},
+    // DeepseekV2ForCausalLM (DeepSeek-V2-Lite's shape): queries projected directly, YaRN with
+    // equal mscales, a dense first layer, then 8 experts top-2 by a softmax over all of them,
+    // not renormalised, scaled by 1.5, and two shared experts.
+    {"deepseek_v2", "deepseek_v2",
+     "model_family: deepseek\nmulti_latent_attention: true\nnum_layers: 3\nhidden_size: 32\n"
+     "ffn_hidden_size: 40\nnum_attention_heads: 4\nnum_query_groups: 0\nq_lora_rank: null\n"
+     "kv_lora_rank: 20\nqk_head_dim: 6\nqk_pos_emb_head_dim: 8\nv_head_dim: 10\n"
+     "rope_type: yarn\nrotary_scaling_factor: 4\noriginal_max_position_embeddings: 64\n"
+     "mscale: 0.707\nmscale_all_dim: 0.707\nnum_experts: 8\nmoe_router_topk: 2\n"
+     "moe_ffn_hidden_size: 16\nmoe_shared_expert_intermediate_size: 32\n"
+     "moe_layer_freq: \"[0,1,1]\"\nmoe_router_score_function: softmax\n"
+     "moe_router_pre_softmax: true\nmoe_router_topk_scaling_factor: 1.5\nrotary_base: 10000\n"
      "norm_epsilon: 1.0e-6\n"},
 };
 
@@ -334,7 +349,7 @@ TEST(HfConfig, MapsFieldsWithTransformersDefaultsAndRefusesUnsupportedFeatures) 
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refusals = {
       {[](auto& j) { j["model_type"] = "gpt2"; },
        ": model_type 'gpt2' is not supported; expected llama, qwen2, mistral, mixtral, "
-       "qwen3_moe or deepseek_v3"},
+       "qwen3_moe, deepseek_v3 or deepseek_v2"},
       {[](auto& j) { j["attention_bias"] = true; },
        ": attention_bias: true (Llama's bias includes o_proj) is not supported"},
       {[](auto& j) { j["hidden_act"] = "gelu"; },
@@ -572,8 +587,6 @@ TEST(HfDeepseekConfig, ReadsDeepseekV3AndRefusesWhatEitherSideLacks) {
     const char* says;
   };
   for (const Refusal& r : std::vector<Refusal>{
-           {[](ModelSpec& m) { m.moe.sigmoid = false, m.moe.pre_softmax = true; },
-            "softmax routing"},
            {[](ModelSpec& m) {
               m.moe.layers = {true, false, true, true};
             },
@@ -591,73 +604,320 @@ TEST(HfDeepseekConfig, ReadsDeepseekV3AndRefusesWhatEitherSideLacks) {
       EXPECT_TRUE(contains(e.what(), r.says)) << e.what();
     }
   }
-  // DeepSeek-V2-Lite's preset routes with a softmax: not a DeepseekV3ForCausalLM.
+  // A model configured without the expert bias still exports as V3 (its bias is zero).
+  ModelSpec no_bias = s;
+  no_bias.moe.expert_bias = false;
+  EXPECT_EQ(family.hf_model_type(no_bias), "deepseek_v3");
+  EXPECT_EQ(family.hf_state(no_bias).size(), 2u);  // layers 2 and 3
+}
+
+// DeepseekV2Config: DeepSeek-V2-Lite's config.json as published, transformers' defaults for V2
+// (not V3's), softmax routing; the keys whose values Tessera cannot run as transformers does are
+// refused by name (exit 2), and what DeepseekV2ForCausalLM cannot hold is refused on export.
+TEST(HfDeepseekConfig, ReadsDeepseekV2AndRefusesWhatEitherSideLacks) {
+  const ModelFamily& family = model_family("deepseek");
+  const nlohmann::json lite = {{"architectures", {"DeepseekV2ForCausalLM"}},
+                               {"model_type", "deepseek_v2"},
+                               {"hidden_size", 2048},
+                               {"intermediate_size", 10944},
+                               {"moe_intermediate_size", 1408},
+                               {"num_hidden_layers", 27},
+                               {"num_attention_heads", 16},
+                               {"num_key_value_heads", 16},
+                               {"vocab_size", 102400},
+                               {"q_lora_rank", nullptr},
+                               {"kv_lora_rank", 512},
+                               {"qk_nope_head_dim", 128},
+                               {"qk_rope_head_dim", 64},
+                               {"v_head_dim", 128},
+                               {"n_routed_experts", 64},
+                               {"n_shared_experts", 2},
+                               {"num_experts_per_tok", 6},
+                               {"first_k_dense_replace", 1},
+                               {"moe_layer_freq", 1},
+                               {"n_group", 1},
+                               {"topk_group", 1},
+                               {"topk_method", "greedy"},
+                               {"scoring_func", "softmax"},
+                               {"norm_topk_prob", false},
+                               {"routed_scaling_factor", 1.0},
+                               {"aux_loss_alpha", 0.001},
+                               {"seq_aux", true},
+                               {"max_position_embeddings", 163840},
+                               {"rms_norm_eps", 1e-6},
+                               {"rope_theta", 10000},
+                               {"rope_scaling",
+                                {{"type", "yarn"},
+                                 {"factor", 40},
+                                 {"original_max_position_embeddings", 4096},
+                                 {"beta_fast", 32},
+                                 {"beta_slow", 1},
+                                 {"mscale", 0.707},
+                                 {"mscale_all_dim", 0.707}}},
+                               {"tie_word_embeddings", false}};
+  ModelSpec s = family.read_hf_config(lite, "config.json");
+  s.family = "deepseek";  // as read_hf_config(dir) sets it
+  // The same model as the deepseek_v2_lite preset (every key that shapes or routes it).
   LoadOptions o;
   o.config_path = "deepseek_v2_lite-pretrain";
-  try {
-    family.hf_model_type(make_model_spec(load_experiment(o), 102400));
-    ADD_FAILURE() << "V2-Lite exported as V3";
-  } catch (const DataError& e) {
-    EXPECT_TRUE(contains(e.what(), "softmax routing")) << e.what();
+  const ModelSpec preset = make_model_spec(load_experiment(o), 102400);
+  const SpecDifferences d = compare_specs(s, preset, "config.json");
+  EXPECT_TRUE(d.shape.empty()) << join_lines(d.shape);
+  EXPECT_TRUE(d.behaviour.empty()) << join_lines(d.behaviour);
+  EXPECT_EQ(s.mla.q_lora_rank, 0);
+  EXPECT_EQ(s.moe.layers[0], false);
+  EXPECT_EQ(s.moe.layers[1], true);
+  EXPECT_EQ(s.moe.shared_ffn, 2816);
+  EXPECT_FALSE(s.moe.sigmoid);
+  EXPECT_TRUE(s.moe.pre_softmax);
+  EXPECT_FALSE(s.moe.expert_bias);
+  EXPECT_EQ(s.moe.num_groups, 0);
+  EXPECT_EQ(s.moe.topk_scaling, 0.0);  // routed_scaling_factor 1: unscaled
+  EXPECT_TRUE(family.hf_state(s).empty()) << "DeepseekV2Moe has no e_score_correction_bias";
+  // The preset exports as DeepseekV2ForCausalLM, and reads back as itself.
+  EXPECT_EQ(family.hf_model_type(preset), "deepseek_v2");
+  const nlohmann::ordered_json out = family.hf_config(preset);
+  EXPECT_EQ(out["architectures"][0], "DeepseekV2ForCausalLM");
+  EXPECT_EQ(out["topk_method"], "greedy");
+  EXPECT_EQ(out["norm_topk_prob"], false);
+  EXPECT_EQ(out["routed_scaling_factor"], 1.0);
+  EXPECT_EQ(out["n_shared_experts"], 2);
+  EXPECT_EQ(out["first_k_dense_replace"], 1);
+  EXPECT_TRUE(out["q_lora_rank"].is_null());
+  EXPECT_FALSE(out.contains("rope_interleave"));
+  ModelSpec back = family.read_hf_config(nlohmann::json::parse(out.dump()), "out");
+  back.family = "deepseek";
+  EXPECT_TRUE(compare_specs(back, preset, "out").shape.empty());
+  EXPECT_TRUE(compare_specs(back, preset, "out").behaviour.empty());
+
+  // DeepseekV2Config's defaults where V3's differ: first_k_dense_replace 0, two shared experts,
+  // 64 experts, unscaled greedy routing.
+  nlohmann::json minimal = {
+      {"model_type", "deepseek_v2"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+      {"num_attention_heads", 4},    {"vocab_size", 96},  {"num_experts_per_tok", 2}};
+  const ModelSpec m = family.read_hf_config(minimal, "config.json");
+  EXPECT_EQ(m.moe.layers, (std::vector<bool>{true, true}));
+  EXPECT_EQ(m.moe.experts, 64);
+  EXPECT_EQ(m.moe.ffn, 1407);
+  EXPECT_EQ(m.moe.shared_ffn, 2 * 1407);
+  EXPECT_EQ(m.mla.q_lora_rank, 1536);
+  EXPECT_EQ(m.ffn, 11008);
+  EXPECT_TRUE(m.moe.pre_softmax);
+  EXPECT_EQ(m.moe.topk_scaling, 0.0);
+  // group_limited_greedy: groups scored by their best expert, as Tessera does when each kept
+  // group supplies one expert.
+  nlohmann::json grouped = lite;
+  grouped["topk_method"] = "group_limited_greedy";
+  grouped["n_group"] = 8;
+  grouped["topk_group"] = 6;
+  grouped["routed_scaling_factor"] = 16.0;
+  const ModelSpec g = family.read_hf_config(grouped, "config.json");
+  EXPECT_EQ(g.moe.num_groups, 8);
+  EXPECT_EQ(g.moe.group_topk, 6);
+  EXPECT_DOUBLE_EQ(g.moe.topk_scaling, 16.0);
+  const nlohmann::ordered_json g_out = family.hf_config(g);
+  EXPECT_EQ(g_out["topk_method"], "group_limited_greedy");
+  EXPECT_EQ(g_out["n_group"], 8);
+  EXPECT_EQ(g_out["topk_group"], 6);
+  EXPECT_EQ(g_out["routed_scaling_factor"], 16.0);
+
+  struct Bad {
+    std::function<void(nlohmann::json&)> change;
+    const char* says;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {[](nlohmann::json& j) { j["topk_method"] = "noaux_tc"; },
+            "key 'topk_method' has value 'noaux_tc': expected \"greedy\" or "
+            "\"group_limited_greedy\""},
+           {[](nlohmann::json& j) { j["topk_method"] = nullptr; },
+            "key 'topk_method' has value 'null'"},
+           // DeepSeek-V2's own: 6 experts in 3 of 8 groups, each group scored by its best one.
+           {[](nlohmann::json& j) {
+              j["topk_method"] = "group_limited_greedy", j["n_group"] = 8, j["topk_group"] = 3;
+            },
+            "key 'topk_group' has value '3': expected num_experts_per_tok (6)"},
+           {[](nlohmann::json& j) {
+              j["topk_method"] = "group_limited_greedy", j["n_group"] = nullptr;
+            },
+            "key 'n_group' has value 'null'"},
+           {[](nlohmann::json& j) { j["norm_topk_prob"] = true; },
+            "key 'norm_topk_prob' has value 'true': expected false"},
+           {[](nlohmann::json& j) { j["scoring_func"] = "sigmoid"; },
+            "key 'scoring_func' has value 'sigmoid'"},
+           {[](nlohmann::json& j) { j["moe_layer_freq"] = 2; },
+            "key 'moe_layer_freq' has value '2': expected 1"},
+           {[](nlohmann::json& j) { j["n_shared_experts"] = 0; },
+            "key 'n_shared_experts' has value '0': expected at least 1"},
+           {[](nlohmann::json& j) { j["mlp_bias"] = true; }, "key 'mlp_bias' has value 'true'"}}) {
+    nlohmann::json j = lite;
+    b.change(j);
+    try {
+      family.read_hf_config(j, "config.json");
+      ADD_FAILURE() << b.says << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(contains(e.what(), std::string("config.json: ") + b.says)) << e.what();
+      EXPECT_TRUE(contains(e.what(), "for Tessera's deepseek_v2 model")) << e.what();
+    }
+  }
+  nlohmann::json missing = minimal;
+  missing.erase("num_experts_per_tok");
+  EXPECT_THROW(family.read_hf_config(missing, "config.json"), DataError);
+
+  struct Refusal {
+    std::function<void(ModelSpec&)> change;
+    const char* says;
+  };
+  for (const Refusal& r : std::vector<Refusal>{
+           {[](ModelSpec& x) { x.moe.pre_softmax = false; },
+            "DeepseekV2ForCausalLM (deepseek) cannot hold softmax weights renormalised"},
+           {[](ModelSpec& x) { x.moe.shared_ffn = 0; }, "without a shared expert"},
+           {[](ModelSpec& x) { x.moe.num_groups = 8, x.moe.group_topk = 3; },
+            "group-limited routing with top-6 in 3 groups"},
+           {[](ModelSpec& x) { x.moe.layers[5] = false; }, "a dense layer after"}}) {
+    ModelSpec x = preset;
+    r.change(x);
+    try {
+      family.hf_config(x);
+      ADD_FAILURE() << r.says << " exported";
+    } catch (const DataError& e) {
+      EXPECT_TRUE(contains(e.what(), r.says)) << e.what();
+    }
   }
 }
 
-TEST(HfDeepseekConfig, ExpertBiasLoadsAtZeroAndTrainedBiasIsNotExported) {
+// Through the command line: a refused key exits 2, naming config.json, the key and its value.
+TEST(HfDeepseekConfig, RefusedDeepseekV2KeyExitsTwoNamingIt) {
   ScratchDir dir;
   const fs::path hf = dir / "hf";
-  ASSERT_EQ(run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
-                        "/ckpt/hf_reference.py make deepseek_v3 " + hf.string() + " F32 1")
-                .exit_code,
-            0);
-  EXPECT_NO_THROW(HfModelReader{hf.string()});
-  // An export writes every MoE layer's bias, as zeros (transformers' DeepseekV3TopkRouter holds
-  // it as a buffer that from_pretrained expects).
-  const fs::path again = dir / "again";
+  ASSERT_EQ(python("make deepseek_v2 " + hf.string() + " F32 1").exit_code, 0);
+  auto config = nlohmann::json::parse(read_file(hf / "config.json"));
+  config["topk_method"] = "noaux_tc";
+  write_file(hf / "config.json", config.dump(2));
+  const RunResult r =
+      run_tessera("convert --from-hf " + hf.string() + " --to " + (dir / "ckpt").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       (hf / "config.json").string() + ": key 'topk_method' has value 'noaux_tc'"))
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "ckpt"));
+}
+
+std::vector<float> bias_in(const fs::path& file, int layer) {
+  return SafetensorsFile(file.string())
+      .to_float(fmt::format("model.layers.{}.mlp.gate.e_score_correction_bias", layer));
+}
+
+// DeepSeek-V3's e_score_correction_bias is the MoE layers' expert bias: imported into the model
+// state (--check-logits, weights-only checkpoints, hf_init_path) and exported from it, in fp32,
+// exactly; the routing it changes matches the reference (HfInterop's deepseek_v3 case).
+TEST(HfDeepseekConfig, ExpertBiasRoundTripsExactlyAndRoutesTheModel) {
+  ScratchDir dir;
+  const fs::path hf = dir / "hf";
+  ASSERT_EQ(python("make deepseek_v3 " + hf.string() + " F32 1").exit_code, 0);
+  const HfModelReader reader(hf.string());
+  for (int l : {1, 2}) {
+    const std::vector<float> bias = bias_in(hf / "model.safetensors", l);
+    ASSERT_TRUE(std::any_of(bias.begin(), bias.end(), [](float v) { return v != 0.0f; }));
+    EXPECT_EQ(reader.state(fmt::format("model.layers.{}.mlp.router.expert_bias", l)), bias);
+  }
+  EXPECT_TRUE(reader.state("model.layers.0.mlp.router.expert_bias").empty());  // a dense layer
+
+  // HF -> HF (bf16 weights) and HF -> weights-only checkpoint -> HF: the bias bit for bit, F32.
+  const fs::path again = dir / "again", ckpt = dir / "ckpt", back = dir / "back";
   RunResult r = run_tessera("convert --from-hf " + hf.string() + " --to-hf " + again.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const SafetensorsFile exported((again / "model.safetensors").string());
+  r = run_tessera("convert --from-hf " + hf.string() + " --to " + ckpt.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera("convert --from " + ckpt.string() + " --to-hf " + back.string() +
+                  " --shard-size 20KB");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto index = nlohmann::json::parse(read_file(back / "model.safetensors.index.json"));
   for (int l : {1, 2}) {
     const std::string name = fmt::format("model.layers.{}.mlp.gate.e_score_correction_bias", l);
+    const SafetensorsFile exported((again / "model.safetensors").string());
     ASSERT_NE(exported.find(name), nullptr) << name;
-    EXPECT_EQ(exported.to_float(name), std::vector<float>(8, 0.0f)) << name;
+    EXPECT_EQ(exported.find(name)->dtype, DType::F32) << name;
+    EXPECT_EQ(bias_in(again / "model.safetensors", l), bias_in(hf / "model.safetensors", l));
+    EXPECT_EQ(bias_in(back / index["weight_map"][name].get<std::string>(), l),
+              bias_in(hf / "model.safetensors", l));
   }
-  EXPECT_EQ(exported.find("model.layers.0.mlp.gate.e_score_correction_bias"), nullptr);
-  // A trained DeepSeek-V3's bias is not imported: refused, naming the tensor.
-  const SafetensorsFile file((hf / "model.safetensors").string());
-  std::vector<std::vector<float>> values;
-  std::vector<SafetensorsTensor> tensors;
-  for (const auto& t : file.tensors()) values.push_back(file.to_float(t.name));
-  size_t i = 0;
-  for (const auto& t : file.tensors()) {
-    if (t.name == "model.layers.2.mlp.gate.e_score_correction_bias") values[i][3] = 0.25f;
-    tensors.push_back({t.name, DType::F32, t.shape, values[i++].data()});
+
+  // The bias routes the model: zeroing it changes the logits (and the reference agrees with
+  // the biased ones: HfInterop.*deepseek_v3).
+  const fs::path tokens = write_tokens(dir.path());
+  r = run_tessera("convert --from-hf " + hf.string() + " --check-logits " + tokens.string() +
+                  " --out " + (dir / "biased.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera("convert --from " + ckpt.string() + " --check-logits " + tokens.string() +
+                  " --out " + (dir / "via_ckpt.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(relative_error(dir / "via_ckpt.safetensors", dir / "biased.safetensors", "logits"),
+            0.0);
+  {
+    const SafetensorsFile file((hf / "model.safetensors").string());
+    std::vector<std::vector<float>> values;
+    std::vector<SafetensorsTensor> tensors;
+    for (const auto& t : file.tensors()) {
+      values.push_back(file.to_float(t.name));
+      if (t.name.ends_with("e_score_correction_bias"))
+        std::fill(values.back().begin(), values.back().end(), 0.0f);
+    }
+    size_t i = 0;
+    for (const auto& t : file.tensors())
+      tensors.push_back({t.name, DType::F32, t.shape, values[i++].data()});
+    fs::create_directories(dir / "unbiased");
+    fs::copy_file(hf / "config.json", dir / "unbiased" / "config.json");
+    write_safetensors((dir / "unbiased" / "model.safetensors").string(), tensors);
   }
-  write_safetensors((hf / "model.safetensors").string(), tensors);
-  try {
-    HfModelReader reader(hf.string());
-    ADD_FAILURE() << "a trained expert bias was accepted";
-  } catch (const DataError& e) {
-    EXPECT_TRUE(contains(e.what(), "'model.layers.2.mlp.gate.e_score_correction_bias' is not zero"))
-        << e.what();
-  }
-  // Training with the aux-loss-free bias moves it; the export refuses rather than drop it.
-  const HfCase& c = kHfCases[std::size(kHfCases) - 1];
+  r = run_tessera("convert --from-hf " + (dir / "unbiased").string() + " --check-logits " +
+                  tokens.string() + " --out " + (dir / "unbiased.safetensors").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(relative_error(dir / "unbiased.safetensors", dir / "biased.safetensors", "logits"),
+            1e-3);
+
+  // hf_init_path puts the bias into the model's state; a model configured without an expert
+  // bias refuses it rather than drop it.
+  const HfCase& c = kHfCases[std::size(kHfCases) - 2];
   ASSERT_EQ(std::string(c.name), "deepseek_v3");
   Logger log("", 0, false, false);
-  const std::string save = (dir / "ckpt").string();
   {
-    auto trainer = make_trainer(
-        case_experiment(dir.path(), c,
-                        "moe_router_enable_expert_bias: true\nmoe_router_bias_update_rate: "
-                        "0.01\nsave: " +
-                            save + "\n"),
-        log);
-    trainer->train();
+    auto trainer =
+        make_trainer(case_experiment(dir.path(), c, "hf_init_path: " + hf.string() + "\n"), log);
+    const auto state = trainer->model().persistent_state();
+    ASSERT_EQ(state.size(), 2u);
+    for (const auto& [name, tensor] : state)
+      EXPECT_EQ(download(trainer->backend(), tensor), reader.state(name)) << name;
   }
+  try {
+    make_trainer(case_experiment(
+                     dir.path(), c,
+                     "moe_router_enable_expert_bias: false\nhf_init_path: " + hf.string() + "\n"),
+                 log);
+    ADD_FAILURE() << "a trained expert bias was dropped";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(contains(e.what(),
+                         "'model.layers.1.mlp.gate.e_score_correction_bias' (a trained "
+                         "expert bias) is not zero"))
+        << e.what();
+    EXPECT_TRUE(contains(e.what(), "moe_router_enable_expert_bias: true")) << e.what();
+  }
+
+  // Training moves the bias; the export writes the checkpoint's values exactly.
+  const std::string save = (dir / "trained").string();
+  // (An odd number of steps: each step moves every expert's bias by +-0.01 or 0, so two
+  // steps may return it to zero.)
+  make_trainer(case_experiment(dir.path(), c, "train_iters: 3\nsave: " + save + "\n"), log)
+      ->train();
   r = run_tessera("convert --from " + save + " --to-hf " + (dir / "out").string());
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "mlp.router.expert_bias is not zero")) << r.output;
-  EXPECT_FALSE(fs::exists(dir / "out"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Checkpoint trained(find_latest_checkpoint(save));
+  for (int l : {1, 2}) {
+    const std::vector<float> moved =
+        trained.optimizer_values(fmt::format("model.layers.{}.mlp.router.expert_bias", l));
+    EXPECT_TRUE(std::any_of(moved.begin(), moved.end(), [](float v) { return v != 0.0f; }))
+        << fmt::format("{}", fmt::join(moved, ", "));
+    EXPECT_EQ(bias_in(dir / "out" / "model.safetensors", l), moved);
+  }
 }
 
 TEST(ConvertCli, RefusesToOverwriteAndNamesMissingInputs) {

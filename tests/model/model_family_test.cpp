@@ -38,7 +38,8 @@ TEST(ModelFamily, RegistryAndKeyNameTheFamilies) {
   EXPECT_EQ(find_model_family("nope"), nullptr);
   EXPECT_EQ(model_family_for_hf_type("qwen2"), find_model_family("llama"));
   EXPECT_EQ(model_family_for_hf_type("gpt2"), nullptr);
-  EXPECT_EQ(hf_model_type_names(), "llama, qwen2, mistral, mixtral, qwen3_moe or deepseek_v3");
+  EXPECT_EQ(hf_model_type_names(),
+            "llama, qwen2, mistral, mixtral, qwen3_moe, deepseek_v3 or deepseek_v2");
   EXPECT_EQ(model_family_for_hf_type("deepseek_v3"), find_model_family("deepseek"));
   EXPECT_EQ(model_family_for_hf_type("mixtral"), find_model_family("mixtral"));
   EXPECT_EQ(model_family_for_hf_type("qwen3_moe"), find_model_family("qwen3_moe"));

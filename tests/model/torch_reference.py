@@ -186,13 +186,15 @@ class Llama(torch.nn.Module):
         return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up,
                                           self.w(base + "down_proj.weight"))
 
-    def route(self, logits):
-        """Megatron's topk_softmax_with_capacity (dropless): experts (N, K), weights (N, K)."""
+    def route(self, logits, bias=None):
+        """Megatron's topk_softmax_with_capacity (dropless): experts (N, K), weights (N, K).
+        bias (E): the expert bias of aux-loss-free balancing, added to the sigmoid scores for
+        choosing the experts only."""
         m = self.c["moe"]
         E, K = m["experts"], m["topk"]
         if m["sigmoid"]:
             scores = torch.sigmoid(logits)
-            select = scores
+            select = scores if bias is None else scores + bias
         elif m["pre_softmax"]:
             scores = torch.softmax(logits, dim=-1)
             select = scores
@@ -244,7 +246,8 @@ class Llama(torch.nn.Module):
         m = self.c["moe"]
         x = h.reshape(-1, h.shape[-1])
         logits = torch.nn.functional.linear(x, self.w(p + "mlp.router.weight"))
-        experts, weights = self.route(logits)
+        bias = self.w(p + "mlp.router.expert_bias") if self.has(p + "mlp.router.expert_bias") else None
+        experts, weights = self.route(logits, bias)
         out = torch.zeros_like(x)
         for e in range(m["experts"]):
             token, slot = (experts == e).nonzero(as_tuple=True)

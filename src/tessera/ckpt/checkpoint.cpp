@@ -522,13 +522,21 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
 
 std::string save_weights_checkpoint(
     const std::string& save_dir, const ModelSpec& spec,
-    const std::function<std::vector<float>(const ParamInfo&)>& weights) {
+    const std::function<std::vector<float>(const ParamInfo&)>& weights,
+    const std::vector<std::pair<std::string, std::vector<float>>>& model_state) {
   const ParamLayout layout = make_param_layout(spec);
   FileToWrite model{kModelFile, {}, [&](size_t i, void* dst) {
+                      if (i >= layout.params.size()) {
+                        const std::vector<float>& v = model_state[i - layout.params.size()].second;
+                        std::memcpy(dst, v.data(), v.size() * sizeof(float));
+                        return;
+                      }
                       const std::vector<float> w = weights(layout.params[i]);
                       std::memcpy(dst, w.data(), w.size() * sizeof(float));
                     }};
   for (const auto& p : layout.params) model.tensors.push_back({p.name, DType::F32, dims(p.shape)});
+  for (const auto& [name, values] : model_state)
+    model.tensors.push_back({name, DType::F32, {static_cast<int64_t>(values.size())}});
   const TrainerState state;
   const fs::path tmp = begin_dir(save_dir, state.iteration);
   std::string dir;
@@ -802,6 +810,7 @@ std::vector<float> Checkpoint::exp_avg_sq(const ParamInfo& p) const {
 
 const SafetensorsFile* Checkpoint::optimizer_file_with(const std::string& name) const {
   if (optimizer_ && optimizer_->find(name)) return optimizer_.get();
+  if (!has_optimizer_state() && model_ && model_->find(name)) return model_.get();  // weights only
   for (const Shard& s : shards_)
     if (s.file->find(name)) return s.file.get();
   for (const auto& f : run_files_)

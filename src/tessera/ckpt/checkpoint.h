@@ -106,10 +106,13 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
                                       const TrainerState& state, int world, int64_t keep_last);
 
 // A weights-only checkpoint at iteration 0 (fp32 weights, no optimizer state), e.g.
-// converted from Hugging Face: loading it starts training from these weights.
+// converted from Hugging Face: loading it starts training from these weights. `model_state` is
+// model state outside the parameters by name (a trained expert bias, TrainingTensors::
+// extra_state's names), kept in model.safetensors beside the weights.
 std::string save_weights_checkpoint(
     const std::string& save_dir, const ModelSpec& spec,
-    const std::function<std::vector<float>(const ParamInfo&)>& weights);
+    const std::function<std::vector<float>(const ParamInfo&)>& weights,
+    const std::vector<std::pair<std::string, std::vector<float>>>& model_state = {});
 
 // The checkpoint `path` names: `path` itself when it holds trainer_state.json, else the
 // latest in the save directory `path` (its tracker file; without one, its newest iter_*
@@ -171,7 +174,8 @@ class Checkpoint {
   void read_flat(
       FlatState state, const ParamRange& r,
       const std::function<void(int64_t offset, const std::vector<float>& values)>& fill) const;
-  // Any other tensor of the optimizer state (TrainingTensors::extra_state): null when absent.
+  // Any other tensor of the optimizer state (TrainingTensors::extra_state; a weights-only
+  // checkpoint's in model.safetensors): null when absent.
   const SafetensorsTensor* optimizer_tensor(const std::string& name) const;
   std::vector<float> optimizer_values(const std::string& name) const;  // must exist
 

@@ -239,23 +239,22 @@ HfModelReader::HfModelReader(const std::string& dir) : spec_(read_hf_config(dir,
       used.insert(piece.name);
     }
   }
-  // State Tessera starts at zero (an expert bias): a checkpoint that has moved it would route
-  // differently, so only its zeros are accepted.
-  for (const HfTensorPiece& piece : model_family(spec_.family).hf_zero_state(spec_)) {
-    const auto it = where.find(piece.name);
+  // State kept outside the parameters (an expert bias): read when asked for; a file without
+  // it holds the initial zeros.
+  for (const HfStateTensor& t : model_family(spec_.family).hf_state(spec_)) {
+    const auto it = where.find(t.tensor.name);
     if (it == where.end()) continue;
-    const SafetensorsTensor* t = it->second->find(piece.name);
-    if (!t || t->shape != piece.shape)
-      throw DataError(fmt::format(
-          "{}: tensor '{}' has shape [{}]; expected [{}]", it->second->path(), piece.name,
-          t ? fmt::format("{}", fmt::join(t->shape, ", ")) : "", fmt::join(piece.shape, ", ")));
-    for (float v : it->second->to_float(piece.name))
-      if (v != 0.0f)
-        throw DataError(fmt::format(
-            "{}: tensor '{}' is not zero; importing this trained state (an expert bias) is not "
-            "supported yet, only its initial zeros",
-            it->second->path(), piece.name));
-    used.insert(piece.name);
+    const SafetensorsTensor* found = it->second->find(t.tensor.name);
+    if (!found || found->shape != t.tensor.shape)
+      throw DataError(fmt::format("{}: tensor '{}' has shape [{}]; expected [{}]",
+                                  it->second->path(), t.tensor.name,
+                                  found ? fmt::format("{}", fmt::join(found->shape, ", ")) : "",
+                                  fmt::join(t.tensor.shape, ", ")));
+    if (found->dtype != DType::F32 && found->dtype != DType::BF16 && found->dtype != DType::F16)
+      throw DataError(fmt::format("{}: tensor '{}' is {}; expected F32, BF16 or F16",
+                                  it->second->path(), t.tensor.name,
+                                  safetensors_dtype_name(found->dtype)));
+    used.insert(t.tensor.name);
   }
   for (const auto& [name, file] : where) {
     // Old Llama checkpoints store RoPE's inverse frequencies; tied models may store the
@@ -281,9 +280,20 @@ std::vector<float> HfModelReader::weights(const ParamInfo& p) const {
   return values;
 }
 
+std::vector<float> HfModelReader::state(const std::string& name) const {
+  for (const HfStateTensor& t : model_family(spec_.family).hf_state(spec_)) {
+    if (t.state != name) continue;
+    const auto it = files_->where().find(t.tensor.name);
+    if (it == files_->where().end()) return std::vector<float>(t.tensor.numel(), 0.0f);
+    return it->second->to_float(t.tensor.name);
+  }
+  return {};
+}
+
 std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec& configured,
                                          const ParamLayout& layout, Backend& backend,
-                                         const std::vector<FlatSlice>& master) {
+                                         const std::vector<FlatSlice>& master,
+                                         const std::vector<std::pair<std::string, Tensor>>& state) {
   const HfModelReader hf(dir);
   const std::string config = (fs::path(dir) / kConfigFile).string();
   const SpecDifferences d = compare_specs(hf.spec(), configured, config);
@@ -307,6 +317,24 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
                                      w.data() + full_begin);
                      });
     });
+  }
+  for (const auto& [name, tensor] : state) {
+    const std::vector<float> values = hf.state(name);
+    if (values.empty()) continue;  // not stored: it starts at zero
+    TS_CHECK(static_cast<int64_t>(values.size()) == tensor.numel(), "{}: {} values for {}", name,
+             values.size(), tensor.numel());
+    backend.upload(tensor, values.data());
+  }
+  // A model configured without the expert bias would route differently from the file.
+  if (!configured.moe.expert_bias) {
+    for (const HfStateTensor& t : model_family(hf.spec().family).hf_state(hf.spec())) {
+      const std::vector<float> values = hf.state(t.state);
+      if (std::any_of(values.begin(), values.end(), [](float v) { return v != 0.0f; }))
+        throw DataError(fmt::format(
+            "{}: tensor '{}' (a trained expert bias) is not zero, but the configured model has no "
+            "expert bias to hold it; set moe_router_enable_expert_bias: true",
+            dir, t.tensor.name));
+    }
   }
   return d.behaviour;
 }
@@ -380,7 +408,7 @@ HfTokenizer read_hf_tokenizer(const DataConfig& data) {
 
 void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
                     const std::function<std::vector<float>(const ParamInfo&)>& weights,
-                    const HfExportOptions& options) {
+                    const HfExportOptions& options, const HfStateValues& state) {
   TS_CHECK(options.dtype == DType::F32 || options.dtype == DType::BF16, "export dtype {}",
            dtype_name(options.dtype));
   nlohmann::ordered_json config = hf_config_json(spec, options.dtype);
@@ -395,29 +423,31 @@ void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
   }
   const ParamLayout layout = make_param_layout(spec);
   struct Entry {
-    const ParamInfo* param;
+    const ParamInfo* param;  // null: the state called `state`
     HfTensorPiece piece;
+    DType dtype;
+    std::string state;
   };
   // Greedy sharding in parameter order, as save_pretrained does; a tensor larger than the
   // shard size gets a shard of its own.
   std::vector<std::vector<Entry>> shards(1);
   uint64_t shard_bytes = 0, total_bytes = 0;
-  auto add = [&](const ParamInfo* p, HfTensorPiece piece) {
-    const uint64_t bytes = static_cast<uint64_t>(piece.numel()) * dtype_size(options.dtype);
+  auto add = [&](const ParamInfo* p, HfTensorPiece piece, DType dtype, std::string state_name) {
+    const uint64_t bytes = static_cast<uint64_t>(piece.numel()) * dtype_size(dtype);
     if (!shards.back().empty() && shard_bytes + bytes > options.shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().push_back({p, std::move(piece)});
+    shards.back().push_back({p, std::move(piece), dtype, std::move(state_name)});
     shard_bytes += bytes;
     total_bytes += bytes;
   };
   for (const auto& p : layout.params)
     for (HfTensorPiece& piece : model_family(spec.family).hf_pieces(p, spec))
-      add(&p, std::move(piece));
-  // The family's zero state (no parameter holds it): written as zeros.
-  for (HfTensorPiece& piece : model_family(spec.family).hf_zero_state(spec))
-    add(nullptr, std::move(piece));
+      add(&p, std::move(piece), options.dtype, "");
+  // State outside the parameters (an expert bias) is fp32 in Tessera and written exactly.
+  for (HfStateTensor& t : model_family(spec.family).hf_state(spec))
+    add(nullptr, std::move(t.tensor), DType::F32, std::move(t.state));
   const std::string tmp = out_dir + ".tmp";
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -453,14 +483,22 @@ void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
               : fmt::format("model-{:05d}-of-{:05d}.safetensors", k + 1, shards.size());
       std::vector<SafetensorsTensor> tensors;
       for (const Entry& e : shards[k]) {
-        tensors.push_back({e.piece.name, options.dtype, e.piece.shape});
+        tensors.push_back({e.piece.name, e.dtype, e.piece.shape});
         weight_map[e.piece.name] = name;
       }
       write_safetensors((fs::path(tmp) / name).string(), tensors, {{"format", "pt"}},
                         [&](size_t i, void* dst) {
                           const Entry& e = shards[k][i];
                           if (e.param == nullptr) {
-                            std::memset(dst, 0, e.piece.numel() * dtype_size(options.dtype));
+                            const std::vector<float> v =
+                                state ? state(e.state) : std::vector<float>();
+                            if (v.empty()) {  // never moved from its initial zeros
+                              std::memset(dst, 0, e.piece.numel() * sizeof(float));
+                              return;
+                            }
+                            TS_CHECK(static_cast<int64_t>(v.size()) == e.piece.numel(),
+                                     "{}: {} values for {}", e.state, v.size(), e.piece.numel());
+                            std::memcpy(dst, v.data(), v.size() * sizeof(float));
                             return;
                           }
                           if (cached_param != e.param) {

@@ -43,6 +43,10 @@ class HfModelReader {
   const ParamLayout& layout() const { return layout_; }
   // fp32 values of a parameter of layout(), with q/k/v and gate/up fused.
   std::vector<float> weights(const ParamInfo& p) const;
+  // fp32 values of the model state called `name` (Model::persistent_state's names) where the
+  // Hugging Face model stores it (ModelFamily::hf_state: DeepSeek-V3's expert bias): the
+  // file's values, or zeros where the file lacks the tensor; empty for state it does not store.
+  std::vector<float> state(const std::string& name) const;
 
  private:
   std::string model_type_;
@@ -52,12 +56,15 @@ class HfModelReader {
 };
 
 // Loads the Hugging Face model in `dir` into fp32 slices of the flat layout `layout` (an
-// optimizer's master weights) after checking that it is the `configured` model (DataError
-// naming config.json and each differing key otherwise). Returns the differences that only
-// change behaviour (RoPE, epsilon, window), for warnings.
+// optimizer's master weights), and the state it stores into the model's `state` tensors
+// (Model::persistent_state: this rank's), after checking that it is the `configured` model
+// (DataError naming config.json and each differing key otherwise; DataError naming the tensor
+// for a trained expert bias that a model configured without one would drop). Returns the
+// differences that only change behaviour (RoPE, epsilon, window), for warnings.
 std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec& configured,
                                          const ParamLayout& layout, Backend& backend,
-                                         const std::vector<FlatSlice>& master);
+                                         const std::vector<FlatSlice>& master,
+                                         const std::vector<std::pair<std::string, Tensor>>& state);
 
 // The tokenizer an export carries: the special token ids that config.json and
 // generation_config.json hold, and the files transformers' AutoTokenizer loads.
@@ -94,14 +101,20 @@ struct HfExportOptions {
   std::optional<HfTokenizer> tokenizer;
 };
 
+// The fp32 values of model state by name (Model::persistent_state's names); empty: none kept
+// (the state's initial zeros).
+using HfStateValues = std::function<std::vector<float>(const std::string& name)>;
+
 // Writes `out_dir` as a Hugging Face model directory: config.json and model.safetensors,
 // or model-0000k-of-0000n.safetensors shards and model.safetensors.index.json when the
-// weights exceed one shard. weights(param) gives each parameter's fp32 values. With a
+// weights exceed one shard. weights(param) gives each parameter's fp32 values, state(name)
+// the state the family's Hugging Face model stores (ModelFamily::hf_state), written in fp32
+// whatever options.dtype is (null: zeros). With a
 // tokenizer, config.json holds its bos/eos(/pad) ids, and generation_config.json (the same
 // ids, greedy decoding) and its files are written too; a tokenizer with more ids than the
 // model's vocabulary is a DataError. Written into out_dir + ".tmp" and renamed when complete.
 void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
                     const std::function<std::vector<float>(const ParamInfo&)>& weights,
-                    const HfExportOptions& options);
+                    const HfExportOptions& options, const HfStateValues& state = nullptr);
 
 }  // namespace tessera

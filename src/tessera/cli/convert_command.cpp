@@ -177,6 +177,21 @@ struct Source {
   std::vector<float> weights(const ParamInfo& p) const {
     return checkpoint ? checkpoint->master(p) : hf->weights(p);
   }
+  // Model state outside the parameters (the expert bias) by name; empty where the source keeps
+  // none (its initial zeros).
+  std::vector<float> state(const std::string& name) const {
+    if (hf) return hf->state(name);
+    return checkpoint->optimizer_tensor(name) ? checkpoint->optimizer_values(name)
+                                              : std::vector<float>();
+  }
+  // Every state the model has, from the source (for a weights-only checkpoint).
+  std::vector<std::pair<std::string, std::vector<float>>> all_state() const {
+    std::vector<std::pair<std::string, std::vector<float>>> out;
+    for (const auto& layer : make_decoder_layers(spec()))
+      for (const auto& [name, width] : layer->state_layout())
+        if (std::vector<float> v = state(name); !v.empty()) out.emplace_back(name, std::move(v));
+    return out;
+  }
 };
 
 Source open_source(const ConvertOptions& o) {
@@ -324,6 +339,8 @@ void write_logits(const Source& src, const ConvertOptions& o) {
   DecoderModel model(*backend, spec, rt);
   for (const auto& p : model.layout().params)
     backend->upload(model.params().flat_range(p.offset, p.numel()), src.weights(p).data());
+  for (const auto& [name, tensor] : model.persistent_state())
+    if (const std::vector<float> v = src.state(name); !v.empty()) backend->upload(tensor, v.data());
   const std::vector<int32_t> no_targets(tokens.size(), -1);
   model.set_batch(tokens.data(), no_targets.data());
   DeviceBuffer buffer(*backend, static_cast<size_t>(B * T * V) * sizeof(float), "logits");
@@ -353,26 +370,6 @@ void write_logits(const Source& src, const ConvertOptions& o) {
              backend->description(), o.out, mean_loss);
 }
 
-// State a checkpoint keeps outside the parameters (the MoE layers' expert bias of aux-loss-free
-// balancing) has no place in the export yet: refuse a checkpoint whose state has moved from its
-// initial zeros rather than write a model that routes differently.
-void require_no_trained_state(const Source& src) {
-  if (!src.checkpoint) return;
-  const ModelSpec& s = src.spec();
-  if (!s.moe.expert_bias) return;
-  for (int64_t l = 0; l < s.num_layers; ++l) {
-    if (!s.moe.is_moe_layer(l)) continue;
-    const std::string name = fmt::format("model.layers.{}.mlp.router.expert_bias", l);
-    if (src.checkpoint->optimizer_tensor(name) == nullptr) continue;
-    for (float v : src.checkpoint->optimizer_values(name))
-      if (v != 0.0f)
-        throw DataError(fmt::format(
-            "{}: {} is not zero (moe_router_enable_expert_bias has moved it); exporting a trained "
-            "expert bias to Hugging Face (e_score_correction_bias) is not supported yet",
-            src.name, name));
-  }
-}
-
 }  // namespace
 
 int convert_command(const Args& args) {
@@ -388,9 +385,9 @@ int convert_command(const Args& args) {
   const Source src = open_source(o);
   const auto weights = [&](const ParamInfo& p) { return src.weights(p); };
   if (!o.to_hf.empty()) {
-    require_no_trained_state(src);
     tokenizer = export_tokenizer(o, std::move(tokenizer), src);
-    write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes, tokenizer});
+    write_hf_model(o.to_hf, src.spec(), weights, {o.dtype, o.shard_bytes, tokenizer},
+                   [&](const std::string& name) { return src.state(name); });
     if (tokenizer && tokenizer->tokenizer_json.empty())
       fmt::print(stderr,
                  "warning: {}: no tokenizer files: {}. config.json and generation_config.json "
@@ -401,7 +398,7 @@ int convert_command(const Args& args) {
                tokenizer ? tokenizer->name : "none", src.name, src.spec().summary());
   }
   if (!o.to.empty()) {
-    const std::string dir = save_weights_checkpoint(o.to, src.spec(), weights);
+    const std::string dir = save_weights_checkpoint(o.to, src.spec(), weights, src.all_state());
     fmt::print("wrote weights-only checkpoint {} from {}: {}\n", dir, src.name,
                src.spec().summary());
   }

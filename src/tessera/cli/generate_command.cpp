@@ -50,6 +50,12 @@ struct Source {
   std::vector<float> weights(const ParamInfo& p) const {
     return checkpoint ? checkpoint->master(p) : hf->weights(p);
   }
+  // The expert bias and other state outside the parameters; empty: none kept (zeros).
+  std::vector<float> state(const std::string& name) const {
+    if (hf) return hf->state(name);
+    return checkpoint->optimizer_tensor(name) ? checkpoint->optimizer_values(name)
+                                              : std::vector<float>();
+  }
 };
 
 Source open_source(const std::string& from) {
@@ -174,7 +180,8 @@ int generate_command(const Args& args) {
                       : precision == "bf16" ? DType::BF16
                                             : backend->default_compute_dtype();
   Generator gen(*backend, spec, dtype, static_cast<int64_t>(prompt.size()) + max_new);
-  gen.load([&](const ParamInfo& p) { return src.weights(p); });
+  gen.load([&](const ParamInfo& p) { return src.weights(p); },
+           [&](const std::string& name) { return src.state(name); });
   Sampler sampler(so);
 
   const auto t0 = Clock::now();

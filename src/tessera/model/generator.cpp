@@ -70,6 +70,26 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtyp
   const std::vector<float> table = tessera::rope_table(spec_, S);
   backend_.upload(freqs_, table.data());
 
+  // The blocks' state (the expert bias): fp32, zero until load() sets it.
+  int64_t state_total = 0;
+  for (const auto& layer : layers_)
+    for (const auto& [name, width] : layer->state_layout()) state_total += width;
+  if (state_total > 0) {
+    block_state_buffer_ = DeviceBuffer(backend_, state_total * sizeof(float), "block state");
+    const Tensor all = block_state_buffer_.tensor(DType::F32, {state_total});
+    backend_.fill(all, 0.0f);
+    int64_t offset = 0;
+    for (auto& layer : layers_) {
+      std::vector<Tensor> mine;
+      for (const auto& [name, width] : layer->state_layout()) {
+        mine.push_back(all.flat_range(offset, width));
+        block_state_.emplace_back(name, mine.back());
+        offset += width;
+      }
+      layer->bind_state(mine);
+    }
+  }
+
   size_t scratch = 0;
   for (const auto& layer : layers_)
     scratch = std::max(scratch, layer->cached_scratch_bytes(S, C, dtype_));
@@ -83,7 +103,15 @@ Tensor Generator::param(int index) const {
   return params_.flat_range(p.offset, p.numel()).view(p.shape);
 }
 
-void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& weights) {
+void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& weights,
+                     const std::function<std::vector<float>(const std::string&)>& state) {
+  for (const auto& [name, tensor] : block_state_) {
+    const std::vector<float> v = state ? state(name) : std::vector<float>();
+    if (v.empty()) continue;
+    TS_CHECK(static_cast<int64_t>(v.size()) == tensor.numel(), "{}: {} values for {} elements",
+             name, v.size(), tensor.numel());
+    backend_.upload(tensor, v.data());
+  }
   DeviceBuffer staging(backend_, 0, "staging");
   for (const ParamInfo& p : layout_.params) {
     const std::vector<float> w = weights(p);

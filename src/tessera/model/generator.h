@@ -24,8 +24,11 @@ class Generator final : private ForwardOps {
   ~Generator() override;
 
   const ParamLayout& layout() const { return layout_; }
-  // Sets every parameter from fp32 host values (converted to the compute dtype).
-  void load(const std::function<std::vector<float>(const ParamInfo&)>& weights);
+  // Sets every parameter from fp32 host values (converted to the compute dtype), and the
+  // blocks' state kept outside the parameters (the expert bias, by checkpoint name) from
+  // state(name): empty leaves it at zero.
+  void load(const std::function<std::vector<float>(const ParamInfo&)>& weights,
+            const std::function<std::vector<float>(const std::string&)>& state = nullptr);
 
   // Starts a sequence with `prompt` (positions 0 .. n-1); returns the fp32 logits
   // (vocab_size) of its last position, the distribution of the next token.
@@ -53,7 +56,8 @@ class Generator final : private ForwardOps {
   int64_t position_ = 0;
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ParamLayout layout_;
-  DeviceBuffer param_buffer_, cache_buffer_, state_buffer_;
+  DeviceBuffer param_buffer_, cache_buffer_, state_buffer_, block_state_buffer_;
+  std::vector<std::pair<std::string, Tensor>> block_state_;  // Block::bind_state's, by name
   Tensor params_;
   std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_positions, cache width)
   Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_, freqs_;

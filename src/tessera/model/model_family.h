@@ -35,6 +35,12 @@ struct HfTensorPiece {
   }
 };
 
+// One tensor of state kept outside the parameters, by Tessera's name and Hugging Face's.
+struct HfStateTensor {
+  std::string state;
+  HfTensorPiece tensor;
+};
+
 class ModelFamily {
  public:
   virtual ~ModelFamily() = default;
@@ -63,10 +69,11 @@ class ModelFamily {
   virtual nlohmann::ordered_json hf_config(const ModelSpec& s) const = 0;
   // The Hugging Face tensors parameter `p` holds, in the order they are stacked.
   virtual std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const = 0;
-  // Tensors this family's Hugging Face models hold for state Tessera keeps outside the
-  // parameters and starts at zero (DeepSeek-V3's expert bias), by name and shape: an export
-  // writes them as zeros, an import accepts them when they are (offsets unused).
-  virtual std::vector<HfTensorPiece> hf_zero_state(const ModelSpec& s) const {
+  // State Tessera keeps outside the parameters (Block::state_width: checkpoints and
+  // Model::persistent_state hold it) that this family's Hugging Face models store as tensors:
+  // DeepSeek-V3's expert bias. Each is Tessera's state name ("model.layers.3.mlp.router.
+  // expert_bias") and the Hugging Face tensor (offset unused); stored as fp32.
+  virtual std::vector<HfStateTensor> hf_state(const ModelSpec& s) const {
     (void)s;
     return {};
   }

@@ -282,7 +282,7 @@ void Trainer::restore_start_state() {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
     if (!c.hf_init_path.empty()) {
       differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
-                                    optimizer_->master_slices());
+                                    optimizer_->master_slices(), model_->persistent_state());
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
     }
   }

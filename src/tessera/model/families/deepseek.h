@@ -19,14 +19,17 @@ class DeepseekFamily final : public ModelFamily {
                                                    int64_t layer) const override;
   std::string features(const ModelSpec& s) const override;
 
-  // deepseek_hf.cpp: DeepseekV3ForCausalLM.
-  std::vector<std::string> hf_model_types() const override { return {"deepseek_v3"}; }
+  // deepseek_hf.cpp: DeepseekV3ForCausalLM (sigmoid routing, and dense models) and
+  // DeepseekV2ForCausalLM (softmax routing).
+  std::vector<std::string> hf_model_types() const override {
+    return {"deepseek_v3", "deepseek_v2"};
+  }
   ModelSpec read_hf_config(const nlohmann::json& config, const std::string& file) const override;
   std::string hf_model_type(const ModelSpec& s) const override;
   nlohmann::ordered_json hf_config(const ModelSpec& s) const override;
   std::vector<HfTensorPiece> hf_pieces(const ParamInfo& p, const ModelSpec& s) const override;
   // DeepSeek-V3's mlp.gate.e_score_correction_bias of each MoE layer: the expert bias.
-  std::vector<HfTensorPiece> hf_zero_state(const ModelSpec& s) const override;
+  std::vector<HfStateTensor> hf_state(const ModelSpec& s) const override;
 };
 
 const ModelFamily& deepseek_family();
