@@ -1176,6 +1176,12 @@ std::vector<OpCase> moe_cases() {
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_fp8_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
     cases.push_back(std::move(c));
+  // More experts than a GPU backend first keeps aligned scale slots for (256): they grow.
+  std::vector<int32_t> many(300, 0);
+  for (size_t e = 3; e < many.size(); e += 37) many[e] = 16;
+  many.back() = 32;
+  for (auto& c : grouped_matmul_fp8_cases(many, 32, 16, "300 experts"))
+    cases.push_back(std::move(c));
   return cases;
 }
 
