@@ -398,6 +398,31 @@ void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
                            format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
 }
 
+void CudaBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
+  const char* op = "fp8_grouped_cast";
+  expect_float(args.x, op, "x");
+  const MatrixDims d = matrix_dims(args.x);
+  const DType format = args.out.defined()     ? args.out.dtype
+                       : args.out_t.defined() ? args.out_t.dtype
+                                              : DType::E4M3;
+  const bool cast = args.out.defined() || args.out_t.defined();
+  if (cast) expect_type(args.scale, DType::F32, op, "scale");
+  if (args.amax.defined()) expect_type(args.amax, DType::F32, op, "amax");
+  int64_t G = 0;
+  if (args.group_rows > 0) {
+    G = d.rows / args.group_rows;
+  } else {
+    expect_type(args.offsets, DType::I32, op, "offsets");
+    G = args.offsets.numel() - 1;
+  }
+  cuda::fp8_grouped_cast(args.x.data, args.x.dtype, d.rows, d.cols, args.group_rows,
+                         args.group_rows > 0 ? nullptr : args.offsets.as<int32_t>(), G,
+                         cast ? args.scale.as<float>() : nullptr, cast && args.scale.numel() > 1,
+                         args.out.data, args.out_t.data, format,
+                         args.amax.defined() ? args.amax.as<float>() : nullptr,
+                         args.amax.defined() && args.amax.numel() > 1, stream_);
+}
+
 void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   const char* op = "matmul_fp8";
   expect_float(args.out, op, "out");
