@@ -687,6 +687,107 @@ std::vector<OpCase> fp8_cases() {
   return cases;
 }
 
+// fp8_grouped_cast as the MoE block's FP8 experts run it. Its codes are exact (fp32 x * scale,
+// rounded once), so each backend must write the reference's codes: they come back as ints (the
+// code bytes) and are compared one by one. The codes sit in a buffer pre-filled with a pattern
+// of finite codes, with 256 bytes on either side, all compared: a code the op leaves unwritten,
+// or one it writes where it must not (padding rows past the groups, outside the outputs), shows.
+struct GroupedCastCase {
+  std::vector<int32_t> sizes;           // rows per group (offsets), or
+  int64_t experts = 0, group_rows = 0;  // experts x group_rows rows (group_rows)
+  int64_t padding = 0;                  // rows past the groups (offsets only)
+  int64_t C = 0;
+  DType format = DType::E4M3;
+  bool out = true, out_t = true, amax = true;
+  std::string what;
+};
+
+OpCase fp8_grouped_cast_case(const GroupedCastCase& p) {
+  std::vector<int32_t> offsets = {0};
+  for (int32_t size : p.sizes) offsets.push_back(offsets.back() + size);
+  const bool by_offsets = p.group_rows == 0;
+  const int64_t G = by_offsets ? static_cast<int64_t>(p.sizes.size()) : p.experts;
+  const int64_t R = by_offsets ? offsets.back() + p.padding : p.experts * p.group_rows, C = p.C;
+  // Activations have one scale and one amax, an expert stack one of each per expert.
+  const int64_t scales = by_offsets ? 1 : G;
+  constexpr int64_t kMargin = 256;
+  const int64_t n = R * C, span = n + 2 * kMargin;
+  OpCase c;
+  c.name = fmt::format("fp8_grouped_cast {} R{} C{} {}{}{}{} {}",
+                       by_offsets ? fmt::format("G{}", G) : fmt::format("E{}x{}", G, p.group_rows),
+                       R, C, dtype_name(p.format), p.out ? " out" : "", p.out_t ? " out_t" : "",
+                       p.amax ? " amax" : "", p.what);
+  // Scales up to ~1000 for |x| ~ 0.5: some e4m3 codes saturate.
+  c.specs = {{"x", {R, C}, Kind::Act, Role::In, 0.5f},
+             {"scale", {scales}, Kind::F32, Role::In, 300.0f, 0, 1, 2e-2, true}};
+  if (p.amax)  // pre-filled below most groups' |x|: the max must both keep and replace it
+    c.specs.push_back({"amax", {scales}, Kind::F32, Role::Accum, 0.2f, 0, 1, 1e-9, true});
+  if (p.out) c.specs.push_back({"codes", {span}, Kind::I32, Role::Out});
+  if (p.out_t) c.specs.push_back({"codes_t", {span}, Kind::I32, Role::Out});
+  c.run = [=](Backend& b, const Tensors& t) {
+    DeviceBuffer buf(b, offsets.size() * 4 + 2 * span + 1024, "offsets and codes");
+    std::vector<uint8_t> pattern(static_cast<size_t>(span));
+    for (int64_t i = 0; i < span; ++i) pattern[i] = static_cast<uint8_t>((i * 37 + 11) % 0x70);
+    const size_t codes_at = (offsets.size() * 4 + 255) / 256 * 256;
+    const Tensor around[2] = {buf.tensor(p.format, {span}, codes_at),
+                              buf.tensor(p.format, {span}, codes_at + (span + 255) / 256 * 256)};
+    for (const Tensor& a : around) b.upload(a, pattern.data());
+    Fp8GroupedCastArgs g;
+    g.x = t.at("x");
+    if (by_offsets) {
+      g.offsets = buf.tensor(DType::I32, {G + 1});
+      b.upload(g.offsets, offsets.data());
+    } else {
+      g.group_rows = p.group_rows;
+    }
+    if (p.out) g.out = around[0].flat_range(kMargin, n).view({R, C});
+    if (p.out_t) g.out_t = around[1].flat_range(kMargin, n);
+    g.scale = t.at("scale");
+    if (p.amax) g.amax = t.at("amax");
+    b.fp8_grouped_cast(g);
+    for (int k = 0; k < 2; ++k) {
+      const char* name = k == 0 ? "codes" : "codes_t";
+      if (!t.contains(name)) continue;
+      std::vector<uint8_t> codes(static_cast<size_t>(span));
+      b.download(codes.data(), around[k]);
+      const std::vector<int32_t> ints(codes.begin(), codes.end());
+      b.upload(t.at(name), ints.data());
+    }
+    b.synchronize();
+  };
+  c.bytes = 2.0 * n + (p.out ? n : 0) + (p.out_t ? n : 0);
+  return c;
+}
+
+std::vector<OpCase> fp8_grouped_cast_cases() {
+  std::vector<OpCase> cases;
+  using P = GroupedCastCase;
+  const DType e4m3 = DType::E4M3, e5m2 = DType::E5M2;
+  for (const P& p : std::vector<P>{
+           // Activations: groups of multiples of 16 rows (moe_permute's padding), empty groups,
+           // padding rows past them; the output gradient in e5m2, the input's transposed
+           // re-cast alone, an amax pass alone (scaling just in time).
+           {{48, 0, 16, 112, 0, 32}, 0, 0, 16, 80, e4m3, true, false, true, "with empty groups"},
+           {{48, 0, 16, 112, 0, 32}, 0, 0, 16, 80, e5m2, true, true, true, "with empty groups"},
+           {{48, 0, 16, 112, 0, 32}, 0, 0, 16, 80, e4m3, false, true, false, "with empty groups"},
+           {{48, 0, 16, 112, 0, 32}, 0, 0, 16, 80, e4m3, false, false, true, "with empty groups"},
+           {{0, 0, 208, 0}, 0, 0, 32, 32, e5m2, true, true, true, "all rows in one group"},
+           // Odd sizes and widths: transposed runs that cross groups, unaligned rows.
+           {{3, 0, 17, 1, 0, 9, 130}, 0, 0, 5, 37, e4m3, true, true, true, "odd group sizes"},
+           {{0, 0, 0}, 0, 0, 7, 24, e4m3, true, true, true, "no rows in any group"},
+           // DeepSeek-V2-Lite's 64 experts at 128 rows each (its hidden size 2048): GPU-sized.
+           {std::vector<int32_t>(64, 128), 0, 0, 64, 2048, e5m2, true, true, true, "64 experts"},
+           // Expert stacks: one scale and amax per expert; codes, their transposes, or each.
+           {{}, 5, 48, 0, 80, e4m3, true, true, true, "expert stack"},
+           {{}, 5, 48, 0, 80, e4m3, true, false, false, "expert stack"},
+           {{}, 5, 48, 0, 80, e4m3, false, true, false, "expert stack"},
+           {{}, 5, 48, 0, 80, e4m3, false, false, true, "expert stack"},
+           {{}, 3, 7, 0, 13, e4m3, true, true, true, "odd expert stack"},
+           {{}, 4, 200, 0, 96, e4m3, true, true, true, "experts spanning tiles"}})
+    cases.push_back(fp8_grouped_cast_case(p));
+  return cases;
+}
+
 // Gradients kept in bf16 (main_grads_dtype bf16): every op that adds into a gradient adds its
 // fp32 result into the bf16 values and rounds once; the norm reads bf16.
 std::vector<OpCase> bf16_gradient_cases() {
@@ -1179,6 +1280,12 @@ std::vector<OpCase> moe_cases() {
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_fp8_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
     cases.push_back(std::move(c));
+  // More experts than a GPU backend first keeps aligned scale slots for (256): they grow.
+  std::vector<int32_t> many(300, 0);
+  for (size_t e = 3; e < many.size(); e += 37) many[e] = 16;
+  many.back() = 32;
+  for (auto& c : grouped_matmul_fp8_cases(many, 32, 16, "300 experts"))
+    cases.push_back(std::move(c));
   return cases;
 }
 
@@ -1398,8 +1505,9 @@ std::vector<OpCase> gathered_attention_cases() {
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
-                  gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases, reduction_and_optimizer_cases,
-                  bf16_gradient_cases, fp8_cases, init_and_conversion_cases})
+                  gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
+                  reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases,
+                  fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

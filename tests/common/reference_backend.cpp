@@ -146,6 +146,36 @@ void ReferenceBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
   }
 }
 
+// As the model cast its experts before the grouped cast: one fp8_cast_transpose per group
+// with rows, on the group's rows, into its row-major rows and its transposed block.
+void ReferenceBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
+  const MatrixDims d = matrix_dims(args.x);
+  std::vector<int64_t> o;
+  if (args.group_rows > 0) {
+    for (int64_t r = 0; r <= d.rows; r += args.group_rows) o.push_back(r);
+  } else {
+    const int32_t* offsets = ids(args.offsets, d.rows + 1, /*allow_negative=*/false);
+    o.assign(offsets, offsets + args.offsets.numel());
+  }
+  for (size_t g = 0; g + 1 < o.size(); ++g) {
+    const int64_t begin = o[g], rows = o[g + 1] - begin, n = rows * d.cols;
+    TS_CHECK(rows >= 0 && o[g + 1] <= d.rows, "reference backend: group {} rows [{}, {})", g, begin,
+             o[g + 1]);
+    if (rows == 0) continue;
+    auto slot = [g](const Tensor& t) {
+      return t.numel() == 1 ? t : t.flat_range(static_cast<int64_t>(g), 1);
+    };
+    Fp8CastArgs c;
+    c.x = args.x.flat_range(begin * d.cols, n).view({rows, d.cols});
+    if (args.out.defined()) c.out = args.out.flat_range(begin * d.cols, n).view({rows, d.cols});
+    if (args.out_t.defined())
+      c.out_t = args.out_t.flat_range(begin * d.cols, n).view({d.cols, rows});
+    if (c.out.defined() || c.out_t.defined()) c.scale = slot(args.scale);
+    if (args.amax.defined()) c.amax = slot(args.amax);
+    do_fp8_cast_transpose(c);
+  }
+}
+
 void ReferenceBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   const MatrixDims o = matrix_dims(args.out);
   const int64_t K = matrix_dims(args.a).cols;

@@ -27,6 +27,7 @@ class ReferenceBackend final : public CpuBackend {
   void do_matmul(const MatmulArgs& args) override;
   void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) override;
   void do_matmul_fp8(const Fp8MatmulArgs& args) override;
   void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
   void do_fp8_block_cast(const Fp8BlockCastArgs& args) override;

@@ -3,6 +3,8 @@
 // hybrid (per-tensor and blockwise) training on real text tracking bf16 training. Every
 // comparison prints its numbers.
 
+#include <tuple>
+
 #include <fmt/format.h>
 
 #include "common/experiment_yaml.h"
@@ -89,6 +91,107 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
       EXPECT_TRUE(std::isnan(fp8_bits_to_float(rg[7], format))) << "NaN must stay NaN";
       EXPECT_EQ(rg[5], float_to_fp8_bits(INFINITY, format)) << "Inf saturates";
     }
+  }
+}
+
+// The grouped cast against the CPU code for code at the MoE experts' shapes: an output
+// gradient over 64 expert groups of DeepSeek-V2-Lite's width (multiples of 16 rows, some
+// empty) with padding rows past them, odd groups, and an expert stack with a scale and amax
+// per expert. The padding rows hold NaN and Inf: no amax may see them and no code may be
+// written there. Then a NaN inside a group reaches its amax (only its expert's, in a stack).
+TEST(GpuFp8, GroupedCastMatchesTheCpuCodeForCode) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  struct Case {
+    std::vector<int32_t> sizes;   // offsets, or
+    int64_t experts, group_rows;  // a stack
+    int64_t padding, C;
+    DType format;
+  };
+  std::vector<int32_t> routed(64);
+  for (size_t g = 0; g < routed.size(); ++g) routed[g] = static_cast<int32_t>(16 * ((g * 7) % 23));
+  for (const Case& k : std::vector<Case>{{routed, 0, 0, 48, 2048, DType::E5M2},
+                                         {{5, 0, 33, 17, 0, 200, 1}, 0, 0, 7, 72, DType::E4M3},
+                                         {{}, 8, 352, 0, 512, DType::E4M3}}) {
+    const bool stack = k.group_rows > 0;
+    std::vector<int32_t> offsets = {0};
+    for (int32_t size : k.sizes) offsets.push_back(offsets.back() + size);
+    const int64_t G = stack ? k.experts : static_cast<int64_t>(k.sizes.size());
+    const int64_t used = stack ? k.experts * k.group_rows : offsets.back();
+    const int64_t R = used + k.padding, C = k.C, n = R * C, S = stack ? G : 1;
+    SCOPED_TRACE(fmt::format("{} G={} R={} C={}", dtype_name(k.format), G, R, C));
+    std::vector<float> x = round_bf16(random_normal(n, 23, 2.0f));
+    for (int64_t i = used * C; i < n; ++i) x[i] = i % 2 ? NAN : INFINITY;  // never read
+    std::vector<float> scales = random_normal(S, 24, 100.0f);
+    for (float& v : scales) v = std::fabs(v);
+    std::vector<uint8_t> pattern(n);
+    for (int64_t i = 0; i < n; ++i) pattern[i] = static_cast<uint8_t>((i * 37 + 11) % 0x70);
+    struct Side {
+      Tensor x, offsets, scale, amax, out, out_t;
+    };
+    auto run = [&](Backend& b, DeviceBuffer& buf, const Tensor& xt) {
+      Side s;
+      s.x = xt;
+      s.offsets = buf.tensor(DType::I32, {G + 1});
+      if (!stack) b.upload(s.offsets, offsets.data());
+      s.scale = buf.tensor(DType::F32, {S}, 1024);
+      s.amax = buf.tensor(DType::F32, {S}, 2048);
+      s.out = buf.tensor(k.format, {R, C}, 4096);
+      s.out_t = buf.tensor(k.format, {n}, 4096 + (n + 255) / 256 * 256);
+      b.upload(s.scale, scales.data());
+      b.fill(s.amax, 0.0f);
+      b.upload(s.out, pattern.data());
+      b.upload(s.out_t, pattern.data());
+      Fp8GroupedCastArgs g;
+      g.x = s.x;
+      g.group_rows = stack ? k.group_rows : 0;
+      if (!stack) g.offsets = s.offsets;
+      g.out = s.out, g.out_t = s.out_t, g.scale = s.scale, g.amax = s.amax;
+      b.fp8_grouped_cast(g);
+      return s;
+    };
+    const size_t bytes = 4096 + 2 * ((n + 255) / 256 * 256);
+    DeviceBuffer cb(*be.cpu, bytes + n * 4, "cpu"), gb(*be.gpu, bytes, "gpu");
+    const Tensor cx = cb.tensor(DType::F32, {R, C}, bytes);
+    be.cpu->upload(cx, x.data());
+    GuardedTensor gx(*be.gpu, DType::BF16, {R, C});
+    upload_float(*be.gpu, gx, x);
+    const Side c = run(*be.cpu, cb, cx), g = run(*be.gpu, gb, gx);
+    for (const auto& [ct, gt, what] :
+         {std::tuple{c.out, g.out, "codes"}, std::tuple{c.out_t, g.out_t, "transposed codes"}}) {
+      std::vector<uint8_t> want(n), got(n);
+      be.cpu->download(want.data(), ct);
+      be.gpu->download(got.data(), gt);
+      int64_t bad = 0, untouched = 0;
+      for (int64_t i = 0; i < n; ++i) bad += got[i] != want[i], untouched += got[i] == pattern[i];
+      EXPECT_EQ(bad, 0) << what << " differing from the CPU reference";
+      std::printf(
+          "[ fp8      ] grouped cast %-8s G%-3ld %6ldx%-5ld %-16s mismatches %ld, %ld "
+          "untouched\n",
+          std::string(dtype_name(k.format)).c_str(), static_cast<long>(G), static_cast<long>(R),
+          static_cast<long>(C), what, static_cast<long>(bad), static_cast<long>(untouched));
+    }
+    std::vector<float> want_amax(S), got_amax(S);
+    be.cpu->download(want_amax.data(), c.amax);
+    be.gpu->download(got_amax.data(), g.amax);
+    EXPECT_TRUE(want_amax == got_amax) << "amaxes differ from the CPU's";
+    for (float a : got_amax) EXPECT_TRUE(std::isfinite(a) && a > 0) << "amax " << a;
+    EXPECT_TRUE(gx.guards_intact());
+    // A NaN in the last non-empty group's rows (the last expert's, in a stack).
+    const int64_t at = (used - 1) * C + 3;
+    x[at] = NAN;
+    upload_float(*be.gpu, gx, x);
+    be.gpu->fill(g.amax, 0.0f);
+    Fp8GroupedCastArgs a;
+    a.x = gx;
+    a.group_rows = stack ? k.group_rows : 0;
+    if (!stack) a.offsets = g.offsets;
+    a.amax = g.amax;
+    be.gpu->fp8_grouped_cast(a);
+    be.gpu->download(got_amax.data(), g.amax);
+    EXPECT_TRUE(std::isnan(got_amax[S - 1])) << "the NaN must reach its group's amax";
+    for (int64_t e = 0; e + 1 < S; ++e) EXPECT_EQ(got_amax[e], want_amax[e]) << "expert " << e;
+    x[at] = 0.5f;
   }
 }
 

@@ -42,6 +42,20 @@ TEST(GpuOps, EveryOpMatchesTheReference) {
   }
 }
 
+// The MoE experts' FP8 ops alone (EveryOpMatchesTheReference runs them too): the grouped cast
+// and the grouped GEMMs, for a quick run after a change to either.
+TEST(GpuOps, GroupedFp8OpsMatchTheReference) {
+  TS_REQUIRE_GPU();
+  int cases = 0;
+  for (const OpCase& c : all_cases()) {
+    if (!c.name.starts_with("fp8_grouped_cast") && !c.name.starts_with("grouped_matmul_fp8"))
+      continue;
+    check_case(c, cuda(AttentionBackend::Tessera));
+    ++cases;
+  }
+  EXPECT_GT(cases, 0);
+}
+
 // attention_backend cudnn never falls back: every attention case runs on cuDNN or fails.
 TEST(GpuOps, AttentionOnCudnnMatchesTheReference) {
   TS_REQUIRE_GPU();

@@ -369,6 +369,26 @@ void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tenso
   backend_.fp8_cast_transpose(c);
 }
 
+// cast() over row groups: `slots` consecutive scaling slots from `slot`, one per group (an
+// expert stack's weights) or one for all groups (activations).
+void Fp8Linears::cast_groups(const Group& g, int64_t slot, int64_t slots, Fp8GroupedCastArgs c,
+                             bool record) {
+  c.scale = g.scale.flat_range(slot, slots);
+  const Tensor amax = g.history.flat_range(slot, slots);  // row 0
+  if (record && just_in_time()) {
+    if (options_.recipe == Fp8Recipe::Tensorwise) backend_.fill(amax, 0.0f);
+    Fp8GroupedCastArgs a = c;
+    a.out = a.out_t = Tensor{};
+    a.amax = amax;
+    backend_.fp8_grouped_cast(a);
+    update_scales(amax.view({1, slots}), c.scale, g.scale_inv.flat_range(slot, slots), g.format,
+                  /*most_recent=*/true, /*roll=*/false);
+  } else if (record) {
+    c.amax = amax;
+  }
+  if (c.out.defined() || c.out_t.defined()) backend_.fp8_grouped_cast(c);
+}
+
 // Weight i's codes, (out, in) or transposed (in, out). The weight's amax counts once per
 // cast of its values; a transposed re-cast (no cache) reuses the forward's scale.
 Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
@@ -452,13 +472,15 @@ Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_exper
   TS_CHECK(weight.numel() == E * n && first_expert >= 0 && first_expert + E <= l.experts,
            "fp8 {}: weight {} from expert {} is not {} of the {} experts' ({}, {})", l.name,
            weight.shape.str(), first_expert, E, l.experts, l.out, l.in);
+  // One launch for all experts: the stack as E groups of `out` rows, each expert with its
+  // own slot; the transposes (E, in, out) are the groups' transposed blocks.
   auto cast_all = [&](const Tensor& codes, const Tensor& codes_t, bool record) {
-    for (int64_t e = 0; e < E; ++e) {
-      const Tensor w = weight.flat_range(e * n, n).view({l.out, l.in});
-      cast(fwd_, expert_slot(i, first_expert + e), w,
-           codes.defined() ? codes.flat_range(e * n, n).view({l.out, l.in}) : Tensor{},
-           codes_t.defined() ? codes_t.flat_range(e * n, n).view({l.in, l.out}) : Tensor{}, record);
-    }
+    Fp8GroupedCastArgs c;
+    c.x = weight.view({E * l.out, l.in});
+    c.group_rows = l.out;
+    if (codes.defined()) c.out = codes.flat_range(0, E * n).view({E * l.out, l.in});
+    if (codes_t.defined()) c.out_t = codes_t.flat_range(0, E * n);
+    cast_groups(fwd_, expert_slot(i, first_expert), E, c, record);
   };
   const Shape shape = transposed ? Shape{E, l.in, l.out} : Shape{E, l.out, l.in};
   if (options_.weight_cache) {
@@ -473,21 +495,6 @@ Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_exper
   const Tensor dst = weight_scratch_.flat_range(0, E * n);
   cast_all(transposed ? Tensor{} : dst, transposed ? dst : Tensor{}, !transposed);
   return dst.view(shape);
-}
-
-void Fp8Linears::cast_groups_transposed(const Group& g, int64_t slot, const Tensor& x,
-                                        const Tensor& codes_t,
-                                        std::span<const int32_t> host_offsets) {
-  const int64_t C = x.dim(1);
-  for (size_t k = 0; k + 1 < host_offsets.size(); ++k) {
-    const int64_t begin = host_offsets[k], rows = host_offsets[k + 1] - begin;
-    if (rows == 0) continue;
-    Fp8CastArgs c;
-    c.x = x.flat_range(begin * C, rows * C).view({rows, C});
-    c.out_t = codes_t.flat_range(begin * C, rows * C).view({C, rows});
-    c.scale = g.scale.flat_range(slot, 1);
-    backend_.fp8_cast_transpose(c);
-  }
 }
 
 // Only the rows in groups are cast (and count towards the amaxes): rows past them are
@@ -525,13 +532,18 @@ void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, c
                in.numel() == R * l.in,
            "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
            in.shape.str(), R, l.out, l.in);
-  // dY row-major for the data gradient, and per group transposed for the weights'.
+  // dY in one pass: row-major for the data gradient, and per group transposed for the
+  // weights'.
   const Tensor dy = dy_codes_.flat_range(0, R * l.out).view({R, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, R * l.out);
-  if (used > 0)
-    cast(bwd_, i, dout.flat_range(0, used * l.out).view({used, l.out}),
-         dy.flat_range(0, used * l.out).view({used, l.out}), {}, true);
-  cast_groups_transposed(bwd_, i, dout, dy_t, groups.host_offsets);
+  if (used > 0) {
+    Fp8GroupedCastArgs c;
+    c.x = dout.view({R, l.out});
+    c.offsets = groups.offsets;
+    c.out = dy;
+    c.out_t = dy_t;
+    cast_groups(bwd_, i, 1, c, true);
+  }
   if (din.defined()) {
     GroupedFp8MatmulArgs d;
     d.out = din;
@@ -547,7 +559,13 @@ void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, c
   }
   // The input per group transposed, with the scale its forward cast used.
   const Tensor x_t = x_codes_.flat_range(0, R * l.in);
-  cast_groups_transposed(fwd_, input_slot(i), in, x_t, groups.host_offsets);
+  if (used > 0) {
+    Fp8GroupedCastArgs c;
+    c.x = in.view({R, l.in});
+    c.offsets = groups.offsets;
+    c.out_t = x_t;
+    cast_groups(fwd_, input_slot(i), 1, c, false);
+  }
   GroupedFp8MatmulWgradArgs w;
   w.out = dweight;
   w.a_t = dy_t;

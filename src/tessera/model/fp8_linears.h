@@ -149,10 +149,9 @@ class Fp8Linears {
   // Expert stack i's codes of this rank's experts, (local, out, in) or transposed per expert
   // (local, in, out); their scale_invs are the forward columns expert_slot(i, first_expert)...
   Tensor expert_codes(int i, const Tensor& weight, int64_t first_expert, bool transposed);
-  // Casts rows [offsets[g], offsets[g+1]) of x (R, C) for every group into codes_t, each
-  // group's block transposed in place (the grouped wgrad's layout), with the scale of `slot`.
-  void cast_groups_transposed(const Group& g, int64_t slot, const Tensor& x, const Tensor& codes_t,
-                              std::span<const int32_t> host_offsets);
+  // cast() of x in row groups (c without scale and amax: backend.h's fp8_grouped_cast) with
+  // the scales of `slots` consecutive slots from `slot`: one per group, or 1 for all.
+  void cast_groups(const Group& g, int64_t slot, int64_t slots, Fp8GroupedCastArgs c, bool record);
   int64_t input_slot(int i) const { return fwd_column_[i]; }
   int64_t weight_slot(int i) const { return fwd_column_[i] + 1; }
   int64_t expert_slot(int i, int64_t expert) const { return fwd_column_[i] + 1 + expert; }

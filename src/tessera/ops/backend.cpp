@@ -207,6 +207,43 @@ void Backend::fp8_cast_transpose(const Fp8CastArgs& args) {
   do_fp8_cast_transpose(args);
 }
 
+void Backend::fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
+  const OpScope scope(*this, "fp8_grouped_cast", [&] { return op_args::rows_cols(args.x); });
+  const OpChecks check(*this, "fp8_grouped_cast");
+  check.placed(args.x, "x");
+  const MatrixDims d = matrix_dims(args.x);
+  check.that((args.group_rows > 0) != args.offsets.defined(),
+             "groups need either group_rows ({}) or offsets ({}), not both", args.group_rows,
+             args.offsets.defined() ? args.offsets.shape.str() : "undefined");
+  int64_t G = 0;
+  if (args.group_rows > 0) {
+    check.that(d.rows % args.group_rows == 0, "{} rows are not groups of {}", d.rows,
+               args.group_rows);
+    G = d.rows / args.group_rows;
+  } else {
+    check.placed(args.offsets, "offsets");
+    G = args.offsets.numel() - 1;
+    check.that(G >= 0, "no offsets");
+  }
+  for (const auto& [t, what] : {std::pair{&args.out, "out"}, std::pair{&args.out_t, "out_t"}}) {
+    if (!t->defined()) continue;
+    check.count(*t, d.rows * d.cols, what);
+    check.that(is_fp8(t->dtype), "{} dtype {} is not fp8", what, dtype_name(t->dtype));
+  }
+  check.that(!args.out.defined() || !args.out_t.defined() || args.out.dtype == args.out_t.dtype,
+             "out {} and out_t {} differ", dtype_name(args.out.dtype),
+             dtype_name(args.out_t.dtype));
+  for (const auto& [t, what, used] :
+       {std::tuple{&args.scale, "scale", args.out.defined() || args.out_t.defined()},
+        std::tuple{&args.amax, "amax", args.amax.defined()}}) {
+    if (!used) continue;
+    check.placed(*t, what);
+    check.that(t->numel() == 1 || t->numel() == G, "{} has {} values for {} groups (1 or {})", what,
+               t->numel(), G, G);
+  }
+  do_fp8_grouped_cast(args);
+}
+
 void Backend::matmul_fp8(const Fp8MatmulArgs& args) {
   const OpScope scope(*this, "matmul_fp8", [&] { return op_args::matmul_fp8(args); });
   const OpChecks check(*this, "matmul_fp8");

@@ -155,6 +155,29 @@ struct Fp8CastArgs {
   Tensor amax;    // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
 };
 
+// Per-tensor scaled FP8 cast of x (R, C) cut into G row groups, each with its codes row-major
+// and/or transposed in place: group g's rows [o_g, o_g+1) as a (C, o_g+1 - o_g) block at element
+// o_g * C of out_t (the "group-transposed" layout GroupedFp8MatmulWgradArgs reads), in one pass
+// over x. Its two uses in an MoE layer's FP8 experts are one op because they are one cast:
+//   activations: rows grouped by expert (offsets, read on the device, so no step waits for the
+//     host), one scale and one amax for all (the tensor's); rows from o_G on are neither read
+//     nor written (padding the grouped GEMMs never read);
+//   an expert stack (E, out, in) viewed as (E * out, in): E groups of `out` rows (group_rows),
+//     each expert with its own scale and amax (consecutive slots), and out_t (E, in, out).
+// Group g uses scale[g] and amax[g] when those hold G values, else the single one.
+//   codes = saturate(round_to_nearest_even(x * scale)), as fp8_cast_transpose's.
+struct Fp8GroupedCastArgs {
+  Tensor x;                // (R, C) compute dtype
+  int64_t group_rows = 0;  // > 0: G = R / group_rows groups, o_g = g * group_rows; 0: offsets
+  Tensor offsets;          // (G + 1) int32, o_g = offsets[g]: 0 at g = 0, non-decreasing,
+                           // offsets[G] <= R
+  Tensor out;              // (R, C) e4m3 or e5m2, or undefined
+  Tensor out_t;            // R * C like out (group-transposed), or undefined
+  Tensor scale;            // (1) or (G) fp32; read when out or out_t is defined
+  Tensor amax;             // (1) or (G) fp32 >= 0, or undefined: max(amax, max |x| over the
+                           // group's rows), NaN or Inf when they hold one
+};
+
 // out = alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + beta * c (+ bias), accumulated in
 // fp32. Both operands are K-major ("TN", the only FP8 layout Hopper tensor cores take), so
 // callers pass transposed copies where the bf16 GEMM would use a trans flag. a and b may
@@ -389,6 +412,7 @@ class Backend {
   // FP8 (structs above). The CPU backend emulates them: codes from core/fp8.h, then an fp32
   // GEMM of the dequantised values.
   void fp8_cast_transpose(const Fp8CastArgs& args);
+  void fp8_grouped_cast(const Fp8GroupedCastArgs& args);
   void matmul_fp8(const Fp8MatmulArgs& args);
   void fp8_update_scales(const Fp8ScaleUpdateArgs& args);
   void fp8_block_cast(const Fp8BlockCastArgs& args);
@@ -578,6 +602,7 @@ class Backend {
   virtual void do_matmul(const MatmulArgs& args) = 0;
   virtual void do_bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
   virtual void do_fp8_cast_transpose(const Fp8CastArgs& args) = 0;
+  virtual void do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) = 0;
   virtual void do_matmul_fp8(const Fp8MatmulArgs& args) = 0;
   virtual void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
   virtual void do_fp8_block_cast(const Fp8BlockCastArgs& args) = 0;

@@ -61,6 +61,7 @@ class CpuBackend : public Backend {
   void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
   // Emulated FP8 (cpu_fp8.cpp): fp32 inputs, fp8 codes, fp32 GEMM of dequantised values.
   void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) override;
   void do_matmul_fp8(const Fp8MatmulArgs& args) override;
   void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
   void do_fp8_block_cast(const Fp8BlockCastArgs& args) override;

@@ -68,6 +68,58 @@ void CpuBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
   }
 }
 
+// Group by group, as the per-group casts it replaces: the amax of the group's rows, then each
+// element's code into its row-major place and its place in the group's transposed block.
+void CpuBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
+  const char* op = "fp8_grouped_cast";
+  const OpChecks check(kBackend, DeviceKind::CPU, op);
+  expect_f32(args.x, op, "x");
+  const auto [R, C] = matrix_dims(args.x);
+  // Group bounds o_0 .. o_G.
+  std::vector<int64_t> o;
+  if (args.group_rows > 0) {
+    for (int64_t r = 0; r <= R; r += args.group_rows) o.push_back(r);
+  } else {
+    check.dtype(args.offsets, DType::I32, "offsets");
+    const int32_t* offsets = args.offsets.as<int32_t>();
+    o.assign(offsets, offsets + args.offsets.numel());
+    for (size_t g = 0; g + 1 < o.size(); ++g)
+      check.that(o[g] <= o[g + 1], "offsets decrease at group {} ({} > {})", g, o[g], o[g + 1]);
+    check.that(o.front() == 0 && o.back() <= R, "offsets [{}, {}] are not inside the {} rows",
+               o.front(), o.back(), R);
+  }
+  const int64_t G = static_cast<int64_t>(o.size()) - 1;
+  const float* x = args.x.as<float>();
+  const bool cast = args.out.defined() || args.out_t.defined();
+  if (cast) expect_f32(args.scale, op, "scale");
+  if (args.amax.defined()) expect_f32(args.amax, op, "amax");
+  const DType format = args.out.defined() ? args.out.dtype : args.out_t.dtype;
+  uint8_t* out = args.out.defined() ? args.out.as<uint8_t>() : nullptr;
+  uint8_t* out_t = args.out_t.defined() ? args.out_t.as<uint8_t>() : nullptr;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t begin = o[g], rows = o[g + 1] - begin;
+    if (args.amax.defined()) {
+      // NaN compares false, so it is tracked apart: a NaN anywhere makes the amax NaN.
+      float& amax = args.amax.as<float>()[args.amax.numel() == 1 ? 0 : g];
+      for (int64_t i = begin * C; i < (begin + rows) * C && !std::isnan(amax); ++i) {
+        const float a = std::fabs(x[i]);
+        if (std::isnan(a) || a > amax) amax = a;
+      }
+    }
+    if (!cast) continue;
+    const float scale = args.scale.as<float>()[args.scale.numel() == 1 ? 0 : g];
+    uint8_t* block_t = out_t ? out_t + begin * C : nullptr;  // (C, rows)
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < C; ++c) {
+        const uint8_t q = float_to_fp8_bits(x[(begin + r) * C + c] * scale, format);
+        if (out) out[(begin + r) * C + c] = q;
+        if (block_t) block_t[c * rows + r] = q;
+      }
+    }
+  }
+}
+
 void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   const char* op = "matmul_fp8";
   expect_f32(args.out, op, "out");

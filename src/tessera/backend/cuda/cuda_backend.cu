@@ -38,8 +38,18 @@ constexpr std::string_view kBackend = "cuda";  // how op-check messages name thi
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 // Scratch grows in steps of this size, so that slightly larger requests do not reallocate.
 constexpr size_t kScratchGranule = size_t{1} << 20;
-// Where FP8 GEMM scales that are not 16-byte aligned are copied for cuBLASLt.
-constexpr size_t kFp8ScaleSlotBytes = 512;
+// Where FP8 GEMM scales that are not 16-byte aligned are copied for cuBLASLt: two 256-byte
+// tensor-scale slots (a, b), then one 16-byte slot per weight of a grouped GEMM, first
+// allocated with room for kFp8PlannedWeightSlots (DeepSeek-V3's 256 routed experts: every
+// preset's experts on one rank) and grown past that by the grouped GEMM that needs more.
+constexpr size_t kFp8TensorSlotFloats = 64;
+constexpr size_t kFp8WeightSlotFloats = 4;
+constexpr int64_t kFp8PlannedWeightSlots = 256;
+constexpr size_t fp8_scale_slot_bytes(int64_t weight_slots) {
+  return (2 * kFp8TensorSlotFloats + kFp8WeightSlotFloats * static_cast<size_t>(weight_slots)) *
+         sizeof(float);
+}
+constexpr size_t kFp8ScaleSlotBytes = fp8_scale_slot_bytes(kFp8PlannedWeightSlots);
 
 std::string gib(size_t bytes) {
   char buf[32];
@@ -388,6 +398,31 @@ void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
                            format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
 }
 
+void CudaBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
+  const char* op = "fp8_grouped_cast";
+  expect_float(args.x, op, "x");
+  const MatrixDims d = matrix_dims(args.x);
+  const DType format = args.out.defined()     ? args.out.dtype
+                       : args.out_t.defined() ? args.out_t.dtype
+                                              : DType::E4M3;
+  const bool cast = args.out.defined() || args.out_t.defined();
+  if (cast) expect_type(args.scale, DType::F32, op, "scale");
+  if (args.amax.defined()) expect_type(args.amax, DType::F32, op, "amax");
+  int64_t G = 0;
+  if (args.group_rows > 0) {
+    G = d.rows / args.group_rows;
+  } else {
+    expect_type(args.offsets, DType::I32, op, "offsets");
+    G = args.offsets.numel() - 1;
+  }
+  cuda::fp8_grouped_cast(args.x.data, args.x.dtype, d.rows, d.cols, args.group_rows,
+                         args.group_rows > 0 ? nullptr : args.offsets.as<int32_t>(), G,
+                         cast ? args.scale.as<float>() : nullptr, cast && args.scale.numel() > 1,
+                         args.out.data, args.out_t.data, format,
+                         args.amax.defined() ? args.amax.as<float>() : nullptr,
+                         args.amax.defined() && args.amax.numel() > 1, stream_);
+}
+
 void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   const char* op = "matmul_fp8";
   expect_float(args.out, op, "out");
@@ -441,13 +476,32 @@ void CudaBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
   lt_->run(p, stream_);
 }
 
+float* CudaBackend::fp8_scale_slots(int64_t weight_slots) {
+  if (fp8_scale_slots_ != nullptr && weight_slots <= fp8_weight_slots_) return fp8_scale_slots_;
+  // release() waits for the device: no queued GEMM still reads the old slots.
+  release(fp8_scale_slots_);
+  fp8_scale_slots_ = nullptr;
+  fp8_weight_slots_ = std::max(weight_slots, kFp8PlannedWeightSlots);
+  fp8_scale_slots_ =
+      static_cast<float*>(allocate(fp8_scale_slot_bytes(fp8_weight_slots_), "fp8 gemm scales"));
+  return fp8_scale_slots_;
+}
+
 const float* CudaBackend::aligned_fp8_scale(const float* scale, int slot) {
   if (reinterpret_cast<uintptr_t>(scale) % 16 == 0) return scale;
-  if (fp8_scale_slots_ == nullptr)
-    fp8_scale_slots_ = static_cast<float*>(allocate(kFp8ScaleSlotBytes, "fp8 gemm scales"));
-  // Stream order keeps the slot's value until the GEMM queued next has read it.
-  float* aligned = fp8_scale_slots_ + 64 * slot;
+  // Stream order keeps the slot's value until the GEMMs queued before the next copy have
+  // read it.
+  float* aligned = fp8_scale_slots(0) + kFp8TensorSlotFloats * slot;
   TS_CUDA_CHECK(cudaMemcpyAsync(aligned, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+  return aligned;
+}
+
+const float* CudaBackend::aligned_fp8_weight_scales(const float* scales, int64_t count) {
+  float* aligned = fp8_scale_slots(count) + 2 * kFp8TensorSlotFloats;
+  // One strided copy: scale w lands at aligned[kFp8WeightSlotFloats * w].
+  TS_CUDA_CHECK(cudaMemcpy2DAsync(aligned, kFp8WeightSlotFloats * sizeof(float), scales,
+                                  sizeof(float), sizeof(float), static_cast<size_t>(count),
+                                  cudaMemcpyDeviceToDevice, stream_));
   return aligned;
 }
 
@@ -991,9 +1045,10 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
 }
 
 // The FP8 grouped GEMMs: one cuBLASLt FP8 GEMM per group with rows, as do_grouped_matmul.
-// Each expert's weight scale is its own element of b_scale_inv, copied to an aligned slot
-// when cuBLASLt could not read it in place (one copy per group; stream order keeps it until
-// that group's GEMM has run).
+// cuBLASLt reads a scale only from a 16-byte aligned address, and the experts' scale_invs sit
+// side by side: the activation's scale is copied to its slot once, every weight's scale to
+// its own slot in one strided copy, all before the GEMMs are queued (stream order keeps the
+// slots' values until they have run, whatever a later op copies there).
 void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
   const char* op = "grouped_matmul_fp8";
   expect_float(a.out, op, "out");
@@ -1009,6 +1064,12 @@ void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
              "cuda grouped_matmul_fp8: an operand at {} is not 16-byte aligned", t->data);
   const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t out_elem = dtype_size(a.out.dtype);
+  const float* a_scale = nullptr;
+  const float* b_scales = nullptr;
+  if (a.host_offsets[G] > 0) {
+    b_scales = aligned_fp8_weight_scales(a.b_scale_inv.as<float>(), a.b.dim(0));
+    a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
+  }
   for (int64_t g = 0; g < G; ++g) {
     const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
     const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
@@ -1026,8 +1087,8 @@ void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
     p.b_dtype = a.b.dtype;
     p.M = rows, p.N = N, p.K = K;
     p.trans_a = false, p.trans_b = true;
-    p.a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
-    p.b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>() + w, 1);
+    p.a_scale = a_scale;
+    p.b_scale = b_scales + kFp8WeightSlotFloats * w;
     p.fast_accum = a.fast_accum;
     p.tune = false;  // routed row counts: a new shape nearly every call
     lt_->run(p, stream_);
@@ -1053,6 +1114,13 @@ void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a
              "cuda grouped_matmul_fp8_wgrad: an operand at {} is not 16-byte aligned", t->data);
   const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t out_elem = dtype_size(a.out.dtype);
+  // Both operands have one scale: copied once, before the GEMMs (as in do_grouped_matmul_fp8).
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  if (a.host_offsets[G] > 0) {
+    a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
+    b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>(), 1);
+  }
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
   for (int64_t g = 0; g < G; ++g) {
@@ -1073,8 +1141,8 @@ void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a
     p.M = M, p.N = N, p.K = rows;
     p.trans_a = false, p.trans_b = true;
     p.beta = started[w] ? 1.0f : a.beta;
-    p.a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
-    p.b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>(), 1);
+    p.a_scale = a_scale;
+    p.b_scale = b_scale;
     p.fast_accum = a.fast_accum;
     p.tune = false;
     lt_->run(p, stream_);

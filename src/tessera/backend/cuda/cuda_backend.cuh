@@ -95,6 +95,7 @@ class CudaBackend final : public Backend {
   void do_matmul(const MatmulArgs& args) override;
   void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void do_fp8_cast_transpose(const Fp8CastArgs& args) override;
+  void do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) override;
   void do_matmul_fp8(const Fp8MatmulArgs& args) override;
   void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) override;
   void do_fp8_block_cast(const Fp8BlockCastArgs& args) override;
@@ -178,9 +179,15 @@ class CudaBackend final : public Backend {
   // At least `bytes` of device scratch, valid until the next call (ops run in stream order,
   // so one op's scratch is free again when the next op starts).
   void* scratch(size_t bytes);
+  // The FP8 scale slots with room for `weight_slots` weight scales (allocated, or grown).
+  float* fp8_scale_slots(int64_t weight_slots);
   // A tensor scale cuBLASLt can read: `scale` itself when 16-byte aligned, else slot `slot`
   // (0 or 1) of fp8_scale_slots_ after a copy queued on the stream.
   const float* aligned_fp8_scale(const float* scale, int slot);
+  // `count` consecutive weight scales copied (one strided copy queued on the stream) into
+  // 16-byte slots: scale w at the result + 4 * w. Call before aligned_fp8_scale for the same
+  // GEMMs: growing the slots moves them.
+  const float* aligned_fp8_weight_scales(const float* scales, int64_t count);
   // The attention rule above for one call: true = cuDNN, false = Tessera's kernels; throws
   // ConfigError under attention_backend cudnn when cuDNN cannot take the call.
   bool use_cudnn_attention(const AttentionShape& s, bool backward,
@@ -199,8 +206,10 @@ class CudaBackend final : public Backend {
 
   void* scratch_ = nullptr;
   // Two 256-byte slots that FP8 GEMM scales are copied to when theirs are not 16-byte aligned
-  // (cuBLASLt refuses every FP8 algorithm for such scale pointers).
+  // (cuBLASLt refuses every FP8 algorithm for such scale pointers), then fp8_weight_slots_
+  // 16-byte slots for a grouped GEMM's weight scales.
   float* fp8_scale_slots_ = nullptr;
+  int64_t fp8_weight_slots_ = 0;
   size_t scratch_bytes_ = 0;
   void* lt_workspace_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;

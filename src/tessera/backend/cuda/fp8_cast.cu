@@ -162,6 +162,175 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
   }
 }
 
+// fp8_cast_transpose_kernel's tile, loads and transposes over row groups. Each tile first
+// maps its rows to their groups (one row per thread, a binary search of the offsets): a tile
+// may span several groups, and a group's scale and amax follow its rows. The transposed runs
+// of 16 rows stay single 16-byte stores wherever a run lies in one group at an aligned
+// address, which holds throughout when every group is a multiple of 16 rows (the experts'
+// activations and weights); other runs go byte by byte.
+template <class T, __nv_fp8_interpretation_t kFormat>
+__global__ void __launch_bounds__(kCastThreads)
+    fp8_grouped_cast_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t group_rows,
+                            const int32_t* __restrict__ offsets, int64_t G,
+                            const float* __restrict__ scale, bool per_group_scale,
+                            uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                            unsigned* __restrict__ amax_bits, bool per_group_amax, bool vec_in,
+                            bool aligned_t) {
+  __shared__ __align__(16) uint8_t tile[kTileRows][kTileCols + 4];
+  __shared__ int64_t row_group[kTileRows];  // -1: the row is in no group
+  __shared__ int64_t group_begin[kTileRows], group_size[kTileRows];
+  __shared__ float row_scale[kTileRows];
+  // Per-group amaxes, at the tile row where the group's rows in this tile start.
+  __shared__ unsigned group_amax[kTileRows];
+  __shared__ unsigned warp_amax[kCastThreads / 32];
+  // Clamped into [0, R]: whatever the offsets hold, no access leaves x.
+  int64_t used = R;
+  if (offsets != nullptr) used = offsets[G] < 0 ? 0 : offsets[G] < R ? offsets[G] : R;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
+  if (r0 >= used) return;  // the whole block: no barrier is left waiting
+  const bool cast = out != nullptr || out_t != nullptr;
+  const int t = threadIdx.x;
+  static_assert(kCastThreads == kTileRows, "one thread maps each tile row to its group");
+  {
+    const int64_t r = r0 + t;
+    int64_t g = -1, begin = 0, size = 0;
+    if (r < used) {
+      if (offsets == nullptr) {
+        g = r / group_rows;
+        begin = g * group_rows;
+        size = group_rows;
+      } else {  // the last g with offsets[g] <= r: offsets[g] <= r < offsets[g + 1]
+        int64_t lo = 0, hi = G - 1;
+        while (lo < hi) {
+          const int64_t mid = (lo + hi + 1) / 2;
+          if (offsets[mid] <= r) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
+        }
+        g = lo;
+        begin = offsets[g];
+        size = offsets[g + 1] - begin;
+      }
+    }
+    row_group[t] = g;
+    group_begin[t] = begin;
+    group_size[t] = size;
+    row_scale[t] = cast && g >= 0 ? scale[per_group_scale ? g : 0] : 1.0f;
+    group_amax[t] = 0;
+  }
+  __syncthreads();
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
+  const int tc = (t % (kTileCols / kPack)) * kPack;
+  const int64_t c = c0 + tc;
+  alignas(16) T v[kLoadPasses][kPack];
+#pragma unroll
+  for (int pass = 0; pass < kLoadPasses; ++pass) {
+    const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
+    if (vec_in) {
+      if (r < used && c < C) {
+#pragma unroll
+        for (int k = 0; k < kPack; k += kVec16<T>)
+          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
+              load_pack<T, kVec16<T>>(x + r * C + c + k);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPack; ++k)
+        if (r < used && c + k < C) v[pass][k] = x[r * C + c + k];
+    }
+  }
+  unsigned m = 0;
+#pragma unroll
+  for (int pass = 0; pass < kLoadPasses; ++pass) {
+    const int tr = t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
+    const int64_t r = r0 + tr;
+    const float s = row_scale[tr];
+    uint32_t words[2] = {0, 0};
+    unsigned row_m = 0;
+#pragma unroll
+    for (int k = 0; k < kPack; k += 2) {
+      const bool in0 = r < used && c + k < C, in1 = r < used && c + k + 1 < C;
+      const float a = in0 ? to_float(v[pass][k]) : 0.0f, b = in1 ? to_float(v[pass][k + 1]) : 0.0f;
+      row_m = max(row_m, max(__float_as_uint(fabsf(a)), __float_as_uint(fabsf(b))));
+      if (cast) words[k / 4] |= to_fp8x2<kFormat>(a * s, b * s) << (16 * (k / 2 % 2));
+    }
+    if (per_group_amax) {
+      if (row_m != 0)
+        atomicMax(&group_amax[group_begin[tr] > r0 ? group_begin[tr] - r0 : 0], row_m);
+    } else {
+      m = max(m, row_m);
+    }
+    if (out != nullptr && r < used) {
+      if (vec_in) {
+        if (c < C) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kPack; ++k)
+          if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
+      }
+    }
+    if (out_t != nullptr) {
+      *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = words[0];
+      *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = words[1];
+    }
+  }
+  if (amax_bits != nullptr && !per_group_amax) {
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (t % 32 == 0) warp_amax[t / 32] = m;
+  }
+  __syncthreads();
+  if (amax_bits != nullptr) {
+    if (per_group_amax) {
+      if (group_amax[t] != 0) atomicMax(amax_bits + row_group[t], group_amax[t]);
+    } else if (t == 0) {
+      unsigned block_max = 0;
+#pragma unroll
+      for (int w = 0; w < kCastThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
+      if (block_max != 0) atomicMax(amax_bits, block_max);
+    }
+  }
+  if (out_t == nullptr) return;
+  // Thread t writes columns c0 + cg .. c0 + cg + 4 of x (rows of the groups' blocks), tile
+  // rows j0 .. j0 + 16, as fp8_cast_transpose_kernel does.
+  const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
+  uint32_t run[4][kRunT / 4];
+#pragma unroll
+  for (int j = 0; j < kRunT; j += 4) {
+    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
+    uint32_t cols[4];
+    transpose_4x4_bytes(rows, cols);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
+  }
+  if (row_group[j0] < 0) return;  // rows past the groups come only after rows in them
+  const int64_t r = r0 + j0;
+  const bool one_group = row_group[j0 + kRunT - 1] == row_group[j0];
+  const int64_t begin = group_begin[j0], size = group_size[j0];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int64_t oc = c0 + cg + k;
+    if (oc >= C) break;
+    const int64_t at = begin * C + oc * size + (r - begin);
+    if (one_group && aligned_t && at % 16 == 0) {
+      *reinterpret_cast<uint4*>(out_t + at) =
+          make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+    } else {
+#pragma unroll
+      for (int b = 0; b < kRunT; ++b) {
+        if (row_group[j0 + b] < 0) break;
+        const int64_t gb = group_begin[j0 + b];
+        out_t[gb * C + oc * group_size[j0 + b] + (r + b - gb)] =
+            static_cast<uint8_t>(run[k][b / 4] >> (8 * (b % 4)));
+      }
+    }
+  }
+}
+
 __global__ void fp8_update_scales_kernel(float* history, int64_t H, int64_t S, float* scale,
                                          float* scale_inv, float* nonfinite, float fp8_max,
                                          int margin, bool most_recent, bool roll) {
@@ -216,6 +385,39 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
     }
   });
   TS_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");
+}
+
+void fp8_grouped_cast(const void* x, DType x_dtype, int64_t R, int64_t C, int64_t group_rows,
+                      const int32_t* offsets, int64_t G, const float* scale, bool per_group_scale,
+                      void* out, void* out_t, DType format, float* amax, bool per_group_amax,
+                      cudaStream_t stream) {
+  NvtxRange range("fp8_grouped_cast");
+  if (R == 0 || C == 0 || G == 0) return;
+  const int64_t grid_y = ceil_div(R, kTileRows);
+  TS_CHECK(grid_y <= 65535, "fp8_grouped_cast: {} rows exceed the grid ({} max)", R,
+           int64_t{65535} * kTileRows);
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kTileCols)), static_cast<unsigned>(grid_y));
+  auto* o = static_cast<uint8_t*>(out);
+  auto* ot = static_cast<uint8_t*>(out_t);
+  auto* a = reinterpret_cast<unsigned*>(amax);
+  const bool vec_in = C % kPack == 0 && is_aligned(x, 16) && (o == nullptr || is_aligned(o, kPack));
+  const bool aligned_t = ot == nullptr || is_aligned(ot, kRunT);
+  dispatch_float(x_dtype, "fp8_grouped_cast", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(x);
+    if (format == DType::E5M2) {
+      fp8_grouped_cast_kernel<T, __NV_E5M2><<<grid, kCastThreads, 0, stream>>>(
+          in, R, C, group_rows, offsets, G, scale, per_group_scale, o, ot, a, per_group_amax,
+          vec_in, aligned_t);
+    } else {
+      TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
+               "fp8_grouped_cast: output dtype {} is not fp8", dtype_name(format));
+      fp8_grouped_cast_kernel<T, __NV_E4M3><<<grid, kCastThreads, 0, stream>>>(
+          in, R, C, group_rows, offsets, G, scale, per_group_scale, o, ot, a, per_group_amax,
+          vec_in, aligned_t);
+    }
+  });
+  TS_CUDA_CHECK_LAUNCH("fp8_grouped_cast_kernel");
 }
 
 void fp8_update_scales(float* history, int64_t H, int64_t S, float* scale, float* scale_inv,

@@ -16,6 +16,18 @@ namespace tessera::cuda {
 void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, const float* scale,
                         void* out, void* out_t, DType format, float* amax, cudaStream_t stream);
 
+// Grouped cast (ops/backend.h: fp8_grouped_cast): x (R, C) in G row groups, either equal
+// groups of group_rows rows (group_rows > 0) or offsets (G + 1 int32 on the device; rows from
+// offsets[G] on are neither read nor written). Group g's codes, satfinite_rn(x * scale_g), go
+// to out (R, C) row-major and/or to out_t in the group-transposed layout ((C, rows_g) at
+// element begin_g * C); amax (may be null) = max(amax_g, max |x| of the group's rows).
+// scale_g / amax_g: scale[g] / amax[g] when per_group_scale / per_group_amax, else scale[0]
+// / amax[0].
+void fp8_grouped_cast(const void* x, DType x_dtype, int64_t R, int64_t C, int64_t group_rows,
+                      const int32_t* offsets, int64_t G, const float* scale, bool per_group_scale,
+                      void* out, void* out_t, DType format, float* amax, bool per_group_amax,
+                      cudaStream_t stream);
+
 // history (H, S), scale and scale_inv (S): one thread per column, as
 // fp8_update_scales_reference. nonfinite (may be null) is set to NaN when an amax of row 0
 // is non-finite.
