@@ -171,18 +171,23 @@ if want peer; then
     timeout 240 python3 "$ROOT/.device/peer/torch_llama.py" $args --compile --json "$OUT/peer.jsonl" 2>&1 | tail -1
   done
 fi
+# Megatron's precision-aware optimizer with bf16 gradients and moments (bench model --full's
+# state): the optimizer's bytes per parameter from ~30 to ~20.
+BF16_STATE="--use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16"
 if want moe; then
   echo "== MoE proxies (4 layers, seq 8192, mbs 1): real and force-balanced routing, BF16 and FP8; the peer"
-  # Megatron's precision-aware optimizer with bf16 gradients and moments (bench model --full's
-  # state): the optimizer's bytes per parameter from ~30 to ~20.
-  BF16_STATE="--use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16"
   for run in "mixtral_8x7B bf16_routed" "mixtral_8x7B bf16_balanced --moe_force_balance true" \
              "mixtral_8x7B fp8_routed --fp8 hybrid" "mixtral_8x7B fp8_balanced --fp8 hybrid --moe_force_balance true" \
              "qwen3_30B_A3B bf16_routed" "qwen3_30B_A3B bf16_balanced --moe_force_balance true" \
              "mixtral_8x7B bf16state_routed $BF16_STATE" \
-             "mixtral_8x7B bf16state_balanced $BF16_STATE --moe_force_balance true"; do
+             "mixtral_8x7B bf16state_balanced $BF16_STATE --moe_force_balance true" \
+             "mixtral_8x7B fp8state_routed --fp8 hybrid $BF16_STATE" \
+             "mixtral_8x7B fp8state_balanced --fp8 hybrid $BF16_STATE --moe_force_balance true" \
+             "qwen3_30B_A3B bf16state_routed $BF16_STATE"; do
     set -- $run
     model="$1" name="$1_$2"; shift 2
+    # MOE_ONLY (a regular expression) picks runs by name, to fit one call.
+    [[ -z "${MOE_ONLY:-}" || "$name" =~ $MOE_ONLY ]] || continue
     timeout 240 "$BIN/tessera" bench model --models "$model" "$@" -o "$OUT/moe_$name" \
       2>&1 | tee "$OUT/moe_$name.log" | tail -3
   done
@@ -191,9 +196,11 @@ if want moe; then
 fi
 if want deepseek; then
   echo "== DeepSeek-V2-Lite proxy (4 layers, every one MoE, seq 8192, mbs 1): real and force-balanced routing"
-  for run in "bf16_routed" "bf16_balanced --moe_force_balance true" "fp8_routed --fp8 hybrid"; do
+  for run in "bf16_routed" "bf16_balanced --moe_force_balance true" "fp8_routed --fp8 hybrid" \
+             "bf16state_routed $BF16_STATE" "fp8state_routed --fp8 hybrid $BF16_STATE"; do
     set -- $run
     name="deepseek_v2_lite_$1"; shift
+    [[ -z "${MOE_ONLY:-}" || "$name" =~ $MOE_ONLY ]] || continue
     timeout 240 "$BIN/tessera" bench model --models deepseek_v2_lite --moe_layer_freq 1 "$@" \
       -o "$OUT/moe_$name" 2>&1 | tee "$OUT/moe_$name.log" | tail -3
   done
