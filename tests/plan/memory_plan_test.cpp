@@ -274,6 +274,18 @@ TEST(MemoryPlan, MatchesRealPeakOnCpuBackend) {
   }
 }
 
+// The largest peak of `world` thread ranks' backends over one training iteration.
+size_t largest_rank_peak(const Experiment& e, int world) {
+  std::vector<size_t> peaks(world);
+  dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
+    Logger log("", rank, false, false);
+    Trainer trainer(e, make_cpu_backend(), log, nullptr, &comm);
+    trainer.run_iteration(1);
+    peaks[rank] = trainer.backend().memory_stats().peak_bytes;
+  });
+  return *std::max_element(peaks.begin(), peaks.end());
+}
+
 // ZeRO-1 and FSDP over thread ranks with bf16 state: the planner's bytes are the peak of the
 // rank holding the most (its optimizer shard the largest), exactly.
 TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
@@ -318,14 +330,7 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
     const RunSetup setup = make_run_setup(e, {world, DType::F32},
                                           [&] { return make_tokenizer(e.data)->vocab_size(); });
     const MemoryPlan p = plan_memory(plan_input(setup, /*gpu=*/false));
-    std::vector<size_t> peaks(world);
-    dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
-      Logger log("", rank, false, false);
-      Trainer trainer(e, make_cpu_backend(), log, nullptr, &comm);
-      trainer.run_iteration(1);
-      peaks[rank] = trainer.backend().memory_stats().peak_bytes;
-    });
-    EXPECT_EQ(*std::max_element(peaks.begin(), peaks.end()), p.allocated()) << sharding;
+    EXPECT_EQ(largest_rank_peak(e, world), p.allocated()) << sharding;
   }
 }
 
@@ -355,14 +360,7 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
       return plan_memory(in);
     }();
     EXPECT_LT(p.weights, one_rank_experts.weights) << "the experts split over 2 ranks";
-    std::vector<size_t> peaks(world);
-    dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
-      Logger log("", rank, false, false);
-      Trainer trainer(e, make_cpu_backend(), log, nullptr, &comm);
-      trainer.run_iteration(1);
-      peaks[rank] = trainer.backend().memory_stats().peak_bytes;
-    });
-    EXPECT_EQ(*std::max_element(peaks.begin(), peaks.end()), p.allocated())
+    EXPECT_EQ(largest_rank_peak(e, world), p.allocated())
         << "use_distributed_optimizer " << zero1;
   }
 }

@@ -379,20 +379,32 @@ void CudaBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 // ---- FP8 ----
 
-void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
-  const char* op = "fp8_cast_transpose";
+namespace {
+
+// What an FP8 cast writes: codes in `format` when it casts (e4m3, unused, when it only takes
+// the amax); its scale and amax checked.
+struct Fp8CastTarget {
+  DType format;
+  bool cast;
+};
+
+template <class Args>
+Fp8CastTarget fp8_cast_target(const Args& args, const char* op) {
   expect_float(args.x, op, "x");
+  const Fp8CastTarget t{args.out.defined()     ? args.out.dtype
+                        : args.out_t.defined() ? args.out_t.dtype
+                                               : DType::E4M3,
+                        args.out.defined() || args.out_t.defined()};
+  if (t.cast) expect_type(args.scale, DType::F32, op, "scale");
+  if (args.amax.defined()) expect_type(args.amax, DType::F32, op, "amax");
+  return t;
+}
+
+}  // namespace
+
+void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
+  const auto [format, cast] = fp8_cast_target(args, "fp8_cast_transpose");
   const MatrixDims d = matrix_dims(args.x);
-  const DType format = args.out.defined()     ? args.out.dtype
-                       : args.out_t.defined() ? args.out_t.dtype
-                                              : DType::E4M3;
-  const bool cast = args.out.defined() || args.out_t.defined();
-  if (cast) {
-    expect_type(args.scale, DType::F32, op, "scale");
-  }
-  if (args.amax.defined()) {
-    expect_type(args.amax, DType::F32, op, "amax");
-  }
   cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, d.cols,
                            cast ? args.scale.as<float>() : nullptr, args.out.data, args.out_t.data,
                            format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
@@ -400,14 +412,8 @@ void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
 
 void CudaBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
   const char* op = "fp8_grouped_cast";
-  expect_float(args.x, op, "x");
+  const auto [format, cast] = fp8_cast_target(args, op);
   const MatrixDims d = matrix_dims(args.x);
-  const DType format = args.out.defined()     ? args.out.dtype
-                       : args.out_t.defined() ? args.out_t.dtype
-                                              : DType::E4M3;
-  const bool cast = args.out.defined() || args.out_t.defined();
-  if (cast) expect_type(args.scale, DType::F32, op, "scale");
-  if (args.amax.defined()) expect_type(args.amax, DType::F32, op, "amax");
   int64_t G = 0;
   if (args.group_rows > 0) {
     G = d.rows / args.group_rows;

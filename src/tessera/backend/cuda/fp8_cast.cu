@@ -49,6 +49,31 @@ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4],
   cols[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
+// Thread threadIdx.x's share of a tile at (r0, c): rows r0 + threadIdx.x / 16 + 16 k below
+// `rows`, its kPack columns from c (vectorised when vec_in); entries past rows or C stay unset.
+template <class T>
+__device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* __restrict__ x,
+                                          int64_t rows, int64_t C, int64_t r0, int64_t c,
+                                          bool vec_in) {
+  const int t = threadIdx.x;
+#pragma unroll
+  for (int pass = 0; pass < kLoadPasses; ++pass) {
+    const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
+    if (vec_in) {
+      if (r < rows && c < C) {
+#pragma unroll
+        for (int k = 0; k < kPack; k += kVec16<T>)
+          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
+              load_pack<T, kVec16<T>>(x + r * C + c + k);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPack; ++k)
+        if (r < rows && c + k < C) v[pass][k] = x[r * C + c + k];
+    }
+  }
+}
+
 // One read of each element: its code goes to out (row-major) and, through the shared tile,
 // to out_t. The amax is a max of |x| bit patterns: for non-negative floats unsigned order is
 // float order, and any NaN sorts above Inf, so a NaN anywhere makes the amax NaN instead of
@@ -74,22 +99,7 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
   const int tc = (t % (kTileCols / kPack)) * kPack;
   const int64_t c = c0 + tc;
   alignas(16) T v[kLoadPasses][kPack];
-#pragma unroll
-  for (int pass = 0; pass < kLoadPasses; ++pass) {
-    const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
-    if (vec_in) {
-      if (r < R && c < C) {
-#pragma unroll
-        for (int k = 0; k < kPack; k += kVec16<T>)
-          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
-              load_pack<T, kVec16<T>>(x + r * C + c + k);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPack; ++k)
-        if (r < R && c + k < C) v[pass][k] = x[r * C + c + k];
-    }
-  }
+  load_tile(v, x, R, C, r0, c, vec_in);
   unsigned m = 0;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
@@ -225,22 +235,7 @@ __global__ void __launch_bounds__(kCastThreads)
   const int tc = (t % (kTileCols / kPack)) * kPack;
   const int64_t c = c0 + tc;
   alignas(16) T v[kLoadPasses][kPack];
-#pragma unroll
-  for (int pass = 0; pass < kLoadPasses; ++pass) {
-    const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
-    if (vec_in) {
-      if (r < used && c < C) {
-#pragma unroll
-        for (int k = 0; k < kPack; k += kVec16<T>)
-          *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
-              load_pack<T, kVec16<T>>(x + r * C + c + k);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kPack; ++k)
-        if (r < used && c + k < C) v[pass][k] = x[r * C + c + k];
-    }
-  }
+  load_tile(v, x, used, C, r0, c, vec_in);
   unsigned m = 0;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
