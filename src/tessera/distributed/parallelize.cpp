@@ -1,5 +1,7 @@
 #include "tessera/distributed/parallelize.h"
 
+#include <fmt/format.h>
+
 #include "tessera/core/error.h"
 #include "tessera/distributed/expert_exchange.h"
 #include "tessera/distributed/mesh_parallelism.h"
@@ -60,8 +62,17 @@ class ExpertParallel final : public Parallelism {
   int data_parallel_rank() const override { return inner_->data_parallel_rank(); }
   int data_parallel_size() const override { return inner_->data_parallel_size(); }
   std::string description() const override {
-    return inner_->description() + ", experts spread over " + std::to_string(group_->size()) +
-           " expert-parallel ranks";
+    int64_t held = 0, experts = 0;
+    for (const ParamInfo& p : model_.layout().params) {
+      held += p.numel();
+      if (p.tp == TensorParallelStyle::Expert) experts = p.full_shape[0];
+    }
+    const int ep = group_->size();
+    return fmt::format(
+        "{}, experts spread over {} expert-parallel ranks (each holds {} of every MoE layer's {} "
+        "experts: {:.3f}B of the model's {:.3f}B parameters on this rank)",
+        inner_->description(), ep, experts / ep, experts, held / 1e9,
+        model_.spec().total_params() / 1e9);
   }
   std::vector<OwnedParams> optimizer_shards() const override { return inner_->optimizer_shards(); }
   void run_micro_batches(int64_t count, float grad_scale, const std::function<void(int64_t)>& load,
