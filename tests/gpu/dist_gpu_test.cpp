@@ -280,8 +280,9 @@ TEST_F(DistGpu, DataParallelAndZero1MatchOneGpuWithAccumulation) {
   EXPECT_TRUE(fs::exists(ws_ / "g/u/dp/logs/pre_trainer/rank-1/info.log"));
 }
 
-// A tiny MoE with its experts on 2 GPUs (the NCCL all-to-all of expert parallelism), alone
-// and with ZeRO-1, against 1 GPU at the same global batch.
+// A tiny MoE with its experts split over 2 GPUs (each holding half of them; the NCCL
+// all-to-all of expert parallelism), alone and with ZeRO-1, against 1 GPU at the same global
+// batch.
 TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
   TS_REQUIRE_TWO_GPUS();
   const std::string moe =
@@ -303,7 +304,8 @@ TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
   expect_uniform_floor(one);
   expect_close(losses("moe_ep"), one, "expert parallel");
   expect_close(losses("moe_ep_zero"), one, "expert parallel with ZeRO-1");
-  EXPECT_NE(read("moe_ep.txt").find("experts spread over 2 expert-parallel ranks"),
+  EXPECT_NE(read("moe_ep.txt").find("experts spread over 2 expert-parallel ranks (each holds 4 "
+                                    "of every MoE layer's 8 experts"),
             std::string::npos)
       << read("moe_ep.txt");
 }
