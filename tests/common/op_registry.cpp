@@ -990,27 +990,36 @@ OpCase aux_loss_case(int64_t N, const MoeRouting& r, int64_t seq) {
 
 // Dispatch, combine and both backwards, in a layer's order: permute x, combine stand-in
 // expert outputs yp with the routing weights, then the gradients back. lo/hi: the experts the
-// slots may use (the others stay empty).
-OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, int lo, int hi) {
-  const int64_t R = N * K + E * (align - 1) + 5;  // 5 rows more than any routing can use
+// slots may use (the others stay empty). capacity > 0: token dropping (by the weights, or by
+// position), in a buffer sized for it.
+OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, int lo, int hi,
+                    int64_t capacity = 0, bool by_position = false) {
+  const int64_t kept = capacity > 0 ? std::min(N * K, E * capacity) : N * K;
+  const int64_t R = kept + E * (align - 1) + 5;  // 5 rows more than any routing can use
   OpCase c;
-  c.name = fmt::format("moe_permute+unpermute N{} K{} E{} C{} align{} experts[{},{})", N, K, E, C,
-                       align, lo, hi);
+  c.name = fmt::format("moe_permute+unpermute N{} K{} E{} C{} align{} experts[{},{}){}", N, K, E,
+                       C, align, lo, hi,
+                       capacity > 0 ? fmt::format(" capacity {} by {}", capacity,
+                                                  by_position ? "position" : "weight")
+                                    : "");
   c.specs = {{"x", {N, C}},
              slots("indices", N, K, lo, hi),
              {"xp", {R, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-6},
              {"rows", {N, K}, Kind::I32, Role::Out},
              {"offsets", {E + 1}, Kind::I32, Role::Out},
              {"yp", {R, C}},
-             {"weights", {N, K}, Kind::F32, Role::In, 0.5f},
+             {"weights", {N, K}, Kind::F32, Role::In, 0.5f, 0, 1, 2e-2, /*positive=*/true},
              {"out", {N, C}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2},
              {"dout", {N, C}},
              {"dyp", {R, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
              {"dweights", {N, K}, Kind::F32, Role::Out, 1, 0, 1, 2e-2},
              {"dxp", {R, C}},
              {"dx", {N, C}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2}};
-  c.run = [align](Backend& b, const Tensors& t) {
-    b.moe_permute(t.at("xp"), t.at("rows"), t.at("offsets"), t.at("x"), t.at("indices"), align);
+  c.run = [align, capacity, by_position](Backend& b, const Tensors& t) {
+    MoeCapacity cap;
+    cap.capacity = capacity, cap.by_position = by_position, cap.weights = t.at("weights");
+    b.moe_permute(t.at("xp"), t.at("rows"), t.at("offsets"), t.at("x"), t.at("indices"), align,
+                  cap);
     b.moe_unpermute(t.at("out"), t.at("yp"), t.at("rows"), t.at("weights"));
     b.moe_unpermute_backward(t.at("dyp"), t.at("dweights"), t.at("dout"), t.at("yp"), t.at("rows"),
                              t.at("weights"));
@@ -1260,6 +1269,14 @@ std::vector<OpCase> moe_cases() {
   cases.push_back(permute_case(29, 1, 6, 64, 16, 3, 4));  // every token to expert 3
   cases.push_back(permute_case(31, 3, 5, 33, 8, 1, 3));   // only experts 1 and 2
   cases.push_back(permute_case(8192, 2, 8, 4096, 16, 0, 8));
+  // Token dropping: a tight capacity, by weight and by position; every token to one expert;
+  // a capacity no expert reaches (nothing dropped); many experts over a long batch.
+  cases.push_back(permute_case(37, 2, 8, 45, 1, 0, 8, 7));
+  cases.push_back(permute_case(37, 2, 8, 45, 16, 0, 8, 7, true));
+  cases.push_back(permute_case(29, 1, 6, 64, 16, 3, 4, 5));
+  cases.push_back(permute_case(31, 3, 5, 33, 8, 1, 3, 100));
+  cases.push_back(permute_case(4096, 8, 64, 256, 16, 0, 64, 410));
+  cases.push_back(permute_case(4096, 8, 64, 256, 16, 0, 64, 410, true));
   for (auto& c : grouped_matmul_cases({3, 0, 17, 1, 0, 9}, 37, 29, "with empty groups"))
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_cases({0, 0, 40, 0}, 24, 16, "all rows in one group"))

@@ -493,14 +493,23 @@ void ReferenceBackend::do_moe_expert_bias_update(const Tensor& bias, const Tenso
 }
 
 void ReferenceBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
-                                      const Tensor& x, const Tensor& indices, int64_t align) {
+                                      const Tensor& x, const Tensor& indices, int64_t align,
+                                      const MoeCapacity& capacity) {
   const int64_t E = offsets.numel() - 1;
   const MatrixDims xd = matrix_dims(x), pd = matrix_dims(xp);
   const int64_t K = matrix_dims(indices).cols;
   TS_CHECK(rows.dtype == DType::I32 && offsets.dtype == DType::I32,
            "reference backend: rows and offsets must be int32");
-  ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), ids(indices, E, false), xd.rows,
-                         K, E, align);
+  const int32_t* experts = ids(indices, E, false);
+  std::vector<char> keep;
+  if (capacity.capacity > 0) {
+    const std::vector<double> w =
+        capacity.by_position ? std::vector<double>{} : values(capacity.weights);
+    keep = ref::moe_capacity_keep(experts, w.data(), xd.rows, K, E, capacity.capacity,
+                                  capacity.by_position);
+  }
+  ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), experts, xd.rows, K, E, align,
+                         keep.empty() ? nullptr : keep.data());
   std::vector<double> out(static_cast<size_t>(xp.numel()));
   ref::moe_permute(out.data(), pd.rows, values(x).data(), rows.as<int32_t>(), xd.rows, K, xd.cols);
   store(xp, out);
@@ -510,7 +519,7 @@ void ReferenceBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& d
                                                const Tensor& rows) {
   const MatrixDims xd = matrix_dims(dx);
   std::vector<double> d = values(dx);
-  ref::moe_permute_backward(d.data(), values(dxp).data(), ids(rows, matrix_dims(dxp).rows, false),
+  ref::moe_permute_backward(d.data(), values(dxp).data(), ids(rows, matrix_dims(dxp).rows, true),
                             xd.rows, matrix_dims(rows).cols, xd.cols);
   store(dx, d);
 }
@@ -519,7 +528,7 @@ void ReferenceBackend::do_moe_unpermute(const Tensor& out, const Tensor& yp, con
                                         const Tensor& weights) {
   const MatrixDims od = matrix_dims(out);
   std::vector<double> o = values(out);
-  ref::moe_unpermute(o.data(), values(yp).data(), ids(rows, matrix_dims(yp).rows, false),
+  ref::moe_unpermute(o.data(), values(yp).data(), ids(rows, matrix_dims(yp).rows, true),
                      values(weights).data(), od.rows, matrix_dims(rows).cols, od.cols);
   store(out, o);
 }
@@ -531,7 +540,7 @@ void ReferenceBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor
   std::vector<double> d(static_cast<size_t>(dyp.numel())),
       dw(static_cast<size_t>(dweights.numel()));
   ref::moe_unpermute_backward(d.data(), pd.rows, dw.data(), values(dout).data(), values(yp).data(),
-                              ids(rows, pd.rows, false), values(weights).data(), od.rows,
+                              ids(rows, pd.rows, true), values(weights).data(), od.rows,
                               matrix_dims(rows).cols, od.cols);
   store(dyp, d);
   store(dweights, dw);

@@ -160,7 +160,11 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
            {{"--moe_router_num_groups", "4", "--moe_router_group_topk", "1"},
             "moe_router_topk",
             "at most moe_router_group_topk x experts per group = 1 x 1"},
-           {{"--moe_expert_capacity_factor", "1.25"}, "moe_expert_capacity_factor", "dropless"},
+           {{"--moe_expert_capacity_factor", "0"}, "moe_expert_capacity_factor", "a positive number"},
+           {{"--moe_pad_expert_input_to_capacity", "true"},
+            "moe_pad_expert_input_to_capacity",
+            "not implemented"},
+           {{"--moe_token_drop_policy", "random"}, "moe_token_drop_policy", "probs"},
            {{"--moe_expert_capacity_factor", "-2"},
             "moe_expert_capacity_factor",
             "null or a non-negative number"},
@@ -220,6 +224,11 @@ TEST(MoeKeys, CapacityFactorNullRoundTrips) {
   const Experiment e = load_tiny_moe({"--moe_expert_capacity_factor", "null"});
   EXPECT_LT(e.model_config.moe_expert_capacity_factor, 0);
   EXPECT_EQ(find_key("moe_expert_capacity_factor")->get(e), "null");
+  const Experiment dropping = load_tiny_moe(
+      {"--moe_expert_capacity_factor", "1.25", "--moe_token_drop_policy", "position"});
+  EXPECT_DOUBLE_EQ(dropping.model_config.moe_expert_capacity_factor, 1.25);
+  EXPECT_EQ(dropping.model_config.moe_token_drop_policy, MoeDropPolicy::Position);
+  EXPECT_EQ(find_key("moe_token_drop_policy")->get(dropping), "position");
 }
 
 // The CLI: exit 2, the key and the value named, nothing written.

@@ -216,6 +216,12 @@ TEST(ExpertParallel, ExpertsOverTwoAndFourRanksTrainLikeOneRank) {
         // alone with its experts' state).
         Layout{4, {"--expert_model_parallel_size", "2"}, {}},
         Layout{4, {"--expert_model_parallel_size", "4", "--use_distributed_optimizer", "true"}, {}},
+        // Token dropping: each rank drops among its own micro-batch's pairs, as one rank does
+        // micro-batch by micro-batch (capacity 8 of 32 pairs per expert).
+        Layout{2, {"--expert_model_parallel_size", "2"}, {"--moe_expert_capacity_factor", "1.0"}},
+        Layout{4,
+               {"--expert_model_parallel_size", "2"},
+               {"--moe_expert_capacity_factor", "0.75", "--moe_token_drop_policy", "position"}},
         Layout{
             2,
             {"--expert_model_parallel_size", "2"},

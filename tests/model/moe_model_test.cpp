@@ -4,6 +4,7 @@
 // routing, and the checkpoint description of an MoE model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -167,6 +168,44 @@ TEST(MoeModel, ForceBalanceRoutesEvenlyAndStillTrainsTheRouter) {
   EXPECT_NE(routed.moe_stats, r.moe_stats);
 }
 
+// Token dropping: a capacity no expert reaches computes exactly the dropless step; a tight one
+// changes the loss (dropped pairs contribute nothing), still trains the router, and shrinks the
+// planned activations; recompute repeats the same drops.
+TEST(MoeModel, CapacityDropsPairsBeyondItAndNothingBelowIt) {
+  const ModelSpec dropless = tiny_moe_spec();
+  const Result plain = one_model_step(dropless, runtime());
+  ModelSpec roomy = dropless;
+  roomy.moe.capacity_factor = 4.0;  // capacity 24 x 2 x 4 / 4 = every pair of the batch
+  const Result same = one_model_step(roomy, runtime());
+  EXPECT_EQ(same.loss_sum, plain.loss_sum);
+  EXPECT_EQ(0, std::memcmp(same.grads.data(), plain.grads.data(), same.grads.size() * 4));
+  for (bool by_position : {false, true}) {
+    SCOPED_TRACE(by_position ? "by position" : "by weight");
+    ModelSpec tight = dropless;
+    tight.moe.capacity_factor = 0.5;  // 6 of an expert's pairs (12 for balance)
+    tight.moe.drop_by_position = by_position;
+    EXPECT_EQ(tight.moe.capacity(24), 6);
+    const Result dropped = one_model_step(tight, runtime());
+    ASSERT_TRUE(std::isfinite(dropped.loss_sum));
+    EXPECT_NE(dropped.loss_sum, plain.loss_sum);
+    // Layer 0 sees the same input: its statistics count the routed pairs, dropped or not.
+    EXPECT_TRUE(std::equal(plain.moe_stats.begin(), plain.moe_stats.begin() + 6,
+                           dropped.moe_stats.begin()));
+    const ParamInfo* router = make_param_layout(tight).find("model.layers.0.mlp.router.weight");
+    double norm = 0;
+    for (int64_t i = 0; i < router->numel(); ++i)
+      norm += std::abs(dropped.grads[router->offset + i]);
+    EXPECT_GT(norm, 0.0);
+    ModelRuntime full = runtime();
+    full.recompute = RecomputeGranularity::Full;
+    const Result again = one_model_step(tight, full);
+    EXPECT_EQ(again.loss_sum, dropped.loss_sum);
+    EXPECT_EQ(0, std::memcmp(again.grads.data(), dropped.grads.data(), again.grads.size() * 4));
+    EXPECT_LT(DecoderModel::plan_memory(tight, runtime()).activations,
+              DecoderModel::plan_memory(dropless, runtime()).activations);
+  }
+}
+
 TEST(MoeModel, CheckpointDescriptionKeepsTheMoeSpec) {
   ModelSpec s = tiny_moe_spec();
   s.qk_norm = true;
@@ -183,6 +222,10 @@ TEST(MoeModel, CheckpointDescriptionKeepsTheMoeSpec) {
   EXPECT_EQ(back.moe.num_groups, 2);
   EXPECT_EQ(back.moe.load_balancing, MoeLoadBalancing::SeqAuxLoss);
   EXPECT_DOUBLE_EQ(back.moe.topk_scaling, 2.5);
+  s.moe.capacity_factor = 1.25, s.moe.drop_by_position = true;
+  const ModelSpec dropping = spec_from_json(spec_to_json(s), "test");
+  EXPECT_DOUBLE_EQ(dropping.moe.capacity_factor, 1.25);
+  EXPECT_TRUE(dropping.moe.drop_by_position);
   const SpecDifferences none = compare_specs(back, s, "checkpoint");
   EXPECT_TRUE(none.shape.empty() && none.behaviour.empty()) << join_lines(none.shape);
   ModelSpec other = s;

@@ -131,6 +131,35 @@ TEST(ReferenceMoe, DispatchPlanSortsByExpertPaddedToTheAlignment) {
   EXPECT_EQ(xp, (std::vector<double>{1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 0, 0}));
 }
 
+// Token dropping (Megatron's capacity): six tokens on expert 0 and one on expert 1, capacity 3.
+// By weight expert 0 keeps its three largest (0.9, then the tie at 0.5 in token order); by
+// position its first three; expert 1 keeps its one; dropped pairs get row -1 and no place.
+TEST(ReferenceMoe, CapacityKeepsTheLargestWeightsOrTheEarliestPairs) {
+  const std::vector<int32_t> indices = {0, 0, 0, 1, 0, 0, 0};
+  const std::vector<double> weights = {0.1, 0.5, 0.5, 0.2, 0.3, 0.9, 0.2};
+  const auto by_weight = ref::moe_capacity_keep(indices.data(), weights.data(), 7, 1, 2, 3, false);
+  EXPECT_EQ(by_weight, (std::vector<char>{0, 1, 1, 1, 0, 1, 0}));
+  const auto by_position = ref::moe_capacity_keep(indices.data(), nullptr, 7, 1, 2, 3, true);
+  EXPECT_EQ(by_position, (std::vector<char>{1, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(ref::moe_capacity_keep(indices.data(), weights.data(), 7, 1, 2, 6, false),
+            std::vector<char>(7, 1));
+  std::vector<int32_t> rows(7), offsets(3);
+  ref::moe_dispatch_plan(rows.data(), offsets.data(), indices.data(), 7, 1, 2, 4, by_weight.data());
+  EXPECT_EQ(offsets, (std::vector<int32_t>{0, 4, 8}));
+  EXPECT_EQ(rows, (std::vector<int32_t>{-1, 0, 1, 4, -1, 2, -1}));
+  // The combine and its gradients leave the dropped pairs out.
+  const std::vector<double> yp = {1, 2, 3, 0, 5, 0, 0, 0};  // (8, 1)
+  std::vector<double> out(7, 0.0), w(7, 1.0);
+  ref::moe_unpermute(out.data(), yp.data(), rows.data(), w.data(), 7, 1, 1);
+  EXPECT_EQ(out, (std::vector<double>{0, 1, 2, 5, 0, 3, 0}));
+  std::vector<double> dyp(8, 9.0), dw(7, 9.0);
+  const std::vector<double> dout = {1, 1, 1, 1, 1, 1, 1};
+  ref::moe_unpermute_backward(dyp.data(), 8, dw.data(), dout.data(), yp.data(), rows.data(),
+                              w.data(), 7, 1, 1);
+  EXPECT_EQ(dw, (std::vector<double>{0, 1, 2, 5, 0, 3, 0}));
+  EXPECT_EQ(dyp, (std::vector<double>{1, 1, 1, 0, 1, 0, 0, 0}));
+}
+
 TEST(ReferenceMoe, ExpertBiasMovesTowardsBalance) {
   std::vector<double> bias = {0.5, 0.5, 0.5, 0.5};
   const std::vector<double> counts = {10, 2, 4, 8};  // mean 6

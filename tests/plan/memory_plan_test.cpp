@@ -339,7 +339,9 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
 // bytes are the largest rank's peak, exactly.
 TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
   const int world = 4;
-  for (const char* zero1 : {"false", "true"}) {
+  // Plain, ZeRO-1, and ZeRO-1 with token dropping (the experts' rows planned at capacity).
+  for (const auto& [zero1, capacity] : {std::pair{"false", "null"}, std::pair{"true", "null"},
+                                        std::pair{"true", "0.75"}}) {
     const Experiment e = load("", {"--mock_data", "true", "--num_layers", "2", "--hidden_size",
                                    "64", "--num_attention_heads", "4", "--num_query_groups", "2",
                                    "--model_family", "mixtral", "--num_experts", "4",
@@ -349,7 +351,8 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
                                    "--global_batch_size", "4", "--train_iters", "1",
                                    "--lr_warmup_iters", "0", "--eval_interval", "0",
                                    "--ddp_bucket_size", "5000", "--device", "cpu",
-                                   "--use_distributed_optimizer", zero1},
+                                   "--use_distributed_optimizer", zero1,
+                                   "--moe_expert_capacity_factor", capacity},
                               world);
     const RunSetup setup = make_run_setup(e, {world, DType::F32},
                                           [&] { return make_tokenizer(e.data)->vocab_size(); });
@@ -361,7 +364,7 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
     }();
     EXPECT_LT(p.weights, one_rank_experts.weights) << "the experts split over 2 ranks";
     EXPECT_EQ(largest_rank_peak(e, world), p.allocated())
-        << "use_distributed_optimizer " << zero1;
+        << "use_distributed_optimizer " << zero1 << ", capacity factor " << capacity;
   }
 }
 

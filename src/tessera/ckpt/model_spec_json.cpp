@@ -49,7 +49,9 @@ nlohmann::json moe_to_json(const MoeSpec& m) {
           {"moe_router_bias_update_rate", m.bias_update_rate},
           {"moe_router_num_groups", m.num_groups},
           {"moe_router_group_topk", m.group_topk},
-          {"moe_router_topk_scaling_factor", m.topk_scaling}};
+          {"moe_router_topk_scaling_factor", m.topk_scaling},
+          {"moe_expert_capacity_factor", m.capacity_factor},
+          {"moe_token_drop_policy", m.drop_by_position ? "position" : "probs"}};
 }
 
 MoeSpec moe_from_json(const nlohmann::json& j, const std::string& file) {
@@ -70,6 +72,9 @@ MoeSpec moe_from_json(const nlohmann::json& j, const std::string& file) {
   m.num_groups = j.at("moe_router_num_groups").get<int64_t>();
   m.group_topk = j.at("moe_router_group_topk").get<int64_t>();
   m.topk_scaling = j.at("moe_router_topk_scaling_factor").get<double>();
+  // Checkpoints from before token dropping are dropless.
+  m.capacity_factor = j.value("moe_expert_capacity_factor", 0.0);
+  m.drop_by_position = j.value("moe_token_drop_policy", std::string("probs")) == "position";
   return m;
 }
 

@@ -28,6 +28,9 @@ enum class Fp8AmaxAlgo { Max, MostRecent };
 enum class MoeLoadBalancing { AuxLoss, SeqAuxLoss, None };
 enum class MoeScoreFunction { Softmax, Sigmoid };
 enum class MoeDispatcher { AllToAll };
+// Which of an expert's routed tokens beyond its capacity are dropped (Megatron's
+// moe_token_drop_policy): the lowest routing weights, or the latest tokens.
+enum class MoeDropPolicy { Probs, Position };
 // RoPE variants, Megatron's rope_type: null (Default) is Megatron's choice, yarn with
 // multi-latent attention and plain rope otherwise.
 enum class RopeType { Default, Rope, Yarn };
@@ -73,9 +76,11 @@ struct ModelConfig {
   int64_t moe_router_num_groups = 0;  // group-limited routing; 0: off
   int64_t moe_router_group_topk = 0;
   double moe_router_topk_scaling_factor = 0.0;  // 0: unscaled
-  // Tokens per expert at most capacity_factor x the balanced share; unset (negative) is
-  // dropless, the only mode Tessera runs.
+  // Tokens per expert at most capacity_factor x the balanced share of a micro-batch (Megatron's
+  // token dropping); unset (negative) is dropless.
   double moe_expert_capacity_factor = -1.0;
+  MoeDropPolicy moe_token_drop_policy = MoeDropPolicy::Probs;
+  bool moe_pad_expert_input_to_capacity = false;  // not implemented: false only
   MoeDispatcher moe_token_dispatcher_type = MoeDispatcher::AllToAll;
   // Multi-head latent attention (DeepSeek-V2/V3, Megatron's MLATransformerConfig names;
   // docs/moe.md). Queries come from a q_lora_rank latent (0: projected directly), keys and

@@ -1,6 +1,7 @@
 #include "tessera/config/validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <string_view>
@@ -225,9 +226,11 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
               fmt::format("at most moe_router_group_topk x experts per group = {} x {}",
                           m.moe_router_group_topk, E / groups));
   }
-  c.require(m.moe_expert_capacity_factor < 0, "moe_expert_capacity_factor",
-            "null: Tessera's MoE is dropless (every token reaches its experts); token dropping "
-            "is not implemented");
+  c.require(m.moe_expert_capacity_factor < 0 || (m.moe_expert_capacity_factor > 0 &&
+                                                  std::isfinite(m.moe_expert_capacity_factor)),
+            "moe_expert_capacity_factor", "null (dropless) or a positive number");
+  c.require(!m.moe_pad_expert_input_to_capacity, "moe_pad_expert_input_to_capacity",
+            "false: padding the experts' inputs to their capacity is not implemented");
   const int64_t ep = t.expert_model_parallel_size;
   c.require(E % ep == 0, "expert_model_parallel_size",
             fmt::format("a divisor of num_experts ({}): each expert-parallel rank holds an equal "

@@ -1,5 +1,7 @@
 #include "tessera/model/model_spec.h"
 
+#include <cmath>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -14,6 +16,12 @@ int64_t MoeSpec::moe_layers() const {
   int64_t n = 0;
   for (size_t l = 0; l < layers.size(); ++l) n += is_moe_layer(static_cast<int64_t>(l));
   return n;
+}
+
+int64_t MoeSpec::capacity(int64_t tokens) const {
+  if (capacity_factor <= 0 || experts <= 0) return 0;
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * capacity_factor));
 }
 
 int64_t ModelSpec::matmul_params() const {

@@ -60,8 +60,15 @@ struct MoeSpec {
   double bias_update_rate = 1e-3;
   int64_t num_groups = 0, group_topk = 0;
   double topk_scaling = 0.0;  // 0: unscaled
+  // Token dropping (moe_expert_capacity_factor; 0: dropless) and which pairs go
+  // (moe_token_drop_policy position: the latest tokens; else the lowest weights).
+  double capacity_factor = 0.0;
+  bool drop_by_position = false;
 
   bool enabled() const { return experts > 0; }
+  // (token, expert) pairs each expert takes of a pass over `tokens` tokens (Megatron's
+  // get_capacity over tokens x topk pairs); 0 when dropless.
+  int64_t capacity(int64_t tokens) const;
   bool is_moe_layer(int64_t layer) const {
     return enabled() && layer >= 0 && layer < static_cast<int64_t>(layers.size()) &&
            layers[static_cast<size_t>(layer)];

@@ -735,7 +735,8 @@ void Backend::moe_expert_bias_update(const Tensor& bias, const Tensor& counts, f
 }
 
 void Backend::moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
-                          const Tensor& x, const Tensor& indices, int64_t align) {
+                          const Tensor& x, const Tensor& indices, int64_t align,
+                          const MoeCapacity& capacity) {
   const OpScope scope(*this, "moe_permute", [&] { return op_args::moe_permute(x, indices, xp); });
   const OpChecks check(*this, "moe_permute");
   check.placed(x, "x");
@@ -747,11 +748,17 @@ void Backend::moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& of
              x.shape.str());
   check.that(E >= 1 && align >= 1, "{} experts, alignment {}", E, align);
   check.placed(xp, "xp");
-  check.that(pd.cols == C && pd.rows >= N * K + E * (align - 1),
-             "xp {} cannot hold {} tokens x {} copies in {} groups aligned to {} rows of {}",
-             xp.shape.str(), N, K, E, align, C);
+  check.that(capacity.capacity >= 0, "capacity {}", capacity.capacity);
+  const int64_t kept = capacity.capacity > 0 ? std::min(N * K, E * capacity.capacity) : N * K;
+  check.that(pd.cols == C && pd.rows >= kept + E * (align - 1),
+             "xp {} cannot hold {} of {} tokens x {} copies in {} groups aligned to {} rows of {}",
+             xp.shape.str(), kept, N, K, E, align, C);
   check_slots(check, rows, N, K, "rows");
-  do_moe_permute(xp, rows, offsets, x, indices, align);
+  if (capacity.capacity > 0 && !capacity.by_position) {
+    check.placed(capacity.weights, "capacity.weights");
+    check_slots(check, capacity.weights, N, K, "capacity.weights");
+  }
+  do_moe_permute(xp, rows, offsets, x, indices, align, capacity);
 }
 
 void Backend::moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {

@@ -254,6 +254,16 @@ struct MoeRouting {
   bool force_balance = false;
 };
 
+// Token dropping in moe_permute (Megatron's topk_softmax_with_capacity): each expert keeps at
+// most `capacity` of the (token, slot) pairs routed to it (0: all of them, dropless). Over
+// capacity it keeps the pairs with the largest weights (ties: the earlier pair; Megatron's
+// "probs" policy), or with by_position the earliest pairs ("position").
+struct MoeCapacity {
+  int64_t capacity = 0;
+  bool by_position = false;
+  Tensor weights;  // (N, K) fp32 routing weights; read by the "probs" policy
+};
+
 // The load-balancing losses of Megatron (moe_utils.py), over the router scores P: softmax of
 // the logits, or with sigmoid the sigmoid divided by its sum over experts (+1e-20) when
 // topk > 1. f_e counts the (token, slot) pairs routed to expert e (indices).
@@ -542,21 +552,25 @@ class Backend {
   // += rate * sign(mean(counts) - counts[e]) for counts (E) fp32, the step's tokens per expert.
   void moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate);
 
-  // Dropless dispatch. Token n's copy for its k-th expert goes to row rows[n, k] of xp (R, C);
+  // The dispatch. Token n's copy for its k-th expert goes to row rows[n, k] of xp (R, C);
   // the rows of expert e are [offsets[e], offsets[e+1]), holding its tokens in order of
   // (n, k) and then zero rows up to a multiple of `align` rows (offsets (E + 1) int32,
   // offsets[0] = 0). Every row of xp that holds no token is zero. x (N, C); indices (N, K)
-  // int32 in [0, E); R >= N*K + E*(align - 1). rows (N, K) int32 and offsets overwritten.
+  // int32 in [0, E); rows (N, K) int32 and offsets overwritten. Dropless (capacity 0):
+  // R >= N*K + E*(align - 1). With a capacity (Megatron's token dropping) each expert keeps at
+  // most that many of its pairs, the others are dropped (rows[n, k] = -1, and every op below
+  // skips them): R >= min(N*K, E*capacity) + E*(align - 1).
   void moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets, const Tensor& x,
-                   const Tensor& indices, int64_t align);
-  // dx (N, C) accumulates, for each token, the rows of dxp (R, C) its copies went to.
+                   const Tensor& indices, int64_t align, const MoeCapacity& capacity = {});
+  // dx (N, C) accumulates, for each token, the rows of dxp (R, C) its kept copies went to.
   void moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows);
-  // The combine: out (N, C) accumulates sum_k weights[n, k] * yp[rows[n, k]], k in order.
-  // yp (R, C); weights (N, K) fp32.
+  // The combine: out (N, C) accumulates sum_k weights[n, k] * yp[rows[n, k]], k in order, over
+  // the kept pairs. yp (R, C); weights (N, K) fp32.
   void moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
                      const Tensor& weights);
   // Its gradients: dyp (R, C) overwritten, row rows[n, k] = weights[n, k] * dout[n] and
-  // every other row zero; dweights (N, K) fp32 overwritten with dout[n] . yp[rows[n, k]].
+  // every other row zero; dweights (N, K) fp32 overwritten with dout[n] . yp[rows[n, k]] (0
+  // for a dropped pair).
   void moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights, const Tensor& dout,
                               const Tensor& yp, const Tensor& rows, const Tensor& weights);
   void grouped_matmul(const GroupedMatmulArgs& args);
@@ -663,7 +677,8 @@ class Backend {
   virtual void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) = 0;
   virtual void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) = 0;
   virtual void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
-                              const Tensor& x, const Tensor& indices, int64_t align) = 0;
+                              const Tensor& x, const Tensor& indices, int64_t align,
+                              const MoeCapacity& capacity) = 0;
   virtual void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) = 0;
   virtual void do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
                                 const Tensor& weights) = 0;

@@ -153,12 +153,18 @@ void Trainer::log_run() const {
                         t.fp8_weight_transpose_cache ? "on" : "off", t.fp8_lm_head ? "fp8" : "bf16",
                         fast_accumulation_kinds(rt.fp8), fp8_experts_note(setup_.spec, rt.fp8))
           : "");
-  if (setup_.spec.moe.enabled())
+  if (const MoeSpec& moe = setup_.spec.moe; moe.enabled())
     log_.info(
-        "moe: {} of {} layers with {} experts, top-{}, dropless; routing {}; model FLOPs "
+        "moe: {} of {} layers with {} experts, top-{}, {}; routing {}; model FLOPs "
         "count the active parameters ({:.3f}B of {:.3f}B)",
-        setup_.spec.moe.moe_layers(), setup_.spec.num_layers, setup_.spec.moe.experts,
-        setup_.spec.moe.topk,
+        moe.moe_layers(), setup_.spec.num_layers, moe.experts, moe.topk,
+        moe.capacity_factor > 0
+            ? fmt::format("capacity factor {} ({} of a micro-batch's {} pairs per expert, beyond "
+                          "that the {} dropped)",
+                          moe.capacity_factor, moe.capacity(rt.tokens()),
+                          rt.tokens() * moe.topk,
+                          moe.drop_by_position ? "latest tokens" : "lowest weights")
+            : std::string("dropless"),
         rt.moe_force_balance ? "force-balanced (round-robin, benchmark mode)" : "by the router",
         setup_.spec.active_params() / 1e9, setup_.spec.total_params() / 1e9);
   if (!comm_ && (t.use_distributed_optimizer || t.use_torch_fsdp2))

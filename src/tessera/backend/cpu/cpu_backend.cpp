@@ -818,10 +818,10 @@ const int32_t* expert_ids(const Tensor& indices, int64_t experts, const char* op
   return indices.as<int32_t>();
 }
 
-// Rows of a permuted (R, C) tensor, each in [0, R).
+// Rows of a permuted (R, C) tensor, each in [0, R), or -1 for a dropped pair.
 const int32_t* permuted_rows(const Tensor& rows, int64_t R, const char* op) {
   expect_i32(rows, op, "rows");
-  expect_ids_below(rows, R, false, op, "rows");
+  expect_ids_below(rows, R, true, op, "rows");
   return rows.as<int32_t>();
 }
 
@@ -895,7 +895,8 @@ void CpuBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& cou
 }
 
 void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
-                                const Tensor& x, const Tensor& indices, int64_t align) {
+                                const Tensor& x, const Tensor& indices, int64_t align,
+                                const MoeCapacity& capacity) {
   const char* op = "moe_permute";
   expect_f32(xp, op, "xp");
   expect_f32(x, op, "x");
@@ -905,7 +906,17 @@ void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tens
   const int32_t* ids = expert_ids(indices, E, op);
   const MatrixDims xd = matrix_dims(x), pd = matrix_dims(xp);
   const int64_t N = xd.rows, C = xd.cols, K = matrix_dims(indices).cols;
-  ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), ids, N, K, E, align);
+  std::vector<char> keep;
+  if (capacity.capacity > 0) {
+    std::vector<double> w;
+    if (!capacity.by_position) {
+      expect_f32(capacity.weights, op, "capacity.weights");
+      w.assign(f32(capacity.weights), f32(capacity.weights) + N * K);
+    }
+    keep = ref::moe_capacity_keep(ids, w.data(), N, K, E, capacity.capacity, capacity.by_position);
+  }
+  ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), ids, N, K, E, align,
+                         keep.empty() ? nullptr : keep.data());
   float* out = f32(xp);
   const int32_t* to = rows.as<int32_t>();
   parallel_chunks(pd.rows * C,
@@ -913,7 +924,7 @@ void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tens
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k)
-      std::copy(f32(x) + n * C, f32(x) + (n + 1) * C, out + to[n * K + k] * C);
+      if (to[n * K + k] >= 0) std::copy(f32(x) + n * C, f32(x) + (n + 1) * C, out + to[n * K + k] * C);
 }
 
 void CpuBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {
@@ -964,7 +975,7 @@ void CpuBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwei
       const int64_t row = to[n * K + k];
       const float w = f32(weights)[n * K + k];
       double dot = 0;
-      for (int64_t c = 0; c < C; ++c) {
+      for (int64_t c = 0; c < C && row >= 0; ++c) {
         dot += static_cast<double>(f32(dout)[n * C + c]) * f32(yp)[row * C + c];
         d[row * C + c] = w * f32(dout)[n * C + c];
       }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "tessera/ops/backend.h"
 
@@ -242,11 +243,19 @@ void moe_expert_counts(T* counts, const int32_t* indices, int64_t n, int64_t E);
 template <class T>
 void moe_expert_bias_update(T* bias, const T* counts, int64_t E, T rate);
 
-// The dispatch of moe_permute: rows (N, K) and offsets (E + 1) from indices (N, K).
-void moe_dispatch_plan(int32_t* rows, int32_t* offsets, const int32_t* indices, int64_t N,
-                       int64_t K, int64_t E, int64_t align);
+// Token dropping (MoeCapacity): whether each (token, slot) pair of indices (N, K) stays with
+// its expert, which keeps at most `capacity` pairs (0: all): the largest weights (N, K), ties
+// to the earlier pair, or with by_position the earliest pairs.
+std::vector<char> moe_capacity_keep(const int32_t* indices, const double* weights, int64_t N,
+                                    int64_t K, int64_t E, int64_t capacity, bool by_position);
 
-// xp (R, C) overwritten: x (N, C) rows at rows (N, K), zero elsewhere.
+// The dispatch of moe_permute: rows (N, K) and offsets (E + 1) from indices (N, K); the pairs
+// keep marks false (keep may be null: all stay) get row -1.
+void moe_dispatch_plan(int32_t* rows, int32_t* offsets, const int32_t* indices, int64_t N,
+                       int64_t K, int64_t E, int64_t align, const char* keep = nullptr);
+
+// xp (R, C) overwritten: x (N, C) rows at rows (N, K), zero elsewhere. Here and below a row
+// of -1 is a dropped pair: nothing moves for it.
 template <class T>
 void moe_permute(T* xp, int64_t R, const T* x, const int32_t* rows, int64_t N, int64_t K,
                  int64_t C);

@@ -331,16 +331,33 @@ void moe_expert_bias_update(T* bias, const T* counts, int64_t E, T rate) {
 
 // ---- dispatch and combine ----
 
+std::vector<char> moe_capacity_keep(const int32_t* indices, const double* weights, int64_t N,
+                                    int64_t K, int64_t E, int64_t capacity, bool by_position) {
+  std::vector<char> keep(static_cast<size_t>(N * K), 1);
+  if (capacity <= 0) return keep;
+  std::vector<std::vector<int64_t>> pairs(E);  // each expert's pairs, in (n, k) order
+  for (int64_t i = 0; i < N * K; ++i) pairs[indices[i]].push_back(i);
+  for (std::vector<int64_t>& p : pairs) {
+    if (static_cast<int64_t>(p.size()) <= capacity) continue;
+    if (!by_position)
+      std::stable_sort(p.begin(), p.end(),
+                       [&](int64_t a, int64_t b) { return weights[a] > weights[b]; });
+    for (size_t j = static_cast<size_t>(capacity); j < p.size(); ++j) keep[p[j]] = 0;
+  }
+  return keep;
+}
+
 void moe_dispatch_plan(int32_t* rows, int32_t* offsets, const int32_t* indices, int64_t N,
-                       int64_t K, int64_t E, int64_t align) {
+                       int64_t K, int64_t E, int64_t align, const char* keep) {
   std::vector<int64_t> count(E, 0), cursor(E, 0);
-  for (int64_t i = 0; i < N * K; ++i) ++count[indices[i]];
+  for (int64_t i = 0; i < N * K; ++i)
+    if (!keep || keep[i]) ++count[indices[i]];
   offsets[0] = 0;
   for (int64_t e = 0; e < E; ++e)
     offsets[e + 1] = static_cast<int32_t>(offsets[e] + (count[e] + align - 1) / align * align);
   for (int64_t i = 0; i < N * K; ++i) {
     const int32_t e = indices[i];
-    rows[i] = static_cast<int32_t>(offsets[e] + cursor[e]++);
+    rows[i] = keep && !keep[i] ? -1 : static_cast<int32_t>(offsets[e] + cursor[e]++);
   }
 }
 
@@ -349,7 +366,8 @@ void moe_permute(T* xp, int64_t R, const T* x, const int32_t* rows, int64_t N, i
                  int64_t C) {
   std::fill(xp, xp + R * C, T(0));
   for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) std::copy(x + n * C, x + (n + 1) * C, xp + rows[n * K + k] * C);
+    for (int64_t k = 0; k < K; ++k)
+      if (rows[n * K + k] >= 0) std::copy(x + n * C, x + (n + 1) * C, xp + rows[n * K + k] * C);
 }
 
 template <class T>
@@ -358,7 +376,8 @@ void moe_permute_backward(T* dx, const T* dxp, const int32_t* rows, int64_t N, i
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < C; ++c) {
       double acc = dx[n * C + c];
-      for (int64_t k = 0; k < K; ++k) acc += dxp[rows[n * K + k] * C + c];
+      for (int64_t k = 0; k < K; ++k)
+        if (rows[n * K + k] >= 0) acc += dxp[rows[n * K + k] * C + c];
       dx[n * C + c] = static_cast<T>(acc);
     }
   }
@@ -371,7 +390,8 @@ void moe_unpermute(T* out, const T* yp, const int32_t* rows, const T* weights, i
     for (int64_t c = 0; c < C; ++c) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k)
-        acc += static_cast<double>(weights[n * K + k]) * yp[rows[n * K + k] * C + c];
+        if (rows[n * K + k] >= 0)
+          acc += static_cast<double>(weights[n * K + k]) * yp[rows[n * K + k] * C + c];
       out[n * C + c] = static_cast<T>(out[n * C + c] + acc);
     }
   }
@@ -386,7 +406,7 @@ void moe_unpermute_backward(T* dyp, int64_t R, T* dweights, const T* dout, const
     for (int64_t k = 0; k < K; ++k) {
       const int64_t row = rows[n * K + k];
       double dot = 0;
-      for (int64_t c = 0; c < C; ++c) {
+      for (int64_t c = 0; c < C && row >= 0; ++c) {
         dot += static_cast<double>(dout[n * C + c]) * yp[row * C + c];
         dyp[row * C + c] =
             static_cast<T>(static_cast<double>(weights[n * K + k]) * dout[n * C + c]);

@@ -917,7 +917,8 @@ void CudaBackend::do_moe_expert_bias_update(const Tensor& bias, const Tensor& co
 }
 
 void CudaBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
-                                 const Tensor& x, const Tensor& indices, int64_t align) {
+                                 const Tensor& x, const Tensor& indices, int64_t align,
+                                 const MoeCapacity& capacity) {
   const char* op = "moe_permute";
   expect_float(x, op, "x");
   expect_same_type(xp, x, op, "xp");
@@ -925,10 +926,13 @@ void CudaBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Ten
   expect_type(offsets, DType::I32, op, "offsets");
   expect_type(indices, DType::I32, op, "indices");
   const MatrixDims xd = matrix_dims(x);
-  const int64_t E = offsets.numel() - 1, R = matrix_dims(xp).rows;
-  const size_t bytes = moe_permute_scratch_bytes(R, E);
+  const int64_t E = offsets.numel() - 1, R = matrix_dims(xp).rows, K = matrix_dims(indices).cols;
+  const bool by_weight = capacity.capacity > 0 && !capacity.by_position;
+  if (by_weight) expect_type(capacity.weights, DType::F32, op, "capacity.weights");
+  const size_t bytes = moe_permute_scratch_bytes(R, E, xd.rows * K, capacity.capacity);
   cuda::moe_permute(xp.data, rows.as<int32_t>(), offsets.as<int32_t>(), x.data,
-                    indices.as<int32_t>(), xd.rows, matrix_dims(indices).cols, xd.cols, E, R, align,
+                    indices.as<int32_t>(), xd.rows, K, xd.cols, E, R, align, capacity.capacity,
+                    capacity.by_position, by_weight ? capacity.weights.as<float>() : nullptr,
                     x.dtype, scratch(bytes), bytes, stream_);
 }
 

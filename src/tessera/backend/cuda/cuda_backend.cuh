@@ -159,7 +159,7 @@ class CudaBackend final : public Backend {
   void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) override;
   void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) override;
   void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets, const Tensor& x,
-                      const Tensor& indices, int64_t align) override;
+                      const Tensor& indices, int64_t align, const MoeCapacity& capacity) override;
   void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) override;
   void do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
                         const Tensor& weights) override;

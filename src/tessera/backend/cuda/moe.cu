@@ -410,6 +410,68 @@ __global__ void plan_expert_rows_kernel(int32_t* rows, int32_t* offsets, int32_t
   }
 }
 
+// Block e: which of expert e's pairs stay within its capacity (MoeCapacity): kept[i] = e for
+// those, -1 for the dropped ones; slots of other experts are left to their blocks. By
+// position the first `capacity` pairs stay; by weight (weights >= 0, so their bit patterns
+// order like the values) the `capacity` largest, found by a bitwise search for the
+// capacity-th largest pattern, ties at it kept in slot order.
+__global__ void capacity_keep_kernel(int32_t* kept, const int32_t* indices, const float* weights,
+                                     int64_t slots, int64_t capacity, bool by_position) {
+  __shared__ float shared[32];
+  __shared__ int warp_total[32];
+  const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = static_cast<int>(blockDim.x / 32);
+  // Pairs of e whose weight pattern is >= x (bits > x when strict).
+  auto count_from = [&](uint32_t x, bool strict) {
+    float local = 0;
+    for (int64_t i = threadIdx.x; i < slots; i += blockDim.x) {
+      if (indices[i] != e) continue;
+      const uint32_t b = __float_as_uint(weights[i]);
+      local += (strict ? b > x : b >= x) ? 1.0f : 0.0f;
+    }
+    return static_cast<int64_t>(block_sum(local, shared));
+  };
+  float local = 0;
+  for (int64_t i = threadIdx.x; i < slots; i += blockDim.x) local += indices[i] == e ? 1.0f : 0.0f;
+  const int64_t count = static_cast<int64_t>(block_sum(local, shared));
+  // Every pair stays under capacity; by weight, those above the threshold pattern always do
+  // and `ties` of those at it (in slot order).
+  uint32_t threshold = 0;
+  int64_t ties = capacity;
+  const bool all = count <= capacity;
+  if (!all && !by_position) {
+    for (int bit = 31; bit >= 0; --bit) {  // the largest x with count_from(x) >= capacity
+      const uint32_t candidate = threshold | (1u << bit);
+      if (count_from(candidate, false) >= capacity) threshold = candidate;
+    }
+    ties = capacity - count_from(threshold, true);
+  }
+  int base = 0;
+  for (int64_t start = 0; start < slots; start += blockDim.x) {
+    const int64_t i = start + threadIdx.x;
+    const bool mine = i < slots && indices[i] == e;
+    uint32_t b = 0;
+    if (mine && !by_position) b = __float_as_uint(weights[i]);
+    // The pairs that compete for the remaining places, counted in slot order.
+    const bool queued = mine && (all ? false : by_position ? true : b == threshold);
+    const unsigned ballot = __ballot_sync(0xffffffffu, queued);
+    if (lane == 0) warp_total[warp] = __popc(ballot);
+    __syncthreads();
+    int before = 0, chunk = 0;
+    for (int w = 0; w < warps; ++w) {
+      if (w < warp) before += warp_total[w];
+      chunk += warp_total[w];
+    }
+    if (mine) {
+      bool keep = all || (!by_position && b > threshold);
+      if (queued) keep = base + before + __popc(ballot & ((1u << lane) - 1u)) < ties;
+      kept[i] = keep ? e : -1;
+    }
+    base += chunk;
+    __syncthreads();  // warp_total is rewritten by the next chunk
+  }
+}
+
 // Row `row` of out (R, C): source row src[row] / K of in (a token) scaled by nothing, or zero.
 template <class T, int VEC>
 __global__ void gather_token_rows_kernel(T* out, const T* in, const int32_t* src, int64_t K,
@@ -452,7 +514,7 @@ __global__ void scatter_grad_rows_kernel(T* dyp, const T* dout, const float* wei
 
 __global__ void invert_rows_kernel(int32_t* src, const int32_t* rows, int64_t slots) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < slots) src[rows[i]] = static_cast<int32_t>(i);
+  if (i < slots && rows[i] >= 0) src[rows[i]] = static_cast<int32_t>(i);
 }
 
 // Token n: out[n] += sum_k w[n, k] * yp[rows[n, k]] (w = null: weight 1), slots in order.
@@ -465,8 +527,10 @@ __global__ void combine_rows_kernel(T* out, const T* yp, const int32_t* rows, co
     load_floats<T, VEC>(out + n * C + c, acc);
     float sum[VEC] = {};
     for (int64_t k = 0; k < K; ++k) {
+      const int32_t row = rows[n * K + k];
+      if (row < 0) continue;  // a dropped pair
       const float w = weights ? weights[n * K + k] : 1.0f;
-      load_floats<T, VEC>(yp + static_cast<int64_t>(rows[n * K + k]) * C + c, v);
+      load_floats<T, VEC>(yp + static_cast<int64_t>(row) * C + c, v);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum[j] += w * v[j];
     }
@@ -483,7 +547,12 @@ __global__ void slot_dots_kernel(float* dweights, const T* dout, const T* yp, co
   __shared__ float shared[32];
   const int64_t n = blockIdx.x;
   for (int64_t k = 0; k < K; ++k) {
-    const T* y = yp + static_cast<int64_t>(rows[n * K + k]) * C;
+    const int32_t row = rows[n * K + k];
+    if (row < 0) {  // a dropped pair (the same branch for the whole block)
+      if (threadIdx.x == 0) dweights[n * K + k] = 0.0f;
+      continue;
+    }
+    const T* y = yp + static_cast<int64_t>(row) * C;
     float local = 0;
     for (int64_t c = threadIdx.x; c < C; c += kRowThreads)
       local += to_float(dout[n * C + c]) * to_float(y[c]);
@@ -658,23 +727,35 @@ void moe_expert_bias_update(float* bias, const float* counts, int64_t E, float r
   TS_CUDA_CHECK_LAUNCH("moe_expert_bias_update_kernel");
 }
 
-size_t moe_permute_scratch_bytes(int64_t R, int64_t E) {
+size_t moe_permute_scratch_bytes(int64_t R, int64_t E, int64_t slots, int64_t capacity) {
   return align_up(static_cast<size_t>(E) * sizeof(int32_t)) +
-         align_up(static_cast<size_t>(R) * sizeof(int32_t));
+         align_up(static_cast<size_t>(R) * sizeof(int32_t)) +
+         (capacity > 0 ? align_up(static_cast<size_t>(slots) * sizeof(int32_t)) : 0);
 }
 
 void moe_permute(void* xp, int32_t* rows, int32_t* offsets, const void* x, const int32_t* indices,
-                 int64_t N, int64_t K, int64_t C, int64_t E, int64_t R, int64_t align, DType dtype,
+                 int64_t N, int64_t K, int64_t C, int64_t E, int64_t R, int64_t align,
+                 int64_t capacity, bool by_position, const float* weights, DType dtype,
                  void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("moe_permute");
-  if (scratch_bytes < moe_permute_scratch_bytes(R, E))
+  const int64_t slots = N * K;
+  if (scratch_bytes < moe_permute_scratch_bytes(R, E, slots, capacity))
     throw_cuda_error(cudaErrorInvalidValue, "moe_permute: scratch too small", __FILE__, __LINE__);
   auto* counts = static_cast<int32_t*>(scratch);
   auto* src = reinterpret_cast<int32_t*>(static_cast<char*>(scratch) +
                                          align_up(static_cast<size_t>(E) * sizeof(int32_t)));
-  const int64_t slots = N * K;
   TS_CUDA_CHECK(cudaMemsetAsync(src, 0xff, static_cast<size_t>(R) * sizeof(int32_t), stream));
   check_grid("moe_permute", E);
+  if (capacity > 0) {
+    // The pairs that stay: the rest get row -1 and no place in a group.
+    auto* kept = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(src) +
+                                            align_up(static_cast<size_t>(R) * sizeof(int32_t)));
+    capacity_keep_kernel<<<E, kPlanThreads, 0, stream>>>(kept, indices, weights, slots, capacity,
+                                                          by_position);
+    TS_CUDA_CHECK_LAUNCH("capacity_keep_kernel");
+    TS_CUDA_CHECK(cudaMemsetAsync(rows, 0xff, static_cast<size_t>(slots) * sizeof(int32_t), stream));
+    indices = kept;
+  }
   count_expert_slots_kernel<<<E, kPlanThreads, 0, stream>>>(counts, indices, slots);
   TS_CUDA_CHECK_LAUNCH("count_expert_slots_kernel");
   plan_expert_rows_kernel<<<E, kPlanThreads, 0, stream>>>(rows, offsets, src, counts, indices,

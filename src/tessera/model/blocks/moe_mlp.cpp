@@ -98,9 +98,12 @@ MoeRouting MoeMlpBlock::routing(bool force_balance) const {
 }
 
 int64_t MoeMlpBlock::expert_rows(int64_t n, int ep) const {
-  // Each rank of the group sends at most its routed rows for this rank's experts, padded.
+  // Each rank of the group sends at most its routed rows for this rank's experts (with token
+  // dropping, its experts' capacity each), padded.
+  const int64_t local = s_.moe.experts / ep;
   return ep == 1 ? permuted_rows(n, s_.moe)
-                 : ep * (n * s_.moe.topk + s_.moe.experts / ep * (kGroupAlign - 1));
+                 : ep * (kept_pairs(n, local, s_.moe.capacity(n), s_.moe.topk) +
+                         local * (kGroupAlign - 1));
 }
 
 ExpertGroups MoeMlpBlock::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
@@ -154,7 +157,11 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
   Backend& b = ops.backend();
   ops.linear(t.logits, t.ln, router_, -1);
   b.moe_router_forward(t.indices, t.weights, t.logits, expert_bias_, routing(force_balance));
-  b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign);
+  MoeCapacity capacity;  // Megatron's token dropping, per pass over this rank's tokens
+  capacity.capacity = s_.moe.capacity(t.ln.dim(0));
+  capacity.by_position = s_.moe.drop_by_position;
+  capacity.weights = t.weights;
+  b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign, capacity);
   // The group sizes are known on the device only; one copy per pass serves every grouped
   // GEMM of the layer, forward and backward (and the exchange's counts).
   host_offsets.resize(static_cast<size_t>(s_.moe.experts + 1));

@@ -22,6 +22,7 @@
 // With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
 // go to that rank, which runs its experts on the (source rank, expert) groups it receives,
 // and the outputs (forward) and the inputs' gradients (backward) come back.
+#include <algorithm>
 #include <vector>
 
 #include "tessera/model/block.h"
@@ -62,9 +63,16 @@ class MoeMlpBlock final : public Block {
   const char* state_name() const override { return "mlp.router.expert_bias"; }
   void update_state(Backend& backend) override;
 
-  // Rows of the permuted activations for n tokens: every routing fits.
+  // Rows of the permuted activations for n tokens: every routing fits (with token dropping,
+  // every expert at its capacity).
   static int64_t permuted_rows(int64_t n, const MoeSpec& moe) {
-    return n * moe.topk + moe.experts * (kGroupAlign - 1);
+    return kept_pairs(n, moe.experts, moe.capacity(n), moe.topk) +
+           moe.experts * (kGroupAlign - 1);
+  }
+  // (token, expert) pairs of n tokens that `experts` experts keep at most (capacity 0:
+  // dropless).
+  static int64_t kept_pairs(int64_t n, int64_t experts, int64_t capacity, int64_t topk) {
+    return capacity > 0 ? std::min(n * topk, experts * capacity) : n * topk;
   }
 
  private:

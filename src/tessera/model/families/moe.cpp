@@ -1,5 +1,7 @@
 #include "tessera/model/families/moe.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
@@ -54,6 +56,8 @@ MoeSpec moe_spec(const Experiment& e, int64_t dense_ffn) {
   moe.num_groups = m.moe_router_num_groups;
   moe.group_topk = m.moe_router_group_topk;
   moe.topk_scaling = m.moe_router_topk_scaling_factor;
+  moe.capacity_factor = std::max(m.moe_expert_capacity_factor, 0.0);
+  moe.drop_by_position = m.moe_token_drop_policy == MoeDropPolicy::Position;
   return moe;
 }
 
