@@ -183,7 +183,9 @@ if want moe; then
              "mixtral_8x7B bf16state_balanced $BF16_STATE --moe_force_balance true" \
              "mixtral_8x7B fp8state_routed --fp8 hybrid $BF16_STATE" \
              "mixtral_8x7B fp8state_balanced --fp8 hybrid $BF16_STATE --moe_force_balance true" \
-             "qwen3_30B_A3B bf16state_routed $BF16_STATE"; do
+             "qwen3_30B_A3B bf16state_routed $BF16_STATE" \
+             "mixtral_8x7B bf16cap1_routed --moe_expert_capacity_factor 1.0" \
+             "mixtral_8x7B fp8cap1_routed --fp8 hybrid --moe_expert_capacity_factor 1.0"; do
     set -- $run
     model="$1" name="$1_$2"; shift 2
     # MOE_ONLY (a regular expression) picks runs by name, to fit one call.
