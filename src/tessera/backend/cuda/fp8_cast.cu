@@ -49,6 +49,31 @@ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4],
   cols[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
+// Tile columns cg .. cg + 4 over tile rows j0 .. j0 + kRunT: four runs of kRunT codes, four
+// to a word, each a row of the transposed output.
+__device__ __forceinline__ void tile_column_runs(const uint8_t (&tile)[kTileRows][kTileCols + 4],
+                                                 int cg, int j0, uint32_t (&run)[4][kRunT / 4]) {
+#pragma unroll
+  for (int j = 0; j < kRunT; j += 4) {
+    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
+    uint32_t cols[4];
+    transpose_4x4_bytes(rows, cols);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
+  }
+}
+
+// The block's amax (the max of its warps' bit patterns) into amax_bits, unless it is zero.
+__device__ __forceinline__ void block_amax_to(unsigned* amax_bits, const unsigned* warp_amax) {
+  unsigned block_max = 0;
+#pragma unroll
+  for (int w = 0; w < kCastThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
+  if (block_max != 0) atomicMax(amax_bits, block_max);
+}
+
 // Thread threadIdx.x's share of a tile at (r0, c): rows r0 + threadIdx.x / 16 + 16 k below
 // `rows`, its kPack columns from c (vectorised when vec_in); entries past rows or C stay unset.
 template <class T>
@@ -134,27 +159,14 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
   if (amax_bits == nullptr && out_t == nullptr) return;
   __syncthreads();
   if (amax_bits != nullptr && t == 0) {
-    unsigned block_max = 0;
-#pragma unroll
-    for (int w = 0; w < kCastThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
-    if (block_max != 0) atomicMax(amax_bits, block_max);
+    block_amax_to(amax_bits, warp_amax);
   }
   if (out_t == nullptr) return;
   // Thread t writes out_t rows c0 + cg .. c0 + cg + 4 (tile columns), columns r0 + j0 ..
   // r0 + j0 + 16 (tile rows).
   const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
   uint32_t run[4][kRunT / 4];
-#pragma unroll
-  for (int j = 0; j < kRunT; j += 4) {
-    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
-    uint32_t cols[4];
-    transpose_4x4_bytes(rows, cols);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
-  }
+  tile_column_runs(tile, cg, j0, run);
   const int64_t r = r0 + j0;
   if (r >= R) return;
 #pragma unroll
@@ -280,10 +292,7 @@ __global__ void __launch_bounds__(kCastThreads)
     if (per_group_amax) {
       if (group_amax[t] != 0) atomicMax(amax_bits + row_group[t], group_amax[t]);
     } else if (t == 0) {
-      unsigned block_max = 0;
-#pragma unroll
-      for (int w = 0; w < kCastThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
-      if (block_max != 0) atomicMax(amax_bits, block_max);
+      block_amax_to(amax_bits, warp_amax);
     }
   }
   if (out_t == nullptr) return;
@@ -291,17 +300,7 @@ __global__ void __launch_bounds__(kCastThreads)
   // rows j0 .. j0 + 16, as fp8_cast_transpose_kernel does.
   const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
   uint32_t run[4][kRunT / 4];
-#pragma unroll
-  for (int j = 0; j < kRunT; j += 4) {
-    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
-    uint32_t cols[4];
-    transpose_4x4_bytes(rows, cols);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
-  }
+  tile_column_runs(tile, cg, j0, run);
   if (row_group[j0] < 0) return;  // rows past the groups come only after rows in them
   const int64_t r = r0 + j0;
   const bool one_group = row_group[j0 + kRunT - 1] == row_group[j0];
