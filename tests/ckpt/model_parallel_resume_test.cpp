@@ -258,8 +258,7 @@ TEST(ModelParallelResume, ExpertParallelCheckpointsResumeUnderAnyMeshAndBitwiseO
       const Checkpoint last((save / "iter_0000006").string());
       for (const ParamInfo& p : last.layout().params) {
         const std::vector<float> master = last.master(p);
-        EXPECT_TRUE(
-            std::equal(master.begin(), master.end(), straight.weights.begin() + p.offset))
+        EXPECT_TRUE(std::equal(master.begin(), master.end(), straight.weights.begin() + p.offset))
             << p.name << " in the checkpoint differs from the final weights";
       }
     }

@@ -997,11 +997,11 @@ OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, i
   const int64_t kept = capacity > 0 ? std::min(N * K, E * capacity) : N * K;
   const int64_t R = kept + E * (align - 1) + 5;  // 5 rows more than any routing can use
   OpCase c;
-  c.name = fmt::format("moe_permute+unpermute N{} K{} E{} C{} align{} experts[{},{}){}", N, K, E,
-                       C, align, lo, hi,
-                       capacity > 0 ? fmt::format(" capacity {} by {}", capacity,
-                                                  by_position ? "position" : "weight")
-                                    : "");
+  c.name = fmt::format(
+      "moe_permute+unpermute N{} K{} E{} C{} align{} experts[{},{}){}", N, K, E, C, align, lo, hi,
+      capacity > 0
+          ? fmt::format(" capacity {} by {}", capacity, by_position ? "position" : "weight")
+          : "");
   c.specs = {{"x", {N, C}},
              slots("indices", N, K, lo, hi),
              {"xp", {R, C}, Kind::Act, Role::Out, 1, 0, 1, 1e-6},
@@ -1072,9 +1072,9 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
   for (const auto& [beta, out_kind] :
        {std::pair{0.0f, Kind::F32}, std::pair{1.0f, Kind::F32}, std::pair{1.0f, Kind::BF16}}) {
     OpCase c;
-    c.name = fmt::format("grouped_matmul_wgrad G{} rows{} M{} N{}{}{} {}", G, used, N, K,
-                         beta != 0 ? " beta1" : "", out_kind == Kind::BF16 ? " bf16-grad" : "",
-                         what);
+    c.name =
+        fmt::format("grouped_matmul_wgrad G{} rows{} M{} N{}{}{} {}", G, used, N, K,
+                    beta != 0 ? " beta1" : "", out_kind == Kind::BF16 ? " bf16-grad" : "", what);
     c.specs = {{"a", {R, N}, Kind::Act, Role::In, 0.5f},
                {"b", {R, K}, Kind::Act, Role::In, 0.5f},
                {"out", {W, N, K}, out_kind, beta != 0 ? Role::Accum : Role::Out, 1, 0, 1, 1e-2}};

@@ -24,9 +24,8 @@ inline void for_each_placed_element(
 // The rank's part of one model's flat values (alignment gaps zero).
 inline std::vector<float> placed_part(const ParamLayout& layout, const std::vector<float>& whole) {
   std::vector<float> part(static_cast<size_t>(layout.total), 0.0f);
-  for_each_placed_element(layout, [&](int64_t local, int64_t w, const ParamInfo&) {
-    part[local] = whole[w];
-  });
+  for_each_placed_element(
+      layout, [&](int64_t local, int64_t w, const ParamInfo&) { part[local] = whole[w]; });
   return part;
 }
 

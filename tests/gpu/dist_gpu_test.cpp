@@ -304,8 +304,9 @@ TEST_F(DistGpu, ExpertParallelMatchesOneGpu) {
   expect_uniform_floor(one);
   expect_close(losses("moe_ep"), one, "expert parallel");
   expect_close(losses("moe_ep_zero"), one, "expert parallel with ZeRO-1");
-  EXPECT_NE(read("moe_ep.txt").find("experts spread over 2 expert-parallel ranks (each holds 4 "
-                                    "of every MoE layer's 8 experts"),
+  EXPECT_NE(read("moe_ep.txt")
+                .find("experts spread over 2 expert-parallel ranks (each holds 4 "
+                      "of every MoE layer's 8 experts"),
             std::string::npos)
       << read("moe_ep.txt");
 }

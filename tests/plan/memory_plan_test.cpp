@@ -340,19 +340,51 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
 TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
   const int world = 4;
   // Plain, ZeRO-1, and ZeRO-1 with token dropping (the experts' rows planned at capacity).
-  for (const auto& [zero1, capacity] : {std::pair{"false", "null"}, std::pair{"true", "null"},
-                                        std::pair{"true", "0.75"}}) {
-    const Experiment e = load("", {"--mock_data", "true", "--num_layers", "2", "--hidden_size",
-                                   "64", "--num_attention_heads", "4", "--num_query_groups", "2",
-                                   "--model_family", "mixtral", "--num_experts", "4",
-                                   "--moe_router_topk", "2", "--moe_ffn_hidden_size", "48",
-                                   "--moe_layer_freq", "1", "--expert_model_parallel_size", "2",
-                                   "--seq_length", "32", "--micro_batch_size", "1",
-                                   "--global_batch_size", "4", "--train_iters", "1",
-                                   "--lr_warmup_iters", "0", "--eval_interval", "0",
-                                   "--ddp_bucket_size", "5000", "--device", "cpu",
-                                   "--use_distributed_optimizer", zero1,
-                                   "--moe_expert_capacity_factor", capacity},
+  for (const auto& [zero1, capacity] :
+       {std::pair{"false", "null"}, std::pair{"true", "null"}, std::pair{"true", "0.75"}}) {
+    const Experiment e = load("",
+                              {"--mock_data",
+                               "true",
+                               "--num_layers",
+                               "2",
+                               "--hidden_size",
+                               "64",
+                               "--num_attention_heads",
+                               "4",
+                               "--num_query_groups",
+                               "2",
+                               "--model_family",
+                               "mixtral",
+                               "--num_experts",
+                               "4",
+                               "--moe_router_topk",
+                               "2",
+                               "--moe_ffn_hidden_size",
+                               "48",
+                               "--moe_layer_freq",
+                               "1",
+                               "--expert_model_parallel_size",
+                               "2",
+                               "--seq_length",
+                               "32",
+                               "--micro_batch_size",
+                               "1",
+                               "--global_batch_size",
+                               "4",
+                               "--train_iters",
+                               "1",
+                               "--lr_warmup_iters",
+                               "0",
+                               "--eval_interval",
+                               "0",
+                               "--ddp_bucket_size",
+                               "5000",
+                               "--device",
+                               "cpu",
+                               "--use_distributed_optimizer",
+                               zero1,
+                               "--moe_expert_capacity_factor",
+                               capacity},
                               world);
     const RunSetup setup = make_run_setup(e, {world, DType::F32},
                                           [&] { return make_tokenizer(e.data)->vocab_size(); });
@@ -492,8 +524,8 @@ TEST(MemoryPlan, MeshesSplitTheModel) {
 // per layer) on 8 H200s: every GPU holding every expert cannot fit; with the experts split 8
 // ways each holds 32 per layer and, with full recompute, it fits.
 TEST(MemoryReport, DeepSeekV3ProxyFitsEightH200sWithItsExpertsSplit) {
-  const std::vector<std::string> proxy = {"--num_layers", "3", "--moe_layer_freq", "1",
-                                          "--use_distributed_optimizer", "true"};
+  const std::vector<std::string> proxy = {
+      "--num_layers", "3", "--moe_layer_freq", "1", "--use_distributed_optimizer", "true"};
   std::vector<std::string> ep8 = proxy;
   ep8.insert(ep8.end(), {"--expert_model_parallel_size", "8"});
   const MemoryReport all = build_memory_report(gpu_query("deepseek_v3-pretrain", proxy, 8, "H200"));

@@ -49,9 +49,10 @@ void print_convert_help() {
       "llama3.1, qwen3) or a tokenizer.json (or a directory holding one). A byte-level run has\n"
       "no Hugging Face tokenizer: only its token ids are written. --to writes a weights-only\n"
       "checkpoint that `tessera train --load` starts from.\n"
-      "--check-logits runs the model in fp32 on the CPU reference backend on each line of TOKENS.txt (space-separated ids,\n"
-      "equal lengths) and writes logits [B, T, vocab], the mean next-token loss (as\n"
-      "transformers computes it with labels = input ids) and the tokens.\n"
+      "--check-logits runs the model in fp32 on the CPU reference backend on each line of\n"
+      "TOKENS.txt (space-separated ids, equal lengths) and writes logits [B, T, vocab], the\n"
+      "mean next-token loss (as transformers computes it with labels = input ids) and the\n"
+      "tokens.\n"
       "Outputs are written to a temporary name and renamed when complete.\n");
 }
 

@@ -226,8 +226,8 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
               fmt::format("at most moe_router_group_topk x experts per group = {} x {}",
                           m.moe_router_group_topk, E / groups));
   }
-  c.require(m.moe_expert_capacity_factor < 0 || (m.moe_expert_capacity_factor > 0 &&
-                                                  std::isfinite(m.moe_expert_capacity_factor)),
+  c.require(m.moe_expert_capacity_factor < 0 ||
+                (m.moe_expert_capacity_factor > 0 && std::isfinite(m.moe_expert_capacity_factor)),
             "moe_expert_capacity_factor", "null (dropless) or a positive number");
   c.require(!m.moe_pad_expert_input_to_capacity, "moe_pad_expert_input_to_capacity",
             "false: padding the experts' inputs to their capacity is not implemented");

@@ -39,8 +39,8 @@ BucketPlan plan_buckets(const std::vector<ParamRange>& ranges, int64_t params,
     const ParamRange& r = ranges[i];
     TS_CHECK(r.count() % g == 0 && r.begin >= 0 && r.end <= p.padded &&
                  (i == 0 || ranges[i - 1].end <= r.begin),
-             "bucket ranges: [{}, {}) is not an increasing multiple of {} elements", r.begin,
-             r.end, g);
+             "bucket ranges: [{}, {}) is not an increasing multiple of {} elements", r.begin, r.end,
+             g);
     for (int64_t end = r.end; end > r.begin;) {
       const int64_t begin = std::max<int64_t>(end - size, r.begin);
       p.buckets.push_back({begin, end});
@@ -150,9 +150,8 @@ DataParallel::DataParallel(Communicator& comm, Model& model, const DataParallelO
   for (size_t k = 0; k < plan_.experts.buckets.size(); ++k)
     buckets_.push_back(
         {plan_.experts.buckets[k], plan_.experts.shard(k, expert_rank), experts.expert_data});
-  std::stable_sort(buckets_.begin(), buckets_.end(), [](const Bucket& a, const Bucket& b) {
-    return a.range.begin > b.range.begin;
-  });
+  std::stable_sort(buckets_.begin(), buckets_.end(),
+                   [](const Bucket& a, const Bucket& b) { return a.range.begin > b.range.begin; });
   // The padding takes part in every reduction: keep it zero (the backward never writes it).
   if (padded_ > plan_.dense.params)
     model.backend().fill(padded_view(model.grads(), {plan_.dense.params, padded_}), 0.0f);
@@ -190,8 +189,8 @@ std::vector<OwnedParams> DataParallel::optimizer_shards() const {
 
 Tensor DataParallel::padded_view(const Tensor& flat, const ParamRange& r) const {
   // The buffers are allocated for padded_ elements; the model's tensors show params.
-  TS_CHECK(r.begin >= 0 && r.end <= padded_, "range [{}, {}) outside {} elements", r.begin,
-           r.end, padded_);
+  TS_CHECK(r.begin >= 0 && r.end <= padded_, "range [{}, {}) outside {} elements", r.begin, r.end,
+           padded_);
   return Tensor{static_cast<char*>(flat.data) + r.begin * dtype_size(flat.dtype), flat.dtype,
                 Shape{r.count()}, flat.device};
 }

@@ -18,7 +18,9 @@ class CommExpertExchange final : public ExpertExchange {
 
   // Device bytes the exchange holds for `counts` per-expert counts per direction (the memory
   // planner counts them).
-  static size_t counts_bytes(int64_t counts) { return static_cast<size_t>(2 * counts) * sizeof(float); }
+  static size_t counts_bytes(int64_t counts) {
+    return static_cast<size_t>(2 * counts) * sizeof(float);
+  }
 
   int size() const override { return comm_.size(); }
   int rank() const override { return comm_.rank(); }

@@ -69,8 +69,8 @@ std::vector<std::unique_ptr<DecoderLayer>> make_decoder_layers(const ModelSpec& 
 // indices of their parameters in it: the embedding; per layer, each block's parameters in
 // order; the final norm; the output head (if untied). With tensor parallelism `spec` and the
 // layers are a rank's share (tensor_parallel_shard) and the layout holds the parts `split`
-// names of every split parameter (and of the expert stacks). A pipeline stage holds some of the layers, and
-// the embedding and the head (with the final norm) only where they are its own.
+// names of every split parameter (and of the expert stacks). A pipeline stage holds some of the
+// layers, and the embedding and the head (with the final norm) only where they are its own.
 struct DecoderParts {
   bool embedding = true, head = true;
 };

@@ -75,7 +75,8 @@ ParamSplit param_split(const ModelRuntime& rt) {
   ParamSplit s;
   s.tensor_parallel = {rt.tensor_parallel_size, rt.tensor_parallel_rank};
   s.expert_parallel = {rt.expert_parallel_size, rt.expert_parallel_rank};
-  if (rt.expert_parallel_size > 1) s.expert_run_multiple = std::max<int64_t>(rt.flat_buffer_multiple, 64);
+  if (rt.expert_parallel_size > 1)
+    s.expert_run_multiple = std::max<int64_t>(rt.flat_buffer_multiple, 64);
   return s;
 }
 
@@ -147,7 +148,8 @@ ParamLayout DecoderModel::plan_layout(const ModelSpec& whole, const ModelRuntime
 ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime& rt) {
   const ModelSpec spec = tensor_parallel_shard(whole, rt.tensor_parallel_size);
   const auto layers = chunk_layers(spec, rt);
-  const ParamLayout layout = decoder_param_layout(spec, layers, param_split(rt), parts_held(spec, rt));
+  const ParamLayout layout =
+      decoder_param_layout(spec, layers, param_split(rt), parts_held(spec, rt));
   ModelMemory m;
   const int64_t multiple = std::max<int64_t>(rt.flat_buffer_multiple, 1);
   const auto padded = static_cast<size_t>((layout.total + multiple - 1) / multiple * multiple);
@@ -540,7 +542,8 @@ void DecoderModel::linear_tensor_parallel(const Tensor& out, const Tensor& in, i
     case TensorParallelStyle::Expert:
       break;
   }
-  throw InternalError(fmt::format("{}: a replicated parameter or an expert stack used as a linear layer", p.name));
+  throw InternalError(
+      fmt::format("{}: a replicated parameter or an expert stack used as a linear layer", p.name));
 }
 
 void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,

@@ -20,8 +20,8 @@ int64_t MoeSpec::moe_layers() const {
 
 int64_t MoeSpec::capacity(int64_t tokens) const {
   if (capacity_factor <= 0 || experts <= 0) return 0;
-  return static_cast<int64_t>(
-      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * capacity_factor));
+  return static_cast<int64_t>(std::ceil(static_cast<double>(tokens * topk) /
+                                        static_cast<double>(experts) * capacity_factor));
 }
 
 int64_t ModelSpec::matmul_params() const {

@@ -33,8 +33,7 @@ std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const Pa
       // is expert-data-parallel rank r / ep; every expert-parallel rank's layout has the same
       // shape as this one.
       const int ep = in.runtime.expert_parallel_size;
-      const dist::ReductionPlan plan =
-          dist::plan_reduction(layout, in.bucket_elements, world, ep);
+      const dist::ReductionPlan plan = dist::plan_reduction(layout, in.bucket_elements, world, ep);
       for (int r = 0; r < world; ++r) out.push_back(plan.owned(r, r / ep));
       break;
     }

@@ -161,8 +161,7 @@ void Trainer::log_run() const {
         moe.capacity_factor > 0
             ? fmt::format("capacity factor {} ({} of a micro-batch's {} pairs per expert, beyond "
                           "that the {} dropped)",
-                          moe.capacity_factor, moe.capacity(rt.tokens()),
-                          rt.tokens() * moe.topk,
+                          moe.capacity_factor, moe.capacity(rt.tokens()), rt.tokens() * moe.topk,
                           moe.drop_by_position ? "latest tokens" : "lowest weights")
             : std::string("dropless"),
         rt.moe_force_balance ? "force-balanced (round-robin, benchmark mode)" : "by the router",

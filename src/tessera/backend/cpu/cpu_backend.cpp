@@ -924,7 +924,8 @@ void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tens
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k)
-      if (to[n * K + k] >= 0) std::copy(f32(x) + n * C, f32(x) + (n + 1) * C, out + to[n * K + k] * C);
+      if (to[n * K + k] >= 0)
+        std::copy(f32(x) + n * C, f32(x) + (n + 1) * C, out + to[n * K + k] * C);
 }
 
 void CpuBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {

@@ -1021,7 +1021,9 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
   const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t elem = dtype_size(a.a.dtype), out_elem = dtype_size(a.out.dtype);
-  auto weight_out = [&](int64_t w) { return static_cast<char*>(a.out.data) + w * M * N * out_elem; };
+  auto weight_out = [&](int64_t w) {
+    return static_cast<char*>(a.out.data) + w * M * N * out_elem;
+  };
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
   for (int64_t g = 0; g < G; ++g) {
@@ -1047,8 +1049,8 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
       TS_CUDA_CHECK(cudaMemsetAsync(weight_out(w), 0, M * N * out_elem, stream_));
     } else if (a.beta != 1.0f) {
       TS_CHECK(a.out.dtype == DType::F32,
-               "cuda grouped_matmul_wgrad: beta {} on a {} weight without rows (fp32 only)",
-               a.beta, dtype_name(a.out.dtype));
+               "cuda grouped_matmul_wgrad: beta {} on a {} weight without rows (fp32 only)", a.beta,
+               dtype_name(a.out.dtype));
       scale_floats(reinterpret_cast<float*>(weight_out(w)), M * N, a.beta, stream_);
     }
   }

@@ -751,9 +751,10 @@ void moe_permute(void* xp, int32_t* rows, int32_t* offsets, const void* x, const
     auto* kept = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(src) +
                                             align_up(static_cast<size_t>(R) * sizeof(int32_t)));
     capacity_keep_kernel<<<E, kPlanThreads, 0, stream>>>(kept, indices, weights, slots, capacity,
-                                                          by_position);
+                                                         by_position);
     TS_CUDA_CHECK_LAUNCH("capacity_keep_kernel");
-    TS_CUDA_CHECK(cudaMemsetAsync(rows, 0xff, static_cast<size_t>(slots) * sizeof(int32_t), stream));
+    TS_CUDA_CHECK(
+        cudaMemsetAsync(rows, 0xff, static_cast<size_t>(slots) * sizeof(int32_t), stream));
     indices = kept;
   }
   count_expert_slots_kernel<<<E, kPlanThreads, 0, stream>>>(counts, indices, slots);

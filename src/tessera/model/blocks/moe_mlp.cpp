@@ -235,12 +235,10 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
   // The experts, down then up (their gradients written, then accumulated over micro-batches).
   if (selective) b.swiglu_forward(h_, h1_);
   const ExpertGroups g = expert_groups(ex, offsets_, host_offsets_);
-  ops.expert_linear_backward(dh_, dy, h_, down_, ops.param(down_),
-                             ops.grad(down_), g);
+  ops.expert_linear_backward(dh_, dy, h_, down_, ops.param(down_), ops.grad(down_), g);
   b.swiglu_backward(dh1_, dh_, h1_);
   const Tensor dx = dy;  // dy's memory, free from here on
-  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, ops.param(gate_up_),
-                             ops.grad(gate_up_), g);
+  ops.expert_linear_backward(dx, dh1_, xe, gate_up_, ops.param(gate_up_), ops.grad(gate_up_), g);
   // Back to the rows' own ranks (dyp's memory is free once sent).
   const Tensor dxp = dyp_;
   if (ex != nullptr) ex->exchange_rows(dxp, send_rows_, send_first_, dx, recv_rows_, recv_first_);

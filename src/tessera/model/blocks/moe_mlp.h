@@ -15,9 +15,10 @@
 // The experts' weights are one (E, 2F, C) and one (E, C, F) tensor (under expert parallelism
 // each rank holds its E / ep experts of them, param_layout.h); like a linear's, their
 // gradients are written by a step's first weight-gradient GEMM and added to by later
-// micro-batches' (the model's expert_linear_backward). The group offsets are copied to the host once per forward pass (grouped GEMMs
-// that launch per expert size their GEMMs from them). The grouped GEMMs run through the
-// model's expert_linear, in FP8 when the run's FP8 covers the experts (docs/fp8.md).
+// micro-batches' (the model's expert_linear_backward). The group offsets are copied to the host
+// once per forward pass (grouped GEMMs that launch per expert size their GEMMs from them). The
+// grouped GEMMs run through the model's expert_linear, in FP8 when the run's FP8 covers the experts
+// (docs/fp8.md).
 //
 // With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
 // go to that rank, which runs its experts on the (source rank, expert) groups it receives,
@@ -66,8 +67,7 @@ class MoeMlpBlock final : public Block {
   // Rows of the permuted activations for n tokens: every routing fits (with token dropping,
   // every expert at its capacity).
   static int64_t permuted_rows(int64_t n, const MoeSpec& moe) {
-    return kept_pairs(n, moe.experts, moe.capacity(n), moe.topk) +
-           moe.experts * (kGroupAlign - 1);
+    return kept_pairs(n, moe.experts, moe.capacity(n), moe.topk) + moe.experts * (kGroupAlign - 1);
   }
   // (token, expert) pairs of n tokens that `experts` experts keep at most (capacity 0:
   // dropless).
