@@ -286,118 +286,59 @@ size_t largest_rank_peak(const Experiment& e, int world) {
   return *std::max_element(peaks.begin(), peaks.end());
 }
 
+// A 2-layer run of one iteration on `world` CPU thread ranks with `extra` keys: the planner's
+// bytes for the rank holding the most, and that rank's measured peak.
+std::pair<size_t, size_t> planned_and_peak(int world, int64_t global_batch,
+                                           std::vector<std::string> extra) {
+  std::vector<std::string> keys = {
+      "--mock_data",        "true", "--num_layers",          "2",
+      "--hidden_size",      "64",   "--num_attention_heads", "4",
+      "--num_query_groups", "2",    "--seq_length",          "32",
+      "--micro_batch_size", "1",    "--global_batch_size",   std::to_string(global_batch),
+      "--train_iters",      "1",    "--lr_warmup_iters",     "0",
+      "--eval_interval",    "0",    "--ddp_bucket_size",     "5000",
+      "--device",           "cpu"};
+  keys.insert(keys.end(), extra.begin(), extra.end());
+  const Experiment e = load("", keys, world);
+  const RunSetup setup =
+      make_run_setup(e, {world, DType::F32}, [&] { return make_tokenizer(e.data)->vocab_size(); });
+  return {plan_memory(plan_input(setup, /*gpu=*/false)).allocated(), largest_rank_peak(e, world)};
+}
+
 // ZeRO-1 and FSDP over thread ranks with bf16 state: the planner's bytes are the peak of the
 // rank holding the most (its optimizer shard the largest), exactly.
 TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
   for (const char* sharding : {"--use_distributed_optimizer", "--use_torch_fsdp2"}) {
-    const int world = 3;
-    const Experiment e = load("",
-                              {"--mock_data",
-                               "true",
-                               "--num_layers",
-                               "2",
-                               "--hidden_size",
-                               "64",
-                               "--num_attention_heads",
-                               "4",
-                               "--num_query_groups",
-                               "2",
-                               "--seq_length",
-                               "32",
-                               "--micro_batch_size",
-                               "1",
-                               "--global_batch_size",
-                               "3",
-                               "--train_iters",
-                               "1",
-                               "--lr_warmup_iters",
-                               "0",
-                               "--eval_interval",
-                               "0",
-                               "--ddp_bucket_size",
-                               "5000",
-                               "--device",
-                               "cpu",
-                               sharding,
-                               "true",
-                               "--use_precision_aware_optimizer",
-                               "true",
-                               "--main_grads_dtype",
-                               "bf16",
-                               "--exp_avg_dtype",
-                               "bf16"},
-                              world);
-    const RunSetup setup = make_run_setup(e, {world, DType::F32},
-                                          [&] { return make_tokenizer(e.data)->vocab_size(); });
-    const MemoryPlan p = plan_memory(plan_input(setup, /*gpu=*/false));
-    EXPECT_EQ(largest_rank_peak(e, world), p.allocated()) << sharding;
+    const auto [planned, peak] =
+        planned_and_peak(3, 3,
+                         {sharding, "true", "--use_precision_aware_optimizer", "true",
+                          "--main_grads_dtype", "bf16", "--exp_avg_dtype", "bf16"});
+    EXPECT_EQ(peak, planned) << sharding;
   }
 }
 
 // Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the
 // rest's state and of its experts' over their expert-data-parallel ranks); the planner's
-// bytes are the largest rank's peak, exactly.
+// bytes are the largest rank's peak, exactly: plain, ZeRO-1, and ZeRO-1 with token dropping
+// (the experts' rows planned at capacity). Half the experts' weights on each rank.
 TEST(MemoryPlan, MatchesTheLargestRankPeakOfExpertParallelRuns) {
-  const int world = 4;
-  // Plain, ZeRO-1, and ZeRO-1 with token dropping (the experts' rows planned at capacity).
+  const std::vector<std::string> moe = {
+      "--model_family",        "mixtral", "--num_experts",    "4", "--moe_router_topk", "2",
+      "--moe_ffn_hidden_size", "48",      "--moe_layer_freq", "1"};
   for (const auto& [zero1, capacity] :
        {std::pair{"false", "null"}, std::pair{"true", "null"}, std::pair{"true", "0.75"}}) {
-    const Experiment e = load("",
-                              {"--mock_data",
-                               "true",
-                               "--num_layers",
-                               "2",
-                               "--hidden_size",
-                               "64",
-                               "--num_attention_heads",
-                               "4",
-                               "--num_query_groups",
-                               "2",
-                               "--model_family",
-                               "mixtral",
-                               "--num_experts",
-                               "4",
-                               "--moe_router_topk",
-                               "2",
-                               "--moe_ffn_hidden_size",
-                               "48",
-                               "--moe_layer_freq",
-                               "1",
-                               "--expert_model_parallel_size",
-                               "2",
-                               "--seq_length",
-                               "32",
-                               "--micro_batch_size",
-                               "1",
-                               "--global_batch_size",
-                               "4",
-                               "--train_iters",
-                               "1",
-                               "--lr_warmup_iters",
-                               "0",
-                               "--eval_interval",
-                               "0",
-                               "--ddp_bucket_size",
-                               "5000",
-                               "--device",
-                               "cpu",
-                               "--use_distributed_optimizer",
-                               zero1,
-                               "--moe_expert_capacity_factor",
-                               capacity},
-                              world);
-    const RunSetup setup = make_run_setup(e, {world, DType::F32},
-                                          [&] { return make_tokenizer(e.data)->vocab_size(); });
-    const MemoryPlan p = plan_memory(plan_input(setup, /*gpu=*/false));
-    const MemoryPlan one_rank_experts = [&] {
-      PlanInput in = plan_input(setup, false);
-      in.runtime.expert_parallel_size = 1;
-      return plan_memory(in);
-    }();
-    EXPECT_LT(p.weights, one_rank_experts.weights) << "the experts split over 2 ranks";
-    EXPECT_EQ(largest_rank_peak(e, world), p.allocated())
-        << "use_distributed_optimizer " << zero1 << ", capacity factor " << capacity;
+    std::vector<std::string> keys = moe;
+    keys.insert(keys.end(), {"--expert_model_parallel_size", "2", "--use_distributed_optimizer",
+                             zero1, "--moe_expert_capacity_factor", capacity});
+    const auto [planned, peak] = planned_and_peak(4, 4, keys);
+    EXPECT_EQ(peak, planned) << "use_distributed_optimizer " << zero1 << ", capacity factor "
+                             << capacity;
   }
+  std::vector<std::string> keys = moe;
+  keys.insert(keys.end(), {"--micro_batch_size", "1", "--global_batch_size", "2"});
+  PlanInput split = input_for(load("", keys, 2), 2), whole = split;
+  split.runtime.expert_parallel_size = 2;
+  EXPECT_LT(plan_memory(split).weights, plan_memory(whole).weights);
 }
 
 // Peak memory_stats() of `tessera bench model` on one NVIDIA H200, measured 2026-11-22

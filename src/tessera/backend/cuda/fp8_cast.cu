@@ -74,6 +74,19 @@ __device__ __forceinline__ void block_amax_to(unsigned* amax_bits, const unsigne
   if (block_max != 0) atomicMax(amax_bits, block_max);
 }
 
+// A thread's kPack codes (two words) of row r from column c into out (R, C): one 8-byte store
+// when vec_in, else code by code inside the matrix.
+__device__ __forceinline__ void store_codes(uint8_t* out, int64_t r, int64_t C, int64_t c,
+                                            const uint32_t (&words)[2], bool vec_in) {
+  if (vec_in) {
+    if (c < C) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < kPack; ++k)
+    if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
+}
+
 // Thread threadIdx.x's share of a tile at (r0, c): rows r0 + threadIdx.x / 16 + 16 k below
 // `rows`, its kPack columns from c (vectorised when vec_in); entries past rows or C stay unset.
 template <class T>
@@ -108,10 +121,10 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 // out_t 16-byte aligned for the transposed runs. Otherwise element by element.
 template <class T, __nv_fp8_interpretation_t kFormat>
 __global__ void __launch_bounds__(kCastThreads)
-fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
-                          const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
-                          uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,
-                          bool vec_in, bool vec_t) {
+    fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
+                              const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
+                              uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,
+                              bool vec_in, bool vec_t) {
   // Rows of 68 bytes: a warp's transposed reads (16 consecutive words of two rows 16 apart)
   // fall in 32 distinct banks.
   __shared__ __align__(16) uint8_t tile[kTileRows][kTileCols + 4];
@@ -138,15 +151,7 @@ fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
       m = max(m, max(__float_as_uint(fabsf(a)), __float_as_uint(fabsf(b))));
       if (cast) words[k / 4] |= to_fp8x2<kFormat>(a * scale, b * scale) << (16 * (k / 2 % 2));
     }
-    if (out != nullptr && r < R) {
-      if (vec_in) {
-        if (c < C) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kPack; ++k)
-          if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
-      }
-    }
+    if (out != nullptr && r < R) store_codes(out, r, C, c, words, vec_in);
     if (out_t != nullptr) {
       *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = words[0];
       *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = words[1];
@@ -269,15 +274,7 @@ __global__ void __launch_bounds__(kCastThreads)
     } else {
       m = max(m, row_m);
     }
-    if (out != nullptr && r < used) {
-      if (vec_in) {
-        if (c < C) *reinterpret_cast<uint2*>(out + r * C + c) = make_uint2(words[0], words[1]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kPack; ++k)
-          if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
-      }
-    }
+    if (out != nullptr && r < used) store_codes(out, r, C, c, words, vec_in);
     if (out_t != nullptr) {
       *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = words[0];
       *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = words[1];
@@ -369,13 +366,13 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
     if (format == DType::E5M2) {
-      fp8_cast_transpose_kernel<T, __NV_E5M2><<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a,
-                                                                            vec_in, vec_t);
+      fp8_cast_transpose_kernel<T, __NV_E5M2>
+          <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
     } else {
       TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
                "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
-      fp8_cast_transpose_kernel<T, __NV_E4M3><<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a,
-                                                                            vec_in, vec_t);
+      fp8_cast_transpose_kernel<T, __NV_E4M3>
+          <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
     }
   });
   TS_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");
@@ -422,9 +419,8 @@ void fp8_update_scales(float* history, int64_t H, int64_t S, float* scale, float
   constexpr int kThreads = 128;
   const int64_t blocks = ceil_div(S, kThreads);
   check_grid("fp8_update_scales", blocks);
-  fp8_update_scales_kernel<<<blocks, kThreads, 0, stream>>>(history, H, S, scale, scale_inv,
-                                                            nonfinite, fp8_max, margin, most_recent,
-                                                            roll);
+  fp8_update_scales_kernel<<<blocks, kThreads, 0, stream>>>(
+      history, H, S, scale, scale_inv, nonfinite, fp8_max, margin, most_recent, roll);
   TS_CUDA_CHECK_LAUNCH("fp8_update_scales_kernel");
 }
 
