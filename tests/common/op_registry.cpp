@@ -1015,9 +1015,11 @@ OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, i
              {"dweights", {N, K}, Kind::F32, Role::Out, 1, 0, 1, 2e-2},
              {"dxp", {R, C}},
              {"dx", {N, C}, Kind::Act, Role::Accum, 1, 0, 1, 2e-2}};
+  if (capacity > 0) c.specs.push_back({"dropped", {1}, Kind::F32, Role::Out, 1, 0, 1, 1e-6});
   c.run = [align, capacity, by_position](Backend& b, const Tensors& t) {
     MoeCapacity cap;
     cap.capacity = capacity, cap.by_position = by_position, cap.weights = t.at("weights");
+    if (capacity > 0) cap.dropped = t.at("dropped");
     b.moe_permute(t.at("xp"), t.at("rows"), t.at("offsets"), t.at("x"), t.at("indices"), align,
                   cap);
     b.moe_unpermute(t.at("out"), t.at("yp"), t.at("rows"), t.at("weights"));

@@ -1,5 +1,6 @@
 #include "common/reference_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -507,6 +508,8 @@ void ReferenceBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, cons
         capacity.by_position ? std::vector<double>{} : values(capacity.weights);
     keep = ref::moe_capacity_keep(experts, w.data(), xd.rows, K, E, capacity.capacity,
                                   capacity.by_position);
+    if (capacity.dropped.defined())
+      store(capacity.dropped, {static_cast<double>(std::count(keep.begin(), keep.end(), 0))});
   }
   ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), experts, xd.rows, K, E, align,
                          keep.empty() ? nullptr : keep.data());

@@ -131,13 +131,14 @@ TEST(MoeModel, RecomputeGivesIdenticalGradientsAndStatistics) {
   const ModelSpec spec = tiny_moe_spec();
   const Result plain = one_model_step(spec, runtime());
   ASSERT_TRUE(std::isfinite(plain.loss_sum));
-  ASSERT_EQ(plain.moe_stats.size(), 2u * 6u);
+  ASSERT_EQ(plain.moe_stats.size(), 2u * 7u);
   for (int row = 0; row < 2; ++row) {
     double routed = 0;
-    for (int e = 0; e < 4; ++e) routed += plain.moe_stats[row * 6 + e];
+    for (int e = 0; e < 4; ++e) routed += plain.moe_stats[row * 7 + e];
     EXPECT_EQ(routed, 24.0 * 2) << "every token's two slots, counted once";
-    EXPECT_GT(plain.moe_stats[row * 6 + 4], 0.5) << "aux loss";
-    EXPECT_GT(plain.moe_stats[row * 6 + 5], 0.0) << "z-loss";
+    EXPECT_GT(plain.moe_stats[row * 7 + 4], 0.5) << "aux loss";
+    EXPECT_GT(plain.moe_stats[row * 7 + 5], 0.0) << "z-loss";
+    EXPECT_EQ(plain.moe_stats[row * 7 + 6], 0.0) << "dropless: nothing dropped";
   }
   for (auto [mode, layers] : {std::pair{RecomputeGranularity::Full, int64_t{0}},
                               std::pair{RecomputeGranularity::Full, int64_t{1}},
@@ -159,7 +160,7 @@ TEST(MoeModel, ForceBalanceRoutesEvenlyAndStillTrainsTheRouter) {
   const ModelSpec spec = tiny_moe_spec();
   const Result r = one_model_step(spec, rt);
   for (int row = 0; row < 2; ++row)
-    for (int e = 0; e < 4; ++e) EXPECT_EQ(r.moe_stats[row * 6 + e], 12.0f) << "expert " << e;
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(r.moe_stats[row * 7 + e], 12.0f) << "expert " << e;
   const ParamInfo* router = make_param_layout(spec).find("model.layers.0.mlp.router.weight");
   double norm = 0;
   for (int64_t i = 0; i < router->numel(); ++i) norm += std::abs(r.grads[router->offset + i]);
@@ -188,9 +189,14 @@ TEST(MoeModel, CapacityDropsPairsBeyondItAndNothingBelowIt) {
     const Result dropped = one_model_step(tight, runtime());
     ASSERT_TRUE(std::isfinite(dropped.loss_sum));
     EXPECT_NE(dropped.loss_sum, plain.loss_sum);
-    // Layer 0 sees the same input: its statistics count the routed pairs, dropped or not.
+    // Layer 0 sees the same input: its statistics count the routed pairs, dropped or not, and
+    // how many pairs went beyond the capacity of 6 (at least one per expert over it).
     EXPECT_TRUE(std::equal(plain.moe_stats.begin(), plain.moe_stats.begin() + 6,
                            dropped.moe_stats.begin()));
+    double beyond = 0;
+    for (int e = 0; e < 4; ++e) beyond += std::max(0.0f, plain.moe_stats[e] - 6.0f);
+    EXPECT_EQ(dropped.moe_stats[6], beyond);
+    EXPECT_GT(beyond, 0.0);
     const ParamInfo* router = make_param_layout(tight).find("model.layers.0.mlp.router.weight");
     double norm = 0;
     for (int64_t i = 0; i < router->numel(); ++i)

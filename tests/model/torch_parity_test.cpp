@@ -55,7 +55,8 @@ class TorchParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
   const ParityCase& pc = GetParam();
-  ASSERT_EQ(std::system((std::string(TESSERA_PYTHON) + " -c 'import torch' 2>/dev/null").c_str()), 0)
+  ASSERT_EQ(std::system((std::string(TESSERA_PYTHON) + " -c 'import torch' 2>/dev/null").c_str()),
+            0)
       << TESSERA_PYTHON << " cannot import torch: install python3-torch (scripts/setup.sh does)";
   const fs::path dir = fs::temp_directory_path() / ("tessera_parity_" + std::string(pc.name) + "_" +
                                                     std::to_string(::getpid()));
@@ -175,7 +176,8 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
   model.forward_logits(logits_buf.tensor(DType::F32, {N, V}));
   b.download(logits_host.data(), logits_buf.tensor(DType::F32, {N, V}));
   const std::vector<float> ref_logits = ref.to_float("logits");
-  const double logits_err = relative_error(logits_host.data(), ref_logits.data(), logits_host.size());
+  const double logits_err =
+      relative_error(logits_host.data(), ref_logits.data(), logits_host.size());
   EXPECT_LT(logits_err, 1e-5);
 
   // Loss and every gradient of micro-batch 0 (mean over its tokens).
@@ -190,15 +192,16 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
   double worst_balance = 0;
   if (s.moe.enabled()) {
     const std::vector<float> stats = download_all(b, model.moe_stats());
-    const int64_t width = s.moe.experts + 2;
+    const int64_t width = s.moe.experts + 3;  // counts, aux, z, dropped pairs
     ASSERT_EQ(model.moe_layers().size(), static_cast<size_t>(s.moe.moe_layers()));
     for (size_t i = 0; i < model.moe_layers().size(); ++i) {
       const int64_t l = model.moe_layers()[i];
       double routed = 0;
       for (int64_t e = 0; e < s.moe.experts; ++e) routed += stats[i * width + e];
       EXPECT_EQ(routed, static_cast<double>(N * s.moe.topk)) << "layer " << l;
-      for (const auto& [key, at] : {std::pair{"aux.", width - 2}, std::pair{"z.", width - 1}}) {
-        if (at == width - 2 && s.moe.load_balancing == MoeLoadBalancing::None) {
+      EXPECT_EQ(stats[i * width + width - 1], 0.0f) << "dropless: nothing dropped";
+      for (const auto& [key, at] : {std::pair{"aux.", width - 3}, std::pair{"z.", width - 2}}) {
+        if (at == width - 3 && s.moe.load_balancing == MoeLoadBalancing::None) {
           EXPECT_EQ(stats[i * width + at], 0.0f) << "an aux loss without load balancing";
           continue;
         }

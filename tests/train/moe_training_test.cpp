@@ -144,6 +144,20 @@ TEST(MoeTraining, ForceBalancedRoutingIsExactlyBalanced) {
   }
 }
 
+// Token dropping shows in the balance: force-balanced routing stays within a capacity of
+// exactly the balanced share (nothing dropped); a capacity of half of it drops half the pairs.
+TEST(MoeTraining, DroppedPairsAreReportedPerLayer) {
+  Logger log("", 0, false, false);
+  for (const auto& [factor, want] : {std::pair{"1.0", 0.0}, std::pair{"0.5", 0.5}}) {
+    Trainer trainer(tiny_moe(std::string("moe_force_balance: true\nmoe_expert_capacity_factor: ") +
+                             factor + "\n"),
+                    make_cpu_backend(), log, nullptr);
+    const IterationStats s = trainer.run_iteration(1);
+    ASSERT_EQ(s.moe.size(), 2u);
+    for (const MoeLayerBalance& b : s.moe) EXPECT_EQ(b.dropped, want) << "factor " << factor;
+  }
+}
+
 TEST(MoeTraining, ExpertBiasFollowsTheUpdateRuleAndIsCheckpointed) {
   testing::ScratchDir dir;
   const std::string save = (dir / "ckpt").string();
@@ -166,7 +180,7 @@ TEST(MoeTraining, ExpertBiasFollowsTheUpdateRuleAndIsCheckpointed) {
       // bias += rate * sign(mean - count), with the step's tokens per expert (layer 1's row
       // of the statistics, which hold the step until the next one starts).
       const std::vector<float> stats = download(trainer.backend(), trainer.model().moe_stats());
-      const float* counts = stats.data() + 6;
+      const float* counts = stats.data() + 7;  // row 1 of (2, 4 experts + 3)
       const double mean = (counts[0] + counts[1] + counts[2] + counts[3]) / 4.0;
       for (int e = 0; e < 4; ++e) {
         const double sign = counts[e] < mean ? 1.0 : counts[e] > mean ? -1.0 : 0.0;

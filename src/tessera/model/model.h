@@ -195,9 +195,10 @@ class Model {
   virtual void zero_loss_sum() = 0;
 
   // Load balance of the MoE layers (docs/moe.md), summed over the forward passes since
-  // zero_loss_sum(): (moe layers, experts + 2) fp32 on the device, per MoE layer in layer
+  // zero_loss_sum(): (moe layers, experts + 3) fp32 on the device, per MoE layer in layer
   // order the (token, slot) pairs routed to each expert, then the layer's aux loss and z-loss
-  // (unweighted, summed over micro-batches). Undefined for a dense model.
+  // (unweighted, summed over micro-batches) and the pairs dropped beyond the experts' capacity.
+  // Undefined for a dense model.
   virtual Tensor moe_stats() const = 0;
   // The decoder layer of each row of moe_stats().
   virtual const std::vector<int64_t>& moe_layers() const = 0;

@@ -431,8 +431,10 @@ void Backend::attention_gathered_forward(const Tensor& out, const Tensor& lse,
   const OpChecks check(*this, "attention_gathered_forward");
   check.attention_shape(s);
   // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
-  check.that(s.v_dim() == s.head_dim, "value heads of {} with heads of {}: the gathered "
-             "attention takes equal head dims", s.v_dim(), s.head_dim);
+  check.that(s.v_dim() == s.head_dim,
+             "value heads of {} with heads of {}: the gathered "
+             "attention takes equal head dims",
+             s.v_dim(), s.head_dim);
   check.placed(positions, "positions");
   const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
   check.that(segments >= 1 && positions.numel() == segments * s.seq,
@@ -453,8 +455,10 @@ void Backend::attention_gathered_backward(const Tensor& dqkv_all, const Tensor& 
   const OpChecks check(*this, "attention_gathered_backward");
   check.attention_shape(s);
   // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
-  check.that(s.v_dim() == s.head_dim, "value heads of {} with heads of {}: the gathered "
-             "attention takes equal head dims", s.v_dim(), s.head_dim);
+  check.that(s.v_dim() == s.head_dim,
+             "value heads of {} with heads of {}: the gathered "
+             "attention takes equal head dims",
+             s.v_dim(), s.head_dim);
   check.placed(positions, "positions");
   const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
   check.that(segments >= 1 && positions.numel() == segments * s.seq,
@@ -754,6 +758,10 @@ void Backend::moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& of
              "xp {} cannot hold {} of {} tokens x {} copies in {} groups aligned to {} rows of {}",
              xp.shape.str(), kept, N, K, E, align, C);
   check_slots(check, rows, N, K, "rows");
+  if (capacity.dropped.defined()) {
+    check.that(capacity.capacity > 0, "a dropped count without a capacity");
+    check.count(capacity.dropped, 1, "capacity.dropped");
+  }
   if (capacity.capacity > 0 && !capacity.by_position) {
     check.placed(capacity.weights, "capacity.weights");
     check_slots(check, capacity.weights, N, K, "capacity.weights");

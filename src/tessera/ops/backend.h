@@ -262,6 +262,7 @@ struct MoeCapacity {
   int64_t capacity = 0;
   bool by_position = false;
   Tensor weights;  // (N, K) fp32 routing weights; read by the "probs" policy
+  Tensor dropped;  // (1) fp32 or undefined: overwritten with the number of dropped pairs
 };
 
 // The load-balancing losses of Megatron (moe_utils.py), over the router scores P: softmax of

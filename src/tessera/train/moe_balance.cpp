@@ -12,7 +12,7 @@ namespace tessera {
 std::vector<MoeLayerBalance> moe_step_balance(const std::vector<float>& stats,
                                               const std::vector<int64_t>& layers, int64_t experts,
                                               int64_t passes) {
-  const int64_t width = experts + 2;
+  const int64_t width = experts + 3;
   TS_CHECK(static_cast<int64_t>(stats.size()) == static_cast<int64_t>(layers.size()) * width,
            "moe statistics of {} values for {} layers of {} experts", stats.size(), layers.size(),
            experts);
@@ -35,6 +35,7 @@ std::vector<MoeLayerBalance> moe_step_balance(const std::vector<float>& stats,
     b.tokens_cv = b.tokens_mean > 0 ? std::sqrt(variance) / b.tokens_mean : 0.0;
     b.aux_loss = row[experts] / static_cast<double>(passes);
     b.z_loss = row[experts + 1] / static_cast<double>(passes);
+    b.dropped = sum > 0 ? row[experts + 2] / sum : 0.0;
     out.push_back(b);
   }
   return out;
@@ -51,6 +52,7 @@ void MoeBalanceInterval::add(const std::vector<MoeLayerBalance>& step) {
       sum_[i].tokens_cv += step[i].tokens_cv;
       sum_[i].aux_loss += step[i].aux_loss;
       sum_[i].z_loss += step[i].z_loss;
+      sum_[i].dropped += step[i].dropped;
     }
   }
   ++steps_;
@@ -61,7 +63,7 @@ std::vector<MoeLayerBalance> MoeBalanceInterval::mean() const {
   const double n = static_cast<double>(std::max<int64_t>(steps_, 1));
   for (MoeLayerBalance& b : out) {
     b.tokens_min /= n, b.tokens_max /= n, b.tokens_mean /= n, b.tokens_cv /= n;
-    b.aux_loss /= n, b.z_loss /= n;
+    b.aux_loss /= n, b.z_loss /= n, b.dropped /= n;
   }
   return out;
 }
@@ -73,34 +75,36 @@ void MoeBalanceInterval::clear() {
 
 std::string moe_iteration_fields(const std::vector<MoeLayerBalance>& layers) {
   if (layers.empty()) return "";
-  double aux = 0, z = 0, worst_ratio = 0, worst_cv = 0;
+  double aux = 0, z = 0, worst_ratio = 0, worst_cv = 0, dropped = 0;
   for (const MoeLayerBalance& b : layers) {
     aux += b.aux_loss;
     z += b.z_loss;
     worst_ratio = std::max(worst_ratio, b.tokens_mean > 0 ? b.tokens_max / b.tokens_mean : 0.0);
     worst_cv = std::max(worst_cv, b.tokens_cv);
+    dropped += b.dropped;
   }
   const double n = static_cast<double>(layers.size());
   return fmt::format(
       " | load balancing loss: {:.6E} | z loss: {:.6E} | expert load max/mean: {:.3f} | "
-      "expert load cv: {:.3f}",
-      aux / n, z / n, worst_ratio, worst_cv);
+      "expert load cv: {:.3f}{}",
+      aux / n, z / n, worst_ratio, worst_cv,
+      dropped > 0 ? fmt::format(" | dropped pairs: {:.2f}%", 100 * dropped / n) : "");
 }
 
 std::string moe_layer_lines(const std::vector<MoeLayerBalance>& layers) {
   std::string out;
   for (const MoeLayerBalance& b : layers)
     out += fmt::format(
-        "{}layer {}: tokens per expert min {:.0f} max {:.0f} cv {:.3f}, aux {:.4f}, z {:.4f}",
+        "{}layer {}: tokens per expert min {:.0f} max {:.0f} cv {:.3f}, aux {:.4f}, z {:.4f}{}",
         out.empty() ? "" : "; ", b.layer, b.tokens_min, b.tokens_max, b.tokens_cv, b.aux_loss,
-        b.z_loss);
+        b.z_loss, b.dropped > 0 ? fmt::format(", dropped {:.2f}%", 100 * b.dropped) : "");
   return out;
 }
 
 void add_moe_metrics(nlohmann::json& j, const std::vector<MoeLayerBalance>& layers) {
   if (layers.empty()) return;
   double aux = 0, z = 0;
-  nlohmann::json ids, aux_l, z_l, mins, maxs, cvs;
+  nlohmann::json ids, aux_l, z_l, mins, maxs, cvs, dropped;
   for (const MoeLayerBalance& b : layers) {
     aux += b.aux_loss, z += b.z_loss;
     ids.push_back(b.layer);
@@ -109,6 +113,7 @@ void add_moe_metrics(nlohmann::json& j, const std::vector<MoeLayerBalance>& laye
     mins.push_back(b.tokens_min);
     maxs.push_back(b.tokens_max);
     cvs.push_back(b.tokens_cv);
+    dropped.push_back(b.dropped);
   }
   j["moe_aux_loss"] = aux / static_cast<double>(layers.size());
   j["moe_z_loss"] = z / static_cast<double>(layers.size());
@@ -118,6 +123,7 @@ void add_moe_metrics(nlohmann::json& j, const std::vector<MoeLayerBalance>& laye
   j["moe_expert_tokens_min"] = mins;
   j["moe_expert_tokens_max"] = maxs;
   j["moe_expert_tokens_cv"] = cvs;
+  j["moe_expert_dropped_fraction"] = dropped;
 }
 
 }  // namespace tessera

@@ -17,9 +17,11 @@ struct MoeLayerBalance {
   double tokens_min = 0, tokens_max = 0, tokens_mean = 0;
   double tokens_cv = 0;  // standard deviation / mean over the experts; 0 is perfect balance
   double aux_loss = 0, z_loss = 0;
+  // The share of the routed pairs dropped beyond the experts' capacity (token dropping).
+  double dropped = 0;
 };
 
-// One step: stats (layers, experts + 2) as Model::moe_stats lays them out, summed over
+// One step: stats (layers, experts + 3) as Model::moe_stats lays them out, summed over
 // `passes` forward passes (micro-batches x data-parallel ranks).
 std::vector<MoeLayerBalance> moe_step_balance(const std::vector<float>& stats,
                                               const std::vector<int64_t>& layers, int64_t experts,

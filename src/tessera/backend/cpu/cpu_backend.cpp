@@ -277,7 +277,9 @@ MemoryStats CpuBackend::memory_stats() {
   return MemoryStats{allocations_.allocated(), allocations_.peak(), host.total, host.available};
 }
 
-void CpuBackend::reset_peak_memory() { allocations_.reset_peak(); }
+void CpuBackend::reset_peak_memory() {
+  allocations_.reset_peak();
+}
 
 void CpuBackend::do_upload(const Tensor& dst, const void* host_src) {
   if (dst.nbytes() > 0) std::memcpy(dst.data, host_src, dst.nbytes());
@@ -914,6 +916,10 @@ void CpuBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Tens
       w.assign(f32(capacity.weights), f32(capacity.weights) + N * K);
     }
     keep = ref::moe_capacity_keep(ids, w.data(), N, K, E, capacity.capacity, capacity.by_position);
+    if (capacity.dropped.defined()) {
+      expect_f32(capacity.dropped, op, "capacity.dropped");
+      *f32(capacity.dropped) = static_cast<float>(std::count(keep.begin(), keep.end(), 0));
+    }
   }
   ref::moe_dispatch_plan(rows.as<int32_t>(), offsets.as<int32_t>(), ids, N, K, E, align,
                          keep.empty() ? nullptr : keep.data());

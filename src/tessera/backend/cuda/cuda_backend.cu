@@ -200,7 +200,8 @@ CudaBackend::CudaBackend(int device, AttentionBackend attention, bool gemm_autot
     static bool reported = false;  // once per process: tests make many backends
     if (cudnn_ == nullptr && attention_ == AttentionBackend::Auto && !reported) {
       reported = true;
-      std::fprintf(stderr, "tessera: attention_backend auto: using Tessera's attention kernels: %s\n",
+      std::fprintf(stderr,
+                   "tessera: attention_backend auto: using Tessera's attention kernels: %s\n",
                    cudnn_unavailable_.c_str());
     }
   }
@@ -276,7 +277,9 @@ MemoryStats CudaBackend::memory_stats() {
   return MemoryStats{allocations_.allocated(), allocations_.peak(), total_bytes, free_bytes};
 }
 
-void CudaBackend::reset_peak_memory() { allocations_.reset_peak(); }
+void CudaBackend::reset_peak_memory() {
+  allocations_.reset_peak();
+}
 
 // The old scratch goes before the new one comes (release waits for the device, so no queued
 // kernel still reads it): the peak holds one scratch, the size the memory planner counts.
@@ -635,7 +638,8 @@ void CudaBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
 bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
                                       std::initializer_list<const void*> buffers) {
   if (cudnn_ == nullptr) return false;  // attention_backend tessera, or auto without cuDNN
-  const std::string key = std::string(backward ? "backward " : "forward ") + attention_shape_text(s);
+  const std::string key =
+      std::string(backward ? "backward " : "forward ") + attention_shape_text(s);
   if (attention_fallbacks_.count(key) != 0) return false;  // auto only: reported before
   const CudnnPlanInfo& plan = backward ? cudnn_->backward_plan(s) : cudnn_->forward_plan(s);
   std::string why = plan.supported ? "" : plan.reason;
@@ -933,7 +937,8 @@ void CudaBackend::do_moe_permute(const Tensor& xp, const Tensor& rows, const Ten
   cuda::moe_permute(xp.data, rows.as<int32_t>(), offsets.as<int32_t>(), x.data,
                     indices.as<int32_t>(), xd.rows, K, xd.cols, E, R, align, capacity.capacity,
                     capacity.by_position, by_weight ? capacity.weights.as<float>() : nullptr,
-                    x.dtype, scratch(bytes), bytes, stream_);
+                    capacity.dropped.defined() ? capacity.dropped.as<float>() : nullptr, x.dtype,
+                    scratch(bytes), bytes, stream_);
 }
 
 void CudaBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) {
@@ -1284,8 +1289,8 @@ void CudaBackend::do_adamw_step(const AdamWArgs& args) {
   t.exp_avg_sq_dtype = args.exp_avg_sq.dtype;
 
   // The same constants as ref::adamw_update derives from the same float settings.
-  const ref::AdamWSettings settings{args.lr, args.beta1, args.beta2, args.eps, args.weight_decay,
-                                    args.max_grad_norm, args.step};
+  const ref::AdamWSettings settings{args.lr,           args.beta1,         args.beta2, args.eps,
+                                    args.weight_decay, args.max_grad_norm, args.step};
   const AdamWScalars s{ref::adamw_scalars<float>(settings, /*decay=*/true, 1.0),
                        args.max_grad_norm};
 
@@ -1349,7 +1354,8 @@ std::string unavailable_reason() {
   return count == 0 ? "the CUDA runtime reports no device" : "";
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attention, bool gemm_autotune) {
+std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attention,
+                                           bool gemm_autotune) {
   const int count = device_count();
   if (device < 0 || device >= count) {
     throw ConfigError("command line", "device", "cuda:" + std::to_string(device),

@@ -415,8 +415,9 @@ __global__ void plan_expert_rows_kernel(int32_t* rows, int32_t* offsets, int32_t
 // position the first `capacity` pairs stay; by weight (weights >= 0, so their bit patterns
 // order like the values) the `capacity` largest, found by a bitwise search for the
 // capacity-th largest pattern, ties at it kept in slot order.
-__global__ void capacity_keep_kernel(int32_t* kept, const int32_t* indices, const float* weights,
-                                     int64_t slots, int64_t capacity, bool by_position) {
+__global__ void capacity_keep_kernel(int32_t* kept, float* dropped, const int32_t* indices,
+                                     const float* weights, int64_t slots, int64_t capacity,
+                                     bool by_position) {
   __shared__ float shared[32];
   __shared__ int warp_total[32];
   const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -439,6 +440,8 @@ __global__ void capacity_keep_kernel(int32_t* kept, const int32_t* indices, cons
   uint32_t threshold = 0;
   int64_t ties = capacity;
   const bool all = count <= capacity;
+  if (dropped != nullptr && !all && threadIdx.x == 0)
+    atomicAdd(dropped, static_cast<float>(count - capacity));
   if (!all && !by_position) {
     for (int bit = 31; bit >= 0; --bit) {  // the largest x with count_from(x) >= capacity
       const uint32_t candidate = threshold | (1u << bit);
@@ -735,8 +738,8 @@ size_t moe_permute_scratch_bytes(int64_t R, int64_t E, int64_t slots, int64_t ca
 
 void moe_permute(void* xp, int32_t* rows, int32_t* offsets, const void* x, const int32_t* indices,
                  int64_t N, int64_t K, int64_t C, int64_t E, int64_t R, int64_t align,
-                 int64_t capacity, bool by_position, const float* weights, DType dtype,
-                 void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                 int64_t capacity, bool by_position, const float* weights, float* dropped,
+                 DType dtype, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("moe_permute");
   const int64_t slots = N * K;
   if (scratch_bytes < moe_permute_scratch_bytes(R, E, slots, capacity))
@@ -750,8 +753,9 @@ void moe_permute(void* xp, int32_t* rows, int32_t* offsets, const void* x, const
     // The pairs that stay: the rest get row -1 and no place in a group.
     auto* kept = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(src) +
                                             align_up(static_cast<size_t>(R) * sizeof(int32_t)));
-    capacity_keep_kernel<<<E, kPlanThreads, 0, stream>>>(kept, indices, weights, slots, capacity,
-                                                         by_position);
+    if (dropped != nullptr) TS_CUDA_CHECK(cudaMemsetAsync(dropped, 0, sizeof(float), stream));
+    capacity_keep_kernel<<<E, kPlanThreads, 0, stream>>>(kept, dropped, indices, weights, slots,
+                                                         capacity, by_position);
     TS_CUDA_CHECK_LAUNCH("capacity_keep_kernel");
     TS_CUDA_CHECK(
         cudaMemsetAsync(rows, 0xff, static_cast<size_t>(slots) * sizeof(int32_t), stream));
@@ -960,8 +964,7 @@ size_t qk_norm_backward_scratch_bytes(const AttentionShape& s) {
 }
 
 void qk_norm_backward(void* dqkv, void* dq_weight, void* dk_weight, DType grad_dtype,
-                      const void* dout,
-                      const void* qkv, const void* q_weight, const void* k_weight,
+                      const void* dout, const void* qkv, const void* q_weight, const void* k_weight,
                       const float* rstd, const AttentionShape& s, DType dtype, void* scratch,
                       size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("qk_norm_backward");

@@ -54,11 +54,12 @@ size_t moe_permute_scratch_bytes(int64_t R, int64_t E, int64_t slots, int64_t ca
 
 // xp (R, C), rows (N, K), offsets (E + 1) overwritten from x (N, C) and indices (N, K); with a
 // capacity (> 0) each expert keeps at most that many pairs (the largest weights (N, K), or the
-// earliest by_position; MoeCapacity), the others get row -1.
+// earliest by_position; MoeCapacity), the others get row -1 (and `dropped`, when not null, their
+// number).
 void moe_permute(void* xp, int32_t* rows, int32_t* offsets, const void* x, const int32_t* indices,
                  int64_t N, int64_t K, int64_t C, int64_t E, int64_t R, int64_t align,
-                 int64_t capacity, bool by_position, const float* weights, DType dtype,
-                 void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                 int64_t capacity, bool by_position, const float* weights, float* dropped,
+                 DType dtype, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // dx (N, C) += sum_k dxp[rows[n, k]].
 void moe_permute_backward(void* dx, const void* dxp, const int32_t* rows, int64_t N, int64_t K,

@@ -50,6 +50,7 @@ void MoeMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& 
   plan.add(&weights_, DType::F32, {N, K});
   plan.add(&rows_, DType::I32, {N, K});
   plan.add(&offsets_, DType::I32, {E + 1});
+  if (s_.moe.capacity_factor > 0) plan.add(&dropped_, DType::F32, {1});
   plan.add(&xp_, dt, {R, C});
   plan.add(&h1_, dt, {Re, 2 * F});
   plan.add(&h_, dt, {Re, F}, Keep::Recomputable);
@@ -161,6 +162,7 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
   capacity.capacity = s_.moe.capacity(t.ln.dim(0));
   capacity.by_position = s_.moe.drop_by_position;
   capacity.weights = t.weights;
+  if (capacity.capacity > 0) capacity.dropped = t.dropped;
   b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign, capacity);
   // The group sizes are known on the device only; one copy per pass serves every grouped
   // GEMM of the layer, forward and backward (and the exchange's counts).
@@ -192,10 +194,10 @@ ExpertExchange* MoeMlpBlock::exchange(LayerOps& ops) const {
 
 void MoeMlpBlock::forward_inner(LayerOps& ops, const Tensor& x) {
   ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
-  route_and_run_experts(
-      ops,
-      {ln_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_, shared_gu_, shared_h_},
-      ops.runtime().moe_force_balance, exchange(ops), host_offsets_);
+  route_and_run_experts(ops,
+                        {ln_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
+                         shared_gu_, shared_h_, dropped_},
+                        ops.runtime().moe_force_balance, exchange(ops), host_offsets_);
 }
 
 // Runs once per forward pass (a fully recomputed layer reruns forward_inner only), so the
@@ -217,6 +219,7 @@ void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& o
     b.moe_aux_loss(a);
   }
   b.moe_z_loss(stats_.flat_range(E + 1, 1), Tensor{}, logits_, 0.0f);
+  if (dropped_.defined()) b.sum(stats_.flat_range(E + 2, 1), dropped_, /*accumulate=*/true);
 }
 
 void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
@@ -289,6 +292,7 @@ size_t MoeMlpBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
                  ScratchArena::aligned((E + 1) * 4) + 2 * ScratchArena::aligned(R * C * e) +
                  ScratchArena::aligned(R * 2 * F * e) + ScratchArena::aligned(R * F * e);
   if (S > 0) bytes += ScratchArena::aligned(n * 2 * S * e) + ScratchArena::aligned(n * S * e);
+  if (s_.moe.capacity_factor > 0) bytes += ScratchArena::aligned(4);
   return bytes;
 }
 
@@ -306,6 +310,7 @@ void MoeMlpBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const T
   t.weights = scratch.take(DType::F32, {n, K});
   t.rows = scratch.take(DType::I32, {n, K});
   t.offsets = scratch.take(DType::I32, {E + 1});
+  if (s_.moe.capacity_factor > 0) t.dropped = scratch.take(DType::F32, {1});
   t.xp = scratch.take(dt, {R, C});
   t.h1 = scratch.take(dt, {R, 2 * F});
   t.h = scratch.take(dt, {R, F});

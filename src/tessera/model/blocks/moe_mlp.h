@@ -54,8 +54,9 @@ class MoeMlpBlock final : public Block {
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
                       const Tensor& cache, int64_t pos) override;
   int64_t matmul_params() const override;
-  // Per expert the (token, slot) pairs routed to it, then the aux loss and the z-loss.
-  int64_t stats_width() const override { return s_.moe.experts + 2; }
+  // Per expert the (token, slot) pairs routed to it, then the aux loss, the z-loss and the
+  // pairs dropped beyond the experts' capacity (0 when dropless).
+  int64_t stats_width() const override { return s_.moe.experts + 3; }
   void bind_stats(const Tensor& stats) override { stats_ = stats; }
   // The expert bias of aux-loss-free balancing (moe_router_enable_expert_bias): added to the
   // router's scores for choosing, moved after every step from the step's tokens per expert.
@@ -81,6 +82,7 @@ class MoeMlpBlock final : public Block {
   // tokens of ln, into yp and shared_h: the part every pass runs.
   struct Buffers {
     Tensor ln, logits, indices, weights, rows, offsets, xp, h1, h, yp, shared_gu, shared_h;
+    Tensor dropped;  // (1) with token dropping: the pass's dropped pairs
   };
   // ex: the expert exchange (expert parallelism), or null when every expert runs here.
   void route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
@@ -104,7 +106,7 @@ class MoeMlpBlock final : public Block {
   int norm_ = -1, router_ = -1, gate_up_ = -1, down_ = -1;
   int shared_gate_up_ = -1, shared_down_ = -1;
   // activations
-  Tensor ln_, rstd_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_;
+  Tensor ln_, rstd_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_, dropped_;
   Tensor shared_gu_, shared_h_;
   // backward scratch (dxp reuses dyp's memory: dyp is dead once W2's gradients are taken)
   Tensor dyp_, dweights_, dh_, dh1_, dlogits_, dlogits_c_, dshared_h_, dshared_gu_;
