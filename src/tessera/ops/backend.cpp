@@ -423,23 +423,33 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dout, const T
   do_attention_backward(dqkv, dout, out, lse, qkv, s);
 }
 
-void Backend::attention_gathered_forward(const Tensor& out, const Tensor& lse,
-                                         const Tensor& qkv_all, const Tensor& positions,
-                                         int64_t segment, const AttentionShape& s) {
-  const OpScope scope(*this, "attention_gathered_forward",
-                      [&] { return op_args::attention(s, qkv_all.dtype); });
-  const OpChecks check(*this, "attention_gathered_forward");
+namespace {
+
+// The gathered attention's shape, positions (segments, seq) and segment; returns the segments.
+int64_t check_gathered(const OpChecks& check, const Tensor& positions, int64_t segment,
+                       const AttentionShape& s) {
   check.attention_shape(s);
   // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
   check.that(s.v_dim() == s.head_dim,
-             "value heads of {} with heads of {}: the gathered "
-             "attention takes equal head dims",
+             "value heads of {} with heads of {}: the gathered attention takes equal head dims",
              s.v_dim(), s.head_dim);
   check.placed(positions, "positions");
   const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
   check.that(segments >= 1 && positions.numel() == segments * s.seq,
              "positions {} are not (segments, {})", positions.shape.str(), s.seq);
   check.that(segment >= 0 && segment < segments, "segment {} of {}", segment, segments);
+  return segments;
+}
+
+}  // namespace
+
+void Backend::attention_gathered_forward(const Tensor& out, const Tensor& lse,
+                                         const Tensor& qkv_all, const Tensor& positions,
+                                         int64_t segment, const AttentionShape& s) {
+  const OpScope scope(*this, "attention_gathered_forward",
+                      [&] { return op_args::attention(s, qkv_all.dtype); });
+  const OpChecks check(*this, "attention_gathered_forward");
+  const int64_t segments = check_gathered(check, positions, segment, s);
   check.count(qkv_all, segments * s.tokens() * s.qkv_width(), "qkv_all");
   check.count(out, s.tokens() * s.heads * s.head_dim, "out");
   check.count(lse, s.batch * s.heads * s.seq, "lse");
@@ -453,17 +463,7 @@ void Backend::attention_gathered_backward(const Tensor& dqkv_all, const Tensor& 
   const OpScope scope(*this, "attention_gathered_backward",
                       [&] { return op_args::attention(s, qkv_all.dtype); });
   const OpChecks check(*this, "attention_gathered_backward");
-  check.attention_shape(s);
-  // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
-  check.that(s.v_dim() == s.head_dim,
-             "value heads of {} with heads of {}: the gathered "
-             "attention takes equal head dims",
-             s.v_dim(), s.head_dim);
-  check.placed(positions, "positions");
-  const int64_t segments = s.seq > 0 ? positions.numel() / s.seq : 0;
-  check.that(segments >= 1 && positions.numel() == segments * s.seq,
-             "positions {} are not (segments, {})", positions.shape.str(), s.seq);
-  check.that(segment >= 0 && segment < segments, "segment {} of {}", segment, segments);
+  const int64_t segments = check_gathered(check, positions, segment, s);
   const int64_t width = s.qkv_width(), heads_width = s.heads * s.head_dim;
   check.count(qkv_all, segments * s.tokens() * width, "qkv_all");
   check.count(dqkv_all, segments * s.tokens() * width, "dqkv_all");

@@ -125,6 +125,44 @@ cuda::MlaQkvView mla_view(const MlaQkvArgs& a) {
   return v;
 }
 
+// Calls f(g, begin, rows, w) for each row group g of a grouped GEMM with rows: [begin, begin +
+// rows) of the host offsets, multiplied by weight w (group_weights[g], or g).
+template <class F>
+void for_each_row_group(std::span<const int32_t> offsets, std::span<const int32_t> weights, F&& f) {
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
+    if (rows > 0) f(static_cast<int64_t>(g), begin, rows, weights.empty() ? g : weights[g]);
+  }
+}
+
+// A grouped weight gradient's weights (W, M, N) that no group wrote (started[w] 0): beta times
+// what they hold, i.e. zeroed, kept or (fp32 only) scaled.
+void finish_unwritten_weights(const char* op, const Tensor& out, const std::vector<char>& started,
+                              float beta, cudaStream_t stream) {
+  const int64_t elems = out.numel() / out.dim(0);
+  const size_t bytes = elems * dtype_size(out.dtype);
+  for (size_t w = 0; w < started.size(); ++w) {
+    if (started[w]) continue;
+    char* weight = static_cast<char*>(out.data) + w * bytes;
+    if (beta == 0.0f) {
+      TS_CUDA_CHECK(cudaMemsetAsync(weight, 0, bytes, stream));
+    } else if (beta != 1.0f) {
+      TS_CHECK(out.dtype == DType::F32, "cuda {}: beta {} on a {} weight without rows (fp32 only)",
+               op, beta, dtype_name(out.dtype));
+      scale_floats(reinterpret_cast<float*>(weight), elems, beta, stream);
+    }
+  }
+}
+
+// Rows [used, rows) of a grouped GEMM's output, which no group covers, zeroed.
+void zero_rows_past_groups(const Tensor& out, int64_t used, cudaStream_t stream) {
+  const MatrixDims o = matrix_dims(out);
+  const size_t row_bytes = o.cols * dtype_size(out.dtype);
+  if (used < o.rows)
+    TS_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(out.data) + used * row_bytes, 0,
+                                  (o.rows - used) * row_bytes, stream));
+}
+
 }  // namespace
 
 // ---- ranges and events ----
@@ -990,29 +1028,22 @@ void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   expect_same_type(a.b, a.a, op, "b");
   expect_same_type(a.out, a.a, op, "out");
   expect_type(a.offsets, DType::I32, op, "offsets");
-  const MatrixDims o = matrix_dims(a.out);
-  const int64_t N = o.cols, K = matrix_dims(a.a).cols;
-  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
+  const int64_t N = matrix_dims(a.out).cols, K = matrix_dims(a.a).cols;
   const size_t elem = dtype_size(a.a.dtype);
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
-    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
-    if (rows == 0) continue;
-    MatmulProblem p;
-    p.out = static_cast<char*>(a.out.data) + begin * N * elem;
-    p.out_dtype = a.out.dtype;
-    p.a = static_cast<const char*>(a.a.data) + begin * K * elem;
-    p.b = static_cast<const char*>(a.b.data) + w * N * K * elem;
-    p.a_dtype = p.b_dtype = a.a.dtype;
-    p.M = rows, p.N = N, p.K = K;
-    p.trans_b = a.trans_b;
-    p.tune = false;  // routed row counts: a new shape nearly every call
-    lt_->run(p, stream_);
-  }
-  const int64_t used = a.host_offsets[G];
-  if (used < o.rows)
-    TS_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(a.out.data) + used * N * elem, 0,
-                                  (o.rows - used) * N * elem, stream_));
+  for_each_row_group(a.host_offsets, a.group_weights,
+                     [&](int64_t, int64_t begin, int64_t rows, int64_t w) {
+                       MatmulProblem p;
+                       p.out = static_cast<char*>(a.out.data) + begin * N * elem;
+                       p.out_dtype = a.out.dtype;
+                       p.a = static_cast<const char*>(a.a.data) + begin * K * elem;
+                       p.b = static_cast<const char*>(a.b.data) + w * N * K * elem;
+                       p.a_dtype = p.b_dtype = a.a.dtype;
+                       p.M = rows, p.N = N, p.K = K;
+                       p.trans_b = a.trans_b;
+                       p.tune = false;  // routed row counts: a new shape nearly every call
+                       lt_->run(p, stream_);
+                     });
+  zero_rows_past_groups(a.out, a.host_offsets.back(), stream_);
 }
 
 void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
@@ -1024,41 +1055,25 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   TS_CHECK(a.out.dtype == DType::F32 || a.out.dtype == DType::BF16,
            "cuda grouped_matmul_wgrad: out is {}, expected fp32 or bf16", dtype_name(a.out.dtype));
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
-  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t elem = dtype_size(a.a.dtype), out_elem = dtype_size(a.out.dtype);
-  auto weight_out = [&](int64_t w) {
-    return static_cast<char*>(a.out.data) + w * M * N * out_elem;
-  };
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
-    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
-    if (rows == 0) continue;
-    MatmulProblem p;
-    p.out = weight_out(w);
-    p.out_dtype = a.out.dtype;
-    p.a = static_cast<const char*>(a.a.data) + begin * M * elem;
-    p.b = static_cast<const char*>(a.b.data) + begin * N * elem;
-    p.a_dtype = p.b_dtype = a.a.dtype;
-    p.M = M, p.N = N, p.K = rows;
-    p.trans_a = true;
-    p.beta = started[w] ? 1.0f : a.beta;
-    p.tune = false;
-    lt_->run(p, stream_);
-    started[w] = 1;
-  }
-  for (int64_t w = 0; w < W; ++w) {
-    if (started[w]) continue;
-    if (a.beta == 0.0f) {
-      TS_CUDA_CHECK(cudaMemsetAsync(weight_out(w), 0, M * N * out_elem, stream_));
-    } else if (a.beta != 1.0f) {
-      TS_CHECK(a.out.dtype == DType::F32,
-               "cuda grouped_matmul_wgrad: beta {} on a {} weight without rows (fp32 only)", a.beta,
-               dtype_name(a.out.dtype));
-      scale_floats(reinterpret_cast<float*>(weight_out(w)), M * N, a.beta, stream_);
-    }
-  }
+  for_each_row_group(a.host_offsets, a.group_weights,
+                     [&](int64_t, int64_t begin, int64_t rows, int64_t w) {
+                       MatmulProblem p;
+                       p.out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
+                       p.out_dtype = a.out.dtype;
+                       p.a = static_cast<const char*>(a.a.data) + begin * M * elem;
+                       p.b = static_cast<const char*>(a.b.data) + begin * N * elem;
+                       p.a_dtype = p.b_dtype = a.a.dtype;
+                       p.M = M, p.N = N, p.K = rows;
+                       p.trans_a = true;
+                       p.beta = started[w] ? 1.0f : a.beta;
+                       p.tune = false;
+                       lt_->run(p, stream_);
+                       started[w] = 1;
+                     });
+  finish_unwritten_weights(op, a.out, started, a.beta, stream_);
 }
 
 // The FP8 grouped GEMMs: one cuBLASLt FP8 GEMM per group with rows, as do_grouped_matmul.
@@ -1072,48 +1087,41 @@ void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
   expect_type(a.a_scale_inv, DType::F32, op, "a_scale_inv");
   expect_type(a.b_scale_inv, DType::F32, op, "b_scale_inv");
   expect_type(a.offsets, DType::I32, op, "offsets");
-  const MatrixDims o = matrix_dims(a.out);
-  const int64_t N = o.cols, K = a.b.dim(2);
+  const int64_t N = matrix_dims(a.out).cols, K = a.b.dim(2);
   TS_CHECK(N % 16 == 0 && K % 16 == 0,
            "cuda grouped_matmul_fp8: N={} K={} must be multiples of 16 for cuBLASLt FP8", N, K);
   for (const Tensor* t : {&a.out, &a.a, &a.b})
     TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
              "cuda grouped_matmul_fp8: an operand at {} is not 16-byte aligned", t->data);
-  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t out_elem = dtype_size(a.out.dtype);
   const float* a_scale = nullptr;
   const float* b_scales = nullptr;
-  if (a.host_offsets[G] > 0) {
+  if (a.host_offsets.back() > 0) {
     b_scales = aligned_fp8_weight_scales(a.b_scale_inv.as<float>(), a.b.dim(0));
     a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
   }
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
-    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
-    if (rows == 0) continue;
-    TS_CHECK(rows % 16 == 0 && begin % 16 == 0,
-             "cuda grouped_matmul_fp8: group {} has rows [{}, {}); FP8 groups start and end at "
-             "multiples of 16 rows",
-             g, begin, begin + rows);
-    MatmulProblem p;
-    p.out = static_cast<char*>(a.out.data) + begin * N * out_elem;
-    p.out_dtype = a.out.dtype;
-    p.a = static_cast<const uint8_t*>(a.a.data) + begin * K;
-    p.b = static_cast<const uint8_t*>(a.b.data) + w * N * K;
-    p.a_dtype = a.a.dtype;
-    p.b_dtype = a.b.dtype;
-    p.M = rows, p.N = N, p.K = K;
-    p.trans_a = false, p.trans_b = true;
-    p.a_scale = a_scale;
-    p.b_scale = b_scales + kFp8WeightSlotFloats * w;
-    p.fast_accum = a.fast_accum;
-    p.tune = false;  // routed row counts: a new shape nearly every call
-    lt_->run(p, stream_);
-  }
-  const int64_t used = a.host_offsets[G];
-  if (used < o.rows)
-    TS_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(a.out.data) + used * N * out_elem, 0,
-                                  (o.rows - used) * N * out_elem, stream_));
+  for_each_row_group(
+      a.host_offsets, a.group_weights, [&](int64_t g, int64_t begin, int64_t rows, int64_t w) {
+        TS_CHECK(rows % 16 == 0 && begin % 16 == 0,
+                 "cuda grouped_matmul_fp8: group {} has rows [{}, {}); FP8 groups start and end at "
+                 "multiples of 16 rows",
+                 g, begin, begin + rows);
+        MatmulProblem p;
+        p.out = static_cast<char*>(a.out.data) + begin * N * out_elem;
+        p.out_dtype = a.out.dtype;
+        p.a = static_cast<const uint8_t*>(a.a.data) + begin * K;
+        p.b = static_cast<const uint8_t*>(a.b.data) + w * N * K;
+        p.a_dtype = a.a.dtype;
+        p.b_dtype = a.b.dtype;
+        p.M = rows, p.N = N, p.K = K;
+        p.trans_a = false, p.trans_b = true;
+        p.a_scale = a_scale;
+        p.b_scale = b_scales + kFp8WeightSlotFloats * w;
+        p.fast_accum = a.fast_accum;
+        p.tune = false;  // routed row counts: a new shape nearly every call
+        lt_->run(p, stream_);
+      });
+  zero_rows_past_groups(a.out, a.host_offsets.back(), stream_);
 }
 
 void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
@@ -1129,54 +1137,41 @@ void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a
   for (const Tensor* t : {&a.out, &a.a_t, &a.b_t})
     TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
              "cuda grouped_matmul_fp8_wgrad: an operand at {} is not 16-byte aligned", t->data);
-  const int64_t G = static_cast<int64_t>(a.host_offsets.size()) - 1;
   const size_t out_elem = dtype_size(a.out.dtype);
   // Both operands have one scale: copied once, before the GEMMs (as in do_grouped_matmul_fp8).
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
-  if (a.host_offsets[G] > 0) {
+  if (a.host_offsets.back() > 0) {
     a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
     b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>(), 1);
   }
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = a.host_offsets[g], rows = a.host_offsets[g + 1] - begin;
-    const int64_t w = a.group_weights.empty() ? g : a.group_weights[g];
-    if (rows == 0) continue;
-    TS_CHECK(rows % 16 == 0 && begin % 16 == 0,
-             "cuda grouped_matmul_fp8_wgrad: group {} has rows [{}, {}); FP8 groups start and end "
-             "at multiples of 16 rows",
-             g, begin, begin + rows);
-    MatmulProblem p;
-    p.out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
-    p.out_dtype = a.out.dtype;
-    p.a = static_cast<const uint8_t*>(a.a_t.data) + begin * M;  // (M, rows) K-major
-    p.b = static_cast<const uint8_t*>(a.b_t.data) + begin * N;  // (N, rows) K-major
-    p.a_dtype = a.a_t.dtype;
-    p.b_dtype = a.b_t.dtype;
-    p.M = M, p.N = N, p.K = rows;
-    p.trans_a = false, p.trans_b = true;
-    p.beta = started[w] ? 1.0f : a.beta;
-    p.a_scale = a_scale;
-    p.b_scale = b_scale;
-    p.fast_accum = a.fast_accum;
-    p.tune = false;
-    lt_->run(p, stream_);
-    started[w] = 1;
-  }
-  for (int64_t w = 0; w < W; ++w) {
-    if (started[w]) continue;
-    void* out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
-    if (a.beta == 0.0f) {
-      TS_CUDA_CHECK(cudaMemsetAsync(out, 0, M * N * out_elem, stream_));
-    } else if (a.beta != 1.0f) {
-      TS_CHECK(a.out.dtype == DType::F32,
-               "cuda grouped_matmul_fp8_wgrad: beta {} on a {} weight without rows (fp32 only)",
-               a.beta, dtype_name(a.out.dtype));
-      scale_floats(static_cast<float*>(out), M * N, a.beta, stream_);
-    }
-  }
+  for_each_row_group(
+      a.host_offsets, a.group_weights, [&](int64_t g, int64_t begin, int64_t rows, int64_t w) {
+        TS_CHECK(
+            rows % 16 == 0 && begin % 16 == 0,
+            "cuda grouped_matmul_fp8_wgrad: group {} has rows [{}, {}); FP8 groups start and end "
+            "at multiples of 16 rows",
+            g, begin, begin + rows);
+        MatmulProblem p;
+        p.out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
+        p.out_dtype = a.out.dtype;
+        p.a = static_cast<const uint8_t*>(a.a_t.data) + begin * M;  // (M, rows) K-major
+        p.b = static_cast<const uint8_t*>(a.b_t.data) + begin * N;  // (N, rows) K-major
+        p.a_dtype = a.a_t.dtype;
+        p.b_dtype = a.b_t.dtype;
+        p.M = M, p.N = N, p.K = rows;
+        p.trans_a = false, p.trans_b = true;
+        p.beta = started[w] ? 1.0f : a.beta;
+        p.a_scale = a_scale;
+        p.b_scale = b_scale;
+        p.fast_accum = a.fast_accum;
+        p.tune = false;
+        lt_->run(p, stream_);
+        started[w] = 1;
+      });
+  finish_unwritten_weights(op, a.out, started, a.beta, stream_);
 }
 
 void CudaBackend::do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,

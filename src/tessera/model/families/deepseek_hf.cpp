@@ -186,15 +186,10 @@ ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::str
     // DeepseekV2Attention always rotates interleaved pairs (view_as_complex); V3 says so.
     if (!v2 && !j.value("rope_interleave", true))
       throw unsupported("rope_interleave: false (Tessera's MLA rotates interleaved pairs)");
-    const nlohmann::json none = nlohmann::json::object();
-    const nlohmann::json& rope = has("rope_parameters") ? j["rope_parameters"]
-                                 : has("rope_scaling")  ? j["rope_scaling"]
-                                                        : none;
-    s.rotary_base = rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
-                    : has("rope_theta")         ? j["rope_theta"].get<double>()
-                                                : 10000.0;
-    const std::string rope_type =
-        rope.value("rope_type", rope.value("type", std::string("default")));
+    const HfRope hf_rope = read_hf_rope(j, 10000.0);
+    const nlohmann::json& rope = hf_rope.params;
+    const std::string& rope_type = hf_rope.type;
+    s.rotary_base = hf_rope.theta;
     if (rope_type == "yarn") {
       YarnRope& y = s.yarn;
       y.enabled = true;

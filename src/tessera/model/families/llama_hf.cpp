@@ -103,17 +103,10 @@ ModelSpec LlamaFamily::read_hf_config(const nlohmann::json& j, const std::string
       s.sliding_window = !j.contains("sliding_window") ? 4096
                          : has("sliding_window")       ? j["sliding_window"].get<int64_t>()
                                                        : 0;
-    // transformers 5 keeps rope_theta and the scaling in rope_parameters; earlier versions
-    // write rope_theta and rope_scaling at the top level.
-    const nlohmann::json none = nlohmann::json::object();
-    const nlohmann::json& rope = has("rope_parameters") ? j["rope_parameters"]
-                                 : has("rope_scaling")  ? j["rope_scaling"]
-                                                        : none;
-    s.rotary_base = rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
-                    : has("rope_theta")         ? j["rope_theta"].get<double>()
-                                                : 10000.0;
-    const std::string rope_type =
-        rope.value("rope_type", rope.value("type", std::string("default")));
+    const HfRope hf_rope = read_hf_rope(j, 10000.0);
+    const nlohmann::json& rope = hf_rope.params;
+    const std::string& rope_type = hf_rope.type;
+    s.rotary_base = hf_rope.theta;
     if (rope_type == "llama3") {
       s.rope_scaling.enabled = true;
       s.rope_scaling.factor = rope.at("factor").get<double>();

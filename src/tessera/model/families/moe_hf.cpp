@@ -56,17 +56,10 @@ ModelSpec MoeFamily::read_hf_config(const nlohmann::json& j, const std::string& 
       throw unsupported(
           fmt::format("hidden_act '{}' (expected silu)", j["hidden_act"].get<std::string>()));
     if (j.value("attention_bias", false)) throw unsupported("attention_bias: true");
-    const nlohmann::json none = nlohmann::json::object();
-    const nlohmann::json& rope = has("rope_parameters") ? j["rope_parameters"]
-                                 : has("rope_scaling")  ? j["rope_scaling"]
-                                                        : none;
-    s.rotary_base = rope.contains("rope_theta") ? rope["rope_theta"].get<double>()
-                    : has("rope_theta")         ? j["rope_theta"].get<double>()
-                                                : (mixtral ? 1e6 : 10000.0);
-    const std::string rope_type =
-        rope.value("rope_type", rope.value("type", std::string("default")));
-    if (rope_type != "default")
-      throw unsupported(fmt::format("RoPE type '{}' (expected default)", rope_type));
+    const HfRope rope = read_hf_rope(j, mixtral ? 1e6 : 10000.0);
+    s.rotary_base = rope.theta;
+    if (rope.type != "default")
+      throw unsupported(fmt::format("RoPE type '{}' (expected default)", rope.type));
     MoeSpec& m = s.moe;
     m.topk = required("num_experts_per_tok");
     // Each family's own name first; transformers versions have written the other one too.
