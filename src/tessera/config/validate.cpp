@@ -1,7 +1,6 @@
 #include "tessera/config/validate.h"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <string_view>
@@ -226,9 +225,9 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
               fmt::format("at most moe_router_group_topk x experts per group = {} x {}",
                           m.moe_router_group_topk, E / groups));
   }
-  c.require(m.moe_expert_capacity_factor < 0 ||
-                (m.moe_expert_capacity_factor > 0 && std::isfinite(m.moe_expert_capacity_factor)),
-            "moe_expert_capacity_factor", "null (dropless) or a positive number");
+  // The key's parser takes null (stored negative) or finite numbers >= 0.
+  c.require(m.moe_expert_capacity_factor != 0, "moe_expert_capacity_factor",
+            "null (dropless) or a positive number");
   c.require(!m.moe_pad_expert_input_to_capacity, "moe_pad_expert_input_to_capacity",
             "false: padding the experts' inputs to their capacity is not implemented");
   const int64_t ep = t.expert_model_parallel_size;
