@@ -4,8 +4,9 @@
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
-#       [dist] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
-#       [baseline]   (not in the default; dist: 2 GPUs; baseline: bench model of the packed
+#       [dist] [four_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
+#       [baseline]   (not in the default; dist: 2 GPUs; four_gpu: scripts/device/four_gpu.sh
+#                     with the steps in FOUR_GPU_STEPS (default all), 4 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
 #             (bench model --full: all layers, 16 micro-batches per step, precision-aware
@@ -260,6 +261,10 @@ if want full_fp8_loss; then
   echo "== full ${FULL_FP8_MODEL:-llama3.1_8B}, FP8 hybrid against BF16 over 300 steps of Brown text"
   bash "$ROOT/scripts/device/full_fp8_loss.sh" "$BIN/tessera" "$OUT/full_fp8_loss" \
     "${FULL_FP8_MODEL:-llama3.1_8B}" 2>&1 | tail -8
+fi
+if want four_gpu; then
+  echo "== two and four GPUs (scripts/device/four_gpu.sh ${FOUR_GPU_STEPS:-})"
+  OUT="$OUT/four_gpu" BIN="$BIN" bash "$ROOT/scripts/device/four_gpu.sh" ${FOUR_GPU_STEPS:-} 2>&1 | tail -80
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"

@@ -163,6 +163,60 @@ TEST(Ranks, SeqIdsMatchOccurrencesAcrossRanks) {
   EXPECT_NE(r.warnings[0].find("1 collective kernels could not be matched"), std::string::npos);
 }
 
+// Four ranks as Tessera's recorder names their groups: two tensor-parallel pairs, "tp:0"
+// (ranks 0, 1) and "tp:2" (ranks 2, 3), each with its own sequence numbers, then one all-reduce
+// over the world. Each occurrence matches within its group's ranks, none is unmatched, and the
+// waits name who waited for whom (µs):
+//   tp:0 seq 0: r0 100, r1 130 -> r0 waited 30 for r1;   tp:2 seq 0: r2 100, r3 110 -> r2 10 for r3
+//   world seq 0: r0 500, r1 520, r2 560, r3 540 -> r0 60, r1 40, r3 20 for r2
+TEST(Ranks, SubGroupsMatchWithinTheirRanksAndWaitsNameWhoWaitedForWhom) {
+  const auto dir = test_dir();
+  const double tp_start[4] = {100, 130, 100, 110}, world_start[4] = {500, 520, 560, 540};
+  for (int r = 0; r < 4; ++r) {
+    TraceBuilder b(dir);
+    const std::string tp = r < 2 ? "tp:0" : "tp:2";
+    b.kernel("ncclDevKernel_AllReduce_Sum_bf16", tp_start[r], 10,
+             {{"collective", "all_reduce"}, {"process_group", tp}, {"group_size", 2},
+              {"seq", 0}, {"bytes", 4096}, {"dtype", "bf16"}},
+             0, 20);
+    b.kernel("ncclDevKernel_AllReduce_Sum_f32", world_start[r], 10,
+             {{"collective", "all_reduce"}, {"process_group", "world"}, {"group_size", 4},
+              {"seq", 0}, {"bytes", 8192}, {"dtype", "fp32"}},
+             0, 20);
+    b.write("rank-" + std::to_string(r) + ".json");
+  }
+  const Report r = ranks_report(dir.string(), false);
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();
+  const Table* skew = r.find("collective_skew");
+  ASSERT_EQ(skew->rows.size(), 3u);
+  EXPECT_DOUBLE_EQ(num(*skew, 0, "start_skew_us"), 60);  // the world's
+  EXPECT_EQ(num(*skew, 0, "ranks"), 4);
+  EXPECT_DOUBLE_EQ(num(*skew, 1, "start_skew_us"), 30);  // tp:0
+  EXPECT_EQ(num(*skew, 1, "ranks"), 2);
+  EXPECT_EQ(num(*skew, 1, "last_rank"), 1);
+
+  const Table* waits = r.find("waits");
+  ASSERT_NE(waits, nullptr);
+  std::vector<std::tuple<int, int, int, double>> got;  // rank, waited_for, times, wait_ms
+  for (size_t i = 0; i < waits->rows.size(); ++i)
+    got.emplace_back(num(*waits, i, "rank"), num(*waits, i, "waited_for"),
+                     num(*waits, i, "times"), num(*waits, i, "wait_ms"));
+  const std::vector<std::tuple<int, int, int, double>> want = {
+      {0, 2, 1, 0.060}, {1, 2, 1, 0.040}, {0, 1, 1, 0.030}, {3, 2, 1, 0.020}, {2, 3, 1, 0.010}};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(std::get<0>(got[i]), std::get<0>(want[i])) << i;
+    EXPECT_EQ(std::get<1>(got[i]), std::get<1>(want[i])) << i;
+    EXPECT_EQ(std::get<2>(got[i]), std::get<2>(want[i])) << i;
+    EXPECT_NEAR(std::get<3>(got[i]), std::get<3>(want[i]), 1e-9) << i;
+  }
+  bool named = false;
+  for (const auto& [key, value] : r.info)
+    named = named || (key == "longest wait" &&
+                      value == "rank 0 waited 0.060 ms for rank 2 over 1 collectives");
+  EXPECT_TRUE(named);
+}
+
 TEST(Ranks, FilesWithoutRankIdAreDataErrors) {
   const auto dir = test_dir();
   TraceBuilder(dir).kernel("k", 0, 1).write("anonymous.json");

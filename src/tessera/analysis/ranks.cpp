@@ -4,6 +4,7 @@
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -143,6 +144,11 @@ struct Straggle {
   int64_t last = 0, caused_ns = 0, waited_ns = 0;
 };
 
+// One rank's waiting for another: occurrences where the other arrived last, and the time.
+struct Wait {
+  int64_t times = 0, ns = 0;
+};
+
 struct KindSummary {
   int64_t count = 0, skew_total = 0, skew_max = 0, spread_total = 0, wait_total = 0;
 };
@@ -151,6 +157,7 @@ struct KindSummary {
 struct SkewTally {
   Table skew = skew_table();
   std::vector<Straggle> straggle;                                    // per rank
+  std::vector<std::vector<Wait>> waited_for;  // [waiting rank][rank that arrived last]
   std::map<std::pair<std::string, std::string>, KindSummary> kinds;  // (kind, group)
   uint64_t unmatched = 0;  // collective kernels not found on every rank
 };
@@ -169,6 +176,11 @@ void add_occurrence(SkewTally& tally, const std::vector<RankTrace>& ranks, const
   for (const auto& [ri, o] : occ) {
     tally.straggle[ri].waited_ns += latest - o->start_ns;
     caused += latest - o->start_ns;
+    if (ri != last->first) {
+      Wait& w = tally.waited_for[ri][last->first];
+      ++w.times;
+      w.ns += latest - o->start_ns;
+    }
   }
   ++tally.straggle[last->first].last;
   tally.straggle[last->first].caused_ns += caused;
@@ -186,15 +198,30 @@ void add_occurrence(SkewTally& tally, const std::vector<RankTrace>& ranks, const
        int64_t{ranks[last->first].rank}});
 }
 
+// How many of the traced ranks run collectives in each process group: a group's name
+// (PyTorch's "Process Group Name", Tessera's "tp:2") names one group, whose members are the
+// ranks whose traces use it; a collective without a name is taken to span every rank.
+std::map<std::string, size_t> group_sizes(const std::vector<RankTrace>& ranks) {
+  std::map<std::string, std::set<size_t>> members;
+  for (size_t ri = 0; ri < ranks.size(); ++ri) {
+    for (const Occurrence& o : ranks[ri].collectives) members[o.group].insert(ri);
+  }
+  std::map<std::string, size_t> sizes;
+  for (const auto& [group, m] : members) sizes[group] = group.empty() ? ranks.size() : m.size();
+  return sizes;
+}
+
 SkewTally tally_skew(const std::vector<RankTrace>& ranks) {
   SkewTally tally;
   tally.straggle.resize(ranks.size());
+  tally.waited_for.assign(ranks.size(), std::vector<Wait>(ranks.size()));
   int64_t origin = INT64_MAX;
   for (const RankTrace& t : ranks) {
     if (!t.collectives.empty()) origin = std::min(origin, t.collectives.front().start_ns);
   }
+  const std::map<std::string, size_t> sizes = group_sizes(ranks);
   for (const auto& [key, occ] : match_occurrences(ranks)) {
-    if (occ.size() != ranks.size()) {
+    if (occ.size() != sizes.at(std::get<0>(key))) {
       tally.unmatched += occ.size();
       continue;
     }
@@ -239,6 +266,38 @@ Table stragglers_table(const std::vector<RankTrace>& ranks, const SkewTally& tal
                                s.waited_ns / 1e6});
   }
   return stragglers;
+}
+
+// Who waited for whom: one row per (waiting rank, rank that arrived last) pair that waited,
+// the longest waits first.
+Table waits_table(const std::vector<RankTrace>& ranks, const SkewTally& tally) {
+  Table waits;
+  waits.name = "waits";
+  waits.title = "Who waited for whom";
+  waits.note =
+      "rank waited wait_ms in total, over `times` collectives, for waited_for, the rank that "
+      "arrived last in them.";
+  waits.columns = {{"rank", true}, {"waited_for", true}, {"times"}, {"wait_ms"}, {"mean_wait_us"}};
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    for (size_t j = 0; j < ranks.size(); ++j) {
+      const Wait& w = tally.waited_for[i][j];
+      if (w.times == 0) continue;
+      waits.rows.push_back({int64_t{ranks[i].rank}, int64_t{ranks[j].rank}, w.times, w.ns / 1e6,
+                            w.ns / 1e3 / static_cast<double>(w.times)});
+    }
+  }
+  std::stable_sort(waits.rows.begin(), waits.rows.end(), [](const auto& a, const auto& b) {
+    return std::get<double>(a[3]) > std::get<double>(b[3]);
+  });
+  return waits;
+}
+
+// The longest wait of one rank for another, for the report's info; needs a wait.
+std::string longest_wait(const Table& waits) {
+  const auto& top = waits.rows.front();
+  return fmt::format("rank {} waited {:.3f} ms for rank {} over {} collectives",
+                     std::get<int64_t>(top[0]), std::get<double>(top[3]),
+                     std::get<int64_t>(top[1]), std::get<int64_t>(top[2]));
 }
 
 // The rank that caused the most waiting, for the report's info; needs an occurrence.
@@ -296,13 +355,15 @@ Report ranks_report(const std::string& dir, bool progress,
   r.info = {{"directory", dir}, {"ranks", std::to_string(ranks.size())}};
   if (tally.unmatched > 0) {
     r.warnings.push_back(fmt::format(
-        "{} collective kernels could not be matched on every rank (different counts per rank: "
-        "traces of different steps, or ranks outside some process groups)",
+        "{} collective kernels could not be matched on every rank of their process group "
+        "(different counts per rank: traces of different steps, or unnamed sub-groups)",
         tally.unmatched));
   }
+  Table waits = waits_table(ranks, tally);
   if (!tally.skew.rows.empty()) r.info.push_back({"straggler", worst_straggler(ranks, tally)});
-  r.tables = {stragglers_table(ranks, tally), skew_summary_table(tally), std::move(tally.skew),
-              per_rank_table(ranks)};
+  if (!waits.rows.empty()) r.info.push_back({"longest wait", longest_wait(waits)});
+  r.tables = {stragglers_table(ranks, tally), std::move(waits), skew_summary_table(tally),
+              std::move(tally.skew), per_rank_table(ranks)};
   return r;
 }
 

@@ -2,14 +2,16 @@
 // `tessera report --ranks DIR`: one trace per rank; collective skew and stragglers.
 //
 // The k-th occurrence of a collective (same kind and process group; the "seq" arg when every
-// rank has one) is matched across ranks. A collective finishes only when its last rank
-// arrives, so for each occurrence:
+// rank has one) is matched across the ranks of its group (the traced ranks that name it; every
+// rank for an unnamed one). A collective finishes only when its last rank arrives, so for each
+// occurrence:
 //   start skew    = latest start - earliest start (how long the first rank waited)
 //   wait of rank r = latest start - start of r
 //   duration spread = longest - shortest kernel (waiting shows up as longer kernels)
 // The straggler summary counts, per rank, how often it arrived last and how much waiting it
-// caused the others. Timestamps are compared as written: ranks on one host share a clock;
-// across hosts the clock offset adds to the skew.
+// caused the others, and the waits table who waited how long for whom. Timestamps are
+// compared as written: ranks on one host share a clock; across hosts the clock offset adds to
+// the skew.
 #include <functional>
 #include <optional>
 #include <string>

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <span>
 #include <thread>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "tessera/distributed/rendezvous.h"
 #include "tessera/obs/logger.h"
 #include "tessera/ops/backend.h"
+#include "tessera/ops/op_observer.h"
 
 namespace tessera::dist {
 namespace {
@@ -78,6 +80,54 @@ std::string p2p_text(std::span<const P2POp> ops) {
   return ops.size() == 1 ? list : fmt::format("send_recv ({})", list);
 }
 
+// PyTorch's op names for collectives ("nccl:all_reduce"), as string literals.
+const char* collective_op_name(std::string_view kind) {
+  if (kind == "all_reduce") return "nccl:all_reduce";
+  if (kind == "reduce_scatter") return "nccl:reduce_scatter";
+  if (kind == "all_gather") return "nccl:all_gather";
+  if (kind == "broadcast") return "nccl:broadcast";
+  if (kind == "all_to_all") return "nccl:all_to_all";
+  return "nccl:send_recv";
+}
+
+// A process group's name with the static storage a trace argument needs: "world", or a split
+// group's label with its smallest world rank ("tp:2"), which names one group among its kind.
+std::string_view interned_group_name(const std::string& name) {
+  static std::mutex mu;
+  static std::set<std::string> names;
+  std::lock_guard lock(mu);
+  return *names.insert(name).first;
+}
+
+// While a profiler observes the backend, one collective is an op with PyTorch's
+// record_param_comms arguments. Its NCCL kernels then carry the kind, group, size and sequence
+// number in the trace, and `report --ranks` matches each occurrence across its group's ranks.
+class ObservedCollective {
+ public:
+  ObservedCollective(const Backend& backend, const char* op, const char* kind,
+                     std::string_view group, int group_size, uint64_t seq, size_t bytes,
+                     DType dtype)
+      : observer_(backend.op_observer()) {
+    if (!observer_) return;
+    OpArgs args;
+    args.add_string("collective", kind)
+        .add_string("process_group", group)
+        .add("group_size", group_size)
+        .add("seq", static_cast<int64_t>(seq))
+        .add("bytes", static_cast<int64_t>(bytes))
+        .add_dtype("dtype", dtype);
+    observer_->op_begin(op, args);
+  }
+  ~ObservedCollective() {
+    if (observer_) observer_->op_end();
+  }
+  ObservedCollective(const ObservedCollective&) = delete;
+  ObservedCollective& operator=(const ObservedCollective&) = delete;
+
+ private:
+  OpObserver* observer_;
+};
+
 // Set by the first thread that ends the process over a failed rank or collective. Errors
 // that the abort causes on other threads are its echo: those threads wait for the exit
 // instead of unwinding (and exiting) while the abort is still running.
@@ -99,12 +149,14 @@ void cuda_check(cudaError_t e, const char* what) {
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(Backend& backend, Rendezvous& rendezvous, double timeout_s, Logger& log)
-      : compute_stream_(static_cast<cudaStream_t>(backend.stream().native)),
+      : backend_(backend),
+        compute_stream_(static_cast<cudaStream_t>(backend.stream().native)),
         device_(backend.device().index),
         rank_(rendezvous.rank()),
         size_(rendezvous.world_size()),
         timeout_s_(timeout_s),
-        log_(log) {
+        log_(log),
+        group_name_(interned_group_name("world")) {
     int version = 0;
     ncclGetVersion(&version);
     version_ = version_text(version);
@@ -147,8 +199,10 @@ class NcclCommunicator final : public Communicator {
   }
 
   // A communicator split from `parent` (split()), once NCCL has made `comm`.
-  NcclCommunicator(const NcclCommunicator& parent, ncclComm_t comm, const std::string& label)
-      : compute_stream_(parent.compute_stream_),
+  NcclCommunicator(const NcclCommunicator& parent, ncclComm_t comm, const std::string& label,
+                   int color)
+      : backend_(parent.backend_),
+        compute_stream_(parent.compute_stream_),
         device_(parent.device_),
         rank_(-1),
         size_(0),
@@ -156,6 +210,7 @@ class NcclCommunicator final : public Communicator {
         log_(parent.log_),
         version_(parent.version_),
         label_(label),
+        group_name_(interned_group_name(fmt::format("{}:{}", label, color))),
         world_rank_(parent.world_rank()),
         comm_(comm) {
     ncclResult_t state = ncclSuccess;
@@ -193,6 +248,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(const Tensor& buffer, ReduceOp op, Lane lane) override {
     const size_t bytes = buffer.nbytes();
     cudaStream_t s = stream_for(lane);
+    const ObservedCollective observed = observe("all_reduce", bytes, buffer.dtype);
     begin("all_reduce", bytes);
     check(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
                         nccl_type(buffer.dtype, true, "all_reduce"),
@@ -206,6 +262,7 @@ class NcclCommunicator final : public Communicator {
              "reduce_scatter: in {} must hold {} x out {}", in.shape.str(), size_, out.shape.str());
     const size_t bytes = in.nbytes();
     cudaStream_t s = stream_for(lane);
+    const ObservedCollective observed = observe("reduce_scatter", bytes, in.dtype);
     begin("reduce_scatter", bytes);
     check(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
                             nccl_type(in.dtype, true, "reduce_scatter"), ncclSum, comm_, s),
@@ -218,6 +275,7 @@ class NcclCommunicator final : public Communicator {
              "all_gather: out {} must hold {} x in {}", out.shape.str(), size_, in.shape.str());
     const size_t bytes = out.nbytes();
     cudaStream_t s = stream_for(lane);
+    const ObservedCollective observed = observe("all_gather", bytes, in.dtype);
     begin("all_gather", bytes);
     check(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()),
                         nccl_type(in.dtype, false, "all_gather"), comm_, s),
@@ -228,6 +286,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(const Tensor& buffer, int root, Lane lane) override {
     const size_t bytes = buffer.nbytes();
     cudaStream_t s = stream_for(lane);
+    const ObservedCollective observed = observe("broadcast", bytes, buffer.dtype);
     begin("broadcast", bytes);
     check(ncclBroadcast(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
                         nccl_type(buffer.dtype, false, "broadcast"), root, comm_, s),
@@ -244,6 +303,7 @@ class NcclCommunicator final : public Communicator {
     const size_t block_bytes = bytes / size_;
     const ncclDataType_t t = nccl_type(in.dtype, false, "all_to_all");
     cudaStream_t s = stream_for(lane);
+    const ObservedCollective observed = observe("all_to_all", bytes, in.dtype);
     begin("all_to_all", bytes);
     check(ncclGroupStart(), "all_to_all (ncclGroupStart)", bytes);
     for (int r = 0; r < size_; ++r) {
@@ -264,6 +324,7 @@ class NcclCommunicator final : public Communicator {
     }
     const std::string what = p2p_text(ops);
     cudaStream_t s = stream_for(lane);
+    const ObservedCollective observed = observe("send_recv", bytes, ops.empty() ? DType::U8 : ops.front().tensor.dtype);
     begin(what, bytes);
     // One group: NCCL progresses all of them together, so opposite sends do not deadlock.
     check(ncclGroupStart(), what + " (ncclGroupStart)", bytes);
@@ -304,7 +365,7 @@ class NcclCommunicator final : public Communicator {
     }
     end_host_call();
     if (!child) return nullptr;
-    return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, label));
+    return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, label, color));
   }
 
   void wait_comm() override {
@@ -393,6 +454,12 @@ class NcclCommunicator final : public Communicator {
     cuda_check(cudaEventRecord(compute_ready_, compute_stream_), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(comm_stream_, compute_ready_, 0), "cudaStreamWaitEvent");
     return comm_stream_;
+  }
+
+  // The profiler's view of the collective enqueued next (its sequence number is seq_).
+  ObservedCollective observe(const char* kind, size_t bytes, DType dtype) const {
+    return ObservedCollective(backend_, collective_op_name(kind), kind, group_name_, size_, seq_,
+                              bytes, dtype);
   }
 
   // Watches a host call into NCCL (the watchdog times it like a collective).
@@ -513,12 +580,14 @@ class NcclCommunicator final : public Communicator {
     if (watchdog_.joinable()) watchdog_.join();
   }
 
+  const Backend& backend_;       // whose profiler observer sees the collectives
   cudaStream_t compute_stream_;  // the backend's: Lane::Compute collectives queue there
   int device_, rank_, size_;
   double timeout_s_;
   Logger& log_;
   std::string version_;
   std::string label_;    // the group, for a split communicator ("tp"); empty for the world
+  std::string_view group_name_;  // the group in traces: "world", "tp:2"
   int world_rank_ = -1;  // a split communicator's rank in the world, for messages
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
   cudaStream_t comm_stream_ = nullptr;

@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# Two and four GPUs of one host: the multi-GPU tests, scaling of the full Llama 3.1 8B, the MoE
+# models with experts over four GPUs, the 40-layer Llama 3.1 70B proxy, and a profiled step on
+# every rank with `tessera report --ranks`. Runs on the GPU machine after gpu_suite.sh has
+# unpacked the payload (binaries in .device/bin, the environment below); results under $OUT,
+# one markdown table per step and OUT/four_gpu.md with all of them.
+#   bash scripts/device/four_gpu.sh [tests] [profile] [scaling] [moe] [big]   (default: all)
+#     tests:   DistGpu.* (the size-4 layouts on Brown text, two nodes on one host over sockets
+#              and a lost node among them, besides the 2-GPU tests)
+#     profile: the Llama 3.1 8B proxy on 4 GPUs (TP 2 x DP 2, ZeRO-1), one profiled step on
+#              every rank, then `tessera report --ranks` (skew, stragglers, who waited for whom)
+#     scaling: full Llama 3.1 8B, BF16 and FP8 hybrid, on 1, 2 and 4 GPUs with ZeRO-1 and with
+#              FSDP, 8 micro-batches per GPU per step, tokens/s/GPU against one GPU
+#     moe:     the DeepSeek-V3 proxy (3 layers, every one MoE, 256 experts), DeepSeek-V2-Lite
+#              and Mixtral 8x7B with experts over 4 GPUs, the layout the planner picks
+#     big:     Llama 3.1 70B, 40 layers, FP8 hybrid without the transpose cache, on 4 GPUs in
+#              the first layout the planner says fits, in the order below (no recompute first)
+# SCALING_GPUS (default "1 2 4") and SCALING_ITERS (default 4) shorten the scaling step.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="${OUT:-$ROOT/.device/out}"
+BIN="${BIN:-$ROOT/.device/bin}"
+T="$BIN/tessera"
+mkdir -p "$OUT"
+GPUS=$(nvidia-smi -L | wc -l)
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$GPU_NAME" in *H200*) PLAN_GPU=H200 ;; *H100*) PLAN_GPU=H100 ;; *) PLAN_GPU=H200 ;; esac
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests profile scaling moe big)
+want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+status=0
+port=29800
+next_port() { port=$((port + 1)); echo $port; }
+# Megatron's precision-aware optimizer with bf16 gradients and moments and selective recompute:
+# what `bench model --full` runs the 8B models with on one GPU (docs/memory.md).
+PA="--use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16
+  --exp_avg_sq_dtype bf16"
+FULL_STATE="$PA --recompute_granularity selective"
+RUNS="$OUT/runs"
+
+# train NAME GPUS ARGS...: one training run through `tessera launch`; its log is OUT/NAME.log.
+train() {
+  local name=$1 gpus=$2
+  shift 2
+  timeout "${RUN_TIMEOUT:-240}" "$T" launch --nproc_per_node "$gpus" --master_port "$(next_port)" \
+    train --mock_data true --log_interval 1 --eval_interval 0 --workspace "$RUNS" \
+    --work_group g --user_name u --exp_name "$name" "$@" > "$OUT/$name.log" 2>&1
+}
+
+# summary NAME GPUS [PLAN_GIB]: one markdown row from the run's metrics (medians over the
+# iterations after the first; MoE balance from the last: the largest coefficient of variation
+# of tokens per expert over the layers, and the dropped share).
+summary() {
+  python3 - "$RUNS/g/u/$1/metrics.jsonl" "$1" "$2" "${3:-}" <<'PY'
+import json, statistics, sys
+path, name, gpus, plan = sys.argv[1:5]
+try:
+    rows = [json.loads(l) for l in open(path) if '"lm_loss"' in l]
+except OSError:
+    rows = []
+if not rows:
+    print(f"| {name} | {gpus} | run failed (see {name}.log) | | | | | | |")
+    sys.exit(0)
+body = rows[1:] or rows
+med = lambda k: statistics.median(r[k] for r in body if k in r)
+peak = max(r.get("mem_peak_gib", 0) for r in rows)
+last = rows[-1]
+balance = ""
+if last.get("moe_expert_tokens_cv"):
+    balance = (f"cv {max(last['moe_expert_tokens_cv']):.3f}, dropped "
+               f"{100 * max(last.get('moe_expert_dropped_fraction', [0])):.2f}%")
+print(f"| {name} | {gpus} | {med('elapsed_ms'):.0f} | {med('tokens_per_s_per_gpu'):,.0f} | "
+      f"{med('tflops_per_gpu'):.0f} | {peak:.2f} | {plan} | {last['lm_loss']:.4f} | {balance} |")
+PY
+}
+TABLE_HEAD="| run | GPUs | ms/iter | tokens/s/GPU | TFLOP/s/GPU | peak GiB | plan GiB | final loss | balance |
+|---|---|---|---|---|---|---|---|---|"
+
+# plan_gib GPUS ARGS...: the planner's total per GPU for a run, or empty when it does not fit.
+plan_gib() {
+  local gpus=$1
+  shift
+  "$T" memory --num_gpus "$gpus" --gpu "$PLAN_GPU" "$@" 2>/dev/null |
+    awk '/^FITS/ {fits = 1} /^\| total / {total = $6} END {if (fits) print total}'
+}
+
+# first_fit GPUS "BASE ARGS" "CANDIDATE 1" "CANDIDATE 2" ...: the first candidate the planner
+# says fits (cheapest first), or nothing.
+first_fit() {
+  local gpus=$1 base=$2 c
+  shift 2
+  for c in "$@"; do
+    # shellcheck disable=SC2086
+    if [ -n "$(plan_gib "$gpus" $base $c)" ]; then
+      echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+
+{
+  date -u +"%Y-%m-%d %H:%M UTC"
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+  nvidia-smi topo -m 2>/dev/null | head -8
+  "$T" --version 2>/dev/null
+} > "$OUT/four_gpu_machine.txt"
+
+if want tests; then
+  echo "== DistGpu.* on $GPUS GPUs: the four-GPU tests, then the others"
+  four="DistGpu.FourGpu*:DistGpu.TwoNodes*"
+  timeout "${FOUR_TESTS_TIMEOUT:-300}" "$BIN/test_gpu" --gtest_color=no --gtest_filter="$four" \
+    > "$OUT/dist_gpu_tests_four.log" 2>&1 || status=1
+  timeout "${OTHER_TESTS_TIMEOUT:-400}" "$BIN/test_gpu" --gtest_color=no \
+    --gtest_filter="DistGpu.*-$four" > "$OUT/dist_gpu_tests_other.log" 2>&1 || status=1
+  grep -hE "^\[ (parity|lost node|  FAILED|  PASSED|  SKIPPED|       OK)" \
+    "$OUT/dist_gpu_tests_four.log" "$OUT/dist_gpu_tests_other.log"
+fi
+
+if want profile; then
+  echo "== profiled step on every rank, report --ranks"
+  PROXY="--config llama3.1_8B-pretrain --num_layers 4 --micro_batch_size 1 --global_batch_size 8"
+  # shellcheck disable=SC2086
+  train profile_tp2_dp2 4 $PROXY --train_iters 6 --tensor_model_parallel_size 2 \
+    --sequence_parallel true --use_distributed_optimizer true --profile true \
+    --profile_step_start 4 --profile_step_end 5 --profile_ranks all || status=1
+  "$T" report --ranks "$RUNS/g/u/profile_tp2_dp2/traces" -o "$OUT/ranks_report" \
+    > "$OUT/ranks_report.txt" 2>&1 || status=1
+  head -60 "$OUT/ranks_report.txt"
+fi
+
+if want scaling; then
+  echo "== full Llama 3.1 8B scaling (8 micro-batches per GPU per step)"
+  table="$OUT/scaling.md"
+  echo "$TABLE_HEAD" > "$table"
+  for precision in bf16 fp8; do
+    extra=""
+    [ "$precision" = fp8 ] && extra="--fp8 hybrid"
+    for n in ${SCALING_GPUS:-1 2 4}; do
+      [ "$n" -gt "$GPUS" ] && continue
+      for sharding in zero1 fsdp; do
+        [ "$n" = 1 ] && [ "$sharding" = fsdp ] && continue  # one GPU: nothing to shard
+        keys="--use_distributed_optimizer true"
+        [ "$sharding" = fsdp ] && keys="--use_torch_fsdp2 true"
+        name="full8b_${precision}_${n}gpu_${sharding}"
+        args="--config llama3.1_8B-pretrain --micro_batch_size 1 --global_batch_size $((8 * n))
+          --train_iters ${SCALING_ITERS:-4} $FULL_STATE $keys $extra"
+        echo "-- $name"
+        # shellcheck disable=SC2086
+        plan=$(plan_gib "$n" $args)
+        # shellcheck disable=SC2086
+        train "$name" "$n" $args || status=1
+        summary "$name" "$n" "$plan" >> "$table"
+      done
+    done
+  done
+  cat "$table"
+fi
+
+if want moe; then
+  echo "== MoE with experts over 4 GPUs"
+  table="$OUT/moe.md"
+  echo "$TABLE_HEAD" > "$table"
+  EP="--expert_model_parallel_size 4 --use_distributed_optimizer true"
+  for spec in "deepseek_v3_proxy|--config deepseek_v3-pretrain --num_layers 3 --moe_layer_freq 1 --micro_batch_size 1 --global_batch_size 16" \
+              "deepseek_v2_lite|--config deepseek_v2_lite-pretrain --micro_batch_size 1 --global_batch_size 16" \
+              "mixtral_8x7B_proxy|--config mixtral_8x7B-pretrain --num_layers 4 --micro_batch_size 1 --global_batch_size 16"; do
+    name=${spec%%|*}
+    base="${spec#*|} --train_iters 5 $EP"
+    if ! layout=$(first_fit 4 "$base" "" "--recompute_granularity selective" \
+                    "--recompute_granularity full" "--moe_expert_capacity_factor 1.0" \
+                    "$PA" "$PA --recompute_granularity selective" "$PA --recompute_granularity full" \
+                    "$PA --recompute_granularity full --moe_expert_capacity_factor 1.0"); then
+      echo "| $name | 4 | the planner finds no layout that fits | | | | | | |" >> "$table"
+      status=1
+      continue
+    fi
+    echo "-- $name: $EP $layout" | tee -a "$OUT/moe_layouts.txt"
+    # shellcheck disable=SC2086
+    plan=$(plan_gib 4 $base $layout)
+    # shellcheck disable=SC2086
+    train "$name" 4 $base $layout || status=1
+    summary "$name" 4 "$plan" >> "$table"
+  done
+  cat "$table" "$OUT/moe_layouts.txt"
+fi
+
+if want big; then
+  echo "== Llama 3.1 70B proxy (40 layers, FP8 hybrid, no transpose cache) on 4 GPUs"
+  table="$OUT/big.md"
+  echo "$TABLE_HEAD" > "$table"
+  base="--config llama3.1_70B-pretrain --num_layers 40 --fp8 hybrid
+    --no_fp8_weight_transpose_cache --micro_batch_size 1 --global_batch_size 16 --train_iters 4"
+  SP="--sequence_parallel true --use_distributed_optimizer true"
+  if layout=$(first_fit 4 "$base" \
+      "--use_torch_fsdp2 true --recompute_granularity selective" \
+      "--use_torch_fsdp2 true $PA --recompute_granularity selective" \
+      "--tensor_model_parallel_size 4 $SP $PA" \
+      "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 $SP $PA" \
+      "--use_torch_fsdp2 true $PA --recompute_granularity full" \
+      "--tensor_model_parallel_size 4 $SP $PA --recompute_granularity full"); then
+    echo "-- layout: $layout" | tee "$OUT/big_layout.txt"
+    # shellcheck disable=SC2086
+    plan=$(plan_gib 4 $base $layout)
+    # shellcheck disable=SC2086
+    RUN_TIMEOUT=400 train llama70b_40l_fp8 4 $base $layout || status=1
+    summary llama70b_40l_fp8 4 "$plan" >> "$table"
+  else
+    echo "| llama70b_40l_fp8 | 4 | the planner finds no layout that fits | | | | | | |" >> "$table"
+    status=1
+  fi
+  cat "$table"
+fi
+
+cat "$OUT"/scaling.md "$OUT"/moe.md "$OUT"/big.md > "$OUT/four_gpu.md" 2>/dev/null
+echo "exit $status"
+exit $status
