@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Two and four GPUs of one host: the multi-GPU tests, scaling of the full Llama 3.1 8B, the MoE
 # models with experts over four GPUs, the 40-layer Llama 3.1 70B proxy, and a profiled step on
-# every rank with `tessera report --ranks`. Runs on the GPU machine after gpu_suite.sh has
+# every rank with `tessera report --ranks` (steps that need four GPUs say so when fewer are
+# there). Runs on the GPU machine after gpu_suite.sh has
 # unpacked the payload (binaries in .device/bin, the environment below); results under $OUT,
 # one markdown table per step and OUT/four_gpu.md with all of them.
 #   bash scripts/device/four_gpu.sh [tests] [profile] [scaling] [moe] [big]   (default: all)
-#     tests:   DistGpu.* (the size-4 layouts on Brown text, two nodes on one host over sockets
-#              and a lost node among them, besides the 2-GPU tests)
-#     profile: the Llama 3.1 8B proxy on 4 GPUs (TP 2 x DP 2, ZeRO-1), one profiled step on
+#     tests:   DistGpu.* (the size-4 layouts on Brown text with 4 GPUs, two nodes on one host
+#              over sockets and a lost node among them, besides the 2-GPU tests)
+#     profile: the Llama 3.1 8B proxy on every GPU (TP 2 x DP the rest, ZeRO-1), one profiled step on
 #              every rank, then `tessera report --ranks` (skew, stragglers, who waited for whom)
 #     scaling: full Llama 3.1 8B, BF16 and FP8 hybrid, on 1, 2 and 4 GPUs with ZeRO-1 and with
 #              FSDP, 8 micro-batches per GPU per step, tokens/s/GPU against one GPU
@@ -121,7 +122,7 @@ if want profile; then
   echo "== profiled step on every rank, report --ranks"
   PROXY="--config llama3.1_8B-pretrain --num_layers 4 --micro_batch_size 1 --global_batch_size 8"
   # shellcheck disable=SC2086
-  train profile_tp2_dp2 4 $PROXY --train_iters 6 --tensor_model_parallel_size 2 \
+  train profile_tp2_dp2 "$GPUS" $PROXY --train_iters 6 --tensor_model_parallel_size 2 \
     --sequence_parallel true --use_distributed_optimizer true --profile true \
     --profile_step_start 4 --profile_step_end 5 --profile_ranks all || status=1
   "$T" report --ranks "$RUNS/g/u/profile_tp2_dp2/traces" -o "$OUT/ranks_report" \
@@ -157,7 +158,14 @@ if want scaling; then
   cat "$table"
 fi
 
-if want moe; then
+need_four() {
+  [ "$GPUS" -ge 4 ] && return 0
+  echo "| $1 | 4 | not run: $GPUS GPUs here, 4 needed | | | | | | |" >> "$OUT/$1.md"
+  echo "-- $1: not run, $GPUS GPUs here and 4 needed"
+  return 1
+}
+
+if want moe && need_four moe; then
   echo "== MoE with experts over 4 GPUs"
   table="$OUT/moe.md"
   echo "$TABLE_HEAD" > "$table"
@@ -185,7 +193,7 @@ if want moe; then
   cat "$table" "$OUT/moe_layouts.txt"
 fi
 
-if want big; then
+if want big && need_four big; then
   echo "== Llama 3.1 70B proxy (40 layers, FP8 hybrid, no transpose cache) on 4 GPUs"
   table="$OUT/big.md"
   echo "$TABLE_HEAD" > "$table"
