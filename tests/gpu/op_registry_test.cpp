@@ -56,6 +56,22 @@ TEST(GpuOps, GroupedFp8OpsMatchTheReference) {
   EXPECT_GT(cases, 0);
 }
 
+// fp32 attention (the precision of the multi-GPU parity runs) takes the row-wise kernels: every
+// attention case with fp32 compute, held to the fp32 tolerance.
+TEST(GpuOps, Fp32AttentionMatchesTheReference) {
+  TS_REQUIRE_GPU();
+  BackendUnderTest fp32 = cuda(AttentionBackend::Tessera);
+  fp32.compute = DType::F32;
+  fp32.attention = "fp32";
+  int cases = 0;
+  for (const OpCase& c : attention_cases()) {
+    if (!c.name.starts_with("attention_")) continue;
+    check_case(c, fp32);
+    ++cases;
+  }
+  EXPECT_GT(cases, 0);
+}
+
 // attention_backend cudnn never falls back: every attention case runs on cuDNN or fails.
 TEST(GpuOps, AttentionOnCudnnMatchesTheReference) {
   TS_REQUIRE_GPU();

@@ -84,12 +84,6 @@ void check_rope(const Tensor& qkv, const Tensor& freqs, const char* op) {
   expect_type(freqs, DType::F32, op, "freqs");
 }
 
-void require_bf16_attention(const Tensor& t, const char* op, const char* what) {
-  if (t.dtype != DType::BF16) {
-    throw InternalError(std::string("attention on CUDA needs bf16: ") + op + " got " + what +
-                        " in " + std::string(dtype_name(t.dtype)));
-  }
-}
 
 RopeShape rope_shape(const AttentionShape& s) {
   return RopeShape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.qkv_width()};
@@ -703,9 +697,13 @@ void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::st
 void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                        const AttentionShape& s) {
   const char* op = "attention_forward";
-  require_bf16_attention(qkv, op, "qkv");
-  require_bf16_attention(out, op, "out");
+  expect_float(qkv, op, "qkv");
+  expect_same_type(out, qkv, op, "out");
   expect_type(lse, DType::F32, op, "lse");
+  if (qkv.dtype == DType::F32) {  // fp32 runs (parity checks) take the row-wise kernels
+    cuda::attention_rowwise_forward(out.data, lse.as<float>(), qkv.data, s, qkv.dtype, stream_);
+    return;
+  }
   if (use_cudnn_attention(s, false, {out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->forward_plan(s).workspace_bytes;
     try {
@@ -727,12 +725,15 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
                                         const Tensor& lse, const Tensor& qkv,
                                         const AttentionShape& s) {
   const char* op = "attention_backward";
-  require_bf16_attention(dqkv, op, "dqkv");
-  require_bf16_attention(dout, op, "dout");
-  require_bf16_attention(out, op, "out");
-  require_bf16_attention(qkv, op, "qkv");
+  expect_float(qkv, op, "qkv");
+  expect_same_type(dqkv, qkv, op, "dqkv");
+  expect_same_type(dout, qkv, op, "dout");
+  expect_same_type(out, qkv, op, "out");
   expect_type(lse, DType::F32, op, "lse");
-  if (use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
+  // cuDNN's fused attention and the flash kernels are bf16; fp32 takes the row-wise kernels.
+  const bool rowwise = qkv.dtype == DType::F32 || !flash_kernels_take(s);
+  if (qkv.dtype == DType::BF16 &&
+      use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;
     try {
       cudnn_->backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
@@ -743,7 +744,7 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
       cudnn_attention_fallback("backward " + attention_shape_text(s), e.what());
     }
   }
-  if (!flash_kernels_take(s)) {
+  if (rowwise) {
     const size_t bytes = attention_rowwise_backward_scratch_bytes(s);
     cuda::attention_rowwise_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
                                      scratch(bytes), qkv.dtype, stream_);
