@@ -16,7 +16,8 @@
 #              and Mixtral 8x7B with experts over 4 GPUs, the layout the planner picks
 #     big:     Llama 3.1 70B, 40 layers, FP8 hybrid without the transpose cache, on 4 GPUs in
 #              the first layout the planner says fits, in the order below (no recompute first)
-# SCALING_GPUS (default "1 2 4") and SCALING_ITERS (default 4) shorten the scaling step.
+# SCALING_GPUS (default "1 2 4") and SCALING_ITERS (default 4) shorten the scaling step;
+# OTHER_TESTS (default DistGpu.*) picks the tests run after the four-GPU ones.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$ROOT/.device/out}"
@@ -113,7 +114,8 @@ if want tests; then
   timeout "${FOUR_TESTS_TIMEOUT:-300}" "$BIN/test_gpu" --gtest_color=no --gtest_filter="$four" \
     > "$OUT/dist_gpu_tests_four.log" 2>&1 || status=1
   timeout "${OTHER_TESTS_TIMEOUT:-400}" "$BIN/test_gpu" --gtest_color=no \
-    --gtest_filter="DistGpu.*-$four" > "$OUT/dist_gpu_tests_other.log" 2>&1 || status=1
+    --gtest_filter="${OTHER_TESTS:-DistGpu.*}-$four" > "$OUT/dist_gpu_tests_other.log" 2>&1 ||
+    status=1
   grep -hE "^\[ (parity|lost node|  FAILED|  PASSED|  SKIPPED|       OK)" \
     "$OUT/dist_gpu_tests_four.log" "$OUT/dist_gpu_tests_other.log"
 fi
