@@ -8,8 +8,9 @@
 #   bash scripts/device/four_gpu.sh [tests] [profile] [scaling] [moe] [big]   (default: all)
 #     tests:   DistGpu.* (the size-4 layouts on Brown text with 4 GPUs, two nodes on one host
 #              over sockets and a lost node among them, besides the 2-GPU tests)
-#     profile: the Llama 3.1 8B proxy on every GPU (TP 2 x DP the rest, ZeRO-1), one profiled step on
-#              every rank, then `tessera report --ranks` (skew, stragglers, who waited for whom)
+#     profile: the Llama 3.1 8B proxy on every GPU (TP 2 x DP the rest, ZeRO-1), two profiled
+#              steps on every rank, then `tessera report --ranks` (skew, stragglers, who waited
+#              for whom)
 #     scaling: full Llama 3.1 8B, BF16 and FP8 hybrid, on 1, 2 and 4 GPUs with ZeRO-1 and with
 #              FSDP, 8 micro-batches per GPU per step, tokens/s/GPU against one GPU
 #     moe:     the DeepSeek-V3 proxy (3 layers, every one MoE, 256 experts), DeepSeek-V2-Lite
@@ -126,10 +127,13 @@ if want profile; then
   # shellcheck disable=SC2086
   train profile_tp2_dp2 "$GPUS" $PROXY --train_iters 6 --tensor_model_parallel_size 2 \
     --sequence_parallel true --use_distributed_optimizer true --profile true \
-    --profile_step_start 4 --profile_step_end 5 --profile_ranks all || status=1
+    --profile_step_start 4 --profile_step_end 6 --profile_ranks all || status=1
   "$T" report --ranks "$RUNS/g/u/profile_tp2_dp2/traces" -o "$OUT/ranks_report" \
     > "$OUT/ranks_report.txt" 2>&1 || status=1
-  head -60 "$OUT/ranks_report.txt"
+  # The traces themselves, small at this size (the suite's archive leaves traces out).
+  tar czf "$OUT/profile_traces.tgz" -C "$RUNS/g/u/profile_tp2_dp2" traces
+  grep -E "iteration +[0-9]+/" "$OUT/profile_tp2_dp2.log" | grep -o "iteration *[0-9]*/.*per iteration (ms): [0-9.]*"
+  head -12 "$OUT/ranks_report/summary.md"
 fi
 
 if want scaling; then

@@ -217,6 +217,36 @@ TEST(Ranks, SubGroupsMatchWithinTheirRanksAndWaitsNameWhoWaitedForWhom) {
   EXPECT_TRUE(named);
 }
 
+// Kernels of a non-blocking NCCL communicator may be launched outside the span of the op that
+// asked for them, so they carry no args: the k-th collective op of a rank ("nccl:all_reduce"
+// with a group and sequence number) describes its k-th communication kernel in launch order.
+TEST(Ranks, CollectiveOpsDescribeTheirUnlinkedKernelsInLaunchOrder) {
+  const auto dir = test_dir();
+  const double starts[2][2] = {{100, 300}, {130, 310}};
+  for (int r = 0; r < 2; ++r) {
+    TraceBuilder b(dir);
+    b.cpu_op("nccl:all_reduce", 90, 2,
+             {{"External id", 1}, {"collective", "all_reduce"}, {"process_group", "tp:0"},
+              {"group_size", 2}, {"seq", 0}, {"bytes", 4096}, {"dtype", "bf16"}});
+    b.cpu_op("nccl:all_gather", 95, 2,
+             {{"External id", 2}, {"collective", "all_gather"}, {"process_group", "tp:0"},
+              {"group_size", 2}, {"seq", 1}, {"bytes", 8192}, {"dtype", "bf16"}});
+    // Launched in op order; the all-gather's stream runs it later.
+    b.kernel("ncclDevKernel_AllReduce_Sum_bf16", starts[r][0], 10, {{"correlation", 7}}, 0, 20);
+    b.kernel("ncclDevKernel_AllGather_RING_LL", starts[r][1], 10, {{"correlation", 8}}, 0, 21);
+    b.write("rank-" + std::to_string(r) + ".json");
+  }
+  const Report r = ranks_report(dir.string(), false);
+  EXPECT_TRUE(r.warnings.empty()) << r.warnings.front();
+  const Table* skew = r.find("collective_skew");
+  ASSERT_EQ(skew->rows.size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(std::get<std::string>(skew->rows[i][skew->column("process_group")]), "tp:0");
+  EXPECT_DOUBLE_EQ(num(*skew, 0, "start_skew_us"), 30);  // the all-reduce
+  EXPECT_EQ(num(*skew, 0, "bytes"), 4096);
+  EXPECT_EQ(num(*skew, 1, "index"), 1);  // matched by sequence number
+}
+
 TEST(Ranks, FilesWithoutRankIdAreDataErrors) {
   const auto dir = test_dir();
   TraceBuilder(dir).kernel("k", 0, 1).write("anonymous.json");

@@ -69,6 +69,11 @@ CollectiveInfo collective_info(const TraceData& data, const GpuActivity& g) {
       args = &data.collectives[data.op_details[op->detail].collective];
     }
   }
+  return collective_info(data, g, args);
+}
+
+CollectiveInfo collective_info(const TraceData& data, const GpuActivity& g,
+                               const CollectiveArgs* args) {
   CollectiveInfo info;
   const std::string& kernel = data.strings[g.name];
   info.kind = normalize_collective(args && args->name ? data.strings[args->name] : kernel);

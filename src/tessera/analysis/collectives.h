@@ -34,6 +34,9 @@ double bus_bandwidth_factor(std::string_view kind, int64_t ranks);
 
 // From the kernel's own args, else the launching record_param_comms op, else its name.
 CollectiveInfo collective_info(const TraceData& data, const GpuActivity& g);
+// From `args` (a host op's, say) where the kernel carries none; its name otherwise.
+CollectiveInfo collective_info(const TraceData& data, const GpuActivity& g,
+                               const CollectiveArgs* args);
 
 Table collectives_table(const TraceData& data);
 

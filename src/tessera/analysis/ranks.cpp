@@ -30,6 +30,44 @@ struct RankTrace {
   std::vector<Occurrence> collectives;  // in start order
 };
 
+// A rank's communication kernels in launch (correlation) order.
+std::vector<GpuActivity> launch_order(const TraceData& data) {
+  std::vector<GpuActivity> kernels;
+  for (const GpuActivity& g : data.gpu)
+    if (g.category == Category::kCommunication) kernels.push_back(g);
+  std::stable_sort(kernels.begin(), kernels.end(), [](const auto& a, const auto& b) {
+    return a.correlation < b.correlation;
+  });
+  return kernels;
+}
+
+// The args of the host ops that describe collectives ("nccl:all_reduce" with a process group
+// or sequence number) whose kernels the trace does not link to them, in the order the ops ran.
+// A non-blocking NCCL communicator may launch its kernels after the call returns, outside the
+// op's span; each collective launches one kernel, so the k-th such op is the k-th kernel
+// without args. Empty when their counts differ (then nothing is paired).
+std::vector<const CollectiveArgs*> unlinked_collective_args(const TraceData& data) {
+  std::vector<const CollectiveArgs*> args;
+  std::vector<bool> linked(data.op_details.size(), false);
+  size_t unlinked_kernels = 0;
+  for (const GpuActivity& g : data.gpu) {
+    if (g.category != Category::kCommunication) continue;
+    const OpRef* op = data.launching_op(g);
+    if (g.collective < 0 && op && op->detail >= 0) linked[static_cast<size_t>(op->detail)] = true;
+    const CollectiveInfo c = collective_info(data, g);
+    if (c.process_group.empty() && c.seq < 0) ++unlinked_kernels;
+  }
+  for (const OpRef& op : data.ops) {  // sorted by External id: the order they began
+    if (op.detail < 0 || linked[static_cast<size_t>(op.detail)]) continue;
+    const OpDetail& d = data.op_details[static_cast<size_t>(op.detail)];
+    if (d.collective < 0) continue;
+    const CollectiveArgs& a = data.collectives[static_cast<size_t>(d.collective)];
+    if (a.process_group != StringTable::kEmpty || a.seq >= 0) args.push_back(&a);
+  }
+  if (args.size() != unlinked_kernels) args.clear();
+  return args;
+}
+
 RankTrace summarize(const std::string& file, bool progress,
                     const std::function<void(const TraceInfo&)>& on_loaded) {
   TraceData data = TraceData::load(file, progress);
@@ -51,9 +89,12 @@ RankTrace summarize(const std::string& file, bool progress,
   for (const TimelineBreakdown& b : gpu_timeline(data)) {
     if (b.busy > r.timeline.busy) r.timeline = b;
   }
-  for (const GpuActivity& g : data.gpu) {
-    if (g.category != Category::kCommunication) continue;
+  const std::vector<const CollectiveArgs*> host_args = unlinked_collective_args(data);
+  size_t next_host = 0;
+  for (const GpuActivity& g : launch_order(data)) {
     CollectiveInfo c = collective_info(data, g);
+    if (c.process_group.empty() && c.seq < 0 && next_host < host_args.size())
+      c = collective_info(data, g, host_args[next_host++]);
     r.collectives.push_back({c.kind, c.process_group, c.seq, c.bytes, g.start_ns, g.dur_ns});
   }
   std::sort(r.collectives.begin(), r.collectives.end(),
