@@ -11,7 +11,7 @@
 // except outputs stored in bf16 (Kind::BF16), which keep their own.
 //
 // With TESSERA_OP_PERF=1 each case is also timed on the backend under test (median of 20 after
-// warm-up) and reported with its FLOP and byte counts.
+// warm-up) and reported against the FLOPs and bytes the op table gives the ops it runs.
 //
 // A backend joins with a BackendUnderTest and a test that checks every case on it: the CPU in
 // tests/ops/op_registry_test.cpp, CUDA in tests/gpu/op_registry_test.cpp (attention cases once
@@ -48,7 +48,6 @@ struct OpCase {
   std::string name;  // op, then shape and options: "matmul M64 N48 K32 NT"
   std::vector<Spec> specs;
   std::function<void(Backend&, const Tensors&)> run;
-  double flops = 0, bytes = 0;  // per call, for perf mode
 };
 
 std::vector<OpCase> all_cases();

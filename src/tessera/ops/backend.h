@@ -1,23 +1,13 @@
 #pragma once
 // The op API: every computation the model, trainer and benchmarks need, forward and
-// backward, as a facade. Each public op is a plain function (ops/backend.cpp) that checks the
-// tensors' placement and shapes, reports the op to the profiler's observer and times it when
-// asked, then calls the backend's do_<op>; a backend (backend/cpu, backend/cuda) implements
-// only the do_<op>s, over memory it owns, and checks only its own dtype rules. Model and
-// trainer code only ever call this interface, and ask what a backend can do with supports(),
-// never which vendor it is: a new device is a new backend, never a change to the model.
-//
-// Conventions:
-// - Tensors are contiguous and row-major; shapes are in the comments, N = tokens (B*T).
-// - "compute dtype" is the activation/weight dtype of the run (fp32 on the CPU reference,
-//   bf16 on GPUs). Statistics (rstd, lse, losses) are always fp32; gradients that accumulate
-//   across micro-batches (weight, norm, bias and embedding gradients) and optimizer state
-//   are fp32, or bf16 where the run asks for it (main_grads_dtype, exp_avg_dtype, ...): an
-//   accumulating op then adds its fp32 result into the bf16 value and rounds once.
-// - Outputs named d<x> with "accumulates" add into the existing contents (gradient
-//   accumulation across micro-batches and residual branches); all other outputs overwrite.
-// - Ops are asynchronous with respect to the host on devices that allow it; only
-//   download() and synchronize() wait.
+// backward, as a facade. The ops are the lines of one table (ops/op_table.inc); each public op
+// is a function generated from its line (ops/backend.cpp) that checks the tensors' placement,
+// shapes and dtypes, reports the op to the profiler's observer and times it when asked, then
+// calls the backend's do_<op>. A backend (backend/cpu, backend/cuda) implements only the
+// do_<op>s, over memory it owns, and checks only what only it knows. Model and trainer code
+// only ever call this interface, and ask what a backend can do with supports() and
+// supports_op(), never which vendor it is: a new device is a new backend, never a change to
+// the model. The conventions of shapes and dtypes are at the top of ops/op_table.inc.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -27,6 +17,7 @@
 
 #include "tessera/core/fp8.h"
 #include "tessera/core/tensor.h"
+#include "tessera/ops/op_table.h"
 
 namespace tessera {
 
@@ -64,15 +55,15 @@ struct MemoryStats {
 // of 3-D/4-D tensors are flattened into rows. out must not alias a or b; c may be out; with
 // beta = 0, c is not read (it may hold NaN).
 struct MatmulArgs {
-  Tensor out;            // (M, N), compute dtype or fp32
-  Tensor a;              // (M, K), or (K, M) when trans_a
-  Tensor b;              // (K, N), or (N, K) when trans_b
+  Tensor out;  // (M, N), compute dtype or fp32
+  Tensor a;    // (M, K), or (K, M) when trans_a
+  Tensor b;    // (K, N), or (N, K) when trans_b
   bool trans_a = false;
   bool trans_b = false;
   float alpha = 1.0f;
   float beta = 0.0f;
-  Tensor c;              // (M, N) read with beta; undefined means out itself
-  Tensor bias;           // (N), optional
+  Tensor c;     // (M, N) read with beta; undefined means out itself
+  Tensor bias;  // (N), optional
 };
 
 // Shape of causal (optionally sliding-window) grouped-query attention over a packed QKV
@@ -82,8 +73,8 @@ struct MatmulArgs {
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
-  int64_t window = 0;    // > 0: query i sees key j only if i - window < j (and j <= i if causal)
-  float scale = 0.0f;    // softmax scale, normally 1/sqrt(head_dim); must be positive
+  int64_t window = 0;      // > 0: query i sees key j only if i - window < j (and j <= i if causal)
+  float scale = 0.0f;      // softmax scale, normally 1/sqrt(head_dim); must be positive
   int64_t v_head_dim = 0;  // Dv; 0: head_dim
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * v_dim(); }
@@ -127,14 +118,14 @@ struct ParamSegment {
 // fp32 whatever the storage, each bf16 tensor is read into fp32 and its new value rounded back
 // to nearest even; the parameter update uses the fp32 moments before that rounding.
 struct AdamWArgs {
-  Tensor master;         // (P) fp32 master weights, updated in place; undefined: `params` are
-                         // the master (bf16 main parameters), updated in place
-  Tensor grad;           // (P) fp32 or bf16
-  Tensor exp_avg;        // (P) fp32 or bf16 first moment
-  Tensor exp_avg_sq;     // (P) fp32 or bf16 second moment
-  Tensor params;         // (P) compute-dtype copy refreshed from master; undefined if master is it
-  Tensor grad_norm_sq;   // (1) fp32 on the device: squared global gradient norm. A non-finite
-                         // value makes the op change nothing (the step is skipped).
+  Tensor master;        // (P) fp32 master weights, updated in place; undefined: `params` are
+                        // the master (bf16 main parameters), updated in place
+  Tensor grad;          // (P) fp32 or bf16
+  Tensor exp_avg;       // (P) fp32 or bf16 first moment
+  Tensor exp_avg_sq;    // (P) fp32 or bf16 second moment
+  Tensor params;        // (P) compute-dtype copy refreshed from master; undefined if master is it
+  Tensor grad_norm_sq;  // (1) fp32 on the device: squared global gradient norm. A non-finite
+                        // value makes the op change nothing (the step is skipped).
   std::span<const ParamSegment> segments;  // offsets relative to master[0]
   float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   float max_grad_norm = 0;  // clip when the norm exceeds it: g *= max / (norm + 1e-6); 0 = off
@@ -148,11 +139,11 @@ struct AdamWArgs {
 
 // One read of x producing any of: its FP8 copy, its FP8 transpose, and its amax.
 struct Fp8CastArgs {
-  Tensor x;       // (R, C) compute dtype
-  Tensor out;     // (R, C) e4m3 or e5m2, or undefined
-  Tensor out_t;   // (C, R) same dtype as out, or undefined
-  Tensor scale;   // (1) fp32; read when out or out_t is defined
-  Tensor amax;    // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
+  Tensor x;      // (R, C) compute dtype
+  Tensor out;    // (R, C) e4m3 or e5m2, or undefined
+  Tensor out_t;  // (C, R) same dtype as out, or undefined
+  Tensor scale;  // (1) fp32; read when out or out_t is defined
+  Tensor amax;   // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
 };
 
 // Per-tensor scaled FP8 cast of x (R, C) cut into G row groups, each with its codes row-major
@@ -195,8 +186,8 @@ struct Fp8MatmulArgs {
   Fp8Scaling b_scaling = Fp8Scaling::Tensor;
   float alpha = 1.0f;
   float beta = 0.0f;
-  Tensor c;            // (M, N) like out, read with beta; undefined means out itself
-  Tensor bias;         // (N) like out, optional
+  Tensor c;                 // (M, N) like out, read with beta; undefined means out itself
+  Tensor bias;              // (N) like out, optional
   bool fast_accum = false;  // cuBLASLt's faster, less precise accumulation (forward only)
 };
 
@@ -408,297 +399,32 @@ class Backend {
   // (op name, total milliseconds) since timing was enabled; waits for the device.
   std::vector<std::pair<std::string, double>> op_times_ms();
 
-  // ---- elementwise and init ----
-  void fill(const Tensor& dst, float value);
-  // dst = src converted to dst.dtype (same numel), round-to-nearest-even.
-  void convert(const Tensor& dst, const Tensor& src);
-  // dst[i] = mean + std * N(0,1) drawn from a counter-based generator keyed by
-  // (seed, first_index + i): the same values on every backend and any sharding.
-  void init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean, float std);
+  // Whether this backend runs `op` (a backend for other hardware may leave some out; the
+  // facade refuses those by name).
+  virtual bool supports_op(OpId op) const {
+    (void)op;
+    return true;
+  }
+  // The dtypes of activations and weights it computes in (fp32, and bf16 with Bf16Compute):
+  // what the op table's TS_COMPUTE admits.
+  std::span<const DType> compute_dtypes() const;
 
-  // ---- linear algebra ----
-  void matmul(const MatmulArgs& args);
-  // dbias (N) fp32 accumulates the column sums of dout (M, N).
-  void bias_backward(const Tensor& dbias, const Tensor& dout);
-  // FP8 (structs above). The CPU backend emulates them: codes from core/fp8.h, then an fp32
-  // GEMM of the dequantised values.
-  void fp8_cast_transpose(const Fp8CastArgs& args);
-  void fp8_grouped_cast(const Fp8GroupedCastArgs& args);
-  void matmul_fp8(const Fp8MatmulArgs& args);
-  void fp8_update_scales(const Fp8ScaleUpdateArgs& args);
-  void fp8_block_cast(const Fp8BlockCastArgs& args);
-
-  // ---- model ops ----
-  // out (N, C) = table[tokens]; tokens (N) int32 in [0, V); table (V, C).
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& table);
-  // dtable (V, C) fp32 accumulates dout (N, C) rows at tokens (N).
-  void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens);
-
-  // Vocabulary-parallel embedding (Megatron's VocabParallelEmbedding): table (V, C) is the
-  // shard holding the rows of token ids [first_id, first_id + V). out (N, C) =
-  // table[tokens - first_id], a zero row for a token of another shard, so the shards' outputs
-  // add up to the whole lookup.
-  void embedding_shard_forward(const Tensor& out, const Tensor& tokens, const Tensor& table,
-                               int64_t first_id);
-  // dtable (V, C) accumulates the rows of dout (N, C) whose tokens lie in the shard; fp32, or
-  // bf16 as embedding_backward's (a gradient kept in bf16).
-  void embedding_shard_backward(const Tensor& dtable, const Tensor& dout, const Tensor& tokens,
-                                int64_t first_id);
-
-  // out (N, C) = x * rstd * weight, rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       float eps);
-  // dx (N, C) accumulates, dweight (C) fp32 accumulates; dout, x (N, C); rstd (N).
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd);
-
-  // Rotary embedding, rotate-half convention (Hugging Face Llama), in place on the query and
-  // key heads of qkv (B, T, width); token t of every sequence has position t.
-  // freqs (T, D) fp32: row t holds cos(t * inv_freq[0..D/2)) then sin(t * inv_freq[0..D/2)).
-  void rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s);
-  // The inverse rotation applied in place to the query/key gradient heads of dqkv.
-  void rope_backward(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s);
-
-  // out (B, T, H*D) = softmax(q k^T * scale + mask) v per head; lse (B, H, T) fp32 receives
-  // each query row's log-sum-exp of the scaled, masked scores.
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         const AttentionShape& s);
-  // dqkv (B, T, width) overwritten with the gradients of q, k and v. With Dv != D the out
-  // and dout tensors are (B, T, H*Dv), as the forward's out.
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                          const Tensor& lse, const Tensor& qkv, const AttentionShape& s);
-
-  // Context parallelism (Megatron's all-gather of keys and values): the queries of this
-  // rank's tokens attend to the keys and values of every rank's. qkv_all (S, B, T, width):
-  // segment s packs q, k and v of rank s's T tokens per sequence (s.seq = T), as an all-gather
-  // of every rank's qkv (B, T, width) leaves them; positions (S, T) int32: each token's place
-  // in the whole sequence (the same in every sequence). A key is visible from a query at a
-  // position no later (causal) and within s.window of it. out (B, T, H*D), lse (B, H, T) fp32:
-  // the outputs of segment `segment`'s queries, as attention_forward over the whole sequence
-  // gives them.
-  void attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
-                                  const Tensor& positions, int64_t segment,
-                                  const AttentionShape& s);
-  // dqkv_all (S, B, T, width) overwritten: segment `segment`'s query gradients in its query
-  // heads (zeros in the other segments'), and the key and value gradients its queries give
-  // every segment's tokens: the sum over the ranks, reduce-scattered, is each rank's dqkv.
-  void attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout, const Tensor& out,
-                                   const Tensor& lse, const Tensor& qkv_all,
-                                   const Tensor& positions, int64_t segment,
-                                   const AttentionShape& s);
-
-  // Generation with a KV cache: q (B, H*D), the query heads of one new token per sequence at
-  // position `pos`, attends to the positions visible from it (causal, s.window) of
-  // kv (B, S, KV*(D + Dv)), which holds per position the KV key heads then the KV value heads;
-  // out (B, H*Dv). s.seq is the cache's capacity S > pos.
-  void attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
-                        const AttentionShape& s);
-
-  // Multi-latent attention's packing (MlaQkvArgs): a.qkv overwritten from a.q, a.k_rope, a.kv.
-  void mla_qkv_forward(const MlaQkvArgs& a);
-  // Its gradient, with each tensor of `g` the gradient of the forward's: g.qkv (dqkv) is read;
-  // g.q's columns [q_col, q_col + H D) and g.k_rope's [k_col, k_col + Dr) (the rope key's
-  // gradient summed over the heads) are overwritten, their other columns untouched; g.kv is
-  // overwritten.
-  void mla_qkv_backward(const MlaQkvArgs& g);
-
-  // dst[:, dst_col + j] = src[:, src_col + j] for j < cols: a block of columns between two
-  // matrices of the same dtype and rows, dst (N, Wd) and src (N, Ws); dst's other columns are
-  // untouched. The slices of a fused projection's output that feed separate ops.
-  void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
-                    int64_t cols);
-
-  // gate_up (N, 2F) holds [gate | up]; out (N, F) = silu(gate) * up.
-  void swiglu_forward(const Tensor& out, const Tensor& gate_up);
-  // dgate_up (N, 2F) overwritten.
-  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up);
-
-  // losses (N) fp32 = -log softmax(logits)[target]; targets (N) int32, negative = ignored
-  // (loss 0, gradient 0). If dlogits is defined (it may alias logits) it receives
-  // grad_scale * (softmax(logits) - onehot(target)).
-  void cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                     const Tensor& dlogits, float grad_scale);
-
-  // RMSNorm of every query and key head of a packed QKV activation (Qwen3's q_norm and
-  // k_norm): out (N, width) = qkv with each query head x (D) replaced by x * r * q_weight and
-  // each key head by x * r * k_weight, r = 1 / sqrt(mean(x^2) + eps); value heads copied.
-  // rstd (N, H + KV) fp32: r per token and head, query heads first. N = s.tokens().
-  void qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
-                       const Tensor& q_weight, const Tensor& k_weight, const AttentionShape& s,
-                       float eps);
-  // dqkv (N, width) overwritten with d(loss)/d(qkv) for dout = d(loss)/d(out); dqkv may be
-  // dout itself. dq_weight and dk_weight (D) fp32 accumulate.
-  void qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight, const Tensor& dk_weight,
-                        const Tensor& dout, const Tensor& qkv, const Tensor& q_weight,
-                        const Tensor& k_weight, const Tensor& rstd, const AttentionShape& s);
-
-  // ---- mixture of experts (structs above) ----
-  // indices (N, K) int32 and weights (N, K) fp32 overwritten with each token's experts, in
-  // decreasing order of their selection score (slot order under force_balance), and their
-  // routing weights; logits (N, E) compute dtype; bias (E) fp32 or undefined (sigmoid only).
-  void moe_router_forward(const Tensor& indices, const Tensor& weights, const Tensor& logits,
-                          const Tensor& bias, const MoeRouting& r);
-  // dlogits (N, E) fp32 overwritten with the gradient of the weights' loss given dweights
-  // (N, K) fp32; indices as moe_router_forward wrote them. The bias has no gradient.
-  void moe_router_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& logits,
-                           const Tensor& indices, const MoeRouting& r);
-  void moe_aux_loss(const MoeAuxLossArgs& args);
-  // z-loss (ST-MoE) of logits (N, E): L = mean_n logsumexp(logits_n)^2. loss (1) fp32 += L
-  // (undefined: skipped); dlogits (N, E) fp32 += grad_scale * dL/dlogits (undefined: skipped).
-  void moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
-                  float grad_scale);
-  // counts (E) fp32 accumulates, per expert, the (token, slot) pairs indices (N, K) route to it.
-  void moe_expert_counts(const Tensor& counts, const Tensor& indices);
-  // Aux-loss-free balancing (DeepSeek-V3, Megatron's get_updated_expert_bias): bias (E) fp32
-  // += rate * sign(mean(counts) - counts[e]) for counts (E) fp32, the step's tokens per expert.
-  void moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate);
-
-  // The dispatch. Token n's copy for its k-th expert goes to row rows[n, k] of xp (R, C);
-  // the rows of expert e are [offsets[e], offsets[e+1]), holding its tokens in order of
-  // (n, k) and then zero rows up to a multiple of `align` rows (offsets (E + 1) int32,
-  // offsets[0] = 0). Every row of xp that holds no token is zero. x (N, C); indices (N, K)
-  // int32 in [0, E); rows (N, K) int32 and offsets overwritten. Dropless (capacity 0):
-  // R >= N*K + E*(align - 1). With a capacity (Megatron's token dropping) each expert keeps at
-  // most that many of its pairs, the others are dropped (rows[n, k] = -1, and every op below
-  // skips them): R >= min(N*K, E*capacity) + E*(align - 1).
-  void moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets, const Tensor& x,
-                   const Tensor& indices, int64_t align, const MoeCapacity& capacity = {});
-  // dx (N, C) accumulates, for each token, the rows of dxp (R, C) its kept copies went to.
-  void moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows);
-  // The combine: out (N, C) accumulates sum_k weights[n, k] * yp[rows[n, k]], k in order, over
-  // the kept pairs. yp (R, C); weights (N, K) fp32.
-  void moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
-                     const Tensor& weights);
-  // Its gradients: dyp (R, C) overwritten, row rows[n, k] = weights[n, k] * dout[n] and
-  // every other row zero; dweights (N, K) fp32 overwritten with dout[n] . yp[rows[n, k]] (0
-  // for a dropped pair).
-  void moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights, const Tensor& dout,
-                              const Tensor& yp, const Tensor& rows, const Tensor& weights);
-  void grouped_matmul(const GroupedMatmulArgs& args);
-  void grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args);
-  void grouped_matmul_fp8(const GroupedFp8MatmulArgs& args);
-  void grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args);
-
-  // Vocabulary-parallel cross-entropy (Megatron's vocab_parallel_cross_entropy), in two steps
-  // around an all-gather of the stats over the shards. logits (N, V) are the columns
-  // [first_id, first_id + V) of the whole vocabulary; targets (N) int32, negative = ignored.
-  // stats (N, 2) fp32: per row, the logsumexp of this shard's logits and the target's logit
-  // when the target lies in the shard (else 0).
-  void cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits, const Tensor& targets,
-                                 int64_t first_id);
-  // all_stats (S, N, 2) fp32: every shard's stats, in shard order. losses (N) fp32 = the
-  // logsumexp over all shards - the target's logit (0 if ignored), the same on every shard. If
-  // dlogits is defined (it may alias logits) it receives grad_scale * (softmax - onehot(target))
-  // on this shard's columns.
-  void cross_entropy_shard(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                           const Tensor& all_stats, int64_t first_id, const Tensor& dlogits,
-                           float grad_scale);
-
-  // ---- reductions and optimizer ----
-  // out (1) fp32 = sum(x) (accumulate=false) or out += sum(x); x fp32. Deterministic.
-  void sum(const Tensor& out, const Tensor& x, bool accumulate);
-  // out (1) fp32 = sum(x^2) or out += sum(x^2); x fp32. Deterministic.
-  void sum_squares(const Tensor& out, const Tensor& x, bool accumulate);
-  void adamw_step(const AdamWArgs& args);
+  // ---- the ops: one per line of ops/op_table.inc, which documents each ----
+#define TS_OP(name, params, args, signature) void name params;
+#include "tessera/ops/op_table.inc"
 
  protected:
   // What each backend implements. The facade has checked that every tensor argument is
-  // defined (or empty) and lives on this backend's device, and that shapes and counts agree
-  // as the op's comment states; a do_<op> checks its dtypes and anything only it knows.
+  // defined (or empty) and lives on this backend's device, that shapes and counts agree as the
+  // op's comment states and that dtypes follow its signature; a do_<op> checks anything only
+  // it knows.
   virtual void do_upload(const Tensor& dst, const void* host_src) = 0;
   virtual void do_download(void* host_dst, const Tensor& src) = 0;
   virtual void do_copy(const Tensor& dst, const Tensor& src) = 0;
   virtual void do_range_push(const char* /*name*/) {}
   virtual void do_range_pop() {}
-  virtual void do_fill(const Tensor& dst, float value) = 0;
-  virtual void do_convert(const Tensor& dst, const Tensor& src) = 0;
-  virtual void do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index, float mean,
-                              float std) = 0;
-  virtual void do_matmul(const MatmulArgs& args) = 0;
-  virtual void do_bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
-  virtual void do_fp8_cast_transpose(const Fp8CastArgs& args) = 0;
-  virtual void do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) = 0;
-  virtual void do_matmul_fp8(const Fp8MatmulArgs& args) = 0;
-  virtual void do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) = 0;
-  virtual void do_fp8_block_cast(const Fp8BlockCastArgs& args) = 0;
-  virtual void do_embedding_forward(const Tensor& out, const Tensor& tokens,
-                                    const Tensor& table) = 0;
-  virtual void do_embedding_backward(const Tensor& dtable, const Tensor& dout,
-                                     const Tensor& tokens) = 0;
-  virtual void do_embedding_shard_forward(const Tensor& out, const Tensor& tokens,
-                                          const Tensor& table, int64_t first_id) = 0;
-  virtual void do_embedding_shard_backward(const Tensor& dtable, const Tensor& dout,
-                                           const Tensor& tokens, int64_t first_id) = 0;
-  virtual void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                  const Tensor& weight, float eps) = 0;
-  virtual void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
-  virtual void do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) = 0;
-  virtual void do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
-                                const AttentionShape& s) = 0;
-  virtual void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                    const AttentionShape& s) = 0;
-  virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
-                                     const Tensor& lse, const Tensor& qkv,
-                                     const AttentionShape& s) = 0;
-  virtual void do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
-                                             const Tensor& qkv_all, const Tensor& positions,
-                                             int64_t segment, const AttentionShape& s) = 0;
-  virtual void do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
-                                              const Tensor& out, const Tensor& lse,
-                                              const Tensor& qkv_all, const Tensor& positions,
-                                              int64_t segment, const AttentionShape& s) = 0;
-  virtual void do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
-                                   int64_t pos, const AttentionShape& s) = 0;
-  virtual void do_mla_qkv_forward(const MlaQkvArgs& a) = 0;
-  virtual void do_mla_qkv_backward(const MlaQkvArgs& g) = 0;
-  virtual void do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
-                               int64_t src_col, int64_t cols) = 0;
-  virtual void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
-  virtual void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
-                                  const Tensor& gate_up) = 0;
-  virtual void do_cross_entropy(const Tensor& losses, const Tensor& logits, const Tensor& targets,
-                                const Tensor& dlogits, float grad_scale) = 0;
-  virtual void do_qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& qkv,
-                                  const Tensor& q_weight, const Tensor& k_weight,
-                                  const AttentionShape& s, float eps) = 0;
-  virtual void do_qk_norm_backward(const Tensor& dqkv, const Tensor& dq_weight,
-                                   const Tensor& dk_weight, const Tensor& dout, const Tensor& qkv,
-                                   const Tensor& q_weight, const Tensor& k_weight,
-                                   const Tensor& rstd, const AttentionShape& s) = 0;
-  virtual void do_moe_router_forward(const Tensor& indices, const Tensor& weights,
-                                     const Tensor& logits, const Tensor& bias,
-                                     const MoeRouting& r) = 0;
-  virtual void do_moe_router_backward(const Tensor& dlogits, const Tensor& dweights,
-                                      const Tensor& logits, const Tensor& indices,
-                                      const MoeRouting& r) = 0;
-  virtual void do_moe_aux_loss(const MoeAuxLossArgs& args) = 0;
-  virtual void do_moe_z_loss(const Tensor& loss, const Tensor& dlogits, const Tensor& logits,
-                             float grad_scale) = 0;
-  virtual void do_moe_expert_counts(const Tensor& counts, const Tensor& indices) = 0;
-  virtual void do_moe_expert_bias_update(const Tensor& bias, const Tensor& counts, float rate) = 0;
-  virtual void do_moe_permute(const Tensor& xp, const Tensor& rows, const Tensor& offsets,
-                              const Tensor& x, const Tensor& indices, int64_t align,
-                              const MoeCapacity& capacity) = 0;
-  virtual void do_moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& rows) = 0;
-  virtual void do_moe_unpermute(const Tensor& out, const Tensor& yp, const Tensor& rows,
-                                const Tensor& weights) = 0;
-  virtual void do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dweights,
-                                         const Tensor& dout, const Tensor& yp, const Tensor& rows,
-                                         const Tensor& weights) = 0;
-  virtual void do_grouped_matmul(const GroupedMatmulArgs& args) = 0;
-  virtual void do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& args) = 0;
-  virtual void do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) = 0;
-  virtual void do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) = 0;
-  virtual void do_cross_entropy_shard_stats(const Tensor& stats, const Tensor& logits,
-                                            const Tensor& targets, int64_t first_id) = 0;
-  virtual void do_cross_entropy_shard(const Tensor& losses, const Tensor& logits,
-                                      const Tensor& targets, const Tensor& all_stats,
-                                      int64_t first_id, const Tensor& dlogits,
-                                      float grad_scale) = 0;
-  virtual void do_sum(const Tensor& out, const Tensor& x, bool accumulate) = 0;
-  virtual void do_sum_squares(const Tensor& out, const Tensor& x, bool accumulate) = 0;
-  virtual void do_adamw_step(const AdamWArgs& args) = 0;
+#define TS_OP(name, params, args, signature) virtual void do_##name params = 0;
+#include "tessera/ops/op_table.inc"
 
  private:
   template <class MakeArgs>

@@ -1,5 +1,10 @@
 #include "tessera/ops/op_checks.h"
 
+#include <algorithm>
+#include <string>
+
+#include "tessera/core/fp8.h"
+
 namespace tessera {
 
 MatrixDims matrix_dims(const Tensor& t) {
@@ -47,6 +52,66 @@ void OpChecks::rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape
   const MatrixDims f = matrix_dims(freqs);
   that(f.cols == s.head_dim && f.rows >= s.seq, "freqs {} must be (T >= {}, head_dim {})",
        freqs.shape.str(), s.seq, s.head_dim);
+}
+
+namespace {
+
+// "args.out" -> "out": the table names struct members by their path.
+std::string_view argument_name(const char* written) {
+  std::string_view n(written);
+  if (n.starts_with("args.")) n.remove_prefix(5);
+  return n;
+}
+
+std::string dtype_list(std::span<const DType> dtypes) {
+  std::string s;
+  for (DType d : dtypes) s += std::string(s.empty() ? "" : " or ") + std::string(dtype_name(d));
+  return s;
+}
+
+}  // namespace
+
+void OpChecks::dtypes(std::initializer_list<TensorDtype> rules,
+                      std::span<const DType> compute) const {
+  for (const TensorDtype& r : rules) {
+    const Tensor& t = *r.tensor;
+    if (!t.defined()) continue;
+    const DType d = t.dtype;
+    const bool in_compute = std::find(compute.begin(), compute.end(), d) != compute.end();
+    switch (r.rule) {
+      case DtypeRule::Compute:
+        that(in_compute, "{} has dtype {}, expected {} (this backend's compute dtypes)",
+             argument_name(r.name), dtype_name(d), dtype_list(compute));
+        break;
+      case DtypeRule::ComputeOrF32: {
+        const bool has_f32 = std::find(compute.begin(), compute.end(), DType::F32) != compute.end();
+        that(in_compute || d == DType::F32, "{} has dtype {}, expected {}{}", argument_name(r.name),
+             dtype_name(d), dtype_list(compute), has_f32 ? "" : " or fp32");
+        break;
+      }
+      case DtypeRule::Float:
+        that(d == DType::F32 || d == DType::BF16, "{} has dtype {}, expected fp32 or bf16",
+             argument_name(r.name), dtype_name(d));
+        break;
+      case DtypeRule::F32:
+        that(d == DType::F32, "{} has dtype {}, expected fp32", argument_name(r.name),
+             dtype_name(d));
+        break;
+      case DtypeRule::I32:
+        that(d == DType::I32, "{} has dtype {}, expected int32", argument_name(r.name),
+             dtype_name(d));
+        break;
+      case DtypeRule::Fp8:
+        that(is_fp8(d), "{} has dtype {}, expected e4m3 or e5m2", argument_name(r.name),
+             dtype_name(d));
+        break;
+      case DtypeRule::Like:
+        if (r.like->defined())
+          that(d == r.like->dtype, "{} has dtype {}, expected {}'s, {}", argument_name(r.name),
+               dtype_name(d), argument_name(r.like_name), dtype_name(r.like->dtype));
+        break;
+    }
+  }
 }
 
 }  // namespace tessera

@@ -1,9 +1,11 @@
 #pragma once
 // Argument checks whose failure messages start "<backend> <op>: ", so that a wrong call fails
 // with the same rule and words on every backend. The op facade (ops/backend.cpp) runs the
-// placement and shape checks; backends use the same helpers for their dtype rules. A failure
-// is a bug in the caller (InternalError through TS_CHECK), never bad user input.
+// placement, shape and dtype checks; backends use the same helpers for what only they know. A
+// failure is a bug in the caller (InternalError through TS_CHECK), never bad user input.
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string_view>
 
 #include "tessera/core/error.h"
@@ -22,7 +24,14 @@ class OpChecks {
  public:
   OpChecks(std::string_view backend, DeviceKind kind, const char* op)
       : backend_(backend), kind_(kind), op_(op) {}
-  OpChecks(const Backend& b, const char* op) : OpChecks(b.name(), b.device().kind, op) {}
+  OpChecks(const Backend& b, const char* op) : OpChecks(b.name(), b.device().kind, op) {
+    backend_object_ = &b;
+  }
+  // The backend it checks for (the facade's checks only).
+  const Backend& backend() const {
+    TS_CHECK(backend_object_ != nullptr, "{} {}: checks made without their backend", backend_, op_);
+    return *backend_object_;
+  }
 
   // t is defined (or empty: empty tensors may have no memory at all) and on the backend's
   // device.
@@ -35,6 +44,9 @@ class OpChecks {
   void attention_shape(const AttentionShape& s) const;
   // qkv holds s's tokens x qkv width, head_dim is even, freqs is (>= T, head_dim).
   void rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) const;
+  // An op's dtype signature (ops/op_table.inc) on a backend computing in `compute`; undefined
+  // tensors are not checked.
+  void dtypes(std::initializer_list<TensorDtype> rules, std::span<const DType> compute) const;
 
   template <class... Args>
   void that(bool ok, std::string_view f, const Args&... args) const {
@@ -47,6 +59,7 @@ class OpChecks {
   std::string_view backend_;
   DeviceKind kind_;
   const char* op_;
+  const Backend* backend_object_ = nullptr;
 };
 
 }  // namespace tessera

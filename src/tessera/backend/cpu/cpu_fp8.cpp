@@ -16,12 +16,6 @@
 namespace tessera {
 namespace {
 
-constexpr std::string_view kBackend = "cpu";
-
-void expect_f32(const Tensor& t, const char* op, const char* what) {
-  OpChecks(kBackend, DeviceKind::CPU, op).dtype(t, DType::F32, what);
-}
-
 // The values of a K-major fp8 operand (rows, K) times its dequantisation scales.
 std::vector<float> dequantize(const Tensor& t, const Tensor& scale_inv, Fp8Scaling scaling) {
   const auto [rows, K] = matrix_dims(t);
@@ -38,12 +32,9 @@ std::vector<float> dequantize(const Tensor& t, const Tensor& scale_inv, Fp8Scali
 }  // namespace
 
 void CpuBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
-  const char* op = "fp8_cast_transpose";
-  expect_f32(args.x, op, "x");
   const auto [R, C] = matrix_dims(args.x);
   const float* x = args.x.as<float>();
   if (args.amax.defined()) {
-    expect_f32(args.amax, op, "amax");
     // NaN compares false, so it is tracked apart: a NaN anywhere makes the amax NaN.
     float m = *args.amax.as<float>();
     for (int64_t i = 0; i < R * C && !std::isnan(m); ++i) {
@@ -53,7 +44,6 @@ void CpuBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
     *args.amax.as<float>() = m;
   }
   if (!args.out.defined() && !args.out_t.defined()) return;
-  expect_f32(args.scale, op, "scale");
   const float scale = *args.scale.as<float>();
   const DType format = args.out.defined() ? args.out.dtype : args.out_t.dtype;
   uint8_t* out = args.out.defined() ? args.out.as<uint8_t>() : nullptr;
@@ -71,16 +61,13 @@ void CpuBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
 // Group by group, as the per-group casts it replaces: the amax of the group's rows, then each
 // element's code into its row-major place and its place in the group's transposed block.
 void CpuBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
-  const char* op = "fp8_grouped_cast";
-  const OpChecks check(kBackend, DeviceKind::CPU, op);
-  expect_f32(args.x, op, "x");
+  const OpChecks check("cpu", DeviceKind::CPU, "fp8_grouped_cast");
   const auto [R, C] = matrix_dims(args.x);
   // Group bounds o_0 .. o_G.
   std::vector<int64_t> o;
   if (args.group_rows > 0) {
     for (int64_t r = 0; r <= R; r += args.group_rows) o.push_back(r);
   } else {
-    check.dtype(args.offsets, DType::I32, "offsets");
     const int32_t* offsets = args.offsets.as<int32_t>();
     o.assign(offsets, offsets + args.offsets.numel());
     for (size_t g = 0; g + 1 < o.size(); ++g)
@@ -91,8 +78,6 @@ void CpuBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
   const int64_t G = static_cast<int64_t>(o.size()) - 1;
   const float* x = args.x.as<float>();
   const bool cast = args.out.defined() || args.out_t.defined();
-  if (cast) expect_f32(args.scale, op, "scale");
-  if (args.amax.defined()) expect_f32(args.amax, op, "amax");
   const DType format = args.out.defined() ? args.out.dtype : args.out_t.dtype;
   uint8_t* out = args.out.defined() ? args.out.as<uint8_t>() : nullptr;
   uint8_t* out_t = args.out_t.defined() ? args.out_t.as<uint8_t>() : nullptr;
@@ -121,17 +106,12 @@ void CpuBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
 }
 
 void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
-  const char* op = "matmul_fp8";
-  expect_f32(args.out, op, "out");
-  expect_f32(args.a_scale_inv, op, "a_scale_inv");
-  expect_f32(args.b_scale_inv, op, "b_scale_inv");
   const auto [M, N] = matrix_dims(args.out);
   const int64_t K = matrix_dims(args.a).cols;
   const std::vector<float> a = dequantize(args.a, args.a_scale_inv, args.a_scaling);
   const std::vector<float> b = dequantize(args.b, args.b_scale_inv, args.b_scaling);
   float* out = args.out.as<float>();
   if (args.c.defined() && args.c.data != args.out.data && args.beta != 0.0f) {
-    expect_f32(args.c, op, "c");
     std::memcpy(out, args.c.data, args.out.nbytes());  // sgemm scales its output in place
   }
   if (M == 0 || N == 0) return;
@@ -140,7 +120,6 @@ void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
               b.data(), static_cast<int>(std::max<int64_t>(1, K)), args.beta, out,
               static_cast<int>(N));
   if (args.bias.defined()) {
-    expect_f32(args.bias, op, "bias");
     const float* bias = args.bias.as<float>();
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) out[m * N + n] += bias[n];
@@ -150,11 +129,6 @@ void CpuBackend::do_matmul_fp8(const Fp8MatmulArgs& args) {
 // The grouped GEMMs dequantise each group's operands and multiply them in fp32, like
 // do_matmul_fp8, one sgemm per group with rows.
 void CpuBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) {
-  const char* op = "grouped_matmul_fp8";
-  expect_f32(args.out, op, "out");
-  expect_f32(args.a_scale_inv, op, "a_scale_inv");
-  expect_f32(args.b_scale_inv, op, "b_scale_inv");
-  OpChecks(kBackend, DeviceKind::CPU, op).dtype(args.offsets, DType::I32, "offsets");
   const auto [R, N] = matrix_dims(args.out);
   const int64_t K = args.b.dim(2);
   const std::vector<float> a = dequantize(args.a, args.a_scale_inv, Fp8Scaling::Tensor);
@@ -179,11 +153,6 @@ void CpuBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) {
 }
 
 void CpuBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) {
-  const char* op = "grouped_matmul_fp8_wgrad";
-  expect_f32(args.out, op, "out");
-  expect_f32(args.a_scale_inv, op, "a_scale_inv");
-  expect_f32(args.b_scale_inv, op, "b_scale_inv");
-  OpChecks(kBackend, DeviceKind::CPU, op).dtype(args.offsets, DType::I32, "offsets");
   const int64_t W = args.out.dim(0), M = args.out.dim(1), N = args.out.dim(2);
   // The group-transposed blocks are K-major rows of the whole buffers: one dequantisation.
   const int64_t R = args.a_t.numel() / M;
@@ -213,12 +182,8 @@ void CpuBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& ar
 }
 
 void CpuBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
-  const char* op = "fp8_block_cast";
-  expect_f32(args.x, op, "x");
   const auto [R, C] = matrix_dims(args.x);
   const DType format = args.out.defined() ? args.out.dtype : args.out_t.dtype;
-  if (args.out.defined()) expect_f32(args.out_scale_inv, op, "out_scale_inv");
-  if (args.out_t.defined()) expect_f32(args.out_t_scale_inv, op, "out_t_scale_inv");
   const bool bad =
       fp8_block_cast_reference(args.x.as<float>(), R, C, args.scaling, format,
                                args.out.defined() ? args.out.as<uint8_t>() : nullptr,
@@ -226,26 +191,20 @@ void CpuBackend::do_fp8_block_cast(const Fp8BlockCastArgs& args) {
                                args.out_t.defined() ? args.out_t.as<uint8_t>() : nullptr,
                                args.out_t.defined() ? args.out_t_scale_inv.as<float>() : nullptr);
   if (bad && args.nonfinite.defined()) {
-    expect_f32(args.nonfinite, op, "nonfinite");
     *args.nonfinite.as<float>() = NAN;
   }
 }
 
 void CpuBackend::do_fp8_update_scales(const Fp8ScaleUpdateArgs& args) {
-  const char* op = "fp8_update_scales";
-  expect_f32(args.amax_history, op, "amax_history");
-  expect_f32(args.scale, op, "scale");
-  expect_f32(args.scale_inv, op, "scale_inv");
   const auto [H, S] = matrix_dims(args.amax_history);
   Fp8ScalingParams p;
   p.fp8_max = args.fp8_max;
   p.margin = args.margin;
   p.most_recent = args.most_recent;
   p.roll = args.roll;
-  const int64_t bad = fp8_update_scales_reference(args.amax_history.as<float>(), H, S,
-                                                  args.scale.as<float>(), args.scale_inv.as<float>(), p);
+  const int64_t bad = fp8_update_scales_reference(
+      args.amax_history.as<float>(), H, S, args.scale.as<float>(), args.scale_inv.as<float>(), p);
   if (bad > 0 && args.nonfinite.defined()) {
-    expect_f32(args.nonfinite, op, "nonfinite");
     *args.nonfinite.as<float>() = NAN;
   }
 }

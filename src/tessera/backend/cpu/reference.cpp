@@ -602,6 +602,42 @@ void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* target
 }
 
 template <class T>
+void log_softmax_gather(T* logps, T* lse, const T* logits, const int32_t* targets, int64_t N,
+                        int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    if (targets[n] < 0) {
+      logps[n] = lse[n] = T(0);
+      continue;
+    }
+    const T max = *std::max_element(x, x + V);
+    double denom = 0;
+    for (int64_t v = 0; v < V; ++v) denom += std::exp(x[v] - max);
+    const double row_lse = max + std::log(denom);
+    lse[n] = static_cast<T>(row_lse);
+    logps[n] = static_cast<T>(x[targets[n]] - row_lse);
+  }
+}
+
+template <class T>
+void log_softmax_gather_backward(T* dlogits, const T* dlogps, const T* logits, const T* lse,
+                                 const int32_t* targets, int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = logits + n * V;
+    T* dx = dlogits + n * V;
+    const int32_t target = targets[n];
+    if (target < 0) {
+      std::fill(dx, dx + V, T(0));
+      continue;
+    }
+    // dx may be the row of logits: each element is read before it is written.
+    const double g = dlogps[n];
+    for (int64_t v = 0; v < V; ++v)
+      dx[v] = static_cast<T>(g * ((v == target ? 1.0 : 0.0) - std::exp(x[v] - lse[n])));
+  }
+}
+
+template <class T>
 void cross_entropy_shard_stats(T* stats, const T* logits, const int32_t* targets, int64_t N,
                                int64_t V, int64_t first_id) {
   for (int64_t n = 0; n < N; ++n) {
@@ -720,6 +756,9 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
                                            int64_t, int64_t);                                      \
   template void embedding_shard_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,        \
                                             int64_t, int64_t);                                     \
+  template void log_softmax_gather<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);         \
+  template void log_softmax_gather_backward<T>(T*, const T*, const T*, const T*, const int32_t*,   \
+                                               int64_t, int64_t);                                  \
   template void cross_entropy_shard_stats<T>(T*, const T*, const int32_t*, int64_t, int64_t,       \
                                              int64_t);                                             \
   template void cross_entropy_shard<T>(T*, T*, const T*, const int32_t*, const T*, int64_t,        \

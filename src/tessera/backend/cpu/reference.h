@@ -197,6 +197,17 @@ template <class T>
 void cross_entropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
                    int64_t V, T grad_scale);
 
+// Per-token log-probabilities, as the op API's log_softmax_gather: logps (N) = logits[n, t] -
+// lse[n], lse (N) = logsumexp(logits[n]); both 0 where targets[n] < 0.
+template <class T>
+void log_softmax_gather(T* logps, T* lse, const T* logits, const int32_t* targets, int64_t N,
+                        int64_t V);
+// dlogits (N, V), which may be logits, = dlogps[n] * (onehot(targets[n]) - exp(logits[n] -
+// lse[n])), a zero row where targets[n] < 0.
+template <class T>
+void log_softmax_gather_backward(T* dlogits, const T* dlogps, const T* logits, const T* lse,
+                                 const int32_t* targets, int64_t N, int64_t V);
+
 // ---- QK norm (Qwen3) ----
 
 // Every query and key head x (D) of qkv (N, width), N = s.tokens(), RMS-normalised with

@@ -259,6 +259,75 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Per-token log-probabilities: each row's log-sum-exp streamed once (cross_entropy_kernel's
+// first pass), then logp = the target's logit - lse. One block per row.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    log_softmax_gather_kernel(float* logps, float* lse, const T* logits, const int32_t* targets,
+                              int64_t V) {
+  __shared__ MaxSum reduce[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int32_t target = targets[row];
+  if (target < 0) {
+    if (threadIdx.x == 0) logps[row] = lse[row] = 0.0f;
+    return;
+  }
+  const T* x = logits + row * V;
+  const int packs = static_cast<int>(V / VEC);
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int q = threadIdx.x; q < packs; q += kThreads) {
+    const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
+    float v[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
+    const float pack_max = tree_max<VEC>(v);
+    if (pack_max > acc.max) {
+      acc.sum *= fast_exp2((acc.max - pack_max) * kLog2e);
+      acc.max = pack_max;
+    }
+    const float max_log2 = acc.max * kLog2e;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = fast_exp2(fmaf(v[k], kLog2e, -max_log2));
+    acc.sum += tree_sum<VEC>(v);
+  }
+  const MaxSum total = block_max_sum(acc, reduce);
+  if (threadIdx.x != 0) return;
+  const float row_lse = total.max + logf(total.sum);
+  lse[row] = row_lse;
+  // A target >= V (invalid) gives a NaN log-probability, as cross_entropy's loss.
+  logps[row] = target < V ? to_float(x[target]) - row_lse : NAN;
+}
+
+// Its gradient: dlogits = dlogp (onehot - exp(x - lse)), one pass over the row (which dlogits
+// may be: each pack is read before it is written). One block per row.
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    log_softmax_gather_backward_kernel(T* dlogits, const float* dlogps, const T* logits,
+                                       const float* lse, const int32_t* targets, int64_t V) {
+  const int64_t row = blockIdx.x;
+  const int32_t target = targets[row];
+  const T* x = logits + row * V;
+  T* dx = dlogits + row * V;
+  const int packs = static_cast<int>(V / VEC);
+  const float g = target < 0 ? 0.0f : dlogps[row];
+  const float lse_log2 = target < 0 ? 0.0f : lse[row] * kLog2e;
+  for (int q = threadIdx.x; q < packs; q += kThreads) {
+    float out[VEC];
+    if (target < 0) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out[k] = 0.0f;
+    } else {
+      const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float p = fast_exp2(fmaf(to_float(pack.v[k]), kLog2e, -lse_log2));
+        out[k] = g * ((static_cast<int64_t>(q) * VEC + k == target ? 1.0f : 0.0f) - p);
+      }
+    }
+    store_floats<T, VEC>(dx + static_cast<int64_t>(q) * VEC, out);
+  }
+}
+
 // The widest pack the row length and the pointers allow.
 template <class T, class Launch>
 void launch_with_pack(int64_t V, std::initializer_list<const void*> pointers, Launch launch) {
@@ -344,6 +413,39 @@ void cross_entropy(float* losses, void* dlogits, const void* logits, const int32
       launch(std::integral_constant<int, 1>{});
     }
     TS_CUDA_CHECK_LAUNCH("cross_entropy_kernel");
+  });
+}
+
+void log_softmax_gather(float* logps, float* lse, const void* logits, const int32_t* targets,
+                        int64_t N, int64_t V, DType dtype, cudaStream_t stream) {
+  NvtxRange range("log_softmax_gather");
+  if (N == 0) return;
+  check_grid("log_softmax_gather", N);
+  dispatch_float(dtype, "log_softmax_gather", [&](auto tag) {
+    using T = decltype(tag);
+    launch_with_pack<T>(V, {logits}, [&](auto vec_tag) {
+      constexpr int VEC = decltype(vec_tag)::value;
+      log_softmax_gather_kernel<T, VEC>
+          <<<N, kThreads, 0, stream>>>(logps, lse, static_cast<const T*>(logits), targets, V);
+    });
+    TS_CUDA_CHECK_LAUNCH("log_softmax_gather_kernel");
+  });
+}
+
+void log_softmax_gather_backward(void* dlogits, const float* dlogps, const void* logits,
+                                 const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                                 DType dtype, cudaStream_t stream) {
+  NvtxRange range("log_softmax_gather_backward");
+  if (N == 0) return;
+  check_grid("log_softmax_gather_backward", N);
+  dispatch_float(dtype, "log_softmax_gather_backward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_with_pack<T>(V, {logits, dlogits}, [&](auto vec_tag) {
+      constexpr int VEC = decltype(vec_tag)::value;
+      log_softmax_gather_backward_kernel<T, VEC><<<N, kThreads, 0, stream>>>(
+          static_cast<T*>(dlogits), dlogps, static_cast<const T*>(logits), lse, targets, V);
+    });
+    TS_CUDA_CHECK_LAUNCH("log_softmax_gather_backward_kernel");
   });
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-// Softmax cross-entropy over rows of logits, forward and backward fused.
+// Softmax cross-entropy over rows of logits, forward and backward fused, and the per-token
+// log-probabilities post-training takes from the same rows.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -26,5 +27,16 @@ void cross_entropy_shard_stats(float* stats, const void* logits, const int32_t* 
 void cross_entropy_shard(float* losses, void* dlogits, const void* logits, const int32_t* targets,
                          const float* all_stats, int64_t S, int64_t N, int64_t V, int64_t first_id,
                          float grad_scale, DType dtype, cudaStream_t stream);
+
+// Per-token log-probabilities (Backend::log_softmax_gather): logps (N) and lse (N) fp32 =
+// logits[n, target] - logsumexp(logits[n]) and the logsumexp; 0 and 0 where target < 0, a
+// NaN log-probability where target >= V.
+void log_softmax_gather(float* logps, float* lse, const void* logits, const int32_t* targets,
+                        int64_t N, int64_t V, DType dtype, cudaStream_t stream);
+// dlogits (N, V) in dtype, may be logits: dlogps[n] * (onehot(target) - exp(logits[n] - lse[n])),
+// a zero row where target < 0.
+void log_softmax_gather_backward(void* dlogits, const float* dlogps, const void* logits,
+                                 const float* lse, const int32_t* targets, int64_t N, int64_t V,
+                                 DType dtype, cudaStream_t stream);
 
 }  // namespace tessera::cuda
