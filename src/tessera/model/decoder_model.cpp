@@ -51,18 +51,6 @@ std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8Linear
   return shapes;
 }
 
-// Megatron's causal load balancing: of a sequence cut into 2 x cp chunks of seq_length / 2
-// tokens, rank r holds chunks r and 2 cp - 1 - r; the whole sequence's position of each of its
-// seq_length tokens.
-std::vector<int32_t> context_positions(const ModelRuntime& rt, int rank) {
-  const int64_t local = rt.seq_length, half = local / 2, cp = rt.context_parallel_size;
-  std::vector<int32_t> pos(static_cast<size_t>(local));
-  for (int64_t t = 0; t < local; ++t)
-    pos[t] =
-        static_cast<int32_t>(t < half ? rank * half + t : (2 * cp - 1 - rank) * half + t - half);
-  return pos;
-}
-
 // The runs of layers a rank's model holds: its pipeline chunks, or every layer.
 std::vector<LayerRange> model_chunks(const ModelSpec& spec, const ModelRuntime& rt) {
   if (rt.pipeline_chunks.empty()) return {{0, spec.num_layers}};
@@ -180,7 +168,10 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
       chunks_(model_chunks(spec, runtime)),
       parts_(parts_held(spec, runtime)),
       layers_(chunk_layers(local_spec_, runtime)),
-      layout_(decoder_param_layout(local_spec_, layers_, param_split(runtime), parts_)) {
+      layout_(decoder_param_layout(local_spec_, layers_, param_split(runtime), parts_)),
+      gemms_(
+          backend, [this](int i) { return param(i); }, [this](int i) { return grad(i); },
+          layout_.params.size()) {
   int64_t held = 0;
   size_t begin = 0;
   for (const LayerRange& c : chunks_) {
@@ -243,25 +234,38 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     // attention's masks.
     const int64_t D = spec_.head_dim;
     const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp);
-    context_positions_ = context_positions(runtime_, runtime_.context_parallel_rank);
+    context_positions_ =
+        context_parallel_positions(runtime_.seq_length, cp, runtime_.context_parallel_rank);
     std::vector<float> table;
     for (int32_t p : context_positions_)
       table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
     backend_.upload(a_.freqs, table.data());
     std::vector<int32_t> all;
     for (int r = 0; r < cp; ++r) {
-      const std::vector<int32_t> pos = context_positions(runtime_, r);
+      const std::vector<int32_t> pos = context_parallel_positions(runtime_.seq_length, cp, r);
       all.insert(all.end(), pos.begin(), pos.end());
     }
     backend_.upload(a_.cp_positions, all.data());
   }
-  fp8_index_.assign(layout_.params.size(), -1);
   if (runtime_.fp8.enabled()) {
     const auto linears = fp8_linears(layout_, layers_, runtime_);
-    for (size_t i = 0; i < linears.size(); ++i) fp8_index_[linears[i].first] = static_cast<int>(i);
+    std::vector<int> fp8_index(layout_.params.size(), -1);
+    for (size_t i = 0; i < linears.size(); ++i) fp8_index[linears[i].first] = static_cast<int>(i);
     fp8_ =
         std::make_unique<Fp8Linears>(backend_, runtime_.fp8, shapes_of(linears), runtime_.tokens());
+    gemms_.use_fp8(fp8_.get(), std::move(fp8_index));
   }
+  tp_.size = runtime_.tensor_parallel_size;
+  tp_.rank = runtime_.tensor_parallel_rank;
+  tp_.sequence_parallel = runtime_.sequence_parallel;
+  tp_.gathered = a_.gathered;
+  tp_.partial = a_.partial;
+  embedding_ = std::make_unique<VocabParallelEmbedding>(backend_, tp_, first_vocab_id());
+  cross_entropy_ = std::make_unique<VocabParallelCrossEntropy>(backend_, tp_, first_vocab_id(),
+                                                               a_.ce_stats, a_.ce_all_stats);
+  attention_ = std::make_unique<ContextParallelAttention>(
+      backend_, cp, runtime_.context_parallel_rank,
+      ContextParallelAttention::Buffers{a_.cp_qkv, a_.cp_dqkv, a_.cp_positions});
   // Gradients the first GEMM of a step writes (beta 0) need no zeroing: the linears' and the
   // expert stacks' (whose grouped weight gradient writes every expert, with rows or not).
   std::vector<char> gemm_written(layout_.params.size(), 0);
@@ -373,7 +377,7 @@ void DecoderModel::zero_grads() {
   if (!runtime_.sharded_params)
     for (const ParamRange& r : accumulated_grad_ranges_)
       backend_.fill(grads_.flat_range(r.begin, r.count()), 0.0f);
-  grad_written_.assign(layout_.params.size(), runtime_.sharded_params ? 1 : 0);
+  gemms_.start_step(runtime_.sharded_params);
   if (fp8_) fp8_->clear_status();
 }
 
@@ -430,215 +434,73 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
   }
 }
 
-ParallelGroup& DecoderModel::cp_group() const {
-  TS_CHECK(cp_group_ != nullptr, "context parallelism over {} ranks without a group",
-           runtime_.context_parallel_size);
-  return *cp_group_;
+void DecoderModel::set_context_parallel_group(ParallelGroup* group) {
+  attention_->set_group(group);
 }
 
-// Context parallelism (Megatron's all-gather of keys and values): every rank's packed q, k, v
-// are gathered, and this rank's queries attend to all of them by position; in the backward
-// they are gathered again rather than kept, and each rank's key and value gradients, which
-// every rank's queries contribute to, are reduce-scattered back to it.
 void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                      const AttentionShape& s) {
-  if (runtime_.context_parallel_size == 1) return backend_.attention_forward(out, lse, qkv, s);
-  cp_group().all_gather(a_.cp_qkv, qkv);
-  backend_.attention_gathered_forward(out, lse, a_.cp_qkv, a_.cp_positions,
-                                      runtime_.context_parallel_rank, s);
+  attention_->forward(out, lse, qkv, s);
 }
 
 void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                       const Tensor& lse, const Tensor& qkv,
                                       const AttentionShape& s) {
-  if (runtime_.context_parallel_size == 1)
-    return backend_.attention_backward(dqkv, dout, out, lse, qkv, s);
-  cp_group().all_gather(a_.cp_qkv, qkv);
-  backend_.attention_gathered_backward(a_.cp_dqkv, dout, out, lse, a_.cp_qkv, a_.cp_positions,
-                                       runtime_.context_parallel_rank, s);
-  cp_group().reduce_scatter(dqkv, a_.cp_dqkv);
+  attention_->backward(dqkv, dout, out, lse, qkv, s);
 }
 
-// The residual rides on the GEMM's beta, on the tensor-parallel rank that owns the output's
-// sum (model.h): a separate add would be one more pass over the (N, C) states per block.
+// Each parameter's tensor-parallel style picks its layer. A replicated weight (the whole of it
+// on every rank) and the output head (whose collectives are the cross-entropy's) run the local
+// GEMMs; a residual is added by a row-parallel layer, or folded into a local GEMM's beta.
 void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int bias,
                           const Tensor& residual) {
-  if (runtime_.tensor_parallel_size > 1)
-    return linear_tensor_parallel(out, in, weight, bias, residual);
-  const bool add_residual = residual.defined();
-  gemm(out, in, weight, bias, add_residual ? 1.0f : 0.0f, add_residual ? residual : Tensor{});
-}
-
-void DecoderModel::gemm(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
-                        const Tensor& c) {
-  if (fp8_index_[weight] >= 0) {
-    fp8_->forward(fp8_index_[weight], out, in, param(weight), bias >= 0 ? param(bias) : Tensor{},
-                  beta, c);
-    return;
-  }
-  MatmulArgs m;
-  m.out = out;
-  m.a = in;
-  m.b = param(weight);
-  m.trans_b = true;
-  m.beta = beta;
-  m.c = c;
-  if (bias >= 0) m.bias = param(bias);
-  backend_.matmul(m);
-}
-
-ParallelGroup& DecoderModel::tp_group() const {
-  TS_CHECK(tp_group_ != nullptr, "tensor parallelism over {} ranks without a group",
-           runtime_.tensor_parallel_size);
-  return *tp_group_;
-}
-
-const Tensor& DecoderModel::gather_sequence(const Tensor& x) {
-  tp_group().all_gather(a_.gathered, x);
-  return a_.gathered;
-}
-
-// Megatron's column- and row-parallel linears. Column: every rank computes its slice of the
-// outputs from the whole input (gathered from the sequence shards first, with sequence
-// parallelism). Row: every rank computes partial sums of every output from its slice of the
-// inputs; the sums are added up over the ranks, straight into the residual stream (all-reduce),
-// or into each rank's sequence shard of it (reduce-scatter). The residual is added once: by
-// rank 0 before an all-reduce, by each rank into the rows of its own shard before a
-// reduce-scatter. Vocab (the output head) leaves its collectives to the head.
-void DecoderModel::linear_tensor_parallel(const Tensor& out, const Tensor& in, int weight, int bias,
-                                          const Tensor& residual) {
   const ParamInfo& p = layout_.params[weight];
   switch (p.tp) {
     case TensorParallelStyle::Column:
-      gemm(out, sequence_parallel() ? gather_sequence(in) : in, weight, bias, 0.0f, {});
-      return;
-    case TensorParallelStyle::Row: {
+      if (tp_.size > 1 || !residual.defined()) {
+        TS_CHECK(!residual.defined(), "{}: a column-parallel linear with a residual", p.name);
+        return column_.forward(out, in, weight, bias);
+      }
+      break;
+    case TensorParallelStyle::Row:
       // A bias would be added by every rank.
-      TS_CHECK(bias < 0, "{}: a row-parallel linear with a bias", p.name);
-      if (!sequence_parallel()) {
-        const bool add_residual = residual.defined() && runtime_.tensor_parallel_rank == 0;
-        gemm(out, in, weight, -1, add_residual ? 1.0f : 0.0f, add_residual ? residual : Tensor{});
-        tp_group().all_reduce(out);
-        return;
-      }
-      const Tensor partial = a_.partial.view({in.dim(0), out.dim(1)});
-      float beta = 0.0f;
-      if (residual.defined()) {
-        // Zeros but for the residual in this rank's shard of the rows.
-        const int64_t n = out.dim(0), own = runtime_.tensor_parallel_rank * n;
-        backend_.fill(partial.rows(0, own), 0.0f);
-        backend_.copy(partial.rows(own, own + n), residual);
-        backend_.fill(partial.rows(own + n, partial.dim(0)), 0.0f);
-        beta = 1.0f;
-      }
-      gemm(partial, in, weight, -1, beta, partial);
-      tp_group().reduce_scatter(out, partial);
-      return;
-    }
-    case TensorParallelStyle::Vocab:
-      gemm(out, in, weight, bias, 0.0f, {});
-      return;
+      TS_CHECK(bias < 0 || tp_.size == 1, "{}: a row-parallel linear with a bias", p.name);
+      if (bias < 0) return row_.forward(out, in, weight, residual);
+      break;
     case TensorParallelStyle::Replicated:
+    case TensorParallelStyle::Vocab:
+      break;
     case TensorParallelStyle::Expert:
+      throw InternalError(fmt::format("{}: an expert stack used as a linear layer", p.name));
+  }
+  TS_CHECK(tp_.size == 1 || p.tp == TensorParallelStyle::Vocab,
+           "{}: a replicated linear under tensor parallelism", p.name);
+  gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
+}
+
+void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                   int weight, int bias) {
+  switch (layout_.params[weight].tp) {
+    case TensorParallelStyle::Column:
+      return column_.backward(din, dout, in, weight, bias);
+    case TensorParallelStyle::Row:
+      if (bias < 0) return row_.backward(din, dout, in, weight);
+      break;
+    default:
       break;
   }
-  throw InternalError(
-      fmt::format("{}: a replicated parameter or an expert stack used as a linear layer", p.name));
+  gemms_.backward(din, dout, in, weight, bias);
 }
 
 void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                                  const ExpertGroups& groups) {
-  if (fp8_index_[weight] >= 0) return fp8_->expert_forward(fp8_index_[weight], out, in, w, groups);
-  LayerOps::expert_linear(out, in, weight, w, groups);
+  gemms_.expert_forward(out, in, weight, w, groups);
 }
 
 void DecoderModel::expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                           int weight, const Tensor& w, const Tensor& dw,
                                           const ExpertGroups& groups) {
-  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
-  grad_written_[weight] = 1;
-  if (fp8_index_[weight] >= 0)
-    return fp8_->expert_backward(fp8_index_[weight], din, dout, in, w, dw, groups, grad_beta);
-  GroupedMatmulArgs d;
-  d.out = din, d.a = dout, d.b = w, d.trans_b = false;
-  d.offsets = groups.offsets, d.host_offsets = groups.host_offsets;
-  d.group_weights = groups.group_weights;
-  if (din.defined()) backend_.grouped_matmul(d);
-  GroupedMatmulWgradArgs g;
-  g.out = dw, g.a = dout, g.b = in, g.beta = grad_beta;
-  g.offsets = groups.offsets, g.host_offsets = groups.host_offsets;
-  g.group_weights = groups.group_weights;
-  backend_.grouped_matmul_wgrad(g);
-}
-
-void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
-                                   int weight, int bias) {
-  if (runtime_.tensor_parallel_size > 1)
-    return linear_backward_tensor_parallel(din, dout, in, weight, bias);
-  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
-  grad_written_[weight] = 1;
-  if (fp8_index_[weight] >= 0) {
-    fp8_->backward(fp8_index_[weight], din, dout, in, param(weight), grad(weight), grad_beta);
-    if (bias >= 0) backend_.bias_backward(grad(bias), dout);
-    return;
-  }
-  if (din.defined()) {
-    MatmulArgs m;
-    m.out = din;
-    m.a = dout;
-    m.b = param(weight);
-    backend_.matmul(m);
-  }
-  MatmulArgs w;
-  w.out = grad(weight);
-  w.a = dout;
-  w.trans_a = true;
-  w.b = in;
-  w.beta = grad_beta;
-  backend_.matmul(w);
-  if (bias >= 0) backend_.bias_backward(grad(bias), dout);
-}
-
-// The backward of linear_tensor_parallel. Column: d(input) holds partial sums over this rank's
-// outputs, added up over the ranks (reduce-scattered onto the sequence shards with sequence
-// parallelism); the weight gradient needs the whole input, gathered again rather than kept.
-// Row: d(output) is the same on every rank (gathered from the shards with sequence
-// parallelism), and d(input) is this rank's slice, complete.
-void DecoderModel::linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout,
-                                                   const Tensor& in, int weight, int bias) {
-  const ParamInfo& p = layout_.params[weight];
-  const bool sp = sequence_parallel();
-  const bool column = p.tp == TensorParallelStyle::Column;
-  const Tensor x = sp && column ? gather_sequence(in) : in;
-  const Tensor dy = sp && p.tp == TensorParallelStyle::Row ? gather_sequence(dout) : dout;
-  // Column with sequence parallelism: the partial sums for every token, then each rank's shard.
-  const Tensor dx = din.defined() && column && sp ? a_.partial.view({dy.dim(0), din.dim(1)}) : din;
-  const float grad_beta = grad_written_[weight] ? 1.0f : 0.0f;
-  grad_written_[weight] = 1;
-  if (fp8_index_[weight] >= 0) {
-    fp8_->backward(fp8_index_[weight], dx, dy, x, param(weight), grad(weight), grad_beta);
-  } else {
-    if (dx.defined()) {
-      MatmulArgs m;
-      m.out = dx;
-      m.a = dy;
-      m.b = param(weight);
-      backend_.matmul(m);
-    }
-    MatmulArgs w;
-    w.out = grad(weight);
-    w.a = dy;
-    w.trans_a = true;
-    w.b = x;
-    w.beta = grad_beta;
-    backend_.matmul(w);
-  }
-  if (bias >= 0) backend_.bias_backward(grad(bias), dy);
-  if (!din.defined() || !column) return;
-  if (sp)
-    tp_group().reduce_scatter(din, dx);
-  else
-    tp_group().all_reduce(din);
+  gemms_.expert_backward(din, dout, in, weight, w, dw, groups);
 }
 
 // Units are read in forward order, each followed by the next (layer l is unit l + 1; the
@@ -647,18 +509,7 @@ void DecoderModel::embed(const Tensor& x) {
   params_needed(0, 1);
   {
     ScopedRange r(backend_, "embedding_forward");
-    if (runtime_.tensor_parallel_size == 1) {
-      backend_.embedding_forward(x, a_.tokens, param(layout_.embedding));
-    } else {
-      // Each rank looks up the tokens of its rows of the vocabulary (zeros for the others'),
-      // and the sum over the ranks is the embedding: into every rank, or its sequence shard.
-      const Tensor& out = sequence_parallel() ? a_.partial : x;
-      backend_.embedding_shard_forward(out, a_.tokens, param(layout_.embedding), first_vocab_id());
-      if (sequence_parallel())
-        tp_group().reduce_scatter(x, out);
-      else
-        tp_group().all_reduce(out);
-    }
+    embedding_->forward(x, a_.tokens, param(layout_.embedding));
   }
   params_done(0);
 }
@@ -678,40 +529,28 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
   }
   ScopedRange r(backend_, "output_head");
   const int64_t N = runtime_.tokens();
-  const int tp = runtime_.tensor_parallel_size;
   const Tensor& x = a_.resid[chunk].back();
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, x, param(layout_.final_norm),
                            spec_.norm_eps);
   // Vocabulary-parallel head: every rank computes its columns of the logits for every token,
   // and d(normed) partial sums over them, added up over the ranks after the last chunk.
-  const Tensor& normed = sequence_parallel() ? gather_sequence(a_.final_norm) : a_.final_norm;
-  const Tensor& dnormed = sequence_parallel() ? a_.partial : a_.dnorm;
+  const bool sp = runtime_.sequence_parallel;
+  const Tensor& normed = sp ? tp_.gather_sequence(a_.final_norm) : a_.final_norm;
+  const Tensor& dnormed = sp ? a_.partial : a_.dnorm;
   const int64_t rows = a_.logits.dim(0);
   for (int64_t c = 0; c < N; c += rows) {
     const int64_t n = std::min(rows, N - c);
     const Tensor logits = a_.logits.rows(0, n);
     const Tensor xn = normed.rows(c, c + n);
     const Tensor targets = a_.targets.rows(c, c + n);
-    linear(logits, xn, layout_.lm_head, -1, {});
-    if (tp == 1) {
-      backend_.cross_entropy(a_.losses.rows(c, c + n), logits, targets,
-                             with_grad ? logits : Tensor{}, grad_scale);
-    } else {
-      const Tensor stats = a_.ce_stats.rows(0, n);
-      const Tensor all_stats = a_.ce_all_stats.flat_range(0, tp * n * 2).view({tp, n, 2});
-      backend_.cross_entropy_shard_stats(stats, logits, targets, first_vocab_id());
-      tp_group().all_gather(all_stats, stats);
-      backend_.cross_entropy_shard(a_.losses.rows(c, c + n), logits, targets, all_stats,
-                                   first_vocab_id(), with_grad ? logits : Tensor{}, grad_scale);
-    }
-    if (with_grad) linear_backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+    gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
+    cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets,
+                            with_grad ? logits : Tensor{}, grad_scale);
+    if (with_grad) gemms_.backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
   if (with_grad) {
-    if (sequence_parallel())
-      tp_group().reduce_scatter(a_.dnorm, dnormed);
-    else if (tp > 1)
-      tp_group().all_reduce(a_.dnorm);
+    tp_.reduce_to_sequence(a_.dnorm, dnormed);
     backend_.fill(a_.dresid[chunk], 0.0f);
     backend_.rmsnorm_backward(a_.dresid[chunk], grad(layout_.final_norm), a_.dnorm, x,
                               param(layout_.final_norm), a_.final_rstd);
@@ -772,13 +611,7 @@ void DecoderModel::backward_chunk(int chunk) {
   if (!tied()) grads_needed(0);
   {
     ScopedRange r(backend_, "embedding_backward");
-    if (runtime_.tensor_parallel_size == 1) {
-      backend_.embedding_backward(grad(layout_.embedding), dresid, a_.tokens);
-    } else {
-      const Tensor& dembed = sequence_parallel() ? gather_sequence(dresid) : dresid;
-      backend_.embedding_shard_backward(grad(layout_.embedding), dembed, a_.tokens,
-                                        first_vocab_id());
-    }
+    embedding_->backward(grad(layout_.embedding), dresid, a_.tokens);
   }
   grads_ready(0);
 }
@@ -832,7 +665,7 @@ void DecoderModel::forward_logits(const Tensor& logits) {
   tail_params_needed(-1);
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[0].back(),
                            param(layout_.final_norm), spec_.norm_eps);
-  linear(logits, a_.final_norm, layout_.lm_head, -1, {});
+  gemms_.forward(logits, a_.final_norm, layout_.lm_head, -1, 0.0f, {});
   tail_params_done();
 }
 

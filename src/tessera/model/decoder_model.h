@@ -4,7 +4,9 @@
 // cross-entropy, written once against the op API. Forward and backward are explicit (no
 // autograd): every activation lives in one planned arena (model/activation_plan.h) sized for
 // (micro_batch, seq) at construction, so the memory a run needs is known before it starts and
-// nothing is allocated inside a step.
+// nothing is allocated inside a step. Its place among ranks is its runtime's: the parallel
+// layers it runs its linears, embedding, cross-entropy and attention through
+// (model/parallel_layers.h) do the collectives their split needs.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "tessera/model/block.h"
 #include "tessera/model/decoder_layer.h"
 #include "tessera/model/model.h"
+#include "tessera/model/parallel_layers.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
@@ -40,8 +43,8 @@ class DecoderModel final : public Model, private LayerOps {
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override;
-  void set_tensor_parallel_group(ParallelGroup* group) override { tp_group_ = group; }
-  void set_context_parallel_group(ParallelGroup* group) override { cp_group_ = group; }
+  void set_tensor_parallel_group(ParallelGroup* group) override { tp_.group = group; }
+  void set_context_parallel_group(ParallelGroup* group) override;
 
   // Zeroes the gradients kernels accumulate into (embedding, norms, biases); the linear
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
@@ -113,23 +116,12 @@ class DecoderModel final : public Model, private LayerOps {
                          const AttentionShape& s) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                           const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
-  ParallelGroup& cp_group() const;
   const Tensor& norm_grad() const override { return a_.dnorm; }
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
 
-  // The GEMM of linear(): FP8 or the compute dtype, out = in @ W^T (+ bias) + beta * c.
-  void gemm(const Tensor& out, const Tensor& in, int weight, int bias, float beta, const Tensor& c);
-  void linear_tensor_parallel(const Tensor& out, const Tensor& in, int weight, int bias,
-                              const Tensor& residual);
-  void linear_backward_tensor_parallel(const Tensor& din, const Tensor& dout, const Tensor& in,
-                                       int weight, int bias);
-  bool sequence_parallel() const { return runtime_.sequence_parallel; }
-  ParallelGroup& tp_group() const;
   // The first vocabulary id of this rank's rows of the embedding and output head.
   int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
-  // a_.gathered (N, C) = every rank's sequence shard x (Ns, C).
-  const Tensor& gather_sequence(const Tensor& x);
 
   void embed(const Tensor& x);
   void forward_layers(int chunk);
@@ -165,8 +157,6 @@ class DecoderModel final : public Model, private LayerOps {
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
   ExpertExchange* expert_exchange_ = nullptr;
-  ParallelGroup* tp_group_ = nullptr;
-  ParallelGroup* cp_group_ = nullptr;
   std::vector<int32_t> context_positions_;  // of this rank's tokens in the whole sequence
   std::vector<int32_t> host_ids_;           // this rank's tokens of a micro-batch, on the host
 
@@ -182,13 +172,18 @@ class DecoderModel final : public Model, private LayerOps {
   std::vector<std::pair<std::string, Tensor>> state_;
 
   std::unique_ptr<Fp8Linears> fp8_;
-  std::vector<int> fp8_index_;  // per parameter: its FP8 linear, or -1
   // The ranges of grads_ that zero_grads() fills: everything but the weights that only
   // weight-gradient GEMMs write.
   std::vector<ParamRange> accumulated_grad_ranges_;
-  // Per parameter: whether a weight-gradient GEMM wrote it since zero_grads() (the next one
-  // accumulates).
-  std::vector<char> grad_written_;
+
+  // The layers that run the model's GEMMs and collectives (model/parallel_layers.h).
+  LinearGemms gemms_;
+  TensorParallelGroup tp_;
+  ColumnParallelLinear column_{tp_, gemms_};
+  RowParallelLinear row_{tp_, gemms_};
+  std::unique_ptr<VocabParallelEmbedding> embedding_;
+  std::unique_ptr<VocabParallelCrossEntropy> cross_entropy_;
+  std::unique_ptr<ContextParallelAttention> attention_;
 };
 
 }  // namespace tessera

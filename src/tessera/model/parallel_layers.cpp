@@ -1,0 +1,238 @@
+#include "tessera/model/parallel_layers.h"
+
+#include <utility>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+// ---- LinearGemms
+
+LinearGemms::LinearGemms(Backend& backend, TensorOf params, TensorOf grads, size_t param_count)
+    : backend_(backend),
+      params_(std::move(params)),
+      grads_(std::move(grads)),
+      fp8_index_(param_count, -1),
+      grad_written_(param_count, 0) {}
+
+void LinearGemms::use_fp8(Fp8Linears* fp8, std::vector<int> fp8_index) {
+  TS_CHECK(fp8_index.size() == fp8_index_.size(), "FP8 indices for {} parameters, not {}",
+           fp8_index.size(), fp8_index_.size());
+  fp8_ = fp8;
+  fp8_index_ = std::move(fp8_index);
+}
+
+void LinearGemms::start_step(bool accumulate_all) {
+  std::fill(grad_written_.begin(), grad_written_.end(), accumulate_all ? 1 : 0);
+}
+
+float LinearGemms::take_grad_beta(int weight) {
+  const float beta = grad_written_[weight] ? 1.0f : 0.0f;
+  grad_written_[weight] = 1;
+  return beta;
+}
+
+void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
+                          const Tensor& c) const {
+  if (is_fp8(weight)) {
+    fp8_->forward(fp8_index_[weight], out, in, params_(weight),
+                  bias >= 0 ? params_(bias) : Tensor{}, beta, c);
+    return;
+  }
+  MatmulArgs m;
+  m.out = out;
+  m.a = in;
+  m.b = params_(weight);
+  m.trans_b = true;
+  m.beta = beta;
+  m.c = c;
+  if (bias >= 0) m.bias = params_(bias);
+  backend_.matmul(m);
+}
+
+void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
+                           int bias) {
+  const float grad_beta = take_grad_beta(weight);
+  if (is_fp8(weight)) {
+    fp8_->backward(fp8_index_[weight], din, dout, in, params_(weight), grads_(weight), grad_beta);
+  } else {
+    if (din.defined()) {
+      MatmulArgs d;
+      d.out = din;
+      d.a = dout;
+      d.b = params_(weight);
+      backend_.matmul(d);
+    }
+    MatmulArgs w;
+    w.out = grads_(weight);
+    w.a = dout;
+    w.trans_a = true;
+    w.b = in;
+    w.beta = grad_beta;
+    backend_.matmul(w);
+  }
+  if (bias >= 0) backend_.bias_backward(grads_(bias), dout);
+}
+
+void LinearGemms::expert_forward(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
+                                 const ExpertGroups& groups) const {
+  if (is_fp8(weight)) return fp8_->expert_forward(fp8_index_[weight], out, in, w, groups);
+  GroupedMatmulArgs g;
+  g.out = out, g.a = in, g.b = w, g.trans_b = true;
+  g.offsets = groups.offsets, g.host_offsets = groups.host_offsets;
+  g.group_weights = groups.group_weights;
+  backend_.grouped_matmul(g);
+}
+
+void LinearGemms::expert_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                  int weight, const Tensor& w, const Tensor& dw,
+                                  const ExpertGroups& groups) {
+  const float grad_beta = take_grad_beta(weight);
+  if (is_fp8(weight))
+    return fp8_->expert_backward(fp8_index_[weight], din, dout, in, w, dw, groups, grad_beta);
+  GroupedMatmulArgs d;
+  d.out = din, d.a = dout, d.b = w, d.trans_b = false;
+  d.offsets = groups.offsets, d.host_offsets = groups.host_offsets;
+  d.group_weights = groups.group_weights;
+  if (din.defined()) backend_.grouped_matmul(d);
+  GroupedMatmulWgradArgs g;
+  g.out = dw, g.a = dout, g.b = in, g.beta = grad_beta;
+  g.offsets = groups.offsets, g.host_offsets = groups.host_offsets;
+  g.group_weights = groups.group_weights;
+  backend_.grouped_matmul_wgrad(g);
+}
+
+// ---- TensorParallelGroup
+
+ParallelGroup& TensorParallelGroup::get() const {
+  TS_CHECK(group != nullptr, "tensor parallelism over {} ranks without a group", size);
+  return *group;
+}
+
+const Tensor& TensorParallelGroup::gather_sequence(const Tensor& x) {
+  get().all_gather(gathered, x);
+  return gathered;
+}
+
+void TensorParallelGroup::reduce_to_sequence(const Tensor& out, const Tensor& in) {
+  if (size == 1) return;
+  if (sequence_parallel)
+    get().reduce_scatter(out, in);
+  else
+    get().all_reduce(in);
+}
+
+// ---- ColumnParallelLinear
+
+void ColumnParallelLinear::forward(const Tensor& out, const Tensor& in, int weight, int bias) {
+  gemms_.forward(out, tp_.sequence_parallel ? tp_.gather_sequence(in) : in, weight, bias, 0.0f, {});
+}
+
+// The weight gradient needs the whole input, gathered again rather than kept; with sequence
+// parallelism d(input)'s partial sums for every token go to each rank's shard.
+void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                    int weight, int bias) {
+  const bool sp = tp_.sequence_parallel;
+  const Tensor x = sp ? tp_.gather_sequence(in) : in;
+  const Tensor dx = din.defined() && sp ? tp_.partial.view({dout.dim(0), din.dim(1)}) : din;
+  gemms_.backward(dx, dout, x, weight, bias);
+  if (din.defined()) tp_.reduce_to_sequence(din, dx);
+}
+
+// ---- RowParallelLinear
+
+void RowParallelLinear::forward(const Tensor& out, const Tensor& in, int weight,
+                                const Tensor& residual) {
+  if (!tp_.sequence_parallel) {
+    // The residual rides on the GEMM's beta (one pass less over the states), on one rank only.
+    const bool add_residual = residual.defined() && tp_.rank == 0;
+    gemms_.forward(out, in, weight, -1, add_residual ? 1.0f : 0.0f,
+                   add_residual ? residual : Tensor{});
+    tp_.reduce_to_sequence(out, out);
+    return;
+  }
+  const Tensor partial = tp_.partial.view({in.dim(0), out.dim(1)});
+  float beta = 0.0f;
+  if (residual.defined()) {
+    // Zeros but for the residual in this rank's shard of the rows.
+    Backend& b = gemms_.backend();
+    const int64_t n = out.dim(0), own = tp_.rank * n;
+    b.fill(partial.rows(0, own), 0.0f);
+    b.copy(partial.rows(own, own + n), residual);
+    b.fill(partial.rows(own + n, partial.dim(0)), 0.0f);
+    beta = 1.0f;
+  }
+  gemms_.forward(partial, in, weight, -1, beta, partial);
+  tp_.reduce_to_sequence(out, partial);
+}
+
+void RowParallelLinear::backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+                                 int weight) {
+  gemms_.backward(din, tp_.sequence_parallel ? tp_.gather_sequence(dout) : dout, in, weight, -1);
+}
+
+// ---- VocabParallelEmbedding
+
+void VocabParallelEmbedding::forward(const Tensor& out, const Tensor& tokens, const Tensor& table) {
+  if (tp_.size == 1) return backend_.embedding_forward(out, tokens, table);
+  // Each rank looks up the tokens of its rows (zeros for the others'); the sum over the ranks
+  // is the embedding, into every rank or its sequence shard.
+  const Tensor& all = tp_.sequence_parallel ? tp_.partial : out;
+  backend_.embedding_shard_forward(all, tokens, table, first_id_);
+  tp_.reduce_to_sequence(out, all);
+}
+
+void VocabParallelEmbedding::backward(const Tensor& dtable, const Tensor& dout,
+                                      const Tensor& tokens) {
+  if (tp_.size == 1) return backend_.embedding_backward(dtable, dout, tokens);
+  const Tensor& d = tp_.sequence_parallel ? tp_.gather_sequence(dout) : dout;
+  backend_.embedding_shard_backward(dtable, d, tokens, first_id_);
+}
+
+// ---- VocabParallelCrossEntropy
+
+void VocabParallelCrossEntropy::forward(const Tensor& losses, const Tensor& logits,
+                                        const Tensor& targets, const Tensor& dlogits,
+                                        float grad_scale) {
+  if (tp_.size == 1) return backend_.cross_entropy(losses, logits, targets, dlogits, grad_scale);
+  const int64_t n = logits.dim(0);
+  const Tensor stats = stats_.rows(0, n);
+  const Tensor all_stats = all_stats_.flat_range(0, tp_.size * n * 2).view({tp_.size, n, 2});
+  backend_.cross_entropy_shard_stats(stats, logits, targets, first_id_);
+  tp_.get().all_gather(all_stats, stats);
+  backend_.cross_entropy_shard(losses, logits, targets, all_stats, first_id_, dlogits, grad_scale);
+}
+
+// ---- ContextParallelAttention
+
+ParallelGroup& ContextParallelAttention::group() const {
+  TS_CHECK(group_ != nullptr, "context parallelism over {} ranks without a group", size_);
+  return *group_;
+}
+
+void ContextParallelAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                       const AttentionShape& s) {
+  if (size_ == 1) return backend_.attention_forward(out, lse, qkv, s);
+  group().all_gather(b_.qkv, qkv);
+  backend_.attention_gathered_forward(out, lse, b_.qkv, b_.positions, rank_, s);
+}
+
+void ContextParallelAttention::backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
+                                        const Tensor& lse, const Tensor& qkv,
+                                        const AttentionShape& s) {
+  if (size_ == 1) return backend_.attention_backward(dqkv, dout, out, lse, qkv, s);
+  group().all_gather(b_.qkv, qkv);
+  backend_.attention_gathered_backward(b_.dqkv, dout, out, lse, b_.qkv, b_.positions, rank_, s);
+  group().reduce_scatter(dqkv, b_.dqkv);
+}
+
+std::vector<int32_t> context_parallel_positions(int64_t seq_length, int size, int rank) {
+  const int64_t half = seq_length / 2;
+  std::vector<int32_t> pos(static_cast<size_t>(seq_length));
+  for (int64_t t = 0; t < seq_length; ++t)
+    pos[t] = static_cast<int32_t>(t < half ? rank * half + t
+                                           : (2 * int64_t{size} - 1 - rank) * half + t - half);
+  return pos;
+}
+
+}  // namespace tessera
