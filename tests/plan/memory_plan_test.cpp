@@ -532,6 +532,9 @@ TEST(MemoryCommand, Fsdp2OnEightGpusShowsTheFsdpBreakdown) {
   EXPECT_TRUE(contains(r.output, "| gradients | " + std::to_string(fsdp.gradients) + " |"))
       << r.output;
   EXPECT_TRUE(contains(r.output, "+ unit gradient slots")) << r.output;
+  // Said in the user's terms: no class or function of Tessera's code.
+  EXPECT_FALSE(contains(r.output, "::")) << r.output;
+  EXPECT_FALSE(contains(r.output, "FullyShardedDataParallel")) << r.output;
   // The command prints the report the planner makes (its numbers depend on the build's GPU
   // platform, whose scratch sizes it asks for).
   EXPECT_FALSE(report.fits);

@@ -141,9 +141,9 @@ bool names_a_tokenizer(const std::string& given) {
 
 std::string tokenizer_model_expectation() {
   return fmt::format(
-      "a shipped name ({}, or its Hugging Face hub name such as meta-llama/Llama-3.1-8B) or an "
-      "existing Hugging Face tokenizer.json (or a directory holding one); Tessera downloads "
-      "nothing",
+      "a shipped name ({}) or an existing Hugging Face tokenizer.json (or a directory holding "
+      "one), or the Hugging Face hub name of a shipped one (meta-llama/Llama-3.1-8B, ...): "
+      "Tessera downloads nothing",
       fmt::join(shipped_tokenizer_names(), ", "));
 }
 
