@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -502,6 +503,28 @@ TEST(MemoryReport, DeepSeekV3ProxyFitsEightH200sWithItsExpertsSplit) {
   for (size_t i = 0; i < split.scenarios.rows.size(); ++i)
     capacity = capacity || text(split.scenarios, i, "flags") == "--moe_expert_capacity_factor 1.0";
   EXPECT_TRUE(capacity);
+  // Every GPU holding every expert is told of expert parallelism among the alternatives.
+  std::set<std::string> ep_rows;
+  for (size_t i = 0; i < all.scenarios.rows.size(); ++i)
+    if (contains(text(all.scenarios, i, "flags"), "--expert_model_parallel_size"))
+      ep_rows.insert(text(all.scenarios, i, "flags"));
+  for (const char* ep : {"--expert_model_parallel_size 2", "--expert_model_parallel_size 8",
+                         "--recompute_granularity full --expert_model_parallel_size 8"})
+    EXPECT_EQ(ep_rows.count(ep), 1u) << ep;  // the experiment has the distributed optimizer
+}
+
+// When no alternative fits on the GPUs asked about, the verdict names the fewest GPUs (doubling)
+// on which the run fits, with the keys it then needs.
+TEST(MemoryReport, ARunThatFitsNoAlternativeIsToldHowManyGpusItNeeds) {
+  const MemoryReport r = build_memory_report(gpu_query("llama3.1_70B-pretrain", {}, 2, "H100"));
+  EXPECT_FALSE(r.fits);
+  EXPECT_FALSE(contains(r.verdict, "Fits with")) << r.verdict;
+  EXPECT_TRUE(contains(r.verdict, "It fits on 64 GPUs, 8 nodes of 8 (")) << r.verdict;
+  EXPECT_TRUE(contains(r.verdict, "--num_gpus 64 --global_batch_size 192.")) << r.verdict;
+  // Those keys do fit there.
+  const MemoryReport there = build_memory_report(
+      gpu_query("llama3.1_70B-pretrain", {"--global_batch_size", "192"}, 64, "H100"));
+  EXPECT_TRUE(there.fits) << there.verdict;
 }
 
 // 70B on 16 H100s fits only split: the verdict names the mesh keys to change.

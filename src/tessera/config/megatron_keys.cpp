@@ -220,10 +220,10 @@ std::vector<MegatronKey> build() {
   k.push_back(only_number("vocab_extra_ids", 0, "no extra vocabulary ids are added"));
   constexpr std::string_view kTiktoken =
       "Megatron's TikTokenizer settings: Tessera reads Hugging Face tokenizer.json files.";
-  for (const char* name :
-       {"tiktoken_pattern", "tiktoken_num_special_tokens", "tiktoken_special_tokens"})
+  for (const char* name : {"tiktoken_pattern", "tiktoken_num_special_tokens"})
     k.push_back(any_value(name, kTiktoken));
-  k.back().accepts_list = true;
+  k.push_back(any_value("tiktoken_special_tokens", kTiktoken));
+  k.back().accepts_list = true;  // a list of tokens
   k.push_back(any_value("legacy_tokenizer",
                         "Megatron's choice between tokenizer classes: Tessera has its own.", true));
   k.push_back(any_value("trust_remote_code",

@@ -514,7 +514,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
       if (full) recompute_every_layer(alt);
       alt.set("expert_model_parallel_size", std::to_string(ep));
       alt.set("use_torch_fsdp2", "false");
-      if (n / ep > 1 || ep > 1) alt.set("use_distributed_optimizer", "true");
+      alt.set("use_distributed_optimizer", "true");
       consider(alt);
     }
   }
