@@ -31,10 +31,13 @@
 namespace tessera {
 namespace {
 
+// The shipped MoE experiments spread their experts over a node's 8 GPUs (Primus's layout), so
+// they are loaded for 8 ranks.
 Experiment load(const std::string& name, std::vector<std::string> cli = {}) {
   LoadOptions o;
   o.config_path = name;
   o.cli_overrides = std::move(cli);
+  o.data_parallel_size = name.ends_with("-pretrain") ? 8 : 1;
   return load_experiment(o);
 }
 
@@ -152,7 +155,9 @@ TEST(MlaModel, FamiliesCheckTheirKeys) {
            {{"--model_family", "llama", "--num_experts", "0"}, "multi_latent_attention"},
            {{"--model_family", "mixtral"}, "multi_latent_attention"}}) {
     SCOPED_TRACE(b.key);
-    std::vector<std::string> cli = {"--num_layers", "2", "--moe_layer_freq", "1"};
+    // Experts on one rank: a model that is not an MoE one has no experts to spread.
+    std::vector<std::string> cli = {
+        "--num_layers", "2", "--moe_layer_freq", "1", "--expert_model_parallel_size", "1"};
     cli.insert(cli.end(), b.cli.begin(), b.cli.end());
     try {
       make_model_spec(load("deepseek_v2_lite-pretrain", cli), 102400);

@@ -79,6 +79,9 @@ class LayerOps : public ForwardOps {
   virtual void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                       int weight, const Tensor& w, const Tensor& dw,
                                       const ExpertGroups& groups) = 0;
+  // True while a full recompute re-runs the layer's forward: what a block counts once per
+  // micro-batch (the MoE load statistics) is not counted again.
+  virtual bool recomputing() const = 0;
   // The backward of attention_forward (Backend::attention_backward).
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                   const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {

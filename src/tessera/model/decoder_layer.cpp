@@ -33,8 +33,10 @@ std::vector<std::pair<int, Fp8LinearShape>> DecoderLayer::expert_linears(
 }
 
 void DecoderLayer::declare_activations(ActivationPlan& plan, const ModelSpec& spec,
-                                       const ModelRuntime& rt, bool recomputed) {
-  plan.begin_layer(recomputed);
+                                       const ModelRuntime& rt, const RecomputeRole& role,
+                                       Tensor* input) {
+  plan.begin_layer(role.recomputed, !role.group_start);
+  if (input) plan.add(input, rt.compute_dtype, {rt.sequence_tokens(), spec.hidden});
   for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.sequence_tokens(), spec.hidden});
   for (auto& b : blocks_) b->declare_activations(plan, rt);
   plan.end_layer();

@@ -20,9 +20,11 @@ class DecoderLayer {
   void declare_params(ParamLayoutBuilder& builder);
   std::vector<int> linear_weights() const;
   std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const;
-  // The layer's activations; `recomputed`: a full-recompute layer (activation_plan.h).
+  // The layer's activations; `role`: whether a full recompute re-runs it, and in which group
+  // (activation_plan.h). `input`: the residual state the layer reads, declared here when it is
+  // recomputed with the layer's group (the group's inner states), else null.
   void declare_activations(ActivationPlan& plan, const ModelSpec& spec, const ModelRuntime& rt,
-                           bool recomputed);
+                           const RecomputeRole& role, Tensor* input);
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt);
 
   // out (N, C) = the layer applied to x (N, C).

@@ -10,11 +10,6 @@
 namespace tessera {
 namespace {
 
-bool full_recompute_layer(const ModelRuntime& rt, int64_t layer) {
-  return rt.recompute == RecomputeGranularity::Full &&
-         (rt.recompute_num_layers == 0 || layer < rt.recompute_num_layers);
-}
-
 void check_unit_binding(const Tensor& t, DType dtype, const ParamRange& unit, int index,
                         const char* what) {
   TS_CHECK(t.dtype == dtype && t.numel() >= unit.count(),
@@ -94,12 +89,22 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   const DType dt = rt.compute_dtype;
   const std::vector<LayerRange> chunks = model_chunks(s, rt);
   a.resid.assign(chunks.size(), {});
+  // Each chunk's residual states are stored, but for the inner ones of a uniform recompute
+  // group, which the group's recompute pass writes again.
+  size_t begin = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    a.resid[c].assign(chunks[c].count + 1, Tensor{});
-    for (Tensor& r : a.resid[c]) plan.add(&r, dt, {Ns, C});
+    std::vector<Tensor>& resid = a.resid[c];
+    resid.assign(chunks[c].count + 1, Tensor{});
+    for (int64_t i = 0; i <= chunks[c].count; ++i)
+      if (i == chunks[c].count || rt.recompute_role(i, chunks[c].count).group_start)
+        plan.add(&resid[i], dt, {Ns, C});
+    for (int64_t i = 0; i < chunks[c].count; ++i) {
+      const RecomputeRole role = rt.recompute_role(i, chunks[c].count);
+      layers[begin + i]->declare_activations(plan, s, rt, role,
+                                             role.group_start ? nullptr : &resid[i]);
+    }
+    begin += static_cast<size_t>(chunks[c].count);
   }
-  for (const auto& layer : layers)
-    layer->declare_activations(plan, s, rt, full_recompute_layer(rt, layer->index()));
   for (const auto& layer : layers) layer->declare_backward_scratch(plan, rt);
   plan.add(&a.final_norm, dt, {Ns, C}, Keep::Shared);
   plan.add(&a.final_rstd, DType::F32, {Ns}, Keep::Shared);
@@ -343,8 +348,21 @@ void DecoderModel::bind_stats() {
     layers_[moe_layers_[i]]->bind_stats(moe_stats_.flat_range(i * width, width));
 }
 
-bool DecoderModel::recomputes_fully(int64_t layer) const {
-  return full_recompute_layer(runtime_, layer);
+RecomputeRole ModelRuntime::recompute_role(int64_t position, int64_t count) const {
+  RecomputeRole r;
+  if (recompute != RecomputeGranularity::Full) return r;
+  const RecomputeMethod method = recompute_method != RecomputeMethod::None ? recompute_method
+                                 : recompute_num_layers > 0                ? RecomputeMethod::Block
+                                                            : RecomputeMethod::Uniform;
+  if (method == RecomputeMethod::Block) {
+    r.recomputed = position < recompute_num_layers;
+    return r;
+  }
+  const int64_t group = std::max<int64_t>(recompute_num_layers, 1);
+  r.recomputed = true;
+  r.group_start = position % group == 0;
+  r.group_end = position % group == group - 1 || position == count - 1;
+  return r;
 }
 
 Tensor DecoderModel::param(int index) const {
@@ -583,6 +601,32 @@ void DecoderModel::forward_chunk(int chunk, bool with_grad, float grad_scale) {
   if (holds_head(chunk)) head_forward(chunk, with_grad, grad_scale);
 }
 
+// Before the backward of a recompute group's last layer (`last`, in the chunk), the group's
+// layers run forward again from its stored input: each refills its activations and, but for
+// the last, writes the next residual state, whose stored copy the last layer's output is.
+void DecoderModel::recompute_group(int chunk, size_t last) {
+  const std::vector<Tensor>& x = a_.resid[chunk];
+  const size_t begin = chunk_begin_[chunk];
+  const int64_t count = chunks_[chunk].count;
+  size_t first = last;
+  while (!runtime_.recompute_role(static_cast<int64_t>(first), count).group_start) --first;
+  // Named so that a trace's step breakdown can tell recompute from the first forward.
+  ScopedRange r(backend_, "recompute");
+  recomputing_ = true;
+  for (size_t i = first; i <= last; ++i) {
+    const int unit = layer_unit(begin + i);
+    // The last layer's backward follows at once; the prefetch is for the layer below.
+    params_needed(unit, i < last ? unit + 1 : last > 0 ? unit - 1 : -1);
+    if (i < last) {
+      layers_[begin + i]->forward(*this, x[i], x[i + 1]);
+    } else {
+      layers_[begin + i]->recompute(*this, x[i]);
+    }
+    params_done(unit);
+  }
+  recomputing_ = false;
+}
+
 // Backward order: each layer's unit is followed by the one below it in the chunk; the
 // embedding's backward reads no parameters.
 void DecoderModel::backward_chunk(int chunk) {
@@ -591,18 +635,15 @@ void DecoderModel::backward_chunk(int chunk) {
   const Tensor& dresid = a_.dresid[chunk];
   const size_t begin = chunk_begin_[chunk], count = static_cast<size_t>(chunks_[chunk].count);
   for (size_t i = count; i-- > 0;) {
+    const RecomputeRole role =
+        runtime_.recompute_role(static_cast<int64_t>(i), static_cast<int64_t>(count));
+    if (role.recomputed && role.group_end) recompute_group(chunk, i);
     const int unit = layer_unit(begin + i);
     params_needed(unit, i > 0 ? unit - 1 : -1);
     grads_needed(unit);
     {
       ScopedRange r(backend_, "layer_backward");
-      DecoderLayer& layer = *layers_[begin + i];
-      if (recomputes_fully(layer.index())) {
-        // Named so that a trace's step breakdown can tell recompute from the first forward.
-        ScopedRange rr(backend_, "recompute");
-        layer.recompute(*this, x[i]);
-      }
-      layer.backward(*this, x[i], dresid);
+      layers_[begin + i]->backward(*this, x[i], dresid);
     }
     params_done(unit);
     grads_ready(unit);

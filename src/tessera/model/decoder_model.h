@@ -96,7 +96,8 @@ class DecoderModel final : public Model, private LayerOps {
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
                                   const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                   Activations& a, ActivationPlan& plan);
-  bool recomputes_fully(int64_t layer) const;
+  // Re-runs the forward of the full-recompute group that ends at layer `last` of `chunk`.
+  void recompute_group(int chunk, size_t last);
   // Allocates the blocks' statistics and binds each layer's row; likewise their state.
   void bind_stats();
   void bind_state();
@@ -119,6 +120,7 @@ class DecoderModel final : public Model, private LayerOps {
   const Tensor& norm_grad() const override { return a_.dnorm; }
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
+  bool recomputing() const override { return recomputing_; }
 
   // The first vocabulary id of this rank's rows of the embedding and output head.
   int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
@@ -162,6 +164,7 @@ class DecoderModel final : public Model, private LayerOps {
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress
+  bool recomputing_ = false;  // inside recompute_group
 
   // The blocks' statistics (Block::stats_width): one row per layer that keeps any.
   DeviceBuffer stats_buffer_;

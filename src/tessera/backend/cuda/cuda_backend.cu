@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "tessera/backend/cpu/reference.h"
 #include "tessera/backend/cuda/attention.cuh"
@@ -1118,7 +1119,17 @@ std::string unavailable_reason() {
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     cudaGetLastError();
-    return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
+    const std::string code =
+        std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
+    // Without an NVIDIA driver the runtime reports an "insufficient" driver version, which
+    // reads as an old driver rather than none: say what the machine lacks.
+    if ((error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice) &&
+        !std::filesystem::exists("/proc/driver/nvidia/version"))
+      return "no NVIDIA GPU on this machine (no NVIDIA driver is loaded; CUDA says " + code + ")";
+    if (error == cudaErrorNoDevice)
+      return "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES hides them, or none is installed; " +
+             code + ")";
+    return code;
   }
   return count == 0 ? "the CUDA runtime reports no device" : "";
 }

@@ -25,7 +25,7 @@ std::vector<std::pair<int, Fp8LinearShape>> MoeMlpBlock::expert_linears(
     const ModelRuntime& rt) const {
   const int64_t C = s_.hidden, E = s_.moe.experts, F = s_.moe.ffn;
   const int ep = rt.expert_parallel_size;
-  const int64_t rows = expert_rows(rt.tokens(), ep);
+  const int64_t rows = expert_rows(rt.tokens(), rt);
   Fp8LinearShape up, down;
   up.out = 2 * F, up.in = C, down.out = C, down.in = F;
   for (Fp8LinearShape* s : {&up, &down}) s->experts = E, s->local_experts = E / ep, s->rows = rows;
@@ -42,7 +42,7 @@ void MoeMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& 
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
   const DType dt = rt.compute_dtype;
   ep_ = rt.expert_parallel_size;
-  const int64_t Re = expert_rows(N, rt.expert_parallel_size);
+  const int64_t Re = expert_rows(N, rt);
   plan.add(&rstd_, DType::F32, {N});
   plan.add(&ln_, dt, {N, C}, Keep::Recomputable);
   plan.add(&logits_, dt, {N, E});
@@ -69,7 +69,7 @@ void MoeMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& 
 void MoeMlpBlock::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
   const int64_t N = rt.tokens(), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
-  const int64_t Re = expert_rows(N, rt.expert_parallel_size);
+  const int64_t Re = expert_rows(N, rt);
   const DType dt = rt.compute_dtype;
   plan.add(&dyp_, dt, {R, C});
   plan.add(&dweights_, DType::F32, {N, K});
@@ -98,13 +98,20 @@ MoeRouting MoeMlpBlock::routing(bool force_balance) const {
   return r;
 }
 
-int64_t MoeMlpBlock::expert_rows(int64_t n, int ep) const {
+int64_t MoeMlpBlock::expert_rows(int64_t n, const ModelRuntime& rt) const {
+  const int ep = rt.expert_parallel_size;
+  if (ep == 1) return permuted_rows(n, s_.moe);
   // Each rank of the group sends at most its routed rows for this rank's experts (with token
-  // dropping, its experts' capacity each), padded.
-  const int64_t local = s_.moe.experts / ep;
-  return ep == 1 ? permuted_rows(n, s_.moe)
-                 : ep * (kept_pairs(n, local, s_.moe.capacity(n), s_.moe.topk) +
-                         local * (kGroupAlign - 1));
+  // dropping, its experts' capacity each), padded. Force-balanced routing sends each expert
+  // ceil(n topk / experts) pairs at most: round-robin over any run of n topk slots.
+  const MoeSpec& m = s_.moe;
+  const int64_t local = m.experts / ep;
+  int64_t per_expert = m.capacity(n);
+  if (rt.moe_force_balance) {
+    const int64_t balanced = (n * m.topk + m.experts - 1) / m.experts;
+    per_expert = per_expert > 0 ? std::min(per_expert, balanced) : balanced;
+  }
+  return ep * (kept_pairs(n, local, per_expert, m.topk) + local * (kGroupAlign - 1));
 }
 
 ExpertGroups MoeMlpBlock::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
@@ -200,8 +207,8 @@ void MoeMlpBlock::forward_inner(LayerOps& ops, const Tensor& x) {
                         ops.runtime().moe_force_balance, exchange(ops), host_offsets_);
 }
 
-// Runs once per forward pass (a fully recomputed layer reruns forward_inner only), so the
-// statistics count each micro-batch once.
+// The statistics count each micro-batch once: a fully recomputed layer reruns forward_inner
+// only, or, inside a uniform recompute group, forward_output while ops.recomputing().
 void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
   Backend& b = ops.backend();
   if (s_.moe.shared_ffn > 0) {
@@ -210,7 +217,7 @@ void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& o
     b.copy(out, x);
   }
   b.moe_unpermute(out, yp_, rows_, weights_);
-  if (!stats_.defined()) return;
+  if (!stats_.defined() || ops.recomputing()) return;
   const int64_t E = s_.moe.experts;
   b.moe_expert_counts(stats_.flat_range(0, E), indices_);
   if (s_.moe.load_balancing != MoeLoadBalancing::None) {

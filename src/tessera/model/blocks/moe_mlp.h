@@ -90,7 +90,7 @@ class MoeMlpBlock final : public Block {
   // The exchange of the pass, checked against the plan; null without expert parallelism.
   ExpertExchange* exchange(LayerOps& ops) const;
   // Rows the experts of this rank run on, at most, for n tokens per rank.
-  int64_t expert_rows(int64_t n, int ep) const;
+  int64_t expert_rows(int64_t n, const ModelRuntime& rt) const;
   // The experts each rank of the exchange runs.
   int64_t local_count(const ExpertExchange& ex) const { return s_.moe.experts / ex.size(); }
   // The row groups the experts run on: this rank's own (offsets, host_offsets), or with an
