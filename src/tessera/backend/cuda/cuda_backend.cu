@@ -693,6 +693,23 @@ void CudaBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tens
                      dtype_size(dst.dtype), stream_);
 }
 
+void CudaBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  cuda::add(out.data, a.data, b.data, a.numel(), a.dtype, stream_);
+}
+
+void CudaBackend::do_scale(const Tensor& out, const Tensor& x, float alpha) {
+  cuda::scale(out.data, x.data, alpha, x.numel(), x.dtype, stream_);
+}
+
+void CudaBackend::do_softcap(const Tensor& out, const Tensor& x, float cap) {
+  cuda::softcap(out.data, x.data, cap, x.numel(), x.dtype, stream_);
+}
+
+void CudaBackend::do_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y,
+                                      float cap) {
+  cuda::softcap_backward(dx.data, dy.data, y.data, cap, y.numel(), y.dtype, stream_);
+}
+
 void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);
   const int64_t N = d.rows, F = d.cols / 2;
