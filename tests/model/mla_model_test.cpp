@@ -182,11 +182,11 @@ TEST(MlaModel, LayoutFusesTheDownProjections) {
     std::vector<std::string> names;
     for (const ParamInfo& p : l.params)
       if (p.name.starts_with("model.layers.0.")) names.push_back(p.name.substr(15));
-    std::vector<std::string> want = {"input_layernorm.weight", "self_attn.q_kv_a_proj.weight"};
+    std::vector<std::string> want = {"self_attn.norm.weight", "self_attn.q_kv_a_proj.weight"};
     if (q_lora)
       want.insert(want.end(), {"self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight"});
     want.insert(want.end(), {"self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight",
-                             "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+                             "self_attn.o_proj.weight", "mlp.norm.weight",
                              "mlp.gate_up_proj.weight", "mlp.down_proj.weight"});
     EXPECT_EQ(names, want);
     const ParamInfo* a = l.find("model.layers.1.self_attn.q_kv_a_proj.weight");

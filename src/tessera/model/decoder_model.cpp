@@ -116,7 +116,11 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   plan.add(&a.dnorm, dt, {Ns, C}, Keep::Shared);
   plan.add(&a.tokens, DType::I32, {N});
   plan.add(&a.targets, DType::I32, {N});
-  plan.add(&a.freqs, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+  a.rope.tables.clear();
+  for (double base : rope_bases(layers)) a.rope.tables.push_back({base, Tensor{}});
+  for (auto& [base, table] : a.rope.tables)
+    plan.add(&table, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+  if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
     plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
     plan.add(&a.ce_all_stats, DType::F32, {rt.tensor_parallel_size, chunk, 2}, Keep::Shared);
@@ -232,19 +236,21 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
            "context-parallel rank {} of {} with {} tokens per sequence",
            runtime_.context_parallel_rank, cp, runtime_.seq_length);
   if (cp == 1) {
-    const std::vector<float> table = tessera::rope_table(spec_, runtime_.seq_length);
-    backend_.upload(a_.freqs, table.data());
+    for (const auto& [base, t] : a_.rope.tables)
+      backend_.upload(t, tessera::rope_table(spec_, runtime_.seq_length, base).data());
   } else {
-    // Each token's row of the whole sequence's table, and every rank's positions for the
+    // Each token's row of the whole sequence's tables, and every rank's positions for the
     // attention's masks.
     const int64_t D = spec_.head_dim;
-    const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp);
     context_positions_ =
         context_parallel_positions(runtime_.seq_length, cp, runtime_.context_parallel_rank);
-    std::vector<float> table;
-    for (int32_t p : context_positions_)
-      table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
-    backend_.upload(a_.freqs, table.data());
+    for (const auto& [base, t] : a_.rope.tables) {
+      const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp, base);
+      std::vector<float> table;
+      for (int32_t p : context_positions_)
+        table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
+      backend_.upload(t, table.data());
+    }
     std::vector<int32_t> all;
     for (int r = 0; r < cp; ++r) {
       const std::vector<int32_t> pos = context_parallel_positions(runtime_.seq_length, cp, r);
@@ -528,6 +534,7 @@ void DecoderModel::embed(const Tensor& x) {
   {
     ScopedRange r(backend_, "embedding_forward");
     embedding_->forward(x, a_.tokens, param(layout_.embedding));
+    if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
   }
   params_done(0);
 }
@@ -562,8 +569,19 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
     const Tensor xn = normed.rows(c, c + n);
     const Tensor targets = a_.targets.rows(c, c + n);
     gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
-    cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets,
-                            with_grad ? logits : Tensor{}, grad_scale);
+    if (spec_.logit_softcap > 0) {
+      // The loss reads the capped logits; their gradient overwrites the raw ones, then goes
+      // back through the cap in place.
+      const Tensor capped = a_.capped.rows(0, n);
+      const float cap = static_cast<float>(spec_.logit_softcap);
+      backend_.softcap(capped, logits, cap);
+      cross_entropy_->forward(a_.losses.rows(c, c + n), capped, targets,
+                              with_grad ? logits : Tensor{}, grad_scale);
+      if (with_grad) backend_.softcap_backward(logits, logits, capped, cap);
+    } else {
+      cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets,
+                              with_grad ? logits : Tensor{}, grad_scale);
+    }
     if (with_grad) gemms_.backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
@@ -620,7 +638,7 @@ void DecoderModel::recompute_group(int chunk, size_t last) {
     if (i < last) {
       layers_[begin + i]->forward(*this, x[i], x[i + 1]);
     } else {
-      layers_[begin + i]->recompute(*this, x[i]);
+      layers_[begin + i]->recompute(*this, x[i], x[i + 1]);
     }
     params_done(unit);
   }
@@ -652,6 +670,8 @@ void DecoderModel::backward_chunk(int chunk) {
   if (!tied()) grads_needed(0);
   {
     ScopedRange r(backend_, "embedding_backward");
+    if (spec_.embedding_scale != 0)
+      backend_.scale(dresid, dresid, static_cast<float>(spec_.embedding_scale));
     embedding_->backward(grad(layout_.embedding), dresid, a_.tokens);
   }
   grads_ready(0);
@@ -707,6 +727,8 @@ void DecoderModel::forward_logits(const Tensor& logits) {
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[0].back(),
                            param(layout_.final_norm), spec_.norm_eps);
   gemms_.forward(logits, a_.final_norm, layout_.lm_head, -1, 0.0f, {});
+  if (spec_.logit_softcap > 0)
+    backend_.softcap(logits, logits, static_cast<float>(spec_.logit_softcap));
   tail_params_done();
 }
 

@@ -15,6 +15,7 @@
 #include "tessera/model/decoder_layer.h"
 #include "tessera/model/model.h"
 #include "tessera/model/parallel_layers.h"
+#include "tessera/model/rope.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
@@ -81,7 +82,9 @@ class DecoderModel final : public Model, private LayerOps {
     std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
     Tensor dnorm;  // d(a norm's output), (Ns, C)
-    Tensor tokens, targets, freqs;
+    Tensor tokens, targets;
+    RopeTables rope;  // one table per rotary base the layers read
+    Tensor capped;    // with a logit soft-cap: a chunk's capped logits
     // Tensor parallelism: a logits chunk's cross-entropy stats (chunk, 2) and every rank's
     // (tp, chunk, 2).
     Tensor ce_stats, ce_all_stats;
@@ -107,7 +110,7 @@ class DecoderModel final : public Model, private LayerOps {
               const Tensor& residual) override;
   void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                        int bias) override;
-  const Tensor& rope_table() const override { return a_.freqs; }
+  const Tensor& rope_table(double base) const override { return a_.rope.at(base); }
   void expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                      const ExpertGroups& groups) override;
   void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
