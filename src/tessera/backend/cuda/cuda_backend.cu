@@ -1139,10 +1139,12 @@ std::string unavailable_reason() {
     const std::string code =
         std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
     // Without an NVIDIA driver the runtime reports an "insufficient" driver version, which
-    // reads as an old driver rather than none: say what the machine lacks.
+    // reads as an old driver rather than none: say what the machine lacks, with the error's
+    // name only.
     if ((error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice) &&
         !std::filesystem::exists("/proc/driver/nvidia/version"))
-      return "no NVIDIA GPU on this machine (no NVIDIA driver is loaded; CUDA says " + code + ")";
+      return std::string("no NVIDIA GPU on this machine (no NVIDIA driver is loaded; CUDA: ") +
+             cudaGetErrorName(error) + ")";
     if (error == cudaErrorNoDevice)
       return "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES hides them, or none is installed; " +
              code + ")";
