@@ -183,6 +183,9 @@ def logits(hf_dir, tokens_path, out):
             name = name.replace("mlp.gate.weight", "mlp.router.weight")
             name = name.replace("mlp.shared_experts.", "mlp.shared_expert.")
         name = name.replace("block_sparse_moe.experts.", "mlp.experts.")
+        # The blocks' pre-norms.
+        name = name.replace("input_layernorm.", "self_attn.norm.")
+        name = name.replace("post_attention_layernorm.", "mlp.norm.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
             if "mlp.experts." in name:
                 name = name.replace(old, new)

@@ -348,8 +348,7 @@ TEST(HfConfig, MapsFieldsWithTransformersDefaultsAndRefusesUnsupportedFeatures) 
   const std::string file = (dir / "config.json").string();
   const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> refusals = {
       {[](auto& j) { j["model_type"] = "gpt2"; },
-       ": model_type 'gpt2' is not supported; expected llama, qwen2, mistral, mixtral, "
-       "qwen3_moe, deepseek_v3 or deepseek_v2"},
+       ": model_type 'gpt2' is not supported; expected " + hf_model_type_names()},
       {[](auto& j) { j["attention_bias"] = true; },
        ": attention_bias: true (Llama's bias includes o_proj) is not supported"},
       {[](auto& j) { j["hidden_act"] = "gelu"; },

@@ -23,6 +23,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/config/config.h"
 #include "tessera/data/dataset.h"
+#include "tessera/model/param_layout.h"
 #include "tessera/obs/logger.h"
 #include "tessera/train/trainer.h"
 
@@ -129,7 +130,12 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
                         {"beta2", 0.95},
                         {"adam_eps", 1e-8},
                         {"clip_grad", 0.5}};
-  if (s.qk_norm) cfg["qk_norm"] = true;
+  // The block shapes the reference needs, read from the layout the family's blocks declare:
+  // post-norms instead of pre-norms, and QK norms over each head or over all of q and k.
+  const ParamLayout layout = make_param_layout(s);
+  if (layout.find("model.layers.0.self_attn.post_norm.weight")) cfg["post_norms"] = true;
+  if (const ParamInfo* q_norm = layout.find("model.layers.0.self_attn.q_norm.weight"))
+    cfg["qk_norm"] = q_norm->numel() == s.head_dim ? nlohmann::json(true) : nlohmann::json("whole");
   if (s.mla.enabled) {
     const MlaSpec& m = s.mla;
     cfg["mla"] = {{"q_lora", m.q_lora_rank},

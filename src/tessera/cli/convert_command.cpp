@@ -38,8 +38,8 @@ void print_convert_help() {
       "  tessera convert (--from CHECKPOINT | --from-hf HF_DIR) --check-logits TOKENS.txt\n"
       "                  --out LOGITS.safetensors\n\n"
       "CHECKPOINT is a checkpoint directory (iter_NNNNNNN) or a save directory (its latest\n"
-      "checkpoint). --to-hf writes config.json (llama, qwen2, mistral, mixtral, qwen3_moe,\n"
-      "deepseek_v2 or deepseek_v3, from the model's family and features) and\n"
+      "checkpoint). --to-hf writes config.json (model_type {}, from the model's family\n"
+      "and features) and\n"
       "model.safetensors, or shards of at most --shard-size with\n"
       "model.safetensors.index.json; the fp32 master weights are exported when the checkpoint\n"
       "has them. With them come the run's tokenizer (tokenizer.json, tokenizer_config.json,\n"
@@ -53,7 +53,8 @@ void print_convert_help() {
       "TOKENS.txt (space-separated ids, equal lengths) and writes logits [B, T, vocab], the\n"
       "mean next-token loss (as transformers computes it with labels = input ids) and the\n"
       "tokens.\n"
-      "Outputs are written to a temporary name and renamed when complete.\n");
+      "Outputs are written to a temporary name and renamed when complete.\n",
+      hf_model_type_names());
 }
 
 struct ConvertOptions {

@@ -171,7 +171,7 @@ std::vector<KeySpec> build_keys() {
   k.push_back(string_key("workspace", "experiment", "Root of all experiment directories: {workspace}/{work_group}/{user_name}/{exp_name}.", TS_FIELD(workspace)));
   k.push_back(string_key("model", "experiment", "Model preset: a name from configs/models (e.g. llama3.1_8B) or a YAML path.", TS_FIELD(model)));
   // ---- model ----
-  k.push_back(string_key("model_family", "model", "Model family: which blocks the decoder layers have and how Hugging Face names them (llama: Llama 2/3/3.1/3.3, Qwen 2.5, Mistral; mixtral: Mixtral 8x7B/8x22B; qwen3_moe: Qwen3-MoE; deepseek: DeepSeek-V2/V3 with multi-latent attention).", TS_FIELD(model_config.model_family)));
+  k.push_back(string_key("model_family", "model", "Model family: which blocks the decoder layers have, which model keys apply and how Hugging Face names them; docs/models.md lists the families and their presets, and an unknown name is refused with the registered ones.", TS_FIELD(model_config.model_family)));
   k.push_back(int_key("num_layers", "model", "Transformer layers; set lower than the preset for a proxy model.", TS_FIELD(model_config.num_layers)));
   k.push_back(int_key("hidden_size", "model", "Model width.", TS_FIELD(model_config.hidden_size)));
   k.push_back(int_key("ffn_hidden_size", "model", "SwiGLU inner width; 0 derives int(8*hidden/3/64)*64 as Megatron does.", TS_FIELD(model_config.ffn_hidden_size)));

@@ -53,20 +53,6 @@ std::string hf_model_type_names() {
   return names;
 }
 
-HfRope read_hf_rope(const nlohmann::json& j, double default_theta) {
-  auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
-  HfRope r;
-  if (has("rope_parameters"))
-    r.params = j["rope_parameters"];
-  else if (has("rope_scaling"))
-    r.params = j["rope_scaling"];
-  r.theta = r.params.contains("rope_theta") ? r.params["rope_theta"].get<double>()
-            : has("rope_theta")             ? j["rope_theta"].get<double>()
-                                            : default_theta;
-  r.type = r.params.value("rope_type", r.params.value("type", std::string("default")));
-  return r;
-}
-
 const ModelFamily* model_family_for_hf_type(std::string_view model_type) {
   for (const ModelFamily* f : families()) {
     const auto types = f->hf_model_types();

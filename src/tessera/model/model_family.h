@@ -90,15 +90,4 @@ std::string hf_model_type_names();
 // The family that reads config.json files of `model_type`, or null.
 const ModelFamily* model_family_for_hf_type(std::string_view model_type);
 
-// A Hugging Face config's RoPE: transformers 5 keeps rope_theta and the scaling in
-// rope_parameters, earlier versions rope_theta and rope_scaling at the top level. `params` is
-// whichever holds the scaling (empty without one), `theta` the base (default_theta when
-// neither says), `type` its rope_type (or legacy type; "default" without one).
-struct HfRope {
-  nlohmann::json params = nlohmann::json::object();
-  double theta = 10000.0;
-  std::string type = "default";
-};
-HfRope read_hf_rope(const nlohmann::json& config, double default_theta);
-
 }  // namespace tessera

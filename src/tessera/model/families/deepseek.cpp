@@ -5,7 +5,7 @@
 #include "tessera/model/blocks/mla_attention.h"
 #include "tessera/model/blocks/moe_mlp.h"
 #include "tessera/model/blocks/swiglu_mlp.h"
-#include "tessera/model/families/llama.h"
+#include "tessera/model/families/decoder_spec.h"
 #include "tessera/model/families/moe.h"
 
 namespace tessera {

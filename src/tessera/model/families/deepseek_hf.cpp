@@ -18,16 +18,12 @@
 
 #include "tessera/core/error.h"
 #include "tessera/model/families/deepseek.h"
+#include "tessera/model/families/hf_decoder.h"
 #include "tessera/model/families/moe.h"
 #include "tessera/model/rope.h"
 
 namespace tessera {
 namespace {
-
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The cos/sin factor transformers' _compute_yarn_parameters applies: the mscale ratio when both
 // mscale and mscale_all_dim are set (non-zero), else mscale(factor, 1).
@@ -132,13 +128,9 @@ void read_v2_routing(const nlohmann::json& j, const std::string& file, MoeSpec* 
 }  // namespace
 
 ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::string& file) const {
-  auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
   const bool v2 = j.value("model_type", std::string()) == "deepseek_v2";
-  const char* model_type = v2 ? "deepseek_v2" : "deepseek_v3";
-  auto unsupported = [&](const std::string& what) {
-    return DataError(
-        fmt::format("{}: {} is not supported by Tessera's {} model", file, what, model_type));
-  };
+  const HfConfig c(j, file, v2 ? "deepseek_v2" : "deepseek_v3");
+  auto unsupported = [&](const std::string& what) { return c.unsupported(what); };
   // A DeepseekV2Config key whose value Tessera cannot run as transformers does.
   auto refuse = [&](const char* key, const std::string& expected) {
     return ConfigError(file, key, j.contains(key) ? j[key].dump() : "(absent)",
@@ -146,23 +138,17 @@ ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::str
   };
   ModelSpec s;
   try {
-    auto required = [&](const char* key) {
-      if (!has(key)) throw DataError(fmt::format("{}: field '{}' is missing", file, key));
-      return j[key].get<int64_t>();
-    };
+    auto required = [&](const char* key) { return c.required(key); };
     // Defaults are those of transformers' DeepseekV3Config / DeepseekV2Config for a missing
     // field.
     auto count = [&](const char* key, int64_t v3_default, int64_t v2_default) {
-      return has(key) ? j[key].get<int64_t>() : v2 ? v2_default : v3_default;
+      return c.count(key, v2 ? v2_default : v3_default);
     };
-    s.hidden = required("hidden_size");
-    s.num_layers = required("num_hidden_layers");
-    s.heads = required("num_attention_heads");
-    s.vocab_size = required("vocab_size");
-    if (count("num_key_value_heads", s.heads, s.heads) != s.heads)
+    HfRope hf_rope;
+    s = read_hf_decoder(c, {v2 ? 2048 : 4096, 1e-6, 10000.0}, &hf_rope);
+    if (s.kv_heads != s.heads)
       throw unsupported(fmt::format("num_key_value_heads {} other than num_attention_heads {}",
-                                    j["num_key_value_heads"].get<int64_t>(), s.heads));
-    s.kv_heads = s.heads;
+                                    s.kv_heads, s.heads));
     MlaSpec& m = s.mla;
     m.enabled = true;
     m.q_lora_rank = j.contains("q_lora_rank")
@@ -174,22 +160,13 @@ ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::str
     m.v_head_dim = count("v_head_dim", 128, 128);
     s.head_dim = m.rope_dim;
     s.ffn = count("intermediate_size", 18432, 11008);
-    s.max_position_embeddings = count("max_position_embeddings", 4096, 2048);
-    s.norm_eps = static_cast<float>(j.value("rms_norm_eps", 1e-6));
-    s.tied_embeddings = j.value("tie_word_embeddings", false);
-    s.init_std = static_cast<float>(j.value("initializer_range", 0.02));
-    if (j.value("hidden_act", std::string("silu")) != "silu")
-      throw unsupported(
-          fmt::format("hidden_act '{}' (expected silu)", j["hidden_act"].get<std::string>()));
     if (j.value("attention_bias", false)) throw unsupported("attention_bias: true");
     if (v2 && j.value("mlp_bias", false)) throw refuse("mlp_bias", "false (no MLP biases)");
     // DeepseekV2Attention always rotates interleaved pairs (view_as_complex); V3 says so.
     if (!v2 && !j.value("rope_interleave", true))
       throw unsupported("rope_interleave: false (Tessera's MLA rotates interleaved pairs)");
-    const HfRope hf_rope = read_hf_rope(j, 10000.0);
     const nlohmann::json& rope = hf_rope.params;
     const std::string& rope_type = hf_rope.type;
-    s.rotary_base = hf_rope.theta;
     if (rope_type == "yarn") {
       YarnRope& y = s.yarn;
       y.enabled = true;
@@ -243,7 +220,7 @@ ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::str
         read_v3_routing(j, file, &moe);
     }
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: {}", file, e.what()));
+    throw c.invalid(e.what());
   }
   const MlaSpec& m = s.mla;
   if (s.hidden <= 0 || s.heads <= 0 || s.num_layers <= 0 || s.vocab_size <= 0 ||
@@ -262,7 +239,6 @@ ModelSpec DeepseekFamily::read_hf_config(const nlohmann::json& j, const std::str
         file, s.hidden, s.heads, s.num_layers, s.vocab_size, m.kv_lora_rank, m.q_lora_rank,
         m.qk_head_dim, m.rope_dim, m.v_head_dim, s.ffn, s.moe.experts, s.moe.topk, s.moe.ffn,
         s.moe.num_groups, s.moe.group_topk));
-  s.tokenizer_vocab = s.vocab_size;
   return s;
 }
 
@@ -322,16 +298,11 @@ nlohmann::ordered_json DeepseekFamily::hf_config(const ModelSpec& s) const {
   const MoeSpec& m = s.moe;
   int64_t first_moe = 0;
   while (first_moe < s.num_layers && !m.is_moe_layer(first_moe)) ++first_moe;
-  nlohmann::ordered_json j;
-  j["architectures"] = {v2 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM"};
-  j["model_type"] = v2 ? "deepseek_v2" : "deepseek_v3";
-  j["vocab_size"] = s.vocab_size;
-  j["hidden_size"] = s.hidden;
+  nlohmann::ordered_json j =
+      hf_decoder_config(s, v2 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM",
+                        v2 ? "deepseek_v2" : "deepseek_v3", /*head_dim=*/false);
   j["intermediate_size"] = s.ffn;
   j["moe_intermediate_size"] = m.enabled() ? m.ffn : s.ffn;
-  j["num_hidden_layers"] = s.num_layers;
-  j["num_attention_heads"] = s.heads;
-  j["num_key_value_heads"] = s.heads;
   // A dense model: every layer before first_k_dense_replace, a router of one expert unused.
   j["n_shared_experts"] = m.enabled() ? m.shared_ffn / m.ffn : 0;
   j["n_routed_experts"] = m.enabled() ? m.experts : 1;
@@ -349,12 +320,7 @@ nlohmann::ordered_json DeepseekFamily::hf_config(const ModelSpec& s) const {
   j["first_k_dense_replace"] = first_moe;
   // V2: what DeepSeek's own code reads too (transformers does not renormalise either way).
   j["norm_topk_prob"] = !v2 && m.enabled() && m.topk > 1;
-  j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = s.max_position_embeddings;
-  j["initializer_range"] = std::stod(fmt::format("{}", s.init_std));
-  j["rms_norm_eps"] = std::stod(fmt::format("{}", s.norm_eps));
-  // Both spellings: rope_theta + rope_scaling for transformers 4, rope_parameters for 5.
-  nlohmann::ordered_json scaling = nullptr, rope = {{"rope_type", "default"}};
+  nlohmann::ordered_json scaling = nullptr;
   if (s.yarn.enabled) {
     const YarnRope& y = s.yarn;
     scaling = {{"type", "yarn"},
@@ -365,18 +331,11 @@ nlohmann::ordered_json DeepseekFamily::hf_config(const ModelSpec& s) const {
                {"beta_slow", y.beta_slow},
                {"mscale", y.mscale},
                {"mscale_all_dim", y.mscale_all_dim}};
-    rope = scaling;
-    rope.erase("type");
   }
-  rope["rope_theta"] = s.rotary_base;
-  j["rope_theta"] = s.rotary_base;
-  j["rope_scaling"] = scaling;
-  j["rope_parameters"] = rope;
+  write_hf_rope(j, s.rotary_base, scaling);
   if (!v2) j["rope_interleave"] = true;  // V2 always rotates interleaved pairs
-  j["tie_word_embeddings"] = s.tied_embeddings;
   j["attention_bias"] = false;
   if (v2) j["mlp_bias"] = false;
-  j["attention_dropout"] = 0.0;
   j["use_cache"] = true;
   return j;
 }

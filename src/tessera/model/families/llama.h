@@ -25,11 +25,4 @@ class LlamaFamily final : public ModelFamily {
 
 const ModelFamily& llama_family();
 
-// The sizes every decoder family shares (attention, dense MLP, RoPE, norms, vocabulary left
-// to the caller), derived as Megatron derives them.
-ModelSpec decoder_spec(const Experiment& e);
-// ConfigError naming `key` (its value and where it was set) and what was expected.
-[[noreturn]] void reject_model_key(const Experiment& e, const char* key,
-                                   const std::string& expected);
-
 }  // namespace tessera

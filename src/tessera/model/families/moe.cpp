@@ -10,7 +10,7 @@
 #include "tessera/model/blocks/gqa_attention.h"
 #include "tessera/model/blocks/moe_mlp.h"
 #include "tessera/model/blocks/swiglu_mlp.h"
-#include "tessera/model/families/llama.h"
+#include "tessera/model/families/decoder_spec.h"
 
 namespace tessera {
 
@@ -20,16 +20,15 @@ ModelSpec MoeFamily::make_spec(const Experiment& e) const {
     reject_model_key(e, "num_experts",
                      fmt::format("at least 1 with model_family {} (an MoE family)", arch_.name));
   if (m.qk_layernorm != arch_.qk_norm)
-    reject_model_key(
-        e, "qk_layernorm",
-        fmt::format("{} with model_family {}{}", arch_.qk_norm ? "true" : "false", arch_.name,
-                    arch_.qk_norm ? " (Qwen3's attention normalises q and k heads)"
-                                  : " (qwen3_moe has QK norm)"));
+    reject_model_key(e, "qk_layernorm",
+                     fmt::format("{} with model_family {} ({})", arch_.qk_norm ? "true" : "false",
+                                 arch_.name,
+                                 arch_.qk_norm ? "its attention normalises each query and key head"
+                                               : "its attention has no QK norm"));
   if (m.multi_latent_attention)
-    reject_model_key(e, "multi_latent_attention",
-                     fmt::format("false with model_family {} (GQA attention); multi-latent "
-                                 "attention is model_family deepseek",
-                                 arch_.name));
+    reject_model_key(
+        e, "multi_latent_attention",
+        fmt::format("false with model_family {} (grouped-query attention)", arch_.name));
   ModelSpec s = decoder_spec(e);
   s.moe = moe_spec(e, s.ffn);
   return s;

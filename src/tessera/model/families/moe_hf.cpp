@@ -4,22 +4,16 @@
 // hold one tensor per expert and projection, which are the stacked tensor's row blocks. The
 // router is Mixtral's block_sparse_moe.gate and Qwen3-MoE's mlp.gate. Attention, norms,
 // embeddings and dense MLP layers are named as in the Llama family.
-#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
-#include "tessera/model/families/llama.h"
+#include "tessera/model/families/hf_decoder.h"
 #include "tessera/model/families/moe.h"
 
 namespace tessera {
 namespace {
-
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 bool is_mixtral(std::string_view hf_type) {
   return hf_type == "mixtral";
@@ -28,82 +22,56 @@ bool is_mixtral(std::string_view hf_type) {
 }  // namespace
 
 ModelSpec MoeFamily::read_hf_config(const nlohmann::json& j, const std::string& file) const {
-  auto has = [&](const char* key) { return j.contains(key) && !j[key].is_null(); };
-  auto unsupported = [&](const std::string& what) {
-    return DataError(
-        fmt::format("{}: {} is not supported by Tessera's {} model", file, what, arch_.hf_type));
-  };
+  const HfConfig c(j, file, std::string(arch_.hf_type));
   const bool mixtral = is_mixtral(arch_.hf_type);
   ModelSpec s;
   try {
-    auto required = [&](const char* key) {
-      if (!has(key)) throw DataError(fmt::format("{}: field '{}' is missing", file, key));
-      return j[key].get<int64_t>();
-    };
-    s.hidden = required("hidden_size");
-    s.num_layers = required("num_hidden_layers");
-    s.heads = required("num_attention_heads");
-    s.vocab_size = required("vocab_size");
-    s.kv_heads = has("num_key_value_heads") ? j["num_key_value_heads"].get<int64_t>() : s.heads;
-    s.head_dim =
-        has("head_dim") ? j["head_dim"].get<int64_t>() : s.hidden / std::max<int64_t>(s.heads, 1);
     // Defaults are those of transformers' config classes for a missing field.
-    s.max_position_embeddings = j.value("max_position_embeddings", mixtral ? 131072 : 32768);
-    s.norm_eps = static_cast<float>(j.value("rms_norm_eps", mixtral ? 1e-5 : 1e-6));
-    s.tied_embeddings = j.value("tie_word_embeddings", false);
-    s.init_std = static_cast<float>(j.value("initializer_range", 0.02));
-    if (j.value("hidden_act", std::string("silu")) != "silu")
-      throw unsupported(
-          fmt::format("hidden_act '{}' (expected silu)", j["hidden_act"].get<std::string>()));
-    if (j.value("attention_bias", false)) throw unsupported("attention_bias: true");
-    const HfRope rope = read_hf_rope(j, mixtral ? 1e6 : 10000.0);
-    s.rotary_base = rope.theta;
+    HfRope rope;
+    s = read_hf_decoder(c, {mixtral ? 131072 : 32768, mixtral ? 1e-5 : 1e-6, mixtral ? 1e6 : 1e4},
+                        &rope);
+    if (j.value("attention_bias", false)) throw c.unsupported("attention_bias: true");
     if (rope.type != "default")
-      throw unsupported(fmt::format("RoPE type '{}' (expected default)", rope.type));
+      throw c.unsupported(fmt::format("RoPE type '{}' (expected default)", rope.type));
     MoeSpec& m = s.moe;
-    m.topk = required("num_experts_per_tok");
+    m.topk = c.required("num_experts_per_tok");
     // Each family's own name first; transformers versions have written the other one too.
     const auto experts = [&] {
       const char* own = mixtral ? "num_local_experts" : "num_experts";
       const char* other = mixtral ? "num_experts" : "num_local_experts";
-      return has(own) || !has(other) ? required(own) : required(other);
+      return c.has(own) || !c.has(other) ? c.required(own) : c.required(other);
     };
     if (mixtral) {
-      s.ffn = required("intermediate_size");
+      s.ffn = c.required("intermediate_size");
       m.experts = experts();
       m.ffn = s.ffn;
       m.layers.assign(static_cast<size_t>(s.num_layers), true);
-      s.sliding_window = has("sliding_window") ? j["sliding_window"].get<int64_t>() : 0;
+      s.sliding_window = c.count("sliding_window", 0);
     } else {
       s.qk_norm = true;
-      s.ffn = j.value("intermediate_size", int64_t{6144});
+      s.ffn = c.count("intermediate_size", 6144);
       m.experts = experts();
-      m.ffn = required("moe_intermediate_size");
+      m.ffn = c.required("moe_intermediate_size");
       // Qwen3-MoE: layer l is sparse unless listed in mlp_only_layers, and when
       // (l + 1) % decoder_sparse_step == 0.
-      const int64_t step = j.value("decoder_sparse_step", int64_t{1});
+      const int64_t step = c.count("decoder_sparse_step", 1);
       std::set<int64_t> dense;
-      if (has("mlp_only_layers"))
+      if (c.has("mlp_only_layers"))
         for (const auto& l : j["mlp_only_layers"]) dense.insert(l.get<int64_t>());
       for (int64_t l = 0; l < s.num_layers; ++l)
         m.layers.push_back(!dense.count(l) && m.experts > 0 && step > 0 && (l + 1) % step == 0);
       // norm_topk_prob false keeps the softmax over all experts: Megatron's pre-softmax.
       m.pre_softmax = !j.value("norm_topk_prob", false);
-      if (j.value("use_sliding_window", false)) throw unsupported("use_sliding_window: true");
+      if (j.value("use_sliding_window", false)) throw c.unsupported("use_sliding_window: true");
     }
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: {}", file, e.what()));
+    throw c.invalid(e.what());
   }
-  if (s.hidden <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.heads % s.kv_heads != 0 ||
-      s.head_dim <= 0 || s.num_layers <= 0 || s.moe.experts <= 0 || s.moe.topk <= 0 ||
-      s.moe.topk > s.moe.experts || s.moe.ffn <= 0 || s.vocab_size <= 0)
-    throw DataError(fmt::format(
-        "{}: inconsistent sizes (hidden_size {}, num_attention_heads {}, num_key_value_heads "
-        "{}, head_dim {}, num_hidden_layers {}, experts {}, experts per token {}, expert "
-        "intermediate size {}, vocab_size {})",
-        file, s.hidden, s.heads, s.kv_heads, s.head_dim, s.num_layers, s.moe.experts, s.moe.topk,
-        s.moe.ffn, s.vocab_size));
-  s.tokenizer_vocab = s.vocab_size;
+  const MoeSpec& m = s.moe;
+  check_hf_decoder_sizes(
+      c, s, m.experts > 0 && m.topk > 0 && m.topk <= m.experts && m.ffn > 0,
+      fmt::format("experts {}, experts per token {}, expert intermediate size {}", m.experts,
+                  m.topk, m.ffn));
   return s;
 }
 
@@ -138,25 +106,10 @@ nlohmann::ordered_json MoeFamily::hf_config(const ModelSpec& s) const {
   hf_model_type(s);
   const bool mixtral = is_mixtral(arch_.hf_type);
   const MoeSpec& m = s.moe;
-  nlohmann::ordered_json j;
-  j["architectures"] = {std::string(arch_.hf_class)};
-  j["model_type"] = std::string(arch_.hf_type);
-  j["vocab_size"] = s.vocab_size;
-  j["hidden_size"] = s.hidden;
+  nlohmann::ordered_json j =
+      hf_decoder_config(s, std::string(arch_.hf_class), std::string(arch_.hf_type));
   j["intermediate_size"] = mixtral ? m.ffn : s.ffn;
-  j["num_hidden_layers"] = s.num_layers;
-  j["num_attention_heads"] = s.heads;
-  j["num_key_value_heads"] = s.kv_heads;
-  j["head_dim"] = s.head_dim;
-  j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = s.max_position_embeddings;
-  j["rms_norm_eps"] = std::stod(fmt::format("{}", s.norm_eps));
-  j["rope_theta"] = s.rotary_base;
-  j["rope_scaling"] = nullptr;
-  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", s.rotary_base}};
-  j["tie_word_embeddings"] = s.tied_embeddings;
-  j["initializer_range"] = std::stod(fmt::format("{}", s.init_std));
-  j["attention_dropout"] = 0.0;
+  write_hf_rope(j, s.rotary_base, nullptr);
   j["num_experts_per_tok"] = m.topk;
   if (mixtral) {
     j["num_local_experts"] = m.experts;
@@ -214,7 +167,7 @@ std::vector<HfTensorPiece> MoeFamily::hf_pieces(const ParamInfo& p, const ModelS
                      {C, F}});
     return out;
   }
-  return llama_family().hf_pieces(p, s);
+  return hf_decoder_pieces(p);
 }
 
 }  // namespace tessera

@@ -1,0 +1,18 @@
+#pragma once
+// What every decoder family's spec builder shares: the experiment's attention, MLP, RoPE and
+// norm keys as Megatron derives them, and the error for a key a family cannot honour.
+#include <string>
+
+#include "tessera/config/config.h"
+#include "tessera/model/model_spec.h"
+
+namespace tessera {
+
+// The sizes every decoder family shares (attention, dense MLP, RoPE, norms, vocabulary left
+// to the caller), derived as Megatron derives them.
+ModelSpec decoder_spec(const Experiment& e);
+// ConfigError naming `key` (its value and where it was set) and what was expected.
+[[noreturn]] void reject_model_key(const Experiment& e, const char* key,
+                                   const std::string& expected);
+
+}  // namespace tessera
