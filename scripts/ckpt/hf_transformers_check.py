@@ -3,8 +3,9 @@
 
 For LlamaForCausalLM (GQA, llama3 RoPE scaling, untied head), Qwen2ForCausalLM (QKV bias,
 tied head, MQA), MistralForCausalLM (sliding window shorter than the sequence),
-MixtralForCausalLM (4 experts, top-2), Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a
-dense layer, tied head), DeepseekV3ForCausalLM (multi-latent attention with a query latent,
+Qwen3ForCausalLM (QK norm per head, head_dim wider than hidden / heads, tied head),
+MixtralForCausalLM (4 experts, top-2),
+Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a dense layer, tied head), DeepseekV3ForCausalLM (multi-latent attention with a query latent,
 YaRN RoPE with both mscales, a dense first layer, 8 experts top-4 by sigmoid scores plus a
 random nonzero e_score_correction_bias in 2 of 4 groups scaled by 2.5, a shared expert) and
 DeepseekV2ForCausalLM (DeepSeek-V2-Lite's attention: queries projected directly, YaRN with
@@ -92,6 +93,11 @@ MODELS = {
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rms_norm_eps=1e-5, sliding_window=8, tie_word_embeddings=False, **rope(10000.0))),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+        **rope(1000000.0))),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -292,8 +298,8 @@ GENERATION_MODELS = {
     "llama3": ["--num_query_groups", "2"],
     "llama3.1": ["--num_query_groups", "2", "--use_rope_scaling", "true",
                  "--rope_original_max_position_embeddings", "32"],
-    "qwen3": ["--num_query_groups", "1", "--add_qkv_bias", "true",
-              "--untie_embeddings_and_output_weights", "false"],
+    "qwen3": ["--model_family", "qwen3", "--qk_layernorm", "true", "--num_query_groups", "1",
+              "--kv_channels", "32", "--untie_embeddings_and_output_weights", "false"],
     "llama2": ["--num_query_groups", "4", "--sliding_window", "16"],
     "ByteLevel": ["--num_query_groups", "2"],
 }

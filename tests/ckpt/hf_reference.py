@@ -149,11 +149,13 @@ def reference_config(hf):
                "pre_softmax": kind == "qwen3_moe" and not hf.get("norm_topk_prob", False),
                "groups": 0, "group_topk": 0, "scaling": 0, "shared_ffn": 0,
                "load_balancing": False, "seq_aux": False, "aux_coeff": 0, "z_coeff": 0}
+    # Qwen3's QK norms are per head.
+    qk_norm = kind in ("qwen3", "qwen3_moe")
     return {
-        "moe": moe, "qk_norm": kind == "qwen3_moe",
+        "moe": moe, "qk_norm": qk_norm,
         "layers": hf["num_hidden_layers"], "heads": heads,
         "kv_heads": hf.get("num_key_value_heads") or heads,
-        "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
+        "head_dim": hf.get("head_dim") or (128 if kind == "qwen3" else hf["hidden_size"] // heads),
         "ffn": hf["intermediate_size"], "eps": hf.get("rms_norm_eps", 1e-6),
         "rotary_base": hf.get("rope_theta", 10000.0), "rope_scaling": rope_type == "llama3",
         "rope_factor": rope.get("factor"), "rope_low": rope.get("low_freq_factor"),
@@ -234,6 +236,12 @@ CONFIGS = {
                   "num_experts": 8, "num_experts_per_tok": 4, "norm_topk_prob": True,
                   "decoder_sparse_step": 1, "mlp_only_layers": [1], "tie_word_embeddings": True,
                   "use_sliding_window": False, "sliding_window": None, "attention_bias": False},
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 96,
+              "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "hidden_act": "silu", "tie_word_embeddings": True, "use_sliding_window": False,
+              "sliding_window": None, "attention_bias": False},
     # DeepSeek-V3: query latent, YaRN with both mscales (max_position_embeddings = factor x the
     # original, which transformers versions that derive the factor from them agree with),
     # a dense first layer, sigmoid routing in 2 of 4 groups scaled by 2.5, a shared expert.
@@ -331,7 +339,7 @@ def make(kind, out_dir, dtype_name, shards):
                 w[p + f"self_attn.{name}_proj.bias"] = rand(rows)
         w[p + "self_attn.o_proj.weight"] = rand(C, H * hd)
         w[p + "post_attention_layernorm.weight"] = rand(C, mean=1.0)
-        if kind == "qwen3_moe":
+        if kind in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = rand(hd, mean=1.0)
             w[p + "self_attn.k_norm.weight"] = rand(hd, mean=1.0)
         sparse = kind == "mixtral" or (kind == "qwen3_moe" and l not in c["mlp_only_layers"])

@@ -47,6 +47,12 @@ const HfCase kHfCases[] = {
      "num_layers: 3\nhidden_size: 32\nffn_hidden_size: 64\nnum_attention_heads: "
      "2\nnum_query_groups: 2\n"
      "sliding_window: 5\nrotary_base: 10000\nnorm_epsilon: 1.0e-5\n"},
+    // Qwen3ForCausalLM: RMSNorm on each query and key head, head_dim 16 wider than hidden /
+    // heads, tied head.
+    {"qwen3", "qwen3",
+     "model_family: qwen3\nqk_layernorm: true\nnum_layers: 2\nhidden_size: 32\n"
+     "ffn_hidden_size: 48\nnum_attention_heads: 4\nnum_query_groups: 2\nkv_channels: 16\n"
+     "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\nnorm_epsilon: 1.0e-6\n"},
     // MixtralForCausalLM: 4 experts top-2 in every layer.
     {"mixtral", "mixtral",
      "model_family: mixtral\nnum_layers: 2\nhidden_size: 32\nffn_hidden_size: 24\n"

@@ -257,7 +257,7 @@ TEST(CliConventions, AnUnknownModelExitsTwoSuggestingTheNearestPresets) {
   for (const auto& [model, suggestion] : std::vector<std::pair<std::string, std::string>>{
            {"lama3_8B", "did you mean llama3_8B?"},
            {"llama3.1_8b", "did you mean llama3.1_8B?"},
-           {"qwen2_7B", "did you mean qwen2.5_7B?"}}) {
+           {"qwen2_7B", "did you mean qwen2.5_7B"}}) {
     const RunResult r = run_tessera("train --model " + model + " --mock_data true --workspace " +
                                     (dir.path() / "ws").string());
     EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -282,6 +282,14 @@ INSTANTIATE_TEST_SUITE_P(
                    "seq_aux_loss\nmoe_aux_loss_coeff: 0.02\n"
                    "untie_embeddings_and_output_weights: false\n"
                    "norm_epsilon: 1.0e-6\n"},
+        // Qwen3 dense: RMSNorm on each query and key head, head_dim 16 wider than hidden /
+        // heads, tied head, no QKV bias.
+        ParityCase{"qwen3",
+                   "model_family: qwen3\nqk_layernorm: true\nnum_layers: 2\n"
+                   "hidden_size: 32\nkv_channels: 16\nffn_hidden_size: 48\n"
+                   "num_attention_heads: 4\nnum_query_groups: 2\n"
+                   "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
+                   "norm_epsilon: 1.0e-6\n"},
         // DeepSeek-V3's router on Mixtral's layers: sigmoid scores, 2 of 4 groups, scaling
         // 2.5, a shared expert, pre-softmax off; z-loss only.
         ParityCase{"sigmoid_groups",

@@ -7,6 +7,7 @@
 #include "tessera/model/families/deepseek.h"
 #include "tessera/model/families/llama.h"
 #include "tessera/model/families/moe.h"
+#include "tessera/model/families/qwen3.h"
 
 namespace tessera {
 namespace {
@@ -15,6 +16,7 @@ namespace {
 std::span<const ModelFamily* const> families() {
   static const ModelFamily* const all[] = {
       &llama_family(),
+      &qwen3_family(),
       &mixtral_family(),
       &qwen3_moe_family(),
       &deepseek_family(),
