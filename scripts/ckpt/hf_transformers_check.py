@@ -4,7 +4,7 @@
 For LlamaForCausalLM (GQA, llama3 RoPE scaling, untied head), Qwen2ForCausalLM (QKV bias,
 tied head, MQA), MistralForCausalLM (sliding window shorter than the sequence),
 Qwen3ForCausalLM (QK norm per head, head_dim wider than hidden / heads, tied head),
-MixtralForCausalLM (4 experts, top-2),
+Olmo2ForCausalLM (post-norms, QK norm over all heads), MixtralForCausalLM (4 experts, top-2),
 Qwen3MoeForCausalLM (QK norm, 8 experts top-2, a dense layer, tied head), DeepseekV3ForCausalLM (multi-latent attention with a query latent,
 YaRN RoPE with both mscales, a dense first layer, 8 experts top-4 by sigmoid scores plus a
 random nonzero e_score_correction_bias in 2 of 4 groups scaled by 2.5, a shared expert) and
@@ -98,6 +98,10 @@ MODELS = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
         **rope(1000000.0))),
+    "olmo2": (transformers.Olmo2Config, transformers.Olmo2ForCausalLM, dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, **rope(500000.0))),
     "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
@@ -301,7 +305,7 @@ GENERATION_MODELS = {
     "qwen3": ["--model_family", "qwen3", "--qk_layernorm", "true", "--num_query_groups", "1",
               "--kv_channels", "32", "--untie_embeddings_and_output_weights", "false"],
     "llama2": ["--num_query_groups", "4", "--sliding_window", "16"],
-    "ByteLevel": ["--num_query_groups", "2"],
+    "ByteLevel": ["--model_family", "olmo2", "--qk_layernorm", "true", "--num_query_groups", "2"],
 }
 
 

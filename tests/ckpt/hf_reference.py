@@ -149,10 +149,10 @@ def reference_config(hf):
                "pre_softmax": kind == "qwen3_moe" and not hf.get("norm_topk_prob", False),
                "groups": 0, "group_topk": 0, "scaling": 0, "shared_ffn": 0,
                "load_balancing": False, "seq_aux": False, "aux_coeff": 0, "z_coeff": 0}
-    # Qwen3's QK norms are per head.
-    qk_norm = kind in ("qwen3", "qwen3_moe")
+    # Qwen3's QK norms are per head; OLMo 2's span all of q and all of k.
+    qk_norm = "whole" if kind == "olmo2" else kind in ("qwen3", "qwen3_moe")
     return {
-        "moe": moe, "qk_norm": qk_norm,
+        "moe": moe, "qk_norm": qk_norm, "post_norms": kind == "olmo2",
         "layers": hf["num_hidden_layers"], "heads": heads,
         "kv_heads": hf.get("num_key_value_heads") or heads,
         "head_dim": hf.get("head_dim") or (128 if kind == "qwen3" else hf["hidden_size"] // heads),
@@ -185,9 +185,13 @@ def logits(hf_dir, tokens_path, out):
             name = name.replace("mlp.gate.weight", "mlp.router.weight")
             name = name.replace("mlp.shared_experts.", "mlp.shared_expert.")
         name = name.replace("block_sparse_moe.experts.", "mlp.experts.")
-        # The blocks' pre-norms.
-        name = name.replace("input_layernorm.", "self_attn.norm.")
-        name = name.replace("post_attention_layernorm.", "mlp.norm.")
+        # The blocks' norms: OLMo 2's post-norms, everyone else's pre-norms.
+        if config["model_type"] == "olmo2":
+            name = name.replace("post_attention_layernorm.", "self_attn.post_norm.")
+            name = name.replace("post_feedforward_layernorm.", "mlp.post_norm.")
+        else:
+            name = name.replace("input_layernorm.", "self_attn.norm.")
+            name = name.replace("post_attention_layernorm.", "mlp.norm.")
         for old, new in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
             if "mlp.experts." in name:
                 name = name.replace(old, new)
@@ -242,6 +246,11 @@ CONFIGS = {
               "max_position_embeddings": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
               "hidden_act": "silu", "tie_word_embeddings": True, "use_sliding_window": False,
               "sliding_window": None, "attention_bias": False},
+    "olmo2": {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "vocab_size": 96,
+              "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+              "rms_norm_eps": 1e-6, "rope_theta": 500000.0, "hidden_act": "silu",
+              "tie_word_embeddings": False, "attention_bias": False},
     # DeepSeek-V3: query latent, YaRN with both mscales (max_position_embeddings = factor x the
     # original, which transformers versions that derive the factor from them agree with),
     # a dense first layer, sigmoid routing in 2 of 4 groups scaled by 2.5, a shared expert.
@@ -332,13 +341,18 @@ def make(kind, out_dir, dtype_name, shards):
     deepseek = kind in ("deepseek_v3", "deepseek_v2")
     for l in range(c["num_hidden_layers"] if not deepseek else 0):
         p = f"model.layers.{l}."
-        w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
+        if kind != "olmo2":
+            w[p + "input_layernorm.weight"] = rand(C, mean=1.0)
         for name, rows in (("q", H * hd), ("k", KV * hd), ("v", KV * hd)):
             w[p + f"self_attn.{name}_proj.weight"] = rand(rows, C)
             if kind == "qwen2":
                 w[p + f"self_attn.{name}_proj.bias"] = rand(rows)
         w[p + "self_attn.o_proj.weight"] = rand(C, H * hd)
         w[p + "post_attention_layernorm.weight"] = rand(C, mean=1.0)
+        if kind == "olmo2":
+            w[p + "post_feedforward_layernorm.weight"] = rand(C, mean=1.0)
+            w[p + "self_attn.q_norm.weight"] = rand(H * hd, mean=1.0)
+            w[p + "self_attn.k_norm.weight"] = rand(KV * hd, mean=1.0)
         if kind in ("qwen3", "qwen3_moe"):
             w[p + "self_attn.q_norm.weight"] = rand(hd, mean=1.0)
             w[p + "self_attn.k_norm.weight"] = rand(hd, mean=1.0)

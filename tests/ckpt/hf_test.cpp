@@ -53,6 +53,11 @@ const HfCase kHfCases[] = {
      "model_family: qwen3\nqk_layernorm: true\nnum_layers: 2\nhidden_size: 32\n"
      "ffn_hidden_size: 48\nnum_attention_heads: 4\nnum_query_groups: 2\nkv_channels: 16\n"
      "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\nnorm_epsilon: 1.0e-6\n"},
+    // Olmo2ForCausalLM: post-norms, RMSNorm over all of q and all of k.
+    {"olmo2", "olmo2",
+     "model_family: olmo2\nqk_layernorm: true\nnum_layers: 2\nhidden_size: 32\n"
+     "ffn_hidden_size: 48\nnum_attention_heads: 4\nnum_query_groups: 2\n"
+     "rotary_base: 500000\nnorm_epsilon: 1.0e-6\n"},
     // MixtralForCausalLM: 4 experts top-2 in every layer.
     {"mixtral", "mixtral",
      "model_family: mixtral\nnum_layers: 2\nhidden_size: 32\nffn_hidden_size: 24\n"

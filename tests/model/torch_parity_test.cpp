@@ -290,6 +290,11 @@ INSTANTIATE_TEST_SUITE_P(
                    "num_attention_heads: 4\nnum_query_groups: 2\n"
                    "untie_embeddings_and_output_weights: false\nrotary_base: 1000000\n"
                    "norm_epsilon: 1.0e-6\n"},
+        // OLMo 2: post-norms (no pre-norms), RMSNorm over all of q and all of k.
+        ParityCase{"olmo2",
+                   "model_family: olmo2\nqk_layernorm: true\nnum_layers: 2\n"
+                   "hidden_size: 32\nffn_hidden_size: 48\nnum_attention_heads: 4\n"
+                   "num_query_groups: 2\nrotary_base: 500000\nnorm_epsilon: 1.0e-6\n"},
         // DeepSeek-V3's router on Mixtral's layers: sigmoid scores, 2 of 4 groups, scaling
         // 2.5, a shared expert, pre-softmax off; z-loss only.
         ParityCase{"sigmoid_groups",

@@ -307,9 +307,18 @@ class Llama(torch.nn.Module):
         visible = i[None, :] <= i[:, None]
         if c["window"] > 0:
             visible &= (i[:, None] - i[None, :]) < c["window"]
+        # post_norms (OLMo 2): each block norms its output instead of its input.
+        post = c.get("post_norms", False)
+
+        def block_input(p, x):
+            return x if post else rms_norm(x, self.w(p + "norm.weight"), c["eps"])
+
+        def block_output(p, y):
+            return rms_norm(y, self.w(p + "post_norm.weight"), c["eps"]) if post else y
+
         for l in range(c["layers"]):
             p = f"model.layers.{l}."
-            h = rms_norm(x, self.w(p + "self_attn.norm.weight"), c["eps"])
+            h = block_input(p + "self_attn.", x)
 
             def proj(name, inp):
                 b = self.w(p + name + ".bias") if self.has(p + name + ".bias") else None
@@ -320,10 +329,15 @@ class Llama(torch.nn.Module):
                 h = rms_norm(x, self.w(p + "mlp.norm.weight"), c["eps"])
                 x = x + (self.moe(h, p, B, T) if l in self.moe_layers() else self.swiglu(h, p + "mlp."))
                 continue
-            q = proj("self_attn.q_proj", h).view(B, T, H, hd).transpose(1, 2)
-            k = proj("self_attn.k_proj", h).view(B, T, KV, hd).transpose(1, 2)
+            q, k = proj("self_attn.q_proj", h), proj("self_attn.k_proj", h)
+            # qk_norm "whole" (OLMo 2): one norm over all of q, one over all of k.
+            if c.get("qk_norm") == "whole":
+                q = rms_norm(q, self.w(p + "self_attn.q_norm.weight"), c["eps"])
+                k = rms_norm(k, self.w(p + "self_attn.k_norm.weight"), c["eps"])
+            q = q.view(B, T, H, hd).transpose(1, 2)
+            k = k.view(B, T, KV, hd).transpose(1, 2)
             v = proj("self_attn.v_proj", h).view(B, T, KV, hd).transpose(1, 2)
-            if c.get("qk_norm"):
+            if c.get("qk_norm") is True:
                 q = rms_norm(q, self.w(p + "self_attn.q_norm.weight"), c["eps"])
                 k = rms_norm(k, self.w(p + "self_attn.k_norm.weight"), c["eps"])
             q = q * cos + rotate_half(q) * sin
@@ -333,12 +347,13 @@ class Llama(torch.nn.Module):
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
             scores = scores.masked_fill(~visible, float("-inf"))
             att = torch.softmax(scores, dim=-1) @ v
-            x = x + proj("self_attn.o_proj", att.transpose(1, 2).reshape(B, T, H * hd))
-            h = rms_norm(x, self.w(p + "mlp.norm.weight"), c["eps"])
+            x = x + block_output(p + "self_attn.",
+                                 proj("self_attn.o_proj", att.transpose(1, 2).reshape(B, T, H * hd)))
+            h = block_input(p + "mlp.", x)
             if l in self.moe_layers():
                 x = x + self.moe(h, p, B, T)
             else:
-                x = x + self.swiglu(h, p + "mlp.")
+                x = x + block_output(p + "mlp.", self.swiglu(h, p + "mlp."))
         x = rms_norm(x, self.w("model.norm.weight"), c["eps"])
         head = self.w("lm_head.weight") if self.has("lm_head.weight") else self.w("model.embed_tokens.weight")
         return torch.nn.functional.linear(x, head)

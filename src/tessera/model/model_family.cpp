@@ -7,6 +7,7 @@
 #include "tessera/model/families/deepseek.h"
 #include "tessera/model/families/llama.h"
 #include "tessera/model/families/moe.h"
+#include "tessera/model/families/olmo2.h"
 #include "tessera/model/families/qwen3.h"
 
 namespace tessera {
@@ -17,6 +18,7 @@ std::span<const ModelFamily* const> families() {
   static const ModelFamily* const all[] = {
       &llama_family(),
       &qwen3_family(),
+      &olmo2_family(),
       &mixtral_family(),
       &qwen3_moe_family(),
       &deepseek_family(),
