@@ -87,11 +87,18 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
     return make_tokenizer(d);
   }
   if (src.checkpoint) {
-    const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
-    if (config["tokenizer_type"] &&
-        config["tokenizer_type"].as<std::string>() == "HuggingFaceTokenizer") {
-      d.tokenizer_type = TokenizerType::HuggingFace;
-      d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
+    try {
+      const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
+      if (config.IsMap() && config["tokenizer_type"] &&
+          config["tokenizer_type"].as<std::string>() == "HuggingFaceTokenizer") {
+        d.tokenizer_type = TokenizerType::HuggingFace;
+        d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
+      }
+    } catch (const YAML::Exception& e) {
+      throw DataError(
+          fmt::format("{}: config_yaml does not name a tokenizer ({}); pass "
+                      "--tokenizer",
+                      (fs::path(src.name) / "trainer_state.json").string(), e.what()));
     }
     return make_tokenizer(d);
   }
@@ -158,6 +165,15 @@ int generate_command(const Args& args) {
   if (precision != "auto" && precision != "fp32" && precision != "bf16")
     throw ConfigError("command line", "precision", precision, "auto, fp32 or bf16");
 
+  // The device first: a precision it cannot run is refused before any file is read.
+  auto backend = make_backend(choice, 0);
+  const DType dtype = precision == "fp32"   ? DType::F32
+                      : precision == "bf16" ? DType::BF16
+                                            : backend->default_compute_dtype();
+  if (dtype == DType::BF16 && !backend->supports(Capability::Bf16Compute))
+    throw ConfigError("command line", "precision", precision,
+                      "auto or fp32 on " + backend->description() +
+                          ": bf16 runs on GPUs (the CPU backend is the fp32 reference)");
   const Source src = open_source(a.get("from", ""));
   const ModelSpec& spec = src.spec();
   std::unique_ptr<Tokenizer> tokenizer;
@@ -175,10 +191,6 @@ int generate_command(const Args& args) {
   const int64_t vocab =
       tokenizer ? std::min(tokenizer->vocab_size(), spec.vocab_size) : spec.vocab_size;
 
-  auto backend = make_backend(choice, 0);
-  const DType dtype = precision == "fp32"   ? DType::F32
-                      : precision == "bf16" ? DType::BF16
-                                            : backend->default_compute_dtype();
   Generator gen(*backend, spec, dtype, static_cast<int64_t>(prompt.size()) + max_new);
   gen.load([&](const ParamInfo& p) { return src.weights(p); },
            [&](const std::string& name) { return src.state(name); });

@@ -270,10 +270,15 @@ int train_command(const Args& args) {
           : make_backend(exp.training.device, dist::device_for_local_rank(env, gpu_device_count()),
                          backend_options(exp.training));
 
+  // Everything that can refuse the run before any directory is touched: a refused run writes
+  // nothing and moves no earlier run aside.
+  const int world = a.local_ranks > 1 ? a.local_ranks : env.world_size;
+  const std::string resume = check_run_can_start(
+      exp, backend ? *backend : *make_backend(DeviceChoice::Cpu, 0), world, env.rank);
   check_run_outputs(exp);
   std::optional<RunDirectories> dirs;
   if (env.rank == 0) {
-    dirs.emplace(prepare_run_directories(exp, checkpoint_to_resume(exp.checkpoint)));
+    dirs.emplace(prepare_run_directories(exp, resume));
     write_file_atomically(std::filesystem::path(exp.experiment_root()) / "config.yaml",
                           experiment_to_yaml(exp));
   }
