@@ -103,6 +103,9 @@ struct TraceInfo {
   std::vector<int64_t> step_ns;      // durations of the ProfilerStep#N ranges, in file order
   uint64_t gpu_events = 0, cpu_ops = 0, runtime_calls = 0, flow_events = 0;
   std::string first_missing;  // one example, for the warning
+  // Complete events with a negative duration or a time beyond any clock (2^61 ns), skipped.
+  uint64_t bad_times = 0;
+  std::string first_bad_time;  // one example, for the warning
 };
 
 class TraceData {
