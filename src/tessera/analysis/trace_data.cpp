@@ -47,14 +47,14 @@ uint32_t StringTable::intern(std::string_view s) {
 }
 
 TraceData TraceData::load(const std::string& path, bool progress,
-                          std::vector<UserCategoryRule> user_rules) {
+                          std::vector<UserCategoryRule> user_rules, size_t chunk_bytes) {
   TraceData data;
   data.info.path = path;
   data.user_rules = std::move(user_rules);
   try {
     data.info.read = read_trace(
         path, [&](std::string_view key, std::string_view value) { data.add_member(key, value); },
-        [&](const TraceEvent& e) { data.add_event(e); }, progress);
+        [&](const TraceEvent& e) { data.add_event(e); }, progress, chunk_bytes);
     data.finish();
   } catch (const std::bad_alloc&) {
     // What is kept grows with the trace's GPU activities and CPU ops (not its size on disk):

@@ -111,9 +111,11 @@ struct TraceInfo {
 class TraceData {
  public:
   // Reads and collects `path` (streaming); kernels are classified with `user_rules` (from a
-  // --categories file) before the built-in rules. Throws DataError.
+  // --categories file) before the built-in rules. Throws DataError. `chunk_bytes`: the read
+  // granularity (small ones exercise the reader's refills).
   static TraceData load(const std::string& path, bool progress,
-                        std::vector<UserCategoryRule> user_rules = {});
+                        std::vector<UserCategoryRule> user_rules = {},
+                        size_t chunk_bytes = kTraceChunkBytes);
 
   void add_member(std::string_view key, std::string_view value);
   void add_event(const TraceEvent& e);

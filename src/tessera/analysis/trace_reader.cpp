@@ -239,8 +239,9 @@ std::optional<int64_t> parse_us_to_ns(std::string_view text) {
 
 ReadStats read_trace(const std::string& path,
                      const std::function<void(std::string_view, std::string_view)>& on_member,
-                     const std::function<void(const TraceEvent&)>& on_event, bool progress) {
-  TraceScanner scanner(path, open_byte_source(path));
+                     const std::function<void(const TraceEvent&)>& on_event, bool progress,
+                     size_t chunk_bytes) {
+  TraceScanner scanner(path, open_byte_source(path), chunk_bytes);
   Progress bar("reading " + path, scanner.source().file_size(), progress);
   od::parser parser;
   ReadStats stats;
