@@ -33,7 +33,9 @@ std::optional<int64_t> parse_int(std::string_view s) {
   if (ec == std::errc() && p == s.data() + s.size()) return v;
   double d = 0;
   auto [p2, ec2] = std::from_chars(s.data(), s.data() + s.size(), d);
-  if (ec2 == std::errc() && p2 == s.data() + s.size()) return static_cast<int64_t>(d);
+  // A number no int64 holds (1e300, nan) is as good as missing: converting it is undefined.
+  if (ec2 == std::errc() && p2 == s.data() + s.size() && std::abs(d) < 9.2e18)
+    return static_cast<int64_t>(d);
   return std::nullopt;
 }
 
