@@ -644,12 +644,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_text(state_path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     // The library's message ends with the token it stopped in ("; last read: '...'"): in a
     // file cut inside config_yaml, kilobytes of configuration. Keep its position and reason.
+    // A number past a double's range (1e9999) is its out_of_range error, without a position.
     const std::string what = e.what();
     std::string reason = what.substr(0, what.find("; last read:"));
-    if (const size_t at = reason.find("at line "); at != std::string::npos) reason.erase(0, at);
+    if (const size_t at = reason.find("at line "); at != std::string::npos)
+      reason.erase(0, at);
+    else if (const size_t end = reason.find("] "); end != std::string::npos)
+      reason = "(" + reason.substr(end + 2) + ")";
     throw DataError(
         fmt::format("{}: malformed JSON {} (damaged or partly copied?)", state_file, reason));
   }

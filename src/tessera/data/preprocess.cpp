@@ -160,6 +160,11 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& where) 
     if (reason.find("surrogate") != std::string::npos)
       reason = "a lone UTF-16 surrogate escape (" + reason + ")";
     throw DataError(fmt::format("{}: invalid JSON at column {}: {}", where, e.byte, reason));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // "[json.exception.out_of_range.406] number overflow parsing '1e9999'": no position.
+    const std::string what = e.what();
+    throw DataError(
+        fmt::format("{}: invalid JSON: {}", where, what.substr(what.find("] ") + 2)));
   }
   if (!j.is_object())
     throw DataError(fmt::format("{}: a JSON {}, not an object (JSON lines of objects expected)",
