@@ -352,6 +352,7 @@ HfModelReader::HfModelReader(const std::string& dir) : spec_(read_hf_config(dir,
         "{}: num_hidden_layers is {}, but the weights hold layers 0 to {} (model.layers.N.*); "
         "expected a config.json that describes these weights",
         (fs::path(dir) / kConfigFile).string(), spec_.num_layers, layers - 1));
+  require_model_size(spec_, (fs::path(dir) / kConfigFile).string());
   layout_ = make_param_layout(spec_);
   std::set<std::string> used;
   for (const auto& p : layout_.params) {

@@ -141,6 +141,8 @@ void require_consistent_shapes(const ModelSpec& s, const std::string& file) {
   if (s.heads % s.kv_heads != 0)
     refuse(fmt::format("num_attention_heads {} is not a multiple of num_query_groups {}", s.heads,
                        s.kv_heads));
+  if (const std::string problem = model_family(s.family).spec_problem(s); !problem.empty())
+    refuse(problem);
   const MlaSpec& m = s.mla;
   if (m.enabled && (m.kv_lora_rank < 1 || m.rope_dim < 2 || m.rope_dim % 2 != 0 ||
                     m.qk_head_dim < 1 || m.v_head_dim < 1 || s.head_dim != m.rope_dim))
