@@ -271,7 +271,8 @@ int64_t layers_in_weights(const std::map<std::string, const SafetensorsFile*>& w
 class HfWeightFiles {
  public:
   explicit HfWeightFiles(const fs::path& dir) {
-    if (fs::exists(dir / kIndexFile)) {
+    std::error_code ec;
+    if (fs::exists(dir / kIndexFile, ec)) {
       const nlohmann::json index = read_json(dir / kIndexFile);
       if (!index.contains("weight_map") || !index["weight_map"].is_object())
         throw DataError(
@@ -285,14 +286,14 @@ class HfWeightFiles {
               (dir / kIndexFile).string(), name, file.dump(), dir.string()));
         const fs::path path = dir / file.get<std::string>();
         if (!files_.count(path.string())) {
-          if (!fs::exists(path))
+          if (!fs::exists(path, ec))
             throw DataError(fmt::format("{}: missing; {} lists it for tensor '{}'", path.string(),
                                         (dir / kIndexFile).string(), name));
           files_[path.string()] = std::make_unique<SafetensorsFile>(path.string());
         }
         where_[name] = files_[path.string()].get();
       }
-    } else if (fs::exists(dir / kSingleFile)) {
+    } else if (fs::exists(dir / kSingleFile, ec)) {
       auto f = std::make_unique<SafetensorsFile>((dir / kSingleFile).string());
       for (const auto& t : f->tensors()) where_[t.name] = f.get();
       files_[f->path()] = std::move(f);
@@ -313,7 +314,8 @@ class HfWeightFiles {
 ModelSpec read_hf_config(const std::string& dir, std::string* model_type) {
   const fs::path path = fs::path(dir) / kConfigFile;
   const std::string file = path.string();
-  if (!fs::exists(path))
+  std::error_code ec;
+  if (!fs::exists(path, ec))
     throw DataError(
         fmt::format("{}: missing; expected a Hugging Face model directory (config.json and "
                     "model.safetensors or sharded model-*.safetensors with {})",

@@ -60,7 +60,8 @@ struct Source {
 
 Source open_source(const std::string& from) {
   Source s;
-  if (fs::exists(fs::path(from) / "config.json")) {
+  std::error_code ec;
+  if (fs::exists(fs::path(from) / "config.json", ec)) {
     s.name = from;
     s.hf = std::make_unique<HfModelReader>(from);
     return s;

@@ -81,7 +81,9 @@ ConfigDoc resolve(const std::string& ref, const std::string& referrer_dir,
     }
     for (const auto& c : candidates) {
       tried.push_back(c.string());
-      if (fs::is_regular_file(c) && read_file(c, &doc.text)) {
+      // A name the file system refuses (over 255 bytes) is no file: tried like any other.
+      std::error_code ec;
+      if (fs::is_regular_file(c, ec) && read_file(c, &doc.text)) {
         doc.display = c.lexically_normal().string();
         doc.dir = c.parent_path().string();
         return doc;

@@ -573,8 +573,9 @@ void check_blend(const Checker& c, const char* key, const std::string& value, Ru
             "`tessera preprocess`; the default experiment's by scripts/setup.sh)";
   for (const auto& b : blend) {
     std::vector<std::string> missing;
+    std::error_code ec;
     for (const char* ext : {".bin", ".idx"})
-      if (!fs::is_regular_file(b.prefix + ext)) missing.push_back(b.prefix + ext);
+      if (!fs::is_regular_file(b.prefix + ext, ec)) missing.push_back(b.prefix + ext);
     c.require(missing.empty(), key,
               fmt::format("{}; {} not found", expected, fmt::join(missing, " and ")));
     const std::optional<TokenizerRecord> made_with = read_tokenizer_record(b.prefix);

@@ -45,9 +45,11 @@ struct RawDocument {
 std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs) {
   std::vector<InputFile> files;
   for (const std::string& in : inputs) {
-    if (fs::is_directory(in)) {
+    // The error_code forms: a name the file system refuses (over 255 bytes) is no input.
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
       for (const std::string& f : list_text_files(in)) files.push_back({f, false});
-    } else if (fs::is_regular_file(in)) {
+    } else if (fs::is_regular_file(in, ec)) {
       const std::string ext = fs::path(in).extension().string();
       files.push_back({in, ext == ".jsonl" || ext == ".json"});
     } else {
@@ -163,8 +165,7 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& where) 
   } catch (const nlohmann::json::out_of_range& e) {
     // "[json.exception.out_of_range.406] number overflow parsing '1e9999'": no position.
     const std::string what = e.what();
-    throw DataError(
-        fmt::format("{}: invalid JSON: {}", where, what.substr(what.find("] ") + 2)));
+    throw DataError(fmt::format("{}: invalid JSON: {}", where, what.substr(what.find("] ") + 2)));
   }
   if (!j.is_object())
     throw DataError(fmt::format("{}: a JSON {}, not an object (JSON lines of objects expected)",
