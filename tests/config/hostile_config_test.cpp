@@ -1,6 +1,8 @@
-// `extends:` reaching a file more than once: each file is loaded once, where it is first
-// reached, so a chain of files that each extend the next twice loads in linear time (it took
-// 3^n before), and a diamond's shared base does not undo what one side overrode.
+// Experiment files a careless or hostile user writes. `extends:` reaching a file more than
+// once: each file is loaded once, where it is first reached, so a chain of files that each
+// extend the next twice loads in linear time (it took 2^n loads before), and a diamond's shared
+// base does not undo what one side overrode. A key of megabytes is refused at once, without a
+// quadratic search for the nearest known key.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -61,6 +63,38 @@ TEST(Extends, ADiamondsSharedBaseDoesNotUndoAnOverride) {
     EXPECT_NE(std::string(e.what()).find("loop.yaml -> " + (dir / "loop.yaml").string() + " loops"),
               std::string::npos)
         << e.what();
+  }
+}
+
+TEST(HostileConfig, AnUnknownKeyOfMegabytesIsRefusedAtOnce) {
+  ScratchDir dir;
+  LoadOptions o;
+  o.config_path = write(dir, "exp.yaml", "model: tiny_llama\nmock_data: true\n");
+  // YAML limits plain keys to 1024 bytes; an explicit key and the command line do not.
+  for (const std::string& where : {std::string("file"), std::string("command line")}) {
+    SCOPED_TRACE(where);
+    LoadOptions hostile = o;
+    if (where == "file")
+      hostile.config_path =
+          write(dir, "long.yaml", "model: tiny_llama\n? " + std::string(4 << 20, 'k') + "\n: 1\n");
+    else
+      hostile.cli_overrides = {"--" + std::string(4 << 20, 'k'), "1"};
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      load_experiment(hostile);
+      ADD_FAILURE() << "expected a ConfigError";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.expected(), "a known key (`tessera train --help` lists them)");
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+  }
+  // A near miss still gets its suggestion.
+  o.config_path = write(dir, "typo.yaml", "model: tiny_llama\nmock_data: true\ntrian_iters: 3\n");
+  try {
+    load_experiment(o);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.expected(), "a known key; did you mean 'train_iters'?");
   }
 }
 
