@@ -165,33 +165,35 @@ void check_memory_fits(const Experiment& e, const RunSetup& setup, Backend& back
       advice));
 }
 
-std::string check_run_can_start(const Experiment& e, Backend& backend, int world_size, int rank) {
-  std::unique_ptr<Tokenizer> tokenizer;  // loaded only when the model's vocabulary needs it
+RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_size, int rank) {
+  RunStart start;
+  // Loaded only when the model's vocabulary needs it.
   const RunSetup setup =
       make_run_setup(e, {world_size, backend.default_compute_dtype(), rank}, [&] {
-        if (!tokenizer) tokenizer = make_tokenizer(e.data);
-        return tokenizer->vocab_size();
+        if (!start.tokenizer) start.tokenizer = make_tokenizer(e.data);
+        return start.tokenizer->vocab_size();
       });
   check_device_runs(e, setup, backend);
   check_memory_fits(e, setup, backend);
   const CheckpointConfig& c = e.checkpoint;
-  const std::string resume = checkpoint_to_resume(c);
-  if (!resume.empty()) {
-    check_checkpoint_to_resume(resume, setup.spec);
+  start.resume_dir = checkpoint_to_resume(c);
+  if (!start.resume_dir.empty()) {
+    check_checkpoint_to_resume(start.resume_dir, setup.spec);
   } else if (!c.hf_init_path.empty()) {
     check_hf_weights(c.hf_init_path, setup.spec);
   }
-  return resume;
+  return start;
 }
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-                 MetricsWriter* metrics, dist::Communicator* comm, std::string run_id)
+                 MetricsWriter* metrics, dist::Communicator* comm, std::string run_id,
+                 std::unique_ptr<Tokenizer> tokenizer)
     : exp_(experiment),
       backend_(std::move(backend)),
       log_(logger),
       metrics_(metrics),
       comm_(comm),
-      tokenizer_(make_tokenizer(exp_.data)),
+      tokenizer_(tokenizer ? std::move(tokenizer) : make_tokenizer(exp_.data)),
       setup_(make_run_setup(
           exp_,
           {comm ? comm->size() : 1, backend_->default_compute_dtype(), comm ? comm->rank() : 0},

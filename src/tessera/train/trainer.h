@@ -54,23 +54,33 @@ void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& back
 // what to change.
 void check_memory_fits(const Experiment& e, const RunSetup& setup, Backend& backend);
 
+// What the checks before a run found out, for the run to use.
+struct RunStart {
+  std::string resume_dir;  // the checkpoint the run resumes (checkpoint_to_resume); empty: none
+  // The run's tokenizer when the checks needed its vocabulary (a model whose vocab_size is not
+  // set), so the trainer does not load it twice; null otherwise.
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
 // What refuses a run before it touches any directory, so that a refused run writes nothing:
 // the device checks above, the memory plan, and the checkpoint it resumes (opened and
 // checked against the configured model; a DataError names the previous good checkpoint) or
-// the Hugging Face model it starts from (config.json and every tensor header). Returns the
-// checkpoint the run resumes (checkpoint_to_resume), empty for a fresh start. `world_size`
+// the Hugging Face model it starts from (config.json and every tensor header). `world_size`
 // and `rank`: the job's ranks, thread ranks included.
-std::string check_run_can_start(const Experiment& e, Backend& backend, int world_size, int rank);
+RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_size, int rank);
 
 class Trainer {
  public:
   // metrics may be null (tests). The backend is owned by the trainer. comm (not owned):
   // the job this rank trains in (distributed/parallelize.h); null: one device. run_id: the
   // run's (train/run_directories.h), written into its checkpoints; empty: the resumed
-  // checkpoint's, else a new one. A stop signal received while it sets up (loading data or a
-  // checkpoint) ends it with TrainingAborted once the step in progress returns.
+  // checkpoint's, else a new one. tokenizer: the run's, when the checks before the run loaded
+  // it (RunStart); null: made from the experiment. A stop signal received while it sets up
+  // (loading data or a checkpoint) ends it with TrainingAborted once the step in progress
+  // returns.
   Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-          MetricsWriter* metrics, dist::Communicator* comm = nullptr, std::string run_id = "");
+          MetricsWriter* metrics, dist::Communicator* comm = nullptr, std::string run_id = "",
+          std::unique_ptr<Tokenizer> tokenizer = nullptr);
   ~Trainer();
 
   TrainSummary train();
