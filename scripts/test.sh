@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Install what is missing (chromium included, for the HTML report test), build, and run the
-# whole test suite. Tests labelled "gpu" report "skipped: no GPU" on machines without one.
+# Install what is missing (chromium included, for the HTML report test; clang's libFuzzer for
+# the fuzz targets), build, run the whole test suite, then fuzz every parser of untrusted input
+# for a bounded time (scripts/fuzz.sh, about 20 s per target). Arguments go to ctest (a subset
+# of the tests, e.g. -R Checkpoint) and then skip fuzzing. Tests labelled "gpu" report
+# "skipped: no GPU" on machines without one.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh" --test
-cd "$ROOT/build"
-ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 900 "$@"
+(cd "$ROOT/build" && ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 900 "$@")
+if (($# == 0)); then
+  "$ROOT/scripts/fuzz.sh"
+fi

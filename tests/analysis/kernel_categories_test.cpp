@@ -1,6 +1,8 @@
 // The category rules on real kernel names from cuBLAS/cuBLASLt, cuDNN, FlashAttention, PyTorch,
 // NCCL, Triton / torch.compile, ROCm libraries and Tessera's own kernels; rules of a
 // --categories file before them, and what a bad file says.
+#include <chrono>
+
 #include <gtest/gtest.h>
 
 #include "tessera/analysis/kernel_categories.h"
@@ -181,6 +183,35 @@ TEST(UserCategories, JsonAndTheShippedExample) {
             Category::kMemcpy);
 }
 
+// A pattern that backtracks exponentially ((a+)+$ on a name of 40 a's and a '!' would take
+// 2^40 steps) stops at PCRE2's match limit with an error naming the rule and the kernel, at
+// once, instead of hanging the report.
+TEST(UserCategories, ABacktrackingPatternStopsAtTheMatchLimitNamingTheRule) {
+  const auto dir = test_dir();
+  const std::string file = write_file(dir / "cats.yaml",
+                                      "rules:\n"
+                                      "  - kernel: '^nvjet'\n"
+                                      "    category: GEMM\n"
+                                      "  - kernel: '(a+)+$'\n"
+                                      "    category: other\n");
+  const auto rules = load_category_rules(file);
+  EXPECT_EQ(classify_kernel("aaaa", "", rules).category, Category::kOther);  // matches quickly
+  const std::string kernel = std::string(40, 'a') + "!";
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    classify_kernel(kernel, "", rules);
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(file + ":4: key 'rules[1].kernel' has value '(a+)+$'"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("on kernel '" + kernel + "' it exceeds them"), std::string::npos)
+        << message;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
+}
+
 // Every problem names the file and the line, and what was expected.
 TEST(UserCategories, BadFilesNameFileLineAndProblem) {
   const auto dir = test_dir();
@@ -198,7 +229,7 @@ TEST(UserCategories, BadFilesNameFileLineAndProblem) {
        "c.yaml:3: key 'rules[0].category' has value 'unclassified'"},
       {"rules:\n  - kernel: 'a('\n    category: other\n",
        "c.yaml:2: key 'rules[0].kernel' has value 'a(': expected a regular expression "
-       "(ECMAScript syntax), but it is not one"},
+       "(PCRE2 syntax, as Perl's), but it is not one: missing closing parenthesis at offset 2"},
       {"rules:\n  - category: other\n",
        "c.yaml:2: key 'rules[0].kernel' has value '(missing)': expected a regular expression"},
       {"rules:\n  - kernel: x\n", "c.yaml:2: key 'rules[0].category' has value '(missing)'"},

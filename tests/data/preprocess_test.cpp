@@ -107,11 +107,33 @@ TEST(Preprocess, BadInputNamesFileAndLineAndLeavesNothing) {
                                    << R"({"body": "no text key"})"
                                    << "\n";
   std::ofstream(dir / "broken.jsonl") << "{not json\n";
+  // The JSON library reads up to a NUL byte and would accept the object before it.
+  std::ofstream(dir / "nul.jsonl", std::ios::binary) << R"({"text": "fine"})"
+                                                     << "\n"
+                                                     << std::string(R"({"text": "abc"})"
+                                                                    "\0garbage\n",
+                                                                    24);
+  std::ofstream(dir / "latin1.jsonl", std::ios::binary) << "{\"text\": \"caf\xe9\"}\n";
+  std::ofstream(dir / "surrogate.jsonl") << R"({"text": "ab\ud800"})"
+                                         << "\n";
+  std::ofstream(dir / "array.jsonl") << "[1, 2]\n";
   PreprocessOptions o;
   o.output_prefix = (dir / "out" / "p").string();
   for (const auto& [file, message] : std::vector<std::pair<std::string, std::string>>{
            {"bad.jsonl", "bad.jsonl:2: no key 'text'"},
-           {"broken.jsonl", "broken.jsonl:1: not a JSON object"}}) {
+           {"broken.jsonl",
+            "broken.jsonl:1: invalid JSON at column 3: syntax error while "
+            "parsing object key: invalid literal"},
+           {"nul.jsonl", "nul.jsonl:2: a NUL byte at column 16; expected a line of JSON text"},
+           {"latin1.jsonl",
+            "latin1.jsonl:1: invalid UTF-8 at column 14 (byte 0xE9); expected "
+            "JSON lines in UTF-8"},
+           {"surrogate.jsonl",
+            "surrogate.jsonl:1: invalid JSON at column 19: a lone UTF-16 "
+            "surrogate escape (syntax error while parsing value: invalid "
+            "string: surrogate U+D800..U+DBFF must be followed by "
+            "U+DC00..U+DFFF)"},
+           {"array.jsonl", "array.jsonl:1: a JSON array, not an object"}}) {
     o.inputs = {(dir / file).string()};
     try {
       preprocess(o);

@@ -5,17 +5,21 @@
 // and gets its own run id, a second SIGTERM ends the process at once, a SIGTERM during set-up
 // gives a message and flushed logs, killed runs' temporary files are removed at the next
 // start, and a resume at the end trains nothing and says so. Last, runs killed at random
-// points: the newest complete checkpoint always loads and resumes bitwise.
+// points and inside saves: the newest complete checkpoint always loads and resumes bitwise.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -71,7 +75,6 @@ TEST(RunOutputs, UnwritableLocationsFailBeforeAnyWork) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "'exp_name'")) << r.output;
   EXPECT_TRUE(contains(r.output, "at most 255 bytes")) << r.output;
-
 }
 
 TEST(RunOutputs, AReadOnlyWorkspaceFailsBeforeAnyWork) {
@@ -261,14 +264,41 @@ TEST(RunStart, KilledRunsTemporaryFilesAreRemovedAndAResumeAtTheEndTrainsNothing
   EXPECT_FALSE(contains(r.output, "TFLOP/s/GPU (excluding")) << r.output;
 }
 
+// Blocks until a directory whose name ends in ".tmp" appears in `dir` (an unfinished
+// checkpoint, `iter_N.tmp`), as the kernel reports it through inotify; false after 30 s.
+bool wait_for_unfinished_checkpoint(const fs::path& dir) {
+  const int fd = ::inotify_init1(IN_CLOEXEC);
+  if (fd < 0 || ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_ONLYDIR) < 0) {
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  alignas(struct inotify_event) char buffer[4096];
+  bool found = false;
+  while (!found && Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    for (ssize_t at = 0; at < n;) {
+      const auto* e = reinterpret_cast<const struct inotify_event*>(buffer + at);
+      if (e->len > 0 && std::string_view(e->name).ends_with(".tmp")) found = true;
+      at += static_cast<ssize_t>(sizeof(struct inotify_event) + e->len);
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
 // Runs killed (SIGKILL) at random points, each then resumed with the same command: the
 // newest complete checkpoint always loads, and the resumed run's losses are the
-// uninterrupted run's, bit for bit. A kill lands a random 0-30 ms after a random iteration
-// was logged: inside the next iteration or its checkpoint save, wherever that is on a
-// machine of any speed.
+// uninterrupted run's, bit for bit. 20 kills land a random 0-8 ms after a random iteration
+// was logged: inside the next iteration or its checkpoint save, wherever that is on a machine
+// of any speed; 8 more land the moment a save creates its iter_N.tmp directory, inside the
+// save. A kill counts as mid-save when it leaves that unfinished directory behind (which the
+// resumed run removes).
 TEST(RunFaults, RandomKillsAlwaysLeaveALoadableCheckpointThatResumesBitwise) {
   ScratchDir dir;
-  constexpr int kIters = 10;
+  constexpr int kIters = 10, kRandomKills = 20, kSaveKills = 8;
   // One OpenMP thread: on a loaded machine spinning thread teams slow tiny runs a hundredfold.
   const std::string env = "env OMP_NUM_THREADS=1 ";
   const std::string common =
@@ -285,31 +315,48 @@ TEST(RunFaults, RandomKillsAlwaysLeaveALoadableCheckpointThatResumesBitwise) {
   // more iterations stay after the kill: an unloaded machine runs one with its save in ~10 ms,
   // a loaded one slower, so the kills land inside the runs either way.
   std::uniform_int_distribution<int> after_iteration(2, kIters - 3), extra_ms(0, 8);
-  int killed_mid_run = 0;
-  for (int attempt = 0; attempt < 20; ++attempt) {
+  int killed_mid_run = 0, killed_mid_save = 0, save_kills_mid_save = 0;
+  for (int attempt = 0; attempt < kRandomKills + kSaveKills; ++attempt) {
     SCOPED_TRACE("attempt " + std::to_string(attempt));
+    const bool at_save = attempt >= kRandomKills;
     const std::string name = "try" + std::to_string(attempt);
-    const std::string save = (dir / (name + "_ckpt")).string();
-    const std::string args =
-        tiny_args(dir.path(), name) + common + " --save " + save + " --load " + save;
+    const fs::path save = dir / (name + "_ckpt");
+    const std::string args = tiny_args(dir.path(), name) + common + " --save " + save.string() +
+                             " --load " + save.string();
     const fs::path metrics = dir / "g" / "u" / name / "metrics.jsonl";
-    const pid_t pid = spawn("", dir / (name + ".txt"), env + TESSERA_BINARY + " " + args);
+    fs::create_directories(save);
     const size_t k = static_cast<size_t>(after_iteration(rng));
+    const int extra = extra_ms(rng);
+    const pid_t pid = spawn("", dir / (name + ".txt"), env + TESSERA_BINARY + " " + args);
     for (int i = 0; i < 30000 && (!fs::exists(metrics) || losses(metrics).size() < k); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(extra_ms(rng)));
+    if (at_save)
+      EXPECT_TRUE(wait_for_unfinished_checkpoint(save)) << "no save began after iteration " << k;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(extra));
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
-    const std::string latest = find_latest_checkpoint(save);
+    bool unfinished = false;
+    for (const auto& entry : fs::directory_iterator(save))
+      unfinished = unfinished || entry.path().extension() == ".tmp";
+    killed_mid_save += unfinished;
+    save_kills_mid_save += at_save && unfinished;
+    const std::string latest = find_latest_checkpoint(save.string());
     ASSERT_FALSE(latest.empty()) << "no checkpoint after iteration " << k;
     const Checkpoint c(latest);  // opens and checks every file and tensor
     if (c.state().iteration < kIters) ++killed_mid_run;
     const RunResult r = run_command(env + TESSERA_BINARY + " " + args);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto resumed = losses(metrics);
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters));
     for (const auto& [it, loss] : resumed) EXPECT_EQ(loss, reference.at(it)) << "iteration " << it;
   }
-  EXPECT_GT(killed_mid_run, 15) << "the kills must land inside runs";
+  std::printf(
+      "%d kills (%d at a save's start), %d inside a run, %d inside a save; every run "
+      "resumed bitwise\n",
+      kRandomKills + kSaveKills, kSaveKills, killed_mid_run, killed_mid_save);
+  EXPECT_GT(killed_mid_run, 20) << "the kills must land inside runs";
+  EXPECT_GE(save_kills_mid_save, kSaveKills / 2) << "the kills at a save must land inside it";
 }
 
 }  // namespace

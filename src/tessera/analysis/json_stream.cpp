@@ -16,6 +16,9 @@ namespace tessera::analysis {
 namespace {
 
 constexpr size_t kPadding = simdjson::SIMDJSON_PADDING;
+// The largest event (or top-level member) the scanner hands out. Real events hold a few
+// kilobytes at most (the largest, "Concrete Inputs" of big ops, tens of kilobytes).
+constexpr size_t kMaxValueBytes = size_t{64} << 20;
 
 class FileSource : public ByteSource {
  public:
@@ -217,6 +220,15 @@ PaddedText TraceScanner::capture_value() {
       capturing_ = false;
       fail(fmt::format("file ends inside the value that starts at byte {} (truncated trace?)",
                        start_offset),
+           bytes_scanned());
+    }
+    // Checked at each refill, the only place a value grows past the buffer: one event with a
+    // name of gigabytes (a few megabytes of gzip) must not take the host's memory.
+    if (carry_.size() > kMaxValueBytes) {
+      capturing_ = false;
+      fail(fmt::format("the value that starts at byte {} is longer than {} MiB; expected trace "
+                       "events of at most that size (a damaged or hostile trace?)",
+                       start_offset, kMaxValueBytes >> 20),
            bytes_scanned());
     }
     const char c = *pos_;

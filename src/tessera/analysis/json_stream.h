@@ -45,6 +45,9 @@ struct PaddedText {
   std::string_view view() const { return {data, size}; }
 };
 
+// How much of a trace is read at a time: memory stays at this plus one event.
+inline constexpr size_t kTraceChunkBytes = size_t{8} << 20;
+
 class TraceScanner {
  public:
   struct Handler {
@@ -57,7 +60,8 @@ class TraceScanner {
   };
 
   // `chunk_bytes`: read granularity (tests use tiny chunks to exercise refills).
-  TraceScanner(std::string path, std::unique_ptr<ByteSource> source, size_t chunk_bytes = 8u << 20);
+  TraceScanner(std::string path, std::unique_ptr<ByteSource> source,
+               size_t chunk_bytes = kTraceChunkBytes);
   // Scans the whole file. Throws DataError (file name, byte offset, what was expected) on
   // anything that is not a complete Chrome-trace JSON document, and (throw_not_a_trace) on a
   // JSON object without a traceEvents array, such as a metrics.jsonl line.

@@ -1,10 +1,13 @@
 #include "tessera/analysis/kernel_categories.h"
 
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -13,11 +16,47 @@
 #include "tessera/core/error.h"
 
 namespace tessera::analysis {
+
+// Backtracking steps and nesting depth one match of a user pattern may take. Real kernel-name
+// patterns need hundreds; (a+)+$ on 40 letters would need 2^40.
+constexpr uint32_t kMatchLimit = 1000000;
+constexpr uint32_t kDepthLimit = 10000;
+
+struct CompiledPattern {
+  explicit CompiledPattern(pcre2_code* c) : code(c) {}
+  ~CompiledPattern() { pcre2_code_free(code); }
+  CompiledPattern(const CompiledPattern&) = delete;
+  CompiledPattern& operator=(const CompiledPattern&) = delete;
+
+  // Whether the pattern occurs in `subject`; nullopt when it hit the match or depth limit.
+  std::optional<bool> search(std::string_view subject) const {
+    pcre2_match_context* context = pcre2_match_context_create(nullptr);
+    pcre2_set_match_limit(context, kMatchLimit);
+    pcre2_set_depth_limit(context, kDepthLimit);
+    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
+    const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(subject.data()), subject.size(),
+                               0, 0, data, context);
+    pcre2_match_data_free(data);
+    pcre2_match_context_free(context);
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
+      return std::nullopt;
+    return rc >= 0;
+  }
+
+  pcre2_code* code;
+};
+
 namespace {
 
 using C = Category;
 using F = RuleField;
 using M = RuleMatch;
+
+std::string pcre2_error_message(int code) {
+  PCRE2_UCHAR buffer[256];
+  pcre2_get_error_message(code, buffer, sizeof(buffer));
+  return reinterpret_cast<const char*>(buffer);
+}
 
 // First match wins, so specific rules come before general ones: communication before
 // anything that says "reduce", attention before GEMM (cuDNN/CUTLASS attention kernels mention
@@ -247,15 +286,18 @@ UserCategoryRule parse_rule(const std::string& path, const YAML::Node& node, siz
     }
   }
   rule.pattern = kernel.Scalar();
-  try {
-    rule.regex =
-        std::regex(rule.pattern, std::regex::ECMAScript | std::regex::icase | std::regex::optimize);
-  } catch (const std::regex_error& e) {
-    throw ConfigError(where(path, kernel), name + ".kernel", rule.pattern,
-                      fmt::format("a regular expression (ECMAScript syntax), but it is not "
-                                  "one: {}",
-                                  e.what()));
+  rule.key = name + ".kernel";
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rule.pattern.data()),
+                                   rule.pattern.size(), PCRE2_CASELESS, &error, &offset, nullptr);
+  if (code == nullptr) {
+    throw ConfigError(where(path, kernel), rule.key, rule.pattern,
+                      fmt::format("a regular expression (PCRE2 syntax, as Perl's), but it is not "
+                                  "one: {} at offset {}",
+                                  pcre2_error_message(error), offset));
   }
+  rule.regex = std::make_shared<const CompiledPattern>(code);
   const std::string wanted = to_lower(category.Scalar());
   int found = -1;
   for (int c = 0; c < kNumCategories; ++c) {
@@ -322,9 +364,20 @@ Classification classify_kernel(std::string_view kernel_name, std::string_view op
                                std::span<const UserCategoryRule> user_rules) {
   const int offset = static_cast<int>(user_rules.size());
   for (int i = 0; i < offset; ++i) {
-    if (std::regex_search(kernel_name.begin(), kernel_name.end(), user_rules[i].regex)) {
-      return {user_rules[i].category, i};
+    const UserCategoryRule& rule = user_rules[i];
+    const std::optional<bool> found = rule.regex->search(kernel_name);
+    if (!found) {
+      const std::string shown = kernel_name.size() > 80
+                                    ? std::string(kernel_name.substr(0, 77)) + "..."
+                                    : std::string(kernel_name);
+      throw ConfigError(rule.origin, rule.key, rule.pattern,
+                        fmt::format("a pattern that matches within PCRE2's limits ({} "
+                                    "backtracking steps, depth {}), but on kernel '{}' it "
+                                    "exceeds them: nested repeats such as (a+)+ backtrack "
+                                    "exponentially (write a+)",
+                                    kMatchLimit, kDepthLimit, shown));
     }
+    if (*found) return {rule.category, i};
   }
   // CUPTI reports demangled names that start with the return type ("void at::native::...").
   std::string name = to_lower(kernel_name);

@@ -10,7 +10,7 @@
 // Users add their own rules with `tessera report --categories FILE`: regular expressions on
 // the kernel name, tried in file order before every built-in rule.
 #include <cstdint>
-#include <regex>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,12 +50,19 @@ struct CategoryRule {
 
 std::span<const CategoryRule> category_rules();
 
+// A --categories rule's regular expression, compiled with PCRE2 (kept out of this header).
+struct CompiledPattern;
+
 // A rule of a --categories file.
 struct UserCategoryRule {
   std::string pattern;  // as written
-  std::regex regex;     // ECMAScript, case-insensitive, searched anywhere in the kernel name
+  // PCRE2, case-insensitive, searched anywhere in the kernel name, under match and depth
+  // limits: a pattern that backtracks exponentially ((a+)+$) stops with an error naming it
+  // instead of hanging the report.
+  std::shared_ptr<const CompiledPattern> regex;
   Category category;
   std::string origin;  // "FILE:LINE", for the kernels sheet
+  std::string key;     // "rules[3].kernel", for messages
 };
 
 // Reads a --categories file (YAML, or JSON, which is YAML too; format in docs/report.md).
@@ -69,7 +76,8 @@ struct Classification {
   int rule = -1;
 };
 
-// `op_name` is the launching CPU op (empty when unknown).
+// `op_name` is the launching CPU op (empty when unknown). Throws ConfigError naming the user
+// rule whose pattern exceeds PCRE2's match or depth limit on `kernel_name`.
 Classification classify_kernel(std::string_view kernel_name, std::string_view op_name,
                                std::span<const UserCategoryRule> user_rules = {});
 

@@ -177,6 +177,12 @@ Report build_report(const TraceData& data, const ReportOptions& options) {
         fmt::format("{} complete events lack ts or dur and were skipped (first: {})",
                     info.missing_fields, info.first_missing));
   }
+  if (info.bad_times > 0) {
+    r.warnings.push_back(fmt::format(
+        "{} complete events have a negative duration or a time beyond any clock and were "
+        "skipped (first: {})",
+        info.bad_times, info.first_bad_time));
+  }
   if (data.gpu.empty()) {
     r.warnings.push_back(
         "no GPU activity (kernel, gpu_memcpy, gpu_memset events) in this trace: the GPU "

@@ -1,12 +1,19 @@
 #include "tessera/analysis/trace_data.h"
 
 #include <algorithm>
+#include <new>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/error.h"
+
 namespace tessera::analysis {
 namespace {
+
+// 2^61 ns (73 years): beyond any trace's clock, and small enough that a start plus a duration
+// cannot overflow.
+constexpr int64_t kMaxTraceNs = int64_t{1} << 61;
 
 // `key` as a JSON string (it was unescaped by the parser).
 void append_json_key(std::string& out, std::string_view key) {
@@ -40,14 +47,26 @@ uint32_t StringTable::intern(std::string_view s) {
 }
 
 TraceData TraceData::load(const std::string& path, bool progress,
-                          std::vector<UserCategoryRule> user_rules) {
+                          std::vector<UserCategoryRule> user_rules, size_t chunk_bytes) {
   TraceData data;
   data.info.path = path;
   data.user_rules = std::move(user_rules);
-  data.info.read = read_trace(
-      path, [&](std::string_view key, std::string_view value) { data.add_member(key, value); },
-      [&](const TraceEvent& e) { data.add_event(e); }, progress);
-  data.finish();
+  try {
+    data.info.read = read_trace(
+        path, [&](std::string_view key, std::string_view value) { data.add_member(key, value); },
+        [&](const TraceEvent& e) { data.add_event(e); }, progress, chunk_bytes);
+    data.finish();
+  } catch (const std::bad_alloc&) {
+    // What is kept grows with the trace's GPU activities and CPU ops (not its size on disk):
+    // a trace of hundreds of millions of events outgrows the host.
+    const uint64_t activities = data.info.gpu_events, ops = data.info.cpu_ops;
+    data = TraceData();
+    throw OutOfMemoryError(fmt::format(
+        "{}: out of host memory after {} GPU activities and {} CPU ops: the report keeps about "
+        "{} bytes per GPU activity and {} per CPU op, and this trace holds more than this host "
+        "can keep; report a shorter trace (fewer profiled steps)",
+        path, activities, ops, sizeof(GpuActivity), sizeof(OpRef)));
+  }
   return data;
 }
 
@@ -140,6 +159,15 @@ void TraceData::add_event(const TraceEvent& e) {
     if (info.missing_fields++ == 0) {
       info.first_missing =
           fmt::format("'{}' at byte {} has no {}", e.name, e.offset, e.has_ts ? "dur" : "ts");
+    }
+    return;
+  }
+  // A negative duration, or a time no clock reaches, is damage: kept, it would turn the
+  // timeline's sums negative or past 100% (and overflow them near 2^63).
+  if (e.dur_ns < 0 || e.dur_ns > kMaxTraceNs || e.ts_ns < -kMaxTraceNs || e.ts_ns > kMaxTraceNs) {
+    if (info.bad_times++ == 0) {
+      info.first_bad_time = fmt::format("'{}' at byte {} with ts {} µs and dur {} µs", e.name,
+                                        e.offset, e.ts_ns / 1000, e.dur_ns / 1000);
     }
     return;
   }

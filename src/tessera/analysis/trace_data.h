@@ -103,14 +103,19 @@ struct TraceInfo {
   std::vector<int64_t> step_ns;      // durations of the ProfilerStep#N ranges, in file order
   uint64_t gpu_events = 0, cpu_ops = 0, runtime_calls = 0, flow_events = 0;
   std::string first_missing;  // one example, for the warning
+  // Complete events with a negative duration or a time beyond any clock (2^61 ns), skipped.
+  uint64_t bad_times = 0;
+  std::string first_bad_time;  // one example, for the warning
 };
 
 class TraceData {
  public:
   // Reads and collects `path` (streaming); kernels are classified with `user_rules` (from a
-  // --categories file) before the built-in rules. Throws DataError.
+  // --categories file) before the built-in rules. Throws DataError. `chunk_bytes`: the read
+  // granularity (small ones exercise the reader's refills).
   static TraceData load(const std::string& path, bool progress,
-                        std::vector<UserCategoryRule> user_rules = {});
+                        std::vector<UserCategoryRule> user_rules = {},
+                        size_t chunk_bytes = kTraceChunkBytes);
 
   void add_member(std::string_view key, std::string_view value);
   void add_event(const TraceEvent& e);

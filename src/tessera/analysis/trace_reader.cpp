@@ -1,6 +1,9 @@
 #include "tessera/analysis/trace_reader.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 #include <simdjson.h>
@@ -30,7 +33,9 @@ std::optional<int64_t> parse_int(std::string_view s) {
   if (ec == std::errc() && p == s.data() + s.size()) return v;
   double d = 0;
   auto [p2, ec2] = std::from_chars(s.data(), s.data() + s.size(), d);
-  if (ec2 == std::errc() && p2 == s.data() + s.size()) return static_cast<int64_t>(d);
+  // A number no int64 holds (1e300, nan) is as good as missing: converting it is undefined.
+  if (ec2 == std::errc() && p2 == s.data() + s.size() && std::abs(d) < 9.2e18)
+    return static_cast<int64_t>(d);
   return std::nullopt;
 }
 
@@ -195,6 +200,9 @@ std::optional<int64_t> parse_us_to_ns(std::string_view text) {
   text = trim(text);
   if (text.size() >= 2 && text.front() == '"') text = text.substr(1, text.size() - 2);
   if (text.empty()) return std::nullopt;
+  // Beyond this many µs a time is no clock's; it saturates (add_event refuses it) instead of
+  // overflowing.
+  constexpr int64_t kMaxWholeUs = std::numeric_limits<int64_t>::max() / 1000 - 1;
   // Exact decimal parse: Kineto writes µs with 3 decimals on clocks of ~1e12 µs, where a
   // double would lose the last nanosecond.
   bool neg = text.front() == '-';
@@ -202,7 +210,7 @@ std::optional<int64_t> parse_us_to_ns(std::string_view text) {
   int64_t whole = 0;
   size_t digits = 0;
   for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, ++digits) {
-    whole = whole * 10 + (text[i] - '0');
+    whole = whole > kMaxWholeUs / 10 ? kMaxWholeUs : whole * 10 + (text[i] - '0');
   }
   int64_t frac = 0;
   int frac_digits = 0;
@@ -220,19 +228,22 @@ std::optional<int64_t> parse_us_to_ns(std::string_view text) {
   if (i != text.size()) {  // exponent or garbage: fall back to floating point
     double d = 0;
     auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
-    if (ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
-    return static_cast<int64_t>(d * 1000.0 + (d >= 0 ? 0.5 : -0.5));
+    if (ec != std::errc() || p != text.data() + text.size() || !std::isfinite(d))
+      return std::nullopt;
+    const double ns = std::clamp(d * 1000.0, -9.0e18, 9.0e18);
+    return static_cast<int64_t>(ns + (ns >= 0 ? 0.5 : -0.5));
   }
   if (digits == 0) return std::nullopt;
   for (int f = std::min(frac_digits, 3); f < 3; ++f) frac *= 10;
-  int64_t ns = whole * 1000 + frac;
+  int64_t ns = std::min(whole, kMaxWholeUs) * 1000 + frac;
   return neg ? -ns : ns;
 }
 
 ReadStats read_trace(const std::string& path,
                      const std::function<void(std::string_view, std::string_view)>& on_member,
-                     const std::function<void(const TraceEvent&)>& on_event, bool progress) {
-  TraceScanner scanner(path, open_byte_source(path));
+                     const std::function<void(const TraceEvent&)>& on_event, bool progress,
+                     size_t chunk_bytes) {
+  TraceScanner scanner(path, open_byte_source(path), chunk_bytes);
   Progress bar("reading " + path, scanner.source().file_size(), progress);
   od::parser parser;
   ReadStats stats;

@@ -78,9 +78,11 @@ struct ReadStats {
 
 // Reads `path`, calling on_member for top-level members (key, raw JSON value) and on_event
 // for every event. Shows progress on a TTY when `progress` is set. Throws DataError.
+// `chunk_bytes`: TraceScanner's read granularity.
 ReadStats read_trace(const std::string& path,
                      const std::function<void(std::string_view, std::string_view)>& on_member,
-                     const std::function<void(const TraceEvent&)>& on_event, bool progress);
+                     const std::function<void(const TraceEvent&)>& on_event, bool progress,
+                     size_t chunk_bytes = kTraceChunkBytes);
 
 // "12.5" (µs) -> 12500 (ns), exactly for up to 3 decimals; nullopt when not a number.
 std::optional<int64_t> parse_us_to_ns(std::string_view text);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <regex>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/ckpt/atomic_files.h"
+#include "tessera/ckpt/json_fields.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/device_buffer.h"
@@ -26,6 +28,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kStateFile = "trainer_state.json";
+// Data-parallel ranks a checkpoint may name: far more than any job has.
+constexpr int64_t kMaxWorldSize = int64_t{1} << 20;
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 // Optimizer tensors are named "{kind}.{parameter name}", shard slices "{kind}.{begin}-{end}";
@@ -141,12 +145,26 @@ std::string read_text(const fs::path& p) {
   return ss.str();
 }
 
+// A checkpoint's iteration as a tracker or a directory name spells it: decimal digits of a
+// number up to kMaxJsonCounter; nullopt otherwise (a number too large to be one is damage, not
+// an iteration).
+std::optional<int64_t> parse_iteration(const std::string& digits) {
+  int64_t value = 0;
+  const char* end = digits.data() + digits.size();
+  const auto [last, ec] = std::from_chars(digits.data(), end, value);
+  if (digits.empty() || digits[0] == '-' || ec != std::errc() || last != end ||
+      value > kMaxJsonCounter)
+    return std::nullopt;
+  return value;
+}
+
 // Iteration of a directory named iter_NNNNNNN; -1 for any other name (e.g. a .tmp dir).
 int64_t iteration_of(const fs::path& dir) {
   static const std::regex kPattern("iter_([0-9]+)");
   std::smatch m;
   const std::string name = dir.filename().string();
-  return std::regex_match(name, m, kPattern) ? std::stoll(m[1].str()) : -1;
+  if (!std::regex_match(name, m, kPattern)) return -1;
+  return parse_iteration(m[1].str()).value_or(-1);
 }
 
 // Complete checkpoint directories in `save_dir`, oldest first.
@@ -511,9 +529,9 @@ std::string finish_sharded_checkpoint(const std::string& save_dir, const Trainin
       for (const ParamRange& r : ranges) listed.push_back({r.begin, r.end});
       shards.push_back({{"file", files.back()}, {"ranges", listed}});
     }
-    dir = publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards,
-                  state_dtypes_json(t),
-                  runs ? kCheckpointFormatVersion : kShardedCheckpointFormatVersion);
+    dir =
+        publish(save_dir, tmp, *t.spec, t.params_dtype, state, files, shards, state_dtypes_json(t),
+                runs ? kCheckpointFormatVersion : kShardedCheckpointFormatVersion);
   });
   update_tracker(save_dir, state.iteration);
   prune(save_dir, state.iteration, state.run_id, keep_last);
@@ -550,16 +568,26 @@ std::string save_weights_checkpoint(
 
 std::string find_latest_checkpoint(const std::string& path) {
   const fs::path root(path);
-  if (fs::exists(root / kStateFile)) return path;
+  std::error_code ec;
+  if (fs::exists(root / kStateFile, ec)) return path;
   const fs::path tracker = root / kTrackerFileName;
-  if (fs::exists(tracker)) {
+  if (fs::exists(tracker, ec)) {
     std::string text = read_text(tracker);
     text.erase(text.find_last_not_of(" \n\r\t") + 1);
-    if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
-      throw DataError(
-          fmt::format("{}: expected the iteration number of the latest checkpoint, found '{}'",
-                      tracker.string(), text));
-    return (root / checkpoint_dir_name(std::stoll(text))).string();
+    const std::optional<int64_t> iteration = parse_iteration(text);
+    if (!iteration) {
+      const auto all = list_checkpoints(root);
+      throw DataError(fmt::format(
+          "{}: expected the iteration number of the latest checkpoint, found '{}' (an "
+          "iteration is an integer from 0 to 2^53){}",
+          tracker.string(), text.size() > 60 ? text.substr(0, 57) + "..." : text,
+          all.empty() ? std::string()
+                      : fmt::format(". The newest checkpoint directory is {}: resume from it "
+                                    "with --load {} (or delete the damaged {})",
+                                    all.back().second.string(), all.back().second.string(),
+                                    tracker.string())));
+    }
+    return (root / checkpoint_dir_name(*iteration)).string();
   }
   // No tracker: the save was killed between publishing the directory and writing the
   // tracker, and directories are only published complete, so the newest one is good.
@@ -572,7 +600,12 @@ std::vector<SavedCheckpoint> saved_checkpoints(const std::string& save_dir) {
   for (const auto& [iteration, dir] : list_checkpoints(save_dir)) {
     SavedCheckpoint c{iteration, dir.string(), std::nullopt};
     try {
-      c.run_id = nlohmann::json::parse(read_text(dir / kStateFile)).value("run_id", std::string());
+      // Anything but an object without a run id (a run from before ids) or with a string one
+      // is damage: it belongs to no run.
+      const nlohmann::json j = nlohmann::json::parse(read_text(dir / kStateFile));
+      if (j.is_object() && !j.contains("run_id")) c.run_id = "";
+      if (j.is_object() && j.contains("run_id") && j["run_id"].is_string())
+        c.run_id = j["run_id"].get<std::string>();
     } catch (const nlohmann::json::exception&) {
       // Unreadable: it belongs to no run, so no run ever deletes it.
     }
@@ -584,12 +617,13 @@ std::vector<SavedCheckpoint> saved_checkpoints(const std::string& save_dir) {
 std::string checkpoint_to_resume(const CheckpointConfig& c) {
   if (c.load.empty()) return "";
   const std::string dir = find_latest_checkpoint(c.load);
+  std::error_code ec;
   if (dir.empty() && normalized(c.load) != normalized(c.save))
     throw DataError(
         fmt::format("{}: no checkpoint here (load); expected a save directory with {} "
                     "or iter_* checkpoints, or one checkpoint directory{}",
                     c.load, kTrackerFileName,
-                    fs::exists(fs::path(c.load) / "config.json")
+                    fs::exists(fs::path(c.load) / "config.json", ec)
                         ? " (for Hugging Face weights use hf_init_path)"
                         : ""));
   return dir;
@@ -597,11 +631,12 @@ std::string checkpoint_to_resume(const CheckpointConfig& c) {
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   const fs::path d(dir);
-  if (!fs::is_directory(d))
+  std::error_code ec;
+  if (!fs::is_directory(d, ec))
     throw DataError(fmt::format("{}: checkpoint directory does not exist", dir));
   const fs::path state_path = d / kStateFile;
   const std::string state_file = state_path.string();
-  if (!fs::exists(state_path))
+  if (!fs::is_regular_file(state_path, ec))
     throw DataError(
         fmt::format("{}: missing; expected every checkpoint directory to hold {}, {} and {} "
                     "(an interrupted copy?)",
@@ -609,64 +644,98 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_text(state_path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     // The library's message ends with the token it stopped in ("; last read: '...'"): in a
     // file cut inside config_yaml, kilobytes of configuration. Keep its position and reason.
+    // A number past a double's range (1e9999) is its out_of_range error, without a position.
     const std::string what = e.what();
     std::string reason = what.substr(0, what.find("; last read:"));
-    if (const size_t at = reason.find("at line "); at != std::string::npos) reason.erase(0, at);
+    if (const size_t at = reason.find("at line "); at != std::string::npos)
+      reason.erase(0, at);
+    else if (const size_t end = reason.find("] "); end != std::string::npos)
+      reason = "(" + reason.substr(end + 2) + ")";
     throw DataError(
         fmt::format("{}: malformed JSON {} (damaged or partly copied?)", state_file, reason));
   }
-  const nlohmann::json version = j.value("format_version", nlohmann::json());
-  if (!version.is_number_integer() || version.get<int>() < kUnshardedCheckpointFormatVersion ||
-      version.get<int>() > kCheckpointFormatVersion)
+  const JsonFields f(j, state_file);
+  const nlohmann::json version = f.has("format_version") ? j["format_version"] : nlohmann::json();
+  if (!version.is_number_integer() || version.get<int64_t>() < kUnshardedCheckpointFormatVersion ||
+      version.get<int64_t>() > kCheckpointFormatVersion)
     throw DataError(fmt::format(
         "{}: unknown checkpoint format version {}; this Tessera reads versions {} "
         "to {} (written by another Tessera version?)",
         state_file, version.dump(), kUnshardedCheckpointFormatVersion, kCheckpointFormatVersion));
-  std::string dtype_text;
+  // Every counter within what a run can reach: a negative iteration would resume before the
+  // start (with a negative learning rate) and prune real checkpoints; one past 2^63 would wrap.
+  state_.iteration = f.integer("iteration", 0, kMaxJsonCounter);
+  state_.consumed_samples =
+      static_cast<uint64_t>(f.integer("consumed_samples", 0, kMaxJsonCounter));
+  state_.applied_steps = f.integer("applied_steps", 0, state_.iteration);
+  state_.skipped_iterations = f.integer("skipped_iterations", 0, state_.iteration);
+  state_.consecutive_nan = f.integer("consecutive_nan_iterations", 0, state_.skipped_iterations);
+  state_.seed = f.integer("seed", 0, std::numeric_limits<int64_t>::max());
+  state_.world_size = f.integer_or("world_size", 1, 1, kMaxWorldSize);  // absent before format 2
+  state_.run_id = f.string_or("run_id", "");                            // likewise
+  state_.config_yaml = f.string("config_yaml");
+  const std::string dtype_text = f.string("weights_dtype");
   std::map<std::string, uint64_t> sizes;
+  const JsonFields files = f.object("files");
+  for (const auto& [name, bytes] : j["files"].items()) {
+    if (!is_plain_file_name(name))
+      files.fail("files", name, "names of files in the checkpoint directory itself");
+    sizes[name] = static_cast<uint64_t>(
+        files.integer_value(bytes, files.field(name.c_str()), 0, kMaxJsonCounter));
+  }
+  if (f.has("optimizer_state_dtypes")) {  // absent in older checkpoints: all fp32
+    const JsonFields recorded = f.object("optimizer_state_dtypes");
+    for (FlatState s : kFlatStates) {
+      if (!recorded.has(kind_name(s))) continue;
+      const std::string text = recorded.string(kind_name(s));
+      DType d;
+      if (!parse_dtype(text, &d) || (d != DType::F32 && d != DType::BF16))
+        recorded.fail(recorded.field(kind_name(s)), text, "fp32 or bf16");
+      state_dtypes_[static_cast<int>(s)] = d;
+    }
+  }
   std::vector<std::pair<std::string, std::vector<ParamRange>>> shard_list;
   // Format 3: each shard's run groups [begin, count, stride, repeat].
   std::vector<std::pair<std::string, std::vector<std::array<int64_t, 4>>>> run_list;
-  try {
-    state_.iteration = j.at("iteration").get<int64_t>();
-    state_.consumed_samples = j.at("consumed_samples").get<uint64_t>();
-    state_.applied_steps = j.at("applied_steps").get<int64_t>();
-    state_.skipped_iterations = j.at("skipped_iterations").get<int64_t>();
-    state_.consecutive_nan = j.at("consecutive_nan_iterations").get<int64_t>();
-    state_.seed = j.at("seed").get<int64_t>();
-    state_.world_size = j.value("world_size", int64_t{1});  // absent in older checkpoints
-    state_.run_id = j.value("run_id", std::string());     // likewise
-    state_.config_yaml = j.at("config_yaml").get<std::string>();
-    dtype_text = j.at("weights_dtype").get<std::string>();
-    sizes = j.at("files").get<std::map<std::string, uint64_t>>();
-    const nlohmann::json recorded = j.value("optimizer_state_dtypes", nlohmann::json::object());
-    for (FlatState s : kFlatStates) {
-      if (!recorded.contains(kind_name(s))) continue;  // older checkpoints: fp32
-      const std::string text = recorded.at(kind_name(s)).get<std::string>();
-      DType d;
-      if (!parse_dtype(text, &d) || (d != DType::F32 && d != DType::BF16))
-        throw DataError(fmt::format("{}: optimizer_state_dtypes.{} is '{}'; expected fp32 or bf16",
-                                    state_file, kind_name(s), text));
-      state_dtypes_[static_cast<int>(s)] = d;
-    }
-    for (const auto& shard : j.value("optimizer_shards", nlohmann::json::array())) {
-      if (shard.contains("runs")) {
-        run_list.emplace_back(shard.at("file").get<std::string>(),
-                              shard.at("runs").get<std::vector<std::array<int64_t, 4>>>());
+  if (f.has("optimizer_shards")) {
+    const nlohmann::json& shards = f.array("optimizer_shards");
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const JsonFields shard(shards[i], state_file, fmt::format("optimizer_shards[{}].", i));
+      const std::string file = shard.string("file");
+      if (!is_plain_file_name(file))
+        shard.fail(shard.field("file"), file, "the name of a file in the checkpoint directory");
+      // Each pair or group of integers: trainer_state.json's ranges and runs address flat
+      // elements of the model, whose bounds are checked below against its layout.
+      auto integers = [&](const char* key, size_t n) {
+        std::vector<std::vector<int64_t>> out;
+        const nlohmann::json& list = shard.array(key);
+        for (size_t k = 0; k < list.size(); ++k) {
+          const std::string where = fmt::format("{}[{}]", shard.field(key), k);
+          if (!list[k].is_array() || list[k].size() != n)
+            shard.fail(where, list[k], fmt::format("a list of {} integers", n));
+          std::vector<int64_t> values;
+          for (size_t v = 0; v < n; ++v)
+            values.push_back(shard.integer_value(list[k][v], fmt::format("{}[{}]", where, v), 0,
+                                                 kMaxJsonCounter));
+          out.push_back(std::move(values));
+        }
+        return out;
+      };
+      if (shard.has("runs")) {
+        std::vector<std::array<int64_t, 4>> groups;
+        for (const auto& g : integers("runs", 4)) groups.push_back({g[0], g[1], g[2], g[3]});
+        run_list.emplace_back(file, std::move(groups));
         continue;
       }
       std::vector<ParamRange> ranges;
-      for (const auto& r : shard.at("ranges"))
-        ranges.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
-      shard_list.emplace_back(shard.at("file").get<std::string>(), std::move(ranges));
+      for (const auto& r : integers("ranges", 2)) ranges.push_back({r[0], r[1]});
+      shard_list.emplace_back(file, std::move(ranges));
     }
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: incomplete trainer state: {}", state_file, e.what()));
   }
-  spec_ = spec_from_json(j.value("model", nlohmann::json::object()), state_file);
+  spec_ = spec_from_json(j.contains("model") ? j["model"] : nlohmann::json::object(), state_file);
   layout_ = make_param_layout(spec_);
   DType weights_dtype;
   if (!parse_dtype(dtype_text, &weights_dtype))
@@ -677,14 +746,19 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
         fmt::format("{}: lists no {}; expected the model weights", state_file, kModelFile));
   for (const auto& [name, bytes] : sizes) {
     const fs::path f = d / name;
-    if (!fs::exists(f))
+    std::error_code ec;
+    if (!fs::exists(f, ec))
       throw DataError(
           fmt::format("{}: missing; {} lists it with {} bytes", f.string(), kStateFile, bytes));
-    if (fs::file_size(f) != bytes)
+    if (!fs::is_regular_file(f, ec))
+      throw DataError(fmt::format("{}: not a regular file; {} lists it as a file of {} bytes",
+                                  f.string(), kStateFile, bytes));
+    const uint64_t size = fs::file_size(f, ec);
+    if (ec || size != bytes)
       throw DataError(
           fmt::format("{}: {} bytes, expected {} as recorded in {} (truncated or partly "
                       "copied?)",
-                      f.string(), fs::file_size(f), bytes, kStateFile));
+                      f.string(), size, bytes, kStateFile));
   }
   const std::string model = fmt::format("for the model in {} ({})", kStateFile, spec_.summary());
   if (sizes.count(kModelFile)) {
@@ -728,8 +802,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     run_file_names_.push_back(name);
     int64_t packed = 0;
     for (const auto& [begin, count, stride, repeat] : groups) {
-      if (count < 1 || repeat < 1 || stride < count || begin < 0 ||
-          begin + (repeat - 1) * stride + count > layout_.total)
+      // The last run, begin + (repeat - 1) * stride + count, within the model; written so
+      // that no product of two of the file's numbers can overflow.
+      if (count < 1 || repeat < 1 || stride < count || begin < 0 || count > layout_.total - begin ||
+          repeat - 1 > (layout_.total - begin - count) / stride)
         throw DataError(fmt::format(
             "{}: optimizer shard {} lists runs [{}, {}, {}, {}]; expected [begin, count, "
             "stride, repeat] of non-empty runs within the model's {} flat elements",
@@ -839,6 +915,16 @@ std::vector<std::string> Checkpoint::require_model(const ModelSpec& configured) 
   return d.behaviour;
 }
 
+TrainerState check_checkpoint_to_resume(const std::string& dir, const ModelSpec& configured) {
+  try {
+    const Checkpoint c(dir);
+    c.require_model(configured);
+    return c.state();
+  } catch (const DataError& e) {
+    throw DataError(e.what() + previous_good_hint(dir, configured));
+  }
+}
+
 TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
                              std::vector<std::string>* warnings) {
   try {
@@ -856,8 +942,8 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
       const ParamRange& r = owned[i];
       TS_CHECK(r.begin >= 0 && r.begin < r.end && r.end <= t.layout->total,
                "owned range [{}, {}) outside the {} parameters", r.begin, r.end, t.layout->total);
-      const std::vector<PlacedRun> runs = split ? placed_runs(*t.layout, {r})
-                                                : std::vector<PlacedRun>{{r.begin, r.count(), 0}};
+      const std::vector<PlacedRun> runs =
+          split ? placed_runs(*t.layout, {r}) : std::vector<PlacedRun>{{r.begin, r.count(), 0}};
       for (FlatState s : kFlatStates) {
         if (s != FlatState::Master && !c.has_optimizer_state()) break;
         // Whatever dtype the checkpoint holds it in, the state arrives as the run keeps it
@@ -883,11 +969,12 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
     for (const auto& [name, tensor] : t.extra_state) {
       const SafetensorsTensor* found = c.optimizer_tensor(name);
       if (!found || found->dtype != DType::F32 || found->shape != dims(tensor.shape)) {
-        warnings->push_back(fmt::format(
-            "{}: {} is {}; expected {}: it starts fresh", dir, name,
-            found ? fmt::format("{} [{}]", safetensors_dtype_name(found->dtype), fmt::join(found->shape, ", "))
-                  : std::string("not in the checkpoint"),
-            describe(DType::F32, tensor.shape)));
+        warnings->push_back(
+            fmt::format("{}: {} is {}; expected {}: it starts fresh", dir, name,
+                        found ? fmt::format("{} [{}]", safetensors_dtype_name(found->dtype),
+                                            fmt::join(found->shape, ", "))
+                              : std::string("not in the checkpoint"),
+                        describe(DType::F32, tensor.shape)));
         state.extra_state_restored = false;
         continue;
       }

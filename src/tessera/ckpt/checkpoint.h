@@ -45,11 +45,11 @@ struct TrainerState {
   int64_t skipped_iterations = 0;
   int64_t consecutive_nan = 0;
   int64_t seed = 0;
-  int64_t world_size = 1;   // data-parallel ranks of the run that wrote it
+  int64_t world_size = 1;  // data-parallel ranks of the run that wrote it
   // The run it belongs to (train/run_directories.h): a resumed run keeps it. Empty in
   // checkpoints written before runs had ids.
   std::string run_id;
-  std::string config_yaml;  // the effective configuration, for the record
+  std::string config_yaml;            // the effective configuration, for the record
   bool extra_state_restored = false;  // load_checkpoint found every TrainingTensors::extra_state
 };
 
@@ -210,6 +210,11 @@ class Checkpoint {
   std::vector<std::string> run_file_names_;
   std::vector<Run> runs_;
 };
+
+// Opens checkpoint `dir` and checks that it holds `configured`, as loading it would, without
+// reading any tensor data: what a run checks before it writes anything. On any problem throws
+// DataError with the cause and the newest earlier checkpoint beside it that opens cleanly.
+TrainerState check_checkpoint_to_resume(const std::string& dir, const ModelSpec& configured);
 
 // Loads checkpoint `dir` into t.master and the moments, the ranges t.owned names (all when
 // empty) from whichever files hold them, so a checkpoint of any world size, sharded or not,

@@ -1,10 +1,13 @@
 #include "tessera/ckpt/hf_model.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +19,7 @@
 #include <simdjson.h>
 
 #include "tessera/ckpt/atomic_files.h"
+#include "tessera/ckpt/json_fields.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/config/tokenizer_model.h"
@@ -143,29 +147,153 @@ void add_token_ids(const HfTokenizer& t, nlohmann::ordered_json* j) {
   if (t.pad_id) (*j)["pad_token_id"] = *t.pad_id;
 }
 
+// The config.json fields the model families read, with their JSON types and (for sizes)
+// ranges, checked before a family reads any: a wrong type is named with its field (the JSON
+// library's own error names none), and no model layout is built from sizes no model has.
+// `nullable`: the families read null as "not given" there.
+enum class FieldKind { Integer, Number, Boolean, String, Object, IntegerList };
+struct ConfigField {
+  const char* key;
+  FieldKind kind;
+  bool nullable = false;
+  int64_t min = 0, max = 0;  // Integer and IntegerList
+};
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden sizes and their kin
+constexpr int64_t kMaxCount = int64_t{1} << 16;  // layers, heads, experts
+constexpr int64_t kMaxRows = int64_t{1} << 24;   // vocabularies and MLP widths
+constexpr int64_t kMaxPositions = int64_t{1} << 31;
+constexpr ConfigField kConfigFields[] = {
+    {"model_type", FieldKind::String},
+    {"hidden_act", FieldKind::String},
+    {"hidden_size", FieldKind::Integer, true, 1, kMaxWidth},
+    {"intermediate_size", FieldKind::Integer, true, 1, kMaxRows},
+    {"num_hidden_layers", FieldKind::Integer, true, 1, kMaxCount},
+    {"num_attention_heads", FieldKind::Integer, true, 1, kMaxCount},
+    {"num_key_value_heads", FieldKind::Integer, true, 1, kMaxCount},
+    {"head_dim", FieldKind::Integer, true, 1, kMaxCount},
+    {"vocab_size", FieldKind::Integer, true, 1, kMaxRows},
+    {"max_position_embeddings", FieldKind::Integer, false, 1, kMaxPositions},
+    {"sliding_window", FieldKind::Integer, true, 0, kMaxPositions},
+    {"max_window_layers", FieldKind::Integer, true, 0, kMaxCount},
+    {"rms_norm_eps", FieldKind::Number},
+    {"initializer_range", FieldKind::Number},
+    {"rope_theta", FieldKind::Number, true},
+    {"rope_scaling", FieldKind::Object, true},
+    {"rope_parameters", FieldKind::Object, true},
+    {"tie_word_embeddings", FieldKind::Boolean},
+    {"attention_bias", FieldKind::Boolean},
+    {"mlp_bias", FieldKind::Boolean},
+    {"use_sliding_window", FieldKind::Boolean},
+    {"rope_interleave", FieldKind::Boolean},
+    {"norm_topk_prob", FieldKind::Boolean},
+    {"num_local_experts", FieldKind::Integer, true, 0, kMaxCount},
+    {"num_experts", FieldKind::Integer, true, 0, kMaxCount},
+    {"n_routed_experts", FieldKind::Integer, true, 0, kMaxCount},
+    {"num_experts_per_tok", FieldKind::Integer, true, 0, kMaxCount},
+    {"moe_intermediate_size", FieldKind::Integer, true, 1, kMaxRows},
+    {"n_shared_experts", FieldKind::Integer, true, 0, kMaxCount},
+    {"first_k_dense_replace", FieldKind::Integer, true, 0, kMaxCount},
+    {"decoder_sparse_step", FieldKind::Integer, false, 0, kMaxCount},
+    {"mlp_only_layers", FieldKind::IntegerList, true, 0, kMaxCount},
+    {"q_lora_rank", FieldKind::Integer, true, 0, kMaxWidth},
+    {"kv_lora_rank", FieldKind::Integer, true, 1, kMaxWidth},
+    {"qk_nope_head_dim", FieldKind::Integer, true, 1, kMaxCount},
+    {"qk_rope_head_dim", FieldKind::Integer, true, 1, kMaxCount},
+    {"v_head_dim", FieldKind::Integer, true, 1, kMaxCount},
+    {"routed_scaling_factor", FieldKind::Number, true},
+};
+// Inside rope_scaling / rope_parameters.
+constexpr ConfigField kRopeFields[] = {
+    {"rope_type", FieldKind::String},
+    {"type", FieldKind::String},
+    {"rope_theta", FieldKind::Number},
+    {"factor", FieldKind::Number, true},
+    {"low_freq_factor", FieldKind::Number},
+    {"high_freq_factor", FieldKind::Number},
+    {"original_max_position_embeddings", FieldKind::Integer, true, 1, kMaxPositions},
+    {"beta_fast", FieldKind::Number, true},
+    {"beta_slow", FieldKind::Number, true},
+    {"mscale", FieldKind::Number, true},
+    {"mscale_all_dim", FieldKind::Number, true},
+    {"attention_factor", FieldKind::Number, true},
+};
+
+template <size_t N>
+void check_config_fields(const JsonFields& f, const ConfigField (&fields)[N]) {
+  for (const ConfigField& c : fields) {
+    const auto it = f.json().find(c.key);
+    if (it == f.json().end() || (c.nullable && it->is_null())) continue;
+    switch (c.kind) {
+      case FieldKind::Integer:
+        f.integer(c.key, c.min, c.max);
+        break;
+      case FieldKind::Number:
+        f.number(c.key, -std::numeric_limits<double>::max(), std::numeric_limits<double>::max());
+        break;
+      case FieldKind::Boolean:
+        f.boolean(c.key);
+        break;
+      case FieldKind::String:
+        f.string(c.key);
+        break;
+      case FieldKind::Object:
+        check_config_fields(f.object(c.key), kRopeFields);
+        break;
+      case FieldKind::IntegerList: {
+        const nlohmann::json& list = f.array(c.key);
+        for (size_t i = 0; i < list.size(); ++i)
+          f.integer_value(list[i], fmt::format("{}[{}]", f.field(c.key), i), c.min, c.max);
+        break;
+      }
+    }
+  }
+}
+
+// The decoder layers the weights hold, from Hugging Face's names "model.layers.<N>.": one more
+// than the highest N; 0 when no tensor is named so.
+int64_t layers_in_weights(const std::map<std::string, const SafetensorsFile*>& where) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  int64_t layers = 0;
+  for (const auto& [name, file] : where) {
+    if (!name.starts_with(kPrefix)) continue;
+    int64_t n = 0;
+    const char* begin = name.data() + kPrefix.size();
+    const auto [end, ec] = std::from_chars(begin, name.data() + name.size(), n);
+    if (ec == std::errc() && end != begin && *end == '.' && n < kMaxCount)
+      layers = std::max(layers, n + 1);
+  }
+  return layers;
+}
+
 }  // namespace
 
 // The safetensors files of a Hugging Face directory and which holds each tensor.
 class HfWeightFiles {
  public:
   explicit HfWeightFiles(const fs::path& dir) {
-    if (fs::exists(dir / kIndexFile)) {
+    std::error_code ec;
+    if (fs::exists(dir / kIndexFile, ec)) {
       const nlohmann::json index = read_json(dir / kIndexFile);
       if (!index.contains("weight_map") || !index["weight_map"].is_object())
         throw DataError(
             fmt::format("{}: no weight_map object; expected Hugging Face's sharded index",
                         (dir / kIndexFile).string()));
       for (const auto& [name, file] : index["weight_map"].items()) {
+        // A shard beside the index: never a path out of the model directory.
+        if (!file.is_string() || !is_plain_file_name(file.get<std::string>()))
+          throw DataError(fmt::format(
+              "{}: weight_map['{}'] is {}; expected the name of a safetensors file in {}",
+              (dir / kIndexFile).string(), name, file.dump(), dir.string()));
         const fs::path path = dir / file.get<std::string>();
         if (!files_.count(path.string())) {
-          if (!fs::exists(path))
+          if (!fs::exists(path, ec))
             throw DataError(fmt::format("{}: missing; {} lists it for tensor '{}'", path.string(),
                                         (dir / kIndexFile).string(), name));
           files_[path.string()] = std::make_unique<SafetensorsFile>(path.string());
         }
         where_[name] = files_[path.string()].get();
       }
-    } else if (fs::exists(dir / kSingleFile)) {
+    } else if (fs::exists(dir / kSingleFile, ec)) {
       auto f = std::make_unique<SafetensorsFile>((dir / kSingleFile).string());
       for (const auto& t : f->tensors()) where_[t.name] = f.get();
       files_[f->path()] = std::move(f);
@@ -186,12 +314,15 @@ class HfWeightFiles {
 ModelSpec read_hf_config(const std::string& dir, std::string* model_type) {
   const fs::path path = fs::path(dir) / kConfigFile;
   const std::string file = path.string();
-  if (!fs::exists(path))
+  std::error_code ec;
+  if (!fs::exists(path, ec))
     throw DataError(
         fmt::format("{}: missing; expected a Hugging Face model directory (config.json and "
                     "model.safetensors or sharded model-*.safetensors with {})",
                     file, kIndexFile));
   const nlohmann::json j = read_json(path);
+  const JsonFields fields(j, file);
+  check_config_fields(fields, kConfigFields);
   const std::string type = j.contains("model_type") && j["model_type"].is_string()
                                ? j["model_type"].get<std::string>()
                                : "";
@@ -214,9 +345,17 @@ nlohmann::ordered_json hf_config_json(const ModelSpec& s, DType dtype) {
 }
 
 HfModelReader::HfModelReader(const std::string& dir) : spec_(read_hf_config(dir, &model_type_)) {
-  layout_ = make_param_layout(spec_);
   files_ = std::make_unique<HfWeightFiles>(fs::path(dir));
   const auto& where = files_->where();
+  // config.json against the weights before the layout is built from it: a layer count the
+  // weights do not have is named as such, not found tensor by tensor.
+  if (const int64_t layers = layers_in_weights(where); layers > 0 && layers != spec_.num_layers)
+    throw DataError(fmt::format(
+        "{}: num_hidden_layers is {}, but the weights hold layers 0 to {} (model.layers.N.*); "
+        "expected a config.json that describes these weights",
+        (fs::path(dir) / kConfigFile).string(), spec_.num_layers, layers - 1));
+  require_model_size(spec_, (fs::path(dir) / kConfigFile).string());
+  layout_ = make_param_layout(spec_);
   std::set<std::string> used;
   for (const auto& p : layout_.params) {
     for (const HfTensorPiece& piece : model_family(spec_.family).hf_pieces(p, spec_)) {
@@ -274,7 +413,19 @@ HfModelReader::~HfModelReader() = default;
 std::vector<float> HfModelReader::weights(const ParamInfo& p) const {
   std::vector<float> values(p.numel());
   for (const HfTensorPiece& piece : model_family(spec_.family).hf_pieces(p, spec_)) {
-    const std::vector<float> v = files_->where().at(piece.name)->to_float(piece.name);
+    const SafetensorsFile& file = *files_->where().at(piece.name);
+    const std::vector<float> v = file.to_float(piece.name);
+    // A model file never holds NaN or infinity: such weights are damage, and training from
+    // them would stop later with a non-finite loss that points nowhere near the file.
+    if (const auto bad =
+            std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+        bad != v.end())
+      throw DataError(fmt::format(
+          "{}: tensor '{}' holds {} non-finite values (the first, {}, at element {}); expected "
+          "finite weights (a damaged or wrongly converted model?)",
+          file.path(), piece.name,
+          std::count_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); }), *bad,
+          bad - v.begin()));
     std::copy(v.begin(), v.end(), values.begin() + piece.offset);
   }
   return values;
@@ -290,18 +441,35 @@ std::vector<float> HfModelReader::state(const std::string& name) const {
   return {};
 }
 
-std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec& configured,
-                                         const ParamLayout& layout, Backend& backend,
-                                         const std::vector<FlatSlice>& master,
-                                         const std::vector<std::pair<std::string, Tensor>>& state) {
-  const HfModelReader hf(dir);
+namespace {
+
+// Throws DataError unless the model `hf` reads has the shapes of `configured`; returns the
+// differences that only change what the weights compute.
+std::vector<std::string> require_configured_model(const HfModelReader& hf, const std::string& dir,
+                                                  const ModelSpec& configured) {
   const std::string config = (fs::path(dir) / kConfigFile).string();
-  const SpecDifferences d = compare_specs(hf.spec(), configured, config);
+  SpecDifferences d = compare_specs(hf.spec(), configured, config);
   if (!d.shape.empty())
     throw DataError(
         fmt::format("{}: the Hugging Face model differs from the configured model: {}; set "
                     "the model keys to match ({})",
                     config, join_lines(d.shape), hf.spec().summary()));
+  return std::move(d.behaviour);
+}
+
+}  // namespace
+
+void check_hf_weights(const std::string& dir, const ModelSpec& configured) {
+  const HfModelReader hf(dir);
+  require_configured_model(hf, dir, configured);
+}
+
+std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec& configured,
+                                         const ParamLayout& layout, Backend& backend,
+                                         const std::vector<FlatSlice>& master,
+                                         const std::vector<std::pair<std::string, Tensor>>& state) {
+  const HfModelReader hf(dir);
+  const std::vector<std::string> behaviour = require_configured_model(hf, dir, configured);
   // A split model's rank holds parts of the parameters: each is read whole, as Hugging Face
   // stores it, and its part's runs are taken from it.
   const ParamLayout whole = make_param_layout(configured);
@@ -313,7 +481,8 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
       const std::vector<float> w = hf.weights(*full);
       p.for_each_run(part.begin - p.offset, part.end - p.offset,
                      [&](int64_t begin, int64_t count, int64_t full_begin) {
-                       upload_values(backend, s.values.flat_range(p.offset + begin - s.range.begin, count),
+                       upload_values(backend,
+                                     s.values.flat_range(p.offset + begin - s.range.begin, count),
                                      w.data() + full_begin);
                      });
     });
@@ -336,7 +505,7 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const ModelSpec
             dir, t.tensor.name));
     }
   }
-  return d.behaviour;
+  return behaviour;
 }
 
 HfTokenizer read_hf_tokenizer(const DataConfig& data) {
@@ -486,34 +655,32 @@ void write_hf_model(const std::string& out_dir, const ModelSpec& spec,
         tensors.push_back({e.piece.name, e.dtype, e.piece.shape});
         weight_map[e.piece.name] = name;
       }
-      write_safetensors((fs::path(tmp) / name).string(), tensors, {{"format", "pt"}},
-                        [&](size_t i, void* dst) {
-                          const Entry& e = shards[k][i];
-                          if (e.param == nullptr) {
-                            const std::vector<float> v =
-                                state ? state(e.state) : std::vector<float>();
-                            if (v.empty()) {  // never moved from its initial zeros
-                              std::memset(dst, 0, e.piece.numel() * sizeof(float));
-                              return;
-                            }
-                            TS_CHECK(static_cast<int64_t>(v.size()) == e.piece.numel(),
-                                     "{}: {} values for {}", e.state, v.size(), e.piece.numel());
-                            std::memcpy(dst, v.data(), v.size() * sizeof(float));
-                            return;
-                          }
-                          if (cached_param != e.param) {
-                            cached = weights(*e.param);
-                            cached_param = e.param;
-                          }
-                          const float* src = cached.data() + e.piece.offset;
-                          if (options.dtype == DType::F32) {
-                            std::memcpy(dst, src, e.piece.numel() * sizeof(float));
-                          } else {
-                            auto* out = static_cast<uint16_t*>(dst);
-                            for (int64_t n = 0; n < e.piece.numel(); ++n)
-                              out[n] = float_to_bf16_bits(src[n]);
-                          }
-                        });
+      write_safetensors(
+          (fs::path(tmp) / name).string(), tensors, {{"format", "pt"}}, [&](size_t i, void* dst) {
+            const Entry& e = shards[k][i];
+            if (e.param == nullptr) {
+              const std::vector<float> v = state ? state(e.state) : std::vector<float>();
+              if (v.empty()) {  // never moved from its initial zeros
+                std::memset(dst, 0, e.piece.numel() * sizeof(float));
+                return;
+              }
+              TS_CHECK(static_cast<int64_t>(v.size()) == e.piece.numel(), "{}: {} values for {}",
+                       e.state, v.size(), e.piece.numel());
+              std::memcpy(dst, v.data(), v.size() * sizeof(float));
+              return;
+            }
+            if (cached_param != e.param) {
+              cached = weights(*e.param);
+              cached_param = e.param;
+            }
+            const float* src = cached.data() + e.piece.offset;
+            if (options.dtype == DType::F32) {
+              std::memcpy(dst, src, e.piece.numel() * sizeof(float));
+            } else {
+              auto* out = static_cast<uint16_t*>(dst);
+              for (int64_t n = 0; n < e.piece.numel(); ++n) out[n] = float_to_bf16_bits(src[n]);
+            }
+          });
     }
     if (shards.size() > 1) {
       const nlohmann::ordered_json index = {{"metadata", {{"total_size", total_bytes}}},

@@ -41,7 +41,8 @@ class HfModelReader {
   const ModelSpec& spec() const { return spec_; }
   const std::string& model_type() const { return model_type_; }
   const ParamLayout& layout() const { return layout_; }
-  // fp32 values of a parameter of layout(), with q/k/v and gate/up fused.
+  // fp32 values of a parameter of layout(), with q/k/v and gate/up fused. Throws DataError
+  // naming the tensor when it holds NaN or infinity.
   std::vector<float> weights(const ParamInfo& p) const;
   // fp32 values of the model state called `name` (Model::persistent_state's names) where the
   // Hugging Face model stores it (ModelFamily::hf_state: DeepSeek-V3's expert bias): the
@@ -54,6 +55,11 @@ class HfModelReader {
   ParamLayout layout_;
   std::unique_ptr<HfWeightFiles> files_;
 };
+
+// What load_hf_weights checks before it reads a value: config.json describes the weights and
+// the `configured` model, and every tensor is present with its shape. Throws DataError. Run
+// before a training run writes anything.
+void check_hf_weights(const std::string& dir, const ModelSpec& configured);
 
 // Loads the Hugging Face model in `dir` into fp32 slices of the flat layout `layout` (an
 // optimizer's master weights), and the state it stores into the model's `state` tensors

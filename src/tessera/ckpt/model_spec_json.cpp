@@ -1,15 +1,27 @@
 #include "tessera/ckpt/model_spec_json.h"
 
+#include <algorithm>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "tessera/ckpt/json_fields.h"
 #include "tessera/core/error.h"
 #include "tessera/model/model_family.h"
 
 namespace tessera {
 
 namespace {
+
+// Bounds of the sizes a model description may give: far beyond any model, and small enough
+// that a layout built from them cannot overflow its 64-bit offsets.
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden sizes and ranks
+constexpr int64_t kMaxCount = int64_t{1} << 16;  // layers, heads, experts, head sizes
+constexpr int64_t kMaxRows = int64_t{1} << 24;   // vocabularies and MLP widths
+constexpr int64_t kMaxPositions = int64_t{1} << 31;
+constexpr double kMaxCoefficient = 1e12;              // factors, rates and coefficients
+constexpr double kMaxParameters = 281474976710656.0;  // 2^48
 
 const char* load_balancing_name(MoeLoadBalancing b) {
   switch (b) {
@@ -54,27 +66,32 @@ nlohmann::json moe_to_json(const MoeSpec& m) {
           {"moe_token_drop_policy", m.drop_by_position ? "position" : "probs"}};
 }
 
-MoeSpec moe_from_json(const nlohmann::json& j, const std::string& file) {
+MoeSpec moe_from_json(const JsonFields& j, int64_t num_layers) {
   MoeSpec m;
-  m.experts = j.at("num_experts").get<int64_t>();
-  m.topk = j.at("moe_router_topk").get<int64_t>();
-  m.ffn = j.at("moe_ffn_hidden_size").get<int64_t>();
-  m.shared_ffn = j.at("moe_shared_expert_intermediate_size").get<int64_t>();
-  for (int v : j.at("moe_layers").get<std::vector<int>>()) m.layers.push_back(v != 0);
-  m.load_balancing =
-      load_balancing_of(j.at("moe_router_load_balancing_type").get<std::string>(), file);
-  m.aux_loss_coeff = j.at("moe_aux_loss_coeff").get<double>();
-  m.z_loss_coeff = j.at("moe_z_loss_coeff").get<double>();
-  m.sigmoid = j.at("moe_router_score_function").get<std::string>() == "sigmoid";
-  m.pre_softmax = j.at("moe_router_pre_softmax").get<bool>();
-  m.expert_bias = j.at("moe_router_enable_expert_bias").get<bool>();
-  m.bias_update_rate = j.at("moe_router_bias_update_rate").get<double>();
-  m.num_groups = j.at("moe_router_num_groups").get<int64_t>();
-  m.group_topk = j.at("moe_router_group_topk").get<int64_t>();
-  m.topk_scaling = j.at("moe_router_topk_scaling_factor").get<double>();
+  m.experts = j.integer("num_experts", 0, kMaxCount);
+  m.topk = j.integer("moe_router_topk", 0, m.experts);
+  m.ffn = j.integer("moe_ffn_hidden_size", 0, kMaxRows);
+  m.shared_ffn = j.integer("moe_shared_expert_intermediate_size", 0, kMaxRows);
+  const nlohmann::json& layers = j.array("moe_layers");
+  if (static_cast<int64_t>(layers.size()) != num_layers)
+    j.fail(j.field("moe_layers"), layers,
+           fmt::format("one 0 or 1 per layer ({} entries)", num_layers));
+  for (size_t l = 0; l < layers.size(); ++l)
+    m.layers.push_back(
+        j.integer_value(layers[l], fmt::format("{}[{}]", j.field("moe_layers"), l), 0, 1) != 0);
+  m.load_balancing = load_balancing_of(j.string("moe_router_load_balancing_type"), j.file());
+  m.aux_loss_coeff = j.number("moe_aux_loss_coeff", 0, kMaxCoefficient);
+  m.z_loss_coeff = j.number("moe_z_loss_coeff", 0, kMaxCoefficient);
+  m.sigmoid = j.string("moe_router_score_function") == "sigmoid";
+  m.pre_softmax = j.boolean("moe_router_pre_softmax");
+  m.expert_bias = j.boolean("moe_router_enable_expert_bias");
+  m.bias_update_rate = j.number("moe_router_bias_update_rate", 0, kMaxCoefficient);
+  m.num_groups = j.integer("moe_router_num_groups", 0, std::max<int64_t>(m.experts, 0));
+  m.group_topk = j.integer("moe_router_group_topk", 0, std::max<int64_t>(m.num_groups, 0));
+  m.topk_scaling = j.number("moe_router_topk_scaling_factor", 0, kMaxCoefficient);
   // Checkpoints from before token dropping are dropless.
-  m.capacity_factor = j.value("moe_expert_capacity_factor", 0.0);
-  m.drop_by_position = j.value("moe_token_drop_policy", std::string("probs")) == "position";
+  m.capacity_factor = j.number_or("moe_expert_capacity_factor", 0.0, 0, kMaxCoefficient);
+  m.drop_by_position = j.string_or("moe_token_drop_policy", "probs") == "position";
   return m;
 }
 
@@ -96,22 +113,52 @@ nlohmann::json mla_to_json(const ModelSpec& s) {
           {"mscale_all_dim", y.mscale_all_dim}};
 }
 
-void mla_from_json(const nlohmann::json& j, ModelSpec& s) {
+void mla_from_json(const JsonFields& j, ModelSpec& s) {
   MlaSpec& m = s.mla;
   m.enabled = true;
-  m.q_lora_rank = j.at("q_lora_rank").get<int64_t>();
-  m.kv_lora_rank = j.at("kv_lora_rank").get<int64_t>();
-  m.qk_head_dim = j.at("qk_head_dim").get<int64_t>();
-  m.rope_dim = j.at("qk_pos_emb_head_dim").get<int64_t>();
-  m.v_head_dim = j.at("v_head_dim").get<int64_t>();
+  m.q_lora_rank = j.integer("q_lora_rank", 0, kMaxWidth);
+  m.kv_lora_rank = j.integer("kv_lora_rank", 0, kMaxWidth);
+  m.qk_head_dim = j.integer("qk_head_dim", 0, kMaxCount);
+  m.rope_dim = j.integer("qk_pos_emb_head_dim", 0, kMaxCount);
+  m.v_head_dim = j.integer("v_head_dim", 0, kMaxCount);
   YarnRope& y = s.yarn;
-  y.enabled = j.at("rope_type").get<std::string>() == "yarn";
-  y.factor = j.at("rotary_scaling_factor").get<double>();
-  y.original_max_position_embeddings = j.at("original_max_position_embeddings").get<int64_t>();
-  y.beta_fast = j.at("beta_fast").get<double>();
-  y.beta_slow = j.at("beta_slow").get<double>();
-  y.mscale = j.at("mscale").get<double>();
-  y.mscale_all_dim = j.at("mscale_all_dim").get<double>();
+  y.enabled = j.string("rope_type") == "yarn";
+  y.factor = j.number("rotary_scaling_factor", 0, kMaxCoefficient);
+  y.original_max_position_embeddings =
+      j.integer("original_max_position_embeddings", 0, kMaxPositions);
+  y.beta_fast = j.number("beta_fast", 0, kMaxCoefficient);
+  y.beta_slow = j.number("beta_slow", 0, kMaxCoefficient);
+  y.mscale = j.number("mscale", 0, kMaxCoefficient);
+  y.mscale_all_dim = j.number("mscale_all_dim", 0, kMaxCoefficient);
+}
+
+// What the model's blocks assume of a spec (and check as internal errors), for a description
+// read from a file: grouped-query heads, multi-latent attention's dimensions, the routing.
+void require_consistent_shapes(const ModelSpec& s, const std::string& file) {
+  auto refuse = [&](const std::string& what) {
+    throw DataError(fmt::format("{}: the model description is inconsistent: {}", file, what));
+  };
+  if (s.heads % s.kv_heads != 0)
+    refuse(fmt::format("num_attention_heads {} is not a multiple of num_query_groups {}", s.heads,
+                       s.kv_heads));
+  if (const std::string problem = model_family(s.family).spec_problem(s); !problem.empty())
+    refuse(problem);
+  const MlaSpec& m = s.mla;
+  if (m.enabled && (m.kv_lora_rank < 1 || m.rope_dim < 2 || m.rope_dim % 2 != 0 ||
+                    m.qk_head_dim < 1 || m.v_head_dim < 1 || s.head_dim != m.rope_dim))
+    refuse(
+        fmt::format("multi-latent attention needs a positive kv_lora_rank ({}), qk_head_dim "
+                    "({}) and v_head_dim ({}), and an even qk_pos_emb_head_dim ({}) equal to "
+                    "kv_channels ({})",
+                    m.kv_lora_rank, m.qk_head_dim, m.v_head_dim, m.rope_dim, s.head_dim));
+  const MoeSpec& e = s.moe;
+  if (e.enabled() && (e.topk < 1 || e.ffn < 1 ||
+                      (e.num_groups > 0 && (e.experts % e.num_groups != 0 || e.group_topk < 1))))
+    refuse(
+        fmt::format("{} experts need moe_router_topk of at least 1 ({}), a positive "
+                    "moe_ffn_hidden_size ({}) and groups that divide them ({} groups, {} "
+                    "chosen)",
+                    e.experts, e.topk, e.ffn, e.num_groups, e.group_topk));
 }
 
 }  // namespace
@@ -146,43 +193,63 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
   return j;
 }
 
-ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
+ModelSpec spec_from_json(const nlohmann::json& json, const std::string& file) {
+  const JsonFields j(json, file, "model.");
   ModelSpec s;
-  try {
-    // Checkpoints written before model families existed hold Llama-family models.
-    s.family = j.value("model_family", std::string("llama"));
-    s.vocab_size = j.at("vocab_size").get<int64_t>();
-    s.num_layers = j.at("num_layers").get<int64_t>();
-    s.hidden = j.at("hidden_size").get<int64_t>();
-    s.ffn = j.at("ffn_hidden_size").get<int64_t>();
-    s.heads = j.at("num_attention_heads").get<int64_t>();
-    s.kv_heads = j.at("num_query_groups").get<int64_t>();
-    s.head_dim = j.at("kv_channels").get<int64_t>();
-    s.max_position_embeddings = j.at("max_position_embeddings").get<int64_t>();
-    s.rotary_base = j.at("rotary_base").get<double>();
-    s.rope_scaling.enabled = j.at("use_rope_scaling").get<bool>();
-    s.rope_scaling.factor = j.at("rope_scaling_factor").get<double>();
-    s.rope_scaling.low_freq_factor = j.at("rope_low_freq_factor").get<double>();
-    s.rope_scaling.high_freq_factor = j.at("rope_high_freq_factor").get<double>();
-    s.rope_scaling.original_max_position_embeddings =
-        j.at("rope_original_max_position_embeddings").get<int64_t>();
-    s.norm_eps = j.at("norm_epsilon").get<float>();
-    s.qkv_bias = j.at("add_qkv_bias").get<bool>();
-    s.tied_embeddings = j.at("tied_embeddings").get<bool>();
-    s.sliding_window = j.at("sliding_window").get<int64_t>();
-    s.qk_norm = j.value("qk_layernorm", false);
-    // Checkpoints from before it was recorded: Megatron's default.
-    s.init_std = j.value("init_method_std", 0.02f);
-    if (j.contains("moe")) s.moe = moe_from_json(j.at("moe"), file);
-    if (j.contains("multi_latent_attention")) mla_from_json(j.at("multi_latent_attention"), s);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: the model description is incomplete: {}", file, e.what()));
-  }
+  // Checkpoints written before model families existed hold Llama-family models.
+  s.family = j.string_or("model_family", "llama");
+  s.vocab_size = j.integer("vocab_size", 1, kMaxRows);
+  s.num_layers = j.integer("num_layers", 1, kMaxCount);
+  s.hidden = j.integer("hidden_size", 1, kMaxWidth);
+  s.ffn = j.integer("ffn_hidden_size", 0, kMaxRows);
+  s.heads = j.integer("num_attention_heads", 1, kMaxCount);
+  s.kv_heads = j.integer("num_query_groups", 1, s.heads);
+  s.head_dim = j.integer("kv_channels", 1, kMaxCount);
+  s.max_position_embeddings = j.integer("max_position_embeddings", 1, kMaxPositions);
+  s.rotary_base = j.number("rotary_base", 0, std::numeric_limits<double>::max());
+  s.rope_scaling.enabled = j.boolean("use_rope_scaling");
+  s.rope_scaling.factor = j.number("rope_scaling_factor", 0, kMaxCoefficient);
+  s.rope_scaling.low_freq_factor = j.number("rope_low_freq_factor", 0, kMaxCoefficient);
+  s.rope_scaling.high_freq_factor = j.number("rope_high_freq_factor", 0, kMaxCoefficient);
+  s.rope_scaling.original_max_position_embeddings =
+      j.integer("rope_original_max_position_embeddings", 0, kMaxPositions);
+  s.norm_eps = static_cast<float>(j.number("norm_epsilon", 0, 1));
+  s.qkv_bias = j.boolean("add_qkv_bias");
+  s.tied_embeddings = j.boolean("tied_embeddings");
+  s.sliding_window = j.integer("sliding_window", 0, kMaxPositions);
+  s.qk_norm = j.boolean_or("qk_layernorm", false);
+  // Checkpoints from before it was recorded: Megatron's default.
+  s.init_std = static_cast<float>(j.number_or("init_method_std", 0.02, 0, 1));
+  if (j.has("moe")) s.moe = moe_from_json(j.object("moe"), s.num_layers);
+  if (j.has("multi_latent_attention")) mla_from_json(j.object("multi_latent_attention"), s);
   if (find_model_family(s.family) == nullptr)
     throw DataError(fmt::format("{}: model_family '{}' is not one this build has ({})", file,
                                 s.family, model_family_names()));
+  require_model_size(s, file);
+  require_consistent_shapes(s, file);
   s.tokenizer_vocab = s.vocab_size;
   return s;
+}
+
+void require_model_size(const ModelSpec& s, const std::string& file) {
+  // An upper bound of the parameters, in floating point so that no size can overflow it.
+  const double hidden = static_cast<double>(s.hidden);
+  const double head = static_cast<double>(std::max({s.head_dim, s.mla.qk_dim(), s.mla.v_head_dim}));
+  const double attention =
+      hidden * static_cast<double>(2 * s.heads + 2 * s.kv_heads) * head +
+      hidden * static_cast<double>(s.mla.q_lora_rank + s.mla.kv_lora_rank + s.mla.rope_dim) +
+      static_cast<double>(s.mla.q_lora_rank + s.mla.kv_lora_rank) * static_cast<double>(s.heads) *
+          2 * head;
+  const double mlp =
+      3 * hidden * static_cast<double>(s.ffn + s.moe.shared_ffn) +
+      static_cast<double>(s.moe.experts) * hidden * (3 * static_cast<double>(s.moe.ffn) + 1);
+  const double params = static_cast<double>(s.num_layers) * (attention + mlp + 4 * hidden) +
+                        2 * static_cast<double>(s.vocab_size) * hidden;
+  if (params > kMaxParameters)
+    throw DataError(fmt::format(
+        "{}: describes a model of about {:.3g} parameters ({} layers, hidden {}, MLP {}, {} "
+        "experts of {}, vocabulary {}); expected at most 2^48 (a damaged file?)",
+        file, params, s.num_layers, s.hidden, s.ffn, s.moe.experts, s.moe.ffn, s.vocab_size));
 }
 
 SpecDifferences compare_specs(const ModelSpec& f, const ModelSpec& c, const std::string& label) {

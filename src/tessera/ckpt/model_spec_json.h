@@ -11,8 +11,13 @@
 namespace tessera {
 
 nlohmann::json spec_to_json(const ModelSpec& spec);
-// Throws DataError naming `file` when a field is missing or has the wrong type.
+// Throws DataError naming `file`, the field and what was expected when a field is missing,
+// has the wrong type or a size beyond any model (require_model_size).
 ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file);
+
+// Throws DataError naming `file` when `spec` describes more parameters than any model has
+// (2^48): a damaged or forged description, checked before a layout is built from it.
+void require_model_size(const ModelSpec& spec, const std::string& file);
 
 struct SpecDifferences {
   // Differences that change tensor shapes: weights cannot be loaded across them.

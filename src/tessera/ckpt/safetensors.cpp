@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -50,6 +52,43 @@ void write_all(int fd, const char* data, size_t n, const std::string& path) {
     data += w;
     n -= static_cast<size_t>(w);
   }
+}
+
+// `__metadata__` is a map of strings in the format; values of other types are kept as their
+// JSON text rather than refused, as transformers' files sometimes hold them.
+void metadata_value(std::map<std::string, std::string>& metadata, const std::string& key,
+                    const nlohmann::json& value) {
+  metadata[key] = value.is_string() ? value.get<std::string>() : value.dump();
+}
+
+// The format forbids overlapping tensors and bytes no tensor holds (a polyglot file, or a
+// tensor reading another's bytes): sorted by offset, the tensors must tile the data region
+// exactly, each starting where the one before ends.
+void check_tiling(const SafetensorsHeader& h, uint64_t data_size, const std::string& path) {
+  std::vector<size_t> order(h.tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return h.offsets[a] < h.offsets[b]; });
+  uint64_t at = 0;
+  const SafetensorsTensor* previous = nullptr;
+  for (size_t i : order) {
+    const auto [begin, end] = h.offsets[i];
+    if (begin != at)
+      throw DataError(fmt::format(
+          "{}: tensor '{}' has data_offsets [{}, {}], but {}; expected the tensors' "
+          "data_offsets to tile the data region exactly (damaged or forged file?)",
+          path, h.tensors[i].name, begin, end,
+          begin < at
+              ? fmt::format("its bytes overlap tensor '{}', which ends at {}", previous->name, at)
+              : fmt::format("bytes [{}, {}) belong to no tensor", at, begin)));
+    at = end;
+    previous = &h.tensors[i];
+  }
+  if (at != data_size)
+    throw DataError(fmt::format(
+        "{}: bytes [{}, {}) of the data region belong to no tensor; expected the tensors' "
+        "data_offsets to tile it exactly (damaged or forged file?)",
+        path, at, data_size));
 }
 
 }  // namespace
@@ -116,6 +155,79 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::filesystem::rename(tmp, path);
 }
 
+SafetensorsHeader parse_safetensors(const char* bytes, size_t size, const std::string& path) {
+  if (size < 8)
+    throw DataError(fmt::format("{}: {} bytes, too short for a safetensors header", path, size));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes, 8);
+  if (n > size - 8)
+    throw DataError(fmt::format("{}: header length {} exceeds the file size {} (truncated file?)",
+                                path, n, size));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: malformed JSON header: {}", path, e.what()));
+  }
+  if (!header.is_object())
+    throw DataError(fmt::format("{}: the header is {}; expected a JSON object of tensors", path,
+                                header.type_name()));
+  const size_t data_start = 8 + n, data_size = size - data_start;
+  SafetensorsHeader out;
+  auto malformed = [&](const std::string& name, const std::string& what) {
+    return DataError(fmt::format("{}: tensor '{}' entry is malformed: {}", path, name, what));
+  };
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object())
+        throw DataError(fmt::format("{}: __metadata__ is {}; expected an object of strings", path,
+                                    v.type_name()));
+      for (const auto& [k, mv] : v.items()) metadata_value(out.metadata, k, mv);
+      continue;
+    }
+    if (!v.is_object())
+      throw malformed(name, fmt::format("{} instead of an object", v.type_name()));
+    SafetensorsTensor t;
+    t.name = name;
+    const auto dtype = v.find("dtype");
+    if (dtype == v.end() || !dtype->is_string()) throw malformed(name, "no dtype string");
+    if (!st_dtype(dtype->get<std::string>(), &t.dtype))
+      throw DataError(
+          fmt::format("{}: tensor '{}' has unsupported dtype {}", path, name, dtype->dump()));
+    const auto shape = v.find("shape");
+    if (shape == v.end() || !shape->is_array()) throw malformed(name, "no shape list");
+    // The element count and byte size, refused where they overflow (SafetensorsTensor::numel
+    // multiplies the dimensions in 64 bits).
+    int64_t numel = 1;
+    for (const auto& d : *shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ||
+          __builtin_mul_overflow(numel, d.get<int64_t>(), &numel))
+        throw malformed(name, fmt::format("shape {} is not a list of non-negative integers with "
+                                          "a product below 2^63",
+                                          shape->dump()));
+      t.shape.push_back(d.get<int64_t>());
+    }
+    int64_t bytes_needed = 0;
+    if (__builtin_mul_overflow(numel, static_cast<int64_t>(dtype_size(t.dtype)), &bytes_needed))
+      throw malformed(name, fmt::format("shape {} holds more bytes than any file", shape->dump()));
+    const auto offsets = v.find("data_offsets");
+    if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 ||
+        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
+      throw malformed(name, "data_offsets is not a pair of non-negative integers");
+    const uint64_t begin = (*offsets)[0].get<uint64_t>(), end = (*offsets)[1].get<uint64_t>();
+    if (begin > end || end > data_size || end - begin != static_cast<uint64_t>(bytes_needed))
+      throw DataError(
+          fmt::format("{}: tensor '{}' has data_offsets {} inconsistent with its shape "
+                      "or the file size (truncated file?)",
+                      path, name, offsets->dump()));
+    t.data = bytes + data_start + begin;
+    out.tensors.push_back(std::move(t));
+    out.offsets.emplace_back(begin, end);
+  }
+  check_tiling(out, data_size, path);
+  return out;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -130,46 +242,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     map_ = nullptr;
     throw DataError(fmt::format("{}: cannot map {} bytes: {}", path, size_, std::strerror(errno)));
   }
-  const char* bytes = static_cast<const char*>(map_);
-  if (size_ < 8)
-    throw DataError(fmt::format("{}: {} bytes, too short for a safetensors header", path, size_));
-  uint64_t n = 0;
-  std::memcpy(&n, bytes, 8);
-  if (n > size_ - 8)
-    throw DataError(fmt::format("{}: header length {} exceeds the file size {} (truncated file?)",
-                                path, n, size_));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: malformed JSON header: {}", path, e.what()));
-  }
-  const size_t data_start = 8 + n, data_size = size_ - data_start;
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      for (const auto& [k, mv] : v.items())
-        metadata_[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
-      continue;
-    }
-    SafetensorsTensor t;
-    t.name = name;
-    try {
-      if (!st_dtype(v.at("dtype").get<std::string>(), &t.dtype))
-        throw DataError(fmt::format("{}: tensor '{}' has unsupported dtype {}", path, name,
-                                    v.at("dtype").dump()));
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1] || off[1] > data_size || off[1] - off[0] != t.nbytes())
-        throw DataError(
-            fmt::format("{}: tensor '{}' has data_offsets {} inconsistent with its shape "
-                        "or the file size (truncated file?)",
-                        path, name, v.at("data_offsets").dump()));
-      t.data = bytes + data_start + off[0];
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError(fmt::format("{}: tensor '{}' entry is malformed: {}", path, name, e.what()));
-    }
-    tensors_.push_back(std::move(t));
-  }
+  SafetensorsHeader header = parse_safetensors(static_cast<const char*>(map_), size_, path);
+  tensors_ = std::move(header.tensors);
+  metadata_ = std::move(header.metadata);
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -215,16 +290,22 @@ std::vector<float> SafetensorsFile::to_float(const std::string& name, int64_t be
            "{}: elements [{}, {}) outside tensor '{}' of {}", path_, begin, begin + count, name,
            t->numel());
   std::vector<float> out(count);
-  const auto* h = static_cast<const uint16_t*>(t->data) + begin;
+  // Tensor data need not be aligned in the file: read 16-bit values byte-wise.
+  const char* src = static_cast<const char*>(t->data);
+  auto half = [&](size_t i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + (static_cast<size_t>(begin) + i) * 2, 2);
+    return bits;
+  };
   switch (t->dtype) {
     case DType::F32:
-      std::memcpy(out.data(), static_cast<const float*>(t->data) + begin, out.size() * 4);
+      std::memcpy(out.data(), src + static_cast<size_t>(begin) * 4, out.size() * 4);
       break;
     case DType::BF16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_bits_to_float(h[i]);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_bits_to_float(half(i));
       break;
     case DType::F16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = half_bits_to_float(h[i]);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = half_bits_to_float(half(i));
       break;
     default:
       throw DataError(fmt::format("{}: tensor '{}' is {}, expected F32, BF16 or F16", path_, name,

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/dtype.h"
@@ -31,9 +32,20 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
                        const std::map<std::string, std::string>& metadata,
                        const std::function<void(size_t index, void* dst)>& fill);
 
+// The tensors and metadata of a safetensors file held in memory (`bytes`, `size`: the whole
+// file), checked: a JSON object header inside the file, known dtypes, shapes whose bytes fit,
+// and data_offsets that tile the data region exactly (no overlap, no gap), as the format
+// requires. Tensors' `data` point into `bytes`. Throws DataError naming `path`.
+struct SafetensorsHeader {
+  std::vector<SafetensorsTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  std::vector<std::pair<uint64_t, uint64_t>> offsets;  // each tensor's [begin, end) in the data
+};
+SafetensorsHeader parse_safetensors(const char* bytes, size_t size, const std::string& path);
+
 // A safetensors file mapped into memory (read lazily, so opening a large file to check its
 // header is cheap). Throws DataError naming the file on any malformation (short header, bad
-// JSON, offsets outside the data, unknown dtype).
+// JSON, offsets outside the data or not tiling it, unknown dtype).
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);

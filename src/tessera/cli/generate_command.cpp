@@ -64,7 +64,8 @@ struct Source {
 
 Source open_source(const std::string& from) {
   Source s;
-  if (fs::exists(fs::path(from) / "config.json")) {
+  std::error_code ec;
+  if (fs::exists(fs::path(from) / "config.json", ec)) {
     s.name = from;
     s.hf = std::make_unique<HfModelReader>(from);
     return s;
@@ -91,15 +92,23 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
     return make_tokenizer(d);
   }
   if (src.checkpoint) {
-    const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
-    const std::string type = config["tokenizer_type"].as<std::string>("ByteLevel");
-    for (TokenizerType t :
-         {TokenizerType::HuggingFace, TokenizerType::Null, TokenizerType::Gpt2Bpe})
-      if (type == tokenizer_type_name(t)) d.tokenizer_type = t;
-    d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
-    d.vocab_file = config["vocab_file"].as<std::string>("");
-    d.merge_file = config["merge_file"].as<std::string>("");
-    return make_tokenizer(d, config["vocab_size"].as<int64_t>(0));
+    try {
+      const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
+      if (!config.IsMap()) throw YAML::Exception(YAML::Mark::null_mark(), "not a mapping");
+      const std::string type = config["tokenizer_type"].as<std::string>("ByteLevel");
+      for (TokenizerType t :
+           {TokenizerType::HuggingFace, TokenizerType::Null, TokenizerType::Gpt2Bpe})
+        if (type == tokenizer_type_name(t)) d.tokenizer_type = t;
+      d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
+      d.vocab_file = config["vocab_file"].as<std::string>("");
+      d.merge_file = config["merge_file"].as<std::string>("");
+      return make_tokenizer(d, config["vocab_size"].as<int64_t>(0));
+    } catch (const YAML::Exception& e) {
+      throw DataError(
+          fmt::format("{}: config_yaml does not name a tokenizer ({}); pass "
+                      "--tokenizer",
+                      (fs::path(src.name) / "trainer_state.json").string(), e.what()));
+    }
   }
   const fs::path file = fs::path(src.name) / "tokenizer.json";
   if (!fs::exists(file))
@@ -170,6 +179,15 @@ int generate_command(const Args& args) {
   if (precision != "auto" && precision != "fp32" && precision != "bf16")
     throw ConfigError("command line", "precision", precision, "auto, fp32 or bf16");
 
+  // The device first: a precision it cannot run is refused before any file is read.
+  auto backend = make_backend(choice, 0);
+  const DType dtype = precision == "fp32"   ? DType::F32
+                      : precision == "bf16" ? DType::BF16
+                                            : backend->default_compute_dtype();
+  if (dtype == DType::BF16 && !backend->supports(Capability::Bf16Compute))
+    throw ConfigError("command line", "precision", precision,
+                      "auto or fp32 on " + backend->description() +
+                          ": bf16 runs on GPUs (the CPU backend is the fp32 reference)");
   const Source src = open_source(from);
   const ModelSpec& spec = src.spec();
   std::unique_ptr<Tokenizer> tokenizer;
@@ -187,10 +205,6 @@ int generate_command(const Args& args) {
   const int64_t vocab =
       tokenizer ? std::min(tokenizer->vocab_size(), spec.vocab_size) : spec.vocab_size;
 
-  auto backend = make_backend(choice, 0);
-  const DType dtype = precision == "fp32"   ? DType::F32
-                      : precision == "bf16" ? DType::BF16
-                                            : backend->default_compute_dtype();
   Generator gen(*backend, spec, dtype, static_cast<int64_t>(prompt.size()) + max_new);
   gen.load([&](const ParamInfo& p) { return src.weights(p); },
            [&](const std::string& name) { return src.state(name); });

@@ -3,7 +3,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,15 @@ int main(int argc, char** argv) {
       // (a disk that fills up, a directory removed under a run) is a runtime failure, not a crash.
       fmt::print(stderr, "error: {}\n", e.what());
       return tessera::kExitRuntimeFailure;
+    } catch (const std::bad_alloc&) {
+      // Commands plan what they allocate and say what does not fit; an allocation that still
+      // fails is a runtime failure with a message, never an abort.
+      fmt::print(stderr, "error: out of host memory in tessera {}\n", name);
+      return tessera::kExitRuntimeFailure;
+    } catch (const std::exception& e) {
+      // Every failure a user can cause has its own error type; anything else is a bug.
+      fmt::print(stderr, "internal error in tessera {}: {}\n", name, e.what());
+      return 70;
     }
   }
   fmt::print(stderr, "error: unknown command '{}'{}\n\n", name,

@@ -163,10 +163,11 @@ void log_megatron_keys(const Experiment& exp, Logger& log) {
 // One rank's run: its logs and (rank 0) metrics, then the trainer. A rank of a job of
 // processes (`env` distributed) makes its communicator through `rendezvous`; a thread rank is
 // handed `thread_comm`; a single process has neither. `dirs`: what rank 0 prepared (null on
-// other ranks).
+// other ranks). `tokenizer`: one the run's checks loaded already, or null.
 void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int rank,
                 dist::Communicator* thread_comm, const dist::DistEnv& env,
-                dist::Rendezvous* rendezvous, const RunDirectories* dirs) {
+                dist::Rendezvous* rendezvous, const RunDirectories* dirs,
+                std::unique_ptr<Tokenizer> tokenizer = nullptr) {
   const std::filesystem::path root = exp.experiment_root();
   const bool rank0 = rank == 0;
   Logger log((root / "logs" / "pre_trainer" / fmt::format("rank-{}", rank)).string(), rank, rank0,
@@ -190,7 +191,8 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
           make_communicator(*backend, *rendezvous, exp.training.dist_timeout_minutes * 60.0, log);
     }
     dist::Communicator* comm = thread_comm ? thread_comm : process_comm.get();
-    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm, run_id);
+    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm, run_id,
+                    std::move(tokenizer));
     try {
       trainer.train();
     } catch (const TrainingAborted& e) {
@@ -270,10 +272,15 @@ int train_command(const Args& args) {
           : make_backend(exp.training.device, dist::device_for_local_rank(env, gpu_device_count()),
                          backend_options(exp.training));
 
+  // Everything that can refuse the run before any directory is touched: a refused run writes
+  // nothing and moves no earlier run aside.
+  const int world = a.local_ranks > 1 ? a.local_ranks : env.world_size;
+  RunStart start = check_run_can_start(
+      exp, backend ? *backend : *make_backend(DeviceChoice::Cpu, 0), world, env.rank);
   check_run_outputs(exp);
   std::optional<RunDirectories> dirs;
   if (env.rank == 0) {
-    dirs.emplace(prepare_run_directories(exp, checkpoint_to_resume(exp.checkpoint)));
+    dirs.emplace(prepare_run_directories(exp, start.resume_dir));
     write_file_atomically(std::filesystem::path(exp.experiment_root()) / "config.yaml",
                           experiment_to_yaml(exp));
   }
@@ -285,7 +292,7 @@ int train_command(const Args& args) {
     return 0;
   }
   train_rank(exp, std::move(backend), env.rank, nullptr, env, rendezvous.get(),
-             dirs ? &*dirs : nullptr);
+             dirs ? &*dirs : nullptr, std::move(start.tokenizer));
   return 0;
 }
 

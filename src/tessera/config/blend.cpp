@@ -47,7 +47,8 @@ std::vector<BlendEntry> parse_blend(const std::string& text, const std::string& 
 bool is_text_corpus_path(const std::string& train_data_path) {
   // PREFIX.bin or PREFIX.idx given for PREFIX is a blend, which parse_blend then rejects.
   const std::string ext = std::filesystem::path(train_data_path).extension().string();
-  return std::filesystem::exists(train_data_path) && ext != ".bin" && ext != ".idx";
+  std::error_code ec;  // a name the file system refuses is no corpus
+  return std::filesystem::exists(train_data_path, ec) && ext != ".bin" && ext != ".idx";
 }
 
 }  // namespace tessera

@@ -349,6 +349,12 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+// At least the edit distance of two words: the difference of their lengths. A word too long
+// to be near any key (a key of megabytes in a hostile file) then costs no quadratic distance.
+size_t length_gap(std::string_view a, std::string_view b) {
+  return a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+}
+
 }  // namespace
 
 std::span<const KeySpec> config_keys() {
@@ -365,14 +371,16 @@ const KeySpec* find_key(std::string_view name) {
 std::string suggest_key(std::string_view unknown) {
   std::string best;
   size_t best_d = std::string::npos;
+  const size_t close = std::max<size_t>(2, unknown.size() / 3);
   for (const auto& k : config_keys()) {
-    size_t d = edit_distance(unknown, k.name);
     // A key containing the typed word is a good suggestion even when far by edits.
-    if (k.name.find(unknown) != std::string_view::npos && unknown.size() >= 4)
-      d = std::min(d, size_t{2});
+    const bool contains = k.name.find(unknown) != std::string_view::npos && unknown.size() >= 4;
+    size_t d = !contains && length_gap(unknown, k.name) > close ? length_gap(unknown, k.name)
+                                                                : edit_distance(unknown, k.name);
+    if (contains) d = std::min(d, size_t{2});
     if (d < best_d) best_d = d, best = std::string(k.name);
   }
-  return best_d <= std::max<size_t>(2, unknown.size() / 3) ? best : std::string();
+  return best_d <= close ? best : std::string();
 }
 
 std::vector<std::string> nearest_names(std::string_view word, std::span<const std::string> names,
@@ -386,7 +394,8 @@ std::vector<std::string> nearest_names(std::string_view word, std::span<const st
   const size_t close = std::max<size_t>(2, w.size() / 3);
   std::vector<std::pair<size_t, std::string>> scored;
   for (const std::string& n : names)
-    if (const size_t d = edit_distance(w, lower(n)); d <= close) scored.emplace_back(d, n);
+    if (length_gap(w, n) <= close)
+      if (const size_t d = edit_distance(w, lower(n)); d <= close) scored.emplace_back(d, n);
   std::sort(scored.begin(), scored.end());
   std::vector<std::string> out;
   // Only the nearest, and those one edit further unless the nearest differs in case alone

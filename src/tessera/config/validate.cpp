@@ -632,8 +632,9 @@ void check_blend(const Checker& c, const char* key, const std::string& value, Ru
             "`tessera preprocess`; the default experiment's by scripts/setup.sh)";
   for (const auto& b : blend) {
     std::vector<std::string> missing;
+    std::error_code ec;
     for (const char* ext : {".bin", ".idx"})
-      if (!fs::is_regular_file(b.prefix + ext)) missing.push_back(b.prefix + ext);
+      if (!fs::is_regular_file(b.prefix + ext, ec)) missing.push_back(b.prefix + ext);
     c.require(missing.empty(), key,
               fmt::format("{}; {} not found", expected, fmt::join(missing, " and ")));
     const std::optional<TokenizerRecord> made_with = read_tokenizer_record(b.prefix);
@@ -689,16 +690,21 @@ void check_checkpoint(const Checker& c, const CheckpointConfig& k) {
   c.require(k.save_interval >= 0, "save_interval",
             "0 (save only at the end) or a positive interval");
   c.require(k.ckpt_keep_last >= 0, "ckpt_keep_last", "0 (keep all) or a positive count");
-  c.require(k.save.empty() || !fs::exists(k.save) || fs::is_directory(k.save), "save",
-            "a directory for checkpoints (this path is a file)");
+  // Checked here, before the run makes anything, as the experiment directory is; a name
+  // the file system refuses (over 255 bytes) is named as such, not left to the first save.
+  const auto save_problem = k.save.empty() ? std::nullopt : output_directory_problem(k.save);
+  c.require(!save_problem, "save",
+            "a directory for checkpoints that can be created and written (" +
+                save_problem.value_or("") + ")");
   // A missing `load` is allowed only when it is the save directory: the first run of a
   // job that is requeued with the same command line.
   const auto same_dir = [](const std::string& a, const std::string& b) {
     return (fs::path(a) / "").lexically_normal() == (fs::path(b) / "").lexically_normal();
   };
-  c.require(k.load.empty() || fs::is_directory(k.load) || same_dir(k.load, k.save), "load",
+  std::error_code ec;
+  c.require(k.load.empty() || fs::is_directory(k.load, ec) || same_dir(k.load, k.save), "load",
             "an existing checkpoint directory, or the save directory");
-  c.require(k.hf_init_path.empty() || fs::exists(fs::path(k.hf_init_path) / "config.json"),
+  c.require(k.hf_init_path.empty() || fs::exists(fs::path(k.hf_init_path) / "config.json", ec),
             "hf_init_path", "a Hugging Face model directory holding config.json");
 }
 

@@ -1,6 +1,7 @@
 #include "tessera/core/output_path.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,8 +15,26 @@ namespace tessera {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The kernel refuses a name longer than NAME_MAX bytes and a path longer than PATH_MAX with
+// ENAMETOOLONG; say which part is too long rather than "File name too long".
+std::optional<std::string> name_length_problem(const fs::path& path) {
+  for (const fs::path& part : path)
+    if (part.native().size() > NAME_MAX)
+      return fmt::format("{}...: a path component of {} bytes; names are at most {} bytes",
+                         part.native().substr(0, 40), part.native().size(), NAME_MAX);
+  if (path.native().size() >= PATH_MAX)
+    return fmt::format("a path of {} bytes; paths are at most {} bytes", path.native().size(),
+                       PATH_MAX - 1);
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<std::string> output_directory_problem(const fs::path& dir) {
   if (dir.empty()) return "the path is empty";
+  if (auto problem = name_length_problem(dir)) return problem;
   // Walk up to the nearest existing ancestor: that is where create_directories starts, so it
   // must be a directory we may create entries in.
   fs::path p = dir;
@@ -46,6 +65,7 @@ std::optional<std::string> output_directory_problem(const fs::path& dir) {
 std::optional<std::string> output_file_problem(const fs::path& file) {
   if (file.empty()) return "the path is empty";
   if (!file.has_filename()) return fmt::format("{} ends in '/': no file name", file.string());
+  if (auto problem = name_length_problem(file)) return problem;
   std::error_code ec;
   if (fs::is_directory(file, ec)) return fmt::format("{} is a directory", file.string());
   return output_directory_problem(file.parent_path().empty() ? fs::path(".") : file.parent_path());

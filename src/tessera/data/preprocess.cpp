@@ -45,9 +45,11 @@ struct RawDocument {
 std::vector<InputFile> list_inputs(const std::vector<std::string>& inputs) {
   std::vector<InputFile> files;
   for (const std::string& in : inputs) {
-    if (fs::is_directory(in)) {
+    // The error_code forms: a name the file system refuses (over 255 bytes) is no input.
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
       for (const std::string& f : list_text_files(in)) files.push_back({f, false});
-    } else if (fs::is_regular_file(in)) {
+    } else if (fs::is_regular_file(in, ec)) {
       const std::string ext = fs::path(in).extension().string();
       files.push_back({in, ext == ".jsonl" || ext == ".json"});
     } else {
@@ -104,6 +106,73 @@ class DocumentReader {
   uint64_t line_ = 0, bytes_read_ = 0;
 };
 
+// The length of the valid UTF-8 sequence at text[i] (1 to 4), or 0 when it is not one: a
+// stray continuation byte, an overlong form, a surrogate or a code point past U+10FFFF.
+size_t utf8_sequence_length(std::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  const size_t n = c >= 0xC2 && c <= 0xDF   ? 2
+                   : c >= 0xE0 && c <= 0xEF ? 3
+                   : c >= 0xF0 && c <= 0xF4 ? 4
+                                            : 0;
+  if (n == 0 || i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  // The second byte's range excludes overlong forms, surrogates and values past U+10FFFF.
+  const unsigned char second = byte(i + 1);
+  if ((c == 0xE0 && second < 0xA0) || (c == 0xED && second > 0x9F) ||
+      (c == 0xF0 && second < 0x90) || (c == 0xF4 && second > 0x8F))
+    return 0;
+  return n;
+}
+
+// One JSON line as an object. Refused with the column and what is wrong there: a NUL byte
+// (the JSON library would stop reading at it and accept what came before), bytes that are not
+// UTF-8, or JSON that does not parse (a lone UTF-16 surrogate escape such as \ud800 among
+// them); and a line that parses to anything but an object.
+nlohmann::json parse_json_line(std::string_view line, const std::string& where) {
+  for (size_t i = 0; i < line.size();) {
+    if (line[i] == '\0')
+      throw DataError(
+          fmt::format("{}: a NUL byte at column {}; expected a line of JSON text (a "
+                      "binary file?)",
+                      where, i + 1));
+    const size_t n = utf8_sequence_length(line, i);
+    if (n == 0)
+      throw DataError(
+          fmt::format("{}: invalid UTF-8 at column {} (byte 0x{:02X}); expected JSON "
+                      "lines in UTF-8",
+                      where, i + 1, static_cast<unsigned char>(line[i])));
+    i += n;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 12: syntax error while
+    // parsing value - invalid string: surrogate U+D800..U+DBFF must be followed by
+    // U+DC00..U+DFFF; last read: '...'": keep the reason, not the text read.
+    std::string reason = e.what();
+    reason = reason.substr(0, reason.find("; last read"));
+    if (const size_t column = reason.find("column "); column != std::string::npos)
+      reason.erase(0, reason.find(": ", column) + 2);
+    if (const size_t dash = reason.find(" - "); dash != std::string::npos)
+      reason.replace(dash, 3, ": ");
+    if (reason.find("surrogate") != std::string::npos)
+      reason = "a lone UTF-16 surrogate escape (" + reason + ")";
+    throw DataError(fmt::format("{}: invalid JSON at column {}: {}", where, e.byte, reason));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // "[json.exception.out_of_range.406] number overflow parsing '1e9999'": no position.
+    const std::string what = e.what();
+    throw DataError(fmt::format("{}: invalid JSON: {}", where, what.substr(what.find("] ") + 2)));
+  }
+  if (!j.is_object())
+    throw DataError(fmt::format("{}: a JSON {}, not an object (JSON lines of objects expected)",
+                                where, j.type_name()));
+  return j;
+}
+
 // Tokenizes one document into ids[k] for every key k (empty when it has no text).
 void encode_document(const RawDocument& doc, const std::vector<std::string>& keys,
                      const Tokenizer& tokenizer, bool append_eod,
@@ -113,10 +182,7 @@ void encode_document(const RawDocument& doc, const std::vector<std::string>& key
     tokenizer.encode(read_text_document(doc.file->path), &(*ids)[0]);
   } else {
     const std::string where = fmt::format("{}:{}", doc.file->path, doc.line);
-    const nlohmann::json j =
-        nlohmann::json::parse(doc.json_line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object())
-      throw DataError(fmt::format("{}: not a JSON object (JSON lines expected)", where));
+    const nlohmann::json j = parse_json_line(doc.json_line, where);
     for (size_t k = 0; k < keys.size(); ++k) {
       const auto it = j.find(keys[k]);
       if (it == j.end())

@@ -113,7 +113,8 @@ std::string read_text_document(const std::string& file) {
 
 std::vector<std::string> load_text_documents(const std::string& path) {
   std::vector<std::string> docs;
-  if (fs::is_directory(path)) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
     for (const std::string& f : list_text_files(path)) {
       std::string text = read_text_document(f);
       if (!text.empty()) docs.push_back(std::move(text));
@@ -121,7 +122,7 @@ std::vector<std::string> load_text_documents(const std::string& path) {
     if (docs.empty()) throw DataError(fmt::format("{}: the text files hold no text", path));
     return docs;
   }
-  if (!fs::is_regular_file(path))
+  if (!fs::is_regular_file(path, ec))
     throw DataError(fmt::format("{}: no such file or directory (train_data_path)", path));
   const std::string text = read_text_document(path);
   size_t start = 0;

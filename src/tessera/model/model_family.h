@@ -56,6 +56,12 @@ class ModelFamily {
                                                            int64_t layer) const = 0;
   // The features a one-line summary lists after the sizes (", qkv bias, sliding window 4096").
   virtual std::string features(const ModelSpec& s) const = 0;
+  // Why the family cannot build `s`, a spec read from a file (a checkpoint's description)
+  // rather than made by make_spec; empty when it can. Checked before its blocks are made.
+  virtual std::string spec_problem(const ModelSpec& s) const {
+    (void)s;
+    return "";
+  }
 
   // ---- Hugging Face ----
   // The config.json model_type values it reads ("llama", "qwen2", "mistral").

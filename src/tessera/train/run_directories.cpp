@@ -3,8 +3,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -28,6 +30,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kLockFile = ".tessera.lock";
+// A lock note, "PID 123 (tessera train ...)", is one command line long.
+constexpr off_t kMaxLockNoteBytes = 1 << 16;
 // A run's own files in the experiment root, moved aside when another run starts there.
 constexpr const char* kRunFiles[] = {"metrics.jsonl", "config.yaml", "logs", "traces"};
 
@@ -36,25 +40,18 @@ std::string origin_of(const Experiment& e, const std::string& key) {
   return it == e.origin.end() ? "default" : it->second;
 }
 
-// Checks that `dir` can be created and written (core/output_path.h), then creates it, before
-// any work: a run must not find out at its first save, after its training time, that it cannot
-// write. Throws ConfigError naming `key`.
-void claim_writable_directory(const fs::path& dir, const std::string& key,
-                              const std::string& value, const std::string& origin) {
-  std::optional<std::string> problem = output_directory_problem(dir);
-  if (!problem) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) problem = dir.string() + ": " + ec.message();
-  }
-  if (problem)
+// Checks that `dir` can be created and written (core/output_path.h), before any work: a run
+// must not find out at its first save, after its training time, that it cannot write. Only
+// looks. Throws ConfigError naming `key`.
+void require_writable_directory(const fs::path& dir, const std::string& key,
+                                const std::string& value, const std::string& origin) {
+  if (const std::optional<std::string> problem = output_directory_problem(dir))
     throw ConfigError(origin, key, value,
                       "a directory that can be created and written (" + *problem + ")");
 }
 
 // The experiment root comes from four keys; name the one whose part of the path is at fault.
-void claim_experiment_root(const Experiment& e) {
-  const fs::path root = e.experiment_root();
+void require_experiment_root(const Experiment& e) {
   for (const auto& [key, value] : {std::pair<std::string, std::string>{"exp_name", e.exp_name},
                                    {"user_name", e.user_name},
                                    {"work_group", e.work_group}})
@@ -62,7 +59,51 @@ void claim_experiment_root(const Experiment& e) {
       throw ConfigError(
           origin_of(e, key), key, value.substr(0, 40) + "...",
           fmt::format("a directory name of at most 255 bytes (it has {})", value.size()));
-  claim_writable_directory(root, "workspace", e.workspace, origin_of(e, "workspace"));
+  require_writable_directory(e.experiment_root(), "workspace", e.workspace,
+                             origin_of(e, "workspace"));
+}
+
+// Removes directories a refused run created, deepest first, each only while empty: what was
+// there before the run, or appeared since, stays.
+void remove_created_directories(const std::vector<fs::path>& created) {
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+    std::error_code ec;
+    if (fs::is_empty(*it, ec) && !ec) fs::remove(*it, ec);
+  }
+}
+
+// Creates `dir` and the missing directories above it; returns those it created, deepest
+// last, so that a run refused afterwards can remove them again.
+std::vector<fs::path> create_directories_noting(const fs::path& dir, const std::string& key,
+                                                const std::string& value,
+                                                const std::string& origin) {
+  std::vector<fs::path> missing;
+  std::error_code ec;
+  fs::path target = fs::absolute(dir, ec).lexically_normal();
+  if (!target.has_filename()) target = target.parent_path();  // "a/b/"
+  for (fs::path p = target; !p.empty() && !fs::exists(fs::symlink_status(p, ec));
+       p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  std::reverse(missing.begin(), missing.end());
+  std::vector<fs::path> created;
+  for (const fs::path& p : missing) {
+    if (!fs::create_directory(p, ec) && ec) {
+      remove_created_directories(created);
+      throw ConfigError(origin, key, value,
+                        fmt::format("a directory that can be created and written ({}: {})",
+                                    p.string(), ec.message()));
+    }
+    created.push_back(p);
+  }
+  return created;
+}
+
+// What DirectoryLock writes into its file: nothing (released) or "PID <n> (<command line>)".
+bool is_lock_note(const std::string& text) {
+  static const std::regex kNote(R"(PID [0-9]+ \([^\n]*\))");
+  return text.empty() || std::regex_match(text, kNote);
 }
 
 bool process_alive(long pid) {
@@ -195,25 +236,54 @@ std::vector<fs::path> data_cache_dirs(const Experiment& e) {
 
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what,
                              const std::string& key, const std::string& origin) {
-  const fs::path path = fs::path(dir) / kLockFile;
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  path_ = (fs::path(dir) / kLockFile).string();
+  auto refuse = [&](const std::string& why) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    return ConfigError(origin, key, dir, fmt::format("{} Tessera can lock: {}", what, why));
+  };
+  // Never through a symbolic link, and never into a file some other program made: a lock
+  // file is created here (O_EXCL) or is one an earlier run created, which is a regular file
+  // of one link holding nothing or a lock note. Anything else is left as it is.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  created_ = fd_ >= 0;
+  if (!created_ && errno == EEXIST)
+    fd_ = ::open(path_.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd_ < 0)
-    throw ConfigError(
-        origin, key, dir,
-        fmt::format("{} Tessera can lock: {}: {}", what, path.string(), std::strerror(errno)));
-  const std::string previous = read_file(path);
+    throw refuse(errno == ELOOP ? fmt::format("{} is a symbolic link; Tessera writes its lock "
+                                              "only into a file it made (remove the link)",
+                                              path_)
+                                : fmt::format("{}: {}", path_, std::strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) throw refuse(fmt::format("{}: {}", path_, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode) || st.st_nlink != 1)
+    throw refuse(
+        fmt::format("{} is {}; Tessera writes its lock only into a file it made "
+                    "(remove it if no run uses this directory)",
+                    path_,
+                    S_ISREG(st.st_mode) ? fmt::format("a file with {} hard links", st.st_nlink)
+                                        : std::string("not a regular file")));
+  std::string previous(static_cast<size_t>(std::min<off_t>(st.st_size, kMaxLockNoteBytes)), '\0');
+  const ssize_t got = ::pread(fd_, previous.data(), previous.size(), 0);
+  previous.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  if (st.st_size > kMaxLockNoteBytes || !is_lock_note(previous))
+    throw refuse(
+        fmt::format("{} holds {} bytes that are not a Tessera lock note; Tessera writes "
+                    "its lock only into a file it made (remove it if no run uses this "
+                    "directory)",
+                    path_, st.st_size));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     ::close(fd_);
     fd_ = -1;
     const std::string holder = previous.empty() ? "another process" : previous;
-    throw ConfigError(origin, key, dir,
-                      error == EWOULDBLOCK
-                          ? fmt::format("{} no other run is using: {} holds it (lock file {}); "
-                                        "wait for it, stop it, or choose another {}",
-                                        what, holder, path.string(), key)
-                          : fmt::format("{} Tessera can lock: {}: {}", what, path.string(),
-                                        std::strerror(error)));
+    throw ConfigError(
+        origin, key, dir,
+        error == EWOULDBLOCK
+            ? fmt::format("{} no other run is using: {} holds it (lock file {}); "
+                          "wait for it, stop it, or choose another {}",
+                          what, holder, path_, key)
+            : fmt::format("{} Tessera can lock: {}: {}", what, path_, std::strerror(error)));
   }
   // The lock is ours, so whoever the file names is gone: a killed run's lock.
   if (!previous.empty()) stale_holder_ = previous;
@@ -232,6 +302,14 @@ DirectoryLock::~DirectoryLock() {
   ::close(fd_);
 }
 
+void DirectoryLock::remove_if_created() {
+  if (fd_ < 0 || !created_) return;
+  // Unlinked while still held: no other run can have taken this file's lock meanwhile.
+  ::unlink(path_.c_str());
+  ::close(fd_);
+  fd_ = -1;
+}
+
 std::string new_run_id() {
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm utc{};
@@ -243,28 +321,25 @@ std::string new_run_id() {
 }
 
 void check_run_outputs(const Experiment& e) {
-  claim_experiment_root(e);
+  require_experiment_root(e);
   if (!e.checkpoint.save.empty())
-    claim_writable_directory(e.checkpoint.save, "save", e.checkpoint.save, origin_of(e, "save"));
+    require_writable_directory(e.checkpoint.save, "save", e.checkpoint.save, origin_of(e, "save"));
 }
 
 RunDirectories prepare_run_directories(const Experiment& e, const std::string& resume_dir) {
   RunDirectories d;
   const fs::path root = e.experiment_root();
-  d.locks.push_back(std::make_unique<DirectoryLock>(root.string(), "an experiment directory",
-                                                    "exp_name", origin_of(e, "exp_name")));
   const CheckpointConfig& c = e.checkpoint;
+  // What refuses the run is decided before anything is made; what only the directories
+  // themselves can tell (a lock another run holds) is undone when it refuses.
   std::string resumed_id;
   if (!resume_dir.empty()) resumed_id = Checkpoint(resume_dir).state().run_id;
   d.run_id = resumed_id.empty() ? new_run_id() : resumed_id;
-
   if (!c.save.empty()) {
-    if (!fs::equivalent(c.save, root))
-      d.locks.push_back(std::make_unique<DirectoryLock>(c.save, "a save directory", "save",
-                                                        origin_of(e, "save")));
+    std::error_code ec;
     const auto saved = saved_checkpoints(c.save);
     const bool resumes_from_save =
-        !resume_dir.empty() && fs::equivalent(fs::path(resume_dir).parent_path(), c.save);
+        !resume_dir.empty() && fs::equivalent(fs::path(resume_dir).parent_path(), c.save, ec);
     if (!saved.empty() && !resumes_from_save)
       throw ConfigError(
           origin_of(e, "save"), "save", c.save,
@@ -273,9 +348,29 @@ RunDirectories prepare_run_directories(const Experiment& e, const std::string& r
                       "ckpt_keep_last would delete; resume that run with --load "
                       "{}, or choose another save directory",
                       saved.size(), saved.front().iteration, saved.back().iteration, c.save));
+  }
+  std::vector<fs::path> created;
+  try {
+    created = create_directories_noting(root, "workspace", e.workspace, origin_of(e, "workspace"));
+    d.locks.push_back(std::make_unique<DirectoryLock>(root.string(), "an experiment directory",
+                                                      "exp_name", origin_of(e, "exp_name")));
+    if (!c.save.empty()) {
+      for (fs::path& p : create_directories_noting(c.save, "save", c.save, origin_of(e, "save")))
+        created.push_back(std::move(p));
+      std::error_code ec;
+      if (!fs::equivalent(c.save, root, ec))
+        d.locks.push_back(std::make_unique<DirectoryLock>(c.save, "a save directory", "save",
+                                                          origin_of(e, "save")));
+    }
+  } catch (...) {
+    for (const auto& lock : d.locks) lock->remove_if_created();
+    d.locks.clear();
+    remove_created_directories(created);
+    throw;
+  }
+  if (!c.save.empty())
     for (const std::string& f : remove_stale_temporaries(c.save, /*locked_save_dir=*/true))
       d.notes.push_back("removed " + f + ", left by a killed run");
-  }
   for (const auto& lock : d.locks)
     if (!lock->stale_holder().empty())
       d.notes.push_back("took over a lock left by " + lock->stale_holder() + ", which has ended");

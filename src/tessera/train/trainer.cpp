@@ -1,8 +1,9 @@
 #include "tessera/train/trainer.h"
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -66,9 +67,10 @@ std::string format_duration(double seconds) {
 void report_target_reached(Logger& log, MetricsWriter* metrics, double target, int64_t iteration,
                            double eval_loss, double seconds, uint64_t tokens) {
   log.clear_progress();
-  log.info("target loss {} reached at iteration {} after {:.1f} s ({} tokens): validation loss "
-           "{:.4f}; stopping",
-           target, iteration, seconds, tokens, eval_loss);
+  log.info(
+      "target loss {} reached at iteration {} after {:.1f} s ({} tokens): validation loss "
+      "{:.4f}; stopping",
+      target, iteration, seconds, tokens, eval_loss);
   if (!metrics) return;
   nlohmann::json j;
   j["iteration"] = iteration;
@@ -80,16 +82,119 @@ void report_target_reached(Logger& log, MetricsWriter* metrics, double target, i
   metrics->write(j);
 }
 
+std::string origin_of(const Experiment& e, const char* key) {
+  const auto it = e.origin.find(key);
+  return it == e.origin.end() ? "default" : it->second;
+}
+
+// The batch the trainer stages on the host: each micro-batch's tokens and targets (int32).
+double host_batch_bytes(const TrainingConfig& t) {
+  return 2.0 * sizeof(int32_t) * static_cast<double>(t.micro_batch_size) *
+         static_cast<double>(t.seq_length);
+}
+
+// Tokens per micro-batch beyond which the planner's byte counts could overflow; no device
+// holds even the input of such a micro-batch.
+constexpr double kMaxPlannedTokens = 1e12;
+
 }  // namespace
 
+void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& backend) {
+  const ModelRuntime& rt = setup.runtime;
+  if (rt.compute_dtype == DType::BF16 && !backend.supports(Capability::Bf16Compute))
+    throw ConfigError(origin_of(e, "precision"), "precision", find_key("precision")->get(e),
+                      "fp32 or auto on " + backend.description() +
+                          ": bf16 training runs on GPUs (the CPU backend is the fp32 reference; "
+                          "without a GPU, auto means fp32)");
+  if (rt.fp8.enabled() && !backend.supports(Capability::Fp8TensorCores))
+    throw ConfigError(origin_of(e, "fp8"), "fp8", find_key("fp8")->get(e),
+                      "null on " + backend.description() +
+                          ": FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
+  if (rt.fp8.enabled() && rt.fp8.recipe == Fp8Recipe::Blockwise &&
+      !backend.supports(Capability::Fp8BlockScaling))
+    throw ConfigError(origin_of(e, "fp8_recipe"), "fp8_recipe", "blockwise",
+                      "delayed or tensorwise on " + backend.description() +
+                          ": block-scaled FP8 GEMMs need a Hopper GPU and the cuBLASLt loaded at "
+                          "run time 12.9 or newer (its version is in that description)");
+}
+
+// Compares what the run needs with what the device has and, if it cannot fit, says how much
+// each part takes and what to change. On the CPU backend the device is the host, so the
+// trainer's host batch counts too.
+void check_memory_fits(const Experiment& e, const RunSetup& setup, Backend& backend) {
+  const TrainingConfig& t = e.training;
+  const MemoryStats s = backend.memory_stats();
+  if (s.device_free_bytes == 0) return;  // a device that does not say
+  const double available = static_cast<double>(s.device_free_bytes + s.allocated_bytes);
+  const double tokens = static_cast<double>(t.micro_batch_size) * static_cast<double>(t.seq_length);
+  const bool host_device = backend.device().kind == DeviceKind::CPU;
+  const double batch = host_device ? host_batch_bytes(t) : 0.0;
+  std::optional<plan::MemoryPlan> m;
+  if (tokens <= kMaxPlannedTokens) m = plan::plan_memory(plan::plan_input(setup, /*gpu=*/false));
+  const double needed = m ? static_cast<double>(m->allocated()) + batch
+                          // The embedding's output alone, a lower bound of the activations.
+                          : tokens * static_cast<double>(setup.spec.hidden *
+                                                         dtype_size(setup.runtime.compute_dtype)) +
+                                batch;
+  if (needed <= available) return;
+  std::string advice;
+  if (!m || m->activations > m->allocated() / 3 || batch > needed / 3) {
+    advice = t.micro_batch_size > 1
+                 ? "lower micro_batch_size (global_batch_size is kept by more accumulation steps)"
+                 : "lower seq_length";
+    if (t.recompute_granularity != RecomputeGranularity::Full)
+      advice += ", or set recompute_granularity: full (or selective)";
+  } else {
+    advice =
+        "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer "
+        "(use_distributed_optimizer) or FSDP (use_torch_fsdp2)";
+  }
+  const std::string parts =
+      m ? fmt::format(
+              "weights {:.2f} GiB, gradients {:.2f} GiB, optimizer state {:.2f} GiB, "
+              "activations {:.2f} GiB",
+              m->weights / kGiB, m->gradients / kGiB, m->optimizer / kGiB, m->activations / kGiB)
+        : fmt::format("activations at least {:.4g} GiB", (needed - batch) / kGiB);
+  throw OutOfMemoryError(fmt::format(
+      "not enough memory on {}: the run needs {:.2f} GiB but {:.2f} GiB is free. Breakdown: "
+      "{} (micro_batch_size {}, seq_length {}, recompute {}){}{}. To fit: {}.",
+      device_name(backend.device()), needed / kGiB, available / kGiB, parts, t.micro_batch_size,
+      t.seq_length, t.recompute_granularity == RecomputeGranularity::None ? "off" : "on",
+      m && m->fp8 > 0 ? fmt::format(", FP8 buffers {:.2f} GiB", m->fp8 / kGiB) : std::string(),
+      batch > 0 ? fmt::format(", the host batch {:.2f} GiB", batch / kGiB) : std::string(),
+      advice));
+}
+
+RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_size, int rank) {
+  RunStart start;
+  // Loaded only when the model's vocabulary needs it.
+  const RunSetup setup =
+      make_run_setup(e, {world_size, backend.default_compute_dtype(), rank}, [&] {
+        if (!start.tokenizer) start.tokenizer = make_tokenizer(e.data);
+        return start.tokenizer->vocab_size();
+      });
+  check_device_runs(e, setup, backend);
+  check_memory_fits(e, setup, backend);
+  const CheckpointConfig& c = e.checkpoint;
+  start.resume_dir = checkpoint_to_resume(c);
+  if (!start.resume_dir.empty()) {
+    check_checkpoint_to_resume(start.resume_dir, setup.spec);
+  } else if (!c.hf_init_path.empty()) {
+    check_hf_weights(c.hf_init_path, setup.spec);
+  }
+  return start;
+}
+
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-                 MetricsWriter* metrics, dist::Communicator* comm, std::string run_id)
+                 MetricsWriter* metrics, dist::Communicator* comm, std::string run_id,
+                 std::unique_ptr<Tokenizer> tokenizer)
     : exp_(experiment),
       backend_(std::move(backend)),
       log_(logger),
       metrics_(metrics),
       comm_(comm),
-      tokenizer_(make_tokenizer(exp_.data, exp_.model_config.vocab_size)),
+      tokenizer_(tokenizer ? std::move(tokenizer)
+                           : make_tokenizer(exp_.data, exp_.model_config.vocab_size)),
       setup_(make_run_setup(
           exp_,
           {comm ? comm->size() : 1, backend_->default_compute_dtype(), comm ? comm->rank() : 0},
@@ -97,6 +202,9 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       run_id_(std::move(run_id)) {
   install_stop_signal_handlers();
   check_device_can_run();
+  // Before the host batch and the model are allocated: a micro-batch too large is refused
+  // with the breakdown instead of failing inside an allocation.
+  check_memory_fits();
   log_run();
   open_data();
   stop_if_signalled("while opening the data");
@@ -115,22 +223,12 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
 }
 
 void Trainer::stop_if_signalled(const char* doing) {
-  if (int sig = pending_stop_signal()) stop_on_signal(log_, sig, std::string("before training, ") + doing);
+  if (int sig = pending_stop_signal())
+    stop_on_signal(log_, sig, std::string("before training, ") + doing);
 }
 
 void Trainer::check_device_can_run() const {
-  if (setup_.runtime.fp8.enabled() && !backend_->supports(Capability::Fp8TensorCores))
-    throw ConfigError(exp_.origin.count("fp8") ? exp_.origin.at("fp8") : "default", "fp8",
-                      find_key("fp8")->get(exp_),
-                      "null on " + backend_->description() +
-                          ": FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
-  if (setup_.runtime.fp8.enabled() && setup_.runtime.fp8.recipe == Fp8Recipe::Blockwise &&
-      !backend_->supports(Capability::Fp8BlockScaling))
-    throw ConfigError(exp_.origin.count("fp8_recipe") ? exp_.origin.at("fp8_recipe") : "default",
-                      "fp8_recipe", "blockwise",
-                      "delayed or tensorwise on " + backend_->description() +
-                          ": block-scaled FP8 GEMMs need a Hopper GPU and the cuBLASLt loaded at "
-                          "run time 12.9 or newer (its version is in that description)");
+  check_device_runs(exp_, setup_, *backend_);
 }
 
 void Trainer::log_run() const {
@@ -199,7 +297,6 @@ void Trainer::open_data() {
 // fit.
 void Trainer::build_model() {
   const TrainingConfig& t = exp_.training;
-  check_memory_fits();
   try {
     model_ = std::make_unique<DecoderModel>(*backend_, setup_.spec, setup_.runtime);
     parallel_ =
@@ -278,8 +375,10 @@ void Trainer::restore_start_state() {
     if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
     if (run_id_.empty()) run_id_ = s.run_id;
     if (s.iteration > 0 && s.seed != exp_.training.seed)
-      differences.push_back(fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)",
-                                        s.seed, exp_.training.seed));
+      differences.push_back(
+          fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)", s.seed,
+                      exp_.training.seed));
+    initial_weights_ = "the checkpoint " + dir;
     log_.info("resumed from {} at iteration {} ({} consumed samples; saved by {} rank{}){}", dir,
               s.iteration, s.consumed_samples, s.world_size, s.world_size == 1 ? "" : "s",
               c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
@@ -288,10 +387,12 @@ void Trainer::restore_start_state() {
     if (!c.hf_init_path.empty()) {
       differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
                                     optimizer_->master_slices(), model_->persistent_state());
+      initial_weights_ = "the Hugging Face model at hf_init_path " + c.hf_init_path;
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
     }
   }
-  for (const auto& d : differences) log_.warning("the loaded model differs from the configuration: {}", d);
+  for (const auto& d : differences)
+    log_.warning("the loaded model differs from the configuration: {}", d);
   if (run_id_.empty()) run_id_ = new_run_id();
 }
 
@@ -394,42 +495,13 @@ std::string Trainer::exit_reason(int64_t it) const {
 
 // Saves the state (when `save` is set) before stopping, so a preempted job can resume.
 void Trainer::stop_for_signal(int sig, const std::string& where) {
-  if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_) save_checkpoint();
+  if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_)
+    save_checkpoint();
   stop_on_signal(log_, sig, where);
 }
 
-// Compares what the run needs with what the device has and, if it cannot fit, says how much
-// each part takes and what to change.
 void Trainer::check_memory_fits() const {
-  // Compared with what the backend reports, which counts its own buffers: no allowance.
-  const plan::PlanInput in = plan::plan_input(setup_, /*gpu=*/false);
-  const plan::MemoryPlan m = plan::plan_memory(in);
-  const size_t needed = m.allocated();
-  const MemoryStats s = backend_->memory_stats();
-  const size_t available = s.device_free_bytes + s.allocated_bytes;
-  if (s.device_free_bytes == 0 || needed <= available) return;
-  std::string advice;
-  if (m.activations > needed / 3) {
-    advice = exp_.training.micro_batch_size > 1
-                 ? "lower micro_batch_size (global_batch_size is kept by more accumulation steps)"
-                 : "lower seq_length";
-    if (exp_.training.recompute_granularity != RecomputeGranularity::Full)
-      advice += ", or set recompute_granularity: full (or selective)";
-  } else {
-    advice =
-        "use a smaller model (e.g. --num_layers) or more GPUs with a sharded optimizer "
-        "(use_distributed_optimizer) or FSDP (use_torch_fsdp2)";
-  }
-  throw OutOfMemoryError(fmt::format(
-      "not enough memory on {}: the run needs {:.2f} GiB but {:.2f} GiB is free. Breakdown: "
-      "weights {:.2f} GiB, gradients {:.2f} GiB, optimizer state {:.2f} GiB, activations {:.2f} "
-      "GiB (micro_batch_size {}, seq_length {}, recompute {}){}. To fit: {}.",
-      device_name(backend_->device()), needed / kGiB, available / kGiB, m.weights / kGiB,
-      m.gradients / kGiB, m.optimizer / kGiB, m.activations / kGiB, exp_.training.micro_batch_size,
-      exp_.training.seq_length,
-      exp_.training.recompute_granularity == RecomputeGranularity::None ? "off" : "on",
-      m.fp8 > 0 ? fmt::format(", FP8 buffers {:.2f} GiB", m.fp8 / kGiB) : std::string(),
-      advice));
+  tessera::check_memory_fits(exp_, setup_, *backend_);
 }
 
 // A model replica (the ranks of one data-parallel rank: its tensor-parallel group) trains on
@@ -533,18 +605,31 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   if (s.skipped) {
     ++skipped_iterations_;
     ++consecutive_nan_;
-    log_.warning("iteration {}: non-finite {} (loss {}, grad norm {}); update skipped ({} in a row)",
-                 iteration,
-                 !std::isfinite(loss_sum)   ? "loss"
-                 : std::isfinite(fp8_status) ? "gradient"
-                                             : "FP8 amax (an activation, weight or gradient held NaN or Inf)",
-                 s.loss, s.grad_norm, consecutive_nan_);
-    if (consecutive_nan_ >= t.max_consecutive_nan_iters)
+    log_.warning(
+        "iteration {}: non-finite {} (loss {}, grad norm {}); update skipped ({} in a row)",
+        iteration,
+        !std::isfinite(loss_sum) ? "loss"
+        : std::isfinite(fp8_status)
+            ? "gradient"
+            : "FP8 amax (an activation, weight or gradient held NaN or Inf)",
+        s.loss, s.grad_norm, consecutive_nan_);
+    if (consecutive_nan_ >= t.max_consecutive_nan_iters) {
+      // Before any update the weights are the ones the run started from: no learning rate
+      // made them, and weights from a file are the likeliest cause.
+      const std::string hint =
+          applied_steps_ > 0
+              ? "Lower lr, raise lr_warmup_iters or check the data."
+              : fmt::format(
+                    "No update was applied yet, so the learning rate is not the cause: "
+                    "the starting weights ({}) give a non-finite loss or gradient; check "
+                    "them and the data.",
+                    initial_weights_);
       throw TrainingAborted(
           fmt::format("{} iterations in a row had a non-finite loss or gradient (last: {}); "
-                      "stopping. Lower lr, raise lr_warmup_iters or check the data.",
-                      consecutive_nan_, iteration),
+                      "stopping. {}",
+                      consecutive_nan_, iteration, hint),
           kExitRuntimeFailure);
+    }
   } else {
     ++applied_steps_;
     consecutive_nan_ = 0;
@@ -613,7 +698,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["iteration"] = s.iteration;
   j["lm_loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
   j["lr"] = s.lr;
-  j["grad_norm"] = std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json(nullptr);
+  j["grad_norm"] =
+      std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json(nullptr);
   j["elapsed_ms"] = ms;
   j["tflops_per_gpu"] = tflops;
   j["tokens_per_s_per_gpu"] = tokens_per_s;
@@ -694,9 +780,10 @@ TrainSummary Trainer::train() {
     // Resumed at or past the end: nothing runs, so there is no loss or throughput to report.
     sum.iterations = completed_iterations_;
     sum.skipped_iterations = skipped_iterations_;
-    log_.warning("nothing to train: the run resumed at iteration {} and train_iters is {} "
-                 "(raise --train_iters to train further)",
-                 completed_iterations_, t.train_iters);
+    log_.warning(
+        "nothing to train: the run resumed at iteration {} and train_iters is {} "
+        "(raise --train_iters to train further)",
+        completed_iterations_, t.train_iters);
     return sum;
   }
   // A resumed run names the iterations it runs, not the run's whole length.
@@ -748,7 +835,8 @@ TrainSummary Trainer::train() {
     if (it == first) sum.first_loss = s.loss;
     sum.last_loss = s.loss;
     if (it % exp_.logging.log_interval == 0 || it == t.train_iters || !exit_why.empty()) {
-      const double logged_loss = interval_losses > 0 ? interval_loss_sum / static_cast<double>(interval_losses) : s.loss;
+      const double logged_loss =
+          interval_losses > 0 ? interval_loss_sum / static_cast<double>(interval_losses) : s.loss;
       log_iteration(s, logged_loss, ms_since(interval_start), interval_iters);
       interval_start = Clock::now();
       interval_iters = 0;
@@ -772,10 +860,10 @@ TrainSummary Trainer::train() {
     }
     if (profiler_) interval_start += profiler_->after_iteration(it, t.train_iters);
     const double elapsed_s = ms_since(start) / 1e3;
-    log_.progress(fmt::format("iteration {}/{} {:3.0f}% | loss {:.4f} | {:.0f} ms/it | ETA {}", it,
-                              t.train_iters, 100.0 * it / t.train_iters, s.loss,
-                              elapsed_s * 1e3 / (it - first + 1),
-                              format_duration(elapsed_s / (it - first + 1) * (t.train_iters - it))));
+    log_.progress(fmt::format(
+        "iteration {}/{} {:3.0f}% | loss {:.4f} | {:.0f} ms/it | ETA {}", it, t.train_iters,
+        100.0 * it / t.train_iters, s.loss, elapsed_s * 1e3 / (it - first + 1),
+        format_duration(elapsed_s / (it - first + 1) * (t.train_iters - it))));
     const CheckpointConfig& c = exp_.checkpoint;
     if (!c.save.empty() && c.save_interval > 0 && it % c.save_interval == 0) {
       save_checkpoint();

@@ -30,10 +30,10 @@ class TrainingTensorBoard;  // obs/tensorboard.h
 
 struct IterationStats {
   int64_t iteration = 0;
-  double loss = 0;        // mean token loss of the global batch
-  double grad_norm = 0;   // before clipping
+  double loss = 0;       // mean token loss of the global batch
+  double grad_norm = 0;  // before clipping
   double lr = 0;
-  bool skipped = false;   // non-finite loss or gradient: no update applied
+  bool skipped = false;              // non-finite loss or gradient: no update applied
   std::vector<MoeLayerBalance> moe;  // per MoE layer; empty for a dense model
 };
 
@@ -47,15 +47,41 @@ struct TrainSummary {
   double peak_memory_gib = 0;
 };
 
+// Whether `backend` can run the run's precision and FP8 recipe (bf16 and FP8 need a GPU).
+// Throws ConfigError naming the key.
+void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& backend);
+// Whether the run's memory plan (and, on the CPU backend, the host batch) fits what the
+// device has, before anything is allocated. Throws OutOfMemoryError with the breakdown and
+// what to change.
+void check_memory_fits(const Experiment& e, const RunSetup& setup, Backend& backend);
+
+// What the checks before a run found out, for the run to use.
+struct RunStart {
+  std::string resume_dir;  // the checkpoint the run resumes (checkpoint_to_resume); empty: none
+  // The run's tokenizer when the checks needed its vocabulary (a model whose vocab_size is not
+  // set), so the trainer does not load it twice; null otherwise.
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+// What refuses a run before it touches any directory, so that a refused run writes nothing:
+// the device checks above, the memory plan, and the checkpoint it resumes (opened and
+// checked against the configured model; a DataError names the previous good checkpoint) or
+// the Hugging Face model it starts from (config.json and every tensor header). `world_size`
+// and `rank`: the job's ranks, thread ranks included.
+RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_size, int rank);
+
 class Trainer {
  public:
   // metrics may be null (tests). The backend is owned by the trainer. comm (not owned):
   // the job this rank trains in (distributed/parallelize.h); null: one device. run_id: the
   // run's (train/run_directories.h), written into its checkpoints; empty: the resumed
-  // checkpoint's, else a new one. A stop signal received while it sets up (loading data or a
-  // checkpoint) ends it with TrainingAborted once the step in progress returns.
+  // checkpoint's, else a new one. tokenizer: the run's, when the checks before the run loaded
+  // it (RunStart); null: made from the experiment. A stop signal received while it sets up
+  // (loading data or a checkpoint) ends it with TrainingAborted once the step in progress
+  // returns.
   Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
-          MetricsWriter* metrics, dist::Communicator* comm = nullptr, std::string run_id = "");
+          MetricsWriter* metrics, dist::Communicator* comm = nullptr, std::string run_id = "",
+          std::unique_ptr<Tokenizer> tokenizer = nullptr);
   ~Trainer();
 
   TrainSummary train();
@@ -89,7 +115,8 @@ class Trainer {
   std::string_view device_word() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
   // loss: the mean over the interval's applied iterations (the last one's when none applied).
-  void log_iteration(const IterationStats& s, double loss, double interval_ms, int64_t interval_iters);
+  void log_iteration(const IterationStats& s, double loss, double interval_ms,
+                     int64_t interval_iters);
   TrainingTensors training_tensors() const;
   void restore_start_state();
   int stop_signal_after_iteration();
@@ -112,13 +139,15 @@ class Trainer {
   std::unique_ptr<Tokenizer> tokenizer_;
   RunSetup setup_;
   std::string run_id_;
+  // Where the weights came from, for the hint when the first iterations are not finite.
+  std::string initial_weights_ = "a fresh initialisation with init_method_std";
   DataSources data_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<dist::Parallelism> parallel_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   DeviceBuffer scalar_buffer_;
   Tensor grad_norm_sq_;
-  Tensor stop_signal_;  // (1) fp32: the signal number, max-reduced over the ranks
+  Tensor stop_signal_;        // (1) fp32: the signal number, max-reduced over the ranks
   Tensor out_of_time_flag_;   // (1) fp32: 1 once exit_duration_in_mins has passed, max-reduced
   bool out_of_time_ = false;  // agreed during the last iteration
   // Data-parallel runs that save: every rank takes part in a checkpoint, so a stop signal is

@@ -52,6 +52,10 @@ std::vector<std::unique_ptr<Block>> DeepseekFamily::layer_blocks(const ModelSpec
   return blocks;
 }
 
+std::string DeepseekFamily::spec_problem(const ModelSpec& s) const {
+  return s.mla.enabled ? "" : "model_family deepseek without multi_latent_attention";
+}
+
 std::string DeepseekFamily::features(const ModelSpec& s) const {
   const MlaSpec& m = s.mla;
   return fmt::format(

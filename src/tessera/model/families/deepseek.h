@@ -18,6 +18,8 @@ class DeepseekFamily final : public ModelFamily {
   std::vector<std::unique_ptr<Block>> layer_blocks(const ModelSpec& s,
                                                    int64_t layer) const override;
   std::string features(const ModelSpec& s) const override;
+  // Every layer is multi-latent attention: a spec without it is no DeepSeek model.
+  std::string spec_problem(const ModelSpec& s) const override;
 
   // deepseek_hf.cpp: DeepseekV3ForCausalLM (sigmoid routing, and dense models) and
   // DeepseekV2ForCausalLM (softmax routing).
