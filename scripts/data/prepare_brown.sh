@@ -5,6 +5,7 @@
 # usage: scripts/data/prepare_brown.sh [llama3 | llama3.1 | llama2 | qwen3 | byte]  (default llama3)
 # Does nothing when the dataset is already there and newer than the tessera binary; the
 # TESSERA_BINARY and TESSERA_DATA_DIR environment variables override the defaults.
+# `cmake --install` runs it for the llama3 dataset it ships (cmake/install.cmake).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TOKENIZER="${1:-llama3}"

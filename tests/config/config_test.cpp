@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "common/run_command.h"
+#include "common/scoped_env.h"
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
@@ -154,6 +155,26 @@ TEST_F(ConfigTest, VariableSubstitution) {
   const ConfigError err = load_error(bad);
   EXPECT_EQ(err.key(), "exp_name");
   EXPECT_NE(err.expected().find("TESSERA_TEST_UNSET"), std::string::npos);
+}
+
+// ${TESSERA_ROOT} and ${TESSERA_DATA_DIR} name the data root (core/data_root.h) and its dataset
+// directory, whichever layout it has, so the shipped experiments read an install's data as a
+// checkout's; the environment's value wins as for any variable.
+TEST_F(ConfigTest, BuiltinVariablesNameTheDataRoot) {
+  const std::string p =
+      write("root.yaml",
+            std::string(kMinimal) + "tokenizer_model: ${TESSERA_ROOT}|${TESSERA_DATA_DIR}\n");
+  const testing::ScopedEnv no_data_dir("TESSERA_DATA_DIR", std::nullopt);
+  {
+    const testing::ScopedEnv home("TESSERA_HOME", std::nullopt);
+    const testing::ScopedEnv root("TESSERA_ROOT", std::nullopt);
+    EXPECT_EQ(load(p).data.tokenizer_model,
+              std::string(TESSERA_SOURCE_DIR) + "|" + TESSERA_SOURCE_DIR + "/build/data");
+  }
+  const testing::ScopedEnv home("TESSERA_HOME", "/opt/t/share/tessera");
+  EXPECT_EQ(load(p).data.tokenizer_model, "/opt/t/share/tessera|/opt/t/share/tessera/data");
+  const testing::ScopedEnv data_dir("TESSERA_DATA_DIR", "/scratch/data");
+  EXPECT_EQ(load(p).data.tokenizer_model, "/opt/t/share/tessera|/scratch/data");
 }
 
 TEST_F(ConfigTest, UnknownKeySuggestsTheClosestOne) {

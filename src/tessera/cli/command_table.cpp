@@ -77,7 +77,9 @@ std::string usage() {
   }
   out +=
       "\n`tessera <command> --help` describes a command's options; options are spelled\n"
-      "--key value or --key=value, with underscores or dashes (--num-gpus is --num_gpus).\n";
+      "--key value or --key=value, with underscores or dashes (--num-gpus is --num_gpus).\n"
+      "`tessera --version` prints the version and the data root, where the shipped tokenizers\n"
+      "and datasets are read from (README.md, Install).\n";
   return out;
 }
 

