@@ -16,9 +16,12 @@ namespace tessera {
 enum class LrDecayStyle { Constant, Linear, Cosine };
 enum class RecomputeGranularity { None, Full, Selective };
 enum class Precision { Auto, Fp32, Bf16 };
-enum class DeviceChoice { Auto, Cpu, Cuda };
+// Gpu: this build's GPU backend, whatever its vendor (the device key spells it cuda, as
+// PyTorch names the GPU device on every vendor).
+enum class DeviceChoice { Auto, Cpu, Gpu };
 enum class TokenizerType { ByteLevel, HuggingFace };
-enum class AttentionBackend { Auto, Tessera, Cudnn };
+// Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
+enum class AttentionBackend { Auto, Tessera, Vendor };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
 // and weights, E5M2 gradients; e4m3 = E4M3 everywhere.
 enum class Fp8Mode { Off, Hybrid, E4M3 };

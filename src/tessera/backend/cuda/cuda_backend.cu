@@ -594,7 +594,7 @@ bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
 }
 
 void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::string& why) {
-  if (attention_ == AttentionBackend::Cudnn) {
+  if (attention_ == AttentionBackend::Vendor) {
     throw ConfigError("configuration", "attention_backend", "cudnn",
                       "auto or tessera: cuDNN " + cudnn_->version_string() +
                           " cannot run the attention " + key + ": " + why);
@@ -616,7 +616,7 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
       cudnn_->forward(out.data, lse.as<float>(), qkv.data, s, bytes > 0 ? scratch(bytes) : nullptr);
       return;
     } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
-      if (attention_ == AttentionBackend::Cudnn) throw;
+      if (attention_ == AttentionBackend::Vendor) throw;
       cudnn_attention_fallback("forward " + attention_shape_text(s), e.what());
     }
   }
@@ -640,7 +640,7 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
                        bytes > 0 ? scratch(bytes) : nullptr);
       return;
     } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
-      if (attention_ == AttentionBackend::Cudnn) throw;
+      if (attention_ == AttentionBackend::Vendor) throw;
       cudnn_attention_fallback("backward " + attention_shape_text(s), e.what());
     }
   }
@@ -1131,7 +1131,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attentio
                       "a CUDA device index below " + std::to_string(count));
   }
   auto backend = std::make_unique<CudaBackend>(device, attention, gemm_autotune);
-  if (attention == AttentionBackend::Cudnn && !backend->cudnn_attention_loaded()) {
+  if (attention == AttentionBackend::Vendor && !backend->cudnn_attention_loaded()) {
     throw ConfigError("configuration", "attention_backend", "cudnn",
                       "auto or tessera: " + backend->cudnn_unavailable_reason());
   }

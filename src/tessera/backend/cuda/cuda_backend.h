@@ -19,7 +19,7 @@ std::string unavailable_reason();
 
 // The backend on device `device` (0-based), attention on `attention` (the rule is in
 // cuda_backend.cuh), GEMM algorithms timed per shape when gemm_autotune (matmul.cuh).
-// Throws ConfigError for an index out of range, and for AttentionBackend::Cudnn when cuDNN
+// Throws ConfigError for an index out of range, and for AttentionBackend::Vendor when cuDNN
 // cannot be loaded (naming why).
 std::unique_ptr<Backend> make_cuda_backend(int device,
                                            AttentionBackend attention = AttentionBackend::Auto,
