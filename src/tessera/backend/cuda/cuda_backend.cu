@@ -1,8 +1,5 @@
 #include "tessera/backend/cuda/cuda_backend.cuh"
 
-#include <cublasLt.h>
-#include <nvtx3/nvToolsExt.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +22,7 @@
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/op_checks.h"
 

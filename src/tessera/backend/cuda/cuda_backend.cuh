@@ -32,8 +32,6 @@
 // reproducible only while at most two key tiles meet in a dQ row.
 //
 // Used from one host thread at a time (the trainer's); only the allocation table is locked.
-#include <cuda_runtime.h>
-
 #include <initializer_list>
 #include <memory>
 #include <set>
@@ -43,6 +41,7 @@
 
 #include "tessera/backend/cuda/adamw.cuh"
 #include "tessera/backend/cuda/matmul.cuh"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/config/config.h"
 #include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"

@@ -1,9 +1,8 @@
 #pragma once
 // Elementwise launchers over flat buffers: fill, dtype conversion, random init.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {
