@@ -119,18 +119,36 @@ void Trainer::stop_if_signalled(const char* doing) {
 }
 
 void Trainer::check_device_can_run() const {
-  if (setup_.runtime.fp8.enabled() && !backend_->supports(Capability::Fp8TensorCores))
-    throw ConfigError(exp_.origin.count("fp8") ? exp_.origin.at("fp8") : "default", "fp8",
-                      find_key("fp8")->get(exp_),
+  if (!setup_.runtime.fp8.enabled()) return;
+  const auto origin = [&](const std::string& key) {
+    return exp_.origin.count(key) ? exp_.origin.at(key) : std::string("default");
+  };
+  if (!backend_->supports(Capability::Fp8TensorCores))
+    throw ConfigError(origin("fp8"), "fp8", find_key("fp8")->get(exp_),
                       "null on " + backend_->description() +
                           ": FP8 GEMMs need a GPU with FP8 tensor cores (Hopper or newer)");
-  if (setup_.runtime.fp8.enabled() && setup_.runtime.fp8.recipe == Fp8Recipe::Blockwise &&
+  if (setup_.runtime.fp8.recipe == Fp8Recipe::Blockwise &&
       !backend_->supports(Capability::Fp8BlockScaling))
-    throw ConfigError(exp_.origin.count("fp8_recipe") ? exp_.origin.at("fp8_recipe") : "default",
-                      "fp8_recipe", "blockwise",
+    throw ConfigError(origin("fp8_recipe"), "fp8_recipe", "blockwise",
                       "delayed or tensorwise on " + backend_->description() +
-                          ": block-scaled FP8 GEMMs need a Hopper GPU and the cuBLASLt loaded at "
-                          "run time 12.9 or newer (its version is in that description)");
+                          ": its FP8 GEMMs take no 1x128 / 128x128 block scales (on CUDA: a "
+                          "Hopper GPU, and cuBLASLt 12.9 or newer loaded at run time)");
+  // The backend's FP8 GEMMs take dimensions in multiples of fp8_gemm_multiple(): the tokens of a
+  // micro batch are the K of the weight gradients' GEMMs, and with fp8_lm_head the output
+  // head's chunk is the M of its GEMMs (the FP8 linears check the model's widths).
+  const TrainingConfig& t = exp_.training;
+  const int64_t multiple = backend_->fp8_gemm_multiple();
+  if (t.micro_batch_size * t.seq_length % multiple != 0)
+    throw ConfigError(
+        origin("seq_length"), "seq_length", std::to_string(t.seq_length),
+        fmt::format("micro_batch_size x seq_length (now {}) a multiple of {} with "
+                    "fp8 on {}",
+                    t.micro_batch_size * t.seq_length, multiple, backend_->description()));
+  if (t.fp8_lm_head && t.cross_entropy_chunk_tokens % multiple != 0)
+    throw ConfigError(
+        origin("cross_entropy_chunk_tokens"), "cross_entropy_chunk_tokens",
+        std::to_string(t.cross_entropy_chunk_tokens),
+        fmt::format("a multiple of {} with fp8_lm_head on {}", multiple, backend_->description()));
 }
 
 void Trainer::log_run() const {
