@@ -133,22 +133,7 @@ void Trainer::check_device_can_run() const {
                       "delayed or tensorwise on " + backend_->description() +
                           ": its FP8 GEMMs take no 1x128 / 128x128 block scales (on CUDA: a "
                           "Hopper GPU, and cuBLASLt 12.9 or newer loaded at run time)");
-  // The backend's FP8 GEMMs take dimensions in multiples of fp8_gemm_multiple(): the tokens of a
-  // micro batch are the K of the weight gradients' GEMMs, and with fp8_lm_head the output
-  // head's chunk is the M of its GEMMs (the FP8 linears check the model's widths).
-  const TrainingConfig& t = exp_.training;
-  const int64_t multiple = backend_->fp8_gemm_multiple();
-  if (t.micro_batch_size * t.seq_length % multiple != 0)
-    throw ConfigError(
-        origin("seq_length"), "seq_length", std::to_string(t.seq_length),
-        fmt::format("micro_batch_size x seq_length (now {}) a multiple of {} with "
-                    "fp8 on {}",
-                    t.micro_batch_size * t.seq_length, multiple, backend_->description()));
-  if (t.fp8_lm_head && t.cross_entropy_chunk_tokens % multiple != 0)
-    throw ConfigError(
-        origin("cross_entropy_chunk_tokens"), "cross_entropy_chunk_tokens",
-        std::to_string(t.cross_entropy_chunk_tokens),
-        fmt::format("a multiple of {} with fp8_lm_head on {}", multiple, backend_->description()));
+  check_fp8_gemm_multiple(exp_, backend_->fp8_gemm_multiple(), backend_->description());
 }
 
 void Trainer::log_run() const {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "tessera/backend/cuda/adamw.cuh"
+#include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/matmul.cuh"
 #include "tessera/backend/cuda/vendor.h"
 #include "tessera/config/config.h"
@@ -62,8 +63,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   std::string description() const override;
   bool supports(Capability c) const override;
-  // cuBLASLt's FP8 GEMMs need every dimension a multiple of 16 (the do_*_fp8 check it).
-  int64_t fp8_gemm_multiple() const override { return 16; }
+  int64_t fp8_gemm_multiple() const override { return kFp8GemmMultiple; }
   StreamHandle stream() const override { return StreamHandle{stream_}; }
   // Whether cuDNN attention is loaded (attention_backend cudnn or auto), and why not.
   bool cudnn_attention_loaded() const { return cudnn_ != nullptr; }
