@@ -177,16 +177,18 @@ fi
 BF16_STATE="--use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16"
 if want moe; then
   echo "== MoE proxies (4 layers, seq 8192, mbs 1): real and force-balanced routing, BF16 and FP8; the peer"
-  for run in "mixtral_8x7B bf16_routed" "mixtral_8x7B bf16_balanced --moe_force_balance true" \
-             "mixtral_8x7B fp8_routed --fp8 hybrid" "mixtral_8x7B fp8_balanced --fp8 hybrid --moe_force_balance true" \
-             "qwen3_30B_A3B bf16_routed" "qwen3_30B_A3B bf16_balanced --moe_force_balance true" \
-             "mixtral_8x7B bf16state_routed $BF16_STATE" \
+  # The shipped MoE experiments route force-balanced (Primus's setting): routed runs say false.
+  R="--moe_force_balance false"
+  for run in "mixtral_8x7B bf16_routed $R" "mixtral_8x7B bf16_balanced --moe_force_balance true" \
+             "mixtral_8x7B fp8_routed --fp8 hybrid $R" "mixtral_8x7B fp8_balanced --fp8 hybrid --moe_force_balance true" \
+             "qwen3_30B_A3B bf16_routed $R" "qwen3_30B_A3B bf16_balanced --moe_force_balance true" \
+             "mixtral_8x7B bf16state_routed $BF16_STATE $R" \
              "mixtral_8x7B bf16state_balanced $BF16_STATE --moe_force_balance true" \
-             "mixtral_8x7B fp8state_routed --fp8 hybrid $BF16_STATE" \
+             "mixtral_8x7B fp8state_routed --fp8 hybrid $BF16_STATE $R" \
              "mixtral_8x7B fp8state_balanced --fp8 hybrid $BF16_STATE --moe_force_balance true" \
-             "qwen3_30B_A3B bf16state_routed $BF16_STATE" \
-             "mixtral_8x7B bf16cap1_routed --moe_expert_capacity_factor 1.0" \
-             "mixtral_8x7B fp8cap1_routed --fp8 hybrid --moe_expert_capacity_factor 1.0"; do
+             "qwen3_30B_A3B bf16state_routed $BF16_STATE $R" \
+             "mixtral_8x7B bf16cap1_routed --moe_expert_capacity_factor 1.0 $R" \
+             "mixtral_8x7B fp8cap1_routed --fp8 hybrid --moe_expert_capacity_factor 1.0 $R"; do
     set -- $run
     model="$1" name="$1_$2"; shift 2
     # MOE_ONLY (a regular expression) picks runs by name, to fit one call.
@@ -199,8 +201,9 @@ if want moe; then
 fi
 if want deepseek; then
   echo "== DeepSeek-V2-Lite proxy (4 layers, every one MoE, seq 8192, mbs 1): real and force-balanced routing"
-  for run in "bf16_routed" "bf16_balanced --moe_force_balance true" "fp8_routed --fp8 hybrid" \
-             "bf16state_routed $BF16_STATE" "fp8state_routed --fp8 hybrid $BF16_STATE"; do
+  R="--moe_force_balance false"
+  for run in "bf16_routed $R" "bf16_balanced --moe_force_balance true" "fp8_routed --fp8 hybrid $R" \
+             "bf16state_routed $BF16_STATE $R" "fp8state_routed --fp8 hybrid $BF16_STATE $R"; do
     set -- $run
     name="deepseek_v2_lite_$1"; shift
     [[ -z "${MOE_ONLY:-}" || "$name" =~ $MOE_ONLY ]] || continue

@@ -3,6 +3,7 @@
 // must fail them, so that no number is reported), and the commands end to end.
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -73,6 +74,10 @@ struct Result {
   int status = -1;
   std::string output;
 };
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 Result run(const std::string& args) {
   Result r;
@@ -387,6 +392,49 @@ TEST(BenchCommands, ModelFullSizeAccumulatesAndBreaksTheStepDown) {
   fs::remove_all(out);
 }
 
+// On the CPU backend, bench gemm's defaults are a CPU's sweep: it says what it runs before the
+// first check and ends within a minute (16384^3 in fp32 took minutes per call, silently).
+TEST(BenchCommands, GemmDefaultsOnTheCpuFinishWithinAMinuteAndSayWhatTheyRun) {
+  const auto start = std::chrono::steady_clock::now();
+  const Result r = run("bench gemm --device cpu");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output.find("bench gemm on cpu"), 0u) << r.output;
+  EXPECT_TRUE(contains(r.output, "18 problems, each checked against the CPU reference"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "| 1024^3 | TN |")) << r.output;
+  EXPECT_FALSE(contains(r.output, "2048^3")) << r.output;
+  EXPECT_LT(seconds, 60.0) << r.output;
+}
+
+// bench model on the CPU backend: the ceiling is the CPU's fp32 GEMM rate, measured (not 0.0),
+// MFU is quoted against it, and the time split is of the step it was timed in, adding up to it.
+TEST(BenchCommands, ModelOnTheCpuIsHonestAboutItsCeilingAndItsSplit) {
+  const fs::path out =
+      fs::temp_directory_path() / ("tessera_bench_cpu_" + std::to_string(getpid()));
+  const Result r =
+      run("bench model --device cpu --models llama3.1_8B --num_layers 1 --hidden_size 64 "
+          "--ffn_hidden_size 128 --num_attention_heads 4 --num_query_groups 2 --seq_length 64 "
+          "--vocab_size 300 --iters 2 --warmup 1 -o " +
+          out.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "bench model on the CPU backend")) << r.output;
+  EXPECT_TRUE(contains(r.output, "GEMM ceiling (fp32 1024^3): ")) << r.output;
+  EXPECT_FALSE(contains(r.output, "ceiling (bf16")) << r.output;
+  EXPECT_TRUE(contains(r.output, "tokens/s/rank")) << r.output;
+  std::ifstream in(out / "bench_model.json");
+  const auto row = nlohmann::json::parse(in)[0];
+  EXPECT_GT(row["gemm_ceiling_tflops"].get<double>(), 0.0);
+  EXPECT_GT(row["mfu_vs_gemm_ceiling"].get<double>(), 0.0);
+  const double parts = row["breakdown_ms_gemm"].get<double>() +
+                       row["breakdown_ms_attention"].get<double>() +
+                       row["breakdown_ms_other"].get<double>();
+  EXPECT_NEAR(parts, row["breakdown_step_ms"].get<double>(), 1e-6);
+  EXPECT_GT(row["breakdown_ms_gemm"].get<double>(), 0.0);
+  fs::remove_all(out);
+}
+
 // Exit code 0 with a verdict whether or not there is a GPU; without one the report says so.
 TEST(Preflight, ReportsAVerdictPerLine) {
   const fs::path out =
@@ -396,6 +444,11 @@ TEST(Preflight, ReportsAVerdictPerLine) {
   EXPECT_NE(r.output.find("verdict: "), std::string::npos) << r.output;
   if (gpu_device_count() == 0) {
     EXPECT_NE(r.output.find("| GPU | none | warn |"), std::string::npos) << r.output;
+    // Said plainly (no driver "version" to blame), with what the machine can do instead.
+    EXPECT_EQ(r.output.find("insufficient"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("| CPU backend | available | info | cpu (OpenBLAS"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("tessera train --device cpu"), std::string::npos) << r.output;
   } else {
     EXPECT_NE(r.output.find("| GEMM | "), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("FAILED"), std::string::npos) << r.output;

@@ -489,7 +489,11 @@ TEST(HfMoeConfig, ReadsQwen3SparseLayersAndRefusesWhatTheArchitecturesLack) {
   };
   for (const Refusal& r : std::vector<Refusal>{
            {"mixtral", [](ModelSpec& s) { s.moe.shared_ffn = 8; }, "a shared expert"},
+           // Which Hugging Face classes hold dense layers, and so which model to train instead.
            {"mixtral", [](ModelSpec& s) { s.moe.layers[1] = false; }, "dense layers"},
+           {"mixtral", [](ModelSpec& s) { s.moe.layers[1] = false; },
+            "Qwen3MoeForCausalLM, mlp_only_layers: Tessera's model_family qwen3_moe"},
+           {"mixtral", [](ModelSpec& s) { s.moe.layers[1] = false; }, "first_k_dense_replace"},
            {"qwen3_moe", [](ModelSpec& s) { s.moe.sigmoid = true; }, "sigmoid routing"},
            {"qwen3_moe", [](ModelSpec& s) { s.moe.num_groups = 2; }, "group-limited routing"}}) {
     ModelSpec s = std::string(r.family) == "mixtral" ? m : q;
@@ -502,6 +506,34 @@ TEST(HfMoeConfig, ReadsQwen3SparseLayersAndRefusesWhatTheArchitecturesLack) {
       EXPECT_TRUE(contains(e.what(), r.says)) << e.what();
     }
   }
+}
+
+// The exported config.json carries the run's values: Mixtral's and Qwen3-MoE's
+// router_aux_loss_coef is moe_aux_loss_coeff, every family's initializer_range is
+// init_method_std, also through a checkpoint's description of its model.
+TEST(HfConfig, CarriesTheRunsAuxLossWeightAndInitializerRange) {
+  for (const char* family : {"mixtral", "qwen3_moe"}) {
+    ModelSpec s;
+    s.family = family;
+    s.vocab_size = s.tokenizer_vocab = 96;
+    s.num_layers = 2, s.hidden = 32, s.ffn = 48, s.heads = 4, s.kv_heads = 2, s.head_dim = 8;
+    s.qk_norm = std::string(family) == "qwen3_moe";
+    s.moe.experts = 4, s.moe.topk = 2, s.moe.ffn = 24, s.moe.layers = {true, true};
+    s.moe.aux_loss_coeff = 0.01;
+    s.init_std = 0.008f;
+    const ModelSpec from_checkpoint = spec_from_json(spec_to_json(s), "model.json");
+    const nlohmann::ordered_json j = model_family(family).hf_config(from_checkpoint);
+    EXPECT_DOUBLE_EQ(j["router_aux_loss_coef"].get<double>(), 0.01) << family;
+    EXPECT_DOUBLE_EQ(j["initializer_range"].get<double>(), 0.008) << family;
+  }
+  ModelSpec llama;
+  llama.vocab_size = llama.tokenizer_vocab = 96;
+  llama.num_layers = 2, llama.hidden = 32, llama.ffn = 48, llama.heads = 4, llama.kv_heads = 2;
+  llama.head_dim = 8;
+  llama.init_std = 0.008f;
+  const nlohmann::ordered_json j =
+      model_family("llama").hf_config(spec_from_json(spec_to_json(llama), "model.json"));
+  EXPECT_DOUBLE_EQ(j["initializer_range"].get<double>(), 0.008);
 }
 
 // DeepseekV3Config: transformers' defaults and YaRN on reading, the features Tessera cannot run
@@ -660,6 +692,7 @@ TEST(HfDeepseekConfig, ReadsDeepseekV2AndRefusesWhatEitherSideLacks) {
   // The same model as the deepseek_v2_lite preset (every key that shapes or routes it).
   LoadOptions o;
   o.config_path = "deepseek_v2_lite-pretrain";
+  o.data_parallel_size = 8;  // its experts spread over a node's 8 GPUs
   const ModelSpec preset = make_model_spec(load_experiment(o), 102400);
   const SpecDifferences d = compare_specs(s, preset, "config.json");
   EXPECT_TRUE(d.shape.empty()) << join_lines(d.shape);

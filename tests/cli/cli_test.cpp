@@ -60,7 +60,9 @@ TEST_F(Cli, TrainWritesThePrimusLayoutAndMetrics) {
   EXPECT_TRUE(fs::exists(root / "config.yaml"));
   const std::string info = read(logs / "info.log"), debug = read(logs / "debug.log");
   EXPECT_NE(info.find("iteration        4/       4"), std::string::npos) << info;
-  EXPECT_NE(info.find("throughput per GPU (TFLOP/s/GPU)"), std::string::npos);
+  // A CPU run's rank is a thread group of this process, as the plots and report say.
+  EXPECT_NE(info.find("throughput per rank (TFLOP/s/rank)"), std::string::npos) << info;
+  EXPECT_EQ(info.find("/GPU"), std::string::npos) << info;
   EXPECT_GT(debug.size(), info.size());  // debug holds everything info has, and more
   EXPECT_NE(debug.find("effective configuration"), std::string::npos);
   EXPECT_EQ(read(logs / "error.log"), "");
@@ -117,6 +119,14 @@ TEST_F(Cli, InvalidConfigExitsTwoAndCreatesNothing) {
 
 TEST_F(Cli, UnknownCommandAndHelp) {
   EXPECT_EQ(run("frobnicate").exit_code, 2);
+  // A mistyped command or benchmark gets the nearest one.
+  const RunResult typo = run("trian");
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_NE(typo.output.find("unknown command 'trian'; did you mean train?"), std::string::npos)
+      << typo.output;
+  const RunResult bench = run("bench gemn");
+  EXPECT_EQ(bench.exit_code, 2);
+  EXPECT_NE(bench.output.find("did you mean gemm?"), std::string::npos) << bench.output;
   const RunResult help = run("train --help");
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.output.find("--global_batch_size"), std::string::npos);

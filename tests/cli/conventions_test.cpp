@@ -340,5 +340,75 @@ TEST(CliConventions, LaunchWithoutAGpuRefusesAndWritesNothing) {
   }
 }
 
+// --model without --config is the preset as defined: the default experiment's shrinking of
+// its own tiny_llama (hidden 128, 2 heads, 1 group) does not apply to it.
+TEST(CliConventions, AModelPresetWithoutAConfigIsThePresetAsDefined) {
+  for (const auto& [preset, model_line] : std::vector<std::pair<std::string, std::string>>{
+           {"tiny_llama", "model: 4 layers, hidden 256, ffn 688, heads 4 (kv 2)"},
+           {"tiny_mla", "model: 3 layers, hidden 64, ffn 128, heads 4 (kv 4)"}}) {
+    const RunResult r = run_tessera("memory --device cpu --mock_data true --model " + preset);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.rfind(model_line, 0), 0u) << r.output;
+  }
+}
+
+// OpenMP's threads wait passively (they no longer spin, taking the cores the working threads
+// need on a shared machine), unless the user chose a policy; launch's children inherit it.
+TEST(CliConventions, OpenMpThreadsWaitPassivelyUnlessTheUserChose) {
+  const std::string print_policy =
+      std::string(TESSERA_BINARY) +
+      " launch --nproc_per_node 1 -- sh -c 'echo policy=$OMP_WAIT_POLICY'";
+  RunResult r = run_command("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + print_policy);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "policy=PASSIVE")) << r.output;
+  r = run_command("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=ACTIVE " + print_policy);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "policy=ACTIVE")) << r.output;
+}
+
+// Primus's launch scripts as Primus users type them: EXP names the experiment (a shipped name, or
+// a Primus path taken by its name), the arguments pass on unchanged; NNODES for Slurm. A stand-in
+// tessera and srun record what they are given.
+TEST(CliConventions, ExampleLaunchScriptsTakeExpAndPassTheArguments) {
+  ScratchDir dir;
+  const std::string record = (dir / "args").string();
+  std::ofstream(dir / "tessera") << "#!/bin/sh\necho \"$@\" > " << record << "\n";
+  std::ofstream(dir / "srun") << "#!/bin/sh\necho \"$@\" > " << record << "\n";
+  run_command("chmod +x " + (dir / "tessera").string() + " " + (dir / "srun").string());
+  const std::string root = std::string(TESSERA_TESTS_DIR) + "/../examples/";
+  const std::string env =
+      "TESSERA=" + (dir / "tessera").string() + " PATH=" + dir.path().string() + ":$PATH ";
+
+  RunResult r = run_command(env + "EXP=llama3.1_8B-pretrain bash " + root +
+                            "run_pretrain.sh --train_iters 50 --fp8 hybrid");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(slurp(record),
+            "launch --nproc_per_node 8 --nnodes 1 --node_rank 0 --master_addr localhost "
+            "--master_port 1234 train --config llama3.1_8B-pretrain --train_iters 50 --fp8 "
+            "hybrid\n");
+
+  r = run_command(env +
+                  "EXP=examples/megatron/configs/MI300X/mixtral_8x7B_v0.1-FP8-pretrain.yaml "
+                  "GPUS_PER_NODE=4 bash " +
+                  root + "run_pretrain.sh --train_iters 5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(
+      has(slurp(record), "train --config mixtral_8x7B-pretrain --fp8 hybrid --train_iters 5"))
+      << slurp(record);
+  EXPECT_TRUE(has(slurp(record), "--nproc_per_node 4")) << slurp(record);
+
+  r = run_command(env + "EXP=llama3.3_70B-pretrain NNODES=8 bash " + root +
+                  "run_slurm_pretrain.sh --micro_batch_size 4 --recompute_num_layers 80");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string srun = slurp(record);
+  EXPECT_TRUE(has(srun, "--nodes 8 --ntasks-per-node 8")) << srun;
+  EXPECT_TRUE(has(srun,
+                  "train --config llama3.3_70B-pretrain --micro_batch_size 4 "
+                  "--recompute_num_layers 80"))
+      << srun;
+
+  EXPECT_EQ(run_command(env + "bash " + root + "run_pretrain.sh").exit_code, 2);  // no EXP
+}
+
 }  // namespace
 }  // namespace tessera::testing

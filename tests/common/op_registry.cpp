@@ -400,6 +400,34 @@ std::vector<float> rope_freqs(int64_t T, int64_t D) {
 
 std::vector<OpCase> mlp_and_loss_cases() {
   std::vector<OpCase> cases;
+  // The decoder's slot maps: a residual add (in place too), a scale, the logit soft-cap and its
+  // gradient, at odd and large sizes.
+  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{3000000}}) {
+    OpCase add;
+    add.name = fmt::format("add+scale n{}", n);
+    add.specs = {{"a", {n}},
+                 {"b", {n}},
+                 {"out", {n}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+                 {"acc", {n}, Kind::Act, Role::Accum, 1, 0, 1, 1e-2},
+                 {"scaled", {n}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
+    add.run = [](Backend& b, const Tensors& t) {
+      b.add(t.at("out"), t.at("a"), t.at("b"));
+      b.add(t.at("acc"), t.at("acc"), t.at("a"));  // in place: acc += a
+      b.scale(t.at("scaled"), t.at("b"), 2.5f);
+    };
+    cases.push_back(add);
+    OpCase cap;
+    cap.name = fmt::format("softcap+backward n{}", n);
+    cap.specs = {{"x", {n}, Kind::Act, Role::In, 20.0f},  // beyond the cap too
+                 {"dy", {n}},
+                 {"y", {n}, Kind::Act, Role::Out, 1, 0, 1, 1e-2},
+                 {"dx", {n}, Kind::Act, Role::Out, 1, 0, 1, 2e-2}};
+    cap.run = [](Backend& b, const Tensors& t) {
+      b.softcap(t.at("y"), t.at("x"), 15.0f);
+      b.softcap_backward(t.at("dx"), t.at("dy"), t.at("y"), 15.0f);
+    };
+    cases.push_back(cap);
+  }
   for (auto [N, F] : {std::pair<int64_t, int64_t>{300, 700}, {4096, 14336}}) {
     OpCase f;
     f.name = fmt::format("swiglu_forward+backward N{} F{}", N, F);

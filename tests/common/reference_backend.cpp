@@ -367,6 +367,31 @@ void ReferenceBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const
   store(dst, out);
 }
 
+void ReferenceBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  std::vector<double> o(static_cast<size_t>(a.numel()));
+  ref::add(o.data(), values(a).data(), values(b).data(), a.numel());
+  store(out, o);
+}
+
+void ReferenceBackend::do_scale(const Tensor& out, const Tensor& x, float alpha) {
+  std::vector<double> o(static_cast<size_t>(x.numel()));
+  ref::scale<double>(o.data(), values(x).data(), alpha, x.numel());
+  store(out, o);
+}
+
+void ReferenceBackend::do_softcap(const Tensor& out, const Tensor& x, float cap) {
+  std::vector<double> o(static_cast<size_t>(x.numel()));
+  ref::softcap<double>(o.data(), values(x).data(), cap, x.numel());
+  store(out, o);
+}
+
+void ReferenceBackend::do_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y,
+                                           float cap) {
+  std::vector<double> d(static_cast<size_t>(y.numel()));
+  ref::softcap_backward<double>(d.data(), values(dy).data(), values(y).data(), cap, y.numel());
+  store(dx, d);
+}
+
 void ReferenceBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(out);
   std::vector<double> o(static_cast<size_t>(out.numel()));

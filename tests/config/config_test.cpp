@@ -91,7 +91,7 @@ TEST_F(ConfigTest, PresetValuesMatchPublishedArchitectures) {
   EXPECT_TRUE(l31.model_config.use_rope_scaling);  // inherited through extends
   EXPECT_DOUBLE_EQ(l31.model_config.rotary_base, 500000.0);
   EXPECT_EQ(l31.training.micro_batch_size, 2);
-  EXPECT_EQ(l31.training.global_batch_size, 256);
+  EXPECT_EQ(l31.training.global_batch_size, 128);  // Primus's MI300X configuration
   const Experiment qwen = load("qwen2.5_7B-pretrain");
   EXPECT_TRUE(qwen.model_config.add_qkv_bias);
   EXPECT_EQ(qwen.model_config.num_query_groups, 4);
@@ -205,12 +205,12 @@ TEST_F(ConfigTest, ImpossibleCombinationsAreRejected) {
       {{"--min_lr", "1", "--lr", "0.1"}, "min_lr"},
       {{"--lr_warmup_iters", "500", "--train_iters", "100"}, "lr_warmup_iters"},
       {{"--device", "cpu", "--precision", "bf16"}, "precision"},
-      {{"--recompute_num_layers", "2"}, "recompute_num_layers"},
+      {{"--recompute_granularity", "selective", "--recompute_num_layers", "2"},
+       "recompute_num_layers"},
       {{"--mock_data", "false"}, "train_data_path"},
       {{"--mock_data", "false", "--train_data_path", "/no/such/corpus"}, "train_data_path"},
       {{"--split", "1,x,0"}, "split"},
       {{"--adam_beta2", "1.0"}, "adam_beta2"},
-      {{"--overlap_param_gather", "true"}, "overlap_param_gather"},
       {{"--use_torch_fsdp2", "true", "--use_distributed_optimizer", "true"}, "use_torch_fsdp2"},
   };
   for (const auto& c : cases) {

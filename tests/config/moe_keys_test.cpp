@@ -56,23 +56,26 @@ TEST(MoeKeys, ShippedMoeExperimentsLoadWithPublishedShapes) {
   for (const char* name :
        {"mixtral_8x7B-pretrain", "mixtral_8x22B-pretrain", "qwen3_30B_A3B-pretrain"}) {
     SCOPED_TRACE(name);
-    const Experiment e = load(name);
+    // Their experts spread over a node's 8 GPUs, as Primus's configurations spread them.
+    const Experiment e = load(name, {}, 8);
     EXPECT_TRUE(e.data.mock_data);
     EXPECT_EQ(e.exp_name, name);
-    EXPECT_EQ(e.training.seq_length, 8192);
+    EXPECT_EQ(e.training.seq_length, std::string(name) == "mixtral_8x22B-pretrain" ? 8192 : 4096);
+    EXPECT_EQ(e.training.expert_model_parallel_size, 8);
   }
-  const ModelConfig m7 = load("mixtral_8x7B-pretrain").model_config;
+  const ModelConfig m7 = load("mixtral_8x7B-pretrain", {}, 8).model_config;
   EXPECT_EQ(m7.model_family, "mixtral");
   EXPECT_EQ(m7.num_experts, 8);
   EXPECT_EQ(m7.moe_router_topk, 2);
   EXPECT_EQ(m7.moe_ffn_hidden_size, 14336);
   EXPECT_EQ(m7.num_query_groups, 8);
-  const ModelConfig m22 = load("mixtral_8x22B-pretrain").model_config;
+  const ModelConfig m22 =
+      load("mixtral_8x22B-pretrain", {"--expert_model_parallel_size", "1"}).model_config;
   EXPECT_EQ(m22.num_layers, 56);
   EXPECT_EQ(m22.hidden_size, 6144);
   EXPECT_EQ(m22.num_experts, 8);  // inherited through extends
   EXPECT_EQ(m22.vocab_size, 32768);
-  const ModelConfig q = load("qwen3_30B_A3B-pretrain").model_config;
+  const ModelConfig q = load("qwen3_30B_A3B-pretrain", {}, 8).model_config;
   EXPECT_EQ(q.model_family, "qwen3_moe");
   EXPECT_TRUE(q.qk_layernorm);
   EXPECT_EQ(q.num_experts, 128);
@@ -175,9 +178,10 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
             "moe_shared_expert_intermediate_size",
             "no shared expert"},
            {{"--moe_layer_freq", "0"}, "moe_layer_freq", "a positive interval"},
-           {{"--moe_token_dispatcher_type", "allgather"},
+           // Megatron's allgather and flex give the same routing (config/keys.cpp); deepep not.
+           {{"--moe_token_dispatcher_type", "deepep"},
             "moe_token_dispatcher_type",
-            "one of: alltoall"},
+            "one of: alltoall, allgather, flex"},
            {{"--num_experts", "0", "--expert_model_parallel_size", "2"},
             "expert_model_parallel_size",
             "1 for a dense model",

@@ -35,7 +35,9 @@ struct TrainingRun {
 TrainingRun train(const fs::path& workspace, const std::string& name, int ranks,
                   const std::string& layout) {
   const std::string args =
-      "train --device cpu --model tiny_llama --mock_data true --vocab_size 512 --seq_length 64 "
+      "train --device cpu --model tiny_llama --hidden_size 128 --ffn_hidden_size 352 "
+      "--num_attention_heads 2 --num_query_groups 1 --mock_data true --vocab_size 512 --seq_length "
+      "64 "
       "--micro_batch_size 1 --global_batch_size 6 --train_iters 6 --lr 3e-3 --lr_warmup_iters 1 "
       "--eval_interval 0 --log_progress false --ddp_bucket_size 20000 " +
       layout + " --nproc_per_node " + std::to_string(ranks) + " --workspace " + workspace.string() +

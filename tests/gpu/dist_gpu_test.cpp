@@ -53,11 +53,15 @@ constexpr double kAbsoluteBound = 0.02;
   } while (0)
 
 // Parity on four GPUs is measured in fp32, where only the order of sums differs from one GPU
-// (cuBLASLt's kernels for the split shapes, NCCL's reductions): the CPU thread-rank tests'
-// 1e-6 on losses is met there with OpenBLAS; cuBLASLt's per-shape kernels (split-K among
-// them) round in more places, so the bound here is 1e-5 relative, still ten times below what
-// a wrong split moves the first loss by (a residual added twice: 1e-4).
-constexpr double kFp32LossBound = 1e-5;
+// (cuBLASLt's kernels for the split shapes, NCCL's reductions). The first step's loss, from
+// identical weights, sees that rounding alone: 5e-6 relative, twenty times below what a wrong
+// split moves it by (a residual added twice: 1e-4). Later steps compound it: Adam divides each
+// gradient by its own running RMS, so rounding in a near-zero gradient becomes an update the
+// size of the learning rate. Over 20 steps on 4 H200s that grew to 2.4e-5 (TP 4), 4.9e-5 (CP 4)
+// and 2.8e-5 (TP 2 x PP 2), while layouts that keep every GEMM's shape (PP, EP) stayed at
+// 6e-7; the trajectory's bound is 1e-4.
+constexpr double kFp32FirstLossBound = 5e-6;
+constexpr double kFp32LossBound = 1e-4;
 
 class DistGpu : public ::testing::Test {
  protected:
@@ -658,9 +662,14 @@ TEST_F(DistGpu, FourGpuLayoutsMatchOneGpuOnBrownText) {
                   name + ".txt"),
               0)
         << read(name + ".txt");
-    const double worst = max_relative_difference(losses(name), l.moe ? one_moe : one, name);
-    std::printf("[ parity   ] %s: losses within %.2e relative of one GPU over 20 steps\n", l.name,
-                worst);
+    const std::vector<double> got = losses(name), &ref = l.moe ? one_moe : one;
+    const double worst = max_relative_difference(got, ref, name);
+    const double first = got.empty() ? 1.0 : std::abs(got[0] - ref[0]) / std::abs(ref[0]);
+    std::printf(
+        "[ parity   ] %s: first loss within %.2e, losses within %.2e relative of one "
+        "GPU over 20 steps\n",
+        l.name, first, worst);
+    EXPECT_LE(first, kFp32FirstLossBound) << name;
     EXPECT_LE(worst, kFp32LossBound) << name;
   }
 }

@@ -137,9 +137,24 @@ TEST(GpuMla, PresetProxiesStep) {
     SCOPED_TRACE(std::string(p.config) + " " + extra);
     LoadOptions o;
     o.config_path = p.config;
-    o.cli_overrides = {"--num_layers",        "2",    "--moe_layer_freq",   "1",
-                       "--seq_length",        "2048", "--micro_batch_size", "1",
-                       "--global_batch_size", "1",    "--train_iters",      "3"};
+    // One GPU, routed by the router unless the proxy says otherwise (the experiments spread
+    // their experts over a node and route force-balanced, as Primus's do).
+    o.cli_overrides = {"--num_layers",
+                       "2",
+                       "--moe_layer_freq",
+                       "1",
+                       "--seq_length",
+                       "2048",
+                       "--micro_batch_size",
+                       "1",
+                       "--global_batch_size",
+                       "1",
+                       "--train_iters",
+                       "3",
+                       "--expert_model_parallel_size",
+                       "1",
+                       "--moe_force_balance",
+                       "false"};
     o.cli_overrides.insert(o.cli_overrides.end(), p.extra.begin(), p.extra.end());
     const Experiment e = load_experiment(o);
     auto gpu = trainer_on(e, DeviceChoice::Gpu, log);

@@ -63,13 +63,11 @@ TEST(ModelFamily, BlocksDeclareTheLayoutWithParallelStyles) {
   const ParamLayout l = make_param_layout(s);
   std::vector<std::string> names;
   for (const ParamInfo& p : l.params) names.push_back(p.name);
-  const std::vector<std::string> layer1 = {"model.layers.1.input_layernorm.weight",
-                                           "model.layers.1.self_attn.qkv_proj.weight",
-                                           "model.layers.1.self_attn.qkv_proj.bias",
-                                           "model.layers.1.self_attn.o_proj.weight",
-                                           "model.layers.1.post_attention_layernorm.weight",
-                                           "model.layers.1.mlp.gate_up_proj.weight",
-                                           "model.layers.1.mlp.down_proj.weight"};
+  const std::vector<std::string> layer1 = {
+      "model.layers.1.self_attn.norm.weight",   "model.layers.1.self_attn.qkv_proj.weight",
+      "model.layers.1.self_attn.qkv_proj.bias", "model.layers.1.self_attn.o_proj.weight",
+      "model.layers.1.mlp.norm.weight",         "model.layers.1.mlp.gate_up_proj.weight",
+      "model.layers.1.mlp.down_proj.weight"};
   const auto at = std::find(names.begin(), names.end(), layer1[0]);
   ASSERT_NE(at, names.end());
   EXPECT_EQ(std::vector<std::string>(at, at + layer1.size()), layer1);
@@ -85,7 +83,7 @@ TEST(ModelFamily, BlocksDeclareTheLayoutWithParallelStyles) {
   EXPECT_EQ(l.find("model.layers.0.self_attn.o_proj.weight")->tp, TensorParallelStyle::Row);
   EXPECT_EQ(l.find("model.layers.0.mlp.down_proj.weight")->tp, TensorParallelStyle::Row);
   EXPECT_EQ(l.find("model.embed_tokens.weight")->tp, TensorParallelStyle::Vocab);
-  EXPECT_EQ(l.find("model.layers.0.input_layernorm.weight")->tp, TensorParallelStyle::Replicated);
+  EXPECT_EQ(l.find("model.layers.0.self_attn.norm.weight")->tp, TensorParallelStyle::Replicated);
   // Hugging Face's pieces of the fused tensor follow the same rows.
   const auto pieces = model_family("llama").hf_pieces(qkv, s);
   ASSERT_EQ(pieces.size(), 3u);

@@ -54,10 +54,13 @@ ModelRuntime runtime() {
   return rt;
 }
 
+// The shipped MoE experiments spread their experts over a node's 8 GPUs (Primus's layout), so
+// they are loaded for 8 ranks.
 Experiment load(const std::string& name, std::vector<std::string> cli = {}) {
   LoadOptions o;
   o.config_path = name;
   o.cli_overrides = std::move(cli);
+  o.data_parallel_size = name.ends_with("-pretrain") ? 8 : 1;
   return load_experiment(o);
 }
 
@@ -99,8 +102,15 @@ TEST(MoeModel, FamiliesCheckTheirKeys) {
            {{"--model_family", "llama", "--num_experts", "0", "--qk_layernorm", "true"},
             "qk_layernorm"}}) {
     SCOPED_TRACE(b.key);
-    std::vector<std::string> cli = {"--model", "mixtral_8x7B", "--mock_data",
-                                    "true",    "--num_layers", "2"};
+    // Experts on one rank: a model that is not an MoE one has no experts to spread.
+    std::vector<std::string> cli = {"--model",
+                                    "mixtral_8x7B",
+                                    "--mock_data",
+                                    "true",
+                                    "--num_layers",
+                                    "2",
+                                    "--expert_model_parallel_size",
+                                    "1"};
     cli.insert(cli.end(), b.cli.begin(), b.cli.end());
     try {
       make_model_spec(load("mixtral_8x7B-pretrain", cli), 32000);

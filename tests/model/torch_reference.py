@@ -309,7 +309,7 @@ class Llama(torch.nn.Module):
             visible &= (i[:, None] - i[None, :]) < c["window"]
         for l in range(c["layers"]):
             p = f"model.layers.{l}."
-            h = rms_norm(x, self.w(p + "input_layernorm.weight"), c["eps"])
+            h = rms_norm(x, self.w(p + "self_attn.norm.weight"), c["eps"])
 
             def proj(name, inp):
                 b = self.w(p + name + ".bias") if self.has(p + name + ".bias") else None
@@ -317,7 +317,7 @@ class Llama(torch.nn.Module):
 
             if c.get("mla"):
                 x = x + self.mla(h, p, B, T, visible)
-                h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), c["eps"])
+                h = rms_norm(x, self.w(p + "mlp.norm.weight"), c["eps"])
                 x = x + (self.moe(h, p, B, T) if l in self.moe_layers() else self.swiglu(h, p + "mlp."))
                 continue
             q = proj("self_attn.q_proj", h).view(B, T, H, hd).transpose(1, 2)
@@ -334,7 +334,7 @@ class Llama(torch.nn.Module):
             scores = scores.masked_fill(~visible, float("-inf"))
             att = torch.softmax(scores, dim=-1) @ v
             x = x + proj("self_attn.o_proj", att.transpose(1, 2).reshape(B, T, H * hd))
-            h = rms_norm(x, self.w(p + "post_attention_layernorm.weight"), c["eps"])
+            h = rms_norm(x, self.w(p + "mlp.norm.weight"), c["eps"])
             if l in self.moe_layers():
                 x = x + self.moe(h, p, B, T)
             else:

@@ -129,15 +129,71 @@ TEST(TrainSamples, SetsTheRunLengthAndTheDecayInSamples) {
   EXPECT_TRUE(contains(again.output, "training for 5 iterations")) << again.output;
 }
 
-TEST(TrainSamples, ASecondRunLengthExits2NamingBoth) {
+// A Megatron launch line's --train_samples replaces the experiment's train_iters (the default
+// experiment sets 150); both on one command line are two run lengths, refused naming both.
+TEST(TrainSamples, TheCommandLineReplacesTheExperimentsTrainItersButNotItsOwn) {
   ScratchDir dir;
-  // The default experiment sets train_iters: 150.
-  const RunResult r = run_tessera(tiny_args(dir.path(), "e") + " --train_samples 40");
+  RunResult r = run_tessera(tiny_args(dir.path(), "e") + " --train_samples 40");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "training for 10 iterations")) << r.output;
+
+  r = run_tessera(tiny_args(dir.path(), "f") + " --train_samples 40 --train_iters 7");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "key 'train_samples' has value '40'")) << r.output;
-  EXPECT_TRUE(contains(r.output, "train_iters is 150, set at")) << r.output;
-  EXPECT_TRUE(contains(r.output, "--train_iters 0")) << r.output;
-  EXPECT_FALSE(fs::exists(dir / "g")) << "the experiment directory was made";
+  EXPECT_TRUE(contains(r.output, "train_iters is 7, set on the command line")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "g" / "u" / "f")) << "the experiment directory was made";
+}
+
+// A resumed run names the iterations it runs, not the run's length as if it ran them all.
+TEST(Resume, TheLogNamesTheIterationsThisRunTrains) {
+  ScratchDir dir;
+  const fs::path save = dir / "ckpt";
+  const std::string args =
+      tiny_args(dir.path(), "e") + " --save " + save.string() + " --load " + save.string();
+  RunResult r = run_tessera(args + " --train_iters 10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "training for 10 iterations")) << r.output;
+  EXPECT_TRUE(contains(r.output, "done: 10 iterations in")) << r.output;
+  r = run_tessera(args + " --train_iters 13");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(
+      r.output, "training iterations 11 to 13 (3 of the run's 13; resumed after iteration 10)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "done: 3 iterations, 11 to 13 in")) << r.output;
+  EXPECT_FALSE(contains(r.output, "training for 13 iterations")) << r.output;
+}
+
+// Primus's disable_last_saving: no checkpoint at the end, said when the run starts and ends;
+// the Primus example with --save runs, and --disable_last_saving false saves the last one.
+TEST(DisableLastSaving, SkipsTheEndOfRunCheckpointAndSaysSo) {
+  ScratchDir dir;
+  const fs::path save = dir / "ckpt";
+  RunResult r = run_tessera(tiny_args(dir.path(), "e") + " --train_iters 5 --save_interval 2 " +
+                            "--ckpt_keep_last 0 --disable_last_saving --save " + save.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "disable_last_saving is true: no checkpoint at the end"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "no checkpoint of iteration 5: disable_last_saving is true "
+                       "(the last one, of iteration 4,"))
+      << r.output;
+  EXPECT_EQ(checkpoints(save), (std::vector<std::string>{"iter_0000002", "iter_0000004"}));
+
+  // Primus's own example file (disable_last_saving: true, save_interval 20000) with --save.
+  const fs::path primus_save = dir / "primus_ckpt";
+  const std::string primus =
+      std::string("train --config primus/llama3.1_8B-pretrain --device cpu --num_layers 2 ") +
+      "--hidden_size 32 --ffn_hidden_size 48 --num_attention_heads 4 --num_query_groups 2 " +
+      "--vocab_size 64 --seq_length 16 --micro_batch_size 2 --global_batch_size 4 " +
+      "--train_iters 2 --log_progress false --workspace " + dir.path().string() + " --save " +
+      primus_save.string();
+  r = run_tessera(primus);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "so this run saves none")) << r.output;
+  EXPECT_TRUE(checkpoints(primus_save).empty());
+  r = run_tessera(primus + " --disable_last_saving false --exp_name again");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(checkpoints(primus_save), (std::vector<std::string>{"iter_0000002"}));
 }
 
 // Megatron's skip_train: the weights of the checkpoint evaluated as the training run evaluated

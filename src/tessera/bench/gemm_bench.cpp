@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -35,7 +36,8 @@ scale 1 (the CPU backend emulates FP8 GEMMs); % of peak is then against the data
 peak.
 Each problem is checked (small case vs the CPU reference, sampled entries at full size)
 before it is timed: median over --iters samples after --warmup calls, inputs rotated beyond
-twice the L2. Columns: TFLOP/s (2MNK), GB/s (operands once + output), FLOPs/byte, % of the
+twice the L2. With the CPU backend the defaults are --sizes 256,512,1024 --warmup 2 --iters 7
+(its fp32 GEMMs take seconds each at 16384^3). Columns: TFLOP/s (2MNK), GB/s (operands once + output), FLOPs/byte, % of the
 datasheet peak of --gpu (default: the visible GPU). --gemm_autotune false times cuBLASLt's
 heuristic's first algorithm instead of the fastest of its candidates (the training key of
 the same name). -o DIR writes bench_gemm.csv and .md.
@@ -505,6 +507,11 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     throw ConfigError("command line", a.unknown().front(), "",
                       "an option of bench gemm (experiment keys need --config)");
   BenchContext ctx = make_context(context_options(a));
+  // The CPU backend's fp32 reference runs a 16384^3 GEMM in minutes: its default sweep stops
+  // where a CPU's GEMM rate has levelled off, with fewer samples, so that it ends in seconds.
+  const bool cpu = ctx.device->device().kind == DeviceKind::CPU;
+  if (cpu && !a.has("warmup")) ctx.warmup = 2;
+  if (cpu && !a.has("iters")) ctx.iters = 7;
 
   std::vector<GemmProblem> problems;
   const bool model = a.has("config");
@@ -516,11 +523,14 @@ int gemm_bench_command(const std::vector<std::string>& args) {
     lo.config_path = a.get("config", "");
     lo.cli_overrides = a.unknown();
     const Experiment e = load_experiment(lo);
-    const RunSetup setup =
-        make_run_setup(e, {1, ctx.dtype}, [&] { return make_tokenizer(e.data)->vocab_size(); });
+    const RunSetup setup = make_run_setup(e, {1, ctx.dtype}, [&] {
+      return make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size();
+    });
     problems = model_gemms(setup.spec, setup.runtime);
   } else {
-    const std::vector<int64_t> sizes = a.get_int_list("sizes", {1024, 2048, 4096, 8192, 16384});
+    const std::vector<int64_t> sizes =
+        a.get_int_list("sizes", cpu ? std::vector<int64_t>{256, 512, 1024}
+                                    : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384});
     for (int64_t n : sizes)
       for (const std::string& layout : a.get_list("layouts", {"NN", "NT", "TN"})) {
         if (layout.size() != 2 || layout.find_first_not_of("NT") != std::string::npos)
@@ -570,6 +580,12 @@ int gemm_bench_command(const std::vector<std::string>& args) {
                {"flops_per_byte"}, {"pct_of_peak"},  {"check_rel_err"}, {"status"}};
   if (model) t.columns.insert(t.columns.begin() + 6, {{"calls_per_step"}, {"ms_per_step"}});
 
+  // Said before the first check, so that a long sweep is not silent where no status line shows.
+  fmt::print(
+      "bench gemm on {}: {} problems, each checked against the CPU reference, then timed "
+      "({} warm-up calls, median of {} samples)\n",
+      ctx.description, problems.size(), ctx.warmup, ctx.iters);
+  std::fflush(stdout);
   analysis::StatusLine status(static_cast<int>(problems.size()));
   int failures = 0;
   double step_ms = 0, step_flops = 0;

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -84,12 +86,27 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// The dense bf16 GEMM rate this backend reaches at 8192^3: the ceiling MFU is quoted against.
-double measure_gemm_ceiling_tflops(Backend& b) {
-  if (!b.supports(Capability::Bf16Compute)) return 0;
-  const int64_t n = 8192;
-  DeviceBuffer a(b, n * n * 2, "gemm a"), w(b, n * n * 2, "gemm b"), c(b, n * n * 2, "gemm c");
-  const Tensor ta = a.tensor(DType::BF16, {n, n}), tw = w.tensor(DType::BF16, {n, n}), tc = c.tensor(DType::BF16, {n, n});
+// The dense GEMM rate the ceiling MFU is quoted against, in the backend's compute dtype: bf16
+// at 8192^3 on GPUs; on the CPU backend fp32 at 1024^3, where a CPU's rate has levelled off
+// and which takes a second rather than minutes.
+struct GemmCeiling {
+  DType dtype = DType::BF16;
+  int64_t n = 8192;
+  double tflops = 0;
+  std::string text() const {
+    return fmt::format("GEMM ceiling ({} {}^3): {:.3g} TFLOP/s", dtype_name(dtype), n, tflops);
+  }
+};
+
+GemmCeiling measure_gemm_ceiling(Backend& b) {
+  GemmCeiling g;
+  g.dtype = b.default_compute_dtype();
+  g.n = b.device().kind == DeviceKind::GPU ? 8192 : 1024;
+  const int64_t n = g.n;
+  const size_t bytes = static_cast<size_t>(n * n) * dtype_size(g.dtype);
+  DeviceBuffer a(b, bytes, "gemm a"), w(b, bytes, "gemm b"), c(b, bytes, "gemm c");
+  const Tensor ta = a.tensor(g.dtype, {n, n}), tw = w.tensor(g.dtype, {n, n}),
+               tc = c.tensor(g.dtype, {n, n});
   b.init_normal(ta, 1, 0, 0.0f, 1.0f);
   b.init_normal(tw, 2, 0, 0.0f, 1.0f);
   MatmulArgs m;
@@ -102,7 +119,8 @@ double measure_gemm_ceiling_tflops(Backend& b) {
     b.synchronize();
     if (i >= 3) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
-  return 2.0 * n * n * n / (median(ms) / 1e3) / 1e12;
+  g.tflops = 2.0 * n * n * n / (median(ms) / 1e3) / 1e12;
+  return g;
 }
 
 std::string family(const std::string& op) {
@@ -139,8 +157,10 @@ int64_t last_micro_batch(const std::vector<std::string>& tokens) {
 Experiment bench_experiment(const Options& o, const std::string& model) {
   LoadOptions lo;
   lo.config_path = model + "-pretrain";
-  lo.cli_overrides = {"--seq_length",    "8192", "--micro_batch_size", "1",
-                      "--eval_interval", "0",    "--log_interval",     "1000000"};
+  // One device: an MoE experiment's experts, spread over a node's GPUs, all on this one.
+  lo.cli_overrides = {
+      "--seq_length",   "8192",    "--micro_batch_size",           "1", "--eval_interval", "0",
+      "--log_interval", "1000000", "--expert_model_parallel_size", "1"};
   if (o.full) {
     lo.cli_overrides.insert(lo.cli_overrides.end(), kFullDefaults.begin(), kFullDefaults.end());
   } else {
@@ -199,25 +219,29 @@ std::string state_text(const Experiment& e) {
                      dtype_name(t.exp_avg_sq_dtype));
 }
 
-void print_proxy_table(const nlohmann::json& results) {
+// `per`: "GPU", or "rank" on the CPU backend.
+void print_proxy_table(const nlohmann::json& results, std::string_view per) {
   fmt::print(
-      "| model | layers | precision | mbs | seq | window | step ms | tokens/s/GPU | TFLOP/s/GPU | "
-      "MFU | peak GiB | gemm ms | attention ms | other ms |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| model | layers | precision | mbs | seq | window | step ms | tokens/s/{0} | "
+      "TFLOP/s/{0} | MFU | peak GiB | timed step ms | gemm ms | attention ms | other ms |\n",
+      per);
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   auto ms_or_dash = [](const nlohmann::json& r, const char* key) {
     return r.contains(key) ? fmt::format("{:.1f}", r[key].get<double>()) : std::string("-");
   };
   for (const auto& r : results)
     fmt::print(
-        "| {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.1f}% | {:.2f} | {} | {} | "
-        "{} |\n",
+        "| {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f} | {:.3g} | {:.1f}% | {:.2f} | {} | {} | "
+        "{} "
+        "| {} |\n",
         r["model"].get<std::string>(), r["num_layers"].get<int64_t>(),
         r["precision"].get<std::string>(), r["micro_batch_size"].get<int64_t>(),
         r["seq_length"].get<int64_t>(), r["sliding_window"].get<int64_t>(),
         r["step_ms"].get<double>(), r["tokens_per_s_per_gpu"].get<double>(),
         r["tflops_per_gpu"].get<double>(), 100 * r["mfu_vs_gemm_ceiling"].get<double>(),
-        r["peak_mem_gib"].get<double>(), ms_or_dash(r, "breakdown_ms_gemm"),
-        ms_or_dash(r, "breakdown_ms_attention"), ms_or_dash(r, "breakdown_ms_other"));
+        r["peak_mem_gib"].get<double>(), ms_or_dash(r, "breakdown_step_ms"),
+        ms_or_dash(r, "breakdown_ms_gemm"), ms_or_dash(r, "breakdown_ms_attention"),
+        ms_or_dash(r, "breakdown_ms_other"));
 }
 
 constexpr const char* kParts[] = {"gemm",      "attention",     "recompute", "casts",
@@ -295,15 +319,29 @@ int model_bench_command(const std::vector<std::string>& args) {
   const Options o = parse(args);
   Logger log("", 0, false, false);
   nlohmann::json results = nlohmann::json::array();
-  double ceiling = -1;
+  std::optional<GemmCeiling> ceiling_gemm;
+  bool device_is_gpu = true;
+  double ceiling = 0;
   std::string device;
   for (const std::string& model : o.models) {
     const Experiment e = bench_experiment(o, model);
     auto backend = make_backend(e.training.device, 0, backend_options(e.training));
-    if (ceiling < 0) ceiling = measure_gemm_ceiling_tflops(*backend), device = backend->description();
+    if (!ceiling_gemm) {
+      device = backend->description();
+      device_is_gpu = backend->device().kind == DeviceKind::GPU;
+      if (!device_is_gpu)
+        fmt::print(
+            "bench model on the CPU backend ({}): the fp32 reference kernels of this host, not a "
+            "GPU's; a proxy step of a 7-8B model takes minutes here (--num_layers 1 "
+            "--seq_length 512 makes it seconds)\n",
+            device);
+      ceiling_gemm = measure_gemm_ceiling(*backend);
+      ceiling = ceiling_gemm->tflops;
+    }
     // What the planner says this run needs, from the run set-up the trainer makes.
-    const RunSetup setup = make_run_setup(e, {1, backend->default_compute_dtype()},
-                                          [&] { return make_tokenizer(e.data)->vocab_size(); });
+    const RunSetup setup = make_run_setup(e, {1, backend->default_compute_dtype()}, [&] {
+      return make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size();
+    });
     const plan::MemoryPlan planned =
         plan::plan_memory(plan::plan_input(setup, backend->device().kind == DeviceKind::GPU));
     Trainer trainer(e, std::move(backend), log, nullptr);
@@ -334,6 +372,7 @@ int model_bench_command(const std::vector<std::string>& args) {
                         {"tokens_per_s_per_gpu", tok_s},
                         {"tflops_per_gpu", tflops},
                         {"mfu_vs_gemm_ceiling", ceiling > 0 ? tflops / ceiling : 0.0},
+                        {"gemm_ceiling_tflops", ceiling},
                         {"peak_mem_gib", mem.peak_bytes / kGiB},
                         {"loss", last_loss}};
     if (o.full) {
@@ -374,22 +413,37 @@ int model_bench_command(const std::vector<std::string>& args) {
                           {"trace", trace}};
       }
     } else if (o.breakdown) {
+      // One more step with every op timed: its GEMMs and attention, and as "other" the rest of
+      // that step (other ops, and the host time between them), so that the parts add up to the
+      // step they come from. Timing each op slows that step down: its time is reported too.
       std::map<std::string, double> split, per_op;
       b.enable_op_timing(true);
+      b.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
       trainer.run_iteration(last);
+      b.synchronize();
+      const double timed_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       for (const auto& [op, t] : b.op_times_ms()) split[family(op)] += t, per_op[op] += t;
       b.enable_op_timing(false);
-      for (const auto& [k, v] : split) r["breakdown_ms_" + k] = v;
+      r["breakdown_step_ms"] = timed_ms;
+      r["breakdown_ms_gemm"] = split["gemm"];
+      r["breakdown_ms_attention"] = split["attention"];
+      r["breakdown_ms_other"] = std::max(0.0, timed_ms - split["gemm"] - split["attention"]);
       if (!per_op.empty()) r["op_ms"] = per_op;
     }
     results.push_back(r);
     fmt::print("{}\n", r.dump());
   }
-  fmt::print("\n{}\nGEMM ceiling (bf16 8192^3): {:.1f} TFLOP/s\n\n", device, ceiling);
+  fmt::print("\n{}\n{}\n\n", device, ceiling_gemm ? ceiling_gemm->text() : std::string());
   if (o.full) {
     print_full_table(results);
   } else {
-    print_proxy_table(results);
+    print_proxy_table(results, device_is_gpu ? "GPU" : "rank");
+    if (o.breakdown)
+      fmt::print(
+          "\ngemm / attention / other: one more step with every op timed (timed step ms, slower "
+          "than the median step by the timing); other is the rest of that step.\n");
   }
   if (!o.output_dir.empty()) {
     fs::create_directories(o.output_dir);

@@ -13,6 +13,7 @@
 
 #include "tessera/analysis/report_output.h"
 #include "tessera/backend/backend_factory.h"
+#include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/bench/gemm_bench.h"
 #include "tessera/bench/gpu_info.h"
 #include "tessera/bench/membw_bench.h"
@@ -108,6 +109,14 @@ PreflightReport run_preflight(const PreflightOptions& o) {
     c.add("GPU", "none", "warn", no_gpu_reason());
     c.add("GEMM", "not run", "warn", "no GPU");
     c.add("copy bandwidth", "not run", "warn", "no GPU");
+    // What this machine can still do.
+    const auto cpu = make_cpu_backend();
+    const MemoryStats m = cpu->memory_stats();
+    c.add("CPU backend", "available", "info",
+          fmt::format("{}, {:.1f} GiB of memory: tessera train --device cpu (fp32, "
+                      "--nproc_per_node N thread ranks), tessera memory --gpu NAME (any GPU's "
+                      "plan), bench on the CPU, report, plot, convert, generate",
+                      cpu->description(), m.device_total_bytes / (1024.0 * 1024.0 * 1024.0)));
   } else {
     for (int i = 0; i < gpus; ++i) {
       const DeviceInfo d = i == 0 ? *g : *gpu_info(i);

@@ -137,7 +137,9 @@ nlohmann::json spec_to_json(const ModelSpec& s) {
       {"norm_epsilon", std::stod(fmt::format("{}", s.norm_eps))},
       {"add_qkv_bias", s.qkv_bias},
       {"tied_embeddings", s.tied_embeddings},
-      {"sliding_window", s.sliding_window}};
+      {"sliding_window", s.sliding_window},
+      // The run's init_method_std, for the exported config's initializer_range.
+      {"init_method_std", std::stod(fmt::format("{}", s.init_std))}};
   if (s.qk_norm) j["qk_layernorm"] = true;
   if (s.moe.enabled()) j["moe"] = moe_to_json(s.moe);
   if (s.mla.enabled) j["multi_latent_attention"] = mla_to_json(s);
@@ -169,6 +171,8 @@ ModelSpec spec_from_json(const nlohmann::json& j, const std::string& file) {
     s.tied_embeddings = j.at("tied_embeddings").get<bool>();
     s.sliding_window = j.at("sliding_window").get<int64_t>();
     s.qk_norm = j.value("qk_layernorm", false);
+    // Checkpoints from before it was recorded: Megatron's default.
+    s.init_std = j.value("init_method_std", 0.02f);
     if (j.contains("moe")) s.moe = moe_from_json(j.at("moe"), file);
     if (j.contains("multi_latent_attention")) mla_from_json(j.at("multi_latent_attention"), s);
   } catch (const nlohmann::json::exception& e) {

@@ -176,9 +176,28 @@ SafetensorsFile::~SafetensorsFile() {
   if (map_) ::munmap(map_, size_);
 }
 
+namespace {
+
+// Checkpoints written before the decoder's norms were named by their slot called a block's
+// pre-norms by Hugging Face's Llama names: the name such a checkpoint holds for `name`, or "".
+std::string legacy_norm_name(const std::string& name) {
+  static const std::pair<std::string_view, std::string_view> kRenamed[] = {
+      {"self_attn.norm.weight", "input_layernorm.weight"},
+      {"mlp.norm.weight", "post_attention_layernorm.weight"}};
+  for (const auto& [now, before] : kRenamed)
+    if (name.ends_with(now)) return name.substr(0, name.size() - now.size()) + std::string(before);
+  return "";
+}
+
+}  // namespace
+
 const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
   for (const auto& t : tensors_)
     if (t.name == name) return &t;
+  const std::string legacy = legacy_norm_name(name);
+  if (legacy.empty()) return nullptr;
+  for (const auto& t : tensors_)
+    if (t.name == legacy) return &t;
   return nullptr;
 }
 

@@ -15,7 +15,9 @@ int bench_command(const Args& args) {
   }
   for (const auto& s : bench_commands())
     if (args[0] == s.name) return s.run(Args(args.begin() + 1, args.end()));
-  throw ConfigError("command line", "bench", args[0], "one of the benchmarks `tessera bench --help` lists");
+  throw ConfigError("command line", "bench", args[0],
+                    "one of the benchmarks `tessera bench --help` lists" +
+                        did_you_mean(args[0], bench_commands()));
 }
 
 }  // namespace tessera::cli

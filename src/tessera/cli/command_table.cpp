@@ -1,6 +1,7 @@
 // The tables of `tessera <command>` and `tessera bench <benchmark>`, and the usage made from
 // them.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tessera/bench/attention_bench.h"
 #include "tessera/bench/comm_bench.h"
@@ -9,6 +10,7 @@
 #include "tessera/bench/model_bench.h"
 #include "tessera/bench/tokenizer_bench.h"
 #include "tessera/cli/commands.h"
+#include "tessera/config/keys.h"
 
 namespace tessera::cli {
 
@@ -56,6 +58,13 @@ std::span<const Command> commands() {
        generate_command},
   };
   return kCommands;
+}
+
+std::string did_you_mean(const std::string& name, std::span<const Command> table) {
+  std::vector<std::string> names;
+  for (const Command& c : table) names.emplace_back(c.name);
+  const std::vector<std::string> near = nearest_names(name, names);
+  return near.empty() ? "" : fmt::format("; did you mean {}?", fmt::join(near, " or "));
 }
 
 std::string usage() {

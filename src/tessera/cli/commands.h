@@ -25,6 +25,8 @@ std::span<const Command> commands();
 std::span<const Command> bench_commands();
 // `tessera --help`: the commands above, with their subcommands.
 std::string usage();
+// "; did you mean train?" for a mistyped name among `table`'s, or "".
+std::string did_you_mean(const std::string& name, std::span<const Command> table);
 
 int train_command(const Args& args);
 int preprocess_command(const Args& args);

@@ -251,6 +251,13 @@ std::optional<DataConfig> recorded_tokenizer(const Checkpoint& c, std::string* w
   }
   DataConfig data;
   const std::string type = config["tokenizer_type"].as<std::string>("");
+  if (type == tokenizer_type_name(TokenizerType::Null) ||
+      type == tokenizer_type_name(TokenizerType::Gpt2Bpe)) {
+    *why = fmt::format(
+        "the run's tokenizer is {}, which has no tokenizer.json to copy (give --tokenizer one)",
+        type);
+    return std::nullopt;
+  }
   if (type == tokenizer_type_name(TokenizerType::HuggingFace)) {
     data.tokenizer_type = TokenizerType::HuggingFace;
   } else if (type != tokenizer_type_name(TokenizerType::ByteLevel)) {

@@ -1,6 +1,7 @@
 // tessera generate: sample text from a Tessera checkpoint or a Hugging Face model directory,
 // with a KV cache (model/generator.h), on the CPU or a GPU.
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 
@@ -28,11 +29,14 @@ using Clock = std::chrono::steady_clock;
 void print_generate_help() {
   fmt::print(
       "usage: tessera generate --from CHECKPOINT_OR_HF_DIR (--prompt TEXT | --prompt_ids IDS)\n"
+      "                        (--load DIR: Megatron's name of --from)\n"
       "                        [--max_new_tokens 64] [--temperature 0] [--top_k 0] [--top_p 1]\n"
       "                        [--seed 1] [--device auto|cpu|cuda] [--precision auto|fp32|bf16]\n"
       "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n\n"
-      "Samples a continuation of the prompt, one token at a time with a KV cache, and prints it\n"
-      "with the time the prompt took and the decoding rate in tokens/s. --from is a checkpoint\n"
+      "Samples a continuation of the prompt, one token at a time with a KV cache, and prints the\n"
+      "prompt with its continuation (as transformers' text-generation pipeline and Megatron's\n"
+      "text server return them), then on stderr the new ids, the time the prompt took and the\n"
+      "decoding rate in tokens/s. --from is a checkpoint\n"
       "directory, a save directory (its latest checkpoint) or a Hugging Face model directory.\n"
       "Temperature 0 decodes greedily; otherwise top-k, then top-p (nucleus) restrict the\n"
       "sampled tokens, as transformers' generate() does. The tokenizer is the checkpoint's\n"
@@ -89,12 +93,14 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
   }
   if (src.checkpoint) {
     const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
-    if (config["tokenizer_type"] &&
-        config["tokenizer_type"].as<std::string>() == "HuggingFaceTokenizer") {
-      d.tokenizer_type = TokenizerType::HuggingFace;
-      d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
-    }
-    return make_tokenizer(d);
+    const std::string type = config["tokenizer_type"].as<std::string>("ByteLevel");
+    for (TokenizerType t :
+         {TokenizerType::HuggingFace, TokenizerType::Null, TokenizerType::Gpt2Bpe})
+      if (type == tokenizer_type_name(t)) d.tokenizer_type = t;
+    d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
+    d.vocab_file = config["vocab_file"].as<std::string>("");
+    d.merge_file = config["merge_file"].as<std::string>("");
+    return make_tokenizer(d, config["vocab_size"].as<int64_t>(0));
   }
   const fs::path file = fs::path(src.name) / "tokenizer.json";
   if (!fs::exists(file))
@@ -137,11 +143,17 @@ int generate_command(const Args& args) {
       print_generate_help();
       return 0;
     }
-  const bench::CommandArgs a(args,
-                             {"from", "prompt", "prompt_ids", "max_new_tokens", "temperature",
-                              "top_k", "top_p", "seed", "device", "precision", "tokenizer"},
-                             {"ignore_eos"}, false);
-  if (!a.has("from")) throw ConfigError("command line", "from", "", "--from CHECKPOINT_OR_HF_DIR");
+  const bench::CommandArgs a(
+      args,
+      {"from", "load", "prompt", "prompt_ids", "max_new_tokens", "temperature", "top_k", "top_p",
+       "seed", "device", "precision", "tokenizer"},
+      {"ignore_eos"}, false);
+  if (a.has("from") && a.has("load"))
+    throw ConfigError("command line", "load", a.get("load", ""),
+                      "one of --from and --load (the same option: Megatron calls it --load)");
+  const std::string from = a.has("load") ? a.get("load", "") : a.get("from", "");
+  if (from.empty())
+    throw ConfigError("command line", "from", "", "--from CHECKPOINT_OR_HF_DIR (or --load)");
   if (a.has("prompt") == a.has("prompt_ids"))
     throw ConfigError("command line", "prompt", "", "exactly one of --prompt and --prompt_ids");
   SamplingOptions so;
@@ -155,7 +167,7 @@ int generate_command(const Args& args) {
   if (precision != "auto" && precision != "fp32" && precision != "bf16")
     throw ConfigError("command line", "precision", precision, "auto, fp32 or bf16");
 
-  const Source src = open_source(a.get("from", ""));
+  const Source src = open_source(from);
   const ModelSpec& spec = src.spec();
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
@@ -194,7 +206,14 @@ int generate_command(const Args& args) {
   }
   const double decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
 
-  if (tokenizer) fmt::print("{}\n", tokenizer->decode(generated));
+  // The prompt with its continuation, decoded together so that a tokenizer that marks word
+  // starts (Llama 2's) spaces the first new word as the text reads.
+  if (tokenizer) {
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), generated.begin(), generated.end());
+    fmt::print("{}\n", tokenizer->decode(all));
+    std::fflush(stdout);  // the text before the numbers on stderr, also through a pipe
+  }
   fmt::print(stderr, "ids: {}\n", fmt::join(generated, " "));
   fmt::print(stderr,
              "{} on {} ({}): prompt of {} tokens in {:.1f} ms; {} new tokens at {:.1f} tokens/s\n",

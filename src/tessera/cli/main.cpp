@@ -1,5 +1,8 @@
 // tessera: pretrain, benchmark and profile Llama-family models.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -15,9 +18,22 @@ void print_usage() {
   fmt::print("{}", tessera::cli::usage());
 }
 
+// OpenMP's threads (the CPU backend's loops, and OpenBLAS's, which is built on OpenMP) spin
+// while they wait for work by default, taking the cores that the threads with work need
+// whenever another process runs beside them: a CPU training run on 2 shared cores ran 2.6-3.3x
+// slower than with passive waiting (docs/performance-notes.md, note 29). They wait passively
+// unless the user chose a policy. libgomp reads the policy once, when it is loaded, so the
+// process starts again with it set (on failure it carries on as it is).
+void wait_passively_for_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::execv("/proc/self/exe", argv);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  wait_passively_for_openmp(argv);
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     print_usage();
@@ -52,7 +68,8 @@ int main(int argc, char** argv) {
       return tessera::kExitRuntimeFailure;
     }
   }
-  fmt::print(stderr, "error: unknown command '{}'\n\n", name);
+  fmt::print(stderr, "error: unknown command '{}'{}\n\n", name,
+             tessera::cli::did_you_mean(name, tessera::cli::commands()));
   print_usage();
   return tessera::kExitInvalidInput;
 }

@@ -13,13 +13,25 @@
 
 namespace tessera {
 
-enum class LrDecayStyle { Constant, Linear, Cosine };
+// WSD (warmup-stable-decay): lr held until the last lr_wsd_decay_iters of the decay, then
+// annealed to min_lr in the lr_wsd_decay_style (Megatron's).
+enum class LrDecayStyle { Constant, Linear, Cosine, Wsd };
+enum class WsdDecayStyle { Exponential, Linear, Cosine, MinusSqrt };
 enum class RecomputeGranularity { None, Full, Selective };
+// Megatron's recompute_method with full recompute: uniform re-runs groups of
+// recompute_num_layers layers from each group's stored input; block re-runs the first
+// recompute_num_layers layers of each pipeline stage one by one and stores the others' whole
+// activations. None (Tessera's default): every layer (uniform groups of one), or with
+// recompute_num_layers set, the block method.
+enum class RecomputeMethod { None, Uniform, Block };
 enum class Precision { Auto, Fp32, Bf16 };
 // Gpu: this build's GPU backend, whatever its vendor (the device key spells it cuda, as
 // PyTorch names the GPU device on every vendor).
 enum class DeviceChoice { Auto, Cpu, Gpu };
-enum class TokenizerType { ByteLevel, HuggingFace };
+// Null: Megatron's NullTokenizer, token ids as given (vocab_size of them plus an end-of-document
+// id); Gpt2Bpe: GPT-2's byte-level BPE from a vocab.json and a merges.txt (vocab_file,
+// merge_file).
+enum class TokenizerType { ByteLevel, HuggingFace, Null, Gpt2Bpe };
 // Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
 enum class AttentionBackend { Auto, Tessera, Vendor };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
@@ -121,7 +133,16 @@ struct TrainingConfig {
   double min_lr = 0.0;
   int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;             // 0: train_iters
+  // Megatron's sample-based schedule (with train_samples) and warm-up as a fraction of the
+  // decay; 0 (the fraction: negative) is unset. The schedule runs in samples either way
+  // (train/lr_schedule.h), so iterations are global batches of samples.
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_decay_samples = 0;
+  double lr_warmup_fraction = -1.0;
   LrDecayStyle lr_decay_style = LrDecayStyle::Cosine;
+  WsdDecayStyle lr_wsd_decay_style = WsdDecayStyle::Exponential;
+  int64_t lr_wsd_decay_iters = 0;  // WSD: the annealing phase, in iterations or samples
+  int64_t lr_wsd_decay_samples = 0;
   double weight_decay = 0.01;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
@@ -131,7 +152,10 @@ struct TrainingConfig {
   DeviceChoice device = DeviceChoice::Auto;
   Precision precision = Precision::Auto;  // auto: bf16 on GPUs, fp32 on the CPU reference
   RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
-  int64_t recompute_num_layers = 0;       // 0: all layers (with full recompute)
+  RecomputeMethod recompute_method = RecomputeMethod::None;
+  // With full recompute: layers per uniform group, or recomputed layers per pipeline stage
+  // (block); without a method, 0 recomputes every layer and N the first N (block).
+  int64_t recompute_num_layers = 0;
   int64_t max_consecutive_nan_iters = 10;
   int64_t cross_entropy_chunk_tokens = 8192;
   AttentionBackend attention_backend = AttentionBackend::Auto;
@@ -174,6 +198,9 @@ struct TrainingConfig {
   // main_params_dtype bf16: no fp32 master copy, the bf16 parameters are updated in place.
   bool use_precision_aware_optimizer = false;
   DType main_grads_dtype = DType::F32;
+  // Megatron's DDP option: the gradient buffer in bf16 (as main_grads_dtype bf16), without the
+  // precision-aware optimizer.
+  bool grad_reduce_in_bf16 = false;
   DType main_params_dtype = DType::F32;
   DType exp_avg_dtype = DType::F32;
   DType exp_avg_sq_dtype = DType::F32;
@@ -193,6 +220,8 @@ struct DataConfig {
   std::string split = "969,30,1";
   TokenizerType tokenizer_type = TokenizerType::ByteLevel;
   std::string tokenizer_model;            // tokenizer.json path or shipped name (llama3, qwen3, ...)
+  std::string vocab_file;                 // GPT2BPETokenizer: vocab.json
+  std::string merge_file;                 // GPT2BPETokenizer: merges.txt
   int64_t eval_interval = 0;              // 0: no evaluation
   int64_t eval_iters = 10;
   double target_loss = 0;                 // stop when the validation loss reaches it; 0: off
@@ -204,6 +233,7 @@ struct CheckpointConfig {
   std::string load;                       // directory to resume from; empty: start fresh
   int64_t save_interval = 0;              // iterations between checkpoints; 0: only at the end
   int64_t ckpt_keep_last = 2;             // checkpoints kept in `save`; 0 keeps all
+  bool disable_last_saving = false;       // Primus's: no checkpoint at the end of the run
   std::string hf_init_path;               // Hugging Face model directory for initial weights
 };
 
@@ -275,6 +305,17 @@ std::vector<std::string> shipped_config_names(std::string_view folder);
 // Model chunks per pipeline rank: virtual_pipeline_model_parallel_size, or what
 // num_layers_per_virtual_pipeline_stage makes of num_layers; 1 without interleaving.
 int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers);
+
+// The learning-rate schedule's phases (train/lr_schedule.h) in the unit it counts in: iterations,
+// or samples when a sample-based key (lr_warmup_samples, lr_decay_samples, lr_wsd_decay_samples)
+// is set, as Megatron counts them.
+struct LrSchedulePhases {
+  bool in_samples = false;
+  double warmup = 0;     // steps of warm-up
+  double decay_end = 0;  // the step at which the decay reaches min_lr
+  double wsd_decay = 0;  // WSD: steps of annealing that end the decay
+};
+LrSchedulePhases lr_schedule_phases(const TrainingConfig& t);
 
 // "969,30,1" -> {969, 30, 1}; empty on malformed input (negative, non-numeric).
 std::vector<double> parse_split(const std::string& text);

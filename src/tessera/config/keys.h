@@ -27,6 +27,9 @@ struct KeySpec {
   // A YAML list is also accepted and read as its flow text ("[1, 0, 1]"): keys whose value
   // Megatron writes as a Python list (moe_layer_freq).
   bool accepts_list = false;
+  // Megatron's nargs: on the command line the key takes every word up to the next option,
+  // joined by this (data_path's blend words by " ", profile_ranks' ids by ","); empty: one.
+  std::string_view words_joined_by = "";
 };
 
 std::span<const KeySpec> config_keys();

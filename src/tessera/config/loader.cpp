@@ -172,7 +172,9 @@ std::string where(const ConfigDoc& doc, const YAML::Node& node) {
 void append_scalar(const ConfigDoc& doc, const std::string& key, const YAML::Node& value,
                    std::vector<Setting>* out) {
   const KeySpec* spec = find_key(key);
-  const bool list = value.IsSequence() && spec != nullptr && spec->accepts_list;
+  const MegatronKey* megatron = spec ? nullptr : find_megatron_key(key);
+  const bool list = value.IsSequence() && ((spec != nullptr && spec->accepts_list) ||
+                                           (megatron != nullptr && megatron->accepts_list));
   if (!value.IsScalar() && !value.IsNull() && !list)
     throw ConfigError(where(doc, value), key, YAML::Dump(value), "a single value, not a list or map");
   const std::string origin = where(doc, value);
@@ -284,10 +286,19 @@ void load_primus_modules(const ConfigDoc& doc, const YAML::Node& modules, Chain*
 // Flattens one YAML file and its `extends:` ancestors (ancestors first, so later settings
 // win). Experiment-level structure (overrides:, modules.pre_trainer) is flattened too.
 // `stack`: the files being loaded, the first one extended by the second and so on.
-void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, Chain* chain) {
+// `shipped_folder`: where a parent not found on disk is looked for among the shipped configs
+// ("models" for a preset's, so that a Primus model file copied alone finds its bases among
+// Tessera's presets).
+void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, Chain* chain,
+                const std::string& shipped_folder = "") {
   stack->push_back(doc.display);
   const YAML::Node root = parse(doc);
-  if (const YAML::Node ext = root["extends"]) {
+  // Primus's model files name their ancestors `bases:`, its experiments `extends:`.
+  const char* parent_key = root["bases"] ? "bases" : "extends";
+  if (root["bases"] && root["extends"])
+    throw ConfigError(where(doc, root["bases"]), "bases", YAML::Dump(root["bases"]),
+                      "either bases: or extends: (the same list of parent files), not both");
+  if (const YAML::Node ext = root[parent_key]) {
     std::vector<YAML::Node> parents;
     if (ext.IsSequence()) {
       for (const YAML::Node& p : ext) parents.push_back(p);
@@ -297,25 +308,25 @@ void load_chain(const ConfigDoc& doc, std::vector<std::string>* stack, Chain* ch
     for (const auto& p : parents) {
       const std::string origin = where(doc, p);
       if (!p.IsScalar())
-        throw ConfigError(origin, "extends", YAML::Dump(p), "a file name or a list of file names");
-      const ConfigDoc parent =
-          resolve(substitute(p.Scalar(), origin, "extends"), doc.dir, origin, "extends", "");
+        throw ConfigError(origin, parent_key, YAML::Dump(p), "a file name or a list of file names");
+      const ConfigDoc parent = resolve(substitute(p.Scalar(), origin, parent_key), doc.dir, origin,
+                                       parent_key, shipped_folder);
       // The whole loop, so that the user sees which extends: to drop.
       if (const auto again = std::find(stack->begin(), stack->end(), parent.display);
           again != stack->end()) {
         std::string chain;
         for (auto it = again; it != stack->end(); ++it) chain += *it + " -> ";
-        throw ConfigError(origin, "extends", p.Scalar(),
+        throw ConfigError(origin, parent_key, p.Scalar(),
                           "no cycle of extends: files, but " + chain + parent.display +
                               " loops; remove one extends: of this chain");
       }
-      load_chain(parent, stack, chain);
+      load_chain(parent, stack, chain, shipped_folder);
     }
   }
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>();
     const YAML::Node& value = kv.second;
-    if (key == "extends") continue;
+    if (key == "extends" || key == "bases") continue;
     if (key == "overrides") {
       if (!value.IsMap() && !value.IsNull())
         throw ConfigError(where(doc, value), key, YAML::Dump(value), "a mapping of key: value");
@@ -337,21 +348,34 @@ ConfigError unknown_key(const std::string& origin, const std::string& key,
                                   : "a known key; did you mean '" + hint + "'?");
 }
 
+// What may follow a boolean flag as its value (--use_torch_fsdp2 true, --profile=True).
+bool is_boolean_word(const std::string& w) {
+  for (const char* b : {"true", "True", "TRUE", "false", "False", "FALSE", "1", "0"})
+    if (w == b) return true;
+  return false;
+}
+
+// Parses "--key value" tokens. A boolean key (or Megatron flag) alone means true and may be
+// followed by its value; --no_<key> (Megatron's --no-<flag>) negates it, also with a value
+// (--no_fp8_weight_transpose_cache true); a key with Megatron's nargs takes every word up to the
+// next option (--data-path 0.7 A 0.3 B).
 std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
   std::vector<Setting> out;
   for (size_t i = 0; i < args.size(); ++i) {
     const auto option = parse_command_line_option(args[i]);
     if (!option)
       throw ConfigError("command line", "(argument)", args[i], "--key value or --key=value");
-    const std::string& key = option->name;
-    // --no_<key> (Megatron's --no-<flag>) sets a boolean key to false.
-    if (!option->value && key.starts_with("no_") && !find_key(key) && !find_megatron_key(key)) {
-      const KeySpec* negated = find_key(key.substr(3));
-      if (negated && negated->type == KeyType::Bool) {
-        out.push_back({key.substr(3), "false", "command line"});
-        continue;
-      }
+    std::string key = option->name;
+    const auto is_flag = [](const KeySpec* spec, const MegatronKey* megatron) {
+      return spec ? spec->type == KeyType::Bool : megatron && megatron->flag;
+    };
+    bool negated = false;
+    if (key.starts_with("no_") && !find_key(key) && !find_megatron_key(key)) {
+      const std::string target = key.substr(3);
+      const KeySpec* spec = find_key(target);
+      if (is_flag(spec, spec ? nullptr : find_megatron_key(target))) key = target, negated = true;
     }
+    const std::string spelled = negated ? "no_" + key : key;
     const KeySpec* spec = find_key(key);
     const MegatronKey* megatron = spec ? nullptr : find_megatron_key(key);
     const bool next_is_value = i + 1 < args.size() && !args[i + 1].starts_with("--");
@@ -360,15 +384,33 @@ std::vector<Setting> parse_cli(const std::vector<std::string>& args) {
     if (!spec && !megatron)
       throw unknown_key("command line", key,
                         !option->value && next_is_value ? args[i + 1] : option->value.value_or(""));
+    const bool flag = is_flag(spec, megatron);
+    const std::string_view joined = spec ? spec->words_joined_by : megatron->words_joined_by;
     std::string value;
     if (option->value) {
       value = *option->value;
+    } else if (flag) {
+      // A bare flag, as Megatron's --use-distributed-optimizer, or with its value.
+      value = "true";
+      if (next_is_value) {
+        if (!is_boolean_word(args[i + 1]))
+          throw ConfigError("command line", spelled, args[i + 1],
+                            "true or false after --" + spelled + " (alone it means true)");
+        value = args[++i];
+      }
     } else if (next_is_value) {
       value = args[++i];
-    } else if (spec ? spec->type == KeyType::Bool : megatron->flag) {
-      value = "true";  // a bare boolean flag, as in Megatron's --use-distributed-optimizer
+      while (!joined.empty() && i + 1 < args.size() && !args[i + 1].starts_with("--"))
+        value += std::string(joined) + args[++i];
     } else {
       throw ConfigError("command line", key, "", "a value after --" + key);
+    }
+    if (negated) {
+      if (!is_boolean_word(value))
+        throw ConfigError("command line", spelled, value,
+                          "true or false (--" + spelled + " true sets " + key + " to false)");
+      const bool truth = value == "true" || value == "True" || value == "TRUE" || value == "1";
+      value = truth ? "false" : "true";
     }
     out.push_back({key, value, "command line"});
   }
@@ -401,6 +443,43 @@ bool is_null(const std::string& v) {
   return v.empty() || v == "null" || v == "~" || v == "None";
 }
 
+// Keys that give one quantity in different units (Megatron's iteration- and sample-based
+// schedules), or choose between alternatives (the two ways to shard the training state). The
+// one set last wins: set in a later file or on the command line, it replaces the others
+// (--train_samples over an experiment's train_iters, --use_torch_fsdp2 true over its
+// use_distributed_optimizer). Set in the same file, both stay, for validation to refuse.
+constexpr std::string_view kAlternativeKeys[][3] = {
+    {"train_iters", "train_samples", ""},
+    {"use_distributed_optimizer", "use_torch_fsdp2", ""},
+    {"lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction"},
+    {"lr_decay_iters", "lr_decay_samples", ""},
+    {"lr_wsd_decay_iters", "lr_wsd_decay_samples", ""},
+};
+
+// "file.yaml:12" -> "file.yaml"; "command line" stays.
+std::string origin_file(const std::string& origin) {
+  const size_t colon = origin.rfind(':');
+  return colon == std::string::npos ? origin : origin.substr(0, colon);
+}
+
+void replace_alternatives(Experiment& e, const std::string& key, const std::string& origin) {
+  static const Experiment kDefaults;
+  for (const auto& group : kAlternativeKeys) {
+    if (std::find(std::begin(group), std::end(group), key) == std::end(group)) continue;
+    const KeySpec& set = *find_key(key);
+    if (set.get(e) == set.get(kDefaults)) return;  // unset again: replaces nothing
+    for (std::string_view other : group) {
+      if (other.empty() || other == key) continue;
+      const KeySpec& o = *find_key(other);
+      const std::string name(other);
+      if (o.get(e) == o.get(kDefaults) || origin_file(e.origin[name]) == origin_file(origin))
+        continue;
+      o.set(e, o.get(kDefaults));
+      e.origin[name] = "default";
+    }
+  }
+}
+
 // Applies settings in order. Megatron/Primus keys without effect are collected in `accepted`
 // (each key once, its last setting) and checked once everything is loaded.
 void apply_settings(Experiment& e, const std::vector<Setting>& settings,
@@ -409,12 +488,17 @@ void apply_settings(Experiment& e, const std::vector<Setting>& settings,
   for (const auto& s : settings) {
     if (const KeySpec* spec = find_key(s.key)) {
       // YAML's null on a number or a boolean is Megatron's None, "not set": the built-in
-      // default (Primus writes lr_decay_iters: null). Strings and choices parse null themselves.
+      // default (Primus writes lr_decay_iters: null), and so on a choice that has no null of
+      // its own (Primus's model files write tokenizer_type: null).
       const bool scalar =
-          spec->type == KeyType::Int || spec->type == KeyType::Float || spec->type == KeyType::Bool;
+          spec->type == KeyType::Int || spec->type == KeyType::Float ||
+          spec->type == KeyType::Bool ||
+          (spec->type == KeyType::Choice &&
+           std::find(spec->choices.begin(), spec->choices.end(), "null") == spec->choices.end());
       const std::string value = scalar && is_null(s.value) ? spec->get(kDefaults) : s.value;
       if (const std::string expected = spec->set(e, value); !expected.empty())
         throw ConfigError(s.origin, s.key, s.value, expected);
+      replace_alternatives(e, s.key, s.origin);
       e.origin[s.key] = s.origin;
     } else if (const MegatronKey* m = find_megatron_key(s.key)) {
       if (m->set) {
@@ -456,6 +540,41 @@ void derive_train_iters(Experiment& e) {
   e.origin["train_iters"] = e.origin["train_samples"];
 }
 
+// Keys whose value means another key's: eval_iters 0 is no evaluation (Megatron's), and
+// recompute_num_layers without recompute_granularity is the full recompute of the block method
+// that Primus's configs pair it with (recompute_granularity: full, recompute_method: block).
+void derive_implied_keys(Experiment& e) {
+  DataConfig& d = e.data;
+  if (d.eval_iters == 0 && d.eval_interval > 0) {
+    d.eval_interval = 0;
+    e.origin["eval_interval"] = e.origin["eval_iters"];
+  }
+  TrainingConfig& t = e.training;
+  // A granularity other than full given on the command line (--recompute_granularity
+  // selective over a 70B experiment's full recompute) leaves the file's method and layer count
+  // nothing to divide: they go with the full recompute they belonged to.
+  if (t.recompute_granularity != RecomputeGranularity::Full &&
+      e.origin["recompute_granularity"] == "command line") {
+    static const TrainingConfig kDefaults;
+    for (const char* key : {"recompute_method", "recompute_num_layers"}) {
+      if (e.origin[key] == "command line") continue;
+      e.origin[key] = "default";
+    }
+    if (e.origin["recompute_method"] == "default") t.recompute_method = kDefaults.recompute_method;
+    if (e.origin["recompute_num_layers"] == "default")
+      t.recompute_num_layers = kDefaults.recompute_num_layers;
+  }
+  if (t.recompute_num_layers > 0 && t.recompute_granularity == RecomputeGranularity::None &&
+      e.origin["recompute_granularity"] == "default") {
+    t.recompute_granularity = RecomputeGranularity::Full;
+    e.origin["recompute_granularity"] = e.origin["recompute_num_layers"];
+    if (t.recompute_method == RecomputeMethod::None) {
+      t.recompute_method = RecomputeMethod::Block;
+      e.origin["recompute_method"] = e.origin["recompute_num_layers"];
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> shipped_config_names(std::string_view folder) {
@@ -482,14 +601,23 @@ Experiment load_experiment(const LoadOptions& options) {
   Chain chain;
   std::vector<std::string> stack;
   load_chain(exp_doc, &stack, &chain);
-  const std::vector<Setting>& exp_settings = chain.settings;
+  std::vector<Setting>& exp_settings = chain.settings;
 
   // The preset named last (command line over file) supplies the model's defaults.
   std::string model_ref, model_origin = exp_doc.display, model_dir = exp_doc.dir;
   for (const auto& s : exp_settings)
     if (s.key == "model") model_ref = s.value, model_origin = s.origin;
+  bool cli_model = false;
   for (const auto& s : cli)
-    if (s.key == "model") model_ref = s.value, model_origin = s.origin, model_dir = "";
+    if (s.key == "model")
+      model_ref = s.value, model_origin = s.origin, model_dir = "", cli_model = true;
+  // The default experiment shrinks its tiny_llama (hidden 128, ...); a --model given without
+  // --config is the preset as defined, so the default's model keys make way for it.
+  if (cli_model && options.config_path.empty())
+    std::erase_if(exp_settings, [](const Setting& s) {
+      const KeySpec* spec = find_key(s.key);
+      return spec && spec->section == "model";
+    });
 
   Experiment e;
   for (const auto& k : config_keys()) e.origin[std::string(k.name)] = "default";
@@ -507,13 +635,15 @@ Experiment load_experiment(const LoadOptions& options) {
   if (!model_ref.empty() && model_ref != "null") {
     Chain preset;
     std::vector<std::string> preset_stack;
-    load_chain(resolve(model_ref, model_dir, model_origin, "model", "models"), &preset_stack, &preset);
+    load_chain(resolve(model_ref, model_dir, model_origin, "model", "models"), &preset_stack,
+               &preset, "models");
     apply_settings(e, preset.settings, &accepted);
   }
   apply_settings(e, exp_settings, &accepted);
   apply_settings(e, cli, &accepted);
   check_megatron_keys(e, accepted);
   derive_train_iters(e);
+  derive_implied_keys(e);
   e.source_file = exp_doc.display;
   validate_experiment(e, options.data_parallel_size);
   return e;

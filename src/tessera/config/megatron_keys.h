@@ -1,16 +1,19 @@
 #pragma once
 // Megatron-LM and Primus keys that are not Tessera configuration keys (keys.h) but fill their
-// experiment files and command lines, so that those load as written:
-//   - other spellings of a Tessera key: `bf16` and `fp16` set `precision`,
-//     `distributed_timeout_minutes` sets `dist_timeout_minutes`;
-//   - keys accepted without effect. Each is accepted at the values that agree with what Tessera
-//     does (`tensor_model_parallel_size: 1`, `finetune: false`), or at any value where it
-//     concerns something Tessera has no part of (`wandb_project`, Primus-Turbo kernels). A value
-//     Tessera would not honour exits 2 rather than being dropped in silence, and the run's log
-//     lists every key it accepted this way. A few values Tessera accepts although its run
-//     differs from Megatron's (`eod_mask_loss: true`) are logged as warnings.
+// experiment files, model files and command lines, so that those load as written. Each has one
+// disposition:
+//   - a spelling of a Tessera key: `bf16` and `fp16` set `precision`, `fp8_format` sets `fp8`,
+//     `recompute_activations` sets `recompute_granularity`, ... (`sets` names the key);
+//   - accepted without effect: at the values that agree with what Tessera does
+//     (`swiglu: true`, `hidden_dropout: 0`, `finetune: false`), or at any value where it
+//     concerns something Tessera has no part of (`wandb_project`, Primus-Turbo kernels, fusion
+//     switches whose result is the same). A value Tessera would not honour exits 2 naming the
+//     key and what differs, rather than being dropped in silence, and the run's log lists every
+//     key it accepted this way. A few values Tessera accepts although its run differs from
+//     Megatron's (`eod_mask_loss: true`) are logged as warnings.
 // A Tessera key of the same name always wins: implementing one of these is adding its key to
-// keys.cpp and removing its entry here (a test keeps the two tables apart).
+// keys.cpp and removing its entry here (a test keeps the two tables apart, and another that
+// docs/configuration.md lists every entry).
 #include <functional>
 #include <span>
 #include <string>
@@ -22,7 +25,7 @@ namespace tessera {
 
 struct MegatronKey {
   std::string_view name;
-  // A boolean: on the command line, the key alone means true (--bf16, --no-load-optim).
+  // A boolean: on the command line, the key alone means true (--swiglu), and --no-<key> false.
   bool flag = false;
   std::string_view effect;  // what it does in Tessera (help, docs, log)
   // Spellings of a Tessera key: sets it from `value`; returns "" or what was expected. The
@@ -34,6 +37,10 @@ struct MegatronKey {
   std::function<std::string(const Experiment&, const std::string& value)> check;
   // Accepted values that give a different run from Megatron's: logged as a warning.
   std::function<bool(const std::string& value)> warns;
+  // A YAML list is read as its flow text (high_priority_stream_groups: []).
+  bool accepts_list = false;
+  // Megatron's nargs on the command line, as KeySpec::words_joined_by (test_data_path).
+  std::string_view words_joined_by = "";
 };
 
 std::span<const MegatronKey> megatron_keys();

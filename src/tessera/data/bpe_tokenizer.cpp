@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <simdjson.h>
+#include <nlohmann/json.hpp>
 
 #include "tessera/core/error.h"
 #include "tessera/data/bpe_model.h"
@@ -112,7 +115,46 @@ BpeTokenizer::BpeTokenizer(const std::string& path, const std::string& label) : 
   if (const auto error = parser.load(path).get(doc); error != simdjson::SUCCESS)
     throw DataError(fmt::format("{}: not valid JSON ({}): expected a Hugging Face tokenizer.json",
                                 path, simdjson::error_message(error)));
-  const JsonFields json(path);
+  load(JsonFields(path), doc);
+}
+
+BpeTokenizer::BpeTokenizer(const std::string& json_text, const std::string& display,
+                           const std::string& label, bool /*from_text*/)
+    : label_(label) {
+  dom::parser parser;
+  dom::element doc;
+  if (const auto error = parser.parse(json_text).get(doc); error != simdjson::SUCCESS)
+    throw DataError(fmt::format("{}: {}", display, simdjson::error_message(error)));
+  load(JsonFields(display), doc);
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_gpt2_files(const std::string& vocab_file,
+                                                            const std::string& merge_file) {
+  const auto read = [](const std::string& path, std::string_view what) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw DataError(fmt::format("{}: cannot open: expected GPT-2's {}", path, what));
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  const std::string vocab = read(vocab_file, "vocab.json");
+  std::istringstream merges(read(merge_file, "merges.txt"));
+  nlohmann::json merge_list = nlohmann::json::array();
+  for (std::string line; std::getline(merges, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.starts_with("#version")) continue;
+    merge_list.push_back(line);
+  }
+  // The tokenizer.json of the same model: a byte-level BPE behind GPT-2's regex.
+  const std::string text =
+      R"({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},)"
+      R"( "added_tokens": [], "model": {"type": "BPE", "vocab": )" +
+      vocab + R"(, "merges": )" + merge_list.dump() + "}}";
+  return std::unique_ptr<BpeTokenizer>(new BpeTokenizer(
+      text, fmt::format("{} and {}", vocab_file, merge_file), "GPT2BPETokenizer", true));
+}
+
+void BpeTokenizer::load(const JsonFields& json, const dom::element& doc) {
   if (!doc.is_object() || !json.find(doc, "model") || !json.find(doc, "model")->is_object())
     throw json.error("no \"model\" object: expected a Hugging Face tokenizer.json");
   // The pre-tokenizer decides whether the model is byte-level, so it comes before the model.

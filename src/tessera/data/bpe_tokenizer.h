@@ -38,6 +38,11 @@ class BpeTokenizer final : public Tokenizer {
   // implement (rather than tokenizing differently from the reference).
   BpeTokenizer(const std::string& path, const std::string& label);
   ~BpeTokenizer() override;
+  // GPT-2's tokenizer as Megatron's GPT2BPETokenizer reads it: a vocab.json (token -> id) and a
+  // merges.txt (one merge per line after its "#version" line), the byte-level BPE a
+  // tokenizer.json of the same model holds. Throws DataError naming the file.
+  static std::unique_ptr<BpeTokenizer> from_gpt2_files(const std::string& vocab_file,
+                                                       const std::string& merge_file);
 
   std::string name() const override { return "HuggingFace(" + label_ + ")"; }
   int64_t vocab_size() const override { return static_cast<int64_t>(decoded_.size()); }
@@ -66,6 +71,10 @@ class BpeTokenizer final : public Tokenizer {
   };
 
   class JsonFields;  // reads one tokenizer.json; defined in the .cpp
+  // A tokenizer.json's text, named `display` in messages.
+  BpeTokenizer(const std::string& json_text, const std::string& display, const std::string& label,
+               bool from_text);
+  void load(const JsonFields& json, const simdjson::dom::element& doc);
   void read_normalizers(const JsonFields& json, const simdjson::dom::element& doc);
   void read_pre_tokenizers(const JsonFields& json, const simdjson::dom::element& doc);
   void read_model(const JsonFields& json, const simdjson::dom::element& doc);

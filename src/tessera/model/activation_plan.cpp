@@ -38,9 +38,11 @@ void ActivationPlan::add(Tensor* target, DType dtype, Shape shape, Keep keep) {
   place(target, dtype, shape, recomputable ? kRecomputable : current_);
 }
 
-void ActivationPlan::begin_layer(bool recomputed) {
+void ActivationPlan::begin_layer(bool recomputed, bool continues_group) {
   TS_CHECK(current_ == kStored, "activation plan: a layer began inside another set");
-  if (recomputed) current_ = kRecomputedLayers, cursor_ = 0;
+  if (!recomputed) return;
+  current_ = kRecomputedLayers;
+  if (!continues_group) cursor_ = 0;
 }
 
 void ActivationPlan::end_layer() {

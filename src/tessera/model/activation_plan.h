@@ -6,7 +6,9 @@
 //   a recomputed layer's
 //                  between begin_layer(true) and end_layer(): every fully recomputed layer's
 //                  tensors share one region, refilled by the layer's recompute pass before
-//                  its backward (recompute_granularity full);
+//                  its backward (recompute_granularity full); the layers of one group of
+//                  Megatron's uniform method (begin_layer(true, true) for all but its first)
+//                  follow each other in it, since the group re-runs as a whole;
 //   recomputable   with selective recompute, one region shared by every such tensor, refilled
 //                  by its block just before each use (norm outputs, the SwiGLU output);
 //                  otherwise stored;
@@ -39,7 +41,9 @@ class ActivationPlan {
 
   void add(Tensor* target, DType dtype, Shape shape, Keep keep = Keep::Stored);
 
-  void begin_layer(bool recomputed);
+  // `continues_group`: a recomputed layer placed after the previous one in the region rather
+  // than over it.
+  void begin_layer(bool recomputed, bool continues_group = false);
   void end_layer();
   void begin_backward_scratch();
   void end_backward_scratch();

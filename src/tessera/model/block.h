@@ -1,12 +1,18 @@
 #pragma once
-// A decoder layer is a sequence of blocks, each a pre-norm residual sub-layer
-// out = x + f(norm(x)): an attention block (GQA now; MLA next) then an MLP block (dense
-// SwiGLU now; MoE next). A block declares its parameters, activations and backward scratch,
-// and runs its forward and backward through LayerOps, which the model implements: parameter
-// access, linear layers (bf16 or FP8) and the shared tensors of a pass. A new kind of block
-// is a new file here; a family (model/model_family.h) says which blocks its layers have.
+// A decoder layer is a sequence of blocks, each a residual sub-layer around a mixer (an
+// attention or an MLP: model/blocks/), with its norms in slots:
+//   pre-norm (Llama, Qwen, DeepSeek):   out = x + f(norm(x))
+//   post-norm (OLMo 2):                 out = x + norm(f(x))
+//   sandwich (Gemma):                   out = x + post_norm(f(pre_norm(x)))
+// A mixer declares its parameters, activations and backward scratch, and runs its forward and
+// backward through LayerOps, which the model implements: parameter access, linear layers (bf16
+// or FP8, split over ranks as their styles say) and the shared tensors of a pass. A new kind of
+// mixer is a new file under blocks/; a family (model/model_family.h) says which mixers and
+// norms its layers have.
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "tessera/model/activation_plan.h"
@@ -32,9 +38,11 @@ class ForwardOps {
   // column-parallel input with sequence_tokens() rows is gathered first.
   virtual void linear(const Tensor& out, const Tensor& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
-  // (positions, rotary dims) fp32: the rope ops' cos/sin table; row t is the position of the
-  // sequence's token t on this rank (position t, but under context parallelism).
-  virtual const Tensor& rope_table() const = 0;
+  // (positions, rotary dims) fp32: the rope ops' cos/sin table of rotary base `base` (0: the
+  // model's rotary_base with its scaling; a mixer's rope_bases() says which it reads); row t
+  // is the position of the sequence's token t on this rank (position t, but under context
+  // parallelism).
+  virtual const Tensor& rope_table(double base = 0) const = 0;
   // An MoE layer's experts: out (R, out) = in (R, in) @ w[e]^T over the row groups (rows
   // past them zeroed), w (local experts, out, in) this rank's experts of parameter `weight`;
   // bf16 grouped GEMMs, or FP8 ones when the run's FP8 covers the stack (expert_linears).
@@ -79,6 +87,9 @@ class LayerOps : public ForwardOps {
   virtual void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                       int weight, const Tensor& w, const Tensor& dw,
                                       const ExpertGroups& groups) = 0;
+  // True while a full recompute re-runs the layer's forward: what a block counts once per
+  // micro-batch (the MoE load statistics) is not counted again.
+  virtual bool recomputing() const = 0;
   // The backward of attention_forward (Backend::attention_backward).
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                   const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
@@ -86,12 +97,17 @@ class LayerOps : public ForwardOps {
   }
 };
 
-class Block {
+// An attention or MLP sub-layer between the residual stream's norms: from its input (the
+// normed stream, or the stream itself without a pre-norm) through its output projection.
+class Mixer {
  public:
-  virtual ~Block() = default;
+  virtual ~Mixer() = default;
   // The trace ranges of its forward and backward (string literals).
   virtual const char* range_name() const = 0;
   virtual const char* backward_range_name() const = 0;
+  // Its parameters' prefix within the layer ("self_attn.", "mlp."): its block's norms live
+  // there too ("self_attn.norm.weight", "mlp.post_norm.weight").
+  virtual const char* param_prefix() const = 0;
   // Adds its parameters, in layout order, to the layer's unit and keeps their indices.
   virtual void declare_params(ParamLayoutBuilder& builder) = 0;
   // The parameters its GEMMs multiply, in the order they run (the FP8 linear layers).
@@ -103,31 +119,37 @@ class Block {
     return {};
   }
   // Its activations (within the layer's set) and its backward's scratch (backward set). What
-  // lives on the residual stream (its norm's output and statistics, like x and out) has
-  // rt.sequence_tokens() rows, the rest rt.tokens(): with sequence parallelism the model's
-  // linear layers gather the one into the other (LayerOps::linear).
+  // lives on the residual stream has rt.sequence_tokens() rows, the rest rt.tokens(): with
+  // sequence parallelism the model's linear layers gather the one into the other.
   virtual void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) = 0;
   virtual void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) = 0;
 
-  // forward = forward_inner then forward_output. forward_inner is everything but the output
-  // projection, which writes out = x + projection: a fully recomputed layer reruns the inner
-  // part of its last block only, its output being stored.
-  virtual void forward_inner(LayerOps& ops, const Tensor& x) = 0;
-  virtual void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) = 0;
-  // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x): the residual path plus the
-  // block's. Weight gradients accumulate.
-  virtual void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) = 0;
+  // Everything but the output projection, from `in` (sequence_tokens(), C), which its block
+  // keeps valid (or recomputable) until the backward.
+  virtual void forward_inner(LayerOps& ops, const Tensor& in) = 0;
+  // out = the output projection (+ residual when defined: folded into the GEMM, one pass less).
+  virtual void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) = 0;
+  // dout: d(loss)/d(its output); din (sequence_tokens(), C) is overwritten with d(loss)/d(in).
+  // `in` may be recomputable: the mixer calls recompute_in() before its first read of it in
+  // the backward (recomputed tensors share memory, so the order matters). Weight gradients
+  // accumulate.
+  virtual void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+                        const std::function<void()>& recompute_in) = 0;
 
   // ---- generation with a cache (model/generator.h) ----
-  // Values per position it keeps for later tokens (an attention block's keys and values).
+  // Values per position it keeps for later tokens (an attention's keys and values).
   virtual int64_t cache_width() const { return 0; }
   // Scratch bytes its forward_cached takes for n tokens of `dtype`.
   virtual size_t cached_scratch_bytes(int64_t n, DType dtype) const = 0;
-  // The block on n new tokens x (n, C) of one sequence at positions [pos, pos + n):
-  // out = x + f(norm(x)). `cache` (S, cache_width()) holds positions [0, pos) on entry and
-  // [0, pos + n) on exit. Either a prompt (pos 0, any n) or one token (n 1) at a time.
-  virtual void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
-                              const Tensor& out, const Tensor& cache, int64_t pos) = 0;
+  // The mixer on n new tokens `in` (n, C) of one sequence at positions [pos, pos + n):
+  // out = f(in) (+ residual when defined). `cache` (S, cache_width()) holds positions [0, pos)
+  // on entry and [0, pos + n) on exit. Either a prompt (pos 0, any n) or one token (n 1).
+  virtual void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
+                              const Tensor& out, const Tensor& residual, const Tensor& cache,
+                              int64_t pos) = 0;
+
+  // The rotary tables' bases it reads (ForwardOps::rope_table; 0: the model's own).
+  virtual std::vector<double> rope_bases() const { return {}; }
 
   // Model FLOPs (model_spec.h): weights its GEMMs multiply per token, and attention's
   // score and value FLOPs per token of a training step (forward and backward).
@@ -153,6 +175,60 @@ class Block {
   // After a step, once the statistics hold the whole step (every micro-batch and rank).
   virtual void update_state(Backend& backend) { (void)backend; }
 };
+
+// Which RMSNorms a block has around its mixer (at least one).
+struct NormSlots {
+  bool pre = true;    // norm(x) feeds the mixer
+  bool post = false;  // the mixer's output is normed before the residual add
+};
+
+// One residual sub-layer: its mixer between the norms its slots name. Without a post-norm the
+// residual rides on the mixer's output projection; with one it is added after the norm.
+class Block {
+ public:
+  Block(NormSlots norms, std::unique_ptr<Mixer> mixer, int64_t hidden, float norm_eps);
+
+  const char* range_name() const { return mixer_->range_name(); }
+  const char* backward_range_name() const { return mixer_->backward_range_name(); }
+  const Mixer& mixer() const { return *mixer_; }
+  Mixer& mixer() { return *mixer_; }
+  const NormSlots& norms() const { return norms_; }
+
+  // Its pre-norm's weight, the mixer's parameters, its post-norm's weight.
+  void declare_params(ParamLayoutBuilder& builder);
+  void declare_activations(ActivationPlan& plan, const ModelRuntime& rt);
+  void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt);
+
+  // forward = forward_inner then forward_output. forward_inner is everything but the output
+  // projection (and the post-norm and residual after it): a fully recomputed layer reruns the
+  // inner part of its last block only, its output being stored.
+  void forward_inner(LayerOps& ops, const Tensor& x);
+  void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out);
+  // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x): the residual path plus the
+  // block's. Weight gradients accumulate.
+  void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid);
+  // Generation: out = x + the block's branch on n new tokens (Mixer::forward_cached).
+  size_t cached_scratch_bytes(int64_t n, DType dtype) const;
+  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
+                      const Tensor& cache, int64_t pos);
+
+ private:
+  // The mixer's input: the pre-norm's output, or x itself.
+  const Tensor& mixer_input(const Tensor& x) const { return norms_.pre ? ln_ : x; }
+
+  NormSlots norms_;
+  std::unique_ptr<Mixer> mixer_;
+  int64_t hidden_;
+  float eps_;
+  int pre_norm_ = -1, post_norm_ = -1;
+  Tensor ln_, rstd_;      // the pre-norm's output (recomputable) and statistics
+  Tensor y_, post_rstd_;  // with a post-norm: the mixer's output and its statistics
+  Tensor dy_;             // backward scratch with a post-norm: d(mixer output)
+};
+
+// The usual block: a pre-norm, the mixer, the residual (NormSlots' defaults).
+std::unique_ptr<Block> make_block(const ModelSpec& spec, std::unique_ptr<Mixer> mixer,
+                                  NormSlots norms = {});
 
 // Brackets ops in a trace range (NVTX on CUDA).
 class ScopedRange {

@@ -20,7 +20,7 @@ void DecoderLayer::declare_params(ParamLayoutBuilder& builder) {
 std::vector<int> DecoderLayer::linear_weights() const {
   std::vector<int> weights;
   for (const auto& b : blocks_)
-    for (int w : b->linear_weights()) weights.push_back(w);
+    for (int w : b->mixer().linear_weights()) weights.push_back(w);
   return weights;
 }
 
@@ -28,13 +28,15 @@ std::vector<std::pair<int, Fp8LinearShape>> DecoderLayer::expert_linears(
     const ModelRuntime& rt) const {
   std::vector<std::pair<int, Fp8LinearShape>> stacks;
   for (const auto& b : blocks_)
-    for (auto& s : b->expert_linears(rt)) stacks.push_back(std::move(s));
+    for (auto& s : b->mixer().expert_linears(rt)) stacks.push_back(std::move(s));
   return stacks;
 }
 
 void DecoderLayer::declare_activations(ActivationPlan& plan, const ModelSpec& spec,
-                                       const ModelRuntime& rt, bool recomputed) {
-  plan.begin_layer(recomputed);
+                                       const ModelRuntime& rt, const RecomputeRole& role,
+                                       Tensor* input) {
+  plan.begin_layer(role.recomputed, !role.group_start);
+  if (input) plan.add(input, rt.compute_dtype, {rt.sequence_tokens(), spec.hidden});
   for (Tensor& t : between_) plan.add(&t, rt.compute_dtype, {rt.sequence_tokens(), spec.hidden});
   for (auto& b : blocks_) b->declare_activations(plan, rt);
   plan.end_layer();
@@ -48,13 +50,16 @@ void DecoderLayer::declare_backward_scratch(ActivationPlan& plan, const ModelRun
   }
 }
 
-void DecoderLayer::run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool last_output) {
+// The recompute pass of a fully recomputed layer skips its last block's output projection,
+// whose result (the layer's output) is stored, unless a post-norm needs the projection's own
+// output in the backward: then it reruns into the stored output, rewriting the same values.
+void DecoderLayer::run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool recompute) {
   Tensor in = x;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const bool last = i + 1 == blocks_.size();
     ScopedRange r(ops.backend(), blocks_[i]->range_name());
     blocks_[i]->forward_inner(ops, in);
-    if (last && !last_output) break;
+    if (last && recompute && !blocks_[i]->norms().post) break;
     const Tensor& next = last ? out : between_[i];
     blocks_[i]->forward_output(ops, in, next);
     in = next;
@@ -62,11 +67,11 @@ void DecoderLayer::run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out,
 }
 
 void DecoderLayer::forward(LayerOps& ops, const Tensor& x, const Tensor& out) {
-  run_blocks(ops, x, out, true);
+  run_blocks(ops, x, out, false);
 }
 
-void DecoderLayer::recompute(LayerOps& ops, const Tensor& x) {
-  run_blocks(ops, x, {}, false);
+void DecoderLayer::recompute(LayerOps& ops, const Tensor& x, const Tensor& out) {
+  run_blocks(ops, x, out, true);
 }
 
 void DecoderLayer::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
@@ -93,7 +98,7 @@ void DecoderLayer::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
 
 std::vector<int64_t> DecoderLayer::cache_widths() const {
   std::vector<int64_t> widths;
-  for (const auto& b : blocks_) widths.push_back(b->cache_width());
+  for (const auto& b : blocks_) widths.push_back(b->mixer().cache_width());
   return widths;
 }
 
@@ -104,30 +109,46 @@ size_t DecoderLayer::cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype
   return states + largest;
 }
 
+std::vector<double> DecoderLayer::rope_bases() const {
+  std::vector<double> bases;
+  for (const auto& b : blocks_)
+    for (double base : b->mixer().rope_bases())
+      if (std::find(bases.begin(), bases.end(), base) == bases.end()) bases.push_back(base);
+  return bases;
+}
+
+std::vector<double> rope_bases(const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
+  std::vector<double> bases;
+  for (const auto& layer : layers)
+    for (double base : layer->rope_bases())
+      if (std::find(bases.begin(), bases.end(), base) == bases.end()) bases.push_back(base);
+  return bases;
+}
+
 int64_t DecoderLayer::matmul_params() const {
   int64_t n = 0;
-  for (const auto& b : blocks_) n += b->matmul_params();
+  for (const auto& b : blocks_) n += b->mixer().matmul_params();
   return n;
 }
 
 double DecoderLayer::attention_flops_per_token(int64_t seq_length) const {
   double f = 0;
-  for (const auto& b : blocks_) f += b->attention_flops_per_token(seq_length);
+  for (const auto& b : blocks_) f += b->mixer().attention_flops_per_token(seq_length);
   return f;
 }
 
 int64_t DecoderLayer::stats_width() const {
   int64_t n = 0;
-  for (const auto& b : blocks_) n += b->stats_width();
+  for (const auto& b : blocks_) n += b->mixer().stats_width();
   return n;
 }
 
 void DecoderLayer::bind_stats(const Tensor& stats) {
   int64_t at = 0;
   for (auto& b : blocks_) {
-    const int64_t n = b->stats_width();
+    const int64_t n = b->mixer().stats_width();
     if (n == 0) continue;
-    b->bind_stats(stats.flat_range(at, n));
+    b->mixer().bind_stats(stats.flat_range(at, n));
     at += n;
   }
 }
@@ -135,20 +156,20 @@ void DecoderLayer::bind_stats(const Tensor& stats) {
 std::vector<std::pair<std::string, int64_t>> DecoderLayer::state_layout() const {
   std::vector<std::pair<std::string, int64_t>> out;
   for (const auto& b : blocks_)
-    if (b->state_width() > 0)
-      out.emplace_back(fmt::format("model.layers.{}.{}", index_, b->state_name()),
-                       b->state_width());
+    if (b->mixer().state_width() > 0)
+      out.emplace_back(fmt::format("model.layers.{}.{}", index_, b->mixer().state_name()),
+                       b->mixer().state_width());
   return out;
 }
 
 void DecoderLayer::bind_state(const std::vector<Tensor>& states) {
   size_t i = 0;
   for (auto& b : blocks_)
-    if (b->state_width() > 0) b->bind_state(states.at(i++));
+    if (b->mixer().state_width() > 0) b->mixer().bind_state(states.at(i++));
 }
 
 void DecoderLayer::update_state(Backend& backend) {
-  for (auto& b : blocks_) b->update_state(backend);
+  for (auto& b : blocks_) b->mixer().update_state(backend);
 }
 
 std::unique_ptr<DecoderLayer> make_decoder_layer(const ModelSpec& spec, int64_t layer) {

@@ -20,16 +20,19 @@ class DecoderLayer {
   void declare_params(ParamLayoutBuilder& builder);
   std::vector<int> linear_weights() const;
   std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const;
-  // The layer's activations; `recomputed`: a full-recompute layer (activation_plan.h).
+  // The layer's activations; `role`: whether a full recompute re-runs it, and in which group
+  // (activation_plan.h). `input`: the residual state the layer reads, declared here when it is
+  // recomputed with the layer's group (the group's inner states), else null.
   void declare_activations(ActivationPlan& plan, const ModelSpec& spec, const ModelRuntime& rt,
-                           bool recomputed);
+                           const RecomputeRole& role, Tensor* input);
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt);
 
   // out (N, C) = the layer applied to x (N, C).
   void forward(LayerOps& ops, const Tensor& x, const Tensor& out);
-  // forward without its final projection, whose output (the next residual state) is stored:
-  // refills a fully recomputed layer's activations before its backward.
-  void recompute(LayerOps& ops, const Tensor& x);
+  // forward again before its backward, to refill a fully recomputed layer's activations; its
+  // output `out` is stored, and rewritten with the same values only where a post-norm needs its
+  // block's projection output again.
+  void recompute(LayerOps& ops, const Tensor& x, const Tensor& out);
   // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x).
   void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid);
 
@@ -42,6 +45,8 @@ class DecoderLayer {
   std::vector<int64_t> cache_widths() const;
   size_t cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const;
 
+  // The rotary bases its mixers read (Mixer::rope_bases).
+  std::vector<double> rope_bases() const;
   int64_t matmul_params() const;
   double attention_flops_per_token(int64_t seq_length) const;
   // The statistics its blocks keep (Block::stats_width), bound block after block.
@@ -54,12 +59,15 @@ class DecoderLayer {
   void update_state(Backend& backend);
 
  private:
-  void run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool last_output);
+  void run_blocks(LayerOps& ops, const Tensor& x, const Tensor& out, bool recompute);
 
   int64_t index_;
   std::vector<std::unique_ptr<Block>> blocks_;
   std::vector<Tensor> between_;  // (N, C) residual state after each block but the last
 };
+
+// Every rotary base some layer reads, each once.
+std::vector<double> rope_bases(const std::vector<std::unique_ptr<DecoderLayer>>& layers);
 
 // Layer `layer` of `spec`'s model, made of its family's blocks; all of its layers.
 std::unique_ptr<DecoderLayer> make_decoder_layer(const ModelSpec& spec, int64_t layer);

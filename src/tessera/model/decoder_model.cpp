@@ -10,11 +10,6 @@
 namespace tessera {
 namespace {
 
-bool full_recompute_layer(const ModelRuntime& rt, int64_t layer) {
-  return rt.recompute == RecomputeGranularity::Full &&
-         (rt.recompute_num_layers == 0 || layer < rt.recompute_num_layers);
-}
-
 void check_unit_binding(const Tensor& t, DType dtype, const ParamRange& unit, int index,
                         const char* what) {
   TS_CHECK(t.dtype == dtype && t.numel() >= unit.count(),
@@ -94,12 +89,22 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   const DType dt = rt.compute_dtype;
   const std::vector<LayerRange> chunks = model_chunks(s, rt);
   a.resid.assign(chunks.size(), {});
+  // Each chunk's residual states are stored, but for the inner ones of a uniform recompute
+  // group, which the group's recompute pass writes again.
+  size_t begin = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    a.resid[c].assign(chunks[c].count + 1, Tensor{});
-    for (Tensor& r : a.resid[c]) plan.add(&r, dt, {Ns, C});
+    std::vector<Tensor>& resid = a.resid[c];
+    resid.assign(chunks[c].count + 1, Tensor{});
+    for (int64_t i = 0; i <= chunks[c].count; ++i)
+      if (i == chunks[c].count || rt.recompute_role(i, chunks[c].count).group_start)
+        plan.add(&resid[i], dt, {Ns, C});
+    for (int64_t i = 0; i < chunks[c].count; ++i) {
+      const RecomputeRole role = rt.recompute_role(i, chunks[c].count);
+      layers[begin + i]->declare_activations(plan, s, rt, role,
+                                             role.group_start ? nullptr : &resid[i]);
+    }
+    begin += static_cast<size_t>(chunks[c].count);
   }
-  for (const auto& layer : layers)
-    layer->declare_activations(plan, s, rt, full_recompute_layer(rt, layer->index()));
   for (const auto& layer : layers) layer->declare_backward_scratch(plan, rt);
   plan.add(&a.final_norm, dt, {Ns, C}, Keep::Shared);
   plan.add(&a.final_rstd, DType::F32, {Ns}, Keep::Shared);
@@ -111,7 +116,11 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   plan.add(&a.dnorm, dt, {Ns, C}, Keep::Shared);
   plan.add(&a.tokens, DType::I32, {N});
   plan.add(&a.targets, DType::I32, {N});
-  plan.add(&a.freqs, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+  a.rope.tables.clear();
+  for (double base : rope_bases(layers)) a.rope.tables.push_back({base, Tensor{}});
+  for (auto& [base, table] : a.rope.tables)
+    plan.add(&table, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+  if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
     plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
     plan.add(&a.ce_all_stats, DType::F32, {rt.tensor_parallel_size, chunk, 2}, Keep::Shared);
@@ -227,19 +236,21 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
            "context-parallel rank {} of {} with {} tokens per sequence",
            runtime_.context_parallel_rank, cp, runtime_.seq_length);
   if (cp == 1) {
-    const std::vector<float> table = tessera::rope_table(spec_, runtime_.seq_length);
-    backend_.upload(a_.freqs, table.data());
+    for (const auto& [base, t] : a_.rope.tables)
+      backend_.upload(t, tessera::rope_table(spec_, runtime_.seq_length, base).data());
   } else {
-    // Each token's row of the whole sequence's table, and every rank's positions for the
+    // Each token's row of the whole sequence's tables, and every rank's positions for the
     // attention's masks.
     const int64_t D = spec_.head_dim;
-    const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp);
     context_positions_ =
         context_parallel_positions(runtime_.seq_length, cp, runtime_.context_parallel_rank);
-    std::vector<float> table;
-    for (int32_t p : context_positions_)
-      table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
-    backend_.upload(a_.freqs, table.data());
+    for (const auto& [base, t] : a_.rope.tables) {
+      const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp, base);
+      std::vector<float> table;
+      for (int32_t p : context_positions_)
+        table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
+      backend_.upload(t, table.data());
+    }
     std::vector<int32_t> all;
     for (int r = 0; r < cp; ++r) {
       const std::vector<int32_t> pos = context_parallel_positions(runtime_.seq_length, cp, r);
@@ -343,8 +354,21 @@ void DecoderModel::bind_stats() {
     layers_[moe_layers_[i]]->bind_stats(moe_stats_.flat_range(i * width, width));
 }
 
-bool DecoderModel::recomputes_fully(int64_t layer) const {
-  return full_recompute_layer(runtime_, layer);
+RecomputeRole ModelRuntime::recompute_role(int64_t position, int64_t count) const {
+  RecomputeRole r;
+  if (recompute != RecomputeGranularity::Full) return r;
+  const RecomputeMethod method = recompute_method != RecomputeMethod::None ? recompute_method
+                                 : recompute_num_layers > 0                ? RecomputeMethod::Block
+                                                            : RecomputeMethod::Uniform;
+  if (method == RecomputeMethod::Block) {
+    r.recomputed = position < recompute_num_layers;
+    return r;
+  }
+  const int64_t group = std::max<int64_t>(recompute_num_layers, 1);
+  r.recomputed = true;
+  r.group_start = position % group == 0;
+  r.group_end = position % group == group - 1 || position == count - 1;
+  return r;
 }
 
 Tensor DecoderModel::param(int index) const {
@@ -510,6 +534,7 @@ void DecoderModel::embed(const Tensor& x) {
   {
     ScopedRange r(backend_, "embedding_forward");
     embedding_->forward(x, a_.tokens, param(layout_.embedding));
+    if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
   }
   params_done(0);
 }
@@ -544,8 +569,19 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
     const Tensor xn = normed.rows(c, c + n);
     const Tensor targets = a_.targets.rows(c, c + n);
     gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
-    cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets,
-                            with_grad ? logits : Tensor{}, grad_scale);
+    if (spec_.logit_softcap > 0) {
+      // The loss reads the capped logits; their gradient overwrites the raw ones, then goes
+      // back through the cap in place.
+      const Tensor capped = a_.capped.rows(0, n);
+      const float cap = static_cast<float>(spec_.logit_softcap);
+      backend_.softcap(capped, logits, cap);
+      cross_entropy_->forward(a_.losses.rows(c, c + n), capped, targets,
+                              with_grad ? logits : Tensor{}, grad_scale);
+      if (with_grad) backend_.softcap_backward(logits, logits, capped, cap);
+    } else {
+      cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets,
+                              with_grad ? logits : Tensor{}, grad_scale);
+    }
     if (with_grad) gemms_.backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
@@ -583,6 +619,32 @@ void DecoderModel::forward_chunk(int chunk, bool with_grad, float grad_scale) {
   if (holds_head(chunk)) head_forward(chunk, with_grad, grad_scale);
 }
 
+// Before the backward of a recompute group's last layer (`last`, in the chunk), the group's
+// layers run forward again from its stored input: each refills its activations and, but for
+// the last, writes the next residual state, whose stored copy the last layer's output is.
+void DecoderModel::recompute_group(int chunk, size_t last) {
+  const std::vector<Tensor>& x = a_.resid[chunk];
+  const size_t begin = chunk_begin_[chunk];
+  const int64_t count = chunks_[chunk].count;
+  size_t first = last;
+  while (!runtime_.recompute_role(static_cast<int64_t>(first), count).group_start) --first;
+  // Named so that a trace's step breakdown can tell recompute from the first forward.
+  ScopedRange r(backend_, "recompute");
+  recomputing_ = true;
+  for (size_t i = first; i <= last; ++i) {
+    const int unit = layer_unit(begin + i);
+    // The last layer's backward follows at once; the prefetch is for the layer below.
+    params_needed(unit, i < last ? unit + 1 : last > 0 ? unit - 1 : -1);
+    if (i < last) {
+      layers_[begin + i]->forward(*this, x[i], x[i + 1]);
+    } else {
+      layers_[begin + i]->recompute(*this, x[i], x[i + 1]);
+    }
+    params_done(unit);
+  }
+  recomputing_ = false;
+}
+
 // Backward order: each layer's unit is followed by the one below it in the chunk; the
 // embedding's backward reads no parameters.
 void DecoderModel::backward_chunk(int chunk) {
@@ -591,18 +653,15 @@ void DecoderModel::backward_chunk(int chunk) {
   const Tensor& dresid = a_.dresid[chunk];
   const size_t begin = chunk_begin_[chunk], count = static_cast<size_t>(chunks_[chunk].count);
   for (size_t i = count; i-- > 0;) {
+    const RecomputeRole role =
+        runtime_.recompute_role(static_cast<int64_t>(i), static_cast<int64_t>(count));
+    if (role.recomputed && role.group_end) recompute_group(chunk, i);
     const int unit = layer_unit(begin + i);
     params_needed(unit, i > 0 ? unit - 1 : -1);
     grads_needed(unit);
     {
       ScopedRange r(backend_, "layer_backward");
-      DecoderLayer& layer = *layers_[begin + i];
-      if (recomputes_fully(layer.index())) {
-        // Named so that a trace's step breakdown can tell recompute from the first forward.
-        ScopedRange rr(backend_, "recompute");
-        layer.recompute(*this, x[i]);
-      }
-      layer.backward(*this, x[i], dresid);
+      layers_[begin + i]->backward(*this, x[i], dresid);
     }
     params_done(unit);
     grads_ready(unit);
@@ -611,6 +670,8 @@ void DecoderModel::backward_chunk(int chunk) {
   if (!tied()) grads_needed(0);
   {
     ScopedRange r(backend_, "embedding_backward");
+    if (spec_.embedding_scale != 0)
+      backend_.scale(dresid, dresid, static_cast<float>(spec_.embedding_scale));
     embedding_->backward(grad(layout_.embedding), dresid, a_.tokens);
   }
   grads_ready(0);
@@ -666,6 +727,8 @@ void DecoderModel::forward_logits(const Tensor& logits) {
   backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[0].back(),
                            param(layout_.final_norm), spec_.norm_eps);
   gemms_.forward(logits, a_.final_norm, layout_.lm_head, -1, 0.0f, {});
+  if (spec_.logit_softcap > 0)
+    backend_.softcap(logits, logits, static_cast<float>(spec_.logit_softcap));
   tail_params_done();
 }
 

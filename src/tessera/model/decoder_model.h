@@ -15,6 +15,7 @@
 #include "tessera/model/decoder_layer.h"
 #include "tessera/model/model.h"
 #include "tessera/model/parallel_layers.h"
+#include "tessera/model/rope.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
@@ -81,7 +82,9 @@ class DecoderModel final : public Model, private LayerOps {
     std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
     Tensor dnorm;  // d(a norm's output), (Ns, C)
-    Tensor tokens, targets, freqs;
+    Tensor tokens, targets;
+    RopeTables rope;  // one table per rotary base the layers read
+    Tensor capped;    // with a logit soft-cap: a chunk's capped logits
     // Tensor parallelism: a logits chunk's cross-entropy stats (chunk, 2) and every rank's
     // (tp, chunk, 2).
     Tensor ce_stats, ce_all_stats;
@@ -96,7 +99,8 @@ class DecoderModel final : public Model, private LayerOps {
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
                                   const std::vector<std::unique_ptr<DecoderLayer>>& layers,
                                   Activations& a, ActivationPlan& plan);
-  bool recomputes_fully(int64_t layer) const;
+  // Re-runs the forward of the full-recompute group that ends at layer `last` of `chunk`.
+  void recompute_group(int chunk, size_t last);
   // Allocates the blocks' statistics and binds each layer's row; likewise their state.
   void bind_stats();
   void bind_state();
@@ -106,7 +110,7 @@ class DecoderModel final : public Model, private LayerOps {
               const Tensor& residual) override;
   void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                        int bias) override;
-  const Tensor& rope_table() const override { return a_.freqs; }
+  const Tensor& rope_table(double base) const override { return a_.rope.at(base); }
   void expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                      const ExpertGroups& groups) override;
   void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
@@ -119,6 +123,7 @@ class DecoderModel final : public Model, private LayerOps {
   const Tensor& norm_grad() const override { return a_.dnorm; }
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
+  bool recomputing() const override { return recomputing_; }
 
   // The first vocabulary id of this rank's rows of the embedding and output head.
   int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
@@ -162,6 +167,7 @@ class DecoderModel final : public Model, private LayerOps {
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress
+  bool recomputing_ = false;  // inside recompute_group
 
   // The blocks' statistics (Block::stats_width): one row per layer that keeps any.
   DeviceBuffer stats_buffer_;

@@ -46,11 +46,12 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtyp
   }
 
   // Two residual states for the layers to ping-pong between, the final norm and logits of one
-  // position, the tokens and the rope table.
-  const size_t sizes[] = {
-      aligned(S * 4), aligned(S * C * e), aligned(S * C * e), aligned(C * e),
-      aligned(4),     aligned(V * e),     aligned(V * 4),     aligned(S * spec_.head_dim * 4)};
-  size_t total = 0;
+  // position, the tokens, and the rope tables.
+  const size_t sizes[] = {aligned(S * 4), aligned(S * C * e), aligned(S * C * e), aligned(C * e),
+                          aligned(4),     aligned(V * e),     aligned(V * 4)};
+  const size_t table_bytes = aligned(S * spec_.head_dim * 4);
+  for (double base : rope_bases(layers_)) rope_.tables.push_back({base, Tensor{}});
+  size_t total = rope_.tables.size() * table_bytes;
   for (size_t b : sizes) total += b;
   state_buffer_ = DeviceBuffer(backend_, total, "generation state");
   at = 0;
@@ -66,9 +67,10 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtyp
   final_rstd_ = next(DType::F32, {1}, sizes[4]);
   logits_ = next(dtype_, {1, V}, sizes[5]);
   logits_f32_ = next(DType::F32, {V}, sizes[6]);
-  freqs_ = next(DType::F32, {S, spec_.head_dim}, sizes[7]);
-  const std::vector<float> table = tessera::rope_table(spec_, S);
-  backend_.upload(freqs_, table.data());
+  for (auto& [base, table] : rope_.tables) {
+    table = next(DType::F32, {S, spec_.head_dim}, table_bytes);
+    backend_.upload(table, tessera::rope_table(spec_, S, base).data());
+  }
 
   // The blocks' state (the expert bias): fp32, zero until load() sets it.
   int64_t state_total = 0;
@@ -167,6 +169,7 @@ std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
   backend_.upload(ids, tokens);
   Tensor x = state_a_.rows(0, n), y = state_b_.rows(0, n);
   backend_.embedding_forward(x, ids, param(layout_.embedding));
+  if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
   for (size_t l = 0; l < layers_.size(); ++l) {
     layers_[l]->forward_cached(*this, scratch_, x, y, caches_[l], position_);
     std::swap(x, y);
@@ -174,6 +177,8 @@ std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
   backend_.rmsnorm_forward(final_norm_, final_rstd_, x.rows(n - 1, n), param(layout_.final_norm),
                            spec_.norm_eps);
   linear(logits_, final_norm_, layout_.lm_head, -1, {});
+  if (spec_.logit_softcap > 0)
+    backend_.softcap(logits_, logits_, static_cast<float>(spec_.logit_softcap));
   backend_.convert(logits_f32_, logits_);
   std::vector<float> logits(static_cast<size_t>(spec_.vocab_size));
   backend_.download(logits.data(), logits_f32_);

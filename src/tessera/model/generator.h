@@ -12,6 +12,7 @@
 
 #include "tessera/model/block.h"
 #include "tessera/model/decoder_layer.h"
+#include "tessera/model/rope.h"
 #include "tessera/model/scratch_arena.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -47,7 +48,7 @@ class Generator final : private ForwardOps {
   Tensor param(int index) const override;
   void linear(const Tensor& out, const Tensor& in, int weight, int bias,
               const Tensor& residual) override;
-  const Tensor& rope_table() const override { return freqs_; }
+  const Tensor& rope_table(double base) const override { return rope_.at(base); }
 
   Backend& backend_;
   ModelSpec spec_;
@@ -60,7 +61,8 @@ class Generator final : private ForwardOps {
   std::vector<std::pair<std::string, Tensor>> block_state_;  // Block::bind_state's, by name
   Tensor params_;
   std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_positions, cache width)
-  Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_, freqs_;
+  Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_;
+  RopeTables rope_;
   ScratchArena scratch_;
 };
 

@@ -22,6 +22,16 @@ struct LayerRange {
   int64_t end() const { return first + count; }
 };
 
+// What a full recompute does with one layer of a model chunk (Megatron's recompute_method,
+// which it applies to each chunk of a pipeline stage): whether the backward re-runs it, and the
+// group it re-runs with. A group keeps only its first layer's input; before the backward of its
+// last layer every layer of the group runs forward again, the inner residual states included.
+struct RecomputeRole {
+  bool recomputed = false;
+  bool group_start = true;  // its input is stored, not recomputed
+  bool group_end = true;    // the group re-runs before this layer's backward
+};
+
 struct ModelRuntime {
   int64_t micro_batch = 1;
   int64_t seq_length = 128;  // tokens of each sequence on this rank (its share under context
@@ -31,7 +41,9 @@ struct ModelRuntime {
   // into a gradient rounds its fp32 sum to (ops/backend.h).
   DType grad_dtype = DType::F32;
   RecomputeGranularity recompute = RecomputeGranularity::None;
-  int64_t recompute_num_layers = 0;  // with Full: first N layers; 0 = all
+  // With Full, Megatron's method over each model chunk (recompute_role, below).
+  RecomputeMethod recompute_method = RecomputeMethod::None;
+  int64_t recompute_num_layers = 0;
   int64_t cross_entropy_chunk_tokens = 8192;
   // The parameter and gradient buffers are allocated for the parameter count rounded up to
   // this multiple, so data parallelism can split them into equal per-rank shards.
@@ -73,6 +85,12 @@ struct ModelRuntime {
   // This rank's place in that group: its layout holds experts [rank x E / size, (rank + 1) x
   // E / size) of every expert stack (param_layout.h, TensorParallelStyle::Expert).
   int expert_parallel_rank = 0;
+
+  // The role of the layer at `position` of a model chunk of `count` layers: with Full, block
+  // re-runs the first recompute_num_layers layers one by one (0: none); uniform re-runs groups
+  // of recompute_num_layers consecutive layers (the chunk's last group may be shorter); without
+  // a method, 0 is every layer on its own and N the block method.
+  RecomputeRole recompute_role(int64_t position, int64_t count) const;
 
   int64_t tokens() const { return micro_batch * seq_length; }
   // Rows of the residual-stream activations on this rank: its share of the tokens under

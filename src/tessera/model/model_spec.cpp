@@ -84,7 +84,11 @@ ModelSpec make_model_spec(const Experiment& e, int64_t tokenizer_vocab) {
   ModelSpec s = family->make_spec(e);
   s.family = family->name();
   s.tokenizer_vocab = tokenizer_vocab;
-  const int64_t vocab = m.vocab_size ? m.vocab_size : tokenizer_vocab;
+  // NullTokenizer's vocab_size counts its ids without the end-of-document id (Megatron's).
+  const int64_t declared = m.vocab_size && e.data.tokenizer_type == TokenizerType::Null
+                               ? m.vocab_size + 1
+                               : m.vocab_size;
+  const int64_t vocab = declared ? declared : tokenizer_vocab;
   if (vocab < tokenizer_vocab)
     throw ConfigError(
         origin("vocab_size"), "vocab_size", std::to_string(m.vocab_size),

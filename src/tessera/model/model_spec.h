@@ -95,6 +95,11 @@ struct ModelSpec {
   int64_t sliding_window = 0;
   float init_std = 0.02f;
   bool qk_norm = false;  // RMSNorm over each query and key head (Qwen3)
+  // Family options of the decoder's ends: the embedding's output times embedding_scale (0:
+  // none; Gemma's sqrt(hidden)), and the logits soft-capped at logit_softcap (0: none; Gemma
+  // 2's final_logit_softcapping).
+  double embedding_scale = 0;
+  double logit_softcap = 0;
   MoeSpec moe;
   MlaSpec mla;
   YarnRope yarn;

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
+
 namespace tessera {
 
 namespace {
@@ -80,7 +84,12 @@ std::vector<double> rope_inverse_frequencies(const ModelSpec& spec) {
   return inv;
 }
 
-std::vector<float> rope_table(const ModelSpec& spec, int64_t seq_length) {
+std::vector<float> rope_table(const ModelSpec& whole, int64_t seq_length, double base) {
+  ModelSpec spec = whole;
+  if (base != 0) {
+    spec.rotary_base = base;
+    spec.rope_scaling.enabled = spec.yarn.enabled = false;
+  }
   const std::vector<double> inv = rope_inverse_frequencies(spec);
   const double scale = yarn_table_scale(spec.yarn);
   const int64_t half = static_cast<int64_t>(inv.size());
@@ -94,6 +103,15 @@ std::vector<float> rope_table(const ModelSpec& spec, int64_t seq_length) {
     }
   }
   return table;
+}
+
+const Tensor& RopeTables::at(double base) const {
+  for (const auto& [b, t] : tables)
+    if (b == base) return t;
+  throw InternalError(
+      fmt::format("no rotary table of base {} (a mixer read a base it did not "
+                  "declare in rope_bases())",
+                  base));
 }
 
 }  // namespace tessera

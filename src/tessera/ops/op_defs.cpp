@@ -755,6 +755,72 @@ OpCost cost_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, 
   return {0, 2 * static_cast<double>(matrix_dims(src).rows) * cols * dtype_size(src.dtype)};
 }
 
+// ---- add
+
+void check_add(const OpChecks& check, const Tensor& out, const Tensor& a, const Tensor& b) {
+  check.placed(a, "a");
+  check.count(b, a.numel(), "b");
+  check.count(out, a.numel(), "out");
+}
+
+OpArgs describe_add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  return op_args::elements(a);
+}
+
+OpCost cost_add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  return {elements(a), bytes_of(a) + bytes_of(b) + bytes_of(out)};
+}
+
+// ---- scale
+
+void check_scale(const OpChecks& check, const Tensor& out, const Tensor& x, float alpha) {
+  check.placed(x, "x");
+  check.count(out, x.numel(), "out");
+}
+
+OpArgs describe_scale(const Tensor& out, const Tensor& x, float alpha) {
+  return op_args::elements(x);
+}
+
+OpCost cost_scale(const Tensor& out, const Tensor& x, float alpha) {
+  return {elements(x), bytes_of(x) + bytes_of(out)};
+}
+
+// ---- softcap
+
+void check_softcap(const OpChecks& check, const Tensor& out, const Tensor& x, float cap) {
+  check.placed(x, "x");
+  check.count(out, x.numel(), "out");
+  check.that(cap > 0, "cap {} is not positive", cap);
+}
+
+OpArgs describe_softcap(const Tensor& out, const Tensor& x, float cap) {
+  return op_args::elements(x);
+}
+
+OpCost cost_softcap(const Tensor& out, const Tensor& x, float cap) {
+  // A division, a tanh (an exponential and a division) and a multiplication.
+  return {5 * elements(x), bytes_of(x) + bytes_of(out)};
+}
+
+// ---- softcap_backward
+
+void check_softcap_backward(const OpChecks& check, const Tensor& dx, const Tensor& dy,
+                            const Tensor& y, float cap) {
+  check.placed(y, "y");
+  check.count(dy, y.numel(), "dy");
+  check.count(dx, y.numel(), "dx");
+  check.that(cap > 0, "cap {} is not positive", cap);
+}
+
+OpArgs describe_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, float cap) {
+  return op_args::elements(y);
+}
+
+OpCost cost_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y, float cap) {
+  return {4 * elements(y), bytes_of(y) + bytes_of(dy) + bytes_of(dx)};
+}
+
 // ---- swiglu_forward
 
 void check_swiglu_forward(const OpChecks& check, const Tensor& out, const Tensor& gate_up) {

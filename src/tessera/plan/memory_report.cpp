@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "tessera/analysis/report_output.h"
@@ -35,21 +37,71 @@ std::string_view recompute_name(RecomputeGranularity r) {
   return "?";
 }
 
-// `ranks`: "GPUs", or "ranks" for thread ranks on the CPU.
-std::string sharding_text(StateSharding s, int64_t n, std::string_view ranks) {
+// "full (block: the first 12 layers of each pipeline stage)", as the run's keys set it up.
+std::string recompute_text(const ModelRuntime& rt) {
+  if (rt.recompute != RecomputeGranularity::Full) return std::string(recompute_name(rt.recompute));
+  const int64_t n = rt.recompute_num_layers;
+  switch (rt.recompute_method) {
+    case RecomputeMethod::Uniform:
+      return fmt::format("full (uniform: groups of {} layer{}, each re-run from its input)", n,
+                         n == 1 ? "" : "s");
+    case RecomputeMethod::Block:
+      return fmt::format("full (block: the first {} layer{} of each pipeline stage)", n,
+                         n == 1 ? "" : "s");
+    case RecomputeMethod::None:
+      break;
+  }
+  return n > 0 ? fmt::format("full (the first {} layers of each pipeline stage)", n)
+               : std::string("full (every layer)");
+}
+
+// `ranks`: "GPUs", or "ranks" for thread ranks on the CPU. Under expert parallelism the
+// experts are split whatever the sharding of the rest.
+std::string sharding_text(StateSharding s, int64_t n, std::string_view ranks, int ep) {
+  const std::string experts =
+      ep > 1 ? fmt::format(
+                   "; experts split over {} expert-parallel {} "
+                   "(expert_model_parallel_size: each holds 1/{} of every MoE layer's "
+                   "experts, their gradients and optimizer state)",
+                   ep, ranks, ep)
+             : std::string();
   switch (s) {
     case StateSharding::None:
-      return n > 1 ? fmt::format("none (plain data parallel: every one of the {} holds everything)",
-                                 ranks)
-                   : "none";
+      return (n > 1 ? fmt::format("none (plain data parallel: every one of the {} holds{} the "
+                                  "rest)",
+                                  ranks, ep > 1 ? "" : " everything")
+                    : std::string("none")) +
+             experts;
     case StateSharding::Zero1:
       return fmt::format("zero1 (use_distributed_optimizer: optimizer state split across {})",
-                         ranks);
+                         ranks) +
+             experts;
     case StateSharding::Fsdp:
       return fmt::format(
-          "fsdp (use_torch_fsdp2: weights, gradients and optimizer state split across {})", ranks);
+                 "fsdp (use_torch_fsdp2: weights, gradients and optimizer state split across {})",
+                 ranks) +
+             experts;
   }
   return "?";
+}
+
+// How the MoE layers' expert activations are sized: the plan holds what the run allocates,
+// which without token dropping or forced balance is the worst case of the routing.
+std::string moe_rows_text(const ModelSpec& s, const ModelRuntime& rt) {
+  if (!s.moe.enabled()) return "";
+  const int ep = rt.expert_parallel_size;
+  if (s.moe.capacity_factor > 0)
+    return fmt::format("; expert rows at the capacity limit (moe_expert_capacity_factor {})",
+                       s.moe.capacity_factor);
+  if (rt.moe_force_balance)
+    return "; expert rows at force-balanced routing's exact share (moe_force_balance)";
+  if (ep > 1)
+    return fmt::format(
+        "; expert rows planned at the dropless worst case: every routed row of all {} "
+        "expert-parallel ranks reaching one rank's experts ({}x the balanced share; "
+        "--moe_expert_capacity_factor bounds it)",
+        ep, ep);
+  return "; expert rows planned at the dropless worst case (every routed row)";
 }
 
 // A key's value as the configuration prints it: "hybrid", "delayed", "true".
@@ -100,9 +152,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
             : in.num_gpus > 1 ? "Memory per rank on the host"
                               : "Memory on the host";
   t.note = fmt::format(
-      "bytes from DecoderModel::plan_memory, FullyShardedDataParallel::plan_memory, "
-      "AdamWOptimizer::state_bytes and the GPU platform's step_buffer_bytes (what the run "
-      "allocates); allocated = what memory_stats() reports as peak; {}",
+      "bytes from the size functions the run allocates with (the model's parameters and "
+      "activations, the data-parallel shards, the optimizer state and the GPU backend's "
+      "scratch); allocated = the run's peak memory (mem peak); {}",
       in.gpu ? "total adds the CUDA context allowance."
              : "the CPU backend has no context or scratch buffers besides these.");
   t.columns = {{"component", true}, {"bytes"}, {"gib"}, {"detail"}};
@@ -117,9 +169,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
                   fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
   row("optimizer", p.optimizer, fmt::format("{} params: {}", opt_params, optimizer_state_text(in)));
   row("activations", p.activations,
-      fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens",
-                  rt.micro_batch, rt.seq_length, rt.micro_batch * rt.seq_length,
-                  recompute_name(rt.recompute), rt.cross_entropy_chunk_tokens));
+      fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens{}",
+                  rt.micro_batch, rt.seq_length, rt.micro_batch * rt.seq_length, recompute_text(rt),
+                  rt.cross_entropy_chunk_tokens, moe_rows_text(in.spec, rt)));
   if (rt.fp8.enabled())
     row("fp8", p.fp8,
         rt.fp8.weight_cache
@@ -131,7 +183,7 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
         "and reduction partials) + AdamW chunk table");
   row("run_buffers", p.run_buffers,
       "the trainer's device scalars (and MoE layers' statistics and expert bias)");
-  row("allocated", p.allocated(), "what memory_stats().peak_bytes reports");
+  row("allocated", p.allocated(), "the run's peak memory (mem peak in its iteration line)");
   if (in.gpu)
     row("cuda_context", p.context, "CUDA context, kernels, driver reserve (fixed allowance)");
   row("total", p.total(), "");
@@ -155,7 +207,7 @@ class Planner {
   PlanInput input(const Experiment& e) {
     // The alternatives change no data key, so the tokenizer is loaded at most once.
     auto vocab = [&] {
-      if (!vocab_) vocab_ = make_tokenizer(e.data)->vocab_size();
+      if (!vocab_) vocab_ = make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size();
       return *vocab_;
     };
     // Pipeline stages hold different layers, the embedding or the head, and different numbers
@@ -229,6 +281,29 @@ struct PrecisionChoice {
   bool fp8;
 };
 
+// Whether a full recompute re-runs every layer (Primus's block method over all 80 layers is
+// the same run as recompute_method null).
+bool recomputes_every_layer(const TrainingConfig& t, int64_t layers) {
+  if (t.recompute_granularity != RecomputeGranularity::Full) return false;
+  switch (t.recompute_method) {
+    case RecomputeMethod::None:
+      return t.recompute_num_layers == 0 || t.recompute_num_layers >= layers;
+    case RecomputeMethod::Block:
+      return t.recompute_num_layers >= layers;
+    case RecomputeMethod::Uniform:
+      return true;
+  }
+  return false;
+}
+
+// Full recompute of every layer: the run's own keys where they already ask for it.
+void recompute_every_layer(Alternative& a) {
+  a.set("recompute_granularity", "full");
+  if (recomputes_every_layer(a.experiment.training, a.experiment.model_config.num_layers)) return;
+  a.set("recompute_method", "null");
+  a.set("recompute_num_layers", "null");
+}
+
 Alternative make_alternative(const Experiment& e, const ModelRuntime& rt, PrecisionChoice p,
                              RecomputeGranularity rc, StateSharding sh, int64_t n) {
   Alternative a{e, "", 0};
@@ -236,14 +311,37 @@ Alternative make_alternative(const Experiment& e, const ModelRuntime& rt, Precis
   if (p.dtype != rt.compute_dtype) a.set("precision", std::string(dtype_name(p.dtype)));
   if (!p.fp8) a.set("fp8", "null");
   if (p.fp8 && !rt.fp8.enabled()) a.set("fp8", "hybrid");
-  a.set("recompute_granularity",
-        rc == RecomputeGranularity::None ? "null" : std::string(recompute_name(rc)));
-  a.set("recompute_num_layers", "0");
+  if (rc == RecomputeGranularity::Full) {
+    recompute_every_layer(a);
+  } else {
+    a.set("recompute_granularity", rc == RecomputeGranularity::None ? "null" : "selective");
+    a.set("recompute_method", "null");
+    a.set("recompute_num_layers", "null");
+  }
   if (n > 1) {
     a.set("use_distributed_optimizer", sh == StateSharding::Zero1 ? "true" : "false");
     a.set("use_torch_fsdp2", sh == StateSharding::Fsdp ? "true" : "false");
   }
   return a;
+}
+
+// Megatron's precision-aware optimizer keeping gradients and AdamW moments in bf16 (12 bytes
+// of state per parameter instead of 18), inside the distributed optimizer it needs.
+void use_bf16_state(Alternative& a) {
+  if (!a.experiment.training.use_torch_fsdp2) a.set("use_distributed_optimizer", "true");
+  a.set("use_precision_aware_optimizer", "true");
+  for (const char* key : {"main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"})
+    a.set(key, "bf16");
+}
+
+// The expert-parallel sizes an MoE model can have on n ranks: powers of two dividing both
+// its experts and n.
+std::vector<int64_t> expert_parallel_sizes(const Experiment& e, int64_t n) {
+  std::vector<int64_t> sizes;
+  const int64_t experts = e.model_config.num_experts;
+  for (int64_t ep = 2; experts > 0 && ep <= std::min(experts, n); ep *= 2)
+    if (experts % ep == 0 && n % ep == 0) sizes.push_back(ep);
+  return sizes;
 }
 
 // "global_batch_size 256 on 8 GPUs"
@@ -260,6 +358,47 @@ std::string micro_batch_text(int64_t largest, int64_t valid, const std::string& 
                      valid > 0 ? fmt::format("--micro_batch_size {}", valid)
                                : std::string("none the configuration accepts"),
                      global_batch);
+}
+
+// When nothing on the query's GPUs fits: the fewest GPUs (doubling, up to 64 times as many) on
+// which the configuration fits with its state sharded over them (ZeRO-1 or FSDP; an MoE
+// model's experts over as many expert-parallel ranks as divide them), as configured or with
+// full recompute, the global batch raised to a multiple of the new data-parallel size.
+std::string more_gpus_text(const MemoryQuery& q) {
+  const Experiment& e = q.experiment;
+  const TrainingConfig& t = e.training;
+  const int64_t model_parallel =
+      t.tensor_model_parallel_size * t.pipeline_model_parallel_size * t.context_parallel_size;
+  const size_t capacity = gpu_capacity_bytes(q.gpu);
+  for (int64_t n = q.num_gpus * 2; n <= q.num_gpus * 64; n *= 2) {
+    MemoryQuery more = q;
+    more.num_gpus = n;
+    Planner planner(more);
+    const int64_t per_step = t.micro_batch_size * (n / model_parallel);
+    const int64_t batch = (t.global_batch_size + per_step - 1) / per_step * per_step;
+    std::vector<int64_t> eps = {t.expert_model_parallel_size};
+    if (const auto sizes = expert_parallel_sizes(e, n / model_parallel); !sizes.empty())
+      eps.push_back(sizes.back());
+    for (const bool full : {false, true}) {
+      for (const StateSharding sh : {StateSharding::Zero1, StateSharding::Fsdp}) {
+        for (const int64_t ep : eps) {
+          Alternative alt{e, "", 0};
+          if (batch != t.global_batch_size) alt.set("global_batch_size", std::to_string(batch));
+          if (full) recompute_every_layer(alt);
+          alt.set("use_distributed_optimizer", sh == StateSharding::Zero1 ? "true" : "false");
+          alt.set("use_torch_fsdp2", sh == StateSharding::Fsdp ? "true" : "false");
+          alt.set("expert_model_parallel_size", std::to_string(ep));
+          if (!planner.accepted(alt.experiment)) continue;
+          const MemoryPlan plan = plan_memory(planner.input(alt.experiment));
+          if (plan.total() > capacity) continue;
+          return fmt::format("It fits on {} GPUs{} ({:.2f} GiB per GPU): --num_gpus {}{}{}.", n,
+                             n % 8 == 0 ? fmt::format(", {} nodes of 8", n / 8) : std::string(),
+                             gib(plan.total()), n, alt.flags.empty() ? "" : " ", alt.flags);
+        }
+      }
+    }
+  }
+  return fmt::format("It fits on no alternative, nor on up to {} GPUs.", q.num_gpus * 64);
 }
 
 }  // namespace
@@ -285,24 +424,23 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   r.largest_micro_batch = largest_micro_batch(in, capacity);
   r.largest_valid_micro_batch = planner.largest_valid_micro_batch(e, in);
   const std::string device =
-      q.host ? fmt::format(
-                   "device: cpu{}; this host's memory: {:.2f} GiB ({:.2f} GiB available now), as "
-                   "the CPU backend reports it; no GPU",
-                   n > 1 ? fmt::format(", {} ranks as threads of one process, sharding {}", n,
-                                       sharding_text(in.sharding, n, "ranks"))
-                         : std::string(),
-                   gib(q.host->total_bytes), gib(q.host->available_bytes))
-             : fmt::format("GPUs: {} x {} ({} GB HBM, configs/gpus.yaml), sharding {}", n,
-                           q.gpu.name, q.gpu.hbm_gb, sharding_text(in.sharding, n, "GPUs"));
+      q.host
+          ? fmt::format(
+                "device: cpu{}; this host's memory: {:.2f} GiB ({:.2f} GiB available now), as "
+                "the CPU backend reports it; no GPU",
+                n > 1 ? fmt::format(", {} ranks as threads of one process, sharding {}", n,
+                                    sharding_text(in.sharding, n, "ranks", rt.expert_parallel_size))
+                      : std::string(),
+                gib(q.host->total_bytes), gib(q.host->available_bytes))
+          : fmt::format("GPUs: {} x {} ({} GB HBM, configs/gpus.yaml), sharding {}", n, q.gpu.name,
+                        q.gpu.hbm_gb,
+                        sharding_text(in.sharding, n, "GPUs", rt.expert_parallel_size));
   r.summary = fmt::format(
       "model: {}\nrun: micro batch {}, seq {}, {} weights and activations, {} gradients, {}, "
       "recompute {}{}\n{}\n{}\n",
       in.spec.summary(), rt.micro_batch, rt.seq_length, dtype_name(rt.compute_dtype),
-      dtype_name(rt.grad_dtype), optimizer_state_text(in), recompute_name(rt.recompute),
-      rt.recompute == RecomputeGranularity::Full && rt.recompute_num_layers > 0
-          ? fmt::format(" (first {} layers)", rt.recompute_num_layers)
-          : "",
-      fp8_text(e, rt, r.plan), device);
+      dtype_name(rt.grad_dtype), optimizer_state_text(in), recompute_text(rt),
+      moe_rows_text(in.spec, rt), fp8_text(e, rt, r.plan), device);
   r.breakdown = breakdown_table(in, r.plan, params);
 
   analysis::Table& s = r.scenarios;
@@ -328,7 +466,9 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   std::optional<Suggestion> suggestion;
   // One row per alternative the configuration accepts; a fitting one that changes some key
   // may become the suggestion.
+  std::set<std::string> considered;
   auto consider = [&](const Alternative& alt) {
+    if (!considered.insert(alt.flags).second) return;  // reached along two axes
     if (!planner.accepted(alt.experiment)) {
       ++rejected;
       return;
@@ -347,6 +487,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
          (alt.changed_keys == suggestion->changed_keys && plan.total() > suggestion->total)))
       suggestion = Suggestion{alt.flags, alt.changed_keys, plan.total()};
   };
+  consider(Alternative{e, "", 0});
   for (PrecisionChoice p : {PrecisionChoice{DType::BF16, false}, PrecisionChoice{DType::BF16, true},
                             PrecisionChoice{DType::F32, false}}) {
     for (auto rc : {RecomputeGranularity::None, RecomputeGranularity::Selective,
@@ -356,6 +497,37 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
       }
     }
   }
+  const TrainingConfig& t = e.training;
+  // What lowers the state of every parameter: the precision-aware optimizer's bf16 gradients
+  // and moments, as configured and with full recompute.
+  for (const bool full : {false, true}) {
+    if (full && recomputes_every_layer(t, e.model_config.num_layers)) continue;
+    Alternative alt{e, "", 0};
+    if (full) recompute_every_layer(alt);
+    use_bf16_state(alt);
+    consider(alt);
+  }
+  // Mixtures of experts: their experts spread over more ranks (with ZeRO-1: expert parallelism
+  // does not compose with FSDP), and Megatron's token dropping, which bounds each expert's rows
+  // at its capacity instead of the dropless worst case.
+  for (const int64_t ep : expert_parallel_sizes(e, n)) {
+    for (const bool full : {false, true}) {
+      if (ep == t.expert_model_parallel_size && !full) continue;
+      if (full && recomputes_every_layer(t, e.model_config.num_layers)) continue;
+      Alternative alt{e, "", 0};
+      if (full) recompute_every_layer(alt);
+      alt.set("expert_model_parallel_size", std::to_string(ep));
+      alt.set("use_torch_fsdp2", "false");
+      alt.set("use_distributed_optimizer", "true");
+      consider(alt);
+    }
+  }
+  if (e.model_config.num_experts > 0 && e.model_config.moe_expert_capacity_factor < 0 &&
+      !t.moe_force_balance) {
+    Alternative alt{e, "", 0};
+    alt.set("moe_expert_capacity_factor", "1.0");
+    consider(alt);
+  }
   // Model-parallel meshes at the configured precision, with the configured and with full
   // recompute: tensor parallelism (with sequence parallelism) over up to the ranks of a node
   // and pipeline stages, the rest data parallel (ZeRO-1 where there are data-parallel ranks to
@@ -363,29 +535,36 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   for (int64_t tp = 1; tp <= std::min<int64_t>(n, 8); tp *= 2) {
     for (int64_t pp = 1; tp * pp <= n; pp *= 2) {
       for (const bool full : {false, true}) {
-        const TrainingConfig& t = e.training;
         if ((tp == t.tensor_model_parallel_size && pp == t.pipeline_model_parallel_size) ||
             n % (tp * pp * t.context_parallel_size) != 0 ||
-            (full && t.recompute_granularity == RecomputeGranularity::Full))
+            (full && recomputes_every_layer(t, e.model_config.num_layers)))
           continue;
         Alternative alt{e, "", 0};
-        if (full) alt.set("recompute_granularity", "full"), alt.set("recompute_num_layers", "0");
+        if (full) recompute_every_layer(alt);
         alt.set("tensor_model_parallel_size", std::to_string(tp));
         alt.set("sequence_parallel", tp > 1 ? "true" : "false");
         alt.set("pipeline_model_parallel_size", std::to_string(pp));
-        if (n / (tp * pp * t.context_parallel_size) > 1 && !t.use_torch_fsdp2)
+        if (tp * pp > 1) alt.set("use_torch_fsdp2", "false");
+        if (n / (tp * pp * t.context_parallel_size) > 1)
           alt.set("use_distributed_optimizer", "true");
         consider(alt);
       }
     }
   }
+  // The configuration first, then the alternatives from the least memory to the most.
+  std::stable_sort(s.rows.begin(), s.rows.end(), [](const auto& a, const auto& b) {
+    const bool a_configured = std::get<std::string>(a[0]) == "(as configured)";
+    const bool b_configured = std::get<std::string>(b[0]) == "(as configured)";
+    if (a_configured != b_configured) return a_configured;
+    return std::get<double>(a[6]) < std::get<double>(b[6]);
+  });
   s.summary_rows = s.rows.size();
   s.note = fmt::format(
       "each row's flags, added to this command line or to tessera train's, select that run "
-      "(full recompute covers every layer; meshes plan their fullest pipeline stage); fits: at "
-      "the configured micro batch ({}); "
+      "(full recompute covers every layer; meshes plan their fullest pipeline stage); rows "
+      "from the least memory per {} to the most; fits: at the configured micro batch ({}); "
       "largest_micro_batch: the largest that fits and that {} allows.{}",
-      rt.micro_batch, batch,
+      q.host ? "rank" : "GPU", rt.micro_batch, batch,
       rejected > 0
           ? fmt::format(" {} combinations the configuration rejects are left out.", rejected)
           : std::string());
@@ -406,6 +585,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   if (!r.fits && suggestion)
     r.verdict += fmt::format(" Fits with {} ({:.2f} GiB); see the alternatives.", suggestion->flags,
                              gib(suggestion->total));
+  if (!r.fits && !suggestion && !q.host) r.verdict += " " + more_gpus_text(q);
   return r;
 }
 

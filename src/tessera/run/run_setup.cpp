@@ -50,8 +50,10 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.mesh = device_mesh(t, devices.world_size);
   // Mock data draws from the model's whole vocabulary, as in Megatron; real text from the
   // tokenizer's.
-  s.data_vocab = e.data.mock_data && e.model_config.vocab_size > 0 ? e.model_config.vocab_size
-                                                                   : tokenizer_vocab();
+  // NullTokenizer's vocabulary is its vocab_size ids and the end-of-document id.
+  const int64_t declared =
+      e.model_config.vocab_size + (e.data.tokenizer_type == TokenizerType::Null ? 1 : 0);
+  s.data_vocab = e.data.mock_data && e.model_config.vocab_size > 0 ? declared : tokenizer_vocab();
   s.spec = make_model_spec(e, s.data_vocab);
   const int tp = s.mesh.size(dist::MeshDim::TP), dp = s.mesh.size(dist::MeshDim::DP);
   // The family derives the MLP width, so only now can its split be checked.
@@ -77,7 +79,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.context_parallel_size = cp;
   rt.context_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::CP);
   rt.compute_dtype = compute_dtype(t.precision, devices.auto_compute_dtype);
-  rt.grad_dtype = t.main_grads_dtype;
+  rt.grad_dtype = t.grad_reduce_in_bf16 ? DType::BF16 : t.main_grads_dtype;
   s.optimizer = OptimizerDtypes::from(t);
   // What validation could not know before the device was: what precision auto means.
   if (s.optimizer.main_params != DType::F32 && rt.compute_dtype != s.optimizer.main_params)
@@ -88,11 +90,16 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                                   dtype_name(rt.compute_dtype)));
   // bf16 gradients come out of bf16 GEMMs on GPUs; the CPU reference rounds its fp32 ones.
   if (rt.grad_dtype == DType::BF16 && rt.compute_dtype == DType::F32 &&
-      devices.auto_compute_dtype == DType::BF16)
-    throw ConfigError(origin_of(e, "main_grads_dtype"), "main_grads_dtype", "bf16",
-                      "fp32 with fp32 parameters on a GPU: bf16 gradients are written by bf16 "
-                      "GEMMs (precision bf16 or auto)");
+      devices.auto_compute_dtype == DType::BF16) {
+    const bool reduce_key = t.grad_reduce_in_bf16;
+    const char* key = reduce_key ? "grad_reduce_in_bf16" : "main_grads_dtype";
+    throw ConfigError(origin_of(e, key), key, reduce_key ? "true" : "bf16",
+                      fmt::format("{} with fp32 parameters on a GPU: bf16 gradients are written "
+                                  "by bf16 GEMMs (precision bf16 or auto)",
+                                  reduce_key ? "false" : "fp32"));
+  }
   rt.recompute = t.recompute_granularity;
+  rt.recompute_method = t.recompute_method;
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
   rt.fp8 = fp8_options(t);

@@ -5,16 +5,38 @@
 namespace tessera {
 
 double learning_rate(const TrainingConfig& t, int64_t iteration) {
-  const int64_t warmup = t.lr_warmup_iters;
-  const int64_t decay_end = t.lr_decay_iters ? t.lr_decay_iters : t.train_iters;
-  if (warmup > 0 && iteration <= warmup)
-    return t.lr * static_cast<double>(iteration) / static_cast<double>(warmup);
+  const LrSchedulePhases p = lr_schedule_phases(t);
+  const double step = static_cast<double>(iteration) *
+                      (p.in_samples ? static_cast<double>(t.global_batch_size) : 1.0);
+  if (p.warmup > 0 && step <= p.warmup) return t.lr * step / p.warmup;
   if (t.lr_decay_style == LrDecayStyle::Constant) return t.lr;
-  if (iteration > decay_end) return t.min_lr;
-  const double span = static_cast<double>(decay_end - warmup);
-  const double ratio = span > 0 ? static_cast<double>(iteration - warmup) / span : 1.0;
-  const double coeff = t.lr_decay_style == LrDecayStyle::Cosine ? 0.5 * (std::cos(M_PI * ratio) + 1.0)
-                                                                 : 1.0 - ratio;
+  if (step > p.decay_end) return t.min_lr;
+  double coeff = 1.0;
+  if (t.lr_decay_style == LrDecayStyle::Wsd) {
+    const double anneal_start = p.decay_end - p.wsd_decay;
+    if (step > anneal_start) {
+      const double r = (step - anneal_start) / p.wsd_decay;
+      switch (t.lr_wsd_decay_style) {
+        case WsdDecayStyle::Exponential:
+          coeff = 2.0 * std::pow(0.5, r) - 1.0;
+          break;
+        case WsdDecayStyle::Linear:
+          coeff = 1.0 - r;
+          break;
+        case WsdDecayStyle::Cosine:
+          coeff = 0.5 * (std::cos(M_PI * r) + 1.0);
+          break;
+        case WsdDecayStyle::MinusSqrt:
+          coeff = 1.0 - std::sqrt(r);
+          break;
+      }
+    }
+  } else {
+    const double span = p.decay_end - p.warmup;
+    const double ratio = span > 0 ? (step - p.warmup) / span : 1.0;
+    coeff = t.lr_decay_style == LrDecayStyle::Cosine ? 0.5 * (std::cos(M_PI * ratio) + 1.0)
+                                                     : 1.0 - ratio;
+  }
   return t.min_lr + coeff * (t.lr - t.min_lr);
 }
 

@@ -89,7 +89,7 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       log_(logger),
       metrics_(metrics),
       comm_(comm),
-      tokenizer_(make_tokenizer(exp_.data)),
+      tokenizer_(make_tokenizer(exp_.data, exp_.model_config.vocab_size)),
       setup_(make_run_setup(
           exp_,
           {comm ? comm->size() : 1, backend_->default_compute_dtype(), comm ? comm->rank() : 0},
@@ -437,6 +437,12 @@ void Trainer::check_memory_fits() const {
 
 // A model replica (the ranks of one data-parallel rank: its tensor-parallel group) trains on
 // micro_batch x seq_length x accumulation tokens per step, shared by its GPUs.
+// Per what the throughput is: a GPU, or on the CPU backend a rank (a thread group of this
+// process), as the run report says.
+std::string_view Trainer::device_word() const {
+  return backend_->device().kind == DeviceKind::GPU ? "GPU" : "rank";
+}
+
 double Trainer::tokens_per_gpu_per_step() const {
   const TrainingConfig& t = exp_.training;
   const int replica_gpus = parallel_->world_size() / parallel_->data_parallel_size();
@@ -582,15 +588,16 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const std::vector<MoeLayerBalance> moe = moe_interval_.mean();
   moe_interval_.clear();
   log_.clear_progress();
+  const std::string_view per = device_word();
   log_.info(
       "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} "
       "| "
-      "throughput per GPU (TFLOP/s/GPU): {:.2f} | tokens per GPU (tokens/s/GPU): {:.1f} | "
+      "throughput per {} (TFLOP/s/{}): {:.2f} | tokens per {} (tokens/s/{}): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
       "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}",
-      s.iteration, t.train_iters, consumed_samples_, ms, tflops, tokens_per_s, s.lr,
-      t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
+      s.iteration, t.train_iters, consumed_samples_, ms, per, per, tflops, per, per, tokens_per_s,
+      s.lr, t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, moe_iteration_fields(moe),
       profiled ? " | profiled" : "");
   if (!moe.empty())
@@ -695,11 +702,28 @@ TrainSummary Trainer::train() {
                  completed_iterations_, t.train_iters);
     return sum;
   }
+  // A resumed run names the iterations it runs, not the run's whole length.
+  const std::string span =
+      completed_iterations_ == 0
+          ? fmt::format("training for {} iterations", t.train_iters)
+          : fmt::format(
+                "training iterations {} to {} ({} of the run's {}; resumed after "
+                "iteration {})",
+                completed_iterations_ + 1, t.train_iters, t.train_iters - completed_iterations_,
+                t.train_iters, completed_iterations_);
   log_.info(
-      "training for {} iterations: global batch {} = micro batch {} x data parallel {} x "
-      "accumulation {}, seq_length {}; {:.2f} GFLOP per token",
-      t.train_iters, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
+      "{}: global batch {} = micro batch {} x data parallel {} x accumulation {}, seq_length {}; "
+      "{:.2f} GFLOP per token",
+      span, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
       setup_.accumulation_steps, t.seq_length, setup_.spec.flops_per_token(t.seq_length) / 1e9);
+  if (!exp_.checkpoint.save.empty() && exp_.checkpoint.disable_last_saving)
+    log_.warning(
+        "disable_last_saving is true: no checkpoint at the end of the run, only every "
+        "save_interval ({}) iterations{} (--disable_last_saving false saves the last one)",
+        exp_.checkpoint.save_interval,
+        exp_.checkpoint.save_interval == 0 || exp_.checkpoint.save_interval > t.train_iters
+            ? ", so this run saves none"
+            : "");
   backend_->synchronize();
   backend_->reset_peak_memory();
   const auto start = Clock::now();
@@ -770,7 +794,20 @@ TrainSummary Trainer::train() {
     }
   }
   if (profiler_) profiler_->after_iteration(last, last);  // stopped early
-  if (!exp_.checkpoint.save.empty() && last_saved_iteration_ != completed_iterations_) save_checkpoint();
+  const CheckpointConfig& ckpt = exp_.checkpoint;
+  if (!ckpt.save.empty() && last_saved_iteration_ != completed_iterations_) {
+    // Primus's disable_last_saving skips the end-of-run checkpoint only; an early exit is a
+    // stop to resume from, and saves.
+    if (!ckpt.disable_last_saving || last < t.train_iters) {
+      save_checkpoint();
+    } else {
+      log_.info("no checkpoint of iteration {}: disable_last_saving is true{}", last,
+                last_saved_iteration_ > 0
+                    ? fmt::format(" (the last one, of iteration {}, is in {})",
+                                  last_saved_iteration_, ckpt.save)
+                    : fmt::format("; save_interval {} saved none in this run", ckpt.save_interval));
+    }
+  }
   log_.clear_progress();
   sum.iterations = last;
   sum.skipped_iterations = skipped_iterations_;
@@ -779,11 +816,15 @@ TrainSummary Trainer::train() {
   sum.tokens_per_s_per_gpu = tokens_per_gpu_per_step() / (ms / 1e3);
   sum.tflops_per_gpu = setup_.spec.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
-  log_.info("done: {} iterations in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/GPU, {:.3f} "
-            "TFLOP/s/GPU (excluding the first iteration); peak memory {:.3f} GiB",
-            last, ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
-            sum.last_eval_loss >= 0 ? fmt::format(" (validation {:.4f})", sum.last_eval_loss) : "",
-            sum.tokens_per_s_per_gpu, sum.tflops_per_gpu, sum.peak_memory_gib);
+  const std::string_view per = device_word();
+  log_.info(
+      "done: {} in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/{}, {:.3f} "
+      "TFLOP/s/{} (excluding the first iteration); peak memory {:.3f} GiB",
+      first == 1 ? fmt::format("{} iterations", last)
+                 : fmt::format("{} iterations, {} to {}", ran, first, last),
+      ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
+      sum.last_eval_loss >= 0 ? fmt::format(" (validation {:.4f})", sum.last_eval_loss) : "",
+      sum.tokens_per_s_per_gpu, per, sum.tflops_per_gpu, per, sum.peak_memory_gib);
   return sum;
 }
 

@@ -3,6 +3,7 @@
 // AdamW -> metrics, with NaN skipping, evaluation and clean stops on signals.
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "tessera/ckpt/checkpoint.h"
@@ -85,6 +86,7 @@ class Trainer {
 
   void check_memory_fits() const;
   double tokens_per_gpu_per_step() const;
+  std::string_view device_word() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
   // loss: the mean over the interval's applied iterations (the last one's when none applied).
   void log_iteration(const IterationStats& s, double loss, double interval_ms, int64_t interval_iters);

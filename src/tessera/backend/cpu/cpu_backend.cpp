@@ -657,6 +657,33 @@ void CpuBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tenso
     std::memcpy(to + (n * d.cols + dst_col) * e, from + (n * r.cols + src_col) * e, cols * e);
 }
 
+// ---- elementwise
+
+void CpuBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  parallel_chunks(a.numel(), [&](int64_t begin, int64_t end) {
+    ref::add(f32(out) + begin, f32(a) + begin, f32(b) + begin, end - begin);
+  });
+}
+
+void CpuBackend::do_scale(const Tensor& out, const Tensor& x, float alpha) {
+  parallel_chunks(x.numel(), [&](int64_t begin, int64_t end) {
+    ref::scale(f32(out) + begin, f32(x) + begin, alpha, end - begin);
+  });
+}
+
+void CpuBackend::do_softcap(const Tensor& out, const Tensor& x, float cap) {
+  parallel_chunks(x.numel(), [&](int64_t begin, int64_t end) {
+    ref::softcap(f32(out) + begin, f32(x) + begin, cap, end - begin);
+  });
+}
+
+void CpuBackend::do_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y,
+                                     float cap) {
+  parallel_chunks(y.numel(), [&](int64_t begin, int64_t end) {
+    ref::softcap_backward(f32(dx) + begin, f32(dy) + begin, f32(y) + begin, cap, end - begin);
+  });
+}
+
 void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);
   const int64_t N = d.rows, F = d.cols / 2;

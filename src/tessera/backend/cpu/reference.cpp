@@ -568,6 +568,31 @@ void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, in
   }
 }
 
+// ---- elementwise ----
+
+template <class T>
+void add(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <class T>
+void scale(T* out, const T* x, T alpha, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = alpha * x[i];
+}
+
+template <class T>
+void softcap(T* out, const T* x, T cap, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = cap * std::tanh(x[i] / cap);
+}
+
+template <class T>
+void softcap_backward(T* dx, const T* dy, const T* y, T cap, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T t = y[i] / cap;
+    dx[i] = dy[i] * (T(1) - t * t);
+  }
+}
+
 // ---- loss ----
 
 template <class T>
@@ -756,6 +781,10 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
                                            int64_t, int64_t);                                      \
   template void embedding_shard_backward<T>(T*, const T*, const int32_t*, int64_t, int64_t,        \
                                             int64_t, int64_t);                                     \
+  template void add<T>(T*, const T*, const T*, int64_t);                                           \
+  template void scale<T>(T*, const T*, T, int64_t);                                                \
+  template void softcap<T>(T*, const T*, T, int64_t);                                              \
+  template void softcap_backward<T>(T*, const T*, const T*, T, int64_t);                           \
   template void log_softmax_gather<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);         \
   template void log_softmax_gather_backward<T>(T*, const T*, const T*, const T*, const int32_t*,   \
                                                int64_t, int64_t);                                  \

@@ -187,6 +187,19 @@ void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t F);
 template <class T>
 void swiglu_backward(T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F);
 
+// ---- elementwise ----
+
+// out[i] = a[i] + b[i]; out[i] = alpha x[i]; out[i] = cap tanh(x[i] / cap);
+// dx[i] = dy[i] (1 - (y[i] / cap)^2). out may be an input.
+template <class T>
+void add(T* out, const T* a, const T* b, int64_t n);
+template <class T>
+void scale(T* out, const T* x, T alpha, int64_t n);
+template <class T>
+void softcap(T* out, const T* x, T cap, int64_t n);
+template <class T>
+void softcap_backward(T* dx, const T* dy, const T* y, T cap, int64_t n);
+
 // ---- loss ----
 
 // Forward and backward fused, as in the op API. logits (N, V); targets (N), negative =

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "tessera/backend/cpu/reference.h"
 #include "tessera/backend/cuda/attention.cuh"
@@ -690,6 +691,23 @@ void CudaBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tens
                      dtype_size(dst.dtype), stream_);
 }
 
+void CudaBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  cuda::add(out.data, a.data, b.data, a.numel(), a.dtype, stream_);
+}
+
+void CudaBackend::do_scale(const Tensor& out, const Tensor& x, float alpha) {
+  cuda::scale(out.data, x.data, alpha, x.numel(), x.dtype, stream_);
+}
+
+void CudaBackend::do_softcap(const Tensor& out, const Tensor& x, float cap) {
+  cuda::softcap(out.data, x.data, cap, x.numel(), x.dtype, stream_);
+}
+
+void CudaBackend::do_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y,
+                                      float cap) {
+  cuda::softcap_backward(dx.data, dy.data, y.data, cap, y.numel(), y.dtype, stream_);
+}
+
 void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);
   const int64_t N = d.rows, F = d.cols / 2;
@@ -1116,7 +1134,17 @@ std::string unavailable_reason() {
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess) {
     cudaGetLastError();
-    return std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
+    const std::string code =
+        std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error);
+    // Without an NVIDIA driver the runtime reports an "insufficient" driver version, which
+    // reads as an old driver rather than none: say what the machine lacks.
+    if ((error == cudaErrorInsufficientDriver || error == cudaErrorNoDevice) &&
+        !std::filesystem::exists("/proc/driver/nvidia/version"))
+      return "no NVIDIA GPU on this machine (no NVIDIA driver is loaded; CUDA says " + code + ")";
+    if (error == cudaErrorNoDevice)
+      return "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES hides them, or none is installed; " +
+             code + ")";
+    return code;
   }
   return count == 0 ? "the CUDA runtime reports no device" : "";
 }

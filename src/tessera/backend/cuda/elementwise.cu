@@ -94,6 +94,63 @@ __global__ void init_normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t fi
   }
 }
 
+// out = f(a, b) elementwise in fp32, stored in T; b may be null for one-input maps. Inputs are
+// read before the output is written, so out may alias either.
+template <class T, int VEC, class F>
+__global__ void map_kernel(T* out, const T* a, const T* b, int64_t n, F f) {
+  const int64_t i = flat_index(VEC);
+  if (i + VEC <= n) {
+    float x[VEC], y[VEC] = {};
+    load_floats<T, VEC>(a + i, x);
+    if (b != nullptr) load_floats<T, VEC>(b + i, y);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) x[k] = f(x[k], y[k]);
+    store_floats<T, VEC>(out + i, x);
+  } else {
+    for (int64_t j = i; j < n; ++j)
+      out[j] = from_float<T>(f(to_float(a[j]), b != nullptr ? to_float(b[j]) : 0.0f));
+  }
+}
+
+template <class F>
+void launch_map(const char* op, void* out, const void* a, const void* b, int64_t n, DType dtype,
+                cudaStream_t stream, F f) {
+  NvtxRange range(op);
+  if (n == 0) return;
+  dispatch_float(dtype, op, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = kVec16<T>;
+    if (is_aligned(out, 16) && is_aligned(a, 16) && (b == nullptr || is_aligned(b, 16))) {
+      map_kernel<T, kVec><<<flat_blocks<kVec>(op, n), kThreads, 0, stream>>>(
+          static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, f);
+    } else {
+      map_kernel<T, 1><<<flat_blocks<1>(op, n), kThreads, 0, stream>>>(
+          static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, f);
+    }
+    TS_CUDA_CHECK_LAUNCH(op);
+  });
+}
+
+struct AddOp {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct ScaleOp {
+  float alpha;
+  __device__ float operator()(float x, float) const { return alpha * x; }
+};
+struct SoftcapOp {
+  float cap;
+  __device__ float operator()(float x, float) const { return cap * tanhf(x / cap); }
+};
+// x is dy, y the capped value.
+struct SoftcapBackwardOp {
+  float cap;
+  __device__ float operator()(float dy, float y) const {
+    const float t = y / cap;
+    return dy * (1.0f - t * t);
+  }
+};
+
 }  // namespace
 
 void fill(void* dst, int64_t n, float value, DType dtype, cudaStream_t stream) {
@@ -152,6 +209,23 @@ void init_normal(void* dst, int64_t n, uint64_t seed, uint64_t first_index, floa
     }
     TS_CUDA_CHECK_LAUNCH("init_normal_kernel");
   });
+}
+
+void add(void* out, const void* a, const void* b, int64_t n, DType dtype, cudaStream_t stream) {
+  launch_map("add", out, a, b, n, dtype, stream, AddOp{});
+}
+
+void scale(void* out, const void* x, float alpha, int64_t n, DType dtype, cudaStream_t stream) {
+  launch_map("scale", out, x, nullptr, n, dtype, stream, ScaleOp{alpha});
+}
+
+void softcap(void* out, const void* x, float cap, int64_t n, DType dtype, cudaStream_t stream) {
+  launch_map("softcap", out, x, nullptr, n, dtype, stream, SoftcapOp{cap});
+}
+
+void softcap_backward(void* dx, const void* dy, const void* y, float cap, int64_t n, DType dtype,
+                      cudaStream_t stream) {
+  launch_map("softcap_backward", dx, dy, y, n, dtype, stream, SoftcapBackwardOp{cap});
 }
 
 }  // namespace tessera::cuda

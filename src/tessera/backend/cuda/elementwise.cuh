@@ -1,5 +1,6 @@
 #pragma once
-// Elementwise launchers over flat buffers: fill, dtype conversion, random init.
+// Elementwise launchers over flat buffers: fill, dtype conversion, random init, and the
+// maps of the decoder's slots (residual add, scale, logit soft-cap).
 #include <cstdint>
 
 #include "tessera/backend/cuda/vendor.h"
@@ -18,5 +19,13 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64
 // the float values of ref::init_normal, bit for bit (see random.h for the one caveat).
 void init_normal(void* dst, int64_t n, uint64_t seed, uint64_t first_index, float mean, float std,
                  DType dtype, cudaStream_t stream);
+
+// Elementwise maps in fp32 over n elements of dtype (fp32 or bf16); the output may alias an
+// input. out = a + b; out = alpha x; out = cap tanh(x / cap); dx = dy (1 - (y / cap)^2).
+void add(void* out, const void* a, const void* b, int64_t n, DType dtype, cudaStream_t stream);
+void scale(void* out, const void* x, float alpha, int64_t n, DType dtype, cudaStream_t stream);
+void softcap(void* out, const void* x, float cap, int64_t n, DType dtype, cudaStream_t stream);
+void softcap_backward(void* dx, const void* dy, const void* y, float cap, int64_t n, DType dtype,
+                      cudaStream_t stream);
 
 }  // namespace tessera::cuda

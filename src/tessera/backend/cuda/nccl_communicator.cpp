@@ -135,6 +135,25 @@ std::atomic<bool> g_failing{false};
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+// NCCL names a dead peer only by its socket address; the rendezvous names its rank, a few
+// hundred milliseconds later (rank 0 polls the peers' connections, then tells the others). A
+// peer's error therefore waits up to this long for the rendezvous to end the process with the
+// rank's name before ending it with NCCL's words.
+constexpr auto kLostRankGrace = std::chrono::milliseconds(1500);
+
+bool is_peer_failure(ncclResult_t r) {
+  return r == ncclRemoteError || r == ncclSystemError;
+}
+
+// Returns only if no other thread began ending the process within kLostRankGrace.
+void await_lost_rank_report() {
+  const auto until = std::chrono::steady_clock::now() + kLostRankGrace;
+  while (std::chrono::steady_clock::now() < until) {
+    if (g_failing) wait_for_exit();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // TS_CUDA_CHECK for the communicator's own CUDA calls, with two differences: a failure while
 // another thread ends the process over a failed collective is that failure's echo (wait for
 // the exit), and a failure is a DistributedError, which names the communicator's operation.
@@ -492,10 +511,13 @@ class NcclCommunicator final : public Communicator {
   void check(ncclResult_t r, const std::string& what, size_t bytes) {
     while (r == ncclInProgress && comm_) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+      const PollGuard guard(*this);
       ncclCommGetAsyncError(comm_, &r);
     }
     if (r == ncclSuccess || r == ncclInProgress) return;
     if (g_failing) wait_for_exit();
+    if (is_peer_failure(r)) await_lost_rank_report();
+    const PollGuard guard(*this);
     const char* last = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
     throw DistributedError(
         fmt::format("{}: NCCL {} of {} failed: {} ({}){}", where(), what, bytes_text(bytes),
@@ -520,15 +542,21 @@ class NcclCommunicator final : public Communicator {
       // which NCCL does not guard against.
       if (comm_ && !in_host_call_) {
         ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(comm_, &async);
+        std::string last;
+        {
+          const PollGuard guard(*this);
+          ncclCommGetAsyncError(comm_, &async);
+          if (async != ncclSuccess && async != ncclInProgress && ncclGetLastError(comm_))
+            last = ncclGetLastError(comm_);
+        }
         if (async != ncclSuccess && async != ncclInProgress) {
           const std::string what =
               pending_.empty()
                   ? std::string("a collective")
                   : fmt::format("{} #{} of {}", pending_.front().name, pending_.front().seq,
                                 bytes_text(pending_.front().bytes));
-          const std::string last = ncclGetLastError(comm_) ? ncclGetLastError(comm_) : "";
           lock.unlock();
+          if (is_peer_failure(async)) await_lost_rank_report();
           fail(fmt::format("NCCL reported an error during {}: {} ({})", what,
                            ncclGetErrorString(async), last.empty() ? "no detail" : last));
         }
@@ -557,6 +585,10 @@ class NcclCommunicator final : public Communicator {
     log_.flush();
     std::fprintf(stderr, "error: %s: %s\n", where().c_str(), message.c_str());
     std::fflush(stderr);
+    // Threads still polling the communicator see g_failing at their next poll; aborting
+    // (which frees it) under a poll would crash the process instead of ending it.
+    for (int i = 0; i < 100 && polling_ > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     // ncclCommAbort can itself wait on a wedged device; never let it keep the process alive.
     std::atomic<bool> aborted{false};
     ncclComm_t comm = comm_;
@@ -593,6 +625,24 @@ class NcclCommunicator final : public Communicator {
   bool comm_queued_ = false;        // Lane::Comm work compute has not waited for
   std::vector<cudaEvent_t> marks_;  // comm_mark()'s events, reused after each wait_comm()
   size_t marks_used_ = 0;
+
+  // Threads inside ncclCommGetAsyncError / ncclGetLastError on comm_: fail() lets them leave
+  // before it aborts the communicator. A poller that arrives after g_failing was set waits for
+  // the exit instead (seq_cst on both sides: one of the two always sees the other).
+  std::atomic<int> polling_{0};
+  struct PollGuard {
+    explicit PollGuard(NcclCommunicator& c) : c_(c) {
+      ++c_.polling_;
+      if (g_failing) {
+        --c_.polling_;
+        wait_for_exit();
+      }
+    }
+    ~PollGuard() { --c_.polling_; }
+    PollGuard(const PollGuard&) = delete;
+    PollGuard& operator=(const PollGuard&) = delete;
+    NcclCommunicator& c_;
+  };
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -7,7 +7,7 @@
 
 namespace tessera {
 
-MlaAttentionBlock::MlaAttentionBlock(const ModelSpec& spec) : s_(spec) {
+MlaAttention::MlaAttention(const ModelSpec& spec) : s_(spec) {
   const MlaSpec& m = spec.mla;
   TS_CHECK(m.enabled && m.kv_lora_rank > 0 && m.rope_dim > 0 && m.rope_dim % 2 == 0 &&
                m.qk_head_dim > 0 && m.v_head_dim > 0 && spec.head_dim == m.rope_dim,
@@ -25,9 +25,8 @@ MlaAttentionBlock::MlaAttentionBlock(const ModelSpec& spec) : s_(spec) {
   Qa_ = lora_ ? Qr_ : H_ * D_;
 }
 
-void MlaAttentionBlock::declare_params(ParamLayoutBuilder& b) {
+void MlaAttention::declare_params(ParamLayoutBuilder& b) {
   const int64_t C = s_.hidden;
-  norm_ = b.add("input_layernorm.weight", {C}, ParamInit::Ones, false);
   // Hugging Face's q_a_proj (or q_proj) and kv_a_proj_with_mqa, stacked.
   a_proj_ = b.add("self_attn.q_kv_a_proj.weight", {fused_width(), C}, ParamInit::Normal, true,
                   TensorParallelStyle::Replicated, {Qa_, Kr_ + Dr_});
@@ -41,17 +40,15 @@ void MlaAttentionBlock::declare_params(ParamLayoutBuilder& b) {
   o_proj_ = b.add("self_attn.o_proj.weight", {C, H_ * Dv_}, ParamInit::ScaledNormal, true);
 }
 
-std::vector<int> MlaAttentionBlock::linear_weights() const {
+std::vector<int> MlaAttention::linear_weights() const {
   if (lora_) return {a_proj_, q_b_proj_, kv_b_proj_, o_proj_};
   return {a_proj_, kv_b_proj_, o_proj_};
 }
 
-void MlaAttentionBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
-  const int64_t N = rt.tokens(), Ns = rt.sequence_tokens();
+void MlaAttention::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
+  const int64_t N = rt.tokens();
   const DType dt = rt.compute_dtype;
   const AttentionShape a = shape(rt.micro_batch, rt.seq_length);
-  plan.add(&ln_, dt, {Ns, s_.hidden}, Keep::Recomputable);
-  plan.add(&rstd_, DType::F32, {Ns});
   if (lora_) {
     plan.add(&q_a_, dt, {N, Qr_});
     plan.add(&q_a_ln_, dt, {N, Qr_}, Keep::Recomputable);
@@ -65,7 +62,7 @@ void MlaAttentionBlock::declare_activations(ActivationPlan& plan, const ModelRun
   plan.add(&lse_, DType::F32, {rt.micro_batch, H_, rt.seq_length});
 }
 
-void MlaAttentionBlock::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
+void MlaAttention::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
   const int64_t N = rt.tokens();
   const DType dt = rt.compute_dtype;
   const AttentionShape a = shape(rt.micro_batch, rt.seq_length);
@@ -82,7 +79,7 @@ void MlaAttentionBlock::declare_backward_scratch(ActivationPlan& plan, const Mod
   plan.add(&dc_kv_, dt, {N, Kr_});
 }
 
-AttentionShape MlaAttentionBlock::shape(int64_t batch, int64_t seq) const {
+AttentionShape MlaAttention::shape(int64_t batch, int64_t seq) const {
   AttentionShape a;
   a.batch = batch;
   a.seq = seq;
@@ -97,9 +94,9 @@ AttentionShape MlaAttentionBlock::shape(int64_t batch, int64_t seq) const {
 
 // The latents are sliced out of a before their norms (the norm ops take whole rows); q_a's norm
 // output is used up by q_b_proj before c_kv's is written, since under selective recompute the two
-// (and ln) share one buffer.
-void MlaAttentionBlock::pack_qkv(ForwardOps& ops, const Pass& t, const Tensor& freqs,
-                                 const AttentionShape& a) {
+// (and the block's normed input) share one buffer.
+void MlaAttention::pack_qkv(ForwardOps& ops, const Pass& t, const Tensor& freqs,
+                            const AttentionShape& a) {
   Backend& b = ops.backend();
   ops.linear(t.a, t.ln, a_proj_, -1);
   b.copy_columns(t.c_kv, 0, t.a, Qa_, Kr_);
@@ -122,26 +119,26 @@ void MlaAttentionBlock::pack_qkv(ForwardOps& ops, const Pass& t, const Tensor& f
   b.mla_qkv_forward(p);
 }
 
-void MlaAttentionBlock::forward_inner(LayerOps& ops, const Tensor& x) {
+void MlaAttention::forward_inner(LayerOps& ops, const Tensor& in) {
   const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
-  ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
   Pass t;
-  t.ln = ln_, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;
+  t.ln = in, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;
   t.c_kv = c_kv_, t.c_kv_ln = c_kv_ln_, t.kv_rstd = kv_rstd_, t.kv = dkv_, t.qkv = qkv_;
   pack_qkv(ops, t, ops.rope_table(), a);
   ops.attention_forward(att_, lse_, qkv_, a);
 }
 
-void MlaAttentionBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
-  ops.linear(out, att_, o_proj_, -1, x);
+void MlaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
+  ops.linear(out, att_, o_proj_, -1, residual);
 }
 
-void MlaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
+void MlaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+                            const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const ModelRuntime& rt = ops.runtime();
   const bool selective = rt.recompute == RecomputeGranularity::Selective;
   const AttentionShape a = shape(rt.micro_batch, rt.seq_length);
-  ops.linear_backward(datt_, dresid, att_, o_proj_, -1);
+  ops.linear_backward(datt_, dout, att_, o_proj_, -1);
   ops.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   // d(qkv) -> the queries' (in dq, or a's first columns), the rope key's (a's last columns) and
   // kv's gradients; c_kv's columns of da follow from its norm below.
@@ -175,22 +172,17 @@ void MlaAttentionBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& d
     b.rmsnorm_backward(dq_a_, ops.grad(q_a_norm_), dq_a_ln_, q_a_, ops.param(q_a_norm_), q_rstd_);
     b.copy_columns(da_, 0, dq_a_, 0, Qr_);
   }
-  if (selective) {
-    ScopedRange r(b, "recompute");
-    b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
-  }
-  ops.linear_backward(ops.norm_grad(), da_, ln_, a_proj_, -1);
-  b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
+  recompute_in();
+  ops.linear_backward(din, da_, in, a_proj_, -1);
 }
 
-size_t MlaAttentionBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
+size_t MlaAttention::cached_scratch_bytes(int64_t n, DType dtype) const {
   const size_t e = dtype_size(dtype);
   const AttentionShape a = shape(1, n);
   auto act = [&](int64_t cols) { return ScratchArena::aligned(n * cols * e); };
   const size_t stats = ScratchArena::aligned(n * 4);
-  size_t bytes = act(s_.hidden) + stats + act(fused_width()) + act(Kr_) * 2 + stats +
-                 act(H_ * (Dn_ + Dv_)) + act(a.qkv_width()) + act(a.out_width()) +
-                 ScratchArena::aligned(H_ * n * 4);
+  size_t bytes = act(fused_width()) + act(Kr_) * 2 + stats + act(H_ * (Dn_ + Dv_)) +
+                 act(a.qkv_width()) + act(a.out_width()) + ScratchArena::aligned(H_ * n * 4);
   if (lora_) bytes += act(Qr_) * 2 + stats + act(H_ * D_);
   return bytes;
 }
@@ -198,18 +190,18 @@ size_t MlaAttentionBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
 // A prompt attends within itself (attention_forward over its own qkv); one new token attends to
 // the cache. Both write every position's key and value heads into the cache first: they are
 // qkv's columns after the queries, in the cache's layout.
-void MlaAttentionBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
-                                       const Tensor& out, const Tensor& cache, int64_t pos) {
+void MlaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
+                                  const Tensor& out, const Tensor& residual, const Tensor& cache,
+                                  int64_t pos) {
   Backend& b = ops.backend();
-  const int64_t n = x.dim(0), S = cache.dim(0), row = cache_width();
-  const DType dt = x.dtype;
+  const int64_t n = in.dim(0), S = cache.dim(0), row = cache_width();
+  const DType dt = in.dtype;
   TS_CHECK(pos == 0 || n == 1, "generation: {} tokens at position {} (a prompt, or one token)", n,
            pos);
   TS_CHECK(pos + n <= S, "generation: positions up to {} in a cache of {}", pos + n, S);
   const AttentionShape a = shape(1, n);
   Pass t;
-  t.ln = scratch.take(dt, {n, s_.hidden});
-  t.rstd = scratch.take(DType::F32, {n});
+  t.ln = in;
   t.a = scratch.take(dt, {n, fused_width()});
   if (lora_) {
     t.q_a = scratch.take(dt, {n, Qr_});
@@ -223,7 +215,6 @@ void MlaAttentionBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, c
   t.kv = scratch.take(dt, {n, H_ * (Dn_ + Dv_)});
   t.qkv = scratch.take(dt, {n, a.qkv_width()});
   const Tensor att = scratch.take(dt, {n, a.out_width()});
-  b.rmsnorm_forward(t.ln, t.rstd, x, ops.param(norm_), s_.norm_eps);
   // Row t of the table slice is position pos + t.
   pack_qkv(ops, t, ops.rope_table().rows(pos, pos + n), a);
   for (int64_t i = 0; i < n; ++i)
@@ -236,17 +227,17 @@ void MlaAttentionBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, c
     b.attention_decode(att, t.qkv.flat_range(0, H_ * D_).view({1, H_ * D_}),
                        cache.view({1, S, row}), pos, shape(1, S));
   }
-  ops.linear(out, att, o_proj_, -1, x);
+  ops.linear(out, att, o_proj_, -1, residual);
 }
 
-int64_t MlaAttentionBlock::matmul_params() const {
+int64_t MlaAttention::matmul_params() const {
   const int64_t C = s_.hidden;
   return fused_width() * C + (lora_ ? Qr_ * H_ * D_ : 0) + Kr_ * H_ * (Dn_ + Dv_) + H_ * Dv_ * C;
 }
 
 // The GQA convention (12 s d per layer: 2 s d for the scores and 2 s d for the values per
 // token, forward and backward) with the scores over D and the values over Dv.
-double MlaAttentionBlock::attention_flops_per_token(int64_t seq_length) const {
+double MlaAttention::attention_flops_per_token(int64_t seq_length) const {
   const int64_t s_eff =
       s_.sliding_window > 0 ? std::min(seq_length, s_.sliding_window) : seq_length;
   return 6.0 * static_cast<double>(s_eff) * static_cast<double>(H_ * (D_ + Dv_));

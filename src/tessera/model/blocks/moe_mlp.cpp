@@ -4,9 +4,8 @@
 
 namespace tessera {
 
-void MoeMlpBlock::declare_params(ParamLayoutBuilder& b) {
+void MoeMlp::declare_params(ParamLayoutBuilder& b) {
   const int64_t C = s_.hidden, E = s_.moe.experts, F = s_.moe.ffn, S = s_.moe.shared_ffn;
-  norm_ = b.add("post_attention_layernorm.weight", {C}, ParamInit::Ones, false);
   router_ = b.add("mlp.router.weight", {E, C}, ParamInit::Normal, true);
   // Under expert parallelism the layout keeps this rank's experts of each stack.
   gate_up_ = b.add("mlp.experts.gate_up_proj.weight", {E, 2 * F, C}, ParamInit::Normal, true,
@@ -21,30 +20,27 @@ void MoeMlpBlock::declare_params(ParamLayoutBuilder& b) {
   }
 }
 
-std::vector<std::pair<int, Fp8LinearShape>> MoeMlpBlock::expert_linears(
-    const ModelRuntime& rt) const {
+std::vector<std::pair<int, Fp8LinearShape>> MoeMlp::expert_linears(const ModelRuntime& rt) const {
   const int64_t C = s_.hidden, E = s_.moe.experts, F = s_.moe.ffn;
   const int ep = rt.expert_parallel_size;
-  const int64_t rows = expert_rows(rt.tokens(), ep);
+  const int64_t rows = expert_rows(rt.tokens(), rt);
   Fp8LinearShape up, down;
   up.out = 2 * F, up.in = C, down.out = C, down.in = F;
   for (Fp8LinearShape* s : {&up, &down}) s->experts = E, s->local_experts = E / ep, s->rows = rows;
   return {{gate_up_, up}, {down_, down}};
 }
 
-std::vector<int> MoeMlpBlock::linear_weights() const {
+std::vector<int> MoeMlp::linear_weights() const {
   if (s_.moe.shared_ffn == 0) return {};
   return {shared_gate_up_, shared_down_};
 }
 
-void MoeMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
+void MoeMlp::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
   const int64_t N = rt.tokens(), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
   const DType dt = rt.compute_dtype;
   ep_ = rt.expert_parallel_size;
-  const int64_t Re = expert_rows(N, rt.expert_parallel_size);
-  plan.add(&rstd_, DType::F32, {N});
-  plan.add(&ln_, dt, {N, C}, Keep::Recomputable);
+  const int64_t Re = expert_rows(N, rt);
   plan.add(&logits_, dt, {N, E});
   plan.add(&indices_, DType::I32, {N, K});
   plan.add(&weights_, DType::F32, {N, K});
@@ -66,10 +62,10 @@ void MoeMlpBlock::declare_activations(ActivationPlan& plan, const ModelRuntime& 
   }
 }
 
-void MoeMlpBlock::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
+void MoeMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
   const int64_t N = rt.tokens(), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
-  const int64_t Re = expert_rows(N, rt.expert_parallel_size);
+  const int64_t Re = expert_rows(N, rt);
   const DType dt = rt.compute_dtype;
   plan.add(&dyp_, dt, {R, C});
   plan.add(&dweights_, DType::F32, {N, K});
@@ -84,7 +80,7 @@ void MoeMlpBlock::declare_backward_scratch(ActivationPlan& plan, const ModelRunt
   }
 }
 
-MoeRouting MoeMlpBlock::routing(bool force_balance) const {
+MoeRouting MoeMlp::routing(bool force_balance) const {
   const MoeSpec& m = s_.moe;
   MoeRouting r;
   r.experts = m.experts;
@@ -98,22 +94,29 @@ MoeRouting MoeMlpBlock::routing(bool force_balance) const {
   return r;
 }
 
-int64_t MoeMlpBlock::expert_rows(int64_t n, int ep) const {
+int64_t MoeMlp::expert_rows(int64_t n, const ModelRuntime& rt) const {
+  const int ep = rt.expert_parallel_size;
+  if (ep == 1) return permuted_rows(n, s_.moe);
   // Each rank of the group sends at most its routed rows for this rank's experts (with token
-  // dropping, its experts' capacity each), padded.
-  const int64_t local = s_.moe.experts / ep;
-  return ep == 1 ? permuted_rows(n, s_.moe)
-                 : ep * (kept_pairs(n, local, s_.moe.capacity(n), s_.moe.topk) +
-                         local * (kGroupAlign - 1));
+  // dropping, its experts' capacity each), padded. Force-balanced routing sends each expert
+  // ceil(n topk / experts) pairs at most: round-robin over any run of n topk slots.
+  const MoeSpec& m = s_.moe;
+  const int64_t local = m.experts / ep;
+  int64_t per_expert = m.capacity(n);
+  if (rt.moe_force_balance) {
+    const int64_t balanced = (n * m.topk + m.experts - 1) / m.experts;
+    per_expert = per_expert > 0 ? std::min(per_expert, balanced) : balanced;
+  }
+  return ep * (kept_pairs(n, local, per_expert, m.topk) + local * (kGroupAlign - 1));
 }
 
-ExpertGroups MoeMlpBlock::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
-                                        std::span<const int32_t> host_offsets) const {
+ExpertGroups MoeMlp::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
+                                   std::span<const int32_t> host_offsets) const {
   if (ex == nullptr) return {offsets, host_offsets, {}, 0};
   return {expert_offsets_, host_expert_offsets_, group_weights_, ex->rank() * local_count(*ex)};
 }
 
-MoeAuxLossArgs MoeMlpBlock::aux_loss_args(const ModelRuntime& rt) const {
+MoeAuxLossArgs MoeMlp::aux_loss_args(const ModelRuntime& rt) const {
   MoeAuxLossArgs a;
   a.logits = logits_, a.indices = indices_, a.routing = routing(false);
   a.seq = s_.moe.load_balancing == MoeLoadBalancing::SeqAuxLoss ? rt.seq_length : 0;
@@ -123,7 +126,7 @@ MoeAuxLossArgs MoeMlpBlock::aux_loss_args(const ModelRuntime& rt) const {
 // Where this rank's rows go: the permuted rows are sorted by expert, so the rows of rank j's
 // experts are one block; the ranks swap their per-expert counts, and this rank's experts
 // receive (source rank, expert) groups, each a multiple of kGroupAlign rows.
-void MoeMlpBlock::plan_exchange(Backend& b, ExpertExchange& ex) {
+void MoeMlp::plan_exchange(Backend& b, ExpertExchange& ex) {
   const int P = ex.size();
   const int64_t E = s_.moe.experts, El = E / P;
   const std::vector<int32_t>& local = host_offsets_;
@@ -150,11 +153,12 @@ void MoeMlpBlock::plan_exchange(Backend& b, ExpertExchange& ex) {
   b.upload(expert_offsets_, host_expert_offsets_.data());
 }
 
-// Under selective recompute ln, h and the shared expert's h share one buffer (one
-// recomputable tensor is live at a time), so each is used up before the next is written: ln
-// feeds the router, the dispatch and the shared expert's first GEMM before h overwrites it.
-void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
-                                        ExpertExchange* ex, std::vector<int32_t>& host_offsets) {
+// Under selective recompute ln (the block's normed input), h and the shared expert's h share one
+// buffer (one recomputable tensor is live at a time), so each is used up before the next is
+// written: ln feeds the router, the dispatch and the shared expert's first GEMM before h
+// overwrites it.
+void MoeMlp::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
+                                   ExpertExchange* ex, std::vector<int32_t>& host_offsets) {
   Backend& b = ops.backend();
   ops.linear(t.logits, t.ln, router_, -1);
   b.moe_router_forward(t.indices, t.weights, t.logits, expert_bias_, routing(force_balance));
@@ -185,32 +189,27 @@ void MoeMlpBlock::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool 
   if (t.shared_gu.defined()) b.swiglu_forward(t.shared_h, t.shared_gu);
 }
 
-ExpertExchange* MoeMlpBlock::exchange(LayerOps& ops) const {
+ExpertExchange* MoeMlp::exchange(LayerOps& ops) const {
   ExpertExchange* ex = ops.expert_exchange();
   const int size = ex ? ex->size() : 1;
   TS_CHECK(size == ep_, "moe block planned for {} expert-parallel ranks, run on {}", ep_, size);
   return size > 1 ? ex : nullptr;
 }
 
-void MoeMlpBlock::forward_inner(LayerOps& ops, const Tensor& x) {
-  ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
+void MoeMlp::forward_inner(LayerOps& ops, const Tensor& in) {
   route_and_run_experts(ops,
-                        {ln_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
+                        {in, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
                          shared_gu_, shared_h_, dropped_},
                         ops.runtime().moe_force_balance, exchange(ops), host_offsets_);
 }
 
-// Runs once per forward pass (a fully recomputed layer reruns forward_inner only), so the
-// statistics count each micro-batch once.
-void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
+// The statistics count each micro-batch once: a fully recomputed layer reruns forward_inner
+// only, or, inside a uniform recompute group, forward_output while ops.recomputing().
+void MoeMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
   Backend& b = ops.backend();
-  if (s_.moe.shared_ffn > 0) {
-    ops.linear(out, shared_h_, shared_down_, -1, x);
-  } else {
-    b.copy(out, x);
-  }
+  combine_start(ops, out, shared_h_, residual);
   b.moe_unpermute(out, yp_, rows_, weights_);
-  if (!stats_.defined()) return;
+  if (!stats_.defined() || ops.recomputing()) return;
   const int64_t E = s_.moe.experts;
   b.moe_expert_counts(stats_.flat_range(0, E), indices_);
   if (s_.moe.load_balancing != MoeLoadBalancing::None) {
@@ -222,14 +221,15 @@ void MoeMlpBlock::forward_output(LayerOps& ops, const Tensor& x, const Tensor& o
   if (dropped_.defined()) b.sum(stats_.flat_range(E + 2, 1), dropped_, /*accumulate=*/true);
 }
 
-void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
+void MoeMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+                      const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const bool selective = ops.runtime().recompute == RecomputeGranularity::Selective;
   const bool shared = s_.moe.shared_ffn > 0;
   const MoeSpec& m = s_.moe;
   ExpertExchange* ex = exchange(ops);
   // The combine: d(expert outputs) and d(routing weights), then to the experts' ranks.
-  b.moe_unpermute_backward(dyp_, dweights_, dresid, yp_, rows_, weights_);
+  b.moe_unpermute_backward(dyp_, dweights_, dout, yp_, rows_, weights_);
   Tensor dy = dyp_, xe = xp_;
   if (ex != nullptr) {
     ex->exchange_rows(dyr_, recv_rows_, recv_first_, dyp_, send_rows_, send_first_);
@@ -266,29 +266,27 @@ void MoeMlpBlock::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid)
   // buffer it shares under selective recompute) the GEMMs that read ln.
   if (shared) {
     if (selective) b.swiglu_forward(shared_h_, shared_gu_);
-    ops.linear_backward(dshared_h_, dresid, shared_h_, shared_down_, -1);
+    ops.linear_backward(dshared_h_, dout, shared_h_, shared_down_, -1);
     b.swiglu_backward(dshared_gu_, dshared_h_, shared_gu_);
   }
-  if (selective) b.rmsnorm_forward(ln_, rstd_, x, ops.param(norm_), s_.norm_eps);
-  ops.linear_backward({}, dlogits_c_, ln_, router_, -1);
-  // d(ln): the shared expert's, the router's and the experts' inputs'.
-  if (shared) ops.linear_backward(ops.norm_grad(), dshared_gu_, ln_, shared_gate_up_, -1);
+  recompute_in();
+  ops.linear_backward({}, dlogits_c_, in, router_, -1);
+  // d(in): the shared expert's, the router's and the experts' inputs'.
+  if (shared) ops.linear_backward(din, dshared_gu_, in, shared_gate_up_, -1);
   MatmulArgs router_dgrad;
-  router_dgrad.out = ops.norm_grad();
+  router_dgrad.out = din;
   router_dgrad.a = dlogits_c_;
   router_dgrad.b = ops.param(router_);
   router_dgrad.beta = shared ? 1.0f : 0.0f;
   b.matmul(router_dgrad);
-  b.moe_permute_backward(ops.norm_grad(), dxp, rows_);
-  b.rmsnorm_backward(dresid, ops.grad(norm_), ops.norm_grad(), x, ops.param(norm_), rstd_);
+  b.moe_permute_backward(din, dxp, rows_);
 }
 
-size_t MoeMlpBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
+size_t MoeMlp::cached_scratch_bytes(int64_t n, DType dtype) const {
   const size_t e = dtype_size(dtype);
   const int64_t C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk, F = s_.moe.ffn;
   const int64_t S = s_.moe.shared_ffn, R = permuted_rows(n, s_.moe);
-  size_t bytes = ScratchArena::aligned(n * C * e) + ScratchArena::aligned(n * 4) +
-                 ScratchArena::aligned(n * E * e) + 3 * ScratchArena::aligned(n * K * 4) +
+  size_t bytes = ScratchArena::aligned(n * E * e) + 3 * ScratchArena::aligned(n * K * 4) +
                  ScratchArena::aligned((E + 1) * 4) + 2 * ScratchArena::aligned(R * C * e) +
                  ScratchArena::aligned(R * 2 * F * e) + ScratchArena::aligned(R * F * e);
   if (S > 0) bytes += ScratchArena::aligned(n * 2 * S * e) + ScratchArena::aligned(n * S * e);
@@ -296,15 +294,15 @@ size_t MoeMlpBlock::cached_scratch_bytes(int64_t n, DType dtype) const {
   return bytes;
 }
 
-void MoeMlpBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
-                                 const Tensor& out, const Tensor& /*cache*/, int64_t /*pos*/) {
+void MoeMlp::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
+                            const Tensor& out, const Tensor& residual, const Tensor& /*cache*/,
+                            int64_t /*pos*/) {
   Backend& b = ops.backend();
-  const int64_t n = x.dim(0), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
+  const int64_t n = in.dim(0), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(n, s_.moe);
-  const DType dt = x.dtype;
+  const DType dt = in.dtype;
   Buffers t;
-  t.ln = scratch.take(dt, {n, C});
-  const Tensor rstd = scratch.take(DType::F32, {n});
+  t.ln = in;
   t.logits = scratch.take(dt, {n, E});
   t.indices = scratch.take(DType::I32, {n, K});
   t.weights = scratch.take(DType::F32, {n, K});
@@ -319,24 +317,30 @@ void MoeMlpBlock::forward_cached(ForwardOps& ops, ScratchArena& scratch, const T
     t.shared_gu = scratch.take(dt, {n, 2 * S});
     t.shared_h = scratch.take(dt, {n, S});
   }
-  b.rmsnorm_forward(t.ln, rstd, x, ops.param(norm_), s_.norm_eps);
   std::vector<int32_t> host_offsets;
   route_and_run_experts(ops, t, /*force_balance=*/false, /*ex=*/nullptr, host_offsets);
-  if (S > 0) {
-    ops.linear(out, t.shared_h, shared_down_, -1, x);
-  } else {
-    b.copy(out, x);
-  }
+  combine_start(ops, out, t.shared_h, residual);
   b.moe_unpermute(out, t.yp, t.rows, t.weights);
 }
 
-void MoeMlpBlock::update_state(Backend& backend) {
+// What the combine adds the experts' outputs to: the shared expert's output (+ residual), the
+// residual, or zeros.
+void MoeMlp::combine_start(ForwardOps& ops, const Tensor& out, const Tensor& shared_h,
+                           const Tensor& residual) const {
+  if (s_.moe.shared_ffn > 0) return ops.linear(out, shared_h, shared_down_, -1, residual);
+  if (residual.defined())
+    ops.backend().copy(out, residual);
+  else
+    ops.backend().fill(out, 0.0f);
+}
+
+void MoeMlp::update_state(Backend& backend) {
   if (!expert_bias_.defined() || !stats_.defined()) return;
   backend.moe_expert_bias_update(expert_bias_, stats_.flat_range(0, s_.moe.experts),
                                  static_cast<float>(s_.moe.bias_update_rate));
 }
 
-int64_t MoeMlpBlock::matmul_params() const {
+int64_t MoeMlp::matmul_params() const {
   const int64_t C = s_.hidden;
   return C * s_.moe.experts + s_.moe.topk * 3 * C * s_.moe.ffn + 3 * C * s_.moe.shared_ffn;
 }

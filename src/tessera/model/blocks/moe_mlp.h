@@ -1,13 +1,13 @@
 #pragma once
 // The dropless mixture-of-experts MLP (Mixtral, Qwen3-MoE, DeepSeek; docs/moe.md):
-//   ln      = rmsnorm(x)                                  (N, C)
+// on its input ln (the normed stream):
 //   logits  = ln @ Wrouter^T                              (N, E)
 //   experts, weights = router(logits)                     (N, K) each
 //   xp      = ln's rows sorted by expert, each expert's rows padded to kGroupAlign   (R, C)
 //   h1      = xp @ W1[e]^T per expert (grouped GEMM)     (R, 2F) = [gate | up]
 //   h       = silu(gate) * up                             (R, F)
 //   yp      = h @ W2[e]^T per expert                      (R, C)
-//   out     = x + shared(ln) + sum_k weights[n, k] * yp[row of (n, k)]
+//   out     = shared(ln) + sum_k weights[n, k] * yp[row of (n, k)]
 // with shared(ln) the optional shared expert, a dense SwiGLU of width shared_ffn. The router's
 // aux and z losses enter the backward through the logits' gradient; their values, with the
 // tokens each expert received, are summed into the block's statistics once per forward pass.
@@ -30,16 +30,17 @@
 
 namespace tessera {
 
-class MoeMlpBlock final : public Block {
+class MoeMlp final : public Mixer {
  public:
   // Rows of each expert's group are padded to a multiple of this: FP8 and the fastest bf16
   // GEMM kernels want 16-row multiples, and padding rows are zeros.
   static constexpr int64_t kGroupAlign = 16;
 
-  explicit MoeMlpBlock(const ModelSpec& spec) : s_(spec) {}
+  explicit MoeMlp(const ModelSpec& spec) : s_(spec) {}
 
   const char* range_name() const override { return "moe_block"; }
   const char* backward_range_name() const override { return "moe_block_backward"; }
+  const char* param_prefix() const override { return "mlp."; }
   void declare_params(ParamLayoutBuilder& builder) override;
   // The shared expert's projections.
   std::vector<int> linear_weights() const override;
@@ -47,12 +48,13 @@ class MoeMlpBlock final : public Block {
   std::vector<std::pair<int, Fp8LinearShape>> expert_linears(const ModelRuntime& rt) const override;
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
-  void forward_inner(LayerOps& ops, const Tensor& x) override;
-  void forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) override;
-  void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) override;
+  void forward_inner(LayerOps& ops, const Tensor& in) override;
+  void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
+  void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+                const std::function<void()>& recompute_in) override;
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
-  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
-                      const Tensor& cache, int64_t pos) override;
+  void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
+                      const Tensor& residual, const Tensor& cache, int64_t pos) override;
   int64_t matmul_params() const override;
   // Per expert the (token, slot) pairs routed to it, then the aux loss, the z-loss and the
   // pairs dropped beyond the experts' capacity (0 when dropless).
@@ -90,7 +92,7 @@ class MoeMlpBlock final : public Block {
   // The exchange of the pass, checked against the plan; null without expert parallelism.
   ExpertExchange* exchange(LayerOps& ops) const;
   // Rows the experts of this rank run on, at most, for n tokens per rank.
-  int64_t expert_rows(int64_t n, int ep) const;
+  int64_t expert_rows(int64_t n, const ModelRuntime& rt) const;
   // The experts each rank of the exchange runs.
   int64_t local_count(const ExpertExchange& ex) const { return s_.moe.experts / ex.size(); }
   // The row groups the experts run on: this rank's own (offsets, host_offsets), or with an
@@ -101,12 +103,16 @@ class MoeMlpBlock final : public Block {
   MoeAuxLossArgs aux_loss_args(const ModelRuntime& rt) const;
   // Swaps the per-expert counts with the group and lays out the rows to send and receive.
   void plan_exchange(Backend& b, ExpertExchange& ex);
+  // out = the shared expert's output (+ residual), the residual, or zeros: what the combine
+  // adds the routed experts' outputs to.
+  void combine_start(ForwardOps& ops, const Tensor& out, const Tensor& shared_h,
+                     const Tensor& residual) const;
 
   ModelSpec s_;
-  int norm_ = -1, router_ = -1, gate_up_ = -1, down_ = -1;
+  int router_ = -1, gate_up_ = -1, down_ = -1;
   int shared_gate_up_ = -1, shared_down_ = -1;
   // activations
-  Tensor ln_, rstd_, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_, dropped_;
+  Tensor logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_, dropped_;
   Tensor shared_gu_, shared_h_;
   // backward scratch (dxp reuses dyp's memory: dyp is dead once W2's gradients are taken)
   Tensor dyp_, dweights_, dh_, dh1_, dlogits_, dlogits_c_, dshared_h_, dshared_gu_;

@@ -43,11 +43,11 @@ ModelSpec DeepseekFamily::make_spec(const Experiment& e) const {
 std::vector<std::unique_ptr<Block>> DeepseekFamily::layer_blocks(const ModelSpec& s,
                                                                  int64_t layer) const {
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(std::make_unique<MlaAttentionBlock>(s));
+  blocks.push_back(make_block(s, std::make_unique<MlaAttention>(s)));
   if (s.moe.is_moe_layer(layer)) {
-    blocks.push_back(std::make_unique<MoeMlpBlock>(s));
+    blocks.push_back(make_block(s, std::make_unique<MoeMlp>(s)));
   } else {
-    blocks.push_back(std::make_unique<SwigluMlpBlock>(s));
+    blocks.push_back(make_block(s, std::make_unique<SwigluMlp>(s)));
   }
   return blocks;
 }

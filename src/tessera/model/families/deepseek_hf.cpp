@@ -406,7 +406,7 @@ std::vector<HfTensorPiece> DeepseekFamily::hf_pieces(const ParamInfo& p, const M
 std::vector<HfStateTensor> DeepseekFamily::hf_state(const ModelSpec& s) const {
   std::vector<HfStateTensor> out;
   if (!s.moe.enabled() || !s.moe.sigmoid) return out;  // DeepseekV2Moe has no bias
-  // DecoderLayer names a block's state "model.layers.<l>." + MoeMlpBlock::state_name().
+  // DecoderLayer names a block's state "model.layers.<l>." + MoeMlp::state_name().
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (s.moe.is_moe_layer(l))
       out.push_back({fmt::format("model.layers.{}.mlp.router.expert_bias", l),

@@ -62,8 +62,8 @@ ModelSpec LlamaFamily::make_spec(const Experiment& e) const {
 std::vector<std::unique_ptr<Block>> LlamaFamily::layer_blocks(const ModelSpec& s,
                                                               int64_t /*layer*/) const {
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(std::make_unique<GqaAttentionBlock>(s));
-  blocks.push_back(std::make_unique<SwigluMlpBlock>(s));
+  blocks.push_back(make_block(s, std::make_unique<GqaAttention>(s, default_attention(s))));
+  blocks.push_back(make_block(s, std::make_unique<SwigluMlp>(s)));
   return blocks;
 }
 

@@ -213,6 +213,14 @@ std::vector<HfTensorPiece> LlamaFamily::hf_pieces(const ParamInfo& p,
     }
     return out;
   }
+  // A block's pre-norm carries its Hugging Face class's name.
+  static const std::pair<std::string_view, std::string_view> kNorms[] = {
+      {"self_attn.norm.weight", "input_layernorm.weight"},
+      {"mlp.norm.weight", "post_attention_layernorm.weight"}};
+  for (const auto& [tessera, hf] : kNorms)
+    if (ends_with(p.name, std::string(tessera)))
+      return {
+          piece(p.name.substr(0, p.name.size() - tessera.size()) + std::string(hf), 0, p.shape[0])};
   return {piece(p.name, 0, p.shape[0])};
 }
 

@@ -64,11 +64,11 @@ MoeSpec moe_spec(const Experiment& e, int64_t dense_ffn) {
 std::vector<std::unique_ptr<Block>> MoeFamily::layer_blocks(const ModelSpec& s,
                                                             int64_t layer) const {
   std::vector<std::unique_ptr<Block>> blocks;
-  blocks.push_back(std::make_unique<GqaAttentionBlock>(s));
+  blocks.push_back(make_block(s, std::make_unique<GqaAttention>(s, default_attention(s))));
   if (s.moe.is_moe_layer(layer)) {
-    blocks.push_back(std::make_unique<MoeMlpBlock>(s));
+    blocks.push_back(make_block(s, std::make_unique<MoeMlp>(s)));
   } else {
-    blocks.push_back(std::make_unique<SwigluMlpBlock>(s));
+    blocks.push_back(make_block(s, std::make_unique<SwigluMlp>(s)));
   }
   return blocks;
 }

@@ -121,7 +121,14 @@ std::string MoeFamily::hf_model_type(const ModelSpec& s) const {
   if (m.topk_scaling != 0.0 && m.topk_scaling != 1.0) throw refuse("scaled routing weights");
   if (s.qkv_bias) throw refuse("QKV bias");
   if (s.rope_scaling.enabled) throw refuse("Llama 3.1 RoPE scaling");
-  if (mixtral && m.moe_layers() != s.num_layers) throw refuse("dense layers (moe_layer_freq)");
+  if (mixtral && m.moe_layers() != s.num_layers)
+    throw refuse(
+        "dense layers (moe_layer_freq): every Mixtral layer is MoE. The Hugging Face classes "
+        "with dense layers are Qwen3-MoE's (Qwen3MoeForCausalLM, mlp_only_layers: Tessera's "
+        "model_family qwen3_moe, whose attention also normalises each query and key head, "
+        "qk_layernorm) and DeepSeek-V2/V3's (first_k_dense_replace, dense layers first only, "
+        "with multi-latent attention: model_family deepseek); train the model as one of those "
+        "to export it, or with moe_layer_freq 1");
   if (mixtral && m.pre_softmax) throw refuse("pre-softmax routing");
   if (!mixtral && s.sliding_window > 0) throw refuse("a sliding window");
   return std::string(arch_.hf_type);
@@ -170,7 +177,8 @@ nlohmann::ordered_json MoeFamily::hf_config(const ModelSpec& s) const {
     j["sliding_window"] = nullptr;
   }
   j["output_router_logits"] = false;
-  j["router_aux_loss_coef"] = 0.001;
+  // The run's weight of the balance loss (transformers' loss when output_router_logits is on).
+  j["router_aux_loss_coef"] = m.aux_loss_coeff;
   j["use_cache"] = true;
   return j;
 }

@@ -1,0 +1,106 @@
+#include "tessera/model/block.h"
+
+#include <string>
+
+#include "tessera/core/error.h"
+
+namespace tessera {
+
+Block::Block(NormSlots norms, std::unique_ptr<Mixer> mixer, int64_t hidden, float norm_eps)
+    : norms_(norms), mixer_(std::move(mixer)), hidden_(hidden), eps_(norm_eps) {
+  TS_CHECK(norms_.pre || norms_.post, "{}: a block without a norm", mixer_->range_name());
+}
+
+void Block::declare_params(ParamLayoutBuilder& b) {
+  const std::string prefix = mixer_->param_prefix();
+  if (norms_.pre) pre_norm_ = b.add(prefix + "norm.weight", {hidden_}, ParamInit::Ones, false);
+  mixer_->declare_params(b);
+  if (norms_.post)
+    post_norm_ = b.add(prefix + "post_norm.weight", {hidden_}, ParamInit::Ones, false);
+}
+
+void Block::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
+  const int64_t Ns = rt.sequence_tokens();
+  if (norms_.pre) {
+    plan.add(&rstd_, DType::F32, {Ns});
+    plan.add(&ln_, rt.compute_dtype, {Ns, hidden_}, Keep::Recomputable);
+  }
+  mixer_->declare_activations(plan, rt);
+  if (norms_.post) {
+    plan.add(&y_, rt.compute_dtype, {Ns, hidden_});
+    plan.add(&post_rstd_, DType::F32, {Ns});
+  }
+}
+
+void Block::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) {
+  mixer_->declare_backward_scratch(plan, rt);
+  if (norms_.post) plan.add(&dy_, rt.compute_dtype, {rt.sequence_tokens(), hidden_});
+}
+
+void Block::forward_inner(LayerOps& ops, const Tensor& x) {
+  if (norms_.pre) ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
+  mixer_->forward_inner(ops, mixer_input(x));
+}
+
+// Post-norm: out = x + norm(y), the norm written into out and x added in place.
+void Block::forward_output(LayerOps& ops, const Tensor& x, const Tensor& out) {
+  if (!norms_.post) return mixer_->forward_output(ops, out, x);
+  Backend& b = ops.backend();
+  mixer_->forward_output(ops, y_, {});
+  b.rmsnorm_forward(out, post_rstd_, y_, ops.param(post_norm_), eps_);
+  b.add(out, out, x);
+}
+
+void Block::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
+  Backend& b = ops.backend();
+  // d(mixer output): dresid itself, or through the post-norm (whose dx accumulates).
+  Tensor dy = dresid;
+  if (norms_.post) {
+    b.fill(dy_, 0.0f);
+    b.rmsnorm_backward(dy_, ops.grad(post_norm_), dresid, y_, ops.param(post_norm_), post_rstd_);
+    dy = dy_;
+  }
+  const bool selective = ops.runtime().recompute == RecomputeGranularity::Selective;
+  const auto recompute_in = [&] {
+    if (!norms_.pre || !selective) return;
+    ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
+    b.rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
+  };
+  const Tensor& din = ops.norm_grad();
+  mixer_->backward(ops, mixer_input(x), dy, din, recompute_in);
+  // d(x): the residual path (already in dresid) plus the branch's.
+  if (norms_.pre)
+    b.rmsnorm_backward(dresid, ops.grad(pre_norm_), din, x, ops.param(pre_norm_), rstd_);
+  else
+    b.add(dresid, dresid, din);
+}
+
+size_t Block::cached_scratch_bytes(int64_t n, DType dtype) const {
+  const size_t state = ScratchArena::aligned(n * hidden_ * dtype_size(dtype));
+  const size_t stats = ScratchArena::aligned(n * 4);
+  return mixer_->cached_scratch_bytes(n, dtype) + (norms_.pre ? state + stats : 0) +
+         (norms_.post ? state + stats : 0);
+}
+
+void Block::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
+                           const Tensor& out, const Tensor& cache, int64_t pos) {
+  Backend& b = ops.backend();
+  const int64_t n = x.dim(0);
+  Tensor in = x;
+  if (norms_.pre) {
+    in = scratch.take(x.dtype, {n, hidden_});
+    b.rmsnorm_forward(in, scratch.take(DType::F32, {n}), x, ops.param(pre_norm_), eps_);
+  }
+  if (!norms_.post) return mixer_->forward_cached(ops, scratch, in, out, x, cache, pos);
+  const Tensor y = scratch.take(x.dtype, {n, hidden_});
+  mixer_->forward_cached(ops, scratch, in, y, {}, cache, pos);
+  b.rmsnorm_forward(out, scratch.take(DType::F32, {n}), y, ops.param(post_norm_), eps_);
+  b.add(out, out, x);
+}
+
+std::unique_ptr<Block> make_block(const ModelSpec& spec, std::unique_ptr<Mixer> mixer,
+                                  NormSlots norms) {
+  return std::make_unique<Block>(norms, std::move(mixer), spec.hidden, spec.norm_eps);
+}
+
+}  // namespace tessera
