@@ -5,8 +5,11 @@
 # missing. Used by scripts/main.sh and scripts/test.sh.
 #   scripts/setup.sh [--test]   --test also installs what only the test suite needs: Debian's
 #                               chromium (115 MB download, 372 MB installed), which opens
-#                               the HTML run report headless (tests/viz), and clang with its
-#                               compiler-rt (libFuzzer, the sanitizers) for scripts/fuzz.sh.
+#                               the HTML run report headless (tests/viz); clang with its
+#                               compiler-rt (libFuzzer, the sanitizers) for scripts/fuzz.sh;
+#                               and Debian's hipcc with the HIP headers (66 MB download, 353 MB
+#                               installed), which compile the portable GPU kernels for AMD
+#                               GPUs as a check (Vendor.PortableKernelsCompileForHip).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOBS="${TESSERA_BUILD_JOBS:-2}"
@@ -17,7 +20,7 @@ packages=(build-essential cmake pkg-config git ca-certificates libyaml-cpp-dev n
 # Node.js may come from elsewhere (e.g. NodeSource); Debian's packages conflict with it.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
-[[ "${1:-}" == "--test" ]] && packages+=(chromium clang libclang-rt-14-dev)
+[[ "${1:-}" == "--test" ]] && packages+=(chromium clang libclang-rt-14-dev hipcc libamdhip64-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -531,6 +531,7 @@ TEST(HfConfig, CarriesTheRunsAuxLossWeightAndInitializerRange) {
     s.moe.experts = 4, s.moe.topk = 2, s.moe.ffn = 24, s.moe.layers = {true, true};
     s.moe.aux_loss_coeff = 0.01;
     s.init_std = 0.008f;
+    s.max_position_embeddings = 64;
     const ModelSpec from_checkpoint = spec_from_json(spec_to_json(s), "model.json");
     const nlohmann::ordered_json j = model_family(family).hf_config(from_checkpoint);
     EXPECT_DOUBLE_EQ(j["router_aux_loss_coef"].get<double>(), 0.01) << family;
@@ -541,6 +542,7 @@ TEST(HfConfig, CarriesTheRunsAuxLossWeightAndInitializerRange) {
   llama.num_layers = 2, llama.hidden = 32, llama.ffn = 48, llama.heads = 4, llama.kv_heads = 2;
   llama.head_dim = 8;
   llama.init_std = 0.008f;
+  llama.max_position_embeddings = 64;
   const nlohmann::ordered_json j =
       model_family("llama").hf_config(spec_from_json(spec_to_json(llama), "model.json"));
   EXPECT_DOUBLE_EQ(j["initializer_range"].get<double>(), 0.008);

@@ -87,7 +87,7 @@ TEST(MegatronFlags, ArchitectureFlagsAreAcceptedAtTesserasValuesAndRefusedAtOthe
   // Megatron's attention backends are Tessera's kernels: flash its own, fused cuDNN's.
   EXPECT_EQ(e.training.attention_backend, AttentionBackend::Tessera);
   EXPECT_EQ(load({"--attention-backend", "fused"}).training.attention_backend,
-            AttentionBackend::Cudnn);
+            AttentionBackend::Vendor);
 
   expect_refused({"--apply-layernorm-1p"}, "apply_layernorm_1p", "not implemented");
   expect_refused({"--normalization", "LayerNorm"}, "normalization", "RMSNorm");

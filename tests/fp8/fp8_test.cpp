@@ -17,7 +17,9 @@
 #include "tessera/core/fp8.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
+#include "tessera/obs/logger.h"
 #include "tessera/ops/device_buffer.h"
+#include "tessera/train/trainer.h"
 
 namespace tessera {
 namespace {
@@ -549,12 +551,43 @@ TEST(Fp8Config, ValidationNamesTheConflict) {
   };
   EXPECT_NE(error_of({"--fp8", "hybrid", "--device", "cpu"}).find("GPU"), std::string::npos);
   EXPECT_NE(error_of({"--fp8", "hybrid", "--precision", "fp32"}).find("bf16"), std::string::npos);
-  EXPECT_NE(error_of({"--fp8", "e4m3", "--micro_batch_size", "1", "--seq_length", "100"}).find("multiple of 16"), std::string::npos);
   EXPECT_NE(error_of({"--fp8", "hybrid", "--fp8_amax_history_len", "0"}).find("fp8_amax_history_len"),
             std::string::npos);
   EXPECT_NE(error_of({"--fp8", "fp16"}).find("null, hybrid, e4m3"), std::string::npos);
   // --no_<key> exists only for boolean keys.
   EXPECT_NE(error_of({"--no_seq_length"}).find("no_seq_length"), std::string::npos);
+}
+
+// The CPU backend with FP8 tensor cores claimed, so that the trainer's device checks pass the
+// capability and reach the FP8 GEMMs' multiples, which the CPU keeps as GPUs do.
+class Fp8CpuBackend final : public CpuBackend {
+ public:
+  bool supports(Capability c) const override {
+    return c == Capability::Fp8TensorCores || CpuBackend::supports(c);
+  }
+};
+
+// The multiples a device's FP8 GEMMs need (Backend::fp8_gemm_multiple) are checked against the
+// backend the trainer runs on, before the model is built.
+TEST(Fp8Config, TheTrainerHoldsTokensToTheBackendsFp8GemmMultiple) {
+  auto error_of = [](const std::vector<std::string>& cli) -> std::string {
+    Logger log("", 0, false, false);
+    try {
+      Trainer trainer(load(cli), std::make_unique<Fp8CpuBackend>(), log, nullptr);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string tokens =
+      error_of({"--fp8", "e4m3", "--micro_batch_size", "1", "--seq_length", "100"});
+  EXPECT_NE(tokens.find("micro_batch_size x seq_length (now 100) a multiple of 16"),
+            std::string::npos)
+      << tokens;
+  const std::string chunk = error_of({"--fp8", "hybrid", "--fp8_lm_head", "--seq_length", "64",
+                                      "--cross_entropy_chunk_tokens", "40"});
+  EXPECT_NE(chunk.find("cross_entropy_chunk_tokens"), std::string::npos) << chunk;
+  EXPECT_NE(chunk.find("a multiple of 16 with fp8_lm_head"), std::string::npos) << chunk;
 }
 
 // ---------------------------------------------------------------- block scaling

@@ -170,7 +170,7 @@ void split_point_to_point_rank() {
   using namespace tessera::dist;
   const DistEnv env = dist_env_from_process();
   Rendezvous rendezvous(env, 60);
-  auto backend = make_backend(DeviceChoice::Cuda, env.local_rank);
+  auto backend = make_backend(DeviceChoice::Gpu, env.local_rank);
   Logger log("", env.rank, true, false);
   auto world = make_communicator(*backend, rendezvous, 60, log);
   const int rank = world->rank();

@@ -348,8 +348,8 @@ void compare_curves(const std::string& fp8_keys, int iters, double tol,
                     const std::string& model_keys = "") {
   constexpr int kLogInterval = 10;
   Logger log("", 0, false, false);
-  Trainer bf16(experiment(model_keys), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
-  Trainer fp8(experiment(model_keys + fp8_keys), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer bf16(experiment(model_keys), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
+  Trainer fp8(experiment(model_keys + fp8_keys), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   ASSERT_NE(fp8.model().fp8(), nullptr);
   if (!model_keys.empty()) {
     int stacks = 0;
@@ -425,11 +425,11 @@ TEST(GpuFp8Model, TransposeCacheCostsTwoBytesPerFp8Weight) {
   size_t bytes[2];
   for (int cache = 0; cache < 2; ++cache) {
     Trainer t(experiment(std::string("fp8: hybrid\nfp8_weight_transpose_cache: ") + (cache ? "true" : "false") + "\n"),
-              make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+              make_backend(DeviceChoice::Gpu, 0), log, nullptr);
     t.run_iteration(1);
     bytes[cache] = t.backend().memory_stats().peak_bytes;
   }
-  const ModelSpec s = Trainer(experiment("fp8: hybrid\n"), make_backend(DeviceChoice::Cuda, 0), log, nullptr).spec();
+  const ModelSpec s = Trainer(experiment("fp8: hybrid\n"), make_backend(DeviceChoice::Gpu, 0), log, nullptr).spec();
   const int64_t weights = s.num_layers * (s.qkv_width() * s.hidden + s.hidden * s.attn_width() + 3 * s.ffn * s.hidden);
   std::printf("[ fp8      ] peak memory: transpose cache %zu bytes, without %zu (fp8 weights %ld)\n", bytes[1],
               bytes[0], static_cast<long>(weights));
@@ -504,13 +504,13 @@ TEST(GpuFp8Blockwise, BlockCastMatchesTheCpuCodeForCode) {
 // tracks bf16 on real text (widths of whole 128-blocks: ffn 384), as the per-tensor recipes do.
 TEST(GpuFp8Blockwise, TracksBf16OnRealTextOrStopsNamingTheRecipe) {
   TS_REQUIRE_GPU();
-  const bool available = make_backend(DeviceChoice::Cuda, 0)->supports(Capability::Fp8BlockScaling);
+  const bool available = make_backend(DeviceChoice::Gpu, 0)->supports(Capability::Fp8BlockScaling);
   constexpr int kWide = 384;
   if (!available) {
     Logger log("", 0, false, false);
     try {
       Trainer t(experiment("fp8: hybrid\nfp8_recipe: blockwise\n", kWide),
-                make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+                make_backend(DeviceChoice::Gpu, 0), log, nullptr);
       FAIL() << "blockwise FP8 started without block-scaled GEMMs";
     } catch (const ConfigError& e) {
       EXPECT_EQ(e.key(), "fp8_recipe");
@@ -521,9 +521,9 @@ TEST(GpuFp8Blockwise, TracksBf16OnRealTextOrStopsNamingTheRecipe) {
   }
   Logger log("", 0, false, false);
   constexpr int kIters = 300, kLogInterval = 10;
-  Trainer bf16(experiment("", kWide), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer bf16(experiment("", kWide), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   Trainer fp8(experiment("fp8: hybrid\nfp8_recipe: blockwise\nfp8_lm_head: true\n", kWide),
-              make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+              make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   double sum_b = 0, sum_f = 0, worst = 0, first = 0, last = 0;
   for (int it = 1; it <= kIters; ++it) {
     const IterationStats b = bf16.run_iteration(it), f = fp8.run_iteration(it);

@@ -61,7 +61,7 @@ TEST(GpuProfiler, ProfiledStepsHaveLinkedKernelsWithShapesAndAccountForTheStepTi
   {
     Logger log(logs.string(), 0, /*console=*/true, /*progress=*/false);
     MetricsWriter metrics((root / "metrics.jsonl").string());
-    Trainer trainer(e, make_backend(DeviceChoice::Cuda, 0), log, &metrics);
+    Trainer trainer(e, make_backend(DeviceChoice::Gpu, 0), log, &metrics);
     trainer.train();
   }
   const fs::path path = root / "traces" / "rank-0.pt.trace.json.gz";

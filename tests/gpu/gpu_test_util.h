@@ -62,7 +62,7 @@ using test::upload_float;
 // The two backends of a GPU-vs-CPU comparison.
 struct Backends {
   std::unique_ptr<Backend> cpu = make_cpu_backend();
-  std::unique_ptr<Backend> gpu = make_backend(DeviceChoice::Cuda, 0);
+  std::unique_ptr<Backend> gpu = make_backend(DeviceChoice::Gpu, 0);
 };
 
 }  // namespace tessera::gpu_test

@@ -48,7 +48,7 @@ TEST(GpuMla, LossAndGradientsMatchTheCpuReference) {
     const char* name = attention == AttentionBackend::Auto ? "auto" : "tessera";
     SCOPED_TRACE(name);
     auto cpu = trainer_on(e, DeviceChoice::Cpu, log);
-    auto gpu = trainer_on(e, DeviceChoice::Cuda, log, attention);
+    auto gpu = trainer_on(e, DeviceChoice::Gpu, log, attention);
     std::printf("[ mla      ] attention_backend %s: %s\n", name,
                 gpu->backend().description().c_str());
     for (Trainer* t : {cpu.get(), gpu.get()}) {
@@ -80,7 +80,7 @@ TEST(GpuMla, Bf16LossCurveTracksFp32) {
   Logger log("", 0, false, false);
   const Experiment e = tiny_mla(40);
   auto cpu = trainer_on(e, DeviceChoice::Cpu, log);
-  auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+  auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
   double first = 0, last_cpu = 0, last_gpu = 0, worst = 0;
   for (int it = 1; it <= 40; ++it) {
     const IterationStats c = cpu->run_iteration(it), g = gpu->run_iteration(it);
@@ -101,7 +101,7 @@ TEST(GpuMla, DeterministicAndRecomputeInvariant) {
   std::vector<std::vector<double>> runs;
   for (const char* extra :
        {"", "", "recompute_granularity: full\n", "recompute_granularity: selective\n"}) {
-    auto t = trainer_on(tiny_mla(5, extra), DeviceChoice::Cuda, log);
+    auto t = trainer_on(tiny_mla(5, extra), DeviceChoice::Gpu, log);
     std::vector<double> losses;
     for (int it = 1; it <= 5; ++it) {
       const IterationStats s = t->run_iteration(it);
@@ -157,7 +157,7 @@ TEST(GpuMla, PresetProxiesStep) {
                        "false"};
     o.cli_overrides.insert(o.cli_overrides.end(), p.extra.begin(), p.extra.end());
     const Experiment e = load_experiment(o);
-    auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+    auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
     for (int it = 1; it <= 3; ++it) {
       const auto t0 = std::chrono::steady_clock::now();
       const IterationStats s = gpu->run_iteration(it);

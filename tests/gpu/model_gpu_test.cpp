@@ -27,7 +27,7 @@ TEST(GpuModel, LossAndGradientsMatchTheCpuReference) {
   Logger log("", 0, false, false);
   const Experiment e = experiment("");
   auto cpu = trainer_on(e, DeviceChoice::Cpu, log);
-  auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+  auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
   for (Trainer* t : {cpu.get(), gpu.get()}) {
     std::vector<int32_t> tokens(4 * 128), targets(4 * 128);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7919) % 251, targets[i] = (i * 104729 + 3) % 251;
@@ -57,7 +57,7 @@ TEST(GpuModel, Bf16LossCurveTracksFp32OnRealText) {
   Logger log("", 0, false, false);
   const Experiment e = experiment("");
   auto cpu = trainer_on(e, DeviceChoice::Cpu, log);
-  auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+  auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
   double worst = 0, first = 0, last_cpu = 0, last_gpu = 0;
   for (int it = 1; it <= 50; ++it) {
     const double c = cpu->run_iteration(it).loss, g = gpu->run_iteration(it).loss;
@@ -76,7 +76,7 @@ TEST(GpuModel, DeterministicAndRecomputeInvariant) {
   Logger log("", 0, false, false);
   std::vector<std::vector<double>> runs;
   for (const char* extra : {"", "", "recompute_granularity: full\n", "recompute_granularity: selective\n"}) {
-    auto t = trainer_on(experiment(extra), DeviceChoice::Cuda, log);
+    auto t = trainer_on(experiment(extra), DeviceChoice::Gpu, log);
     std::vector<double> losses;
     for (int it = 1; it <= 5; ++it) losses.push_back(t->run_iteration(it).loss);
     runs.push_back(losses);
@@ -103,7 +103,7 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
     s.sliding_window = window;
     s.init_std = 0.05f;
     auto cpu = make_backend(DeviceChoice::Cpu, 0);
-    auto gpu = make_backend(DeviceChoice::Cuda, 0);
+    auto gpu = make_backend(DeviceChoice::Gpu, 0);
     const ParamLayout layout = make_param_layout(s);
     DeviceBuffer buf(*cpu, layout.total * 4, "weights");
     init_parameters(*cpu, s, layout, buf.tensor(DType::F32, {layout.total}), 5);

@@ -33,7 +33,7 @@ TEST(GpuMoe, LossGradientsAndBalanceMatchTheCpuReference) {
   Logger log("", 0, false, false);
   const Experiment e = tiny_moe(5, "moe_force_balance: true\n");
   auto cpu = trainer_on(e, DeviceChoice::Cpu, log);
-  auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+  auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
   for (Trainer* t : {cpu.get(), gpu.get()}) {
     std::vector<int32_t> tokens(4 * 128), targets(4 * 128);
     for (size_t i = 0; i < tokens.size(); ++i)
@@ -68,7 +68,7 @@ TEST(GpuMoe, Bf16LossCurveWithLearnedRoutingTracksFp32) {
   Logger log("", 0, false, false);
   const Experiment e = tiny_moe(40);
   auto cpu = trainer_on(e, DeviceChoice::Cpu, log);
-  auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+  auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
   double first = 0, last_cpu = 0, last_gpu = 0, worst = 0;
   for (int it = 1; it <= 40; ++it) {
     const IterationStats c = cpu->run_iteration(it), g = gpu->run_iteration(it);
@@ -91,7 +91,7 @@ TEST(GpuMoe, DeterministicAndRecomputeInvariant) {
   std::vector<std::vector<double>> runs;
   for (const char* extra :
        {"", "", "recompute_granularity: full\n", "recompute_granularity: selective\n"}) {
-    auto t = trainer_on(tiny_moe(5, extra), DeviceChoice::Cuda, log);
+    auto t = trainer_on(tiny_moe(5, extra), DeviceChoice::Gpu, log);
     std::vector<double> losses;
     for (int it = 1; it <= 5; ++it) {
       const IterationStats s = t->run_iteration(it);
@@ -132,7 +132,7 @@ TEST(GpuMoe, PresetProxiesStepAndReportBalance) {
         "--moe_force_balance", "false"};
     o.cli_overrides.insert(o.cli_overrides.end(), p.extra.begin(), p.extra.end());
     const Experiment e = load_experiment(o);
-    auto gpu = trainer_on(e, DeviceChoice::Cuda, log);
+    auto gpu = trainer_on(e, DeviceChoice::Gpu, log);
     for (int it = 1; it <= 3; ++it) {
       const IterationStats s = gpu->run_iteration(it);
       EXPECT_TRUE(std::isfinite(s.loss) && !s.skipped) << "iteration " << it;

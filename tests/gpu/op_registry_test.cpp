@@ -19,11 +19,11 @@ using test::check_case;
 using test::OpCase;
 
 BackendUnderTest cuda(AttentionBackend attention) {
-  const bool cudnn = attention == AttentionBackend::Cudnn;
+  const bool cudnn = attention == AttentionBackend::Vendor;
   return {"cuda", DType::BF16, cudnn ? "cudnn" : "tessera", [attention] {
             BackendOptions options;
             options.attention = attention;
-            return make_backend(DeviceChoice::Cuda, 0, options);
+            return make_backend(DeviceChoice::Gpu, 0, options);
           }};
 }
 
@@ -32,7 +32,7 @@ BackendUnderTest cuda(AttentionBackend attention) {
 TEST(GpuOps, EveryOpMatchesTheReference) {
   TS_REQUIRE_GPU();
   const bool block_scaling =
-      make_backend(DeviceChoice::Cuda, 0)->supports(Capability::Fp8BlockScaling);
+      make_backend(DeviceChoice::Gpu, 0)->supports(Capability::Fp8BlockScaling);
   for (const OpCase& c : all_cases()) {
     if (!block_scaling && c.name.starts_with("fp8_block_cast+")) {
       std::printf("[ skipped  ] %-44s no block-scaled FP8 GEMMs here\n", c.name.c_str());
@@ -75,7 +75,7 @@ TEST(GpuOps, Fp32AttentionMatchesTheReference) {
 // attention_backend cudnn never falls back: every attention case runs on cuDNN or fails.
 TEST(GpuOps, AttentionOnCudnnMatchesTheReference) {
   TS_REQUIRE_GPU();
-  const BackendUnderTest cudnn = cuda(AttentionBackend::Cudnn);
+  const BackendUnderTest cudnn = cuda(AttentionBackend::Vendor);
   try {
     std::printf("[ op       ] attention on %s\n", cudnn.make()->description().c_str());
   } catch (const ConfigError& e) {

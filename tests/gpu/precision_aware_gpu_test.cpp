@@ -31,7 +31,7 @@ Experiment experiment(int iters, const std::string& extra, int ffn_hidden_size =
 
 std::vector<double> losses(const Experiment& e, int iters) {
   Logger log("", 0, false, false);
-  Trainer t(e, make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer t(e, make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   std::vector<double> out;
   for (int it = 1; it <= iters; ++it) out.push_back(t.run_iteration(it).loss);
   return out;
@@ -75,7 +75,7 @@ TEST(GpuPrecisionAwareOptimizer, Bf16StateTracksFp32StateOnRealText) {
 TEST(GpuPrecisionAwareOptimizer, StateHasTheAskedDtypesAndNoMasterCopy) {
   TS_REQUIRE_GPU();
   Logger log("", 0, false, false);
-  Trainer t(experiment(4, kAllBf16), make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+  Trainer t(experiment(4, kAllBf16), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   EXPECT_EQ(t.model().params().dtype, DType::BF16);
   EXPECT_EQ(t.model().grads().dtype, DType::BF16);
   EXPECT_EQ(t.optimizer().exp_avg().dtype, DType::BF16);
@@ -97,12 +97,12 @@ TEST(GpuPrecisionAwareOptimizer, Bf16StateCheckpointResumesBitwise) {
   Logger log("", 0, false, false);
   {
     Trainer first(experiment(6, kAllBf16 + "save: " + save + "\n"),
-                  make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+                  make_backend(DeviceChoice::Gpu, 0), log, nullptr);
     for (int it = 1; it <= 3; ++it) first.run_iteration(it);
     first.save_checkpoint();
   }
   Trainer resumed(experiment(6, kAllBf16 + "load: " + save + "\n"),
-                  make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+                  make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   ASSERT_EQ(resumed.completed_iterations(), 3);
   for (int it = 4; it <= 6; ++it)
     EXPECT_EQ(resumed.run_iteration(it).loss, straight[it - 1]) << "iteration " << it;
@@ -130,7 +130,7 @@ TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
       {"cuDNN attention, full recompute", kBf16GradsAndMoments + "recompute_granularity: full\n",
        false}};
   std::vector<Case> all(std::begin(cases), std::end(cases));
-  if (make_backend(DeviceChoice::Cuda, 0)->supports(Capability::Fp8BlockScaling))
+  if (make_backend(DeviceChoice::Gpu, 0)->supports(Capability::Fp8BlockScaling))
     all.push_back(
         {"fp8 blockwise, head, no cache",
          kBf16GradsAndMoments +
@@ -140,7 +140,7 @@ TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
   for (const Case& c : all) {
     const Experiment e = experiment(3, c.extra, c.ffn_hidden_size);
     Logger log("", 0, false, false);
-    Trainer t(e, make_backend(DeviceChoice::Cuda, 0), log, nullptr);
+    Trainer t(e, make_backend(DeviceChoice::Gpu, 0), log, nullptr);
     const RunSetup setup =
         make_run_setup(e, {1, DType::BF16}, [&] { return make_tokenizer(e.data)->vocab_size(); });
     const plan::MemoryPlan p = plan::plan_memory(plan::plan_input(setup, /*gpu=*/true));

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """The source tree's layering rules (docs/architecture.md), checked on every test run:
 
-1. Vendor headers (CUDA runtime, cuBLAS, cuDNN, NCCL, CUPTI, NVTX) are included only under
-   src/tessera/backend/cuda/, and that folder's headers only there and in the platform
-   factory (backend/backend_factory.cpp): a second vendor is a new folder, nothing else.
+1. Vendor headers (CUDA runtime, cuBLAS, cuDNN, NCCL, CUPTI, NVTX; HIP, hipBLAS, RCCL, roctx,
+   rocprofiler) are included only under src/tessera/backend/cuda/, and that folder's headers
+   only there and in the platform factory (backend/backend_factory.cpp): a second vendor is a
+   vendor header there and a backend folder, nothing else. Outside those two places the code
+   (comments and strings aside) names no vendor API or macro either (cudaMalloc, __CUDACC__,
+   hipStream_t, ncclComm_t, a CudaBackend...): device choices and capabilities are neutral.
 2. No code downcasts a backend (dynamic_cast to a backend type): callers ask supports().
 3. The folders of src/tessera/ include each other without cycles, so each can be read, built
    and tested on top of the ones below it.
@@ -16,7 +19,15 @@ import re
 import sys
 
 VENDOR_HEADER = re.compile(
-    r'#\s*include\s*[<"](cuda|cublas|cudnn|nccl|cupti|nvtx|nvToolsExt|curand|cufft|nvrtc)[^>"]*[>"]')
+    r'#\s*include\s*[<"](cuda|cublas|cudnn|nccl|cupti|nvtx|nvToolsExt|curand|cufft|nvrtc|cub/'
+    r'|hip|rccl|roctx|roctracer|rocprof|rocblas|rocprim)[^>"]*[>"]')
+VENDOR_NAME = re.compile(
+    r'\b(__CUDACC__|__CUDA_ARCH__|__HIPCC__|__HIP_\w+|__NV_\w+|__nv_\w+'
+    r'|(cuda|cublas|cublasLt|cudnn|cupti|nccl|nvtx|hip|hipblas|hipblasLt|rccl|roctx|rocprofiler)'
+    r'[A-Z_]\w*|CUDA_\w+|CUBLAS\w*|NCCL_\w+|Cuda[A-Z]\w*|Cudnn\w*|Hip[A-Z]\w*|Cuda|Hip)\b')
+COMMENT_OR_STRING = re.compile(
+    r'//[^\n]*|/\*.*?\*/|R"([^(\s]*)\(.*?\)\1"|"(\\.|[^"\\\n])*"' + r"|'(\\.|[^'\\\n])*'",
+    re.DOTALL)
 PROJECT_INCLUDE = re.compile(r'#\s*include\s*"tessera/([^"]+)"')
 BACKEND_DOWNCAST = re.compile(r'dynamic_cast\s*<[^>]*Backend\b')
 VENDOR_DIR = "backend/cuda"
@@ -78,6 +89,12 @@ def main():
             rel = os.path.relpath(path, src)
             text = open(path, encoding="utf-8").read()
             in_vendor_dir = rel.startswith(VENDOR_DIR + "/")
+            if not in_vendor_dir and rel != FACTORY:
+                code = COMMENT_OR_STRING.sub(lambda m: re.sub(r'[^\n]', ' ', m.group(0)), text)
+                for line_no, line in enumerate(code.splitlines(), 1):
+                    for m in VENDOR_NAME.finditer(line):
+                        problems.append(f"{rel}:{line_no}: names a vendor ({m.group(0)}) outside "
+                                        f"{VENDOR_DIR}/ and the platform factory")
             for line_no, line in enumerate(text.splitlines(), 1):
                 if VENDOR_HEADER.search(line) and not in_vendor_dir:
                     problems.append(f"{rel}:{line_no}: vendor header outside {VENDOR_DIR}/: {line.strip()}")

@@ -24,7 +24,9 @@ int gpu_device_count() {
 
 std::string no_gpu_reason() {
   const Platform* p = gpu_platform();
-  if (!p) return "this build has no GPU backend (no nvcc at build time, or -DTESSERA_CUDA=OFF)";
+  if (!p)
+    return "this build has no GPU backend (no nvcc at build time, or -DTESSERA_GPU other than "
+           "cuda)";
   return p->unavailable_reason();
 }
 

@@ -124,7 +124,7 @@ int comm_bench_command(const std::vector<std::string>& args) {
   const double timeout_s = 600;
   dist::Rendezvous rendezvous(env, timeout_s);
   auto backend =
-      make_backend(DeviceChoice::Cuda, dist::device_for_local_rank(env, gpu_device_count()));
+      make_backend(DeviceChoice::Gpu, dist::device_for_local_rank(env, gpu_device_count()));
   Logger log("", env.rank, env.rank == 0, false);
   auto comm = make_communicator(*backend, rendezvous, timeout_s, log);
   const int n = comm->size();

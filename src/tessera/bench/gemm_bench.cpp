@@ -377,7 +377,9 @@ GemmCheck check_fp8_gemm(BenchContext& ctx, const GemmProblem& p) {
   const DType out = out_dtype(ctx, p);
   {
     GemmProblem small = p;
-    small.m = 208, small.n = 144, small.k = 80;  // multiples of 16, not of tiles
+    // Multiples of what the backend's FP8 GEMMs need (13, 9 and 5 of them), not of tiles.
+    const int64_t multiple = dev.fp8_gemm_multiple();
+    small.m = 13 * multiple, small.n = 9 * multiple, small.k = 5 * multiple;
     const Fp8Tensors d = allocate_fp8(dev, small, out, 11);
     dev.matmul_fp8(fp8_args(small, d));
     Fp8Tensors ref = allocate_fp8(*ctx.reference, small, DType::F32, 11);
@@ -548,9 +550,12 @@ int gemm_bench_command(const std::vector<std::string>& args) {
       if (dtype == "bf16") continue;  // the compute dtype's problems above
       if (dtype != "fp8") throw ConfigError("command line", "dtypes", dtype, "bf16 and/or fp8");
       for (int64_t n : sizes) {
-        if (n % 16 != 0)
+        const int64_t multiple = ctx.device->fp8_gemm_multiple();
+        if (n % multiple != 0)
           throw ConfigError("command line", "sizes", std::to_string(n),
-                            "multiples of 16 with --dtypes fp8 (cuBLASLt's FP8 GEMMs need them)");
+                            fmt::format("multiples of {} with --dtypes fp8 (the FP8 GEMMs of {} "
+                                        "need them)",
+                                        multiple, ctx.description));
         GemmProblem p{fmt::format("{}^3", n), n, n, n, false, true};
         p.fp8 = true;
         problems.push_back(p);

@@ -9,6 +9,7 @@
 #include "tessera/backend/backend_factory.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/bench/gpu_info.h"
+#include "tessera/config/keys.h"
 #include "tessera/core/error.h"
 
 namespace tessera::bench {
@@ -27,20 +28,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 ContextOptions context_options(const CommandArgs& args) {
   ContextOptions o;
-  const std::string device = args.get("device", "auto");
-  if (device == "cpu")
-    o.device = DeviceChoice::Cpu;
-  else if (device == "cuda")
-    o.device = DeviceChoice::Cuda;
-  else if (device != "auto")
-    throw ConfigError("command line", "device", device, "auto, cpu or cuda");
-  const std::string attention = args.get("attention_backend", "auto");
-  if (attention == "tessera")
-    o.attention = AttentionBackend::Tessera;
-  else if (attention == "cudnn")
-    o.attention = AttentionBackend::Cudnn;
-  else if (attention != "auto")
-    throw ConfigError("command line", "attention_backend", attention, "auto, tessera or cudnn");
+  o.device = parse_device_choice(args.get("device", "auto"));
+  o.attention = parse_attention_backend(args.get("attention_backend", "auto"));
   const std::string autotune = args.get("gemm_autotune", "true");
   if (autotune != "true" && autotune != "false")
     throw ConfigError("command line", "gemm_autotune", autotune, "true or false");

@@ -156,7 +156,7 @@ PreflightReport run_preflight(const PreflightOptions& o) {
 
     analysis::StatusLine status(2);
     ContextOptions co;
-    co.device = DeviceChoice::Cuda;
+    co.device = DeviceChoice::Gpu;
     co.gpu = spec ? spec->name : "";
     co.warmup = 3;
     co.iters = 10;

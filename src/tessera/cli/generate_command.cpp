@@ -14,6 +14,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/cli/commands.h"
+#include "tessera/config/keys.h"
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/model/generator.h"
@@ -171,11 +172,7 @@ int generate_command(const Args& args) {
   so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0));
   const int64_t max_new = a.get_int("max_new_tokens", 64, 1);
   const std::string device = a.get("device", "auto"), precision = a.get("precision", "auto");
-  const DeviceChoice choice =
-      device == "cpu"    ? DeviceChoice::Cpu
-      : device == "cuda" ? DeviceChoice::Cuda
-      : device == "auto" ? DeviceChoice::Auto
-                         : throw ConfigError("command line", "device", device, "auto, cpu or cuda");
+  const DeviceChoice choice = parse_device_choice(device);
   if (precision != "auto" && precision != "fp32" && precision != "bf16")
     throw ConfigError("command line", "precision", precision, "auto, fp32 or bf16");
 

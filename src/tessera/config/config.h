@@ -25,12 +25,15 @@ enum class RecomputeGranularity { None, Full, Selective };
 // recompute_num_layers set, the block method.
 enum class RecomputeMethod { None, Uniform, Block };
 enum class Precision { Auto, Fp32, Bf16 };
-enum class DeviceChoice { Auto, Cpu, Cuda };
+// Gpu: this build's GPU backend, whatever its vendor (the device key spells it cuda, as
+// PyTorch names the GPU device on every vendor).
+enum class DeviceChoice { Auto, Cpu, Gpu };
 // Null: Megatron's NullTokenizer, token ids as given (vocab_size of them plus an end-of-document
 // id); Gpt2Bpe: GPT-2's byte-level BPE from a vocab.json and a merges.txt (vocab_file,
 // merge_file).
 enum class TokenizerType { ByteLevel, HuggingFace, Null, Gpt2Bpe };
-enum class AttentionBackend { Auto, Tessera, Cudnn };
+// Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
+enum class AttentionBackend { Auto, Tessera, Vendor };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
 // and weights, E5M2 gradients; e4m3 = E4M3 everywhere.
 enum class Fp8Mode { Off, Hybrid, E4M3 };

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "tessera/core/error.h"
+
 namespace tessera {
 namespace {
 
@@ -251,7 +253,7 @@ std::vector<KeySpec> build_keys() {
   k.push_back(float_key("adam_eps", "training", "AdamW epsilon.", TS_FIELD(training.adam_eps)));
   k.push_back(float_key("clip_grad", "training", "Clip the global gradient norm to this; 0 disables clipping.", TS_FIELD(training.clip_grad)));
   k.push_back(int_key("seed", "training", "Seed of initialisation, mock data and data shuffling.", TS_FIELD(training.seed)));
-  k.push_back(choice_key<DeviceChoice>("device", "training", "Where to train; auto picks cuda when a GPU is present.", {{"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Cuda}}, TS_FIELD(training.device)));
+  k.push_back(choice_key<DeviceChoice>("device", "training", "Where to train; auto picks cuda when a GPU is present.", {{"auto", DeviceChoice::Auto}, {"cpu", DeviceChoice::Cpu}, {"cuda", DeviceChoice::Gpu}}, TS_FIELD(training.device)));
   k.push_back(choice_key<Precision>("precision", "training", "Weights/activations dtype: bf16 mixed precision with fp32 master weights, or fp32; auto is bf16 on GPUs, fp32 on the CPU.", {{"auto", Precision::Auto}, {"fp32", Precision::Fp32}, {"bf16", Precision::Bf16}}, TS_FIELD(training.precision)));
   k.push_back(choice_key<RecomputeGranularity>("recompute_granularity", "training", "Activation recompute: full re-runs whole layers in backward; selective re-runs norms and SwiGLU only.", {{"null", RecomputeGranularity::None}, {"full", RecomputeGranularity::Full}, {"selective", RecomputeGranularity::Selective}}, TS_FIELD(training.recompute_granularity)));
   k.push_back(choice_key<RecomputeMethod>("recompute_method", "training", "With full recompute, Megatron's methods: uniform stores the input of each group of recompute_num_layers consecutive layers and re-runs the group in backward; block re-runs the first recompute_num_layers layers of each pipeline stage (its model chunks) one by one and keeps the other layers' activations. null: every layer recomputed on its own, or with recompute_num_layers set, block.", {{"null", RecomputeMethod::None}, {"uniform", RecomputeMethod::Uniform}, {"block", RecomputeMethod::Block}}, TS_FIELD(training.recompute_method)));
@@ -259,7 +261,7 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("max_consecutive_nan_iters", "training", "Stop after this many iterations in a row with a non-finite loss or gradient (each is skipped).", TS_FIELD(training.max_consecutive_nan_iters)));
   k.push_back(int_key("cross_entropy_chunk_tokens", "training", "Tokens per chunk of the fused output-head + cross-entropy; bounds the logits memory to chunk x vocab. One chunk per 8192-token micro batch: two halves cost Qwen 2.5's head ~2% of the step for 1.2 GiB saved (docs/performance.md).", TS_FIELD(training.cross_entropy_chunk_tokens)));
   k.push_back(bool_key("gemm_autotune", "training", "On GPUs, time cuBLASLt's candidate algorithms (up to 32 from its heuristic) once per GEMM shape at first use and keep the fastest for the process. Runs in one process repeat bit for bit; separate processes may time differently, pick algorithms that round differently and differ in the last bits. false: the heuristic's first choice, the same in every process (bitwise-repeatable runs across processes).", TS_FIELD(training.gemm_autotune)));
-  k.push_back(choice_key<AttentionBackend>("attention_backend", "training", "Fused attention on GPUs: tessera (own kernels), cudnn (cuDNN fused SDPA; an error where cuDNN cannot run the shape), or auto (cuDNN where it loads and builds a plan for the shape, else tessera). Megatron's names are accepted: flash (a FlashAttention-style kernel: tessera) and fused (Transformer Engine's fused attention, cuDNN's: cudnn); its unfused and local backends are not implemented.", {{"auto", AttentionBackend::Auto}, {"tessera", AttentionBackend::Tessera}, {"cudnn", AttentionBackend::Cudnn}, {"flash", AttentionBackend::Tessera}, {"fused", AttentionBackend::Cudnn}}, TS_FIELD(training.attention_backend)));
+  k.push_back(choice_key<AttentionBackend>("attention_backend", "training", "Fused attention on GPUs: tessera (own kernels), cudnn (cuDNN fused SDPA; an error where cuDNN cannot run the shape), or auto (cuDNN where it loads and builds a plan for the shape, else tessera). Megatron's names are accepted: flash (a FlashAttention-style kernel: tessera) and fused (Transformer Engine's fused attention, cuDNN's: cudnn); its unfused and local backends are not implemented.", {{"auto", AttentionBackend::Auto}, {"tessera", AttentionBackend::Tessera}, {"cudnn", AttentionBackend::Vendor}, {"flash", AttentionBackend::Tessera}, {"fused", AttentionBackend::Vendor}}, TS_FIELD(training.attention_backend)));
   k.push_back(choice_key<Fp8Mode>("fp8", "training", "FP8 linear layers (GPU, with bf16): hybrid = E4M3 activations and weights, E5M2 gradients; e4m3 = E4M3 everywhere; null = bf16 GEMMs. Attention stays bf16.", {{"null", Fp8Mode::Off}, {"hybrid", Fp8Mode::Hybrid}, {"e4m3", Fp8Mode::E4M3}}, TS_FIELD(training.fp8)));
   k.push_back(choice_key<Fp8Recipe>("fp8_recipe", "training", "FP8 scaling: delayed takes each tensor's scale from its amax history; tensorwise (current scaling) from the tensor's own amax at every cast; blockwise (DeepSeek-V3's) one power-of-two scale per 1x128 tile of activations and gradients and per 128x128 block of weights, through cuBLASLt's block-scaled GEMMs (Hopper, cuBLASLt 12.9 or newer, every FP8 dimension a multiple of 128).", {{"delayed", Fp8Recipe::Delayed}, {"tensorwise", Fp8Recipe::Tensorwise}, {"blockwise", Fp8Recipe::Blockwise}}, TS_FIELD(training.fp8_recipe)));
   k.push_back(int_key("fp8_amax_history_len", "training", "Steps of amax history per tensor (delayed scaling).", TS_FIELD(training.fp8_amax_history_len)));
@@ -419,6 +421,27 @@ std::string describe_type(const KeySpec& key) {
     }
   }
   return "?";
+}
+
+namespace {
+
+// An experiment with `text` set as the value of `key` by the key's own parser.
+Experiment with_key_value(std::string_view key, std::string_view text) {
+  Experiment e;
+  const std::string expected = find_key(key)->set(e, std::string(text));
+  if (!expected.empty())
+    throw ConfigError("command line", std::string(key), std::string(text), expected);
+  return e;
+}
+
+}  // namespace
+
+DeviceChoice parse_device_choice(std::string_view text) {
+  return with_key_value("device", text).training.device;
+}
+
+AttentionBackend parse_attention_backend(std::string_view text) {
+  return with_key_value("attention_backend", text).training.attention_backend;
 }
 
 }  // namespace tessera

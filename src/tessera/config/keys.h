@@ -44,4 +44,10 @@ std::vector<std::string> nearest_names(std::string_view word, std::span<const st
 // Human-readable type, e.g. "an integer", "one of: cosine, linear, constant".
 std::string describe_type(const KeySpec& key);
 
+// The device and attention_backend keys' values, parsed by the keys themselves, for commands
+// that take them as options outside an experiment (generate, the benchmarks). Throw
+// ConfigError naming the values the key accepts.
+DeviceChoice parse_device_choice(std::string_view text);
+AttentionBackend parse_attention_backend(std::string_view text);
+
 }  // namespace tessera

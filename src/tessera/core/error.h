@@ -10,7 +10,7 @@
 
 namespace tessera {
 
-// Replaces each "{}" in f with the next argument (streamed). Headers that CUDA code includes
+// Replaces each "{}" in f with the next argument (streamed). Headers that GPU kernels include
 // use this instead of fmt, whose C++20 mode nvcc cannot compile.
 template <class... Args>
 std::string format_message(std::string_view f, const Args&... args) {

@@ -1,6 +1,6 @@
 #pragma once
 // FP8 formats and per-tensor scaling, as readable fp32 host code: the reference that the CPU
-// backend emulates FP8 training with and that the CUDA kernels are tested against.
+// backend emulates FP8 training with and that the GPU kernels are tested against.
 //
 // Formats (OCP FP8, the ones Hopper tensor cores multiply):
 //   E4M3 ("fn"): bias 7, no infinities, NaN = S.1111.111, max 448, min normal 2^-6,

@@ -1,15 +1,11 @@
 #pragma once
 // Counter-based random numbers: value i of a stream is a pure function of (seed, i), so
 // initialisation and mock data are identical on every backend, thread count and sharding.
-// Usable from CUDA device code (the CUDA backend includes this header).
+// Usable from device code: GPU kernels draw the same values (core/host_device.h).
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TS_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define TS_HOST_DEVICE inline
-#endif
+#include "tessera/core/host_device.h"
 
 namespace tessera {
 

@@ -160,9 +160,10 @@ size_t Fp8Linears::plan_bytes(const Fp8Options& options, const std::vector<Fp8Li
 Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
                        std::vector<Fp8LinearShape> linears, int64_t rows)
     : backend_(backend), options_(options), linears_(std::move(linears)), rows_(rows) {
-  // cuBLASLt FP8 GEMMs need 16-element multiples in every dimension (M, N and K of the
-  // forward, dgrad and wgrad GEMMs: tokens, in and out); its block-scaled ones whole blocks.
-  const int64_t multiple = blockwise() ? kFp8BlockSize : 16;
+  // The backend's FP8 GEMMs take dimensions in multiples of fp8_gemm_multiple() (M, N and K of
+  // the forward, dgrad and wgrad GEMMs: tokens, in and out; the trainer checks the tokens);
+  // block-scaled ones whole blocks.
+  const int64_t multiple = blockwise() ? kFp8BlockSize : backend_.fp8_gemm_multiple();
   for (const auto& l : linears_) {
     TS_CHECK(!(blockwise() && l.expert_stack()), "fp8 {}: blockwise scaling has no expert stacks",
              l.name);

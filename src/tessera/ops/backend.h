@@ -172,10 +172,11 @@ struct Fp8GroupedCastArgs {
 // out = alpha * (a * a_scale_inv) @ (b * b_scale_inv)^T + beta * c (+ bias), accumulated in
 // fp32. Both operands are K-major ("TN", the only FP8 layout Hopper tensor cores take), so
 // callers pass transposed copies where the bf16 GEMM would use a trans flag. a and b may
-// differ in format, but not both e5m2. M, N and K must be multiples of 16. Each operand's
-// scale_inv is one fp32 (Fp8Scaling::Tensor), or one per 1x128 tile or 128x128 block in the
-// layout core/fp8.h states (fp8_scale_count): block scales need Capability::Fp8BlockScaling,
-// not both operands in 128x128 blocks, no fast accumulation, and M, N, K multiples of 128.
+// differ in format, but not both e5m2. M, N and K must be multiples of the backend's
+// fp8_gemm_multiple(). Each operand's scale_inv is one fp32 (Fp8Scaling::Tensor), or one per
+// 1x128 tile or 128x128 block in the layout core/fp8.h states (fp8_scale_count): block
+// scales need Capability::Fp8BlockScaling, not both operands in 128x128 blocks, no fast
+// accumulation, and M, N, K multiples of 128.
 struct Fp8MatmulArgs {
   Tensor out;          // (M, N) compute dtype or fp32
   Tensor a;            // (M, K) e4m3/e5m2
@@ -310,11 +311,11 @@ struct GroupedMatmulWgradArgs {
 // by grouped_matmul because the operands differ in kind, not only in dtype: FP8 tensor cores
 // take only K-major ("TN") operands, so there is no trans_b (callers pass transposed weight
 // copies for the data gradient, as for matmul_fp8), every operand carries scales, and every
-// group's row count must be a multiple of 16 (moe_permute pads the groups so).
+// group's row count must be a multiple of fp8_gemm_multiple() (moe_permute pads the groups so).
 //   out[rows_g] (M_g, N) = (a[rows_g] * a_scale_inv) @ (b[w(g)] * b_scale_inv[w(g)])^T
 // accumulated in fp32; groups and w(g) as in GroupedMatmulArgs; groups without rows are
 // skipped and rows of out from offsets[G] on are set to zero. a and b may differ in format,
-// but not both e5m2; N and K must be multiples of 16.
+// but not both e5m2; N and K must be multiples of fp8_gemm_multiple().
 struct GroupedFp8MatmulArgs {
   Tensor out;                              // (R, N) compute dtype or fp32
   Tensor a;                                // (R, K) e4m3/e5m2
@@ -355,6 +356,10 @@ class Backend {
   // One line for logs: "cpu (OpenBLAS, 2 threads)", "NVIDIA H100 80GB HBM3 (sm_90, ...)".
   virtual std::string description() const = 0;
   virtual bool supports(Capability c) const = 0;
+  // Every dimension of this backend's FP8 GEMMs (M, N, K of matmul_fp8 and the grouped FP8
+  // GEMMs, whose row groups too) is a multiple of this: a rule of its GEMM library, which the
+  // FP8 linear layers and the trainer check a model against.
+  virtual int64_t fp8_gemm_multiple() const = 0;
   // The compute dtype of a run with `precision` auto: bf16 where supported, else fp32.
   DType default_compute_dtype() const {
     return supports(Capability::Bf16Compute) ? DType::BF16 : DType::F32;

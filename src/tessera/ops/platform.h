@@ -112,6 +112,8 @@ class Platform {
     (void)d;
     return 0;
   }
+  // What its backends' fp8_gemm_multiple() answers, for the memory planner, which makes none.
+  virtual int64_t fp8_gemm_multiple() const = 0;
 };
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tessera/analysis/report_output.h"
+#include "tessera/backend/backend_factory.h"
 #include "tessera/config/keys.h"
 #include "tessera/config/validate.h"
 #include "tessera/core/error.h"
@@ -222,11 +223,14 @@ class Planner {
     return worst;
   }
 
-  // Validation, and the run set-up's checks of what the devices decide (bf16 gradients and
-  // main parameters need bf16 parameters on a GPU).
+  // Validation, the run set-up's checks of what the devices decide (bf16 gradients and main
+  // parameters need bf16 parameters on a GPU) and, on GPUs, what the build's GPU platform's
+  // FP8 GEMMs need.
   bool accepted(const Experiment& e) {
     try {
       validate_experiment(e, devices_.world_size);
+      if (const Platform* platform = gpu_ ? gpu_platform() : nullptr)
+        check_fp8_gemm_multiple(e, platform->fp8_gemm_multiple(), platform->name());
       input(e);
       return true;
     } catch (const ConfigError&) {
@@ -234,8 +238,8 @@ class Planner {
     }
   }
 
-  // The largest micro batch that fits and that validation accepts (global_batch_size a
-  // multiple of micro batch x ranks; with fp8, tokens a multiple of 16): a
+  // The largest micro batch that fits and that accepted() takes (global_batch_size a multiple
+  // of micro batch x ranks; with fp8, tokens a multiple of the FP8 GEMMs' multiple): a
   // `--micro_batch_size` to paste. 0 if none.
   int64_t largest_valid_micro_batch(const Experiment& e, const PlanInput& in) {
     const int64_t per_rank = e.training.global_batch_size / devices_.world_size;

@@ -133,4 +133,21 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   return s;
 }
 
+void check_fp8_gemm_multiple(const Experiment& e, int64_t multiple, std::string_view device) {
+  const TrainingConfig& t = e.training;
+  if (t.fp8 == Fp8Mode::Off) return;
+  const auto origin = [&](const std::string& key) {
+    return e.origin.count(key) ? e.origin.at(key) : std::string("default");
+  };
+  if (t.micro_batch_size * t.seq_length % multiple != 0)
+    throw ConfigError(origin("seq_length"), "seq_length", std::to_string(t.seq_length),
+                      fmt::format("micro_batch_size x seq_length (now {}) a multiple of {} with "
+                                  "fp8 on {}",
+                                  t.micro_batch_size * t.seq_length, multiple, device));
+  if (t.fp8_lm_head && t.cross_entropy_chunk_tokens % multiple != 0)
+    throw ConfigError(origin("cross_entropy_chunk_tokens"), "cross_entropy_chunk_tokens",
+                      std::to_string(t.cross_entropy_chunk_tokens),
+                      fmt::format("a multiple of {} with fp8_lm_head on {}", multiple, device));
+}
+
 }  // namespace tessera

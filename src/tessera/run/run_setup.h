@@ -6,6 +6,7 @@
 // and the benchmarks all start from make_run_setup, so they cannot disagree.
 #include <cstdint>
 #include <functional>
+#include <string_view>
 
 #include "tessera/config/config.h"
 #include "tessera/distributed/device_mesh.h"
@@ -48,6 +49,12 @@ struct RunDevices {
 // for a model family, vocabulary or mesh the experiment cannot have.
 RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                         const std::function<int64_t()>& tokenizer_vocab);
+
+// Throws ConfigError when, with fp8, the tokens per micro batch (the K of the weight
+// gradients' GEMMs) or, with fp8_lm_head, the output head's chunk (the M of its GEMMs) are not
+// multiples of `multiple`, what the device's FP8 GEMMs need in every dimension
+// (Backend::fp8_gemm_multiple); `device` names it. The FP8 linears check the model's widths.
+void check_fp8_gemm_multiple(const Experiment& e, int64_t multiple, std::string_view device);
 
 // The sharding the training keys ask for (use_torch_fsdp2, use_distributed_optimizer); None
 // with one data-parallel rank, where there is nothing to shard over.

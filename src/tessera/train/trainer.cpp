@@ -114,8 +114,9 @@ void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& back
       !backend.supports(Capability::Fp8BlockScaling))
     throw ConfigError(origin_of(e, "fp8_recipe"), "fp8_recipe", "blockwise",
                       "delayed or tensorwise on " + backend.description() +
-                          ": block-scaled FP8 GEMMs need a Hopper GPU and the cuBLASLt loaded at "
-                          "run time 12.9 or newer (its version is in that description)");
+                          ": its FP8 GEMMs take no 1x128 / 128x128 block scales (on CUDA: a "
+                          "Hopper GPU, and cuBLASLt 12.9 or newer loaded at run time)");
+  check_fp8_gemm_multiple(e, backend.fp8_gemm_multiple(), backend.description());
 }
 
 // Compares what the run needs with what the device has and, if it cannot fit, says how much

@@ -33,6 +33,9 @@ class CpuBackend : public Backend {
   std::string_view name() const override { return "cpu"; }
   std::string description() const override;
   bool supports(Capability c) const override;
+  // The GPU backends' rule (CUDA's cuBLASLt: 16), kept by the FP8 emulation so that an FP8
+  // model the CPU runs in tests is one a GPU runs.
+  int64_t fp8_gemm_multiple() const override { return 16; }
 
   void* allocate(size_t bytes, const char* what) override;
   void release(void* ptr) override;

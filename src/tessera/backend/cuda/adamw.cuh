@@ -1,13 +1,12 @@
 #pragma once
 // Fused AdamW over the flat parameter buffer: one launch per optimizer step, for every storage
 // dtype of its state (fp32 or bf16).
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "tessera/backend/cpu/reference.h"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 

@@ -27,21 +27,19 @@
 // of range (the `boundary` flags below), so interior tiles pay nothing for masking.
 #include "tessera/backend/cuda/attention.cuh"
 
-#include <cuda_bf16.h>
-
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // ---- PTX wrappers ----

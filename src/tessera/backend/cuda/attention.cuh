@@ -6,10 +6,9 @@
 //
 // Layouts (op API, ops/backend.h): qkv (B, T, (H + 2*KV) * D) packs per token H query heads,
 // then KV key heads, then KV value heads; out (B, T, H*D); lse (B, H, T) fp32 natural log.
-#include <cuda_runtime.h>
-
 #include <cstddef>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera::cuda {

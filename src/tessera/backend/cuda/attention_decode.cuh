@@ -1,10 +1,9 @@
 #pragma once
 // Attention of one new token per sequence during generation, over a KV cache (op API:
 // Backend::attention_decode). Include from .cu files only (cudaStream_t).
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 

@@ -33,14 +33,12 @@ __device__ __forceinline__ bool visible(const Shape& s, int64_t query, int64_t k
 __device__ __forceinline__ float block_max(float v, float* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, warp_shfl_xor(v, offset));
   if (lane == 0) shared[warp] = v;
   __syncthreads();
   v = lane < warps ? shared[lane] : -INFINITY;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, warp_shfl_xor(v, offset));
   __syncthreads();
   return v;
 }

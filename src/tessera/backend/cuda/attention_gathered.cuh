@@ -7,11 +7,10 @@
 // accumulation in a fixed order (deterministic, no atomics). They do not use tensor cores; a
 // fused kernel is future work, the CPU reference and these agree within the op registry's
 // tolerances.
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 

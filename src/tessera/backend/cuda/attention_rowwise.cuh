@@ -9,10 +9,9 @@
 // row's keys (or a key's queries) visited in order, no atomics, so results repeat bit for bit.
 // Lanes hold a row's dimensions (lane + 32 i), a score is one warp reduction per key, and keys
 // and values are read from L2 by every row that sees them.
-#include <cuda_runtime.h>
-
 #include <cstddef>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 

@@ -40,8 +40,7 @@ __device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const MaxSum other{__shfl_down_sync(0xffffffffu, v.max, offset),
-                       __shfl_down_sync(0xffffffffu, v.sum, offset)};
+    const MaxSum other{warp_shfl_down(v.max, offset), warp_shfl_down(v.sum, offset)};
     v = combine(v, other);
   }
   if (lane == 0) shared[warp] = v;
@@ -57,14 +56,9 @@ __device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// 2^x on the special-function unit (one MUFU.EX2, ~2 ulp). exp(x - m) is computed as
-// 2^(x log2e - m log2e), one FFMA and one MUFU per logit: at two exponentials per logit the
-// SFU rate (16 per clock per SM) is as much a limit as HBM, so every instruction counts.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+// exp(x - m) is computed as 2^(x log2e - m log2e) with exp2_approx (the vendor header's: one
+// MUFU.EX2 on CUDA), one FFMA and one MUFU per logit: at two exponentials per logit the SFU
+// rate (16 per clock per SM) is as much a limit as HBM, so every instruction counts.
 
 // Tree reductions of a pack: depth log2(VEC) instead of a chain of VEC dependent operations.
 template <int N>
@@ -132,12 +126,12 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < VEC; ++k) v[k] = to_float(pack[j].v[k]);
       const float pack_max = tree_max<VEC>(v);
       if (pack_max > acc.max) {  // rescale the running sum once per pack, not per logit
-        acc.sum *= fast_exp2((acc.max - pack_max) * kLog2e);
+        acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
         acc.max = pack_max;
       }
       const float max_log2 = acc.max * kLog2e;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) v[k] = fast_exp2(fmaf(v[k], kLog2e, -max_log2));
+      for (int k = 0; k < VEC; ++k) v[k] = exp2_approx(fmaf(v[k], kLog2e, -max_log2));
       acc.sum += tree_sum<VEC>(v);
     }
   }
@@ -163,7 +157,7 @@ __global__ void __launch_bounds__(kThreads)
       float g[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        g[k] = fast_exp2(fmaf(to_float(pack[j].v[k]), kLog2e, -max_log2)) * scale;
+        g[k] = exp2_approx(fmaf(to_float(pack[j].v[k]), kLog2e, -max_log2)) * scale;
       }
       if (q == target_pack) {
 #pragma unroll
@@ -194,12 +188,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
     const float pack_max = tree_max<VEC>(v);
     if (pack_max > acc.max) {
-      acc.sum *= fast_exp2((acc.max - pack_max) * kLog2e);
+      acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
       acc.max = pack_max;
     }
     const float max_log2 = acc.max * kLog2e;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = fast_exp2(fmaf(v[k], kLog2e, -max_log2));
+    for (int k = 0; k < VEC; ++k) v[k] = exp2_approx(fmaf(v[k], kLog2e, -max_log2));
     acc.sum += tree_sum<VEC>(v);
   }
   const MaxSum total = block_max_sum(acc, reduce);
@@ -252,7 +246,7 @@ __global__ void __launch_bounds__(kThreads)
     float g[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      g[k] = fast_exp2(fmaf(to_float(pack.v[k]), kLog2e, -lse_log2)) * grad_scale;
+      g[k] = exp2_approx(fmaf(to_float(pack.v[k]), kLog2e, -lse_log2)) * grad_scale;
       if (static_cast<int64_t>(q) * VEC + k == t) g[k] -= grad_scale;
     }
     store_floats<T, VEC>(dx + static_cast<int64_t>(q) * VEC, g);
@@ -282,12 +276,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
     const float pack_max = tree_max<VEC>(v);
     if (pack_max > acc.max) {
-      acc.sum *= fast_exp2((acc.max - pack_max) * kLog2e);
+      acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
       acc.max = pack_max;
     }
     const float max_log2 = acc.max * kLog2e;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = fast_exp2(fmaf(v[k], kLog2e, -max_log2));
+    for (int k = 0; k < VEC; ++k) v[k] = exp2_approx(fmaf(v[k], kLog2e, -max_log2));
     acc.sum += tree_sum<VEC>(v);
   }
   const MaxSum total = block_max_sum(acc, reduce);
@@ -320,7 +314,7 @@ __global__ void __launch_bounds__(kThreads)
       const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float p = fast_exp2(fmaf(to_float(pack.v[k]), kLog2e, -lse_log2));
+        const float p = exp2_approx(fmaf(to_float(pack.v[k]), kLog2e, -lse_log2));
         out[k] = g * ((static_cast<int64_t>(q) * VEC + k == target ? 1.0f : 0.0f) - p);
       }
     }

@@ -1,10 +1,9 @@
 #pragma once
 // Softmax cross-entropy over rows of logits, forward and backward fused, and the per-token
 // log-probabilities post-training takes from the same rows.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {

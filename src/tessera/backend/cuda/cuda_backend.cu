@@ -1,8 +1,5 @@
 #include "tessera/backend/cuda/cuda_backend.cuh"
 
-#include <cublasLt.h>
-#include <nvtx3/nvToolsExt.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +23,7 @@
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
 #include "tessera/ops/op_checks.h"
 
@@ -595,7 +593,7 @@ bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
 }
 
 void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::string& why) {
-  if (attention_ == AttentionBackend::Cudnn) {
+  if (attention_ == AttentionBackend::Vendor) {
     throw ConfigError("configuration", "attention_backend", "cudnn",
                       "auto or tessera: cuDNN " + cudnn_->version_string() +
                           " cannot run the attention " + key + ": " + why);
@@ -617,7 +615,7 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
       cudnn_->forward(out.data, lse.as<float>(), qkv.data, s, bytes > 0 ? scratch(bytes) : nullptr);
       return;
     } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
-      if (attention_ == AttentionBackend::Cudnn) throw;
+      if (attention_ == AttentionBackend::Vendor) throw;
       cudnn_attention_fallback("forward " + attention_shape_text(s), e.what());
     }
   }
@@ -641,7 +639,7 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
                        bytes > 0 ? scratch(bytes) : nullptr);
       return;
     } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
-      if (attention_ == AttentionBackend::Cudnn) throw;
+      if (attention_ == AttentionBackend::Vendor) throw;
       cudnn_attention_fallback("backward " + attention_shape_text(s), e.what());
     }
   }
@@ -1161,7 +1159,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attentio
                       "a CUDA device index below " + std::to_string(count));
   }
   auto backend = std::make_unique<CudaBackend>(device, attention, gemm_autotune);
-  if (attention == AttentionBackend::Cudnn && !backend->cudnn_attention_loaded()) {
+  if (attention == AttentionBackend::Vendor && !backend->cudnn_attention_loaded()) {
     throw ConfigError("configuration", "attention_backend", "cudnn",
                       "auto or tessera: " + backend->cudnn_unavailable_reason());
   }

@@ -32,8 +32,6 @@
 // reproducible only while at most two key tiles meet in a dQ row.
 //
 // Used from one host thread at a time (the trainer's); only the allocation table is locked.
-#include <cuda_runtime.h>
-
 #include <initializer_list>
 #include <memory>
 #include <set>
@@ -42,7 +40,9 @@
 #include <vector>
 
 #include "tessera/backend/cuda/adamw.cuh"
+#include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/matmul.cuh"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/config/config.h"
 #include "tessera/ops/allocation_tracker.h"
 #include "tessera/ops/backend.h"
@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   std::string description() const override;
   bool supports(Capability c) const override;
+  int64_t fp8_gemm_multiple() const override { return kFp8GemmMultiple; }
   StreamHandle stream() const override { return StreamHandle{stream_}; }
   // Whether cuDNN attention is loaded (attention_backend cudnn or auto), and why not.
   bool cudnn_attention_loaded() const { return cudnn_ != nullptr; }

@@ -1,6 +1,7 @@
 #pragma once
 // Entry points of the CUDA backend for code compiled without nvcc (cuda_platform.cpp).
 // Plain C++: no CUDA header leaks into tessera_lib through this file.
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -9,6 +10,10 @@
 #include "tessera/ops/platform.h"
 
 namespace tessera::cuda {
+
+// cuBLASLt's FP8 GEMMs need every dimension a multiple of 16 (CudaBackend's do_*_fp8 check it):
+// the CUDA backend's and platform's fp8_gemm_multiple().
+inline constexpr int64_t kFp8GemmMultiple = 16;
 
 // Number of usable CUDA devices; 0 (never an abort) without a driver or a GPU.
 int device_count();
@@ -19,7 +24,7 @@ std::string unavailable_reason();
 
 // The backend on device `device` (0-based), attention on `attention` (the rule is in
 // cuda_backend.cuh), GEMM algorithms timed per shape when gemm_autotune (matmul.cuh).
-// Throws ConfigError for an index out of range, and for AttentionBackend::Cudnn when cuDNN
+// Throws ConfigError for an index out of range, and for AttentionBackend::Vendor when cuDNN
 // cannot be loaded (naming why).
 std::unique_ptr<Backend> make_cuda_backend(int device,
                                            AttentionBackend attention = AttentionBackend::Auto,

@@ -13,12 +13,6 @@ void throw_cuda_error(cudaError_t error, const char* call, const char* file, int
                       cudaGetErrorString(error) + ")");
 }
 
-void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
-  throw InternalError(std::string("cuBLASLt error at ") + file + ":" + std::to_string(line) + ": " +
-                      call + " failed: " + cublasLtGetStatusName(status) + " (" +
-                      cublasLtGetStatusString(status) + ")");
-}
-
 void throw_unsupported_dtype(const char* op, DType dtype) {
   throw InternalError(std::string("cuda ") + op + ": no kernel for dtype " +
                       std::string(dtype_name(dtype)));

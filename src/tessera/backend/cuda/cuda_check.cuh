@@ -1,19 +1,17 @@
 #pragma once
-// Error checks for CUDA runtime and cuBLASLt calls, and the NVTX range every launcher opens.
-// A failed call throws tessera::InternalError naming the call, file:line and CUDA's message:
-// with a correct caller, a CUDA error means a broken invariant or a broken device, never bad
-// user input (out of memory is handled separately by CudaBackend::allocate).
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-#include <nvtx3/nvToolsExt.h>
+// Error checks for runtime calls and kernel launches, and the NVTX range every launcher opens
+// (cuBLASLt's checks are the GEMM adapter's, matmul.cuh). A failed call throws
+// tessera::InternalError naming the call, file:line and the runtime's message: with a correct
+// caller, a runtime error means a broken invariant or a broken device, never bad user input
+// (out of memory is handled separately by CudaBackend::allocate).
+#include "tessera/backend/cuda/vendor.h"
 
 namespace tessera::cuda {
 
 [[noreturn]] void throw_cuda_error(cudaError_t error, const char* call, const char* file, int line);
-[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file,
-                                     int line);
 
-// Marks a launcher in traces (Nsight Systems, our CUPTI profiler) with the op's name.
+// Marks a launcher in traces (Nsight Systems, our CUPTI profiler; roctx ranges on HIP) with the
+// op's name.
 class NvtxRange {
  public:
   explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
@@ -29,13 +27,6 @@ class NvtxRange {
     const cudaError_t ts_error_ = (call);                                      \
     if (ts_error_ != cudaSuccess)                                              \
       ::tessera::cuda::throw_cuda_error(ts_error_, #call, __FILE__, __LINE__); \
-  } while (0)
-
-#define TS_CUBLAS_CHECK(call)                                                     \
-  do {                                                                            \
-    const cublasStatus_t ts_status_ = (call);                                     \
-    if (ts_status_ != CUBLAS_STATUS_SUCCESS)                                      \
-      ::tessera::cuda::throw_cublas_error(ts_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After a <<<...>>> launch: configuration errors (too many threads, too much shared memory)

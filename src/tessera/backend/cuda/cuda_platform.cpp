@@ -53,6 +53,9 @@ class CudaPlatform final : public Platform {
   size_t step_buffer_bytes(const StepBufferDemand& d) const override {
     return cuda::step_buffer_bytes(d);
   }
+  int64_t fp8_gemm_multiple() const override {
+    return cuda::kFp8GemmMultiple;
+  }
 
   DeviceInfo device_info(int device) const override {
     return cuda::device_info(device);

@@ -62,8 +62,6 @@
 // (CudnnPlanInfo::supported), asked once per shape.
 #include "tessera/backend/cuda/cudnn_attention.cuh"
 
-#include <cuda_runtime.h>
-
 #include <array>
 #include <chrono>
 #include <cmath>

@@ -24,13 +24,12 @@
 // Plans (operation graph, engine config from heuristics mode A, execution plan, workspace size)
 // are built on first use of a shape and cached, including "not supported" answers. Include from
 // .cu files only (cudaStream_t).
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera::cuda {

@@ -9,7 +9,6 @@
 //
 // Clock: CUPTI's own timestamps (CLOCK_REALTIME on Linux, normalised by CUPTI for GPU
 // timestamps); host spans read the same clock through cuptiGetTimestamp.
-#include <cuda_runtime.h>
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -25,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "tessera/backend/cuda/cupti_tracer.h"
+#include "tessera/backend/cuda/vendor.h"
 
 namespace tessera::profiler {
 namespace {

@@ -2,13 +2,12 @@
 // NCCL): Tessera does not link them, so a machine without them still runs.
 #include "tessera/backend/cuda/device_info.h"
 
-#include <cublasLt.h>
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <initializer_list>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/vendor.h"
 
 namespace tessera::cuda {
 namespace {

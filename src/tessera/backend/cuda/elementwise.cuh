@@ -1,10 +1,9 @@
 #pragma once
 // Elementwise launchers over flat buffers: fill, dtype conversion, random init, and the
 // maps of the decoder's slots (residual add, scale, logit soft-cap).
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {

@@ -1,10 +1,9 @@
 #pragma once
 // Token embedding lookup and its deterministic backward.
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {

@@ -1,11 +1,10 @@
 #include "tessera/backend/cuda/fp8_cast.cuh"
 
-#include <cuda_fp8.h>
-
 #include <cfloat>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
@@ -30,9 +29,10 @@ constexpr int kColGroups = kTileCols / 4;                             // 4 tile 
 constexpr int kRunT = kTileRows / (kCastThreads / kColGroups);        // 16 codes per output row
 static_assert(kRunT == 16, "a thread writes each of its transposed rows as one 16-byte store");
 
-template <__nv_fp8_interpretation_t kFormat>
+// Two codes widened to a word, so that shifting them into the upper half stays unsigned.
+template <DType kFormat>
 __device__ __forceinline__ uint32_t to_fp8x2(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
+  return fp8x2_encode<kFormat>(a, b);
 }
 
 // Rows j..j+3 of 4 columns (one word each, column 0 in the low byte) -> the 4 columns' words
@@ -119,7 +119,7 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 // vec_in: C % 8 == 0 and x (16 bytes), out (8 bytes) aligned, so a thread's 8 columns are
 // all inside or all outside and move as single accesses; vec_t: likewise R % 16 == 0 and
 // out_t 16-byte aligned for the transposed runs. Otherwise element by element.
-template <class T, __nv_fp8_interpretation_t kFormat>
+template <class T, DType kFormat>
 __global__ void __launch_bounds__(kCastThreads)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
                               const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kCastThreads)
     }
   }
   if (amax_bits != nullptr) {
-    m = __reduce_max_sync(0xffffffffu, m);
+    m = warp_reduce_max(m);
     if (t % 32 == 0) warp_amax[t / 32] = m;
   }
   if (amax_bits == nullptr && out_t == nullptr) return;
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kCastThreads)
 // of 16 rows stay single 16-byte stores wherever a run lies in one group at an aligned
 // address, which holds throughout when every group is a multiple of 16 rows (the experts'
 // activations and weights); other runs go byte by byte.
-template <class T, __nv_fp8_interpretation_t kFormat>
+template <class T, DType kFormat>
 __global__ void __launch_bounds__(kCastThreads)
     fp8_grouped_cast_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t group_rows,
                             const int32_t* __restrict__ offsets, int64_t G,
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kCastThreads)
     }
   }
   if (amax_bits != nullptr && !per_group_amax) {
-    m = __reduce_max_sync(0xffffffffu, m);
+    m = warp_reduce_max(m);
     if (t % 32 == 0) warp_amax[t / 32] = m;
   }
   __syncthreads();
@@ -366,12 +366,12 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
     if (format == DType::E5M2) {
-      fp8_cast_transpose_kernel<T, __NV_E5M2>
+      fp8_cast_transpose_kernel<T, DType::E5M2>
           <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
     } else {
       TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
                "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
-      fp8_cast_transpose_kernel<T, __NV_E4M3>
+      fp8_cast_transpose_kernel<T, DType::E4M3>
           <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
     }
   });
@@ -397,13 +397,13 @@ void fp8_grouped_cast(const void* x, DType x_dtype, int64_t R, int64_t C, int64_
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
     if (format == DType::E5M2) {
-      fp8_grouped_cast_kernel<T, __NV_E5M2><<<grid, kCastThreads, 0, stream>>>(
+      fp8_grouped_cast_kernel<T, DType::E5M2><<<grid, kCastThreads, 0, stream>>>(
           in, R, C, group_rows, offsets, G, scale, per_group_scale, o, ot, a, per_group_amax,
           vec_in, aligned_t);
     } else {
       TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
                "fp8_grouped_cast: output dtype {} is not fp8", dtype_name(format));
-      fp8_grouped_cast_kernel<T, __NV_E4M3><<<grid, kCastThreads, 0, stream>>>(
+      fp8_grouped_cast_kernel<T, DType::E4M3><<<grid, kCastThreads, 0, stream>>>(
           in, R, C, group_rows, offsets, G, scale, per_group_scale, o, ot, a, per_group_amax,
           vec_in, aligned_t);
     }
@@ -442,16 +442,11 @@ __device__ __forceinline__ float block_scale(float amax, float fp8_max) {
   return ldexpf(1.0f, e - 1);
 }
 
-template <__nv_fp8_interpretation_t kFormat>
-__device__ __forceinline__ uint8_t to_fp8(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, kFormat));
-}
-
 // Warp max of |v| (non-negative, finite or not: fmaxf drops NaN, which the caller reports
 // apart through nonfinite).
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, warp_shfl_xor(v, o));
   return v;
 }
 
@@ -460,7 +455,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // (out_t, Tile1x128) or the CTA's (Block128x128). Codes are written row by row for out and
 // column by column of x (rows of out_t) for out_t, a byte per thread, consecutive threads on
 // consecutive bytes.
-template <class T, __nv_fp8_interpretation_t kFormat>
+template <class T, DType kFormat>
 __global__ void __launch_bounds__(kBlockThreads)
     fp8_block_cast_kernel(const T* x, int64_t R, int64_t C, bool blocks, uint8_t* out,
                           float* out_scale_inv, uint8_t* out_t, float* out_t_scale_inv,
@@ -526,14 +521,15 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int i = threadIdx.x; i < kBlock * kBlock; i += kBlockThreads) {
       const int r = i / kBlock, c = i % kBlock;
       if (r0 + r < R && c0 + c < C)
-        out[(r0 + r) * C + c0 + c] = to_fp8<kFormat>(tile[r * kBlockPitch + c] * row_scale[r]);
+        out[(r0 + r) * C + c0 + c] = fp8_encode<kFormat>(tile[r * kBlockPitch + c] * row_scale[r]);
     }
   }
   if (out_t) {
     for (int i = threadIdx.x; i < kBlock * kBlock; i += kBlockThreads) {
       const int c = i / kBlock, r = i % kBlock;
       if (r0 + r < R && c0 + c < C)
-        out_t[(c0 + c) * R + r0 + r] = to_fp8<kFormat>(tile[r * kBlockPitch + c] * col_scale[c]);
+        out_t[(c0 + c) * R + r0 + r] =
+            fp8_encode<kFormat>(tile[r * kBlockPitch + c] * col_scale[c]);
     }
   }
 }
@@ -561,9 +557,9 @@ void fp8_block_cast(const void* x, DType x_dtype, int64_t R, int64_t C, Fp8Scali
           static_cast<uint8_t*>(out_t), out_t_scale_inv, max, nonfinite);
     };
     if (format == DType::E4M3) {
-      launch(fp8_block_cast_kernel<T, __NV_E4M3>);
+      launch(fp8_block_cast_kernel<T, DType::E4M3>);
     } else {
-      launch(fp8_block_cast_kernel<T, __NV_E5M2>);
+      launch(fp8_block_cast_kernel<T, DType::E5M2>);
     }
     TS_CUDA_CHECK_LAUNCH("fp8_block_cast_kernel");
   });

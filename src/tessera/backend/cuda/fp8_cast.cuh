@@ -1,10 +1,9 @@
 #pragma once
 // FP8 casts and delayed-scaling updates (ops/backend.h: fp8_cast_transpose,
 // fp8_update_scales; the arithmetic is core/fp8.h's reference).
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/fp8.h"
 

@@ -6,18 +6,14 @@
 // one 128-bit load or store per pack (LDG.128/STG.128), the widest access a thread can
 // issue; the launcher falls back to VEC = 1 when a pointer or a row length does not allow
 // it (odd test shapes, unaligned views), so every kernel is written once for both.
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {
-
-using bf16 = __nv_bfloat16;
 
 // ---- element conversion: all arithmetic happens in fp32 ----
 
@@ -26,7 +22,7 @@ __device__ __forceinline__ float to_float(T x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
-    return __bfloat162float(x);
+    return bf16_to_float(x);
   }
 }
 
@@ -35,7 +31,7 @@ __device__ __forceinline__ T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
-    return __float2bfloat16_rn(x);  // round to nearest even, as float_to_bf16_bits on the host
+    return float_to_bf16(x);
   }
 }
 
@@ -106,11 +102,10 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[VEC]) {
   for (int a = 0; a < VEC / kPer; ++a) {
     Pack<T, kPer> pack;
     if constexpr (std::is_same_v<T, bf16> && kPer % 2 == 0) {
-      // Pairs convert in one instruction (F2FP.BF16.F32.PACK_AB), half the work of singles.
-      auto* pairs = reinterpret_cast<__nv_bfloat162*>(pack.v);
+      auto* pairs = reinterpret_cast<bf16x2*>(pack.v);
 #pragma unroll
       for (int k = 0; k < kPer / 2; ++k) {
-        pairs[k] = __floats2bfloat162_rn(in[a * kPer + 2 * k], in[a * kPer + 2 * k + 1]);
+        pairs[k] = floats_to_bf16x2(in[a * kPer + 2 * k], in[a * kPer + 2 * k + 1]);
       }
     } else {
 #pragma unroll
@@ -126,7 +121,7 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[VEC]) {
 // and b + a on its partner.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v += warp_shfl_xor(v, offset);
   return v;
 }
 

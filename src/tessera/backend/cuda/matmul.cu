@@ -2,12 +2,20 @@
 
 #include <algorithm>
 #include <mutex>
+#include <string>
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
+
+void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
+  throw InternalError(std::string("cuBLASLt error at ") + file + ":" + std::to_string(line) + ": " +
+                      call + " failed: " + cublasLtGetStatusName(status) + " (" +
+                      cublasLtGetStatusString(status) + ")");
+}
+
 namespace {
 
 cudaDataType_t cuda_type(DType d) {

@@ -1,19 +1,28 @@
 #pragma once
 // Row-major GEMM through cuBLASLt: out = alpha * op(a) @ op(b) + beta * c (+ bias), in bf16
 // or fp32, or with FP8 operands and per-tensor dequantisation scales.
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/core/fp8.h"
 
 namespace tessera::cuda {
+
+// Throws InternalError naming the cuBLASLt call that failed, file:line and cuBLASLt's message.
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file,
+                                     int line);
+
+#define TS_CUBLAS_CHECK(call)                                                     \
+  do {                                                                            \
+    const cublasStatus_t ts_status_ = (call);                                     \
+    if (ts_status_ != CUBLAS_STATUS_SUCCESS)                                      \
+      ::tessera::cuda::throw_cublas_error(ts_status_, #call, __FILE__, __LINE__); \
+  } while (0)
 
 // One GEMM in the op API's row-major terms (MatmulArgs without tensors).
 struct MatmulProblem {

@@ -2,10 +2,9 @@
 // Multi-latent attention's packing (op API: Backend::mla_qkv_forward/backward, MlaQkvArgs)
 // and the column copy fused projections are sliced with (Backend::copy_columns). Include from
 // .cu files only (cudaStream_t).
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 

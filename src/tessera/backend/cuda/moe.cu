@@ -26,14 +26,13 @@ constexpr size_t align_up(size_t bytes, size_t to = 256) {
 
 __device__ __forceinline__ double warp_sum_double(double v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v += warp_shfl_xor(v, offset);
   return v;
 }
 
 __device__ __forceinline__ double warp_max_double(double v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmax(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmax(v, warp_shfl_xor(v, offset));
   return v;
 }
 
@@ -42,8 +41,8 @@ __device__ __forceinline__ double warp_max_double(double v) {
 __device__ __forceinline__ void warp_argmax(double& score, int& index) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const double s = __shfl_xor_sync(0xffffffffu, score, offset);
-    const int i = __shfl_xor_sync(0xffffffffu, index, offset);
+    const double s = warp_shfl_xor(score, offset);
+    const int i = warp_shfl_xor(index, offset);
     if (i != INT_MAX && (index == INT_MAX || s > score || (s == score && i < index))) {
       score = s;
       index = i;
@@ -112,7 +111,7 @@ __device__ void warp_top_k(const double* score, int n, int k, char* skip, const 
       out[j] = at;
       skip[at] = 1;
     }
-    __syncwarp();
+    warp_sync();
   }
 }
 
@@ -173,7 +172,7 @@ __global__ void moe_router_forward_kernel(int32_t* indices, float* weights, cons
       s.taken[e] = 0;
       s.allowed[e] = 1;
     }
-    __syncwarp();
+    warp_sync();
     if (G > 0) {
       // group_limited_topk: a group's score is the sum of its top (K / group_topk) scores.
       const int per_group = E / G, best_of = K / static_cast<int>(r.group_topk);
@@ -190,15 +189,15 @@ __global__ void moe_router_forward_kernel(int32_t* indices, float* weights, cons
         s.group_score[g] = total;
         s.group_taken[g] = 0;
       }
-      __syncwarp();
+      warp_sync();
       int* kept = s.chosen;  // scratch for the chosen groups; overwritten below
       warp_top_k(s.group_score, G, static_cast<int>(r.group_topk), s.group_taken, nullptr, kept);
       for (int e = lane; e < E; e += 32) s.allowed[e] = s.group_taken[e / per_group];
-      __syncwarp();
+      warp_sync();
     }
     warp_top_k(s.select, E, K, s.taken, G > 0 ? s.allowed : nullptr, s.chosen);
   }
-  __syncwarp();
+  warp_sync();
   if (lane == 0) {
     double u[kMaxRouterTopk];
     routing_weights(u, z, s.chosen, r, max, sum);
@@ -254,7 +253,7 @@ __global__ void moe_router_backward_kernel(float* dlogits, const float* dweights
       for (int k = 0; k < K; ++k) ds[warp][k] = u[k] * (g[k] - gu);
     }
   }
-  __syncwarp();
+  warp_sync();
   for (int e = lane; e < E; e += 32) {
     double v = 0;
     if (r.pre_softmax) {
@@ -285,7 +284,7 @@ __device__ void warp_aux_scores(double* P, const T* z, const MoeRouting& r) {
     if (r.topk > 1)
       for (int e = lane; e < E; e += 32) P[e] /= total + 1e-20;
   }
-  __syncwarp();
+  warp_sync();
 }
 
 __global__ void count_sequence_experts_kernel(int32_t* counts, const int32_t* indices,
@@ -392,7 +391,7 @@ __global__ void plan_expert_rows_kernel(int32_t* rows, int32_t* offsets, int32_t
   for (int64_t start = 0; start < slots; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
     const bool mine = i < slots && indices[i] == e;
-    const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+    const unsigned ballot = warp_ballot(mine);
     if (lane == 0) warp_total[warp] = __popc(ballot);
     __syncthreads();
     int before = 0, chunk = 0;
@@ -457,7 +456,7 @@ __global__ void capacity_keep_kernel(int32_t* kept, float* dropped, const int32_
     if (mine && !by_position) b = __float_as_uint(weights[i]);
     // The pairs that compete for the remaining places, counted in slot order.
     const bool queued = mine && (all ? false : by_position ? true : b == threshold);
-    const unsigned ballot = __ballot_sync(0xffffffffu, queued);
+    const unsigned ballot = warp_ballot(queued);
     if (lane == 0) warp_total[warp] = __popc(ballot);
     __syncthreads();
     int before = 0, chunk = 0;

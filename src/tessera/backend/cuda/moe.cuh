@@ -8,11 +8,10 @@
 // add per-token partials with the fixed-order sum of reduce.cuh, and every permuted row is
 // written by exactly one thread block. Router choices are made on double-precision scores, so
 // that near-ties resolve as on the CPU reference.
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 #include "tessera/ops/backend.h"
 

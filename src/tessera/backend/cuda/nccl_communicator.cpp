@@ -5,9 +5,6 @@
 // split from it (ncclCommSplit, NCCL 2.18) are non-blocking too, with their own Lane::Comm
 // stream and watchdog, so a hang in a tensor- or pipeline-parallel group is named like one in
 // the world.
-#include <cuda_runtime.h>
-#include <nccl.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "tessera/backend/cuda/nccl_communicator.h"
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/rendezvous.h"

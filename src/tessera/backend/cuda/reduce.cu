@@ -53,7 +53,7 @@ __device__ __forceinline__ double term(float v) {
 
 __device__ __forceinline__ double warp_sum_double(double v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v += warp_shfl_xor(v, offset);
   return v;
 }
 

@@ -3,11 +3,10 @@
 // pass that adds per-block partial column sums into a gradient. No float atomics anywhere:
 // work is cut into pieces whose size does not depend on the GPU, and pieces combine in a
 // fixed order, so results are identical run to run.
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {

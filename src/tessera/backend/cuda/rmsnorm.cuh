@@ -1,10 +1,9 @@
 #pragma once
 // RMSNorm forward and backward over rows of (N, C).
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {

@@ -1,10 +1,9 @@
 #pragma once
 // Rotary position embedding (rotate-half convention), in place on the query and key heads of
 // the packed qkv activation.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {

@@ -1,9 +1,8 @@
 #pragma once
 // SwiGLU over the fused [gate | up] projection.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/dtype.h"
 
 namespace tessera::cuda {
