@@ -4,6 +4,11 @@
 // turning the timeline's sums negative; a --categories pattern that backtracks exponentially
 // stops at PCRE2's limit with exit 2 naming the rule. No report file is written in any case
 // that fails.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <chrono>
@@ -77,9 +82,34 @@ TEST(HostileTraces, OneEventOfHundredsOfMegabytesIsRefusedAtTheBound) {
   EXPECT_LT(r.seconds, 30.0);
 }
 
-// Tens of millions of tiny events outgrow a host whose address space is limited to 1 GB (their
-// records alone take 1.1 GB): the reader runs out of memory and says so (exit 3), instead of
-// aborting on std::bad_alloc.
+// The address space (KiB) `tessera report` has mapped when it opens its trace: its libraries
+// (hundreds of MB with the GPU vendor's), their buffers, and what it set up before reading. The
+// trace is a FIFO, so the process waits in its open until this end opens, and is then killed.
+long address_space_when_reading_kib(const fs::path& dir) {
+  const fs::path fifo = dir / "probe.json";
+  if (::mkfifo(fifo.c_str(), 0600) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    ::execl(TESSERA_BINARY, TESSERA_BINARY, "report", fifo.c_str(), "-o",
+            (dir / "probe_out").c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const int fd = ::open(fifo.c_str(), O_WRONLY);  // returns once the reader has opened it
+  long kib = -1;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmSize:", 0) == 0) kib = std::stol(line.substr(7));
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  if (fd >= 0) ::close(fd);
+  return kib;
+}
+
+// Tens of millions of tiny events outgrow a host that leaves the reader 700 MB of address space
+// beyond what the binary maps before reading (the events' records alone take 1.1 GB): the
+// reader runs out of memory and says so (exit 3), instead of aborting on std::bad_alloc.
 TEST(HostileTraces, MoreEventsThanTheHostCanKeepEndWithAMessage) {
   const fs::path dir = test_dir();
   const std::string event = R"({"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 1}, )";
@@ -89,10 +119,12 @@ TEST(HostileTraces, MoreEventsThanTheHostCanKeepEndWithAMessage) {
              R"({"ph": "X", "cat": "kernel", "name": "k", "ts": 0, "dur": 1}]})");
   // One BLAS and OpenMP thread: their per-thread buffers, set up when the binary loads, must
   // not take the limited address space (OpenBLAS retries a failed buffer forever).
-  const CliRun r =
-      run("ulimit -v 1000000 && OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 timeout 120 " + tessera() +
-              " report many.json.gz -o out --format md",
-          dir);
+  const long mapped_kib = address_space_when_reading_kib(dir);
+  ASSERT_GT(mapped_kib, 0);
+  const CliRun r = run("ulimit -v " + std::to_string(mapped_kib + 700000) +
+                           " && OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 timeout 120 " +
+                           tessera() + " report many.json.gz -o out --format md",
+                       dir);
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_TRUE(contains(r.output, "error: many.json.gz: out of host memory after ")) << r.output;
   EXPECT_TRUE(contains(r.output, "bytes per GPU activity")) << r.output;

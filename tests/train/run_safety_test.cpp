@@ -298,7 +298,7 @@ bool wait_for_unfinished_checkpoint(const fs::path& dir) {
 // resumed run removes).
 TEST(RunFaults, RandomKillsAlwaysLeaveALoadableCheckpointThatResumesBitwise) {
   ScratchDir dir;
-  constexpr int kIters = 10, kRandomKills = 20, kSaveKills = 8;
+  constexpr int kIters = 20, kRandomKills = 20, kSaveKills = 8;
   // One OpenMP thread: on a loaded machine spinning thread teams slow tiny runs a hundredfold.
   const std::string env = "env OMP_NUM_THREADS=1 ";
   const std::string common =
@@ -311,10 +311,10 @@ TEST(RunFaults, RandomKillsAlwaysLeaveALoadableCheckpointThatResumesBitwise) {
 
   std::mt19937 rng(2026);
   // From iteration 2 on, the checkpoint of the one before is complete (a line is logged
-  // before its iteration saves, so a kill a few ms after a line lands in that save). Three or
-  // more iterations stay after the kill: an unloaded machine runs one with its save in ~10 ms,
-  // a loaded one slower, so the kills land inside the runs either way.
-  std::uniform_int_distribution<int> after_iteration(2, kIters - 3), extra_ms(0, 8);
+  // before its iteration saves, so a kill a few ms after a line lands in that save). Twelve or
+  // more iterations stay after the kill: a fast machine runs one with its save in a few ms, a
+  // loaded one slower, so the kills land inside the runs either way.
+  std::uniform_int_distribution<int> after_iteration(2, kIters - 12), extra_ms(0, 8);
   int killed_mid_run = 0, killed_mid_save = 0, save_kills_mid_save = 0;
   for (int attempt = 0; attempt < kRandomKills + kSaveKills; ++attempt) {
     SCOPED_TRACE("attempt " + std::to_string(attempt));
