@@ -49,6 +49,16 @@ std::string Olmo2Family::features(const ModelSpec& s) const {
                      s.tied_embeddings ? ", tied embeddings" : "");
 }
 
+// What make_spec refuses, for a description read from a checkpoint.
+std::string Olmo2Family::spec_problem(const ModelSpec& s) const {
+  if (s.moe.enabled()) return "model_family olmo2 with experts";
+  if (s.mla.enabled) return "model_family olmo2 with multi_latent_attention";
+  if (!s.qk_norm) return "model_family olmo2 without qk_layernorm";
+  if (s.qkv_bias) return "model_family olmo2 with add_qkv_bias";
+  if (s.sliding_window > 0) return "model_family olmo2 with a sliding window";
+  return "";
+}
+
 const ModelFamily& olmo2_family() {
   static const Olmo2Family family;
   return family;

@@ -15,6 +15,7 @@ class Qwen3Family final : public ModelFamily {
   std::vector<std::unique_ptr<Block>> layer_blocks(const ModelSpec& s,
                                                    int64_t layer) const override;
   std::string features(const ModelSpec& s) const override;
+  std::string spec_problem(const ModelSpec& s) const override;
 
   std::vector<std::string> hf_model_types() const override { return {"qwen3"}; }
   ModelSpec read_hf_config(const nlohmann::json& config, const std::string& file) const override;
