@@ -193,7 +193,7 @@ def random_model(kind):
     config = config_cls(**kwargs, initializer_range=0.1)
     config._attn_implementation = "eager"
     torch.manual_seed({"llama": 1, "qwen2": 2, "mistral": 3, "mixtral": 4, "qwen3_moe": 5,
-                       "deepseek_v3": 6, "deepseek_v2": 7}[kind])
+                       "deepseek_v3": 6, "deepseek_v2": 7, "qwen3": 8, "olmo2": 9}[kind])
     model = model_cls(config).eval()
     with torch.no_grad():  # norms at 1 and biases at 0 would hide mistakes in their mapping
         for name, p in model.named_parameters():

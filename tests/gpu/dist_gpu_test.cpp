@@ -17,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -773,6 +774,11 @@ TEST_F(DistGpu, TwoNodesOnOneHostMatchOneNodeAndOutliveALostNode) {
   EXPECT_TRUE(names_lost_rank) << "node 0's message names no rank of the lost node:\n" << log;
   std::printf("[ lost node] node 0 exited with code %d %.1f s after node 1 was killed\n", code,
               took);
+  // What ended it: the launcher's line for its first failed rank, and each rank's error.
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find("launch: rank") != std::string::npos || line.find("error") != std::string::npos)
+      std::printf("[ lost node]   %s\n", line.c_str());
 }
 
 }  // namespace
