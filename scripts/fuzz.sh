@@ -8,11 +8,13 @@
 #   scripts/fuzz.sh [TARGET...]     default: every target
 #   TESSERA_FUZZ_SECONDS  seconds per target (default 20)
 #   TESSERA_FUZZ_JOBS     targets fuzzed at once (default 2); also the build's parallel jobs
+#   TESSERA_FUZZ_SEED     libFuzzer's seed (default 1, so that a run can be repeated; 0 picks one)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build-fuzz"
 SECONDS_EACH="${TESSERA_FUZZ_SECONDS:-20}"
 JOBS="${TESSERA_FUZZ_JOBS:-2}"
+SEED="${TESSERA_FUZZ_SEED:-1}"
 
 cmake -S "$ROOT/tests/fuzz" -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang \
   -DCMAKE_CXX_COMPILER=clang++ >/dev/null
@@ -37,7 +39,7 @@ fuzz_one() {
   # Run from the scratch directory: relative paths an input names stay inside it.
   (cd "$dir" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$BUILD/fuzz_$target" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+    "$BUILD/fuzz_$target" -max_total_time="$SECONDS_EACH" -seed="$SEED" -timeout=10 -rss_limit_mb=2048 \
       -malloc_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$target/" \
       "${dict[@]}" "$dir/corpus" "$ROOT/tests/fuzz/corpus/$target") \
     >"$BUILD/runs/$target.log" 2>&1 || status=$?

@@ -1,17 +1,16 @@
 #pragma once
-// Applies a run's parallel layout to a single-device model (model code never knows ranks), in
-// the fixed order TP/SP -> EP -> CP -> PP stages -> recompute -> ZeRO/FSDP, and returns what
-// the trainer drives (Parallelism). Recompute is part of the model's runtime: it decides the
-// activations the model plans when it is constructed, before parallelize runs.
-//
-// Implemented today: tensor (and sequence) parallelism and pipeline stages composed with data
-// parallelism (plain or ZeRO-1; distributed/mesh_parallelism.h), expert parallelism over the
-// mesh's ep dimension (each rank holds its experts' weights, MoE layers send their rows to
-// the ranks of their experts, model/expert_exchange.h; plain DP or ZeRO-1 over every rank, the
-// experts' over the expert-data-parallel ranks), data parallelism alone
-// (plain, ZeRO-1 or FSDP: distributed/data_parallel.h), and a single device. Expert
-// parallelism together with tensor or pipeline parallelism, and context parallelism, are not
-// laid out yet; parallelize refuses a mesh it cannot lay out.
+// Picks, by the mesh, what the trainer drives (Parallelism) for a model built for its rank's
+// place in the mesh (its tensor-parallel part, its share of each sequence and its pipeline
+// chunks come from its runtime; its parallel layers do their collectives, model/parallel_layers.h):
+//   one device                              SingleDevice
+//   data parallelism alone                  plain, ZeRO-1 or FSDP (distributed/data_parallel.h)
+//   tensor, context or pipeline parallelism MeshParallelism, with plain DP or ZeRO-1 over the
+//                                           data (x context) ranks (distributed/mesh_parallelism.h)
+//   expert parallelism alone                ExpertParallel: the experts' exchange over the
+//                                           expert-parallel group (model/expert_exchange.h)
+//                                           around plain DP or ZeRO-1 over every rank
+// Expert parallelism with tensor, pipeline or context parallelism, and FSDP with any of them,
+// are not laid out yet: validation refuses them naming the key, and parallelize checks.
 #include <memory>
 
 #include "tessera/distributed/communicator.h"
