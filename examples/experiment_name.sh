@@ -2,7 +2,11 @@
 # the experiment itself; anything else is the name of a shipped experiment, taken from a
 # Primus path's file name, Primus's model names mapped to Tessera's.
 resolve_experiment() {
-  local exp=$1
+  local exp=${1:-}
+  if [[ -z "$exp" ]]; then
+    echo "error: EXP must name an experiment (e.g. EXP=llama3.1_8B-pretrain), as in Primus" >&2
+    exit 2
+  fi
   EXTRA_ARGS=()
   if [[ -f "$exp" ]]; then
     CONFIG=$exp

@@ -18,12 +18,7 @@ fi
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TESSERA=${TESSERA:-$ROOT/build/tessera}
 source "$ROOT/examples/experiment_name.sh"
-
-if [[ -z "${EXP:-}" ]]; then
-  echo "error: EXP must name an experiment (e.g. EXP=llama3.1_8B-pretrain), as in Primus" >&2
-  exit 2
-fi
-resolve_experiment "$EXP"  # sets CONFIG and EXTRA_ARGS
+resolve_experiment "${EXP:-}"  # sets CONFIG and EXTRA_ARGS; exits 2 without one
 
 NNODES=${NNODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}

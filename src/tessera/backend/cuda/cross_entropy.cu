@@ -79,6 +79,29 @@ __device__ __forceinline__ float tree_sum(const float* v) {
   }
 }
 
+// This thread's (max, sum of exp) over its packs of a row (every kThreads-th pack from its
+// index), streamed once with the sum rescaled whenever the max grows.
+template <class T, int VEC>
+__device__ __forceinline__ MaxSum thread_max_sum(const T* x, int packs) {
+  MaxSum acc{-INFINITY, 0.0f};
+  for (int q = threadIdx.x; q < packs; q += kThreads) {
+    const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
+    float v[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
+    const float pack_max = tree_max<VEC>(v);
+    if (pack_max > acc.max) {
+      acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
+      acc.max = pack_max;
+    }
+    const float max_log2 = acc.max * kLog2e;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = exp2_approx(fmaf(v[k], kLog2e, -max_log2));
+    acc.sum += tree_sum<VEC>(v);
+  }
+  return acc;
+}
+
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_kernel(float* losses, T* dlogits, const T* logits, const int32_t* targets,
@@ -180,23 +203,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = blockIdx.x;
   const T* x = logits + row * V;
   const int packs = static_cast<int>(V / VEC);
-  MaxSum acc{-INFINITY, 0.0f};
-  for (int q = threadIdx.x; q < packs; q += kThreads) {
-    const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
-    float v[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
-    const float pack_max = tree_max<VEC>(v);
-    if (pack_max > acc.max) {
-      acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
-      acc.max = pack_max;
-    }
-    const float max_log2 = acc.max * kLog2e;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = exp2_approx(fmaf(v[k], kLog2e, -max_log2));
-    acc.sum += tree_sum<VEC>(v);
-  }
-  const MaxSum total = block_max_sum(acc, reduce);
+  const MaxSum total = block_max_sum(thread_max_sum<T, VEC>(x, packs), reduce);
   if (threadIdx.x != 0) return;
   const int64_t t = static_cast<int64_t>(targets[row]) - first_id;
   stats[2 * row] = total.max + logf(total.sum);
@@ -268,23 +275,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const T* x = logits + row * V;
   const int packs = static_cast<int>(V / VEC);
-  MaxSum acc{-INFINITY, 0.0f};
-  for (int q = threadIdx.x; q < packs; q += kThreads) {
-    const Pack<T, VEC> pack = load_pack<T, VEC>(x + q * VEC);
-    float v[VEC];
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = to_float(pack.v[k]);
-    const float pack_max = tree_max<VEC>(v);
-    if (pack_max > acc.max) {
-      acc.sum *= exp2_approx((acc.max - pack_max) * kLog2e);
-      acc.max = pack_max;
-    }
-    const float max_log2 = acc.max * kLog2e;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) v[k] = exp2_approx(fmaf(v[k], kLog2e, -max_log2));
-    acc.sum += tree_sum<VEC>(v);
-  }
-  const MaxSum total = block_max_sum(acc, reduce);
+  const MaxSum total = block_max_sum(thread_max_sum<T, VEC>(x, packs), reduce);
   if (threadIdx.x != 0) return;
   const float row_lse = total.max + logf(total.sum);
   lse[row] = row_lse;

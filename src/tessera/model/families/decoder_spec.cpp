@@ -37,4 +37,14 @@ void reject_model_key(const Experiment& e, const char* key, const std::string& e
                     spec ? spec->get(e) : "?", expected);
 }
 
+std::string qk_norm_decoder_problem(const ModelSpec& s, const std::string& family) {
+  const std::string f = "model_family " + family;
+  if (s.moe.enabled()) return f + " with experts";
+  if (s.mla.enabled) return f + " with multi_latent_attention";
+  if (!s.qk_norm) return f + " without qk_layernorm";
+  if (s.qkv_bias) return f + " with add_qkv_bias";
+  if (s.sliding_window > 0) return f + " with a sliding window";
+  return "";
+}
+
 }  // namespace tessera

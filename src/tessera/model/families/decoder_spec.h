@@ -11,6 +11,9 @@ namespace tessera {
 // The sizes every decoder family shares (attention, dense MLP, RoPE, norms, vocabulary left
 // to the caller), derived as Megatron derives them.
 ModelSpec decoder_spec(const Experiment& e);
+// Why `family`, a dense decoder with QK norms and neither biases nor windows (as Qwen3 and
+// OLMo 2 are), cannot build a description read from a file; empty when it can.
+std::string qk_norm_decoder_problem(const ModelSpec& s, const std::string& family);
 // ConfigError naming `key` (its value and where it was set) and what was expected.
 [[noreturn]] void reject_model_key(const Experiment& e, const char* key,
                                    const std::string& expected);

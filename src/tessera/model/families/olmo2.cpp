@@ -51,12 +51,7 @@ std::string Olmo2Family::features(const ModelSpec& s) const {
 
 // What make_spec refuses, for a description read from a checkpoint.
 std::string Olmo2Family::spec_problem(const ModelSpec& s) const {
-  if (s.moe.enabled()) return "model_family olmo2 with experts";
-  if (s.mla.enabled) return "model_family olmo2 with multi_latent_attention";
-  if (!s.qk_norm) return "model_family olmo2 without qk_layernorm";
-  if (s.qkv_bias) return "model_family olmo2 with add_qkv_bias";
-  if (s.sliding_window > 0) return "model_family olmo2 with a sliding window";
-  return "";
+  return qk_norm_decoder_problem(s, "olmo2");
 }
 
 const ModelFamily& olmo2_family() {

@@ -42,12 +42,7 @@ std::string Qwen3Family::features(const ModelSpec& s) const {
 
 // What make_spec refuses, for a description read from a checkpoint.
 std::string Qwen3Family::spec_problem(const ModelSpec& s) const {
-  if (s.moe.enabled()) return "model_family qwen3 with experts";
-  if (s.mla.enabled) return "model_family qwen3 with multi_latent_attention";
-  if (!s.qk_norm) return "model_family qwen3 without qk_layernorm";
-  if (s.qkv_bias) return "model_family qwen3 with add_qkv_bias";
-  if (s.sliding_window > 0) return "model_family qwen3 with a sliding window";
-  return "";
+  return qk_norm_decoder_problem(s, "qwen3");
 }
 
 const ModelFamily& qwen3_family() {
