@@ -88,14 +88,34 @@ std::string MoeFamily::features(const ModelSpec& s) const {
 }
 
 const ModelFamily& mixtral_family() {
-  static const MoeFamily family(
-      {"mixtral", "Mixtral 8x7B/8x22B", false, "mixtral", "MixtralForCausalLM"});
+  static const MoeFamily family({"mixtral", "Mixtral 8x7B/8x22B", false,
+                                 {.model_type = "mixtral",
+                                  .hf_class = "MixtralForCausalLM",
+                                  .defaults = {131072, 1e-5, 1e6},
+                                  .experts_field = "num_local_experts",
+                                  .other_experts_field = "num_experts",
+                                  .sliding_window = true,
+                                  .moe_module = "block_sparse_moe.",
+                                  .gate_proj = "w1",
+                                  .up_proj = "w3",
+                                  .down_proj = "w2"}});
   return family;
 }
 
 const ModelFamily& qwen3_moe_family() {
-  static const MoeFamily family(
-      {"qwen3_moe", "Qwen3-MoE (Qwen3-30B-A3B)", true, "qwen3_moe", "Qwen3MoeForCausalLM"});
+  static const MoeFamily family({"qwen3_moe", "Qwen3-MoE (Qwen3-30B-A3B)", true,
+                                 {.model_type = "qwen3_moe",
+                                  .hf_class = "Qwen3MoeForCausalLM",
+                                  .defaults = {32768, 1e-6, 1e4},
+                                  .experts_field = "num_experts",
+                                  .other_experts_field = "num_local_experts",
+                                  .dense_layers = true,
+                                  .dense_ffn_default = 6144,
+                                  .norm_topk_prob = true,
+                                  .moe_module = "mlp.",
+                                  .gate_proj = "gate_proj",
+                                  .up_proj = "up_proj",
+                                  .down_proj = "down_proj"}});
   return family;
 }
 

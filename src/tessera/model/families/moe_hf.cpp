@@ -1,5 +1,6 @@
 // The MoE families' Hugging Face side: config.json of mixtral and qwen3_moe models <->
-// ModelSpec, and the tensor names of each parameter. Tessera stacks each MoE layer's experts
+// ModelSpec, and the tensor names of each parameter, from each architecture's spelling
+// (MoeHfSpelling, the families' table in moe.cpp). Tessera stacks each MoE layer's experts
 // into one (E, 2F, C) gate/up tensor and one (E, C, F) down tensor; Hugging Face checkpoints
 // hold one tensor per expert and projection, which are the stacked tensor's row blocks. The
 // router is Mixtral's block_sparse_moe.gate and Qwen3-MoE's mlp.gate. Attention, norms,
@@ -13,46 +14,27 @@
 #include "tessera/model/families/moe.h"
 
 namespace tessera {
-namespace {
-
-bool is_mixtral(std::string_view hf_type) {
-  return hf_type == "mixtral";
-}
-
-}  // namespace
 
 ModelSpec MoeFamily::read_hf_config(const nlohmann::json& j, const std::string& file) const {
-  const HfConfig c(j, file, std::string(arch_.hf_type));
-  const bool mixtral = is_mixtral(arch_.hf_type);
+  const MoeHfSpelling& h = arch_.hf;
+  const HfConfig c(j, file, std::string(h.model_type));
   ModelSpec s;
   try {
-    // Defaults are those of transformers' config classes for a missing field.
     HfRope rope;
-    s = read_hf_decoder(c, {mixtral ? 131072 : 32768, mixtral ? 1e-5 : 1e-6, mixtral ? 1e6 : 1e4},
-                        &rope);
+    s = read_hf_decoder(c, h.defaults, &rope);
     if (j.value("attention_bias", false)) throw c.unsupported("attention_bias: true");
     if (rope.type != "default")
       throw c.unsupported(fmt::format("RoPE type '{}' (expected default)", rope.type));
+    s.qk_norm = arch_.qk_norm;
     MoeSpec& m = s.moe;
     m.topk = c.required("num_experts_per_tok");
-    // Each family's own name first; transformers versions have written the other one too.
-    const auto experts = [&] {
-      const char* own = mixtral ? "num_local_experts" : "num_experts";
-      const char* other = mixtral ? "num_experts" : "num_local_experts";
-      return c.has(own) || !c.has(other) ? c.required(own) : c.required(other);
-    };
-    if (mixtral) {
-      s.ffn = c.required("intermediate_size");
-      m.experts = experts();
-      m.ffn = s.ffn;
-      m.layers.assign(static_cast<size_t>(s.num_layers), true);
-      s.sliding_window = c.count("sliding_window", 0);
-    } else {
-      s.qk_norm = true;
-      s.ffn = c.count("intermediate_size", 6144);
-      m.experts = experts();
+    const std::string own(h.experts_field), other(h.other_experts_field);
+    m.experts = c.has(own.c_str()) || !c.has(other.c_str()) ? c.required(own.c_str())
+                                                           : c.required(other.c_str());
+    if (h.dense_layers) {
+      s.ffn = c.count("intermediate_size", h.dense_ffn_default);
       m.ffn = c.required("moe_intermediate_size");
-      // Qwen3-MoE: layer l is sparse unless listed in mlp_only_layers, and when
+      // Layer l is sparse unless listed in mlp_only_layers, and when
       // (l + 1) % decoder_sparse_step == 0.
       const int64_t step = c.count("decoder_sparse_step", 1);
       std::set<int64_t> dense;
@@ -60,10 +42,17 @@ ModelSpec MoeFamily::read_hf_config(const nlohmann::json& j, const std::string& 
         for (const auto& l : j["mlp_only_layers"]) dense.insert(l.get<int64_t>());
       for (int64_t l = 0; l < s.num_layers; ++l)
         m.layers.push_back(!dense.count(l) && m.experts > 0 && step > 0 && (l + 1) % step == 0);
-      // norm_topk_prob false keeps the softmax over all experts: Megatron's pre-softmax.
-      m.pre_softmax = !j.value("norm_topk_prob", false);
-      if (j.value("use_sliding_window", false)) throw c.unsupported("use_sliding_window: true");
+    } else {
+      s.ffn = c.required("intermediate_size");
+      m.ffn = s.ffn;
+      m.layers.assign(static_cast<size_t>(s.num_layers), true);
     }
+    // norm_topk_prob false keeps the softmax over all experts: Megatron's pre-softmax.
+    if (h.norm_topk_prob) m.pre_softmax = !j.value("norm_topk_prob", false);
+    if (h.sliding_window)
+      s.sliding_window = c.count("sliding_window", 0);
+    else if (j.value("use_sliding_window", false))
+      throw c.unsupported("use_sliding_window: true");
   } catch (const nlohmann::json::exception& e) {
     throw c.invalid(e.what());
   }
@@ -75,13 +64,13 @@ ModelSpec MoeFamily::read_hf_config(const nlohmann::json& j, const std::string& 
   return s;
 }
 
-// The model must be one the architecture describes: Mixtral has MoE in every layer; neither
-// has a shared expert, sigmoid or group-limited routing, scaled weights or QKV bias.
+// The model must be one the architecture describes; neither has a shared expert, sigmoid or
+// group-limited routing, scaled weights or QKV bias.
 std::string MoeFamily::hf_model_type(const ModelSpec& s) const {
+  const MoeHfSpelling& h = arch_.hf;
   const MoeSpec& m = s.moe;
-  const bool mixtral = is_mixtral(arch_.hf_type);
   auto refuse = [&](const std::string& what) {
-    return DataError(fmt::format("{} ({}) cannot hold {}", arch_.hf_class, arch_.name, what));
+    return DataError(fmt::format("{} ({}) cannot hold {}", h.hf_class, arch_.name, what));
   };
   if (m.shared_ffn > 0) throw refuse("a shared expert");
   if (m.sigmoid) throw refuse("sigmoid routing");
@@ -89,43 +78,45 @@ std::string MoeFamily::hf_model_type(const ModelSpec& s) const {
   if (m.topk_scaling != 0.0 && m.topk_scaling != 1.0) throw refuse("scaled routing weights");
   if (s.qkv_bias) throw refuse("QKV bias");
   if (s.rope_scaling.enabled) throw refuse("Llama 3.1 RoPE scaling");
-  if (mixtral && m.moe_layers() != s.num_layers)
-    throw refuse(
-        "dense layers (moe_layer_freq): every Mixtral layer is MoE. The Hugging Face classes "
+  if (!h.dense_layers && m.moe_layers() != s.num_layers)
+    throw refuse(fmt::format(
+        "dense layers (moe_layer_freq): every {} layer is MoE. The Hugging Face classes "
         "with dense layers are Qwen3-MoE's (Qwen3MoeForCausalLM, mlp_only_layers: Tessera's "
         "model_family qwen3_moe, whose attention also normalises each query and key head, "
         "qk_layernorm) and DeepSeek-V2/V3's (first_k_dense_replace, dense layers first only, "
         "with multi-latent attention: model_family deepseek); train the model as one of those "
-        "to export it, or with moe_layer_freq 1");
-  if (mixtral && m.pre_softmax) throw refuse("pre-softmax routing");
-  if (!mixtral && s.sliding_window > 0) throw refuse("a sliding window");
-  return std::string(arch_.hf_type);
+        "to export it, or with moe_layer_freq 1",
+        h.hf_class));
+  if (!h.norm_topk_prob && m.pre_softmax) throw refuse("pre-softmax routing");
+  if (!h.sliding_window && s.sliding_window > 0) throw refuse("a sliding window");
+  return std::string(h.model_type);
 }
 
 nlohmann::ordered_json MoeFamily::hf_config(const ModelSpec& s) const {
   hf_model_type(s);
-  const bool mixtral = is_mixtral(arch_.hf_type);
+  const MoeHfSpelling& h = arch_.hf;
   const MoeSpec& m = s.moe;
   nlohmann::ordered_json j =
-      hf_decoder_config(s, std::string(arch_.hf_class), std::string(arch_.hf_type));
-  j["intermediate_size"] = mixtral ? m.ffn : s.ffn;
+      hf_decoder_config(s, std::string(h.hf_class), std::string(h.model_type));
+  j["intermediate_size"] = h.dense_layers ? s.ffn : m.ffn;
   write_hf_rope(j, s.rotary_base, nullptr);
   j["num_experts_per_tok"] = m.topk;
-  if (mixtral) {
-    j["num_local_experts"] = m.experts;
-    j["sliding_window"] = s.sliding_window > 0 ? nlohmann::ordered_json(s.sliding_window)
-                                               : nlohmann::ordered_json(nullptr);
-    j["router_jitter_noise"] = 0.0;
-  } else {
-    j["num_experts"] = m.experts;
+  j[std::string(h.experts_field)] = m.experts;
+  if (h.dense_layers) {
     j["moe_intermediate_size"] = m.ffn;
-    j["norm_topk_prob"] = !m.pre_softmax;
     j["decoder_sparse_step"] = 1;
     std::vector<int64_t> dense;
     for (int64_t l = 0; l < s.num_layers; ++l)
       if (!m.is_moe_layer(l)) dense.push_back(l);
     j["mlp_only_layers"] = dense;
     j["attention_bias"] = false;
+  }
+  if (h.norm_topk_prob) j["norm_topk_prob"] = !m.pre_softmax;
+  if (h.sliding_window) {
+    j["sliding_window"] = s.sliding_window > 0 ? nlohmann::ordered_json(s.sliding_window)
+                                               : nlohmann::ordered_json(nullptr);
+    j["router_jitter_noise"] = 0.0;
+  } else {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
   }
@@ -137,10 +128,13 @@ nlohmann::ordered_json MoeFamily::hf_config(const ModelSpec& s) const {
 }
 
 std::vector<HfTensorPiece> MoeFamily::hf_pieces(const ParamInfo& p, const ModelSpec& s) const {
-  const bool mixtral = is_mixtral(arch_.hf_type);
-  const std::string moe = mixtral ? "block_sparse_moe." : "mlp.";
+  const MoeHfSpelling& h = arch_.hf;
+  const std::string moe(h.moe_module);
   auto replace_tail = [&](std::string_view tail) {
     return p.name.substr(0, p.name.size() - tail.size());
+  };
+  auto expert_tensor = [&](const std::string& base, int64_t e, std::string_view proj) {
+    return fmt::format("{}{}.{}.weight", base, e, proj);
   };
   if (ends_with(p.name, "mlp.router.weight"))
     return {{replace_tail("mlp.router.weight") + moe + "gate.weight", 0, {p.shape[0], p.shape[1]}}};
@@ -150,10 +144,8 @@ std::vector<HfTensorPiece> MoeFamily::hf_pieces(const ParamInfo& p, const ModelS
     const int64_t F = p.shape[1] / 2, C = p.shape[2];
     std::vector<HfTensorPiece> out;
     for (int64_t e = 0; e < E; ++e) {
-      const std::string expert = base + std::to_string(e) + ".";
-      out.push_back({expert + (mixtral ? "w1" : "gate_proj") + ".weight", e * 2 * F * C, {F, C}});
-      out.push_back(
-          {expert + (mixtral ? "w3" : "up_proj") + ".weight", (e * 2 + 1) * F * C, {F, C}});
+      out.push_back({expert_tensor(base, e, h.gate_proj), e * 2 * F * C, {F, C}});
+      out.push_back({expert_tensor(base, e, h.up_proj), (e * 2 + 1) * F * C, {F, C}});
     }
     return out;
   }
@@ -162,9 +154,7 @@ std::vector<HfTensorPiece> MoeFamily::hf_pieces(const ParamInfo& p, const ModelS
     const int64_t C = p.shape[1], F = p.shape[2];
     std::vector<HfTensorPiece> out;
     for (int64_t e = 0; e < E; ++e)
-      out.push_back({base + std::to_string(e) + (mixtral ? ".w2" : ".down_proj") + ".weight",
-                     e * C * F,
-                     {C, F}});
+      out.push_back({expert_tensor(base, e, h.down_proj), e * C * F, {C, F}});
     return out;
   }
   return hf_decoder_pieces(p);
