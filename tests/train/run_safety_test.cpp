@@ -341,14 +341,24 @@ TEST(RunFaults, RandomKillsAlwaysLeaveALoadableCheckpointThatResumesBitwise) {
       unfinished = unfinished || entry.path().extension() == ".tmp";
     killed_mid_save += unfinished;
     save_kills_mid_save += at_save && unfinished;
+    // What a failure below needs to be understood: the killed run's output and what it left.
+    std::string left = "killed " + std::to_string(extra) + " ms after iteration " +
+                       std::to_string(k) + "; " + save.string() + " holds:";
+    for (const auto& entry : fs::directory_iterator(save))
+      left += " " + entry.path().filename().string();
+    left += "\nits output:\n" + read_file(dir / (name + ".txt"));
     const std::string latest = find_latest_checkpoint(save.string());
-    ASSERT_FALSE(latest.empty()) << "no checkpoint after iteration " << k;
-    const Checkpoint c(latest);  // opens and checks every file and tensor
-    if (c.state().iteration < kIters) ++killed_mid_run;
+    ASSERT_FALSE(latest.empty()) << left;
+    try {
+      const Checkpoint c(latest);  // opens and checks every file and tensor
+      if (c.state().iteration < kIters) ++killed_mid_run;
+    } catch (const std::exception& e) {
+      FAIL() << latest << ": " << e.what() << "\n" << left;
+    }
     const RunResult r = run_command(env + TESSERA_BINARY + " " + args);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(r.exit_code, 0) << r.output << "\n" << left;
     const auto resumed = losses(metrics);
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters));
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters)) << read_file(metrics) << "\n" << left;
     for (const auto& [it, loss] : resumed) EXPECT_EQ(loss, reference.at(it)) << "iteration " << it;
   }
   std::printf(
