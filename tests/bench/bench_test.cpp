@@ -212,6 +212,42 @@ TEST(ModelGemms, MlaProjectionsAddUpToSixTimesTheMatmulParameters) {
   }
 }
 
+// An MoE model lists what its MoE layers multiply: the router (never FP8), each expert's GEMMs
+// over its balanced share of the routed rows (top-k / experts of the tokens, once per expert
+// and layer), and the shared expert; its dense layers keep gate_up and down.
+TEST(ModelGemms, MoeLayersListTheRouterAndEachExpertsShareOfTheRows) {
+  ModelSpec s;
+  s.family = "qwen3_moe";
+  s.vocab_size = 1024, s.num_layers = 3, s.hidden = 256, s.ffn = 512, s.heads = 8;
+  s.kv_heads = 2, s.head_dim = 32, s.qk_norm = true;
+  s.moe.experts = 8, s.moe.topk = 2, s.moe.ffn = 128, s.moe.shared_ffn = 64;
+  s.moe.layers = {false, true, true};
+  ModelRuntime rt;
+  rt.micro_batch = 1, rt.seq_length = 512, rt.cross_entropy_chunk_tokens = 512;
+  rt.fp8.mode = Fp8Mode::Hybrid;
+  const std::vector<GemmProblem> g = model_gemms(s, rt);
+  double flops = 0;
+  for (const GemmProblem& p : g) flops += p.flops() * p.calls_per_step;
+  EXPECT_DOUBLE_EQ(flops, 6.0 * s.matmul_params() * 512);
+  auto find = [&](const std::string& name) {
+    for (const GemmProblem& p : g)
+      if (p.name == name) return p;
+    ADD_FAILURE() << "no " << name;
+    return GemmProblem{};
+  };
+  EXPECT_EQ(find("gate_up forward").calls_per_step, 1);  // the dense first layer
+  const GemmProblem experts = find("experts_gate_up forward");
+  EXPECT_EQ(experts.m, 512 * 2 / 8);
+  EXPECT_EQ(experts.calls_per_step, 2 * 8);
+  EXPECT_TRUE(experts.fp8);
+  EXPECT_FALSE(find("router forward").fp8);
+  EXPECT_EQ(find("router forward").calls_per_step, 2);
+  EXPECT_EQ(find("shared_down forward").epilogue, Epilogue::Residual);
+  rt.fp8.recipe = Fp8Recipe::Blockwise;  // its experts stay bf16
+  for (const GemmProblem& p : model_gemms(s, rt))
+    if (p.name.starts_with("experts_")) EXPECT_FALSE(p.fp8) << p.name;
+}
+
 // FP8 training runs its linears' GEMMs on K-major FP8 copies: fast accumulation forward
 // only, output gradients in e5m2 (hybrid); the head stays bf16 unless fp8_lm_head.
 TEST(ModelGemms, Fp8LinearsAreListedAsTrainingRunsThem) {

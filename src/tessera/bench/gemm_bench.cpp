@@ -11,6 +11,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/fp8.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/model/decoder_layer.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/plan/memory_plan.h"
 
@@ -257,14 +258,52 @@ std::string_view epilogue_name(Epilogue e) {
 }
 
 std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt) {
-  const int64_t T = rt.micro_batch * rt.seq_length, L = s.num_layers;
-  const int64_t C = s.hidden, F = s.ffn, Q = s.qkv_width(), A = s.attn_width(), V = s.vocab_size;
+  const int64_t T = rt.micro_batch * rt.seq_length, C = s.hidden, V = s.vocab_size;
   const int64_t chunk = std::min(T, rt.cross_entropy_chunk_tokens);
   const int64_t chunks = (T + chunk - 1) / chunk;
+  // The decoder layers' linear layers as their mixers declare them (Mixer::linear_gemms), the
+  // same GEMM of every layer counted once with its calls, in the order the forward first runs
+  // them; then the output head over its token chunks.
+  struct Linear {
+    LinearGemm gemm;
+    int64_t rows, calls;
+  };
+  std::vector<Linear> linears;
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    for (const LinearGemm& g : make_decoder_layer(s, l)->linear_gemms()) {
+      const int64_t rows = T * g.share_num / g.share_den;
+      auto same = std::find_if(linears.begin(), linears.end(), [&](const Linear& x) {
+        return x.gemm.name == g.name && x.gemm.out_features == g.out_features &&
+               x.gemm.in_features == g.in_features && x.rows == rows;
+      });
+      if (same != linears.end())
+        same->calls += g.count;
+      else
+        linears.push_back({g, rows, g.count});
+    }
+  const bool fp8 = rt.fp8.enabled();
+  auto is_fp8 = [&](const LinearGemm& g) {
+    switch (g.fp8) {
+      case LinearGemm::Fp8::Linear:
+        return fp8;
+      case LinearGemm::Fp8::Expert:
+        return fp8 && rt.fp8.recipe != Fp8Recipe::Blockwise;
+      case LinearGemm::Fp8::Never:
+        return false;
+    }
+    return false;
+  };
+  linears.push_back({{.name = "lm_head",
+                      .out_features = V,
+                      .in_features = C,
+                      .fp8 = rt.fp8.lm_head ? LinearGemm::Fp8::Linear : LinearGemm::Fp8::Never},
+                     chunk,
+                     chunks});
+
   std::vector<GemmProblem> g;
   // FP8 linears take both operands K-major (transposed copies where bf16 uses a trans flag).
-  auto as_fp8 = [&](GemmProblem p, bool fp8, DType a_format, bool fast_accum) {
-    if (!fp8) return p;
+  auto as_fp8 = [&](GemmProblem p, bool on, DType a_format, bool fast_accum) {
+    if (!on) return p;
     p.fp8 = true;
     p.trans_a = false, p.trans_b = true;
     p.fp8_a = a_format;
@@ -272,62 +311,25 @@ std::vector<GemmProblem> model_gemms(const ModelSpec& s, const ModelRuntime& rt)
     return p;
   };
   const DType grad_format = rt.fp8.grad_format();
-  // Forward: out (tokens, out_features) = in @ W^T.
-  auto fwd = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, Epilogue e,
-                 int64_t calls, bool fp8) {
-    g.push_back(as_fp8({name + " forward", rows, out_f, in_f, false, true, e, false, calls}, fp8,
-                       DType::E4M3, rt.fp8.fast_accum_fprop));
-  };
-  // Data gradient: din (tokens, in_features) = dout @ W.
-  auto dgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
-                   bool fp8) {
-    g.push_back(
-        as_fp8({name + " dgrad", rows, in_f, out_f, false, false, Epilogue::None, false, calls},
-               fp8, grad_format, rt.fp8.fast_accum_dgrad));
-  };
-  // Weight gradient: dW (out_features, in_features) += dout^T @ in, in fp32.
-  auto wgrad = [&](std::string name, int64_t rows, int64_t out_f, int64_t in_f, int64_t calls,
-                   bool fp8) {
-    g.push_back(
-        as_fp8({name + " wgrad", out_f, in_f, rows, true, false, Epilogue::Accumulate, true, calls},
-               fp8, grad_format, rt.fp8.fast_accum_wgrad));
-  };
-  const bool fp8 = rt.fp8.enabled(), fp8_head = fp8 && rt.fp8.lm_head;
-  // The attention block's projections in the order they run: GQA's fused qkv and o_proj, or
-  // multi-latent attention's fused down-projection, the query and key/value up-projections and
-  // o_proj (model/blocks/mla_attention.h).
-  struct Linear {
-    std::string name;
-    int64_t out_f, in_f;
-    Epilogue epilogue;
-  };
-  std::vector<Linear> attention;
-  if (s.mla.enabled) {
-    const MlaSpec& m = s.mla;
-    const int64_t H = s.heads, D = m.qk_dim(), Qa = m.q_lora_rank ? m.q_lora_rank : H * D;
-    attention.push_back({"q_kv_a", Qa + m.kv_lora_rank + m.rope_dim, C, Epilogue::None});
-    if (m.q_lora_rank) attention.push_back({"q_b", H * D, m.q_lora_rank, Epilogue::None});
-    attention.push_back(
-        {"kv_b", H * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank, Epilogue::None});
-    attention.push_back({"o_proj", C, H * m.v_head_dim, Epilogue::Residual});
-  } else {
-    attention.push_back({"qkv", Q, C, s.qkv_bias ? Epilogue::Bias : Epilogue::None});
-    attention.push_back({"o_proj", C, A, Epilogue::Residual});
+  // Forward: out (rows, out_features) = in @ W^T.
+  for (const Linear& x : linears) {
+    const Epilogue e = x.gemm.residual ? Epilogue::Residual
+                       : x.gemm.bias   ? Epilogue::Bias
+                                       : Epilogue::None;
+    g.push_back(as_fp8({x.gemm.name + " forward", x.rows, x.gemm.out_features,
+                        x.gemm.in_features, false, true, e, false, x.calls},
+                       is_fp8(x.gemm), DType::E4M3, rt.fp8.fast_accum_fprop));
   }
-  for (const Linear& a : attention) fwd(a.name, T, a.out_f, a.in_f, a.epilogue, L, fp8);
-  fwd("gate_up", T, 2 * F, C, Epilogue::None, L, fp8);
-  fwd("down", T, C, F, Epilogue::Residual, L, fp8);
-  fwd("lm_head", chunk, V, C, Epilogue::None, chunks, fp8_head);
-  dgrad("lm_head", chunk, V, C, chunks, fp8_head);
-  dgrad("down", T, C, F, L, fp8);
-  dgrad("gate_up", T, 2 * F, C, L, fp8);
-  for (auto a = attention.rbegin(); a != attention.rend(); ++a)
-    dgrad(a->name, T, a->out_f, a->in_f, L, fp8);
-  wgrad("lm_head", chunk, V, C, chunks, fp8_head);
-  wgrad("down", T, C, F, L, fp8);
-  wgrad("gate_up", T, 2 * F, C, L, fp8);
-  for (auto a = attention.rbegin(); a != attention.rend(); ++a)
-    wgrad(a->name, T, a->out_f, a->in_f, L, fp8);
+  // The backward runs them in reverse. Data gradient: din (rows, in_features) = dout @ W.
+  for (auto x = linears.rbegin(); x != linears.rend(); ++x)
+    g.push_back(as_fp8({x->gemm.name + " dgrad", x->rows, x->gemm.in_features,
+                        x->gemm.out_features, false, false, Epilogue::None, false, x->calls},
+                       is_fp8(x->gemm), grad_format, rt.fp8.fast_accum_dgrad));
+  // Weight gradient: dW (out_features, in_features) += dout^T @ in, in fp32.
+  for (auto x = linears.rbegin(); x != linears.rend(); ++x)
+    g.push_back(as_fp8({x->gemm.name + " wgrad", x->gemm.out_features, x->gemm.in_features,
+                        x->rows, true, false, Epilogue::Accumulate, true, x->calls},
+                       is_fp8(x->gemm), grad_format, rt.fp8.fast_accum_wgrad));
   return g;
 }
 

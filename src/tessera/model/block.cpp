@@ -6,6 +6,13 @@
 
 namespace tessera {
 
+int64_t Mixer::matmul_params() const {
+  int64_t n = 0;
+  for (const LinearGemm& g : linear_gemms())
+    n += g.count * g.share_num * g.out_features * g.in_features / g.share_den;
+  return n;
+}
+
 Block::Block(NormSlots norms, std::unique_ptr<Mixer> mixer, int64_t hidden, float norm_eps)
     : norms_(norms), mixer_(std::move(mixer)), hidden_(hidden), eps_(norm_eps) {
   TS_CHECK(norms_.pre || norms_.post, "{}: a block without a norm", mixer_->range_name());

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -97,6 +98,23 @@ class LayerOps : public ForwardOps {
   }
 };
 
+// One of a mixer's linear layers as a training step runs it (bench gemm times these; the model
+// FLOPs count them): out (rows, out_features) = in (rows, in_features) @ W^T, `count` times a
+// layer, over tokens x token_share rows each (1 for every token; a routed expert's share of
+// the rows, top-k / experts, under balanced routing).
+struct LinearGemm {
+  // How an FP8 run multiplies it: as an FP8 linear, as an FP8 expert stack (whose blockwise
+  // recipe keeps bf16), or always in the compute dtype (a router).
+  enum class Fp8 { Linear, Expert, Never };
+  std::string name;
+  int64_t out_features = 0, in_features = 0;
+  bool bias = false;      // its epilogue adds a bias
+  bool residual = false;  // its epilogue adds the residual stream (an output projection)
+  int64_t count = 1;
+  int64_t share_num = 1, share_den = 1;  // token_share = share_num / share_den
+  Fp8 fp8 = Fp8::Linear;
+};
+
 // An attention or MLP sub-layer between the residual stream's norms: from its input (the
 // normed stream, or the stream itself without a pre-norm) through its output projection.
 class Mixer {
@@ -151,9 +169,11 @@ class Mixer {
   // The rotary tables' bases it reads (ForwardOps::rope_table; 0: the model's own).
   virtual std::vector<double> rope_bases() const { return {}; }
 
-  // Model FLOPs (model_spec.h): weights its GEMMs multiply per token, and attention's
-  // score and value FLOPs per token of a training step (forward and backward).
-  virtual int64_t matmul_params() const = 0;
+  // Its linear layers' GEMMs, in the order its forward runs them.
+  virtual std::vector<LinearGemm> linear_gemms() const = 0;
+  // Model FLOPs (model_spec.h): weights its GEMMs multiply per token (from linear_gemms), and
+  // attention's score and value FLOPs per token of a training step (forward and backward).
+  int64_t matmul_params() const;
   virtual double attention_flops_per_token(int64_t seq_length) const {
     (void)seq_length;
     return 0;

@@ -131,6 +131,13 @@ int64_t DecoderLayer::matmul_params() const {
   return n;
 }
 
+std::vector<LinearGemm> DecoderLayer::linear_gemms() const {
+  std::vector<LinearGemm> g;
+  for (const auto& b : blocks_)
+    for (LinearGemm& one : b->mixer().linear_gemms()) g.push_back(std::move(one));
+  return g;
+}
+
 double DecoderLayer::attention_flops_per_token(int64_t seq_length) const {
   double f = 0;
   for (const auto& b : blocks_) f += b->mixer().attention_flops_per_token(seq_length);

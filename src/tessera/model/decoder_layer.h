@@ -48,6 +48,8 @@ class DecoderLayer {
   // The rotary bases its mixers read (Mixer::rope_bases).
   std::vector<double> rope_bases() const;
   int64_t matmul_params() const;
+  // Its blocks' linear layers, in the order the forward runs them (Mixer::linear_gemms).
+  std::vector<LinearGemm> linear_gemms() const;
   double attention_flops_per_token(int64_t seq_length) const;
   // The statistics its blocks keep (Block::stats_width), bound block after block.
   int64_t stats_width() const;

@@ -208,8 +208,11 @@ void GqaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
   ops.linear(out, att, o_proj_, -1, residual);
 }
 
-int64_t GqaAttention::matmul_params() const {
-  return s_.hidden * s_.qkv_width() + s_.attn_width() * s_.hidden;
+std::vector<LinearGemm> GqaAttention::linear_gemms() const {
+  return {{.name = "qkv", .out_features = s_.qkv_width(), .in_features = s_.hidden,
+           .bias = s_.qkv_bias},
+          {.name = "o_proj", .out_features = s_.hidden, .in_features = s_.attn_width(),
+           .residual = true}};
 }
 
 double GqaAttention::attention_flops_per_token(int64_t seq_length) const {

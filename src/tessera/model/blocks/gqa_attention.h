@@ -52,7 +52,7 @@ class GqaAttention final : public Mixer {
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
                       const Tensor& residual, const Tensor& cache, int64_t pos) override;
   std::vector<double> rope_bases() const override;
-  int64_t matmul_params() const override;
+  std::vector<LinearGemm> linear_gemms() const override;
   double attention_flops_per_token(int64_t seq_length) const override;
 
  private:

@@ -230,9 +230,14 @@ void MlaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
   ops.linear(out, att, o_proj_, -1, residual);
 }
 
-int64_t MlaAttention::matmul_params() const {
+// The fused down-projection, the query and key/value up-projections, o_proj.
+std::vector<LinearGemm> MlaAttention::linear_gemms() const {
   const int64_t C = s_.hidden;
-  return fused_width() * C + (lora_ ? Qr_ * H_ * D_ : 0) + Kr_ * H_ * (Dn_ + Dv_) + H_ * Dv_ * C;
+  std::vector<LinearGemm> g{{.name = "q_kv_a", .out_features = fused_width(), .in_features = C}};
+  if (lora_) g.push_back({.name = "q_b", .out_features = H_ * D_, .in_features = Qr_});
+  g.push_back({.name = "kv_b", .out_features = H_ * (Dn_ + Dv_), .in_features = Kr_});
+  g.push_back({.name = "o_proj", .out_features = C, .in_features = H_ * Dv_, .residual = true});
+  return g;
 }
 
 // The GQA convention (12 s d per layer: 2 s d for the scores and 2 s d for the values per

@@ -46,7 +46,7 @@ class MlaAttention final : public Mixer {
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
                       const Tensor& residual, const Tensor& cache, int64_t pos) override;
   std::vector<double> rope_bases() const override { return {0.0}; }
-  int64_t matmul_params() const override;
+  std::vector<LinearGemm> linear_gemms() const override;
   double attention_flops_per_token(int64_t seq_length) const override;
 
   // Width of the fused projection's output a: the queries (or their latent), c_kv, the rope key.

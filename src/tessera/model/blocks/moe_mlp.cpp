@@ -340,9 +340,21 @@ void MoeMlp::update_state(Backend& backend) {
                                  static_cast<float>(s_.moe.bias_update_rate));
 }
 
-int64_t MoeMlp::matmul_params() const {
-  const int64_t C = s_.hidden;
-  return C * s_.moe.experts + s_.moe.topk * 3 * C * s_.moe.ffn + 3 * C * s_.moe.shared_ffn;
+// The router, the shared expert, and each expert's GEMMs over its share of the routed rows
+// (top-k of every token's experts, balanced: top-k / experts of the tokens per expert).
+std::vector<LinearGemm> MoeMlp::linear_gemms() const {
+  const int64_t C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk, F = s_.moe.ffn;
+  const int64_t S = s_.moe.shared_ffn;
+  std::vector<LinearGemm> g{
+      {.name = "router", .out_features = E, .in_features = C, .fp8 = LinearGemm::Fp8::Never}};
+  if (S > 0) g.push_back({.name = "shared_gate_up", .out_features = 2 * S, .in_features = C});
+  g.push_back({.name = "experts_gate_up", .out_features = 2 * F, .in_features = C, .count = E,
+               .share_num = K, .share_den = E, .fp8 = LinearGemm::Fp8::Expert});
+  g.push_back({.name = "experts_down", .out_features = C, .in_features = F, .count = E,
+               .share_num = K, .share_den = E, .fp8 = LinearGemm::Fp8::Expert});
+  if (S > 0)
+    g.push_back({.name = "shared_down", .out_features = C, .in_features = S, .residual = true});
+  return g;
 }
 
 }  // namespace tessera

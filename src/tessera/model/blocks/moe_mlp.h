@@ -55,7 +55,7 @@ class MoeMlp final : public Mixer {
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
                       const Tensor& residual, const Tensor& cache, int64_t pos) override;
-  int64_t matmul_params() const override;
+  std::vector<LinearGemm> linear_gemms() const override;
   // Per expert the (token, slot) pairs routed to it, then the aux loss, the z-loss and the
   // pairs dropped beyond the experts' capacity (0 when dropless).
   int64_t stats_width() const override { return s_.moe.experts + 3; }

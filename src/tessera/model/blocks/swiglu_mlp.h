@@ -25,7 +25,10 @@ class SwigluMlp final : public Mixer {
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
                       const Tensor& residual, const Tensor& cache, int64_t pos) override;
-  int64_t matmul_params() const override { return 3 * s_.hidden * s_.ffn; }
+  std::vector<LinearGemm> linear_gemms() const override {
+    return {{.name = "gate_up", .out_features = 2 * s_.ffn, .in_features = s_.hidden},
+            {.name = "down", .out_features = s_.hidden, .in_features = s_.ffn, .residual = true}};
+  }
 
  private:
   ModelSpec s_;
