@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -169,6 +170,12 @@ class Mixer {
   // The rotary tables' bases it reads (ForwardOps::rope_table; 0: the model's own).
   virtual std::vector<double> rope_bases() const { return {}; }
 
+  // The shape its attention runs on for `batch` sequences of `seq` tokens (the memory planner
+  // sizes the attention kernels' buffers from it); none for a mixer without attention.
+  virtual std::optional<AttentionShape> attention_shape(int64_t batch, int64_t seq) const {
+    (void)batch, (void)seq;
+    return std::nullopt;
+  }
   // Its linear layers' GEMMs, in the order its forward runs them.
   virtual std::vector<LinearGemm> linear_gemms() const = 0;
   // Model FLOPs (model_spec.h): weights its GEMMs multiply per token (from linear_gemms), and

@@ -138,6 +138,12 @@ std::vector<LinearGemm> DecoderLayer::linear_gemms() const {
   return g;
 }
 
+std::optional<AttentionShape> DecoderLayer::attention_shape(int64_t batch, int64_t seq) const {
+  for (const auto& b : blocks_)
+    if (auto a = b->mixer().attention_shape(batch, seq)) return a;
+  return std::nullopt;
+}
+
 double DecoderLayer::attention_flops_per_token(int64_t seq_length) const {
   double f = 0;
   for (const auto& b : blocks_) f += b->mixer().attention_flops_per_token(seq_length);

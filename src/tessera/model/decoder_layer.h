@@ -50,6 +50,8 @@ class DecoderLayer {
   int64_t matmul_params() const;
   // Its blocks' linear layers, in the order the forward runs them (Mixer::linear_gemms).
   std::vector<LinearGemm> linear_gemms() const;
+  // Its first block's attention shape (Mixer::attention_shape); none without attention.
+  std::optional<AttentionShape> attention_shape(int64_t batch, int64_t seq) const;
   double attention_flops_per_token(int64_t seq_length) const;
   // The statistics its blocks keep (Block::stats_width), bound block after block.
   int64_t stats_width() const;

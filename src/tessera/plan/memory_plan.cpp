@@ -6,6 +6,7 @@
 #include "tessera/distributed/data_parallel.h"
 #include "tessera/distributed/expert_exchange.h"
 #include "tessera/distributed/fully_sharded.h"
+#include "tessera/model/decoder_layer.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/param_layout.h"
@@ -65,16 +66,12 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
     for (const ParamRange& r : owned)
       d.largest_reduction = std::max(d.largest_reduction, r.count());
   }
-  d.attention.batch = rt.micro_batch;
-  d.attention.seq = rt.seq_length;
-  d.attention.heads = s.heads;
-  d.attention.kv_heads = s.kv_heads;
-  d.attention.head_dim = s.head_dim;
-  if (s.mla.enabled) {  // its head_dim is the RoPE part; attention runs on whole heads
-    d.attention.head_dim = s.mla.qk_dim();
-    d.attention.v_head_dim = s.mla.v_head_dim;
-  }
-  d.attention.window = s.sliding_window;
+  // A layer's attention as its mixer runs it (the first layer that has one).
+  for (int64_t l = 0; l < s.num_layers; ++l)
+    if (auto a = make_decoder_layer(s, l)->attention_shape(rt.micro_batch, rt.seq_length)) {
+      d.attention = *a;
+      break;
+    }
   d.attention_backend = in.attention_backend;
   for (const auto& call : AdamWOptimizer::step_segments(layout, owned)) {
     std::vector<int64_t> lengths;

@@ -53,6 +53,9 @@ class GqaAttention final : public Mixer {
                       const Tensor& residual, const Tensor& cache, int64_t pos) override;
   std::vector<double> rope_bases() const override;
   std::vector<LinearGemm> linear_gemms() const override;
+  std::optional<AttentionShape> attention_shape(int64_t batch, int64_t seq) const override {
+    return shape(batch, seq);
+  }
   double attention_flops_per_token(int64_t seq_length) const override;
 
  private:

@@ -47,6 +47,9 @@ class MlaAttention final : public Mixer {
                       const Tensor& residual, const Tensor& cache, int64_t pos) override;
   std::vector<double> rope_bases() const override { return {0.0}; }
   std::vector<LinearGemm> linear_gemms() const override;
+  std::optional<AttentionShape> attention_shape(int64_t batch, int64_t seq) const override {
+    return shape(batch, seq);
+  }
   double attention_flops_per_token(int64_t seq_length) const override;
 
   // Width of the fused projection's output a: the queries (or their latent), c_kv, the rope key.
