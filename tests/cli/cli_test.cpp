@@ -79,11 +79,13 @@ TEST_F(Cli, TrainWritesThePrimusLayoutAndMetrics) {
   EXPECT_TRUE(evaluated);
   ASSERT_EQ(records.size(), 2u);  // iterations 2 and 4
   for (const char* key : {"iteration", "lm_loss", "lr", "grad_norm", "elapsed_ms", "tflops_per_gpu",
-                          "tokens_per_s_per_gpu", "consumed_samples", "mem_allocated_gib", "mem_peak_gib"})
+                          "tflops_per_gpu_causal", "tokens_per_s_per_gpu", "consumed_samples", "mem_allocated_gib", "mem_peak_gib"})
     EXPECT_TRUE(records[1].contains(key)) << key;
   EXPECT_EQ(records[1]["iteration"], 4);
   EXPECT_EQ(records[1]["consumed_samples"], 16);
   EXPECT_GT(records[1]["tokens_per_s_per_gpu"].get<double>(), 0);
+  EXPECT_LT(records[1]["tflops_per_gpu_causal"].get<double>(),
+            records[1]["tflops_per_gpu"].get<double>());
   EXPECT_GT(records[1]["mem_peak_gib"].get<double>(), 0);
 
   // The logged loss is the mean over the interval (Megatron's): the same run logging every

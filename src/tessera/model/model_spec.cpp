@@ -36,10 +36,11 @@ int64_t ModelSpec::total_params() const {
   return n;
 }
 
-double ModelSpec::flops_per_token(int64_t seq_length) const {
+double ModelSpec::flops_per_token(int64_t seq_length, AttentionCount count) const {
   double attention = 0;
   for (int64_t l = 0; l < num_layers; ++l)
     attention += make_decoder_layer(*this, l)->attention_flops_per_token(seq_length);
+  if (count == AttentionCount::CausalHalf) attention /= 2;
   return 6.0 * static_cast<double>(matmul_params()) + attention;
 }
 

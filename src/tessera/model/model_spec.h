@@ -116,8 +116,12 @@ struct ModelSpec {
   int64_t active_params() const;
   // Model FLOPs per token for training: 6 * matmul_params + each block's attention FLOPs
   // (GQA: 12 * s_eff * heads*head_dim per layer, s_eff = min(seq_length, sliding_window);
-  // MLA: 6 * s_eff * heads * (qk_dim + v_head_dim), the same with its two head sizes).
-  double flops_per_token(int64_t seq_length) const;
+  // MLA: 6 * s_eff * heads * (qk_dim + v_head_dim), the same with its two head sizes), the
+  // attention term counted over every pair in reach (Megatron's num_floating_point_operations)
+  // or halved for causal masks (Megatron-Bridge's recipes: causal_self_attn).
+  enum class AttentionCount { AllPairs, CausalHalf };
+  double flops_per_token(int64_t seq_length,
+                         AttentionCount count = AttentionCount::AllPairs) const;
   std::string summary() const;
 };
 

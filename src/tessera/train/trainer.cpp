@@ -667,6 +667,9 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const double ms = interval_ms / static_cast<double>(interval_iters);
   const double tokens_per_s = tokens_per_gpu_per_step() / (ms / 1e3);
   const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
+  const double tflops_causal =
+      setup_.spec.flops_per_token(t.seq_length, ModelSpec::AttentionCount::CausalHalf) *
+      tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
   const std::vector<MoeLayerBalance> moe = moe_interval_.mean();
   moe_interval_.clear();
@@ -703,6 +706,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       std::isfinite(s.grad_norm) ? nlohmann::json(s.grad_norm) : nlohmann::json(nullptr);
   j["elapsed_ms"] = ms;
   j["tflops_per_gpu"] = tflops;
+  j["tflops_per_gpu_causal"] = tflops_causal;
   j["tokens_per_s_per_gpu"] = tokens_per_s;
   j["tokens_per_s"] = tokens_per_s * static_cast<double>(parallel_->world_size());
   j["world_size"] = parallel_->world_size();
@@ -901,16 +905,21 @@ TrainSummary Trainer::train() {
   const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
   sum.tokens_per_s_per_gpu = tokens_per_gpu_per_step() / (ms / 1e3);
   sum.tflops_per_gpu = setup_.spec.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
+  sum.tflops_per_gpu_causal =
+      setup_.spec.flops_per_token(t.seq_length, ModelSpec::AttentionCount::CausalHalf) *
+      sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
   const std::string_view per = device_word();
   log_.info(
       "done: {} in {:.1f} s; loss {:.4f} -> {:.4f}{}; {:.1f} tokens/s/{}, {:.3f} "
-      "TFLOP/s/{} (excluding the first iteration); peak memory {:.3f} GiB",
+      "TFLOP/s/{} (excluding the first iteration; {:.3f} with causal attention counted half, "
+      "as Megatron-Bridge counts); peak memory {:.3f} GiB",
       first == 1 ? fmt::format("{} iterations", last)
                  : fmt::format("{} iterations, {} to {}", ran, first, last),
       ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
       sum.last_eval_loss >= 0 ? fmt::format(" (validation {:.4f})", sum.last_eval_loss) : "",
-      sum.tokens_per_s_per_gpu, per, sum.tflops_per_gpu, per, sum.peak_memory_gib);
+      sum.tokens_per_s_per_gpu, per, sum.tflops_per_gpu, per, sum.tflops_per_gpu_causal,
+      sum.peak_memory_gib);
   return sum;
 }
 

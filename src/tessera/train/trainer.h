@@ -44,6 +44,7 @@ struct TrainSummary {
   double last_eval_loss = -1;
   double tokens_per_s_per_gpu = 0;  // over all iterations after the first
   double tflops_per_gpu = 0;
+  double tflops_per_gpu_causal = 0;  // Megatron-Bridge's count: causal attention halved
   double peak_memory_gib = 0;
 };
 
