@@ -25,89 +25,12 @@ OUT="${OUT:-$ROOT/.device/out}"
 BIN="${BIN:-$ROOT/.device/bin}"
 T="$BIN/tessera"
 mkdir -p "$OUT"
-GPUS=$(nvidia-smi -L | wc -l)
-GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-case "$GPU_NAME" in *H200*) PLAN_GPU=H200 ;; *H100*) PLAN_GPU=H100 ;; *) PLAN_GPU=H200 ;; esac
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests profile scaling moe big)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
-status=0
-port=29800
-next_port() { port=$((port + 1)); echo $port; }
-# Megatron's precision-aware optimizer with bf16 gradients and moments and selective recompute:
-# what `bench model --full` runs the 8B models with on one GPU (docs/memory.md).
-PA="--use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16
-  --exp_avg_sq_dtype bf16"
-FULL_STATE="$PA --recompute_granularity selective"
-RUNS="$OUT/runs"
-
-# train NAME GPUS ARGS...: one training run through `tessera launch`; its log is OUT/NAME.log.
-train() {
-  local name=$1 gpus=$2
-  shift 2
-  timeout "${RUN_TIMEOUT:-240}" "$T" launch --nproc_per_node "$gpus" --master_port "$(next_port)" \
-    train --mock_data true --log_interval 1 --eval_interval 0 --workspace "$RUNS" \
-    --work_group g --user_name u --exp_name "$name" "$@" > "$OUT/$name.log" 2>&1
-}
-
-# summary NAME GPUS [PLAN_GIB]: one markdown row from the run's metrics (medians over the
-# iterations after the first; MoE balance from the last: the largest coefficient of variation
-# of tokens per expert over the layers, and the dropped share).
-summary() {
-  python3 - "$RUNS/g/u/$1/metrics.jsonl" "$1" "$2" "${3:-}" <<'PY'
-import json, statistics, sys
-path, name, gpus, plan = sys.argv[1:5]
-try:
-    rows = [json.loads(l) for l in open(path) if '"lm_loss"' in l]
-except OSError:
-    rows = []
-if not rows:
-    print(f"| {name} | {gpus} | run failed (see {name}.log) | | | | | | |")
-    sys.exit(0)
-body = rows[1:] or rows
-med = lambda k: statistics.median(r[k] for r in body if k in r)
-peak = max(r.get("mem_peak_gib", 0) for r in rows)
-last = rows[-1]
-balance = ""
-if last.get("moe_expert_tokens_cv"):
-    balance = (f"cv {max(last['moe_expert_tokens_cv']):.3f}, dropped "
-               f"{100 * max(last.get('moe_expert_dropped_fraction', [0])):.2f}%")
-print(f"| {name} | {gpus} | {med('elapsed_ms'):.0f} | {med('tokens_per_s_per_gpu'):,.0f} | "
-      f"{med('tflops_per_gpu'):.0f} | {peak:.2f} | {plan} | {last['lm_loss']:.4f} | {balance} |")
-PY
-}
-TABLE_HEAD="| run | GPUs | ms/iter | tokens/s/GPU | TFLOP/s/GPU | peak GiB | plan GiB | final loss | balance |
-|---|---|---|---|---|---|---|---|---|"
-
-# plan_gib GPUS ARGS...: the planner's total per GPU for a run, or empty when it does not fit.
-plan_gib() {
-  local gpus=$1
-  shift
-  "$T" memory --num_gpus "$gpus" --gpu "$PLAN_GPU" "$@" 2>/dev/null |
-    awk '/^FITS/ {fits = 1} /^\| total / {total = $6} END {if (fits) print total}'
-}
-
-# first_fit GPUS "BASE ARGS" "CANDIDATE 1" "CANDIDATE 2" ...: the first candidate the planner
-# says fits (cheapest first), or nothing.
-first_fit() {
-  local gpus=$1 base=$2 c
-  shift 2
-  for c in "$@"; do
-    # shellcheck disable=SC2086
-    if [ -n "$(plan_gib "$gpus" $base $c)" ]; then
-      echo "$c"
-      return 0
-    fi
-  done
-  return 1
-}
-
-{
-  date -u +"%Y-%m-%d %H:%M UTC"
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
-  nvidia-smi topo -m 2>/dev/null | head -8
-  "$T" --version 2>/dev/null
-} > "$OUT/four_gpu_machine.txt"
+# shellcheck source=scripts/device/multi_gpu_common.sh
+source "$ROOT/scripts/device/multi_gpu_common.sh"
+machine_info "$OUT/four_gpu_machine.txt"
 
 if want tests; then
   echo "== DistGpu.* on $GPUS GPUs: the four-GPU tests, then the others"
@@ -166,7 +89,7 @@ fi
 
 need_four() {
   [ "$GPUS" -ge 4 ] && return 0
-  echo "| $1 | 4 | not run: $GPUS GPUs here, 4 needed | | | | | | |" >> "$OUT/$1.md"
+  echo "| $1 | 4 | not run: $GPUS GPUs here, 4 needed | | | | | | | |" >> "$OUT/$1.md"
   echo "-- $1: not run, $GPUS GPUs here and 4 needed"
   return 1
 }
@@ -185,7 +108,7 @@ if want moe && need_four moe; then
                     "--recompute_granularity full" "--moe_expert_capacity_factor 1.0" \
                     "$PA" "$PA --recompute_granularity selective" "$PA --recompute_granularity full" \
                     "$PA --recompute_granularity full --moe_expert_capacity_factor 1.0"); then
-      echo "| $name | 4 | the planner finds no layout that fits | | | | | | |" >> "$table"
+      echo "| $name | 4 | the planner finds no layout that fits | | | | | | | |" >> "$table"
       status=1
       continue
     fi
@@ -220,7 +143,7 @@ if want big && need_four big; then
     RUN_TIMEOUT=400 train llama70b_40l_fp8 4 $base $layout || status=1
     summary llama70b_40l_fp8 4 "$plan" >> "$table"
   else
-    echo "| llama70b_40l_fp8 | 4 | the planner finds no layout that fits | | | | | | |" >> "$table"
+    echo "| llama70b_40l_fp8 | 4 | the planner finds no layout that fits | | | | | | | |" >> "$table"
     status=1
   fi
   cat "$table"

@@ -4,9 +4,10 @@
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
-#       [dist] [four_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
+#       [dist] [four_gpu] [eight_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
 #       [baseline]   (not in the default; dist: 2 GPUs; four_gpu: scripts/device/four_gpu.sh
-#                     with the steps in FOUR_GPU_STEPS (default all), 4 GPUs; baseline: bench model of the packed
+#                     with the steps in FOUR_GPU_STEPS (default all), 4 GPUs; eight_gpu:
+#                     scripts/device/eight_gpu.sh with EIGHT_GPU_STEPS, 8 GPUs; baseline: bench model of the packed
 #                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
 #       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
 #             (bench model --full: all layers, 16 micro-batches per step, precision-aware
@@ -268,6 +269,10 @@ fi
 if want four_gpu; then
   echo "== two and four GPUs (scripts/device/four_gpu.sh ${FOUR_GPU_STEPS:-})"
   OUT="$OUT/four_gpu" BIN="$BIN" bash "$ROOT/scripts/device/four_gpu.sh" ${FOUR_GPU_STEPS:-} 2>&1 | tail -80
+fi
+if want eight_gpu; then
+  echo "== eight GPUs (scripts/device/eight_gpu.sh ${EIGHT_GPU_STEPS:-})"
+  OUT="$OUT/eight_gpu" BIN="$BIN" bash "$ROOT/scripts/device/eight_gpu.sh" ${EIGHT_GPU_STEPS:-} 2>&1 | tail -80
 fi
 if want dist; then
   echo "== multi-GPU (scripts/device/dist_suite.sh)"

@@ -675,6 +675,46 @@ TEST_F(DistGpu, FourGpuLayoutsMatchOneGpuOnBrownText) {
   }
 }
 
+// Eight GPUs: tensor parallelism 8 with sequence parallelism (eight key/value groups, so each
+// rank holds one), and an interleaved pipeline of 8 stages with 2 chunks each (16 layers, 8
+// micro-batches a step), each against one GPU running the same model, within the four-GPU
+// bounds.
+TEST_F(DistGpu, EightGpuLayoutsMatchOneGpuOnBrownText) {
+  TS_REQUIRE_GPU();
+  if (::tessera::gpu_device_count() < 8) GTEST_SKIP() << "skipped: fewer than 8 GPUs";
+  struct Layout {
+    const char* name;
+    const char* model;  // what the layout and its one-GPU reference run both change
+    const char* keys;
+  };
+  const Layout layouts[] = {
+      {"tp8_sp", "--num_query_groups 8",
+       "--tensor_model_parallel_size 8 --sequence_parallel true"},
+      {"pp8_interleaved", "--num_layers 16 --global_batch_size 16",
+       "--pipeline_model_parallel_size 8 --virtual_pipeline_model_parallel_size 2"},
+  };
+  int port = 29760;
+  for (const Layout& l : layouts) {
+    const std::string name = l.name, one = name + "_one";
+    ASSERT_EQ(run(brown_fp32_args(one) + " " + l.model, one + ".txt"), 0) << read(one + ".txt");
+    ASSERT_EQ(run("launch --nproc_per_node 8 --master_port " + std::to_string(port++) + " " +
+                      brown_fp32_args(name) + " " + l.model + " " + l.keys,
+                  name + ".txt"),
+              0)
+        << read(name + ".txt");
+    const std::vector<double> got = losses(name), ref = losses(one);
+    ASSERT_EQ(ref.size(), 20u);
+    const double worst = max_relative_difference(got, ref, name);
+    const double first = got.empty() ? 1.0 : std::abs(got[0] - ref[0]) / std::abs(ref[0]);
+    std::printf(
+        "[ parity   ] %s: first loss within %.2e, losses within %.2e relative of one GPU over 20 "
+        "steps\n",
+        l.name, first, worst);
+    EXPECT_LE(first, kFp32FirstLossBound) << name;
+    EXPECT_LE(worst, kFp32LossBound) << name;
+  }
+}
+
 // The processes of one session (a node's launcher and the ranks it started), sent `sig`: a
 // node that dies takes all of them with it.
 void signal_session(pid_t session, int sig) {

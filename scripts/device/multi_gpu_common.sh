@@ -1,0 +1,89 @@
+# Sourced by four_gpu.sh and eight_gpu.sh: the machine, the runs through `tessera launch`, their
+# summary rows and the planner's verdicts. Expects T (the tessera binary) and OUT; sets GPUS,
+# PLAN_GPU, RUNS, status and the helpers below.
+GPUS=$(nvidia-smi -L | wc -l)
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$GPU_NAME" in *H200*) PLAN_GPU=H200 ;; *H100*) PLAN_GPU=H100 ;; *) PLAN_GPU=H200 ;; esac
+status=0
+port=29800
+next_port() { port=$((port + 1)); echo $port; }
+# Megatron's precision-aware optimizer with bf16 gradients and moments and selective recompute:
+# what `bench model --full` runs the 8B models with on one GPU (docs/memory.md).
+PA="--use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16
+  --exp_avg_sq_dtype bf16"
+FULL_STATE="$PA --recompute_granularity selective"
+RUNS="$OUT/runs"
+
+# train NAME GPUS ARGS...: one training run through `tessera launch`; its log is OUT/NAME.log.
+train() {
+  local name=$1 gpus=$2
+  shift 2
+  timeout "${RUN_TIMEOUT:-240}" "$T" launch --nproc_per_node "$gpus" --master_port "$(next_port)" \
+    train --mock_data true --log_interval 1 --eval_interval 0 --workspace "$RUNS" \
+    --work_group g --user_name u --exp_name "$name" "$@" > "$OUT/$name.log" 2>&1
+}
+
+# summary NAME GPUS [PLAN_GIB]: one markdown row from the run's metrics (medians over the
+# iterations after the first; TFLOP/s in Tessera's convention and in Megatron-Bridge's, causal
+# attention counted half; MoE balance from the last: the largest coefficient of variation of
+# tokens per expert over the layers, and the dropped share).
+summary() {
+  python3 - "$RUNS/g/u/$1/metrics.jsonl" "$1" "$2" "${3:-}" <<'PY'
+import json, statistics, sys
+path, name, gpus, plan = sys.argv[1:5]
+try:
+    rows = [json.loads(l) for l in open(path) if '"lm_loss"' in l]
+except OSError:
+    rows = []
+if not rows:
+    print(f"| {name} | {gpus} | run failed (see {name}.log) | | | | | | | |")
+    sys.exit(0)
+body = rows[1:] or rows
+med = lambda k: statistics.median(r[k] for r in body if k in r)
+peak = max(r.get("mem_peak_gib", 0) for r in rows)
+last = rows[-1]
+balance = ""
+if last.get("moe_expert_tokens_cv"):
+    balance = (f"cv {max(last['moe_expert_tokens_cv']):.3f}, dropped "
+               f"{100 * max(last.get('moe_expert_dropped_fraction', [0])):.2f}%")
+causal = f"{med('tflops_per_gpu_causal'):.0f}" if "tflops_per_gpu_causal" in last else ""
+print(f"| {name} | {gpus} | {med('elapsed_ms'):.0f} | {med('tokens_per_s_per_gpu'):,.0f} | "
+      f"{med('tflops_per_gpu'):.0f} | {causal} | {peak:.2f} | {plan} | {last['lm_loss']:.4f} | "
+      f"{balance} |")
+PY
+}
+TABLE_HEAD="| run | GPUs | ms/iter | tokens/s/GPU | TFLOP/s/GPU | TFLOP/s/GPU, causal half | peak GiB | plan GiB | final loss | balance |
+|---|---|---|---|---|---|---|---|---|---|"
+
+# plan_gib GPUS ARGS...: the planner's total per GPU for a run, or empty when it does not fit.
+plan_gib() {
+  local gpus=$1
+  shift
+  "$T" memory --num_gpus "$gpus" --gpu "$PLAN_GPU" "$@" 2>/dev/null |
+    awk '/^FITS/ {fits = 1} /^\| total / {total = $6} END {if (fits) print total}'
+}
+
+# first_fit GPUS "BASE ARGS" "CANDIDATE 1" "CANDIDATE 2" ...: the first candidate the planner
+# says fits (cheapest first), or nothing.
+first_fit() {
+  local gpus=$1 base=$2 c
+  shift 2
+  for c in "$@"; do
+    # shellcheck disable=SC2086
+    if [ -n "$(plan_gib "$gpus" $base $c)" ]; then
+      echo "$c"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# machine_info FILE: the GPUs, their links and the binary's version.
+machine_info() {
+  {
+    date -u +"%Y-%m-%d %H:%M UTC"
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+    nvidia-smi topo -m 2>/dev/null | head -10
+    "$T" --version 2>/dev/null
+  } > "$1"
+}
