@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -100,19 +101,57 @@ TEST_F(ThreadRanksCli, DataParallelZero1AndFsdpTrainLikeOneRank) {
 }
 
 // Tensor parallelism through the command: 2 ranks that split the model, with sequence
-// parallelism, and 4 with data parallelism over 2 model replicas (tests/distributed/
-// tensor_parallel_test.cpp compares weights and gradients too).
+// parallelism, and 4 with data parallelism over 2 model replicas: ZeRO-1, and FSDP sharding
+// each tensor-parallel part over its 2 data-parallel ranks (torchtitan's 2D), with and without
+// sequence parallelism (tests/distributed/tensor_parallel_test.cpp compares weights and
+// gradients too).
 TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
   // Two heads in two query groups (one each per rank).
   const std::string model = "--num_query_groups 2 --log_interval 1 ";
   const TrainingRun one = train(workspace_, "one", 1, model);
   for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
            {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
-           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"},
+           {4, "--tensor_model_parallel_size 2 --use_torch_fsdp2 true"},
+           {4, "--tensor_model_parallel_size 2 --sequence_parallel true --use_torch_fsdp2 true"}}) {
     SCOPED_TRACE(flags);
-    const TrainingRun run = train(workspace_, "tp" + std::to_string(ranks), ranks, model + flags);
+    static int runs = 0;
+    const TrainingRun run = train(workspace_, "tp" + std::to_string(runs++), ranks, model + flags);
     expect_close(run.losses, one.losses, kLossTolerance, "loss");
     expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+  }
+}
+
+// FSDP x TP checkpoints: a run saved at iteration 3 on 2 tensor-parallel x 2 FSDP ranks resumes
+// on that mesh bit for bit, and on one rank and under ZeRO-1 x TP within fp32 rounding.
+TEST_F(ThreadRanksCli, FsdpWithTensorParallelismResumesOnItsMeshAndOthers) {
+  const std::string model = "--num_query_groups 2 --log_interval 1 ";
+  const std::string mesh = "--tensor_model_parallel_size 2 --sequence_parallel true "
+                           "--use_torch_fsdp2 true ";
+  const fs::path save = workspace_ / "ckpt";
+  const TrainingRun straight =
+      train(workspace_, "straight", 4, model + mesh + "--save " + save.string() + " --save_interval 3");
+  ASSERT_EQ(straight.losses.size(), 6u);
+  ASSERT_TRUE(fs::exists(save / "iter_0000003"));
+  fs::remove_all(save / "iter_0000006");
+  std::ofstream(save / "latest_checkpointed_iteration.txt") << "3\n";
+  for (const auto& [ranks, flags, bitwise] : std::vector<std::tuple<int, std::string, bool>>{
+           {4, mesh, true},
+           {1, "", false},
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true ", false}}) {
+    SCOPED_TRACE(flags);
+    static int runs = 0;
+    const TrainingRun resumed = train(workspace_, "resumed" + std::to_string(runs++), ranks,
+                                      model + flags + "--load " + save.string());
+    ASSERT_EQ(resumed.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      if (bitwise)
+        EXPECT_EQ(resumed.losses[i], straight.losses[3 + i]) << "iteration " << 4 + i;
+      else
+        EXPECT_LE(std::fabs(resumed.losses[i] - straight.losses[3 + i]),
+                  kLossTolerance * straight.losses[3 + i])
+            << "iteration " << 4 + i;
+    }
   }
 }
 

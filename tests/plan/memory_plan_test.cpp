@@ -307,8 +307,9 @@ std::pair<size_t, size_t> planned_and_peak(int world, int64_t global_batch,
   return {plan_memory(plan_input(setup, /*gpu=*/false)).allocated(), largest_rank_peak(e, world)};
 }
 
-// ZeRO-1 and FSDP over thread ranks with bf16 state: the planner's bytes are the peak of the
-// rank holding the most (its optimizer shard the largest), exactly.
+// ZeRO-1 and FSDP over thread ranks with bf16 state, and FSDP under tensor parallelism: the
+// planner's bytes are the peak of the rank holding the most (its optimizer shard the largest),
+// exactly.
 TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
   for (const char* sharding : {"--use_distributed_optimizer", "--use_torch_fsdp2"}) {
     const auto [planned, peak] =
@@ -317,6 +318,12 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
                           "--main_grads_dtype", "bf16", "--exp_avg_dtype", "bf16"});
     EXPECT_EQ(peak, planned) << sharding;
   }
+  // FSDP over the data-parallel ranks of each tensor-parallel part (2 x 2 ranks).
+  const auto [planned, peak] = planned_and_peak(
+      4, 2,
+      {"--use_torch_fsdp2", "true", "--tensor_model_parallel_size", "2", "--sequence_parallel",
+       "true"});
+  EXPECT_EQ(peak, planned) << "FSDP x TP";
 }
 
 // Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the

@@ -34,7 +34,9 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
   TS_CHECK(rt.tensor_parallel_size == tp && rt.tensor_parallel_rank == tp_rank,
            "the model holds tensor-parallel part {} of {}, rank {} is part {} of {}",
            rt.tensor_parallel_rank, rt.tensor_parallel_size, world.rank(), tp_rank, tp);
-  TS_CHECK(!data_parallel.fully_shard, "FSDP with tensor, pipeline or context parallelism");
+  TS_CHECK(!data_parallel.fully_shard ||
+               (mesh.size(MeshDim::PP) == 1 && mesh.size(MeshDim::CP) == 1),
+           "FSDP with pipeline or context parallelism");
   const int cp = mesh.size(MeshDim::CP);
   TS_CHECK(rt.context_parallel_size == cp &&
                rt.context_parallel_rank == mesh.coordinate(world.rank(), MeshDim::CP),
@@ -59,7 +61,14 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
     // A stage's backward passes of different micro-batches interleave with its forwards: the
     // gradients are final only after the schedule's last pass.
     if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
-    data_ = make_data_parallelism(*data_comm_, model, options);
+    if (options.fully_shard) {
+      // torchtitan's 2D: this tensor-parallel part sharded over the ranks that hold it.
+      auto fsdp = std::make_unique<FullyShardedDataParallel>(*data_comm_, model);
+      fsdp_ = fsdp.get();
+      data_ = std::move(fsdp);
+    } else {
+      data_ = make_data_parallelism(*data_comm_, model, options);
+    }
   }
 
   const ParamLayout& layout = model.layout();
@@ -181,11 +190,25 @@ void MeshParallelism::begin_micro_batch(bool last) {
 
 void MeshParallelism::finish_gradient_reduction() {
   if (data_) data_->finish_gradient_reduction();
-  for (int index : sequence_partial_grads_)
-    tp_comm_->all_reduce(model_.grad(index), ReduceOp::Sum, Lane::Compute);
+  for (int index : sequence_partial_grads_) {
+    if (!fsdp_) {
+      tp_comm_->all_reduce(model_.grad(index), ReduceOp::Sum, Lane::Compute);
+      continue;
+    }
+    // FSDP keeps only this rank's shard of each gradient, at the same places on every
+    // tensor-parallel rank (their layouts have the same shape).
+    const ParamInfo& p = model_.layout().params[index];
+    for (const Tensor& piece : fsdp_->grad_shard_pieces({p.offset, p.offset + p.numel()}))
+      tp_comm_->all_reduce(piece, ReduceOp::Sum, Lane::Compute);
+  }
 }
 
 void MeshParallelism::grad_norm_sq(const Tensor& out) {
+  if (fsdp_) {
+    fsdp_->grad_norm_sq_of(out, counted_);
+    model_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
+    return;
+  }
   Backend& b = model_.backend();
   const std::vector<OwnedParams> owned = optimizer_shards();
   std::vector<ParamRange> ranges = counted_;

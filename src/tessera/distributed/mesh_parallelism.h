@@ -34,6 +34,7 @@
 
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/fully_sharded.h"
 #include "tessera/distributed/device_mesh.h"
 #include "tessera/distributed/parallelism.h"
 #include "tessera/distributed/pipeline_schedule.h"
@@ -81,7 +82,13 @@ class MeshParallelism final : public Parallelism {
   void finish_gradient_reduction() override;
   void grad_norm_sq(const Tensor& out) override;
   void params_updated() override;
-  Tensor gathered_param(int index) override { return model_.param(index); }
+  bool params_sharded() const override { return fsdp_ != nullptr; }
+  Tensor gathered_param(int index) override {
+    return fsdp_ ? fsdp_->gathered_param(index) : model_.param(index);
+  }
+  void follow_gathers() override {
+    if (fsdp_) fsdp_->follow_gathers();
+  }
 
   void sum(const Tensor& t) override;
   void max(const Tensor& t) override;
@@ -108,6 +115,7 @@ class MeshParallelism final : public Parallelism {
   std::unique_ptr<CommunicatorGroup> tp_group_, cp_group_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
   std::unique_ptr<DataParallelism> data_;  // null with one data x context-parallel rank
+  FullyShardedDataParallel* fsdp_ = nullptr;  // data_, when it is FSDP (tensor parallelism only)
   // Replicated parameters whose gradients are partial sums over sequence shards.
   std::vector<int> sequence_partial_grads_;
   // What of the flat gradient buffer this rank counts in the norm (before ZeRO-1's shards).

@@ -439,8 +439,9 @@ std::string Trainer::save_checkpoint() {
     if (rank == 0) begin_sharded_checkpoint(c.save, s.iteration);
     parallel_->barrier();
     if (writes) write_checkpoint_shard(c.save, t, s.iteration, rank, world, whole_params);
-    // FSDP: rank 0 has just gathered every parameter unit to write model.safetensors.
-    if (rank != 0 && parallel_->params_sharded()) parallel_->follow_gathers();
+    // FSDP: rank 0 has just gathered every parameter unit to write model.safetensors (a split
+    // model writes none: its master weights are the weights).
+    if (rank != 0 && parallel_->params_sharded() && !split) parallel_->follow_gathers();
     parallel_->barrier();
     if (rank == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
   }
