@@ -98,7 +98,7 @@ const std::vector<Command>& workflow() {
 // The one line Tessera's plan puts over an MI300X: torchtitan's FSDP benchmark of Llama 3.1
 // 70B at micro batch 4. Its 8.8B parameters per GPU keep 16 bytes of state each, as
 // torchtitan's do, but the 80 stored layer inputs and one layer's recompute at 32k tokens
-// bring the plan to 197 GiB (docs/memory.md); micro batch 2, or the changes the verdict names,
+// bring the plan to 198 GiB (docs/memory.md); micro batch 2, or the changes the verdict names,
 // fit.
 constexpr int kTorchtitanLlama70B = 31;
 

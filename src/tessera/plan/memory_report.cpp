@@ -530,8 +530,8 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   }
   // Model-parallel meshes at the configured precision, with the configured and with full
   // recompute: tensor parallelism (with sequence parallelism) over up to the ranks of a node
-  // and pipeline stages, the rest data parallel (ZeRO-1 where there are data-parallel ranks to
-  // shard over).
+  // and pipeline stages, the rest data parallel: FSDP where it is configured and composes
+  // (tensor parallelism alone), else ZeRO-1 where there are data-parallel ranks to shard over.
   for (int64_t tp = 1; tp <= std::min<int64_t>(n, 8); tp *= 2) {
     for (int64_t pp = 1; tp * pp <= n; pp *= 2) {
       for (const bool full : {false, true}) {
@@ -544,8 +544,9 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
         alt.set("tensor_model_parallel_size", std::to_string(tp));
         alt.set("sequence_parallel", tp > 1 ? "true" : "false");
         alt.set("pipeline_model_parallel_size", std::to_string(pp));
-        if (tp * pp > 1) alt.set("use_torch_fsdp2", "false");
-        if (n / (tp * pp * t.context_parallel_size) > 1)
+        const bool fsdp = t.use_torch_fsdp2 && pp == 1;
+        if (!fsdp) alt.set("use_torch_fsdp2", "false");
+        if (!fsdp && n / (tp * pp * t.context_parallel_size) > 1)
           alt.set("use_distributed_optimizer", "true");
         consider(alt);
       }
