@@ -267,6 +267,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = stream_for(lane);
     const ObservedCollective observed = observe("all_reduce", bytes, buffer.dtype);
     begin("all_reduce", bytes);
+    const NcclCallGuard guard(*this);
     check(ncclAllReduce(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
                         nccl_type(buffer.dtype, true, "all_reduce"),
                         op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, s),
@@ -281,6 +282,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = stream_for(lane);
     const ObservedCollective observed = observe("reduce_scatter", bytes, in.dtype);
     begin("reduce_scatter", bytes);
+    const NcclCallGuard guard(*this);
     check(ncclReduceScatter(in.data, out.data, static_cast<size_t>(out.numel()),
                             nccl_type(in.dtype, true, "reduce_scatter"), ncclSum, comm_, s),
           "reduce_scatter", bytes);
@@ -294,6 +296,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = stream_for(lane);
     const ObservedCollective observed = observe("all_gather", bytes, in.dtype);
     begin("all_gather", bytes);
+    const NcclCallGuard guard(*this);
     check(ncclAllGather(in.data, out.data, static_cast<size_t>(in.numel()),
                         nccl_type(in.dtype, false, "all_gather"), comm_, s),
           "all_gather", bytes);
@@ -305,6 +308,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = stream_for(lane);
     const ObservedCollective observed = observe("broadcast", bytes, buffer.dtype);
     begin("broadcast", bytes);
+    const NcclCallGuard guard(*this);
     check(ncclBroadcast(buffer.data, buffer.data, static_cast<size_t>(buffer.numel()),
                         nccl_type(buffer.dtype, false, "broadcast"), root, comm_, s),
           "broadcast", bytes);
@@ -322,6 +326,7 @@ class NcclCommunicator final : public Communicator {
     cudaStream_t s = stream_for(lane);
     const ObservedCollective observed = observe("all_to_all", bytes, in.dtype);
     begin("all_to_all", bytes);
+    const NcclCallGuard guard(*this);  // over the whole group
     check(ncclGroupStart(), "all_to_all (ncclGroupStart)", bytes);
     for (int r = 0; r < size_; ++r) {
       check(ncclSend(static_cast<const char*>(in.data) + r * block_bytes, block, t, r, comm_, s),
@@ -344,6 +349,7 @@ class NcclCommunicator final : public Communicator {
     const ObservedCollective observed = observe("send_recv", bytes, ops.empty() ? DType::U8 : ops.front().tensor.dtype);
     begin(what, bytes);
     // One group: NCCL progresses all of them together, so opposite sends do not deadlock.
+    const NcclCallGuard guard(*this);  // over the whole group
     check(ncclGroupStart(), what + " (ncclGroupStart)", bytes);
     for (const P2POp& op : ops) {
       const Tensor& t = op.tensor;
@@ -362,6 +368,7 @@ class NcclCommunicator final : public Communicator {
     config.blocking = 0;
     ncclComm_t child = nullptr;
     begin("ncclCommSplit", 0);
+    const NcclCallGuard guard(*this);
     const ncclResult_t r =
         ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
     // The split runs in the background as a job of this (the parent) communicator, which stays
@@ -511,13 +518,13 @@ class NcclCommunicator final : public Communicator {
   void check(ncclResult_t r, const std::string& what, size_t bytes) {
     while (r == ncclInProgress && comm_) {
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-      const PollGuard guard(*this);
+      const NcclCallGuard guard(*this);
       ncclCommGetAsyncError(comm_, &r);
     }
     if (r == ncclSuccess || r == ncclInProgress) return;
     if (g_failing) wait_for_exit();
     if (is_peer_failure(r)) await_lost_rank_report();
-    const PollGuard guard(*this);
+    const NcclCallGuard guard(*this);
     const char* last = comm_ ? ncclGetLastError(comm_) : ncclGetLastError(nullptr);
     throw DistributedError(
         fmt::format("{}: NCCL {} of {} failed: {} ({}){}", where(), what, bytes_text(bytes),
@@ -544,7 +551,7 @@ class NcclCommunicator final : public Communicator {
         ncclResult_t async = ncclSuccess;
         std::string last;
         {
-          const PollGuard guard(*this);
+          const NcclCallGuard guard(*this);
           ncclCommGetAsyncError(comm_, &async);
           if (async != ncclSuccess && async != ncclInProgress && ncclGetLastError(comm_))
             last = ncclGetLastError(comm_);
@@ -626,21 +633,22 @@ class NcclCommunicator final : public Communicator {
   std::vector<cudaEvent_t> marks_;  // comm_mark()'s events, reused after each wait_comm()
   size_t marks_used_ = 0;
 
-  // Threads inside ncclCommGetAsyncError / ncclGetLastError on comm_: fail() lets them leave
-  // before it aborts the communicator. A poller that arrives after g_failing was set waits for
-  // the exit instead (seq_cst on both sides: one of the two always sees the other).
+  // Threads inside an NCCL call on comm_ (a collective's enqueue, a group, a poll of
+  // ncclCommGetAsyncError or ncclGetLastError): fail() lets them leave before it aborts the
+  // communicator, whose memory the abort frees. A caller that arrives after g_failing was set
+  // waits for the exit instead (seq_cst on both sides: one of the two always sees the other).
   std::atomic<int> polling_{0};
-  struct PollGuard {
-    explicit PollGuard(NcclCommunicator& c) : c_(c) {
+  struct NcclCallGuard {
+    explicit NcclCallGuard(NcclCommunicator& c) : c_(c) {
       ++c_.polling_;
       if (g_failing) {
         --c_.polling_;
         wait_for_exit();
       }
     }
-    ~PollGuard() { --c_.polling_; }
-    PollGuard(const PollGuard&) = delete;
-    PollGuard& operator=(const PollGuard&) = delete;
+    ~NcclCallGuard() { --c_.polling_; }
+    NcclCallGuard(const NcclCallGuard&) = delete;
+    NcclCallGuard& operator=(const NcclCallGuard&) = delete;
     NcclCommunicator& c_;
   };
 
