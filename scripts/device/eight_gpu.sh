@@ -57,20 +57,9 @@ if want table; then
       "deepseek_v3_proxy|--config deepseek_v3-pretrain --num_layers 3 --moe_layer_freq 1"; do
     name=${spec%%|*}
     if [ -n "${TABLE_ONLY:-}" ] && [[ " $TABLE_ONLY " != *" $name "* ]]; then continue; fi
-    base="${spec#*|} $ITERS"
-    if ! change=$(first_fit 8 "$base" "" "--recompute_granularity selective" \
-                    "--recompute_granularity full" "$PA" "$PA --recompute_granularity selective" \
-                    "$PA --recompute_granularity full"); then
-      echo "| $name | 8 | the planner finds no layout that fits | | | | | | | |" >> "$table"
-      status=1
-      continue
-    fi
-    echo "-- $name: ${change:-as written}" | tee -a "$OUT/table_layouts.txt"
-    # shellcheck disable=SC2086
-    plan=$(plan_gib 8 $base $change)
-    # shellcheck disable=SC2086
-    RUN_TIMEOUT=${RUN_TIMEOUT:-580} train "$name" 8 $base $change || status=1
-    summary "$name" 8 "$plan" >> "$table"
+    RUN_TIMEOUT=${RUN_TIMEOUT:-580} run_fitting "$name" 8 "$table" "$OUT/table_layouts.txt" \
+      "${spec#*|} $ITERS" "" "--recompute_granularity selective" "--recompute_granularity full" \
+      "$PA" "$PA --recompute_granularity selective" "$PA --recompute_granularity full"
   done
   cat "$table" "$OUT/table_layouts.txt"
 fi

@@ -102,22 +102,11 @@ if want moe && need_four moe; then
   for spec in "deepseek_v3_proxy|--config deepseek_v3-pretrain --num_layers 3 --moe_layer_freq 1 --micro_batch_size 1 --global_batch_size 16" \
               "deepseek_v2_lite|--config deepseek_v2_lite-pretrain --micro_batch_size 1 --global_batch_size 16" \
               "mixtral_8x7B_proxy|--config mixtral_8x7B-pretrain --num_layers 4 --micro_batch_size 1 --global_batch_size 16"; do
-    name=${spec%%|*}
-    base="${spec#*|} --train_iters 5 $EP"
-    if ! layout=$(first_fit 4 "$base" "" "--recompute_granularity selective" \
-                    "--recompute_granularity full" "--moe_expert_capacity_factor 1.0" \
-                    "$PA" "$PA --recompute_granularity selective" "$PA --recompute_granularity full" \
-                    "$PA --recompute_granularity full --moe_expert_capacity_factor 1.0"); then
-      echo "| $name | 4 | the planner finds no layout that fits | | | | | | | |" >> "$table"
-      status=1
-      continue
-    fi
-    echo "-- $name: $EP $layout" | tee -a "$OUT/moe_layouts.txt"
-    # shellcheck disable=SC2086
-    plan=$(plan_gib 4 $base $layout)
-    # shellcheck disable=SC2086
-    train "$name" 4 $base $layout || status=1
-    summary "$name" 4 "$plan" >> "$table"
+    run_fitting "${spec%%|*}" 4 "$table" "$OUT/moe_layouts.txt" "${spec#*|} --train_iters 5 $EP" \
+      "" "--recompute_granularity selective" "--recompute_granularity full" \
+      "--moe_expert_capacity_factor 1.0" "$PA" "$PA --recompute_granularity selective" \
+      "$PA --recompute_granularity full" \
+      "$PA --recompute_granularity full --moe_expert_capacity_factor 1.0"
   done
   cat "$table" "$OUT/moe_layouts.txt"
 fi
@@ -129,23 +118,13 @@ if want big && need_four big; then
   base="--config llama3.1_70B-pretrain --num_layers 40 --fp8 hybrid
     --no_fp8_weight_transpose_cache --micro_batch_size 1 --global_batch_size 16 --train_iters 4"
   SP="--sequence_parallel true --use_distributed_optimizer true"
-  if layout=$(first_fit 4 "$base" \
-      "--use_torch_fsdp2 true --recompute_granularity selective" \
-      "--use_torch_fsdp2 true $PA --recompute_granularity selective" \
-      "--tensor_model_parallel_size 4 $SP $PA" \
-      "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 $SP $PA" \
-      "--use_torch_fsdp2 true $PA --recompute_granularity full" \
-      "--tensor_model_parallel_size 4 $SP $PA --recompute_granularity full"); then
-    echo "-- layout: $layout" | tee "$OUT/big_layout.txt"
-    # shellcheck disable=SC2086
-    plan=$(plan_gib 4 $base $layout)
-    # shellcheck disable=SC2086
-    RUN_TIMEOUT=400 train llama70b_40l_fp8 4 $base $layout || status=1
-    summary llama70b_40l_fp8 4 "$plan" >> "$table"
-  else
-    echo "| llama70b_40l_fp8 | 4 | the planner finds no layout that fits | | | | | | | |" >> "$table"
-    status=1
-  fi
+  RUN_TIMEOUT=400 run_fitting llama70b_40l_fp8 4 "$table" "$OUT/big_layout.txt" "$base" \
+    "--use_torch_fsdp2 true --recompute_granularity selective" \
+    "--use_torch_fsdp2 true $PA --recompute_granularity selective" \
+    "--tensor_model_parallel_size 4 $SP $PA" \
+    "--tensor_model_parallel_size 2 --pipeline_model_parallel_size 2 $SP $PA" \
+    "--use_torch_fsdp2 true $PA --recompute_granularity full" \
+    "--tensor_model_parallel_size 4 $SP $PA --recompute_granularity full"
   cat "$table"
 fi
 

@@ -78,6 +78,25 @@ first_fit() {
   return 1
 }
 
+# run_fitting NAME GPUS TABLE LAYOUTS "BASE ARGS" CANDIDATE...: the run in the first candidate
+# layout the planner says fits (first_fit; "" is the base as it is), its row appended to TABLE
+# and its layout to the file LAYOUTS; a row saying so when none fits.
+run_fitting() {
+  local name=$1 gpus=$2 table=$3 layouts=$4 base=$5 layout plan
+  shift 5
+  if ! layout=$(first_fit "$gpus" "$base" "$@"); then
+    echo "| $name | $gpus | the planner finds no layout that fits | | | | | | | |" >> "$table"
+    status=1
+    return 1
+  fi
+  echo "-- $name: ${layout:-as written}" | tee -a "$layouts"
+  # shellcheck disable=SC2086
+  plan=$(plan_gib "$gpus" $base $layout)
+  # shellcheck disable=SC2086
+  train "$name" "$gpus" $base $layout || status=1
+  summary "$name" "$gpus" "$plan" >> "$table"
+}
+
 # machine_info FILE: the GPUs, their links and the binary's version.
 machine_info() {
   {

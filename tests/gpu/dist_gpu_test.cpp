@@ -64,6 +64,16 @@ constexpr double kAbsoluteBound = 0.02;
 constexpr double kFp32FirstLossBound = 5e-6;
 constexpr double kFp32LossBound = 1e-4;
 
+// The largest relative difference of got from ref (equal lengths asserted).
+double max_relative_difference(const std::vector<double>& got, const std::vector<double>& ref,
+                               const std::string& what) {
+  EXPECT_EQ(got.size(), ref.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
+    worst = std::max(worst, std::abs(got[i] - ref[i]) / std::abs(ref[i]));
+  return worst;
+}
+
 class DistGpu : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -105,6 +115,28 @@ class DistGpu : public ::testing::Test {
            " --work_group g --user_name u --exp_name " + name;
   }
 
+  // Runs `args` (a train command's extra keys on top of brown_fp32_args(name)) on `gpus` GPUs
+  // and checks its 20 losses against `reference`'s: the first step within
+  // kFp32FirstLossBound, every step within kFp32LossBound.
+  void expect_layout_matches(const std::string& name, int gpus, int port, const std::string& args,
+                             const std::vector<double>& reference) const {
+    ASSERT_EQ(run("launch --nproc_per_node " + std::to_string(gpus) + " --master_port " +
+                      std::to_string(port) + " " + brown_fp32_args(name) + " " + args,
+                  name + ".txt"),
+              0)
+        << read(name + ".txt");
+    const std::vector<double> got = losses(name);
+    const double worst = max_relative_difference(got, reference, name);
+    const double first =
+        got.empty() ? 1.0 : std::abs(got[0] - reference[0]) / std::abs(reference[0]);
+    std::printf(
+        "[ parity   ] %s: first loss within %.2e, losses within %.2e relative of one GPU over 20 "
+        "steps\n",
+        name.c_str(), first, worst);
+    EXPECT_LE(first, kFp32FirstLossBound) << name;
+    EXPECT_LE(worst, kFp32LossBound) << name;
+  }
+
   int run(const std::string& args, const std::string& log) const {
     const std::string cmd = std::string(TESSERA_BINARY) + " " + args + " > " + (ws_ / log).string() + " 2>&1";
     const int status = std::system(cmd.c_str());
@@ -128,16 +160,6 @@ class DistGpu : public ::testing::Test {
 
   fs::path ws_;
 };
-
-// The largest relative difference of got from ref (equal lengths asserted).
-double max_relative_difference(const std::vector<double>& got, const std::vector<double>& ref,
-                               const std::string& what) {
-  EXPECT_EQ(got.size(), ref.size()) << what;
-  double worst = 0;
-  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
-    worst = std::max(worst, std::abs(got[i] - ref[i]) / std::abs(ref[i]));
-  return worst;
-}
 
 // got and ref: the losses of iterations first_iteration, first_iteration + 1, ...
 void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const char* what,
@@ -656,23 +678,9 @@ TEST_F(DistGpu, FourGpuLayoutsMatchOneGpuOnBrownText) {
   ASSERT_EQ(one_moe.size(), 20u);
   EXPECT_LT(one.back(), 0.9 * one.front()) << "the one-GPU run did not learn the text";
   int port = 29660;
-  for (const Layout& l : layouts) {
-    const std::string name = l.name;
-    ASSERT_EQ(run("launch --nproc_per_node 4 --master_port " + std::to_string(port++) + " " +
-                      brown_fp32_args(name) + (l.moe ? moe : "") + " " + l.keys,
-                  name + ".txt"),
-              0)
-        << read(name + ".txt");
-    const std::vector<double> got = losses(name), &ref = l.moe ? one_moe : one;
-    const double worst = max_relative_difference(got, ref, name);
-    const double first = got.empty() ? 1.0 : std::abs(got[0] - ref[0]) / std::abs(ref[0]);
-    std::printf(
-        "[ parity   ] %s: first loss within %.2e, losses within %.2e relative of one "
-        "GPU over 20 steps\n",
-        l.name, first, worst);
-    EXPECT_LE(first, kFp32FirstLossBound) << name;
-    EXPECT_LE(worst, kFp32LossBound) << name;
-  }
+  for (const Layout& l : layouts)
+    expect_layout_matches(l.name, 4, port++, (l.moe ? moe : "") + " " + l.keys,
+                          l.moe ? one_moe : one);
 }
 
 // Eight GPUs: tensor parallelism 8 with sequence parallelism (eight key/value groups, so each
@@ -695,23 +703,10 @@ TEST_F(DistGpu, EightGpuLayoutsMatchOneGpuOnBrownText) {
   };
   int port = 29760;
   for (const Layout& l : layouts) {
-    const std::string name = l.name, one = name + "_one";
+    const std::string one = std::string(l.name) + "_one";
     ASSERT_EQ(run(brown_fp32_args(one) + " " + l.model, one + ".txt"), 0) << read(one + ".txt");
-    ASSERT_EQ(run("launch --nproc_per_node 8 --master_port " + std::to_string(port++) + " " +
-                      brown_fp32_args(name) + " " + l.model + " " + l.keys,
-                  name + ".txt"),
-              0)
-        << read(name + ".txt");
-    const std::vector<double> got = losses(name), ref = losses(one);
-    ASSERT_EQ(ref.size(), 20u);
-    const double worst = max_relative_difference(got, ref, name);
-    const double first = got.empty() ? 1.0 : std::abs(got[0] - ref[0]) / std::abs(ref[0]);
-    std::printf(
-        "[ parity   ] %s: first loss within %.2e, losses within %.2e relative of one GPU over 20 "
-        "steps\n",
-        l.name, first, worst);
-    EXPECT_LE(first, kFp32FirstLossBound) << name;
-    EXPECT_LE(worst, kFp32LossBound) << name;
+    ASSERT_EQ(losses(one).size(), 20u);
+    expect_layout_matches(l.name, 8, port++, std::string(l.model) + " " + l.keys, losses(one));
   }
 }
 
