@@ -66,25 +66,7 @@ fi
 
 if want scaling; then
   echo "== full Llama 3.1 8B FP8 hybrid on 1 and 8 GPUs (8 micro-batches per GPU per step)"
-  table="$OUT/scaling.md"
-  echo "$TABLE_HEAD" > "$table"
-  for n in 1 8; do
-    for sharding in zero1 fsdp; do
-      [ "$n" = 1 ] && [ "$sharding" = fsdp ] && continue  # one GPU: nothing to shard
-      keys="--use_distributed_optimizer true"
-      [ "$sharding" = fsdp ] && keys="--use_torch_fsdp2 true"
-      name="full8b_fp8_${n}gpu_${sharding}"
-      args="--config llama3.1_8B-pretrain --micro_batch_size 1 --global_batch_size $((8 * n))
-        --train_iters ${SCALING_ITERS:-4} $FULL_STATE $keys --fp8 hybrid"
-      echo "-- $name"
-      # shellcheck disable=SC2086
-      plan=$(plan_gib "$n" $args)
-      # shellcheck disable=SC2086
-      train "$name" "$n" $args || status=1
-      summary "$name" "$n" "$plan" >> "$table"
-    done
-  done
-  cat "$table"
+  scaling_runs "$OUT/scaling.md" fp8 "1 8"
 fi
 
 if want profile; then

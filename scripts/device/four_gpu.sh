@@ -61,30 +61,7 @@ fi
 
 if want scaling; then
   echo "== full Llama 3.1 8B scaling (8 micro-batches per GPU per step)"
-  table="$OUT/scaling.md"
-  echo "$TABLE_HEAD" > "$table"
-  for precision in bf16 fp8; do
-    extra=""
-    [ "$precision" = fp8 ] && extra="--fp8 hybrid"
-    for n in ${SCALING_GPUS:-1 2 4}; do
-      [ "$n" -gt "$GPUS" ] && continue
-      for sharding in zero1 fsdp; do
-        [ "$n" = 1 ] && [ "$sharding" = fsdp ] && continue  # one GPU: nothing to shard
-        keys="--use_distributed_optimizer true"
-        [ "$sharding" = fsdp ] && keys="--use_torch_fsdp2 true"
-        name="full8b_${precision}_${n}gpu_${sharding}"
-        args="--config llama3.1_8B-pretrain --micro_batch_size 1 --global_batch_size $((8 * n))
-          --train_iters ${SCALING_ITERS:-4} $FULL_STATE $keys $extra"
-        echo "-- $name"
-        # shellcheck disable=SC2086
-        plan=$(plan_gib "$n" $args)
-        # shellcheck disable=SC2086
-        train "$name" "$n" $args || status=1
-        summary "$name" "$n" "$plan" >> "$table"
-      done
-    done
-  done
-  cat "$table"
+  scaling_runs "$OUT/scaling.md" "bf16 fp8" "${SCALING_GPUS:-1 2 4}"
 fi
 
 need_four() {

@@ -97,6 +97,36 @@ run_fitting() {
   summary "$name" "$gpus" "$plan" >> "$table"
 }
 
+# scaling_runs TABLE PRECISIONS GPU_COUNTS: the full Llama 3.1 8B at each precision (bf16, fp8)
+# on each GPU count this machine has, with ZeRO-1 and with FSDP (one GPU: neither), 8
+# micro-batches per GPU per step (SCALING_ITERS iterations, default 4); a row each in TABLE.
+scaling_runs() {
+  local table=$1 precisions=$2 counts=$3 precision n sharding keys extra name args plan
+  echo "$TABLE_HEAD" > "$table"
+  for precision in $precisions; do
+    extra=""
+    [ "$precision" = fp8 ] && extra="--fp8 hybrid"
+    for n in $counts; do
+      [ "$n" -gt "$GPUS" ] && continue
+      for sharding in zero1 fsdp; do
+        [ "$n" = 1 ] && [ "$sharding" = fsdp ] && continue  # one GPU: nothing to shard
+        keys="--use_distributed_optimizer true"
+        [ "$sharding" = fsdp ] && keys="--use_torch_fsdp2 true"
+        name="full8b_${precision}_${n}gpu_${sharding}"
+        args="--config llama3.1_8B-pretrain --micro_batch_size 1 --global_batch_size $((8 * n))
+          --train_iters ${SCALING_ITERS:-4} $FULL_STATE $keys $extra"
+        echo "-- $name"
+        # shellcheck disable=SC2086
+        plan=$(plan_gib "$n" $args)
+        # shellcheck disable=SC2086
+        train "$name" "$n" $args || status=1
+        summary "$name" "$n" "$plan" >> "$table"
+      done
+    done
+  done
+  cat "$table"
+}
+
 # machine_info FILE: the GPUs, their links and the binary's version.
 machine_info() {
   {
