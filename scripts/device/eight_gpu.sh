@@ -9,7 +9,8 @@
 #     table:   each command of the workflow's table as written (`--config <experiment> <args>`),
 #              TABLE_ITERS iterations (default 50); a command the planner says does not fit
 #              runs with the first change it names that fits (recompute, then Megatron's
-#              precision-aware optimizer), and the row says which
+#              precision-aware optimizer), and the row says which; then `tessera plot` of
+#              the runs (OUT/plots: curves and report.html)
 #     scaling: full Llama 3.1 8B FP8 hybrid on 1 and 8 GPUs, ZeRO-1 and FSDP, 8 micro-batches
 #              per GPU per step, tokens/s/GPU against one GPU
 #     profile: the Llama 3.1 8B proxy on 8 GPUs (TP 2 x DP 4, ZeRO-1), two profiled steps on
@@ -62,6 +63,9 @@ if want table; then
       "$PA" "$PA --recompute_granularity selective" "$PA --recompute_granularity full"
   done
   cat "$table" "$OUT/table_layouts.txt"
+  # The table's curves and throughput page (tessera plot: loss, iteration time, tokens/s,
+  # memory, MoE balance; report.html).
+  "$T" plot "$RUNS" -o "$OUT/plots" --format svg > "$OUT/plots.txt" 2>&1 || status=1
 fi
 
 if want scaling; then
