@@ -127,9 +127,9 @@ TEST(ModelParallelKeys, ImpossibleMeshesNameTheKey) {
       {"pipeline_model_parallel_size: 2\nuntie_embeddings_and_output_weights: false\n", 2,
        "untie_embeddings_and_output_weights", "the embedding (first stage) and the output head"},
       {"pipeline_model_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
-       "composes with tensor parallelism only; use use_distributed_optimizer with them"},
-      {"context_parallel_size: 2\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
-       "use use_distributed_optimizer with them"},
+       "composes with tensor and context parallelism only"},
+      {"pipeline_model_parallel_size: 4\nuse_torch_fsdp2: true\n", 4, "use_torch_fsdp2",
+       "use use_distributed_optimizer with pipelines"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.lines);

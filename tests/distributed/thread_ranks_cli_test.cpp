@@ -193,6 +193,23 @@ TEST_F(ThreadRanksCli, ContextParallelTrainsAndEvaluatesLikeOneRank) {
   }
 }
 
+// FSDP over data x context-parallel ranks: 2 x 2 ranks, and under tensor parallelism 2 with
+// context parallelism 2 (FSDP over the 2 context-parallel ranks of each part).
+TEST_F(ThreadRanksCli, FsdpWithContextParallelismTrainsLikeOneRank) {
+  const std::string model = "--num_query_groups 2 --log_interval 1 --eval_interval 3 --eval_iters 2 ";
+  const TrainingRun one = train(workspace_, "one", 1, model);
+  int runs = 0;
+  for (const std::string& flags :
+       {std::string("--context_parallel_size 2 --use_torch_fsdp2 true"),
+        std::string("--context_parallel_size 2 --tensor_model_parallel_size 2 "
+                    "--sequence_parallel true --use_torch_fsdp2 true")}) {
+    SCOPED_TRACE(flags);
+    const TrainingRun run = train(workspace_, "fsdp_cp" + std::to_string(runs++), 4, model + flags);
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+  }
+}
+
 TEST_F(ThreadRanksCli, RejectsANonPositiveRankCount) {
   const RunResult r = run_tessera("train --device cpu --nproc_per_node 0 --train_iters 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;

@@ -324,6 +324,10 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
       {"--use_torch_fsdp2", "true", "--tensor_model_parallel_size", "2", "--sequence_parallel",
        "true"});
   EXPECT_EQ(peak, planned) << "FSDP x TP";
+  // And over data x context-parallel ranks (2 x 2).
+  const auto [planned_cp, peak_cp] =
+      planned_and_peak(4, 2, {"--use_torch_fsdp2", "true", "--context_parallel_size", "2"});
+  EXPECT_EQ(peak_cp, planned_cp) << "FSDP x CP";
 }
 
 // Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the

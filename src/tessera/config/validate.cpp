@@ -420,13 +420,12 @@ void check_pipeline_batch(const Checker& c, const TrainingConfig& t, int64_t lay
 // Layouts parallelize cannot build (yet) are refused here, before anything is written.
 void check_laid_out(const Checker& c, const Experiment& e) {
   const TrainingConfig& t = e.training;
-  // FSDP composes with tensor parallelism (torchtitan's 2D): each tensor-parallel part is
-  // sharded over the data-parallel ranks that hold it.
-  const bool stages_or_context = t.pipeline_model_parallel_size > 1 || t.context_parallel_size > 1;
-  c.require(!t.use_torch_fsdp2 || !stages_or_context, "use_torch_fsdp2",
-            "false with pipeline or context parallelism above 1 (FSDP shards whole layers over "
-            "the data-parallel ranks and composes with tensor parallelism only; use "
-            "use_distributed_optimizer with them)");
+  // FSDP composes with tensor and context parallelism (torchtitan's 2D and its CP): each
+  // tensor-parallel part is sharded over the data x context-parallel ranks that hold it.
+  c.require(!t.use_torch_fsdp2 || t.pipeline_model_parallel_size == 1, "use_torch_fsdp2",
+            "false with pipeline_model_parallel_size above 1 (FSDP shards whole layers over the "
+            "data-parallel ranks and composes with tensor and context parallelism only; use "
+            "use_distributed_optimizer with pipelines)");
   c.require(
       t.pipeline_model_parallel_size == 1 || e.model_config.untie_embeddings_and_output_weights,
       "untie_embeddings_and_output_weights",

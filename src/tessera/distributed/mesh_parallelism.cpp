@@ -34,9 +34,8 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
   TS_CHECK(rt.tensor_parallel_size == tp && rt.tensor_parallel_rank == tp_rank,
            "the model holds tensor-parallel part {} of {}, rank {} is part {} of {}",
            rt.tensor_parallel_rank, rt.tensor_parallel_size, world.rank(), tp_rank, tp);
-  TS_CHECK(!data_parallel.fully_shard ||
-               (mesh.size(MeshDim::PP) == 1 && mesh.size(MeshDim::CP) == 1),
-           "FSDP with pipeline or context parallelism");
+  TS_CHECK(!data_parallel.fully_shard || mesh.size(MeshDim::PP) == 1,
+           "FSDP with pipeline parallelism");
   const int cp = mesh.size(MeshDim::CP);
   TS_CHECK(rt.context_parallel_size == cp &&
                rt.context_parallel_rank == mesh.coordinate(world.rank(), MeshDim::CP),
@@ -62,7 +61,8 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
     // gradients are final only after the schedule's last pass.
     if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
     if (options.fully_shard) {
-      // torchtitan's 2D: this tensor-parallel part sharded over the ranks that hold it.
+      // torchtitan's 2D (and its CP): this tensor-parallel part sharded over the data x
+      // context-parallel ranks that hold it.
       auto fsdp = std::make_unique<FullyShardedDataParallel>(*data_comm_, model);
       fsdp_ = fsdp.get();
       data_ = std::move(fsdp);

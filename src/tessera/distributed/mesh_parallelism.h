@@ -115,7 +115,7 @@ class MeshParallelism final : public Parallelism {
   std::unique_ptr<CommunicatorGroup> tp_group_, cp_group_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
   std::unique_ptr<DataParallelism> data_;  // null with one data x context-parallel rank
-  FullyShardedDataParallel* fsdp_ = nullptr;  // data_, when it is FSDP (tensor parallelism only)
+  FullyShardedDataParallel* fsdp_ = nullptr;  // data_, when it is FSDP (no pipeline stages)
   // Replicated parameters whose gradients are partial sums over sequence shards.
   std::vector<int> sequence_partial_grads_;
   // What of the flat gradient buffer this rank counts in the norm (before ZeRO-1's shards).

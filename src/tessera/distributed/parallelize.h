@@ -4,15 +4,15 @@
 // chunks come from its runtime; its parallel layers do their collectives, model/parallel_layers.h):
 //   one device                              SingleDevice
 //   data parallelism alone                  plain, ZeRO-1 or FSDP (distributed/data_parallel.h)
-//   tensor, context or pipeline parallelism MeshParallelism, with plain DP or ZeRO-1 over the
-//                                           data (x context) ranks, or FSDP under tensor
-//                                           parallelism alone (distributed/mesh_parallelism.h)
+//   tensor, context or pipeline parallelism MeshParallelism, with plain DP, ZeRO-1 or (without
+//                                           pipeline stages) FSDP over the data (x context)
+//                                           ranks (distributed/mesh_parallelism.h)
 //   expert parallelism alone                ExpertParallel: the experts' exchange over the
 //                                           expert-parallel group (model/expert_exchange.h)
 //                                           around plain DP or ZeRO-1 over every rank
-// Expert parallelism with tensor, pipeline or context parallelism, and FSDP with expert,
-// pipeline or context parallelism, are not laid out yet: validation refuses them naming the
-// key, and parallelize checks.
+// Expert parallelism with tensor, pipeline or context parallelism, and FSDP with expert or
+// pipeline parallelism, are not laid out yet: validation refuses them naming the key, and
+// parallelize checks.
 #include <memory>
 
 #include "tessera/distributed/communicator.h"

@@ -116,9 +116,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.weights = model.weights;
     p.gradients = model.gradients;
   }
-  // Barrier flags: data parallelism's, and the tensor/pipeline layout's (MeshParallelism).
-  const bool mesh_layout =
-      in.runtime.tensor_parallel_size > 1 || !in.runtime.pipeline_chunks.empty();
+  // Barrier flags: data parallelism's, and the tensor/pipeline/context layout's
+  // (MeshParallelism).
+  const bool mesh_layout = in.runtime.tensor_parallel_size > 1 ||
+                           !in.runtime.pipeline_chunks.empty() ||
+                           in.runtime.context_parallel_size > 1;
   // With them the model's own small buffers: the MoE layers' statistics and expert bias.
   // and the expert exchange's counts under expert parallelism.
   p.run_buffers = kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0) +

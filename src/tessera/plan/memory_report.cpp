@@ -531,7 +531,7 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   // Model-parallel meshes at the configured precision, with the configured and with full
   // recompute: tensor parallelism (with sequence parallelism) over up to the ranks of a node
   // and pipeline stages, the rest data parallel: FSDP where it is configured and composes
-  // (tensor parallelism alone), else ZeRO-1 where there are data-parallel ranks to shard over.
+  // (no pipeline stages), else ZeRO-1 where there are data-parallel ranks to shard over.
   for (int64_t tp = 1; tp <= std::min<int64_t>(n, 8); tp *= 2) {
     for (int64_t pp = 1; tp * pp <= n; pp *= 2) {
       for (const bool full : {false, true}) {
