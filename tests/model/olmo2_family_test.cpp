@@ -101,21 +101,5 @@ TEST(Olmo2Family, HuggingFaceNamesAndConfigReadBackAsTheSameModel) {
   EXPECT_FALSE(back.tied_embeddings);
 }
 
-// A checkpoint's description is checked as make_spec checks an experiment: an olmo2 model
-// without QK norms, or with what OLMo 2 lacks, is not one the family builds.
-TEST(Olmo2Family, ACheckpointDescriptionOfAnotherShapeIsNamed) {
-  ModelSpec s = make_model_spec(experiment({"--model", "tiny_olmo2"}), 256);
-  const ModelFamily& f = model_family("olmo2");
-  EXPECT_EQ(f.spec_problem(s), "");
-  s.qk_norm = false;
-  EXPECT_EQ(f.spec_problem(s), "model_family olmo2 without qk_layernorm");
-  s.qk_norm = true;
-  s.qkv_bias = true;
-  EXPECT_EQ(f.spec_problem(s), "model_family olmo2 with add_qkv_bias");
-  s.qkv_bias = false;
-  s.sliding_window = 16;
-  EXPECT_EQ(f.spec_problem(s), "model_family olmo2 with a sliding window");
-}
-
 }  // namespace
 }  // namespace tessera

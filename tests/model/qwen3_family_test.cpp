@@ -105,20 +105,24 @@ TEST(Qwen3Family, HuggingFaceConfigReadsBackAsTheSameModel) {
   }
 }
 
-// A checkpoint's description is checked as make_spec checks an experiment: a qwen3 model
-// without QK norms, or with what Qwen3 lacks, is not one the family builds.
-TEST(Qwen3Family, ACheckpointDescriptionOfAnotherShapeIsNamed) {
-  ModelSpec s = make_model_spec(experiment({"--model", "tiny_qwen3"}), 256);
-  const ModelFamily& f = model_family("qwen3");
-  EXPECT_EQ(f.spec_problem(s), "");
-  s.qk_norm = false;
-  EXPECT_EQ(f.spec_problem(s), "model_family qwen3 without qk_layernorm");
-  s.qk_norm = true;
-  s.qkv_bias = true;
-  EXPECT_EQ(f.spec_problem(s), "model_family qwen3 with add_qkv_bias");
-  s.qkv_bias = false;
-  s.sliding_window = 16;
-  EXPECT_EQ(f.spec_problem(s), "model_family qwen3 with a sliding window");
+// A checkpoint's description is checked as make_spec checks an experiment, for both dense
+// QK-norm families: one without QK norms, or with what Qwen3 and OLMo 2 lack, is not one the
+// family builds.
+TEST(QkNormDecoderFamilies, ACheckpointDescriptionOfAnotherShapeIsNamed) {
+  for (const std::string family : {"qwen3", "olmo2"}) {
+    SCOPED_TRACE(family);
+    ModelSpec s = make_model_spec(experiment({"--model", "tiny_" + family}), 256);
+    const ModelFamily& f = model_family(family);
+    EXPECT_EQ(f.spec_problem(s), "");
+    s.qk_norm = false;
+    EXPECT_EQ(f.spec_problem(s), "model_family " + family + " without qk_layernorm");
+    s.qk_norm = true;
+    s.qkv_bias = true;
+    EXPECT_EQ(f.spec_problem(s), "model_family " + family + " with add_qkv_bias");
+    s.qkv_bias = false;
+    s.sliding_window = 16;
+    EXPECT_EQ(f.spec_problem(s), "model_family " + family + " with a sliding window");
+  }
 }
 
 }  // namespace

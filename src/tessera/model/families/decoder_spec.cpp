@@ -37,6 +37,19 @@ void reject_model_key(const Experiment& e, const char* key, const std::string& e
                     spec ? spec->get(e) : "?", expected);
 }
 
+void require_qk_norm_decoder_keys(const Experiment& e, const std::string& family,
+                                  const QkNormDecoderFacts& why) {
+  const ModelConfig& m = e.model_config;
+  const std::string with = " with model_family " + family + " (";
+  if (m.num_experts > 0) reject_model_key(e, "num_experts", "0" + with + why.dense + ")");
+  if (m.multi_latent_attention)
+    reject_model_key(e, "multi_latent_attention", "false" + with + "grouped-query attention)");
+  if (!m.qk_layernorm) reject_model_key(e, "qk_layernorm", "true" + with + why.qk_norm + ")");
+  if (m.add_qkv_bias) reject_model_key(e, "add_qkv_bias", "false" + with + why.no_bias + ")");
+  if (m.sliding_window > 0)
+    reject_model_key(e, "sliding_window", "0" + with + why.full_context + ")");
+}
+
 std::string qk_norm_decoder_problem(const ModelSpec& s, const std::string& family) {
   const std::string f = "model_family " + family;
   if (s.moe.enabled()) return f + " with experts";

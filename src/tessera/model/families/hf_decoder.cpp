@@ -56,7 +56,10 @@ ModelSpec read_hf_decoder(const HfConfig& c, const HfDecoderDefaults& d, HfRope*
   return s;
 }
 
-void read_hf_llama3_rope(const HfRope& rope, ModelSpec& s) {
+void read_hf_default_or_llama3_rope(const HfConfig& c, const HfRope& rope, ModelSpec& s) {
+  if (rope.type == "default") return;
+  if (rope.type != "llama3")
+    throw c.unsupported(fmt::format("RoPE type '{}' (expected llama3 or default)", rope.type));
   const nlohmann::json& r = rope.params;
   s.rope_scaling.enabled = true;
   s.rope_scaling.factor = r.at("factor").get<double>();

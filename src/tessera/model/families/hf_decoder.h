@@ -63,8 +63,9 @@ HfRope read_hf_rope(const nlohmann::json& config, double default_theta);
 // hidden_act, which must be silu. Returns the spec with those set and the RoPE it found, for
 // the family to accept or refuse its type (rope_llama3() reads Llama 3.1's).
 ModelSpec read_hf_decoder(const HfConfig& c, const HfDecoderDefaults& d, HfRope* rope);
-// Llama 3.1's scaling from `rope` (type "llama3") into `s`.
-void read_hf_llama3_rope(const HfRope& rope, ModelSpec& s);
+// Unscaled RoPE (type "default"), or Llama 3.1's scaling (type "llama3") into `s`; any other
+// type is refused as unsupported.
+void read_hf_default_or_llama3_rope(const HfConfig& c, const HfRope& rope, ModelSpec& s);
 // DataError naming the file unless the attention and layer sizes of `s` are positive and the
 // heads a multiple of the KV heads; `more` adds the family's own sizes to the message.
 void check_hf_decoder_sizes(const HfConfig& c, const ModelSpec& s, bool more_ok = true,

@@ -73,10 +73,7 @@ ModelSpec LlamaFamily::read_hf_config(const nlohmann::json& j, const std::string
       throw c.unsupported("use_sliding_window: true (Qwen2's per-layer windows)");
     if (arch == Arch::Mistral)
       s.sliding_window = !j.contains("sliding_window") ? 4096 : c.count("sliding_window", 0);
-    if (rope.type == "llama3")
-      read_hf_llama3_rope(rope, s);
-    else if (rope.type != "default")
-      throw c.unsupported(fmt::format("RoPE type '{}' (expected llama3 or default)", rope.type));
+    read_hf_default_or_llama3_rope(c, rope, s);
   } catch (const nlohmann::json::exception& e) {
     throw c.invalid(e.what());
   }

@@ -10,20 +10,11 @@
 namespace tessera {
 
 ModelSpec Olmo2Family::make_spec(const Experiment& e) const {
-  const ModelConfig& m = e.model_config;
-  if (m.num_experts > 0)
-    reject_model_key(e, "num_experts", "0 with model_family olmo2 (the dense OLMo 2 models)");
-  if (m.multi_latent_attention)
-    reject_model_key(e, "multi_latent_attention",
-                     "false with model_family olmo2 (grouped-query attention)");
-  if (!m.qk_layernorm)
-    reject_model_key(e, "qk_layernorm",
-                     "true with model_family olmo2 (OLMo 2 normalises all of q and all of k)");
-  if (m.add_qkv_bias)
-    reject_model_key(e, "add_qkv_bias", "false with model_family olmo2 (OLMo 2 has no biases)");
-  if (m.sliding_window > 0)
-    reject_model_key(e, "sliding_window",
-                     "0 with model_family olmo2 (OLMo 2 attends to the whole context)");
+  require_qk_norm_decoder_keys(e, "olmo2",
+                               {.dense = "the dense OLMo 2 models",
+                                .qk_norm = "OLMo 2 normalises all of q and all of k",
+                                .no_bias = "OLMo 2 has no biases",
+                                .full_context = "OLMo 2 attends to the whole context"});
   // The QK norms' statistics span every head: with the heads split over tensor-parallel ranks
   // each rank would norm its own share only.
   if (e.training.tensor_model_parallel_size > 1)
@@ -71,10 +62,7 @@ ModelSpec Olmo2Family::read_hf_config(const nlohmann::json& j, const std::string
     s.ffn = c.required("intermediate_size");
     s.qk_norm = true;
     if (j.value("attention_bias", false)) throw c.unsupported("attention_bias: true");
-    if (rope.type == "llama3")
-      read_hf_llama3_rope(rope, s);
-    else if (rope.type != "default")
-      throw c.unsupported(fmt::format("RoPE type '{}' (expected default or llama3)", rope.type));
+    read_hf_default_or_llama3_rope(c, rope, s);
   } catch (const nlohmann::json::exception& e) {
     throw c.invalid(e.what());
   }

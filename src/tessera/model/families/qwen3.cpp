@@ -10,20 +10,11 @@
 namespace tessera {
 
 ModelSpec Qwen3Family::make_spec(const Experiment& e) const {
-  const ModelConfig& m = e.model_config;
-  if (m.num_experts > 0)
-    reject_model_key(e, "num_experts", "0 with model_family qwen3 (the dense Qwen3 models)");
-  if (m.multi_latent_attention)
-    reject_model_key(e, "multi_latent_attention",
-                     "false with model_family qwen3 (grouped-query attention)");
-  if (!m.qk_layernorm)
-    reject_model_key(e, "qk_layernorm",
-                     "true with model_family qwen3 (Qwen3 normalises each query and key head)");
-  if (m.add_qkv_bias)
-    reject_model_key(e, "add_qkv_bias", "false with model_family qwen3 (Qwen3 has no QKV bias)");
-  if (m.sliding_window > 0)
-    reject_model_key(e, "sliding_window",
-                     "0 with model_family qwen3 (its released models attend to the whole context)");
+  require_qk_norm_decoder_keys(e, "qwen3",
+                               {.dense = "the dense Qwen3 models",
+                                .qk_norm = "Qwen3 normalises each query and key head",
+                                .no_bias = "Qwen3 has no QKV bias",
+                                .full_context = "its released models attend to the whole context"});
   return decoder_spec(e);
 }
 
@@ -65,10 +56,7 @@ ModelSpec Qwen3Family::read_hf_config(const nlohmann::json& j, const std::string
     s.qk_norm = true;
     if (j.value("attention_bias", false)) throw c.unsupported("attention_bias: true");
     if (j.value("use_sliding_window", false)) throw c.unsupported("use_sliding_window: true");
-    if (rope.type == "llama3")
-      read_hf_llama3_rope(rope, s);
-    else if (rope.type != "default")
-      throw c.unsupported(fmt::format("RoPE type '{}' (expected default or llama3)", rope.type));
+    read_hf_default_or_llama3_rope(c, rope, s);
   } catch (const nlohmann::json::exception& e) {
     throw c.invalid(e.what());
   }
