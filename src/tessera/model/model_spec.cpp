@@ -37,11 +37,15 @@ int64_t ModelSpec::total_params() const {
 }
 
 double ModelSpec::flops_per_token(int64_t seq_length, AttentionCount count) const {
+  int64_t matmul = vocab_size * hidden;  // the output head
   double attention = 0;
-  for (int64_t l = 0; l < num_layers; ++l)
-    attention += make_decoder_layer(*this, l)->attention_flops_per_token(seq_length);
+  for (int64_t l = 0; l < num_layers; ++l) {
+    const auto layer = make_decoder_layer(*this, l);
+    matmul += layer->matmul_params();
+    attention += layer->attention_flops_per_token(seq_length);
+  }
   if (count == AttentionCount::CausalHalf) attention /= 2;
-  return 6.0 * static_cast<double>(matmul_params()) + attention;
+  return 6.0 * static_cast<double>(matmul) + attention;
 }
 
 int64_t ModelSpec::active_params() const {

@@ -200,6 +200,9 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
           exp_,
           {comm ? comm->size() : 1, backend_->default_compute_dtype(), comm ? comm->rank() : 0},
           [this] { return tokenizer_->vocab_size(); })),
+      flops_per_token_(setup_.spec.flops_per_token(exp_.training.seq_length)),
+      flops_per_token_causal_(setup_.spec.flops_per_token(
+          exp_.training.seq_length, ModelSpec::AttentionCount::CausalHalf)),
       run_id_(std::move(run_id)) {
   install_stop_signal_handlers();
   check_device_can_run();
@@ -667,10 +670,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const TrainingConfig& t = exp_.training;
   const double ms = interval_ms / static_cast<double>(interval_iters);
   const double tokens_per_s = tokens_per_gpu_per_step() / (ms / 1e3);
-  const double tflops = setup_.spec.flops_per_token(t.seq_length) * tokens_per_s / 1e12;
-  const double tflops_causal =
-      setup_.spec.flops_per_token(t.seq_length, ModelSpec::AttentionCount::CausalHalf) *
-      tokens_per_s / 1e12;
+  const double tflops = flops_per_token_ * tokens_per_s / 1e12;
+  const double tflops_causal = flops_per_token_causal_ * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
   const std::vector<MoeLayerBalance> moe = moe_interval_.mean();
   moe_interval_.clear();
@@ -805,7 +806,7 @@ TrainSummary Trainer::train() {
       "{}: global batch {} = micro batch {} x data parallel {} x accumulation {}, seq_length {}; "
       "{:.2f} GFLOP per token",
       span, t.global_batch_size, t.micro_batch_size, parallel_->data_parallel_size(),
-      setup_.accumulation_steps, t.seq_length, setup_.spec.flops_per_token(t.seq_length) / 1e9);
+      setup_.accumulation_steps, t.seq_length, flops_per_token_ / 1e9);
   if (!exp_.checkpoint.save.empty() && exp_.checkpoint.disable_last_saving)
     log_.warning(
         "disable_last_saving is true: no checkpoint at the end of the run, only every "
@@ -905,10 +906,8 @@ TrainSummary Trainer::train() {
   const int64_t ran = last - first + 1;
   const double ms = ran > 1 ? steady_ms / static_cast<double>(ran - 1) : ms_since(start);
   sum.tokens_per_s_per_gpu = tokens_per_gpu_per_step() / (ms / 1e3);
-  sum.tflops_per_gpu = setup_.spec.flops_per_token(t.seq_length) * sum.tokens_per_s_per_gpu / 1e12;
-  sum.tflops_per_gpu_causal =
-      setup_.spec.flops_per_token(t.seq_length, ModelSpec::AttentionCount::CausalHalf) *
-      sum.tokens_per_s_per_gpu / 1e12;
+  sum.tflops_per_gpu = flops_per_token_ * sum.tokens_per_s_per_gpu / 1e12;
+  sum.tflops_per_gpu_causal = flops_per_token_causal_ * sum.tokens_per_s_per_gpu / 1e12;
   sum.peak_memory_gib = backend_->memory_stats().peak_bytes / kGiB;
   const std::string_view per = device_word();
   log_.info(

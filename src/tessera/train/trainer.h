@@ -139,6 +139,9 @@ class Trainer {
   dist::Communicator* comm_ = nullptr;
   std::unique_ptr<Tokenizer> tokenizer_;
   RunSetup setup_;
+  // Model FLOPs per token of a step (ModelSpec::flops_per_token), in Tessera's count and with
+  // causal attention counted half (Megatron-Bridge's): fixed for the run.
+  double flops_per_token_ = 0, flops_per_token_causal_ = 0;
   std::string run_id_;
   // Where the weights came from, for the hint when the first iterations are not finite.
   std::string initial_weights_ = "a fresh initialisation with init_method_std";
