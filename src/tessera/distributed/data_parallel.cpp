@@ -20,6 +20,18 @@ int64_t bucket_size(int64_t bucket_elements, int world) {
   return std::max<int64_t>((bucket_elements + g - 1) / g * g, g);
 }
 
+// The parts of `ranges` inside `within` (both increasing and disjoint).
+std::vector<ParamRange> intersect(const std::vector<ParamRange>& ranges,
+                                  const std::vector<ParamRange>& within) {
+  std::vector<ParamRange> out;
+  for (const ParamRange& a : ranges)
+    for (const ParamRange& b : within) {
+      const ParamRange r{std::max(a.begin, b.begin), std::min(a.end, b.end)};
+      if (r.count() > 0) out.push_back(r);
+    }
+  return out;
+}
+
 }  // namespace
 
 BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size) {
@@ -107,6 +119,27 @@ DataParallelism::~DataParallelism() = default;
 
 Tensor DataParallelism::gathered_param(int index) {
   return model_.param(index);
+}
+
+std::vector<Tensor> DataParallelism::grad_pieces(const ParamRange& range) const {
+  return {model_.grads().flat_range(range.begin, range.count())};
+}
+
+void DataParallelism::grad_norm_sq_of(const Tensor& out, const std::vector<ParamRange>& ranges) {
+  Backend& b = model_.backend();
+  const std::vector<OwnedParams> owned = optimizer_shards();
+  std::vector<ParamRange> counted = ranges;
+  if (!owned.empty()) {
+    // ZeRO-1: only this rank's slices hold the data-parallel sum.
+    std::vector<ParamRange> slices;
+    for (const OwnedParams& o : owned) slices.push_back(o.range);
+    counted = intersect(ranges, slices);
+  }
+  b.fill(out, 0.0f);
+  for (const ParamRange& r : counted)
+    for (const Tensor& piece : grad_pieces(r)) b.sum_squares(out, piece, /*accumulate=*/true);
+  settle();
+  if (!owned.empty()) comm_.all_reduce(out, ReduceOp::Sum, Lane::Compute);
 }
 
 void DataParallelism::sum(const Tensor& t) {

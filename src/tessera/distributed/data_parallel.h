@@ -92,6 +92,13 @@ class DataParallelism : public Parallelism {
   int data_parallel_rank() const override { return comm_.rank(); }
   int data_parallel_size() const override { return comm_.size(); }
   Tensor gathered_param(int index) override;
+  // For a layout that splits the model itself (MeshParallelism), once
+  // finish_gradient_reduction returned: the reduced gradient of `range` (flat layout) as this
+  // rank holds it (the model's gradients; FSDP's shard pieces), and the squared norm of the
+  // gradients in `ranges`, each element counted once over the data-parallel ranks (summed
+  // over them where each holds a share: ZeRO-1's slices, FSDP's shards).
+  virtual std::vector<Tensor> grad_pieces(const ParamRange& range) const;
+  virtual void grad_norm_sq_of(const Tensor& out, const std::vector<ParamRange>& ranges);
   void sum(const Tensor& t) override;
   void max(const Tensor& t) override;
   void barrier() override;

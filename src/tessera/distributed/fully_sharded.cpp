@@ -247,7 +247,7 @@ void FullyShardedDataParallel::grad_norm_sq(const Tensor& out) {
   sum(out);
 }
 
-std::vector<Tensor> FullyShardedDataParallel::grad_shard_pieces(const ParamRange& range) const {
+std::vector<Tensor> FullyShardedDataParallel::grad_pieces(const ParamRange& range) const {
   std::vector<Tensor> pieces;
   const int64_t rank = comm_.rank();
   for (const Unit& u : units_) {
@@ -257,16 +257,6 @@ std::vector<Tensor> FullyShardedDataParallel::grad_shard_pieces(const ParamRange
     if (hi > lo) pieces.push_back(grad_shards_.flat_range(u.shard_at + (lo - own), hi - lo));
   }
   return pieces;
-}
-
-void FullyShardedDataParallel::grad_norm_sq_of(const Tensor& out,
-                                               const std::vector<ParamRange>& ranges) {
-  Backend& b = model_.backend();
-  b.fill(out, 0.0f);
-  for (const ParamRange& r : ranges)
-    for (const Tensor& piece : grad_shard_pieces(r))
-      b.sum_squares(out, piece, /*accumulate=*/true);
-  sum(out);
 }
 
 void FullyShardedDataParallel::params_updated() {

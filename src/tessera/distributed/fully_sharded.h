@@ -48,12 +48,8 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
   void grad_norm_sq(const Tensor& out) override;
   void params_updated() override;
   bool params_sharded() const override { return true; }
-  // Under tensor parallelism (MeshParallelism): this rank's pieces of the gradient shards that
-  // lie in `range` of the flat layout, in order; and the squared norm over the shards' parts in
-  // `ranges` only, summed over the data-parallel ranks (a replicated parameter is counted on one
-  // tensor-parallel rank).
-  std::vector<Tensor> grad_shard_pieces(const ParamRange& range) const;
-  void grad_norm_sq_of(const Tensor& out, const std::vector<ParamRange>& ranges);
+  // This rank's pieces of the gradient shards that lie in `range`, in order.
+  std::vector<Tensor> grad_pieces(const ParamRange& range) const override;
   Tensor gathered_param(int index) override;
   void follow_gathers() override;
 

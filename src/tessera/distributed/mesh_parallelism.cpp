@@ -7,22 +7,6 @@
 #include "tessera/core/error.h"
 
 namespace tessera::dist {
-namespace {
-
-// The parts of `ranges` inside `within` (both increasing and disjoint).
-std::vector<ParamRange> intersect(const std::vector<ParamRange>& ranges,
-                                  const std::vector<ParamRange>& within) {
-  std::vector<ParamRange> out;
-  for (const ParamRange& a : ranges)
-    for (const ParamRange& b : within) {
-      const ParamRange r{std::max(a.begin, b.begin), std::min(a.end, b.end)};
-      if (r.count() > 0) out.push_back(r);
-    }
-  return out;
-}
-
-}  // namespace
-
 MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Model& model,
                                  const DataParallelOptions& data_parallel)
     : world_(world),
@@ -60,15 +44,9 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
     // A stage's backward passes of different micro-batches interleave with its forwards: the
     // gradients are final only after the schedule's last pass.
     if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
-    if (options.fully_shard) {
-      // torchtitan's 2D (and its CP): this tensor-parallel part sharded over the data x
-      // context-parallel ranks that hold it.
-      auto fsdp = std::make_unique<FullyShardedDataParallel>(*data_comm_, model);
-      fsdp_ = fsdp.get();
-      data_ = std::move(fsdp);
-    } else {
-      data_ = make_data_parallelism(*data_comm_, model, options);
-    }
+    // With FSDP (torchtitan's 2D, and its CP): this tensor-parallel part sharded over the
+    // data x context-parallel ranks that hold it.
+    data_ = make_data_parallelism(*data_comm_, model, options);
   }
 
   const ParamLayout& layout = model.layout();
@@ -190,39 +168,28 @@ void MeshParallelism::begin_micro_batch(bool last) {
 
 void MeshParallelism::finish_gradient_reduction() {
   if (data_) data_->finish_gradient_reduction();
+  // Where the data parallelism keeps a share of each gradient (FSDP), the share lies at the
+  // same places on every tensor-parallel rank (their layouts have the same shape).
   for (int index : sequence_partial_grads_) {
-    if (!fsdp_) {
+    if (!data_) {
       tp_comm_->all_reduce(model_.grad(index), ReduceOp::Sum, Lane::Compute);
       continue;
     }
-    // FSDP keeps only this rank's shard of each gradient, at the same places on every
-    // tensor-parallel rank (their layouts have the same shape).
     const ParamInfo& p = model_.layout().params[index];
-    for (const Tensor& piece : fsdp_->grad_shard_pieces({p.offset, p.offset + p.numel()}))
+    for (const Tensor& piece : data_->grad_pieces({p.offset, p.offset + p.numel()}))
       tp_comm_->all_reduce(piece, ReduceOp::Sum, Lane::Compute);
   }
 }
 
 void MeshParallelism::grad_norm_sq(const Tensor& out) {
-  if (fsdp_) {
-    fsdp_->grad_norm_sq_of(out, counted_);
-    model_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
-    return;
+  if (data_) {
+    data_->grad_norm_sq_of(out, counted_);
+  } else {
+    Backend& b = model_.backend();
+    b.fill(out, 0.0f);
+    for (const ParamRange& r : counted_)
+      b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
   }
-  Backend& b = model_.backend();
-  const std::vector<OwnedParams> owned = optimizer_shards();
-  std::vector<ParamRange> ranges = counted_;
-  if (!owned.empty()) {
-    // ZeRO-1: only this rank's slices hold the data-parallel sum.
-    std::vector<ParamRange> slices;
-    for (const OwnedParams& o : owned) slices.push_back(o.range);
-    ranges = intersect(counted_, slices);
-  }
-  b.fill(out, 0.0f);
-  for (const ParamRange& r : ranges)
-    b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
-  settle();
-  if (!owned.empty()) data_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
   model_comm_->all_reduce(out, ReduceOp::Sum, Lane::Compute);
 }
 

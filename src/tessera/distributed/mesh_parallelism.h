@@ -34,7 +34,6 @@
 
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/data_parallel.h"
-#include "tessera/distributed/fully_sharded.h"
 #include "tessera/distributed/device_mesh.h"
 #include "tessera/distributed/parallelism.h"
 #include "tessera/distributed/pipeline_schedule.h"
@@ -82,12 +81,12 @@ class MeshParallelism final : public Parallelism {
   void finish_gradient_reduction() override;
   void grad_norm_sq(const Tensor& out) override;
   void params_updated() override;
-  bool params_sharded() const override { return fsdp_ != nullptr; }
+  bool params_sharded() const override { return data_ && data_->params_sharded(); }
   Tensor gathered_param(int index) override {
-    return fsdp_ ? fsdp_->gathered_param(index) : model_.param(index);
+    return data_ ? data_->gathered_param(index) : model_.param(index);
   }
   void follow_gathers() override {
-    if (fsdp_) fsdp_->follow_gathers();
+    if (data_) data_->follow_gathers();
   }
 
   void sum(const Tensor& t) override;
@@ -115,7 +114,6 @@ class MeshParallelism final : public Parallelism {
   std::unique_ptr<CommunicatorGroup> tp_group_, cp_group_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
   std::unique_ptr<DataParallelism> data_;  // null with one data x context-parallel rank
-  FullyShardedDataParallel* fsdp_ = nullptr;  // data_, when it is FSDP (no pipeline stages)
   // Replicated parameters whose gradients are partial sums over sequence shards.
   std::vector<int> sequence_partial_grads_;
   // What of the flat gradient buffer this rank counts in the norm (before ZeRO-1's shards).
