@@ -548,6 +548,28 @@ TEST(HfConfig, CarriesTheRunsAuxLossWeightAndInitializerRange) {
   EXPECT_DOUBLE_EQ(j["initializer_range"].get<double>(), 0.008);
 }
 
+// A checkpoint's model.json whose family cannot build what it describes (a Qwen3 or OLMo 2
+// model without QK norms) is refused naming the file and the problem.
+TEST(ModelSpecJson, ADescriptionItsFamilyCannotBuildNamesTheFile) {
+  for (const char* family : {"qwen3", "olmo2"}) {
+    ModelSpec s;
+    s.family = family;
+    s.vocab_size = s.tokenizer_vocab = 96;
+    s.num_layers = 2, s.hidden = 32, s.ffn = 48, s.heads = 4, s.kv_heads = 2, s.head_dim = 8;
+    s.max_position_embeddings = 64;
+    s.qk_norm = false;
+    try {
+      spec_from_json(spec_to_json(s), "iter_0000004/model.json");
+      ADD_FAILURE() << family << " loaded";
+    } catch (const DataError& e) {
+      EXPECT_TRUE(contains(e.what(), "iter_0000004/model.json: the model description is "
+                                     "inconsistent: model_family " +
+                                         std::string(family) + " without qk_layernorm"))
+          << e.what();
+    }
+  }
+}
+
 // DeepseekV3Config: transformers' defaults and YaRN on reading, the features Tessera cannot run
 // the way transformers does refused on reading and on export, DeepSeek-V3's expert bias accepted
 // only at its initial zeros, and a checkpoint whose trained expert bias cannot be exported.
