@@ -106,5 +106,12 @@ TEST_F(ConfigErrorMessage, DuplicateKeyNamesFileLineAndKey) {
   EXPECT_TRUE(contains(nested, "also set at line 3")) << nested;
 }
 
+TEST_F(ConfigErrorMessage, ComplexKeyIsRefusedWithItsLine) {
+  write("complex.yaml", "model: tiny_llama\nmock_data: true\n? [lr, seed]\n: 1\n");
+  const std::string out = train_error("--config complex.yaml --train_iters 1");
+  EXPECT_TRUE(contains(out, "complex.yaml:3: key '(key)'")) << out;
+  EXPECT_TRUE(contains(out, "expected a plain key name")) << out;
+}
+
 }  // namespace
 }  // namespace tessera::testing

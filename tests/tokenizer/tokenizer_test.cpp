@@ -322,6 +322,9 @@ TEST_F(Tiny, BadFilesNameTheFileAndWhatWasExpected) {
   };
   expect_contains(load_error_text("{\"model\": [1, 2"), {"tokenizer", ".json", "not valid JSON"});
   expect_contains(load_error_text("[1, 2]"), {"no \"model\" object"});
+  expect_contains(load_error(with("/model/vocab/abc", 2000000000)),
+                  {".json", "token 'abc' has id 2000000000", "model.vocab has 258 tokens",
+                   "expected ids below 1048834"});
   expect_contains(load_error(with("/model/type", "WordPiece")),
                   {".json", "model type WordPiece is not supported", "expected BPE"});
   expect_contains(load_error(with("/model/type", "Unigram")), {"model type Unigram"});

@@ -208,7 +208,11 @@ void check_unique_keys(const ConfigDoc& doc, const YAML::Node& node) {
   if (!node.IsMap()) return;
   std::map<std::string, int> line_of;
   for (const auto& kv : node) {
-    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+    // Every key of a configuration is a name; a `? [..]` or `? {..}` key names nothing.
+    if (!kv.first.IsScalar())
+      throw ConfigError(where(doc, kv.first), "(key)", YAML::Dump(kv.first).substr(0, 60),
+                        "a plain key name (a complex '? ...' key is not a configuration key)");
+    const std::string key = kv.first.Scalar();
     const auto [first, inserted] = line_of.emplace(key, kv.first.Mark().line + 1);
     if (!inserted)
       throw ConfigError(where(doc, kv.first), key,

@@ -20,6 +20,7 @@ constexpr uint64_t kNoPair = ~uint64_t{0};
 constexpr size_t kMaxCachedWordBytes = 256;
 constexpr size_t kCacheShards = 64;                    // locks, so that threads rarely wait
 constexpr size_t kMaxWordsPerShard = size_t{1} << 11;  // a full shard starts over
+constexpr size_t kMaxUnusedIds = size_t{1} << 20;      // 32 MB of empty names at most
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 for
 // U+0100 onwards, in byte order.
@@ -106,6 +107,14 @@ BpeModel::BpeModel(const BpeModelOptions& options,
   for (const auto& [token, id] : vocab) {
     if (id < 0)
       throw DataError(fmt::format("{}: token '{}' has a negative id {}", source, token, id));
+    // The id table is sized by the largest id. A vocabulary may leave ids unused, as Hugging
+    // Face's does, but an id far past its size is a number the file merely claims (2^31 of
+    // them would be 64 GB of empty names), so the unused ids are bounded.
+    if (static_cast<size_t>(id) >= vocab.size() + kMaxUnusedIds)
+      throw DataError(fmt::format(
+          "{}: token '{}' has id {}, but model.vocab has {} tokens; expected ids below {} "
+          "(a vocabulary may leave ids unused, not more than {} of them)",
+          source, token, id, vocab.size(), vocab.size() + kMaxUnusedIds, kMaxUnusedIds));
     id_end = std::max(id_end, id + 1);
   }
   words_.resize(static_cast<size_t>(id_end));
