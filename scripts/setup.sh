@@ -9,7 +9,9 @@
 #                               compiler-rt (libFuzzer, the sanitizers) for scripts/fuzz.sh;
 #                               and Debian's hipcc with the HIP headers (66 MB download, 353 MB
 #                               installed), which compile the portable GPU kernels for AMD
-#                               GPUs as a check (Vendor.PortableKernelsCompileForHip).
+#                               GPUs as a check (Vendor.PortableKernelsCompileForHip); and
+#                               Python's jinja2, the reference the chat templates are
+#                               rendered against (tests/tokenizer/chat_template_test.cpp).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 JOBS="${TESSERA_BUILD_JOBS:-2}"
@@ -20,7 +22,7 @@ packages=(build-essential cmake pkg-config git ca-certificates libyaml-cpp-dev n
 # Node.js may come from elsewhere (e.g. NodeSource); Debian's packages conflict with it.
 command -v node >/dev/null 2>&1 || packages+=(nodejs)
 command -v npm >/dev/null 2>&1 || packages+=(npm)
-[[ "${1:-}" == "--test" ]] && packages+=(chromium clang libclang-rt-14-dev hipcc libamdhip64-dev)
+[[ "${1:-}" == "--test" ]] && packages+=(chromium clang libclang-rt-14-dev hipcc libamdhip64-dev python3-jinja2)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,72 @@
+#pragma once
+// Conversations -> token ids and the role of each token, for supervised fine-tuning.
+//
+// A JSON line holds either `messages` (a list of {role, content}, as transformers and TRL
+// take them) or `prompt` and `completion` (strings, or lists of messages). Conversations are
+// rendered with the tokenizer's own chat template (chat_template.jinja beside tokenizer.json,
+// else tokenizer_config.json's chat_template), exactly as transformers'
+// apply_chat_template(..., tokenize=True) renders and tokenizes them. Plain prompt/completion
+// strings are tokenized as TRL does: BOS (when the tokenizer has one) + prompt, then the
+// completion and EOS.
+//
+// Each token's role says whose text it is: the bytes of every message's content keep their
+// role through the template (jinja.h tags them), a token is the assistant's when any of its
+// bytes are, and an assistant turn also owns the template text after it up to and including
+// the special token that closes the turn (<|eot_id|>, <|im_end|>): the model must learn to
+// stop. Everything else the template writes (headers, BOS) is role Template.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tessera {
+
+class Tokenizer;
+namespace jinja {
+class Template;
+}
+
+enum class TokenRole : uint8_t { Template = 0, System = 1, User = 2, Assistant = 3, Tool = 4 };
+
+struct ChatSample {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> roles;  // a TokenRole per id
+};
+
+// Where preprocessing writes the roles of the chat dataset at `tokens_prefix`.
+inline std::string chat_roles_prefix(const std::string& tokens_prefix) { return tokens_prefix + "_roles"; }
+
+class ChatFormat {
+ public:
+  // The chat template and special tokens of the tokenizer whose tokenizer.json is at
+  // `tokenizer_json`. Throws DataError naming the file when it has no chat template or the
+  // template does not parse.
+  ChatFormat(const std::string& tokenizer_json, const Tokenizer& tokenizer);
+  ~ChatFormat();
+
+  // One JSON line's sample. `where` ("file:line") prefixes every DataError: a missing or
+  // unknown role, empty content, a conversation that does not end with the assistant, a
+  // template that refuses the conversation (raise_exception) or fails.
+  ChatSample encode(const nlohmann::ordered_json& line, const std::string& where) const;
+  // The conversation rendered, the assistant's turn opened (add_generation_prompt): the
+  // prompt `generate --chat` continues.
+  std::vector<int32_t> encode_prompt(const nlohmann::ordered_json& messages, const std::string& where) const;
+
+  const std::string& template_source() const { return source_; }
+
+ private:
+  ChatSample render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                    const std::string& where) const;
+
+  const Tokenizer& tokenizer_;
+  std::string source_, display_;
+  std::unique_ptr<jinja::Template> template_;
+  std::vector<std::pair<std::string, std::string>> special_tokens_;  // bos_token -> "<s>", ...
+  std::vector<std::string> additional_special_tokens_;
+  std::vector<int32_t> closing_ids_;  // special tokens (added_tokens_decoder "special": true)
+  std::string bos_text_, eos_text_;
+};
+
+}  // namespace tessera
