@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
     } catch (const tessera::ConfigError& e) {
       fmt::print(stderr, "error: {}\n", e.what());
       return tessera::kExitInvalidInput;
+    } catch (const tessera::InvalidDataError& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return tessera::kExitInvalidInput;
     } catch (const tessera::TrainingAborted& e) {
       fmt::print(stderr, "error: {}\n", e.what());
       return e.exit_code();

@@ -26,7 +26,8 @@ void print_preprocess_help() {
       "                          [--json-keys text [...]] [--tokenizer-type ByteLevel|"
       "HuggingFaceTokenizer]\n"
       "                          [--tokenizer-model NAME_OR_TOKENIZER_JSON] [--workers N] "
-      "[--no-append-eod]\n\n"
+      "[--no-append-eod]\n"
+      "                          [--chat [--seq-length N] [--overlong error|truncate|drop]]\n\n"
       "Tokenizes text into Megatron's indexed format: PREFIX_{{key}}_document.bin/.idx (MMIDIDX\n"
       "v1; uint16 tokens for vocabularies under 65,500, else int32), one document per JSON line\n"
       "or text file, each ending with the end-of-document token. Inputs: *.jsonl / *.json (JSON\n"
@@ -39,7 +40,16 @@ void print_preprocess_help() {
       "                     implies --tokenizer-type HuggingFaceTokenizer (default: ByteLevel)\n"
       "  --workers N        tokenizing threads (default: all cores); output order is input order\n"
       "  --append-eod       end each document with the end-of-document token (the default)\n"
-      "  --no-append-eod    do not\n");
+      "  --no-append-eod    do not\n"
+      "  --chat             conversations for fine-tuning: JSON lines with \"messages\" (a list of\n"
+      "                     {{role, content}}, roles system/user/assistant/tool) or \"prompt\" and\n"
+      "                     \"completion\", rendered with the tokenizer's chat template; writes\n"
+      "                     PREFIX_chat_document (tokens) and PREFIX_chat_document_roles (whose\n"
+      "                     each token is, for the loss mask). Train with --data_path\n"
+      "                     PREFIX_chat_document.\n"
+      "  --seq-length N     with --chat: the longest sample, in tokens\n"
+      "  --overlong P       a longer sample: error (the default: refused, nothing written),\n"
+      "                     truncate (its first N tokens kept) or drop (skipped); counted\n");
 }
 
 std::string eta(double seconds) {
@@ -128,6 +138,23 @@ int preprocess_command(const Args& args) {
       } catch (const std::exception&) {
         throw ConfigError("command line", "workers", v, "a number of threads");
       }
+    } else if (name == "chat") {
+      o.chat = true;
+    } else if (name == "seq_length") {
+      const std::string v = value();
+      try {
+        size_t used = 0;
+        o.seq_length = std::stoll(v, &used);
+        if (used != v.size() || o.seq_length <= 0) throw std::invalid_argument(v);
+      } catch (const std::exception&) {
+        throw ConfigError("command line", "seq-length", v, "a positive number of tokens");
+      }
+    } else if (name == "overlong") {
+      const std::string v = value();
+      if (v == "error") o.overlong = OverlongPolicy::Error;
+      else if (v == "truncate") o.overlong = OverlongPolicy::Truncate;
+      else if (v == "drop") o.overlong = OverlongPolicy::Drop;
+      else throw ConfigError("command line", "overlong", v, "error, truncate or drop");
     } else if (name == "append_eod") {
       o.append_eod = true;
     } else if (name == "no_append_eod") {
@@ -136,7 +163,7 @@ int preprocess_command(const Args& args) {
       throw ConfigError("command line", flag, "",
                         "an option of `tessera preprocess`: --input, --output-prefix, --json-keys, "
                         "--tokenizer-type, --tokenizer-model, --workers, --append-eod, "
-                        "--no-append-eod (see --help)");
+                        "--no-append-eod, --chat, --seq-length, --overlong (see --help)");
     }
   }
   // Every tokenizer model is a Hugging Face tokenizer.json, so a model alone says the type;
@@ -170,13 +197,21 @@ int preprocess_command(const Args& args) {
       "{:.0f} docs/s, {:.0f} tokens/s, {:.1f} MB/s\n",
       s.documents, s.input_bytes / 1e6, s.seconds, o.workers, s.tokenizer, s.documents / seconds,
       s.tokens / seconds, s.input_bytes / 1e6 / seconds);
-  for (const auto& out : s.outputs) {
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    const PreprocessOutput& out = s.outputs[k];
+    if (o.chat && k == 1) {
+      fmt::print("wrote {}.bin/.idx: the role of each token (uint8)\n", out.prefix);
+      continue;
+    }
     fmt::print("wrote {}.bin/.idx: {} documents, {} {} tokens{}; its tokenizer in {}\n", out.prefix,
                out.documents, out.tokens, token_dtype_name(s.dtype),
                out.empty_documents
                    ? fmt::format(" ({} documents without text skipped)", out.empty_documents)
                    : "",
                dataset_meta_path(out.prefix));
+    if (o.chat && o.seq_length > 0)
+      fmt::print("samples over --seq-length {}: {} truncated, {} dropped\n", o.seq_length, out.truncated,
+                 out.dropped);
   }
   return 0;
 }

@@ -66,6 +66,13 @@ class DataError : public Error {
   using Error::Error;
 };
 
+// Input data the user must fix, as a bad argument must be (a conversation without a role,
+// a sample longer than allowed), rather than one that could not be read: exits 2.
+class InvalidDataError : public DataError {
+ public:
+  using DataError::DataError;
+};
+
 // A device allocation that does not fit. The message carries the needed and free bytes and
 // what to change.
 class OutOfMemoryError : public Error {

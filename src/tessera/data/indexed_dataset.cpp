@@ -256,8 +256,8 @@ void IndexedDataset::read(uint64_t seq, uint64_t offset, uint64_t count, int32_t
 IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype,
                                            std::string meta_json)
     : prefix_(std::move(prefix)), meta_json_(std::move(meta_json)), dtype_(dtype) {
-  TS_CHECK(dtype == TokenDType::UInt16 || dtype == TokenDType::Int32,
-           "the writer supports uint16 and int32 tokens, not {}", token_dtype_name(dtype));
+  TS_CHECK(dtype == TokenDType::UInt8 || dtype == TokenDType::UInt16 || dtype == TokenDType::Int32,
+           "the writer supports uint8, uint16 and int32 values, not {}", token_dtype_name(dtype));
   const std::string tmp = fmt::format(".tmp-{}", ::getpid());
   bin_tmp_ = prefix_ + ".bin" + tmp;
   idx_tmp_ = prefix_ + ".idx" + tmp;
@@ -288,10 +288,13 @@ void IndexedDatasetWriter::add_document(const int32_t* ids, size_t count) {
   const size_t item = token_dtype_size(dtype_);
   scratch_.resize(count * item);
   for (size_t i = 0; i < count; ++i) {
-    if (ids[i] < 0 || (dtype_ == TokenDType::UInt16 && ids[i] > UINT16_MAX))
+    if (ids[i] < 0 || (dtype_ == TokenDType::UInt16 && ids[i] > UINT16_MAX) ||
+        (dtype_ == TokenDType::UInt8 && ids[i] > UINT8_MAX))
       throw DataError(fmt::format("{}.bin: token id {} does not fit {} tokens", prefix_, ids[i],
                                   token_dtype_name(dtype_)));
-    if (dtype_ == TokenDType::UInt16) {
+    if (dtype_ == TokenDType::UInt8) {
+      scratch_[i] = static_cast<uint8_t>(ids[i]);
+    } else if (dtype_ == TokenDType::UInt16) {
       const auto v = static_cast<uint16_t>(ids[i]);
       std::memcpy(scratch_.data() + 2 * i, &v, 2);
     } else {

@@ -19,6 +19,7 @@
 
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
+#include "tessera/data/chat.h"
 #include "tessera/data/text_corpus.h"
 #include "tessera/data/tokenizer.h"
 
@@ -131,7 +132,7 @@ size_t utf8_sequence_length(std::string_view text, size_t i) {
 // (the JSON library would stop reading at it and accept what came before), bytes that are not
 // UTF-8, or JSON that does not parse (a lone UTF-16 surrogate escape such as \ud800 among
 // them); and a line that parses to anything but an object.
-nlohmann::json parse_json_line(std::string_view line, const std::string& where) {
+nlohmann::ordered_json parse_json_line(std::string_view line, const std::string& where) {
   for (size_t i = 0; i < line.size();) {
     if (line[i] == '\0')
       throw DataError(
@@ -146,10 +147,10 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& where) 
                       where, i + 1, static_cast<unsigned char>(line[i])));
     i += n;
   }
-  nlohmann::json j;
+  nlohmann::ordered_json j;
   try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = nlohmann::ordered_json::parse(line);
+  } catch (const nlohmann::ordered_json::parse_error& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 12: syntax error while
     // parsing value - invalid string: surrogate U+D800..U+DBFF must be followed by
     // U+DC00..U+DFFF; last read: '...'": keep the reason, not the text read.
@@ -162,7 +163,7 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& where) 
     if (reason.find("surrogate") != std::string::npos)
       reason = "a lone UTF-16 surrogate escape (" + reason + ")";
     throw DataError(fmt::format("{}: invalid JSON at column {}: {}", where, e.byte, reason));
-  } catch (const nlohmann::json::out_of_range& e) {
+  } catch (const nlohmann::ordered_json::out_of_range& e) {
     // "[json.exception.out_of_range.406] number overflow parsing '1e9999'": no position.
     const std::string what = e.what();
     throw DataError(fmt::format("{}: invalid JSON: {}", where, what.substr(what.find("] ") + 2)));
@@ -173,16 +174,61 @@ nlohmann::json parse_json_line(std::string_view line, const std::string& where) 
   return j;
 }
 
-// Tokenizes one document into ids[k] for every key k (empty when it has no text).
+// One document's outputs: ids[k] for every key k (empty when it has no text); for chat,
+// ids[0] the tokens and ids[1] their roles.
+struct EncodedDocument {
+  std::vector<std::vector<int32_t>> ids;
+  bool truncated = false, dropped = false;
+};
+
+// A conversation's tokens and roles, over-long samples handled as options.overlong says.
+// Every refusal is the user's data to fix (InvalidDataError), bad JSON included.
+void encode_chat(const RawDocument& doc, const ChatFormat& chat, const PreprocessOptions& options,
+                 EncodedDocument* out) {
+  const std::string where = fmt::format("{}:{}", doc.file->path, doc.line);
+  ChatSample sample;
+  try {
+    sample = chat.encode(parse_json_line(doc.json_line, where), where);
+  } catch (const InvalidDataError&) {
+    throw;
+  } catch (const DataError& e) {
+    throw InvalidDataError(e.what());
+  }
+  const auto length = static_cast<int64_t>(sample.ids.size());
+  if (options.seq_length > 0 && length > options.seq_length) {
+    if (options.overlong == OverlongPolicy::Error)
+      throw InvalidDataError(fmt::format(
+          "{}: the sample has {} tokens, more than --seq-length {}; choose --overlong truncate "
+          "(keep its first {} tokens) or --overlong drop (skip it), or a longer --seq-length",
+          where, length, options.seq_length, options.seq_length));
+    if (options.overlong == OverlongPolicy::Drop) {
+      out->dropped = true;
+      return;
+    }
+    out->truncated = true;
+    sample.ids.resize(static_cast<size_t>(options.seq_length));
+    sample.roles.resize(static_cast<size_t>(options.seq_length));
+  }
+  out->ids[0] = std::move(sample.ids);
+  out->ids[1].assign(sample.roles.begin(), sample.roles.end());
+}
+
+// Tokenizes one document into out->ids[k] for every key k (empty when it has no text).
 void encode_document(const RawDocument& doc, const std::vector<std::string>& keys,
-                     const Tokenizer& tokenizer, bool append_eod,
-                     std::vector<std::vector<int32_t>>* ids) {
-  for (auto& v : *ids) v.clear();
+                     const Tokenizer& tokenizer, const ChatFormat* chat,
+                     const PreprocessOptions& options, EncodedDocument* out) {
+  for (auto& v : out->ids) v.clear();
+  out->truncated = out->dropped = false;
+  if (chat) {
+    encode_chat(doc, *chat, options, out);
+    return;
+  }
+  std::vector<std::vector<int32_t>>* ids = &out->ids;
   if (!doc.file->json_lines) {
     tokenizer.encode(read_text_document(doc.file->path), &(*ids)[0]);
   } else {
     const std::string where = fmt::format("{}:{}", doc.file->path, doc.line);
-    const nlohmann::json j = parse_json_line(doc.json_line, where);
+    const nlohmann::ordered_json j = parse_json_line(doc.json_line, where);
     for (size_t k = 0; k < keys.size(); ++k) {
       const auto it = j.find(keys[k]);
       if (it == j.end())
@@ -204,7 +250,7 @@ void encode_document(const RawDocument& doc, const std::vector<std::string>& key
       }
     }
   }
-  if (append_eod)
+  if (options.append_eod)
     for (auto& v : *ids)
       if (!v.empty()) v.push_back(tokenizer.eod_id());
 }
@@ -267,10 +313,13 @@ class OutputDirectories {
 };
 
 // Runs fn(i) for i in [0, n) on `workers` threads, each taking the next item as it gets
-// free (documents vary wildly in length); rethrows the first error.
+// free (documents vary wildly in length); rethrows the error of the first item that failed
+// (items are taken in order, so every earlier one has run): the first bad line is reported,
+// however the threads were timed.
 void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) {
   std::atomic<size_t> next{0};
   std::exception_ptr error;
+  size_t error_item = n;
   std::mutex mu;
   auto run = [&] {
     for (size_t i; (i = next.fetch_add(1)) < n;) {
@@ -278,7 +327,7 @@ void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) 
         fn(i);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
+        if (i < error_item) error = std::current_exception(), error_item = i;
         next = n;
       }
     }
@@ -302,8 +351,20 @@ PreprocessStats preprocess(const PreprocessOptions& o,
   if (o.json_keys.empty()) throw ConfigError("command line", "json-keys", "", "at least one key");
   if (o.workers < 1)
     throw ConfigError("command line", "workers", std::to_string(o.workers), "at least 1");
-  check_output_location(o.output_prefix, o.json_keys);
+  if (o.seq_length < 0)
+    throw ConfigError("command line", "seq-length", std::to_string(o.seq_length), "a positive number of tokens");
+  if (o.chat && o.tokenizer.tokenizer_type != TokenizerType::HuggingFace)
+    throw ConfigError("command line", "chat", "true",
+                      "a Hugging Face tokenizer with a chat template (--tokenizer-model llama3.1, "
+                      "qwen3 or a chat model's tokenizer.json)");
+  // Chat data writes tokens and their roles under one key.
+  const std::vector<std::string> keys = o.chat ? std::vector<std::string>{"chat"} : o.json_keys;
+  check_output_location(o.output_prefix, keys);
   const std::vector<InputFile> files = list_inputs(o.inputs);
+  for (const auto& f : files)
+    if (!f.json_lines && o.chat)
+      throw ConfigError("command line", "input", f.path,
+                        "JSON lines (*.jsonl, *.json) with --chat: conversations are JSON");
   for (const auto& f : files)
     if (!f.json_lines && o.json_keys.size() > 1)
       throw ConfigError(
@@ -324,32 +385,42 @@ PreprocessStats preprocess(const PreprocessOptions& o,
     record.tokenizer_json_sha256 = file_sha256(tokenizer_json_path(o.tokenizer.tokenizer_model));
   }
 
+  std::unique_ptr<ChatFormat> chat;
+  if (o.chat) chat = std::make_unique<ChatFormat>(tokenizer_json_path(o.tokenizer.tokenizer_model), *tokenizer);
+
   OutputDirectories directories(fs::path(o.output_prefix).parent_path());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
-  for (const std::string& key : o.json_keys) {
+  for (const std::string& key : keys) {
     stats.outputs.push_back({fmt::format("{}_{}_document", o.output_prefix, key)});
     writers.push_back(std::make_unique<IndexedDatasetWriter>(
         stats.outputs.back().prefix, stats.dtype, tokenizer_record_json(record)));
   }
+  if (o.chat) {
+    stats.outputs.push_back({chat_roles_prefix(stats.outputs[0].prefix)});
+    writers.push_back(std::make_unique<IndexedDatasetWriter>(stats.outputs.back().prefix, TokenDType::UInt8));
+  }
   DocumentReader reader(files);
   std::vector<RawDocument> batch;
-  std::vector<std::vector<std::vector<int32_t>>> ids;  // [document][key] -> tokens
+  std::vector<EncodedDocument> encoded;
   while (reader.next_batch(&batch)) {
-    ids.resize(batch.size(), std::vector<std::vector<int32_t>>(o.json_keys.size()));
+    encoded.resize(batch.size(), EncodedDocument{std::vector<std::vector<int32_t>>(writers.size())});
     parallel_for(batch.size(), o.workers, [&](size_t i) {
-      encode_document(batch[i], o.json_keys, *tokenizer, o.append_eod, &ids[i]);
+      encode_document(batch[i], o.json_keys, *tokenizer, chat.get(), o, &encoded[i]);
     });
     for (size_t i = 0; i < batch.size(); ++i) {
       for (size_t k = 0; k < writers.size(); ++k) {
         PreprocessOutput& out = stats.outputs[k];
-        if (ids[i][k].empty()) {
-          ++out.empty_documents;
+        const std::vector<int32_t>& ids = encoded[i].ids[k];
+        out.truncated += encoded[i].truncated;
+        out.dropped += encoded[i].dropped;
+        if (ids.empty()) {
+          out.empty_documents += !encoded[i].dropped;
           continue;
         }
-        writers[k]->add_document(ids[i][k].data(), ids[i][k].size());
+        writers[k]->add_document(ids.data(), ids.size());
         ++out.documents;
-        out.tokens += ids[i][k].size();
-        stats.tokens += ids[i][k].size();
+        out.tokens += ids.size();
+        if (!o.chat || k == 0) stats.tokens += ids.size();
       }
     }
     stats.documents += batch.size();
@@ -361,7 +432,7 @@ PreprocessStats preprocess(const PreprocessOptions& o,
       throw ConfigError(
           "command line", "input", fmt::format("{}", fmt::join(o.inputs, " ")),
           fmt::format("documents with text for key '{}', but {}; nothing was written",
-                      o.json_keys[k],
+                      keys[std::min(k, keys.size() - 1)],
                       stats.documents == 0
                           ? "the input holds no documents"
                           : fmt::format("none of the {} documents read has any", stats.documents)));

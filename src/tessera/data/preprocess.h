@@ -11,6 +11,13 @@
 //   a directory       one document per file: the Brown corpus's cXNN files, else *.txt
 //   any other file    one document (Brown-corpus tags are recognised and removed)
 // Documents without tokens are skipped.
+//
+// With `chat`, every input is JSON lines of conversations (data/chat.h: `messages`, or
+// `prompt` and `completion`), rendered with the tokenizer's chat template and written to
+// {output_prefix}_chat_document (tokens, no end-of-document token: a conversation ends with
+// its closing token) and, aligned with it, {output_prefix}_chat_document_roles (a uint8
+// TokenRole per token, from which training makes its loss mask). A sample longer than
+// `seq_length` (when set) is refused, truncated or dropped as `overlong` says.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -21,6 +28,8 @@
 
 namespace tessera {
 
+enum class OverlongPolicy { Error, Truncate, Drop };
+
 struct PreprocessOptions {
   std::vector<std::string> inputs;
   std::string output_prefix;
@@ -28,12 +37,16 @@ struct PreprocessOptions {
   DataConfig tokenizer;  // tokenizer_type and tokenizer_model
   int workers = 1;
   bool append_eod = true;
+  bool chat = false;
+  int64_t seq_length = 0;  // chat: the longest sample kept whole (0: any length)
+  OverlongPolicy overlong = OverlongPolicy::Error;
 };
 
 struct PreprocessOutput {
   std::string prefix;  // {output_prefix}_{key}_document
   uint64_t documents = 0, tokens = 0;
   uint64_t empty_documents = 0;  // skipped: no tokens
+  uint64_t truncated = 0, dropped = 0;  // chat: samples longer than seq_length
 };
 
 struct PreprocessStats {
@@ -50,7 +63,9 @@ struct PreprocessStats {
 // batch of documents. Throws ConfigError for unusable options (an output prefix that cannot
 // be written is found before any work) and for input without any text for a key, DataError
 // (naming the file and line) for unreadable input or a JSON line without the key, or for a
-// write that fails; no output is left then, nor the directories made for it.
+// write that fails, InvalidDataError for a conversation that is not one (chat) or a sample
+// over seq_length under OverlongPolicy::Error; no output is left then, nor the directories
+// made for it.
 PreprocessStats preprocess(
     const PreprocessOptions& options,
     const std::function<void(uint64_t, uint64_t, uint64_t)>& progress = nullptr);

@@ -1,0 +1,139 @@
+// `tessera preprocess --chat` end to end: conversations and prompt/completion lines become a
+// token dataset and an aligned role dataset; bad conversations and over-long samples are
+// refused with exit 2 naming the line, and nothing is written; truncate and drop are counted.
+#include <fstream>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "data_fixtures.h"
+#include "tessera/config/tokenizer_model.h"
+#include "tessera/data/chat.h"
+#include "tessera/data/indexed_dataset.h"
+#include "tessera/data/tokenizer.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::contains;
+using testing::run_tessera;
+using testing::ScratchDir;
+
+const char* const kLines[] = {
+    R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]})",
+    R"({"prompt": "Capital of France?", "completion": " Paris."})",
+    R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help you today, my friend? Ask me anything at all, I am here to help."}]})",
+};
+
+std::set<std::string> files_under(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& f : fs::recursive_directory_iterator(dir)) out.insert(f.path().string());
+  return out;
+}
+
+std::vector<int32_t> read_document(const IndexedDataset& d, uint64_t i) {
+  std::vector<int32_t> out(static_cast<size_t>(d.sequence_length(i)));
+  d.read(i, 0, out.size(), out.data());
+  return out;
+}
+
+void write_lines(const fs::path& path, const std::vector<std::string>& lines) {
+  std::ofstream out(path);
+  for (const auto& l : lines) out << l << "\n";
+}
+
+TEST(ChatPreprocess, WritesTokensAndTheirRolesAsTheChatTemplateRendersThem) {
+  ScratchDir dir;
+  write_lines(dir / "chat.jsonl", {kLines[0], kLines[1], kLines[2]});
+  const auto r = run_tessera("preprocess --input " + (dir / "chat.jsonl").string() + " --output-prefix " +
+                             (dir / "out" / "sft").string() + " --tokenizer-model qwen3 --chat --workers 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "_chat_document.bin/.idx: 3 documents")) << r.output;
+  EXPECT_TRUE(contains(r.output, "_chat_document_roles.bin/.idx: the role of each token")) << r.output;
+
+  DataConfig data;
+  data.tokenizer_type = TokenizerType::HuggingFace;
+  data.tokenizer_model = "qwen3";
+  const auto tokenizer = make_tokenizer(data);
+  const ChatFormat chat(tokenizer_json_path("qwen3"), *tokenizer);
+  const std::string prefix = (dir / "out" / "sft_chat_document").string();
+  const IndexedDataset tokens(prefix, tokenizer->vocab_size()), roles(chat_roles_prefix(prefix));
+  EXPECT_EQ(roles.dtype(), TokenDType::UInt8);
+  ASSERT_EQ(tokens.documents(), 3u);
+  ASSERT_EQ(roles.documents(), 3u);
+  for (uint64_t d = 0; d < 3; ++d) {
+    const ChatSample expected = chat.encode(nlohmann::ordered_json::parse(kLines[d]), "line");
+    EXPECT_EQ(read_document(tokens, d), expected.ids) << d;
+    const std::vector<int32_t> got_roles = read_document(roles, d);
+    EXPECT_EQ(std::vector<uint8_t>(got_roles.begin(), got_roles.end()), expected.roles) << d;
+  }
+  // The first conversation's assistant tokens are its answer and closing token.
+  const std::vector<int32_t> ids = read_document(tokens, 0), r0 = read_document(roles, 0);
+  std::vector<int32_t> answer;
+  for (size_t k = 0; k < ids.size(); ++k)
+    if (r0[k] == static_cast<int32_t>(TokenRole::Assistant)) answer.push_back(ids[k]);
+  EXPECT_EQ(tokenizer->decode(answer), "4<|im_end|>");
+}
+
+TEST(ChatPreprocess, BadConversationsExitTwoNamingTheLineAndWriteNothing) {
+  ScratchDir dir;
+  const std::set<std::string> before_files = [&] {
+    write_lines(dir / "unknown_role.jsonl", {kLines[0], R"({"messages": [{"role": "bot", "content": "x"}]})"});
+    write_lines(dir / "ends_on_user.jsonl", {kLines[1], kLines[0], R"({"messages": [{"role": "user", "content": "x"}]})"});
+    write_lines(dir / "not_json.jsonl", {kLines[0], "{\"messages\": ["});
+    write_lines(dir / "text.jsonl", {R"({"text": "plain"})"});
+    return files_under(dir.path());
+  }();
+  for (const auto& [file, parts] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"unknown_role.jsonl", {"unknown_role.jsonl:2: messages[0].role is \"bot\""}},
+           {"ends_on_user.jsonl", {"ends_on_user.jsonl:3: the conversation ends with a 'user' message"}},
+           {"not_json.jsonl", {"not_json.jsonl:2: invalid JSON"}},
+           {"text.jsonl", {"text.jsonl:1: neither 'messages' nor 'prompt' and 'completion'"}}}) {
+    SCOPED_TRACE(file);
+    const auto r = run_tessera("preprocess --input " + (dir / file).string() + " --output-prefix " +
+                               (dir / "out" / "sft").string() + " --tokenizer-model qwen3 --chat");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    for (const auto& part : parts) EXPECT_TRUE(contains(r.output, part)) << part << "\n" << r.output;
+    EXPECT_EQ(files_under(dir.path()), before_files);
+  }
+  // Chat needs a tokenizer with a chat template, and JSON lines.
+  auto r = run_tessera("preprocess --input " + (dir / "text.jsonl").string() + " --output-prefix " +
+                       (dir / "out" / "x").string() + " --chat");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "key 'chat'")) << r.output;
+  r = run_tessera("preprocess --input " + (dir / "text.jsonl").string() + " --output-prefix " +
+                  (dir / "out" / "x").string() + " --tokenizer-model llama2 --chat");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_TRUE(contains(r.output, "no chat template")) << r.output;
+  EXPECT_EQ(files_under(dir.path()), before_files);
+}
+
+TEST(ChatPreprocess, OverlongSamplesAreRefusedTruncatedOrDroppedAndCounted) {
+  ScratchDir dir;
+  write_lines(dir / "chat.jsonl", {kLines[0], kLines[1], kLines[2]});
+  const std::string base = "preprocess --input " + (dir / "chat.jsonl").string() + " --tokenizer-model qwen3 --chat --seq-length 30";
+  // The third conversation is longer than 30 tokens; the others are not.
+  auto r = run_tessera(base + " --output-prefix " + (dir / "refused").string());
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "chat.jsonl:3: the sample has")) << r.output;
+  EXPECT_TRUE(contains(r.output, "more than --seq-length 30; choose --overlong truncate")) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "refused_chat_document.bin"));
+
+  r = run_tessera(base + " --overlong truncate --output-prefix " + (dir / "cut").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "samples over --seq-length 30: 1 truncated, 0 dropped")) << r.output;
+  const IndexedDataset cut((dir / "cut_chat_document").string());
+  ASSERT_EQ(cut.documents(), 3u);
+  EXPECT_EQ(cut.sequence_length(2), 30);
+  EXPECT_EQ(IndexedDataset(chat_roles_prefix((dir / "cut_chat_document").string())).sequence_length(2), 30);
+
+  r = run_tessera(base + " --overlong drop --output-prefix " + (dir / "kept").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "samples over --seq-length 30: 0 truncated, 1 dropped")) << r.output;
+  EXPECT_EQ(IndexedDataset((dir / "kept_chat_document").string()).documents(), 2u);
+}
+
+}  // namespace
+}  // namespace tessera
