@@ -315,8 +315,11 @@ TEST(CliConventions, PrimusExperimentTrainsTwoIterationsOnTheCpu) {
   for (const char* key : {"wandb_project", "stderr_sink_level", "log_avg_skip_iterations",
                           "log_avg_reset_interval", "ckpt_format"})
     EXPECT_TRUE(has(info, key)) << key;
-  EXPECT_TRUE(has(warnings, "eod_mask_loss: true")) << warnings;
+  // Primus's eod_mask_loss: true is carried out: the loss counts fewer positions than all.
+  EXPECT_FALSE(has(warnings, "eod_mask_loss")) << warnings;
+  EXPECT_TRUE(has(info, "| loss tokens: ")) << info;
   const std::string config = slurp(root / "config.yaml");
+  EXPECT_TRUE(has(config, "eod_mask_loss: true")) << config;
   EXPECT_TRUE(has(config, "use_distributed_optimizer: true")) << config;  // pre_trainer.yaml
   EXPECT_TRUE(has(config, "norm_epsilon: 1e-06")) << config;
 }

@@ -99,17 +99,13 @@ TEST(MegatronKeys, KeysWithoutEffectAreRecordedWithTheirLastValueAndOrigin) {
   ASSERT_NE(wandb, nullptr);
   EXPECT_EQ(wandb->value, "Primus_Pretrain");
   EXPECT_NE(wandb->origin.find(":5"), std::string::npos) << wandb->origin;
-  EXPECT_FALSE(wandb->warning);
-  ASSERT_NE(accepted(e, "eod_mask_loss"), nullptr);
-  EXPECT_TRUE(accepted(e, "eod_mask_loss")->warning);  // Tessera's loss differs from Megatron's
+  EXPECT_EQ(accepted(e, "eod_mask_loss"), nullptr);  // a Tessera key: it does what it says
+  EXPECT_TRUE(e.data.eod_mask_loss);
   ASSERT_NE(accepted(e, "stderr_sink_level"), nullptr);
   EXPECT_EQ(accepted(e, "stderr_sink_level")->origin, "command line");
   EXPECT_EQ(accepted(e, "ckpt_format")->value, "torch_dist");
   EXPECT_EQ(accepted(e, "no_load_optim")->value, "null");
-  EXPECT_EQ(e.megatron_keys.size(), 6u);  // each key once
-  EXPECT_FALSE(accepted(experiment_from_yaml(std::string(kMinimal) + "eod_mask_loss: false\n"),
-                        "eod_mask_loss")
-                   ->warning);
+  EXPECT_EQ(e.megatron_keys.size(), 5u);  // each key once
 }
 
 TEST(MegatronKeys, ValuesTesseraWouldNotHonourAreRefused) {
@@ -198,7 +194,7 @@ TEST_F(PrimusExperiment, ShippedPrimusExampleLoadsAsWritten) {
       << e.origin.at("use_distributed_optimizer");
   EXPECT_EQ(e.checkpoint.save_interval, 20000);
   for (const char* key : {"wandb_project", "stderr_sink_level", "log_avg_skip_iterations",
-                          "log_avg_reset_interval", "eod_mask_loss", "gradient_accumulation_fusion",
+                          "log_avg_reset_interval", "gradient_accumulation_fusion",
                           "test_data_path", "finetune", "ckpt_format", "enable_primus_turbo"})
     EXPECT_NE(accepted(e, key), nullptr) << key;
   EXPECT_TRUE(e.checkpoint.disable_last_saving);

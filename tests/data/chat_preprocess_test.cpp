@@ -2,6 +2,7 @@
 // token dataset and an aligned role dataset; bad conversations and over-long samples are
 // refused with exit 2 naming the line, and nothing is written; truncate and drop are counted.
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -73,7 +74,7 @@ TEST(ChatPreprocess, WritesTokensAndTheirRolesAsTheChatTemplateRendersThem) {
   const std::vector<int32_t> ids = read_document(tokens, 0), r0 = read_document(roles, 0);
   std::vector<int32_t> answer;
   for (size_t k = 0; k < ids.size(); ++k)
-    if (r0[k] == static_cast<int32_t>(TokenRole::Assistant)) answer.push_back(ids[k]);
+    if (token_role(static_cast<uint8_t>(r0[k])) == TokenRole::Assistant) answer.push_back(ids[k]);
   EXPECT_EQ(tokenizer->decode(answer), "4<|im_end|>");
 }
 
@@ -133,6 +134,47 @@ TEST(ChatPreprocess, OverlongSamplesAreRefusedTruncatedOrDroppedAndCounted) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "samples over --seq-length 30: 0 truncated, 1 dropped")) << r.output;
   EXPECT_EQ(IndexedDataset((dir / "kept_chat_document").string()).documents(), 2u);
+}
+
+// Training on chat data counts only the tokens loss_mask keeps: the iteration line and
+// metrics.jsonl say how many; completion keeps fewer than assistant, all keeps every one.
+// (The loss values themselves are tested at the model: Model.MaskedTargetsAddNothingToLossOrGradients.)
+TEST(ChatPreprocess, TrainingCountsOnlyTheMaskedTokens) {
+  ScratchDir dir;
+  {
+    std::ofstream out(dir / "chat.jsonl");
+    // Two-turn conversations: completion (the last turn) keeps fewer tokens than assistant.
+    for (int i = 0; i < 24; ++i)
+      out << R"({"messages": [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue, like the sky."}, )"
+             R"({"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Red, like a rose."}]})"
+          << "\n";
+  }
+  auto r = run_tessera("preprocess --input " + (dir / "chat.jsonl").string() + " --output-prefix " +
+                       (dir / "sft").string() + " --tokenizer-model qwen3 --chat --workers 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::map<std::string, int64_t> loss_tokens;
+  for (const std::string mask : {"assistant", "completion", "all"}) {
+    SCOPED_TRACE(mask);
+    r = testing::run_command(
+        "OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) +
+        " train --model tiny_llama --device cpu --tokenizer_model qwen3 --num_layers 1 --hidden_size 16 "
+        "--ffn_hidden_size 32 --num_attention_heads 2 --num_query_groups 1 --seq_length 32 "
+        "--micro_batch_size 2 --global_batch_size 4 --train_iters 2 --lr 0.001 --lr_warmup_iters 0 "
+        "--split 100,0,0 --train_data_path null --data_path " + (dir / "sft_chat_document").string() +
+        " --loss_mask " + mask + " --workspace " + (dir / "ws").string() + " --work_group g --user_name u --exp_name " + mask);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream metrics(dir / "ws" / "g" / "u" / mask / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("loss_tokens")) loss_tokens[mask] = j["loss_tokens"];  // the last iteration's
+    }
+    const std::string info = testing::read_file(dir / "ws" / "g" / "u" / mask / "logs" / "pre_trainer" / "rank-0" / "info.log");
+    EXPECT_EQ(contains(info, "| loss tokens: "), mask != "all") << info;
+  }
+  EXPECT_EQ(loss_tokens["all"], 4 * 32);
+  EXPECT_GT(loss_tokens["assistant"], 0);
+  EXPECT_LT(loss_tokens["completion"], loss_tokens["assistant"]);
+  EXPECT_LT(loss_tokens["assistant"], loss_tokens["all"]);
 }
 
 }  // namespace

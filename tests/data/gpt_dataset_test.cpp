@@ -12,6 +12,7 @@
 #include "tessera/config/config.h"
 #include "tessera/core/error.h"
 #include "tessera/data/blended_dataset.h"
+#include "tessera/data/chat.h"
 #include "tessera/data/dataset.h"
 #include "tessera/data/gpt_dataset.h"
 #include "tessera/data/tokenizer.h"
@@ -334,6 +335,92 @@ TEST(IndexedSources, VocabularyMismatchIsADataError) {
   testing::write_dataset(p, labelled_documents(4, 30, 10), TokenDType::Int32);
   ByteTokenizer tok;
   EXPECT_THROW(make_data_sources(experiment(dir, "data_path: " + p + "\n"), tok, 257), DataError);
+}
+
+// Chat data: the roles beside a dataset choose which targets count, by loss_mask; a target
+// is masked by its own role (the token it predicts). eod_mask_loss masks the positions whose
+// input is the end-of-document token.
+TEST(IndexedSources, LossMasksFollowTheRolesOfTheTargets) {
+  ScratchDir dir;
+  const std::string p = (dir / "chat_chat_document").string();
+  const auto docs = testing::distinct_documents({30, 25, 40});
+  // Each conversation: a user turn, an assistant turn, a user turn, the final assistant turn.
+  std::vector<std::vector<int32_t>> roles;
+  for (const auto& d : docs) {
+    roles.emplace_back();
+    for (size_t k = 0; k < d.size(); ++k) {
+      const auto user = static_cast<int32_t>(TokenRole::User), bot = static_cast<int32_t>(TokenRole::Assistant);
+      roles.back().push_back(k < 8 ? user : k < 14 ? bot : k < 19 ? user : bot | kFinalTurn);
+    }
+  }
+  testing::write_dataset(p, docs);
+  testing::write_dataset(chat_roles_prefix(p), roles, TokenDType::UInt8);
+  std::map<int32_t, uint8_t> role_of;  // token id -> the role of that token
+  for (size_t d = 0; d < docs.size(); ++d)
+    for (size_t k = 0; k < docs[d].size(); ++k) role_of[docs[d][k]] = static_cast<uint8_t>(roles[d][k]);
+  ByteTokenizer tok;
+  const auto sources = [&](const std::string& mask) {
+    return make_data_sources(experiment(dir, "data_path: " + p + "\nsplit: \"1,0,0\"\nloss_mask: " + mask + "\n"), tok, 257);
+  };
+  const DataSources all = sources("all");
+  EXPECT_FALSE(all.train->masks_targets());
+  for (const auto& [name, mask] : std::vector<std::pair<std::string, LossMask>>{
+           {"assistant", LossMask::Assistant}, {"completion", LossMask::Completion}}) {
+    SCOPED_TRACE(name);
+    const DataSources d = sources(name);
+    EXPECT_TRUE(d.train->masks_targets());
+    std::vector<int32_t> tokens(16), targets(16), all_tokens(16), all_targets(16);
+    int64_t counted = 0, masked = 0;
+    for (uint64_t i = 0; i < 20; ++i) {
+      d.train->sample(i, tokens.data(), targets.data());
+      all.train->sample(i, all_tokens.data(), all_targets.data());
+      EXPECT_EQ(tokens, all_tokens);
+      for (size_t t = 0; t < 16; ++t) {
+        const bool counts = counts_for_loss(role_of.at(all_targets[t]), mask);
+        EXPECT_EQ(targets[t], counts ? all_targets[t] : -1) << "sample " << i << " position " << t;
+        (counts ? counted : masked) += 1;
+      }
+    }
+    EXPECT_GT(counted, 0);
+    EXPECT_GT(masked, 0);
+  }
+  // Roles that do not match their tokens are refused naming both.
+  testing::write_dataset(chat_roles_prefix(p), {roles[0], roles[1]}, TokenDType::UInt8);
+  try {
+    make_data_sources(experiment(dir, "data_path: " + p + "\nsplit: \"1,0,0\"\n"), tok, 257);
+    ADD_FAILURE() << "misaligned roles accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("the roles do not match the tokens"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenStreams, EodMaskLossMasksPositionsWhoseInputEndsADocument) {
+  std::vector<int32_t> stream;
+  for (int d = 0; d < 6; ++d) {
+    for (int k = 0; k < 7; ++k) stream.push_back(10 + k);
+    stream.push_back(256);
+  }
+  TokenStreamSource plain("s", stream, 8, 1, false), masked("s", stream, 8, 1, false, 256);
+  EXPECT_FALSE(plain.masks_targets());
+  EXPECT_TRUE(masked.masks_targets());
+  std::vector<int32_t> tokens(8), targets(8), plain_targets(8);
+  for (uint64_t i = 0; i < masked.samples_per_epoch(); ++i) {
+    masked.sample(i, tokens.data(), targets.data());
+    plain.sample(i, tokens.data(), plain_targets.data());
+    for (size_t t = 0; t < 8; ++t) EXPECT_EQ(targets[t], tokens[t] == 256 ? -1 : plain_targets[t]);
+  }
+  MockSource mock(300, 64, 3, 7);  // random ids below 300: some are 7
+  std::vector<int32_t> mt(64), mg(64);
+  int sevens = 0;
+  for (uint64_t i = 0; i < 50; ++i) {
+    mock.sample(i, mt.data(), mg.data());
+    for (size_t t = 0; t < 64; ++t)
+      if (mt[t] == 7) {
+        ++sevens;
+        EXPECT_EQ(mg[t], -1);
+      }
+  }
+  EXPECT_GT(sevens, 0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include <gtest/gtest.h>
 
@@ -33,7 +34,9 @@ struct Result {
   std::vector<float> grads;
 };
 
-Result run(const ModelSpec& spec, ModelRuntime rt) {
+// Targets at positions where `ignored` holds are -1 (no loss); by default every fifth.
+Result run(const ModelSpec& spec, ModelRuntime rt,
+           const std::function<bool(int64_t)>& ignored = [](int64_t i) { return i % 5 == 0; }) {
   auto backend = make_cpu_backend();
   DecoderModel model(*backend, spec, rt);
   DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
@@ -43,7 +46,7 @@ Result run(const ModelSpec& spec, ModelRuntime rt) {
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) {
     tokens[i] = static_cast<int32_t>(random_below(1, i, 64));
-    targets[i] = i % 5 == 0 ? -1 : static_cast<int32_t>(random_below(2, i, 64));  // some ignored
+    targets[i] = ignored(i) ? -1 : static_cast<int32_t>(random_below(2, i, 64));
   }
   model.set_batch(tokens.data(), targets.data());
   model.forward_backward(1.0f / N);
@@ -104,6 +107,26 @@ TEST(Model, CrossEntropyChunkingDoesNotChangeResults) {
     norm += std::pow(whole.grads[i], 2);
   }
   EXPECT_LT(std::sqrt(diff / norm), 1e-6);
+}
+
+// Loss masks: a masked target adds nothing to the loss or the gradients, an unmasked one its
+// whole share. Two complementary masks therefore add up to the unmasked batch.
+TEST(Model, MaskedTargetsAddNothingToLossOrGradients) {
+  const ModelSpec spec = tiny_spec();
+  const Result full = run(spec, base_runtime(), [](int64_t) { return false; });
+  const Result even = run(spec, base_runtime(), [](int64_t i) { return i % 3 == 0; });
+  const Result odd = run(spec, base_runtime(), [](int64_t i) { return i % 3 != 0; });
+  EXPECT_NEAR(even.loss_sum + odd.loss_sum, full.loss_sum, 1e-5 * std::abs(full.loss_sum));
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < full.grads.size(); ++i) {
+    diff += std::pow(even.grads[i] + odd.grads[i] - full.grads[i], 2);
+    norm += std::pow(full.grads[i], 2);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
+  // All masked: no loss, no gradient.
+  const Result none = run(spec, base_runtime(), [](int64_t) { return true; });
+  EXPECT_EQ(none.loss_sum, 0.0f);
+  for (float g : none.grads) ASSERT_EQ(g, 0.0f);
 }
 
 TEST(ModelSpec, FlopsFollowTheMegatronConvention) {

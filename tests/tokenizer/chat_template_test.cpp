@@ -203,8 +203,8 @@ TEST(ChatTemplate, ShippedTemplatesRenderAndTokenizeAsTransformers) {
 std::string text_of(const Tokenizer& t, const ChatSample& s, TokenRole role) {
   std::string out;
   for (size_t k = 0; k < s.ids.size(); ++k) {
-    if (s.roles[k] != static_cast<uint8_t>(role)) continue;
-    if (k > 0 && s.roles[k - 1] != static_cast<uint8_t>(role) && !out.empty()) out += "|";
+    if (token_role(s.roles[k]) != role) continue;
+    if (k > 0 && token_role(s.roles[k - 1]) != role && !out.empty()) out += "|";
     out += t.decode({s.ids[k]});
   }
   return out;

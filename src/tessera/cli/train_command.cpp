@@ -144,16 +144,13 @@ TrainArgs parse_train_args(const Args& args) {
 }
 
 // The Megatron/Primus keys the experiment set that change nothing here: one line naming them,
-// each one's meaning in the debug log, and a warning where the run differs from Megatron's.
+// each one's meaning in the debug log.
 void log_megatron_keys(const Experiment& exp, Logger& log) {
   std::vector<std::string> names;
   for (const AcceptedMegatronKey& k : exp.megatron_keys) {
     const MegatronKey& m = *find_megatron_key(k.key);
     names.push_back(k.key);
-    if (k.warning)
-      log.warning("{}: {} ({}): {}", k.key, k.value, k.origin, m.effect);
-    else
-      log.debug("{}: {} ({}): accepted without effect: {}", k.key, k.value, k.origin, m.effect);
+    log.debug("{}: {} ({}): accepted without effect: {}", k.key, k.value, k.origin, m.effect);
   }
   if (!names.empty())
     log.info("Megatron/Primus keys accepted without effect (docs/configuration.md): {}",

@@ -32,6 +32,10 @@ enum class DeviceChoice { Auto, Cpu, Gpu };
 // id); Gpt2Bpe: GPT-2's byte-level BPE from a vocab.json and a merges.txt (vocab_file,
 // merge_file).
 enum class TokenizerType { ByteLevel, HuggingFace, Null, Gpt2Bpe };
+// Which tokens of chat data (datasets with a roles file, data/chat.h) the loss covers:
+// every assistant turn (TRL's assistant_only_loss, Megatron-Bridge's answer_only_loss), the
+// final assistant turn only (the completion of a prompt), or all tokens.
+enum class LossMask { Assistant, Completion, All };
 // Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
 enum class AttentionBackend { Auto, Tessera, Vendor };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
@@ -218,6 +222,8 @@ struct DataConfig {
   std::string valid_data_path;            // validation blend (instead of the split's valid part)
   std::string data_cache_path;            // sample-index caches; empty: beside the data
   std::string split = "969,30,1";
+  bool eod_mask_loss = false;             // no loss where the input token is end-of-document
+  LossMask loss_mask = LossMask::Assistant;  // chat data only
   TokenizerType tokenizer_type = TokenizerType::ByteLevel;
   std::string tokenizer_model;            // tokenizer.json path or shipped name (llama3, qwen3, ...)
   std::string vocab_file;                 // GPT2BPETokenizer: vocab.json
@@ -257,7 +263,6 @@ struct LoggingConfig {
 // A Megatron or Primus key accepted without effect (config/megatron_keys.h), for the run's log.
 struct AcceptedMegatronKey {
   std::string key, value, origin;
-  bool warning = false;  // Tessera's run differs from Megatron's at this value
 };
 
 struct Experiment {

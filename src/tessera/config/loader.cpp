@@ -543,7 +543,7 @@ void check_megatron_keys(Experiment& e, const std::vector<Setting>& accepted) {
     const MegatronKey& m = *find_megatron_key(s.key);
     if (const std::string expected = m.check(e, s.value); !expected.empty())
       throw ConfigError(s.origin, s.key, s.value, expected);
-    e.megatron_keys.push_back({s.key, s.value, s.origin, m.warns && m.warns(s.value)});
+    e.megatron_keys.push_back({s.key, s.value, s.origin});
   }
 }
 

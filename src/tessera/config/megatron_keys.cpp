@@ -428,14 +428,6 @@ std::vector<MegatronKey> build() {
     k.push_back(only_false(name, "a resumed run always loads the optimizer and data state"));
   for (const char* name : {"no_save_optim", "no_save_rng"})
     k.push_back(only_false(name, "checkpoints always hold the optimizer and data state"));
-  {
-    MegatronKey eod = any_value("eod_mask_loss",
-                                "not implemented: the loss counts every position, also the ones "
-                                "after an end-of-document token (true is accepted with a warning).",
-                                true);
-    eod.warns = [](const std::string& v) { return is_true(v); };
-    k.push_back(eod);
-  }
   return k;
 }
 

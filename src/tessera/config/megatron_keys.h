@@ -9,8 +9,7 @@
 //     concerns something Tessera has no part of (`wandb_project`, Primus-Turbo kernels, fusion
 //     switches whose result is the same). A value Tessera would not honour exits 2 naming the
 //     key and what differs, rather than being dropped in silence, and the run's log lists every
-//     key it accepted this way. A few values Tessera accepts although its run differs from
-//     Megatron's (`eod_mask_loss: true`) are logged as warnings.
+//     key it accepted this way.
 // A Tessera key of the same name always wins: implementing one of these is adding its key to
 // keys.cpp and removing its entry here (a test keeps the two tables apart, and another that
 // docs/configuration.md lists every entry).
@@ -35,8 +34,6 @@ struct MegatronKey {
   // Keys without effect: "" when Tessera's run agrees with `value`, else what was expected.
   // Runs once everything is loaded (disable_last_saving depends on `save`).
   std::function<std::string(const Experiment&, const std::string& value)> check;
-  // Accepted values that give a different run from Megatron's: logged as a warning.
-  std::function<bool(const std::string& value)> warns;
   // A YAML list is read as its flow text (high_priority_stream_groups: []).
   bool accepts_list = false;
   // Megatron's nargs on the command line, as KeySpec::words_joined_by (test_data_path).

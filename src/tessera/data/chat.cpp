@@ -57,6 +57,13 @@ void check_messages(const nlohmann::ordered_json& messages, const std::string& f
   }
 }
 
+// The last run of assistant tokens is the sample's completion.
+void mark_final_turn(ChatSample* s) {
+  size_t k = s->roles.size();
+  while (k > 0 && token_role(s->roles[k - 1]) != TokenRole::Assistant) --k;
+  for (; k > 0 && token_role(s->roles[k - 1]) == TokenRole::Assistant; --k) s->roles[k - 1] |= kFinalTurn;
+}
+
 // Special tokens as transformers' special_tokens_map gives them to the template: strings, or
 // {"content": ...} objects; absent or null ones are left out.
 std::string token_text(const nlohmann::ordered_json& v) {
@@ -177,6 +184,7 @@ ChatSample ChatFormat::render(const nlohmann::ordered_json& messages, bool add_g
     }
     out.roles[k] = role;
   }
+  mark_final_turn(&out);
   if (at != text.text.size())
     throw DataError(fmt::format(
         "{}: tokenizer {} does not decode token by token to the rendered text ({} of {} bytes), "
@@ -226,6 +234,7 @@ ChatSample ChatFormat::encode(const nlohmann::ordered_json& line, const std::str
   if (!eos_text_.empty()) tokenizer_.encode(eos_text_, &out.ids);
   else out.ids.push_back(tokenizer_.eod_id());
   out.roles.resize(out.ids.size(), static_cast<uint8_t>(TokenRole::Assistant));
+  mark_final_turn(&out);
   return out;
 }
 

@@ -13,13 +13,16 @@
 // role through the template (jinja.h tags them), a token is the assistant's when any of its
 // bytes are, and an assistant turn also owns the template text after it up to and including
 // the special token that closes the turn (<|eot_id|>, <|im_end|>): the model must learn to
-// stop. Everything else the template writes (headers, BOS) is role Template.
+// stop. Everything else the template writes (headers, BOS) is role Template. The final
+// assistant turn's tokens also carry kFinalTurn (loss_mask: completion trains on them only).
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include "tessera/config/config.h"
 
 namespace tessera {
 
@@ -29,10 +32,24 @@ class Template;
 }
 
 enum class TokenRole : uint8_t { Template = 0, System = 1, User = 2, Assistant = 3, Tool = 4 };
+// Set in the role byte of the tokens of a sample's final assistant turn (its completion).
+constexpr uint8_t kFinalTurn = 0x80;
+
+inline TokenRole token_role(uint8_t role_byte) { return static_cast<TokenRole>(role_byte & 0x7f); }
+
+// Whether a token with this role byte is trained on under `mask`.
+inline bool counts_for_loss(uint8_t role_byte, LossMask mask) {
+  switch (mask) {
+    case LossMask::All: return true;
+    case LossMask::Assistant: return token_role(role_byte) == TokenRole::Assistant;
+    case LossMask::Completion: return token_role(role_byte) == TokenRole::Assistant && (role_byte & kFinalTurn);
+  }
+  return true;
+}
 
 struct ChatSample {
   std::vector<int32_t> ids;
-  std::vector<uint8_t> roles;  // a TokenRole per id
+  std::vector<uint8_t> roles;  // a TokenRole per id, with kFinalTurn on the final assistant turn
 };
 
 // Where preprocessing writes the roles of the chat dataset at `tokens_prefix`.

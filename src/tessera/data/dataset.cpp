@@ -12,6 +12,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/random.h"
 #include "tessera/data/blended_dataset.h"
+#include "tessera/data/chat.h"
 #include "tessera/data/gpt_dataset.h"
 #include "tessera/data/indexed_dataset.h"
 #include "tessera/data/text_corpus.h"
@@ -35,14 +36,15 @@ void MockSource::sample(uint64_t index, int32_t* tokens, int32_t* targets) const
   for (int64_t t = 0; t <= seq_; ++t) {
     const int32_t id = static_cast<int32_t>(random_below(seed, base + t, static_cast<uint32_t>(vocab_)));
     if (t < seq_) tokens[t] = id;
-    if (t > 0) targets[t - 1] = id;
+    if (t > 0) targets[t - 1] = tokens[t - 1] == eod_mask_ ? -1 : id;
   }
 }
 
 TokenStreamSource::TokenStreamSource(std::string name, std::vector<int32_t> stream,
-                                     int64_t seq_length, uint64_t seed, bool shuffle)
+                                     int64_t seq_length, uint64_t seed, bool shuffle,
+                                     int32_t eod_mask)
     : name_(std::move(name)), stream_(std::move(stream)), seq_(seq_length), seed_(seed),
-      shuffle_(shuffle) {
+      shuffle_(shuffle), eod_mask_(eod_mask) {
   windows_ = stream_.size() > static_cast<size_t>(seq_) ? (stream_.size() - 1) / seq_ : 0;
 }
 
@@ -73,6 +75,9 @@ void TokenStreamSource::sample(uint64_t index, int32_t* tokens, int32_t* targets
   const int32_t* src = stream_.data() + window * seq_;
   std::copy(src, src + seq_, tokens);
   std::copy(src + 1, src + seq_ + 1, targets);
+  if (eod_mask_ >= 0)
+    for (int64_t t = 0; t < seq_; ++t)
+      if (tokens[t] == eod_mask_) targets[t] = -1;
 }
 
 namespace {
@@ -98,11 +103,14 @@ DataSources make_text_sources(const Experiment& e, const Tokenizer& tokenizer) {
     out.push_back(tokenizer.eod_id());
     bytes += docs[i].size();
   }
-  auto train_src = std::make_unique<TokenStreamSource>("train", std::move(train), seq, seed, true);
+  const int32_t eod_mask = e.data.eod_mask_loss ? tokenizer.eod_id() : -1;
+  auto train_src =
+      std::make_unique<TokenStreamSource>("train", std::move(train), seq, seed, true, eod_mask);
   if (train_src->samples_per_epoch() == 0)
     throw DataError(fmt::format("{}: {} training tokens are too few for one sample of seq_length+1 = {}",
                                 path, train_src->tokens(), seq + 1));
-  auto valid_src = std::make_unique<TokenStreamSource>("valid", std::move(valid), seq, seed, false);
+  auto valid_src =
+      std::make_unique<TokenStreamSource>("valid", std::move(valid), seq, seed, false, eod_mask);
   DataSources d;
   d.description = fmt::format("{} ({} documents, {:.1f} MB of text, {} tokenizer); {}; {}", path,
                               docs.size(), bytes / 1e6, tokenizer.name(), train_src->describe(),
@@ -132,7 +140,11 @@ struct IndexedContext {
   std::string cache_dir;  // empty: a cache/ directory beside the data
   int64_t vocab;
   std::string tokenizer;
+  int32_t eod_mask;
+  LossMask loss_mask;
   std::map<std::string, std::shared_ptr<const IndexedDataset>> opened;
+  // The roles of chat datasets (preprocess --chat), by token prefix; null for other data.
+  std::map<std::string, std::shared_ptr<const IndexedDataset>> roles;
   // Datasets without a tokenizer record, which validation could not check (validate.cpp).
   std::vector<std::string> unrecorded;
 
@@ -141,8 +153,23 @@ struct IndexedContext {
     if (!slot) {
       slot = std::make_shared<const IndexedDataset>(prefix, vocab, tokenizer);
       if (!std::filesystem::exists(dataset_meta_path(prefix))) unrecorded.push_back(prefix);
+      if (std::filesystem::exists(chat_roles_prefix(prefix) + ".idx"))
+        roles[prefix] = open_roles(*slot);
     }
     return slot;
+  }
+  // A chat dataset's roles, which must describe its tokens one for one.
+  static std::shared_ptr<const IndexedDataset> open_roles(const IndexedDataset& tokens) {
+    auto r = std::make_shared<const IndexedDataset>(chat_roles_prefix(tokens.prefix()));
+    bool aligned = r->sequences() == tokens.sequences() && r->documents() == tokens.documents();
+    for (uint64_t i = 0; aligned && i < tokens.sequences(); ++i)
+      aligned = r->sequence_length(i) == tokens.sequence_length(i);
+    if (!aligned)
+      throw DataError(fmt::format(
+          "{}: the roles do not match the tokens of {} ({} vs {} sequences, or a length "
+          "differs); preprocess --chat writes both together: run it again",
+          r->prefix(), tokens.prefix(), r->sequences(), tokens.sequences()));
+    return r;
   }
   std::string cache_for(const std::string& prefix) const {
     return !cache_dir.empty() ? cache_dir
@@ -176,8 +203,12 @@ std::unique_ptr<SampleSource> make_blend_source(const std::vector<BlendEntry>& b
                       "the blend draws {} samples from it",
                       blend[i].prefix, name, data->sequences(), sizes[i]));
     }
+    const auto roles = ctx.roles.find(blend[i].prefix);
     sources.push_back(std::make_unique<GptSource>(GptDatasetOptions{
         .data = data,
+        .roles = roles == ctx.roles.end() ? nullptr : roles->second,
+        .loss_mask = ctx.loss_mask,
+        .eod_mask = ctx.eod_mask,
         .first_document = first,
         .end_document = end,
         .split = name,
@@ -209,9 +240,10 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
   const uint64_t seed = static_cast<uint64_t>(e.training.seed);
   const DataConfig& dc = e.data;
   DataSources d;
+  const int32_t eod_mask = dc.eod_mask_loss ? tokenizer.eod_id() : -1;
   if (dc.mock_data) {
-    d.train = std::make_unique<MockSource>(vocab, seq, seed);
-    d.valid = std::make_unique<MockSource>(vocab, seq, seed + 1);
+    d.train = std::make_unique<MockSource>(vocab, seq, seed, eod_mask);
+    d.valid = std::make_unique<MockSource>(vocab, seq, seed + 1, eod_mask);
     d.description = d.train->describe();
     return d;
   }
@@ -225,7 +257,10 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
                      .cache_dir = dc.data_cache_path,
                      .vocab = vocab,
                      .tokenizer = tokenizer.name(),
+                     .eod_mask = eod_mask,
+                     .loss_mask = dc.loss_mask,
                      .opened = {},
+                     .roles = {},
                      .unrecorded = {}};
   if (!dc.train_data_path.empty() && is_text_corpus_path(dc.train_data_path)) {
     d = make_text_sources(e, tokenizer);

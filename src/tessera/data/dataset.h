@@ -20,35 +20,41 @@ class SampleSource {
   virtual std::string describe() const = 0;
   // Samples before the order repeats (one epoch).
   virtual uint64_t samples_per_epoch() const = 0;
-  // tokens and targets: seq_length ids each.
+  // tokens and targets: seq_length ids each. A target of -1 has no loss (loss masks).
   virtual void sample(uint64_t index, int32_t* tokens, int32_t* targets) const = 0;
+  // Whether some targets may be -1, so that a batch's loss counts fewer than all positions.
+  virtual bool masks_targets() const { return false; }
 };
 
 // Uniformly random tokens in [0, vocab), as Primus/Megatron mock data.
+// With eod_mask (>= 0), positions whose input is that id have no loss (eod_mask_loss).
 class MockSource final : public SampleSource {
  public:
-  MockSource(int64_t vocab, int64_t seq_length, uint64_t seed)
-      : vocab_(vocab), seq_(seq_length), seed_(seed) {}
+  MockSource(int64_t vocab, int64_t seq_length, uint64_t seed, int32_t eod_mask = -1)
+      : vocab_(vocab), seq_(seq_length), seed_(seed), eod_mask_(eod_mask) {}
   std::string describe() const override;
   uint64_t samples_per_epoch() const override { return UINT64_MAX; }
   void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
+  bool masks_targets() const override { return eod_mask_ >= 0; }
 
  private:
   int64_t vocab_, seq_;
   uint64_t seed_;
+  int32_t eod_mask_;
 };
 
 // Documents joined by end-of-document tokens into one stream, cut into windows of
 // seq_length+1 tokens at stride seq_length (windows cross document boundaries, as in
 // Megatron's GPT dataset). With shuffle, every epoch visits the windows in its own seeded
-// order.
+// order. With eod_mask (>= 0), positions whose input is that id have no loss.
 class TokenStreamSource final : public SampleSource {
  public:
   TokenStreamSource(std::string name, std::vector<int32_t> stream, int64_t seq_length,
-                    uint64_t seed, bool shuffle);
+                    uint64_t seed, bool shuffle, int32_t eod_mask = -1);
   std::string describe() const override;
   uint64_t samples_per_epoch() const override { return windows_; }
   void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
+  bool masks_targets() const override { return eod_mask_ >= 0; }
   size_t tokens() const { return stream_.size(); }
 
  private:
@@ -59,6 +65,7 @@ class TokenStreamSource final : public SampleSource {
   int64_t seq_;
   uint64_t seed_;
   bool shuffle_;
+  int32_t eod_mask_;
   uint64_t windows_;
   mutable uint64_t cached_epoch_ = UINT64_MAX;
   mutable std::vector<uint32_t> cached_order_;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
+#include "tessera/data/chat.h"
 #include "tessera/data/index_cache.h"
 
 namespace tessera {
@@ -157,7 +158,8 @@ std::vector<NpyArray> GptSource::build_indices() const {
   return out;
 }
 
-void GptSource::read_sample(uint64_t index, int32_t* out) const {
+void GptSource::read_sample(uint64_t index, int32_t* out, bool roles) const {
+  const IndexedDataset& data = roles ? *o_.roles : *o_.data;
   const uint64_t s = static_cast<uint64_t>(shuffle_index_.at(index % samples_));
   TS_CHECK(s < samples_, "shuffle index entry {} is {} of {} samples", index % samples_, s,
            samples_);
@@ -172,10 +174,10 @@ void GptSource::read_sample(uint64_t index, int32_t* out) const {
     const auto doc = static_cast<uint64_t>(document_index_.at(position));
     // Up to the sample's last token (included) in the last document, else to the end.
     const uint64_t end =
-        position == last ? last_offset + 1 : static_cast<uint64_t>(o_.data->sequence_length(doc));
+        position == last ? last_offset + 1 : static_cast<uint64_t>(data.sequence_length(doc));
     TS_CHECK(written + (end - offset) <= static_cast<uint64_t>(o_.seq_length) + 1,
              "sample {} overflows seq_length+1", index);
-    o_.data->read(doc, offset, end - offset, out + written);
+    data.read(doc, offset, end - offset, out + written);
     written += end - offset;
     offset = 0;
   }
@@ -189,8 +191,12 @@ void GptSource::sample(uint64_t index, int32_t* tokens, int32_t* targets) const 
   read_sample(index, buf.data());
   for (size_t t = 0; t < n; ++t) {
     tokens[t] = buf[t];
-    targets[t] = buf[t + 1];
+    targets[t] = tokens[t] == o_.eod_mask ? -1 : buf[t + 1];
   }
+  if (!o_.roles || o_.loss_mask == LossMask::All) return;
+  read_sample(index, buf.data(), /*roles=*/true);
+  for (size_t t = 0; t < n; ++t)
+    if (!counts_for_loss(static_cast<uint8_t>(buf[t + 1]), o_.loss_mask)) targets[t] = -1;
 }
 
 std::string GptSource::describe() const {

@@ -23,6 +23,11 @@ namespace tessera {
 
 struct GptDatasetOptions {
   std::shared_ptr<const IndexedDataset> data;
+  // Chat data: each token's role (data/chat.h), aligned with `data`; targets outside
+  // `loss_mask` get no loss.
+  std::shared_ptr<const IndexedDataset> roles;
+  LossMask loss_mask = LossMask::Assistant;
+  int32_t eod_mask = -1;  // eod_mask_loss: no loss where the input is this id
   uint64_t first_document = 0, end_document = 0;  // the split's documents: [first, end)
   std::string split = "train";                    // names the cache entry
   int64_t seq_length = 0;
@@ -39,8 +44,12 @@ class GptSource final : public SampleSource {
   // All samples built: num_samples or a few more (whole epochs' worth of tokens).
   uint64_t samples_per_epoch() const override { return samples_; }
   void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
-  // The seq_length+1 tokens of sample `index` (taken modulo samples_per_epoch()).
-  void read_sample(uint64_t index, int32_t* out) const;
+  bool masks_targets() const override {
+    return o_.eod_mask >= 0 || (o_.roles && o_.loss_mask != LossMask::All);
+  }
+  // The seq_length+1 tokens of sample `index` (taken modulo samples_per_epoch()); with
+  // `roles`, the same window of the roles dataset.
+  void read_sample(uint64_t index, int32_t* out, bool roles = false) const;
   uint64_t epochs() const { return epochs_; }
 
  private:

@@ -119,13 +119,6 @@ std::string this_command_line() {
   return raw;
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The run id of the last line of `metrics` that has one; empty when none has.
 std::string last_run_id(const fs::path& metrics) {
   std::ifstream in(metrics);

@@ -532,13 +532,29 @@ void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample
   model_->set_batch(host_tokens_.data(), host_targets_.data());
 }
 
+int64_t Trainer::loss_positions(const SampleSource& source, uint64_t first, uint64_t count) const {
+  const int64_t T = exp_.training.seq_length;
+  if (!source.masks_targets()) return static_cast<int64_t>(count) * T;
+  const profiler::PhaseSpan span(profiler_.get(), "loss_mask_count");
+  std::vector<int32_t> tokens(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
+  int64_t counted = 0;
+  for (uint64_t i = first; i < first + count; ++i) {
+    source.sample(i, tokens.data(), targets.data());
+    counted += std::count_if(targets.begin(), targets.end(), [](int32_t x) { return x >= 0; });
+  }
+  return counted;
+}
+
 IterationStats Trainer::run_iteration(int64_t iteration) {
   const profiler::PhaseSpan step(profiler_.get(), "ProfilerStep#", iteration);
   const TrainingConfig& t = exp_.training;
   const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
   const int64_t accumulation = setup_.accumulation_steps;
-  const int64_t tokens_per_rank = t.micro_batch_size * t.seq_length * accumulation;
-  const float grad_scale = 1.0f / static_cast<float>(tokens_per_rank * dp);
+  // The loss is the mean over the global batch's positions that count (all of them without
+  // loss masks); a batch whose every target is masked contributes no gradient.
+  const int64_t loss_tokens =
+      loss_positions(*data_.train, consumed_samples_, static_cast<uint64_t>(t.global_batch_size));
+  const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(loss_tokens, 1));
   model_->zero_grads();
   model_->zero_loss_sum();
   const auto load = [&](int64_t m) {
@@ -602,7 +618,8 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
           moe_step_balance(stats, model_->moe_layers(), setup_.spec.moe.experts, accumulation * dp);
     }
   }
-  s.loss = loss_sum / static_cast<double>(tokens_per_rank * dp);
+  s.loss = loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
+  s.loss_tokens = loss_tokens;
   s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
   s.skipped = !std::isfinite(norm_sq) || !std::isfinite(loss_sum);
   consumed_samples_ += static_cast<uint64_t>(t.global_batch_size);
@@ -657,8 +674,10 @@ double Trainer::evaluate() {
   parallel_->sum(model_->loss_sum());
   float loss_sum = 0;
   backend_->download(&loss_sum, model_->loss_sum());
-  return loss_sum /
-         static_cast<double>(exp_.data.eval_iters * t.micro_batch_size * t.seq_length * dp);
+  if (eval_loss_tokens_ < 0)
+    eval_loss_tokens_ = loss_positions(
+        *data_.valid, 0, static_cast<uint64_t>(exp_.data.eval_iters * t.micro_batch_size * dp));
+  return loss_sum / static_cast<double>(std::max<int64_t>(eval_loss_tokens_, 1));
 }
 
 void Trainer::log_iteration(const IterationStats& s, double loss, double interval_ms,
@@ -677,16 +696,20 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   moe_interval_.clear();
   log_.clear_progress();
   const std::string_view per = device_word();
+  // With loss masks, how many of the global batch's positions the loss counted.
+  const bool masked = data_.train->masks_targets();
+  const int64_t positions = t.global_batch_size * t.seq_length;
   log_.info(
       "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} "
       "| "
       "throughput per {} (TFLOP/s/{}): {:.2f} | tokens per {} (tokens/s/{}): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
-      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}",
+      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, per, per, tflops, per, per, tokens_per_s,
       s.lr, t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, moe_iteration_fields(moe),
+      masked ? fmt::format(" | loss tokens: {} of {}", s.loss_tokens, positions) : "",
       profiled ? " | profiled" : "");
   if (!moe.empty())
     log_.info("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}", s.iteration,
@@ -714,6 +737,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["world_size"] = parallel_->world_size();
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
+  j["loss_tokens"] = s.loss_tokens;
   j["skipped_iterations"] = skipped_iterations_;
   j["nan_iterations"] = skipped_iterations_;
   j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;

@@ -30,7 +30,8 @@ class TrainingTensorBoard;  // obs/tensorboard.h
 
 struct IterationStats {
   int64_t iteration = 0;
-  double loss = 0;       // mean token loss of the global batch
+  double loss = 0;       // mean token loss of the global batch, over the positions that count
+  int64_t loss_tokens = 0;  // positions of the global batch the loss counts (loss masks)
   double grad_norm = 0;  // before clipping
   double lr = 0;
   bool skipped = false;              // non-finite loss or gradient: no update applied
@@ -115,6 +116,10 @@ class Trainer {
   double tokens_per_gpu_per_step() const;
   std::string_view device_word() const;
   void load_micro_batch(const SampleSource& source, uint64_t first_sample);
+  // Positions of samples [first, first + count) whose targets count for the loss: all of
+  // them unless the source masks targets. Every rank counts the whole global batch, so that
+  // the loss is the mean over its counted tokens without a collective.
+  int64_t loss_positions(const SampleSource& source, uint64_t first, uint64_t count) const;
   // loss: the mean over the interval's applied iterations (the last one's when none applied).
   void log_iteration(const IterationStats& s, double loss, double interval_ms,
                      int64_t interval_iters);
@@ -159,6 +164,7 @@ class Trainer {
   bool ranks_stop_together_ = false;
   int agreed_stop_signal_ = 0;
   std::vector<int32_t> host_tokens_, host_targets_;
+  int64_t eval_loss_tokens_ = -1;  // of the validation batches, counted at the first evaluation
   std::unique_ptr<TrainingTensorBoard> tensorboard_;  // rank 0 with tensorboard_dir, else null
 
   int64_t completed_iterations_ = 0;
