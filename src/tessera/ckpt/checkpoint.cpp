@@ -926,9 +926,10 @@ TrainerState check_checkpoint_to_resume(const std::string& dir, const ModelSpec&
 }
 
 TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
-                             std::vector<std::string>* warnings) {
+                             std::vector<std::string>* warnings, bool optimizer_state) {
   try {
     const Checkpoint c(dir);
+    const bool moments = optimizer_state && c.has_optimizer_state();
     for (auto& w : c.require_model(*t.spec)) warnings->push_back(std::move(w));
     // The flat layout depends only on the model, so ranges mean the same in the checkpoint
     // as here whatever the world sizes (tail padding beyond P is never owned or stored).
@@ -945,7 +946,7 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
       const std::vector<PlacedRun> runs =
           split ? placed_runs(*t.layout, {r}) : std::vector<PlacedRun>{{r.begin, r.count(), 0}};
       for (FlatState s : kFlatStates) {
-        if (s != FlatState::Master && !c.has_optimizer_state()) break;
+        if (s != FlatState::Master && !moments) break;
         // Whatever dtype the checkpoint holds it in, the state arrives as the run keeps it
         // (bf16 moments resume fp32 ones and the other way round).
         const Tensor dst = state_tensor(t, s, i, at, r.count());
@@ -960,7 +961,7 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
       }
       at += r.count();
     }
-    if (!c.has_optimizer_state()) {
+    if (!moments) {
       t.backend->fill(t.exp_avg, 0.0f);
       t.backend->fill(t.exp_avg_sq, 0.0f);
     }

@@ -221,8 +221,10 @@ TrainerState check_checkpoint_to_resume(const std::string& dir, const ModelSpec&
 // loads into a run of any other. The compute-dtype weights are left for the caller to refresh from
 // the master weights. Returns the checkpoint's state. On any problem throws DataError with the
 // cause and the newest earlier checkpoint beside it that opens cleanly, by name. `warnings`
-// receives behaviour differences between the checkpoint's model and t.spec.
+// receives behaviour differences between the checkpoint's model and t.spec. Without
+// `optimizer_state` (finetune, no_load_optim) the moments start from zero whatever the
+// checkpoint holds.
 TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
-                             std::vector<std::string>* warnings);
+                             std::vector<std::string>* warnings, bool optimizer_state = true);
 
 }  // namespace tessera

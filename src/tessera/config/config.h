@@ -241,6 +241,10 @@ struct CheckpointConfig {
   int64_t ckpt_keep_last = 2;             // checkpoints kept in `save`; 0 keeps all
   bool disable_last_saving = false;       // Primus's: no checkpoint at the end of the run
   std::string hf_init_path;               // Hugging Face model directory for initial weights
+  // Megatron's --finetune: `load` gives the weights only; iteration, data position and
+  // optimizer state start fresh.
+  bool finetune = false;
+  bool no_load_optim = false;             // resume the counters, not the optimizer state
 };
 
 struct LoggingConfig {

@@ -104,6 +104,23 @@ KeySpec optional_float_key(std::string_view name, std::string_view section, std:
 
 template <class Access>
 KeySpec bool_key(std::string_view name, std::string_view section, std::string_view help,
+                 Access access);
+
+// Megatron's store_true flags, whose files write "not set" as null: null is false.
+template <class Access>
+KeySpec flag_key(std::string_view name, std::string_view section, std::string_view help,
+                 Access access) {
+  KeySpec k = bool_key(name, section, help, access);
+  k.set = [access, set = k.set](Experiment& e, const std::string& t) {
+    if (!is_null(t)) return set(e, t);
+    access(e) = false;
+    return std::string();
+  };
+  return k;
+}
+
+template <class Access>
+KeySpec bool_key(std::string_view name, std::string_view section, std::string_view help,
                  Access access) {
   return {name, section, KeyType::Bool, help, {},
           [access](Experiment& e, const std::string& t) -> std::string {
@@ -320,6 +337,8 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("ckpt_keep_last", "checkpoint", "Checkpoints kept in `save` (older ones are deleted); 0 keeps all.", TS_FIELD(checkpoint.ckpt_keep_last)));
   k.push_back(bool_key("disable_last_saving", "checkpoint", "Primus's: no checkpoint at the end of the run (only every save_interval iterations, at an early exit and on SIGTERM); the log says which iteration the last one holds.", TS_FIELD(checkpoint.disable_last_saving)));
   k.push_back(string_key("hf_init_path", "checkpoint", "Hugging Face model directory (config.json + *.safetensors) whose weights initialise the model.", TS_FIELD(checkpoint.hf_init_path)));
+  k.push_back(flag_key("finetune", "checkpoint", "Megatron's --finetune: the checkpoint under load gives the model's weights only; the iteration, the data position, the learning-rate schedule and the optimizer state start from zero (fine-tuning a pretrained model). Save to another directory than load.", TS_FIELD(checkpoint.finetune)));
+  k.push_back(flag_key("no_load_optim", "checkpoint", "Megatron's --no-load-optim: resume the weights and counters from load but start the optimizer state (AdamW moments) from zero.", TS_FIELD(checkpoint.no_load_optim)));
   // ---- logging ----
   k.push_back(int_key("log_interval", "logging", "Print the iteration line every this many iterations; its loss (and metrics.jsonl's lm_loss) is the mean over those iterations, as Megatron logs it (skipped iterations left out).", TS_FIELD(logging.log_interval)));
   k.push_back(bool_key("log_progress", "logging", "Show a progress bar when stdout is a terminal.", TS_FIELD(logging.log_progress)));

@@ -419,13 +419,13 @@ std::vector<MegatronKey> build() {
   k.push_back(any_value("ckpt_format",
                         "Megatron's checkpoint format (torch, torch_dist): Tessera writes "
                         "safetensors checkpoints (docs/checkpoints.md)."));
-  k.push_back(only_false("finetune",
-                         "a fine-tuning start (weights only, iteration 0) is not implemented; "
-                         "hf_init_path starts from a Hugging Face model's weights"));
   k.push_back(only_false("auto_continue_train",
                          "to resume from the save directory's latest checkpoint, set load to it"));
-  for (const char* name : {"no_load_optim", "no_load_rng"})
-    k.push_back(only_false(name, "a resumed run always loads the optimizer and data state"));
+  k.push_back(any_value("no_load_rng",
+                        "Tessera's checkpoints hold no random-number state to load: the data order "
+                        "is a function of seed and consumed samples, and nothing else is random "
+                        "after initialisation",
+                        true));
   for (const char* name : {"no_save_optim", "no_save_rng"})
     k.push_back(only_false(name, "checkpoints always hold the optimizer and data state"));
   return k;

@@ -711,6 +711,12 @@ void check_checkpoint(const Checker& c, const CheckpointConfig& k) {
             "an existing checkpoint directory, or the save directory");
   c.require(k.hf_init_path.empty() || fs::exists(fs::path(k.hf_init_path) / "config.json", ec),
             "hf_init_path", "a Hugging Face model directory holding config.json");
+  c.require(!k.finetune || (!k.load.empty() && fs::is_directory(k.load, ec)), "finetune",
+            "load naming an existing checkpoint directory, whose latest checkpoint gives the "
+            "weights to fine-tune");
+  c.require(!k.finetune || k.save.empty() || !same_dir(k.load, k.save), "finetune",
+            "save in another directory than load: a restarted run would take its own "
+            "checkpoint's weights and start again from iteration 0");
 }
 
 void check_logging(const Checker& c, const LoggingConfig& lg, int64_t train_iters, int world_size) {

@@ -369,8 +369,19 @@ void Trainer::restore_start_state() {
   const CheckpointConfig& c = exp_.checkpoint;
   const std::string dir = checkpoint_to_resume(c);
   std::vector<std::string> differences;
-  if (!dir.empty()) {
-    const TrainerState s = load_checkpoint(dir, training_tensors(), &differences);
+  if (!dir.empty() && c.finetune) {
+    const TrainerState s =
+        load_checkpoint(dir, training_tensors(), &differences, /*optimizer_state=*/false);
+    if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
+    initial_weights_ = "the checkpoint " + dir + " (finetune: its weights only)";
+    log_.info(
+        "finetune: the weights of {} (its iteration {}); iteration, data position, learning "
+        "rate schedule and optimizer state start from zero{}",
+        dir, s.iteration, c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
+  } else if (!dir.empty()) {
+    const TrainerState s = load_checkpoint(dir, training_tensors(), &differences,
+                                           /*optimizer_state=*/!c.no_load_optim);
+    if (c.no_load_optim) log_.info("no_load_optim: the optimizer state starts from zero");
     completed_iterations_ = s.iteration;
     consumed_samples_ = s.consumed_samples;
     applied_steps_ = s.applied_steps;
