@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "tessera/backend/backend_factory.h"
@@ -16,6 +17,8 @@
 #include "tessera/cli/commands.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
+#include "tessera/config/tokenizer_model.h"
+#include "tessera/data/chat.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/model/generator.h"
 #include "tessera/model/sampling.h"
@@ -32,7 +35,8 @@ void print_generate_help() {
       "                        (--load DIR: Megatron's name of --from)\n"
       "                        [--max_new_tokens 64] [--temperature 0] [--top_k 0] [--top_p 1]\n"
       "                        [--seed 1] [--device auto|cpu|cuda] [--precision auto|fp32|bf16]\n"
-      "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n\n"
+      "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n"
+      "                        [--chat [--system TEXT]]\n\n"
       "Samples a continuation of the prompt, one token at a time with a KV cache, and prints the\n"
       "prompt with its continuation (as transformers' text-generation pipeline and Megatron's\n"
       "text server return them), then on stderr the new ids, the time the prompt took and the\n"
@@ -43,7 +47,10 @@ void print_generate_help() {
       "(its training config), the Hugging Face directory's tokenizer.json, or --tokenizer\n"
       "(llama2, llama3, llama3.1, qwen3, a tokenizer.json, or ByteLevel); --prompt_ids takes\n"
       "space-separated token ids instead of text (no tokenizer needed). Generation stops at\n"
-      "the tokenizer's end-of-document token unless --ignore_eos.\n");
+      "the tokenizer's end-of-document token unless --ignore_eos.\n\n"
+      "--chat talks to a fine-tuned model: --prompt is the user's message (after --system's, if\n"
+      "given), rendered with the tokenizer's chat template with the assistant's turn opened;\n"
+      "the reply is printed alone and ends at the special token that closes the turn.\n");
 }
 
 // The weights: a Tessera checkpoint or a Hugging Face directory.
@@ -81,16 +88,22 @@ Source open_source(const std::string& from) {
 }
 
 // --tokenizer, else the checkpoint's training config, else the Hugging Face directory's file.
-std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& option) {
+// *json_path: its tokenizer.json (Hugging Face tokenizers only), where the chat template is.
+std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& option,
+                                          std::string* json_path) {
   DataConfig d;
+  const auto hugging_face = [&](const std::string& model) {
+    d.tokenizer_type = TokenizerType::HuggingFace;
+    d.tokenizer_model = model;
+    *json_path = tokenizer_json_path(model);
+    return make_tokenizer(d);
+  };
   if (!option.empty()) {
     if (option == "ByteLevel") return make_tokenizer(d);
     if (!names_a_tokenizer(option))
       throw ConfigError("command line", "tokenizer", option,
                         tokenizer_model_expectation() + ", or ByteLevel");
-    d.tokenizer_type = TokenizerType::HuggingFace;
-    d.tokenizer_model = option;
-    return make_tokenizer(d);
+    return hugging_face(option);
   }
   if (src.checkpoint) {
     try {
@@ -103,6 +116,7 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
       d.tokenizer_model = config["tokenizer_model"].as<std::string>("");
       d.vocab_file = config["vocab_file"].as<std::string>("");
       d.merge_file = config["merge_file"].as<std::string>("");
+      if (d.tokenizer_type == TokenizerType::HuggingFace) return hugging_face(d.tokenizer_model);
       return make_tokenizer(d, config["vocab_size"].as<int64_t>(0));
     } catch (const YAML::Exception& e) {
       throw DataError(
@@ -116,9 +130,7 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
     throw ConfigError(
         "command line", "tokenizer", "",
         fmt::format("a tokenizer: {} has no tokenizer.json; pass --tokenizer", src.name));
-  d.tokenizer_type = TokenizerType::HuggingFace;
-  d.tokenizer_model = file.string();
-  return make_tokenizer(d);
+  return hugging_face(file.string());
 }
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -155,8 +167,8 @@ int generate_command(const Args& args) {
   const bench::CommandArgs a(
       args,
       {"from", "load", "prompt", "prompt_ids", "max_new_tokens", "temperature", "top_k", "top_p",
-       "seed", "device", "precision", "tokenizer"},
-      {"ignore_eos"}, false);
+       "seed", "device", "precision", "tokenizer", "system"},
+      {"ignore_eos", "chat"}, false);
   if (a.has("from") && a.has("load"))
     throw ConfigError("command line", "load", a.get("load", ""),
                       "one of --from and --load (the same option: Megatron calls it --load)");
@@ -165,6 +177,11 @@ int generate_command(const Args& args) {
     throw ConfigError("command line", "from", "", "--from CHECKPOINT_OR_HF_DIR (or --load)");
   if (a.has("prompt") == a.has("prompt_ids"))
     throw ConfigError("command line", "prompt", "", "exactly one of --prompt and --prompt_ids");
+  const bool chat = a.has("chat");
+  if (chat && a.has("prompt_ids"))
+    throw ConfigError("command line", "chat", "true", "--prompt (the user's message), not --prompt_ids");
+  if (a.has("system") && !chat)
+    throw ConfigError("command line", "system", a.get("system", ""), "--chat with it");
   SamplingOptions so;
   so.temperature = parse_number(a, "temperature", 0.0, 0.0, 100.0);
   so.top_k = a.get_int("top_k", 0, 0);
@@ -188,13 +205,29 @@ int generate_command(const Args& args) {
   const Source src = open_source(from);
   const ModelSpec& spec = src.spec();
   std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatFormat> chat_format;
+  std::string tokenizer_json;
   std::vector<int32_t> prompt;
   if (a.has("prompt_ids")) {
     prompt = parse_ids(a.get("prompt_ids", ""));
     if (a.has("tokenizer") || !a.has("ignore_eos"))
-      tokenizer = open_tokenizer(src, a.get("tokenizer", ""));
+      tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
+  } else if (chat) {
+    tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
+    if (tokenizer_json.empty())
+      throw ConfigError("command line", "chat", "true",
+                        "a Hugging Face tokenizer with a chat template, not " + tokenizer->name());
+    chat_format = std::make_unique<ChatFormat>(tokenizer_json, *tokenizer);
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (a.has("system")) messages.push_back({{"role", "system"}, {"content", a.get("system", "")}});
+    messages.push_back({{"role", "user"}, {"content", a.get("prompt", "")}});
+    try {
+      prompt = chat_format->encode_prompt(messages, "--prompt");
+    } catch (const DataError& e) {
+      throw ConfigError("command line", "prompt", a.get("prompt", ""), e.what());
+    }
   } else {
-    tokenizer = open_tokenizer(src, a.get("tokenizer", ""));
+    tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
     tokenizer->encode(a.get("prompt", ""), &prompt);
     if (prompt.empty())
       throw ConfigError("command line", "prompt", "", "text that encodes to tokens");
@@ -216,13 +249,21 @@ int generate_command(const Args& args) {
     const int32_t token = sampler.next(logits, vocab);
     generated.push_back(token);
     if (tokenizer && !a.has("ignore_eos") && token == tokenizer->eod_id()) break;
+    if (chat_format && !a.has("ignore_eos") && chat_format->is_special(token)) break;
     if (i + 1 < max_new) logits = gen.step(token);
   }
   const double decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
 
   // The prompt with its continuation, decoded together so that a tokenizer that marks word
   // starts (Llama 2's) spaces the first new word as the text reads.
-  if (tokenizer) {
+  if (chat_format) {
+    // The reply alone, without the token that closed it.
+    std::vector<int32_t> reply = generated;
+    if (!reply.empty() && (chat_format->is_special(reply.back()) || reply.back() == tokenizer->eod_id()))
+      reply.pop_back();
+    fmt::print("{}\n", tokenizer->decode(reply));
+    std::fflush(stdout);
+  } else if (tokenizer) {
     std::vector<int32_t> all = prompt;
     all.insert(all.end(), generated.begin(), generated.end());
     fmt::print("{}\n", tokenizer->decode(all));

@@ -238,6 +238,10 @@ ChatSample ChatFormat::encode(const nlohmann::ordered_json& line, const std::str
   return out;
 }
 
+bool ChatFormat::is_special(int32_t id) const {
+  return std::find(closing_ids_.begin(), closing_ids_.end(), id) != closing_ids_.end();
+}
+
 std::vector<int32_t> ChatFormat::encode_prompt(const nlohmann::ordered_json& messages, const std::string& where) const {
   check_messages(messages, "messages", where);
   return render(messages, true, where).ids;

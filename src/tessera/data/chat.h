@@ -72,6 +72,9 @@ class ChatFormat {
   std::vector<int32_t> encode_prompt(const nlohmann::ordered_json& messages, const std::string& where) const;
 
   const std::string& template_source() const { return source_; }
+  // Whether `id` is a special token (tokenizer_config.json's added_tokens_decoder), such as
+  // the one that closes the assistant's turn: where a chat reply ends.
+  bool is_special(int32_t id) const;
 
  private:
   ChatSample render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
