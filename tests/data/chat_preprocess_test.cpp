@@ -177,5 +177,32 @@ TEST(ChatPreprocess, TrainingCountsOnlyTheMaskedTokens) {
   EXPECT_LT(loss_tokens["assistant"], loss_tokens["all"]);
 }
 
+// Packed conversations train on the CPU backend with positions and attention per document;
+// what packing does not compose with yet is refused naming the key.
+TEST(ChatPreprocess, PackedConversationsTrainWithinTheirDocuments) {
+  ScratchDir dir;
+  {
+    std::ofstream out(dir / "chat.jsonl");
+    for (int i = 0; i < 8; ++i)
+      for (const char* line : kLines) out << line << "\n";
+  }
+  auto r = run_tessera("preprocess --input " + (dir / "chat.jsonl").string() + " --output-prefix " +
+                       (dir / "sft").string() + " --tokenizer-model qwen3 --chat --workers 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string args =
+      " train --model tiny_llama --device cpu --tokenizer_model qwen3 --num_layers 1 --hidden_size 16 "
+      "--ffn_hidden_size 32 --num_attention_heads 2 --num_query_groups 1 --seq_length 64 "
+      "--micro_batch_size 2 --global_batch_size 2 --train_iters 2 --lr_warmup_iters 0 "
+      "--split 100,0,0 --train_data_path null --data_path " + (dir / "sft_chat_document").string() +
+      " --reset_position_ids --reset_attention_mask --workspace " + (dir / "ws").string() +
+      " --work_group g --user_name u";
+  r = testing::run_command("OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) + args + " --exp_name packed");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "| loss tokens: ")) << r.output;
+  r = run_tessera(args + " --exp_name mla --model tiny_mla --num_query_groups 2 --moe_layer_freq 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "key 'reset_position_ids' has value 'true': expected false with multi_latent_attention")) << r.output;
+}
+
 }  // namespace
 }  // namespace tessera

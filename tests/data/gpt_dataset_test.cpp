@@ -400,7 +400,7 @@ TEST(TokenStreams, EodMaskLossMasksPositionsWhoseInputEndsADocument) {
     for (int k = 0; k < 7; ++k) stream.push_back(10 + k);
     stream.push_back(256);
   }
-  TokenStreamSource plain("s", stream, 8, 1, false), masked("s", stream, 8, 1, false, 256);
+  TokenStreamSource plain("s", stream, 8, 1, false, 256), masked("s", stream, 8, 1, false, 256, true);
   EXPECT_FALSE(plain.masks_targets());
   EXPECT_TRUE(masked.masks_targets());
   std::vector<int32_t> tokens(8), targets(8), plain_targets(8);
@@ -409,7 +409,7 @@ TEST(TokenStreams, EodMaskLossMasksPositionsWhoseInputEndsADocument) {
     plain.sample(i, tokens.data(), plain_targets.data());
     for (size_t t = 0; t < 8; ++t) EXPECT_EQ(targets[t], tokens[t] == 256 ? -1 : plain_targets[t]);
   }
-  MockSource mock(300, 64, 3, 7);  // random ids below 300: some are 7
+  MockSource mock(300, 64, 3, 7, true);  // random ids below 300: some are 7
   std::vector<int32_t> mt(64), mg(64);
   int sevens = 0;
   for (uint64_t i = 0; i < 50; ++i) {
@@ -421,6 +421,43 @@ TEST(TokenStreams, EodMaskLossMasksPositionsWhoseInputEndsADocument) {
       }
   }
   EXPECT_GT(sevens, 0);
+}
+
+// reset_position_ids: positions restart after each end-of-document token (token streams, mock
+// data) and where an indexed dataset's documents meet (chat data has no such token).
+TEST(Positions, RestartAtEachDocumentOfTheSample) {
+  std::vector<int32_t> stream;
+  for (int d = 0; d < 6; ++d) {
+    for (int k = 0; k < 5 + d; ++k) stream.push_back(10 + k);
+    stream.push_back(256);
+  }
+  TokenStreamSource source("s", stream, 8, 1, false, 256);
+  std::vector<int32_t> tokens(8), targets(8), positions(8);
+  for (uint64_t i = 0; i < source.samples_per_epoch(); ++i) {
+    source.sample(i, tokens.data(), targets.data(), positions.data());
+    for (size_t t = 0; t < 8; ++t)
+      EXPECT_EQ(positions[t], t == 0 || tokens[t - 1] == 256 ? 0 : positions[t - 1] + 1) << i << " " << t;
+  }
+  ScratchDir dir;
+  const std::string p = (dir / "docs").string();
+  const auto docs = testing::distinct_documents({5, 9, 3, 11, 7, 6});
+  testing::write_dataset(p, docs);
+  std::map<int32_t, std::pair<size_t, int32_t>> where;  // token -> (document, index in it)
+  for (size_t d = 0; d < docs.size(); ++d)
+    for (size_t k = 0; k < docs[d].size(); ++k) where[docs[d][k]] = {d, static_cast<int32_t>(k)};
+  ByteTokenizer tok;
+  const DataSources d = make_data_sources(experiment(dir, "data_path: " + p + "\nsplit: \"1,0,0\"\n"), tok, 257);
+  std::vector<int32_t> t16(16), g16(16), p16(16);
+  for (uint64_t i = 0; i < 8; ++i) {
+    d.train->sample(i, t16.data(), g16.data(), p16.data());
+    EXPECT_EQ(p16[0], 0);
+    for (size_t t = 1; t < 16; ++t) {
+      // The same document instance: its next token (a document may follow itself across epochs).
+      const bool same = where.at(t16[t]).first == where.at(t16[t - 1]).first && t16[t] == t16[t - 1] + 1;
+      EXPECT_EQ(p16[t], same ? p16[t - 1] + 1 : 0) << "sample " << i << " token " << t;
+      if (!same) EXPECT_EQ(where.at(t16[t]).second, 0);  // a document's first token
+    }
+  }
 }
 
 }  // namespace

@@ -223,6 +223,10 @@ struct DataConfig {
   std::string data_cache_path;            // sample-index caches; empty: beside the data
   std::string split = "969,30,1";
   bool eod_mask_loss = false;             // no loss where the input token is end-of-document
+  // Megatron's: positions restart at each document (after an end-of-document token, and at
+  // the dataset's document boundaries), and attention stays within each document.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
   LossMask loss_mask = LossMask::Assistant;  // chat data only
   TokenizerType tokenizer_type = TokenizerType::ByteLevel;
   std::string tokenizer_model;            // tokenizer.json path or shipped name (llama3, qwen3, ...)

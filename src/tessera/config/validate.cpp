@@ -762,6 +762,26 @@ int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers) {
   return 1;
 }
 
+// Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
+// sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
+// through multi-latent attention's own rope.
+void check_packed_documents(const Checker& c, const Experiment& e) {
+  for (const char* key : {"reset_position_ids", "reset_attention_mask"}) {
+    const bool on = std::string(key) == "reset_position_ids" ? e.data.reset_position_ids
+                                                               : e.data.reset_attention_mask;
+    if (!on) continue;
+    c.require(e.training.context_parallel_size == 1, key,
+              "false with context_parallel_size above 1: packed documents are not split over "
+              "context-parallel ranks yet");
+    c.require(e.training.pipeline_model_parallel_size == 1, key,
+              "false with pipeline_model_parallel_size above 1: packed documents are not carried "
+              "through pipeline stages yet");
+    c.require(!e.model_config.multi_latent_attention, key,
+              "false with multi_latent_attention: its rope does not take per-document positions "
+              "yet");
+  }
+}
+
 void validate_experiment(const Experiment& e, int world_size) {
   const Checker c(e);
   check_experiment_names(c, e);
@@ -782,6 +802,7 @@ void validate_experiment(const Experiment& e, int world_size) {
   check_step(c, e.training, e.model_config);
   if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
   check_data(c, e.data);
+  check_packed_documents(c, e);
   c.require(e.data.tokenizer_type != TokenizerType::Null || e.model_config.vocab_size >= 1,
             "vocab_size",
             "a positive size with tokenizer_type NullTokenizer (its ids run from 0 to vocab_size, "

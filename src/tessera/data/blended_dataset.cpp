@@ -82,10 +82,16 @@ std::string BlendedSource::describe() const {
   return out;
 }
 
-void BlendedSource::sample(uint64_t index, int32_t* tokens, int32_t* targets) const {
+void BlendedSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
+                           int32_t* positions) const {
   const uint64_t i = index % size_;
   sources_[static_cast<size_t>(dataset_index_.at(i))]->sample(
-      static_cast<uint64_t>(dataset_sample_index_.at(i)), tokens, targets);
+      static_cast<uint64_t>(dataset_sample_index_.at(i)), tokens, targets, positions);
+}
+
+bool BlendedSource::masks_targets() const {
+  return std::any_of(sources_.begin(), sources_.end(),
+                     [](const auto& s) { return s->masks_targets(); });
 }
 
 }  // namespace tessera

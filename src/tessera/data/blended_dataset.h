@@ -36,7 +36,9 @@ class BlendedSource final : public SampleSource {
                 const std::string& sources_identity);
   std::string describe() const override;
   uint64_t samples_per_epoch() const override { return size_; }
-  void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
+  void sample(uint64_t index, int32_t* tokens, int32_t* targets,
+              int32_t* positions = nullptr) const override;
+  bool masks_targets() const override;
 
  private:
   std::vector<std::unique_ptr<SampleSource>> sources_;

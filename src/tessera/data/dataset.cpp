@@ -30,21 +30,29 @@ std::string MockSource::describe() const {
   return fmt::format("mock data: uniform random tokens in [0, {})", vocab_);
 }
 
-void MockSource::sample(uint64_t index, int32_t* tokens, int32_t* targets) const {
+void positions_after_eod(const int32_t* tokens, int64_t n, int32_t eod, int32_t* positions) {
+  for (int64_t t = 0; t < n; ++t)
+    positions[t] = t == 0 || (eod >= 0 && tokens[t - 1] == eod) ? 0 : positions[t - 1] + 1;
+}
+
+void MockSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
+                        int32_t* positions) const {
+  const int32_t masked = eod_mask_loss_ ? eod_ : -1;
   const uint64_t base = index * static_cast<uint64_t>(seq_ + 1);
   const uint64_t seed = seed_ ^ kMockSalt;
   for (int64_t t = 0; t <= seq_; ++t) {
     const int32_t id = static_cast<int32_t>(random_below(seed, base + t, static_cast<uint32_t>(vocab_)));
     if (t < seq_) tokens[t] = id;
-    if (t > 0) targets[t - 1] = tokens[t - 1] == eod_mask_ ? -1 : id;
+    if (t > 0) targets[t - 1] = masked >= 0 && tokens[t - 1] == masked ? -1 : id;
   }
+  if (positions) positions_after_eod(tokens, seq_, eod_, positions);
 }
 
 TokenStreamSource::TokenStreamSource(std::string name, std::vector<int32_t> stream,
                                      int64_t seq_length, uint64_t seed, bool shuffle,
-                                     int32_t eod_mask)
+                                     int32_t eod, bool eod_mask_loss)
     : name_(std::move(name)), stream_(std::move(stream)), seq_(seq_length), seed_(seed),
-      shuffle_(shuffle), eod_mask_(eod_mask) {
+      shuffle_(shuffle), eod_(eod), eod_mask_loss_(eod_mask_loss) {
   windows_ = stream_.size() > static_cast<size_t>(seq_) ? (stream_.size() - 1) / seq_ : 0;
 }
 
@@ -70,14 +78,16 @@ const std::vector<uint32_t>& TokenStreamSource::order(uint64_t epoch) const {
   return cached_order_;
 }
 
-void TokenStreamSource::sample(uint64_t index, int32_t* tokens, int32_t* targets) const {
+void TokenStreamSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
+                               int32_t* positions) const {
   const uint64_t window = order(index / windows_)[index % windows_];
   const int32_t* src = stream_.data() + window * seq_;
   std::copy(src, src + seq_, tokens);
   std::copy(src + 1, src + seq_ + 1, targets);
-  if (eod_mask_ >= 0)
+  if (masks_targets())
     for (int64_t t = 0; t < seq_; ++t)
-      if (tokens[t] == eod_mask_) targets[t] = -1;
+      if (tokens[t] == eod_) targets[t] = -1;
+  if (positions) positions_after_eod(tokens, seq_, eod_, positions);
 }
 
 namespace {
@@ -103,14 +113,14 @@ DataSources make_text_sources(const Experiment& e, const Tokenizer& tokenizer) {
     out.push_back(tokenizer.eod_id());
     bytes += docs[i].size();
   }
-  const int32_t eod_mask = e.data.eod_mask_loss ? tokenizer.eod_id() : -1;
-  auto train_src =
-      std::make_unique<TokenStreamSource>("train", std::move(train), seq, seed, true, eod_mask);
+  const bool mask = e.data.eod_mask_loss;
+  auto train_src = std::make_unique<TokenStreamSource>("train", std::move(train), seq, seed, true,
+                                                       tokenizer.eod_id(), mask);
   if (train_src->samples_per_epoch() == 0)
     throw DataError(fmt::format("{}: {} training tokens are too few for one sample of seq_length+1 = {}",
                                 path, train_src->tokens(), seq + 1));
-  auto valid_src =
-      std::make_unique<TokenStreamSource>("valid", std::move(valid), seq, seed, false, eod_mask);
+  auto valid_src = std::make_unique<TokenStreamSource>("valid", std::move(valid), seq, seed, false,
+                                                       tokenizer.eod_id(), mask);
   DataSources d;
   d.description = fmt::format("{} ({} documents, {:.1f} MB of text, {} tokenizer); {}; {}", path,
                               docs.size(), bytes / 1e6, tokenizer.name(), train_src->describe(),
@@ -242,8 +252,9 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
   DataSources d;
   const int32_t eod_mask = dc.eod_mask_loss ? tokenizer.eod_id() : -1;
   if (dc.mock_data) {
-    d.train = std::make_unique<MockSource>(vocab, seq, seed, eod_mask);
-    d.valid = std::make_unique<MockSource>(vocab, seq, seed + 1, eod_mask);
+    const int32_t eod = tokenizer.eod_id();
+    d.train = std::make_unique<MockSource>(vocab, seq, seed, eod, dc.eod_mask_loss);
+    d.valid = std::make_unique<MockSource>(vocab, seq, seed + 1, eod, dc.eod_mask_loss);
     d.description = d.train->describe();
     return d;
   }

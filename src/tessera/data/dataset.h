@@ -21,40 +21,52 @@ class SampleSource {
   // Samples before the order repeats (one epoch).
   virtual uint64_t samples_per_epoch() const = 0;
   // tokens and targets: seq_length ids each. A target of -1 has no loss (loss masks).
-  virtual void sample(uint64_t index, int32_t* tokens, int32_t* targets) const = 0;
+  // positions (when not null): each token's position in its document within the sample, 0 at
+  // the sample's first token and again at each document's first (reset_position_ids).
+  virtual void sample(uint64_t index, int32_t* tokens, int32_t* targets,
+                      int32_t* positions = nullptr) const = 0;
   // Whether some targets may be -1, so that a batch's loss counts fewer than all positions.
   virtual bool masks_targets() const { return false; }
 };
 
 // Uniformly random tokens in [0, vocab), as Primus/Megatron mock data.
-// With eod_mask (>= 0), positions whose input is that id have no loss (eod_mask_loss).
+// A document ends after the end-of-document id `eod` (-1: none); with eod_mask_loss,
+// positions whose input is that id have no loss.
 class MockSource final : public SampleSource {
  public:
-  MockSource(int64_t vocab, int64_t seq_length, uint64_t seed, int32_t eod_mask = -1)
-      : vocab_(vocab), seq_(seq_length), seed_(seed), eod_mask_(eod_mask) {}
+  MockSource(int64_t vocab, int64_t seq_length, uint64_t seed, int32_t eod = -1,
+             bool eod_mask_loss = false)
+      : vocab_(vocab), seq_(seq_length), seed_(seed), eod_(eod), eod_mask_loss_(eod_mask_loss) {}
   std::string describe() const override;
   uint64_t samples_per_epoch() const override { return UINT64_MAX; }
-  void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
-  bool masks_targets() const override { return eod_mask_ >= 0; }
+  void sample(uint64_t index, int32_t* tokens, int32_t* targets,
+              int32_t* positions = nullptr) const override;
+  bool masks_targets() const override { return eod_mask_loss_ && eod_ >= 0; }
 
  private:
   int64_t vocab_, seq_;
   uint64_t seed_;
-  int32_t eod_mask_;
+  int32_t eod_;
+  bool eod_mask_loss_;
 };
 
 // Documents joined by end-of-document tokens into one stream, cut into windows of
 // seq_length+1 tokens at stride seq_length (windows cross document boundaries, as in
 // Megatron's GPT dataset). With shuffle, every epoch visits the windows in its own seeded
-// order. With eod_mask (>= 0), positions whose input is that id have no loss.
+// order. Documents end after `eod` (-1: none); with eod_mask_loss, positions whose input is
+// that id have no loss.
+// Positions that restart after each `eod` token (-1: never), 0 at the first token.
+void positions_after_eod(const int32_t* tokens, int64_t n, int32_t eod, int32_t* positions);
+
 class TokenStreamSource final : public SampleSource {
  public:
   TokenStreamSource(std::string name, std::vector<int32_t> stream, int64_t seq_length,
-                    uint64_t seed, bool shuffle, int32_t eod_mask = -1);
+                    uint64_t seed, bool shuffle, int32_t eod = -1, bool eod_mask_loss = false);
   std::string describe() const override;
   uint64_t samples_per_epoch() const override { return windows_; }
-  void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
-  bool masks_targets() const override { return eod_mask_ >= 0; }
+  void sample(uint64_t index, int32_t* tokens, int32_t* targets,
+              int32_t* positions = nullptr) const override;
+  bool masks_targets() const override { return eod_mask_loss_ && eod_ >= 0; }
   size_t tokens() const { return stream_.size(); }
 
  private:
@@ -65,7 +77,8 @@ class TokenStreamSource final : public SampleSource {
   int64_t seq_;
   uint64_t seed_;
   bool shuffle_;
-  int32_t eod_mask_;
+  int32_t eod_;
+  bool eod_mask_loss_;
   uint64_t windows_;
   mutable uint64_t cached_epoch_ = UINT64_MAX;
   mutable std::vector<uint32_t> cached_order_;

@@ -158,7 +158,7 @@ std::vector<NpyArray> GptSource::build_indices() const {
   return out;
 }
 
-void GptSource::read_sample(uint64_t index, int32_t* out, bool roles) const {
+void GptSource::read_sample(uint64_t index, int32_t* out, bool roles, int32_t* positions) const {
   const IndexedDataset& data = roles ? *o_.roles : *o_.data;
   const uint64_t s = static_cast<uint64_t>(shuffle_index_.at(index % samples_));
   TS_CHECK(s < samples_, "shuffle index entry {} is {} of {} samples", index % samples_, s,
@@ -178,6 +178,8 @@ void GptSource::read_sample(uint64_t index, int32_t* out, bool roles) const {
     TS_CHECK(written + (end - offset) <= static_cast<uint64_t>(o_.seq_length) + 1,
              "sample {} overflows seq_length+1", index);
     data.read(doc, offset, end - offset, out + written);
+    if (positions)
+      for (uint64_t k = 0; k < end - offset; ++k) positions[written + k] = static_cast<int32_t>(k);
     written += end - offset;
     offset = 0;
   }
@@ -185,10 +187,12 @@ void GptSource::read_sample(uint64_t index, int32_t* out, bool roles) const {
            written);
 }
 
-void GptSource::sample(uint64_t index, int32_t* tokens, int32_t* targets) const {
+void GptSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
+                       int32_t* positions) const {
   const auto n = static_cast<size_t>(o_.seq_length);
-  std::vector<int32_t> buf(n + 1);
-  read_sample(index, buf.data());
+  std::vector<int32_t> buf(n + 1), window_positions(positions ? n + 1 : 0);
+  read_sample(index, buf.data(), false, positions ? window_positions.data() : nullptr);
+  if (positions) std::copy(window_positions.begin(), window_positions.begin() + n, positions);
   for (size_t t = 0; t < n; ++t) {
     tokens[t] = buf[t];
     targets[t] = tokens[t] == o_.eod_mask ? -1 : buf[t + 1];

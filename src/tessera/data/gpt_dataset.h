@@ -43,13 +43,17 @@ class GptSource final : public SampleSource {
   std::string describe() const override;
   // All samples built: num_samples or a few more (whole epochs' worth of tokens).
   uint64_t samples_per_epoch() const override { return samples_; }
-  void sample(uint64_t index, int32_t* tokens, int32_t* targets) const override;
+  // Positions restart where the dataset's documents meet.
+  void sample(uint64_t index, int32_t* tokens, int32_t* targets,
+              int32_t* positions = nullptr) const override;
   bool masks_targets() const override {
     return o_.eod_mask >= 0 || (o_.roles && o_.loss_mask != LossMask::All);
   }
   // The seq_length+1 tokens of sample `index` (taken modulo samples_per_epoch()); with
-  // `roles`, the same window of the roles dataset.
-  void read_sample(uint64_t index, int32_t* out, bool roles = false) const;
+  // `roles`, the same window of the roles dataset. positions (when not null): each token's
+  // position in its document, 0 at the window's first token.
+  void read_sample(uint64_t index, int32_t* out, bool roles = false,
+                   int32_t* positions = nullptr) const;
   uint64_t epochs() const { return epochs_; }
 
  private:

@@ -118,8 +118,11 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   plan.add(&a.targets, DType::I32, {N});
   a.rope.tables.clear();
   for (double base : rope_bases(layers)) a.rope.tables.push_back({base, Tensor{}});
+  // A row per position, or with reset_position_ids a row per token.
   for (auto& [base, table] : a.rope.tables)
-    plan.add(&table, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+    plan.add(&table, DType::F32, {rt.reset_position_ids ? N : rt.seq_length, s.head_dim},
+             Keep::Shared);
+  if (rt.reset_attention_mask) plan.add(&a.document_starts, DType::I32, {N}, Keep::Shared);
   if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
     plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
@@ -235,7 +238,11 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
                (cp == 1 || runtime_.seq_length % 2 == 0),
            "context-parallel rank {} of {} with {} tokens per sequence",
            runtime_.context_parallel_rank, cp, runtime_.seq_length);
-  if (cp == 1) {
+  if (runtime_.reset_position_ids) {
+    TS_CHECK(cp == 1, "reset_position_ids with context parallelism");
+    for (const auto& [base, t] : a_.rope.tables)
+      position_tables_.emplace_back(base, tessera::rope_table(spec_, runtime_.seq_length, base));
+  } else if (cp == 1) {
     for (const auto& [base, t] : a_.rope.tables)
       backend_.upload(t, tessera::rope_table(spec_, runtime_.seq_length, base).data());
   } else {
@@ -441,7 +448,9 @@ void DecoderModel::zero_loss_sum() {
   if (moe_stats_.defined()) backend_.fill(moe_stats_, 0.0f);
 }
 
-void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
+void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets,
+                             const int32_t* positions) {
+  if (runtime_.packed_documents()) set_document_positions(positions);
   if (runtime_.context_parallel_size == 1) {
     backend_.upload(a_.tokens, tokens);
     backend_.upload(a_.targets, targets);
@@ -458,19 +467,47 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets) {
   }
 }
 
+// Packed documents: every token's rotary row is its position's, and a query's keys start at
+// its document's first token.
+void DecoderModel::set_document_positions(const int32_t* positions) {
+  TS_CHECK(positions != nullptr, "reset_position_ids or reset_attention_mask without positions");
+  const int64_t N = runtime_.tokens(), T = runtime_.seq_length, D = spec_.head_dim;
+  for (int64_t i = 0; i < N; ++i)
+    TS_CHECK(positions[i] >= 0 && positions[i] <= i % T,
+             "token {} of its sequence at position {} in its document", i % T, positions[i]);
+  if (runtime_.reset_position_ids) {
+    std::vector<float> rows(static_cast<size_t>(N * D));
+    for (const auto& [base, table] : position_tables_) {
+      for (int64_t i = 0; i < N; ++i)
+        std::copy_n(table.begin() + positions[i] * D, D, rows.begin() + i * D);
+      backend_.upload(a_.rope.at(base), rows.data());
+    }
+  }
+  if (runtime_.reset_attention_mask) {
+    host_ids_.resize(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) host_ids_[i] = static_cast<int32_t>(i % T) - positions[i];
+    backend_.upload(a_.document_starts, host_ids_.data());
+  }
+}
+
 void DecoderModel::set_context_parallel_group(ParallelGroup* group) {
   attention_->set_group(group);
 }
 
+// With reset_attention_mask every block's attention stays within documents.
 void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                      const AttentionShape& s) {
-  attention_->forward(out, lse, qkv, s);
+  AttentionShape within = s;
+  within.document_starts = a_.document_starts;
+  attention_->forward(out, lse, qkv, within);
 }
 
 void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                       const Tensor& lse, const Tensor& qkv,
                                       const AttentionShape& s) {
-  attention_->backward(dqkv, dout, out, lse, qkv, s);
+  AttentionShape within = s;
+  within.document_starts = a_.document_starts;
+  attention_->backward(dqkv, dout, out, lse, qkv, within);
 }
 
 // Each parameter's tensor-parallel style picks its layer. A replicated weight (the whole of it

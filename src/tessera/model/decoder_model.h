@@ -51,7 +51,8 @@ class DecoderModel final : public Model, private LayerOps {
   // weights' gradients are written, not added, by their first weight-gradient GEMM of the
   // step, which saves a pass over most of the buffer.
   void zero_grads() override;
-  void set_batch(const int32_t* tokens, const int32_t* targets) override;
+  void set_batch(const int32_t* tokens, const int32_t* targets,
+                 const int32_t* positions = nullptr) override;
   void forward_backward(float grad_scale) override;
   void forward_loss() override;
   void forward_logits(const Tensor& logits) override;
@@ -74,6 +75,7 @@ class DecoderModel final : public Model, private LayerOps {
   Tensor chunk_grad(int chunk, int slot) const override;
 
  private:
+  void set_document_positions(const int32_t* positions);
   // Model-level activations (the layers and blocks hold their own). Ns = sequence_tokens().
   struct Activations {
     // Per chunk: its layers' count + 1 residual states (Ns, C), from its input to its output.
@@ -83,6 +85,7 @@ class DecoderModel final : public Model, private LayerOps {
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
     Tensor dnorm;  // d(a norm's output), (Ns, C)
     Tensor tokens, targets;
+    Tensor document_starts;  // (N) int32 with reset_attention_mask
     RopeTables rope;  // one table per rotary base the layers read
     Tensor capped;    // with a logit soft-cap: a chunk's capped logits
     // Tensor parallelism: a logits chunk's cross-entropy stats (chunk, 2) and every rank's
@@ -163,6 +166,9 @@ class DecoderModel final : public Model, private LayerOps {
   ParamUnitObserver* observer_ = nullptr;
   ExpertExchange* expert_exchange_ = nullptr;
   std::vector<int32_t> context_positions_;  // of this rank's tokens in the whole sequence
+  // reset_position_ids: each base's rotary table for positions 0 .. seq_length-1, whose rows
+  // set_batch copies to every token's row of the model's table.
+  std::vector<std::pair<double, std::vector<float>>> position_tables_;
   std::vector<int32_t> host_ids_;           // this rank's tokens of a micro-batch, on the host
 
   Activations a_;

@@ -45,6 +45,11 @@ struct ModelRuntime {
   RecomputeMethod recompute_method = RecomputeMethod::None;
   int64_t recompute_num_layers = 0;
   int64_t cross_entropy_chunk_tokens = 8192;
+  // Packed documents (set_batch's positions): the rotary embedding at each token's position in
+  // its document, and attention within each document.
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool packed_documents() const { return reset_position_ids || reset_attention_mask; }
   // The parameter and gradient buffers are allocated for the parameter count rounded up to
   // this multiple, so data parallelism can split them into equal per-rank shards.
   int64_t flat_buffer_multiple = 1;
@@ -179,7 +184,10 @@ class Model {
   virtual void zero_grads() = 0;
   // Host int32 arrays of micro_batch whole sequences (micro_batch x seq_length x
   // context_parallel_size ids; the model takes its tokens); negative targets are ignored.
-  virtual void set_batch(const int32_t* tokens, const int32_t* targets) = 0;
+  // positions: each token's position in its document (SampleSource::sample), needed with
+  // reset_position_ids or reset_attention_mask and ignored without.
+  virtual void set_batch(const int32_t* tokens, const int32_t* targets,
+                         const int32_t* positions = nullptr) = 0;
   // Forward and backward of the current batch. Gradients accumulate into grads(); the
   // summed token losses accumulate into loss_sum(). d(loss)/d(logits) is scaled by
   // grad_scale (1 / tokens per optimizer step for a mean loss).

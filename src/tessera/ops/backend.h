@@ -29,6 +29,7 @@ enum class Capability {
   Fp8TensorCores,   // FP8 GEMMs in hardware; the CPU emulates them for tests only
   AsyncQueue,       // ops queue on a device stream and return at once (stream() is valid)
   Fp8BlockScaling,  // FP8 GEMMs with 1x128 / 128x128 block scales (Fp8Scaling) in hardware
+  PackedSequences,  // AttentionShape's document_starts and rope_per_token (packed documents)
 };
 
 // The backend's queue of work (CUDA: its cudaStream_t), for libraries that queue work beside
@@ -76,6 +77,14 @@ struct AttentionShape {
   int64_t window = 0;      // > 0: query i sees key j only if i - window < j (and j <= i if causal)
   float scale = 0.0f;      // softmax scale, normally 1/sqrt(head_dim); must be positive
   int64_t v_head_dim = 0;  // Dv; 0: head_dim
+  // Packed sequences (reset_attention_mask): (B, T) int32, the first token of each token's
+  // document; query i sees key j only if j >= document_starts[b, i]. Undefined: one document
+  // per sequence. Backends with Capability::PackedSequences run it.
+  Tensor document_starts;
+  // reset_position_ids: the rope ops' freqs hold a row per token (B * T rows), each at its
+  // position in its document; false: row t for token t of every sequence. Backends with
+  // Capability::PackedSequences run it.
+  bool rope_per_token = false;
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * v_dim(); }
   int64_t out_width() const { return heads * v_dim(); }  // of out (B, T, H * Dv)

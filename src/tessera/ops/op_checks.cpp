@@ -50,8 +50,12 @@ void OpChecks::rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape
   placed(freqs, "freqs");
   that(s.head_dim % 2 == 0, "rotary embedding needs an even head_dim, got {}", s.head_dim);
   const MatrixDims f = matrix_dims(freqs);
-  that(f.cols == s.head_dim && f.rows >= s.seq, "freqs {} must be (T >= {}, head_dim {})",
-       freqs.shape.str(), s.seq, s.head_dim);
+  if (s.rope_per_token)
+    that(f.cols == s.head_dim && f.rows == s.tokens(), "freqs {} must be (B*T = {}, head_dim {})",
+         freqs.shape.str(), s.tokens(), s.head_dim);
+  else
+    that(f.cols == s.head_dim && f.rows >= s.seq, "freqs {} must be (T >= {}, head_dim {})",
+         freqs.shape.str(), s.seq, s.head_dim);
 }
 
 namespace {

@@ -102,6 +102,8 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.recompute_method = t.recompute_method;
   rt.recompute_num_layers = t.recompute_num_layers;
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
+  rt.reset_position_ids = e.data.reset_position_ids;
+  rt.reset_attention_mask = e.data.reset_attention_mask;
   rt.fp8 = fp8_options(t);
   rt.moe_force_balance = t.moe_force_balance;
   rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);

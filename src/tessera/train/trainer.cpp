@@ -117,6 +117,13 @@ void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& back
                           ": its FP8 GEMMs take no 1x128 / 128x128 block scales (on CUDA: a "
                           "Hopper GPU, and cuBLASLt 12.9 or newer loaded at run time)");
   check_fp8_gemm_multiple(e, backend.fp8_gemm_multiple(), backend.description());
+  for (const char* key : {"reset_position_ids", "reset_attention_mask"})
+    if (find_key(key)->get(e) == "true" && !backend.supports(Capability::PackedSequences))
+      throw ConfigError(origin_of(e, key), key, "true",
+                        "false on " + backend.description() +
+                            ": packed documents (positions and attention per document) run on "
+                            "the CPU backend so far (--device cpu); their GPU kernels are not "
+                            "written yet");
 }
 
 // Compares what the run needs with what the device has and, if it cannot fit, says how much
@@ -538,9 +545,14 @@ double Trainer::tokens_per_gpu_per_step() const {
 void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
   const profiler::PhaseSpan span(profiler_.get(), "data_loading");
   const int64_t T = exp_.training.seq_length;
+  // Packed documents: each token's position in its document, for rope and attention.
+  const bool packed = setup_.runtime.packed_documents();
+  if (packed) host_positions_.resize(host_tokens_.size());
   for (int64_t b = 0; b < exp_.training.micro_batch_size; ++b)
-    source.sample(first_sample + b, host_tokens_.data() + b * T, host_targets_.data() + b * T);
-  model_->set_batch(host_tokens_.data(), host_targets_.data());
+    source.sample(first_sample + b, host_tokens_.data() + b * T, host_targets_.data() + b * T,
+                  packed ? host_positions_.data() + b * T : nullptr);
+  model_->set_batch(host_tokens_.data(), host_targets_.data(),
+                    packed ? host_positions_.data() : nullptr);
 }
 
 int64_t Trainer::loss_positions(const SampleSource& source, uint64_t first, uint64_t count) const {

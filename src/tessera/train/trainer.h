@@ -163,7 +163,7 @@ class Trainer {
   // acted on only after an iteration, once the ranks have agreed on it.
   bool ranks_stop_together_ = false;
   int agreed_stop_signal_ = 0;
-  std::vector<int32_t> host_tokens_, host_targets_;
+  std::vector<int32_t> host_tokens_, host_targets_, host_positions_;
   int64_t eval_loss_tokens_ = -1;  // of the validation batches, counted at the first evaluation
   std::unique_ptr<TrainingTensorBoard> tensorboard_;  // rank 0 with tensorboard_dir, else null
 

@@ -28,9 +28,10 @@ HeadView head_view(const float* qkv, const AttentionShape& s, int64_t b, int64_t
           base + (s.heads + s.kv_heads) * D + kv * s.v_dim(), width};
 }
 
-// Keys any row of [r0, r1) can see; visible ranges move monotonically with the row.
-ref::KeyRange block_keys(const AttentionShape& s, int64_t r0, int64_t r1) {
-  return {ref::visible_keys(s, r0).first, ref::visible_keys(s, r1 - 1).last};
+// Keys any row of [r0, r1) of sequence b can see; visible ranges move monotonically with the
+// row (documents start in order).
+ref::KeyRange block_keys(const AttentionShape& s, int64_t b, int64_t r0, int64_t r1) {
+  return {ref::visible_keys(s, r0, b).first, ref::visible_keys(s, r1 - 1, b).last};
 }
 
 // scores (rows, n) = scale * q[r0:r1] k[lo:lo+n]^T
@@ -49,7 +50,7 @@ void attention_head_forward_blocked(float* out, float* lse, const float* qkv, co
   const int64_t T = s.seq, Dv = s.v_dim(), HD = s.out_width();
   for (int64_t r0 = 0; r0 < T; r0 += kQueryBlock) {
     const int64_t r1 = std::min(T, r0 + kQueryBlock), rows = r1 - r0;
-    const ref::KeyRange keys = block_keys(s, r0, r1);
+    const ref::KeyRange keys = block_keys(s, b, r0, r1);
     const int64_t lo = keys.first, n = std::max<int64_t>(0, keys.last - keys.first + 1);
     float* out_rows = out + (b * T + r0) * HD + h * Dv;
     float* lse_rows = lse + (b * s.heads + h) * T + r0;
@@ -64,7 +65,7 @@ void attention_head_forward_blocked(float* out, float* lse, const float* qkv, co
     float* p = scratch.data();
     block_scores(p, hv, s, r0, rows, lo, n);
     for (int64_t i = 0; i < rows; ++i) {
-      const ref::KeyRange vis = ref::visible_keys(s, r0 + i);
+      const ref::KeyRange vis = ref::visible_keys(s, r0 + i, b);
       float* row = p + i * n;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = vis.first; j <= vis.last; ++j) mx = std::max(mx, row[j - lo]);
@@ -93,7 +94,7 @@ void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t 
   const int64_t T = s.seq, D = s.head_dim, Dv = s.v_dim(), HD = s.out_width(), W = hv.width;
   for (int64_t r0 = 0; r0 < T; r0 += kQueryBlock) {
     const int64_t r1 = std::min(T, r0 + kQueryBlock), rows = r1 - r0;
-    const ref::KeyRange keys = block_keys(s, r0, r1);
+    const ref::KeyRange keys = block_keys(s, b, r0, r1);
     const int64_t lo = keys.first, n = std::max<int64_t>(0, keys.last - keys.first + 1);
     float* dq_rows = dqkv + (b * T + r0) * W + h * D;
     const float* dout_rows = dout + (b * T + r0) * HD + h * Dv;
@@ -112,7 +113,7 @@ void attention_head_backward_blocked(float* dqkv, float* dk, float* dv, int64_t 
                 static_cast<int>(n), static_cast<int>(Dv), 1.0f, dout_rows, static_cast<int>(HD),
                 hv.v + lo * W, static_cast<int>(W), 0.0f, ds, static_cast<int>(n));
     for (int64_t i = 0; i < rows; ++i) {
-      const ref::KeyRange vis = ref::visible_keys(s, r0 + i);
+      const ref::KeyRange vis = ref::visible_keys(s, r0 + i, b);
       double delta = 0;
       for (int64_t d = 0; d < Dv; ++d)
         delta += static_cast<double>(dout_rows[i * HD + d]) * out_rows[i * HD + d];

@@ -204,6 +204,8 @@ bool CpuBackend::supports(Capability c) const {
     case Capability::Fp8BlockScaling:
     case Capability::AsyncQueue:
       return false;
+    case Capability::PackedSequences:
+      return true;
   }
   return false;
 }
@@ -482,12 +484,14 @@ void CpuBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, co
 }
 
 void CpuBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
-  AttentionShape token = s;  // one (b, t) row at a time, with freqs row t
+  AttentionShape token = s;  // one (b, t) row at a time, with its freqs row
   token.batch = token.seq = 1;
   const int64_t width = s.qkv_width();
+  const bool per_row = s.rope_per_token;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < s.tokens(); ++row) {
-    ref::rope_forward(f32(qkv) + row * width, f32(freqs) + (row % s.seq) * s.head_dim, token);
+    ref::rope_forward(f32(qkv) + row * width,
+                      f32(freqs) + (per_row ? row : row % s.seq) * s.head_dim, token);
   }
 }
 
@@ -496,9 +500,11 @@ void CpuBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
   AttentionShape token = s;
   token.batch = token.seq = 1;
   const int64_t width = s.qkv_width();
+  const bool per_row = s.rope_per_token;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < s.tokens(); ++row) {
-    ref::rope_backward(f32(dqkv) + row * width, f32(freqs) + (row % s.seq) * s.head_dim, token);
+    ref::rope_backward(f32(dqkv) + row * width,
+                       f32(freqs) + (per_row ? row : row % s.seq) * s.head_dim, token);
   }
 }
 

@@ -201,8 +201,11 @@ void rope_backward(T* dqkv, const T* freqs, const AttentionShape& s) {
 
 // ---- attention ----
 
-KeyRange visible_keys(const AttentionShape& s, int64_t i) {
-  return {s.window > 0 ? std::max<int64_t>(0, i - s.window + 1) : 0, s.causal ? i : s.seq - 1};
+KeyRange visible_keys(const AttentionShape& s, int64_t i, int64_t b) {
+  int64_t first = s.window > 0 ? std::max<int64_t>(0, i - s.window + 1) : 0;
+  if (s.document_starts.defined())
+    first = std::max<int64_t>(first, static_cast<const int32_t*>(s.document_starts.data)[b * s.seq + i]);
+  return {first, s.causal ? i : s.seq - 1};
 }
 
 template <class T>
@@ -222,7 +225,7 @@ void attention_head_forward(T* out, T* lse, const T* qkv, const AttentionShape& 
   for (int64_t i = 0; i < seq; ++i) {
     const T* q = q_rows + i * width;
     T* o = out_rows + i * out_width;
-    const KeyRange keys = visible_keys(s, i);
+    const KeyRange keys = visible_keys(s, i, b);
     if (keys.first > keys.last) {
       std::fill(o, o + Dv, T(0));
       lse_row[i] = -std::numeric_limits<T>::infinity();
@@ -273,7 +276,7 @@ void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T*
     const double lse_i = lse_row[i];
     const double D_i = dot(g, out_rows + i * out_width, Dv);
     std::fill(dq, dq + D, 0.0);
-    const KeyRange keys = visible_keys(s, i);
+    const KeyRange keys = visible_keys(s, i, b);
     for (int64_t j = keys.first; j <= keys.last; ++j) {
       const T* k = k_rows + j * width;
       const T* v = v_rows + j * width;

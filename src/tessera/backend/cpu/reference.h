@@ -90,12 +90,13 @@ void rope_backward(T* dqkv, const T* freqs, const AttentionShape& s);
 
 // ---- attention ----
 
-// Keys visible from query i form the contiguous range [first, last] (empty if first > last):
-// j <= i when causal, i - window < j when window > 0.
+// Keys visible from query i of sequence b form the contiguous range [first, last] (empty if
+// first > last): j <= i when causal, i - window < j when window > 0, and j at or after the
+// first token of i's document with s.document_starts.
 struct KeyRange {
   int64_t first, last;
 };
-KeyRange visible_keys(const AttentionShape& s, int64_t i);
+KeyRange visible_keys(const AttentionShape& s, int64_t i, int64_t b = 0);
 
 // qkv (B, T, (H + KV) * D + KV * Dv) packs per token H query heads, then KV key heads, then KV
 // value heads (Dv = s.v_dim()); query head h reads key/value head h / (H / KV).

@@ -102,7 +102,8 @@ void GqaAttention::qk_norm_forward(ForwardOps& ops, const QkTensors& t, const Te
 
 void GqaAttention::forward_inner(LayerOps& ops, const Tensor& in) {
   Backend& b = ops.backend();
-  const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
+  AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
+  a.rope_per_token = ops.runtime().reset_position_ids;
   if (o_.qk_norm != QkNorm::None) {
     ops.linear(qk_.raw, in, qkv_weight_, qkv_bias_);
     qk_norm_forward(ops, qk_, qkv_, a);
@@ -120,7 +121,8 @@ void GqaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor
 void GqaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                             const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
-  const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
+  AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
+  a.rope_per_token = ops.runtime().reset_position_ids;
   ops.linear_backward(datt_, dout, att_, o_proj_, -1);
   ops.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
   if (o_.rope) b.rope_backward(dqkv_, ops.rope_table(o_.rope_base), a);
