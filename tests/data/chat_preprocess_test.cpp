@@ -177,8 +177,9 @@ TEST(ChatPreprocess, TrainingCountsOnlyTheMaskedTokens) {
   EXPECT_LT(loss_tokens["assistant"], loss_tokens["all"]);
 }
 
-// Packed conversations train on the CPU backend with positions and attention per document;
-// what packing does not compose with yet is refused naming the key.
+// Conversations packed whole (bfd) train on the CPU backend with positions and attention per
+// document, the log giving the packing efficiency; what packing does not compose with yet is
+// refused naming the key.
 TEST(ChatPreprocess, PackedConversationsTrainWithinTheirDocuments) {
   ScratchDir dir;
   {
@@ -194,11 +195,13 @@ TEST(ChatPreprocess, PackedConversationsTrainWithinTheirDocuments) {
       "--ffn_hidden_size 32 --num_attention_heads 2 --num_query_groups 1 --seq_length 64 "
       "--micro_batch_size 2 --global_batch_size 2 --train_iters 2 --lr_warmup_iters 0 "
       "--split 100,0,0 --train_data_path null --data_path " + (dir / "sft_chat_document").string() +
-      " --reset_position_ids --reset_attention_mask --workspace " + (dir / "ws").string() +
+      " --packing_strategy bfd --reset_position_ids --reset_attention_mask --workspace " +
+      (dir / "ws").string() +
       " --work_group g --user_name u";
   r = testing::run_command("OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) + args + " --exp_name packed");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "| loss tokens: ")) << r.output;
+  EXPECT_TRUE(contains(r.output, "% of them real tokens (packing efficiency)")) << r.output;
   r = run_tessera(args + " --exp_name mla --model tiny_mla --num_query_groups 2 --moe_layer_freq 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "key 'reset_position_ids' has value 'true': expected false with multi_latent_attention")) << r.output;

@@ -36,6 +36,10 @@ enum class TokenizerType { ByteLevel, HuggingFace, Null, Gpt2Bpe };
 // every assistant turn (TRL's assistant_only_loss, Megatron-Bridge's answer_only_loss), the
 // final assistant turn only (the completion of a prompt), or all tokens.
 enum class LossMask { Assistant, Completion, All };
+// How indexed documents become samples: wrapped cuts their concatenation into windows
+// (Megatron's GPT dataset, TRL's "wrapped"); bfd packs whole documents best-fit decreasing
+// into padded sequences (TRL's "bfd"), for fine-tuning (data/packed_dataset.h).
+enum class PackingStrategy { Wrapped, Bfd };
 // Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
 enum class AttentionBackend { Auto, Tessera, Vendor };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations
@@ -227,6 +231,7 @@ struct DataConfig {
   // the dataset's document boundaries), and attention stays within each document.
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
+  PackingStrategy packing_strategy = PackingStrategy::Wrapped;
   LossMask loss_mask = LossMask::Assistant;  // chat data only
   TokenizerType tokenizer_type = TokenizerType::ByteLevel;
   std::string tokenizer_model;            // tokenizer.json path or shipped name (llama3, qwen3, ...)

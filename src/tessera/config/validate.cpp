@@ -766,6 +766,8 @@ int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers) {
 // sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
 // through multi-latent attention's own rope.
 void check_packed_documents(const Checker& c, const Experiment& e) {
+  c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
+            "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
   for (const char* key : {"reset_position_ids", "reset_attention_mask"}) {
     const bool on = std::string(key) == "reset_position_ids" ? e.data.reset_position_ids
                                                                : e.data.reset_attention_mask;

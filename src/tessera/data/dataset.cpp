@@ -15,6 +15,7 @@
 #include "tessera/data/chat.h"
 #include "tessera/data/gpt_dataset.h"
 #include "tessera/data/indexed_dataset.h"
+#include "tessera/data/packed_dataset.h"
 #include "tessera/data/text_corpus.h"
 
 namespace tessera {
@@ -152,6 +153,8 @@ struct IndexedContext {
   std::string tokenizer;
   int32_t eod_mask;
   LossMask loss_mask;
+  PackingStrategy packing;
+  int32_t pad_id;  // bfd padding
   std::map<std::string, std::shared_ptr<const IndexedDataset>> opened;
   // The roles of chat datasets (preprocess --chat), by token prefix; null for other data.
   std::map<std::string, std::shared_ptr<const IndexedDataset>> roles;
@@ -214,6 +217,24 @@ std::unique_ptr<SampleSource> make_blend_source(const std::vector<BlendEntry>& b
                       blend[i].prefix, name, data->sequences(), sizes[i]));
     }
     const auto roles = ctx.roles.find(blend[i].prefix);
+    if (ctx.packing == PackingStrategy::Bfd) {
+      sources.push_back(std::make_unique<PackedSource>(PackedDatasetOptions{
+          .data = data,
+          .roles = roles == ctx.roles.end() ? nullptr : roles->second,
+          .first_document = first,
+          .end_document = end,
+          .split = name,
+          .seq_length = ctx.seq_length,
+          .seed = ctx.seed,
+          .num_samples = sizes[i],
+          .loss_mask = ctx.loss_mask,
+          .eod_mask = ctx.eod_mask,
+          .pad_id = ctx.pad_id,
+      }));
+      identity += fmt::format("{}\"{}[{}, {}) bfd\"", i ? ", " : "[",
+                              std::filesystem::absolute(blend[i].prefix).string(), first, end);
+      continue;
+    }
     sources.push_back(std::make_unique<GptSource>(GptDatasetOptions{
         .data = data,
         .roles = roles == ctx.roles.end() ? nullptr : roles->second,
@@ -270,10 +291,17 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
                      .tokenizer = tokenizer.name(),
                      .eod_mask = eod_mask,
                      .loss_mask = dc.loss_mask,
+                     .packing = dc.packing_strategy,
+                     .pad_id = tokenizer.eod_id(),
                      .opened = {},
                      .roles = {},
                      .unrecorded = {}};
   if (!dc.train_data_path.empty() && is_text_corpus_path(dc.train_data_path)) {
+    // bfd packs the documents of indexed datasets; text read into memory is one stream.
+    if (dc.packing_strategy == PackingStrategy::Bfd)
+      throw ConfigError(origin_of(e, "packing_strategy"), "packing_strategy", "bfd",
+                        "wrapped with a text train_data_path: bfd packs the documents of "
+                        "indexed datasets (tessera preprocess makes them)");
     d = make_text_sources(e, tokenizer);
   } else {
     const bool split_data = !dc.data_path.empty();
