@@ -108,6 +108,15 @@ TEST(ChatPreprocess, BadConversationsExitTwoNamingTheLineAndWriteNothing) {
                   (dir / "out" / "x").string() + " --tokenizer-model llama2 --chat");
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_TRUE(contains(r.output, "no chat template")) << r.output;
+  // Options that would do nothing are refused: fields to read with --chat, limits without it.
+  r = run_tessera("preprocess --input " + (dir / "text.jsonl").string() + " --output-prefix " +
+                  (dir / "out" / "x").string() + " --tokenizer-model qwen3 --chat --json-keys text");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "no --json-keys with --chat")) << r.output;
+  r = run_tessera("preprocess --input " + (dir / "text.jsonl").string() + " --output-prefix " +
+                  (dir / "out" / "x").string() + " --overlong drop");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "key 'overlong'")) << r.output;
   EXPECT_EQ(files_under(dir.path()), before_files);
 }
 

@@ -91,7 +91,7 @@ int preprocess_command(const Args& args) {
   PreprocessOptions o;
   o.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   Experiment e;  // carries tokenizer_type / tokenizer_model through the config key parsers
-  bool type_given = false, model_given = false;
+  bool type_given = false, model_given = false, keys_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     // Megatron's tools/preprocess_data.py spells the options with dashes; as everywhere, both
     // spellings work (core/command_line.h).
@@ -124,6 +124,7 @@ int preprocess_command(const Args& args) {
       o.output_prefix = value();
     } else if (name == "json_keys") {
       o.json_keys = values();
+      keys_given = true;
     } else if (name == "tokenizer_type" || name == "tokenizer_model") {
       const bool type = name == "tokenizer_type";
       const std::string key = type ? "tokenizer_type" : "tokenizer_model";
@@ -166,6 +167,14 @@ int preprocess_command(const Args& args) {
                         "--no-append-eod, --chat, --seq-length, --overlong (see --help)");
     }
   }
+  if (o.chat && keys_given)
+    throw ConfigError("command line", "json-keys", fmt::format("{}", fmt::join(o.json_keys, " ")),
+                      "no --json-keys with --chat: a conversation is read from \"messages\", or "
+                      "\"prompt\" and \"completion\"");
+  if (!o.chat && (o.seq_length > 0 || o.overlong != OverlongPolicy::Error))
+    throw ConfigError("command line", o.seq_length > 0 ? "seq-length" : "overlong",
+                      o.seq_length > 0 ? std::to_string(o.seq_length) : "truncate or drop",
+                      "--chat with it: plain documents are cut into samples at training time");
   // Every tokenizer model is a Hugging Face tokenizer.json, so a model alone says the type;
   // the byte-level default with a model would quietly write byte ids that training then
   // reads under the model's vocabulary.
