@@ -122,6 +122,38 @@ TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
   }
 }
 
+// Packed documents (reset_position_ids, reset_attention_mask) under data and tensor (+ sequence)
+// parallelism: byte-level documents of many lengths, so that every sample holds several.
+TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataAndTensorParallelism) {
+  fs::create_directories(workspace_);
+  {
+    std::ofstream docs(workspace_ / "docs.jsonl");
+    for (int i = 0; i < 200; ++i)
+      docs << nlohmann::json{{"text", std::string(5 + (i * 37) % 41, static_cast<char>('a' + i % 26))}}
+                  .dump()
+           << "\n";
+  }
+  const RunResult r = run_tessera("preprocess --input " + (workspace_ / "docs.jsonl").string() +
+                                  " --output-prefix " + (workspace_ / "docs").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string data = "--mock_data false --tokenizer_type ByteLevel --data_path " +
+                           (workspace_ / "docs_text_document").string() +
+                           " --split 100,0,0 --reset_position_ids --reset_attention_mask "
+                           "--num_query_groups 2 --log_interval 1 ";
+  const TrainingRun one = train(workspace_, "packed1", 1, data);
+  ASSERT_EQ(one.losses.size(), 6u);
+  for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
+           {2, ""},
+           {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+    SCOPED_TRACE(flags);
+    static int runs = 0;
+    const TrainingRun run = train(workspace_, "packed_mesh" + std::to_string(runs++), ranks, data + flags);
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+  }
+}
+
 // FSDP x TP checkpoints: a run saved at iteration 3 on 2 tensor-parallel x 2 FSDP ranks resumes
 // on that mesh bit for bit, and on one rank and under ZeRO-1 x TP within fp32 rounding.
 TEST_F(ThreadRanksCli, FsdpWithTensorParallelismResumesOnItsMeshAndOthers) {
