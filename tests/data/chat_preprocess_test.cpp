@@ -211,6 +211,10 @@ TEST(ChatPreprocess, PackedConversationsTrainWithinTheirDocuments) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "| loss tokens: ")) << r.output;
   EXPECT_TRUE(contains(r.output, "% of them real tokens (packing efficiency)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| real tokens per rank (tokens/s/rank): ")) << r.output;
+  const auto metrics = testing::read_file(dir / "ws" / "g" / "u" / "packed" / "metrics.jsonl");
+  EXPECT_TRUE(contains(metrics, "\"packing_efficiency\":0.")) << metrics;
+  EXPECT_TRUE(contains(metrics, "\"real_tokens_per_s_per_gpu\":")) << metrics;
   r = run_tessera(args + " --exp_name mla --model tiny_mla --num_query_groups 2 --moe_layer_freq 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "key 'reset_position_ids' has value 'true': expected false with multi_latent_attention")) << r.output;

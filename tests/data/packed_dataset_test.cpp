@@ -53,6 +53,10 @@ TEST(PackedSource, BestFitDecreasingKeepsEveryDocumentWholeOncePerEpoch) {
   EXPECT_EQ(p.source->samples_per_epoch(), 6u);  // whole epochs
   EXPECT_NEAR(p.source->efficiency(), 19.0 / 24.0, 1e-12);
   EXPECT_NE(p.source->describe().find("79.2% of them real tokens"), std::string::npos) << p.source->describe();
+  EXPECT_TRUE(p.source->pads());
+  int64_t real = 0;
+  for (uint64_t i = 0; i < 3; ++i) real += p.source->real_tokens(i).value();
+  EXPECT_EQ(real, 19);  // every document once per epoch
   std::map<int32_t, std::pair<size_t, size_t>> where;  // id -> (document, index)
   for (size_t d = 0; d < p.docs.size(); ++d)
     for (size_t k = 0; k < p.docs[d].size(); ++k) where[p.docs[d][k]] = {d, k};

@@ -89,6 +89,16 @@ void BlendedSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
       static_cast<uint64_t>(dataset_sample_index_.at(i)), tokens, targets, positions);
 }
 
+bool BlendedSource::pads() const {
+  return std::any_of(sources_.begin(), sources_.end(), [](const auto& s) { return s->pads(); });
+}
+
+std::optional<int64_t> BlendedSource::real_tokens(uint64_t index) const {
+  const uint64_t i = index % size_;
+  return sources_[static_cast<size_t>(dataset_index_.at(i))]->real_tokens(
+      static_cast<uint64_t>(dataset_sample_index_.at(i)));
+}
+
 bool BlendedSource::masks_targets() const {
   return std::any_of(sources_.begin(), sources_.end(),
                      [](const auto& s) { return s->masks_targets(); });

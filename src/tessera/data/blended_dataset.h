@@ -39,6 +39,8 @@ class BlendedSource final : public SampleSource {
   void sample(uint64_t index, int32_t* tokens, int32_t* targets,
               int32_t* positions = nullptr) const override;
   bool masks_targets() const override;
+  bool pads() const override;
+  std::optional<int64_t> real_tokens(uint64_t index) const override;
 
  private:
   std::vector<std::unique_ptr<SampleSource>> sources_;

@@ -5,6 +5,7 @@
 // data-parallel ranks read disjoint samples, and a resumed run continues exactly.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,13 @@ class SampleSource {
                       int32_t* positions = nullptr) const = 0;
   // Whether some targets may be -1, so that a batch's loss counts fewer than all positions.
   virtual bool masks_targets() const { return false; }
+  // Whether samples end in padding (packing_strategy bfd), and then how many of sample
+  // `index`'s tokens are real; nullopt: all of them.
+  virtual bool pads() const { return false; }
+  virtual std::optional<int64_t> real_tokens(uint64_t index) const {
+    (void)index;
+    return std::nullopt;
+  }
 };
 
 // Uniformly random tokens in [0, vocab), as Primus/Megatron mock data.

@@ -85,6 +85,13 @@ const std::vector<uint32_t>& PackedSource::order(uint64_t epoch) const {
   return cached_order_;
 }
 
+std::optional<int64_t> PackedSource::real_tokens(uint64_t index) const {
+  const uint64_t epoch = (index % samples_) / bins_.size();
+  int64_t n = 0;
+  for (const Piece& p : bins_[order(epoch)[index % bins_.size()]]) n += p.length;
+  return n;
+}
+
 void PackedSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
                           int32_t* positions) const {
   const int64_t T = o_.seq_length;

@@ -42,6 +42,8 @@ class PackedSource final : public SampleSource {
   void sample(uint64_t index, int32_t* tokens, int32_t* targets,
               int32_t* positions = nullptr) const override;
   bool masks_targets() const override { return true; }  // padding, documents' last tokens
+  bool pads() const override { return true; }
+  std::optional<int64_t> real_tokens(uint64_t index) const override;
   // Real tokens over the sequences' slots.
   double efficiency() const;
   uint64_t sequences() const { return bins_.size(); }

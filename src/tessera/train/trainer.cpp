@@ -643,6 +643,13 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   }
   s.loss = loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
   s.loss_tokens = loss_tokens;
+  s.real_tokens = t.global_batch_size * t.seq_length;
+  if (data_.train->pads()) {
+    s.real_tokens = 0;
+    for (int64_t i = 0; i < t.global_batch_size; ++i)
+      s.real_tokens += data_.train->real_tokens(consumed_samples_ + static_cast<uint64_t>(i))
+                           .value_or(t.seq_length);
+  }
   s.grad_norm = std::sqrt(static_cast<double>(norm_sq));
   s.skipped = !std::isfinite(norm_sq) || !std::isfinite(loss_sum);
   consumed_samples_ += static_cast<uint64_t>(t.global_batch_size);
@@ -704,7 +711,7 @@ double Trainer::evaluate() {
 }
 
 void Trainer::log_iteration(const IterationStats& s, double loss, double interval_ms,
-                            int64_t interval_iters) {
+                            int64_t interval_iters, double real_share) {
   const profiler::PhaseSpan span(profiler_.get(), "logging");
   // Profiled iterations run slower (the recorder's overhead): their lines say so.
   const bool profiled =
@@ -722,17 +729,24 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   // With loss masks, how many of the global batch's positions the loss counted.
   const bool masked = data_.train->masks_targets();
   const int64_t positions = t.global_batch_size * t.seq_length;
+  // With packing's padding, the tokens/s of real tokens beside the slots'.
+  const bool pads = data_.train->pads();
+  const std::string real = pads ? fmt::format(" | real tokens per {} (tokens/s/{}): {:.1f} "
+                                              "(packing efficiency {:.1f}%)",
+                                              device_word(), device_word(),
+                                              tokens_per_s * real_share, 100 * real_share)
+                                : "";
   log_.info(
       "iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} "
       "| "
       "throughput per {} (TFLOP/s/{}): {:.2f} | tokens per {} (tokens/s/{}): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
-      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}{}",
+      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}{}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, per, per, tflops, per, per, tokens_per_s,
       s.lr, t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, moe_iteration_fields(moe),
-      masked ? fmt::format(" | loss tokens: {} of {}", s.loss_tokens, positions) : "",
+      masked ? fmt::format(" | loss tokens: {} of {}", s.loss_tokens, positions) : "", real,
       profiled ? " | profiled" : "");
   if (!moe.empty())
     log_.info("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}", s.iteration,
@@ -761,6 +775,10 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
   j["loss_tokens"] = s.loss_tokens;
+  if (pads) {
+    j["real_tokens_per_s_per_gpu"] = tokens_per_s * real_share;
+    j["packing_efficiency"] = real_share;
+  }
   j["skipped_iterations"] = skipped_iterations_;
   j["nan_iterations"] = skipped_iterations_;
   j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;
@@ -872,6 +890,7 @@ TrainSummary Trainer::train() {
   // update, so a log every N iterations is not one batch's (noisy) loss.
   double interval_loss_sum = 0;
   int64_t interval_losses = 0;
+  int64_t interval_real_tokens = 0;
   const int64_t first = completed_iterations_ + 1;  // > 1 when resuming
   int64_t last = t.train_iters;                     // earlier at target_loss or an early exit
   for (int64_t it = first; it <= t.train_iters; ++it) {
@@ -885,14 +904,19 @@ TrainSummary Trainer::train() {
     if (!s.moe.empty()) moe_interval_.add(s.moe);
     const std::string exit_why = exit_reason(it);
     ++interval_iters;
+    interval_real_tokens += s.real_tokens;
     if (!s.skipped && std::isfinite(s.loss)) interval_loss_sum += s.loss, ++interval_losses;
     if (it == first) sum.first_loss = s.loss;
     sum.last_loss = s.loss;
     if (it % exp_.logging.log_interval == 0 || it == t.train_iters || !exit_why.empty()) {
       const double logged_loss =
           interval_losses > 0 ? interval_loss_sum / static_cast<double>(interval_losses) : s.loss;
-      log_iteration(s, logged_loss, ms_since(interval_start), interval_iters);
+      const double slots =
+          static_cast<double>(interval_iters * t.global_batch_size * t.seq_length);
+      log_iteration(s, logged_loss, ms_since(interval_start), interval_iters,
+                    static_cast<double>(interval_real_tokens) / slots);
       interval_start = Clock::now();
+      interval_real_tokens = 0;
       interval_iters = 0;
       interval_loss_sum = 0;
       interval_losses = 0;

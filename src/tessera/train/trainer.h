@@ -32,6 +32,7 @@ struct IterationStats {
   int64_t iteration = 0;
   double loss = 0;       // mean token loss of the global batch, over the positions that count
   int64_t loss_tokens = 0;  // positions of the global batch the loss counts (loss masks)
+  int64_t real_tokens = 0;  // tokens of the global batch that are not padding (packing)
   double grad_norm = 0;  // before clipping
   double lr = 0;
   bool skipped = false;              // non-finite loss or gradient: no update applied
@@ -121,8 +122,9 @@ class Trainer {
   // the loss is the mean over its counted tokens without a collective.
   int64_t loss_positions(const SampleSource& source, uint64_t first, uint64_t count) const;
   // loss: the mean over the interval's applied iterations (the last one's when none applied).
+  // real_share: the interval's real tokens over its slots (below 1 with packing's padding).
   void log_iteration(const IterationStats& s, double loss, double interval_ms,
-                     int64_t interval_iters);
+                     int64_t interval_iters, double real_share);
   TrainingTensors training_tensors() const;
   void restore_start_state();
   int stop_signal_after_iteration();
