@@ -1404,6 +1404,65 @@ std::vector<OpCase> attention_cases() {
     };
     cases.push_back(g);
   }
+  // Packed documents (reset_position_ids, reset_attention_mask): rope with a row per token at
+  // its position in its document, attention within each document; the lengths of each
+  // sequence's documents, in order.
+  struct Packed {
+    AttentionShape s;
+    std::vector<std::vector<int>> documents;
+  };
+  for (const Packed& p : {Packed{attn(2, 40, 4, 2, 64, 0), {{7, 13, 20}, {1, 39}}},
+                          Packed{attn(1, 200, 8, 1, 128, 0), {{50, 3, 100, 47}}},
+                          Packed{attn(1, 100, 4, 2, 64, 16), {{30, 70}}},
+                          Packed{attn_v(1, 64, 4, 4, 24, 16, 0), {{1, 1, 62}}}}) {
+    const AttentionShape& s = p.s;
+    std::vector<int32_t> starts, positions;
+    for (const auto& sequence : p.documents)
+      for (int length : sequence)
+        for (int k = 0; k < length; ++k) {
+          starts.push_back(static_cast<int32_t>(positions.size() % s.seq) - k);
+          positions.push_back(k);
+        }
+    const std::string shape = fmt::format("B{} T{} H{} KV{} D{}{} window{} packed", s.batch, s.seq,
+                                          s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window);
+    const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
+    OpCase rope;
+    rope.name = "rope_forward+backward " + shape;
+    rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
+                  {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
+    rope.run = [s, positions](Backend& b, const Tensors& t) {
+      const std::vector<float> table = rope_freqs(s.seq, s.head_dim);
+      std::vector<float> rows;
+      for (int32_t pos : positions)
+        rows.insert(rows.end(), table.begin() + pos * s.head_dim, table.begin() + (pos + 1) * s.head_dim);
+      DeviceBuffer f(b, rows.size() * 4, "freqs");
+      const Tensor freqs = f.tensor(DType::F32, {s.tokens(), s.head_dim});
+      b.upload(freqs, rows.data());
+      AttentionShape per_token = s;
+      per_token.rope_per_token = true;
+      b.rope_forward(t.at("qkv"), freqs, per_token);
+      b.rope_backward(t.at("dqkv"), freqs, per_token);
+      b.synchronize();
+    };
+    cases.push_back(rope);
+    OpCase g;
+    g.name = "attention_forward+backward " + shape;
+    g.specs = {{"qkv", {N, W}},
+               {"dout", {N, HD}},
+               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
+               {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+    g.run = [s, starts](Backend& b, const Tensors& t) {
+      DeviceBuffer d(b, starts.size() * 4, "document starts");
+      AttentionShape within = s;
+      within.document_starts = d.tensor(DType::I32, {s.tokens()});
+      b.upload(within.document_starts, starts.data());
+      b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), within);
+      b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), within);
+      b.synchronize();
+    };
+    cases.push_back(g);
+  }
   return cases;
 }
 

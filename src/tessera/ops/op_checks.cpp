@@ -42,6 +42,11 @@ void OpChecks::attention_shape(const AttentionShape& s) const {
   that(s.heads % s.kv_heads == 0, "{} heads are not a multiple of {} kv heads", s.heads,
        s.kv_heads);
   that(s.window >= 0, "negative window {}", s.window);
+  if (s.document_starts.defined()) {
+    that(s.causal, "document starts with full (non-causal) attention");
+    count(s.document_starts, s.tokens(), "document_starts");
+    dtype(s.document_starts, DType::I32, "document_starts");
+  }
 }
 
 void OpChecks::rope(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) const {

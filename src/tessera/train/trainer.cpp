@@ -121,9 +121,8 @@ void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& back
     if (find_key(key)->get(e) == "true" && !backend.supports(Capability::PackedSequences))
       throw ConfigError(origin_of(e, key), key, "true",
                         "false on " + backend.description() +
-                            ": packed documents (positions and attention per document) run on "
-                            "the CPU backend so far (--device cpu); their GPU kernels are not "
-                            "written yet");
+                            ": it has no kernels for packed documents (positions and attention "
+                            "per document)");
 }
 
 // Compares what the run needs with what the device has and, if it cannot fit, says how much

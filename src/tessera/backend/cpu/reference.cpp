@@ -172,7 +172,7 @@ void rope_rotate(T* qkv, const T* freqs, const AttentionShape& s, T sign) {
   const int64_t D = s.head_dim, half = D / 2, width = s.qkv_width();
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t t = 0; t < s.seq; ++t) {
-      const T* cos_t = freqs + t * D;
+      const T* cos_t = freqs + (s.rope_per_token ? b * s.seq + t : t) * D;
       const T* sin_t = cos_t + half;
       T* row = qkv + (b * s.seq + t) * width;
       for (int64_t head = 0; head < s.heads + s.kv_heads; ++head) {

@@ -19,6 +19,7 @@ struct RowwiseParams {
   bool causal = true;
   int64_t window = 0;
   float scale = 0.0f;
+  const int32_t* document_starts = nullptr;  // (B, T): packed documents; null: none
 };
 
 RowwiseParams params_of(const AttentionShape& s) {
@@ -33,21 +34,39 @@ RowwiseParams params_of(const AttentionShape& s) {
   p.causal = s.causal;
   p.window = s.window;
   p.scale = s.scale;
+  if (s.document_starts.defined())
+    p.document_starts = static_cast<const int32_t*>(s.document_starts.data);
   return p;
 }
 
-// The op API's masks (reference.h, visible_keys): query i sees key j iff j <= i when causal and
-// i - window < j when window > 0. Keys of query i, and queries of key j, are one range each.
-__device__ __forceinline__ void keys_of(const RowwiseParams& p, int64_t i, int64_t& first,
-                                        int64_t& last) {
+// The op API's masks (reference.h, visible_keys): query i of sequence b sees key j iff j <= i
+// when causal, i - window < j when window > 0, and j >= the first token of i's document with
+// document starts. Keys of query i, and queries of key j, are one range each: documents start
+// in order, so the queries that see key j end where the next document starts.
+__device__ __forceinline__ void keys_of(const RowwiseParams& p, int64_t b, int64_t i,
+                                        int64_t& first, int64_t& last) {
   first = p.window > 0 ? (i - p.window + 1 > 0 ? i - p.window + 1 : 0) : 0;
+  if (p.document_starts) {
+    const int64_t start = p.document_starts[b * p.seq + i];
+    first = start > first ? start : first;
+  }
   last = p.causal ? i : p.seq - 1;
 }
 
-__device__ __forceinline__ void queries_of(const RowwiseParams& p, int64_t j, int64_t& first,
-                                           int64_t& last) {
+__device__ __forceinline__ void queries_of(const RowwiseParams& p, int64_t b, int64_t j,
+                                           int64_t& first, int64_t& last) {
   first = p.causal ? j : 0;
   last = p.window > 0 ? (j + p.window - 1 < p.seq - 1 ? j + p.window - 1 : p.seq - 1) : p.seq - 1;
+  if (p.document_starts) {  // causal (op check): the last query of j's document, by bisection
+    const int32_t* starts = p.document_starts + b * p.seq;
+    int64_t lo = first, hi = last;  // starts[first] <= j: query j is in j's document
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (starts[mid] <= j) lo = mid;
+      else hi = mid - 1;
+    }
+    last = lo;
+  }
 }
 
 // Lane-strided row values in registers: element d = lane + 32 k, zero past n.
@@ -89,7 +108,7 @@ __global__ void attention_rowwise_forward_kernel(T* out, float* lse, const T* qk
 #pragma unroll
   for (int k = 0; k < PER_LANE; ++k) acc[k] = 0.0f;
   int64_t first, last;
-  keys_of(p, i, first, last);
+  keys_of(p, b, i, first, last);
   float m = -INFINITY, l = 0.0f;
   for (int64_t j = first; j <= last; ++j) {
     const float score = dot_row<T, PER_LANE>(q, keys + j * p.width, p.D, lane);
@@ -147,7 +166,7 @@ __global__ void attention_rowwise_dq_kernel(T* dqkv, const T* qkv, const T* dout
   for (int k = 0; k < PER_LANE; ++k) dq[k] = 0.0f;
   const float lse_i = lse[stat], delta_i = delta[stat];
   int64_t first, last;
-  keys_of(p, i, first, last);
+  keys_of(p, b, i, first, last);
   if (isfinite(lse_i)) {
     for (int64_t j = first; j <= last; ++j) {
       const T* k_row = keys + j * p.width;
@@ -185,7 +204,7 @@ __global__ void attention_rowwise_dkdv_kernel(T* dqkv, const T* qkv, const T* do
 #pragma unroll
   for (int k = 0; k < PER_LANE; ++k) dk[k] = dv[k] = 0.0f;
   int64_t first, last;
-  queries_of(p, j, first, last);
+  queries_of(p, b, j, first, last);
   for (int64_t h = kv * p.group; h < (kv + 1) * p.group; ++h) {
     for (int64_t i = first; i <= last; ++i) {
       const int64_t stat = (b * p.heads + h) * p.seq + i;

@@ -59,7 +59,10 @@ std::string version_string(int v) {  // 13000 -> "13.0"
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
 
+// The kernels read freqs row t % seq for token row t: a row per token is one sequence of them.
 RopeShape rope_shape(const AttentionShape& s) {
+  if (s.rope_per_token)
+    return RopeShape{1, s.tokens(), s.heads, s.kv_heads, s.head_dim, s.qkv_width()};
   return RopeShape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim, s.qkv_width()};
 }
 
@@ -181,8 +184,8 @@ bool CudaBackend::supports(Capability c) const {
       return fp8_tensor_cores_;
     case Capability::Fp8BlockScaling:
       return fp8_block_scaling_;
-    case Capability::PackedSequences:  // its attention and rope kernels are not written yet
-      return false;
+    case Capability::PackedSequences:  // on the row-wise attention kernels (not the flash ones)
+      return true;
   }
   return false;
 }
@@ -569,25 +572,12 @@ void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, c
                          rstd.as<float>(), N, C, x.dtype, scratch(bytes), bytes, stream_);
 }
 
-namespace {
-
-// A kernel that ignored packed documents would train on wrong positions or across documents;
-// runs that need them are refused before they start (check_device_runs).
-void refuse_packed_sequences(const AttentionShape& s) {
-  TS_CHECK(!s.rope_per_token && !s.document_starts.defined(),
-           "packed sequences reached the CUDA backend, which does not support them");
-}
-
-}  // namespace
-
 void CudaBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
-  refuse_packed_sequences(s);
   cuda::rope_forward(qkv.data, freqs.as<float>(), rope_shape(s), qkv.dtype, stream_);
 }
 
 void CudaBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
                                    const AttentionShape& s) {
-  refuse_packed_sequences(s);
   cuda::rope_backward(dqkv.data, freqs.as<float>(), rope_shape(s), dqkv.dtype, stream_);
 }
 
@@ -620,8 +610,8 @@ void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::st
 
 void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                        const AttentionShape& s) {
-  refuse_packed_sequences(s);
-  if (qkv.dtype == DType::F32) {  // fp32 runs (parity checks) take the row-wise kernels
+  // fp32 runs (parity checks) and packed documents take the row-wise kernels.
+  if (qkv.dtype == DType::F32 || s.document_starts.defined()) {
     cuda::attention_rowwise_forward(out.data, lse.as<float>(), qkv.data, s, qkv.dtype, stream_);
     return;
   }
@@ -645,10 +635,11 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
 void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                         const Tensor& lse, const Tensor& qkv,
                                         const AttentionShape& s) {
-  refuse_packed_sequences(s);
-  // cuDNN's fused attention and the flash kernels are bf16; fp32 takes the row-wise kernels.
-  const bool rowwise = qkv.dtype == DType::F32 || !flash_kernels_take(s);
-  if (qkv.dtype == DType::BF16 &&
+  // cuDNN's fused attention and the flash kernels are bf16 and take no document starts; fp32
+  // and packed documents take the row-wise kernels.
+  const bool rowwise =
+      qkv.dtype == DType::F32 || s.document_starts.defined() || !flash_kernels_take(s);
+  if (qkv.dtype == DType::BF16 && !s.document_starts.defined() &&
       use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;
     try {
