@@ -235,6 +235,55 @@ TEST(TrainingTensorBoard, EveryScalarOfARunMatchesItsMetrics) {
   EXPECT_GT(tb.at({"mem-max-allocated-bytes", 6}), 0);
 }
 
+// Packed chat data: the positions the loss counted, and the real tokens/s and packing
+// efficiency of each interval, equal to metrics.jsonl's.
+TEST(TrainingTensorBoard, LossTokensAndPackingMatchTheirMetrics) {
+  ScratchDir dir;
+  {
+    std::ofstream out(dir / "chat.jsonl");
+    for (int i = 0; i < 30; ++i)
+      out << nlohmann::json{{"messages",
+                             {{{"role", "user"}, {"content", "Count to " + std::to_string(i % 7 + 1)}},
+                              {{"role", "assistant"}, {"content", std::string(i % 7 + 1, 'x')}}}}}
+                 .dump()
+          << "\n";
+  }
+  testing::RunResult r = testing::run_tessera("preprocess --chat --input " + (dir / "chat.jsonl").string() +
+                                              " --output-prefix " + (dir / "c").string() +
+                                              " --tokenizer-model llama3.1 --workers 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_tessera(
+      "train --device cpu --model tiny_llama --num_layers 1 --hidden_size 16 --ffn_hidden_size 32 "
+      "--num_attention_heads 2 --num_query_groups 1 --tokenizer_model llama3.1 --seq_length 64 "
+      "--micro_batch_size 2 --global_batch_size 2 --train_iters 3 --lr_warmup_iters 0 "
+      "--log_interval 1 --log_progress false --train_data_path null --split 100,0,0 --data_path " +
+      (dir / "c_chat_document").string() +
+      " --packing_strategy bfd --tensorboard_dir tb --log_throughput_to_tensorboard --workspace " +
+      dir.path().string() + " --work_group g --user_name u --exp_name e");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path root = dir / "g" / "u" / "e";
+  const std::vector<fs::path> files = files_in(root / "tb");
+  ASSERT_EQ(files.size(), 1u);
+  std::map<std::pair<std::string, int64_t>, double> tb;
+  const nlohmann::json events = read_events(files[0]);
+  for (size_t i = 1; i < events.size(); ++i)
+    tb[{events[i]["scalars"][0][0].get<std::string>(), events[i]["step"].get<int64_t>()}] =
+        events[i]["scalars"][0][1].get<double>();
+  const auto f32 = [](double v) { return static_cast<double>(static_cast<float>(v)); };
+  int lines = 0;
+  for (const nlohmann::json& m : metrics_lines(root / "metrics.jsonl")) {
+    if (!m.contains("lm_loss")) continue;
+    ++lines;
+    const int64_t it = m["iteration"];
+    EXPECT_EQ(tb.at({"loss-tokens", it}), f32(m["loss_tokens"])) << it;
+    EXPECT_EQ(tb.at({"packing-efficiency", it}), f32(m["packing_efficiency"])) << it;
+    EXPECT_EQ(tb.at({"throughput/real_tokens_per_sec/device", it}), f32(m["real_tokens_per_s_per_gpu"])) << it;
+    EXPECT_GT(m["packing_efficiency"].get<double>(), 0.0);
+    EXPECT_LT(m["loss_tokens"].get<int64_t>(), 2 * 64);
+  }
+  EXPECT_EQ(lines, 3);
+}
+
 // Megatron's defaults: learning rate on; timers, throughput, memory and perplexity off; the
 // per-iteration values every tensorboard_log_interval, whatever log_interval is.
 TEST(TrainingTensorBoard, DefaultTagsEveryTensorboardLogInterval) {

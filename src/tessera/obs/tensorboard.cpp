@@ -149,6 +149,7 @@ void TrainingTensorBoard::iteration(const IterationScalars& s) {
   both("batch-size", static_cast<double>(s.batch_size));
   both("lm loss", s.lm_loss);
   both("grad-norm", s.grad_norm);
+  if (s.loss_tokens >= 0) both("loss-tokens", static_cast<double>(s.loss_tokens));
   if (config_.log_memory_to_tensorboard) {
     file_.add_scalar("mem-allocated-bytes", s.mem_allocated_bytes, s.iteration);
     file_.add_scalar("mem-max-allocated-bytes", s.mem_max_allocated_bytes, s.iteration);
@@ -170,6 +171,11 @@ void TrainingTensorBoard::interval(const IntervalScalars& s) {
     file_.add_scalar("throughput/tflops", s.tflops_per_gpu * gpus, s.iteration);
     file_.add_scalar("throughput/tokens_per_sec/device", s.tokens_per_s_per_gpu, s.iteration);
     file_.add_scalar("throughput/tokens_per_sec", s.tokens_per_s_per_gpu * gpus, s.iteration);
+    if (s.packing_efficiency >= 0) {
+      file_.add_scalar("throughput/real_tokens_per_sec/device",
+                       s.tokens_per_s_per_gpu * s.packing_efficiency, s.iteration);
+      file_.add_scalar("packing-efficiency", s.packing_efficiency, s.iteration);
+    }
   }
   first_interval_ = false;
   file_.flush();

@@ -58,6 +58,7 @@ struct IterationScalars {
   double grad_norm = 0;
   double mem_allocated_bytes = 0;
   double mem_max_allocated_bytes = 0;  // peak since training started
+  int64_t loss_tokens = -1;  // with loss masks: the positions the loss counted; -1: all
 };
 
 // What it writes every log_interval iterations, over the interval.
@@ -68,6 +69,7 @@ struct IntervalScalars {
   double tflops_per_gpu = 0;
   double tokens_per_s_per_gpu = 0;
   int64_t gpus = 1;
+  double packing_efficiency = -1;  // with packing's padding: real tokens over slots; -1: none
 };
 
 // One MoE layer's balance in a step (docs/moe.md).

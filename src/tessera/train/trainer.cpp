@@ -757,7 +757,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
                             .seconds_per_iteration = ms / 1e3,
                             .tflops_per_gpu = tflops,
                             .tokens_per_s_per_gpu = tokens_per_s,
-                            .gpus = parallel_->world_size()});
+                            .gpus = parallel_->world_size(),
+                            .packing_efficiency = pads ? real_share : -1.0});
   if (!metrics_) return;
   nlohmann::json j;
   j["iteration"] = s.iteration;
@@ -796,7 +797,8 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
                      .batch_size = exp_.training.global_batch_size,
                      .lm_loss = s.loss,
                      .learning_rate = s.lr,
-                     .grad_norm = s.grad_norm};
+                     .grad_norm = s.grad_norm,
+                     .loss_tokens = data_.train->masks_targets() ? s.loss_tokens : -1};
   if (exp_.logging.log_memory_to_tensorboard) {
     const MemoryStats mem = backend_->memory_stats();
     v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);
