@@ -1,6 +1,7 @@
 // `tessera preprocess --chat` end to end: conversations and prompt/completion lines become a
 // token dataset and an aligned role dataset; bad conversations and over-long samples are
 // refused with exit 2 naming the line, and nothing is written; truncate and drop are counted.
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -218,6 +219,68 @@ TEST(ChatPreprocess, PackedConversationsTrainWithinTheirDocuments) {
   r = run_tessera(args + " --exp_name mla --model tiny_mla --num_query_groups 2 --moe_layer_freq 1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "key 'reset_position_ids' has value 'true': expected false with multi_latent_attention")) << r.output;
+}
+
+// Preference pairs (TRL's prompt, chosen, rejected): two documents per pair, the chosen answer
+// then the rejected one after the same prompt tokens; bad pairs exit 2 naming line and field.
+TEST(PreferencePreprocess, WritesEachPairAsTwoDocumentsSharingTheirPrompt) {
+  ScratchDir dir;
+  const std::vector<std::string> pairs = {
+      R"({"prompt": "2+2?", "chosen": "4", "rejected": "5, or so"})",
+      R"({"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}], )"
+      R"("chosen": [{"role": "assistant", "content": "Paris."}], "rejected": [{"role": "assistant", "content": "Lyon, I think."}]})"};
+  write_lines(dir / "pairs.jsonl", pairs);
+  auto r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                       " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "_preference_document.bin/.idx: 4 documents")) << r.output;
+  DataConfig data;
+  data.tokenizer_type = TokenizerType::HuggingFace;
+  data.tokenizer_model = "qwen3";
+  const auto tokenizer = make_tokenizer(data);
+  const ChatFormat chat(tokenizer_json_path("qwen3"), *tokenizer);
+  const std::string prefix = (dir / "p_preference_document").string();
+  const IndexedDataset tokens(prefix), roles(chat_roles_prefix(prefix));
+  ASSERT_EQ(tokens.documents(), 4u);
+  for (size_t k = 0; k < pairs.size(); ++k) {
+    const auto [chosen, rejected] = chat.encode_preference(nlohmann::ordered_json::parse(pairs[k]), "pair");
+    EXPECT_EQ(read_document(tokens, 2 * k), chosen.ids) << k;
+    EXPECT_EQ(read_document(tokens, 2 * k + 1), rejected.ids) << k;
+    const auto chosen_roles = read_document(roles, 2 * k);
+    // The prompt's tokens are the same on both sides: up to the first assistant token.
+    size_t prompt = 0;
+    while (token_role(static_cast<uint8_t>(chosen_roles[prompt])) != TokenRole::Assistant) ++prompt;
+    EXPECT_GT(prompt, 0u);
+    EXPECT_TRUE(std::equal(chosen.ids.begin(), chosen.ids.begin() + prompt, rejected.ids.begin())) << k;
+    EXPECT_NE(chosen.ids, rejected.ids);
+  }
+
+  const std::set<std::string> before = files_under(dir.path());
+  for (const auto& [line, part] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": "a", "chosen": "b"})", "pairs.jsonl:2: no 'rejected'"},
+           {R"({"prompt": "a", "chosen": "b", "rejected": "b"})", "'chosen' and 'rejected' are the same"},
+           {R"({"prompt": "a", "chosen": "", "rejected": "b"})", "pairs.jsonl:2: 'chosen' is empty"},
+           {R"({"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "user", "content": "b"}], "rejected": "c"})",
+            "chosen holds a 'user' message"}}) {
+    SCOPED_TRACE(line);
+    write_lines(dir / "pairs.jsonl", {pairs[0], line});
+    r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                    " --output-prefix " + (dir / "bad" / "p").string() + " --tokenizer-model qwen3");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, part)) << part << "\n" << r.output;
+    EXPECT_EQ(files_under(dir.path()), before);
+  }
+  // A side longer than --seq-length: refused naming the side, or the pair dropped, counted.
+  write_lines(dir / "pairs.jsonl", pairs);
+  r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() + " --output-prefix " +
+                  (dir / "long" / "p").string() + " --tokenizer-model qwen3 --seq-length 12");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "pairs.jsonl:2: the chosen side has")) << r.output;
+  r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() + " --output-prefix " +
+                  (dir / "long" / "p").string() + " --tokenizer-model qwen3 --seq-length 12 --overlong drop");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "2 documents")) << r.output;
+  EXPECT_TRUE(contains(r.output, "0 truncated, 1 dropped")) << r.output;
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ void print_preprocess_help() {
       "HuggingFaceTokenizer]\n"
       "                          [--tokenizer-model NAME_OR_TOKENIZER_JSON] [--workers N] "
       "[--no-append-eod]\n"
-      "                          [--chat [--seq-length N] [--overlong error|truncate|drop]]\n\n"
+      "                          [--chat | --preference [--seq-length N] [--overlong error|truncate|drop]]\n\n"
       "Tokenizes text into Megatron's indexed format: PREFIX_{{key}}_document.bin/.idx (MMIDIDX\n"
       "v1; uint16 tokens for vocabularies under 65,500, else int32), one document per JSON line\n"
       "or text file, each ending with the end-of-document token. Inputs: *.jsonl / *.json (JSON\n"
@@ -47,7 +47,12 @@ void print_preprocess_help() {
       "                     PREFIX_chat_document (tokens) and PREFIX_chat_document_roles (whose\n"
       "                     each token is, for the loss mask). Train with --data_path\n"
       "                     PREFIX_chat_document.\n"
-      "  --seq-length N     with --chat: the longest sample, in tokens\n"
+      "  --preference       preference pairs for DPO: JSON lines with \"prompt\", \"chosen\" and\n"
+      "                     \"rejected\" (TRL's; strings, or lists of messages), each answer after\n"
+      "                     the prompt as --chat renders a prompt and completion; writes\n"
+      "                     PREFIX_preference_document (the chosen, then the rejected, of each\n"
+      "                     pair) and its _roles\n"
+      "  --seq-length N     with --chat or --preference: the longest sample, in tokens\n"
       "  --overlong P       a longer sample: error (the default: refused, nothing written),\n"
       "                     truncate (its first N tokens kept) or drop (skipped); counted\n");
 }
@@ -141,6 +146,8 @@ int preprocess_command(const Args& args) {
       }
     } else if (name == "chat") {
       o.chat = true;
+    } else if (name == "preference") {
+      o.preference = true;
     } else if (name == "seq_length") {
       const std::string v = value();
       try {
@@ -164,17 +171,21 @@ int preprocess_command(const Args& args) {
       throw ConfigError("command line", flag, "",
                         "an option of `tessera preprocess`: --input, --output-prefix, --json-keys, "
                         "--tokenizer-type, --tokenizer-model, --workers, --append-eod, "
-                        "--no-append-eod, --chat, --seq-length, --overlong (see --help)");
+                        "--no-append-eod, --chat, --preference, --seq-length, --overlong (see "
+                        "--help)");
     }
   }
-  if (o.chat && keys_given)
+  if ((o.chat || o.preference) && keys_given)
     throw ConfigError("command line", "json-keys", fmt::format("{}", fmt::join(o.json_keys, " ")),
-                      "no --json-keys with --chat: a conversation is read from \"messages\", or "
-                      "\"prompt\" and \"completion\"");
-  if (!o.chat && (o.seq_length > 0 || o.overlong != OverlongPolicy::Error))
+                      o.chat ? "no --json-keys with --chat: a conversation is read from "
+                               "\"messages\", or \"prompt\" and \"completion\""
+                             : "no --json-keys with --preference: a pair is read from \"prompt\", "
+                               "\"chosen\" and \"rejected\"");
+  if (!o.chat && !o.preference && (o.seq_length > 0 || o.overlong != OverlongPolicy::Error))
     throw ConfigError("command line", o.seq_length > 0 ? "seq-length" : "overlong",
                       o.seq_length > 0 ? std::to_string(o.seq_length) : "truncate or drop",
-                      "--chat with it: plain documents are cut into samples at training time");
+                      "--chat or --preference with it: plain documents are cut into samples at "
+                      "training time");
   // Every tokenizer model is a Hugging Face tokenizer.json, so a model alone says the type;
   // the byte-level default with a model would quietly write byte ids that training then
   // reads under the model's vocabulary.
@@ -208,7 +219,7 @@ int preprocess_command(const Args& args) {
       s.tokens / seconds, s.input_bytes / 1e6 / seconds);
   for (size_t k = 0; k < s.outputs.size(); ++k) {
     const PreprocessOutput& out = s.outputs[k];
-    if (o.chat && k == 1) {
+    if ((o.chat || o.preference) && k == 1) {
       fmt::print("wrote {}.bin/.idx: the role of each token (uint8)\n", out.prefix);
       continue;
     }
@@ -218,7 +229,7 @@ int preprocess_command(const Args& args) {
                    ? fmt::format(" ({} documents without text skipped)", out.empty_documents)
                    : "",
                dataset_meta_path(out.prefix));
-    if (o.chat && o.seq_length > 0)
+    if ((o.chat || o.preference) && o.seq_length > 0)
       fmt::print("samples over --seq-length {}: {} truncated, {} dropped\n", o.seq_length, out.truncated,
                  out.dropped);
   }

@@ -211,31 +211,53 @@ ChatSample ChatFormat::encode(const nlohmann::ordered_json& line, const std::str
         "{}: neither 'messages' nor 'prompt' and 'completion'; expected a conversation "
         "({{\"messages\": [{{\"role\": ..., \"content\": ...}}, ...]}}) or a prompt and its completion",
         where));
-  if (prompt->is_array() || completion->is_array()) {
-    check_messages(*prompt, "prompt", where);
-    check_messages(*completion, "completion", where);
-    for (const auto& m : *completion)
+  return encode_answer(*prompt, *completion, "completion", where);
+}
+
+ChatSample ChatFormat::encode_answer(const nlohmann::ordered_json& prompt,
+                                     const nlohmann::ordered_json& answer, const char* field,
+                                     const std::string& where) const {
+  if (prompt.is_array() || answer.is_array()) {
+    check_messages(prompt, "prompt", where);
+    check_messages(answer, field, where);
+    for (const auto& m : answer)
       if (m["role"] != "assistant")
-        throw DataError(fmt::format("{}: completion holds a '{}' message; expected only the assistant's",
-                                    where, m["role"].get<std::string>()));
-    nlohmann::ordered_json all = *prompt;
-    for (const auto& m : *completion) all.push_back(m);
+        throw DataError(fmt::format("{}: {} holds a '{}' message; expected only the assistant's",
+                                    where, field, m["role"].get<std::string>()));
+    nlohmann::ordered_json all = prompt;
+    for (const auto& m : answer) all.push_back(m);
     return render(all, false, where);
   }
-  for (const auto& [field, v] : {std::pair{"prompt", prompt}, std::pair{"completion", completion}})
+  for (const auto& [name, v] : {std::pair{"prompt", &prompt}, std::pair{field, &answer}})
     if (!v->is_string() || v->get_ref<const std::string&>().empty())
       throw DataError(fmt::format("{}: '{}' is {}; expected a non-empty string (or a list of messages)",
-                                  where, field, v->is_string() ? "empty" : "a JSON " + std::string(v->type_name())));
+                                  where, name, v->is_string() ? "empty" : "a JSON " + std::string(v->type_name())));
   ChatSample out;
-  tokenizer_.encode(bos_text_ + prompt->get<std::string>(), &out.ids);
+  tokenizer_.encode(bos_text_ + prompt.get<std::string>(), &out.ids);
   out.roles.assign(out.ids.size(), static_cast<uint8_t>(TokenRole::User));
   if (!bos_text_.empty() && !out.ids.empty()) out.roles[0] = static_cast<uint8_t>(TokenRole::Template);
-  tokenizer_.encode(completion->get<std::string>(), &out.ids);
+  tokenizer_.encode(answer.get<std::string>(), &out.ids);
   if (!eos_text_.empty()) tokenizer_.encode(eos_text_, &out.ids);
   else out.ids.push_back(tokenizer_.eod_id());
   out.roles.resize(out.ids.size(), static_cast<uint8_t>(TokenRole::Assistant));
   mark_final_turn(&out);
   return out;
+}
+
+std::pair<ChatSample, ChatSample> ChatFormat::encode_preference(const nlohmann::ordered_json& line,
+                                                                const std::string& where) const {
+  for (const char* field : {"prompt", "chosen", "rejected"})
+    if (!line.contains(field))
+      throw DataError(fmt::format(
+          "{}: no '{}'; expected a preference pair: prompt, chosen and rejected (TRL's fields), "
+          "each a string or a list of messages",
+          where, field));
+  if (line["chosen"] == line["rejected"])
+    throw DataError(fmt::format(
+        "{}: 'chosen' and 'rejected' are the same; a preference pair needs two different answers",
+        where));
+  return {encode_answer(line["prompt"], line["chosen"], "chosen", where),
+          encode_answer(line["prompt"], line["rejected"], "rejected", where)};
 }
 
 bool ChatFormat::is_special(int32_t id) const {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -67,6 +68,11 @@ class ChatFormat {
   // unknown role, empty content, a conversation that does not end with the assistant, a
   // template that refuses the conversation (raise_exception) or fails.
   ChatSample encode(const nlohmann::ordered_json& line, const std::string& where) const;
+  // A preference pair (TRL's prompt, chosen and rejected: strings, or lists of messages), the
+  // two answers to one prompt, each encoded as a prompt and its completion. Also refused, with
+  // `where`: a missing field, the two answers the same.
+  std::pair<ChatSample, ChatSample> encode_preference(const nlohmann::ordered_json& line,
+                                                      const std::string& where) const;
   // The conversation rendered, the assistant's turn opened (add_generation_prompt): the
   // prompt `generate --chat` continues.
   std::vector<int32_t> encode_prompt(const nlohmann::ordered_json& messages, const std::string& where) const;
@@ -77,6 +83,9 @@ class ChatFormat {
   bool is_special(int32_t id) const;
 
  private:
+  // A prompt and one answer to it, the answer's field named `field` in errors.
+  ChatSample encode_answer(const nlohmann::ordered_json& prompt, const nlohmann::ordered_json& answer,
+                           const char* field, const std::string& where) const;
   ChatSample render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                     const std::string& where) const;
 

@@ -178,37 +178,62 @@ nlohmann::ordered_json parse_json_line(std::string_view line, const std::string&
 // ids[0] the tokens and ids[1] their roles.
 struct EncodedDocument {
   std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<int32_t>> rejected;  // preference pairs: the second document's
   bool truncated = false, dropped = false;
 };
 
-// A conversation's tokens and roles, over-long samples handled as options.overlong says.
-// Every refusal is the user's data to fix (InvalidDataError), bad JSON included.
-void encode_chat(const RawDocument& doc, const ChatFormat& chat, const PreprocessOptions& options,
-                 EncodedDocument* out) {
-  const std::string where = fmt::format("{}:{}", doc.file->path, doc.line);
-  ChatSample sample;
+// Refusals of the user's data (InvalidDataError), bad JSON included.
+template <class F>
+auto user_data(F&& f) {
   try {
-    sample = chat.encode(parse_json_line(doc.json_line, where), where);
+    return f();
   } catch (const InvalidDataError&) {
     throw;
   } catch (const DataError& e) {
     throw InvalidDataError(e.what());
   }
-  const auto length = static_cast<int64_t>(sample.ids.size());
-  if (options.seq_length > 0 && length > options.seq_length) {
+}
+
+// Samples longer than options.seq_length: the error to throw, or whether to drop or cut them.
+// `what` names them in the error ("the sample", "the chosen side").
+bool over_length(const std::vector<ChatSample*>& samples, const PreprocessOptions& options,
+                 const std::string& where, EncodedDocument* out) {
+  for (ChatSample* s : samples) {
+    const auto length = static_cast<int64_t>(s->ids.size());
+    if (options.seq_length <= 0 || length <= options.seq_length) continue;
     if (options.overlong == OverlongPolicy::Error)
       throw InvalidDataError(fmt::format(
-          "{}: the sample has {} tokens, more than --seq-length {}; choose --overlong truncate "
+          "{}: {} has {} tokens, more than --seq-length {}; choose --overlong truncate "
           "(keep its first {} tokens) or --overlong drop (skip it), or a longer --seq-length",
-          where, length, options.seq_length, options.seq_length));
-    if (options.overlong == OverlongPolicy::Drop) {
-      out->dropped = true;
-      return;
-    }
-    out->truncated = true;
-    sample.ids.resize(static_cast<size_t>(options.seq_length));
-    sample.roles.resize(static_cast<size_t>(options.seq_length));
+          where, samples.size() == 1 ? "the sample" : s == samples[0] ? "the chosen side" : "the rejected side",
+          length, options.seq_length, options.seq_length));
+    if (options.overlong == OverlongPolicy::Drop) return out->dropped = true;
   }
+  for (ChatSample* s : samples) {
+    if (options.seq_length <= 0 || static_cast<int64_t>(s->ids.size()) <= options.seq_length) continue;
+    out->truncated = true;
+    s->ids.resize(static_cast<size_t>(options.seq_length));
+    s->roles.resize(static_cast<size_t>(options.seq_length));
+  }
+  return false;
+}
+
+// A conversation's tokens and roles (with `preference`, a pair's two), over-long samples
+// handled as options.overlong says.
+void encode_chat(const RawDocument& doc, const ChatFormat& chat, const PreprocessOptions& options,
+                 EncodedDocument* out) {
+  const std::string where = fmt::format("{}:{}", doc.file->path, doc.line);
+  const nlohmann::ordered_json line = user_data([&] { return parse_json_line(doc.json_line, where); });
+  if (options.preference) {
+    auto [chosen, rejected] = user_data([&] { return chat.encode_preference(line, where); });
+    if (over_length({&chosen, &rejected}, options, where, out)) return;
+    out->ids[0] = std::move(chosen.ids);
+    out->ids[1].assign(chosen.roles.begin(), chosen.roles.end());
+    out->rejected = {std::move(rejected.ids), {rejected.roles.begin(), rejected.roles.end()}};
+    return;
+  }
+  ChatSample sample = user_data([&] { return chat.encode(line, where); });
+  if (over_length({&sample}, options, where, out)) return;
   out->ids[0] = std::move(sample.ids);
   out->ids[1].assign(sample.roles.begin(), sample.roles.end());
 }
@@ -218,6 +243,7 @@ void encode_document(const RawDocument& doc, const std::vector<std::string>& key
                      const Tokenizer& tokenizer, const ChatFormat* chat,
                      const PreprocessOptions& options, EncodedDocument* out) {
   for (auto& v : out->ids) v.clear();
+  out->rejected.clear();
   out->truncated = out->dropped = false;
   if (chat) {
     encode_chat(doc, *chat, options, out);
@@ -353,18 +379,24 @@ PreprocessStats preprocess(const PreprocessOptions& o,
     throw ConfigError("command line", "workers", std::to_string(o.workers), "at least 1");
   if (o.seq_length < 0)
     throw ConfigError("command line", "seq-length", std::to_string(o.seq_length), "a positive number of tokens");
-  if (o.chat && o.tokenizer.tokenizer_type != TokenizerType::HuggingFace)
-    throw ConfigError("command line", "chat", "true",
+  if (o.chat && o.preference)
+    throw ConfigError("command line", "preference", "true",
+                      "one of --chat (conversations) and --preference (preference pairs)");
+  const bool chat_data = o.chat || o.preference;
+  const char* chat_flag = o.preference ? "preference" : "chat";
+  if (chat_data && o.tokenizer.tokenizer_type != TokenizerType::HuggingFace)
+    throw ConfigError("command line", chat_flag, "true",
                       "a Hugging Face tokenizer with a chat template (--tokenizer-model llama3.1, "
                       "qwen3 or a chat model's tokenizer.json)");
   // Chat data writes tokens and their roles under one key.
-  const std::vector<std::string> keys = o.chat ? std::vector<std::string>{"chat"} : o.json_keys;
+  const std::vector<std::string> keys =
+      chat_data ? std::vector<std::string>{chat_flag} : o.json_keys;
   check_output_location(o.output_prefix, keys);
   const std::vector<InputFile> files = list_inputs(o.inputs);
   for (const auto& f : files)
-    if (!f.json_lines && o.chat)
+    if (!f.json_lines && chat_data)
       throw ConfigError("command line", "input", f.path,
-                        "JSON lines (*.jsonl, *.json) with --chat: conversations are JSON");
+                        fmt::format("JSON lines (*.jsonl, *.json) with --{}", chat_flag));
   for (const auto& f : files)
     if (!f.json_lines && o.json_keys.size() > 1)
       throw ConfigError(
@@ -386,7 +418,8 @@ PreprocessStats preprocess(const PreprocessOptions& o,
   }
 
   std::unique_ptr<ChatFormat> chat;
-  if (o.chat) chat = std::make_unique<ChatFormat>(tokenizer_json_path(o.tokenizer.tokenizer_model), *tokenizer);
+  if (chat_data)
+    chat = std::make_unique<ChatFormat>(tokenizer_json_path(o.tokenizer.tokenizer_model), *tokenizer);
 
   OutputDirectories directories(fs::path(o.output_prefix).parent_path());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers;
@@ -395,7 +428,7 @@ PreprocessStats preprocess(const PreprocessOptions& o,
     writers.push_back(std::make_unique<IndexedDatasetWriter>(
         stats.outputs.back().prefix, stats.dtype, tokenizer_record_json(record)));
   }
-  if (o.chat) {
+  if (chat_data) {
     stats.outputs.push_back({chat_roles_prefix(stats.outputs[0].prefix)});
     writers.push_back(std::make_unique<IndexedDatasetWriter>(stats.outputs.back().prefix, TokenDType::UInt8));
   }
@@ -417,10 +450,16 @@ PreprocessStats preprocess(const PreprocessOptions& o,
           out.empty_documents += !encoded[i].dropped;
           continue;
         }
-        writers[k]->add_document(ids.data(), ids.size());
-        ++out.documents;
-        out.tokens += ids.size();
-        if (!o.chat || k == 0) stats.tokens += ids.size();
+        // A preference pair's rejected side follows its chosen one.
+        const std::vector<int32_t>* rejected =
+            encoded[i].rejected.empty() ? nullptr : &encoded[i].rejected[k];
+        for (const std::vector<int32_t>* document : {&ids, rejected}) {
+          if (!document) continue;
+          writers[k]->add_document(document->data(), document->size());
+          ++out.documents;
+          out.tokens += document->size();
+          if (!chat_data || k == 0) stats.tokens += document->size();
+        }
       }
     }
     stats.documents += batch.size();

@@ -18,6 +18,12 @@
 // its closing token) and, aligned with it, {output_prefix}_chat_document_roles (a uint8
 // TokenRole per token, from which training makes its loss mask). A sample longer than
 // `seq_length` (when set) is refused, truncated or dropped as `overlong` says.
+//
+// With `preference`, every line is a preference pair (TRL's prompt, chosen and rejected;
+// ChatFormat::encode_preference), written as two documents in a row to
+// {output_prefix}_preference_document and its roles: the prompt with the chosen answer, then
+// with the rejected one. A pair with a side over `seq_length` is refused, cut (both sides) or
+// dropped (both sides).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -38,6 +44,7 @@ struct PreprocessOptions {
   int workers = 1;
   bool append_eod = true;
   bool chat = false;
+  bool preference = false;  // preference pairs: as chat, two documents per line
   int64_t seq_length = 0;  // chat: the longest sample kept whole (0: any length)
   OverlongPolicy overlong = OverlongPolicy::Error;
 };
