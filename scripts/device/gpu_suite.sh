@@ -2,7 +2,7 @@
 # One call on a GPU machine: GPU tests, the attention kernel lab, and the benchmark against
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
-#   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [kernels] [memory] [profile] [tensorboard]
+#   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [chat] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
 #       [dist] [four_gpu] [eight_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
 #       [baseline]   (not in the default; dist: 2 GPUs; four_gpu: scripts/device/four_gpu.sh
@@ -62,7 +62,7 @@ nvrtc_dirs="$(wheel_lib_dirs '*/lib/libnvrtc.so*')"
 nccl_dirs="$(wheel_lib_dirs 'nccl/lib/libnccl.so.2')"
 export LD_LIBRARY_PATH="${cudnn_dirs:+$cudnn_dirs:}${nccl_dirs:+$nccl_dirs:}$ROOT/.device/lib:/usr/local/cuda/lib64:${cublas_dir}${nvrtc_dirs:+:$nvrtc_dirs}:${LD_LIBRARY_PATH:-}"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests lab hf kernels memory profile tensorboard bench peer)
+[ ${#steps[@]} -eq 0 ] && steps=(tests lab hf chat kernels memory profile tensorboard bench peer)
 want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 {
@@ -84,6 +84,11 @@ if want hf; then
   echo "== Hugging Face transformers round trip (import, export, logits)"
   timeout 180 python3 "$ROOT/scripts/ckpt/hf_transformers_check.py" --tessera "$BIN/tessera" \
     2>&1 | tee "$OUT/hf_check.log" | tail -14
+fi
+if want chat; then
+  echo "== chat templates: preprocess --chat ids against transformers' apply_chat_template"
+  timeout 120 python3 "$ROOT/scripts/tokenizer/chat_template_transformers_check.py" \
+    --tessera "$BIN/tessera" --out "$OUT/chat_template_ids.json" 2>&1 | tee "$OUT/chat_check.log" | tail -14
 fi
 if want kernels; then
   echo "== preflight and kernel benchmarks"
