@@ -148,6 +148,7 @@ TEST(ChatPreprocess, OverlongSamplesAreRefusedTruncatedOrDroppedAndCounted) {
 
 // Training on chat data counts only the tokens loss_mask keeps: the iteration line and
 // metrics.jsonl say how many; completion keeps fewer than assistant, all keeps every one.
+// Validation on the held-out split takes the same mask.
 // (The loss values themselves are tested at the model: Model.MaskedTargetsAddNothingToLossOrGradients.)
 TEST(ChatPreprocess, TrainingCountsOnlyTheMaskedTokens) {
   ScratchDir dir;
@@ -163,6 +164,7 @@ TEST(ChatPreprocess, TrainingCountsOnlyTheMaskedTokens) {
                        (dir / "sft").string() + " --tokenizer-model qwen3 --chat --workers 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::map<std::string, int64_t> loss_tokens;
+  std::map<std::string, double> eval_loss;
   for (const std::string mask : {"assistant", "completion", "all"}) {
     SCOPED_TRACE(mask);
     r = testing::run_command(
@@ -185,6 +187,27 @@ TEST(ChatPreprocess, TrainingCountsOnlyTheMaskedTokens) {
   EXPECT_GT(loss_tokens["assistant"], 0);
   EXPECT_LT(loss_tokens["completion"], loss_tokens["assistant"]);
   EXPECT_LT(loss_tokens["assistant"], loss_tokens["all"]);
+  // Validation of the same (starting) weights on the held-out split, under each mask: the
+  // losses differ by what they average over.
+  for (const std::string mask : {"assistant", "completion", "all"}) {
+    r = testing::run_command(
+        "OMP_NUM_THREADS=1 " + std::string(TESSERA_BINARY) +
+        " train --model tiny_llama --device cpu --tokenizer_model qwen3 --num_layers 1 --hidden_size 16 "
+        "--ffn_hidden_size 32 --num_attention_heads 2 --num_query_groups 1 --seq_length 32 "
+        "--micro_batch_size 2 --global_batch_size 4 --train_iters 2 --lr_warmup_iters 0 --skip_train "
+        "--eval_interval 1 --eval_iters 2 --split 80,20,0 --train_data_path null --data_path " +
+        (dir / "sft_chat_document").string() + " --loss_mask " + mask + " --workspace " +
+        (dir / "ws").string() + " --work_group g --user_name u --exp_name eval_" + mask);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream metrics(dir / "ws" / "g" / "u" / ("eval_" + mask) / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("eval_lm_loss")) eval_loss[mask] = j["eval_lm_loss"];
+    }
+  }
+  ASSERT_EQ(eval_loss.size(), 3u);
+  EXPECT_NE(eval_loss["assistant"], eval_loss["all"]);
+  EXPECT_NE(eval_loss["completion"], eval_loss["assistant"]);
 }
 
 // Conversations packed whole (bfd) train on the CPU backend with positions and attention per
