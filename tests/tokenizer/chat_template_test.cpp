@@ -128,6 +128,119 @@ TEST(ChatTemplate, LanguageMatchesJinja2) {
   }
 }
 
+// Templates in the style of other families' (Mistral's role alternation, Gemma's renamed roles,
+// Llama 3.1's with tools, dates and tool calls), each on conversations they accept and refuse.
+TEST(ChatTemplate, OtherFamiliesTemplatesMatchJinja2) {
+  const std::vector<std::string> templates = {
+      // Mistral-style: [INST] turns, alternation enforced.
+      "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+      "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+      "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+      "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+      "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}",
+      // Gemma-style: no system role, 'model' for the assistant, trimmed content.
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+      "{% for message in messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+      "{% else %}{% set role = message['role'] %}{% endif %}"
+      "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+      "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}",
+      // Llama 3.1-style: system header with dates, tools as JSON, tool calls and results.
+      R"({{- bos_token }}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none %}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)"};
+  const ordered_json tools = ordered_json::parse(R"([{"type": "function", "function": {"name": "weather",
+      "description": "Today's weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const std::vector<ordered_json> conversations = {
+      ordered_json::parse(R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello! "}])"),
+      ordered_json::parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}])"),
+      ordered_json::parse(R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])"),
+      ordered_json::parse(R"([{"role": "user", "content": "Weather in Paris?"},
+          {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+          {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "assistant", "content": "21 degrees."}])")};
+  ordered_json cases = ordered_json::array();
+  std::vector<std::pair<size_t, ordered_json>> contexts;
+  for (size_t t = 0; t < templates.size(); ++t)
+    for (const auto& messages : conversations)
+      for (const bool with_tools : {false, true}) {
+        ordered_json context = {{"messages", messages}, {"add_generation_prompt", true},
+                                {"bos_token", "<s>"}, {"eos_token", "</s>"}};
+        if (with_tools) context["tools"] = tools;
+        cases.push_back({{"template", templates[t]}, {"context", context}});
+        contexts.emplace_back(t, context);
+      }
+  ScratchDir dir;
+  const ordered_json expected = reference(cases, dir);
+  ASSERT_EQ(expected.size(), cases.size());
+  int rendered = 0, refused = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    std::string got, error;
+    try {
+      got = render(templates[contexts[k].first], contexts[k].second);
+    } catch (const DataError& e) {
+      error = e.what();
+    }
+    if (expected[k].contains("error")) {
+      ++refused;
+      EXPECT_FALSE(error.empty()) << "template " << contexts[k].first << ", case " << k << ": jinja2 refuses ("
+                                  << expected[k]["error"] << ") but Tessera rendered: " << got;
+    } else {
+      ++rendered;
+      EXPECT_EQ(got, expected[k]["text"].get<std::string>())
+          << "template " << contexts[k].first << ", case " << k << "\nTessera's error: " << error;
+    }
+  }
+  EXPECT_GT(rendered, 8);
+  EXPECT_GT(refused, 3);  // alternation, system role
+}
+
 // Conversations the shipped templates are checked on.
 std::vector<ordered_json> conversations() {
   return {
