@@ -8,7 +8,7 @@ transformers' tojson, raise_exception and strftime_now).
 
 CASES_JSON is a list of cases, each either
     {"template": SOURCE, "context": {...}}                         a template and its variables
-    {"tokenizer_dir": DIR, "messages": [...], "add_generation_prompt": bool}
+    {"tokenizer_dir": DIR, "messages": [...], "add_generation_prompt": bool, "tools": [...]}
                                                                     as apply_chat_template would
 OUT_JSON gets one {"text": ...} or {"error": ...} per case, in order.
 """
@@ -79,7 +79,7 @@ def tokenizer_case(case):
         source = config["chat_template"]
         if isinstance(source, list):
             source = next(t["template"] for t in source if t["name"] == "default")
-    context = {"messages": case["messages"], "tools": None, "documents": None,
+    context = {"messages": case["messages"], "tools": case.get("tools"), "documents": None,
                "add_generation_prompt": case.get("add_generation_prompt", False)}
     for name in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
         text = token_text(config.get(name))

@@ -323,6 +323,30 @@ std::string text_of(const Tokenizer& t, const ChatSample& s, TokenRole role) {
   return out;
 }
 
+// A line's tools (function schemas) reach the template as apply_chat_template's tools=: Qwen 3
+// lists them in its system turn and renders the assistant's tool calls.
+TEST(ChatTemplate, ToolsReachTheTemplate) {
+  const ordered_json line = ordered_json::parse(R"({"tools": [{"type": "function", "function": {"name": "weather",
+      "description": "Today's weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+      "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "assistant", "content": "21 degrees."}]})");
+  ScratchDir dir;
+  const ordered_json expected = reference(
+      ordered_json::array({{{"tokenizer_dir", tokenizer_dir("qwen3")}, {"messages", line["messages"]},
+                            {"tools", line["tools"]}, {"add_generation_prompt", false}}}),
+      dir);
+  ASSERT_TRUE(expected[0].contains("text")) << expected[0];
+  const ChatFormat chat(tokenizer_json_path("qwen3"), shipped("qwen3"));
+  const ChatSample s = chat.encode(line, "case");
+  const std::string text = shipped("qwen3").decode(s.ids);
+  EXPECT_EQ(text, expected[0]["text"].get<std::string>());
+  EXPECT_NE(text.find("\"name\": \"weather\""), std::string::npos) << text;
+  // The assistant's tool call is its own text: the tool's name is trained on.
+  EXPECT_NE(text_of(shipped("qwen3"), s, TokenRole::Assistant).find("weather"), std::string::npos);
+  EXPECT_THROW(chat.encode(ordered_json::parse(R"({"tools": 5, "messages": []})"), "case"), DataError);
+}
+
 TEST(ChatTemplate, TokensBelongToTheirMessagesAndTheAssistantOwnsItsClosingToken) {
   const auto messages = conversations()[1];
   const ChatSample llama = ChatFormat(tokenizer_json_path("llama3.1"), shipped("llama3.1"))

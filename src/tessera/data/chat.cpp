@@ -129,7 +129,7 @@ ChatFormat::ChatFormat(const std::string& tokenizer_json, const Tokenizer& token
 ChatFormat::~ChatFormat() = default;
 
 ChatSample ChatFormat::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                              const std::string& where) const {
+                              const std::string& where, const nlohmann::ordered_json* tools) const {
   jinja::List list;
   for (const auto& m : messages) {
     const uint8_t tag = static_cast<uint8_t>(role_of(m["role"].get<std::string>()));
@@ -139,7 +139,7 @@ ChatSample ChatFormat::render(const nlohmann::ordered_json& messages, bool add_g
   }
   std::map<std::string, Value> context = {{"messages", Value::make_list(std::move(list))},
                                           {"add_generation_prompt", Value::boolean(add_generation_prompt)},
-                                          {"tools", Value::none()},
+                                          {"tools", tools ? jinja::from_json(*tools) : Value::none()},
                                           {"documents", Value::none()}};
   for (const auto& [name, text] : special_tokens_) context[name] = Value::string(text);
   if (!additional_special_tokens_.empty()) {
@@ -195,6 +195,14 @@ ChatSample ChatFormat::render(const nlohmann::ordered_json& messages, bool add_g
 }
 
 ChatSample ChatFormat::encode(const nlohmann::ordered_json& line, const std::string& where) const {
+  // The functions a conversation may call, as apply_chat_template's tools= takes them.
+  const nlohmann::ordered_json* tools = nullptr;
+  if (const auto t = line.find("tools"); t != line.end() && !t->is_null()) {
+    if (!t->is_array())
+      throw DataError(fmt::format("{}: 'tools' is a JSON {}; expected a list of function schemas",
+                                  where, t->type_name()));
+    tools = &*t;
+  }
   const auto messages = line.find("messages");
   if (messages != line.end()) {
     check_messages(*messages, "messages", where);
@@ -203,7 +211,7 @@ ChatSample ChatFormat::encode(const nlohmann::ordered_json& line, const std::str
           "{}: the conversation ends with a '{}' message; expected it to end with the "
           "assistant's answer (there is nothing to learn after the last assistant turn)",
           where, messages->back()["role"].get<std::string>()));
-    return render(*messages, false, where);
+    return render(*messages, false, where, tools);
   }
   const auto prompt = line.find("prompt"), completion = line.find("completion");
   if (prompt == line.end() || completion == line.end())
@@ -211,12 +219,13 @@ ChatSample ChatFormat::encode(const nlohmann::ordered_json& line, const std::str
         "{}: neither 'messages' nor 'prompt' and 'completion'; expected a conversation "
         "({{\"messages\": [{{\"role\": ..., \"content\": ...}}, ...]}}) or a prompt and its completion",
         where));
-  return encode_answer(*prompt, *completion, "completion", where);
+  return encode_answer(*prompt, *completion, "completion", where, tools);
 }
 
 ChatSample ChatFormat::encode_answer(const nlohmann::ordered_json& prompt,
                                      const nlohmann::ordered_json& answer, const char* field,
-                                     const std::string& where) const {
+                                     const std::string& where,
+                                     const nlohmann::ordered_json* tools) const {
   if (prompt.is_array() || answer.is_array()) {
     check_messages(prompt, "prompt", where);
     check_messages(answer, field, where);
@@ -226,7 +235,7 @@ ChatSample ChatFormat::encode_answer(const nlohmann::ordered_json& prompt,
                                     where, field, m["role"].get<std::string>()));
     nlohmann::ordered_json all = prompt;
     for (const auto& m : answer) all.push_back(m);
-    return render(all, false, where);
+    return render(all, false, where, tools);
   }
   for (const auto& [name, v] : {std::pair{"prompt", &prompt}, std::pair{field, &answer}})
     if (!v->is_string() || v->get_ref<const std::string&>().empty())

@@ -2,7 +2,8 @@
 // Conversations -> token ids and the role of each token, for supervised fine-tuning.
 //
 // A JSON line holds either `messages` (a list of {role, content}, as transformers and TRL
-// take them) or `prompt` and `completion` (strings, or lists of messages). Conversations are
+// take them) or `prompt` and `completion` (strings, or lists of messages), and optionally
+// `tools` (function schemas, apply_chat_template's tools=). Conversations are
 // rendered with the tokenizer's own chat template (chat_template.jinja beside tokenizer.json,
 // else tokenizer_config.json's chat_template), exactly as transformers'
 // apply_chat_template(..., tokenize=True) renders and tokenizes them. Plain prompt/completion
@@ -85,9 +86,11 @@ class ChatFormat {
  private:
   // A prompt and one answer to it, the answer's field named `field` in errors.
   ChatSample encode_answer(const nlohmann::ordered_json& prompt, const nlohmann::ordered_json& answer,
-                           const char* field, const std::string& where) const;
+                           const char* field, const std::string& where,
+                           const nlohmann::ordered_json* tools = nullptr) const;
+  // `tools`: the line's function schemas, or null (the template's tools is None).
   ChatSample render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                    const std::string& where) const;
+                    const std::string& where, const nlohmann::ordered_json* tools = nullptr) const;
 
   const Tokenizer& tokenizer_;
   std::string source_, display_;
