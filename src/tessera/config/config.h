@@ -40,6 +40,11 @@ enum class LossMask { Assistant, Completion, All };
 // (Megatron's GPT dataset, TRL's "wrapped"); bfd packs whole documents best-fit decreasing
 // into padded sequences (TRL's "bfd"), for fine-tuning (data/packed_dataset.h).
 enum class PackingStrategy { Wrapped, Bfd };
+// What a training step optimises: the language-model loss (pretraining, SFT), or a preference
+// loss over pairs of answers (data/chat.h's preference pairs; train/dpo.h).
+enum class Objective { Lm, Dpo };
+// TRL's DPO loss_type values Tessera computes (train/dpo.h).
+enum class DpoLossType { Sigmoid, Ipo, Hinge };
 // Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
 enum class AttentionBackend { Auto, Tessera, Vendor };
 // FP8 linear layers (docs/fp8.md), with Transformer Engine's names: hybrid = E4M3 activations

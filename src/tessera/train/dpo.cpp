@@ -1,0 +1,44 @@
+#include "tessera/train/dpo.h"
+
+#include <cmath>
+
+namespace tessera {
+namespace {
+
+// log sigmoid(x) without overflow for large |x|.
+double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+double sigmoid(double x) { return x >= 0 ? 1 / (1 + std::exp(-x)) : std::exp(x) / (1 + std::exp(x)); }
+
+}  // namespace
+
+DpoPair dpo_pair(const DpoOptions& o, double policy_chosen, double policy_rejected,
+                 double reference_chosen, double reference_rejected) {
+  DpoPair p;
+  p.chosen_reward = o.beta * (policy_chosen - reference_chosen);
+  p.rejected_reward = o.beta * (policy_rejected - reference_rejected);
+  const double z = (policy_chosen - reference_chosen) - (policy_rejected - reference_rejected);
+  double dz = 0;  // d loss / d z
+  switch (o.loss_type) {
+    case DpoLossType::Sigmoid: {
+      const double e = o.label_smoothing, x = o.beta * z;
+      p.loss = -(1 - e) * log_sigmoid(x) - e * log_sigmoid(-x);
+      dz = o.beta * (-(1 - e) * sigmoid(-x) + e * sigmoid(x));
+      break;
+    }
+    case DpoLossType::Ipo: {
+      const double d = z - 1 / (2 * o.beta);
+      p.loss = d * d;
+      dz = 2 * d;
+      break;
+    }
+    case DpoLossType::Hinge:
+      p.loss = std::max(0.0, 1 - o.beta * z);
+      dz = 1 - o.beta * z > 0 ? -o.beta : 0.0;
+      break;
+  }
+  p.dloss_dchosen = dz;
+  p.dloss_drejected = -dz;
+  return p;
+}
+
+}  // namespace tessera
