@@ -133,6 +133,11 @@ struct ModelConfig {
 };
 
 struct TrainingConfig {
+  Objective objective = Objective::Lm;
+  // objective dpo (train/dpo.h): TRL's beta, loss_type and label_smoothing.
+  double dpo_beta = 0.1;
+  DpoLossType dpo_loss_type = DpoLossType::Sigmoid;
+  double dpo_label_smoothing = 0.0;
   int64_t train_iters = 100;
   // The run's length in samples instead (Megatron): train_iters = train_samples /
   // global_batch_size, derived while loading. 0: train_iters gives it.

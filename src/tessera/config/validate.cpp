@@ -765,6 +765,26 @@ int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers) {
 // Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
 // sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
 // through multi-latent attention's own rope.
+// DPO runs one sequence (one side of a pair) at a time through the model, on whole
+// sequences of one stage, against reference log-probabilities computed at its start.
+void check_dpo(const Checker& c, const Experiment& e) {
+  const TrainingConfig& t = e.training;
+  if (t.objective != Objective::Dpo) return;
+  c.require(t.dpo_beta > 0, "dpo_beta", "a positive beta");
+  c.require(t.dpo_label_smoothing >= 0 && t.dpo_label_smoothing < 0.5, "dpo_label_smoothing",
+            "a share in [0, 0.5)");
+  c.require(t.micro_batch_size == 1, "micro_batch_size",
+            "1 with objective dpo: each side of a pair runs as its own sequence");
+  c.require(t.pipeline_model_parallel_size == 1 && t.context_parallel_size == 1,
+            t.pipeline_model_parallel_size > 1 ? "pipeline_model_parallel_size" : "context_parallel_size",
+            "1 with objective dpo (its passes are not scheduled over stages or split over "
+            "context-parallel ranks yet)");
+  c.require(!e.data.mock_data && !e.data.data_path.empty(), "data_path",
+            "a preference dataset with objective dpo (tessera preprocess --preference)");
+  c.require(e.data.packing_strategy == PackingStrategy::Wrapped, "packing_strategy",
+            "wrapped with objective dpo (each side is its own sequence)");
+}
+
 void check_packed_documents(const Checker& c, const Experiment& e) {
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
             "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
@@ -805,6 +825,7 @@ void validate_experiment(const Experiment& e, int world_size) {
   if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
   check_data(c, e.data);
   check_packed_documents(c, e);
+  check_dpo(c, e);
   c.require(e.data.tokenizer_type != TokenizerType::Null || e.model_config.vocab_size >= 1,
             "vocab_size",
             "a positive size with tokenizer_type NullTokenizer (its ids run from 0 to vocab_size, "

@@ -28,4 +28,13 @@ struct DpoPair {
 DpoPair dpo_pair(const DpoOptions& o, double policy_chosen, double policy_rejected,
                  double reference_chosen, double reference_rejected);
 
+// Means over a batch of pairs, under TRL's names: loss, rewards/chosen, rewards/rejected,
+// rewards/accuracies (the share of pairs whose chosen reward is the higher), logps/chosen,
+// logps/rejected; rewards/margins is chosen minus rejected.
+struct DpoBatchStats {
+  double loss = 0, chosen_reward = 0, rejected_reward = 0, accuracy = 0, logp_chosen = 0,
+         logp_rejected = 0;
+  double margin() const { return chosen_reward - rejected_reward; }
+};
+
 }  // namespace tessera

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <csignal>
 #include <optional>
 
@@ -192,6 +193,16 @@ RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_si
   return start;
 }
 
+// objective dpo: the pairs, and the reference's log-probabilities (the starting weights') of
+// each pair this rank trains or validates on, by pair index.
+struct Trainer::DpoState {
+  DpoOptions options;
+  PreferenceSources pairs;
+  std::map<uint64_t, std::array<double, 2>> train_reference, valid_reference;
+  DeviceBuffer stats_buffer;
+  Tensor stats;  // (6) fp32: a batch's pair statistics, summed over the data-parallel ranks
+};
+
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
                  MetricsWriter* metrics, dist::Communicator* comm, std::string run_id,
                  std::unique_ptr<Tokenizer> tokenizer)
@@ -288,6 +299,15 @@ void Trainer::open_data() {
   if (exp_.data.skip_train) data_exp.data.eval_interval = 1;
   data_ = make_data_sources(data_exp, *tokenizer_, setup_.data_vocab);
   log_.info("data: {}", data_.description);
+  if (exp_.training.objective == Objective::Dpo) {
+    dpo_ = std::make_unique<DpoState>();
+    dpo_->options = {exp_.training.dpo_loss_type, exp_.training.dpo_beta,
+                     exp_.training.dpo_label_smoothing};
+    dpo_->pairs = make_preference_sources(exp_, setup_.data_vocab, tokenizer_->name(),
+                                          tokenizer_->eod_id());
+    log_.info("dpo: {}{}", dpo_->pairs.train->describe(),
+              dpo_->pairs.valid ? "; validation " + dpo_->pairs.valid->describe() : "");
+  }
   if (!data_.valid &&
       (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0 || exp_.data.skip_train)) {
     const std::string why = fmt::format(
@@ -300,6 +320,7 @@ void Trainer::open_data() {
   const int64_t N = exp_.training.micro_batch_size * exp_.training.seq_length;
   host_tokens_.resize(N);
   host_targets_.resize(N);
+  host_positions_.resize(N);
 }
 
 // The model, its parallel layout and optimizer, and the step's device scalars; an
@@ -567,35 +588,153 @@ int64_t Trainer::loss_positions(const SampleSource& source, uint64_t first, uint
   return counted;
 }
 
+void Trainer::load_pair_side(const PreferenceSource& pairs, uint64_t index, int side) {
+  pairs.sample(index, side, host_tokens_.data(), host_targets_.data(), host_positions_.data());
+  model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
+}
+
+// The model's summed loss over the answer's targets is minus its log-probability.
+double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int side) {
+  load_pair_side(pairs, index, side);
+  model_->zero_loss_sum();
+  model_->forward_loss();
+  float loss_sum = 0;
+  backend_->download(&loss_sum, model_->loss_sum());
+  return -static_cast<double>(loss_sum);
+}
+
+// Megatron's order: pair m of a step's share of rank r is the step's pair m * dp + r.
+void Trainer::compute_dpo_reference() {
+  const TrainingConfig& t = exp_.training;
+  const uint64_t dp = static_cast<uint64_t>(parallel_->data_parallel_size());
+  const uint64_t rank = static_cast<uint64_t>(parallel_->data_parallel_rank());
+  const uint64_t per_rank = static_cast<uint64_t>(t.global_batch_size) / dp;
+  const auto start = Clock::now();
+  for (int64_t it = completed_iterations_ + 1; it <= t.train_iters; ++it)
+    for (uint64_t m = 0; m < per_rank; ++m) {
+      const uint64_t g = static_cast<uint64_t>(it - 1) * t.global_batch_size + m * dp + rank;
+      if (!dpo_->train_reference.count(g))
+        dpo_->train_reference[g] = {answer_logp(*dpo_->pairs.train, g, 0),
+                                    answer_logp(*dpo_->pairs.train, g, 1)};
+    }
+  if (dpo_->pairs.valid)
+    for (uint64_t i = rank; i < std::min<uint64_t>(dpo_->pairs.valid->pairs(),
+                                                  static_cast<uint64_t>(exp_.data.eval_iters) *
+                                                      t.global_batch_size);
+         i += dp)
+      dpo_->valid_reference[i] = {answer_logp(*dpo_->pairs.valid, i, 0),
+                                  answer_logp(*dpo_->pairs.valid, i, 1)};
+  log_.info("dpo: the reference's log-probabilities of {} training and {} validation pairs on "
+            "this rank, with the starting weights ({:.1f} s)",
+            dpo_->train_reference.size(), dpo_->valid_reference.size(), ms_since(start) / 1e3);
+}
+
+DpoBatchStats Trainer::dpo_means(const std::array<double, 6>& sums, int64_t pairs) {
+  if (!dpo_->stats.defined()) {
+    dpo_->stats_buffer = DeviceBuffer(*backend_, 6 * sizeof(float), "dpo statistics");
+    dpo_->stats = dpo_->stats_buffer.tensor(DType::F32, {6});
+  }
+  std::array<float, 6> values;
+  for (size_t k = 0; k < 6; ++k) values[k] = static_cast<float>(sums[k]);
+  backend_->upload(dpo_->stats, values.data());
+  parallel_->sum(dpo_->stats);
+  backend_->download(values.data(), dpo_->stats);
+  const double n = static_cast<double>(std::max<int64_t>(pairs, 1));
+  return {values[0] / n, values[1] / n, values[2] / n, values[3] / n, values[4] / n, values[5] / n};
+}
+
+// Each pair: both answers' log-probabilities (forward passes), the loss's pull on each, then
+// each answer's backward with its pull as the scale of its summed token losses (d loss /
+// d logp times d logp, and logp is minus the summed losses), over the global batch's pairs.
+DpoBatchStats Trainer::dpo_gradients() {
+  const TrainingConfig& t = exp_.training;
+  const int64_t dp = parallel_->data_parallel_size(), rank = parallel_->data_parallel_rank();
+  const int64_t per_rank = t.global_batch_size / dp;
+  const double pairs = static_cast<double>(t.global_batch_size);
+  std::array<double, 6> sums{};
+  const PreferenceSource& train = *dpo_->pairs.train;
+  parallel_->run_micro_batches(
+      per_rank, 1.0f, [](int64_t) {},
+      [&](int64_t m) {
+        const uint64_t g = consumed_samples_ + static_cast<uint64_t>(m * dp + rank);
+        const double chosen = answer_logp(train, g, 0), rejected = answer_logp(train, g, 1);
+        const auto& [ref_chosen, ref_rejected] = dpo_->train_reference.at(g);
+        const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, ref_chosen, ref_rejected);
+        const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
+                                            p.chosen_reward > p.rejected_reward ? 1.0 : 0.0,
+                                            chosen, rejected};
+        for (size_t k = 0; k < 6; ++k) sums[k] += pair[k];
+        for (int side = 0; side < 2; ++side) {
+          load_pair_side(train, g, side);
+          parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
+          const double pull = side == 0 ? p.dloss_dchosen : p.dloss_drejected;
+          model_->forward_backward(static_cast<float>(-pull / pairs));
+        }
+      });
+  return dpo_means(sums, t.global_batch_size);
+}
+
+double Trainer::evaluate_dpo() {
+  std::array<double, 6> sums{};
+  for (const auto& [i, reference] : dpo_->valid_reference) {
+    const double chosen = answer_logp(*dpo_->pairs.valid, i, 0);
+    const double rejected = answer_logp(*dpo_->pairs.valid, i, 1);
+    const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1]);
+    const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
+                                        p.chosen_reward > p.rejected_reward ? 1.0 : 0.0, chosen,
+                                        rejected};
+    for (size_t k = 0; k < 6; ++k) sums[k] += pair[k];
+  }
+  const int64_t pairs = static_cast<int64_t>(std::min<uint64_t>(
+      dpo_->pairs.valid->pairs(),
+      static_cast<uint64_t>(exp_.data.eval_iters * exp_.training.global_batch_size)));
+  const DpoBatchStats s = dpo_means(sums, pairs);
+  log_.info("dpo validation: loss {:.6f} | rewards/accuracies {:.4f} | rewards/margins {:.4f} | "
+            "rewards/chosen {:.4f} | rewards/rejected {:.4f} ({} pairs)",
+            s.loss, s.accuracy, s.margin(), s.chosen_reward, s.rejected_reward, pairs);
+  if (metrics_)
+    metrics_->write({{"iteration", completed_iterations_},
+                     {"eval_rewards/accuracies", s.accuracy},
+                     {"eval_rewards/margins", s.margin()},
+                     {"eval_loss_dpo", s.loss}});
+  return s.loss;
+}
+
 IterationStats Trainer::run_iteration(int64_t iteration) {
   const profiler::PhaseSpan step(profiler_.get(), "ProfilerStep#", iteration);
   const TrainingConfig& t = exp_.training;
   const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
   const int64_t accumulation = setup_.accumulation_steps;
-  // The loss is the mean over the global batch's positions that count (all of them without
-  // loss masks); a batch whose every target is masked contributes no gradient.
-  const int64_t loss_tokens =
-      loss_positions(*data_.train, consumed_samples_, static_cast<uint64_t>(t.global_batch_size));
-  const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(loss_tokens, 1));
   model_->zero_grads();
   model_->zero_loss_sum();
-  const auto load = [&](int64_t m) {
-    // Data-parallel ranks that save stop only after an iteration, where they all agree: one
-    // stopping here would save while the others go on to the next collective.
-    if (int sig = pending_stop_signal(); sig && !ranks_stop_together_)
-      stop_for_signal(sig, fmt::format("during iteration {}; its update was abandoned", iteration));
-    // Megatron's sampler order: each micro-batch slot of the global batch holds
-    // data_parallel_size consecutive micro-batches, one per rank.
-    const uint64_t first =
-        consumed_samples_ + static_cast<uint64_t>((m * dp + dp_rank) * t.micro_batch_size);
-    load_micro_batch(*data_.train, first);
-  };
-  const auto run = [&](int64_t m) {
-    const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
-    parallel_->begin_micro_batch(m == accumulation - 1);
-    model_->forward_backward(grad_scale);
-  };
-  parallel_->run_micro_batches(accumulation, grad_scale, load, run);
+  int64_t loss_tokens = 0;
+  std::optional<DpoBatchStats> pair_stats;
+  if (dpo_) {
+    pair_stats = dpo_gradients();
+  } else {
+    // The loss is the mean over the global batch's positions that count (all of them without
+    // loss masks); a batch whose every target is masked contributes no gradient.
+    loss_tokens =
+        loss_positions(*data_.train, consumed_samples_, static_cast<uint64_t>(t.global_batch_size));
+    const float grad_scale = 1.0f / static_cast<float>(std::max<int64_t>(loss_tokens, 1));
+    const auto load = [&](int64_t m) {
+      // Data-parallel ranks that save stop only after an iteration, where they all agree: one
+      // stopping here would save while the others go on to the next collective.
+      if (int sig = pending_stop_signal(); sig && !ranks_stop_together_)
+        stop_for_signal(sig, fmt::format("during iteration {}; its update was abandoned", iteration));
+      // Megatron's sampler order: each micro-batch slot of the global batch holds
+      // data_parallel_size consecutive micro-batches, one per rank.
+      const uint64_t first =
+          consumed_samples_ + static_cast<uint64_t>((m * dp + dp_rank) * t.micro_batch_size);
+      load_micro_batch(*data_.train, first);
+    };
+    const auto run = [&](int64_t m) {
+      const profiler::PhaseSpan span(profiler_.get(), "forward_backward", "micro_batch", m);
+      parallel_->begin_micro_batch(m == accumulation - 1);
+      model_->forward_backward(grad_scale);
+    };
+    parallel_->run_micro_batches(accumulation, grad_scale, load, run);
+  }
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_reduce");
     parallel_->finish_gradient_reduction();
@@ -640,8 +779,10 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
           moe_step_balance(stats, model_->moe_layers(), setup_.spec.moe.experts, accumulation * dp);
     }
   }
-  s.loss = loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
+  s.loss = pair_stats ? pair_stats->loss
+                      : loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
   s.loss_tokens = loss_tokens;
+  s.dpo = pair_stats;
   s.real_tokens = t.global_batch_size * t.seq_length;
   if (data_.train->pads()) {
     s.real_tokens = 0;
@@ -689,6 +830,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
 }
 
 double Trainer::evaluate() {
+  if (dpo_) return evaluate_dpo();
   const TrainingConfig& t = exp_.training;
   const int64_t dp = parallel_->data_parallel_size(), dp_rank = parallel_->data_parallel_rank();
   model_->zero_loss_sum();
@@ -730,6 +872,14 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const int64_t positions = t.global_batch_size * t.seq_length;
   // With packing's padding, the tokens/s of real tokens beside the slots'.
   const bool pads = data_.train->pads();
+  // objective dpo: TRL's pair statistics of the last step.
+  const std::string pairs =
+      s.dpo ? fmt::format(" | rewards/chosen: {:.4f} | rewards/rejected: {:.4f} | "
+                          "rewards/accuracies: {:.4f} | rewards/margins: {:.4f} | logps/chosen: "
+                          "{:.2f} | logps/rejected: {:.2f}",
+                          s.dpo->chosen_reward, s.dpo->rejected_reward, s.dpo->accuracy,
+                          s.dpo->margin(), s.dpo->logp_chosen, s.dpo->logp_rejected)
+            : "";
   const std::string real = pads ? fmt::format(" | real tokens per {} (tokens/s/{}): {:.1f} "
                                               "(packing efficiency {:.1f}%)",
                                               device_word(), device_word(),
@@ -741,11 +891,11 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       "throughput per {} (TFLOP/s/{}): {:.2f} | tokens per {} (tokens/s/{}): {:.1f} | "
       "learning rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | grad norm: {:.3f} | "
       "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | "
-      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}{}{}",
+      "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}{}{}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, per, per, tflops, per, per, tokens_per_s,
       s.lr, t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
       mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, moe_iteration_fields(moe),
-      masked ? fmt::format(" | loss tokens: {} of {}", s.loss_tokens, positions) : "", real,
+      masked ? fmt::format(" | loss tokens: {} of {}", s.loss_tokens, positions) : "", real, pairs,
       profiled ? " | profiled" : "");
   if (!moe.empty())
     log_.info("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}", s.iteration,
@@ -775,6 +925,14 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
   j["loss_tokens"] = s.loss_tokens;
+  if (s.dpo) {
+    j["rewards/chosen"] = s.dpo->chosen_reward;
+    j["rewards/rejected"] = s.dpo->rejected_reward;
+    j["rewards/accuracies"] = s.dpo->accuracy;
+    j["rewards/margins"] = s.dpo->margin();
+    j["logps/chosen"] = s.dpo->logp_chosen;
+    j["logps/rejected"] = s.dpo->logp_rejected;
+  }
   if (pads) {
     j["real_tokens_per_s_per_gpu"] = tokens_per_s * real_share;
     j["packing_efficiency"] = real_share;
@@ -894,6 +1052,15 @@ TrainSummary Trainer::train() {
   int64_t interval_real_tokens = 0;
   const int64_t first = completed_iterations_ + 1;  // > 1 when resuming
   int64_t last = t.train_iters;                     // earlier at target_loss or an early exit
+  if (dpo_) {
+    // The reference is the starting weights: a resumed run no longer holds them.
+    if (completed_iterations_ > 0)
+      throw ConfigError(origin_of(exp_, "load"), "load", exp_.checkpoint.load,
+                        "a checkpoint to fine-tune from (finetune true) with objective dpo: a DPO "
+                        "run does not resume yet (the reference's log-probabilities are not "
+                        "saved)");
+    compute_dpo_reference();
+  }
   for (int64_t it = first; it <= t.train_iters; ++it) {
     // Starting and stopping the recorder is kept out of the iteration times.
     if (profiler_) interval_start += profiler_->before_iteration(it);
@@ -922,7 +1089,8 @@ TrainSummary Trainer::train() {
       interval_loss_sum = 0;
       interval_losses = 0;
     }
-    const bool eval_now = data_.valid && exp_.data.eval_interval > 0 &&
+    const bool eval_now = (dpo_ ? dpo_->pairs.valid != nullptr : data_.valid != nullptr) &&
+                          exp_.data.eval_interval > 0 &&
                           (it % exp_.data.eval_interval == 0 || it == t.train_iters);
     if (eval_now) {
       const auto e0 = Clock::now();

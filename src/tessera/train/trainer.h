@@ -1,14 +1,17 @@
 #pragma once
 // The training loop: data -> forward/backward over micro-batches -> gradient norm ->
 // AdamW -> metrics, with NaN skipping, evaluation and clean stops on signals.
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/config/config.h"
 #include "tessera/data/dataset.h"
+#include "tessera/data/preference_dataset.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/parallelism.h"
@@ -18,6 +21,7 @@
 #include "tessera/ops/backend.h"
 #include "tessera/optim/adamw_optimizer.h"
 #include "tessera/run/run_setup.h"
+#include "tessera/train/dpo.h"
 #include "tessera/train/moe_balance.h"
 
 namespace tessera::profiler {
@@ -37,6 +41,7 @@ struct IterationStats {
   double lr = 0;
   bool skipped = false;              // non-finite loss or gradient: no update applied
   std::vector<MoeLayerBalance> moe;  // per MoE layer; empty for a dense model
+  std::optional<DpoBatchStats> dpo;  // objective dpo: the global batch's pair statistics
 };
 
 struct TrainSummary {
@@ -90,7 +95,7 @@ class Trainer {
   TrainSummary train();
   // One optimizer step (all micro-batches of the global batch). Used by train() and tests.
   IterationStats run_iteration(int64_t iteration);
-  double evaluate();  // mean validation token loss
+  double evaluate();  // mean validation token loss (objective dpo: mean validation DPO loss)
   // Writes the current state to the `save` directory (ckpt/checkpoint.h); returns its path.
   std::string save_checkpoint();
 
@@ -137,6 +142,16 @@ class Trainer {
   // The validation loss of `iteration` to the log, metrics.jsonl and TensorBoard.
   void report_evaluation(int64_t iteration, double loss, double ms);
   void write_tensorboard_iteration(const IterationStats& s);
+  // objective dpo: one side of a preference pair as the model's batch; its summed
+  // log-probability over the answer (a forward pass); the reference's of every pair this rank
+  // will train and validate on, with the starting weights; the step's gradients.
+  void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
+  double answer_logp(const PreferenceSource& pairs, uint64_t index, int side);
+  void compute_dpo_reference();
+  DpoBatchStats dpo_gradients();
+  // Pair statistics summed over the data-parallel ranks, as means over `pairs`.
+  DpoBatchStats dpo_means(const std::array<double, 6>& sums, int64_t pairs);
+  double evaluate_dpo();
   [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
@@ -168,6 +183,8 @@ class Trainer {
   std::vector<int32_t> host_tokens_, host_targets_, host_positions_;
   int64_t eval_loss_tokens_ = -1;  // of the validation batches, counted at the first evaluation
   std::unique_ptr<TrainingTensorBoard> tensorboard_;  // rank 0 with tensorboard_dir, else null
+  struct DpoState;
+  std::unique_ptr<DpoState> dpo_;  // objective dpo only
 
   int64_t completed_iterations_ = 0;
   int64_t last_saved_iteration_ = -1;

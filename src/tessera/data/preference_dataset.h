@@ -1,0 +1,51 @@
+#pragma once
+// The preference pairs of a `preprocess --preference` dataset (documents 2k and 2k+1: the
+// chosen and the rejected answer to one prompt), for DPO (train/dpo.h). Each side is one
+// sequence of seq_length tokens padded at the end (a side longer than that keeps its first
+// seq_length tokens); its targets count only on the final assistant turn, the answer whose
+// log-probability DPO compares. Pairs are split into train and validation by `split` and
+// visited in a seeded order per epoch.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/data/indexed_dataset.h"
+
+namespace tessera {
+
+class PreferenceSource {
+ public:
+  // Pairs [first, end) of the dataset. Throws DataError naming the files when they are not
+  // pairs with roles.
+  PreferenceSource(std::shared_ptr<const IndexedDataset> tokens,
+                   std::shared_ptr<const IndexedDataset> roles, uint64_t first, uint64_t end,
+                   int64_t seq_length, uint32_t seed, int32_t pad_id, bool shuffle);
+  uint64_t pairs() const { return end_ - first_; }
+  std::string describe() const;
+  // Side 0 (chosen) or 1 (rejected) of pair `index` (taken modulo pairs() in its epoch's
+  // order): seq_length tokens, targets (-1 where nothing counts) and positions.
+  void sample(uint64_t index, int side, int32_t* tokens, int32_t* targets, int32_t* positions) const;
+
+ private:
+  uint64_t pair_at(uint64_t index) const;
+
+  std::shared_ptr<const IndexedDataset> tokens_, roles_;
+  uint64_t first_, end_;
+  int64_t seq_;
+  uint32_t seed_;
+  int32_t pad_id_;
+  bool shuffle_;
+};
+
+struct PreferenceSources {
+  std::unique_ptr<PreferenceSource> train, valid;  // valid null without validation pairs
+};
+
+// The pairs of data_path (one preference dataset, split by `split`). Throws DataError for
+// data that is not a preference dataset.
+PreferenceSources make_preference_sources(const Experiment& e, int64_t vocab,
+                                          const std::string& tokenizer_name, int32_t pad_id);
+
+}  // namespace tessera

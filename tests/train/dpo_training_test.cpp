@@ -1,0 +1,90 @@
+// objective dpo through the command: preference pairs preprocessed with a chat template, a DPO
+// run from a checkpoint's weights reports TRL's statistics (its first step compares the policy
+// with itself: loss ln 2, rewards 0), validates on held-out pairs, and lowers its loss on pairs
+// it sees again; what it does not run is refused by name.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/run_command.h"
+#include "common/scratch_dir.h"
+#include "common/tiny_run.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
+  ScratchDir dir;
+  {
+    std::ofstream out(dir / "pairs.jsonl");
+    const std::vector<std::pair<std::string, std::string>> qa = {
+        {"Is tennis a sport?", "yes"}, {"Is a piano a sport?", "no"}, {"Is golf a sport?", "yes"},
+        {"Is jazz a sport?", "no"}, {"Is hockey a sport?", "yes"}, {"Is a violin a sport?", "no"}};
+    for (int repeat = 0; repeat < 4; ++repeat)
+      for (const auto& [q, a] : qa)
+        out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
+                              {"chosen", {{{"role", "assistant"}, {"content", a}}}},
+                              {"rejected", {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
+                   .dump()
+            << "\n";
+  }
+  RunResult r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                            " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string model =
+      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size 32 "
+      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
+      "--log_progress false --train_data_path null --workspace " +
+      dir.path().string() + " --work_group g --user_name u";
+  r = run_tessera(model + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
+                  (dir / "start").string() + " --exp_name start");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string dpo = model + " --objective dpo --finetune --load " + (dir / "start").string() +
+                          " --data_path " + (dir / "p_preference_document").string() +
+                          " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 "
+                          "--lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5";
+  r = run_tessera(dpo + " --train_iters 12 --eval_interval 12 --eval_iters 1 --exp_name dpo");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dpo: the reference's log-probabilities of 72 training and 6 validation pairs"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dpo validation: loss"), std::string::npos) << r.output;
+  std::vector<nlohmann::json> steps;
+  bool validated = false;
+  for (const auto& j : metrics_lines(dir / "g" / "u" / "dpo" / "metrics.jsonl")) {
+    if (j.contains("rewards/accuracies")) steps.push_back(j);
+    validated = validated || j.contains("eval_rewards/accuracies");
+  }
+  ASSERT_EQ(steps.size(), 12u);
+  EXPECT_TRUE(validated);
+  // Step 1: the policy is the reference.
+  EXPECT_NEAR(steps[0]["lm_loss"].get<double>(), std::log(2.0), 1e-5);
+  EXPECT_NEAR(steps[0]["rewards/chosen"].get<double>(), 0.0, 1e-5);
+  EXPECT_NEAR(steps[0]["rewards/margins"].get<double>(), 0.0, 1e-5);
+  for (const char* key : {"rewards/rejected", "logps/chosen", "logps/rejected"})
+    EXPECT_TRUE(steps[0].contains(key)) << key;
+  // The 18 training pairs come round every 3 steps: their loss falls below ln 2 and the
+  // chosen answers gain on the rejected ones.
+  double late_loss = 0, late_margin = 0;
+  for (size_t i = 9; i < 12; ++i)
+    late_loss += steps[i]["lm_loss"].get<double>() / 3, late_margin += steps[i]["rewards/margins"].get<double>() / 3;
+  EXPECT_LT(late_loss, std::log(2.0) - 0.05);
+  EXPECT_GT(late_margin, 0.1);
+
+  // Refused by name: several sequences per micro-batch, and a DPO run resumed.
+  r = run_tessera(dpo + " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'micro_batch_size' has value '2': expected 1 with objective dpo"),
+            std::string::npos)
+      << r.output;
+}
+
+}  // namespace
+}  // namespace tessera::testing
