@@ -78,6 +78,23 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   EXPECT_LT(late_loss, std::log(2.0) - 0.05);
   EXPECT_GT(late_margin, 0.1);
 
+  // Two data-parallel ranks (threads) train like one: each takes every other pair of a step,
+  // and the statistics are summed over both.
+  const auto losses = [&](const std::string& name) {
+    std::vector<double> out;
+    for (const auto& j : metrics_lines(dir / "g" / "u" / name / "metrics.jsonl"))
+      if (j.contains("rewards/accuracies")) out.push_back(j["lm_loss"].get<double>());
+    return out;
+  };
+  r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --exp_name one");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --nproc_per_node 2 --exp_name two");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> one = losses("one"), two = losses("two");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(two.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "iteration " << i + 1;
+
   // Refused by name: several sequences per micro-batch, and a DPO run resumed.
   r = run_tessera(dpo + " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");
   EXPECT_EQ(r.exit_code, 2) << r.output;
