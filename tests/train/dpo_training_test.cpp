@@ -57,6 +57,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("dpo validation: loss"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("loss tokens"), std::string::npos) << r.output;  // pairs, not positions
   std::vector<nlohmann::json> steps;
   bool validated = false;
   for (const auto& j : metrics_lines(dir / "g" / "u" / "dpo" / "metrics.jsonl")) {

@@ -867,8 +867,9 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   moe_interval_.clear();
   log_.clear_progress();
   const std::string_view per = device_word();
-  // With loss masks, how many of the global batch's positions the loss counted.
-  const bool masked = data_.train->masks_targets();
+  // With loss masks, how many of the global batch's positions the loss counted (a DPO step
+  // counts pairs, not positions).
+  const bool masked = !s.dpo && data_.train->masks_targets();
   const int64_t positions = t.global_batch_size * t.seq_length;
   // With packing's padding, the tokens/s of real tokens beside the slots'.
   const bool pads = data_.train->pads();
@@ -956,7 +957,7 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
                      .lm_loss = s.loss,
                      .learning_rate = s.lr,
                      .grad_norm = s.grad_norm,
-                     .loss_tokens = data_.train->masks_targets() ? s.loss_tokens : -1};
+                     .loss_tokens = !s.dpo && data_.train->masks_targets() ? s.loss_tokens : -1};
   if (exp_.logging.log_memory_to_tensorboard) {
     const MemoryStats mem = backend_->memory_stats();
     v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);
