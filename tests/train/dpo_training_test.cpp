@@ -51,9 +51,9 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
                           " --data_path " + (dir / "p_preference_document").string() +
                           " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 "
                           "--lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5";
-  r = run_tessera(dpo + " --train_iters 12 --eval_interval 12 --eval_iters 1 --exp_name dpo");
+  r = run_tessera(dpo + " --train_iters 36 --eval_interval 36 --eval_iters 1 --exp_name dpo");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("dpo: the reference's log-probabilities of 72 training and 6 validation pairs"),
+  EXPECT_NE(r.output.find("dpo: the reference's log-probabilities of 216 training and 6 validation pairs"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("dpo validation: loss"), std::string::npos) << r.output;
@@ -64,7 +64,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
     if (j.contains("rewards/accuracies")) steps.push_back(j);
     validated = validated || j.contains("eval_rewards/accuracies");
   }
-  ASSERT_EQ(steps.size(), 12u);
+  ASSERT_EQ(steps.size(), 36u);
   EXPECT_TRUE(validated);
   // Step 1: the policy is the reference.
   EXPECT_NEAR(steps[0]["lm_loss"].get<double>(), std::log(2.0), 1e-5);
@@ -72,12 +72,12 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   EXPECT_NEAR(steps[0]["rewards/margins"].get<double>(), 0.0, 1e-5);
   for (const char* key : {"rewards/rejected", "logps/chosen", "logps/rejected"})
     EXPECT_TRUE(steps[0].contains(key)) << key;
-  // The 18 training pairs come round every 3 steps: their loss falls below ln 2 and the
-  // chosen answers gain on the rejected ones.
+  // The 18 training pairs come round every 3 steps (an epoch, each in its own order): by the
+  // twelfth epoch their loss is below ln 2 and the chosen answers gain on the rejected ones.
   double late_loss = 0, late_margin = 0;
-  for (size_t i = 9; i < 12; ++i)
+  for (size_t i = 33; i < 36; ++i)
     late_loss += steps[i]["lm_loss"].get<double>() / 3, late_margin += steps[i]["rewards/margins"].get<double>() / 3;
-  std::printf("dpo: steps 10-12 loss %.4f (ln 2 = 0.6931), rewards/margins %.4f\n", late_loss, late_margin);
+  std::printf("dpo: steps 34-36 loss %.4f (ln 2 = 0.6931), rewards/margins %.4f\n", late_loss, late_margin);
   EXPECT_LT(late_loss, std::log(2.0) - 0.05);
   EXPECT_GT(late_margin, 0.1);
 

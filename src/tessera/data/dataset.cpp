@@ -55,6 +55,7 @@ TokenStreamSource::TokenStreamSource(std::string name, std::vector<int32_t> stre
     : name_(std::move(name)), stream_(std::move(stream)), seq_(seq_length), seed_(seed),
       shuffle_(shuffle), eod_(eod), eod_mask_loss_(eod_mask_loss) {
   windows_ = stream_.size() > static_cast<size_t>(seq_) ? (stream_.size() - 1) / seq_ : 0;
+  order_ = EpochOrder(windows_, seed_ ^ kShuffleSalt, shuffle_);
 }
 
 std::string TokenStreamSource::describe() const {
@@ -62,26 +63,22 @@ std::string TokenStreamSource::describe() const {
                      windows_, seq_);
 }
 
-// Fisher-Yates with the counter-based generator, so the order is the same on every
-// platform and standard library.
-const std::vector<uint32_t>& TokenStreamSource::order(uint64_t epoch) const {
-  if (cached_epoch_ == epoch) return cached_order_;
-  cached_order_.resize(windows_);
-  std::iota(cached_order_.begin(), cached_order_.end(), 0u);
-  if (shuffle_) {
-    const uint64_t seed = seed_ ^ kShuffleSalt ^ splitmix64(epoch);
-    for (uint64_t i = windows_ - 1; i > 0; --i) {
-      const uint64_t j = random_below(seed, i, static_cast<uint32_t>(i + 1));
-      std::swap(cached_order_[i], cached_order_[j]);
-    }
+const std::vector<uint32_t>& EpochOrder::of(uint64_t epoch) const {
+  if (cached_epoch_ == epoch) return cached_;
+  cached_.resize(n_);
+  std::iota(cached_.begin(), cached_.end(), 0u);
+  if (shuffle_ && n_ > 1) {
+    const uint64_t seed = seed_ ^ splitmix64(epoch);
+    for (uint64_t i = n_ - 1; i > 0; --i)
+      std::swap(cached_[i], cached_[random_below(seed, i, static_cast<uint32_t>(i + 1))]);
   }
   cached_epoch_ = epoch;
-  return cached_order_;
+  return cached_;
 }
 
 void TokenStreamSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
                                int32_t* positions) const {
-  const uint64_t window = order(index / windows_)[index % windows_];
+  const uint64_t window = order_.at(index / windows_, index % windows_);
   const int32_t* src = stream_.data() + window * seq_;
   std::copy(src, src + seq_, tokens);
   std::copy(src + 1, src + seq_ + 1, targets);

@@ -63,6 +63,24 @@ class MockSource final : public SampleSource {
 // Megatron's GPT dataset). With shuffle, every epoch visits the windows in its own seeded
 // order. Documents end after `eod` (-1: none); with eod_mask_loss, positions whose input is
 // that id have no loss.
+// The order in which each epoch visits `n` items: a Fisher-Yates shuffle seeded by (seed,
+// epoch) with the counter-based generator, the same on every platform and standard library,
+// or 0 .. n-1 without shuffle. The last epoch's order is kept.
+class EpochOrder {
+ public:
+  EpochOrder() = default;
+  EpochOrder(uint64_t n, uint64_t seed, bool shuffle) : n_(n), seed_(seed), shuffle_(shuffle) {}
+  // Item i of epoch `epoch` (i < n).
+  uint32_t at(uint64_t epoch, uint64_t i) const { return of(epoch)[i]; }
+
+ private:
+  const std::vector<uint32_t>& of(uint64_t epoch) const;
+  uint64_t n_ = 0, seed_ = 0;
+  bool shuffle_ = false;
+  mutable uint64_t cached_epoch_ = UINT64_MAX;
+  mutable std::vector<uint32_t> cached_;
+};
+
 // Positions that restart after each `eod` token (-1: never), 0 at the first token.
 void positions_after_eod(const int32_t* tokens, int64_t n, int32_t eod, int32_t* positions);
 
@@ -78,8 +96,6 @@ class TokenStreamSource final : public SampleSource {
   size_t tokens() const { return stream_.size(); }
 
  private:
-  const std::vector<uint32_t>& order(uint64_t epoch) const;
-
   std::string name_;
   std::vector<int32_t> stream_;
   int64_t seq_;
@@ -88,8 +104,7 @@ class TokenStreamSource final : public SampleSource {
   int32_t eod_;
   bool eod_mask_loss_;
   uint64_t windows_;
-  mutable uint64_t cached_epoch_ = UINT64_MAX;
-  mutable std::vector<uint32_t> cached_order_;
+  EpochOrder order_;
 };
 
 struct DataSources {

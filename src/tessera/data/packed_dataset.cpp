@@ -2,12 +2,10 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
-#include "tessera/core/random.h"
 #include "tessera/data/chat.h"
 
 namespace tessera {
@@ -56,6 +54,7 @@ PackedSource::PackedSource(PackedDatasetOptions options) : o_(std::move(options)
   }
   const uint64_t per_epoch = bins_.size();
   samples_ = (std::max<uint64_t>(o_.num_samples, 1) + per_epoch - 1) / per_epoch * per_epoch;
+  order_ = EpochOrder(per_epoch, o_.seed ^ kPackedOrderSalt, true);
 }
 
 double PackedSource::efficiency() const {
@@ -72,23 +71,10 @@ std::string PackedSource::describe() const {
       o_.seq_length, 100 * efficiency(), truncated_, o_.seq_length, skipped_, samples_);
 }
 
-// Fisher-Yates with the counter-based generator: the same order on every platform.
-const std::vector<uint32_t>& PackedSource::order(uint64_t epoch) const {
-  if (cached_epoch_ == epoch) return cached_order_;
-  const uint64_t n = bins_.size();
-  cached_order_.resize(n);
-  std::iota(cached_order_.begin(), cached_order_.end(), 0u);
-  const uint64_t seed = o_.seed ^ kPackedOrderSalt ^ splitmix64(epoch);
-  for (uint64_t i = n - 1; i > 0; --i)
-    std::swap(cached_order_[i], cached_order_[random_below(seed, i, static_cast<uint32_t>(i + 1))]);
-  cached_epoch_ = epoch;
-  return cached_order_;
-}
-
 std::optional<int64_t> PackedSource::real_tokens(uint64_t index) const {
   const uint64_t epoch = (index % samples_) / bins_.size();
   int64_t n = 0;
-  for (const Piece& p : bins_[order(epoch)[index % bins_.size()]]) n += p.length;
+  for (const Piece& p : bins_[order_.at(epoch, index % bins_.size())]) n += p.length;
   return n;
 }
 
@@ -96,7 +82,7 @@ void PackedSource::sample(uint64_t index, int32_t* tokens, int32_t* targets,
                           int32_t* positions) const {
   const int64_t T = o_.seq_length;
   const uint64_t epoch = (index % samples_) / bins_.size();
-  const std::vector<Piece>& bin = bins_[order(epoch)[index % bins_.size()]];
+  const std::vector<Piece>& bin = bins_[order_.at(epoch, index % bins_.size())];
   std::vector<int32_t> doc, roles;
   int64_t at = 0;
   for (const Piece& p : bin) {

@@ -54,13 +54,10 @@ class PackedSource final : public SampleSource {
     uint64_t document;
     int64_t length;  // its first `length` tokens
   };
-  const std::vector<uint32_t>& order(uint64_t epoch) const;
-
   PackedDatasetOptions o_;
   std::vector<std::vector<Piece>> bins_;
   uint64_t samples_ = 0, truncated_ = 0, skipped_ = 0, real_tokens_ = 0;
-  mutable uint64_t cached_epoch_ = UINT64_MAX;
-  mutable std::vector<uint32_t> cached_order_;
+  EpochOrder order_;
 };
 
 }  // namespace tessera

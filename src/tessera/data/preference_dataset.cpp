@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <numeric>
 
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
-#include "tessera/core/random.h"
 #include "tessera/data/chat.h"
 
 namespace tessera {
@@ -23,28 +21,17 @@ PreferenceSource::PreferenceSource(std::shared_ptr<const IndexedDataset> tokens,
                                    uint64_t end, int64_t seq_length, uint32_t seed,
                                    int32_t pad_id, bool shuffle)
     : tokens_(std::move(tokens)), roles_(std::move(roles)), first_(first), end_(end),
-      seq_(seq_length), seed_(seed), pad_id_(pad_id), shuffle_(shuffle) {}
+      seq_(seq_length), pad_id_(pad_id), order_(end - first, seed ^ kPairOrderSalt, shuffle) {}
 
 std::string PreferenceSource::describe() const {
   return fmt::format("preference pairs [{}, {}) of {}: each side a sequence of {} tokens", first_,
                      end_, tokens_->prefix(), seq_);
 }
 
-// A seeded permutation per epoch without storing it: an affine map modulo the pair count with
-// a multiplier coprime to it (every pair once per epoch).
-uint64_t PreferenceSource::pair_at(uint64_t index) const {
-  const uint64_t n = pairs(), epoch = index / n, i = index % n;
-  if (!shuffle_ || n == 1) return first_ + i;
-  const uint64_t seed = seed_ ^ kPairOrderSalt ^ splitmix64(epoch);
-  uint64_t a = 1 + splitmix64(seed) % (n - 1);
-  while (std::gcd(a, n) != 1) a = a % (n - 1) + 1;
-  const uint64_t b = splitmix64(seed + 1) % n;
-  return first_ + static_cast<uint64_t>((static_cast<__uint128_t>(a) * i + b) % n);
-}
-
 void PreferenceSource::sample(uint64_t index, int side, int32_t* tokens, int32_t* targets,
                               int32_t* positions) const {
-  const uint64_t doc = 2 * pair_at(index) + static_cast<uint64_t>(side);
+  const uint64_t pair = first_ + order_.at(index / pairs(), index % pairs());
+  const uint64_t doc = 2 * pair + static_cast<uint64_t>(side);
   const int64_t full = tokens_->sequence_length(doc);
   const int64_t kept = std::min(full, seq_), read = std::min(full, seq_ + 1);
   std::vector<int32_t> ids(static_cast<size_t>(read)), roles(static_cast<size_t>(read));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/data/dataset.h"
 #include "tessera/data/indexed_dataset.h"
 
 namespace tessera {
@@ -29,14 +30,11 @@ class PreferenceSource {
   void sample(uint64_t index, int side, int32_t* tokens, int32_t* targets, int32_t* positions) const;
 
  private:
-  uint64_t pair_at(uint64_t index) const;
-
   std::shared_ptr<const IndexedDataset> tokens_, roles_;
   uint64_t first_, end_;
   int64_t seq_;
-  uint32_t seed_;
   int32_t pad_id_;
-  bool shuffle_;
+  EpochOrder order_;
 };
 
 struct PreferenceSources {
