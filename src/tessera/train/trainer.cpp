@@ -629,6 +629,19 @@ void Trainer::compute_dpo_reference() {
             dpo_->train_reference.size(), dpo_->valid_reference.size(), ms_since(start) / 1e3);
 }
 
+// The policy's log-probabilities of a pair's answers and its DPO loss against `reference`;
+// adds its statistics (in DpoBatchStats' order) to *sums.
+DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index,
+                            const std::array<double, 2>& reference, std::array<double, 6>* sums) {
+  const double chosen = answer_logp(pairs, index, 0), rejected = answer_logp(pairs, index, 1);
+  const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1]);
+  const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
+                                      p.chosen_reward > p.rejected_reward ? 1.0 : 0.0, chosen,
+                                      rejected};
+  for (size_t k = 0; k < 6; ++k) (*sums)[k] += pair[k];
+  return p;
+}
+
 DpoBatchStats Trainer::dpo_means(const std::array<double, 6>& sums, int64_t pairs) {
   if (!dpo_->stats.defined()) {
     dpo_->stats_buffer = DeviceBuffer(*backend_, 6 * sizeof(float), "dpo statistics");
@@ -657,13 +670,7 @@ DpoBatchStats Trainer::dpo_gradients() {
       per_rank, 1.0f, [](int64_t) {},
       [&](int64_t m) {
         const uint64_t g = consumed_samples_ + static_cast<uint64_t>(m * dp + rank);
-        const double chosen = answer_logp(train, g, 0), rejected = answer_logp(train, g, 1);
-        const auto& [ref_chosen, ref_rejected] = dpo_->train_reference.at(g);
-        const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, ref_chosen, ref_rejected);
-        const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
-                                            p.chosen_reward > p.rejected_reward ? 1.0 : 0.0,
-                                            chosen, rejected};
-        for (size_t k = 0; k < 6; ++k) sums[k] += pair[k];
+        const DpoPair p = score_pair(train, g, dpo_->train_reference.at(g), &sums);
         for (int side = 0; side < 2; ++side) {
           load_pair_side(train, g, side);
           parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
@@ -676,15 +683,8 @@ DpoBatchStats Trainer::dpo_gradients() {
 
 double Trainer::evaluate_dpo() {
   std::array<double, 6> sums{};
-  for (const auto& [i, reference] : dpo_->valid_reference) {
-    const double chosen = answer_logp(*dpo_->pairs.valid, i, 0);
-    const double rejected = answer_logp(*dpo_->pairs.valid, i, 1);
-    const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1]);
-    const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
-                                        p.chosen_reward > p.rejected_reward ? 1.0 : 0.0, chosen,
-                                        rejected};
-    for (size_t k = 0; k < 6; ++k) sums[k] += pair[k];
-  }
+  for (const auto& [i, reference] : dpo_->valid_reference)
+    score_pair(*dpo_->pairs.valid, i, reference, &sums);
   const int64_t pairs = static_cast<int64_t>(std::min<uint64_t>(
       dpo_->pairs.valid->pairs(),
       static_cast<uint64_t>(exp_.data.eval_iters * exp_.training.global_batch_size)));

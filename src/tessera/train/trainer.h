@@ -148,6 +148,8 @@ class Trainer {
   void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side);
   void compute_dpo_reference();
+  DpoPair score_pair(const PreferenceSource& pairs, uint64_t index,
+                     const std::array<double, 2>& reference, std::array<double, 6>* sums);
   DpoBatchStats dpo_gradients();
   // Pair statistics summed over the data-parallel ranks, as means over `pairs`.
   DpoBatchStats dpo_means(const std::array<double, 6>& sums, int64_t pairs);
