@@ -98,6 +98,12 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   ASSERT_EQ(two.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "iteration " << i + 1;
 
+  // Data that is not preference pairs is refused naming the file.
+  r = run_tessera(dpo + " --train_iters 2 --data_path " + (dir / "p_preference_document_roles").string() +
+                  " --exp_name notpairs");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("objective dpo trains on preference pairs"), std::string::npos) << r.output;
+
   // Refused by name: several sequences per micro-batch, and a DPO run resumed.
   r = run_tessera(dpo + " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");
   EXPECT_EQ(r.exit_code, 2) << r.output;
