@@ -9,7 +9,8 @@ conversations against Python's jinja2 and @huggingface/tokenizers
     chat_template_transformers_check.py --tessera BIN [--out IDS_JSON]
 
 Prints one line per (tokenizer, conversation) and exits 1 on any difference. --out writes
-transformers' ids as JSON ({tokenizer: [[ids], ...]}), for a test to keep.
+the conversations and transformers' ids as JSON ({"conversations": [...], "ids": {tokenizer:
+[[ids], ...]}}), which the CPU tests keep as tests/data/tokenizer/chat_template_transformers_ids.json.
 """
 import argparse
 import json
@@ -86,7 +87,7 @@ def main():
                       f"{'equal to transformers' if same else f'DIFFER at {first} ({len(want)} expected)'}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(expected_all, f)
+            json.dump({"conversations": CONVERSATIONS, "ids": expected_all}, f, ensure_ascii=False)
     print(f"chat templates: {'all equal' if failures == 0 else f'{failures} differ'}")
     sys.exit(1 if failures else 0)
 

@@ -312,6 +312,23 @@ TEST(ChatTemplate, ShippedTemplatesRenderAndTokenizeAsTransformers) {
   }
 }
 
+// transformers' own apply_chat_template ids, recorded on the GPU machine (which has
+// transformers) by scripts/tokenizer/chat_template_transformers_check.py: the CPU encoding of
+// the same conversations must stay equal to them.
+TEST(ChatTemplate, IdsEqualTransformersRecordedIds) {
+  const ordered_json recorded = ordered_json::parse(
+      read_file(fs::path(TESSERA_SOURCE_DIR) / "tests" / "data" / "tokenizer" / "chat_template_transformers_ids.json"));
+  ASSERT_EQ(recorded["ids"].size(), 3u);
+  for (const auto& [name, per_conversation] : recorded["ids"].items()) {
+    const ChatFormat chat(tokenizer_json_path(name), shipped(name));
+    ASSERT_EQ(per_conversation.size(), recorded["conversations"].size());
+    for (size_t k = 0; k < per_conversation.size(); ++k)
+      EXPECT_EQ(chat.encode({{"messages", recorded["conversations"][k]}}, "recorded").ids,
+                per_conversation[k].get<std::vector<int32_t>>())
+          << name << " conversation " << k;
+  }
+}
+
 // The text of the tokens with `role`, each run of them on its own line.
 std::string text_of(const Tokenizer& t, const ChatSample& s, TokenRole role) {
   std::string out;
