@@ -5,6 +5,7 @@
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [chat] [kernels] [memory] [profile] [tensorboard]
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
 #       [dist] [four_gpu] [eight_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
+#       [posttrain]   (scripts/device/posttrain_bench.sh with the steps in POSTTRAIN_STEPS)
 #       [baseline]   (not in the default; dist: 2 GPUs; four_gpu: scripts/device/four_gpu.sh
 #                     with the steps in FOUR_GPU_STEPS (default all), 4 GPUs; eight_gpu:
 #                     scripts/device/eight_gpu.sh with EIGHT_GPU_STEPS, 8 GPUs; baseline: bench model of the packed
@@ -89,6 +90,10 @@ if want chat; then
   echo "== chat templates: preprocess --chat ids against transformers' apply_chat_template"
   timeout 120 python3 "$ROOT/scripts/tokenizer/chat_template_transformers_check.py" \
     --tessera "$BIN/tessera" --out "$OUT/chat_template_ids.json" 2>&1 | tee "$OUT/chat_check.log" | tail -14
+fi
+if want posttrain; then
+  echo "== post-training benchmarks against the transformers peer"
+  bash "$ROOT/scripts/device/posttrain_bench.sh" "$OUT/posttrain" ${POSTTRAIN_STEPS:-} 2>&1 | tee "$OUT/posttrain.log"
 fi
 if want kernels; then
   echo "== preflight and kernel benchmarks"

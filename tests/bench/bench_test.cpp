@@ -160,6 +160,9 @@ TEST(AttentionFlops, Convention) {
   EXPECT_DOUBLE_EQ(visible_pairs(8192, false, 0), 8192.0 * 8192);
   EXPECT_DOUBLE_EQ(visible_pairs(8, true, 3), 1 + 2 + 3 * 6);  // the band, exactly
   EXPECT_DOUBLE_EQ(visible_pairs(8192, true, 8192), 8192.0 * 8192 / 2);
+  // Packed documents: L^2 / 2 for each, the last one shorter.
+  EXPECT_DOUBLE_EQ(visible_pairs(8192, true, 0, 2048), 4 * 2048.0 * 2048 / 2);
+  EXPECT_DOUBLE_EQ(visible_pairs(5000, true, 0, 2048), 2 * 2048.0 * 2048 / 2 + 904.0 * 904 / 2);
   AttentionProblem p;
   p.batch = 1, p.seq = 8192, p.heads = 32, p.kv_heads = 8, p.head_dim = 128;
   EXPECT_NEAR(p.forward_flops() / 1e12, 0.5497, 1e-4);  // 4 * 32 * 128 * 8192^2 / 2
@@ -359,6 +362,13 @@ TEST(BenchCommands, WriteTablesAsMarkdownAndCsv) {
   EXPECT_NE(r.output.find("10 attention problems checked and timed"), std::string::npos)
       << r.output;
   EXPECT_TRUE(fs::exists(out / "bench_attention.csv"));
+  // Packed documents of 48 tokens: checked against the CPU reference with documents, skipped
+  // where one document would cover the sequence.
+  r = run("bench attention --device cpu --seqs 32,128 --head_dims 16 --heads 4 --kv_heads 2 --masks packed "
+          "--document_length 48 --batch 1 --iters 2 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 attention problems checked and timed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("packed 48"), std::string::npos) << r.output;
 
   r = run("bench membw --device cpu --sizes_mib 1,4 --iters 2 -o " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;

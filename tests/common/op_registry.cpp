@@ -1414,7 +1414,12 @@ std::vector<OpCase> attention_cases() {
   for (const Packed& p : {Packed{attn(2, 40, 4, 2, 64, 0), {{7, 13, 20}, {1, 39}}},
                           Packed{attn(1, 200, 8, 1, 128, 0), {{50, 3, 100, 47}}},
                           Packed{attn(1, 100, 4, 2, 64, 16), {{30, 70}}},
-                          Packed{attn_v(1, 64, 4, 4, 24, 16, 0), {{1, 1, 62}}}}) {
+                          Packed{attn_v(1, 64, 4, 4, 24, 16, 0), {{1, 1, 62}}},
+                          // Many tiles of the flash kernels: documents that end inside a tile, on
+                          // a tile edge (128, 256), one of one token, one across several tiles;
+                          // a sequence of one document; and a window inside documents.
+                          Packed{attn(2, 700, 8, 2, 128, 0), {{128, 1, 127, 300, 144}, {700}}},
+                          Packed{attn(1, 600, 4, 4, 64, 100), {{64, 64, 5, 331, 136}}}}) {
     const AttentionShape& s = p.s;
     std::vector<int32_t> starts, positions;
     for (const auto& sequence : p.documents)

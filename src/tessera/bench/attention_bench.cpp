@@ -14,28 +14,43 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: tessera bench attention [--seqs 1024,2048,4096,8192,16384,32768]
-         [--head_dims 64,128] [--heads 32] [--kv_heads 8] [--masks causal,full,window]
-         [--window 4096] [--tokens 16384 | --batch B] [--passes forward,backward]
+         [--head_dims 64,128] [--heads 32] [--kv_heads 8] [--masks causal,full,window,packed]
+         [--window 4096] [--document_length 2048] [--tokens 16384 | --batch B]
+         [--passes forward,backward]
          [--attention_backend auto|tessera|cudnn] [--device auto|cpu|cuda] [--gpu NAME]
          [--warmup 5] [--iters 20] [-o DIR]
 
 The fused attention op over masks, GQA ratios (--kv_heads 32,8,1 sweeps them), head dims and
 sequence lengths; batch = max(1, tokens / seq) unless --batch. Window rows are skipped where
-the window covers the sequence. --attention_backend picks the kernels as the training key of
+the window covers the sequence. packed (not in the default): each sequence holds documents of
+--document_length tokens (the last one shorter), attention inside each; rows are skipped where
+one document covers the sequence. --attention_backend picks the kernels as the training key of
 that name does. Each row is checked before timing (T=200 against the CPU reference; forward
 rows also sampled at full size against a host softmax).
 TFLOP/s: forward 4*B*H*D*pairs with pairs = T^2/2 causal, T^2 full, the exact band for a
-window; backward 2.5x forward. -o DIR writes bench_attention.csv and .md.
+window, L^2/2 per document of L tokens packed; backward 2.5x forward. -o DIR writes bench_attention.csv and .md.
 )";
 
 constexpr int64_t kSmallSeq = 200;  // not a multiple of any tile
 constexpr int kSampledRows = 4;
 
-// qkv, out, lse (+ dout, dqkv for the backward) of one problem, in one allocation.
+// qkv, out, lse (+ dout, dqkv for the backward, the document starts when packed) of one
+// problem, in one allocation, and the shape that reads them.
 struct AttentionTensors {
   DeviceBuffer buffer;
   Tensor qkv, out, lse, dout, dqkv;
+  AttentionShape shape;
 };
+
+// The first token of each token's document, for every sequence (B, T).
+std::vector<int32_t> document_starts(const AttentionProblem& p) {
+  std::vector<int32_t> starts(static_cast<size_t>(p.batch * p.seq));
+  for (int64_t k = 0; k < p.batch * p.seq; ++k) {
+    const int64_t t = k % p.seq;
+    starts[k] = static_cast<int32_t>(t / p.document_length * p.document_length);
+  }
+  return starts;
+}
 
 size_t aligned(size_t bytes) {
   return (bytes + 255) / 256 * 256;
@@ -46,7 +61,8 @@ size_t set_bytes(const AttentionProblem& p, DType dt) {
   const size_t qkv = aligned(s.tokens() * s.qkv_width() * dtype_size(dt));
   const size_t out = aligned(s.tokens() * s.heads * s.head_dim * dtype_size(dt));
   const size_t lse = aligned(s.batch * s.heads * s.seq * sizeof(float));
-  return qkv + out + lse + (p.backward ? qkv + out : 0);
+  const size_t starts = p.document_length > 0 ? aligned(s.tokens() * sizeof(int32_t)) : 0;
+  return qkv + out + lse + starts + (p.backward ? qkv + out : 0);
 }
 
 AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint64_t seed) {
@@ -62,6 +78,11 @@ AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint6
   t.qkv = take(dt, {s.batch, s.seq, s.qkv_width()});
   t.out = take(dt, {s.batch, s.seq, s.heads * s.head_dim});
   t.lse = take(DType::F32, {s.batch, s.heads, s.seq});
+  t.shape = s;
+  if (p.document_length > 0) {
+    t.shape.document_starts = take(DType::I32, {s.tokens()});
+    b.upload(t.shape.document_starts, document_starts(p).data());
+  }
   b.init_normal(t.qkv, seed, 0, 0.0f, 1.0f);
   if (p.backward) {
     t.dout = take(dt, {s.batch, s.seq, s.heads * s.head_dim});
@@ -73,17 +94,19 @@ AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint6
 
 void run(Backend& b, const AttentionProblem& p, const AttentionTensors& t) {
   if (p.backward)
-    b.attention_backward(t.dqkv, t.dout, t.out, t.lse, t.qkv, p.shape());
+    b.attention_backward(t.dqkv, t.dout, t.out, t.lse, t.qkv, t.shape);
   else
-    b.attention_forward(t.out, t.lse, t.qkv, p.shape());
+    b.attention_forward(t.out, t.lse, t.qkv, t.shape);
 }
 
 // Output row and log-sum-exp of query (b, t, h), in double, from the host copy of qkv.
-void host_attention_row(const AttentionShape& s, const std::vector<float>& qkv, int64_t b,
+void host_attention_row(const AttentionProblem& p, const std::vector<float>& qkv, int64_t b,
                         int64_t t, int64_t h, std::vector<double>& out, double& lse) {
+  const AttentionShape s = p.shape();
   const int64_t W = s.qkv_width(), D = s.head_dim, kvh = h / (s.heads / s.kv_heads);
   const float* q = &qkv[(b * s.seq + t) * W + h * D];
-  const int64_t first = s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
+  int64_t first = s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
+  if (p.document_length > 0) first = std::max(first, t / p.document_length * p.document_length);
   const int64_t last = s.causal ? t : s.seq - 1;
   std::vector<double> score;
   double max = -INFINITY;
@@ -117,10 +140,17 @@ AttentionShape AttentionProblem::shape() const {
 
 std::string AttentionProblem::mask() const {
   if (window > 0) return fmt::format("window {}", window);
+  if (document_length > 0) return fmt::format("packed {}", document_length);
   return causal ? "causal" : "full";
 }
 
-double visible_pairs(int64_t seq, bool causal, int64_t window) {
+double visible_pairs(int64_t seq, bool causal, int64_t window, int64_t document_length) {
+  if (document_length > 0 && document_length < seq) {
+    double pairs = 0;
+    for (int64_t begin = 0; begin < seq; begin += document_length)
+      pairs += visible_pairs(std::min(document_length, seq - begin), causal, window);
+    return pairs;
+  }
   const double T = static_cast<double>(seq);
   if (window <= 0 || window >= seq) return causal ? T * T / 2 : T * T;  // the convention
   double pairs = 0;  // the exact band: query i sees keys (i - window, i] (or to T - 1 if full)
@@ -130,7 +160,7 @@ double visible_pairs(int64_t seq, bool causal, int64_t window) {
 }
 
 double AttentionProblem::forward_flops() const {
-  return 4.0 * batch * heads * head_dim * visible_pairs(seq, causal, window);
+  return 4.0 * batch * heads * head_dim * visible_pairs(seq, causal, window, document_length);
 }
 
 AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
@@ -143,17 +173,18 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
     small.kv_heads = std::min<int64_t>(p.kv_heads, 2);
     small.heads = small.kv_heads * (p.heads / p.kv_heads);
     if (p.window > 0) small.window = std::min<int64_t>(p.window, 64);
+    if (p.document_length > 0) small.document_length = std::min<int64_t>(p.document_length, 64);
     small.backward = true;
-    const AttentionShape s = small.shape();
     const AttentionTensors d = allocate(dev, small, ctx.dtype, 31);
+    const AttentionShape& s = d.shape;
     dev.attention_forward(d.out, d.lse, d.qkv, s);
     dev.attention_backward(d.dqkv, d.dout, d.out, d.lse, d.qkv, s);
     Backend& ref = *ctx.reference;
     const AttentionTensors h = allocate(ref, small, DType::F32, 31);
     upload_floats(ref, h.qkv, download_floats(dev, d.qkv));
     upload_floats(ref, h.dout, download_floats(dev, d.dout));
-    ref.attention_forward(h.out, h.lse, h.qkv, s);
-    ref.attention_backward(h.dqkv, h.dout, h.out, h.lse, h.qkv, s);
+    ref.attention_forward(h.out, h.lse, h.qkv, h.shape);
+    ref.attention_backward(h.dqkv, h.dout, h.out, h.lse, h.qkv, h.shape);
     // The op-test registry's tolerances for bf16 attention (tests/common/op_registry.cpp).
     const double out_err = relative_error(download_floats(dev, d.out), download_floats(ref, h.out));
     const double lse_err = relative_error(download_floats(dev, d.lse), download_floats(ref, h.lse));
@@ -169,9 +200,8 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
     }
   }
   if (!p.backward) {  // full size: sampled query rows against the host, in double
-    AttentionProblem fwd = p;
-    const AttentionShape s = fwd.shape();
-    const AttentionTensors d = allocate(dev, fwd, ctx.dtype, 41);
+    const AttentionTensors d = allocate(dev, p, ctx.dtype, 41);
+    const AttentionShape& s = d.shape;
     dev.attention_forward(d.out, d.lse, d.qkv, s);
     const std::vector<float> qkv = download_floats(dev, d.qkv), out = download_floats(dev, d.out);
     const std::vector<float> lse = download_floats(dev, d.lse);
@@ -181,7 +211,7 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
       const int64_t t = i == 0 ? 0 : i == kSampledRows - 1 ? s.seq - 1 : s.seq * i / kSampledRows;
       std::vector<double> want;
       double want_lse = 0;
-      host_attention_row(s, qkv, b, t, h, want, want_lse);
+      host_attention_row(p, qkv, b, t, h, want, want_lse);
       std::vector<float> got(s.head_dim), ref(s.head_dim);
       for (int64_t k = 0; k < s.head_dim; ++k) {
         got[k] = out[(b * s.seq + t) * s.heads * s.head_dim + h * s.head_dim + k];
@@ -212,7 +242,7 @@ AttentionResult run_attention(BenchContext& ctx, const AttentionProblem& p) {
     for (int s = 0; s < sets; ++s) {
       tensors.push_back(allocate(*ctx.device, p, ctx.dtype, 100 + 10 * s));
       const AttentionTensors& t = tensors.back();
-      if (p.backward) ctx.device->attention_forward(t.out, t.lse, t.qkv, p.shape());  // its input
+      if (p.backward) ctx.device->attention_forward(t.out, t.lse, t.qkv, t.shape);  // its input
     }
     r.timing = measure(
         *ctx.device, [&](int i) { run(*ctx.device, p, tensors[i % sets]); }, ctx.warmup, ctx.iters);
@@ -230,11 +260,14 @@ int attention_bench_command(const std::vector<std::string>& args) {
     return 0;
   }
   std::set<std::string> valued = kCommonOptions;
-  valued.insert({"seqs", "head_dims", "heads", "kv_heads", "masks", "window", "tokens", "batch",
-                 "passes", "attention_backend"});
+  valued.insert({"seqs", "head_dims", "heads", "kv_heads", "masks", "window", "document_length",
+                 "tokens", "batch", "passes", "attention_backend"});
   const CommandArgs a(args, valued, {}, false);
   BenchContext ctx = make_context(context_options(a));
   const int64_t heads = a.get_int("heads", 32), window = a.get_int("window", 4096);
+  const int64_t document_length = a.get_int("document_length", 2048);
+  if (document_length <= 0)
+    throw ConfigError("command line", "document_length", std::to_string(document_length), "a positive token count");
   const int64_t tokens = a.get_int("tokens", 16384);
   std::vector<AttentionProblem> problems;
   for (const std::string& pass : a.get_list("passes", {"forward", "backward"})) {
@@ -246,15 +279,17 @@ int attention_bench_command(const std::vector<std::string>& args) {
                           fmt::format("a divisor of --heads {}", heads));
       for (int64_t d : a.get_int_list("head_dims", {64, 128}))
         for (const std::string& mask : a.get_list("masks", {"causal", "full", "window"})) {
-          if (mask != "causal" && mask != "full" && mask != "window")
-            throw ConfigError("command line", "masks", mask, "causal, full and/or window");
+          if (mask != "causal" && mask != "full" && mask != "window" && mask != "packed")
+            throw ConfigError("command line", "masks", mask, "causal, full, window and/or packed");
           for (int64_t t : a.get_int_list("seqs", {1024, 2048, 4096, 8192, 16384, 32768})) {
             if (mask == "window" && window >= t) continue;
+            if (mask == "packed" && document_length >= t) continue;
             AttentionProblem p;
             p.batch = a.get_int("batch", std::max<int64_t>(1, tokens / t));
             p.seq = t, p.heads = heads, p.kv_heads = kv, p.head_dim = d;
             p.causal = mask != "full";
             p.window = mask == "window" ? window : 0;
+            p.document_length = mask == "packed" ? document_length : 0;
             p.backward = pass == "backward";
             problems.push_back(p);
           }
@@ -269,7 +304,8 @@ int attention_bench_command(const std::vector<std::string>& args) {
                         ctx.description);
   t.note = fmt::format(
       "{} q/k/v; median of {} samples after {} warm-up calls; TFLOP/s with forward = 4*B*H*D*"
-      "pairs (causal T^2/2, full T^2, window: exact band), backward = 2.5x forward; {}.",
+      "pairs (causal T^2/2, full T^2, window: exact band, packed: L^2/2 per document), backward "
+      "= 2.5x forward; {}.",
       dtype_name(ctx.dtype), ctx.iters, ctx.warmup,
       peak_note(ctx, peak, std::string(dtype_name(ctx.dtype)) + " peak", "TFLOP/s"));
   t.columns = {{"pass", true},  {"mask", true},     {"batch", true},    {"seq", true},

@@ -1,10 +1,12 @@
 #pragma once
 // `tessera bench attention`: the fused attention op (forward and backward) over masks
-// (causal, full, causal sliding window), GQA ratios, head dims and sequence lengths.
+// (causal, full, causal sliding window, packed documents), GQA ratios, head dims and sequence
+// lengths.
 //
 // FLOPs convention (as dev/attention/attention_lab and docs/performance.md): forward
 // 4 * B * H * D * visible query-key pairs, where plain causal counts T^2 / 2 (half of full),
-// full counts T^2 and a window counts its exact band; backward counts 2.5x the forward.
+// full counts T^2, a window counts its exact band and packed documents L^2 / 2 for each
+// document of L tokens; backward counts 2.5x the forward.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,16 +19,19 @@ struct AttentionProblem {
   int64_t batch = 1, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   bool causal = true;
   int64_t window = 0;     // > 0: causal sliding window
+  // > 0: causal, each sequence packed with documents of this many tokens (the last one
+  // shorter), attention kept inside each (reset_attention_mask).
+  int64_t document_length = 0;
   bool backward = false;  // time the backward (the forward runs once to produce out and lse)
 
-  AttentionShape shape() const;
-  std::string mask() const;  // "causal", "full", "window 4096"
+  AttentionShape shape() const;  // without the document starts (allocate() adds them)
+  std::string mask() const;  // "causal", "full", "window 4096", "packed 2048"
   double forward_flops() const;
   double flops() const { return backward ? 2.5 * forward_flops() : forward_flops(); }
 };
 
 // Query-key pairs attention computes for a sequence of T tokens (the convention above).
-double visible_pairs(int64_t seq, bool causal, int64_t window);
+double visible_pairs(int64_t seq, bool causal, int64_t window, int64_t document_length = 0);
 
 struct AttentionCheck {
   bool ok = false;

@@ -242,6 +242,11 @@ void print_proxy_table(const nlohmann::json& results, std::string_view per) {
         r["peak_mem_gib"].get<double>(), ms_or_dash(r, "breakdown_step_ms"),
         ms_or_dash(r, "breakdown_ms_gemm"), ms_or_dash(r, "breakdown_ms_attention"),
         ms_or_dash(r, "breakdown_ms_other"));
+  for (const auto& r : results)
+    if (r.contains("real_tokens_per_s_per_gpu"))
+      fmt::print("{}: packed sequences, {:.0f} real tokens/s/{} (packing efficiency {:.1f}%)\n",
+                 r["model"].get<std::string>(), r["real_tokens_per_s_per_gpu"].get<double>(), per,
+                 100 * r["packing_efficiency"].get<double>());
 }
 
 constexpr const char* kParts[] = {"gemm",      "attention",     "recompute", "casts",
@@ -350,11 +355,14 @@ int model_bench_command(const std::vector<std::string>& args) {
     b.reset_peak_memory();
     std::vector<double> ms;
     double last_loss = 0;
+    int64_t real_tokens = 0;  // of the timed steps: what is not padding of packed sequences
     for (int i = 1; i <= o.iters; ++i) {
       b.synchronize();
       const auto t0 = std::chrono::steady_clock::now();
-      last_loss = trainer.run_iteration(o.warmup + i).loss;
+      const IterationStats stats = trainer.run_iteration(o.warmup + i);
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      last_loss = stats.loss;
+      real_tokens += stats.real_tokens;
     }
     const MemoryStats mem = b.memory_stats();
     const double step_ms = median(ms);
@@ -375,6 +383,12 @@ int model_bench_command(const std::vector<std::string>& args) {
                         {"gemm_ceiling_tflops", ceiling},
                         {"peak_mem_gib", mem.peak_bytes / kGiB},
                         {"loss", last_loss}};
+    // Packed sequences (packing_strategy bfd) pad: their real tokens per second beside.
+    const double real_share = real_tokens / (tokens * o.iters);
+    if (real_share < 1) {
+      r["real_tokens_per_s_per_gpu"] = tok_s * real_share;
+      r["packing_efficiency"] = real_share;
+    }
     if (o.full) {
       const auto spec = analysis::find_gpu_spec(device);
       r["mode"] = "full";

@@ -19,10 +19,13 @@
 //                                         deterministic dQ, AttentionOptions::deterministic).
 //   attention_backward_dq_convert_kernel  fp32 atomic dQ accumulator -> bf16 (the other mode).
 //
-// Masking. Query i sees key j iff j < T, j <= i when causal, and j > i - window when
-// window > 0. Every row sees at least itself, so no valid row is ever empty. Each kernel
-// computes the tile range that contains visible pairs and never visits the rest (for the
-// window, key tiles below q0 - window + 1; for causal, key tiles past the last row);
+// Masking. Query i sees key j iff j < T, j <= i when causal, j > i - window when window > 0,
+// and, for packed documents (causal), j >= start[i], the first token of i's document. Every
+// row sees at least itself, so no valid row is ever empty. Each kernel computes the tile
+// range that contains visible pairs and never visits the rest (for the window, key tiles
+// below q0 - window + 1; for documents, key tiles below the first row's document and query
+// tiles past the last key's document; for causal, key tiles past the last row), so packed
+// documents cost the visible pairs, not the whole triangle;
 // element masks are applied only on tiles where some pair of the tile is invisible or out
 // of range (the `boundary` flags below), so interior tiles pay nothing for masking.
 #include "tessera/backend/cuda/attention.cuh"
@@ -219,12 +222,31 @@ __device__ __forceinline__ void store_pair(uint8_t* tile_byte, float lo, float h
 }  // namespace
 
 // Whether the tile of queries [q0, q_last] x keys [k0, k0 + block_n) holds a pair that must be
-// masked: a key past T, a key above the first query's diagonal, or a key at or left of the
-// last query's window edge. Tiles entirely inside the visible band skip element masks.
+// masked: a key past T, a key above the first query's diagonal, a key at or left of the last
+// query's window edge, or a key before the last query's document (`last_start`: the first
+// token of it, 0 without documents). Tiles entirely inside the visible band skip element masks.
 __device__ __forceinline__ bool tile_needs_mask(int q0, int q_last, int k0, int block_n, int T,
-                                                bool causal, int window) {
+                                                bool causal, int window, int last_start) {
   return k0 + block_n > T || (causal && k0 + block_n - 1 > q0) ||
-         (window > 0 && k0 <= q_last - window);
+         (window > 0 && k0 <= q_last - window) || k0 < last_start;
+}
+
+// The first key query i sees for its document: starts[i] (this sequence's document starts,
+// null without documents), for i < T; a row past T takes row T - 1's, so it stays finite.
+__device__ __forceinline__ int document_start(const int32_t* starts, int i, int T) {
+  return starts ? starts[min(i, T - 1)] : 0;
+}
+
+// One past the last query of key j's document (T without documents): the first i > j whose
+// document starts after j. Starts never decrease along the sequence, so it is a bisection.
+__device__ __forceinline__ int document_end(const int32_t* starts, int j, int T) {
+  if (!starts) return T;
+  int lo = j + 1, hi = T;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (starts[mid] > j) hi = mid; else lo = mid + 1;
+  }
+  return lo;
 }
 
 struct AttentionForwardParams {
@@ -232,6 +254,7 @@ struct AttentionForwardParams {
   bf16* out;
   float* lse;
   int64_t width;  // elements per token of qkv: (H + 2 KV) D
+  const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
   int seq, heads, kv_heads, group, window;
   bool causal;
   float scale, scale_log2;
@@ -245,6 +268,7 @@ struct AttentionBackwardParams {
   bf16* dqkv;
   float* dq_accum;  // (B, T, H, D) fp32, atomic dQ mode only
   int64_t width;
+  const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
   int seq, heads, kv_heads, group, window;
   bool causal;
   float scale, scale_log2;
@@ -286,8 +310,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
   const int q0 = m_tile * kBlockM;
   const int q_last = min(q0 + kBlockM, T) - 1;
-  // Keys visible from some row of the tile: [q0 - window + 1, q_last] (causal, windowed).
-  const int kv_first = p.window > 0 ? max(0, q0 - p.window + 1) : 0;
+  const int32_t* const starts = p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
+  const int last_start = document_start(starts, q_last, T);
+  // Keys visible from some row of the tile: [max(q0 - window + 1, the first row's document
+  // start), q_last] (causal, windowed, packed).
+  const int kv_first = max(p.window > 0 ? max(0, q0 - p.window + 1) : 0, document_start(starts, q0, T));
   const int kv_end = p.causal ? q_last + 1 : T;
   const int n_begin = kv_first / kBlockN, n_end = (kv_end + kBlockN - 1) / kBlockN;
 
@@ -370,7 +397,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     // Element masks only where the tile holds an invisible or out-of-range pair: past T, above
     // the diagonal (a key beyond the tile's first row), or left of the band (a key at or below
     // the last row's i - window). Rows past T are never stored; they only must not make NaN.
-    const bool boundary = tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window);
+    const bool boundary = tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window, last_start);
     if (boundary) {
 #pragma unroll
       for (int mi = 0; mi < kMT; ++mi) {
@@ -379,7 +406,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
           // Row i sees keys [lo, hi]; compared as column offsets from this thread's first one,
           // so each element costs two compares against a compile-time column.
           const int i = q0 + warp_row0 + mi * 16 + g + 8 * r;
-          const int lo = (p.window > 0 ? i - p.window + 1 : 0) - k0 - 2 * t;
+          const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_start(starts, i, T)) - k0 - 2 * t;
           const int hi = min(p.causal ? i : T - 1, T - 1) - k0 - 2 * t;
 #pragma unroll
           for (int ni = 0; ni < kNT; ++ni) {
@@ -554,8 +581,10 @@ __global__ void __launch_bounds__(kBlockN / 16 * 32, 1)
   const int n_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int k0 = n_tile * kBlockN;
   const int k_last = min(k0 + kBlockN, T) - 1;
+  const int32_t* const starts = p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
   const int m_begin = p.causal ? k0 / kBlockM : 0;
-  const int q_end = p.window > 0 ? min(T, k_last + p.window) : T;
+  // Queries that see a key of the tile: up to the last key's window edge and document end.
+  const int q_end = min(p.window > 0 ? min(T, k_last + p.window) : T, document_end(starts, k_last, T));
   const int m_count = (q_end + kBlockM - 1) / kBlockM - m_begin;
   const int iters = p.group * m_count;
 
@@ -601,6 +630,13 @@ __global__ void __launch_bounds__(kBlockN / 16 * 32, 1)
   }
   const int warp_key0 = warp * 16;
   const uint32_t kv_frag = ldsm_base<kD, LdsmOrder::kRowMajor16>(s0 + warp_key0 * kD * 2, lane);
+  // The last query that sees each of this thread's two key rows, by window and document.
+  int key_last_query[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = k0 + warp_key0 + g + 8 * r;
+    key_last_query[r] = j < T ? min(p.window > 0 ? j + p.window - 1 : T - 1, document_end(starts, j, T) - 1) : -1;
+  }
   const uint32_t q_frag = ldsm_base<kD, LdsmOrder::kRowPairs8>(s0 + kOffQ, lane);
   const uint32_t qt_frag = ldsm_base<kD, LdsmOrder::kRowMajor16>(s0 + kOffQ, lane);
 
@@ -648,18 +684,19 @@ __global__ void __launch_bounds__(kBlockN / 16 * 32, 1)
     // Masked (and out-of-range) pairs get P = 0 by assignment, so an overflowing exponent of
     // a masked pair cannot leak.
     // Query rows past T feed the key gradients, so they are masked too.
-    const bool boundary = q0 + kBlockM > T ||
-                          tile_needs_mask(q0, q0 + kBlockM - 1, k0, kBlockN, T, p.causal, p.window);
+    const bool boundary =
+        q0 + kBlockM > T || tile_needs_mask(q0, q0 + kBlockM - 1, k0, kBlockN, T, p.causal, p.window,
+                                            document_start(starts, q0 + kBlockM - 1, T));
     const float* sL = reinterpret_cast<const float*>(smem + kOffL) + stage * kBlockM;
     const float* sDelta = reinterpret_cast<const float*>(smem + kOffDelta) + stage * kBlockM;
-    // Key j (a row here) is seen by queries [j if causal, j + window - 1], below T; as column
-    // offsets from this thread's first column. A key past T is seen by nobody.
+    // Key j (a row here) is seen by queries [j if causal, key_last_query]; as column offsets
+    // from this thread's first column. A key past T is seen by nobody.
     int lo[2], hi[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int j = k0 + warp_key0 + g + 8 * r;
       lo[r] = (p.causal ? j : 0) - q0 - 2 * t;
-      hi[r] = (j < T ? min(T - 1, p.window > 0 ? j + p.window - 1 : T - 1) : -1) - q0 - 2 * t;
+      hi[r] = key_last_query[r] - q0 - 2 * t;
     }
 #pragma unroll
     for (int ni = 0; ni < kMT; ++ni) {
@@ -800,7 +837,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
   const int q0 = m_tile * kBlockM;
   const int q_last = min(q0 + kBlockM, T) - 1;
-  const int kv_first = p.window > 0 ? max(0, q0 - p.window + 1) : 0;
+  const int32_t* const starts = p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
+  const int kv_first = max(p.window > 0 ? max(0, q0 - p.window + 1) : 0, document_start(starts, q0, T));
   const int kv_end = p.causal ? q_last + 1 : T;
   const int n_begin = kv_first / kBlockN, n_end = (kv_end + kBlockN - 1) / kBlockN;
 
@@ -884,14 +922,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     }
 
     // Query rows past T feed the key gradients, so they are masked too.
-    const bool boundary = q0 + kBlockM > T ||
-                          tile_needs_mask(q0, q0 + kBlockM - 1, k0, kBlockN, T, p.causal, p.window);
+    const bool boundary =
+        q0 + kBlockM > T || tile_needs_mask(q0, q0 + kBlockM - 1, k0, kBlockN, T, p.causal, p.window,
+                                            document_start(starts, q0 + kBlockM - 1, T));
     // Row i sees keys [lo, hi] (as in the forward); rows past T are never stored.
     int lo[2], hi[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = q0 + warp_row0 + g + 8 * r;
-      lo[r] = (p.window > 0 ? i - p.window + 1 : 0) - k0 - 2 * t;
+      lo[r] = max(p.window > 0 ? i - p.window + 1 : 0, document_start(starts, i, T)) - k0 - 2 * t;
       hi[r] = min(p.causal ? i : T - 1, T - 1) - k0 - 2 * t;
     }
 #pragma unroll
@@ -982,6 +1021,7 @@ void check_shape(const AttentionShape& s) {
   if (s.batch < 0 || s.seq < 0 || s.seq > (INT_MAX / 2)) fail("sequence length out of range");
   if (s.heads > 65535 || s.batch > 65535) fail("heads and batch must be <= 65535 (grid)");
   if (s.window < 0) fail("window must be >= 0");
+  if (s.document_starts.defined() && !s.causal) fail("packed documents must be causal");
   if (!(s.scale > 0.f) || !std::isfinite(s.scale)) fail("scale must be positive and finite");
 }
 
@@ -999,6 +1039,7 @@ Params make_params(const AttentionShape& s) {
   p.kv_heads = static_cast<int>(s.kv_heads);
   p.group = static_cast<int>(s.heads / s.kv_heads);
   p.window = effective_window(s);
+  p.document_starts = s.document_starts.defined() ? s.document_starts.as<int32_t>() : nullptr;
   p.causal = s.causal;
   p.scale = s.scale;
   p.scale_log2 = s.scale * kLog2e;

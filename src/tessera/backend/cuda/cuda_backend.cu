@@ -610,12 +610,13 @@ void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::st
 
 void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                        const AttentionShape& s) {
-  // fp32 runs (parity checks) and packed documents take the row-wise kernels.
-  if (qkv.dtype == DType::F32 || s.document_starts.defined()) {
+  // fp32 runs (parity checks) take the row-wise kernels; packed documents skip cuDNN, whose
+  // ragged layout wants the documents as separate sequences of a padded batch.
+  if (qkv.dtype == DType::F32) {
     cuda::attention_rowwise_forward(out.data, lse.as<float>(), qkv.data, s, qkv.dtype, stream_);
     return;
   }
-  if (use_cudnn_attention(s, false, {out.data, lse.data, qkv.data})) {
+  if (!s.document_starts.defined() && use_cudnn_attention(s, false, {out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->forward_plan(s).workspace_bytes;
     try {
       cudnn_->forward(out.data, lse.as<float>(), qkv.data, s, bytes > 0 ? scratch(bytes) : nullptr);
@@ -635,10 +636,9 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
 void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                         const Tensor& lse, const Tensor& qkv,
                                         const AttentionShape& s) {
-  // cuDNN's fused attention and the flash kernels are bf16 and take no document starts; fp32
-  // and packed documents take the row-wise kernels.
-  const bool rowwise =
-      qkv.dtype == DType::F32 || s.document_starts.defined() || !flash_kernels_take(s);
+  // cuDNN's fused attention and the flash kernels are bf16; fp32 takes the row-wise kernels,
+  // packed documents the flash kernels (or the row-wise ones for other head sizes).
+  const bool rowwise = qkv.dtype == DType::F32 || !flash_kernels_take(s);
   if (qkv.dtype == DType::BF16 && !s.document_starts.defined() &&
       use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
     const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;

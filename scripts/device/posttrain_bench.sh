@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Post-training benchmarks on one GPU, beside the transformers peer (.device/peer/
+# torch_posttrain.py) in the same call. Run by gpu_suite.sh's posttrain step (binaries in
+# .device/bin), or alone after it unpacked the payload:
+#   bash scripts/device/posttrain_bench.sh OUT_DIR [attention] [sft] [full]
+#     attention  bench attention at seq 8192, D 128, 32/8 heads: causal, and packed documents
+#                of 1024 tokens (Tessera's kernels; cuDNN's causal beside)
+#     sft        the Llama 3.1 8B 4-layer proxy at seq 8192, global batch 1: pretraining on
+#                mock data, then packed SFT of Brown conversations (256-2048 tokens, the loss
+#                on the assistant's three quarters, documents masked, positions restarted);
+#                the peer's --task sft --compile at the same size
+#     full       the same pretraining and SFT with the full model (bench model --full)
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT="$1"; shift
+BIN="$ROOT/.device/bin"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(attention sft)
+want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+mkdir -p "$OUT"
+work="$(mktemp -d)"
+SFT_DATA=(--mock_data false --data_path "$work/chats_chat_document" --tokenizer_type HuggingFaceTokenizer
+          --tokenizer_model llama3.1 --packing_strategy bfd --reset_position_ids true --reset_attention_mask true)
+if want sft || want full; then
+  python3 "$ROOT/scripts/data/brown_chats.py" "$work/chats.jsonl" --conversations 3000
+  "$BIN/tessera" preprocess --chat --input "$work/chats.jsonl" --output-prefix "$work/chats" \
+    --tokenizer-model llama3.1 --seq-length 8192 --overlong truncate --workers "$(nproc)" 2>&1 | tail -3
+fi
+if want attention; then
+  echo "== attention at seq 8192: causal and packed documents of 1024 tokens"
+  timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal,packed \
+    --document_length 1024 --attention_backend tessera -o "$OUT/attention_tessera" 2>&1 | tail -8
+  timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal \
+    --attention_backend cudnn -o "$OUT/attention_cudnn" 2>&1 | tail -6
+fi
+if want sft; then
+  echo "== proxy: pretraining, packed SFT, the peer"
+  timeout 150 "$BIN/tessera" bench model --models llama3.1_8B -o "$OUT/proxy_pretrain" 2>&1 | tail -4
+  timeout 150 "$BIN/tessera" bench model --models llama3.1_8B "${SFT_DATA[@]}" -o "$OUT/proxy_sft" 2>&1 | tail -5
+  timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task sft --compile --layers 4 --seq 8192 \
+    --json "$OUT/peer.jsonl" 2>&1 | tail -1
+fi
+if want full; then
+  echo "== full model: pretraining and packed SFT"
+  timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B -o "$OUT/full_pretrain" 2>&1 | tail -4
+  timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${SFT_DATA[@]}" -o "$OUT/full_sft" 2>&1 | tail -5
+fi
+rm -rf "$work"
