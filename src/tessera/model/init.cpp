@@ -35,6 +35,10 @@ void init_parameters(Backend& backend, const ModelSpec& spec, const ParamLayout&
                            break;
                          case ParamInit::Zeros:
                            break;
+                         case ParamInit::LowRankNormal:
+                           backend.init_normal(t, seed, first, 0.0f,
+                                               1.0f / static_cast<float>(p.shape[0]));
+                           break;
                        }
                      });
     });

@@ -20,7 +20,9 @@ namespace tessera {
 
 struct ModelSpec;
 
-enum class ParamInit { Normal, ScaledNormal, Ones, Zeros };
+// LowRankNormal: a LoRA A matrix (rank, in), normal with std 1 / rank (peft's gaussian
+// init_lora_weights).
+enum class ParamInit { Normal, ScaledNormal, Ones, Zeros, LowRankNormal };
 
 // How tensor parallelism splits a parameter across the ranks of a group (Megatron's layer
 // kinds): the family's blocks declare it with each parameter, parallelize applies it.

@@ -1,0 +1,162 @@
+// LoRA (model/lora_model.h) against the plain model it stands for: with adapters A, B on the
+// chosen projections, the loss is the plain model's with W + (alpha / r) B A in their place,
+// and the adapters' gradients are (alpha / r) dW A^T and (alpha / r) B^T dW of that model's
+// weight gradients dW (whose parity with PyTorch the model tests prove), accumulated over
+// micro-batches; the frozen weights do not move.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/core/error.h"
+#include "tessera/core/random.h"
+#include "tessera/model/decoder_model.h"
+#include "tessera/model/init.h"
+#include "tessera/model/lora_model.h"
+
+namespace tessera {
+namespace {
+
+ModelSpec tiny_spec() {
+  ModelSpec s;
+  s.vocab_size = s.tokenizer_vocab = 64;
+  s.num_layers = 2;
+  s.hidden = 32;
+  s.ffn = 40;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.max_position_embeddings = 64;
+  s.init_std = 0.1f;
+  return s;
+}
+
+std::vector<float> download(Backend& b, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  b.download(v.data(), t);
+  return v;
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += std::pow(static_cast<double>(a[i]) - b[i], 2);
+    norm += std::pow(static_cast<double>(b[i]), 2);
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+// out (m, n) = s * x (m, k) @ y (k, n), or its transpose products, on the host in double.
+std::vector<float> product(const std::vector<float>& x, const std::vector<float>& y, int64_t m,
+                           int64_t k, int64_t n, double s) {
+  std::vector<float> out(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t q = 0; q < k; ++q) acc += static_cast<double>(x[i * k + q]) * y[q * n + j];
+      out[i * n + j] = static_cast<float>(s * acc);
+    }
+  return out;
+}
+
+std::vector<float> transpose(const std::vector<float>& x, int64_t rows, int64_t cols) {
+  std::vector<float> t(x.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[j * rows + i] = x[i * cols + j];
+  return t;
+}
+
+TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
+  const ModelSpec spec = tiny_spec();
+  auto backend = make_cpu_backend();
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 12;
+  LoraOptions options;
+  options.rank = 3;
+  options.alpha = 6;
+  options.targets = lora_targets("q_proj,v_proj,o_proj,linear_fc1,down_proj");
+  LoraModel lora(*backend, spec, rt, options);
+  DecoderModel plain(*backend, spec, rt);
+  ASSERT_EQ(lora.base_layout().total, plain.layout().total);
+
+  // Base weights, and adapters with B away from zero so that the update is visible.
+  init_parameters(*backend, spec, lora.base_layout(), lora.base_params(), 7);
+  init_parameters(*backend, spec, lora.layout(), lora.params(), 8);
+  for (const LoraModel::Adapted& a : lora.adapted())
+    backend->init_normal(lora.param(a.b), 9, static_cast<uint64_t>(a.b) * 1000, 0.0f, 0.2f);
+  // peft's names: one adapter per Hugging Face projection, k_proj and gate/up included only as
+  // chosen (linear_fc1 is gate and up).
+  EXPECT_NE(lora.layout().find("model.layers.1.self_attn.q_proj.lora_A.weight"), nullptr);
+  EXPECT_NE(lora.layout().find("model.layers.1.mlp.up_proj.lora_B.weight"), nullptr);
+  EXPECT_EQ(lora.layout().find("model.layers.1.self_attn.k_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(lora.adapted().size(), 2u * 6);
+  const std::vector<float> frozen_before = download(*backend, lora.base_params());
+
+  // The plain model's weights: the base with (alpha / r) B A added on each adapted piece.
+  std::vector<float> merged = frozen_before;
+  for (const LoraModel::Adapted& a : lora.adapted()) {
+    const std::vector<float> delta = product(download(*backend, lora.param(a.b)),
+                                             download(*backend, lora.param(a.a)), a.rows,
+                                             options.rank, a.cols, options.scale());
+    const int64_t at = plain.layout().params[a.base_weight].offset + a.row0 * a.cols;
+    for (size_t i = 0; i < delta.size(); ++i) merged[at + i] += delta[i];
+  }
+  backend->upload(plain.params(), merged.data());
+
+  // Two micro-batches, gradients accumulated.
+  lora.zero_grads();
+  plain.zero_grads();
+  float lora_loss = 0, plain_loss = 0;
+  for (int m = 0; m < 2; ++m) {
+    std::vector<int32_t> tokens(24), targets(24);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<int32_t>(random_below(11, m * 100 + i, 64));
+      targets[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(random_below(12, m * 100 + i, 64));
+    }
+    for (Model* model : {static_cast<Model*>(&lora), static_cast<Model*>(&plain)}) {
+      model->zero_loss_sum();
+      model->set_batch(tokens.data(), targets.data());
+      model->forward_backward(0.05f);
+    }
+    float l = 0, p = 0;
+    backend->download(&l, lora.loss_sum());
+    backend->download(&p, plain.loss_sum());
+    lora_loss += l, plain_loss += p;
+  }
+  EXPECT_NEAR(lora_loss, plain_loss, 1e-5 * std::fabs(plain_loss));
+
+  const std::vector<float> dw = download(*backend, plain.grads());
+  for (const LoraModel::Adapted& a : lora.adapted()) {
+    SCOPED_TRACE(lora.layout().params[a.a].name);
+    const int64_t at = plain.layout().params[a.base_weight].offset + a.row0 * a.cols;
+    const std::vector<float> piece(dw.begin() + at, dw.begin() + at + a.rows * a.cols);
+    const std::vector<float> A = download(*backend, lora.param(a.a));
+    const std::vector<float> B = download(*backend, lora.param(a.b));
+    // dB = s dW A^T (rows, r); dA = s B^T dW (r, cols).
+    const std::vector<float> want_db =
+        product(piece, transpose(A, options.rank, a.cols), a.rows, a.cols, options.rank, options.scale());
+    const std::vector<float> want_da =
+        product(transpose(B, a.rows, options.rank), piece, options.rank, a.rows, a.cols, options.scale());
+    EXPECT_LT(relative_difference(download(*backend, lora.grad(a.b)), want_db), 1e-5);
+    EXPECT_LT(relative_difference(download(*backend, lora.grad(a.a)), want_da), 1e-5);
+  }
+  EXPECT_EQ(download(*backend, lora.base_params()), frozen_before);
+}
+
+TEST(LoraModel, TargetsAreHuggingFaceOrMegatronNames) {
+  EXPECT_EQ(lora_targets("all-linear").size(), 7u);
+  EXPECT_EQ(lora_targets("linear_qkv, linear_proj"),
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  EXPECT_EQ(lora_targets("down_proj,q_proj"), (std::vector<std::string>{"q_proj", "down_proj"}));
+  try {
+    lora_targets("q_proj,qkv");
+    FAIL() << "an unknown projection was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'qkv' is none of them"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(lora_targets(" , "), ConfigError);
+}
+
+}  // namespace
+}  // namespace tessera
