@@ -83,7 +83,7 @@ TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
   // Base weights, and adapters with B away from zero so that the update is visible.
   init_parameters(*backend, spec, lora.base_layout(), lora.base_params(), 7);
   init_parameters(*backend, spec, lora.layout(), lora.params(), 8);
-  for (const LoraModel::Adapted& a : lora.adapted())
+  for (const LoraAdapted& a : lora.adapted())
     backend->init_normal(lora.param(a.b), 9, static_cast<uint64_t>(a.b) * 1000, 0.0f, 0.2f);
   // peft's names: one adapter per Hugging Face projection, k_proj and gate/up included only as
   // chosen (linear_fc1 is gate and up).
@@ -95,7 +95,7 @@ TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
 
   // The plain model's weights: the base with (alpha / r) B A added on each adapted piece.
   std::vector<float> merged = frozen_before;
-  for (const LoraModel::Adapted& a : lora.adapted()) {
+  for (const LoraAdapted& a : lora.adapted()) {
     const std::vector<float> delta = product(download(*backend, lora.param(a.b)),
                                              download(*backend, lora.param(a.a)), a.rows,
                                              options.rank, a.cols, options.scale());
@@ -127,7 +127,7 @@ TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
   EXPECT_NEAR(lora_loss, plain_loss, 1e-5 * std::fabs(plain_loss));
 
   const std::vector<float> dw = download(*backend, plain.grads());
-  for (const LoraModel::Adapted& a : lora.adapted()) {
+  for (const LoraAdapted& a : lora.adapted()) {
     SCOPED_TRACE(lora.layout().params[a.a].name);
     const int64_t at = plain.layout().params[a.base_weight].offset + a.row0 * a.cols;
     const std::vector<float> piece(dw.begin() + at, dw.begin() + at + a.rows * a.cols);
@@ -156,6 +156,43 @@ TEST(LoraModel, TargetsAreHuggingFaceOrMegatronNames) {
     EXPECT_NE(std::string(e.what()).find("'qkv' is none of them"), std::string::npos) << e.what();
   }
   EXPECT_THROW(lora_targets(" , "), ConfigError);
+}
+
+// Gradient steps on the adapters alone lower the loss of a batch (the direction is right and
+// the updated adapters reach the next pass through the merged weights).
+TEST(LoraModel, AdapterStepsLowerTheLoss) {
+  const ModelSpec spec = tiny_spec();
+  auto backend = make_cpu_backend();
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 12;
+  LoraOptions options;
+  options.rank = 4;
+  options.alpha = 8;
+  options.targets = lora_targets("all-linear");
+  LoraModel lora(*backend, spec, rt, options);
+  init_parameters(*backend, spec, lora.base_layout(), lora.base_params(), 7);
+  init_parameters(*backend, spec, lora.layout(), lora.params(), 8);
+  std::vector<int32_t> tokens(24), targets(24);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(random_below(11, i, 64));
+    targets[i] = static_cast<int32_t>(random_below(12, i, 64));
+  }
+  std::vector<float> losses;
+  for (int step = 0; step < 6; ++step) {
+    lora.zero_grads();
+    lora.zero_loss_sum();
+    lora.set_batch(tokens.data(), targets.data());
+    lora.forward_backward(1.0f / 24);
+    float loss = 0;
+    backend->download(&loss, lora.loss_sum());
+    losses.push_back(loss / 24);
+    std::vector<float> p = download(*backend, lora.params()), g = download(*backend, lora.grads());
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= 0.05f * g[i];
+    backend->upload(lora.params(), p.data());
+  }
+  for (size_t k = 1; k < losses.size(); ++k) EXPECT_LT(losses[k], losses[k - 1]) << "step " << k;
+  EXPECT_LT(losses.back(), losses.front() - 0.01);
 }
 
 }  // namespace

@@ -242,6 +242,8 @@ std::string publish(const std::string& save_dir, const fs::path& tmp, const Mode
   if (!s.run_id.empty()) j["run_id"] = s.run_id;
   j["model"] = spec_to_json(spec);
   j["model_summary"] = spec.summary();
+  if (s.lora)
+    j["lora"] = {{"rank", s.lora->rank}, {"alpha", s.lora->alpha}, {"target_modules", s.lora->targets}};
   j["weights_dtype"] = dtype_name(weights_dtype);
   j["files"] = sizes;
   if (!shards.is_null()) j["optimizer_shards"] = shards;
@@ -737,6 +739,25 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   }
   spec_ = spec_from_json(j.contains("model") ? j["model"] : nlohmann::json::object(), state_file);
   layout_ = make_param_layout(spec_);
+  if (f.has("lora")) {
+    const JsonFields lora = f.object("lora");
+    LoraOptions o;
+    o.rank = lora.integer("rank", 1, 1 << 20);
+    o.alpha = lora.number("alpha", 1e-30, 1e30);
+    const nlohmann::json& targets = lora.array("target_modules");
+    for (size_t k = 0; k < targets.size(); ++k) {
+      if (!targets[k].is_string())
+        throw DataError(fmt::format("{}: {}[{}] is {}, expected a projection name", state_file,
+                                    lora.field("target_modules"), k, targets[k].dump()));
+      o.targets.push_back(targets[k].get<std::string>());
+    }
+    try {
+      layout_ = make_lora_layout(spec_, layout_, o).adapters;
+    } catch (const ConfigError& e) {
+      throw DataError(fmt::format("{}: {}: {}", state_file, lora.field("target_modules"), e.what()));
+    }
+    state_.lora = o;
+  }
   DType weights_dtype;
   if (!parse_dtype(dtype_text, &weights_dtype))
     throw DataError(fmt::format("{}: weights_dtype '{}' is not a dtype", state_file, dtype_text));
@@ -931,6 +952,15 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
     const Checkpoint c(dir);
     const bool moments = optimizer_state && c.has_optimizer_state();
     for (auto& w : c.require_model(*t.spec)) warnings->push_back(std::move(w));
+    // Offsets mean the same only in the same kind of layout: a model's weights, or LoRA
+    // adapters of the same targets.
+    for (const ParamInfo& p : t.layout->params)
+      if (!c.layout().find(p.name))
+        throw DataError(fmt::format(
+            "{}: holds {} without {}, which this run loads (a model's weights and LoRA adapters "
+            "do not load into each other: pretrained_checkpoint names the base of a LoRA run, "
+            "load its adapters)",
+            dir, c.state().lora ? "LoRA adapters" : "a model's weights", p.name));
     // The flat layout depends only on the model, so ranges mean the same in the checkpoint
     // as here whatever the world sizes (tail padding beyond P is never owned or stored).
     const std::vector<ParamRange> owned =
@@ -961,7 +991,7 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
       }
       at += r.count();
     }
-    if (!moments) {
+    if (!moments && t.exp_avg.defined()) {
       t.backend->fill(t.exp_avg, 0.0f);
       t.backend->fill(t.exp_avg_sq, 0.0f);
     }

@@ -19,6 +19,7 @@
 
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/config/config.h"
+#include "tessera/model/lora_layout.h"
 #include "tessera/model/model_spec.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/ops/backend.h"
@@ -50,6 +51,9 @@ struct TrainerState {
   // checkpoints written before runs had ids.
   std::string run_id;
   std::string config_yaml;            // the effective configuration, for the record
+  // A LoRA run's: its checkpoints hold the adapters (model/lora_layout.h) of the model,
+  // not the model's weights.
+  std::optional<LoraOptions> lora;
   bool extra_state_restored = false;  // load_checkpoint found every TrainingTensors::extra_state
 };
 

@@ -138,6 +138,12 @@ struct TrainingConfig {
   double dpo_beta = 0.1;
   DpoLossType dpo_loss_type = DpoLossType::Sigmoid;
   double dpo_label_smoothing = 0.0;
+  // LoRA (model/lora_model.h): adapters of this rank on lora_target_modules, the rest frozen;
+  // 0: the whole model trains.
+  int64_t lora_rank = 0;
+  double lora_alpha = 32.0;
+  double lora_dropout = 0.0;
+  std::string lora_target_modules = "all-linear";
   int64_t train_iters = 100;
   // The run's length in samples instead (Megatron): train_iters = train_samples /
   // global_batch_size, derived while loading. 0: train_iters gives it.
@@ -264,6 +270,9 @@ struct CheckpointConfig {
   // optimizer state start fresh.
   bool finetune = false;
   bool no_load_optim = false;             // resume the counters, not the optimizer state
+  // Megatron-Bridge's PEFT base: the checkpoint directory whose latest weights a LoRA run
+  // freezes and adapts (`load` then resumes the adapters).
+  std::string pretrained_checkpoint;
 };
 
 struct LoggingConfig {

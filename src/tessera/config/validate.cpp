@@ -12,6 +12,7 @@
 #include "tessera/config/keys.h"
 #include "tessera/config/moe_layer_freq.h"
 #include "tessera/config/profile_ranks.h"
+#include "tessera/config/lora_targets.h"
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/data_root.h"
 #include "tessera/core/error.h"
@@ -785,6 +786,47 @@ void check_dpo(const Checker& c, const Experiment& e) {
             "wrapped with objective dpo (each side is its own sequence)");
 }
 
+// LoRA adapts the projections of one dense model replica: data parallelism (plain or ZeRO-1)
+// copies it, other layouts would have to split or shard the adapters and the frozen base.
+void check_lora(const Checker& c, const Experiment& e) {
+  const TrainingConfig& t = e.training;
+  c.require(t.lora_rank >= 0, "lora_rank", "0 (off) or a positive rank");
+  if (t.lora_rank == 0) return;
+  c.require(t.lora_alpha > 0, "lora_alpha", "a positive scale numerator");
+  c.require(t.lora_dropout == 0, "lora_dropout",
+            "0.0: dropout on the adapters' input is not implemented");
+  try {
+    lora_targets(t.lora_target_modules);
+  } catch (const ConfigError&) {
+    c.require(false, "lora_target_modules",
+              "comma-separated projections (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+              "down_proj, Megatron's linear_qkv, linear_proj, linear_fc1, linear_fc2) or all-linear");
+  }
+  const std::pair<const char*, bool> layouts[] = {
+      {"tensor_model_parallel_size", t.tensor_model_parallel_size > 1},
+      {"pipeline_model_parallel_size", t.pipeline_model_parallel_size > 1},
+      {"context_parallel_size", t.context_parallel_size > 1},
+      {"expert_model_parallel_size", t.expert_model_parallel_size > 1},
+      {"use_torch_fsdp2", t.use_torch_fsdp2}};
+  for (const auto& [key, on] : layouts)
+    c.require(!on, key, "off with lora_rank: LoRA runs on whole model replicas (data parallelism, "
+                        "plain or use_distributed_optimizer) so far");
+  c.require(t.fp8 == Fp8Mode::Off, "fp8", "null with lora_rank: the frozen base is bf16 so far");
+  c.require(e.model_config.num_experts == 0 && !e.model_config.multi_latent_attention,
+            e.model_config.num_experts > 0 ? "num_experts" : "multi_latent_attention",
+            "a dense model with grouped-query attention with lora_rank (MoE experts and "
+            "multi-latent attention take no adapters yet)");
+  const CheckpointConfig& k = e.checkpoint;
+  c.require(!k.finetune, "finetune",
+            "false with lora_rank: the frozen base comes from pretrained_checkpoint (or "
+            "hf_init_path), and load resumes the adapters");
+  std::error_code ec;
+  c.require(k.pretrained_checkpoint.empty() || fs::is_directory(k.pretrained_checkpoint, ec),
+            "pretrained_checkpoint", "an existing checkpoint directory");
+  c.require(k.pretrained_checkpoint.empty() || k.hf_init_path.empty(), "pretrained_checkpoint",
+            "unset with hf_init_path: the base comes from one of them");
+}
+
 void check_packed_documents(const Checker& c, const Experiment& e) {
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
             "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
@@ -826,6 +868,10 @@ void validate_experiment(const Experiment& e, int world_size) {
   check_data(c, e.data);
   check_packed_documents(c, e);
   check_dpo(c, e);
+  check_lora(c, e);
+  c.require(e.checkpoint.pretrained_checkpoint.empty() || e.training.lora_rank > 0,
+            "pretrained_checkpoint",
+            "unset without lora_rank (a full fine-tune takes its weights from load with finetune)");
   c.require(e.data.tokenizer_type != TokenizerType::Null || e.model_config.vocab_size >= 1,
             "vocab_size",
             "a positive size with tokenizer_type NullTokenizer (its ids run from 0 to vocab_size, "

@@ -1,66 +1,10 @@
 #include "tessera/model/lora_model.h"
 
 #include <algorithm>
-#include <set>
 
 #include "tessera/core/error.h"
-#include "tessera/model/model_family.h"
 
 namespace tessera {
-namespace {
-
-const std::vector<std::string> kProjections = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                               "gate_proj", "up_proj", "down_proj"};
-
-// "model.layers.3.self_attn.q_proj.weight" -> "q_proj".
-std::string module_of(const std::string& hf_name) {
-  const size_t end = hf_name.rfind('.');
-  const size_t begin = hf_name.rfind('.', end - 1);
-  return hf_name.substr(begin + 1, end - begin - 1);
-}
-
-}  // namespace
-
-std::vector<std::string> lora_targets(const std::string& value) {
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> kMegatron = {
-      {"linear_qkv", {"q_proj", "k_proj", "v_proj"}},
-      {"linear_proj", {"o_proj"}},
-      {"linear_fc1", {"gate_proj", "up_proj"}},
-      {"linear_fc2", {"down_proj"}}};
-  std::set<std::string> chosen;
-  size_t at = 0;
-  while (at <= value.size()) {
-    size_t comma = value.find(',', at);
-    if (comma == std::string::npos) comma = value.size();
-    std::string name = value.substr(at, comma - at);
-    name.erase(0, name.find_first_not_of(' '));
-    name.erase(name.find_last_not_of(' ') + 1);
-    at = comma + 1;
-    if (name.empty()) continue;
-    if (name == "all-linear") {
-      chosen.insert(kProjections.begin(), kProjections.end());
-      continue;
-    }
-    if (std::find(kProjections.begin(), kProjections.end(), name) != kProjections.end()) {
-      chosen.insert(name);
-      continue;
-    }
-    const auto m = std::find_if(kMegatron.begin(), kMegatron.end(),
-                                [&](const auto& e) { return e.first == name; });
-    if (m == kMegatron.end())
-      throw ConfigError("configuration", "lora_target_modules", value,
-                        "comma-separated projections: q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                        "up_proj, down_proj (or Megatron's linear_qkv, linear_proj, linear_fc1, "
-                        "linear_fc2), or all-linear; '" + name + "' is none of them");
-    chosen.insert(m->second.begin(), m->second.end());
-  }
-  if (chosen.empty())
-    throw ConfigError("configuration", "lora_target_modules", value, "at least one projection");
-  std::vector<std::string> out;  // in the layer's order
-  for (const std::string& p : kProjections)
-    if (chosen.count(p)) out.push_back(p);
-  return out;
-}
 
 // Runs the adapters around each unit the base reads or writes, then tells the outer observer
 // (data parallelism): its params_needed first, so the adapters are current before they are
@@ -88,6 +32,51 @@ class LoraModel::BaseObserver : public ParamUnitObserver {
   LoraModel& m_;
 };
 
+namespace {
+
+// Elements of each buffer a LoraModel allocates.
+struct Sizes {
+  int64_t frozen = 0;      // the base weights
+  int64_t merged = 0;      // the largest unit with adapters: its merged weights
+  int64_t base_grads = 0;  // the largest unit: its dW
+  int64_t adapters = 0;    // the adapters (and their gradients), padded for data parallelism
+};
+
+Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vector<LoraAdapted>& adapted,
+            const ModelRuntime& runtime) {
+  Sizes n;
+  n.frozen = base.total;
+  for (const ParamRange& u : base.units) n.base_grads = std::max(n.base_grads, u.count());
+  for (const LoraAdapted& a : adapted)
+    n.merged = std::max(n.merged, base.units[base.params[a.base_weight].unit].count());
+  const int64_t multiple = std::max<int64_t>(runtime.flat_buffer_multiple, 1);
+  n.adapters = (adapters.total + multiple - 1) / multiple * multiple;
+  return n;
+}
+
+// The base's runtime: no buffers of its own, dW in the compute dtype (it only feeds the
+// adapters' GEMMs, which read it so).
+ModelRuntime base_runtime(const ModelRuntime& runtime) {
+  ModelRuntime rt = runtime;
+  rt.sharded_params = true;
+  rt.grad_dtype = runtime.compute_dtype;
+  return rt;
+}
+
+}  // namespace
+
+ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& runtime, const LoraOptions& options) {
+  const ModelRuntime rt = base_runtime(runtime);
+  ModelMemory m = DecoderModel::plan_memory(spec, rt);
+  const ParamLayout base = DecoderModel::plan_layout(spec, rt);
+  const LoraLayout lora = make_lora_layout(spec, base, options);
+  const Sizes n = sizes(base, lora.adapters, lora.adapted, runtime);
+  const size_t compute = dtype_size(runtime.compute_dtype);
+  m.weights = static_cast<size_t>(n.frozen + n.merged + n.adapters) * compute;
+  m.gradients = static_cast<size_t>(n.base_grads) * compute + static_cast<size_t>(n.adapters) * dtype_size(runtime.grad_dtype);
+  return m;
+}
+
 LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime,
                      LoraOptions options)
     : backend_(backend), runtime_(runtime), options_(std::move(options)) {
@@ -97,57 +86,24 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
            "LoRA runs on one model replica (data parallelism only), without FP8");
   TS_CHECK(options_.rank > 0 && !options_.targets.empty(), "LoRA: rank {} and {} targets",
            options_.rank, options_.targets.size());
-  ModelRuntime base_runtime = runtime;
-  base_runtime.sharded_params = true;
-  // dW only feeds the adapters' GEMMs, which read it in the compute dtype.
-  base_runtime.grad_dtype = runtime.compute_dtype;
-  base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime);
+  base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime(runtime));
   const ParamLayout& base = base_->layout();
-  const ModelFamily& family = model_family(spec.family);
 
-  // One adapter unit per base unit; each adapted piece gets A then B, named as peft names them.
-  ParamLayoutBuilder builder(layout_);
+  LoraLayout lora = make_lora_layout(spec, base, options_);
+  layout_ = std::move(lora.adapters);
+  adapted_ = std::move(lora.adapted);
   adapted_in_unit_.resize(base.units.size());
-  int64_t largest_unit = 0, largest_adapted_unit = 0;
-  for (size_t u = 0; u < base.units.size(); ++u) {
-    int layer = -1;
-    for (const ParamInfo& p : base.params)
-      if (p.unit == static_cast<int>(u)) layer = p.layer;
-    builder.begin_unit("", layer);
-    for (size_t w = 0; w < base.params.size(); ++w) {
-      const ParamInfo& p = base.params[w];
-      if (p.unit != static_cast<int>(u) || p.shape.rank() != 2 || p.layer < 0) continue;
-      for (const HfTensorPiece& piece : family.hf_pieces(p, spec)) {
-        const std::string module = module_of(piece.name);
-        if (std::find(options_.targets.begin(), options_.targets.end(), module) ==
-                options_.targets.end() ||
-            piece.shape.size() != 2)
-          continue;
-        const std::string stem = piece.name.substr(0, piece.name.size() - std::string(".weight").size());
-        Adapted a;
-        a.base_weight = static_cast<int>(w);
-        a.cols = piece.shape[1];
-        a.row0 = piece.offset / a.cols;
-        a.rows = piece.shape[0];
-        a.a = builder.add(stem + ".lora_A.weight", {options_.rank, a.cols}, ParamInit::LowRankNormal, true);
-        a.b = builder.add(stem + ".lora_B.weight", {a.rows, options_.rank}, ParamInit::Zeros, true);
-        adapted_in_unit_[u].push_back(static_cast<int>(adapted_.size()));
-        adapted_.push_back(a);
-      }
-    }
-    largest_unit = std::max(largest_unit, base.units[u].count());
-    if (!adapted_in_unit_[u].empty()) largest_adapted_unit = std::max(largest_adapted_unit, base.units[u].count());
-  }
-  TS_CHECK(!adapted_.empty(), "LoRA: no projection of the {} model is among the targets", spec.family);
+  for (size_t k = 0; k < adapted_.size(); ++k)
+    adapted_in_unit_[base.params[adapted_[k].base_weight].unit].push_back(static_cast<int>(k));
 
+  const Sizes n = sizes(base, layout_, adapted_, runtime);
   const DType compute = runtime.compute_dtype;
-  const int64_t multiple = std::max<int64_t>(runtime.flat_buffer_multiple, 1);
-  const int64_t padded = (layout_.total + multiple - 1) / multiple * multiple;
-  frozen_buffer_ = DeviceBuffer(backend, base.total * dtype_size(compute), "LoRA frozen base weights");
-  merged_buffer_ = DeviceBuffer(backend, largest_adapted_unit * dtype_size(compute), "LoRA merged weights of a layer");
-  base_grad_buffer_ = DeviceBuffer(backend, largest_unit * dtype_size(compute), "LoRA base gradients of a layer");
-  param_buffer_ = DeviceBuffer(backend, padded * dtype_size(compute), "LoRA adapters");
-  grad_buffer_ = DeviceBuffer(backend, padded * dtype_size(runtime.grad_dtype), "LoRA adapter gradients");
+  frozen_buffer_ = DeviceBuffer(backend, n.frozen * dtype_size(compute), "LoRA frozen base weights");
+  merged_buffer_ = DeviceBuffer(backend, n.merged * dtype_size(compute), "LoRA merged weights of a layer");
+  base_grad_buffer_ = DeviceBuffer(backend, n.base_grads * dtype_size(compute), "LoRA base gradients of a layer");
+  param_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(compute), "LoRA adapters");
+  grad_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(runtime.grad_dtype), "LoRA adapter gradients");
+  const int64_t padded = n.adapters, largest_unit = n.base_grads, largest_adapted_unit = n.merged;
   frozen_ = frozen_buffer_.tensor(compute, {base.total});
   merged_ = merged_buffer_.tensor(compute, {largest_adapted_unit});
   base_grads_ = base_grad_buffer_.tensor(compute, {largest_unit});
@@ -196,7 +152,7 @@ void LoraModel::bind_params(int unit) {
   const Tensor merged = merged_.flat_range(0, r.count());
   backend_.copy(merged, frozen);
   for (const int k : adapted_in_unit_[unit]) {
-    const Adapted& a = adapted_[k];
+    const LoraAdapted& a = adapted_[k];
     const ParamInfo& w = base.params[a.base_weight];
     MatmulArgs m;
     m.out = merged.flat_range(w.offset - r.begin + a.row0 * a.cols, a.rows * a.cols).view({a.rows, a.cols});
@@ -219,7 +175,7 @@ void LoraModel::adapter_grads(int unit) {
   const ParamLayout& base = base_->layout();
   const ParamRange& r = base.units[unit];
   for (const int k : adapted_in_unit_[unit]) {
-    const Adapted& a = adapted_[k];
+    const LoraAdapted& a = adapted_[k];
     const ParamInfo& w = base.params[a.base_weight];
     const Tensor dw =
         base_grads_.flat_range(w.offset - r.begin + a.row0 * a.cols, a.rows * a.cols).view({a.rows, a.cols});

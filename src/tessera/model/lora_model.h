@@ -20,25 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "tessera/config/lora_targets.h"
 #include "tessera/model/decoder_model.h"
+#include "tessera/model/lora_layout.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
-
-struct LoraOptions {
-  int64_t rank = 16;
-  double alpha = 32;
-  // Hugging Face projection names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
-  // down_proj) that get adapters.
-  std::vector<std::string> targets;
-  double scale() const { return alpha / static_cast<double>(rank); }
-};
-
-// The projections named by a lora_target_modules value: Hugging Face's names, Megatron's
-// (linear_qkv: q, k and v; linear_proj: o_proj; linear_fc1: gate and up; linear_fc2:
-// down_proj) or all-linear (every projection of the decoder layers), comma separated. Throws
-// ConfigError naming an unknown one.
-std::vector<std::string> lora_targets(const std::string& value);
 
 class LoraModel : public Model {
  public:
@@ -47,19 +34,15 @@ class LoraModel : public Model {
   // parallelism, no FP8, not sharded).
   LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime, LoraOptions options);
   ~LoraModel() override;
+  // What construction allocates: the frozen weights, the adapters and their gradients, a
+  // layer's merged weights and dW, and the base's activations.
+  static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime, const LoraOptions& options);
 
   // The frozen base weights (compute dtype, the base layout), for initialisation and loading.
   const ParamLayout& base_layout() const { return base_->layout(); }
   Tensor base_params() const { return frozen_; }
   const LoraOptions& options() const { return options_; }
-  // One adapted piece: the base weight (base layout index), the rows of it that are the piece
-  // (a fused projection holds several), and its adapters.
-  struct Adapted {
-    int base_weight = -1;
-    int64_t row0 = 0, rows = 0, cols = 0;
-    int a = -1, b = -1;  // adapter parameters (layout indices)
-  };
-  const std::vector<Adapted>& adapted() const { return adapted_; }
+  const std::vector<LoraAdapted>& adapted() const { return adapted_; }
 
   const ModelSpec& spec() const override { return base_->spec(); }
   const ModelRuntime& runtime() const override { return runtime_; }
@@ -115,7 +98,7 @@ class LoraModel : public Model {
   std::unique_ptr<BaseObserver> base_observer_;
   ParamUnitObserver* outer_ = nullptr;
   ParamLayout layout_;
-  std::vector<Adapted> adapted_;
+  std::vector<LoraAdapted> adapted_;
   std::vector<std::vector<int>> adapted_in_unit_;  // indices into adapted_, per unit
   DeviceBuffer frozen_buffer_, merged_buffer_, base_grad_buffer_, param_buffer_, grad_buffer_;
   Tensor frozen_, merged_, base_grads_, params_, grads_;

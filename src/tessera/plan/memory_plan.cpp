@@ -5,6 +5,7 @@
 #include "tessera/backend/backend_factory.h"
 #include "tessera/distributed/data_parallel.h"
 #include "tessera/distributed/expert_exchange.h"
+#include "tessera/model/lora_model.h"
 #include "tessera/distributed/fully_sharded.h"
 #include "tessera/model/decoder_layer.h"
 #include "tessera/model/decoder_model.h"
@@ -86,9 +87,13 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
 }  // namespace
 
 MemoryPlan plan_memory(const PlanInput& in) {
-  const ModelMemory model = DecoderModel::plan_memory(in.spec, in.runtime);
-  // What one rank's model holds: its tensor-parallel part of the parameters.
-  const ParamLayout layout = DecoderModel::plan_layout(in.spec, in.runtime);
+  const ModelMemory model = in.lora ? LoraModel::plan_memory(in.spec, in.runtime, *in.lora)
+                                    : DecoderModel::plan_memory(in.spec, in.runtime);
+  // What one rank's model holds: its tensor-parallel part of the parameters (under LoRA, what
+  // the optimizer updates: the adapters).
+  const ParamLayout layout =
+      in.lora ? make_lora_layout(in.spec, DecoderModel::plan_layout(in.spec, in.runtime), *in.lora).adapters
+              : DecoderModel::plan_layout(in.spec, in.runtime);
   const DType dt = in.runtime.compute_dtype;
   const OptimizerDtypes& od = in.optimizer;
   // State sharding splits over the data-parallel ranks.
@@ -169,6 +174,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.bucket_elements = setup.ddp_bucket_size;
   in.attention_backend = setup.attention_backend;
   in.gpu = gpu;
+  in.lora = setup.lora;
   return in;
 }
 

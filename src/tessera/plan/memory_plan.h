@@ -63,6 +63,8 @@ struct PlanInput {
   int64_t bucket_elements = 40000000;  // ddp_bucket_size: ZeRO-1's shards are bucket slices
   AttentionBackend attention_backend = AttentionBackend::Auto;
   bool gpu = true;  // add the GPU backend's buffers and context allowance
+  // LoRA: the optimizer and gradients cover the adapters; the base is frozen (LoraModel).
+  std::optional<LoraOptions> lora;
 };
 
 MemoryPlan plan_memory(const PlanInput& in);

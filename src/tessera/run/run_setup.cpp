@@ -81,6 +81,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.compute_dtype = compute_dtype(t.precision, devices.auto_compute_dtype);
   rt.grad_dtype = t.grad_reduce_in_bf16 ? DType::BF16 : t.main_grads_dtype;
   s.optimizer = OptimizerDtypes::from(t);
+  s.lora = lora_options(t);
   // What validation could not know before the device was: what precision auto means.
   if (s.optimizer.main_params != DType::F32 && rt.compute_dtype != s.optimizer.main_params)
     throw ConfigError(origin_of(e, "main_params_dtype"), "main_params_dtype",

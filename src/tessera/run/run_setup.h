@@ -6,10 +6,12 @@
 // and the benchmarks all start from make_run_setup, so they cannot disagree.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string_view>
 
 #include "tessera/config/config.h"
 #include "tessera/distributed/device_mesh.h"
+#include "tessera/model/lora_layout.h"
 #include "tessera/model/model.h"
 #include "tessera/optim/adamw_optimizer.h"
 
@@ -32,6 +34,7 @@ struct RunSetup {
   AttentionBackend attention_backend = AttentionBackend::Auto;
   int64_t data_vocab = 0;          // token ids the training data can contain
   int64_t accumulation_steps = 1;  // micro-batches per rank per optimizer step
+  std::optional<LoraOptions> lora;  // LoRA adapters train (model/lora_model.h), the rest frozen
 };
 
 // The devices a run is set up for.

@@ -185,11 +185,29 @@ RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_si
   check_memory_fits(e, setup, backend);
   const CheckpointConfig& c = e.checkpoint;
   start.resume_dir = checkpoint_to_resume(c);
+  const std::optional<LoraOptions> lora = lora_options(e.training);
+  auto lora_text = [](const std::optional<LoraOptions>& o) {
+    return o ? fmt::format("LoRA adapters of rank {}, alpha {} on {}", o->rank, o->alpha, fmt::join(o->targets, ","))
+             : std::string("a model's weights");
+  };
   if (!start.resume_dir.empty()) {
-    check_checkpoint_to_resume(start.resume_dir, setup.spec);
-  } else if (!c.hf_init_path.empty()) {
-    check_hf_weights(c.hf_init_path, setup.spec);
+    const TrainerState s = check_checkpoint_to_resume(start.resume_dir, setup.spec);
+    // finetune takes a model's weights (validation refuses it with LoRA).
+    if (s.lora != lora && !(c.finetune && !s.lora))
+      throw DataError(fmt::format("{}: holds {}; this run trains {} (lora_rank, lora_alpha, "
+                                  "lora_target_modules): resume with the same, or save elsewhere",
+                                  start.resume_dir, lora_text(s.lora), lora_text(lora)));
   }
+  if (lora && !c.pretrained_checkpoint.empty()) {
+    const std::string base = find_latest_checkpoint(c.pretrained_checkpoint);
+    if (base.empty())
+      throw DataError(fmt::format("{}: no checkpoint in it (pretrained_checkpoint)", c.pretrained_checkpoint));
+    if (check_checkpoint_to_resume(base, setup.spec).lora)
+      throw DataError(fmt::format("{}: holds LoRA adapters; pretrained_checkpoint names the weights "
+                                  "they adapt (a pretraining or full fine-tuning checkpoint)", base));
+  }
+  if ((start.resume_dir.empty() || lora) && !c.hf_init_path.empty() && c.pretrained_checkpoint.empty())
+    check_hf_weights(c.hf_init_path, setup.spec);
   return start;
 }
 
@@ -329,7 +347,13 @@ void Trainer::open_data() {
 void Trainer::build_model() {
   const TrainingConfig& t = exp_.training;
   try {
-    model_ = std::make_unique<DecoderModel>(*backend_, setup_.spec, setup_.runtime);
+    if (const std::optional<LoraOptions> lora = lora_options(t)) {
+      auto model = std::make_unique<LoraModel>(*backend_, setup_.spec, setup_.runtime, *lora);
+      lora_ = model.get();
+      model_ = std::move(model);
+    } else {
+      model_ = std::make_unique<DecoderModel>(*backend_, setup_.spec, setup_.runtime);
+    }
     parallel_ =
         dist::parallelize(*model_, setup_.mesh, comm_,
                           dist::DataParallelOptions{t.use_distributed_optimizer, t.use_torch_fsdp2,
@@ -352,6 +376,7 @@ void Trainer::start_state() {
   ranks_stop_together_ = parallel_->world_size() > 1 && !exp_.checkpoint.save.empty();
   init_parameters(*backend_, setup_.spec, model_->layout(), optimizer_->master_slices(),
                   static_cast<uint64_t>(exp_.training.seed));
+  if (lora_) load_lora_base();
   restore_start_state();
   optimizer_->sync_params_from_master();
   if (model_->fp8()) {
@@ -426,7 +451,7 @@ void Trainer::restore_start_state() {
               c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
   } else {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
-    if (!c.hf_init_path.empty()) {
+    if (!c.hf_init_path.empty() && !lora_) {
       differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
                                     optimizer_->master_slices(), model_->persistent_state());
       initial_weights_ = "the Hugging Face model at hf_init_path " + c.hf_init_path;
@@ -436,6 +461,46 @@ void Trainer::restore_start_state() {
   for (const auto& d : differences)
     log_.warning("the loaded model differs from the configuration: {}", d);
   if (run_id_.empty()) run_id_ = new_run_id();
+}
+
+int64_t Trainer::trainable_parameters() const {
+  int64_t n = 0;
+  for (const ParamInfo& p : model_->layout().params) n += p.numel();
+  return n;
+}
+
+void Trainer::load_lora_base() {
+  const CheckpointConfig& c = exp_.checkpoint;
+  const ParamLayout& base = lora_->base_layout();
+  const FlatSlice weights{{0, base.total}, lora_->base_params()};
+  init_parameters(*backend_, setup_.spec, base, {weights}, static_cast<uint64_t>(exp_.training.seed));
+  std::vector<std::string> differences;
+  std::string from = "a fresh initialisation (no pretrained_checkpoint or hf_init_path)";
+  if (!c.pretrained_checkpoint.empty()) {
+    const std::string dir = find_latest_checkpoint(c.pretrained_checkpoint);
+    if (dir.empty())
+      throw DataError(fmt::format("{}: no checkpoint in it (pretrained_checkpoint): expected the save "
+                                  "directory of the run whose weights LoRA adapts",
+                                  c.pretrained_checkpoint));
+    TrainingTensors t;
+    t.backend = backend_.get();
+    t.spec = &setup_.spec;
+    t.layout = &base;
+    t.params_dtype = setup_.runtime.compute_dtype;
+    t.master = lora_->base_params();
+    const TrainerState s = load_checkpoint(dir, t, &differences, /*optimizer_state=*/false);
+    from = fmt::format("the checkpoint {} (its iteration {})", dir, s.iteration);
+  } else if (!c.hf_init_path.empty()) {
+    differences = load_hf_weights(c.hf_init_path, setup_.spec, base, *backend_, {weights}, {});
+    from = "the Hugging Face model " + c.hf_init_path;
+  }
+  for (const auto& d : differences) log_.warning("the LoRA base differs from the configuration: {}", d);
+  const LoraOptions& o = lora_->options();
+  log_.info("LoRA: rank {}, alpha {} on {}: {} trainable parameters ({:.3f}% of {}); frozen base from {}",
+            o.rank, o.alpha, fmt::join(o.targets, ", "), trainable_parameters(),
+            100.0 * static_cast<double>(trainable_parameters()) / static_cast<double>(setup_.spec.total_params()),
+            setup_.spec.total_params(), from);
+  initial_weights_ = "LoRA adapters on " + from;
 }
 
 std::string Trainer::save_checkpoint() {
@@ -450,6 +515,7 @@ std::string Trainer::save_checkpoint() {
   s.world_size = parallel_->world_size();
   s.run_id = run_id_;
   s.config_yaml = experiment_to_yaml(exp_);
+  if (lora_) s.lora = lora_->options();
   const CheckpointConfig& c = exp_.checkpoint;
   TrainingTensors t = training_tensors();
   std::string dir;
@@ -926,6 +992,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["consumed_samples"] = consumed_samples_;
   j["global_batch_size"] = t.global_batch_size;
   j["loss_tokens"] = s.loss_tokens;
+  if (lora_) j["trainable_params"] = trainable_parameters();
   if (s.dpo) {
     j["rewards/chosen"] = s.dpo->chosen_reward;
     j["rewards/rejected"] = s.dpo->rejected_reward;

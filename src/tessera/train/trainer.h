@@ -15,6 +15,7 @@
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/parallelism.h"
+#include "tessera/model/lora_model.h"
 #include "tessera/model/model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/metrics.h"
@@ -132,6 +133,10 @@ class Trainer {
                      int64_t interval_iters, double real_share);
   TrainingTensors training_tensors() const;
   void restore_start_state();
+  // LoRA: the frozen base from pretrained_checkpoint, hf_init_path or the initialisation.
+  void load_lora_base();
+  // Elements of the parameters the optimizer updates (the adapters under LoRA).
+  int64_t trainable_parameters() const;
   int stop_signal_after_iteration();
   int agree_on_stop_signal();
   bool agree_out_of_time();
@@ -171,6 +176,7 @@ class Trainer {
   std::string initial_weights_ = "a fresh initialisation with init_method_std";
   DataSources data_;
   std::unique_ptr<Model> model_;
+  LoraModel* lora_ = nullptr;  // model_, when the run trains LoRA adapters
   std::unique_ptr<dist::Parallelism> parallel_;
   std::unique_ptr<AdamWOptimizer> optimizer_;
   DeviceBuffer scalar_buffer_;
