@@ -6,6 +6,11 @@ keyword; held-out questions put the keywords in wordings that training never sho
     sft_topic_task.py PREFIX     writes PREFIX_train.jsonl (480 conversations, in the
                                  {"messages": [...]} form preprocess --chat reads) and
                                  PREFIX_held_out.jsonl (20 questions with their answers)
+    sft_topic_task.py --swapped PREFIX
+                                 the same with the labels swapped (sports answered music and
+                                 the other way round): a model tuned on it answers every
+                                 held-out question wrong, which LoRA then corrects
+                                 (configs/experiments/sft_lora_tiny.yaml)
 """
 import json
 import sys
@@ -22,16 +27,20 @@ def question(sentence):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    swapped = args[:1] == ["--swapped"]
+    args = args[1:] if swapped else args
+    if len(args) != 1:
         sys.exit(__doc__)
-    prefix = sys.argv[1]
+    prefix = args[0]
+    said = {"sports": "music", "music": "sports"} if swapped else {"sports": "sports", "music": "music"}
     with open(prefix + "_train.jsonl", "w", encoding="utf-8") as out:
         for _ in range(4):
             for wording in TRAIN_WORDINGS:
                 for words, label in ((SPORTS, "sports"), (MUSIC, "music")):
                     for word in words:
                         messages = [{"role": "user", "content": question(wording.format(word))},
-                                    {"role": "assistant", "content": label}]
+                                    {"role": "assistant", "content": said[label]}]
                         out.write(json.dumps({"messages": messages}) + "\n")
     with open(prefix + "_held_out.jsonl", "w", encoding="utf-8") as out:
         for wording in HELD_OUT_WORDINGS:

@@ -15,6 +15,7 @@
 #include "tessera/backend/backend_factory.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_model.h"
+#include "tessera/ckpt/model_source.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/tokenizer_model.h"
@@ -170,48 +171,10 @@ void check_outputs(const ConvertOptions& o) {
   if (!o.out.empty()) require_output_file(o.out, "command line", "out");
 }
 
-// The weights to convert: a Tessera checkpoint or a Hugging Face directory.
-struct Source {
-  std::string name;
-  std::unique_ptr<Checkpoint> checkpoint;
-  std::unique_ptr<HfModelReader> hf;
-
-  const ModelSpec& spec() const { return checkpoint ? checkpoint->spec() : hf->spec(); }
-  std::vector<float> weights(const ParamInfo& p) const {
-    return checkpoint ? checkpoint->master(p) : hf->weights(p);
-  }
-  // Model state outside the parameters (the expert bias) by name; empty where the source keeps
-  // none (its initial zeros).
-  std::vector<float> state(const std::string& name) const {
-    if (hf) return hf->state(name);
-    return checkpoint->optimizer_tensor(name) ? checkpoint->optimizer_values(name)
-                                              : std::vector<float>();
-  }
-  // Every state the model has, from the source (for a weights-only checkpoint).
-  std::vector<std::pair<std::string, std::vector<float>>> all_state() const {
-    std::vector<std::pair<std::string, std::vector<float>>> out;
-    for (const auto& layer : make_decoder_layers(spec()))
-      for (const auto& [name, width] : layer->state_layout())
-        if (std::vector<float> v = state(name); !v.empty()) out.emplace_back(name, std::move(v));
-    return out;
-  }
-};
-
-Source open_source(const ConvertOptions& o) {
-  Source s;
-  if (!o.from_hf.empty()) {
-    s.name = o.from_hf;
-    s.hf = std::make_unique<HfModelReader>(o.from_hf);
-    return s;
-  }
-  s.name = find_latest_checkpoint(o.from);
-  if (s.name.empty())
-    throw DataError(
-        fmt::format("{}: no checkpoint here; expected a checkpoint directory (holding "
-                    "trainer_state.json) or a save directory with {}",
-                    o.from, kTrackerFileName));
-  s.checkpoint = std::make_unique<Checkpoint>(s.name);
-  return s;
+// The weights to convert: a Tessera checkpoint (a LoRA one merged into its base) or a Hugging
+// Face directory.
+ModelSource open_source(const ConvertOptions& o) {
+  return o.from_hf.empty() ? ModelSource::open_checkpoint(o.from) : ModelSource::open_hf(o.from_hf);
 }
 
 // The tokenizer --tokenizer names, loaded before the source is read so that a bad one fails at
@@ -273,7 +236,7 @@ std::optional<DataConfig> recorded_tokenizer(const Checkpoint& c, std::string* w
 // What the export carries: --tokenizer's, else the run's; nullopt (after a warning) when
 // neither is known.
 std::optional<HfTokenizer> export_tokenizer(const ConvertOptions& o,
-                                            std::optional<HfTokenizer> chosen, const Source& src) {
+                                            std::optional<HfTokenizer> chosen, const ModelSource& src) {
   const int64_t vocab = src.spec().vocab_size;
   if (chosen) {
     if (chosen->vocab > vocab)
@@ -284,15 +247,15 @@ std::optional<HfTokenizer> export_tokenizer(const ConvertOptions& o,
     return chosen;
   }
   std::string why =
-      "the source is a Hugging Face directory (--tokenizer " + src.name + " copies its tokenizer)";
-  if (src.checkpoint) {
-    if (const auto data = recorded_tokenizer(*src.checkpoint, &why)) {
+      "the source is a Hugging Face directory (--tokenizer " + src.name() + " copies its tokenizer)";
+  if (src.checkpoint()) {
+    if (const auto data = recorded_tokenizer(*src.checkpoint(), &why)) {
       try {
         return read_hf_tokenizer(*data);
       } catch (const Error& e) {
         throw DataError(fmt::format(
             "{} (the tokenizer {}'s configuration names; --tokenizer NAME|PATH exports another)",
-            e.what(), src.name));
+            e.what(), src.name()));
       }
     }
   }
@@ -334,7 +297,7 @@ std::vector<int32_t> read_tokens(const std::string& path, int64_t vocab, int64_t
   return ids;
 }
 
-void write_logits(const Source& src, const ConvertOptions& o) {
+void write_logits(const ModelSource& src, const ConvertOptions& o) {
   const ModelSpec& spec = src.spec();
   int64_t B = 0, T = 0;
   std::vector<int32_t> tokens = read_tokens(o.check_logits, spec.vocab_size, &B, &T);
@@ -375,8 +338,8 @@ void write_logits(const Source& src, const ConvertOptions& o) {
                     {{"logits", DType::F32, {B, T, V}, host.data()},
                      {"loss", DType::F32, {1}, &mean_loss},
                      {"tokens", DType::I32, {B, T}, tokens.data()}},
-                    {{"source", src.name}, {"model", spec.summary()}});
-  fmt::print("logits of {} x {} tokens from {} on {} -> {} (loss {:.6f})\n", B, T, src.name,
+                    {{"source", src.name()}, {"model", spec.summary()}});
+  fmt::print("logits of {} x {} tokens from {} on {} -> {} (loss {:.6f})\n", B, T, src.name(),
              backend->description(), o.out, mean_loss);
 }
 
@@ -392,7 +355,7 @@ int convert_command(const Args& args) {
   const ConvertOptions o = parse_args(args);
   check_outputs(o);
   std::optional<HfTokenizer> tokenizer = tokenizer_option(o);
-  const Source src = open_source(o);
+  const ModelSource src = open_source(o);
   const auto weights = [&](const ParamInfo& p) { return src.weights(p); };
   if (!o.to_hf.empty()) {
     tokenizer = export_tokenizer(o, std::move(tokenizer), src);
@@ -405,11 +368,11 @@ int convert_command(const Args& args) {
                  o.to_hf, tokenizer->no_files_reason, *tokenizer->eos_id);
     fmt::print("wrote {} ({}, {} weights, tokenizer {}) from {}: {}\n", o.to_hf,
                model_family(src.spec().family).hf_model_type(src.spec()), dtype_name(o.dtype),
-               tokenizer ? tokenizer->name : "none", src.name, src.spec().summary());
+               tokenizer ? tokenizer->name : "none", src.name(), src.spec().summary());
   }
   if (!o.to.empty()) {
     const std::string dir = save_weights_checkpoint(o.to, src.spec(), weights, src.all_state());
-    fmt::print("wrote weights-only checkpoint {} from {}: {}\n", dir, src.name,
+    fmt::print("wrote weights-only checkpoint {} from {}: {}\n", dir, src.name(),
                src.spec().summary());
   }
   if (!o.check_logits.empty()) write_logits(src, o);

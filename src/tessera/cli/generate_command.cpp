@@ -14,6 +14,7 @@
 #include "tessera/bench/command_args.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_model.h"
+#include "tessera/ckpt/model_source.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
@@ -53,43 +54,21 @@ void print_generate_help() {
       "the reply is printed alone and ends at the special token that closes the turn.\n");
 }
 
-// The weights: a Tessera checkpoint or a Hugging Face directory.
-struct Source {
-  std::string name;
-  std::unique_ptr<Checkpoint> checkpoint;
-  std::unique_ptr<HfModelReader> hf;
-  const ModelSpec& spec() const { return checkpoint ? checkpoint->spec() : hf->spec(); }
-  std::vector<float> weights(const ParamInfo& p) const {
-    return checkpoint ? checkpoint->master(p) : hf->weights(p);
-  }
-  // The expert bias and other state outside the parameters; empty: none kept (zeros).
-  std::vector<float> state(const std::string& name) const {
-    if (hf) return hf->state(name);
-    return checkpoint->optimizer_tensor(name) ? checkpoint->optimizer_values(name)
-                                              : std::vector<float>();
-  }
-};
-
-Source open_source(const std::string& from) {
-  Source s;
+// The weights: a Tessera checkpoint (a LoRA one merged into its base) or a Hugging Face
+// directory.
+ModelSource open_source(const std::string& from) {
   std::error_code ec;
-  if (fs::exists(fs::path(from) / "config.json", ec)) {
-    s.name = from;
-    s.hf = std::make_unique<HfModelReader>(from);
-    return s;
-  }
-  s.name = find_latest_checkpoint(from);
-  if (s.name.empty())
+  if (fs::exists(fs::path(from) / "config.json", ec)) return ModelSource::open_hf(from);
+  if (find_latest_checkpoint(from).empty())
     throw ConfigError("command line", "from", from,
                       "a checkpoint directory, a save directory holding one, or a Hugging Face "
                       "model directory (config.json and safetensors)");
-  s.checkpoint = std::make_unique<Checkpoint>(s.name);
-  return s;
+  return ModelSource::open_checkpoint(from);
 }
 
 // --tokenizer, else the checkpoint's training config, else the Hugging Face directory's file.
 // *json_path: its tokenizer.json (Hugging Face tokenizers only), where the chat template is.
-std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& option,
+std::unique_ptr<Tokenizer> open_tokenizer(const ModelSource& src, const std::string& option,
                                           std::string* json_path) {
   DataConfig d;
   const auto hugging_face = [&](const std::string& model) {
@@ -105,9 +84,9 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
                         tokenizer_model_expectation() + ", or ByteLevel");
     return hugging_face(option);
   }
-  if (src.checkpoint) {
+  if (src.checkpoint()) {
     try {
-      const YAML::Node config = YAML::Load(src.checkpoint->state().config_yaml);
+      const YAML::Node config = YAML::Load(src.checkpoint()->state().config_yaml);
       if (!config.IsMap()) throw YAML::Exception(YAML::Mark::null_mark(), "not a mapping");
       const std::string type = config["tokenizer_type"].as<std::string>("ByteLevel");
       for (TokenizerType t :
@@ -122,14 +101,14 @@ std::unique_ptr<Tokenizer> open_tokenizer(const Source& src, const std::string& 
       throw DataError(
           fmt::format("{}: config_yaml does not name a tokenizer ({}); pass "
                       "--tokenizer",
-                      (fs::path(src.name) / "trainer_state.json").string(), e.what()));
+                      (fs::path(src.name()) / "trainer_state.json").string(), e.what()));
     }
   }
-  const fs::path file = fs::path(src.name) / "tokenizer.json";
+  const fs::path file = fs::path(src.name()) / "tokenizer.json";
   if (!fs::exists(file))
     throw ConfigError(
         "command line", "tokenizer", "",
-        fmt::format("a tokenizer: {} has no tokenizer.json; pass --tokenizer", src.name));
+        fmt::format("a tokenizer: {} has no tokenizer.json; pass --tokenizer", src.name()));
   return hugging_face(file.string());
 }
 
@@ -202,7 +181,7 @@ int generate_command(const Args& args) {
     throw ConfigError("command line", "precision", precision,
                       "auto or fp32 on " + backend->description() +
                           ": bf16 runs on GPUs (the CPU backend is the fp32 reference)");
-  const Source src = open_source(from);
+  const ModelSource src = open_source(from);
   const ModelSpec& spec = src.spec();
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatFormat> chat_format;
@@ -272,7 +251,7 @@ int generate_command(const Args& args) {
   fmt::print(stderr, "ids: {}\n", fmt::join(generated, " "));
   fmt::print(stderr,
              "{} on {} ({}): prompt of {} tokens in {:.1f} ms; {} new tokens at {:.1f} tokens/s\n",
-             src.name, backend->description(), dtype_name(dtype), prompt.size(), prefill_ms,
+             src.name(), backend->description(), dtype_name(dtype), prompt.size(), prefill_ms,
              generated.size(), generated.size() / std::max(decode_s, 1e-9));
   return 0;
 }

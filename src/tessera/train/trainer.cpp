@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tessera/ckpt/hf_model.h"
+#include "tessera/ckpt/peft_adapter.h"
 #include "tessera/config/keys.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/parallelize.h"
@@ -552,6 +553,10 @@ std::string Trainer::save_checkpoint() {
     parallel_->barrier();
     if (rank == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
   }
+  // LoRA: the adapters in peft's format beside them (PeftModel.from_pretrained(base, dir)).
+  if (lora_ && rank == 0)
+    write_peft_adapter(dir, lora_->options(), model_->layout(), t.params_dtype,
+                       [&t](int index, void* dst) { t.backend->download(dst, t.param(index)); });
   // No rank goes on before the checkpoint is published: one that exits now (a signal stop)
   // would make the others abort, rank 0 in the middle of publishing.
   parallel_->barrier();
