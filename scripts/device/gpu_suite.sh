@@ -6,6 +6,7 @@
 #       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
 #       [dist] [four_gpu] [eight_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
 #       [posttrain]   (scripts/device/posttrain_bench.sh with the steps in POSTTRAIN_STEPS)
+#       [peft]   (scripts/ckpt/peft_lora_check.py: LoRA checkpoints in peft, merged exports)
 #       [baseline]   (not in the default; dist: 2 GPUs; four_gpu: scripts/device/four_gpu.sh
 #                     with the steps in FOUR_GPU_STEPS (default all), 4 GPUs; eight_gpu:
 #                     scripts/device/eight_gpu.sh with EIGHT_GPU_STEPS, 8 GPUs; baseline: bench model of the packed
@@ -75,7 +76,7 @@ want() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; 
 
 if want tests; then
   echo "== GPU tests"
-  "$BIN/test_gpu" --gtest_color=no --gtest_filter="-DistGpu.*" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ (op|grad|curve|  FAILED|  PASSED|  SKIPPED|       OK|RUN)|Failure|error|attention_backend" | tail -150
+  "$BIN/test_gpu" --gtest_color=no --gtest_filter="${GPU_TEST_FILTER:--DistGpu.*}" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ (op|grad|curve|  FAILED|  PASSED|  SKIPPED|       OK|RUN)|Failure|error|attention_backend" | tail -150
 fi
 if want lab && [ -x "$BIN/attention_lab" ]; then
   echo "== attention lab (Tessera's kernels and cuDNN)"
@@ -90,6 +91,10 @@ if want chat; then
   echo "== chat templates: preprocess --chat ids against transformers' apply_chat_template"
   timeout 120 python3 "$ROOT/scripts/tokenizer/chat_template_transformers_check.py" \
     --tessera "$BIN/tessera" --out "$OUT/chat_template_ids.json" 2>&1 | tee "$OUT/chat_check.log" | tail -14
+fi
+if want peft; then
+  echo "== LoRA against peft (adapters in peft's format, merged export)"
+  timeout 180 python3 "$ROOT/scripts/ckpt/peft_lora_check.py" --tessera "$BIN/tessera" 2>&1 | tee "$OUT/peft_check.log" | tail -8
 fi
 if want posttrain; then
   echo "== post-training benchmarks against the transformers peer"

@@ -10,6 +10,9 @@
 #                on the assistant's three quarters, documents masked, positions restarted);
 #                the peer's --task sft --compile at the same size
 #     full       the same pretraining and SFT with the full model (bench model --full)
+#     lora       the full Llama 3.1 8B at seq 4096, global batch 1, selective recompute and
+#                bf16 optimizer state: LoRA rank 16 on every projection, the full fine-tune at
+#                the same settings, and the peer's --task lora (peft r16, same projections)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="$1"; shift
@@ -44,5 +47,15 @@ if want full; then
   echo "== full model: pretraining and packed SFT"
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B -o "$OUT/full_pretrain" 2>&1 | tail -4
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${SFT_DATA[@]}" -o "$OUT/full_sft" 2>&1 | tail -5
+fi
+if want lora; then
+  echo "== LoRA on the full model against the full fine-tune and peft"
+  SAME=(--num_layers 32 --seq_length 4096 --recompute_granularity selective --use_distributed_optimizer true
+        --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16)
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" --lora_rank 16 --lora_alpha 32 \
+    --iters 6 -o "$OUT/lora" 2>&1 | tail -4
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" --iters 6 -o "$OUT/full_finetune" 2>&1 | tail -4
+  timeout 240 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
+    --json "$OUT/peer.jsonl" 2>&1 | tail -1
 fi
 rm -rf "$work"

@@ -1,0 +1,112 @@
+// LoRA (model/lora_model.h) and packed documents in bf16 on the GPU against the CPU's fp32:
+// the merged-weight GEMMs, the adapters' gradient GEMMs from dW and the flash kernels with
+// document starts, each within bf16 rounding of the reference.
+#include "gpu_test_util.h"
+#include "tessera/model/decoder_model.h"
+#include "tessera/model/init.h"
+#include "tessera/model/lora_model.h"
+
+namespace tessera::gpu_test {
+namespace {
+
+ModelSpec small_spec() {
+  ModelSpec spec;
+  spec.vocab_size = spec.tokenizer_vocab = 256;
+  spec.num_layers = 2;
+  spec.hidden = 128;
+  spec.ffn = 256;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.head_dim = 64;  // the flash kernels' head size
+  spec.max_position_embeddings = 256;
+  spec.init_std = 0.05f;
+  return spec;
+}
+
+// Tokens and next-token targets of `documents` packed per sequence, with positions per document.
+struct Batch {
+  std::vector<int32_t> tokens, targets, positions;
+};
+Batch packed(const std::vector<std::vector<int>>& documents) {
+  Batch b;
+  for (const auto& sequence : documents)
+    for (int length : sequence)
+      for (int k = 0; k < length; ++k) {
+        const auto at = static_cast<int32_t>(b.tokens.size());
+        b.tokens.push_back((at * 7919) % 251);
+        b.targets.push_back(k + 1 == length ? -1 : ((at + 1) * 7919) % 251);
+        b.positions.push_back(k);
+      }
+  return b;
+}
+
+TEST(GpuLora, AdaptersInBf16TrackTheCpu) {
+  TS_REQUIRE_GPU();
+  const ModelSpec spec = small_spec();
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 128;
+  LoraOptions options;
+  options.rank = 8;
+  options.alpha = 16;
+  options.targets = lora_targets("all-linear");
+  const Batch batch = packed({{128}, {128}});
+  std::vector<float> loss(2);
+  std::vector<std::vector<float>> grads(2);
+  for (int device = 0; device < 2; ++device) {
+    auto backend = make_backend(device == 0 ? DeviceChoice::Cpu : DeviceChoice::Gpu, 0);
+    rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
+    LoraModel model(*backend, spec, rt, options);
+    // Values drawn in fp32 on each backend from the same seeds, B away from zero.
+    init_parameters(*backend, spec, model.base_layout(), {{{0, model.base_layout().total}, model.base_params()}}, 11);
+    DeviceBuffer adapters(*backend, model.layout().total * sizeof(float), "adapters");
+    const Tensor a = adapters.tensor(DType::F32, {model.layout().total});
+    init_parameters(*backend, spec, model.layout(), a, 12);
+    for (const LoraAdapted& x : model.adapted()) {
+      const ParamInfo& p = model.layout().params[x.b];
+      backend->init_normal(a.flat_range(p.offset, p.numel()), 13, static_cast<uint64_t>(p.offset), 0.0f, 0.1f);
+    }
+    backend->convert(model.params(), a);
+    model.set_batch(batch.tokens.data(), batch.targets.data());
+    model.zero_grads();
+    model.zero_loss_sum();
+    model.forward_backward(1.0f / static_cast<float>(batch.tokens.size()));
+    loss[device] = download_float(*backend, model.loss_sum())[0];
+    grads[device] = download_float(*backend, model.grads());
+  }
+  EXPECT_NEAR(loss[1] / loss[0], 1.0, 1e-2);
+  EXPECT_LT(relative_error(grads[1], grads[0]), 5e-2);
+}
+
+TEST(GpuModel, PackedDocumentsInBf16TrackTheCpu) {
+  TS_REQUIRE_GPU();
+  const ModelSpec spec = small_spec();
+  ModelRuntime rt;
+  rt.micro_batch = 2;
+  rt.seq_length = 200;
+  rt.reset_position_ids = rt.reset_attention_mask = true;
+  // Documents that end inside and on the flash kernels' tiles, and one over the whole sequence.
+  const Batch batch = packed({{10, 118, 1, 64, 7}, {200}});
+  std::vector<float> loss(2);
+  std::vector<std::vector<float>> grads(2);
+  for (int device = 0; device < 2; ++device) {
+    auto backend = make_backend(device == 0 ? DeviceChoice::Cpu : DeviceChoice::Gpu, 0);
+    rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
+    DecoderModel model(*backend, spec, rt);
+    DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
+    const Tensor m = master.tensor(DType::F32, {model.layout().total});
+    init_parameters(*backend, spec, model.layout(), m, 11);
+    backend->convert(model.params(), m);
+    model.set_batch(batch.tokens.data(), batch.targets.data(), batch.positions.data());
+    model.zero_grads();
+    model.zero_loss_sum();
+    model.forward_backward(1.0f / static_cast<float>(batch.tokens.size()));
+    loss[device] = download_float(*backend, model.loss_sum())[0];
+    grads[device] = download_float(*backend, model.grads());
+  }
+  EXPECT_NEAR(loss[1] / loss[0], 1.0, 1e-2);
+  EXPECT_LT(relative_error(grads[1], grads[0]), 5e-2);
+}
+
+}  // namespace
+}  // namespace tessera::gpu_test
