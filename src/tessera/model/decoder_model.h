@@ -64,6 +64,8 @@ class DecoderModel final : public Model, private LayerOps {
   void update_persistent_state() override;
 
   Fp8Linears* fp8() const override { return fp8_.get(); }
+  // LoRA: adapters on some linear weights, which are then frozen (not owned).
+  void use_linear_adapters(LinearAdapters* adapters) { gemms_.use_adapters(adapters); }
   void params_updated() override;
 
   int chunks() const override { return static_cast<int>(chunks_.size()); }

@@ -5,10 +5,68 @@
 #include "tessera/core/error.h"
 
 namespace tessera {
+namespace {
 
-// Runs the adapters around each unit the base reads or writes, then tells the outer observer
-// (data parallelism): its params_needed first, so the adapters are current before they are
-// merged, and its grads_ready last, once the adapters' gradients hold the unit's share.
+// Elements of each buffer a LoraModel allocates.
+struct Sizes {
+  int64_t frozen = 0;      // the base weights (compute dtype)
+  int64_t base_grads = 0;  // the largest unit: the base's gradient writes (compute dtype)
+  int64_t adapters = 0;    // the adapters and their gradients, padded for data parallelism
+  int64_t stacked = 0;     // the largest stacked A, or its gradient: pieces x r x cols
+  int64_t diagonal = 0;    // the largest diagonal B, or its gradient: rows x pieces x r
+  int64_t per_token = 0;   // tokens x the most pieces x r: x A^T, dy B
+  int64_t piece = 0;       // the largest B: one piece's gradient, cut out
+  int64_t compute() const { return frozen + base_grads + adapters + stacked + diagonal + 2 * per_token; }
+  int64_t grad() const { return adapters + stacked + diagonal + piece; }
+};
+
+Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vector<LoraAdapted>& adapted,
+            const ModelRuntime& runtime, int64_t rank) {
+  Sizes n;
+  n.frozen = base.total;
+  for (const ParamRange& u : base.units) n.base_grads = std::max(n.base_grads, u.count());
+  std::vector<int64_t> pieces(base.params.size(), 0);
+  for (const LoraAdapted& a : adapted) {
+    ++pieces[a.base_weight];
+    n.piece = std::max(n.piece, a.rows * rank);
+  }
+  for (size_t w = 0; w < base.params.size(); ++w) {
+    if (pieces[w] == 0) continue;
+    const int64_t r = pieces[w] * rank, rows = base.params[w].shape[0], cols = base.params[w].shape[1];
+    n.stacked = std::max(n.stacked, r * cols);
+    n.diagonal = std::max(n.diagonal, rows * r);
+    n.per_token = std::max(n.per_token, runtime.tokens() * r);
+  }
+  const int64_t multiple = std::max<int64_t>(runtime.flat_buffer_multiple, 1);
+  n.adapters = (adapters.total + multiple - 1) / multiple * multiple;
+  return n;
+}
+
+// The base's runtime: no buffers of its own, its (unread) gradients in the compute dtype.
+ModelRuntime base_runtime(const ModelRuntime& runtime) {
+  ModelRuntime rt = runtime;
+  rt.sharded_params = true;
+  rt.grad_dtype = runtime.compute_dtype;
+  return rt;
+}
+
+MatmulArgs gemm(const Tensor& out, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float alpha,
+                float beta) {
+  MatmulArgs m;
+  m.out = out;
+  m.a = a;
+  m.trans_a = trans_a;
+  m.b = b;
+  m.trans_b = trans_b;
+  m.alpha = alpha;
+  m.beta = beta;
+  return m;
+}
+
+}  // namespace
+
+// Binds the base's units as it reads and writes them, after telling the outer observer (data
+// parallelism), so that the adapters are current before the unit's pass reads them.
 class LoraModel::BaseObserver : public ParamUnitObserver {
  public:
   explicit BaseObserver(LoraModel& m) : m_(m) {}
@@ -24,7 +82,6 @@ class LoraModel::BaseObserver : public ParamUnitObserver {
     m_.bind_grads(unit);
   }
   void grads_ready(int unit) override {
-    m_.adapter_grads(unit);
     if (m_.outer_) m_.outer_->grads_ready(unit);
   }
 
@@ -32,48 +89,17 @@ class LoraModel::BaseObserver : public ParamUnitObserver {
   LoraModel& m_;
 };
 
-namespace {
-
-// Elements of each buffer a LoraModel allocates.
-struct Sizes {
-  int64_t frozen = 0;      // the base weights
-  int64_t merged = 0;      // the largest unit with adapters: its merged weights
-  int64_t base_grads = 0;  // the largest unit: its dW
-  int64_t adapters = 0;    // the adapters (and their gradients), padded for data parallelism
-};
-
-Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vector<LoraAdapted>& adapted,
-            const ModelRuntime& runtime) {
-  Sizes n;
-  n.frozen = base.total;
-  for (const ParamRange& u : base.units) n.base_grads = std::max(n.base_grads, u.count());
-  for (const LoraAdapted& a : adapted)
-    n.merged = std::max(n.merged, base.units[base.params[a.base_weight].unit].count());
-  const int64_t multiple = std::max<int64_t>(runtime.flat_buffer_multiple, 1);
-  n.adapters = (adapters.total + multiple - 1) / multiple * multiple;
-  return n;
-}
-
-// The base's runtime: no buffers of its own, dW in the compute dtype (it only feeds the
-// adapters' GEMMs, which read it so).
-ModelRuntime base_runtime(const ModelRuntime& runtime) {
-  ModelRuntime rt = runtime;
-  rt.sharded_params = true;
-  rt.grad_dtype = runtime.compute_dtype;
-  return rt;
-}
-
-}  // namespace
-
 ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& runtime, const LoraOptions& options) {
   const ModelRuntime rt = base_runtime(runtime);
   ModelMemory m = DecoderModel::plan_memory(spec, rt);
   const ParamLayout base = DecoderModel::plan_layout(spec, rt);
   const LoraLayout lora = make_lora_layout(spec, base, options);
-  const Sizes n = sizes(base, lora.adapters, lora.adapted, runtime);
-  const size_t compute = dtype_size(runtime.compute_dtype);
-  m.weights = static_cast<size_t>(n.frozen + n.merged + n.adapters) * compute;
-  m.gradients = static_cast<size_t>(n.base_grads) * compute + static_cast<size_t>(n.adapters) * dtype_size(runtime.grad_dtype);
+  const Sizes n = sizes(base, lora.adapters, lora.adapted, runtime, options.rank);
+  m.weights = static_cast<size_t>(n.frozen + n.adapters) * dtype_size(runtime.compute_dtype);
+  m.gradients = static_cast<size_t>(n.base_grads) * dtype_size(runtime.compute_dtype) +
+                static_cast<size_t>(n.adapters) * dtype_size(runtime.grad_dtype);
+  m.activations += static_cast<size_t>(n.stacked + n.diagonal + 2 * n.per_token) * dtype_size(runtime.compute_dtype) +
+                   static_cast<size_t>(n.stacked + n.diagonal + n.piece) * dtype_size(runtime.grad_dtype);
   return m;
 }
 
@@ -88,32 +114,52 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
            options_.rank, options_.targets.size());
   base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime(runtime));
   const ParamLayout& base = base_->layout();
-
   LoraLayout lora = make_lora_layout(spec, base, options_);
   layout_ = std::move(lora.adapters);
   adapted_ = std::move(lora.adapted);
-  adapted_in_unit_.resize(base.units.size());
-  for (size_t k = 0; k < adapted_.size(); ++k)
-    adapted_in_unit_[base.params[adapted_[k].base_weight].unit].push_back(static_cast<int>(k));
+  group_of_.assign(base.params.size(), -1);
+  for (size_t k = 0; k < adapted_.size(); ++k) {
+    const int w = adapted_[k].base_weight;
+    if (group_of_[w] < 0) {
+      group_of_[w] = static_cast<int>(groups_.size());
+      groups_.push_back({{}, base.params[w].shape[0], base.params[w].shape[1]});
+    }
+    groups_[group_of_[w]].pieces.push_back(static_cast<int>(k));
+  }
 
-  const Sizes n = sizes(base, layout_, adapted_, runtime);
-  const DType compute = runtime.compute_dtype;
+  const Sizes n = sizes(base, layout_, adapted_, runtime, options_.rank);
+  const DType compute = runtime.compute_dtype, grad = runtime.grad_dtype;
   frozen_buffer_ = DeviceBuffer(backend, n.frozen * dtype_size(compute), "LoRA frozen base weights");
-  merged_buffer_ = DeviceBuffer(backend, n.merged * dtype_size(compute), "LoRA merged weights of a layer");
-  base_grad_buffer_ = DeviceBuffer(backend, n.base_grads * dtype_size(compute), "LoRA base gradients of a layer");
+  base_grad_buffer_ = DeviceBuffer(backend, n.base_grads * dtype_size(compute), "LoRA base gradient scratch");
   param_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(compute), "LoRA adapters");
-  grad_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(runtime.grad_dtype), "LoRA adapter gradients");
-  const int64_t padded = n.adapters, largest_unit = n.base_grads, largest_adapted_unit = n.merged;
+  grad_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(grad), "LoRA adapter gradients");
   frozen_ = frozen_buffer_.tensor(compute, {base.total});
-  merged_ = merged_buffer_.tensor(compute, {largest_adapted_unit});
-  base_grads_ = base_grad_buffer_.tensor(compute, {largest_unit});
+  base_grads_ = base_grad_buffer_.tensor(compute, {n.base_grads});
   params_ = param_buffer_.tensor(compute, {layout_.total});
-  grads_ = grad_buffer_.tensor(runtime.grad_dtype, {layout_.total});
+  grads_ = grad_buffer_.tensor(grad, {layout_.total});
+  const size_t compute_bytes = static_cast<size_t>(n.stacked + n.diagonal + 2 * n.per_token) * dtype_size(compute);
+  scratch_buffer_ = DeviceBuffer(
+      backend, compute_bytes + static_cast<size_t>(n.stacked + n.diagonal + n.piece) * dtype_size(grad) + 256,
+      "LoRA GEMM scratch");
+  size_t at = 0;
+  auto take = [&](DType d, int64_t count) {
+    const Tensor t = scratch_buffer_.tensor(d, {std::max<int64_t>(count, 1)}, at);
+    at += (static_cast<size_t>(count) * dtype_size(d) + 15) / 16 * 16;
+    return t;
+  };
+  a_cat_ = take(compute, n.stacked);
+  b_diag_ = take(compute, n.diagonal);
+  xa_ = take(compute, n.per_token);
+  dyb_ = take(compute, n.per_token);
+  da_cat_ = take(grad, n.stacked);
+  db_cat_ = take(grad, n.diagonal);
+  piece_ = take(grad, n.piece);
   backend.fill(frozen_, 0.0f);
-  backend.fill(param_buffer_.tensor(compute, {padded}), 0.0f);
-  backend.fill(grad_buffer_.tensor(runtime.grad_dtype, {padded}), 0.0f);
+  backend.fill(param_buffer_.tensor(compute, {n.adapters}), 0.0f);
+  backend.fill(grad_buffer_.tensor(grad, {n.adapters}), 0.0f);
   base_observer_ = std::make_unique<BaseObserver>(*this);
   base_->set_unit_observer(base_observer_.get());
+  base_->use_linear_adapters(this);
 }
 
 LoraModel::~LoraModel() = default;
@@ -142,60 +188,87 @@ void LoraModel::zero_grads() {
 }
 
 void LoraModel::bind_params(int unit) {
-  const ParamLayout& base = base_->layout();
-  const ParamRange& r = base.units[unit];
-  const Tensor frozen = frozen_.flat_range(r.begin, r.count());
-  if (adapted_in_unit_[unit].empty()) {
-    base_->bind_unit_params(unit, frozen);
-    return;
-  }
-  const Tensor merged = merged_.flat_range(0, r.count());
-  backend_.copy(merged, frozen);
-  for (const int k : adapted_in_unit_[unit]) {
-    const LoraAdapted& a = adapted_[k];
-    const ParamInfo& w = base.params[a.base_weight];
-    MatmulArgs m;
-    m.out = merged.flat_range(w.offset - r.begin + a.row0 * a.cols, a.rows * a.cols).view({a.rows, a.cols});
-    m.a = param(a.b);
-    m.b = param(a.a);
-    m.alpha = static_cast<float>(options_.scale());
-    m.beta = 1.0f;
-    backend_.matmul(m);
-  }
-  base_->bind_unit_params(unit, merged);
+  const ParamRange& r = base_->layout().units[unit];
+  base_->bind_unit_params(unit, frozen_.flat_range(r.begin, r.count()));
 }
 
+// The frozen base's gradients (norms, embedding) go to one scratch that nothing reads; the
+// sharded base accumulates into it, so it is never zeroed.
 void LoraModel::bind_grads(int unit) {
-  const Tensor g = base_grads_.flat_range(0, base_->layout().units[unit].count());
-  backend_.fill(g, 0.0f);
-  base_->bind_unit_grads(unit, g);
+  base_->bind_unit_grads(unit, base_grads_.flat_range(0, base_->layout().units[unit].count()));
 }
 
-void LoraModel::adapter_grads(int unit) {
-  const ParamLayout& base = base_->layout();
-  const ParamRange& r = base.units[unit];
-  for (const int k : adapted_in_unit_[unit]) {
-    const LoraAdapted& a = adapted_[k];
-    const ParamInfo& w = base.params[a.base_weight];
-    const Tensor dw =
-        base_grads_.flat_range(w.offset - r.begin + a.row0 * a.cols, a.rows * a.cols).view({a.rows, a.cols});
-    MatmulArgs db;  // dB (rows, r) += s dW A^T
-    db.out = grad(a.b);
-    db.a = dw;
-    db.b = param(a.a);
-    db.trans_b = true;
-    db.alpha = static_cast<float>(options_.scale());
-    db.beta = 1.0f;
-    backend_.matmul(db);
-    MatmulArgs da;  // dA (r, cols) += s B^T dW
-    da.out = grad(a.a);
-    da.a = param(a.b);
-    da.trans_a = true;
-    da.b = dw;
-    da.alpha = static_cast<float>(options_.scale());
-    da.beta = 1.0f;
-    backend_.matmul(da);
+Tensor LoraModel::stacked_a(const Group& g) {
+  const int64_t r = options_.rank;
+  if (g.pieces.size() == 1) return param(adapted_[g.pieces[0]].a);
+  const Tensor a = a_cat_.flat_range(0, static_cast<int64_t>(g.pieces.size()) * r * g.cols)
+                       .view({static_cast<int64_t>(g.pieces.size()) * r, g.cols});
+  for (size_t p = 0; p < g.pieces.size(); ++p)
+    backend_.copy(a.flat_range(static_cast<int64_t>(p) * r * g.cols, r * g.cols),
+                  param(adapted_[g.pieces[p]].a).flat_range(0, r * g.cols));
+  return a;
+}
+
+Tensor LoraModel::diagonal_b(const Group& g) {
+  const int64_t r = options_.rank, R = static_cast<int64_t>(g.pieces.size()) * r;
+  if (g.pieces.size() == 1) return param(adapted_[g.pieces[0]].b);
+  const Tensor b = b_diag_.flat_range(0, g.rows * R).view({g.rows, R});
+  backend_.fill(b, 0.0f);
+  for (size_t p = 0; p < g.pieces.size(); ++p) {
+    const LoraAdapted& a = adapted_[g.pieces[p]];
+    backend_.copy_columns(b.flat_range(a.row0 * R, a.rows * R).view({a.rows, R}), static_cast<int64_t>(p) * r,
+                          param(a.b), 0, r);
   }
+  return b;
+}
+
+void LoraModel::forward(const Tensor& out, const Tensor& in, int weight) {
+  const Group& g = groups_[group_of_[weight]];
+  const int64_t R = static_cast<int64_t>(g.pieces.size()) * options_.rank, N = in.numel() / g.cols;
+  const Tensor xa = xa_.flat_range(0, N * R).view({N, R});
+  const Tensor a = stacked_a(g), b = diagonal_b(g);
+  const auto s = static_cast<float>(options_.scale());
+  backend_.matmul(gemm(xa, in.view({N, g.cols}), false, a, true, 1.0f, 0.0f));       // x A^T
+  backend_.matmul(gemm(out.view({N, g.rows}), xa, false, b, true, s, 1.0f));          // += s (x A^T) B^T
+}
+
+void LoraModel::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight) {
+  const Group& g = groups_[group_of_[weight]];
+  const int64_t r = options_.rank, R = static_cast<int64_t>(g.pieces.size()) * r, N = in.numel() / g.cols;
+  const Tensor x = in.view({N, g.cols}), dy = dout.view({N, g.rows});
+  const Tensor xa = xa_.flat_range(0, N * R).view({N, R}), dyb = dyb_.flat_range(0, N * R).view({N, R});
+  const Tensor a = stacked_a(g), b = diagonal_b(g);
+  const auto s = static_cast<float>(options_.scale());
+  const bool single = g.pieces.size() == 1;
+  const LoraAdapted& first = adapted_[g.pieces[0]];
+  backend_.matmul(gemm(xa, x, false, a, true, 1.0f, 0.0f));  // x A^T, again rather than kept
+  backend_.matmul(gemm(dyb, dy, false, b, false, 1.0f, 0.0f));  // dy B
+  // dB = s dy^T (x A^T): each piece's rows and its own r columns of the stacked product.
+  if (single) {
+    backend_.matmul(gemm(grad(first.b), dy, true, xa, false, s, 1.0f));
+  } else {
+    const Tensor db = db_cat_.flat_range(0, g.rows * R).view({g.rows, R});
+    backend_.matmul(gemm(db, dy, true, xa, false, s, 0.0f));
+    for (size_t p = 0; p < g.pieces.size(); ++p) {
+      const LoraAdapted& k = adapted_[g.pieces[p]];
+      const Tensor cut = piece_.flat_range(0, k.rows * r).view({k.rows, r});
+      backend_.copy_columns(cut, 0, db.flat_range(k.row0 * R, k.rows * R).view({k.rows, R}),
+                            static_cast<int64_t>(p) * r, r);
+      backend_.add(grad(k.b), grad(k.b), cut);
+    }
+  }
+  // dA = s (dy B)^T x: the stacked A's rows are the pieces' A one after another.
+  if (single) {
+    backend_.matmul(gemm(grad(first.a), dyb, true, x, false, s, 1.0f));
+  } else {
+    const Tensor da = da_cat_.flat_range(0, R * g.cols).view({R, g.cols});
+    backend_.matmul(gemm(da, dyb, true, x, false, s, 0.0f));
+    for (size_t p = 0; p < g.pieces.size(); ++p) {
+      const LoraAdapted& k = adapted_[g.pieces[p]];
+      backend_.add(grad(k.a), grad(k.a), da.flat_range(static_cast<int64_t>(p) * r * g.cols, r * g.cols).view({r, g.cols}));
+    }
+  }
+  if (din.defined()) backend_.matmul(gemm(din.view({N, g.cols}), dyb, false, a, false, s, 1.0f));  // += s (dy B) A
 }
 
 }  // namespace tessera

@@ -1,21 +1,21 @@
 #pragma once
 // LoRA (Hu et al., peft's LoraModel): a frozen base model whose chosen projections W get a
-// trainable low-rank update, W + (alpha / r) B A, with A (r, in) and B (out, r). The model the
-// trainer, the optimizer, data parallelism and checkpoints see is the adapters alone: their
-// flat layout (one unit per base unit, so a layer's adapters are reduced as soon as its
-// backward ends), parameters and gradients. Optimizer state exists only for them.
+// trainable low-rank term, y = x W^T + (alpha / r) (x A^T) B^T, with A (r, in) and B (out, r).
+// The model the trainer, the optimizer, data parallelism and checkpoints see is the adapters
+// alone: their flat layout (model/lora_layout.h), parameters and gradients. Optimizer state
+// exists only for them.
 //
 // How it runs the base: the base DecoderModel keeps no parameter or gradient buffers of its
-// own (ModelRuntime::sharded_params, as under FSDP) and reports every unit it reads or writes.
-// Before a unit is read, its weights are bound to a scratch holding W + (alpha / r) B A for
-// each adapted projection (a GEMM of out x r x in, small beside the layer's); the unit's
-// gradients are bound to a scratch, and once the layer's backward has written dW there the
-// adapters' gradients follow from it: dB += (alpha / r) dW A^T, dA += (alpha / r) B^T dW.
-// The frozen weights themselves get no gradient buffer and no optimizer state, only one
-// unit-sized scratch each for the merged weights and dW.
+// own (ModelRuntime::sharded_params, as under FSDP); each unit it reads is bound to its slice
+// of the frozen weights, and each unit it writes gradients for to one scratch the size of the
+// largest unit, which nothing reads: the base's norms and embedding are frozen too. The
+// adapted linears run their adapters through LinearAdapters: no weight-gradient GEMM for W;
+// the adapters' terms and gradients are GEMMs with an inner dimension of r.
 //
 // Fused projections (q, k, v; gate, up) take one adapter per Hugging Face piece, each on its
-// rows of the fused weight, so adapters are named and shaped as peft's are.
+// rows of the fused weight, so adapters are named and shaped as peft's are. One GEMM serves
+// all pieces of a fused weight: their A stacked (R = pieces x r rows) and their B set on the
+// diagonal of a (rows, R) matrix that is zero elsewhere.
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,15 +27,14 @@
 
 namespace tessera {
 
-class LoraModel : public Model {
+class LoraModel : public Model, private LinearAdapters {
  public:
-  // The base is built for `runtime` with its own buffers replaced by the scratch binding
-  // above; `runtime` must be a single model replica (no tensor, pipeline, context or expert
+  // `runtime` must be a single model replica (no tensor, pipeline, context or expert
   // parallelism, no FP8, not sharded).
   LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime, LoraOptions options);
   ~LoraModel() override;
-  // What construction allocates: the frozen weights, the adapters and their gradients, a
-  // layer's merged weights and dW, and the base's activations.
+  // What construction allocates: the frozen weights, the adapters and their gradients, the
+  // gradient scratch of a unit and the adapters' GEMM scratch, and the base's activations.
   static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime, const LoraOptions& options);
 
   // The frozen base weights (compute dtype, the base layout), for initialisation and loading.
@@ -82,14 +81,24 @@ class LoraModel : public Model {
   std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return {}; }
   void update_persistent_state() override {}
   Fp8Linears* fp8() const override { return nullptr; }
-  // Merged weights are rebuilt at every read of a unit: nothing derived is kept.
   void params_updated() override {}
 
  private:
   class BaseObserver;
+  // The adapted pieces of one base weight, in row order.
+  struct Group {
+    std::vector<int> pieces;  // indices into adapted_
+    int64_t rows = 0, cols = 0;
+  };
+  bool adapts(int weight) const override { return group_of_[weight] >= 0; }
+  void forward(const Tensor& out, const Tensor& in, int weight) override;
+  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight) override;
+  // The group's A stacked (R, cols) and B on the diagonal (rows, R): the adapters themselves
+  // for a weight of one piece, else assembled in scratch.
+  Tensor stacked_a(const Group& g);
+  Tensor diagonal_b(const Group& g);
   void bind_params(int unit);
   void bind_grads(int unit);
-  void adapter_grads(int unit);
 
   Backend& backend_;
   ModelRuntime runtime_;
@@ -99,9 +108,13 @@ class LoraModel : public Model {
   ParamUnitObserver* outer_ = nullptr;
   ParamLayout layout_;
   std::vector<LoraAdapted> adapted_;
-  std::vector<std::vector<int>> adapted_in_unit_;  // indices into adapted_, per unit
-  DeviceBuffer frozen_buffer_, merged_buffer_, base_grad_buffer_, param_buffer_, grad_buffer_;
-  Tensor frozen_, merged_, base_grads_, params_, grads_;
+  std::vector<Group> groups_;
+  std::vector<int> group_of_;  // per base weight: its group, or -1
+  DeviceBuffer frozen_buffer_, base_grad_buffer_, param_buffer_, grad_buffer_, scratch_buffer_;
+  Tensor frozen_, base_grads_, params_, grads_;
+  // GEMM scratch: A stacked, B diagonal, x A^T and dy B (compute dtype); dy^T (x A^T) and
+  // (dy B)^T x before they are split over the pieces (gradient dtype).
+  Tensor a_cat_, b_diag_, xa_, dyb_, db_cat_, da_cat_, piece_;
 };
 
 }  // namespace tessera

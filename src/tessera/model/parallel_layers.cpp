@@ -48,6 +48,7 @@ void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int b
   m.c = c;
   if (bias >= 0) m.bias = params_(bias);
   backend_.matmul(m);
+  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in, weight);
 }
 
 void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
@@ -63,13 +64,17 @@ void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& 
       d.b = params_(weight);
       backend_.matmul(d);
     }
-    MatmulArgs w;
-    w.out = grads_(weight);
-    w.a = dout;
-    w.trans_a = true;
-    w.b = in;
-    w.beta = grad_beta;
-    backend_.matmul(w);
+    if (adapters_ && adapters_->adapts(weight)) {
+      adapters_->backward(din, dout, in, weight);  // the weight itself is frozen
+    } else {
+      MatmulArgs w;
+      w.out = grads_(weight);
+      w.a = dout;
+      w.trans_a = true;
+      w.b = in;
+      w.beta = grad_beta;
+      backend_.matmul(w);
+    }
   }
   if (bias >= 0) backend_.bias_backward(grads_(bias), dout);
 }

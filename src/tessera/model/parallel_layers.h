@@ -16,6 +16,19 @@
 
 namespace tessera {
 
+// Low-rank adapters on some of a model's linear weights (LoRA, model/lora_model.h): such a
+// weight is frozen (no gradient GEMM), and the adapters add their term to its output and take
+// their gradients from its output gradient and input.
+class LinearAdapters {
+ public:
+  virtual ~LinearAdapters() = default;
+  virtual bool adapts(int weight) const = 0;
+  // out += the adapters' term of `in`.
+  virtual void forward(const Tensor& out, const Tensor& in, int weight) = 0;
+  // The adapters' gradients accumulate; din (when defined) += their term's input gradient.
+  virtual void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight) = 0;
+};
+
 // The local GEMMs of a model's linear layers and expert stacks: bf16 through the op API, or FP8
 // (Fp8Linears) for the weights an fp8 run casts; and whether each weight's gradient has been
 // written in this step. The first weight-gradient GEMM of a step writes it (beta 0), later
@@ -29,6 +42,8 @@ class LinearGemms {
 
   // FP8 GEMMs for the weights fp8_index names (index into fp8's linears, -1: bf16).
   void use_fp8(Fp8Linears* fp8, std::vector<int> fp8_index);
+  // Adapters on the weights they adapt, which are frozen from then on (not owned; null: none).
+  void use_adapters(LinearAdapters* adapters) { adapters_ = adapters; }
   bool is_fp8(int weight) const { return fp8_index_[weight] >= 0; }
 
   // A new step: every weight's next weight-gradient GEMM writes; `accumulate_all` (sharded
@@ -54,6 +69,7 @@ class LinearGemms {
   Backend& backend_;
   TensorOf params_, grads_;
   Fp8Linears* fp8_ = nullptr;
+  LinearAdapters* adapters_ = nullptr;
   std::vector<int> fp8_index_;
   std::vector<char> grad_written_;
 };
