@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/tiny_decoder.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
 #include "tessera/model/decoder_model.h"
@@ -14,17 +15,8 @@ namespace tessera {
 namespace {
 
 ModelSpec tiny_spec() {
-  ModelSpec s;
-  s.vocab_size = s.tokenizer_vocab = 64;
-  s.num_layers = 3;
-  s.hidden = 32;
-  s.ffn = 40;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.max_position_embeddings = 64;
+  ModelSpec s = tiny_decoder_spec(3);
   s.qkv_bias = true;
-  s.init_std = 0.1f;
   return s;
 }
 

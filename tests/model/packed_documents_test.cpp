@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/tiny_decoder.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
 #include "tessera/model/decoder_model.h"
@@ -14,19 +15,6 @@
 namespace tessera {
 namespace {
 
-ModelSpec tiny_spec() {
-  ModelSpec s;
-  s.vocab_size = s.tokenizer_vocab = 64;
-  s.num_layers = 2;
-  s.hidden = 32;
-  s.ffn = 40;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.max_position_embeddings = 64;
-  s.init_std = 0.1f;
-  return s;
-}
 
 struct Result {
   float loss_sum = 0;
@@ -55,17 +43,9 @@ Result run(const ModelSpec& spec, int64_t batch, int64_t seq, const std::vector<
   return r;
 }
 
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += std::pow(static_cast<double>(a[i]) - b[i], 2);
-    norm += std::pow(static_cast<double>(b[i]), 2);
-  }
-  return std::sqrt(diff / norm);
-}
 
 TEST(PackedDocuments, GiveTheLossesAndGradientsOfTheDocumentsRunAlone) {
-  const ModelSpec spec = tiny_spec();
+  const ModelSpec spec = tiny_decoder_spec();
   const std::vector<int64_t> lengths = {5, 7, 4, 8};  // two sequences of 12 tokens
   const int64_t T = 12;
   // Each document's tokens and next-token targets; its last token predicts nothing.

@@ -1,6 +1,6 @@
 // DPO's losses, rewards and gradients against PyTorch (tests/train/dpo_reference.py, TRL's
 // formulas with autograd) for every loss type, over pairs the policy prefers, disprefers and
-// ties, with and without label smoothing.
+// ties, with and without label smoothing, length normalisation, a reference and RPO's term.
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -21,12 +21,19 @@ TEST(Dpo, LossesRewardsAndGradientsMatchPyTorch) {
     DpoLossType type;
     const char* name;
     double beta, smoothing;
+    bool length_normalize = false, reference_free = false;
+    double rpo_alpha = 0;
   };
   const std::vector<Case> variants = {{DpoLossType::Sigmoid, "sigmoid", 0.1, 0.0},
                                       {DpoLossType::Sigmoid, "sigmoid", 0.5, 0.2},
                                       {DpoLossType::Ipo, "ipo", 0.1, 0.0},
                                       {DpoLossType::Hinge, "hinge", 0.1, 0.0},
-                                      {DpoLossType::Hinge, "hinge", 2.0, 0.0}};
+                                      {DpoLossType::Hinge, "hinge", 2.0, 0.0},
+                                      {DpoLossType::Sigmoid, "sigmoid", 0.1, 0.0, false, false, 1.0},
+                                      {DpoLossType::Ipo, "ipo", 0.1, 0.0, true},
+                                      {DpoLossType::Sigmoid, "sigmoid", 2.0, 0.0, true, true},
+                                      {DpoLossType::Hinge, "hinge", 0.5, 0.1, true, false, 0.3}};
+  const int64_t chosen_tokens = 7, rejected_tokens = 13;
   // (pc, pr, rc, rr): the policy prefers, disprefers, ties; large margins for overflow.
   const std::vector<std::vector<double>> logps = {{-12.5, -20.0, -15.0, -18.0},
                                                   {-30.0, -10.0, -25.0, -12.0},
@@ -37,7 +44,9 @@ TEST(Dpo, LossesRewardsAndGradientsMatchPyTorch) {
   for (const Case& v : variants)
     for (const auto& l : logps)
       cases.push_back({{"loss_type", v.name}, {"beta", v.beta}, {"label_smoothing", v.smoothing},
-                       {"pc", l[0]}, {"pr", l[1]}, {"rc", l[2]}, {"rr", l[3]}});
+                       {"pc", l[0]}, {"pr", l[1]}, {"rc", l[2]}, {"rr", l[3]},
+                       {"length_normalize", v.length_normalize}, {"reference_free", v.reference_free},
+                       {"rpo_alpha", v.rpo_alpha}, {"nc", chosen_tokens}, {"nr", rejected_tokens}});
   ScratchDir dir;
   const auto file = dir / "cases.json";
   std::ofstream(file) << cases.dump();
@@ -50,7 +59,8 @@ TEST(Dpo, LossesRewardsAndGradientsMatchPyTorch) {
   for (const Case& v : variants)
     for (const auto& l : logps) {
       SCOPED_TRACE(std::string(v.name) + " case " + std::to_string(k));
-      const DpoPair p = dpo_pair({v.type, v.beta, v.smoothing}, l[0], l[1], l[2], l[3]);
+      const DpoPair p = dpo_pair({v.type, v.beta, v.smoothing, v.length_normalize, v.reference_free, v.rpo_alpha},
+                                 l[0], l[1], l[2], l[3], chosen_tokens, rejected_tokens);
       const nlohmann::json& w = want[k++];
       const auto close = [](double got, double ref) { return std::abs(got - ref) <= 1e-12 * (1 + std::abs(ref)); };
       EXPECT_TRUE(close(p.loss, w["loss"])) << p.loss << " vs " << w["loss"];

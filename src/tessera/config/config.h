@@ -138,6 +138,9 @@ struct TrainingConfig {
   double dpo_beta = 0.1;
   DpoLossType dpo_loss_type = DpoLossType::Sigmoid;
   double dpo_label_smoothing = 0.0;
+  bool dpo_length_normalize = false;  // TRL's IPO / SimPO: per-token log-probabilities
+  bool dpo_reference_free = false;    // TRL's reference_free
+  double dpo_rpo_alpha = 0.0;         // TRL's rpo_alpha: the chosen answers' NLL term
   // LoRA (model/lora_model.h): adapters of this rank on lora_target_modules, the rest frozen;
   // 0: the whole model trains.
   int64_t lora_rank = 0;

@@ -774,6 +774,7 @@ void check_dpo(const Checker& c, const Experiment& e) {
   c.require(t.dpo_beta > 0, "dpo_beta", "a positive beta");
   c.require(t.dpo_label_smoothing >= 0 && t.dpo_label_smoothing < 0.5, "dpo_label_smoothing",
             "a share in [0, 0.5)");
+  c.require(t.dpo_rpo_alpha >= 0, "dpo_rpo_alpha", "0 (off) or a positive weight");
   c.require(t.micro_batch_size == 1, "micro_batch_size",
             "1 with objective dpo: each side of a pair runs as its own sequence");
   c.require(t.pipeline_model_parallel_size == 1 && t.context_parallel_size == 1,

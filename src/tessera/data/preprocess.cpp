@@ -436,7 +436,9 @@ PreprocessStats preprocess(const PreprocessOptions& o,
   std::vector<RawDocument> batch;
   std::vector<EncodedDocument> encoded;
   while (reader.next_batch(&batch)) {
-    encoded.resize(batch.size(), EncodedDocument{std::vector<std::vector<int32_t>>(writers.size())});
+    EncodedDocument empty;
+    empty.ids.resize(writers.size());
+    encoded.resize(batch.size(), empty);
     parallel_for(batch.size(), o.workers, [&](size_t i) {
       encode_document(batch[i], o.json_keys, *tokenizer, chat.get(), o, &encoded[i]);
     });

@@ -1,5 +1,6 @@
 #include "tessera/train/dpo.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tessera {
@@ -12,7 +13,17 @@ double sigmoid(double x) { return x >= 0 ? 1 / (1 + std::exp(-x)) : std::exp(x) 
 }  // namespace
 
 DpoPair dpo_pair(const DpoOptions& o, double policy_chosen, double policy_rejected,
-                 double reference_chosen, double reference_rejected) {
+                 double reference_chosen, double reference_rejected, int64_t chosen_tokens,
+                 int64_t rejected_tokens) {
+  const double nc = static_cast<double>(std::max<int64_t>(chosen_tokens, 1));
+  const double nr = static_cast<double>(std::max<int64_t>(rejected_tokens, 1));
+  const double raw_chosen = policy_chosen;
+  // What the loss sees of each summed log-probability, and d(seen) / d(summed).
+  const double sc = o.length_normalize ? 1 / nc : 1, sr = o.length_normalize ? 1 / nr : 1;
+  policy_chosen *= sc;
+  policy_rejected *= sr;
+  reference_chosen = o.reference_free ? 0 : reference_chosen * sc;
+  reference_rejected = o.reference_free ? 0 : reference_rejected * sr;
   DpoPair p;
   p.chosen_reward = o.beta * (policy_chosen - reference_chosen);
   p.rejected_reward = o.beta * (policy_rejected - reference_rejected);
@@ -36,8 +47,12 @@ DpoPair dpo_pair(const DpoOptions& o, double policy_chosen, double policy_reject
       dz = 1 - o.beta * z > 0 ? -o.beta : 0.0;
       break;
   }
-  p.dloss_dchosen = dz;
-  p.dloss_drejected = -dz;
+  p.dloss_dchosen = dz * sc;
+  p.dloss_drejected = -dz * sr;
+  if (o.rpo_alpha > 0) {
+    p.loss += o.rpo_alpha * -raw_chosen / nc;
+    p.dloss_dchosen -= o.rpo_alpha / nc;
+  }
   return p;
 }
 

@@ -6,7 +6,12 @@
 //            the robust/conservative variant)
 //   ipo      (z - 1 / (2 beta))^2                                      (IPO)
 //   hinge    max(0, 1 - beta z)                                        (SLiC)
-// The rewards are beta (pc - rc) and beta (pr - rr).
+// The rewards are beta (pc - rc) and beta (pr - rr). Options, as TRL's: length_normalize
+// divides each log-probability by its answer's tokens (as TRL's IPO and SimPO's average
+// log-probabilities do); reference_free takes rc = rr = 0; rpo_alpha adds RPO's
+// alpha x the chosen answer's mean token loss, -(its summed log-probability) / its tokens.
+#include <cstdint>
+
 #include "tessera/config/config.h"
 
 namespace tessera {
@@ -15,18 +20,23 @@ struct DpoOptions {
   DpoLossType loss_type = DpoLossType::Sigmoid;
   double beta = 0.1;
   double label_smoothing = 0.0;
+  bool length_normalize = false;
+  bool reference_free = false;
+  double rpo_alpha = 0.0;
 };
 
 struct DpoPair {
   double loss = 0;
-  // d loss / d pc and d loss / d pr: what the chosen and rejected answers' log-probabilities
-  // are pushed by (the reference's are constants).
+  // d loss / d pc and d loss / d pr (the summed log-probabilities): what the chosen and
+  // rejected answers are pushed by (the reference's are constants).
   double dloss_dchosen = 0, dloss_drejected = 0;
   double chosen_reward = 0, rejected_reward = 0;
 };
 
+// *_tokens: the answers' token counts (length_normalize, rpo_alpha).
 DpoPair dpo_pair(const DpoOptions& o, double policy_chosen, double policy_rejected,
-                 double reference_chosen, double reference_rejected);
+                 double reference_chosen, double reference_rejected, int64_t chosen_tokens = 1,
+                 int64_t rejected_tokens = 1);
 
 // Means over a batch of pairs, under TRL's names: loss, rewards/chosen, rewards/rejected,
 // rewards/accuracies (the share of pairs whose chosen reward is the higher), logps/chosen,

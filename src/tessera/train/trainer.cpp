@@ -320,8 +320,9 @@ void Trainer::open_data() {
   log_.info("data: {}", data_.description);
   if (exp_.training.objective == Objective::Dpo) {
     dpo_ = std::make_unique<DpoState>();
-    dpo_->options = {exp_.training.dpo_loss_type, exp_.training.dpo_beta,
-                     exp_.training.dpo_label_smoothing};
+    const TrainingConfig& t = exp_.training;
+    dpo_->options = {t.dpo_loss_type,        t.dpo_beta,           t.dpo_label_smoothing,
+                     t.dpo_length_normalize, t.dpo_reference_free, t.dpo_rpo_alpha};
     dpo_->pairs = make_preference_sources(exp_, setup_.data_vocab, tokenizer_->name(),
                                           tokenizer_->eod_id());
     log_.info("dpo: {}{}", dpo_->pairs.train->describe(),
@@ -664,9 +665,11 @@ void Trainer::load_pair_side(const PreferenceSource& pairs, uint64_t index, int 
   model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
 }
 
-// The model's summed loss over the answer's targets is minus its log-probability.
-double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int side) {
+// The model's summed loss over the answer's targets is minus its log-probability; *tokens:
+// how many targets that is.
+double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens) {
   load_pair_side(pairs, index, side);
+  if (tokens) *tokens = std::count_if(host_targets_.begin(), host_targets_.end(), [](int32_t t) { return t >= 0; });
   model_->zero_loss_sum();
   model_->forward_loss();
   float loss_sum = 0;
@@ -681,31 +684,40 @@ void Trainer::compute_dpo_reference() {
   const uint64_t rank = static_cast<uint64_t>(parallel_->data_parallel_rank());
   const uint64_t per_rank = static_cast<uint64_t>(t.global_batch_size) / dp;
   const auto start = Clock::now();
+  // Reference-free: zeros, which the loss does not read.
+  const bool free = dpo_->options.reference_free;
+  auto reference = [&](const PreferenceSource& pairs, uint64_t g) {
+    return free ? std::array<double, 2>{0, 0}
+                : std::array<double, 2>{answer_logp(pairs, g, 0), answer_logp(pairs, g, 1)};
+  };
   for (int64_t it = completed_iterations_ + 1; it <= t.train_iters; ++it)
     for (uint64_t m = 0; m < per_rank; ++m) {
       const uint64_t g = static_cast<uint64_t>(it - 1) * t.global_batch_size + m * dp + rank;
-      if (!dpo_->train_reference.count(g))
-        dpo_->train_reference[g] = {answer_logp(*dpo_->pairs.train, g, 0),
-                                    answer_logp(*dpo_->pairs.train, g, 1)};
+      if (!dpo_->train_reference.count(g)) dpo_->train_reference[g] = reference(*dpo_->pairs.train, g);
     }
   if (dpo_->pairs.valid)
     for (uint64_t i = rank; i < std::min<uint64_t>(dpo_->pairs.valid->pairs(),
                                                   static_cast<uint64_t>(exp_.data.eval_iters) *
                                                       t.global_batch_size);
          i += dp)
-      dpo_->valid_reference[i] = {answer_logp(*dpo_->pairs.valid, i, 0),
-                                  answer_logp(*dpo_->pairs.valid, i, 1)};
-  log_.info("dpo: the reference's log-probabilities of {} training and {} validation pairs on "
-            "this rank, with the starting weights ({:.1f} s)",
-            dpo_->train_reference.size(), dpo_->valid_reference.size(), ms_since(start) / 1e3);
+      dpo_->valid_reference[i] = reference(*dpo_->pairs.valid, i);
+  if (free)
+    log_.info("dpo: reference-free (dpo_reference_free): no reference log-probabilities");
+  else
+    log_.info("dpo: the reference's log-probabilities of {} training and {} validation pairs on "
+              "this rank, with the starting weights ({:.1f} s)",
+              dpo_->train_reference.size(), dpo_->valid_reference.size(), ms_since(start) / 1e3);
 }
 
 // The policy's log-probabilities of a pair's answers and its DPO loss against `reference`;
 // adds its statistics (in DpoBatchStats' order) to *sums.
 DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index,
                             const std::array<double, 2>& reference, std::array<double, 6>* sums) {
-  const double chosen = answer_logp(pairs, index, 0), rejected = answer_logp(pairs, index, 1);
-  const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1]);
+  int64_t chosen_tokens = 0, rejected_tokens = 0;
+  const double chosen = answer_logp(pairs, index, 0, &chosen_tokens);
+  const double rejected = answer_logp(pairs, index, 1, &rejected_tokens);
+  const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1], chosen_tokens,
+                             rejected_tokens);
   const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
                                       p.chosen_reward > p.rejected_reward ? 1.0 : 0.0, chosen,
                                       rejected};

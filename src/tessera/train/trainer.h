@@ -151,7 +151,7 @@ class Trainer {
   // log-probability over the answer (a forward pass); the reference's of every pair this rank
   // will train and validate on, with the starting weights; the step's gradients.
   void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
-  double answer_logp(const PreferenceSource& pairs, uint64_t index, int side);
+  double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
   void compute_dpo_reference();
   DpoPair score_pair(const PreferenceSource& pairs, uint64_t index,
                      const std::array<double, 2>& reference, std::array<double, 6>* sums);
