@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "model/tiny_decoder.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/config/config.h"
 #include "tessera/core/error.h"
@@ -19,19 +20,7 @@
 namespace tessera {
 namespace {
 
-ModelSpec tiny_spec(int64_t layers = 2) {
-  ModelSpec s;
-  s.vocab_size = s.tokenizer_vocab = 64;
-  s.num_layers = layers;
-  s.hidden = 32;
-  s.ffn = 40;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.max_position_embeddings = 64;
-  s.init_std = 0.1f;
-  return s;
-}
+ModelSpec tiny_spec(int64_t layers = 2) { return tiny_decoder_spec(layers); }
 
 TEST(ModelFamily, RegistryAndKeyNameTheFamilies) {
   ASSERT_NE(find_model_family("llama"), nullptr);

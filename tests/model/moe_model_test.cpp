@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/tiny_decoder.h"
 #include "common/model_step.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ckpt/model_spec_json.h"
@@ -23,17 +24,8 @@ namespace {
 
 // A tiny Mixtral-family model: MoE in layers 0 and 2 of 3, a shared expert, both losses.
 ModelSpec tiny_moe_spec() {
-  ModelSpec s;
+  ModelSpec s = tiny_decoder_spec(3);
   s.family = "mixtral";
-  s.vocab_size = s.tokenizer_vocab = 64;
-  s.num_layers = 3;
-  s.hidden = 32;
-  s.ffn = 40;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.max_position_embeddings = 64;
-  s.init_std = 0.1f;
   s.moe.experts = 4;
   s.moe.topk = 2;
   s.moe.ffn = 24;

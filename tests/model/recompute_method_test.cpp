@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/tiny_decoder.h"
 #include "common/model_step.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
@@ -23,17 +24,8 @@ namespace {
 using testing::one_model_step;
 
 ModelSpec tiny_spec(std::string family = "llama") {
-  ModelSpec s;
+  ModelSpec s = tiny_decoder_spec(5);
   s.family = family;
-  s.vocab_size = s.tokenizer_vocab = 64;
-  s.num_layers = 5;
-  s.hidden = 32;
-  s.ffn = 40;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 8;
-  s.max_position_embeddings = 64;
-  s.init_std = 0.1f;
   if (family == "mixtral") {
     s.moe.experts = 4;
     s.moe.topk = 2;
