@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
                           " --data_path " + (dir / "p_preference_document").string() +
                           " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 "
                           "--lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5";
-  r = run_tessera(dpo + " --train_iters 36 --eval_interval 36 --eval_iters 1 --exp_name dpo");
+  r = run_tessera(dpo + " --train_iters 36 --eval_interval 36 --eval_iters 1 --tensorboard_dir tb --exp_name dpo");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("dpo: the reference's log-probabilities of 216 training and 6 validation pairs"),
             std::string::npos)
@@ -80,6 +81,35 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   std::printf("dpo: steps 34-36 loss %.4f (ln 2 = 0.6931), rewards/margins %.4f\n", late_loss, late_margin);
   EXPECT_LT(late_loss, std::log(2.0) - 0.05);
   EXPECT_GT(late_margin, 0.1);
+
+  // TensorBoard carries TRL's statistics as metrics.jsonl has them, and tessera plot draws them.
+  fs::path events;
+  for (const auto& f : fs::recursive_directory_iterator(dir / "g" / "u" / "dpo"))
+    if (f.path().filename().string().starts_with("events.out.tfevents")) events = f.path();
+  ASSERT_FALSE(events.empty());
+  const RunResult read = run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
+                                     "/obs/read_tfevents.py " + events.string());
+  ASSERT_EQ(read.exit_code, 0) << read.output;
+  std::map<std::pair<std::string, int64_t>, double> tb;
+  const nlohmann::json events_read = nlohmann::json::parse(read.output);
+  for (const auto& e : events_read["events"])
+    if (e.contains("scalars")) tb[{e["scalars"][0][0].get<std::string>(), e["step"].get<int64_t>()}] = e["scalars"][0][1];
+  for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                          "logps/chosen", "logps/rejected"}) {
+    ASSERT_EQ(tb.count({key, 36}), 1u) << key;
+    EXPECT_EQ(tb.at({key, 36}), static_cast<double>(static_cast<float>(steps[35][key].get<double>()))) << key;
+  }
+  const RunResult plot = run_command(std::string(TESSERA_BINARY) + " plot " + (dir / "g" / "u" / "dpo").string() +
+                                     " -o " + (dir / "plots").string());
+  ASSERT_EQ(plot.exit_code, 0) << plot.output;
+  EXPECT_TRUE(fs::exists(dir / "plots" / "dpo_rewards.svg")) << plot.output;
+
+  // SimPO-style (per-token log-probabilities, no reference) with RPO's term: no reference
+  // passes, and the policy still learns the pairs.
+  r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --dpo_length_normalize --dpo_reference_free "
+                        "--dpo_rpo_alpha 0.5 --exp_name simpo");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dpo: reference-free"), std::string::npos) << r.output;
 
   // Two data-parallel ranks (threads) train like one: each takes every other pair of a step,
   // and the statistics are summed over both.

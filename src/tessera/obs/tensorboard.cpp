@@ -150,6 +150,7 @@ void TrainingTensorBoard::iteration(const IterationScalars& s) {
   both("lm loss", s.lm_loss);
   both("grad-norm", s.grad_norm);
   if (s.loss_tokens >= 0) both("loss-tokens", static_cast<double>(s.loss_tokens));
+  for (const auto& [tag, value] : s.named) both(tag.c_str(), value);
   if (config_.log_memory_to_tensorboard) {
     file_.add_scalar("mem-allocated-bytes", s.mem_allocated_bytes, s.iteration);
     file_.add_scalar("mem-max-allocated-bytes", s.mem_max_allocated_bytes, s.iteration);

@@ -59,6 +59,8 @@ struct IterationScalars {
   double mem_allocated_bytes = 0;
   double mem_max_allocated_bytes = 0;  // peak since training started
   int64_t loss_tokens = -1;  // with loss masks: the positions the loss counted; -1: all
+  // Further statistics under their own tags (DPO's rewards/* and logps/*, TRL's names).
+  std::vector<std::pair<std::string, double>> named;
 };
 
 // What it writes every log_interval iterations, over the interval.

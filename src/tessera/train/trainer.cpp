@@ -1041,7 +1041,12 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
                      .lm_loss = s.loss,
                      .learning_rate = s.lr,
                      .grad_norm = s.grad_norm,
-                     .loss_tokens = !s.dpo && data_.train->masks_targets() ? s.loss_tokens : -1};
+                     .loss_tokens = !s.dpo && data_.train->masks_targets() ? s.loss_tokens : -1,
+                     .named = {}};
+  if (s.dpo)
+    v.named = {{"rewards/chosen", s.dpo->chosen_reward},     {"rewards/rejected", s.dpo->rejected_reward},
+               {"rewards/accuracies", s.dpo->accuracy},      {"rewards/margins", s.dpo->margin()},
+               {"logps/chosen", s.dpo->logp_chosen},         {"logps/rejected", s.dpo->logp_rejected}};
   if (exp_.logging.log_memory_to_tensorboard) {
     const MemoryStats mem = backend_->memory_stats();
     v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);

@@ -240,7 +240,9 @@ RunData load_run(const fs::path& dir) {
                                        number(j, "mem_peak_gib"),
                                        number(j, "mem_allocated_gib"),
                                        number(j, "moe_aux_loss"),
-                                       worst_cv(j)};
+                                       worst_cv(j),
+                                       number(j, "rewards/accuracies"),
+                                       number(j, "rewards/margins")};
   }
   for (auto& [it, rec] : by_iteration) r.iterations.push_back(rec);
   for (auto& [it, loss] : eval)

@@ -16,6 +16,8 @@ struct IterationRecord {
   double lm_loss, elapsed_ms, tokens_per_s_per_gpu, tflops_per_gpu, mem_peak_gib, mem_allocated_gib;
   // MoE runs: the aux loss (mean over MoE layers) and the worst layer's expert-load CV.
   double moe_aux_loss, moe_expert_tokens_cv;
+  // DPO runs: TRL's rewards/accuracies and rewards/margins.
+  double dpo_accuracy, dpo_margin;
 };
 
 // A table of a trace report, read back from its CSV: every cell as text.

@@ -324,6 +324,20 @@ std::vector<NamedChart> run_charts(const std::vector<RunData>& runs) {
         series_of(r, c, &IterationRecord::moe_expert_tokens_cv, r.label + " expert-load CV", true));
   }
   if (!balance.chart.series.empty()) charts.push_back(std::move(balance));
+  // DPO runs add how often the chosen answer wins (TRL's rewards/accuracies, 0.5 at the start
+  // when the policy is the reference) and by how much (rewards/margins, 0 at the start).
+  NamedChart rewards{"dpo_rewards",
+                     {"Preference training (DPO)", "iteration", "rewards/accuracies, rewards/margins", {}, false}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunData& r = runs[i];
+    const int c = static_cast<int>(i);
+    Series accuracy = series_of(r, c, &IterationRecord::dpo_accuracy, r.label + " rewards/accuracies", false);
+    if (accuracy.points.empty()) continue;
+    rewards.chart.series.push_back(std::move(accuracy));
+    rewards.chart.series.push_back(
+        series_of(r, c, &IterationRecord::dpo_margin, r.label + " rewards/margins", true));
+  }
+  if (!rewards.chart.series.empty()) charts.push_back(std::move(rewards));
   return charts;
 }
 
