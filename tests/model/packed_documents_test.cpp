@@ -11,6 +11,7 @@
 #include "tessera/core/random.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
+#include "tessera/ops/op_observer.h"
 
 namespace tessera {
 namespace {
@@ -19,6 +20,21 @@ namespace {
 struct Result {
   float loss_sum = 0;
   std::vector<float> grads;
+  double attention_flops = 0;  // the attention ops' costs, as the profiler reports them
+};
+
+// Sums the FLOPs the attention ops report.
+class AttentionFlops : public OpObserver {
+ public:
+  void op_begin(const char* name, const OpArgs& args) override {
+    if (std::string_view(name) != "attention_forward") return;
+    for (const OpArg& a : args.items())
+      if (std::string_view(a.key) == "op_flops") flops += a.d;
+  }
+  void op_end() override {}
+  void range_begin(const char*) override {}
+  void range_end() override {}
+  double flops = 0;
 };
 
 // One micro-batch of `batch` sequences of `seq` tokens; positions null: no packing.
@@ -35,8 +51,12 @@ Result run(const ModelSpec& spec, int64_t batch, int64_t seq, const std::vector<
   init_parameters(*backend, spec, model.layout(), m, 7);
   backend->copy(model.params(), m);
   model.set_batch(tokens.data(), targets.data(), positions ? positions->data() : nullptr);
+  AttentionFlops flops;
+  backend->set_op_observer(&flops);
   model.forward_backward(1.0f);
+  backend->set_op_observer(nullptr);
   Result r;
+  r.attention_flops = flops.flops;
   backend->download(&r.loss_sum, model.loss_sum());
   r.grads.resize(model.layout().total);
   backend->download(r.grads.data(), model.grads());
@@ -62,6 +82,7 @@ TEST(PackedDocuments, GiveTheLossesAndGradientsOfTheDocumentsRunAlone) {
   for (size_t d = 0; d < lengths.size(); ++d) {
     const Result r = run(spec, 1, lengths[d], doc_tokens[d], doc_targets[d], nullptr);
     alone.loss_sum += r.loss_sum;
+    alone.attention_flops += r.attention_flops;
     if (alone.grads.empty()) alone.grads.assign(r.grads.size(), 0.0f);
     for (size_t i = 0; i < r.grads.size(); ++i) alone.grads[i] += r.grads[i];
   }
@@ -75,6 +96,12 @@ TEST(PackedDocuments, GiveTheLossesAndGradientsOfTheDocumentsRunAlone) {
   const Result packed = run(spec, 2, T, tokens, targets, &positions);
   EXPECT_NEAR(packed.loss_sum, alone.loss_sum, 1e-6 * std::abs(alone.loss_sum));
   EXPECT_LT(relative_difference(packed.grads, alone.grads), 1e-6);
+  // The profiler's attention FLOPs count the pairs within documents, as the documents alone
+  // do: 2 x heads x pairs x (D + Dv) per layer's forward.
+  EXPECT_DOUBLE_EQ(packed.attention_flops, alone.attention_flops);
+  double pairs = 0;
+  for (const int64_t l : lengths) pairs += static_cast<double>(l * (l + 1) / 2);
+  EXPECT_DOUBLE_EQ(packed.attention_flops, spec.num_layers * 2.0 * spec.heads * pairs * 2 * spec.head_dim);
 
   // Without packing the documents see each other and sit at later positions.
   const Result naive = run(spec, 2, T, tokens, targets, nullptr);

@@ -487,7 +487,16 @@ void DecoderModel::set_document_positions(const int32_t* positions) {
     host_ids_.resize(static_cast<size_t>(N));
     for (int64_t i = 0; i < N; ++i) host_ids_[i] = static_cast<int32_t>(i % T) - positions[i];
     backend_.upload(a_.document_starts, host_ids_.data());
+    document_positions_.assign(positions, positions + N);
   }
+}
+
+// The pairs the batch's documents leave visible to attention of `window` (0: none).
+double DecoderModel::document_pairs(int64_t window) const {
+  double pairs = 0;
+  for (const int32_t p : document_positions_)
+    pairs += static_cast<double>(window > 0 ? std::min<int64_t>(p + 1, window) : p + 1);
+  return pairs;
 }
 
 void DecoderModel::set_context_parallel_group(ParallelGroup* group) {
@@ -499,6 +508,7 @@ void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const
                                      const AttentionShape& s) {
   AttentionShape within = s;
   within.document_starts = a_.document_starts;
+  if (within.document_starts.defined()) within.document_pairs = document_pairs(s.window);
   attention_->forward(out, lse, qkv, within);
 }
 
@@ -507,6 +517,7 @@ void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, co
                                       const AttentionShape& s) {
   AttentionShape within = s;
   within.document_starts = a_.document_starts;
+  if (within.document_starts.defined()) within.document_pairs = document_pairs(s.window);
   attention_->backward(dqkv, dout, out, lse, qkv, within);
 }
 

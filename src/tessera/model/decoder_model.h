@@ -78,6 +78,7 @@ class DecoderModel final : public Model, private LayerOps {
 
  private:
   void set_document_positions(const int32_t* positions);
+  double document_pairs(int64_t window) const;
   // Model-level activations (the layers and blocks hold their own). Ns = sequence_tokens().
   struct Activations {
     // Per chunk: its layers' count + 1 residual states (Ns, C), from its input to its output.
@@ -172,6 +173,8 @@ class DecoderModel final : public Model, private LayerOps {
   // set_batch copies to every token's row of the model's table.
   std::vector<std::pair<double, std::vector<float>>> position_tables_;
   std::vector<int32_t> host_ids_;           // this rank's tokens of a micro-batch, on the host
+  // Packed documents: each token's position in its document (what its attention sees).
+  std::vector<int32_t> document_positions_;
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress

@@ -81,6 +81,10 @@ struct AttentionShape {
   // document; query i sees key j only if j >= document_starts[b, i]. Undefined: one document
   // per sequence. Backends with Capability::PackedSequences run it.
   Tensor document_starts;
+  // With document_starts: the (query, key) pairs its documents (and window) leave visible,
+  // summed over the batch, which the ops' cost counts (the device's starts are not read back
+  // for it); 0: unknown, the whole causal band is counted.
+  double document_pairs = 0;
   // reset_position_ids: the rope ops' freqs hold a row per token (B * T rows), each at its
   // position in its document; false: row t for token t of every sequence. Backends with
   // Capability::PackedSequences run it.

@@ -34,6 +34,12 @@ double visible_pairs(int64_t T, int64_t S, bool causal, int64_t window) {
   return pairs;
 }
 
+// (query, key) pairs an attention op computes over its whole batch.
+double attention_pairs(const AttentionShape& s) {
+  if (s.document_starts.defined() && s.document_pairs > 0) return s.document_pairs;
+  return static_cast<double>(s.batch) * visible_pairs(s.seq, s.seq, s.causal, s.window);
+}
+
 // The rotation of every query and key head: a multiply-add pair per element, in place.
 OpCost rope_cost(const Tensor& qkv, const Tensor& freqs, const AttentionShape& s) {
   const double n = static_cast<double>(s.tokens()) * (s.heads + s.kv_heads) * s.head_dim;
@@ -585,8 +591,7 @@ OpArgs describe_attention_forward(const Tensor& out, const Tensor& lse, const Te
 
 OpCost cost_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                               const AttentionShape& s) {
-  const double pairs = visible_pairs(s.seq, s.seq, s.causal, s.window);
-  return {2 * s.batch * s.heads * pairs * (s.head_dim + s.v_dim()),
+  return {2 * s.heads * attention_pairs(s) * (s.head_dim + s.v_dim()),
           bytes_of(qkv) + bytes_of(out) + bytes_of(lse)};
 }
 
@@ -612,8 +617,7 @@ OpArgs describe_attention_backward(const Tensor& dqkv, const Tensor& dout, const
 OpCost cost_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
   // Five GEMMs over the visible pairs: the scores again, dV, dP, dQ and dK.
-  const double pairs = visible_pairs(s.seq, s.seq, s.causal, s.window);
-  return {2 * s.batch * s.heads * pairs * (3 * s.head_dim + 2 * s.v_dim()),
+  return {2 * s.heads * attention_pairs(s) * (3 * s.head_dim + 2 * s.v_dim()),
           bytes_of(qkv) + bytes_of(dqkv) + bytes_of(out) + bytes_of(dout) + bytes_of(lse)};
 }
 
