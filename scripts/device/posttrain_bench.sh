@@ -55,7 +55,8 @@ if want lora; then
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" --lora_rank 16 --lora_alpha 32 \
     --iters 6 -o "$OUT/lora" 2>&1 | tail -4
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" --iters 6 -o "$OUT/full_finetune" 2>&1 | tail -4
-  timeout 240 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
+  # The peer builds the 8B model on the host first: over 4 minutes.
+  timeout 420 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
     --json "$OUT/peer.jsonl" > "$OUT/peer_lora.log" 2>&1; echo "peer exit $?"; tail -3 "$OUT/peer_lora.log"
 fi
 rm -rf "$work"
