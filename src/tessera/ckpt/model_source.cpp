@@ -63,7 +63,8 @@ ModelSource ModelSource::open_checkpoint(const std::string& path) {
   s.lora_base_ = std::make_unique<ModelSource>(pretrained.empty() ? open_hf(hf) : open_checkpoint(pretrained));
   if (s.lora_base_->checkpoint() && s.lora_base_->checkpoint()->state().lora)
     throw DataError(fmt::format("{}: its LoRA base {} holds LoRA adapters itself", state_file, base));
-  s.lora_ = make_lora_layout(s.checkpoint_->spec(), make_param_layout(s.checkpoint_->spec()), *lora);
+  s.base_layout_ = make_param_layout(s.checkpoint_->spec());
+  s.lora_ = make_lora_layout(s.checkpoint_->spec(), s.base_layout_, *lora);
   return s;
 }
 
@@ -76,10 +77,9 @@ std::vector<float> ModelSource::weights(const ParamInfo& p) const {
   if (!lora_base_) return checkpoint_->master(p);
   std::vector<float> w = lora_base_->weights(p);
   const LoraOptions& o = *checkpoint_->state().lora;
-  const ParamLayout base = make_param_layout(spec());
   const auto scale = static_cast<float>(o.scale());
   for (const LoraAdapted& a : lora_.adapted) {
-    if (base.params[a.base_weight].name != p.name) continue;
+    if (base_layout_.params[a.base_weight].name != p.name) continue;
     const std::vector<float> A = checkpoint_->master(lora_.adapters.params[a.a]);
     const std::vector<float> B = checkpoint_->master(lora_.adapters.params[a.b]);
     // Rows [row0, row0 + rows) += scale * B (rows, r) @ A (r, cols).

@@ -42,6 +42,7 @@ class ModelSource {
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<HfModelReader> hf_;
   std::unique_ptr<ModelSource> lora_base_;  // a LoRA checkpoint's base
+  ParamLayout base_layout_;                 // the model's, which lora_ adapts
   LoraLayout lora_;
 };
 

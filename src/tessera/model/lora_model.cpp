@@ -16,8 +16,12 @@ struct Sizes {
   int64_t diagonal = 0;    // the largest diagonal B, or its gradient: rows x pieces x r
   int64_t per_token = 0;   // tokens x the most pieces x r: x A^T, dy B
   int64_t piece = 0;       // the largest B: one piece's gradient, cut out
-  int64_t compute() const { return frozen + base_grads + adapters + stacked + diagonal + 2 * per_token; }
-  int64_t grad() const { return adapters + stacked + diagonal + piece; }
+  // The GEMM scratch: A stacked, B diagonal, x A^T and dy B in the compute dtype; the stacked
+  // gradients and a piece cut out in the gradient dtype.
+  size_t scratch_bytes(DType compute, DType grad) const {
+    return static_cast<size_t>(stacked + diagonal + 2 * per_token) * dtype_size(compute) +
+           static_cast<size_t>(stacked + diagonal + piece) * dtype_size(grad);
+  }
 };
 
 Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vector<LoraAdapted>& adapted,
@@ -98,8 +102,7 @@ ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& ru
   m.weights = static_cast<size_t>(n.frozen + n.adapters) * dtype_size(runtime.compute_dtype);
   m.gradients = static_cast<size_t>(n.base_grads) * dtype_size(runtime.compute_dtype) +
                 static_cast<size_t>(n.adapters) * dtype_size(runtime.grad_dtype);
-  m.activations += static_cast<size_t>(n.stacked + n.diagonal + 2 * n.per_token) * dtype_size(runtime.compute_dtype) +
-                   static_cast<size_t>(n.stacked + n.diagonal + n.piece) * dtype_size(runtime.grad_dtype);
+  m.activations += n.scratch_bytes(runtime.compute_dtype, runtime.grad_dtype);
   return m;
 }
 
@@ -137,10 +140,8 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
   base_grads_ = base_grad_buffer_.tensor(compute, {n.base_grads});
   params_ = param_buffer_.tensor(compute, {layout_.total});
   grads_ = grad_buffer_.tensor(grad, {layout_.total});
-  const size_t compute_bytes = static_cast<size_t>(n.stacked + n.diagonal + 2 * n.per_token) * dtype_size(compute);
-  scratch_buffer_ = DeviceBuffer(
-      backend, compute_bytes + static_cast<size_t>(n.stacked + n.diagonal + n.piece) * dtype_size(grad) + 256,
-      "LoRA GEMM scratch");
+  // 16-byte alignment of each of its 7 tensors: at most 7 x 15 bytes beyond their sizes.
+  scratch_buffer_ = DeviceBuffer(backend, n.scratch_bytes(compute, grad) + 7 * 16, "LoRA GEMM scratch");
   size_t at = 0;
   auto take = [&](DType d, int64_t count) {
     const Tensor t = scratch_buffer_.tensor(d, {std::max<int64_t>(count, 1)}, at);

@@ -11,6 +11,9 @@
 // log-probabilities do); reference_free takes rc = rr = 0; rpo_alpha adds RPO's
 // alpha x the chosen answer's mean token loss, -(its summed log-probability) / its tokens.
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/config/config.h"
 
@@ -45,6 +48,13 @@ struct DpoBatchStats {
   double loss = 0, chosen_reward = 0, rejected_reward = 0, accuracy = 0, logp_chosen = 0,
          logp_rejected = 0;
   double margin() const { return chosen_reward - rejected_reward; }
+  // The statistics under TRL's names, as the iteration line, metrics.jsonl and TensorBoard
+  // report them.
+  std::vector<std::pair<std::string, double>> trl_named() const {
+    return {{"rewards/chosen", chosen_reward}, {"rewards/rejected", rejected_reward},
+            {"rewards/accuracies", accuracy},  {"rewards/margins", margin()},
+            {"logps/chosen", logp_chosen},     {"logps/rejected", logp_rejected}};
+  }
 };
 
 }  // namespace tessera

@@ -475,7 +475,6 @@ void Trainer::load_lora_base() {
   const CheckpointConfig& c = exp_.checkpoint;
   const ParamLayout& base = lora_->base_layout();
   const FlatSlice weights{{0, base.total}, lora_->base_params()};
-  init_parameters(*backend_, setup_.spec, base, {weights}, static_cast<uint64_t>(exp_.training.seed));
   std::vector<std::string> differences;
   std::string from = "a fresh initialisation (no pretrained_checkpoint or hf_init_path)";
   if (!c.pretrained_checkpoint.empty()) {
@@ -495,12 +494,15 @@ void Trainer::load_lora_base() {
   } else if (!c.hf_init_path.empty()) {
     differences = load_hf_weights(c.hf_init_path, setup_.spec, base, *backend_, {weights}, {});
     from = "the Hugging Face model " + c.hf_init_path;
+  } else {
+    init_parameters(*backend_, setup_.spec, base, {weights}, static_cast<uint64_t>(exp_.training.seed));
   }
   for (const auto& d : differences) log_.warning("the LoRA base differs from the configuration: {}", d);
   const LoraOptions& o = lora_->options();
+  const int64_t trainable = trainable_parameters();
   log_.info("LoRA: rank {}, alpha {} on {}: {} trainable parameters ({:.3f}% of {}); frozen base from {}",
-            o.rank, o.alpha, fmt::join(o.targets, ", "), trainable_parameters(),
-            100.0 * static_cast<double>(trainable_parameters()) / static_cast<double>(setup_.spec.total_params()),
+            o.rank, o.alpha, fmt::join(o.targets, ", "), trainable,
+            100.0 * static_cast<double>(trainable) / static_cast<double>(setup_.spec.total_params()),
             setup_.spec.total_params(), from);
   initial_weights_ = "LoRA adapters on " + from;
 }
@@ -957,13 +959,9 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   // With packing's padding, the tokens/s of real tokens beside the slots'.
   const bool pads = data_.train->pads();
   // objective dpo: TRL's pair statistics of the last step.
-  const std::string pairs =
-      s.dpo ? fmt::format(" | rewards/chosen: {:.4f} | rewards/rejected: {:.4f} | "
-                          "rewards/accuracies: {:.4f} | rewards/margins: {:.4f} | logps/chosen: "
-                          "{:.2f} | logps/rejected: {:.2f}",
-                          s.dpo->chosen_reward, s.dpo->rejected_reward, s.dpo->accuracy,
-                          s.dpo->margin(), s.dpo->logp_chosen, s.dpo->logp_rejected)
-            : "";
+  std::string pairs;
+  if (s.dpo)
+    for (const auto& [name, value] : s.dpo->trl_named()) pairs += fmt::format(" | {}: {:.4f}", name, value);
   const std::string real = pads ? fmt::format(" | real tokens per {} (tokens/s/{}): {:.1f} "
                                               "(packing efficiency {:.1f}%)",
                                               device_word(), device_word(),
@@ -1010,14 +1008,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["global_batch_size"] = t.global_batch_size;
   j["loss_tokens"] = s.loss_tokens;
   if (lora_) j["trainable_params"] = trainable_parameters();
-  if (s.dpo) {
-    j["rewards/chosen"] = s.dpo->chosen_reward;
-    j["rewards/rejected"] = s.dpo->rejected_reward;
-    j["rewards/accuracies"] = s.dpo->accuracy;
-    j["rewards/margins"] = s.dpo->margin();
-    j["logps/chosen"] = s.dpo->logp_chosen;
-    j["logps/rejected"] = s.dpo->logp_rejected;
-  }
+  if (s.dpo)
+    for (const auto& [name, value] : s.dpo->trl_named()) j[name] = value;
   if (pads) {
     j["real_tokens_per_s_per_gpu"] = tokens_per_s * real_share;
     j["packing_efficiency"] = real_share;
@@ -1042,11 +1034,7 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
                      .learning_rate = s.lr,
                      .grad_norm = s.grad_norm,
                      .loss_tokens = !s.dpo && data_.train->masks_targets() ? s.loss_tokens : -1,
-                     .named = {}};
-  if (s.dpo)
-    v.named = {{"rewards/chosen", s.dpo->chosen_reward},     {"rewards/rejected", s.dpo->rejected_reward},
-               {"rewards/accuracies", s.dpo->accuracy},      {"rewards/margins", s.dpo->margin()},
-               {"logps/chosen", s.dpo->logp_chosen},         {"logps/rejected", s.dpo->logp_rejected}};
+                     .named = s.dpo ? s.dpo->trl_named() : std::vector<std::pair<std::string, double>>{}};
   if (exp_.logging.log_memory_to_tensorboard) {
     const MemoryStats mem = backend_->memory_stats();
     v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);

@@ -184,7 +184,7 @@ bool CudaBackend::supports(Capability c) const {
       return fp8_tensor_cores_;
     case Capability::Fp8BlockScaling:
       return fp8_block_scaling_;
-    case Capability::PackedSequences:  // on the row-wise attention kernels (not the flash ones)
+    case Capability::PackedSequences:  // Tessera's attention kernels; cuDNN's are not used for them
       return true;
   }
   return false;
