@@ -5,6 +5,8 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -111,6 +113,30 @@ TEST_F(ConfigErrorMessage, ComplexKeyIsRefusedWithItsLine) {
   const std::string out = train_error("--config complex.yaml --train_iters 1");
   EXPECT_TRUE(contains(out, "complex.yaml:3: key '(key)'")) << out;
   EXPECT_TRUE(contains(out, "expected a plain key name")) << out;
+}
+
+
+// LoRA and DPO keys that cannot do what they say are refused by name before anything runs.
+TEST_F(ConfigErrorMessage, LoraAndDpoKeysThatCannotRunAreNamed) {
+  fs::create_directories(dir_ / "base");
+  const std::string tiny = "--model tiny_llama --mock_data true --train_iters 2 --lr_warmup_iters 0 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lora_rank 8 --lora_dropout 0.1",
+       "key 'lora_dropout' has value '0.1': expected 0.0: dropout on the adapters' input is not implemented"},
+      {"--lora_rank 8 --lora_target_modules q_proj,qkv", "key 'lora_target_modules' has value 'q_proj,qkv'"},
+      {"--lora_rank 8 --finetune --load base",
+       "key 'finetune' has value 'true': expected false with lora_rank: the frozen base comes from "
+       "pretrained_checkpoint"},
+      {"--lora_rank 8 --pretrained_checkpoint missing",
+       "key 'pretrained_checkpoint' has value 'missing': expected an existing checkpoint directory"},
+      {"--pretrained_checkpoint base", "expected unset without lora_rank"},
+      {"--lora_rank 8 --fp8 hybrid", "key 'fp8' has value 'hybrid': expected null with lora_rank"},
+      {"--lora_rank 8 --use_torch_fsdp2 true", "key 'use_torch_fsdp2' has value 'true': expected off with lora_rank"},
+      {"--objective dpo --dpo_rpo_alpha -1", "key 'dpo_rpo_alpha' has value '-1"}};
+  for (const auto& [args, message] : cases) {
+    const std::string out = train_error(tiny + args);
+    EXPECT_TRUE(contains(out, message)) << args << "\n" << out;
+  }
 }
 
 }  // namespace

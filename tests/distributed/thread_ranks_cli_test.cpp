@@ -237,6 +237,15 @@ TEST_F(ThreadRanksCli, LoraTrainsLikeOneRankAndResumes) {
                                      " --exp_name full --load " + save.string());
   EXPECT_EQ(full.exit_code, 3) << full.output;  // the data's problem, found before writing anything
   EXPECT_NE(full.output.find("holds LoRA adapters of rank 4"), std::string::npos) << full.output;
+  // Nor does it serve as the base of another LoRA run.
+  const RunResult stacked = run_tessera("train --device cpu --model tiny_llama --hidden_size 128 --ffn_hidden_size 352 "
+                                        "--num_attention_heads 2 --num_query_groups 1 --mock_data true --vocab_size 512 "
+                                        "--seq_length 64 --train_iters 6 --lr_warmup_iters 1 --lora_rank 4 --workspace " +
+                                        workspace_.string() + " --exp_name stacked --pretrained_checkpoint " + save.string());
+  EXPECT_EQ(stacked.exit_code, 3) << stacked.output;
+  EXPECT_NE(stacked.output.find("holds LoRA adapters; pretrained_checkpoint names the weights they adapt"),
+            std::string::npos)
+      << stacked.output;
 }
 
 // Pipelines through the command: 1F1B and interleaved over 2 stages, and tensor x pipeline x
