@@ -121,6 +121,64 @@ TEST(Model, MaskedTargetsAddNothingToLossOrGradients) {
   for (float g : none.grads) ASSERT_EQ(g, 0.0f);
 }
 
+// DPO's passes: two batches forward in their own activation slots, then each one's backward at
+// a scale chosen afterwards, give the gradients of forward_backward at those scales: the
+// stored activations of one slot survive the other's forward, and the head's second run
+// reproduces its first.
+TEST(Model, LossBackwardOfKeptSlotsEqualsForwardBackward) {
+  const ModelSpec spec = tiny_spec();
+  for (RecomputeGranularity mode :
+       {RecomputeGranularity::None, RecomputeGranularity::Selective, RecomputeGranularity::Full}) {
+    ModelRuntime rt = base_runtime();
+    rt.recompute = mode;
+    rt.pipeline_slots = 2;
+    auto backend = make_cpu_backend();
+    DecoderModel model(*backend, spec, rt);
+    const int64_t P = model.layout().total;
+    DeviceBuffer master(*backend, P * sizeof(float), "master");
+    init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
+    backend->copy(model.params(), master.tensor(DType::F32, {P}));
+    const int64_t N = rt.micro_batch * rt.seq_length;
+    std::vector<int32_t> tokens[2], targets[2];
+    for (int b = 0; b < 2; ++b)
+      for (int64_t i = 0; i < N; ++i) {
+        tokens[b].push_back(static_cast<int32_t>(random_below(10 + b, i, 64)));
+        targets[b].push_back(i % 4 == b ? -1 : static_cast<int32_t>(random_below(20 + b, i, 64)));
+      }
+    const float scales[2] = {0.37f, -0.21f};
+    auto grads = [&] {
+      std::vector<float> g(P);
+      backend->download(g.data(), model.grads());
+      return g;
+    };
+    model.zero_grads();
+    for (int b = 0; b < 2; ++b) {
+      model.set_batch(tokens[b].data(), targets[b].data());
+      model.forward_backward(scales[b]);
+    }
+    const std::vector<float> expected = grads();
+    model.zero_grads();
+    float losses[2];
+    for (int b = 0; b < 2; ++b) {
+      model.use_slot(b);
+      model.set_batch(tokens[b].data(), targets[b].data());
+      model.zero_loss_sum();
+      model.forward_loss();
+      backend->download(&losses[b], model.loss_sum());
+    }
+    for (int b = 0; b < 2; ++b) {
+      model.use_slot(b);
+      model.zero_loss_sum();
+      model.loss_backward(scales[b]);
+      float again = 0;
+      backend->download(&again, model.loss_sum());
+      EXPECT_EQ(again, losses[b]) << "the head's second run, batch " << b;
+    }
+    EXPECT_EQ(0, std::memcmp(grads().data(), expected.data(), P * sizeof(float)))
+        << "recompute mode " << static_cast<int>(mode);
+  }
+}
+
 TEST(ModelSpec, FlopsFollowTheMegatronConvention) {
   // Llama 3.1 8B at seq 8192: 57.9 GFLOP per token (DESIGN.md).
   ModelSpec s;

@@ -738,6 +738,14 @@ void DecoderModel::forward_loss() {
   forward_chunk(0, false, 0.0f);
 }
 
+void DecoderModel::loss_backward(float grad_scale) {
+  TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
+           "loss_backward on a pipeline stage: its schedule runs the chunks' passes");
+  grad_scale_ = grad_scale;
+  head_forward(0, true, grad_scale);
+  backward_chunk(0);
+}
+
 void DecoderModel::use_slot(int slot) {
   if (slot == slot_) return;
   plan_->bind(act_buffer_, slot);

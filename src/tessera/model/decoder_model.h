@@ -55,6 +55,7 @@ class DecoderModel final : public Model, private LayerOps {
                  const int32_t* positions = nullptr) override;
   void forward_backward(float grad_scale) override;
   void forward_loss() override;
+  void loss_backward(float grad_scale) override;
   void forward_logits(const Tensor& logits) override;
   Tensor loss_sum() const override { return a_.loss_sum; }
   void zero_loss_sum() override;

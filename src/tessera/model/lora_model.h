@@ -64,6 +64,7 @@ class LoraModel : public Model, private LinearAdapters {
   }
   void forward_backward(float grad_scale) override { base_->forward_backward(grad_scale); }
   void forward_loss() override { base_->forward_loss(); }
+  void loss_backward(float grad_scale) override { base_->loss_backward(grad_scale); }
   void forward_logits(const Tensor& logits) override { base_->forward_logits(logits); }
   int chunks() const override { return base_->chunks(); }
   void use_slot(int slot) override { base_->use_slot(slot); }

@@ -194,6 +194,11 @@ class Model {
   virtual void forward_backward(float grad_scale) = 0;
   // Forward only (evaluation): summed token losses accumulate into loss_sum().
   virtual void forward_loss() = 0;
+  // The backward of the current slot's last forward_loss, with d(loss)/d(logits) scaled by
+  // grad_scale: for a scale that depends on the loss itself (DPO's pull on each answer). The
+  // layers' stored activations are reused; the loss head runs again (its logits are not kept),
+  // adding its losses to loss_sum() once more.
+  virtual void loss_backward(float grad_scale) = 0;
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;
 

@@ -127,6 +127,9 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
                                             false);
     rt.pipeline_slots = std::max(step.slots(stage), evaluation.slots(stage));
   }
+  // DPO keeps both answers of a pair (chosen in slot 0, rejected in slot 1) from their forward
+  // passes to their backward passes, which the loss on both must come between.
+  if (t.objective == Objective::Dpo) rt.pipeline_slots = std::max(rt.pipeline_slots, 2);
   // Context-parallel ranks reduce their gradients with the data-parallel ones (Megatron's
   // dp-cp group), so the buffers split over both.
   if (dp * cp > 1) {

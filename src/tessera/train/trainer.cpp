@@ -668,8 +668,10 @@ void Trainer::load_pair_side(const PreferenceSource& pairs, uint64_t index, int 
 }
 
 // The model's summed loss over the answer's targets is minus its log-probability; *tokens:
-// how many targets that is.
+// how many targets that is. Each side has its own activation slot (run setup gives a DPO
+// model two), so both answers' passes are kept for their backward.
 double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens) {
+  model_->use_slot(side);
   load_pair_side(pairs, index, side);
   if (tokens) *tokens = std::count_if(host_targets_.begin(), host_targets_.end(), [](int32_t t) { return t >= 0; });
   model_->zero_loss_sum();
@@ -741,9 +743,10 @@ DpoBatchStats Trainer::dpo_means(const std::array<double, 6>& sums, int64_t pair
   return {values[0] / n, values[1] / n, values[2] / n, values[3] / n, values[4] / n, values[5] / n};
 }
 
-// Each pair: both answers' log-probabilities (forward passes), the loss's pull on each, then
-// each answer's backward with its pull as the scale of its summed token losses (d loss /
-// d logp times d logp, and logp is minus the summed losses), over the global batch's pairs.
+// Each pair: both answers' log-probabilities (forward passes, each kept in its slot), the
+// loss's pull on each, then each answer's backward with its pull as the scale of its summed
+// token losses (d loss / d logp times d logp, and logp is minus the summed losses), over the
+// global batch's pairs: one forward and one backward per answer, as a batched pair costs.
 DpoBatchStats Trainer::dpo_gradients() {
   const TrainingConfig& t = exp_.training;
   const int64_t dp = parallel_->data_parallel_size(), rank = parallel_->data_parallel_rank();
@@ -757,10 +760,10 @@ DpoBatchStats Trainer::dpo_gradients() {
         const uint64_t g = consumed_samples_ + static_cast<uint64_t>(m * dp + rank);
         const DpoPair p = score_pair(train, g, dpo_->train_reference.at(g), &sums);
         for (int side = 0; side < 2; ++side) {
-          load_pair_side(train, g, side);
+          model_->use_slot(side);
           parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
           const double pull = side == 0 ? p.dloss_dchosen : p.dloss_drejected;
-          model_->forward_backward(static_cast<float>(-pull / pairs));
+          model_->loss_backward(static_cast<float>(-pull / pairs));
         }
       });
   return dpo_means(sums, t.global_batch_size);
