@@ -3,6 +3,7 @@
 // with itself: loss ln 2, rewards 0), validates on held-out pairs, and lowers its loss on pairs
 // it sees again; what it does not run is refused by name.
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,9 +55,15 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
                           "--lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5";
   r = run_tessera(dpo + " --train_iters 36 --eval_interval 36 --eval_iters 1 --tensorboard_dir tb --exp_name dpo");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("dpo: the reference's log-probabilities of 216 training and 6 validation pairs"),
+  // 18 training pairs over 12 epochs, 6 validation pairs: each computed once, and kept.
+  EXPECT_NE(r.output.find("dpo: reference log-probabilities of the 24 pairs this run reads: 24 computed with "
+                          "the checkpoint"),
             std::string::npos)
       << r.output;
+  fs::path kept;
+  for (const auto& f : fs::directory_iterator(dir.path()))
+    if (f.path().filename().string().starts_with("p_preference_document_reference_")) kept = f.path();
+  ASSERT_FALSE(kept.empty()) << "no reference log-probabilities beside the dataset";
   EXPECT_NE(r.output.find("dpo validation: loss"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("loss tokens"), std::string::npos) << r.output;  // pairs, not positions
   std::vector<nlohmann::json> steps;
@@ -119,14 +126,84 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
       if (j.contains("rewards/accuracies")) out.push_back(j["lm_loss"].get<double>());
     return out;
   };
+  // A later run from the same reference reads them all; two ranks computing them into a file
+  // of their own (every other pair each) give the same values.
   r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --exp_name one");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --nproc_per_node 2 --exp_name two");
+  EXPECT_NE(r.output.find(": 0 computed with the checkpoint"), std::string::npos) << r.output;
+  r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --nproc_per_node 2 --exp_name two "
+                        "--dpo_reference_logps " + (dir / "two.logps").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<double> one = losses("one"), two = losses("two");
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(two.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "iteration " << i + 1;
+  auto values = [](const fs::path& file) {  // after the header line
+    std::ifstream in(file, std::ios::binary);
+    std::string header;
+    std::getline(in, header);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string all = values(kept), shared = values(dir / "two.logps");
+  ASSERT_EQ(all.size(), 24u * 16);
+  // The two-rank run computed its own: the 18 training pairs of its 3 steps (one epoch) and
+  // the 6 validation pairs.
+  int compared = 0;
+  for (size_t p = 0; p < 24; ++p) {
+    double a[2], b[2];
+    std::memcpy(a, all.data() + 16 * p, 16);
+    std::memcpy(b, shared.data() + 16 * p, 16);
+    if (std::isnan(b[0])) continue;
+    ++compared;
+    EXPECT_EQ(a[0], b[0]) << "pair " << p;
+    EXPECT_EQ(a[1], b[1]) << "pair " << p;
+  }
+  EXPECT_EQ(compared, 24);
+
+  // Resumed: its checkpoint records the reference, whose log-probabilities are read back, and
+  // it continues as the run that was not stopped.
+  r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --save " + (dir / "dpo_ckpt").string() +
+                  " --save_interval 3 --exit_interval 3 --exp_name stopped");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string resume = model + " --objective dpo --load " + (dir / "dpo_ckpt").string() +
+                             " --data_path " + (dir / "p_preference_document").string() +
+                             " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
+                             "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 6 "
+                             "--eval_interval 0 --exp_name stopped";
+  r = run_tessera(resume);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(": 0 computed with the checkpoint"), std::string::npos) << r.output;
+  r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --exp_name straight");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> resumed = losses("stopped"), straight = losses("straight");
+  ASSERT_EQ(resumed.size(), 6u);
+  ASSERT_EQ(straight.size(), 6u);
+  for (size_t i = 3; i < 6; ++i) EXPECT_NEAR(resumed[i], straight[i], 1e-6 * straight[i]) << "iteration " << i + 1;
+  // Without the file a resumed run cannot have them: refused naming it, nothing trained.
+  fs::rename(kept, dir / "aside.logps");
+  r = run_tessera(resume + " --train_iters 9");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find(kept.string() + ": no reference log-probabilities of"), std::string::npos) << r.output;
+  fs::rename(dir / "aside.logps", kept);
+
+  // A damaged file, or one of another dataset content, is refused by name.
+  fs::resize_file(dir / "two.logps", fs::file_size(dir / "two.logps") - 8);
+  r = run_tessera(dpo + " --train_iters 1 --eval_interval 0 --exp_name cut --dpo_reference_logps " +
+                  (dir / "two.logps").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("the file is damaged or was cut short"), std::string::npos) << r.output;
+  {
+    std::ofstream more(dir / "pairs.jsonl", std::ios::app);
+    more << nlohmann::json{{"prompt", "Is chess a sport?"}, {"chosen", "yes"}, {"rejected", "no"}}.dump() << "\n";
+  }
+  ASSERT_EQ(run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() + " --output-prefix " +
+                        (dir / "p").string() + " --tokenizer-model qwen3").exit_code,
+            0);
+  r = run_tessera(dpo + " --train_iters 1 --eval_interval 0 --exp_name changed");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find(kept.string() + ": reference log-probabilities computed for the dataset"),
+            std::string::npos)
+      << r.output;
 
   // Data that is not preference pairs is refused naming the file.
   r = run_tessera(dpo + " --train_iters 2 --data_path " + (dir / "p_preference_document_roles").string() +
@@ -134,7 +211,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("objective dpo trains on preference pairs"), std::string::npos) << r.output;
 
-  // Refused by name: several sequences per micro-batch, and a DPO run resumed.
+  // Refused by name: several sequences per micro-batch.
   r = run_tessera(dpo + " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("key 'micro_batch_size' has value '2': expected 1 with objective dpo"),

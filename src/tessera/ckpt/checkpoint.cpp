@@ -244,6 +244,8 @@ std::string publish(const std::string& save_dir, const fs::path& tmp, const Mode
   j["model_summary"] = spec.summary();
   if (s.lora)
     j["lora"] = {{"rank", s.lora->rank}, {"alpha", s.lora->alpha}, {"target_modules", s.lora->targets}};
+  if (!s.dpo_reference_digest.empty())
+    j["dpo_reference"] = {{"weights", s.dpo_reference_weights}, {"digest", s.dpo_reference_digest}};
   j["weights_dtype"] = dtype_name(weights_dtype);
   j["files"] = sizes;
   if (!shards.is_null()) j["optimizer_shards"] = shards;
@@ -757,6 +759,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
       throw DataError(fmt::format("{}: {}: {}", state_file, lora.field("target_modules"), e.what()));
     }
     state_.lora = o;
+  }
+  if (f.has("dpo_reference")) {
+    const JsonFields reference = f.object("dpo_reference");
+    state_.dpo_reference_weights = reference.string("weights");
+    state_.dpo_reference_digest = reference.string("digest");
   }
   DType weights_dtype;
   if (!parse_dtype(dtype_text, &weights_dtype))

@@ -54,6 +54,10 @@ struct TrainerState {
   // A LoRA run's: its checkpoints hold the adapters (model/lora_layout.h) of the model,
   // not the model's weights.
   std::optional<LoraOptions> lora;
+  // A DPO run's reference: where its weights came from and their digest, which key the
+  // reference log-probabilities stored beside the dataset (train/dpo_reference.h); empty
+  // for other runs.
+  std::string dpo_reference_weights, dpo_reference_digest;
   bool extra_state_restored = false;  // load_checkpoint found every TrainingTensors::extra_state
 };
 

@@ -305,11 +305,18 @@ class HfWeightFiles {
     }
   }
   const std::map<std::string, const SafetensorsFile*>& where() const { return where_; }
+  std::vector<std::string> paths() const {
+    std::vector<std::string> out;
+    for (const auto& [path, file] : files_) out.push_back(path);
+    return out;
+  }
 
  private:
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
 };
+
+std::vector<std::string> hf_weight_files(const std::string& dir) { return HfWeightFiles(dir).paths(); }
 
 ModelSpec read_hf_config(const std::string& dir, std::string* model_type) {
   const fs::path path = fs::path(dir) / kConfigFile;

@@ -56,6 +56,10 @@ class HfModelReader {
   std::unique_ptr<HfWeightFiles> files_;
 };
 
+// The safetensors files of the Hugging Face model in `dir`, in name order (DataError when it
+// has none).
+std::vector<std::string> hf_weight_files(const std::string& dir);
+
 // What load_hf_weights checks before it reads a value: config.json describes the weights and
 // the `configured` model, and every tensor is present with its shape. Throws DataError. Run
 // before a training run writes anything.

@@ -141,6 +141,9 @@ struct TrainingConfig {
   bool dpo_length_normalize = false;  // TRL's IPO / SimPO: per-token log-probabilities
   bool dpo_reference_free = false;    // TRL's reference_free
   double dpo_rpo_alpha = 0.0;         // TRL's rpo_alpha: the chosen answers' NLL term
+  // The file of the reference's log-probabilities (train/dpo_reference.h); empty: beside the
+  // dataset, named after the reference and seq_length.
+  std::string dpo_reference_logps;
   // LoRA (model/lora_model.h): adapters of this rank on lora_target_modules, the rest frozen;
   // 0: the whole model trains.
   int64_t lora_rank = 0;

@@ -30,8 +30,7 @@ std::string PreferenceSource::describe() const {
 
 void PreferenceSource::sample(uint64_t index, int side, int32_t* tokens, int32_t* targets,
                               int32_t* positions) const {
-  const uint64_t pair = first_ + order_.at(index / pairs(), index % pairs());
-  const uint64_t doc = 2 * pair + static_cast<uint64_t>(side);
+  const uint64_t doc = 2 * pair(index) + static_cast<uint64_t>(side);
   const int64_t full = tokens_->sequence_length(doc);
   const int64_t kept = std::min(full, seq_), read = std::min(full, seq_ + 1);
   std::vector<int32_t> ids(static_cast<size_t>(read)), roles(static_cast<size_t>(read));

@@ -28,6 +28,10 @@ class PreferenceSource {
   // Side 0 (chosen) or 1 (rejected) of pair `index` (taken modulo pairs() in its epoch's
   // order): seq_length tokens, targets (-1 where nothing counts) and positions.
   void sample(uint64_t index, int side, int32_t* tokens, int32_t* targets, int32_t* positions) const;
+  // The dataset's pair (0 .. dataset_pairs() - 1) that `index` reads.
+  uint64_t pair(uint64_t index) const { return first_ + order_.at(index / pairs(), index % pairs()); }
+  uint64_t dataset_pairs() const { return tokens_->sequences() / 2; }
+  const std::string& prefix() const { return tokens_->prefix(); }
 
  private:
   std::shared_ptr<const IndexedDataset> tokens_, roles_;

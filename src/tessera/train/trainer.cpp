@@ -3,14 +3,18 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <set>
 #include <csignal>
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "tessera/ckpt/hf_model.h"
+#include "tessera/ckpt/model_spec_json.h"
 #include "tessera/ckpt/peft_adapter.h"
 #include "tessera/config/keys.h"
+#include "tessera/core/content_digest.h"
 #include "tessera/core/error.h"
 #include "tessera/distributed/parallelize.h"
 #include "tessera/model/decoder_model.h"
@@ -18,11 +22,14 @@
 #include "tessera/obs/profiler/training_profiler.h"
 #include "tessera/obs/tensorboard.h"
 #include "tessera/plan/memory_plan.h"
+#include "tessera/train/dpo_reference.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/run_directories.h"
 #include "tessera/train/stop_signal.h"
 
 namespace tessera {
+
+namespace fs = std::filesystem;
 namespace {
 
 // What the precision line says of an MoE model's experts under FP8 (docs/fp8.md).
@@ -212,12 +219,14 @@ RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_si
   return start;
 }
 
-// objective dpo: the pairs, and the reference's log-probabilities (the starting weights') of
-// each pair this rank trains or validates on, by pair index.
+// objective dpo: the pairs; the reference (the starting weights, or what a resumed run's
+// checkpoint records of them) and its log-probabilities of the dataset's pairs.
 struct Trainer::DpoState {
   DpoOptions options;
   PreferenceSources pairs;
-  std::map<uint64_t, std::array<double, 2>> train_reference, valid_reference;
+  std::string reference_weights, reference_digest;
+  std::optional<DpoReferenceLogps> reference;  // once prepared; none when reference-free
+  bool prepared = false;
   DeviceBuffer stats_buffer;
   Tensor stats;  // (6) fp32: a batch's pair statistics, summed over the data-parallel ranks
 };
@@ -380,6 +389,7 @@ void Trainer::start_state() {
                   static_cast<uint64_t>(exp_.training.seed));
   if (lora_) load_lora_base();
   restore_start_state();
+  if (dpo_) identify_dpo_reference();
   optimizer_->sync_params_from_master();
   if (model_->fp8()) {
     // Transformer Engine's rule: amaxes are reduced over the data- and tensor-parallel ranks,
@@ -428,6 +438,7 @@ void Trainer::restore_start_state() {
         load_checkpoint(dir, training_tensors(), &differences, /*optimizer_state=*/false);
     if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
     initial_weights_ = "the checkpoint " + dir + " (finetune: its weights only)";
+    initial_weight_files_ = {(fs::path(dir) / "model.safetensors").string()};
     log_.info(
         "finetune: the weights of {} (its iteration {}); iteration, data position, learning "
         "rate schedule and optimizer state start from zero{}",
@@ -448,6 +459,7 @@ void Trainer::restore_start_state() {
           fmt::format("seed: {} in the checkpoint, {} configured (the data order changes)", s.seed,
                       exp_.training.seed));
     initial_weights_ = "the checkpoint " + dir;
+    if (dpo_) dpo_->reference_weights = s.dpo_reference_weights, dpo_->reference_digest = s.dpo_reference_digest;
     log_.info("resumed from {} at iteration {} ({} consumed samples; saved by {} rank{}){}", dir,
               s.iteration, s.consumed_samples, s.world_size, s.world_size == 1 ? "" : "s",
               c.hf_init_path.empty() ? "" : "; hf_init_path is not used");
@@ -457,6 +469,7 @@ void Trainer::restore_start_state() {
       differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
                                     optimizer_->master_slices(), model_->persistent_state());
       initial_weights_ = "the Hugging Face model at hf_init_path " + c.hf_init_path;
+      initial_weight_files_ = hf_weight_files(c.hf_init_path);
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);
     }
   }
@@ -491,9 +504,11 @@ void Trainer::load_lora_base() {
     t.master = lora_->base_params();
     const TrainerState s = load_checkpoint(dir, t, &differences, /*optimizer_state=*/false);
     from = fmt::format("the checkpoint {} (its iteration {})", dir, s.iteration);
+    initial_weight_files_ = {(fs::path(dir) / "model.safetensors").string()};
   } else if (!c.hf_init_path.empty()) {
     differences = load_hf_weights(c.hf_init_path, setup_.spec, base, *backend_, {weights}, {});
     from = "the Hugging Face model " + c.hf_init_path;
+    initial_weight_files_ = hf_weight_files(c.hf_init_path);
   } else {
     init_parameters(*backend_, setup_.spec, base, {weights}, static_cast<uint64_t>(exp_.training.seed));
   }
@@ -518,6 +533,7 @@ std::string Trainer::save_checkpoint() {
   s.seed = exp_.training.seed;
   s.world_size = parallel_->world_size();
   s.run_id = run_id_;
+  if (dpo_) s.dpo_reference_weights = dpo_->reference_weights, s.dpo_reference_digest = dpo_->reference_digest;
   s.config_yaml = experiment_to_yaml(exp_);
   if (lora_) s.lora = lora_->options();
   const CheckpointConfig& c = exp_.checkpoint;
@@ -681,42 +697,123 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
   return -static_cast<double>(loss_sum);
 }
 
-// Megatron's order: pair m of a step's share of rank r is the step's pair m * dp + r.
-void Trainer::compute_dpo_reference() {
-  const TrainingConfig& t = exp_.training;
-  const uint64_t dp = static_cast<uint64_t>(parallel_->data_parallel_size());
-  const uint64_t rank = static_cast<uint64_t>(parallel_->data_parallel_rank());
-  const uint64_t per_rank = static_cast<uint64_t>(t.global_batch_size) / dp;
-  const auto start = Clock::now();
-  // Reference-free: zeros, which the loss does not read.
-  const bool free = dpo_->options.reference_free;
-  auto reference = [&](const PreferenceSource& pairs, uint64_t g) {
-    return free ? std::array<double, 2>{0, 0}
-                : std::array<double, 2>{answer_logp(pairs, g, 0), answer_logp(pairs, g, 1)};
-  };
-  for (int64_t it = completed_iterations_ + 1; it <= t.train_iters; ++it)
-    for (uint64_t m = 0; m < per_rank; ++m) {
-      const uint64_t g = static_cast<uint64_t>(it - 1) * t.global_batch_size + m * dp + rank;
-      if (!dpo_->train_reference.count(g)) dpo_->train_reference[g] = reference(*dpo_->pairs.train, g);
-    }
-  if (dpo_->pairs.valid)
-    for (uint64_t i = rank; i < std::min<uint64_t>(dpo_->pairs.valid->pairs(),
-                                                  static_cast<uint64_t>(exp_.data.eval_iters) *
-                                                      t.global_batch_size);
-         i += dp)
-      dpo_->valid_reference[i] = reference(*dpo_->pairs.valid, i);
-  if (free)
-    log_.info("dpo: reference-free (dpo_reference_free): no reference log-probabilities");
-  else
-    log_.info("dpo: the reference's log-probabilities of {} training and {} validation pairs on "
-              "this rank, with the starting weights ({:.1f} s)",
-              dpo_->train_reference.size(), dpo_->valid_reference.size(), ms_since(start) / 1e3);
+// A DPO run's reference is its starting weights: their digest (with the model they are
+// loaded into) keys the stored log-probabilities. A resumed run has the one its checkpoint
+// recorded.
+void Trainer::identify_dpo_reference() {
+  if (!dpo_->reference_digest.empty() || dpo_->options.reference_free) return;
+  if (completed_iterations_ > 0)
+    throw DataError(fmt::format(
+        "{}: records no DPO reference (written before DPO runs recorded theirs); a resumed run "
+        "cannot tell which reference log-probabilities are its own: start again from the "
+        "starting weights (finetune)", checkpoint_to_resume(exp_.checkpoint)));
+  ContentDigest d;
+  d.add(spec_to_json(setup_.spec).dump());
+  if (initial_weight_files_.empty())
+    d.add(fmt::format("a fresh initialisation, seed {}", exp_.training.seed));
+  for (const std::string& file : initial_weight_files_) {
+    d.add(fs::path(file).filename().string());
+    d.add_file(file);
+  }
+  dpo_->reference_weights = initial_weights_;
+  dpo_->reference_digest = d.hex();
 }
 
-// The policy's log-probabilities of a pair's answers and its DPO loss against `reference`;
+// Before the first step or validation: the reference's log-probabilities of every pair the
+// run reads, from the file kept for this dataset and reference, the missing ones computed
+// now with the starting weights (each data-parallel rank every dp-th) and the file updated.
+void Trainer::prepare_dpo_reference() {
+  if (dpo_->prepared) return;
+  dpo_->prepared = true;
+  if (dpo_->options.reference_free) {
+    log_.info("dpo: reference-free (dpo_reference_free): no reference log-probabilities");
+    return;
+  }
+  const auto start = Clock::now();
+  const TrainingConfig& t = exp_.training;
+  const PreferenceSource& train = *dpo_->pairs.train;
+  DpoReferenceKey key{train.prefix(), preference_dataset_digest(train.prefix()), train.dataset_pairs(),
+                      dpo_->reference_weights, dpo_->reference_digest, t.seq_length};
+  const std::string path =
+      t.dpo_reference_logps.empty() ? default_reference_logps_path(key) : t.dpo_reference_logps;
+  DpoReferenceLogps& store = dpo_->reference.emplace(path, std::move(key));
+  // The dataset pairs the remaining steps and the validation read, each once.
+  std::vector<std::pair<const PreferenceSource*, uint64_t>> reads;
+  for (uint64_t g = static_cast<uint64_t>(completed_iterations_) * t.global_batch_size;
+       g < static_cast<uint64_t>(t.train_iters) * t.global_batch_size; ++g)
+    reads.emplace_back(&train, g);
+  if (dpo_->pairs.valid)
+    for (uint64_t i = 0; i < std::min<uint64_t>(dpo_->pairs.valid->pairs(),
+                                                 static_cast<uint64_t>(exp_.data.eval_iters) *
+                                                     t.global_batch_size);
+         ++i)
+      reads.emplace_back(dpo_->pairs.valid.get(), i);
+  std::set<uint64_t> pairs;
+  std::map<uint64_t, std::pair<const PreferenceSource*, uint64_t>> missing;  // by dataset pair
+  for (const auto& [source, index] : reads) {
+    pairs.insert(source->pair(index));
+    if (!store.has(source->pair(index))) missing.emplace(source->pair(index), std::pair{source, index});
+  }
+  if (!missing.empty()) {
+    if (completed_iterations_ > 0)
+      throw DataError(fmt::format(
+          "{}: no reference log-probabilities of {} of the pairs this resumed run reads (dataset "
+          "pair {} first); they can only be computed with the reference weights, {}, which a "
+          "resumed run does not hold (the file was replaced, or train_iters raised beyond what "
+          "the first run computed)",
+          path, missing.size(), missing.begin()->first, dpo_->reference_weights));
+    // Rank r computes every dp-th missing pair; the values meet in a sum over the ranks, each
+    // as two fp32 (value and remainder) so that the sum keeps float64's precision.
+    const uint64_t dp = static_cast<uint64_t>(parallel_->data_parallel_size());
+    const uint64_t rank = static_cast<uint64_t>(parallel_->data_parallel_rank());
+    std::vector<float> parts(4 * missing.size(), 0.0f);
+    uint64_t k = 0;
+    for (const auto& [pair, read_at] : missing) {
+      if (k % dp == rank)
+        for (int side = 0; side < 2; ++side) {
+          const double logp = answer_logp(*read_at.first, read_at.second, side);
+          const float high = static_cast<float>(logp);
+          parts[4 * k + 2 * side] = high;
+          parts[4 * k + 2 * side + 1] = static_cast<float>(logp - high);
+        }
+      ++k;
+    }
+    DeviceBuffer buffer(*backend_, parts.size() * sizeof(float), "dpo reference log-probabilities");
+    const Tensor summed = buffer.tensor(DType::F32, {static_cast<int64_t>(parts.size())});
+    backend_->upload(summed, parts.data());
+    parallel_->sum(summed);
+    backend_->download(parts.data(), summed);
+    k = 0;
+    for (const auto& [pair, read_at] : missing) {
+      store.set(pair, {static_cast<double>(parts[4 * k]) + parts[4 * k + 1],
+                       static_cast<double>(parts[4 * k + 2]) + parts[4 * k + 3]});
+      ++k;
+    }
+    if (!comm_ || comm_->rank() == 0) {
+      try {
+        store.save();
+      } catch (const DataError& e) {
+        // Beside a read-only dataset: this run has them in memory; resuming it will not.
+        if (!t.dpo_reference_logps.empty()) throw;
+        log_.warning("dpo: the reference log-probabilities are not kept ({}); a resumed run "
+                     "needs them: name a writable file with dpo_reference_logps", e.what());
+      }
+    }
+  }
+  log_.info("dpo: reference log-probabilities of the {} pairs this run reads: {} computed with {} "
+            "({:.1f} s), {} read from {}",
+            pairs.size(), missing.size(), dpo_->reference_weights, ms_since(start) / 1e3,
+            pairs.size() - missing.size(), path);
+}
+
+std::array<double, 2> Trainer::reference_logps(const PreferenceSource& pairs, uint64_t index) const {
+  return dpo_->reference ? dpo_->reference->at(pairs.pair(index)) : std::array<double, 2>{0, 0};
+}
+
+// The policy's log-probabilities of a pair's answers and its DPO loss against the reference's;
 // adds its statistics (in DpoBatchStats' order) to *sums.
-DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index,
-                            const std::array<double, 2>& reference, std::array<double, 6>* sums) {
+DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index, std::array<double, 6>* sums) {
+  const std::array<double, 2> reference = reference_logps(pairs, index);
   int64_t chosen_tokens = 0, rejected_tokens = 0;
   const double chosen = answer_logp(pairs, index, 0, &chosen_tokens);
   const double rejected = answer_logp(pairs, index, 1, &rejected_tokens);
@@ -752,13 +849,14 @@ DpoBatchStats Trainer::dpo_gradients() {
   const int64_t dp = parallel_->data_parallel_size(), rank = parallel_->data_parallel_rank();
   const int64_t per_rank = t.global_batch_size / dp;
   const double pairs = static_cast<double>(t.global_batch_size);
+  prepare_dpo_reference();
   std::array<double, 6> sums{};
   const PreferenceSource& train = *dpo_->pairs.train;
   parallel_->run_micro_batches(
       per_rank, 1.0f, [](int64_t) {},
       [&](int64_t m) {
         const uint64_t g = consumed_samples_ + static_cast<uint64_t>(m * dp + rank);
-        const DpoPair p = score_pair(train, g, dpo_->train_reference.at(g), &sums);
+        const DpoPair p = score_pair(train, g, &sums);
         for (int side = 0; side < 2; ++side) {
           model_->use_slot(side);
           parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
@@ -770,12 +868,14 @@ DpoBatchStats Trainer::dpo_gradients() {
 }
 
 double Trainer::evaluate_dpo() {
+  prepare_dpo_reference();
   std::array<double, 6> sums{};
-  for (const auto& [i, reference] : dpo_->valid_reference)
-    score_pair(*dpo_->pairs.valid, i, reference, &sums);
   const int64_t pairs = static_cast<int64_t>(std::min<uint64_t>(
       dpo_->pairs.valid->pairs(),
       static_cast<uint64_t>(exp_.data.eval_iters * exp_.training.global_batch_size)));
+  // Pair i on data-parallel rank i mod dp.
+  for (int64_t i = parallel_->data_parallel_rank(); i < pairs; i += parallel_->data_parallel_size())
+    score_pair(*dpo_->pairs.valid, static_cast<uint64_t>(i), &sums);
   const DpoBatchStats s = dpo_means(sums, pairs);
   log_.info("dpo validation: loss {:.6f} | rewards/accuracies {:.4f} | rewards/margins {:.4f} | "
             "rewards/chosen {:.4f} | rewards/rejected {:.4f} ({} pairs)",
@@ -1133,15 +1233,7 @@ TrainSummary Trainer::train() {
   int64_t interval_real_tokens = 0;
   const int64_t first = completed_iterations_ + 1;  // > 1 when resuming
   int64_t last = t.train_iters;                     // earlier at target_loss or an early exit
-  if (dpo_) {
-    // The reference is the starting weights: a resumed run no longer holds them.
-    if (completed_iterations_ > 0)
-      throw ConfigError(origin_of(exp_, "load"), "load", exp_.checkpoint.load,
-                        "a checkpoint to fine-tune from (finetune true) with objective dpo: a DPO "
-                        "run does not resume yet (the reference's log-probabilities are not "
-                        "saved)");
-    compute_dpo_reference();
-  }
+  if (dpo_) prepare_dpo_reference();
   for (int64_t it = first; it <= t.train_iters; ++it) {
     // Starting and stopping the recorder is kept out of the iteration times.
     if (profiler_) interval_start += profiler_->before_iteration(it);

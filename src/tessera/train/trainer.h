@@ -148,13 +148,14 @@ class Trainer {
   void report_evaluation(int64_t iteration, double loss, double ms);
   void write_tensorboard_iteration(const IterationStats& s);
   // objective dpo: one side of a preference pair as the model's batch; its summed
-  // log-probability over the answer (a forward pass); the reference's of every pair this rank
-  // will train and validate on, with the starting weights; the step's gradients.
+  // log-probability over the answer (a forward pass); the reference (the starting weights'
+  // digest) and its log-probabilities of the pairs the run reads; the step's gradients.
   void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
-  void compute_dpo_reference();
-  DpoPair score_pair(const PreferenceSource& pairs, uint64_t index,
-                     const std::array<double, 2>& reference, std::array<double, 6>* sums);
+  void identify_dpo_reference();
+  void prepare_dpo_reference();
+  std::array<double, 2> reference_logps(const PreferenceSource& pairs, uint64_t index) const;
+  DpoPair score_pair(const PreferenceSource& pairs, uint64_t index, std::array<double, 6>* sums);
   DpoBatchStats dpo_gradients();
   // Pair statistics summed over the data-parallel ranks, as means over `pairs`.
   DpoBatchStats dpo_means(const std::array<double, 6>& sums, int64_t pairs);
@@ -174,6 +175,9 @@ class Trainer {
   std::string run_id_;
   // Where the weights came from, for the hint when the first iterations are not finite.
   std::string initial_weights_ = "a fresh initialisation with init_method_std";
+  // Their files (a checkpoint's model.safetensors, a Hugging Face model's); none for a fresh
+  // initialisation.
+  std::vector<std::string> initial_weight_files_;
   DataSources data_;
   std::unique_ptr<Model> model_;
   LoraModel* lora_ = nullptr;  // model_, when the run trains LoRA adapters
