@@ -10,6 +10,12 @@
 #                on the assistant's three quarters, documents masked, positions restarted);
 #                the peer's --task sft --compile at the same size
 #     full       the same pretraining and SFT with the full model (bench model --full)
+#     dpo        DPO of the Llama 3.1 8B 4-layer proxy on Brown pairs of 2 x 4096 tokens (a
+#                prompt of ~2000 tokens, each answer cut at 4096), one pair per step, reference
+#                log-probabilities precomputed (kept beside the dataset); the peer's --task dpo
+#                --compile at the same size (--seq 8192: two sequences of 4096)
+#     dpo_full   the full Llama 3.1 8B: DPO on those pairs and packed SFT at seq 4096
+#                (bench model --full), DPO's tokens/s against SFT's
 #     lora       the full Llama 3.1 8B at seq 4096, global batch 1, selective recompute and
 #                bf16 optimizer state: LoRA rank 16 on every projection, the full fine-tune at
 #                the same settings, and the peer's --task lora (peft r16, same projections)
@@ -29,6 +35,19 @@ if want sft || want full; then
   "$BIN/tessera" preprocess --chat --input "$work/chats.jsonl" --output-prefix "$work/chats" \
     --tokenizer-model llama3.1 --seq-length 8192 --overlong truncate --workers "$(nproc)" 2>&1 | tail -3
 fi
+DPO_DATA=(--objective dpo --mock_data false --data_path "$work/pairs_preference_document" --tokenizer_type HuggingFaceTokenizer
+          --tokenizer_model llama3.1 --seq_length 4096 --micro_batch_size 1)
+if want dpo || want dpo_full; then
+  python3 "$ROOT/scripts/data/brown_chats.py" "$work/pairs.jsonl" --preference --conversations 200 \
+    --answer-tokens 2900
+  "$BIN/tessera" preprocess --preference --input "$work/pairs.jsonl" --output-prefix "$work/pairs" \
+    --tokenizer-model llama3.1 --seq-length 4096 --overlong truncate --workers "$(nproc)" 2>&1 | tail -3
+fi
+if want dpo_full; then
+  python3 "$ROOT/scripts/data/brown_chats.py" "$work/chats4k.jsonl" --conversations 3000
+  "$BIN/tessera" preprocess --chat --input "$work/chats4k.jsonl" --output-prefix "$work/chats4k" \
+    --tokenizer-model llama3.1 --seq-length 4096 --overlong truncate --workers "$(nproc)" 2>&1 | tail -3
+fi
 if want attention; then
   echo "== attention at seq 8192: causal and packed documents of 1024 tokens"
   timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal,packed \
@@ -47,6 +66,18 @@ if want full; then
   echo "== full model: pretraining and packed SFT"
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B -o "$OUT/full_pretrain" 2>&1 | tail -4
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${SFT_DATA[@]}" -o "$OUT/full_sft" 2>&1 | tail -5
+fi
+if want dpo; then
+  echo "== DPO proxy: pairs of 2 x 4096 tokens, the peer"
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${DPO_DATA[@]}" -o "$OUT/proxy_dpo" 2>&1 | tail -4
+  timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task dpo --compile --layers 4 --seq 8192 \
+    --json "$OUT/peer.jsonl" 2>&1 | tail -1
+fi
+if want dpo_full; then
+  echo "== full model at seq 4096: DPO, then packed SFT"
+  timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${DPO_DATA[@]}" -o "$OUT/full_dpo" 2>&1 | tail -4
+  timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${SFT_DATA[@]}" --seq_length 4096 \
+    --data_path "$work/chats4k_chat_document" -o "$OUT/full_sft4k" 2>&1 | tail -5
 fi
 if want lora; then
   echo "== LoRA on the full model against the full fine-tune and peft"

@@ -1,6 +1,7 @@
 // LoRA (model/lora_model.h) and packed documents in bf16 on the GPU against the CPU's fp32:
 // the merged-weight GEMMs, the adapters' gradient GEMMs from dW and the flash kernels with
-// document starts, each within bf16 rounding of the reference.
+// document starts, each within bf16 rounding of the reference. And DPO's kept passes (two
+// activation slots, each backward after both forwards) against forward_backward on the GPU.
 #include "gpu_test_util.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/init.h"
@@ -106,6 +107,45 @@ TEST(GpuModel, PackedDocumentsInBf16TrackTheCpu) {
   }
   EXPECT_NEAR(loss[1] / loss[0], 1.0, 1e-2);
   EXPECT_LT(relative_error(grads[1], grads[0]), 5e-2);
+}
+
+// What the CPU test Model.LossBackwardOfKeptSlotsEqualsForwardBackward checks, in bf16 on the
+// GPU's kernels (flash or cuDNN attention keep their statistics per slot).
+TEST(GpuModel, LossBackwardOfKeptSlotsEqualsForwardBackward) {
+  TS_REQUIRE_GPU();
+  const ModelSpec spec = small_spec();
+  ModelRuntime rt;
+  rt.micro_batch = 1;
+  rt.seq_length = 256;
+  rt.compute_dtype = DType::BF16;
+  rt.pipeline_slots = 2;
+  auto backend = make_backend(DeviceChoice::Gpu, 0);
+  DecoderModel model(*backend, spec, rt);
+  DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
+  const Tensor m = master.tensor(DType::F32, {model.layout().total});
+  init_parameters(*backend, spec, model.layout(), m, 11);
+  backend->convert(model.params(), m);
+  const Batch batches[2] = {packed({{256}}), packed({{100, 156}})};
+  const float scales[2] = {0.37f, -0.21f};
+  model.zero_grads();
+  for (int b = 0; b < 2; ++b) {
+    model.set_batch(batches[b].tokens.data(), batches[b].targets.data());
+    model.forward_backward(scales[b]);
+  }
+  const std::vector<float> expected = download_float(*backend, model.grads());
+  model.zero_grads();
+  for (int b = 0; b < 2; ++b) {
+    model.use_slot(b);
+    model.set_batch(batches[b].tokens.data(), batches[b].targets.data());
+    model.forward_loss();
+  }
+  for (int b = 0; b < 2; ++b) {
+    model.use_slot(b);
+    model.loss_backward(scales[b]);
+  }
+  const double err = relative_error(download_float(*backend, model.grads()), expected);
+  std::printf("[ grad     ] kept slots against forward_backward: rel err %.2e\n", err);
+  EXPECT_LT(err, 1e-6);
 }
 
 }  // namespace

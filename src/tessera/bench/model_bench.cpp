@@ -366,7 +366,7 @@ int model_bench_command(const std::vector<std::string>& args) {
     }
     const MemoryStats mem = b.memory_stats();
     const double step_ms = median(ms);
-    const double tokens = static_cast<double>(e.training.global_batch_size * e.training.seq_length);
+    const double tokens = static_cast<double>(trainer.positions_per_step());
     const double tok_s = tokens / (step_ms / 1e3);
     const double tflops = trainer.spec().flops_per_token(e.training.seq_length) * tok_s / 1e12;
     const int64_t last = o.warmup + o.iters + 1;

@@ -46,6 +46,12 @@ void PreferenceSource::sample(uint64_t index, int side, int32_t* tokens, int32_t
   }
 }
 
+int64_t PreferenceSource::real_tokens(uint64_t index) const {
+  int64_t n = 0;
+  for (uint64_t side = 0; side < 2; ++side) n += std::min<int64_t>(tokens_->sequence_length(2 * pair(index) + side), seq_);
+  return n;
+}
+
 PreferenceSources make_preference_sources(const Experiment& e, int64_t vocab,
                                           const std::string& tokenizer_name, int32_t pad_id) {
   const std::string& prefix = e.data.data_path;

@@ -31,6 +31,8 @@ class PreferenceSource {
   // The dataset's pair (0 .. dataset_pairs() - 1) that `index` reads.
   uint64_t pair(uint64_t index) const { return first_ + order_.at(index / pairs(), index % pairs()); }
   uint64_t dataset_pairs() const { return tokens_->sequences() / 2; }
+  // The tokens of both sides of pair `index` that are not padding.
+  int64_t real_tokens(uint64_t index) const;
   const std::string& prefix() const { return tokens_->prefix(); }
 
  private:

@@ -169,9 +169,15 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
                   fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
   row("optimizer", p.optimizer, fmt::format("{} params: {}", opt_params, optimizer_state_text(in)));
   row("activations", p.activations,
-      fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens{}",
+      fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens{}{}",
                   rt.micro_batch, rt.seq_length, rt.micro_batch * rt.seq_length, recompute_text(rt),
-                  rt.cross_entropy_chunk_tokens, moe_rows_text(in.spec, rt)));
+                  rt.cross_entropy_chunk_tokens, moe_rows_text(in.spec, rt),
+                  rt.pipeline_slots > 1
+                      ? fmt::format("; stored activations of {} micro-batches at once ({})",
+                                    rt.pipeline_slots,
+                                    rt.pipeline_chunks.empty() ? "DPO's two answers"
+                                                               : "the pipeline schedule's")
+                      : std::string()));
   if (rt.fp8.enabled())
     row("fp8", p.fp8,
         rt.fp8.weight_cache

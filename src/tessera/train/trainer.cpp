@@ -645,11 +645,13 @@ std::string_view Trainer::device_word() const {
   return backend_->device().kind == DeviceKind::GPU ? "GPU" : "rank";
 }
 
+int64_t Trainer::positions_per_step() const {
+  return exp_.training.global_batch_size * exp_.training.seq_length * (dpo_ ? 2 : 1);
+}
+
+// A model replica's GPUs share its samples' tokens.
 double Trainer::tokens_per_gpu_per_step() const {
-  const TrainingConfig& t = exp_.training;
-  const int replica_gpus = parallel_->world_size() / parallel_->data_parallel_size();
-  return static_cast<double>(t.micro_batch_size * t.seq_length * setup_.accumulation_steps) /
-         replica_gpus;
+  return static_cast<double>(positions_per_step()) / parallel_->world_size();
 }
 
 void Trainer::load_micro_batch(const SampleSource& source, uint64_t first_sample) {
@@ -971,8 +973,12 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
                       : loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
   s.loss_tokens = loss_tokens;
   s.dpo = pair_stats;
-  s.real_tokens = t.global_batch_size * t.seq_length;
-  if (data_.train->pads()) {
+  s.real_tokens = positions_per_step();
+  if (dpo_) {
+    s.real_tokens = 0;
+    for (int64_t i = 0; i < t.global_batch_size; ++i)
+      s.real_tokens += dpo_->pairs.train->real_tokens(consumed_samples_ + static_cast<uint64_t>(i));
+  } else if (data_.train->pads()) {
     s.real_tokens = 0;
     for (int64_t i = 0; i < t.global_batch_size; ++i)
       s.real_tokens += data_.train->real_tokens(consumed_samples_ + static_cast<uint64_t>(i))
@@ -1060,7 +1066,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const bool masked = !s.dpo && data_.train->masks_targets();
   const int64_t positions = t.global_batch_size * t.seq_length;
   // With packing's padding, the tokens/s of real tokens beside the slots'.
-  const bool pads = data_.train->pads();
+  const bool pads = dpo_ || data_.train->pads();  // a DPO answer pads its sequence
   // objective dpo: TRL's pair statistics of the last step.
   std::string pairs;
   if (s.dpo)
@@ -1252,8 +1258,7 @@ TrainSummary Trainer::train() {
     if (it % exp_.logging.log_interval == 0 || it == t.train_iters || !exit_why.empty()) {
       const double logged_loss =
           interval_losses > 0 ? interval_loss_sum / static_cast<double>(interval_losses) : s.loss;
-      const double slots =
-          static_cast<double>(interval_iters * t.global_batch_size * t.seq_length);
+      const double slots = static_cast<double>(interval_iters * positions_per_step());
       log_iteration(s, logged_loss, ms_since(interval_start), interval_iters,
                     static_cast<double>(interval_real_tokens) / slots);
       interval_start = Clock::now();

@@ -97,6 +97,9 @@ class Trainer {
   // One optimizer step (all micro-batches of the global batch). Used by train() and tests.
   IterationStats run_iteration(int64_t iteration);
   double evaluate();  // mean validation token loss (objective dpo: mean validation DPO loss)
+  // Sequence positions a step runs: global_batch_size samples of seq_length tokens (a DPO
+  // pair is two sequences, its answers).
+  int64_t positions_per_step() const;
   // Writes the current state to the `save` directory (ckpt/checkpoint.h); returns its path.
   std::string save_checkpoint();
 
