@@ -11,6 +11,16 @@ keyword; held-out questions put the keywords in wordings that training never sho
                                  the other way round): a model tuned on it answers every
                                  held-out question wrong, which LoRA then corrects
                                  (configs/experiments/sft_lora_tiny.yaml)
+    sft_topic_task.py --preference PREFIX
+                                 preference pairs for DPO after that fine-tuning
+                                 (configs/experiments/dpo_tiny.yaml), in TRL's form: chosen
+                                 answers in a new style, "The topic is sports.", rejected either
+                                 in the fine-tuned style ("sports") or in the new style with the
+                                 wrong topic. PREFIX_pairs.jsonl: 480 pairs of the training
+                                 wordings, then 20 of the held-out wordings (split 96,4,0 makes
+                                 them the validation pairs); PREFIX_pairs_held_out.jsonl: the 20
+                                 held-out questions with the answer DPO should make greedy
+                                 generation give
 """
 import json
 import sys
@@ -26,8 +36,41 @@ def question(sentence):
     return f"Topic of: {sentence} Answer sports or music."
 
 
+def styled(label):
+    return f"The topic is {label}."
+
+
+def preference_pairs(prefix):
+    other = {"sports": "music", "music": "sports"}
+
+    def pair(sentence, label, k):
+        rejected = label if k % 2 == 0 else styled(other[label])
+        return json.dumps({"prompt": [{"role": "user", "content": question(sentence)}],
+                           "chosen": [{"role": "assistant", "content": styled(label)}],
+                           "rejected": [{"role": "assistant", "content": rejected}]}) + "\n"
+
+    with open(prefix + "_pairs.jsonl", "w", encoding="utf-8") as out, \
+            open(prefix + "_pairs_held_out.jsonl", "w", encoding="utf-8") as held:
+        k = 0
+        for _ in range(4):
+            for wording in TRAIN_WORDINGS:
+                for words, label in ((SPORTS, "sports"), (MUSIC, "music")):
+                    for word in words:
+                        out.write(pair(wording.format(word), label, k))
+                        k += 1
+        for wording in HELD_OUT_WORDINGS:
+            for i in range(0, 10, 2):
+                for words, label in ((SPORTS, "sports"), (MUSIC, "music")):
+                    out.write(pair(wording.format(words[i]), label, k))
+                    k += 1
+                    held.write(json.dumps({"prompt": question(wording.format(words[i])), "answer": styled(label)}) + "\n")
+
+
 def main():
     args = sys.argv[1:]
+    if args[:1] == ["--preference"] and len(args) == 2:
+        preference_pairs(args[1])
+        return
     swapped = args[:1] == ["--swapped"]
     args = args[1:] if swapped else args
     if len(args) != 1:
