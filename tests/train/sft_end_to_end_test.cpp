@@ -4,11 +4,14 @@
 // (preprocess --chat), fine-tune the pretrained weights with sft_tiny (finetune, whole
 // conversations packed bfd with positions and attention per conversation, loss on the
 // assistant's tokens), then ask the held-out questions, whose wordings training never showed
-// (generate --chat).
+// (generate --chat); then prefer another answer style with DPO (dpo_tiny).
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -21,26 +24,40 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The share of held-out questions the checkpoint answers exactly, greedily; *answers gets
-// what it said.
-double accuracy(const fs::path& checkpoint, const fs::path& held_out, std::string* answers) {
-  int right = 0, asked = 0;
+// The checkpoint's greedy replies to the held-out questions ({"prompt", "answer"} lines), with
+// the expected answers; *said gets both, a line each.
+std::vector<std::pair<std::string, std::string>> replies(const fs::path& checkpoint, const fs::path& held_out,
+                                                         int max_new_tokens, std::string* said) {
+  std::vector<std::pair<std::string, std::string>> out;
   std::ifstream in(held_out);
   for (std::string line; std::getline(in, line);) {
     const auto q = nlohmann::json::parse(line);
-    const RunResult r = run_command(std::string(TESSERA_BINARY) + " generate --from " +
-                                    checkpoint.string() + " --chat --prompt '" +
-                                    q["prompt"].get<std::string>() +
-                                    "' --max_new_tokens 3 --device cpu");
+    const RunResult r = run_command(std::string(TESSERA_BINARY) + " generate --from " + checkpoint.string() +
+                                    " --chat --prompt '" + q["prompt"].get<std::string>() +
+                                    "' --max_new_tokens " + std::to_string(max_new_tokens) + " --device cpu");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     // The reply is the first line (stdout, flushed before the numbers on stderr).
-    const std::string reply = r.output.substr(0, r.output.find('\n'));
-    right += reply == q["answer"];
-    ++asked;
-    *answers += q["answer"].get<std::string>() + ": " + reply + "\n";
+    out.emplace_back(q["answer"].get<std::string>(), r.output.substr(0, r.output.find('\n')));
+    *said += out.back().first + ": " + out.back().second + "\n";
   }
-  EXPECT_EQ(asked, 20);
-  return static_cast<double>(right) / std::max(asked, 1);
+  EXPECT_EQ(out.size(), 20u);
+  return out;
+}
+
+// The share of held-out questions the checkpoint answers exactly, greedily.
+double accuracy(const fs::path& checkpoint, const fs::path& held_out, std::string* said) {
+  const auto r = replies(checkpoint, held_out, 3, said);
+  return static_cast<double>(std::count_if(r.begin(), r.end(), [](const auto& x) { return x.first == x.second; })) /
+         static_cast<double>(std::max<size_t>(r.size(), 1));
+}
+
+// The share of held-out questions whose greedy reply is a sentence in the style the DPO pairs
+// prefer ("The topic is ...").
+double style_share(const fs::path& checkpoint, const fs::path& held_out, std::string* said) {
+  const auto r = replies(checkpoint, held_out, 8, said);
+  return static_cast<double>(std::count_if(r.begin(), r.end(),
+                                           [](const auto& x) { return x.second.starts_with("The topic is "); })) /
+         static_cast<double>(std::max<size_t>(r.size(), 1));
 }
 
 TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
@@ -75,6 +92,40 @@ TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
   EXPECT_LE(before, 0.1) << said_before;
   EXPECT_GE(after, 0.75) << said_after;
   EXPECT_GE(after - before, 0.65);
+
+  // 4. DPO from the fine-tuned weights, as dpo_tiny.yaml says: pairs of the same task prefer
+  // "The topic is sports." to the fine-tuned "sports" or to the sentence with the wrong topic.
+  // On the 20 held-out pairs (wordings training never showed) the policy moves the chosen
+  // answers' log-probabilities above the rejected ones' against the reference, and its greedy
+  // replies take the chosen style, which the fine-tuned model's never do.
+  r = run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
+                  "/../scripts/data/sft_topic_task.py --preference " + topic.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(bin + " preprocess --preference --input " + topic.string() + "_pairs.jsonl" +
+                  " --output-prefix " + topic.string() + "_pairs --tokenizer-model llama3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_command(bin + " train --config dpo_tiny --load " + (dir / "tuned").string() + " --save " +
+                  (dir / "preferred").string() + " --data_path " + topic.string() +
+                  "_pairs_preference_document --log_progress false" + ws);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  double held_out_accuracy = -1;
+  for (const auto& entry : fs::recursive_directory_iterator(dir / "ws"))
+    if (entry.path().filename() == "metrics.jsonl" && entry.path().string().find("dpo_tiny") != std::string::npos) {
+      std::ifstream in(entry.path());
+      for (std::string line; std::getline(in, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("eval_rewards/accuracies")) held_out_accuracy = j["eval_rewards/accuracies"];
+      }
+    }
+  std::string said_tuned, said_preferred;
+  const fs::path styled = topic.string() + "_pairs_held_out.jsonl";
+  const double style_before = style_share(dir / "tuned", styled, &said_tuned);
+  const double style_after = style_share(dir / "preferred", styled, &said_preferred);
+  std::printf("DPO: held-out rewards/accuracies %.2f; replies in the chosen style %.2f before, %.2f after\n",
+              held_out_accuracy, style_before, style_after);
+  EXPECT_GT(held_out_accuracy, 0.9) << r.output;
+  EXPECT_EQ(style_before, 0.0) << said_tuned;
+  EXPECT_GE(style_after, 0.75) << said_preferred;
 }
 
 
