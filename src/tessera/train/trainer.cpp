@@ -227,8 +227,7 @@ struct Trainer::DpoState {
   std::string reference_weights, reference_digest;
   std::optional<DpoReferenceLogps> reference;  // once prepared; none when reference-free
   bool prepared = false;
-  DeviceBuffer stats_buffer;
-  Tensor stats;  // (6) fp32: a batch's pair statistics, summed over the data-parallel ranks
+  Tensor stats;  // (6) fp32 in the trainer's scalars: a batch's pair statistics, summed over the data-parallel ranks
 };
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
@@ -371,7 +370,8 @@ void Trainer::build_model() {
                                                     t.overlap_grad_reduce, t.overlap_param_gather,
                                                     t.ddp_bucket_size});
     optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, parallel_->optimizer_shards());
-    scalar_buffer_ = DeviceBuffer(*backend_, 256, "gradient norm");
+    // kTrainerScalarBytes, as the memory plan counts them.
+    scalar_buffer_ = DeviceBuffer(*backend_, plan::kTrainerScalarBytes, "trainer scalars");
   } catch (const OutOfMemoryError& e) {
     check_memory_fits();  // reports the breakdown if the estimate now says it cannot fit
     throw;
@@ -379,6 +379,7 @@ void Trainer::build_model() {
   grad_norm_sq_ = scalar_buffer_.tensor(DType::F32, {1});
   stop_signal_ = scalar_buffer_.tensor(DType::F32, {1}, sizeof(float));
   out_of_time_flag_ = scalar_buffer_.tensor(DType::F32, {1}, 2 * sizeof(float));
+  if (dpo_) dpo_->stats = scalar_buffer_.tensor(DType::F32, {6}, 4 * sizeof(float));
 }
 
 // Initial weights (fresh, a checkpoint or Hugging Face) on every rank, and the rules that
@@ -829,10 +830,6 @@ DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index, std::
 }
 
 DpoBatchStats Trainer::dpo_means(const std::array<double, 6>& sums, int64_t pairs) {
-  if (!dpo_->stats.defined()) {
-    dpo_->stats_buffer = DeviceBuffer(*backend_, 6 * sizeof(float), "dpo statistics");
-    dpo_->stats = dpo_->stats_buffer.tensor(DType::F32, {6});
-  }
   std::array<float, 6> values;
   for (size_t k = 0; k < 6; ++k) values[k] = static_cast<float>(sums[k]);
   backend_->upload(dpo_->stats, values.data());
