@@ -160,6 +160,32 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   }
   EXPECT_EQ(compared, 24);
 
+  // ZeRO-1, FSDP and TP 2 with sequence parallelism on two thread ranks, from a fresh
+  // initialisation (two query groups, which tensor parallelism splits), each computing the
+  // reference into a file of its own: the losses of one rank. Megatron pads the vocabulary to
+  // a multiple of make_vocab_size_divisible_by x TP: 256 x 1 and 128 x 2 give every run the
+  // same padded vocabulary, hence the same model.
+  const std::string fresh = model + " --objective dpo --num_query_groups 2 --data_path " +
+                            (dir / "p_preference_document").string() +
+                            " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
+                            "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 3 --eval_interval 0";
+  for (const auto& [name, keys] :
+       {std::pair{"fresh_one", "--make_vocab_size_divisible_by 256"},
+        std::pair{"fresh_zero1", "--make_vocab_size_divisible_by 256 --use_distributed_optimizer true"},
+        std::pair{"fresh_fsdp", "--make_vocab_size_divisible_by 256 --use_torch_fsdp2 true"},
+        std::pair{"fresh_tp2", "--make_vocab_size_divisible_by 128 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
+    r = run_tessera(fresh + " --exp_name " + name + (std::string(name) == "fresh_one" ? " " : " --nproc_per_node 2 ") + keys +
+                    " --dpo_reference_logps " + (dir / (std::string(name) + ".logps")).string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::vector<double> fresh_one = losses("fresh_one");
+  ASSERT_EQ(fresh_one.size(), 3u);
+  for (const char* name : {"fresh_zero1", "fresh_fsdp", "fresh_tp2"}) {
+    const std::vector<double> other = losses(name);
+    ASSERT_EQ(other.size(), 3u) << name;
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(other[i], fresh_one[i], 1e-5 * fresh_one[i]) << name << " iteration " << i + 1;
+  }
+
   // Resumed: its checkpoint records the reference, whose log-probabilities are read back, and
   // it continues as the run that was not stopped.
   r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --save " + (dir / "dpo_ckpt").string() +
