@@ -110,6 +110,7 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   plan.add(&a.final_rstd, DType::F32, {Ns}, Keep::Shared);
   plan.add(&a.logits, dt, {chunk, s.vocab_size}, Keep::Shared);
   plan.add(&a.losses, DType::F32, {N}, Keep::Shared);
+  if (rt.keep_logit_grads) plan.add(&a.logit_grads, dt, {N, s.vocab_size});
   plan.add(&a.loss_sum, DType::F32, {1}, Keep::Shared);
   a.dresid.assign(chunks.size(), Tensor{});
   for (Tensor& d : a.dresid) plan.add(&d, dt, {Ns, C});
@@ -587,10 +588,7 @@ void DecoderModel::embed(const Tensor& x) {
   params_done(0);
 }
 
-// Final norm, output head and cross-entropy, chunked over tokens so that only
-// chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
-// logits and is consumed at once: the head's backward runs inside the forward pass.
-void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
+DecoderModel::HeadRows DecoderModel::head_begin(int chunk, bool with_grad) {
   const int tail = layout_.tail_unit();
   // With gradients the backward's first layer follows (the chunk's last).
   tail_params_needed(with_grad && chunks_[chunk].count > 0
@@ -600,47 +598,71 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
     grads_needed(tail);
     if (tied()) grads_needed(0);
   }
-  ScopedRange r(backend_, "output_head");
-  const int64_t N = runtime_.tokens();
-  const Tensor& x = a_.resid[chunk].back();
-  backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, x, param(layout_.final_norm),
-                           spec_.norm_eps);
+  backend_.rmsnorm_forward(a_.final_norm, a_.final_rstd, a_.resid[chunk].back(),
+                           param(layout_.final_norm), spec_.norm_eps);
   // Vocabulary-parallel head: every rank computes its columns of the logits for every token,
   // and d(normed) partial sums over them, added up over the ranks after the last chunk.
   const bool sp = runtime_.sequence_parallel;
-  const Tensor& normed = sp ? tp_.gather_sequence(a_.final_norm) : a_.final_norm;
-  const Tensor& dnormed = sp ? a_.partial : a_.dnorm;
+  return {sp ? tp_.gather_sequence(a_.final_norm) : a_.final_norm, sp ? a_.partial : a_.dnorm};
+}
+
+void DecoderModel::head_end(int chunk, bool with_grad) {
+  if (with_grad) {
+    tp_.reduce_to_sequence(a_.dnorm, runtime_.sequence_parallel ? a_.partial : a_.dnorm);
+    backend_.fill(a_.dresid[chunk], 0.0f);
+    backend_.rmsnorm_backward(a_.dresid[chunk], grad(layout_.final_norm), a_.dnorm,
+                              a_.resid[chunk].back(), param(layout_.final_norm), a_.final_rstd);
+  }
+  tail_params_done();
+  if (with_grad) grads_ready(layout_.tail_unit());
+}
+
+// Final norm, output head and cross-entropy, chunked over tokens so that only
+// chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
+// logits and is consumed at once: the head's backward runs inside the forward pass. Without,
+// keep_logit_grads writes them at unit scale into the slot's logit_grads instead.
+void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
+  ScopedRange r(backend_, "output_head");
+  const HeadRows head = head_begin(chunk, with_grad);
+  const bool keep = !with_grad && runtime_.keep_logit_grads;
+  const int64_t N = runtime_.tokens();
   const int64_t rows = a_.logits.dim(0);
   for (int64_t c = 0; c < N; c += rows) {
     const int64_t n = std::min(rows, N - c);
     const Tensor logits = a_.logits.rows(0, n);
-    const Tensor xn = normed.rows(c, c + n);
+    const Tensor xn = head.normed.rows(c, c + n);
     const Tensor targets = a_.targets.rows(c, c + n);
+    const Tensor dlogits = with_grad ? logits : keep ? a_.logit_grads.rows(c, c + n) : Tensor{};
+    const float scale = keep ? 1.0f : grad_scale;
     gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
     if (spec_.logit_softcap > 0) {
-      // The loss reads the capped logits; their gradient overwrites the raw ones, then goes
-      // back through the cap in place.
+      // The loss reads the capped logits; their gradient goes back through the cap in place.
       const Tensor capped = a_.capped.rows(0, n);
       const float cap = static_cast<float>(spec_.logit_softcap);
       backend_.softcap(capped, logits, cap);
-      cross_entropy_->forward(a_.losses.rows(c, c + n), capped, targets,
-                              with_grad ? logits : Tensor{}, grad_scale);
-      if (with_grad) backend_.softcap_backward(logits, logits, capped, cap);
+      cross_entropy_->forward(a_.losses.rows(c, c + n), capped, targets, dlogits, scale);
+      if (dlogits.defined()) backend_.softcap_backward(dlogits, dlogits, capped, cap);
     } else {
-      cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets,
-                              with_grad ? logits : Tensor{}, grad_scale);
+      cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets, dlogits, scale);
     }
-    if (with_grad) gemms_.backward(dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+    if (with_grad) gemms_.backward(head.dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
   }
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
-  if (with_grad) {
-    tp_.reduce_to_sequence(a_.dnorm, dnormed);
-    backend_.fill(a_.dresid[chunk], 0.0f);
-    backend_.rmsnorm_backward(a_.dresid[chunk], grad(layout_.final_norm), a_.dnorm, x,
-                              param(layout_.final_norm), a_.final_rstd);
+  head_end(chunk, with_grad);
+}
+
+void DecoderModel::head_backward_kept(float grad_scale) {
+  ScopedRange r(backend_, "output_head");
+  const HeadRows head = head_begin(0, true);
+  backend_.scale(a_.logit_grads, a_.logit_grads, grad_scale);
+  const int64_t N = runtime_.tokens();
+  const int64_t rows = a_.logits.dim(0);
+  for (int64_t c = 0; c < N; c += rows) {
+    const int64_t end = std::min(N, c + rows);
+    gemms_.backward(head.dnormed.rows(c, end), a_.logit_grads.rows(c, end), head.normed.rows(c, end),
+                    layout_.lm_head, -1);
   }
-  tail_params_done();
-  if (with_grad) grads_ready(tail);
+  head_end(0, true);
 }
 
 // Units are read in forward order, each followed by the next within the chunk (the last
@@ -742,7 +764,11 @@ void DecoderModel::loss_backward(float grad_scale) {
   TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
            "loss_backward on a pipeline stage: its schedule runs the chunks' passes");
   grad_scale_ = grad_scale;
-  head_forward(0, true, grad_scale);
+  if (runtime_.keep_logit_grads) {
+    head_backward_kept(grad_scale);
+  } else {
+    head_forward(0, true, grad_scale);
+  }
   backward_chunk(0);
 }
 

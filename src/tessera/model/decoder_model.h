@@ -87,6 +87,7 @@ class DecoderModel final : public Model, private LayerOps {
     // Per chunk: d(residual state) (Ns, C) as its backward goes, from d(output) to d(input).
     std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
+    Tensor logit_grads;  // keep_logit_grads: (tokens, vocab) d(loss)/d(logits) at unit scale
     Tensor dnorm;  // d(a norm's output), (Ns, C)
     Tensor tokens, targets;
     Tensor document_starts;  // (N) int32 with reset_attention_mask
@@ -138,6 +139,18 @@ class DecoderModel final : public Model, private LayerOps {
   void embed(const Tensor& x);
   void forward_layers(int chunk);
   void head_forward(int chunk, bool with_grad, float grad_scale);
+  // The output head's backward from the kept logits' gradients, scaled.
+  void head_backward_kept(float grad_scale);
+  // What the head's passes share: its parameters (and with gradients, its gradients and the
+  // next layer's parameters) requested and the final norm computed; then, after them, the
+  // norm's backward into the chunk's residual gradient and the units released. `normed` and
+  // `dnormed`: the head's input rows and their gradient (every rank's sequence under
+  // sequence parallelism).
+  struct HeadRows {
+    Tensor normed, dnormed;
+  };
+  HeadRows head_begin(int chunk, bool with_grad);
+  void head_end(int chunk, bool with_grad);
   bool holds_embedding(int chunk) const { return chunk == 0 && parts_.embedding; }
   bool holds_head(int chunk) const { return chunk == chunks() - 1 && parts_.head; }
   // The parameter unit of the rank's layer `layer` (an index into layers_).

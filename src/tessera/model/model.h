@@ -78,8 +78,13 @@ struct ModelRuntime {
   // layer order; the chunk starting at layer 0 also holds the embedding, the one ending at the
   // last layer the final norm and output head. Empty: every layer, in one chunk.
   std::vector<LayerRange> pipeline_chunks;
-  // Micro-batches whose activations the rank holds at once (a pipeline stage's in-flight ones).
+  // Micro-batches whose activations the rank holds at once (a pipeline stage's in-flight ones,
+  // or DPO's two answers).
   int pipeline_slots = 1;
+  // forward_loss keeps every position's d(loss)/d(logits) at unit scale (stored per slot),
+  // so that loss_backward scales them instead of running the output head's forward again
+  // (DPO: one tokens x vocabulary tensor per answer).
+  bool keep_logit_grads = false;
   Fp8Options fp8;  // FP8 linear layers (off by default)
   // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).
   bool moe_force_balance = false;
@@ -196,8 +201,9 @@ class Model {
   virtual void forward_loss() = 0;
   // The backward of the current slot's last forward_loss, with d(loss)/d(logits) scaled by
   // grad_scale: for a scale that depends on the loss itself (DPO's pull on each answer). The
-  // layers' stored activations are reused; the loss head runs again (its logits are not kept),
-  // adding its losses to loss_sum() once more.
+  // layers' stored activations are reused; the logits' gradients too with
+  // runtime().keep_logit_grads, else the loss head runs again, adding its losses to loss_sum()
+  // once more.
   virtual void loss_backward(float grad_scale) = 0;
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;

@@ -129,7 +129,12 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   }
   // DPO keeps both answers of a pair (chosen in slot 0, rejected in slot 1) from their forward
   // passes to their backward passes, which the loss on both must come between.
-  if (t.objective == Objective::Dpo) rt.pipeline_slots = std::max(rt.pipeline_slots, 2);
+  // The loss's gradient at each position is kept from the forward too (a tokens x vocabulary
+  // tensor per answer), so that the backward does not run the output head's forward again.
+  if (t.objective == Objective::Dpo) {
+    rt.pipeline_slots = std::max(rt.pipeline_slots, 2);
+    rt.keep_logit_grads = true;
+  }
   // Context-parallel ranks reduce their gradients with the data-parallel ones (Megatron's
   // dp-cp group), so the buffers split over both.
   if (dp * cp > 1) {
