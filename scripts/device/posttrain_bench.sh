@@ -16,6 +16,8 @@
 #                --compile at the same size (--seq 8192: two sequences of 4096)
 #     dpo_full   the full Llama 3.1 8B: DPO on those pairs and packed SFT at seq 4096
 #                (bench model --full), DPO's tokens/s against SFT's
+#     dpo_copy   DPO of the proxy and of the full model with a frozen copy of the reference
+#                on the device (dpo_precompute_ref_log_probs false): its cost in time and memory
 #     lora       the full Llama 3.1 8B at seq 4096, global batch 1, selective recompute and
 #                bf16 optimizer state: LoRA rank 16 on every projection, the full fine-tune at
 #                the same settings, and the peer's --task lora (peft r16, same projections)
@@ -37,7 +39,7 @@ if want sft || want full; then
 fi
 DPO_DATA=(--objective dpo --mock_data false --data_path "$work/pairs_preference_document" --tokenizer_type HuggingFaceTokenizer
           --tokenizer_model llama3.1 --seq_length 4096 --micro_batch_size 1)
-if want dpo || want dpo_full; then
+if want dpo || want dpo_full || want dpo_copy; then
   python3 "$ROOT/scripts/data/brown_chats.py" "$work/pairs.jsonl" --preference --conversations 200 \
     --answer-tokens 2900
   "$BIN/tessera" preprocess --preference --input "$work/pairs.jsonl" --output-prefix "$work/pairs" \
@@ -78,6 +80,13 @@ if want dpo_full; then
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${DPO_DATA[@]}" -o "$OUT/full_dpo" 2>&1 | tail -4
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${SFT_DATA[@]}" --seq_length 4096 \
     --data_path "$work/chats4k_chat_document" -o "$OUT/full_sft4k" 2>&1 | tail -5
+fi
+if want dpo_copy; then
+  echo "== DPO with a frozen reference copy: proxy, then the full model"
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${DPO_DATA[@]}" --dpo_precompute_ref_log_probs false \
+    -o "$OUT/proxy_dpo_copy" 2>&1 | tail -3
+  timeout 300 "$BIN/tessera" bench model --full --models llama3.1_8B "${DPO_DATA[@]}" --dpo_precompute_ref_log_probs false \
+    -o "$OUT/full_dpo_copy" 2>&1 | tail -4
 fi
 if want lora; then
   echo "== LoRA on the full model against the full fine-tune and peft"

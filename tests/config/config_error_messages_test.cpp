@@ -132,7 +132,11 @@ TEST_F(ConfigErrorMessage, LoraAndDpoKeysThatCannotRunAreNamed) {
       {"--pretrained_checkpoint base", "expected unset without lora_rank"},
       {"--lora_rank 8 --fp8 hybrid", "key 'fp8' has value 'hybrid': expected null with lora_rank"},
       {"--lora_rank 8 --use_torch_fsdp2 true", "key 'use_torch_fsdp2' has value 'true': expected off with lora_rank"},
-      {"--objective dpo --dpo_rpo_alpha -1", "key 'dpo_rpo_alpha' has value '-1"}};
+      {"--objective dpo --dpo_rpo_alpha -1", "key 'dpo_rpo_alpha' has value '-1"},
+      {"--objective dpo --lora_rank 8 --dpo_precompute_ref_log_probs false",
+       "key 'dpo_precompute_ref_log_probs' has value 'false': expected true with lora_rank"},
+      {"--objective dpo --dpo_reference_free --dpo_precompute_ref_log_probs false",
+       "key 'dpo_precompute_ref_log_probs' has value 'false': expected true with dpo_reference_free"}};
   for (const auto& [args, message] : cases) {
     const std::string out = train_error(tiny + args);
     EXPECT_TRUE(contains(out, message)) << args << "\n" << out;

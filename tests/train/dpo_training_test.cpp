@@ -178,9 +178,18 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
                     " --dpo_reference_logps " + (dir / (std::string(name) + ".logps")).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
+  // A frozen copy of the reference on the device (one rank, and ZeRO-1's shards of it) gives
+  // the precomputed log-probabilities' losses.
+  for (const auto& [name, keys] : {std::pair{"fresh_copy", ""},
+                                   std::pair{"fresh_copy_zero1", "--nproc_per_node 2 --use_distributed_optimizer true"}}) {
+    r = run_tessera(fresh + " --make_vocab_size_divisible_by 256 --dpo_precompute_ref_log_probs false --exp_name " +
+                    name + " " + keys);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("dpo: a frozen copy of the reference"), std::string::npos) << r.output;
+  }
   const std::vector<double> fresh_one = losses("fresh_one");
   ASSERT_EQ(fresh_one.size(), 3u);
-  for (const char* name : {"fresh_zero1", "fresh_fsdp", "fresh_tp2"}) {
+  for (const char* name : {"fresh_zero1", "fresh_fsdp", "fresh_tp2", "fresh_copy", "fresh_copy_zero1"}) {
     const std::vector<double> other = losses(name);
     ASSERT_EQ(other.size(), 3u) << name;
     for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(other[i], fresh_one[i], 1e-5 * fresh_one[i]) << name << " iteration " << i + 1;

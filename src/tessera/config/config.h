@@ -144,6 +144,9 @@ struct TrainingConfig {
   // The file of the reference's log-probabilities (train/dpo_reference.h); empty: beside the
   // dataset, named after the reference and seq_length.
   std::string dpo_reference_logps;
+  // TRL's precompute_ref_log_probs: true, the log-probabilities above; false, a frozen copy
+  // of the reference weights on the device, run before each step.
+  bool dpo_precompute_ref_log_probs = true;
   // LoRA (model/lora_model.h): adapters of this rank on lora_target_modules, the rest frozen;
   // 0: the whole model trains.
   int64_t lora_rank = 0;

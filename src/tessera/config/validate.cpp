@@ -775,6 +775,13 @@ void check_dpo(const Checker& c, const Experiment& e) {
   c.require(t.dpo_label_smoothing >= 0 && t.dpo_label_smoothing < 0.5, "dpo_label_smoothing",
             "a share in [0, 0.5)");
   c.require(t.dpo_rpo_alpha >= 0, "dpo_rpo_alpha", "0 (off) or a positive weight");
+  if (!t.dpo_precompute_ref_log_probs) {
+    c.require(!t.dpo_reference_free, "dpo_precompute_ref_log_probs",
+              "true with dpo_reference_free (a run without a reference holds no copy of it)");
+    c.require(t.lora_rank == 0, "dpo_precompute_ref_log_probs",
+              "true with lora_rank: the LoRA reference is the frozen base with the adapters at "
+              "zero, whose log-probabilities are computed once");
+  }
   c.require(t.micro_batch_size == 1, "micro_batch_size",
             "1 with objective dpo: each side of a pair runs as its own sequence");
   c.require(t.pipeline_model_parallel_size == 1 && t.context_parallel_size == 1,

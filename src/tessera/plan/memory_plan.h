@@ -42,12 +42,14 @@ struct MemoryPlan {
   size_t backend_buffers = 0;  // the GPU backend's workspace and scratch; 0 on the CPU backend
   size_t run_buffers = 0;      // the trainer's scalars, data parallelism's barrier flag and the
                                // MoE layers' statistics and expert bias
+  size_t reference = 0;        // DPO's frozen reference weights: the optimizer's shard, compute dtype
   size_t context = 0;          // kContextBytes on GPUs, 0 on the CPU backend
   int64_t optimizer_elements = 0;  // parameters this GPU's optimizer updates (its largest shard)
 
   // What the backend's memory_stats().peak_bytes reports after a training step.
   size_t allocated() const {
-    return weights + gradients + optimizer + activations + fp8 + backend_buffers + run_buffers;
+    return weights + gradients + optimizer + activations + fp8 + backend_buffers + run_buffers +
+           reference;
   }
   size_t total() const { return allocated() + context; }
 };
@@ -65,6 +67,7 @@ struct PlanInput {
   bool gpu = true;  // add the GPU backend's buffers and context allowance
   // LoRA: the optimizer and gradients cover the adapters; the base is frozen (LoraModel).
   std::optional<LoraOptions> lora;
+  bool dpo_reference_copy = false;  // RunSetup's
 };
 
 MemoryPlan plan_memory(const PlanInput& in);

@@ -227,6 +227,12 @@ struct Trainer::DpoState {
   std::string reference_weights, reference_digest;
   std::optional<DpoReferenceLogps> reference;  // once prepared; none when reference-free
   bool prepared = false;
+  // dpo_precompute_ref_log_probs false: the reference weights, piece by piece as the optimizer
+  // owns the policy's; `saved` keeps the policy's where the optimizer has no other copy of them
+  // (fp32 or bf16 main parameters); and the copy's log-probabilities of the pairs read next.
+  DeviceBuffer frozen_buffer;
+  std::vector<Tensor> frozen, saved;
+  std::map<uint64_t, std::array<double, 2>> copy_logps;  // by dataset pair
   Tensor stats;  // (6) fp32 in the trainer's scalars: a batch's pair statistics, summed over the data-parallel ranks
 };
 
@@ -705,6 +711,10 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
 // recorded.
 void Trainer::identify_dpo_reference() {
   if (!dpo_->reference_digest.empty() || dpo_->options.reference_free) return;
+  if (setup_.dpo_reference_copy) {  // its log-probabilities are not kept: nothing to key
+    dpo_->reference_weights = initial_weights_;
+    return;
+  }
   if (completed_iterations_ > 0)
     throw DataError(fmt::format(
         "{}: records no DPO reference (written before DPO runs recorded theirs); a resumed run "
@@ -730,6 +740,10 @@ void Trainer::prepare_dpo_reference() {
   dpo_->prepared = true;
   if (dpo_->options.reference_free) {
     log_.info("dpo: reference-free (dpo_reference_free): no reference log-probabilities");
+    return;
+  }
+  if (setup_.dpo_reference_copy) {
+    keep_dpo_reference_copy();
     return;
   }
   const auto start = Clock::now();
@@ -809,7 +823,70 @@ void Trainer::prepare_dpo_reference() {
             pairs.size() - missing.size(), path);
 }
 
+// The frozen copy: the starting weights as the optimizer owns the policy's (what it would
+// restore them from, where it keeps no other copy, beside them).
+void Trainer::keep_dpo_reference_copy() {
+  if (completed_iterations_ > 0)
+    throw ConfigError(origin_of(exp_, "dpo_precompute_ref_log_probs"), "dpo_precompute_ref_log_probs",
+                      "false", "true to resume a DPO run: a frozen reference copy is not in its "
+                      "checkpoints, while precomputed log-probabilities are kept beside the dataset");
+  const std::vector<OwnedParams> shards = policy_weights();
+  const bool restorable = !restores_from_copy();
+  size_t bytes = 0;
+  for (const OwnedParams& o : shards) bytes += o.params.nbytes();
+  dpo_->frozen_buffer = DeviceBuffer(*backend_, bytes * (restorable ? 1 : 2), "dpo reference weights");
+  size_t at = 0;
+  for (const OwnedParams& o : shards) {
+    dpo_->frozen.push_back(dpo_->frozen_buffer.tensor(o.params.dtype, o.params.shape, at));
+    backend_->copy(dpo_->frozen.back(), o.params);
+    if (!restorable) dpo_->saved.push_back(dpo_->frozen_buffer.tensor(o.params.dtype, o.params.shape, bytes + at));
+    at += o.params.nbytes();
+  }
+  log_.info("dpo: a frozen copy of the reference ({}) on the device, {:.3f} GiB: the reference's "
+            "log-probabilities are computed before each step",
+            dpo_->reference_weights, static_cast<double>(bytes * (restorable ? 1 : 2)) / kGiB);
+}
+
+// The policy's compute-dtype weights as the optimizer updates them: its shards, or all of them.
+std::vector<OwnedParams> Trainer::policy_weights() const {
+  std::vector<OwnedParams> shards = parallel_->optimizer_shards();
+  if (shards.empty()) shards = {{{0, model_->layout().total}, model_->params(), model_->grads()}};
+  return shards;
+}
+
+// Whether the policy's compute weights are the optimizer's only copy of them (fp32 weights,
+// or bf16 main parameters), so that the reference can take their place only beside a copy.
+bool Trainer::restores_from_copy() const {
+  return optimizer_->params_are_master() || setup_.runtime.compute_dtype == DType::F32;
+}
+
+// The frozen reference weights in the policy's place, and back.
+void Trainer::use_reference_weights(bool reference) {
+  const std::vector<OwnedParams> shards = policy_weights();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (reference && !dpo_->saved.empty()) backend_->copy(dpo_->saved[i], shards[i].params);
+    if (reference) backend_->copy(shards[i].params, dpo_->frozen[i]);
+    if (!reference && !dpo_->saved.empty()) backend_->copy(shards[i].params, dpo_->saved[i]);
+  }
+  if (!reference && dpo_->saved.empty()) {
+    optimizer_->sync_params_from_master();
+  } else {
+    model_->params_updated();
+  }
+  parallel_->params_updated();  // ZeRO-1 gathers them, FSDP drops its gathered units
+}
+
+// The frozen copy's log-probabilities of the pairs `indices` of `pairs` (this rank's next).
+void Trainer::reference_copy_logps(const PreferenceSource& pairs, const std::vector<uint64_t>& indices) {
+  const profiler::PhaseSpan span(profiler_.get(), "dpo_reference");
+  use_reference_weights(true);
+  dpo_->copy_logps.clear();
+  for (uint64_t i : indices) dpo_->copy_logps[pairs.pair(i)] = {answer_logp(pairs, i, 0), answer_logp(pairs, i, 1)};
+  use_reference_weights(false);
+}
+
 std::array<double, 2> Trainer::reference_logps(const PreferenceSource& pairs, uint64_t index) const {
+  if (setup_.dpo_reference_copy) return dpo_->copy_logps.at(pairs.pair(index));
   return dpo_->reference ? dpo_->reference->at(pairs.pair(index)) : std::array<double, 2>{0, 0};
 }
 
@@ -851,6 +928,11 @@ DpoBatchStats Trainer::dpo_gradients() {
   prepare_dpo_reference();
   std::array<double, 6> sums{};
   const PreferenceSource& train = *dpo_->pairs.train;
+  if (setup_.dpo_reference_copy) {
+    std::vector<uint64_t> mine;
+    for (int64_t m = 0; m < per_rank; ++m) mine.push_back(consumed_samples_ + static_cast<uint64_t>(m * dp + rank));
+    reference_copy_logps(train, mine);
+  }
   parallel_->run_micro_batches(
       per_rank, 1.0f, [](int64_t) {},
       [&](int64_t m) {
@@ -873,8 +955,11 @@ double Trainer::evaluate_dpo() {
       dpo_->pairs.valid->pairs(),
       static_cast<uint64_t>(exp_.data.eval_iters * exp_.training.global_batch_size)));
   // Pair i on data-parallel rank i mod dp.
+  std::vector<uint64_t> mine;
   for (int64_t i = parallel_->data_parallel_rank(); i < pairs; i += parallel_->data_parallel_size())
-    score_pair(*dpo_->pairs.valid, static_cast<uint64_t>(i), &sums);
+    mine.push_back(static_cast<uint64_t>(i));
+  if (setup_.dpo_reference_copy) reference_copy_logps(*dpo_->pairs.valid, mine);
+  for (uint64_t i : mine) score_pair(*dpo_->pairs.valid, i, &sums);
   const DpoBatchStats s = dpo_means(sums, pairs);
   log_.info("dpo validation: loss {:.6f} | rewards/accuracies {:.4f} | rewards/margins {:.4f} | "
             "rewards/chosen {:.4f} | rewards/rejected {:.4f} ({} pairs)",

@@ -157,6 +157,11 @@ class Trainer {
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
   void identify_dpo_reference();
   void prepare_dpo_reference();
+  void keep_dpo_reference_copy();
+  std::vector<OwnedParams> policy_weights() const;
+  bool restores_from_copy() const;
+  void use_reference_weights(bool reference);
+  void reference_copy_logps(const PreferenceSource& pairs, const std::vector<uint64_t>& indices);
   std::array<double, 2> reference_logps(const PreferenceSource& pairs, uint64_t index) const;
   DpoPair score_pair(const PreferenceSource& pairs, uint64_t index, std::array<double, 6>* sums);
   DpoBatchStats dpo_gradients();
