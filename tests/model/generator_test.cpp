@@ -158,7 +158,7 @@ TEST(Generator, RefusesPositionsBeyondItsRoom) {
   EXPECT_THROW(gen.prefill({1, 200}), DataError);  // outside the vocabulary
 }
 
-TEST(Sampler, GreedyTopKTopPAndTemperatureFollowTheirDefinitions) {
+TEST(Sampler, GreedyTopKTopPMinPAndTemperatureFollowTheirDefinitions) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 50.0f};  // id 5: padding
   EXPECT_EQ(Sampler({}).next(logits, 5), 1) << "greedy: the first of equal maxima";
   SamplingOptions top1;
@@ -185,6 +185,15 @@ TEST(Sampler, GreedyTopKTopPAndTemperatureFollowTheirDefinitions) {
     const double sd = std::sqrt(kDraws * p * (1 - p));
     EXPECT_NEAR(counts[id], kDraws * p, 5 * sd) << "id " << id;
   }
+  // Min-p 0.5 at temperature 1: ids 1 and 3 (e^3 each) stay, id 2 (e^2 < 0.5 e^3) goes.
+  SamplingOptions min_p;
+  min_p.temperature = 1.0, min_p.min_p = 0.5, min_p.seed = 5;
+  Sampler ms(min_p);
+  std::map<int32_t, int> kept;
+  for (int i = 0; i < 2000; ++i) ++kept[ms.next(logits, 5)];
+  EXPECT_EQ(kept.size(), 2u);
+  EXPECT_GT(kept[1], 0);
+  EXPECT_GT(kept[3], 0);
   // At temperature 1 ids 1 and 3 have probability 0.40 each: top_p 0.6 keeps both, nothing else.
   SamplingOptions nucleus;
   nucleus.temperature = 1.0, nucleus.top_p = 0.6, nucleus.seed = 3;

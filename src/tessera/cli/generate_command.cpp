@@ -35,6 +35,7 @@ void print_generate_help() {
       "usage: tessera generate --from CHECKPOINT_OR_HF_DIR (--prompt TEXT | --prompt_ids IDS)\n"
       "                        (--load DIR: Megatron's name of --from)\n"
       "                        [--max_new_tokens 64] [--temperature 0] [--top_k 0] [--top_p 1]\n"
+      "                        [--min_p 0]\n"
       "                        [--seed 1] [--device auto|cpu|cuda] [--precision auto|fp32|bf16]\n"
       "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n"
       "                        [--chat [--system TEXT]]\n\n"
@@ -146,7 +147,7 @@ int generate_command(const Args& args) {
   const bench::CommandArgs a(
       args,
       {"from", "load", "prompt", "prompt_ids", "max_new_tokens", "temperature", "top_k", "top_p",
-       "seed", "device", "precision", "tokenizer", "system"},
+       "min_p", "seed", "device", "precision", "tokenizer", "system"},
       {"ignore_eos", "chat"}, false);
   if (a.has("from") && a.has("load"))
     throw ConfigError("command line", "load", a.get("load", ""),
@@ -165,6 +166,7 @@ int generate_command(const Args& args) {
   so.temperature = parse_number(a, "temperature", 0.0, 0.0, 100.0);
   so.top_k = a.get_int("top_k", 0, 0);
   so.top_p = parse_number(a, "top_p", 1.0, 1e-6, 1.0);
+  so.min_p = parse_number(a, "min_p", 0.0, 0.0, 1.0);
   so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0));
   const int64_t max_new = a.get_int("max_new_tokens", 64, 1);
   const std::string device = a.get("device", "auto"), precision = a.get("precision", "auto");

@@ -38,6 +38,9 @@ int32_t Sampler::next(const std::vector<float>& logits, int64_t vocab) {
       if (mass >= o_.top_p) break;
     }
   }
+  // Min-p: what is left at least min_p times as likely as the top token (p[0], the largest).
+  if (o_.min_p > 0)
+    while (n > 1 && p[n - 1] < o_.min_p * p[0]) --n;
   std::discrete_distribution<size_t> pick(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(n));
   return ids[pick(rng_)];
 }

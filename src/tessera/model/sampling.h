@@ -1,8 +1,9 @@
 #pragma once
 // Picking the next token from a model's logits: greedy (temperature 0), or sampling from the
 // softmax at a temperature, restricted to the top_k most likely tokens and then to the
-// smallest set whose probability reaches top_p (nucleus sampling), as transformers'
-// generate() applies them (temperature, then top-k, then top-p).
+// smallest set whose probability reaches top_p (nucleus sampling), then to the tokens at least
+// min_p times as likely as the most likely one (min-p sampling), as transformers' generate()
+// applies them (temperature, then top-k, top-p, min-p).
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -13,6 +14,7 @@ struct SamplingOptions {
   double temperature = 0;  // 0: greedy
   int64_t top_k = 0;       // 0: every token
   double top_p = 1.0;      // 1: every token
+  double min_p = 0.0;      // 0: every token
   uint64_t seed = 1;
 };
 
