@@ -18,13 +18,19 @@ struct ModelStep {
   std::vector<float> grads, moe_stats;  // moe_stats empty for a dense model
 };
 
+// The seeded initialisation every model test starts from (fp32 weights).
+inline void init_test_model(Backend& backend, const ModelSpec& spec, DecoderModel& model) {
+  const int64_t P = model.layout().total;
+  DeviceBuffer master(backend, P * sizeof(float), "master");
+  init_parameters(backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
+  backend.copy(model.params(), master.tensor(DType::F32, {P}));
+}
+
 inline ModelStep one_model_step(const ModelSpec& spec, const ModelRuntime& rt) {
   auto backend = make_cpu_backend();
   DecoderModel model(*backend, spec, rt);
   const int64_t P = model.layout().total;
-  DeviceBuffer master(*backend, P * sizeof(float), "master");
-  init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
-  backend->copy(model.params(), master.tensor(DType::F32, {P}));
+  init_test_model(*backend, spec, model);
   const int64_t N = rt.micro_batch * rt.seq_length;
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/model_step.h"
 #include "model/tiny_decoder.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
@@ -31,9 +32,7 @@ Result run(const ModelSpec& spec, ModelRuntime rt,
            const std::function<bool(int64_t)>& ignored = [](int64_t i) { return i % 5 == 0; }) {
   auto backend = make_cpu_backend();
   DecoderModel model(*backend, spec, rt);
-  DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
-  init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {model.layout().total}), 7);
-  backend->copy(model.params(), master.tensor(DType::F32, {model.layout().total}));
+  testing::init_test_model(*backend, spec, model);
   const int64_t N = rt.micro_batch * rt.seq_length;
   std::vector<int32_t> tokens(N), targets(N);
   for (int64_t i = 0; i < N; ++i) {
@@ -139,9 +138,7 @@ TEST(Model, LossBackwardOfKeptSlotsEqualsForwardBackward) {
     auto backend = make_cpu_backend();
     DecoderModel model(*backend, spec, rt);
     const int64_t P = model.layout().total;
-    DeviceBuffer master(*backend, P * sizeof(float), "master");
-    init_parameters(*backend, spec, model.layout(), master.tensor(DType::F32, {P}), 7);
-    backend->copy(model.params(), master.tensor(DType::F32, {P}));
+    testing::init_test_model(*backend, spec, model);
     const int64_t N = rt.micro_batch * rt.seq_length;
     std::vector<int32_t> tokens[2], targets[2];
     for (int b = 0; b < 2; ++b)
