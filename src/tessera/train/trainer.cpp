@@ -771,6 +771,21 @@ void Trainer::prepare_dpo_reference() {
     pairs.insert(source->pair(index));
     if (!store.has(source->pair(index))) missing.emplace(source->pair(index), std::pair{source, index});
   }
+  // Every rank must find the same file: ranks on nodes that see different copies of it would
+  // otherwise exchange different amounts below.
+  {
+    const float mine = static_cast<float>(missing.size());
+    const Tensor count = dpo_->stats.flat_range(0, 1);
+    backend_->upload(count, &mine);
+    parallel_->sum(count);
+    float all = 0;
+    backend_->download(&all, count);
+    if (all != mine * static_cast<float>(parallel_->data_parallel_size()))
+      throw DataError(fmt::format("{}: this rank lacks {} of the pairs the run reads, the data-parallel "
+                                  "ranks {} together: every rank must see the same file (a shared "
+                                  "file system, or dpo_reference_logps naming one)",
+                                  path, missing.size(), all));
+  }
   if (!missing.empty()) {
     if (completed_iterations_ > 0)
       throw DataError(fmt::format(
