@@ -654,7 +654,16 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
 void DecoderModel::head_backward_kept(float grad_scale) {
   ScopedRange r(backend_, "output_head");
   const HeadRows head = head_begin(0, true);
-  backend_.scale(a_.logit_grads, a_.logit_grads, grad_scale);
+  // Both of the head's backward products are linear in the kept gradients G, so the scale s
+  // goes on the head's input, d(weight) = G^T (s x), and on the input gradient it returns,
+  // s (G W): tokens x hidden values rather than tokens x vocabulary. An FP8 head's input
+  // keeps its amax history unscaled: there the gradients take the scale.
+  const bool fp8_head = runtime_.fp8.enabled() && runtime_.fp8.lm_head;
+  if (fp8_head) {
+    backend_.scale(a_.logit_grads, a_.logit_grads, grad_scale);
+  } else {
+    backend_.scale(head.normed, head.normed, grad_scale);
+  }
   const int64_t N = runtime_.tokens();
   const int64_t rows = a_.logits.dim(0);
   for (int64_t c = 0; c < N; c += rows) {
@@ -662,6 +671,7 @@ void DecoderModel::head_backward_kept(float grad_scale) {
     gemms_.backward(head.dnormed.rows(c, end), a_.logit_grads.rows(c, end), head.normed.rows(c, end),
                     layout_.lm_head, -1);
   }
+  if (!fp8_head) backend_.scale(head.dnormed, head.dnormed, grad_scale);
   head_end(0, true);
 }
 
