@@ -489,15 +489,17 @@ void DecoderModel::set_document_positions(const int32_t* positions) {
     for (int64_t i = 0; i < N; ++i) host_ids_[i] = static_cast<int32_t>(i % T) - positions[i];
     backend_.upload(a_.document_starts, host_ids_.data());
     document_positions_.assign(positions, positions + N);
+    document_pairs_.clear();
   }
 }
 
 // The pairs the batch's documents leave visible to attention of `window` (0: none).
 double DecoderModel::document_pairs(int64_t window) const {
-  double pairs = 0;
-  for (const int32_t p : document_positions_)
-    pairs += static_cast<double>(window > 0 ? std::min<int64_t>(p + 1, window) : p + 1);
-  return pairs;
+  const auto [at, added] = document_pairs_.try_emplace(window, 0.0);
+  if (added)
+    for (const int32_t p : document_positions_)
+      at->second += static_cast<double>(window > 0 ? std::min<int64_t>(p + 1, window) : p + 1);
+  return at->second;
 }
 
 void DecoderModel::set_context_parallel_group(ParallelGroup* group) {

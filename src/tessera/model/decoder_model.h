@@ -8,6 +8,7 @@
 // layers it runs its linears, embedding, cross-entropy and attention through
 // (model/parallel_layers.h) do the collectives their split needs.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -187,8 +188,11 @@ class DecoderModel final : public Model, private LayerOps {
   // set_batch copies to every token's row of the model's table.
   std::vector<std::pair<double, std::vector<float>>> position_tables_;
   std::vector<int32_t> host_ids_;           // this rank's tokens of a micro-batch, on the host
-  // Packed documents: each token's position in its document (what its attention sees).
+  // Packed documents: each token's position in its document (what its attention sees), and
+  // the visible pairs by attention window, counted once per batch (every layer's forward and
+  // backward asks).
   std::vector<int32_t> document_positions_;
+  mutable std::map<int64_t, double> document_pairs_;
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress

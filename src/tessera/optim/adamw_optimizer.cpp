@@ -27,14 +27,12 @@ std::vector<ParamSegment> clip_segments(const std::vector<ParamSegment>& segment
   return out;
 }
 
-// Whether an fp32 master copy is allocated: not when the parameters are the master (bf16
-// main parameters) or already are fp32 master weights of the whole layout.
-bool separate_master(DType compute, const OptimizerDtypes& d, bool sharded) {
+}  // namespace
+
+bool AdamWOptimizer::keeps_master_copy(DType compute, const OptimizerDtypes& d, bool sharded) {
   if (d.main_params != DType::F32) return false;
   return compute != DType::F32 || sharded;
 }
-
-}  // namespace
 
 std::vector<std::vector<ParamSegment>> AdamWOptimizer::step_segments(
     const ParamLayout& layout, const std::vector<ParamRange>& owned) {
@@ -74,7 +72,7 @@ AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
              dtype_name(dtypes_.main_params), dtype_name(dtypes_.main_params), dtype_name(compute));
     params_are_master_ = true;
     if (!sharded_) master_ = model.params();
-  } else if (!separate_master(compute, dtypes_, sharded_)) {
+  } else if (!keeps_master_copy(compute, dtypes_, sharded_)) {
     master_ = model.params();
   } else {
     master_buffer_ = DeviceBuffer(b, held * sizeof(float), "fp32 master weights");
@@ -92,7 +90,7 @@ AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
 size_t AdamWOptimizer::state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,
                                    bool sharded) {
   const auto p = static_cast<size_t>(params);
-  const size_t master = separate_master(compute, dtypes, sharded) ? p * sizeof(float) : 0;
+  const size_t master = keeps_master_copy(compute, dtypes, sharded) ? p * sizeof(float) : 0;
   return master + aligned(p * dtype_size(dtypes.exp_avg)) + p * dtype_size(dtypes.exp_avg_sq);
 }
 

@@ -43,8 +43,16 @@ class AdamWOptimizer {
   static std::vector<std::vector<ParamSegment>> step_segments(const ParamLayout& layout,
                                                               const std::vector<ParamRange>& owned);
 
+  // Whether fp32 master weights are allocated apart from the compute-dtype parameters: not
+  // when the parameters are the master (bf16 main parameters) or already are fp32 master
+  // weights of the whole layout (fp32 parameters of an unsharded run).
+  static bool keeps_master_copy(DType compute, const OptimizerDtypes& dtypes, bool sharded);
+  bool keeps_master_copy() const { return keeps_master_copy(model_.runtime().compute_dtype, dtypes_, sharded_); }
+
   bool sharded() const { return sharded_; }
   std::vector<ParamRange> owned() const;
+  // The compute-dtype parameters it updates, by owned range (unsharded: all of them).
+  const std::vector<OwnedParams>& owned_params() const { return owned_; }
   const OptimizerDtypes& dtypes() const { return dtypes_; }
   // bf16 main parameters: no master copy; master_slices() are the parameters.
   bool params_are_master() const { return params_are_master_; }

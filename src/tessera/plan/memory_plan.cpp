@@ -111,11 +111,11 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   const bool sharded = in.sharding != StateSharding::None;
   p.optimizer = AdamWOptimizer::state_bytes(p.optimizer_elements, dt, od, sharded);
-  // The frozen reference weights, and where the policy's weights are the optimizer's only copy
-  // (fp32 weights, bf16 main parameters), theirs beside them while the reference runs.
+  // The frozen reference weights, and where the optimizer keeps no master copy to restore the
+  // policy's from, theirs beside them while the reference runs.
   if (in.dpo_reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
-                  (dt == DType::F32 || od.main_params == DType::BF16 ? 2 : 1);
+                  (AdamWOptimizer::keeps_master_copy(dt, od, sharded) ? 1 : 2);
   if (in.sharding == StateSharding::Fsdp) {
     // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
     const auto f = dist::FullyShardedDataParallel::plan_memory(layout, static_cast<int>(n), dt,

@@ -190,8 +190,8 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
   if (p.reference > 0)
     row("reference", p.reference,
         "DPO's frozen reference weights: the optimizer's shard of them, compute dtype "
-        "(dpo_precompute_ref_log_probs false); twice with fp32 weights or bf16 main parameters "
-        "(the policy's kept beside them)");
+        "(dpo_precompute_ref_log_probs false); twice where the optimizer keeps no fp32 master "
+        "copy (the policy's kept beside them)");
   row("run_buffers", p.run_buffers,
       "the trainer's device scalars (and MoE layers' statistics and expert bias)");
   row("allocated", p.allocated(), "the run's peak memory (mem peak in its iteration line)");

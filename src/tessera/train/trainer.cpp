@@ -228,8 +228,9 @@ struct Trainer::DpoState {
   std::optional<DpoReferenceLogps> reference;  // once prepared; none when reference-free
   bool prepared = false;
   // dpo_precompute_ref_log_probs false: the reference weights, piece by piece as the optimizer
-  // owns the policy's; `saved` keeps the policy's where the optimizer has no other copy of them
-  // (fp32 or bf16 main parameters); and the copy's log-probabilities of the pairs read next.
+  // owns the policy's; `saved` keeps the policy's where the optimizer keeps no master copy
+  // (fp32 weights of an unsharded run, bf16 main parameters); and the copy's log-probabilities
+  // of the pairs read next.
   DeviceBuffer frozen_buffer;
   std::vector<Tensor> frozen, saved;
   std::map<uint64_t, std::array<double, 2>> copy_logps;  // by dataset pair
@@ -794,20 +795,16 @@ void Trainer::prepare_dpo_reference() {
           "resumed run does not hold (the file was replaced, or train_iters raised beyond what "
           "the first run computed)",
           path, missing.size(), missing.begin()->first, dpo_->reference_weights));
-    // Rank r computes every dp-th missing pair; the values meet in a sum over the ranks, each
-    // as two fp32 (value and remainder) so that the sum keeps float64's precision.
+    // Rank r computes every dp-th missing pair; the values meet in a sum over the ranks, exact
+    // since each is an fp32 loss sum and the other ranks add zeros.
     const uint64_t dp = static_cast<uint64_t>(parallel_->data_parallel_size());
     const uint64_t rank = static_cast<uint64_t>(parallel_->data_parallel_rank());
-    std::vector<float> parts(4 * missing.size(), 0.0f);
+    std::vector<float> parts(2 * missing.size(), 0.0f);
     uint64_t k = 0;
     for (const auto& [pair, read_at] : missing) {
       if (k % dp == rank)
-        for (int side = 0; side < 2; ++side) {
-          const double logp = answer_logp(*read_at.first, read_at.second, side);
-          const float high = static_cast<float>(logp);
-          parts[4 * k + 2 * side] = high;
-          parts[4 * k + 2 * side + 1] = static_cast<float>(logp - high);
-        }
+        for (int side = 0; side < 2; ++side)
+          parts[2 * k + side] = static_cast<float>(answer_logp(*read_at.first, read_at.second, side));
       ++k;
     }
     DeviceBuffer buffer(*backend_, parts.size() * sizeof(float), "dpo reference log-probabilities");
@@ -817,8 +814,7 @@ void Trainer::prepare_dpo_reference() {
     backend_->download(parts.data(), summed);
     k = 0;
     for (const auto& [pair, read_at] : missing) {
-      store.set(pair, {static_cast<double>(parts[4 * k]) + parts[4 * k + 1],
-                       static_cast<double>(parts[4 * k + 2]) + parts[4 * k + 3]});
+      store.set(pair, {parts[2 * k], parts[2 * k + 1]});
       ++k;
     }
     if (!comm_ || comm_->rank() == 0) {
@@ -838,15 +834,15 @@ void Trainer::prepare_dpo_reference() {
             pairs.size() - missing.size(), path);
 }
 
-// The frozen copy: the starting weights as the optimizer owns the policy's (what it would
-// restore them from, where it keeps no other copy, beside them).
+// The frozen copy: the starting weights as the optimizer owns the policy's, and room for the
+// policy's own where the optimizer keeps no master copy to restore them from.
 void Trainer::keep_dpo_reference_copy() {
   if (completed_iterations_ > 0)
     throw ConfigError(origin_of(exp_, "dpo_precompute_ref_log_probs"), "dpo_precompute_ref_log_probs",
                       "false", "true to resume a DPO run: a frozen reference copy is not in its "
                       "checkpoints, while precomputed log-probabilities are kept beside the dataset");
-  const std::vector<OwnedParams> shards = policy_weights();
-  const bool restorable = !restores_from_copy();
+  const std::vector<OwnedParams>& shards = optimizer_->owned_params();
+  const bool restorable = optimizer_->keeps_master_copy();
   size_t bytes = 0;
   for (const OwnedParams& o : shards) bytes += o.params.nbytes();
   dpo_->frozen_buffer = DeviceBuffer(*backend_, bytes * (restorable ? 1 : 2), "dpo reference weights");
@@ -862,31 +858,23 @@ void Trainer::keep_dpo_reference_copy() {
             dpo_->reference_weights, static_cast<double>(bytes * (restorable ? 1 : 2)) / kGiB);
 }
 
-// The policy's compute-dtype weights as the optimizer updates them: its shards, or all of them.
-std::vector<OwnedParams> Trainer::policy_weights() const {
-  std::vector<OwnedParams> shards = parallel_->optimizer_shards();
-  if (shards.empty()) shards = {{{0, model_->layout().total}, model_->params(), model_->grads()}};
-  return shards;
-}
-
-// Whether the policy's compute weights are the optimizer's only copy of them (fp32 weights,
-// or bf16 main parameters), so that the reference can take their place only beside a copy.
-bool Trainer::restores_from_copy() const {
-  return optimizer_->params_are_master() || setup_.runtime.compute_dtype == DType::F32;
-}
-
-// The frozen reference weights in the policy's place, and back.
+// The frozen reference weights in the policy's place, and back: from the optimizer's master
+// weights, or from the copy kept where it has none.
 void Trainer::use_reference_weights(bool reference) {
-  const std::vector<OwnedParams> shards = policy_weights();
+  const std::vector<OwnedParams>& shards = optimizer_->owned_params();
+  const bool kept = !dpo_->saved.empty();
   for (size_t i = 0; i < shards.size(); ++i) {
-    if (reference && !dpo_->saved.empty()) backend_->copy(dpo_->saved[i], shards[i].params);
-    if (reference) backend_->copy(shards[i].params, dpo_->frozen[i]);
-    if (!reference && !dpo_->saved.empty()) backend_->copy(shards[i].params, dpo_->saved[i]);
+    if (reference) {
+      if (kept) backend_->copy(dpo_->saved[i], shards[i].params);
+      backend_->copy(shards[i].params, dpo_->frozen[i]);
+    } else if (kept) {
+      backend_->copy(shards[i].params, dpo_->saved[i]);
+    }
   }
-  if (!reference && dpo_->saved.empty()) {
-    optimizer_->sync_params_from_master();
-  } else {
+  if (reference || kept) {
     model_->params_updated();
+  } else {
+    optimizer_->sync_params_from_master();
   }
   parallel_->params_updated();  // ZeRO-1 gathers them, FSDP drops its gathered units
 }

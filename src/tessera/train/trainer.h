@@ -158,8 +158,6 @@ class Trainer {
   void identify_dpo_reference();
   void prepare_dpo_reference();
   void keep_dpo_reference_copy();
-  std::vector<OwnedParams> policy_weights() const;
-  bool restores_from_copy() const;
   void use_reference_weights(bool reference);
   void reference_copy_logps(const PreferenceSource& pairs, const std::vector<uint64_t>& indices);
   std::array<double, 2> reference_logps(const PreferenceSource& pairs, uint64_t index) const;
