@@ -15,6 +15,7 @@
 #include "tessera/core/content_digest.h"
 #include "tessera/core/error.h"
 #include "tessera/data/chat.h"
+#include "tessera/data/index_cache.h"
 
 namespace tessera {
 namespace {
@@ -32,9 +33,8 @@ std::string preference_dataset_digest(const std::string& prefix) {
 }
 
 std::string default_reference_logps_path(const DpoReferenceKey& key) {
-  ContentDigest d;
-  d.add(fmt::format("{} {}", key.reference_digest, key.seq_length));
-  return key.dataset + "_reference_" + d.hex().substr(0, 12) + ".logps";
+  return key.dataset + "_reference_" +
+         description_hash(fmt::format("{} {}", key.reference_digest, key.seq_length)).substr(0, 12) + ".logps";
 }
 
 DpoReferenceLogps::DpoReferenceLogps(std::string path, DpoReferenceKey key)

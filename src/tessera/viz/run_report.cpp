@@ -279,6 +279,27 @@ std::string why_no_trace_report(const RunData& r) {
          code((r.dir / "traces").string()) + ". " + how;
 }
 
+// A statistic of the iteration records and its name in a chart's legend.
+struct Statistic {
+  Field field;
+  const char* name;
+};
+
+// A chart of two statistics only some runs record (MoE balance, DPO rewards): for each run
+// that has the first, it solid and the second dashed; no chart when no run has them.
+void add_statistics_chart(std::vector<NamedChart>* charts, const std::vector<RunData>& runs,
+                          NamedChart chart, const Statistic& first, const Statistic& second) {
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunData& r = runs[i];
+    const int c = static_cast<int>(i);
+    Series head = series_of(r, c, first.field, r.label + " " + first.name, false);
+    if (head.points.empty()) continue;
+    chart.chart.series.push_back(std::move(head));
+    chart.chart.series.push_back(series_of(r, c, second.field, r.label + " " + second.name, true));
+  }
+  if (!chart.chart.series.empty()) charts->push_back(std::move(chart));
+}
+
 }  // namespace
 
 std::vector<NamedChart> run_charts(const std::vector<RunData>& runs) {
@@ -312,32 +333,17 @@ std::vector<NamedChart> run_charts(const std::vector<RunData>& runs) {
   }
   // MoE runs add their load balance: the aux loss (1 when balanced) and the expert-load CV of
   // the worst layer (0 when balanced).
-  NamedChart balance{"moe_balance",
-                     {"MoE load balance", "iteration", "aux loss / expert-load CV", {}, false}};
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const RunData& r = runs[i];
-    const int c = static_cast<int>(i);
-    Series aux = series_of(r, c, &IterationRecord::moe_aux_loss, r.label + " aux loss", false);
-    if (aux.points.empty()) continue;
-    balance.chart.series.push_back(std::move(aux));
-    balance.chart.series.push_back(
-        series_of(r, c, &IterationRecord::moe_expert_tokens_cv, r.label + " expert-load CV", true));
-  }
-  if (!balance.chart.series.empty()) charts.push_back(std::move(balance));
-  // DPO runs add how often the chosen answer wins (TRL's rewards/accuracies, 0.5 at the start
-  // when the policy is the reference) and by how much (rewards/margins, 0 at the start).
-  NamedChart rewards{"dpo_rewards",
-                     {"Preference training (DPO)", "iteration", "rewards/accuracies, rewards/margins", {}, false}};
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const RunData& r = runs[i];
-    const int c = static_cast<int>(i);
-    Series accuracy = series_of(r, c, &IterationRecord::dpo_accuracy, r.label + " rewards/accuracies", false);
-    if (accuracy.points.empty()) continue;
-    rewards.chart.series.push_back(std::move(accuracy));
-    rewards.chart.series.push_back(
-        series_of(r, c, &IterationRecord::dpo_margin, r.label + " rewards/margins", true));
-  }
-  if (!rewards.chart.series.empty()) charts.push_back(std::move(rewards));
+  add_statistics_chart(&charts, runs,
+                       {"moe_balance", {"MoE load balance", "iteration", "aux loss / expert-load CV", {}, false}},
+                       {&IterationRecord::moe_aux_loss, "aux loss"},
+                       {&IterationRecord::moe_expert_tokens_cv, "expert-load CV"});
+  // DPO runs add how often the chosen answer wins (TRL's rewards/accuracies, 0 at the start,
+  // when both rewards are 0) and by how much (rewards/margins, 0 at the start).
+  add_statistics_chart(&charts, runs,
+                       {"dpo_rewards",
+                        {"Preference training (DPO)", "iteration", "rewards/accuracies, rewards/margins", {}, false}},
+                       {&IterationRecord::dpo_accuracy, "rewards/accuracies"},
+                       {&IterationRecord::dpo_margin, "rewards/margins"});
   return charts;
 }
 
