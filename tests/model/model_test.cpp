@@ -184,6 +184,69 @@ TEST(Model, LossBackwardOfKeptSlotsEqualsForwardBackward) {
   }
 }
 
+// GRPO's backward: per-position weights on the targets' log-probabilities, here -a on the
+// positions of one set and -b on the rest, give the gradients of forward_backward at scale a
+// over the first set plus at scale b over the second (each with the other's targets masked);
+// the token losses are the forward's, position by position. Also with a logit soft-cap.
+TEST(Model, TokenLossBackwardWeighsEachPosition) {
+  for (double softcap : {0.0, 5.0}) {
+    ModelSpec spec = tiny_spec();
+    spec.logit_softcap = softcap;
+    const ModelRuntime rt = base_runtime();
+    auto backend = make_cpu_backend();
+    DecoderModel model(*backend, spec, rt);
+    const int64_t P = model.layout().total;
+    testing::init_test_model(*backend, spec, model);
+    const int64_t N = rt.micro_batch * rt.seq_length;
+    std::vector<int32_t> tokens, targets, first(N), second(N);
+    for (int64_t i = 0; i < N; ++i) {
+      tokens.push_back(static_cast<int32_t>(random_below(30, i, 64)));
+      targets.push_back(i % 5 == 0 ? -1 : static_cast<int32_t>(random_below(31, i, 64)));
+      const bool in_first = random_below(32, i, 3) == 0;
+      first[i] = in_first ? targets[i] : -1;
+      second[i] = in_first ? -1 : targets[i];
+    }
+    const float a = 0.43f, b = -0.17f;
+    auto grads = [&] {
+      std::vector<float> g(P);
+      backend->download(g.data(), model.grads());
+      return g;
+    };
+    model.zero_grads();
+    model.set_batch(tokens.data(), first.data());
+    model.forward_backward(a);
+    model.set_batch(tokens.data(), second.data());
+    model.forward_backward(b);
+    const std::vector<float> expected = grads();
+
+    model.zero_grads();
+    model.set_batch(tokens.data(), targets.data());
+    model.zero_loss_sum();
+    model.forward_loss();
+    float loss_sum = 0;
+    backend->download(&loss_sum, model.loss_sum());
+    std::vector<float> losses(N);
+    backend->download(losses.data(), model.token_losses());
+    double total = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      if (targets[i] < 0) EXPECT_EQ(losses[i], 0.0f) << "ignored position " << i;
+      total += losses[i];
+    }
+    EXPECT_NEAR(total, loss_sum, 1e-5 * std::abs(loss_sum));
+    std::vector<float> weights(N);
+    for (int64_t i = 0; i < N; ++i) weights[i] = first[i] >= 0 ? -a : -b;
+    DeviceBuffer buffer(*backend, N * sizeof(float), "weights");
+    const Tensor dlogps = buffer.tensor(DType::F32, {N});
+    backend->upload(dlogps, weights.data());
+    model.zero_loss_sum();
+    model.token_loss_backward(dlogps, 0.0f);
+    float again = 0;
+    backend->download(&again, model.loss_sum());
+    EXPECT_EQ(again, 0.0f) << "the head's second run adds no loss";
+    EXPECT_LT(relative_difference(grads(), expected), 1e-5) << "softcap " << softcap;
+  }
+}
+
 TEST(ModelSpec, FlopsFollowTheMegatronConvention) {
   // Llama 3.1 8B at seq 8192: 57.9 GFLOP per token (DESIGN.md).
   ModelSpec s;

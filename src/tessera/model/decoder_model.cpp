@@ -110,6 +110,8 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   plan.add(&a.final_rstd, DType::F32, {Ns}, Keep::Shared);
   plan.add(&a.logits, dt, {chunk, s.vocab_size}, Keep::Shared);
   plan.add(&a.losses, DType::F32, {N}, Keep::Shared);
+  plan.add(&a.chunk_logps, DType::F32, {chunk}, Keep::Shared);
+  plan.add(&a.chunk_lse, DType::F32, {chunk}, Keep::Shared);
   if (rt.keep_logit_grads) plan.add(&a.logit_grads, dt, {N, s.vocab_size});
   plan.add(&a.loss_sum, DType::F32, {1}, Keep::Shared);
   a.dresid.assign(chunks.size(), Tensor{});
@@ -677,6 +679,31 @@ void DecoderModel::head_backward_kept(float grad_scale) {
   head_end(0, true);
 }
 
+void DecoderModel::head_backward_per_token(const Tensor& dlogps) {
+  ScopedRange r(backend_, "output_head");
+  const HeadRows head = head_begin(0, true);
+  const int64_t N = runtime_.tokens();
+  const int64_t rows = a_.logits.dim(0);
+  for (int64_t c = 0; c < N; c += rows) {
+    const int64_t n = std::min(rows, N - c);
+    const Tensor logits = a_.logits.rows(0, n);
+    const Tensor xn = head.normed.rows(c, c + n);
+    const Tensor targets = a_.targets.rows(c, c + n);
+    const Tensor logps = a_.chunk_logps.flat_range(0, n), lse = a_.chunk_lse.flat_range(0, n);
+    gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
+    // d(logits) overwrites the logits, through the cap as in head_forward.
+    const bool capped = spec_.logit_softcap > 0;
+    const Tensor probs = capped ? a_.capped.rows(0, n) : logits;
+    const float cap = static_cast<float>(spec_.logit_softcap);
+    if (capped) backend_.softcap(probs, logits, cap);
+    backend_.log_softmax_gather(logps, lse, probs, targets);
+    backend_.log_softmax_gather_backward(logits, dlogps.flat_range(c, n), probs, lse, targets);
+    if (capped) backend_.softcap_backward(logits, logits, probs, cap);
+    gemms_.backward(head.dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+  }
+  head_end(0, true);
+}
+
 // Units are read in forward order, each followed by the next within the chunk (the last
 // layer of the model by the tail).
 void DecoderModel::forward_layers(int chunk) {
@@ -781,6 +808,18 @@ void DecoderModel::loss_backward(float grad_scale) {
   } else {
     head_forward(0, true, grad_scale);
   }
+  backward_chunk(0);
+}
+
+void DecoderModel::token_loss_backward(const Tensor& dlogps, float aux_grad_scale) {
+  TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
+           "token_loss_backward on a pipeline stage: its schedule runs the chunks' passes");
+  TS_CHECK(runtime_.tensor_parallel_size == 1,
+           "token_loss_backward under tensor parallelism: each rank holds part of the vocabulary");
+  TS_CHECK(dlogps.dtype == DType::F32 && dlogps.numel() == runtime_.tokens(),
+           "token_loss_backward: dlogps must be {} fp32 values, one per position", runtime_.tokens());
+  grad_scale_ = aux_grad_scale;
+  head_backward_per_token(dlogps);
   backward_chunk(0);
 }
 

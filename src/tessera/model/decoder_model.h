@@ -57,6 +57,8 @@ class DecoderModel final : public Model, private LayerOps {
   void forward_backward(float grad_scale) override;
   void forward_loss() override;
   void loss_backward(float grad_scale) override;
+  void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) override;
+  Tensor token_losses() const override { return a_.losses; }
   void forward_logits(const Tensor& logits) override;
   Tensor loss_sum() const override { return a_.loss_sum; }
   void zero_loss_sum() override;
@@ -89,6 +91,8 @@ class DecoderModel final : public Model, private LayerOps {
     std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
     Tensor logit_grads;  // keep_logit_grads: (tokens, vocab) d(loss)/d(logits) at unit scale
+    // token_loss_backward: a logits chunk's log-probabilities of the targets and logsumexps
+    Tensor chunk_logps, chunk_lse;
     Tensor dnorm;  // d(a norm's output), (Ns, C)
     Tensor tokens, targets;
     Tensor document_starts;  // (N) int32 with reset_attention_mask
@@ -140,6 +144,8 @@ class DecoderModel final : public Model, private LayerOps {
   void embed(const Tensor& x);
   void forward_layers(int chunk);
   void head_forward(int chunk, bool with_grad, float grad_scale);
+  // The output head's backward for per-position gradients of the targets' log-probabilities.
+  void head_backward_per_token(const Tensor& dlogps);
   // The output head's backward from the kept logits' gradients, scaled.
   void head_backward_kept(float grad_scale);
   // What the head's passes share: its parameters (and with gradients, its gradients and the

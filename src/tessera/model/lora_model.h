@@ -65,6 +65,10 @@ class LoraModel : public Model, private LinearAdapters {
   void forward_backward(float grad_scale) override { base_->forward_backward(grad_scale); }
   void forward_loss() override { base_->forward_loss(); }
   void loss_backward(float grad_scale) override { base_->loss_backward(grad_scale); }
+  void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) override {
+    base_->token_loss_backward(dlogps, aux_grad_scale);
+  }
+  Tensor token_losses() const override { return base_->token_losses(); }
   void forward_logits(const Tensor& logits) override { base_->forward_logits(logits); }
   int chunks() const override { return base_->chunks(); }
   void use_slot(int slot) override { base_->use_slot(slot); }

@@ -205,6 +205,16 @@ class Model {
   // runtime().keep_logit_grads, else the loss head runs again, adding its losses to loss_sum()
   // once more.
   virtual void loss_backward(float grad_scale) = 0;
+  // The backward of the current slot's last forward_loss for an objective of each position's
+  // log-probability of its target (GRPO's per-token policy gradient): dlogps (tokens) fp32 on
+  // the device holds d(objective)/d(logp) per position; ignored targets get no gradient. The
+  // output head runs again without adding to loss_sum(); the MoE layers' auxiliary losses get
+  // aux_grad_scale, as forward_backward's grad_scale. Not under tensor parallelism (each rank
+  // holds part of the vocabulary).
+  virtual void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) = 0;
+  // Each position's loss from the current slot's last forward: minus the log-probability of its
+  // target, 0 where the target is ignored; (tokens) fp32 on the device.
+  virtual Tensor token_losses() const = 0;
   // Forward only, writing full logits (tokens, vocab) to `logits` (compute dtype or fp32).
   virtual void forward_logits(const Tensor& logits) = 0;
 
