@@ -42,7 +42,15 @@ enum class LossMask { Assistant, Completion, All };
 enum class PackingStrategy { Wrapped, Bfd };
 // What a training step optimises: the language-model loss (pretraining, SFT), or a preference
 // loss over pairs of answers (data/chat.h's preference pairs; train/dpo.h).
-enum class Objective { Lm, Dpo };
+enum class Objective { Lm, Dpo, Grpo };
+// GRPO's normalisation of the token losses (train/grpo.h).
+enum class GrpoLossType { Grpo, Bnpo, DrGrpo };
+// Where a completion states its answer (train/rewards.h).
+enum class AnswerFormat {
+  Boxed,  // the content of the last \boxed{...}, braces nested (math)
+  Hash,   // what follows the last "####" on its line (GSM8K)
+  Regex,  // the first capture group of the pattern's first match (or the match without groups)
+};
 // TRL's DPO loss_type values Tessera computes (train/dpo.h).
 enum class DpoLossType { Sigmoid, Ipo, Hinge };
 // Vendor: the GPU vendor's fused-attention library (cuDNN on CUDA; the key spells it cudnn).
@@ -147,6 +155,25 @@ struct TrainingConfig {
   // TRL's precompute_ref_log_probs: true, the log-probabilities above; false, a frozen copy
   // of the reference weights on the device, run before each step.
   bool dpo_precompute_ref_log_probs = true;
+  // objective grpo (train/grpo_run.h): TRL's GRPOConfig names with a grpo_ prefix.
+  int64_t grpo_num_generations = 8;          // completions per prompt (a group)
+  int64_t grpo_max_completion_length = 256;  // new tokens per completion at most
+  double grpo_temperature = 1.0;
+  int64_t grpo_top_k = 0;
+  double grpo_top_p = 1.0;
+  double grpo_min_p = 0.0;
+  double grpo_epsilon = 0.2, grpo_epsilon_high = 0.2;  // the ratio's clip range
+  double grpo_beta = 0.0;                              // the KL penalty's weight
+  GrpoLossType grpo_loss_type = GrpoLossType::Grpo;
+  bool grpo_scale_rewards = true;      // false: Dr. GRPO's advantages (no division by the std)
+  int64_t grpo_num_iterations = 1;     // optimizer steps per generation batch (TRL's mu)
+  bool grpo_dynamic_sampling = false;  // DAPO: groups whose rewards are all equal are dropped
+  std::string grpo_rewards = "answer";  // name[:weight],... (train/grpo_run.h)
+  AnswerFormat grpo_answer_format = AnswerFormat::Hash;
+  std::string grpo_answer_regex, grpo_format_regex;
+  int64_t grpo_overlong_cache = 0;  // DAPO's soft over-long buffer, in tokens
+  std::string grpo_reward_command;
+  double grpo_reward_timeout = 60.0;  // seconds
   // LoRA (model/lora_model.h): adapters of this rank on lora_target_modules, the rest frozen;
   // 0: the whole model trains.
   int64_t lora_rank = 0;

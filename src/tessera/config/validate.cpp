@@ -1,8 +1,12 @@
 #include "tessera/config/validate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <optional>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -681,7 +685,16 @@ void check_data(const Checker& c, const DataConfig& d) {
       c.require(fs::is_regular_file(find_key(key)->get(c.experiment())), key,
                 "an existing file with tokenizer_type GPT2BPETokenizer (GPT-2's vocab.json and "
                 "merges.txt)");
-  if (!d.mock_data) check_blends(c, d);
+  // GRPO's paths are files of prompts (check_grpo), read when the run starts.
+  if (c.experiment().training.objective == Objective::Grpo) {
+    for (const char* key : {"train_data_path", "valid_data_path"}) {
+      const std::string path = find_key(key)->get(c.experiment());
+      if (!path.empty())
+        c.require(fs::is_regular_file(path), key, "an existing JSON-lines file of prompts with objective grpo");
+    }
+  } else if (!d.mock_data) {
+    check_blends(c, d);
+  }
   const std::vector<double> split = parse_split(d.split);
   c.require(split.size() == 3 && split[0] > 0, "split",
             "three non-negative proportions train,valid,test with train > 0, e.g. \"969,30,1\"");
@@ -794,6 +807,110 @@ void check_dpo(const Checker& c, const Experiment& e) {
             "wrapped with objective dpo (each side is its own sequence)");
 }
 
+std::vector<std::pair<std::string, double>> grpo_reward_terms(const std::string& text) {
+  std::vector<std::pair<std::string, double>> terms;
+  std::stringstream in(text);
+  for (std::string term; std::getline(in, term, ',');) {
+    const size_t colon = term.find(':');
+    std::string name = term.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (name != "answer" && name != "format" && name != "overlong" && name != "command")
+      throw std::invalid_argument(fmt::format("'{}' is not a reward", name));
+    for (const auto& [seen, weight] : terms)
+      if (seen == name) throw std::invalid_argument(fmt::format("'{}' is named twice", name));
+    double weight = 1.0;
+    if (colon != std::string::npos) {
+      const std::string w = term.substr(colon + 1);
+      size_t used = 0;
+      try {
+        weight = std::stod(w, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || w.find_first_not_of(' ', used) != std::string::npos || !std::isfinite(weight))
+        throw std::invalid_argument(fmt::format("'{}' is not a weight", w));
+    }
+    terms.emplace_back(name, weight);
+  }
+  if (terms.empty()) throw std::invalid_argument("no reward is named");
+  return terms;
+}
+
+// GRPO generates its completions with the policy's own weights in place, one rank's whole
+// model (model/generator.h), and trains on one completion per sequence.
+void check_grpo(const Checker& c, const Experiment& e) {
+  const TrainingConfig& t = e.training;
+  if (t.objective != Objective::Grpo) return;
+  c.require(!e.data.train_data_path.empty() && e.data.data_path.empty() && !e.data.mock_data,
+            e.data.data_path.empty() ? "train_data_path" : "data_path",
+            "objective grpo's prompts: train_data_path naming a JSON-lines file of prompts with "
+            "their answers (and valid_data_path, held-out ones), no data_path");
+  c.require(t.grpo_num_generations >= 2, "grpo_num_generations",
+            "2 or more: a group's advantages are relative to its other completions");
+  c.require(t.global_batch_size % t.grpo_num_generations == 0, "global_batch_size",
+            fmt::format("a multiple of grpo_num_generations ({}): whole groups of completions",
+                        t.grpo_num_generations));
+  c.require(t.grpo_max_completion_length >= 1 && t.grpo_max_completion_length < t.seq_length,
+            "grpo_max_completion_length",
+            fmt::format("1 or more and below seq_length ({}), which holds the prompt too", t.seq_length));
+  c.require(t.grpo_temperature > 0 && std::isfinite(t.grpo_temperature), "grpo_temperature",
+            "a positive temperature (greedy completions of one prompt are all the same)");
+  c.require(t.grpo_top_k >= 0, "grpo_top_k", "0 (all tokens) or a positive count");
+  c.require(t.grpo_top_p > 0 && t.grpo_top_p <= 1, "grpo_top_p", "a probability in (0, 1]");
+  c.require(t.grpo_min_p >= 0 && t.grpo_min_p <= 1, "grpo_min_p", "a share in [0, 1]");
+  c.require(t.grpo_epsilon >= 0 && t.grpo_epsilon < 1, "grpo_epsilon", "a clip in [0, 1)");
+  c.require(t.grpo_epsilon_high >= 0 && std::isfinite(t.grpo_epsilon_high), "grpo_epsilon_high",
+            "a clip of 0 or more");
+  c.require(t.grpo_beta >= 0 && std::isfinite(t.grpo_beta), "grpo_beta", "0 (no KL term) or a positive weight");
+  c.require(t.grpo_num_iterations >= 1, "grpo_num_iterations", "1 or more optimizer steps per generation batch");
+  c.require(t.grpo_overlong_cache >= 0 && t.grpo_overlong_cache < t.grpo_max_completion_length,
+            "grpo_overlong_cache",
+            fmt::format("0 or more tokens below grpo_max_completion_length ({})", t.grpo_max_completion_length));
+  c.require(t.grpo_reward_timeout > 0, "grpo_reward_timeout", "a positive number of seconds");
+  std::vector<std::pair<std::string, double>> terms;
+  try {
+    terms = grpo_reward_terms(t.grpo_rewards);
+  } catch (const std::invalid_argument& err) {
+    c.fail("grpo_rewards",
+           fmt::format("comma-separated name[:weight] of answer, format, overlong and command ({})", err.what()));
+  }
+  const auto uses = [&](const char* name) {
+    return std::any_of(terms.begin(), terms.end(), [&](const auto& term) { return term.first == name; });
+  };
+  if (uses("answer") && t.grpo_answer_format == AnswerFormat::Regex)
+    c.require(!t.grpo_answer_regex.empty(), "grpo_answer_regex",
+              "a pattern with grpo_answer_format regex");
+  for (const auto& [key, pattern] : {std::pair{"grpo_answer_regex", &t.grpo_answer_regex},
+                                     std::pair{"grpo_format_regex", &t.grpo_format_regex}}) {
+    if (pattern->empty()) continue;
+    try {
+      std::regex(*pattern, std::regex::ECMAScript);
+    } catch (const std::regex_error& err) {
+      c.fail(key, fmt::format("an ECMAScript regular expression ({})", err.what()));
+    }
+  }
+  if (uses("format"))
+    c.require(!t.grpo_format_regex.empty(), "grpo_format_regex", "a pattern with the format reward");
+  if (uses("command"))
+    c.require(!t.grpo_reward_command.empty(), "grpo_reward_command", "a command with the command reward");
+  c.require(t.tensor_model_parallel_size == 1 && t.pipeline_model_parallel_size == 1 &&
+                t.context_parallel_size == 1 && t.expert_model_parallel_size == 1,
+            t.tensor_model_parallel_size > 1     ? "tensor_model_parallel_size"
+            : t.pipeline_model_parallel_size > 1 ? "pipeline_model_parallel_size"
+            : t.context_parallel_size > 1        ? "context_parallel_size"
+                                                 : "expert_model_parallel_size",
+            "1 with objective grpo: each rank generates with its whole model (data parallelism "
+            "and ZeRO-1 split the completions)");
+  c.require(!t.use_torch_fsdp2, "use_torch_fsdp2",
+            "false with objective grpo: generation reads the whole model on each rank");
+  c.require(t.lora_rank == 0, "lora_rank",
+            "0 with objective grpo: generation does not run the adapters yet");
+  c.require(!e.data.reset_position_ids && !e.data.reset_attention_mask,
+            e.data.reset_position_ids ? "reset_position_ids" : "reset_attention_mask",
+            "false with objective grpo: each completion is its own sequence");
+}
+
 // LoRA adapts the projections of one dense model replica: data parallelism (plain or ZeRO-1)
 // copies it, other layouts would have to split or shard the adapters and the frozen base.
 void check_lora(const Checker& c, const Experiment& e) {
@@ -876,6 +993,7 @@ void validate_experiment(const Experiment& e, int world_size) {
   check_data(c, e.data);
   check_packed_documents(c, e);
   check_dpo(c, e);
+  check_grpo(c, e);
   check_lora(c, e);
   c.require(e.checkpoint.pretrained_checkpoint.empty() || e.training.lora_rank > 0,
             "pretrained_checkpoint",

@@ -1,4 +1,8 @@
 #pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "tessera/config/config.h"
 
 namespace tessera {
@@ -7,5 +11,9 @@ namespace tessera {
 // naming the file or command line that set the offending key.
 // world_size: the ranks of the job, which tensor, pipeline and context parallelism divide.
 void validate_experiment(const Experiment& e, int world_size);
+
+// grpo_rewards' terms, "name[:weight],...", as (name, weight) in order; throws
+// std::invalid_argument saying what is wrong with the text.
+std::vector<std::pair<std::string, double>> grpo_reward_terms(const std::string& text);
 
 }  // namespace tessera

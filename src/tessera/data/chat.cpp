@@ -242,7 +242,7 @@ ChatSample ChatFormat::encode_answer(const nlohmann::ordered_json& prompt,
       throw DataError(fmt::format("{}: '{}' is {}; expected a non-empty string (or a list of messages)",
                                   where, name, v->is_string() ? "empty" : "a JSON " + std::string(v->type_name())));
   ChatSample out;
-  tokenizer_.encode(bos_text_ + prompt.get<std::string>(), &out.ids);
+  out.ids = encode_text(prompt.get<std::string>());
   out.roles.assign(out.ids.size(), static_cast<uint8_t>(TokenRole::User));
   if (!bos_text_.empty() && !out.ids.empty()) out.roles[0] = static_cast<uint8_t>(TokenRole::Template);
   tokenizer_.encode(answer.get<std::string>(), &out.ids);
@@ -271,6 +271,12 @@ std::pair<ChatSample, ChatSample> ChatFormat::encode_preference(const nlohmann::
 
 bool ChatFormat::is_special(int32_t id) const {
   return std::find(closing_ids_.begin(), closing_ids_.end(), id) != closing_ids_.end();
+}
+
+std::vector<int32_t> ChatFormat::encode_text(const std::string& text) const {
+  std::vector<int32_t> ids;
+  tokenizer_.encode(bos_text_ + text, &ids);
+  return ids;
 }
 
 std::vector<int32_t> ChatFormat::encode_prompt(const nlohmann::ordered_json& messages, const std::string& where) const {

@@ -77,6 +77,9 @@ class ChatFormat {
   // The conversation rendered, the assistant's turn opened (add_generation_prompt): the
   // prompt `generate --chat` continues.
   std::vector<int32_t> encode_prompt(const nlohmann::ordered_json& messages, const std::string& where) const;
+  // A plain-text prompt as TRL tokenizes one (no template): BOS, when the tokenizer has one,
+  // then the text.
+  std::vector<int32_t> encode_text(const std::string& text) const;
 
   const std::string& template_source() const { return source_; }
   // Whether `id` is a special token (tokenizer_config.json's added_tokens_decoder), such as

@@ -26,11 +26,34 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtyp
       max_positions_(max_positions),
       layers_(make_decoder_layers(spec)),
       layout_(decoder_param_layout(spec, layers_)) {
-  TS_CHECK(max_positions > 0, "generation needs room for at least one position");
+  param_buffer_ = DeviceBuffer(backend_, layout_.total * dtype_size(dtype_), "parameters");
+  params_ = param_buffer_.tensor(dtype_, {layout_.total});
+  allocate_state();
+}
+
+Generator::Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
+                     const ParamLayout& params_layout, int64_t max_positions)
+    : backend_(backend),
+      spec_(spec),
+      dtype_(params.dtype),
+      max_positions_(max_positions),
+      layers_(make_decoder_layers(spec)),
+      layout_(decoder_param_layout(spec, layers_)),
+      params_in_place_(true),
+      params_(params) {
+  bool same = layout_.params.size() == params_layout.params.size() && params.numel() >= layout_.total;
+  for (size_t i = 0; same && i < layout_.params.size(); ++i)
+    same = layout_.params[i].offset == params_layout.params[i].offset &&
+           layout_.params[i].shape == params_layout.params[i].shape;
+  TS_CHECK(same, "generation in place: the weights' layout is not the generator's (a model split "
+                 "over tensor-parallel ranks or sharded holds part of them)");
+  allocate_state();
+}
+
+void Generator::allocate_state() {
+  TS_CHECK(max_positions_ > 0, "generation needs room for at least one position");
   const size_t e = dtype_size(dtype_);
   const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size;
-  param_buffer_ = DeviceBuffer(backend_, layout_.total * e, "parameters");
-  params_ = param_buffer_.tensor(dtype_, {layout_.total});
 
   size_t cache_bytes = 0;
   for (const auto& layer : layers_)
@@ -107,6 +130,7 @@ Tensor Generator::param(int index) const {
 
 void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& weights,
                      const std::function<std::vector<float>(const std::string&)>& state) {
+  TS_CHECK(!params_in_place_, "generation in place: its weights are loaded where they live");
   for (const auto& [name, tensor] : block_state_) {
     const std::vector<float> v = state ? state(name) : std::vector<float>();
     if (v.empty()) continue;
@@ -131,6 +155,14 @@ void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& 
     backend_.convert(dst, f32);
   }
   backend_.synchronize();
+}
+
+void Generator::copy_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+  for (const auto& [name, tensor] : block_state_) {
+    const auto from = std::find_if(state.begin(), state.end(), [&](const auto& s) { return s.first == name; });
+    TS_CHECK(from != state.end() && from->second.numel() == tensor.numel(), "{}: no such state to copy", name);
+    backend_.copy(tensor, from->second);
+  }
 }
 
 void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias,

@@ -22,14 +22,22 @@ class Generator final : private ForwardOps {
  public:
   // Room for `max_positions` positions: the prompt and the tokens generated after it.
   Generator(Backend& backend, const ModelSpec& spec, DType compute_dtype, int64_t max_positions);
+  // Generation from weights that live elsewhere, read in place (a training model's: GRPO
+  // samples from the policy it trains, with no copy): `params`, compute dtype, laid out as
+  // `params_layout`, which must place every parameter where this generator's layout does.
+  Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
+            const ParamLayout& params_layout, int64_t max_positions);
   ~Generator() override;
 
   const ParamLayout& layout() const { return layout_; }
   // Sets every parameter from fp32 host values (converted to the compute dtype), and the
   // blocks' state kept outside the parameters (the expert bias, by checkpoint name) from
-  // state(name): empty leaves it at zero.
+  // state(name): empty leaves it at zero. Not for weights read in place.
   void load(const std::function<std::vector<float>(const ParamInfo&)>& weights,
             const std::function<std::vector<float>(const std::string&)>& state = nullptr);
+
+  // The blocks' state from a model's (Model::persistent_state, by name), on the device.
+  void copy_state(const std::vector<std::pair<std::string, Tensor>>& state);
 
   // Starts a sequence with `prompt` (positions 0 .. n-1); returns the fp32 logits
   // (vocab_size) of its last position, the distribution of the next token.
@@ -40,6 +48,8 @@ class Generator final : private ForwardOps {
   int64_t max_positions() const { return max_positions_; }
 
  private:
+  // What both constructors share, once params_ is set.
+  void allocate_state();
   std::vector<float> run(const int32_t* tokens, int64_t n);
 
   // ForwardOps
@@ -57,6 +67,7 @@ class Generator final : private ForwardOps {
   int64_t position_ = 0;
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ParamLayout layout_;
+  bool params_in_place_ = false;
   DeviceBuffer param_buffer_, cache_buffer_, state_buffer_, block_state_buffer_;
   std::vector<std::pair<std::string, Tensor>> block_state_;  // Block::bind_state's, by name
   Tensor params_;

@@ -113,7 +113,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.optimizer = AdamWOptimizer::state_bytes(p.optimizer_elements, dt, od, sharded);
   // The frozen reference weights, and where the optimizer keeps no master copy to restore the
   // policy's from, theirs beside them while the reference runs.
-  if (in.dpo_reference_copy)
+  if (in.reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
                   (AdamWOptimizer::keeps_master_copy(dt, od, sharded) ? 1 : 2);
   if (in.sharding == StateSharding::Fsdp) {
@@ -180,7 +180,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.attention_backend = setup.attention_backend;
   in.gpu = gpu;
   in.lora = setup.lora;
-  in.dpo_reference_copy = setup.dpo_reference_copy;
+  in.reference_copy = setup.reference_copy;
   return in;
 }
 

@@ -67,7 +67,7 @@ struct PlanInput {
   bool gpu = true;  // add the GPU backend's buffers and context allowance
   // LoRA: the optimizer and gradients cover the adapters; the base is frozen (LoraModel).
   std::optional<LoraOptions> lora;
-  bool dpo_reference_copy = false;  // RunSetup's
+  bool reference_copy = false;  // RunSetup's
 };
 
 MemoryPlan plan_memory(const PlanInput& in);

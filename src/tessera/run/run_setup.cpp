@@ -82,8 +82,9 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.grad_dtype = t.grad_reduce_in_bf16 ? DType::BF16 : t.main_grads_dtype;
   s.optimizer = OptimizerDtypes::from(t);
   s.lora = lora_options(t);
-  s.dpo_reference_copy =
-      t.objective == Objective::Dpo && !t.dpo_precompute_ref_log_probs && !t.dpo_reference_free;
+  s.reference_copy =
+      (t.objective == Objective::Dpo && !t.dpo_precompute_ref_log_probs && !t.dpo_reference_free) ||
+      (t.objective == Objective::Grpo && t.grpo_beta > 0);
   // What validation could not know before the device was: what precision auto means.
   if (s.optimizer.main_params != DType::F32 && rt.compute_dtype != s.optimizer.main_params)
     throw ConfigError(origin_of(e, "main_params_dtype"), "main_params_dtype",

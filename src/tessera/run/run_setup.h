@@ -35,8 +35,9 @@ struct RunSetup {
   int64_t data_vocab = 0;          // token ids the training data can contain
   int64_t accumulation_steps = 1;  // micro-batches per rank per optimizer step
   std::optional<LoraOptions> lora;  // LoRA adapters train (model/lora_model.h), the rest frozen
-  // DPO with a frozen copy of the reference weights on the device (as the optimizer splits them).
-  bool dpo_reference_copy = false;
+  // A frozen copy of the reference weights on the device (train/frozen_reference.h): DPO
+  // without precomputed reference log-probabilities, GRPO with a KL term.
+  bool reference_copy = false;
 };
 
 // The devices a run is set up for.

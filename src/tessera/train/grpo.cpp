@@ -46,7 +46,8 @@ std::vector<bool> informative_groups(const std::vector<double>& rewards, int64_t
   return out;
 }
 
-GrpoBatchLoss grpo_loss(const GrpoOptions& o, const std::vector<GrpoCompletion>& batch) {
+GrpoBatchLoss grpo_loss(const GrpoOptions& o, const std::vector<GrpoCompletion>& batch,
+                        GrpoBatchCounts whole) {
   GrpoBatchLoss out;
   int64_t tokens = 0;
   for (const GrpoCompletion& c : batch) {
@@ -57,13 +58,15 @@ GrpoBatchLoss grpo_loss(const GrpoOptions& o, const std::vector<GrpoCompletion>&
   }
   if (o.loss_type == GrpoLossType::DrGrpo && o.max_completion_length < 1)
     throw Error("dr_grpo needs max_completion_length");
-  const double completions = static_cast<double>(std::max<size_t>(batch.size(), 1));
+  out.tokens = tokens;
+  if (whole.completions == 0) whole = {static_cast<int64_t>(batch.size()), tokens};
+  const double completions = static_cast<double>(std::max<int64_t>(whole.completions, 1));
   for (const GrpoCompletion& c : batch) {
     const double n = static_cast<double>(c.logp.size());
     // Each token loss's weight in the batch loss.
     const double weight =
         o.loss_type == GrpoLossType::Grpo   ? 1.0 / (completions * std::max(n, 1.0))
-        : o.loss_type == GrpoLossType::Bnpo ? 1.0 / static_cast<double>(std::max<int64_t>(tokens, 1))
+        : o.loss_type == GrpoLossType::Bnpo ? 1.0 / static_cast<double>(std::max<int64_t>(whole.tokens, 1))
                                             : 1.0 / (completions * static_cast<double>(o.max_completion_length));
     std::vector<double>& grad = out.dloss_dlogp.emplace_back(c.logp.size());
     const double A = c.advantage;

@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace tessera {
+#include "tessera/config/config.h"
 
-enum class GrpoLossType { Grpo, Bnpo, DrGrpo };
+namespace tessera {
 
 struct GrpoOptions {
   double epsilon = 0.2;       // the ratio's lower clip, 1 - epsilon
@@ -51,8 +51,16 @@ struct GrpoBatchLoss {
   // 1 - epsilon where the advantage is negative), clip_ratio/high_mean (above 1 + epsilon_high,
   // advantage positive), clip_ratio/region_mean (either), kl (the k3 estimate; 0 without beta).
   double clip_low = 0, clip_high = 0, clip_region = 0, kl = 0;
+  int64_t tokens = 0;  // the completion tokens those means are over
 };
 
-GrpoBatchLoss grpo_loss(const GrpoOptions& o, const std::vector<GrpoCompletion>& batch);
+// The counts the batch loss normalises by: those of the whole batch when a call scores part
+// of it (a micro-batch on one rank); zeros: the counts of the completions passed.
+struct GrpoBatchCounts {
+  int64_t completions = 0, tokens = 0;
+};
+
+GrpoBatchLoss grpo_loss(const GrpoOptions& o, const std::vector<GrpoCompletion>& batch,
+                        GrpoBatchCounts whole = {});
 
 }  // namespace tessera

@@ -10,13 +10,9 @@
 #include <string_view>
 #include <vector>
 
-namespace tessera {
+#include "tessera/config/config.h"
 
-enum class AnswerFormat {
-  Boxed,  // the content of the last \boxed{...}, braces nested (math)
-  Hash,   // what follows the last "####" on its line (GSM8K)
-  Regex,  // the first capture group of the pattern's first match (or the match without groups)
-};
+namespace tessera {
 
 // The answer a completion gives, or nullopt when it gives none in that format.
 std::optional<std::string> extract_answer(std::string_view completion, AnswerFormat format,

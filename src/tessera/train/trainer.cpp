@@ -23,6 +23,7 @@
 #include "tessera/obs/tensorboard.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/train/dpo_reference.h"
+#include "tessera/train/frozen_reference.h"
 #include "tessera/train/lr_schedule.h"
 #include "tessera/train/run_directories.h"
 #include "tessera/train/stop_signal.h"
@@ -231,8 +232,7 @@ struct Trainer::DpoState {
   // owns the policy's; `saved` keeps the policy's where the optimizer keeps no master copy
   // (fp32 weights of an unsharded run, bf16 main parameters); and the copy's log-probabilities
   // of the pairs read next.
-  DeviceBuffer frozen_buffer;
-  std::vector<Tensor> frozen, saved;
+  std::optional<FrozenReference> frozen;
   std::map<uint64_t, std::array<double, 2>> copy_logps;  // by dataset pair
   Tensor stats;  // (6) fp32 in the trainer's scalars: a batch's pair statistics, summed over the data-parallel ranks
 };
@@ -712,7 +712,7 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
 // recorded.
 void Trainer::identify_dpo_reference() {
   if (!dpo_->reference_digest.empty() || dpo_->options.reference_free) return;
-  if (setup_.dpo_reference_copy) {  // its log-probabilities are not kept: nothing to key
+  if (setup_.reference_copy) {  // its log-probabilities are not kept: nothing to key
     dpo_->reference_weights = initial_weights_;
     return;
   }
@@ -743,7 +743,7 @@ void Trainer::prepare_dpo_reference() {
     log_.info("dpo: reference-free (dpo_reference_free): no reference log-probabilities");
     return;
   }
-  if (setup_.dpo_reference_copy) {
+  if (setup_.reference_copy) {
     keep_dpo_reference_copy();
     return;
   }
@@ -841,55 +841,23 @@ void Trainer::keep_dpo_reference_copy() {
     throw ConfigError(origin_of(exp_, "dpo_precompute_ref_log_probs"), "dpo_precompute_ref_log_probs",
                       "false", "true to resume a DPO run: a frozen reference copy is not in its "
                       "checkpoints, while precomputed log-probabilities are kept beside the dataset");
-  const std::vector<OwnedParams>& shards = optimizer_->owned_params();
-  const bool restorable = optimizer_->keeps_master_copy();
-  size_t bytes = 0;
-  for (const OwnedParams& o : shards) bytes += o.params.nbytes();
-  dpo_->frozen_buffer = DeviceBuffer(*backend_, bytes * (restorable ? 1 : 2), "dpo reference weights");
-  size_t at = 0;
-  for (const OwnedParams& o : shards) {
-    dpo_->frozen.push_back(dpo_->frozen_buffer.tensor(o.params.dtype, o.params.shape, at));
-    backend_->copy(dpo_->frozen.back(), o.params);
-    if (!restorable) dpo_->saved.push_back(dpo_->frozen_buffer.tensor(o.params.dtype, o.params.shape, bytes + at));
-    at += o.params.nbytes();
-  }
+  dpo_->frozen.emplace(*backend_, *optimizer_, *model_, *parallel_);
   log_.info("dpo: a frozen copy of the reference ({}) on the device, {:.3f} GiB: the reference's "
             "log-probabilities are computed before each step",
-            dpo_->reference_weights, static_cast<double>(bytes * (restorable ? 1 : 2)) / kGiB);
-}
-
-// The frozen reference weights in the policy's place, and back: from the optimizer's master
-// weights, or from the copy kept where it has none.
-void Trainer::use_reference_weights(bool reference) {
-  const std::vector<OwnedParams>& shards = optimizer_->owned_params();
-  const bool kept = !dpo_->saved.empty();
-  for (size_t i = 0; i < shards.size(); ++i) {
-    if (reference) {
-      if (kept) backend_->copy(dpo_->saved[i], shards[i].params);
-      backend_->copy(shards[i].params, dpo_->frozen[i]);
-    } else if (kept) {
-      backend_->copy(shards[i].params, dpo_->saved[i]);
-    }
-  }
-  if (reference || kept) {
-    model_->params_updated();
-  } else {
-    optimizer_->sync_params_from_master();
-  }
-  parallel_->params_updated();  // ZeRO-1 gathers them, FSDP drops its gathered units
+            dpo_->reference_weights, static_cast<double>(dpo_->frozen->bytes()) / kGiB);
 }
 
 // The frozen copy's log-probabilities of the pairs `indices` of `pairs` (this rank's next).
 void Trainer::reference_copy_logps(const PreferenceSource& pairs, const std::vector<uint64_t>& indices) {
   const profiler::PhaseSpan span(profiler_.get(), "dpo_reference");
-  use_reference_weights(true);
+  dpo_->frozen->use(true);
   dpo_->copy_logps.clear();
   for (uint64_t i : indices) dpo_->copy_logps[pairs.pair(i)] = {answer_logp(pairs, i, 0), answer_logp(pairs, i, 1)};
-  use_reference_weights(false);
+  dpo_->frozen->use(false);
 }
 
 std::array<double, 2> Trainer::reference_logps(const PreferenceSource& pairs, uint64_t index) const {
-  if (setup_.dpo_reference_copy) return dpo_->copy_logps.at(pairs.pair(index));
+  if (setup_.reference_copy) return dpo_->copy_logps.at(pairs.pair(index));
   return dpo_->reference ? dpo_->reference->at(pairs.pair(index)) : std::array<double, 2>{0, 0};
 }
 
@@ -931,7 +899,7 @@ DpoBatchStats Trainer::dpo_gradients() {
   prepare_dpo_reference();
   std::array<double, 6> sums{};
   const PreferenceSource& train = *dpo_->pairs.train;
-  if (setup_.dpo_reference_copy) {
+  if (setup_.reference_copy) {
     std::vector<uint64_t> mine;
     for (int64_t m = 0; m < per_rank; ++m) mine.push_back(consumed_samples_ + static_cast<uint64_t>(m * dp + rank));
     reference_copy_logps(train, mine);
@@ -961,7 +929,7 @@ double Trainer::evaluate_dpo() {
   std::vector<uint64_t> mine;
   for (int64_t i = parallel_->data_parallel_rank(); i < pairs; i += parallel_->data_parallel_size())
     mine.push_back(static_cast<uint64_t>(i));
-  if (setup_.dpo_reference_copy) reference_copy_logps(*dpo_->pairs.valid, mine);
+  if (setup_.reference_copy) reference_copy_logps(*dpo_->pairs.valid, mine);
   for (uint64_t i : mine) score_pair(*dpo_->pairs.valid, i, &sums);
   const DpoBatchStats s = dpo_means(sums, pairs);
   log_.info("dpo validation: loss {:.6f} | rewards/accuracies {:.4f} | rewards/margins {:.4f} | "

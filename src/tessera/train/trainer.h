@@ -158,7 +158,6 @@ class Trainer {
   void identify_dpo_reference();
   void prepare_dpo_reference();
   void keep_dpo_reference_copy();
-  void use_reference_weights(bool reference);
   void reference_copy_logps(const PreferenceSource& pairs, const std::vector<uint64_t>& indices);
   std::array<double, 2> reference_logps(const PreferenceSource& pairs, uint64_t index) const;
   DpoPair score_pair(const PreferenceSource& pairs, uint64_t index, std::array<double, 6>* sums);
