@@ -158,6 +158,52 @@ TEST(Generator, RefusesPositionsBeyondItsRoom) {
   EXPECT_THROW(gen.prefill({1, 200}), DataError);  // outside the vocabulary
 }
 
+// GRPO's generation: a generator reading a training model's weights in place (no copy) samples
+// tokens whose log-probabilities under its logits are the ones the training forward computes
+// for the same sequence (Model::token_losses), position by position; an update to the model's
+// weights is what the generator reads next.
+TEST(Generator, InPlaceOnAModelsWeightsGivesTheTrainingForwardsLogProbabilities) {
+  const ModelSpec s = spec(0, false, false);
+  auto backend = make_cpu_backend();
+  const std::vector<float> w = weights(*backend, s);
+  ModelRuntime rt;
+  rt.micro_batch = 1;
+  rt.seq_length = 20;
+  DecoderModel model(*backend, s, rt);
+  backend->upload(model.params(), w.data());
+  Generator gen(*backend, s, model.params(), model.layout(), rt.seq_length);
+  SamplingOptions o;
+  o.temperature = 1.0, o.seed = 4;
+  Sampler sampler(o);
+  std::vector<int32_t> tokens = {3, 17, 42, 8};
+  const size_t prompt = tokens.size();
+  std::vector<double> sampled_logps;
+  std::vector<float> logits = gen.prefill(tokens);
+  while (static_cast<int64_t>(tokens.size()) < rt.seq_length) {
+    const int32_t next = sampler.next(logits, s.vocab_size);
+    double z = 0;
+    for (float l : logits) z += std::exp(static_cast<double>(l));
+    sampled_logps.push_back(logits[next] - std::log(z));
+    tokens.push_back(next);
+    if (static_cast<int64_t>(tokens.size()) < rt.seq_length) logits = gen.step(next);
+  }
+  std::vector<int32_t> targets(tokens.size(), -1);
+  for (size_t i = prompt - 1; i + 1 < tokens.size(); ++i) targets[i] = tokens[i + 1];
+  model.set_batch(tokens.data(), targets.data());
+  model.forward_loss();
+  std::vector<float> losses(tokens.size());
+  backend->download(losses.data(), model.token_losses());
+  for (size_t t = 0; t < sampled_logps.size(); ++t)
+    EXPECT_NEAR(-losses[prompt - 1 + t], sampled_logps[t], 1e-4) << "completion token " << t;
+
+  // The model's weights changed: the generator's next prefill reads them.
+  std::vector<float> scaled = w;
+  for (float& x : scaled) x *= 0.5f;
+  backend->upload(model.params(), scaled.data());
+  const std::vector<float> after = gen.prefill({3, 17, 42, 8});
+  EXPECT_LT(max_relative(after, full_forward(*backend, s, scaled, {3, 17, 42, 8})), 1e-5);
+}
+
 TEST(Sampler, GreedyTopKTopPMinPAndTemperatureFollowTheirDefinitions) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 50.0f};  // id 5: padding
   EXPECT_EQ(Sampler({}).next(logits, 5), 1) << "greedy: the first of equal maxima";
@@ -184,6 +230,19 @@ TEST(Sampler, GreedyTopKTopPMinPAndTemperatureFollowTheirDefinitions) {
     const double p = std::exp(logits[id] / 2.0) / z;
     const double sd = std::sqrt(kDraws * p * (1 - p));
     EXPECT_NEAR(counts[id], kDraws * p, 5 * sd) << "id " << id;
+  }
+  // Without top-k or top-p (sampled without sorting), over every id below the vocabulary.
+  SamplingOptions all;
+  all.temperature = 2.0, all.seed = 9;
+  Sampler every(all);
+  std::map<int32_t, int> drawn;
+  for (int i = 0; i < kDraws; ++i) ++drawn[every.next(logits, 5)];
+  EXPECT_EQ(drawn.count(5), 0u);
+  z = 0;
+  for (int id = 0; id < 5; ++id) z += std::exp(logits[id] / 2.0);
+  for (int id = 0; id < 5; ++id) {
+    const double p = std::exp(logits[id] / 2.0) / z;
+    EXPECT_NEAR(drawn[id], kDraws * p, 5 * std::sqrt(kDraws * p * (1 - p))) << "unsorted, id " << id;
   }
   // Min-p 0.5 at temperature 1: ids 1 and 3 (e^3 each) stay, id 2 (e^2 < 0.5 e^3) goes.
   SamplingOptions min_p;

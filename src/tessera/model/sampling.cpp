@@ -15,6 +15,7 @@ int32_t Sampler::next(const std::vector<float>& logits, int64_t vocab) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) -
                                 logits.begin());
   }
+  if (o_.top_k == 0 && o_.top_p >= 1.0) return sample_unsorted(logits, vocab);
   // Candidates by decreasing logit (ties by id), cut to top_k.
   std::vector<int32_t> ids(static_cast<size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);
@@ -43,6 +44,19 @@ int32_t Sampler::next(const std::vector<float>& logits, int64_t vocab) {
     while (n > 1 && p[n - 1] < o_.min_p * p[0]) --n;
   std::discrete_distribution<size_t> pick(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(n));
   return ids[pick(rng_)];
+}
+
+// Without top-k or top-p the candidates need no order: one pass over the ids (a sort of a
+// 128k vocabulary costs more than a small model's decoding step). Min-p only needs the top.
+int32_t Sampler::sample_unsorted(const std::vector<float>& logits, int64_t vocab) {
+  const double top = *std::max_element(logits.begin(), logits.begin() + vocab) / o_.temperature;
+  std::vector<double> p(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double q = std::exp(logits[static_cast<size_t>(i)] / o_.temperature - top);
+    p[static_cast<size_t>(i)] = q < o_.min_p ? 0.0 : q;  // the top token's q is 1
+  }
+  std::discrete_distribution<size_t> pick(p.begin(), p.end());
+  return static_cast<int32_t>(pick(rng_));
 }
 
 }  // namespace tessera

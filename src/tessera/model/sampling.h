@@ -26,6 +26,8 @@ class Sampler {
   int32_t next(const std::vector<float>& logits, int64_t vocab);
 
  private:
+  int32_t sample_unsorted(const std::vector<float>& logits, int64_t vocab);
+
   SamplingOptions o_;
   std::mt19937_64 rng_;
 };

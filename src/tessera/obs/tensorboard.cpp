@@ -213,4 +213,9 @@ void TrainingTensorBoard::validation(int64_t iteration, uint64_t consumed_sample
   file_.flush();
 }
 
+void TrainingTensorBoard::validation_scalar(const std::string& tag, int64_t iteration, double value) {
+  file_.add_scalar(tag, value, iteration);
+  file_.flush();
+}
+
 }  // namespace tessera

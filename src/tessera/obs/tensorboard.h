@@ -91,6 +91,8 @@ class TrainingTensorBoard {
   void iteration(const IterationScalars& s);
   void interval(const IntervalScalars& s);
   void validation(int64_t iteration, uint64_t consumed_samples, double lm_loss);
+  // A validation figure of another objective under `tag` (GRPO's held-out accuracy).
+  void validation_scalar(const std::string& tag, int64_t iteration, double value);
   // MoE balance, with the tags of Megatron's track_moe_metrics: load_balancing_loss and z_loss
   // (means over the layers) and per layer moe/load_balancing_loss_layer_<l> and
   // moe/z_loss_layer_<l>, plus moe/expert_tokens_cv_layer_<l> and

@@ -98,7 +98,10 @@ std::vector<double> command_rewards(const std::string& command, const std::vecto
                                     double timeout_seconds) {
   std::string input;
   for (const RewardQuery& q : queries)
-    input += nlohmann::json{{"prompt", q.prompt}, {"completion", q.completion}, {"answer", q.answer}}.dump() + "\n";
+    // A sampled completion may end inside a character: its broken bytes are sent as U+FFFD.
+    input += nlohmann::json{{"prompt", q.prompt}, {"completion", q.completion}, {"answer", q.answer}}
+                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+             "\n";
   int in_pipe[2], out_pipe[2], err_pipe[2];
   if (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0)
     throw Error(fmt::format("reward command '{}': cannot make pipes: {}", command, std::strerror(errno)));

@@ -217,6 +217,8 @@ RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_si
   }
   if ((start.resume_dir.empty() || lora) && !c.hf_init_path.empty() && c.pretrained_checkpoint.empty())
     check_hf_weights(c.hf_init_path, setup.spec);
+  if (e.training.objective == Objective::Grpo)
+    check_grpo_prompts(e, start.tokenizer ? *start.tokenizer : *make_tokenizer(e.data, e.model_config.vocab_size));
   return start;
 }
 
@@ -269,6 +271,17 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   stop_if_signalled("while loading the initial weights");
   profiler_ = profiler::TrainingProfiler::create(exp_, parallel_->rank(), parallel_->world_size(),
                                                  *backend_, log_);
+  if (exp_.training.objective == Objective::Grpo) {
+    if (completed_iterations_ > 0 && exp_.training.grpo_beta > 0)
+      throw ConfigError(origin_of(exp_, "grpo_beta"), "grpo_beta", find_key("grpo_beta")->get(exp_),
+                        "0 to resume a GRPO run: its KL reference, a frozen copy of the starting "
+                        "weights, is not in its checkpoints");
+    grpo_ = std::make_unique<GrpoRun>(GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_,
+                                                     profiler_.get()});
+    log_.info("grpo: {}", grpo_->describe());
+    if (!grpo_->has_validation() && exp_.data.eval_interval > 0)
+      log_.warning("grpo: no valid_data_path: no held-out accuracy is measured");
+  }
   // Megatron writes no TensorBoard values for skip_train's evaluation either.
   if (parallel_->rank() == 0 && !exp_.logging.tensorboard_dir.empty() && !exp_.data.skip_train) {
     tensorboard_ =
@@ -329,6 +342,8 @@ void Trainer::log_run() const {
 void Trainer::open_data() {
   // Validation samples are made for runs that evaluate; skip_train's does whatever
   // eval_interval says.
+  // GRPO's prompts are read with the model that generates from them (train/grpo_run.h).
+  if (exp_.training.objective == Objective::Grpo) return open_host_batch();
   Experiment data_exp = exp_;
   if (exp_.data.skip_train) data_exp.data.eval_interval = 1;
   data_ = make_data_sources(data_exp, *tokenizer_, setup_.data_vocab);
@@ -351,6 +366,10 @@ void Trainer::open_data() {
     if (exp_.data.skip_train) throw DataError(why + ": skip_train has nothing to evaluate");
     log_.warning("{}: evaluation is disabled", why);
   }
+  open_host_batch();
+}
+
+void Trainer::open_host_batch() {
   // Whole sequences: under context parallelism the model takes its share of them.
   const int64_t N = exp_.training.micro_batch_size * exp_.training.seq_length;
   host_tokens_.resize(N);
@@ -952,8 +971,11 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   model_->zero_loss_sum();
   int64_t loss_tokens = 0;
   std::optional<DpoBatchStats> pair_stats;
+  std::optional<GrpoStepStats> grpo_stats;
   if (dpo_) {
     pair_stats = dpo_gradients();
+  } else if (grpo_) {
+    grpo_stats = grpo_->gradients(iteration);
   } else {
     // The loss is the mean over the global batch's positions that count (all of them without
     // loss masks); a batch whose every target is masked contributes no gradient.
@@ -1022,12 +1044,16 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
           moe_step_balance(stats, model_->moe_layers(), setup_.spec.moe.experts, accumulation * dp);
     }
   }
-  s.loss = pair_stats ? pair_stats->loss
-                      : loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
+  s.loss = pair_stats   ? pair_stats->loss
+           : grpo_stats ? grpo_stats->loss
+                        : loss_sum / static_cast<double>(std::max<int64_t>(loss_tokens, 1));
   s.loss_tokens = loss_tokens;
   s.dpo = pair_stats;
+  s.grpo = grpo_stats;
   s.real_tokens = positions_per_step();
-  if (dpo_) {
+  if (grpo_) {
+    s.real_tokens = grpo_stats->batch_tokens;  // each completion's prompt and its tokens
+  } else if (dpo_) {
     s.real_tokens = 0;
     for (int64_t i = 0; i < t.global_batch_size; ++i)
       s.real_tokens += dpo_->pairs.train->real_tokens(consumed_samples_ + static_cast<uint64_t>(i));
@@ -1116,14 +1142,14 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const std::string_view per = device_word();
   // With loss masks, how many of the global batch's positions the loss counted (a DPO step
   // counts pairs, not positions).
-  const bool masked = !s.dpo && data_.train->masks_targets();
+  const bool masked = lm_objective() && data_.train->masks_targets();
   const int64_t positions = t.global_batch_size * t.seq_length;
   // With packing's padding, the tokens/s of real tokens beside the slots'.
-  const bool pads = dpo_ || data_.train->pads();  // a DPO answer pads its sequence
-  // objective dpo: TRL's pair statistics of the last step.
+  // A DPO answer, a GRPO completion pads its sequence.
+  const bool pads = !lm_objective() || data_.train->pads();
+  // objective dpo, grpo: TRL's statistics of the last step.
   std::string pairs;
-  if (s.dpo)
-    for (const auto& [name, value] : s.dpo->trl_named()) pairs += fmt::format(" | {}: {:.4f}", name, value);
+  for (const auto& [name, value] : s.named()) pairs += fmt::format(" | {}: {:.4f}", name, value);
   const std::string real = pads ? fmt::format(" | real tokens per {} (tokens/s/{}): {:.1f} "
                                               "(packing efficiency {:.1f}%)",
                                               device_word(), device_word(),
@@ -1170,8 +1196,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["global_batch_size"] = t.global_batch_size;
   j["loss_tokens"] = s.loss_tokens;
   if (lora_) j["trainable_params"] = trainable_parameters();
-  if (s.dpo)
-    for (const auto& [name, value] : s.dpo->trl_named()) j[name] = value;
+  for (const auto& [name, value] : s.named()) j[name] = value;
   if (pads) {
     j["real_tokens_per_s_per_gpu"] = tokens_per_s * real_share;
     j["packing_efficiency"] = real_share;
@@ -1195,8 +1220,8 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
                      .lm_loss = s.loss,
                      .learning_rate = s.lr,
                      .grad_norm = s.grad_norm,
-                     .loss_tokens = !s.dpo && data_.train->masks_targets() ? s.loss_tokens : -1,
-                     .named = s.dpo ? s.dpo->trl_named() : std::vector<std::pair<std::string, double>>{}};
+                     .loss_tokens = lm_objective() && data_.train->masks_targets() ? s.loss_tokens : -1,
+                     .named = s.named()};
   if (exp_.logging.log_memory_to_tensorboard) {
     const MemoryStats mem = backend_->memory_stats();
     v.mem_allocated_bytes = static_cast<double>(mem.allocated_bytes);
@@ -1226,6 +1251,13 @@ void Trainer::report_evaluation(int64_t iteration, double loss, double ms) {
   metrics_->write(j);
 }
 
+double Trainer::evaluate_grpo(int64_t iteration) {
+  const double accuracy = grpo_->evaluate();
+  if (tensorboard_) tensorboard_->validation_scalar("eval/accuracy", iteration, accuracy);
+  if (metrics_) metrics_->write({{"iteration", iteration}, {"eval_accuracy", accuracy}});
+  return accuracy;
+}
+
 // skip_train, as Megatron: the starting weights evaluated at the iteration they come from;
 // nothing is trained or saved.
 TrainSummary Trainer::evaluate_only() {
@@ -1236,6 +1268,10 @@ TrainSummary Trainer::evaluate_only() {
       "skip_train: evaluating the weights of iteration {} on {} validation micro-batches "
       "per rank, without training",
       completed_iterations_, exp_.data.eval_iters);
+  if (grpo_) {
+    sum.last_eval_accuracy = evaluate_grpo(completed_iterations_);
+    return sum;
+  }
   const auto t0 = Clock::now();
   sum.last_eval_loss = evaluate();
   report_evaluation(completed_iterations_, sum.last_eval_loss, ms_since(t0));
@@ -1320,10 +1356,15 @@ TrainSummary Trainer::train() {
       interval_loss_sum = 0;
       interval_losses = 0;
     }
-    const bool eval_now = (dpo_ ? dpo_->pairs.valid != nullptr : data_.valid != nullptr) &&
-                          exp_.data.eval_interval > 0 &&
+    const bool has_validation = dpo_    ? dpo_->pairs.valid != nullptr
+                                : grpo_ ? grpo_->has_validation()
+                                        : data_.valid != nullptr;
+    const bool eval_now = has_validation && exp_.data.eval_interval > 0 &&
                           (it % exp_.data.eval_interval == 0 || it == t.train_iters);
-    if (eval_now) {
+    if (eval_now && grpo_) {
+      sum.last_eval_accuracy = evaluate_grpo(it);
+      interval_start = Clock::now();
+    } else if (eval_now) {
       const auto e0 = Clock::now();
       sum.last_eval_loss = evaluate();
       report_evaluation(it, sum.last_eval_loss, ms_since(e0));
@@ -1388,7 +1429,9 @@ TrainSummary Trainer::train() {
       first == 1 ? fmt::format("{} iterations", last)
                  : fmt::format("{} iterations, {} to {}", ran, first, last),
       ms_since(start) / 1e3, sum.first_loss, sum.last_loss,
-      sum.last_eval_loss >= 0 ? fmt::format(" (validation {:.4f})", sum.last_eval_loss) : "",
+      sum.last_eval_loss >= 0       ? fmt::format(" (validation {:.4f})", sum.last_eval_loss)
+      : sum.last_eval_accuracy >= 0 ? fmt::format(" (held-out accuracy {:.4f})", sum.last_eval_accuracy)
+                                    : "",
       sum.tokens_per_s_per_gpu, per, sum.tflops_per_gpu, per, sum.tflops_per_gpu_causal,
       sum.peak_memory_gib);
   return sum;

@@ -23,6 +23,7 @@
 #include "tessera/optim/adamw_optimizer.h"
 #include "tessera/run/run_setup.h"
 #include "tessera/train/dpo.h"
+#include "tessera/train/grpo_run.h"
 #include "tessera/train/moe_balance.h"
 
 namespace tessera::profiler {
@@ -43,6 +44,11 @@ struct IterationStats {
   bool skipped = false;              // non-finite loss or gradient: no update applied
   std::vector<MoeLayerBalance> moe;  // per MoE layer; empty for a dense model
   std::optional<DpoBatchStats> dpo;  // objective dpo: the global batch's pair statistics
+  std::optional<GrpoStepStats> grpo;  // objective grpo: the step's statistics
+  // The objective's statistics under TRL's names (DPO's or GRPO's; none for lm).
+  std::vector<std::pair<std::string, double>> named() const {
+    return dpo ? dpo->trl_named() : grpo ? grpo->trl_named() : std::vector<std::pair<std::string, double>>{};
+  }
 };
 
 struct TrainSummary {
@@ -50,6 +56,7 @@ struct TrainSummary {
   int64_t skipped_iterations = 0;
   double first_loss = 0, last_loss = 0;
   double last_eval_loss = -1;
+  double last_eval_accuracy = -1;  // objective grpo: the held-out share of right answers
   double tokens_per_s_per_gpu = 0;  // over all iterations after the first
   double tflops_per_gpu = 0;
   double tflops_per_gpu_causal = 0;  // Megatron-Bridge's count: causal attention halved
@@ -117,6 +124,7 @@ class Trainer {
   void check_device_can_run() const;
   void log_run() const;
   void open_data();
+  void open_host_batch();  // the host arrays of a micro-batch's tokens, targets and positions
   void build_model();
   void start_state();
   // Stops with TrainingAborted when a stop signal arrived while `doing` (setting up).
@@ -165,6 +173,8 @@ class Trainer {
   // Pair statistics summed over the data-parallel ranks, as means over `pairs`.
   DpoBatchStats dpo_means(const std::array<double, 6>& sums, int64_t pairs);
   double evaluate_dpo();
+  // objective grpo: the held-out accuracy (GrpoRun::evaluate), to metrics and TensorBoard.
+  double evaluate_grpo(int64_t iteration);
   [[noreturn]] void stop_for_signal(int sig, const std::string& where);
 
   Experiment exp_;
@@ -202,6 +212,9 @@ class Trainer {
   std::unique_ptr<TrainingTensorBoard> tensorboard_;  // rank 0 with tensorboard_dir, else null
   struct DpoState;
   std::unique_ptr<DpoState> dpo_;  // objective dpo only
+  std::unique_ptr<GrpoRun> grpo_;  // objective grpo only
+  // Whether the run trains on the next-token loss of a dataset's samples (objective lm).
+  bool lm_objective() const { return !dpo_ && !grpo_; }
 
   int64_t completed_iterations_ = 0;
   int64_t last_saved_iteration_ = -1;

@@ -242,7 +242,9 @@ RunData load_run(const fs::path& dir) {
                                        number(j, "moe_aux_loss"),
                                        worst_cv(j),
                                        number(j, "rewards/accuracies"),
-                                       number(j, "rewards/margins")};
+                                       number(j, "rewards/margins"),
+                                       number(j, "reward"),
+                                       number(j, "accuracy")};
   }
   for (auto& [it, rec] : by_iteration) r.iterations.push_back(rec);
   for (auto& [it, loss] : eval)

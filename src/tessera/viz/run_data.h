@@ -18,6 +18,8 @@ struct IterationRecord {
   double moe_aux_loss, moe_expert_tokens_cv;
   // DPO runs: TRL's rewards/accuracies and rewards/margins.
   double dpo_accuracy, dpo_margin;
+  // GRPO runs: the mean reward of the step's completions and their share of right answers.
+  double grpo_reward, grpo_accuracy;
 };
 
 // A table of a trace report, read back from its CSV: every cell as text.

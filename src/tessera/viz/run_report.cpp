@@ -344,6 +344,11 @@ std::vector<NamedChart> run_charts(const std::vector<RunData>& runs) {
                         {"Preference training (DPO)", "iteration", "rewards/accuracies, rewards/margins", {}, false}},
                        {&IterationRecord::dpo_accuracy, "rewards/accuracies"},
                        {&IterationRecord::dpo_margin, "rewards/margins"});
+  // GRPO runs add their completions' mean reward and share of right answers (sampled).
+  add_statistics_chart(&charts, runs,
+                       {"grpo_rewards", {"Reinforcement learning (GRPO)", "iteration", "reward, accuracy", {}, false}},
+                       {&IterationRecord::grpo_reward, "reward"},
+                       {&IterationRecord::grpo_accuracy, "accuracy"});
   return charts;
 }
 

@@ -1,0 +1,141 @@
+#pragma once
+// GRPO's steps (objective grpo): each generation batch, the policy samples
+// grpo_num_generations completions of each of global_batch_size / grpo_num_generations
+// prompts with its own weights, in place (model/generator.h); the rewards score them
+// (train/rewards.h) and each group's advantages follow (train/grpo.h); then
+// grpo_num_iterations optimizer steps train on the batch, one completion per sequence, each
+// through a forward pass for its tokens' log-probabilities and a backward weighted per token
+// (Model::token_loss_backward).
+//
+// Data parallelism splits the completions as it splits samples (Megatron's order). Each
+// completion's sampling is seeded by the run's seed, its generation batch and its place in
+// the global batch, so the completions do not depend on the number of ranks; the ranks
+// exchange rewards and lengths, and every rank computes every group's advantages.
+#include <cstdint>
+#include <memory>
+#include <regex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/model/sampling.h"
+#include "tessera/ops/device_buffer.h"
+#include "tessera/train/grpo.h"
+#include "tessera/train/grpo_prompts.h"
+
+namespace tessera {
+
+class AdamWOptimizer;
+class ChatFormat;
+class FrozenReference;
+class Generator;
+class Logger;
+class Model;
+class Tokenizer;
+namespace dist {
+class Parallelism;
+}
+namespace profiler {
+class TrainingProfiler;
+}
+
+// A step's statistics, over the global batch.
+struct GrpoStepStats {
+  double loss = 0;
+  double reward = 0, reward_std = 0;  // the weighted sum's mean, and its std over the batch
+  std::vector<std::pair<std::string, double>> reward_means;  // each reward, unweighted
+  double accuracy = -1;  // the answer reward's mean (share of right answers); -1 without it
+  double mean_length = 0, max_length = 0, clipped_ratio = 0;  // completions, in tokens
+  double kl = 0, clip_low = 0, clip_high = 0, clip_region = 0;
+  double entropy = 0;  // the policy's, per completion token, as it sampled
+  double frac_reward_zero_std = 0;  // groups whose rewards are all equal
+  // The generation batch's: seconds generating (0 on a step that reuses the batch), tokens
+  // generated, and its prompt and completion tokens.
+  double generation_s = 0;
+  int64_t generated_tokens = 0, batch_tokens = 0;
+  double reference_s = 0, training_s = 0;  // this step's reference and policy passes
+  // Under TRL's names, as the iteration line, metrics.jsonl and TensorBoard report them.
+  std::vector<std::pair<std::string, double>> trl_named() const;
+};
+
+// Reads objective grpo's prompt files (train_data_path, valid_data_path) as a run would, so
+// that a bad line stops the run before it writes anything; throws DataError naming the line.
+void check_grpo_prompts(const Experiment& e, const Tokenizer& tokenizer);
+
+class GrpoRun {
+ public:
+  struct Parts {
+    const Experiment& experiment;
+    Model& model;
+    AdamWOptimizer& optimizer;
+    dist::Parallelism& parallel;
+    const Tokenizer& tokenizer;
+    Logger& log;
+    profiler::TrainingProfiler* profiler;  // may be null
+  };
+  // Reads the prompts (train_data_path, valid_data_path); keeps the reference copy when
+  // grpo_beta is set (the weights as they are now: call after they are loaded).
+  explicit GrpoRun(const Parts& parts);
+  ~GrpoRun();
+
+  std::string describe() const;
+  // Iteration `iteration`'s gradients (accumulated into the model's), generating a new batch
+  // when it starts one; every rank gets the same statistics.
+  GrpoStepStats gradients(int64_t iteration);
+  // Greedy completions of the first validation prompts (at most eval_iters x
+  // global_batch_size / grpo_num_generations): the share of right answers (or without the
+  // answer reward, the mean reward), logged and returned.
+  double evaluate();
+  bool has_validation() const { return !valid_.empty(); }
+  // Prompt and completion tokens of one step, over the global batch.
+  int64_t batch_tokens() const { return batch_tokens_; }
+
+ private:
+  struct Completion {
+    int64_t prompt = -1;  // index into prompts_
+    std::vector<int32_t> ids;  // the completion's tokens
+    std::vector<double> old_logp;  // the sampling policy's, per token (kept for mu > 1)
+    std::vector<double> ref_logp;
+    double entropy_sum = 0;
+    bool clipped = false;  // ended at the length limit, not at an end token
+  };
+  // This rank's completions of generation batch `batch`, rewarded and exchanged.
+  void generate_batch(int64_t batch);
+  // One completion of `prompt`: sampled (seed) or greedy (temperature 0 options).
+  Completion complete(const GrpoPrompt& prompt, const SamplingOptions& sampling);
+  std::vector<std::vector<double>> rewards(const std::vector<const GrpoPrompt*>& prompts,
+                                           const std::vector<Completion*>& completions) const;
+  // Loads this rank's completion `c` into the model's batch rows [row, row + 1).
+  void fill_row(const Completion& c, int64_t row);
+  // The model's log-probabilities of each completion token of micro-batch rows, after a forward.
+  std::vector<std::vector<double>> row_logps(int64_t rows);
+  int64_t global_index(int64_t micro_batch, int64_t row) const;
+  double sum_over_ranks(double value);
+
+  Parts p_;
+  const TrainingConfig& t_;
+  std::unique_ptr<ChatFormat> chat_;
+  std::vector<GrpoPrompt> train_, valid_;
+  std::vector<std::pair<std::string, double>> terms_;
+  std::regex answer_regex_, format_regex_;
+  std::unique_ptr<Generator> generator_;
+  std::unique_ptr<FrozenReference> reference_;
+  GrpoOptions options_;
+  int64_t accumulation_ = 1, per_rank_ = 1;
+  // The generation batch in hand: its number, this rank's completions (in micro-batch order),
+  // each global completion's advantage and whether its group takes part, and its statistics.
+  int64_t batch_ = -1;
+  std::vector<Completion> mine_;
+  std::vector<double> advantages_;
+  std::vector<bool> included_;
+  GrpoBatchCounts counts_;
+  GrpoStepStats batch_stats_;
+  int64_t batch_tokens_ = 0;
+  std::vector<uint64_t> order_;  // the prompts' order in the epoch in hand
+  int64_t order_epoch_ = -1;
+  DeviceBuffer scratch_;  // exchanged values, and the per-token weights of the backward
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,144 @@
+// objective grpo through the command: a tiny model from a checkpoint samples groups of
+// completions of chat prompts, which an answer reward and a reward command score; the steps
+// report TRL's statistics (the first compares the policy with its reference and its sampling
+// self: KL 0, nothing clipped), a second step on one generation batch reuses it, held-out
+// prompts are evaluated, and two data-parallel thread ranks (ZeRO-1) give one rank's run.
+// Bad prompts and a failing reward command stop the run with the file, line or command named.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/run_command.h"
+#include "common/scratch_dir.h"
+#include "common/tiny_run.h"
+
+namespace tessera::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+void write_prompts(const fs::path& file, const std::vector<std::pair<std::string, std::string>>& qa) {
+  std::ofstream out(file);
+  for (const auto& [q, a] : qa)
+    out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}}, {"answer", a}}.dump() << "\n";
+}
+
+class GrpoTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_prompts(dir_ / "prompts.jsonl", {{"Is tennis a sport? #### yes", "yes"},
+                                           {"Is a piano a sport? #### no", "no"},
+                                           {"Is golf a sport?", "yes"},
+                                           {"Is jazz a sport?", "no"},
+                                           {"Is hockey a sport?", "yes"},
+                                           {"Is a violin a sport?", "no"}});
+    write_prompts(dir_ / "held_out.jsonl", {{"Is rugby a sport?", "yes"}, {"Is opera a sport?", "no"}});
+    // Rewards that differ between completions of one prompt: the length of its JSON line.
+    std::ofstream(dir_ / "reward.sh") << "awk '{print length($0) % 5}'\n";
+    const RunResult r = run_tessera(model_ + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
+                                    (dir_ / "start").string() + " --exp_name start");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  std::string grpo() const {
+    return model_ + " --objective grpo --finetune --load " + (dir_ / "start").string() +
+           " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() + " --valid_data_path " +
+           (dir_ / "held_out.jsonl").string() +
+           " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 --grpo_max_completion_length 6 "
+           "--grpo_rewards answer,command:0.5 --grpo_reward_command 'sh " +
+           (dir_ / "reward.sh").string() + "' --lr 3e-3 --lr_warmup_iters 0 --log_interval 1";
+  }
+  std::vector<nlohmann::json> steps(const std::string& run) const {
+    std::vector<nlohmann::json> out;
+    for (const auto& j : metrics_lines(dir_ / "g" / "u" / run / "metrics.jsonl"))
+      if (j.contains("reward")) out.push_back(j);
+    return out;
+  }
+
+  ScratchDir dir_;
+  const std::string model_ =
+      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size 32 "
+      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 40 "
+      "--log_progress false --train_data_path null --workspace " +
+      dir_.path().string() + " --work_group g --user_name u";
+};
+
+TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
+  const std::string run = grpo() + " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
+                                   "--eval_interval 4 --eval_iters 1";
+  RunResult r = run_tessera(run + " --exp_name one");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("grpo: 6 prompts"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("KL to a frozen copy of the starting weights"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("grpo validation: accuracy"), std::string::npos) << r.output;
+  const std::vector<nlohmann::json> one = steps("one");
+  ASSERT_EQ(one.size(), 4u);
+  for (const char* key : {"reward_std", "rewards/answer/mean", "rewards/command/mean", "accuracy",
+                          "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
+                          "entropy", "clip_ratio/region_mean", "frac_reward_zero_std", "time/generation_s"})
+    EXPECT_TRUE(one[0].contains(key)) << key;
+  // Step 1: the policy is its reference and the policy that sampled.
+  EXPECT_EQ(one[0]["kl"].get<double>(), 0.0);
+  EXPECT_EQ(one[0]["clip_ratio/region_mean"].get<double>(), 0.0);
+  EXPECT_GT(one[0]["time/generation_s"].get<double>(), 0.0);
+  EXPECT_GT(one[0]["reward_std"].get<double>(), 0.0) << "the rewards must differ for a gradient";
+  EXPECT_GT(one[0]["grad_norm"].get<double>(), 0.0);
+  // Step 2 trains on step 1's completions again, moved from both policies by one update.
+  EXPECT_EQ(one[1]["time/generation_s"].get<double>(), 0.0);
+  EXPECT_EQ(one[1]["reward"].get<double>(), one[0]["reward"].get<double>());
+  EXPECT_GT(one[1]["kl"].get<double>(), 0.0);
+  EXPECT_GT(one[2]["time/generation_s"].get<double>(), 0.0);
+  bool evaluated = false;
+  for (const auto& j : metrics_lines(dir_ / "g" / "u" / "one" / "metrics.jsonl"))
+    evaluated = evaluated || j.contains("eval_accuracy");
+  EXPECT_TRUE(evaluated);
+
+  // Completions are seeded by their place in the global batch: two ranks sample the same
+  // ones and step as one rank does.
+  r = run_tessera(run + " --nproc_per_node 2 --use_distributed_optimizer true --exp_name two");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> two = steps("two");
+  ASSERT_EQ(two.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(two[i]["reward"].get<double>(), one[i]["reward"].get<double>());
+    EXPECT_EQ(two[i]["completions/mean_length"].get<double>(), one[i]["completions/mean_length"].get<double>());
+    EXPECT_NEAR(two[i]["lm_loss"].get<double>(), one[i]["lm_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(two[i]["kl"].get<double>(), one[i]["kl"].get<double>(), 1e-6);
+    EXPECT_NEAR(two[i]["grad_norm"].get<double>(), one[i]["grad_norm"].get<double>(),
+                1e-4 * one[i]["grad_norm"].get<double>());
+  }
+}
+
+TEST_F(GrpoTraining, BadPromptsAndAFailingRewardCommandStopTheRunByName) {
+  {
+    std::ofstream out(dir_ / "bad.jsonl");
+    out << R"({"prompt": "Is golf a sport?", "answer": "yes"})" << "\n";
+    out << R"({"question": "How many? Two and two. #### not this", "answer": "They add up. #### 4"})" << "\n";
+    out << R"({"completion": "no prompt"})" << "\n";
+  }
+  RunResult r = run_tessera(grpo() + " --train_iters 1 --train_data_path " + (dir_ / "bad.jsonl").string() +
+                            " --exp_name bad");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("bad.jsonl:3: no 'prompt' (or GSM8K's 'question')"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "g" / "u" / "bad" / "metrics.jsonl"));
+
+  std::ofstream(dir_ / "crash.sh") << "echo 'verifier broke' >&2; exit 3\n";
+  r = run_tessera(grpo() + " --train_iters 1 --grpo_rewards command --grpo_reward_command 'sh " +
+                  (dir_ / "crash.sh").string() + "' --exp_name crash");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("crash.sh"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("verifier broke"), std::string::npos) << r.output;
+
+  r = run_tessera(grpo() + " --train_iters 1 --grpo_max_completion_length 30 --exp_name long");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("prompts.jsonl:1: the prompt has"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace tessera::testing
