@@ -117,6 +117,33 @@ TEST_F(ConfigErrorMessage, ComplexKeyIsRefusedWithItsLine) {
 
 
 // LoRA and DPO keys that cannot do what they say are refused by name before anything runs.
+TEST_F(ConfigErrorMessage, GrpoKeysThatCannotRunAreNamed) {
+  const fs::path prompts = dir_ / "prompts.jsonl";
+  std::ofstream(prompts) << R"({"prompt": "Is golf a sport?", "answer": "yes"})" << "\n";
+  const std::string grpo = "--model tiny_llama --train_iters 2 --lr_warmup_iters 0 --objective grpo --data_path null "
+                           "--train_data_path " + prompts.string() + " --global_batch_size 8 --micro_batch_size 2 --grpo_max_completion_length 16 ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--grpo_num_generations 1", "key 'grpo_num_generations' has value '1': expected 2 or more"},
+      {"--grpo_num_generations 3", "key 'global_batch_size' has value '8': expected a multiple of grpo_num_generations (3)"},
+      {"--grpo_max_completion_length 4096", "key 'grpo_max_completion_length' has value '4096': expected 1 or more and below seq_length"},
+      {"--grpo_temperature 0", "key 'grpo_temperature' has value '0"},
+      {"--grpo_rewards answer,speed", "key 'grpo_rewards' has value 'answer,speed': expected comma-separated name[:weight] of answer, format, overlong and command ('speed' is not a reward)"},
+      {"--grpo_rewards answer:x", "'x' is not a weight"},
+      {"--grpo_rewards format", "key 'grpo_format_regex' has value 'null': expected a pattern with the format reward"},
+      {"--grpo_rewards format --grpo_format_regex '(['", "key 'grpo_format_regex' has value '(['"},
+      {"--grpo_rewards command", "key 'grpo_reward_command' has value 'null': expected a command with the command reward"},
+      {"--grpo_answer_format regex", "key 'grpo_answer_regex' has value 'null': expected a pattern with grpo_answer_format regex"},
+      {"--tensor_model_parallel_size 2 --nproc_per_node 2",
+       "key 'tensor_model_parallel_size' has value '2': expected 1 with objective grpo"},
+      {"--lora_rank 8", "key 'lora_rank' has value '8': expected 0 with objective grpo"},
+      {"--train_data_path " + (dir_ / "missing.jsonl").string(), "expected an existing JSON-lines file of prompts"},
+      {"--grpo_epsilon 1", "key 'grpo_epsilon' has value '1"}};
+  for (const auto& [args, message] : cases) {
+    const std::string out = train_error(grpo + args);
+    EXPECT_TRUE(contains(out, message)) << args << "\n" << out;
+  }
+}
+
 TEST_F(ConfigErrorMessage, LoraAndDpoKeysThatCannotRunAreNamed) {
   fs::create_directories(dir_ / "base");
   const std::string tiny = "--model tiny_llama --mock_data true --train_iters 2 --lr_warmup_iters 0 ";

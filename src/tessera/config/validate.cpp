@@ -687,11 +687,10 @@ void check_data(const Checker& c, const DataConfig& d) {
                 "merges.txt)");
   // GRPO's paths are files of prompts (check_grpo), read when the run starts.
   if (c.experiment().training.objective == Objective::Grpo) {
-    for (const char* key : {"train_data_path", "valid_data_path"}) {
-      const std::string path = find_key(key)->get(c.experiment());
-      if (!path.empty())
-        c.require(fs::is_regular_file(path), key, "an existing JSON-lines file of prompts with objective grpo");
-    }
+    for (const auto& [key, path] : {std::pair{"train_data_path", &d.train_data_path},
+                                    std::pair{"valid_data_path", &d.valid_data_path}})
+      if (!path->empty())
+        c.require(fs::is_regular_file(*path), key, "an existing JSON-lines file of prompts with objective grpo");
   } else if (!d.mock_data) {
     check_blends(c, d);
   }
