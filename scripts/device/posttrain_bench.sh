@@ -99,4 +99,30 @@ if want lora; then
   timeout 420 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
     --json "$OUT/peer.jsonl" > "$OUT/peer_lora.log" 2>&1; echo "peer exit $?"; tail -3 "$OUT/peer_lora.log"
 fi
+if want grpo; then
+  echo "== GRPO: the tiny experiment end to end in bf16"
+  python3 "$ROOT/scripts/data/grpo_tasks.py" --task parity --held-out 100 --sft-hash-share 0.3 "$work/parity"
+  "$BIN/tessera" preprocess --chat --input "$work/parity_sft.jsonl" --output-prefix "$work/parity" \
+    --tokenizer-model llama3 2>&1 | tail -1
+  PROMPTS=(--train_data_path "$work/parity_prompts.jsonl" --valid_data_path "$work/parity_held_out.jsonl"
+           --log_progress false --workspace "$OUT/grpo_ws")
+  timeout 120 "$BIN/tessera" train --config sft_tiny --finetune false --data_path "$work/parity_chat_document" \
+    --train_iters 150 --log_progress false --save "$work/parity_sft" --workspace "$OUT/grpo_ws" 2>&1 | tail -1
+  timeout 60 "$BIN/tessera" train --config grpo_tiny --load "$work/parity_sft" --skip_train true "${PROMPTS[@]}" \
+    --exp_name grpo_tiny_before 2>&1 | grep "validation:"
+  timeout 120 "$BIN/tessera" train --config grpo_tiny --load "$work/parity_sft" "${PROMPTS[@]}" 2>&1 \
+    | grep -E "validation:|done:|iteration +(5|20)/" | cut -c1-400
+  echo "== GRPO: Llama 3.1 8B 4-layer proxy, 16 completions of up to 256 tokens per step"
+  python3 "$ROOT/scripts/data/grpo_tasks.py" --task addition --digits 3 --train 64 --held-out 4 "$work/add"
+  timeout 240 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --objective grpo --data_path null \
+    --mock_data false --train_data_path "$work/add_prompts.jsonl" --tokenizer_type HuggingFaceTokenizer \
+    --tokenizer_model llama3.1 --seq_length 512 --micro_batch_size 4 --global_batch_size 16 \
+    --grpo_num_generations 16 --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 3 \
+    --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy_ws" 2>&1 \
+    | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
+  for batch in 1 64; do
+    timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task gen --layers 4 --batch $batch --prompt 256 \
+      --new 256 --json "$OUT/peer.jsonl" 2>&1 | tail -1
+  done
+fi
 rm -rf "$work"

@@ -99,8 +99,10 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
   EXPECT_TRUE(evaluated);
 
   // Completions are seeded by their place in the global batch: two ranks sample the same
-  // ones and step as one rank does.
-  r = run_tessera(run + " --nproc_per_node 2 --use_distributed_optimizer true --exp_name two");
+  // ones and step as one rank does (ZeRO-1 with its parameter gather overlapped: generation
+  // waits for it).
+  r = run_tessera(run + " --nproc_per_node 2 --use_distributed_optimizer true --overlap_param_gather true "
+                        "--exp_name two");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<nlohmann::json> two = steps("two");
   ASSERT_EQ(two.size(), 4u);

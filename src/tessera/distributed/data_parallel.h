@@ -140,6 +140,7 @@ class DataParallel : public DataParallelism, private ParamUnitObserver {
   // ZeRO-1: every rank's updated parameter slices to every rank. Overlapped, the parameters
   // are complete only for the next forward (as it goes) or after settle().
   void params_updated() override;
+  void params_complete() override { settle(); }
 
  private:
   void settle() override;

@@ -54,6 +54,9 @@ class Parallelism {
   // After the optimizer step: brings every rank's updated parameters where the next forward
   // reads them (or lets it gather them as it goes).
   virtual void params_updated() = 0;
+  // Waits until what params_updated brings is in place, for a reader outside the model's
+  // passes (generation from the policy's weights); the passes themselves wait as they go.
+  virtual void params_complete() {}
 
   // Checkpoints. When parameters are sharded (FSDP), a parameter is read by gathering it: rank
   // 0 calls gathered_param for every parameter in layout order while each other rank calls

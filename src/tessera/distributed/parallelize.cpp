@@ -87,6 +87,7 @@ class ExpertParallel final : public Parallelism {
   void finish_gradient_reduction() override { inner_->finish_gradient_reduction(); }
   void grad_norm_sq(const Tensor& out) override { inner_->grad_norm_sq(out); }
   void params_updated() override { inner_->params_updated(); }
+  void params_complete() override { inner_->params_complete(); }
   bool params_sharded() const override { return inner_->params_sharded(); }
   Tensor gathered_param(int index) override { return inner_->gathered_param(index); }
   void follow_gathers() override { inner_->follow_gathers(); }

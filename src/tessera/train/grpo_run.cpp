@@ -116,12 +116,13 @@ std::string GrpoRun::describe() const {
   std::string rewards;
   for (const auto& [name, weight] : terms_) rewards += fmt::format("{}{} x {}", rewards.empty() ? "" : " + ", weight, name);
   return fmt::format(
-      "{} prompts ({}){}; {} completions per prompt, {} prompts per step, up to {} new tokens "
+      "{} prompts ({}){}; {} completions per prompt, {} prompt{} per step, up to {} new tokens "
       "(temperature {}, top-k {}, top-p {}, min-p {}); reward {}; {} optimizer step{} per "
       "generation batch; {}",
       train_.size(), p_.experiment.data.train_data_path,
       valid_.empty() ? "" : fmt::format(", {} held out", valid_.size()), t_.grpo_num_generations,
-      t_.global_batch_size / t_.grpo_num_generations, t_.grpo_max_completion_length, t_.grpo_temperature,
+      t_.global_batch_size / t_.grpo_num_generations, t_.global_batch_size == t_.grpo_num_generations ? "" : "s",
+      t_.grpo_max_completion_length, t_.grpo_temperature,
       t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, rewards, t_.grpo_num_iterations,
       t_.grpo_num_iterations == 1 ? "" : "s",
       reference_ ? fmt::format("KL to a frozen copy of the starting weights (beta {}, {:.3f} GiB)", t_.grpo_beta,
@@ -215,6 +216,7 @@ void GrpoRun::generate_batch(int64_t batch) {
     for (int64_t k = 0; k < G; ++k) prompt_of[static_cast<size_t>(g * G + k)] = static_cast<int64_t>(order_[static_cast<size_t>(at % n)]);
   }
   Model& model = p_.model;
+  p_.parallel.params_complete();  // ZeRO-1's overlapped gather of the last update
   if (!model.persistent_state().empty()) generator_->copy_state(model.persistent_state());
   mine_.clear();
   std::vector<const GrpoPrompt*> prompts;
@@ -404,6 +406,7 @@ double GrpoRun::evaluate() {
   const int64_t count = std::min<int64_t>(static_cast<int64_t>(valid_.size()),
                                           p_.experiment.data.eval_iters * t_.global_batch_size / t_.grpo_num_generations);
   const int64_t dp = p_.parallel.data_parallel_size(), rank = p_.parallel.data_parallel_rank();
+  p_.parallel.params_complete();
   if (!p_.model.persistent_state().empty()) generator_->copy_state(p_.model.persistent_state());
   std::vector<Completion> done;
   std::vector<const GrpoPrompt*> prompts;
