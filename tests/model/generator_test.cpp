@@ -146,6 +146,57 @@ INSTANTIATE_TEST_SUITE_P(Models, GeneratorVsFullForward,
                                            Case{"mla_direct_queries", 0, false, false, false, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// A prompt forked into sequences decoded together (GRPO's group): each sequence's logits and
+// greedy tokens are those of decoding it alone, though the sequences take different tokens from
+// the first step on; for a family whose blocks decode batches (multi-latent attention falls back
+// to one sequence).
+TEST_P(GeneratorVsFullForward, ForkedSequencesDecodedTogetherMatchEachDecodedAlone) {
+  const Case c = GetParam();
+  const ModelSpec s = spec(c.window, c.bias, c.tied, c.moe, c.mla);
+  auto backend = make_cpu_backend();
+  const std::vector<float> w = weights(*backend, s);
+  const auto load = [&](Generator& g) {
+    g.load([&](const ParamInfo& p) { return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel()); });
+  };
+  constexpr int64_t kSequences = 3;
+  Generator together(*backend, s, DType::F32, 24, kSequences);
+  load(together);
+  if (c.mla) {
+    EXPECT_FALSE(together.decodes_batches());
+    return;
+  }
+  ASSERT_TRUE(together.decodes_batches());
+  const std::vector<int32_t> prompt = {5, 9, 33, 2, 71};
+  together.prefill(prompt);
+  together.fork(kSequences);
+  // Each sequence starts from its own token, then goes greedily.
+  std::vector<int32_t> next = {7, 40, 88};
+  std::vector<std::vector<int32_t>> taken(kSequences);
+  std::vector<std::vector<std::vector<float>>> logits(kSequences);
+  Sampler greedy({});
+  for (int step = 0; step < 10; ++step) {
+    const std::vector<float> all = together.step(next);
+    for (int64_t b = 0; b < kSequences; ++b) {
+      taken[b].push_back(next[b]);
+      logits[b].emplace_back(all.begin() + b * s.vocab_size, all.begin() + (b + 1) * s.vocab_size);
+      next[b] = greedy.next(logits[b].back(), s.vocab_size);
+    }
+  }
+  EXPECT_EQ(together.position(), static_cast<int64_t>(prompt.size()) + 10);
+  for (int64_t b = 0; b < kSequences; ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b));
+    Generator alone(*backend, s, DType::F32, 24);
+    load(alone);
+    alone.prefill(prompt);
+    for (int step = 0; step < 10; ++step) {
+      const std::vector<float> one = alone.step(taken[b][step]);
+      EXPECT_LT(max_relative(logits[b][step], one), 1e-5) << "step " << step;
+      if (step + 1 < 10) EXPECT_EQ(taken[b][step + 1], greedy.next(one, s.vocab_size)) << "step " << step;
+    }
+  }
+  EXPECT_NE(taken[0], taken[1]);
+}
+
 TEST(Generator, RefusesPositionsBeyondItsRoom) {
   const ModelSpec s = spec(0, false, false);
   auto backend = make_cpu_backend();

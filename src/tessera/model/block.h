@@ -158,11 +158,16 @@ class Mixer {
   // ---- generation with a cache (model/generator.h) ----
   // Values per position it keeps for later tokens (an attention's keys and values).
   virtual int64_t cache_width() const { return 0; }
+  // Whether forward_cached takes a batch of sequences' next tokens (below); mixers without a
+  // cache see only rows.
+  virtual bool decodes_batches() const { return cache_width() == 0; }
   // Scratch bytes its forward_cached takes for n tokens of `dtype`.
   virtual size_t cached_scratch_bytes(int64_t n, DType dtype) const = 0;
   // The mixer on n new tokens `in` (n, C) of one sequence at positions [pos, pos + n):
   // out = f(in) (+ residual when defined). `cache` (S, cache_width()) holds positions [0, pos)
   // on entry and [0, pos + n) on exit. Either a prompt (pos 0, any n) or one token (n 1).
+  // Mixers that decodes_batches() also take a batch of sequences at one position: `cache`
+  // (B, S, cache_width()), `in` one token of each (B rows), pos > 0.
   virtual void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                               const Tensor& out, const Tensor& residual, const Tensor& cache,
                               int64_t pos) = 0;

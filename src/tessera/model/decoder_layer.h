@@ -43,6 +43,8 @@ class DecoderLayer {
   // Values per position each block caches, and the scratch bytes forward_cached takes for n
   // tokens.
   std::vector<int64_t> cache_widths() const;
+  // Whether every block takes a batch of sequences' next tokens (Mixer::decodes_batches).
+  bool decodes_batches() const;
   size_t cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const;
 
   // The rotary bases its mixers read (Mixer::rope_bases).

@@ -19,11 +19,12 @@ size_t aligned(size_t bytes) {
 }  // namespace
 
 Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtype,
-                     int64_t max_positions)
+                     int64_t max_positions, int64_t max_batch)
     : backend_(backend),
       spec_(spec),
       dtype_(compute_dtype),
       max_positions_(max_positions),
+      max_batch_(max_batch),
       layers_(make_decoder_layers(spec)),
       layout_(decoder_param_layout(spec, layers_)) {
   param_buffer_ = DeviceBuffer(backend_, layout_.total * dtype_size(dtype_), "parameters");
@@ -32,11 +33,12 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtyp
 }
 
 Generator::Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
-                     const ParamLayout& params_layout, int64_t max_positions)
+                     const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch)
     : backend_(backend),
       spec_(spec),
       dtype_(params.dtype),
       max_positions_(max_positions),
+      max_batch_(max_batch),
       layers_(make_decoder_layers(spec)),
       layout_(decoder_param_layout(spec, layers_)),
       params_in_place_(true),
@@ -52,26 +54,30 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, const Tensor& para
 
 void Generator::allocate_state() {
   TS_CHECK(max_positions_ > 0, "generation needs room for at least one position");
+  if (!decodes_batches()) max_batch_ = 1;
+  TS_CHECK(max_batch_ >= 1, "generation needs room for at least one sequence");
   const size_t e = dtype_size(dtype_);
-  const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size;
+  const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size, B = max_batch_;
+  // Rows of the residual states: a prompt's positions, or one token of each sequence.
+  const int64_t R = std::max(S, B);
 
   size_t cache_bytes = 0;
   for (const auto& layer : layers_)
-    for (int64_t w : layer->cache_widths()) cache_bytes += aligned(S * w * e);
+    for (int64_t w : layer->cache_widths()) cache_bytes += aligned(B * S * w * e);
   cache_buffer_ = DeviceBuffer(backend_, cache_bytes, "KV cache");
   size_t at = 0;
   for (const auto& layer : layers_) {
     caches_.emplace_back();
     for (int64_t w : layer->cache_widths()) {
-      caches_.back().push_back(w > 0 ? cache_buffer_.tensor(dtype_, {S, w}, at) : Tensor{});
-      at += aligned(S * w * e);
+      caches_.back().push_back(w > 0 ? cache_buffer_.tensor(dtype_, {B, S, w}, at) : Tensor{});
+      at += aligned(B * S * w * e);
     }
   }
 
   // Two residual states for the layers to ping-pong between, the final norm and logits of one
   // position, the tokens, and the rope tables.
-  const size_t sizes[] = {aligned(S * 4), aligned(S * C * e), aligned(S * C * e), aligned(C * e),
-                          aligned(4),     aligned(V * e),     aligned(V * 4)};
+  const size_t sizes[] = {aligned(R * 4),     aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
+                          aligned(B * 4),     aligned(B * V * e), aligned(B * V * 4)};
   const size_t table_bytes = aligned(S * spec_.head_dim * 4);
   for (double base : rope_bases(layers_)) rope_.tables.push_back({base, Tensor{}});
   size_t total = rope_.tables.size() * table_bytes;
@@ -83,13 +89,13 @@ void Generator::allocate_state() {
     at += bytes;
     return t;
   };
-  tokens_ = next(DType::I32, {S}, sizes[0]);
-  state_a_ = next(dtype_, {S, C}, sizes[1]);
-  state_b_ = next(dtype_, {S, C}, sizes[2]);
-  final_norm_ = next(dtype_, {1, C}, sizes[3]);
-  final_rstd_ = next(DType::F32, {1}, sizes[4]);
-  logits_ = next(dtype_, {1, V}, sizes[5]);
-  logits_f32_ = next(DType::F32, {V}, sizes[6]);
+  tokens_ = next(DType::I32, {R}, sizes[0]);
+  state_a_ = next(dtype_, {R, C}, sizes[1]);
+  state_b_ = next(dtype_, {R, C}, sizes[2]);
+  final_norm_ = next(dtype_, {B, C}, sizes[3]);
+  final_rstd_ = next(DType::F32, {B}, sizes[4]);
+  logits_ = next(dtype_, {B, V}, sizes[5]);
+  logits_f32_ = next(DType::F32, {B * V}, sizes[6]);
   for (auto& [base, table] : rope_.tables) {
     table = next(DType::F32, {S, spec_.head_dim}, table_bytes);
     backend_.upload(table, tessera::rope_table(spec_, S, base).data());
@@ -117,7 +123,7 @@ void Generator::allocate_state() {
 
   size_t scratch = 0;
   for (const auto& layer : layers_)
-    scratch = std::max(scratch, layer->cached_scratch_bytes(S, C, dtype_));
+    scratch = std::max(scratch, layer->cached_scratch_bytes(R, C, dtype_));
   scratch_ = ScratchArena(backend_, scratch);
 }
 
@@ -180,19 +186,60 @@ void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias
 std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {
   TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
   position_ = 0;
+  batch_ = 1;
   return run(prompt.data(), static_cast<int64_t>(prompt.size()));
 }
 
 std::vector<float> Generator::step(int32_t token) {
+  TS_CHECK(batch_ == 1, "generation: one token for a batch of {} sequences", batch_);
   return run(&token, 1);
 }
 
+bool Generator::decodes_batches() const {
+  return std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->decodes_batches(); });
+}
+
+void Generator::fork(int64_t count) {
+  TS_CHECK(position_ > 0 && batch_ == 1, "generation: fork a prompt's sequence after its prefill");
+  TS_CHECK(count >= 1 && count <= max_batch_, "generation: {} sequences in a generator for {}", count, max_batch_);
+  for (const auto& layer : caches_)
+    for (const Tensor& cache : layer) {
+      if (!cache.defined()) continue;
+      const int64_t S = cache.dim(1), w = cache.dim(2);
+      const Tensor prompt = cache.flat_range(0, position_ * w);
+      for (int64_t b = 1; b < count; ++b) backend_.copy(cache.flat_range(b * S * w, position_ * w), prompt);
+    }
+  batch_ = count;
+}
+
+std::vector<float> Generator::step(const std::vector<int32_t>& tokens) {
+  TS_CHECK(static_cast<int64_t>(tokens.size()) == batch_, "generation: {} tokens for {} sequences",
+           tokens.size(), batch_);
+  return run(tokens.data(), batch_);
+}
+
+std::vector<Tensor> Generator::caches_of(size_t layer, int64_t sequences) const {
+  std::vector<Tensor> out;
+  for (const Tensor& cache : caches_[layer]) {
+    if (!cache.defined()) {
+      out.push_back(cache);
+      continue;
+    }
+    const int64_t S = cache.dim(1), w = cache.dim(2);
+    const Tensor first = cache.flat_range(0, sequences * S * w);
+    out.push_back(sequences == 1 ? first.view({S, w}) : first.view({sequences, S, w}));
+  }
+  return out;
+}
+
 std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
-  if (position_ + n > max_positions_)
+  // A batch's tokens are one position of each sequence.
+  const int64_t positions = batch_ > 1 ? 1 : n;
+  if (position_ + positions > max_positions_)
     throw Error(
         fmt::format("generation: {} positions do not fit the {} the generator has room "
                     "for (raise --max-new-tokens's budget or shorten the prompt)",
-                    position_ + n, max_positions_));
+                    position_ + positions, max_positions_));
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
       throw DataError(fmt::format("generation: token id {} outside the vocabulary [0, {})",
@@ -203,19 +250,21 @@ std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
   backend_.embedding_forward(x, ids, param(layout_.embedding));
   if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
   for (size_t l = 0; l < layers_.size(); ++l) {
-    layers_[l]->forward_cached(*this, scratch_, x, y, caches_[l], position_);
+    layers_[l]->forward_cached(*this, scratch_, x, y, caches_of(l, batch_), position_);
     std::swap(x, y);
   }
-  backend_.rmsnorm_forward(final_norm_, final_rstd_, x.rows(n - 1, n), param(layout_.final_norm),
+  // The last position of each sequence: the prompt's last, or every row of a batch.
+  const int64_t B = batch_, V = spec_.vocab_size;
+  const Tensor norm = final_norm_.rows(0, B), logits = logits_.rows(0, B), f32 = logits_f32_.flat_range(0, B * V);
+  backend_.rmsnorm_forward(norm, final_rstd_.flat_range(0, B), x.rows(n - B, n), param(layout_.final_norm),
                            spec_.norm_eps);
-  linear(logits_, final_norm_, layout_.lm_head, -1, {});
-  if (spec_.logit_softcap > 0)
-    backend_.softcap(logits_, logits_, static_cast<float>(spec_.logit_softcap));
-  backend_.convert(logits_f32_, logits_);
-  std::vector<float> logits(static_cast<size_t>(spec_.vocab_size));
-  backend_.download(logits.data(), logits_f32_);
-  position_ += n;
-  return logits;
+  linear(logits, norm, layout_.lm_head, -1, {});
+  if (spec_.logit_softcap > 0) backend_.softcap(logits, logits, static_cast<float>(spec_.logit_softcap));
+  backend_.convert(f32, logits);
+  std::vector<float> out(static_cast<size_t>(B * V));
+  backend_.download(out.data(), f32);
+  position_ += positions;
+  return out;
 }
 
 }  // namespace tessera

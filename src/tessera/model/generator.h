@@ -2,9 +2,14 @@
 // Autoregressive generation with a KV cache: a model's weights on a backend, a prompt fed in
 // one pass (prefill), then one token at a time, each attending to the keys and values the
 // layers cached for every earlier position, so a new token costs one token's work, not the
-// whole sequence's. One sequence at a time; sampling (model/sampling.h) picks each next token
-// from the logits. The layers and blocks are the family's (model/decoder_layer.h), run
-// through Block::forward_cached.
+// whole sequence's. A prompt may fork into up to `max_batch` sequences that continue it
+// together (GRPO's group of completions of one prompt, or several samples): the prompt's cache
+// is copied to each, and each step decodes one token of every sequence in one pass, every
+// weight read once for the batch. The cache holds max_batch x max_positions positions per
+// layer, one contiguous row of positions per sequence: all sequences of a batch are at the
+// same position, so none fragments it. Sampling (model/sampling.h) picks each next token from
+// the logits. The layers and blocks are the family's (model/decoder_layer.h), run through
+// Block::forward_cached.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,12 +26,13 @@ namespace tessera {
 class Generator final : private ForwardOps {
  public:
   // Room for `max_positions` positions: the prompt and the tokens generated after it.
-  Generator(Backend& backend, const ModelSpec& spec, DType compute_dtype, int64_t max_positions);
+  Generator(Backend& backend, const ModelSpec& spec, DType compute_dtype, int64_t max_positions,
+            int64_t max_batch = 1);
   // Generation from weights that live elsewhere, read in place (a training model's: GRPO
   // samples from the policy it trains, with no copy): `params`, compute dtype, laid out as
   // `params_layout`, which must place every parameter where this generator's layout does.
   Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
-            const ParamLayout& params_layout, int64_t max_positions);
+            const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch = 1);
   ~Generator() override;
 
   const ParamLayout& layout() const { return layout_; }
@@ -44,13 +50,27 @@ class Generator final : private ForwardOps {
   std::vector<float> prefill(const std::vector<int32_t>& prompt);
   // Appends `token` at the next position; returns the logits of the token after it.
   std::vector<float> step(int32_t token);
+  // Whether the family's blocks decode batches (multi-latent attention does not yet): else
+  // max_batch is 1.
+  bool decodes_batches() const;
+  // After prefill: the prompt continues as `count` sequences (count <= max_batch), each with
+  // the prompt's cache.
+  void fork(int64_t count);
+  // One token for each of the fork's sequences (tokens.size() == count), all at position();
+  // returns their next tokens' logits, sequence after sequence (count x vocab_size).
+  std::vector<float> step(const std::vector<int32_t>& tokens);
   int64_t position() const { return position_; }
+  int64_t batch() const { return batch_; }
   int64_t max_positions() const { return max_positions_; }
 
  private:
   // What both constructors share, once params_ is set.
   void allocate_state();
+  // n tokens: a prompt or one token of the sequence (batch_ 1), or one token of each of the
+  // batch_ sequences; the logits of the last position of each sequence.
   std::vector<float> run(const int32_t* tokens, int64_t n);
+  // Each block's cache as the first `sequences` sequences' (the one-sequence layout for 1).
+  std::vector<Tensor> caches_of(size_t layer, int64_t sequences) const;
 
   // ForwardOps
   Backend& backend() const override { return backend_; }
@@ -63,15 +83,15 @@ class Generator final : private ForwardOps {
   Backend& backend_;
   ModelSpec spec_;
   DType dtype_;
-  int64_t max_positions_;
-  int64_t position_ = 0;
+  int64_t max_positions_, max_batch_;
+  int64_t position_ = 0, batch_ = 1;
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ParamLayout layout_;
   bool params_in_place_ = false;
   DeviceBuffer param_buffer_, cache_buffer_, state_buffer_, block_state_buffer_;
   std::vector<std::pair<std::string, Tensor>> block_state_;  // Block::bind_state's, by name
   Tensor params_;
-  std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_positions, cache width)
+  std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_batch, max_positions, cache width)
   Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_;
   RopeTables rope_;
   ScratchArena scratch_;

@@ -8,7 +8,7 @@
 
 namespace tessera {
 
-int32_t Sampler::next(const std::vector<float>& logits, int64_t vocab) {
+int32_t Sampler::next(std::span<const float> logits, int64_t vocab) {
   TS_CHECK(vocab > 0 && vocab <= static_cast<int64_t>(logits.size()), "sampling {} of {} logits",
            vocab, logits.size());
   if (o_.temperature <= 0) {
@@ -48,7 +48,7 @@ int32_t Sampler::next(const std::vector<float>& logits, int64_t vocab) {
 
 // Without top-k or top-p the candidates need no order: one pass over the ids (a sort of a
 // 128k vocabulary costs more than a small model's decoding step). Min-p only needs the top.
-int32_t Sampler::sample_unsorted(const std::vector<float>& logits, int64_t vocab) {
+int32_t Sampler::sample_unsorted(std::span<const float> logits, int64_t vocab) {
   const double top = *std::max_element(logits.begin(), logits.begin() + vocab) / o_.temperature;
   std::vector<double> p(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) {

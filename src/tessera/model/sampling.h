@@ -6,6 +6,7 @@
 // applies them (temperature, then top-k, top-p, min-p).
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace tessera {
@@ -23,10 +24,10 @@ class Sampler {
   explicit Sampler(const SamplingOptions& options) : o_(options), rng_(options.seed) {}
   // The next token among ids [0, vocab) of `logits` (a padded vocabulary's extra rows are
   // never picked). Ties in greedy decoding go to the lowest id, as torch.argmax does.
-  int32_t next(const std::vector<float>& logits, int64_t vocab);
+  int32_t next(std::span<const float> logits, int64_t vocab);
 
  private:
-  int32_t sample_unsorted(const std::vector<float>& logits, int64_t vocab);
+  int32_t sample_unsorted(std::span<const float> logits, int64_t vocab);
 
   SamplingOptions o_;
   std::mt19937_64 rng_;

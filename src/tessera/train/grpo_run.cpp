@@ -6,6 +6,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -98,8 +99,9 @@ GrpoRun::GrpoRun(const Parts& parts)
   per_rank_ = t_.global_batch_size / dp;
   accumulation_ = per_rank_ / t_.micro_batch_size;
   Model& model = p_.model;
+  // Room for a group's completions of one prompt on this rank, decoded together.
   generator_ = std::make_unique<Generator>(model.backend(), model.spec(), model.params(), model.layout(),
-                                           t_.seq_length);
+                                           t_.seq_length, std::min(t_.grpo_num_generations, per_rank_));
   if (t_.grpo_beta > 0)
     reference_ = std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);
   const int64_t tokens = model.runtime().tokens();
@@ -138,29 +140,50 @@ int64_t GrpoRun::global_index(int64_t micro_batch, int64_t row) const {
          row;
 }
 
-GrpoRun::Completion GrpoRun::complete(const GrpoPrompt& prompt, const SamplingOptions& sampling) {
-  Completion c;
-  Sampler sampler(sampling);
+// The prompt's cache is forked into one sequence per completion (Generator::fork); a finished
+// sequence takes its end token again, outside its completion, until every one has finished.
+std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt,
+                                                   const std::vector<SamplingOptions>& sampling) {
+  const auto count = static_cast<int64_t>(sampling.size());
+  std::vector<Completion> out(sampling.size());
+  std::vector<Sampler> samplers;
+  for (const SamplingOptions& o : sampling) samplers.emplace_back(o);
+  std::vector<bool> done(sampling.size(), false);
+  std::vector<int32_t> next(sampling.size());
   const int64_t V = p_.model.spec().vocab_size;
   const int64_t vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), V);
   std::vector<float> logits = generator_->prefill(prompt.ids);
+  generator_->fork(count);
   for (int64_t i = 0; i < t_.grpo_max_completion_length; ++i) {
-    // The model's own distribution (temperature 1): its entropy.
-    const float top = *std::max_element(logits.begin(), logits.end());
-    double z = 0, weighted = 0;
-    for (float l : logits) {
-      const double e = std::exp(static_cast<double>(l - top));
-      z += e;
-      weighted += e * (l - top);
+    bool all_done = true;
+    for (int64_t b = 0; b < count; ++b) {
+      Completion& c = out[static_cast<size_t>(b)];
+      if (done[static_cast<size_t>(b)]) {
+        next[static_cast<size_t>(b)] = c.ids.back();
+        continue;
+      }
+      // The prefill's logits start every sequence.
+      const std::span<const float> l(logits.data() + (i == 0 ? 0 : b * V), static_cast<size_t>(V));
+      // The model's own distribution (temperature 1): its entropy.
+      const float top = *std::max_element(l.begin(), l.end());
+      double z = 0, weighted = 0;
+      for (float x : l) {
+        const double e = std::exp(static_cast<double>(x - top));
+        z += e;
+        weighted += e * (x - top);
+      }
+      c.entropy_sum += std::log(z) - weighted / z;
+      const int32_t token = samplers[static_cast<size_t>(b)].next(l, vocab);
+      c.ids.push_back(token);
+      next[static_cast<size_t>(b)] = token;
+      done[static_cast<size_t>(b)] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
+      all_done = all_done && done[static_cast<size_t>(b)];
     }
-    c.entropy_sum += std::log(z) - weighted / z;
-    const int32_t token = sampler.next(logits, vocab);
-    c.ids.push_back(token);
-    if (token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token))) return c;
-    if (i + 1 < t_.grpo_max_completion_length) logits = generator_->step(token);
+    if (all_done) break;
+    if (i + 1 < t_.grpo_max_completion_length) logits = generator_->step(next);
   }
-  c.clipped = true;
-  return c;
+  for (size_t b = 0; b < out.size(); ++b) out[b].clipped = !done[b];
+  return out;
 }
 
 // Each reward term's value for each completion: [term][completion].
@@ -218,18 +241,30 @@ void GrpoRun::generate_batch(int64_t batch) {
   Model& model = p_.model;
   p_.parallel.params_complete();  // ZeRO-1's overlapped gather of the last update
   if (!model.persistent_state().empty()) generator_->copy_state(model.persistent_state());
+  // This rank's completions in micro-batch order; consecutive ones of one group (one prompt)
+  // are decoded together.
+  std::vector<int64_t> mine_global;
+  for (int64_t m = 0; m < accumulation_; ++m)
+    for (int64_t b = 0; b < t_.micro_batch_size; ++b) mine_global.push_back(global_index(m, b));
   mine_.clear();
   std::vector<const GrpoPrompt*> prompts;
-  for (int64_t m = 0; m < accumulation_; ++m)
-    for (int64_t b = 0; b < t_.micro_batch_size; ++b) {
-      const int64_t j = global_index(m, b);
-      SamplingOptions so{t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p,
-                         random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full, static_cast<uint64_t>(batch * B + j))};
-      const GrpoPrompt& prompt = train_[static_cast<size_t>(prompt_of[static_cast<size_t>(j)])];
-      mine_.push_back(complete(prompt, so));
-      mine_.back().prompt = prompt_of[static_cast<size_t>(j)];
+  for (size_t k = 0; k < mine_global.size();) {
+    const int64_t group = mine_global[k] / G;
+    std::vector<SamplingOptions> sampling;
+    size_t end = k;
+    for (; end < mine_global.size() && mine_global[end] / G == group && (end == k || mine_global[end] == mine_global[end - 1] + 1); ++end)
+      sampling.push_back({t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p,
+                          random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full,
+                                      static_cast<uint64_t>(batch * B + mine_global[end]))});
+    const int64_t prompt_index = prompt_of[static_cast<size_t>(mine_global[k])];
+    const GrpoPrompt& prompt = train_[static_cast<size_t>(prompt_index)];
+    for (Completion& c : complete(prompt, sampling)) {
+      c.prompt = prompt_index;
+      mine_.push_back(std::move(c));
       prompts.push_back(&prompt);
     }
+    k = end;
+  }
   std::vector<Completion*> completions;
   for (Completion& c : mine_) completions.push_back(&c);
   const std::vector<std::vector<double>> values = rewards(prompts, completions);
@@ -411,7 +446,7 @@ double GrpoRun::evaluate() {
   std::vector<Completion> done;
   std::vector<const GrpoPrompt*> prompts;
   for (int64_t i = rank; i < count; i += dp) {
-    done.push_back(complete(valid_[static_cast<size_t>(i)], SamplingOptions{}));  // greedy
+    done.push_back(std::move(complete(valid_[static_cast<size_t>(i)], {SamplingOptions{}})[0]));  // greedy
     prompts.push_back(&valid_[static_cast<size_t>(i)]);
   }
   std::vector<Completion*> completions;

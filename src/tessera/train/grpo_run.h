@@ -102,8 +102,9 @@ class GrpoRun {
   };
   // This rank's completions of generation batch `batch`, rewarded and exchanged.
   void generate_batch(int64_t batch);
-  // One completion of `prompt`: sampled (seed) or greedy (temperature 0 options).
-  Completion complete(const GrpoPrompt& prompt, const SamplingOptions& sampling);
+  // Completions of `prompt`, one per sampling option (sampled with its seed, or greedy at
+  // temperature 0), decoded together.
+  std::vector<Completion> complete(const GrpoPrompt& prompt, const std::vector<SamplingOptions>& sampling);
   std::vector<std::vector<double>> rewards(const std::vector<const GrpoPrompt*>& prompts,
                                            const std::vector<Completion*>& completions) const;
   // Loads this rank's completion `c` into the model's batch rows [row, row + 1).

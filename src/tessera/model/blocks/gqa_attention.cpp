@@ -172,7 +172,8 @@ size_t GqaAttention::cached_scratch_bytes(int64_t n, DType dtype) const {
   if (o_.qk_norm == QkNorm::Whole)
     qk =
         act(s_.qkv_width()) + 2 * act(s_.attn_width()) + act(s_.kv_heads * s_.head_dim) + 2 * stats;
-  return act(s_.qkv_width()) + act(s_.attn_width()) + ScratchArena::aligned(s_.heads * n * 4) + qk;
+  // Another attn_width per row: a batch's queries, gathered for attention_decode.
+  return act(s_.qkv_width()) + 2 * act(s_.attn_width()) + ScratchArena::aligned(s_.heads * n * 4) + qk;
 }
 
 // A prompt attends within itself (attention_forward over its own q, k and v); one new token
@@ -182,10 +183,11 @@ void GqaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
                                   int64_t pos) {
   Backend& b = ops.backend();
   const int64_t n = in.dim(0), width = s_.qkv_width(), q_width = s_.attn_width();
-  const int64_t S = cache.dim(0), row = cache_width();
+  const bool batch = cache.shape.rank() == 3;  // a batch of sequences, one token each
+  const int64_t B = batch ? cache.dim(0) : 1, S = cache.dim(batch ? 1 : 0), row = cache_width();
   const DType dt = in.dtype;
-  TS_CHECK(pos == 0 || n == 1, "generation: {} tokens at position {} (a prompt, or one token)", n,
-           pos);
+  TS_CHECK(batch ? pos > 0 && n == B : pos == 0 || n == 1,
+           "generation: {} tokens at position {} (a prompt, one token, or one per sequence of a batch)", n, pos);
   TS_CHECK(pos + n <= S, "generation: positions up to {} in a cache of {}", pos + n, S);
   const Tensor qkv = scratch.take(dt, {n, width});
   const Tensor att = scratch.take(dt, {n, q_width});
@@ -195,6 +197,17 @@ void GqaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
     qk_norm_forward(ops, t, qkv, shape(1, n));
   } else {
     ops.linear(qkv, in, qkv_weight_, qkv_bias_);
+  }
+  if (batch) {
+    // Every sequence's token at position pos: its key and value heads into its cache, its
+    // query heads gathered into rows of their own.
+    if (o_.rope) b.rope_forward(qkv, ops.rope_table(o_.rope_base).rows(pos, pos + 1), shape(B, 1));
+    b.copy_columns(cache.view({B, S * row}), pos * row, qkv, q_width, row);
+    const Tensor q = scratch.take(dt, {B, q_width});
+    b.copy_columns(q, 0, qkv, 0, q_width);
+    b.attention_decode(att, q, cache, pos, shape(B, S));
+    ops.linear(out, att, o_proj_, -1, residual);
+    return;
   }
   // Row t of the table slice is position pos + t.
   if (o_.rope) b.rope_forward(qkv, ops.rope_table(o_.rope_base).rows(pos, pos + n), shape(1, n));
