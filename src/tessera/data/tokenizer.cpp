@@ -1,19 +1,16 @@
 #include "tessera/data/tokenizer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <charconv>
 #include <cstdlib>
-#include <exception>
 #include <filesystem>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
+#include "tessera/core/parallel_for.h"
 #include "tessera/data/bpe_tokenizer.h"
 
 namespace tessera {
@@ -26,29 +23,10 @@ namespace fs = std::filesystem;
 void Tokenizer::encode_batch(std::span<const std::string_view> texts,
                              std::vector<std::vector<int32_t>>* out, int num_threads) const {
   out->resize(texts.size());
-  const size_t threads = std::min<size_t>(
-      texts.size(), num_threads > 0 ? static_cast<size_t>(num_threads)
-                                    : std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < texts.size();) {
-      try {
-        (*out)[i].clear();
-        encode(texts[i], &(*out)[i]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        next = texts.size();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  parallel_for(texts.size(), [&](size_t i) {
+    (*out)[i].clear();
+    encode(texts[i], &(*out)[i]);
+  }, num_threads > 0 ? static_cast<size_t>(num_threads) : 0);
 }
 
 void ByteTokenizer::encode(std::string_view text, std::vector<int32_t>* out) const {

@@ -13,6 +13,7 @@
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/config/validate.h"
 #include "tessera/core/error.h"
+#include "tessera/core/parallel_for.h"
 #include "tessera/core/random.h"
 #include "tessera/data/chat.h"
 #include "tessera/data/tokenizer.h"
@@ -148,19 +149,21 @@ std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt,
   std::vector<Completion> out(sampling.size());
   std::vector<Sampler> samplers;
   for (const SamplingOptions& o : sampling) samplers.emplace_back(o);
-  std::vector<bool> done(sampling.size(), false);
+  std::vector<char> done(sampling.size(), 0);  // written by the threads, one element each
   std::vector<int32_t> next(sampling.size());
   const int64_t V = p_.model.spec().vocab_size;
   const int64_t vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), V);
   std::vector<float> logits = generator_->prefill(prompt.ids);
   generator_->fork(count);
   for (int64_t i = 0; i < t_.grpo_max_completion_length; ++i) {
-    bool all_done = true;
-    for (int64_t b = 0; b < count; ++b) {
-      Completion& c = out[static_cast<size_t>(b)];
-      if (done[static_cast<size_t>(b)]) {
-        next[static_cast<size_t>(b)] = c.ids.back();
-        continue;
+    // Each sequence's entropy and sampling pass over its vocabulary of logits on the host, the
+    // sequences spread over threads.
+    parallel_for(sampling.size(), [&](size_t sequence) {
+      const auto b = static_cast<int64_t>(sequence);
+      Completion& c = out[sequence];
+      if (done[sequence]) {
+        next[sequence] = c.ids.back();
+        return;
       }
       // The prefill's logits start every sequence.
       const std::span<const float> l(logits.data() + (i == 0 ? 0 : b * V), static_cast<size_t>(V));
@@ -173,16 +176,15 @@ std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt,
         weighted += e * (x - top);
       }
       c.entropy_sum += std::log(z) - weighted / z;
-      const int32_t token = samplers[static_cast<size_t>(b)].next(l, vocab);
+      const int32_t token = samplers[sequence].next(l, vocab);
       c.ids.push_back(token);
-      next[static_cast<size_t>(b)] = token;
-      done[static_cast<size_t>(b)] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
-      all_done = all_done && done[static_cast<size_t>(b)];
-    }
-    if (all_done) break;
+      next[sequence] = token;
+      done[sequence] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
+    });
+    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
     if (i + 1 < t_.grpo_max_completion_length) logits = generator_->step(next);
   }
-  for (size_t b = 0; b < out.size(); ++b) out[b].clipped = !done[b];
+  for (size_t b = 0; b < out.size(); ++b) out[b].clipped = done[b] == 0;
   return out;
 }
 
