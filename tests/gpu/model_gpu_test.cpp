@@ -89,7 +89,8 @@ TEST(GpuModel, DeterministicAndRecomputeInvariant) {
 
 // The same weights and tokens on both: the GPU's next-token logits at every step (a prompt,
 // then one token at a time, fed the CPU's greedy choices) track the CPU's within bf16 error,
-// with head_dim 64 and 128 and a window shorter than the sequence.
+// with head_dim 64 and 128 and a window shorter than the sequence; likewise for the prompt
+// forked into sequences decoded together.
 TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
   TS_REQUIRE_GPU();
   for (const auto& [head_dim, window] : {std::pair<int64_t, int64_t>{64, 0}, {128, 9}}) {
@@ -112,7 +113,7 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
     const auto weights = [&](const ParamInfo& p) {
       return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel());
     };
-    Generator on_cpu(*cpu, s, DType::F32, 40), on_gpu(*gpu, s, DType::BF16, 40);
+    Generator on_cpu(*cpu, s, DType::F32, 40, 4), on_gpu(*gpu, s, DType::BF16, 40, 4);
     on_cpu.load(weights);
     on_gpu.load(weights);
     const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46, 26};
@@ -125,6 +126,24 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
       const int32_t next = static_cast<int32_t>(std::max_element(c.begin(), c.end()) - c.begin());
       c = on_cpu.step(next);
       g = on_gpu.step(next);
+    }
+    // The prompt forked into 4 sequences decoded together (GRPO's group), each taking its own
+    // tokens: batched attention_decode over the 4 caches.
+    on_cpu.prefill(prompt);
+    on_gpu.prefill(prompt);
+    on_cpu.fork(4);
+    on_gpu.fork(4);
+    std::vector<int32_t> tokens = {7, 100, 200, 31};
+    for (int step = 0; step < 8; ++step) {
+      c = on_cpu.step(tokens);
+      g = on_gpu.step(tokens);
+      const double err = relative_error(g, c);
+      EXPECT_LT(err, 3e-2) << "forked step " << step;
+      std::printf("[ generate ] D%ld window %ld forked x4 step %d logits rel err %.2e\n",
+                  static_cast<long>(head_dim), static_cast<long>(window), step, err);
+      for (size_t b = 0; b < tokens.size(); ++b)
+        tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
+                                         (c.begin() + b * 256));
     }
   }
 }
