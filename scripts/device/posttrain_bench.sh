@@ -120,6 +120,13 @@ if want grpo; then
     --grpo_num_generations 16 --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 3 \
     --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy_ws" 2>&1 \
     | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
+  echo "== GRPO: the same proxy, 64 completions of one prompt decoded together"
+  timeout 200 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --objective grpo --data_path null \
+    --mock_data false --train_data_path "$work/add_prompts.jsonl" --tokenizer_type HuggingFaceTokenizer \
+    --tokenizer_model llama3.1 --seq_length 512 --micro_batch_size 8 --global_batch_size 64 \
+    --grpo_num_generations 64 --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 2 \
+    --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy64_ws" 2>&1 \
+    | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
   for batch in 1 64; do
     timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task gen --layers 4 --batch $batch --prompt 256 \
       --new 256 --json "$OUT/peer.jsonl" 2>&1 | tail -1
