@@ -477,6 +477,26 @@ std::vector<OpCase> mlp_and_loss_cases() {
     };
     cases.push_back(c);
   }
+  // Generation's draw: sampled (temperature 1 and 0.7, with min-p), greedy; a vocabulary below
+  // the padded width; a Llama 3 vocabulary for 64 sequences.
+  for (auto [B, V, vocab, temperature, min_p] :
+       {std::tuple<int64_t, int64_t, int64_t, float, float>{4, 1000, 990, 1.0f, 0.0f},
+        {3, 50000, 50000, 0.7f, 0.05f},
+        {5, 777, 700, 0.0f, 0.0f},
+        {64, 128256, 128256, 1.0f, 0.0f}}) {
+    OpCase c;
+    c.name = fmt::format("sample_tokens B{} V{} vocab {} temperature {} min_p {}", B, V, vocab, temperature, min_p);
+    c.specs = {{"logits", {B, V}, Kind::Act, Role::In, 3.0f},
+               {"streams", {B}, Kind::I32, Role::In, 1, 0, 100000},
+               {"tokens", {B}, Kind::I32, Role::Out},
+               {"logps", {B}, Kind::F32, Role::Out, 1, 0, 1, 1e-4},
+               {"entropy", {B}, Kind::F32, Role::Out, 1, 0, 1, 1e-4}};
+    c.run = [vocab = vocab, temperature = temperature, min_p = min_p](Backend& b, const Tensors& t) {
+      b.sample_tokens(t.at("tokens"), t.at("logps"), t.at("entropy"), t.at("logits"), t.at("streams"), vocab,
+                      temperature, min_p, 1234, 17);
+    };
+    cases.push_back(c);
+  }
   // Vocabulary-parallel: the stats of two shards of V columns each (a vocabulary of 2V), then
   // shard 1's losses and gradient from both; targets anywhere in the vocabulary, some ignored.
   for (auto [N, V, with_grad] : {std::tuple<int64_t, int64_t, bool>{77, 500, true},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "tessera/backend/cpu/reference.h"
@@ -429,6 +430,18 @@ void ReferenceBackend::do_log_softmax_gather(const Tensor& logps, const Tensor& 
                                   ids(targets, d.cols, true), d.rows, d.cols);
   store(logps, lp);
   store(lse, l);
+}
+
+void ReferenceBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
+                                        const Tensor& logits, const Tensor& streams, int64_t vocab,
+                                        float temperature, float min_p, uint64_t seed, int64_t step) {
+  const MatrixDims d = matrix_dims(logits);
+  std::vector<double> lp(static_cast<size_t>(d.rows)), h(static_cast<size_t>(d.rows));
+  ref::sample_tokens<double>(tokens.as<int32_t>(), lp.data(), h.data(), values(logits).data(),
+                             ids(streams, std::numeric_limits<int32_t>::max(), true), d.rows, d.cols, vocab,
+                             temperature, min_p, seed, step);
+  store(logps, lp);
+  store(entropy, h);
 }
 
 void ReferenceBackend::do_log_softmax_gather_backward(const Tensor& dlogits, const Tensor& dlogps,

@@ -16,6 +16,7 @@
 #include "tessera/model/generator.h"
 #include "tessera/model/init.h"
 #include "tessera/model/sampling.h"
+#include "tessera/ops/device_buffer.h"
 
 namespace tessera {
 namespace {
@@ -167,8 +168,11 @@ TEST_P(GeneratorVsFullForward, ForkedSequencesDecodedTogetherMatchEachDecodedAlo
   }
   ASSERT_TRUE(together.decodes_batches());
   const std::vector<int32_t> prompt = {5, 9, 33, 2, 71};
-  together.prefill(prompt);
+  const std::vector<float> first = together.prefill(prompt);
   together.fork(kSequences);
+  // Each forked sequence starts from the prompt's last logits: a greedy draw is their argmax.
+  const int32_t top = static_cast<int32_t>(std::max_element(first.begin(), first.end()) - first.begin());
+  EXPECT_EQ(together.draw({0, 1, 2}, s.vocab_size, 0.0, 0.0, 1, 0).tokens, std::vector<int32_t>(kSequences, top));
   // Each sequence starts from its own token, then goes greedily.
   std::vector<int32_t> next = {7, 40, 88};
   std::vector<std::vector<int32_t>> taken(kSequences);
@@ -253,6 +257,64 @@ TEST(Generator, InPlaceOnAModelsWeightsGivesTheTrainingForwardsLogProbabilities)
   backend->upload(model.params(), scaled.data());
   const std::vector<float> after = gen.prefill({3, 17, 42, 8});
   EXPECT_LT(max_relative(after, full_forward(*backend, s, scaled, {3, 17, 42, 8})), 1e-5);
+}
+
+// The device draw (Backend::sample_tokens) on one row of logits repeated over 40000 streams:
+// frequencies follow softmax(logit / temperature) within 5 standard deviations, ids at or
+// beyond `vocab` are never drawn, min-p leaves out what it should, temperature 0 is the argmax;
+// its log-probability and entropy are those of softmax(logits) at temperature 1.
+TEST(Sampler, DeviceDrawFollowsTheSoftmaxAndReportsLogProbabilityAndEntropy) {
+  const std::vector<float> row = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 50.0f};  // id 5: padding
+  constexpr int64_t kRows = 40000, V = 6, vocab = 5;
+  auto backend = make_cpu_backend();
+  DeviceBuffer buf(*backend, kRows * (V + 4) * 4, "draw");
+  const Tensor logits = buf.tensor(DType::F32, {kRows, V});
+  const Tensor streams = buf.tensor(DType::I32, {kRows}, kRows * V * 4);
+  const Tensor tokens = buf.tensor(DType::I32, {kRows}, kRows * (V + 1) * 4);
+  const Tensor logps = buf.tensor(DType::F32, {kRows}, kRows * (V + 2) * 4);
+  const Tensor entropy = buf.tensor(DType::F32, {kRows}, kRows * (V + 3) * 4);
+  std::vector<float> all;
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < kRows; ++r) all.insert(all.end(), row.begin(), row.end()), ids.push_back(static_cast<int32_t>(r));
+  backend->upload(logits, all.data());
+  backend->upload(streams, ids.data());
+  const auto draw = [&](float temperature, float min_p) {
+    backend->sample_tokens(tokens, logps, entropy, logits, streams, vocab, temperature, min_p, 99, 3);
+    std::vector<int32_t> t(kRows);
+    backend->download(t.data(), tokens);
+    std::map<int32_t, int> counts;
+    for (int32_t x : t) ++counts[x];
+    return counts;
+  };
+  std::map<int32_t, int> counts = draw(2.0f, 0.0f);
+  EXPECT_EQ(counts.count(5), 0u);
+  double z = 0;
+  for (int id = 0; id < vocab; ++id) z += std::exp(row[id] / 2.0);
+  for (int id = 0; id < vocab; ++id) {
+    const double p = std::exp(row[id] / 2.0) / z;
+    EXPECT_NEAR(counts[id], kRows * p, 5 * std::sqrt(kRows * p * (1 - p))) << "id " << id;
+  }
+  // At temperature 1 and every row the same, each row's log-probability of its token and
+  // entropy over all 6 columns (the padding's included).
+  std::vector<int32_t> t(kRows);
+  std::vector<float> lp(kRows), h(kRows);
+  backend->download(t.data(), tokens);
+  backend->download(lp.data(), logps);
+  backend->download(h.data(), entropy);
+  double all_z = 0, weighted = 0;
+  for (float x : row) all_z += std::exp(static_cast<double>(x) - 50.0), weighted += std::exp(x - 50.0) * (x - 50.0);
+  for (int64_t r = 0; r < 3; ++r) {
+    EXPECT_NEAR(lp[r], row[t[r]] - 50.0 - std::log(all_z), 1e-5);
+    EXPECT_NEAR(h[r], std::log(all_z) - weighted / all_z, 1e-5);
+  }
+  // Min-p 0.5 at temperature 1 keeps ids 1 and 3; temperature 0 is the first of equal maxima.
+  counts = draw(1.0f, 0.5f);
+  EXPECT_EQ(counts.size(), 2u);
+  EXPECT_GT(counts[1], 0);
+  EXPECT_GT(counts[3], 0);
+  counts = draw(0.0f, 0.0f);
+  EXPECT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts.begin()->first, 1);
 }
 
 TEST(Sampler, GreedyTopKTopPMinPAndTemperatureFollowTheirDefinitions) {

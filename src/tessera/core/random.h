@@ -35,4 +35,15 @@ TS_HOST_DEVICE uint32_t random_below(uint64_t seed, uint64_t index, uint32_t n) 
   return static_cast<uint32_t>(((random_bits(seed, index) >> 32) * n) >> 32);
 }
 
+// Gumbel noise -log(-log(u)) for id `id` of step `step` of sampling stream `stream` (a
+// sequence being generated): argmax of logit / temperature + noise over the ids draws from
+// softmax(logits / temperature) (the Gumbel-max trick), the same draw on every backend. u is
+// uniform in (0, 1) from 24 bits; computed in double so host and device agree after rounding.
+TS_HOST_DEVICE float gumbel_noise(uint64_t seed, int64_t stream, int64_t step, int64_t vocab, int64_t id) {
+  const uint64_t bits = random_bits(random_bits(seed, static_cast<uint64_t>(stream)),
+                                    static_cast<uint64_t>(step) * static_cast<uint64_t>(vocab) + static_cast<uint64_t>(id));
+  const double u = (static_cast<double>(bits >> 40) + 0.5) * (1.0 / 16777216.0);
+  return static_cast<float>(-log(-log(u)));
+}
+
 }  // namespace tessera

@@ -77,7 +77,8 @@ void Generator::allocate_state() {
   // Two residual states for the layers to ping-pong between, the final norm and logits of one
   // position, the tokens, and the rope tables.
   const size_t sizes[] = {aligned(R * 4),     aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
-                          aligned(B * 4),     aligned(B * V * e), aligned(B * V * 4)};
+                          aligned(B * 4),     aligned(B * V * e), aligned(B * V * 4), aligned(B * 4),
+                          aligned(B * 4),     aligned(B * 4),     aligned(B * 4)};
   const size_t table_bytes = aligned(S * spec_.head_dim * 4);
   for (double base : rope_bases(layers_)) rope_.tables.push_back({base, Tensor{}});
   size_t total = rope_.tables.size() * table_bytes;
@@ -96,6 +97,10 @@ void Generator::allocate_state() {
   final_rstd_ = next(DType::F32, {B}, sizes[4]);
   logits_ = next(dtype_, {B, V}, sizes[5]);
   logits_f32_ = next(DType::F32, {B * V}, sizes[6]);
+  draw_streams_ = next(DType::I32, {B}, sizes[7]);
+  draw_tokens_ = next(DType::I32, {B}, sizes[8]);
+  draw_logps_ = next(DType::F32, {B}, sizes[9]);
+  draw_entropy_ = next(DType::F32, {B}, sizes[10]);
   for (auto& [base, table] : rope_.tables) {
     table = next(DType::F32, {S, spec_.head_dim}, table_bytes);
     backend_.upload(table, tessera::rope_table(spec_, S, base).data());
@@ -187,12 +192,14 @@ std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {
   TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
   position_ = 0;
   batch_ = 1;
-  return run(prompt.data(), static_cast<int64_t>(prompt.size()));
+  run(prompt.data(), static_cast<int64_t>(prompt.size()));
+  return logits_on_host();
 }
 
 std::vector<float> Generator::step(int32_t token) {
   TS_CHECK(batch_ == 1, "generation: one token for a batch of {} sequences", batch_);
-  return run(&token, 1);
+  run(&token, 1);
+  return logits_on_host();
 }
 
 bool Generator::decodes_batches() const {
@@ -209,13 +216,16 @@ void Generator::fork(int64_t count) {
       const Tensor prompt = cache.flat_range(0, position_ * w);
       for (int64_t b = 1; b < count; ++b) backend_.copy(cache.flat_range(b * S * w, position_ * w), prompt);
     }
+  // Every sequence's next token follows the prompt's last logits.
+  for (int64_t b = 1; b < count; ++b) backend_.copy(logits_.rows(b, b + 1), logits_.rows(0, 1));
   batch_ = count;
 }
 
 std::vector<float> Generator::step(const std::vector<int32_t>& tokens) {
   TS_CHECK(static_cast<int64_t>(tokens.size()) == batch_, "generation: {} tokens for {} sequences",
            tokens.size(), batch_);
-  return run(tokens.data(), batch_);
+  run(tokens.data(), batch_);
+  return logits_on_host();
 }
 
 std::vector<Tensor> Generator::caches_of(size_t layer, int64_t sequences) const {
@@ -232,7 +242,7 @@ std::vector<Tensor> Generator::caches_of(size_t layer, int64_t sequences) const 
   return out;
 }
 
-std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
+void Generator::run(const int32_t* tokens, int64_t n) {
   // A batch's tokens are one position of each sequence.
   const int64_t positions = batch_ > 1 ? 1 : n;
   if (position_ + positions > max_positions_)
@@ -254,17 +264,54 @@ std::vector<float> Generator::run(const int32_t* tokens, int64_t n) {
     std::swap(x, y);
   }
   // The last position of each sequence: the prompt's last, or every row of a batch.
-  const int64_t B = batch_, V = spec_.vocab_size;
-  const Tensor norm = final_norm_.rows(0, B), logits = logits_.rows(0, B), f32 = logits_f32_.flat_range(0, B * V);
+  const int64_t B = batch_;
+  const Tensor norm = final_norm_.rows(0, B), logits = logits_.rows(0, B);
   backend_.rmsnorm_forward(norm, final_rstd_.flat_range(0, B), x.rows(n - B, n), param(layout_.final_norm),
                            spec_.norm_eps);
   linear(logits, norm, layout_.lm_head, -1, {});
   if (spec_.logit_softcap > 0) backend_.softcap(logits, logits, static_cast<float>(spec_.logit_softcap));
-  backend_.convert(f32, logits);
+  position_ += positions;
+}
+
+std::vector<float> Generator::logits_on_host() {
+  const int64_t B = batch_, V = spec_.vocab_size;
+  const Tensor f32 = logits_f32_.flat_range(0, B * V);
+  backend_.convert(f32, logits_.rows(0, B));
   std::vector<float> out(static_cast<size_t>(B * V));
   backend_.download(out.data(), f32);
-  position_ += positions;
   return out;
+}
+
+void Generator::prefill_on_device(const std::vector<int32_t>& prompt) {
+  TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
+  position_ = 0;
+  batch_ = 1;
+  run(prompt.data(), static_cast<int64_t>(prompt.size()));
+}
+
+void Generator::step_on_device(const std::vector<int32_t>& tokens) {
+  TS_CHECK(static_cast<int64_t>(tokens.size()) == batch_, "generation: {} tokens for {} sequences",
+           tokens.size(), batch_);
+  run(tokens.data(), batch_);
+}
+
+Generator::Draw Generator::draw(const std::vector<int32_t>& streams, int64_t vocab, double temperature,
+                                double min_p, uint64_t seed, int64_t step) {
+  const int64_t B = batch_;
+  TS_CHECK(static_cast<int64_t>(streams.size()) == B, "generation: {} streams for {} sequences", streams.size(), B);
+  const Tensor s = draw_streams_.flat_range(0, B), tokens = draw_tokens_.flat_range(0, B);
+  const Tensor logps = draw_logps_.flat_range(0, B), entropy = draw_entropy_.flat_range(0, B);
+  backend_.upload(s, streams.data());
+  backend_.sample_tokens(tokens, logps, entropy, logits_.rows(0, B), s, vocab, static_cast<float>(temperature),
+                         static_cast<float>(min_p), seed, step);
+  Draw d;
+  d.tokens.resize(static_cast<size_t>(B));
+  d.logps.resize(static_cast<size_t>(B));
+  d.entropy.resize(static_cast<size_t>(B));
+  backend_.download(d.tokens.data(), tokens);
+  backend_.download(d.logps.data(), logps);
+  backend_.download(d.entropy.data(), entropy);
+  return d;
 }
 
 }  // namespace tessera

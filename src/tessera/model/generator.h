@@ -54,11 +54,25 @@ class Generator final : private ForwardOps {
   // max_batch is 1.
   bool decodes_batches() const;
   // After prefill: the prompt continues as `count` sequences (count <= max_batch), each with
-  // the prompt's cache.
+  // the prompt's cache and its last logits (what draw() draws their first tokens from).
   void fork(int64_t count);
   // One token for each of the fork's sequences (tokens.size() == count), all at position();
   // returns their next tokens' logits, sequence after sequence (count x vocab_size).
   std::vector<float> step(const std::vector<int32_t>& tokens);
+  // As prefill and step, leaving the logits on the device for draw() rather than returning
+  // them (a vocabulary of logits per sequence and token need not cross to the host).
+  void prefill_on_device(const std::vector<int32_t>& prompt);
+  void step_on_device(const std::vector<int32_t>& tokens);
+  // Each sequence's next token drawn on the device from the last pass's logits
+  // (Backend::sample_tokens: temperature with min-p, greedy at temperature 0, over ids below
+  // vocab), with its log-probability and its distribution's entropy (at temperature 1).
+  // streams[b] names sequence b's random stream, step the token's index in it.
+  struct Draw {
+    std::vector<int32_t> tokens;
+    std::vector<float> logps, entropy;
+  };
+  Draw draw(const std::vector<int32_t>& streams, int64_t vocab, double temperature, double min_p, uint64_t seed,
+            int64_t step);
   int64_t position() const { return position_; }
   int64_t batch() const { return batch_; }
   int64_t max_positions() const { return max_positions_; }
@@ -67,8 +81,9 @@ class Generator final : private ForwardOps {
   // What both constructors share, once params_ is set.
   void allocate_state();
   // n tokens: a prompt or one token of the sequence (batch_ 1), or one token of each of the
-  // batch_ sequences; the logits of the last position of each sequence.
-  std::vector<float> run(const int32_t* tokens, int64_t n);
+  // batch_ sequences; the logits of the last position of each sequence, in logits_.
+  void run(const int32_t* tokens, int64_t n);
+  std::vector<float> logits_on_host();
   // Each block's cache as the first `sequences` sequences' (the one-sequence layout for 1).
   std::vector<Tensor> caches_of(size_t layer, int64_t sequences) const;
 
@@ -93,6 +108,7 @@ class Generator final : private ForwardOps {
   Tensor params_;
   std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_batch, max_positions, cache width)
   Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_;
+  Tensor draw_streams_, draw_tokens_, draw_logps_, draw_entropy_;  // draw()'s, (max_batch) each
   RopeTables rope_;
   ScratchArena scratch_;
 };

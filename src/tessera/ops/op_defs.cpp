@@ -5,7 +5,9 @@
 #include "tessera/ops/op_defs.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
+#include <utility>
 
 #include "tessera/core/fp8.h"
 
@@ -788,6 +790,35 @@ OpArgs describe_scale(const Tensor& out, const Tensor& x, float alpha) {
 
 OpCost cost_scale(const Tensor& out, const Tensor& x, float alpha) {
   return {elements(x), bytes_of(x) + bytes_of(out)};
+}
+
+// ---- sample_tokens
+
+void check_sample_tokens(const OpChecks& check, const Tensor& tokens, const Tensor& logps,
+                         const Tensor& entropy, const Tensor& logits, const Tensor& streams,
+                         int64_t vocab, float temperature, float min_p, uint64_t seed, int64_t step) {
+  check.placed(logits, "logits");
+  const MatrixDims d = matrix_dims(logits);
+  for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&logps, "logps"},
+                                std::pair{&entropy, "entropy"}, std::pair{&streams, "streams"}})
+    check.count(*t, d.rows, name);
+  check.that(vocab >= 1 && vocab <= d.cols, "vocab {} outside [1, {}]", vocab, d.cols);
+  check.that(temperature >= 0 && std::isfinite(temperature), "temperature {} is not 0 or more", temperature);
+  check.that(min_p >= 0 && min_p <= 1, "min_p {} outside [0, 1]", min_p);
+  check.that(step >= 0, "step {} is negative", step);
+}
+
+OpArgs describe_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
+                              const Tensor& logits, const Tensor& streams, int64_t vocab,
+                              float temperature, float min_p, uint64_t seed, int64_t step) {
+  return op_args::elements(logits);
+}
+
+OpCost cost_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
+                          const Tensor& logits, const Tensor& streams, int64_t vocab,
+                          float temperature, float min_p, uint64_t seed, int64_t step) {
+  // Per logit: its exponential twice (entropy and log-probability) and the noise's two logs.
+  return {8 * elements(logits), 2 * bytes_of(logits)};
 }
 
 // ---- softcap

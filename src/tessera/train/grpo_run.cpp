@@ -143,48 +143,71 @@ int64_t GrpoRun::global_index(int64_t micro_batch, int64_t row) const {
 
 // The prompt's cache is forked into one sequence per completion (Generator::fork); a finished
 // sequence takes its end token again, outside its completion, until every one has finished.
-std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt,
-                                                   const std::vector<SamplingOptions>& sampling) {
-  const auto count = static_cast<int64_t>(sampling.size());
-  std::vector<Completion> out(sampling.size());
-  std::vector<Sampler> samplers;
-  for (const SamplingOptions& o : sampling) samplers.emplace_back(o);
-  std::vector<char> done(sampling.size(), 0);  // written by the threads, one element each
-  std::vector<int32_t> next(sampling.size());
+// Temperature and min-p draw on the device (Generator::draw), so only the tokens reach the
+// host; top-k and top-p sort each vocabulary of logits on the host (Sampler).
+std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, const SamplingOptions& sampling,
+                                                   uint64_t seed, const std::vector<int32_t>& streams) {
+  const size_t count = streams.size();
+  std::vector<Completion> out(count);
+  std::vector<char> done(count, 0);  // written by the threads, one element each
+  std::vector<int32_t> next(count);
   const int64_t V = p_.model.spec().vocab_size;
   const int64_t vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), V);
-  std::vector<float> logits = generator_->prefill(prompt.ids);
-  generator_->fork(count);
-  for (int64_t i = 0; i < t_.grpo_max_completion_length; ++i) {
-    // Each sequence's entropy and sampling pass over its vocabulary of logits on the host, the
-    // sequences spread over threads.
-    parallel_for(sampling.size(), [&](size_t sequence) {
-      const auto b = static_cast<int64_t>(sequence);
-      Completion& c = out[sequence];
-      if (done[sequence]) {
-        next[sequence] = c.ids.back();
-        return;
-      }
-      // The prefill's logits start every sequence.
-      const std::span<const float> l(logits.data() + (i == 0 ? 0 : b * V), static_cast<size_t>(V));
-      // The model's own distribution (temperature 1): its entropy.
-      const float top = *std::max_element(l.begin(), l.end());
-      double z = 0, weighted = 0;
-      for (float x : l) {
-        const double e = std::exp(static_cast<double>(x - top));
-        z += e;
-        weighted += e * (x - top);
-      }
-      c.entropy_sum += std::log(z) - weighted / z;
-      const int32_t token = samplers[sequence].next(l, vocab);
-      c.ids.push_back(token);
-      next[sequence] = token;
-      done[sequence] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
-    });
-    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
-    if (i + 1 < t_.grpo_max_completion_length) logits = generator_->step(next);
+  const bool on_device = sampling.top_k == 0 && sampling.top_p >= 1.0;
+  std::vector<Sampler> samplers;
+  std::vector<float> logits;
+  if (on_device) {
+    generator_->prefill_on_device(prompt.ids);
+  } else {
+    for (int32_t s : streams) {
+      SamplingOptions o = sampling;
+      o.seed = random_bits(seed, static_cast<uint64_t>(s));
+      samplers.emplace_back(o);
+    }
+    logits = generator_->prefill(prompt.ids);
   }
-  for (size_t b = 0; b < out.size(); ++b) out[b].clipped = done[b] == 0;
+  generator_->fork(static_cast<int64_t>(count));
+  const auto take = [&](size_t b, int32_t token, double entropy) {
+    Completion& c = out[b];
+    if (done[b]) {
+      next[b] = c.ids.back();
+      return;
+    }
+    c.entropy_sum += entropy;
+    c.ids.push_back(token);
+    next[b] = token;
+    done[b] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
+  };
+  for (int64_t i = 0; i < t_.grpo_max_completion_length; ++i) {
+    if (on_device) {
+      const Generator::Draw d = generator_->draw(streams, vocab, sampling.temperature, sampling.min_p, seed, i);
+      for (size_t b = 0; b < count; ++b) take(b, d.tokens[b], d.entropy[b]);
+    } else {
+      // Each sequence's pass over its logits (the prefill's start every sequence), on threads.
+      parallel_for(count, [&](size_t b) {
+        if (done[b]) return take(b, 0, 0);
+        const std::span<const float> l(logits.data() + (i == 0 ? 0 : static_cast<int64_t>(b) * V),
+                                       static_cast<size_t>(V));
+        // The model's own distribution (temperature 1): its entropy.
+        const float top = *std::max_element(l.begin(), l.end());
+        double z = 0, weighted = 0;
+        for (float x : l) {
+          const double e = std::exp(static_cast<double>(x - top));
+          z += e;
+          weighted += e * (x - top);
+        }
+        take(b, samplers[b].next(l, vocab), std::log(z) - weighted / z);
+      });
+    }
+    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
+    if (i + 1 == t_.grpo_max_completion_length) break;
+    if (on_device) {
+      generator_->step_on_device(next);
+    } else {
+      logits = generator_->step(next);
+    }
+  }
+  for (size_t b = 0; b < count; ++b) out[b].clipped = done[b] == 0;
   return out;
 }
 
@@ -243,6 +266,8 @@ void GrpoRun::generate_batch(int64_t batch) {
   Model& model = p_.model;
   p_.parallel.params_complete();  // ZeRO-1's overlapped gather of the last update
   if (!model.persistent_state().empty()) generator_->copy_state(model.persistent_state());
+  const SamplingOptions sampling{t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, 0};
+  const uint64_t seed = random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full, static_cast<uint64_t>(batch));
   // This rank's completions in micro-batch order; consecutive ones of one group (one prompt)
   // are decoded together.
   std::vector<int64_t> mine_global;
@@ -252,15 +277,14 @@ void GrpoRun::generate_batch(int64_t batch) {
   std::vector<const GrpoPrompt*> prompts;
   for (size_t k = 0; k < mine_global.size();) {
     const int64_t group = mine_global[k] / G;
-    std::vector<SamplingOptions> sampling;
+    // Each completion's random stream is its place in the global batch.
+    std::vector<int32_t> streams;
     size_t end = k;
     for (; end < mine_global.size() && mine_global[end] / G == group && (end == k || mine_global[end] == mine_global[end - 1] + 1); ++end)
-      sampling.push_back({t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p,
-                          random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full,
-                                      static_cast<uint64_t>(batch * B + mine_global[end]))});
+      streams.push_back(static_cast<int32_t>(mine_global[end]));
     const int64_t prompt_index = prompt_of[static_cast<size_t>(mine_global[k])];
     const GrpoPrompt& prompt = train_[static_cast<size_t>(prompt_index)];
-    for (Completion& c : complete(prompt, sampling)) {
+    for (Completion& c : complete(prompt, sampling, seed, streams)) {
       c.prompt = prompt_index;
       mine_.push_back(std::move(c));
       prompts.push_back(&prompt);
@@ -448,7 +472,7 @@ double GrpoRun::evaluate() {
   std::vector<Completion> done;
   std::vector<const GrpoPrompt*> prompts;
   for (int64_t i = rank; i < count; i += dp) {
-    done.push_back(std::move(complete(valid_[static_cast<size_t>(i)], {SamplingOptions{}})[0]));  // greedy
+    done.push_back(std::move(complete(valid_[static_cast<size_t>(i)], SamplingOptions{}, 0, {0})[0]));  // greedy
     prompts.push_back(&valid_[static_cast<size_t>(i)]);
   }
   std::vector<Completion*> completions;

@@ -102,9 +102,10 @@ class GrpoRun {
   };
   // This rank's completions of generation batch `batch`, rewarded and exchanged.
   void generate_batch(int64_t batch);
-  // Completions of `prompt`, one per sampling option (sampled with its seed, or greedy at
-  // temperature 0), decoded together.
-  std::vector<Completion> complete(const GrpoPrompt& prompt, const std::vector<SamplingOptions>& sampling);
+  // Completions of `prompt`, one per stream (the random stream of its sampling under `seed`),
+  // decoded together; greedy at temperature 0.
+  std::vector<Completion> complete(const GrpoPrompt& prompt, const SamplingOptions& sampling, uint64_t seed,
+                                   const std::vector<int32_t>& streams);
   std::vector<std::vector<double>> rewards(const std::vector<const GrpoPrompt*>& prompts,
                                            const std::vector<Completion*>& completions) const;
   // Loads this rank's completion `c` into the model's batch rows [row, row + 1).

@@ -737,6 +737,16 @@ void CpuBackend::do_log_softmax_gather(const Tensor& logps, const Tensor& lse, c
     ref::log_softmax_gather(f32(logps) + n, f32(lse) + n, f32(logits) + n * V, ids + n, 1, V);
 }
 
+void CpuBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
+                                  const Tensor& logits, const Tensor& streams, int64_t vocab,
+                                  float temperature, float min_p, uint64_t seed, int64_t step) {
+  const auto [B, V] = matrix_dims(logits);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    ref::sample_tokens(tokens.as<int32_t>() + b, f32(logps) + b, f32(entropy) + b, f32(logits) + b * V,
+                       streams.as<int32_t>() + b, 1, V, vocab, temperature, min_p, seed, step);
+}
+
 void CpuBackend::do_log_softmax_gather_backward(const Tensor& dlogits, const Tensor& dlogps,
                                                 const Tensor& logits, const Tensor& lse,
                                                 const Tensor& targets) {

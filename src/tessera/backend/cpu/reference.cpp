@@ -648,6 +648,36 @@ void log_softmax_gather(T* logps, T* lse, const T* logits, const int32_t* target
 }
 
 template <class T>
+void sample_tokens(int32_t* tokens, T* logps, T* entropy, const T* logits, const int32_t* streams,
+                   int64_t B, int64_t V, int64_t vocab, T temperature, T min_p, uint64_t seed,
+                   int64_t step) {
+  for (int64_t b = 0; b < B; ++b) {
+    const T* x = logits + b * V;
+    const T max = *std::max_element(x, x + V);
+    double sum = 0, weighted = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double e = std::exp(static_cast<double>(x[v] - max));
+      sum += e;
+      weighted += e * static_cast<double>(x[v] - max);
+    }
+    const T top = *std::max_element(x, x + vocab);
+    // min_p: exp((x - top) / temperature) >= min_p, at temperature 0 only the top itself.
+    const double floor = min_p > 0 && temperature > 0 ? std::log(static_cast<double>(min_p)) : -INFINITY;
+    int64_t best = -1;
+    T best_key = T(0);
+    for (int64_t v = 0; v < vocab; ++v) {
+      if (temperature > 0 && static_cast<double>(x[v] - top) / temperature < floor) continue;
+      const T key = temperature > 0 ? x[v] / temperature + static_cast<T>(gumbel_noise(seed, streams[b], step, vocab, v))
+                                    : x[v];
+      if (best < 0 || key > best_key) best = v, best_key = key;
+    }
+    tokens[b] = static_cast<int32_t>(best);
+    logps[b] = static_cast<T>(static_cast<double>(x[best] - max) - std::log(sum));
+    entropy[b] = static_cast<T>(std::log(sum) - weighted / sum);
+  }
+}
+
+template <class T>
 void log_softmax_gather_backward(T* dlogits, const T* dlogps, const T* logits, const T* lse,
                                  const int32_t* targets, int64_t N, int64_t V) {
   for (int64_t n = 0; n < N; ++n) {
@@ -789,6 +819,8 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void softcap<T>(T*, const T*, T, int64_t);                                              \
   template void softcap_backward<T>(T*, const T*, const T*, T, int64_t);                           \
   template void log_softmax_gather<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);         \
+  template void sample_tokens<T>(int32_t*, T*, T*, const T*, const int32_t*, int64_t, int64_t,      \
+                                 int64_t, T, T, uint64_t, int64_t);                                 \
   template void log_softmax_gather_backward<T>(T*, const T*, const T*, const T*, const int32_t*,   \
                                                int64_t, int64_t);                                  \
   template void cross_entropy_shard_stats<T>(T*, const T*, const int32_t*, int64_t, int64_t,       \

@@ -222,6 +222,13 @@ template <class T>
 void log_softmax_gather_backward(T* dlogits, const T* dlogps, const T* logits, const T* lse,
                                  const int32_t* targets, int64_t N, int64_t V);
 
+// Generation's draw of each row's next token, as the op API's sample_tokens: logits (B, V),
+// streams (B); tokens, logps and entropy (B).
+template <class T>
+void sample_tokens(int32_t* tokens, T* logps, T* entropy, const T* logits, const int32_t* streams,
+                   int64_t B, int64_t V, int64_t vocab, T temperature, T min_p, uint64_t seed,
+                   int64_t step);
+
 // ---- QK norm (Qwen3) ----
 
 // Every query and key head x (D) of qkv (N, width), N = s.tokens(), RMS-normalised with

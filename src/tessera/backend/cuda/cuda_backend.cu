@@ -11,6 +11,7 @@
 #include "tessera/backend/cuda/attention_gathered.cuh"
 #include "tessera/backend/cuda/attention_rowwise.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
+#include "tessera/backend/cuda/sampling.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/cudnn_attention.cuh"
@@ -749,6 +750,15 @@ void CudaBackend::do_log_softmax_gather(const Tensor& logps, const Tensor& lse,
   const MatrixDims d = matrix_dims(logits);
   cuda::log_softmax_gather(logps.as<float>(), lse.as<float>(), logits.data, targets.as<int32_t>(),
                            d.rows, d.cols, logits.dtype, stream_);
+}
+
+void CudaBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
+                                   const Tensor& logits, const Tensor& streams, int64_t vocab,
+                                   float temperature, float min_p, uint64_t seed, int64_t step) {
+  const auto [B, V] = matrix_dims(logits);
+  cuda::sample_tokens(tokens.as<int32_t>(), logps.as<float>(), entropy.as<float>(), logits.data,
+                      streams.as<int32_t>(), B, V, vocab, temperature, min_p, seed, step, logits.dtype,
+                      stream_);
 }
 
 void CudaBackend::do_log_softmax_gather_backward(const Tensor& dlogits, const Tensor& dlogps,
