@@ -132,4 +132,17 @@ if want grpo; then
       --new 256 --json "$OUT/peer.jsonl" 2>&1 | tail -1
   done
 fi
+if want grpo_full; then
+  echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
+  python3 -c 'import json
+for i in range(64):
+    print(json.dumps({"prompt": " ".join(["the quick brown fox jumps over the lazy dog"] * 27) + " What is %d + %d?" % (i, i + 1), "answer": str(2 * i + 1)}))' > "$work/p256.jsonl"
+  timeout 280 "$BIN/tessera" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
+    --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
+    --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
+    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
+    --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 \
+    --recompute_granularity selective --log_progress false --workspace "$OUT/grpo_full_ws" 2>&1 \
+    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision" | cut -c1-1400
+fi
 rm -rf "$work"
