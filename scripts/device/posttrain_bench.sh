@@ -141,8 +141,9 @@ for i in range(64):
     --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
     --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
     --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
-    --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 \
-    --recompute_granularity selective --log_progress false --workspace "$OUT/grpo_full_ws" 2>&1 \
+    --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
+    --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
+    --workspace "$OUT/grpo_full_ws" 2>&1 \
     | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision" | cut -c1-1400
 fi
 rm -rf "$work"
