@@ -188,7 +188,8 @@ void GqaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
   const DType dt = in.dtype;
   TS_CHECK(batch ? pos > 0 && n == B : pos == 0 || n == 1,
            "generation: {} tokens at position {} (a prompt, one token, or one per sequence of a batch)", n, pos);
-  TS_CHECK(pos + n <= S, "generation: positions up to {} in a cache of {}", pos + n, S);
+  const int64_t positions = batch ? 1 : n;  // a batch's tokens share one position
+  TS_CHECK(pos + positions <= S, "generation: positions up to {} in a cache of {}", pos + positions, S);
   const Tensor qkv = scratch.take(dt, {n, width});
   const Tensor att = scratch.take(dt, {n, q_width});
   if (o_.qk_norm != QkNorm::None) {
