@@ -112,21 +112,18 @@ if want grpo; then
     --exp_name grpo_tiny_before 2>&1 | grep "validation:"
   timeout 120 "$BIN/tessera" train --config grpo_tiny --load "$work/parity_sft" "${PROMPTS[@]}" 2>&1 \
     | grep -E "validation:|done:|iteration +(5|20)/" | cut -c1-400
-  echo "== GRPO: Llama 3.1 8B 4-layer proxy, 16 completions of up to 256 tokens per step"
   python3 "$ROOT/scripts/data/grpo_tasks.py" --task addition --digits 3 --train 64 --held-out 4 "$work/add"
-  timeout 240 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --objective grpo --data_path null \
-    --mock_data false --train_data_path "$work/add_prompts.jsonl" --tokenizer_type HuggingFaceTokenizer \
-    --tokenizer_model llama3.1 --seq_length 512 --micro_batch_size 4 --global_batch_size 16 \
-    --grpo_num_generations 16 --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 3 \
-    --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy_ws" 2>&1 \
-    | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
-  echo "== GRPO: the same proxy, 64 completions of one prompt decoded together"
-  timeout 200 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --objective grpo --data_path null \
-    --mock_data false --train_data_path "$work/add_prompts.jsonl" --tokenizer_type HuggingFaceTokenizer \
-    --tokenizer_model llama3.1 --seq_length 512 --micro_batch_size 8 --global_batch_size 64 \
-    --grpo_num_generations 64 --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 2 \
-    --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy64_ws" 2>&1 \
-    | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
+  # G completions of one prompt per step, decoded together; micro-batches of MB.
+  for g_mb in 16:4 64:8; do
+    G="${g_mb%:*}"; MB="${g_mb#*:}"
+    echo "== GRPO: Llama 3.1 8B 4-layer proxy, $G completions of one prompt, up to 256 tokens"
+    timeout 240 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --objective grpo --data_path null \
+      --mock_data false --train_data_path "$work/add_prompts.jsonl" --tokenizer_type HuggingFaceTokenizer \
+      --tokenizer_model llama3.1 --seq_length 512 --micro_batch_size "$MB" --global_batch_size "$G" \
+      --grpo_num_generations "$G" --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 3 \
+      --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy${G}_ws" 2>&1 \
+      | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
+  done
   for batch in 1 64; do
     timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task gen --layers 4 --batch $batch --prompt 256 \
       --new 256 --json "$OUT/peer.jsonl" 2>&1 | tail -1

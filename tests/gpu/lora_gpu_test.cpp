@@ -41,6 +41,15 @@ Batch packed(const std::vector<std::vector<int>>& documents) {
   return b;
 }
 
+// The same fp32 values on every backend (seed 11), in the model's compute dtype.
+void init_weights(Backend& backend, const ModelSpec& spec, DecoderModel& model) {
+  DeviceBuffer master(backend, model.layout().total * sizeof(float), "master");
+  const Tensor m = master.tensor(DType::F32, {model.layout().total});
+  init_parameters(backend, spec, model.layout(), m, 11);
+  backend.convert(model.params(), m);
+  backend.synchronize();  // before the fp32 values are freed
+}
+
 TEST(GpuLora, AdaptersInBf16TrackTheCpu) {
   TS_REQUIRE_GPU();
   const ModelSpec spec = small_spec();
@@ -94,10 +103,7 @@ TEST(GpuModel, PackedDocumentsInBf16TrackTheCpu) {
     auto backend = make_backend(device == 0 ? DeviceChoice::Cpu : DeviceChoice::Gpu, 0);
     rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
     DecoderModel model(*backend, spec, rt);
-    DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
-    const Tensor m = master.tensor(DType::F32, {model.layout().total});
-    init_parameters(*backend, spec, model.layout(), m, 11);
-    backend->convert(model.params(), m);
+    init_weights(*backend, spec, model);
     model.set_batch(batch.tokens.data(), batch.targets.data(), batch.positions.data());
     model.zero_grads();
     model.zero_loss_sum();
@@ -123,10 +129,7 @@ TEST(GpuModel, LossBackwardOfKeptSlotsEqualsForwardBackward) {
   rt.keep_logit_grads = keep;
   auto backend = make_backend(DeviceChoice::Gpu, 0);
   DecoderModel model(*backend, spec, rt);
-  DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
-  const Tensor m = master.tensor(DType::F32, {model.layout().total});
-  init_parameters(*backend, spec, model.layout(), m, 11);
-  backend->convert(model.params(), m);
+  init_weights(*backend, spec, model);
   const Batch batches[2] = {packed({{256}}), packed({{100, 156}})};
   const float scales[2] = {0.37f, -0.21f};
   model.zero_grads();
@@ -174,10 +177,7 @@ TEST(GpuModel, TokenLossBackwardTracksTheCpu) {
     auto backend = make_backend(device == 0 ? DeviceChoice::Cpu : DeviceChoice::Gpu, 0);
     rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
     DecoderModel model(*backend, spec, rt);
-    DeviceBuffer master(*backend, model.layout().total * sizeof(float), "master");
-    const Tensor m = master.tensor(DType::F32, {model.layout().total});
-    init_parameters(*backend, spec, model.layout(), m, 11);
-    backend->convert(model.params(), m);
+    init_weights(*backend, spec, model);
     model.set_batch(batch.tokens.data(), batch.targets.data());
     model.zero_grads();
     model.forward_loss();

@@ -14,6 +14,7 @@ void parallel_for(size_t count, const std::function<void(size_t)>& body, size_t 
       std::min(count, max_threads > 0 ? max_threads : std::max<size_t>(1, std::thread::hardware_concurrency()));
   std::atomic<size_t> next{0};
   std::exception_ptr error;
+  size_t error_index = count;
   std::mutex error_mutex;
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < count;) {
@@ -21,7 +22,7 @@ void parallel_for(size_t count, const std::function<void(size_t)>& body, size_t 
         body(i);
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
+        if (i < error_index) error = std::current_exception(), error_index = i;
         next = count;
       }
     }

@@ -2,16 +2,12 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <mutex>
-#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -19,6 +15,7 @@
 
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/core/error.h"
+#include "tessera/core/parallel_for.h"
 #include "tessera/data/chat.h"
 #include "tessera/data/text_corpus.h"
 #include "tessera/data/tokenizer.h"
@@ -338,33 +335,6 @@ class OutputDirectories {
   bool keep_ = false;
 };
 
-// Runs fn(i) for i in [0, n) on `workers` threads, each taking the next item as it gets
-// free (documents vary wildly in length); rethrows the error of the first item that failed
-// (items are taken in order, so every earlier one has run): the first bad line is reported,
-// however the threads were timed.
-void parallel_for(size_t n, int workers, const std::function<void(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  size_t error_item = n;
-  std::mutex mu;
-  auto run = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (i < error_item) error = std::current_exception(), error_item = i;
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int w = 1; w < workers; ++w) threads.emplace_back(run);
-  run();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 }  // namespace
 
 PreprocessStats preprocess(const PreprocessOptions& o,
@@ -439,9 +409,10 @@ PreprocessStats preprocess(const PreprocessOptions& o,
     EncodedDocument empty;
     empty.ids.resize(writers.size());
     encoded.resize(batch.size(), empty);
-    parallel_for(batch.size(), o.workers, [&](size_t i) {
+    // Documents vary wildly in length: each thread takes the next as it gets free.
+    parallel_for(batch.size(), [&](size_t i) {
       encode_document(batch[i], o.json_keys, *tokenizer, chat.get(), o, &encoded[i]);
-    });
+    }, static_cast<size_t>(o.workers));
     for (size_t i = 0; i < batch.size(); ++i) {
       for (size_t k = 0; k < writers.size(); ++k) {
         PreprocessOutput& out = stats.outputs[k];

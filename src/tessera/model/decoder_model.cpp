@@ -1,6 +1,7 @@
 #include "tessera/model/decoder_model.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -621,6 +622,19 @@ void DecoderModel::head_end(int chunk, bool with_grad) {
   if (with_grad) grads_ready(layout_.tail_unit());
 }
 
+void DecoderModel::head_chunks(const HeadRows& head,
+                               const std::function<void(int64_t c, const Tensor& logits, const Tensor& normed,
+                                                        const Tensor& targets)>& body) {
+  const int64_t N = runtime_.tokens();
+  const int64_t rows = a_.logits.dim(0);
+  for (int64_t c = 0; c < N; c += rows) {
+    const int64_t n = std::min(rows, N - c);
+    const Tensor logits = a_.logits.rows(0, n), xn = head.normed.rows(c, c + n);
+    gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
+    body(c, logits, xn, a_.targets.rows(c, c + n));
+  }
+}
+
 // Final norm, output head and cross-entropy, chunked over tokens so that only
 // chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
 // logits and is consumed at once: the head's backward runs inside the forward pass. Without,
@@ -629,16 +643,10 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
   ScopedRange r(backend_, "output_head");
   const HeadRows head = head_begin(chunk, with_grad);
   const bool keep = !with_grad && runtime_.keep_logit_grads;
-  const int64_t N = runtime_.tokens();
-  const int64_t rows = a_.logits.dim(0);
-  for (int64_t c = 0; c < N; c += rows) {
-    const int64_t n = std::min(rows, N - c);
-    const Tensor logits = a_.logits.rows(0, n);
-    const Tensor xn = head.normed.rows(c, c + n);
-    const Tensor targets = a_.targets.rows(c, c + n);
+  head_chunks(head, [&](int64_t c, const Tensor& logits, const Tensor& xn, const Tensor& targets) {
+    const int64_t n = logits.dim(0);
     const Tensor dlogits = with_grad ? logits : keep ? a_.logit_grads.rows(c, c + n) : Tensor{};
     const float scale = keep ? 1.0f : grad_scale;
-    gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
     if (spec_.logit_softcap > 0) {
       // The loss reads the capped logits; their gradient goes back through the cap in place.
       const Tensor capped = a_.capped.rows(0, n);
@@ -650,7 +658,7 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
       cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets, dlogits, scale);
     }
     if (with_grad) gemms_.backward(head.dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
-  }
+  });
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
   head_end(chunk, with_grad);
 }
@@ -682,15 +690,9 @@ void DecoderModel::head_backward_kept(float grad_scale) {
 void DecoderModel::head_backward_per_token(const Tensor& dlogps) {
   ScopedRange r(backend_, "output_head");
   const HeadRows head = head_begin(0, true);
-  const int64_t N = runtime_.tokens();
-  const int64_t rows = a_.logits.dim(0);
-  for (int64_t c = 0; c < N; c += rows) {
-    const int64_t n = std::min(rows, N - c);
-    const Tensor logits = a_.logits.rows(0, n);
-    const Tensor xn = head.normed.rows(c, c + n);
-    const Tensor targets = a_.targets.rows(c, c + n);
+  head_chunks(head, [&](int64_t c, const Tensor& logits, const Tensor& xn, const Tensor& targets) {
+    const int64_t n = logits.dim(0);
     const Tensor logps = a_.chunk_logps.flat_range(0, n), lse = a_.chunk_lse.flat_range(0, n);
-    gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
     // d(logits) overwrites the logits, through the cap as in head_forward.
     const bool capped = spec_.logit_softcap > 0;
     const Tensor probs = capped ? a_.capped.rows(0, n) : logits;
@@ -700,7 +702,7 @@ void DecoderModel::head_backward_per_token(const Tensor& dlogps) {
     backend_.log_softmax_gather_backward(logits, dlogps.flat_range(c, n), probs, lse, targets);
     if (capped) backend_.softcap_backward(logits, logits, probs, cap);
     gemms_.backward(head.dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
-  }
+  });
   head_end(0, true);
 }
 

@@ -8,6 +8,7 @@
 // layers it runs its linears, embedding, cross-entropy and attention through
 // (model/parallel_layers.h) do the collectives their split needs.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -158,6 +159,12 @@ class DecoderModel final : public Model, private LayerOps {
   };
   HeadRows head_begin(int chunk, bool with_grad);
   void head_end(int chunk, bool with_grad);
+  // The head's logits chunk by chunk, so that only chunk x vocabulary of them ever exist: each
+  // chunk's GEMM into the logits buffer, then body(first token, its logits, its normed rows,
+  // its targets).
+  void head_chunks(const HeadRows& head,
+                   const std::function<void(int64_t c, const Tensor& logits, const Tensor& normed,
+                                            const Tensor& targets)>& body);
   bool holds_embedding(int chunk) const { return chunk == 0 && parts_.embedding; }
   bool holds_head(int chunk) const { return chunk == chunks() - 1 && parts_.head; }
   // The parameter unit of the rank's layer `layer` (an index into layers_).
