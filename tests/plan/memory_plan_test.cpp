@@ -2,6 +2,8 @@
 // run on the CPU backend, and against peaks measured on a GPU.
 #include <cstdio>
 #include <filesystem>
+#include <unistd.h>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -328,6 +330,25 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
   const auto [planned_cp, peak_cp] =
       planned_and_peak(4, 2, {"--use_torch_fsdp2", "true", "--context_parallel_size", "2"});
   EXPECT_EQ(peak_cp, planned_cp) << "FSDP x CP";
+}
+
+// GRPO over 2 thread ranks with ZeRO-1 and a KL reference: the planner's bytes, its generator
+// (a group's KV cache, states and scratch) and reference copy included, are the largest rank's
+// peak after a step that generated, exactly.
+TEST(MemoryPlan, MatchesTheLargestRankPeakOfGrpoRuns) {
+  namespace fs = std::filesystem;
+  const fs::path prompts = fs::temp_directory_path() / ("grpo_plan_prompts_" + std::to_string(::getpid()) + ".jsonl");
+  {
+    std::ofstream out(prompts);
+    for (int i = 0; i < 4; ++i) out << R"({"prompt": "Is )" << 10 + i << R"( even?", "answer": "yes"})" << "\n";
+  }
+  const auto [planned, peak] = planned_and_peak(
+      2, 8,
+      {"--objective", "grpo", "--mock_data", "false", "--data_path", "null", "--train_data_path", prompts.string(),
+       "--grpo_num_generations", "4", "--grpo_max_completion_length", "8", "--grpo_rewards", "answer,overlong",
+       "--use_distributed_optimizer", "true", "--grpo_beta", "0.1"});
+  fs::remove(prompts);
+  EXPECT_EQ(peak, planned);
 }
 
 // Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the

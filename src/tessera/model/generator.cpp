@@ -52,18 +52,50 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, const Tensor& para
   allocate_state();
 }
 
+Generator::Sizes Generator::sizes(const ModelSpec& spec, const std::vector<std::unique_ptr<DecoderLayer>>& layers,
+                                  DType dtype, int64_t max_positions, int64_t max_batch) {
+  const size_t e = dtype_size(dtype);
+  const int64_t S = max_positions, C = spec.hidden, V = spec.vocab_size, B = max_batch;
+  // Rows of the residual states: a prompt's positions, or one token of each sequence.
+  const int64_t R = std::max(S, B);
+  Sizes z;
+  for (const auto& layer : layers)
+    for (int64_t w : layer->cache_widths()) z.cache += aligned(B * S * w * e);
+  // Two residual states for the layers to ping-pong between, the final norm and logits of each
+  // sequence's last position, the tokens, draw()'s four vectors, and the rope tables.
+  z.state = {aligned(R * 4), aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
+             aligned(B * 4), aligned(B * V * e), aligned(B * V * 4), aligned(B * 4),
+             aligned(B * 4), aligned(B * 4),     aligned(B * 4)};
+  z.table = aligned(S * spec.head_dim * 4);
+  z.tables = rope_bases(layers).size();
+  for (const auto& layer : layers)
+    for (const auto& [name, width] : layer->state_layout()) z.block_state_floats += width;
+  for (const auto& layer : layers) z.scratch = std::max(z.scratch, layer->cached_scratch_bytes(R, C, dtype));
+  return z;
+}
+
+size_t Generator::Sizes::bytes() const {
+  size_t total = cache + tables * table + block_state_floats * sizeof(float) + scratch;
+  for (size_t b : state) total += b;
+  return total;
+}
+
+size_t Generator::buffer_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch) {
+  const auto layers = make_decoder_layers(spec);
+  const bool batches =
+      std::all_of(layers.begin(), layers.end(), [](const auto& l) { return l->decodes_batches(); });
+  return sizes(spec, layers, dtype, max_positions, batches ? max_batch : 1).bytes();
+}
+
 void Generator::allocate_state() {
   TS_CHECK(max_positions_ > 0, "generation needs room for at least one position");
   if (!decodes_batches()) max_batch_ = 1;
   TS_CHECK(max_batch_ >= 1, "generation needs room for at least one sequence");
   const size_t e = dtype_size(dtype_);
   const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size, B = max_batch_;
-  // Rows of the residual states: a prompt's positions, or one token of each sequence.
   const int64_t R = std::max(S, B);
-
-  size_t cache_bytes = 0;
-  for (const auto& layer : layers_)
-    for (int64_t w : layer->cache_widths()) cache_bytes += aligned(B * S * w * e);
+  const Sizes z = sizes(spec_, layers_, dtype_, S, B);
+  const size_t cache_bytes = z.cache;
   cache_buffer_ = DeviceBuffer(backend_, cache_bytes, "KV cache");
   size_t at = 0;
   for (const auto& layer : layers_) {
@@ -74,14 +106,10 @@ void Generator::allocate_state() {
     }
   }
 
-  // Two residual states for the layers to ping-pong between, the final norm and logits of one
-  // position, the tokens, and the rope tables.
-  const size_t sizes[] = {aligned(R * 4),     aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
-                          aligned(B * 4),     aligned(B * V * e), aligned(B * V * 4), aligned(B * 4),
-                          aligned(B * 4),     aligned(B * 4),     aligned(B * 4)};
-  const size_t table_bytes = aligned(S * spec_.head_dim * 4);
+  const auto& sizes = z.state;
+  const size_t table_bytes = z.table;
   for (double base : rope_bases(layers_)) rope_.tables.push_back({base, Tensor{}});
-  size_t total = rope_.tables.size() * table_bytes;
+  size_t total = z.tables * table_bytes;
   for (size_t b : sizes) total += b;
   state_buffer_ = DeviceBuffer(backend_, total, "generation state");
   at = 0;
@@ -107,9 +135,7 @@ void Generator::allocate_state() {
   }
 
   // The blocks' state (the expert bias): fp32, zero until load() sets it.
-  int64_t state_total = 0;
-  for (const auto& layer : layers_)
-    for (const auto& [name, width] : layer->state_layout()) state_total += width;
+  const auto state_total = static_cast<int64_t>(z.block_state_floats);
   if (state_total > 0) {
     block_state_buffer_ = DeviceBuffer(backend_, state_total * sizeof(float), "block state");
     const Tensor all = block_state_buffer_.tensor(DType::F32, {state_total});
@@ -126,10 +152,7 @@ void Generator::allocate_state() {
     }
   }
 
-  size_t scratch = 0;
-  for (const auto& layer : layers_)
-    scratch = std::max(scratch, layer->cached_scratch_bytes(R, C, dtype_));
-  scratch_ = ScratchArena(backend_, scratch);
+  scratch_ = ScratchArena(backend_, z.scratch);
 }
 
 Generator::~Generator() = default;
@@ -169,10 +192,11 @@ void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& 
 }
 
 void Generator::copy_state(const std::vector<std::pair<std::string, Tensor>>& state) {
-  for (const auto& [name, tensor] : block_state_) {
-    const auto from = std::find_if(state.begin(), state.end(), [&](const auto& s) { return s.first == name; });
-    TS_CHECK(from != state.end() && from->second.numel() == tensor.numel(), "{}: no such state to copy", name);
-    backend_.copy(tensor, from->second);
+  for (const auto& mine : block_state_) {
+    const auto from = std::find_if(state.begin(), state.end(), [&](const auto& s) { return s.first == mine.first; });
+    TS_CHECK(from != state.end() && from->second.numel() == mine.second.numel(), "{}: no such state to copy",
+             mine.first);
+    backend_.copy(mine.second, from->second);
   }
 }
 

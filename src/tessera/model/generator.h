@@ -10,6 +10,7 @@
 // same position, so none fragments it. Sampling (model/sampling.h) picks each next token from
 // the logits. The layers and blocks are the family's (model/decoder_layer.h), run through
 // Block::forward_cached.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,10 @@ class Generator final : private ForwardOps {
   Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
             const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch = 1);
   ~Generator() override;
+
+  // Bytes a generator allocates beside its weights (the KV cache, its states and scratch): the
+  // memory planner's generation row.
+  static size_t buffer_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch);
 
   const ParamLayout& layout() const { return layout_; }
   // Sets every parameter from fp32 host values (converted to the compute dtype), and the
@@ -80,6 +85,17 @@ class Generator final : private ForwardOps {
  private:
   // What both constructors share, once params_ is set.
   void allocate_state();
+  // Its buffers' bytes, by buffer (buffer_bytes and allocate_state).
+  struct Sizes {
+    size_t cache = 0;
+    std::array<size_t, 11> state{};
+    size_t table = 0, tables = 0;
+    size_t block_state_floats = 0;
+    size_t scratch = 0;
+    size_t bytes() const;
+  };
+  static Sizes sizes(const ModelSpec& spec, const std::vector<std::unique_ptr<DecoderLayer>>& layers, DType dtype,
+                     int64_t max_positions, int64_t max_batch);
   // n tokens: a prompt or one token of the sequence (batch_ 1), or one token of each of the
   // batch_ sequences; the logits of the last position of each sequence, in logits_.
   void run(const int32_t* tokens, int64_t n);

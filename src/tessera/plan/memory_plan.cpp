@@ -1,5 +1,7 @@
 #include "tessera/plan/memory_plan.h"
 
+#include "tessera/model/generator.h"
+
 #include <algorithm>
 
 #include "tessera/backend/backend_factory.h"
@@ -113,6 +115,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.optimizer = AdamWOptimizer::state_bytes(p.optimizer_elements, dt, od, sharded);
   // The frozen reference weights, and where the optimizer keeps no master copy to restore the
   // policy's from, theirs beside them while the reference runs.
+  if (in.generation_batch > 0)
+    p.generation = Generator::buffer_bytes(in.spec, dt, in.runtime.seq_length, in.generation_batch) +
+                   grpo_exchange_bytes(in.runtime.tokens(), in.global_batch, in.reward_terms);
   if (in.reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
                   (AdamWOptimizer::keeps_master_copy(dt, od, sharded) ? 1 : 2);
@@ -168,6 +173,11 @@ int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit) 
   return lo;
 }
 
+size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, size_t reward_terms) {
+  const int64_t exchanged = (static_cast<int64_t>(reward_terms) + 2) * global_batch + 2;
+  return static_cast<size_t>(std::max(micro_batch_tokens, exchanged)) * sizeof(float);
+}
+
 PlanInput plan_input(const RunSetup& setup, bool gpu) {
   PlanInput in;
   in.spec = setup.spec;
@@ -181,6 +191,9 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.gpu = gpu;
   in.lora = setup.lora;
   in.reference_copy = setup.reference_copy;
+  in.generation_batch = setup.generation_batch;
+  in.global_batch = setup.global_batch;
+  in.reward_terms = setup.reward_terms;
   return in;
 }
 

@@ -42,14 +42,15 @@ struct MemoryPlan {
   size_t backend_buffers = 0;  // the GPU backend's workspace and scratch; 0 on the CPU backend
   size_t run_buffers = 0;      // the trainer's scalars, data parallelism's barrier flag and the
                                // MoE layers' statistics and expert bias
-  size_t reference = 0;        // DPO's frozen reference weights: the optimizer's shard, compute dtype
+  size_t reference = 0;        // the frozen reference weights (DPO, GRPO's KL): the optimizer's shard
+  size_t generation = 0;       // GRPO: the generator's KV cache, states and scratch, and its exchange
   size_t context = 0;          // kContextBytes on GPUs, 0 on the CPU backend
   int64_t optimizer_elements = 0;  // parameters this GPU's optimizer updates (its largest shard)
 
   // What the backend's memory_stats().peak_bytes reports after a training step.
   size_t allocated() const {
     return weights + gradients + optimizer + activations + fp8 + backend_buffers + run_buffers +
-           reference;
+           reference + generation;
   }
   size_t total() const { return allocated() + context; }
 };
@@ -68,7 +69,15 @@ struct PlanInput {
   // LoRA: the optimizer and gradients cover the adapters; the base is frozen (LoraModel).
   std::optional<LoraOptions> lora;
   bool reference_copy = false;  // RunSetup's
+  // GRPO (RunSetup's): the sequences its generator decodes together (0: no generation), the
+  // global batch and the reward terms its exchange buffer holds.
+  int64_t generation_batch = 0, global_batch = 0;
+  size_t reward_terms = 0;
 };
+
+// GRPO's exchange buffer: every completion's reward terms, length and clip flag (and the batch's
+// entropy), or a micro-batch's per-token weights, whichever is larger; fp32.
+size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, size_t reward_terms);
 
 MemoryPlan plan_memory(const PlanInput& in);
 

@@ -189,9 +189,13 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
         "and reduction partials) + AdamW chunk table");
   if (p.reference > 0)
     row("reference", p.reference,
-        "DPO's frozen reference weights: the optimizer's shard of them, compute dtype "
-        "(dpo_precompute_ref_log_probs false); twice where the optimizer keeps no fp32 master "
+        "the frozen reference weights (DPO with dpo_precompute_ref_log_probs false, GRPO with grpo_beta): "
+        "the optimizer's shard of them, compute dtype; twice where the optimizer keeps no fp32 master "
         "copy (the policy's kept beside them)");
+  if (p.generation > 0)
+    row("generation", p.generation,
+        "GRPO's generator: the KV cache of a group's completions decoded together (grpo_num_generations "
+        "x seq_length positions per layer), its states, logits and scratch, and the reward exchange");
   row("run_buffers", p.run_buffers,
       "the trainer's device scalars (and MoE layers' statistics and expert bias)");
   row("allocated", p.allocated(), "the run's peak memory (mem peak in its iteration line)");

@@ -1,5 +1,7 @@
 #include "tessera/run/run_setup.h"
 
+#include "tessera/config/validate.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -85,6 +87,11 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.reference_copy =
       (t.objective == Objective::Dpo && !t.dpo_precompute_ref_log_probs && !t.dpo_reference_free) ||
       (t.objective == Objective::Grpo && t.grpo_beta > 0);
+  if (t.objective == Objective::Grpo) {
+    s.generation_batch = std::min<int64_t>(t.grpo_num_generations, t.global_batch_size / dp);
+    s.global_batch = t.global_batch_size;
+    s.reward_terms = grpo_reward_terms(t.grpo_rewards).size();
+  }
   // What validation could not know before the device was: what precision auto means.
   if (s.optimizer.main_params != DType::F32 && rt.compute_dtype != s.optimizer.main_params)
     throw ConfigError(origin_of(e, "main_params_dtype"), "main_params_dtype",

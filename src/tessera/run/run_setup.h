@@ -38,6 +38,10 @@ struct RunSetup {
   // A frozen copy of the reference weights on the device (train/frozen_reference.h): DPO
   // without precomputed reference log-probabilities, GRPO with a KL term.
   bool reference_copy = false;
+  // objective grpo: the sequences its generator decodes together (a group's completions on a
+  // rank), the global batch and the reward terms (plan/memory_plan.h's generation row); 0: none.
+  int64_t generation_batch = 0, global_batch = 0;
+  size_t reward_terms = 0;
 };
 
 // The devices a run is set up for.

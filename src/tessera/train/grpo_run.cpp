@@ -22,6 +22,7 @@
 #include "tessera/model/model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/profiler/training_profiler.h"
+#include "tessera/plan/memory_plan.h"
 #include "tessera/train/frozen_reference.h"
 #include "tessera/train/rewards.h"
 
@@ -106,8 +107,7 @@ GrpoRun::GrpoRun(const Parts& parts)
   if (t_.grpo_beta > 0)
     reference_ = std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);
   const int64_t tokens = model.runtime().tokens();
-  const int64_t exchanged = (static_cast<int64_t>(terms_.size()) + 2) * t_.global_batch_size + 2;
-  scratch_ = DeviceBuffer(model.backend(), static_cast<size_t>(std::max(tokens, exchanged)) * sizeof(float),
+  scratch_ = DeviceBuffer(model.backend(), plan::grpo_exchange_bytes(tokens, t_.global_batch_size, terms_.size()),
                           "grpo exchange");
   tokens_.resize(static_cast<size_t>(tokens));
   targets_.resize(static_cast<size_t>(tokens));
