@@ -98,6 +98,12 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
     evaluated = evaluated || j.contains("eval_accuracy");
   EXPECT_TRUE(evaluated);
 
+  // Top-k and top-p sample on the host (the device draws temperature and min-p).
+  r = run_tessera(grpo() + " --train_iters 1 --grpo_top_k 20 --grpo_top_p 0.9 --exp_name top_k");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(steps("top_k").size(), 1u);
+  EXPECT_GT(steps("top_k")[0]["completions/mean_length"].get<double>(), 0.0);
+
   // Completions are seeded by their place in the global batch: two ranks sample the same
   // ones and step as one rank does (ZeRO-1 with its parameter gather overlapped: generation
   // waits for it).

@@ -4,11 +4,13 @@
 // single-device step, so the trainer never branches on the world size.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "tessera/core/tensor.h"
 #include "tessera/model/param_layout.h"
+#include "tessera/ops/backend.h"
 
 namespace tessera::dist {
 
@@ -80,5 +82,14 @@ class Parallelism {
   // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
   virtual void barrier() = 0;
 };
+
+// Host values summed over the ranks as Parallelism::sum sums a tensor: through `scratch`, fp32
+// on `backend`'s device with room for all of them.
+inline void sum_host_values(Parallelism& parallel, Backend& backend, const Tensor& scratch, std::span<float> values) {
+  const Tensor t = scratch.flat_range(0, static_cast<int64_t>(values.size()));
+  backend.upload(t, values.data());
+  parallel.sum(t);
+  backend.download(values.data(), t);
+}
 
 }  // namespace tessera::dist

@@ -1,6 +1,7 @@
 #include "tessera/model/generator.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -62,10 +63,9 @@ Generator::Sizes Generator::sizes(const ModelSpec& spec, const std::vector<std::
   for (const auto& layer : layers)
     for (int64_t w : layer->cache_widths()) z.cache += aligned(B * S * w * e);
   // Two residual states for the layers to ping-pong between, the final norm and logits of each
-  // sequence's last position, the tokens, draw()'s four vectors, and the rope tables.
-  z.state = {aligned(R * 4), aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
-             aligned(B * 4), aligned(B * V * e), aligned(B * V * 4), aligned(B * 4),
-             aligned(B * 4), aligned(B * 4),     aligned(B * 4)};
+  // sequence's last position, the tokens, draw()'s streams and outputs, and the rope tables.
+  z.state = {aligned(R * 4), aligned(R * C * e), aligned(R * C * e), aligned(B * C * e), aligned(B * 4),
+             aligned(B * V * e), aligned(B * V * 4), aligned(B * 4), aligned(3 * B * 4)};
   z.table = aligned(S * spec.head_dim * 4);
   z.tables = rope_bases(layers).size();
   for (const auto& layer : layers)
@@ -82,14 +82,12 @@ size_t Generator::Sizes::bytes() const {
 
 size_t Generator::buffer_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch) {
   const auto layers = make_decoder_layers(spec);
-  const bool batches =
-      std::all_of(layers.begin(), layers.end(), [](const auto& l) { return l->decodes_batches(); });
-  return sizes(spec, layers, dtype, max_positions, batches ? max_batch : 1).bytes();
+  return sizes(spec, layers, dtype, max_positions, decodes_batches(layers) ? max_batch : 1).bytes();
 }
 
 void Generator::allocate_state() {
   TS_CHECK(max_positions_ > 0, "generation needs room for at least one position");
-  if (!decodes_batches()) max_batch_ = 1;
+  if (!decodes_batches(layers_)) max_batch_ = 1;
   TS_CHECK(max_batch_ >= 1, "generation needs room for at least one sequence");
   const size_t e = dtype_size(dtype_);
   const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size, B = max_batch_;
@@ -126,9 +124,7 @@ void Generator::allocate_state() {
   logits_ = next(dtype_, {B, V}, sizes[5]);
   logits_f32_ = next(DType::F32, {B * V}, sizes[6]);
   draw_streams_ = next(DType::I32, {B}, sizes[7]);
-  draw_tokens_ = next(DType::I32, {B}, sizes[8]);
-  draw_logps_ = next(DType::F32, {B}, sizes[9]);
-  draw_entropy_ = next(DType::F32, {B}, sizes[10]);
+  draw_out_ = next(DType::F32, {3 * B}, sizes[8]);
   for (auto& [base, table] : rope_.tables) {
     table = next(DType::F32, {S, spec_.head_dim}, table_bytes);
     backend_.upload(table, tessera::rope_table(spec_, S, base).data());
@@ -213,21 +209,17 @@ void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias
 }
 
 std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {
-  TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
-  position_ = 0;
-  batch_ = 1;
-  run(prompt.data(), static_cast<int64_t>(prompt.size()));
-  return logits_on_host();
+  prefill_on_device(prompt);
+  return logits();
 }
 
 std::vector<float> Generator::step(int32_t token) {
-  TS_CHECK(batch_ == 1, "generation: one token for a batch of {} sequences", batch_);
-  run(&token, 1);
-  return logits_on_host();
+  step_on_device({token});
+  return logits();
 }
 
-bool Generator::decodes_batches() const {
-  return std::all_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->decodes_batches(); });
+bool Generator::decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
+  return std::all_of(layers.begin(), layers.end(), [](const auto& l) { return l->decodes_batches(); });
 }
 
 void Generator::fork(int64_t count) {
@@ -246,10 +238,8 @@ void Generator::fork(int64_t count) {
 }
 
 std::vector<float> Generator::step(const std::vector<int32_t>& tokens) {
-  TS_CHECK(static_cast<int64_t>(tokens.size()) == batch_, "generation: {} tokens for {} sequences",
-           tokens.size(), batch_);
-  run(tokens.data(), batch_);
-  return logits_on_host();
+  step_on_device(tokens);
+  return logits();
 }
 
 std::vector<Tensor> Generator::caches_of(size_t layer, int64_t sequences) const {
@@ -297,7 +287,7 @@ void Generator::run(const int32_t* tokens, int64_t n) {
   position_ += positions;
 }
 
-std::vector<float> Generator::logits_on_host() {
+std::vector<float> Generator::logits() {
   const int64_t B = batch_, V = spec_.vocab_size;
   const Tensor f32 = logits_f32_.flat_range(0, B * V);
   backend_.convert(f32, logits_.rows(0, B));
@@ -323,18 +313,21 @@ Generator::Draw Generator::draw(const std::vector<int32_t>& streams, int64_t voc
                                 double min_p, uint64_t seed, int64_t step) {
   const int64_t B = batch_;
   TS_CHECK(static_cast<int64_t>(streams.size()) == B, "generation: {} streams for {} sequences", streams.size(), B);
-  const Tensor s = draw_streams_.flat_range(0, B), tokens = draw_tokens_.flat_range(0, B);
-  const Tensor logps = draw_logps_.flat_range(0, B), entropy = draw_entropy_.flat_range(0, B);
-  backend_.upload(s, streams.data());
-  backend_.sample_tokens(tokens, logps, entropy, logits_.rows(0, B), s, vocab, static_cast<float>(temperature),
-                         static_cast<float>(min_p), seed, step);
+  const Tensor s = draw_streams_.flat_range(0, B);
+  // A group's streams stay the same from step to step.
+  if (streams != uploaded_streams_) backend_.upload(s, streams.data()), uploaded_streams_ = streams;
+  // Tokens, log-probabilities and entropies side by side in one buffer: one download a step.
+  Tensor tokens = draw_out_.flat_range(0, B);
+  tokens.dtype = DType::I32;  // 4 bytes, as the fp32 beside them
+  backend_.sample_tokens(tokens, draw_out_.flat_range(B, B), draw_out_.flat_range(2 * B, B), logits_.rows(0, B), s,
+                         vocab, static_cast<float>(temperature), static_cast<float>(min_p), seed, step);
+  std::vector<float> out(static_cast<size_t>(3 * B));
+  backend_.download(out.data(), draw_out_.flat_range(0, 3 * B));
   Draw d;
   d.tokens.resize(static_cast<size_t>(B));
-  d.logps.resize(static_cast<size_t>(B));
-  d.entropy.resize(static_cast<size_t>(B));
-  backend_.download(d.tokens.data(), tokens);
-  backend_.download(d.logps.data(), logps);
-  backend_.download(d.entropy.data(), entropy);
+  std::memcpy(d.tokens.data(), out.data(), static_cast<size_t>(B) * sizeof(int32_t));
+  d.logps.assign(out.begin() + B, out.begin() + 2 * B);
+  d.entropy.assign(out.begin() + 2 * B, out.end());
   return d;
 }
 

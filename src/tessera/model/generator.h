@@ -57,7 +57,7 @@ class Generator final : private ForwardOps {
   std::vector<float> step(int32_t token);
   // Whether the family's blocks decode batches (multi-latent attention does not yet): else
   // max_batch is 1.
-  bool decodes_batches() const;
+  bool decodes_batches() const { return decodes_batches(layers_); }
   // After prefill: the prompt continues as `count` sequences (count <= max_batch), each with
   // the prompt's cache and its last logits (what draw() draws their first tokens from).
   void fork(int64_t count);
@@ -68,6 +68,9 @@ class Generator final : private ForwardOps {
   // them (a vocabulary of logits per sequence and token need not cross to the host).
   void prefill_on_device(const std::vector<int32_t>& prompt);
   void step_on_device(const std::vector<int32_t>& tokens);
+  // The last pass's logits on the host, fp32: each sequence's next-token distribution,
+  // sequence after sequence (batch() x vocab_size).
+  std::vector<float> logits();
   // Each sequence's next token drawn on the device from the last pass's logits
   // (Backend::sample_tokens: temperature with min-p, greedy at temperature 0, over ids below
   // vocab), with its log-probability and its distribution's entropy (at temperature 1).
@@ -88,7 +91,7 @@ class Generator final : private ForwardOps {
   // Its buffers' bytes, by buffer (buffer_bytes and allocate_state).
   struct Sizes {
     size_t cache = 0;
-    std::array<size_t, 11> state{};
+    std::array<size_t, 9> state{};
     size_t table = 0, tables = 0;
     size_t block_state_floats = 0;
     size_t scratch = 0;
@@ -99,7 +102,7 @@ class Generator final : private ForwardOps {
   // n tokens: a prompt or one token of the sequence (batch_ 1), or one token of each of the
   // batch_ sequences; the logits of the last position of each sequence, in logits_.
   void run(const int32_t* tokens, int64_t n);
-  std::vector<float> logits_on_host();
+  static bool decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers);
   // Each block's cache as the first `sequences` sequences' (the one-sequence layout for 1).
   std::vector<Tensor> caches_of(size_t layer, int64_t sequences) const;
 
@@ -124,7 +127,10 @@ class Generator final : private ForwardOps {
   Tensor params_;
   std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_batch, max_positions, cache width)
   Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_;
-  Tensor draw_streams_, draw_tokens_, draw_logps_, draw_entropy_;  // draw()'s, (max_batch) each
+  // draw()'s: the streams (max_batch) int32, and its tokens, log-probabilities and entropies
+  // side by side (3 x max_batch; the tokens int32 in fp32's place); the streams last uploaded.
+  Tensor draw_streams_, draw_out_;
+  std::vector<int32_t> uploaded_streams_;
   RopeTables rope_;
   ScratchArena scratch_;
 };

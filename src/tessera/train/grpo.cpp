@@ -15,20 +15,35 @@ void check_groups(size_t completions, int64_t group_size) {
     throw Error(fmt::format("{} completions in groups of {}", completions, group_size));
 }
 
+double group_mean(const std::vector<double>& rewards, size_t first, size_t G) {
+  double mean = 0;
+  for (size_t i = first; i < first + G; ++i) mean += rewards[i] / static_cast<double>(G);
+  return mean;
+}
+
 }  // namespace
 
-std::vector<double> group_advantages(const std::vector<double>& rewards, int64_t group_size,
-                                     bool scale_rewards) {
+std::vector<double> group_stds(const std::vector<double>& rewards, int64_t group_size) {
   check_groups(rewards.size(), group_size);
   const auto G = static_cast<size_t>(group_size);
-  std::vector<double> out(rewards.size());
+  std::vector<double> out;
   for (size_t g = 0; g < rewards.size(); g += G) {
-    double mean = 0;
-    for (size_t i = g; i < g + G; ++i) mean += rewards[i] / static_cast<double>(G);
+    const double mean = group_mean(rewards, g, G);
     double var = 0;
     for (size_t i = g; i < g + G; ++i) var += (rewards[i] - mean) * (rewards[i] - mean);
     // torch.std: the unbiased estimate, NaN for a group of one (whose advantage is then 0).
-    const double std = G > 1 ? std::sqrt(var / static_cast<double>(G - 1)) : 0.0;
+    out.push_back(G > 1 ? std::sqrt(var / static_cast<double>(G - 1)) : 0.0);
+  }
+  return out;
+}
+
+std::vector<double> group_advantages(const std::vector<double>& rewards, int64_t group_size,
+                                     bool scale_rewards) {
+  const std::vector<double> stds = group_stds(rewards, group_size);
+  const auto G = static_cast<size_t>(group_size);
+  std::vector<double> out(rewards.size());
+  for (size_t g = 0; g < rewards.size(); g += G) {
+    const double mean = group_mean(rewards, g, G), std = stds[g / G];
     for (size_t i = g; i < g + G; ++i)
       out[i] = scale_rewards ? (rewards[i] - mean) / (std + 1e-4) : rewards[i] - mean;
   }

@@ -35,6 +35,10 @@ struct GrpoOptions {
 std::vector<double> group_advantages(const std::vector<double>& rewards, int64_t group_size,
                                      bool scale_rewards);
 
+// Each group's standard deviation of its rewards: the unbiased one, as torch.std (0 for a
+// group of one).
+std::vector<double> group_stds(const std::vector<double>& rewards, int64_t group_size);
+
 // Dynamic sampling (DAPO): per group, whether its rewards differ, i.e. whether it teaches
 // anything (a group of equal rewards has zero advantages).
 std::vector<bool> informative_groups(const std::vector<double>& rewards, int64_t group_size);

@@ -155,17 +155,13 @@ std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, con
   const int64_t vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), V);
   const bool on_device = sampling.top_k == 0 && sampling.top_p >= 1.0;
   std::vector<Sampler> samplers;
-  std::vector<float> logits;
-  if (on_device) {
-    generator_->prefill_on_device(prompt.ids);
-  } else {
+  if (!on_device)
     for (int32_t s : streams) {
       SamplingOptions o = sampling;
       o.seed = random_bits(seed, static_cast<uint64_t>(s));
       samplers.emplace_back(o);
     }
-    logits = generator_->prefill(prompt.ids);
-  }
+  generator_->prefill_on_device(prompt.ids);
   generator_->fork(static_cast<int64_t>(count));
   const auto take = [&](size_t b, int32_t token, double entropy) {
     Completion& c = out[b];
@@ -183,11 +179,11 @@ std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, con
       const Generator::Draw d = generator_->draw(streams, vocab, sampling.temperature, sampling.min_p, seed, i);
       for (size_t b = 0; b < count; ++b) take(b, d.tokens[b], d.entropy[b]);
     } else {
-      // Each sequence's pass over its logits (the prefill's start every sequence), on threads.
+      // Each sequence's pass over its logits, on threads.
+      const std::vector<float> logits = generator_->logits();
       parallel_for(count, [&](size_t b) {
         if (done[b]) return take(b, 0, 0);
-        const std::span<const float> l(logits.data() + (i == 0 ? 0 : static_cast<int64_t>(b) * V),
-                                       static_cast<size_t>(V));
+        const std::span<const float> l(logits.data() + static_cast<int64_t>(b) * V, static_cast<size_t>(V));
         // The model's own distribution (temperature 1): its entropy.
         const float top = *std::max_element(l.begin(), l.end());
         double z = 0, weighted = 0;
@@ -201,11 +197,7 @@ std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, con
     }
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
     if (i + 1 == t_.grpo_max_completion_length) break;
-    if (on_device) {
-      generator_->step_on_device(next);
-    } else {
-      logits = generator_->step(next);
-    }
+    generator_->step_on_device(next);
   }
   for (size_t b = 0; b < count; ++b) out[b].clipped = done[b] == 0;
   return out;
@@ -308,10 +300,7 @@ void GrpoRun::generate_batch(int64_t batch) {
       entropy += mine_[static_cast<size_t>(k)].entropy_sum;
     }
   all[(F + 2) * B] = static_cast<float>(entropy);
-  const Tensor exchange = scratch_.tensor(DType::F32, {static_cast<int64_t>(all.size())});
-  model.backend().upload(exchange, all.data());
-  p_.parallel.sum(exchange);
-  model.backend().download(all.data(), exchange);
+  sum_over_ranks(all);
 
   std::vector<double> reward(static_cast<size_t>(B), 0.0);
   for (size_t f = 0; f < F; ++f)
@@ -323,7 +312,7 @@ void GrpoRun::generate_batch(int64_t batch) {
   s = GrpoStepStats{};
   counts_ = {};
   batch_tokens_ = 0;
-  double length_sum = 0, clipped = 0, group_std_sum = 0;
+  double length_sum = 0, clipped = 0;
   for (int64_t j = 0; j < B; ++j) {
     const double length = all[F * B + static_cast<size_t>(j)];
     included_[static_cast<size_t>(j)] = !t_.grpo_dynamic_sampling || informative[static_cast<size_t>(j / G)];
@@ -334,14 +323,10 @@ void GrpoRun::generate_batch(int64_t batch) {
     batch_tokens_ += static_cast<int64_t>(train_[static_cast<size_t>(prompt_of[static_cast<size_t>(j)])].ids.size() + length);
     s.reward += reward[static_cast<size_t>(j)] / static_cast<double>(B);
   }
-  for (int64_t g = 0; g < P; ++g) {
-    double mean = 0, var = 0;
-    for (int64_t k = 0; k < G; ++k) mean += reward[static_cast<size_t>(g * G + k)] / static_cast<double>(G);
-    for (int64_t k = 0; k < G; ++k) var += std::pow(reward[static_cast<size_t>(g * G + k)] - mean, 2);
-    group_std_sum += std::sqrt(var / static_cast<double>(G - 1));
+  // TRL's reward_std: the mean of the groups' standard deviations.
+  for (const double std : group_stds(reward, G)) s.reward_std += std / static_cast<double>(P);
+  for (int64_t g = 0; g < P; ++g)
     if (!informative[static_cast<size_t>(g)]) s.frac_reward_zero_std += 1.0 / static_cast<double>(P);
-  }
-  s.reward_std = group_std_sum / static_cast<double>(P);
   for (size_t f = 0; f < F; ++f) {
     double mean = 0;
     for (int64_t j = 0; j < B; ++j) mean += all[f * B + static_cast<size_t>(j)] / static_cast<double>(B);
@@ -450,10 +435,7 @@ GrpoStepStats GrpoRun::gradients(int64_t iteration) {
       });
   std::array<float, 5> values;
   for (size_t k = 0; k < 5; ++k) values[k] = static_cast<float>(sums[k]);
-  const Tensor exchange = scratch_.tensor(DType::F32, {5});
-  model.backend().upload(exchange, values.data());
-  p_.parallel.sum(exchange);
-  model.backend().download(values.data(), exchange);
+  sum_over_ranks(values);
   const double tokens = static_cast<double>(std::max<int64_t>(counts_.tokens, 1));
   s.loss = values[0];
   s.clip_low = values[1] / tokens, s.clip_high = values[2] / tokens, s.clip_region = values[3] / tokens;
@@ -487,19 +469,16 @@ double GrpoRun::evaluate() {
       for (size_t f = 0; f < terms_.size(); ++f) score += terms_[f].second * values[f][i];
     }
   }
-  const double mean = sum_over_ranks(score) / static_cast<double>(std::max<int64_t>(count, 1));
+  float total = static_cast<float>(score);
+  sum_over_ranks({&total, 1});
+  const double mean = total / static_cast<double>(std::max<int64_t>(count, 1));
   p_.log.info("grpo validation: {} {:.4f} over {} held-out prompts (greedy)",
               answer != terms_.end() ? "accuracy" : "reward", mean, count);
   return mean;
 }
 
-double GrpoRun::sum_over_ranks(double value) {
-  const Tensor t = scratch_.tensor(DType::F32, {1});
-  float v = static_cast<float>(value);
-  p_.model.backend().upload(t, &v);
-  p_.parallel.sum(t);
-  p_.model.backend().download(&v, t);
-  return v;
+void GrpoRun::sum_over_ranks(std::span<float> values) {
+  dist::sum_host_values(p_.parallel, p_.model.backend(), scratch_.tensor(DType::F32, {static_cast<int64_t>(scratch_.bytes() / 4)}), values);
 }
 
 }  // namespace tessera

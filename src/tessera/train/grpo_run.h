@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <regex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -113,7 +114,8 @@ class GrpoRun {
   // The model's log-probabilities of each completion token of micro-batch rows, after a forward.
   std::vector<std::vector<double>> row_logps(int64_t rows);
   int64_t global_index(int64_t micro_batch, int64_t row) const;
-  double sum_over_ranks(double value);
+  // In place: summed over the data-parallel ranks, through the exchange buffer.
+  void sum_over_ranks(std::span<float> values);
 
   Parts p_;
   const TrainingConfig& t_;

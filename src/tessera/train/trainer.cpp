@@ -795,11 +795,8 @@ void Trainer::prepare_dpo_reference() {
   // otherwise exchange different amounts below.
   {
     const float mine = static_cast<float>(missing.size());
-    const Tensor count = dpo_->stats.flat_range(0, 1);
-    backend_->upload(count, &mine);
-    parallel_->sum(count);
-    float all = 0;
-    backend_->download(&all, count);
+    float all = mine;
+    dist::sum_host_values(*parallel_, *backend_, dpo_->stats, {&all, 1});
     if (all != mine * static_cast<float>(parallel_->data_parallel_size()))
       throw DataError(fmt::format("{}: this rank lacks {} of the pairs the run reads, the data-parallel "
                                   "ranks {} together: every rank must see the same file (a shared "
@@ -827,10 +824,8 @@ void Trainer::prepare_dpo_reference() {
       ++k;
     }
     DeviceBuffer buffer(*backend_, parts.size() * sizeof(float), "dpo reference log-probabilities");
-    const Tensor summed = buffer.tensor(DType::F32, {static_cast<int64_t>(parts.size())});
-    backend_->upload(summed, parts.data());
-    parallel_->sum(summed);
-    backend_->download(parts.data(), summed);
+    dist::sum_host_values(*parallel_, *backend_, buffer.tensor(DType::F32, {static_cast<int64_t>(parts.size())}),
+                          parts);
     k = 0;
     for (const auto& [pair, read_at] : missing) {
       store.set(pair, {parts[2 * k], parts[2 * k + 1]});
@@ -899,9 +894,7 @@ DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index, std::
 DpoBatchStats Trainer::dpo_means(const std::array<double, 6>& sums, int64_t pairs) {
   std::array<float, 6> values;
   for (size_t k = 0; k < 6; ++k) values[k] = static_cast<float>(sums[k]);
-  backend_->upload(dpo_->stats, values.data());
-  parallel_->sum(dpo_->stats);
-  backend_->download(values.data(), dpo_->stats);
+  dist::sum_host_values(*parallel_, *backend_, dpo_->stats, values);
   const double n = static_cast<double>(std::max<int64_t>(pairs, 1));
   return {values[0] / n, values[1] / n, values[2] / n, values[3] / n, values[4] / n, values[5] / n};
 }
