@@ -145,6 +145,21 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
         tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
                                          (c.begin() + b * 256));
     }
+    // The draw on the GPU from those logits (GRPO's): greedy is their argmax; a sampled token's
+    // log-probability is log softmax of them at it, and the entropy theirs.
+    const std::vector<int32_t> greedy = on_gpu.draw({0, 1, 2, 3}, 256, 0.0, 0.0, 5, 0).tokens;
+    const Generator::Draw sampled = on_gpu.draw({0, 1, 2, 3}, 256, 1.0, 0.0, 5, 0);
+    for (size_t b = 0; b < 4; ++b) {
+      const auto row = g.begin() + static_cast<std::ptrdiff_t>(b * 256);
+      EXPECT_EQ(greedy[b], static_cast<int32_t>(std::max_element(row, row + 256) - row)) << "sequence " << b;
+      ASSERT_GE(sampled.tokens[b], 0);
+      ASSERT_LT(sampled.tokens[b], 256);
+      const float top = *std::max_element(row, row + 256);
+      double z = 0, weighted = 0;
+      for (auto x = row; x != row + 256; ++x) z += std::exp(*x - top), weighted += std::exp(*x - top) * (*x - top);
+      EXPECT_NEAR(sampled.logps[b], row[sampled.tokens[b]] - top - std::log(z), 1e-3) << "sequence " << b;
+      EXPECT_NEAR(sampled.entropy[b], std::log(z) - weighted / z, 1e-3) << "sequence " << b;
+    }
   }
 }
 
