@@ -99,7 +99,7 @@ if want lora; then
   timeout 420 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
     --json "$OUT/peer.jsonl" > "$OUT/peer_lora.log" 2>&1; echo "peer exit $?"; tail -3 "$OUT/peer_lora.log"
 fi
-if want grpo; then
+if want grpo || want grpo_tiny; then
   echo "== GRPO: the tiny experiment end to end in bf16"
   python3 "$ROOT/scripts/data/grpo_tasks.py" --task parity --held-out 100 --sft-hash-share 0.3 "$work/parity"
   "$BIN/tessera" preprocess --chat --input "$work/parity_sft.jsonl" --output-prefix "$work/parity" \
@@ -112,6 +112,8 @@ if want grpo; then
     --exp_name grpo_tiny_before 2>&1 | grep "validation:"
   timeout 120 "$BIN/tessera" train --config grpo_tiny --load "$work/parity_sft" "${PROMPTS[@]}" 2>&1 \
     | grep -E "validation:|done:|iteration +(5|20)/" | cut -c1-400
+fi
+if want grpo; then
   python3 "$ROOT/scripts/data/grpo_tasks.py" --task addition --digits 3 --train 64 --held-out 4 "$work/add"
   # G completions of one prompt per step, decoded together; micro-batches of MB.
   for g_mb in 16:4 64:8; do
