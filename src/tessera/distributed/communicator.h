@@ -18,12 +18,14 @@
 // peers in its calls are ranks within it. Point-to-point transfers (send_recv) follow the same
 // lanes and ordering as the collectives.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "tessera/core/tensor.h"
+#include "tessera/ops/backend.h"
 
 namespace tessera::dist {
 
@@ -36,6 +38,46 @@ struct P2POp {
   Kind kind;
   Tensor tensor;
   int peer;
+};
+
+// Device memory that a communicator's collectives read and write (collective_buffer()).
+class CollectiveBuffer {
+ public:
+  CollectiveBuffer() = default;
+  CollectiveBuffer(void* data, size_t bytes, Device device, std::function<void(void*)> release)
+      : data_(data), bytes_(bytes), device_(device), release_(std::move(release)) {}
+  ~CollectiveBuffer() { reset(); }
+  CollectiveBuffer(const CollectiveBuffer&) = delete;
+  CollectiveBuffer& operator=(const CollectiveBuffer&) = delete;
+  CollectiveBuffer(CollectiveBuffer&& o) noexcept { *this = std::move(o); }
+  CollectiveBuffer& operator=(CollectiveBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      std::swap(data_, o.data_);
+      std::swap(bytes_, o.bytes_);
+      std::swap(device_, o.device_);
+      std::swap(release_, o.release_);
+    }
+    return *this;
+  }
+  void reset() {
+    if (data_) release_(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  // A tensor over the buffer starting at byte_offset.
+  Tensor tensor(DType dtype, Shape shape, size_t byte_offset = 0) const {
+    TS_CHECK(byte_offset + static_cast<size_t>(shape.numel()) * dtype_size(dtype) <= bytes_,
+             "tensor {} at offset {} exceeds a collective buffer of {} bytes", shape.str(),
+             byte_offset, bytes_);
+    return Tensor{static_cast<char*>(data_) + byte_offset, dtype, shape, device_};
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_{};
+  std::function<void(void*)> release_;
 };
 
 class Communicator {
@@ -102,6 +144,17 @@ class Communicator {
   // communicator, ranked by key (ties by rank here); a negative color joins none and gets
   // nullptr (ncclCommSplit). `label` names the group in descriptions and errors ("tp").
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& label) = 0;
+
+  // Device memory on `backend` for this communicator's collectives, made collectively: every
+  // rank asks for the same bytes, in the same order. A collective whose input and output both
+  // lie in such buffers, at the same offsets on every rank, may move its data without the
+  // GPU's cores: NCCL all-gathers between symmetric windows on one node with the copy engines,
+  // so that the compute they overlap keeps every SM. Anywhere else (thread ranks, another
+  // node, no symmetric memory) it is ordinary memory from the backend.
+  virtual CollectiveBuffer collective_buffer(Backend& backend, size_t bytes, const char* what) {
+    void* data = bytes ? backend.allocate(bytes, what) : nullptr;
+    return {data, bytes, backend.device(), [&backend](void* p) { backend.release(p); }};
+  }
 
   // Compute waits for everything queued on Lane::Comm so far.
   virtual void wait_comm() = 0;

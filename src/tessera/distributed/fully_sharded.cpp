@@ -56,9 +56,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& mo
   Backend& b = model.backend();
   const DType dt = model.runtime().compute_dtype, gt = model.runtime().grad_dtype;
   const int slots = slot_count(layout);
-  shard_buffer_ = DeviceBuffer(b, at * dtype_size(dt), "parameter shard");
+  // The gathers read the shards and write the slots: both in collective buffers, so that
+  // they can leave the SMs to the layers they overlap.
+  shard_buffer_ = comm.collective_buffer(b, at * dtype_size(dt), "parameter shard");
   grad_shard_buffer_ = DeviceBuffer(b, at * dtype_size(gt), "gradient shard");
-  slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
+  slot_buffer_ =
+      comm.collective_buffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
   grad_slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
   param_shards_ = shard_buffer_.tensor(dt, {at});
   grad_shards_ = grad_shard_buffer_.tensor(gt, {at});

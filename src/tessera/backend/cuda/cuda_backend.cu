@@ -225,7 +225,9 @@ CudaBackend::~CudaBackend() {
   cudnn_.reset();
   lt_.reset();
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  allocations_.release_all([](void* ptr) { cudaFree(ptr); });
+  allocations_.release_all([this](void* ptr) {
+    if (!foreign_.contains(ptr)) cudaFree(ptr);
+  });
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -281,6 +283,24 @@ void CudaBackend::release(void* ptr) {
   // not thrown: releases run in destructors, also while the exception of a device fault
   // unwinds, and a fault is sticky, so the call that hit it has reported it already.
   cudaFree(ptr);
+}
+
+void CudaBackend::count_foreign(void* ptr, size_t bytes) {
+  allocations_.add(ptr, bytes);
+  foreign_.insert(ptr);
+}
+
+void CudaBackend::uncount_foreign(void* ptr) {
+  allocations_.remove(ptr);
+  foreign_.erase(ptr);
+}
+
+void count_foreign_allocation(Backend& backend, void* ptr, size_t bytes) {
+  static_cast<CudaBackend&>(backend).count_foreign(ptr, bytes);
+}
+
+void uncount_foreign_allocation(Backend& backend, void* ptr) {
+  static_cast<CudaBackend&>(backend).uncount_foreign(ptr);
 }
 
 MemoryStats CudaBackend::memory_stats() {

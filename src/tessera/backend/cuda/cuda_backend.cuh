@@ -71,6 +71,9 @@ class CudaBackend final : public Backend {
 
   void* allocate(size_t bytes, const char* what) override;
   void release(void* ptr) override;
+  // count_foreign_allocation / uncount_foreign_allocation (cuda_backend.h).
+  void count_foreign(void* ptr, size_t bytes);
+  void uncount_foreign(void* ptr);
   MemoryStats memory_stats() override;
   void reset_peak_memory() override;
   void synchronize() override;
@@ -120,6 +123,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
 
   AllocationTracker allocations_;
+  std::set<void*> foreign_;  // counted in allocations_, freed by whoever allocated them
 
   void* scratch_ = nullptr;
   // Two 256-byte slots that FP8 GEMM scales are copied to when theirs are not 16-byte aligned

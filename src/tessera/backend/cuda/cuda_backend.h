@@ -30,6 +30,12 @@ std::unique_ptr<Backend> make_cuda_backend(int device,
                                            AttentionBackend attention = AttentionBackend::Auto,
                                            bool gemm_autotune = true);
 
+// Memory that another library allocated on a CUDA backend's device for Tessera (NCCL's
+// collective buffers) counts in the backend's memory_stats() like its own, from
+// count_foreign_allocation until uncount_foreign_allocation; the backend never frees it.
+void count_foreign_allocation(Backend& backend, void* ptr, size_t bytes);
+void uncount_foreign_allocation(Backend& backend, void* ptr);
+
 // What a CudaBackend allocates of its own for a step with demands `d` (Platform's
 // step_buffer_bytes): the cuBLASLt workspace, the kernel scratch grown to the largest request
 // in whole granules, the AdamW chunk table and the FP8 scale slots. The cuDNN attention

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/nccl_communicator.h"
 #include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
@@ -174,8 +175,8 @@ class NcclCommunicator final : public Communicator {
         timeout_s_(timeout_s),
         log_(log),
         group_name_(interned_group_name("world")) {
-    int version = 0;
-    ncclGetVersion(&version);
+    ncclGetVersion(&version_code_);
+    const int version = version_code_;
     version_ = version_text(version);
     log_.info("NCCL {} (runtime; built against {}.{}.{})", version_, NCCL_MAJOR, NCCL_MINOR,
               NCCL_PATCH);
@@ -202,13 +203,13 @@ class NcclCommunicator final : public Communicator {
     });
     watchdog_ = std::thread([this] { watchdog_loop(); });
 
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    ncclConfig_t config = communicator_config();
     const auto t0 = Clock::now();
     begin("ncclCommInitRankConfig", 0);
     ncclComm_t comm = nullptr;
     const ncclResult_t init = ncclCommInitRankConfig(&comm, size_, id, rank_, &config);
     comm_ = comm;
+    windows_->comm = comm;
     check(init, "ncclCommInitRankConfig", 0);
     end_host_call();
     log_.info("NCCL communicator: rank {} of {} on GPU {} in {:.2f} s", rank_, size_, device_,
@@ -226,6 +227,7 @@ class NcclCommunicator final : public Communicator {
         timeout_s_(parent.timeout_s_),
         log_(parent.log_),
         version_(parent.version_),
+        version_code_(parent.version_code_),
         label_(label),
         group_name_(interned_group_name(fmt::format("{}:{}", label, color))),
         world_rank_(parent.world_rank()),
@@ -235,6 +237,7 @@ class NcclCommunicator final : public Communicator {
     check(state, "ncclCommSplit", 0);
     check(ncclCommUserRank(comm, &rank_), "ncclCommUserRank", 0);
     check(ncclCommCount(comm, &size_), "ncclCommCount", 0);
+    windows_->comm = comm;
     create_streams();
     watchdog_ = std::thread([this] { watchdog_loop(); });
     log_.info("NCCL {} communicator: rank {} of {}", label_, rank_, size_);
@@ -244,8 +247,10 @@ class NcclCommunicator final : public Communicator {
     stop_watchdog();
     if (comm_) {
       // An exception is unwinding (finalize() did not run): peers may be stuck in a
-      // collective with us, so abort rather than a collective destroy.
+      // collective with us, so abort rather than a collective destroy (which takes the
+      // windows with it).
       ncclCommAbort(comm_);
+      forget_windows();
     }
     for (auto& p : pending_) cudaEventDestroy(p.event);
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
@@ -364,8 +369,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> split(int color, int key, const std::string& label) override {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    ncclConfig_t config = communicator_config();
     ncclComm_t child = nullptr;
     begin("ncclCommSplit", 0);
     const NcclCallGuard guard(*this);
@@ -390,6 +394,40 @@ class NcclCommunicator final : public Communicator {
     end_host_call();
     if (!child) return nullptr;
     return std::unique_ptr<Communicator>(new NcclCommunicator(*this, child, label, color));
+  }
+
+  // NCCL's VMM memory, registered as a symmetric window of this communicator: an all-gather
+  // between two such windows runs on the copy engines under NCCL_CTA_POLICY_ZERO (NCCL 2.28,
+  // one node). Without symmetric memory support the registration gives no window and the
+  // memory serves as ordinary memory.
+  CollectiveBuffer collective_buffer(Backend& backend, size_t bytes, const char* what) override {
+    void* ptr = nullptr;
+    if (bytes == 0 || version_code_ < NCCL_VERSION(2, 28, 0) || ncclMemAlloc(&ptr, bytes) != ncclSuccess)
+      // Out of memory included: the backend's allocation then says so by name.
+      return Communicator::collective_buffer(backend, bytes, what);
+    ncclWindow_t window = nullptr;
+    begin("ncclCommWindowRegister", bytes);
+    {
+      const NcclCallGuard guard(*this);
+      check(ncclCommWindowRegister(comm_, ptr, bytes, &window, NCCL_WIN_COLL_SYMMETRIC),
+            fmt::format("ncclCommWindowRegister ({})", what), bytes);
+    }
+    end_host_call();
+    if (window) {
+      std::lock_guard lock(windows_->mu);
+      windows_->open.push_back({ptr, window});
+    }
+    log_.info("{}: {} in NCCL memory ({}){}", where(), what, bytes_text(bytes),
+               window ? ", a symmetric window: all-gathers between such windows use the copy "
+                        "engines"
+                      : "; NCCL has no symmetric memory here");
+    cuda::count_foreign_allocation(backend, ptr, bytes);
+    return {ptr, bytes, backend.device(), [&backend, windows = windows_](void* p) {
+              cudaDeviceSynchronize();  // no collective or kernel still reads or writes it
+              windows->close(p);
+              cuda::uncount_foreign_allocation(backend, p);
+              ncclMemFree(p);
+            }};
   }
 
   void wait_comm() override {
@@ -431,6 +469,7 @@ class NcclCommunicator final : public Communicator {
   void finalize() override {
     if (!comm_) return;
     synchronize();
+    close_windows();
     begin("ncclCommFinalize", 0);
     check(ncclCommFinalize(comm_), "ncclCommFinalize", 0);
     end_host_call();
@@ -447,6 +486,45 @@ class NcclCommunicator final : public Communicator {
     uint64_t seq;
     Clock::time_point start;
   };
+
+  // Blocking off for the watchdog (see the top of the file); zero CTAs for the collectives
+  // NCCL can run on the copy engines (all-gathers between symmetric windows), so that they
+  // leave every SM to the compute they overlap. Others run on SMs as by default.
+  static ncclConfig_t communicator_config() {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    return config;
+  }
+
+  // The symmetric windows of collective_buffer()s still alive, in registration order: every
+  // rank deregisters them in that order (a collective) when a buffer goes or at finalize().
+  // Shared with the buffers' release, which may run after the communicator is gone.
+  struct Windows {
+    std::mutex mu;
+    ncclComm_t comm = nullptr;  // null once finalized or aborted: nothing left to deregister
+    std::vector<std::pair<void*, ncclWindow_t>> open;
+    void close(void* ptr) {
+      std::lock_guard lock(mu);
+      for (auto it = open.begin(); it != open.end(); ++it)
+        if (it->first == ptr) {
+          if (comm && !g_failing) ncclCommWindowDeregister(comm, it->second);
+          open.erase(it);
+          return;
+        }
+    }
+  };
+  void close_windows() {
+    std::lock_guard lock(windows_->mu);
+    for (const auto& [ptr, window] : windows_->open) ncclCommWindowDeregister(comm_, window);
+    windows_->open.clear();
+    windows_->comm = nullptr;
+  }
+  void forget_windows() {
+    std::lock_guard lock(windows_->mu);
+    windows_->open.clear();
+    windows_->comm = nullptr;
+  }
 
   void create_streams() {
     cuda_check(cudaSetDevice(device_), "cudaSetDevice");
@@ -623,10 +701,12 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   Logger& log_;
   std::string version_;
+  int version_code_ = 0;  // ncclGetVersion's
   std::string label_;    // the group, for a split communicator ("tp"); empty for the world
   std::string_view group_name_;  // the group in traces: "world", "tp:2"
   int world_rank_ = -1;  // a split communicator's rank in the world, for messages
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
+  std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
   bool comm_queued_ = false;        // Lane::Comm work compute has not waited for
