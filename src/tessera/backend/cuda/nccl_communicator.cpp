@@ -409,7 +409,11 @@ class NcclCommunicator final : public Communicator {
     begin("ncclCommWindowRegister", bytes);
     {
       const NcclCallGuard guard(*this);
-      check(ncclCommWindowRegister(comm_, ptr, bytes, &window, NCCL_WIN_COLL_SYMMETRIC),
+      // As with a split, the registration is a background job that NCCL completes (and
+      // writes `window`) only when polled, whatever the call answered.
+      const ncclResult_t r =
+          ncclCommWindowRegister(comm_, ptr, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
+      check(r == ncclSuccess ? ncclInProgress : r,
             fmt::format("ncclCommWindowRegister ({})", what), bytes);
     }
     end_host_call();
