@@ -100,10 +100,11 @@ run_fitting() {
 # scaling_runs TABLE PRECISIONS GPU_COUNTS: the full Llama 3.1 8B at each precision (bf16, fp8)
 # on each GPU count this machine has, with ZeRO-1 and with FSDP (one GPU: neither), 8
 # micro-batches per GPU per step (SCALING_ITERS iterations, default 4); a row each in TABLE.
-# SCALING_FSDP_SM_GATHER=1 adds an FSDP row with NCCL_CTA_POLICY=0, NCCL's own override that
-# puts the parameter gathers back on SMs, beside the default copy-engine gathers.
+# SCALING_FSDP_ENV="VAR=VALUE ..." adds an FSDP row per assignment, run with it in the
+# environment: NCCL_CTA_POLICY=0 puts the parameter gathers back on SMs, NCCL_WIN_ENABLE=0 every
+# collective on NCCL's ordinary kernels (no symmetric windows).
 scaling_runs() {
-  local table=$1 precisions=$2 counts=$3 precision n sharding keys extra name args plan
+  local table=$1 precisions=$2 counts=$3 precision n sharding keys extra name args plan assignment
   echo "$TABLE_HEAD" > "$table"
   for precision in $precisions; do
     extra=""
@@ -123,12 +124,15 @@ scaling_runs() {
         # shellcheck disable=SC2086
         train "$name" "$n" $args || status=1
         summary "$name" "$n" "$plan" >> "$table"
-        if [ "$sharding" = fsdp ] && [ "${SCALING_FSDP_SM_GATHER:-0}" = 1 ]; then
-          echo "-- ${name}_sm_gather"
+        [ "$sharding" = fsdp ] || continue
+        for assignment in ${SCALING_FSDP_ENV:-}; do
+          echo "-- ${name} with $assignment"
+          export "${assignment?}"
           # shellcheck disable=SC2086
-          NCCL_CTA_POLICY=0 train "${name}_sm_gather" "$n" $args || status=1
-          summary "${name}_sm_gather" "$n" "$plan" >> "$table"
-        fi
+          train "${name}_${assignment%%=*}" "$n" $args || status=1
+          unset "${assignment%%=*}"
+          summary "${name}_${assignment%%=*}" "$n" "$plan" >> "$table"
+        done
       done
     done
   done

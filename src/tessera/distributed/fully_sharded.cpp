@@ -56,13 +56,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& mo
   Backend& b = model.backend();
   const DType dt = model.runtime().compute_dtype, gt = model.runtime().grad_dtype;
   const int slots = slot_count(layout);
-  // The gathers read the shards and write the slots: both in collective buffers, so that
-  // they can leave the SMs to the layers they overlap.
+  // Every collective reads and writes collective buffers (communicator.h), so that it can
+  // leave the SMs to the layers it overlaps.
   shard_buffer_ = comm.collective_buffer(b, at * dtype_size(dt), "parameter shard");
-  grad_shard_buffer_ = DeviceBuffer(b, at * dtype_size(gt), "gradient shard");
+  grad_shard_buffer_ = comm.collective_buffer(b, at * dtype_size(gt), "gradient shard");
   slot_buffer_ =
       comm.collective_buffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
-  grad_slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
+  grad_slot_buffer_ =
+      comm.collective_buffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
   param_shards_ = shard_buffer_.tensor(dt, {at});
   grad_shards_ = grad_shard_buffer_.tensor(gt, {at});
   // Slice padding beyond a unit's end is gathered and reduced with the rest: keep it zero.
@@ -202,9 +203,14 @@ void FullyShardedDataParallel::grads_needed(int unit) {
   wait_for(std::max(slot.mark, accumulate_ ? units_[unit].reduce_mark : -1));
   const Tensor g = grad_slot(slot, unit);
   Backend& b = model_.backend();
-  b.fill(g, 0.0f);
-  if (accumulate_)
-    b.copy(g.flat_range(comm_.rank() * units_[unit].slice, units_[unit].slice), grad_shard(unit));
+  if (accumulate_) {  // the own slice starts from the shard, the others from zero
+    const int64_t n = units_[unit].slice, own = comm_.rank() * n;
+    if (own > 0) b.fill(g.flat_range(0, own), 0.0f);
+    b.copy(g.flat_range(own, n), grad_shard(unit));
+    if (own + n < g.numel()) b.fill(g.flat_range(own + n, g.numel() - own - n), 0.0f);
+  } else {
+    b.fill(g, 0.0f);
+  }
   slot.unit = unit;
   slot.in_use = true;
   slot.last_use = ++uses_;

@@ -16,9 +16,9 @@
 // slot starts from the rank's own shard in its slice, so the reduce-scatter accumulates.
 // Two parameter and two gradient slots; three each when the head is tied to the embedding
 // table, whose unit is then needed during the head as well.
-// Shards and parameter slots are collective buffers (communicator.h): under NCCL on one node
-// the gathers run on the copy engines, so the layers they overlap keep every SM; the
-// reduce-scatters, which add, run on SMs.
+// Shards and slots are collective buffers (communicator.h): under NCCL on one node the
+// gathers run on the copy engines, so the layers they overlap keep every SM, and the
+// reduce-scatters on NCCL's symmetric-memory kernels, which take fewer SMs.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -88,8 +88,7 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
 
   std::vector<Unit> units_;
   int64_t padded_unit_ = 0;  // the largest W x n_u: a slot's elements
-  CollectiveBuffer shard_buffer_, slot_buffer_;
-  DeviceBuffer grad_shard_buffer_, grad_slot_buffer_;
+  CollectiveBuffer shard_buffer_, grad_shard_buffer_, slot_buffer_, grad_slot_buffer_;
   Tensor param_shards_, grad_shards_;
   std::vector<Slot> param_slots_, grad_slots_;
   uint64_t uses_ = 0;
