@@ -5,7 +5,8 @@
 # there). Runs on the GPU machine after gpu_suite.sh has
 # unpacked the payload (binaries in .device/bin, the environment below); results under $OUT,
 # one markdown table per step and OUT/four_gpu.md with all of them.
-#   bash scripts/device/four_gpu.sh [tests] [profile] [scaling] [moe] [big]   (default: all)
+#   bash scripts/device/four_gpu.sh [tests] [profile] [scaling] [moe] [big] [sharding_profile]
+#                                   (default: all but sharding_profile)
 #     tests:   DistGpu.* (the size-4 layouts on Brown text with 4 GPUs, two nodes on one host
 #              over sockets and a lost node among them, besides the 2-GPU tests)
 #     profile: the Llama 3.1 8B proxy on every GPU (TP 2 x DP the rest, ZeRO-1), two profiled
@@ -15,6 +16,8 @@
 #              FSDP, 8 micro-batches per GPU per step, tokens/s/GPU against one GPU
 #     moe:     the DeepSeek-V3 proxy (3 layers, every one MoE, 256 experts), DeepSeek-V2-Lite
 #              and Mixtral 8x7B with experts over 4 GPUs, the layout the planner picks
+#     sharding_profile: full Llama 3.1 8B FP8 hybrid on 2 GPUs, ZeRO-1 and FSDP, one profiled
+#              step each on rank 0, then `tessera report --compare` of the two traces
 #     big:     Llama 3.1 70B, 40 layers, FP8 hybrid without the transpose cache, on 4 GPUs in
 #              the first layout the planner says fits, in the order below (no recompute first)
 # SCALING_GPUS (default "1 2 4") and SCALING_ITERS (default 4) shorten the scaling step;
@@ -57,6 +60,22 @@ if want profile; then
   tar czf "$OUT/profile_traces.tgz" -C "$RUNS/g/u/profile_tp2_dp2" traces
   grep -E "iteration +[0-9]+/" "$OUT/profile_tp2_dp2.log" | grep -o "iteration *[0-9]*/.*per iteration (ms): [0-9.]*"
   head -12 "$OUT/ranks_report/summary.md"
+fi
+
+if want sharding_profile; then
+  echo "== full Llama 3.1 8B FP8 on 2 GPUs: a profiled step of ZeRO-1 against one of FSDP"
+  for sharding in zero1 fsdp; do
+    keys="--use_distributed_optimizer true"
+    [ "$sharding" = fsdp ] && keys="--use_torch_fsdp2 true"
+    # shellcheck disable=SC2086
+    train "profile_full8b_$sharding" 2 --config llama3.1_8B-pretrain --micro_batch_size 1 \
+      --global_batch_size 16 --train_iters 3 $FULL_STATE --fp8 hybrid $keys --profile true \
+      --profile_step_start 2 --profile_step_end 3 || status=1
+  done
+  "$T" report --compare "$RUNS"/g/u/profile_full8b_zero1/traces/rank-0.pt.trace.json.gz \
+    "$RUNS"/g/u/profile_full8b_fsdp/traces/rank-0.pt.trace.json.gz -o "$OUT/sharding_compare" \
+    --format md > "$OUT/sharding_compare.txt" 2>&1 || status=1
+  cat "$OUT/sharding_compare.txt"
 fi
 
 if want scaling; then
