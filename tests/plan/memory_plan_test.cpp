@@ -127,8 +127,7 @@ TEST(MemoryPlan, ShardingSplitsTheRightParts) {
   EXPECT_EQ(zero1.gradients, none.gradients);
   EXPECT_EQ(zero1.optimizer, shard * 12);
   // FSDP: each unit padded to a multiple of 64 x 8 elements and split 8 ways, plus two slots
-  // (parameters, gradients) of the largest unit, the final norm with the untied output head,
-  // and for gradients two staging buffers of that size.
+  // (parameters, gradients) of the largest unit, the final norm with the untied output head.
   int64_t fsdp_shard = 0;
   for (const ParamRange& u : make_param_layout(input_for(e).spec).units)
     fsdp_shard += (u.count() + 511) / 512 * 64;
@@ -136,7 +135,7 @@ TEST(MemoryPlan, ShardingSplitsTheRightParts) {
   EXPECT_LT(fsdp_shard, shard + 64 * 40);
   const int64_t unit = 4096 + 128256LL * 4096;  // a multiple of 512 already
   EXPECT_EQ(fsdp.weights, (fsdp_shard + 2 * unit) * 2);
-  EXPECT_EQ(fsdp.gradients, (fsdp_shard + 4 * unit) * 4);
+  EXPECT_EQ(fsdp.gradients, (fsdp_shard + 2 * unit) * 4);
   EXPECT_EQ(fsdp.optimizer, fsdp_shard * 12);
   for (const MemoryPlan& p : {none, zero1, fsdp}) EXPECT_EQ(p.activations, none.activations);
 }

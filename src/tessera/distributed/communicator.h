@@ -148,9 +148,9 @@ class Communicator {
   // Device memory on `backend` for this communicator's collectives, made collectively: every
   // rank asks for the same bytes, in the same order. A collective whose input and output both
   // lie in such buffers, at the same offsets on every rank, may move its data without the
-  // GPU's cores: NCCL all-gathers and all-to-alls between symmetric windows on one node with
-  // the copy engines, so that the compute they overlap keeps every SM. Anywhere else (thread ranks,
-  // another node, no symmetric memory) it is ordinary memory from the backend.
+  // GPU's cores: NCCL all-gathers between symmetric windows on one node with the copy engines,
+  // so that the compute they overlap keeps every SM. Anywhere else (thread ranks, another
+  // node, no symmetric memory) it is ordinary memory from the backend.
   virtual CollectiveBuffer collective_buffer(Backend& backend, size_t bytes, const char* what) {
     void* data = bytes ? backend.allocate(bytes, what) : nullptr;
     return {data, bytes, backend.device(), [&backend](void* p) { backend.release(p); }};

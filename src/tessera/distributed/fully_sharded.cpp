@@ -32,10 +32,9 @@ FullyShardedDataParallel::Memory FullyShardedDataParallel::plan_memory(const Par
     padded = std::max(padded, n * world);
   }
   const auto slots = static_cast<size_t>(slot_count(layout) * padded);
-  const auto staging = static_cast<size_t>(kStagingBuffers * padded);
   const auto shard = static_cast<size_t>(m.shard_elements);
   m.weights = (shard + slots) * dtype_size(compute);
-  m.gradients = (shard + slots + staging) * dtype_size(grad);
+  m.gradients = (shard + slots) * dtype_size(grad);
   return m;
 }
 
@@ -65,8 +64,6 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& mo
       comm.collective_buffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
   grad_slot_buffer_ =
       comm.collective_buffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
-  staging_buffer_ = comm.collective_buffer(b, kStagingBuffers * padded_unit_ * dtype_size(gt),
-                                           "received unit gradients");
   param_shards_ = shard_buffer_.tensor(dt, {at});
   grad_shards_ = grad_shard_buffer_.tensor(gt, {at});
   // Slice padding beyond a unit's end is gathered and reduced with the rest: keep it zero.
@@ -130,12 +127,6 @@ Tensor FullyShardedDataParallel::grad_slot(const Slot& s, int unit) const {
       model_.runtime().grad_dtype, {static_cast<int64_t>(grad_slots_.size()) * padded_unit_});
   return all.flat_range(static_cast<int64_t>(index) * padded_unit_,
                         units_[unit].slice * comm_.size());
-}
-
-Tensor FullyShardedDataParallel::staging(int index, int unit) const {
-  const Tensor all =
-      staging_buffer_.tensor(model_.runtime().grad_dtype, {kStagingBuffers * padded_unit_});
-  return all.flat_range(index * padded_unit_, units_[unit].slice * comm_.size());
 }
 
 Tensor FullyShardedDataParallel::param_shard(int unit) const {
@@ -207,9 +198,19 @@ void FullyShardedDataParallel::params_done(int unit) {
 
 void FullyShardedDataParallel::grads_needed(int unit) {
   Slot& slot = least_recently_used_free(grad_slots_, "gradient");
-  wait_for(slot.mark);  // its last all-to-all has read it
+  // The slot's last reduce-scatter must have read it; accumulating, this unit's last one
+  // must have written the shard copied in below.
+  wait_for(std::max(slot.mark, accumulate_ ? units_[unit].reduce_mark : -1));
   const Tensor g = grad_slot(slot, unit);
-  model_.backend().fill(g, 0.0f);
+  Backend& b = model_.backend();
+  if (accumulate_) {  // the own slice starts from the shard, the others from zero
+    const int64_t n = units_[unit].slice, own = comm_.rank() * n;
+    if (own > 0) b.fill(g.flat_range(0, own), 0.0f);
+    b.copy(g.flat_range(own, n), grad_shard(unit));
+    if (own + n < g.numel()) b.fill(g.flat_range(own + n, g.numel() - own - n), 0.0f);
+  } else {
+    b.fill(g, 0.0f);
+  }
   slot.unit = unit;
   slot.in_use = true;
   slot.last_use = ++uses_;
@@ -219,50 +220,23 @@ void FullyShardedDataParallel::grads_needed(int unit) {
 void FullyShardedDataParallel::grads_ready(int unit) {
   Slot* slot = holding(grad_slots_, unit);
   TS_CHECK(slot && slot->in_use, "FSDP: unit {} has no gradient slot", unit);
-  const int index = next_staging_;
-  next_staging_ = (index + 1) % kStagingBuffers;
-  // The staging buffer's previous unit is summed first; the all-to-all, queued after the
-  // compute queued so far, overwrites it only then.
-  for (auto it = received_.begin(); it != received_.end(); ++it)
-    if (it->staging == index) {
-      sum_received(*it);
-      received_.erase(it);
-      break;
-    }
-  comm_.all_to_all(staging(index, unit), grad_slot(*slot, unit), Lane::Comm);
+  comm_.reduce_scatter(grad_shard(unit), grad_slot(*slot, unit), Lane::Comm);
   comm_pending_ = true;
-  const int mark = comm_.comm_mark();
-  received_.push_back({unit, index, mark});
-  slot->mark = mark;
+  slot->mark = units_[unit].reduce_mark = comm_.comm_mark();
   slot->in_use = false;
   slot->unit = -1;
 }
 
-void FullyShardedDataParallel::sum_received(const Received& r) {
-  wait_for(r.mark);
-  Unit& u = units_[r.unit];
-  Backend& b = model_.backend();
-  const Tensor shard = grad_shard(r.unit), in = staging(r.staging, r.unit);
-  const auto slice = [&](int rank) { return in.flat_range(rank * u.slice, u.slice); };
-  int next = 0;
-  if (!u.summed) {  // the step's first micro-batch: the sum replaces the previous step's
-    if (comm_.size() == 1) {
-      b.copy(shard, slice(0));
-      next = 1;
-    } else {
-      b.add(shard, slice(0), slice(1));
-      next = 2;
-    }
-    u.summed = true;
-  }
-  for (; next < comm_.size(); ++next) b.add(shard, shard, slice(next));
+void FullyShardedDataParallel::begin_micro_batch(bool /*last*/) {
+  accumulate_ = step_started_;
+  step_started_ = true;
 }
 
 // Marks are valid only until the next wait_comm(), after which nothing is pending.
 void FullyShardedDataParallel::forget_marks() {
   for (Slot& s : param_slots_) s.mark = -1;
   for (Slot& s : grad_slots_) s.mark = -1;
-  for (Received& r : received_) r.mark = -1;
+  for (Unit& u : units_) u.reduce_mark = -1;
 }
 
 void FullyShardedDataParallel::settle() {
@@ -273,14 +247,7 @@ void FullyShardedDataParallel::settle() {
 }
 
 void FullyShardedDataParallel::finish_gradient_reduction() {
-  for (const Received& r : received_) sum_received(r);
-  received_.clear();
   settle();
-  // A unit without gradients this step (none today) must not keep the last step's.
-  for (int u = 0; u < static_cast<int>(units_.size()); ++u) {
-    if (!units_[u].summed) model_.backend().fill(grad_shard(u), 0.0f);
-    units_[u].summed = false;
-  }
 }
 
 void FullyShardedDataParallel::grad_norm_sq(const Tensor& out) {
@@ -303,6 +270,7 @@ std::vector<Tensor> FullyShardedDataParallel::grad_pieces(const ParamRange& rang
 
 void FullyShardedDataParallel::params_updated() {
   for (Slot& s : param_slots_) s.unit = -1;  // stale
+  step_started_ = false;
   checkpoint_unit_ = -1;
 }
 

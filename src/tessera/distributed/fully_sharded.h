@@ -10,19 +10,15 @@
 // gathered into another slot on the communication stream. A slot is reused once the model is
 // done with its unit; a unit still in a slot (the last layer between forward and backward) is
 // not gathered again until the parameters change.
-// Before the backward writes a unit's gradients they get a zeroed gradient slot. Once final,
-// the slot goes through an all-to-all on the communication stream (rank r receives slice r
-// from every rank) into one of two staging buffers, overlapping the backward of the units
-// below; compute then sums the received slices into the rank's gradient shard (the first
-// micro-batch of a step writes it, later ones add), one unit behind, when the staging buffer is
-// needed again or the step's reduction finishes, so it never waits for the transfer. This is a
-// reduce-scatter whose transfer takes no SM (see below) and whose sum is a short kernel: NCCL's
-// reduce-scatter kernel holds SMs for the whole transfer, and a GEMM that needs every SM waits
-// for them, which cost the full Llama 3.1 8B on two H200s 6% of its step.
+// Before the backward writes a unit's gradients they get a zeroed gradient slot; once final,
+// the slot is reduce-scattered into the rank's gradient shard on the communication stream,
+// overlapping the backward of the units below. From a step's second micro-batch on, a unit's
+// slot starts from the rank's own shard in its slice, so the reduce-scatter accumulates.
 // Two parameter and two gradient slots; three each when the head is tied to the embedding
 // table, whose unit is then needed during the head as well.
-// Shards, slots and staging buffers are collective buffers (communicator.h): under NCCL on one
-// node the gathers and all-to-alls run on the copy engines.
+// Shards and slots are collective buffers (communicator.h): under NCCL on one node the
+// gathers run on the copy engines, so the layers they overlap keep every SM, and the
+// reduce-scatters on NCCL's symmetric-memory kernels, which take fewer SMs.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -50,7 +46,7 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
 
   std::string description() const override;
   std::vector<OwnedParams> optimizer_shards() const override;
-  void begin_micro_batch(bool /*last*/) override {}
+  void begin_micro_batch(bool last) override;
   void finish_gradient_reduction() override;
   void grad_norm_sq(const Tensor& out) override;
   void params_updated() override;
@@ -65,14 +61,8 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
     ParamRange range;      // in the flat layout
     int64_t slice = 0;     // n_u: elements per rank
     int64_t shard_at = 0;  // where this rank's slice starts in the shard buffers
-    bool summed = false;   // its gradient shard holds this step's sum so far
+    int reduce_mark = -1;  // comm mark after the last reduce-scatter into the shard (-1: done)
   };
-  // A unit's gradients received into staging buffer `staging`, not yet summed.
-  struct Received {
-    int unit = -1, staging = 0;
-    int mark = -1;  // comm mark after its all-to-all (-1: done)
-  };
-  static constexpr int kStagingBuffers = 2;
   struct Slot {
     int unit = -1;        // whose parameters or gradients it holds (-1: none)
     int mark = -1;        // comm mark after the last collective on it (-1: done)
@@ -90,9 +80,6 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
   Tensor grad_slot(const Slot& s, int unit) const;
   Tensor param_shard(int unit) const;
   Tensor grad_shard(int unit) const;
-  Tensor staging(int index, int unit) const;
-  // Sums the slices of `r` into its unit's gradient shard (queued on compute).
-  void sum_received(const Received& r);
   Slot* holding(std::vector<Slot>& slots, int unit);
   Slot& least_recently_used_free(std::vector<Slot>& slots, const char* what);
   void gather(int unit, Slot& slot, Lane lane);
@@ -101,14 +88,13 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
 
   std::vector<Unit> units_;
   int64_t padded_unit_ = 0;  // the largest W x n_u: a slot's elements
-  CollectiveBuffer shard_buffer_, grad_shard_buffer_, slot_buffer_, grad_slot_buffer_,
-      staging_buffer_;
+  CollectiveBuffer shard_buffer_, grad_shard_buffer_, slot_buffer_, grad_slot_buffer_;
   Tensor param_shards_, grad_shards_;
   std::vector<Slot> param_slots_, grad_slots_;
-  std::vector<Received> received_;  // oldest first, at most kStagingBuffers
-  int next_staging_ = 0;
   uint64_t uses_ = 0;
   bool comm_pending_ = false;  // Lane::Comm work compute has not waited for
+  bool step_started_ = false;  // a micro-batch of the current step ran
+  bool accumulate_ = false;    // this micro-batch adds to the shards' gradients
   int checkpoint_unit_ = -1;   // the unit gathered_param last gathered
 };
 

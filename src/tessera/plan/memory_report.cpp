@@ -166,9 +166,7 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
                   fsdp ? " + gathered-unit slots (current, prefetched)" : ""));
   row("gradients", p.gradients,
       fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(gt), dtype_name(gt),
-                  fsdp ? " + unit gradient slots (being written, being sent) + two staging "
-                         "buffers (received)"
-                       : ""));
+                  fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
   row("optimizer", p.optimizer, fmt::format("{} params: {}", opt_params, optimizer_state_text(in)));
   row("activations", p.activations,
       fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens{}{}",

@@ -666,15 +666,6 @@ void CpuBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tenso
 // ---- elementwise
 
 void CpuBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
-  if (a.dtype == DType::BF16) {  // gradient slices (FSDP)
-    uint16_t* o = out.as<uint16_t>();
-    const uint16_t *pa = a.as<uint16_t>(), *pb = b.as<uint16_t>();
-    parallel_chunks(a.numel(), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        o[i] = float_to_bf16_bits(bf16_bits_to_float(pa[i]) + bf16_bits_to_float(pb[i]));
-    });
-    return;
-  }
   parallel_chunks(a.numel(), [&](int64_t begin, int64_t end) {
     ref::add(f32(out) + begin, f32(a) + begin, f32(b) + begin, end - begin);
   });

@@ -332,12 +332,6 @@ class NcclCommunicator final : public Communicator {
     const ObservedCollective observed = observe("all_to_all", bytes, in.dtype);
     begin("all_to_all", bytes);
     const NcclCallGuard guard(*this);  // over the whole group
-    if (version_code_ >= NCCL_VERSION(2, 28, 0)) {
-      // NCCL's own all-to-all runs on the copy engines between symmetric windows.
-      check(ncclAlltoAll(in.data, out.data, block, t, comm_, s), "all_to_all", bytes);
-      enqueued("all_to_all", bytes, s);
-      return;
-    }
     check(ncclGroupStart(), "all_to_all (ncclGroupStart)", bytes);
     for (int r = 0; r < size_; ++r) {
       check(ncclSend(static_cast<const char*>(in.data) + r * block_bytes, block, t, r, comm_, s),
@@ -357,8 +351,7 @@ class NcclCommunicator final : public Communicator {
     }
     const std::string what = p2p_text(ops);
     cudaStream_t s = stream_for(lane);
-    const ObservedCollective observed =
-        observe("send_recv", bytes, ops.empty() ? DType::U8 : ops.front().tensor.dtype);
+    const ObservedCollective observed = observe("send_recv", bytes, ops.empty() ? DType::U8 : ops.front().tensor.dtype);
     begin(what, bytes);
     // One group: NCCL progresses all of them together, so opposite sends do not deadlock.
     const NcclCallGuard guard(*this);  // over the whole group
@@ -392,9 +385,9 @@ class NcclCommunicator final : public Communicator {
       const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
       while (std::atomic_ref<ncclComm_t>(child).load(std::memory_order_acquire) == nullptr) {
         if (Clock::now() > deadline)
-          throw DistributedError(
-              fmt::format("{}: NCCL ncclCommSplit ({}) made no communicator within {:.0f} s",
-                          where(), label, timeout_s_));
+          throw DistributedError(fmt::format(
+              "{}: NCCL ncclCommSplit ({}) made no communicator within {:.0f} s", where(), label,
+              timeout_s_));
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
@@ -404,13 +397,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   // NCCL's VMM memory, registered as a symmetric window of this communicator: an all-gather
-  // or all-to-all between two such windows runs on the copy engines under
-  // NCCL_CTA_POLICY_ZERO (NCCL 2.28, one node). Without symmetric memory support the registration
-  // gives no window and the memory serves as ordinary memory.
+  // between two such windows runs on the copy engines under NCCL_CTA_POLICY_ZERO (NCCL 2.28,
+  // one node). Without symmetric memory support the registration gives no window and the
+  // memory serves as ordinary memory.
   CollectiveBuffer collective_buffer(Backend& backend, size_t bytes, const char* what) override {
     void* ptr = nullptr;
-    if (bytes == 0 || version_code_ < NCCL_VERSION(2, 28, 0) ||
-        ncclMemAlloc(&ptr, bytes) != ncclSuccess)
+    if (bytes == 0 || version_code_ < NCCL_VERSION(2, 28, 0) || ncclMemAlloc(&ptr, bytes) != ncclSuccess)
       // Out of memory included: the backend's allocation then says so by name.
       return Communicator::collective_buffer(backend, bytes, what);
     ncclWindow_t window = nullptr;
@@ -421,8 +413,8 @@ class NcclCommunicator final : public Communicator {
       // writes `window`) only when polled, whatever the call answered.
       const ncclResult_t r =
           ncclCommWindowRegister(comm_, ptr, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
-      check(r == ncclSuccess ? ncclInProgress : r, fmt::format("ncclCommWindowRegister ({})", what),
-            bytes);
+      check(r == ncclSuccess ? ncclInProgress : r,
+            fmt::format("ncclCommWindowRegister ({})", what), bytes);
     }
     end_host_call();
     if (window) {
@@ -430,9 +422,9 @@ class NcclCommunicator final : public Communicator {
       windows_->open.push_back({ptr, window});
     }
     log_.info("{}: {} in NCCL memory ({}){}", where(), what, bytes_text(bytes),
-              window ? ", a symmetric window: all-gathers and all-to-alls between such "
-                       "windows use the copy engines"
-                     : "; NCCL has no symmetric memory here");
+               window ? ", a symmetric window: all-gathers between such windows use the copy "
+                        "engines"
+                      : "; NCCL has no symmetric memory here");
     cuda::count_foreign_allocation(backend, ptr, bytes);
     return {ptr, bytes, backend.device(), [&backend, windows = windows_](void* p) {
               cudaDeviceSynchronize();  // no collective or kernel still reads or writes it
@@ -500,8 +492,8 @@ class NcclCommunicator final : public Communicator {
   };
 
   // Blocking off for the watchdog (see the top of the file); zero CTAs for the collectives
-  // NCCL can run on the copy engines (all-gathers and all-to-alls between symmetric windows),
-  // so that they leave every SM to the compute they overlap. Others run on SMs as by default.
+  // NCCL can run on the copy engines (all-gathers between symmetric windows), so that they
+  // leave every SM to the compute they overlap. Others run on SMs as by default.
   static ncclConfig_t communicator_config() {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -713,10 +705,10 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   Logger& log_;
   std::string version_;
-  int version_code_ = 0;         // ncclGetVersion's
-  std::string label_;            // the group, for a split communicator ("tp"); empty for the world
+  int version_code_ = 0;  // ncclGetVersion's
+  std::string label_;    // the group, for a split communicator ("tp"); empty for the world
   std::string_view group_name_;  // the group in traces: "world", "tp:2"
-  int world_rank_ = -1;          // a split communicator's rank in the world, for messages
+  int world_rank_ = -1;  // a split communicator's rank in the world, for messages
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
   std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
   cudaStream_t comm_stream_ = nullptr;
