@@ -39,7 +39,9 @@ FullyShardedDataParallel::Memory FullyShardedDataParallel::plan_memory(const Par
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& model)
-    : DataParallelism(comm, model) {
+    : DataParallelism(comm, model),
+      gather_comm_(comm.split(0, comm.rank(), "fsdp_gather")),
+      gathers_(*gather_comm_) {
   TS_CHECK(model.runtime().sharded_params, "FSDP needs a model built with sharded_params");
   const ParamLayout& layout = model.layout();
   const int world = comm.size();
@@ -56,14 +58,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& mo
   Backend& b = model.backend();
   const DType dt = model.runtime().compute_dtype, gt = model.runtime().grad_dtype;
   const int slots = slot_count(layout);
-  // Every collective reads and writes collective buffers (communicator.h), so that it can
-  // leave the SMs to the layers it overlaps.
-  shard_buffer_ = comm.collective_buffer(b, at * dtype_size(dt), "parameter shard");
-  grad_shard_buffer_ = comm.collective_buffer(b, at * dtype_size(gt), "gradient shard");
+  // The gathers read and write collective buffers (communicator.h), so that they can leave
+  // the SMs to the layers they overlap.
+  shard_buffer_ = gathers_.collective_buffer(b, at * dtype_size(dt), "parameter shard");
+  grad_shard_buffer_ = DeviceBuffer(b, at * dtype_size(gt), "gradient shard");
   slot_buffer_ =
-      comm.collective_buffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
-  grad_slot_buffer_ =
-      comm.collective_buffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
+      gathers_.collective_buffer(b, slots * padded_unit_ * dtype_size(dt), "gathered parameters");
+  grad_slot_buffer_ = DeviceBuffer(b, slots * padded_unit_ * dtype_size(gt), "unit gradients");
   param_shards_ = shard_buffer_.tensor(dt, {at});
   grad_shards_ = grad_shard_buffer_.tensor(gt, {at});
   // Slice padding beyond a unit's end is gathered and reduced with the rest: keep it zero.
@@ -83,7 +84,8 @@ std::string FullyShardedDataParallel::description() const {
   for (const Unit& u : units_) largest = std::max(largest, u.range.count());
   return fmt::format(
       "FSDP (ZeRO-3): parameters, gradients and optimizer state sharded; {} units gathered "
-      "just in time (largest {:.1f} M parameters), gradients reduce-scattered during backward",
+      "just in time on a communicator of their own (largest {:.1f} M parameters), gradients "
+      "reduce-scattered during backward",
       units_.size(), static_cast<double>(largest) / 1e6);
 }
 
@@ -153,21 +155,21 @@ FullyShardedDataParallel::Slot& FullyShardedDataParallel::least_recently_used_fr
   return *best;
 }
 
-void FullyShardedDataParallel::wait_for(int mark) {
-  if (mark >= 0) comm_.wait_comm_mark(mark);
+void FullyShardedDataParallel::wait_for(Communicator& comm, int mark) {
+  if (mark >= 0) comm.wait_comm_mark(mark);
 }
 
 // Queued on `lane` after the compute queued so far, so the slot's previous unit has been read.
 void FullyShardedDataParallel::gather(int unit, Slot& slot, Lane lane) {
   for (Slot& other : param_slots_)
     if (other.unit == unit && !other.in_use) other.unit = -1;  // one slot per unit
-  comm_.all_gather(param_slot(slot, unit), param_shard(unit), lane);
+  gathers_.all_gather(param_slot(slot, unit), param_shard(unit), lane);
   slot.unit = unit;
   slot.last_use = ++uses_;
   slot.mark = -1;
   if (lane == Lane::Comm) {
     comm_pending_ = true;
-    slot.mark = comm_.comm_mark();
+    slot.mark = gathers_.comm_mark();
   }
 }
 
@@ -178,7 +180,7 @@ void FullyShardedDataParallel::params_needed(int unit, int next) {
     slot = &least_recently_used_free(param_slots_, "parameter");
     gather(unit, *slot, Lane::Comm);
   }
-  wait_for(slot->mark);
+  wait_for(gathers_, slot->mark);
   slot->mark = -1;
   slot->in_use = true;
   slot->last_use = ++uses_;
@@ -200,7 +202,7 @@ void FullyShardedDataParallel::grads_needed(int unit) {
   Slot& slot = least_recently_used_free(grad_slots_, "gradient");
   // The slot's last reduce-scatter must have read it; accumulating, this unit's last one
   // must have written the shard copied in below.
-  wait_for(std::max(slot.mark, accumulate_ ? units_[unit].reduce_mark : -1));
+  wait_for(comm_, std::max(slot.mark, accumulate_ ? units_[unit].reduce_mark : -1));
   const Tensor g = grad_slot(slot, unit);
   Backend& b = model_.backend();
   if (accumulate_) {  // the own slice starts from the shard, the others from zero
@@ -242,6 +244,7 @@ void FullyShardedDataParallel::forget_marks() {
 void FullyShardedDataParallel::settle() {
   if (!comm_pending_) return;
   comm_.wait_comm();
+  gathers_.wait_comm();
   comm_pending_ = false;
   forget_marks();
 }
