@@ -3,7 +3,10 @@
 // report TRL's statistics (the first compares the policy with its reference and its sampling
 // self: KL 0, nothing clipped), a second step on one generation batch reuses it, held-out
 // prompts are evaluated, and two data-parallel thread ranks (ZeRO-1) give one rank's run.
-// Bad prompts and a failing reward command stop the run with the file, line or command named.
+// A stop string ends a completion at the token that completes it, with the same tokens up to
+// there. Bad prompts and a failing reward command stop the run with the file, line or command
+// named.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -121,6 +124,56 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
     EXPECT_NEAR(two[i]["grad_norm"].get<double>(), one[i]["grad_norm"].get<double>(),
                 1e-4 * one[i]["grad_norm"].get<double>());
   }
+}
+
+// The reward command sees each completion's text: a run's completions, then the same run with
+// a stop string taken from inside one of them.
+TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
+  std::ofstream(dir_ / "tee.sh") << "tee -a \"$1\" | awk '{print length($0) % 5}'\n";
+  const auto run = [&](const std::string& name, const std::string& extra) {
+    const fs::path seen = dir_ / (name + ".jsonl");
+    const RunResult r = run_tessera(grpo() + " --train_iters 1 --grpo_rewards command --grpo_reward_command 'sh " +
+                                    (dir_ / "tee.sh").string() + " " + seen.string() + "' --exp_name " + name +
+                                    extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::vector<std::string> texts;
+    std::ifstream in(seen);
+    for (std::string line; std::getline(in, line);)
+      texts.push_back(nlohmann::json::parse(line)["completion"].get<std::string>());
+    return texts;
+  };
+  const std::vector<std::string> free = run("free", "");
+  ASSERT_GE(free.size(), 8u);  // the batch, then the held-out prompts' evaluation
+  // A stop string from inside a completion: its second and third characters, from one whose
+  // first four are ASCII (the random policy's tokens mix scripts).
+  size_t pick = free.size();
+  for (size_t i = 0; i < free.size() && pick == free.size(); ++i)
+    if (free[i].size() >= 4 && std::all_of(free[i].begin(), free[i].begin() + 4, [](char c) { return c > 32 && c < 127; }))
+      pick = i;
+  ASSERT_LT(pick, free.size()) << "no completion starting with 4 ASCII characters to cut";
+  const std::string stop = free[pick].substr(1, 2);
+  const std::vector<std::string> stopped = run("stopped", " --grpo_stop_strings '[\"" + stop + "\", \"@@@\"]'");
+  ASSERT_EQ(stopped.size(), free.size());
+  for (size_t i = 0; i < free.size(); ++i) {
+    SCOPED_TRACE(free[i] + " | " + stopped[i]);
+    // The same tokens up to the stop: a prefix of the free completion.
+    EXPECT_EQ(free[i].compare(0, stopped[i].size(), stopped[i]), 0);
+    const size_t at = free[i].find(stop);
+    if (at == std::string::npos) {
+      EXPECT_EQ(stopped[i], free[i]);
+    } else {  // ends with the token that completed the stop string
+      EXPECT_NE(stopped[i].find(stop), std::string::npos);
+      EXPECT_LE(stopped[i].size(), free[i].size());
+    }
+  }
+  // The picked completion had tokens after the one that completed the stop string.
+  EXPECT_LT(stopped[pick].size(), free[pick].size());
+  EXPECT_NE(stopped[pick].find(stop), std::string::npos);
+
+  const RunResult r = run_tessera(grpo() + " --train_iters 1 --grpo_stop_strings '[\"\"]' --exp_name empty");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("grpo_stop_strings"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("an empty stop string"), std::string::npos) << r.output;
 }
 
 TEST_F(GrpoTraining, BadPromptsAndAFailingRewardCommandStopTheRunByName) {

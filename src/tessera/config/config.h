@@ -172,6 +172,7 @@ struct TrainingConfig {
   AnswerFormat grpo_answer_format = AnswerFormat::Hash;
   std::string grpo_answer_regex, grpo_format_regex;
   int64_t grpo_overlong_cache = 0;  // DAPO's soft over-long buffer, in tokens
+  std::string grpo_stop_strings;      // data/stop_strings.h: one string or a list
   std::string grpo_reward_command;
   double grpo_reward_timeout = 60.0;  // seconds
   // LoRA (model/lora_model.h): adapters of this rank on lora_target_modules, the rest frozen;

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
 
 #include "tessera/config/blend.h"
 #include "tessera/config/keys.h"
@@ -836,6 +837,29 @@ std::vector<std::pair<std::string, double>> grpo_reward_terms(const std::string&
   return terms;
 }
 
+std::vector<std::string> parse_stop_strings(const std::string& value) {
+  if (value.empty()) return {};
+  std::vector<std::string> out;
+  if (value.front() != '[') {
+    out.push_back(value);
+    return out;
+  }
+  YAML::Node list;
+  try {
+    list = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw std::invalid_argument("a list that does not parse (" + e.msg + ")");
+  }
+  if (!list.IsSequence()) throw std::invalid_argument("not a list");
+  for (const YAML::Node& item : list) {
+    if (!item.IsScalar()) throw std::invalid_argument("an item that is not a string");
+    if (item.Scalar().empty()) throw std::invalid_argument("an empty stop string");
+    out.push_back(item.Scalar());
+  }
+  return out;
+}
+
+
 // GRPO generates its completions with the policy's own weights in place, one rank's whole
 // model (model/generator.h), and trains on one completion per sequence.
 void check_grpo(const Checker& c, const Experiment& e) {
@@ -867,6 +891,11 @@ void check_grpo(const Checker& c, const Experiment& e) {
             "grpo_overlong_cache",
             fmt::format("0 or more tokens below grpo_max_completion_length ({})", t.grpo_max_completion_length));
   c.require(t.grpo_reward_timeout > 0, "grpo_reward_timeout", "a positive number of seconds");
+  try {
+    parse_stop_strings(t.grpo_stop_strings);
+  } catch (const std::invalid_argument& err) {
+    c.fail("grpo_stop_strings", fmt::format("one string or a list of non-empty strings ({})", err.what()));
+  }
   std::vector<std::pair<std::string, double>> terms;
   try {
     terms = grpo_reward_terms(t.grpo_rewards);

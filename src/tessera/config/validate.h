@@ -16,4 +16,9 @@ void validate_experiment(const Experiment& e, int world_size);
 // std::invalid_argument saying what is wrong with the text.
 std::vector<std::pair<std::string, double>> grpo_reward_terms(const std::string& text);
 
+// A stop-strings value (grpo_stop_strings, generate's --stop): a YAML/JSON list of strings
+// ('["\n\n", "</answer>"]') or one string; empty: none. Throws std::invalid_argument saying
+// what is wrong (an empty string, a list that is not one of strings).
+std::vector<std::string> parse_stop_strings(const std::string& value);
+
 }  // namespace tessera

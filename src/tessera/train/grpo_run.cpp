@@ -89,7 +89,10 @@ std::vector<std::pair<std::string, double>> GrpoStepStats::trl_named() const {
 }
 
 GrpoRun::GrpoRun(const Parts& parts)
-    : p_(parts), t_(parts.experiment.training), chat_(open_chat_format(parts.experiment.data, parts.tokenizer)) {
+    : p_(parts),
+      t_(parts.experiment.training),
+      chat_(open_chat_format(parts.experiment.data, parts.tokenizer)),
+      stop_(parts.tokenizer, parse_stop_strings(t_.grpo_stop_strings)) {
   terms_ = grpo_reward_terms(t_.grpo_rewards);
   PromptSets prompts = read_prompt_sets(p_.experiment, p_.tokenizer, chat_.get());
   train_ = std::move(prompts.train);
@@ -116,17 +119,21 @@ GrpoRun::GrpoRun(const Parts& parts)
 GrpoRun::~GrpoRun() = default;
 
 std::string GrpoRun::describe() const {
+  std::string stops;
+  for (const std::string& stop : stop_.strings()) stops += fmt::format("{}{:?}", stops.empty() ? ", ending at " : " or ", stop);
   std::string rewards;
   for (const auto& [name, weight] : terms_) rewards += fmt::format("{}{} x {}", rewards.empty() ? "" : " + ", weight, name);
   return fmt::format(
       "{} prompts ({}){}; {} completions per prompt, {} prompt{} per step, up to {} new tokens "
-      "(temperature {}, top-k {}, top-p {}, min-p {}); reward {}; {} optimizer step{} per "
+      "(temperature {}, top-k {}, top-p {}, min-p {}{}); reward {}; {} optimizer step{} per "
       "generation batch; {}",
       train_.size(), p_.experiment.data.train_data_path,
       valid_.empty() ? "" : fmt::format(", {} held out", valid_.size()), t_.grpo_num_generations,
       t_.global_batch_size / t_.grpo_num_generations, t_.global_batch_size == t_.grpo_num_generations ? "" : "s",
       t_.grpo_max_completion_length, t_.grpo_temperature,
-      t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, rewards, t_.grpo_num_iterations,
+      t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p,
+      stops,
+      rewards, t_.grpo_num_iterations,
       t_.grpo_num_iterations == 1 ? "" : "s",
       reference_ ? fmt::format("KL to a frozen copy of the starting weights (beta {}, {:.3f} GiB)", t_.grpo_beta,
                                static_cast<double>(reference_->bytes()) / (1024.0 * 1024.0 * 1024.0))
@@ -173,6 +180,7 @@ std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, con
     c.ids.push_back(token);
     next[b] = token;
     done[b] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
+    if (!done[b] && stop_.stopped(c.ids)) done[b] = c.stopped = true;
   };
   for (int64_t i = 0; i < t_.grpo_max_completion_length; ++i) {
     if (on_device) {
@@ -209,7 +217,7 @@ std::vector<std::vector<double>> GrpoRun::rewards(const std::vector<const GrpoPr
   std::vector<std::string> texts;
   for (const Completion* c : completions) {
     std::vector<int32_t> ids = c->ids;
-    if (!c->clipped && !ids.empty()) ids.pop_back();  // the end token
+    if (!c->clipped && !c->stopped && !ids.empty()) ids.pop_back();  // the end token
     texts.push_back(p_.tokenizer.decode(ids));
   }
   std::vector<std::vector<double>> out;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/data/stop_strings.h"
 #include "tessera/model/sampling.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/train/grpo.h"
@@ -100,6 +101,7 @@ class GrpoRun {
     std::vector<double> ref_logp;
     double entropy_sum = 0;
     bool clipped = false;  // ended at the length limit, not at an end token
+    bool stopped = false;  // ended at a stop string (its last token stays in the text)
   };
   // This rank's completions of generation batch `batch`, rewarded and exchanged.
   void generate_batch(int64_t batch);
@@ -120,6 +122,7 @@ class GrpoRun {
   Parts p_;
   const TrainingConfig& t_;
   std::unique_ptr<ChatFormat> chat_;
+  StopStrings stop_;
   std::vector<GrpoPrompt> train_, valid_;
   std::vector<std::pair<std::string, double>> terms_;
   std::regex answer_regex_, format_regex_;
