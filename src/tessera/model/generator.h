@@ -82,6 +82,8 @@ class Generator final : private ForwardOps {
   Draw draw(const std::vector<int32_t>& streams, int64_t vocab, double temperature, double min_p, uint64_t seed,
             int64_t step);
   int64_t position() const { return position_; }
+  // The width of each sequence's logits (the model's padded vocabulary).
+  int64_t vocab_size() const { return spec_.vocab_size; }
   int64_t batch() const { return batch_; }
   int64_t max_positions() const { return max_positions_; }
 

@@ -13,11 +13,11 @@
 #include "tessera/config/tokenizer_model.h"
 #include "tessera/config/validate.h"
 #include "tessera/core/error.h"
-#include "tessera/core/parallel_for.h"
 #include "tessera/core/random.h"
 #include "tessera/data/chat.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/distributed/parallelism.h"
+#include "tessera/model/continuations.h"
 #include "tessera/model/generator.h"
 #include "tessera/model/model.h"
 #include "tessera/obs/logger.h"
@@ -148,66 +148,27 @@ int64_t GrpoRun::global_index(int64_t micro_batch, int64_t row) const {
          row;
 }
 
-// The prompt's cache is forked into one sequence per completion (Generator::fork); a finished
-// sequence takes its end token again, outside its completion, until every one has finished.
-// Temperature and min-p draw on the device (Generator::draw), so only the tokens reach the
-// host; top-k and top-p sort each vocabulary of logits on the host (Sampler).
+// A group's completions, decoded together (model/continuations.h).
 std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, const SamplingOptions& sampling,
                                                    uint64_t seed, const std::vector<int32_t>& streams) {
-  const size_t count = streams.size();
-  std::vector<Completion> out(count);
-  std::vector<char> done(count, 0);  // written by the threads, one element each
-  std::vector<int32_t> next(count);
-  const int64_t V = p_.model.spec().vocab_size;
-  const int64_t vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), V);
-  const bool on_device = sampling.top_k == 0 && sampling.top_p >= 1.0;
-  std::vector<Sampler> samplers;
-  if (!on_device)
-    for (int32_t s : streams) {
-      SamplingOptions o = sampling;
-      o.seed = random_bits(seed, static_cast<uint64_t>(s));
-      samplers.emplace_back(o);
-    }
-  generator_->prefill_on_device(prompt.ids);
-  generator_->fork(static_cast<int64_t>(count));
-  const auto take = [&](size_t b, int32_t token, double entropy) {
-    Completion& c = out[b];
-    if (done[b]) {
-      next[b] = c.ids.back();
-      return;
-    }
-    c.entropy_sum += entropy;
-    c.ids.push_back(token);
-    next[b] = token;
-    done[b] = token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
-    if (!done[b] && stop_.stopped(c.ids)) done[b] = c.stopped = true;
+  ContinuationRequest request;
+  request.sampling = sampling;
+  request.sampling.seed = seed;
+  request.streams = streams;
+  request.max_new_tokens = t_.grpo_max_completion_length;
+  request.vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), p_.model.spec().vocab_size);
+  request.is_end_token = [&](int32_t token) {
+    return token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
   };
-  for (int64_t i = 0; i < t_.grpo_max_completion_length; ++i) {
-    if (on_device) {
-      const Generator::Draw d = generator_->draw(streams, vocab, sampling.temperature, sampling.min_p, seed, i);
-      for (size_t b = 0; b < count; ++b) take(b, d.tokens[b], d.entropy[b]);
-    } else {
-      // Each sequence's pass over its logits, on threads.
-      const std::vector<float> logits = generator_->logits();
-      parallel_for(count, [&](size_t b) {
-        if (done[b]) return take(b, 0, 0);
-        const std::span<const float> l(logits.data() + static_cast<int64_t>(b) * V, static_cast<size_t>(V));
-        // The model's own distribution (temperature 1): its entropy.
-        const float top = *std::max_element(l.begin(), l.end());
-        double z = 0, weighted = 0;
-        for (float x : l) {
-          const double e = std::exp(static_cast<double>(x - top));
-          z += e;
-          weighted += e * (x - top);
-        }
-        take(b, samplers[b].next(l, vocab), std::log(z) - weighted / z);
-      });
-    }
-    if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
-    if (i + 1 == t_.grpo_max_completion_length) break;
-    generator_->step_on_device(next);
+  if (!stop_.empty()) request.stopped = [&](std::span<const int32_t> ids) { return stop_.stopped(ids); };
+  std::vector<Completion> out;
+  for (Continuation& c : continue_prompt(*generator_, prompt.ids, request)) {
+    Completion& done = out.emplace_back();
+    done.ids = std::move(c.ids);
+    done.entropy_sum = c.entropy_sum;
+    done.clipped = c.end == Continuation::End::Length;
+    done.stopped = c.end == Continuation::End::Stop;
   }
-  for (size_t b = 0; b < count; ++b) out[b].clipped = done[b] == 0;
   return out;
 }
 
