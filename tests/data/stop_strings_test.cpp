@@ -35,13 +35,15 @@ TEST(StopStrings, StopAtTheTokenThatCompletesOneAcrossTokens) {
   ASSERT_GT(first, 0u);
   const std::string text = tok->decode(std::vector<int32_t>(ids.begin(), ids.begin() + first));
   EXPECT_NE(text.find("\n\n"), std::string::npos) << text;
-  EXPECT_EQ(tok->decode(std::vector<int32_t>(ids.begin(), ids.begin() + first - 1)).find("\n\n"), std::string::npos);
+  EXPECT_EQ(tok->decode(std::vector<int32_t>(ids.begin(), ids.begin() + first - 1)).find("\n\n"),
+            std::string::npos);
   // A string split over several tokens stops at the last of them.
   const StopStrings split(*tok, {"answer is 4"});
   size_t at = 0;
   for (size_t n = 1; n <= ids.size() && at == 0; ++n)
     if (split.stopped(std::span(ids).first(n))) at = n;
-  EXPECT_NE(tok->decode(std::vector<int32_t>(ids.begin(), ids.begin() + at)).find("answer is 4"), std::string::npos);
+  EXPECT_NE(tok->decode(std::vector<int32_t>(ids.begin(), ids.begin() + at)).find("answer is 4"),
+            std::string::npos);
   // Long completions: only the tail is decoded, and still found.
   std::vector<int32_t> longer;
   tok->encode(std::string(3000, 'a') + " and then friend", &longer);

@@ -1,28 +1,36 @@
 // tessera generate: sample text from a Tessera checkpoint or a Hugging Face model directory,
-// with a KV cache (model/generator.h), on the CPU or a GPU.
+// with a KV cache (model/continuations.h, the engine GRPO samples with), on the CPU or a GPU.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <numeric>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include "tessera/backend/backend_factory.h"
 #include "tessera/bench/command_args.h"
+#include "tessera/ckpt/atomic_files.h"
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/hf_model.h"
 #include "tessera/ckpt/model_source.h"
 #include "tessera/cli/commands.h"
 #include "tessera/config/keys.h"
-#include "tessera/core/error.h"
 #include "tessera/config/tokenizer_model.h"
+#include "tessera/config/validate.h"
+#include "tessera/core/error.h"
+#include "tessera/core/output_path.h"
 #include "tessera/data/chat.h"
+#include "tessera/data/stop_strings.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/model/continuations.h"
 #include "tessera/model/generator.h"
 #include "tessera/model/sampling.h"
+#include "tessera/train/grpo_prompts.h"
 
 namespace tessera::cli {
 namespace {
@@ -32,24 +40,33 @@ using Clock = std::chrono::steady_clock;
 
 void print_generate_help() {
   fmt::print(
-      "usage: tessera generate --from CHECKPOINT_OR_HF_DIR (--prompt TEXT | --prompt_ids IDS)\n"
+      "usage: tessera generate --from CHECKPOINT_OR_HF_DIR\n"
+      "                        (--prompt TEXT | --prompt_ids IDS | --prompts FILE [-o OUT.jsonl])\n"
       "                        (--load DIR: Megatron's name of --from)\n"
       "                        [--max_new_tokens 64] [--temperature 0] [--top_k 0] [--top_p 1]\n"
-      "                        [--min_p 0]\n"
+      "                        [--min_p 0] [--num_samples 1] [--stop TEXT_OR_LIST]\n"
       "                        [--seed 1] [--device auto|cpu|cuda] [--precision auto|fp32|bf16]\n"
       "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n"
       "                        [--chat [--system TEXT]]\n\n"
-      "Samples a continuation of the prompt, one token at a time with a KV cache, and prints the\n"
-      "prompt with its continuation (as transformers' text-generation pipeline and Megatron's\n"
-      "text server return them), then on stderr the new ids, the time the prompt took and the\n"
-      "decoding rate in tokens/s. --from is a checkpoint\n"
-      "directory, a save directory (its latest checkpoint) or a Hugging Face model directory.\n"
-      "Temperature 0 decodes greedily; otherwise top-k, then top-p (nucleus) restrict the\n"
-      "sampled tokens, as transformers' generate() does. The tokenizer is the checkpoint's\n"
-      "(its training config), the Hugging Face directory's tokenizer.json, or --tokenizer\n"
-      "(llama2, llama3, llama3.1, qwen3, a tokenizer.json, or ByteLevel); --prompt_ids takes\n"
-      "space-separated token ids instead of text (no tokenizer needed). Generation stops at\n"
-      "the tokenizer's end-of-document token unless --ignore_eos.\n\n"
+      "Samples continuations of a prompt with a KV cache and prints the prompt with its\n"
+      "continuation (as transformers' text-generation pipeline and Megatron's text server return\n"
+      "them), then on stderr the new ids, the time the prompt took and the decoding rate in\n"
+      "tokens/s. --from is a checkpoint directory, a save directory (its latest checkpoint) or a\n"
+      "Hugging Face model directory. Temperature 0 decodes greedily; otherwise top-k, then top-p\n"
+      "(nucleus), then min-p restrict the sampled tokens, as transformers' generate() does. The\n"
+      "tokenizer is the checkpoint's (its training config), the Hugging Face directory's\n"
+      "tokenizer.json, or --tokenizer (llama2, llama3, llama3.1, qwen3, a tokenizer.json, or\n"
+      "ByteLevel); --prompt_ids takes space-separated token ids instead of text (no tokenizer\n"
+      "needed). Generation stops at the tokenizer's end-of-document token unless --ignore_eos,\n"
+      "and after the token that completes a --stop string (one string, or a list such as\n"
+      "'[\"\\n\\n\", \"###\"]'), which the text keeps.\n\n"
+      "--num_samples N continues the prompt N times, decoded together in one batch (vLLM's n),\n"
+      "each sample from its own random stream of --seed; each is printed after a line naming it.\n"
+      "--prompts FILE reads JSON lines of prompts as GRPO does (\"prompt\": a string or a list of\n"
+      "chat messages, or GSM8K's \"question\"), continues each --num_samples times, one prompt\n"
+      "after another, and writes one JSON line per prompt (its line, prompt, and its completions\n"
+      "with text, ids and finish_reason: eos, stop or length) to -o, published whole, or "
+      "stdout.\n\n"
       "--chat talks to a fine-tuned model: --prompt is the user's message (after --system's, if\n"
       "given), rendered with the tokenizer's chat template with the assistant's turn opened;\n"
       "the reply is printed alone and ends at the special token that closes the turn.\n");
@@ -136,6 +153,26 @@ double parse_number(const bench::CommandArgs& a, const std::string& key, double 
   throw ConfigError("command line", key, text, fmt::format("a number in [{}, {}]", min, max));
 }
 
+// How a continuation ended, in vLLM's words where it has them.
+const char* finish_reason(Continuation::End end) {
+  switch (end) {
+    case Continuation::End::Token:
+      return "eos";
+    case Continuation::End::Stop:
+      return "stop";
+    case Continuation::End::Length:
+      break;
+  }
+  return "length";
+}
+
+// A continuation's ids without the end token that closed it (a stop string's stay).
+std::vector<int32_t> reply_ids(const Continuation& c) {
+  std::vector<int32_t> ids = c.ids;
+  if (c.end == Continuation::End::Token && !ids.empty()) ids.pop_back();
+  return ids;
+}
+
 }  // namespace
 
 int generate_command(const Args& args) {
@@ -146,8 +183,9 @@ int generate_command(const Args& args) {
     }
   const bench::CommandArgs a(
       args,
-      {"from", "load", "prompt", "prompt_ids", "max_new_tokens", "temperature", "top_k", "top_p",
-       "min_p", "seed", "device", "precision", "tokenizer", "system"},
+      {"from", "load", "prompt", "prompt_ids", "prompts", "output", "max_new_tokens", "temperature",
+       "top_k", "top_p", "min_p", "num_samples", "stop", "seed", "device", "precision", "tokenizer",
+       "system"},
       {"ignore_eos", "chat"}, false);
   if (a.has("from") && a.has("load"))
     throw ConfigError("command line", "load", a.get("load", ""),
@@ -155,13 +193,19 @@ int generate_command(const Args& args) {
   const std::string from = a.has("load") ? a.get("load", "") : a.get("from", "");
   if (from.empty())
     throw ConfigError("command line", "from", "", "--from CHECKPOINT_OR_HF_DIR (or --load)");
-  if (a.has("prompt") == a.has("prompt_ids"))
-    throw ConfigError("command line", "prompt", "", "exactly one of --prompt and --prompt_ids");
+  if (a.has("prompt") + a.has("prompt_ids") + a.has("prompts") != 1)
+    throw ConfigError("command line", "prompt", "",
+                      "exactly one of --prompt, --prompt_ids and --prompts");
   const bool chat = a.has("chat");
-  if (chat && a.has("prompt_ids"))
-    throw ConfigError("command line", "chat", "true", "--prompt (the user's message), not --prompt_ids");
+  if (chat && !a.has("prompt"))
+    throw ConfigError("command line", "chat", "true",
+                      "--prompt (the user's message), not --prompt_ids or --prompts");
   if (a.has("system") && !chat)
     throw ConfigError("command line", "system", a.get("system", ""), "--chat with it");
+  if (a.has("output") && !a.has("prompts"))
+    throw ConfigError("command line", "output", a.get("output", ""),
+                      "--prompts with it (the file of completions it writes)");
+  if (a.has("output")) require_output_file(a.get("output", ""), "command line", "output");
   SamplingOptions so;
   so.temperature = parse_number(a, "temperature", 0.0, 0.0, 100.0);
   so.top_k = a.get_int("top_k", 0, 0);
@@ -169,6 +213,14 @@ int generate_command(const Args& args) {
   so.min_p = parse_number(a, "min_p", 0.0, 0.0, 1.0);
   so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0));
   const int64_t max_new = a.get_int("max_new_tokens", 64, 1);
+  const int64_t samples = a.get_int("num_samples", 1, 1);
+  std::vector<std::string> stops;
+  try {
+    stops = parse_stop_strings(a.get("stop", ""));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("command line", "stop", a.get("stop", ""),
+                      std::string("one string or a list of non-empty strings (") + e.what() + ")");
+  }
   const std::string device = a.get("device", "auto"), precision = a.get("precision", "auto");
   const DeviceChoice choice = parse_device_choice(device);
   if (precision != "auto" && precision != "fp32" && precision != "bf16")
@@ -188,10 +240,10 @@ int generate_command(const Args& args) {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<ChatFormat> chat_format;
   std::string tokenizer_json;
-  std::vector<int32_t> prompt;
+  std::vector<GrpoPrompt> prompts;  // --prompts; else the one prompt
   if (a.has("prompt_ids")) {
-    prompt = parse_ids(a.get("prompt_ids", ""));
-    if (a.has("tokenizer") || !a.has("ignore_eos"))
+    prompts.push_back({parse_ids(a.get("prompt_ids", "")), "", "", 0});
+    if (a.has("tokenizer") || !a.has("ignore_eos") || !stops.empty())
       tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
   } else if (chat) {
     tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
@@ -202,59 +254,122 @@ int generate_command(const Args& args) {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     if (a.has("system")) messages.push_back({{"role", "system"}, {"content", a.get("system", "")}});
     messages.push_back({{"role", "user"}, {"content", a.get("prompt", "")}});
+    GrpoPrompt& p = prompts.emplace_back();
     try {
-      prompt = chat_format->encode_prompt(messages, "--prompt");
+      p.ids = chat_format->encode_prompt(messages, "--prompt");
     } catch (const DataError& e) {
       throw ConfigError("command line", "prompt", a.get("prompt", ""), e.what());
     }
+  } else if (a.has("prompts")) {
+    tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
+    if (!tokenizer_json.empty())
+      chat_format = std::make_unique<ChatFormat>(tokenizer_json, *tokenizer);
+    prompts = read_grpo_prompts(a.get("prompts", ""), *tokenizer, chat_format.get(),
+                                /*need_answer=*/false, std::numeric_limits<int64_t>::max());
   } else {
     tokenizer = open_tokenizer(src, a.get("tokenizer", ""), &tokenizer_json);
-    tokenizer->encode(a.get("prompt", ""), &prompt);
-    if (prompt.empty())
+    GrpoPrompt& p = prompts.emplace_back();
+    tokenizer->encode(a.get("prompt", ""), &p.ids);
+    if (p.ids.empty())
       throw ConfigError("command line", "prompt", "", "text that encodes to tokens");
   }
-  const int64_t vocab =
-      tokenizer ? std::min(tokenizer->vocab_size(), spec.vocab_size) : spec.vocab_size;
+  size_t longest = 0;
+  for (const GrpoPrompt& p : prompts) longest = std::max(longest, p.ids.size());
 
-  Generator gen(*backend, spec, dtype, static_cast<int64_t>(prompt.size()) + max_new);
+  ContinuationRequest request;
+  request.sampling = so;
+  request.max_new_tokens = max_new;
+  request.vocab = tokenizer ? std::min(tokenizer->vocab_size(), spec.vocab_size) : spec.vocab_size;
+  if (!a.has("ignore_eos"))
+    request.is_end_token = [&](int32_t token) {
+      return (tokenizer && token == tokenizer->eod_id()) ||
+             (chat_format && chat_format->is_special(token));
+    };
+  const StopStrings stop = tokenizer ? StopStrings(*tokenizer, stops) : StopStrings();
+  if (!stop.empty())
+    request.stopped = [&](std::span<const int32_t> ids) { return stop.stopped(ids); };
+
+  Generator gen(*backend, spec, dtype, static_cast<int64_t>(longest) + max_new, samples);
   gen.load([&](const ParamInfo& p) { return src.weights(p); },
            [&](const std::string& name) { return src.state(name); });
-  Sampler sampler(so);
+  // A family that decodes one sequence at a time (multi-latent attention) takes the samples
+  // one after another, from the same streams.
+  const auto continue_one = [&](const GrpoPrompt& p) {
+    std::vector<Continuation> out;
+    if (gen.decodes_batches()) {
+      request.streams.resize(static_cast<size_t>(samples));
+      std::iota(request.streams.begin(), request.streams.end(), 0);
+      return continue_prompt(gen, p.ids, request);
+    }
+    for (int32_t stream = 0; stream < samples; ++stream) {
+      request.streams = {stream};
+      out.push_back(std::move(continue_prompt(gen, p.ids, request)[0]));
+    }
+    return out;
+  };
 
   const auto t0 = Clock::now();
-  std::vector<float> logits = gen.prefill(prompt);
-  const double prefill_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  std::vector<int32_t> generated;
-  const auto t1 = Clock::now();
-  for (int64_t i = 0; i < max_new; ++i) {
-    const int32_t token = sampler.next(logits, vocab);
-    generated.push_back(token);
-    if (tokenizer && !a.has("ignore_eos") && token == tokenizer->eod_id()) break;
-    if (chat_format && !a.has("ignore_eos") && chat_format->is_special(token)) break;
-    if (i + 1 < max_new) logits = gen.step(token);
-  }
-  const double decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
-
-  // The prompt with its continuation, decoded together so that a tokenizer that marks word
-  // starts (Llama 2's) spaces the first new word as the text reads.
-  if (chat_format) {
-    // The reply alone, without the token that closed it.
-    std::vector<int32_t> reply = generated;
-    if (!reply.empty() && (chat_format->is_special(reply.back()) || reply.back() == tokenizer->eod_id()))
-      reply.pop_back();
-    fmt::print("{}\n", tokenizer->decode(reply));
-    std::fflush(stdout);
-  } else if (tokenizer) {
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), generated.begin(), generated.end());
-    fmt::print("{}\n", tokenizer->decode(all));
+  int64_t new_tokens = 0;
+  if (a.has("prompts")) {
+    std::string lines;
+    for (const GrpoPrompt& p : prompts) {
+      nlohmann::ordered_json completions = nlohmann::ordered_json::array();
+      for (const Continuation& c : continue_one(p)) {
+        new_tokens += static_cast<int64_t>(c.ids.size());
+        completions.push_back({{"text", tokenizer->decode(reply_ids(c))},
+                               {"ids", c.ids},
+                               {"finish_reason", finish_reason(c.end)}});
+      }
+      // Bytes that are not UTF-8 (a byte-level tokenizer's pieces of a character) become
+      // U+FFFD in the text; the ids keep them.
+      lines +=
+          nlohmann::ordered_json{{"line", p.line}, {"prompt", p.text}, {"completions", completions}}
+              .dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+          "\n";
+    }
+    if (a.has("output")) {
+      const fs::path out = a.get("output", "");
+      if (out.has_parent_path()) fs::create_directories(out.parent_path());
+      write_file_atomically(out.string(), lines);
+    } else {
+      fmt::print("{}", lines);
+      std::fflush(stdout);
+    }
+  } else {
+    const std::vector<int32_t>& prompt = prompts[0].ids;
+    const std::vector<Continuation> done = continue_one(prompts[0]);
+    for (size_t i = 0; i < done.size(); ++i) {
+      const Continuation& c = done[i];
+      new_tokens += static_cast<int64_t>(c.ids.size());
+      if (samples > 1)
+        fmt::print("--- sample {} ({}, {} tokens)\n", i + 1, finish_reason(c.end), c.ids.size());
+      // The prompt with its continuation, decoded together so that a tokenizer that marks word
+      // starts (Llama 2's) spaces the first new word as the text reads; in a chat, the reply
+      // alone.
+      if (chat_format) {
+        fmt::print("{}\n", tokenizer->decode(reply_ids(c)));
+      } else if (tokenizer) {
+        std::vector<int32_t> all = prompt;
+        all.insert(all.end(), c.ids.begin(), c.ids.end());
+        fmt::print("{}\n", tokenizer->decode(all));
+      }
+    }
     std::fflush(stdout);  // the text before the numbers on stderr, also through a pipe
+    for (size_t i = 0; i < done.size(); ++i)
+      fmt::print(stderr, "{}: {}\n",
+                 samples > 1 ? fmt::format("ids[{}]", i + 1) : std::string("ids"),
+                 fmt::join(done[i].ids, " "));
   }
-  fmt::print(stderr, "ids: {}\n", fmt::join(generated, " "));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string what =
+      a.has("prompts") ? fmt::format("{} prompts of up to {} tokens", prompts.size(), longest)
+                       : fmt::format("prompt of {} tokens", longest);
   fmt::print(stderr,
-             "{} on {} ({}): prompt of {} tokens in {:.1f} ms; {} new tokens at {:.1f} tokens/s\n",
-             src.name(), backend->description(), dtype_name(dtype), prompt.size(), prefill_ms,
-             generated.size(), generated.size() / std::max(decode_s, 1e-9));
+             "{} on {} ({}): {}, {} continuation{}{}; {} new tokens at {:.1f} tokens/s ({:.2f} s "
+             "with the prompts' passes)\n",
+             src.name(), backend->description(), dtype_name(dtype), what, samples,
+             samples == 1 ? "" : "s", a.has("prompts") ? " each" : "", new_tokens,
+             new_tokens / std::max(seconds, 1e-9), seconds);
   return 0;
 }
 

@@ -55,7 +55,8 @@ std::vector<Continuation> continue_prompt(Generator& generator, const std::vecto
       const std::vector<float> logits = generator.logits();
       parallel_for(count, [&](size_t b) {
         if (done[b]) return take(b, 0, 0);
-        const std::span<const float> l(logits.data() + static_cast<int64_t>(b) * V, static_cast<size_t>(V));
+        const std::span<const float> l(logits.data() + static_cast<int64_t>(b) * V,
+                                       static_cast<size_t>(V));
         const float top = *std::max_element(l.begin(), l.end());
         double z = 0, weighted = 0;
         for (float x : l) {

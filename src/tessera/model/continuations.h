@@ -26,10 +26,10 @@ struct Continuation {
 };
 
 struct ContinuationRequest {
-  SamplingOptions sampling;        // its seed is the run's, whose streams are below
-  std::vector<int32_t> streams;    // one per continuation: its random stream of the seed
+  SamplingOptions sampling;      // its seed is the run's, whose streams are below
+  std::vector<int32_t> streams;  // one per continuation: its random stream of the seed
   int64_t max_new_tokens = 1;
-  int64_t vocab = 0;               // ids drawn are below it
+  int64_t vocab = 0;  // ids drawn are below it
   std::function<bool(int32_t)> is_end_token;
   // Whether a continuation's ids, checked after each token, now end at a stop string; null:
   // none.
