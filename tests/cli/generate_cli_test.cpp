@@ -24,15 +24,20 @@ std::string ids_line(const std::string& output) {
   return std::regex_search(output, m, kIds) ? m[1].str() : "";
 }
 
-TEST(GenerateCli, ContinuesAPromptFromACheckpoint) {
-  ScratchDir dir;
-  const std::string save = (dir / "ckpt").string();
+// A tiny model trained a few steps with the byte-level tokenizer, saved in `save`.
+void train_byte_level_checkpoint(const ScratchDir& dir, const std::string& save) {
   const RunResult trained = run_tessera(
       "train --device cpu --model tiny_llama --mock_data true --tokenizer_type ByteLevel "
       "--vocab_size 320 --seq_length 32 --micro_batch_size 2 --global_batch_size 2 "
       "--train_iters 3 --lr_warmup_iters 1 --eval_interval 0 --log_progress false --workspace " +
       dir.path().string() + " --save " + save);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
+}
+
+TEST(GenerateCli, ContinuesAPromptFromACheckpoint) {
+  ScratchDir dir;
+  const std::string save = (dir / "ckpt").string();
+  ASSERT_NO_FATAL_FAILURE(train_byte_level_checkpoint(dir, save));
 
   const std::string base = "generate --device cpu --from " + save + " --max_new_tokens 6 ";
   const RunResult greedy = run_tessera(base + "--prompt 'Dan' --ignore_eos");
@@ -78,12 +83,7 @@ TEST(GenerateCli, ContinuesAPromptFromACheckpoint) {
 TEST(GenerateCli, SamplesTogetherStopStringsAndAPromptsFile) {
   ScratchDir dir;
   const std::string save = (dir / "ckpt").string();
-  const RunResult trained = run_tessera(
-      "train --device cpu --model tiny_llama --mock_data true --tokenizer_type ByteLevel "
-      "--vocab_size 320 --seq_length 32 --micro_batch_size 2 --global_batch_size 2 "
-      "--train_iters 3 --lr_warmup_iters 1 --eval_interval 0 --log_progress false --workspace " +
-      dir.path().string() + " --save " + save);
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_NO_FATAL_FAILURE(train_byte_level_checkpoint(dir, save));
   const std::string base =
       "generate --device cpu --from " + save + " --max_new_tokens 8 --ignore_eos ";
   const auto ids_of = [](const std::string& output, const std::string& name) {
