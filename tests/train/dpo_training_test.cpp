@@ -1,7 +1,9 @@
 // objective dpo through the command: preference pairs preprocessed with a chat template, a DPO
 // run from a checkpoint's weights reports TRL's statistics (its first step compares the policy
 // with itself: loss ln 2, rewards 0), validates on held-out pairs, and lowers its loss on pairs
-// it sees again; what it does not run is refused by name.
+// it sees again; what it does not run is refused by name. A reference from another checkpoint
+// (reference_load) is the same precomputed or as a frozen copy, and a frozen copy of it
+// resumes.
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -270,6 +272,89 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   EXPECT_NE(r.output.find("key 'micro_batch_size' has value '2': expected 1 with objective dpo"),
             std::string::npos)
       << r.output;
+}
+
+TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
+  ScratchDir dir;
+  {
+    std::ofstream out(dir / "pairs.jsonl");
+    for (const auto& [q, a] : std::vector<std::pair<std::string, std::string>>{
+             {"Is tennis a sport?", "yes"}, {"Is jazz a sport?", "no"}, {"Is golf a sport?", "yes"},
+             {"Is a piano a sport?", "no"}})
+      out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
+                            {"chosen", {{{"role", "assistant"}, {"content", a}}}},
+                            {"rejected", {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
+                 .dump()
+          << "\n";
+  }
+  RunResult r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                            " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string model =
+      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size 32 "
+      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
+      "--log_progress false --train_data_path null --workspace " +
+      dir.path().string() + " --work_group g --user_name u";
+  // Two models: the policy's start, and another one the reference.
+  for (const auto& [name, seed] : {std::pair{"start", "1"}, std::pair{"other", "7"}}) {
+    r = run_tessera(model + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed " + seed + " --save " +
+                    (dir / name).string() + " --exp_name " + name);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::string dpo = model + " --objective dpo --finetune --load " + (dir / "start").string() +
+                          " --data_path " + (dir / "p_preference_document").string() +
+                          " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 "
+                          "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --eval_interval 0 "
+                          "--train_iters 3 --reference_load " + (dir / "other").string();
+  const auto losses = [&](const std::string& name) {
+    std::vector<double> out;
+    for (const auto& j : metrics_lines(dir / "g" / "u" / name / "metrics.jsonl"))
+      if (j.contains("rewards/accuracies")) out.push_back(j["lm_loss"].get<double>());
+    return out;
+  };
+  r = run_tessera(dpo + " --exp_name precomputed");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("computed with the checkpoint " + (dir / "other").string()), std::string::npos) << r.output;
+  const std::vector<double> precomputed = losses("precomputed");
+  ASSERT_EQ(precomputed.size(), 3u);
+  // The policy is not its reference at the first step: the loss is not ln 2.
+  EXPECT_GT(std::abs(precomputed[0] - std::log(2.0)), 1e-4) << precomputed[0];
+
+  // The frozen copy of the other checkpoint gives the same losses; stopped after two steps
+  // (exit_interval) and resumed, it loads the reference again and continues them.
+  r = run_tessera(dpo + " --dpo_precompute_ref_log_probs false --exp_name copy");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("dpo: a frozen copy of the reference (the checkpoint"), std::string::npos) << r.output;
+  const std::string cut = dpo + " --dpo_precompute_ref_log_probs false --exp_name cut --save " +
+                          (dir / "cut").string();
+  r = run_tessera(cut + " --exit_interval 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(model + " --objective dpo --load " + (dir / "cut").string() + " --data_path " +
+                  (dir / "p_preference_document").string() +
+                  " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 --lr_warmup_iters 0 "
+                  "--log_interval 1 --dpo_beta 0.5 --eval_interval 0 --train_iters 3 --dpo_precompute_ref_log_probs "
+                  "false --exp_name cut --reference_load " + (dir / "other").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<double> copy = losses("copy"), resumed = losses("cut");
+  ASSERT_EQ(copy.size(), 3u);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(copy[i], precomputed[i], 1e-5) << i;
+    EXPECT_NEAR(resumed[i], copy[i], 1e-5) << i;
+  }
+
+  // Refused: no reference to replace (reference-free), no starting weights of the policy's own.
+  for (const std::string& bad :
+       {dpo + " --dpo_reference_free --exp_name free",
+        model + " --objective dpo --data_path " + (dir / "p_preference_document").string() +
+            " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --train_iters 1 --lr_warmup_iters 0 "
+            "--reference_load " +
+            (dir / "other").string() + " --exp_name nostart",
+        dpo + " --reference_load " + (dir / "nowhere").string() + " --exp_name nowhere"}) {
+    r = run_tessera(bad);
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
+    EXPECT_NE(r.output.find("reference_load"), std::string::npos) << r.output;
+  }
 }
 
 }  // namespace

@@ -176,6 +176,32 @@ TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
   EXPECT_NE(r.output.find("an empty stop string"), std::string::npos) << r.output;
 }
 
+// reference_load: the KL term's reference is another checkpoint's weights, so the first step
+// already measures a distance, and a run with it resumes.
+TEST_F(GrpoTraining, AReferenceFromAnotherCheckpoint) {
+  RunResult r = run_tessera(model_ + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed 7 --save " +
+                            (dir_ / "other").string() + " --exp_name other");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string run = grpo() + " --train_iters 2 --grpo_beta 0.05 --eval_interval 0 --reference_load " +
+                          (dir_ / "other").string();
+  r = run_tessera(run + " --exp_name kl --save " + (dir_ / "kl").string() + " --exit_interval 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("KL to a frozen copy of the checkpoint " + (dir_ / "other").string()), std::string::npos)
+      << r.output;
+  std::vector<nlohmann::json> s = steps("kl");
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_GT(s[0]["kl"].get<double>(), 0.0) << "the policy starts away from this reference";
+  r = run_tessera(model_ + " --objective grpo --load " + (dir_ / "kl").string() +
+                  " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() +
+                  " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 --grpo_max_completion_length 6 "
+                  "--grpo_rewards answer --lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --train_iters 2 "
+                  "--grpo_beta 0.05 --eval_interval 0 --exp_name kl --reference_load " +
+                  (dir_ / "other").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(steps("kl").size(), 2u);
+}
+
+
 TEST_F(GrpoTraining, BadPromptsAndAFailingRewardCommandStopTheRunByName) {
   {
     std::ofstream out(dir_ / "bad.jsonl");

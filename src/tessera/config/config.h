@@ -310,6 +310,9 @@ struct CheckpointConfig {
   // Megatron-Bridge's PEFT base: the checkpoint directory whose latest weights a LoRA run
   // freezes and adapts (`load` then resumes the adapters).
   std::string pretrained_checkpoint;
+  // DPO's and GRPO's reference (TRL's ref_model): a checkpoint directory whose latest weights
+  // are the reference instead of the starting weights.
+  std::string reference_load;
 };
 
 struct LoggingConfig {

@@ -984,6 +984,22 @@ void check_lora(const Checker& c, const Experiment& e) {
             "unset with hf_init_path: the base comes from one of them");
 }
 
+void check_reference_load(const Checker& c, const Experiment& e) {
+  const CheckpointConfig& k = e.checkpoint;
+  if (k.reference_load.empty()) return;
+  const TrainingConfig& t = e.training;
+  std::error_code ec;
+  c.require(fs::is_directory(k.reference_load, ec), "reference_load", "an existing checkpoint directory");
+  c.require((t.objective == Objective::Dpo && !t.dpo_reference_free) ||
+                (t.objective == Objective::Grpo && t.grpo_beta > 0),
+            "reference_load",
+            "unset unless a reference is used: objective dpo (not dpo_reference_free) or objective "
+            "grpo with grpo_beta above 0");
+  c.require(t.lora_rank == 0, "reference_load", "unset with lora_rank: LoRA's reference is its base, adapters off");
+  c.require(!k.load.empty() || !k.hf_init_path.empty(), "reference_load",
+            "unset unless the policy has starting weights of its own (load or hf_init_path)");
+}
+
 void check_packed_documents(const Checker& c, const Experiment& e) {
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
             "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
@@ -1026,6 +1042,7 @@ void validate_experiment(const Experiment& e, int world_size) {
   check_packed_documents(c, e);
   check_dpo(c, e);
   check_grpo(c, e);
+  check_reference_load(c, e);
   check_lora(c, e);
   c.require(e.checkpoint.pretrained_checkpoint.empty() || e.training.lora_rank > 0,
             "pretrained_checkpoint",

@@ -190,7 +190,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.attention_backend = setup.attention_backend;
   in.gpu = gpu;
   in.lora = setup.lora;
-  in.reference_copy = setup.reference_copy;
+  in.reference_copy = setup.reference_copy || setup.reference_loaded;
   in.generation_batch = setup.generation_batch;
   in.global_batch = setup.global_batch;
   in.reward_terms = setup.reward_terms;

@@ -189,7 +189,7 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
         "and reduction partials) + AdamW chunk table");
   if (p.reference > 0)
     row("reference", p.reference,
-        "the frozen reference weights (DPO with dpo_precompute_ref_log_probs false, GRPO with grpo_beta): "
+        "the frozen reference weights (DPO with dpo_precompute_ref_log_probs false, GRPO with grpo_beta, reference_load): "
         "the optimizer's shard of them, compute dtype; twice where the optimizer keeps no fp32 master "
         "copy (the policy's kept beside them)");
   if (p.generation > 0)

@@ -87,6 +87,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.reference_copy =
       (t.objective == Objective::Dpo && !t.dpo_precompute_ref_log_probs && !t.dpo_reference_free) ||
       (t.objective == Objective::Grpo && t.grpo_beta > 0);
+  s.reference_loaded = !e.checkpoint.reference_load.empty();
   if (t.objective == Objective::Grpo) {
     s.generation_batch = std::min<int64_t>(t.grpo_num_generations, t.global_batch_size / dp);
     s.global_batch = t.global_batch_size;

@@ -38,6 +38,9 @@ struct RunSetup {
   // A frozen copy of the reference weights on the device (train/frozen_reference.h): DPO
   // without precomputed reference log-probabilities, GRPO with a KL term.
   bool reference_copy = false;
+  // reference_load: its frozen copy is on the device from the start, at least until DPO's
+  // precomputed log-probabilities are computed with it (the memory planner counts it).
+  bool reference_loaded = false;
   // objective grpo: the sequences its generator decodes together (a group's completions on a
   // rank), the global batch and the reward terms (plan/memory_plan.h's generation row); 0: none.
   int64_t generation_batch = 0, global_batch = 0;

@@ -88,11 +88,12 @@ std::vector<std::pair<std::string, double>> GrpoStepStats::trl_named() const {
   return out;
 }
 
-GrpoRun::GrpoRun(const Parts& parts)
+GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference, std::string reference_weights)
     : p_(parts),
       t_(parts.experiment.training),
       chat_(open_chat_format(parts.experiment.data, parts.tokenizer)),
-      stop_(parts.tokenizer, parse_stop_strings(t_.grpo_stop_strings)) {
+      stop_(parts.tokenizer, parse_stop_strings(t_.grpo_stop_strings)),
+      reference_weights_(reference ? std::move(reference_weights) : "the starting weights") {
   terms_ = grpo_reward_terms(t_.grpo_rewards);
   PromptSets prompts = read_prompt_sets(p_.experiment, p_.tokenizer, chat_.get());
   train_ = std::move(prompts.train);
@@ -108,7 +109,8 @@ GrpoRun::GrpoRun(const Parts& parts)
   generator_ = std::make_unique<Generator>(model.backend(), model.spec(), model.params(), model.layout(),
                                            t_.seq_length, std::min(t_.grpo_num_generations, per_rank_));
   if (t_.grpo_beta > 0)
-    reference_ = std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);
+    reference_ = reference ? std::move(reference)
+                           : std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);
   const int64_t tokens = model.runtime().tokens();
   scratch_ = DeviceBuffer(model.backend(), plan::grpo_exchange_bytes(tokens, t_.global_batch_size, terms_.size()),
                           "grpo exchange");
@@ -135,7 +137,7 @@ std::string GrpoRun::describe() const {
       stops,
       rewards, t_.grpo_num_iterations,
       t_.grpo_num_iterations == 1 ? "" : "s",
-      reference_ ? fmt::format("KL to a frozen copy of the starting weights (beta {}, {:.3f} GiB)", t_.grpo_beta,
+      reference_ ? fmt::format("KL to a frozen copy of {} (beta {}, {:.3f} GiB)", reference_weights_, t_.grpo_beta,
                                static_cast<double>(reference_->bytes()) / (1024.0 * 1024.0 * 1024.0))
                  : std::string("no KL term (grpo_beta 0)"));
 }

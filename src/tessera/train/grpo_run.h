@@ -76,9 +76,11 @@ class GrpoRun {
     Logger& log;
     profiler::TrainingProfiler* profiler;  // may be null
   };
-  // Reads the prompts (train_data_path, valid_data_path); keeps the reference copy when
-  // grpo_beta is set (the weights as they are now: call after they are loaded).
-  explicit GrpoRun(const Parts& parts);
+  // Reads the prompts (train_data_path, valid_data_path). With grpo_beta, the KL reference is
+  // `reference` (reference_load's weights, described by `reference_weights`), else a copy of
+  // the weights as they are now (call after they are loaded).
+  explicit GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference = nullptr,
+                   std::string reference_weights = "");
   ~GrpoRun();
 
   std::string describe() const;
@@ -123,6 +125,7 @@ class GrpoRun {
   const TrainingConfig& t_;
   std::unique_ptr<ChatFormat> chat_;
   StopStrings stop_;
+  std::string reference_weights_;  // what the KL reference is, for the log
   std::vector<GrpoPrompt> train_, valid_;
   std::vector<std::pair<std::string, double>> terms_;
   std::regex answer_regex_, format_regex_;

@@ -215,6 +215,14 @@ RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_si
       throw DataError(fmt::format("{}: holds LoRA adapters; pretrained_checkpoint names the weights "
                                   "they adapt (a pretraining or full fine-tuning checkpoint)", base));
   }
+  if (!c.reference_load.empty()) {
+    const std::string reference = find_latest_checkpoint(c.reference_load);
+    if (reference.empty())
+      throw DataError(fmt::format("{}: no checkpoint in it (reference_load)", c.reference_load));
+    if (check_checkpoint_to_resume(reference, setup.spec).lora)
+      throw DataError(fmt::format("{}: holds LoRA adapters; reference_load names a model's weights "
+                                  "(a pretraining or full fine-tuning checkpoint)", reference));
+  }
   if ((start.resume_dir.empty() || lora) && !c.hf_init_path.empty() && c.pretrained_checkpoint.empty())
     check_hf_weights(c.hf_init_path, setup.spec);
   if (e.training.objective == Objective::Grpo)
@@ -272,12 +280,19 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
   profiler_ = profiler::TrainingProfiler::create(exp_, parallel_->rank(), parallel_->world_size(),
                                                  *backend_, log_);
   if (exp_.training.objective == Objective::Grpo) {
-    if (completed_iterations_ > 0 && exp_.training.grpo_beta > 0)
+    if (completed_iterations_ > 0 && exp_.training.grpo_beta > 0 && !reference_)
       throw ConfigError(origin_of(exp_, "grpo_beta"), "grpo_beta", find_key("grpo_beta")->get(exp_),
                         "0 to resume a GRPO run: its KL reference, a frozen copy of the starting "
-                        "weights, is not in its checkpoints");
-    grpo_ = std::make_unique<GrpoRun>(GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_,
-                                                     profiler_.get()});
+                        "weights, is not in its checkpoints (or name the reference's checkpoint "
+                        "with reference_load)");
+    std::unique_ptr<FrozenReference> reference;
+    if (reference_) {
+      reference = std::make_unique<FrozenReference>(std::move(*reference_));
+      reference_.reset();
+    }
+    grpo_ = std::make_unique<GrpoRun>(
+        GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_, profiler_.get()},
+        std::move(reference), reference_weights_);
     log_.info("grpo: {}", grpo_->describe());
     if (!grpo_->has_validation() && exp_.data.eval_interval > 0)
       log_.warning("grpo: no valid_data_path: no held-out accuracy is measured");
@@ -415,6 +430,7 @@ void Trainer::start_state() {
   init_parameters(*backend_, setup_.spec, model_->layout(), optimizer_->master_slices(),
                   static_cast<uint64_t>(exp_.training.seed));
   if (lora_) load_lora_base();
+  if (!exp_.checkpoint.reference_load.empty()) load_reference();
   restore_start_state();
   if (dpo_) identify_dpo_reference();
   optimizer_->sync_params_from_master();
@@ -452,6 +468,24 @@ TrainingTensors Trainer::training_tensors() const {
   for (const auto& state : model_->persistent_state()) t.extra_state.push_back(state);
   if (optimizer_->sharded()) t.owned = optimizer_->owned();
   return t;
+}
+
+// reference_load: its weights go into the policy's place and are kept in a frozen copy; the
+// starting weights are then loaded over them (validation requires the run to have some).
+void Trainer::load_reference() {
+  const std::string dir = find_latest_checkpoint(exp_.checkpoint.reference_load);
+  if (dir.empty())
+    throw DataError(fmt::format("{}: no checkpoint in it (reference_load)", exp_.checkpoint.reference_load));
+  TrainingTensors t = training_tensors();
+  t.extra_state.clear();  // the weights alone: FP8 scales and expert biases are the policy's
+  std::vector<std::string> differences;
+  load_checkpoint(dir, t, &differences, /*optimizer_state=*/false);
+  optimizer_->sync_params_from_master();
+  reference_.emplace(*backend_, *optimizer_, *model_, *parallel_);
+  reference_weights_ = "the checkpoint " + dir + " (reference_load)";
+  reference_files_ = {(fs::path(dir) / "model.safetensors").string()};
+  log_.info("reference: the weights of {}, a frozen copy of {:.3f} GiB on the device", dir,
+            static_cast<double>(reference_->bytes()) / kGiB);
 }
 
 // Where the run starts: the latest checkpoint under `load` (its counters too), else the
@@ -732,7 +766,7 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
 void Trainer::identify_dpo_reference() {
   if (!dpo_->reference_digest.empty() || dpo_->options.reference_free) return;
   if (setup_.reference_copy) {  // its log-probabilities are not kept: nothing to key
-    dpo_->reference_weights = initial_weights_;
+    dpo_->reference_weights = reference_ ? reference_weights_ : initial_weights_;
     return;
   }
   if (completed_iterations_ > 0)
@@ -740,15 +774,15 @@ void Trainer::identify_dpo_reference() {
         "{}: records no DPO reference (written before DPO runs recorded theirs); a resumed run "
         "cannot tell which reference log-probabilities are its own: start again from the "
         "starting weights (finetune)", checkpoint_to_resume(exp_.checkpoint)));
+  const std::vector<std::string>& files = reference_ ? reference_files_ : initial_weight_files_;
   ContentDigest d;
   d.add(spec_to_json(setup_.spec).dump());
-  if (initial_weight_files_.empty())
-    d.add(fmt::format("a fresh initialisation, seed {}", exp_.training.seed));
-  for (const std::string& file : initial_weight_files_) {
+  if (files.empty()) d.add(fmt::format("a fresh initialisation, seed {}", exp_.training.seed));
+  for (const std::string& file : files) {
     d.add(fs::path(file).filename().string());
     d.add_file(file);
   }
-  dpo_->reference_weights = initial_weights_;
+  dpo_->reference_weights = reference_ ? reference_weights_ : initial_weights_;
   dpo_->reference_digest = d.hex();
 }
 
@@ -804,7 +838,7 @@ void Trainer::prepare_dpo_reference() {
                                   path, missing.size(), all));
   }
   if (!missing.empty()) {
-    if (completed_iterations_ > 0)
+    if (completed_iterations_ > 0 && !reference_)
       throw DataError(fmt::format(
           "{}: no reference log-probabilities of {} of the pairs this resumed run reads (dataset "
           "pair {} first); they can only be computed with the reference weights, {}, which a "
@@ -817,12 +851,14 @@ void Trainer::prepare_dpo_reference() {
     const uint64_t rank = static_cast<uint64_t>(parallel_->data_parallel_rank());
     std::vector<float> parts(2 * missing.size(), 0.0f);
     uint64_t k = 0;
+    if (reference_) reference_->use(true);
     for (const auto& [pair, read_at] : missing) {
       if (k % dp == rank)
         for (int side = 0; side < 2; ++side)
           parts[2 * k + side] = static_cast<float>(answer_logp(*read_at.first, read_at.second, side));
       ++k;
     }
+    if (reference_) reference_->use(false);
     DeviceBuffer buffer(*backend_, parts.size() * sizeof(float), "dpo reference log-probabilities");
     dist::sum_host_values(*parallel_, *backend_, buffer.tensor(DType::F32, {static_cast<int64_t>(parts.size())}),
                           parts);
@@ -846,16 +882,23 @@ void Trainer::prepare_dpo_reference() {
             "({:.1f} s), {} read from {}",
             pairs.size(), missing.size(), dpo_->reference_weights, ms_since(start) / 1e3,
             pairs.size() - missing.size(), path);
+  reference_.reset();  // the run needs only their log-probabilities now
 }
 
 // The frozen copy: the starting weights as the optimizer owns the policy's, and room for the
 // policy's own where the optimizer keeps no master copy to restore them from.
 void Trainer::keep_dpo_reference_copy() {
-  if (completed_iterations_ > 0)
+  if (reference_) {  // reference_load's, which a resumed run loads again
+    dpo_->frozen.emplace(std::move(*reference_));
+    reference_.reset();
+  } else if (completed_iterations_ > 0) {
     throw ConfigError(origin_of(exp_, "dpo_precompute_ref_log_probs"), "dpo_precompute_ref_log_probs",
                       "false", "true to resume a DPO run: a frozen reference copy is not in its "
-                      "checkpoints, while precomputed log-probabilities are kept beside the dataset");
-  dpo_->frozen.emplace(*backend_, *optimizer_, *model_, *parallel_);
+                      "checkpoints, while precomputed log-probabilities are kept beside the "
+                      "dataset (or name the reference's checkpoint with reference_load)");
+  } else {
+    dpo_->frozen.emplace(*backend_, *optimizer_, *model_, *parallel_);
+  }
   log_.info("dpo: a frozen copy of the reference ({}) on the device, {:.3f} GiB: the reference's "
             "log-probabilities are computed before each step",
             dpo_->reference_weights, static_cast<double>(dpo_->frozen->bytes()) / kGiB);

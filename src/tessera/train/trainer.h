@@ -23,6 +23,7 @@
 #include "tessera/optim/adamw_optimizer.h"
 #include "tessera/run/run_setup.h"
 #include "tessera/train/dpo.h"
+#include "tessera/train/frozen_reference.h"
 #include "tessera/train/grpo_run.h"
 #include "tessera/train/moe_balance.h"
 
@@ -144,6 +145,9 @@ class Trainer {
                      int64_t interval_iters, double real_share);
   TrainingTensors training_tensors() const;
   void restore_start_state();
+  // reference_load: its weights into the policy's place, kept in reference_ (before the
+  // starting weights are loaded over them).
+  void load_reference();
   // LoRA: the frozen base from pretrained_checkpoint, hf_init_path or the initialisation.
   void load_lora_base();
   // Elements of the parameters the optimizer updates (the adapters under LoRA).
@@ -193,6 +197,11 @@ class Trainer {
   // Their files (a checkpoint's model.safetensors, a Hugging Face model's); none for a fresh
   // initialisation.
   std::vector<std::string> initial_weight_files_;
+  // reference_load's weights (a frozen copy), their description and files, until DPO or GRPO
+  // takes them; empty optional: the reference is the starting weights.
+  std::optional<FrozenReference> reference_;
+  std::string reference_weights_;
+  std::vector<std::string> reference_files_;
   DataSources data_;
   std::unique_ptr<Model> model_;
   LoraModel* lora_ = nullptr;  // model_, when the run trains LoRA adapters
