@@ -5,8 +5,8 @@
 // (reference_load) is the same precomputed or as a frozen copy, and a frozen copy of it
 // resumes.
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -30,21 +30,25 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   {
     std::ofstream out(dir / "pairs.jsonl");
     const std::vector<std::pair<std::string, std::string>> qa = {
-        {"Is tennis a sport?", "yes"}, {"Is a piano a sport?", "no"}, {"Is golf a sport?", "yes"},
-        {"Is jazz a sport?", "no"}, {"Is hockey a sport?", "yes"}, {"Is a violin a sport?", "no"}};
+        {"Is tennis a sport?", "yes"}, {"Is a piano a sport?", "no"},
+        {"Is golf a sport?", "yes"},   {"Is jazz a sport?", "no"},
+        {"Is hockey a sport?", "yes"}, {"Is a violin a sport?", "no"}};
     for (int repeat = 0; repeat < 4; ++repeat)
       for (const auto& [q, a] : qa)
         out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
                               {"chosen", {{{"role", "assistant"}, {"content", a}}}},
-                              {"rejected", {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
+                              {"rejected",
+                               {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
                    .dump()
             << "\n";
   }
-  RunResult r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
-                            " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
+  RunResult r =
+      run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                  " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string model =
-      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size 32 "
+      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size "
+      "32 "
       "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
       "--log_progress false --train_data_path null --workspace " +
       dir.path().string() + " --work_group g --user_name u";
@@ -55,16 +59,20 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
                           " --data_path " + (dir / "p_preference_document").string() +
                           " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 "
                           "--lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5";
-  r = run_tessera(dpo + " --train_iters 36 --eval_interval 36 --eval_iters 1 --tensorboard_dir tb --exp_name dpo");
+  r = run_tessera(
+      dpo +
+      " --train_iters 36 --eval_interval 36 --eval_iters 1 --tensorboard_dir tb --exp_name dpo");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // 18 training pairs over 12 epochs, 6 validation pairs: each computed once, and kept.
-  EXPECT_NE(r.output.find("dpo: reference log-probabilities of the 24 pairs this run reads: 24 computed with "
-                          "the checkpoint"),
+  EXPECT_NE(r.output.find(
+                "dpo: reference log-probabilities of the 24 pairs this run reads: 24 computed with "
+                "the checkpoint"),
             std::string::npos)
       << r.output;
   fs::path kept;
   for (const auto& f : fs::directory_iterator(dir.path()))
-    if (f.path().filename().string().starts_with("p_preference_document_reference_")) kept = f.path();
+    if (f.path().filename().string().starts_with("p_preference_document_reference_"))
+      kept = f.path();
   ASSERT_FALSE(kept.empty()) << "no reference log-probabilities beside the dataset";
   EXPECT_NE(r.output.find("dpo validation: loss"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("loss tokens"), std::string::npos) << r.output;  // pairs, not positions
@@ -86,8 +94,10 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   // twelfth epoch their loss is below ln 2 and the chosen answers gain on the rejected ones.
   double late_loss = 0, late_margin = 0;
   for (size_t i = 33; i < 36; ++i)
-    late_loss += steps[i]["lm_loss"].get<double>() / 3, late_margin += steps[i]["rewards/margins"].get<double>() / 3;
-  std::printf("dpo: steps 34-36 loss %.4f (ln 2 = 0.6931), rewards/margins %.4f\n", late_loss, late_margin);
+    late_loss += steps[i]["lm_loss"].get<double>() / 3,
+        late_margin += steps[i]["rewards/margins"].get<double>() / 3;
+  std::printf("dpo: steps 34-36 loss %.4f (ln 2 = 0.6931), rewards/margins %.4f\n", late_loss,
+              late_margin);
   EXPECT_LT(late_loss, std::log(2.0) - 0.05);
   EXPECT_GT(late_margin, 0.1);
 
@@ -102,21 +112,26 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   std::map<std::pair<std::string, int64_t>, double> tb;
   const nlohmann::json events_read = nlohmann::json::parse(read.output);
   for (const auto& e : events_read["events"])
-    if (e.contains("scalars")) tb[{e["scalars"][0][0].get<std::string>(), e["step"].get<int64_t>()}] = e["scalars"][0][1];
-  for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-                          "logps/chosen", "logps/rejected"}) {
+    if (e.contains("scalars"))
+      tb[{e["scalars"][0][0].get<std::string>(), e["step"].get<int64_t>()}] = e["scalars"][0][1];
+  for (const char* key : {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                          "rewards/margins", "logps/chosen", "logps/rejected"}) {
     ASSERT_EQ(tb.count({key, 36}), 1u) << key;
-    EXPECT_EQ(tb.at({key, 36}), static_cast<double>(static_cast<float>(steps[35][key].get<double>()))) << key;
+    EXPECT_EQ(tb.at({key, 36}),
+              static_cast<double>(static_cast<float>(steps[35][key].get<double>())))
+        << key;
   }
-  const RunResult plot = run_command(std::string(TESSERA_BINARY) + " plot " + (dir / "g" / "u" / "dpo").string() +
-                                     " -o " + (dir / "plots").string());
+  const RunResult plot =
+      run_command(std::string(TESSERA_BINARY) + " plot " + (dir / "g" / "u" / "dpo").string() +
+                  " -o " + (dir / "plots").string());
   ASSERT_EQ(plot.exit_code, 0) << plot.output;
   EXPECT_TRUE(fs::exists(dir / "plots" / "dpo_rewards.svg")) << plot.output;
 
   // SimPO-style (per-token log-probabilities, no reference) with RPO's term: no reference
   // passes, and the policy still learns the pairs.
-  r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --dpo_length_normalize --dpo_reference_free "
-                        "--dpo_rpo_alpha 0.5 --exp_name simpo");
+  r = run_tessera(dpo +
+                  " --train_iters 6 --eval_interval 0 --dpo_length_normalize --dpo_reference_free "
+                  "--dpo_rpo_alpha 0.5 --exp_name simpo");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("dpo: reference-free"), std::string::npos) << r.output;
 
@@ -133,13 +148,16 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --exp_name one");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(": 0 computed with the checkpoint"), std::string::npos) << r.output;
-  r = run_tessera(dpo + " --train_iters 3 --eval_interval 0 --nproc_per_node 2 --exp_name two "
-                        "--dpo_reference_logps " + (dir / "two.logps").string());
+  r = run_tessera(dpo +
+                  " --train_iters 3 --eval_interval 0 --nproc_per_node 2 --exp_name two "
+                  "--dpo_reference_logps " +
+                  (dir / "two.logps").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<double> one = losses("one"), two = losses("two");
   ASSERT_EQ(one.size(), 3u);
   ASSERT_EQ(two.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "iteration " << i + 1;
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << "iteration " << i + 1;
   auto values = [](const fs::path& file) {  // after the header line
     std::ifstream in(file, std::ios::binary);
     std::string header;
@@ -169,11 +187,13 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
 
   // LoRA on the same weights: its reference is the base with the adapters at zero (B starts
   // at zero), whose log-probabilities, computed into a file of its own, are the base's.
-  r = run_tessera(model + " --objective dpo --lora_rank 4 --lora_alpha 8 --pretrained_checkpoint " +
-                  (dir / "start").string() + " --data_path " + (dir / "p_preference_document").string() +
-                  " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 --lr_warmup_iters 0 "
-                  "--log_interval 1 --dpo_beta 0.5 --train_iters 3 --eval_interval 0 --exp_name lora "
-                  "--dpo_reference_logps " + (dir / "lora.logps").string());
+  r = run_tessera(
+      model + " --objective dpo --lora_rank 4 --lora_alpha 8 --pretrained_checkpoint " +
+      (dir / "start").string() + " --data_path " + (dir / "p_preference_document").string() +
+      " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 --lr_warmup_iters 0 "
+      "--log_interval 1 --dpo_beta 0.5 --train_iters 3 --eval_interval 0 --exp_name lora "
+      "--dpo_reference_logps " +
+      (dir / "lora.logps").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(same_values(kept, dir / "lora.logps"), 24);
   const std::vector<double> lora = losses("lora");
@@ -185,34 +205,44 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   // reference into a file of its own: the losses of one rank. Megatron pads the vocabulary to
   // a multiple of make_vocab_size_divisible_by x TP: 256 x 1 and 128 x 2 give every run the
   // same padded vocabulary, hence the same model.
-  const std::string fresh = model + " --objective dpo --num_query_groups 2 --data_path " +
-                            (dir / "p_preference_document").string() +
-                            " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
-                            "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 3 --eval_interval 0";
+  const std::string fresh =
+      model + " --objective dpo --num_query_groups 2 --data_path " +
+      (dir / "p_preference_document").string() +
+      " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
+      "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 3 --eval_interval 0";
   for (const auto& [name, keys] :
        {std::pair{"fresh_one", "--make_vocab_size_divisible_by 256"},
-        std::pair{"fresh_zero1", "--make_vocab_size_divisible_by 256 --use_distributed_optimizer true"},
+        std::pair{"fresh_zero1",
+                  "--make_vocab_size_divisible_by 256 --use_distributed_optimizer true"},
         std::pair{"fresh_fsdp", "--make_vocab_size_divisible_by 256 --use_torch_fsdp2 true"},
-        std::pair{"fresh_tp2", "--make_vocab_size_divisible_by 128 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
-    r = run_tessera(fresh + " --exp_name " + name + (std::string(name) == "fresh_one" ? " " : " --nproc_per_node 2 ") + keys +
+        std::pair{"fresh_tp2",
+                  "--make_vocab_size_divisible_by 128 --tensor_model_parallel_size 2 "
+                  "--sequence_parallel true"}}) {
+    r = run_tessera(fresh + " --exp_name " + name +
+                    (std::string(name) == "fresh_one" ? " " : " --nproc_per_node 2 ") + keys +
                     " --dpo_reference_logps " + (dir / (std::string(name) + ".logps")).string());
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   // A frozen copy of the reference on the device (one rank, and ZeRO-1's shards of it) gives
   // the precomputed log-probabilities' losses.
-  for (const auto& [name, keys] : {std::pair{"fresh_copy", ""},
-                                   std::pair{"fresh_copy_zero1", "--nproc_per_node 2 --use_distributed_optimizer true"}}) {
-    r = run_tessera(fresh + " --make_vocab_size_divisible_by 256 --dpo_precompute_ref_log_probs false --exp_name " +
-                    name + " " + keys);
+  for (const auto& [name, keys] :
+       {std::pair{"fresh_copy", ""},
+        std::pair{"fresh_copy_zero1", "--nproc_per_node 2 --use_distributed_optimizer true"}}) {
+    r = run_tessera(
+        fresh +
+        " --make_vocab_size_divisible_by 256 --dpo_precompute_ref_log_probs false --exp_name " +
+        name + " " + keys);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("dpo: a frozen copy of the reference"), std::string::npos) << r.output;
   }
   const std::vector<double> fresh_one = losses("fresh_one");
   ASSERT_EQ(fresh_one.size(), 3u);
-  for (const char* name : {"fresh_zero1", "fresh_fsdp", "fresh_tp2", "fresh_copy", "fresh_copy_zero1"}) {
+  for (const char* name :
+       {"fresh_zero1", "fresh_fsdp", "fresh_tp2", "fresh_copy", "fresh_copy_zero1"}) {
     const std::vector<double> other = losses(name);
     ASSERT_EQ(other.size(), 3u) << name;
-    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(other[i], fresh_one[i], 1e-5 * fresh_one[i]) << name << " iteration " << i + 1;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(other[i], fresh_one[i], 1e-5 * fresh_one[i]) << name << " iteration " << i + 1;
   }
 
   // Resumed: its checkpoint records the reference, whose log-probabilities are read back, and
@@ -220,11 +250,12 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --save " + (dir / "dpo_ckpt").string() +
                   " --save_interval 3 --exit_interval 3 --exp_name stopped");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string resume = model + " --objective dpo --load " + (dir / "dpo_ckpt").string() +
-                             " --data_path " + (dir / "p_preference_document").string() +
-                             " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
-                             "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 6 "
-                             "--eval_interval 0 --exp_name stopped";
+  const std::string resume =
+      model + " --objective dpo --load " + (dir / "dpo_ckpt").string() + " --data_path " +
+      (dir / "p_preference_document").string() +
+      " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
+      "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 6 "
+      "--eval_interval 0 --exp_name stopped";
   r = run_tessera(resume);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(": 0 computed with the checkpoint"), std::string::npos) << r.output;
@@ -233,12 +264,14 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   const std::vector<double> resumed = losses("stopped"), straight = losses("straight");
   ASSERT_EQ(resumed.size(), 6u);
   ASSERT_EQ(straight.size(), 6u);
-  for (size_t i = 3; i < 6; ++i) EXPECT_NEAR(resumed[i], straight[i], 1e-6 * straight[i]) << "iteration " << i + 1;
+  for (size_t i = 3; i < 6; ++i)
+    EXPECT_NEAR(resumed[i], straight[i], 1e-6 * straight[i]) << "iteration " << i + 1;
   // Without the file a resumed run cannot have them: refused naming it, nothing trained.
   fs::rename(kept, dir / "aside.logps");
   r = run_tessera(resume + " --train_iters 9");
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find(kept.string() + ": no reference log-probabilities of"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(kept.string() + ": no reference log-probabilities of"), std::string::npos)
+      << r.output;
   fs::rename(dir / "aside.logps", kept);
 
   // A damaged file, or one of another dataset content, is refused by name.
@@ -249,10 +282,13 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   EXPECT_NE(r.output.find("the file is damaged or was cut short"), std::string::npos) << r.output;
   {
     std::ofstream more(dir / "pairs.jsonl", std::ios::app);
-    more << nlohmann::json{{"prompt", "Is chess a sport?"}, {"chosen", "yes"}, {"rejected", "no"}}.dump() << "\n";
+    more << nlohmann::json{{"prompt", "Is chess a sport?"}, {"chosen", "yes"}, {"rejected", "no"}}
+                .dump()
+         << "\n";
   }
-  ASSERT_EQ(run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() + " --output-prefix " +
-                        (dir / "p").string() + " --tokenizer-model qwen3").exit_code,
+  ASSERT_EQ(run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                        " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3")
+                .exit_code,
             0);
   r = run_tessera(dpo + " --train_iters 1 --eval_interval 0 --exp_name changed");
   EXPECT_EQ(r.exit_code, 3) << r.output;
@@ -261,13 +297,15 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
       << r.output;
 
   // Data that is not preference pairs is refused naming the file.
-  r = run_tessera(dpo + " --train_iters 2 --data_path " + (dir / "p_preference_document_roles").string() +
-                  " --exp_name notpairs");
+  r = run_tessera(dpo + " --train_iters 2 --data_path " +
+                  (dir / "p_preference_document_roles").string() + " --exp_name notpairs");
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("objective dpo trains on preference pairs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("objective dpo trains on preference pairs"), std::string::npos)
+      << r.output;
 
   // Refused by name: several sequences per micro-batch.
-  r = run_tessera(dpo + " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");
+  r = run_tessera(dpo +
+                  " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("key 'micro_batch_size' has value '2': expected 1 with objective dpo"),
             std::string::npos)
@@ -278,34 +316,40 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
   ScratchDir dir;
   {
     std::ofstream out(dir / "pairs.jsonl");
-    for (const auto& [q, a] : std::vector<std::pair<std::string, std::string>>{
-             {"Is tennis a sport?", "yes"}, {"Is jazz a sport?", "no"}, {"Is golf a sport?", "yes"},
-             {"Is a piano a sport?", "no"}})
+    for (const auto& [q, a] :
+         std::vector<std::pair<std::string, std::string>>{{"Is tennis a sport?", "yes"},
+                                                          {"Is jazz a sport?", "no"},
+                                                          {"Is golf a sport?", "yes"},
+                                                          {"Is a piano a sport?", "no"}})
       out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
                             {"chosen", {{{"role", "assistant"}, {"content", a}}}},
-                            {"rejected", {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
+                            {"rejected",
+                             {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
                  .dump()
           << "\n";
   }
-  RunResult r = run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
-                            " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
+  RunResult r =
+      run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
+                  " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string model =
-      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size 32 "
+      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size "
+      "32 "
       "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
       "--log_progress false --train_data_path null --workspace " +
       dir.path().string() + " --work_group g --user_name u";
   // Two models: the policy's start, and another one the reference.
   for (const auto& [name, seed] : {std::pair{"start", "1"}, std::pair{"other", "7"}}) {
-    r = run_tessera(model + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed " + seed + " --save " +
-                    (dir / name).string() + " --exp_name " + name);
+    r = run_tessera(model + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed " + seed +
+                    " --save " + (dir / name).string() + " --exp_name " + name);
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   const std::string dpo = model + " --objective dpo --finetune --load " + (dir / "start").string() +
                           " --data_path " + (dir / "p_preference_document").string() +
                           " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 "
                           "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --eval_interval 0 "
-                          "--train_iters 3 --reference_load " + (dir / "other").string();
+                          "--train_iters 3 --reference_load " +
+                          (dir / "other").string();
   const auto losses = [&](const std::string& name) {
     std::vector<double> out;
     for (const auto& j : metrics_lines(dir / "g" / "u" / name / "metrics.jsonl"))
@@ -314,7 +358,9 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
   };
   r = run_tessera(dpo + " --exp_name precomputed");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("computed with the checkpoint " + (dir / "other").string()), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("computed with the checkpoint " + (dir / "other").string()),
+            std::string::npos)
+      << r.output;
   const std::vector<double> precomputed = losses("precomputed");
   ASSERT_EQ(precomputed.size(), 3u);
   // The policy is not its reference at the first step: the loss is not ln 2.
@@ -324,16 +370,20 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
   // (exit_interval) and resumed, it loads the reference again and continues them.
   r = run_tessera(dpo + " --dpo_precompute_ref_log_probs false --exp_name copy");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("dpo: a frozen copy of the reference (the checkpoint"), std::string::npos) << r.output;
-  const std::string cut = dpo + " --dpo_precompute_ref_log_probs false --exp_name cut --save " +
-                          (dir / "cut").string();
+  EXPECT_NE(r.output.find("dpo: a frozen copy of the reference (the checkpoint"), std::string::npos)
+      << r.output;
+  const std::string cut =
+      dpo + " --dpo_precompute_ref_log_probs false --exp_name cut --save " + (dir / "cut").string();
   r = run_tessera(cut + " --exit_interval 2");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run_tessera(model + " --objective dpo --load " + (dir / "cut").string() + " --data_path " +
-                  (dir / "p_preference_document").string() +
-                  " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 --lr_warmup_iters 0 "
-                  "--log_interval 1 --dpo_beta 0.5 --eval_interval 0 --train_iters 3 --dpo_precompute_ref_log_probs "
-                  "false --exp_name cut --reference_load " + (dir / "other").string());
+  r = run_tessera(
+      model + " --objective dpo --load " + (dir / "cut").string() + " --data_path " +
+      (dir / "p_preference_document").string() +
+      " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 --lr_warmup_iters 0 "
+      "--log_interval 1 --dpo_beta 0.5 --eval_interval 0 --train_iters 3 "
+      "--dpo_precompute_ref_log_probs "
+      "false --exp_name cut --reference_load " +
+      (dir / "other").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<double> copy = losses("copy"), resumed = losses("cut");
   ASSERT_EQ(copy.size(), 3u);
@@ -343,11 +393,25 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
     EXPECT_NEAR(resumed[i], copy[i], 1e-5) << i;
   }
 
+  // Precomputed, stopped and resumed with another reference: refused, naming both.
+  r = run_tessera(dpo + " --exp_name switched --exit_interval 1 --save " +
+                  (dir / "switched").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(
+      model + " --objective dpo --load " + (dir / "switched").string() + " --data_path " +
+      (dir / "p_preference_document").string() +
+      " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 --lr_warmup_iters 0 "
+      "--dpo_beta 0.5 --eval_interval 0 --train_iters 3 --exp_name switched --reference_load " +
+      (dir / "start").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("resume with the same reference"), std::string::npos) << r.output;
+
   // Refused: no reference to replace (reference-free), no starting weights of the policy's own.
   for (const std::string& bad :
        {dpo + " --dpo_reference_free --exp_name free",
         model + " --objective dpo --data_path " + (dir / "p_preference_document").string() +
-            " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --train_iters 1 --lr_warmup_iters 0 "
+            " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --train_iters 1 "
+            "--lr_warmup_iters 0 "
             "--reference_load " +
             (dir / "other").string() + " --exp_name nostart",
         dpo + " --reference_load " + (dir / "nowhere").string() + " --exp_name nowhere"}) {

@@ -26,10 +26,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void write_prompts(const fs::path& file, const std::vector<std::pair<std::string, std::string>>& qa) {
+void write_prompts(const fs::path& file,
+                   const std::vector<std::pair<std::string, std::string>>& qa) {
   std::ofstream out(file);
   for (const auto& [q, a] : qa)
-    out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}}, {"answer", a}}.dump() << "\n";
+    out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}}, {"answer", a}}.dump()
+        << "\n";
 }
 
 class GrpoTraining : public ::testing::Test {
@@ -41,18 +43,21 @@ class GrpoTraining : public ::testing::Test {
                                            {"Is jazz a sport?", "no"},
                                            {"Is hockey a sport?", "yes"},
                                            {"Is a violin a sport?", "no"}});
-    write_prompts(dir_ / "held_out.jsonl", {{"Is rugby a sport?", "yes"}, {"Is opera a sport?", "no"}});
+    write_prompts(dir_ / "held_out.jsonl",
+                  {{"Is rugby a sport?", "yes"}, {"Is opera a sport?", "no"}});
     // Rewards that differ between completions of one prompt: the length of its JSON line.
     std::ofstream(dir_ / "reward.sh") << "awk '{print length($0) % 5}'\n";
-    const RunResult r = run_tessera(model_ + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
-                                    (dir_ / "start").string() + " --exp_name start");
+    const RunResult r =
+        run_tessera(model_ + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
+                    (dir_ / "start").string() + " --exp_name start");
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   std::string grpo() const {
     return model_ + " --objective grpo --finetune --load " + (dir_ / "start").string() +
-           " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() + " --valid_data_path " +
-           (dir_ / "held_out.jsonl").string() +
-           " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 --grpo_max_completion_length 6 "
+           " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() +
+           " --valid_data_path " + (dir_ / "held_out.jsonl").string() +
+           " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 "
+           "--grpo_max_completion_length 6 "
            "--grpo_rewards answer,command:0.5 --grpo_reward_command 'sh " +
            (dir_ / "reward.sh").string() + "' --lr 3e-3 --lr_warmup_iters 0 --log_interval 1";
   }
@@ -65,25 +70,29 @@ class GrpoTraining : public ::testing::Test {
 
   ScratchDir dir_;
   const std::string model_ =
-      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size 32 "
+      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size "
+      "32 "
       "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 40 "
       "--log_progress false --train_data_path null --workspace " +
       dir_.path().string() + " --work_group g --user_name u";
 };
 
 TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
-  const std::string run = grpo() + " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
-                                   "--eval_interval 4 --eval_iters 1";
+  const std::string run = grpo() +
+                          " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
+                          "--eval_interval 4 --eval_iters 1";
   RunResult r = run_tessera(run + " --exp_name one");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("grpo: 6 prompts"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("KL to a frozen copy of the starting weights"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("KL to a frozen copy of the starting weights"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("grpo validation: accuracy"), std::string::npos) << r.output;
   const std::vector<nlohmann::json> one = steps("one");
   ASSERT_EQ(one.size(), 4u);
-  for (const char* key : {"reward_std", "rewards/answer/mean", "rewards/command/mean", "accuracy",
-                          "completions/mean_length", "completions/max_length", "completions/clipped_ratio",
-                          "entropy", "clip_ratio/region_mean", "frac_reward_zero_std", "time/generation_s"})
+  for (const char* key :
+       {"reward_std", "rewards/answer/mean", "rewards/command/mean", "accuracy",
+        "completions/mean_length", "completions/max_length", "completions/clipped_ratio", "entropy",
+        "clip_ratio/region_mean", "frac_reward_zero_std", "time/generation_s"})
     EXPECT_TRUE(one[0].contains(key)) << key;
   // Step 1: the policy is its reference and the policy that sampled.
   EXPECT_EQ(one[0]["kl"].get<double>(), 0.0);
@@ -110,15 +119,18 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
   // Completions are seeded by their place in the global batch: two ranks sample the same
   // ones and step as one rank does (ZeRO-1 with its parameter gather overlapped: generation
   // waits for it).
-  r = run_tessera(run + " --nproc_per_node 2 --use_distributed_optimizer true --overlap_param_gather true "
-                        "--exp_name two");
+  r = run_tessera(
+      run +
+      " --nproc_per_node 2 --use_distributed_optimizer true --overlap_param_gather true "
+      "--exp_name two");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<nlohmann::json> two = steps("two");
   ASSERT_EQ(two.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
     SCOPED_TRACE("step " + std::to_string(i + 1));
     EXPECT_EQ(two[i]["reward"].get<double>(), one[i]["reward"].get<double>());
-    EXPECT_EQ(two[i]["completions/mean_length"].get<double>(), one[i]["completions/mean_length"].get<double>());
+    EXPECT_EQ(two[i]["completions/mean_length"].get<double>(),
+              one[i]["completions/mean_length"].get<double>());
     EXPECT_NEAR(two[i]["lm_loss"].get<double>(), one[i]["lm_loss"].get<double>(), 1e-5);
     EXPECT_NEAR(two[i]["kl"].get<double>(), one[i]["kl"].get<double>(), 1e-6);
     EXPECT_NEAR(two[i]["grad_norm"].get<double>(), one[i]["grad_norm"].get<double>(),
@@ -132,9 +144,9 @@ TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
   std::ofstream(dir_ / "tee.sh") << "tee -a \"$1\" | awk '{print length($0) % 5}'\n";
   const auto run = [&](const std::string& name, const std::string& extra) {
     const fs::path seen = dir_ / (name + ".jsonl");
-    const RunResult r = run_tessera(grpo() + " --train_iters 1 --grpo_rewards command --grpo_reward_command 'sh " +
-                                    (dir_ / "tee.sh").string() + " " + seen.string() + "' --exp_name " + name +
-                                    extra);
+    const RunResult r = run_tessera(
+        grpo() + " --train_iters 1 --grpo_rewards command --grpo_reward_command 'sh " +
+        (dir_ / "tee.sh").string() + " " + seen.string() + "' --exp_name " + name + extra);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::vector<std::string> texts;
     std::ifstream in(seen);
@@ -148,11 +160,13 @@ TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
   // first four are ASCII (the random policy's tokens mix scripts).
   size_t pick = free.size();
   for (size_t i = 0; i < free.size() && pick == free.size(); ++i)
-    if (free[i].size() >= 4 && std::all_of(free[i].begin(), free[i].begin() + 4, [](char c) { return c > 32 && c < 127; }))
+    if (free[i].size() >= 4 &&
+        std::all_of(free[i].begin(), free[i].begin() + 4, [](char c) { return c > 32 && c < 127; }))
       pick = i;
   ASSERT_LT(pick, free.size()) << "no completion starting with 4 ASCII characters to cut";
   const std::string stop = free[pick].substr(1, 2);
-  const std::vector<std::string> stopped = run("stopped", " --grpo_stop_strings '[\"" + stop + "\", \"@@@\"]'");
+  const std::vector<std::string> stopped =
+      run("stopped", " --grpo_stop_strings '[\"" + stop + "\", \"@@@\"]'");
   ASSERT_EQ(stopped.size(), free.size());
   for (size_t i = 0; i < free.size(); ++i) {
     SCOPED_TRACE(free[i] + " | " + stopped[i]);
@@ -170,7 +184,8 @@ TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
   EXPECT_LT(stopped[pick].size(), free[pick].size());
   EXPECT_NE(stopped[pick].find(stop), std::string::npos);
 
-  const RunResult r = run_tessera(grpo() + " --train_iters 1 --grpo_stop_strings '[\"\"]' --exp_name empty");
+  const RunResult r =
+      run_tessera(grpo() + " --train_iters 1 --grpo_stop_strings '[\"\"]' --exp_name empty");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("grpo_stop_strings"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("an empty stop string"), std::string::npos) << r.output;
@@ -179,40 +194,48 @@ TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
 // reference_load: the KL term's reference is another checkpoint's weights, so the first step
 // already measures a distance, and a run with it resumes.
 TEST_F(GrpoTraining, AReferenceFromAnotherCheckpoint) {
-  RunResult r = run_tessera(model_ + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed 7 --save " +
-                            (dir_ / "other").string() + " --exp_name other");
+  RunResult r = run_tessera(
+      model_ + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed 7 --save " +
+      (dir_ / "other").string() + " --exp_name other");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string run = grpo() + " --train_iters 2 --grpo_beta 0.05 --eval_interval 0 --reference_load " +
+  const std::string run = grpo() +
+                          " --train_iters 2 --grpo_beta 0.05 --eval_interval 0 --reference_load " +
                           (dir_ / "other").string();
   r = run_tessera(run + " --exp_name kl --save " + (dir_ / "kl").string() + " --exit_interval 1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("KL to a frozen copy of the checkpoint " + (dir_ / "other").string()), std::string::npos)
+  EXPECT_NE(r.output.find("KL to a frozen copy of the checkpoint " + (dir_ / "other").string()),
+            std::string::npos)
       << r.output;
   std::vector<nlohmann::json> s = steps("kl");
   ASSERT_EQ(s.size(), 1u);
   EXPECT_GT(s[0]["kl"].get<double>(), 0.0) << "the policy starts away from this reference";
-  r = run_tessera(model_ + " --objective grpo --load " + (dir_ / "kl").string() +
-                  " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() +
-                  " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 --grpo_max_completion_length 6 "
-                  "--grpo_rewards answer --lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --train_iters 2 "
-                  "--grpo_beta 0.05 --eval_interval 0 --exp_name kl --reference_load " +
-                  (dir_ / "other").string());
+  r = run_tessera(
+      model_ + " --objective grpo --load " + (dir_ / "kl").string() +
+      " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() +
+      " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 "
+      "--grpo_max_completion_length 6 "
+      "--grpo_rewards answer --lr 3e-3 --lr_warmup_iters 0 --log_interval 1 --train_iters 2 "
+      "--grpo_beta 0.05 --eval_interval 0 --exp_name kl --reference_load " +
+      (dir_ / "other").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(steps("kl").size(), 2u);
 }
 
-
 TEST_F(GrpoTraining, BadPromptsAndAFailingRewardCommandStopTheRunByName) {
   {
     std::ofstream out(dir_ / "bad.jsonl");
-    out << R"({"prompt": "Is golf a sport?", "answer": "yes"})" << "\n";
-    out << R"({"question": "How many? Two and two. #### not this", "answer": "They add up. #### 4"})" << "\n";
-    out << R"({"completion": "no prompt"})" << "\n";
+    out << R"({"prompt": "Is golf a sport?", "answer": "yes"})"
+        << "\n";
+    out << R"({"question": "How many? Two and two. #### not this", "answer": "They add up. #### 4"})"
+        << "\n";
+    out << R"({"completion": "no prompt"})"
+        << "\n";
   }
-  RunResult r = run_tessera(grpo() + " --train_iters 1 --train_data_path " + (dir_ / "bad.jsonl").string() +
-                            " --exp_name bad");
+  RunResult r = run_tessera(grpo() + " --train_iters 1 --train_data_path " +
+                            (dir_ / "bad.jsonl").string() + " --exp_name bad");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("bad.jsonl:3: no 'prompt' (or GSM8K's 'question')"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.jsonl:3: no 'prompt' (or GSM8K's 'question')"), std::string::npos)
+      << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "g" / "u" / "bad" / "metrics.jsonl"));
 
   std::ofstream(dir_ / "crash.sh") << "echo 'verifier broke' >&2; exit 3\n";

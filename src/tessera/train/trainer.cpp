@@ -760,11 +760,31 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
   return -static_cast<double>(loss_sum);
 }
 
-// A DPO run's reference is its starting weights: their digest (with the model they are
-// loaded into) keys the stored log-probabilities. A resumed run has the one its checkpoint
-// recorded.
+// A DPO run's reference is its starting weights, or reference_load's: their digest (with the
+// model they are loaded into) keys the stored log-probabilities. A resumed run has the one its
+// checkpoint recorded, which the reference it loads again must match.
 void Trainer::identify_dpo_reference() {
-  if (!dpo_->reference_digest.empty() || dpo_->options.reference_free) return;
+  if (dpo_->options.reference_free) return;
+  const std::vector<std::string>& files = reference_ ? reference_files_ : initial_weight_files_;
+  const auto digest = [&] {
+    ContentDigest d;
+    d.add(spec_to_json(setup_.spec).dump());
+    if (files.empty()) d.add(fmt::format("a fresh initialisation, seed {}", exp_.training.seed));
+    for (const std::string& file : files) {
+      d.add(fs::path(file).filename().string());
+      d.add_file(file);
+    }
+    return d.hex();
+  };
+  if (!dpo_->reference_digest.empty()) {
+    // A resumed run that loads its reference again must load the one it started with.
+    if (reference_ && !setup_.reference_copy && digest() != dpo_->reference_digest)
+      throw DataError(fmt::format(
+          "{}: its run's DPO reference was {}; reference_load names {}, other weights: resume "
+          "with the same reference", checkpoint_to_resume(exp_.checkpoint), dpo_->reference_weights,
+          reference_weights_));
+    return;
+  }
   if (setup_.reference_copy) {  // its log-probabilities are not kept: nothing to key
     dpo_->reference_weights = reference_ ? reference_weights_ : initial_weights_;
     return;
@@ -774,16 +794,8 @@ void Trainer::identify_dpo_reference() {
         "{}: records no DPO reference (written before DPO runs recorded theirs); a resumed run "
         "cannot tell which reference log-probabilities are its own: start again from the "
         "starting weights (finetune)", checkpoint_to_resume(exp_.checkpoint)));
-  const std::vector<std::string>& files = reference_ ? reference_files_ : initial_weight_files_;
-  ContentDigest d;
-  d.add(spec_to_json(setup_.spec).dump());
-  if (files.empty()) d.add(fmt::format("a fresh initialisation, seed {}", exp_.training.seed));
-  for (const std::string& file : files) {
-    d.add(fs::path(file).filename().string());
-    d.add_file(file);
-  }
   dpo_->reference_weights = reference_ ? reference_weights_ : initial_weights_;
-  dpo_->reference_digest = d.hex();
+  dpo_->reference_digest = digest();
 }
 
 // Before the first step or validation: the reference's log-probabilities of every pair the
