@@ -164,6 +164,22 @@ TEST(GenerateCli, SamplesTogetherStopStringsAndAPromptsFile) {
   EXPECT_EQ(first, ids_line(alone.output))
       << "greedy: the prompt file's first prompt continues as alone";
 
+  // Each id's log-probability under the model, the same from the device's draw (temperature
+  // and min-p) and from the host's (top-k).
+  const RunResult host =
+      run_tessera(base + "--prompts " + (dir / "prompts.jsonl").string() + " --top_k 1000");
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  const nlohmann::json host_first =
+      nlohmann::json::parse(host.output.substr(0, host.output.find('\n')));
+  const auto& device_logps = lines[0]["completions"][0]["logprobs"];
+  const auto& host_logps = host_first["completions"][0]["logprobs"];
+  ASSERT_EQ(device_logps.size(), 8u);
+  ASSERT_EQ(host_logps.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_LE(device_logps[i].get<double>(), 0.0);
+    EXPECT_NEAR(device_logps[i].get<double>(), host_logps[i].get<double>(), 1e-5) << i;
+  }
+
   // A bad line is named and nothing is written.
   {
     std::ofstream out(dir / "bad.jsonl");

@@ -65,8 +65,8 @@ void print_generate_help() {
       "--prompts FILE reads JSON lines of prompts as GRPO does (\"prompt\": a string or a list of\n"
       "chat messages, or GSM8K's \"question\"), continues each --num_samples times, one prompt\n"
       "after another, and writes one JSON line per prompt (its line, prompt, and its completions\n"
-      "with text, ids and finish_reason: eos, stop or length) to -o, published whole, or "
-      "stdout.\n\n"
+      "with text, ids, logprobs (each id's log-probability under the model, temperature 1) and\n"
+      "finish_reason: eos, stop or length) to -o, published whole, or stdout.\n\n"
       "--chat talks to a fine-tuned model: --prompt is the user's message (after --system's, if\n"
       "given), rendered with the tokenizer's chat template with the assistant's turn opened;\n"
       "the reply is printed alone and ends at the special token that closes the turn.\n");
@@ -318,6 +318,7 @@ int generate_command(const Args& args) {
         new_tokens += static_cast<int64_t>(c.ids.size());
         completions.push_back({{"text", tokenizer->decode(reply_ids(c))},
                                {"ids", c.ids},
+                               {"logprobs", c.logps},
                                {"finish_reason", finish_reason(c.end)}});
       }
       // Bytes that are not UTF-8 (a byte-level tokenizer's pieces of a character) become

@@ -28,13 +28,14 @@ std::vector<Continuation> continue_prompt(Generator& generator, const std::vecto
     }
   generator.prefill_on_device(prompt);
   generator.fork(static_cast<int64_t>(count));
-  const auto take = [&](size_t b, int32_t token, double entropy) {
+  const auto take = [&](size_t b, int32_t token, double logp, double entropy) {
     Continuation& c = out[b];
     if (done[b]) {
       next[b] = c.ids.back();
       return;
     }
     c.entropy_sum += entropy;
+    c.logps.push_back(static_cast<float>(logp));
     c.ids.push_back(token);
     next[b] = token;
     if (r.is_end_token && r.is_end_token(token)) {
@@ -49,12 +50,12 @@ std::vector<Continuation> continue_prompt(Generator& generator, const std::vecto
     if (on_device) {
       const Generator::Draw d =
           generator.draw(streams, r.vocab, sampling.temperature, sampling.min_p, sampling.seed, i);
-      for (size_t b = 0; b < count; ++b) take(b, d.tokens[b], d.entropy[b]);
+      for (size_t b = 0; b < count; ++b) take(b, d.tokens[b], d.logps[b], d.entropy[b]);
     } else {
       // Each sequence's pass over its logits, on threads.
       const std::vector<float> logits = generator.logits();
       parallel_for(count, [&](size_t b) {
-        if (done[b]) return take(b, 0, 0);
+        if (done[b]) return take(b, 0, 0, 0);
         const std::span<const float> l(logits.data() + static_cast<int64_t>(b) * V,
                                        static_cast<size_t>(V));
         const float top = *std::max_element(l.begin(), l.end());
@@ -64,7 +65,9 @@ std::vector<Continuation> continue_prompt(Generator& generator, const std::vecto
           z += e;
           weighted += e * (x - top);
         }
-        take(b, samplers[b].next(l, r.vocab), std::log(z) - weighted / z);
+        const int32_t token = samplers[b].next(l, r.vocab);
+        take(b, token, static_cast<double>(l[static_cast<size_t>(token)] - top) - std::log(z),
+             std::log(z) - weighted / z);
       });
     }
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;

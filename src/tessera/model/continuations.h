@@ -21,7 +21,10 @@ class Generator;
 struct Continuation {
   enum class End { Token, Stop, Length };
   std::vector<int32_t> ids;  // with the end token or the stop string's last token
-  double entropy_sum = 0;    // of the model's own next-token distribution (temperature 1)
+  // Each id's log-probability under the model's own distribution (temperature 1, every
+  // column of the vocabulary), as a training forward pass computes it.
+  std::vector<float> logps;
+  double entropy_sum = 0;  // of the model's own next-token distribution (temperature 1)
   End end = End::Length;
 };
 
