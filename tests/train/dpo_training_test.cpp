@@ -385,6 +385,16 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
       "false --exp_name cut --reference_load " +
       (dir / "other").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The frozen copy resumed with another reference: refused, naming both.
+  r = run_tessera(
+      model + " --objective dpo --load " + (dir / "cut").string() + " --data_path " +
+      (dir / "p_preference_document").string() +
+      " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 --lr_warmup_iters 0 "
+      "--dpo_beta 0.5 --eval_interval 0 --train_iters 4 --dpo_precompute_ref_log_probs false "
+      "--exp_name cut_other --reference_load " +
+      (dir / "start").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("resume with the same reference"), std::string::npos) << r.output;
   std::vector<double> copy = losses("copy"), resumed = losses("cut");
   ASSERT_EQ(copy.size(), 3u);
   ASSERT_EQ(resumed.size(), 3u);

@@ -244,7 +244,8 @@ std::string publish(const std::string& save_dir, const fs::path& tmp, const Mode
   j["model_summary"] = spec.summary();
   if (s.lora)
     j["lora"] = {{"rank", s.lora->rank}, {"alpha", s.lora->alpha}, {"target_modules", s.lora->targets}};
-  if (!s.dpo_reference_digest.empty())
+  // A frozen copy's reference has no digest (its log-probabilities are not kept), only a name.
+  if (!s.dpo_reference_weights.empty() || !s.dpo_reference_digest.empty())
     j["dpo_reference"] = {{"weights", s.dpo_reference_weights}, {"digest", s.dpo_reference_digest}};
   j["weights_dtype"] = dtype_name(weights_dtype);
   j["files"] = sizes;

@@ -786,6 +786,14 @@ void Trainer::identify_dpo_reference() {
     return;
   }
   if (setup_.reference_copy) {  // its log-probabilities are not kept: nothing to key
+    // A resumed frozen copy (reference_load's) must be the one the run started with: its
+    // checkpoint records which.
+    if (completed_iterations_ > 0 && reference_ && !dpo_->reference_weights.empty() &&
+        dpo_->reference_weights != reference_weights_)
+      throw DataError(fmt::format(
+          "{}: its run's DPO reference was {}; reference_load names {}: resume with the same "
+          "reference", checkpoint_to_resume(exp_.checkpoint), dpo_->reference_weights,
+          reference_weights_));
     dpo_->reference_weights = reference_ ? reference_weights_ : initial_weights_;
     return;
   }
