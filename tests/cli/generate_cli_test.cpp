@@ -202,5 +202,31 @@ TEST(GenerateCli, SamplesTogetherStopStringsAndAPromptsFile) {
   }
 }
 
+// Multi-latent attention decodes one sequence at a time: its samples are decoded one after
+// another, each from its stream, as the batched families' are together.
+TEST(GenerateCli, MultiLatentAttentionSamplesOneAfterAnother) {
+  ScratchDir dir;
+  const std::string save = (dir / "ckpt").string();
+  const RunResult trained = run_tessera(
+      "train --device cpu --model tiny_mla --mock_data true --tokenizer_type ByteLevel "
+      "--vocab_size 320 "
+      "--seq_length 32 --micro_batch_size 2 --global_batch_size 2 --train_iters 2 "
+      "--lr_warmup_iters 1 "
+      "--eval_interval 0 --log_progress false --workspace " +
+      dir.path().string() + " --save " + save);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string base =
+      "generate --device cpu --from " + save + " --max_new_tokens 5 --ignore_eos --prompt 'Dan' ";
+  const RunResult one = run_tessera(base + "--temperature 1 --seed 3");
+  const RunResult three = run_tessera(base + "--temperature 1 --seed 3 --num_samples 3");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  std::smatch m;
+  const std::string text = three.output;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("ids\\[1\\]: ([0-9 ]*)"))) << three.output;
+  EXPECT_EQ(m[1].str(), ids_line(one.output));
+  EXPECT_TRUE(contains(three.output, "--- sample 3")) << three.output;
+}
+
 }  // namespace
 }  // namespace tessera::testing

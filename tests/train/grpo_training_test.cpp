@@ -221,6 +221,26 @@ TEST_F(GrpoTraining, AReferenceFromAnotherCheckpoint) {
   EXPECT_EQ(steps("kl").size(), 2u);
 }
 
+// Multi-latent attention decodes one sequence at a time: a group's completions are decoded one
+// after another (each after its own prefill), and the step runs.
+TEST_F(GrpoTraining, MultiLatentAttentionDecodesItsGroupOneAtATime) {
+  const std::string mla =
+      "train --device cpu --model tiny_mla --tokenizer_model qwen3 --seq_length 40 "
+      "--log_progress false --train_data_path null --lr_warmup_iters 0 --workspace " +
+      dir_.path().string() + " --work_group g --user_name u";
+  RunResult r = run_tessera(mla + " --mock_data true --train_iters 1 --save " +
+                            (dir_ / "mla").string() + " --exp_name mla_start");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(mla + " --objective grpo --finetune --load " + (dir_ / "mla").string() +
+                  " --data_path null --train_data_path " + (dir_ / "prompts.jsonl").string() +
+                  " --micro_batch_size 2 --global_batch_size 4 --grpo_num_generations 4 "
+                  "--grpo_max_completion_length 5 --train_iters 1 --exp_name mla_grpo");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> s = steps("mla_grpo");
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_GT(s[0]["completions/mean_length"].get<double>(), 0.0);
+}
+
 TEST_F(GrpoTraining, BadPromptsAndAFailingRewardCommandStopTheRunByName) {
   {
     std::ofstream out(dir_ / "bad.jsonl");

@@ -292,20 +292,10 @@ int generate_command(const Args& args) {
   Generator gen(*backend, spec, dtype, static_cast<int64_t>(longest) + max_new, samples);
   gen.load([&](const ParamInfo& p) { return src.weights(p); },
            [&](const std::string& name) { return src.state(name); });
-  // A family that decodes one sequence at a time (multi-latent attention) takes the samples
-  // one after another, from the same streams.
+  request.streams.resize(static_cast<size_t>(samples));
+  std::iota(request.streams.begin(), request.streams.end(), 0);
   const auto continue_one = [&](const GrpoPrompt& p) {
-    std::vector<Continuation> out;
-    if (gen.decodes_batches()) {
-      request.streams.resize(static_cast<size_t>(samples));
-      std::iota(request.streams.begin(), request.streams.end(), 0);
-      return continue_prompt(gen, p.ids, request);
-    }
-    for (int32_t stream = 0; stream < samples; ++stream) {
-      request.streams = {stream};
-      out.push_back(std::move(continue_prompt(gen, p.ids, request)[0]));
-    }
-    return out;
+    return continue_prompt(gen, p.ids, request);
   };
 
   const auto t0 = Clock::now();

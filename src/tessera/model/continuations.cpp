@@ -9,9 +9,13 @@
 
 namespace tessera {
 
-std::vector<Continuation> continue_prompt(Generator& generator, const std::vector<int32_t>& prompt,
-                                          const ContinuationRequest& r) {
-  const std::vector<int32_t>& streams = r.streams;
+namespace {
+
+// The continuations of one fork: streams.size() <= generator.max_batch().
+std::vector<Continuation> continue_together(Generator& generator,
+                                            const std::vector<int32_t>& prompt,
+                                            const ContinuationRequest& r,
+                                            const std::vector<int32_t>& streams) {
   const size_t count = streams.size();
   std::vector<Continuation> out(count);
   std::vector<char> done(count, 0);  // written by the threads, one element each
@@ -73,6 +77,24 @@ std::vector<Continuation> continue_prompt(Generator& generator, const std::vecto
     if (std::all_of(done.begin(), done.end(), [](char d) { return d != 0; })) break;
     if (i + 1 == r.max_new_tokens) break;
     generator.step_on_device(next);
+  }
+  return out;
+}
+
+}  // namespace
+
+// A generator that holds fewer sequences than there are streams (multi-latent attention
+// decodes one at a time) takes them in forks of what it holds, the prompt prefilled for each.
+std::vector<Continuation> continue_prompt(Generator& generator, const std::vector<int32_t>& prompt,
+                                          const ContinuationRequest& r) {
+  std::vector<Continuation> out;
+  const size_t step = static_cast<size_t>(generator.max_batch());
+  for (size_t first = 0; first < r.streams.size(); first += step) {
+    const std::vector<int32_t> streams(
+        r.streams.begin() + static_cast<std::ptrdiff_t>(first),
+        r.streams.begin() + static_cast<std::ptrdiff_t>(std::min(first + step, r.streams.size())));
+    for (Continuation& c : continue_together(generator, prompt, r, streams))
+      out.push_back(std::move(c));
   }
   return out;
 }

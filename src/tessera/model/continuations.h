@@ -40,7 +40,8 @@ struct ContinuationRequest {
 };
 
 // One continuation per stream of `prompt`; the generator must have room for the prompt plus
-// max_new_tokens positions and for streams.size() sequences.
+// max_new_tokens positions. Streams beyond the sequences it holds (Generator::max_batch) are
+// decoded in further forks, each after its own prefill of the prompt.
 std::vector<Continuation> continue_prompt(Generator& generator, const std::vector<int32_t>& prompt,
                                           const ContinuationRequest& request);
 

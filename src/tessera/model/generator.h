@@ -85,6 +85,8 @@ class Generator final : private ForwardOps {
   // The width of each sequence's logits (the model's padded vocabulary).
   int64_t vocab_size() const { return spec_.vocab_size; }
   int64_t batch() const { return batch_; }
+  // The sequences a fork may hold (1 for a family that does not decode batches).
+  int64_t max_batch() const { return max_batch_; }
   int64_t max_positions() const { return max_positions_; }
 
  private:
