@@ -25,15 +25,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
-  ScratchDir dir;
+// Yes-or-no questions as preference pairs (chosen the right answer, rejected the other),
+// `repeats` times, preprocessed with qwen3's chat template into dir/p_preference_document.
+void preprocess_pairs(const ScratchDir& dir,
+                      const std::vector<std::pair<std::string, std::string>>& qa, int repeats) {
   {
     std::ofstream out(dir / "pairs.jsonl");
-    const std::vector<std::pair<std::string, std::string>> qa = {
-        {"Is tennis a sport?", "yes"}, {"Is a piano a sport?", "no"},
-        {"Is golf a sport?", "yes"},   {"Is jazz a sport?", "no"},
-        {"Is hockey a sport?", "yes"}, {"Is a violin a sport?", "no"}};
-    for (int repeat = 0; repeat < 4; ++repeat)
+    for (int repeat = 0; repeat < repeats; ++repeat)
       for (const auto& [q, a] : qa)
         out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
                               {"chosen", {{{"role", "assistant"}, {"content", a}}}},
@@ -42,16 +40,33 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
                    .dump()
             << "\n";
   }
-  RunResult r =
+  const RunResult r =
       run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
                   " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string model =
-      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size "
-      "32 "
-      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
-      "--log_progress false --train_data_path null --workspace " +
-      dir.path().string() + " --work_group g --user_name u";
+}
+
+// The tiny model the runs train, in dir's workspace.
+std::string tiny_model(const ScratchDir& dir) {
+  return "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 "
+         "--hidden_size 32 "
+         "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
+         "--log_progress false --train_data_path null --workspace " +
+         dir.path().string() + " --work_group g --user_name u";
+}
+
+TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
+  ScratchDir dir;
+  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir,
+                                           {{"Is tennis a sport?", "yes"},
+                                            {"Is a piano a sport?", "no"},
+                                            {"Is golf a sport?", "yes"},
+                                            {"Is jazz a sport?", "no"},
+                                            {"Is hockey a sport?", "yes"},
+                                            {"Is a violin a sport?", "no"}},
+                                           4));
+  const std::string model = tiny_model(dir);
+  RunResult r;
   r = run_tessera(model + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
                   (dir / "start").string() + " --exp_name start");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -314,30 +329,14 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
 
 TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
   ScratchDir dir;
-  {
-    std::ofstream out(dir / "pairs.jsonl");
-    for (const auto& [q, a] :
-         std::vector<std::pair<std::string, std::string>>{{"Is tennis a sport?", "yes"},
-                                                          {"Is jazz a sport?", "no"},
-                                                          {"Is golf a sport?", "yes"},
-                                                          {"Is a piano a sport?", "no"}})
-      out << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", q}}}},
-                            {"chosen", {{{"role", "assistant"}, {"content", a}}}},
-                            {"rejected",
-                             {{{"role", "assistant"}, {"content", a == "yes" ? "no" : "yes"}}}}}
-                 .dump()
-          << "\n";
-  }
-  RunResult r =
-      run_tessera("preprocess --preference --input " + (dir / "pairs.jsonl").string() +
-                  " --output-prefix " + (dir / "p").string() + " --tokenizer-model qwen3");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string model =
-      "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 --hidden_size "
-      "32 "
-      "--ffn_hidden_size 64 --num_attention_heads 2 --num_query_groups 1 --seq_length 24 "
-      "--log_progress false --train_data_path null --workspace " +
-      dir.path().string() + " --work_group g --user_name u";
+  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir,
+                                           {{"Is tennis a sport?", "yes"},
+                                            {"Is jazz a sport?", "no"},
+                                            {"Is golf a sport?", "yes"},
+                                            {"Is a piano a sport?", "no"}},
+                                           1));
+  const std::string model = tiny_model(dir);
+  RunResult r;
   // Two models: the policy's start, and another one the reference.
   for (const auto& [name, seed] : {std::pair{"start", "1"}, std::pair{"other", "7"}}) {
     r = run_tessera(model + " --train_iters 2 --lr_warmup_iters 0 --mock_data true --seed " + seed +

@@ -207,22 +207,17 @@ RunStart check_run_can_start(const Experiment& e, Backend& backend, int world_si
                                   "lora_target_modules): resume with the same, or save elsewhere",
                                   start.resume_dir, lora_text(s.lora), lora_text(lora)));
   }
-  if (lora && !c.pretrained_checkpoint.empty()) {
-    const std::string base = find_latest_checkpoint(c.pretrained_checkpoint);
-    if (base.empty())
-      throw DataError(fmt::format("{}: no checkpoint in it (pretrained_checkpoint)", c.pretrained_checkpoint));
-    if (check_checkpoint_to_resume(base, setup.spec).lora)
-      throw DataError(fmt::format("{}: holds LoRA adapters; pretrained_checkpoint names the weights "
-                                  "they adapt (a pretraining or full fine-tuning checkpoint)", base));
-  }
-  if (!c.reference_load.empty()) {
-    const std::string reference = find_latest_checkpoint(c.reference_load);
-    if (reference.empty())
-      throw DataError(fmt::format("{}: no checkpoint in it (reference_load)", c.reference_load));
-    if (check_checkpoint_to_resume(reference, setup.spec).lora)
-      throw DataError(fmt::format("{}: holds LoRA adapters; reference_load names a model's weights "
-                                  "(a pretraining or full fine-tuning checkpoint)", reference));
-  }
+  // pretrained_checkpoint and reference_load name a model's weights (not LoRA adapters).
+  const auto check_weights = [&](const std::string& path, const char* key, const char* names) {
+    const std::string dir = find_latest_checkpoint(path);
+    if (dir.empty()) throw DataError(fmt::format("{}: no checkpoint in it ({})", path, key));
+    if (check_checkpoint_to_resume(dir, setup.spec).lora)
+      throw DataError(fmt::format("{}: holds LoRA adapters; {} names {} (a pretraining or full "
+                                  "fine-tuning checkpoint)", dir, key, names));
+  };
+  if (lora && !c.pretrained_checkpoint.empty())
+    check_weights(c.pretrained_checkpoint, "pretrained_checkpoint", "the weights they adapt");
+  if (!c.reference_load.empty()) check_weights(c.reference_load, "reference_load", "a model's weights");
   if ((start.resume_dir.empty() || lora) && !c.hf_init_path.empty() && c.pretrained_checkpoint.empty())
     check_hf_weights(c.hf_init_path, setup.spec);
   if (e.training.objective == Objective::Grpo)
