@@ -428,6 +428,15 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.output;
     EXPECT_NE(r.output.find("reference_load"), std::string::npos) << r.output;
   }
+  // A reference of another model (wider layers) is refused before the run writes anything.
+  r = run_tessera(model +
+                  " --hidden_size 64 --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
+                  (dir / "wider").string() + " --exp_name wider");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(dpo + " --reference_load " + (dir / "wider").string() + " --exp_name mismatched");
+  EXPECT_EQ(r.exit_code, 3) << r.output;  // a data error, named
+  EXPECT_NE(r.output.find((dir / "wider").string()), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "g" / "u" / "mismatched" / "metrics.jsonl"));
 }
 
 }  // namespace

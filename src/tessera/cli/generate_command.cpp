@@ -294,9 +294,6 @@ int generate_command(const Args& args) {
            [&](const std::string& name) { return src.state(name); });
   request.streams.resize(static_cast<size_t>(samples));
   std::iota(request.streams.begin(), request.streams.end(), 0);
-  const auto continue_one = [&](const GrpoPrompt& p) {
-    return continue_prompt(gen, p.ids, request);
-  };
 
   const auto t0 = Clock::now();
   int64_t new_tokens = 0;
@@ -304,7 +301,7 @@ int generate_command(const Args& args) {
     std::string lines;
     for (const GrpoPrompt& p : prompts) {
       nlohmann::ordered_json completions = nlohmann::ordered_json::array();
-      for (const Continuation& c : continue_one(p)) {
+      for (const Continuation& c : continue_prompt(gen, p.ids, request)) {
         new_tokens += static_cast<int64_t>(c.ids.size());
         completions.push_back({{"text", tokenizer->decode(reply_ids(c))},
                                {"ids", c.ids},
@@ -328,7 +325,7 @@ int generate_command(const Args& args) {
     }
   } else {
     const std::vector<int32_t>& prompt = prompts[0].ids;
-    const std::vector<Continuation> done = continue_one(prompts[0]);
+    const std::vector<Continuation> done = continue_prompt(gen, prompt, request);
     for (size_t i = 0; i < done.size(); ++i) {
       const Continuation& c = done[i];
       new_tokens += static_cast<int64_t>(c.ids.size());
