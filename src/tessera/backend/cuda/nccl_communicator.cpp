@@ -351,7 +351,8 @@ class NcclCommunicator final : public Communicator {
     }
     const std::string what = p2p_text(ops);
     cudaStream_t s = stream_for(lane);
-    const ObservedCollective observed = observe("send_recv", bytes, ops.empty() ? DType::U8 : ops.front().tensor.dtype);
+    const ObservedCollective observed =
+        observe("send_recv", bytes, ops.empty() ? DType::U8 : ops.front().tensor.dtype);
     begin(what, bytes);
     // One group: NCCL progresses all of them together, so opposite sends do not deadlock.
     const NcclCallGuard guard(*this);  // over the whole group
@@ -385,9 +386,9 @@ class NcclCommunicator final : public Communicator {
       const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
       while (std::atomic_ref<ncclComm_t>(child).load(std::memory_order_acquire) == nullptr) {
         if (Clock::now() > deadline)
-          throw DistributedError(fmt::format(
-              "{}: NCCL ncclCommSplit ({}) made no communicator within {:.0f} s", where(), label,
-              timeout_s_));
+          throw DistributedError(
+              fmt::format("{}: NCCL ncclCommSplit ({}) made no communicator within {:.0f} s",
+                          where(), label, timeout_s_));
         std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
@@ -402,7 +403,8 @@ class NcclCommunicator final : public Communicator {
   // memory serves as ordinary memory.
   CollectiveBuffer collective_buffer(Backend& backend, size_t bytes, const char* what) override {
     void* ptr = nullptr;
-    if (bytes == 0 || version_code_ < NCCL_VERSION(2, 28, 0) || ncclMemAlloc(&ptr, bytes) != ncclSuccess)
+    if (bytes == 0 || version_code_ < NCCL_VERSION(2, 28, 0) ||
+        ncclMemAlloc(&ptr, bytes) != ncclSuccess)
       // Out of memory included: the backend's allocation then says so by name.
       return Communicator::collective_buffer(backend, bytes, what);
     ncclWindow_t window = nullptr;
@@ -413,8 +415,8 @@ class NcclCommunicator final : public Communicator {
       // writes `window`) only when polled, whatever the call answered.
       const ncclResult_t r =
           ncclCommWindowRegister(comm_, ptr, bytes, &window, NCCL_WIN_COLL_SYMMETRIC);
-      check(r == ncclSuccess ? ncclInProgress : r,
-            fmt::format("ncclCommWindowRegister ({})", what), bytes);
+      check(r == ncclSuccess ? ncclInProgress : r, fmt::format("ncclCommWindowRegister ({})", what),
+            bytes);
     }
     end_host_call();
     if (window) {
@@ -422,9 +424,9 @@ class NcclCommunicator final : public Communicator {
       windows_->open.push_back({ptr, window});
     }
     log_.info("{}: {} in NCCL memory ({}){}", where(), what, bytes_text(bytes),
-               window ? ", a symmetric window: all-gathers between such windows use the copy "
-                        "engines"
-                      : "; NCCL has no symmetric memory here");
+              window ? ", a symmetric window: all-gathers between such windows use the copy "
+                       "engines"
+                     : "; NCCL has no symmetric memory here");
     cuda::count_foreign_allocation(backend, ptr, bytes);
     return {ptr, bytes, backend.device(), [&backend, windows = windows_](void* p) {
               cudaDeviceSynchronize();  // no collective or kernel still reads or writes it
@@ -705,10 +707,10 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   Logger& log_;
   std::string version_;
-  int version_code_ = 0;  // ncclGetVersion's
-  std::string label_;    // the group, for a split communicator ("tp"); empty for the world
+  int version_code_ = 0;         // ncclGetVersion's
+  std::string label_;            // the group, for a split communicator ("tp"); empty for the world
   std::string_view group_name_;  // the group in traces: "world", "tp:2"
-  int world_rank_ = -1;  // a split communicator's rank in the world, for messages
+  int world_rank_ = -1;          // a split communicator's rank in the world, for messages
   std::atomic<ncclComm_t> comm_{nullptr};  // read by the watchdog thread
   std::shared_ptr<Windows> windows_ = std::make_shared<Windows>();
   cudaStream_t comm_stream_ = nullptr;
