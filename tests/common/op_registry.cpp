@@ -488,12 +488,13 @@ std::vector<OpCase> mlp_and_loss_cases() {
     c.name = fmt::format("sample_tokens B{} V{} vocab {} temperature {} min_p {}", B, V, vocab, temperature, min_p);
     c.specs = {{"logits", {B, V}, Kind::Act, Role::In, 3.0f},
                {"streams", {B}, Kind::I32, Role::In, 1, 0, 100000},
+               {"steps", {B}, Kind::I32, Role::In, 1, 0, 5000},
                {"tokens", {B}, Kind::I32, Role::Out},
                {"logps", {B}, Kind::F32, Role::Out, 1, 0, 1, 1e-4},
                {"entropy", {B}, Kind::F32, Role::Out, 1, 0, 1, 1e-4}};
     c.run = [vocab = vocab, temperature = temperature, min_p = min_p](Backend& b, const Tensors& t) {
-      b.sample_tokens(t.at("tokens"), t.at("logps"), t.at("entropy"), t.at("logits"), t.at("streams"), vocab,
-                      temperature, min_p, 1234, 17);
+      b.sample_tokens(t.at("tokens"), t.at("logps"), t.at("entropy"), t.at("logits"), t.at("streams"),
+                      t.at("steps"), vocab, temperature, min_p, 1234);
     };
     cases.push_back(c);
   }
@@ -1516,9 +1517,29 @@ std::vector<OpCase> decode_cases() {
                {"kv", {s.batch, s.seq, row}},
                {"out", {s.batch, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2}};
     c.run = [d](Backend& b, const Tensors& t) {
-      b.attention_decode(t.at("out"), t.at("q"), t.at("kv"), d.pos, d.s);
+      b.attention_decode(t.at("out"), t.at("q"), t.at("kv"), {}, d.pos, d.s);
     };
-    const int64_t keys = s.window > 0 ? std::min(s.window, d.pos + 1) : d.pos + 1;
+    cases.push_back(c);
+    if (s.batch == 1) continue;
+    // Continuous batching: each sequence at a position of its own, at most pos.
+    c.name += " positions";
+    c.specs.push_back({"positions", {s.batch}, Kind::I32, Role::In, 1, 0, static_cast<int>(d.pos) + 1});
+    c.run = [d](Backend& b, const Tensors& t) {
+      b.attention_decode(t.at("out"), t.at("q"), t.at("kv"), t.at("positions"), d.pos, d.s);
+    };
+    cases.push_back(c);
+  }
+  for (auto [B, S, W, Ws, col] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{5, 40, 64, 192, 128},
+                                  {3, 17, 13, 29, 7},
+                                  {64, 300, 2048, 6144, 4096}}) {
+    OpCase c;
+    c.name = fmt::format("cache_write B{} S{} W{} from columns [{}, {}) of {}", B, S, W, col, col + W, Ws);
+    c.specs = {{"src", {B, Ws}},
+               {"positions", {B}, Kind::I32, Role::In, 1, 0, static_cast<int>(S)},
+               {"cache", {B, S, W}, Kind::Act, Role::Accum, 1, 0, 1, 1e-6}};
+    c.run = [col = col](Backend& b, const Tensors& t) {
+      b.cache_write(t.at("cache"), t.at("src"), col, t.at("positions"));
+    };
     cases.push_back(c);
   }
   return cases;

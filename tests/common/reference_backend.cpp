@@ -324,10 +324,24 @@ void ReferenceBackend::do_attention_gathered_backward(const Tensor& dqkv_all, co
 }
 
 void ReferenceBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
-                                           int64_t pos, const AttentionShape& s) {
+                                           const Tensor& positions, int64_t pos,
+                                           const AttentionShape& s) {
   std::vector<double> o(static_cast<size_t>(out.numel()));
-  ref::attention_decode(o.data(), values(q).data(), values(kv).data(), pos, s);
+  ref::attention_decode(o.data(), values(q).data(), values(kv).data(),
+                        positions.defined() ? ids(positions, pos + 1, false) : nullptr, pos, s);
   store(out, o);
+}
+
+void ReferenceBackend::do_cache_write(const Tensor& cache, const Tensor& src, int64_t src_col,
+                                      const Tensor& positions) {
+  const int64_t B = cache.dim(0), S = cache.dim(1), W = cache.dim(2);
+  const int64_t cols = matrix_dims(src).cols;
+  const int32_t* at = ids(positions, S, false);
+  std::vector<double> out = values(cache);
+  const std::vector<double> in = values(src);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < W; ++j) out[(b * S + at[b]) * W + j] = in[b * cols + src_col + j];
+  store(cache, out);
 }
 
 void ReferenceBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
@@ -433,13 +447,14 @@ void ReferenceBackend::do_log_softmax_gather(const Tensor& logps, const Tensor& 
 }
 
 void ReferenceBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
-                                        const Tensor& logits, const Tensor& streams, int64_t vocab,
-                                        float temperature, float min_p, uint64_t seed, int64_t step) {
+                                        const Tensor& logits, const Tensor& streams, const Tensor& steps,
+                                        int64_t vocab, float temperature, float min_p, uint64_t seed) {
   const MatrixDims d = matrix_dims(logits);
   std::vector<double> lp(static_cast<size_t>(d.rows)), h(static_cast<size_t>(d.rows));
   ref::sample_tokens<double>(tokens.as<int32_t>(), lp.data(), h.data(), values(logits).data(),
-                             ids(streams, std::numeric_limits<int32_t>::max(), true), d.rows, d.cols, vocab,
-                             temperature, min_p, seed, step);
+                             ids(streams, std::numeric_limits<int32_t>::max(), true),
+                             ids(steps, std::numeric_limits<int32_t>::max(), false), d.rows, d.cols, vocab,
+                             temperature, min_p, seed);
   store(logps, lp);
   store(entropy, h);
 }

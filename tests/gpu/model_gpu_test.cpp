@@ -127,28 +127,39 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
       c = on_cpu.step(next);
       g = on_gpu.step(next);
     }
-    // The prompt forked into 4 sequences decoded together (GRPO's group), each taking its own
-    // tokens: batched attention_decode over the 4 caches.
-    on_cpu.prefill(prompt);
-    on_gpu.prefill(prompt);
-    on_cpu.fork(4);
-    on_gpu.fork(4);
-    std::vector<int32_t> tokens = {7, 100, 200, 31};
+    // Continuous batching: four slots stepped together, each at its own position (the prompt,
+    // a shorter prompt, an idle slot, a copy of the first), taking their own tokens: batched
+    // attention_decode and cache_write at per-slot positions. The idle row is not compared.
+    const std::vector<int32_t> shorter = {9, 8, 7};
+    for (Generator* gen : {&on_cpu, &on_gpu}) {
+      gen->prefill_slot(0, prompt);
+      gen->prefill_slot(1, shorter);
+      gen->copy_slot(0, 3);
+    }
+    std::vector<int32_t> tokens = {7, 100, -1, 31};
+    const auto busy_rows = [](std::vector<float> all) {
+      all.erase(all.begin() + 2 * 256, all.begin() + 3 * 256);
+      return all;
+    };
     for (int step = 0; step < 8; ++step) {
-      c = on_cpu.step(tokens);
-      g = on_gpu.step(tokens);
-      const double err = relative_error(g, c);
-      EXPECT_LT(err, 3e-2) << "forked step " << step;
-      std::printf("[ generate ] D%ld window %ld forked x4 step %d logits rel err %.2e\n",
-                  static_cast<long>(head_dim), static_cast<long>(window), step, err);
+      on_cpu.step_slots(tokens);
+      on_gpu.step_slots(tokens);
+      c = on_cpu.logits(4);
+      g = on_gpu.logits(4);
+      const double err = relative_error(busy_rows(g), busy_rows(c));
+      EXPECT_LT(err, 3e-2) << "batched step " << step;
+      std::printf("[ generate ] D%ld window %ld slots at positions %ld, %ld, idle, %ld: step %d logits rel err %.2e\n",
+                  static_cast<long>(head_dim), static_cast<long>(window), static_cast<long>(on_gpu.position(0)),
+                  static_cast<long>(on_gpu.position(1)), static_cast<long>(on_gpu.position(3)), step, err);
       for (size_t b = 0; b < tokens.size(); ++b)
-        tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
-                                         (c.begin() + b * 256));
+        if (tokens[b] >= 0)
+          tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
+                                           (c.begin() + b * 256));
     }
     // The draw on the GPU from those logits (GRPO's): greedy is their argmax; a sampled token's
     // log-probability is log softmax of them at it, and the entropy theirs.
-    const std::vector<int32_t> greedy = on_gpu.draw({0, 1, 2, 3}, 256, 0.0, 0.0, 5, 0).tokens;
-    const Generator::Draw sampled = on_gpu.draw({0, 1, 2, 3}, 256, 1.0, 0.0, 5, 0);
+    const std::vector<int32_t> greedy = on_gpu.draw({0, 1, 2, 3}, {0, 0, 0, 0}, 256, 0.0, 0.0, 5).tokens;
+    const Generator::Draw sampled = on_gpu.draw({0, 1, 2, 3}, {4, 4, 4, 4}, 256, 1.0, 0.0, 5);
     for (size_t b = 0; b < 4; ++b) {
       const auto row = g.begin() + static_cast<std::ptrdiff_t>(b * 256);
       EXPECT_EQ(greedy[b], static_cast<int32_t>(std::max_element(row, row + 256) - row)) << "sequence " << b;

@@ -6,12 +6,14 @@
 // layer; and the sampler's rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/core/random.h"
+#include "tessera/model/continuations.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/generator.h"
 #include "tessera/model/init.h"
@@ -147,11 +149,11 @@ INSTANTIATE_TEST_SUITE_P(Models, GeneratorVsFullForward,
                                            Case{"mla_direct_queries", 0, false, false, false, 2}),
                          [](const auto& info) { return std::string(info.param.name); });
 
-// A prompt forked into sequences decoded together (GRPO's group): each sequence's logits and
-// greedy tokens are those of decoding it alone, though the sequences take different tokens from
-// the first step on; for a family whose blocks decode batches (multi-latent attention falls back
-// to one sequence).
-TEST_P(GeneratorVsFullForward, ForkedSequencesDecodedTogetherMatchEachDecodedAlone) {
+// Continuous batching: slots at positions of their own, decoded together (two prompts, a copy
+// of the first taking other tokens, a slot idle until a third prompt enters mid-flight): each
+// slot's logits and greedy tokens are those of decoding its sequence alone; for a family whose
+// blocks decode batches (multi-latent attention holds one sequence).
+TEST_P(GeneratorVsFullForward, SlotsAtTheirOwnPositionsDecodedTogetherMatchEachDecodedAlone) {
   const Case c = GetParam();
   const ModelSpec s = spec(c.window, c.bias, c.tied, c.moe, c.mla);
   auto backend = make_cpu_backend();
@@ -159,47 +161,114 @@ TEST_P(GeneratorVsFullForward, ForkedSequencesDecodedTogetherMatchEachDecodedAlo
   const auto load = [&](Generator& g) {
     g.load([&](const ParamInfo& p) { return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel()); });
   };
-  constexpr int64_t kSequences = 3;
-  // Room for exactly the prompt and the 10 steps: a batch's tokens take one position.
-  Generator together(*backend, s, DType::F32, 15, kSequences);
+  constexpr int64_t kSlots = 4, kSteps = 10;
+  Generator together(*backend, s, DType::F32, 15, kSlots);
   load(together);
   if (c.mla) {
     EXPECT_FALSE(together.decodes_batches());
+    EXPECT_EQ(together.max_batch(), 1);
     return;
   }
   ASSERT_TRUE(together.decodes_batches());
-  const std::vector<int32_t> prompt = {5, 9, 33, 2, 71};
-  const std::vector<float> first = together.prefill(prompt);
-  together.fork(kSequences);
-  // Each forked sequence starts from the prompt's last logits: a greedy draw is their argmax.
-  const int32_t top = static_cast<int32_t>(std::max_element(first.begin(), first.end()) - first.begin());
-  EXPECT_EQ(together.draw({0, 1, 2}, s.vocab_size, 0.0, 0.0, 1, 0).tokens, std::vector<int32_t>(kSequences, top));
-  // Each sequence starts from its own token, then goes greedily.
-  std::vector<int32_t> next = {7, 40, 88};
-  std::vector<std::vector<int32_t>> taken(kSequences);
-  std::vector<std::vector<std::vector<float>>> logits(kSequences);
+  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 33, 2, 71}, {44, 3}, {5, 9, 33, 2, 71}, {8, 61, 12}};
+  together.prefill_slot(0, prompts[0]);
+  together.prefill_slot(1, prompts[1]);
+  together.copy_slot(0, 2);
+  EXPECT_EQ(together.position(2), 5);
+  // Each slot's tokens: its own first one, then greedy; slot 3 enters at step 4.
+  std::vector<int32_t> next = {7, 40, 88, -1};
+  std::vector<std::vector<int32_t>> taken(kSlots);
+  std::vector<std::vector<std::vector<float>>> logits(kSlots);
   Sampler greedy({});
-  for (int step = 0; step < 10; ++step) {
-    const std::vector<float> all = together.step(next);
-    for (int64_t b = 0; b < kSequences; ++b) {
+  for (int step = 0; step < kSteps; ++step) {
+    if (step == 4) {
+      together.prefill_slot(3, prompts[3]);
+      next[3] = 19;
+    }
+    together.step_slots(next);
+    const std::vector<float> all = together.logits(kSlots);
+    for (int64_t b = 0; b < kSlots; ++b) {
+      if (next[b] < 0) continue;
       taken[b].push_back(next[b]);
       logits[b].emplace_back(all.begin() + b * s.vocab_size, all.begin() + (b + 1) * s.vocab_size);
       next[b] = greedy.next(logits[b].back(), s.vocab_size);
     }
   }
-  EXPECT_EQ(together.position(), static_cast<int64_t>(prompt.size()) + 10);
-  for (int64_t b = 0; b < kSequences; ++b) {
-    SCOPED_TRACE("sequence " + std::to_string(b));
+  EXPECT_EQ(together.position(0), 5 + kSteps);
+  EXPECT_EQ(together.position(1), 2 + kSteps);
+  EXPECT_EQ(together.position(3), 3 + kSteps - 4);
+  for (int64_t b = 0; b < kSlots; ++b) {
+    SCOPED_TRACE("slot " + std::to_string(b));
     Generator alone(*backend, s, DType::F32, 24);
     load(alone);
-    alone.prefill(prompt);
-    for (int step = 0; step < 10; ++step) {
+    alone.prefill(prompts[b]);
+    for (size_t step = 0; step < taken[b].size(); ++step) {
       const std::vector<float> one = alone.step(taken[b][step]);
       EXPECT_LT(max_relative(logits[b][step], one), 1e-5) << "step " << step;
-      if (step + 1 < 10) EXPECT_EQ(taken[b][step + 1], greedy.next(one, s.vocab_size)) << "step " << step;
+      if (step + 1 < taken[b].size()) EXPECT_EQ(taken[b][step + 1], greedy.next(one, s.vocab_size)) << "step " << step;
     }
   }
-  EXPECT_NE(taken[0], taken[1]);
+  EXPECT_NE(taken[0], taken[2]);
+}
+
+// The continuation engine's promise (model/continuations.h): a continuation is the same however
+// many slots it shares and whatever else is decoded beside it. Prompts of different lengths with
+// one to three continuations each, some ending early at an end token (freeing their slots
+// mid-flight), decoded in 1, 3 and 16 slots, with draws on the device (temperature) and on the
+// host (top-k): the same ids, the same log-probabilities within 1e-5, and each ending as its ids
+// say.
+TEST(Continuations, DoNotDependOnTheSlotsTheyShareOrWhatIsDecodedBesideThem) {
+  const ModelSpec s = spec(0, false, false);
+  auto backend = make_cpu_backend();
+  const std::vector<float> w = weights(*backend, s);
+  const std::vector<std::vector<int32_t>> prompts = {{5, 9, 33, 2, 71}, {44, 3}, {8, 61, 12}, {1}, {90, 91, 92, 93}};
+  std::vector<PromptContinuations> asked;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    PromptContinuations& c = asked.emplace_back();
+    c.prompt = prompts[p];
+    for (size_t k = 0; k <= p % 3; ++k) c.streams.push_back(static_cast<int32_t>(10 * p + k));
+  }
+  // One id in 8 ends a continuation: most end early, some run to the length limit.
+  const auto is_end = [](int32_t token) { return token % 8 == 7; };
+  for (const int64_t top_k : {0, 20}) {
+    SCOPED_TRACE(top_k ? "top-k on the host" : "temperature on the device");
+    ContinuationRequest r;
+    r.sampling.temperature = 1.0;
+    r.sampling.top_k = top_k;
+    r.sampling.seed = 11;
+    r.max_new_tokens = 12;
+    r.vocab = s.vocab_size;
+    r.is_end_token = is_end;
+    std::vector<std::vector<std::vector<Continuation>>> runs;
+    for (const int64_t slots : {1, 3, 16}) {
+      Generator gen(*backend, s, DType::F32, 5 + r.max_new_tokens, slots);
+      gen.load([&](const ParamInfo& p) { return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel()); });
+      runs.push_back(continue_prompts(gen, asked, r));
+    }
+    int ended_early = 0, ran_to_the_limit = 0;
+    for (size_t p = 0; p < asked.size(); ++p) {
+      ASSERT_EQ(runs[0][p].size(), asked[p].streams.size());
+      for (size_t k = 0; k < asked[p].streams.size(); ++k) {
+        const Continuation& one = runs[0][p][k];
+        const bool early = is_end(one.ids.back());
+        ended_early += early;
+        ran_to_the_limit += !early;
+        EXPECT_EQ(one.end, early ? Continuation::End::Token : Continuation::End::Length);
+        if (!early) EXPECT_EQ(one.ids.size(), 12u);
+        EXPECT_EQ(std::count_if(one.ids.begin(), one.ids.end(), is_end), early ? 1 : 0);
+        for (size_t run = 1; run < runs.size(); ++run) {
+          const Continuation& other = runs[run][p][k];
+          EXPECT_EQ(other.ids, one.ids) << "prompt " << p << " continuation " << k << " run " << run;
+          ASSERT_EQ(other.logps.size(), one.logps.size());
+          for (size_t i = 0; i < one.logps.size(); ++i) EXPECT_NEAR(other.logps[i], one.logps[i], 1e-5);
+          EXPECT_NEAR(other.entropy_sum, one.entropy_sum, 1e-4);
+        }
+      }
+    }
+    EXPECT_GT(ended_early, 0) << "no continuation ended early: the test frees no slot mid-flight";
+    EXPECT_GT(ran_to_the_limit, 0);
+    EXPECT_NE(runs[0][2][0].ids, runs[0][2][1].ids);  // two streams of one prompt differ
+  }
 }
 
 TEST(Generator, RefusesPositionsBeyondItsRoom) {
@@ -268,9 +337,10 @@ TEST(Sampler, DeviceDrawFollowsTheSoftmaxAndReportsLogProbabilityAndEntropy) {
   const std::vector<float> row = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 50.0f};  // id 5: padding
   constexpr int64_t kRows = 40000, V = 6, vocab = 5;
   auto backend = make_cpu_backend();
-  DeviceBuffer buf(*backend, kRows * (V + 4) * 4, "draw");
+  DeviceBuffer buf(*backend, kRows * (V + 5) * 4, "draw");
   const Tensor logits = buf.tensor(DType::F32, {kRows, V});
   const Tensor streams = buf.tensor(DType::I32, {kRows}, kRows * V * 4);
+  const Tensor steps = buf.tensor(DType::I32, {kRows}, kRows * (V + 4) * 4);
   const Tensor tokens = buf.tensor(DType::I32, {kRows}, kRows * (V + 1) * 4);
   const Tensor logps = buf.tensor(DType::F32, {kRows}, kRows * (V + 2) * 4);
   const Tensor entropy = buf.tensor(DType::F32, {kRows}, kRows * (V + 3) * 4);
@@ -279,8 +349,9 @@ TEST(Sampler, DeviceDrawFollowsTheSoftmaxAndReportsLogProbabilityAndEntropy) {
   for (int64_t r = 0; r < kRows; ++r) all.insert(all.end(), row.begin(), row.end()), ids.push_back(static_cast<int32_t>(r));
   backend->upload(logits, all.data());
   backend->upload(streams, ids.data());
+  backend->upload(steps, std::vector<int32_t>(kRows, 3).data());
   const auto draw = [&](float temperature, float min_p) {
-    backend->sample_tokens(tokens, logps, entropy, logits, streams, vocab, temperature, min_p, 99, 3);
+    backend->sample_tokens(tokens, logps, entropy, logits, streams, steps, vocab, temperature, min_p, 99);
     std::vector<int32_t> t(kRows);
     backend->download(t.data(), tokens);
     std::map<int32_t, int> counts;

@@ -106,7 +106,7 @@ TEST(ReferenceMla, DecodeWithNarrowerValuesMatchesTheForwardsLastRow) {
   for (int64_t t = 0; t < T; ++t)
     cache.insert(cache.end(), qkv.begin() + t * W + H * D, qkv.begin() + (t + 1) * W);
   std::vector<double> got = nan_values(H * Dv);
-  ref::attention_decode(got.data(), q.data(), cache.data(), T - 1, s);
+  ref::attention_decode(got.data(), q.data(), cache.data(), nullptr, T - 1, s);
   const std::vector<double> want(out.end() - H * Dv, out.end());
   EXPECT_LT(relative_error(got, want), 1e-12);
 }

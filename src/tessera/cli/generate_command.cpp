@@ -44,7 +44,7 @@ void print_generate_help() {
       "                        (--prompt TEXT | --prompt_ids IDS | --prompts FILE [-o OUT.jsonl])\n"
       "                        (--load DIR: Megatron's name of --from)\n"
       "                        [--max_new_tokens 64] [--temperature 0] [--top_k 0] [--top_p 1]\n"
-      "                        [--min_p 0] [--num_samples 1] [--stop TEXT_OR_LIST]\n"
+      "                        [--min_p 0] [--num_samples 1] [--batch_size 64] [--stop TEXT_OR_LIST]\n"
       "                        [--seed 1] [--device auto|cpu|cuda] [--precision auto|fp32|bf16]\n"
       "                        [--tokenizer NAME_OR_PATH] [--ignore_eos]\n"
       "                        [--chat [--system TEXT]]\n\n"
@@ -60,13 +60,15 @@ void print_generate_help() {
       "needed). Generation stops at the tokenizer's end-of-document token unless --ignore_eos,\n"
       "and after the token that completes a --stop string (one string, or a list such as\n"
       "'[\"\\n\\n\", \"###\"]'), which the text keeps.\n\n"
-      "--num_samples N continues the prompt N times, decoded together in one batch (vLLM's n),\n"
-      "each sample from its own random stream of --seed; each is printed after a line naming it.\n"
-      "--prompts FILE reads JSON lines of prompts as GRPO does (\"prompt\": a string or a list of\n"
-      "chat messages, or GSM8K's \"question\"), continues each --num_samples times, one prompt\n"
-      "after another, and writes one JSON line per prompt (its line, prompt, and its completions\n"
+      "--num_samples N continues the prompt N times (vLLM's n), each sample from its own random\n"
+      "stream of --seed; each is printed after a line naming it. --prompts FILE reads JSON lines\n"
+      "of prompts as GRPO does (\"prompt\": a string or a list of chat messages, or GSM8K's\n"
+      "\"question\"), continues each --num_samples times, and writes one JSON line per prompt\n"
+      "(its line, prompt, and its completions\n"
       "with text, ids, logprobs (each id's log-probability under the model, temperature 1) and\n"
-      "finish_reason: eos, stop or length) to -o, published whole, or stdout.\n\n"
+      "finish_reason: eos, stop or length) to -o, published whole, or stdout. Continuations are\n"
+      "decoded with continuous batching, up to --batch_size at once (vLLM's max_num_seqs; default\n"
+      "64): one that ends gives its place to the next.\n\n"
       "--chat talks to a fine-tuned model: --prompt is the user's message (after --system's, if\n"
       "given), rendered with the tokenizer's chat template with the assistant's turn opened;\n"
       "the reply is printed alone and ends at the special token that closes the turn.\n");
@@ -184,8 +186,8 @@ int generate_command(const Args& args) {
   const bench::CommandArgs a(
       args,
       {"from", "load", "prompt", "prompt_ids", "prompts", "output", "max_new_tokens", "temperature",
-       "top_k", "top_p", "min_p", "num_samples", "stop", "seed", "device", "precision", "tokenizer",
-       "system"},
+       "top_k", "top_p", "min_p", "num_samples", "batch_size", "stop", "seed", "device", "precision",
+       "tokenizer", "system"},
       {"ignore_eos", "chat"}, false);
   if (a.has("from") && a.has("load"))
     throw ConfigError("command line", "load", a.get("load", ""),
@@ -214,6 +216,7 @@ int generate_command(const Args& args) {
   so.seed = static_cast<uint64_t>(a.get_int("seed", 1, 0));
   const int64_t max_new = a.get_int("max_new_tokens", 64, 1);
   const int64_t samples = a.get_int("num_samples", 1, 1);
+  const int64_t batch_size = a.get_int("batch_size", 64, 1);
   std::vector<std::string> stops;
   try {
     stops = parse_stop_strings(a.get("stop", ""));
@@ -289,25 +292,34 @@ int generate_command(const Args& args) {
   if (!stop.empty())
     request.stopped = [&](std::span<const int32_t> ids) { return stop.stopped(ids); };
 
-  Generator gen(*backend, spec, dtype, static_cast<int64_t>(longest) + max_new, samples);
+  std::vector<PromptContinuations> asked;
+  for (const GrpoPrompt& p : prompts) {
+    PromptContinuations& c = asked.emplace_back();
+    c.prompt = p.ids;
+    c.streams.resize(static_cast<size_t>(samples));
+    std::iota(c.streams.begin(), c.streams.end(), 0);
+  }
+  const int64_t continuations = samples * static_cast<int64_t>(prompts.size());
+  Generator gen(*backend, spec, dtype, static_cast<int64_t>(longest) + max_new,
+                std::min(batch_size, continuations));
   gen.load([&](const ParamInfo& p) { return src.weights(p); },
            [&](const std::string& name) { return src.state(name); });
-  request.streams.resize(static_cast<size_t>(samples));
-  std::iota(request.streams.begin(), request.streams.end(), 0);
 
   const auto t0 = Clock::now();
   int64_t new_tokens = 0;
+  const std::vector<std::vector<Continuation>> done = continue_prompts(gen, asked, request);
+  for (const std::vector<Continuation>& group : done)
+    for (const Continuation& c : group) new_tokens += static_cast<int64_t>(c.ids.size());
   if (a.has("prompts")) {
     std::string lines;
-    for (const GrpoPrompt& p : prompts) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const GrpoPrompt& p = prompts[i];
       nlohmann::ordered_json completions = nlohmann::ordered_json::array();
-      for (const Continuation& c : continue_prompt(gen, p.ids, request)) {
-        new_tokens += static_cast<int64_t>(c.ids.size());
+      for (const Continuation& c : done[i])
         completions.push_back({{"text", tokenizer->decode(reply_ids(c))},
                                {"ids", c.ids},
                                {"logprobs", c.logps},
                                {"finish_reason", finish_reason(c.end)}});
-      }
       // Bytes that are not UTF-8 (a byte-level tokenizer's pieces of a character) become
       // U+FFFD in the text; the ids keep them.
       lines +=
@@ -325,10 +337,9 @@ int generate_command(const Args& args) {
     }
   } else {
     const std::vector<int32_t>& prompt = prompts[0].ids;
-    const std::vector<Continuation> done = continue_prompt(gen, prompt, request);
-    for (size_t i = 0; i < done.size(); ++i) {
-      const Continuation& c = done[i];
-      new_tokens += static_cast<int64_t>(c.ids.size());
+    const std::vector<Continuation>& samples_done = done[0];
+    for (size_t i = 0; i < samples_done.size(); ++i) {
+      const Continuation& c = samples_done[i];
       if (samples > 1)
         fmt::print("--- sample {} ({}, {} tokens)\n", i + 1, finish_reason(c.end), c.ids.size());
       // The prompt with its continuation, decoded together so that a tokenizer that marks word
@@ -343,10 +354,10 @@ int generate_command(const Args& args) {
       }
     }
     std::fflush(stdout);  // the text before the numbers on stderr, also through a pipe
-    for (size_t i = 0; i < done.size(); ++i)
+    for (size_t i = 0; i < samples_done.size(); ++i)
       fmt::print(stderr, "{}: {}\n",
                  samples > 1 ? fmt::format("ids[{}]", i + 1) : std::string("ids"),
-                 fmt::join(done[i].ids, " "));
+                 fmt::join(samples_done[i].ids, " "));
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const std::string what =

@@ -837,6 +837,11 @@ std::vector<std::pair<std::string, double>> grpo_reward_terms(const std::string&
   return terms;
 }
 
+int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_size) {
+  const int64_t per_rank = t.global_batch_size / data_parallel_size;
+  return t.grpo_max_num_seqs > 0 ? std::min(t.grpo_max_num_seqs, per_rank) : per_rank;
+}
+
 std::vector<std::string> parse_stop_strings(const std::string& value) {
   if (value.empty()) return {};
   std::vector<std::string> out;
@@ -877,6 +882,8 @@ void check_grpo(const Checker& c, const Experiment& e) {
   c.require(t.grpo_max_completion_length >= 1 && t.grpo_max_completion_length < t.seq_length,
             "grpo_max_completion_length",
             fmt::format("1 or more and below seq_length ({}), which holds the prompt too", t.seq_length));
+  c.require(t.grpo_max_num_seqs >= 0, "grpo_max_num_seqs",
+            "0 (all of a rank's completions at once) or a positive count");
   c.require(t.grpo_temperature > 0 && std::isfinite(t.grpo_temperature), "grpo_temperature",
             "a positive temperature (greedy completions of one prompt are all the same)");
   c.require(t.grpo_top_k >= 0, "grpo_top_k", "0 (all tokens) or a positive count");

@@ -21,4 +21,8 @@ std::vector<std::pair<std::string, double>> grpo_reward_terms(const std::string&
 // what is wrong (an empty string, a list that is not one of strings).
 std::vector<std::string> parse_stop_strings(const std::string& value);
 
+// The completions a GRPO rank decodes at once (its generator's slots): grpo_max_num_seqs, or
+// all of the rank's completions of a generation batch.
+int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_size);
+
 }  // namespace tessera

@@ -90,7 +90,7 @@ size_t Block::cached_scratch_bytes(int64_t n, DType dtype) const {
 }
 
 void Block::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
-                           const Tensor& out, const Tensor& cache, int64_t pos) {
+                           const Tensor& out, const Tensor& cache, const CachePosition& at) {
   Backend& b = ops.backend();
   const int64_t n = x.dim(0);
   Tensor in = x;
@@ -98,9 +98,9 @@ void Block::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor&
     in = scratch.take(x.dtype, {n, hidden_});
     b.rmsnorm_forward(in, scratch.take(DType::F32, {n}), x, ops.param(pre_norm_), eps_);
   }
-  if (!norms_.post) return mixer_->forward_cached(ops, scratch, in, out, x, cache, pos);
+  if (!norms_.post) return mixer_->forward_cached(ops, scratch, in, out, x, cache, at);
   const Tensor y = scratch.take(x.dtype, {n, hidden_});
-  mixer_->forward_cached(ops, scratch, in, y, {}, cache, pos);
+  mixer_->forward_cached(ops, scratch, in, y, {}, cache, at);
   b.rmsnorm_forward(out, scratch.take(DType::F32, {n}), y, ops.param(post_norm_), eps_);
   b.add(out, out, x);
 }

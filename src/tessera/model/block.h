@@ -21,6 +21,7 @@
 #include "tessera/model/expert_exchange.h"
 #include "tessera/model/model.h"
 #include "tessera/model/param_layout.h"
+#include "tessera/model/rope.h"
 #include "tessera/model/scratch_arena.h"
 
 namespace tessera {
@@ -118,6 +119,17 @@ struct LinearGemm {
 
 // An attention or MLP sub-layer between the residual stream's norms: from its input (the
 // normed stream, or the stream itself without a pre-norm) through its output projection.
+// Where generation's new tokens sit in their sequences' caches (Mixer::forward_cached).
+struct CachePosition {
+  // One sequence: the position of its first new token. A batch: the largest of its sequences'
+  // positions, which bounds the work.
+  int64_t pos = 0;
+  // A batch only: each sequence's position (B) int32, on the device, and the rotary rows at
+  // them: row b of rope->at(base) (rotary dims wide) is the table's row positions[b].
+  Tensor positions;
+  const RopeTables* rope = nullptr;
+};
+
 class Mixer {
  public:
   virtual ~Mixer() = default;
@@ -163,14 +175,14 @@ class Mixer {
   virtual bool decodes_batches() const { return cache_width() == 0; }
   // Scratch bytes its forward_cached takes for n tokens of `dtype`.
   virtual size_t cached_scratch_bytes(int64_t n, DType dtype) const = 0;
-  // The mixer on n new tokens `in` (n, C) of one sequence at positions [pos, pos + n):
-  // out = f(in) (+ residual when defined). `cache` (S, cache_width()) holds positions [0, pos)
-  // on entry and [0, pos + n) on exit. Either a prompt (pos 0, any n) or one token (n 1).
-  // Mixers that decodes_batches() also take a batch of sequences at one position: `cache`
-  // (B, S, cache_width()), `in` one token of each (B rows), pos > 0.
+  // The mixer on n new tokens `in` (n, C) of one sequence at positions [at.pos, at.pos + n):
+  // out = f(in) (+ residual when defined). `cache` (S, cache_width()) holds positions
+  // [0, at.pos) on entry and [0, at.pos + n) on exit. Either a prompt (at.pos 0, any n) or one
+  // token (n 1). Mixers that decodes_batches() also take a batch of sequences, each at its own
+  // position (at.positions): `cache` (B, S, cache_width()), `in` one token of each (B rows).
   virtual void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                               const Tensor& out, const Tensor& residual, const Tensor& cache,
-                              int64_t pos) = 0;
+                              const CachePosition& at) = 0;
 
   // The rotary tables' bases it reads (ForwardOps::rope_table; 0: the model's own).
   virtual std::vector<double> rope_bases() const { return {}; }
@@ -242,7 +254,7 @@ class Block {
   // Generation: out = x + the block's branch on n new tokens (Mixer::forward_cached).
   size_t cached_scratch_bytes(int64_t n, DType dtype) const;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
-                      const Tensor& cache, int64_t pos);
+                      const Tensor& cache, const CachePosition& at);
 
  private:
   // The mixer's input: the pre-norm's output, or x itself.

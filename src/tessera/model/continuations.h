@@ -1,12 +1,14 @@
 #pragma once
-// Continuations of one prompt decoded together (Generator::fork): the engine behind GRPO's
-// groups of completions and `tessera generate --num_samples`. Each continuation draws from its
-// own random stream of the seed, so a continuation does not depend on how many are decoded
-// beside it. A continuation ends after an end token, after the token that completes a stop
-// string, or at max_new_tokens; a finished one takes its last token again, outside its ids,
-// until every one has finished. Temperature and min-p draw on the device (Generator::draw), so
-// only the tokens reach the host; top-k and top-p sort each vocabulary of logits on the host,
-// on threads (Sampler).
+// Continuations of prompts decoded with continuous batching (Generator's slots): the engine
+// behind GRPO's groups of completions, its held-out evaluation and `tessera generate`. Each
+// continuation takes a slot; the continuations of one prompt share its prefill (the first slot's
+// copied to the others); a continuation that ends frees its slot, which the next waiting
+// continuation takes at once while the others go on decoding. Each continuation draws from its
+// own random stream of the seed, token by token, so it does not depend on what is decoded
+// beside it, nor on the number of slots. A continuation ends after an end token, after the
+// token that completes a stop string, or at max_new_tokens. Temperature and min-p draw on the
+// device (Generator::draw), so only the tokens reach the host; top-k and top-p sort each
+// vocabulary of logits on the host, on threads (Sampler).
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -28,9 +30,14 @@ struct Continuation {
   End end = End::Length;
 };
 
+// A prompt and its continuations' random streams (of the request's seed), one per continuation.
+struct PromptContinuations {
+  std::span<const int32_t> prompt;
+  std::vector<int32_t> streams;
+};
+
 struct ContinuationRequest {
-  SamplingOptions sampling;      // its seed is the run's, whose streams are below
-  std::vector<int32_t> streams;  // one per continuation: its random stream of the seed
+  SamplingOptions sampling;  // its seed is the run's, whose streams each prompt names
   int64_t max_new_tokens = 1;
   int64_t vocab = 0;  // ids drawn are below it
   std::function<bool(int32_t)> is_end_token;
@@ -39,10 +46,11 @@ struct ContinuationRequest {
   std::function<bool(std::span<const int32_t>)> stopped;
 };
 
-// One continuation per stream of `prompt`; the generator must have room for the prompt plus
-// max_new_tokens positions. Streams beyond the sequences it holds (Generator::max_batch) are
-// decoded in further forks, each after its own prefill of the prompt.
-std::vector<Continuation> continue_prompt(Generator& generator, const std::vector<int32_t>& prompt,
-                                          const ContinuationRequest& request);
+// Every prompt's continuations, [prompt][stream], decoded in the generator's slots; the
+// generator must have room for each prompt plus max_new_tokens positions. Prompts are taken in
+// order, as slots free up.
+std::vector<std::vector<Continuation>> continue_prompts(Generator& generator,
+                                                        const std::vector<PromptContinuations>& prompts,
+                                                        const ContinuationRequest& request);
 
 }  // namespace tessera

@@ -83,14 +83,14 @@ void DecoderLayer::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid
 
 void DecoderLayer::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x,
                                   const Tensor& out, const std::vector<Tensor>& caches,
-                                  int64_t pos) {
+                                  const CachePosition& at) {
   const size_t start = scratch.mark();
   std::vector<Tensor> states = {x};
   for (size_t i = 0; i + 1 < blocks_.size(); ++i) states.push_back(scratch.take(x.dtype, x.shape));
   states.push_back(out);
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const size_t block_start = scratch.mark();
-    blocks_[i]->forward_cached(ops, scratch, states[i], states[i + 1], caches[i], pos);
+    blocks_[i]->forward_cached(ops, scratch, states[i], states[i + 1], caches[i], at);
     scratch.release(block_start);
   }
   scratch.release(start);

@@ -36,10 +36,11 @@ class DecoderLayer {
   // On entry dresid holds d(loss)/d(out); on exit d(loss)/d(x).
   void backward(LayerOps& ops, const Tensor& x, const Tensor& dresid);
 
-  // Generation (model/generator.h): the layer on n new tokens x (n, C) at positions
-  // [pos, pos + n), out (n, C). caches[i] is block i's cache (S, its cache_width()).
+  // Generation (model/generator.h): the layer on n new tokens x (n, C) at `at`
+  // (Mixer::forward_cached), out (n, C). caches[i] is block i's cache (S, its cache_width()),
+  // or (B, S, its cache_width()) for a batch.
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& x, const Tensor& out,
-                      const std::vector<Tensor>& caches, int64_t pos);
+                      const std::vector<Tensor>& caches, const CachePosition& at);
   // Values per position each block caches, and the scratch bytes forward_cached takes for n
   // tokens.
   std::vector<int64_t> cache_widths() const;

@@ -64,9 +64,10 @@ Generator::Sizes Generator::sizes(const ModelSpec& spec, const std::vector<std::
     for (int64_t w : layer->cache_widths()) z.cache += aligned(B * S * w * e);
   // Two residual states for the layers to ping-pong between, the final norm and logits of each
   // sequence's last position, the tokens, draw()'s streams and outputs, and the rope tables.
-  z.state = {aligned(R * 4), aligned(R * C * e), aligned(R * C * e), aligned(B * C * e), aligned(B * 4),
-             aligned(B * V * e), aligned(B * V * 4), aligned(B * 4), aligned(3 * B * 4)};
+  z.state = {aligned(std::max(R, 2 * B) * 4), aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
+             aligned(B * 4), aligned(B * V * e), aligned(B * V * 4), aligned(2 * B * 4), aligned(3 * B * 4)};
   z.table = aligned(S * spec.head_dim * 4);
+  z.rows = aligned(B * spec.head_dim * 4);
   z.tables = rope_bases(layers).size();
   for (const auto& layer : layers)
     for (const auto& [name, width] : layer->state_layout()) z.block_state_floats += width;
@@ -75,7 +76,7 @@ Generator::Sizes Generator::sizes(const ModelSpec& spec, const std::vector<std::
 }
 
 size_t Generator::Sizes::bytes() const {
-  size_t total = cache + tables * table + block_state_floats * sizeof(float) + scratch;
+  size_t total = cache + tables * (table + rows) + block_state_floats * sizeof(float) + scratch;
   for (size_t b : state) total += b;
   return total;
 }
@@ -105,9 +106,9 @@ void Generator::allocate_state() {
   }
 
   const auto& sizes = z.state;
-  const size_t table_bytes = z.table;
   for (double base : rope_bases(layers_)) rope_.tables.push_back({base, Tensor{}});
-  size_t total = z.tables * table_bytes;
+  step_rope_ = rope_;
+  size_t total = z.tables * (z.table + z.rows);
   for (size_t b : sizes) total += b;
   state_buffer_ = DeviceBuffer(backend_, total, "generation state");
   at = 0;
@@ -116,19 +117,23 @@ void Generator::allocate_state() {
     at += bytes;
     return t;
   };
-  tokens_ = next(DType::I32, {R}, sizes[0]);
+  tokens_ = next(DType::I32, {std::max(R, 2 * B)}, sizes[0]);
   state_a_ = next(dtype_, {R, C}, sizes[1]);
   state_b_ = next(dtype_, {R, C}, sizes[2]);
   final_norm_ = next(dtype_, {B, C}, sizes[3]);
   final_rstd_ = next(DType::F32, {B}, sizes[4]);
   logits_ = next(dtype_, {B, V}, sizes[5]);
   logits_f32_ = next(DType::F32, {B * V}, sizes[6]);
-  draw_streams_ = next(DType::I32, {B}, sizes[7]);
+  draw_streams_ = next(DType::I32, {2 * B}, sizes[7]);
   draw_out_ = next(DType::F32, {3 * B}, sizes[8]);
-  for (auto& [base, table] : rope_.tables) {
-    table = next(DType::F32, {S, spec_.head_dim}, table_bytes);
-    backend_.upload(table, tessera::rope_table(spec_, S, base).data());
+  for (size_t i = 0; i < rope_.tables.size(); ++i) {
+    auto& [base, table] = rope_.tables[i];
+    table = next(DType::F32, {S, spec_.head_dim}, z.table);
+    host_rope_.push_back(tessera::rope_table(spec_, S, base));
+    backend_.upload(table, host_rope_.back().data());
+    step_rope_.tables[i].second = next(DType::F32, {B, spec_.head_dim}, z.rows);
   }
+  positions_.assign(static_cast<size_t>(B), 0);
 
   // The blocks' state (the expert bias): fp32, zero until load() sets it.
   const auto state_total = static_cast<int64_t>(z.block_state_floats);
@@ -209,40 +214,20 @@ void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias
 }
 
 std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {
-  prefill_on_device(prompt);
-  return logits();
+  prefill_slot(0, prompt);
+  return logits(1);
 }
 
 std::vector<float> Generator::step(int32_t token) {
-  step_on_device({token});
-  return logits();
+  step_slots({token});
+  return logits(1);
 }
 
 bool Generator::decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
   return std::all_of(layers.begin(), layers.end(), [](const auto& l) { return l->decodes_batches(); });
 }
 
-void Generator::fork(int64_t count) {
-  TS_CHECK(position_ > 0 && batch_ == 1, "generation: fork a prompt's sequence after its prefill");
-  TS_CHECK(count >= 1 && count <= max_batch_, "generation: {} sequences in a generator for {}", count, max_batch_);
-  for (const auto& layer : caches_)
-    for (const Tensor& cache : layer) {
-      if (!cache.defined()) continue;
-      const int64_t S = cache.dim(1), w = cache.dim(2);
-      const Tensor prompt = cache.flat_range(0, position_ * w);
-      for (int64_t b = 1; b < count; ++b) backend_.copy(cache.flat_range(b * S * w, position_ * w), prompt);
-    }
-  // Every sequence's next token follows the prompt's last logits.
-  for (int64_t b = 1; b < count; ++b) backend_.copy(logits_.rows(b, b + 1), logits_.rows(0, 1));
-  batch_ = count;
-}
-
-std::vector<float> Generator::step(const std::vector<int32_t>& tokens) {
-  step_on_device(tokens);
-  return logits();
-}
-
-std::vector<Tensor> Generator::caches_of(size_t layer, int64_t sequences) const {
+std::vector<Tensor> Generator::slot_caches(size_t layer, int64_t slot) const {
   std::vector<Tensor> out;
   for (const Tensor& cache : caches_[layer]) {
     if (!cache.defined()) {
@@ -250,77 +235,144 @@ std::vector<Tensor> Generator::caches_of(size_t layer, int64_t sequences) const 
       continue;
     }
     const int64_t S = cache.dim(1), w = cache.dim(2);
-    const Tensor first = cache.flat_range(0, sequences * S * w);
-    out.push_back(sequences == 1 ? first.view({S, w}) : first.view({sequences, S, w}));
+    out.push_back(cache.flat_range(slot * S * w, S * w).view({S, w}));
   }
   return out;
 }
 
-void Generator::run(const int32_t* tokens, int64_t n) {
-  // A batch's tokens are one position of each sequence.
-  const int64_t positions = batch_ > 1 ? 1 : n;
-  if (position_ + positions > max_positions_)
-    throw Error(
-        fmt::format("generation: {} positions do not fit the {} the generator has room "
-                    "for (raise --max-new-tokens's budget or shorten the prompt)",
-                    position_ + positions, max_positions_));
-  for (int64_t i = 0; i < n; ++i)
-    if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
-      throw DataError(fmt::format("generation: token id {} outside the vocabulary [0, {})",
-                                  tokens[i], spec_.vocab_size));
-  const Tensor ids = tokens_.flat_range(0, n);
-  backend_.upload(ids, tokens);
-  Tensor x = state_a_.rows(0, n), y = state_b_.rows(0, n);
-  backend_.embedding_forward(x, ids, param(layout_.embedding));
-  if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    layers_[l]->forward_cached(*this, scratch_, x, y, caches_of(l, batch_), position_);
-    std::swap(x, y);
+std::vector<Tensor> Generator::batch_caches(size_t layer, int64_t slots) const {
+  std::vector<Tensor> out;
+  for (const Tensor& cache : caches_[layer]) {
+    if (!cache.defined()) {
+      out.push_back(cache);
+      continue;
+    }
+    const int64_t S = cache.dim(1), w = cache.dim(2);
+    out.push_back(cache.flat_range(0, slots * S * w).view({slots, S, w}));
   }
-  // The last position of each sequence: the prompt's last, or every row of a batch.
-  const int64_t B = batch_;
-  const Tensor norm = final_norm_.rows(0, B), logits = logits_.rows(0, B);
-  backend_.rmsnorm_forward(norm, final_rstd_.flat_range(0, B), x.rows(n - B, n), param(layout_.final_norm),
-                           spec_.norm_eps);
-  linear(logits, norm, layout_.lm_head, -1, {});
-  if (spec_.logit_softcap > 0) backend_.softcap(logits, logits, static_cast<float>(spec_.logit_softcap));
-  position_ += positions;
+  return out;
 }
 
-std::vector<float> Generator::logits() {
-  const int64_t B = batch_, V = spec_.vocab_size;
-  const Tensor f32 = logits_f32_.flat_range(0, B * V);
-  backend_.convert(f32, logits_.rows(0, B));
-  std::vector<float> out(static_cast<size_t>(B * V));
+void Generator::copy_slot(int64_t from, int64_t to) {
+  TS_CHECK(from >= 0 && from < max_batch_ && to >= 0 && to < max_batch_, "generation: slots {} and {} of {}", from,
+           to, max_batch_);
+  if (from == to) return;
+  const int64_t length = positions_[static_cast<size_t>(from)];
+  for (const auto& layer : caches_)
+    for (const Tensor& cache : layer) {
+      if (!cache.defined()) continue;
+      const int64_t S = cache.dim(1), w = cache.dim(2);
+      if (length > 0) backend_.copy(cache.flat_range(to * S * w, length * w), cache.flat_range(from * S * w, length * w));
+    }
+  backend_.copy(logits_.rows(to, to + 1), logits_.rows(from, from + 1));
+  positions_[static_cast<size_t>(to)] = length;
+}
+
+Tensor Generator::embed(const int32_t* tokens, int64_t n, int64_t more) {
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
+      throw DataError(fmt::format("generation: token id {} outside the vocabulary [0, {})", tokens[i],
+                                  spec_.vocab_size));
+  backend_.upload(tokens_.flat_range(0, n + more), tokens);
+  const Tensor x = state_a_.rows(0, n);
+  backend_.embedding_forward(x, tokens_.flat_range(0, n), param(layout_.embedding));
+  if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
+  return x;
+}
+
+void Generator::run_layers(Tensor x, Tensor y, const std::function<std::vector<Tensor>(size_t)>& caches,
+                           const CachePosition& at, int64_t from, int64_t last, int64_t to) {
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    layers_[l]->forward_cached(*this, scratch_, x, y, caches(l), at);
+    std::swap(x, y);
+  }
+  const Tensor norm = final_norm_.rows(0, last), logits = logits_.rows(to, to + last);
+  backend_.rmsnorm_forward(norm, final_rstd_.flat_range(0, last), x.rows(from, from + last),
+                           param(layout_.final_norm), spec_.norm_eps);
+  linear(logits, norm, layout_.lm_head, -1, {});
+  if (spec_.logit_softcap > 0) backend_.softcap(logits, logits, static_cast<float>(spec_.logit_softcap));
+}
+
+void Generator::prefill_slot(int64_t slot, std::span<const int32_t> prompt) {
+  TS_CHECK(slot >= 0 && slot < max_batch_, "generation: slot {} of {}", slot, max_batch_);
+  TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
+  const auto n = static_cast<int64_t>(prompt.size());
+  if (n > max_positions_)
+    throw Error(fmt::format("generation: a prompt of {} tokens does not fit the {} positions the generator has "
+                            "room for (raise the room for new tokens or shorten the prompt)",
+                            n, max_positions_));
+  const Tensor x = embed(prompt.data(), n);
+  run_layers(x, state_b_.rows(0, n), [&](size_t l) { return slot_caches(l, slot); }, CachePosition{}, n - 1, 1,
+             slot);
+  positions_[static_cast<size_t>(slot)] = n;
+}
+
+void Generator::step_slots(const std::vector<int32_t>& tokens) {
+  const auto B = static_cast<int64_t>(tokens.size());
+  TS_CHECK(B >= 1 && B <= max_batch_, "generation: {} tokens for {} slots", B, max_batch_);
+  // The ids then the positions, one upload; an idle slot reads token 0 at position 0.
+  std::vector<int32_t> ids(static_cast<size_t>(2 * B), 0);
+  int64_t last = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (tokens[b] < 0) continue;
+    const int64_t pos = positions_[static_cast<size_t>(b)];
+    if (pos == 0) throw InternalError(fmt::format("generation: slot {} steps before its prefill", b));
+    if (pos >= max_positions_)
+      throw Error(fmt::format("generation: {} positions do not fit the {} the generator has room for (raise the "
+                              "room for new tokens or shorten the prompt)",
+                              pos + 1, max_positions_));
+    ids[b] = tokens[b];
+    ids[B + b] = static_cast<int32_t>(pos);
+    last = std::max(last, pos);
+  }
+  for (size_t i = 0; i < rope_.tables.size(); ++i) {
+    const std::vector<float>& table = host_rope_[i];
+    const auto D = static_cast<size_t>(spec_.head_dim);
+    std::vector<float> rows(static_cast<size_t>(B) * D);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(table.begin() + static_cast<std::ptrdiff_t>(ids[B + b] * D), D, rows.begin() + b * D);
+    backend_.upload(step_rope_.tables[i].second.rows(0, B), rows.data());
+  }
+  const Tensor x = embed(ids.data(), B, B);
+  CachePosition at;
+  at.pos = last;
+  at.positions = tokens_.flat_range(B, B);
+  at.rope = &step_rope_;
+  if (!decodes_batches()) {
+    TS_CHECK(B == 1, "generation: a family that decodes one sequence at a time stepped {}", B);
+    at = CachePosition{last};
+  }
+  run_layers(
+      x, state_b_.rows(0, B),
+      [&](size_t l) { return at.positions.defined() ? batch_caches(l, B) : slot_caches(l, 0); }, at, 0, B, 0);
+  for (int64_t b = 0; b < B; ++b)
+    if (tokens[b] >= 0) ++positions_[static_cast<size_t>(b)];
+}
+
+std::vector<float> Generator::logits(int64_t rows) {
+  const int64_t V = spec_.vocab_size;
+  TS_CHECK(rows >= 1 && rows <= max_batch_, "generation: logits of {} slots of {}", rows, max_batch_);
+  const Tensor f32 = logits_f32_.flat_range(0, rows * V);
+  backend_.convert(f32, logits_.rows(0, rows));
+  std::vector<float> out(static_cast<size_t>(rows * V));
   backend_.download(out.data(), f32);
   return out;
 }
 
-void Generator::prefill_on_device(const std::vector<int32_t>& prompt) {
-  TS_CHECK(!prompt.empty(), "generation needs a prompt of at least one token");
-  position_ = 0;
-  batch_ = 1;
-  run(prompt.data(), static_cast<int64_t>(prompt.size()));
-}
-
-void Generator::step_on_device(const std::vector<int32_t>& tokens) {
-  TS_CHECK(static_cast<int64_t>(tokens.size()) == batch_, "generation: {} tokens for {} sequences",
-           tokens.size(), batch_);
-  run(tokens.data(), batch_);
-}
-
-Generator::Draw Generator::draw(const std::vector<int32_t>& streams, int64_t vocab, double temperature,
-                                double min_p, uint64_t seed, int64_t step) {
-  const int64_t B = batch_;
-  TS_CHECK(static_cast<int64_t>(streams.size()) == B, "generation: {} streams for {} sequences", streams.size(), B);
-  const Tensor s = draw_streams_.flat_range(0, B);
-  // A group's streams stay the same from step to step.
-  if (streams != uploaded_streams_) backend_.upload(s, streams.data()), uploaded_streams_ = streams;
+Generator::Draw Generator::draw(const std::vector<int32_t>& streams, const std::vector<int32_t>& steps,
+                                int64_t vocab, double temperature, double min_p, uint64_t seed) {
+  const auto B = static_cast<int64_t>(streams.size());
+  TS_CHECK(B >= 1 && B <= max_batch_ && steps.size() == streams.size(), "generation: {} streams and {} steps for {} slots",
+           B, steps.size(), max_batch_);
+  std::vector<int32_t> keys = streams;
+  keys.insert(keys.end(), steps.begin(), steps.end());
+  backend_.upload(draw_streams_.flat_range(0, 2 * B), keys.data());
   // Tokens, log-probabilities and entropies side by side in one buffer: one download a step.
   Tensor tokens = draw_out_.flat_range(0, B);
   tokens.dtype = DType::I32;  // 4 bytes, as the fp32 beside them
-  backend_.sample_tokens(tokens, draw_out_.flat_range(B, B), draw_out_.flat_range(2 * B, B), logits_.rows(0, B), s,
-                         vocab, static_cast<float>(temperature), static_cast<float>(min_p), seed, step);
+  backend_.sample_tokens(tokens, draw_out_.flat_range(B, B), draw_out_.flat_range(2 * B, B), logits_.rows(0, B),
+                         draw_streams_.flat_range(0, B), draw_streams_.flat_range(B, B), vocab,
+                         static_cast<float>(temperature), static_cast<float>(min_p), seed);
   std::vector<float> out(static_cast<size_t>(3 * B));
   backend_.download(out.data(), draw_out_.flat_range(0, 3 * B));
   Draw d;

@@ -2,18 +2,20 @@
 // Autoregressive generation with a KV cache: a model's weights on a backend, a prompt fed in
 // one pass (prefill), then one token at a time, each attending to the keys and values the
 // layers cached for every earlier position, so a new token costs one token's work, not the
-// whole sequence's. A prompt may fork into up to `max_batch` sequences that continue it
-// together (GRPO's group of completions of one prompt, or several samples): the prompt's cache
-// is copied to each, and each step decodes one token of every sequence in one pass, every
-// weight read once for the batch. The cache holds max_batch x max_positions positions per
-// layer, one contiguous row of positions per sequence: all sequences of a batch are at the
-// same position, so none fragments it. Sampling (model/sampling.h) picks each next token from
-// the logits. The layers and blocks are the family's (model/decoder_layer.h), run through
-// Block::forward_cached.
+// whole sequence's. The generator holds up to `max_batch` sequences, each in a slot of its own
+// (continuous batching, model/continuations.h): a slot's row of positions in the cache of every
+// layer, its position, and its last logits. A step decodes one token of each slot in one pass,
+// every weight read once for the batch, each slot at its own position: a sequence that ends
+// frees its slot for the next prompt while the others go on. The cache holds max_batch x
+// max_positions positions per layer, one contiguous row per slot, so sequences of any lengths
+// share it without fragmenting it. Sampling (model/sampling.h, or draw() on the device) picks
+// each next token from the logits. The layers and blocks are the family's
+// (model/decoder_layer.h), run through Block::forward_cached.
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "tessera/model/block.h"
@@ -50,42 +52,43 @@ class Generator final : private ForwardOps {
   // The blocks' state from a model's (Model::persistent_state, by name), on the device.
   void copy_state(const std::vector<std::pair<std::string, Tensor>>& state);
 
-  // Starts a sequence with `prompt` (positions 0 .. n-1); returns the fp32 logits
-  // (vocab_size) of its last position, the distribution of the next token.
+  // One sequence in slot 0: starts it with `prompt` (positions 0 .. n-1) and returns the fp32
+  // logits (vocab_size) of its last position, the distribution of the next token.
   std::vector<float> prefill(const std::vector<int32_t>& prompt);
-  // Appends `token` at the next position; returns the logits of the token after it.
+  // Appends `token` at slot 0's next position; returns the logits of the token after it.
   std::vector<float> step(int32_t token);
+
   // Whether the family's blocks decode batches (multi-latent attention does not yet): else
   // max_batch is 1.
   bool decodes_batches() const { return decodes_batches(layers_); }
-  // After prefill: the prompt continues as `count` sequences (count <= max_batch), each with
-  // the prompt's cache and its last logits (what draw() draws their first tokens from).
-  void fork(int64_t count);
-  // One token for each of the fork's sequences (tokens.size() == count), all at position();
-  // returns their next tokens' logits, sequence after sequence (count x vocab_size).
-  std::vector<float> step(const std::vector<int32_t>& tokens);
-  // As prefill and step, leaving the logits on the device for draw() rather than returning
-  // them (a vocabulary of logits per sequence and token need not cross to the host).
-  void prefill_on_device(const std::vector<int32_t>& prompt);
-  void step_on_device(const std::vector<int32_t>& tokens);
-  // The last pass's logits on the host, fp32: each sequence's next-token distribution,
-  // sequence after sequence (batch() x vocab_size).
-  std::vector<float> logits();
-  // Each sequence's next token drawn on the device from the last pass's logits
+  // Starts slot `slot`'s sequence with `prompt`; its next token's logits are row `slot` of the
+  // logits. The other slots are untouched.
+  void prefill_slot(int64_t slot, std::span<const int32_t> prompt);
+  // Slot `to` continues as a copy of slot `from`: its cached positions, position and logits
+  // (a prompt prefilled once for several continuations).
+  void copy_slot(int64_t from, int64_t to);
+  // One token for each of the first tokens.size() slots, each at its slot's next position; a
+  // negative token leaves its slot idle (a free slot below busy ones: computed, not kept, its
+  // position unchanged). Each slot's next logits are its row.
+  void step_slots(const std::vector<int32_t>& tokens);
+  // The first `rows` slots' logits on the host, fp32: each slot's next-token distribution,
+  // slot after slot (rows x vocab_size).
+  std::vector<float> logits(int64_t rows);
+  // Each of the first streams.size() slots' next token drawn on the device from its logits
   // (Backend::sample_tokens: temperature with min-p, greedy at temperature 0, over ids below
   // vocab), with its log-probability and its distribution's entropy (at temperature 1).
-  // streams[b] names sequence b's random stream, step the token's index in it.
+  // streams[b] names slot b's random stream, steps[b] the token's index in it.
   struct Draw {
     std::vector<int32_t> tokens;
     std::vector<float> logps, entropy;
   };
-  Draw draw(const std::vector<int32_t>& streams, int64_t vocab, double temperature, double min_p, uint64_t seed,
-            int64_t step);
-  int64_t position() const { return position_; }
+  Draw draw(const std::vector<int32_t>& streams, const std::vector<int32_t>& steps, int64_t vocab,
+            double temperature, double min_p, uint64_t seed);
+  // The position slot `slot`'s next token takes (its sequence's length so far).
+  int64_t position(int64_t slot = 0) const { return positions_[static_cast<size_t>(slot)]; }
   // The width of each sequence's logits (the model's padded vocabulary).
   int64_t vocab_size() const { return spec_.vocab_size; }
-  int64_t batch() const { return batch_; }
-  // The sequences a fork may hold (1 for a family that does not decode batches).
+  // The sequences it holds at once (1 for a family that does not decode batches).
   int64_t max_batch() const { return max_batch_; }
   int64_t max_positions() const { return max_positions_; }
 
@@ -96,19 +99,24 @@ class Generator final : private ForwardOps {
   struct Sizes {
     size_t cache = 0;
     std::array<size_t, 9> state{};
-    size_t table = 0, tables = 0;
+    size_t table = 0, rows = 0, tables = 0;  // a rotary table, its rows at a step's positions
     size_t block_state_floats = 0;
     size_t scratch = 0;
     size_t bytes() const;
   };
   static Sizes sizes(const ModelSpec& spec, const std::vector<std::unique_ptr<DecoderLayer>>& layers, DType dtype,
                      int64_t max_positions, int64_t max_batch);
-  // n tokens: a prompt or one token of the sequence (batch_ 1), or one token of each of the
-  // batch_ sequences; the logits of the last position of each sequence, in logits_.
-  void run(const int32_t* tokens, int64_t n);
+  // The layers over n tokens in state_a_ whose embeddings are in x, then the final norm and head
+  // over the `last` rows from `from` into the logits' rows from `to`.
+  void run_layers(Tensor x, Tensor y, const std::function<std::vector<Tensor>(size_t)>& caches,
+                  const CachePosition& at, int64_t from, int64_t last, int64_t to);
+  // n token ids uploaded from `tokens` (and the int32s after them in `more`), checked against
+  // the vocabulary, embedded into state_a_'s first n rows.
+  Tensor embed(const int32_t* tokens, int64_t n, int64_t more = 0);
   static bool decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers);
-  // Each block's cache as the first `sequences` sequences' (the one-sequence layout for 1).
-  std::vector<Tensor> caches_of(size_t layer, int64_t sequences) const;
+  // Each block's cache: slot `slot`'s (S, width), or the first `slots` slots' (slots, S, width).
+  std::vector<Tensor> slot_caches(size_t layer, int64_t slot) const;
+  std::vector<Tensor> batch_caches(size_t layer, int64_t slots) const;
 
   // ForwardOps
   Backend& backend() const override { return backend_; }
@@ -122,7 +130,7 @@ class Generator final : private ForwardOps {
   ModelSpec spec_;
   DType dtype_;
   int64_t max_positions_, max_batch_;
-  int64_t position_ = 0, batch_ = 1;
+  std::vector<int64_t> positions_;  // each slot's next position
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ParamLayout layout_;
   bool params_in_place_ = false;
@@ -130,12 +138,17 @@ class Generator final : private ForwardOps {
   std::vector<std::pair<std::string, Tensor>> block_state_;  // Block::bind_state's, by name
   Tensor params_;
   std::vector<std::vector<Tensor>> caches_;  // [layer][block]: (max_batch, max_positions, cache width)
+  // tokens_: a prompt's ids, or a step's ids then its slots' positions (one upload).
   Tensor tokens_, state_a_, state_b_, final_norm_, final_rstd_, logits_, logits_f32_;
-  // draw()'s: the streams (max_batch) int32, and its tokens, log-probabilities and entropies
-  // side by side (3 x max_batch; the tokens int32 in fp32's place); the streams last uploaded.
+  // draw()'s: the streams then the steps (2 x max_batch) int32, and its tokens,
+  // log-probabilities and entropies side by side (3 x max_batch; the tokens int32 in fp32's
+  // place).
   Tensor draw_streams_, draw_out_;
-  std::vector<int32_t> uploaded_streams_;
   RopeTables rope_;
+  // A step's rotary rows (max_batch, head_dim) per base, gathered on the host from the tables
+  // (host_rope_, as rope_'s) at the slots' positions.
+  RopeTables step_rope_;
+  std::vector<std::vector<float>> host_rope_;
   ScratchArena scratch_;
 };
 

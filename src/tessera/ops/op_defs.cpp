@@ -685,27 +685,55 @@ OpCost cost_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& do
 // ---- attention_decode
 
 void check_attention_decode(const OpChecks& check, const Tensor& out, const Tensor& q,
-                            const Tensor& kv, int64_t pos, const AttentionShape& s) {
+                            const Tensor& kv, const Tensor& positions, int64_t pos,
+                            const AttentionShape& s) {
   check.attention_shape(s);
   check.that(s.causal, "generation's attention is causal");
   check.that(pos >= 0 && pos < s.seq, "position {} outside the cache's {} positions", pos, s.seq);
   check.count(q, s.batch * s.heads * s.head_dim, "q");
   check.count(out, s.batch * s.out_width(), "out");
   check.count(kv, s.batch * s.seq * s.kv_heads * (s.head_dim + s.v_dim()), "kv");
+  if (positions.defined()) check.count(positions, s.batch, "positions");
 }
 
-OpArgs describe_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
-                                 const AttentionShape& s) {
+OpArgs describe_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
+                                 const Tensor& positions, int64_t pos, const AttentionShape& s) {
   return op_args::attention(s, q.dtype);
 }
 
-OpCost cost_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv, int64_t pos,
-                             const AttentionShape& s) {
+// With per-sequence positions (on the device), every sequence is counted at the largest.
+OpCost cost_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
+                             const Tensor& positions, int64_t pos, const AttentionShape& s) {
   const double keys = s.window > 0 ? std::min<double>(pos + 1, s.window) : pos + 1;
   const double cache_bytes =
       s.batch * keys * s.kv_heads * (s.head_dim + s.v_dim()) * dtype_size(kv.dtype);
   return {2 * s.batch * s.heads * keys * (s.head_dim + s.v_dim()),
-          bytes_of(q) + cache_bytes + bytes_of(out)};
+          bytes_of(q) + cache_bytes + bytes_of(out) + bytes_of(positions)};
+}
+
+// ---- cache_write
+
+void check_cache_write(const OpChecks& check, const Tensor& cache, const Tensor& src,
+                       int64_t src_col, const Tensor& positions) {
+  check.placed(cache, "cache");
+  check.that(cache.shape.rank() == 3, "cache is not (B, S, W)");
+  const MatrixDims d = matrix_dims(src);
+  const int64_t B = cache.dim(0), W = cache.dim(2);
+  check.that(d.rows == B, "src has {} rows for {} sequences", d.rows, B);
+  check.that(src_col >= 0 && src_col + W <= d.cols, "columns [{}, {}) outside src's {}", src_col,
+             src_col + W, d.cols);
+  check.count(positions, B, "positions");
+}
+
+OpArgs describe_cache_write(const Tensor& cache, const Tensor& src, int64_t src_col,
+                            const Tensor& positions) {
+  return op_args::elements(src);
+}
+
+OpCost cost_cache_write(const Tensor& cache, const Tensor& src, int64_t src_col,
+                        const Tensor& positions) {
+  const double bytes = static_cast<double>(cache.dim(0) * cache.dim(2)) * dtype_size(cache.dtype);
+  return {0, 2 * bytes + bytes_of(positions)};
 }
 
 // ---- mla_qkv_forward
@@ -796,27 +824,28 @@ OpCost cost_scale(const Tensor& out, const Tensor& x, float alpha) {
 
 void check_sample_tokens(const OpChecks& check, const Tensor& tokens, const Tensor& logps,
                          const Tensor& entropy, const Tensor& logits, const Tensor& streams,
-                         int64_t vocab, float temperature, float min_p, uint64_t seed, int64_t step) {
+                         const Tensor& steps, int64_t vocab, float temperature, float min_p,
+                         uint64_t seed) {
   check.placed(logits, "logits");
   const MatrixDims d = matrix_dims(logits);
   for (const auto& [t, name] : {std::pair{&tokens, "tokens"}, std::pair{&logps, "logps"},
-                                std::pair{&entropy, "entropy"}, std::pair{&streams, "streams"}})
+                                std::pair{&entropy, "entropy"}, std::pair{&streams, "streams"},
+                                std::pair{&steps, "steps"}})
     check.count(*t, d.rows, name);
   check.that(vocab >= 1 && vocab <= d.cols, "vocab {} outside [1, {}]", vocab, d.cols);
   check.that(temperature >= 0 && std::isfinite(temperature), "temperature {} is not 0 or more", temperature);
   check.that(min_p >= 0 && min_p <= 1, "min_p {} outside [0, 1]", min_p);
-  check.that(step >= 0, "step {} is negative", step);
 }
 
 OpArgs describe_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
-                              const Tensor& logits, const Tensor& streams, int64_t vocab,
-                              float temperature, float min_p, uint64_t seed, int64_t step) {
+                              const Tensor& logits, const Tensor& streams, const Tensor& steps,
+                              int64_t vocab, float temperature, float min_p, uint64_t seed) {
   return op_args::elements(logits);
 }
 
 OpCost cost_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
-                          const Tensor& logits, const Tensor& streams, int64_t vocab,
-                          float temperature, float min_p, uint64_t seed, int64_t step) {
+                          const Tensor& logits, const Tensor& streams, const Tensor& steps,
+                          int64_t vocab, float temperature, float min_p, uint64_t seed) {
   // Per logit: its exponential twice (entropy and log-probability) and the noise's two logs.
   return {8 * elements(logits), 2 * bytes_of(logits)};
 }

@@ -89,7 +89,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
       (t.objective == Objective::Grpo && t.grpo_beta > 0);
   s.reference_loaded = !e.checkpoint.reference_load.empty();
   if (t.objective == Objective::Grpo) {
-    s.generation_batch = std::min<int64_t>(t.grpo_num_generations, t.global_batch_size / dp);
+    s.generation_batch = grpo_generation_slots(t, dp);
     s.global_batch = t.global_batch_size;
     s.reward_terms = grpo_reward_terms(t.grpo_rewards).size();
   }

@@ -105,9 +105,9 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
   per_rank_ = t_.global_batch_size / dp;
   accumulation_ = per_rank_ / t_.micro_batch_size;
   Model& model = p_.model;
-  // Room for a group's completions of one prompt on this rank, decoded together.
+  // Slots for the completions this rank decodes at once.
   generator_ = std::make_unique<Generator>(model.backend(), model.spec(), model.params(), model.layout(),
-                                           t_.seq_length, std::min(t_.grpo_num_generations, per_rank_));
+                                           t_.seq_length, grpo_generation_slots(t_, dp));
   if (t_.grpo_beta > 0)
     reference_ = reference ? std::move(reference)
                            : std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);
@@ -150,26 +150,29 @@ int64_t GrpoRun::global_index(int64_t micro_batch, int64_t row) const {
          row;
 }
 
-// A group's completions, decoded together (model/continuations.h).
-std::vector<GrpoRun::Completion> GrpoRun::complete(const GrpoPrompt& prompt, const SamplingOptions& sampling,
-                                                   uint64_t seed, const std::vector<int32_t>& streams) {
+// The prompts' completions, decoded with continuous batching (model/continuations.h):
+// [prompt][stream].
+std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vector<PromptContinuations>& prompts,
+                                                                const SamplingOptions& sampling, uint64_t seed) {
   ContinuationRequest request;
   request.sampling = sampling;
   request.sampling.seed = seed;
-  request.streams = streams;
   request.max_new_tokens = t_.grpo_max_completion_length;
   request.vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), p_.model.spec().vocab_size);
   request.is_end_token = [&](int32_t token) {
     return token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
   };
   if (!stop_.empty()) request.stopped = [&](std::span<const int32_t> ids) { return stop_.stopped(ids); };
-  std::vector<Completion> out;
-  for (Continuation& c : continue_prompt(*generator_, prompt.ids, request)) {
-    Completion& done = out.emplace_back();
-    done.ids = std::move(c.ids);
-    done.entropy_sum = c.entropy_sum;
-    done.clipped = c.end == Continuation::End::Length;
-    done.stopped = c.end == Continuation::End::Stop;
+  std::vector<std::vector<Completion>> out;
+  for (std::vector<Continuation>& group : continue_prompts(*generator_, prompts, request)) {
+    std::vector<Completion>& mine = out.emplace_back();
+    for (Continuation& c : group) {
+      Completion& done = mine.emplace_back();
+      done.ids = std::move(c.ids);
+      done.entropy_sum = c.entropy_sum;
+      done.clipped = c.end == Continuation::End::Length;
+      done.stopped = c.end == Continuation::End::Stop;
+    }
   }
   return out;
 }
@@ -232,28 +235,32 @@ void GrpoRun::generate_batch(int64_t batch) {
   const SamplingOptions sampling{t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, 0};
   const uint64_t seed = random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full, static_cast<uint64_t>(batch));
   // This rank's completions in micro-batch order; consecutive ones of one group (one prompt)
-  // are decoded together.
+  // share its prefill.
   std::vector<int64_t> mine_global;
   for (int64_t m = 0; m < accumulation_; ++m)
     for (int64_t b = 0; b < t_.micro_batch_size; ++b) mine_global.push_back(global_index(m, b));
-  mine_.clear();
-  std::vector<const GrpoPrompt*> prompts;
+  std::vector<PromptContinuations> groups;
+  std::vector<int64_t> group_prompt;
   for (size_t k = 0; k < mine_global.size();) {
     const int64_t group = mine_global[k] / G;
     // Each completion's random stream is its place in the global batch.
-    std::vector<int32_t> streams;
+    PromptContinuations& g = groups.emplace_back();
     size_t end = k;
     for (; end < mine_global.size() && mine_global[end] / G == group && (end == k || mine_global[end] == mine_global[end - 1] + 1); ++end)
-      streams.push_back(static_cast<int32_t>(mine_global[end]));
-    const int64_t prompt_index = prompt_of[static_cast<size_t>(mine_global[k])];
-    const GrpoPrompt& prompt = train_[static_cast<size_t>(prompt_index)];
-    for (Completion& c : complete(prompt, sampling, seed, streams)) {
-      c.prompt = prompt_index;
-      mine_.push_back(std::move(c));
-      prompts.push_back(&prompt);
-    }
+      g.streams.push_back(static_cast<int32_t>(mine_global[end]));
+    group_prompt.push_back(prompt_of[static_cast<size_t>(mine_global[k])]);
+    g.prompt = train_[static_cast<size_t>(group_prompt.back())].ids;
     k = end;
   }
+  mine_.clear();
+  std::vector<const GrpoPrompt*> prompts;
+  std::vector<std::vector<Completion>> done = complete(groups, sampling, seed);
+  for (size_t g = 0; g < done.size(); ++g)
+    for (Completion& c : done[g]) {
+      c.prompt = group_prompt[g];
+      mine_.push_back(std::move(c));
+      prompts.push_back(&train_[static_cast<size_t>(group_prompt[g])]);
+    }
   std::vector<Completion*> completions;
   for (Completion& c : mine_) completions.push_back(&c);
   const std::vector<std::vector<double>> values = rewards(prompts, completions);
@@ -422,12 +429,15 @@ double GrpoRun::evaluate() {
   const int64_t dp = p_.parallel.data_parallel_size(), rank = p_.parallel.data_parallel_rank();
   p_.parallel.params_complete();
   if (!p_.model.persistent_state().empty()) generator_->copy_state(p_.model.persistent_state());
-  std::vector<Completion> done;
+  // Greedy, each held-out prompt once, decoded together.
+  std::vector<PromptContinuations> asked;
   std::vector<const GrpoPrompt*> prompts;
   for (int64_t i = rank; i < count; i += dp) {
-    done.push_back(std::move(complete(valid_[static_cast<size_t>(i)], SamplingOptions{}, 0, {0})[0]));  // greedy
+    asked.push_back({valid_[static_cast<size_t>(i)].ids, {0}});
     prompts.push_back(&valid_[static_cast<size_t>(i)]);
   }
+  std::vector<Completion> done;
+  for (std::vector<Completion>& one : complete(asked, SamplingOptions{}, 0)) done.push_back(std::move(one[0]));
   std::vector<Completion*> completions;
   for (Completion& c : done) completions.push_back(&c);
   const std::vector<std::vector<double>> values = rewards(prompts, completions);

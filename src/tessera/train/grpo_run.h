@@ -21,6 +21,7 @@
 
 #include "tessera/config/config.h"
 #include "tessera/data/stop_strings.h"
+#include "tessera/model/continuations.h"
 #include "tessera/model/sampling.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/train/grpo.h"
@@ -107,10 +108,10 @@ class GrpoRun {
   };
   // This rank's completions of generation batch `batch`, rewarded and exchanged.
   void generate_batch(int64_t batch);
-  // Completions of `prompt`, one per stream (the random stream of its sampling under `seed`),
-  // decoded together; greedy at temperature 0.
-  std::vector<Completion> complete(const GrpoPrompt& prompt, const SamplingOptions& sampling, uint64_t seed,
-                                   const std::vector<int32_t>& streams);
+  // Completions of each prompt, one per stream (the random stream of its sampling under
+  // `seed`), [prompt][stream], decoded with continuous batching; greedy at temperature 0.
+  std::vector<std::vector<Completion>> complete(const std::vector<PromptContinuations>& prompts,
+                                                const SamplingOptions& sampling, uint64_t seed);
   std::vector<std::vector<double>> rewards(const std::vector<const GrpoPrompt*>& prompts,
                                            const std::vector<Completion*>& completions) const;
   // Loads this rank's completion `c` into the model's batch rows [row, row + 1).

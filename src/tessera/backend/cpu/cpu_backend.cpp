@@ -617,8 +617,22 @@ void CpuBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Te
 }
 
 void CpuBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
-                                     int64_t pos, const AttentionShape& s) {
-  ref::attention_decode(f32(out), f32(q), f32(kv), pos, s);
+                                     const Tensor& positions, int64_t pos, const AttentionShape& s) {
+  ref::attention_decode(f32(out), f32(q), f32(kv),
+                        positions.defined() ? positions.as<int32_t>() : nullptr, pos, s);
+}
+
+void CpuBackend::do_cache_write(const Tensor& cache, const Tensor& src, int64_t src_col,
+                                const Tensor& positions) {
+  const int64_t B = cache.dim(0), S = cache.dim(1), W = cache.dim(2);
+  const int64_t cols = matrix_dims(src).cols;
+  const size_t e = dtype_size(cache.dtype);
+  const int32_t* at = positions.as<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TS_CHECK(at[b] >= 0 && at[b] < S, "cache_write: position {} outside the cache's {}", at[b], S);
+    std::memcpy(static_cast<char*>(cache.data) + ((b * S + at[b]) * W) * e,
+                static_cast<const char*>(src.data) + (b * cols + src_col) * e, W * e);
+  }
 }
 
 namespace {
@@ -738,13 +752,14 @@ void CpuBackend::do_log_softmax_gather(const Tensor& logps, const Tensor& lse, c
 }
 
 void CpuBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
-                                  const Tensor& logits, const Tensor& streams, int64_t vocab,
-                                  float temperature, float min_p, uint64_t seed, int64_t step) {
+                                  const Tensor& logits, const Tensor& streams, const Tensor& steps,
+                                  int64_t vocab, float temperature, float min_p, uint64_t seed) {
   const auto [B, V] = matrix_dims(logits);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < B; ++b)
     ref::sample_tokens(tokens.as<int32_t>() + b, f32(logps) + b, f32(entropy) + b, f32(logits) + b * V,
-                       streams.as<int32_t>() + b, 1, V, vocab, temperature, min_p, seed, step);
+                       streams.as<int32_t>() + b, steps.as<int32_t>() + b, 1, V, vocab, temperature,
+                       min_p, seed);
 }
 
 void CpuBackend::do_log_softmax_gather_backward(const Tensor& dlogits, const Tensor& dlogps,

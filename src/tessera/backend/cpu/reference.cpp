@@ -306,13 +306,15 @@ void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
 }
 
 template <class T>
-void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const AttentionShape& s) {
+void attention_decode(T* out, const T* q, const T* kv, const int32_t* positions, int64_t pos,
+                      const AttentionShape& s) {
   const int64_t D = s.head_dim, Dv = s.v_dim(), H = s.heads, KV = s.kv_heads, group = H / KV;
   const int64_t row = KV * (D + Dv);  // one cached position: KV keys, then KV values
-  const KeyRange keys = visible_keys(s, pos);
-  std::vector<double> p(static_cast<size_t>(keys.last - keys.first + 1));
+  std::vector<double> p;
   std::vector<double> acc(static_cast<size_t>(Dv));
   for (int64_t b = 0; b < s.batch; ++b) {
+    const KeyRange keys = visible_keys(s, positions ? positions[b] : pos);
+    p.resize(static_cast<size_t>(keys.last - keys.first + 1));
     for (int64_t h = 0; h < H; ++h) {
       const T* qh = q + (b * H + h) * D;
       const T* k_rows = kv + b * s.seq * row + (h / group) * D;
@@ -649,8 +651,8 @@ void log_softmax_gather(T* logps, T* lse, const T* logits, const int32_t* target
 
 template <class T>
 void sample_tokens(int32_t* tokens, T* logps, T* entropy, const T* logits, const int32_t* streams,
-                   int64_t B, int64_t V, int64_t vocab, T temperature, T min_p, uint64_t seed,
-                   int64_t step) {
+                   const int32_t* steps, int64_t B, int64_t V, int64_t vocab, T temperature, T min_p,
+                   uint64_t seed) {
   for (int64_t b = 0; b < B; ++b) {
     const T* x = logits + b * V;
     const T max = *std::max_element(x, x + V);
@@ -667,7 +669,7 @@ void sample_tokens(int32_t* tokens, T* logps, T* entropy, const T* logits, const
     T best_key = T(0);
     for (int64_t v = 0; v < vocab; ++v) {
       if (temperature > 0 && static_cast<double>(x[v] - top) / temperature < floor) continue;
-      const T key = temperature > 0 ? x[v] / temperature + static_cast<T>(gumbel_noise(seed, streams[b], step, vocab, v))
+      const T key = temperature > 0 ? x[v] / temperature + static_cast<T>(gumbel_noise(seed, streams[b], steps[b], vocab, v))
                                     : x[v];
       if (best < 0 || key > best_key) best = v, best_key = key;
     }
@@ -795,7 +797,8 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void attention_head_backward<T>(T*, T*, T*, int64_t, const T*, const T*, const T*,      \
                                            const T*, const AttentionShape&, int64_t, int64_t,      \
                                            double*);                                               \
-  template void attention_decode<T>(T*, const T*, const T*, int64_t, const AttentionShape&);       \
+  template void attention_decode<T>(T*, const T*, const T*, const int32_t*, int64_t,             \
+                                    const AttentionShape&);                                        \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, T);           \
@@ -819,8 +822,8 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void softcap<T>(T*, const T*, T, int64_t);                                              \
   template void softcap_backward<T>(T*, const T*, const T*, T, int64_t);                           \
   template void log_softmax_gather<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);         \
-  template void sample_tokens<T>(int32_t*, T*, T*, const T*, const int32_t*, int64_t, int64_t,      \
-                                 int64_t, T, T, uint64_t, int64_t);                                 \
+  template void sample_tokens<T>(int32_t*, T*, T*, const T*, const int32_t*, const int32_t*,       \
+                                 int64_t, int64_t, int64_t, T, T, uint64_t);                        \
   template void log_softmax_gather_backward<T>(T*, const T*, const T*, const T*, const int32_t*,   \
                                                int64_t, int64_t);                                  \
   template void cross_entropy_shard_stats<T>(T*, const T*, const int32_t*, int64_t, int64_t,       \

@@ -153,12 +153,14 @@ void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, 
                                       int64_t segment, const AttentionShape& s, int64_t b,
                                       int64_t h);
 
-// Generation's attention for one new token per sequence, at position `pos`: q (B, H*D)
-// attends to the keys and values of the positions visible from `pos` (visible_keys) in the
-// cache kv (B, S, KV*(D + Dv)), which holds per position the KV key heads, then the KV value
-// heads. out (B, H*Dv). s.seq is the cache's capacity S.
+// Generation's attention for one new token per sequence, at position `pos` (or sequence b's at
+// positions[b] when positions is not null): q (B, H*D) attends to the keys and values of the
+// positions visible from its own (visible_keys) in the cache kv (B, S, KV*(D + Dv)), which
+// holds per position the KV key heads, then the KV value heads. out (B, H*Dv). s.seq is the
+// cache's capacity S.
 template <class T>
-void attention_decode(T* out, const T* q, const T* kv, int64_t pos, const AttentionShape& s);
+void attention_decode(T* out, const T* q, const T* kv, const int32_t* positions, int64_t pos,
+                      const AttentionShape& s);
 
 // ---- multi-latent attention ----
 
@@ -223,11 +225,11 @@ void log_softmax_gather_backward(T* dlogits, const T* dlogps, const T* logits, c
                                  const int32_t* targets, int64_t N, int64_t V);
 
 // Generation's draw of each row's next token, as the op API's sample_tokens: logits (B, V),
-// streams (B); tokens, logps and entropy (B).
+// streams and steps (B); tokens, logps and entropy (B).
 template <class T>
 void sample_tokens(int32_t* tokens, T* logps, T* entropy, const T* logits, const int32_t* streams,
-                   int64_t B, int64_t V, int64_t vocab, T temperature, T min_p, uint64_t seed,
-                   int64_t step);
+                   const int32_t* steps, int64_t B, int64_t V, int64_t vocab, T temperature, T min_p,
+                   uint64_t seed);
 
 // ---- QK norm (Qwen3) ----
 

@@ -22,10 +22,13 @@ constexpr int kWarps = 8;
 constexpr int kMaxHeadDim = 256;
 
 template <class T, int PER_LANE>
-__global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t S, int64_t H,
-                                        int64_t KV, int D, int Dv, int64_t first, int64_t last,
-                                        float scale) {
+__global__ void attention_decode_kernel(T* out, const T* q, const T* kv, const int32_t* positions,
+                                        int64_t S, int64_t H, int64_t KV, int D, int Dv,
+                                        int64_t pos, int64_t window, float scale) {
   const int64_t h = blockIdx.x, b = blockIdx.y;
+  // The visible keys: the op API's rule (reference.h, visible_keys) for query row `last`.
+  const int64_t last = positions ? positions[b] : pos;
+  const int64_t first = window > 0 ? max(int64_t{0}, last - window + 1) : 0;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = KV * (D + Dv);  // elements per cached position
   const T* keys = kv + b * S * row + (h / (H / KV)) * D;
@@ -76,29 +79,72 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, int64_t
 }
 
 template <class T, int PER_LANE>
-void launch(void* out, const void* q, const void* kv, int64_t first, int64_t last,
+void launch(void* out, const void* q, const void* kv, const int32_t* positions, int64_t pos,
             const AttentionShape& s, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
   attention_decode_kernel<T, PER_LANE><<<grid, kWarps * 32, 0, stream>>>(
-      static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(kv), s.seq, s.heads,
-      s.kv_heads, static_cast<int>(s.head_dim), static_cast<int>(s.v_dim()), first, last, s.scale);
+      static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(kv), positions, s.seq,
+      s.heads, s.kv_heads, static_cast<int>(s.head_dim), static_cast<int>(s.v_dim()), pos, s.window,
+      s.scale);
   TS_CUDA_CHECK_LAUNCH("attention_decode_kernel");
+}
+
+// One thread per 16 bytes of a row where the row's width and both addresses allow, else per
+// element: the copy is a few kilobytes per sequence, bound by the launch.
+template <class V>
+__global__ void cache_write_kernel(V* cache, int64_t S, int64_t W, const V* src, int64_t src_cols,
+                                   int64_t src_col, const int32_t* positions) {
+  const int64_t b = blockIdx.y;
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= W) return;
+  cache[(b * S + positions[b]) * W + j] = src[b * src_cols + src_col + j];
+}
+
+template <class V>
+void launch_cache_write(void* cache, int64_t B, int64_t S, int64_t W, const void* src,
+                        int64_t src_cols, int64_t src_col, const int32_t* positions,
+                        cudaStream_t stream) {
+  constexpr int kThreads = 128;
+  const dim3 grid(static_cast<unsigned>((W + kThreads - 1) / kThreads), static_cast<unsigned>(B));
+  cache_write_kernel<V><<<grid, kThreads, 0, stream>>>(static_cast<V*>(cache), S, W,
+                                                       static_cast<const V*>(src), src_cols, src_col,
+                                                       positions);
+  TS_CUDA_CHECK_LAUNCH("cache_write_kernel");
 }
 
 }  // namespace
 
-void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
-                      const AttentionShape& s, DType dtype, cudaStream_t stream) {
+void cache_write(void* cache, int64_t B, int64_t S, int64_t W, const void* src, int64_t src_cols,
+                 int64_t src_col, const int32_t* positions, size_t element_bytes,
+                 cudaStream_t stream) {
+  NvtxRange range("cache_write");
+  if (B == 0 || W == 0) return;
+  const auto aligned = [&](size_t unit) {
+    return (W * element_bytes) % unit == 0 && (src_cols * element_bytes) % unit == 0 &&
+           (src_col * element_bytes) % unit == 0 && reinterpret_cast<uintptr_t>(cache) % unit == 0 &&
+           reinterpret_cast<uintptr_t>(src) % unit == 0;
+  };
+  if (aligned(16)) {
+    const int64_t k = 16 / static_cast<int64_t>(element_bytes);
+    return launch_cache_write<int4>(cache, B, S, W / k, src, src_cols / k, src_col / k, positions, stream);
+  }
+  if (element_bytes == 2)
+    return launch_cache_write<uint16_t>(cache, B, S, W, src, src_cols, src_col, positions, stream);
+  if (element_bytes == 4)
+    return launch_cache_write<uint32_t>(cache, B, S, W, src, src_cols, src_col, positions, stream);
+  throw InternalError("cache_write: elements of " + std::to_string(element_bytes) + " bytes");
+}
+
+void attention_decode(void* out, const void* q, const void* kv, const int32_t* positions,
+                      int64_t pos, const AttentionShape& s, DType dtype, cudaStream_t stream) {
   NvtxRange range("attention_decode");
-  // The visible keys: the op API's rule (reference.h, visible_keys) for query row pos.
-  const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
   const int64_t widest = std::max(s.head_dim, s.v_dim());
   dispatch_float(dtype, "attention_decode", [&](auto tag) {
     using T = decltype(tag);
-    if (widest <= 32) return launch<T, 1>(out, q, kv, first, pos, s, stream);
-    if (widest <= 64) return launch<T, 2>(out, q, kv, first, pos, s, stream);
-    if (widest <= 128) return launch<T, 4>(out, q, kv, first, pos, s, stream);
-    if (widest <= kMaxHeadDim) return launch<T, 8>(out, q, kv, first, pos, s, stream);
+    if (widest <= 32) return launch<T, 1>(out, q, kv, positions, pos, s, stream);
+    if (widest <= 64) return launch<T, 2>(out, q, kv, positions, pos, s, stream);
+    if (widest <= 128) return launch<T, 4>(out, q, kv, positions, pos, s, stream);
+    if (widest <= kMaxHeadDim) return launch<T, 8>(out, q, kv, positions, pos, s, stream);
     throw InternalError("attention_decode: head_dim " + std::to_string(widest) + " (at most " +
                         std::to_string(kMaxHeadDim) + " on CUDA)");
   });

@@ -11,8 +11,15 @@ namespace tessera::cuda {
 
 // q (B, H*D), out (B, H*Dv), kv (B, S, KV*(D + Dv)) with S = s.seq and Dv = s.v_dim(): all in
 // dtype (bf16 or fp32).
-// The new token is at position `pos`; it sees the cached positions s allows (causal, window).
-void attention_decode(void* out, const void* q, const void* kv, int64_t pos,
-                      const AttentionShape& s, DType dtype, cudaStream_t stream);
+// Sequence b's new token is at position `pos`, or at positions[b] <= pos when positions is not
+// null; it sees the cached positions s allows (causal, window).
+void attention_decode(void* out, const void* q, const void* kv, const int32_t* positions,
+                      int64_t pos, const AttentionShape& s, DType dtype, cudaStream_t stream);
+
+// cache (B, S, W) with elements of `element_bytes`: row positions[b] of sequence b = columns
+// [src_col, src_col + W) of row b of src (B, src_cols).
+void cache_write(void* cache, int64_t B, int64_t S, int64_t W, const void* src, int64_t src_cols,
+                 int64_t src_col, const int32_t* positions, size_t element_bytes,
+                 cudaStream_t stream);
 
 }  // namespace tessera::cuda

@@ -701,8 +701,17 @@ void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const T
 }
 
 void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
-                                      int64_t pos, const AttentionShape& s) {
-  cuda::attention_decode(out.data, q.data, kv.data, pos, s, q.dtype, stream_);
+                                      const Tensor& positions, int64_t pos, const AttentionShape& s) {
+  cuda::attention_decode(out.data, q.data, kv.data,
+                         positions.defined() ? positions.as<int32_t>() : nullptr, pos, s, q.dtype,
+                         stream_);
+}
+
+void CudaBackend::do_cache_write(const Tensor& cache, const Tensor& src, int64_t src_col,
+                                 const Tensor& positions) {
+  cuda::cache_write(cache.data, cache.dim(0), cache.dim(1), cache.dim(2), src.data,
+                    matrix_dims(src).cols, src_col, positions.as<int32_t>(), dtype_size(cache.dtype),
+                    stream_);
 }
 
 void CudaBackend::do_mla_qkv_forward(const MlaQkvArgs& a) {
@@ -773,12 +782,12 @@ void CudaBackend::do_log_softmax_gather(const Tensor& logps, const Tensor& lse,
 }
 
 void CudaBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, const Tensor& entropy,
-                                   const Tensor& logits, const Tensor& streams, int64_t vocab,
-                                   float temperature, float min_p, uint64_t seed, int64_t step) {
+                                   const Tensor& logits, const Tensor& streams, const Tensor& steps,
+                                   int64_t vocab, float temperature, float min_p, uint64_t seed) {
   const auto [B, V] = matrix_dims(logits);
   cuda::sample_tokens(tokens.as<int32_t>(), logps.as<float>(), entropy.as<float>(), logits.data,
-                      streams.as<int32_t>(), B, V, vocab, temperature, min_p, seed, step, logits.dtype,
-                      stream_);
+                      streams.as<int32_t>(), steps.as<int32_t>(), B, V, vocab, temperature, min_p, seed,
+                      logits.dtype, stream_);
 }
 
 void CudaBackend::do_log_softmax_gather_backward(const Tensor& dlogits, const Tensor& dlogps,

@@ -55,8 +55,8 @@ __device__ T block_reduce(T v, Op op, T* shared) {
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     sample_tokens_kernel(int32_t* tokens, float* logps, float* entropy, const T* logits,
-                         const int32_t* streams, int64_t V, int64_t vocab, float temperature,
-                         float min_p, uint64_t seed, int64_t step) {
+                         const int32_t* streams, const int32_t* steps, int64_t V, int64_t vocab,
+                         float temperature, float min_p, uint64_t seed) {
   __shared__ float floats[kThreads / 32];
   __shared__ Candidate candidates[kThreads / 32];
   const int64_t row = blockIdx.x;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
   max_vocab = block_reduce(max_vocab, max_of, floats);
   const bool sampled = temperature > 0;
   const double floor = sampled && min_p > 0 ? log(static_cast<double>(min_p)) : -INFINITY;
-  const int32_t stream = streams[row];
+  const int32_t stream = streams[row], step = steps[row];
   float sum = 0, weighted = 0;
   Candidate best{0.0f, -1};
   for (int64_t v = threadIdx.x; v < V; v += kThreads) {
@@ -98,15 +98,15 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void sample_tokens(int32_t* tokens, float* logps, float* entropy, const void* logits,
-                   const int32_t* streams, int64_t B, int64_t V, int64_t vocab, float temperature,
-                   float min_p, uint64_t seed, int64_t step, DType dtype, cudaStream_t stream) {
+                   const int32_t* streams, const int32_t* steps, int64_t B, int64_t V, int64_t vocab,
+                   float temperature, float min_p, uint64_t seed, DType dtype, cudaStream_t stream) {
   NvtxRange range("sample_tokens");
   if (B == 0) return;
   check_grid("sample_tokens", B);
   dispatch_float(dtype, "sample_tokens", [&](auto tag) {
     using T = decltype(tag);
     sample_tokens_kernel<T><<<B, kThreads, 0, stream>>>(tokens, logps, entropy, static_cast<const T*>(logits),
-                                                        streams, V, vocab, temperature, min_p, seed, step);
+                                                        streams, steps, V, vocab, temperature, min_p, seed);
     TS_CUDA_CHECK_LAUNCH("sample_tokens_kernel");
   });
 }

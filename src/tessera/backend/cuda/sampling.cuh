@@ -12,7 +12,7 @@ namespace tessera::cuda {
 // temperature 0, ids below min_p times the top's probability left out; logps and entropy (B)
 // fp32 of softmax(logits) at temperature 1 over all V columns.
 void sample_tokens(int32_t* tokens, float* logps, float* entropy, const void* logits,
-                   const int32_t* streams, int64_t B, int64_t V, int64_t vocab, float temperature,
-                   float min_p, uint64_t seed, int64_t step, DType dtype, cudaStream_t stream);
+                   const int32_t* streams, const int32_t* steps, int64_t B, int64_t V, int64_t vocab,
+                   float temperature, float min_p, uint64_t seed, DType dtype, cudaStream_t stream);
 
 }  // namespace tessera::cuda

@@ -180,15 +180,15 @@ size_t GqaAttention::cached_scratch_bytes(int64_t n, DType dtype) const {
 // attends to the cache. Both write every position's keys and values into the cache first.
 void GqaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                                   const Tensor& out, const Tensor& residual, const Tensor& cache,
-                                  int64_t pos) {
+                                  const CachePosition& at) {
   Backend& b = ops.backend();
-  const int64_t n = in.dim(0), width = s_.qkv_width(), q_width = s_.attn_width();
+  const int64_t n = in.dim(0), width = s_.qkv_width(), q_width = s_.attn_width(), pos = at.pos;
   const bool batch = cache.shape.rank() == 3;  // a batch of sequences, one token each
   const int64_t B = batch ? cache.dim(0) : 1, S = cache.dim(batch ? 1 : 0), row = cache_width();
   const DType dt = in.dtype;
-  TS_CHECK(batch ? pos > 0 && n == B : pos == 0 || n == 1,
+  TS_CHECK(batch ? n == B && at.positions.defined() && at.rope : pos == 0 || n == 1,
            "generation: {} tokens at position {} (a prompt, one token, or one per sequence of a batch)", n, pos);
-  const int64_t positions = batch ? 1 : n;  // a batch's tokens share one position
+  const int64_t positions = batch ? 1 : n;  // a batch's tokens are one position of each sequence
   TS_CHECK(pos + positions <= S, "generation: positions up to {} in a cache of {}", pos + positions, S);
   const Tensor qkv = scratch.take(dt, {n, width});
   const Tensor att = scratch.take(dt, {n, q_width});
@@ -200,26 +200,29 @@ void GqaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
     ops.linear(qkv, in, qkv_weight_, qkv_bias_);
   }
   if (batch) {
-    // Every sequence's token at position pos: its key and value heads into its cache, its
-    // query heads gathered into rows of their own.
-    if (o_.rope) b.rope_forward(qkv, ops.rope_table(o_.rope_base).rows(pos, pos + 1), shape(B, 1));
-    b.copy_columns(cache.view({B, S * row}), pos * row, qkv, q_width, row);
+    // Every sequence's token at its own position: its key and value heads into its cache
+    // there, its query heads gathered into rows of their own.
+    if (o_.rope) {
+      AttentionShape each = shape(B, 1);
+      each.rope_per_token = true;
+      b.rope_forward(qkv, at.rope->at(o_.rope_base).rows(0, B), each);
+    }
+    b.cache_write(cache, qkv, q_width, at.positions);
     const Tensor q = scratch.take(dt, {B, q_width});
     b.copy_columns(q, 0, qkv, 0, q_width);
-    b.attention_decode(att, q, cache, pos, shape(B, S));
+    b.attention_decode(att, q, cache, at.positions, pos, shape(B, S));
     ops.linear(out, att, o_proj_, -1, residual);
     return;
   }
   // Row t of the table slice is position pos + t.
   if (o_.rope) b.rope_forward(qkv, ops.rope_table(o_.rope_base).rows(pos, pos + n), shape(1, n));
-  for (int64_t t = 0; t < n; ++t)
-    b.copy(cache.flat_range((pos + t) * row, row), qkv.flat_range(t * width + q_width, row));
+  b.copy_columns(cache.rows(pos, pos + n), 0, qkv, q_width, row);
   if (pos == 0) {
     const Tensor lse = scratch.take(DType::F32, {1, s_.heads, n});
     b.attention_forward(att, lse, qkv, shape(1, n));
   } else {
     b.attention_decode(att, qkv.flat_range(0, q_width).view({1, q_width}),
-                       cache.view({1, S, row}), pos, shape(1, S));
+                       cache.view({1, S, row}), {}, pos, shape(1, S));
   }
   ops.linear(out, att, o_proj_, -1, residual);
 }

@@ -192,8 +192,9 @@ size_t MlaAttention::cached_scratch_bytes(int64_t n, DType dtype) const {
 // qkv's columns after the queries, in the cache's layout.
 void MlaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                                   const Tensor& out, const Tensor& residual, const Tensor& cache,
-                                  int64_t pos) {
+                                  const CachePosition& at) {
   Backend& b = ops.backend();
+  const int64_t pos = at.pos;
   const int64_t n = in.dim(0), S = cache.dim(0), row = cache_width();
   const DType dt = in.dtype;
   TS_CHECK(pos == 0 || n == 1, "generation: {} tokens at position {} (a prompt, or one token)", n,
@@ -217,15 +218,13 @@ void MlaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
   const Tensor att = scratch.take(dt, {n, a.out_width()});
   // Row t of the table slice is position pos + t.
   pack_qkv(ops, t, ops.rope_table().rows(pos, pos + n), a);
-  for (int64_t i = 0; i < n; ++i)
-    b.copy(cache.flat_range((pos + i) * row, row),
-           t.qkv.flat_range(i * a.qkv_width() + H_ * D_, row));
+  b.copy_columns(cache.rows(pos, pos + n), 0, t.qkv, H_ * D_, row);
   if (pos == 0) {
     const Tensor lse = scratch.take(DType::F32, {1, H_, n});
     b.attention_forward(att, lse, t.qkv, a);
   } else {
     b.attention_decode(att, t.qkv.flat_range(0, H_ * D_).view({1, H_ * D_}),
-                       cache.view({1, S, row}), pos, shape(1, S));
+                       cache.view({1, S, row}), {}, pos, shape(1, S));
   }
   ops.linear(out, att, o_proj_, -1, residual);
 }

@@ -44,7 +44,7 @@ class MlaAttention final : public Mixer {
   int64_t cache_width() const override { return H_ * (D_ + Dv_); }
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
-                      const Tensor& residual, const Tensor& cache, int64_t pos) override;
+                      const Tensor& residual, const Tensor& cache, const CachePosition& at) override;
   std::vector<double> rope_bases() const override { return {0.0}; }
   std::vector<LinearGemm> linear_gemms() const override;
   std::optional<AttentionShape> attention_shape(int64_t batch, int64_t seq) const override {

@@ -296,7 +296,7 @@ size_t MoeMlp::cached_scratch_bytes(int64_t n, DType dtype) const {
 
 void MoeMlp::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                             const Tensor& out, const Tensor& residual, const Tensor& /*cache*/,
-                            int64_t /*pos*/) {
+                            const CachePosition& /*at*/) {
   Backend& b = ops.backend();
   const int64_t n = in.dim(0), C = s_.hidden, E = s_.moe.experts, K = s_.moe.topk;
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(n, s_.moe);

@@ -54,7 +54,7 @@ class MoeMlp final : public Mixer {
                 const std::function<void()>& recompute_in) override;
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
-                      const Tensor& residual, const Tensor& cache, int64_t pos) override;
+                      const Tensor& residual, const Tensor& cache, const CachePosition& at) override;
   std::vector<LinearGemm> linear_gemms() const override;
   // Per expert the (token, slot) pairs routed to it, then the aux loss, the z-loss and the
   // pairs dropped beyond the experts' capacity (0 when dropless).

@@ -54,7 +54,7 @@ size_t SwigluMlp::cached_scratch_bytes(int64_t n, DType dtype) const {
 
 void SwigluMlp::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                                const Tensor& out, const Tensor& residual, const Tensor& /*cache*/,
-                               int64_t /*pos*/) {
+                               const CachePosition& /*at*/) {
   const int64_t n = in.dim(0);
   const Tensor gate_up = scratch.take(in.dtype, {n, 2 * s_.ffn});
   const Tensor h = scratch.take(in.dtype, {n, s_.ffn});

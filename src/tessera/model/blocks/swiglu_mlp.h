@@ -24,7 +24,7 @@ class SwigluMlp final : public Mixer {
                 const std::function<void()>& recompute_in) override;
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
-                      const Tensor& residual, const Tensor& cache, int64_t pos) override;
+                      const Tensor& residual, const Tensor& cache, const CachePosition& at) override;
   std::vector<LinearGemm> linear_gemms() const override {
     return {{.name = "gate_up", .out_features = 2 * s_.ffn, .in_features = s_.hidden},
             {.name = "down", .out_features = s_.hidden, .in_features = s_.ffn, .residual = true}};
