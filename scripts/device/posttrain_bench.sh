@@ -10,6 +10,9 @@
 #                on the assistant's three quarters, documents masked, positions restarted);
 #                the peer's --task sft --compile at the same size
 #     full       the same pretraining and SFT with the full model (bench model --full)
+#     grpo       GRPO of the Llama 3.1 8B 4-layer proxy (16 and 64 completions of one prompt), then
+#                bench generate on the proxy (batch 1 and 64, captured and op by op) beside the
+#                peer's --task gen
 #     dpo        DPO of the Llama 3.1 8B 4-layer proxy on Brown pairs of 2 x 4096 tokens (a
 #                prompt of ~2000 tokens, each answer cut at 4096), one pair per step, reference
 #                log-probabilities precomputed (kept beside the dataset); the peer's --task dpo
@@ -126,6 +129,9 @@ if want grpo; then
       --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy${G}_ws" 2>&1 \
       | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
   done
+  echo "== generation: Llama 3.1 8B 4-layer proxy, prompts of 256 random ids, 256 new tokens; transformers beside"
+  timeout 200 "$BIN/tessera" bench generate --num_layers 4 --batch 1,64 --prompt 256 --new 256 --eager \
+    -o "$OUT/generate" 2>&1 | tail -8
   for batch in 1 64; do
     timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task gen --layers 4 --batch $batch --prompt 256 \
       --new 256 --json "$OUT/peer.jsonl" 2>&1 | tail -1

@@ -6,6 +6,7 @@
 #include "tessera/bench/attention_bench.h"
 #include "tessera/bench/comm_bench.h"
 #include "tessera/bench/gemm_bench.h"
+#include "tessera/bench/generate_bench.h"
 #include "tessera/bench/membw_bench.h"
 #include "tessera/bench/model_bench.h"
 #include "tessera/bench/tokenizer_bench.h"
@@ -28,6 +29,8 @@ std::span<const Command> bench_commands() {
        bench::comm_bench_command},
       {"tokenizer", "tokenizer MB/s, 1 and N threads, ids checked against @huggingface/tokenizers",
        bench::tokenizer_bench_command},
+      {"generate", "batched generation tokens/s: continuous batching, captured decode steps",
+       bench::generate_bench_command},
   };
   return kBench;
 }

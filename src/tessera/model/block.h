@@ -173,6 +173,9 @@ class Mixer {
   // Whether forward_cached takes a batch of sequences' next tokens (below); mixers without a
   // cache see only rows.
   virtual bool decodes_batches() const { return cache_width() == 0; }
+  // Whether its forward_cached reads device results on the host (an MoE's routing reads its
+  // experts' row counts): a decode step through it cannot be captured (Backend::capture).
+  virtual bool decode_reads_host() const { return false; }
   // Scratch bytes its forward_cached takes for n tokens of `dtype`.
   virtual size_t cached_scratch_bytes(int64_t n, DType dtype) const = 0;
   // The mixer on n new tokens `in` (n, C) of one sequence at positions [at.pos, at.pos + n):

@@ -102,6 +102,10 @@ std::vector<int64_t> DecoderLayer::cache_widths() const {
   return widths;
 }
 
+bool DecoderLayer::decode_reads_host() const {
+  return std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().decode_reads_host(); });
+}
+
 bool DecoderLayer::decodes_batches() const {
   return std::all_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().decodes_batches(); });
 }

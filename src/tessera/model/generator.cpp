@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
+#include "tessera/model/init.h"
 #include "tessera/model/rope.h"
 
 namespace tessera {
@@ -134,6 +135,8 @@ void Generator::allocate_state() {
     step_rope_.tables[i].second = next(DType::F32, {B, spec_.head_dim}, z.rows);
   }
   positions_.assign(static_cast<size_t>(B), 0);
+  captures_steps_ = backend_.supports(Capability::CapturesWork) && decodes_batches(layers_) &&
+                    std::none_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->decode_reads_host(); });
 
   // The blocks' state (the expert bias): fp32, zero until load() sets it.
   const auto state_total = static_cast<int64_t>(z.block_state_floats);
@@ -189,6 +192,14 @@ void Generator::load(const std::function<std::vector<float>(const ParamInfo&)>& 
     backend_.upload(f32, w.data());
     backend_.convert(dst, f32);
   }
+  backend_.synchronize();
+}
+
+void Generator::init_random(uint64_t seed) {
+  TS_CHECK(!params_in_place_, "generation in place: its weights are initialised where they live");
+  DeviceBuffer f32(backend_, layout_.total * sizeof(float), "initial weights (fp32)");
+  init_parameters(backend_, spec_, layout_, f32.tensor(DType::F32, {layout_.total}), seed);
+  backend_.convert(params_, f32.tensor(DType::F32, {layout_.total}));
   backend_.synchronize();
 }
 
@@ -268,12 +279,15 @@ void Generator::copy_slot(int64_t from, int64_t to) {
   positions_[static_cast<size_t>(to)] = length;
 }
 
-Tensor Generator::embed(const int32_t* tokens, int64_t n, int64_t more) {
+void Generator::upload_ids(const int32_t* tokens, int64_t n, int64_t more) {
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= spec_.vocab_size)
       throw DataError(fmt::format("generation: token id {} outside the vocabulary [0, {})", tokens[i],
                                   spec_.vocab_size));
   backend_.upload(tokens_.flat_range(0, n + more), tokens);
+}
+
+Tensor Generator::embed(int64_t n) {
   const Tensor x = state_a_.rows(0, n);
   backend_.embedding_forward(x, tokens_.flat_range(0, n), param(layout_.embedding));
   if (spec_.embedding_scale != 0) backend_.scale(x, x, static_cast<float>(spec_.embedding_scale));
@@ -301,19 +315,28 @@ void Generator::prefill_slot(int64_t slot, std::span<const int32_t> prompt) {
     throw Error(fmt::format("generation: a prompt of {} tokens does not fit the {} positions the generator has "
                             "room for (raise the room for new tokens or shorten the prompt)",
                             n, max_positions_));
-  const Tensor x = embed(prompt.data(), n);
-  run_layers(x, state_b_.rows(0, n), [&](size_t l) { return slot_caches(l, slot); }, CachePosition{}, n - 1, 1,
+  upload_ids(prompt.data(), n);
+  run_layers(embed(n), state_b_.rows(0, n), [&](size_t l) { return slot_caches(l, slot); }, CachePosition{}, n - 1, 1,
              slot);
   positions_[static_cast<size_t>(slot)] = n;
 }
 
+int64_t Generator::step_rows(int64_t busy) const {
+  if (!captures_steps()) return busy;
+  int64_t rows = 1;
+  while (rows < busy && rows < 8) rows *= 2;
+  if (busy > 8) rows = (busy + 7) / 8 * 8;
+  return std::min(rows, max_batch_);
+}
+
 void Generator::step_slots(const std::vector<int32_t>& tokens) {
-  const auto B = static_cast<int64_t>(tokens.size());
-  TS_CHECK(B >= 1 && B <= max_batch_, "generation: {} tokens for {} slots", B, max_batch_);
+  const auto busy = static_cast<int64_t>(tokens.size());
+  TS_CHECK(busy >= 1 && busy <= max_batch_, "generation: {} tokens for {} slots", busy, max_batch_);
+  const int64_t B = step_rows(busy);
   // The ids then the positions, one upload; an idle slot reads token 0 at position 0.
   std::vector<int32_t> ids(static_cast<size_t>(2 * B), 0);
   int64_t last = 0;
-  for (int64_t b = 0; b < B; ++b) {
+  for (int64_t b = 0; b < busy; ++b) {
     if (tokens[b] < 0) continue;
     const int64_t pos = positions_[static_cast<size_t>(b)];
     if (pos == 0) throw InternalError(fmt::format("generation: slot {} steps before its prefill", b));
@@ -333,7 +356,7 @@ void Generator::step_slots(const std::vector<int32_t>& tokens) {
       std::copy_n(table.begin() + static_cast<std::ptrdiff_t>(ids[B + b] * D), D, rows.begin() + b * D);
     backend_.upload(step_rope_.tables[i].second.rows(0, B), rows.data());
   }
-  const Tensor x = embed(ids.data(), B, B);
+  upload_ids(ids.data(), B, B);
   CachePosition at;
   at.pos = last;
   at.positions = tokens_.flat_range(B, B);
@@ -342,10 +365,29 @@ void Generator::step_slots(const std::vector<int32_t>& tokens) {
     TS_CHECK(B == 1, "generation: a family that decodes one sequence at a time stepped {}", B);
     at = CachePosition{last};
   }
-  run_layers(
-      x, state_b_.rows(0, B),
-      [&](size_t l) { return at.positions.defined() ? batch_caches(l, B) : slot_caches(l, 0); }, at, 0, B, 0);
-  for (int64_t b = 0; b < B; ++b)
+  // Everything after the uploads reads only device memory at places fixed for B rows: what a
+  // captured step replays.
+  const auto step = [&] {
+    run_layers(
+        embed(B), state_b_.rows(0, B),
+        [&](size_t l) { return at.positions.defined() ? batch_caches(l, B) : slot_caches(l, 0); }, at, 0, B, 0);
+  };
+  const auto captured = captured_steps_.find(B);
+  if (captured == captured_steps_.end() || !captured->second->replay()) {
+    if (captures_steps() && steps_run_.count(B) > 0) {
+      // Its first run, op by op, settled what capture cannot do itself (the GEMMs' tuning, the
+      // kernel scratch); a capture that the scratch outgrew since is taken again.
+      std::unique_ptr<CapturedWork> graph = backend_.capture(step);
+      if (graph && graph->replay())
+        captured_steps_[B] = std::move(graph);
+      else
+        captured_steps_.erase(B), step();
+    } else {
+      step();
+      steps_run_.insert(B);
+    }
+  }
+  for (int64_t b = 0; b < busy; ++b)
     if (tokens[b] >= 0) ++positions_[static_cast<size_t>(b)];
 }
 

@@ -14,7 +14,9 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -49,6 +51,10 @@ class Generator final : private ForwardOps {
   void load(const std::function<std::vector<float>(const ParamInfo&)>& weights,
             const std::function<std::vector<float>(const std::string&)>& state = nullptr);
 
+  // Random weights as training initialises them (model/init.h), for benchmarks. Not for
+  // weights read in place.
+  void init_random(uint64_t seed);
+
   // The blocks' state from a model's (Model::persistent_state, by name), on the device.
   void copy_state(const std::vector<std::pair<std::string, Tensor>>& state);
 
@@ -69,8 +75,19 @@ class Generator final : private ForwardOps {
   void copy_slot(int64_t from, int64_t to);
   // One token for each of the first tokens.size() slots, each at its slot's next position; a
   // negative token leaves its slot idle (a free slot below busy ones: computed, not kept, its
-  // position unchanged). Each slot's next logits are its row.
+  // position unchanged). Each slot's next logits are its row. On a backend that captures work
+  // (CUDA graphs) a step of a family that reads nothing back while decoding is captured after
+  // its first run and replayed after, one launch for all its kernels: it then runs a few more
+  // rows, free slots above the busy ones (1, 2, 4, 8, then multiples of 8), so that a handful
+  // of captured steps serves every number of busy slots.
   void step_slots(const std::vector<int32_t>& tokens);
+  // Runs every step op by op (vLLM's enforce_eager): to measure what capture gains.
+  void set_eager(bool eager) { eager_ = eager; }
+  // Whether steps are captured (on a backend that captures, for a family that allows it, not
+  // eager).
+  bool captures_steps() const { return captures_steps_ && !eager_; }
+  // The rows a step of `busy` slots runs.
+  int64_t step_rows(int64_t busy) const;
   // The first `rows` slots' logits on the host, fp32: each slot's next-token distribution,
   // slot after slot (rows x vocab_size).
   std::vector<float> logits(int64_t rows);
@@ -110,9 +127,11 @@ class Generator final : private ForwardOps {
   // over the `last` rows from `from` into the logits' rows from `to`.
   void run_layers(Tensor x, Tensor y, const std::function<std::vector<Tensor>(size_t)>& caches,
                   const CachePosition& at, int64_t from, int64_t last, int64_t to);
-  // n token ids uploaded from `tokens` (and the int32s after them in `more`), checked against
-  // the vocabulary, embedded into state_a_'s first n rows.
-  Tensor embed(const int32_t* tokens, int64_t n, int64_t more = 0);
+  // n token ids checked against the vocabulary and uploaded from `tokens` into tokens_ (with
+  // the `more` int32s after them).
+  void upload_ids(const int32_t* tokens, int64_t n, int64_t more = 0);
+  // The first n ids of tokens_ embedded into state_a_'s first n rows.
+  Tensor embed(int64_t n);
   static bool decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers);
   // Each block's cache: slot `slot`'s (S, width), or the first `slots` slots' (slots, S, width).
   std::vector<Tensor> slot_caches(size_t layer, int64_t slot) const;
@@ -149,6 +168,10 @@ class Generator final : private ForwardOps {
   // (host_rope_, as rope_'s) at the slots' positions.
   RopeTables step_rope_;
   std::vector<std::vector<float>> host_rope_;
+  // Steps captured by their rows (CUDA graphs), after a first run of each op by op.
+  bool captures_steps_ = false, eager_ = false;  // captures_steps_: where it can
+  std::map<int64_t, std::unique_ptr<CapturedWork>> captured_steps_;
+  std::set<int64_t> steps_run_;
   ScratchArena scratch_;
 };
 

@@ -93,6 +93,11 @@ std::vector<std::pair<std::string, double>> Backend::op_times_ms() {
   return totals;
 }
 
+std::unique_ptr<CapturedWork> Backend::capture(const std::function<void()>& work) {
+  if (op_observer_ || timing_ || !supports(Capability::CapturesWork)) return nullptr;
+  return do_capture(work);
+}
+
 // ---- memory and ranges ----
 
 void Backend::upload(const Tensor& dst, const void* host_src) {

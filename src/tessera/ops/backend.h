@@ -9,6 +9,8 @@
 // supports_op(), never which vendor it is: a new device is a new backend, never a change to
 // the model. The conventions of shapes and dtypes are at the top of ops/op_table.inc.
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,6 +32,7 @@ enum class Capability {
   AsyncQueue,       // ops queue on a device stream and return at once (stream() is valid)
   Fp8BlockScaling,  // FP8 GEMMs with 1x128 / 128x128 block scales (Fp8Scaling) in hardware
   PackedSequences,  // AttentionShape's document_starts and rope_per_token (packed documents)
+  CapturesWork,     // Backend::capture records ops into replayable graphs (CUDA graphs)
 };
 
 // The backend's queue of work (CUDA: its cudaStream_t), for libraries that queue work beside
@@ -360,6 +363,17 @@ struct GroupedFp8MatmulWgradArgs {
   bool fast_accum = false;
 };
 
+// Ops recorded once by Backend::capture, queued again by each replay on the same tensors, whose
+// contents may change between replays (their places and shapes may not). Belongs to the
+// backend that made it, which it must not outlive.
+class CapturedWork {
+ public:
+  virtual ~CapturedWork() = default;
+  // Queues the recorded ops again; false, queuing nothing, once the backend has moved memory
+  // the ops use (its kernel scratch grew since): capture the work again.
+  virtual bool replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -417,6 +431,13 @@ class Backend {
   // (op name, total milliseconds) since timing was enabled; waits for the device.
   std::vector<std::pair<std::string, double>> op_times_ms();
 
+  // Records the ops `work` queues into a graph, without running them (CUDA graphs: a decode
+  // step's hundreds of small kernels then cost one launch). Host code in `work` runs once, at
+  // capture: it must not read device results or depend on values that change between replays.
+  // Null where the backend does not capture (Capability::CapturesWork) or while ops are
+  // observed or timed (replayed ops would pass unseen): run the work itself then.
+  std::unique_ptr<CapturedWork> capture(const std::function<void()>& work);
+
   // Whether this backend runs `op` (a backend for other hardware may leave some out; the
   // facade refuses those by name).
   virtual bool supports_op(OpId op) const {
@@ -439,6 +460,7 @@ class Backend {
   virtual void do_upload(const Tensor& dst, const void* host_src) = 0;
   virtual void do_download(void* host_dst, const Tensor& src) = 0;
   virtual void do_copy(const Tensor& dst, const Tensor& src) = 0;
+  virtual std::unique_ptr<CapturedWork> do_capture(const std::function<void()>& /*work*/) { return nullptr; }
   virtual void do_range_push(const char* /*name*/) {}
   virtual void do_range_pop() {}
 #define TS_OP(name, params, args, signature) virtual void do_##name params = 0;

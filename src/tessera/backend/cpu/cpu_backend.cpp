@@ -203,6 +203,7 @@ bool CpuBackend::supports(Capability c) const {
     case Capability::Fp8TensorCores:
     case Capability::Fp8BlockScaling:
     case Capability::AsyncQueue:
+    case Capability::CapturesWork:
       return false;
     case Capability::PackedSequences:
       return true;

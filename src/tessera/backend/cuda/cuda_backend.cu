@@ -186,6 +186,7 @@ bool CudaBackend::supports(Capability c) const {
     case Capability::Fp8BlockScaling:
       return fp8_block_scaling_;
     case Capability::PackedSequences:  // Tessera's attention kernels; cuDNN's are not used for them
+    case Capability::CapturesWork:
       return true;
   }
   return false;
@@ -318,6 +319,7 @@ void CudaBackend::reset_peak_memory() {
 void* CudaBackend::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
     const size_t grown = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
+    ++scratch_moves_;  // graphs captured before read the old scratch
     release(scratch_);
     scratch_ = nullptr;
     scratch_bytes_ = 0;
@@ -325,6 +327,50 @@ void* CudaBackend::scratch(size_t bytes) {
     scratch_bytes_ = grown;
   }
   return scratch_;
+}
+
+namespace {
+
+// A CUDA graph of captured ops, valid while the backend's kernel scratch stays where it was.
+class CudaGraphWork final : public CapturedWork {
+ public:
+  CudaGraphWork(cudaGraphExec_t exec, cudaStream_t stream, const uint64_t* scratch_moves)
+      : exec_(exec), stream_(stream), scratch_moves_(scratch_moves), captured_at_(*scratch_moves) {}
+  ~CudaGraphWork() override { cudaGraphExecDestroy(exec_); }
+  bool replay() override {
+    if (*scratch_moves_ != captured_at_) return false;
+    TS_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+    return true;
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+  const uint64_t* scratch_moves_;
+  uint64_t captured_at_;
+};
+
+}  // namespace
+
+// Capture on this thread only (another thread's CUDA calls are not disturbed); work that
+// allocates or synchronizes fails here, by name, rather than recording something else.
+std::unique_ptr<CapturedWork> CudaBackend::do_capture(const std::function<void()>& work) {
+  TS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    work();
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's error is not the caller's
+    throw;
+  }
+  TS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  TS_CUDA_CHECK(instantiated);
+  return std::make_unique<CudaGraphWork>(exec, stream_, &scratch_moves_);
 }
 
 void CudaBackend::do_upload(const Tensor& dst, const void* host_src) {

@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
   void do_upload(const Tensor& dst, const void* host_src) override;
   void do_download(void* host_dst, const Tensor& src) override;
   void do_copy(const Tensor& dst, const Tensor& src) override;
+  std::unique_ptr<CapturedWork> do_capture(const std::function<void()>& work) override;
   void do_range_push(const char* name) override;
   void do_range_pop() override;
 
@@ -132,6 +133,7 @@ class CudaBackend final : public Backend {
   float* fp8_scale_slots_ = nullptr;
   int64_t fp8_weight_slots_ = 0;
   size_t scratch_bytes_ = 0;
+  uint64_t scratch_moves_ = 0;  // how often scratch_ was reallocated (CudaGraphWork's validity)
   void* lt_workspace_ = nullptr;
   std::unique_ptr<LtMatmul> lt_;
 
