@@ -13,6 +13,8 @@
 #     grpo       GRPO of the Llama 3.1 8B 4-layer proxy (16 and 64 completions of one prompt), then
 #                bench generate on the proxy (batch 1 and 64, captured and op by op) beside the
 #                peer's --task gen
+#     generate   bench generate of the proxy profiled (tessera report of batch 1 and 64), then of the
+#                full Llama 3.1 8B (batch 16 and 64, 1024 new tokens, captured and op by op)
 #     dpo        DPO of the Llama 3.1 8B 4-layer proxy on Brown pairs of 2 x 4096 tokens (a
 #                prompt of ~2000 tokens, each answer cut at 4096), one pair per step, reference
 #                log-probabilities precomputed (kept beside the dataset); the peer's --task dpo
@@ -136,6 +138,18 @@ if want grpo; then
     timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task gen --layers 4 --batch $batch --prompt 256 \
       --new 256 --json "$OUT/peer.jsonl" 2>&1 | tail -1
   done
+fi
+if want generate; then
+  echo "== generation profiled: the Llama 3.1 8B 4-layer proxy at batch 1 and 64 (64 new tokens), op by op"
+  timeout 200 "$BIN/tessera" bench generate --num_layers 4 --batch 1,64 --prompt 256 --new 64 --iters 1 \
+    --trace "$OUT/gen" 2>&1 | tail -4
+  for b in 1 64; do
+    "$BIN/tessera" report "$OUT/gen_b$b.json" -o "$OUT/gen_report_b$b" --format md,csv > /dev/null 2>&1
+    echo "-- batch $b"; head -40 "$OUT/gen_report_b$b/summary.md"
+  done
+  echo "== generation: full Llama 3.1 8B, batch 16 and 64, prompts of 256, 1024 new tokens"
+  timeout 280 "$BIN/tessera" bench generate --num_layers 32 --batch 16,64 --prompt 256 --new 1024 --eager \
+    -o "$OUT/generate_full" 2>&1 | tail -8
 fi
 if want grpo_full; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"

@@ -15,6 +15,7 @@
 #include "tessera/model/continuations.h"
 #include "tessera/model/generator.h"
 #include "tessera/model/model_spec.h"
+#include "tessera/obs/profiler/profiler.h"
 
 namespace tessera::bench {
 namespace {
@@ -65,18 +66,20 @@ int generate_bench_command(const std::vector<std::string>& args) {
     fmt::print(
         "usage: tessera bench generate [--model llama3.1_8B] [--num_layers 4] [--batch 1,64]\n"
         "                              [--prompt 256] [--new 256] [--eager] [--device auto|cpu|cuda]\n"
-        "                              [--warmup 1] [--iters 3] [-o DIR]\n\n"
+        "                              [--warmup 1] [--iters 3] [--trace PREFIX] [-o DIR]\n\n"
         "Batched generation's tokens/s (batch x new tokens / time, the prompts' prefill included)\n"
         "on the continuation engine, with random weights of the preset (its first --num_layers\n"
         "layers): --batch prompts of --prompt random ids, --new tokens each, sampled at\n"
         "temperature 1 with no end token, all in one batch of slots. On GPUs the decode steps are\n"
         "captured as CUDA graphs; --eager times them op by op as well. Each batch size is first\n"
-        "checked: 8 greedy tokens with captured steps equal those op by op. -o DIR writes\n"
+        "checked: 8 greedy tokens (at most --new) with captured steps equal those op by op. --trace PREFIX\n"
+        "profiles one more run of each batch size (op by op: profiled ops are not captured) into\n"
+        "PREFIX_b<batch>.json, a Chrome trace for `tessera report`. -o DIR writes\n"
         "bench_generate.csv and .md.\n");
     return 0;
   }
   std::set<std::string> valued = kCommonOptions;
-  for (const char* k : {"model", "num_layers", "batch", "prompt", "new"}) valued.insert(k);
+  for (const char* k : {"model", "num_layers", "batch", "prompt", "new", "trace"}) valued.insert(k);
   const CommandArgs a(args, valued, {"eager"}, false);
   Options o;
   o.model = a.get("model", o.model);
@@ -110,11 +113,12 @@ int generate_bench_command(const std::vector<std::string>& args) {
     Generator gen(*ctx.device, spec, ctx.dtype, o.prompt + o.new_tokens, batch);
     gen.init_random(7);
     const std::vector<std::vector<int32_t>> prompts = random_prompts(batch, o.prompt, spec.tokenizer_vocab);
+    const int64_t checked = std::min<int64_t>(8, o.new_tokens);
     gen.set_eager(true);
-    const auto by_op = ids_of(generate(gen, prompts, 0.0, 8, 0));
+    const auto by_op = ids_of(generate(gen, prompts, 0.0, checked, 0));
     gen.set_eager(false);
     const bool captures = gen.captures_steps();
-    const auto captured = ids_of(generate(gen, prompts, 0.0, 8, 0));
+    const auto captured = ids_of(generate(gen, prompts, 0.0, checked, 0));
     if (captures && by_op != captured) {
       ++failures;
       t.rows.push_back({batch, std::string("captured"), analysis::Cell{}, analysis::Cell{}, analysis::Cell{},
@@ -137,6 +141,24 @@ int generate_bench_command(const std::vector<std::string>& args) {
       const double tok_s = static_cast<double>(batch * o.new_tokens) / median;
       t.rows.push_back({batch, std::string(eager ? "op by op" : "captured"), median, tok_s,
                         1e3 * median / static_cast<double>(o.new_tokens), std::string("ok")});
+    }
+    if (a.has("trace")) {
+      const std::string path = fmt::format("{}_b{}.json", a.get("trace", ""), batch);
+      profiler::ProfilerOptions po;
+      po.device = ctx.device->device();
+      po.process_name = "tessera bench generate";
+      profiler::Profiler prof(po);
+      ctx.device->synchronize();
+      ctx.device->set_op_observer(&prof);
+      prof.start();
+      prof.begin_annotation("generate");
+      generate(gen, prompts, 1.0, o.new_tokens, 0);
+      ctx.device->synchronize();
+      prof.end_annotation();
+      prof.stop();
+      ctx.device->set_op_observer(nullptr);
+      prof.write(path);
+      fmt::print("wrote {}: one run of batch {}, op by op\n", path, batch);
     }
   }
   std::string md = analysis::markdown_table(t);
