@@ -1492,8 +1492,9 @@ std::vector<OpCase> attention_cases() {
   return cases;
 }
 
-// Generation's attention over a KV cache: one new token per sequence at position pos, the
-// cache filled up to it (and beyond: later positions must not be read).
+// Generation's attention over a KV cache: one new token per sequence at position pos (or at
+// positions of their own up to it), the cache filled up to it (and beyond: later positions
+// must not be read).
 std::vector<OpCase> decode_cases() {
   std::vector<OpCase> cases;
   struct Decode {
@@ -1506,7 +1507,10 @@ std::vector<OpCase> decode_cases() {
         Decode{attn(3, 40, 4, 4, 128, 0), 17}, Decode{attn(1, 16, 2, 1, 256, 0), 9},
         Decode{attn(2, 33, 4, 2, 16, 0), 32}, Decode{attn(1, 70, 6, 3, 80, 8), 61},
         Decode{attn(1, 12, 2, 2, 200, 0), 5}, Decode{attn_v(1, 50, 4, 4, 24, 16, 0), 31},
-        Decode{attn_v(2, 64, 8, 8, 192, 128, 0), 63}}) {
+        Decode{attn_v(2, 64, 8, 8, 192, 128, 0), 63},
+        // The keys split over several blocks (few heads and sequences, a long cache), some
+        // splits empty for the shorter sequences of a batch.
+        Decode{attn(1, 1024, 32, 8, 128, 0), 700}, Decode{attn(3, 600, 8, 2, 128, 0), 599}}) {
     const AttentionShape& s = d.s;
     const int64_t QD = s.heads * s.head_dim, HD = s.out_width();
     const int64_t row = s.kv_heads * (s.head_dim + s.v_dim());

@@ -9,30 +9,48 @@
 namespace tessera::cuda {
 namespace {
 
-// One block per (query head, sequence). Decoding reads every visible key and value once and
-// does two multiply-adds per element read, so the kernel is bound by memory latency and
-// bandwidth, not by math: each warp walks its share of the keys (key j goes to warp
-// j % kWarps) with an online softmax, its lanes holding D/32 of the head dimensions, and the
-// warps' partial results are combined once at the end. Reading a key is one coalesced load
-// of D contiguous elements by the warp. PER_LANE is the register count fixed at compile time
-// (D up to 32 x PER_LANE); a head dimension that is not a multiple of 32 leaves the last
-// lanes idle in their last slot. Values may be narrower than keys (Dv < D: multi-latent
-// attention); PER_LANE covers the wider of the two.
+// One block per (query head, sequence, split of its keys). Decoding reads every visible key
+// and value once and does two multiply-adds per element read, so the kernel is bound by
+// memory latency and bandwidth, not by math: each warp walks its share of the split's keys
+// with an online softmax, its lanes holding D/32 of the head dimensions. A key's score is a
+// reduction over the warp, a chain of shuffles: a warp takes kKeysPerStep keys at once so
+// that their loads and chains overlap. The warps' partial results are combined at the end of
+// the block, the splits' by attention_decode_combine_kernel. Splits keep the GPU busy when
+// there are few (head, sequence) pairs (one sequence: a head per block would use a quarter
+// of an H100's SMs); each split takes an equal share of its sequence's visible keys, so the
+// split count, fixed by the shapes, holds however long the sequences grow (a captured step
+// replays it). PER_LANE is the register count fixed at compile time (D up to 32 x PER_LANE);
+// a head dimension that is not a multiple of 32 leaves the last lanes idle in their last
+// slot. Values may be narrower than keys (Dv < D: multi-latent attention); PER_LANE covers
+// the wider of the two.
 constexpr int kWarps = 8;
+constexpr int kKeysPerStep = 4;
 constexpr int kMaxHeadDim = 256;
+// Splits aim for this many blocks in all; a split keeps at least kMinSplitKeys of a full cache.
+constexpr int64_t kTargetBlocks = 512, kMinSplitKeys = 128;
+
+// A split's result when there are several: its running max and sum, and its unnormalised
+// output (Dv), per (sequence, head, split).
+struct SplitHeader {
+  float m, l;
+};
 
 template <class T, int PER_LANE>
-__global__ void attention_decode_kernel(T* out, const T* q, const T* kv, const int32_t* positions,
-                                        int64_t S, int64_t H, int64_t KV, int D, int Dv,
-                                        int64_t pos, int64_t window, float scale) {
-  const int64_t h = blockIdx.x, b = blockIdx.y;
-  // The visible keys: the op API's rule (reference.h, visible_keys) for query row `last`.
+__global__ void __launch_bounds__(kWarps * 32)
+    attention_decode_kernel(T* out, SplitHeader* headers, float* partial, const T* q, const T* kv,
+                            const int32_t* positions, int64_t S, int64_t H, int64_t KV, int D, int Dv,
+                            int64_t pos, int64_t window, float scale) {
+  const int64_t h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // The visible keys: the op API's rule (reference.h, visible_keys) for query row `last`;
+  // this split's equal share of them.
   const int64_t last = positions ? positions[b] : pos;
   const int64_t first = window > 0 ? max(int64_t{0}, last - window + 1) : 0;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t keys = last - first + 1, share = (keys + splits - 1) / splits;
+  const int64_t begin = first + split * share, end = min(last + 1, begin + share);
   const int64_t row = KV * (D + Dv);  // elements per cached position
-  const T* keys = kv + b * S * row + (h / (H / KV)) * D;
-  const T* values = kv + b * S * row + KV * D + (h / (H / KV)) * Dv;
+  const T* key_rows = kv + b * S * row + (h / (H / KV)) * D;
+  const T* value_rows = kv + b * S * row + KV * D + (h / (H / KV)) * Dv;
 
   float qd[PER_LANE], acc[PER_LANE];
 #pragma unroll
@@ -42,20 +60,38 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, const i
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int64_t j = first + warp; j <= last; j += kWarps) {
-    const T* k = keys + j * row;
-    float dot = 0.0f;
+  for (int64_t j0 = begin + warp * kKeysPerStep; j0 < end; j0 += kWarps * kKeysPerStep) {
+    float score[kKeysPerStep];
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < D) dot += qd[i] * to_float(k[lane + 32 * i]);
-    const float score = warp_sum(dot);
-    const float m_new = fmaxf(m, score);
-    const float correction = __expf(m - m_new), p = __expf(score - m_new);
-    l = l * correction + p;
-    const T* v = values + j * row;
+    for (int k = 0; k < kKeysPerStep; ++k) {
+      float dot = 0.0f;
+      if (j0 + k < end) {
+        const T* key = key_rows + (j0 + k) * row;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < Dv) acc[i] = acc[i] * correction + p * to_float(v[lane + 32 * i]);
+        for (int i = 0; i < PER_LANE; ++i)
+          if (lane + 32 * i < D) dot += qd[i] * to_float(key[lane + 32 * i]);
+      }
+      score[k] = dot;
+    }
+#pragma unroll
+    for (int k = 0; k < kKeysPerStep; ++k) score[k] = j0 + k < end ? warp_sum(score[k]) : -INFINITY;
+    float m_new = m;
+#pragma unroll
+    for (int k = 0; k < kKeysPerStep; ++k) m_new = fmaxf(m_new, score[k]);
+    const float correction = __expf(m - m_new);
+    float p[kKeysPerStep];
+    l *= correction;
+#pragma unroll
+    for (int k = 0; k < kKeysPerStep; ++k) p[k] = __expf(score[k] - m_new), l += p[k];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      if (lane + 32 * i >= Dv) continue;
+      float a = acc[i] * correction;
+#pragma unroll
+      for (int k = 0; k < kKeysPerStep; ++k)
+        if (j0 + k < end) a += p[k] * to_float(value_rows[(j0 + k) * row + lane + 32 * i]);
+      acc[i] = a;
+    }
     m = m_new;
   }
 
@@ -70,23 +106,63 @@ __global__ void attention_decode_kernel(T* out, const T* q, const T* kv, const i
   float l_all = 0.0f;
   for (int w = 0; w < kWarps; ++w)
     if (warp_l[w] > 0.0f) l_all += warp_l[w] * __expf(warp_m[w] - m_all);
+  const int64_t slot = (b * H + h) * splits + split;
+  if (splits > 1 && threadIdx.x == 0) headers[slot] = {m_all, l_all};
   for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w)
       if (warp_l[w] > 0.0f) o += warp_acc[w][d] * __expf(warp_m[w] - m_all);
+    if (splits > 1)
+      partial[slot * Dv + d] = o;
+    else
+      out[(b * H + h) * Dv + d] = from_float<T>(o / l_all);
+  }
+}
+
+// One block per (query head, sequence): its splits' outputs weighed by their sums.
+template <class T>
+__global__ void attention_decode_combine_kernel(T* out, const SplitHeader* headers, const float* partial,
+                                                int64_t H, int64_t splits, int Dv) {
+  const int64_t h = blockIdx.x, b = blockIdx.y, first = (b * H + h) * splits;
+  float m_all = -INFINITY;
+  for (int64_t s = 0; s < splits; ++s)
+    if (headers[first + s].l > 0.0f) m_all = fmaxf(m_all, headers[first + s].m);
+  float l_all = 0.0f;
+  for (int64_t s = 0; s < splits; ++s)
+    if (headers[first + s].l > 0.0f) l_all += headers[first + s].l * __expf(headers[first + s].m - m_all);
+  for (int d = threadIdx.x; d < Dv; d += blockDim.x) {
+    float o = 0.0f;
+    for (int64_t s = 0; s < splits; ++s)
+      if (headers[first + s].l > 0.0f) o += partial[(first + s) * Dv + d] * __expf(headers[first + s].m - m_all);
     out[(b * H + h) * Dv + d] = from_float<T>(o / l_all);
   }
 }
 
+// The splits of each (head, sequence)'s keys: enough blocks to fill the GPU, none with fewer
+// than kMinSplitKeys of the cache's capacity. From the shapes only, never from positions.
+int64_t splits_for(const AttentionShape& s) {
+  const int64_t pairs = s.heads * s.batch;
+  const int64_t capacity = s.window > 0 ? std::min(s.seq, s.window) : s.seq;
+  const int64_t wanted = (kTargetBlocks + pairs - 1) / pairs;
+  return std::clamp<int64_t>(std::min(wanted, capacity / kMinSplitKeys), 1, 64);
+}
+
 template <class T, int PER_LANE>
 void launch(void* out, const void* q, const void* kv, const int32_t* positions, int64_t pos,
-            const AttentionShape& s, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
+            const AttentionShape& s, void* scratch, cudaStream_t stream) {
+  const int64_t splits = splits_for(s), Dv = s.v_dim();
+  auto* headers = static_cast<SplitHeader*>(scratch);
+  auto* partial = reinterpret_cast<float*>(headers + s.batch * s.heads * splits);
+  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch), static_cast<unsigned>(splits));
   attention_decode_kernel<T, PER_LANE><<<grid, kWarps * 32, 0, stream>>>(
-      static_cast<T*>(out), static_cast<const T*>(q), static_cast<const T*>(kv), positions, s.seq,
-      s.heads, s.kv_heads, static_cast<int>(s.head_dim), static_cast<int>(s.v_dim()), pos, s.window,
-      s.scale);
+      static_cast<T*>(out), headers, partial, static_cast<const T*>(q), static_cast<const T*>(kv), positions, s.seq,
+      s.heads, s.kv_heads, static_cast<int>(s.head_dim), static_cast<int>(Dv), pos, s.window, s.scale);
   TS_CUDA_CHECK_LAUNCH("attention_decode_kernel");
+  if (splits == 1) return;
+  attention_decode_combine_kernel<T><<<dim3(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch)), 128, 0,
+                                       stream>>>(static_cast<T*>(out), headers, partial, s.heads, splits,
+                                                 static_cast<int>(Dv));
+  TS_CUDA_CHECK_LAUNCH("attention_decode_combine_kernel");
 }
 
 // One thread per 16 bytes of a row where the row's width and both addresses allow, else per
@@ -135,16 +211,24 @@ void cache_write(void* cache, int64_t B, int64_t S, int64_t W, const void* src, 
   throw InternalError("cache_write: elements of " + std::to_string(element_bytes) + " bytes");
 }
 
+size_t attention_decode_scratch_bytes(const AttentionShape& s) {
+  const int64_t splits = splits_for(s);
+  if (splits == 1) return 0;
+  return static_cast<size_t>(s.batch * s.heads * splits) * (sizeof(SplitHeader) + s.v_dim() * sizeof(float));
+}
+
 void attention_decode(void* out, const void* q, const void* kv, const int32_t* positions,
-                      int64_t pos, const AttentionShape& s, DType dtype, cudaStream_t stream) {
+                      int64_t pos, const AttentionShape& s, DType dtype, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("attention_decode");
+  if (scratch_bytes < attention_decode_scratch_bytes(s)) throw InternalError("attention_decode: scratch too small");
   const int64_t widest = std::max(s.head_dim, s.v_dim());
   dispatch_float(dtype, "attention_decode", [&](auto tag) {
     using T = decltype(tag);
-    if (widest <= 32) return launch<T, 1>(out, q, kv, positions, pos, s, stream);
-    if (widest <= 64) return launch<T, 2>(out, q, kv, positions, pos, s, stream);
-    if (widest <= 128) return launch<T, 4>(out, q, kv, positions, pos, s, stream);
-    if (widest <= kMaxHeadDim) return launch<T, 8>(out, q, kv, positions, pos, s, stream);
+    if (widest <= 32) return launch<T, 1>(out, q, kv, positions, pos, s, scratch, stream);
+    if (widest <= 64) return launch<T, 2>(out, q, kv, positions, pos, s, scratch, stream);
+    if (widest <= 128) return launch<T, 4>(out, q, kv, positions, pos, s, scratch, stream);
+    if (widest <= kMaxHeadDim) return launch<T, 8>(out, q, kv, positions, pos, s, scratch, stream);
     throw InternalError("attention_decode: head_dim " + std::to_string(widest) + " (at most " +
                         std::to_string(kMaxHeadDim) + " on CUDA)");
   });

@@ -13,8 +13,11 @@ namespace tessera::cuda {
 // dtype (bf16 or fp32).
 // Sequence b's new token is at position `pos`, or at positions[b] <= pos when positions is not
 // null; it sees the cached positions s allows (causal, window).
+// scratch: attention_decode_scratch_bytes(s) bytes (the splits of each head's keys).
+size_t attention_decode_scratch_bytes(const AttentionShape& s);
 void attention_decode(void* out, const void* q, const void* kv, const int32_t* positions,
-                      int64_t pos, const AttentionShape& s, DType dtype, cudaStream_t stream);
+                      int64_t pos, const AttentionShape& s, DType dtype, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream);
 
 // cache (B, S, W) with elements of `element_bytes`: row positions[b] of sequence b = columns
 // [src_col, src_col + W) of row b of src (B, src_cols).

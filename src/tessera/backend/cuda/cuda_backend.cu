@@ -748,9 +748,10 @@ void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const T
 
 void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
                                       const Tensor& positions, int64_t pos, const AttentionShape& s) {
+  const size_t bytes = cuda::attention_decode_scratch_bytes(s);
   cuda::attention_decode(out.data, q.data, kv.data,
                          positions.defined() ? positions.as<int32_t>() : nullptr, pos, s, q.dtype,
-                         stream_);
+                         bytes ? scratch(bytes) : nullptr, bytes, stream_);
 }
 
 void CudaBackend::do_cache_write(const Tensor& cache, const Tensor& src, int64_t src_col,
@@ -831,9 +832,10 @@ void CudaBackend::do_sample_tokens(const Tensor& tokens, const Tensor& logps, co
                                    const Tensor& logits, const Tensor& streams, const Tensor& steps,
                                    int64_t vocab, float temperature, float min_p, uint64_t seed) {
   const auto [B, V] = matrix_dims(logits);
+  const size_t bytes = cuda::sample_tokens_scratch_bytes(B, V);
   cuda::sample_tokens(tokens.as<int32_t>(), logps.as<float>(), entropy.as<float>(), logits.data,
                       streams.as<int32_t>(), steps.as<int32_t>(), B, V, vocab, temperature, min_p, seed,
-                      logits.dtype, stream_);
+                      logits.dtype, scratch(bytes), bytes, stream_);
 }
 
 void CudaBackend::do_log_softmax_gather_backward(const Tensor& dlogits, const Tensor& dlogps,
