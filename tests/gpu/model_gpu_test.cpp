@@ -91,6 +91,14 @@ TEST(GpuModel, DeterministicAndRecomputeInvariant) {
 // then one token at a time, fed the CPU's greedy choices) track the CPU's within bf16 error,
 // with head_dim 64 and 128 and a window shorter than the sequence; likewise for the prompt
 // forked into sequences decoded together.
+// A model's initial weights (model/init.h) in its one-device layout, fp32 on the host.
+std::vector<float> initial_weights(Backend& cpu, const ModelSpec& s, uint64_t seed) {
+  const ParamLayout layout = make_param_layout(s);
+  DeviceBuffer buf(cpu, layout.total * 4, "weights");
+  init_parameters(cpu, s, layout, buf.tensor(DType::F32, {layout.total}), seed);
+  return download_float(cpu, buf.tensor(DType::F32, {layout.total}));
+}
+
 TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
   TS_REQUIRE_GPU();
   for (const auto& [head_dim, window] : {std::pair<int64_t, int64_t>{64, 0}, {128, 9}}) {
@@ -106,10 +114,7 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
     s.init_std = 0.05f;
     auto cpu = make_backend(DeviceChoice::Cpu, 0);
     auto gpu = make_backend(DeviceChoice::Gpu, 0);
-    const ParamLayout layout = make_param_layout(s);
-    DeviceBuffer buf(*cpu, layout.total * 4, "weights");
-    init_parameters(*cpu, s, layout, buf.tensor(DType::F32, {layout.total}), 5);
-    const std::vector<float> w = download_float(*cpu, buf.tensor(DType::F32, {layout.total}));
+    const std::vector<float> w = initial_weights(*cpu, s, 5);
     const auto weights = [&](const ParamInfo& p) {
       return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel());
     };
@@ -180,9 +185,6 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
 namespace tessera::gpu_test {
 namespace {
 
-// Packed documents on the GPU (the row-wise attention kernels with document starts, rope rows
-// per token) against the CPU: one packed micro-batch of several documents per sequence, fp32
-// on both, loss and every gradient.
 // Decode steps captured as CUDA graphs (Generator::step_slots): three busy slots of four at
 // positions of their own, stepped op by op and then captured (the first step of a row count
 // runs op by op, the next is captured and replayed, the rest replay; the captured steps run
@@ -200,10 +202,7 @@ TEST(GpuGeneration, CapturedDecodeStepsGiveTheStepsOpByOp) {
   s.init_std = 0.05f;
   auto cpu = make_backend(DeviceChoice::Cpu, 0);
   auto gpu = make_backend(DeviceChoice::Gpu, 0);
-  const ParamLayout layout = make_param_layout(s);
-  DeviceBuffer buf(*cpu, layout.total * 4, "weights");
-  init_parameters(*cpu, s, layout, buf.tensor(DType::F32, {layout.total}), 9);
-  const std::vector<float> w = download_float(*cpu, buf.tensor(DType::F32, {layout.total}));
+  const std::vector<float> w = initial_weights(*cpu, s, 9);
   const auto weights = [&](const ParamInfo& p) { return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel()); };
   Generator on_cpu(*cpu, s, DType::F32, 40, 4), on_gpu(*gpu, s, DType::BF16, 40, 4);
   on_cpu.load(weights);
@@ -255,6 +254,9 @@ TEST(GpuGeneration, CapturedDecodeStepsGiveTheStepsOpByOp) {
     EXPECT_EQ(recaptured[step], captured[step]) << "captured again, step " << step;
 }
 
+// Packed documents on the GPU (the row-wise attention kernels with document starts, rope rows
+// per token) against the CPU: one packed micro-batch of several documents per sequence, fp32
+// on both, loss and every gradient.
 TEST(GpuModel, PackedDocumentsMatchTheCpu) {
   TS_REQUIRE_GPU();
   ModelSpec spec;

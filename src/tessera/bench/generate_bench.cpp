@@ -41,6 +41,26 @@ std::vector<std::vector<int32_t>> random_prompts(int64_t batch, int64_t length, 
   return out;
 }
 
+// The preset's pretraining experiment (`<model>-pretrain`, as bench model reads it), or the
+// default experiment with the model preset `<model>` (the tiny ones have no experiment).
+Experiment generate_experiment(const Options& o) {
+  LoadOptions lo;
+  lo.cli_overrides = {"--num_layers", std::to_string(o.layers), "--seq_length",
+                      std::to_string(o.prompt + o.new_tokens)};
+  lo.config_path = o.model + "-pretrain";
+  try {
+    return load_experiment(lo);
+  } catch (const ConfigError& no_experiment) {
+    lo.config_path.clear();
+    lo.cli_overrides.insert(lo.cli_overrides.begin(), {"--model", o.model});
+    try {
+      return load_experiment(lo);
+    } catch (const ConfigError&) {
+      throw no_experiment;  // neither: the experiment's message lists the shipped ones
+    }
+  }
+}
+
 std::vector<std::vector<Continuation>> generate(Generator& gen, const std::vector<std::vector<int32_t>>& prompts,
                                                 double temperature, int64_t new_tokens, uint64_t seed) {
   std::vector<PromptContinuations> asked;
@@ -68,8 +88,8 @@ int generate_bench_command(const std::vector<std::string>& args) {
         "                              [--prompt 256] [--new 256] [--eager] [--device auto|cpu|cuda]\n"
         "                              [--warmup 1] [--iters 3] [--trace PREFIX] [-o DIR]\n\n"
         "Batched generation's tokens/s (batch x new tokens / time, the prompts' prefill included)\n"
-        "on the continuation engine, with random weights of the preset (its first --num_layers\n"
-        "layers): --batch prompts of --prompt random ids, --new tokens each, sampled at\n"
+        "on the continuation engine, with random weights of the preset (its experiment\n"
+        "<model>-pretrain, or the model preset itself; its first --num_layers layers): --batch prompts of --prompt random ids, --new tokens each, sampled at\n"
         "temperature 1 with no end token, all in one batch of slots. On GPUs the decode steps are\n"
         "captured as CUDA graphs; --eager times them op by op as well. Each batch size is first\n"
         "checked: 8 greedy tokens (at most --new) with captured steps equal those op by op. --trace PREFIX\n"
@@ -93,11 +113,7 @@ int generate_bench_command(const std::vector<std::string>& args) {
   if (!a.has("iters")) co.iters = 3;
   BenchContext ctx = make_context(co);
 
-  LoadOptions lo;
-  lo.config_path = o.model + "-pretrain";
-  lo.cli_overrides = {"--num_layers", std::to_string(o.layers), "--seq_length",
-                      std::to_string(o.prompt + o.new_tokens)};
-  const Experiment e = load_experiment(lo);
+  const Experiment e = generate_experiment(o);
   const ModelSpec spec = make_model_spec(e, make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size());
 
   analysis::Table t;

@@ -238,7 +238,7 @@ bool Generator::decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>
   return std::all_of(layers.begin(), layers.end(), [](const auto& l) { return l->decodes_batches(); });
 }
 
-std::vector<Tensor> Generator::slot_caches(size_t layer, int64_t slot) const {
+std::vector<Tensor> Generator::caches_of(size_t layer, int64_t first, int64_t count) const {
   std::vector<Tensor> out;
   for (const Tensor& cache : caches_[layer]) {
     if (!cache.defined()) {
@@ -246,20 +246,11 @@ std::vector<Tensor> Generator::slot_caches(size_t layer, int64_t slot) const {
       continue;
     }
     const int64_t S = cache.dim(1), w = cache.dim(2);
-    out.push_back(cache.flat_range(slot * S * w, S * w).view({S, w}));
-  }
-  return out;
-}
-
-std::vector<Tensor> Generator::batch_caches(size_t layer, int64_t slots) const {
-  std::vector<Tensor> out;
-  for (const Tensor& cache : caches_[layer]) {
-    if (!cache.defined()) {
-      out.push_back(cache);
-      continue;
+    if (count == 0) {
+      out.push_back(cache.flat_range(first * S * w, S * w).view({S, w}));
+    } else {
+      out.push_back(cache.flat_range(first * S * w, count * S * w).view({count, S, w}));
     }
-    const int64_t S = cache.dim(1), w = cache.dim(2);
-    out.push_back(cache.flat_range(0, slots * S * w).view({slots, S, w}));
   }
   return out;
 }
@@ -316,7 +307,7 @@ void Generator::prefill_slot(int64_t slot, std::span<const int32_t> prompt) {
                             "room for (raise the room for new tokens or shorten the prompt)",
                             n, max_positions_));
   upload_ids(prompt.data(), n);
-  run_layers(embed(n), state_b_.rows(0, n), [&](size_t l) { return slot_caches(l, slot); }, CachePosition{}, n - 1, 1,
+  run_layers(embed(n), state_b_.rows(0, n), [&](size_t l) { return caches_of(l, slot, 0); }, CachePosition{}, n - 1, 1,
              slot);
   positions_[static_cast<size_t>(slot)] = n;
 }
@@ -370,7 +361,7 @@ void Generator::step_slots(const std::vector<int32_t>& tokens) {
   const auto step = [&] {
     run_layers(
         embed(B), state_b_.rows(0, B),
-        [&](size_t l) { return at.positions.defined() ? batch_caches(l, B) : slot_caches(l, 0); }, at, 0, B, 0);
+        [&](size_t l) { return caches_of(l, 0, at.positions.defined() ? B : 0); }, at, 0, B, 0);
   };
   const auto captured = captured_steps_.find(B);
   if (captured == captured_steps_.end() || !captured->second->replay()) {

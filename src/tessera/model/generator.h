@@ -133,9 +133,9 @@ class Generator final : private ForwardOps {
   // The first n ids of tokens_ embedded into state_a_'s first n rows.
   Tensor embed(int64_t n);
   static bool decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers);
-  // Each block's cache: slot `slot`'s (S, width), or the first `slots` slots' (slots, S, width).
-  std::vector<Tensor> slot_caches(size_t layer, int64_t slot) const;
-  std::vector<Tensor> batch_caches(size_t layer, int64_t slots) const;
+  // Each block's cache rows from slot `first`: `count` slots (count, S, width) for a batch, or
+  // with count 0 the one slot (S, width) of a one-sequence pass.
+  std::vector<Tensor> caches_of(size_t layer, int64_t first, int64_t count) const;
 
   // ForwardOps
   Backend& backend() const override { return backend_; }

@@ -194,8 +194,9 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
         "copy (the policy's kept beside them)");
   if (p.generation > 0)
     row("generation", p.generation,
-        "GRPO's generator: the KV cache of a group's completions decoded together (grpo_num_generations "
-        "x seq_length positions per layer), its states, logits and scratch, and the reward exchange");
+        "GRPO's generator: the KV cache of the completions a rank decodes at once (grpo_max_num_seqs, "
+        "by default all of its completions of a generation batch, x seq_length positions per layer), its "
+        "states, logits and scratch, and the reward exchange");
   row("run_buffers", p.run_buffers,
       "the trainer's device scalars (and MoE layers' statistics and expert bias)");
   row("allocated", p.allocated(), "the run's peak memory (mem peak in its iteration line)");
