@@ -215,7 +215,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   ASSERT_EQ(lora.size(), 3u);
   EXPECT_NEAR(lora[0], std::log(2.0), 1e-6);  // step 1: the policy is its reference
 
-  // ZeRO-1, FSDP and TP 2 with sequence parallelism on two thread ranks, from a fresh
+  // ZeRO-1, FSDP, TP 2 with sequence parallelism and CP 2 on two thread ranks, from a fresh
   // initialisation (two query groups, which tensor parallelism splits), each computing the
   // reference into a file of its own: the losses of one rank. Megatron pads the vocabulary to
   // a multiple of make_vocab_size_divisible_by x TP: 256 x 1 and 128 x 2 give every run the
@@ -232,7 +232,8 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
         std::pair{"fresh_fsdp", "--make_vocab_size_divisible_by 256 --use_torch_fsdp2 true"},
         std::pair{"fresh_tp2",
                   "--make_vocab_size_divisible_by 128 --tensor_model_parallel_size 2 "
-                  "--sequence_parallel true"}}) {
+                  "--sequence_parallel true"},
+        std::pair{"fresh_cp2", "--make_vocab_size_divisible_by 256 --context_parallel_size 2"}}) {
     r = run_tessera(fresh + " --exp_name " + name +
                     (std::string(name) == "fresh_one" ? " " : " --nproc_per_node 2 ") + keys +
                     " --dpo_reference_logps " + (dir / (std::string(name) + ".logps")).string());
@@ -242,7 +243,8 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   // the precomputed log-probabilities' losses.
   for (const auto& [name, keys] :
        {std::pair{"fresh_copy", ""},
-        std::pair{"fresh_copy_zero1", "--nproc_per_node 2 --use_distributed_optimizer true"}}) {
+        std::pair{"fresh_copy_zero1", "--nproc_per_node 2 --use_distributed_optimizer true"},
+        std::pair{"fresh_copy_cp2", "--nproc_per_node 2 --context_parallel_size 2"}}) {
     r = run_tessera(
         fresh +
         " --make_vocab_size_divisible_by 256 --dpo_precompute_ref_log_probs false --exp_name " +
@@ -253,7 +255,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   const std::vector<double> fresh_one = losses("fresh_one");
   ASSERT_EQ(fresh_one.size(), 3u);
   for (const char* name :
-       {"fresh_zero1", "fresh_fsdp", "fresh_tp2", "fresh_copy", "fresh_copy_zero1"}) {
+       {"fresh_zero1", "fresh_fsdp", "fresh_tp2", "fresh_cp2", "fresh_copy", "fresh_copy_zero1", "fresh_copy_cp2"}) {
     const std::vector<double> other = losses(name);
     ASSERT_EQ(other.size(), 3u) << name;
     for (size_t i = 0; i < 3; ++i)

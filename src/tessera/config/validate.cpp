@@ -779,8 +779,9 @@ int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers) {
 // Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
 // sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
 // through multi-latent attention's own rope.
-// DPO runs one sequence (one side of a pair) at a time through the model, on whole
-// sequences of one stage, against reference log-probabilities computed at its start.
+// DPO runs one sequence (one side of a pair) at a time through the model, on one stage (a
+// sequence may be split over context-parallel ranks), against reference log-probabilities
+// computed at its start.
 void check_dpo(const Checker& c, const Experiment& e) {
   const TrainingConfig& t = e.training;
   if (t.objective != Objective::Dpo) return;
@@ -797,10 +798,8 @@ void check_dpo(const Checker& c, const Experiment& e) {
   }
   c.require(t.micro_batch_size == 1, "micro_batch_size",
             "1 with objective dpo: each side of a pair runs as its own sequence");
-  c.require(t.pipeline_model_parallel_size == 1 && t.context_parallel_size == 1,
-            t.pipeline_model_parallel_size > 1 ? "pipeline_model_parallel_size" : "context_parallel_size",
-            "1 with objective dpo (its passes are not scheduled over stages or split over "
-            "context-parallel ranks yet)");
+  c.require(t.pipeline_model_parallel_size == 1, "pipeline_model_parallel_size",
+            "1 with objective dpo (its passes are not scheduled over stages yet)");
   c.require(!e.data.mock_data && !e.data.data_path.empty(), "data_path",
             "a preference dataset with objective dpo (tessera preprocess --preference)");
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped, "packing_strategy",

@@ -202,6 +202,12 @@ void MeshParallelism::sum(const Tensor& t) {
   if (mesh_.size(MeshDim::PP) > 1) pp_comm_->all_reduce(t, ReduceOp::Sum, Lane::Compute);
 }
 
+void MeshParallelism::sum_over_sequence(const Tensor& t) {
+  if (mesh_.size(MeshDim::CP) == 1) return;
+  settle();
+  cp_comm_->all_reduce(t, ReduceOp::Sum, Lane::Compute);
+}
+
 void MeshParallelism::max(const Tensor& t) {
   settle();
   world_.all_reduce(t, ReduceOp::Max, Lane::Compute);

@@ -70,6 +70,9 @@ class Parallelism {
   // In place: the sum over the ranks that hold other samples' losses (data parallel), once
   // each: the ranks that split one model (tensor parallel) hold the same loss.
   virtual void sum(const Tensor& t) = 0;
+  // In place: the sum over the ranks that hold parts of the same sequences (context
+  // parallel), such as a sequence's summed token losses; nothing where a rank holds them whole.
+  virtual void sum_over_sequence(const Tensor& t) { (void)t; }
   // In place: the maximum over every rank of the job (stop signals, time limits).
   virtual void max(const Tensor& t) = 0;
   // FP8 delayed scaling, in place: each amax's maximum over the ranks that hold the same

@@ -750,9 +750,16 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
   if (tokens) *tokens = std::count_if(host_targets_.begin(), host_targets_.end(), [](int32_t t) { return t >= 0; });
   model_->zero_loss_sum();
   model_->forward_loss();
+  parallel_->sum_over_sequence(model_->loss_sum());  // context-parallel ranks hold parts of it
   float loss_sum = 0;
   backend_->download(&loss_sum, model_->loss_sum());
   return -static_cast<double>(loss_sum);
+}
+
+// Context-parallel ranks hold the same sequences' log-probabilities: host values summed over
+// the data-parallel group (which spans them) count once, from the first.
+bool Trainer::counts_sequence_values() const {
+  return model_->runtime().context_parallel_rank == 0;
 }
 
 // A DPO run's reference is its starting weights, or reference_load's: their digest (with the
@@ -844,7 +851,7 @@ void Trainer::prepare_dpo_reference() {
   // otherwise exchange different amounts below.
   {
     const float mine = static_cast<float>(missing.size());
-    float all = mine;
+    float all = counts_sequence_values() ? mine : 0.0f;
     dist::sum_host_values(*parallel_, *backend_, dpo_->stats, {&all, 1});
     if (all != mine * static_cast<float>(parallel_->data_parallel_size()))
       throw DataError(fmt::format("{}: this rank lacks {} of the pairs the run reads, the data-parallel "
@@ -869,8 +876,10 @@ void Trainer::prepare_dpo_reference() {
     if (reference_) reference_->use(true);
     for (const auto& [pair, read_at] : missing) {
       if (k % dp == rank)
-        for (int side = 0; side < 2; ++side)
-          parts[2 * k + side] = static_cast<float>(answer_logp(*read_at.first, read_at.second, side));
+        for (int side = 0; side < 2; ++side) {
+          const double logp = answer_logp(*read_at.first, read_at.second, side);
+          if (counts_sequence_values()) parts[2 * k + side] = static_cast<float>(logp);
+        }
       ++k;
     }
     if (reference_) reference_->use(false);
@@ -945,7 +954,8 @@ DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index, std::
   const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
                                       p.chosen_reward > p.rejected_reward ? 1.0 : 0.0, chosen,
                                       rejected};
-  for (size_t k = 0; k < 6; ++k) (*sums)[k] += pair[k];
+  if (counts_sequence_values())
+    for (size_t k = 0; k < 6; ++k) (*sums)[k] += pair[k];
   return p;
 }
 

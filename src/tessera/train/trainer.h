@@ -167,6 +167,8 @@ class Trainer {
   // digest) and its log-probabilities of the pairs the run reads; the step's gradients.
   void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
+  // Whether this rank's per-sequence host values count in sums over the data-parallel group.
+  bool counts_sequence_values() const;
   void identify_dpo_reference();
   void prepare_dpo_reference();
   void keep_dpo_reference_copy();
