@@ -20,6 +20,11 @@
 #include "common/run_command.h"
 #include "common/scratch_dir.h"
 #include "common/tiny_run.h"
+#include "tessera/config/tokenizer_model.h"
+#include "tessera/data/chat.h"
+#include "tessera/train/grpo_prompts.h"
+#include "tessera/train/rewards.h"
+#include "tokenizer/tokenizer_test_util.h"
 
 namespace tessera::testing {
 namespace {
@@ -268,6 +273,43 @@ TEST_F(GrpoTraining, BadPromptsAndAFailingRewardCommandStopTheRunByName) {
   r = run_tessera(grpo() + " --train_iters 1 --grpo_max_completion_length 30 --exp_name long");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("prompts.jsonl:1: the prompt has"), std::string::npos) << r.output;
+}
+
+// The shipped GRPO experiments' prompts (scripts/data/gsm8k_prompts.py): GSM8K's lines become
+// chat prompts, a system message asking for \boxed{} then the question, which GRPO reads
+// through Qwen3's chat template, with the number after the last #### as the answer (its
+// thousands separator dropped) that the boxed answer of a completion matches. A line without
+// an answer stops the script naming file and line, and writes nothing.
+TEST(GrpoPrompts, Gsm8kLinesBecomeChatPromptsWhoseBoxedAnswerTheRewardChecks) {
+  ScratchDir dir;
+  const fs::path in = dir / "gsm8k.jsonl", out = dir / "prompts.jsonl";
+  std::ofstream(in) << R"({"question": "Tom has 3 apples and buys 4 more. How many?", "answer": "3 + 4 = 7\n#### 7"})"
+                    << "\n"
+                    << R"({"question": "A shop sells 40 pens a day. How many in 30 days?", "answer": "40*30 = 1200\n#### 1,200"})"
+                    << "\n";
+  const std::string script = std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR + "/../scripts/data/gsm8k_prompts.py ";
+  RunResult r = run_command(script + in.string() + " " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const BpeTokenizer& qwen3 = shipped("qwen3");
+  const ChatFormat chat(tokenizer_json_path("qwen3"), qwen3);
+  const std::vector<GrpoPrompt> prompts = read_grpo_prompts(out.string(), qwen3, &chat, /*need_answer=*/true, 512);
+  ASSERT_EQ(prompts.size(), 2u);
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::array(
+      {{{"role", "system"}, {"content", "Please reason step by step, and put your final answer within \\boxed{}."}},
+       {{"role", "user"}, {"content", "A shop sells 40 pens a day. How many in 30 days?"}}});
+  EXPECT_EQ(prompts[1].ids, chat.encode_prompt(messages, "expected"));
+  EXPECT_EQ(prompts[0].answer, "7");
+  EXPECT_EQ(prompts[1].answer, "1200");
+  const auto given = extract_answer("40 x 30 pens: \\boxed{1,200}", AnswerFormat::Boxed);
+  ASSERT_TRUE(given.has_value());
+  EXPECT_TRUE(answers_match(*given, prompts[1].answer));
+
+  std::ofstream(in, std::ios::app) << R"({"question": "No answer here?", "answer": "none"})" << "\n";
+  const fs::path refused = dir / "refused.jsonl";
+  r = run_command(script + in.string() + " " + refused.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("gsm8k.jsonl:3"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(refused));
 }
 
 }  // namespace
