@@ -365,10 +365,11 @@ int generate_command(const Args& args) {
                        : fmt::format("prompt of {} tokens", longest);
   fmt::print(stderr,
              "{} on {} ({}): {}, {} continuation{}{}; {} new tokens at {:.1f} tokens/s ({:.2f} s "
-             "with the prompts' passes)\n",
+             "with the prompts' passes; {} sequence{} decoded at once at most{})\n",
              src.name(), backend->description(), dtype_name(dtype), what, samples,
              samples == 1 ? "" : "s", a.has("prompts") ? " each" : "", new_tokens,
-             new_tokens / std::max(seconds, 1e-9), seconds);
+             new_tokens / std::max(seconds, 1e-9), seconds, gen.max_batch(), gen.max_batch() == 1 ? "" : "s",
+             gen.captures_steps() ? ", steps captured as CUDA graphs" : "");
   return 0;
 }
 

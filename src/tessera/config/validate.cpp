@@ -776,9 +776,6 @@ int64_t virtual_pipeline_chunks(const TrainingConfig& t, int64_t num_layers) {
   return 1;
 }
 
-// Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
-// sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
-// through multi-latent attention's own rope.
 // DPO runs one sequence (one side of a pair) at a time through the model, on one stage (a
 // sequence may be split over context-parallel ranks), against reference log-probabilities
 // computed at its start.
@@ -1006,6 +1003,9 @@ void check_reference_load(const Checker& c, const Experiment& e) {
             "unset unless the policy has starting weights of its own (load or hf_init_path)");
 }
 
+// Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
+// sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
+// through multi-latent attention's own rope.
 void check_packed_documents(const Checker& c, const Experiment& e) {
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
             "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
