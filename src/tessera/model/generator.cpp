@@ -64,7 +64,8 @@ Generator::Sizes Generator::sizes(const ModelSpec& spec, const std::vector<std::
   for (const auto& layer : layers)
     for (int64_t w : layer->cache_widths()) z.cache += aligned(B * S * w * e);
   // Two residual states for the layers to ping-pong between, the final norm and logits of each
-  // sequence's last position, the tokens, draw()'s streams and outputs, and the rope tables.
+  // sequence's last position, the tokens (a step's ids then its positions), draw()'s streams,
+  // steps and outputs, and the rope tables with a step's rows of each.
   z.state = {aligned(std::max(R, 2 * B) * 4), aligned(R * C * e), aligned(R * C * e), aligned(B * C * e),
              aligned(B * 4), aligned(B * V * e), aligned(B * V * 4), aligned(2 * B * 4), aligned(3 * B * 4)};
   z.table = aligned(S * spec.head_dim * 4);
