@@ -202,9 +202,9 @@ TEST(GenerateCli, SamplesTogetherStopStringsAndAPromptsFile) {
   }
 }
 
-// Multi-latent attention decodes one sequence at a time: its samples are decoded one after
-// another, each from its stream, as the batched families' are together.
-TEST(GenerateCli, MultiLatentAttentionSamplesOneAfterAnother) {
+// Multi-latent attention decodes its samples together, each from its stream, as the other
+// families do: the first is what one sample gives.
+TEST(GenerateCli, MultiLatentAttentionSamplesTogether) {
   ScratchDir dir;
   const std::string save = (dir / "ckpt").string();
   const RunResult trained = run_tessera(
@@ -226,6 +226,7 @@ TEST(GenerateCli, MultiLatentAttentionSamplesOneAfterAnother) {
   ASSERT_TRUE(std::regex_search(text, m, std::regex("ids\\[1\\]: ([0-9 ]*)"))) << three.output;
   EXPECT_EQ(m[1].str(), ids_line(one.output));
   EXPECT_TRUE(contains(three.output, "--- sample 3")) << three.output;
+  EXPECT_TRUE(contains(three.output, "3 sequences decoded at once at most")) << three.output;
 }
 
 }  // namespace

@@ -151,8 +151,8 @@ INSTANTIATE_TEST_SUITE_P(Models, GeneratorVsFullForward,
 
 // Continuous batching: slots at positions of their own, decoded together (two prompts, a copy
 // of the first taking other tokens, a slot idle until a third prompt enters mid-flight): each
-// slot's logits and greedy tokens are those of decoding its sequence alone; for a family whose
-// blocks decode batches (multi-latent attention holds one sequence).
+// slot's logits and greedy tokens are those of decoding its sequence alone, for every family
+// (multi-latent attention's tokens packed as one run, each with its position's rotary row).
 TEST_P(GeneratorVsFullForward, SlotsAtTheirOwnPositionsDecodedTogetherMatchEachDecodedAlone) {
   const Case c = GetParam();
   const ModelSpec s = spec(c.window, c.bias, c.tied, c.moe, c.mla);
@@ -164,12 +164,6 @@ TEST_P(GeneratorVsFullForward, SlotsAtTheirOwnPositionsDecodedTogetherMatchEachD
   constexpr int64_t kSlots = 4, kSteps = 10;
   Generator together(*backend, s, DType::F32, 15, kSlots);
   load(together);
-  if (c.mla) {
-    EXPECT_FALSE(together.decodes_batches());
-    EXPECT_EQ(together.max_batch(), 1);
-    return;
-  }
-  ASSERT_TRUE(together.decodes_batches());
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 33, 2, 71}, {44, 3}, {5, 9, 33, 2, 71}, {8, 61, 12}};
   together.prefill_slot(0, prompts[0]);
   together.prefill_slot(1, prompts[1]);

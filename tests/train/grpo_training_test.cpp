@@ -226,9 +226,9 @@ TEST_F(GrpoTraining, AReferenceFromAnotherCheckpoint) {
   EXPECT_EQ(steps("kl").size(), 2u);
 }
 
-// Multi-latent attention decodes one sequence at a time: a group's completions are decoded one
-// after another (each after its own prefill), and the step runs.
-TEST_F(GrpoTraining, MultiLatentAttentionDecodesItsGroupOneAtATime) {
+// Multi-latent attention (beside DeepSeek's MoE layers) decodes a group's completions together,
+// each at its own position, and the step runs.
+TEST_F(GrpoTraining, MultiLatentAttentionDecodesItsGroupTogether) {
   const std::string mla =
       "train --device cpu --model tiny_mla --tokenizer_model qwen3 --seq_length 40 "
       "--log_progress false --train_data_path null --lr_warmup_iters 0 --workspace " +

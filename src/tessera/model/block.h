@@ -170,9 +170,6 @@ class Mixer {
   // ---- generation with a cache (model/generator.h) ----
   // Values per position it keeps for later tokens (an attention's keys and values).
   virtual int64_t cache_width() const { return 0; }
-  // Whether forward_cached takes a batch of sequences' next tokens (below); mixers without a
-  // cache see only rows.
-  virtual bool decodes_batches() const { return cache_width() == 0; }
   // Whether its forward_cached reads device results on the host (an MoE's routing reads its
   // experts' row counts): a decode step through it cannot be captured (Backend::capture).
   virtual bool decode_reads_host() const { return false; }
@@ -181,8 +178,9 @@ class Mixer {
   // The mixer on n new tokens `in` (n, C) of one sequence at positions [at.pos, at.pos + n):
   // out = f(in) (+ residual when defined). `cache` (S, cache_width()) holds positions
   // [0, at.pos) on entry and [0, at.pos + n) on exit. Either a prompt (at.pos 0, any n) or one
-  // token (n 1). Mixers that decodes_batches() also take a batch of sequences, each at its own
-  // position (at.positions): `cache` (B, S, cache_width()), `in` one token of each (B rows).
+  // token (n 1). Or a batch of sequences, one token of each, each at its own position
+  // (at.positions): `cache` (B, S, cache_width()), `in` B rows (a mixer without a cache sees
+  // only rows).
   virtual void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                               const Tensor& out, const Tensor& residual, const Tensor& cache,
                               const CachePosition& at) = 0;

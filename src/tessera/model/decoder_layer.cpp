@@ -106,10 +106,6 @@ bool DecoderLayer::decode_reads_host() const {
   return std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().decode_reads_host(); });
 }
 
-bool DecoderLayer::decodes_batches() const {
-  return std::all_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().decodes_batches(); });
-}
-
 size_t DecoderLayer::cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const {
   size_t largest = 0;
   for (const auto& b : blocks_) largest = std::max(largest, b->cached_scratch_bytes(n, dtype));

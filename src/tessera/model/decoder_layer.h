@@ -44,8 +44,6 @@ class DecoderLayer {
   // Values per position each block caches, and the scratch bytes forward_cached takes for n
   // tokens.
   std::vector<int64_t> cache_widths() const;
-  // Whether every block takes a batch of sequences' next tokens (Mixer::decodes_batches).
-  bool decodes_batches() const;
   // Whether any block reads device results on the host while decoding (Mixer::decode_reads_host).
   bool decode_reads_host() const;
   size_t cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const;

@@ -85,12 +85,11 @@ size_t Generator::Sizes::bytes() const {
 
 size_t Generator::buffer_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch) {
   const auto layers = make_decoder_layers(spec);
-  return sizes(spec, layers, dtype, max_positions, decodes_batches(layers) ? max_batch : 1).bytes();
+  return sizes(spec, layers, dtype, max_positions, max_batch).bytes();
 }
 
 void Generator::allocate_state() {
   TS_CHECK(max_positions_ > 0, "generation needs room for at least one position");
-  if (!decodes_batches(layers_)) max_batch_ = 1;
   TS_CHECK(max_batch_ >= 1, "generation needs room for at least one sequence");
   const size_t e = dtype_size(dtype_);
   const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size, B = max_batch_;
@@ -136,7 +135,7 @@ void Generator::allocate_state() {
     step_rope_.tables[i].second = next(DType::F32, {B, spec_.head_dim}, z.rows);
   }
   positions_.assign(static_cast<size_t>(B), 0);
-  captures_steps_ = backend_.supports(Capability::CapturesWork) && decodes_batches(layers_) &&
+  captures_steps_ = backend_.supports(Capability::CapturesWork) &&
                     std::none_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->decode_reads_host(); });
 
   // The blocks' state (the expert bias): fp32, zero until load() sets it.
@@ -233,10 +232,6 @@ std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {
 std::vector<float> Generator::step(int32_t token) {
   step_slots({token});
   return logits(1);
-}
-
-bool Generator::decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers) {
-  return std::all_of(layers.begin(), layers.end(), [](const auto& l) { return l->decodes_batches(); });
 }
 
 std::vector<Tensor> Generator::caches_of(size_t layer, int64_t first, int64_t count) const {
@@ -353,16 +348,12 @@ void Generator::step_slots(const std::vector<int32_t>& tokens) {
   at.pos = last;
   at.positions = tokens_.flat_range(B, B);
   at.rope = &step_rope_;
-  if (!decodes_batches()) {
-    TS_CHECK(B == 1, "generation: a family that decodes one sequence at a time stepped {}", B);
-    at = CachePosition{last};
-  }
   // Everything after the uploads reads only device memory at places fixed for B rows: what a
   // captured step replays.
   const auto step = [&] {
     run_layers(
         embed(B), state_b_.rows(0, B),
-        [&](size_t l) { return caches_of(l, 0, at.positions.defined() ? B : 0); }, at, 0, B, 0);
+        [&](size_t l) { return caches_of(l, 0, B); }, at, 0, B, 0);
   };
   const auto captured = captured_steps_.find(B);
   if (captured == captured_steps_.end() || !captured->second->replay()) {

@@ -64,9 +64,6 @@ class Generator final : private ForwardOps {
   // Appends `token` at slot 0's next position; returns the logits of the token after it.
   std::vector<float> step(int32_t token);
 
-  // Whether the family's blocks decode batches (multi-latent attention does not yet): else
-  // max_batch is 1.
-  bool decodes_batches() const { return decodes_batches(layers_); }
   // Starts slot `slot`'s sequence with `prompt`; its next token's logits are row `slot` of the
   // logits. The other slots are untouched.
   void prefill_slot(int64_t slot, std::span<const int32_t> prompt);
@@ -105,7 +102,7 @@ class Generator final : private ForwardOps {
   int64_t position(int64_t slot = 0) const { return positions_[static_cast<size_t>(slot)]; }
   // The width of each sequence's logits (the model's padded vocabulary).
   int64_t vocab_size() const { return spec_.vocab_size; }
-  // The sequences it holds at once (1 for a family that does not decode batches).
+  // The sequences it holds at once.
   int64_t max_batch() const { return max_batch_; }
   int64_t max_positions() const { return max_positions_; }
 
@@ -132,7 +129,6 @@ class Generator final : private ForwardOps {
   void upload_ids(const int32_t* tokens, int64_t n, int64_t more = 0);
   // The first n ids of tokens_ embedded into state_a_'s first n rows.
   Tensor embed(int64_t n);
-  static bool decodes_batches(const std::vector<std::unique_ptr<DecoderLayer>>& layers);
   // Each block's cache rows from slot `first`: `count` slots (count, S, width) for a batch, or
   // with count 0 the one slot (S, width) of a one-sequence pass.
   std::vector<Tensor> caches_of(size_t layer, int64_t first, int64_t count) const;

@@ -48,7 +48,6 @@ class GqaAttention final : public Mixer {
   void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;
   int64_t cache_width() const override { return 2 * s_.kv_heads * s_.head_dim; }
-  bool decodes_batches() const override { return true; }
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
                       const Tensor& residual, const Tensor& cache, const CachePosition& at) override;

@@ -181,25 +181,29 @@ size_t MlaAttention::cached_scratch_bytes(int64_t n, DType dtype) const {
   const AttentionShape a = shape(1, n);
   auto act = [&](int64_t cols) { return ScratchArena::aligned(n * cols * e); };
   const size_t stats = ScratchArena::aligned(n * 4);
+  // The last act(H D): a batch's queries, gathered for attention_decode.
   size_t bytes = act(fused_width()) + act(Kr_) * 2 + stats + act(H_ * (Dn_ + Dv_)) +
-                 act(a.qkv_width()) + act(a.out_width()) + ScratchArena::aligned(H_ * n * 4);
+                 act(a.qkv_width()) + act(a.out_width()) + ScratchArena::aligned(H_ * n * 4) + act(H_ * D_);
   if (lora_) bytes += act(Qr_) * 2 + stats + act(H_ * D_);
   return bytes;
 }
 
 // A prompt attends within itself (attention_forward over its own qkv); one new token attends to
 // the cache. Both write every position's key and value heads into the cache first: they are
-// qkv's columns after the queries, in the cache's layout.
+// qkv's columns after the queries, in the cache's layout. A batch's tokens (one per sequence,
+// each at its own position) are packed as one run of tokens, row b of the rotary rows being
+// token b's position, then each attends to its own sequence's cache.
 void MlaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in,
                                   const Tensor& out, const Tensor& residual, const Tensor& cache,
                                   const CachePosition& at) {
   Backend& b = ops.backend();
   const int64_t pos = at.pos;
-  const int64_t n = in.dim(0), S = cache.dim(0), row = cache_width();
+  const bool batch = cache.shape.rank() == 3;
+  const int64_t n = in.dim(0), B = batch ? cache.dim(0) : 1, S = cache.dim(batch ? 1 : 0), row = cache_width();
   const DType dt = in.dtype;
-  TS_CHECK(pos == 0 || n == 1, "generation: {} tokens at position {} (a prompt, or one token)", n,
-           pos);
-  TS_CHECK(pos + n <= S, "generation: positions up to {} in a cache of {}", pos + n, S);
+  TS_CHECK(batch ? n == B && at.positions.defined() && at.rope : pos == 0 || n == 1,
+           "generation: {} tokens at position {} (a prompt, one token, or one per sequence of a batch)", n, pos);
+  TS_CHECK(pos + (batch ? 1 : n) <= S, "generation: positions up to {} in a cache of {}", pos + (batch ? 1 : n), S);
   const AttentionShape a = shape(1, n);
   Pass t;
   t.ln = in;
@@ -216,6 +220,15 @@ void MlaAttention::forward_cached(ForwardOps& ops, ScratchArena& scratch, const 
   t.kv = scratch.take(dt, {n, H_ * (Dn_ + Dv_)});
   t.qkv = scratch.take(dt, {n, a.qkv_width()});
   const Tensor att = scratch.take(dt, {n, a.out_width()});
+  if (batch) {
+    pack_qkv(ops, t, at.rope->at(0).rows(0, B), a);
+    b.cache_write(cache, t.qkv, H_ * D_, at.positions);
+    const Tensor q = scratch.take(dt, {B, H_ * D_});
+    b.copy_columns(q, 0, t.qkv, 0, H_ * D_);
+    b.attention_decode(att, q, cache, at.positions, pos, shape(B, S));
+    ops.linear(out, att, o_proj_, -1, residual);
+    return;
+  }
   // Row t of the table slice is position pos + t.
   pack_qkv(ops, t, ops.rope_table().rows(pos, pos + n), a);
   b.copy_columns(cache.rows(pos, pos + n), 0, t.qkv, H_ * D_, row);
