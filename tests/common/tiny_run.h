@@ -29,8 +29,13 @@ inline std::vector<nlohmann::json> metrics_lines(const std::filesystem::path& fi
   std::vector<nlohmann::json> lines;
   std::ifstream in(file, std::ios::binary);
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  for (size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1)
-    if (end > begin) lines.push_back(nlohmann::json::parse(text.substr(begin, end - begin)));
+  // Complete lines only (a running writer's last one may be partial); a line a killed run left
+  // unfinished is skipped, as tessera plot skips it.
+  for (size_t begin = 0, end; (end = text.find('\n', begin)) != std::string::npos; begin = end + 1) {
+    if (end == begin) continue;
+    nlohmann::json j = nlohmann::json::parse(text.substr(begin, end - begin), nullptr, false);
+    if (!j.is_discarded()) lines.push_back(std::move(j));
+  }
   return lines;
 }
 

@@ -10,8 +10,9 @@ namespace tessera {
 
 class MetricsWriter {
  public:
-  // Appends. With a run id (train/run_directories.h), every record carries it as "run_id",
-  // so readers can tell runs apart in one file.
+  // Appends (after a line break, if a killed run left its last line unfinished). With a run id
+  // (train/run_directories.h), every record carries it as "run_id", so readers can tell runs
+  // apart in one file.
   explicit MetricsWriter(const std::string& path, std::string run_id = "");
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
