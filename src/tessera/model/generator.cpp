@@ -130,8 +130,7 @@ void Generator::allocate_state() {
   for (size_t i = 0; i < rope_.tables.size(); ++i) {
     auto& [base, table] = rope_.tables[i];
     table = next(DType::F32, {S, spec_.head_dim}, z.table);
-    host_rope_.push_back(tessera::rope_table(spec_, S, base));
-    backend_.upload(table, host_rope_.back().data());
+    backend_.upload(table, tessera::rope_table(spec_, S, base).data());
     step_rope_.tables[i].second = next(DType::F32, {B, spec_.head_dim}, z.rows);
   }
   positions_.assign(static_cast<size_t>(B), 0);
@@ -335,22 +334,17 @@ void Generator::step_slots(const std::vector<int32_t>& tokens) {
     ids[B + b] = static_cast<int32_t>(pos);
     last = std::max(last, pos);
   }
-  for (size_t i = 0; i < rope_.tables.size(); ++i) {
-    const std::vector<float>& table = host_rope_[i];
-    const auto D = static_cast<size_t>(spec_.head_dim);
-    std::vector<float> rows(static_cast<size_t>(B) * D);
-    for (int64_t b = 0; b < B; ++b)
-      std::copy_n(table.begin() + static_cast<std::ptrdiff_t>(ids[B + b] * D), D, rows.begin() + b * D);
-    backend_.upload(step_rope_.tables[i].second.rows(0, B), rows.data());
-  }
   upload_ids(ids.data(), B, B);
   CachePosition at;
   at.pos = last;
   at.positions = tokens_.flat_range(B, B);
   at.rope = &step_rope_;
-  // Everything after the uploads reads only device memory at places fixed for B rows: what a
-  // captured step replays.
+  // Everything after the upload reads only device memory at places fixed for B rows: what a
+  // captured step replays. Each rotary table's rows at the slots' positions are gathered as an
+  // embedding's rows are.
   const auto step = [&] {
+    for (size_t i = 0; i < rope_.tables.size(); ++i)
+      backend_.embedding_forward(step_rope_.tables[i].second.rows(0, B), at.positions, rope_.tables[i].second);
     run_layers(
         embed(B), state_b_.rows(0, B),
         [&](size_t l) { return caches_of(l, 0, B); }, at, 0, B, 0);

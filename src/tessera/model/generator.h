@@ -160,10 +160,8 @@ class Generator final : private ForwardOps {
   // place).
   Tensor draw_streams_, draw_out_;
   RopeTables rope_;
-  // A step's rotary rows (max_batch, head_dim) per base, gathered on the host from the tables
-  // (host_rope_, as rope_'s) at the slots' positions.
+  // A step's rotary rows (max_batch, head_dim) per base: rope_'s rows at the slots' positions.
   RopeTables step_rope_;
-  std::vector<std::vector<float>> host_rope_;
   // Steps captured by their rows (CUDA graphs), after a first run of each op by op.
   bool captures_steps_ = false, eager_ = false;  // captures_steps_: where it can
   std::map<int64_t, std::unique_ptr<CapturedWork>> captured_steps_;
