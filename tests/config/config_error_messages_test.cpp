@@ -127,6 +127,7 @@ TEST_F(ConfigErrorMessage, GrpoKeysThatCannotRunAreNamed) {
       {"--grpo_num_generations 3", "key 'global_batch_size' has value '8': expected a multiple of grpo_num_generations (3)"},
       {"--grpo_max_completion_length 4096", "key 'grpo_max_completion_length' has value '4096': expected 1 or more and below seq_length"},
       {"--grpo_temperature 0", "key 'grpo_temperature' has value '0"},
+      {"--grpo_max_num_seqs -1", "key 'grpo_max_num_seqs' has value '-1': expected 0 (all of a rank's completions at once) or a positive count"},
       {"--grpo_rewards answer,speed", "key 'grpo_rewards' has value 'answer,speed': expected comma-separated name[:weight] of answer, format, overlong and command ('speed' is not a reward)"},
       {"--grpo_rewards answer:x", "'x' is not a weight"},
       {"--grpo_rewards format", "key 'grpo_format_regex' has value 'null': expected a pattern with the format reward"},
