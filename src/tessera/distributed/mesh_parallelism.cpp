@@ -213,14 +213,14 @@ void MeshParallelism::max(const Tensor& t) {
   world_.all_reduce(t, ReduceOp::Max, Lane::Compute);
 }
 
-void MeshParallelism::reduce_fp8_amaxes(const Tensor& amaxes) {
+void MeshParallelism::max_over_replicas(const Tensor& t) {
   settle();
-  amax_comm_->all_reduce(amaxes, ReduceOp::Max, Lane::Compute);
+  amax_comm_->all_reduce(t, ReduceOp::Max, Lane::Compute);
 }
 
-void MeshParallelism::reduce_fp8_status(const Tensor& status) {
+void MeshParallelism::sum_over_job(const Tensor& t) {
   settle();
-  world_.all_reduce(status, ReduceOp::Sum, Lane::Compute);
+  world_.all_reduce(t, ReduceOp::Sum, Lane::Compute);
 }
 
 void MeshParallelism::barrier() {

@@ -92,8 +92,8 @@ class MeshParallelism final : public Parallelism {
   void sum(const Tensor& t) override;
   void sum_over_sequence(const Tensor& t) override;
   void max(const Tensor& t) override;
-  void reduce_fp8_amaxes(const Tensor& amaxes) override;
-  void reduce_fp8_status(const Tensor& status) override;
+  void max_over_replicas(const Tensor& t) override;
+  void sum_over_job(const Tensor& t) override;
   void barrier() override;
 
  private:

@@ -93,8 +93,8 @@ class ExpertParallel final : public Parallelism {
   void follow_gathers() override { inner_->follow_gathers(); }
   void sum(const Tensor& t) override { inner_->sum(t); }
   void max(const Tensor& t) override { inner_->max(t); }
-  void reduce_fp8_amaxes(const Tensor& amaxes) override { inner_->reduce_fp8_amaxes(amaxes); }
-  void reduce_fp8_status(const Tensor& status) override { inner_->reduce_fp8_status(status); }
+  void max_over_replicas(const Tensor& t) override { inner_->max_over_replicas(t); }
+  void sum_over_job(const Tensor& t) override { inner_->sum_over_job(t); }
   void barrier() override { inner_->barrier(); }
 
  private:

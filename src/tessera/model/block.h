@@ -204,7 +204,7 @@ class Mixer {
     return 0;
   }
 
-  // ---- statistics kept across a step (MoE load balance, Model::moe_stats) ----
+  // ---- statistics kept across a step (MoE load balance, DecoderModel::moe_stats) ----
   // fp32 values it sums over a step's forward passes; 0: none.
   virtual int64_t stats_width() const { return 0; }
   // Where they live (stats_width() values, zeroed by the model between steps).

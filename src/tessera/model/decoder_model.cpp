@@ -343,8 +343,11 @@ void DecoderModel::set_expert_exchange(ExpertExchange* exchange) {
   expert_exchange_ = exchange;
 }
 
-void DecoderModel::update_persistent_state() {
-  for (auto& layer : layers_) layer->update_state(backend_);
+std::vector<StepHook*> DecoderModel::step_hooks() const {
+  std::vector<StepHook*> hooks;
+  if (fp8_) hooks.push_back(fp8_.get());
+  if (moe_balance_) hooks.push_back(moe_balance_.get());
+  return hooks;
 }
 
 void DecoderModel::bind_stats() {
@@ -363,6 +366,12 @@ void DecoderModel::bind_stats() {
   moe_stats_ = stats_buffer_.tensor(DType::F32, {rows, width});
   for (int64_t i = 0; i < rows; ++i)
     layers_[moe_layers_[i]]->bind_stats(moe_stats_.flat_range(i * width, width));
+  // Its update moves the blocks' state (the aux-loss-free expert bias) from the summed
+  // statistics.
+  moe_balance_ = std::make_unique<MoeBalanceHook>(
+      backend_, moe_stats_, moe_layers_, spec_.moe.experts, runtime_.moe_force_balance, [this] {
+        for (auto& layer : layers_) layer->update_state(backend_);
+      });
 }
 
 RecomputeRole ModelRuntime::recompute_role(int64_t position, int64_t count) const {
