@@ -145,6 +145,7 @@ class DecoderModel final : public Model, private LayerOps {
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
   bool recomputing() const override { return recomputing_; }
+  int activation_slot() const override { return slot_; }
 
   // The first vocabulary id of this rank's rows of the embedding and output head.
   int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
