@@ -139,7 +139,7 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
             "a divisor of num_experts (4)"},
            {{"--expert_model_parallel_size", "4"},
             "expert_model_parallel_size",
-            "a divisor of the number of ranks (2)",
+            "a divisor of the data-parallel ranks (2)",
             2},
            {{"--moe_router_score_function", "sinkhorn"},
             "moe_router_score_function",
@@ -190,29 +190,19 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
             "expert_model_parallel_size",
             "1 with use_torch_fsdp2",
             2},
-           // MoE layers are not laid out over tensor-parallel ranks, pipeline stages or
-           // context-parallel ranks yet.
+           // MoE layers are not laid out over tensor-parallel or context-parallel ranks yet
+           // (pipeline stages compose: ModelParallel's MoE meshes).
            {{"--expert_model_parallel_size", "2", "--tensor_model_parallel_size", "2"},
             "expert_model_parallel_size",
-            "does not compose with tensor, pipeline or context parallelism",
-            4},
-           {{"--expert_model_parallel_size", "2", "--pipeline_model_parallel_size", "2",
-             "--untie_embeddings_and_output_weights", "true"},
-            "expert_model_parallel_size",
-            "does not compose with tensor, pipeline or context parallelism",
+            "does not compose with tensor or context parallelism",
             4},
            {{"--tensor_model_parallel_size", "2"},
             "tensor_model_parallel_size",
             "1 for a mixture-of-experts model",
             2},
-           {{"--pipeline_model_parallel_size", "2", "--untie_embeddings_and_output_weights",
-             "true"},
-            "pipeline_model_parallel_size",
-            "1 for a mixture-of-experts model",
-            2},
            {{"--expert_model_parallel_size", "2", "--context_parallel_size", "2"},
             "expert_model_parallel_size",
-            "does not compose with tensor, pipeline or context parallelism",
+            "does not compose with tensor or context parallelism",
             4},
            {{"--context_parallel_size", "2"},
             "context_parallel_size",
@@ -245,7 +235,7 @@ TEST(MoeKeys, CliExitsTwoNamingTheKey) {
            {"--num_experts 6 --moe_router_topk 2 --expert_model_parallel_size 4",
             "key 'expert_model_parallel_size' has value '4'"},
            {"--device cpu --nproc_per_node 4 --expert_model_parallel_size 2 "
-            "--pipeline_model_parallel_size 2",
+            "--tensor_model_parallel_size 2",
             "key 'expert_model_parallel_size' has value '2'"}}) {
     const auto r = run_command("cd " + dir.path().string() + " && " + TESSERA_BINARY +
                                " train --model tiny_moe --mock_data true --workspace ws " + args);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/experiment_yaml.h"
+#include "common/moe_balance_of.h"
 #include "common/placed_layout.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/distributed/expert_exchange.h"
@@ -175,7 +176,7 @@ TrainingRun train(int ranks, std::vector<std::string> flags) {
       const IterationStats s = trainer.run_iteration(it);
       losses.push_back(s.loss);
       norms.push_back(s.grad_norm);
-      for (const MoeLayerBalance& b : s.moe) aux.push_back(b.aux_loss);
+      for (const MoeLayerBalance& b : testing::moe_balance_of(trainer.model())) aux.push_back(b.aux_loss);
     }
     std::vector<float> params(static_cast<size_t>(trainer.model().layout().total));
     trainer.backend().download(params.data(), trainer.model().params());

@@ -61,6 +61,12 @@ const std::string kExperiment =
     "micro_batch_size: 2\nglobal_batch_size: 8\ntrain_iters: 10\nlr: 3.0e-3\n"
     "lr_warmup_iters: 2\nweight_decay: 0.1\nclip_grad: 0.5\nlog_progress: false\n";
 
+// A Mixtral-shaped model: MoE in layers 0 and 2 of 4, 4 experts top-2, both auxiliary losses.
+const std::string kMoe =
+    "model_family: mixtral\nnum_layers: 4\nnum_experts: 4\nmoe_router_topk: 2\n"
+    "moe_ffn_hidden_size: 64\nmoe_layer_freq: \"[1,0,1,0]\"\nmoe_aux_loss_coeff: 1.0e-2\n"
+    "moe_z_loss_coeff: 1.0e-3\n";
+
 struct TrainedRun {
   std::vector<double> losses, grad_norms;
   // The whole model's weights before the first step and after the last, and the last
@@ -268,7 +274,26 @@ INSTANTIATE_TEST_SUITE_P(
              "tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n"
              "virtual_pipeline_model_parallel_size: 2\nuse_distributed_optimizer: true\n"
              "ddp_bucket_size: 5000\n",
-             "num_layers: 4\n"}),
+             "num_layers: 4\n"},
+        // MoE layers over pipeline stages (their balance statistics summed over the stages,
+        // each backward with its own micro-batch's routing), and with their experts spread
+        // over a stage's data-parallel ranks (expert parallelism beside the pipeline): alone,
+        // with more data-parallel than expert-parallel ranks, ZeRO-1, interleaved stages.
+        Mesh{"moe_pp2", 2, "pipeline_model_parallel_size: 2\n", kMoe},
+        Mesh{"moe_pp2_interleaved", 2,
+             "pipeline_model_parallel_size: 2\nvirtual_pipeline_model_parallel_size: 2\n", kMoe},
+        Mesh{"moe_pp2_ep2", 4, "pipeline_model_parallel_size: 2\nexpert_model_parallel_size: 2\n",
+             kMoe},
+        Mesh{"moe_pp2_ep2_zero1", 4,
+             "pipeline_model_parallel_size: 2\nexpert_model_parallel_size: 2\n"
+             "use_distributed_optimizer: true\nddp_bucket_size: 5000\n",
+             kMoe},
+        Mesh{"moe_pp2_ep2_dp4", 8,
+             "pipeline_model_parallel_size: 2\nexpert_model_parallel_size: 2\n", kMoe},
+        Mesh{"moe_pp2_ep4_zero1", 8,
+             "pipeline_model_parallel_size: 2\nexpert_model_parallel_size: 4\n"
+             "use_distributed_optimizer: true\n",
+             kMoe}),
     [](const ::testing::TestParamInfo<Mesh>& info) { return std::string(info.param.name); });
 
 }  // namespace

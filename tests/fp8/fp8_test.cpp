@@ -305,7 +305,7 @@ ModelSpec tiny_spec() {
 
 struct ModelRun {
   std::unique_ptr<Backend> backend = make_cpu_backend();
-  std::unique_ptr<Model> model;
+  std::unique_ptr<DecoderModel> model;
   std::vector<float> grads;
   float loss = 0;
 };

@@ -10,6 +10,7 @@
 #include "common/experiment_yaml.h"
 #include "gpu_test_util.h"
 #include "tessera/core/fp8.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/train/trainer.h"
 
@@ -350,10 +351,11 @@ void compare_curves(const std::string& fp8_keys, int iters, double tol,
   Logger log("", 0, false, false);
   Trainer bf16(experiment(model_keys), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   Trainer fp8(experiment(model_keys + fp8_keys), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
-  ASSERT_NE(fp8.model().fp8(), nullptr);
+  const Fp8Linears* linears = dynamic_cast<DecoderModel&>(fp8.model()).fp8();
+  ASSERT_NE(linears, nullptr);
   if (!model_keys.empty()) {
     int stacks = 0;
-    for (const Fp8LinearShape& l : fp8.model().fp8()->linears()) stacks += l.expert_stack();
+    for (const Fp8LinearShape& l : linears->linears()) stacks += l.expert_stack();
     ASSERT_EQ(stacks, 2 * fp8.model().spec().num_layers) << "the experts do not run in FP8";
   }
   double worst = 0, first = 0, last_bf16 = 0, last_fp8 = 0, sum_bf16 = 0, sum_fp8 = 0;

@@ -6,7 +6,9 @@
 #include <cmath>
 
 #include "common/experiment_yaml.h"
+#include "common/moe_balance_of.h"
 #include "gpu_test_util.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/train/trainer.h"
 
@@ -46,8 +48,10 @@ TEST(GpuMoe, LossGradientsAndBalanceMatchTheCpuReference) {
   const float cpu_loss = download_float(cpu->backend(), cpu->model().loss_sum())[0];
   const float gpu_loss = download_float(gpu->backend(), gpu->model().loss_sum())[0];
   EXPECT_NEAR(gpu_loss / cpu_loss, 1.0, 5e-3);
-  const std::vector<float> sc = download_float(cpu->backend(), cpu->model().moe_stats());
-  const std::vector<float> sg = download_float(gpu->backend(), gpu->model().moe_stats());
+  const auto moe_stats = [](Trainer& t) {
+    return download_float(t.backend(), dynamic_cast<DecoderModel&>(t.model()).moe_stats());
+  };
+  const std::vector<float> sc = moe_stats(*cpu), sg = moe_stats(*gpu);
   ASSERT_EQ(sc.size(), sg.size());
   for (int e = 0; e < 8; ++e) EXPECT_EQ(sg[e], sc[e]) << "tokens of expert " << e;
   EXPECT_NEAR(sg[8] / sc[8], 1.0, 1e-2) << "aux loss";
@@ -96,8 +100,8 @@ TEST(GpuMoe, DeterministicAndRecomputeInvariant) {
     for (int it = 1; it <= 5; ++it) {
       const IterationStats s = t->run_iteration(it);
       losses.push_back(s.loss);
-      losses.push_back(s.moe[0].aux_loss);
-      losses.push_back(s.moe[0].tokens_cv);
+      losses.push_back(testing::moe_balance_of(gpu->model())[0].aux_loss);
+      losses.push_back(testing::moe_balance_of(gpu->model())[0].tokens_cv);
     }
     runs.push_back(losses);
   }
@@ -136,14 +140,14 @@ TEST(GpuMoe, PresetProxiesStepAndReportBalance) {
     for (int it = 1; it <= 3; ++it) {
       const IterationStats s = gpu->run_iteration(it);
       EXPECT_TRUE(std::isfinite(s.loss) && !s.skipped) << "iteration " << it;
-      ASSERT_EQ(s.moe.size(), 2u);
-      for (const MoeLayerBalance& b : s.moe) {
+      ASSERT_EQ(testing::moe_balance_of(gpu->model()).size(), 2u);
+      for (const MoeLayerBalance& b : testing::moe_balance_of(gpu->model())) {
         EXPECT_DOUBLE_EQ(b.tokens_mean * p.experts, 2048.0 * p.topk) << "every slot routed";
         EXPECT_GT(b.aux_loss, 0.9);
         if (extra.find("force") != std::string::npos) EXPECT_EQ(b.tokens_cv, 0.0);
       }
       std::printf("[ proxy    ] %s %s iteration %d: loss %.4f, aux %.4f, expert-load cv %.3f\n",
-                  p.config, extra.c_str(), it, s.loss, s.moe[0].aux_loss, s.moe[0].tokens_cv);
+                  p.config, extra.c_str(), it, s.loss, testing::moe_balance_of(gpu->model())[0].aux_loss, testing::moe_balance_of(gpu->model())[0].tokens_cv);
     }
   }
 }

@@ -243,5 +243,52 @@ TEST(MoeModel, CheckpointDescriptionKeepsTheMoeSpec) {
   EXPECT_FALSE(spec_to_json(ModelSpec{}).contains("moe"));
 }
 
+// Two passes' activations kept at once (DPO's two answers, a pipeline stage's micro-batches):
+// both forwards, then both backwards, give the gradients of each pass run alone, so each
+// backward reads its own forward's routing (the experts' row groups on the host), not the
+// last forward's.
+TEST(MoeModel, EachActivationSlotBackwardReadsItsOwnRouting) {
+  const ModelSpec s = tiny_moe_spec();
+  ModelRuntime rt = runtime();
+  rt.keep_logit_grads = true;  // as DPO runs: the backward does not run the head again
+  const int64_t N = rt.micro_batch * rt.seq_length;
+  std::vector<std::vector<int32_t>> tokens(2, std::vector<int32_t>(N)), targets = tokens;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t i = 0; i < N; ++i) {
+      tokens[pass][i] = static_cast<int32_t>(random_below(10 + pass, i, 64));
+      targets[pass][i] = static_cast<int32_t>(random_below(20 + pass, i, 64));
+    }
+  std::vector<std::vector<float>> grads;
+  for (const bool interleaved : {false, true}) {
+    auto backend = make_cpu_backend();
+    ModelRuntime r = rt;
+    r.pipeline_slots = interleaved ? 2 : 1;
+    DecoderModel model(*backend, s, r);
+    testing::init_test_model(*backend, s, model);
+    model.zero_grads();
+    const auto forward = [&](int pass) {
+      model.use_slot(interleaved ? pass : 0);
+      model.set_batch(tokens[pass].data(), targets[pass].data());
+      model.zero_loss_sum();
+      model.forward_loss();
+    };
+    const auto backward = [&](int pass) {
+      model.use_slot(interleaved ? pass : 0);
+      model.loss_backward(1.0f / static_cast<float>(N));
+    };
+    if (interleaved) {
+      forward(0), forward(1), backward(0), backward(1);
+    } else {
+      forward(0), backward(0), forward(1), backward(1);
+    }
+    grads.emplace_back(model.layout().total);
+    backend->download(grads.back().data(), model.grads());
+  }
+  double worst = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(grads[1][i] - grads[0][i])));
+  EXPECT_LT(worst, 1e-6) << "interleaved passes' gradients differ from each pass's alone";
+}
+
 }  // namespace
 }  // namespace tessera

@@ -23,6 +23,7 @@
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/config/config.h"
 #include "tessera/data/dataset.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/obs/logger.h"
 #include "tessera/train/trainer.h"
@@ -75,7 +76,7 @@ TEST_P(TorchParity, LogitsLossGradientsAndTrainingCurve) {
   const Experiment exp = load_experiment(opts);
   Logger log("", 0, false, false);
   Trainer trainer(exp, make_cpu_backend(), log, nullptr);
-  Model& model = trainer.model();
+  auto& model = dynamic_cast<DecoderModel&>(trainer.model());  // its MoE statistics
   Backend& b = trainer.backend();
   const ModelSpec& s = trainer.spec();
   const int64_t B = 2, T = 16, N = B * T, V = s.vocab_size;

@@ -10,9 +10,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/experiment_yaml.h"
+#include "common/moe_balance_of.h"
 #include "common/run_command.h"
 #include "common/scratch_dir.h"
 #include "tessera/backend/cpu/cpu_backend.h"
+#include "tessera/model/decoder_model.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera {
@@ -135,8 +137,8 @@ TEST(MoeTraining, ForceBalancedRoutingIsExactlyBalanced) {
   Trainer trainer(tiny_moe("moe_force_balance: true\n"), make_cpu_backend(), log, nullptr);
   for (int it = 1; it <= 2; ++it) {
     const IterationStats s = trainer.run_iteration(it);
-    ASSERT_EQ(s.moe.size(), 2u);
-    for (const MoeLayerBalance& b : s.moe) {
+    ASSERT_EQ(testing::moe_balance_of(trainer.model()).size(), 2u);
+    for (const MoeLayerBalance& b : testing::moe_balance_of(trainer.model())) {
       EXPECT_EQ(b.tokens_cv, 0.0);
       EXPECT_EQ(b.tokens_min, b.tokens_max);
       EXPECT_EQ(b.tokens_min, 4.0 * 16 * 2 / 4) << "the step's slots over 4 experts";
@@ -153,8 +155,8 @@ TEST(MoeTraining, DroppedPairsAreReportedPerLayer) {
                              factor + "\n"),
                     make_cpu_backend(), log, nullptr);
     const IterationStats s = trainer.run_iteration(1);
-    ASSERT_EQ(s.moe.size(), 2u);
-    for (const MoeLayerBalance& b : s.moe) EXPECT_EQ(b.dropped, want) << "factor " << factor;
+    ASSERT_EQ(testing::moe_balance_of(trainer.model()).size(), 2u);
+    for (const MoeLayerBalance& b : testing::moe_balance_of(trainer.model())) EXPECT_EQ(b.dropped, want) << "factor " << factor;
   }
 }
 
@@ -179,7 +181,7 @@ TEST(MoeTraining, ExpertBiasFollowsTheUpdateRuleAndIsCheckpointed) {
       const std::vector<float> after = download(trainer.backend(), state[1].second);
       // bias += rate * sign(mean - count), with the step's tokens per expert (layer 1's row
       // of the statistics, which hold the step until the next one starts).
-      const std::vector<float> stats = download(trainer.backend(), trainer.model().moe_stats());
+      const std::vector<float> stats = download(trainer.backend(), dynamic_cast<const DecoderModel&>(trainer.model()).moe_stats());
       const float* counts = stats.data() + 7;  // row 1 of (2, 4 experts + 3)
       const double mean = (counts[0] + counts[1] + counts[2] + counts[3]) / 4.0;
       for (int e = 0; e < 4; ++e) {

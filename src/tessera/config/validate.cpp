@@ -171,23 +171,20 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
               "1 for a dense model (num_experts is 0)");
     return;
   }
-  // MoE layers are laid out over data- and expert-parallel ranks only: their blocks do not
-  // split experts over tensor-parallel ranks, their statistics and expert exchange are not
-  // carried through pipeline stages, and their sequence-level losses see whole sequences.
-  const int64_t tp = t.tensor_model_parallel_size, pp = t.pipeline_model_parallel_size,
-                cp = t.context_parallel_size;
-  if (tp > 1 || pp > 1 || cp > 1) {
+  // MoE layers are laid out over data-, expert-parallel ranks and pipeline stages: their
+  // blocks do not split experts over tensor-parallel ranks, and their sequence-level losses
+  // see whole sequences.
+  const int64_t tp = t.tensor_model_parallel_size, cp = t.context_parallel_size;
+  if (tp > 1 || cp > 1) {
     c.require(t.expert_model_parallel_size == 1, "expert_model_parallel_size",
-              fmt::format("1 with tensor_model_parallel_size ({}), pipeline_model_parallel_size "
-                          "({}) or context_parallel_size ({}) above 1: expert parallelism does "
-                          "not compose with tensor, pipeline or context parallelism yet",
-                          tp, pp, cp));
-    c.fail(tp > 1   ? "tensor_model_parallel_size"
-           : pp > 1 ? "pipeline_model_parallel_size"
-                    : "context_parallel_size",
+              fmt::format("1 with tensor_model_parallel_size ({}) or context_parallel_size ({}) "
+                          "above 1: expert parallelism does not compose with tensor or context "
+                          "parallelism yet",
+                          tp, cp));
+    c.fail(tp > 1 ? "tensor_model_parallel_size" : "context_parallel_size",
            fmt::format("1 for a mixture-of-experts model (num_experts {}): MoE layers are not "
-                       "split over tensor-parallel ranks, pipeline stages or context-parallel "
-                       "ranks yet (use expert_model_parallel_size and data parallelism)",
+                       "split over tensor-parallel or context-parallel ranks yet (use "
+                       "expert_model_parallel_size, pipeline and data parallelism)",
                        m.num_experts));
   }
   const int64_t E = m.num_experts;
@@ -243,11 +240,12 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
                         "share of the experts",
                         E));
   c.require(data_parallel_size % ep == 0, "expert_model_parallel_size",
-            fmt::format("a divisor of the number of ranks ({}): the experts are spread over that "
-                        "many ranks (the shipped MoE experiments spread them over a node's 8 "
-                        "GPUs, as Primus's do; on fewer, set it to a divisor of the GPUs, 1 on "
+            fmt::format("a divisor of the data-parallel ranks ({}{}): the experts are spread over "
+                        "that many ranks (the shipped MoE experiments spread them over a node's "
+                        "8 GPUs, as Primus's do; on fewer, set it to a divisor of the GPUs, 1 on "
                         "one)",
-                        data_parallel_size));
+                        data_parallel_size,
+                        t.pipeline_model_parallel_size > 1 ? " of each pipeline stage" : ""));
   c.require(ep == 1 || !t.use_torch_fsdp2, "expert_model_parallel_size",
             "1 with use_torch_fsdp2 (expert parallelism composes with plain data parallelism "
             "and use_distributed_optimizer)");

@@ -32,6 +32,18 @@ std::vector<ParamRange> intersect(const std::vector<ParamRange>& ranges,
   return out;
 }
 
+// [0, total) less the increasing, disjoint `runs`.
+std::vector<ParamRange> complement(const std::vector<ParamRange>& runs, int64_t total) {
+  std::vector<ParamRange> out;
+  int64_t at = 0;
+  for (const ParamRange& r : runs) {
+    if (r.begin > at) out.push_back({at, r.begin});
+    at = std::max(at, r.end);
+  }
+  if (at < total) out.push_back({at, total});
+  return out;
+}
+
 }  // namespace
 
 BucketPlan plan_buckets(int64_t params, int64_t bucket_elements, int world_size) {
@@ -292,6 +304,22 @@ void DataParallel::grad_norm_sq(const Tensor& out) {
   experts_.expert_parallel->all_reduce(out, ReduceOp::Sum, Lane::Compute);
   for (const ParamRange& r : plan_.dense.buckets)
     b.sum_squares(out, padded_view(grads, r), /*accumulate=*/true);
+}
+
+void DataParallel::grad_norm_sq_of(const Tensor& out, const std::vector<ParamRange>& ranges) {
+  if (options_.shard_optimizer || experts_.expert_parallel == nullptr)
+    return DataParallelism::grad_norm_sq_of(out, ranges);
+  // As grad_norm_sq: the experts' squares summed over the expert-parallel ranks, then the
+  // dense ones (the same on every rank of the group) added.
+  Backend& b = model_.backend();
+  const std::vector<ParamRange>& experts = model_.layout().expert_runs;
+  b.fill(out, 0.0f);
+  for (const ParamRange& r : intersect(ranges, experts))
+    b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
+  settle();
+  experts_.expert_parallel->all_reduce(out, ReduceOp::Sum, Lane::Compute);
+  for (const ParamRange& r : intersect(ranges, complement(experts, model_.layout().total)))
+    b.sum_squares(out, model_.grads().flat_range(r.begin, r.count()), /*accumulate=*/true);
 }
 
 void DataParallel::params_updated() {

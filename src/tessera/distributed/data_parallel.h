@@ -137,6 +137,7 @@ class DataParallel : public DataParallelism, private ParamUnitObserver {
   void begin_micro_batch(bool last) override;
   void finish_gradient_reduction() override;
   void grad_norm_sq(const Tensor& out) override;
+  void grad_norm_sq_of(const Tensor& out, const std::vector<ParamRange>& ranges) override;
   // ZeRO-1: every rank's updated parameter slices to every rank. Overlapped, the parameters
   // are complete only for the next forward (as it goes) or after settle().
   void params_updated() override;

@@ -39,6 +39,15 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
   cp_group_ = std::make_unique<CommunicatorGroup>(*cp_comm_);
   model_.set_tensor_parallel_group(tp_group_.get());
   model_.set_context_parallel_group(cp_group_.get());
+  ExpertCommunicators experts;
+  if (mesh.size(MeshDim::EP) > 1) {
+    ep_comm_ = split_mesh_group(world, mesh, {MeshDim::EP});
+    if (mesh.size(MeshDim::ExpertDP) > 1)
+      expert_data_comm_ = split_mesh_group(world, mesh, {MeshDim::ExpertDP});
+    exchange_ = std::make_unique<CommExpertExchange>(model.backend(), *ep_comm_);
+    model_.set_expert_exchange(exchange_.get());
+    experts = {ep_comm_.get(), expert_data_comm_.get()};
+  }
   if (data_comm_->size() > 1) {
     DataParallelOptions options = data_parallel;
     // A stage's backward passes of different micro-batches interleave with its forwards: the
@@ -46,7 +55,7 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
     if (mesh.size(MeshDim::PP) > 1) options.overlap_grad_reduce = false;
     // With FSDP (torchtitan's 2D, and its CP): this tensor-parallel part sharded over the
     // data x context-parallel ranks that hold it.
-    data_ = make_data_parallelism(*data_comm_, model, options);
+    data_ = make_data_parallelism(*data_comm_, model, options, experts);
   }
 
   const ParamLayout& layout = model.layout();
@@ -65,6 +74,7 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
 }
 
 MeshParallelism::~MeshParallelism() {
+  if (exchange_) model_.set_expert_exchange(nullptr);
   model_.set_tensor_parallel_group(nullptr);
   model_.set_context_parallel_group(nullptr);
 }
@@ -94,6 +104,11 @@ std::string MeshParallelism::description() const {
                      model_.chunks() > 1 ? "interleaved " : "", layers,
                      model_.runtime().pipeline_slots);
   }
+  if (mesh_.size(MeshDim::EP) > 1)
+    s += fmt::format("; experts spread over {} expert-parallel ranks of the stage ({} of every "
+                     "MoE layer's {} on this rank)",
+                     mesh_.size(MeshDim::EP), model_.spec().moe.experts / mesh_.size(MeshDim::EP),
+                     model_.spec().moe.experts);
   if (data_)
     s += fmt::format("; data{} parallel: {}", mesh_.size(MeshDim::CP) > 1 ? " x context" : "",
                      data_->description());
@@ -213,14 +228,14 @@ void MeshParallelism::max(const Tensor& t) {
   world_.all_reduce(t, ReduceOp::Max, Lane::Compute);
 }
 
-void MeshParallelism::reduce_fp8_amaxes(const Tensor& amaxes) {
+void MeshParallelism::max_over_replicas(const Tensor& t) {
   settle();
-  amax_comm_->all_reduce(amaxes, ReduceOp::Max, Lane::Compute);
+  amax_comm_->all_reduce(t, ReduceOp::Max, Lane::Compute);
 }
 
-void MeshParallelism::reduce_fp8_status(const Tensor& status) {
+void MeshParallelism::sum_over_job(const Tensor& t) {
   settle();
-  world_.all_reduce(status, ReduceOp::Sum, Lane::Compute);
+  world_.all_reduce(t, ReduceOp::Sum, Lane::Compute);
 }
 
 void MeshParallelism::barrier() {

@@ -21,6 +21,12 @@
 //   - with pipeline parallelism the data-parallel gradient reduction runs after the step's
 //     last pass (a stage's backward passes of different micro-batches interleave with its
 //     forwards, so no bucket is final earlier);
+//   - with expert parallelism (beside pipeline stages) each stage's data-parallel ranks are
+//     re-split into expert x expert-data-parallel ranks (Megatron's expert layout): the MoE
+//     layers send their rows to the experts' ranks of the stage (the model's expert exchange
+//     over the expert-parallel group), the experts' gradients are reduced over the
+//     expert-data-parallel ranks and the rest over the stage's data-parallel ranks, and the
+//     gradient norm sums the experts' squares over the expert-parallel ranks;
 //   - losses are summed over the data and context-parallel ranks and the pipeline stages (the
 //     last one holds them; tensor-parallel ranks each hold the whole loss), FP8 amaxes maxed
 //     over the tensor, data and context-parallel ranks (a stage's own linears), the FP8 status
@@ -35,6 +41,7 @@
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/data_parallel.h"
 #include "tessera/distributed/device_mesh.h"
+#include "tessera/distributed/expert_exchange.h"
 #include "tessera/distributed/parallelism.h"
 #include "tessera/distributed/pipeline_schedule.h"
 #include "tessera/model/model.h"
@@ -92,8 +99,8 @@ class MeshParallelism final : public Parallelism {
   void sum(const Tensor& t) override;
   void sum_over_sequence(const Tensor& t) override;
   void max(const Tensor& t) override;
-  void reduce_fp8_amaxes(const Tensor& amaxes) override;
-  void reduce_fp8_status(const Tensor& status) override;
+  void max_over_replicas(const Tensor& t) override;
+  void sum_over_job(const Tensor& t) override;
   void barrier() override;
 
  private:
@@ -113,6 +120,10 @@ class MeshParallelism final : public Parallelism {
   // gradient norm).
   std::unique_ptr<Communicator> tp_comm_, cp_comm_, data_comm_, amax_comm_, pp_comm_, model_comm_;
   std::unique_ptr<CommunicatorGroup> tp_group_, cp_group_;
+  // Expert parallelism: the stage's expert-parallel and expert-data-parallel groups (the
+  // latter null when alone) and the model's exchange over the former.
+  std::unique_ptr<Communicator> ep_comm_, expert_data_comm_;
+  std::unique_ptr<CommExpertExchange> exchange_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
   std::unique_ptr<DataParallelism> data_;  // null with one data x context-parallel rank
   // Replicated parameters whose gradients are partial sums over sequence shards.

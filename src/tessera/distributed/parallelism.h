@@ -10,11 +10,13 @@
 
 #include "tessera/core/tensor.h"
 #include "tessera/model/param_layout.h"
+#include "tessera/model/step_hook.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera::dist {
 
-class Parallelism {
+// The step hooks (model/step_hook.h) reduce with it as their StepCollectives.
+class Parallelism : public StepCollectives {
  public:
   Parallelism() = default;
   virtual ~Parallelism() = default;
@@ -69,19 +71,18 @@ class Parallelism {
 
   // In place: the sum over the ranks that hold other samples' losses (data parallel), once
   // each: the ranks that split one model (tensor parallel) hold the same loss.
-  virtual void sum(const Tensor& t) = 0;
+  void sum(const Tensor& t) override = 0;
   // In place: the sum over the ranks that hold parts of the same sequences (context
   // parallel), such as a sequence's summed token losses; nothing where a rank holds them whole.
   virtual void sum_over_sequence(const Tensor& t) { (void)t; }
   // In place: the maximum over every rank of the job (stop signals, time limits).
   virtual void max(const Tensor& t) = 0;
-  // FP8 delayed scaling, in place: each amax's maximum over the ranks that hold the same
-  // linear layers (data parallel, and the parts of tensor-parallel ones), so that every rank
-  // derives the same scales.
-  virtual void reduce_fp8_amaxes(const Tensor& amaxes) { max(amaxes); }
-  // In place: the FP8 non-finite status (0 or NaN) summed over every rank, so that a
-  // non-finite amax on one skips the step on all of them.
-  virtual void reduce_fp8_status(const Tensor& status) { sum(status); }
+  // In place: the maximum over the ranks that hold the same parameters (data parallel, and the
+  // parts of tensor-parallel ones), so that every rank derives the same from it (FP8 amaxes).
+  void max_over_replicas(const Tensor& t) override { max(t); }
+  // In place: the sum over every rank of the job (a step hook's status: a NaN on one rank
+  // skips the step on all of them).
+  void sum_over_job(const Tensor& t) override { sum(t); }
   // Returns on each rank once every rank has called it (steps of a sharded checkpoint save).
   virtual void barrier() = 0;
 };

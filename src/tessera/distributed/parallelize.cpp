@@ -93,8 +93,8 @@ class ExpertParallel final : public Parallelism {
   void follow_gathers() override { inner_->follow_gathers(); }
   void sum(const Tensor& t) override { inner_->sum(t); }
   void max(const Tensor& t) override { inner_->max(t); }
-  void reduce_fp8_amaxes(const Tensor& amaxes) override { inner_->reduce_fp8_amaxes(amaxes); }
-  void reduce_fp8_status(const Tensor& status) override { inner_->reduce_fp8_status(status); }
+  void max_over_replicas(const Tensor& t) override { inner_->max_over_replicas(t); }
+  void sum_over_job(const Tensor& t) override { inner_->sum_over_job(t); }
   void barrier() override { inner_->barrier(); }
 
  private:
@@ -109,21 +109,19 @@ class ExpertParallel final : public Parallelism {
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel) {
   // Validation refuses these meshes with the keys named (expert_model_parallel_size with
-  // tensor, pipeline or context parallelism); this guards other callers.
-  TS_CHECK(mesh.size(MeshDim::EP) == 1 || (mesh.size(MeshDim::TP) == 1 &&
-                                           mesh.size(MeshDim::PP) == 1 &&
-                                           mesh.size(MeshDim::CP) == 1),
-           "parallelize: expert parallelism (ep {}) with tensor, pipeline or context parallelism "
-           "(tp {}, pp {}, cp {}) is not laid out yet",
-           mesh.size(MeshDim::EP), mesh.size(MeshDim::TP), mesh.size(MeshDim::PP),
-           mesh.size(MeshDim::CP));
+  // tensor or context parallelism); this guards other callers.
+  TS_CHECK(mesh.size(MeshDim::EP) == 1 ||
+               (mesh.size(MeshDim::TP) == 1 && mesh.size(MeshDim::CP) == 1),
+           "parallelize: expert parallelism (ep {}) with tensor or context parallelism (tp {}, "
+           "cp {}) is not laid out yet",
+           mesh.size(MeshDim::EP), mesh.size(MeshDim::TP), mesh.size(MeshDim::CP));
   if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
   TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
            "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());
   // TP/SP, CP and PP stages: the model holds its part, its share of the sequences and its
   // stage's layers already (its runtime); the mesh layout gives it the groups' collectives,
   // runs the pipeline's schedule and composes data parallelism over the data (x context)
-  // parallel ranks.
+  // parallel ranks, and expert parallelism over a stage's data-parallel ranks.
   if (mesh.size(MeshDim::TP) > 1 || mesh.size(MeshDim::PP) > 1 || mesh.size(MeshDim::CP) > 1)
     return std::make_unique<MeshParallelism>(*world, mesh, model, data_parallel);
   if (mesh.size(MeshDim::EP) == 1) return make_data_parallelism(*world, model, data_parallel);

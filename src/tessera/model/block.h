@@ -93,6 +93,10 @@ class LayerOps : public ForwardOps {
   // True while a full recompute re-runs the layer's forward: what a block counts once per
   // micro-batch (the MoE load statistics) is not counted again.
   virtual bool recomputing() const = 0;
+  // The activation slot (0 .. runtime().pipeline_slots - 1) of the pass: what a block keeps
+  // of a forward outside its stored activations (on the host) is kept per slot, for the
+  // backward of the same slot.
+  virtual int activation_slot() const = 0;
   // The backward of attention_forward (Backend::attention_backward).
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                   const Tensor& lse, const Tensor& qkv, const AttentionShape& s) {
@@ -204,7 +208,7 @@ class Mixer {
     return 0;
   }
 
-  // ---- statistics kept across a step (MoE load balance, Model::moe_stats) ----
+  // ---- statistics kept across a step (MoE load balance, DecoderModel::moe_stats) ----
   // fp32 values it sums over a step's forward passes; 0: none.
   virtual int64_t stats_width() const { return 0; }
   // Where they live (stats_width() values, zeroed by the model between steps).

@@ -343,26 +343,48 @@ void DecoderModel::set_expert_exchange(ExpertExchange* exchange) {
   expert_exchange_ = exchange;
 }
 
-void DecoderModel::update_persistent_state() {
-  for (auto& layer : layers_) layer->update_state(backend_);
+std::vector<StepHook*> DecoderModel::step_hooks() const {
+  std::vector<StepHook*> hooks;
+  if (fp8_) hooks.push_back(fp8_.get());
+  if (moe_balance_) hooks.push_back(moe_balance_.get());
+  return hooks;
 }
 
 void DecoderModel::bind_stats() {
+  // A row per layer of the whole model that keeps statistics, so that a pipeline stage's rows
+  // of the layers it does not hold stay zero and the sum over the stages (the step hook's)
+  // gives every rank every layer's.
   int64_t width = 0;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const int64_t w = layers_[l]->stats_width();
-    if (w == 0) continue;
-    TS_CHECK(width == 0 || w == width, "layer {} keeps {} statistics, others {}", l, w, width);
-    width = w;
-    moe_layers_.push_back(static_cast<int64_t>(l));
-  }
-  if (moe_layers_.empty()) return;
+  std::vector<std::pair<size_t, int64_t>> held;  // (index in layers_, decoder layer)
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int64_t i = 0; i < chunks_[c].count; ++i) {
+      const size_t l = chunk_begin_[c] + static_cast<size_t>(i);
+      const int64_t w = layers_[l]->stats_width();
+      if (w == 0) continue;
+      TS_CHECK(width == 0 || w == width, "layer {} keeps {} statistics, others {}",
+               chunks_[c].first + i, w, width);
+      width = w;
+      held.emplace_back(l, chunks_[c].first + i);
+    }
+  if (held.empty()) return;
+  for (int64_t l = 0; l < spec_.num_layers; ++l)
+    if (spec_.moe.is_moe_layer(l)) moe_layers_.push_back(l);
+  TS_CHECK(!moe_layers_.empty(), "layers keep statistics in a model without MoE layers");
   const int64_t rows = static_cast<int64_t>(moe_layers_.size());
   stats_buffer_ =
       DeviceBuffer(backend_, static_cast<size_t>(rows * width) * sizeof(float), "moe statistics");
   moe_stats_ = stats_buffer_.tensor(DType::F32, {rows, width});
-  for (int64_t i = 0; i < rows; ++i)
-    layers_[moe_layers_[i]]->bind_stats(moe_stats_.flat_range(i * width, width));
+  for (const auto& [l, layer] : held) {
+    const auto row = std::find(moe_layers_.begin(), moe_layers_.end(), layer) - moe_layers_.begin();
+    TS_CHECK(row < rows, "layer {} keeps statistics but is not an MoE layer", layer);
+    layers_[l]->bind_stats(moe_stats_.flat_range(row * width, width));
+  }
+  // Its update moves the blocks' state (the aux-loss-free expert bias) from the summed
+  // statistics.
+  moe_balance_ = std::make_unique<MoeBalanceHook>(
+      backend_, moe_stats_, moe_layers_, spec_.moe.experts, runtime_.moe_force_balance, [this] {
+        for (auto& layer : layers_) layer->update_state(backend_);
+      });
 }
 
 RecomputeRole ModelRuntime::recompute_role(int64_t position, int64_t count) const {

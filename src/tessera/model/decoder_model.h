@@ -16,6 +16,7 @@
 #include "tessera/model/block.h"
 #include "tessera/model/decoder_layer.h"
 #include "tessera/model/model.h"
+#include "tessera/model/moe_balance.h"
 #include "tessera/model/parallel_layers.h"
 #include "tessera/model/rope.h"
 #include "tessera/ops/device_buffer.h"
@@ -63,12 +64,18 @@ class DecoderModel final : public Model, private LayerOps {
   void forward_logits(const Tensor& logits) override;
   Tensor loss_sum() const override { return a_.loss_sum; }
   void zero_loss_sum() override;
-  Tensor moe_stats() const override { return moe_stats_; }
-  const std::vector<int64_t>& moe_layers() const override { return moe_layers_; }
+  std::vector<StepHook*> step_hooks() const override;
   std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return state_; }
-  void update_persistent_state() override;
-
-  Fp8Linears* fp8() const override { return fp8_.get(); }
+  // Load balance of the MoE layers (docs/moe.md), summed over the forward passes since
+  // zero_loss_sum(): (moe layers, experts + 3) fp32 on the device, per MoE layer in layer
+  // order the (token, slot) pairs routed to each expert, then the layer's aux loss and z-loss
+  // (unweighted, summed over micro-batches) and the pairs dropped beyond the experts' capacity.
+  // Undefined for a dense model. Its step hook (MoeBalanceHook) reduces and reports them.
+  Tensor moe_stats() const { return moe_stats_; }
+  // The decoder layer of each row of moe_stats().
+  const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
+  // The FP8 linear layers, or null when runtime().fp8 is off.
+  Fp8Linears* fp8() const { return fp8_.get(); }
   // LoRA: adapters on some linear weights, which are then frozen (not owned).
   void use_linear_adapters(LinearAdapters* adapters) { gemms_.use_adapters(adapters); }
   void params_updated() override;
@@ -138,6 +145,7 @@ class DecoderModel final : public Model, private LayerOps {
   float loss_grad_scale() const override { return grad_scale_; }
   ExpertExchange* expert_exchange() const override { return expert_exchange_; }
   bool recomputing() const override { return recomputing_; }
+  int activation_slot() const override { return slot_; }
 
   // The first vocabulary id of this rank's rows of the embedding and output head.
   int64_t first_vocab_id() const { return runtime_.tensor_parallel_rank * local_spec_.vocab_size; }
@@ -215,6 +223,7 @@ class DecoderModel final : public Model, private LayerOps {
   DeviceBuffer stats_buffer_;
   Tensor moe_stats_;
   std::vector<int64_t> moe_layers_;
+  std::unique_ptr<MoeBalanceHook> moe_balance_;  // with MoE layers
   // The blocks' state kept across steps (Block::state_width), zero from the start.
   DeviceBuffer state_buffer_;
   std::vector<std::pair<std::string, Tensor>> state_;

@@ -1,6 +1,7 @@
 #include "tessera/model/fp8_linears.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tessera/core/fp8.h"
 
@@ -585,7 +586,25 @@ void Fp8Linears::weights_changed() { cache_valid_.assign(linears_.size(), false)
 
 void Fp8Linears::clear_status() { backend_.fill(status_, 0.0f); }
 
+void Fp8Linears::attach(StepCollectives& collectives) {
+  collectives_ = &collectives;
+  // Transformer Engine's rule: amaxes are reduced over the data- and tensor-parallel ranks,
+  // so every rank derives the same scales and the replicas stay identical.
+  set_amax_reducer([&collectives](const Tensor& amaxes) { collectives.max_over_replicas(amaxes); });
+}
+
+void Fp8Linears::read_step(int64_t) {
+  backend_.download(&read_status_, status_);
+}
+
+std::string Fp8Linears::non_finite_cause() const {
+  return std::isfinite(read_status_) ? ""
+                                     : "FP8 amax (an activation, weight or gradient held NaN or Inf)";
+}
+
 void Fp8Linears::end_step(const Tensor& grad_norm_sq) {
+  // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
+  if (collectives_) collectives_->sum_over_job(status_);
   if (options_.recipe == Fp8Recipe::Delayed) {
     const bool most_recent = options_.amax_algo == Fp8AmaxAlgo::MostRecent;
     for (const Group* g : {&fwd_, &bwd_}) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/model/step_hook.h"
 #include "tessera/ops/backend.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -76,7 +77,10 @@ struct ExpertGroups {
   int64_t first_expert = 0;
 };
 
-class Fp8Linears {
+// A step hook (model/step_hook.h): its amaxes are maxed over the replicas and its status
+// summed over the job at each step's end, its scaling state checkpointed, a non-finite amax
+// named when it skips a step.
+class Fp8Linears final : public StepHook {
  public:
   // rows: the most rows (tokens) any call passes.
   Fp8Linears(Backend& backend, const Fp8Options& options, std::vector<Fp8LinearShape> linears,
@@ -108,11 +112,16 @@ class Fp8Linears {
 
   // The weights changed (optimizer step, loading): cached FP8 weights are stale.
   void weights_changed();
-  // After the step's last backward: reduces the amaxes (amax reducer), updates the delayed
-  // scales and adds status() into grad_norm_sq, so that a non-finite amax (a NaN or Inf in
-  // an activation, weight or gradient, which the saturating cast would otherwise hide) makes
-  // AdamW skip the step like a non-finite gradient does.
-  void end_step(const Tensor& grad_norm_sq);
+  // After the step's last backward: sums status() over the job (attached), reduces the
+  // amaxes (amax reducer), updates the delayed scales and adds status() into grad_norm_sq, so
+  // that a non-finite amax (a NaN or Inf in an activation, weight or gradient, which the
+  // saturating cast would otherwise hide) makes AdamW skip the step like a non-finite gradient
+  // does.
+  void end_step(const Tensor& grad_norm_sq) override;
+  // The amaxes are maxed over the replicas, the status summed over the job.
+  void attach(StepCollectives& collectives) override;
+  void read_step(int64_t passes) override;
+  std::string non_finite_cause() const override;
   // (1) fp32 on the device: 0, or NaN when an amax since clear_status() was non-finite.
   Tensor status() const { return status_; }
   void clear_status();
@@ -129,8 +138,9 @@ class Fp8Linears {
   // every expert) per expert stack, backward columns the output gradients, in model order
   // (linears()).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  std::vector<std::pair<std::string, Tensor>> state() const override { return state_tensors(); }
   // The state was overwritten from a checkpoint: its histories are valid from now on.
-  void state_restored() { have_history_ = true; }
+  void state_restored() override { have_history_ = true; }
   const std::vector<Fp8LinearShape>& linears() const { return linears_; }
 
  private:
@@ -182,6 +192,8 @@ class Fp8Linears {
   Tensor weight_scales_, weight_t_scales_, x_scales_, dy_scales_, dy_t_scales_;
   bool have_history_ = false;
   AmaxReducer amax_reducer_;
+  StepCollectives* collectives_ = nullptr;
+  float read_status_ = 0;  // status() of the last read step
 };
 
 }  // namespace tessera

@@ -116,6 +116,10 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
   TS_CHECK(options_.rank > 0 && !options_.targets.empty(), "LoRA: rank {} and {} targets",
            options_.rank, options_.targets.size());
   base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime(runtime));
+  if (base_->moe_stats().defined())
+    moe_balance_ = std::make_unique<MoeBalanceHook>(backend, base_->moe_stats(), base_->moe_layers(),
+                                                    spec.moe.experts, runtime.moe_force_balance,
+                                                    /*update_state=*/nullptr);
   const ParamLayout& base = base_->layout();
   LoraLayout lora = make_lora_layout(spec, base, options_);
   layout_ = std::move(lora.adapters);
@@ -164,6 +168,11 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
 }
 
 LoraModel::~LoraModel() = default;
+
+std::vector<StepHook*> LoraModel::step_hooks() const {
+  if (moe_balance_) return {moe_balance_.get()};
+  return {};
+}
 
 Tensor LoraModel::param(int index) const {
   const ParamInfo& p = layout_.params[index];

@@ -81,11 +81,9 @@ class LoraModel : public Model, private LinearAdapters {
   Tensor chunk_grad(int chunk, int slot) const override { return base_->chunk_grad(chunk, slot); }
   Tensor loss_sum() const override { return base_->loss_sum(); }
   void zero_loss_sum() override { base_->zero_loss_sum(); }
-  Tensor moe_stats() const override { return base_->moe_stats(); }
-  const std::vector<int64_t>& moe_layers() const override { return base_->moe_layers(); }
+  // The base's MoE balance, reported; its expert bias stays frozen with the base.
+  std::vector<StepHook*> step_hooks() const override;
   std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return {}; }
-  void update_persistent_state() override {}
-  Fp8Linears* fp8() const override { return nullptr; }
   void params_updated() override {}
 
  private:
@@ -109,6 +107,7 @@ class LoraModel : public Model, private LinearAdapters {
   ModelRuntime runtime_;
   LoraOptions options_;
   std::unique_ptr<DecoderModel> base_;
+  std::unique_ptr<MoeBalanceHook> moe_balance_;  // with MoE layers in the base
   std::unique_ptr<BaseObserver> base_observer_;
   ParamUnitObserver* outer_ = nullptr;
   ParamLayout layout_;

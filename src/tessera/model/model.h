@@ -12,6 +12,7 @@
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/model_spec.h"
 #include "tessera/model/param_layout.h"
+#include "tessera/model/step_hook.h"
 #include "tessera/ops/backend.h"
 
 namespace tessera {
@@ -238,25 +239,17 @@ class Model {
   virtual Tensor chunk_output(int chunk, int slot) const = 0;
   virtual Tensor chunk_grad(int chunk, int slot) const = 0;
   virtual Tensor loss_sum() const = 0;  // (1) fp32 on the device
-  // Zeroes loss_sum() and moe_stats().
+  // Zeroes loss_sum() and what the step hooks record in a step.
   virtual void zero_loss_sum() = 0;
 
-  // Load balance of the MoE layers (docs/moe.md), summed over the forward passes since
-  // zero_loss_sum(): (moe layers, experts + 3) fp32 on the device, per MoE layer in layer
-  // order the (token, slot) pairs routed to each expert, then the layer's aux loss and z-loss
-  // (unweighted, summed over micro-batches) and the pairs dropped beyond the experts' capacity.
-  // Undefined for a dense model.
-  virtual Tensor moe_stats() const = 0;
-  // The decoder layer of each row of moe_stats().
-  virtual const std::vector<int64_t>& moe_layers() const = 0;
+  // What the model keeps beside its parameters that each training step reduces, updates,
+  // checkpoints and reports (model/step_hook.h: FP8 scaling state, MoE balance), in the order
+  // the trainer drives them; owned by the model.
+  virtual std::vector<StepHook*> step_hooks() const = 0;
   // State kept across steps outside the parameters (the MoE expert bias), fp32 on the device
-  // by checkpoint name; empty for most models.
+  // by checkpoint name; empty for most models. A step hook moves it.
   virtual std::vector<std::pair<std::string, Tensor>> persistent_state() const = 0;
-  // After a step whose moe_stats() have been summed over every rank: updates that state.
-  virtual void update_persistent_state() = 0;
 
-  // The FP8 linear layers, or null when runtime().fp8 is off.
-  virtual Fp8Linears* fp8() const = 0;
   // The parameters changed outside forward/backward (optimizer step, loading): drops
   // everything derived from them (the FP8 weight cache).
   virtual void params_updated() = 0;

@@ -182,21 +182,10 @@ void TrainingTensorBoard::interval(const IntervalScalars& s) {
   file_.flush();
 }
 
-void TrainingTensorBoard::moe(int64_t iteration, const std::vector<MoeLayerScalars>& layers) {
-  if (layers.empty()) return;
-  double aux = 0, z = 0;
-  for (const MoeLayerScalars& l : layers) {
-    aux += l.aux_loss;
-    z += l.z_loss;
-    const std::string layer = std::to_string(l.layer);
-    file_.add_scalar("moe/load_balancing_loss_layer_" + layer, l.aux_loss, iteration);
-    file_.add_scalar("moe/z_loss_layer_" + layer, l.z_loss, iteration);
-    file_.add_scalar("moe/expert_tokens_cv_layer_" + layer, l.expert_tokens_cv, iteration);
-    file_.add_scalar("moe/expert_tokens_max_over_mean_layer_" + layer,
-                     l.expert_tokens_max_over_mean, iteration);
-  }
-  file_.add_scalar("load_balancing_loss", aux / static_cast<double>(layers.size()), iteration);
-  file_.add_scalar("z_loss", z / static_cast<double>(layers.size()), iteration);
+void TrainingTensorBoard::scalars(int64_t iteration,
+                                  const std::vector<std::pair<std::string, double>>& tagged) {
+  if (tagged.empty()) return;
+  for (const auto& [tag, value] : tagged) file_.add_scalar(tag, value, iteration);
   file_.flush();
 }
 

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tessera/config/config.h"
@@ -74,13 +75,6 @@ struct IntervalScalars {
   double packing_efficiency = -1;  // with packing's padding: real tokens over slots; -1: none
 };
 
-// One MoE layer's balance in a step (docs/moe.md).
-struct MoeLayerScalars {
-  int64_t layer = 0;
-  double aux_loss = 0, z_loss = 0;
-  double expert_tokens_cv = 0, expert_tokens_max_over_mean = 0;
-};
-
 // A run's scalars under Megatron's tags, the step being the iteration (and, for the
 // "... vs samples" twins Megatron writes, the consumed samples). The log_*_to_tensorboard keys
 // of `config` choose the optional ones (docs/configuration.md lists every tag).
@@ -93,11 +87,9 @@ class TrainingTensorBoard {
   void validation(int64_t iteration, uint64_t consumed_samples, double lm_loss);
   // A validation figure of another objective under `tag` (GRPO's held-out accuracy).
   void validation_scalar(const std::string& tag, int64_t iteration, double value);
-  // MoE balance, with the tags of Megatron's track_moe_metrics: load_balancing_loss and z_loss
-  // (means over the layers) and per layer moe/load_balancing_loss_layer_<l> and
-  // moe/z_loss_layer_<l>, plus moe/expert_tokens_cv_layer_<l> and
-  // moe/expert_tokens_max_over_mean_layer_<l>.
-  void moe(int64_t iteration, const std::vector<MoeLayerScalars>& layers);
+  // A step's further figures under their own tags (a model's step hooks': the MoE balance
+  // under Megatron's track_moe_metrics tags).
+  void scalars(int64_t iteration, const std::vector<std::pair<std::string, double>>& tagged);
   const std::string& path() const { return file_.path(); }
 
  private:

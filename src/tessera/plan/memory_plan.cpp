@@ -33,9 +33,9 @@ std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const Pa
       out.push_back({{0, layout.total}});
       break;
     case StateSharding::Zero1: {
-      // With expert parallelism (no tensor, pipeline or context parallelism beside it) rank r
-      // is expert-data-parallel rank r / ep; every expert-parallel rank's layout has the same
-      // shape as this one.
+      // With expert parallelism (no tensor or context parallelism beside it) data-parallel
+      // rank r (of a pipeline stage) is expert-data-parallel rank r / ep; every
+      // expert-parallel rank's layout has the same shape as this one.
       const int ep = in.runtime.expert_parallel_size;
       const dist::ReductionPlan plan = dist::plan_reduction(layout, in.bucket_elements, world, ep);
       for (int r = 0; r < world; ++r) out.push_back(plan.owned(r, r / ep));

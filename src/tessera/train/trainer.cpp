@@ -406,6 +406,7 @@ void Trainer::build_model() {
                                                     t.overlap_grad_reduce, t.overlap_param_gather,
                                                     t.ddp_bucket_size});
     optimizer_ = std::make_unique<AdamWOptimizer>(*model_, t, parallel_->optimizer_shards());
+    step_hooks_ = model_->step_hooks();
     // kTrainerScalarBytes, as the memory plan counts them.
     scalar_buffer_ = DeviceBuffer(*backend_, plan::kTrainerScalarBytes, "trainer scalars");
   } catch (const OutOfMemoryError& e) {
@@ -429,12 +430,7 @@ void Trainer::start_state() {
   restore_start_state();
   if (dpo_) identify_dpo_reference();
   optimizer_->sync_params_from_master();
-  if (model_->fp8()) {
-    // Transformer Engine's rule: amaxes are reduced over the data- and tensor-parallel ranks,
-    // so every rank derives the same scales and the replicas stay identical.
-    model_->fp8()->set_amax_reducer(
-        [this](const Tensor& amaxes) { parallel_->reduce_fp8_amaxes(amaxes); });
-  }
+  for (StepHook* hook : step_hooks_) hook->attach(*parallel_);
   parallel_->params_updated();
   if (comm_)
     log_.info("parallel: {} ranks ({}), {}", parallel_->world_size(), comm_->description(),
@@ -459,10 +455,22 @@ TrainingTensors Trainer::training_tensors() const {
     for (const FlatSlice& s : optimizer_->master_slices()) t.master_ranges.push_back(s.values);
   t.exp_avg = optimizer_->exp_avg();
   t.exp_avg_sq = optimizer_->exp_avg_sq();
-  if (model_->fp8()) t.extra_state = model_->fp8()->state_tensors();
+  for (const StepHook* hook : step_hooks_)
+    for (const auto& state : hook->state()) t.extra_state.push_back(state);
   for (const auto& state : model_->persistent_state()) t.extra_state.push_back(state);
   if (optimizer_->sharded()) t.owned = optimizer_->owned();
   return t;
+}
+
+void Trainer::state_restored() {
+  for (StepHook* hook : step_hooks_) hook->state_restored();
+}
+
+// What made a step's gradient norm non-finite: a hook's finding, else the gradient itself.
+std::string Trainer::non_finite_cause() const {
+  for (const StepHook* hook : step_hooks_)
+    if (std::string cause = hook->non_finite_cause(); !cause.empty()) return cause;
+  return "gradient";
 }
 
 // reference_load: its weights go into the policy's place and are kept in a frozen copy; the
@@ -492,7 +500,7 @@ void Trainer::restore_start_state() {
   if (!dir.empty() && c.finetune) {
     const TrainerState s =
         load_checkpoint(dir, training_tensors(), &differences, /*optimizer_state=*/false);
-    if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
+    if (s.extra_state_restored) state_restored();
     initial_weights_ = "the checkpoint " + dir + " (finetune: its weights only)";
     initial_weight_files_ = {(fs::path(dir) / "model.safetensors").string()};
     log_.info(
@@ -508,7 +516,7 @@ void Trainer::restore_start_state() {
     applied_steps_ = s.applied_steps;
     skipped_iterations_ = s.skipped_iterations;
     consecutive_nan_ = s.consecutive_nan;
-    if (model_->fp8() && s.extra_state_restored) model_->fp8()->state_restored();
+    if (s.extra_state_restored) state_restored();
     if (run_id_.empty()) run_id_ = s.run_id;
     if (s.iteration > 0 && s.seed != exp_.training.seed)
       differences.push_back(
@@ -1068,11 +1076,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   {
     const profiler::PhaseSpan span(profiler_.get(), "grad_norm");
     parallel_->grad_norm_sq(grad_norm_sq_);
-    if (model_->fp8()) {
-      // A non-finite amax on any rank skips the step on every rank (NaN survives the sum).
-      parallel_->reduce_fp8_status(model_->fp8()->status());
-      model_->fp8()->end_step(grad_norm_sq_);
-    }
+    for (StepHook* hook : step_hooks_) hook->end_step(grad_norm_sq_);
   }
   IterationStats s;
   s.iteration = iteration;
@@ -1080,11 +1084,6 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
   // Collectives that need the compute stream come before the ZeRO-1 parameter gather, which
   // may then overlap with the next forward (overlap_param_gather).
   parallel_->sum(model_->loss_sum());
-  // The step's balance over every rank, which also moves the aux-loss-free expert bias.
-  if (model_->moe_stats().defined()) {
-    parallel_->sum(model_->moe_stats());
-    model_->update_persistent_state();
-  }
   if (ranks_stop_together_) agreed_stop_signal_ = agree_on_stop_signal();
   if (t.exit_duration_in_mins > 0) out_of_time_ = agree_out_of_time();
   {
@@ -1092,18 +1091,12 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     optimizer_->step(s.lr, grad_norm_sq_, applied_steps_ + 1);
     parallel_->params_updated();
   }
-  float loss_sum = 0, norm_sq = 0, fp8_status = 0;
+  float loss_sum = 0, norm_sq = 0;
   {
     const profiler::PhaseSpan span(profiler_.get(), "loss_readback");  // waits for the device
     backend_->download(&loss_sum, model_->loss_sum());
     backend_->download(&norm_sq, grad_norm_sq_);
-    if (model_->fp8()) backend_->download(&fp8_status, model_->fp8()->status());
-    if (model_->moe_stats().defined()) {
-      std::vector<float> stats(static_cast<size_t>(model_->moe_stats().numel()));
-      backend_->download(stats.data(), model_->moe_stats());
-      s.moe =
-          moe_step_balance(stats, model_->moe_layers(), setup_.spec.moe.experts, accumulation * dp);
-    }
+    for (StepHook* hook : step_hooks_) hook->read_step(accumulation * dp);
   }
   s.loss = pair_stats   ? pair_stats->loss
            : grpo_stats ? grpo_stats->loss
@@ -1134,10 +1127,7 @@ IterationStats Trainer::run_iteration(int64_t iteration) {
     log_.warning(
         "iteration {}: non-finite {} (loss {}, grad norm {}); update skipped ({} in a row)",
         iteration,
-        !std::isfinite(loss_sum) ? "loss"
-        : std::isfinite(fp8_status)
-            ? "gradient"
-            : "FP8 amax (an activation, weight or gradient held NaN or Inf)",
+        !std::isfinite(loss_sum) ? "loss" : non_finite_cause(),
         s.loss, s.grad_norm, consecutive_nan_);
     if (consecutive_nan_ >= t.max_consecutive_nan_iters) {
       // Before any update the weights are the ones the run started from: no learning rate
@@ -1197,8 +1187,8 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   const double tflops = flops_per_token_ * tokens_per_s / 1e12;
   const double tflops_causal = flops_per_token_causal_ * tokens_per_s / 1e12;
   const MemoryStats mem = backend_->memory_stats();
-  const std::vector<MoeLayerBalance> moe = moe_interval_.mean();
-  moe_interval_.clear();
+  std::string hook_fields;
+  for (const StepHook* hook : step_hooks_) hook_fields += hook->interval_fields();
   log_.clear_progress();
   const std::string_view per = device_word();
   // With loss masks, how many of the global batch's positions the loss counted (a DPO step
@@ -1225,13 +1215,11 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
       "mem allocated (GiB): {:.3f} | mem peak (GiB): {:.3f}{}{}{}{}{}",
       s.iteration, t.train_iters, consumed_samples_, ms, per, per, tflops, per, per, tokens_per_s,
       s.lr, t.global_batch_size, loss, s.grad_norm, skipped_iterations_, skipped_iterations_,
-      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, moe_iteration_fields(moe),
+      mem.allocated_bytes / kGiB, mem.peak_bytes / kGiB, hook_fields,
       masked ? fmt::format(" | loss tokens: {} of {}", s.loss_tokens, positions) : "", real, pairs,
       profiled ? " | profiled" : "");
-  if (!moe.empty())
-    log_.info("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}", s.iteration,
-              setup_.runtime.moe_force_balance ? "force-balanced" : "learned", interval_iters,
-              interval_iters == 1 ? "" : "s", moe_layer_lines(moe));
+  for (StepHook* hook : step_hooks_)
+    if (const std::string line = hook->interval_detail(s.iteration); !line.empty()) log_.info("{}", line);
   if (tensorboard_)
     tensorboard_->interval({.iteration = s.iteration,
                             .iterations = interval_iters,
@@ -1267,10 +1255,7 @@ void Trainer::log_iteration(const IterationStats& s, double loss, double interva
   j["mem_allocated_gib"] = mem.allocated_bytes / kGiB;
   j["mem_peak_gib"] = mem.peak_bytes / kGiB;
   if (profiled) j["profiled"] = true;
-  if (!moe.empty()) {
-    add_moe_metrics(j, moe);
-    j["moe_force_balance"] = setup_.runtime.moe_force_balance;
-  }
+  for (const StepHook* hook : step_hooks_) hook->add_interval_metrics(j);
   metrics_->write(j);
 }
 
@@ -1289,12 +1274,7 @@ void Trainer::write_tensorboard_iteration(const IterationStats& s) {
     v.mem_max_allocated_bytes = static_cast<double>(mem.peak_bytes);
   }
   tensorboard_->iteration(v);
-  if (s.moe.empty()) return;
-  std::vector<MoeLayerScalars> layers;
-  for (const MoeLayerBalance& b : s.moe)
-    layers.push_back({b.layer, b.aux_loss, b.z_loss, b.tokens_cv,
-                      b.tokens_mean > 0 ? b.tokens_max / b.tokens_mean : 0.0});
-  tensorboard_->moe(s.iteration, layers);
+  for (const StepHook* hook : step_hooks_) tensorboard_->scalars(s.iteration, hook->step_scalars());
 }
 
 void Trainer::report_evaluation(int64_t iteration, double loss, double ms) {
@@ -1398,7 +1378,6 @@ TrainSummary Trainer::train() {
     if (it > first) steady_ms += ms_since(t0);
     if (tensorboard_ && it % exp_.logging.tensorboard_log_interval == 0)
       write_tensorboard_iteration(s);
-    if (!s.moe.empty()) moe_interval_.add(s.moe);
     const std::string exit_why = exit_reason(it);
     ++interval_iters;
     interval_real_tokens += s.real_tokens;
@@ -1411,6 +1390,7 @@ TrainSummary Trainer::train() {
       const double slots = static_cast<double>(interval_iters * positions_per_step());
       log_iteration(s, logged_loss, ms_since(interval_start), interval_iters,
                     static_cast<double>(interval_real_tokens) / slots);
+      for (StepHook* hook : step_hooks_) hook->end_interval();
       interval_start = Clock::now();
       interval_real_tokens = 0;
       interval_iters = 0;

@@ -25,7 +25,6 @@
 #include "tessera/train/dpo.h"
 #include "tessera/train/frozen_reference.h"
 #include "tessera/train/grpo_run.h"
-#include "tessera/train/moe_balance.h"
 
 namespace tessera::profiler {
 class TrainingProfiler;  // obs/profiler/training_profiler.h
@@ -43,7 +42,6 @@ struct IterationStats {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   bool skipped = false;              // non-finite loss or gradient: no update applied
-  std::vector<MoeLayerBalance> moe;  // per MoE layer; empty for a dense model
   std::optional<DpoBatchStats> dpo;  // objective dpo: the global batch's pair statistics
   std::optional<GrpoStepStats> grpo;  // objective grpo: the step's statistics
   // The objective's statistics under TRL's names (DPO's or GRPO's; none for lm).
@@ -144,6 +142,9 @@ class Trainer {
   void log_iteration(const IterationStats& s, double loss, double interval_ms,
                      int64_t interval_iters, double real_share);
   TrainingTensors training_tensors() const;
+  // A checkpoint's extra state was loaded into the step hooks' tensors.
+  void state_restored();
+  std::string non_finite_cause() const;
   void restore_start_state();
   // reference_load: its weights into the policy's place, kept in reference_ (before the
   // starting weights are loaded over them).
@@ -233,7 +234,7 @@ class Trainer {
   int64_t applied_steps_ = 0;
   int64_t skipped_iterations_ = 0;
   int64_t consecutive_nan_ = 0;
-  MoeBalanceInterval moe_interval_;  // the MoE balance of the iterations since the last log
+  std::vector<StepHook*> step_hooks_;  // the model's (model/step_hook.h)
   // Records iterations [profile_step_start, profile_step_end) when logging.profile is on
   // for this rank, else null. Declared last: it detaches from the backend first.
   std::unique_ptr<profiler::TrainingProfiler> profiler_;

@@ -40,6 +40,7 @@ void MoeMlp::declare_activations(ActivationPlan& plan, const ModelRuntime& rt) {
   const int64_t F = s_.moe.ffn, S = s_.moe.shared_ffn, R = permuted_rows(N, s_.moe);
   const DType dt = rt.compute_dtype;
   ep_ = rt.expert_parallel_size;
+  host_routing_.resize(static_cast<size_t>(std::max(rt.pipeline_slots, 1)));
   const int64_t Re = expert_rows(N, rt);
   plan.add(&logits_, dt, {N, E});
   plan.add(&indices_, DType::I32, {N, K});
@@ -111,9 +112,9 @@ int64_t MoeMlp::expert_rows(int64_t n, const ModelRuntime& rt) const {
 }
 
 ExpertGroups MoeMlp::expert_groups(const ExpertExchange* ex, const Tensor& offsets,
-                                   std::span<const int32_t> host_offsets) const {
-  if (ex == nullptr) return {offsets, host_offsets, {}, 0};
-  return {expert_offsets_, host_expert_offsets_, group_weights_, ex->rank() * local_count(*ex)};
+                                   const HostRouting& host) const {
+  if (ex == nullptr) return {offsets, host.offsets, {}, 0};
+  return {expert_offsets_, host.expert_offsets, host.group_weights, ex->rank() * local_count(*ex)};
 }
 
 MoeAuxLossArgs MoeMlp::aux_loss_args(const ModelRuntime& rt) const {
@@ -126,31 +127,31 @@ MoeAuxLossArgs MoeMlp::aux_loss_args(const ModelRuntime& rt) const {
 // Where this rank's rows go: the permuted rows are sorted by expert, so the rows of rank j's
 // experts are one block; the ranks swap their per-expert counts, and this rank's experts
 // receive (source rank, expert) groups, each a multiple of kGroupAlign rows.
-void MoeMlp::plan_exchange(Backend& b, ExpertExchange& ex) {
+void MoeMlp::plan_exchange(Backend& b, ExpertExchange& ex, HostRouting& host) {
   const int P = ex.size();
   const int64_t E = s_.moe.experts, El = E / P;
-  const std::vector<int32_t>& local = host_offsets_;
+  const std::vector<int32_t>& local = host.offsets;
   std::vector<int64_t> send(E), recv(E);
   for (int64_t g = 0; g < E; ++g) send[g] = local[g + 1] - local[g];
   ex.exchange_counts(send, recv, El);
-  send_rows_.assign(P, 0), send_first_.assign(P, 0), recv_rows_.assign(P, 0);
-  recv_first_.assign(P, 0);
-  host_expert_offsets_.assign(E + 1, 0);
-  group_weights_.assign(E, 0);
+  host.send_rows.assign(P, 0), host.send_first.assign(P, 0), host.recv_rows.assign(P, 0);
+  host.recv_first.assign(P, 0);
+  host.expert_offsets.assign(E + 1, 0);
+  host.group_weights.assign(E, 0);
   for (int j = 0; j < P; ++j) {
-    send_first_[j] = local[j * El];
-    send_rows_[j] = local[(j + 1) * El] - local[j * El];
-    recv_first_[j] = host_expert_offsets_[j * El];
+    host.send_first[j] = local[j * El];
+    host.send_rows[j] = local[(j + 1) * El] - local[j * El];
+    host.recv_first[j] = host.expert_offsets[j * El];
     for (int64_t e = 0; e < El; ++e) {
       const int64_t g = j * El + e;
-      host_expert_offsets_[g + 1] = static_cast<int32_t>(host_expert_offsets_[g] + recv[g]);
-      group_weights_[g] = static_cast<int32_t>(e);
-      recv_rows_[j] += recv[g];
+      host.expert_offsets[g + 1] = static_cast<int32_t>(host.expert_offsets[g] + recv[g]);
+      host.group_weights[g] = static_cast<int32_t>(e);
+      host.recv_rows[j] += recv[g];
     }
   }
-  TS_CHECK(host_expert_offsets_[E] <= xr_.dim(0), "{} received rows, planned for {}",
-           host_expert_offsets_[E], xr_.dim(0));
-  b.upload(expert_offsets_, host_expert_offsets_.data());
+  TS_CHECK(host.expert_offsets[E] <= xr_.dim(0), "{} received rows, planned for {}",
+           host.expert_offsets[E], xr_.dim(0));
+  b.upload(expert_offsets_, host.expert_offsets.data());
 }
 
 // Under selective recompute ln (the block's normed input), h and the shared expert's h share one
@@ -158,7 +159,7 @@ void MoeMlp::plan_exchange(Backend& b, ExpertExchange& ex) {
 // written: ln feeds the router, the dispatch and the shared expert's first GEMM before h
 // overwrites it.
 void MoeMlp::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
-                                   ExpertExchange* ex, std::vector<int32_t>& host_offsets) {
+                                   ExpertExchange* ex, HostRouting& host) {
   Backend& b = ops.backend();
   ops.linear(t.logits, t.ln, router_, -1);
   b.moe_router_forward(t.indices, t.weights, t.logits, expert_bias_, routing(force_balance));
@@ -170,22 +171,23 @@ void MoeMlp::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force
   b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign, capacity);
   // The group sizes are known on the device only; one copy per pass serves every grouped
   // GEMM of the layer, forward and backward (and the exchange's counts).
-  host_offsets.resize(static_cast<size_t>(s_.moe.experts + 1));
-  b.download(host_offsets.data(), t.offsets);
+  host.offsets.resize(static_cast<size_t>(s_.moe.experts + 1));
+  b.download(host.offsets.data(), t.offsets);
   // The experts run on this rank's rows (every expert) or on the rows the group sends to
   // this rank's share of them.
   Tensor x = t.xp, y = t.yp;
   if (ex != nullptr) {
-    plan_exchange(b, *ex);
-    ex->exchange_rows(xr_, recv_rows_, recv_first_, t.xp, send_rows_, send_first_);
+    plan_exchange(b, *ex, host);
+    ex->exchange_rows(xr_, host.recv_rows, host.recv_first, t.xp, host.send_rows, host.send_first);
     x = xr_, y = yr_;
   }
-  const ExpertGroups g = expert_groups(ex, t.offsets, host_offsets);
+  const ExpertGroups g = expert_groups(ex, t.offsets, host);
   ops.expert_linear(t.h1, x, gate_up_, ops.param(gate_up_), g);
   if (t.shared_gu.defined()) ops.linear(t.shared_gu, t.ln, shared_gate_up_, -1);
   b.swiglu_forward(t.h, t.h1);
   ops.expert_linear(y, t.h, down_, ops.param(down_), g);
-  if (ex != nullptr) ex->exchange_rows(t.yp, send_rows_, send_first_, yr_, recv_rows_, recv_first_);
+  if (ex != nullptr)
+    ex->exchange_rows(t.yp, host.send_rows, host.send_first, yr_, host.recv_rows, host.recv_first);
   if (t.shared_gu.defined()) b.swiglu_forward(t.shared_h, t.shared_gu);
 }
 
@@ -200,7 +202,8 @@ void MoeMlp::forward_inner(LayerOps& ops, const Tensor& in) {
   route_and_run_experts(ops,
                         {in, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
                          shared_gu_, shared_h_, dropped_},
-                        ops.runtime().moe_force_balance, exchange(ops), host_offsets_);
+                        ops.runtime().moe_force_balance, exchange(ops),
+                        host_routing_.at(static_cast<size_t>(ops.activation_slot())));
 }
 
 // The statistics count each micro-batch once: a fully recomputed layer reruns forward_inner
@@ -228,23 +231,25 @@ void MoeMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const
   const bool shared = s_.moe.shared_ffn > 0;
   const MoeSpec& m = s_.moe;
   ExpertExchange* ex = exchange(ops);
+  const HostRouting& host = host_routing_.at(static_cast<size_t>(ops.activation_slot()));
   // The combine: d(expert outputs) and d(routing weights), then to the experts' ranks.
   b.moe_unpermute_backward(dyp_, dweights_, dout, yp_, rows_, weights_);
   Tensor dy = dyp_, xe = xp_;
   if (ex != nullptr) {
-    ex->exchange_rows(dyr_, recv_rows_, recv_first_, dyp_, send_rows_, send_first_);
+    ex->exchange_rows(dyr_, host.recv_rows, host.recv_first, dyp_, host.send_rows, host.send_first);
     dy = dyr_, xe = xr_;
   }
   // The experts, down then up (their gradients written, then accumulated over micro-batches).
   if (selective) b.swiglu_forward(h_, h1_);
-  const ExpertGroups g = expert_groups(ex, offsets_, host_offsets_);
+  const ExpertGroups g = expert_groups(ex, offsets_, host);
   ops.expert_linear_backward(dh_, dy, h_, down_, ops.param(down_), ops.grad(down_), g);
   b.swiglu_backward(dh1_, dh_, h1_);
   const Tensor dx = dy;  // dy's memory, free from here on
   ops.expert_linear_backward(dx, dh1_, xe, gate_up_, ops.param(gate_up_), ops.grad(gate_up_), g);
   // Back to the rows' own ranks (dyp's memory is free once sent).
   const Tensor dxp = dyp_;
-  if (ex != nullptr) ex->exchange_rows(dxp, send_rows_, send_first_, dx, recv_rows_, recv_first_);
+  if (ex != nullptr)
+    ex->exchange_rows(dxp, host.send_rows, host.send_first, dx, host.recv_rows, host.recv_first);
   // The router: the weights' gradient, then the aux and z losses', into fp32 logit gradients.
   const MoeRouting r = routing(ops.runtime().moe_force_balance);
   b.moe_router_backward(dlogits_, dweights_, logits_, indices_, r);
@@ -317,8 +322,8 @@ void MoeMlp::forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor
     t.shared_gu = scratch.take(dt, {n, 2 * S});
     t.shared_h = scratch.take(dt, {n, S});
   }
-  std::vector<int32_t> host_offsets;
-  route_and_run_experts(ops, t, /*force_balance=*/false, /*ex=*/nullptr, host_offsets);
+  HostRouting host;
+  route_and_run_experts(ops, t, /*force_balance=*/false, /*ex=*/nullptr, host);
   combine_start(ops, out, t.shared_h, residual);
   b.moe_unpermute(out, t.yp, t.rows, t.weights);
 }

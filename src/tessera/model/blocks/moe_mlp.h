@@ -87,9 +87,17 @@ class MoeMlp final : public Mixer {
     Tensor ln, logits, indices, weights, rows, offsets, xp, h1, h, yp, shared_gu, shared_h;
     Tensor dropped;  // (1) with token dropping: the pass's dropped pairs
   };
+  // What a pass's backward reads of its routing on the host: the experts' row groups of this
+  // rank's tokens (offsets), and with expert parallelism the (source rank, expert) groups
+  // received (expert_offsets, group_weights: each group's local expert) and the rows sent to
+  // and received from each rank.
+  struct HostRouting {
+    std::vector<int32_t> offsets, expert_offsets, group_weights;
+    std::vector<int64_t> send_rows, send_first, recv_rows, recv_first;
+  };
   // ex: the expert exchange (expert parallelism), or null when every expert runs here.
   void route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force_balance,
-                             ExpertExchange* ex, std::vector<int32_t>& host_offsets);
+                             ExpertExchange* ex, HostRouting& host);
   // The exchange of the pass, checked against the plan; null without expert parallelism.
   ExpertExchange* exchange(LayerOps& ops) const;
   // Rows the experts of this rank run on, at most, for n tokens per rank.
@@ -99,11 +107,11 @@ class MoeMlp final : public Mixer {
   // The row groups the experts run on: this rank's own (offsets, host_offsets), or with an
   // exchange the (source rank, expert) groups it received (plan_exchange).
   ExpertGroups expert_groups(const ExpertExchange* ex, const Tensor& offsets,
-                             std::span<const int32_t> host_offsets) const;
+                             const HostRouting& host) const;
   // The load-balancing loss of the routing in logits_ / indices_ (Backend::moe_aux_loss).
   MoeAuxLossArgs aux_loss_args(const ModelRuntime& rt) const;
   // Swaps the per-expert counts with the group and lays out the rows to send and receive.
-  void plan_exchange(Backend& b, ExpertExchange& ex);
+  void plan_exchange(Backend& b, ExpertExchange& ex, HostRouting& host);
   // out = the shared expert's output (+ residual), the residual, or zeros: what the combine
   // adds the routed experts' outputs to.
   void combine_start(ForwardOps& ops, const Tensor& out, const Tensor& shared_h,
@@ -117,14 +125,13 @@ class MoeMlp final : public Mixer {
   Tensor shared_gu_, shared_h_;
   // backward scratch (dxp reuses dyp's memory: dyp is dead once W2's gradients are taken)
   Tensor dyp_, dweights_, dh_, dh1_, dlogits_, dlogits_c_, dshared_h_, dshared_gu_;
-  std::vector<int32_t> host_offsets_;
-  // Expert parallelism: the rows this rank's experts receive (xr, yr, dyr), their
-  // (source rank, expert) groups on the device and the host, each group's local expert, and
-  // the rows sent to and received from each rank.
+  // Per activation slot: a stage of a pipeline, and DPO's two answers, keep several passes'
+  // activations at once, each backward reading its own forward's routing.
+  std::vector<HostRouting> host_routing_;
+  // Expert parallelism: the rows this rank's experts receive (xr, yr, dyr) and their
+  // (source rank, expert) groups on the device.
   int ep_ = 1;
   Tensor xr_, yr_, dyr_, expert_offsets_;
-  std::vector<int32_t> host_expert_offsets_, group_weights_;
-  std::vector<int64_t> send_rows_, send_first_, recv_rows_, recv_first_;
   Tensor stats_, expert_bias_;
 };
 

@@ -1,4 +1,4 @@
-#include "tessera/train/moe_balance.h"
+#include "tessera/model/moe_balance.h"
 
 #include <algorithm>
 #include <cmath>
@@ -124,6 +124,66 @@ void add_moe_metrics(nlohmann::json& j, const std::vector<MoeLayerBalance>& laye
   j["moe_expert_tokens_max"] = maxs;
   j["moe_expert_tokens_cv"] = cvs;
   j["moe_expert_dropped_fraction"] = dropped;
+}
+
+MoeBalanceHook::MoeBalanceHook(Backend& backend, Tensor stats, std::vector<int64_t> layers,
+                               int64_t experts, bool force_balance,
+                               std::function<void()> update_state)
+    : backend_(backend),
+      stats_(stats),
+      layers_(std::move(layers)),
+      experts_(experts),
+      force_balance_(force_balance),
+      update_state_(std::move(update_state)) {}
+
+void MoeBalanceHook::end_step(const Tensor&) {
+  // The step's balance over every rank, which also moves the aux-loss-free expert bias.
+  if (collectives_) collectives_->sum(stats_);
+  if (update_state_) update_state_();
+}
+
+void MoeBalanceHook::read_step(int64_t passes) {
+  std::vector<float> host(static_cast<size_t>(stats_.numel()));
+  backend_.download(host.data(), stats_);
+  step_ = moe_step_balance(host, layers_, experts_, passes);
+  interval_.add(step_);
+  ++interval_steps_;
+}
+
+NamedScalars MoeBalanceHook::step_scalars() const {
+  NamedScalars out;
+  if (step_.empty()) return out;
+  double aux = 0, z = 0;
+  for (const MoeLayerBalance& b : step_) {
+    aux += b.aux_loss;
+    z += b.z_loss;
+    const std::string layer = std::to_string(b.layer);
+    out.emplace_back("moe/load_balancing_loss_layer_" + layer, b.aux_loss);
+    out.emplace_back("moe/z_loss_layer_" + layer, b.z_loss);
+    out.emplace_back("moe/expert_tokens_cv_layer_" + layer, b.tokens_cv);
+    out.emplace_back("moe/expert_tokens_max_over_mean_layer_" + layer,
+                     b.tokens_mean > 0 ? b.tokens_max / b.tokens_mean : 0.0);
+  }
+  out.emplace_back("load_balancing_loss", aux / static_cast<double>(step_.size()));
+  out.emplace_back("z_loss", z / static_cast<double>(step_.size()));
+  return out;
+}
+
+std::string MoeBalanceHook::interval_fields() const {
+  return moe_iteration_fields(interval_.mean());
+}
+
+std::string MoeBalanceHook::interval_detail(int64_t iteration) const {
+  if (interval_.empty()) return "";
+  return fmt::format("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}",
+                     iteration, force_balance_ ? "force-balanced" : "learned", interval_steps_,
+                     interval_steps_ == 1 ? "" : "s", moe_layer_lines(interval_.mean()));
+}
+
+void MoeBalanceHook::add_interval_metrics(nlohmann::json& record) const {
+  if (interval_.empty()) return;
+  add_moe_metrics(record, interval_.mean());
+  record["moe_force_balance"] = force_balance_;
 }
 
 }  // namespace tessera
