@@ -1,7 +1,8 @@
 // Model parallelism on thread ranks (LocalCommunicator) against one rank: the same experiment
 // trained 10 steps on a mesh of tensor-parallel ranks (with and without sequence parallelism),
 // context-parallel ranks (causal and sliding-window attention), pipeline stages (1F1B,
-// interleaved 1F1B, uneven stages) and data-parallel ranks gives the
+// interleaved 1F1B, uneven stages), data-parallel ranks, and an MoE model over pipeline stages
+// with its experts over expert-parallel ranks of each stage gives the
 // single-rank run's losses, gradient norms and, once each rank's parts are put back in place in
 // the whole parameters, its final gradients and weights. Replicated parameters stay bitwise
 // identical on every tensor-parallel rank.

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/experiment_yaml.h"
+#include "common/moe_balance_of.h"
 #include "gpu_test_util.h"
 #include "tessera/obs/logger.h"
 #include "tessera/train/trainer.h"
@@ -164,9 +165,10 @@ TEST(GpuMla, PresetProxiesStep) {
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       EXPECT_TRUE(std::isfinite(s.loss) && !s.skipped) << "iteration " << it;
-      ASSERT_EQ(s.moe.size(), 2u);
+      const std::vector<MoeLayerBalance> balance = testing::moe_balance_of(gpu->model());
+      ASSERT_EQ(balance.size(), 2u);
       std::printf("[ proxy    ] %s %siteration %d: loss %.4f, expert-load cv %.3f, %.1f ms\n",
-                  p.config, extra.c_str(), it, s.loss, s.moe[0].tokens_cv, ms);
+                  p.config, extra.c_str(), it, s.loss, balance[0].tokens_cv, ms);
     }
   }
 }

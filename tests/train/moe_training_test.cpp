@@ -137,8 +137,9 @@ TEST(MoeTraining, ForceBalancedRoutingIsExactlyBalanced) {
   Trainer trainer(tiny_moe("moe_force_balance: true\n"), make_cpu_backend(), log, nullptr);
   for (int it = 1; it <= 2; ++it) {
     const IterationStats s = trainer.run_iteration(it);
-    ASSERT_EQ(testing::moe_balance_of(trainer.model()).size(), 2u);
-    for (const MoeLayerBalance& b : testing::moe_balance_of(trainer.model())) {
+    const std::vector<MoeLayerBalance> balance = testing::moe_balance_of(trainer.model());
+    ASSERT_EQ(balance.size(), 2u);
+    for (const MoeLayerBalance& b : balance) {
       EXPECT_EQ(b.tokens_cv, 0.0);
       EXPECT_EQ(b.tokens_min, b.tokens_max);
       EXPECT_EQ(b.tokens_min, 4.0 * 16 * 2 / 4) << "the step's slots over 4 experts";
@@ -155,8 +156,9 @@ TEST(MoeTraining, DroppedPairsAreReportedPerLayer) {
                              factor + "\n"),
                     make_cpu_backend(), log, nullptr);
     const IterationStats s = trainer.run_iteration(1);
-    ASSERT_EQ(testing::moe_balance_of(trainer.model()).size(), 2u);
-    for (const MoeLayerBalance& b : testing::moe_balance_of(trainer.model())) EXPECT_EQ(b.dropped, want) << "factor " << factor;
+    const std::vector<MoeLayerBalance> balance = testing::moe_balance_of(trainer.model());
+    ASSERT_EQ(balance.size(), 2u);
+    for (const MoeLayerBalance& b : balance) EXPECT_EQ(b.dropped, want) << "factor " << factor;
   }
 }
 
@@ -181,7 +183,8 @@ TEST(MoeTraining, ExpertBiasFollowsTheUpdateRuleAndIsCheckpointed) {
       const std::vector<float> after = download(trainer.backend(), state[1].second);
       // bias += rate * sign(mean - count), with the step's tokens per expert (layer 1's row
       // of the statistics, which hold the step until the next one starts).
-      const std::vector<float> stats = download(trainer.backend(), dynamic_cast<const DecoderModel&>(trainer.model()).moe_stats());
+      const std::vector<float> stats =
+          download(trainer.backend(), dynamic_cast<const DecoderModel&>(trainer.model()).moe_stats());
       const float* counts = stats.data() + 7;  // row 1 of (2, 4 experts + 3)
       const double mean = (counts[0] + counts[1] + counts[2] + counts[3]) / 4.0;
       for (int e = 0; e < 4; ++e) {

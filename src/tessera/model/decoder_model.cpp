@@ -351,34 +351,27 @@ std::vector<StepHook*> DecoderModel::step_hooks() const {
 }
 
 void DecoderModel::bind_stats() {
-  // A row per layer of the whole model that keeps statistics, so that a pipeline stage's rows
-  // of the layers it does not hold stay zero and the sum over the stages (the step hook's)
-  // gives every rank every layer's.
-  int64_t width = 0;
-  std::vector<std::pair<size_t, int64_t>> held;  // (index in layers_, decoder layer)
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    for (int64_t i = 0; i < chunks_[c].count; ++i) {
-      const size_t l = chunk_begin_[c] + static_cast<size_t>(i);
-      const int64_t w = layers_[l]->stats_width();
-      if (w == 0) continue;
-      TS_CHECK(width == 0 || w == width, "layer {} keeps {} statistics, others {}",
-               chunks_[c].first + i, w, width);
-      width = w;
-      held.emplace_back(l, chunks_[c].first + i);
-    }
-  if (held.empty()) return;
+  // A row per MoE layer of the whole model, on every pipeline stage (one without MoE layers
+  // too), so that a stage's rows of the layers it does not hold stay zero and the step hook's
+  // sum over the stages gives every rank every layer's.
   for (int64_t l = 0; l < spec_.num_layers; ++l)
     if (spec_.moe.is_moe_layer(l)) moe_layers_.push_back(l);
-  TS_CHECK(!moe_layers_.empty(), "layers keep statistics in a model without MoE layers");
+  if (moe_layers_.empty()) return;
   const int64_t rows = static_cast<int64_t>(moe_layers_.size());
+  const int64_t width = moe_stats_width(spec_.moe.experts);
   stats_buffer_ =
       DeviceBuffer(backend_, static_cast<size_t>(rows * width) * sizeof(float), "moe statistics");
   moe_stats_ = stats_buffer_.tensor(DType::F32, {rows, width});
-  for (const auto& [l, layer] : held) {
-    const auto row = std::find(moe_layers_.begin(), moe_layers_.end(), layer) - moe_layers_.begin();
-    TS_CHECK(row < rows, "layer {} keeps statistics but is not an MoE layer", layer);
-    layers_[l]->bind_stats(moe_stats_.flat_range(row * width, width));
-  }
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int64_t i = 0; i < chunks_[c].count; ++i) {
+      const size_t l = chunk_begin_[c] + static_cast<size_t>(i);
+      const int64_t layer = chunks_[c].first + i, w = layers_[l]->stats_width();
+      if (w == 0) continue;
+      const auto row = std::find(moe_layers_.begin(), moe_layers_.end(), layer) - moe_layers_.begin();
+      TS_CHECK(row < rows && w == width, "layer {} keeps {} statistics; the MoE layers keep {}",
+               layer, w, width);
+      layers_[l]->bind_stats(moe_stats_.flat_range(row * width, width));
+    }
   // Its update moves the blocks' state (the aux-loss-free expert bias) from the summed
   // statistics.
   moe_balance_ = std::make_unique<MoeBalanceHook>(

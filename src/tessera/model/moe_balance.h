@@ -27,6 +27,10 @@ struct MoeLayerBalance {
   double dropped = 0;
 };
 
+// The statistics an MoE layer keeps per step (a row of DecoderModel::moe_stats): the pairs
+// routed to each expert, then the aux loss, the z-loss and the pairs dropped.
+inline int64_t moe_stats_width(int64_t experts) { return experts + 3; }
+
 // One step: stats (layers, experts + 3) as DecoderModel::moe_stats lays them out, summed over
 // `passes` forward passes (micro-batches x data-parallel ranks).
 std::vector<MoeLayerBalance> moe_step_balance(const std::vector<float>& stats,

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "tessera/model/block.h"
+#include "tessera/model/moe_balance.h"
 
 namespace tessera {
 
@@ -59,7 +60,7 @@ class MoeMlp final : public Mixer {
   std::vector<LinearGemm> linear_gemms() const override;
   // Per expert the (token, slot) pairs routed to it, then the aux loss, the z-loss and the
   // pairs dropped beyond the experts' capacity (0 when dropless).
-  int64_t stats_width() const override { return s_.moe.experts + 3; }
+  int64_t stats_width() const override { return moe_stats_width(s_.moe.experts); }
   void bind_stats(const Tensor& stats) override { stats_ = stats; }
   // The expert bias of aux-loss-free balancing (moe_router_enable_expert_bias): added to the
   // router's scores for choosing, moved after every step from the step's tokens per expert.
