@@ -1510,7 +1510,11 @@ std::vector<OpCase> decode_cases() {
         Decode{attn_v(2, 64, 8, 8, 192, 128, 0), 63},
         // The keys split over several blocks (few heads and sequences, a long cache), some
         // splits empty for the shorter sequences of a batch.
-        Decode{attn(1, 1024, 32, 8, 128, 0), 700}, Decode{attn(3, 600, 8, 2, 128, 0), 599}}) {
+        Decode{attn(1, 1024, 32, 8, 128, 0), 700}, Decode{attn(3, 600, 8, 2, 128, 0), 599},
+        // Query heads per KV head not a power of two (Qwen 2.5 7B's 7), the most (8), and a
+        // generation batch of 64 sequences.
+        Decode{attn(2, 300, 28, 4, 128, 0), 299}, Decode{attn(1, 200, 64, 8, 128, 0), 150},
+        Decode{attn(64, 300, 32, 8, 128, 0), 280}}) {
     const AttentionShape& s = d.s;
     const int64_t QD = s.heads * s.head_dim, HD = s.out_width();
     const int64_t row = s.kv_heads * (s.head_dim + s.v_dim());
