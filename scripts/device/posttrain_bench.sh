@@ -11,8 +11,9 @@
 #                the peer's --task sft --compile at the same size
 #     full       the same pretraining and SFT with the full model (bench model --full)
 #     grpo       GRPO of the Llama 3.1 8B 4-layer proxy (16 and 64 completions of one prompt), then
-#                bench generate on the proxy (batch 1 and 64, captured and op by op) beside the
-#                peer's --task gen
+#                generate_proxy
+#     generate_proxy  bench generate on the proxy (batch 1 and 64, captured and op by op) beside
+#                the peer's --task gen
 #     generate   bench generate of the proxy profiled (tessera report of batch 1 and 64), then of the
 #                full Llama 3.1 8B (batch 16 and 64, 1024 new tokens, captured and op by op)
 #     dpo        DPO of the Llama 3.1 8B 4-layer proxy on Brown pairs of 2 x 4096 tokens (a
@@ -131,6 +132,8 @@ if want grpo; then
       --log_interval 1 --eval_interval 0 --log_progress false --workspace "$OUT/grpo_proxy${G}_ws" 2>&1 \
       | grep -E "iteration +[0-9]+/|done:|rror" | cut -c1-1200
   done
+fi
+if want grpo || want generate_proxy; then
   echo "== generation: Llama 3.1 8B 4-layer proxy, prompts of 256 random ids, 256 new tokens; transformers beside"
   timeout 200 "$BIN/tessera" bench generate --num_layers 4 --batch 1,64 --prompt 256 --new 256 --eager \
     -o "$OUT/generate" 2>&1 | tail -8

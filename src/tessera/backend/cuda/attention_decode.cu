@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kGroupedWarps * 32)
         for (int i = 0; i < 8; ++i) dot += qd[g][i] * kf[u][i];
 #pragma unroll
         for (int offset = LPK / 2; offset > 0; offset /= 2)
-          dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          dot += warp_shfl_xor(dot, offset);
         if (!valid || g >= G) continue;
         const float m_new = fmaxf(m[g], dot);
         const float correction = __expf(m[g] - m_new), p = __expf(dot - m_new);
