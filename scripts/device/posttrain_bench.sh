@@ -14,6 +14,8 @@
 #                generate_proxy
 #     generate_proxy  bench generate on the proxy (batch 1 and 64, captured and op by op) beside
 #                the peer's --task gen
+#     generate_ab  bench generate of the packed baseline binary and this one, interleaved (proxy
+#                and full 8B at batch 64)
 #     generate   bench generate of the proxy profiled (tessera report of batch 1 and 64), then of the
 #                full Llama 3.1 8B (batch 16 and 64, 1024 new tokens, captured and op by op)
 #     dpo        DPO of the Llama 3.1 8B 4-layer proxy on Brown pairs of 2 x 4096 tokens (a
@@ -153,6 +155,19 @@ if want generate; then
   echo "== generation: full Llama 3.1 8B, batch 16 and 64, prompts of 256, 1024 new tokens"
   timeout 280 "$BIN/tessera" bench generate --num_layers 32 --batch 16,64 --prompt 256 --new 1024 --eager \
     -o "$OUT/generate_full" 2>&1 | tail -8
+fi
+if want generate_ab; then
+  # The packed baseline binary (pack.sh --baseline) and this one, interleaved: the decode step's
+  # kernels A/B on the proxy and the full 8B at batch 64.
+  for round in 1 2; do
+    for bin in tessera_baseline tessera; do
+      echo "== $bin (round $round): proxy batch 64, full 8B batch 64 (512 new tokens)"
+      timeout 100 "$BIN/$bin" bench generate --num_layers 4 --batch 64 --prompt 256 --new 256 \
+        -o "$OUT/generate_ab_${bin}_$round" 2>&1 | grep -E "^\| 64"
+      timeout 150 "$BIN/$bin" bench generate --num_layers 32 --batch 64 --prompt 256 --new 512 --iters 1 \
+        -o "$OUT/generate_ab_full_${bin}_$round" 2>&1 | grep -E "^\| 64"
+    done
+  done
 fi
 if want grpo_full; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
