@@ -99,6 +99,42 @@ std::vector<float> initial_weights(Backend& cpu, const ModelSpec& s, uint64_t se
   return download_float(cpu, buf.tensor(DType::F32, {layout.total}));
 }
 
+// Continuous batching on both: four slots stepped together, each at its own position (the
+// prompt, a shorter prompt, an idle slot, a copy of the first), taking the CPU's greedy tokens:
+// batched attention_decode and cache_write at per-slot positions. The GPU's busy rows must
+// track the CPU's; the idle row is not compared. Returns the GPU's last logits (4 x 256).
+std::vector<float> slots_track_the_cpu(Generator& on_cpu, Generator& on_gpu, const std::vector<int32_t>& prompt,
+                                       const std::string& label) {
+  const std::vector<int32_t> shorter = {9, 8, 7};
+  for (Generator* gen : {&on_cpu, &on_gpu}) {
+    gen->prefill_slot(0, prompt);
+    gen->prefill_slot(1, shorter);
+    gen->copy_slot(0, 3);
+  }
+  std::vector<int32_t> tokens = {7, 100, -1, 31};
+  const auto busy_rows = [](std::vector<float> all) {
+    all.erase(all.begin() + 2 * 256, all.begin() + 3 * 256);
+    return all;
+  };
+  std::vector<float> g;
+  for (int step = 0; step < 8; ++step) {
+    on_cpu.step_slots(tokens);
+    on_gpu.step_slots(tokens);
+    const std::vector<float> c = on_cpu.logits(4);
+    g = on_gpu.logits(4);
+    const double err = relative_error(busy_rows(g), busy_rows(c));
+    EXPECT_LT(err, 3e-2) << label << ", batched step " << step;
+    std::printf("[ generate ] %s slots at positions %ld, %ld, idle, %ld: step %d logits rel err %.2e\n",
+                label.c_str(), static_cast<long>(on_gpu.position(0)), static_cast<long>(on_gpu.position(1)),
+                static_cast<long>(on_gpu.position(3)), step, err);
+    for (size_t b = 0; b < tokens.size(); ++b)
+      if (tokens[b] >= 0)
+        tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
+                                         (c.begin() + b * 256));
+  }
+  return g;
+}
+
 TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
   TS_REQUIRE_GPU();
   for (const auto& [head_dim, window] : {std::pair<int64_t, int64_t>{64, 0}, {128, 9}}) {
@@ -132,35 +168,8 @@ TEST(GpuGeneration, CachedDecodingTracksTheCpu) {
       c = on_cpu.step(next);
       g = on_gpu.step(next);
     }
-    // Continuous batching: four slots stepped together, each at its own position (the prompt,
-    // a shorter prompt, an idle slot, a copy of the first), taking their own tokens: batched
-    // attention_decode and cache_write at per-slot positions. The idle row is not compared.
-    const std::vector<int32_t> shorter = {9, 8, 7};
-    for (Generator* gen : {&on_cpu, &on_gpu}) {
-      gen->prefill_slot(0, prompt);
-      gen->prefill_slot(1, shorter);
-      gen->copy_slot(0, 3);
-    }
-    std::vector<int32_t> tokens = {7, 100, -1, 31};
-    const auto busy_rows = [](std::vector<float> all) {
-      all.erase(all.begin() + 2 * 256, all.begin() + 3 * 256);
-      return all;
-    };
-    for (int step = 0; step < 8; ++step) {
-      on_cpu.step_slots(tokens);
-      on_gpu.step_slots(tokens);
-      c = on_cpu.logits(4);
-      g = on_gpu.logits(4);
-      const double err = relative_error(busy_rows(g), busy_rows(c));
-      EXPECT_LT(err, 3e-2) << "batched step " << step;
-      std::printf("[ generate ] D%ld window %ld slots at positions %ld, %ld, idle, %ld: step %d logits rel err %.2e\n",
-                  static_cast<long>(head_dim), static_cast<long>(window), static_cast<long>(on_gpu.position(0)),
-                  static_cast<long>(on_gpu.position(1)), static_cast<long>(on_gpu.position(3)), step, err);
-      for (size_t b = 0; b < tokens.size(); ++b)
-        if (tokens[b] >= 0)
-          tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
-                                           (c.begin() + b * 256));
-    }
+    g = slots_track_the_cpu(on_cpu, on_gpu, prompt,
+                            "D" + std::to_string(head_dim) + " window " + std::to_string(window));
     // The draw on the GPU from those logits (GRPO's): greedy is their argmax; a sampled token's
     // log-probability is log softmax of them at it, and the entropy theirs.
     const std::vector<int32_t> greedy = on_gpu.draw({0, 1, 2, 3}, {0, 0, 0, 0}, 256, 0.0, 0.0, 5).tokens;
@@ -208,31 +217,8 @@ TEST(GpuGeneration, MultiLatentAttentionSlotsTrackTheCpu) {
     Generator on_cpu(*cpu, s, DType::F32, 40, 4), on_gpu(*gpu, s, DType::BF16, 40, 4);
     on_cpu.load(weights);
     on_gpu.load(weights);
-    const std::vector<int32_t> prompt = {3, 141, 59, 26, 5, 35, 89, 79, 32}, shorter = {9, 8, 7};
-    for (Generator* gen : {&on_cpu, &on_gpu}) {
-      gen->prefill_slot(0, prompt);
-      gen->prefill_slot(1, shorter);
-      gen->copy_slot(0, 3);
-    }
-    std::vector<int32_t> tokens = {7, 100, -1, 31};
-    const auto busy_rows = [](std::vector<float> all) {
-      all.erase(all.begin() + 2 * 256, all.begin() + 3 * 256);
-      return all;
-    };
-    for (int step = 0; step < 8; ++step) {
-      on_cpu.step_slots(tokens);
-      on_gpu.step_slots(tokens);
-      const std::vector<float> c = on_cpu.logits(4), g = on_gpu.logits(4);
-      const double err = relative_error(busy_rows(g), busy_rows(c));
-      EXPECT_LT(err, 3e-2) << "batched step " << step;
-      std::printf("[ generate ] MLA q_lora %ld slots at %ld, %ld, idle, %ld: step %d logits rel err %.2e\n",
-                  static_cast<long>(q_lora), static_cast<long>(on_gpu.position(0)),
-                  static_cast<long>(on_gpu.position(1)), static_cast<long>(on_gpu.position(3)), step, err);
-      for (size_t b = 0; b < tokens.size(); ++b)
-        if (tokens[b] >= 0)
-          tokens[b] = static_cast<int32_t>(std::max_element(c.begin() + b * 256, c.begin() + (b + 1) * 256) -
-                                           (c.begin() + b * 256));
-    }
+    slots_track_the_cpu(on_cpu, on_gpu, {3, 141, 59, 26, 5, 35, 89, 79, 32},
+                        "MLA q_lora " + std::to_string(q_lora));
   }
 }
 
