@@ -14,6 +14,8 @@
 #                generate_proxy
 #     generate_proxy  bench generate on the proxy (batch 1 and 64, captured and op by op) beside
 #                the peer's --task gen
+#     generate_full  bench generate of the full Llama 3.1 8B at batch 1, 16, 64 and 256 (512 new
+#                tokens, the sizes)
 #     generate_ab  bench generate of the packed baseline binary and this one, interleaved (proxy
 #                and full 8B at batch 64)
 #     generate   bench generate of the proxy profiled (tessera report of batch 1 and 64), then of the
@@ -168,6 +170,11 @@ if want generate_ab; then
         -o "$OUT/generate_ab_full_${bin}_$round" 2>&1 | grep -E "^\| 64"
     done
   done
+fi
+if want generate_full; then
+  echo "== generation: full Llama 3.1 8B, batch 1, 16, 64 and 256, prompts of 256, 512 new tokens"
+  timeout 280 "$BIN/tessera" bench generate --num_layers 32 --batch 1,16,64,256 --prompt 256 --new 512 \
+    --iters 1 -o "$OUT/generate_full512" 2>&1 | tail -8
 fi
 if want grpo_full; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
