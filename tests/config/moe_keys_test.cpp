@@ -190,23 +190,24 @@ TEST(MoeKeys, MegatronsInvalidCombinationsNameTheKey) {
             "expert_model_parallel_size",
             "1 with use_torch_fsdp2",
             2},
-           // MoE layers are not laid out over tensor-parallel or context-parallel ranks yet
-           // (pipeline stages compose: ModelParallel's MoE meshes).
-           {{"--expert_model_parallel_size", "2", "--tensor_model_parallel_size", "2"},
-            "expert_model_parallel_size",
-            "does not compose with tensor or context parallelism",
-            4},
-           {{"--tensor_model_parallel_size", "2"},
-            "tensor_model_parallel_size",
-            "1 for a mixture-of-experts model",
-            2},
+           // MoE layers are not laid out over context-parallel ranks yet, nor under
+           // sequence parallelism (tensor and pipeline parallelism compose: ModelParallel's
+           // MoE meshes).
            {{"--expert_model_parallel_size", "2", "--context_parallel_size", "2"},
             "expert_model_parallel_size",
-            "does not compose with tensor or context parallelism",
+            "does not compose with context parallelism",
             4},
            {{"--context_parallel_size", "2"},
             "context_parallel_size",
             "1 for a mixture-of-experts model",
+            2},
+           {{"--tensor_model_parallel_size", "2", "--sequence_parallel", "true"},
+            "sequence_parallel",
+            "runs the routed experts on the whole micro-batch",
+            2},
+           {{"--tensor_model_parallel_size", "2", "--moe_shared_expert_intermediate_size", "3"},
+            "moe_shared_expert_intermediate_size",
+            "a multiple of tensor_model_parallel_size (2)",
             2},
        }) {
     SCOPED_TRACE(b.key);
@@ -235,7 +236,7 @@ TEST(MoeKeys, CliExitsTwoNamingTheKey) {
            {"--num_experts 6 --moe_router_topk 2 --expert_model_parallel_size 4",
             "key 'expert_model_parallel_size' has value '4'"},
            {"--device cpu --nproc_per_node 4 --expert_model_parallel_size 2 "
-            "--tensor_model_parallel_size 2",
+            "--context_parallel_size 2",
             "key 'expert_model_parallel_size' has value '2'"}}) {
     const auto r = run_command("cd " + dir.path().string() + " && " + TESSERA_BINARY +
                                " train --model tiny_moe --mock_data true --workspace ws " + args);

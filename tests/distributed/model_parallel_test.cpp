@@ -67,6 +67,8 @@ const std::string kMoe =
     "model_family: mixtral\nnum_layers: 4\nnum_experts: 4\nmoe_router_topk: 2\n"
     "moe_ffn_hidden_size: 64\nmoe_layer_freq: \"[1,0,1,0]\"\nmoe_aux_loss_coeff: 1.0e-2\n"
     "moe_z_loss_coeff: 1.0e-3\n";
+// The same with a shared expert, which tensor parallelism splits like a dense MLP.
+const std::string kMoeShared = kMoe + "moe_shared_expert_intermediate_size: 32\n";
 
 struct TrainedRun {
   std::vector<double> losses, grad_norms;
@@ -294,7 +296,21 @@ INSTANTIATE_TEST_SUITE_P(
         Mesh{"moe_pp2_ep4_zero1", 8,
              "pipeline_model_parallel_size: 2\nexpert_model_parallel_size: 4\n"
              "use_distributed_optimizer: true\n",
-             kMoe}),
+             kMoe},
+        // MoE layers under tensor parallelism (attention and the shared expert split, the
+        // router and the routed experts whole on each tensor-parallel rank), with expert,
+        // data and pipeline parallelism beside.
+        Mesh{"moe_tp2", 2, "tensor_model_parallel_size: 2\n", kMoeShared},
+        Mesh{"moe_tp2_ep2", 4, "tensor_model_parallel_size: 2\nexpert_model_parallel_size: 2\n",
+             kMoeShared},
+        Mesh{"moe_tp2_ep2_zero1", 4,
+             "tensor_model_parallel_size: 2\nexpert_model_parallel_size: 2\n"
+             "use_distributed_optimizer: true\nddp_bucket_size: 5000\n",
+             kMoeShared},
+        Mesh{"moe_tp2_pp2_ep2", 8,
+             "tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n"
+             "expert_model_parallel_size: 2\n",
+             kMoeShared}),
     [](const ::testing::TestParamInfo<Mesh>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -171,22 +171,33 @@ void check_moe(const Checker& c, const ModelConfig& m, const TrainingConfig& t,
               "1 for a dense model (num_experts is 0)");
     return;
   }
-  // MoE layers are laid out over data-, expert-parallel ranks and pipeline stages: their
-  // blocks do not split experts over tensor-parallel ranks, and their sequence-level losses
-  // see whole sequences.
-  const int64_t tp = t.tensor_model_parallel_size, cp = t.context_parallel_size;
-  if (tp > 1 || cp > 1) {
+  // MoE layers are laid out over data-, expert- and tensor-parallel ranks and pipeline stages:
+  // under tensor parallelism the shared expert is split like a dense MLP while every
+  // tensor-parallel rank runs the router and the routed experts on the whole micro-batch (no
+  // expert tensor parallelism), so its input must be whole on each rank (no sequence
+  // parallelism); the sequence-level losses see whole sequences (no context parallelism).
+  const int64_t cp = t.context_parallel_size;
+  if (cp > 1) {
     c.require(t.expert_model_parallel_size == 1, "expert_model_parallel_size",
-              fmt::format("1 with tensor_model_parallel_size ({}) or context_parallel_size ({}) "
-                          "above 1: expert parallelism does not compose with tensor or context "
-                          "parallelism yet",
-                          tp, cp));
-    c.fail(tp > 1 ? "tensor_model_parallel_size" : "context_parallel_size",
+              fmt::format("1 with context_parallel_size ({}) above 1: expert parallelism does "
+                          "not compose with context parallelism yet",
+                          cp));
+    c.fail("context_parallel_size",
            fmt::format("1 for a mixture-of-experts model (num_experts {}): MoE layers are not "
-                       "split over tensor-parallel or context-parallel ranks yet (use "
-                       "expert_model_parallel_size, pipeline and data parallelism)",
+                       "split over context-parallel ranks yet (use expert_model_parallel_size, "
+                       "tensor, pipeline and data parallelism)",
                        m.num_experts));
   }
+  c.require(t.tensor_model_parallel_size == 1 || !t.sequence_parallel, "sequence_parallel",
+            fmt::format("false for a mixture-of-experts model with tensor_model_parallel_size "
+                        "{}: each tensor-parallel rank runs the routed experts on the whole "
+                        "micro-batch, which sequence parallelism would split",
+                        t.tensor_model_parallel_size));
+  c.require(m.moe_shared_expert_intermediate_size % t.tensor_model_parallel_size == 0,
+            "moe_shared_expert_intermediate_size",
+            fmt::format("a multiple of tensor_model_parallel_size ({}): the shared expert is "
+                        "split over the tensor-parallel ranks like a dense MLP",
+                        t.tensor_model_parallel_size));
   const int64_t E = m.num_experts;
   c.require(m.moe_router_topk >= 1 && m.moe_router_topk <= E, "moe_router_topk",
             fmt::format("between 1 and num_experts ({})", E));

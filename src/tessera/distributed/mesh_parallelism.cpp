@@ -63,7 +63,9 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
     const ParamInfo& p = layout.params[i];
     const bool replicated = p.tp == TensorParallelStyle::Replicated;
     if (replicated && rt.sequence_parallel) sequence_partial_grads_.push_back(static_cast<int>(i));
-    if (replicated && tp_rank != 0) continue;
+    // Expert stacks are not split over tensor-parallel ranks either (each holds the same
+    // experts, whole): counted once, like the replicated ones.
+    if ((replicated || p.tp == TensorParallelStyle::Expert) && tp_rank != 0) continue;
     // To the next parameter: the alignment gap between them holds zeros.
     const int64_t end = i + 1 < layout.params.size() ? layout.params[i + 1].offset : layout.total;
     if (!counted_.empty() && counted_.back().end == p.offset)

@@ -15,13 +15,14 @@
 //     sums over its own tokens: they are summed over the tensor-parallel group once per step,
 //     after the data-parallel reduction (the two sums commute);
 //   - the gradient norm counts every element of the whole model once: split parameters on
-//     every tensor-parallel rank, replicated ones (the same on every rank) on rank 0 only
-//     (Megatron's param_is_not_tensor_parallel_duplicate), summed over the tensor-parallel
-//     ranks and the pipeline stages;
+//     every tensor-parallel rank, replicated ones and expert stacks (the same on every
+//     tensor-parallel rank) on rank 0 only (Megatron's param_is_not_tensor_parallel_duplicate),
+//     summed over the tensor-parallel ranks and the pipeline stages;
 //   - with pipeline parallelism the data-parallel gradient reduction runs after the step's
 //     last pass (a stage's backward passes of different micro-batches interleave with its
 //     forwards, so no bucket is final earlier);
-//   - with expert parallelism (beside pipeline stages) each stage's data-parallel ranks are
+//   - with expert parallelism (beside tensor-parallel ranks and pipeline stages) each
+//     tensor-parallel part's and stage's data-parallel ranks are
 //     re-split into expert x expert-data-parallel ranks (Megatron's expert layout): the MoE
 //     layers send their rows to the experts' ranks of the stage (the model's expert exchange
 //     over the expert-parallel group), the experts' gradients are reduced over the

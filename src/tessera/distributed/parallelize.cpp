@@ -109,12 +109,11 @@ class ExpertParallel final : public Parallelism {
 std::unique_ptr<Parallelism> parallelize(Model& model, const DeviceMesh& mesh, Communicator* world,
                                          const DataParallelOptions& data_parallel) {
   // Validation refuses these meshes with the keys named (expert_model_parallel_size with
-  // tensor or context parallelism); this guards other callers.
-  TS_CHECK(mesh.size(MeshDim::EP) == 1 ||
-               (mesh.size(MeshDim::TP) == 1 && mesh.size(MeshDim::CP) == 1),
-           "parallelize: expert parallelism (ep {}) with tensor or context parallelism (tp {}, "
-           "cp {}) is not laid out yet",
-           mesh.size(MeshDim::EP), mesh.size(MeshDim::TP), mesh.size(MeshDim::CP));
+  // context parallelism); this guards other callers.
+  TS_CHECK(mesh.size(MeshDim::EP) == 1 || mesh.size(MeshDim::CP) == 1,
+           "parallelize: expert parallelism (ep {}) with context parallelism (cp {}) is not laid "
+           "out yet",
+           mesh.size(MeshDim::EP), mesh.size(MeshDim::CP));
   if (mesh.world_size() == 1) return std::make_unique<SingleDevice>(model);
   TS_CHECK(world != nullptr && world->size() == mesh.world_size(),
            "parallelize: a mesh of {} ranks needs a communicator over them", mesh.world_size());

@@ -6,15 +6,15 @@
 //   data parallelism alone                  plain, ZeRO-1 or FSDP (distributed/data_parallel.h)
 //   tensor, context or pipeline parallelism MeshParallelism, with plain DP, ZeRO-1 or (without
 //                                           pipeline stages) FSDP over the data (x context)
-//                                           ranks, and expert parallelism over a pipeline
-//                                           stage's data-parallel ranks
+//                                           ranks, and expert parallelism over the
+//                                           data-parallel ranks of a tensor-parallel part and
+//                                           pipeline stage
 //                                           (distributed/mesh_parallelism.h)
 //   expert parallelism alone                ExpertParallel: the experts' exchange over the
 //                                           expert-parallel group (model/expert_exchange.h)
 //                                           around plain DP or ZeRO-1 over every rank
-// Expert parallelism with tensor or context parallelism, and FSDP with expert or pipeline
-// parallelism, are not laid out yet: validation refuses them naming the key, and parallelize
-// checks.
+// Expert parallelism with context parallelism, and FSDP with expert or pipeline parallelism,
+// are not laid out yet: validation refuses them naming the key, and parallelize checks.
 #include <memory>
 
 #include "tessera/distributed/communicator.h"

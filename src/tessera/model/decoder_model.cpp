@@ -566,8 +566,9 @@ void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int b
     case TensorParallelStyle::Expert:
       throw InternalError(fmt::format("{}: an expert stack used as a linear layer", p.name));
   }
-  TS_CHECK(tp_.size == 1 || p.tp == TensorParallelStyle::Vocab,
-           "{}: a replicated linear under tensor parallelism", p.name);
+  // A replicated weight under tensor parallelism (an MoE router) multiplies the same input on
+  // every rank, its gradient the same on each (a sequence shard's partial sum under sequence
+  // parallelism, summed over the ranks as a norm's).
   gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
 }
 

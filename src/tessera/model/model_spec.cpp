@@ -64,14 +64,17 @@ std::string ModelSpec::summary() const {
 
 ModelSpec tensor_parallel_shard(const ModelSpec& spec, int parts) {
   TS_CHECK(parts >= 1 && spec.heads % parts == 0 && spec.kv_heads % parts == 0 &&
-               spec.ffn % parts == 0 && spec.vocab_size % parts == 0,
-           "a model of {} heads, {} query groups, MLP width {} and vocabulary {} does not split "
-           "over {} tensor-parallel ranks",
-           spec.heads, spec.kv_heads, spec.ffn, spec.vocab_size, parts);
+               spec.ffn % parts == 0 && spec.moe.shared_ffn % parts == 0 &&
+               spec.vocab_size % parts == 0,
+           "a model of {} heads, {} query groups, MLP width {}, shared expert width {} and "
+           "vocabulary {} does not split over {} tensor-parallel ranks",
+           spec.heads, spec.kv_heads, spec.ffn, spec.moe.shared_ffn, spec.vocab_size, parts);
   ModelSpec s = spec;
   s.heads /= parts;
   s.kv_heads /= parts;
   s.ffn /= parts;
+  // The shared expert is split like a dense MLP; the routed experts stay whole.
+  s.moe.shared_ffn /= parts;
   s.vocab_size /= parts;
   return s;
 }
