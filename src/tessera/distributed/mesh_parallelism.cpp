@@ -107,9 +107,10 @@ std::string MeshParallelism::description() const {
                      model_.runtime().pipeline_slots);
   }
   if (mesh_.size(MeshDim::EP) > 1)
-    s += fmt::format("; experts spread over {} expert-parallel ranks of the stage ({} of every "
-                     "MoE layer's {} on this rank)",
-                     mesh_.size(MeshDim::EP), model_.spec().moe.experts / mesh_.size(MeshDim::EP),
+    s += fmt::format("; experts spread over {} expert-parallel ranks{} ({} of every MoE layer's "
+                     "{} on this rank)",
+                     mesh_.size(MeshDim::EP), mesh_.size(MeshDim::PP) > 1 ? " of the stage" : "",
+                     model_.spec().moe.experts / mesh_.size(MeshDim::EP),
                      model_.spec().moe.experts);
   if (data_)
     s += fmt::format("; data{} parallel: {}", mesh_.size(MeshDim::CP) > 1 ? " x context" : "",
