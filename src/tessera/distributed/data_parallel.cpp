@@ -281,7 +281,6 @@ void DataParallel::finish_gradient_reduction() {
 
 void DataParallel::grad_norm_sq(const Tensor& out) {
   Backend& b = model_.backend();
-  const Tensor grads = model_.grads();
   if (options_.shard_optimizer) {
     // Every element is in exactly one rank's shards.
     b.fill(out, 0.0f);
@@ -290,27 +289,16 @@ void DataParallel::grad_norm_sq(const Tensor& out) {
     sum(out);
     return;
   }
-  if (experts_.expert_parallel == nullptr) {
-    b.sum_squares(out, grads, /*accumulate=*/false);
-    return;
-  }
-  // Every rank holds the reduced dense gradients and its experts' (the same as its
-  // expert-data-parallel peers'): the experts' squares summed over the expert-parallel ranks,
-  // then the dense ones added.
-  b.fill(out, 0.0f);
-  for (const ParamRange& r : model_.layout().expert_runs)
-    b.sum_squares(out, padded_view(grads, r), /*accumulate=*/true);
-  settle();
-  experts_.expert_parallel->all_reduce(out, ReduceOp::Sum, Lane::Compute);
-  for (const ParamRange& r : plan_.dense.buckets)
-    b.sum_squares(out, padded_view(grads, r), /*accumulate=*/true);
+  // Plain: each rank holds the whole reduced gradient (and, with experts, its own experts').
+  grad_norm_sq_of(out, {{0, model_.layout().total}});
 }
 
 void DataParallel::grad_norm_sq_of(const Tensor& out, const std::vector<ParamRange>& ranges) {
   if (options_.shard_optimizer || experts_.expert_parallel == nullptr)
     return DataParallelism::grad_norm_sq_of(out, ranges);
-  // As grad_norm_sq: the experts' squares summed over the expert-parallel ranks, then the
-  // dense ones (the same on every rank of the group) added.
+  // Every rank holds the reduced dense gradients and its experts' (the same as its
+  // expert-data-parallel peers'): the experts' squares summed over the expert-parallel ranks,
+  // then the dense ones added.
   Backend& b = model_.backend();
   const std::vector<ParamRange>& experts = model_.layout().expert_runs;
   b.fill(out, 0.0f);

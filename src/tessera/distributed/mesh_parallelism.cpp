@@ -106,12 +106,16 @@ std::string MeshParallelism::description() const {
                      model_.chunks() > 1 ? "interleaved " : "", layers,
                      model_.runtime().pipeline_slots);
   }
-  if (mesh_.size(MeshDim::EP) > 1)
-    s += fmt::format("; experts spread over {} expert-parallel ranks{} ({} of every MoE layer's "
-                     "{} on this rank)",
-                     mesh_.size(MeshDim::EP), mesh_.size(MeshDim::PP) > 1 ? " of the stage" : "",
-                     model_.spec().moe.experts / mesh_.size(MeshDim::EP),
-                     model_.spec().moe.experts);
+  if (const int ep = mesh_.size(MeshDim::EP); ep > 1) {
+    int64_t held = 0;
+    for (const ParamInfo& p : model_.layout().params) held += p.numel();
+    const int64_t experts = model_.spec().moe.experts;
+    s += fmt::format(
+        "; experts spread over {} expert-parallel ranks{} (each holds {} of every MoE layer's {} "
+        "experts: {:.3f}B of the model's {:.3f}B parameters on this rank)",
+        ep, mesh_.size(MeshDim::PP) > 1 ? " of the stage" : "", experts / ep, experts,
+        held / 1e9, model_.spec().total_params() / 1e9);
+  }
   if (data_)
     s += fmt::format("; data{} parallel: {}", mesh_.size(MeshDim::CP) > 1 ? " x context" : "",
                      data_->description());

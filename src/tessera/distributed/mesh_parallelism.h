@@ -1,7 +1,7 @@
 #pragma once
-// A model split over a device mesh's tensor-parallel ranks and pipeline stages, composed with
-// data parallelism over its data-parallel ranks (plain or ZeRO-1, distributed/data_parallel.h),
-// driven as one Parallelism. The model was built holding this rank's part of every split
+// A model split over a device mesh's tensor-parallel ranks, pipeline stages and (its experts)
+// expert-parallel ranks, composed with data parallelism over its data-parallel ranks (plain
+// or ZeRO-1, distributed/data_parallel.h), driven as one Parallelism. The model was built holding this rank's part of every split
 // parameter (ModelRuntime::tensor_parallel_size/rank) and its stage's layers
 // (ModelRuntime::pipeline_chunks); this layout gives it the tensor-parallel group's collectives
 // (ParallelGroup, on a communicator split from the world), runs the pipeline's schedule
@@ -89,6 +89,9 @@ class MeshParallelism final : public Parallelism {
   void finish_gradient_reduction() override;
   void grad_norm_sq(const Tensor& out) override;
   void params_updated() override;
+  void params_complete() override {
+    if (data_) data_->params_complete();
+  }
   bool params_sharded() const override { return data_ && data_->params_sharded(); }
   Tensor gathered_param(int index) override {
     return data_ ? data_->gathered_param(index) : model_.param(index);

@@ -4,15 +4,11 @@
 // chunks come from its runtime; its parallel layers do their collectives, model/parallel_layers.h):
 //   one device                              SingleDevice
 //   data parallelism alone                  plain, ZeRO-1 or FSDP (distributed/data_parallel.h)
-//   tensor, context or pipeline parallelism MeshParallelism, with plain DP, ZeRO-1 or (without
-//                                           pipeline stages) FSDP over the data (x context)
-//                                           ranks, and expert parallelism over the
-//                                           data-parallel ranks of a tensor-parallel part and
-//                                           pipeline stage
-//                                           (distributed/mesh_parallelism.h)
-//   expert parallelism alone                ExpertParallel: the experts' exchange over the
-//                                           expert-parallel group (model/expert_exchange.h)
-//                                           around plain DP or ZeRO-1 over every rank
+//   tensor, context, pipeline or expert     MeshParallelism, with plain DP, ZeRO-1 or (without
+//   parallelism                             pipeline stages or experts) FSDP over the data
+//                                           (x context) ranks, and the experts' exchange over
+//                                           the data-parallel ranks of a tensor-parallel part
+//                                           and pipeline stage (distributed/mesh_parallelism.h)
 // Expert parallelism with context parallelism, and FSDP with expert or pipeline parallelism,
 // are not laid out yet: validation refuses them naming the key, and parallelize checks.
 #include <memory>

@@ -131,13 +131,14 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.weights = model.weights;
     p.gradients = model.gradients;
   }
-  // Barrier flags: data parallelism's, and the tensor/pipeline/context layout's
+  // Barrier flags: data parallelism's, and the tensor/pipeline/context/expert layout's
   // (MeshParallelism).
   const bool mesh_layout = in.runtime.tensor_parallel_size > 1 ||
                            !in.runtime.pipeline_chunks.empty() ||
-                           in.runtime.context_parallel_size > 1;
-  // With them the model's own small buffers: the MoE layers' statistics and expert bias.
-  // and the expert exchange's counts under expert parallelism.
+                           in.runtime.context_parallel_size > 1 ||
+                           in.runtime.expert_parallel_size > 1;
+  // With them the model's own small buffers (the MoE layers' statistics and expert bias) and
+  // the expert exchange's counts under expert parallelism.
   p.run_buffers = kTrainerScalarBytes + (n > 1 ? sizeof(float) : 0) +
                   (mesh_layout ? sizeof(float) : 0) + model.block_state +
                   (in.runtime.expert_parallel_size > 1
