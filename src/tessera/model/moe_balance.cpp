@@ -12,7 +12,7 @@ namespace tessera {
 std::vector<MoeLayerBalance> moe_step_balance(const std::vector<float>& stats,
                                               const std::vector<int64_t>& layers, int64_t experts,
                                               int64_t passes) {
-  const int64_t width = experts + 3;
+  const int64_t width = moe_stats_width(experts);
   TS_CHECK(static_cast<int64_t>(stats.size()) == static_cast<int64_t>(layers.size()) * width,
            "moe statistics of {} values for {} layers of {} experts", stats.size(), layers.size(),
            experts);
@@ -147,7 +147,6 @@ void MoeBalanceHook::read_step(int64_t passes) {
   backend_.download(host.data(), stats_);
   step_ = moe_step_balance(host, layers_, experts_, passes);
   interval_.add(step_);
-  ++interval_steps_;
 }
 
 NamedScalars MoeBalanceHook::step_scalars() const {
@@ -176,8 +175,8 @@ std::string MoeBalanceHook::interval_fields() const {
 std::string MoeBalanceHook::interval_detail(int64_t iteration) const {
   if (interval_.empty()) return "";
   return fmt::format("moe balance, iteration {} ({} routing, mean over {} iteration{}): {}",
-                     iteration, force_balance_ ? "force-balanced" : "learned", interval_steps_,
-                     interval_steps_ == 1 ? "" : "s", moe_layer_lines(interval_.mean()));
+                     iteration, force_balance_ ? "force-balanced" : "learned", interval_.steps(),
+                     interval_.steps() == 1 ? "" : "s", moe_layer_lines(interval_.mean()));
 }
 
 void MoeBalanceHook::add_interval_metrics(nlohmann::json& record) const {

@@ -42,6 +42,7 @@ class MoeBalanceInterval {
  public:
   void add(const std::vector<MoeLayerBalance>& step);
   bool empty() const { return steps_ == 0; }
+  int64_t steps() const { return steps_; }
   std::vector<MoeLayerBalance> mean() const;
   void clear();
 
@@ -79,7 +80,7 @@ class MoeBalanceHook final : public StepHook {
   std::string interval_fields() const override;
   std::string interval_detail(int64_t iteration) const override;
   void add_interval_metrics(nlohmann::json& record) const override;
-  void end_interval() override { interval_.clear(), interval_steps_ = 0; }
+  void end_interval() override { interval_.clear(); }
 
   // The last read step, per MoE layer.
   const std::vector<MoeLayerBalance>& last_step() const { return step_; }
@@ -94,7 +95,6 @@ class MoeBalanceHook final : public StepHook {
   StepCollectives* collectives_ = nullptr;
   std::vector<MoeLayerBalance> step_;
   MoeBalanceInterval interval_;
-  int64_t interval_steps_ = 0;
 };
 
 }  // namespace tessera
