@@ -343,10 +343,14 @@ std::string case_name(const Case& c) {
   return buf;
 }
 
+// The first is the default: the warpgroup forward (attention_hopper.cu) where it applies
+// (head_dim 128 on sm_90a), else the warp-MMA forward 4 x 64.
 struct ForwardConfig {
+  bool warpgroup;
   int warps, block_n;
 };
-constexpr ForwardConfig kForwardConfigs[] = {{4, 64}, {4, 32}, {8, 64}, {8, 32}};
+constexpr ForwardConfig kForwardConfigs[] = {
+    {true, 4, 64}, {false, 4, 64}, {false, 4, 32}, {false, 8, 64}, {false, 8, 32}};
 
 void fill_random(std::vector<uint16_t>& bits, std::vector<float>& values, size_t n, float std_dev,
                  std::mt19937_64& rng) {
@@ -555,6 +559,7 @@ bool check_case(const Case& c, uint64_t seed) {
   for (int ci = g_tessera ? static_cast<int>(std::size(kForwardConfigs)) - 1 : -1; ci >= 0; --ci) {
     const ForwardConfig fc = kForwardConfigs[ci];
     tc::AttentionOptions opt;
+    opt.forward_warpgroup = fc.warpgroup;
     opt.forward_warps = fc.warps;
     opt.forward_block_n = fc.block_n;
     d_out.poison();
@@ -565,7 +570,9 @@ bool check_case(const Case& c, uint64_t seed) {
     CUDA_CHECK(cudaDeviceSynchronize());
     d_out.download(out_bits.data());
     d_lse.download(lse.data());
-    std::printf("  forward %d warps x %d keys\n", fc.warps, fc.block_n);
+    std::printf("  forward %s\n", fc.warpgroup ? "warpgroup (default)"
+                                             : (std::to_string(fc.warps) + " warps x " +
+                                                std::to_string(fc.block_n) + " keys").c_str());
     report("out", compare(n_out, [&](int64_t n) { return from_bf16(out_bits[n]); },
                           [&](int64_t n) { return ref_out[n]; }),
            kTolOut, kTolOutMax);
@@ -681,7 +688,7 @@ double median_ms(F&& run, int warmup = 3, int reps = 20) {
 
 // One row per shape: TFLOP/s of each forward configuration and each backward mode, and the
 // default kernels' milliseconds.
-constexpr int kBenchColumns = 6;  // 4 forward configurations, 2 backward modes
+constexpr int kBenchColumns = 7;  // 5 forward configurations, 2 backward modes
 struct BenchRow {
   std::string shape;
   double fwd_flop = 0;
@@ -782,6 +789,7 @@ void bench(std::vector<BenchRow>& rows, int64_t T, int64_t D, bool causal, int64
   row.tessera = true;
   for (const ForwardConfig fc : kForwardConfigs) {
     tc::AttentionOptions opt;
+    opt.forward_warpgroup = fc.warpgroup;
     opt.forward_warps = fc.warps;
     opt.forward_block_n = fc.block_n;
     const double ms = median_ms([&] {
@@ -805,7 +813,7 @@ void bench(std::vector<BenchRow>& rows, int64_t T, int64_t D, bool causal, int64
     row.tflops[column++] = 2.5 * fwd_flop / ms * 1e-9;
   }
   rows.push_back(row);
-  std::printf("  timed %s: fwd %.3f ms, bwd %.3f ms (defaults)\n", shape, row.ms[0], row.ms[4]);
+  std::printf("  timed %s: fwd %.3f ms, bwd %.3f ms (defaults)\n", shape, row.ms[0], row.ms[5]);
 }
 
 }  // namespace
@@ -896,12 +904,12 @@ int main(int argc, char** argv) {
   }
   if (!rows.empty() && g_tessera) {
     std::printf("TFLOP/s, B=1 H=32 KV=8 (fwd 4*B*H*D*pairs, bwd 2.5x fwd); * = default\n");
-    std::printf("%-24s %8s %8s %8s %8s | %8s %8s | %7s %7s\n", "shape", "*f4x64", "f4x32",
-                "f8x64", "f8x32", "*b_det", "b_atom", "fwd ms", "bwd ms");
+    std::printf("%-24s %8s %8s %8s %8s %8s | %8s %8s | %7s %7s\n", "shape", "*f_wg", "f4x64",
+                "f4x32", "f8x64", "f8x32", "*b_det", "b_atom", "fwd ms", "bwd ms");
     for (const BenchRow& r : rows) {
-      std::printf("%-24s %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f | %7.3f %7.3f\n", r.shape.c_str(),
-                  r.tflops[0], r.tflops[1], r.tflops[2], r.tflops[3], r.tflops[4], r.tflops[5],
-                  r.ms[0], r.ms[4]);
+      std::printf("%-24s %8.1f %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f | %7.3f %7.3f\n",
+                  r.shape.c_str(), r.tflops[0], r.tflops[1], r.tflops[2], r.tflops[3],
+                  r.tflops[4], r.tflops[5], r.tflops[6], r.ms[0], r.ms[5]);
     }
   }
   if (use_cudnn) {
@@ -915,7 +923,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!rows.empty() && g_cudnn) {
-    // Tessera's defaults (forward 4x64, deterministic backward) vs cuDNN (forward, backward
+    // Tessera's defaults (forward: warpgroup where it applies, deterministic backward) vs cuDNN (forward, backward
     // with its default atomic dQ, deterministic backward). f+b = forward + default backward,
     // 3.5x forward FLOPs.
     auto cell = [](double flop, double ms) {
@@ -930,7 +938,7 @@ int main(int argc, char** argv) {
                 "Tessera fwd", "Tessera bwd", "Tessera f+b", "cuDNN fwd", "cuDNN bwd",
                 "cuDNN bwd det", "cuDNN f+b", "f+b time Tessera/cuDNN");
     for (const BenchRow& r : rows) {
-      const double t_fwd = r.tessera ? r.ms[0] : -1, t_bwd = r.tessera ? r.ms[4] : -1;
+      const double t_fwd = r.tessera ? r.ms[0] : -1, t_bwd = r.tessera ? r.ms[5] : -1;
       const double t_fb = r.tessera ? t_fwd + t_bwd : -1;
       const double c_fb = r.cudnn_ms[0] >= 0 && r.cudnn_ms[1] >= 0 ? r.cudnn_ms[0] + r.cudnn_ms[1] : -1;
       char ratio[32] = "-";

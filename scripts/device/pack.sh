@@ -12,6 +12,8 @@ baseline=""
 if [[ "${1:-}" == "--baseline" ]]; then baseline="$2"; fi
 rm -rf "$DEV/stage" && mkdir -p "$DEV/stage/bin" "$DEV/stage/lib" "$DEV/stage/peer"
 cp "$ROOT/build/tessera" "$ROOT/build/test_gpu" "$DEV/stage/bin/"
+# The attention lab (dev/attention/README.md), when it was built into build/.
+[[ -x "$ROOT/build/attention_lab" ]] && cp "$ROOT/build/attention_lab" "$DEV/stage/bin/"
 [[ -n "$baseline" ]] && cp "$baseline" "$DEV/stage/bin/tessera_baseline"
 # Debian libraries of the build machine (the GPU machine has its own libc, libstdc++ and CUDA).
 for lib in libyaml-cpp.so.0.7 libsimdjson.so.14 libxlsxwriter.so.4 libpcre2-8.so.0 libfmt.so.9 \

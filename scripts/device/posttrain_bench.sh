@@ -3,7 +3,7 @@
 # torch_posttrain.py) in the same call. Run by gpu_suite.sh's posttrain step (binaries in
 # .device/bin), or alone after it unpacked the payload:
 #   bash scripts/device/posttrain_bench.sh OUT_DIR [attention] [sft] [full]
-#     attention  bench attention at seq 8192, D 128, 32/8 heads: causal, and packed documents
+#     attention  bench attention at seq 8192, D 128, 32/8 heads: causal, full, window 4096, and packed documents
 #                of 1024 tokens (Tessera's kernels; cuDNN's causal beside)
 #     sft        the Llama 3.1 8B 4-layer proxy at seq 8192, global batch 1: pretraining on
 #                mock data, then packed SFT of Brown conversations (256-2048 tokens, the loss
@@ -62,9 +62,9 @@ if want dpo_full; then
 fi
 if want attention; then
   echo "== attention at seq 8192: causal and packed documents of 1024 tokens"
-  timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal,packed \
+  timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal,full,window,packed \
     --document_length 1024 --attention_backend tessera -o "$OUT/attention_tessera" 2>&1 | tail -8
-  timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal \
+  timeout 120 "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal,full,window \
     --attention_backend cudnn -o "$OUT/attention_cudnn" 2>&1 | tail -6
 fi
 if want sft; then

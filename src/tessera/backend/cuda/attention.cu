@@ -29,6 +29,7 @@
 // element masks are applied only on tiles where some pair of the tile is invisible or out
 // of range (the `boundary` flags below), so interior tiles pay nothing for masking.
 #include "tessera/backend/cuda/attention.cuh"
+#include "tessera/backend/cuda/attention_common.cuh"
 
 #include <climits>
 #include <cmath>
@@ -43,13 +44,7 @@ namespace tessera::cuda {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // ---- PTX wrappers ----
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // 16-byte global->shared copy that bypasses L1; src_size 0 zero-fills (rows past T), so the
 // tile math never sees garbage and never needs a separate zeroing pass.
@@ -94,20 +89,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two fp32 values -> one bf16x2 register (round to nearest even), the lower column in the
-// low half as the MMA fragments expect; cvt puts its first source in the upper half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
 }
 
 // ---- end of PTX wrappers ----
@@ -221,22 +202,6 @@ __device__ __forceinline__ void store_pair(uint8_t* tile_byte, float lo, float h
 
 }  // namespace
 
-// Whether the tile of queries [q0, q_last] x keys [k0, k0 + block_n) holds a pair that must be
-// masked: a key past T, a key above the first query's diagonal, a key at or left of the last
-// query's window edge, or a key before the last query's document (`last_start`: the first
-// token of it, 0 without documents). Tiles entirely inside the visible band skip element masks.
-__device__ __forceinline__ bool tile_needs_mask(int q0, int q_last, int k0, int block_n, int T,
-                                                bool causal, int window, int last_start) {
-  return k0 + block_n > T || (causal && k0 + block_n - 1 > q0) ||
-         (window > 0 && k0 <= q_last - window) || k0 < last_start;
-}
-
-// The first key query i sees for its document: starts[i] (this sequence's document starts,
-// null without documents), for i < T; a row past T takes row T - 1's, so it stays finite.
-__device__ __forceinline__ int document_start(const int32_t* starts, int i, int T) {
-  return starts ? starts[min(i, T - 1)] : 0;
-}
-
 // One past the last query of key j's document (T without documents): the first i > j whose
 // document starts after j. Starts never decrease along the sequence, so it is a bisection.
 __device__ __forceinline__ int document_end(const int32_t* starts, int j, int T) {
@@ -248,17 +213,6 @@ __device__ __forceinline__ int document_end(const int32_t* starts, int j, int T)
   }
   return lo;
 }
-
-struct AttentionForwardParams {
-  const bf16* qkv;
-  bf16* out;
-  float* lse;
-  int64_t width;  // elements per token of qkv: (H + 2 KV) D
-  const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
-  int seq, heads, kv_heads, group, window;
-  bool causal;
-  float scale, scale_log2;
-};
 
 struct AttentionBackwardParams {
   const bf16* qkv;
@@ -1120,6 +1074,11 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
   p.out = static_cast<bf16*>(out);
   p.lse = lse;
   const int batch = static_cast<int>(s.batch);
+  if (options.forward_warpgroup && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
+      attention_forward_hopper_available(s.head_dim)) {
+    attention_forward_hopper(p, batch, stream);
+    return;
+  }
   const bool wide = options.forward_block_n == 64;
   if (s.head_dim == 64) {
     if (options.forward_warps == 4) {

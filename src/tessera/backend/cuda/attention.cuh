@@ -1,6 +1,7 @@
 #pragma once
-// Fused flash attention (FlashAttention-2 algorithm) for Hopper, bf16 in and out, fp32
-// softmax statistics and accumulation. Causal, native sliding window (masked tiles are never
+// Fused flash attention for Hopper, bf16 in and out, fp32 softmax statistics and accumulation:
+// the FlashAttention-2 algorithm on warp MMAs, and at head_dim 128 on sm_90a a forward in
+// FlashAttention-3's structure (warpgroup MMAs, TMA, a producer warp). Causal, native sliding window (masked tiles are never
 // visited), grouped-query attention reading the shared K/V heads in place, head_dim 64/128.
 // Include from .cu files only (cudaStream_t).
 //
@@ -26,6 +27,10 @@ size_t attention_backward_scratch_bytes(const AttentionShape& s);
 // Choices the entry points above make with the defaults; exposed so that dev/attention can
 // time the alternatives on the device and the defaults can follow the measurement.
 struct AttentionOptions {
+  // The forward on warpgroup MMAs fed by TMA (attention_hopper.cu) where the build and the
+  // device have them (sm_90a, head_dim 128, qkv 16-byte aligned); false, or elsewhere: the
+  // warp-MMA forward below, shaped by forward_warps and forward_block_n.
+  bool forward_warpgroup = true;
   // Forward CTA: 128 query rows. 4 warps own 32 rows each (half the shared-memory reads
   // per MMA, 255 registers, 2 CTAs = 8 warps per SM) or 8 warps own 16 rows each (128
   // registers, 16 warps per SM to hide latency).

@@ -1,0 +1,66 @@
+#pragma once
+// What the two flash-attention forward kernels share: the launch parameters, the masking
+// rules (which tiles need element masks, where a row's document starts) and the few PTX
+// helpers both use. attention.cu holds the FlashAttention-2 kernels on warp MMAs (every
+// architecture the build targets, head_dim 64 and 128); attention_hopper.cu the forward on
+// warpgroup MMAs fed by TMA (sm_90a, head_dim 128). Include from .cu files only.
+#include <cstdint>
+
+#include "tessera/backend/cuda/vendor.h"
+
+namespace tessera::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttentionForwardParams {
+  const bf16* qkv;
+  bf16* out;
+  float* lse;
+  int64_t width;  // elements per token of qkv: (H + 2 KV) D
+  const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
+  int seq, heads, kv_heads, group, window;
+  bool causal;
+  float scale, scale_log2;
+};
+
+// Whether this build and the current device run attention_forward_hopper for head_dim `d`:
+// sm_90 devices with the kernels compiled for sm_90a, d = 128.
+bool attention_forward_hopper_available(int64_t head_dim);
+// The forward on warpgroup MMAs (attention_hopper.cu): same contract as the FA2 forward.
+void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream);
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two fp32 values -> one bf16x2 register (round to nearest even), the lower column in the
+// low half as the MMA fragments expect; cvt puts its first source in the upper half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Whether the tile of queries [q0, q_last] x keys [k0, k0 + block_n) holds a pair that must be
+// masked: a key past T, a key above the first query's diagonal, a key at or left of the last
+// query's window edge, or a key before the last query's document (`last_start`: the first
+// token of it, 0 without documents). Tiles entirely inside the visible band skip element masks.
+__device__ __forceinline__ bool tile_needs_mask(int q0, int q_last, int k0, int block_n, int T,
+                                                bool causal, int window, int last_start) {
+  return k0 + block_n > T || (causal && k0 + block_n - 1 > q0) ||
+         (window > 0 && k0 <= q_last - window) || k0 < last_start;
+}
+
+// The first key query i sees for its document: starts[i] (this sequence's document starts,
+// null without documents), for i < T; a row past T takes row T - 1's, so it stays finite.
+__device__ __forceinline__ int document_start(const int32_t* starts, int i, int T) {
+  return starts ? starts[min(i, T - 1)] : 0;
+}
+
+}  // namespace tessera::cuda

@@ -1,0 +1,493 @@
+// Flash-attention forward for Hopper (sm_90a): the FlashAttention-3 structure. A producer warp
+// loads Q once and K/V tiles into a two-stage ring with TMA (mbarrier-tracked, 128-byte
+// swizzled boxes, rows past T zero-filled by the copy engine); two consumer warpgroups own 64
+// query rows each and run S = Q K^T and O += P V as warpgroup MMAs (wgmma m64n128k16: Q and K
+// from shared memory, P from registers, V read transposed from shared memory), with the online
+// softmax in registers between them.
+//
+// Why this beats attention.cu's warp-MMA forward at head_dim 128: a wgmma reads its B operand
+// from shared memory once for the warpgroup's 64 rows (mma.sync re-reads it per warp through
+// ldmatrix, which caps the tensor cores at the shared-memory port), and TMA frees the
+// consumers from address arithmetic and copy issue. The softmax of one tile overlaps the MMAs
+// two ways: the two consumer warpgroups run independently (one's exponentials while the
+// other's MMAs), and within a warpgroup S of tile n+1 is issued before P V of tile n, so the
+// tensor cores work while the softmax of tile n+1 runs (FA3's intra-warpgroup overlap).
+//
+// The masks are attention.cu's: causal, sliding window, packed documents (attention_common.cuh),
+// element masks only on tiles that hold an invisible pair, tiles with no visible pair never
+// loaded. Grid order as there: the heaviest query tiles start first.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "tessera/backend/cuda/attention_common.cuh"
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/core/error.h"
+
+namespace tessera::cuda {
+
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBlockM = 128;  // query rows per CTA: 64 per consumer warpgroup
+constexpr int kBlockN = 128;  // keys per tile
+constexpr int kStages = 2;
+constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
+constexpr int kConsumerWarps = 8;
+constexpr uint32_t kHalfBytes = kBlockN * 64 * 2;  // one TMA box: 128 rows x 64 columns
+constexpr uint32_t kTileBytes = 2 * kHalfBytes;     // 128 rows x 128 columns (Q, a K or V stage)
+// Shared memory from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
+// and wgmma's descriptors assume atoms that start on that boundary).
+constexpr uint32_t kQOffset = 0;
+constexpr uint32_t kKOffset = kTileBytes;
+constexpr uint32_t kVOffset = kKOffset + kStages * kTileBytes;
+constexpr uint32_t kBarrierOffset = kVOffset + kStages * kTileBytes;
+constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;  // 9 barriers, alignment slack
+
+// ---- mbarrier, TMA and wgmma wrappers (sm_90a) ----
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Returns once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
+// waiting on parity 1 returns at once: the producer's first pass over the ring waits on the
+// "previous" phase of the empty barriers and finds every stage free.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// One 64-column x 128-row box of the (B, T, width) qkv tensor at (column c0, token t0, batch b).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                         int t0, int b) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(t0), "r"(b)
+      : "memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle. K-major operands (Q, K: 64-element rows
+// of 128 bytes, 8-row atoms 1024 bytes apart) take lbo unused and sbo 1024; V read as an
+// MN-major B takes lbo = the distance between its two 64-column halves, sbo 1024.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
+         static_cast<uint64_t>(sbo >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across the asynchronous MMAs.
+__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+#define TS_ACC8(i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TS_ACC64 \
+  TS_ACC8(0), TS_ACC8(8), TS_ACC8(16), TS_ACC8(24), TS_ACC8(32), TS_ACC8(40), TS_ACC8(48), TS_ACC8(56)
+#define TS_ACC_LIST                                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "    \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "    \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+// d (64 x 128, fp32) = or += A (64 x 16, shared, K-major) B^T (B: 128 x 16, shared, K-major).
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TS_ACC_LIST
+      ", %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : TS_ACC64
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d += A (64 x 16, registers: the mma.sync m16n8k16 A fragment per warp) B (16 x 128, shared,
+// MN-major: the V tile's rows are keys, its 128 columns contiguous).
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TS_ACC_LIST
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : TS_ACC64
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+#undef TS_ACC_LIST
+#undef TS_ACC64
+#undef TS_ACC8
+
+// ---- the kernel ----
+//
+// Accumulator layout of a consumer thread (warp w of its warpgroup, g = lane / 4, t = lane % 4):
+// rows 16 w + g and 16 w + g + 8 of the warpgroup's 64; for each 8-column chunk c, d[4c],
+// d[4c + 1] are columns 8c + 2t, 8c + 2t + 1 of the first row and d[4c + 2], d[4c + 3] those of
+// the second: mma.sync's C layout, chunk after chunk, which is also its A layout, so P goes
+// from the S accumulators into the P V MMA without leaving registers.
+
+struct ConsumerState {
+  float o[64];
+  float row_max[2], row_sum[2];
+};
+
+// Masks S (raw scores) where needed, folds the tile into the running max and sum, leaves
+// exp2-scaled probabilities in s and returns each row's rescale factor for O.
+__device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, float (&alpha)[2],
+                                             bool boundary, int row0, int k0, int t,
+                                             const AttentionForwardParams& p, const int32_t* starts) {
+  const int T = p.seq;
+  if (boundary) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row0 + 8 * r;
+      const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_start(starts, i, T)) - k0 - 2 * t;
+      const int hi = min(p.causal ? i : T - 1, T - 1) - k0 - 2 * t;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * c + e;
+          if (col < lo || col > hi) s[4 * c + 2 * r + e] = -INFINITY;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = st.row_max[r];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+    mx = fmaxf(mx, warp_shfl_xor(mx, 1));
+    mx = fmaxf(mx, warp_shfl_xor(mx, 2));
+    // A row with nothing visible so far keeps max -inf; 0 as the subtrahend makes its
+    // exponents exp2(-inf) = 0 rather than NaN.
+    const float m_scaled = mx == -INFINITY ? 0.f : mx * p.scale_log2;
+    alpha[r] = fast_exp2(st.row_max[r] * p.scale_log2 - m_scaled);
+    st.row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = fast_exp2(fmaf(s[4 * c + 2 * r + e], p.scale_log2, -m_scaled));
+        s[4 * c + 2 * r + e] = pv;
+        sum += pv;
+      }
+    }
+    // Partial sums per thread; the quad's are combined once, in the epilogue.
+    st.row_sum[r] = st.row_sum[r] * alpha[r] + sum;
+  }
+}
+
+__device__ __forceinline__ void rescale(ConsumerState& st, const float (&alpha)[2]) {
+#pragma unroll
+  for (int c = 0; c < 16; ++c) {
+    st.o[4 * c] *= alpha[0];
+    st.o[4 * c + 1] *= alpha[0];
+    st.o[4 * c + 2] *= alpha[1];
+    st.o[4 * c + 3] *= alpha[1];
+  }
+}
+
+// P (bf16) as the A fragments of the 8 k-steps of P V: keys 16 kk .. 16 kk + 15 are chunks
+// 2 kk and 2 kk + 1 of S.
+__device__ __forceinline__ void probabilities_to_a(uint32_t (&pa)[8][4], const float (&s)[64]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    pa[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap qkv_map,
+                                    const AttentionForwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - raw);
+  const uint32_t sQ = base + kQOffset, sK = base + kKOffset, sV = base + kVOffset;
+  const uint32_t bars = base + kBarrierOffset;
+  const uint32_t full_q = bars;
+  auto full_k = [&](int s) { return bars + 8 + 8 * s; };
+  auto full_v = [&](int s) { return bars + 24 + 8 * s; };
+  auto empty_k = [&](int s) { return bars + 40 + 8 * s; };
+  auto empty_v = [&](int s) { return bars + 56 + 8 * s; };
+
+  const int T = p.seq;
+  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
+  const int q0 = m_tile * kBlockM;
+  const int q_last = min(q0 + kBlockM, T) - 1;
+  const int32_t* const starts =
+      p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
+  const int last_start = document_start(starts, q_last, T);
+  // Keys visible from some row of the tile (attention.cu's forward has the same range).
+  const int kv_first = max(p.window > 0 ? max(0, q0 - p.window + 1) : 0, document_start(starts, q0, T));
+  const int kv_end = p.causal ? q_last + 1 : T;
+  const int n_begin = kv_first / kBlockN, n_end = (kv_end + kBlockN - 1) / kBlockN;
+
+  if (threadIdx.x == 0) {
+    mbar_init(full_q, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty_k(s), kConsumerWarps);
+      mbar_init(empty_v(s), kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int warp_group = threadIdx.x / 128;
+  if (warp_group == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      const int q_col = h * kD, k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
+      mbar_expect_tx(full_q, kTileBytes);
+      tma_load(sQ, &qkv_map, full_q, q_col, q0, b);
+      tma_load(sQ + kHalfBytes, &qkv_map, full_q, q_col + 64, q0, b);
+      for (int n = n_begin, i = 0; n < n_end; ++n, ++i) {
+        const int s = i % kStages;
+        const uint32_t parity = ((i / kStages) & 1) ^ 1;
+        const int k0 = n * kBlockN;
+        mbar_wait(empty_k(s), parity);
+        mbar_expect_tx(full_k(s), kTileBytes);
+        tma_load(sK + s * kTileBytes, &qkv_map, full_k(s), k_col, k0, b);
+        tma_load(sK + s * kTileBytes + kHalfBytes, &qkv_map, full_k(s), k_col + 64, k0, b);
+        mbar_wait(empty_v(s), parity);
+        mbar_expect_tx(full_v(s), kTileBytes);
+        tma_load(sV + s * kTileBytes, &qkv_map, full_v(s), v_col, k0, b);
+        tma_load(sV + s * kTileBytes + kHalfBytes, &qkv_map, full_v(s), v_col + 64, k0, b);
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+
+  const int consumer = warp_group - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int local_row0 = consumer * 64 + warp * 16 + g;  // this thread's first row in the CTA
+  const int row0 = q0 + local_row0;
+  const bool arrives = lane == 0;
+
+  // Q's k-step kk: 64-column half kk / 4, 32 bytes per k-step inside the 128-byte row; this
+  // warpgroup's rows start 64 rows (8 KiB) into each half.
+  auto q_desc = [&](int kk) {
+    return smem_desc(sQ + (kk / 4) * kHalfBytes + consumer * 64 * 128 + (kk % 4) * 32, 16, 1024);
+  };
+  auto k_desc = [&](int s, int kk) {
+    return smem_desc(sK + s * kTileBytes + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, 1024);
+  };
+  // V's k-step kk is keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes further.
+  auto v_desc = [&](int s, int kk) {
+    return smem_desc(sV + s * kTileBytes + kk * 16 * 128, kHalfBytes, 1024);
+  };
+
+  ConsumerState st;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) st.o[i] = 0.f;
+  st.row_max[0] = st.row_max[1] = -INFINITY;
+  st.row_sum[0] = st.row_sum[1] = 0.f;
+
+  float s_acc[64];
+  uint32_t pa[8][4];
+  float alpha[2];
+  mbar_wait(full_q, 0);
+
+  // Tile n_begin: S, softmax, P.
+  {
+    mbar_wait(full_k(0), 0);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss(s_acc, q_desc(kk), k_desc(0, kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s_acc);
+    if (arrives) mbar_arrive(empty_k(0));
+    const int k0 = n_begin * kBlockN;
+    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window, last_start),
+                 row0, k0, t, p, starts);
+    probabilities_to_a(pa, s_acc);
+  }
+  // Tile n: S of n is issued before P V of n - 1, so the tensor cores have the second while
+  // the softmax of the first runs; O is rescaled only once P V of n - 1 has landed.
+  for (int n = n_begin + 1, i = 1; n < n_end; ++n, ++i) {
+    const int s = i % kStages, prev = (i - 1) % kStages;
+    const uint32_t parity = (i / kStages) & 1, prev_parity = ((i - 1) / kStages) & 1;
+    mbar_wait(full_k(s), parity);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss(s_acc, q_desc(kk), k_desc(s, kk), kk > 0);
+    wgmma_commit();
+    mbar_wait(full_v(prev), prev_parity);
+    fence_accumulators(st.o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs(st.o, pa[kk], v_desc(prev, kk));
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_accumulators(s_acc);
+    if (arrives) mbar_arrive(empty_k(s));
+    const int k0 = n * kBlockN;
+    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window, last_start),
+                 row0, k0, t, p, starts);
+    wgmma_wait<0>();
+    fence_accumulators(st.o);
+    if (arrives) mbar_arrive(empty_v(prev));
+    rescale(st, alpha);
+    probabilities_to_a(pa, s_acc);
+  }
+  // P V of the last tile. (The first tile's alpha was 0 against an O of zeros: nothing to rescale.)
+  {
+    const int last = n_end - 1 - n_begin;
+    const int s = last % kStages;
+    mbar_wait(full_v(s), (last / kStages) & 1);
+    wgmma_fence();
+    fence_accumulators(st.o);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs(st.o, pa[kk], v_desc(s, kk));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(st.o);
+  }
+
+  // Epilogue: normalise, write lse, stage O (bf16) in this warp's own rows of the Q tile, in
+  // Q's swizzled layout, then store 16-byte chunks of whole rows.
+  const int64_t stat_row = (static_cast<int64_t>(b) * p.heads + h) * T;
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = st.row_sum[r];
+    l += warp_shfl_xor(l, 1);
+    l += warp_shfl_xor(l, 2);
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    const int i = row0 + 8 * r;
+    if (t == 0 && i < T) p.lse[stat_row + i] = l > 0.f ? st.row_max[r] * p.scale + logf(l) : -INFINITY;
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  auto staged = [&](int row, int col) {  // byte offset of (row, col) in the swizzled Q tile
+    return (col / 64) * kHalfBytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) << 4) + (col % 8) * 2;
+  };
+#pragma unroll
+  for (int c = 0; c < 16; ++c) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      *reinterpret_cast<uint32_t*>(smem + kQOffset + staged(local_row0 + 8 * r, 8 * c + 2 * t)) =
+          pack_bf16(st.o[4 * c + 2 * r] * inv[r], st.o[4 * c + 2 * r + 1] * inv[r]);
+    }
+  }
+  __syncwarp();
+  const int warp_row0 = consumer * 64 + warp * 16;
+  const int64_t out_stride = static_cast<int64_t>(p.heads) * kD;
+  bf16* const out = p.out + (static_cast<int64_t>(b) * T + q0) * out_stride + h * kD;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const int chunk = lane + 32 * k;  // 16 rows x 16 chunks of 8 columns
+    const int row = warp_row0 + chunk / 16, col = (chunk % 16) * 8;
+    if (q0 + row < T) {
+      *reinterpret_cast<uint4*>(out + row * out_stride + col) =
+          *reinterpret_cast<const uint4*>(smem + kQOffset + staged(row, col));
+    }
+  }
+#else
+  __trap();  // compiled without sm_90a; attention_forward_hopper_available() said no
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    TS_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                   cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      throw InternalError("attention: the driver has no cuTensorMapEncodeTiled");
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+}  // namespace
+
+bool attention_forward_hopper_available(int64_t head_dim) {
+#if defined(TESSERA_CUDA_SM90A)
+  if (head_dim != kD) return false;
+  int device = 0, major = 0, minor = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major == 9 && minor == 0;
+#else
+  (void)head_dim;
+  return false;
+#endif
+}
+
+void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream) {
+  // The whole qkv tensor as (batch, token, element): TMA's boxes are 128 tokens x 64 elements,
+  // tokens past T read as zeros. Its strides must be multiples of 16 bytes, which a width of
+  // whole 128-element heads is.
+  CUtensorMap map;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.width), static_cast<cuuint64_t>(p.seq),
+                              static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.width) * 2,
+                                 static_cast<cuuint64_t>(p.width) * 2 * static_cast<cuuint64_t>(p.seq)};
+  const cuuint32_t box[3] = {64, kBlockN, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult made = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(p.qkv), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (made != CUDA_SUCCESS) {
+    throw InternalError("attention: cuTensorMapEncodeTiled failed (" + std::to_string(made) +
+                        ") for qkv width " + std::to_string(p.width) + ", T " + std::to_string(p.seq));
+  }
+  // Per device, and cheap: set on every launch as attention.cu's kernels do.
+  TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemBytes)));
+  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, batch);
+  attention_forward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(map, p);
+  TS_CUDA_CHECK_LAUNCH("attention_forward_hopper_kernel");
+}
+
+}  // namespace tessera::cuda
