@@ -202,32 +202,6 @@ __device__ __forceinline__ void store_pair(uint8_t* tile_byte, float lo, float h
 
 }  // namespace
 
-// One past the last query of key j's document (T without documents): the first i > j whose
-// document starts after j. Starts never decrease along the sequence, so it is a bisection.
-__device__ __forceinline__ int document_end(const int32_t* starts, int j, int T) {
-  if (!starts) return T;
-  int lo = j + 1, hi = T;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (starts[mid] > j) hi = mid; else lo = mid + 1;
-  }
-  return lo;
-}
-
-struct AttentionBackwardParams {
-  const bf16* qkv;
-  const bf16* dout;
-  const float* lse2;   // (B, H, T) lse * log2(e)
-  const float* delta;  // (B, H, T) rowsum(dout * out)
-  bf16* dqkv;
-  float* dq_accum;  // (B, T, H, D) fp32, atomic dQ mode only
-  int64_t width;
-  const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
-  int seq, heads, kv_heads, group, window;
-  bool causal;
-  float scale, scale_log2;
-};
-
 // ---------------------------------------------------------------------------------------
 // Forward. CTA: kBlockM = 128 query rows of one (b, h), kWarps warps owning kBlockM/kWarps
 // consecutive rows each. Per key tile (kBlockN = 64 or 32 keys): S = Q K^T in registers, mask if
@@ -1020,6 +994,17 @@ void launch_forward(const AttentionForwardParams& p, int batch, cudaStream_t str
   TS_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
+// dQ from the fp32 atomic accumulator to bf16 in dqkv, times the softmax scale.
+template <int kD>
+void launch_dq_convert(const AttentionBackwardParams& p, int batch, cudaStream_t stream) {
+  const int64_t rows = static_cast<int64_t>(batch) * p.seq * p.heads;
+  const int64_t threads = rows * (kD / 8);
+  attention_backward_dq_convert_kernel<kD>
+      <<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+          p.dqkv, p.dq_accum, p.width, p.heads, p.scale, rows);
+  TS_CUDA_CHECK_LAUNCH("attention_backward_dq_convert_kernel");
+}
+
 template <int kD>
 void launch_backward(const AttentionBackwardParams& p, int batch, bool deterministic,
                      cudaStream_t stream) {
@@ -1047,16 +1032,14 @@ void launch_backward(const AttentionBackwardParams& p, int batch, bool determini
     kernel<<<grid, kDkdvBlockN / 16 * 32, smem, stream>>>(p);
     TS_CUDA_CHECK_LAUNCH("attention_backward_dkdv_kernel");
 
-    const int64_t rows = static_cast<int64_t>(batch) * p.seq * p.heads;
-    const int64_t threads = rows * (kD / 8);
-    attention_backward_dq_convert_kernel<kD>
-        <<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
-            p.dqkv, p.dq_accum, p.width, p.heads, p.scale, rows);
-    TS_CUDA_CHECK_LAUNCH("attention_backward_dq_convert_kernel");
+    launch_dq_convert<kD>(p, batch, stream);
   }
 }
 
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
+
+// TMA reads its tensors from 16-byte aligned addresses.
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -1074,8 +1057,8 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
   p.out = static_cast<bf16*>(out);
   p.lse = lse;
   const int batch = static_cast<int>(s.batch);
-  if (options.forward_warpgroup && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
-      attention_forward_hopper_available(s.head_dim)) {
+  if (options.forward_warpgroup && aligned16(qkv) &&
+      attention_hopper_available(s.head_dim)) {
     attention_forward_hopper(p, batch, stream);
     return;
   }
@@ -1143,6 +1126,12 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
   TS_CUDA_CHECK_LAUNCH("attention_backward_preprocess_kernel");
 
   const int batch = static_cast<int>(s.batch);
+  if (!options.deterministic && options.backward_warpgroup && aligned16(qkv) && aligned16(dout) &&
+      attention_hopper_available(s.head_dim)) {
+    attention_backward_hopper(p, batch, stream);
+    launch_dq_convert<128>(p, batch, stream);
+    return;
+  }
   if (s.head_dim == 64) {
     launch_backward<64>(p, batch, options.deterministic, stream);
   } else {

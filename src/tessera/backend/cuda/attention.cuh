@@ -39,9 +39,13 @@ struct AttentionOptions {
   // 32 halves the S registers.
   int forward_block_n = 64;
   // true: dQ by its own kernel that loops over key tiles (bit-reproducible, recomputes P
-  // and dP: 7 instead of 5 tile GEMMs). false: the dK/dV kernel adds dS K into an fp32
-  // buffer with atomics (FlashAttention-2's choice; summation order varies run to run).
-  bool deterministic = true;
+  // and dP: 7 instead of 5 tile GEMMs; warp MMAs only). false: the dK/dV kernel adds dS K into
+  // an fp32 buffer with atomics (FlashAttention's and cuDNN's default; summation order varies
+  // run to run).
+  bool deterministic = false;
+  // With deterministic false: the backward on warpgroup MMAs (attention_hopper_backward.cu)
+  // where the forward's warpgroup kernel runs; false: the warp-MMA kernels.
+  bool backward_warpgroup = true;
 };
 
 void attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s,

@@ -23,11 +23,28 @@ struct AttentionForwardParams {
   float scale, scale_log2;
 };
 
-// Whether this build and the current device run attention_forward_hopper for head_dim `d`:
+struct AttentionBackwardParams {
+  const bf16* qkv;
+  const bf16* dout;
+  const float* lse2;   // (B, H, T) lse * log2(e)
+  const float* delta;  // (B, H, T) rowsum(dout * out)
+  bf16* dqkv;
+  float* dq_accum;  // (B, T, H, D) fp32, atomic dQ mode only
+  int64_t width;
+  const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
+  int seq, heads, kv_heads, group, window;
+  bool causal;
+  float scale, scale_log2;
+};
+
+// Whether this build and the current device run the *_hopper kernels for head_dim `d`:
 // sm_90 devices with the kernels compiled for sm_90a, d = 128.
-bool attention_forward_hopper_available(int64_t head_dim);
+bool attention_hopper_available(int64_t head_dim);
 // The forward on warpgroup MMAs (attention_hopper.cu): same contract as the FA2 forward.
 void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream);
+// The backward's dK, dV (written to p.dqkv) and dQ (added to p.dq_accum, fp32, zeroed by the
+// caller, which converts it after) on warpgroup MMAs, from the preprocessed p.lse2 and p.delta.
+void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cudaStream_t stream);
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -61,6 +78,18 @@ __device__ __forceinline__ bool tile_needs_mask(int q0, int q_last, int k0, int 
 // null without documents), for i < T; a row past T takes row T - 1's, so it stays finite.
 __device__ __forceinline__ int document_start(const int32_t* starts, int i, int T) {
   return starts ? starts[min(i, T - 1)] : 0;
+}
+
+// One past the last query of key j's document (T without documents): the first i > j whose
+// document starts after j. Starts never decrease along the sequence, so it is a bisection.
+__device__ __forceinline__ int document_end(const int32_t* starts, int j, int T) {
+  if (!starts) return T;
+  int lo = j + 1, hi = T;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (starts[mid] > j) hi = mid; else lo = mid + 1;
+  }
+  return lo;
 }
 
 }  // namespace tessera::cuda

@@ -16,20 +16,20 @@
 // The masks are attention.cu's: causal, sliding window, packed documents (attention_common.cuh),
 // element masks only on tiles that hold an invisible pair, tiles with no visible pair never
 // loaded. Grid order as there: the heaviest query tiles start first.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "tessera/backend/cuda/attention_common.cuh"
 #include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/hopper_ptx.cuh"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
 
 namespace {
+
+using namespace hopper;
 
 constexpr int kD = 128;
 constexpr int kBlockM = 128;  // query rows per CTA: 64 per consumer warpgroup
@@ -47,116 +47,7 @@ constexpr uint32_t kVOffset = kKOffset + kStages * kTileBytes;
 constexpr uint32_t kBarrierOffset = kVOffset + kStages * kTileBytes;
 constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;  // 9 barriers, alignment slack
 
-// ---- mbarrier, TMA and wgmma wrappers (sm_90a) ----
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Returns once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
-// waiting on parity 1 returns at once: the producer's first pass over the ring waits on the
-// "previous" phase of the empty barriers and finds every stage free.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// One 64-column x 128-row box of the (B, T, width) qkv tensor at (column c0, token t0, batch b).
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
-                                         int t0, int b) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
-      "%4, %5}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(t0), "r"(b)
-      : "memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle. K-major operands (Q, K: 64-element rows
-// of 128 bytes, 8-row atoms 1024 bytes apart) take lbo unused and sbo 1024; V read as an
-// MN-major B takes lbo = the distance between its two 64-column halves, sbo 1024.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
-         static_cast<uint64_t>(sbo >> 4) << 32 | 1ull << 62;
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Keeps the compiler from moving accumulator accesses across the asynchronous MMAs.
-__device__ __forceinline__ void fence_accumulators(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-#define TS_ACC8(i)                                                                          \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-#define TS_ACC64 \
-  TS_ACC8(0), TS_ACC8(8), TS_ACC8(16), TS_ACC8(24), TS_ACC8(32), TS_ACC8(40), TS_ACC8(48), TS_ACC8(56)
-#define TS_ACC_LIST                                                                               \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "    \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "    \
-  "%56, %57, %58, %59, %60, %61, %62, %63}"
-
-// d (64 x 128, fp32) = or += A (64 x 16, shared, K-major) B^T (B: 128 x 16, shared, K-major).
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TS_ACC_LIST
-      ", %64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : TS_ACC64
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// d += A (64 x 16, registers: the mma.sync m16n8k16 A fragment per warp) B (16 x 128, shared,
-// MN-major: the V tile's rows are keys, its 128 columns contiguous).
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TS_ACC_LIST
-      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-      "}\n"
-      : TS_ACC64
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-#undef TS_ACC_LIST
-#undef TS_ACC64
-#undef TS_ACC8
-
-// ---- the kernel ----
-//
-// Accumulator layout of a consumer thread (warp w of its warpgroup, g = lane / 4, t = lane % 4):
-// rows 16 w + g and 16 w + g + 8 of the warpgroup's 64; for each 8-column chunk c, d[4c],
-// d[4c + 1] are columns 8c + 2t, 8c + 2t + 1 of the first row and d[4c + 2], d[4c + 3] those of
-// the second: mma.sync's C layout, chunk after chunk, which is also its A layout, so P goes
-// from the S accumulators into the P V MMA without leaving registers.
+// ---- the kernel (accumulator layout: hopper_ptx.cuh) ----
 
 struct ConsumerState {
   float o[64];
@@ -271,13 +162,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(empty_k(s), kConsumerWarps);
       mbar_init(empty_v(s), kConsumerWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 
   const int warp_group = threadIdx.x / 128;
   if (warp_group == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    release_registers<40>();
     if (threadIdx.x == 0) {
       const int q_col = h * kD, k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
       mbar_expect_tx(full_q, kTileBytes);
@@ -299,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  claim_registers<232>();
 
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -337,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(full_k(0), 0);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss(s_acc, q_desc(kk), k_desc(0, kk), kk > 0);
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128_ss(s_acc, q_desc(kk), k_desc(0, kk), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(s_acc);
@@ -355,13 +246,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(full_k(s), parity);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_ss(s_acc, q_desc(kk), k_desc(s, kk), kk > 0);
+    for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128_ss(s_acc, q_desc(kk), k_desc(s, kk), kk > 0);
     wgmma_commit();
     mbar_wait(full_v(prev), prev_parity);
     fence_accumulators(st.o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs(st.o, pa[kk], v_desc(prev, kk));
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n128_rs(st.o, pa[kk], v_desc(prev, kk));
     wgmma_commit();
     wgmma_wait<1>();
     fence_accumulators(s_acc);
@@ -383,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     fence_accumulators(st.o);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_rs(st.o, pa[kk], v_desc(s, kk));
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n128_rs(st.o, pa[kk], v_desc(s, kk));
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(st.o);
@@ -402,10 +293,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int i = row0 + 8 * r;
     if (t == 0 && i < T) p.lse[stat_row + i] = l > 0.f ? st.row_max[r] * p.scale + logf(l) : -INFINITY;
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  auto staged = [&](int row, int col) {  // byte offset of (row, col) in the swizzled Q tile
-    return (col / 64) * kHalfBytes + row * 128 + ((((col % 64) / 8) ^ (row % 8)) << 4) + (col % 8) * 2;
-  };
+  fence_async_shared();
+  auto staged = [&](int row, int col) { return swizzled_offset(kBlockM, row, col); };
 #pragma unroll
   for (int c = 0; c < 16; ++c) {
 #pragma unroll
@@ -428,11 +317,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 #else
-  __trap();  // compiled without sm_90a; attention_forward_hopper_available() said no
+  __trap();  // compiled without sm_90a; attention_hopper_available() said no
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+}  // namespace
+
+CUtensorMap hopper::bf16_tensor_map(const void* base, int rank, const uint64_t* dims,
+                                    const uint64_t* strides, const uint32_t* box) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -443,12 +335,28 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  return encode;
+  CUtensorMap map;
+  cuuint64_t global_dims[3], global_strides[2];
+  cuuint32_t box_dims[3], element_strides[3] = {1, 1, 1};
+  for (int i = 0; i < rank; ++i) {
+    global_dims[i] = dims[i];
+    box_dims[i] = box[i];
+    if (i > 0) global_strides[i - 1] = strides[i - 1];
+  }
+  const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
+                               const_cast<void*>(base), global_dims, global_strides, box_dims,
+                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (made != CUDA_SUCCESS) {
+    throw InternalError("attention: cuTensorMapEncodeTiled failed (" + std::to_string(made) +
+                        ") for a tensor of " + std::to_string(dims[0]) + " x " +
+                        std::to_string(dims[1]) + " elements");
+  }
+  return map;
 }
 
-}  // namespace
-
-bool attention_forward_hopper_available(int64_t head_dim) {
+bool attention_hopper_available(int64_t head_dim) {
 #if defined(TESSERA_CUDA_SM90A)
   if (head_dim != kD) return false;
   int device = 0, major = 0, minor = 0;
@@ -463,24 +371,15 @@ bool attention_forward_hopper_available(int64_t head_dim) {
 }
 
 void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream) {
-  // The whole qkv tensor as (batch, token, element): TMA's boxes are 128 tokens x 64 elements,
-  // tokens past T read as zeros. Its strides must be multiples of 16 bytes, which a width of
-  // whole 128-element heads is.
-  CUtensorMap map;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.width), static_cast<cuuint64_t>(p.seq),
-                              static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.width) * 2,
-                                 static_cast<cuuint64_t>(p.width) * 2 * static_cast<cuuint64_t>(p.seq)};
-  const cuuint32_t box[3] = {64, kBlockN, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult made = tensor_map_encoder()(
-      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(p.qkv), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (made != CUDA_SUCCESS) {
-    throw InternalError("attention: cuTensorMapEncodeTiled failed (" + std::to_string(made) +
-                        ") for qkv width " + std::to_string(p.width) + ", T " + std::to_string(p.seq));
-  }
+  // The whole qkv tensor as (batch, token, element): boxes of 128 tokens x 64 elements, tokens
+  // past T read as zeros. Its strides must be multiples of 16 bytes, which a width of whole
+  // 128-element heads is.
+  const uint64_t dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq),
+                            static_cast<uint64_t>(batch)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(p.width) * 2,
+                               static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
+  const uint32_t box[3] = {64, kBlockN, 1};
+  const CUtensorMap map = bf16_tensor_map(p.qkv, 3, dims, strides, box);
   // Per device, and cheap: set on every launch as attention.cu's kernels do.
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -1,0 +1,323 @@
+// Flash-attention backward for Hopper (sm_90a, head_dim 128): dK and dV of one block of 128
+// keys per CTA, dQ added to an fp32 buffer, in FlashAttention-3's structure. A producer
+// warpgroup loads the block's K and V once (TMA), then for every query head of the GQA group
+// and every query tile of 64 rows that sees a key of the block, Q and dO (TMA) and lse2 and
+// delta (plain loads) into a two-stage ring. Two consumer warpgroups own 64 keys each and per
+// query tile run, as warpgroup MMAs:
+//   S^T = K Q^T, dP^T = V dO^T          (64 keys x 64 queries, shared x shared)
+//   P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - delta)     (registers)
+//   dV += P^T dO, dK += dS^T Q          (64 keys x 128, P^T and dS^T straight from registers)
+//   dQ[:, 64 w .. 64 w + 63] = dS K     (dS^T of both warpgroups through shared memory)
+// and add their half of dQ to the fp32 buffer with 8-byte atomics (so the sum over key blocks
+// varies in order run to run, as in FlashAttention and cuDNN's default; attention.cu's
+// deterministic mode stays on its own kernels). The transposed S^T and dP^T are what let P
+// and dS feed dV and dK without a trip through shared memory. dK, dV stay in registers for
+// the whole group, so GQA's sum over query heads is exact and needs no scratch.
+//
+// Masks are the forward's (attention_common.cuh) seen from the key side: query tiles with no
+// visible pair are never visited, element masks only where a tile holds an invisible pair.
+#include <cmath>
+#include <cstdint>
+
+#include "tessera/backend/cuda/attention_common.cuh"
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/hopper_ptx.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+using namespace hopper;
+
+constexpr int kD = 128;
+constexpr int kBlockN = 128;  // keys per CTA: 64 per consumer warpgroup
+constexpr int kBlockM = 64;   // query rows per tile
+constexpr int kStages = 2;
+constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
+constexpr int kConsumerThreads = 256;
+constexpr int kConsumerWarps = 8;
+constexpr uint32_t kKVBytes = kBlockN * kD * 2;  // K or V: 32 KiB, two 64-column blocks
+constexpr uint32_t kQBytes = kBlockM * kD * 2;   // a Q or dO stage: 16 KiB
+constexpr uint32_t kQBlockBytes = kBlockM * 128;  // one 64-column block of a Q or dO stage
+constexpr uint32_t kKVBlockBytes = kBlockN * 128;
+// Shared memory from a 1024-byte aligned base.
+constexpr uint32_t kKOffset = 0;
+constexpr uint32_t kVOffset = kKOffset + kKVBytes;
+constexpr uint32_t kQOffset = kVOffset + kKVBytes;
+constexpr uint32_t kDOOffset = kQOffset + kStages * kQBytes;
+constexpr uint32_t kDSOffset = kDOOffset + kStages * kQBytes;  // dS^T: 128 keys x 64 queries
+constexpr uint32_t kStatsOffset = kDSOffset + kBlockN * kBlockM * 2;  // lse2, delta per stage
+constexpr uint32_t kBarrierOffset = kStatsOffset + kStages * 2 * kBlockM * 4;
+constexpr size_t kSmemBytes = kBarrierOffset + 64 + 1024;  // 5 barriers, alignment slack
+// The producer's 128 threads each publish one lse2 or delta value, the first also the TMA
+// bytes: 129 arrivals complete a stage.
+constexpr uint32_t kStageArrivals = 129;
+constexpr int kBarrierDsFree = 1, kBarrierDsWritten = 2;  // named barriers of the consumers
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap qkv_map,
+                                     const __grid_constant__ CUtensorMap dout_map,
+                                     const AttentionBackwardParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - raw);
+  const uint32_t sK = base + kKOffset, sV = base + kVOffset, sDS = base + kDSOffset;
+  auto sQ = [&](int s) { return base + kQOffset + s * kQBytes; };
+  auto sDO = [&](int s) { return base + kDOOffset + s * kQBytes; };
+  float* const stats = reinterpret_cast<float*>(smem + kStatsOffset);  // [stage][lse2 | delta][64]
+  const uint32_t bars = base + kBarrierOffset;
+  const uint32_t full_kv = bars;
+  auto full_q = [&](int s) { return bars + 8 + 8 * s; };
+  auto empty_q = [&](int s) { return bars + 24 + 8 * s; };
+
+  const int T = p.seq;
+  const int n_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int k0 = n_tile * kBlockN;
+  const int k_last = min(k0 + kBlockN, T) - 1;
+  const int32_t* const starts =
+      p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
+  const int m_begin = p.causal ? k0 / kBlockM : 0;
+  // Queries that see a key of the block: up to the last key's window edge and document end.
+  const int q_end = min(p.window > 0 ? min(T, k_last + p.window) : T, document_end(starts, k_last, T));
+  const int m_count = (q_end + kBlockM - 1) / kBlockM - m_begin;
+  const int iters = p.group * m_count;
+
+  if (threadIdx.x == 0) {
+    mbar_init(full_kv, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_q(s), kStageArrivals);
+      mbar_init(empty_q(s), kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int warp_group = threadIdx.x / 128;
+  if (warp_group == 0) {
+    release_registers<24>();
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+      const int k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
+      mbar_expect_tx(full_kv, 2 * kKVBytes);
+      for (int half = 0; half < 2; ++half) {
+        for (int rows = 0; rows < 2; ++rows) {
+          const uint32_t at = half * kKVBlockBytes + rows * kQBlockBytes;
+          tma_load(sK + at, &qkv_map, full_kv, k_col + 64 * half, k0 + kBlockM * rows, b);
+          tma_load(sV + at, &qkv_map, full_kv, v_col + 64 * half, k0 + kBlockM * rows, b);
+        }
+      }
+    }
+    for (int it = 0; it < iters; ++it) {
+      const int s = it % kStages;
+      const int h = kvh * p.group + it / m_count;
+      const int m0 = (m_begin + it % m_count) * kBlockM;
+      mbar_wait(empty_q(s), ((it / kStages) & 1) ^ 1);
+      if (tid == 0) {
+        mbar_expect_tx(full_q(s), 2 * kQBytes);
+        for (int half = 0; half < 2; ++half) {
+          tma_load(sQ(s) + half * kQBlockBytes, &qkv_map, full_q(s), h * kD + 64 * half, m0, b);
+          tma_load(sDO(s) + half * kQBlockBytes, &dout_map, full_q(s), h * kD + 64 * half, m0, b);
+        }
+      }
+      // Threads 0-63 lse2, 64-127 delta of the tile's rows; rows past T read as 0 (their Q and
+      // dO are zeros too, so they contribute nothing).
+      const int row = m0 + tid % kBlockM;
+      const float* const src = tid < kBlockM ? p.lse2 : p.delta;
+      stats[(s * 2 + tid / kBlockM) * kBlockM + tid % kBlockM] =
+          row < T ? src[(static_cast<int64_t>(b) * p.heads + h) * T + row] : 0.f;
+      mbar_arrive(full_q(s));
+    }
+    return;
+  }
+  claim_registers<240>();
+
+  const int consumer = warp_group - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int key_row0 = consumer * 64 + warp * 16 + g;  // this thread's first key in the block
+  const bool arrives = lane == 0;
+
+  // S^T = K Q^T: A = this warpgroup's 64 keys of K (K-major), B = the Q tile (K-major).
+  auto kv_desc = [&](uint32_t tile, int kk) {
+    return smem_desc(tile + (kk / 4) * kKVBlockBytes + consumer * kQBlockBytes + (kk % 4) * 32, 16, 1024);
+  };
+  auto q_desc = [&](uint32_t tile, int kk) {
+    return smem_desc(tile + (kk / 4) * kQBlockBytes + (kk % 4) * 32, 16, 1024);
+  };
+  // dV += P^T dO, dK += dS^T Q: B = dO or Q read MN-major, k-step kq = query rows 16 kq...
+  auto q_mn_desc = [&](uint32_t tile, int kq) {
+    return smem_desc(tile + kq * 16 * 128, kQBlockBytes, 1024);
+  };
+  // dQ = dS K: A = dS^T read MN-major (rows are keys), B = K's 64-column block of this
+  // warpgroup read MN-major; k-step kk = keys 16 kk...
+  auto ds_desc = [&](int kk) { return smem_desc(sDS + kk * 16 * 128, kQBlockBytes, 1024); };
+  auto k_mn_desc = [&](int kk) {
+    return smem_desc(sK + consumer * kKVBlockBytes + kk * 16 * 128, kKVBlockBytes, 1024);
+  };
+
+  float dk[64], dv[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
+
+  mbar_wait(full_kv, 0);
+  for (int it = 0; it < iters; ++it) {
+    const int s = it % kStages;
+    const int h = kvh * p.group + it / m_count;
+    const int m0 = (m_begin + it % m_count) * kBlockM;
+    mbar_wait(full_q(s), (it / kStages) & 1);
+
+    float st[32], dpt[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      wgmma_m64n64_ss<0, 0>(st, kv_desc(sK, kk), q_desc(sQ(s), kk), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      wgmma_m64n64_ss<0, 0>(dpt, kv_desc(sV, kk), q_desc(sDO(s), kk), kk > 0);
+    }
+    wgmma_commit();
+
+    // P^T while dP^T is still in flight. Element (r, c, e): key key_row0 + 8 r of the block,
+    // query m0 + 8 c + 2 t + e.
+    const float* const lse2 = stats + (s * 2) * kBlockM;
+    const float* const delta = lse2 + kBlockM;
+    wgmma_wait<1>();
+    fence_accumulators(st);
+    const int q_last = min(m0 + kBlockM, T) - 1;
+    const bool boundary = tile_needs_mask(m0, q_last, k0, kBlockN, T, p.causal, p.window,
+                                          document_start(starts, q_last, T));
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * c + 2 * t + e;
+        const float l2 = lse2[col];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float pv = fast_exp2(fmaf(st[4 * c + 2 * r + e], p.scale_log2, -l2));
+          if (boundary) {
+            const int i = m0 + col, j = k0 + key_row0 + 8 * r;
+            const bool visible = i < T && j < T && (!p.causal || j <= i) &&
+                                 (p.window <= 0 || j > i - p.window) &&
+                                 j >= document_start(starts, i, T);
+            if (!visible) pv = 0.f;
+          }
+          st[4 * c + 2 * r + e] = pv;
+        }
+      }
+    }
+    wgmma_wait<0>();
+    fence_accumulators(dpt);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float dl = delta[8 * c + 2 * t + e];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          dpt[4 * c + 2 * r + e] = st[4 * c + 2 * r + e] * (dpt[4 * c + 2 * r + e] - dl);
+        }
+      }
+    }
+    // P^T and dS^T as A fragments: queries 16 kq .. 16 kq + 15 are chunks 2 kq, 2 kq + 1.
+    uint32_t pa[4][4], dsa[4][4];
+#pragma unroll
+    for (int kq = 0; kq < 4; ++kq) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        pa[kq][q] = pack_bf16(st[8 * kq + 2 * q], st[8 * kq + 2 * q + 1]);
+        dsa[kq][q] = pack_bf16(dpt[8 * kq + 2 * q], dpt[8 * kq + 2 * q + 1]);
+      }
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dv, pa[kq], q_mn_desc(sDO(s), kq));
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dk, dsa[kq], q_mn_desc(sQ(s), kq));
+    wgmma_commit();
+
+    // dS^T to shared memory once both warpgroups' dQ MMAs of the previous tile have read it.
+    named_barrier(kBarrierDsFree, kConsumerThreads);
+#pragma unroll
+    for (int kq = 0; kq < 4; ++kq) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // dsa[kq][r]: row key_row0 + 8 r, queries 16 kq + 2 t; dsa[kq][2 + r]: 8 queries on.
+        const int row = key_row0 + 8 * r;
+        *reinterpret_cast<uint32_t*>(smem + kDSOffset + swizzled_offset(kBlockN, row, 16 * kq + 2 * t)) = dsa[kq][r];
+        *reinterpret_cast<uint32_t*>(smem + kDSOffset + swizzled_offset(kBlockN, row, 16 * kq + 8 + 2 * t)) = dsa[kq][2 + r];
+      }
+    }
+    fence_async_shared();
+    named_barrier(kBarrierDsWritten, kConsumerThreads);
+    float dq[32];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n64_ss<1, 1>(dq, ds_desc(kk), k_mn_desc(kk), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(dq);
+    fence_accumulators(dk);
+    fence_accumulators(dv);
+    if (arrives) mbar_arrive(empty_q(s));
+
+    // This warpgroup's 64 columns of dQ: rows 16 warp + g (+ 8) of the tile.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = m0 + warp * 16 + g + 8 * r;
+      if (i >= T) continue;
+      float* const dst = p.dq_accum + ((static_cast<int64_t>(b) * T + i) * p.heads + h) * kD + consumer * 64 + 2 * t;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        atomicAdd(reinterpret_cast<float2*>(dst + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+      }
+    }
+  }
+
+  // dK (times the softmax scale, which S^T's exponent carried but dS^T Q does not) and dV.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = k0 + key_row0 + 8 * r;
+    if (j >= T) continue;
+    bf16* const row = p.dqkv + (static_cast<int64_t>(b) * T + j) * p.width;
+    bf16* const dk_row = row + static_cast<int64_t>(p.heads + kvh) * kD;
+    bf16* const dv_row = row + static_cast<int64_t>(p.heads + p.kv_heads + kvh) * kD;
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const int col = 8 * c + 2 * t;
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          pack_bf16(dk[4 * c + 2 * r] * p.scale, dk[4 * c + 2 * r + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = pack_bf16(dv[4 * c + 2 * r], dv[4 * c + 2 * r + 1]);
+    }
+  }
+#else
+  __trap();  // compiled without sm_90a; attention_hopper_available() said no
+#endif
+}
+
+}  // namespace
+
+void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cudaStream_t stream) {
+  const uint64_t qkv_dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq),
+                                static_cast<uint64_t>(batch)};
+  const uint64_t qkv_strides[2] = {static_cast<uint64_t>(p.width) * 2,
+                                   static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
+  const uint64_t dout_width = static_cast<uint64_t>(p.heads) * kD;
+  const uint64_t dout_dims[3] = {dout_width, static_cast<uint64_t>(p.seq), static_cast<uint64_t>(batch)};
+  const uint64_t dout_strides[2] = {dout_width * 2, dout_width * 2 * static_cast<uint64_t>(p.seq)};
+  const uint32_t box[3] = {64, kBlockM, 1};
+  const CUtensorMap qkv_map = bf16_tensor_map(p.qkv, 3, qkv_dims, qkv_strides, box);
+  const CUtensorMap dout_map = bf16_tensor_map(p.dout, 3, dout_dims, dout_strides, box);
+  TS_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_hopper_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemBytes)));
+  const dim3 grid((p.seq + kBlockN - 1) / kBlockN, p.kv_heads, batch);
+  attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qkv_map, dout_map, p);
+  TS_CUDA_CHECK_LAUNCH("attention_backward_hopper_kernel");
+}
+
+}  // namespace tessera::cuda

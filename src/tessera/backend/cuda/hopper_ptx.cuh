@@ -1,0 +1,185 @@
+#pragma once
+// Hopper's asynchronous machinery (sm_90a) for the warp-specialised attention kernels
+// (attention_hopper.cu, attention_hopper_backward.cu): mbarriers, TMA tensor copies, named
+// barriers, warpgroup MMAs (wgmma) with shared-memory descriptors, and the host's tensor maps.
+// Every shared-memory operand here is a 128-byte swizzled tile as TMA writes it: rows of 64
+// bf16 (128 bytes), 16-byte chunk c of row r stored at chunk c ^ (r % 8), tiles starting on a
+// 1024-byte boundary (the swizzle's period). Include from .cu files only.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "tessera/backend/cuda/vendor.h"
+
+namespace tessera::cuda::hopper {
+
+// A (rank 2 or 3) bf16 tensor map with 128-byte swizzled boxes; dims innermost first, strides
+// in bytes for dims 1.., box rows of 64 elements (the swizzle span). Out-of-range rows read as
+// zeros. Throws InternalError when the driver refuses it.
+CUtensorMap bf16_tensor_map(const void* base, int rank, const uint64_t* dims,
+                            const uint64_t* strides, const uint32_t* box);
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Makes the initialised barriers visible to the async proxy (TMA) before first use.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// A release: the caller's shared-memory writes are visible to whoever waits on the phase.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Returns once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
+// waiting on parity 1 returns at once: a producer's first pass over a ring waits on the
+// "previous" phase of the empty barriers and finds every stage free.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// One box of a rank-3 tensor map at (c0, c1, c2) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                         int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, "
+      "%4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Orders this thread's generic shared-memory writes before later async-proxy reads (wgmma).
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// Shared-memory matrix descriptor of a 128-byte swizzled operand. K-major (rows along the
+// reduction: Q, K in S = Q K^T): lbo unused, sbo = 1024 (8-row atoms). MN-major (the reduction
+// runs down the rows, e.g. V in P V): lbo = the distance between 64-column blocks, sbo 1024.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
+         static_cast<uint64_t>(sbo >> 4) << 32 | 1ull << 62;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across the asynchronous MMAs.
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Accumulator layout of wgmma m64nN (fp32), thread l of warp w of the warpgroup, g = l / 4,
+// t = l % 4: rows 16 w + g and 16 w + g + 8; for each 8-column chunk c, d[4c], d[4c + 1] are
+// columns 8c + 2t, 8c + 2t + 1 of the first row and d[4c + 2], d[4c + 3] those of the second:
+// mma.sync's C layout chunk after chunk, which is also the A-from-registers layout, so a
+// product goes into the next MMA without leaving registers.
+
+#define TS_ACC8(i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define TS_ACC32 TS_ACC8(0), TS_ACC8(8), TS_ACC8(16), TS_ACC8(24)
+#define TS_ACC64 TS_ACC32, TS_ACC8(32), TS_ACC8(40), TS_ACC8(48), TS_ACC8(56)
+#define TS_LIST32                                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TS_LIST64                                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "    \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "    \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+
+// d (64 x 128, fp32) = (accumulate: +=) A (64 x 16, shared, K-major) B^T (B: 128 x 16, shared,
+// K-major).
+__device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TS_LIST64
+      ", %64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : TS_ACC64
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d (64 x 64) = (+=) A (64 x 16) B (16 x 64), both from shared memory; kTransA / kTransB: the
+// operand is MN-major (its rows run along the reduction) instead of K-major.
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t a, uint64_t b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " TS_LIST32
+      ", %32, %33, p, 1, 1, %35, %36;\n"
+      "}\n"
+      : TS_ACC32
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+}
+
+// d (64 x 128) += A (64 x 16, registers: mma.sync's m16n8k16 A fragment per warp) B (16 x 128,
+// shared, MN-major).
+__device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " TS_LIST64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+      "}\n"
+      : TS_ACC64
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+#undef TS_LIST64
+#undef TS_LIST32
+#undef TS_ACC64
+#undef TS_ACC32
+#undef TS_ACC8
+
+// Byte offset of bf16 element (row, col) in a 128-byte swizzled tile of `rows` rows per
+// 64-column block (blocks stored one after another).
+__device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int col) {
+  return static_cast<uint32_t>((col / 64) * rows * 128 + row * 128 +
+                               ((((col % 64) / 8) ^ (row % 8)) << 4) + (col % 8) * 2);
+}
+
+}  // namespace tessera::cuda::hopper
