@@ -323,8 +323,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-CUtensorMap hopper::bf16_tensor_map(const void* base, int rank, const uint64_t* dims,
-                                    const uint64_t* strides, const uint32_t* box) {
+CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dims)[3],
+                               const uint64_t (&strides)[2], const uint32_t (&box)[3]) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -336,22 +336,15 @@ CUtensorMap hopper::bf16_tensor_map(const void* base, int rank, const uint64_t* 
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   CUtensorMap map;
-  cuuint64_t global_dims[3], global_strides[2];
-  cuuint32_t box_dims[3], element_strides[3] = {1, 1, 1};
-  for (int i = 0; i < rank; ++i) {
-    global_dims[i] = dims[i];
-    box_dims[i] = box[i];
-    if (i > 0) global_strides[i - 1] = strides[i - 1];
-  }
-  const CUresult made = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank),
-                               const_cast<void*>(base), global_dims, global_strides, box_dims,
-                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult made = encode(
+      &map, fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (made != CUDA_SUCCESS) {
     throw InternalError("attention: cuTensorMapEncodeTiled failed (" + std::to_string(made) +
                         ") for a tensor of " + std::to_string(dims[0]) + " x " +
-                        std::to_string(dims[1]) + " elements");
+                        std::to_string(dims[1]) + " x " + std::to_string(dims[2]) + " elements");
   }
   return map;
 }
@@ -379,7 +372,7 @@ void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaSt
   const uint64_t strides[2] = {static_cast<uint64_t>(p.width) * 2,
                                static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
   const uint32_t box[3] = {64, kBlockN, 1};
-  const CUtensorMap map = bf16_tensor_map(p.qkv, 3, dims, strides, box);
+  const CUtensorMap map = tensor_map(p.qkv, false, dims, strides, box);
   // Per device, and cheap: set on every launch as attention.cu's kernels do.
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,

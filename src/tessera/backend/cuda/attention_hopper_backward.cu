@@ -2,15 +2,17 @@
 // keys per CTA, dQ added to an fp32 buffer, in FlashAttention-3's structure. A producer
 // warpgroup loads the block's K and V once (TMA), then for every query head of the GQA group
 // and every query tile of 64 rows that sees a key of the block, Q and dO (TMA) and lse2 and
-// delta (plain loads) into a two-stage ring. Two consumer warpgroups own 64 keys each and per
-// query tile run, as warpgroup MMAs:
+// delta (plain loads) into a two-stage ring; a second producer warp adds each tile's dQ to an
+// fp32 buffer with TMA reductions. Two consumer warpgroups own 64 keys each and per query tile
+// run, as warpgroup MMAs:
 //   S^T = K Q^T, dP^T = V dO^T          (64 keys x 64 queries, shared x shared)
 //   P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - delta)     (registers)
 //   dV += P^T dO, dK += dS^T Q          (64 keys x 128, P^T and dS^T straight from registers)
 //   dQ[:, 64 w .. 64 w + 63] = dS K     (dS^T of both warpgroups through shared memory)
-// and add their half of dQ to the fp32 buffer with 8-byte atomics (so the sum over key blocks
-// varies in order run to run, as in FlashAttention and cuDNN's default; attention.cu's
-// deterministic mode stays on its own kernels). The transposed S^T and dP^T are what let P
+// and hand their half of dQ to the reducing warp through shared memory (so the sum over key
+// blocks varies in order run to run, as in FlashAttention and cuDNN's default; attention.cu's
+// deterministic mode stays on its own kernels). dS^T is double-buffered, so one barrier
+// between the consumer warpgroups per tile suffices (both halves written before dQ reads them). The transposed S^T and dP^T are what let P
 // and dS feed dV and dK without a trip through shared memory. dK, dV stay in registers for
 // the whole group, so GQA's sum over query heads is exact and needs no scratch.
 //
@@ -45,25 +47,33 @@ constexpr uint32_t kKOffset = 0;
 constexpr uint32_t kVOffset = kKOffset + kKVBytes;
 constexpr uint32_t kQOffset = kVOffset + kKVBytes;
 constexpr uint32_t kDOOffset = kQOffset + kStages * kQBytes;
-constexpr uint32_t kDSOffset = kDOOffset + kStages * kQBytes;  // dS^T: 128 keys x 64 queries
-constexpr uint32_t kStatsOffset = kDSOffset + kBlockN * kBlockM * 2;  // lse2, delta per stage
+constexpr uint32_t kDSBytes = kBlockN * kBlockM * 2;  // dS^T: 128 keys x 64 queries, bf16
+constexpr uint32_t kDSOffset = kDOOffset + kStages * kQBytes;  // two buffers
+// dQ of a tile, fp32, per consumer warpgroup: 64 rows x its 64 columns as two 32-column boxes
+// of the reduction's tensor map (128-byte swizzled rows).
+constexpr uint32_t kDQBoxBytes = kBlockM * 128;
+constexpr uint32_t kDQOffset = kDSOffset + 2 * kDSBytes;
+constexpr uint32_t kStatsOffset = kDQOffset + 2 * 2 * kDQBoxBytes;  // lse2, delta per stage
 constexpr uint32_t kBarrierOffset = kStatsOffset + kStages * 2 * kBlockM * 4;
-constexpr size_t kSmemBytes = kBarrierOffset + 64 + 1024;  // 5 barriers, alignment slack
-// The producer's 128 threads each publish one lse2 or delta value, the first also the TMA
-// bytes: 129 arrivals complete a stage.
-constexpr uint32_t kStageArrivals = 129;
-constexpr int kBarrierDsFree = 1, kBarrierDsWritten = 2;  // named barriers of the consumers
+constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;  // 9 barriers, alignment slack
+// The loading warp's 32 lanes publish lse2 and delta, its first lane also the TMA bytes: 33
+// arrivals complete a stage.
+constexpr uint32_t kStageArrivals = 33;
+constexpr int kBarrierDsWritten = 1;  // named barrier of the consumers
 
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap qkv_map,
                                      const __grid_constant__ CUtensorMap dout_map,
+                                     const __grid_constant__ CUtensorMap dq_map,
                                      const AttentionBackwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const smem = smem_raw + (base - raw);
-  const uint32_t sK = base + kKOffset, sV = base + kVOffset, sDS = base + kDSOffset;
+  const uint32_t sK = base + kKOffset, sV = base + kVOffset;
+  auto sDS = [&](int it) { return base + kDSOffset + (it & 1) * kDSBytes; };
+  auto sDQ = [&](int w) { return base + kDQOffset + w * 2 * kDQBoxBytes; };
   auto sQ = [&](int s) { return base + kQOffset + s * kQBytes; };
   auto sDO = [&](int s) { return base + kDOOffset + s * kQBytes; };
   float* const stats = reinterpret_cast<float*>(smem + kStatsOffset);  // [stage][lse2 | delta][64]
@@ -71,6 +81,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full_kv = bars;
   auto full_q = [&](int s) { return bars + 8 + 8 * s; };
   auto empty_q = [&](int s) { return bars + 24 + 8 * s; };
+  auto dq_full = [&](int w) { return bars + 40 + 8 * w; };   // a warpgroup's dQ is staged
+  auto dq_empty = [&](int w) { return bars + 56 + 8 * w; };  // the reduction has read it
 
   const int T = p.seq;
   const int n_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -90,6 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full_q(s), kStageArrivals);
       mbar_init(empty_q(s), kConsumerWarps);
     }
+    for (int w = 0; w < 2; ++w) {
+      mbar_init(dq_full(w), 128);
+      mbar_init(dq_empty(w), 1);
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -97,37 +113,58 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_group = threadIdx.x / 128;
   if (warp_group == 0) {
     release_registers<24>();
-    const int tid = threadIdx.x;
-    if (tid == 0) {
-      const int k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
-      mbar_expect_tx(full_kv, 2 * kKVBytes);
-      for (int half = 0; half < 2; ++half) {
-        for (int rows = 0; rows < 2; ++rows) {
-          const uint32_t at = half * kKVBlockBytes + rows * kQBlockBytes;
-          tma_load(sK + at, &qkv_map, full_kv, k_col + 64 * half, k0 + kBlockM * rows, b);
-          tma_load(sV + at, &qkv_map, full_kv, v_col + 64 * half, k0 + kBlockM * rows, b);
-        }
-      }
-    }
-    for (int it = 0; it < iters; ++it) {
-      const int s = it % kStages;
-      const int h = kvh * p.group + it / m_count;
-      const int m0 = (m_begin + it % m_count) * kBlockM;
-      mbar_wait(empty_q(s), ((it / kStages) & 1) ^ 1);
-      if (tid == 0) {
-        mbar_expect_tx(full_q(s), 2 * kQBytes);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp == 0) {  // loads: K and V once, then Q, dO, lse2, delta per tile
+      if (lane == 0) {
+        const int k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
+        mbar_expect_tx(full_kv, 2 * kKVBytes);
         for (int half = 0; half < 2; ++half) {
-          tma_load(sQ(s) + half * kQBlockBytes, &qkv_map, full_q(s), h * kD + 64 * half, m0, b);
-          tma_load(sDO(s) + half * kQBlockBytes, &dout_map, full_q(s), h * kD + 64 * half, m0, b);
+          for (int rows = 0; rows < 2; ++rows) {
+            const uint32_t at = half * kKVBlockBytes + rows * kQBlockBytes;
+            tma_load(sK + at, &qkv_map, full_kv, k_col + 64 * half, k0 + kBlockM * rows, b);
+            tma_load(sV + at, &qkv_map, full_kv, v_col + 64 * half, k0 + kBlockM * rows, b);
+          }
         }
       }
-      // Threads 0-63 lse2, 64-127 delta of the tile's rows; rows past T read as 0 (their Q and
-      // dO are zeros too, so they contribute nothing).
-      const int row = m0 + tid % kBlockM;
-      const float* const src = tid < kBlockM ? p.lse2 : p.delta;
-      stats[(s * 2 + tid / kBlockM) * kBlockM + tid % kBlockM] =
-          row < T ? src[(static_cast<int64_t>(b) * p.heads + h) * T + row] : 0.f;
-      mbar_arrive(full_q(s));
+      for (int it = 0; it < iters; ++it) {
+        const int s = it % kStages;
+        const int h = kvh * p.group + it / m_count;
+        const int m0 = (m_begin + it % m_count) * kBlockM;
+        mbar_wait(empty_q(s), ((it / kStages) & 1) ^ 1);
+        if (lane == 0) {
+          mbar_expect_tx(full_q(s), 2 * kQBytes);
+          for (int half = 0; half < 2; ++half) {
+            tma_load(sQ(s) + half * kQBlockBytes, &qkv_map, full_q(s), h * kD + 64 * half, m0, b);
+            tma_load(sDO(s) + half * kQBlockBytes, &dout_map, full_q(s), h * kD + 64 * half, m0, b);
+          }
+        }
+        // lse2 and delta of the tile's rows; rows past T read as 0 (their Q and dO are zeros
+        // too, so they contribute nothing).
+        const int64_t stat_row = (static_cast<int64_t>(b) * p.heads + h) * T;
+        for (int k = lane; k < 2 * kBlockM; k += 32) {
+          const int row = m0 + k % kBlockM;
+          const float* const src = k < kBlockM ? p.lse2 : p.delta;
+          stats[s * 2 * kBlockM + k] = row < T ? src[stat_row + row] : 0.f;
+        }
+        mbar_arrive(full_q(s));
+      }
+    } else if (warp == 1 && lane == 0) {  // reduces each consumer warpgroup's dQ into dq_accum
+      for (int it = 0; it < iters; ++it) {
+        const int h = kvh * p.group + it / m_count;
+        const int m0 = (m_begin + it % m_count) * kBlockM;
+        for (int w = 0; w < 2; ++w) {
+          mbar_wait(dq_full(w), it & 1);
+          for (int box = 0; box < 2; ++box) {
+            tma_reduce_add(&dq_map, sDQ(w) + box * kDQBoxBytes, h * kD + 64 * w + 32 * box, m0, b);
+          }
+          bulk_commit();
+        }
+        for (int w = 0; w < 2; ++w) {
+          bulk_wait_read();
+          mbar_arrive(dq_empty(w));
+        }
+      }
+      bulk_wait();
     }
     return;
   }
@@ -152,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // dQ = dS K: A = dS^T read MN-major (rows are keys), B = K's 64-column block of this
   // warpgroup read MN-major; k-step kk = keys 16 kk...
-  auto ds_desc = [&](int kk) { return smem_desc(sDS + kk * 16 * 128, kQBlockBytes, 1024); };
+  auto ds_desc = [&](int it, int kk) { return smem_desc(sDS(it) + kk * 16 * 128, kQBlockBytes, 1024); };
   auto k_mn_desc = [&](int kk) {
     return smem_desc(sK + consumer * kKVBlockBytes + kk * 16 * 128, kKVBlockBytes, 1024);
   };
@@ -164,7 +201,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbar_wait(full_kv, 0);
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
-    const int h = kvh * p.group + it / m_count;
     const int m0 = (m_begin + it % m_count) * kBlockM;
     mbar_wait(full_q(s), (it / kStages) & 1);
 
@@ -240,16 +276,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dk, dsa[kq], q_mn_desc(sQ(s), kq));
     wgmma_commit();
 
-    // dS^T to shared memory once both warpgroups' dQ MMAs of the previous tile have read it.
-    named_barrier(kBarrierDsFree, kConsumerThreads);
+    // dS^T to shared memory (the buffer's previous tile, two back, was read before both
+    // warpgroups passed the last tile's barrier), then dQ once both halves are there.
+    const uint32_t ds_tile = kDSOffset + (it & 1) * kDSBytes;
 #pragma unroll
     for (int kq = 0; kq < 4; ++kq) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // dsa[kq][r]: row key_row0 + 8 r, queries 16 kq + 2 t; dsa[kq][2 + r]: 8 queries on.
         const int row = key_row0 + 8 * r;
-        *reinterpret_cast<uint32_t*>(smem + kDSOffset + swizzled_offset(kBlockN, row, 16 * kq + 2 * t)) = dsa[kq][r];
-        *reinterpret_cast<uint32_t*>(smem + kDSOffset + swizzled_offset(kBlockN, row, 16 * kq + 8 + 2 * t)) = dsa[kq][2 + r];
+        *reinterpret_cast<uint32_t*>(smem + ds_tile + swizzled_offset(kBlockN, row, 16 * kq + 2 * t)) = dsa[kq][r];
+        *reinterpret_cast<uint32_t*>(smem + ds_tile + swizzled_offset(kBlockN, row, 16 * kq + 8 + 2 * t)) = dsa[kq][2 + r];
       }
     }
     fence_async_shared();
@@ -257,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dq[32];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n64_ss<1, 1>(dq, ds_desc(kk), k_mn_desc(kk), kk > 0);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n64_ss<1, 1>(dq, ds_desc(it, kk), k_mn_desc(kk), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(dq);
@@ -265,17 +302,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(dv);
     if (arrives) mbar_arrive(empty_q(s));
 
-    // This warpgroup's 64 columns of dQ: rows 16 warp + g (+ 8) of the tile.
+    // This warpgroup's 64 columns of dQ (rows 16 warp + g (+ 8) of the tile) to its staging
+    // boxes, once the reduction has read the previous tile's.
+    mbar_wait(dq_empty(consumer), (it & 1) ^ 1);
+    uint8_t* const dq_tile = smem + kDQOffset + consumer * 2 * kDQBoxBytes;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int i = m0 + warp * 16 + g + 8 * r;
-      if (i >= T) continue;
-      float* const dst = p.dq_accum + ((static_cast<int64_t>(b) * T + i) * p.heads + h) * kD + consumer * 64 + 2 * t;
+      const int row = warp * 16 + g + 8 * r;
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
-        atomicAdd(reinterpret_cast<float2*>(dst + 8 * c), make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]));
+        // Columns 8c + 2t, +1: box c / 4, 16-byte chunk (2c + t / 2) % 8 of the 128-byte row.
+        const uint32_t chunk = static_cast<uint32_t>(((2 * c + t / 2) % 8) ^ (row % 8));
+        *reinterpret_cast<float2*>(dq_tile + (c / 4) * kDQBoxBytes + row * 128 + chunk * 16 + (t % 2) * 8) =
+            make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
       }
     }
+    fence_async_shared();
+    mbar_arrive(dq_full(consumer));
   }
 
   // dK (times the softmax scale, which S^T's exponent carried but dS^T Q does not) and dV.
@@ -310,13 +353,18 @@ void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cuda
   const uint64_t dout_dims[3] = {dout_width, static_cast<uint64_t>(p.seq), static_cast<uint64_t>(batch)};
   const uint64_t dout_strides[2] = {dout_width * 2, dout_width * 2 * static_cast<uint64_t>(p.seq)};
   const uint32_t box[3] = {64, kBlockM, 1};
-  const CUtensorMap qkv_map = bf16_tensor_map(p.qkv, 3, qkv_dims, qkv_strides, box);
-  const CUtensorMap dout_map = bf16_tensor_map(p.dout, 3, dout_dims, dout_strides, box);
+  const CUtensorMap qkv_map = tensor_map(p.qkv, false, qkv_dims, qkv_strides, box);
+  const CUtensorMap dout_map = tensor_map(p.dout, false, dout_dims, dout_strides, box);
+  // dq_accum (B, T, H D) fp32, boxes of 64 rows x 32 columns.
+  const uint64_t dq_strides[2] = {dout_width * 4, dout_width * 4 * static_cast<uint64_t>(p.seq)};
+  const uint32_t dq_box[3] = {32, kBlockM, 1};
+  const CUtensorMap dq_map = tensor_map(p.dq_accum, true, dout_dims, dq_strides, dq_box);
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
   const dim3 grid((p.seq + kBlockN - 1) / kBlockN, p.kv_heads, batch);
-  attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qkv_map, dout_map, p);
+  attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qkv_map, dout_map,
+                                                                            dq_map, p);
   TS_CUDA_CHECK_LAUNCH("attention_backward_hopper_kernel");
 }
 

@@ -14,11 +14,12 @@
 
 namespace tessera::cuda::hopper {
 
-// A (rank 2 or 3) bf16 tensor map with 128-byte swizzled boxes; dims innermost first, strides
-// in bytes for dims 1.., box rows of 64 elements (the swizzle span). Out-of-range rows read as
-// zeros. Throws InternalError when the driver refuses it.
-CUtensorMap bf16_tensor_map(const void* base, int rank, const uint64_t* dims,
-                            const uint64_t* strides, const uint32_t* box);
+// A rank-3 tensor map of bf16 (or fp32) elements with 128-byte swizzled boxes; dims innermost
+// first, strides in bytes for dims 1 and 2, box rows of 128 bytes (the swizzle span: 64 bf16
+// or 32 fp32). Loads read out-of-range rows as zeros; reductions skip them. Throws
+// InternalError when the driver refuses it.
+CUtensorMap tensor_map(const void* base, bool fp32, const uint64_t (&dims)[3],
+                       const uint64_t (&strides)[2], const uint32_t (&box)[3]);
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -58,6 +59,28 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, u
       "%4, %5}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+}
+
+// Adds a box of fp32 from shared memory into the tensor at (c0, c1, c2), asynchronously; the
+// issuing thread commits it to its bulk group and may wait for the reads of shared memory.
+__device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                               int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], "
+      "[%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Until this thread's committed bulk operations have read their shared-memory sources.
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Until this thread's committed bulk operations are complete (their global writes done).
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // Orders this thread's generic shared-memory writes before later async-proxy reads (wgmma).
