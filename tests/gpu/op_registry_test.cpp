@@ -4,6 +4,7 @@
 // EveryOpMatchesTheReference, cuDNN's fused SDPA in AttentionOnCudnnMatchesTheReference
 // (skipped, visibly, where cuDNN cannot be loaded). Also GPU-only checks of what the registry
 // does not compare: bitwise init and conversion against the CPU, and out-of-memory errors.
+#include <cmath>
 #include <cstdio>
 
 #include "common/op_registry.h"
@@ -117,6 +118,48 @@ TEST(GpuOps, InitNormalAndConvertAreBitwiseLikeTheCpu) {
   be.gpu->convert(gh.tensor(DType::BF16, {n}), gb.tensor(DType::F32, {n}));
   const std::vector<float> h = download_float(*be.gpu, gh.tensor(DType::BF16, {n}));
   for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(h[i], round_to_bf16(c[i])) << i;
+}
+
+// deterministic_mode (BackendOptions::deterministic): the attention backward repeats bit for bit
+// on each implementation, on a shape whose dQ rows sum many key blocks (T 1000: 8 blocks of
+// 128 keys), and still matches the default (order-varying) backward within bf16's rounding.
+TEST(GpuOps, DeterministicModeRepeatsTheAttentionBackwardBitForBit) {
+  TS_REQUIRE_GPU();
+  AttentionShape s;
+  s.batch = 2, s.seq = 1000, s.heads = 8, s.kv_heads = 2, s.head_dim = 128;
+  s.causal = true;
+  s.scale = 1.0f / std::sqrt(128.0f);
+  const Shape qkv_shape{s.batch, s.seq, s.qkv_width()}, out_shape{s.batch, s.seq, s.out_width()};
+  for (AttentionBackend attention : {AttentionBackend::Tessera, AttentionBackend::Vendor}) {
+    BackendOptions options;
+    options.attention = attention;
+    std::unique_ptr<Backend> fast, exact;
+    try {
+      fast = make_backend(DeviceChoice::Gpu, 0, options);
+      options.deterministic = true;
+      exact = make_backend(DeviceChoice::Gpu, 0, options);
+    } catch (const ConfigError& e) {  // cuDNN absent
+      std::printf("[ skipped  ] deterministic mode on cudnn: %s\n", e.what());
+      continue;
+    }
+    std::vector<std::vector<float>> runs;
+    for (Backend* b : {fast.get(), exact.get(), exact.get()}) {
+      GuardedTensor qkv(*b, DType::BF16, qkv_shape), out(*b, DType::BF16, out_shape),
+          dout(*b, DType::BF16, out_shape), dqkv(*b, DType::BF16, qkv_shape),
+          lse(*b, DType::F32, {s.batch, s.heads, s.seq});
+      upload_float(*b, qkv, random_normal(static_cast<size_t>(qkv.t().numel()), 11));
+      upload_float(*b, dout, random_normal(static_cast<size_t>(dout.t().numel()), 12));
+      b->attention_forward(out, lse, qkv, s);
+      b->attention_backward(dqkv, dout, out, lse, qkv, s);
+      runs.push_back(download_float(*b, dqkv));
+      EXPECT_TRUE(dqkv.guards_intact());
+    }
+    const char* name = attention == AttentionBackend::Tessera ? "tessera" : "cudnn";
+    EXPECT_EQ(runs[1], runs[2]) << name << ": the deterministic backward differs between runs";
+    const double err = relative_error(runs[1], runs[0]);
+    std::printf("[ op       ] attention_backward %s deterministic vs default: rel err %.2e\n", name, err);
+    EXPECT_LT(err, 1e-2) << name;
+  }
 }
 
 TEST(GpuOps, OutOfMemoryIsAClearError) {

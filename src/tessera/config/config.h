@@ -222,6 +222,7 @@ struct TrainingConfig {
   int64_t cross_entropy_chunk_tokens = 8192;
   AttentionBackend attention_backend = AttentionBackend::Auto;
   bool gemm_autotune = true;  // time cuBLASLt's candidate algorithms per GEMM shape
+  bool deterministic_mode = false;  // bit-reproducible attention backward (Megatron's name)
   Fp8Mode fp8 = Fp8Mode::Off;
   Fp8Recipe fp8_recipe = Fp8Recipe::Delayed;
   int64_t fp8_amax_history_len = 1024;

@@ -33,6 +33,9 @@ struct BackendOptions {
   AttentionBackend attention = AttentionBackend::Auto;
   // Time the GEMM library's candidate algorithms per shape (backend/cuda/matmul.cuh).
   bool gemm_autotune = true;
+  // Kernels whose results repeat bit for bit where the fast ones vary in summation order run
+  // to run (the attention backward's dQ): deterministic_mode.
+  bool deterministic = false;
 };
 
 // Options from an experiment's training config.
@@ -40,6 +43,7 @@ inline BackendOptions backend_options(const TrainingConfig& t) {
   BackendOptions o;
   o.attention = t.attention_backend;
   o.gemm_autotune = t.gemm_autotune;
+  o.deterministic = t.deterministic_mode;
   return o;
 }
 
@@ -73,6 +77,7 @@ struct StepBufferDemand {
   int64_t largest_reduction = 0;  // elements of the largest sum / sum_squares (gradient norm)
   AttentionShape attention;       // a layer's attention, forward and backward
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  bool deterministic = false;  // BackendOptions::deterministic
   // The fused AdamW calls of one optimizer step, each with the lengths of its segments.
   std::vector<std::vector<int64_t>> adamw_segments;
   bool fp8 = false;  // FP8 GEMMs with per-tensor scales (their scale slots)

@@ -72,6 +72,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
   s.ddp_bucket_size = t.ddp_bucket_size;
   s.attention_backend = t.attention_backend;
+  s.deterministic = t.deterministic_mode;
 
   ModelRuntime& rt = s.runtime;
   rt.micro_batch = t.micro_batch_size;

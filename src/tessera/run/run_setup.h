@@ -32,6 +32,7 @@ struct RunSetup {
   OptimizerDtypes optimizer;       // the dtypes AdamW keeps its state in
   int64_t ddp_bucket_size = 40000000;  // elements per gradient bucket (ZeRO-1's shards)
   AttentionBackend attention_backend = AttentionBackend::Auto;
+  bool deterministic = false;  // deterministic_mode
   int64_t data_vocab = 0;          // token ids the training data can contain
   int64_t accumulation_steps = 1;  // micro-batches per rank per optimizer step
   std::optional<LoraOptions> lora;  // LoRA adapters train (model/lora_model.h), the rest frozen

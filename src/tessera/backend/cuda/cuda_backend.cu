@@ -194,8 +194,8 @@ bool CudaBackend::supports(Capability c) const {
 
 // ---- lifetime ----
 
-CudaBackend::CudaBackend(int device, AttentionBackend attention, bool gemm_autotune)
-    : device_(device), attention_(attention) {
+CudaBackend::CudaBackend(int device, const BackendOptions& options)
+    : device_(device), attention_(options.attention), deterministic_(options.deterministic) {
   TS_CUDA_CHECK(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   TS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -207,7 +207,7 @@ CudaBackend::CudaBackend(int device, AttentionBackend attention, bool gemm_autot
   // Non-blocking: our stream never waits for work others put on the legacy default stream.
   TS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   lt_workspace_ = allocate(kLtWorkspaceBytes, "cuBLASLt workspace");
-  lt_ = std::make_unique<LtMatmul>(lt_workspace_, kLtWorkspaceBytes, gemm_autotune);
+  lt_ = std::make_unique<LtMatmul>(lt_workspace_, kLtWorkspaceBytes, options.gemm_autotune);
   if (attention_ != AttentionBackend::Tessera) {
     cudnn_ = CudnnAttention::create(stream_, &cudnn_unavailable_);
     static bool reported = false;  // once per process: tests make many backends
@@ -708,10 +708,11 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
   const bool rowwise = qkv.dtype == DType::F32 || !flash_kernels_take(s);
   if (qkv.dtype == DType::BF16 && !s.document_starts.defined() &&
       use_cudnn_attention(s, true, {dqkv.data, dout.data, out.data, lse.data, qkv.data})) {
-    const size_t bytes = cudnn_->backward_plan(s).workspace_bytes;
+    const CudnnAttentionOptions options{.deterministic = deterministic_};
+    const size_t bytes = cudnn_->backward_plan(s, options).workspace_bytes;
     try {
       cudnn_->backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
-                       bytes > 0 ? scratch(bytes) : nullptr);
+                       bytes > 0 ? scratch(bytes) : nullptr, options);
       return;
     } catch (const InternalError& e) {  // a failed cuDNN call: auto falls back, cudnn rethrows
       if (attention_ == AttentionBackend::Vendor) throw;
@@ -724,9 +725,10 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
                                      scratch(bytes), qkv.dtype, stream_);
     return;
   }
-  const size_t bytes = attention_backward_scratch_bytes(s);
+  const AttentionOptions options{.deterministic = deterministic_};
+  const size_t bytes = attention_backward_scratch_bytes(s, options);
   cuda::attention_backward(dqkv.data, dout.data, out.data, lse.as<float>(), qkv.data, s,
-                           bytes > 0 ? scratch(bytes) : nullptr, stream_);
+                           bytes > 0 ? scratch(bytes) : nullptr, stream_, options);
 }
 
 void CudaBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
@@ -1194,13 +1196,15 @@ size_t step_buffer_bytes(const StepBufferDemand& d) {
   if (d.attention.tokens() > 0) {
     // auto and cudnn are planned as cuDNN's SDPA, which auto runs wherever the library loads
     // (it takes the model families' shapes), whether or not this machine has it: a plan must
-    // not depend on where it is made. Its workspace holds Tessera's softmax sums and dQ
-    // accumulator in front of the engine's own; Tessera's kernels (tessera, or auto without
-    // cuDNN) need less, two (B, H, T) statistics.
-    // Shapes the flash kernels do not take fall back to the row-wise kernels' statistics.
+    // not depend on where it is made. Its workspace holds Tessera's softmax sums and (unless
+    // deterministic) dQ accumulator in front of the engine's own; Tessera's kernels (tessera,
+    // or auto without cuDNN) hold two (B, H, T) statistics and (unless deterministic) an fp32
+    // dQ accumulator. Shapes the flash kernels do not take fall back to the row-wise kernels'
+    // statistics.
+    const AttentionOptions flash{.deterministic = d.deterministic};
     need(d.attention_backend != AttentionBackend::Tessera
-             ? cudnn_backward_tessera_workspace_bytes(d.attention, /*deterministic=*/false)
-         : flash_kernels_take(d.attention) ? attention_backward_scratch_bytes(d.attention)
+             ? cudnn_backward_tessera_workspace_bytes(d.attention, d.deterministic)
+         : flash_kernels_take(d.attention) ? attention_backward_scratch_bytes(d.attention, flash)
                                            : attention_rowwise_backward_scratch_bytes(d.attention));
   }
   const size_t granules = (scratch + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
@@ -1246,15 +1250,14 @@ std::string unavailable_reason() {
   return count == 0 ? "the CUDA runtime reports no device" : "";
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, AttentionBackend attention,
-                                           bool gemm_autotune) {
+std::unique_ptr<Backend> make_cuda_backend(int device, const BackendOptions& options) {
   const int count = device_count();
   if (device < 0 || device >= count) {
     throw ConfigError("command line", "device", "cuda:" + std::to_string(device),
                       "a CUDA device index below " + std::to_string(count));
   }
-  auto backend = std::make_unique<CudaBackend>(device, attention, gemm_autotune);
-  if (attention == AttentionBackend::Vendor && !backend->cudnn_attention_loaded()) {
+  auto backend = std::make_unique<CudaBackend>(device, options);
+  if (options.attention == AttentionBackend::Vendor && !backend->cudnn_attention_loaded()) {
     throw ConfigError("configuration", "attention_backend", "cudnn",
                       "auto or tessera: " + backend->cudnn_unavailable_reason());
   }

@@ -53,8 +53,7 @@ class CudnnAttention;
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device, AttentionBackend attention = AttentionBackend::Auto,
-                       bool gemm_autotune = true);
+  explicit CudaBackend(int device, const BackendOptions& options = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -138,6 +137,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LtMatmul> lt_;
 
   AttentionBackend attention_ = AttentionBackend::Auto;
+  bool deterministic_ = false;  // BackendOptions::deterministic
   std::unique_ptr<CudnnAttention> cudnn_;  // null: Tessera's kernels only
   std::string cudnn_unavailable_;          // why cudnn_ is null under auto/cudnn
   std::set<std::string> attention_fallbacks_;  // "direction shape" that run on Tessera's (auto)

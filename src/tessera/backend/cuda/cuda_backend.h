@@ -22,13 +22,11 @@ int device_count();
 // version"; empty when a device is available.
 std::string unavailable_reason();
 
-// The backend on device `device` (0-based), attention on `attention` (the rule is in
-// cuda_backend.cuh), GEMM algorithms timed per shape when gemm_autotune (matmul.cuh).
+// The backend on device `device` (0-based), attention on options.attention (the rule is in
+// cuda_backend.cuh), GEMM algorithms timed per shape when options.gemm_autotune (matmul.cuh).
 // Throws ConfigError for an index out of range, and for AttentionBackend::Vendor when cuDNN
 // cannot be loaded (naming why).
-std::unique_ptr<Backend> make_cuda_backend(int device,
-                                           AttentionBackend attention = AttentionBackend::Auto,
-                                           bool gemm_autotune = true);
+std::unique_ptr<Backend> make_cuda_backend(int device, const BackendOptions& options = {});
 
 // Memory that another library allocated on a CUDA backend's device for Tessera (NCCL's
 // collective buffers) counts in the backend's memory_stats() like its own, from

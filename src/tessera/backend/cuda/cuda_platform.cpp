@@ -21,7 +21,7 @@ class CudaPlatform final : public Platform {
   std::string unavailable_reason() const override { return cuda::unavailable_reason(); }
 
   std::unique_ptr<Backend> make_backend(int device, const BackendOptions& options) const override {
-    return make_cuda_backend(device, options.attention, options.gemm_autotune);
+    return make_cuda_backend(device, options);
   }
 
   std::unique_ptr<dist::Communicator> make_communicator(Backend& backend,
