@@ -69,20 +69,29 @@ TEST(MemoryPlan, Llama8BStateMatchesHandCalculation) {
   EXPECT_EQ(p.optimizer, kLlama8BParams * 12);
   EXPECT_EQ(p.optimizer_elements, kLlama8BParams);
   // The CUDA backend's own buffers: the 32 MiB cuBLASLt workspace, the largest kernel
-  // scratch (at micro batch 2 with Tessera's attention, whose backward needs two (B, H, T)
-  // fp32 statistics, 4 MiB: the RMSNorm backward's partial dweight rows, 16384 / 16 rows of
-  // 4096 fp32, 16 MiB) and the AdamW chunk table (16 bytes per 64K elements of each segment).
+  // scratch and the AdamW chunk table (16 bytes per 64K elements of each segment). At micro
+  // batch 2 the largest scratch is Tessera's attention backward's: two (B, H, T) fp32
+  // statistics and the (B, T, H, D) fp32 dQ accumulator its default mode adds into, 4 + 256
+  // MiB. deterministic_mode computes dQ by a kernel of its own, without the accumulator; the
+  // largest is then the RMSNorm backward's partial dweight rows (16384 / 16 rows of 4096
+  // fp32, 16 MiB).
   if (gpu_platform()) {
     ASSERT_EQ(in.runtime.micro_batch, 2);
     size_t chunks = 0;
     for (const ParamSegment& s : make_param_layout(in.spec).decay_segments())
       chunks += static_cast<size_t>((s.count + 65535) / 65536);
     EXPECT_GT(chunks, static_cast<size_t>(kLlama8BParams / 65536));
-    EXPECT_EQ(p.backend_buffers, (size_t{32} << 20) + (size_t{16} << 20) + chunks * 16);
+    EXPECT_EQ(p.backend_buffers, (size_t{32} << 20) + (size_t{260} << 20) + chunks * 16);
+    const MemoryPlan d = plan_memory(input_for(
+        load("llama3.1_8B-pretrain", {"--attention_backend", "tessera", "--deterministic_mode", "true"})));
+    EXPECT_EQ(d.backend_buffers, (size_t{32} << 20) + (size_t{16} << 20) + chunks * 16);
     // auto plans cuDNN's attention, whose workspace is the largest scratch: (B, H, T) fp32
-    // softmax sums and the (B, H, T, D) fp32 dQ accumulator, 2 + 256 MiB.
+    // softmax sums and the (B, H, T, D) fp32 dQ accumulator, 2 + 256 MiB; its deterministic
+    // algorithm holds only the sums, so the RMSNorm backward's 16 MiB is the largest again.
     const MemoryPlan a = plan_memory(input_for(load("llama3.1_8B-pretrain", {})));
     EXPECT_EQ(a.backend_buffers, (size_t{32} << 20) + (size_t{258} << 20) + chunks * 16);
+    const MemoryPlan ad = plan_memory(input_for(load("llama3.1_8B-pretrain", {"--deterministic_mode", "true"})));
+    EXPECT_EQ(ad.backend_buffers, (size_t{32} << 20) + (size_t{16} << 20) + chunks * 16);
   } else {
     EXPECT_EQ(p.backend_buffers, kBackendBuffersBytes);
   }
