@@ -1041,6 +1041,13 @@ size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 // TMA reads its tensors from 16-byte aligned addresses.
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The warpgroup kernels on the device the launches go to (the current one).
+bool warpgroup_kernels_run(int64_t head_dim) {
+  int device = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  return attention_hopper_available(head_dim, device);
+}
+
 }  // namespace
 
 void attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
@@ -1058,7 +1065,7 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
   p.lse = lse;
   const int batch = static_cast<int>(s.batch);
   if (options.forward_warpgroup && aligned16(qkv) &&
-      attention_hopper_available(s.head_dim)) {
+      warpgroup_kernels_run(s.head_dim)) {
     attention_forward_hopper(p, batch, stream);
     return;
   }
@@ -1127,7 +1134,7 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
 
   const int batch = static_cast<int>(s.batch);
   if (!options.deterministic && options.backward_warpgroup && aligned16(qkv) && aligned16(dout) &&
-      attention_hopper_available(s.head_dim)) {
+      warpgroup_kernels_run(s.head_dim)) {
     attention_backward_hopper(p, batch, stream);
     launch_dq_convert<128>(p, batch, stream);
     return;

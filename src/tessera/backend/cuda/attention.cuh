@@ -50,6 +50,9 @@ struct AttentionOptions {
 
 void attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
                        cudaStream_t stream, const AttentionOptions& options);
+// Whether this build runs the warpgroup kernels for `head_dim` on CUDA device `device`: sm_90
+// devices with the kernels compiled for sm_90a, head_dim 128.
+bool attention_hopper_available(int64_t head_dim, int device);
 void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,
                         const void* qkv, const AttentionShape& s, void* scratch,
                         cudaStream_t stream, const AttentionOptions& options);

@@ -37,9 +37,6 @@ struct AttentionBackwardParams {
   float scale, scale_log2;
 };
 
-// Whether this build and the current device run the *_hopper kernels for head_dim `d`:
-// sm_90 devices with the kernels compiled for sm_90a, d = 128.
-bool attention_hopper_available(int64_t head_dim);
 // The forward on warpgroup MMAs (attention_hopper.cu): same contract as the FA2 forward.
 void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream);
 // The backward's dK, dV (written to p.dqkv) and dQ (added to p.dq_accum, fp32, zeroed by the

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/attention_common.cuh"
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/hopper_ptx.cuh"
@@ -349,16 +350,15 @@ CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dim
   return map;
 }
 
-bool attention_hopper_available(int64_t head_dim) {
+bool attention_hopper_available(int64_t head_dim, int device) {
 #if defined(TESSERA_CUDA_SM90A)
   if (head_dim != kD) return false;
-  int device = 0, major = 0, minor = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0, minor = 0;
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   return major == 9 && minor == 0;
 #else
-  (void)head_dim;
+  (void)head_dim, (void)device;
   return false;
 #endif
 }

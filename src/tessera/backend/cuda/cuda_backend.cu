@@ -239,13 +239,18 @@ std::string CudaBackend::description() const {
   TS_CUDA_CHECK(cudaDriverGetVersion(&driver));
   TS_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
   const size_t lt = cublasLtGetVersion();  // e.g. 130100 = 13.1.0
-  std::string attention = "Tessera kernels";
+  // Which of Tessera's flash kernels run here: warpgroup MMAs (sm_90a builds on sm_90) at
+  // head_dim 128, warp MMAs otherwise.
+  std::string attention = attention_hopper_available(128, device_)
+                              ? "Tessera kernels (warpgroup MMAs at head_dim 128)"
+                              : "Tessera kernels (warp MMAs)";
   if (cudnn_ != nullptr) {
     attention = "cuDNN " + cudnn_->version_string() +
                 (attention_ == AttentionBackend::Auto ? " (auto)" : "");
   } else if (attention_ == AttentionBackend::Auto) {
     attention += " (auto: cuDNN not loaded)";
   }
+  if (deterministic_) attention += ", deterministic backward";
   return std::string(prop.name) + " (sm_" + std::to_string(prop.major) +
          std::to_string(prop.minor) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
          gib(prop.totalGlobalMem) + ", driver " + version_string(driver) + ", runtime " +
