@@ -111,6 +111,15 @@ TEST(CommandArgs, ConventionsOfTheCli) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.key(), "gemm_autotune") << e.what();
   }
+  EXPECT_FALSE(context_options(CommandArgs({}, {"deterministic_mode"}, {}, false)).deterministic);
+  EXPECT_TRUE(context_options(CommandArgs({"--deterministic_mode", "true"}, {"deterministic_mode"}, {}, false))
+                  .deterministic);
+  try {
+    context_options(CommandArgs({"--deterministic_mode", "yes"}, {"deterministic_mode"}, {}, false));
+    FAIL() << "expected an error for --deterministic_mode yes";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "deterministic_mode") << e.what();
+  }
 }
 
 // Megatron users type `--sizes-mib`; it names the same option as `--sizes_mib`, in every

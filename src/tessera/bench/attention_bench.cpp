@@ -17,15 +17,17 @@ constexpr const char* kUsage =
          [--head_dims 64,128] [--heads 32] [--kv_heads 8] [--masks causal,full,window,packed]
          [--window 4096] [--document_length 2048] [--tokens 16384 | --batch B]
          [--passes forward,backward]
-         [--attention_backend auto|tessera|cudnn] [--device auto|cpu|cuda] [--gpu NAME]
+         [--attention_backend auto|tessera|cudnn] [--deterministic_mode true|false]
+         [--device auto|cpu|cuda] [--gpu NAME]
          [--warmup 5] [--iters 20] [-o DIR]
 
 The fused attention op over masks, GQA ratios (--kv_heads 32,8,1 sweeps them), head dims and
 sequence lengths; batch = max(1, tokens / seq) unless --batch. Window rows are skipped where
 the window covers the sequence. packed (not in the default): each sequence holds documents of
 --document_length tokens (the last one shorter), attention inside each; rows are skipped where
-one document covers the sequence. --attention_backend picks the kernels as the training key of
-that name does. Each row is checked before timing (T=200 against the CPU reference; forward
+one document covers the sequence. --attention_backend picks the kernels and
+--deterministic_mode true their bit-reproducible backward, as the training keys of those names
+do. Each row is checked before timing (T=200 against the CPU reference; forward
 rows also sampled at full size against a host softmax).
 TFLOP/s: forward 4*B*H*D*pairs with pairs = T^2/2 causal, T^2 full, the exact band for a
 window, L^2/2 per document of L tokens packed; backward 2.5x forward. -o DIR writes bench_attention.csv and .md.
@@ -261,7 +263,7 @@ int attention_bench_command(const std::vector<std::string>& args) {
   }
   std::set<std::string> valued = kCommonOptions;
   valued.insert({"seqs", "head_dims", "heads", "kv_heads", "masks", "window", "document_length",
-                 "tokens", "batch", "passes", "attention_backend"});
+                 "tokens", "batch", "passes", "attention_backend", "deterministic_mode"});
   const CommandArgs a(args, valued, {}, false);
   BenchContext ctx = make_context(context_options(a));
   const int64_t heads = a.get_int("heads", 32), window = a.get_int("window", 4096);

@@ -30,10 +30,13 @@ ContextOptions context_options(const CommandArgs& args) {
   ContextOptions o;
   o.device = parse_device_choice(args.get("device", "auto"));
   o.attention = parse_attention_backend(args.get("attention_backend", "auto"));
-  const std::string autotune = args.get("gemm_autotune", "true");
-  if (autotune != "true" && autotune != "false")
-    throw ConfigError("command line", "gemm_autotune", autotune, "true or false");
-  o.gemm_autotune = autotune == "true";
+  auto flag = [&](const char* key, const char* fallback) {
+    const std::string v = args.get(key, fallback);
+    if (v != "true" && v != "false") throw ConfigError("command line", key, v, "true or false");
+    return v == "true";
+  };
+  o.gemm_autotune = flag("gemm_autotune", "true");
+  o.deterministic = flag("deterministic_mode", "false");
   o.gpu = args.get("gpu", "");
   o.warmup = static_cast<int>(args.get_int("warmup", 5, 0));
   o.iters = static_cast<int>(args.get_int("iters", 20, 1));
@@ -45,6 +48,7 @@ BenchContext make_context(const ContextOptions& o) {
   BackendOptions backend;
   backend.attention = o.attention;
   backend.gemm_autotune = o.gemm_autotune;
+  backend.deterministic = o.deterministic;
   c.device = make_backend(o.device, 0, backend);
   c.reference = make_cpu_backend();
   c.warmup = o.warmup;

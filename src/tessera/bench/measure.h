@@ -19,8 +19,8 @@
 namespace tessera::bench {
 
 // The options every kernel benchmark takes (besides its own): --device, --gpu, --warmup,
-// --iters, -o. make_context also reads --attention_backend and --gemm_autotune where a
-// benchmark declares them.
+// --iters, -o. make_context also reads --attention_backend, --gemm_autotune and
+// --deterministic_mode where a benchmark declares them.
 inline const std::set<std::string> kCommonOptions = {"device", "gpu", "warmup", "iters", "output"};
 
 struct BenchContext {
@@ -38,11 +38,13 @@ struct ContextOptions {
   DeviceChoice device = DeviceChoice::Auto;
   AttentionBackend attention = AttentionBackend::Auto;
   bool gemm_autotune = true;
+  bool deterministic = false;  // --deterministic_mode
   std::string gpu;  // spec table name for "% of peak"; empty: the visible GPU's
   int warmup = 5, iters = 20;
 };
 
-// From --device, --attention_backend, --gemm_autotune, --gpu, --warmup, --iters.
+// From --device, --attention_backend, --gemm_autotune, --deterministic_mode, --gpu, --warmup,
+// --iters.
 ContextOptions context_options(const CommandArgs& args);
 BenchContext make_context(const ContextOptions& options);
 
