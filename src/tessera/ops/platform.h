@@ -76,8 +76,7 @@ struct StepBufferDemand {
   int64_t widest_bias = 0;        // widest bias gradient; 0: the model has no biases
   int64_t largest_reduction = 0;  // elements of the largest sum / sum_squares (gradient norm)
   AttentionShape attention;       // a layer's attention, forward and backward
-  AttentionBackend attention_backend = AttentionBackend::Auto;
-  bool deterministic = false;  // BackendOptions::deterministic
+  BackendOptions backend;  // attention's implementation and mode pick its scratch
   // The fused AdamW calls of one optimizer step, each with the lengths of its segments.
   std::vector<std::vector<int64_t>> adamw_segments;
   bool fp8 = false;  // FP8 GEMMs with per-tensor scales (their scale slots)

@@ -75,8 +75,7 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
       d.attention = *a;
       break;
     }
-  d.attention_backend = in.attention_backend;
-  d.deterministic = in.deterministic;
+  d.backend = in.backend;
   for (const auto& call : AdamWOptimizer::step_segments(layout, owned)) {
     std::vector<int64_t> lengths;
     for (const ParamSegment& seg : call) lengths.push_back(seg.count);
@@ -189,8 +188,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.sharding = setup.sharding;
   in.optimizer = setup.optimizer;
   in.bucket_elements = setup.ddp_bucket_size;
-  in.attention_backend = setup.attention_backend;
-  in.deterministic = setup.deterministic;
+  in.backend = setup.backend;
   in.gpu = gpu;
   in.lora = setup.lora;
   in.reference_copy = setup.reference_copy || setup.reference_loaded;

@@ -64,8 +64,7 @@ struct PlanInput {
   StateSharding sharding = StateSharding::None;
   OptimizerDtypes optimizer;  // the precision-aware optimizer's state dtypes
   int64_t bucket_elements = 40000000;  // ddp_bucket_size: ZeRO-1's shards are bucket slices
-  AttentionBackend attention_backend = AttentionBackend::Auto;
-  bool deterministic = false;  // deterministic_mode: no fp32 dQ accumulator in attention's scratch
+  BackendOptions backend;  // the attention kernels' choice sizes their scratch
   bool gpu = true;  // add the GPU backend's buffers and context allowance
   // LoRA: the optimizer and gradients cover the adapters; the base is frozen (LoraModel).
   std::optional<LoraOptions> lora;

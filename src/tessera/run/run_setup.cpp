@@ -71,8 +71,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   s.sharding = state_sharding(t, dp * s.mesh.size(dist::MeshDim::CP));
   s.accumulation_steps = t.global_batch_size / (t.micro_batch_size * dp);
   s.ddp_bucket_size = t.ddp_bucket_size;
-  s.attention_backend = t.attention_backend;
-  s.deterministic = t.deterministic_mode;
+  s.backend = backend_options(t);
 
   ModelRuntime& rt = s.runtime;
   rt.micro_batch = t.micro_batch_size;

@@ -13,6 +13,7 @@
 #include "tessera/distributed/device_mesh.h"
 #include "tessera/model/lora_layout.h"
 #include "tessera/model/model.h"
+#include "tessera/ops/platform.h"
 #include "tessera/optim/adamw_optimizer.h"
 
 namespace tessera {
@@ -31,8 +32,7 @@ struct RunSetup {
   StateSharding sharding = StateSharding::None;
   OptimizerDtypes optimizer;       // the dtypes AdamW keeps its state in
   int64_t ddp_bucket_size = 40000000;  // elements per gradient bucket (ZeRO-1's shards)
-  AttentionBackend attention_backend = AttentionBackend::Auto;
-  bool deterministic = false;  // deterministic_mode
+  BackendOptions backend;  // attention_backend, gemm_autotune, deterministic_mode
   int64_t data_vocab = 0;          // token ids the training data can contain
   int64_t accumulation_steps = 1;  // micro-batches per rank per optimizer step
   std::optional<LoraOptions> lora;  // LoRA adapters train (model/lora_model.h), the rest frozen

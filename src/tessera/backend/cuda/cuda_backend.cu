@@ -1206,9 +1206,9 @@ size_t step_buffer_bytes(const StepBufferDemand& d) {
     // or auto without cuDNN) hold two (B, H, T) statistics and (unless deterministic) an fp32
     // dQ accumulator. Shapes the flash kernels do not take fall back to the row-wise kernels'
     // statistics.
-    const AttentionOptions flash{.deterministic = d.deterministic};
-    need(d.attention_backend != AttentionBackend::Tessera
-             ? cudnn_backward_tessera_workspace_bytes(d.attention, d.deterministic)
+    const AttentionOptions flash{.deterministic = d.backend.deterministic};
+    need(d.backend.attention != AttentionBackend::Tessera
+             ? cudnn_backward_tessera_workspace_bytes(d.attention, d.backend.deterministic)
          : flash_kernels_take(d.attention) ? attention_backward_scratch_bytes(d.attention, flash)
                                            : attention_rowwise_backward_scratch_bytes(d.attention));
   }
