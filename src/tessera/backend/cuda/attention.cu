@@ -2,9 +2,10 @@
 // tensor-core MMAs (mma.sync m16n8k16, bf16 operands, fp32 accumulators), cp.async double
 // buffering and swizzled shared memory.
 //
-// Why mma.sync and not wgmma: the kernels must be right without device feedback while they
-// are written; the FA2 formulation with per-warp register fragments is the one whose data
-// flow can be checked by reading. wgmma/TMA (FA3) is the next step once this is measured.
+// These are the kernels of every architecture the build targets and of head_dim 64; on sm_90a
+// at head_dim 128 the entry points below hand the forward and the default (atomic-dQ)
+// backward to the warpgroup kernels of attention_hopper.cu and attention_hopper_backward.cu,
+// about twice as fast. The deterministic dQ kernel stays here.
 //
 // Kernels (grid order: the heaviest tiles under a causal mask start first):
 //   attention_forward_kernel              CTA = 128 query rows of one (batch, head); loops

@@ -1,8 +1,9 @@
 #pragma once
 // Fused flash attention for Hopper, bf16 in and out, fp32 softmax statistics and accumulation:
-// the FlashAttention-2 algorithm on warp MMAs, and at head_dim 128 on sm_90a a forward in
-// FlashAttention-3's structure (warpgroup MMAs, TMA, a producer warp). Causal, native sliding window (masked tiles are never
-// visited), grouped-query attention reading the shared K/V heads in place, head_dim 64/128.
+// the FlashAttention-2 algorithm on warp MMAs, and at head_dim 128 on sm_90a a forward and
+// backward in FlashAttention-3's structure (warpgroup MMAs, TMA, producer warps). Causal,
+// native sliding window (masked tiles are never visited), grouped-query attention reading the
+// shared K/V heads in place, head_dim 64/128.
 // Include from .cu files only (cudaStream_t).
 //
 // Layouts (op API, ops/backend.h): qkv (B, T, (H + 2*KV) * D) packs per token H query heads,

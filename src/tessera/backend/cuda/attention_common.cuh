@@ -1,9 +1,10 @@
 #pragma once
-// What the two flash-attention forward kernels share: the launch parameters, the masking
-// rules (which tiles need element masks, where a row's document starts) and the few PTX
-// helpers both use. attention.cu holds the FlashAttention-2 kernels on warp MMAs (every
-// architecture the build targets, head_dim 64 and 128); attention_hopper.cu the forward on
-// warpgroup MMAs fed by TMA (sm_90a, head_dim 128). Include from .cu files only.
+// What the two families of flash-attention kernels share: the launch parameters, the masking
+// rules (which tiles need element masks, where a row's document starts and ends) and the few
+// PTX helpers both use. attention.cu holds the FlashAttention-2 kernels on warp MMAs (every
+// architecture the build targets, head_dim 64 and 128); attention_hopper.cu and
+// attention_hopper_backward.cu the forward and backward on warpgroup MMAs fed by TMA (sm_90a,
+// head_dim 128). Include from .cu files only.
 #include <cstdint>
 
 #include "tessera/backend/cuda/vendor.h"

@@ -16,6 +16,7 @@
 // The masks are attention.cu's: causal, sliding window, packed documents (attention_common.cuh),
 // element masks only on tiles that hold an invisible pair, tiles with no visible pair never
 // loaded. Grid order as there: the heaviest query tiles start first.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -294,6 +295,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int i = row0 + 8 * r;
     if (t == 0 && i < T) p.lse[stat_row + i] = l > 0.f ? st.row_max[r] * p.scale + logf(l) : -INFINITY;
   }
+  // The Q tile was last written by TMA and read by wgmma (the async proxy); these generic
+  // writes reuse it.
   fence_async_shared();
   auto staged = [&](int row, int col) { return swizzled_offset(kBlockM, row, col); };
 #pragma unroll
@@ -353,10 +356,17 @@ CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dim
 bool attention_hopper_available(int64_t head_dim, int device) {
 #if defined(TESSERA_CUDA_SM90A)
   if (head_dim != kD) return false;
-  int major = 0, minor = 0;
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;
+  // Asked on every attention call: each device's answer is looked up once (0: not yet,
+  // 1: no, 2: yes).
+  static std::atomic<int> sm90[64];
+  if (device < 0 || device >= 64) return false;
+  if (sm90[device] == 0) {
+    int major = 0, minor = 0;
+    TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    sm90[device] = major == 9 && minor == 0 ? 2 : 1;
+  }
+  return sm90[device] == 2;
 #else
   (void)head_dim, (void)device;
   return false;

@@ -12,9 +12,10 @@
 // and hand their half of dQ to the reducing warp through shared memory (so the sum over key
 // blocks varies in order run to run, as in FlashAttention and cuDNN's default; attention.cu's
 // deterministic mode stays on its own kernels). dS^T is double-buffered, so one barrier
-// between the consumer warpgroups per tile suffices (both halves written before dQ reads them). The transposed S^T and dP^T are what let P
-// and dS feed dV and dK without a trip through shared memory. dK, dV stay in registers for
-// the whole group, so GQA's sum over query heads is exact and needs no scratch.
+// between the consumer warpgroups per tile suffices (both halves written before dQ reads
+// them). The transposed S^T and dP^T are what let P and dS feed dV and dK without a trip
+// through shared memory. dK, dV stay in registers for the whole group, so GQA's sum over query
+// heads is exact and needs no scratch.
 //
 // Masks are the forward's (attention_common.cuh) seen from the key side: query tiles with no
 // visible pair are never visited, element masks only where a tile holds an invisible pair.
