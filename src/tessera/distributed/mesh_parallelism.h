@@ -1,8 +1,9 @@
 #pragma once
 // A model split over a device mesh's tensor-parallel ranks, pipeline stages and (its experts)
 // expert-parallel ranks, composed with data parallelism over its data-parallel ranks (plain
-// or ZeRO-1, distributed/data_parallel.h), driven as one Parallelism. The model was built holding this rank's part of every split
-// parameter (ModelRuntime::tensor_parallel_size/rank) and its stage's layers
+// or ZeRO-1, distributed/data_parallel.h), driven as one Parallelism. The model was built
+// holding this rank's part of every split parameter (ModelRuntime::tensor_parallel_size/rank)
+// and its stage's layers
 // (ModelRuntime::pipeline_chunks); this layout gives it the tensor-parallel group's collectives
 // (ParallelGroup, on a communicator split from the world), runs the pipeline's schedule
 // (distributed/pipeline_schedule.h) over the step's micro-batches with point-to-point
