@@ -3,7 +3,7 @@
 # the PyTorch peer, all writing under $OUT. Binaries are built elsewhere and carried in
 # .device/bin; the PyTorch peer scripts in .device/peer.
 #   bash scripts/device/gpu_suite.sh [tests] [lab] [hf] [chat] [kernels] [memory] [profile] [tensorboard]
-#       [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
+#       [attention_profile] [bench] [peer] [gemm_tune] [attention_choice] [variants] [fp8] [fp8_nocache] [curves] [node]
 #       [dist] [four_gpu] [eight_gpu] [full] [full_proxies] [moe] [deepseek] [full_fp8_loss]
 #       [posttrain]   (scripts/device/posttrain_bench.sh with the steps in POSTTRAIN_STEPS)
 #       [peft]   (scripts/ckpt/peft_lora_check.py: LoRA checkpoints in peft, merged exports)
@@ -81,6 +81,21 @@ fi
 if want lab && [ -x "$BIN/attention_lab" ]; then
   echo "== attention lab (Tessera's kernels and cuDNN)"
   timeout 240 "$BIN/attention_lab" --require-cudnn 2>&1 | tee "$OUT/attention_lab.log" | tail -45
+fi
+if want attention_profile; then
+  # Nsight Compute on one launch of the warpgroup backward (seq 8192, causal): every section,
+  # plus per-instruction stall samples; the report and its text pages come back in $OUT.
+  echo "== ncu: attention_backward_hopper_kernel at seq 8192, causal"
+  ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)"
+  timeout 300 "$ncu_bin" --clock-control none --set full --import-source yes \
+    -k regex:attention_backward_hopper --launch-skip 2 --launch-count 1 -f -o "$OUT/attention_bwd" \
+    "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal \
+    --attention_backend tessera -o "$OUT/attention_profiled" > "$OUT/ncu_run.log" 2>&1
+  tail -5 "$OUT/ncu_run.log"
+  "$ncu_bin" --import "$OUT/attention_bwd.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
+  "$ncu_bin" --import "$OUT/attention_bwd.ncu-rep" --page source --csv --print-source sass \
+    > "$OUT/ncu_source_sass.csv" 2>&1
+  grep -E "Duration|Throughput|Stall|Warp Cycles|Issue Slot|Eligible|Bank" "$OUT/ncu_details.txt" | head -60
 fi
 if want hf; then
   echo "== Hugging Face transformers round trip (import, export, logits)"

@@ -38,6 +38,28 @@ struct AttentionBackwardParams {
   float scale, scale_log2;
 };
 
+// Under a causal mask the tiles of one (batch, head) differ in work by up to the sequence's
+// tile count: the last query tile sees every key, the first key tile is seen by every query.
+// A grid ordered head by head would start some heads' heaviest tiles in the last wave (11% of
+// the causal backward at T = 8192 lost to the tail). So the grid is flat and tile-major: every
+// head's heaviest tile starts before any lighter one, longest-first list scheduling.
+struct GridTile {
+  int tile, head, batch;
+};
+
+inline dim3 heaviest_first_grid(int64_t tiles, int64_t heads, int64_t batch) {
+  return dim3(static_cast<unsigned>(tiles * heads * batch));
+}
+
+// This CTA's tile of `tiles` per (batch, head) over `heads` heads; `heaviest_last`: the
+// heaviest tile is the last (the forward's query tiles) rather than the first (the
+// backward's key tiles).
+__device__ __forceinline__ GridTile grid_tile(int tiles, int heads, bool heaviest_last) {
+  const int pairs = static_cast<int>(gridDim.x) / tiles;
+  const int rank = static_cast<int>(blockIdx.x) / pairs, pair = static_cast<int>(blockIdx.x) % pairs;
+  return {heaviest_last ? tiles - 1 - rank : rank, pair % heads, pair / heads};
+}
+
 // The forward on warpgroup MMAs (attention_hopper.cu): same contract as the FA2 forward.
 void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream);
 // The backward's dK, dV (written to p.dqkv) and dQ (added to p.dq_accum, fp32, zeroed by the

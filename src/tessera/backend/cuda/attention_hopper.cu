@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty_v = [&](int s) { return bars + 56 + 8 * s; };
 
   const int T = p.seq;
-  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
+  const auto [m_tile, h, b] = grid_tile((T + kBlockM - 1) / kBlockM, p.heads, true);
+  const int kvh = h / p.group;
   const int q0 = m_tile * kBlockM;
   const int q_last = min(q0 + kBlockM, T) - 1;
   const int32_t* const starts =
@@ -387,7 +387,7 @@ void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaSt
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
-  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, batch);
+  const dim3 grid = heaviest_first_grid((p.seq + kBlockM - 1) / kBlockM, p.heads, batch);
   attention_forward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(map, p);
   TS_CUDA_CHECK_LAUNCH("attention_forward_hopper_kernel");
 }
