@@ -7,8 +7,9 @@
 // backward to the warpgroup kernels of attention_hopper.cu and attention_hopper_backward.cu,
 // about twice as fast. The deterministic dQ kernel stays here.
 //
-// Kernels (grid order: flat and tile-major, every head's heaviest tile under a causal mask first;
-// see grid_tile in attention_common.cuh):
+// Kernels (grid order: the heaviest tiles under a causal mask start first;
+// heaviest_first_grid in attention_common.cuh says why the key-block kernels order them over
+// all heads):
 //   attention_forward_kernel              CTA = 128 query rows of one (batch, head); loops
 //                                         over the visible 64- (or 32-) key tiles; online
 //                                         softmax.
@@ -236,8 +237,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int T = p.seq;
-  const auto [m_tile, h, b] = grid_tile((T + kBlockM - 1) / kBlockM, p.heads, true);
-  const int kvh = h / p.group;
+  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
   const int q0 = m_tile * kBlockM;
   const int q_last = min(q0 + kBlockM, T) - 1;
   const int32_t* const starts = p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
@@ -508,7 +509,7 @@ __global__ void __launch_bounds__(kBlockN / 16 * 32, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int T = p.seq;
-  const auto [n_tile, kvh, b] = grid_tile((T + kBlockN - 1) / kBlockN, p.kv_heads, false);
+  const auto [n_tile, kvh, b] = grid_key_block((T + kBlockN - 1) / kBlockN, p.kv_heads);
   const int k0 = n_tile * kBlockN;
   const int k_last = min(k0 + kBlockN, T) - 1;
   const int32_t* const starts = p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
@@ -763,8 +764,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int T = p.seq;
-  const auto [m_tile, h, b] = grid_tile((T + kBlockM - 1) / kBlockM, p.heads, true);
-  const int kvh = h / p.group;
+  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
   const int q0 = m_tile * kBlockM;
   const int q_last = min(q0 + kBlockM, T) - 1;
   const int32_t* const starts = p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
@@ -950,8 +951,8 @@ void check_shape(const AttentionShape& s) {
   }
   if (s.batch < 0 || s.seq < 0 || s.seq > (INT_MAX / 2)) fail("sequence length out of range");
   if (s.heads > 65535 || s.batch > 65535) fail("heads and batch must be <= 65535 (grid)");
-  // The flat grids hold one CTA per 64-row tile, head and sequence at most.
-  if ((s.seq + 63) / 64 * s.heads * s.batch > INT_MAX) fail("more than 2^31 - 1 tiles (grid)");
+  // The key-block kernels' flat grids hold one CTA per 128 keys, KV head and sequence.
+  if ((s.seq + 127) / 128 * s.kv_heads * s.batch > INT_MAX) fail("more than 2^31 - 1 key blocks (grid)");
   if (s.window < 0) fail("window must be >= 0");
   if (s.document_starts.defined() && !s.causal) fail("packed documents must be causal");
   if (!(s.scale > 0.f) || !std::isfinite(s.scale)) fail("scale must be positive and finite");
@@ -993,7 +994,7 @@ void launch_forward(const AttentionForwardParams& p, int batch, cudaStream_t str
   auto kernel = attention_forward_kernel<kD, kForwardBlockM, kBlockN, kWarps>;
   constexpr size_t smem = (kForwardBlockM + 4 * kBlockN) * kD * 2 + kSmemAlignSlack;
   prepare(kernel, smem);
-  const dim3 grid = heaviest_first_grid((p.seq + kForwardBlockM - 1) / kForwardBlockM, p.heads, batch);
+  const dim3 grid((p.seq + kForwardBlockM - 1) / kForwardBlockM, p.heads, batch);
   kernel<<<grid, kWarps * 32, smem, stream>>>(p);
   TS_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
@@ -1024,7 +1025,7 @@ void launch_backward(const AttentionBackwardParams& p, int batch, bool determini
     auto dq_kernel = attention_backward_dq_kernel<kD, kDqBlockM, kDqBlockN, kDqWarps>;
     constexpr size_t dq_smem = (2 * kDqBlockM + 4 * kDqBlockN) * kD * 2 + kSmemAlignSlack;
     prepare(dq_kernel, dq_smem);
-    const dim3 dq_grid = heaviest_first_grid((p.seq + kDqBlockM - 1) / kDqBlockM, p.heads, batch);
+    const dim3 dq_grid((p.seq + kDqBlockM - 1) / kDqBlockM, p.heads, batch);
     dq_kernel<<<dq_grid, kDqWarps * 32, dq_smem, stream>>>(p);
     TS_CUDA_CHECK_LAUNCH("attention_backward_dq_kernel");
   } else {

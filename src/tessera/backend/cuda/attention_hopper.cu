@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty_v = [&](int s) { return bars + 56 + 8 * s; };
 
   const int T = p.seq;
-  const auto [m_tile, h, b] = grid_tile((T + kBlockM - 1) / kBlockM, p.heads, true);
-  const int kvh = h / p.group;
+  const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
   const int q0 = m_tile * kBlockM;
   const int q_last = min(q0 + kBlockM, T) - 1;
   const int32_t* const starts =
@@ -194,25 +194,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   claim_registers<232>();
 
-  const int consumer = warp_group - 1;
+  // Broadcast from lane 0 so that the compiler knows the warpgroup is warp-uniform: the
+  // descriptors derived from it then live in uniform registers.
+  const int consumer = __shfl_sync(0xffffffffu, warp_group - 1, 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int local_row0 = consumer * 64 + warp * 16 + g;  // this thread's first row in the CTA
   const int row0 = q0 + local_row0;
   const bool arrives = lane == 0;
 
+  // Each operand's descriptor at its first k-step and stage; a later one adds its byte offset
+  // >> 4 to the start-address field (bits 0-13), which never carries (shared memory is below
+  // 256 KiB), so a tile's descriptors cost one addition of a constant each.
   // Q's k-step kk: 64-column half kk / 4, 32 bytes per k-step inside the 128-byte row; this
-  // warpgroup's rows start 64 rows (8 KiB) into each half.
-  auto q_desc = [&](int kk) {
-    return smem_desc(sQ + (kk / 4) * kHalfBytes + consumer * 64 * 128 + (kk % 4) * 32, 16, 1024);
-  };
+  // warpgroup's rows start 64 rows (8 KiB) into each half. K's likewise, from its stage.
+  const uint64_t q_base = smem_desc(sQ + consumer * 64 * 128, 16, 1024);
+  const uint64_t k_base = smem_desc(sK, 16, 1024);
+  const uint64_t v_base = smem_desc(sV, kHalfBytes, 1024);
+  auto q_desc = [&](int kk) { return q_base + (((kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4); };
   auto k_desc = [&](int s, int kk) {
-    return smem_desc(sK + s * kTileBytes + (kk / 4) * kHalfBytes + (kk % 4) * 32, 16, 1024);
+    return k_base + ((s * kTileBytes + (kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4);
   };
   // V's k-step kk is keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes further.
-  auto v_desc = [&](int s, int kk) {
-    return smem_desc(sV + s * kTileBytes + kk * 16 * 128, kHalfBytes, 1024);
-  };
+  auto v_desc = [&](int s, int kk) { return v_base + ((s * kTileBytes + kk * 16 * 128) >> 4); };
 
   ConsumerState st;
 #pragma unroll
@@ -387,7 +391,7 @@ void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaSt
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
-  const dim3 grid = heaviest_first_grid((p.seq + kBlockM - 1) / kBlockM, p.heads, batch);
+  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, batch);
   attention_forward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(map, p);
   TS_CUDA_CHECK_LAUNCH("attention_forward_hopper_kernel");
 }

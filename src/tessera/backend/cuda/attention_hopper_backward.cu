@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto dq_empty = [&](int w) { return bars + 56 + 8 * w; };  // the reduction has read it
 
   const int T = p.seq;
-  const int n_tile = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const auto [n_tile, kvh, b] = grid_key_block((T + kBlockN - 1) / kBlockN, p.kv_heads);
   const int k0 = n_tile * kBlockN;
   const int k_last = min(k0 + kBlockN, T) - 1;
   const int32_t* const starts =
@@ -171,50 +171,82 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   claim_registers<240>();
 
-  const int consumer = warp_group - 1;
+  // Broadcast from lane 0 so that the compiler knows the warpgroup is warp-uniform: what is
+  // derived from it (the descriptors) then lives in uniform registers.
+  const int consumer = __shfl_sync(0xffffffffu, warp_group - 1, 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int key_row0 = consumer * 64 + warp * 16 + g;  // this thread's first key in the block
   const bool arrives = lane == 0;
 
-  // S^T = K Q^T: A = this warpgroup's 64 keys of K (K-major), B = the Q tile (K-major).
-  auto kv_desc = [&](uint32_t tile, int kk) {
-    return smem_desc(tile + (kk / 4) * kKVBlockBytes + consumer * kQBlockBytes + (kk % 4) * 32, 16, 1024);
-  };
-  auto q_desc = [&](uint32_t tile, int kk) {
-    return smem_desc(tile + (kk / 4) * kQBlockBytes + (kk % 4) * 32, 16, 1024);
-  };
-  // dV += P^T dO, dK += dS^T Q: B = dO or Q read MN-major, k-step kq = query rows 16 kq...
-  auto q_mn_desc = [&](uint32_t tile, int kq) {
-    return smem_desc(tile + kq * 16 * 128, kQBlockBytes, 1024);
-  };
+  // Each operand's descriptor at its first k-step and stage; a later one adds its byte offset
+  // >> 4 to the start-address field (bits 0-13), which never carries (shared memory is below
+  // 256 KiB), so a tile's 32 descriptors cost 32 additions of constants.
+  auto at = [](uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); };
+  // S^T = K Q^T, dP^T = V dO^T: A = this warpgroup's 64 keys of K or V, B = the Q or dO tile,
+  // both K-major; k-step kk = columns 16 kk.. of 64-column block kk / 4.
+  auto k_step = [](int kk, uint32_t block_bytes) { return (kk / 4) * block_bytes + (kk % 4) * 32; };
+  const uint64_t k_desc = smem_desc(sK + consumer * kQBlockBytes, 16, 1024);
+  const uint64_t v_desc = smem_desc(sV + consumer * kQBlockBytes, 16, 1024);
+  const uint64_t q_desc = smem_desc(sQ(0), 16, 1024);
+  const uint64_t do_desc = smem_desc(sDO(0), 16, 1024);
+  // dV += P^T dO, dK += dS^T Q: B = dO or Q read MN-major; k-step kq = query rows 16 kq...
+  const uint64_t q_mn_desc = smem_desc(sQ(0), kQBlockBytes, 1024);
+  const uint64_t do_mn_desc = smem_desc(sDO(0), kQBlockBytes, 1024);
   // dQ = dS K: A = dS^T read MN-major (rows are keys), B = K's 64-column block of this
   // warpgroup read MN-major; k-step kk = keys 16 kk...
-  auto ds_desc = [&](int it, int kk) { return smem_desc(sDS(it) + kk * 16 * 128, kQBlockBytes, 1024); };
-  auto k_mn_desc = [&](int kk) {
-    return smem_desc(sK + consumer * kKVBlockBytes + kk * 16 * 128, kKVBlockBytes, 1024);
-  };
+  const uint64_t ds_desc = smem_desc(sDS(0), kQBlockBytes, 1024);
+  const uint64_t k_mn_desc = smem_desc(sK + consumer * kKVBlockBytes, kKVBlockBytes, 1024);
+
+  // The queries this thread's keys see, [lo, lo + span), empty for a key past T. A tile takes
+  // element masks only where it holds an invisible pair for a key of this warpgroup; the
+  // bounds run monotonically with the key, so the warpgroup's first and last keys decide.
+  int lo[2], span[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int j = k0 + key_row0 + 8 * r;
+    lo[r] = p.causal ? j : 0;
+    const int hi = min(p.window > 0 ? min(T, j + p.window) : T, document_end(starts, j, T));
+    span[r] = j < T ? hi - lo[r] : 0;
+  }
+  const int wg_key0 = k0 + consumer * 64;
+  const int interior_first = p.causal ? wg_key0 + 63 : 0;  // masks below this query
+  const int interior_end = wg_key0 + 64 > T ? -1
+                           : min(p.window > 0 ? min(T, wg_key0 + p.window) : T,
+                                 document_end(starts, wg_key0, T));  // and from this one on
+  // Per-thread bases of the swizzled stores (hopper_ptx.cuh): a row's 16-byte chunk c lands
+  // at c ^ (row % 8), and row % 8 = g here, so chunk c of a row is the base XOR (c << 4).
+  // dS^T (128 keys x 64 queries, bf16): key rows key_row0 (+ 8), queries 16 kq + 8 h + 2 t.
+  const uint32_t ds_store = static_cast<uint32_t>(key_row0 * 128 + (g << 4) + 4 * t);
+  // dQ staging (64 query rows x this warpgroup's 64 columns as two 32-column fp32 boxes): rows
+  // 16 warp + g (+ 8), columns 8 c + 2 t: chunk 2 (c % 4) + t / 2 of box c / 4.
+  const uint32_t dq_store = static_cast<uint32_t>((warp * 16 + g) * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8);
+  uint8_t* const dq_tile = smem + kDQOffset + consumer * 2 * kDQBoxBytes;
 
   float dk[64], dv[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) dk[i] = dv[i] = 0.f;
 
   mbar_wait(full_kv, 0);
+  const int m_first = m_begin * kBlockM, m_end = (m_begin + m_count) * kBlockM;
+  int m0 = m_first;
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
-    const int m0 = (m_begin + it % m_count) * kBlockM;
+    const uint32_t stage = s * kQBytes, ds_buffer = (it & 1) * kDSBytes;
     mbar_wait(full_q(s), (it / kStages) & 1);
 
     float st[32], dpt[32];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_m64n64_ss<0, 0>(st, kv_desc(sK, kk), q_desc(sQ(s), kk), kk > 0);
+      wgmma_m64n64_ss<0, 0>(st, at(k_desc, k_step(kk, kKVBlockBytes)),
+                            at(q_desc, stage + k_step(kk, kQBlockBytes)), kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_m64n64_ss<0, 0>(dpt, kv_desc(sV, kk), q_desc(sDO(s), kk), kk > 0);
+      wgmma_m64n64_ss<0, 0>(dpt, at(v_desc, k_step(kk, kKVBlockBytes)),
+                            at(do_desc, stage + k_step(kk, kQBlockBytes)), kk > 0);
     }
     wgmma_commit();
 
@@ -224,26 +256,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* const delta = lse2 + kBlockM;
     wgmma_wait<1>();
     fence_accumulators(st);
-    const int q_last = min(m0 + kBlockM, T) - 1;
-    const bool boundary = tile_needs_mask(m0, q_last, k0, kBlockN, T, p.causal, p.window,
-                                          document_start(starts, q_last, T));
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = 8 * c + 2 * t + e;
-        const float l2 = lse2[col];
+        const float l2 = lse2[8 * c + 2 * t + e];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float pv = fast_exp2(fmaf(st[4 * c + 2 * r + e], p.scale_log2, -l2));
-          if (boundary) {
-            const int i = m0 + col, j = k0 + key_row0 + 8 * r;
-            const bool visible = i < T && j < T && (!p.causal || j <= i) &&
-                                 (p.window <= 0 || j > i - p.window) &&
-                                 j >= document_start(starts, i, T);
-            if (!visible) pv = 0.f;
+          st[4 * c + 2 * r + e] = fast_exp2(fmaf(st[4 * c + 2 * r + e], p.scale_log2, -l2));
+        }
+      }
+    }
+    if (m0 < interior_first || m0 + kBlockM > interior_end) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int first = m0 + 2 * t - lo[r];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (static_cast<unsigned>(first + 8 * c + e) >= static_cast<unsigned>(span[r])) {
+              st[4 * c + 2 * r + e] = 0.f;
+            }
           }
-          st[4 * c + 2 * r + e] = pv;
         }
       }
     }
@@ -272,22 +307,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_fence();
 #pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dv, pa[kq], q_mn_desc(sDO(s), kq));
+    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dv, pa[kq], at(do_mn_desc, stage + kq * 16 * 128));
 #pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dk, dsa[kq], q_mn_desc(sQ(s), kq));
+    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dk, dsa[kq], at(q_mn_desc, stage + kq * 16 * 128));
     wgmma_commit();
 
     // dS^T to shared memory (the buffer's previous tile, two back, was read before both
     // warpgroups passed the last tile's barrier), then dQ once both halves are there.
-    const uint32_t ds_tile = kDSOffset + (it & 1) * kDSBytes;
+    uint8_t* const ds_tile = smem + kDSOffset + ds_buffer;
 #pragma unroll
     for (int kq = 0; kq < 4; ++kq) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        // dsa[kq][r]: row key_row0 + 8 r, queries 16 kq + 2 t; dsa[kq][2 + r]: 8 queries on.
-        const int row = key_row0 + 8 * r;
-        *reinterpret_cast<uint32_t*>(smem + ds_tile + swizzled_offset(kBlockN, row, 16 * kq + 2 * t)) = dsa[kq][r];
-        *reinterpret_cast<uint32_t*>(smem + ds_tile + swizzled_offset(kBlockN, row, 16 * kq + 8 + 2 * t)) = dsa[kq][2 + r];
+      for (int h = 0; h < 2; ++h) {
+        // dsa[kq][2 h + r]: key row key_row0 + 8 r, queries 16 kq + 8 h + 2 t (+1).
+        const uint32_t chunk = ds_store ^ ((2 * kq + h) << 4);
+        *reinterpret_cast<uint32_t*>(ds_tile + chunk) = dsa[kq][2 * h];
+        *reinterpret_cast<uint32_t*>(ds_tile + chunk + 8 * 128) = dsa[kq][2 * h + 1];
       }
     }
     fence_async_shared();
@@ -295,7 +330,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     float dq[32];
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n64_ss<1, 1>(dq, ds_desc(it, kk), k_mn_desc(kk), kk > 0);
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      wgmma_m64n64_ss<1, 1>(dq, at(ds_desc, ds_buffer + kk * 16 * 128), at(k_mn_desc, kk * 16 * 128), kk > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
     fence_accumulators(dq);
@@ -303,23 +340,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(dv);
     if (arrives) mbar_arrive(empty_q(s));
 
-    // This warpgroup's 64 columns of dQ (rows 16 warp + g (+ 8) of the tile) to its staging
-    // boxes, once the reduction has read the previous tile's.
+    // This warpgroup's 64 columns of dQ to its staging boxes, once the reduction has read the
+    // previous tile's.
     mbar_wait(dq_empty(consumer), (it & 1) ^ 1);
-    uint8_t* const dq_tile = smem + kDQOffset + consumer * 2 * kDQBoxBytes;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + 8 * r;
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
-        // Columns 8c + 2t, +1: box c / 4, 16-byte chunk (2c + t / 2) % 8 of the 128-byte row.
-        const uint32_t chunk = static_cast<uint32_t>(((2 * c + t / 2) % 8) ^ (row % 8));
-        *reinterpret_cast<float2*>(dq_tile + (c / 4) * kDQBoxBytes + row * 128 + chunk * 16 + (t % 2) * 8) =
-            make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+        const uint32_t at_chunk = (dq_store ^ ((2 * (c % 4)) << 4)) + (c / 4) * kDQBoxBytes + r * 8 * 128;
+        *reinterpret_cast<float2*>(dq_tile + at_chunk) = make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
       }
     }
     fence_async_shared();
     mbar_arrive(dq_full(consumer));
+    m0 = m0 + kBlockM == m_end ? m_first : m0 + kBlockM;
   }
 
   // dK (times the softmax scale, which S^T's exponent carried but dS^T Q does not) and dV.
@@ -363,7 +397,7 @@ void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cuda
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
-  const dim3 grid((p.seq + kBlockN - 1) / kBlockN, p.kv_heads, batch);
+  const dim3 grid = heaviest_first_grid((p.seq + kBlockN - 1) / kBlockN, p.kv_heads, batch);
   attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qkv_map, dout_map,
                                                                             dq_map, p);
   TS_CUDA_CHECK_LAUNCH("attention_backward_hopper_kernel");
