@@ -268,10 +268,12 @@ if want node; then
 fi
 if want full; then
   echo "== full-size models on one GPU (bench model --full)"
-  for precision in bf16 fp8; do
+  # FULL_PRECISIONS (default both), FULL_ARGS (more bench model arguments), FULL_TAG (a suffix
+  # of the output names, to run the step twice in one call).
+  for precision in ${FULL_PRECISIONS:-bf16 fp8}; do
     extra=""; [ "$precision" = fp8 ] && extra="--fp8 hybrid"
     timeout 290 "$BIN/tessera" bench model --full --models "${FULL_MODELS:-llama3.1_8B,qwen2.5_7B}" \
-      $extra -o "$OUT/full_$precision" 2>&1 | tee "$OUT/full_$precision.log" | tail -12
+      $extra ${FULL_ARGS:-} -o "$OUT/full_$precision${FULL_TAG:-}" 2>&1 | tee "$OUT/full_$precision${FULL_TAG:-}.log" | tail -12
   done
   python3 "$ROOT/scripts/device/full_table.py" "$OUT" | tee "$OUT/full_table.md"
 fi
