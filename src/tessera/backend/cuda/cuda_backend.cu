@@ -244,7 +244,9 @@ std::string CudaBackend::description() const {
   std::string attention = attention_hopper_available(128, device_)
                               ? "Tessera kernels (warpgroup MMAs at head_dim 128)"
                               : "Tessera kernels (warp MMAs)";
-  if (cudnn_ != nullptr) {
+  if (cudnn_ != nullptr && attention_ == AttentionBackend::Auto && attention_hopper_available(128, device_)) {
+    attention += ", cuDNN " + cudnn_->version_string() + " for other shapes (auto)";
+  } else if (cudnn_ != nullptr) {
     attention = "cuDNN " + cudnn_->version_string() +
                 (attention_ == AttentionBackend::Auto ? " (auto)" : "");
   } else if (attention_ == AttentionBackend::Auto) {
@@ -656,6 +658,13 @@ void CudaBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
 bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
                                       std::initializer_list<const void*> buffers) {
   if (cudnn_ == nullptr) return false;  // attention_backend tessera, or auto without cuDNN
+  // Under auto, Tessera's warpgroup kernels keep the shapes they run (bf16 at head_dim 128 on
+  // an sm_90a build): there they are at cuDNN's pace or ahead of it (docs/performance.md,
+  // 2026-11-29). Not the deterministic backward: cuDNN's is twice as fast as Tessera's.
+  if (attention_ == AttentionBackend::Auto && s.head_dim == 128 && s.v_dim() == 128 &&
+      !(backward && deterministic_) && attention_hopper_available(128, device_)) {
+    return false;
+  }
   const std::string key =
       std::string(backward ? "backward " : "forward ") + attention_shape_text(s);
   if (attention_fallbacks_.count(key) != 0) return false;  // auto only: reported before
@@ -1199,18 +1208,21 @@ size_t step_buffer_bytes(const StepBufferDemand& d) {
   if (d.tokens > 0 && device_count() > 0) need(embedding_backward_scratch_bytes(d.tokens));
   if (d.largest_reduction > 0) need(sum_scratch_bytes(d.largest_reduction));
   if (d.attention.tokens() > 0) {
-    // auto and cudnn are planned as cuDNN's SDPA, which auto runs wherever the library loads
-    // (it takes the model families' shapes), whether or not this machine has it: a plan must
-    // not depend on where it is made. Its workspace holds Tessera's softmax sums and (unless
-    // deterministic) dQ accumulator in front of the engine's own; Tessera's kernels (tessera,
-    // or auto without cuDNN) hold two (B, H, T) statistics and (unless deterministic) an fp32
-    // dQ accumulator. Shapes the flash kernels do not take fall back to the row-wise kernels'
-    // statistics.
+    // A plan must not depend on where it is made, so auto is planned for both of what it may
+    // run, whether or not this machine has cuDNN or a Hopper GPU: cuDNN's SDPA (wherever the
+    // library loads: it takes the model families' shapes) and Tessera's kernels (head_dim 128
+    // on Hopper, or no cuDNN). cuDNN's workspace holds Tessera's softmax sums and (unless
+    // deterministic) dQ accumulator in front of the engine's own; Tessera's kernels hold two
+    // (B, H, T) statistics and (unless deterministic) an fp32 dQ accumulator. Shapes the flash
+    // kernels do not take fall back to the row-wise kernels' statistics.
     const AttentionOptions flash{.deterministic = d.backend.deterministic};
-    need(d.backend.attention != AttentionBackend::Tessera
-             ? cudnn_backward_tessera_workspace_bytes(d.attention, d.backend.deterministic)
-         : flash_kernels_take(d.attention) ? attention_backward_scratch_bytes(d.attention, flash)
-                                           : attention_rowwise_backward_scratch_bytes(d.attention));
+    const size_t tessera = flash_kernels_take(d.attention)
+                               ? attention_backward_scratch_bytes(d.attention, flash)
+                               : attention_rowwise_backward_scratch_bytes(d.attention);
+    const size_t cudnn = cudnn_backward_tessera_workspace_bytes(d.attention, d.backend.deterministic);
+    need(d.backend.attention == AttentionBackend::Tessera ? tessera
+         : d.backend.attention == AttentionBackend::Vendor ? cudnn
+                                                            : std::max(tessera, cudnn));
   }
   const size_t granules = (scratch + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   size_t chunks = 0;  // the chunk table grows to the largest call's
