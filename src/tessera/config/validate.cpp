@@ -955,8 +955,9 @@ void check_grpo(const Checker& c, const Experiment& e) {
             "false with objective grpo: each completion is its own sequence");
 }
 
-// LoRA adapts the projections of one dense model replica: data parallelism (plain or ZeRO-1)
-// copies it, other layouts would have to split or shard the adapters and the frozen base.
+// LoRA adapts the projections of a dense model: data parallelism (plain or ZeRO-1) copies it,
+// tensor parallelism splits each adapter with its weight; other layouts would have to split
+// the adapters over stages or shard them.
 void check_lora(const Checker& c, const Experiment& e) {
   const TrainingConfig& t = e.training;
   c.require(t.lora_rank >= 0, "lora_rank", "0 (off) or a positive rank");
@@ -972,14 +973,13 @@ void check_lora(const Checker& c, const Experiment& e) {
               "down_proj, Megatron's linear_qkv, linear_proj, linear_fc1, linear_fc2) or all-linear");
   }
   const std::pair<const char*, bool> layouts[] = {
-      {"tensor_model_parallel_size", t.tensor_model_parallel_size > 1},
       {"pipeline_model_parallel_size", t.pipeline_model_parallel_size > 1},
       {"context_parallel_size", t.context_parallel_size > 1},
       {"expert_model_parallel_size", t.expert_model_parallel_size > 1},
       {"use_torch_fsdp2", t.use_torch_fsdp2}};
   for (const auto& [key, on] : layouts)
-    c.require(!on, key, "off with lora_rank: LoRA runs on whole model replicas (data parallelism, "
-                        "plain or use_distributed_optimizer) so far");
+    c.require(!on, key, "off with lora_rank: LoRA runs on model replicas (data parallelism, plain or "
+                        "use_distributed_optimizer) and their tensor-parallel parts so far");
   c.require(t.fp8 == Fp8Mode::Off, "fp8", "null with lora_rank: the frozen base is bf16 so far");
   c.require(e.model_config.num_experts == 0 && !e.model_config.multi_latent_attention,
             e.model_config.num_experts > 0 ? "num_experts" : "multi_latent_attention",

@@ -61,8 +61,10 @@ MeshParallelism::MeshParallelism(Communicator& world, const DeviceMesh& mesh, Mo
   const ParamLayout& layout = model.layout();
   for (size_t i = 0; i < layout.params.size(); ++i) {
     const ParamInfo& p = layout.params[i];
-    const bool replicated = p.tp == TensorParallelStyle::Replicated;
-    if (replicated && rt.sequence_parallel) sequence_partial_grads_.push_back(static_cast<int>(i));
+    const bool partial = p.tp == TensorParallelStyle::ReplicatedPartialGrads;
+    const bool replicated = p.tp == TensorParallelStyle::Replicated || partial;
+    if ((replicated && rt.sequence_parallel) || (partial && mesh.size(MeshDim::TP) > 1))
+      partial_grads_.push_back(static_cast<int>(i));
     // Expert stacks are not split over tensor-parallel ranks either (each holds the same
     // experts, whole): counted once, like the replicated ones.
     if ((replicated || p.tp == TensorParallelStyle::Expert) && tp_rank != 0) continue;
@@ -192,7 +194,7 @@ void MeshParallelism::finish_gradient_reduction() {
   if (data_) data_->finish_gradient_reduction();
   // Where the data parallelism keeps a share of each gradient (FSDP), the share lies at the
   // same places on every tensor-parallel rank (their layouts have the same shape).
-  for (int index : sequence_partial_grads_) {
+  for (int index : partial_grads_) {
     if (!data_) {
       tp_comm_->all_reduce(model_.grad(index), ReduceOp::Sum, Lane::Compute);
       continue;

@@ -131,8 +131,10 @@ class MeshParallelism final : public Parallelism {
   std::unique_ptr<CommExpertExchange> exchange_;
   std::map<std::pair<int64_t, bool>, std::unique_ptr<PipelineSchedule>> schedules_;
   std::unique_ptr<DataParallelism> data_;  // null with one data x context-parallel rank
-  // Replicated parameters whose gradients are partial sums over sequence shards.
-  std::vector<int> sequence_partial_grads_;
+  // Replicated parameters whose gradients are partial sums over the tensor-parallel ranks:
+  // over sequence shards (norms under sequence parallelism), or over a split layer's slices
+  // (TensorParallelStyle::ReplicatedPartialGrads).
+  std::vector<int> partial_grads_;
   // What of the flat gradient buffer this rank counts in the norm (before ZeRO-1's shards).
   std::vector<ParamRange> counted_;
   DeviceBuffer barrier_buffer_;

@@ -561,6 +561,7 @@ void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int b
       if (bias < 0) return row_.forward(out, in, weight, residual);
       break;
     case TensorParallelStyle::Replicated:
+    case TensorParallelStyle::ReplicatedPartialGrads:
     case TensorParallelStyle::Vocab:
       break;
     case TensorParallelStyle::Expert:

@@ -28,8 +28,14 @@ std::optional<LoraOptions> lora_options(const TrainingConfig& t) {
 
 LoraLayout make_lora_layout(const ModelSpec& spec, const ParamLayout& base, const LoraOptions& options) {
   const ModelFamily& family = model_family(spec.family);
+  // Under tensor parallelism the adapters split with their weight: a column-parallel weight's
+  // B by rows (this rank's output rows), a row-parallel one's A by columns (its input columns).
+  // The other factor is whole on every rank, its gradient a partial sum over the ranks.
+  ParamSplit split;
+  for (const ParamInfo& p : base.params)
+    if (p.tp == TensorParallelStyle::Column || p.tp == TensorParallelStyle::Row) split.tensor_parallel = p.placement;
   LoraLayout out;
-  ParamLayoutBuilder builder(out.adapters);
+  ParamLayoutBuilder builder(out.adapters, split);
   for (size_t u = 0; u < base.units.size(); ++u) {
     int layer = -1;
     for (const ParamInfo& p : base.params)
@@ -49,8 +55,12 @@ LoraLayout make_lora_layout(const ModelSpec& spec, const ParamLayout& base, cons
         a.cols = piece.shape[1];
         a.row0 = piece.offset / a.cols;
         a.rows = piece.shape[0];
-        a.a = builder.add(stem + ".lora_A.weight", {options.rank, a.cols}, ParamInit::LowRankNormal, true);
-        a.b = builder.add(stem + ".lora_B.weight", {a.rows, options.rank}, ParamInit::Zeros, true);
+        using enum TensorParallelStyle;
+        const bool column = p.tp == Column, row = p.tp == Row;
+        a.a = builder.add(stem + ".lora_A.weight", {options.rank, a.cols}, ParamInit::LowRankNormal, true,
+                          row ? Row : column ? ReplicatedPartialGrads : Replicated);
+        a.b = builder.add(stem + ".lora_B.weight", {a.rows, options.rank}, ParamInit::Zeros, true,
+                          column ? Column : row ? ReplicatedPartialGrads : Replicated);
         out.adapted.push_back(a);
       }
     }
@@ -58,6 +68,10 @@ LoraLayout make_lora_layout(const ModelSpec& spec, const ParamLayout& base, cons
   if (out.adapted.empty())
     throw ConfigError("configuration", "lora_target_modules", fmt::format("{}", fmt::join(options.targets, ",")),
                       "projections the " + spec.family + " model has");
+  // A split layout's adapters are keyed (initialisation, checkpoints) by their place in the
+  // one-device layout, as the base's are.
+  if (split.tensor_parallel.parts > 1)
+    set_full_offsets(out.adapters, make_lora_layout(spec, make_param_layout(spec), options).adapters);
   return out;
 }
 

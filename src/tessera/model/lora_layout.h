@@ -4,7 +4,9 @@
 // unit of the base layout (empty where the base unit has no adapted projection), so a layer's
 // adapters are reduced when its backward ends; each adapted piece of a projection (fused q, k,
 // v and gate, up hold several) gets lora_A (rank, in) and lora_B (out, rank), named as peft
-// names them ("model.layers.0.self_attn.q_proj.lora_A.weight").
+// names them ("model.layers.0.self_attn.q_proj.lora_A.weight"). Under tensor parallelism
+// each rank holds its part of the factor that splits with the weight (B of a column-parallel
+// weight, A of a row-parallel one) and the whole other factor.
 #include <optional>
 #include <string>
 #include <vector>

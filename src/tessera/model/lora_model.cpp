@@ -1,6 +1,7 @@
 #include "tessera/model/lora_model.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "tessera/core/error.h"
 
@@ -109,10 +110,9 @@ ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& ru
 LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime,
                      LoraOptions options)
     : backend_(backend), runtime_(runtime), options_(std::move(options)) {
-  TS_CHECK(runtime.tensor_parallel_size == 1 && runtime.pipeline_chunks.empty() &&
-               runtime.context_parallel_size == 1 && runtime.expert_parallel_size == 1 &&
-               !runtime.sharded_params && !runtime.fp8.enabled(),
-           "LoRA runs on one model replica (data parallelism only), without FP8");
+  TS_CHECK(runtime.pipeline_chunks.empty() && runtime.context_parallel_size == 1 &&
+               runtime.expert_parallel_size == 1 && !runtime.sharded_params && !runtime.fp8.enabled(),
+           "LoRA runs on whole model replicas or their tensor-parallel parts, without FP8");
   TS_CHECK(options_.rank > 0 && !options_.targets.empty(), "LoRA: rank {} and {} targets",
            options_.rank, options_.targets.size());
   base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime(runtime));
@@ -172,6 +172,33 @@ LoraModel::~LoraModel() = default;
 std::vector<StepHook*> LoraModel::step_hooks() const {
   if (moe_balance_) return {moe_balance_.get()};
   return {};
+}
+
+std::vector<uint8_t> LoraModel::whole_adapter(int index) {
+  const ParamInfo& p = layout_.params[index];
+  const size_t element = dtype_size(runtime_.compute_dtype);
+  std::vector<uint8_t> whole(static_cast<size_t>(p.full_shape.numel()) * element);
+  if (p.whole()) {
+    backend_.download(whole.data(), param(index));
+    return whole;
+  }
+  TS_CHECK(tensor_parallel_ != nullptr, "{}: split over {} ranks without a tensor-parallel group", p.name,
+           p.placement.parts);
+  // Every rank's part, in rank order, then each part's runs to their places in the whole.
+  const int64_t n = p.numel(), parts = p.placement.parts;
+  DeviceBuffer gathered_buffer(backend_, static_cast<size_t>(parts * n) * element, "LoRA adapter gather");
+  const Tensor gathered = gathered_buffer.tensor(runtime_.compute_dtype, {parts, n});
+  tensor_parallel_->all_gather(gathered, param(index).view({1, n}));
+  std::vector<uint8_t> all(static_cast<size_t>(parts * n) * element);
+  backend_.download(all.data(), gathered);
+  for (int k = 0; k < parts; ++k) {
+    ParamInfo part = p;
+    part.placement.index = k;
+    part.for_each_run(0, n, [&](int64_t begin, int64_t count, int64_t full_begin) {
+      std::memcpy(whole.data() + full_begin * element, all.data() + (k * n + begin) * element, count * element);
+    });
+  }
+  return whole;
 }
 
 Tensor LoraModel::param(int index) const {

@@ -29,8 +29,8 @@ namespace tessera {
 
 class LoraModel : public Model, private LinearAdapters {
  public:
-  // `runtime` must be a single model replica (no tensor, pipeline, context or expert
-  // parallelism, no FP8, not sharded).
+  // `runtime`: a whole model replica or its tensor-parallel part (no pipeline, context or
+  // expert parallelism, no FP8, not sharded).
   LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime, LoraOptions options);
   ~LoraModel() override;
   // What construction allocates: the frozen weights, the adapters and their gradients, the
@@ -55,7 +55,13 @@ class LoraModel : public Model, private LinearAdapters {
   void bind_unit_grads(int unit, const Tensor& grads) override;
   void set_unit_observer(ParamUnitObserver* observer) override { outer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override { base_->set_expert_exchange(exchange); }
-  void set_tensor_parallel_group(ParallelGroup* group) override { base_->set_tensor_parallel_group(group); }
+  void set_tensor_parallel_group(ParallelGroup* group) override {
+    tensor_parallel_ = group;
+    base_->set_tensor_parallel_group(group);
+  }
+  // Adapter `index`, whole (its full shape, compute dtype), in host memory: a split one is
+  // gathered over the tensor-parallel group, so every rank of the group calls this.
+  std::vector<uint8_t> whole_adapter(int index);
   void set_context_parallel_group(ParallelGroup* group) override { base_->set_context_parallel_group(group); }
 
   void zero_grads() override;
@@ -110,6 +116,7 @@ class LoraModel : public Model, private LinearAdapters {
   std::unique_ptr<MoeBalanceHook> moe_balance_;  // with MoE layers in the base
   std::unique_ptr<BaseObserver> base_observer_;
   ParamUnitObserver* outer_ = nullptr;
+  ParallelGroup* tensor_parallel_ = nullptr;  // null: a group of one
   ParamLayout layout_;
   std::vector<LoraAdapted> adapted_;
   std::vector<Group> groups_;

@@ -120,7 +120,8 @@ int ParamLayoutBuilder::add(std::string_view name, Shape shape, ParamInit init, 
              split_.expert_parallel.parts);
     p.placement = split_.expert_parallel;
     p.shape = {shape[0] / split_.expert_parallel.parts, shape[1], shape[2]};
-  } else if (!expert && tp != TensorParallelStyle::Replicated && split_.tensor_parallel.parts > 1) {
+  } else if (!expert && tp != TensorParallelStyle::Replicated && tp != TensorParallelStyle::ReplicatedPartialGrads &&
+             split_.tensor_parallel.parts > 1) {
     p.placement = split_.tensor_parallel;
     // Row splits the columns (the last dimension), the others the rows.
     p.full_shape = scaled(shape, tp == TensorParallelStyle::Row ? shape.rank() - 1 : 0,

@@ -28,6 +28,11 @@ enum class ParamInit { Normal, ScaledNormal, Ones, Zeros, LowRankNormal };
 // kinds): the family's blocks declare it with each parameter, parallelize applies it.
 enum class TensorParallelStyle {
   Replicated,  // every rank holds all of it (norms)
+  // Every rank holds all of it, and each computes the part of its gradient that its slice of
+  // a split layer sees: the parts add up over the tensor-parallel ranks. LoRA's A of a
+  // column-parallel weight (each rank's output rows) and B of a row-parallel one (each rank's
+  // input columns).
+  ReplicatedPartialGrads,
   Column,      // output rows split: each rank computes a slice of the outputs
   Row,         // input columns split: each rank computes partial sums of every output
   Vocab,       // embedding/output-head rows split by vocabulary range

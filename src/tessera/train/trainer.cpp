@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <csignal>
@@ -636,10 +637,19 @@ std::string Trainer::save_checkpoint() {
     parallel_->barrier();
     if (rank == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
   }
-  // LoRA: the adapters in peft's format beside them (PeftModel.from_pretrained(base, dir)).
-  if (lora_ && rank == 0)
-    write_peft_adapter(dir, lora_->options(), model_->layout(), t.params_dtype,
-                       [&t](int index, void* dst) { t.backend->download(dst, t.param(index)); });
+  // LoRA: the adapters in peft's format beside them (PeftModel.from_pretrained(base, dir)),
+  // whole: every rank takes part in gathering the ones split over tensor-parallel ranks.
+  if (lora_) {
+    ParamLayout whole = model_->layout();
+    std::vector<std::vector<uint8_t>> values;
+    for (size_t i = 0; i < whole.params.size(); ++i) {
+      values.push_back(lora_->whole_adapter(static_cast<int>(i)));
+      whole.params[i].shape = whole.params[i].full_shape;
+    }
+    if (rank == 0)
+      write_peft_adapter(dir, lora_->options(), whole, setup_.runtime.compute_dtype,
+                         [&values](int index, void* dst) { std::memcpy(dst, values[index].data(), values[index].size()); });
+  }
   // No rank goes on before the checkpoint is published: one that exits now (a signal stop)
   // would make the others abort, rank 0 in the middle of publishing.
   parallel_->barrier();
