@@ -980,7 +980,6 @@ void check_lora(const Checker& c, const Experiment& e) {
   for (const auto& [key, on] : layouts)
     c.require(!on, key, "off with lora_rank: LoRA runs on model replicas (data parallelism, plain or "
                         "use_distributed_optimizer) and their tensor-parallel parts so far");
-  c.require(t.fp8 == Fp8Mode::Off, "fp8", "null with lora_rank: the frozen base is bf16 so far");
   c.require(e.model_config.num_experts == 0 && !e.model_config.multi_latent_attention,
             e.model_config.num_experts > 0 ? "num_experts" : "multi_latent_attention",
             "a dense model with grouped-query attention with lora_rank (MoE experts and "

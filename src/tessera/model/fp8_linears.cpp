@@ -309,6 +309,7 @@ void Fp8Linears::backward_blockwise(int i, const Tensor& din, const Tensor& dout
     d.b_scaling = Fp8Scaling::Block128x128;
     backend_.matmul_fp8(d);
   }
+  if (!dweight.defined()) return;  // a frozen weight (LoRA's base)
   // X transposed, in tiles along the tokens, from the stored bf16 input.
   Fp8BlockCastArgs x;
   x.x = in.view({rows, l.in});
@@ -453,6 +454,7 @@ void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Te
     d.fast_accum = options_.fast_accum_dgrad;
     backend_.matmul_fp8(d);
   }
+  if (!dweight.defined()) return;  // a frozen weight (LoRA's base)
   // The input's transpose with the scale its forward cast used (same values, same codes).
   const Tensor x_t = x_codes_.flat_range(0, rows * l.in).view({l.in, rows});
   cast(fwd_, input_slot(i), in, {}, x_t, false);

@@ -93,8 +93,8 @@ class Fp8Linears final : public StepHook {
   void forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
                const Tensor& bias, float beta, const Tensor& residual);
   // din (rows, in) = dout @ W when din is defined; dweight (out, in), fp32 or bf16 (the
-  // gradient buffer's dtype) =
-  // dout^T @ in + dweight_beta * dweight.
+  // gradient buffer's dtype) = dout^T @ in + dweight_beta * dweight when dweight is defined
+  // (undefined: a frozen weight).
   void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);
 

@@ -111,8 +111,8 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
                      LoraOptions options)
     : backend_(backend), runtime_(runtime), options_(std::move(options)) {
   TS_CHECK(runtime.pipeline_chunks.empty() && runtime.context_parallel_size == 1 &&
-               runtime.expert_parallel_size == 1 && !runtime.sharded_params && !runtime.fp8.enabled(),
-           "LoRA runs on whole model replicas or their tensor-parallel parts, without FP8");
+               runtime.expert_parallel_size == 1 && !runtime.sharded_params,
+           "LoRA runs on whole model replicas or their tensor-parallel parts");
   TS_CHECK(options_.rank > 0 && !options_.targets.empty(), "LoRA: rank {} and {} targets",
            options_.rank, options_.targets.size());
   base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime(runtime));
@@ -170,8 +170,10 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
 LoraModel::~LoraModel() = default;
 
 std::vector<StepHook*> LoraModel::step_hooks() const {
-  if (moe_balance_) return {moe_balance_.get()};
-  return {};
+  std::vector<StepHook*> hooks;
+  if (base_->fp8()) hooks.push_back(base_->fp8());  // the frozen base's FP8 scaling
+  if (moe_balance_) hooks.push_back(moe_balance_.get());
+  return hooks;
 }
 
 std::vector<uint8_t> LoraModel::whole_adapter(int index) {

@@ -30,7 +30,8 @@ namespace tessera {
 class LoraModel : public Model, private LinearAdapters {
  public:
   // `runtime`: a whole model replica or its tensor-parallel part (no pipeline, context or
-  // expert parallelism, no FP8, not sharded).
+  // expert parallelism, not sharded). Under FP8 the frozen base runs its FP8 GEMMs (without
+  // weight gradients) and the adapters stay in the compute dtype.
   LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime, LoraOptions options);
   ~LoraModel() override;
   // What construction allocates: the frozen weights, the adapters and their gradients, the
@@ -87,7 +88,7 @@ class LoraModel : public Model, private LinearAdapters {
   Tensor chunk_grad(int chunk, int slot) const override { return base_->chunk_grad(chunk, slot); }
   Tensor loss_sum() const override { return base_->loss_sum(); }
   void zero_loss_sum() override { base_->zero_loss_sum(); }
-  // The base's MoE balance, reported; its expert bias stays frozen with the base.
+  // The base's FP8 scaling; its MoE balance, reported (its expert bias stays frozen with it).
   std::vector<StepHook*> step_hooks() const override;
   std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return {}; }
   void params_updated() override {}

@@ -37,25 +37,29 @@ void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int b
   if (is_fp8(weight)) {
     fp8_->forward(fp8_index_[weight], out, in, params_(weight),
                   bias >= 0 ? params_(bias) : Tensor{}, beta, c);
-    return;
+  } else {
+    MatmulArgs m;
+    m.out = out;
+    m.a = in;
+    m.b = params_(weight);
+    m.trans_b = true;
+    m.beta = beta;
+    m.c = c;
+    if (bias >= 0) m.bias = params_(bias);
+    backend_.matmul(m);
   }
-  MatmulArgs m;
-  m.out = out;
-  m.a = in;
-  m.b = params_(weight);
-  m.trans_b = true;
-  m.beta = beta;
-  m.c = c;
-  if (bias >= 0) m.bias = params_(bias);
-  backend_.matmul(m);
   if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in, weight);
 }
 
 void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                            int bias) {
   const float grad_beta = take_grad_beta(weight);
+  const bool adapted = adapters_ && adapters_->adapts(weight);
   if (is_fp8(weight)) {
-    fp8_->backward(fp8_index_[weight], din, dout, in, params_(weight), grads_(weight), grad_beta);
+    // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
+    fp8_->backward(fp8_index_[weight], din, dout, in, params_(weight), adapted ? Tensor{} : grads_(weight),
+                   grad_beta);
+    if (adapted) adapters_->backward(din, dout, in, weight);
   } else {
     if (din.defined()) {
       MatmulArgs d;
@@ -64,7 +68,7 @@ void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& 
       d.b = params_(weight);
       backend_.matmul(d);
     }
-    if (adapters_ && adapters_->adapts(weight)) {
+    if (adapted) {
       adapters_->backward(din, dout, in, weight);  // the weight itself is frozen
     } else {
       MatmulArgs w;
