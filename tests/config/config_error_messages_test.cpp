@@ -158,7 +158,6 @@ TEST_F(ConfigErrorMessage, LoraAndDpoKeysThatCannotRunAreNamed) {
       {"--lora_rank 8 --pretrained_checkpoint missing",
        "key 'pretrained_checkpoint' has value 'missing': expected an existing checkpoint directory"},
       {"--pretrained_checkpoint base", "expected unset without lora_rank"},
-      {"--lora_rank 8 --fp8 hybrid", "key 'fp8' has value 'hybrid': expected null with lora_rank"},
       {"--lora_rank 8 --use_torch_fsdp2 true", "key 'use_torch_fsdp2' has value 'true': expected off with lora_rank"},
       {"--objective dpo --dpo_rpo_alpha -1", "key 'dpo_rpo_alpha' has value '-1"},
       {"--objective dpo --lora_rank 8 --dpo_precompute_ref_log_probs false",

@@ -311,6 +311,28 @@ struct ModelRun {
   float loss = 0;
 };
 
+// `steps` forward-backward passes over one batch of `tokens` tokens without updates, each
+// ended by the model's step hooks (FP8 scaling) as the trainer ends a step; the last pass's
+// loss sum and gradients.
+void run_passes(Backend& b, Model& m, int tokens, int steps, float& loss, std::vector<float>& grads) {
+  std::vector<int32_t> ids(tokens), targets(tokens);
+  for (int i = 0; i < tokens; ++i) ids[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
+  DeviceBuffer norm(b, 4, "norm");
+  for (int step = 0; step < steps; ++step) {
+    m.set_batch(ids.data(), targets.data());
+    m.zero_grads();
+    m.zero_loss_sum();
+    m.forward_backward(1.0f / static_cast<float>(tokens));
+    for (StepHook* hook : m.step_hooks()) {
+      b.fill(norm.tensor(DType::F32, {1}), 0.0f);
+      hook->end_step(norm.tensor(DType::F32, {1}));
+    }
+  }
+  b.download(&loss, m.loss_sum());
+  grads.resize(m.layout().total);
+  b.download(grads.data(), m.grads());
+}
+
 ModelRun run_model(const Fp8Options& fp8, int steps = 1) {
   ModelRun r;
   ModelRuntime rt;
@@ -320,22 +342,7 @@ ModelRun run_model(const Fp8Options& fp8, int steps = 1) {
   const ModelSpec spec = tiny_spec();
   r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
   init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
-  std::vector<int32_t> tokens(32), targets(32);
-  for (int i = 0; i < 32; ++i) tokens[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
-  DeviceBuffer norm(*r.backend, 4, "norm");
-  for (int step = 0; step < steps; ++step) {
-    r.model->set_batch(tokens.data(), targets.data());
-    r.model->zero_grads();
-    r.model->zero_loss_sum();
-    r.model->forward_backward(1.0f / 32);
-    if (r.model->fp8()) {
-      r.backend->fill(norm.tensor(DType::F32, {1}), 0.0f);
-      r.model->fp8()->end_step(norm.tensor(DType::F32, {1}));
-    }
-  }
-  r.backend->download(&r.loss, r.model->loss_sum());
-  r.grads.resize(r.model->layout().total);
-  r.backend->download(r.grads.data(), r.model->grads());
+  run_passes(*r.backend, *r.model, 32, steps, r.loss, r.grads);
   return r;
 }
 
@@ -402,22 +409,7 @@ TEST(Fp8Lora, AdaptersOnAnFp8BaseStayNearTheirRunWithoutFp8) {
     init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 12);
     for (const LoraAdapted& a : r.model->adapted())  // B away from zero: both factors get gradients
       r.backend->init_normal(r.model->param(a.b), 13, static_cast<uint64_t>(a.b) * 1000, 0.0f, 0.2f);
-    std::vector<int32_t> tokens(32), targets(32);
-    for (int i = 0; i < 32; ++i) tokens[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
-    DeviceBuffer norm(*r.backend, 4, "norm");
-    for (int step = 0; step < 3; ++step) {
-      r.model->set_batch(tokens.data(), targets.data());
-      r.model->zero_grads();
-      r.model->zero_loss_sum();
-      r.model->forward_backward(1.0f / 32);
-      for (StepHook* hook : r.model->step_hooks()) {
-        r.backend->fill(norm.tensor(DType::F32, {1}), 0.0f);
-        hook->end_step(norm.tensor(DType::F32, {1}));
-      }
-    }
-    r.backend->download(&r.loss, r.model->loss_sum());
-    r.grads.resize(r.model->layout().total);
-    r.backend->download(r.grads.data(), r.model->grads());
+    run_passes(*r.backend, *r.model, 32, 3, r.loss, r.grads);
     return r;
   };
   Fp8Options o;
@@ -822,15 +814,7 @@ TEST(Fp8BlockScaling, ModelLossAndGradientsStayNearFp32) {
     rt.fp8 = fp8;
     r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
     init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
-    std::vector<int32_t> tokens(128), targets(128);
-    for (int i = 0; i < 128; ++i) tokens[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
-    r.model->set_batch(tokens.data(), targets.data());
-    r.model->zero_grads();
-    r.model->zero_loss_sum();
-    r.model->forward_backward(1.0f / 128);
-    r.backend->download(&r.loss, r.model->loss_sum());
-    r.grads.resize(r.model->layout().total);
-    r.backend->download(r.grads.data(), r.model->grads());
+    run_passes(*r.backend, *r.model, 128, 1, r.loss, r.grads);
     return r;
   };
   Fp8Options o;
