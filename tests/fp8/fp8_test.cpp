@@ -311,6 +311,15 @@ struct ModelRun {
   float loss = 0;
 };
 
+// The runtime of the model tests: micro_batch sequences of seq tokens, with `fp8`.
+ModelRuntime fp8_runtime(int64_t micro_batch, int64_t seq, const Fp8Options& fp8) {
+  ModelRuntime rt;
+  rt.micro_batch = micro_batch;
+  rt.seq_length = seq;
+  rt.fp8 = fp8;
+  return rt;
+}
+
 // `steps` forward-backward passes over one batch of `tokens` tokens without updates, each
 // ended by the model's step hooks (FP8 scaling) as the trainer ends a step; the last pass's
 // loss sum and gradients.
@@ -335,10 +344,7 @@ void run_passes(Backend& b, Model& m, int tokens, int steps, float& loss, std::v
 
 ModelRun run_model(const Fp8Options& fp8, int steps = 1) {
   ModelRun r;
-  ModelRuntime rt;
-  rt.micro_batch = 2;
-  rt.seq_length = 16;
-  rt.fp8 = fp8;
+  const ModelRuntime rt = fp8_runtime(2, 16, fp8);
   const ModelSpec spec = tiny_spec();
   r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
   init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
@@ -399,10 +405,7 @@ TEST(Fp8Lora, AdaptersOnAnFp8BaseStayNearTheirRunWithoutFp8) {
   options.targets = lora_targets("all-linear");
   auto run = [&](const Fp8Options& fp8) {
     LoraRun r;
-    ModelRuntime rt;
-    rt.micro_batch = 2;
-    rt.seq_length = 16;
-    rt.fp8 = fp8;
+    const ModelRuntime rt = fp8_runtime(2, 16, fp8);
     const ModelSpec spec = tiny_spec();
     r.model = std::make_unique<LoraModel>(*r.backend, spec, rt, options);
     init_parameters(*r.backend, spec, r.model->base_layout(), r.model->base_params(), 11);
@@ -808,10 +811,7 @@ TEST(Fp8BlockScaling, ModelLossAndGradientsStayNearFp32) {
   spec.max_position_embeddings = 128;
   auto run = [&](const Fp8Options& fp8) {
     ModelRun r;
-    ModelRuntime rt;
-    rt.micro_batch = 1;
-    rt.seq_length = 128;
-    rt.fp8 = fp8;
+    const ModelRuntime rt = fp8_runtime(1, 128, fp8);
     r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
     init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
     run_passes(*r.backend, *r.model, 128, 1, r.loss, r.grads);
