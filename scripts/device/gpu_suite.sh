@@ -83,19 +83,25 @@ if want lab && [ -x "$BIN/attention_lab" ]; then
   timeout 240 "$BIN/attention_lab" --require-cudnn 2>&1 | tee "$OUT/attention_lab.log" | tail -45
 fi
 if want attention_profile; then
-  # Nsight Compute on one launch of the warpgroup backward (seq 8192, causal): every section,
+  # Nsight Compute on one launch of a warpgroup attention kernel at seq 8192: every section,
   # plus per-instruction stall samples; the report and its text pages come back in $OUT.
-  echo "== ncu: attention_backward_hopper_kernel at seq 8192, causal"
+  # ATTENTION_PROFILE_KERNELS: forward and/or backward (default backward); ATTENTION_PROFILE_MASK:
+  # a bench attention mask (default causal; packed: documents of 1024 tokens).
   ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)"
-  timeout 300 "$ncu_bin" --clock-control none --set full --import-source yes \
-    -k regex:attention_backward_hopper --launch-skip 2 --launch-count 1 -f -o "$OUT/attention_bwd" \
-    "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks causal \
-    --attention_backend tessera -o "$OUT/attention_profiled" > "$OUT/ncu_run.log" 2>&1
-  tail -5 "$OUT/ncu_run.log"
-  "$ncu_bin" --import "$OUT/attention_bwd.ncu-rep" --page details > "$OUT/ncu_details.txt" 2>&1
-  "$ncu_bin" --import "$OUT/attention_bwd.ncu-rep" --page source --csv --print-source sass \
-    > "$OUT/ncu_source_sass.csv" 2>&1
-  grep -E "Duration|Throughput|Stall|Warp Cycles|Issue Slot|Eligible|Bank" "$OUT/ncu_details.txt" | head -60
+  mask="${ATTENTION_PROFILE_MASK:-causal}"
+  for pass in ${ATTENTION_PROFILE_KERNELS:-backward}; do
+    echo "== ncu: attention_${pass}_hopper_kernel at seq 8192, $mask"
+    name="attention_${pass}_${mask}"
+    timeout 300 "$ncu_bin" --clock-control none --set full --import-source yes \
+      -k "regex:attention_${pass}_hopper" --launch-skip 2 --launch-count 1 -f -o "$OUT/$name" \
+      "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks "$mask" --document_length 1024 \
+      --attention_backend tessera -o "$OUT/${name}_bench" > "$OUT/${name}_ncu_run.log" 2>&1
+    tail -3 "$OUT/${name}_ncu_run.log"
+    "$ncu_bin" --import "$OUT/$name.ncu-rep" --page details > "$OUT/${name}_details.txt" 2>&1
+    "$ncu_bin" --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/${name}_source_sass.csv" 2>&1
+    grep -E "Duration|Throughput|Warp Cycles|Issue Slot|Eligible" "$OUT/${name}_details.txt" | head -20
+  done
 fi
 if want hf; then
   echo "== Hugging Face transformers round trip (import, export, logits)"

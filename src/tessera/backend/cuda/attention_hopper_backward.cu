@@ -56,7 +56,8 @@ constexpr uint32_t kDQBoxBytes = kBlockM * 128;
 constexpr uint32_t kDQOffset = kDSOffset + 2 * kDSBytes;
 constexpr uint32_t kStatsOffset = kDQOffset + 2 * 2 * kDQBoxBytes;  // lse2, delta per stage
 constexpr uint32_t kBarrierOffset = kStatsOffset + kStages * 2 * kBlockM * 4;
-constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;  // 9 barriers, alignment slack
+// 9 barriers, then (from byte 80) the block's document facts; alignment slack.
+constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;
 // The loading warp's 32 lanes publish lse2 and delta, its first lane also the TMA bytes: 33
 // arrivals complete a stage.
 constexpr uint32_t kStageArrivals = 33;
@@ -92,11 +93,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t* const starts =
       p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
   const int m_begin = p.causal ? k0 / kBlockM : 0;
-  // Queries that see a key of the block: up to the last key's window edge and document end.
-  const int q_end = min(p.window > 0 ? min(T, k_last + p.window) : T, document_end(starts, k_last, T));
-  const int m_count = (q_end + kBlockM - 1) / kBlockM - m_begin;
-  const int iters = p.group * m_count;
 
+  // Packed documents: which of the block's keys start a document (a 128-bit mask, from one
+  // coalesced load) and where the document of its last key ends (a warp's 32-way search):
+  // every key's document end follows, without a bisection of dependent loads per thread.
+  int* const documents = reinterpret_cast<int*>(smem + kBarrierOffset + 80);  // mask words, end
+  if (starts != nullptr) {
+    if (threadIdx.x < kBlockN) {
+      const int i = k0 + static_cast<int>(threadIdx.x);
+      const unsigned mask = __ballot_sync(0xffffffffu, i > k0 && i < T && starts[i] == i);
+      if (threadIdx.x % 32 == 0) documents[threadIdx.x / 32] = static_cast<int>(mask);
+    } else if (threadIdx.x < kBlockN + 32) {
+      const int end = document_end_warp(starts, k_last, T);
+      if (threadIdx.x == kBlockN) documents[4] = end;
+    }
+  }
   if (threadIdx.x == 0) {
     mbar_init(full_kv, 1);
     for (int s = 0; s < kStages; ++s) {
@@ -110,6 +121,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
+  // One past the last query of key j's document (j a key of the block): the next document start
+  // after j among the block's keys, else after its last key.
+  auto key_document_end = [&](int j) {
+    if (starts == nullptr) return T;
+    const int at = j - k0;
+    for (int w = at / 32; w < kBlockN / 32; ++w) {
+      unsigned later = static_cast<unsigned>(documents[w]);
+      if (w == at / 32) later &= at % 32 == 31 ? 0u : ~0u << (at % 32 + 1);
+      if (later != 0) return k0 + 32 * w + __ffs(static_cast<int>(later)) - 1;
+    }
+    return documents[4];
+  };
+  // Queries that see a key of the block: up to the last key's window edge and document end.
+  const int q_end = min(p.window > 0 ? min(T, k_last + p.window) : T, key_document_end(k_last));
+  const int m_count = (q_end + kBlockM - 1) / kBlockM - m_begin;
+  const int iters = p.group * m_count;
 
   const int warp_group = threadIdx.x / 128;
   if (warp_group == 0) {
@@ -206,14 +233,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int j = k0 + key_row0 + 8 * r;
     lo[r] = p.causal ? j : 0;
-    const int hi = min(p.window > 0 ? min(T, j + p.window) : T, document_end(starts, j, T));
+    const int hi = min(p.window > 0 ? min(T, j + p.window) : T, key_document_end(min(j, k_last)));
     span[r] = j < T ? hi - lo[r] : 0;
   }
   const int wg_key0 = k0 + consumer * 64;
   const int interior_first = p.causal ? wg_key0 + 63 : 0;  // masks below this query
   const int interior_end = wg_key0 + 64 > T ? -1
                            : min(p.window > 0 ? min(T, wg_key0 + p.window) : T,
-                                 document_end(starts, wg_key0, T));  // and from this one on
+                                 key_document_end(wg_key0));  // and from this one on
   // Per-thread bases of the swizzled stores (hopper_ptx.cuh): a row's 16-byte chunk c lands
   // at c ^ (row % 8), and row % 8 = g here, so chunk c of a row is the base XOR (c << 4).
   // dS^T (128 keys x 64 queries, bf16): key rows key_row0 (+ 8), queries 16 kq + 8 h + 2 t.
