@@ -638,8 +638,8 @@ std::string Trainer::save_checkpoint() {
     if (rank == 0) dir = finish_sharded_checkpoint(c.save, t, s, world, c.ckpt_keep_last);
   }
   // LoRA: the adapters in peft's format beside them (PeftModel.from_pretrained(base, dir)),
-  // whole: every rank takes part in gathering the ones split over tensor-parallel ranks.
-  if (lora_) {
+  // whole: under tensor parallelism every rank takes part in gathering the split ones.
+  if (lora_ && (rank == 0 || split)) {
     ParamLayout whole = model_->layout();
     std::vector<std::vector<uint8_t>> values;
     for (size_t i = 0; i < whole.params.size(); ++i) {
