@@ -417,6 +417,20 @@ TEST_F(DistGpu, TensorParallelMatchesOneGpu) {
       << read("tp_sp.txt");
 }
 
+// LoRA under tensor parallelism over NCCL, in fp32 on Brown text: each adapter splits with its
+// weight (B of the column-parallel projections by rows, A of the row-parallel ones by columns),
+// the whole factor's partial gradients are summed over the ranks, and TP 2 with sequence
+// parallelism trains like one GPU within the fp32 bounds.
+TEST_F(DistGpu, LoraUnderTensorParallelMatchesOneGpu) {
+  TS_REQUIRE_TWO_GPUS();
+  const std::string lora = " --lora_rank 8 --lora_alpha 16";
+  ASSERT_EQ(run(brown_fp32_args("lora_one") + lora, "lora_one.txt"), 0) << read("lora_one.txt");
+  const std::vector<double> one = losses("lora_one");
+  ASSERT_EQ(one.size(), 20u);
+  expect_layout_matches("lora_tp2_sp", 2, 29690,
+                        lora + " --tensor_model_parallel_size 2 --sequence_parallel true", one);
+}
+
 // Pipelines over NCCL point-to-point transfers: 2 stages (1F1B, and interleaved with 2 model
 // chunks each on a 4-layer model) train like one GPU; with 4 GPUs, tensor x pipeline parallel.
 TEST_F(DistGpu, PipelineMatchesOneGpu) {
