@@ -241,11 +241,13 @@ std::string CudaBackend::description() const {
   const size_t lt = cublasLtGetVersion();  // e.g. 130100 = 13.1.0
   // Which of Tessera's flash kernels run here: warpgroup MMAs (sm_90a builds on sm_90) at
   // head_dim 128, warp MMAs otherwise.
-  std::string attention = attention_hopper_available(128, device_)
-                              ? "Tessera kernels (warpgroup MMAs at head_dim 128)"
-                              : "Tessera kernels (warp MMAs)";
-  if (cudnn_ != nullptr && attention_ == AttentionBackend::Auto && attention_hopper_available(128, device_)) {
-    attention += ", cuDNN " + cudnn_->version_string() + " for other shapes (auto)";
+  const bool warpgroup = attention_hopper_available(128, device_);
+  std::string attention = warpgroup ? "Tessera kernels (warpgroup MMAs at head_dim 128)"
+                                    : "Tessera kernels (warp MMAs)";
+  if (cudnn_ != nullptr && attention_ == AttentionBackend::Auto && warpgroup) {
+    // use_cudnn_attention's rule: the deterministic backward goes to cuDNN at head_dim 128 too.
+    attention += ", cuDNN " + cudnn_->version_string() +
+                 (deterministic_ ? " for the backward and other shapes (auto)" : " for other shapes (auto)");
   } else if (cudnn_ != nullptr) {
     attention = "cuDNN " + cudnn_->version_string() +
                 (attention_ == AttentionBackend::Auto ? " (auto)" : "");
@@ -661,8 +663,8 @@ bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
   // Under auto, Tessera's warpgroup kernels keep the shapes they run (bf16 at head_dim 128 on
   // an sm_90a build): there they are at cuDNN's pace or ahead of it (docs/performance.md,
   // 2026-11-29). Not the deterministic backward: cuDNN's is twice as fast as Tessera's.
-  if (attention_ == AttentionBackend::Auto && s.head_dim == 128 && s.v_dim() == 128 &&
-      !(backward && deterministic_) && attention_hopper_available(128, device_)) {
+  if (attention_ == AttentionBackend::Auto && !(backward && deterministic_) && flash_kernels_take(s) &&
+      attention_hopper_available(s.head_dim, device_)) {
     return false;
   }
   const std::string key =
