@@ -1614,6 +1614,40 @@ std::vector<OpCase> mla_cases() {
     };
     cases.push_back(c);
   }
+  // The output head's rows: a gather of every third row of an odd-sized matrix, and the
+  // scatter of its results back (distinct rows, as the op requires), in the compute dtype and
+  // in fp32 (per-row losses), at a Llama 3 8B width too.
+  for (auto [N, C, kind] : {std::tuple<int64_t, int64_t, Kind>{97, 72, Kind::Act},
+                            {97, 1, Kind::F32}, {8192, 4096, Kind::Act}}) {
+    const int64_t K = (N + 2) / 3;
+    // rows[i] = 3i + 1 wrapped to N, so distinct and in no contiguous run; the case writes them
+    // before the op (so they are InOut: its random ids would repeat).
+    const auto rows = [N, K](Backend& b, const Tensor& t) {
+      std::vector<int32_t> r(static_cast<size_t>(K));
+      for (int64_t i = 0; i < K; ++i) r[i] = static_cast<int32_t>((3 * i + 1) % N);
+      b.upload(t, r.data());
+    };
+    OpCase gather;
+    gather.name = fmt::format("copy_rows gather {} of N{} C{}{}", K, N, C, kind == Kind::F32 ? " fp32" : "");
+    gather.specs = {{"rows", {K}, Kind::I32, Role::InOut, 1, 0, 1},
+                    {"src", {N, C}, kind},
+                    {"dst", {K, C}, kind, Role::Accum, 1, 0, 1, 1e-6}};
+    gather.run = [=](Backend& b, const Tensors& t) {
+      rows(b, t.at("rows"));
+      b.copy_rows(t.at("dst"), Tensor{}, t.at("src"), t.at("rows"));
+    };
+    cases.push_back(gather);
+    OpCase scatter;
+    scatter.name = fmt::format("copy_rows scatter {} into N{} C{}{}", K, N, C, kind == Kind::F32 ? " fp32" : "");
+    scatter.specs = {{"rows", {K}, Kind::I32, Role::InOut, 1, 0, 1},
+                     {"src", {K, C}, kind},
+                     {"dst", {N, C}, kind, Role::Accum, 1, 0, 1, 1e-6}};
+    scatter.run = [=](Backend& b, const Tensors& t) {
+      rows(b, t.at("rows"));
+      b.copy_rows(t.at("dst"), t.at("rows"), t.at("src"), Tensor{});
+    };
+    cases.push_back(scatter);
+  }
   return cases;
 }
 

@@ -382,6 +382,20 @@ void ReferenceBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const
   store(dst, out);
 }
 
+void ReferenceBackend::do_copy_rows(const Tensor& dst, const Tensor& dst_rows, const Tensor& src,
+                                    const Tensor& src_rows) {
+  const int64_t C = matrix_dims(dst).cols;
+  const int64_t count = dst_rows.defined() ? dst_rows.numel() : src_rows.numel();
+  std::vector<double> out = values(dst);
+  const std::vector<double> in = values(src);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t to = dst_rows.defined() ? dst_rows.as<int32_t>()[i] : i;
+    const int64_t from = src_rows.defined() ? src_rows.as<int32_t>()[i] : i;
+    std::copy_n(in.begin() + from * C, C, out.begin() + to * C);
+  }
+  store(dst, out);
+}
+
 void ReferenceBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
   std::vector<double> o(static_cast<size_t>(a.numel()));
   ref::add(o.data(), values(a).data(), values(b).data(), a.numel());

@@ -195,5 +195,67 @@ TEST(GpuModel, TokenLossBackwardTracksTheCpu) {
   EXPECT_LT(grad_err, 5e-2);  // as the bf16 model's forward_backward against the CPU's above
 }
 
+// What the CPU test Model.HeadOnLossRowsEqualsTheWholeHead checks, in bf16 on the GPU's
+// kernels: the head on the rows whose targets count (a quarter of each document masked as its
+// prompt) against the whole head, in forward_backward, the kept gradients' backward and the
+// per-position backward, with chunks that cut the loss rows.
+TEST(GpuModel, HeadOnLossRowsEqualsTheWholeHead) {
+  TS_REQUIRE_GPU();
+  const ModelSpec spec = small_spec();
+  Batch batch = packed({{100, 28}, {128}});
+  // The first quarter of each document is its prompt.
+  for (size_t begin = 0; begin < batch.targets.size();) {
+    size_t end = begin + 1;
+    while (end < batch.targets.size() && batch.positions[end] != 0) ++end;
+    for (size_t i = begin; i < begin + (end - begin) / 4; ++i) batch.targets[i] = -1;
+    begin = end;
+  }
+  const int64_t N = static_cast<int64_t>(batch.tokens.size());
+  std::vector<float> weights(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) weights[static_cast<size_t>(i)] = 0.01f * static_cast<float>((i * 37) % 19 - 9);
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<float> loss(2);
+    std::vector<std::vector<float>> token_losses(2), grads(2);
+    for (int rows = 0; rows < 2; ++rows) {
+      ModelRuntime rt;
+      rt.micro_batch = 2;
+      rt.seq_length = 128;
+      rt.compute_dtype = DType::BF16;
+      rt.cross_entropy_chunk_tokens = 96;
+      rt.keep_logit_grads = pass == 1;
+      rt.head_on_loss_rows = rows == 1;
+      auto backend = make_backend(DeviceChoice::Gpu, 0);
+      DecoderModel model(*backend, spec, rt);
+      init_weights(*backend, spec, model);
+      model.set_batch(batch.tokens.data(), batch.targets.data());
+      model.zero_grads();
+      model.zero_loss_sum();
+      DeviceBuffer w(*backend, static_cast<size_t>(N) * sizeof(float), "weights");
+      const Tensor dlogps = w.tensor(DType::F32, {N});
+      backend->upload(dlogps, weights.data());
+      if (pass == 0) {
+        model.forward_backward(0.01f);
+      } else {
+        model.forward_loss();
+        if (pass == 1) model.loss_backward(0.01f);
+        if (pass == 2) model.token_loss_backward(dlogps, 0.0f);
+      }
+      loss[rows] = download_float(*backend, model.loss_sum())[0];
+      token_losses[rows] = download_float(*backend, model.token_losses());
+      grads[rows] = download_float(*backend, model.grads());
+    }
+    const double token_err = relative_error(token_losses[1], token_losses[0]);
+    const double grad_err = relative_error(grads[1], grads[0]);
+    std::printf("[ grad     ] head on the loss rows against the whole head, pass %d: loss %.2e, token "
+                "losses %.2e, gradients %.2e\n",
+                pass, std::abs(loss[1] / loss[0] - 1), token_err, grad_err);
+    // The same bf16 kernels on fewer rows; GEMMs of another row count may split their sums
+    // otherwise.
+    EXPECT_NEAR(loss[1] / loss[0], 1.0, 1e-3);
+    EXPECT_LT(token_err, 1e-2);
+    EXPECT_LT(grad_err, 1e-2);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::gpu_test

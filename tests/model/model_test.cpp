@@ -1,7 +1,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "common/model_step.h"
@@ -245,6 +247,78 @@ TEST(Model, TokenLossBackwardWeighsEachPosition) {
     EXPECT_EQ(again, 0.0f) << "the head's second run adds no loss";
     EXPECT_LT(relative_difference(grads(), expected), 1e-5) << "softcap " << softcap;
   }
+}
+
+// head_on_loss_rows: the output head on the rows whose targets count alone (gathered, and
+// their losses and gradients scattered back) gives the whole head's losses, token losses and
+// gradients, in each of its passes: forward_backward, the kept logit gradients' backward (DPO)
+// and the per-position backward (GRPO); with chunks that cut the loss rows, a soft-cap, most
+// rows masked, and none left.
+TEST(Model, HeadOnLossRowsEqualsTheWholeHead) {
+  struct Outcome {
+    float loss_sum = 0;
+    std::vector<float> token_losses, grads;
+  };
+  enum class Pass { ForwardBackward, Kept, PerToken };
+  const auto outcome = [](const ModelSpec& spec, ModelRuntime rt, Pass pass,
+                          const std::function<bool(int64_t)>& ignored) {
+    rt.keep_logit_grads = pass == Pass::Kept;
+    auto backend = make_cpu_backend();
+    DecoderModel model(*backend, spec, rt);
+    testing::init_test_model(*backend, spec, model);
+    const int64_t N = rt.tokens();
+    std::vector<int32_t> tokens(N), targets(N);
+    std::vector<float> weights(N);
+    for (int64_t i = 0; i < N; ++i) {
+      tokens[i] = static_cast<int32_t>(random_below(40, i, 64));
+      targets[i] = ignored(i) ? -1 : static_cast<int32_t>(random_below(41, i, 64));
+      weights[i] = static_cast<float>(random_below(42, i, 7)) - 3.0f;
+    }
+    model.zero_grads();
+    model.zero_loss_sum();
+    model.set_batch(tokens.data(), targets.data());
+    DeviceBuffer buffer(*backend, N * sizeof(float), "weights");
+    const Tensor dlogps = buffer.tensor(DType::F32, {N});
+    backend->upload(dlogps, weights.data());
+    if (pass == Pass::ForwardBackward) {
+      model.forward_backward(0.3f);
+    } else {
+      model.forward_loss();
+      if (pass == Pass::Kept) model.loss_backward(0.3f);
+      if (pass == Pass::PerToken) model.token_loss_backward(dlogps, 0.0f);
+    }
+    Outcome o;
+    backend->download(&o.loss_sum, model.loss_sum());
+    o.token_losses.resize(N);
+    backend->download(o.token_losses.data(), model.token_losses());
+    o.grads.resize(model.layout().total);
+    backend->download(o.grads.data(), model.grads());
+    return o;
+  };
+  const std::function<bool(int64_t)> masks[] = {
+      [](int64_t i) { return i % 5 == 0; }, [](int64_t i) { return i % 6 != 1; },
+      [](int64_t) { return true; }};
+  for (double softcap : {0.0, 5.0})
+    for (int64_t chunk : {int64_t{8192}, int64_t{3}})
+      for (Pass pass : {Pass::ForwardBackward, Pass::Kept, Pass::PerToken})
+        for (size_t m = 0; m < std::size(masks); ++m) {
+          ModelSpec spec = tiny_spec();
+          spec.logit_softcap = softcap;
+          ModelRuntime rt = base_runtime();
+          rt.cross_entropy_chunk_tokens = chunk;
+          const Outcome whole = outcome(spec, rt, pass, masks[m]);
+          rt.head_on_loss_rows = true;
+          const Outcome rows = outcome(spec, rt, pass, masks[m]);
+          const std::string what = fmt::format("softcap {} chunk {} pass {} mask {}", softcap, chunk,
+                                               static_cast<int>(pass), m);
+          EXPECT_NEAR(rows.loss_sum, whole.loss_sum, 1e-6 * std::abs(whole.loss_sum)) << what;
+          EXPECT_LT(relative_difference(rows.token_losses, whole.token_losses), 1e-6) << what;
+          if (m == 2) {
+            for (float g : rows.grads) ASSERT_EQ(g, 0.0f) << what;
+          } else {
+            EXPECT_LT(relative_difference(rows.grads, whole.grads), 1e-6) << what;
+          }
+        }
 }
 
 TEST(ModelSpec, FlopsFollowTheMegatronConvention) {

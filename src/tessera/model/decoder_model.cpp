@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "tessera/core/error.h"
+#include "tessera/core/fp8.h"
 #include "tessera/model/rope.h"
 
 namespace tessera {
@@ -120,6 +121,13 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   plan.add(&a.dnorm, dt, {Ns, C}, Keep::Shared);
   plan.add(&a.tokens, DType::I32, {N});
   plan.add(&a.targets, DType::I32, {N});
+  if (rt.head_on_loss_rows) {
+    plan.add(&a.loss_rows, DType::I32, {N});
+    plan.add(&a.loss_targets, DType::I32, {N});
+    plan.add(&a.head_in, dt, {chunk, C}, Keep::Shared);
+    plan.add(&a.head_din, dt, {chunk, C}, Keep::Shared);
+    plan.add(&a.row_values, DType::F32, {chunk}, Keep::Shared);
+  }
   a.rope.tables.clear();
   for (double base : rope_bases(layers)) a.rope.tables.push_back({base, Tensor{}});
   // A row per position, or with reset_position_ids a row per token.
@@ -236,6 +244,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
            plan_->bytes(), mem.activations);
   act_buffer_ = DeviceBuffer(backend_, plan_->bytes(), "activations");
   plan_->bind(act_buffer_);
+  loss_row_count_.assign(static_cast<size_t>(runtime_.pipeline_slots), -1);
 
   const int cp = runtime_.context_parallel_size;
   TS_CHECK(cp >= 1 && runtime_.context_parallel_rank >= 0 && runtime_.context_parallel_rank < cp &&
@@ -473,6 +482,7 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets,
   if (runtime_.context_parallel_size == 1) {
     backend_.upload(a_.tokens, tokens);
     backend_.upload(a_.targets, targets);
+    set_loss_rows(targets);
     return;
   }
   // This rank's tokens (and targets) of each whole sequence.
@@ -484,6 +494,31 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets,
         host_ids_[b * local + t] = from[b * whole + context_positions_[t]];
     backend_.upload(to, host_ids_.data());
   }
+  set_loss_rows(host_ids_.data());  // the targets, the loop's last
+}
+
+void DecoderModel::set_loss_rows(const int32_t* targets) {
+  int64_t& count = loss_row_count_[static_cast<size_t>(slot_)];
+  count = -1;
+  if (!runtime_.head_on_loss_rows) return;
+  const int64_t N = runtime_.tokens();
+  host_loss_rows_.clear();
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] >= 0) host_loss_rows_.push_back(static_cast<int32_t>(i));
+  // An FP8 head's GEMMs take whole blocks of rows: the padding rows are ones whose targets do
+  // not count, so their losses and gradients are the zeros their positions hold anyway.
+  const bool fp8_head = runtime_.fp8.enabled() && runtime_.fp8.lm_head;
+  const int64_t multiple = fp8_head ? kFp8BlockSize : 1;
+  const int64_t rows = (static_cast<int64_t>(host_loss_rows_.size()) + multiple - 1) / multiple * multiple;
+  if (rows >= N) return;
+  for (int64_t i = 0; static_cast<int64_t>(host_loss_rows_.size()) < rows; ++i)
+    if (targets[i] < 0) host_loss_rows_.push_back(static_cast<int32_t>(i));
+  host_loss_targets_.resize(host_loss_rows_.size());
+  for (size_t i = 0; i < host_loss_rows_.size(); ++i) host_loss_targets_[i] = targets[host_loss_rows_[i]];
+  count = rows;
+  if (rows == 0) return;
+  backend_.upload(a_.loss_rows.flat_range(0, rows), host_loss_rows_.data());
+  backend_.upload(a_.loss_targets.flat_range(0, rows), host_loss_targets_.data());
 }
 
 // Packed documents: every token's rotary row is its position's, and a query's keys start at
@@ -639,42 +674,79 @@ void DecoderModel::head_end(int chunk, bool with_grad) {
   if (with_grad) grads_ready(layout_.tail_unit());
 }
 
-void DecoderModel::head_chunks(const HeadRows& head,
-                               const std::function<void(int64_t c, const Tensor& logits, const Tensor& normed,
-                                                        const Tensor& targets)>& body) {
-  const int64_t N = runtime_.tokens();
-  const int64_t rows = a_.logits.dim(0);
-  for (int64_t c = 0; c < N; c += rows) {
-    const int64_t n = std::min(rows, N - c);
-    const Tensor logits = a_.logits.rows(0, n), xn = head.normed.rows(c, c + n);
-    gemms_.forward(logits, xn, layout_.lm_head, -1, 0.0f, {});
-    body(c, logits, xn, a_.targets.rows(c, c + n));
+int64_t DecoderModel::head_rows() const {
+  const int64_t count = loss_row_count_[static_cast<size_t>(slot_)];
+  return count >= 0 ? count : runtime_.tokens();
+}
+
+DecoderModel::HeadChunk DecoderModel::head_chunk(const HeadRows& head, int64_t c, int64_t n) {
+  HeadChunk k;
+  k.first = c;
+  k.logits = a_.logits.rows(0, n);
+  if (loss_row_count_[static_cast<size_t>(slot_)] < 0) {
+    k.normed = head.normed.rows(c, c + n);
+    k.targets = a_.targets.rows(c, c + n);
+    k.losses = a_.losses.rows(c, c + n);
+    if (head.dnormed.defined()) k.dnormed = head.dnormed.rows(c, c + n);
+    return k;
+  }
+  k.rows = a_.loss_rows.flat_range(c, n);
+  k.normed = a_.head_in.rows(0, n);
+  backend_.copy_rows(k.normed, Tensor{}, head.normed, k.rows);
+  k.targets = a_.loss_targets.rows(c, c + n);
+  k.losses = a_.row_values.flat_range(0, n);
+  k.dnormed = a_.head_din.rows(0, n);
+  return k;
+}
+
+void DecoderModel::head_chunk_done(const HeadRows& head, const HeadChunk& k, bool losses,
+                                   bool dnormed) {
+  if (!k.rows.defined()) return;
+  const int64_t n = k.rows.numel();
+  if (losses) backend_.copy_rows(a_.losses.view({runtime_.tokens(), 1}), k.rows, k.losses.view({n, 1}), Tensor{});
+  if (dnormed) backend_.copy_rows(head.dnormed, k.rows, k.dnormed, Tensor{});
+}
+
+void DecoderModel::head_chunks(const HeadRows& head, bool losses, bool dnormed,
+                               const std::function<void(const HeadChunk&)>& body) {
+  const int64_t rows = head_rows(), chunk = a_.logits.dim(0);
+  // Positions the head skips have no loss and pass no gradient back.
+  if (rows < runtime_.tokens()) {
+    if (losses) backend_.fill(a_.losses, 0.0f);
+    if (dnormed) backend_.fill(head.dnormed, 0.0f);
+  }
+  for (int64_t c = 0; c < rows; c += chunk) {
+    const HeadChunk k = head_chunk(head, c, std::min(chunk, rows - c));
+    gemms_.forward(k.logits, k.normed, layout_.lm_head, -1, 0.0f, {});
+    body(k);
+    head_chunk_done(head, k, losses, dnormed);
   }
 }
 
 // Final norm, output head and cross-entropy, chunked over tokens so that only
 // chunk x vocab logits ever exist. With gradients, each chunk's d(logits) overwrites its
 // logits and is consumed at once: the head's backward runs inside the forward pass. Without,
-// keep_logit_grads writes them at unit scale into the slot's logit_grads instead.
+// keep_logit_grads writes them at unit scale into the slot's logit_grads instead (row for row
+// of the head's rows).
 void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
   ScopedRange r(backend_, "output_head");
   const HeadRows head = head_begin(chunk, with_grad);
   const bool keep = !with_grad && runtime_.keep_logit_grads;
-  head_chunks(head, [&](int64_t c, const Tensor& logits, const Tensor& xn, const Tensor& targets) {
-    const int64_t n = logits.dim(0);
-    const Tensor dlogits = with_grad ? logits : keep ? a_.logit_grads.rows(c, c + n) : Tensor{};
+  head_chunks(head, true, with_grad, [&](const HeadChunk& k) {
+    const int64_t n = k.logits.dim(0);
+    const Tensor dlogits = with_grad ? k.logits : keep ? a_.logit_grads.rows(k.first, k.first + n) : Tensor{};
     const float scale = keep ? 1.0f : grad_scale;
     if (spec_.logit_softcap > 0) {
       // The loss reads the capped logits; their gradient goes back through the cap in place.
       const Tensor capped = a_.capped.rows(0, n);
       const float cap = static_cast<float>(spec_.logit_softcap);
-      backend_.softcap(capped, logits, cap);
-      cross_entropy_->forward(a_.losses.rows(c, c + n), capped, targets, dlogits, scale);
+      backend_.softcap(capped, k.logits, cap);
+      cross_entropy_->forward(k.losses, capped, k.targets, dlogits, scale);
       if (dlogits.defined()) backend_.softcap_backward(dlogits, dlogits, capped, cap);
     } else {
-      cross_entropy_->forward(a_.losses.rows(c, c + n), logits, targets, dlogits, scale);
+      cross_entropy_->forward(k.losses, k.logits, k.targets, dlogits, scale);
     }
-    if (with_grad) gemms_.backward(head.dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+    if (with_grad) gemms_.backward(k.dnormed, k.logits, k.normed, layout_.lm_head, -1);
   });
   backend_.sum(a_.loss_sum, a_.losses, /*accumulate=*/true);
   head_end(chunk, with_grad);
@@ -683,22 +755,23 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
 void DecoderModel::head_backward_kept(float grad_scale) {
   ScopedRange r(backend_, "output_head");
   const HeadRows head = head_begin(0, true);
+  const int64_t rows = head_rows(), chunk = a_.logits.dim(0);
+  const Tensor kept = a_.logit_grads.rows(0, rows);
   // Both of the head's backward products are linear in the kept gradients G, so the scale s
   // goes on the head's input, d(weight) = G^T (s x), and on the input gradient it returns,
   // s (G W): tokens x hidden values rather than tokens x vocabulary. An FP8 head's input
   // keeps its amax history unscaled: there the gradients take the scale.
   const bool fp8_head = runtime_.fp8.enabled() && runtime_.fp8.lm_head;
   if (fp8_head) {
-    backend_.scale(a_.logit_grads, a_.logit_grads, grad_scale);
+    backend_.scale(kept, kept, grad_scale);
   } else {
     backend_.scale(head.normed, head.normed, grad_scale);
   }
-  const int64_t N = runtime_.tokens();
-  const int64_t rows = a_.logits.dim(0);
-  for (int64_t c = 0; c < N; c += rows) {
-    const int64_t end = std::min(N, c + rows);
-    gemms_.backward(head.dnormed.rows(c, end), a_.logit_grads.rows(c, end), head.normed.rows(c, end),
-                    layout_.lm_head, -1);
+  if (rows < runtime_.tokens()) backend_.fill(head.dnormed, 0.0f);
+  for (int64_t c = 0; c < rows; c += chunk) {
+    const HeadChunk k = head_chunk(head, c, std::min(chunk, rows - c));
+    gemms_.backward(k.dnormed, kept.rows(c, c + k.normed.dim(0)), k.normed, layout_.lm_head, -1);
+    head_chunk_done(head, k, false, true);
   }
   if (!fp8_head) backend_.scale(head.dnormed, head.dnormed, grad_scale);
   head_end(0, true);
@@ -707,18 +780,23 @@ void DecoderModel::head_backward_kept(float grad_scale) {
 void DecoderModel::head_backward_per_token(const Tensor& dlogps) {
   ScopedRange r(backend_, "output_head");
   const HeadRows head = head_begin(0, true);
-  head_chunks(head, [&](int64_t c, const Tensor& logits, const Tensor& xn, const Tensor& targets) {
-    const int64_t n = logits.dim(0);
+  head_chunks(head, false, true, [&](const HeadChunk& k) {
+    const int64_t n = k.logits.dim(0);
     const Tensor logps = a_.chunk_logps.flat_range(0, n), lse = a_.chunk_lse.flat_range(0, n);
+    Tensor chunk_dlogps = dlogps.flat_range(k.first, n);
+    if (k.rows.defined()) {
+      chunk_dlogps = a_.row_values.flat_range(0, n);
+      backend_.copy_rows(chunk_dlogps.view({n, 1}), Tensor{}, dlogps.view({dlogps.numel(), 1}), k.rows);
+    }
     // d(logits) overwrites the logits, through the cap as in head_forward.
     const bool capped = spec_.logit_softcap > 0;
-    const Tensor probs = capped ? a_.capped.rows(0, n) : logits;
+    const Tensor probs = capped ? a_.capped.rows(0, n) : k.logits;
     const float cap = static_cast<float>(spec_.logit_softcap);
-    if (capped) backend_.softcap(probs, logits, cap);
-    backend_.log_softmax_gather(logps, lse, probs, targets);
-    backend_.log_softmax_gather_backward(logits, dlogps.flat_range(c, n), probs, lse, targets);
-    if (capped) backend_.softcap_backward(logits, logits, probs, cap);
-    gemms_.backward(head.dnormed.rows(c, c + n), logits, xn, layout_.lm_head, -1);
+    if (capped) backend_.softcap(probs, k.logits, cap);
+    backend_.log_softmax_gather(logps, lse, probs, k.targets);
+    backend_.log_softmax_gather_backward(k.logits, chunk_dlogps, probs, lse, k.targets);
+    if (capped) backend_.softcap_backward(k.logits, k.logits, probs, cap);
+    gemms_.backward(k.dnormed, k.logits, k.normed, layout_.lm_head, -1);
   });
   head_end(0, true);
 }

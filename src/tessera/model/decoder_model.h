@@ -98,6 +98,10 @@ class DecoderModel final : public Model, private LayerOps {
     // Per chunk: d(residual state) (Ns, C) as its backward goes, from d(output) to d(input).
     std::vector<Tensor> dresid;
     Tensor final_norm, final_rstd, logits, losses, loss_sum;
+    // head_on_loss_rows: the rows whose targets count, then padding rows (N) int32, and their
+    // targets (N) int32, per slot; a chunk of the head's input rows and of their gradient
+    // (chunk, C), and a chunk's fp32 value per row (its losses, or its d(logps)).
+    Tensor loss_rows, loss_targets, head_in, head_din, row_values;
     Tensor logit_grads;  // keep_logit_grads: (tokens, vocab) d(loss)/d(logits) at unit scale
     // token_loss_backward: a logits chunk's log-probabilities of the targets and logsumexps
     Tensor chunk_logps, chunk_lse;
@@ -167,12 +171,29 @@ class DecoderModel final : public Model, private LayerOps {
   };
   HeadRows head_begin(int chunk, bool with_grad);
   void head_end(int chunk, bool with_grad);
+  // One chunk of the head's rows: every position's, or with head_on_loss_rows the loss rows'
+  // (then gathered from the head's input, and their losses and input gradient scattered back
+  // after the body).
+  struct HeadChunk {
+    int64_t first = 0;  // its first row among the head's rows
+    Tensor rows;        // the positions of its rows (loss rows only; else undefined)
+    Tensor logits, normed, targets;  // (n, V), (n, C), (n)
+    Tensor losses, dnormed;          // (n) fp32 and (n, C): where the body writes them
+  };
+  // The rows the head runs on in the current slot: all tokens, or the loss rows.
+  int64_t head_rows() const;
+  // The head chunk [c, c + n) of its rows: the normed rows gathered where they are loss rows.
+  HeadChunk head_chunk(const HeadRows& head, int64_t c, int64_t n);
+  // After a chunk's body: its losses and input gradient into every position's, where the
+  // chunk holds loss rows.
+  void head_chunk_done(const HeadRows& head, const HeadChunk& k, bool losses, bool dnormed);
   // The head's logits chunk by chunk, so that only chunk x vocabulary of them ever exist: each
-  // chunk's GEMM into the logits buffer, then body(first token, its logits, its normed rows,
-  // its targets).
-  void head_chunks(const HeadRows& head,
-                   const std::function<void(int64_t c, const Tensor& logits, const Tensor& normed,
-                                            const Tensor& targets)>& body);
+  // chunk's GEMM into the logits buffer, then body(chunk), then its losses (with `losses`) and
+  // input gradient (with `dnormed`) put back at their positions.
+  void head_chunks(const HeadRows& head, bool losses, bool dnormed,
+                   const std::function<void(const HeadChunk&)>& body);
+  // set_batch's targets (this rank's tokens): with head_on_loss_rows, the slot's loss rows.
+  void set_loss_rows(const int32_t* targets);
   bool holds_embedding(int chunk) const { return chunk == 0 && parts_.embedding; }
   bool holds_head(int chunk) const { return chunk == chunks() - 1 && parts_.head; }
   // The parameter unit of the rank's layer `layer` (an index into layers_).
@@ -209,6 +230,10 @@ class DecoderModel final : public Model, private LayerOps {
   // set_batch copies to every token's row of the model's table.
   std::vector<std::pair<double, std::vector<float>>> position_tables_;
   std::vector<int32_t> host_ids_;           // this rank's tokens of a micro-batch, on the host
+  // head_on_loss_rows: per slot, the head's rows (loss rows and padding), or -1 for every
+  // token; and the host's rows and targets before their upload.
+  std::vector<int64_t> loss_row_count_;
+  std::vector<int32_t> host_loss_rows_, host_loss_targets_;
   // Packed documents: each token's position in its document (what its attention sees), and
   // the visible pairs by attention window, counted once per batch (every layer's forward and
   // backward asks).

@@ -86,6 +86,12 @@ struct ModelRuntime {
   // so that loss_backward scales them instead of running the output head's forward again
   // (DPO: one tokens x vocabulary tensor per answer).
   bool keep_logit_grads = false;
+  // The output head (its logits GEMMs, cross-entropy and their backward) runs only on the rows
+  // whose targets count (set_batch's non-negative targets) when some do not: a fine-tuning
+  // batch's prompts and padding, DPO's and GRPO's prompts. The rows are gathered into a chunk
+  // of their own and the head's results scattered back (zeros elsewhere), so losses and
+  // gradients are those of the whole head. Costs two (chunk, hidden) buffers.
+  bool head_on_loss_rows = false;
   Fp8Options fp8;  // FP8 linear layers (off by default)
   // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).
   bool moe_force_balance = false;

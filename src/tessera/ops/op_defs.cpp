@@ -789,6 +789,41 @@ OpCost cost_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, 
   return {0, 2 * static_cast<double>(matrix_dims(src).rows) * cols * dtype_size(src.dtype)};
 }
 
+// ---- copy_rows
+
+namespace {
+int64_t copied_rows(const Tensor& dst_rows, const Tensor& src_rows) {
+  return dst_rows.defined() ? dst_rows.numel() : src_rows.defined() ? src_rows.numel() : 0;
+}
+}  // namespace
+
+void check_copy_rows(const OpChecks& check, const Tensor& dst, const Tensor& dst_rows,
+                     const Tensor& src, const Tensor& src_rows) {
+  check.placed(dst, "dst");
+  check.placed(src, "src");
+  check.that(dst_rows.defined() || src_rows.defined(), "neither dst_rows nor src_rows given");
+  const int64_t count = copied_rows(dst_rows, src_rows);
+  if (dst_rows.defined()) check.placed(dst_rows, "dst_rows");
+  if (src_rows.defined()) check.count(src_rows, count, "src_rows");
+  const MatrixDims d = matrix_dims(dst), r = matrix_dims(src);
+  check.that(d.cols == r.cols, "dst {} and src {} differ in width", dst.shape.str(),
+             src.shape.str());
+  check.that(dst_rows.defined() || count <= d.rows, "{} rows into dst {}", count, dst.shape.str());
+  check.that(src_rows.defined() || count <= r.rows, "{} rows from src {}", count, src.shape.str());
+}
+
+OpArgs describe_copy_rows(const Tensor& dst, const Tensor& dst_rows, const Tensor& src,
+                          const Tensor& src_rows) {
+  return op_args::rows_cols(src);
+}
+
+OpCost cost_copy_rows(const Tensor& dst, const Tensor& dst_rows, const Tensor& src,
+                      const Tensor& src_rows) {
+  const double row_bytes = static_cast<double>(matrix_dims(src).cols) * dtype_size(src.dtype);
+  const int64_t count = copied_rows(dst_rows, src_rows);
+  return {0, 2 * count * row_bytes + (dst_rows.defined() + src_rows.defined()) * 4.0 * count};
+}
+
 // ---- add
 
 void check_add(const OpChecks& check, const Tensor& out, const Tensor& a, const Tensor& b) {

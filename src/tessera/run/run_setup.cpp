@@ -116,6 +116,9 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.cross_entropy_chunk_tokens = t.cross_entropy_chunk_tokens;
   rt.reset_position_ids = e.data.reset_position_ids;
   rt.reset_attention_mask = e.data.reset_attention_mask;
+  // Objectives and data whose targets leave rows out (prompts, padding, end-of-document).
+  rt.head_on_loss_rows = t.objective != Objective::Lm || e.data.eod_mask_loss ||
+                         e.data.packing_strategy == PackingStrategy::Bfd;
   rt.fp8 = fp8_options(t);
   rt.moe_force_balance = t.moe_force_balance;
   rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);

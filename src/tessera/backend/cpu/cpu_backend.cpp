@@ -678,6 +678,23 @@ void CpuBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tenso
     std::memcpy(to + (n * d.cols + dst_col) * e, from + (n * r.cols + src_col) * e, cols * e);
 }
 
+void CpuBackend::do_copy_rows(const Tensor& dst, const Tensor& dst_rows, const Tensor& src,
+                              const Tensor& src_rows) {
+  const MatrixDims d = matrix_dims(dst), r = matrix_dims(src);
+  if (dst_rows.defined()) expect_ids_below(dst_rows, d.rows, false, "copy_rows", "dst_rows");
+  if (src_rows.defined()) expect_ids_below(src_rows, r.rows, false, "copy_rows", "src_rows");
+  const int64_t count = dst_rows.defined() ? dst_rows.numel() : src_rows.numel();
+  const size_t row_bytes = static_cast<size_t>(d.cols) * dtype_size(dst.dtype);
+  const auto row = [](const Tensor& rows, int64_t i) {
+    return rows.defined() ? static_cast<int64_t>(rows.as<int32_t>()[i]) : i;
+  };
+  const char* from = static_cast<const char*>(src.data);
+  char* to = static_cast<char*>(dst.data);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i)
+    std::memcpy(to + row(dst_rows, i) * row_bytes, from + row(src_rows, i) * row_bytes, row_bytes);
+}
+
 // ---- elementwise
 
 void CpuBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {

@@ -794,6 +794,14 @@ void CudaBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tens
                      dtype_size(dst.dtype), stream_);
 }
 
+void CudaBackend::do_copy_rows(const Tensor& dst, const Tensor& dst_rows, const Tensor& src,
+                               const Tensor& src_rows) {
+  const int64_t count = dst_rows.defined() ? dst_rows.numel() : src_rows.numel();
+  cuda::copy_rows(dst.data, dst_rows.defined() ? dst_rows.as<int32_t>() : nullptr, src.data,
+                  src_rows.defined() ? src_rows.as<int32_t>() : nullptr, count,
+                  static_cast<size_t>(matrix_dims(dst).cols) * dtype_size(dst.dtype), stream_);
+}
+
 void CudaBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
   cuda::add(out.data, a.data, b.data, a.numel(), a.dtype, stream_);
 }

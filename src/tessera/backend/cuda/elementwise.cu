@@ -4,6 +4,7 @@
 
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
+#include "tessera/core/error.h"
 #include "tessera/core/random.h"
 
 namespace tessera::cuda {
@@ -151,6 +152,18 @@ struct SoftcapBackwardOp {
   }
 };
 
+// One thread per Word of a copied row; a row is whole Words (16 bytes where the rows and
+// pointers allow it, so that each access is one vector load or store).
+template <class Word>
+__global__ void copy_rows_kernel(Word* dst, const int32_t* dst_rows, const Word* src,
+                                 const int32_t* src_rows, int64_t count, int64_t row_words) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= count * row_words) return;
+  const int64_t i = w / row_words, c = w % row_words;
+  const int64_t to = dst_rows ? dst_rows[i] : i, from = src_rows ? src_rows[i] : i;
+  dst[to * row_words + c] = src[from * row_words + c];
+}
+
 }  // namespace
 
 void fill(void* dst, int64_t n, float value, DType dtype, cudaStream_t stream) {
@@ -226,6 +239,26 @@ void softcap(void* out, const void* x, float cap, int64_t n, DType dtype, cudaSt
 void softcap_backward(void* dx, const void* dy, const void* y, float cap, int64_t n, DType dtype,
                       cudaStream_t stream) {
   launch_map("softcap_backward", dx, dy, y, n, dtype, stream, SoftcapBackwardOp{cap});
+}
+
+void copy_rows(void* dst, const int32_t* dst_rows, const void* src, const int32_t* src_rows,
+               int64_t count, size_t row_bytes, cudaStream_t stream) {
+  NvtxRange range("copy_rows");
+  if (count == 0 || row_bytes == 0) return;
+  auto launch = [&](auto word) {
+    using Word = decltype(word);
+    const int64_t row_words = static_cast<int64_t>(row_bytes / sizeof(Word));
+    const int64_t blocks = ceil_div(count * row_words, kThreads);
+    check_grid("copy_rows", blocks);
+    copy_rows_kernel<Word><<<blocks, kThreads, 0, stream>>>(static_cast<Word*>(dst), dst_rows,
+                                                            static_cast<const Word*>(src), src_rows,
+                                                            count, row_words);
+    TS_CUDA_CHECK_LAUNCH("copy_rows_kernel");
+  };
+  if (row_bytes % 16 == 0 && is_aligned(dst, 16) && is_aligned(src, 16)) return launch(uint4{});
+  if (row_bytes % 4 == 0 && is_aligned(dst, 4) && is_aligned(src, 4)) return launch(uint32_t{});
+  TS_CHECK(row_bytes % 2 == 0, "copy_rows: rows of {} bytes", row_bytes);
+  launch(uint16_t{});
 }
 
 }  // namespace tessera::cuda

@@ -28,4 +28,9 @@ void softcap(void* out, const void* x, float cap, int64_t n, DType dtype, cudaSt
 void softcap_backward(void* dx, const void* dy, const void* y, float cap, int64_t n, DType dtype,
                       cudaStream_t stream);
 
+// dst[dst_rows[i]] = src[src_rows[i]] for i < count, rows of row_bytes bytes; a null index is
+// the identity (Backend::copy_rows).
+void copy_rows(void* dst, const int32_t* dst_rows, const void* src, const int32_t* src_rows,
+               int64_t count, size_t row_bytes, cudaStream_t stream);
+
 }  // namespace tessera::cuda
