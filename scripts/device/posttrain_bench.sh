@@ -31,6 +31,8 @@
 #     lora       the full Llama 3.1 8B at seq 4096, global batch 1, selective recompute and
 #                bf16 optimizer state: LoRA rank 16 on every projection, the full fine-tune at
 #                the same settings, and the peer's --task lora (peft r16, same projections)
+#     lora_fp8   the LoRA of lora on a bf16 base and on an FP8 hybrid base (delayed scaling), without
+#                the peer (its full-depth build takes 4 minutes: see lora)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="$1"; shift
@@ -108,6 +110,14 @@ if want lora; then
   # The peer builds the 8B model on the host first: over 4 minutes.
   timeout 420 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
     --json "$OUT/peer.jsonl" > "$OUT/peer_lora.log" 2>&1; echo "peer exit $?"; tail -3 "$OUT/peer_lora.log"
+fi
+if want lora_fp8; then
+  echo "== LoRA on the full model: bf16 base, then FP8 base"
+  SAME=(--num_layers 32 --seq_length 4096 --recompute_granularity selective --use_distributed_optimizer true
+        --use_precision_aware_optimizer true --main_grads_dtype bf16 --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16
+        --lora_rank 16 --lora_alpha 32 --iters 6)
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" -o "$OUT/lora_bf16" 2>&1 | tail -4
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" --fp8 hybrid -o "$OUT/lora_fp8" 2>&1 | tail -4
 fi
 if want grpo || want grpo_tiny; then
   echo "== GRPO: the tiny experiment end to end in bf16"

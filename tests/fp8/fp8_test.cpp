@@ -434,6 +434,55 @@ TEST(Fp8Lora, AdaptersOnAnFp8BaseStayNearTheirRunWithoutFp8) {
   EXPECT_EQ(status, 0.0f);
 }
 
+// An FP8 output head on the loss rows alone: their count (107) is padded to the FP8 GEMMs'
+// multiple (112 on the CPU) with masked rows (zero loss, zero gradient), and the run stays as
+// near fp32 as the FP8 head on every row does (its scales now come from those rows' amax).
+TEST(Fp8Model, HeadOnLossRowsPadsToWholeBlocksAndStaysNearFp32) {
+  const int64_t tokens = 2 * 160;
+  std::vector<int32_t> ids(tokens), targets(tokens);
+  for (int64_t i = 0; i < tokens; ++i)
+    ids[i] = static_cast<int32_t>((i * 37) % 128), targets[i] = i % 3 == 1 ? static_cast<int32_t>((i * 53 + 1) % 128) : -1;
+  auto run = [&](const Fp8Options& fp8, bool rows) {
+    ModelRun r;
+    ModelRuntime rt = fp8_runtime(2, 160, fp8);
+    rt.head_on_loss_rows = rows;
+    const ModelSpec spec = tiny_spec();
+    r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
+    init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
+    DeviceBuffer norm(*r.backend, 4, "norm");
+    for (int step = 0; step < 3; ++step) {
+      r.model->set_batch(ids.data(), targets.data());
+      r.model->zero_grads();
+      r.model->zero_loss_sum();
+      r.model->forward_backward(1.0f / 107.0f);
+      for (StepHook* hook : r.model->step_hooks()) {
+        r.backend->fill(norm.tensor(DType::F32, {1}), 0.0f);
+        hook->end_step(norm.tensor(DType::F32, {1}));
+      }
+    }
+    r.backend->download(&r.loss, r.model->loss_sum());
+    r.grads.resize(r.model->layout().total);
+    r.backend->download(r.grads.data(), r.model->grads());
+    return r;
+  };
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  o.lm_head = true;
+  o.amax_history_len = 4;
+  const ModelRun ref = run(Fp8Options{}, false), whole = run(o, false), rows = run(o, true);
+  EXPECT_NEAR(rows.loss / ref.loss, 1.0, 0.02);
+  double whole_err = 0, rows_err = 0;
+  for (const ParamInfo& p : ref.model->layout().params) {
+    whole_err = std::max(whole_err, rel_err(whole.grads, ref.grads, p.offset, p.numel()));
+    rows_err = std::max(rows_err, rel_err(rows.grads, ref.grads, p.offset, p.numel()));
+  }
+  EXPECT_LT(rows_err, 0.25);
+  EXPECT_LT(rows_err, 1.5 * whole_err) << "whole head " << whole_err;
+  // The head's rows differ from every row's (112 of 320), so the two
+  // FP8 runs differ.
+  EXPECT_NE(rows.loss, whole.loss);
+}
+
 TEST(Fp8ModelState, DelayedScalesComeFromTheHistoryAndNaNIsReported) {
   Fp8Options o;
   o.mode = Fp8Mode::Hybrid;

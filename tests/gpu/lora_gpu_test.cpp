@@ -196,18 +196,18 @@ TEST(GpuModel, TokenLossBackwardTracksTheCpu) {
 }
 
 // What the CPU test Model.HeadOnLossRowsEqualsTheWholeHead checks, in bf16 on the GPU's
-// kernels: the head on the rows whose targets count (a quarter of each document masked as its
-// prompt) against the whole head, in forward_backward, the kept gradients' backward and the
+// kernels: the head on the rows whose targets count (the first half of each document masked as
+// its prompt) against the whole head, in forward_backward, the kept gradients' backward and the
 // per-position backward, with chunks that cut the loss rows.
 TEST(GpuModel, HeadOnLossRowsEqualsTheWholeHead) {
   TS_REQUIRE_GPU();
-  const ModelSpec spec = small_spec();
-  Batch batch = packed({{100, 28}, {128}});
-  // The first quarter of each document is its prompt.
+  ModelSpec spec = small_spec();
+  spec.max_position_embeddings = 512;
+  Batch batch = packed({{300, 212}, {512}});
   for (size_t begin = 0; begin < batch.targets.size();) {
     size_t end = begin + 1;
     while (end < batch.targets.size() && batch.positions[end] != 0) ++end;
-    for (size_t i = begin; i < begin + (end - begin) / 4; ++i) batch.targets[i] = -1;
+    for (size_t i = begin; i < begin + (end - begin) / 2; ++i) batch.targets[i] = -1;
     begin = end;
   }
   const int64_t N = static_cast<int64_t>(batch.tokens.size());
@@ -219,9 +219,9 @@ TEST(GpuModel, HeadOnLossRowsEqualsTheWholeHead) {
     for (int rows = 0; rows < 2; ++rows) {
       ModelRuntime rt;
       rt.micro_batch = 2;
-      rt.seq_length = 128;
+      rt.seq_length = 512;
       rt.compute_dtype = DType::BF16;
-      rt.cross_entropy_chunk_tokens = 96;
+      rt.cross_entropy_chunk_tokens = 384;
       rt.keep_logit_grads = pass == 1;
       rt.head_on_loss_rows = rows == 1;
       auto backend = make_backend(DeviceChoice::Gpu, 0);

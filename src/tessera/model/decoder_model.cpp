@@ -505,11 +505,15 @@ void DecoderModel::set_loss_rows(const int32_t* targets) {
   host_loss_rows_.clear();
   for (int64_t i = 0; i < N; ++i)
     if (targets[i] >= 0) host_loss_rows_.push_back(static_cast<int32_t>(i));
-  // An FP8 head's GEMMs take whole blocks of rows: the padding rows are ones whose targets do
-  // not count, so their losses and gradients are the zeros their positions hold anyway.
-  const bool fp8_head = runtime_.fp8.enabled() && runtime_.fp8.lm_head;
-  const int64_t multiple = fp8_head ? kFp8BlockSize : 1;
-  const int64_t rows = (static_cast<int64_t>(host_loss_rows_.size()) + multiple - 1) / multiple * multiple;
+  // The row count is rounded up to the backend's multiple for GEMMs of varying rows, and an
+  // FP8 head's (powers of two both). The padding rows are ones whose targets do not count:
+  // their losses and gradients are the zeros their positions hold anyway.
+  int64_t multiple = backend_.varying_gemm_rows_multiple();
+  if (runtime_.fp8.enabled() && runtime_.fp8.lm_head)
+    multiple = std::max(multiple, runtime_.fp8.recipe == Fp8Recipe::Blockwise ? kFp8BlockSize
+                                                                              : backend_.fp8_gemm_multiple());
+  const int64_t kept = static_cast<int64_t>(host_loss_rows_.size());
+  const int64_t rows = (kept + multiple - 1) / multiple * multiple;
   if (rows >= N) return;
   for (int64_t i = 0; static_cast<int64_t>(host_loss_rows_.size()) < rows; ++i)
     if (targets[i] < 0) host_loss_rows_.push_back(static_cast<int32_t>(i));

@@ -90,7 +90,9 @@ struct ModelRuntime {
   // whose targets count (set_batch's non-negative targets) when some do not: a fine-tuning
   // batch's prompts and padding, DPO's and GRPO's prompts. The rows are gathered into a chunk
   // of their own and the head's results scattered back (zeros elsewhere), so losses and
-  // gradients are those of the whole head. Costs two (chunk, hidden) buffers.
+  // gradients are those of the whole head. The row count is padded (with rows that do not
+  // count) to the backend's varying_gemm_rows_multiple (256 on CUDA). Costs two
+  // (chunk, hidden) buffers.
   bool head_on_loss_rows = false;
   Fp8Options fp8;  // FP8 linear layers (off by default)
   // MoE layers route tokens round-robin instead of by score (benchmarks, docs/moe.md).

@@ -387,6 +387,11 @@ class Backend {
   // GEMMs, whose row groups too) is a multiple of this: a rule of its GEMM library, which the
   // FP8 linear layers and the trainer check a model against.
   virtual int64_t fp8_gemm_multiple() const = 0;
+  // GEMMs whose row count changes from call to call (the output head on a batch's loss rows)
+  // round it up to a multiple of this. A backend that tunes each new GEMM shape (cuBLASLt's
+  // timed candidates, seconds each) then meets a few shapes again and again; 1 where any row
+  // count costs only what it computes.
+  virtual int64_t varying_gemm_rows_multiple() const { return 1; }
   // The compute dtype of a run with `precision` auto: bf16 where supported, else fp32.
   DType default_compute_dtype() const {
     return supports(Capability::Bf16Compute) ? DType::BF16 : DType::F32;
