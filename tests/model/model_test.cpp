@@ -253,7 +253,7 @@ TEST(Model, TokenLossBackwardWeighsEachPosition) {
 // their losses and gradients scattered back) gives the whole head's losses, token losses and
 // gradients, in each of its passes: forward_backward, the kept logit gradients' backward (DPO)
 // and the per-position backward (GRPO); with chunks that cut the loss rows, a soft-cap, most
-// rows masked, and none left.
+// rows masked, and none left (after a step whose head wrote its weight's gradient).
 TEST(Model, HeadOnLossRowsEqualsTheWholeHead) {
   struct Outcome {
     float loss_sum = 0;
@@ -274,6 +274,11 @@ TEST(Model, HeadOnLossRowsEqualsTheWholeHead) {
       targets[i] = ignored(i) ? -1 : static_cast<int32_t>(random_below(41, i, 64));
       weights[i] = static_cast<float>(random_below(42, i, 7)) - 3.0f;
     }
+    // A step before, on every target: what its head left in the gradients must not reach the
+    // step under test (whose head may have no rows at all).
+    model.zero_grads();
+    model.set_batch(tokens.data(), tokens.data());
+    model.forward_backward(0.5f);
     model.zero_grads();
     model.zero_loss_sum();
     model.set_batch(tokens.data(), targets.data());

@@ -262,6 +262,50 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
       EXPECT_NEAR(other[i], fresh_one[i], 1e-5 * fresh_one[i]) << name << " iteration " << i + 1;
   }
 
+  // Pipeline stages (4 layers): a pair is one micro-batch of its two answers, scored on the
+  // last stage after its head's forward, whose backward then takes the answers' pulls; 1F1B,
+  // interleaved, and with context parallelism (whose second rank holds none of the answers'
+  // rows), with RPO's term and length-normalised log-probabilities, validation included. The
+  // losses and validation of one rank.
+  const std::string staged = model + " --objective dpo --num_layers 4 --num_query_groups 2 --data_path " +
+                             (dir / "p_preference_document").string() +
+                             " --split 75,25,0 --micro_batch_size 1 --global_batch_size 6 --lr 3e-3 "
+                             "--lr_warmup_iters 0 --log_interval 1 --dpo_beta 0.5 --train_iters 3 "
+                             "--eval_interval 3 --eval_iters 1 --dpo_rpo_alpha 0.3 --dpo_length_normalize true "
+                             "--make_vocab_size_divisible_by 256";
+  const auto validation = [&](const std::string& name) {
+    for (const auto& j : metrics_lines(dir / "g" / "u" / name / "metrics.jsonl"))
+      if (j.contains("eval_loss_dpo")) return j["eval_loss_dpo"].get<double>();
+    return -1.0;
+  };
+  for (const auto& [name, keys] :
+       {std::pair{"staged_one", ""},
+        std::pair{"staged_pp2", "--nproc_per_node 2 --pipeline_model_parallel_size 2"},
+        std::pair{"staged_vpp2",
+                  "--nproc_per_node 2 --pipeline_model_parallel_size 2 --num_layers_per_virtual_pipeline_stage 1"},
+        std::pair{"staged_pp2_cp2",
+                  "--nproc_per_node 4 --pipeline_model_parallel_size 2 --context_parallel_size 2"}}) {
+    r = run_tessera(staged + " --exp_name " + name + " " + keys + " --dpo_reference_logps " +
+                    (dir / (std::string(name) + ".logps")).string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const std::vector<double> staged_one = losses("staged_one");
+  ASSERT_EQ(staged_one.size(), 3u);
+  ASSERT_GT(validation("staged_one"), 0.0);
+  for (const char* name : {"staged_pp2", "staged_vpp2", "staged_pp2_cp2"}) {
+    const std::vector<double> other = losses(name);
+    ASSERT_EQ(other.size(), 3u) << name;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(other[i], staged_one[i], 1e-5 * staged_one[i]) << name << " iteration " << i + 1;
+    EXPECT_NEAR(validation(name), validation("staged_one"), 1e-5 * validation("staged_one")) << name;
+  }
+  // A frozen copy of the reference is not split over stages: refused by name, nothing trained.
+  r = run_tessera(staged + " --exp_name staged_copy --nproc_per_node 2 --pipeline_model_parallel_size 2 "
+                           "--dpo_precompute_ref_log_probs false");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("pipeline_model_parallel_size"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "g" / "u" / "staged_copy" / "metrics.jsonl"));
+
   // Resumed: its checkpoint records the reference, whose log-probabilities are read back, and
   // it continues as the run that was not stopped.
   r = run_tessera(dpo + " --train_iters 6 --eval_interval 0 --save " + (dir / "dpo_ckpt").string() +

@@ -149,14 +149,26 @@ void MeshParallelism::run_forward_passes(int64_t count, const std::function<void
   run_schedule(schedule(count, false), false, 0.0f, load);
 }
 
+void MeshParallelism::run_scaled_micro_batches(
+    int64_t count, float grad_scale, const std::function<void(int64_t)>& load,
+    const std::function<std::vector<float>(int64_t)>& head_scales) {
+  TS_CHECK(mesh_.size(MeshDim::PP) > 1, "run_scaled_micro_batches without pipeline stages");
+  if (data_) data_->begin_micro_batch(false);
+  run_schedule(schedule(count, true), true, grad_scale, load, head_scales);
+}
+
 void MeshParallelism::run_schedule(const PipelineSchedule& schedule, bool with_backward,
-                                   float grad_scale, const std::function<void(int64_t)>& load) {
+                                   float grad_scale, const std::function<void(int64_t)>& load,
+                                   const std::function<std::vector<float>(int64_t)>& head_scales) {
   const int stage = mesh_.coordinate(world_.rank(), MeshDim::PP);
   // The stages holding the embedding (tokens) and the head (targets) read the micro-batches.
   const std::vector<LayerRange>& chunks = model_.runtime().pipeline_chunks;
-  const bool reads_batches =
-      chunks.front().first == 0 || chunks.back().end() == model_.spec().num_layers;
+  const bool holds_head = chunks.back().end() == model_.spec().num_layers;
+  const bool reads_batches = chunks.front().first == 0 || holds_head;
+  const auto is_head = [&](int chunk) { return holds_head && chunk == model_.chunks() - 1; };
   std::vector<char> loaded(static_cast<size_t>(schedule.micro_batches()), 0);
+  // The head's losses are the slot's until the next forward: its scales are asked at once.
+  std::vector<std::vector<float>> scales(head_scales ? static_cast<size_t>(schedule.micro_batches()) : 0);
   std::vector<P2POp> ops;
   for (const PipelineStep& step : schedule.steps(stage)) {
     if (step.pass) {
@@ -164,8 +176,11 @@ void MeshParallelism::run_schedule(const PipelineSchedule& schedule, bool with_b
       model_.use_slot(schedule.slot(stage, p.micro_batch));
       if (p.kind == PipelinePass::Kind::Forward) {
         if (reads_batches && !loaded[p.micro_batch]) load(p.micro_batch), loaded[p.micro_batch] = 1;
-        model_.forward_chunk(p.chunk, with_backward, grad_scale);
+        const bool scaled = head_scales && is_head(p.chunk);
+        model_.forward_chunk(p.chunk, with_backward && !scaled, grad_scale);
+        if (scaled) scales[p.micro_batch] = head_scales(p.micro_batch);
       } else {
+        if (head_scales && is_head(p.chunk)) model_.kept_head_backward(p.chunk, scales[p.micro_batch]);
         model_.backward_chunk(p.chunk);
       }
     }

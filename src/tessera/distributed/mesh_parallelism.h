@@ -86,6 +86,9 @@ class MeshParallelism final : public Parallelism {
                          const std::function<void(int64_t)>& run) override;
   void run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,
                           const std::function<void(int64_t)>& run) override;
+  void run_scaled_micro_batches(int64_t count, float grad_scale,
+                                const std::function<void(int64_t)>& load,
+                                const std::function<std::vector<float>(int64_t)>& head_scales) override;
   void begin_micro_batch(bool last) override;
   void finish_gradient_reduction() override;
   void grad_norm_sq(const Tensor& out) override;
@@ -114,8 +117,11 @@ class MeshParallelism final : public Parallelism {
   // The pipeline's schedule for `count` micro-batches, made once.
   const PipelineSchedule& schedule(int64_t count, bool with_backward);
   // Runs this stage's steps of `schedule`: its passes, each stage's transfers after each step.
+  // With head_scales, the head's forward keeps its logit gradients and its backward takes
+  // head_scales(m) (run_scaled_micro_batches).
   void run_schedule(const PipelineSchedule& schedule, bool with_backward, float grad_scale,
-                    const std::function<void(int64_t)>& load);
+                    const std::function<void(int64_t)>& load,
+                    const std::function<std::vector<float>(int64_t)>& head_scales = {});
 
   Communicator& world_;
   DeviceMesh mesh_;

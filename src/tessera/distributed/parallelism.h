@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/error.h"
 #include "tessera/core/tensor.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/model/step_hook.h"
@@ -43,6 +44,17 @@ class Parallelism : public StepCollectives {
                                  const std::function<void(int64_t)>& run) {
     (void)grad_scale;
     for (int64_t m = 0; m < count; ++m) load(m), run(m);
+  }
+  // A pipeline's step whose micro-batches learn their loss scales from their own forward (DPO's
+  // pairs, a micro-batch of both answers): the head keeps its logit gradients
+  // (keep_logit_grads), and before its backward head_scales(m) gives micro-batch m's scale per
+  // sequence (Model::kept_head_backward); the other chunks' passes take grad_scale. Only
+  // pipelines schedule these passes; without one the trainer runs them itself.
+  virtual void run_scaled_micro_batches(
+      int64_t count, float grad_scale, const std::function<void(int64_t)>& load,
+      const std::function<std::vector<float>(int64_t)>& head_scales) {
+    (void)count, (void)grad_scale, (void)load, (void)head_scales;
+    throw InternalError("run_scaled_micro_batches without pipeline stages");
   }
   // The same for forward passes only (evaluation): run(m) is Model::forward_loss.
   virtual void run_forward_passes(int64_t count, const std::function<void(int64_t)>& load,

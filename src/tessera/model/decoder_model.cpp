@@ -245,6 +245,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   act_buffer_ = DeviceBuffer(backend_, plan_->bytes(), "activations");
   plan_->bind(act_buffer_);
   loss_row_count_.assign(static_cast<size_t>(runtime_.pipeline_slots), -1);
+  sequence_head_rows_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
 
   const int cp = runtime_.context_parallel_size;
   TS_CHECK(cp >= 1 && runtime_.context_parallel_rank >= 0 && runtime_.context_parallel_rank < cp &&
@@ -499,9 +500,12 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets,
 
 void DecoderModel::set_loss_rows(const int32_t* targets) {
   int64_t& count = loss_row_count_[static_cast<size_t>(slot_)];
+  std::vector<int64_t>& begins = sequence_head_rows_[static_cast<size_t>(slot_)];
+  const int64_t N = runtime_.tokens(), T = runtime_.seq_length;
+  begins.clear();
+  for (int64_t b = 0; b <= runtime_.micro_batch; ++b) begins.push_back(b * T);
   count = -1;
   if (!runtime_.head_on_loss_rows) return;
-  const int64_t N = runtime_.tokens();
   host_loss_rows_.clear();
   for (int64_t i = 0; i < N; ++i)
     if (targets[i] >= 0) host_loss_rows_.push_back(static_cast<int32_t>(i));
@@ -517,6 +521,9 @@ void DecoderModel::set_loss_rows(const int32_t* targets) {
   if (rows >= N) return;
   for (int64_t i = 0; static_cast<int64_t>(host_loss_rows_.size()) < rows; ++i)
     if (targets[i] < 0) host_loss_rows_.push_back(static_cast<int32_t>(i));
+  for (int64_t b = 1; b <= runtime_.micro_batch; ++b)
+    begins[b] = std::lower_bound(host_loss_rows_.begin(), host_loss_rows_.begin() + kept,
+                                 static_cast<int32_t>(b * T)) - host_loss_rows_.begin();
   host_loss_targets_.resize(host_loss_rows_.size());
   for (size_t i = 0; i < host_loss_rows_.size(); ++i) host_loss_targets_[i] = targets[host_loss_rows_[i]];
   count = rows;
@@ -725,6 +732,7 @@ void DecoderModel::head_chunks(const HeadRows& head, bool losses, bool dnormed,
     body(k);
     head_chunk_done(head, k, losses, dnormed);
   }
+  if (dnormed && rows == 0) gemms_.backward_without_rows(layout_.lm_head);
 }
 
 // Final norm, output head and cross-entropy, chunked over tokens so that only
@@ -756,29 +764,43 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
   head_end(chunk, with_grad);
 }
 
-void DecoderModel::head_backward_kept(float grad_scale) {
+void DecoderModel::kept_head_backward(int chunk, std::span<const float> sequence_scales) {
+  TS_CHECK(holds_head(chunk) && runtime_.keep_logit_grads,
+           "kept_head_backward of chunk {}: not the head's, or no kept logit gradients", chunk);
+  const int64_t B = runtime_.micro_batch, T = runtime_.seq_length;
+  TS_CHECK(sequence_scales.size() == 1 || static_cast<int64_t>(sequence_scales.size()) == B,
+           "kept_head_backward: {} scales for {} sequences", sequence_scales.size(), B);
+  const auto scale_of = [&](int64_t b) { return sequence_scales[sequence_scales.size() == 1 ? 0 : b]; };
   ScopedRange r(backend_, "output_head");
-  const HeadRows head = head_begin(0, true);
-  const int64_t rows = head_rows(), chunk = a_.logits.dim(0);
+  const HeadRows head = head_begin(chunk, true);
+  const int64_t rows = head_rows(), chunk_rows = a_.logits.dim(0);
   const Tensor kept = a_.logit_grads.rows(0, rows);
-  // Both of the head's backward products are linear in the kept gradients G, so the scale s
-  // goes on the head's input, d(weight) = G^T (s x), and on the input gradient it returns,
-  // s (G W): tokens x hidden values rather than tokens x vocabulary. An FP8 head's input
-  // keeps its amax history unscaled: there the gradients take the scale.
+  const std::vector<int64_t>& begins = sequence_head_rows_[static_cast<size_t>(slot_)];
+  // Both of the head's backward products are linear in the kept gradients G, so sequence b's
+  // scale s goes on its rows of the head's input, d(weight) = G^T (s x), and of the input
+  // gradient it returns, s (G W): tokens x hidden values rather than tokens x vocabulary. An
+  // FP8 head's input keeps its amax history unscaled: there the gradients take the scale.
   const bool fp8_head = runtime_.fp8.enabled() && runtime_.fp8.lm_head;
+  const auto scale_rows = [&](const Tensor& t, bool head_rows_of_t) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t begin = head_rows_of_t ? begins[b] : b * T, end = head_rows_of_t ? begins[b + 1] : (b + 1) * T;
+      if (end > begin) backend_.scale(t.rows(begin, end), t.rows(begin, end), scale_of(b));
+    }
+  };
   if (fp8_head) {
-    backend_.scale(kept, kept, grad_scale);
+    scale_rows(kept, true);
   } else {
-    backend_.scale(head.normed, head.normed, grad_scale);
+    scale_rows(head.normed, false);
   }
   if (rows < runtime_.tokens()) backend_.fill(head.dnormed, 0.0f);
-  for (int64_t c = 0; c < rows; c += chunk) {
-    const HeadChunk k = head_chunk(head, c, std::min(chunk, rows - c));
+  for (int64_t c = 0; c < rows; c += chunk_rows) {
+    const HeadChunk k = head_chunk(head, c, std::min(chunk_rows, rows - c));
     gemms_.backward(k.dnormed, kept.rows(c, c + k.normed.dim(0)), k.normed, layout_.lm_head, -1);
     head_chunk_done(head, k, false, true);
   }
-  if (!fp8_head) backend_.scale(head.dnormed, head.dnormed, grad_scale);
-  head_end(0, true);
+  if (rows == 0) gemms_.backward_without_rows(layout_.lm_head);
+  if (!fp8_head) scale_rows(head.dnormed, false);
+  head_end(chunk, true);
 }
 
 void DecoderModel::head_backward_per_token(const Tensor& dlogps) {
@@ -822,8 +844,9 @@ void DecoderModel::forward_layers(int chunk) {
 
 void DecoderModel::forward_chunk(int chunk, bool with_grad, float grad_scale) {
   TS_CHECK(chunk >= 0 && chunk < chunks(), "model chunk {} of {}", chunk, chunks());
-  // The MoE layers' backward scales their auxiliary losses' gradients as the loss's.
-  if (with_grad) grad_scale_ = grad_scale;
+  // The MoE layers' backward scales their auxiliary losses' gradients as the loss's (a head
+  // chunk run without gradients for kept_head_backward too: its layers' backward follows).
+  grad_scale_ = grad_scale;
   if (holds_embedding(chunk)) embed(a_.resid[chunk][0]);
   forward_layers(chunk);
   if (holds_head(chunk)) head_forward(chunk, with_grad, grad_scale);
@@ -905,7 +928,7 @@ void DecoderModel::loss_backward(float grad_scale) {
            "loss_backward on a pipeline stage: its schedule runs the chunks' passes");
   grad_scale_ = grad_scale;
   if (runtime_.keep_logit_grads) {
-    head_backward_kept(grad_scale);
+    kept_head_backward(0, {&grad_scale, 1});
   } else {
     head_forward(0, true, grad_scale);
   }

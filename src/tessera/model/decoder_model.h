@@ -84,6 +84,7 @@ class DecoderModel final : public Model, private LayerOps {
   void use_slot(int slot) override;
   void forward_chunk(int chunk, bool with_grad, float grad_scale) override;
   void backward_chunk(int chunk) override;
+  void kept_head_backward(int chunk, std::span<const float> sequence_scales) override;
   Tensor chunk_input(int chunk, int slot) const override;
   Tensor chunk_output(int chunk, int slot) const override;
   Tensor chunk_grad(int chunk, int slot) const override;
@@ -159,8 +160,6 @@ class DecoderModel final : public Model, private LayerOps {
   void head_forward(int chunk, bool with_grad, float grad_scale);
   // The output head's backward for per-position gradients of the targets' log-probabilities.
   void head_backward_per_token(const Tensor& dlogps);
-  // The output head's backward from the kept logits' gradients, scaled.
-  void head_backward_kept(float grad_scale);
   // What the head's passes share: its parameters (and with gradients, its gradients and the
   // next layer's parameters) requested and the final norm computed; then, after them, the
   // norm's backward into the chunk's residual gradient and the units released. `normed` and
@@ -233,6 +232,9 @@ class DecoderModel final : public Model, private LayerOps {
   // head_on_loss_rows: per slot, the head's rows (loss rows and padding), or -1 for every
   // token; and the host's rows and targets before their upload.
   std::vector<int64_t> loss_row_count_;
+  // Per slot, where each sequence's rows begin among the head's rows (micro_batch + 1 values;
+  // the loss rows of sequence b are [begin[b], begin[b + 1]), the padding after the last).
+  std::vector<std::vector<int64_t>> sequence_head_rows_;
   std::vector<int32_t> host_loss_rows_, host_loss_targets_;
   // Packed documents: each token's position in its document (what its attention sees), and
   // the visible pairs by attention window, counted once per batch (every layer's forward and

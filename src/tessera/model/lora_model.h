@@ -83,6 +83,9 @@ class LoraModel : public Model, private LinearAdapters {
     base_->forward_chunk(chunk, with_grad, grad_scale);
   }
   void backward_chunk(int chunk) override { base_->backward_chunk(chunk); }
+  void kept_head_backward(int chunk, std::span<const float> sequence_scales) override {
+    base_->kept_head_backward(chunk, sequence_scales);
+  }
   Tensor chunk_input(int chunk, int slot) const override { return base_->chunk_input(chunk, slot); }
   Tensor chunk_output(int chunk, int slot) const override { return base_->chunk_output(chunk, slot); }
   Tensor chunk_grad(int chunk, int slot) const override { return base_->chunk_grad(chunk, slot); }

@@ -4,6 +4,7 @@
 // let code outside the model manage parameters across ranks. Model code is single-device and
 // rank-free; parallel layouts are applied from outside (distributed/parallelize.h).
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -241,6 +242,11 @@ class Model {
   // Backward of chunk c: from d(output) in chunk_grad to d(input) in chunk_grad (the
   // embedding's gradient in the chunk holding it). Weight gradients accumulate.
   virtual void backward_chunk(int chunk) = 0;
+  // With runtime().keep_logit_grads, after forward_chunk(c, false) of the chunk holding the head:
+  // the head's backward from the kept logit gradients into chunk_grad, those of sequence b of
+  // the micro-batch scaled by sequence_scales[b] (one value: all of them), for a loss whose
+  // scale each sequence learns from its own forward (DPO's answers). backward_chunk(c) follows.
+  virtual void kept_head_backward(int chunk, std::span<const float> sequence_scales) = 0;
   // A chunk's boundary tensors (sequence_tokens(), hidden) in `slot`: what a stage receives
   // into and sends from.
   virtual Tensor chunk_input(int chunk, int slot) const = 0;

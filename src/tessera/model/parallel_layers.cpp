@@ -32,6 +32,11 @@ float LinearGemms::take_grad_beta(int weight) {
   return beta;
 }
 
+void LinearGemms::backward_without_rows(int weight) {
+  const bool frozen = adapters_ && adapters_->adapts(weight);
+  if (take_grad_beta(weight) == 0.0f && !frozen) backend_.fill(grads_(weight), 0.0f);
+}
+
 void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
                           const Tensor& c) const {
   if (is_fp8(weight)) {

@@ -55,6 +55,10 @@ class LinearGemms {
                const Tensor& c) const;
   // din = dout @ W (skipped when undefined); dW (+)= dout^T @ in; dbias += colsum(dout).
   void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight, int bias);
+  // A backward of `weight` on no rows (the output head on a batch without loss rows): its
+  // gradient gets their zero contribution, which must be written where the step's first
+  // weight-gradient GEMM would have overwritten last step's values.
+  void backward_without_rows(int weight);
   // An expert stack w (local experts, out, in) over the row groups; dw accumulates.
   void expert_forward(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                       const ExpertGroups& groups) const;

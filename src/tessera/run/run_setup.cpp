@@ -145,8 +145,14 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   // passes to their backward passes, which the loss on both must come between.
   // The loss's gradient at each position is kept from the forward too (a tokens x vocabulary
   // tensor per answer), so that the backward does not run the output head's forward again.
+  // Over pipeline stages a pair is one micro-batch of its two answers instead, which the
+  // schedule keeps in one slot until the last stage's backward (run_scaled_micro_batches).
   if (t.objective == Objective::Dpo) {
-    rt.pipeline_slots = std::max(rt.pipeline_slots, 2);
+    if (pp > 1) {
+      rt.micro_batch = 2;
+    } else {
+      rt.pipeline_slots = std::max(rt.pipeline_slots, 2);
+    }
     rt.keep_logit_grads = true;
   }
   // Context-parallel ranks reduce their gradients with the data-parallel ones (Megatron's

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <set>
 #include <csignal>
 #include <filesystem>
@@ -382,7 +383,7 @@ void Trainer::open_data() {
 
 void Trainer::open_host_batch() {
   // Whole sequences: under context parallelism the model takes its share of them.
-  const int64_t N = exp_.training.micro_batch_size * exp_.training.seq_length;
+  const int64_t N = setup_.runtime.micro_batch * exp_.training.seq_length;
   host_tokens_.resize(N);
   host_targets_.resize(N);
   host_positions_.resize(N);
@@ -777,7 +778,59 @@ double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int s
 // Context-parallel ranks hold the same sequences' log-probabilities: host values summed over
 // the data-parallel group (which spans them) count once, from the first.
 bool Trainer::counts_sequence_values() const {
-  return model_->runtime().context_parallel_rank == 0;
+  return model_->runtime().context_parallel_rank == 0 && holds_output_head();
+}
+
+bool Trainer::holds_output_head() const {
+  const std::vector<LayerRange>& chunks = model_->runtime().pipeline_chunks;
+  return chunks.empty() || chunks.back().end() == model_->spec().num_layers;
+}
+
+bool Trainer::pipelined() const {
+  return exp_.training.pipeline_model_parallel_size > 1;
+}
+
+void Trainer::load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens) {
+  const int64_t T = exp_.training.seq_length;
+  for (int side = 0; side < 2; ++side) {
+    pairs.sample(index, side, host_tokens_.data() + side * T, host_targets_.data() + side * T,
+                 host_positions_.data() + side * T);
+    if (tokens)
+      (*tokens)[side] = std::count_if(host_targets_.begin() + side * T, host_targets_.begin() + (side + 1) * T,
+                                      [](int32_t t) { return t >= 0; });
+  }
+  model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
+}
+
+// Each answer's summed token losses is minus its log-probability; context-parallel ranks hold
+// parts of both.
+std::array<double, 2> Trainer::sequence_logps() {
+  std::vector<float> losses(static_cast<size_t>(model_->runtime().tokens()));
+  backend_->download(losses.data(), model_->token_losses());
+  const size_t half = losses.size() / 2;
+  std::array<float, 2> sums = {static_cast<float>(-std::accumulate(losses.begin(), losses.begin() + half, 0.0)),
+                               static_cast<float>(-std::accumulate(losses.begin() + half, losses.end(), 0.0))};
+  if (model_->runtime().context_parallel_size > 1) {
+    const Tensor both = dpo_->stats.flat_range(0, 2);
+    backend_->upload(both, sums.data());
+    parallel_->sum_over_sequence(both);
+    backend_->download(sums.data(), both);
+  }
+  return {sums[0], sums[1]};
+}
+
+std::array<double, 2> Trainer::pair_logps(const PreferenceSource& pairs, uint64_t index,
+                                          std::array<int64_t, 2>* tokens) {
+  if (!pipelined()) {
+    int64_t chosen = 0, rejected = 0;
+    const std::array<double, 2> logps = {answer_logp(pairs, index, 0, &chosen), answer_logp(pairs, index, 1, &rejected)};
+    if (tokens) *tokens = {chosen, rejected};
+    return logps;
+  }
+  if (tokens) *tokens = {0, 0};
+  // One micro-batch through the stages: the last stage's slot then holds its losses.
+  parallel_->run_forward_passes(1, [&](int64_t) { load_pair(pairs, index, tokens); }, [](int64_t) {});
+  return holds_output_head() ? sequence_logps() : std::array<double, 2>{0, 0};
 }
 
 // A DPO run's reference is its starting weights, or reference_load's: their digest (with the
@@ -893,11 +946,11 @@ void Trainer::prepare_dpo_reference() {
     uint64_t k = 0;
     if (reference_) reference_->use(true);
     for (const auto& [pair, read_at] : missing) {
-      if (k % dp == rank)
-        for (int side = 0; side < 2; ++side) {
-          const double logp = answer_logp(*read_at.first, read_at.second, side);
-          if (counts_sequence_values()) parts[2 * k + side] = static_cast<float>(logp);
-        }
+      if (k % dp == rank) {
+        const std::array<double, 2> logps = pair_logps(*read_at.first, read_at.second);
+        if (counts_sequence_values())
+          for (int side = 0; side < 2; ++side) parts[2 * k + side] = static_cast<float>(logps[side]);
+      }
       ++k;
     }
     if (reference_) reference_->use(false);
@@ -960,15 +1013,11 @@ std::array<double, 2> Trainer::reference_logps(const PreferenceSource& pairs, ui
   return dpo_->reference ? dpo_->reference->at(pairs.pair(index)) : std::array<double, 2>{0, 0};
 }
 
-// The policy's log-probabilities of a pair's answers and its DPO loss against the reference's;
-// adds its statistics (in DpoBatchStats' order) to *sums.
-DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index, std::array<double, 6>* sums) {
+DpoPair Trainer::score_pair(const PreferenceSource& pairs, uint64_t index, const std::array<double, 2>& logps,
+                            const std::array<int64_t, 2>& tokens, std::array<double, 6>* sums) {
   const std::array<double, 2> reference = reference_logps(pairs, index);
-  int64_t chosen_tokens = 0, rejected_tokens = 0;
-  const double chosen = answer_logp(pairs, index, 0, &chosen_tokens);
-  const double rejected = answer_logp(pairs, index, 1, &rejected_tokens);
-  const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1], chosen_tokens,
-                             rejected_tokens);
+  const double chosen = logps[0], rejected = logps[1];
+  const DpoPair p = dpo_pair(dpo_->options, chosen, rejected, reference[0], reference[1], tokens[0], tokens[1]);
   const std::array<double, 6> pair = {p.loss, p.chosen_reward, p.rejected_reward,
                                       p.chosen_reward > p.rejected_reward ? 1.0 : 0.0, chosen,
                                       rejected};
@@ -1002,11 +1051,27 @@ DpoBatchStats Trainer::dpo_gradients() {
     for (int64_t m = 0; m < per_rank; ++m) mine.push_back(consumed_samples_ + static_cast<uint64_t>(m * dp + rank));
     reference_copy_logps(train, mine);
   }
+  const auto pair_at = [&](int64_t m) { return consumed_samples_ + static_cast<uint64_t>(m * dp + rank); };
+  if (pipelined()) {
+    // Each pair one micro-batch: the last stage scores it after its head's forward, and its
+    // answers' backward takes their pulls. The MoE layers' auxiliary losses count once a pair.
+    std::vector<std::array<int64_t, 2>> tokens(static_cast<size_t>(per_rank));
+    parallel_->run_scaled_micro_batches(
+        per_rank, static_cast<float>(1.0 / pairs), [&](int64_t m) { load_pair(train, pair_at(m), &tokens[m]); },
+        [&](int64_t m) {
+          const DpoPair p = score_pair(train, pair_at(m), sequence_logps(), tokens[m], &sums);
+          return std::vector<float>{static_cast<float>(-p.dloss_dchosen / pairs),
+                                    static_cast<float>(-p.dloss_drejected / pairs)};
+        });
+    return dpo_means(sums, t.global_batch_size);
+  }
   parallel_->run_micro_batches(
       per_rank, 1.0f, [](int64_t) {},
       [&](int64_t m) {
-        const uint64_t g = consumed_samples_ + static_cast<uint64_t>(m * dp + rank);
-        const DpoPair p = score_pair(train, g, &sums);
+        const uint64_t g = pair_at(m);
+        std::array<int64_t, 2> counts{};
+        const std::array<double, 2> logps = pair_logps(train, g, &counts);
+        const DpoPair p = score_pair(train, g, logps, counts, &sums);
         for (int side = 0; side < 2; ++side) {
           model_->use_slot(side);
           parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
@@ -1028,7 +1093,11 @@ double Trainer::evaluate_dpo() {
   for (int64_t i = parallel_->data_parallel_rank(); i < pairs; i += parallel_->data_parallel_size())
     mine.push_back(static_cast<uint64_t>(i));
   if (setup_.reference_copy) reference_copy_logps(*dpo_->pairs.valid, mine);
-  for (uint64_t i : mine) score_pair(*dpo_->pairs.valid, i, &sums);
+  for (uint64_t i : mine) {
+    std::array<int64_t, 2> counts{};
+    const std::array<double, 2> logps = pair_logps(*dpo_->pairs.valid, i, &counts);
+    score_pair(*dpo_->pairs.valid, i, logps, counts, &sums);
+  }
   const DpoBatchStats s = dpo_means(sums, pairs);
   log_.info("dpo validation: loss {:.6f} | rewards/accuracies {:.4f} | rewards/margins {:.4f} | "
             "rewards/chosen {:.4f} | rewards/rejected {:.4f} ({} pairs)",

@@ -168,14 +168,29 @@ class Trainer {
   // digest) and its log-probabilities of the pairs the run reads; the step's gradients.
   void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
-  // Whether this rank's per-sequence host values count in sums over the data-parallel group.
+  // Over pipeline stages a pair is one micro-batch of its two answers (chosen first): it as
+  // the model's batch, with each answer's target count; and the current slot's answers'
+  // log-probabilities after the head's forward (on the last stage).
+  bool pipelined() const;
+  bool holds_output_head() const;  // the last pipeline stage (or no pipeline)
+  void load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens);
+  std::array<double, 2> sequence_logps();
+  // Both answers' log-probabilities (forward passes only), and their target counts; over
+  // pipeline stages zeros but on the last stage.
+  std::array<double, 2> pair_logps(const PreferenceSource& pairs, uint64_t index,
+                                   std::array<int64_t, 2>* tokens = nullptr);
+  // Whether this rank's per-sequence host values count in sums over the ranks: one rank of
+  // each data-parallel replica (the first context-parallel rank of the last pipeline stage).
   bool counts_sequence_values() const;
   void identify_dpo_reference();
   void prepare_dpo_reference();
   void keep_dpo_reference_copy();
   void reference_copy_logps(const PreferenceSource& pairs, const std::vector<uint64_t>& indices);
   std::array<double, 2> reference_logps(const PreferenceSource& pairs, uint64_t index) const;
-  DpoPair score_pair(const PreferenceSource& pairs, uint64_t index, std::array<double, 6>* sums);
+  // A pair's loss from its answers' log-probabilities and target counts against the
+  // reference's; adds its statistics (in DpoBatchStats' order) to *sums.
+  DpoPair score_pair(const PreferenceSource& pairs, uint64_t index, const std::array<double, 2>& logps,
+                     const std::array<int64_t, 2>& tokens, std::array<double, 6>* sums);
   DpoBatchStats dpo_gradients();
   // Pair statistics summed over the data-parallel ranks, as means over `pairs`.
   DpoBatchStats dpo_means(const std::array<double, 6>& sums, int64_t pairs);
