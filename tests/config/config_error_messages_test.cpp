@@ -159,7 +159,7 @@ TEST_F(ConfigErrorMessage, LoraAndDpoKeysThatCannotRunAreNamed) {
        "key 'pretrained_checkpoint' has value 'missing': expected an existing checkpoint directory"},
       {"--pretrained_checkpoint base", "expected unset without lora_rank"},
       {"--lora_rank 8 --use_torch_fsdp2 true", "key 'use_torch_fsdp2' has value 'true': expected off with lora_rank"},
-      // Tensor parallelism now splits the adapters; pipeline stages still do not.
+      // Tensor and context parallelism now run the adapters; pipeline stages still do not.
       {"--lora_rank 8 --num_layers 4 --pipeline_model_parallel_size 2 --nproc_per_node 2 --device cpu",
        "key 'pipeline_model_parallel_size' has value '2': expected off with lora_rank"},
       {"--objective dpo --dpo_rpo_alpha -1", "key 'dpo_rpo_alpha' has value '-1"},

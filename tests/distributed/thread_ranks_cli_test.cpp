@@ -147,7 +147,9 @@ TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataAndTensorParallel
   for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
            {2, ""},
            {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
-           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"},
+           {2, "--context_parallel_size 2"},
+           {4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
     SCOPED_TRACE(flags);
     static int runs = 0;
     const TrainingRun run = train(workspace_, "packed_mesh" + std::to_string(runs++), ranks, data + flags);
@@ -252,12 +254,13 @@ TEST_F(ThreadRanksCli, LoraTrainsLikeOneRankAndResumes) {
 
 // LoRA under tensor parallelism: each adapter splits with its weight (B of the column-parallel
 // q/k/v and gate/up by rows, A of the row-parallel o and down by columns), the other factor's
-// gradient is summed over the ranks. TP 2 with and without sequence parallelism and TP 2 x
-// ZeRO-1 2 train like one rank; the peft adapters written by TP 2 are the one-rank run's, whole;
+// gradient is summed over the ranks. TP 2 with and without sequence parallelism, TP 2 x
+// ZeRO-1 2, CP 2 (each rank's share of the sequence through whole adapters, their gradients
+// reduced with the data-parallel ones) and CP 2 x TP 2 train like one rank; the peft adapters written by TP 2 are the one-rank run's, whole;
 // a TP 2 checkpoint resumes on one rank and on TP 2. At lr 3e-3: at 3e-2 Adam turns the rounding
 // differences of B's near-zero first gradients into steps of about lr (see above), which moved
 // TP 2's fourth gradient norm by 30% where every layout here agrees to 1e-6.
-TEST_F(ThreadRanksCli, LoraSplitsOverTensorParallelRanksLikeOneRank) {
+TEST_F(ThreadRanksCli, LoraSplitsOverTensorAndContextParallelRanksLikeOneRank) {
   const std::string lora =
       "--num_query_groups 2 --lora_rank 4 --lora_alpha 8 --log_interval 1 --save_interval 3 --save ";
   const fs::path one_dir = workspace_ / "one_ckpt", tp_dir = workspace_ / "tp_ckpt";

@@ -978,12 +978,12 @@ void check_lora(const Checker& c, const Experiment& e) {
   }
   const std::pair<const char*, bool> layouts[] = {
       {"pipeline_model_parallel_size", t.pipeline_model_parallel_size > 1},
-      {"context_parallel_size", t.context_parallel_size > 1},
       {"expert_model_parallel_size", t.expert_model_parallel_size > 1},
       {"use_torch_fsdp2", t.use_torch_fsdp2}};
   for (const auto& [key, on] : layouts)
     c.require(!on, key, "off with lora_rank: LoRA runs on model replicas (data parallelism, plain or "
-                        "use_distributed_optimizer) and their tensor-parallel parts so far");
+                        "use_distributed_optimizer), their tensor-parallel parts and their "
+                        "context-parallel shares of the sequence so far");
   c.require(e.model_config.num_experts == 0 && !e.model_config.multi_latent_attention,
             e.model_config.num_experts > 0 ? "num_experts" : "multi_latent_attention",
             "a dense model with grouped-query attention with lora_rank (MoE experts and "
