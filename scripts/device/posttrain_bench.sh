@@ -31,8 +31,9 @@
 #     lora       the full Llama 3.1 8B at seq 4096, global batch 1, selective recompute and
 #                bf16 optimizer state: LoRA rank 16 on every projection, the full fine-tune at
 #                the same settings, and the peer's --task lora (peft r16, same projections)
-#     lora_fp8   the LoRA of lora on a bf16 base and on an FP8 hybrid base (delayed scaling), without
-#                the peer (its full-depth build takes 4 minutes: see lora)
+#     lora_fp8   the LoRA of lora on a bf16 base and on an FP8 hybrid base (delayed scaling)
+#     lora_peer  the peer of lora alone (its full-depth build takes 4 minutes): with lora_fp8, the
+#                two bases and peft in one call
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="$1"; shift
@@ -118,6 +119,10 @@ if want lora_fp8; then
         --lora_rank 16 --lora_alpha 32 --iters 6)
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" -o "$OUT/lora_bf16" 2>&1 | tail -4
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${SAME[@]}" --fp8 hybrid -o "$OUT/lora_fp8" 2>&1 | tail -4
+fi
+if want lora_peer; then
+  timeout 420 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
+    --json "$OUT/peer.jsonl" > "$OUT/peer_lora.log" 2>&1; echo "peer exit $?"; tail -3 "$OUT/peer_lora.log"
 fi
 if want grpo || want grpo_tiny; then
   echo "== GRPO: the tiny experiment end to end in bf16"
