@@ -147,9 +147,7 @@ TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataAndTensorParallel
   for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
            {2, ""},
            {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
-           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"},
-           {2, "--context_parallel_size 2"},
-           {4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
     SCOPED_TRACE(flags);
     static int runs = 0;
     const TrainingRun run = train(workspace_, "packed_mesh" + std::to_string(runs++), ranks, data + flags);
@@ -270,7 +268,9 @@ TEST_F(ThreadRanksCli, LoraSplitsOverTensorAndContextParallelRanksLikeOneRank) {
   for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
            {2, "--tensor_model_parallel_size 2 --save " + tp_dir.string()},
            {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
-           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"},
+           {2, "--context_parallel_size 2"},
+           {4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
     SCOPED_TRACE(flags + " on " + std::to_string(ranks) + " ranks");
     static int runs = 0;
     const TrainingRun run = train(workspace_, "lora_tp" + std::to_string(runs++), ranks,

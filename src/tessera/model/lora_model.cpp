@@ -110,9 +110,8 @@ ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& ru
 LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime,
                      LoraOptions options)
     : backend_(backend), runtime_(runtime), options_(std::move(options)) {
-  TS_CHECK(runtime.pipeline_chunks.empty() && runtime.context_parallel_size == 1 &&
-               runtime.expert_parallel_size == 1 && !runtime.sharded_params,
-           "LoRA runs on whole model replicas or their tensor-parallel parts");
+  TS_CHECK(runtime.pipeline_chunks.empty() && runtime.expert_parallel_size == 1 && !runtime.sharded_params,
+           "LoRA runs on whole model replicas, their tensor-parallel parts and context-parallel shares");
   TS_CHECK(options_.rank > 0 && !options_.targets.empty(), "LoRA: rank {} and {} targets",
            options_.rank, options_.targets.size());
   base_ = std::make_unique<DecoderModel>(backend, spec, base_runtime(runtime));
