@@ -829,6 +829,7 @@ std::array<double, 2> Trainer::pair_logps(const PreferenceSource& pairs, uint64_
   }
   if (tokens) *tokens = {0, 0};
   // One micro-batch through the stages: the last stage's slot then holds its losses.
+  model_->zero_loss_sum();
   parallel_->run_forward_passes(1, [&](int64_t) { load_pair(pairs, index, tokens); }, [](int64_t) {});
   return holds_output_head() ? sequence_logps() : std::array<double, 2>{0, 0};
 }
@@ -1054,10 +1055,11 @@ DpoBatchStats Trainer::dpo_gradients() {
   const auto pair_at = [&](int64_t m) { return consumed_samples_ + static_cast<uint64_t>(m * dp + rank); };
   if (pipelined()) {
     // Each pair one micro-batch: the last stage scores it after its head's forward, and its
-    // answers' backward takes their pulls. The MoE layers' auxiliary losses count once a pair.
+    // answers' backward takes their pulls. The MoE layers' auxiliary losses (weighed by the
+    // scale times the micro-batch's tokens) count once a pair, a mean over the step's pairs.
     std::vector<std::array<int64_t, 2>> tokens(static_cast<size_t>(per_rank));
     parallel_->run_scaled_micro_batches(
-        per_rank, static_cast<float>(1.0 / pairs), [&](int64_t m) { load_pair(train, pair_at(m), &tokens[m]); },
+        per_rank, static_cast<float>(1.0 / (pairs * static_cast<double>(model_->runtime().tokens()))), [&](int64_t m) { load_pair(train, pair_at(m), &tokens[m]); },
         [&](int64_t m) {
           const DpoPair p = score_pair(train, pair_at(m), sequence_logps(), tokens[m], &sums);
           return std::vector<float>{static_cast<float>(-p.dloss_dchosen / pairs),
