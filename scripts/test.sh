@@ -7,6 +7,16 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/setup.sh" --test
+# A fresh build has no timings of earlier runs, and ctest would start the longest tests (the
+# end-to-end runs, minutes each) last, to run alone at the end: name them, so they start first.
+costs="$ROOT/build/Testing/Temporary/CTestCostData.txt"
+if [ ! -f "$costs" ]; then
+  mkdir -p "$(dirname "$costs")"
+  printf '%s 1 300\n' SftEndToEnd.FineTuningTeachesAHeldOutInstructionTask SftEndToEnd.LoraCorrectsAFrozenModel \
+    GrpoEndToEnd.RewardedSamplingRaisesHeldOutAccuracy DpoTraining.ReportsTrlStatisticsValidatesAndLearnsFromPairs \
+    > "$costs"
+  echo "---" >> "$costs"
+fi
 (cd "$ROOT/build" && ctest --output-on-failure -j "${TESSERA_TEST_JOBS:-2}" --timeout 900 "$@")
 if (($# == 0)); then
   "$ROOT/scripts/fuzz.sh"
