@@ -146,7 +146,7 @@ TEST(GpuModel, LossBackwardOfKeptSlotsEqualsForwardBackward) {
   }
   for (int b = 0; b < 2; ++b) {
     model.use_slot(b);
-    model.loss_backward(scales[b]);
+    model.loss_backward(scales[b], scales[b]);
   }
   const double err = relative_error(download_float(*backend, model.grads()), expected);
   std::printf("[ grad     ] kept slots%s against forward_backward: rel err %.2e\n",
@@ -237,7 +237,7 @@ TEST(GpuModel, HeadOnLossRowsEqualsTheWholeHead) {
         model.forward_backward(0.01f);
       } else {
         model.forward_loss();
-        if (pass == 1) model.loss_backward(0.01f);
+        if (pass == 1) model.loss_backward(0.01f, 0.01f);
         if (pass == 2) model.token_loss_backward(dlogps, 0.0f);
       }
       loss[rows] = download_float(*backend, model.loss_sum())[0];

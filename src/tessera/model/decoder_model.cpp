@@ -923,10 +923,10 @@ void DecoderModel::forward_loss() {
   forward_chunk(0, false, 0.0f);
 }
 
-void DecoderModel::loss_backward(float grad_scale) {
+void DecoderModel::loss_backward(float grad_scale, float aux_grad_scale) {
   TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
            "loss_backward on a pipeline stage: its schedule runs the chunks' passes");
-  grad_scale_ = grad_scale;
+  grad_scale_ = aux_grad_scale;
   if (runtime_.keep_logit_grads) {
     kept_head_backward(0, {&grad_scale, 1});
   } else {

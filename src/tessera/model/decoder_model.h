@@ -58,7 +58,7 @@ class DecoderModel final : public Model, private LayerOps {
                  const int32_t* positions = nullptr) override;
   void forward_backward(float grad_scale) override;
   void forward_loss() override;
-  void loss_backward(float grad_scale) override;
+  void loss_backward(float grad_scale, float aux_grad_scale) override;
   void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) override;
   Tensor token_losses() const override { return a_.losses; }
   void forward_logits(const Tensor& logits) override;

@@ -71,7 +71,9 @@ class LoraModel : public Model, private LinearAdapters {
   }
   void forward_backward(float grad_scale) override { base_->forward_backward(grad_scale); }
   void forward_loss() override { base_->forward_loss(); }
-  void loss_backward(float grad_scale) override { base_->loss_backward(grad_scale); }
+  void loss_backward(float grad_scale, float aux_grad_scale) override {
+    base_->loss_backward(grad_scale, aux_grad_scale);
+  }
   void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) override {
     base_->token_loss_backward(dlogps, aux_grad_scale);
   }

@@ -213,8 +213,9 @@ class Model {
   // grad_scale: for a scale that depends on the loss itself (DPO's pull on each answer). The
   // layers' stored activations are reused; the logits' gradients too with
   // runtime().keep_logit_grads, else the loss head runs again, adding its losses to loss_sum()
-  // once more.
-  virtual void loss_backward(float grad_scale) = 0;
+  // once more. The MoE layers' auxiliary losses get aux_grad_scale, as forward_backward's
+  // grad_scale (not the loss's pull, which may be negative).
+  virtual void loss_backward(float grad_scale, float aux_grad_scale) = 0;
   // The backward of the current slot's last forward_loss for an objective of each position's
   // log-probability of its target (GRPO's per-token policy gradient): dlogps (tokens) fp32 on
   // the device holds d(objective)/d(logp) per position; ignored targets get no gradient. The

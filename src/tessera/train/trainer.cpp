@@ -1078,7 +1078,10 @@ DpoBatchStats Trainer::dpo_gradients() {
           model_->use_slot(side);
           parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
           const double pull = side == 0 ? p.dloss_dchosen : p.dloss_drejected;
-          model_->loss_backward(static_cast<float>(-pull / pairs));
+          // The MoE layers' auxiliary losses: a mean over the step's answers, as the pipelined
+          // path's over its pairs.
+          model_->loss_backward(static_cast<float>(-pull / pairs),
+                                static_cast<float>(1.0 / (2 * pairs * static_cast<double>(model_->runtime().tokens()))));
         }
       });
   return dpo_means(sums, t.global_batch_size);
