@@ -755,9 +755,12 @@ int64_t Trainer::loss_positions(const SampleSource& source, uint64_t first, uint
   return counted;
 }
 
-void Trainer::load_pair_side(const PreferenceSource& pairs, uint64_t index, int side) {
-  pairs.sample(index, side, host_tokens_.data(), host_targets_.data(), host_positions_.data());
-  model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
+int64_t Trainer::sample_pair_side(const PreferenceSource& pairs, uint64_t index, int side, int64_t row) {
+  const int64_t T = exp_.training.seq_length;
+  pairs.sample(index, side, host_tokens_.data() + row * T, host_targets_.data() + row * T,
+               host_positions_.data() + row * T);
+  return std::count_if(host_targets_.begin() + row * T, host_targets_.begin() + (row + 1) * T,
+                       [](int32_t t) { return t >= 0; });
 }
 
 // The model's summed loss over the answer's targets is minus its log-probability; *tokens:
@@ -765,8 +768,9 @@ void Trainer::load_pair_side(const PreferenceSource& pairs, uint64_t index, int 
 // model two), so both answers' passes are kept for their backward.
 double Trainer::answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens) {
   model_->use_slot(side);
-  load_pair_side(pairs, index, side);
-  if (tokens) *tokens = std::count_if(host_targets_.begin(), host_targets_.end(), [](int32_t t) { return t >= 0; });
+  const int64_t counted = sample_pair_side(pairs, index, side, 0);
+  model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
+  if (tokens) *tokens = counted;
   model_->zero_loss_sum();
   model_->forward_loss();
   parallel_->sum_over_sequence(model_->loss_sum());  // context-parallel ranks hold parts of it
@@ -791,13 +795,9 @@ bool Trainer::pipelined() const {
 }
 
 void Trainer::load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens) {
-  const int64_t T = exp_.training.seq_length;
   for (int side = 0; side < 2; ++side) {
-    pairs.sample(index, side, host_tokens_.data() + side * T, host_targets_.data() + side * T,
-                 host_positions_.data() + side * T);
-    if (tokens)
-      (*tokens)[side] = std::count_if(host_targets_.begin() + side * T, host_targets_.begin() + (side + 1) * T,
-                                      [](int32_t t) { return t >= 0; });
+    const int64_t counted = sample_pair_side(pairs, index, side, side);
+    if (tokens) (*tokens)[side] = counted;
   }
   model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
 }
@@ -1058,8 +1058,9 @@ DpoBatchStats Trainer::dpo_gradients() {
     // answers' backward takes their pulls. The MoE layers' auxiliary losses (weighed by the
     // scale times the micro-batch's tokens) count once a pair, a mean over the step's pairs.
     std::vector<std::array<int64_t, 2>> tokens(static_cast<size_t>(per_rank));
+    const auto aux_scale = static_cast<float>(1.0 / (pairs * static_cast<double>(model_->runtime().tokens())));
     parallel_->run_scaled_micro_batches(
-        per_rank, static_cast<float>(1.0 / (pairs * static_cast<double>(model_->runtime().tokens()))), [&](int64_t m) { load_pair(train, pair_at(m), &tokens[m]); },
+        per_rank, aux_scale, [&](int64_t m) { load_pair(train, pair_at(m), &tokens[m]); },
         [&](int64_t m) {
           const DpoPair p = score_pair(train, pair_at(m), sequence_logps(), tokens[m], &sums);
           return std::vector<float>{static_cast<float>(-p.dloss_dchosen / pairs),

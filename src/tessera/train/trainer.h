@@ -163,10 +163,11 @@ class Trainer {
   // The validation loss of `iteration` to the log, metrics.jsonl and TensorBoard.
   void report_evaluation(int64_t iteration, double loss, double ms);
   void write_tensorboard_iteration(const IterationStats& s);
-  // objective dpo: one side of a preference pair as the model's batch; its summed
-  // log-probability over the answer (a forward pass); the reference (the starting weights'
-  // digest) and its log-probabilities of the pairs the run reads; the step's gradients.
-  void load_pair_side(const PreferenceSource& pairs, uint64_t index, int side);
+  // objective dpo: one side of a preference pair into row `row` of the host batch (its target
+  // count); one side's summed log-probability over the answer (a forward pass of it alone);
+  // the reference (the starting weights' digest) and its log-probabilities of the pairs the run
+  // reads; the step's gradients.
+  int64_t sample_pair_side(const PreferenceSource& pairs, uint64_t index, int side, int64_t row);
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
   // Over pipeline stages a pair is one micro-batch of its two answers (chosen first): it as
   // the model's batch, with each answer's target count; and the current slot's answers'
