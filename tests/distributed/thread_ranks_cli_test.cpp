@@ -254,7 +254,9 @@ TEST_F(ThreadRanksCli, LoraTrainsLikeOneRankAndResumes) {
 // q/k/v and gate/up by rows, A of the row-parallel o and down by columns), the other factor's
 // gradient is summed over the ranks. TP 2 with and without sequence parallelism, TP 2 x
 // ZeRO-1 2, CP 2 (each rank's share of the sequence through whole adapters, their gradients
-// reduced with the data-parallel ones) and CP 2 x TP 2 train like one rank; the peft adapters written by TP 2 are the one-rank run's, whole;
+// reduced with the data-parallel ones), CP 2 x TP 2, FSDP 3 (the frozen base sharded over
+// three ranks, gathered unit by unit) and TP 2 x FSDP 2 train like one rank; the peft adapters
+// written by TP 2 are the one-rank run's, whole;
 // a TP 2 checkpoint resumes on one rank and on TP 2. At lr 3e-3: at 3e-2 Adam turns the rounding
 // differences of B's near-zero first gradients into steps of about lr (see above), which moved
 // TP 2's fourth gradient norm by 30% where every layout here agrees to 1e-6.
@@ -270,7 +272,9 @@ TEST_F(ThreadRanksCli, LoraSplitsOverTensorAndContextParallelRanksLikeOneRank) {
            {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
            {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"},
            {2, "--context_parallel_size 2"},
-           {4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
+           {4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"},
+           {3, "--use_torch_fsdp2 true"},
+           {4, "--tensor_model_parallel_size 2 --use_torch_fsdp2 true"}}) {
     SCOPED_TRACE(flags + " on " + std::to_string(ranks) + " ranks");
     static int runs = 0;
     const TrainingRun run = train(workspace_, "lora_tp" + std::to_string(runs++), ranks,

@@ -408,7 +408,7 @@ TEST(Fp8Lora, AdaptersOnAnFp8BaseStayNearTheirRunWithoutFp8) {
     const ModelRuntime rt = fp8_runtime(2, 16, fp8);
     const ModelSpec spec = tiny_spec();
     r.model = std::make_unique<LoraModel>(*r.backend, spec, rt, options);
-    init_parameters(*r.backend, spec, r.model->base_layout(), r.model->base_params(), 11);
+    init_parameters(*r.backend, spec, r.model->base_layout(), r.model->base_slices(), 11);
     init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 12);
     for (const LoraAdapted& a : r.model->adapted())  // B away from zero: both factors get gradients
       r.backend->init_normal(r.model->param(a.b), 13, static_cast<uint64_t>(a.b) * 1000, 0.0f, 0.2f);

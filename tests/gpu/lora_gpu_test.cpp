@@ -68,7 +68,7 @@ TEST(GpuLora, AdaptersInBf16TrackTheCpu) {
     rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
     LoraModel model(*backend, spec, rt, options);
     // Values drawn in fp32 on each backend from the same seeds, B away from zero.
-    init_parameters(*backend, spec, model.base_layout(), {{{0, model.base_layout().total}, model.base_params()}}, 11);
+    init_parameters(*backend, spec, model.base_layout(), model.base_slices(), 11);
     DeviceBuffer adapters(*backend, model.layout().total * sizeof(float), "adapters");
     const Tensor a = adapters.tensor(DType::F32, {model.layout().total});
     init_parameters(*backend, spec, model.layout(), a, 12);

@@ -72,7 +72,7 @@ TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
   ASSERT_EQ(lora.base_layout().total, plain.layout().total);
 
   // Base weights, and adapters with B away from zero so that the update is visible.
-  init_parameters(*backend, spec, lora.base_layout(), lora.base_params(), 7);
+  init_parameters(*backend, spec, lora.base_layout(), lora.base_slices(), 7);
   init_parameters(*backend, spec, lora.layout(), lora.params(), 8);
   for (const LoraAdapted& a : lora.adapted())
     backend->init_normal(lora.param(a.b), 9, static_cast<uint64_t>(a.b) * 1000, 0.0f, 0.2f);
@@ -82,7 +82,7 @@ TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
   EXPECT_NE(lora.layout().find("model.layers.1.mlp.up_proj.lora_B.weight"), nullptr);
   EXPECT_EQ(lora.layout().find("model.layers.1.self_attn.k_proj.lora_A.weight"), nullptr);
   EXPECT_EQ(lora.adapted().size(), 2u * 6);
-  const std::vector<float> frozen_before = download(*backend, lora.base_params());
+  const std::vector<float> frozen_before = download(*backend, lora.base_slices()[0].values);
 
   // The plain model's weights: the base with (alpha / r) B A added on each adapted piece.
   std::vector<float> merged = frozen_before;
@@ -132,7 +132,7 @@ TEST(LoraModel, IsThePlainModelWithMergedWeightsAndItsGradientsFollowDw) {
     EXPECT_LT(relative_difference(download(*backend, lora.grad(a.b)), want_db), 1e-5);
     EXPECT_LT(relative_difference(download(*backend, lora.grad(a.a)), want_da), 1e-5);
   }
-  EXPECT_EQ(download(*backend, lora.base_params()), frozen_before);
+  EXPECT_EQ(download(*backend, lora.base_slices()[0].values), frozen_before);
 }
 
 TEST(LoraModel, TargetsAreHuggingFaceOrMegatronNames) {
@@ -155,7 +155,7 @@ TEST(LoraModel, AdapterStepsLowerTheLoss) {
   const ModelSpec spec = tiny_decoder_spec();
   auto backend = make_cpu_backend();
   LoraModel lora(*backend, spec, small_runtime(), lora_options(4, 8, "all-linear"));
-  init_parameters(*backend, spec, lora.base_layout(), lora.base_params(), 7);
+  init_parameters(*backend, spec, lora.base_layout(), lora.base_slices(), 7);
   init_parameters(*backend, spec, lora.layout(), lora.params(), 8);
   std::vector<int32_t> tokens(24), targets(24);
   for (size_t i = 0; i < tokens.size(); ++i) {

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -342,6 +343,18 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfShardedRuns) {
   const auto [planned_cp, peak_cp] =
       planned_and_peak(4, 2, {"--use_torch_fsdp2", "true", "--context_parallel_size", "2"});
   EXPECT_EQ(peak_cp, planned_cp) << "FSDP x CP";
+  // LoRA: the frozen base whole beside ZeRO-1's adapter shards, or sharded by FSDP (its
+  // shards and gathered-unit slots), alone and over the data-parallel ranks of each
+  // tensor-parallel part.
+  for (const auto& [world, batch, keys] : std::vector<std::tuple<int, int64_t, std::vector<std::string>>>{
+           {3, 3, {"--use_distributed_optimizer", "true"}},
+           {3, 3, {"--use_torch_fsdp2", "true"}},
+           {4, 2, {"--use_torch_fsdp2", "true", "--tensor_model_parallel_size", "2"}}}) {
+    std::vector<std::string> lora = {"--lora_rank", "4"};
+    lora.insert(lora.end(), keys.begin(), keys.end());
+    const auto [planned_lora, peak_lora] = planned_and_peak(world, batch, lora);
+    EXPECT_EQ(peak_lora, planned_lora) << "LoRA " << keys.front() << " on " << world << " ranks";
+  }
 }
 
 // GRPO over 2 thread ranks with ZeRO-1 and a KL reference: the planner's bytes, its generator

@@ -959,9 +959,9 @@ void check_grpo(const Checker& c, const Experiment& e) {
             "false with objective grpo: each completion is its own sequence");
 }
 
-// LoRA adapts the projections of a dense model: data parallelism (plain or ZeRO-1) copies it,
-// tensor parallelism splits each adapter with its weight; other layouts would have to split
-// the adapters over stages or shard them.
+// LoRA adapts the projections of a dense model: data parallelism copies it (FSDP sharding its
+// frozen base), tensor parallelism splits each adapter with its weight; pipeline stages would
+// have to gather their adapters for the peft files, expert parallelism split them.
 void check_lora(const Checker& c, const Experiment& e) {
   const TrainingConfig& t = e.training;
   c.require(t.lora_rank >= 0, "lora_rank", "0 (off) or a positive rank");
@@ -978,12 +978,11 @@ void check_lora(const Checker& c, const Experiment& e) {
   }
   const std::pair<const char*, bool> layouts[] = {
       {"pipeline_model_parallel_size", t.pipeline_model_parallel_size > 1},
-      {"expert_model_parallel_size", t.expert_model_parallel_size > 1},
-      {"use_torch_fsdp2", t.use_torch_fsdp2}};
+      {"expert_model_parallel_size", t.expert_model_parallel_size > 1}};
   for (const auto& [key, on] : layouts)
-    c.require(!on, key, "off with lora_rank: LoRA runs on model replicas (data parallelism, plain or "
-                        "use_distributed_optimizer), their tensor-parallel parts and their "
-                        "context-parallel shares of the sequence so far");
+    c.require(!on, key, "off with lora_rank: LoRA runs on model replicas (data parallelism: plain, "
+                        "use_distributed_optimizer, or use_torch_fsdp2 sharding the frozen base), their "
+                        "tensor-parallel parts and their context-parallel shares of the sequence so far");
   c.require(e.model_config.num_experts == 0 && !e.model_config.multi_latent_attention,
             e.model_config.num_experts > 0 ? "num_experts" : "multi_latent_attention",
             "a dense model with grouped-query attention with lora_rank (MoE experts and "

@@ -351,6 +351,7 @@ std::unique_ptr<DataParallelism> make_data_parallelism(Communicator& comm, Model
                                                        ExpertCommunicators experts) {
   if (options.fully_shard) {
     TS_CHECK(experts.expert_parallel == nullptr, "FSDP with expert parallelism");
+    if (model.frozen_layout()) return std::make_unique<FrozenShardedDataParallel>(comm, model, options);
     return std::make_unique<FullyShardedDataParallel>(comm, model);
   }
   return std::make_unique<DataParallel>(comm, model, options, experts);

@@ -143,8 +143,10 @@ class DataParallel : public DataParallelism, private ParamUnitObserver {
   void params_updated() override;
   void params_complete() override { settle(); }
 
- private:
+ protected:
   void settle() override;
+
+ private:
   void params_needed(int unit, int next) override;
   void grads_ready(int unit) override;
   // A bucket of either plan, with the group that reduces it (null: a group of one).

@@ -1,32 +1,25 @@
 #pragma once
 // FSDP (ZeRO-3, use_torch_fsdp2): every rank keeps only its shard of each parameter unit
 // (ParamLayout::units: the embedding, each decoder layer, the final norm with the output
-// head): its compute-dtype parameters and gradients (fp32, or bf16 with main_grads_dtype) here,
-// its master weights and AdamW moments in the optimizer. Unit u, padded to W x n_u elements (n_u a
-// multiple of 64), is cut into W equal slices; rank r holds slice r.
-//
-// Just before the model reads a unit, the slices are all-gathered into a parameter slot (a
-// buffer the size of the largest padded unit), while the unit the model reads next is
-// gathered into another slot on the communication stream. A slot is reused once the model is
-// done with its unit; a unit still in a slot (the last layer between forward and backward) is
-// not gathered again until the parameters change.
+// head): its compute-dtype parameters (ShardedUnits: gathered per unit just in time) and
+// gradients (fp32, or bf16 with main_grads_dtype) here, its master weights and AdamW moments
+// in the optimizer.
 // Before the backward writes a unit's gradients they get a zeroed gradient slot; once final,
 // the slot is reduce-scattered into the rank's gradient shard on the communication stream,
 // overlapping the backward of the units below. From a step's second micro-batch on, a unit's
 // slot starts from the rank's own shard in its slice, so the reduce-scatter accumulates.
-// Two parameter and two gradient slots; three each when the head is tied to the embedding
-// table, whose unit is then needed during the head as well.
-// The gathers have a communicator of their own (split from the group's, with its own stream):
-// on the group's, a gather would queue behind the reduce-scatters of the units before it, and
-// the layer it prefetches for would wait (on the full Llama 3.1 8B on two H200s, 200 ms of a
-// 4.4 s step). Their shards and slots are collective buffers (communicator.h): under NCCL on
-// one node the gathers run on the copy engines, beside the reduce-scatters' kernels.
+// As many gradient slots as parameter slots.
+//
+// A model with frozen weights apart from its parameters (LoRA: Model::frozen_layout) shards
+// those instead (FrozenShardedDataParallel): they are what is large, and never change; its
+// few trained parameters are reduced as by ZeRO-1.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tessera/distributed/data_parallel.h"
+#include "tessera/distributed/sharded_units.h"
 
 namespace tessera::dist {
 
@@ -43,9 +36,6 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
     int64_t shard_elements = 0;
   };
   static Memory plan_memory(const ParamLayout& layout, int world, DType compute, DType grad);
-  // Rank `rank`'s slice of each unit, clipped to the unit's end (the rest is padding): what
-  // its optimizer updates, in increasing order.
-  static std::vector<ParamRange> owned_ranges(const ParamLayout& layout, int world, int rank);
 
   std::string description() const override;
   std::vector<OwnedParams> optimizer_shards() const override;
@@ -60,17 +50,10 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
   void follow_gathers() override;
 
  private:
-  struct Unit {
-    ParamRange range;      // in the flat layout
-    int64_t slice = 0;     // n_u: elements per rank
-    int64_t shard_at = 0;  // where this rank's slice starts in the shard buffers
-    int reduce_mark = -1;  // comm mark after the last reduce-scatter into the shard (-1: done)
-  };
   struct Slot {
-    int unit = -1;        // whose parameters or gradients it holds (-1: none)
-    int mark = -1;        // mark after the last collective on it (-1: done), of gathers_ for
-                          // parameter slots, of the group's communicator for gradient slots
-    bool in_use = false;  // between params_needed and params_done (grads_needed, grads_ready)
+    int unit = -1;        // whose gradients it holds (-1: none)
+    int mark = -1;        // the group's mark after the last reduce-scatter from it (-1: done)
+    bool in_use = false;  // between grads_needed and grads_ready
     uint64_t last_use = 0;
   };
 
@@ -80,30 +63,35 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
   void grads_ready(int unit) override;
   void settle() override;
 
-  Tensor param_slot(const Slot& s, int unit) const;
   Tensor grad_slot(const Slot& s, int unit) const;
-  Tensor param_shard(int unit) const;
   Tensor grad_shard(int unit) const;
-  Slot* holding(std::vector<Slot>& slots, int unit);
-  Slot& least_recently_used_free(std::vector<Slot>& slots, const char* what);
-  void gather(int unit, Slot& slot, Lane lane);
-  // Compute waits for comm's collectives queued before mark (-1: nothing to wait for).
-  static void wait_for(Communicator& comm, int mark);
-  void forget_marks();
+  Slot& least_recently_used_free();
 
-  std::vector<Unit> units_;
-  int64_t padded_unit_ = 0;  // the largest W x n_u: a slot's elements
-  std::unique_ptr<Communicator> gather_comm_;
-  Communicator& gathers_;  // *gather_comm_
-  CollectiveBuffer shard_buffer_, slot_buffer_;
+  ShardedUnits params_;
   DeviceBuffer grad_shard_buffer_, grad_slot_buffer_;
-  Tensor param_shards_, grad_shards_;
-  std::vector<Slot> param_slots_, grad_slots_;
+  Tensor grad_shards_;
+  std::vector<Slot> grad_slots_;
+  std::vector<int> reduce_marks_;  // per unit: the group's mark after its last reduce-scatter
   uint64_t uses_ = 0;
-  bool comm_pending_ = false;  // Lane::Comm work compute has not waited for
+  bool comm_pending_ = false;  // reduce-scatters compute has not waited for
   bool step_started_ = false;  // a micro-batch of the current step ran
   bool accumulate_ = false;    // this micro-batch adds to the shards' gradients
-  int checkpoint_unit_ = -1;   // the unit gathered_param last gathered
+};
+
+// FSDP of a model with frozen weights (Model::frozen_layout: LoRA's base): the frozen units
+// are sharded and gathered just in time (ShardedUnits, the model's FrozenUnitSource), the
+// trained parameters kept whole on every rank with their gradients reduce-scattered and their
+// optimizer state sharded (ZeRO-1). The model must have been built with
+// runtime.sharded_params and runtime.flat_buffer_multiple = flat_buffer_multiple(comm.size()).
+class FrozenShardedDataParallel final : public DataParallel {
+ public:
+  FrozenShardedDataParallel(Communicator& comm, Model& model, const DataParallelOptions& options);
+  ~FrozenShardedDataParallel() override;
+  std::string description() const override;
+
+ private:
+  void settle() override;
+  ShardedUnits frozen_;
 };
 
 }  // namespace tessera::dist

@@ -18,17 +18,18 @@ struct Sizes {
   int64_t per_token = 0;   // tokens x the most pieces x r: x A^T, dy B
   int64_t piece = 0;       // the largest B: one piece's gradient, cut out
   // The GEMM scratch: A stacked, B diagonal, x A^T and dy B in the compute dtype; the stacked
-  // gradients and a piece cut out in the gradient dtype.
+  // gradients and a piece cut out in the gradient dtype; each of the 7 aligned to 16 bytes
+  // (at most 15 bytes beyond its size).
   size_t scratch_bytes(DType compute, DType grad) const {
     return static_cast<size_t>(stacked + diagonal + 2 * per_token) * dtype_size(compute) +
-           static_cast<size_t>(stacked + diagonal + piece) * dtype_size(grad);
+           static_cast<size_t>(stacked + diagonal + piece) * dtype_size(grad) + 7 * 16;
   }
 };
 
 Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vector<LoraAdapted>& adapted,
             const ModelRuntime& runtime, int64_t rank) {
   Sizes n;
-  n.frozen = base.total;
+  n.frozen = runtime.sharded_params ? 0 : base.total;
   for (const ParamRange& u : base.units) n.base_grads = std::max(n.base_grads, u.count());
   std::vector<int64_t> pieces(base.params.size(), 0);
   for (const LoraAdapted& a : adapted) {
@@ -77,10 +78,11 @@ class LoraModel::BaseObserver : public ParamUnitObserver {
   explicit BaseObserver(LoraModel& m) : m_(m) {}
   void params_needed(int unit, int next) override {
     if (m_.outer_) m_.outer_->params_needed(unit, next);
-    m_.bind_params(unit);
+    m_.bind_params(unit, next);
   }
   void params_done(int unit) override {
     if (m_.outer_) m_.outer_->params_done(unit);
+    m_.params_done(unit);
   }
   void grads_needed(int unit) override {
     if (m_.outer_) m_.outer_->grads_needed(unit);
@@ -110,7 +112,7 @@ ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& ru
 LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime,
                      LoraOptions options)
     : backend_(backend), runtime_(runtime), options_(std::move(options)) {
-  TS_CHECK(runtime.pipeline_chunks.empty() && runtime.expert_parallel_size == 1 && !runtime.sharded_params,
+  TS_CHECK(runtime.pipeline_chunks.empty() && runtime.expert_parallel_size == 1,
            "LoRA runs on whole model replicas, their tensor-parallel parts and context-parallel shares");
   TS_CHECK(options_.rank > 0 && !options_.targets.empty(), "LoRA: rank {} and {} targets",
            options_.rank, options_.targets.size());
@@ -139,12 +141,11 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
   base_grad_buffer_ = DeviceBuffer(backend, n.base_grads * dtype_size(compute), "LoRA base gradient scratch");
   param_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(compute), "LoRA adapters");
   grad_buffer_ = DeviceBuffer(backend, n.adapters * dtype_size(grad), "LoRA adapter gradients");
-  frozen_ = frozen_buffer_.tensor(compute, {base.total});
+  frozen_ = frozen_buffer_.tensor(compute, {n.frozen});
   base_grads_ = base_grad_buffer_.tensor(compute, {n.base_grads});
   params_ = param_buffer_.tensor(compute, {layout_.total});
   grads_ = grad_buffer_.tensor(grad, {layout_.total});
-  // 16-byte alignment of each of its 7 tensors: at most 7 x 15 bytes beyond their sizes.
-  scratch_buffer_ = DeviceBuffer(backend, n.scratch_bytes(compute, grad) + 7 * 16, "LoRA GEMM scratch");
+  scratch_buffer_ = DeviceBuffer(backend, n.scratch_bytes(compute, grad), "LoRA GEMM scratch");
   size_t at = 0;
   auto take = [&](DType d, int64_t count) {
     const Tensor t = scratch_buffer_.tensor(d, {std::max<int64_t>(count, 1)}, at);
@@ -158,7 +159,7 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
   da_cat_ = take(grad, n.stacked);
   db_cat_ = take(grad, n.diagonal);
   piece_ = take(grad, n.piece);
-  backend.fill(frozen_, 0.0f);
+  if (n.frozen > 0) backend.fill(frozen_, 0.0f);  // sharded: the frozen source's shards
   backend.fill(param_buffer_.tensor(compute, {n.adapters}), 0.0f);
   backend.fill(grad_buffer_.tensor(grad, {n.adapters}), 0.0f);
   base_observer_ = std::make_unique<BaseObserver>(*this);
@@ -225,9 +226,24 @@ void LoraModel::zero_grads() {
   base_->zero_grads();
 }
 
-void LoraModel::bind_params(int unit) {
+std::vector<FlatSlice> LoraModel::base_slices() const {
+  if (!runtime_.sharded_params) return {{{0, base_->layout().total}, frozen_}};
+  TS_CHECK(frozen_source_ != nullptr, "LoRA: a sharded base without a frozen unit source");
+  return frozen_source_->held();
+}
+
+void LoraModel::bind_params(int unit, int next) {
+  if (runtime_.sharded_params) {
+    TS_CHECK(frozen_source_ != nullptr, "LoRA: a sharded base without a frozen unit source");
+    base_->bind_unit_params(unit, frozen_source_->unit_needed(unit, next));
+    return;
+  }
   const ParamRange& r = base_->layout().units[unit];
   base_->bind_unit_params(unit, frozen_.flat_range(r.begin, r.count()));
+}
+
+void LoraModel::params_done(int unit) {
+  if (runtime_.sharded_params) frozen_source_->unit_done(unit);
 }
 
 // The frozen base's gradients (norms, embedding) go to one scratch that nothing reads; the

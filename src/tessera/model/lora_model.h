@@ -7,7 +7,9 @@
 //
 // How it runs the base: the base DecoderModel keeps no parameter or gradient buffers of its
 // own (ModelRuntime::sharded_params, as under FSDP); each unit it reads is bound to its slice
-// of the frozen weights, and each unit it writes gradients for to one scratch the size of the
+// of the frozen weights (or, with runtime.sharded_params, to where the FrozenUnitSource that
+// shards them over data-parallel ranks gathered it: FSDP of the base, distributed/
+// fully_sharded.h), and each unit it writes gradients for to one scratch the size of the
 // largest unit, which nothing reads: the base's norms and embedding are frozen too. The
 // adapted linears run their adapters through LinearAdapters: no weight-gradient GEMM for W;
 // the adapters' terms and gradients are GEMMs with an inner dimension of r.
@@ -29,18 +31,22 @@ namespace tessera {
 
 class LoraModel : public Model, private LinearAdapters {
  public:
-  // `runtime`: a whole model replica or its tensor-parallel part (no pipeline, context or
-  // expert parallelism, not sharded). Under FP8 the frozen base runs its FP8 GEMMs (without
-  // weight gradients) and the adapters stay in the compute dtype.
+  // `runtime`: a whole model replica, its tensor-parallel part or context-parallel share (no
+  // pipeline or expert parallelism); with sharded_params the frozen base is not held here but
+  // comes from set_frozen_units. Under FP8 the frozen base runs its FP8 GEMMs (without weight
+  // gradients) and the adapters stay in the compute dtype.
   LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime& runtime, LoraOptions options);
   ~LoraModel() override;
-  // What construction allocates: the frozen weights, the adapters and their gradients, the
+  // What construction allocates: the frozen weights (unless sharded), the adapters and their gradients, the
   // gradient scratch of a unit and the adapters' GEMM scratch, and the base's activations.
   static ModelMemory plan_memory(const ModelSpec& spec, const ModelRuntime& runtime, const LoraOptions& options);
 
-  // The frozen base weights (compute dtype, the base layout), for initialisation and loading.
+  // The frozen base weights this rank holds (compute dtype, ranges of the base layout), for
+  // initialisation and loading: all of them, or with sharded_params the frozen source's share.
   const ParamLayout& base_layout() const { return base_->layout(); }
-  Tensor base_params() const { return frozen_; }
+  std::vector<FlatSlice> base_slices() const;
+  const ParamLayout* frozen_layout() const override { return &base_->layout(); }
+  void set_frozen_units(FrozenUnitSource* source) override { frozen_source_ = source; }
   const LoraOptions& options() const { return options_; }
   const std::vector<LoraAdapted>& adapted() const { return adapted_; }
 
@@ -112,7 +118,8 @@ class LoraModel : public Model, private LinearAdapters {
   // for a weight of one piece, else assembled in scratch.
   Tensor stacked_a(const Group& g);
   Tensor diagonal_b(const Group& g);
-  void bind_params(int unit);
+  void bind_params(int unit, int next);
+  void params_done(int unit);
   void bind_grads(int unit);
 
   Backend& backend_;
@@ -122,6 +129,7 @@ class LoraModel : public Model, private LinearAdapters {
   std::unique_ptr<MoeBalanceHook> moe_balance_;  // with MoE layers in the base
   std::unique_ptr<BaseObserver> base_observer_;
   ParamUnitObserver* outer_ = nullptr;
+  FrozenUnitSource* frozen_source_ = nullptr;  // with runtime_.sharded_params
   ParallelGroup* tensor_parallel_ = nullptr;  // null: a group of one
   ParamLayout layout_;
   std::vector<LoraAdapted> adapted_;

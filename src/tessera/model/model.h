@@ -165,6 +165,21 @@ class ParallelGroup {
   virtual void reduce_scatter(const Tensor& out, const Tensor& in) = 0;
 };
 
+// Where a model's frozen weights are when they are sharded over ranks (LoRA's base under FSDP,
+// Model::frozen_layout): the model asks for each unit just before it reads it.
+class FrozenUnitSource {
+ public:
+  virtual ~FrozenUnitSource() = default;
+  // Unit u of the frozen layout whole (compute dtype, laid out as in the flat layout from
+  // units[u].begin), readable by compute queued from now on until unit_done(u); the pass reads
+  // unit `next` after it (-1: none).
+  virtual Tensor unit_needed(int unit, int next) = 0;
+  virtual void unit_done(int unit) = 0;
+  // The flat ranges of the frozen layout this rank holds and where: what its weights are
+  // loaded into.
+  virtual std::vector<FlatSlice> held() const = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -268,6 +283,14 @@ class Model {
   // The parameters changed outside forward/backward (optimizer step, loading): drops
   // everything derived from them (the FP8 weight cache).
   virtual void params_updated() = 0;
+
+  // ---- frozen weights apart from the parameters (LoRA's base)
+  // Their layout (a whole model's, or its tensor-parallel part's), or null when every weight
+  // the model reads is a parameter.
+  virtual const ParamLayout* frozen_layout() const { return nullptr; }
+  // With runtime().sharded_params and a frozen layout: where its units come from (not owned;
+  // null detaches), needed before the first pass. Data parallelism shards them.
+  virtual void set_frozen_units(FrozenUnitSource* source) { (void)source; }
 };
 
 }  // namespace tessera

@@ -32,6 +32,12 @@ std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const Pa
     case StateSharding::None:
       out.push_back({{0, layout.total}});
       break;
+    case StateSharding::Fsdp:
+      if (!in.lora) {
+        for (int r = 0; r < world; ++r) out.push_back(dist::ShardedUnits::owned_ranges(layout, world, r));
+        break;
+      }
+      [[fallthrough]];  // LoRA's adapters are sharded as by ZeRO-1 (its frozen base by FSDP)
     case StateSharding::Zero1: {
       // With expert parallelism (no tensor or context parallelism beside it) data-parallel
       // rank r (of a pipeline stage) is expert-data-parallel rank r / ep; every
@@ -41,10 +47,6 @@ std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const Pa
       for (int r = 0; r < world; ++r) out.push_back(plan.owned(r, r / ep));
       break;
     }
-    case StateSharding::Fsdp:
-      for (int r = 0; r < world; ++r)
-        out.push_back(dist::FullyShardedDataParallel::owned_ranges(layout, world, r));
-      break;
   }
   return out;
 }
@@ -121,7 +123,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (in.reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
                   (AdamWOptimizer::keeps_master_copy(dt, od, sharded) ? 1 : 2);
-  if (in.sharding == StateSharding::Fsdp) {
+  if (in.sharding == StateSharding::Fsdp && in.lora) {
+    // FrozenShardedDataParallel: the frozen base's shards and slots beside the adapters.
+    p.weights = model.weights + dist::ShardedUnits::plan_memory(DecoderModel::plan_layout(in.spec, in.runtime),
+                                                                static_cast<int>(n), dt)
+                                    .bytes;
+    p.gradients = model.gradients;
+  } else if (in.sharding == StateSharding::Fsdp) {
     // What FullyShardedDataParallel allocates: the shards and the gathered-unit slots.
     const auto f = dist::FullyShardedDataParallel::plan_memory(layout, static_cast<int>(n), dt,
                                                                in.runtime.grad_dtype);

@@ -14,6 +14,7 @@
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/model/decoder_model.h"
+#include "tessera/model/lora_layout.h"
 #include "tessera/model/param_layout.h"
 
 namespace tessera::plan {
@@ -161,12 +162,24 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
   auto row = [&](const char* name, size_t bytes, std::string detail) {
     t.rows.push_back({std::string(name), static_cast<int64_t>(bytes), gib(bytes), detail});
   };
-  row("weights", p.weights,
-      fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(dt), dtype_name(dt),
-                  fsdp ? " + gathered-unit slots (current, prefetched)" : ""));
-  row("gradients", p.gradients,
-      fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(gt), dtype_name(gt),
-                  fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
+  if (in.lora) {
+    // The frozen base (sharded under FSDP) and the adapters, which alone have gradients.
+    row("weights", p.weights,
+        fmt::format("frozen base {} params x {} B ({}){} + the adapters", weight_params, dtype_size(dt),
+                    dtype_name(dt), fsdp ? " + gathered-unit slots (current, prefetched)" : ""));
+    const int64_t adapters = make_lora_layout(in.spec, DecoderModel::plan_layout(in.spec, rt), *in.lora).adapters.total;
+    row("gradients", p.gradients,
+        fmt::format("the adapters' {} params x {} B ({}) + one base unit's unread gradient scratch",
+                    count_text(static_cast<double>(adapters)),
+                    dtype_size(gt), dtype_name(gt)));
+  } else {
+    row("weights", p.weights,
+        fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(dt), dtype_name(dt),
+                    fsdp ? " + gathered-unit slots (current, prefetched)" : ""));
+    row("gradients", p.gradients,
+        fmt::format("{} params x {} B ({}){}", weight_params, dtype_size(gt), dtype_name(gt),
+                    fsdp ? " + unit gradient slots (being written, being reduce-scattered)" : ""));
+  }
   row("optimizer", p.optimizer, fmt::format("{} params: {}", opt_params, optimizer_state_text(in)));
   row("activations", p.activations,
       fmt::format("micro batch {} x seq {} = {} tokens, recompute {}, logits chunk {} tokens{}{}",

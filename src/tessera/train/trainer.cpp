@@ -553,7 +553,8 @@ int64_t Trainer::trainable_parameters() const {
 void Trainer::load_lora_base() {
   const CheckpointConfig& c = exp_.checkpoint;
   const ParamLayout& base = lora_->base_layout();
-  const FlatSlice weights{{0, base.total}, lora_->base_params()};
+  // Under FSDP each rank holds its shards of the base's units.
+  const std::vector<FlatSlice> weights = lora_->base_slices();
   std::vector<std::string> differences;
   std::string from = "a fresh initialisation (no pretrained_checkpoint or hf_init_path)";
   if (!c.pretrained_checkpoint.empty()) {
@@ -567,16 +568,19 @@ void Trainer::load_lora_base() {
     t.spec = &setup_.spec;
     t.layout = &base;
     t.params_dtype = setup_.runtime.compute_dtype;
-    t.master = lora_->base_params();
+    for (const FlatSlice& w : weights) {
+      t.owned.push_back(w.range);
+      t.master_ranges.push_back(w.values);
+    }
     const TrainerState s = load_checkpoint(dir, t, &differences, /*optimizer_state=*/false);
     from = fmt::format("the checkpoint {} (its iteration {})", dir, s.iteration);
     initial_weight_files_ = {(fs::path(dir) / "model.safetensors").string()};
   } else if (!c.hf_init_path.empty()) {
-    differences = load_hf_weights(c.hf_init_path, setup_.spec, base, *backend_, {weights}, {});
+    differences = load_hf_weights(c.hf_init_path, setup_.spec, base, *backend_, weights, {});
     from = "the Hugging Face model " + c.hf_init_path;
     initial_weight_files_ = hf_weight_files(c.hf_init_path);
   } else {
-    init_parameters(*backend_, setup_.spec, base, {weights}, static_cast<uint64_t>(exp_.training.seed));
+    init_parameters(*backend_, setup_.spec, base, weights, static_cast<uint64_t>(exp_.training.seed));
   }
   for (const auto& d : differences) log_.warning("the LoRA base differs from the configuration: {}", d);
   const LoraOptions& o = lora_->options();
