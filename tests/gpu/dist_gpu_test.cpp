@@ -420,8 +420,9 @@ TEST_F(DistGpu, TensorParallelMatchesOneGpu) {
 // LoRA under tensor parallelism over NCCL, in fp32 on Brown text: each adapter splits with its
 // weight (B of the column-parallel projections by rows, A of the row-parallel ones by columns),
 // the whole factor's partial gradients are summed over the ranks, and TP 2 with sequence
-// parallelism trains like one GPU within the fp32 bounds.
-TEST_F(DistGpu, LoraUnderTensorParallelMatchesOneGpu) {
+// parallelism trains like one GPU within the fp32 bounds; so does FSDP, its frozen base sharded
+// over the two GPUs and gathered unit by unit (NCCL's copy-engine gathers on symmetric memory).
+TEST_F(DistGpu, LoraUnderTensorParallelAndFsdpMatchesOneGpu) {
   TS_REQUIRE_TWO_GPUS();
   const std::string lora = " --lora_rank 8 --lora_alpha 16";
   ASSERT_EQ(run(brown_fp32_args("lora_one") + lora, "lora_one.txt"), 0) << read("lora_one.txt");
@@ -429,6 +430,7 @@ TEST_F(DistGpu, LoraUnderTensorParallelMatchesOneGpu) {
   ASSERT_EQ(one.size(), 20u);
   expect_layout_matches("lora_tp2_sp", 2, 29690,
                         lora + " --tensor_model_parallel_size 2 --sequence_parallel true", one);
+  expect_layout_matches("lora_fsdp2", 2, 29691, lora + " --use_torch_fsdp2 true", one);
 }
 
 // Pipelines over NCCL point-to-point transfers: 2 stages (1F1B, and interleaved with 2 model
