@@ -804,12 +804,6 @@ void check_dpo(const Checker& c, const Experiment& e) {
   }
   c.require(t.micro_batch_size == 1, "micro_batch_size",
             "1 with objective dpo: each side of a pair runs as its own sequence");
-  c.require(t.pipeline_model_parallel_size == 1 || t.dpo_precompute_ref_log_probs ||
-                t.dpo_reference_free,
-            "pipeline_model_parallel_size",
-            "1 with objective dpo and a frozen copy of the reference "
-            "(dpo_precompute_ref_log_probs false); over pipeline stages the reference's "
-            "log-probabilities are precomputed");
   c.require(!e.data.mock_data && !e.data.data_path.empty(), "data_path",
             "a preference dataset with objective dpo (tessera preprocess --preference)");
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped, "packing_strategy",

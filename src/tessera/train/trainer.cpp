@@ -1009,7 +1009,7 @@ void Trainer::reference_copy_logps(const PreferenceSource& pairs, const std::vec
   const profiler::PhaseSpan span(profiler_.get(), "dpo_reference");
   dpo_->frozen->use(true);
   dpo_->copy_logps.clear();
-  for (uint64_t i : indices) dpo_->copy_logps[pairs.pair(i)] = {answer_logp(pairs, i, 0), answer_logp(pairs, i, 1)};
+  for (uint64_t i : indices) dpo_->copy_logps[pairs.pair(i)] = pair_logps(pairs, i);
   dpo_->frozen->use(false);
 }
 
