@@ -12,6 +12,7 @@
 #include "tessera/core/error.h"
 #include "tessera/core/random.h"
 #include "tessera/model/decoder_model.h"
+#include "tessera/model/generator.h"
 #include "tessera/model/init.h"
 #include "tessera/model/lora_model.h"
 
@@ -177,6 +178,46 @@ TEST(LoraModel, AdapterStepsLowerTheLoss) {
   }
   for (size_t k = 1; k < losses.size(); ++k) EXPECT_LT(losses[k], losses[k - 1]) << "step " << k;
   EXPECT_LT(losses.back(), losses.front() - 0.01);
+}
+
+// Generation in place on the frozen base with the adapters added (GRPO's policy under LoRA):
+// the prompt's next-token logits and each cached step's are the LoRA model's full forward of
+// the same tokens, fused projections (q, k, v; gate, up) included.
+TEST(LoraModel, GeneratorOnItsBaseWithItsAdaptersGivesItsLogits) {
+  const ModelSpec spec = tiny_decoder_spec();
+  auto backend = make_cpu_backend();
+  ModelRuntime rt;
+  rt.micro_batch = 1;
+  rt.seq_length = 12;
+  LoraModel lora(*backend, spec, rt, lora_options(3, 6, "all-linear"));
+  init_parameters(*backend, spec, lora.base_layout(), lora.base_slices(), 7);
+  init_parameters(*backend, spec, lora.layout(), lora.params(), 8);
+  for (const LoraAdapted& a : lora.adapted())
+    backend->init_normal(lora.param(a.b), 9, static_cast<uint64_t>(a.b) * 1000, 0.0f, 0.2f);
+  Generator gen(*backend, spec, lora.base_slices().front().values, lora.base_layout(), rt.seq_length);
+  gen.use_adapters(&lora.adapters());
+
+  std::vector<int32_t> tokens(static_cast<size_t>(rt.seq_length));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(random_below(13, i, 64));
+  DeviceBuffer buffer(*backend, static_cast<size_t>(rt.seq_length * spec.vocab_size) * 4, "logits");
+  const Tensor logits = buffer.tensor(DType::F32, {rt.seq_length, spec.vocab_size});
+  lora.set_batch(tokens.data(), tokens.data());
+  lora.forward_logits(logits);
+  const std::vector<float> full = download(*backend, logits);
+  const auto row = [&](size_t t) {
+    return std::vector<float>(full.begin() + static_cast<int64_t>(t * spec.vocab_size),
+                              full.begin() + static_cast<int64_t>((t + 1) * spec.vocab_size));
+  };
+  constexpr size_t kPrompt = 5;
+  std::vector<float> got = gen.prefill({tokens.begin(), tokens.begin() + kPrompt});
+  EXPECT_LT(relative_difference(got, row(kPrompt - 1)), 1e-5) << "prefill";
+  for (size_t t = kPrompt; t < tokens.size(); ++t) {
+    got = gen.step(tokens[t]);
+    EXPECT_LT(relative_difference(got, row(t)), 1e-5) << "step at position " << t;
+  }
+  // Without the adapters it is the base alone, which the adapters moved.
+  Generator base(*backend, spec, lora.base_slices().front().values, lora.base_layout(), rt.seq_length);
+  EXPECT_GT(relative_difference(base.prefill({tokens.begin(), tokens.begin() + kPrompt}), row(kPrompt - 1)), 1e-3);
 }
 
 }  // namespace

@@ -372,8 +372,15 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfGrpoRuns) {
       {"--objective", "grpo", "--mock_data", "false", "--data_path", "null", "--train_data_path", prompts.string(),
        "--grpo_num_generations", "4", "--grpo_max_completion_length", "8", "--grpo_rewards", "answer,overlong",
        "--use_distributed_optimizer", "true", "--grpo_beta", "0.1"});
-  fs::remove(prompts);
   EXPECT_EQ(peak, planned);
+  // Under LoRA: the generator reads the frozen base, the reference is a copy of the adapters.
+  const auto [planned_lora, peak_lora] = planned_and_peak(
+      2, 8,
+      {"--objective", "grpo", "--mock_data", "false", "--data_path", "null", "--train_data_path", prompts.string(),
+       "--grpo_num_generations", "4", "--grpo_max_completion_length", "8", "--grpo_rewards", "answer,overlong",
+       "--use_distributed_optimizer", "true", "--grpo_beta", "0.1", "--lora_rank", "4"});
+  fs::remove(prompts);
+  EXPECT_EQ(peak_lora, planned_lora);
 }
 
 // Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the

@@ -226,6 +226,38 @@ TEST_F(GrpoTraining, AReferenceFromAnotherCheckpoint) {
   EXPECT_EQ(steps("kl").size(), 2u);
 }
 
+// LoRA: generation reads the frozen base in place with the adapters added
+// (LoraModel.GeneratorOnItsBaseWithItsAdaptersGivesItsLogits), the KL reference is the base
+// (the adapters as they started, B at zero: a copy of the adapters alone), and two ranks step
+// as one.
+TEST_F(GrpoTraining, LoraSamplesThroughItsAdaptersAgainstItsBase) {
+  const std::string lora = model_ + " --objective grpo --lora_rank 4 --lora_alpha 8 --pretrained_checkpoint " +
+                           (dir_ / "start").string() + " --data_path null --train_data_path " +
+                           (dir_ / "prompts.jsonl").string() +
+                           " --micro_batch_size 2 --global_batch_size 8 --grpo_num_generations 4 "
+                           "--grpo_max_completion_length 6 --grpo_rewards answer,command:0.5 --grpo_reward_command 'sh " +
+                           (dir_ / "reward.sh").string() +
+                           "' --lr 3e-2 --lr_warmup_iters 0 --log_interval 1 --train_iters 3 --grpo_beta 0.05";
+  RunResult r = run_tessera(lora + " --exp_name lora_one");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA: rank 4"), std::string::npos) << r.output;
+  const std::vector<nlohmann::json> one = steps("lora_one");
+  ASSERT_EQ(one.size(), 3u);
+  EXPECT_EQ(one[0]["kl"].get<double>(), 0.0);  // the adapters add nothing yet: the base
+  EXPECT_GT(one[0]["grad_norm"].get<double>(), 0.0);
+  EXPECT_GT(one[2]["kl"].get<double>(), 0.0);  // trained adapters move the policy off its base
+  r = run_tessera(lora + " --nproc_per_node 2 --use_distributed_optimizer true --exp_name lora_two");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> two = steps("lora_two");
+  ASSERT_EQ(two.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(two[i]["reward"].get<double>(), one[i]["reward"].get<double>());
+    EXPECT_NEAR(two[i]["lm_loss"].get<double>(), one[i]["lm_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(two[i]["kl"].get<double>(), one[i]["kl"].get<double>(), 1e-6);
+  }
+}
+
 // Multi-latent attention (beside DeepSeek's MoE layers) decodes a group's completions together,
 // each at its own position, and the step runs.
 TEST_F(GrpoTraining, MultiLatentAttentionDecodesItsGroupTogether) {

@@ -946,8 +946,6 @@ void check_grpo(const Checker& c, const Experiment& e) {
             "0 with objective grpo: its validation measures held-out accuracy, not a loss");
   c.require(!e.data.skip_train || !e.data.valid_data_path.empty(), "valid_data_path",
             "a file of held-out prompts with skip_train and objective grpo");
-  c.require(t.lora_rank == 0, "lora_rank",
-            "0 with objective grpo: generation does not run the adapters yet");
   c.require(!e.data.reset_position_ids && !e.data.reset_attention_mask,
             e.data.reset_position_ids ? "reset_position_ids" : "reset_attention_mask",
             "false with objective grpo: each completion is its own sequence");

@@ -221,6 +221,7 @@ void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias
   if (residual.defined()) m.beta = 1.0f, m.c = residual;
   if (bias >= 0) m.bias = param(bias);
   backend_.matmul(m);
+  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in, weight);
 }
 
 std::vector<float> Generator::prefill(const std::vector<int32_t>& prompt) {

@@ -22,6 +22,7 @@
 
 #include "tessera/model/block.h"
 #include "tessera/model/decoder_layer.h"
+#include "tessera/model/parallel_layers.h"
 #include "tessera/model/rope.h"
 #include "tessera/model/scratch_arena.h"
 #include "tessera/ops/device_buffer.h"
@@ -39,6 +40,11 @@ class Generator final : private ForwardOps {
   Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
             const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch = 1);
   ~Generator() override;
+
+  // Adapters beside weights read in place (LoRA's: its frozen base is the weights), added in
+  // every linear they adapt (not owned; null: none). Their term runs on the adapter's own
+  // scratch, which must hold the rows of a prefill and of a step.
+  void use_adapters(LinearAdapters* adapters) { adapters_ = adapters; }
 
   // Bytes a generator allocates beside its weights (the KV cache, its states and scratch): the
   // memory planner's generation row.
@@ -149,6 +155,7 @@ class Generator final : private ForwardOps {
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   ParamLayout layout_;
   bool params_in_place_ = false;
+  LinearAdapters* adapters_ = nullptr;
   DeviceBuffer param_buffer_, cache_buffer_, state_buffer_, block_state_buffer_;
   std::vector<std::pair<std::string, Tensor>> block_state_;  // Block::bind_state's, by name
   Tensor params_;

@@ -279,6 +279,7 @@ Tensor LoraModel::diagonal_b(const Group& g) {
 void LoraModel::forward(const Tensor& out, const Tensor& in, int weight) {
   const Group& g = groups_[group_of_[weight]];
   const int64_t R = static_cast<int64_t>(g.pieces.size()) * options_.rank, N = in.numel() / g.cols;
+  TS_CHECK(N * R <= xa_.numel(), "LoRA: {} rows, beyond the {} tokens its scratch holds", N, runtime_.tokens());
   const Tensor xa = xa_.flat_range(0, N * R).view({N, R});
   const Tensor a = stacked_a(g), b = diagonal_b(g);
   const auto s = static_cast<float>(options_.scale());

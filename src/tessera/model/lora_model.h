@@ -48,6 +48,9 @@ class LoraModel : public Model, private LinearAdapters {
   const ParamLayout* frozen_layout() const override { return &base_->layout(); }
   void set_frozen_units(FrozenUnitSource* source) override { frozen_source_ = source; }
   const LoraOptions& options() const { return options_; }
+  // The adapters' term for a generator reading the base in place (Generator::use_adapters),
+  // on rows of up to runtime().tokens() tokens.
+  LinearAdapters& adapters() { return *this; }
   const std::vector<LoraAdapted>& adapted() const { return adapted_; }
 
   const ModelSpec& spec() const override { return base_->spec(); }

@@ -19,6 +19,7 @@
 #include "tessera/distributed/parallelism.h"
 #include "tessera/model/continuations.h"
 #include "tessera/model/generator.h"
+#include "tessera/model/lora_model.h"
 #include "tessera/model/model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/obs/profiler/training_profiler.h"
@@ -105,9 +106,14 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
   per_rank_ = t_.global_batch_size / dp;
   accumulation_ = per_rank_ / t_.micro_batch_size;
   Model& model = p_.model;
-  // Slots for the completions this rank decodes at once.
-  generator_ = std::make_unique<Generator>(model.backend(), model.spec(), model.params(), model.layout(),
-                                           t_.seq_length, grpo_generation_slots(t_, dp));
+  // Slots for the completions this rank decodes at once, reading the policy's weights in place:
+  // under LoRA its frozen base (whole: no FSDP with GRPO) with the adapters added.
+  const LoraModel* lora = p_.lora;
+  generator_ = std::make_unique<Generator>(model.backend(), model.spec(),
+                                           lora ? lora->base_slices().front().values : model.params(),
+                                           lora ? lora->base_layout() : model.layout(), t_.seq_length,
+                                           grpo_generation_slots(t_, dp));
+  if (p_.lora) generator_->use_adapters(&p_.lora->adapters());
   if (t_.grpo_beta > 0)
     reference_ = reference ? std::move(reference)
                            : std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);

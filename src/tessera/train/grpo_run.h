@@ -34,6 +34,7 @@ class ChatFormat;
 class FrozenReference;
 class Generator;
 class Logger;
+class LoraModel;
 class Model;
 class Tokenizer;
 namespace dist {
@@ -76,6 +77,7 @@ class GrpoRun {
     const Tokenizer& tokenizer;
     Logger& log;
     profiler::TrainingProfiler* profiler;  // may be null
+    LoraModel* lora = nullptr;  // `model` when it is LoRA's: generation reads its base and adapters
   };
   // Reads the prompts (train_data_path, valid_data_path). With grpo_beta, the KL reference is
   // `reference` (reference_load's weights, described by `reference_weights`), else a copy of

@@ -288,7 +288,7 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       reference_.reset();
     }
     grpo_ = std::make_unique<GrpoRun>(
-        GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_, profiler_.get()},
+        GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_, profiler_.get(), lora_},
         std::move(reference), reference_weights_);
     log_.info("grpo: {}", grpo_->describe());
     if (!grpo_->has_validation() && exp_.data.eval_interval > 0)
