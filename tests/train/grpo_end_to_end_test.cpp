@@ -3,7 +3,8 @@
 // conversations that answer in the rewarded form ("#### odd") only 30% of the time, then run
 // GRPO rewarded for right answers in that form. Its held-out accuracy (greedy, on 100 prompts
 // in wordings training never shows) rises from at most 0.2 to at least 0.8, and the plots
-// draw the completions' reward and accuracy.
+// draw the completions' reward and accuracy. So does GRPO of LoRA adapters on the frozen
+// fine-tuned model (configs/experiments/grpo_lora_tiny.yaml).
 #include <cstdio>
 #include <filesystem>
 #include <regex>
@@ -71,6 +72,12 @@ TEST(GrpoEndToEnd, RewardedSamplingRaisesHeldOutAccuracy) {
     if (j.contains("reward")) reward.push_back(j["reward"].get<double>());
   ASSERT_EQ(reward.size(), 4u);  // log_interval 5
   EXPECT_GT(reward.back(), reward.front());
+  // 4. The same from the fine-tuned model frozen, with LoRA adapters (grpo_lora_tiny.yaml).
+  r = run_command(bin + " train --config grpo_lora_tiny --pretrained_checkpoint " + (dir / "sft").string() + prompts);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double lora = held_out_accuracy(r.output);
+  std::printf("GRPO with LoRA: held-out accuracy %.2f after 20 steps\n", lora);
+  EXPECT_GE(lora, 0.8) << r.output;
   r = run_command(bin + " plot " + run_dir.string() + " -o " + (dir / "plots").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   bool charted = false;
