@@ -136,7 +136,7 @@ TEST_F(ConfigErrorMessage, GrpoKeysThatCannotRunAreNamed) {
       {"--grpo_answer_format regex", "key 'grpo_answer_regex' has value 'null': expected a pattern with grpo_answer_format regex"},
       {"--tensor_model_parallel_size 2 --nproc_per_node 2",
        "key 'tensor_model_parallel_size' has value '2': expected 1 with objective grpo"},
-      {"--lora_rank 8", "key 'lora_rank' has value '8': expected 0 with objective grpo"},
+      {"--use_torch_fsdp2 true", "key 'use_torch_fsdp2' has value 'true': expected false with objective grpo"},
       {"--train_data_path " + (dir_ / "missing.jsonl").string(), "expected an existing JSON-lines file of prompts"},
       {"--grpo_epsilon 1", "key 'grpo_epsilon' has value '1"}};
   for (const auto& [args, message] : cases) {
@@ -158,8 +158,7 @@ TEST_F(ConfigErrorMessage, LoraAndDpoKeysThatCannotRunAreNamed) {
       {"--lora_rank 8 --pretrained_checkpoint missing",
        "key 'pretrained_checkpoint' has value 'missing': expected an existing checkpoint directory"},
       {"--pretrained_checkpoint base", "expected unset without lora_rank"},
-      {"--lora_rank 8 --use_torch_fsdp2 true", "key 'use_torch_fsdp2' has value 'true': expected off with lora_rank"},
-      // Tensor and context parallelism now run the adapters; pipeline stages still do not.
+      // Tensor and context parallelism and FSDP run the adapters; pipeline stages do not.
       {"--lora_rank 8 --num_layers 4 --pipeline_model_parallel_size 2 --nproc_per_node 2 --device cpu",
        "key 'pipeline_model_parallel_size' has value '2': expected off with lora_rank"},
       {"--objective dpo --dpo_rpo_alpha -1", "key 'dpo_rpo_alpha' has value '-1"},
