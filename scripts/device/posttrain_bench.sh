@@ -12,6 +12,9 @@
 #     full       the same pretraining and SFT with the full model (bench model --full)
 #     grpo       GRPO of the Llama 3.1 8B 4-layer proxy (16 and 64 completions of one prompt), then
 #                generate_proxy
+#     grpo_tiny  the tiny GRPO experiment end to end in bf16 (grpo_tiny.yaml's commands)
+#     grpo_lora  the same with LoRA adapters on the fine-tuned model (grpo_lora_tiny.yaml), then
+#                the proxy's GRPO of 64 completions with LoRA r16 on every projection
 #     generate_proxy  bench generate on the proxy (batch 1 and 64, captured and op by op) beside
 #                the peer's --task gen
 #     generate_full  bench generate of the full Llama 3.1 8B at batch 1, 16, 64 and 256 (512 new
@@ -124,7 +127,7 @@ if want lora_peer; then
   timeout 420 python3 "$ROOT/.device/peer/torch_posttrain.py" --task lora --seq 4096 --steps 4 \
     --json "$OUT/peer.jsonl" > "$OUT/peer_lora.log" 2>&1; echo "peer exit $?"; tail -3 "$OUT/peer_lora.log"
 fi
-if want grpo || want grpo_tiny; then
+if want grpo || want grpo_tiny || want grpo_lora; then
   echo "== GRPO: the tiny experiment end to end in bf16"
   python3 "$ROOT/scripts/data/grpo_tasks.py" --task parity --held-out 100 --sft-hash-share 0.3 "$work/parity"
   "$BIN/tessera" preprocess --chat --input "$work/parity_sft.jsonl" --output-prefix "$work/parity" \
@@ -137,6 +140,19 @@ if want grpo || want grpo_tiny; then
     --exp_name grpo_tiny_before 2>&1 | grep "validation:"
   timeout 120 "$BIN/tessera" train --config grpo_tiny --load "$work/parity_sft" "${PROMPTS[@]}" 2>&1 \
     | grep -E "validation:|done:|iteration +(5|20)/" | cut -c1-400
+fi
+if want grpo_lora; then
+  echo "== GRPO with LoRA: the tiny experiment in bf16 (grpo_lora_tiny.yaml)"
+  timeout 120 "$BIN/tessera" train --config grpo_lora_tiny --pretrained_checkpoint "$work/parity_sft" "${PROMPTS[@]}" 2>&1 \
+    | grep -E "validation:|done:|LoRA:|iteration +(5|20)/" | cut -c1-400
+  python3 "$ROOT/scripts/data/grpo_tasks.py" --task addition --digits 3 --train 64 --held-out 4 "$work/add"
+  echo "== GRPO with LoRA r16: Llama 3.1 8B 4-layer proxy, 64 completions of one prompt, up to 256 tokens"
+  timeout 240 "$BIN/tessera" train --config llama3.1_8B-pretrain --num_layers 4 --objective grpo --data_path null \
+    --mock_data false --train_data_path "$work/add_prompts.jsonl" --tokenizer_type HuggingFaceTokenizer \
+    --tokenizer_model llama3.1 --seq_length 512 --micro_batch_size 8 --global_batch_size 64 \
+    --grpo_num_generations 64 --grpo_max_completion_length 256 --grpo_rewards answer --train_iters 3 \
+    --lora_rank 16 --lora_alpha 32 --log_interval 1 --eval_interval 0 --log_progress false \
+    --workspace "$OUT/grpo_lora_proxy_ws" 2>&1 | grep -E "iteration +[0-9]+/|done:|rror|LoRA:" | cut -c1-1200
 fi
 if want grpo; then
   python3 "$ROOT/scripts/data/grpo_tasks.py" --task addition --digits 3 --train 64 --held-out 4 "$work/add"

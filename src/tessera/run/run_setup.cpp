@@ -3,10 +3,13 @@
 #include "tessera/config/validate.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
+#include "tessera/config/blend.h"
 #include "tessera/core/error.h"
+#include "tessera/data/chat.h"
 #include "tessera/distributed/data_parallel.h"
 #include "tessera/distributed/pipeline_schedule.h"
 
@@ -28,6 +31,19 @@ DType compute_dtype(Precision p, DType auto_dtype) {
 std::string origin_of(const Experiment& e, const std::string& key) {
   const auto it = e.origin.find(key);
   return it == e.origin.end() ? std::string("default") : it->second;
+}
+
+// Chat data (preprocess --chat: a roles stream beside the tokens) whose loss mask leaves
+// tokens out: SFT's prompts and system turns, wrapped or packed.
+bool masked_chat_data(const Experiment& e) {
+  if (e.data.mock_data || e.data.loss_mask == LossMask::All) return false;
+  for (const char* key : {"data_path", "train_data_path"}) {
+    const std::string& blend = std::string(key) == "data_path" ? e.data.data_path : e.data.train_data_path;
+    if (blend.empty() || is_text_corpus_path(blend)) continue;
+    for (const BlendEntry& b : parse_blend(blend, key, origin_of(e, key)))
+      if (std::filesystem::exists(chat_roles_prefix(b.prefix) + ".idx")) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -118,7 +134,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.reset_attention_mask = e.data.reset_attention_mask;
   // Objectives and data whose targets leave rows out (prompts, padding, end-of-document).
   rt.head_on_loss_rows = t.objective != Objective::Lm || e.data.eod_mask_loss ||
-                         e.data.packing_strategy == PackingStrategy::Bfd;
+                         e.data.packing_strategy == PackingStrategy::Bfd || masked_chat_data(e);
   rt.fp8 = fp8_options(t);
   rt.moe_force_balance = t.moe_force_balance;
   rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);
