@@ -35,6 +35,8 @@
 #                bf16 optimizer state: LoRA rank 16 on every projection, the full fine-tune at
 #                the same settings, and the peer's --task lora (peft r16, same projections)
 #     lora_fp8   the LoRA of lora on a bf16 base and on an FP8 hybrid base (delayed scaling)
+#     grpo_full  GRPO of the full Llama 3.1 8B, 16 completions of up to 1024 tokens, colocated
+#     grpo_offload  the same with the AdamW moments on the host while generating
 #     lora_peer  the peer of lora alone (its full-depth build takes 4 minutes): with lora_fp8, the
 #                two bases and peft in one call
 set -uo pipefail
@@ -207,7 +209,7 @@ if want generate_full; then
   timeout 280 "$BIN/tessera" bench generate --num_layers 32 --batch 1,16,64,256 --prompt 256 --new 512 \
     --iters 1 -o "$OUT/generate_full512" 2>&1 | tail -8
 fi
-if want grpo_full; then
+if want grpo_full || want grpo_offload; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
   python3 -c 'import json
 for i in range(64):
@@ -219,6 +221,17 @@ for i in range(64):
     --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
     --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
     --workspace "$OUT/grpo_full_ws" 2>&1 \
+    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision" | cut -c1-1400
+fi
+if want grpo_offload; then
+  echo "== GRPO: the same with the AdamW moments on the host while generating (grpo_offload_optimizer_state)"
+  timeout 280 "$BIN/tessera" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
+    --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
+    --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
+    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
+    --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
+    --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
+    --grpo_offload_optimizer_state true --workspace "$OUT/grpo_offload_ws" 2>&1 \
     | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision" | cut -c1-1400
 fi
 rm -rf "$work"

@@ -379,8 +379,20 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfGrpoRuns) {
       {"--objective", "grpo", "--mock_data", "false", "--data_path", "null", "--train_data_path", prompts.string(),
        "--grpo_num_generations", "4", "--grpo_max_completion_length", "8", "--grpo_rewards", "answer,overlong",
        "--use_distributed_optimizer", "true", "--grpo_beta", "0.1", "--lora_rank", "4"});
-  fs::remove(prompts);
   EXPECT_EQ(peak_lora, planned_lora);
+  // The KV cache in the AdamW moments' memory: the peak falls by the cache, as planned.
+  const std::vector<std::string> no_reference = {
+      "--objective", "grpo", "--mock_data", "false", "--data_path", "null", "--train_data_path", prompts.string(),
+      "--grpo_num_generations", "4", "--grpo_max_completion_length", "8", "--grpo_rewards", "answer,overlong",
+      "--use_distributed_optimizer", "true"};
+  std::vector<std::string> offload = no_reference;
+  offload.insert(offload.end(), {"--grpo_offload_optimizer_state", "true"});
+  const auto [planned_kept, peak_kept] = planned_and_peak(2, 8, no_reference);
+  const auto [planned_offload, peak_offload] = planned_and_peak(2, 8, offload);
+  fs::remove(prompts);
+  EXPECT_EQ(peak_kept, planned_kept);
+  EXPECT_EQ(peak_offload, planned_offload);
+  EXPECT_LT(peak_offload, peak_kept);
 }
 
 // Expert parallelism: each rank holds its experts only (and, under ZeRO-1, a shard of the

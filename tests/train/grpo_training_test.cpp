@@ -226,6 +226,28 @@ TEST_F(GrpoTraining, AReferenceFromAnotherCheckpoint) {
   EXPECT_EQ(steps("kl").size(), 2u);
 }
 
+// grpo_offload_optimizer_state: while each batch generates, the AdamW moments wait on the host
+// and the KV cache fills their memory; the run is the one without it, bit for bit, through a
+// generation that follows optimizer steps (steps 1-2 on the first batch, 3-4 on the second).
+TEST_F(GrpoTraining, OffloadedMomentsLendTheirMemoryToTheKvCache) {
+  const std::string run = grpo() + " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05";
+  RunResult r = run_tessera(run + " --exp_name kept");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(run + " --grpo_offload_optimizer_state true --exp_name offloaded");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> kept = steps("kept"), offloaded = steps("offloaded");
+  ASSERT_EQ(kept.size(), 4u);
+  ASSERT_EQ(offloaded.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    for (const char* key : {"lm_loss", "grad_norm", "reward", "kl", "completions/mean_length"})
+      EXPECT_EQ(offloaded[i][key].get<double>(), kept[i][key].get<double>()) << key;
+    EXPECT_FALSE(kept[i].contains("time/optimizer_offload_s"));
+  }
+  EXPECT_GT(offloaded[0]["time/optimizer_offload_s"].get<double>(), 0.0);
+  EXPECT_GT(offloaded[2]["time/optimizer_offload_s"].get<double>(), 0.0);
+}
+
 // LoRA: generation reads the frozen base in place with the adapters added
 // (LoraModel.GeneratorOnItsBaseWithItsAdaptersGivesItsLogits), the KL reference is the base
 // (the adapters as they started, B at zero: a copy of the adapters alone), and two ranks step

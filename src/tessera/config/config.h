@@ -158,6 +158,7 @@ struct TrainingConfig {
   // objective grpo (train/grpo_run.h): TRL's GRPOConfig names with a grpo_ prefix.
   int64_t grpo_num_generations = 8;          // completions per prompt (a group)
   int64_t grpo_max_completion_length = 256;  // new tokens per completion at most
+  bool grpo_offload_optimizer_state = false;  // the AdamW moments on the host while generating
   int64_t grpo_max_num_seqs = 0;  // completions decoded at once on a rank; 0: all of its batch's
   double grpo_temperature = 1.0;
   int64_t grpo_top_k = 0;

@@ -35,7 +35,8 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, DType compute_dtyp
 }
 
 Generator::Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
-                     const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch)
+                     const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch,
+                     const Tensor& cache_region)
     : backend_(backend),
       spec_(spec),
       dtype_(params.dtype),
@@ -51,7 +52,7 @@ Generator::Generator(Backend& backend, const ModelSpec& spec, const Tensor& para
            layout_.params[i].shape == params_layout.params[i].shape;
   TS_CHECK(same, "generation in place: the weights' layout is not the generator's (a model split "
                  "over tensor-parallel ranks or sharded holds part of them)");
-  allocate_state();
+  allocate_state(cache_region);
 }
 
 Generator::Sizes Generator::sizes(const ModelSpec& spec, const std::vector<std::unique_ptr<DecoderLayer>>& layers,
@@ -88,20 +89,35 @@ size_t Generator::buffer_bytes(const ModelSpec& spec, DType dtype, int64_t max_p
   return sizes(spec, layers, dtype, max_positions, max_batch).bytes();
 }
 
-void Generator::allocate_state() {
+size_t Generator::cache_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch) {
+  const auto layers = make_decoder_layers(spec);
+  return sizes(spec, layers, dtype, max_positions, max_batch).cache;
+}
+
+void Generator::allocate_state(const Tensor& cache_region) {
   TS_CHECK(max_positions_ > 0, "generation needs room for at least one position");
   TS_CHECK(max_batch_ >= 1, "generation needs room for at least one sequence");
   const size_t e = dtype_size(dtype_);
   const int64_t S = max_positions_, C = spec_.hidden, V = spec_.vocab_size, B = max_batch_;
   const int64_t R = std::max(S, B);
   const Sizes z = sizes(spec_, layers_, dtype_, S, B);
-  const size_t cache_bytes = z.cache;
-  cache_buffer_ = DeviceBuffer(backend_, cache_bytes, "KV cache");
+  if (cache_region.defined()) {
+    TS_CHECK(cache_region.dtype == DType::U8 && cache_region.nbytes() >= z.cache,
+             "generation: a KV cache of {} bytes in a region of {}", z.cache, cache_region.nbytes());
+  } else {
+    cache_buffer_ = DeviceBuffer(backend_, z.cache, "KV cache");
+  }
   size_t at = 0;
   for (const auto& layer : layers_) {
     caches_.emplace_back();
     for (int64_t w : layer->cache_widths()) {
-      caches_.back().push_back(w > 0 ? cache_buffer_.tensor(dtype_, {B, S, w}, at) : Tensor{});
+      Tensor cache;
+      if (w > 0 && cache_region.defined()) {
+        cache = Tensor{static_cast<char*>(cache_region.data) + at, dtype_, {B, S, w}, cache_region.device};
+      } else if (w > 0) {
+        cache = cache_buffer_.tensor(dtype_, {B, S, w}, at);
+      }
+      caches_.back().push_back(cache);
       at += aligned(B * S * w * e);
     }
   }

@@ -37,8 +37,13 @@ class Generator final : private ForwardOps {
   // Generation from weights that live elsewhere, read in place (a training model's: GRPO
   // samples from the policy it trains, with no copy): `params`, compute dtype, laid out as
   // `params_layout`, which must place every parameter where this generator's layout does.
+  // cache_region (U8 device memory, at least cache_bytes() long; undefined: none): where the
+  // KV cache lives instead of memory of its own, memory another owner lends while it
+  // generates (GRPO's AdamW moments, moved to the host meanwhile); every prefill and step may
+  // overwrite it.
   Generator(Backend& backend, const ModelSpec& spec, const Tensor& params,
-            const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch = 1);
+            const ParamLayout& params_layout, int64_t max_positions, int64_t max_batch = 1,
+            const Tensor& cache_region = {});
   ~Generator() override;
 
   // Adapters beside weights read in place (LoRA's: its frozen base is the weights), added in
@@ -49,6 +54,8 @@ class Generator final : private ForwardOps {
   // Bytes a generator allocates beside its weights (the KV cache, its states and scratch): the
   // memory planner's generation row.
   static size_t buffer_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch);
+  // The KV cache's part of them.
+  static size_t cache_bytes(const ModelSpec& spec, DType dtype, int64_t max_positions, int64_t max_batch);
 
   const ParamLayout& layout() const { return layout_; }
   // Sets every parameter from fp32 host values (converted to the compute dtype), and the
@@ -114,7 +121,7 @@ class Generator final : private ForwardOps {
 
  private:
   // What both constructors share, once params_ is set.
-  void allocate_state();
+  void allocate_state(const Tensor& cache_region = {});
   // Its buffers' bytes, by buffer (buffer_bytes and allocate_state).
   struct Sizes {
     size_t cache = 0;

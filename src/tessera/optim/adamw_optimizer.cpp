@@ -87,6 +87,23 @@ AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
   b.fill(exp_avg_sq_, 0.0f);
 }
 
+Tensor AdamWOptimizer::moments_region() const {
+  return moments_buffer_.tensor(DType::U8, {static_cast<int64_t>(moments_buffer_.bytes())});
+}
+
+void AdamWOptimizer::stash_moments() {
+  TS_CHECK(stashed_moments_.empty(), "AdamW: the moments are on the host already");
+  stashed_moments_.resize(moments_buffer_.bytes());
+  model_.backend().download(stashed_moments_.data(), moments_region());
+}
+
+void AdamWOptimizer::restore_moments() {
+  TS_CHECK(stashed_moments_.size() == moments_buffer_.bytes(), "AdamW: no moments on the host to restore");
+  model_.backend().upload(moments_region(), stashed_moments_.data());
+  model_.backend().synchronize();  // before the host copy is freed
+  std::vector<uint8_t>().swap(stashed_moments_);
+}
+
 size_t AdamWOptimizer::state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,
                                    bool sharded) {
   const auto p = static_cast<size_t>(params);

@@ -61,6 +61,12 @@ class AdamWOptimizer {
   Tensor master() const { return master_; }
   Tensor exp_avg() const { return exp_avg_; }        // (P) first moments, dtypes().exp_avg
   Tensor exp_avg_sq() const { return exp_avg_sq_; }  // (P) second moments
+  // The moments' device memory as bytes (U8), which others may fill between stash_moments()
+  // (the moments copied to host memory) and restore_moments() (copied back): GRPO's KV cache
+  // while a batch generates (grpo_offload_optimizer_state).
+  Tensor moments_region() const;
+  void stash_moments();
+  void restore_moments();
   // Refreshes the model's compute-dtype parameters from the fp32 master weights.
   void sync_params_from_master();
   // One update at learning rate `lr`. grad_norm_sq is the device scalar of the squared
@@ -80,6 +86,7 @@ class AdamWOptimizer {
   bool sharded_ = false;
   bool params_are_master_ = false;  // bf16 main parameters: no master copy
   DeviceBuffer master_buffer_, moments_buffer_;
+  std::vector<uint8_t> stashed_moments_;  // between stash_moments and restore_moments
   Tensor master_, exp_avg_, exp_avg_sq_;
 };
 

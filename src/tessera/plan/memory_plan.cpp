@@ -117,8 +117,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.optimizer = AdamWOptimizer::state_bytes(p.optimizer_elements, dt, od, sharded);
   // The frozen reference weights, and where the optimizer keeps no master copy to restore the
   // policy's from, theirs beside them while the reference runs.
+  // Offloading the moments, the KV cache lives in their memory (checked to fit at start).
   if (in.generation_batch > 0)
-    p.generation = Generator::buffer_bytes(in.spec, dt, in.runtime.seq_length, in.generation_batch) +
+    p.generation = Generator::buffer_bytes(in.spec, dt, in.runtime.seq_length, in.generation_batch) -
+                   (in.offload_optimizer_state
+                        ? Generator::cache_bytes(in.spec, dt, in.runtime.seq_length, in.generation_batch)
+                        : 0) +
                    grpo_exchange_bytes(in.runtime.tokens(), in.global_batch, in.reward_terms);
   if (in.reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
@@ -203,6 +207,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.generation_batch = setup.generation_batch;
   in.global_batch = setup.global_batch;
   in.reward_terms = setup.reward_terms;
+  in.offload_optimizer_state = setup.offload_optimizer_state;
   return in;
 }
 

@@ -73,6 +73,7 @@ struct PlanInput {
   // global batch and the reward terms its exchange buffer holds.
   int64_t generation_batch = 0, global_batch = 0;
   size_t reward_terms = 0;
+  bool offload_optimizer_state = false;  // the KV cache in the AdamW moments' memory
 };
 
 // GRPO's exchange buffer: every completion's reward terms, length and clip flag (and the batch's

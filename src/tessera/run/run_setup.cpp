@@ -108,6 +108,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
     s.generation_batch = grpo_generation_slots(t, dp);
     s.global_batch = t.global_batch_size;
     s.reward_terms = grpo_reward_terms(t.grpo_rewards).size();
+    s.offload_optimizer_state = t.grpo_offload_optimizer_state;
   }
   // What validation could not know before the device was: what precision auto means.
   if (s.optimizer.main_params != DType::F32 && rt.compute_dtype != s.optimizer.main_params)

@@ -86,6 +86,7 @@ std::vector<std::pair<std::string, double>> GrpoStepStats::trl_named() const {
                          {"time/reference_s", reference_s},
                          {"time/training_s", training_s},
                          {"generation_tokens_per_s", generation_s > 0 ? generated_tokens / generation_s : 0.0}});
+  if (offload_s >= 0) out.emplace_back("time/optimizer_offload_s", offload_s);
   return out;
 }
 
@@ -107,12 +108,28 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
   accumulation_ = per_rank_ / t_.micro_batch_size;
   Model& model = p_.model;
   // Slots for the completions this rank decodes at once, reading the policy's weights in place:
-  // under LoRA its frozen base (whole: no FSDP with GRPO) with the adapters added.
+  // under LoRA its frozen base (whole: no FSDP with GRPO) with the adapters added. Offloading,
+  // the KV cache lives in the AdamW moments' memory (on the host while generating).
   const LoraModel* lora = p_.lora;
+  const int64_t slots = grpo_generation_slots(t_, dp);
+  Tensor cache_region;
+  if (t_.grpo_offload_optimizer_state) {
+    cache_region = p_.optimizer.moments_region();
+    const size_t need = Generator::cache_bytes(model.spec(), model.runtime().compute_dtype, t_.seq_length, slots);
+    if (cache_region.nbytes() < need) {
+      const auto it = p_.experiment.origin.find("grpo_offload_optimizer_state");
+      throw ConfigError(it == p_.experiment.origin.end() ? "default" : it->second, "grpo_offload_optimizer_state",
+                        "true",
+                        fmt::format("false, or a KV cache that fits in the {:.3f} GiB of AdamW moments this rank "
+                                    "holds: {} completions at once (grpo_max_num_seqs) x seq_length {} need {:.3f} GiB",
+                                    static_cast<double>(cache_region.nbytes()) / (1 << 30), slots, t_.seq_length,
+                                    static_cast<double>(need) / (1 << 30)));
+    }
+  }
   generator_ = std::make_unique<Generator>(model.backend(), model.spec(),
                                            lora ? lora->base_slices().front().values : model.params(),
-                                           lora ? lora->base_layout() : model.layout(), t_.seq_length,
-                                           grpo_generation_slots(t_, dp));
+                                           lora ? lora->base_layout() : model.layout(), t_.seq_length, slots,
+                                           cache_region);
   if (p_.lora) generator_->use_adapters(&p_.lora->adapters());
   if (t_.grpo_beta > 0)
     reference_ = reference ? std::move(reference)
@@ -170,7 +187,17 @@ std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vecto
   };
   if (!stop_.empty()) request.stopped = [&](std::span<const int32_t> ids) { return stop_.stopped(ids); };
   std::vector<std::vector<Completion>> out;
-  for (std::vector<Continuation>& group : continue_prompts(*generator_, prompts, request)) {
+  // Offloading, the moments leave the memory the KV cache fills and come back once it is done.
+  const auto t0 = Clock::now();
+  if (t_.grpo_offload_optimizer_state) p_.optimizer.stash_moments();
+  offload_s_ = seconds_since(t0);
+  std::vector<std::vector<Continuation>> groups = continue_prompts(*generator_, prompts, request);
+  if (t_.grpo_offload_optimizer_state) {
+    const auto t1 = Clock::now();
+    p_.optimizer.restore_moments();
+    offload_s_ += seconds_since(t1);
+  }
+  for (std::vector<Continuation>& group : groups) {
     std::vector<Completion>& mine = out.emplace_back();
     for (Continuation& c : group) {
       Completion& done = mine.emplace_back();
@@ -323,6 +350,7 @@ void GrpoRun::generate_batch(int64_t batch) {
   s.generated_tokens = static_cast<int64_t>(length_sum);
   s.batch_tokens = batch_tokens_;
   s.generation_s = seconds_since(t0);
+  s.offload_s = t_.grpo_offload_optimizer_state ? offload_s_ : -1;
   batch_ = batch;
 
   if (reference_) {

@@ -59,6 +59,9 @@ struct GrpoStepStats {
   double generation_s = 0;
   int64_t generated_tokens = 0, batch_tokens = 0;
   double reference_s = 0, training_s = 0;  // this step's reference and policy passes
+  // The AdamW moments' trips to the host and back around its generation (with
+  // grpo_offload_optimizer_state; -1 without), part of generation_s.
+  double offload_s = -1;
   // Under TRL's names, as the iteration line, metrics.jsonl and TensorBoard report them.
   std::vector<std::pair<std::string, double>> trl_named() const;
 };
@@ -139,6 +142,7 @@ class GrpoRun {
   // The generation batch in hand: its number, this rank's completions (in micro-batch order),
   // each global completion's advantage and whether its group takes part, and its statistics.
   int64_t batch_ = -1;
+  double offload_s_ = 0;  // the last complete()'s moments to the host and back
   std::vector<Completion> mine_;
   std::vector<double> advantages_;
   std::vector<bool> included_;
