@@ -4,8 +4,12 @@
 #include "tessera/ops/backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <tuple>
 
+#include <fmt/format.h>
+
+#include "tessera/core/error.h"
 #include "tessera/core/fp8.h"
 #include "tessera/ops/op_checks.h"
 #include "tessera/ops/op_defs.h"
@@ -99,6 +103,17 @@ std::unique_ptr<CapturedWork> Backend::capture(const std::function<void()>& work
 }
 
 // ---- memory and ranges ----
+
+void* Backend::allocate_host(size_t bytes, const char* what) {
+  void* ptr = std::malloc(std::max<size_t>(bytes, 1));
+  if (ptr == nullptr)
+    throw OutOfMemoryError(fmt::format("out of host memory allocating {}: {} bytes", what ? what : "a buffer", bytes));
+  return ptr;
+}
+
+void Backend::release_host(void* ptr) {
+  std::free(ptr);
+}
 
 void Backend::upload(const Tensor& dst, const void* host_src) {
   const OpScope scope(*this, "upload", [&] { return op_args::transfer(dst); });

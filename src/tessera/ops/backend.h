@@ -401,6 +401,12 @@ class Backend {
   // Throws OutOfMemoryError naming `what` and the requested and free bytes.
   virtual void* allocate(size_t bytes, const char* what) = 0;
   virtual void release(void* ptr) = 0;
+  // Host memory that upload() and download() move at the link's full rate (page-locked on a
+  // GPU; ordinary memory here): for device state parked on the host. An upload from it may
+  // still be reading it after the call returns: write it again only after work queued later
+  // (a download) has finished. Throws OutOfMemoryError.
+  virtual void* allocate_host(size_t bytes, const char* what);
+  virtual void release_host(void* ptr);
   virtual MemoryStats memory_stats() = 0;
   virtual void reset_peak_memory() = 0;
   void upload(const Tensor& dst, const void* host_src);

@@ -9,6 +9,34 @@
 
 namespace tessera {
 
+// HostBuffer: owning handle to host memory a Backend allocated for fast transfers
+// (Backend::allocate_host).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Backend& backend, size_t bytes, const char* what)
+      : backend_(&backend), data_(backend.allocate_host(bytes, what)), bytes_(bytes) {}
+  ~HostBuffer() {
+    if (data_) backend_->release_host(data_);
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    std::swap(backend_, o.backend_);
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -92,16 +92,17 @@ Tensor AdamWOptimizer::moments_region() const {
 }
 
 void AdamWOptimizer::stash_moments() {
-  TS_CHECK(stashed_moments_.empty(), "AdamW: the moments are on the host already");
-  stashed_moments_.resize(moments_buffer_.bytes());
-  model_.backend().download(stashed_moments_.data(), moments_region());
+  TS_CHECK(!stashed_, "AdamW: the moments are on the host already");
+  if (moments_stash_.bytes() != moments_buffer_.bytes())
+    moments_stash_ = HostBuffer(model_.backend(), moments_buffer_.bytes(), "AdamW moments on the host");
+  model_.backend().download(moments_stash_.data(), moments_region());
+  stashed_ = true;
 }
 
 void AdamWOptimizer::restore_moments() {
-  TS_CHECK(stashed_moments_.size() == moments_buffer_.bytes(), "AdamW: no moments on the host to restore");
-  model_.backend().upload(moments_region(), stashed_moments_.data());
-  model_.backend().synchronize();  // before the host copy is freed
-  std::vector<uint8_t>().swap(stashed_moments_);
+  TS_CHECK(stashed_, "AdamW: no moments on the host to restore");
+  model_.backend().upload(moments_region(), moments_stash_.data());
+  stashed_ = false;
 }
 
 size_t AdamWOptimizer::state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,

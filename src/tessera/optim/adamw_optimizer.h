@@ -86,7 +86,8 @@ class AdamWOptimizer {
   bool sharded_ = false;
   bool params_are_master_ = false;  // bf16 main parameters: no master copy
   DeviceBuffer master_buffer_, moments_buffer_;
-  std::vector<uint8_t> stashed_moments_;  // between stash_moments and restore_moments
+  HostBuffer moments_stash_;  // allocated at the first stash_moments, kept for the next
+  bool stashed_ = false;      // between stash_moments and restore_moments
   Tensor master_, exp_avg_, exp_avg_sq_;
 };
 

@@ -295,6 +295,23 @@ void CudaBackend::release(void* ptr) {
   cudaFree(ptr);
 }
 
+// Page-locked, so that copies to and from the device run at the link's rate rather than
+// through the driver's staging of pageable memory (about 2.6 GB/s measured for GRPO's moments).
+void* CudaBackend::allocate_host(size_t bytes, const char* what) {
+  void* ptr = nullptr;
+  const cudaError_t error = cudaMallocHost(&ptr, std::max<size_t>(bytes, 1));
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    throw OutOfMemoryError("out of page-locked host memory allocating " + std::string(what != nullptr ? what : "a buffer") +
+                           ": " + std::to_string(bytes) + " bytes (" + gib(bytes) + ") requested");
+  }
+  return ptr;
+}
+
+void CudaBackend::release_host(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
 void CudaBackend::count_foreign(void* ptr, size_t bytes) {
   allocations_.add(ptr, bytes);
   foreign_.insert(ptr);

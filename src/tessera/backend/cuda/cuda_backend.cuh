@@ -74,6 +74,8 @@ class CudaBackend final : public Backend {
 
   void* allocate(size_t bytes, const char* what) override;
   void release(void* ptr) override;
+  void* allocate_host(size_t bytes, const char* what) override;
+  void release_host(void* ptr) override;
   // count_foreign_allocation / uncount_foreign_allocation (cuda_backend.h).
   void count_foreign(void* ptr, size_t bytes);
   void uncount_foreign(void* ptr);
