@@ -91,10 +91,14 @@ Tensor AdamWOptimizer::moments_region() const {
   return moments_buffer_.tensor(DType::U8, {static_cast<int64_t>(moments_buffer_.bytes())});
 }
 
-void AdamWOptimizer::stash_moments() {
-  TS_CHECK(!stashed_, "AdamW: the moments are on the host already");
+void AdamWOptimizer::reserve_moments_stash() {
   if (moments_stash_.bytes() != moments_buffer_.bytes())
     moments_stash_ = HostBuffer(model_.backend(), moments_buffer_.bytes(), "AdamW moments on the host");
+}
+
+void AdamWOptimizer::stash_moments() {
+  TS_CHECK(!stashed_, "AdamW: the moments are on the host already");
+  reserve_moments_stash();
   model_.backend().download(moments_stash_.data(), moments_region());
   stashed_ = true;
 }
@@ -102,6 +106,7 @@ void AdamWOptimizer::stash_moments() {
 void AdamWOptimizer::restore_moments() {
   TS_CHECK(stashed_, "AdamW: no moments on the host to restore");
   model_.backend().upload(moments_region(), moments_stash_.data());
+  model_.backend().synchronize();  // the trip's time is the copy's, not the next wait's
   stashed_ = false;
 }
 

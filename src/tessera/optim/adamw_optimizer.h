@@ -65,7 +65,10 @@ class AdamWOptimizer {
   // (the moments copied to host memory) and restore_moments() (copied back): GRPO's KV cache
   // while a batch generates (grpo_offload_optimizer_state).
   Tensor moments_region() const;
+  // Allocates the host copy (page-locked: seconds for tens of GB), else done by the first stash.
+  void reserve_moments_stash();
   void stash_moments();
+  // Returns once the moments are back on the device.
   void restore_moments();
   // Refreshes the model's compute-dtype parameters from the fp32 master weights.
   void sync_params_from_master();

@@ -125,6 +125,12 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
                                     static_cast<double>(cache_region.nbytes()) / (1 << 30), slots, t_.seq_length,
                                     static_cast<double>(need) / (1 << 30)));
     }
+    const auto t0 = Clock::now();
+    p_.optimizer.reserve_moments_stash();
+    p_.log.info("grpo: the KV cache ({:.3f} GiB) in the AdamW moments' memory while generating; their host copy, "
+                "{:.3f} GiB page-locked, allocated in {:.1f} s",
+                static_cast<double>(need) / (1 << 30), static_cast<double>(cache_region.nbytes()) / (1 << 30),
+                seconds_since(t0));
   }
   generator_ = std::make_unique<Generator>(model.backend(), model.spec(),
                                            lora ? lora->base_slices().front().values : model.params(),
