@@ -209,29 +209,28 @@ if want generate_full; then
   timeout 280 "$BIN/tessera" bench generate --num_layers 32 --batch 1,16,64,256 --prompt 256 --new 512 \
     --iters 1 -o "$OUT/generate_full512" 2>&1 | tail -8
 fi
+# GRPO of the full Llama 3.1 8B: 16 completions of up to 1024 tokens of ~256-token prompts,
+# colocated; extra keys after the workspace name.
+grpo_full() {
+  local ws="$1"; shift
+  timeout 280 "$BIN/tessera" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
+    --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
+    --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
+    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
+    --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
+    --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
+    --workspace "$OUT/$ws" "$@" 2>&1 \
+    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision|grpo: the KV" | cut -c1-1400
+}
 if want grpo_full || want grpo_offload; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
   python3 -c 'import json
 for i in range(64):
     print(json.dumps({"prompt": " ".join(["the quick brown fox jumps over the lazy dog"] * 27) + " What is %d + %d?" % (i, i + 1), "answer": str(2 * i + 1)}))' > "$work/p256.jsonl"
-  timeout 280 "$BIN/tessera" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
-    --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
-    --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
-    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
-    --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
-    --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
-    --workspace "$OUT/grpo_full_ws" 2>&1 \
-    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision" | cut -c1-1400
+  grpo_full grpo_full_ws
 fi
 if want grpo_offload; then
   echo "== GRPO: the same with the AdamW moments on the host while generating (grpo_offload_optimizer_state)"
-  timeout 280 "$BIN/tessera" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
-    --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
-    --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
-    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
-    --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
-    --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
-    --grpo_offload_optimizer_state true --workspace "$OUT/grpo_offload_ws" 2>&1 \
-    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision" | cut -c1-1400
+  grpo_full grpo_offload_ws --grpo_offload_optimizer_state true
 fi
 rm -rf "$work"

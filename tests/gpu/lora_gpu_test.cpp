@@ -51,6 +51,21 @@ void init_weights(Backend& backend, const ModelSpec& spec, DecoderModel& model) 
   backend.synchronize();  // before the fp32 values are freed
 }
 
+// Base and adapters drawn in fp32 on each backend from the same seeds, B away from zero (so
+// that the adapters' term shows), in the model's compute dtype.
+void init_lora(Backend& backend, const ModelSpec& spec, LoraModel& model) {
+  init_parameters(backend, spec, model.base_layout(), model.base_slices(), 11);
+  DeviceBuffer adapters(backend, model.layout().total * sizeof(float), "adapters");
+  const Tensor a = adapters.tensor(DType::F32, {model.layout().total});
+  init_parameters(backend, spec, model.layout(), a, 12);
+  for (const LoraAdapted& x : model.adapted()) {
+    const ParamInfo& p = model.layout().params[x.b];
+    backend.init_normal(a.flat_range(p.offset, p.numel()), 13, static_cast<uint64_t>(p.offset), 0.0f, 0.1f);
+  }
+  backend.convert(model.params(), a);
+  backend.synchronize();  // before the fp32 values are freed
+}
+
 TEST(GpuLora, AdaptersInBf16TrackTheCpu) {
   TS_REQUIRE_GPU();
   const ModelSpec spec = small_spec();
@@ -68,16 +83,7 @@ TEST(GpuLora, AdaptersInBf16TrackTheCpu) {
     auto backend = make_backend(device == 0 ? DeviceChoice::Cpu : DeviceChoice::Gpu, 0);
     rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
     LoraModel model(*backend, spec, rt, options);
-    // Values drawn in fp32 on each backend from the same seeds, B away from zero.
-    init_parameters(*backend, spec, model.base_layout(), model.base_slices(), 11);
-    DeviceBuffer adapters(*backend, model.layout().total * sizeof(float), "adapters");
-    const Tensor a = adapters.tensor(DType::F32, {model.layout().total});
-    init_parameters(*backend, spec, model.layout(), a, 12);
-    for (const LoraAdapted& x : model.adapted()) {
-      const ParamInfo& p = model.layout().params[x.b];
-      backend->init_normal(a.flat_range(p.offset, p.numel()), 13, static_cast<uint64_t>(p.offset), 0.0f, 0.1f);
-    }
-    backend->convert(model.params(), a);
+    init_lora(*backend, spec, model);
     model.set_batch(batch.tokens.data(), batch.targets.data());
     model.zero_grads();
     model.zero_loss_sum();
@@ -107,15 +113,7 @@ TEST(GpuLora, CapturedGenerationWithAdaptersTracksTheCpu) {
     auto backend = make_backend(device == 0 ? DeviceChoice::Cpu : DeviceChoice::Gpu, 0);
     rt.compute_dtype = device == 0 ? DType::F32 : DType::BF16;
     LoraModel model(*backend, spec, rt, options);
-    init_parameters(*backend, spec, model.base_layout(), model.base_slices(), 11);
-    DeviceBuffer adapters(*backend, model.layout().total * sizeof(float), "adapters");
-    const Tensor a = adapters.tensor(DType::F32, {model.layout().total});
-    init_parameters(*backend, spec, model.layout(), a, 12);
-    for (const LoraAdapted& x : model.adapted()) {
-      const ParamInfo& p = model.layout().params[x.b];
-      backend->init_normal(a.flat_range(p.offset, p.numel()), 13, static_cast<uint64_t>(p.offset), 0.0f, 0.1f);
-    }
-    backend->convert(model.params(), a);
+    init_lora(*backend, spec, model);
     Generator gen(*backend, spec, model.base_slices().front().values, model.base_layout(), rt.seq_length, 4);
     gen.use_adapters(&model.adapters());
     for (int64_t slot = 0; slot < 4; ++slot) {
