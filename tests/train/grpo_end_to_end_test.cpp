@@ -72,11 +72,13 @@ TEST(GrpoEndToEnd, RewardedSamplingRaisesHeldOutAccuracy) {
     if (j.contains("reward")) reward.push_back(j["reward"].get<double>());
   ASSERT_EQ(reward.size(), 4u);  // log_interval 5
   EXPECT_GT(reward.back(), reward.front());
-  // 4. The same from the fine-tuned model frozen, with LoRA adapters (grpo_lora_tiny.yaml).
-  r = run_command(bin + " train --config grpo_lora_tiny --pretrained_checkpoint " + (dir / "sft").string() + prompts);
+  // 4. The same from the fine-tuned model frozen, with LoRA adapters (grpo_lora_tiny.yaml), its
+  // first 10 steps (1.00 at steps 10 and 20 in its full run on 2 CPU cores).
+  r = run_command(bin + " train --config grpo_lora_tiny --pretrained_checkpoint " + (dir / "sft").string() +
+                  " --train_iters 10" + prompts);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const double lora = held_out_accuracy(r.output);
-  std::printf("GRPO with LoRA: held-out accuracy %.2f after 20 steps\n", lora);
+  std::printf("GRPO with LoRA: held-out accuracy %.2f after 10 steps\n", lora);
   EXPECT_GE(lora, 0.8) << r.output;
   r = run_command(bin + " plot " + run_dir.string() + " -o " + (dir / "plots").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;

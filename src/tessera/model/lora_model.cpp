@@ -13,18 +13,23 @@ struct Sizes {
   int64_t frozen = 0;      // the base weights (compute dtype)
   int64_t base_grads = 0;  // the largest unit: the base's gradient writes (compute dtype)
   int64_t adapters = 0;    // the adapters and their gradients, padded for data parallelism
-  int64_t stacked = 0;     // the largest stacked A, or its gradient: pieces x r x cols
-  int64_t diagonal = 0;    // the largest diagonal B, or its gradient: rows x pieces x r
+  int64_t stacked = 0;     // the largest stacked A's gradient: pieces x r x cols
+  int64_t diagonal = 0;    // the largest diagonal B's gradient: rows x pieces x r
   int64_t per_token = 0;   // tokens x the most pieces x r: x A^T, dy B
   int64_t piece = 0;       // the largest B: one piece's gradient, cut out
-  // The GEMM scratch: A stacked, B diagonal, x A^T and dy B in the compute dtype; the stacked
-  // gradients and a piece cut out in the gradient dtype; each of the 7 aligned to 16 bytes
-  // (at most 15 bytes beyond its size).
+  size_t fused_bytes = 0;  // every fused weight's stacked A and diagonal B (compute dtype, aligned)
+  // The GEMM scratch: x A^T and dy B in the compute dtype; the stacked gradients and a piece cut
+  // out in the gradient dtype; each of the 5 aligned to 16 bytes (at most 15 bytes beyond its
+  // size).
   size_t scratch_bytes(DType compute, DType grad) const {
-    return static_cast<size_t>(stacked + diagonal + 2 * per_token) * dtype_size(compute) +
-           static_cast<size_t>(stacked + diagonal + piece) * dtype_size(grad) + 7 * 16;
+    return static_cast<size_t>(2 * per_token) * dtype_size(compute) +
+           static_cast<size_t>(stacked + diagonal + piece) * dtype_size(grad) + 5 * 16;
   }
 };
+
+size_t aligned16(int64_t elements, DType dtype) {
+  return (static_cast<size_t>(elements) * dtype_size(dtype) + 15) / 16 * 16;
+}
 
 Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vector<LoraAdapted>& adapted,
             const ModelRuntime& runtime, int64_t rank) {
@@ -42,6 +47,8 @@ Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vec
     n.stacked = std::max(n.stacked, r * cols);
     n.diagonal = std::max(n.diagonal, rows * r);
     n.per_token = std::max(n.per_token, runtime.tokens() * r);
+    if (pieces[w] > 1)
+      n.fused_bytes += aligned16(r * cols, runtime.compute_dtype) + aligned16(rows * r, runtime.compute_dtype);
   }
   const int64_t multiple = std::max<int64_t>(runtime.flat_buffer_multiple, 1);
   n.adapters = (adapters.total + multiple - 1) / multiple * multiple;
@@ -105,7 +112,7 @@ ModelMemory LoraModel::plan_memory(const ModelSpec& spec, const ModelRuntime& ru
   m.weights = static_cast<size_t>(n.frozen + n.adapters) * dtype_size(runtime.compute_dtype);
   m.gradients = static_cast<size_t>(n.base_grads) * dtype_size(runtime.compute_dtype) +
                 static_cast<size_t>(n.adapters) * dtype_size(runtime.grad_dtype);
-  m.activations += n.scratch_bytes(runtime.compute_dtype, runtime.grad_dtype);
+  m.activations += n.scratch_bytes(runtime.compute_dtype, runtime.grad_dtype) + n.fused_bytes;
   return m;
 }
 
@@ -130,7 +137,9 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
     const int w = adapted_[k].base_weight;
     if (group_of_[w] < 0) {
       group_of_[w] = static_cast<int>(groups_.size());
-      groups_.push_back({{}, base.params[w].shape[0], base.params[w].shape[1]});
+      Group& g = groups_.emplace_back();
+      g.rows = base.params[w].shape[0];
+      g.cols = base.params[w].shape[1];
     }
     groups_[group_of_[w]].pieces.push_back(static_cast<int>(k));
   }
@@ -149,11 +158,19 @@ LoraModel::LoraModel(Backend& backend, const ModelSpec& spec, const ModelRuntime
   size_t at = 0;
   auto take = [&](DType d, int64_t count) {
     const Tensor t = scratch_buffer_.tensor(d, {std::max<int64_t>(count, 1)}, at);
-    at += (static_cast<size_t>(count) * dtype_size(d) + 15) / 16 * 16;
+    at += aligned16(count, d);
     return t;
   };
-  a_cat_ = take(compute, n.stacked);
-  b_diag_ = take(compute, n.diagonal);
+  fused_buffer_ = DeviceBuffer(backend, n.fused_bytes, "LoRA fused adapters");
+  size_t fused_at = 0;
+  for (Group& g : groups_) {
+    if (g.pieces.size() == 1) continue;
+    const int64_t R = static_cast<int64_t>(g.pieces.size()) * options_.rank;
+    g.a = fused_buffer_.tensor(compute, {R, g.cols}, fused_at);
+    fused_at += aligned16(R * g.cols, compute);
+    g.b = fused_buffer_.tensor(compute, {g.rows, R}, fused_at);
+    fused_at += aligned16(g.rows * R, compute);
+  }
   xa_ = take(compute, n.per_token);
   dyb_ = take(compute, n.per_token);
   da_cat_ = take(grad, n.stacked);
@@ -252,32 +269,40 @@ void LoraModel::bind_grads(int unit) {
   base_->bind_unit_grads(unit, base_grads_.flat_range(0, base_->layout().units[unit].count()));
 }
 
-Tensor LoraModel::stacked_a(const Group& g) {
-  const int64_t r = options_.rank;
-  if (g.pieces.size() == 1) return param(adapted_[g.pieces[0]].a);
-  const Tensor a = a_cat_.flat_range(0, static_cast<int64_t>(g.pieces.size()) * r * g.cols)
-                       .view({static_cast<int64_t>(g.pieces.size()) * r, g.cols});
-  for (size_t p = 0; p < g.pieces.size(); ++p)
-    backend_.copy(a.flat_range(static_cast<int64_t>(p) * r * g.cols, r * g.cols),
-                  param(adapted_[g.pieces[p]].a).flat_range(0, r * g.cols));
-  return a;
+void LoraModel::params_updated() {
+  for (Group& g : groups_) g.assembled = false;
 }
 
-Tensor LoraModel::diagonal_b(const Group& g) {
+// A fused weight's stacked A and diagonal B, assembled at the first pass that reads them after
+// the adapters changed (a pass reads a unit's adapters only once data parallelism has them).
+void LoraModel::assemble(Group& g) {
   const int64_t r = options_.rank, R = static_cast<int64_t>(g.pieces.size()) * r;
-  if (g.pieces.size() == 1) return param(adapted_[g.pieces[0]].b);
-  const Tensor b = b_diag_.flat_range(0, g.rows * R).view({g.rows, R});
-  backend_.fill(b, 0.0f);
+  for (size_t p = 0; p < g.pieces.size(); ++p)
+    backend_.copy(g.a.flat_range(static_cast<int64_t>(p) * r * g.cols, r * g.cols),
+                  param(adapted_[g.pieces[p]].a).flat_range(0, r * g.cols));
+  backend_.fill(g.b, 0.0f);
   for (size_t p = 0; p < g.pieces.size(); ++p) {
     const LoraAdapted& a = adapted_[g.pieces[p]];
-    backend_.copy_columns(b.flat_range(a.row0 * R, a.rows * R).view({a.rows, R}), static_cast<int64_t>(p) * r,
+    backend_.copy_columns(g.b.flat_range(a.row0 * R, a.rows * R).view({a.rows, R}), static_cast<int64_t>(p) * r,
                           param(a.b), 0, r);
   }
-  return b;
+  g.assembled = true;
+}
+
+Tensor LoraModel::stacked_a(Group& g) {
+  if (g.pieces.size() == 1) return param(adapted_[g.pieces[0]].a);
+  if (!g.assembled) assemble(g);
+  return g.a;
+}
+
+Tensor LoraModel::diagonal_b(Group& g) {
+  if (g.pieces.size() == 1) return param(adapted_[g.pieces[0]].b);
+  if (!g.assembled) assemble(g);
+  return g.b;
 }
 
 void LoraModel::forward(const Tensor& out, const Tensor& in, int weight) {
-  const Group& g = groups_[group_of_[weight]];
+  Group& g = groups_[group_of_[weight]];
   const int64_t R = static_cast<int64_t>(g.pieces.size()) * options_.rank, N = in.numel() / g.cols;
   TS_CHECK(N * R <= xa_.numel(), "LoRA: {} rows, beyond the {} tokens its scratch holds", N, runtime_.tokens());
   const Tensor xa = xa_.flat_range(0, N * R).view({N, R});
@@ -288,7 +313,7 @@ void LoraModel::forward(const Tensor& out, const Tensor& in, int weight) {
 }
 
 void LoraModel::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight) {
-  const Group& g = groups_[group_of_[weight]];
+  Group& g = groups_[group_of_[weight]];
   const int64_t r = options_.rank, R = static_cast<int64_t>(g.pieces.size()) * r, N = in.numel() / g.cols;
   const Tensor x = in.view({N, g.cols}), dy = dout.view({N, g.rows});
   const Tensor xa = xa_.flat_range(0, N * R).view({N, R}), dyb = dyb_.flat_range(0, N * R).view({N, R});

@@ -17,7 +17,8 @@
 // Fused projections (q, k, v; gate, up) take one adapter per Hugging Face piece, each on its
 // rows of the fused weight, so adapters are named and shaped as peft's are. One GEMM serves
 // all pieces of a fused weight: their A stacked (R = pieces x r rows) and their B set on the
-// diagonal of a (rows, R) matrix that is zero elsewhere.
+// diagonal of a (rows, R) matrix that is zero elsewhere, assembled once after each change of the
+// adapters (params_updated), so that a generator's decode steps add only the two GEMMs.
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,22 +106,27 @@ class LoraModel : public Model, private LinearAdapters {
   // The base's FP8 scaling; its MoE balance, reported (its expert bias stays frozen with it).
   std::vector<StepHook*> step_hooks() const override;
   std::vector<std::pair<std::string, Tensor>> persistent_state() const override { return {}; }
-  void params_updated() override {}
+  // The fused weights' stacked A and diagonal B are assembled again at their next pass.
+  void params_updated() override;
 
  private:
   class BaseObserver;
-  // The adapted pieces of one base weight, in row order.
+  // The adapted pieces of one base weight, in row order; with several, their A stacked (R, cols)
+  // and B on the diagonal (rows, R), kept until the adapters change.
   struct Group {
     std::vector<int> pieces;  // indices into adapted_
     int64_t rows = 0, cols = 0;
+    Tensor a, b;
+    bool assembled = false;
   };
   bool adapts(int weight) const override { return group_of_[weight] >= 0; }
   void forward(const Tensor& out, const Tensor& in, int weight) override;
   void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight) override;
   // The group's A stacked (R, cols) and B on the diagonal (rows, R): the adapters themselves
-  // for a weight of one piece, else assembled in scratch.
-  Tensor stacked_a(const Group& g);
-  Tensor diagonal_b(const Group& g);
+  // for a weight of one piece, else the group's, assembled when stale.
+  Tensor stacked_a(Group& g);
+  Tensor diagonal_b(Group& g);
+  void assemble(Group& g);
   void bind_params(int unit, int next);
   void params_done(int unit);
   void bind_grads(int unit);
@@ -138,11 +144,11 @@ class LoraModel : public Model, private LinearAdapters {
   std::vector<LoraAdapted> adapted_;
   std::vector<Group> groups_;
   std::vector<int> group_of_;  // per base weight: its group, or -1
-  DeviceBuffer frozen_buffer_, base_grad_buffer_, param_buffer_, grad_buffer_, scratch_buffer_;
+  DeviceBuffer frozen_buffer_, base_grad_buffer_, param_buffer_, grad_buffer_, scratch_buffer_, fused_buffer_;
   Tensor frozen_, base_grads_, params_, grads_;
-  // GEMM scratch: A stacked, B diagonal, x A^T and dy B (compute dtype); dy^T (x A^T) and
-  // (dy B)^T x before they are split over the pieces (gradient dtype).
-  Tensor a_cat_, b_diag_, xa_, dyb_, db_cat_, da_cat_, piece_;
+  // GEMM scratch: x A^T and dy B (compute dtype); dy^T (x A^T) and (dy B)^T x before they are
+  // split over the pieces (gradient dtype).
+  Tensor xa_, dyb_, db_cat_, da_cat_, piece_;
 };
 
 }  // namespace tessera

@@ -112,26 +112,7 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
   // the KV cache lives in the AdamW moments' memory (on the host while generating).
   const LoraModel* lora = p_.lora;
   const int64_t slots = grpo_generation_slots(t_, dp);
-  Tensor cache_region;
-  if (t_.grpo_offload_optimizer_state) {
-    cache_region = p_.optimizer.moments_region();
-    const size_t need = Generator::cache_bytes(model.spec(), model.runtime().compute_dtype, t_.seq_length, slots);
-    if (cache_region.nbytes() < need) {
-      const auto it = p_.experiment.origin.find("grpo_offload_optimizer_state");
-      throw ConfigError(it == p_.experiment.origin.end() ? "default" : it->second, "grpo_offload_optimizer_state",
-                        "true",
-                        fmt::format("false, or a KV cache that fits in the {:.3f} GiB of AdamW moments this rank "
-                                    "holds: {} completions at once (grpo_max_num_seqs) x seq_length {} need {:.3f} GiB",
-                                    static_cast<double>(cache_region.nbytes()) / (1 << 30), slots, t_.seq_length,
-                                    static_cast<double>(need) / (1 << 30)));
-    }
-    const auto t0 = Clock::now();
-    p_.optimizer.reserve_moments_stash();
-    p_.log.info("grpo: the KV cache ({:.3f} GiB) in the AdamW moments' memory while generating; their host copy, "
-                "{:.3f} GiB page-locked, allocated in {:.1f} s",
-                static_cast<double>(need) / (1 << 30), static_cast<double>(cache_region.nbytes()) / (1 << 30),
-                seconds_since(t0));
-  }
+  const Tensor cache_region = t_.grpo_offload_optimizer_state ? lend_moments_to_cache(slots) : Tensor{};
   generator_ = std::make_unique<Generator>(model.backend(), model.spec(),
                                            lora ? lora->base_slices().front().values : model.params(),
                                            lora ? lora->base_layout() : model.layout(), t_.seq_length, slots,
@@ -148,6 +129,29 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
 }
 
 GrpoRun::~GrpoRun() = default;
+
+// The AdamW moments' memory for a KV cache of `slots` sequences, their host copy allocated now.
+Tensor GrpoRun::lend_moments_to_cache(int64_t slots) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const Tensor region = p_.optimizer.moments_region();
+  const size_t need =
+      Generator::cache_bytes(p_.model.spec(), p_.model.runtime().compute_dtype, t_.seq_length, slots);
+  if (region.nbytes() < need) {
+    const auto it = p_.experiment.origin.find("grpo_offload_optimizer_state");
+    throw ConfigError(it == p_.experiment.origin.end() ? "default" : it->second, "grpo_offload_optimizer_state",
+                      "true",
+                      fmt::format("false, or a KV cache that fits in the {:.3f} GiB of AdamW moments this rank "
+                                  "holds: {} completions at once (grpo_max_num_seqs) x seq_length {} need {:.3f} GiB",
+                                  static_cast<double>(region.nbytes()) / kGiB, slots, t_.seq_length,
+                                  static_cast<double>(need) / kGiB));
+  }
+  const auto t0 = Clock::now();
+  p_.optimizer.reserve_moments_stash();
+  p_.log.info("grpo: the KV cache ({:.3f} GiB) in the AdamW moments' memory while generating; their host copy, "
+              "{:.3f} GiB page-locked, allocated in {:.1f} s",
+              static_cast<double>(need) / kGiB, static_cast<double>(region.nbytes()) / kGiB, seconds_since(t0));
+  return region;
+}
 
 std::string GrpoRun::describe() const {
   std::string stops;

@@ -102,6 +102,10 @@ class GrpoRun {
   int64_t batch_tokens() const { return batch_tokens_; }
 
  private:
+  // grpo_offload_optimizer_state: the AdamW moments' memory for a KV cache of `slots` sequences
+  // (ConfigError when it cannot hold it), their host copy allocated now.
+  Tensor lend_moments_to_cache(int64_t slots);
+
   struct Completion {
     int64_t prompt = -1;  // index into prompts_
     std::vector<int32_t> ids;  // the completion's tokens
