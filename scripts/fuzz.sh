@@ -6,13 +6,13 @@
 # RSS limit; the input that did it is left in build-fuzz/findings/<target>/ (add it to
 # tests/fuzz/corpus/<target>/ with the fix). Ends with a table of executions per target.
 #   scripts/fuzz.sh [TARGET...]     default: every target
-#   TESSERA_FUZZ_SECONDS  seconds per target (default 20)
+#   TESSERA_FUZZ_SECONDS  seconds per target (default 12)
 #   TESSERA_FUZZ_JOBS     targets fuzzed at once (default 2); also the build's parallel jobs
 #   TESSERA_FUZZ_SEED     libFuzzer's seed (default 1, so that a run can be repeated; 0 picks one)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="$ROOT/build-fuzz"
-SECONDS_EACH="${TESSERA_FUZZ_SECONDS:-20}"
+SECONDS_EACH="${TESSERA_FUZZ_SECONDS:-12}"
 JOBS="${TESSERA_FUZZ_JOBS:-2}"
 SEED="${TESSERA_FUZZ_SEED:-1}"
 

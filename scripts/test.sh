@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what is missing (chromium included, for the HTML report test; clang's libFuzzer for
 # the fuzz targets), build, run the whole test suite, then fuzz every parser of untrusted input
-# for a bounded time (scripts/fuzz.sh, about 20 s per target). Arguments go to ctest (a subset
+# for a bounded time (scripts/fuzz.sh, about 12 s per target). Arguments go to ctest (a subset
 # of the tests, e.g. -R Checkpoint) and then skip fuzzing. Tests labelled "gpu" report
 # "skipped: no GPU" on machines without one.
 set -euo pipefail
