@@ -54,10 +54,9 @@ std::vector<OwnedParams> FullyShardedDataParallel::optimizer_shards() const {
   std::vector<OwnedParams> out;
   const std::vector<ParamRange>& units = model_.layout().units;
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    const int64_t begin = units[u].begin + comm_.rank() * params_.slice(u);
-    const int64_t end = std::min(begin + params_.slice(u), units[u].end);
-    if (begin >= end) continue;
-    out.push_back({{begin, end}, params_.shard(u).flat_range(0, end - begin), grad_shard(u).flat_range(0, end - begin)});
+    const ParamRange r = ShardedUnits::held_range(units[u], comm_.size(), comm_.rank());
+    if (r.begin >= r.end) continue;
+    out.push_back({r, params_.shard(u).flat_range(0, r.count()), grad_shard(u).flat_range(0, r.count())});
   }
   return out;
 }
@@ -148,13 +147,11 @@ void FullyShardedDataParallel::grad_norm_sq(const Tensor& out) {
 
 std::vector<Tensor> FullyShardedDataParallel::grad_pieces(const ParamRange& range) const {
   std::vector<Tensor> pieces;
-  const int64_t rank = comm_.rank();
   const std::vector<ParamRange>& units = model_.layout().units;
   for (int u = 0; u < static_cast<int>(units.size()); ++u) {
-    const int64_t slice = params_.slice(u), own = units[u].begin + rank * slice;
-    const int64_t lo = std::max({range.begin, own, units[u].begin});
-    const int64_t hi = std::min({range.end, own + slice, units[u].end});
-    if (hi > lo) pieces.push_back(grad_shards_.flat_range(params_.shard_at(u) + (lo - own), hi - lo));
+    const ParamRange own = ShardedUnits::held_range(units[u], comm_.size(), comm_.rank());
+    const int64_t lo = std::max(range.begin, own.begin), hi = std::min(range.end, own.end);
+    if (hi > lo) pieces.push_back(grad_shards_.flat_range(params_.shard_at(u) + (lo - own.begin), hi - lo));
   }
   return pieces;
 }

@@ -28,13 +28,17 @@ ShardedUnits::Memory ShardedUnits::plan_memory(const ParamLayout& layout, int wo
   return m;
 }
 
+ParamRange ShardedUnits::held_range(const ParamRange& unit, int world, int rank) {
+  const int64_t slice = slice_elements(unit, world);
+  const int64_t begin = unit.begin + rank * slice;
+  return {begin, std::min(begin + slice, unit.end)};
+}
+
 std::vector<ParamRange> ShardedUnits::owned_ranges(const ParamLayout& layout, int world, int rank) {
   std::vector<ParamRange> out;
   for (const ParamRange& unit : layout.units) {
-    const int64_t slice = slice_elements(unit, world);
-    const int64_t begin = unit.begin + rank * slice;
-    const int64_t end = std::min(begin + slice, unit.end);
-    if (begin < end) out.push_back({begin, end});
+    const ParamRange r = held_range(unit, world, rank);
+    if (r.begin < r.end) out.push_back(r);
   }
   return out;
 }
@@ -74,9 +78,8 @@ Tensor ShardedUnits::shard(int unit) const {
 std::vector<FlatSlice> ShardedUnits::held() const {
   std::vector<FlatSlice> out;
   for (const Unit& u : units_) {
-    const int64_t begin = u.range.begin + rank_ * u.slice;
-    const int64_t end = std::min(begin + u.slice, u.range.end);
-    if (begin < end) out.push_back({{begin, end}, shards_.flat_range(u.shard_at, end - begin)});
+    const ParamRange r = held_range(u.range, world_, rank_);
+    if (r.begin < r.end) out.push_back({r, shards_.flat_range(u.shard_at, r.count())});
   }
   return out;
 }

@@ -43,8 +43,10 @@ class ShardedUnits final : public FrozenUnitSource {
   static Memory plan_memory(const ParamLayout& layout, int world, DType dtype);
   // The number of slots; a gradient side of the same units needs as many.
   static int slot_count(const ParamLayout& layout);
-  // Rank `rank`'s slice of each unit, clipped to the unit's end (the rest is padding), in
-  // increasing order.
+  // Rank `rank`'s slice of `unit`, clipped to the unit's end (the rest is padding); empty
+  // (begin >= end) where the slice is all padding.
+  static ParamRange held_range(const ParamRange& unit, int world, int rank);
+  // held_range of each unit that is not empty, in increasing order.
   static std::vector<ParamRange> owned_ranges(const ParamLayout& layout, int world, int rank);
 
   int64_t slice(int unit) const { return units_[unit].slice; }

@@ -107,17 +107,12 @@ void Generator::allocate_state(const Tensor& cache_region) {
   } else {
     cache_buffer_ = DeviceBuffer(backend_, z.cache, "KV cache");
   }
+  char* const cache = static_cast<char*>(cache_region.defined() ? cache_region.data : cache_buffer_.data());
   size_t at = 0;
   for (const auto& layer : layers_) {
     caches_.emplace_back();
     for (int64_t w : layer->cache_widths()) {
-      Tensor cache;
-      if (w > 0 && cache_region.defined()) {
-        cache = Tensor{static_cast<char*>(cache_region.data) + at, dtype_, {B, S, w}, cache_region.device};
-      } else if (w > 0) {
-        cache = cache_buffer_.tensor(dtype_, {B, S, w}, at);
-      }
-      caches_.back().push_back(cache);
+      caches_.back().push_back(w > 0 ? Tensor{cache + at, dtype_, {B, S, w}, backend_.device()} : Tensor{});
       at += aligned(B * S * w * e);
     }
   }

@@ -37,8 +37,8 @@ std::string origin_of(const Experiment& e, const std::string& key) {
 // tokens out: SFT's prompts and system turns, wrapped or packed.
 bool masked_chat_data(const Experiment& e) {
   if (e.data.mock_data || e.data.loss_mask == LossMask::All) return false;
-  for (const char* key : {"data_path", "train_data_path"}) {
-    const std::string& blend = std::string(key) == "data_path" ? e.data.data_path : e.data.train_data_path;
+  for (const auto& [key, blend] : {std::pair<const char*, const std::string&>{"data_path", e.data.data_path},
+                                    {"train_data_path", e.data.train_data_path}}) {
     if (blend.empty() || is_text_corpus_path(blend)) continue;
     for (const BlendEntry& b : parse_blend(blend, key, origin_of(e, key)))
       if (std::filesystem::exists(chat_roles_prefix(b.prefix) + ".idx")) return true;
