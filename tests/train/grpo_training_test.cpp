@@ -246,6 +246,17 @@ TEST_F(GrpoTraining, OffloadedMomentsLendTheirMemoryToTheKvCache) {
   }
   EXPECT_GT(offloaded[0]["time/optimizer_offload_s"].get<double>(), 0.0);
   EXPECT_GT(offloaded[2]["time/optimizer_offload_s"].get<double>(), 0.0);
+  // Moments too small for the cache (LoRA rank 1 on q_proj alone: a few hundred bytes) stop the
+  // run before it trains, naming the key and both sizes.
+  r = run_tessera(grpo() + " --train_iters 1 --lora_rank 1 --lora_target_modules q_proj --finetune false "
+                           "--load null --pretrained_checkpoint " + (dir_ / "start").string() +
+                  " --grpo_offload_optimizer_state true --exp_name too_small");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("key 'grpo_offload_optimizer_state' has value 'true': expected false, or a KV cache "
+                          "that fits in the"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(steps("too_small").empty());
 }
 
 // LoRA: generation reads the frozen base in place with the adapters added
