@@ -20,7 +20,8 @@
 #              step each on rank 0, then `tessera report --compare` of the two traces
 #     big:     Llama 3.1 70B, 40 layers, FP8 hybrid without the transpose cache, on 4 GPUs in
 #              the first layout the planner says fits, in the order below (no recompute first)
-# SCALING_GPUS (default "1 2 4") and SCALING_ITERS (default 4) shorten the scaling step;
+# SCALING_GPUS (default "1 2 4"), SCALING_PRECISIONS (default "bf16 fp8") and SCALING_ITERS
+# (default 4) shorten the scaling step;
 # OTHER_TESTS (default DistGpu.*) picks the tests run after the four-GPU ones.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -80,7 +81,7 @@ fi
 
 if want scaling; then
   echo "== full Llama 3.1 8B scaling (8 micro-batches per GPU per step)"
-  scaling_runs "$OUT/scaling.md" "bf16 fp8" "${SCALING_GPUS:-1 2 4}"
+  scaling_runs "$OUT/scaling.md" "${SCALING_PRECISIONS:-bf16 fp8}" "${SCALING_GPUS:-1 2 4}"
 fi
 
 need_four() {

@@ -483,6 +483,116 @@ TEST(Fp8Model, HeadOnLossRowsPadsToWholeBlocksAndStaysNearFp32) {
   EXPECT_NE(rows.loss, whole.loss);
 }
 
+// FSDP's part in a pass, on one rank: each unit bound from flat buffers the test holds when
+// the model asks for it (gradients started from zero each step, as FSDP's slots start), and a
+// unit the model reads from its copies bound to NaNs instead, so that reading it would show.
+class FlatUnits final : public ParamUnitObserver {
+ public:
+  FlatUnits(Backend& b, Model& m)
+      : b_(b),
+        m_(m),
+        params_(b, m.layout().total * sizeof(float), "params"),
+        grads_(b, m.layout().total * sizeof(float), "grads"),
+        nans_(b, m.layout().total * sizeof(float), "nans"),
+        gathers(m.layout().units.size(), 0) {
+    b.fill(nans_.tensor(DType::F32, {m.layout().total}), NAN);
+    m.set_unit_observer(this);
+  }
+  Tensor params() const { return params_.tensor(DType::F32, {m_.layout().total}); }
+  Tensor grads() const { return grads_.tensor(DType::F32, {m_.layout().total}); }
+  void params_needed(int unit, int) override {
+    const ParamRange& r = m_.layout().units[unit];
+    const bool copies = m_.unit_read_from_copies(unit);
+    if (!copies) ++gathers[unit];
+    m_.bind_unit_params(unit, (copies ? nans_.tensor(DType::F32, {m_.layout().total}) : params())
+                                  .flat_range(r.begin, r.count()));
+  }
+  void grads_needed(int unit) override {
+    const ParamRange& r = m_.layout().units[unit];
+    m_.bind_unit_grads(unit, grads().flat_range(r.begin, r.count()));
+  }
+  std::vector<int> gathers;  // per unit: the passes it was bound for
+
+ private:
+  Backend& b_;
+  Model& m_;
+  DeviceBuffer params_, grads_, nans_;
+};
+
+// With parameters sharded (FSDP) and FP8 weights cached, a unit whose matrices are all FP8
+// weights is bound only until they are cached: the passes after read the codes and the
+// model's copies of its vectors. Three steps of two micro-batches, the weights changed between
+// steps, give the losses and gradients of the same model binding every unit for every pass,
+// bit for bit; each layer and the FP8 head are bound once a step, the embedding every forward.
+TEST(Fp8Model, ShardedUnitsAreReadFromCopiesOnceTheirWeightsAreCached) {
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  o.lm_head = true;
+  o.amax_history_len = 4;
+  const int tokens = 32, steps = 3;
+  std::vector<int32_t> ids(tokens), targets(tokens);
+  for (int i = 0; i < tokens; ++i) ids[i] = (i * 37) % 128, targets[i] = (i * 53 + 1) % 128;
+  struct Run {
+    std::vector<float> losses, grads;
+    std::vector<int> gathers;
+  };
+  auto run = [&](bool copies) {
+    auto backend = make_cpu_backend();
+    Backend& b = *backend;
+    ModelRuntime rt = fp8_runtime(2, 16, o);
+    rt.sharded_params = true;
+    rt.fp8_unit_copies = copies;
+    const ModelSpec spec = tiny_spec();
+    DecoderModel model(b, spec, rt);
+    FlatUnits units(b, model);
+    const int64_t n = model.layout().total;
+    init_parameters(b, spec, model.layout(), units.params(), 11);
+    DeviceBuffer norm(b, 4, "norm");
+    Run out;
+    std::vector<float> p(n), g(n);
+    for (int step = 0; step < steps; ++step) {
+      b.fill(units.grads(), 0.0f);
+      model.zero_grads();
+      model.zero_loss_sum();
+      for (int micro = 0; micro < 2; ++micro) {
+        model.set_batch(ids.data(), targets.data());
+        model.forward_backward(1.0f / (2.0f * tokens));
+      }
+      for (StepHook* hook : model.step_hooks()) {
+        b.fill(norm.tensor(DType::F32, {1}), 0.0f);
+        hook->end_step(norm.tensor(DType::F32, {1}));
+      }
+      float loss = 0;
+      b.download(&loss, model.loss_sum());
+      out.losses.push_back(loss);
+      // A descent step on the host, so the next step's copies must be refreshed.
+      b.download(p.data(), units.params());
+      b.download(g.data(), units.grads());
+      for (int64_t i = 0; i < n; ++i) p[i] -= 0.5f * g[i];
+      b.upload(units.params(), p.data());
+      model.params_updated();
+    }
+    out.grads = g;
+    out.gathers = units.gathers;
+    return out;
+  };
+  const Run bound = run(false), copied = run(true);
+  ASSERT_EQ(copied.losses.size(), static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_TRUE(std::isfinite(copied.losses[s])) << "step " << s;
+    EXPECT_EQ(copied.losses[s], bound.losses[s]) << "step " << s;
+  }
+  EXPECT_NE(copied.losses[0], copied.losses[steps - 1]) << "the weights changed between steps";
+  EXPECT_EQ(copied.grads, bound.grads);
+  // Units: the embedding, two layers, the final norm with the head.
+  ASSERT_EQ(copied.gathers.size(), 4u);
+  EXPECT_EQ(copied.gathers[0], bound.gathers[0]) << "the embedding is always bound";
+  for (int u = 1; u < 4; ++u) {
+    EXPECT_EQ(copied.gathers[u], steps) << "unit " << u;
+    EXPECT_GT(bound.gathers[u], steps) << "unit " << u;
+  }
+}
+
 TEST(Fp8ModelState, DelayedScalesComeFromTheHistoryAndNaNIsReported) {
   Fp8Options o;
   o.mode = Fp8Mode::Hybrid;

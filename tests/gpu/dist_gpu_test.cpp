@@ -564,10 +564,19 @@ TEST_F(DistGpu, FsdpMatchesOneGpuAndItsCheckpointResumesOnTwoGpusAndOnOne) {
           "fsdp_tied.txt"),
       0)
       << read("fsdp_tied.txt");
+  // FP8 with the weight cache: from each step's first backward on, the layers read their FP8
+  // codes and the model's copies of their norms instead of gathered units.
+  ASSERT_EQ(run(train_args("one_fp8") + " --fp8 hybrid", "one_fp8.txt"), 0) << read("one_fp8.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29644 " + train_args("fsdp_fp8") + fsdp +
+                    " --fp8 hybrid",
+                "fsdp_fp8.txt"),
+            0)
+      << read("fsdp_fp8.txt");
   const auto one = losses("one");
   ASSERT_EQ(one.size(), 20u);
   expect_close(losses("fsdp"), one, "FSDP");
   expect_close(losses("fsdp_tied"), losses("one_tied"), "FSDP, tied head");
+  expect_close(losses("fsdp_fp8"), losses("one_fp8"), "FSDP with FP8");
 
   const fs::path ckpt = save / "iter_0000010";
   const std::string load = " --load " + ckpt.string();

@@ -27,6 +27,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Communicator& comm, Model& mo
   const DType gt = model.runtime().grad_dtype;
   grad_slots_.resize(ShardedUnits::slot_count(model.layout()));
   reduce_marks_.assign(model.layout().units.size(), -1);
+  from_copies_.assign(model.layout().units.size(), 0);
   grad_shard_buffer_ = DeviceBuffer(b, params_.shard_elements() * dtype_size(gt), "gradient shard");
   grad_slot_buffer_ = DeviceBuffer(
       b, static_cast<int64_t>(grad_slots_.size()) * params_.padded_unit() * dtype_size(gt), "unit gradients");
@@ -80,11 +81,23 @@ FullyShardedDataParallel::Slot& FullyShardedDataParallel::least_recently_used_fr
   return *best;
 }
 
+// A unit the model reads from its copies (FP8 weights cached for the step) is not gathered;
+// neither is one it will, when it is next.
 void FullyShardedDataParallel::params_needed(int unit, int next) {
-  model_.bind_unit_params(unit, params_.unit_needed(unit, next));
+  const int ahead = next >= 0 && !model_.unit_read_from_copies(next) ? next : -1;
+  if (model_.unit_read_from_copies(unit)) {
+    from_copies_[unit] = 1;
+    if (ahead >= 0) params_.prefetch(ahead);
+    return;
+  }
+  model_.bind_unit_params(unit, params_.unit_needed(unit, ahead));
 }
 
 void FullyShardedDataParallel::params_done(int unit) {
+  if (from_copies_[unit]) {
+    from_copies_[unit] = 0;
+    return;
+  }
   params_.unit_done(unit);
 }
 

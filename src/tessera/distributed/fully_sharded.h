@@ -8,7 +8,10 @@
 // the slot is reduce-scattered into the rank's gradient shard on the communication stream,
 // overlapping the backward of the units below. From a step's second micro-batch on, a unit's
 // slot starts from the rank's own shard in its slice, so the reduce-scatter accumulates.
-// As many gradient slots as parameter slots.
+// As many gradient slots as parameter slots. With FP8 weights cached for the step (and
+// ModelRuntime::fp8_unit_copies), a unit is gathered only until its FP8 codes are cached: from
+// the first micro-batch's backward on, its passes read those and the model's copies of its
+// norms and biases (on the full Llama 3.1 8B, 32 of the 34 units need no gather after that).
 //
 // A model with frozen weights apart from its parameters (LoRA: Model::frozen_layout) shards
 // those instead (FrozenShardedDataParallel): they are what is large, and never change; its
@@ -72,6 +75,7 @@ class FullyShardedDataParallel : public DataParallelism, private ParamUnitObserv
   Tensor grad_shards_;
   std::vector<Slot> grad_slots_;
   std::vector<int> reduce_marks_;  // per unit: the group's mark after its last reduce-scatter
+  std::vector<char> from_copies_;  // per unit: read from the model's copies, not gathered
   uint64_t uses_ = 0;
   bool comm_pending_ = false;  // reduce-scatters compute has not waited for
   bool step_started_ = false;  // a micro-batch of the current step ran

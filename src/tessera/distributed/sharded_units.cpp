@@ -130,10 +130,14 @@ Tensor ShardedUnits::unit_needed(int unit, int next) {
   slot->in_use = true;
   slot->last_use = ++uses_;
   const Tensor whole = slot_tensor(*slot, unit);
-  // Prefetch into a free slot; without one the next unit is gathered when needed.
-  const bool slot_free = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.in_use; });
-  if (next >= 0 && slot_free && !holding(next)) gather(next, least_recently_used_free(), Lane::Comm);
+  if (next >= 0) prefetch(next);
   return whole;
+}
+
+// Into a free slot; without one the unit is gathered when needed.
+void ShardedUnits::prefetch(int unit) {
+  const bool slot_free = std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.in_use; });
+  if (slot_free && !holding(unit)) gather(unit, least_recently_used_free(), Lane::Comm);
 }
 
 void ShardedUnits::unit_done(int unit) {

@@ -63,6 +63,8 @@ class ShardedUnits final : public FrozenUnitSource {
   // from now on until unit_done(u); `next` (-1: none) is gathered ahead when a slot is free.
   Tensor unit_needed(int unit, int next) override;
   void unit_done(int unit) override;
+  // Unit u gathered ahead on the communication lane, as unit_needed does for its `next`.
+  void prefetch(int unit);
   // The shards changed (an optimizer step, loading): no slot holds a current unit.
   void shards_updated();
   // Unit u gathered on the compute lane into the first slot, for a reader outside the passes

@@ -42,6 +42,42 @@ std::vector<std::pair<int, Fp8LinearShape>> fp8_linears(
   return out;
 }
 
+// runtime.fp8_unit_copies: per unit, the parameters its passes read from the model's copies
+// once its FP8 weights are cached, each with its place among the copies (64-element aligned, as
+// the kernels' vector loads want); empty for a unit without them: one holding the embedding, no
+// FP8 weight, or a matrix that is not one (a router, an expert stack).
+struct UnitCopies {
+  std::vector<std::vector<std::pair<int, int64_t>>> units;
+  int64_t elements = 0;
+};
+
+UnitCopies unit_copies(const ParamLayout& layout,
+                       const std::vector<std::pair<int, Fp8LinearShape>>& linears,
+                       const ModelRuntime& rt) {
+  UnitCopies c;
+  c.units.resize(layout.units.size());
+  if (!rt.fp8_unit_copies || !rt.sharded_params || !rt.fp8.enabled() || !rt.fp8.weight_cache)
+    return c;
+  std::vector<char> fp8(layout.params.size(), 0), has_fp8(layout.units.size(), 0),
+      excluded(layout.units.size(), 0);
+  for (const auto& [index, shape] : linears) fp8[index] = shape.expert_stack() ? 2 : 1;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamInfo& p = layout.params[i];
+    if (fp8[i] == 1)
+      has_fp8[p.unit] = 1;
+    else if (fp8[i] == 2 || p.shape.rank() > 1)
+      excluded[p.unit] = 1;
+  }
+  if (layout.embedding >= 0) excluded[layout.params[layout.embedding].unit] = 1;
+  for (size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamInfo& p = layout.params[i];
+    if (fp8[i] || !has_fp8[p.unit] || excluded[p.unit]) continue;
+    c.units[p.unit].push_back({static_cast<int>(i), c.elements});
+    c.elements += (p.numel() + 63) / 64 * 64;
+  }
+  return c;
+}
+
 std::vector<Fp8LinearShape> shapes_of(const std::vector<std::pair<int, Fp8LinearShape>>& linears) {
   std::vector<Fp8LinearShape> shapes;
   for (const auto& l : linears) shapes.push_back(l.second);
@@ -179,8 +215,11 @@ ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime
     for (const auto& [name, width] : layer->state_layout()) state += width;
   }
   m.block_state = static_cast<size_t>(stats_rows * stats_width + state) * sizeof(float);
-  if (rt.fp8.enabled())
-    m.fp8 = Fp8Linears::plan_bytes(rt.fp8, shapes_of(fp8_linears(layout, layers, rt)), rt.tokens());
+  if (rt.fp8.enabled()) {
+    const auto linears = fp8_linears(layout, layers, rt);
+    m.fp8 = Fp8Linears::plan_bytes(rt.fp8, shapes_of(linears), rt.tokens()) +
+            static_cast<size_t>(unit_copies(layout, linears, rt).elements) * dtype_size(rt.compute_dtype);
+  }
   return m;
 }
 
@@ -285,8 +324,26 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     for (size_t i = 0; i < linears.size(); ++i) fp8_index[linears[i].first] = static_cast<int>(i);
     fp8_ =
         std::make_unique<Fp8Linears>(backend_, runtime_.fp8, shapes_of(linears), runtime_.tokens());
+    const UnitCopies copies = unit_copies(layout_, linears, runtime_);
+    unit_copies_ = copies.units;
+    unit_fp8_.resize(layout_.units.size());
+    for (size_t u = 0; u < layout_.units.size(); ++u)
+      if (!unit_copies_[u].empty())
+        for (size_t i = 0; i < linears.size(); ++i)
+          if (layout_.params[linears[i].first].unit == static_cast<int>(u)) unit_fp8_[u].push_back(static_cast<int>(i));
+    if (copies.elements > 0) {
+      copy_buffer_ = DeviceBuffer(backend_, static_cast<size_t>(copies.elements) * dtype_size(runtime_.compute_dtype),
+                                  "copies of FP8-cached units' vectors");
+      const Tensor all = copy_buffer_.tensor(runtime_.compute_dtype, {copies.elements});
+      param_copies_.resize(layout_.params.size());
+      for (const auto& unit : unit_copies_)
+        for (const auto& [index, at] : unit)
+          param_copies_[index] = all.flat_range(at, layout_.params[index].numel()).view(layout_.params[index].shape);
+    }
     gemms_.use_fp8(fp8_.get(), std::move(fp8_index));
   }
+  copies_current_.assign(layout_.units.size(), 0);
+  reading_copies_.assign(layout_.units.size(), 0);
   tp_.size = runtime_.tensor_parallel_size;
   tp_.rank = runtime_.tensor_parallel_rank;
   tp_.sequence_parallel = runtime_.sequence_parallel;
@@ -409,6 +466,11 @@ RecomputeRole ModelRuntime::recompute_role(int64_t position, int64_t count) cons
 
 Tensor DecoderModel::param(int index) const {
   const ParamInfo& p = layout_.params[index];
+  if (reading_copies_[p.unit]) {
+    TS_CHECK(param_copies_[index].defined(), "{} is read while unit {} is served from copies: only its FP8 codes are",
+             p.name, p.unit);
+    return param_copies_[index];
+  }
   const int64_t at = p.offset - layout_.units[p.unit].begin;
   return unit_params_[p.unit].flat_range(at, p.numel()).view(p.shape);
 }
@@ -441,11 +503,23 @@ void DecoderModel::zero_grads() {
   if (fp8_) fp8_->clear_status();
 }
 
+bool DecoderModel::unit_read_from_copies(int unit) const {
+  if (unit_copies_.empty() || unit_copies_[unit].empty() || !copies_current_[unit]) return false;
+  return std::all_of(unit_fp8_[unit].begin(), unit_fp8_[unit].end(),
+                     [&](int i) { return fp8_->weight_cached(i); });
+}
+
+// A unit read whole while its copies are stale refreshes them from what was just bound.
 void DecoderModel::params_needed(int unit, int next) {
+  reading_copies_[unit] = unit_read_from_copies(unit);
   if (observer_) observer_->params_needed(unit, next);
+  if (reading_copies_[unit] || unit_copies_.empty() || unit_copies_[unit].empty() || copies_current_[unit]) return;
+  for (const auto& [index, at] : unit_copies_[unit]) backend_.copy(param_copies_[index], param(index));
+  copies_current_[unit] = 1;
 }
 void DecoderModel::params_done(int unit) {
   if (observer_) observer_->params_done(unit);
+  reading_copies_[unit] = 0;
 }
 void DecoderModel::grads_needed(int unit) {
   if (observer_) observer_->grads_needed(unit);
@@ -471,6 +545,7 @@ void DecoderModel::tail_params_done() {
 
 void DecoderModel::params_updated() {
   if (fp8_) fp8_->weights_changed();
+  std::fill(copies_current_.begin(), copies_current_.end(), 0);
 }
 void DecoderModel::zero_loss_sum() {
   backend_.fill(a_.loss_sum, 0.0f);

@@ -45,6 +45,7 @@ class DecoderModel final : public Model, private LayerOps {
   Tensor grad(int index) const override;
   void bind_unit_params(int unit, const Tensor& params) override;
   void bind_unit_grads(int unit, const Tensor& grads) override;
+  bool unit_read_from_copies(int unit) const override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override;
   void set_tensor_parallel_group(ParallelGroup* group) override { tp_.group = group; }
@@ -223,6 +224,14 @@ class DecoderModel final : public Model, private LayerOps {
   Tensor params_, grads_;
   std::vector<Tensor> unit_params_, unit_grads_;  // per unit: views of params_/grads_, or bound
   ParamUnitObserver* observer_ = nullptr;
+  // runtime_.fp8_unit_copies: per unit, its parameters kept in copies (index, offset) and its
+  // FP8 linears; per parameter its copy; per unit whether the copies hold the current weights
+  // and whether the pass between params_needed and params_done reads them.
+  std::vector<std::vector<std::pair<int, int64_t>>> unit_copies_;
+  std::vector<std::vector<int>> unit_fp8_;
+  DeviceBuffer copy_buffer_;
+  std::vector<Tensor> param_copies_;
+  std::vector<char> copies_current_, reading_copies_;
   ExpertExchange* expert_exchange_ = nullptr;
   std::vector<int32_t> context_positions_;  // of this rank's tokens in the whole sequence
   // reset_position_ids: each base's rotary table for positions 0 .. seq_length-1, whose rows

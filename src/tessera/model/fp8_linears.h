@@ -112,6 +112,9 @@ class Fp8Linears final : public StepHook {
 
   // The weights changed (optimizer step, loading): cached FP8 weights are stale.
   void weights_changed();
+  // Whether linear i's FP8 codes are cached for the current weights: its GEMMs then take no
+  // weight (an undefined one).
+  bool weight_cached(int i) const { return options_.weight_cache && cache_valid_[i]; }
   // After the step's last backward: sums status() over the job (attached), reduces the
   // amaxes (amax reducer), updates the delayed scales and adds status() into grad_norm_sq, so
   // that a non-finite amax (a NaN or Inf in an activation, weight or gradient, which the

@@ -59,6 +59,7 @@ Sizes sizes(const ParamLayout& base, const ParamLayout& adapters, const std::vec
 ModelRuntime base_runtime(const ModelRuntime& runtime) {
   ModelRuntime rt = runtime;
   rt.sharded_params = true;
+  rt.fp8_unit_copies = false;  // its units are bound by the LoRA model, gathered or not
   rt.grad_dtype = runtime.compute_dtype;
   return rt;
 }

@@ -60,6 +60,11 @@ struct ModelRuntime {
   // bind_unit_grads) before the model reads or writes them, and starts each unit's gradients
   // from what they already hold, so every weight-gradient GEMM accumulates.
   bool sharded_params = false;
+  // With sharded_params and the FP8 weight cache: once a unit's FP8 weights are cached for the
+  // step, its passes read them there and its other parameters (norms, biases: vectors) from
+  // copies the model keeps, so the unit need not be gathered again until the weights change
+  // (unit_read_from_copies). Units whose matrices are all FP8 weights, but the embedding's.
+  bool fp8_unit_copies = false;
   // Tensor parallelism (Megatron's): the model holds part tensor_parallel_rank of
   // tensor_parallel_size of every parameter its blocks declare Column, Row or Vocab
   // (param_layout.h), so its layers compute that share of the heads, MLP width and vocabulary.
@@ -198,6 +203,12 @@ class Model {
   // least units[u].count() elements laid out as in the flat buffer from units[u].begin.
   virtual void bind_unit_params(int unit, const Tensor& params) = 0;
   virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;
+  // runtime().fp8_unit_copies: whether a pass reading unit u now would read none of its bound
+  // parameters (its FP8 weights cached, copies of the rest current), so it need not be bound.
+  virtual bool unit_read_from_copies(int unit) const {
+    (void)unit;
+    return false;
+  }
   // Parallelism follows every pass through it (null: none).
   virtual void set_unit_observer(ParamUnitObserver* observer) = 0;
   // Expert parallelism: MoE layers send their rows to the experts' ranks through it. Its size

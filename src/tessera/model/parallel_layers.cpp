@@ -26,6 +26,10 @@ void LinearGemms::start_step(bool accumulate_all) {
   std::fill(grad_written_.begin(), grad_written_.end(), accumulate_all ? 1 : 0);
 }
 
+Tensor LinearGemms::fp8_weight(int weight) const {
+  return fp8_->weight_cached(fp8_index_[weight]) ? Tensor{} : params_(weight);
+}
+
 float LinearGemms::take_grad_beta(int weight) {
   const float beta = grad_written_[weight] ? 1.0f : 0.0f;
   grad_written_[weight] = 1;
@@ -40,7 +44,7 @@ void LinearGemms::backward_without_rows(int weight) {
 void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
                           const Tensor& c) const {
   if (is_fp8(weight)) {
-    fp8_->forward(fp8_index_[weight], out, in, params_(weight),
+    fp8_->forward(fp8_index_[weight], out, in, fp8_weight(weight),
                   bias >= 0 ? params_(bias) : Tensor{}, beta, c);
   } else {
     MatmulArgs m;
@@ -62,7 +66,7 @@ void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& 
   const bool adapted = adapters_ && adapters_->adapts(weight);
   if (is_fp8(weight)) {
     // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
-    fp8_->backward(fp8_index_[weight], din, dout, in, params_(weight), adapted ? Tensor{} : grads_(weight),
+    fp8_->backward(fp8_index_[weight], din, dout, in, fp8_weight(weight), adapted ? Tensor{} : grads_(weight),
                    grad_beta);
     if (adapted) adapters_->backward(din, dout, in, weight);
   } else {

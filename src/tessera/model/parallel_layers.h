@@ -67,6 +67,9 @@ class LinearGemms {
   Backend& backend() const { return backend_; }
 
  private:
+  // What an FP8 GEMM of `weight` casts: the weight, or nothing once its codes are cached (a
+  // sharded unit read from copies has no weights bound; DecoderModel::unit_read_from_copies).
+  Tensor fp8_weight(int weight) const;
   // 0 for the step's first weight-gradient GEMM of `weight`, 1 after; marks it written.
   float take_grad_beta(int weight);
 

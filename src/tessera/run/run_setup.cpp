@@ -177,6 +177,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   if (dp * cp > 1) {
     rt.flat_buffer_multiple = dist::flat_buffer_multiple(dp * cp);
     rt.sharded_params = s.sharding == StateSharding::Fsdp;
+    rt.fp8_unit_copies = rt.sharded_params;
   }
   return s;
 }
