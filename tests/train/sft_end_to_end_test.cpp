@@ -25,19 +25,31 @@ namespace {
 namespace fs = std::filesystem;
 
 // The checkpoint's greedy replies to the held-out questions ({"prompt", "answer"} lines), with
-// the expected answers; *said gets both, a line each.
+// the expected answers; *said gets both, a line each. One `generate --prompts` decodes them
+// all together, each question as a user's message in the chat template (as --chat renders it).
 std::vector<std::pair<std::string, std::string>> replies(const fs::path& checkpoint, const fs::path& held_out,
                                                          int max_new_tokens, std::string* said) {
+  const fs::path questions = checkpoint.string() + "_questions.jsonl", out_path = checkpoint.string() + "_replies.jsonl";
+  std::vector<std::string> answers;
+  {
+    std::ifstream in(held_out);
+    std::ofstream q(questions);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      answers.push_back(j["answer"].get<std::string>());
+      q << nlohmann::json{{"prompt", nlohmann::json::array({{{"role", "user"}, {"content", j["prompt"]}}})}}.dump()
+        << "\n";
+    }
+  }
+  const RunResult r = run_command(std::string(TESSERA_BINARY) + " generate --from " + checkpoint.string() +
+                                  " --prompts " + questions.string() + " -o " + out_path.string() +
+                                  " --max_new_tokens " + std::to_string(max_new_tokens) + " --device cpu");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   std::vector<std::pair<std::string, std::string>> out;
-  std::ifstream in(held_out);
-  for (std::string line; std::getline(in, line);) {
-    const auto q = nlohmann::json::parse(line);
-    const RunResult r = run_command(std::string(TESSERA_BINARY) + " generate --from " + checkpoint.string() +
-                                    " --chat --prompt '" + q["prompt"].get<std::string>() +
-                                    "' --max_new_tokens " + std::to_string(max_new_tokens) + " --device cpu");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    // The reply is the first line (stdout, flushed before the numbers on stderr).
-    out.emplace_back(q["answer"].get<std::string>(), r.output.substr(0, r.output.find('\n')));
+  std::ifstream in(out_path);
+  for (std::string line; std::getline(in, line) && out.size() < answers.size();) {
+    const std::string text = nlohmann::json::parse(line)["completions"][0]["text"].get<std::string>();
+    out.emplace_back(answers[out.size()], text.substr(0, text.find('\n')));  // the reply's first line
     *said += out.back().first + ": " + out.back().second + "\n";
   }
   EXPECT_EQ(out.size(), 20u);
