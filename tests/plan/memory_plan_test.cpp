@@ -25,6 +25,7 @@
 #include "tessera/obs/logger.h"
 #include "tessera/plan/memory_plan.h"
 #include "tessera/plan/memory_report.h"
+#include "tessera/train/grpo_generation.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::plan {
@@ -303,6 +304,28 @@ size_t largest_rank_peak(const Experiment& e, int world) {
   return *std::max_element(peaks.begin(), peaks.end());
 }
 
+// GRPO's split placement on `world` thread ranks, the last `generation` of them generating
+// (wired as `tessera train` wires them): the largest training rank's peak over one iteration.
+size_t largest_training_rank_peak(const Experiment& e, int world, int generation) {
+  const int training_ranks = world - generation;
+  std::vector<size_t> peaks(static_cast<size_t>(training_ranks));
+  dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
+    Logger log("", rank, false, false);
+    const auto training = comm.split(rank < training_ranks ? 0 : -1, rank, "grpo_training");
+    const auto weights = comm.split(rank == 0 || rank >= training_ranks ? 0 : -1, rank, "grpo_weights");
+    const GrpoGenerationLink link{&comm, weights.get(), training_ranks, generation};
+    if (rank >= training_ranks) {
+      const auto backend = make_cpu_backend();
+      serve_grpo_generation(e, *backend, log, link, *make_tokenizer(e.data));
+      return;
+    }
+    Trainer trainer(e, make_cpu_backend(), log, nullptr, training.get(), "", nullptr, &link);
+    trainer.run_iteration(1);
+    peaks[static_cast<size_t>(rank)] = trainer.backend().memory_stats().peak_bytes;
+  });
+  return *std::max_element(peaks.begin(), peaks.end());
+}
+
 // A 2-layer run of one iteration on `world` CPU thread ranks with `extra` keys: the planner's
 // bytes for the rank holding the most, and that rank's measured peak.
 std::pair<size_t, size_t> planned_and_peak(int world, int64_t global_batch,
@@ -389,7 +412,23 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfGrpoRuns) {
   offload.insert(offload.end(), {"--grpo_offload_optimizer_state", "true"});
   const auto [planned_kept, peak_kept] = planned_and_peak(2, 8, no_reference);
   const auto [planned_offload, peak_offload] = planned_and_peak(2, 8, offload);
+  // Split placement, two training ranks and one generating: the training ranks hold no
+  // generator, only their link to it.
+  std::vector<std::string> split_keys = {
+      "--num_layers",          "2",  "--hidden_size", "64",
+      "--num_attention_heads", "4",  "--num_query_groups",    "2",  "--seq_length",  "32",
+      "--micro_batch_size", "1",     "--global_batch_size",   "8",  "--train_iters", "1",
+      "--lr_warmup_iters",  "0",     "--eval_interval",       "0",  "--ddp_bucket_size", "5000",
+      "--device",           "cpu",   "--grpo_generation_gpus", "1"};
+  split_keys.insert(split_keys.end(), no_reference.begin(), no_reference.end());
+  const Experiment split = load("", split_keys, 3);
+  const RunSetup split_setup =
+      make_run_setup(split, {2, DType::F32}, [&] { return make_tokenizer(split.data)->vocab_size(); });
+  const size_t planned_split = plan_memory(plan_input(split_setup, /*gpu=*/false)).allocated();
+  const size_t peak_split = largest_training_rank_peak(split, 3, 1);
   fs::remove(prompts);
+  EXPECT_EQ(peak_split, planned_split);
+  EXPECT_LT(peak_split, peak_kept);
   EXPECT_EQ(peak_kept, planned_kept);
   EXPECT_EQ(peak_offload, planned_offload);
   EXPECT_LT(peak_offload, peak_kept);

@@ -145,6 +145,65 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
 
 // The reward command sees each completion's text: a run's completions, then the same run with
 // a stop string taken from inside one of them.
+// Split placement (grpo_generation_gpus): the last rank only generates, with the weights the
+// first rank broadcasts to it before each generation batch and evaluation; the training ranks
+// get the completions the colocated run samples and take its steps: one training rank exactly,
+// two (ZeRO-1) as two colocated ranks do. Too many generation ranks, or LoRA, stop the run by
+// name.
+TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
+  const std::string run = grpo() +
+                          " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
+                          "--eval_interval 4 --eval_iters 1";
+  RunResult r = run_tessera(run + " --exp_name colocated");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(run + " --nproc_per_node 2 --grpo_generation_gpus 1 --exp_name split");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("split: decoded on generation rank 1 of the job"), std::string::npos) << r.output;
+  const auto eval_accuracy = [&](const std::string& name) {
+    double a = -1;
+    for (const auto& j : metrics_lines(dir_ / "g" / "u" / name / "metrics.jsonl"))
+      if (j.contains("eval_accuracy")) a = j["eval_accuracy"].get<double>();
+    return a;
+  };
+  const std::vector<nlohmann::json> colocated = steps("colocated"), split = steps("split");
+  ASSERT_EQ(split.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    for (const char* key : {"reward", "completions/mean_length", "entropy", "lm_loss", "kl", "grad_norm"})
+      EXPECT_EQ(split[i][key].get<double>(), colocated[i][key].get<double>()) << key;
+    EXPECT_FALSE(colocated[i].contains("time/weight_sync_s"));
+    ASSERT_TRUE(split[i].contains("time/weight_sync_s"));
+    if (i % 2 == 0)
+      EXPECT_GT(split[i]["time/weight_sync_s"].get<double>(), 0.0);
+    else
+      EXPECT_EQ(split[i]["time/weight_sync_s"].get<double>(), 0.0) << "a reused batch syncs nothing";
+  }
+  EXPECT_GE(eval_accuracy("split"), 0.0);
+  EXPECT_EQ(eval_accuracy("split"), eval_accuracy("colocated"));
+
+  // Two training ranks and one generation rank: the completions seeded by their place in the
+  // global batch, decoded together on the generation rank.
+  r = run_tessera(run + " --nproc_per_node 3 --grpo_generation_gpus 1 --use_distributed_optimizer true --exp_name split3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> split3 = steps("split3");
+  ASSERT_EQ(split3.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(split3[i]["reward"].get<double>(), colocated[i]["reward"].get<double>());
+    EXPECT_EQ(split3[i]["completions/mean_length"].get<double>(), colocated[i]["completions/mean_length"].get<double>());
+    EXPECT_NEAR(split3[i]["lm_loss"].get<double>(), colocated[i]["lm_loss"].get<double>(), 1e-5);
+    EXPECT_NEAR(split3[i]["kl"].get<double>(), colocated[i]["kl"].get<double>(), 1e-6);
+  }
+
+  r = run_tessera(grpo() + " --train_iters 1 --nproc_per_node 2 --grpo_generation_gpus 2 --exp_name all_generate");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("grpo_generation_gpus"), std::string::npos) << r.output;
+  r = run_tessera(grpo() + " --train_iters 1 --nproc_per_node 2 --grpo_generation_gpus 1 --lora_rank 2 "
+                           "--finetune false --pretrained_checkpoint " + (dir_ / "start").string() + " --exp_name lora");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'lora_rank'"), std::string::npos) << r.output;
+}
+
 TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
   std::ofstream(dir_ / "tee.sh") << "tee -a \"$1\" | awk '{print length($0) % 5}'\n";
   const auto run = [&](const std::string& name, const std::string& extra) {

@@ -18,6 +18,7 @@
 #include "tessera/config/megatron_keys.h"
 #include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
+#include "tessera/data/tokenizer.h"
 #include "tessera/distributed/communicator.h"
 #include "tessera/distributed/env.h"
 #include "tessera/distributed/local_communicator.h"
@@ -26,6 +27,7 @@
 #include "tessera/obs/metrics.h"
 #include "tessera/train/run_directories.h"
 #include "tessera/train/stop_signal.h"
+#include "tessera/train/grpo_generation.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera::cli {
@@ -188,16 +190,33 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
           make_communicator(*backend, *rendezvous, exp.training.dist_timeout_minutes * 60.0, log);
     }
     dist::Communicator* comm = thread_comm ? thread_comm : process_comm.get();
-    Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr, comm, run_id,
-                    std::move(tokenizer));
-    try {
-      trainer.train();
-    } catch (const TrainingAborted& e) {
-      // With `save`, a signal stops every rank after the same iteration, once the checkpoint
-      // is published (Trainer::stop_signal_after_iteration): say goodbye, so that ranks still
-      // on their way out do not take this exit for a crash and end with code 3.
-      if (rendezvous && !exp.checkpoint.save.empty() && e.exit_code() > 128) rendezvous->close();
-      throw;
+    // GRPO's split placement: the last grpo_generation_gpus ranks only generate, the others
+    // train over a communicator of their own (train/grpo_generation.h).
+    const int generation_ranks =
+        exp.training.objective == Objective::Grpo ? static_cast<int>(exp.training.grpo_generation_gpus) : 0;
+    std::unique_ptr<dist::Communicator> training_comm, weights_comm;
+    std::optional<GrpoGenerationLink> link;
+    if (comm && generation_ranks > 0) {
+      const int training_ranks = comm->size() - generation_ranks;
+      training_comm = comm->split(rank < training_ranks ? 0 : -1, rank, "grpo_training");
+      weights_comm = comm->split(rank == 0 || rank >= training_ranks ? 0 : -1, rank, "grpo_weights");
+      link = GrpoGenerationLink{comm, weights_comm.get(), training_ranks, generation_ranks};
+    }
+    if (link && rank >= link->training_ranks) {
+      serve_grpo_generation(exp, *backend, log, *link,
+                            tokenizer ? *tokenizer : *make_tokenizer(exp.data, exp.model_config.vocab_size));
+    } else {
+      Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr,
+                      link ? training_comm.get() : comm, run_id, std::move(tokenizer), link ? &*link : nullptr);
+      try {
+        trainer.train();
+      } catch (const TrainingAborted& e) {
+        // With `save`, a signal stops every rank after the same iteration, once the checkpoint
+        // is published (Trainer::stop_signal_after_iteration): say goodbye, so that ranks still
+        // on their way out do not take this exit for a crash and end with code 3.
+        if (rendezvous && !exp.checkpoint.save.empty() && e.exit_code() > 128) rendezvous->close();
+        throw;
+      }
     }
     if (process_comm) process_comm->finalize();
     if (rendezvous) rendezvous->close();
@@ -272,8 +291,12 @@ int train_command(const Args& args) {
   // Everything that can refuse the run before any directory is touched: a refused run writes
   // nothing and moves no earlier run aside.
   const int world = a.local_ranks > 1 ? a.local_ranks : env.world_size;
+  // GRPO's generation ranks (split placement) are not among the ranks the run trains on.
+  const int training_world =
+      exp.training.objective == Objective::Grpo ? world - static_cast<int>(exp.training.grpo_generation_gpus) : world;
   RunStart start = check_run_can_start(
-      exp, backend ? *backend : *make_backend(DeviceChoice::Cpu, 0), world, env.rank);
+      exp, backend ? *backend : *make_backend(DeviceChoice::Cpu, 0), training_world,
+      env.rank < training_world ? env.rank : 0);
   check_run_outputs(exp);
   std::optional<RunDirectories> dirs;
   if (env.rank == 0) {

@@ -160,6 +160,7 @@ struct TrainingConfig {
   int64_t grpo_max_completion_length = 256;  // new tokens per completion at most
   bool grpo_offload_optimizer_state = false;  // the AdamW moments on the host while generating
   int64_t grpo_max_num_seqs = 0;  // completions decoded at once on a rank; 0: all of its batch's
+  int64_t grpo_generation_gpus = 0;  // split placement: the last ranks only generate; 0: colocated
   double grpo_temperature = 1.0;
   int64_t grpo_top_k = 0;
   double grpo_top_p = 1.0;

@@ -845,6 +845,12 @@ int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_siz
   return t.grpo_max_num_seqs > 0 ? std::min(t.grpo_max_num_seqs, per_rank) : per_rank;
 }
 
+int64_t grpo_link_completions(const Experiment& e, int64_t data_parallel_size) {
+  const TrainingConfig& t = e.training;
+  const int64_t evaluated = e.data.eval_iters * t.global_batch_size / t.grpo_num_generations;
+  return std::max(t.global_batch_size / data_parallel_size, (evaluated + data_parallel_size - 1) / data_parallel_size);
+}
+
 std::vector<std::string> parse_stop_strings(const std::string& value) {
   if (value.empty()) return {};
   std::vector<std::string> out;
@@ -942,6 +948,14 @@ void check_grpo(const Checker& c, const Experiment& e) {
             "and ZeRO-1 split the completions)");
   c.require(!t.use_torch_fsdp2, "use_torch_fsdp2",
             "false with objective grpo: generation reads the whole model on each rank");
+  c.require(t.grpo_generation_gpus >= 0, "grpo_generation_gpus",
+            "0 (colocated) or the number of ranks that only generate (split)");
+  if (t.grpo_generation_gpus > 0) {
+    c.require(t.lora_rank == 0, "lora_rank",
+              "0 with grpo_generation_gpus: the generation ranks receive whole weights, not adapters");
+    c.require(!t.grpo_offload_optimizer_state, "grpo_offload_optimizer_state",
+              "false with grpo_generation_gpus: the training ranks hold no KV cache");
+  }
   c.require(e.data.target_loss == 0, "target_loss",
             "0 with objective grpo: its validation measures held-out accuracy, not a loss");
   c.require(!e.data.skip_train || !e.data.valid_data_path.empty(), "valid_data_path",
@@ -1028,8 +1042,13 @@ void check_packed_documents(const Checker& c, const Experiment& e) {
   }
 }
 
-void validate_experiment(const Experiment& e, int world_size) {
+void validate_experiment(const Experiment& e, int job_size) {
   const Checker c(e);
+  // GRPO's generation ranks (split placement) take no part in training.
+  const bool split = e.training.objective == Objective::Grpo && e.training.grpo_generation_gpus > 0;
+  c.require(!split || e.training.grpo_generation_gpus < job_size, "grpo_generation_gpus",
+            fmt::format("0 (colocated) or fewer ranks than the job's {}: the others train", job_size));
+  const int world_size = split ? std::max(1, job_size - static_cast<int>(e.training.grpo_generation_gpus)) : job_size;
   check_experiment_names(c, e);
   check_model(c, e.model_config);
   check_mla(c, e.model_config, e.training);

@@ -24,5 +24,9 @@ std::vector<std::string> parse_stop_strings(const std::string& value);
 // The completions a GRPO rank decodes at once (its generator's slots): grpo_max_num_seqs, or
 // all of the rank's completions of a generation batch.
 int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_size);
+// Split placement: the most completions a training rank asks its generation rank for at once,
+// its share of a generation batch or of an evaluation (at most eval_iters x global_batch_size /
+// grpo_num_generations held-out prompts).
+int64_t grpo_link_completions(const Experiment& e, int64_t data_parallel_size);
 
 }  // namespace tessera

@@ -70,6 +70,8 @@ class Generator final : private ForwardOps {
 
   // The blocks' state from a model's (Model::persistent_state, by name), on the device.
   void copy_state(const std::vector<std::pair<std::string, Tensor>>& state);
+  // That state itself, by name: what a copy of a model's weights receives beside them.
+  const std::vector<std::pair<std::string, Tensor>>& state() const { return block_state_; }
 
   // One sequence in slot 0: starts it with `prompt` (positions 0 .. n-1) and returns the fp32
   // logits (vocab_size) of its last position, the distribution of the next token.

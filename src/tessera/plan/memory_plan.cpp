@@ -117,13 +117,15 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.optimizer = AdamWOptimizer::state_bytes(p.optimizer_elements, dt, od, sharded);
   // The frozen reference weights, and where the optimizer keeps no master copy to restore the
   // policy's from, theirs beside them while the reference runs.
-  // Offloading the moments, the KV cache lives in their memory (checked to fit at start).
+  // Offloading the moments, the KV cache lives in their memory (checked to fit at start). GRPO's
+  // exchange buffer is there whether the rank generates or not (split placement).
   if (in.generation_batch > 0)
     p.generation = Generator::buffer_bytes(in.spec, dt, in.runtime.seq_length, in.generation_batch) -
                    (in.offload_optimizer_state
                         ? Generator::cache_bytes(in.spec, dt, in.runtime.seq_length, in.generation_batch)
-                        : 0) +
-                   grpo_exchange_bytes(in.runtime.tokens(), in.global_batch, in.reward_terms);
+                        : 0);
+  if (in.reward_terms > 0) p.generation += grpo_exchange_bytes(in.runtime.tokens(), in.global_batch, in.reward_terms);
+  if (in.link_completions > 0) p.generation += grpo_link_bytes(in.link_completions, in.runtime.seq_length);
   if (in.reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
                   (AdamWOptimizer::keeps_master_copy(dt, od, sharded) ? 1 : 2);
@@ -186,6 +188,10 @@ int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit) 
   return lo;
 }
 
+size_t grpo_link_bytes(int64_t completions, int64_t seq_length) {
+  return static_cast<size_t>(completions * (seq_length + 6) + 16) * sizeof(int32_t);
+}
+
 size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, size_t reward_terms) {
   const int64_t exchanged = (static_cast<int64_t>(reward_terms) + 2) * global_batch + 2;
   return static_cast<size_t>(std::max(micro_batch_tokens, exchanged)) * sizeof(float);
@@ -205,6 +211,7 @@ PlanInput plan_input(const RunSetup& setup, bool gpu) {
   in.lora = setup.lora;
   in.reference_copy = setup.reference_copy || setup.reference_loaded;
   in.generation_batch = setup.generation_batch;
+  in.link_completions = setup.link_completions;
   in.global_batch = setup.global_batch;
   in.reward_terms = setup.reward_terms;
   in.offload_optimizer_state = setup.offload_optimizer_state;

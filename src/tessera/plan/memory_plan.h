@@ -73,12 +73,18 @@ struct PlanInput {
   // global batch and the reward terms its exchange buffer holds.
   int64_t generation_batch = 0, global_batch = 0;
   size_t reward_terms = 0;
+  int64_t link_completions = 0;  // GRPO split placement: its link to a generation rank
   bool offload_optimizer_state = false;  // the KV cache in the AdamW moments' memory
 };
 
 // GRPO's exchange buffer: every completion's reward terms, length and clip flag (and the batch's
 // entropy), or a micro-batch's per-token weights, whichever is larger; fp32.
 size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, size_t reward_terms);
+// GRPO's split placement: the device bytes of a link to a generation rank for messages of up to
+// `completions` continuations of prompts that fit in seq_length positions
+// (train/grpo_generation.h): each prompt's length, ids and streams, or each continuation's four
+// words and ids, int32; the sampling options; the command.
+size_t grpo_link_bytes(int64_t completions, int64_t seq_length);
 
 MemoryPlan plan_memory(const PlanInput& in);
 

@@ -105,7 +105,10 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
       (t.objective == Objective::Grpo && t.grpo_beta > 0);
   s.reference_loaded = !e.checkpoint.reference_load.empty();
   if (t.objective == Objective::Grpo) {
-    s.generation_batch = grpo_generation_slots(t, dp);
+    // Split placement: the training ranks hold no generator (the generation ranks' memory is
+    // their weights and the generator's buffers, checked as they allocate).
+    s.generation_batch = t.grpo_generation_gpus > 0 ? 0 : grpo_generation_slots(t, dp);
+    s.link_completions = t.grpo_generation_gpus > 0 ? grpo_link_completions(e, dp) : 0;
     s.global_batch = t.global_batch_size;
     s.reward_terms = grpo_reward_terms(t.grpo_rewards).size();
     s.offload_optimizer_state = t.grpo_offload_optimizer_state;

@@ -46,6 +46,7 @@ struct RunSetup {
   // rank), the global batch and the reward terms (plan/memory_plan.h's generation row); 0: none.
   int64_t generation_batch = 0, global_batch = 0;
   size_t reward_terms = 0;
+  int64_t link_completions = 0;  // GRPO split placement: a training rank's link (grpo_link_bytes)
   bool offload_optimizer_state = false;  // grpo_offload_optimizer_state: the KV cache in the moments' memory
 };
 

@@ -16,6 +16,7 @@
 #include "tessera/core/random.h"
 #include "tessera/data/chat.h"
 #include "tessera/data/tokenizer.h"
+#include "tessera/distributed/communicator.h"
 #include "tessera/distributed/parallelism.h"
 #include "tessera/model/continuations.h"
 #include "tessera/model/generator.h"
@@ -34,16 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// The tokenizer's chat template, or null when it has none.
-std::unique_ptr<ChatFormat> open_chat_format(const DataConfig& d, const Tokenizer& tokenizer) {
-  if (d.tokenizer_type != TokenizerType::HuggingFace) return nullptr;
-  try {
-    return std::make_unique<ChatFormat>(tokenizer_json_path(d.tokenizer_model), tokenizer);
-  } catch (const DataError&) {
-    return nullptr;
-  }
 }
 
 struct PromptSets {
@@ -66,7 +57,7 @@ PromptSets read_prompt_sets(const Experiment& e, const Tokenizer& tokenizer, con
 }  // namespace
 
 void check_grpo_prompts(const Experiment& e, const Tokenizer& tokenizer) {
-  read_prompt_sets(e, tokenizer, open_chat_format(e.data, tokenizer).get());
+  read_prompt_sets(e, tokenizer, grpo_chat_format(e.data, tokenizer).get());
 }
 
 std::vector<std::pair<std::string, double>> GrpoStepStats::trl_named() const {
@@ -87,13 +78,14 @@ std::vector<std::pair<std::string, double>> GrpoStepStats::trl_named() const {
                          {"time/training_s", training_s},
                          {"generation_tokens_per_s", generation_s > 0 ? generated_tokens / generation_s : 0.0}});
   if (offload_s >= 0) out.emplace_back("time/optimizer_offload_s", offload_s);
+  if (weight_sync_s >= 0) out.emplace_back("time/weight_sync_s", weight_sync_s);
   return out;
 }
 
 GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference, std::string reference_weights)
     : p_(parts),
       t_(parts.experiment.training),
-      chat_(open_chat_format(parts.experiment.data, parts.tokenizer)),
+      chat_(grpo_chat_format(parts.experiment.data, parts.tokenizer)),
       stop_(parts.tokenizer, parse_stop_strings(t_.grpo_stop_strings)),
       reference_weights_(reference ? std::move(reference_weights) : "the starting weights") {
   terms_ = grpo_reward_terms(t_.grpo_rewards);
@@ -111,13 +103,18 @@ GrpoRun::GrpoRun(const Parts& parts, std::unique_ptr<FrozenReference> reference,
   // under LoRA its frozen base (whole: no FSDP with GRPO) with the adapters added. Offloading,
   // the KV cache lives in the AdamW moments' memory (on the host while generating).
   const LoraModel* lora = p_.lora;
-  const int64_t slots = grpo_generation_slots(t_, dp);
-  const Tensor cache_region = t_.grpo_offload_optimizer_state ? lend_moments_to_cache(slots) : Tensor{};
-  generator_ = std::make_unique<Generator>(model.backend(), model.spec(),
-                                           lora ? lora->base_slices().front().values : model.params(),
-                                           lora ? lora->base_layout() : model.layout(), t_.seq_length, slots,
-                                           cache_region);
-  if (p_.lora) generator_->use_adapters(&p_.lora->adapters());
+  if (p_.generation) {
+    client_ = std::make_unique<GrpoGenerationClient>(*p_.generation, model.backend(), p_.generation->job->rank(),
+                                                     grpo_link_completions(p_.experiment, dp), t_.seq_length);
+  } else {
+    const int64_t slots = grpo_generation_slots(t_, dp);
+    const Tensor cache_region = t_.grpo_offload_optimizer_state ? lend_moments_to_cache(slots) : Tensor{};
+    generator_ = std::make_unique<Generator>(model.backend(), model.spec(),
+                                             lora ? lora->base_slices().front().values : model.params(),
+                                             lora ? lora->base_layout() : model.layout(), t_.seq_length, slots,
+                                             cache_region);
+    if (p_.lora) generator_->use_adapters(&p_.lora->adapters());
+  }
   if (t_.grpo_beta > 0)
     reference_ = reference ? std::move(reference)
                            : std::make_unique<FrozenReference>(model.backend(), p_.optimizer, model, p_.parallel);
@@ -153,6 +150,13 @@ Tensor GrpoRun::lend_moments_to_cache(int64_t slots) {
   return region;
 }
 
+double GrpoRun::sync_generator() {
+  Model& model = p_.model;
+  if (client_) return client_->send_weights(model.params(), model.persistent_state());
+  if (!model.persistent_state().empty()) generator_->copy_state(model.persistent_state());
+  return 0.0;
+}
+
 std::string GrpoRun::describe() const {
   std::string stops;
   for (const std::string& stop : stop_.strings()) stops += fmt::format("{}{:?}", stops.empty() ? ", ending at " : " or ", stop);
@@ -161,7 +165,7 @@ std::string GrpoRun::describe() const {
   return fmt::format(
       "{} prompts ({}){}; {} completions per prompt, {} prompt{} per step, up to {} new tokens "
       "(temperature {}, top-k {}, top-p {}, min-p {}{}); reward {}; {} optimizer step{} per "
-      "generation batch; {}",
+      "generation batch; {}; {}",
       train_.size(), p_.experiment.data.train_data_path,
       valid_.empty() ? "" : fmt::format(", {} held out", valid_.size()), t_.grpo_num_generations,
       t_.global_batch_size / t_.grpo_num_generations, t_.global_batch_size == t_.grpo_num_generations ? "" : "s",
@@ -172,7 +176,20 @@ std::string GrpoRun::describe() const {
       t_.grpo_num_iterations == 1 ? "" : "s",
       reference_ ? fmt::format("KL to a frozen copy of {} (beta {}, {:.3f} GiB)", reference_weights_, t_.grpo_beta,
                                static_cast<double>(reference_->bytes()) / (1024.0 * 1024.0 * 1024.0))
-                 : std::string("no KL term (grpo_beta 0)"));
+                 : std::string("no KL term (grpo_beta 0)"),
+      placement());
+}
+
+std::string GrpoRun::placement() const {
+  if (!p_.generation) return "colocated: decoded with the weights in place";
+  const GrpoGenerationLink& g = *p_.generation;
+  return fmt::format("split: decoded on generation rank{} {} of the job, the weights broadcast to {} before each "
+                     "batch and evaluation",
+                     g.generation_ranks == 1 ? "" : "s",
+                     g.generation_ranks == 1 ? fmt::format("{}", g.training_ranks)
+                                             : fmt::format("{}-{}", g.training_ranks,
+                                                           g.training_ranks + g.generation_ranks - 1),
+                     g.generation_ranks == 1 ? "it" : "them");
 }
 
 // Megatron's sampler order: each micro-batch slot of the global batch holds
@@ -187,21 +204,17 @@ int64_t GrpoRun::global_index(int64_t micro_batch, int64_t row) const {
 // [prompt][stream].
 std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vector<PromptContinuations>& prompts,
                                                                 const SamplingOptions& sampling, uint64_t seed) {
-  ContinuationRequest request;
+  ContinuationRequest request =
+      grpo_continuation_request(t_, p_.tokenizer, chat_.get(), stop_, p_.model.spec().vocab_size);
   request.sampling = sampling;
   request.sampling.seed = seed;
-  request.max_new_tokens = t_.grpo_max_completion_length;
-  request.vocab = std::min<int64_t>(p_.tokenizer.vocab_size(), p_.model.spec().vocab_size);
-  request.is_end_token = [&](int32_t token) {
-    return token == p_.tokenizer.eod_id() || (chat_ && chat_->is_special(token));
-  };
-  if (!stop_.empty()) request.stopped = [&](std::span<const int32_t> ids) { return stop_.stopped(ids); };
   std::vector<std::vector<Completion>> out;
   // Offloading, the moments leave the memory the KV cache fills and come back once it is done.
   const auto t0 = Clock::now();
   if (t_.grpo_offload_optimizer_state) p_.optimizer.stash_moments();
   offload_s_ = seconds_since(t0);
-  std::vector<std::vector<Continuation>> groups = continue_prompts(*generator_, prompts, request);
+  std::vector<std::vector<Continuation>> groups = client_ ? client_->complete(prompts, request.sampling)
+                                                          : continue_prompts(*generator_, prompts, request);
   if (t_.grpo_offload_optimizer_state) {
     const auto t1 = Clock::now();
     p_.optimizer.restore_moments();
@@ -274,7 +287,7 @@ void GrpoRun::generate_batch(int64_t batch) {
   }
   Model& model = p_.model;
   p_.parallel.params_complete();  // ZeRO-1's overlapped gather of the last update
-  if (!model.persistent_state().empty()) generator_->copy_state(model.persistent_state());
+  weight_sync_s_ = sync_generator();
   const SamplingOptions sampling{t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, 0};
   const uint64_t seed = random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full, static_cast<uint64_t>(batch));
   // This rank's completions in micro-batch order; consecutive ones of one group (one prompt)
@@ -361,6 +374,7 @@ void GrpoRun::generate_batch(int64_t batch) {
   s.batch_tokens = batch_tokens_;
   s.generation_s = seconds_since(t0);
   s.offload_s = t_.grpo_offload_optimizer_state ? offload_s_ : -1;
+  s.weight_sync_s = client_ ? weight_sync_s_ : -1;
   batch_ = batch;
 
   if (reference_) {
@@ -411,6 +425,7 @@ GrpoStepStats GrpoRun::gradients(int64_t iteration) {
   if (generated) generate_batch(batch);
   GrpoStepStats s = batch_stats_;
   if (!generated) s.generation_s = 0, s.generated_tokens = 0, s.reference_s = 0;
+  if (!generated && s.weight_sync_s > 0) s.weight_sync_s = 0;
   const auto t0 = Clock::now();
   Model& model = p_.model;
   const int64_t T = t_.seq_length, mb = t_.micro_batch_size;
@@ -472,7 +487,7 @@ double GrpoRun::evaluate() {
                                           p_.experiment.data.eval_iters * t_.global_batch_size / t_.grpo_num_generations);
   const int64_t dp = p_.parallel.data_parallel_size(), rank = p_.parallel.data_parallel_rank();
   p_.parallel.params_complete();
-  if (!p_.model.persistent_state().empty()) generator_->copy_state(p_.model.persistent_state());
+  sync_generator();
   // Greedy, each held-out prompt once, decoded together.
   std::vector<PromptContinuations> asked;
   std::vector<const GrpoPrompt*> prompts;

@@ -25,6 +25,7 @@
 #include "tessera/model/sampling.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/train/grpo.h"
+#include "tessera/train/grpo_generation.h"
 #include "tessera/train/grpo_prompts.h"
 
 namespace tessera {
@@ -62,6 +63,9 @@ struct GrpoStepStats {
   // The AdamW moments' trips to the host and back around its generation (with
   // grpo_offload_optimizer_state; -1 without), part of generation_s.
   double offload_s = -1;
+  // Split placement: the weights' broadcast to the generation ranks (-1 colocated), part of
+  // generation_s.
+  double weight_sync_s = -1;
   // Under TRL's names, as the iteration line, metrics.jsonl and TensorBoard report them.
   std::vector<std::pair<std::string, double>> trl_named() const;
 };
@@ -81,6 +85,9 @@ class GrpoRun {
     Logger& log;
     profiler::TrainingProfiler* profiler;  // may be null
     LoraModel* lora = nullptr;  // `model` when it is LoRA's: generation reads its base and adapters
+    // Split placement (grpo_generation_gpus): where the completions are decoded; null:
+    // colocated, here with the weights in place.
+    const GrpoGenerationLink* generation = nullptr;
   };
   // Reads the prompts (train_data_path, valid_data_path). With grpo_beta, the KL reference is
   // `reference` (reference_load's weights, described by `reference_weights`), else a copy of
@@ -105,6 +112,11 @@ class GrpoRun {
   // grpo_offload_optimizer_state: the AdamW moments' memory for a KV cache of `slots` sequences
   // (ConfigError when it cannot hold it), their host copy allocated now.
   Tensor lend_moments_to_cache(int64_t slots);
+  // The generator's weights made the policy's current ones: read in place (colocated, only the
+  // blocks' state copied) or broadcast to the generation ranks; the seconds of the broadcast.
+  double sync_generator();
+  // Where the completions are decoded, for describe().
+  std::string placement() const;
 
   struct Completion {
     int64_t prompt = -1;  // index into prompts_
@@ -139,7 +151,8 @@ class GrpoRun {
   std::vector<GrpoPrompt> train_, valid_;
   std::vector<std::pair<std::string, double>> terms_;
   std::regex answer_regex_, format_regex_;
-  std::unique_ptr<Generator> generator_;
+  std::unique_ptr<Generator> generator_;          // colocated
+  std::unique_ptr<GrpoGenerationClient> client_;  // split
   std::unique_ptr<FrozenReference> reference_;
   GrpoOptions options_;
   int64_t accumulation_ = 1, per_rank_ = 1;
@@ -147,6 +160,7 @@ class GrpoRun {
   // each global completion's advantage and whether its group takes part, and its statistics.
   int64_t batch_ = -1;
   double offload_s_ = 0;  // the last complete()'s moments to the host and back
+  double weight_sync_s_ = 0;  // the last sync_generator()'s broadcast
   std::vector<Completion> mine_;
   std::vector<double> advantages_;
   std::vector<bool> included_;

@@ -246,12 +246,13 @@ struct Trainer::DpoState {
 
 Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
                  MetricsWriter* metrics, dist::Communicator* comm, std::string run_id,
-                 std::unique_ptr<Tokenizer> tokenizer)
+                 std::unique_ptr<Tokenizer> tokenizer, const GrpoGenerationLink* generation)
     : exp_(experiment),
       backend_(std::move(backend)),
       log_(logger),
       metrics_(metrics),
       comm_(comm),
+      generation_(generation),
       tokenizer_(tokenizer ? std::move(tokenizer)
                            : make_tokenizer(exp_.data, exp_.model_config.vocab_size)),
       setup_(make_run_setup(
@@ -288,7 +289,8 @@ Trainer::Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend,
       reference_.reset();
     }
     grpo_ = std::make_unique<GrpoRun>(
-        GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_, profiler_.get(), lora_},
+        GrpoRun::Parts{exp_, *model_, *optimizer_, *parallel_, *tokenizer_, log_, profiler_.get(), lora_,
+                       generation_},
         std::move(reference), reference_weights_);
     log_.info("grpo: {}", grpo_->describe());
     if (!grpo_->has_validation() && exp_.data.eval_interval > 0)

@@ -93,10 +93,11 @@ class Trainer {
   // checkpoint's, else a new one. tokenizer: the run's, when the checks before the run loaded
   // it (RunStart); null: made from the experiment. A stop signal received while it sets up
   // (loading data or a checkpoint) ends it with TrainingAborted once the step in progress
-  // returns.
+  // returns. generation (objective grpo, split placement): the link to the ranks that decode
+  // its completions, comm then being the training ranks'.
   Trainer(const Experiment& experiment, std::unique_ptr<Backend> backend, Logger& logger,
           MetricsWriter* metrics, dist::Communicator* comm = nullptr, std::string run_id = "",
-          std::unique_ptr<Tokenizer> tokenizer = nullptr);
+          std::unique_ptr<Tokenizer> tokenizer = nullptr, const GrpoGenerationLink* generation = nullptr);
   ~Trainer();
 
   TrainSummary train();
@@ -205,6 +206,7 @@ class Trainer {
   Logger& log_;
   MetricsWriter* metrics_;
   dist::Communicator* comm_ = nullptr;
+  const GrpoGenerationLink* generation_ = nullptr;
   std::unique_ptr<Tokenizer> tokenizer_;
   RunSetup setup_;
   // Model FLOPs per token of a step (ModelSpec::flops_per_token), in Tessera's count and with

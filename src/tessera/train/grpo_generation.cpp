@@ -1,0 +1,343 @@
+#include "tessera/train/grpo_generation.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "tessera/config/tokenizer_model.h"
+#include "tessera/config/validate.h"
+#include "tessera/core/error.h"
+#include "tessera/data/chat.h"
+#include "tessera/data/stop_strings.h"
+#include "tessera/data/tokenizer.h"
+#include "tessera/distributed/communicator.h"
+#include "tessera/model/decoder_model.h"
+#include "tessera/model/generator.h"
+#include "tessera/obs/logger.h"
+#include "tessera/plan/memory_plan.h"
+#include "tessera/run/run_setup.h"
+
+namespace tessera {
+namespace {
+
+using Words = std::vector<int32_t>;
+
+constexpr int32_t kStop = 0, kGenerate = 1;
+
+void put_u64(Words& w, uint64_t v) {
+  w.push_back(static_cast<int32_t>(static_cast<uint32_t>(v)));
+  w.push_back(static_cast<int32_t>(static_cast<uint32_t>(v >> 32)));
+}
+void put_f64(Words& w, double v) { put_u64(w, std::bit_cast<uint64_t>(v)); }
+
+// Reads a message's words in order, each read checked against its end.
+class WordReader {
+ public:
+  explicit WordReader(std::span<const int32_t> words) : w_(words) {}
+  int32_t next() {
+    TS_CHECK(at_ < w_.size(), "grpo generation link: a message of {} words ended early", w_.size());
+    return w_[at_++];
+  }
+  uint64_t next_u64() {
+    const auto lo = static_cast<uint32_t>(next());
+    return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(static_cast<uint32_t>(next())) << 32);
+  }
+  double next_f64() { return std::bit_cast<double>(next_u64()); }
+  std::span<const int32_t> take(int64_t n) {
+    TS_CHECK(n >= 0 && at_ + static_cast<size_t>(n) <= w_.size(), "grpo generation link: {} words past a message of {}",
+             n, w_.size());
+    const auto out = w_.subspan(at_, static_cast<size_t>(n));
+    at_ += static_cast<size_t>(n);
+    return out;
+  }
+  bool done() const { return at_ == w_.size(); }
+
+ private:
+  std::span<const int32_t> w_;
+  size_t at_ = 0;
+};
+
+// A request: the sampling options, then each prompt's ids and its streams.
+Words encode_request(const std::vector<PromptContinuations>& prompts, const SamplingOptions& s) {
+  Words w;
+  put_f64(w, s.temperature);
+  put_u64(w, static_cast<uint64_t>(s.top_k));
+  put_f64(w, s.top_p);
+  put_f64(w, s.min_p);
+  put_u64(w, s.seed);
+  w.push_back(static_cast<int32_t>(prompts.size()));
+  for (const PromptContinuations& p : prompts) {
+    w.push_back(static_cast<int32_t>(p.prompt.size()));
+    w.insert(w.end(), p.prompt.begin(), p.prompt.end());
+    w.push_back(static_cast<int32_t>(p.streams.size()));
+    w.insert(w.end(), p.streams.begin(), p.streams.end());
+  }
+  return w;
+}
+
+struct Request {
+  SamplingOptions sampling;
+  std::vector<std::vector<int32_t>> prompts, streams;
+};
+
+Request decode_request(std::span<const int32_t> words) {
+  WordReader r(words);
+  Request q;
+  q.sampling.temperature = r.next_f64();
+  q.sampling.top_k = static_cast<int64_t>(r.next_u64());
+  q.sampling.top_p = r.next_f64();
+  q.sampling.min_p = r.next_f64();
+  q.sampling.seed = r.next_u64();
+  const int32_t n = r.next();
+  for (int32_t i = 0; i < n; ++i) {
+    const auto ids = r.take(r.next());
+    q.prompts.emplace_back(ids.begin(), ids.end());
+    const auto streams = r.take(r.next());
+    q.streams.emplace_back(streams.begin(), streams.end());
+  }
+  TS_CHECK(r.done(), "grpo generation link: a request with words after its last prompt");
+  return q;
+}
+
+// A response: each prompt's continuations (ids, end, entropy).
+Words encode_continuations(std::span<const std::vector<Continuation>> groups) {
+  Words w;
+  for (const std::vector<Continuation>& group : groups) {
+    w.push_back(static_cast<int32_t>(group.size()));
+    for (const Continuation& c : group) {
+      w.push_back(static_cast<int32_t>(c.ids.size()));
+      w.push_back(static_cast<int32_t>(c.end));
+      put_f64(w, c.entropy_sum);
+      w.insert(w.end(), c.ids.begin(), c.ids.end());
+    }
+  }
+  return w;
+}
+
+std::vector<std::vector<Continuation>> decode_continuations(std::span<const int32_t> words, size_t prompts) {
+  WordReader r(words);
+  std::vector<std::vector<Continuation>> out(prompts);
+  for (std::vector<Continuation>& group : out) {
+    group.resize(static_cast<size_t>(r.next()));
+    for (Continuation& c : group) {
+      const int32_t n = r.next();
+      c.end = static_cast<Continuation::End>(r.next());
+      c.entropy_sum = r.next_f64();
+      const auto ids = r.take(n);
+      c.ids.assign(ids.begin(), ids.end());
+    }
+  }
+  TS_CHECK(r.done(), "grpo generation link: a response with words after its last continuation");
+  return out;
+}
+
+// Words of the link's device buffer as a tensor.
+Tensor words_at(const DeviceBuffer& buffer, int64_t from, int64_t count) {
+  return buffer.tensor(DType::I32, {static_cast<int64_t>(buffer.bytes() / 4)}).flat_range(from, count);
+}
+
+// The command the first training rank broadcasts: what follows, and the weights' elements.
+Words command(int32_t what, int64_t weights) {
+  Words w{what};
+  put_u64(w, static_cast<uint64_t>(weights));
+  return w;
+}
+constexpr int64_t kCommandWords = 3;
+
+// The blocks' state in name order, as both sides hold it.
+std::vector<std::pair<std::string, Tensor>> by_name(std::vector<std::pair<std::string, Tensor>> state) {
+  std::sort(state.begin(), state.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return state;
+}
+
+}  // namespace
+
+std::unique_ptr<ChatFormat> grpo_chat_format(const DataConfig& d, const Tokenizer& tokenizer) {
+  if (d.tokenizer_type != TokenizerType::HuggingFace) return nullptr;
+  try {
+    return std::make_unique<ChatFormat>(tokenizer_json_path(d.tokenizer_model), tokenizer);
+  } catch (const DataError&) {
+    return nullptr;
+  }
+}
+
+ContinuationRequest grpo_continuation_request(const TrainingConfig& t, const Tokenizer& tokenizer,
+                                              const ChatFormat* chat, const StopStrings& stop, int64_t vocab) {
+  ContinuationRequest request;
+  request.max_new_tokens = t.grpo_max_completion_length;
+  request.vocab = std::min<int64_t>(tokenizer.vocab_size(), vocab);
+  request.is_end_token = [&tokenizer, chat](int32_t token) {
+    return token == tokenizer.eod_id() || (chat && chat->is_special(token));
+  };
+  if (!stop.empty()) request.stopped = [&stop](std::span<const int32_t> ids) { return stop.stopped(ids); };
+  return request;
+}
+
+GrpoGenerationClient::GrpoGenerationClient(const GrpoGenerationLink& link, Backend& backend, int rank,
+                                           int64_t completions, int64_t seq_length)
+    : link_(link),
+      backend_(backend),
+      rank_(rank),
+      buffer_(backend, plan::grpo_link_bytes(completions, seq_length), "grpo generation link") {}
+
+GrpoGenerationClient::~GrpoGenerationClient() {
+  if (!link_.weights || rank_ != 0 || std::uncaught_exceptions() > 0) return;
+  try {
+    const Words stop = command(kStop, 0);
+    const Tensor t = words_at(buffer_, 0, kCommandWords);
+    backend_.upload(t, stop.data());
+    link_.weights->broadcast(t, 0, dist::Lane::Compute);
+    backend_.synchronize();
+  } catch (const std::exception&) {
+    // The job ends the generation ranks when this one exits.
+  }
+}
+
+double GrpoGenerationClient::send_weights(const Tensor& params, std::vector<std::pair<std::string, Tensor>> state) {
+  if (!link_.weights || rank_ != 0) return 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Words go = command(kGenerate, params.numel());
+  const Tensor t = words_at(buffer_, 0, kCommandWords);
+  backend_.upload(t, go.data());
+  link_.weights->broadcast(t, 0, dist::Lane::Compute);
+  link_.weights->broadcast(params, 0, dist::Lane::Compute);
+  for (const auto& [name, tensor] : by_name(std::move(state))) link_.weights->broadcast(tensor, 0, dist::Lane::Compute);
+  backend_.synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<std::vector<Continuation>> GrpoGenerationClient::complete(const std::vector<PromptContinuations>& prompts,
+                                                                      const SamplingOptions& sampling) {
+  const Words request = encode_request(prompts, sampling);
+  const auto capacity = static_cast<int64_t>(buffer_.bytes() / 4) - 1;
+  TS_CHECK(static_cast<int64_t>(request.size()) <= capacity, "grpo generation link: a request of {} words, room for {}",
+           request.size(), capacity);
+  const int peer = link_.generation_rank_of(rank_);
+  dist::Communicator& job = *link_.job;
+  auto send = [&](const Tensor& t) { job.send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Send, t, peer}}, dist::Lane::Compute); };
+  auto recv = [&](const Tensor& t) { job.send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Recv, t, peer}}, dist::Lane::Compute); };
+  const int32_t size = static_cast<int32_t>(request.size());
+  backend_.upload(words_at(buffer_, 0, 1), &size);
+  send(words_at(buffer_, 0, 1));
+  backend_.upload(words_at(buffer_, 1, size), request.data());
+  send(words_at(buffer_, 1, size));
+  int32_t reply = 0;
+  recv(words_at(buffer_, 0, 1));
+  backend_.download(&reply, words_at(buffer_, 0, 1));
+  TS_CHECK(reply >= 0 && reply <= capacity, "grpo generation link: a response of {} words, room for {}", reply, capacity);
+  Words words(static_cast<size_t>(reply));
+  if (reply > 0) {  // none for no prompts
+    recv(words_at(buffer_, 1, reply));
+    backend_.download(words.data(), words_at(buffer_, 1, reply));
+  }
+  return decode_continuations(words, prompts.size());
+}
+
+void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, const GrpoGenerationLink& link,
+                           const Tokenizer& tokenizer) {
+  const TrainingConfig& t = e.training;
+  dist::Communicator& job = *link.job;
+  TS_CHECK(link.weights, "a generation rank without the weights' communicator");
+  const RunSetup setup =
+      make_run_setup(e, {link.training_ranks, backend.default_compute_dtype(), 0}, [&] { return tokenizer.vocab_size(); });
+  const ParamLayout layout = DecoderModel::plan_layout(setup.spec, setup.runtime);
+  const DType dtype = setup.runtime.compute_dtype;
+  std::vector<int> served;
+  for (int r = 0; r < link.training_ranks; ++r)
+    if (link.generation_rank_of(r) == job.rank()) served.push_back(r);
+  const int64_t wanted = t.global_batch_size / link.training_ranks * static_cast<int64_t>(served.size());
+  const int64_t slots = t.grpo_max_num_seqs > 0 ? std::min(t.grpo_max_num_seqs, wanted) : wanted;
+  DeviceBuffer weights(backend, static_cast<size_t>(layout.total) * dtype_size(dtype), "generation weights");
+  const Tensor params = weights.tensor(dtype, {layout.total});
+  Generator generator(backend, setup.spec, params, layout, t.seq_length, slots);
+  const std::unique_ptr<ChatFormat> chat = grpo_chat_format(e.data, tokenizer);
+  const StopStrings stop(tokenizer, parse_stop_strings(t.grpo_stop_strings));
+  ContinuationRequest request = grpo_continuation_request(t, tokenizer, chat.get(), stop, setup.spec.vocab_size);
+  log.info("grpo generation rank {}: decodes for training rank{} {}; weights {:.3f} GiB, {} sequences at once",
+           job.rank(), served.size() == 1 ? "" : "s", fmt::join(served, ", "),
+           static_cast<double>(weights.bytes()) / (1024.0 * 1024.0 * 1024.0), slots);
+
+  DeviceBuffer buffer(backend, plan::grpo_link_bytes(wanted, t.seq_length), "grpo generation link");
+  const auto ensure = [&](int64_t words) {
+    if (static_cast<int64_t>(buffer.bytes() / 4) < words)
+      buffer = DeviceBuffer(backend, static_cast<size_t>(words) * 4, "grpo generation link");
+  };
+  const auto n = static_cast<int64_t>(served.size());
+  for (int64_t batches = 0;; ++batches) {
+    Words cmd(kCommandWords);
+    link.weights->broadcast(words_at(buffer, 0, kCommandWords), 0, dist::Lane::Compute);
+    backend.download(cmd.data(), words_at(buffer, 0, kCommandWords));
+    WordReader c(cmd);
+    const int32_t what = c.next();
+    const auto elements = static_cast<int64_t>(c.next_u64());
+    if (what == kStop) {
+      log.info("grpo generation rank {}: stopped after {} requests", job.rank(), batches);
+      return;
+    }
+    TS_CHECK(what == kGenerate && elements == layout.total,
+             "grpo generation link: command {} with {} weights, expected {} (the training ranks' layout)", what,
+             elements, layout.total);
+    link.weights->broadcast(params, 0, dist::Lane::Compute);
+    for (const auto& [name, tensor] : by_name(generator.state())) link.weights->broadcast(tensor, 0, dist::Lane::Compute);
+
+    // Every served rank's request: the sizes, then the words, one after another.
+    std::vector<dist::P2POp> ops;
+    for (int64_t i = 0; i < n; ++i) ops.push_back({dist::P2POp::Kind::Recv, words_at(buffer, i, 1), served[static_cast<size_t>(i)]});
+    job.send_recv(ops, dist::Lane::Compute);
+    std::vector<int32_t> sizes(static_cast<size_t>(n));
+    backend.download(sizes.data(), words_at(buffer, 0, n));
+    int64_t total = 0;
+    for (const int32_t s : sizes) total += s;
+    ensure(n + total);
+    ops.clear();
+    for (int64_t i = 0, at = n; i < n; at += sizes[static_cast<size_t>(i)], ++i)
+      ops.push_back({dist::P2POp::Kind::Recv, words_at(buffer, at, sizes[static_cast<size_t>(i)]), served[static_cast<size_t>(i)]});
+    job.send_recv(ops, dist::Lane::Compute);
+    Words all(static_cast<size_t>(total));
+    backend.download(all.data(), words_at(buffer, n, total));
+
+    std::vector<Request> requests;
+    std::vector<PromptContinuations> prompts;
+    for (int64_t i = 0, at = 0; i < n; at += sizes[static_cast<size_t>(i)], ++i)
+      requests.push_back(decode_request(std::span<const int32_t>(all).subspan(static_cast<size_t>(at), static_cast<size_t>(sizes[static_cast<size_t>(i)]))));
+    for (const Request& q : requests) {
+      const SamplingOptions& s = requests.front().sampling;
+      TS_CHECK(q.sampling.temperature == s.temperature && q.sampling.top_k == s.top_k && q.sampling.top_p == s.top_p &&
+                   q.sampling.min_p == s.min_p && q.sampling.seed == s.seed,
+               "grpo generation link: training ranks asked with different sampling options");
+      for (size_t p = 0; p < q.prompts.size(); ++p) prompts.push_back({q.prompts[p], q.streams[p]});
+    }
+    request.sampling = requests.front().sampling;
+    const std::vector<std::vector<Continuation>> done = continue_prompts(generator, prompts, request);
+
+    // Each rank's continuations back: the sizes, then the words.
+    std::vector<Words> replies;
+    size_t from = 0;
+    for (const Request& q : requests) {
+      replies.push_back(encode_continuations(std::span(done).subspan(from, q.prompts.size())));
+      from += q.prompts.size();
+    }
+    int64_t reply_words = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      sizes[static_cast<size_t>(i)] = static_cast<int32_t>(replies[static_cast<size_t>(i)].size());
+      reply_words += sizes[static_cast<size_t>(i)];
+    }
+    ensure(n + reply_words);
+    backend.upload(words_at(buffer, 0, n), sizes.data());
+    ops.clear();
+    for (int64_t i = 0; i < n; ++i) ops.push_back({dist::P2POp::Kind::Send, words_at(buffer, i, 1), served[static_cast<size_t>(i)]});
+    job.send_recv(ops, dist::Lane::Compute);
+    ops.clear();
+    for (int64_t i = 0, at = n; i < n; at += sizes[static_cast<size_t>(i)], ++i) {
+      if (sizes[static_cast<size_t>(i)] == 0) continue;  // a rank that asked for nothing
+      backend.upload(words_at(buffer, at, sizes[static_cast<size_t>(i)]), replies[static_cast<size_t>(i)].data());
+      ops.push_back({dist::P2POp::Kind::Send, words_at(buffer, at, sizes[static_cast<size_t>(i)]), served[static_cast<size_t>(i)]});
+    }
+    if (!ops.empty()) job.send_recv(ops, dist::Lane::Compute);
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,85 @@
+#pragma once
+// GRPO's split placement (grpo_generation_gpus): the last ranks of the job only generate, the
+// others train (NeMo-RL's non-colocated generation; the workflow's generation GPU beside the
+// training GPUs). Before each generation batch and each evaluation the first training rank
+// broadcasts the weights (compute dtype, flat layout) and the blocks' persistent state to the
+// generation ranks; then every training rank sends its prompts with their random streams to its
+// generation rank (its rank mod the number of generation ranks), which decodes everything it
+// was sent together (continuous batching over all of it) and sends each its continuations.
+// Both sides build the same ContinuationRequest from the experiment, so the completions are
+// the ones the colocated run samples from the same weights.
+//
+// Messages are int32 words through device memory over the job's communicator (point to point);
+// a double or a 64-bit integer takes two words.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/config/config.h"
+#include "tessera/model/continuations.h"
+#include "tessera/ops/device_buffer.h"
+
+namespace tessera {
+
+class ChatFormat;
+class Logger;
+class StopStrings;
+class Tokenizer;
+namespace dist {
+class Communicator;
+}
+
+struct GrpoGenerationLink {
+  dist::Communicator* job = nullptr;      // every rank: training 0 .. T-1, generation T .. T+K-1
+  dist::Communicator* weights = nullptr;  // training rank 0 (its rank 0) and the generation ranks; null elsewhere
+  int training_ranks = 1, generation_ranks = 1;
+  // The job rank that decodes training rank r's prompts.
+  int generation_rank_of(int training_rank) const {
+    return training_ranks + training_rank % generation_ranks;
+  }
+};
+
+// The tokenizer's chat template (its special tokens end a completion), or null when it has none.
+std::unique_ptr<ChatFormat> grpo_chat_format(const DataConfig& d, const Tokenizer& tokenizer);
+
+// What both sides continue prompts with: objective grpo's length limit, end tokens (the
+// tokenizer's end of document and the chat template's special tokens) and stop strings, ids
+// below `vocab`; sampling set per request.
+ContinuationRequest grpo_continuation_request(const TrainingConfig& t, const Tokenizer& tokenizer,
+                                              const ChatFormat* chat, const StopStrings& stop, int64_t vocab);
+
+// A training rank's end of the link.
+class GrpoGenerationClient {
+ public:
+  // `completions`: the most this rank asks for at once (its share of a generation batch or of
+  // an evaluation).
+  GrpoGenerationClient(const GrpoGenerationLink& link, Backend& backend, int rank, int64_t completions,
+                       int64_t seq_length);
+  // The first training rank tells the generation ranks to stop (not while an exception unwinds:
+  // then the job ends them).
+  ~GrpoGenerationClient();
+  // The first training rank: the weights (laid out as the model's flat parameters) and the
+  // blocks' state to the generation ranks, waited for; the seconds it took. Others: 0.
+  double send_weights(const Tensor& params, std::vector<std::pair<std::string, Tensor>> state);
+  // This rank's prompts continued on its generation rank, [prompt][stream], as continue_prompts
+  // returns them (without the per-token log-probabilities). Every training rank calls it, after
+  // send_weights.
+  std::vector<std::vector<Continuation>> complete(const std::vector<PromptContinuations>& prompts,
+                                                  const SamplingOptions& sampling);
+
+ private:
+  GrpoGenerationLink link_;
+  Backend& backend_;
+  int rank_ = 0;
+  DeviceBuffer buffer_;
+};
+
+// A generation rank: serves the training ranks until the first says stop. Its weights and
+// generator are laid out as the training ranks' model (the experiment on link.training_ranks
+// ranks).
+void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, const GrpoGenerationLink& link,
+                           const Tokenizer& tokenizer);
+
+}  // namespace tessera
