@@ -37,6 +37,7 @@
 #     lora_fp8   the LoRA of lora on a bf16 base and on an FP8 hybrid base (delayed scaling)
 #     grpo_full  GRPO of the full Llama 3.1 8B, 16 completions of up to 1024 tokens, colocated
 #     grpo_offload  the same with the AdamW moments on the host while generating
+#     grpo_split  the same on two GPUs, split placement (GPU 1 generates, GPU 0 trains)
 #     lora_peer  the peer of lora alone (its full-depth build takes 4 minutes): with lora_fp8, the
 #                two bases and peft in one call
 set -uo pipefail
@@ -213,21 +214,28 @@ fi
 # colocated; extra keys after the workspace name.
 grpo_full() {
   local ws="$1"; shift
-  timeout 280 "$BIN/tessera" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
+  # GRPO_GPUS: through `tessera launch` on that many GPUs (split placement).
+  local launch=()
+  [ -n "${GRPO_GPUS:-}" ] && launch=(launch --nproc_per_node "$GRPO_GPUS" --master_port 29877)
+  timeout 280 "$BIN/tessera" "${launch[@]}" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
     --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
     --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
     --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
     --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
     --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
     --workspace "$OUT/$ws" "$@" 2>&1 \
-    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision|grpo: the KV" | cut -c1-1400
+    | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision|grpo: the KV|grpo generation rank" | cut -c1-2000
 }
-if want grpo_full || want grpo_offload; then
+if want grpo_full || want grpo_offload || want grpo_split; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
   python3 -c 'import json
 for i in range(64):
     print(json.dumps({"prompt": " ".join(["the quick brown fox jumps over the lazy dog"] * 27) + " What is %d + %d?" % (i, i + 1), "answer": str(2 * i + 1)}))' > "$work/p256.jsonl"
   grpo_full grpo_full_ws
+fi
+if want grpo_split; then
+  echo "== GRPO: the same, split over two GPUs (GPU 1 generates, GPU 0 trains: grpo_generation_gpus 1)"
+  GRPO_GPUS=2 grpo_full grpo_split_ws --grpo_generation_gpus 1
 fi
 if want grpo_offload; then
   echo "== GRPO: the same with the AdamW moments on the host while generating (grpo_offload_optimizer_state)"

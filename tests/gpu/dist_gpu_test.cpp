@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -590,6 +591,66 @@ TEST_F(DistGpu, FsdpMatchesOneGpuAndItsCheckpointResumesOnTwoGpusAndOnOne) {
   const std::vector<double> rest(straight.begin() + 10, straight.end());
   expect_close(losses("two"), rest, "FSDP resumed on 2 GPUs", 11);
   expect_close(losses("resumed_one"), rest, "FSDP checkpoint resumed on 1 GPU", 11);
+}
+
+// GRPO's split placement over NCCL: GPU 1 only generates, into the weights GPU 0 broadcasts
+// before each generation batch; GPU 0 trains on the completions it gets back. A bf16 model from
+// a checkpoint samples the completions, rewards and losses of the same run colocated on one GPU.
+TEST_F(DistGpu, GrpoSplitPlacementSamplesWhatOneGpuSamples) {
+  TS_REQUIRE_TWO_GPUS();
+  {
+    std::ofstream prompts(ws_ / "prompts.jsonl");
+    const char* animals[] = {"cat", "dog", "fish", "bird", "horse", "goat", "lion", "bear"};
+    for (int i = 0; i < 8; ++i)
+      prompts << nlohmann::json{{"prompt", {{{"role", "user"}, {"content", std::string("Is a ") + animals[i] + " a pet?"}}}},
+                                {"answer", i % 2 ? "no" : "yes"}}
+                     .dump()
+              << "\n";
+  }
+  const std::string model =
+      "train --device cuda --model tiny_llama --tokenizer_model qwen3 --num_layers 2 --hidden_size 256 "
+      "--ffn_hidden_size 704 --num_attention_heads 4 --num_query_groups 2 --seq_length 64 --log_interval 1 "
+      "--workspace " + ws_.string() + " --work_group g --user_name u";
+  ASSERT_EQ(run(model + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --train_data_path null --save " +
+                    (ws_ / "start").string() + " --exp_name start",
+                "start.txt"),
+            0)
+      << read("start.txt");
+  const std::string grpo = model + " --objective grpo --finetune --load " + (ws_ / "start").string() +
+                           " --data_path null --train_data_path " + (ws_ / "prompts.jsonl").string() +
+                           " --micro_batch_size 4 --global_batch_size 16 --grpo_num_generations 8 "
+                           "--grpo_max_completion_length 24 --grpo_rewards answer,overlong --grpo_overlong_cache 8 "
+                           "--train_iters 4 --grpo_num_iterations 2 --lr 3e-3 --lr_warmup_iters 0 --eval_interval 0";
+  ASSERT_EQ(run(grpo + " --exp_name colocated", "colocated.txt"), 0) << read("colocated.txt");
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29651 " + grpo + " --grpo_generation_gpus 1 --exp_name split",
+                "split.txt"),
+            0)
+      << read("split.txt");
+  EXPECT_NE(read("split.txt").find("split: decoded on generation rank 1"), std::string::npos) << read("split.txt");
+  const auto steps = [&](const std::string& name) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(ws_ / "g" / "u" / name / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("reward")) out.push_back(j);
+    }
+    return out;
+  };
+  const auto colocated = steps("colocated"), split = steps("split");
+  ASSERT_EQ(colocated.size(), 4u);
+  ASSERT_EQ(split.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(split[i]["reward"].get<double>(), colocated[i]["reward"].get<double>());
+    EXPECT_EQ(split[i]["completions/mean_length"].get<double>(), colocated[i]["completions/mean_length"].get<double>());
+    EXPECT_NEAR(split[i]["lm_loss"].get<double>(), colocated[i]["lm_loss"].get<double>(),
+                1e-6 * std::abs(colocated[i]["lm_loss"].get<double>()) + 1e-9);
+    ASSERT_TRUE(split[i].contains("time/weight_sync_s"));
+  }
+  EXPECT_GT(split[0]["time/weight_sync_s"].get<double>(), 0.0);
+  std::printf("[ parity   ] GRPO split placement: rewards %.4f %.4f %.4f %.4f as on one GPU; weight sync %.4f s\n",
+              split[0]["reward"].get<double>(), split[1]["reward"].get<double>(), split[2]["reward"].get<double>(),
+              split[3]["reward"].get<double>(), split[0]["time/weight_sync_s"].get<double>());
 }
 
 TEST_F(DistGpu, Zero1StopsOnSigtermWithACompleteShardedCheckpoint) {
