@@ -207,9 +207,12 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
         "copy (the policy's kept beside them)");
   if (p.generation > 0)
     row("generation", p.generation,
-        "GRPO's generator: the KV cache of the completions a rank decodes at once (grpo_max_num_seqs, "
-        "by default all of its completions of a generation batch, x seq_length positions per layer), its "
-        "states, logits and scratch, and the reward exchange");
+        in.link_completions > 0
+            ? "GRPO split placement (grpo_generation_gpus): a training rank's reward exchange and its link to "
+              "its generation rank (which holds a copy of the weights and the generator: not in this plan)"
+            : "GRPO's generator: the KV cache of the completions a rank decodes at once (grpo_max_num_seqs, "
+              "by default all of its completions of a generation batch, x seq_length positions per layer), its "
+              "states, logits and scratch, and the reward exchange");
   row("run_buffers", p.run_buffers,
       "the trainer's device scalars (and MoE layers' statistics and expert bias)");
   row("allocated", p.allocated(), "the run's peak memory (mem peak in its iteration line)");
@@ -239,13 +242,17 @@ class Planner {
       if (!vocab_) vocab_ = make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size();
       return *vocab_;
     };
+    // GRPO's generation ranks (split placement) train nothing: the plan is a training rank's.
+    RunDevices training = devices_;
+    if (e.training.objective == Objective::Grpo)
+      training.world_size = std::max(1, training.world_size - static_cast<int>(e.training.grpo_generation_gpus));
     // Pipeline stages hold different layers, the embedding or the head, and different numbers
     // of micro-batches: the plan is the stage that needs the most (its first rank).
-    PlanInput worst = plan_input(make_run_setup(e, devices_, vocab), gpu_);
+    PlanInput worst = plan_input(make_run_setup(e, training, vocab), gpu_);
     const int64_t pp = e.training.pipeline_model_parallel_size;
     for (int64_t stage = 1; stage < pp; ++stage) {
-      RunDevices d = devices_;
-      d.rank = static_cast<int>(stage * devices_.world_size / pp);
+      RunDevices d = training;
+      d.rank = static_cast<int>(stage * training.world_size / pp);
       const PlanInput in = plan_input(make_run_setup(e, d, vocab), gpu_);
       if (plan_memory(in).total() > plan_memory(worst).total()) worst = in;
     }
