@@ -38,6 +38,7 @@
 #     grpo_full  GRPO of the full Llama 3.1 8B, 16 completions of up to 1024 tokens, colocated
 #     grpo_offload  the same with the AdamW moments on the host while generating
 #     grpo_split  the same on two GPUs, split placement (GPU 1 generates, GPU 0 trains)
+#     grpo_split_async  split, the next batch generated while this one trains
 #     lora_peer  the peer of lora alone (its full-depth build takes 4 minutes): with lora_fp8, the
 #                two bases and peft in one call
 set -uo pipefail
@@ -220,13 +221,13 @@ grpo_full() {
   timeout 280 "$BIN/tessera" "${launch[@]}" train --config llama3.1_8B-pretrain --objective grpo --data_path null --mock_data false \
     --train_data_path "$work/p256.jsonl" --tokenizer_type HuggingFaceTokenizer --tokenizer_model llama3.1 \
     --seq_length 1280 --micro_batch_size 1 --global_batch_size 16 --grpo_num_generations 16 \
-    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters 3 --log_interval 1 --eval_interval 0 \
+    --grpo_max_completion_length 1024 --grpo_rewards answer --train_iters ${GRPO_ITERS:-3} --log_interval 1 --eval_interval 0 \
     --use_distributed_optimizer true --use_precision_aware_optimizer true --main_grads_dtype bf16 \
     --exp_avg_dtype bf16 --exp_avg_sq_dtype bf16 --recompute_granularity selective --log_progress false \
     --workspace "$OUT/$ws" "$@" 2>&1 \
     | grep -E "iteration +[0-9]+/|done:|rror|memory|model:|precision|grpo: the KV|grpo generation rank" | cut -c1-2000
 }
-if want grpo_full || want grpo_offload || want grpo_split; then
+if want grpo_full || want grpo_offload || want grpo_split || want grpo_split_async; then
   echo "== GRPO: full Llama 3.1 8B, prompts of ~256 tokens, G 16, up to 1024 new tokens, colocated"
   python3 -c 'import json
 for i in range(64):
@@ -236,6 +237,10 @@ fi
 if want grpo_split; then
   echo "== GRPO: the same, split over two GPUs (GPU 1 generates, GPU 0 trains: grpo_generation_gpus 1)"
   GRPO_GPUS=2 grpo_full grpo_split_ws --grpo_generation_gpus 1
+fi
+if want grpo_split_async; then
+  echo "== GRPO: split over two GPUs, the next batch generated while this one trains (grpo_async_generation)"
+  GRPO_GPUS=2 grpo_full grpo_split_async_ws --grpo_generation_gpus 1 --grpo_async_generation true
 fi
 if want grpo_offload; then
   echo "== GRPO: the same with the AdamW moments on the host while generating (grpo_offload_optimizer_state)"

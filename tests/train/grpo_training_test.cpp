@@ -149,7 +149,8 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
 // first rank broadcasts to it before each generation batch and evaluation; the training ranks
 // get the completions the colocated run samples and take its steps: one training rank exactly,
 // two (ZeRO-1) as two colocated ranks do. Too many generation ranks, or LoRA, stop the run by
-// name.
+// name. One batch ahead (grpo_async_generation), a batch is what the on-policy split run samples
+// from the same weights.
 TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
   const std::string run = grpo() +
                           " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
@@ -194,6 +195,38 @@ TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
     EXPECT_NEAR(split3[i]["lm_loss"].get<double>(), colocated[i]["lm_loss"].get<double>(), 1e-5);
     EXPECT_NEAR(split3[i]["kl"].get<double>(), colocated[i]["kl"].get<double>(), 1e-6);
   }
+
+  // One batch ahead (grpo_async_generation): with the weights held still (lr 0) each batch is
+  // the one the on-policy split run samples, and the generator's log-probabilities, the old
+  // policy's here, are the training pass's to fp32 rounding (nothing clipped).
+  const std::string still = run + " --lr 0 --min_lr 0 --nproc_per_node 2 --grpo_generation_gpus 1";
+  r = run_tessera(still + " --exp_name still");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_tessera(still + " --grpo_async_generation true --exp_name still_ahead");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> on_policy = steps("still"), ahead = steps("still_ahead");
+  ASSERT_EQ(ahead.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(ahead[i]["reward"].get<double>(), on_policy[i]["reward"].get<double>());
+    EXPECT_EQ(ahead[i]["completions/mean_length"].get<double>(), on_policy[i]["completions/mean_length"].get<double>());
+    EXPECT_NEAR(ahead[i]["lm_loss"].get<double>(), on_policy[i]["lm_loss"].get<double>(),
+                1e-5 * std::abs(on_policy[i]["lm_loss"].get<double>()) + 1e-7);
+    EXPECT_EQ(ahead[i]["clip_ratio/region_mean"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(eval_accuracy("still_ahead"), eval_accuracy("still"));
+  // Learning, the second batch comes from the weights before the first batch's updates: the
+  // run goes on (its first batch is the on-policy run's).
+  r = run_tessera(run + " --nproc_per_node 2 --grpo_generation_gpus 1 --grpo_async_generation true --exp_name ahead");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<nlohmann::json> learning_ahead = steps("ahead");
+  ASSERT_EQ(learning_ahead.size(), 4u);
+  EXPECT_EQ(learning_ahead[0]["lm_loss"].get<double>(), split[0]["lm_loss"].get<double>());
+  EXPECT_EQ(learning_ahead[1]["lm_loss"].get<double>(), split[1]["lm_loss"].get<double>());
+  for (const auto& step : learning_ahead) EXPECT_TRUE(std::isfinite(step["lm_loss"].get<double>()));
+  r = run_tessera(grpo() + " --train_iters 1 --grpo_async_generation true --exp_name colocated_ahead");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("grpo_async_generation"), std::string::npos) << r.output;
 
   r = run_tessera(grpo() + " --train_iters 1 --nproc_per_node 2 --grpo_generation_gpus 2 --exp_name all_generate");
   EXPECT_EQ(r.exit_code, 2) << r.output;

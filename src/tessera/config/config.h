@@ -161,6 +161,7 @@ struct TrainingConfig {
   bool grpo_offload_optimizer_state = false;  // the AdamW moments on the host while generating
   int64_t grpo_max_num_seqs = 0;  // completions decoded at once on a rank; 0: all of its batch's
   int64_t grpo_generation_gpus = 0;  // split placement: the last ranks only generate; 0: colocated
+  bool grpo_async_generation = false;  // split: the next batch generates while this one trains
   double grpo_temperature = 1.0;
   int64_t grpo_top_k = 0;
   double grpo_top_p = 1.0;

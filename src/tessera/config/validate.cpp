@@ -950,6 +950,8 @@ void check_grpo(const Checker& c, const Experiment& e) {
             "false with objective grpo: generation reads the whole model on each rank");
   c.require(t.grpo_generation_gpus >= 0, "grpo_generation_gpus",
             "0 (colocated) or the number of ranks that only generate (split)");
+  c.require(!t.grpo_async_generation || t.grpo_generation_gpus > 0, "grpo_async_generation",
+            "false without grpo_generation_gpus: colocated, generation and training share the GPUs");
   if (t.grpo_generation_gpus > 0) {
     c.require(t.lora_rank == 0, "lora_rank",
               "0 with grpo_generation_gpus: the generation ranks receive whole weights, not adapters");

@@ -189,7 +189,7 @@ int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit) 
 }
 
 size_t grpo_link_bytes(int64_t completions, int64_t seq_length) {
-  return static_cast<size_t>(completions * (seq_length + 6) + 16) * sizeof(int32_t);
+  return static_cast<size_t>(completions * (2 * seq_length + 6) + 16) * sizeof(int32_t);
 }
 
 size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, size_t reward_terms) {

@@ -83,7 +83,7 @@ size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, siz
 // GRPO's split placement: the device bytes of a link to a generation rank for messages of up to
 // `completions` continuations of prompts that fit in seq_length positions
 // (train/grpo_generation.h): each prompt's length, ids and streams, or each continuation's four
-// words and ids, int32; the sampling options; the command.
+// words, ids and log-probabilities, int32; the sampling options; the command.
 size_t grpo_link_bytes(int64_t completions, int64_t seq_length);
 
 MemoryPlan plan_memory(const PlanInput& in);

@@ -25,7 +25,9 @@ namespace {
 
 using Words = std::vector<int32_t>;
 
-constexpr int32_t kStop = 0, kGenerate = 1;
+// What the first training rank tells the generation ranks before each round of requests: stop,
+// take new weights first, or decode with the weights they hold.
+constexpr int32_t kStop = 0, kNewWeights = 1, kSameWeights = 2;
 
 void put_u64(Words& w, uint64_t v) {
   w.push_back(static_cast<int32_t>(static_cast<uint32_t>(v)));
@@ -102,7 +104,7 @@ Request decode_request(std::span<const int32_t> words) {
   return q;
 }
 
-// A response: each prompt's continuations (ids, end, entropy).
+// A response: each prompt's continuations (ids, end, entropy, each id's log-probability).
 Words encode_continuations(std::span<const std::vector<Continuation>> groups) {
   Words w;
   for (const std::vector<Continuation>& group : groups) {
@@ -112,6 +114,7 @@ Words encode_continuations(std::span<const std::vector<Continuation>> groups) {
       w.push_back(static_cast<int32_t>(c.end));
       put_f64(w, c.entropy_sum);
       w.insert(w.end(), c.ids.begin(), c.ids.end());
+      for (const float logp : c.logps) w.push_back(std::bit_cast<int32_t>(logp));
     }
   }
   return w;
@@ -128,6 +131,7 @@ std::vector<std::vector<Continuation>> decode_continuations(std::span<const int3
       c.entropy_sum = r.next_f64();
       const auto ids = r.take(n);
       c.ids.assign(ids.begin(), ids.end());
+      for (const int32_t bits : r.take(n)) c.logps.push_back(std::bit_cast<float>(bits));
     }
   }
   TS_CHECK(r.done(), "grpo generation link: a response with words after its last continuation");
@@ -184,8 +188,10 @@ GrpoGenerationClient::GrpoGenerationClient(const GrpoGenerationLink& link, Backe
       buffer_(backend, plan::grpo_link_bytes(completions, seq_length), "grpo generation link") {}
 
 GrpoGenerationClient::~GrpoGenerationClient() {
-  if (!link_.weights || rank_ != 0 || std::uncaught_exceptions() > 0) return;
+  if (std::uncaught_exceptions() > 0) return;  // the job ends the generation ranks
   try {
+    if (in_flight_ >= 0) take_reply();  // a batch asked for ahead that the run ended before
+    if (!link_.weights || rank_ != 0) return;
     const Words stop = command(kStop, 0);
     const Tensor t = words_at(buffer_, 0, kCommandWords);
     backend_.upload(t, stop.data());
@@ -197,33 +203,53 @@ GrpoGenerationClient::~GrpoGenerationClient() {
 }
 
 double GrpoGenerationClient::send_weights(const Tensor& params, std::vector<std::pair<std::string, Tensor>> state) {
+  if (in_flight_ >= 0) take_reply();  // the generation rank sends it before it takes a command
   if (!link_.weights || rank_ != 0) return 0.0;
   const auto t0 = std::chrono::steady_clock::now();
-  const Words go = command(kGenerate, params.numel());
+  const Words go = command(kNewWeights, params.numel());
   const Tensor t = words_at(buffer_, 0, kCommandWords);
   backend_.upload(t, go.data());
   link_.weights->broadcast(t, 0, dist::Lane::Compute);
+  commanded_ = true;
   link_.weights->broadcast(params, 0, dist::Lane::Compute);
   for (const auto& [name, tensor] : by_name(std::move(state))) link_.weights->broadcast(tensor, 0, dist::Lane::Compute);
   backend_.synchronize();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::vector<std::vector<Continuation>> GrpoGenerationClient::complete(const std::vector<PromptContinuations>& prompts,
-                                                                      const SamplingOptions& sampling) {
-  const Words request = encode_request(prompts, sampling);
+int GrpoGenerationClient::request(const std::vector<PromptContinuations>& prompts, const SamplingOptions& sampling) {
+  if (in_flight_ >= 0) take_reply();
+  if (link_.weights && rank_ == 0 && !commanded_) {  // a round with the weights they hold
+    const Words again = command(kSameWeights, 0);
+    const Tensor t = words_at(buffer_, 0, kCommandWords);
+    backend_.upload(t, again.data());
+    link_.weights->broadcast(t, 0, dist::Lane::Compute);
+  }
+  commanded_ = false;
+  const Words words = encode_request(prompts, sampling);
   const auto capacity = static_cast<int64_t>(buffer_.bytes() / 4) - 1;
-  TS_CHECK(static_cast<int64_t>(request.size()) <= capacity, "grpo generation link: a request of {} words, room for {}",
-           request.size(), capacity);
+  TS_CHECK(static_cast<int64_t>(words.size()) <= capacity, "grpo generation link: a request of {} words, room for {}",
+           words.size(), capacity);
   const int peer = link_.generation_rank_of(rank_);
-  dist::Communicator& job = *link_.job;
-  auto send = [&](const Tensor& t) { job.send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Send, t, peer}}, dist::Lane::Compute); };
-  auto recv = [&](const Tensor& t) { job.send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Recv, t, peer}}, dist::Lane::Compute); };
-  const int32_t size = static_cast<int32_t>(request.size());
+  const auto send = [&](const Tensor& t) {
+    link_.job->send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Send, t, peer}}, dist::Lane::Compute);
+  };
+  const int32_t size = static_cast<int32_t>(words.size());
   backend_.upload(words_at(buffer_, 0, 1), &size);
   send(words_at(buffer_, 0, 1));
-  backend_.upload(words_at(buffer_, 1, size), request.data());
+  backend_.upload(words_at(buffer_, 1, size), words.data());
   send(words_at(buffer_, 1, size));
+  asked_ = prompts.size();
+  in_flight_ = tickets_++;
+  return in_flight_;
+}
+
+void GrpoGenerationClient::take_reply() {
+  const int peer = link_.generation_rank_of(rank_);
+  const auto recv = [&](const Tensor& t) {
+    link_.job->send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Recv, t, peer}}, dist::Lane::Compute);
+  };
+  const auto capacity = static_cast<int64_t>(buffer_.bytes() / 4) - 1;
   int32_t reply = 0;
   recv(words_at(buffer_, 0, 1));
   backend_.download(&reply, words_at(buffer_, 0, 1));
@@ -233,7 +259,22 @@ std::vector<std::vector<Continuation>> GrpoGenerationClient::complete(const std:
     recv(words_at(buffer_, 1, reply));
     backend_.download(words.data(), words_at(buffer_, 1, reply));
   }
-  return decode_continuations(words, prompts.size());
+  received_[in_flight_] = decode_continuations(words, asked_);
+  in_flight_ = -1;
+}
+
+std::vector<std::vector<Continuation>> GrpoGenerationClient::receive(int ticket) {
+  if (in_flight_ == ticket) take_reply();
+  const auto it = received_.find(ticket);
+  TS_CHECK(it != received_.end(), "grpo generation link: no continuations of request {}", ticket);
+  std::vector<std::vector<Continuation>> out = std::move(it->second);
+  received_.erase(it);
+  return out;
+}
+
+std::vector<std::vector<Continuation>> GrpoGenerationClient::complete(const std::vector<PromptContinuations>& prompts,
+                                                                      const SamplingOptions& sampling) {
+  return receive(request(prompts, sampling));
 }
 
 void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, const GrpoGenerationLink& link,
@@ -277,11 +318,13 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
       log.info("grpo generation rank {}: stopped after {} requests", job.rank(), batches);
       return;
     }
-    TS_CHECK(what == kGenerate && elements == layout.total,
+    TS_CHECK((what == kNewWeights && elements == layout.total) || what == kSameWeights,
              "grpo generation link: command {} with {} weights, expected {} (the training ranks' layout)", what,
              elements, layout.total);
-    link.weights->broadcast(params, 0, dist::Lane::Compute);
-    for (const auto& [name, tensor] : by_name(generator.state())) link.weights->broadcast(tensor, 0, dist::Lane::Compute);
+    if (what == kNewWeights) {
+      link.weights->broadcast(params, 0, dist::Lane::Compute);
+      for (const auto& [name, tensor] : by_name(generator.state())) link.weights->broadcast(tensor, 0, dist::Lane::Compute);
+    }
 
     // Every served rank's request: the sizes, then the words, one after another.
     std::vector<dist::P2POp> ops;

@@ -13,6 +13,7 @@
 // a double or a 64-bit integer takes two words.
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,19 +62,32 @@ class GrpoGenerationClient {
   // then the job ends them).
   ~GrpoGenerationClient();
   // The first training rank: the weights (laid out as the model's flat parameters) and the
-  // blocks' state to the generation ranks, waited for; the seconds it took. Others: 0.
+  // blocks' state to the generation ranks, waited for, for the next request; the seconds it
+  // took. Others: 0. A request without it is decoded with the weights they hold.
   double send_weights(const Tensor& params, std::vector<std::pair<std::string, Tensor>> state);
   // This rank's prompts continued on its generation rank, [prompt][stream], as continue_prompts
-  // returns them (without the per-token log-probabilities). Every training rank calls it, after
-  // send_weights.
+  // returns them. Every training rank calls it, after send_weights.
   std::vector<std::vector<Continuation>> complete(const std::vector<PromptContinuations>& prompts,
                                                   const SamplingOptions& sampling);
+  // complete() in two halves, so that the generation rank decodes while this one trains: the
+  // request sent (its ticket), then its continuations received (waited for). Any exchange in
+  // between (send_weights, another request) first receives them and keeps them for receive().
+  int request(const std::vector<PromptContinuations>& prompts, const SamplingOptions& sampling);
+  std::vector<std::vector<Continuation>> receive(int ticket);
 
  private:
+  // The continuations of the request in flight, waited for and kept.
+  void take_reply();
+
   GrpoGenerationLink link_;
   Backend& backend_;
   int rank_ = 0;
   DeviceBuffer buffer_;
+  bool commanded_ = false;  // the first training rank: the next round's command is sent (with weights)
+  int tickets_ = 0;
+  int in_flight_ = -1;  // the ticket of the request whose continuations are on their way (-1: none)
+  size_t asked_ = 0;    // its prompts
+  std::map<int, std::vector<std::vector<Continuation>>> received_;  // not yet taken, by ticket
 };
 
 // A generation rank: serves the training ranks until the first says stop. Its weights and

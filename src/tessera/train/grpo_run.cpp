@@ -222,15 +222,19 @@ std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vecto
   }
   for (std::vector<Continuation>& group : groups) {
     std::vector<Completion>& mine = out.emplace_back();
-    for (Continuation& c : group) {
-      Completion& done = mine.emplace_back();
-      done.ids = std::move(c.ids);
-      done.entropy_sum = c.entropy_sum;
-      done.clipped = c.end == Continuation::End::Length;
-      done.stopped = c.end == Continuation::End::Stop;
-    }
+    for (Continuation& c : group) mine.push_back(completion_of(c, /*keep_logps=*/false));
   }
   return out;
+}
+
+GrpoRun::Completion GrpoRun::completion_of(Continuation& c, bool keep_logps) {
+  Completion done;
+  done.ids = std::move(c.ids);
+  done.entropy_sum = c.entropy_sum;
+  done.clipped = c.end == Continuation::End::Length;
+  done.stopped = c.end == Continuation::End::Stop;
+  if (keep_logps) done.old_logp.assign(c.logps.begin(), c.logps.end());
+  return done;
 }
 
 // Each reward term's value for each completion: [term][completion].
@@ -267,13 +271,14 @@ std::vector<std::vector<double>> GrpoRun::rewards(const std::vector<const GrpoPr
   return out;
 }
 
-void GrpoRun::generate_batch(int64_t batch) {
-  const profiler::PhaseSpan span(p_.profiler, "generation");
-  const auto t0 = Clock::now();
+// Each epoch's prompts in an order of its own, the same on every rank; this rank's completions
+// of batch `batch` in micro-batch order, consecutive ones of one group (one prompt) sharing its
+// prefill, each with its random stream: its place in the global batch.
+GrpoRun::BatchRequest GrpoRun::batch_request(int64_t batch) {
   const int64_t G = t_.grpo_num_generations, B = t_.global_batch_size, P = B / G;
   const int64_t n = static_cast<int64_t>(train_.size());
-  // Each epoch's prompts in an order of its own, the same on every rank.
-  std::vector<int64_t> prompt_of(static_cast<size_t>(B));
+  BatchRequest r;
+  r.prompt_of.resize(static_cast<size_t>(B));
   for (int64_t g = 0; g < P; ++g) {
     const int64_t at = batch * P + g, epoch = at / n;
     if (epoch != order_epoch_) {
@@ -283,39 +288,70 @@ void GrpoRun::generate_batch(int64_t batch) {
       std::shuffle(order_.begin(), order_.end(), rng);
       order_epoch_ = epoch;
     }
-    for (int64_t k = 0; k < G; ++k) prompt_of[static_cast<size_t>(g * G + k)] = static_cast<int64_t>(order_[static_cast<size_t>(at % n)]);
+    for (int64_t k = 0; k < G; ++k) r.prompt_of[static_cast<size_t>(g * G + k)] = static_cast<int64_t>(order_[static_cast<size_t>(at % n)]);
   }
-  Model& model = p_.model;
-  p_.parallel.params_complete();  // ZeRO-1's overlapped gather of the last update
-  weight_sync_s_ = sync_generator();
-  const SamplingOptions sampling{t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, 0};
-  const uint64_t seed = random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full, static_cast<uint64_t>(batch));
-  // This rank's completions in micro-batch order; consecutive ones of one group (one prompt)
-  // share its prefill.
+  r.seed = random_bits(static_cast<uint64_t>(t_.seed) ^ 0x6772706full, static_cast<uint64_t>(batch));
   std::vector<int64_t> mine_global;
   for (int64_t m = 0; m < accumulation_; ++m)
     for (int64_t b = 0; b < t_.micro_batch_size; ++b) mine_global.push_back(global_index(m, b));
-  std::vector<PromptContinuations> groups;
-  std::vector<int64_t> group_prompt;
   for (size_t k = 0; k < mine_global.size();) {
     const int64_t group = mine_global[k] / G;
-    // Each completion's random stream is its place in the global batch.
-    PromptContinuations& g = groups.emplace_back();
+    PromptContinuations& g = r.groups.emplace_back();
     size_t end = k;
     for (; end < mine_global.size() && mine_global[end] / G == group && (end == k || mine_global[end] == mine_global[end - 1] + 1); ++end)
       g.streams.push_back(static_cast<int32_t>(mine_global[end]));
-    group_prompt.push_back(prompt_of[static_cast<size_t>(mine_global[k])]);
-    g.prompt = train_[static_cast<size_t>(group_prompt.back())].ids;
+    r.group_prompt.push_back(r.prompt_of[static_cast<size_t>(mine_global[k])]);
+    g.prompt = train_[static_cast<size_t>(r.group_prompt.back())].ids;
     k = end;
+  }
+  return r;
+}
+
+void GrpoRun::generate_batch(int64_t batch, int64_t iteration) {
+  const profiler::PhaseSpan span(p_.profiler, "generation");
+  const auto t0 = Clock::now();
+  const int64_t G = t_.grpo_num_generations, B = t_.global_batch_size, P = B / G;
+  Model& model = p_.model;
+  p_.parallel.params_complete();  // ZeRO-1's overlapped gather of the last update
+  const SamplingOptions sampling{t_.grpo_temperature, t_.grpo_top_k, t_.grpo_top_p, t_.grpo_min_p, 0};
+  const BatchRequest asked = batch_request(batch);
+  weight_sync_s_ = 0;
+  // The weights go to the generation ranks once per update: the batch asked for ahead and this
+  // one's synchronous request, or the next batch's, may both follow the same one.
+  const auto sync_once = [&] {
+    if (synced_iteration_ != iteration) weight_sync_s_ += sync_generator();
+    synced_iteration_ = iteration;
+  };
+  std::vector<std::vector<Completion>> done;
+  if (ahead_ticket_ >= 0 && ahead_batch_ == batch) {
+    // Sampled ahead, from the weights before the last batch's updates: the sampling policy's
+    // log-probabilities are the generator's.
+    for (std::vector<Continuation>& group : client_->receive(ahead_ticket_)) {
+      std::vector<Completion>& mine = done.emplace_back();
+      for (Continuation& c : group) mine.push_back(completion_of(c, /*keep_logps=*/true));
+    }
+    ahead_ticket_ = -1;
+  } else {
+    sync_once();
+    done = complete(asked.groups, sampling, asked.seed);
+  }
+  // grpo_async_generation: the next batch decodes from the weights as they are now while this
+  // one trains (one batch off-policy).
+  if (t_.grpo_async_generation && batch + 1 <= (t_.train_iters - 1) / t_.grpo_num_iterations) {
+    sync_once();
+    const BatchRequest next = batch_request(batch + 1);
+    SamplingOptions s = sampling;
+    s.seed = next.seed;
+    ahead_ticket_ = client_->request(next.groups, s);
+    ahead_batch_ = batch + 1;
   }
   mine_.clear();
   std::vector<const GrpoPrompt*> prompts;
-  std::vector<std::vector<Completion>> done = complete(groups, sampling, seed);
   for (size_t g = 0; g < done.size(); ++g)
     for (Completion& c : done[g]) {
-      c.prompt = group_prompt[g];
+      c.prompt = asked.group_prompt[g];
       mine_.push_back(std::move(c));
-      prompts.push_back(&train_[static_cast<size_t>(group_prompt[g])]);
+      prompts.push_back(&train_[static_cast<size_t>(asked.group_prompt[g])]);
     }
   std::vector<Completion*> completions;
   for (Completion& c : mine_) completions.push_back(&c);
@@ -354,7 +390,7 @@ void GrpoRun::generate_batch(int64_t batch) {
     length_sum += length;
     s.max_length = std::max(s.max_length, length);
     clipped += all[(F + 1) * B + static_cast<size_t>(j)];
-    batch_tokens_ += static_cast<int64_t>(train_[static_cast<size_t>(prompt_of[static_cast<size_t>(j)])].ids.size() + length);
+    batch_tokens_ += static_cast<int64_t>(train_[static_cast<size_t>(asked.prompt_of[static_cast<size_t>(j)])].ids.size() + length);
     s.reward += reward[static_cast<size_t>(j)] / static_cast<double>(B);
   }
   // TRL's reward_std: the mean of the groups' standard deviations.
@@ -422,7 +458,7 @@ std::vector<std::vector<double>> GrpoRun::row_logps(int64_t rows) {
 GrpoStepStats GrpoRun::gradients(int64_t iteration) {
   const int64_t batch = (iteration - 1) / t_.grpo_num_iterations;
   const bool generated = batch != batch_;
-  if (generated) generate_batch(batch);
+  if (generated) generate_batch(batch, iteration);
   GrpoStepStats s = batch_stats_;
   if (!generated) s.generation_s = 0, s.generated_tokens = 0, s.reference_s = 0;
   if (!generated && s.weight_sync_s > 0) s.weight_sync_s = 0;
@@ -488,6 +524,7 @@ double GrpoRun::evaluate() {
   const int64_t dp = p_.parallel.data_parallel_size(), rank = p_.parallel.data_parallel_rank();
   p_.parallel.params_complete();
   sync_generator();
+  synced_iteration_ = -1;  // evaluations come between iterations: the next batch sends again
   // Greedy, each held-out prompt once, decoded together.
   std::vector<PromptContinuations> asked;
   std::vector<const GrpoPrompt*> prompts;

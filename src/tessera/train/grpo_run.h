@@ -127,8 +127,20 @@ class GrpoRun {
     bool clipped = false;  // ended at the length limit, not at an end token
     bool stopped = false;  // ended at a stop string (its last token stays in the text)
   };
-  // This rank's completions of generation batch `batch`, rewarded and exchanged.
-  void generate_batch(int64_t batch);
+  // What this rank asks of generation batch `batch`: each global completion's prompt, this
+  // rank's groups with their streams and each group's prompt, and the batch's sampling seed.
+  struct BatchRequest {
+    std::vector<int64_t> prompt_of, group_prompt;
+    std::vector<PromptContinuations> groups;
+    uint64_t seed = 0;
+  };
+  BatchRequest batch_request(int64_t batch);
+  // This rank's completions of generation batch `batch`, rewarded and exchanged; `iteration`
+  // is the one it starts.
+  void generate_batch(int64_t batch, int64_t iteration);
+  // A completion from its continuation; keep_logps: the sampler's log-probabilities as the old
+  // policy's (a batch sampled ahead, by weights the training ranks no longer hold).
+  static Completion completion_of(Continuation& c, bool keep_logps);
   // Completions of each prompt, one per stream (the random stream of its sampling under
   // `seed`), [prompt][stream], decoded with continuous batching; greedy at temperature 0.
   std::vector<std::vector<Completion>> complete(const std::vector<PromptContinuations>& prompts,
@@ -160,7 +172,11 @@ class GrpoRun {
   // each global completion's advantage and whether its group takes part, and its statistics.
   int64_t batch_ = -1;
   double offload_s_ = 0;  // the last complete()'s moments to the host and back
-  double weight_sync_s_ = 0;  // the last sync_generator()'s broadcast
+  double weight_sync_s_ = 0;  // the last generate_batch()'s broadcasts
+  int64_t synced_iteration_ = -1;  // the iteration whose weights the generation ranks hold
+  // grpo_async_generation: the batch asked for ahead, and its ticket (-1: none).
+  int64_t ahead_batch_ = -1;
+  int ahead_ticket_ = -1;
   std::vector<Completion> mine_;
   std::vector<double> advantages_;
   std::vector<bool> included_;
