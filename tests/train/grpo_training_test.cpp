@@ -66,6 +66,21 @@ class GrpoTraining : public ::testing::Test {
            "--grpo_rewards answer,command:0.5 --grpo_reward_command 'sh " +
            (dir_ / "reward.sh").string() + "' --lr 3e-3 --lr_warmup_iters 0 --log_interval 1";
   }
+  // got's steps are want's on other data-parallel ranks: the same completions (rewards and
+  // lengths), losses within 1e-5, KL within 1e-6, gradient norms within 1e-4 relative (the
+  // ranks' sums in another order).
+  static void expect_same_steps(const std::vector<nlohmann::json>& got, const std::vector<nlohmann::json>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      EXPECT_EQ(got[i]["reward"].get<double>(), want[i]["reward"].get<double>());
+      EXPECT_EQ(got[i]["completions/mean_length"].get<double>(), want[i]["completions/mean_length"].get<double>());
+      EXPECT_NEAR(got[i]["lm_loss"].get<double>(), want[i]["lm_loss"].get<double>(), 1e-5);
+      EXPECT_NEAR(got[i]["kl"].get<double>(), want[i]["kl"].get<double>(), 1e-6);
+      EXPECT_NEAR(got[i]["grad_norm"].get<double>(), want[i]["grad_norm"].get<double>(),
+                  1e-4 * want[i]["grad_norm"].get<double>());
+    }
+  }
   std::vector<nlohmann::json> steps(const std::string& run) const {
     std::vector<nlohmann::json> out;
     for (const auto& j : metrics_lines(dir_ / "g" / "u" / run / "metrics.jsonl"))
@@ -129,22 +144,9 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
       " --nproc_per_node 2 --use_distributed_optimizer true --overlap_param_gather true "
       "--exp_name two");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<nlohmann::json> two = steps("two");
-  ASSERT_EQ(two.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) {
-    SCOPED_TRACE("step " + std::to_string(i + 1));
-    EXPECT_EQ(two[i]["reward"].get<double>(), one[i]["reward"].get<double>());
-    EXPECT_EQ(two[i]["completions/mean_length"].get<double>(),
-              one[i]["completions/mean_length"].get<double>());
-    EXPECT_NEAR(two[i]["lm_loss"].get<double>(), one[i]["lm_loss"].get<double>(), 1e-5);
-    EXPECT_NEAR(two[i]["kl"].get<double>(), one[i]["kl"].get<double>(), 1e-6);
-    EXPECT_NEAR(two[i]["grad_norm"].get<double>(), one[i]["grad_norm"].get<double>(),
-                1e-4 * one[i]["grad_norm"].get<double>());
-  }
+  expect_same_steps(steps("two"), one);
 }
 
-// The reward command sees each completion's text: a run's completions, then the same run with
-// a stop string taken from inside one of them.
 // Split placement (grpo_generation_gpus): the last rank only generates, with the weights the
 // first rank broadcasts to it before each generation batch and evaluation; the training ranks
 // get the completions the colocated run samples and take its steps: one training rank exactly,
@@ -186,15 +188,7 @@ TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
   // global batch, decoded together on the generation rank.
   r = run_tessera(run + " --nproc_per_node 3 --grpo_generation_gpus 1 --use_distributed_optimizer true --exp_name split3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<nlohmann::json> split3 = steps("split3");
-  ASSERT_EQ(split3.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) {
-    SCOPED_TRACE("step " + std::to_string(i + 1));
-    EXPECT_EQ(split3[i]["reward"].get<double>(), colocated[i]["reward"].get<double>());
-    EXPECT_EQ(split3[i]["completions/mean_length"].get<double>(), colocated[i]["completions/mean_length"].get<double>());
-    EXPECT_NEAR(split3[i]["lm_loss"].get<double>(), colocated[i]["lm_loss"].get<double>(), 1e-5);
-    EXPECT_NEAR(split3[i]["kl"].get<double>(), colocated[i]["kl"].get<double>(), 1e-6);
-  }
+  expect_same_steps(steps("split3"), colocated);
 
   // One batch ahead (grpo_async_generation): with the weights held still (lr 0) each batch is
   // the one the on-policy split run samples, and the generator's log-probabilities, the old
@@ -237,6 +231,8 @@ TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
   EXPECT_NE(r.output.find("'lora_rank'"), std::string::npos) << r.output;
 }
 
+// The reward command sees each completion's text: a run's completions, then the same run with
+// a stop string taken from inside one of them.
 TEST_F(GrpoTraining, AStopStringEndsACompletionWhereItsTextHoldsIt) {
   std::ofstream(dir_ / "tee.sh") << "tee -a \"$1\" | awk '{print length($0) % 5}'\n";
   const auto run = [&](const std::string& name, const std::string& extra) {
@@ -373,14 +369,7 @@ TEST_F(GrpoTraining, LoraSamplesThroughItsAdaptersAgainstItsBase) {
   EXPECT_GT(one[2]["kl"].get<double>(), 0.0);  // trained adapters move the policy off its base
   r = run_tessera(lora + " --nproc_per_node 2 --use_distributed_optimizer true --exp_name lora_two");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<nlohmann::json> two = steps("lora_two");
-  ASSERT_EQ(two.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    SCOPED_TRACE("step " + std::to_string(i + 1));
-    EXPECT_EQ(two[i]["reward"].get<double>(), one[i]["reward"].get<double>());
-    EXPECT_NEAR(two[i]["lm_loss"].get<double>(), one[i]["lm_loss"].get<double>(), 1e-5);
-    EXPECT_NEAR(two[i]["kl"].get<double>(), one[i]["kl"].get<double>(), 1e-6);
-  }
+  expect_same_steps(steps("lora_two"), one);
 }
 
 // Multi-latent attention (beside DeepSeek's MoE layers) decodes a group's completions together,
