@@ -277,6 +277,86 @@ std::vector<std::vector<Continuation>> GrpoGenerationClient::complete(const std:
   return receive(request(prompts, sampling));
 }
 
+namespace {
+
+// A generation rank's messages with the training ranks it serves, through a device buffer that
+// grows to the largest round.
+class ServedRanks {
+ public:
+  ServedRanks(dist::Communicator& job, Backend& backend, std::vector<int> ranks, int64_t words)
+      : job_(job), backend_(backend), ranks_(std::move(ranks)), buffer_(backend, static_cast<size_t>(words) * 4, "grpo generation link") {}
+  const std::vector<int>& ranks() const { return ranks_; }
+
+  // The first training rank's command (kCommandWords), broadcast over `weights`.
+  Words command(dist::Communicator& weights) {
+    Words cmd(kCommandWords);
+    weights.broadcast(words_at(buffer_, 0, kCommandWords), 0, dist::Lane::Compute);
+    backend_.download(cmd.data(), words_at(buffer_, 0, kCommandWords));
+    return cmd;
+  }
+
+  // Every served rank's request, in rank order: the sizes, then the words.
+  std::vector<Request> requests() {
+    const auto sizes = exchange_sizes(dist::P2POp::Kind::Recv, {});
+    int64_t total = 0;
+    for (const int32_t size : sizes) total += size;
+    ensure(n() + total);
+    std::vector<dist::P2POp> ops;
+    for (int64_t i = 0, at = n(); i < n(); at += sizes[index(i)], ++i)
+      ops.push_back({dist::P2POp::Kind::Recv, words_at(buffer_, at, sizes[index(i)]), ranks_[index(i)]});
+    job_.send_recv(ops, dist::Lane::Compute);
+    Words all(static_cast<size_t>(total));
+    backend_.download(all.data(), words_at(buffer_, n(), total));
+    std::vector<Request> out;
+    for (int64_t i = 0, at = 0; i < n(); at += sizes[index(i)], ++i)
+      out.push_back(decode_request(std::span<const int32_t>(all).subspan(index(at), index(sizes[index(i)]))));
+    return out;
+  }
+
+  // Each served rank's reply: the sizes, then the words (none for a rank that asked for nothing).
+  void reply(const std::vector<Words>& replies) {
+    std::vector<int32_t> sizes;
+    int64_t total = 0;
+    for (const Words& w : replies) sizes.push_back(static_cast<int32_t>(w.size())), total += static_cast<int64_t>(w.size());
+    ensure(n() + total);
+    exchange_sizes(dist::P2POp::Kind::Send, sizes);
+    std::vector<dist::P2POp> ops;
+    for (int64_t i = 0, at = n(); i < n(); at += sizes[index(i)], ++i) {
+      if (sizes[index(i)] == 0) continue;
+      backend_.upload(words_at(buffer_, at, sizes[index(i)]), replies[index(i)].data());
+      ops.push_back({dist::P2POp::Kind::Send, words_at(buffer_, at, sizes[index(i)]), ranks_[index(i)]});
+    }
+    if (!ops.empty()) job_.send_recv(ops, dist::Lane::Compute);
+  }
+
+ private:
+  static size_t index(int64_t i) { return static_cast<size_t>(i); }
+  int64_t n() const { return static_cast<int64_t>(ranks_.size()); }
+  void ensure(int64_t words) {
+    if (static_cast<int64_t>(buffer_.bytes() / 4) < words)
+      buffer_ = DeviceBuffer(backend_, static_cast<size_t>(words) * 4, "grpo generation link");
+  }
+  // One word per served rank, received (sizes empty) or sent.
+  std::vector<int32_t> exchange_sizes(dist::P2POp::Kind kind, std::vector<int32_t> sizes) {
+    if (kind == dist::P2POp::Kind::Send) backend_.upload(words_at(buffer_, 0, n()), sizes.data());
+    std::vector<dist::P2POp> ops;
+    for (int64_t i = 0; i < n(); ++i) ops.push_back({kind, words_at(buffer_, i, 1), ranks_[index(i)]});
+    job_.send_recv(ops, dist::Lane::Compute);
+    if (kind == dist::P2POp::Kind::Recv) {
+      sizes.resize(index(n()));
+      backend_.download(sizes.data(), words_at(buffer_, 0, n()));
+    }
+    return sizes;
+  }
+
+  dist::Communicator& job_;
+  Backend& backend_;
+  std::vector<int> ranks_;
+  DeviceBuffer buffer_;
+};
+
+}  // namespace
+
 void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, const GrpoGenerationLink& link,
                            const Tokenizer& tokenizer) {
   const TrainingConfig& t = e.training;
@@ -301,21 +381,14 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
            job.rank(), served.size() == 1 ? "" : "s", fmt::join(served, ", "),
            static_cast<double>(weights.bytes()) / (1024.0 * 1024.0 * 1024.0), slots);
 
-  DeviceBuffer buffer(backend, plan::grpo_link_bytes(wanted, t.seq_length), "grpo generation link");
-  const auto ensure = [&](int64_t words) {
-    if (static_cast<int64_t>(buffer.bytes() / 4) < words)
-      buffer = DeviceBuffer(backend, static_cast<size_t>(words) * 4, "grpo generation link");
-  };
-  const auto n = static_cast<int64_t>(served.size());
-  for (int64_t batches = 0;; ++batches) {
-    Words cmd(kCommandWords);
-    link.weights->broadcast(words_at(buffer, 0, kCommandWords), 0, dist::Lane::Compute);
-    backend.download(cmd.data(), words_at(buffer, 0, kCommandWords));
-    WordReader c(cmd);
+  ServedRanks ranks(job, backend, served, static_cast<int64_t>(plan::grpo_link_bytes(wanted, t.seq_length) / 4));
+  for (int64_t rounds = 0;; ++rounds) {
+    const Words order = ranks.command(*link.weights);
+    WordReader c(order);
     const int32_t what = c.next();
     const auto elements = static_cast<int64_t>(c.next_u64());
     if (what == kStop) {
-      log.info("grpo generation rank {}: stopped after {} requests", job.rank(), batches);
+      log.info("grpo generation rank {}: stopped after {} rounds of requests", job.rank(), rounds);
       return;
     }
     TS_CHECK((what == kNewWeights && elements == layout.total) || what == kSameWeights,
@@ -325,27 +398,9 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
       link.weights->broadcast(params, 0, dist::Lane::Compute);
       for (const auto& [name, tensor] : by_name(generator.state())) link.weights->broadcast(tensor, 0, dist::Lane::Compute);
     }
-
-    // Every served rank's request: the sizes, then the words, one after another.
-    std::vector<dist::P2POp> ops;
-    for (int64_t i = 0; i < n; ++i) ops.push_back({dist::P2POp::Kind::Recv, words_at(buffer, i, 1), served[static_cast<size_t>(i)]});
-    job.send_recv(ops, dist::Lane::Compute);
-    std::vector<int32_t> sizes(static_cast<size_t>(n));
-    backend.download(sizes.data(), words_at(buffer, 0, n));
-    int64_t total = 0;
-    for (const int32_t s : sizes) total += s;
-    ensure(n + total);
-    ops.clear();
-    for (int64_t i = 0, at = n; i < n; at += sizes[static_cast<size_t>(i)], ++i)
-      ops.push_back({dist::P2POp::Kind::Recv, words_at(buffer, at, sizes[static_cast<size_t>(i)]), served[static_cast<size_t>(i)]});
-    job.send_recv(ops, dist::Lane::Compute);
-    Words all(static_cast<size_t>(total));
-    backend.download(all.data(), words_at(buffer, n, total));
-
-    std::vector<Request> requests;
+    // Every rank's prompts decoded together; each its own continuations back.
+    const std::vector<Request> requests = ranks.requests();
     std::vector<PromptContinuations> prompts;
-    for (int64_t i = 0, at = 0; i < n; at += sizes[static_cast<size_t>(i)], ++i)
-      requests.push_back(decode_request(std::span<const int32_t>(all).subspan(static_cast<size_t>(at), static_cast<size_t>(sizes[static_cast<size_t>(i)]))));
     for (const Request& q : requests) {
       const SamplingOptions& s = requests.front().sampling;
       TS_CHECK(q.sampling.temperature == s.temperature && q.sampling.top_k == s.top_k && q.sampling.top_p == s.top_p &&
@@ -355,31 +410,13 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
     }
     request.sampling = requests.front().sampling;
     const std::vector<std::vector<Continuation>> done = continue_prompts(generator, prompts, request);
-
-    // Each rank's continuations back: the sizes, then the words.
     std::vector<Words> replies;
     size_t from = 0;
     for (const Request& q : requests) {
       replies.push_back(encode_continuations(std::span(done).subspan(from, q.prompts.size())));
       from += q.prompts.size();
     }
-    int64_t reply_words = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      sizes[static_cast<size_t>(i)] = static_cast<int32_t>(replies[static_cast<size_t>(i)].size());
-      reply_words += sizes[static_cast<size_t>(i)];
-    }
-    ensure(n + reply_words);
-    backend.upload(words_at(buffer, 0, n), sizes.data());
-    ops.clear();
-    for (int64_t i = 0; i < n; ++i) ops.push_back({dist::P2POp::Kind::Send, words_at(buffer, i, 1), served[static_cast<size_t>(i)]});
-    job.send_recv(ops, dist::Lane::Compute);
-    ops.clear();
-    for (int64_t i = 0, at = n; i < n; at += sizes[static_cast<size_t>(i)], ++i) {
-      if (sizes[static_cast<size_t>(i)] == 0) continue;  // a rank that asked for nothing
-      backend.upload(words_at(buffer, at, sizes[static_cast<size_t>(i)]), replies[static_cast<size_t>(i)].data());
-      ops.push_back({dist::P2POp::Kind::Send, words_at(buffer, at, sizes[static_cast<size_t>(i)]), served[static_cast<size_t>(i)]});
-    }
-    if (!ops.empty()) job.send_recv(ops, dist::Lane::Compute);
+    ranks.reply(replies);
   }
 }
 
