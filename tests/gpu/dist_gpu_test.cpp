@@ -648,6 +648,17 @@ TEST_F(DistGpu, GrpoSplitPlacementSamplesWhatOneGpuSamples) {
     ASSERT_TRUE(split[i].contains("time/weight_sync_s"));
   }
   EXPECT_GT(split[0]["time/weight_sync_s"].get<double>(), 0.0);
+  // One batch ahead: the first batch is the on-policy run's (its two steps equal), the second
+  // is decoded while the first trains, from the weights before its updates.
+  ASSERT_EQ(run("launch --nproc_per_node 2 --master_port 29652 " + grpo +
+                    " --grpo_generation_gpus 1 --grpo_async_generation true --exp_name ahead",
+                "ahead.txt"),
+            0)
+      << read("ahead.txt");
+  const auto ahead = steps("ahead");
+  ASSERT_EQ(ahead.size(), 4u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(ahead[i]["lm_loss"].get<double>(), split[i]["lm_loss"].get<double>()) << i;
+  for (const auto& step : ahead) EXPECT_TRUE(std::isfinite(step["lm_loss"].get<double>()));
   std::printf("[ parity   ] GRPO split placement: rewards %.4f %.4f %.4f %.4f as on one GPU; weight sync %.4f s\n",
               split[0]["reward"].get<double>(), split[1]["reward"].get<double>(), split[2]["reward"].get<double>(),
               split[3]["reward"].get<double>(), split[0]["time/weight_sync_s"].get<double>());
