@@ -305,10 +305,11 @@ size_t largest_rank_peak(const Experiment& e, int world) {
 }
 
 // GRPO's split placement on `world` thread ranks, the last `generation` of them generating
-// (wired as `tessera train` wires them): the largest training rank's peak over one iteration.
-size_t largest_training_rank_peak(const Experiment& e, int world, int generation) {
+// (wired as `tessera train` wires them), over one iteration: the largest training rank's peak
+// and the largest generation rank's.
+std::pair<size_t, size_t> split_rank_peaks(const Experiment& e, int world, int generation) {
   const int training_ranks = world - generation;
-  std::vector<size_t> peaks(static_cast<size_t>(training_ranks));
+  std::vector<size_t> peaks(static_cast<size_t>(world));
   dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
     Logger log("", rank, false, false);
     const auto training = comm.split(rank < training_ranks ? 0 : -1, rank, "grpo_training");
@@ -317,13 +318,15 @@ size_t largest_training_rank_peak(const Experiment& e, int world, int generation
     if (rank >= training_ranks) {
       const auto backend = make_cpu_backend();
       serve_grpo_generation(e, *backend, log, link, *make_tokenizer(e.data));
+      peaks[static_cast<size_t>(rank)] = backend->memory_stats().peak_bytes;
       return;
     }
     Trainer trainer(e, make_cpu_backend(), log, nullptr, training.get(), "", nullptr, &link);
     trainer.run_iteration(1);
     peaks[static_cast<size_t>(rank)] = trainer.backend().memory_stats().peak_bytes;
   });
-  return *std::max_element(peaks.begin(), peaks.end());
+  return {*std::max_element(peaks.begin(), peaks.begin() + training_ranks),
+          *std::max_element(peaks.begin() + training_ranks, peaks.end())};
 }
 
 // A 2-layer run of one iteration on `world` CPU thread ranks with `extra` keys: the planner's
@@ -425,10 +428,15 @@ TEST(MemoryPlan, MatchesTheLargestRankPeakOfGrpoRuns) {
   const RunSetup split_setup =
       make_run_setup(split, {2, DType::F32}, [&] { return make_tokenizer(split.data)->vocab_size(); });
   const size_t planned_split = plan_memory(plan_input(split_setup, /*gpu=*/false)).allocated();
-  const size_t peak_split = largest_training_rank_peak(split, 3, 1);
+  // The generation rank: a copy of the weights, a generator for both training ranks' completions
+  // and its link.
+  const size_t planned_generation =
+      grpo_generation_rank_bytes(split_setup.spec, split_setup.runtime, grpo_generation_share(split, 2, 2));
+  const auto [peak_split, peak_generation] = split_rank_peaks(split, 3, 1);
   fs::remove(prompts);
   EXPECT_EQ(peak_split, planned_split);
   EXPECT_LT(peak_split, peak_kept);
+  EXPECT_EQ(peak_generation, planned_generation);
   EXPECT_EQ(peak_kept, planned_kept);
   EXPECT_EQ(peak_offload, planned_offload);
   EXPECT_LT(peak_offload, peak_kept);

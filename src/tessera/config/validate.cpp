@@ -851,6 +851,13 @@ int64_t grpo_link_completions(const Experiment& e, int64_t data_parallel_size) {
   return std::max(t.global_batch_size / data_parallel_size, (evaluated + data_parallel_size - 1) / data_parallel_size);
 }
 
+GrpoGenerationShare grpo_generation_share(const Experiment& e, int64_t training_ranks, int64_t served) {
+  const TrainingConfig& t = e.training;
+  const int64_t wanted = t.global_batch_size / training_ranks * served;
+  return {t.grpo_max_num_seqs > 0 ? std::min(t.grpo_max_num_seqs, wanted) : wanted,
+          grpo_link_completions(e, training_ranks) * served};
+}
+
 std::vector<std::string> parse_stop_strings(const std::string& value) {
   if (value.empty()) return {};
   std::vector<std::string> out;

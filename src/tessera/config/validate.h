@@ -28,5 +28,12 @@ int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_siz
 // its share of a generation batch or of an evaluation (at most eval_iters x global_batch_size /
 // grpo_num_generations held-out prompts).
 int64_t grpo_link_completions(const Experiment& e, int64_t data_parallel_size);
+// Split placement: a generation rank serving `served` of `training_ranks` training ranks decodes
+// up to `slots` sequences at once (grpo_max_num_seqs, or all of its ranks' completions of a
+// batch), and its link holds what they ask at once.
+struct GrpoGenerationShare {
+  int64_t slots = 0, link_completions = 0;
+};
+GrpoGenerationShare grpo_generation_share(const Experiment& e, int64_t training_ranks, int64_t served);
 
 }  // namespace tessera

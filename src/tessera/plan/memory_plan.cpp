@@ -188,6 +188,13 @@ int64_t largest_micro_batch(PlanInput in, size_t capacity_bytes, int64_t limit) 
   return lo;
 }
 
+size_t grpo_generation_rank_bytes(const ModelSpec& spec, const ModelRuntime& runtime, const GrpoGenerationShare& share) {
+  const DType dt = runtime.compute_dtype;
+  return static_cast<size_t>(DecoderModel::plan_layout(spec, runtime).total) * dtype_size(dt) +
+         Generator::buffer_bytes(spec, dt, runtime.seq_length, share.slots) +
+         grpo_link_bytes(share.link_completions, runtime.seq_length);
+}
+
 size_t grpo_link_bytes(int64_t completions, int64_t seq_length) {
   return static_cast<size_t>(completions * (2 * seq_length + 6) + 16) * sizeof(int32_t);
 }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "tessera/config/config.h"
+#include "tessera/config/validate.h"
 #include "tessera/core/dtype.h"
 #include "tessera/model/model.h"
 #include "tessera/model/model_spec.h"
@@ -85,6 +86,9 @@ size_t grpo_exchange_bytes(int64_t micro_batch_tokens, int64_t global_batch, siz
 // (train/grpo_generation.h): each prompt's length, ids and streams, or each continuation's four
 // words, ids and log-probabilities, int32; the sampling options; the command.
 size_t grpo_link_bytes(int64_t completions, int64_t seq_length);
+// GRPO's split placement: what a generation rank allocates: a copy of the weights of a training
+// rank's model (`spec`, `runtime`: the training ranks'), its generator and its link.
+size_t grpo_generation_rank_bytes(const ModelSpec& spec, const ModelRuntime& runtime, const GrpoGenerationShare& share);
 
 MemoryPlan plan_memory(const PlanInput& in);
 

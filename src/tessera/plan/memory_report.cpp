@@ -209,7 +209,7 @@ analysis::Table breakdown_table(const PlanInput& in, const MemoryPlan& p, int64_
     row("generation", p.generation,
         in.link_completions > 0
             ? "GRPO split placement (grpo_generation_gpus): a training rank's reward exchange and its link to "
-              "its generation rank (which holds a copy of the weights and the generator: not in this plan)"
+              "its generation rank (whose own memory the verdict gives)"
             : "GRPO's generator: the KV cache of the completions a rank decodes at once (grpo_max_num_seqs, "
               "by default all of its completions of a generation batch, x seq_length positions per layer), its "
               "states, logits and scratch, and the reward exchange");
@@ -236,16 +236,22 @@ class Planner {
   // Per GPU, or per rank on the host.
   size_t capacity() const { return capacity_; }
 
+  // GRPO's generation ranks (split placement) train nothing: the ranks that do.
+  int training_ranks(const Experiment& e) const {
+    return e.training.objective == Objective::Grpo
+               ? std::max(1, devices_.world_size - static_cast<int>(e.training.grpo_generation_gpus))
+               : devices_.world_size;
+  }
+
   PlanInput input(const Experiment& e) {
     // The alternatives change no data key, so the tokenizer is loaded at most once.
     auto vocab = [&] {
       if (!vocab_) vocab_ = make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size();
       return *vocab_;
     };
-    // GRPO's generation ranks (split placement) train nothing: the plan is a training rank's.
+    // The plan is a training rank's.
     RunDevices training = devices_;
-    if (e.training.objective == Objective::Grpo)
-      training.world_size = std::max(1, training.world_size - static_cast<int>(e.training.grpo_generation_gpus));
+    training.world_size = training_ranks(e);
     // Pipeline stages hold different layers, the embedding or the head, and different numbers
     // of micro-batches: the plan is the stage that needs the most (its first rank).
     PlanInput worst = plan_input(make_run_setup(e, training, vocab), gpu_);
@@ -278,7 +284,7 @@ class Planner {
   // of micro batch x ranks; with fp8, tokens a multiple of the FP8 GEMMs' multiple): a
   // `--micro_batch_size` to paste. 0 if none.
   int64_t largest_valid_micro_batch(const Experiment& e, const PlanInput& in) {
-    const int64_t per_rank = e.training.global_batch_size / devices_.world_size;
+    const int64_t per_rank = e.training.global_batch_size / training_ranks(e);
     for (int64_t mbs = largest_micro_batch(in, capacity_, per_rank); mbs >= 1; --mbs) {
       if (per_rank % mbs != 0) continue;
       Experiment x = e;
@@ -451,7 +457,8 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
   const ModelRuntime& rt = in.runtime;
   const int64_t params = DecoderModel::plan_layout(in.spec, rt).total;  // one rank's part
   const int64_t n = q.num_gpus;
-  const std::string batch = global_batch_text(e.training.global_batch_size, n, q.host.has_value());
+  const std::string batch =
+      global_batch_text(e.training.global_batch_size, planner.training_ranks(e), q.host.has_value());
 
   MemoryReport r;
   r.plan = plan_memory(in);
@@ -623,6 +630,18 @@ MemoryReport build_memory_report(const MemoryQuery& q) {
     r.verdict += fmt::format(" Fits with {} ({:.2f} GiB); see the alternatives.", suggestion->flags,
                              gib(suggestion->total));
   if (!r.fits && !suggestion && !q.host) r.verdict += " " + more_gpus_text(q);
+  if (e.training.objective == Objective::Grpo && e.training.grpo_generation_gpus > 0) {
+    // The busiest generation rank serves the most training ranks.
+    const int64_t generation = e.training.grpo_generation_gpus, training = planner.training_ranks(e);
+    const GrpoGenerationShare share = grpo_generation_share(e, training, (training + generation - 1) / generation);
+    const size_t bytes = grpo_generation_rank_bytes(in.spec, rt, share) + (q.host ? 0 : kContextBytes);
+    r.verdict += fmt::format(
+        " {} {:.2f} GiB: a copy of the weights, the generator ({} sequences of {} positions) and the "
+        "link; {}.",
+        generation == 1 ? "The generation rank (grpo_generation_gpus) holds"
+                        : fmt::format("Each of the {} generation ranks (grpo_generation_gpus) holds at most", generation),
+        gib(bytes), share.slots, rt.seq_length, bytes <= capacity ? "it fits" : "IT DOES NOT FIT");
+  }
   return r;
 }
 

@@ -369,8 +369,9 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
   std::vector<int> served;
   for (int r = 0; r < link.training_ranks; ++r)
     if (link.generation_rank_of(r) == job.rank()) served.push_back(r);
-  const int64_t wanted = t.global_batch_size / link.training_ranks * static_cast<int64_t>(served.size());
-  const int64_t slots = t.grpo_max_num_seqs > 0 ? std::min(t.grpo_max_num_seqs, wanted) : wanted;
+  const GrpoGenerationShare share =
+      grpo_generation_share(e, link.training_ranks, static_cast<int64_t>(served.size()));
+  const int64_t slots = share.slots;
   DeviceBuffer weights(backend, static_cast<size_t>(layout.total) * dtype_size(dtype), "generation weights");
   const Tensor params = weights.tensor(dtype, {layout.total});
   Generator generator(backend, setup.spec, params, layout, t.seq_length, slots);
@@ -381,7 +382,8 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
            job.rank(), served.size() == 1 ? "" : "s", fmt::join(served, ", "),
            static_cast<double>(weights.bytes()) / (1024.0 * 1024.0 * 1024.0), slots);
 
-  ServedRanks ranks(job, backend, served, static_cast<int64_t>(plan::grpo_link_bytes(wanted, t.seq_length) / 4));
+  ServedRanks ranks(job, backend, served,
+                    static_cast<int64_t>(plan::grpo_link_bytes(share.link_completions, t.seq_length) / 4));
   for (int64_t rounds = 0;; ++rounds) {
     const Words order = ranks.command(*link.weights);
     WordReader c(order);
