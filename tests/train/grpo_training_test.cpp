@@ -81,6 +81,17 @@ class GrpoTraining : public ::testing::Test {
                   1e-4 * want[i]["grad_norm"].get<double>());
     }
   }
+  // Two generation batches of two optimizer steps each, with a KL term, and an evaluation at the end.
+  std::string two_batches() const {
+    return grpo() + " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 --eval_interval 4 --eval_iters 1";
+  }
+  // The held-out accuracy a run last logged (-1: none).
+  double eval_accuracy(const std::string& run) const {
+    double a = -1;
+    for (const auto& j : metrics_lines(dir_ / "g" / "u" / run / "metrics.jsonl"))
+      if (j.contains("eval_accuracy")) a = j["eval_accuracy"].get<double>();
+    return a;
+  }
   std::vector<nlohmann::json> steps(const std::string& run) const {
     std::vector<nlohmann::json> out;
     for (const auto& j : metrics_lines(dir_ / "g" / "u" / run / "metrics.jsonl"))
@@ -98,9 +109,7 @@ class GrpoTraining : public ::testing::Test {
 };
 
 TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
-  const std::string run = grpo() +
-                          " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
-                          "--eval_interval 4 --eval_iters 1";
+  const std::string run = two_batches();
   RunResult r = run_tessera(run + " --exp_name one");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("grpo: 6 prompts"), std::string::npos) << r.output;
@@ -125,10 +134,7 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
   EXPECT_EQ(one[1]["reward"].get<double>(), one[0]["reward"].get<double>());
   EXPECT_GT(one[1]["kl"].get<double>(), 0.0);
   EXPECT_GT(one[2]["time/generation_s"].get<double>(), 0.0);
-  bool evaluated = false;
-  for (const auto& j : metrics_lines(dir_ / "g" / "u" / "one" / "metrics.jsonl"))
-    evaluated = evaluated || j.contains("eval_accuracy");
-  EXPECT_TRUE(evaluated);
+  EXPECT_GE(eval_accuracy("one"), 0.0) << "no evaluation logged";
 
   // Top-k and top-p sample on the host (the device draws temperature and min-p).
   r = run_tessera(grpo() + " --train_iters 1 --grpo_top_k 20 --grpo_top_p 0.9 --exp_name top_k");
@@ -154,20 +160,12 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
 // name. One batch ahead (grpo_async_generation), a batch is what the on-policy split run samples
 // from the same weights.
 TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
-  const std::string run = grpo() +
-                          " --train_iters 4 --grpo_num_iterations 2 --grpo_beta 0.05 "
-                          "--eval_interval 4 --eval_iters 1";
+  const std::string run = two_batches();
   RunResult r = run_tessera(run + " --exp_name colocated");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run_tessera(run + " --nproc_per_node 2 --grpo_generation_gpus 1 --exp_name split");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("split: decoded on generation rank 1 of the job"), std::string::npos) << r.output;
-  const auto eval_accuracy = [&](const std::string& name) {
-    double a = -1;
-    for (const auto& j : metrics_lines(dir_ / "g" / "u" / name / "metrics.jsonl"))
-      if (j.contains("eval_accuracy")) a = j["eval_accuracy"].get<double>();
-    return a;
-  };
   const std::vector<nlohmann::json> colocated = steps("colocated"), split = steps("split");
   ASSERT_EQ(split.size(), 4u);
   for (size_t i = 0; i < 4; ++i) {
