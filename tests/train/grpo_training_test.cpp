@@ -216,6 +216,9 @@ TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
   EXPECT_EQ(learning_ahead[0]["lm_loss"].get<double>(), split[0]["lm_loss"].get<double>());
   EXPECT_EQ(learning_ahead[1]["lm_loss"].get<double>(), split[1]["lm_loss"].get<double>());
   for (const auto& step : learning_ahead) EXPECT_TRUE(std::isfinite(step["lm_loss"].get<double>()));
+  // Its generation rate is the generation rank's decoding's, not the tokens over the wait.
+  EXPECT_GT(learning_ahead[2]["generation_tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(learning_ahead[2]["time/generation_s"].get<double>(), 0.0);
   r = run_tessera(grpo() + " --train_iters 1 --grpo_async_generation true --exp_name colocated_ahead");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("grpo_async_generation"), std::string::npos) << r.output;

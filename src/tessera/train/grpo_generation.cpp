@@ -104,9 +104,11 @@ Request decode_request(std::span<const int32_t> words) {
   return q;
 }
 
-// A response: each prompt's continuations (ids, end, entropy, each id's log-probability).
-Words encode_continuations(std::span<const std::vector<Continuation>> groups) {
+// A response: the decoding's seconds, then each prompt's continuations (ids, end, entropy, each
+// id's log-probability).
+Words encode_continuations(std::span<const std::vector<Continuation>> groups, double decode_s) {
   Words w;
+  put_f64(w, decode_s);
   for (const std::vector<Continuation>& group : groups) {
     w.push_back(static_cast<int32_t>(group.size()));
     for (const Continuation& c : group) {
@@ -120,9 +122,12 @@ Words encode_continuations(std::span<const std::vector<Continuation>> groups) {
   return w;
 }
 
-std::vector<std::vector<Continuation>> decode_continuations(std::span<const int32_t> words, size_t prompts) {
+GrpoGenerationClient::Reply decode_continuations(std::span<const int32_t> words, size_t prompts) {
   WordReader r(words);
-  std::vector<std::vector<Continuation>> out(prompts);
+  GrpoGenerationClient::Reply reply;
+  reply.decode_s = r.next_f64();
+  std::vector<std::vector<Continuation>>& out = reply.continuations;
+  out.resize(prompts);
   for (std::vector<Continuation>& group : out) {
     group.resize(static_cast<size_t>(r.next()));
     for (Continuation& c : group) {
@@ -135,7 +140,7 @@ std::vector<std::vector<Continuation>> decode_continuations(std::span<const int3
     }
   }
   TS_CHECK(r.done(), "grpo generation link: a response with words after its last continuation");
-  return out;
+  return reply;
 }
 
 // Words of the link's device buffer as a tensor.
@@ -255,25 +260,23 @@ void GrpoGenerationClient::take_reply() {
   backend_.download(&reply, words_at(buffer_, 0, 1));
   TS_CHECK(reply >= 0 && reply <= capacity, "grpo generation link: a response of {} words, room for {}", reply, capacity);
   Words words(static_cast<size_t>(reply));
-  if (reply > 0) {  // none for no prompts
-    recv(words_at(buffer_, 1, reply));
-    backend_.download(words.data(), words_at(buffer_, 1, reply));
-  }
+  recv(words_at(buffer_, 1, reply));
+  backend_.download(words.data(), words_at(buffer_, 1, reply));
   received_[in_flight_] = decode_continuations(words, asked_);
   in_flight_ = -1;
 }
 
-std::vector<std::vector<Continuation>> GrpoGenerationClient::receive(int ticket) {
+GrpoGenerationClient::Reply GrpoGenerationClient::receive(int ticket) {
   if (in_flight_ == ticket) take_reply();
   const auto it = received_.find(ticket);
   TS_CHECK(it != received_.end(), "grpo generation link: no continuations of request {}", ticket);
-  std::vector<std::vector<Continuation>> out = std::move(it->second);
+  Reply out = std::move(it->second);
   received_.erase(it);
   return out;
 }
 
-std::vector<std::vector<Continuation>> GrpoGenerationClient::complete(const std::vector<PromptContinuations>& prompts,
-                                                                      const SamplingOptions& sampling) {
+GrpoGenerationClient::Reply GrpoGenerationClient::complete(const std::vector<PromptContinuations>& prompts,
+                                                           const SamplingOptions& sampling) {
   return receive(request(prompts, sampling));
 }
 
@@ -313,7 +316,7 @@ class ServedRanks {
     return out;
   }
 
-  // Each served rank's reply: the sizes, then the words (none for a rank that asked for nothing).
+  // Each served rank's reply: the sizes, then the words.
   void reply(const std::vector<Words>& replies) {
     std::vector<int32_t> sizes;
     int64_t total = 0;
@@ -322,11 +325,10 @@ class ServedRanks {
     exchange_sizes(dist::P2POp::Kind::Send, sizes);
     std::vector<dist::P2POp> ops;
     for (int64_t i = 0, at = n(); i < n(); at += sizes[index(i)], ++i) {
-      if (sizes[index(i)] == 0) continue;
       backend_.upload(words_at(buffer_, at, sizes[index(i)]), replies[index(i)].data());
       ops.push_back({dist::P2POp::Kind::Send, words_at(buffer_, at, sizes[index(i)]), ranks_[index(i)]});
     }
-    if (!ops.empty()) job_.send_recv(ops, dist::Lane::Compute);
+    job_.send_recv(ops, dist::Lane::Compute);
   }
 
  private:
@@ -411,11 +413,13 @@ void serve_grpo_generation(const Experiment& e, Backend& backend, Logger& log, c
       for (size_t p = 0; p < q.prompts.size(); ++p) prompts.push_back({q.prompts[p], q.streams[p]});
     }
     request.sampling = requests.front().sampling;
+    const auto t0 = std::chrono::steady_clock::now();
     const std::vector<std::vector<Continuation>> done = continue_prompts(generator, prompts, request);
+    const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::vector<Words> replies;
     size_t from = 0;
     for (const Request& q : requests) {
-      replies.push_back(encode_continuations(std::span(done).subspan(from, q.prompts.size())));
+      replies.push_back(encode_continuations(std::span(done).subspan(from, q.prompts.size()), decode_s));
       from += q.prompts.size();
     }
     ranks.reply(replies);

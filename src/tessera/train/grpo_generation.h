@@ -66,14 +66,18 @@ class GrpoGenerationClient {
   // took. Others: 0. A request without it is decoded with the weights they hold.
   double send_weights(const Tensor& params, std::vector<std::pair<std::string, Tensor>> state);
   // This rank's prompts continued on its generation rank, [prompt][stream], as continue_prompts
-  // returns them. Every training rank calls it, after send_weights.
-  std::vector<std::vector<Continuation>> complete(const std::vector<PromptContinuations>& prompts,
-                                                  const SamplingOptions& sampling);
+  // returns them, and the seconds the generation rank decoded them in (with the other ranks'
+  // prompts). Every training rank calls it, after send_weights.
+  struct Reply {
+    std::vector<std::vector<Continuation>> continuations;
+    double decode_s = 0;
+  };
+  Reply complete(const std::vector<PromptContinuations>& prompts, const SamplingOptions& sampling);
   // complete() in two halves, so that the generation rank decodes while this one trains: the
   // request sent (its ticket), then its continuations received (waited for). Any exchange in
   // between (send_weights, another request) first receives them and keeps them for receive().
   int request(const std::vector<PromptContinuations>& prompts, const SamplingOptions& sampling);
-  std::vector<std::vector<Continuation>> receive(int ticket);
+  Reply receive(int ticket);
 
  private:
   // The continuations of the request in flight, waited for and kept.
@@ -87,7 +91,7 @@ class GrpoGenerationClient {
   int tickets_ = 0;
   int in_flight_ = -1;  // the ticket of the request whose continuations are on their way (-1: none)
   size_t asked_ = 0;    // its prompts
-  std::map<int, std::vector<std::vector<Continuation>>> received_;  // not yet taken, by ticket
+  std::map<int, Reply> received_;  // not yet taken, by ticket
 };
 
 // A generation rank: serves the training ranks until the first says stop. Its weights and

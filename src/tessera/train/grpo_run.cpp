@@ -76,7 +76,7 @@ std::vector<std::pair<std::string, double>> GrpoStepStats::trl_named() const {
                          {"time/generation_s", generation_s},
                          {"time/reference_s", reference_s},
                          {"time/training_s", training_s},
-                         {"generation_tokens_per_s", generation_s > 0 ? generated_tokens / generation_s : 0.0}});
+                         {"generation_tokens_per_s", decode_s > 0 ? generated_tokens / decode_s : 0.0}});
   if (offload_s >= 0) out.emplace_back("time/optimizer_offload_s", offload_s);
   if (weight_sync_s >= 0) out.emplace_back("time/weight_sync_s", weight_sync_s);
   return out;
@@ -213,8 +213,16 @@ std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vecto
   const auto t0 = Clock::now();
   if (t_.grpo_offload_optimizer_state) p_.optimizer.stash_moments();
   offload_s_ = seconds_since(t0);
-  std::vector<std::vector<Continuation>> groups = client_ ? client_->complete(prompts, request.sampling)
-                                                          : continue_prompts(*generator_, prompts, request);
+  std::vector<std::vector<Continuation>> groups;
+  if (client_) {
+    GrpoGenerationClient::Reply reply = client_->complete(prompts, request.sampling);
+    groups = std::move(reply.continuations);
+    decode_s_ = reply.decode_s;
+  } else {
+    const auto d0 = Clock::now();
+    groups = continue_prompts(*generator_, prompts, request);
+    decode_s_ = seconds_since(d0);
+  }
   if (t_.grpo_offload_optimizer_state) {
     const auto t1 = Clock::now();
     p_.optimizer.restore_moments();
@@ -326,7 +334,9 @@ void GrpoRun::generate_batch(int64_t batch, int64_t iteration) {
   if (ahead_ticket_ >= 0 && ahead_batch_ == batch) {
     // Sampled ahead, from the weights before the last batch's updates: the sampling policy's
     // log-probabilities are the generator's.
-    for (std::vector<Continuation>& group : client_->receive(ahead_ticket_)) {
+    GrpoGenerationClient::Reply reply = client_->receive(ahead_ticket_);
+    decode_s_ = reply.decode_s;
+    for (std::vector<Continuation>& group : reply.continuations) {
       std::vector<Completion>& mine = done.emplace_back();
       for (Continuation& c : group) mine.push_back(completion_of(c, /*keep_logps=*/true));
     }
@@ -411,6 +421,7 @@ void GrpoRun::generate_batch(int64_t batch, int64_t iteration) {
   s.generation_s = seconds_since(t0);
   s.offload_s = t_.grpo_offload_optimizer_state ? offload_s_ : -1;
   s.weight_sync_s = client_ ? weight_sync_s_ : -1;
+  s.decode_s = decode_s_;
   batch_ = batch;
 
   if (reference_) {
@@ -460,7 +471,7 @@ GrpoStepStats GrpoRun::gradients(int64_t iteration) {
   const bool generated = batch != batch_;
   if (generated) generate_batch(batch, iteration);
   GrpoStepStats s = batch_stats_;
-  if (!generated) s.generation_s = 0, s.generated_tokens = 0, s.reference_s = 0;
+  if (!generated) s.generation_s = 0, s.generated_tokens = 0, s.reference_s = 0, s.decode_s = 0;
   if (!generated && s.weight_sync_s > 0) s.weight_sync_s = 0;
   const auto t0 = Clock::now();
   Model& model = p_.model;

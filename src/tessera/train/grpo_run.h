@@ -59,6 +59,9 @@ struct GrpoStepStats {
   // generated, and its prompt and completion tokens.
   double generation_s = 0;
   int64_t generated_tokens = 0, batch_tokens = 0;
+  // The decoding's own seconds, where it ran (the generation rank, split; there it overlaps the
+  // last batch's training with grpo_async_generation): generation_tokens_per_s's.
+  double decode_s = 0;
   double reference_s = 0, training_s = 0;  // this step's reference and policy passes
   // The AdamW moments' trips to the host and back around its generation (with
   // grpo_offload_optimizer_state; -1 without), part of generation_s.
@@ -173,6 +176,7 @@ class GrpoRun {
   int64_t batch_ = -1;
   double offload_s_ = 0;  // the last complete()'s moments to the host and back
   double weight_sync_s_ = 0;  // the last generate_batch()'s broadcasts
+  double decode_s_ = 0;       // the last batch's decoding
   int64_t synced_iteration_ = -1;  // the iteration whose weights the generation ranks hold
   // grpo_async_generation: the batch asked for ahead, and its ticket (-1: none).
   int64_t ahead_batch_ = -1;
