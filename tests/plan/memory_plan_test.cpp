@@ -312,16 +312,15 @@ std::pair<size_t, size_t> split_rank_peaks(const Experiment& e, int world, int g
   std::vector<size_t> peaks(static_cast<size_t>(world));
   dist::run_local_ranks(world, [&](int rank, dist::Communicator& comm) {
     Logger log("", rank, false, false);
-    const auto training = comm.split(rank < training_ranks ? 0 : -1, rank, "grpo_training");
-    const auto weights = comm.split(rank == 0 || rank >= training_ranks ? 0 : -1, rank, "grpo_weights");
-    const GrpoGenerationLink link{&comm, weights.get(), training_ranks, generation};
-    if (rank >= training_ranks) {
+    const std::optional<GrpoSplitJob> split = split_grpo_job(comm, e.training);
+    ASSERT_TRUE(split && split->link.training_ranks == training_ranks);
+    if (split->generates(rank)) {
       const auto backend = make_cpu_backend();
-      serve_grpo_generation(e, *backend, log, link, *make_tokenizer(e.data));
+      serve_grpo_generation(e, *backend, log, split->link, *make_tokenizer(e.data));
       peaks[static_cast<size_t>(rank)] = backend->memory_stats().peak_bytes;
       return;
     }
-    Trainer trainer(e, make_cpu_backend(), log, nullptr, training.get(), "", nullptr, &link);
+    Trainer trainer(e, make_cpu_backend(), log, nullptr, split->training.get(), "", nullptr, &split->link);
     trainer.run_iteration(1);
     peaks[static_cast<size_t>(rank)] = trainer.backend().memory_stats().peak_bytes;
   });

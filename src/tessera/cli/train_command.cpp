@@ -16,6 +16,7 @@
 #include "tessera/config/config.h"
 #include "tessera/config/keys.h"
 #include "tessera/config/megatron_keys.h"
+#include "tessera/config/validate.h"
 #include "tessera/core/command_line.h"
 #include "tessera/core/error.h"
 #include "tessera/data/tokenizer.h"
@@ -192,22 +193,14 @@ void train_rank(const Experiment& exp, std::unique_ptr<Backend> backend, int ran
     dist::Communicator* comm = thread_comm ? thread_comm : process_comm.get();
     // GRPO's split placement: the last grpo_generation_gpus ranks only generate, the others
     // train over a communicator of their own (train/grpo_generation.h).
-    const int generation_ranks =
-        exp.training.objective == Objective::Grpo ? static_cast<int>(exp.training.grpo_generation_gpus) : 0;
-    std::unique_ptr<dist::Communicator> training_comm, weights_comm;
-    std::optional<GrpoGenerationLink> link;
-    if (comm && generation_ranks > 0) {
-      const int training_ranks = comm->size() - generation_ranks;
-      training_comm = comm->split(rank < training_ranks ? 0 : -1, rank, "grpo_training");
-      weights_comm = comm->split(rank == 0 || rank >= training_ranks ? 0 : -1, rank, "grpo_weights");
-      link = GrpoGenerationLink{comm, weights_comm.get(), training_ranks, generation_ranks};
-    }
-    if (link && rank >= link->training_ranks) {
-      serve_grpo_generation(exp, *backend, log, *link,
+    const std::optional<GrpoSplitJob> split = comm ? split_grpo_job(*comm, exp.training) : std::nullopt;
+    if (split && split->generates(rank)) {
+      serve_grpo_generation(exp, *backend, log, split->link,
                             tokenizer ? *tokenizer : *make_tokenizer(exp.data, exp.model_config.vocab_size));
     } else {
       Trainer trainer(exp, std::move(backend), log, metrics ? &*metrics : nullptr,
-                      link ? training_comm.get() : comm, run_id, std::move(tokenizer), link ? &*link : nullptr);
+                      split ? split->training.get() : comm, run_id, std::move(tokenizer),
+                      split ? &split->link : nullptr);
       try {
         trainer.train();
       } catch (const TrainingAborted& e) {
@@ -292,8 +285,7 @@ int train_command(const Args& args) {
   // nothing and moves no earlier run aside.
   const int world = a.local_ranks > 1 ? a.local_ranks : env.world_size;
   // GRPO's generation ranks (split placement) are not among the ranks the run trains on.
-  const int training_world =
-      exp.training.objective == Objective::Grpo ? world - static_cast<int>(exp.training.grpo_generation_gpus) : world;
+  const int training_world = grpo_training_ranks(exp.training, world);
   RunStart start = check_run_can_start(
       exp, backend ? *backend : *make_backend(DeviceChoice::Cpu, 0), training_world,
       env.rank < training_world ? env.rank : 0);

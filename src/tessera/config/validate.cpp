@@ -845,6 +845,11 @@ int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_siz
   return t.grpo_max_num_seqs > 0 ? std::min(t.grpo_max_num_seqs, per_rank) : per_rank;
 }
 
+int grpo_training_ranks(const TrainingConfig& t, int job_ranks) {
+  if (t.objective != Objective::Grpo || t.grpo_generation_gpus <= 0) return job_ranks;
+  return std::max(1, job_ranks - static_cast<int>(t.grpo_generation_gpus));
+}
+
 int64_t grpo_link_completions(const Experiment& e, int64_t data_parallel_size) {
   const TrainingConfig& t = e.training;
   const int64_t evaluated = e.data.eval_iters * t.global_batch_size / t.grpo_num_generations;
@@ -1054,10 +1059,10 @@ void check_packed_documents(const Checker& c, const Experiment& e) {
 void validate_experiment(const Experiment& e, int job_size) {
   const Checker c(e);
   // GRPO's generation ranks (split placement) take no part in training.
-  const bool split = e.training.objective == Objective::Grpo && e.training.grpo_generation_gpus > 0;
-  c.require(!split || e.training.grpo_generation_gpus < job_size, "grpo_generation_gpus",
+  c.require(e.training.objective != Objective::Grpo || e.training.grpo_generation_gpus < job_size,
+            "grpo_generation_gpus",
             fmt::format("0 (colocated) or fewer ranks than the job's {}: the others train", job_size));
-  const int world_size = split ? std::max(1, job_size - static_cast<int>(e.training.grpo_generation_gpus)) : job_size;
+  const int world_size = grpo_training_ranks(e.training, job_size);
   check_experiment_names(c, e);
   check_model(c, e.model_config);
   check_mla(c, e.model_config, e.training);

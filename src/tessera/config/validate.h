@@ -24,6 +24,9 @@ std::vector<std::string> parse_stop_strings(const std::string& value);
 // The completions a GRPO rank decodes at once (its generator's slots): grpo_max_num_seqs, or
 // all of the rank's completions of a generation batch.
 int64_t grpo_generation_slots(const TrainingConfig& t, int64_t data_parallel_size);
+// The ranks of a job of `job_ranks` that train: all, but under GRPO's split placement the
+// grpo_generation_gpus that only generate.
+int grpo_training_ranks(const TrainingConfig& t, int job_ranks);
 // Split placement: the most completions a training rank asks its generation rank for at once,
 // its share of a generation batch or of an evaluation (at most eval_iters x global_batch_size /
 // grpo_num_generations held-out prompts).

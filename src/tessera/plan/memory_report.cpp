@@ -237,11 +237,7 @@ class Planner {
   size_t capacity() const { return capacity_; }
 
   // GRPO's generation ranks (split placement) train nothing: the ranks that do.
-  int training_ranks(const Experiment& e) const {
-    return e.training.objective == Objective::Grpo
-               ? std::max(1, devices_.world_size - static_cast<int>(e.training.grpo_generation_gpus))
-               : devices_.world_size;
-  }
+  int training_ranks(const Experiment& e) const { return grpo_training_ranks(e.training, devices_.world_size); }
 
   PlanInput input(const Experiment& e) {
     // The alternatives change no data key, so the tokenizer is loaded at most once.

@@ -164,6 +164,16 @@ std::vector<std::pair<std::string, Tensor>> by_name(std::vector<std::pair<std::s
 
 }  // namespace
 
+std::optional<GrpoSplitJob> split_grpo_job(dist::Communicator& job, const TrainingConfig& t) {
+  const int rank = job.rank(), training_ranks = grpo_training_ranks(t, job.size());
+  if (training_ranks == job.size()) return std::nullopt;
+  GrpoSplitJob s;
+  s.training = job.split(rank < training_ranks ? 0 : -1, rank, "grpo_training");
+  s.weights = job.split(rank == 0 || rank >= training_ranks ? 0 : -1, rank, "grpo_weights");
+  s.link = GrpoGenerationLink{&job, s.weights.get(), training_ranks, job.size() - training_ranks};
+  return s;
+}
+
 std::unique_ptr<ChatFormat> grpo_chat_format(const DataConfig& d, const Tokenizer& tokenizer) {
   if (d.tokenizer_type != TokenizerType::HuggingFace) return nullptr;
   try {
@@ -197,10 +207,7 @@ GrpoGenerationClient::~GrpoGenerationClient() {
   try {
     if (in_flight_ >= 0) take_reply();  // a batch asked for ahead that the run ended before
     if (!link_.weights || rank_ != 0) return;
-    const Words stop = command(kStop, 0);
-    const Tensor t = words_at(buffer_, 0, kCommandWords);
-    backend_.upload(t, stop.data());
-    link_.weights->broadcast(t, 0, dist::Lane::Compute);
+    broadcast_command(kStop, 0);
     backend_.synchronize();
   } catch (const std::exception&) {
     // The job ends the generation ranks when this one exits.
@@ -211,10 +218,7 @@ double GrpoGenerationClient::send_weights(const Tensor& params, std::vector<std:
   if (in_flight_ >= 0) take_reply();  // the generation rank sends it before it takes a command
   if (!link_.weights || rank_ != 0) return 0.0;
   const auto t0 = std::chrono::steady_clock::now();
-  const Words go = command(kNewWeights, params.numel());
-  const Tensor t = words_at(buffer_, 0, kCommandWords);
-  backend_.upload(t, go.data());
-  link_.weights->broadcast(t, 0, dist::Lane::Compute);
+  broadcast_command(kNewWeights, params.numel());
   commanded_ = true;
   link_.weights->broadcast(params, 0, dist::Lane::Compute);
   for (const auto& [name, tensor] : by_name(std::move(state))) link_.weights->broadcast(tensor, 0, dist::Lane::Compute);
@@ -224,43 +228,41 @@ double GrpoGenerationClient::send_weights(const Tensor& params, std::vector<std:
 
 int GrpoGenerationClient::request(const std::vector<PromptContinuations>& prompts, const SamplingOptions& sampling) {
   if (in_flight_ >= 0) take_reply();
-  if (link_.weights && rank_ == 0 && !commanded_) {  // a round with the weights they hold
-    const Words again = command(kSameWeights, 0);
-    const Tensor t = words_at(buffer_, 0, kCommandWords);
-    backend_.upload(t, again.data());
-    link_.weights->broadcast(t, 0, dist::Lane::Compute);
-  }
+  if (link_.weights && rank_ == 0 && !commanded_) broadcast_command(kSameWeights, 0);  // the weights they hold
   commanded_ = false;
   const Words words = encode_request(prompts, sampling);
   const auto capacity = static_cast<int64_t>(buffer_.bytes() / 4) - 1;
   TS_CHECK(static_cast<int64_t>(words.size()) <= capacity, "grpo generation link: a request of {} words, room for {}",
            words.size(), capacity);
-  const int peer = link_.generation_rank_of(rank_);
-  const auto send = [&](const Tensor& t) {
-    link_.job->send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Send, t, peer}}, dist::Lane::Compute);
-  };
   const int32_t size = static_cast<int32_t>(words.size());
   backend_.upload(words_at(buffer_, 0, 1), &size);
-  send(words_at(buffer_, 0, 1));
+  with_generation_rank(dist::P2POp::Kind::Send, words_at(buffer_, 0, 1));
   backend_.upload(words_at(buffer_, 1, size), words.data());
-  send(words_at(buffer_, 1, size));
+  with_generation_rank(dist::P2POp::Kind::Send, words_at(buffer_, 1, size));
   asked_ = prompts.size();
   in_flight_ = tickets_++;
   return in_flight_;
 }
 
+void GrpoGenerationClient::broadcast_command(int32_t what, int64_t weights) {
+  const Words words = command(what, weights);
+  const Tensor t = words_at(buffer_, 0, kCommandWords);
+  backend_.upload(t, words.data());
+  link_.weights->broadcast(t, 0, dist::Lane::Compute);
+}
+
+void GrpoGenerationClient::with_generation_rank(dist::P2POp::Kind kind, const Tensor& words) {
+  link_.job->send_recv(std::vector<dist::P2POp>{{kind, words, link_.generation_rank_of(rank_)}}, dist::Lane::Compute);
+}
+
 void GrpoGenerationClient::take_reply() {
-  const int peer = link_.generation_rank_of(rank_);
-  const auto recv = [&](const Tensor& t) {
-    link_.job->send_recv(std::vector<dist::P2POp>{{dist::P2POp::Kind::Recv, t, peer}}, dist::Lane::Compute);
-  };
   const auto capacity = static_cast<int64_t>(buffer_.bytes() / 4) - 1;
   int32_t reply = 0;
-  recv(words_at(buffer_, 0, 1));
+  with_generation_rank(dist::P2POp::Kind::Recv, words_at(buffer_, 0, 1));
   backend_.download(&reply, words_at(buffer_, 0, 1));
   TS_CHECK(reply >= 0 && reply <= capacity, "grpo generation link: a response of {} words, room for {}", reply, capacity);
   Words words(static_cast<size_t>(reply));
-  recv(words_at(buffer_, 1, reply));
+  with_generation_rank(dist::P2POp::Kind::Recv, words_at(buffer_, 1, reply));
   backend_.download(words.data(), words_at(buffer_, 1, reply));
   received_[in_flight_] = decode_continuations(words, asked_);
   in_flight_ = -1;

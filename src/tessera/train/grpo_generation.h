@@ -14,11 +14,13 @@
 #include <cstdint>
 #include <memory>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/distributed/communicator.h"
 #include "tessera/model/continuations.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -28,9 +30,6 @@ class ChatFormat;
 class Logger;
 class StopStrings;
 class Tokenizer;
-namespace dist {
-class Communicator;
-}
 
 struct GrpoGenerationLink {
   dist::Communicator* job = nullptr;      // every rank: training 0 .. T-1, generation T .. T+K-1
@@ -41,6 +40,15 @@ struct GrpoGenerationLink {
     return training_ranks + training_rank % generation_ranks;
   }
 };
+
+// A job's communicators under split placement: the training ranks' own (null on a generation
+// rank), and the link. Collective over `job`; none (nullopt) when every rank trains.
+struct GrpoSplitJob {
+  std::unique_ptr<dist::Communicator> training, weights;
+  GrpoGenerationLink link;
+  bool generates(int job_rank) const { return job_rank >= link.training_ranks; }
+};
+std::optional<GrpoSplitJob> split_grpo_job(dist::Communicator& job, const TrainingConfig& t);
 
 // The tokenizer's chat template (its special tokens end a completion), or null when it has none.
 std::unique_ptr<ChatFormat> grpo_chat_format(const DataConfig& d, const Tokenizer& tokenizer);
@@ -80,6 +88,10 @@ class GrpoGenerationClient {
   Reply receive(int ticket);
 
  private:
+  // The first training rank's word to the generation ranks before a round (grpo_generation.cpp).
+  void broadcast_command(int32_t what, int64_t weights);
+  // A message to or from this rank's generation rank.
+  void with_generation_rank(dist::P2POp::Kind kind, const Tensor& words);
   // The continuations of the request in flight, waited for and kept.
   void take_reply();
 

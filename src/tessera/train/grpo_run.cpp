@@ -208,7 +208,6 @@ std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vecto
       grpo_continuation_request(t_, p_.tokenizer, chat_.get(), stop_, p_.model.spec().vocab_size);
   request.sampling = sampling;
   request.sampling.seed = seed;
-  std::vector<std::vector<Completion>> out;
   // Offloading, the moments leave the memory the KV cache fills and come back once it is done.
   const auto t0 = Clock::now();
   if (t_.grpo_offload_optimizer_state) p_.optimizer.stash_moments();
@@ -228,21 +227,24 @@ std::vector<std::vector<GrpoRun::Completion>> GrpoRun::complete(const std::vecto
     p_.optimizer.restore_moments();
     offload_s_ += seconds_since(t1);
   }
-  for (std::vector<Continuation>& group : groups) {
-    std::vector<Completion>& mine = out.emplace_back();
-    for (Continuation& c : group) mine.push_back(completion_of(c, /*keep_logps=*/false));
-  }
-  return out;
+  return completions_of(groups, /*keep_logps=*/false);
 }
 
-GrpoRun::Completion GrpoRun::completion_of(Continuation& c, bool keep_logps) {
-  Completion done;
-  done.ids = std::move(c.ids);
-  done.entropy_sum = c.entropy_sum;
-  done.clipped = c.end == Continuation::End::Length;
-  done.stopped = c.end == Continuation::End::Stop;
-  if (keep_logps) done.old_logp.assign(c.logps.begin(), c.logps.end());
-  return done;
+std::vector<std::vector<GrpoRun::Completion>> GrpoRun::completions_of(std::vector<std::vector<Continuation>>& groups,
+                                                                      bool keep_logps) {
+  std::vector<std::vector<Completion>> out;
+  for (std::vector<Continuation>& group : groups) {
+    std::vector<Completion>& mine = out.emplace_back();
+    for (Continuation& c : group) {
+      Completion& done = mine.emplace_back();
+      done.ids = std::move(c.ids);
+      done.entropy_sum = c.entropy_sum;
+      done.clipped = c.end == Continuation::End::Length;
+      done.stopped = c.end == Continuation::End::Stop;
+      if (keep_logps) done.old_logp.assign(c.logps.begin(), c.logps.end());
+    }
+  }
+  return out;
 }
 
 // Each reward term's value for each completion: [term][completion].
@@ -336,10 +338,7 @@ void GrpoRun::generate_batch(int64_t batch, int64_t iteration) {
     // log-probabilities are the generator's.
     GrpoGenerationClient::Reply reply = client_->receive(ahead_ticket_);
     decode_s_ = reply.decode_s;
-    for (std::vector<Continuation>& group : reply.continuations) {
-      std::vector<Completion>& mine = done.emplace_back();
-      for (Continuation& c : group) mine.push_back(completion_of(c, /*keep_logps=*/true));
-    }
+    done = completions_of(reply.continuations, /*keep_logps=*/true);
     ahead_ticket_ = -1;
   } else {
     sync_once();
@@ -471,8 +470,10 @@ GrpoStepStats GrpoRun::gradients(int64_t iteration) {
   const bool generated = batch != batch_;
   if (generated) generate_batch(batch, iteration);
   GrpoStepStats s = batch_stats_;
-  if (!generated) s.generation_s = 0, s.generated_tokens = 0, s.reference_s = 0, s.decode_s = 0;
-  if (!generated && s.weight_sync_s > 0) s.weight_sync_s = 0;
+  if (!generated) {  // the batch's generation was reported with the step that made it
+    s.generation_s = s.reference_s = s.decode_s = 0, s.generated_tokens = 0;
+    if (s.weight_sync_s > 0) s.weight_sync_s = 0;
+  }
   const auto t0 = Clock::now();
   Model& model = p_.model;
   const int64_t T = t_.seq_length, mb = t_.micro_batch_size;

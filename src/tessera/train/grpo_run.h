@@ -141,9 +141,11 @@ class GrpoRun {
   // This rank's completions of generation batch `batch`, rewarded and exchanged; `iteration`
   // is the one it starts.
   void generate_batch(int64_t batch, int64_t iteration);
-  // A completion from its continuation; keep_logps: the sampler's log-probabilities as the old
-  // policy's (a batch sampled ahead, by weights the training ranks no longer hold).
-  static Completion completion_of(Continuation& c, bool keep_logps);
+  // Completions from their continuations (moved out), [prompt][stream]; keep_logps: the
+  // sampler's log-probabilities as the old policy's (a batch sampled ahead, by weights the
+  // training ranks no longer hold).
+  static std::vector<std::vector<Completion>> completions_of(std::vector<std::vector<Continuation>>& groups,
+                                                             bool keep_logps);
   // Completions of each prompt, one per stream (the random stream of its sampling under
   // `seed`), [prompt][stream], decoded with continuous batching; greedy at temperature 0.
   std::vector<std::vector<Completion>> complete(const std::vector<PromptContinuations>& prompts,
