@@ -157,7 +157,7 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
 // first rank broadcasts to it before each generation batch and evaluation; the training ranks
 // get the completions the colocated run samples and take its steps: one training rank exactly,
 // two (ZeRO-1) as two colocated ranks do. Too many generation ranks, or LoRA, stop the run by
-// name. One batch ahead (grpo_async_generation), a batch is what the on-policy split run samples
+// name; so does a verifier that breaks, the generation rank ending with the job. One batch ahead (grpo_async_generation), a batch is what the on-policy split run samples
 // from the same weights.
 TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
   const std::string run = two_batches();
@@ -230,6 +230,15 @@ TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
                            "--finetune false --pretrained_checkpoint " + (dir_ / "start").string() + " --exp_name lora");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("'lora_rank'"), std::string::npos) << r.output;
+  // A verifier that breaks on a training rank ends the job, the generation rank too (it waits
+  // in a collective the failure aborts), with the command named and no step recorded.
+  std::ofstream(dir_ / "crash.sh") << "echo 'verifier broke' >&2; exit 3\n";
+  r = run_tessera(grpo() + " --train_iters 1 --nproc_per_node 3 --grpo_generation_gpus 1 --use_distributed_optimizer true "
+                           "--grpo_rewards command --grpo_reward_command 'sh " + (dir_ / "crash.sh").string() +
+                  "' --exp_name split_crash");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("verifier broke"), std::string::npos) << r.output;
+  EXPECT_TRUE(steps("split_crash").empty());
 }
 
 // The reward command sees each completion's text: a run's completions, then the same run with
