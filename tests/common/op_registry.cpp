@@ -1373,6 +1373,107 @@ std::vector<OpCase> moe_cases() {
   return cases;
 }
 
+// rope on the shape, then attention_forward and attention_backward.
+void add_attention_cases(std::vector<OpCase>& cases, const AttentionShape& s) {
+  const std::string shape =
+      fmt::format("B{} T{} H{} KV{} D{}{} window{}{}", s.batch, s.seq, s.heads, s.kv_heads,
+                  s.head_dim, v_dim_text(s), s.window, s.causal ? "" : " full");
+  const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
+  OpCase rope;
+  rope.name = "rope_forward+backward " + shape;
+  rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
+                {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
+  rope.run = [s](Backend& b, const Tensors& t) {
+    DeviceBuffer f(b, s.seq * s.head_dim * 4, "freqs");
+    const Tensor freqs = f.tensor(DType::F32, {s.seq, s.head_dim});
+    b.upload(freqs, rope_freqs(s.seq, s.head_dim).data());
+    b.rope_forward(t.at("qkv"), freqs, s);
+    b.rope_backward(t.at("dqkv"), freqs, s);
+    b.synchronize();
+  };
+  cases.push_back(rope);
+  OpCase f;
+  f.name = "attention_forward " + shape;
+  f.specs = {{"qkv", {N, W}},
+             {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+             {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}};
+  f.run = [s](Backend& b, const Tensors& t) {
+    b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
+  };
+  cases.push_back(f);
+  OpCase g;
+  g.name = "attention_backward " + shape;
+  g.specs = {{"qkv", {N, W}},
+             {"dout", {N, HD}},
+             {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+             {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
+             {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+  g.run = [s](Backend& b, const Tensors& t) {
+    b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
+    b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), s);
+  };
+  cases.push_back(g);
+}
+
+// Packed documents (reset_position_ids, reset_attention_mask): rope with a row per token at its
+// position in its document, attention within each document; the lengths of each sequence's
+// documents, in order.
+struct PackedAttention {
+  AttentionShape s;
+  std::vector<std::vector<int>> documents;
+};
+
+void add_packed_attention_cases(std::vector<OpCase>& cases, const PackedAttention& p) {
+  const AttentionShape& s = p.s;
+  std::vector<int32_t> starts, positions;
+  for (const auto& sequence : p.documents)
+    for (int length : sequence)
+      for (int k = 0; k < length; ++k) {
+        starts.push_back(static_cast<int32_t>(positions.size() % s.seq) - k);
+        positions.push_back(k);
+      }
+  const std::string shape = fmt::format("B{} T{} H{} KV{} D{}{} window{} packed", s.batch, s.seq,
+                                        s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window);
+  const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
+  OpCase rope;
+  rope.name = "rope_forward+backward " + shape;
+  rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
+                {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
+  rope.run = [s, positions](Backend& b, const Tensors& t) {
+    const std::vector<float> table = rope_freqs(s.seq, s.head_dim);
+    std::vector<float> rows;
+    for (int32_t pos : positions)
+      rows.insert(rows.end(), table.begin() + pos * s.head_dim,
+                  table.begin() + (pos + 1) * s.head_dim);
+    DeviceBuffer f(b, rows.size() * 4, "freqs");
+    const Tensor freqs = f.tensor(DType::F32, {s.tokens(), s.head_dim});
+    b.upload(freqs, rows.data());
+    AttentionShape per_token = s;
+    per_token.rope_per_token = true;
+    b.rope_forward(t.at("qkv"), freqs, per_token);
+    b.rope_backward(t.at("dqkv"), freqs, per_token);
+    b.synchronize();
+  };
+  cases.push_back(rope);
+  OpCase g;
+  g.name = "attention_forward+backward " + shape;
+  g.specs = {{"qkv", {N, W}},
+             {"dout", {N, HD}},
+             {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+             {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
+             {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+  g.run = [s, starts](Backend& b, const Tensors& t) {
+    DeviceBuffer d(b, starts.size() * 4, "document starts");
+    AttentionShape within = s;
+    within.document_starts = d.tensor(DType::I32, {s.tokens()});
+    b.upload(within.document_starts, starts.data());
+    b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), within);
+    b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), within);
+    b.synchronize();
+  };
+  cases.push_back(g);
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -1386,109 +1487,33 @@ std::vector<OpCase> attention_cases() {
         attn(1, 40, 2, 1, 80, 0), attn_v(2, 37, 4, 4, 24, 16, 0), attn_v(1, 53, 3, 3, 20, 12, 0),
         attn_v(1, 130, 4, 2, 48, 40, 17), attn_v(2, 65, 2, 2, 96, 64, 0, false),
         attn_v(1, 256, 16, 16, 192, 128, 0), attn_v(1, 1024, 8, 8, 192, 128, 0)}) {
-    const std::string shape =
-        fmt::format("B{} T{} H{} KV{} D{}{} window{}{}", s.batch, s.seq, s.heads, s.kv_heads,
-                    s.head_dim, v_dim_text(s), s.window, s.causal ? "" : " full");
-    const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
-    OpCase rope;
-    rope.name = "rope_forward+backward " + shape;
-    rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
-                  {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
-    rope.run = [s](Backend& b, const Tensors& t) {
-      DeviceBuffer f(b, s.seq * s.head_dim * 4, "freqs");
-      const Tensor freqs = f.tensor(DType::F32, {s.seq, s.head_dim});
-      b.upload(freqs, rope_freqs(s.seq, s.head_dim).data());
-      b.rope_forward(t.at("qkv"), freqs, s);
-      b.rope_backward(t.at("dqkv"), freqs, s);
-      b.synchronize();
-    };
-    cases.push_back(rope);
-    OpCase f;
-    f.name = "attention_forward " + shape;
-    f.specs = {{"qkv", {N, W}},
-               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
-               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}};
-    f.run = [s](Backend& b, const Tensors& t) {
-      b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
-    };
-    cases.push_back(f);
-    OpCase g;
-    g.name = "attention_backward " + shape;
-    g.specs = {{"qkv", {N, W}},
-               {"dout", {N, HD}},
-               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
-               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
-               {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
-    g.run = [s](Backend& b, const Tensors& t) {
-      b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
-      b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), s);
-    };
-    cases.push_back(g);
+    add_attention_cases(cases, s);
   }
-  // Packed documents (reset_position_ids, reset_attention_mask): rope with a row per token at
-  // its position in its document, attention within each document; the lengths of each
-  // sequence's documents, in order.
-  struct Packed {
-    AttentionShape s;
-    std::vector<std::vector<int>> documents;
-  };
-  for (const Packed& p : {Packed{attn(2, 40, 4, 2, 64, 0), {{7, 13, 20}, {1, 39}}},
-                          Packed{attn(1, 200, 8, 1, 128, 0), {{50, 3, 100, 47}}},
-                          Packed{attn(1, 100, 4, 2, 64, 16), {{30, 70}}},
-                          Packed{attn_v(1, 64, 4, 4, 24, 16, 0), {{1, 1, 62}}},
-                          // Many tiles of the flash kernels: documents that end inside a tile, on
-                          // a tile edge (128, 256), one of one token, one across several tiles;
-                          // a sequence of one document; and a window inside documents.
-                          Packed{attn(2, 700, 8, 2, 128, 0), {{128, 1, 127, 300, 144}, {700}}},
-                          Packed{attn(1, 600, 4, 4, 64, 100), {{64, 64, 5, 331, 136}}}}) {
-    const AttentionShape& s = p.s;
-    std::vector<int32_t> starts, positions;
-    for (const auto& sequence : p.documents)
-      for (int length : sequence)
-        for (int k = 0; k < length; ++k) {
-          starts.push_back(static_cast<int32_t>(positions.size() % s.seq) - k);
-          positions.push_back(k);
-        }
-    const std::string shape = fmt::format("B{} T{} H{} KV{} D{}{} window{} packed", s.batch, s.seq,
-                                          s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window);
-    const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
-    OpCase rope;
-    rope.name = "rope_forward+backward " + shape;
-    rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
-                  {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
-    rope.run = [s, positions](Backend& b, const Tensors& t) {
-      const std::vector<float> table = rope_freqs(s.seq, s.head_dim);
-      std::vector<float> rows;
-      for (int32_t pos : positions)
-        rows.insert(rows.end(), table.begin() + pos * s.head_dim, table.begin() + (pos + 1) * s.head_dim);
-      DeviceBuffer f(b, rows.size() * 4, "freqs");
-      const Tensor freqs = f.tensor(DType::F32, {s.tokens(), s.head_dim});
-      b.upload(freqs, rows.data());
-      AttentionShape per_token = s;
-      per_token.rope_per_token = true;
-      b.rope_forward(t.at("qkv"), freqs, per_token);
-      b.rope_backward(t.at("dqkv"), freqs, per_token);
-      b.synchronize();
-    };
-    cases.push_back(rope);
-    OpCase g;
-    g.name = "attention_forward+backward " + shape;
-    g.specs = {{"qkv", {N, W}},
-               {"dout", {N, HD}},
-               {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
-               {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
-               {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
-    g.run = [s, starts](Backend& b, const Tensors& t) {
-      DeviceBuffer d(b, starts.size() * 4, "document starts");
-      AttentionShape within = s;
-      within.document_starts = d.tensor(DType::I32, {s.tokens()});
-      b.upload(within.document_starts, starts.data());
-      b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), within);
-      b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), within);
-      b.synchronize();
-    };
-    cases.push_back(g);
+  // Packed documents over many tiles of the flash kernels: documents that end inside a tile, on
+  // a tile edge (128, 256), one of one token, one across several tiles; a sequence of one
+  // document; and a window inside documents.
+  for (const PackedAttention& p :
+       {PackedAttention{attn(2, 40, 4, 2, 64, 0), {{7, 13, 20}, {1, 39}}},
+        PackedAttention{attn(1, 200, 8, 1, 128, 0), {{50, 3, 100, 47}}},
+        PackedAttention{attn(1, 100, 4, 2, 64, 16), {{30, 70}}},
+        PackedAttention{attn_v(1, 64, 4, 4, 24, 16, 0), {{1, 1, 62}}},
+        PackedAttention{attn(2, 700, 8, 2, 128, 0), {{128, 1, 127, 300, 144}, {700}}},
+        PackedAttention{attn(1, 600, 4, 4, 64, 100), {{64, 64, 5, 331, 136}}}}) {
+    add_packed_attention_cases(cases, p);
   }
+  return cases;
+}
+
+std::vector<OpCase> wide_attention_cases() {
+  std::vector<OpCase> cases;
+  // 11 query tiles of 128 x 16 heads: 176 tiles, more than an H100 or H200 has SMs (132).
+  for (const AttentionShape& s : {attn(1, 1300, 16, 4, 128, 0), attn(1, 1300, 16, 4, 128, 300)}) {
+    add_attention_cases(cases, s);
+  }
+  // Query tiles that see one key tile (a document inside one tile) next to ones that see
+  // several, documents on a tile edge and across tiles.
+  add_packed_attention_cases(cases,
+                             {attn(1, 1300, 16, 4, 128, 0), {{100, 1, 27, 128, 300, 5, 600, 139}}});
   return cases;
 }
 

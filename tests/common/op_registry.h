@@ -53,6 +53,10 @@ struct OpCase {
 std::vector<OpCase> all_cases();
 // rope on each attention shape and attention_forward / attention_backward.
 std::vector<OpCase> attention_cases();
+// Attention shapes with more query tiles than a GPU has SMs (the Hopper forward's persistent
+// CTAs then take several each), causal, windowed and packed; for GPUs only: the CPU would
+// spend minutes on them.
+std::vector<OpCase> wide_attention_cases();
 
 struct BackendUnderTest {
   std::string name;            // "cpu", "cuda"

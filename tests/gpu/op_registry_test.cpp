@@ -15,6 +15,7 @@ namespace {
 
 using test::all_cases;
 using test::attention_cases;
+using test::wide_attention_cases;
 using test::BackendUnderTest;
 using test::check_case;
 using test::OpCase;
@@ -41,6 +42,13 @@ TEST(GpuOps, EveryOpMatchesTheReference) {
     }
     check_case(c, cuda(AttentionBackend::Tessera));
   }
+}
+
+// The flash kernels over more query tiles than the GPU has SMs: the Hopper forward's CTAs each
+// take several, carrying the K/V ring, the Q buffers and the softmax state across them.
+TEST(GpuOps, AttentionOverMoreTilesThanSmsMatchesTheReference) {
+  TS_REQUIRE_GPU();
+  for (const OpCase& c : wide_attention_cases()) check_case(c, cuda(AttentionBackend::Tessera));
 }
 
 // The MoE experts' FP8 ops alone (EveryOpMatchesTheReference runs them too): the grouped cast
