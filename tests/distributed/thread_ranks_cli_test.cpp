@@ -124,9 +124,11 @@ TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
   }
 }
 
-// Packed documents (reset_position_ids, reset_attention_mask) under data and tensor (+ sequence)
-// parallelism: byte-level documents of many lengths, so that every sample holds several.
-TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataAndTensorParallelism) {
+// Packed documents (reset_position_ids, reset_attention_mask) under data, tensor (+ sequence)
+// and pipeline parallelism: byte-level documents of many lengths, so that every sample holds
+// several. Under 1F1B a stage holds several micro-batches at once, each with its own positions
+// and document masks; with 4 stages the middle ones read the batches for them too.
+TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataTensorAndPipelineParallelism) {
   fs::create_directories(workspace_);
   {
     std::ofstream docs(workspace_ / "docs.jsonl");
@@ -141,13 +143,17 @@ TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataAndTensorParallel
   const std::string data = "--mock_data false --tokenizer_type ByteLevel --data_path " +
                            (workspace_ / "docs_text_document").string() +
                            " --split 100,0,0 --reset_position_ids --reset_attention_mask "
-                           "--num_query_groups 2 --log_interval 1 ";
+                           "--num_query_groups 2 --num_layers 4 --log_interval 1 ";
   const TrainingRun one = train(workspace_, "packed1", 1, data);
   ASSERT_EQ(one.losses.size(), 6u);
   for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
            {2, ""},
            {2, "--tensor_model_parallel_size 2 --sequence_parallel true"},
-           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"}}) {
+           {4, "--tensor_model_parallel_size 2 --use_distributed_optimizer true"},
+           {2, "--pipeline_model_parallel_size 2"},
+           {4, "--pipeline_model_parallel_size 4"},
+           {2, "--pipeline_model_parallel_size 2 --virtual_pipeline_model_parallel_size 2"},
+           {4, "--pipeline_model_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
     SCOPED_TRACE(flags);
     static int runs = 0;
     const TrainingRun run = train(workspace_, "packed_mesh" + std::to_string(runs++), ranks, data + flags);

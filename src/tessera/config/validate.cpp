@@ -1035,8 +1035,8 @@ void check_reference_load(const Checker& c, const Experiment& e) {
 }
 
 // Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
-// sequences on one stage: not yet split over context-parallel ranks or pipeline stages, nor
-// through multi-latent attention's own rope.
+// sequences: not yet split over context-parallel ranks, nor through multi-latent attention's
+// own rope.
 void check_packed_documents(const Checker& c, const Experiment& e) {
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
             "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
@@ -1047,9 +1047,6 @@ void check_packed_documents(const Checker& c, const Experiment& e) {
     c.require(e.training.context_parallel_size == 1, key,
               "false with context_parallel_size above 1: packed documents are not split over "
               "context-parallel ranks yet");
-    c.require(e.training.pipeline_model_parallel_size == 1, key,
-              "false with pipeline_model_parallel_size above 1: packed documents are not carried "
-              "through pipeline stages yet");
     c.require(!e.model_config.multi_latent_attention, key,
               "false with multi_latent_attention: its rope does not take per-document positions "
               "yet");

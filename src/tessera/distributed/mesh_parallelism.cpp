@@ -161,10 +161,12 @@ void MeshParallelism::run_schedule(const PipelineSchedule& schedule, bool with_b
                                    float grad_scale, const std::function<void(int64_t)>& load,
                                    const std::function<std::vector<float>(int64_t)>& head_scales) {
   const int stage = mesh_.coordinate(world_.rank(), MeshDim::PP);
-  // The stages holding the embedding (tokens) and the head (targets) read the micro-batches.
+  // The stages holding the embedding (tokens) and the head (targets) read the micro-batches;
+  // with packed documents every stage does, for its layers' positions and document masks.
   const std::vector<LayerRange>& chunks = model_.runtime().pipeline_chunks;
   const bool holds_head = chunks.back().end() == model_.spec().num_layers;
-  const bool reads_batches = chunks.front().first == 0 || holds_head;
+  const bool reads_batches =
+      chunks.front().first == 0 || holds_head || model_.runtime().packed_documents();
   const auto is_head = [&](int chunk) { return holds_head && chunk == model_.chunks() - 1; };
   std::vector<char> loaded(static_cast<size_t>(schedule.micro_batches()), 0);
   // The head's losses are the slot's until the next forward: its scales are asked at once.

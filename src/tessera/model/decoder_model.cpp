@@ -166,11 +166,13 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   }
   a.rope.tables.clear();
   for (double base : rope_bases(layers)) a.rope.tables.push_back({base, Tensor{}});
-  // A row per position, or with reset_position_ids a row per token.
-  for (auto& [base, table] : a.rope.tables)
-    plan.add(&table, DType::F32, {rt.reset_position_ids ? N : rt.seq_length, s.head_dim},
-             Keep::Shared);
-  if (rt.reset_attention_mask) plan.add(&a.document_starts, DType::I32, {N}, Keep::Shared);
+  // A row per position, or with reset_position_ids a row per token: the micro-batch's, kept
+  // per slot like its tokens (pipeline stages hold several micro-batches at once).
+  for (auto& [base, table] : a.rope.tables) {
+    if (rt.reset_position_ids) plan.add(&table, DType::F32, {N, s.head_dim});
+    else plan.add(&table, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
+  }
+  if (rt.reset_attention_mask) plan.add(&a.document_starts, DType::I32, {N});
   if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
     plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
@@ -285,6 +287,8 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   plan_->bind(act_buffer_);
   loss_row_count_.assign(static_cast<size_t>(runtime_.pipeline_slots), -1);
   sequence_head_rows_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
+  document_positions_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
+  document_pairs_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
 
   const int cp = runtime_.context_parallel_size;
   TS_CHECK(cp >= 1 && runtime_.context_parallel_rank >= 0 && runtime_.context_parallel_rank < cp &&
@@ -627,16 +631,16 @@ void DecoderModel::set_document_positions(const int32_t* positions) {
     host_ids_.resize(static_cast<size_t>(N));
     for (int64_t i = 0; i < N; ++i) host_ids_[i] = static_cast<int32_t>(i % T) - positions[i];
     backend_.upload(a_.document_starts, host_ids_.data());
-    document_positions_.assign(positions, positions + N);
-    document_pairs_.clear();
+    document_positions_[static_cast<size_t>(slot_)].assign(positions, positions + N);
+    document_pairs_[static_cast<size_t>(slot_)].clear();
   }
 }
 
-// The pairs the batch's documents leave visible to attention of `window` (0: none).
+// The pairs the slot's batch's documents leave visible to attention of `window` (0: none).
 double DecoderModel::document_pairs(int64_t window) const {
-  const auto [at, added] = document_pairs_.try_emplace(window, 0.0);
+  const auto [at, added] = document_pairs_[static_cast<size_t>(slot_)].try_emplace(window, 0.0);
   if (added)
-    for (const int32_t p : document_positions_)
+    for (const int32_t p : document_positions_[static_cast<size_t>(slot_)])
       at->second += static_cast<double>(window > 0 ? std::min<int64_t>(p + 1, window) : p + 1);
   return at->second;
 }

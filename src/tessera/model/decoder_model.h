@@ -245,11 +245,11 @@ class DecoderModel final : public Model, private LayerOps {
   // the loss rows of sequence b are [begin[b], begin[b + 1]), the padding after the last).
   std::vector<std::vector<int64_t>> sequence_head_rows_;
   std::vector<int32_t> host_loss_rows_, host_loss_targets_;
-  // Packed documents: each token's position in its document (what its attention sees), and
-  // the visible pairs by attention window, counted once per batch (every layer's forward and
-  // backward asks).
-  std::vector<int32_t> document_positions_;
-  mutable std::map<int64_t, double> document_pairs_;
+  // Packed documents, per slot: each token's position in its document (what its attention
+  // sees), and the visible pairs by attention window, counted once per batch (every layer's
+  // forward and backward asks).
+  std::vector<std::vector<int32_t>> document_positions_;
+  mutable std::vector<std::map<int64_t, double>> document_pairs_;
 
   Activations a_;
   float grad_scale_ = 0.0f;  // of the forward_backward in progress
