@@ -1687,7 +1687,10 @@ std::vector<OpCase> gathered_attention_cases() {
   };
   for (const Gathered& g :
        {Gathered{attn(2, 16, 4, 2, 64, 0), 2, 0}, Gathered{attn(2, 16, 4, 2, 64, 0), 2, 1},
-        Gathered{attn(1, 24, 8, 2, 128, 20), 4, 2}, Gathered{attn(1, 512, 8, 8, 128, 0), 2, 1}}) {
+        Gathered{attn(1, 24, 8, 2, 128, 20), 4, 2}, Gathered{attn(1, 512, 8, 8, 128, 0), 2, 1},
+        // Chunks of whole tiles (the GPU's warpgroup kernels on Hopper): GQA over a batch, the
+        // first and a middle segment, a window across chunks.
+        Gathered{attn(2, 512, 8, 2, 128, 0), 2, 0}, Gathered{attn(1, 256, 4, 2, 128, 300), 4, 1}}) {
     const AttentionShape s = g.s;
     const int64_t S = g.segments, N = s.tokens(), W = s.qkv_width(), HD = s.heads * s.head_dim;
     const std::string shape =

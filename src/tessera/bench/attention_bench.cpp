@@ -1,12 +1,14 @@
 #include "tessera/bench/attention_bench.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "tessera/analysis/report_output.h"
 #include "tessera/core/error.h"
+#include "tessera/model/parallel_layers.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera::bench {
@@ -14,8 +16,9 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: tessera bench attention [--seqs 1024,2048,4096,8192,16384,32768]
-         [--head_dims 64,128] [--heads 32] [--kv_heads 8] [--masks causal,full,window,packed]
-         [--window 4096] [--document_length 2048] [--tokens 16384 | --batch B]
+         [--head_dims 64,128] [--heads 32] [--kv_heads 8] [--masks causal,full,window,packed,cp]
+         [--window 4096] [--document_length 2048] [--context_parallel_size 2]
+         [--tokens 16384 | --batch B]
          [--passes forward,backward]
          [--attention_backend auto|tessera|cudnn] [--deterministic_mode true|false]
          [--device auto|cpu|cuda] [--gpu NAME]
@@ -25,7 +28,11 @@ The fused attention op over masks, GQA ratios (--kv_heads 32,8,1 sweeps them), h
 sequence lengths; batch = max(1, tokens / seq) unless --batch. Window rows are skipped where
 the window covers the sequence. packed (not in the default): each sequence holds documents of
 --document_length tokens (the last one shorter), attention inside each; rows are skipped where
-one document covers the sequence. --attention_backend picks the kernels and
+one document covers the sequence. cp (not in the default): causal attention split over
+--context_parallel_size segments as context parallelism runs it on each GPU (Megatron's load
+balancing: every segment's keys, one segment's queries), every segment's share timed in turn
+on this GPU, so that its TFLOP/s are one GPU's under context parallelism, the exchange of keys
+and values aside. --attention_backend picks the kernels and
 --deterministic_mode true their bit-reproducible backward, as the training keys of those names
 do. Each row is checked before timing (T=200 against the CPU reference; forward
 rows also sampled at full size against a host softmax).
@@ -37,11 +44,23 @@ constexpr int64_t kSmallSeq = 200;  // not a multiple of any tile
 constexpr int kSampledRows = 4;
 
 // qkv, out, lse (+ dout, dqkv for the backward, the document starts when packed) of one
-// problem, in one allocation, and the shape that reads them.
+// problem, in one allocation, and the shape that reads them. Under context parallelism qkv and
+// dqkv hold every segment's rows (segments x B, T / segments, width), out, lse and dout one
+// set per segment (segment(c) views them), and positions every segment's places.
 struct AttentionTensors {
   DeviceBuffer buffer;
-  Tensor qkv, out, lse, dout, dqkv;
-  AttentionShape shape;
+  Tensor qkv, out, lse, dout, dqkv, positions;
+  AttentionShape shape;  // per segment under context parallelism
+  int64_t segments = 1;
+  // Segment c's out, lse and dout.
+  std::array<Tensor, 3> segment(int64_t c) const {
+    auto part = [&](const Tensor& t) {
+      if (!t.defined()) return t;
+      const int64_t n = t.numel() / segments;
+      return t.flat_range(c * n, n).view({t.shape[0] / segments, t.shape[1], t.shape[2]});
+    };
+    return {part(out), part(lse), part(dout)};
+  }
 };
 
 // The first token of each token's document, for every sequence (B, T).
@@ -60,11 +79,13 @@ size_t aligned(size_t bytes) {
 
 size_t set_bytes(const AttentionProblem& p, DType dt) {
   const AttentionShape s = p.shape();
-  const size_t qkv = aligned(s.tokens() * s.qkv_width() * dtype_size(dt));
-  const size_t out = aligned(s.tokens() * s.heads * s.head_dim * dtype_size(dt));
-  const size_t lse = aligned(s.batch * s.heads * s.seq * sizeof(float));
+  const int64_t S = p.segments;
+  const size_t qkv = aligned(S * s.tokens() * s.qkv_width() * dtype_size(dt));
+  const size_t out = aligned(S * s.tokens() * s.heads * s.head_dim * dtype_size(dt));
+  const size_t lse = aligned(S * s.batch * s.heads * s.seq * sizeof(float));
   const size_t starts = p.document_length > 0 ? aligned(s.tokens() * sizeof(int32_t)) : 0;
-  return qkv + out + lse + starts + (p.backward ? qkv + out : 0);
+  const size_t positions = S > 1 ? aligned(S * s.seq * sizeof(int32_t)) : 0;
+  return qkv + out + lse + starts + positions + (p.backward ? qkv + out : 0);
 }
 
 AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint64_t seed) {
@@ -77,28 +98,52 @@ AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint6
     at += aligned(x.nbytes());
     return x;
   };
-  t.qkv = take(dt, {s.batch, s.seq, s.qkv_width()});
-  t.out = take(dt, {s.batch, s.seq, s.heads * s.head_dim});
-  t.lse = take(DType::F32, {s.batch, s.heads, s.seq});
+  const int64_t S = p.segments;
+  t.segments = S;
+  t.qkv = take(dt, {S * s.batch, s.seq, s.qkv_width()});
+  t.out = take(dt, {S * s.batch, s.seq, s.heads * s.head_dim});
+  t.lse = take(DType::F32, {S * s.batch, s.heads, s.seq});
   t.shape = s;
   if (p.document_length > 0) {
     t.shape.document_starts = take(DType::I32, {s.tokens()});
     b.upload(t.shape.document_starts, document_starts(p).data());
   }
+  if (S > 1) {
+    t.positions = take(DType::I32, {S, s.seq});
+    std::vector<int32_t> all;
+    for (int64_t c = 0; c < S; ++c) {
+      const std::vector<int32_t> at = context_parallel_positions(s.seq, static_cast<int>(S), static_cast<int>(c));
+      all.insert(all.end(), at.begin(), at.end());
+    }
+    b.upload(t.positions, all.data());
+  }
   b.init_normal(t.qkv, seed, 0, 0.0f, 1.0f);
   if (p.backward) {
-    t.dout = take(dt, {s.batch, s.seq, s.heads * s.head_dim});
-    t.dqkv = take(dt, {s.batch, s.seq, s.qkv_width()});
+    t.dout = take(dt, {S * s.batch, s.seq, s.heads * s.head_dim});
+    t.dqkv = take(dt, {S * s.batch, s.seq, s.qkv_width()});
     b.init_normal(t.dout, seed + 1, 0, 0.0f, 1.0f);
   }
   return t;
 }
 
+void forward(Backend& b, const AttentionTensors& t) {
+  if (t.segments == 1) return b.attention_forward(t.out, t.lse, t.qkv, t.shape);
+  for (int64_t c = 0; c < t.segments; ++c) {
+    const auto [out, lse, dout] = t.segment(c);
+    b.attention_gathered_forward(out, lse, t.qkv, t.positions, c, t.shape);
+  }
+}
+
+void backward(Backend& b, const AttentionTensors& t) {
+  if (t.segments == 1) return b.attention_backward(t.dqkv, t.dout, t.out, t.lse, t.qkv, t.shape);
+  for (int64_t c = 0; c < t.segments; ++c) {
+    const auto [out, lse, dout] = t.segment(c);
+    b.attention_gathered_backward(t.dqkv, dout, out, lse, t.qkv, t.positions, c, t.shape);
+  }
+}
+
 void run(Backend& b, const AttentionProblem& p, const AttentionTensors& t) {
-  if (p.backward)
-    b.attention_backward(t.dqkv, t.dout, t.out, t.lse, t.qkv, t.shape);
-  else
-    b.attention_forward(t.out, t.lse, t.qkv, t.shape);
+  p.backward ? backward(b, t) : forward(b, t);
 }
 
 // Output row and log-sum-exp of query (b, t, h), in double, from the host copy of qkv.
@@ -133,7 +178,8 @@ void host_attention_row(const AttentionProblem& p, const std::vector<float>& qkv
 
 AttentionShape AttentionProblem::shape() const {
   AttentionShape s;
-  s.batch = batch, s.seq = seq, s.heads = heads, s.kv_heads = kv_heads, s.head_dim = head_dim;
+  s.batch = batch, s.seq = seq / segments, s.heads = heads, s.kv_heads = kv_heads;
+  s.head_dim = head_dim;
   s.causal = causal;
   s.window = window;
   s.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
@@ -141,6 +187,7 @@ AttentionShape AttentionProblem::shape() const {
 }
 
 std::string AttentionProblem::mask() const {
+  if (segments > 1) return fmt::format("causal cp {}", segments);
   if (window > 0) return fmt::format("window {}", window);
   if (document_length > 0) return fmt::format("packed {}", document_length);
   return causal ? "causal" : "full";
@@ -171,7 +218,8 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
   {  // The same kind at T=200 against the CPU reference, forward and backward on both.
     AttentionProblem small = p;
     small.batch = 1;
-    small.seq = kSmallSeq;
+    // Under context parallelism: chunks of 128 tokens, the GPU's warpgroup kernels' smallest.
+    small.seq = p.segments > 1 ? 256 * p.segments : kSmallSeq;
     small.kv_heads = std::min<int64_t>(p.kv_heads, 2);
     small.heads = small.kv_heads * (p.heads / p.kv_heads);
     if (p.window > 0) small.window = std::min<int64_t>(p.window, 64);
@@ -179,14 +227,14 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
     small.backward = true;
     const AttentionTensors d = allocate(dev, small, ctx.dtype, 31);
     const AttentionShape& s = d.shape;
-    dev.attention_forward(d.out, d.lse, d.qkv, s);
-    dev.attention_backward(d.dqkv, d.dout, d.out, d.lse, d.qkv, s);
+    forward(dev, d);
+    backward(dev, d);
     Backend& ref = *ctx.reference;
     const AttentionTensors h = allocate(ref, small, DType::F32, 31);
     upload_floats(ref, h.qkv, download_floats(dev, d.qkv));
     upload_floats(ref, h.dout, download_floats(dev, d.dout));
-    ref.attention_forward(h.out, h.lse, h.qkv, h.shape);
-    ref.attention_backward(h.dqkv, h.dout, h.out, h.lse, h.qkv, h.shape);
+    forward(ref, h);
+    backward(ref, h);
     // The op-test registry's tolerances for bf16 attention (tests/common/op_registry.cpp).
     const double out_err = relative_error(download_floats(dev, d.out), download_floats(ref, h.out));
     const double lse_err = relative_error(download_floats(dev, d.lse), download_floats(ref, h.lse));
@@ -201,7 +249,7 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
       return r;
     }
   }
-  if (!p.backward) {  // full size: sampled query rows against the host, in double
+  if (!p.backward && p.segments == 1) {  // full size: sampled query rows against the host, in double
     const AttentionTensors d = allocate(dev, p, ctx.dtype, 41);
     const AttentionShape& s = d.shape;
     dev.attention_forward(d.out, d.lse, d.qkv, s);
@@ -244,7 +292,7 @@ AttentionResult run_attention(BenchContext& ctx, const AttentionProblem& p) {
     for (int s = 0; s < sets; ++s) {
       tensors.push_back(allocate(*ctx.device, p, ctx.dtype, 100 + 10 * s));
       const AttentionTensors& t = tensors.back();
-      if (p.backward) ctx.device->attention_forward(t.out, t.lse, t.qkv, t.shape);  // its input
+      if (p.backward) forward(*ctx.device, t);  // its input
     }
     r.timing = measure(
         *ctx.device, [&](int i) { run(*ctx.device, p, tensors[i % sets]); }, ctx.warmup, ctx.iters);
@@ -263,7 +311,8 @@ int attention_bench_command(const std::vector<std::string>& args) {
   }
   std::set<std::string> valued = kCommonOptions;
   valued.insert({"seqs", "head_dims", "heads", "kv_heads", "masks", "window", "document_length",
-                 "tokens", "batch", "passes", "attention_backend", "deterministic_mode"});
+                 "tokens", "batch", "passes", "attention_backend", "deterministic_mode",
+                 "context_parallel_size"});
   const CommandArgs a(args, valued, {}, false);
   BenchContext ctx = make_context(context_options(a));
   const int64_t heads = a.get_int("heads", 32), window = a.get_int("window", 4096);
@@ -271,6 +320,9 @@ int attention_bench_command(const std::vector<std::string>& args) {
   if (document_length <= 0)
     throw ConfigError("command line", "document_length", std::to_string(document_length), "a positive token count");
   const int64_t tokens = a.get_int("tokens", 16384);
+  const int64_t segments = a.get_int("context_parallel_size", 2);
+  if (segments < 2)
+    throw ConfigError("command line", "context_parallel_size", std::to_string(segments), "2 or more");
   std::vector<AttentionProblem> problems;
   for (const std::string& pass : a.get_list("passes", {"forward", "backward"})) {
     if (pass != "forward" && pass != "backward")
@@ -281,17 +333,21 @@ int attention_bench_command(const std::vector<std::string>& args) {
                           fmt::format("a divisor of --heads {}", heads));
       for (int64_t d : a.get_int_list("head_dims", {64, 128}))
         for (const std::string& mask : a.get_list("masks", {"causal", "full", "window"})) {
-          if (mask != "causal" && mask != "full" && mask != "window" && mask != "packed")
-            throw ConfigError("command line", "masks", mask, "causal, full, window and/or packed");
+          if (mask != "causal" && mask != "full" && mask != "window" && mask != "packed" && mask != "cp")
+            throw ConfigError("command line", "masks", mask, "causal, full, window, packed and/or cp");
           for (int64_t t : a.get_int_list("seqs", {1024, 2048, 4096, 8192, 16384, 32768})) {
             if (mask == "window" && window >= t) continue;
             if (mask == "packed" && document_length >= t) continue;
+            if (mask == "cp" && t % (2 * segments) != 0)
+              throw ConfigError("command line", "seqs", std::to_string(t),
+                                fmt::format("multiples of 2 x --context_parallel_size = {} with cp", 2 * segments));
             AttentionProblem p;
             p.batch = a.get_int("batch", std::max<int64_t>(1, tokens / t));
             p.seq = t, p.heads = heads, p.kv_heads = kv, p.head_dim = d;
             p.causal = mask != "full";
             p.window = mask == "window" ? window : 0;
             p.document_length = mask == "packed" ? document_length : 0;
+            p.segments = mask == "cp" ? segments : 1;
             p.backward = pass == "backward";
             problems.push_back(p);
           }
@@ -306,7 +362,8 @@ int attention_bench_command(const std::vector<std::string>& args) {
                         ctx.description);
   t.note = fmt::format(
       "{} q/k/v; median of {} samples after {} warm-up calls; TFLOP/s with forward = 4*B*H*D*"
-      "pairs (causal T^2/2, full T^2, window: exact band, packed: L^2/2 per document), backward "
+      "pairs (causal T^2/2, full T^2, window: exact band, packed: L^2/2 per document; cp: the "
+      "whole sequence's, over every segment's share), backward "
       "= 2.5x forward; {}.",
       dtype_name(ctx.dtype), ctx.iters, ctx.warmup,
       peak_note(ctx, peak, std::string(dtype_name(ctx.dtype)) + " peak", "TFLOP/s"));

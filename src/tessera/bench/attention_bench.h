@@ -23,6 +23,9 @@ struct AttentionProblem {
   // shorter), attention kept inside each (reset_attention_mask).
   int64_t document_length = 0;
   bool backward = false;  // time the backward (the forward runs once to produce out and lse)
+  // > 1: causal attention under context parallelism over this many segments of seq tokens
+  // (each segment's share timed in turn; the pairs are the whole sequence's).
+  int64_t segments = 1;
 
   AttentionShape shape() const;  // without the document starts (allocate() adds them)
   std::string mask() const;  // "causal", "full", "window 4096", "packed 2048"

@@ -33,6 +33,7 @@
 // of range (the `boundary` flags below), so interior tiles pay nothing for masking.
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/attention_common.cuh"
+#include "tessera/backend/cuda/attention_gathered.cuh"
 
 #include <climits>
 #include <cmath>
@@ -1043,6 +1044,29 @@ void launch_backward(const AttentionBackwardParams& p, int batch, bool determini
 
 size_t align_up(size_t n) { return (n + 255) / 256 * 256; }
 
+// lse2 = lse log2(e) and delta = rowsum(dout * out), and dQ's accumulator (when there is one)
+// zeroed.
+void preprocess_backward(const AttentionShape& s, const void* dout, const void* out,
+                         const float* lse, float* lse2, float* delta, float* dq_accum,
+                         cudaStream_t stream) {
+  const int64_t rows = s.batch * s.seq * s.heads;
+  if (dq_accum != nullptr) {
+    TS_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0,
+                                  static_cast<size_t>(rows * s.head_dim) * sizeof(float), stream));
+  }
+  const int64_t threads = rows * (s.head_dim / 8);
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+  const int T = static_cast<int>(s.seq), H = static_cast<int>(s.heads);
+  if (s.head_dim == 64) {
+    attention_backward_preprocess_kernel<64><<<blocks, 256, 0, stream>>>(
+        static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, delta, T, H, rows);
+  } else {
+    attention_backward_preprocess_kernel<128><<<blocks, 256, 0, stream>>>(
+        static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, delta, T, H, rows);
+  }
+  TS_CUDA_CHECK_LAUNCH("attention_backward_preprocess_kernel");
+}
+
 // TMA reads its tensors from 16-byte aligned addresses.
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -1118,24 +1142,7 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
   p.delta = delta;
   p.dqkv = static_cast<bf16*>(dqkv);
   p.dq_accum = options.deterministic ? nullptr : reinterpret_cast<float*>(scratch_bytes + 2 * stats);
-
-  const int64_t rows = s.batch * s.seq * s.heads;
-  if (!options.deterministic) {
-    TS_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0,
-                                  static_cast<size_t>(rows * s.head_dim) * sizeof(float), stream));
-  }
-  const int64_t threads = rows * (s.head_dim / 8);
-  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
-  if (s.head_dim == 64) {
-    attention_backward_preprocess_kernel<64><<<blocks, 256, 0, stream>>>(
-        static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, delta, p.seq,
-        p.heads, rows);
-  } else {
-    attention_backward_preprocess_kernel<128><<<blocks, 256, 0, stream>>>(
-        static_cast<const bf16*>(dout), static_cast<const bf16*>(out), lse, lse2, delta, p.seq,
-        p.heads, rows);
-  }
-  TS_CUDA_CHECK_LAUNCH("attention_backward_preprocess_kernel");
+  preprocess_backward(s, dout, out, lse, lse2, delta, p.dq_accum, stream);
 
   const int batch = static_cast<int>(s.batch);
   if (!options.deterministic && options.backward_warpgroup && aligned16(qkv) && aligned16(dout) &&
@@ -1164,6 +1171,79 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
 
 size_t attention_backward_scratch_bytes(const AttentionShape& s) {
   return attention_backward_scratch_bytes(s, AttentionOptions{});
+}
+
+namespace {
+
+// Context parallelism takes the warpgroup kernels for causal bf16 attention of head dim 128
+// without documents, when each segment's two chunks are whole tiles (T a multiple of 256).
+bool gathered_on_warpgroups(const void* qkv_all, int64_t segments, const AttentionShape& s) {
+  return segments > 1 && s.head_dim == 128 && s.v_dim() == 128 && s.causal &&
+         !s.document_starts.defined() && s.seq % 256 == 0 && aligned16(qkv_all) &&
+         warpgroup_kernels_run(s.head_dim);
+}
+
+// The window against the whole sequence's tokens (effective_window's, for every segment's).
+int gathered_window(int64_t segments, const AttentionShape& s) {
+  return s.window > 0 && s.window < segments * s.seq ? static_cast<int>(s.window) : 0;
+}
+
+}  // namespace
+
+bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv_all,
+                                          int64_t segments, int64_t segment,
+                                          const AttentionShape& s, cudaStream_t stream) {
+  if (!gathered_on_warpgroups(qkv_all, segments, s)) return false;
+  auto p = make_params<AttentionForwardParams>(s);
+  p.window = gathered_window(segments, s);
+  p.qkv = static_cast<const bf16*>(qkv_all);
+  p.out = static_cast<bf16*>(out);
+  p.lse = lse;
+  p.segments = static_cast<int>(segments);
+  p.segment = static_cast<int>(segment);
+  attention_forward_hopper(p, static_cast<int>(s.batch), stream);
+  return true;
+}
+
+bool attention_gathered_backward_warpgroup(void* dqkv_all, const void* dout, const void* out,
+                                           const float* lse, const void* qkv_all,
+                                           int64_t segments, int64_t segment,
+                                           const AttentionShape& s, void* scratch,
+                                           size_t scratch_bytes, cudaStream_t stream) {
+  if (!gathered_on_warpgroups(qkv_all, segments, s) || !aligned16(dout)) return false;
+  TS_CHECK(scratch_bytes >= attention_backward_scratch_bytes(s),
+           "cuda attention_gathered_backward: scratch of {} bytes", scratch_bytes);
+  auto p = make_params<AttentionBackwardParams>(s);
+  p.window = gathered_window(segments, s);
+  const size_t stats = align_up(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float));
+  uint8_t* const scratch_bytes_at = static_cast<uint8_t*>(scratch);
+  float* const lse2 = reinterpret_cast<float*>(scratch_bytes_at);
+  float* const delta = reinterpret_cast<float*>(scratch_bytes_at + stats);
+  p.lse2 = lse2;
+  p.delta = delta;
+  p.dq_accum = reinterpret_cast<float*>(scratch_bytes_at + 2 * stats);
+  p.qkv = static_cast<const bf16*>(qkv_all);
+  p.dout = static_cast<const bf16*>(dout);
+  p.dqkv = static_cast<bf16*>(dqkv_all);
+  p.segments = static_cast<int>(segments);
+  p.segment = static_cast<int>(segment);
+  preprocess_backward(s, dout, out, lse, lse2, delta, p.dq_accum, stream);
+  const int batch = static_cast<int>(s.batch);
+  attention_backward_hopper(p, batch, stream);  // dK, dV of every segment's rows
+  // dQ in this segment's rows; the other segments' query columns hold zeros, so that the
+  // reduce-scatter of dqkv_all adds only the queries' owners' dQ.
+  const int64_t segment_elements = s.batch * s.seq * s.qkv_width();
+  bf16* const base = static_cast<bf16*>(dqkv_all);
+  AttentionBackwardParams own = p;
+  own.dqkv = base + segment * segment_elements;
+  launch_dq_convert<128>(own, batch, stream);
+  for (int64_t c = 0; c < segments; ++c) {
+    if (c == segment) continue;
+    TS_CUDA_CHECK(cudaMemset2DAsync(base + c * segment_elements, s.qkv_width() * sizeof(bf16), 0,
+                                    s.heads * s.head_dim * sizeof(bf16),
+                                    static_cast<size_t>(s.batch * s.seq), stream));
+  }
+  return true;
 }
 
 }  // namespace tessera::cuda

@@ -22,6 +22,10 @@ struct AttentionForwardParams {
   int seq, heads, kv_heads, group, window;
   bool causal;
   float scale, scale_log2;
+  // Context parallelism on the warpgroup kernels (ContextSegments): segments > 1 reads qkv as
+  // every segment's (segments x B, T, width) and takes segment `segment`'s queries; 0 or 1:
+  // none.
+  int segments, segment;
 };
 
 struct AttentionBackwardParams {
@@ -36,7 +40,48 @@ struct AttentionBackwardParams {
   int seq, heads, kv_heads, group, window;
   bool causal;
   float scale, scale_log2;
+  int segments, segment;  // as AttentionForwardParams'; dqkv then (segments x B, T, width)
+  int batch;              // B (the backward's flat grid does not carry it)
 };
+
+// Megatron's causal load balancing of context parallelism, as the warpgroup kernels see it: a
+// sequence of `segments` x T tokens is cut into 2 x segments chunks of T / 2, and segment c's
+// T rows hold chunks c and 2 segments - 1 - c (model/parallel_layers.h). Queries are this
+// segment's rows; keys are every segment's, found by their position in the whole sequence.
+// A segment's rows run in increasing position, so the rows that see a key are a contiguous
+// run of rows. The kernels take chunks of a multiple of 128 tokens: a tile never straddles two.
+// segments <= 1: one segment, position = row.
+struct ContextSegments {
+  int segments, segment, half;
+  __device__ __forceinline__ bool split() const { return segments > 1; }
+  // Tokens in the whole sequence (the keys).
+  __device__ __forceinline__ int keys(int T) const { return split() ? segments * T : T; }
+  // The position of this segment's row u.
+  __device__ __forceinline__ int position(int u) const {
+    if (!split()) return u;
+    return u < half ? segment * half + u : (2 * segments - 1 - segment) * half + u - half;
+  }
+  // The segment holding position `pos` (.y) and its row there (.x).
+  __device__ __forceinline__ int2 row_of(int pos) const {
+    if (!split()) return make_int2(pos, 0);
+    const int chunk = pos / half;
+    return chunk < segments ? make_int2(pos - chunk * half, chunk)
+                            : make_int2(half + pos - chunk * half, 2 * segments - 1 - chunk);
+  }
+  // The first row of this segment at position `pos` or later (T: none).
+  __device__ __forceinline__ int first_row_from(int pos, int T) const {
+    if (!split()) return min(pos, T);
+    const int first = segment * half, second = (2 * segments - 1 - segment) * half;
+    if (pos <= first) return 0;
+    if (pos < first + half) return pos - first;
+    if (pos <= second) return half;
+    return min(T, half + pos - second);
+  }
+};
+
+__device__ __forceinline__ ContextSegments context_segments(int segments, int segment, int T) {
+  return {segments, segment, T / 2};
+}
 
 // Under a causal mask the key blocks of one (batch, kv head) differ in work by up to the
 // sequence's tile count: the first is seen by every query, the last by one tile. The backward

@@ -2,11 +2,14 @@
 // Context parallelism's attention (Backend::attention_gathered_forward / _backward): the
 // queries of one segment (this rank's tokens) against the keys and values of every segment
 // (all ranks' tokens, all-gathered), masked by each token's position in the whole sequence.
-// Straightforward kernels: one block per query row (forward, query gradients) or key row (key
-// and value gradients), keys or queries streamed in tiles through shared memory, fp32
-// accumulation in a fixed order (deterministic, no atomics). They do not use tensor cores; a
-// fused kernel is future work, the CPU reference and these agree within the op registry's
-// tolerances.
+// On Hopper, causal bf16 attention of head dim 128 in Megatron's balanced layout (positions as
+// context_parallel_positions gives them, T a multiple of 256) runs on the warpgroup flash
+// kernels (attention_hopper*.cu), which read every segment's keys from qkv_all by position
+// and this segment's queries, outputs and gradients in place; the deterministic backward and
+// every other case take straightforward kernels: one block per query row (forward, query
+// gradients) or key row (key and value gradients), keys or queries streamed in tiles through
+// shared memory, fp32 accumulation in a fixed order (deterministic, no atomics), without
+// tensor cores. Both agree with the CPU reference within the op registry's tolerances.
 #include <cstddef>
 #include <cstdint>
 
@@ -25,10 +28,22 @@ void attention_gathered_forward(void* out, float* lse, const void* qkv_all,
 size_t attention_gathered_backward_scratch_bytes(const AttentionShape& s);
 
 // dqkv_all (S, B, T, width) overwritten, as Backend::attention_gathered_backward states.
+// deterministic: the straightforward kernels (the warpgroup backward adds dQ atomically).
 void attention_gathered_backward(void* dqkv_all, const void* dout, const void* out,
                                  const float* lse, const void* qkv_all, const int32_t* positions,
                                  int64_t segments, int64_t segment, const AttentionShape& s,
-                                 DType dtype, void* scratch, size_t scratch_bytes,
-                                 cudaStream_t stream);
+                                 DType dtype, bool deterministic, void* scratch,
+                                 size_t scratch_bytes, cudaStream_t stream);
+
+// The warpgroup kernels' part (attention.cu): false, having done nothing, where they do not
+// apply (bf16 is the caller's to check).
+bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv_all,
+                                          int64_t segments, int64_t segment,
+                                          const AttentionShape& s, cudaStream_t stream);
+bool attention_gathered_backward_warpgroup(void* dqkv_all, const void* dout, const void* out,
+                                           const float* lse, const void* qkv_all,
+                                           int64_t segments, int64_t segment,
+                                           const AttentionShape& s, void* scratch,
+                                           size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace tessera::cuda

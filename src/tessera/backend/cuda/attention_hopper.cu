@@ -16,6 +16,7 @@
 // The masks are attention.cu's: causal, sliding window, packed documents (attention_common.cuh),
 // element masks only on tiles that hold an invisible pair, tiles with no visible pair never
 // loaded. Grid order as there: the heaviest query tiles start first.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -58,16 +59,16 @@ struct ConsumerState {
 
 // Masks S (raw scores) where needed, folds the tile into the running max and sum, leaves
 // exp2-scaled probabilities in s and returns each row's rescale factor for O.
+// row0: this thread's first query's position; Tk: the keys (the whole sequence's).
 __device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, float (&alpha)[2],
-                                             bool boundary, int row0, int k0, int t,
+                                             bool boundary, int row0, int k0, int t, int Tk,
                                              const AttentionForwardParams& p, const int32_t* starts) {
-  const int T = p.seq;
   if (boundary) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = row0 + 8 * r;
-      const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_start(starts, i, T)) - k0 - 2 * t;
-      const int hi = min(p.causal ? i : T - 1, T - 1) - k0 - 2 * t;
+      const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_start(starts, i, Tk)) - k0 - 2 * t;
+      const int hi = min(p.causal ? i : Tk - 1, Tk - 1) - k0 - 2 * t;
 #pragma unroll
       for (int c = 0; c < 16; ++c) {
 #pragma unroll
@@ -143,17 +144,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty_k = [&](int s) { return bars + 40 + 8 * s; };
   auto empty_v = [&](int s) { return bars + 56 + 8 * s; };
 
-  const int T = p.seq;
+  const int T = p.seq;  // this segment's rows: queries, out, lse
+  const ContextSegments cs = context_segments(p.segments, p.segment, T);
+  const int Tk = cs.keys(T);
   const int m_tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / p.group;
-  const int q0 = m_tile * kBlockM;
-  const int q_last = min(q0 + kBlockM, T) - 1;
+  const int batch = static_cast<int>(gridDim.z);
+  const int u0 = m_tile * kBlockM;  // the tile's first row; q0, q_last: positions
+  const int q0 = cs.position(u0);
+  const int q_last = q0 + min(kBlockM, T - u0) - 1;
   const int32_t* const starts =
       p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
   const int last_start = document_start(starts, q_last, T);
   // Keys visible from some row of the tile (attention.cu's forward has the same range).
   const int kv_first = max(p.window > 0 ? max(0, q0 - p.window + 1) : 0, document_start(starts, q0, T));
-  const int kv_end = p.causal ? q_last + 1 : T;
+  const int kv_end = p.causal ? q_last + 1 : Tk;
   const int n_begin = kv_first / kBlockN, n_end = (kv_end + kBlockN - 1) / kBlockN;
 
   if (threadIdx.x == 0) {
@@ -174,20 +179,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       const int q_col = h * kD, k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
       mbar_expect_tx(full_q, kTileBytes);
-      tma_load(sQ, &qkv_map, full_q, q_col, q0, b);
-      tma_load(sQ + kHalfBytes, &qkv_map, full_q, q_col + 64, q0, b);
+      const int q_plane = (cs.split() ? p.segment * batch : 0) + b;
+      tma_load(sQ, &qkv_map, full_q, q_col, u0, q_plane);
+      tma_load(sQ + kHalfBytes, &qkv_map, full_q, q_col + 64, u0, q_plane);
       for (int n = n_begin, i = 0; n < n_end; ++n, ++i) {
         const int s = i % kStages;
         const uint32_t parity = ((i / kStages) & 1) ^ 1;
-        const int k0 = n * kBlockN;
+        const int2 k_row = cs.row_of(n * kBlockN);  // the segment and row holding the tile
+        const int k0 = k_row.x, k_plane = k_row.y * batch + b;
         mbar_wait(empty_k(s), parity);
         mbar_expect_tx(full_k(s), kTileBytes);
-        tma_load(sK + s * kTileBytes, &qkv_map, full_k(s), k_col, k0, b);
-        tma_load(sK + s * kTileBytes + kHalfBytes, &qkv_map, full_k(s), k_col + 64, k0, b);
+        tma_load(sK + s * kTileBytes, &qkv_map, full_k(s), k_col, k0, k_plane);
+        tma_load(sK + s * kTileBytes + kHalfBytes, &qkv_map, full_k(s), k_col + 64, k0, k_plane);
         mbar_wait(empty_v(s), parity);
         mbar_expect_tx(full_v(s), kTileBytes);
-        tma_load(sV + s * kTileBytes, &qkv_map, full_v(s), v_col, k0, b);
-        tma_load(sV + s * kTileBytes + kHalfBytes, &qkv_map, full_v(s), v_col + 64, k0, b);
+        tma_load(sV + s * kTileBytes, &qkv_map, full_v(s), v_col, k0, k_plane);
+        tma_load(sV + s * kTileBytes + kHalfBytes, &qkv_map, full_v(s), v_col + 64, k0, k_plane);
       }
     }
     return;
@@ -200,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int local_row0 = consumer * 64 + warp * 16 + g;  // this thread's first row in the CTA
-  const int row0 = q0 + local_row0;
+  const int row0 = q0 + local_row0;                      // its position
   const bool arrives = lane == 0;
 
   // Each operand's descriptor at its first k-step and stage; a later one adds its byte offset
@@ -240,8 +247,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(s_acc);
     if (arrives) mbar_arrive(empty_k(0));
     const int k0 = n_begin * kBlockN;
-    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window, last_start),
-                 row0, k0, t, p, starts);
+    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
+                 row0, k0, t, Tk, p, starts);
     probabilities_to_a(pa, s_acc);
   }
   // Tile n: S of n is issued before P V of n - 1, so the tensor cores have the second while
@@ -264,8 +271,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(s_acc);
     if (arrives) mbar_arrive(empty_k(s));
     const int k0 = n * kBlockN;
-    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, T, p.causal, p.window, last_start),
-                 row0, k0, t, p, starts);
+    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
+                 row0, k0, t, Tk, p, starts);
     wgmma_wait<0>();
     fence_accumulators(st.o);
     if (arrives) mbar_arrive(empty_v(prev));
@@ -296,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     l += warp_shfl_xor(l, 1);
     l += warp_shfl_xor(l, 2);
     inv[r] = l > 0.f ? 1.f / l : 0.f;
-    const int i = row0 + 8 * r;
+    const int i = u0 + local_row0 + 8 * r;
     if (t == 0 && i < T) p.lse[stat_row + i] = l > 0.f ? st.row_max[r] * p.scale + logf(l) : -INFINITY;
   }
   // The Q tile was last written by TMA and read by wgmma (the async proxy); these generic
@@ -314,12 +321,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncwarp();
   const int warp_row0 = consumer * 64 + warp * 16;
   const int64_t out_stride = static_cast<int64_t>(p.heads) * kD;
-  bf16* const out = p.out + (static_cast<int64_t>(b) * T + q0) * out_stride + h * kD;
+  bf16* const out = p.out + (static_cast<int64_t>(b) * T + u0) * out_stride + h * kD;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const int chunk = lane + 32 * k;  // 16 rows x 16 chunks of 8 columns
     const int row = warp_row0 + chunk / 16, col = (chunk % 16) * 8;
-    if (q0 + row < T) {
+    if (u0 + row < T) {
       *reinterpret_cast<uint4*>(out + row * out_stride + col) =
           *reinterpret_cast<const uint4*>(smem + kQOffset + staged(row, col));
     }
@@ -381,8 +388,9 @@ void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaSt
   // The whole qkv tensor as (batch, token, element): boxes of 128 tokens x 64 elements, tokens
   // past T read as zeros. Its strides must be multiples of 16 bytes, which a width of whole
   // 128-element heads is.
-  const uint64_t dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq),
-                            static_cast<uint64_t>(batch)};
+  // Under context parallelism (p.segments > 1) every segment's rows: (segments x batch).
+  const uint64_t planes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(std::max(p.segments, 1));
+  const uint64_t dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq), planes};
   const uint64_t strides[2] = {static_cast<uint64_t>(p.width) * 2,
                                static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
   const uint32_t box[3] = {64, kBlockN, 1};

@@ -19,6 +19,7 @@
 //
 // Masks are the forward's (attention_common.cuh) seen from the key side: query tiles with no
 // visible pair are never visited, element masks only where a tile holds an invisible pair.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -86,13 +87,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto dq_full = [&](int w) { return bars + 40 + 8 * w; };   // a warpgroup's dQ is staged
   auto dq_empty = [&](int w) { return bars + 56 + 8 * w; };  // the reduction has read it
 
-  const int T = p.seq;
-  const auto [n_tile, kvh, b] = grid_key_block((T + kBlockN - 1) / kBlockN, p.kv_heads);
-  const int k0 = n_tile * kBlockN;
-  const int k_last = min(k0 + kBlockN, T) - 1;
+  const int T = p.seq;  // this segment's rows: queries, dO, dQ
+  const ContextSegments cs = context_segments(p.segments, p.segment, T);
+  const int Tk = cs.keys(T);  // the keys: every segment's, by position
+  const auto [n_tile, kvh, b] = grid_key_block((Tk + kBlockN - 1) / kBlockN, p.kv_heads);
+  const int k0 = n_tile * kBlockN;  // positions
+  const int k_last = min(k0 + kBlockN, Tk) - 1;
+  const int2 k_row = cs.row_of(k0);  // the segment and row holding the block
   const int32_t* const starts =
       p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
-  const int m_begin = p.causal ? k0 / kBlockM : 0;
+  // Query tiles are this segment's rows (64 each), in increasing position.
+  const int m_begin = p.causal ? cs.first_row_from(k0, T) / kBlockM : 0;
 
   // Packed documents: which of the block's keys start a document (a 128-bit mask, from one
   // coalesced load) and where the document of its last key ends (a warp's 32-way search):
@@ -101,10 +106,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (starts != nullptr) {
     if (threadIdx.x < kBlockN) {
       const int i = k0 + static_cast<int>(threadIdx.x);
-      const unsigned mask = __ballot_sync(0xffffffffu, i > k0 && i < T && starts[i] == i);
+      const unsigned mask = __ballot_sync(0xffffffffu, i > k0 && i < Tk && starts[i] == i);
       if (threadIdx.x % 32 == 0) documents[threadIdx.x / 32] = static_cast<int>(mask);
     } else if (threadIdx.x < kBlockN + 32) {
-      const int end = document_end_warp(starts, k_last, T);
+      const int end = document_end_warp(starts, k_last, Tk);
       if (threadIdx.x == kBlockN) documents[4] = end;
     }
   }
@@ -124,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // One past the last query of key j's document (j a key of the block): the next document start
   // after j among the block's keys, else after its last key.
   auto key_document_end = [&](int j) {
-    if (starts == nullptr) return T;
+    if (starts == nullptr) return Tk;
     const int at = j - k0;
     for (int w = at / 32; w < kBlockN / 32; ++w) {
       unsigned later = static_cast<unsigned>(documents[w]);
@@ -134,8 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return documents[4];
   };
   // Queries that see a key of the block: up to the last key's window edge and document end.
-  const int q_end = min(p.window > 0 ? min(T, k_last + p.window) : T, key_document_end(k_last));
-  const int m_count = (q_end + kBlockM - 1) / kBlockM - m_begin;
+  const int q_end = min(p.window > 0 ? min(Tk, k_last + p.window) : Tk, key_document_end(k_last));
+  const int m_count = (cs.first_row_from(q_end, T) + kBlockM - 1) / kBlockM - m_begin;
   const int iters = p.group * m_count;
 
   const int warp_group = threadIdx.x / 128;
@@ -149,8 +154,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int half = 0; half < 2; ++half) {
           for (int rows = 0; rows < 2; ++rows) {
             const uint32_t at = half * kKVBlockBytes + rows * kQBlockBytes;
-            tma_load(sK + at, &qkv_map, full_kv, k_col + 64 * half, k0 + kBlockM * rows, b);
-            tma_load(sV + at, &qkv_map, full_kv, v_col + 64 * half, k0 + kBlockM * rows, b);
+            const int row = k_row.x + kBlockM * rows, plane = k_row.y * p.batch + b;
+            tma_load(sK + at, &qkv_map, full_kv, k_col + 64 * half, row, plane);
+            tma_load(sV + at, &qkv_map, full_kv, v_col + 64 * half, row, plane);
           }
         }
       }
@@ -162,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) {
           mbar_expect_tx(full_q(s), 2 * kQBytes);
           for (int half = 0; half < 2; ++half) {
-            tma_load(sQ(s) + half * kQBlockBytes, &qkv_map, full_q(s), h * kD + 64 * half, m0, b);
+            tma_load(sQ(s) + half * kQBlockBytes, &qkv_map, full_q(s), h * kD + 64 * half, m0,
+                     (cs.split() ? p.segment * p.batch : 0) + b);
             tma_load(sDO(s) + half * kQBlockBytes, &dout_map, full_q(s), h * kD + 64 * half, m0, b);
           }
         }
@@ -233,13 +240,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int r = 0; r < 2; ++r) {
     const int j = k0 + key_row0 + 8 * r;
     lo[r] = p.causal ? j : 0;
-    const int hi = min(p.window > 0 ? min(T, j + p.window) : T, key_document_end(min(j, k_last)));
-    span[r] = j < T ? hi - lo[r] : 0;
+    const int hi = min(p.window > 0 ? min(Tk, j + p.window) : Tk, key_document_end(min(j, k_last)));
+    span[r] = j < Tk ? hi - lo[r] : 0;
   }
   const int wg_key0 = k0 + consumer * 64;
   const int interior_first = p.causal ? wg_key0 + 63 : 0;  // masks below this query
-  const int interior_end = wg_key0 + 64 > T ? -1
-                           : min(p.window > 0 ? min(T, wg_key0 + p.window) : T,
+  const int interior_end = wg_key0 + 64 > Tk ? -1
+                           : min(p.window > 0 ? min(Tk, wg_key0 + p.window) : Tk,
                                  key_document_end(wg_key0));  // and from this one on
   // Per-thread bases of the swizzled stores (hopper_ptx.cuh): a row's 16-byte chunk c lands
   // at c ^ (row % 8), and row % 8 = g here, so chunk c of a row is the base XOR (c << 4).
@@ -260,6 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int it = 0; it < iters; ++it) {
     const int s = it % kStages;
     const uint32_t stage = s * kQBytes, ds_buffer = (it & 1) * kDSBytes;
+    const int g0 = cs.position(m0);  // the tile's first query's position
     mbar_wait(full_q(s), (it / kStages) & 1);
 
     float st[32], dpt[32];
@@ -294,10 +302,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    if (m0 < interior_first || m0 + kBlockM > interior_end) {
+    if (g0 < interior_first || g0 + kBlockM > interior_end) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int first = m0 + 2 * t - lo[r];
+        const int first = g0 + 2 * t - lo[r];
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
 #pragma unroll
@@ -387,8 +395,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int j = k0 + key_row0 + 8 * r;
-    if (j >= T) continue;
-    bf16* const row = p.dqkv + (static_cast<int64_t>(b) * T + j) * p.width;
+    if (j >= Tk) continue;
+    const int64_t plane = static_cast<int64_t>(k_row.y) * p.batch + b;
+    bf16* const row = p.dqkv + (plane * T + k_row.x + key_row0 + 8 * r) * p.width;
     bf16* const dk_row = row + static_cast<int64_t>(p.heads + kvh) * kD;
     bf16* const dv_row = row + static_cast<int64_t>(p.heads + p.kv_heads + kvh) * kD;
 #pragma unroll
@@ -407,8 +416,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cudaStream_t stream) {
+  // Under context parallelism (p.segments > 1) every segment's rows: (segments x batch).
+  const int segments = std::max(p.segments, 1);
   const uint64_t qkv_dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq),
-                                static_cast<uint64_t>(batch)};
+                                static_cast<uint64_t>(batch) * static_cast<uint64_t>(segments)};
   const uint64_t qkv_strides[2] = {static_cast<uint64_t>(p.width) * 2,
                                    static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
   const uint64_t dout_width = static_cast<uint64_t>(p.heads) * kD;
@@ -424,9 +435,12 @@ void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cuda
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
-  const dim3 grid = heaviest_first_grid((p.seq + kBlockN - 1) / kBlockN, p.kv_heads, batch);
+  const int64_t keys = static_cast<int64_t>(p.seq) * segments;
+  const dim3 grid = heaviest_first_grid((keys + kBlockN - 1) / kBlockN, p.kv_heads, batch);
+  AttentionBackwardParams with_batch = p;
+  with_batch.batch = batch;
   attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qkv_map, dout_map,
-                                                                            dq_map, p);
+                                                                            dq_map, with_batch);
   TS_CUDA_CHECK_LAUNCH("attention_backward_hopper_kernel");
 }
 

@@ -778,7 +778,8 @@ void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const T
   const size_t bytes = cuda::attention_gathered_backward_scratch_bytes(s);
   cuda::attention_gathered_backward(
       dqkv_all.data, dout.data, out.data, lse.as<float>(), qkv_all.data, positions.as<int32_t>(),
-      positions.numel() / s.seq, segment, s, qkv_all.dtype, scratch(bytes), bytes, stream_);
+      positions.numel() / s.seq, segment, s, qkv_all.dtype, deterministic_, scratch(bytes), bytes,
+      stream_);
 }
 
 void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
