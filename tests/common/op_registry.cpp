@@ -1373,25 +1373,41 @@ std::vector<OpCase> moe_cases() {
   return cases;
 }
 
+// rope_forward and rope_backward on the shape: a table row per position, or with `positions`
+// (packed documents) a row per token at its position in its document.
+OpCase rope_case(const std::string& shape, const AttentionShape& s, std::vector<int32_t> positions) {
+  const int64_t N = s.tokens(), W = s.qkv_width();
+  OpCase rope;
+  rope.name = "rope_forward+backward " + shape;
+  rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
+                {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
+  rope.run = [s, positions](Backend& b, const Tensors& t) {
+    const std::vector<float> table = rope_freqs(s.seq, s.head_dim);
+    std::vector<float> rows;
+    for (int32_t pos : positions)
+      rows.insert(rows.end(), table.begin() + pos * s.head_dim,
+                  table.begin() + (pos + 1) * s.head_dim);
+    const std::vector<float>& freqs_rows = positions.empty() ? table : rows;
+    DeviceBuffer f(b, freqs_rows.size() * 4, "freqs");
+    const Tensor freqs =
+        f.tensor(DType::F32, {static_cast<int64_t>(freqs_rows.size()) / s.head_dim, s.head_dim});
+    b.upload(freqs, freqs_rows.data());
+    AttentionShape rows_shape = s;
+    rows_shape.rope_per_token = !positions.empty();
+    b.rope_forward(t.at("qkv"), freqs, rows_shape);
+    b.rope_backward(t.at("dqkv"), freqs, rows_shape);
+    b.synchronize();
+  };
+  return rope;
+}
+
 // rope on the shape, then attention_forward and attention_backward.
 void add_attention_cases(std::vector<OpCase>& cases, const AttentionShape& s) {
   const std::string shape =
       fmt::format("B{} T{} H{} KV{} D{}{} window{}{}", s.batch, s.seq, s.heads, s.kv_heads,
                   s.head_dim, v_dim_text(s), s.window, s.causal ? "" : " full");
   const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
-  OpCase rope;
-  rope.name = "rope_forward+backward " + shape;
-  rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
-                {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
-  rope.run = [s](Backend& b, const Tensors& t) {
-    DeviceBuffer f(b, s.seq * s.head_dim * 4, "freqs");
-    const Tensor freqs = f.tensor(DType::F32, {s.seq, s.head_dim});
-    b.upload(freqs, rope_freqs(s.seq, s.head_dim).data());
-    b.rope_forward(t.at("qkv"), freqs, s);
-    b.rope_backward(t.at("dqkv"), freqs, s);
-    b.synchronize();
-  };
-  cases.push_back(rope);
+  cases.push_back(rope_case(shape, s, {}));
   OpCase f;
   f.name = "attention_forward " + shape;
   f.specs = {{"qkv", {N, W}},
@@ -1435,26 +1451,7 @@ void add_packed_attention_cases(std::vector<OpCase>& cases, const PackedAttentio
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}{} window{} packed", s.batch, s.seq,
                                         s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window);
   const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
-  OpCase rope;
-  rope.name = "rope_forward+backward " + shape;
-  rope.specs = {{"qkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2},
-                {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 1e-2}};
-  rope.run = [s, positions](Backend& b, const Tensors& t) {
-    const std::vector<float> table = rope_freqs(s.seq, s.head_dim);
-    std::vector<float> rows;
-    for (int32_t pos : positions)
-      rows.insert(rows.end(), table.begin() + pos * s.head_dim,
-                  table.begin() + (pos + 1) * s.head_dim);
-    DeviceBuffer f(b, rows.size() * 4, "freqs");
-    const Tensor freqs = f.tensor(DType::F32, {s.tokens(), s.head_dim});
-    b.upload(freqs, rows.data());
-    AttentionShape per_token = s;
-    per_token.rope_per_token = true;
-    b.rope_forward(t.at("qkv"), freqs, per_token);
-    b.rope_backward(t.at("dqkv"), freqs, per_token);
-    b.synchronize();
-  };
-  cases.push_back(rope);
+  cases.push_back(rope_case(shape, s, positions));
   OpCase g;
   g.name = "attention_forward+backward " + shape;
   g.specs = {{"qkv", {N, W}},
