@@ -1401,6 +1401,16 @@ OpCase rope_case(const std::string& shape, const AttentionShape& s, std::vector<
   return rope;
 }
 
+// What an attention backward case reads (qkv, dout) and writes (out, lse by its forward; dqkv).
+std::vector<Spec> attention_backward_specs(const AttentionShape& s) {
+  const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
+  return {{"qkv", {N, W}},
+          {"dout", {N, HD}},
+          {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+          {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
+          {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+}
+
 // rope on the shape, then attention_forward and attention_backward.
 void add_attention_cases(std::vector<OpCase>& cases, const AttentionShape& s) {
   const std::string shape =
@@ -1419,11 +1429,7 @@ void add_attention_cases(std::vector<OpCase>& cases, const AttentionShape& s) {
   cases.push_back(f);
   OpCase g;
   g.name = "attention_backward " + shape;
-  g.specs = {{"qkv", {N, W}},
-             {"dout", {N, HD}},
-             {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
-             {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
-             {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+  g.specs = attention_backward_specs(s);
   g.run = [s](Backend& b, const Tensors& t) {
     b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), s);
     b.attention_backward(t.at("dqkv"), t.at("dout"), t.at("out"), t.at("lse"), t.at("qkv"), s);
@@ -1450,15 +1456,10 @@ void add_packed_attention_cases(std::vector<OpCase>& cases, const PackedAttentio
       }
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}{} window{} packed", s.batch, s.seq,
                                         s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window);
-  const int64_t N = s.tokens(), W = s.qkv_width(), HD = s.out_width();
   cases.push_back(rope_case(shape, s, positions));
   OpCase g;
   g.name = "attention_forward+backward " + shape;
-  g.specs = {{"qkv", {N, W}},
-             {"dout", {N, HD}},
-             {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
-             {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
-             {"dqkv", {N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+  g.specs = attention_backward_specs(s);
   g.run = [s, starts](Backend& b, const Tensors& t) {
     DeviceBuffer d(b, starts.size() * 4, "document starts");
     AttentionShape within = s;
