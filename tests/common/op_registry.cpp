@@ -1682,32 +1682,51 @@ std::vector<OpCase> gathered_attention_cases() {
   struct Gathered {
     AttentionShape s;  // s.seq: tokens per segment and sequence
     int64_t segments, segment;
+    // Packed documents: their lengths over each whole sequence of segments x s.seq tokens (the
+    // same in every sequence); empty: none.
+    std::vector<int> documents = {};
   };
   for (const Gathered& g :
        {Gathered{attn(2, 16, 4, 2, 64, 0), 2, 0}, Gathered{attn(2, 16, 4, 2, 64, 0), 2, 1},
         Gathered{attn(1, 24, 8, 2, 128, 20), 4, 2}, Gathered{attn(1, 512, 8, 8, 128, 0), 2, 1},
         // Chunks of whole tiles (the GPU's warpgroup kernels on Hopper): GQA over a batch, the
         // first and a middle segment, a window across chunks.
-        Gathered{attn(2, 512, 8, 2, 128, 0), 2, 0}, Gathered{attn(1, 256, 4, 2, 128, 300), 4, 1}}) {
+        Gathered{attn(2, 512, 8, 2, 128, 0), 2, 0}, Gathered{attn(1, 256, 4, 2, 128, 300), 4, 1},
+        // Packed documents by position: ends inside a chunk, across chunks and segments, a
+        // document of one token; small and in whole tiles.
+        Gathered{attn(2, 16, 4, 2, 64, 0), 2, 1, {5, 1, 20, 6}},
+        Gathered{attn(1, 512, 8, 2, 128, 0), 2, 0, {100, 1, 300, 130, 256, 237}},
+        Gathered{attn(1, 256, 4, 2, 128, 0), 4, 2, {700, 1, 323}}}) {
     const AttentionShape s = g.s;
     const int64_t S = g.segments, N = s.tokens(), W = s.qkv_width(), HD = s.heads * s.head_dim;
     const std::string shape =
-        fmt::format("S{} segment {} B{} T{} H{} KV{} D{} window{}", S, g.segment, s.batch, s.seq,
-                    s.heads, s.kv_heads, s.head_dim, s.window);
+        fmt::format("S{} segment {} B{} T{} H{} KV{} D{} window{}{}", S, g.segment, s.batch, s.seq,
+                    s.heads, s.kv_heads, s.head_dim, s.window, g.documents.empty() ? "" : " packed");
+    std::vector<int32_t> starts;  // (B, S T) by position
+    for (int64_t b = 0; b < s.batch && !g.documents.empty(); ++b)
+      for (int length : g.documents)
+        for (int k = 0; k < length; ++k)
+          starts.push_back(static_cast<int32_t>(starts.size() % (S * s.seq)) - k);
     std::vector<int32_t> positions;
     const int64_t Tc = s.seq / 2;
     for (int64_t c = 0; c < S; ++c)
       for (int64_t t = 0; t < s.seq; ++t)
         positions.push_back(
             static_cast<int32_t>(t < Tc ? c * Tc + t : (2 * S - 1 - c) * Tc + t - Tc));
-    auto run_forward = [s, positions, segment = g.segment](Backend& b, const Tensors& t) {
-      DeviceBuffer p(b, positions.size() * 4, "positions");
+    auto run_forward = [s, positions, starts, segment = g.segment](Backend& b, const Tensors& t) {
+      DeviceBuffer p(b, (positions.size() + starts.size()) * 4, "positions");
       const Tensor pos = p.tensor(DType::I32, {static_cast<int64_t>(positions.size())});
       b.upload(pos, positions.data());
-      b.attention_gathered_forward(t.at("out"), t.at("lse"), t.at("qkv_all"), pos, segment, s);
+      AttentionShape within = s;
+      if (!starts.empty()) {
+        within.document_starts =
+            p.tensor(DType::I32, {static_cast<int64_t>(starts.size())}, positions.size() * 4);
+        b.upload(within.document_starts, starts.data());
+      }
+      b.attention_gathered_forward(t.at("out"), t.at("lse"), t.at("qkv_all"), pos, segment, within);
       if (t.count("dqkv_all"))
         b.attention_gathered_backward(t.at("dqkv_all"), t.at("dout"), t.at("out"), t.at("lse"),
-                                      t.at("qkv_all"), pos, segment, s);
+                                      t.at("qkv_all"), pos, segment, within);
       b.synchronize();
     };
     OpCase f;

@@ -124,11 +124,13 @@ TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
   }
 }
 
-// Packed documents (reset_position_ids, reset_attention_mask) under data, tensor (+ sequence)
-// and pipeline parallelism: byte-level documents of many lengths, so that every sample holds
-// several. Under 1F1B a stage holds several micro-batches at once, each with its own positions
-// and document masks; with 4 stages the middle ones read the batches for them too.
-TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataTensorAndPipelineParallelism) {
+// Packed documents (reset_position_ids, reset_attention_mask) under data, tensor (+ sequence),
+// pipeline and context parallelism: byte-level documents of many lengths, so that every sample
+// holds several. Under 1F1B a stage holds several micro-batches at once, each with its own
+// positions and document masks; with 4 stages the middle ones read the batches for them too.
+// Context-parallel ranks hold load-balanced chunks of each sequence, whose documents cross
+// chunks and ranks.
+TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderEveryParallelism) {
   fs::create_directories(workspace_);
   {
     std::ofstream docs(workspace_ / "docs.jsonl");
@@ -153,7 +155,10 @@ TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderDataTensorAndPipeline
            {2, "--pipeline_model_parallel_size 2"},
            {4, "--pipeline_model_parallel_size 4"},
            {2, "--pipeline_model_parallel_size 2 --virtual_pipeline_model_parallel_size 2"},
-           {4, "--pipeline_model_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
+           {4, "--pipeline_model_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"},
+           {2, "--context_parallel_size 2"},
+           {4, "--context_parallel_size 4"},
+           {4, "--context_parallel_size 2 --tensor_model_parallel_size 2 --sequence_parallel true"}}) {
     SCOPED_TRACE(flags);
     static int runs = 0;
     const TrainingRun run = train(workspace_, "packed_mesh" + std::to_string(runs++), ranks, data + flags);

@@ -257,15 +257,25 @@ TEST_F(CpuBackendTest, VocabularyShardsAddUpToTheWholeVocabulary) {
 // 2S - 1 - c. Each segment's queries against every segment's keys give the rows of whole-
 // sequence attention (causal, and with a window), and the segments' backward calls add up to
 // the whole backward once their rows are put back in sequence order (fp32: within 1e-6
-// relative; the sums of the key gradients over the segments run in another order).
+// relative; the sums of the key gradients over the segments run in another order). Also with
+// packed documents (starts by position over the whole sequence) that cross chunks and
+// segments.
 TEST_F(CpuBackendTest, GatheredAttentionOverSegmentsIsWholeSequenceAttention) {
-  for (const int64_t window : {int64_t{0}, int64_t{5}}) {
-    SCOPED_TRACE(window);
+  for (const auto& [window, packed] : {std::pair{int64_t{0}, false}, std::pair{int64_t{5}, false},
+                                       std::pair{int64_t{0}, true}, std::pair{int64_t{5}, true}}) {
+    SCOPED_TRACE(fmt::format("window {}{}", window, packed ? ", packed" : ""));
     constexpr int64_t S = 3, B = 2, T = 24, Tl = T / S, Tc = T / (2 * S), H = 4, KV = 2, D = 8;
     AttentionShape whole;
     whole.batch = B, whole.seq = T, whole.heads = H, whole.kv_heads = KV, whole.head_dim = D;
     whole.window = window;
     whole.scale = 0.35f;
+    // Documents of 7, 1, 10 and 6 tokens in every sequence.
+    std::vector<int32_t> starts;
+    for (int64_t b = 0; b < B; ++b)
+      for (int length : {7, 1, 10, 6})
+        for (int k = 0; k < length; ++k) starts.push_back(static_cast<int32_t>(starts.size() % T) - k);
+    GuardedTensor document_starts = ids(starts);
+    if (packed) whole.document_starts = document_starts;
     AttentionShape local = whole;
     local.seq = Tl;
     const int64_t W = whole.qkv_width(), HD = H * D;

@@ -1034,9 +1034,8 @@ void check_reference_load(const Checker& c, const Experiment& e) {
             "unset unless the policy has starting weights of its own (load or hf_init_path)");
 }
 
-// Packed documents (reset_position_ids, reset_attention_mask) are laid out for whole
-// sequences: not yet split over context-parallel ranks, nor through multi-latent attention's
-// own rope.
+// Packed documents (reset_position_ids, reset_attention_mask) do not reach multi-latent
+// attention's own rope yet.
 void check_packed_documents(const Checker& c, const Experiment& e) {
   c.require(e.data.packing_strategy == PackingStrategy::Wrapped || !e.data.mock_data,
             "packing_strategy", "wrapped with mock_data: bfd packs the documents of indexed datasets");
@@ -1044,9 +1043,6 @@ void check_packed_documents(const Checker& c, const Experiment& e) {
     const bool on = std::string(key) == "reset_position_ids" ? e.data.reset_position_ids
                                                                : e.data.reset_attention_mask;
     if (!on) continue;
-    c.require(e.training.context_parallel_size == 1, key,
-              "false with context_parallel_size above 1: packed documents are not split over "
-              "context-parallel ranks yet");
     c.require(!e.model_config.multi_latent_attention, key,
               "false with multi_latent_attention: its rope does not take per-document positions "
               "yet");

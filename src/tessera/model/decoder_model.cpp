@@ -172,7 +172,10 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
     if (rt.reset_position_ids) plan.add(&table, DType::F32, {N, s.head_dim});
     else plan.add(&table, DType::F32, {rt.seq_length, s.head_dim}, Keep::Shared);
   }
-  if (rt.reset_attention_mask) plan.add(&a.document_starts, DType::I32, {N});
+  // The document starts by position over whole sequences: under context parallelism every
+  // rank's tokens' (the gathered attention's keys).
+  if (rt.reset_attention_mask)
+    plan.add(&a.document_starts, DType::I32, {N * rt.context_parallel_size});
   if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
     plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
@@ -295,19 +298,27 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
                (cp == 1 || runtime_.seq_length % 2 == 0),
            "context-parallel rank {} of {} with {} tokens per sequence",
            runtime_.context_parallel_rank, cp, runtime_.seq_length);
+  if (cp > 1) {
+    // This rank's tokens' places in the whole sequence, and every rank's for the attention's
+    // masks.
+    context_positions_ =
+        context_parallel_positions(runtime_.seq_length, cp, runtime_.context_parallel_rank);
+    std::vector<int32_t> all;
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<int32_t> pos = context_parallel_positions(runtime_.seq_length, cp, r);
+      all.insert(all.end(), pos.begin(), pos.end());
+    }
+    backend_.upload(a_.cp_positions, all.data());
+  }
   if (runtime_.reset_position_ids) {
-    TS_CHECK(cp == 1, "reset_position_ids with context parallelism");
     for (const auto& [base, t] : a_.rope.tables)
-      position_tables_.emplace_back(base, tessera::rope_table(spec_, runtime_.seq_length, base));
+      position_tables_.emplace_back(base,
+                                    tessera::rope_table(spec_, runtime_.seq_length * cp, base));
   } else if (cp == 1) {
     for (const auto& [base, t] : a_.rope.tables)
       backend_.upload(t, tessera::rope_table(spec_, runtime_.seq_length, base).data());
-  } else {
-    // Each token's row of the whole sequence's tables, and every rank's positions for the
-    // attention's masks.
+  } else {  // each token's row of the whole sequence's tables
     const int64_t D = spec_.head_dim;
-    context_positions_ =
-        context_parallel_positions(runtime_.seq_length, cp, runtime_.context_parallel_rank);
     for (const auto& [base, t] : a_.rope.tables) {
       const std::vector<float> whole = tessera::rope_table(spec_, runtime_.seq_length * cp, base);
       std::vector<float> table;
@@ -315,12 +326,6 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
         table.insert(table.end(), whole.begin() + p * D, whole.begin() + (p + 1) * D);
       backend_.upload(t, table.data());
     }
-    std::vector<int32_t> all;
-    for (int r = 0; r < cp; ++r) {
-      const std::vector<int32_t> pos = context_parallel_positions(runtime_.seq_length, cp, r);
-      all.insert(all.end(), pos.begin(), pos.end());
-    }
-    backend_.upload(a_.cp_positions, all.data());
   }
   if (runtime_.fp8.enabled()) {
     const auto linears = fp8_linears(layout_, layers_, runtime_);
@@ -615,23 +620,33 @@ void DecoderModel::set_loss_rows(const int32_t* targets) {
 // its document's first token.
 void DecoderModel::set_document_positions(const int32_t* positions) {
   TS_CHECK(positions != nullptr, "reset_position_ids or reset_attention_mask without positions");
-  const int64_t N = runtime_.tokens(), T = runtime_.seq_length, D = spec_.head_dim;
-  for (int64_t i = 0; i < N; ++i)
-    TS_CHECK(positions[i] >= 0 && positions[i] <= i % T,
-             "token {} of its sequence at position {} in its document", i % T, positions[i]);
+  // positions covers whole sequences; under context parallelism this rank's tokens are the
+  // ones at context_positions_ of each.
+  const int cp = runtime_.context_parallel_size;
+  const int64_t N = runtime_.tokens(), T = runtime_.seq_length, whole = T * cp, D = spec_.head_dim;
+  const int64_t all = N * cp;
+  for (int64_t i = 0; i < all; ++i)
+    TS_CHECK(positions[i] >= 0 && positions[i] <= i % whole,
+             "token {} of its sequence at position {} in its document", i % whole, positions[i]);
+  // This rank's tokens' positions in their documents.
+  std::vector<int32_t>& own = document_positions_[static_cast<size_t>(slot_)];
+  own.resize(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t b = i / T, t = i % T;
+    own[i] = positions[b * whole + (cp > 1 ? context_positions_[t] : t)];
+  }
   if (runtime_.reset_position_ids) {
     std::vector<float> rows(static_cast<size_t>(N * D));
     for (const auto& [base, table] : position_tables_) {
       for (int64_t i = 0; i < N; ++i)
-        std::copy_n(table.begin() + positions[i] * D, D, rows.begin() + i * D);
+        std::copy_n(table.begin() + own[i] * D, D, rows.begin() + i * D);
       backend_.upload(a_.rope.at(base), rows.data());
     }
   }
   if (runtime_.reset_attention_mask) {
-    host_ids_.resize(static_cast<size_t>(N));
-    for (int64_t i = 0; i < N; ++i) host_ids_[i] = static_cast<int32_t>(i % T) - positions[i];
+    host_ids_.resize(static_cast<size_t>(all));
+    for (int64_t i = 0; i < all; ++i) host_ids_[i] = static_cast<int32_t>(i % whole) - positions[i];
     backend_.upload(a_.document_starts, host_ids_.data());
-    document_positions_[static_cast<size_t>(slot_)].assign(positions, positions + N);
     document_pairs_[static_cast<size_t>(slot_)].clear();
   }
 }

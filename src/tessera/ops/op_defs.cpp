@@ -64,7 +64,9 @@ void check_epilogue(const OpChecks& check, const Tensor& out, const Tensor& c, c
 // The gathered attention's shape, positions (segments, seq) and segment; returns the segments.
 int64_t check_gathered(const OpChecks& check, const Tensor& positions, int64_t segment,
                        const AttentionShape& s) {
-  check.attention_shape(s);
+  AttentionShape local = s;  // the document starts are the whole sequence's, checked below
+  local.document_starts = Tensor{};
+  check.attention_shape(local);
   // Context parallelism runs grouped-query attention only (multi-latent attention refuses it).
   check.that(s.v_dim() == s.head_dim,
              "value heads of {} with heads of {}: the gathered attention takes equal head dims",
@@ -74,7 +76,22 @@ int64_t check_gathered(const OpChecks& check, const Tensor& positions, int64_t s
   check.that(segments >= 1 && positions.numel() == segments * s.seq,
              "positions {} are not (segments, {})", positions.shape.str(), s.seq);
   check.that(segment >= 0 && segment < segments, "segment {} of {}", segment, segments);
+  if (s.document_starts.defined()) {
+    check.that(s.causal, "document starts with full (non-causal) attention");
+    check.count(s.document_starts, s.batch * segments * s.seq, "document_starts");
+    check.dtype(s.document_starts, DType::I32, "document_starts");
+  }
   return segments;
+}
+
+// The (query, key) pairs one segment's queries see over the batch: with documents the caller's
+// count; else, as Megatron's balanced chunks give every segment, half of its queries x the
+// whole sequence's keys if causal (on average a query sees half of them), all if not.
+double gathered_pairs(const Tensor& positions, const AttentionShape& s) {
+  if (s.document_starts.defined() && s.document_pairs > 0) return s.document_pairs;
+  const double segments = static_cast<double>(positions.numel()) / s.seq;
+  const double pairs = s.causal ? s.seq * s.seq * segments / 2 : s.seq * s.seq * segments;
+  return s.batch * pairs;
 }
 
 // The tensors of a multi-latent attention packing (MlaQkvArgs) and their column windows.
@@ -643,10 +660,8 @@ OpArgs describe_attention_gathered_forward(const Tensor& out, const Tensor& lse,
 OpCost cost_attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
                                        const Tensor& positions, int64_t segment,
                                        const AttentionShape& s) {
-  // The segment's queries see, on average, half the keys of every segment before them.
-  const double segments = static_cast<double>(positions.numel()) / s.seq;
-  const double pairs = s.causal ? s.seq * s.seq * segments / 2 : s.seq * s.seq * segments;
-  return {2 * s.batch * s.heads * pairs * (s.head_dim + s.v_dim()),
+  const double pairs = gathered_pairs(positions, s);
+  return {2 * s.heads * pairs * (s.head_dim + s.v_dim()),
           bytes_of(qkv_all) + bytes_of(out) + bytes_of(lse)};
 }
 
@@ -676,9 +691,8 @@ OpCost cost_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& do
                                         const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
                                         const Tensor& positions, int64_t segment,
                                         const AttentionShape& s) {
-  const double segments = static_cast<double>(positions.numel()) / s.seq;
-  const double pairs = s.causal ? s.seq * s.seq * segments / 2 : s.seq * s.seq * segments;
-  return {2 * s.batch * s.heads * pairs * (3 * s.head_dim + 2 * s.v_dim()),
+  const double pairs = gathered_pairs(positions, s);
+  return {2 * s.heads * pairs * (3 * s.head_dim + 2 * s.v_dim()),
           bytes_of(qkv_all) + bytes_of(dqkv_all) + bytes_of(out) + bytes_of(dout) + bytes_of(lse)};
 }
 

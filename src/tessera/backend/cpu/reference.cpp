@@ -357,7 +357,12 @@ void attention_backward(T* dqkv, const T* dout, const T* out, const T* lse, cons
 
 namespace {
 
-bool visible(const AttentionShape& s, int64_t query, int64_t key) {
+// Of sequence b, whose document starts (by position, over the whole sequence of `keys`
+// tokens) s.document_starts holds when defined.
+bool visible(const AttentionShape& s, int64_t b, int64_t keys, int64_t query, int64_t key) {
+  if (s.document_starts.defined() &&
+      key < static_cast<const int32_t*>(s.document_starts.data)[b * keys + query])
+    return false;
   return (!s.causal || key <= query) && (s.window == 0 || query - s.window < key);
 }
 
@@ -377,7 +382,7 @@ void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int
     const int64_t qpos = positions[segment * T_ + i];
     double max = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < keys; ++j) {
-      if (!visible(s, qpos, positions[j])) continue;
+      if (!visible(s, b, keys, qpos, positions[j])) continue;
       p[j] = s.scale * dot(q, row(j / T_, j % T_) + (H + kv) * D, D);
       max = std::max(max, p[j]);
     }
@@ -390,7 +395,7 @@ void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int
     double denom = 0;
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t j = 0; j < keys; ++j) {
-      if (!visible(s, qpos, positions[j])) continue;
+      if (!visible(s, b, keys, qpos, positions[j])) continue;
       const double e = std::exp(p[j] - max);
       denom += e;
       const T* v = row(j / T_, j % T_) + (H + s.kv_heads + kv) * D;
@@ -419,7 +424,7 @@ void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, 
     const int64_t qpos = positions[segment * T_ + i];
     std::fill(dq.begin(), dq.end(), 0.0);
     for (int64_t j = 0; j < keys; ++j) {
-      if (!visible(s, qpos, positions[j])) continue;
+      if (!visible(s, b, keys, qpos, positions[j])) continue;
       const int64_t at = offset(j / T_, j % T_);
       const T* k = qkv_all + at + (H + kv) * D;
       const T* v = qkv_all + at + (H + s.kv_heads + kv) * D;

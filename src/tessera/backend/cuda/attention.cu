@@ -1176,11 +1176,10 @@ size_t attention_backward_scratch_bytes(const AttentionShape& s) {
 namespace {
 
 // Context parallelism takes the warpgroup kernels for causal bf16 attention of head dim 128
-// without documents, when each segment's two chunks are whole tiles (T a multiple of 256).
+// (packed documents too), when each segment's two chunks are whole tiles (T a multiple of 256).
 bool gathered_on_warpgroups(const void* qkv_all, int64_t segments, const AttentionShape& s) {
-  return segments > 1 && s.head_dim == 128 && s.v_dim() == 128 && s.causal &&
-         !s.document_starts.defined() && s.seq % 256 == 0 && aligned16(qkv_all) &&
-         warpgroup_kernels_run(s.head_dim);
+  return segments > 1 && s.head_dim == 128 && s.v_dim() == 128 && s.causal && s.seq % 256 == 0 &&
+         aligned16(qkv_all) && warpgroup_kernels_run(s.head_dim);
 }
 
 // The window against the whole sequence's tokens (effective_window's, for every segment's).

@@ -20,14 +20,28 @@ struct Shape {
   bool causal;
   int64_t window;
   float scale;
+  // (B, segments x T): the first position of each position's document; null: none.
+  const int32_t* document_starts;
+  int64_t keys;  // segments x T
 };
 
-Shape shape_of(const AttentionShape& s) {
-  return {s.batch,       s.seq,    s.heads,  s.kv_heads, s.head_dim,
-          s.qkv_width(), s.causal, s.window, s.scale};
+Shape shape_of(const AttentionShape& s, int64_t segments) {
+  return {s.batch,
+          s.seq,
+          s.heads,
+          s.kv_heads,
+          s.head_dim,
+          s.qkv_width(),
+          s.causal,
+          s.window,
+          s.scale,
+          s.document_starts.defined() ? s.document_starts.as<int32_t>() : nullptr,
+          segments * s.seq};
 }
 
-__device__ __forceinline__ bool visible(const Shape& s, int64_t query, int64_t key) {
+// Positions `query` and `key` of sequence b.
+__device__ __forceinline__ bool visible(const Shape& s, int64_t b, int64_t query, int64_t key) {
+  if (s.document_starts && key < s.document_starts[b * s.keys + query]) return false;
   return (!s.causal || key <= query) && (s.window == 0 || query - s.window < key);
 }
 
@@ -77,7 +91,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t j0 = 0; j0 < keys; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     float score = -INFINITY;
-    if (j < keys && visible(s, qpos, positions[j]))
+    if (j < keys && visible(s, b, qpos, positions[j]))
       score = s.scale * dot_row(q, qkv + row_at(s, j / s.T, b, j % s.T) + (s.H + kv) * s.D, s.D);
     const float tile_max = block_max(score, reduce);
     if (tile_max == -INFINITY) continue;  // the same on every thread
@@ -140,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t j0 = 0; j0 < keys; j0 += kThreads) {
       const int64_t j = j0 + threadIdx.x;
       float d_s = 0.0f;
-      if (j < keys && visible(s, qpos, positions[j])) {
+      if (j < keys && visible(s, b, qpos, positions[j])) {
         const T* k_row = qkv + row_at(s, j / s.T, b, j % s.T);
         const float prob = __expf(s.scale * dot_row(q, k_row + (s.H + kv) * s.D, s.D) - lse_i);
         d_s = prob * (dot_row(g, k_row + (s.H + s.KV + kv) * s.D, s.D) - D_i);
@@ -193,7 +207,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i0 = 0; i0 < s.T; i0 += kThreads) {
       const int64_t i = i0 + threadIdx.x;
       float prob = 0.0f, d_s = 0.0f;
-      if (i < s.T && visible(s, positions[segment * s.T + i], kpos)) {
+      if (i < s.T && visible(s, b, positions[segment * s.T + i], kpos)) {
         const float lse_i = lse[(b * s.H + h) * s.T + i];
         if (lse_i != -INFINITY) {
           const T* q_row = qkv + row_at(s, segment, b, i) + h * s.D;
@@ -265,7 +279,7 @@ void attention_gathered_forward(void* out, float* lse, const void* qkv_all,
     const dim3 grid(static_cast<unsigned>(s.seq), static_cast<unsigned>(s.batch * s.heads));
     gathered_forward_kernel<T>
         <<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv_all),
-                                        positions, segments, segment, shape_of(s));
+                                        positions, segments, segment, shape_of(s, segments));
     TS_CUDA_CHECK_LAUNCH("gathered_forward_kernel");
   });
 }
@@ -294,7 +308,7 @@ void attention_gathered_backward(void* dqkv_all, const void* dout, const void* o
   auto* row_dot = static_cast<float*>(scratch);
   dispatch_float(dtype, "attention_gathered_backward", [&](auto tag) {
     using T = decltype(tag);
-    const Shape sh = shape_of(s);
+    const Shape sh = shape_of(s, segments);
     const dim3 queries(static_cast<unsigned>(s.seq), static_cast<unsigned>(s.batch * s.heads));
     gathered_dq_kernel<T><<<queries, kThreads, 0, stream>>>(
         static_cast<T*>(dqkv_all), row_dot, static_cast<const T*>(dout), static_cast<const T*>(out),

@@ -153,11 +153,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int u0 = m_tile * kBlockM;  // the tile's first row; q0, q_last: positions
   const int q0 = cs.position(u0);
   const int q_last = q0 + min(kBlockM, T - u0) - 1;
+  // The document starts by position, over the whole sequence.
   const int32_t* const starts =
-      p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
-  const int last_start = document_start(starts, q_last, T);
+      p.document_starts ? p.document_starts + static_cast<int64_t>(b) * Tk : nullptr;
+  const int last_start = document_start(starts, q_last, Tk);
   // Keys visible from some row of the tile (attention.cu's forward has the same range).
-  const int kv_first = max(p.window > 0 ? max(0, q0 - p.window + 1) : 0, document_start(starts, q0, T));
+  const int kv_first = max(p.window > 0 ? max(0, q0 - p.window + 1) : 0, document_start(starts, q0, Tk));
   const int kv_end = p.causal ? q_last + 1 : Tk;
   const int n_begin = kv_first / kBlockN, n_end = (kv_end + kBlockN - 1) / kBlockN;
 

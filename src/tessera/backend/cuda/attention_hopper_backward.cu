@@ -94,8 +94,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k0 = n_tile * kBlockN;  // positions
   const int k_last = min(k0 + kBlockN, Tk) - 1;
   const int2 k_row = cs.row_of(k0);  // the segment and row holding the block
+  // The document starts by position, over the whole sequence.
   const int32_t* const starts =
-      p.document_starts ? p.document_starts + static_cast<int64_t>(b) * T : nullptr;
+      p.document_starts ? p.document_starts + static_cast<int64_t>(b) * Tk : nullptr;
   // Query tiles are this segment's rows (64 each), in increasing position.
   const int m_begin = p.causal ? cs.first_row_from(k0, T) / kBlockM : 0;
 
