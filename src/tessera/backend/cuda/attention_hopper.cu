@@ -16,6 +16,10 @@
 // The masks are attention.cu's: causal, sliding window, packed documents (attention_common.cuh),
 // element masks only on tiles that hold an invisible pair, tiles with no visible pair never
 // loaded. Grid order as there: the heaviest query tiles start first.
+//
+// Under context parallelism (p.segments > 1, ContextSegments) the same kernel reads every
+// rank's keys from the gathered qkv by position and this rank's queries in place: masks and
+// tile ranges are in positions, loads and stores in rows.
 #include <algorithm>
 #include <atomic>
 #include <cmath>

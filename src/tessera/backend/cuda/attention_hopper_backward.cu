@@ -19,6 +19,9 @@
 //
 // Masks are the forward's (attention_common.cuh) seen from the key side: query tiles with no
 // visible pair are never visited, element masks only where a tile holds an invisible pair.
+// Under context parallelism (p.segments > 1) a CTA owns a block of keys of any rank, found by
+// position in the gathered qkv, and visits this rank's query tiles that see it; its dK and dV
+// go to that rank's rows of dqkv, for the reduce-scatter.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
