@@ -1210,8 +1210,11 @@ bool attention_gathered_backward_warpgroup(void* dqkv_all, const void* dout, con
                                            const AttentionShape& s, void* scratch,
                                            size_t scratch_bytes, cudaStream_t stream) {
   if (!gathered_on_warpgroups(qkv_all, segments, s) || !aligned16(dout)) return false;
-  TS_CHECK(scratch_bytes >= attention_backward_scratch_bytes(s),
-           "cuda attention_gathered_backward: scratch of {} bytes", scratch_bytes);
+  if (scratch_bytes < attention_backward_scratch_bytes(s)) {
+    throw InternalError("cuda attention_gathered_backward: scratch of " +
+                        std::to_string(scratch_bytes) + " bytes, below the " +
+                        std::to_string(attention_backward_scratch_bytes(s)) + " it needs");
+  }
   auto p = make_params<AttentionBackwardParams>(s);
   p.window = gathered_window(segments, s);
   const size_t stats = align_up(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float));
