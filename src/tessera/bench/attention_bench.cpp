@@ -110,12 +110,7 @@ AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint6
   }
   if (S > 1) {
     t.positions = take(DType::I32, {S, s.seq});
-    std::vector<int32_t> all;
-    for (int64_t c = 0; c < S; ++c) {
-      const std::vector<int32_t> at = context_parallel_positions(s.seq, static_cast<int>(S), static_cast<int>(c));
-      all.insert(all.end(), at.begin(), at.end());
-    }
-    b.upload(t.positions, all.data());
+    b.upload(t.positions, context_parallel_positions(s.seq, static_cast<int>(S)).data());
   }
   b.init_normal(t.qkv, seed, 0, 0.0f, 1.0f);
   if (p.backward) {

@@ -303,12 +303,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     // masks.
     context_positions_ =
         context_parallel_positions(runtime_.seq_length, cp, runtime_.context_parallel_rank);
-    std::vector<int32_t> all;
-    for (int r = 0; r < cp; ++r) {
-      const std::vector<int32_t> pos = context_parallel_positions(runtime_.seq_length, cp, r);
-      all.insert(all.end(), pos.begin(), pos.end());
-    }
-    backend_.upload(a_.cp_positions, all.data());
+    backend_.upload(a_.cp_positions, context_parallel_positions(runtime_.seq_length, cp).data());
   }
   if (runtime_.reset_position_ids) {
     for (const auto& [base, t] : a_.rope.tables)

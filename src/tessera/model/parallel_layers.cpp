@@ -244,6 +244,15 @@ void ContextParallelAttention::backward(const Tensor& dqkv, const Tensor& dout, 
   group().reduce_scatter(dqkv, b_.dqkv);
 }
 
+std::vector<int32_t> context_parallel_positions(int64_t seq_length, int size) {
+  std::vector<int32_t> all;
+  for (int r = 0; r < size; ++r) {
+    const std::vector<int32_t> pos = context_parallel_positions(seq_length, size, r);
+    all.insert(all.end(), pos.begin(), pos.end());
+  }
+  return all;
+}
+
 std::vector<int32_t> context_parallel_positions(int64_t seq_length, int size, int rank) {
   const int64_t half = seq_length / 2;
   std::vector<int32_t> pos(static_cast<size_t>(seq_length));

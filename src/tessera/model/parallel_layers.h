@@ -199,5 +199,8 @@ class ContextParallelAttention {
 // chunks of seq_length / 2 tokens, `rank` holds chunks rank and 2 size - 1 - rank; the whole
 // sequence's position of each of its seq_length tokens.
 std::vector<int32_t> context_parallel_positions(int64_t seq_length, int size, int rank);
+// Every rank's, rank after rank: the positions (size, seq_length) that the gathered attention
+// reads (Backend::attention_gathered_forward).
+std::vector<int32_t> context_parallel_positions(int64_t seq_length, int size);
 
 }  // namespace tessera
