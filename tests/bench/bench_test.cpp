@@ -53,6 +53,13 @@ class FaultyBackend final : public CpuBackend {
     if (bad_attention) wrong.causal = !s.causal;  // a masking bug
     CpuBackend::do_attention_forward(o, l, q, wrong);
   }
+  void do_attention_gathered_forward(const Tensor& o, const Tensor& l, const Tensor& q,
+                                     const Tensor& positions, int64_t segment,
+                                     const AttentionShape& s) override {
+    AttentionShape wrong = s;
+    if (bad_attention) wrong.window = 3;  // keys lost beyond a window it was not asked for
+    CpuBackend::do_attention_gathered_forward(o, l, q, positions, segment, wrong);
+  }
 };
 
 BenchContext cpu_context(bool faulty = false) {
@@ -339,6 +346,12 @@ TEST(Checks, PassOnTheReferenceAndFailOnWrongResults) {
   faults(bad).bad_matmul = false;
   faults(bad).bad_attention = true;
   EXPECT_FALSE(check_attention(bad, a).ok);
+  AttentionProblem cp = a;  // context parallelism: the gathered attention's check
+  cp.seq = 64, cp.segments = 2;
+  EXPECT_FALSE(check_attention(bad, cp).ok);
+  faults(bad).bad_attention = false;
+  EXPECT_TRUE(check_attention(bad, cp).ok) << check_attention(bad, cp).failure;
+  faults(bad).bad_attention = true;
 
   EXPECT_TRUE(run_copy(good, 1 << 20).ok);
   faults(bad).bad_attention = false;
@@ -378,6 +391,23 @@ TEST(BenchCommands, WriteTablesAsMarkdownAndCsv) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("2 attention problems checked and timed"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("packed 48"), std::string::npos) << r.output;
+
+  // Context parallelism: both ranks' shares of the gathered attention, checked against the CPU
+  // reference (forward and backward) and timed in turn; lengths that do not cut into 2 x ranks
+  // chunks, and fewer than 2 ranks, are refused by name with nothing run.
+  r = run("bench attention --device cpu --seqs 64 --head_dims 16 --heads 4 --kv_heads 2 --masks cp "
+          "--context_parallel_size 2 --batch 1 --iters 2 --warmup 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("2 attention problems checked and timed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("causal cp 2"), std::string::npos) << r.output;
+  r = run("bench attention --device cpu --seqs 66 --head_dims 16 --masks cp --context_parallel_size 4");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("'seqs' has value '66'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("multiples of 2 x --context_parallel_size = 8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("checked and timed"), std::string::npos) << r.output;
+  r = run("bench attention --device cpu --seqs 64 --head_dims 16 --masks cp --context_parallel_size 1");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("'context_parallel_size' has value '1'"), std::string::npos) << r.output;
 
   r = run("bench membw --device cpu --sizes_mib 1,4 --iters 2 -o " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
