@@ -54,11 +54,11 @@ class FaultyBackend final : public CpuBackend {
     CpuBackend::do_attention_forward(o, l, q, wrong);
   }
   void do_attention_gathered_forward(const Tensor& o, const Tensor& l, const Tensor& q,
-                                     const Tensor& positions, int64_t segment,
+                                     const Tensor& kv, const Tensor& positions, int64_t segment,
                                      const AttentionShape& s) override {
     AttentionShape wrong = s;
     if (bad_attention) wrong.window = 3;  // keys lost beyond a window it was not asked for
-    CpuBackend::do_attention_gathered_forward(o, l, q, positions, segment, wrong);
+    CpuBackend::do_attention_gathered_forward(o, l, q, kv, positions, segment, wrong);
   }
 };
 

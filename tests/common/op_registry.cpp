@@ -1624,10 +1624,12 @@ std::vector<OpCase> mla_cases() {
     };
     cases.push_back(c);
   }
-  // The slices of fused projection outputs: an odd window, and DeepSeek-V3's latent.
+  // The slices of fused projection outputs: an odd window, DeepSeek-V3's latent, context
+  // parallelism's keys and values of a GQA qkv (whole 16-byte units) and a block of 4-byte units.
   for (auto [N, WS, WD, from, to, cols] :
        {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{37, 29, 23, 5, 7, 11},
-        {4096, 2112, 512, 1536, 0, 512}}) {
+        {4096, 2112, 512, 1536, 0, 512}, {1024, 1536, 512, 1024, 0, 512},
+        {64, 30, 18, 2, 4, 10}}) {
     OpCase c;
     c.name = fmt::format("copy_columns N{} [{}, {}) of {} to [{}, {}) of {}", N, from, from + cols,
                          WS, to, to + cols, WD);
@@ -1698,7 +1700,8 @@ std::vector<OpCase> gathered_attention_cases() {
         Gathered{attn(1, 512, 8, 2, 128, 0), 2, 0, {100, 1, 300, 130, 256, 237}},
         Gathered{attn(1, 256, 4, 2, 128, 0), 4, 2, {700, 1, 323}}}) {
     const AttentionShape s = g.s;
-    const int64_t S = g.segments, N = s.tokens(), W = s.qkv_width(), HD = s.heads * s.head_dim;
+    const int64_t S = g.segments, N = s.tokens(), W = s.qkv_width(), KW = s.kv_width(),
+                  HD = s.heads * s.head_dim;
     const std::string shape =
         fmt::format("S{} segment {} B{} T{} H{} KV{} D{} window{}{}", S, g.segment, s.batch, s.seq,
                     s.heads, s.kv_heads, s.head_dim, s.window, g.documents.empty() ? "" : " packed");
@@ -1723,26 +1726,32 @@ std::vector<OpCase> gathered_attention_cases() {
             p.tensor(DType::I32, {static_cast<int64_t>(starts.size())}, positions.size() * 4);
         b.upload(within.document_starts, starts.data());
       }
-      b.attention_gathered_forward(t.at("out"), t.at("lse"), t.at("qkv_all"), pos, segment, within);
-      if (t.count("dqkv_all"))
-        b.attention_gathered_backward(t.at("dqkv_all"), t.at("dout"), t.at("out"), t.at("lse"),
-                                      t.at("qkv_all"), pos, segment, within);
+      b.attention_gathered_forward(t.at("out"), t.at("lse"), t.at("qkv"), t.at("kv_all"), pos,
+                                   segment, within);
+      if (t.count("dkv_all"))
+        b.attention_gathered_backward(t.at("dqkv"), t.at("dkv_all"), t.at("dout"), t.at("out"),
+                                      t.at("lse"), t.at("qkv"), t.at("kv_all"), pos, segment,
+                                      within);
       b.synchronize();
     };
     OpCase f;
     f.name = "attention_gathered_forward " + shape;
-    f.specs = {{"qkv_all", {S * N, W}},
+    f.specs = {{"qkv", {N, W}},
+               {"kv_all", {S * N, KW}},
                {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
                {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}};
     f.run = run_forward;
     cases.push_back(f);
     OpCase b = f;
     b.name = "attention_gathered_backward " + shape;
-    b.specs = {{"qkv_all", {S * N, W}},
+    // dqkv's key and value columns are not the op's to write: they keep their values.
+    b.specs = {{"qkv", {N, W}},
+               {"kv_all", {S * N, KW}},
                {"dout", {N, HD}},
                {"out", {N, HD}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
                {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3},
-               {"dqkv_all", {S * N, W}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
+               {"dqkv", {N, W}, Kind::Act, Role::InOut, 1, 0, 1, 3e-2},
+               {"dkv_all", {S * N, KW}, Kind::Act, Role::Out, 1, 0, 1, 3e-2}};
     cases.push_back(b);
   }
   return cases;

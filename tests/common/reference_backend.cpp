@@ -301,26 +301,30 @@ void ReferenceBackend::do_attention_backward(const Tensor& dqkv, const Tensor& d
 }
 
 void ReferenceBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
-                                                     const Tensor& qkv_all, const Tensor& positions,
-                                                     int64_t segment, const AttentionShape& s) {
+                                                     const Tensor& qkv, const Tensor& kv_all,
+                                                     const Tensor& positions, int64_t segment,
+                                                     const AttentionShape& s) {
   std::vector<double> o(static_cast<size_t>(out.numel())), l(static_cast<size_t>(lse.numel()));
-  ref::attention_gathered_forward(o.data(), l.data(), values(qkv_all).data(),
+  ref::attention_gathered_forward(o.data(), l.data(), values(qkv).data(), values(kv_all).data(),
                                   ids(positions, INT32_MAX, false), positions.numel() / s.seq,
                                   segment, s);
   store(out, o);
   store(lse, l);
 }
 
-void ReferenceBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
-                                                      const Tensor& out, const Tensor& lse,
-                                                      const Tensor& qkv_all,
+void ReferenceBackend::do_attention_gathered_backward(const Tensor& dqkv, const Tensor& dkv_all,
+                                                      const Tensor& dout, const Tensor& out,
+                                                      const Tensor& lse, const Tensor& qkv,
+                                                      const Tensor& kv_all,
                                                       const Tensor& positions, int64_t segment,
                                                       const AttentionShape& s) {
-  std::vector<double> d(static_cast<size_t>(dqkv_all.numel()));
-  ref::attention_gathered_backward(
-      d.data(), values(dout).data(), values(out).data(), values(lse).data(), values(qkv_all).data(),
-      ids(positions, INT32_MAX, false), positions.numel() / s.seq, segment, s);
-  store(dqkv_all, d);
+  std::vector<double> dq = values(dqkv), dkv(static_cast<size_t>(dkv_all.numel()));
+  ref::attention_gathered_backward(dq.data(), dkv.data(), values(dout).data(), values(out).data(),
+                                   values(lse).data(), values(qkv).data(), values(kv_all).data(),
+                                   ids(positions, INT32_MAX, false), positions.numel() / s.seq,
+                                   segment, s);
+  store(dqkv, dq);
+  store(dkv_all, dkv);
 }
 
 void ReferenceBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,

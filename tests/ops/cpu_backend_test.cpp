@@ -304,22 +304,37 @@ TEST_F(CpuBackendTest, GatheredAttentionOverSegmentsIsWholeSequenceAttention) {
     const std::vector<float> want_out = segmented(download_float(*backend, full_out), HD);
     const std::vector<float> want_dqkv = segmented(download_float(*backend, full_dqkv), W);
 
-    GuardedTensor all = input({S * B * Tl, W}, segmented(qkv, W)), pos = ids(positions);
+    // Each segment's own qkv rows, and every segment's key and value columns (kv_all).
+    const std::vector<float> seg_qkv = segmented(qkv, W);
+    const int64_t QW = H * D, KW = whole.kv_width(), rows = B * Tl;
+    std::vector<float> kv_columns;
+    for (int64_t r = 0; r < S * rows; ++r)
+      kv_columns.insert(kv_columns.end(), seg_qkv.begin() + r * W + QW, seg_qkv.begin() + (r + 1) * W);
+    GuardedTensor all = input({S * rows, KW}, kv_columns), pos = ids(positions);
     const std::vector<float> seg_dout = segmented(dout, HD);
-    std::vector<float> dqkv_sum(S * B * Tl * W, 0.0f);
+    std::vector<float> dqkv_sum(S * rows * W, 0.0f);
     for (int64_t c = 0; c < S; ++c) {
-      GuardedTensor out = random({B * Tl, HD}), lse = random({B, H, Tl}),
-                    d = input({B * Tl, HD}, {seg_dout.begin() + c * B * Tl * HD,
-                                             seg_dout.begin() + (c + 1) * B * Tl * HD}),
-                    dall = random({S * B * Tl, W});
-      backend->attention_gathered_forward(out, lse, all, pos, c, local);
+      GuardedTensor own = input({rows, W}, {seg_qkv.begin() + c * rows * W,
+                                            seg_qkv.begin() + (c + 1) * rows * W});
+      GuardedTensor out = random({rows, HD}), lse = random({B, H, Tl}),
+                    d = input({rows, HD}, {seg_dout.begin() + c * rows * HD,
+                                           seg_dout.begin() + (c + 1) * rows * HD}),
+                    dqkv = random({rows, W}), dall = random({S * rows, KW});
+      const std::vector<float> dqkv_before = download_float(*backend, dqkv);
+      backend->attention_gathered_forward(out, lse, own, all, pos, c, local);
       const std::vector<float> got = download_float(*backend, out);
-      for (int64_t i = 0; i < B * Tl * HD; ++i)
-        EXPECT_NEAR(got[i], want_out[c * B * Tl * HD + i], 1e-6f * std::max(1.0f, std::abs(got[i])))
+      for (int64_t i = 0; i < rows * HD; ++i)
+        EXPECT_NEAR(got[i], want_out[c * rows * HD + i], 1e-6f * std::max(1.0f, std::abs(got[i])))
             << "segment " << c << " " << i;
-      backend->attention_gathered_backward(dall, d, out, lse, all, pos, c, local);
-      const std::vector<float> part = download_float(*backend, dall);
-      for (size_t i = 0; i < part.size(); ++i) dqkv_sum[i] += part[i];
+      backend->attention_gathered_backward(dqkv, dall, d, out, lse, own, all, pos, c, local);
+      const std::vector<float> dq = download_float(*backend, dqkv), dkv = download_float(*backend, dall);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(dq.begin() + r * W, QW, dqkv_sum.begin() + (c * rows + r) * W);
+        for (int64_t k = QW; k < W; ++k)  // the key and value columns are not the op's
+          EXPECT_EQ(dq[r * W + k], dqkv_before[r * W + k]) << "segment " << c << " row " << r;
+      }
+      for (int64_t r = 0; r < S * rows; ++r)
+        for (int64_t k = 0; k < KW; ++k) dqkv_sum[r * W + QW + k] += dkv[r * KW + k];
     }
     for (size_t i = 0; i < dqkv_sum.size(); ++i)
       EXPECT_NEAR(dqkv_sum[i], want_dqkv[i], 1e-6f * std::max(1.0f, std::abs(want_dqkv[i])))
@@ -333,10 +348,11 @@ TEST_F(CpuBackendTest, GatheredAttentionRefusesNarrowerValueHeads) {
   AttentionShape s;
   s.batch = 1, s.seq = 4, s.heads = 2, s.kv_heads = 2, s.head_dim = 8, s.v_head_dim = 4;
   s.scale = 0.35f;
-  GuardedTensor all = random({2 * 4, s.qkv_width()}), pos = ids({0, 1, 6, 7, 2, 3, 4, 5});
+  GuardedTensor own = random({4, s.qkv_width()}), all = random({2 * 4, s.kv_width()}),
+                pos = ids({0, 1, 6, 7, 2, 3, 4, 5});
   GuardedTensor out = random({4, s.heads * s.v_dim()}), lse = random({1, 2, 4});
   try {
-    backend->attention_gathered_forward(out, lse, all, pos, 0, s);
+    backend->attention_gathered_forward(out, lse, own, all, pos, 0, s);
     FAIL() << "no exception";
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("value heads of 4 with heads of 8"), std::string::npos)

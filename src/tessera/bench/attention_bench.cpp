@@ -44,22 +44,31 @@ constexpr int64_t kSmallSeq = 200;  // not a multiple of any tile
 constexpr int kSampledRows = 4;
 
 // qkv, out, lse (+ dout, dqkv for the backward, the document starts when packed) of one
-// problem, in one allocation, and the shape that reads them. Under context parallelism qkv and
-// dqkv hold every segment's rows (segments x B, T / segments, width), out, lse and dout one
-// set per segment (segment(c) views them), and positions every segment's places.
+// problem, in one allocation, and the shape that reads them. Under context parallelism qkv,
+// out, lse, dout and dqkv hold one set per segment (segment(c) views them), kv_all every
+// segment's key and value columns of qkv (as the model's all-gather leaves them), dkv_all their
+// gradients, and positions every segment's places.
 struct AttentionTensors {
   DeviceBuffer buffer;
-  Tensor qkv, out, lse, dout, dqkv, positions;
+  Tensor qkv, out, lse, dout, dqkv, kv_all, dkv_all, positions;
   AttentionShape shape;  // per segment under context parallelism
   int64_t segments = 1;
-  // Segment c's out, lse and dout.
-  std::array<Tensor, 3> segment(int64_t c) const {
+  // Segment c's qkv, out, lse, dout and dqkv.
+  std::array<Tensor, 5> segment(int64_t c) const {
     auto part = [&](const Tensor& t) {
       if (!t.defined()) return t;
       const int64_t n = t.numel() / segments;
       return t.flat_range(c * n, n).view({t.shape[0] / segments, t.shape[1], t.shape[2]});
     };
-    return {part(out), part(lse), part(dout)};
+    return {part(qkv), part(out), part(lse), part(dout), part(dqkv)};
+  }
+  // kv_all from qkv, as the model gathers it.
+  void gather_kv(Backend& b) const {
+    if (segments == 1) return;
+    const int64_t rows = qkv.numel() / shape.qkv_width();
+    const int64_t first = shape.heads * shape.head_dim;
+    b.copy_columns(kv_all.view({rows, shape.kv_width()}), 0,
+                   qkv.view({rows, shape.qkv_width()}), first, shape.kv_width());
   }
 };
 
@@ -85,7 +94,8 @@ size_t set_bytes(const AttentionProblem& p, DType dt) {
   const size_t lse = aligned(S * s.batch * s.heads * s.seq * sizeof(float));
   const size_t starts = p.document_length > 0 ? aligned(s.tokens() * sizeof(int32_t)) : 0;
   const size_t positions = S > 1 ? aligned(S * s.seq * sizeof(int32_t)) : 0;
-  return qkv + out + lse + starts + positions + (p.backward ? qkv + out : 0);
+  const size_t kv = S > 1 ? aligned(S * s.tokens() * s.kv_width() * dtype_size(dt)) : 0;
+  return qkv + out + lse + starts + positions + kv + (p.backward ? qkv + out + kv : 0);
 }
 
 AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint64_t seed) {
@@ -113,10 +123,19 @@ AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint6
     b.upload(t.positions, context_parallel_positions(s.seq, static_cast<int>(S)).data());
   }
   b.init_normal(t.qkv, seed, 0, 0.0f, 1.0f);
+  if (S > 1) {
+    t.kv_all = take(dt, {S * s.batch, s.seq, s.kv_width()});
+    t.gather_kv(b);
+  }
   if (p.backward) {
     t.dout = take(dt, {S * s.batch, s.seq, s.heads * s.head_dim});
     t.dqkv = take(dt, {S * s.batch, s.seq, s.qkv_width()});
     b.init_normal(t.dout, seed + 1, 0, 0.0f, 1.0f);
+    if (S > 1) {
+      // The gathered backward writes dqkv's query columns only: the rest compare as zeros.
+      b.fill(t.dqkv, 0.0f);
+      t.dkv_all = take(dt, {S * s.batch, s.seq, s.kv_width()});
+    }
   }
   return t;
 }
@@ -124,16 +143,18 @@ AttentionTensors allocate(Backend& b, const AttentionProblem& p, DType dt, uint6
 void forward(Backend& b, const AttentionTensors& t) {
   if (t.segments == 1) return b.attention_forward(t.out, t.lse, t.qkv, t.shape);
   for (int64_t c = 0; c < t.segments; ++c) {
-    const auto [out, lse, dout] = t.segment(c);
-    b.attention_gathered_forward(out, lse, t.qkv, t.positions, c, t.shape);
+    const auto [qkv, out, lse, dout, dqkv] = t.segment(c);
+    b.attention_gathered_forward(out, lse, qkv, t.kv_all, t.positions, c, t.shape);
   }
 }
 
+// Under context parallelism dkv_all holds the last segment's key and value gradients.
 void backward(Backend& b, const AttentionTensors& t) {
   if (t.segments == 1) return b.attention_backward(t.dqkv, t.dout, t.out, t.lse, t.qkv, t.shape);
   for (int64_t c = 0; c < t.segments; ++c) {
-    const auto [out, lse, dout] = t.segment(c);
-    b.attention_gathered_backward(t.dqkv, dout, out, lse, t.qkv, t.positions, c, t.shape);
+    const auto [qkv, out, lse, dout, dqkv] = t.segment(c);
+    b.attention_gathered_backward(dqkv, t.dkv_all, dout, out, lse, qkv, t.kv_all, t.positions, c,
+                                  t.shape);
   }
 }
 
@@ -227,14 +248,18 @@ AttentionCheck check_attention(BenchContext& ctx, const AttentionProblem& p) {
     Backend& ref = *ctx.reference;
     const AttentionTensors h = allocate(ref, small, DType::F32, 31);
     upload_floats(ref, h.qkv, download_floats(dev, d.qkv));
+    h.gather_kv(ref);
     upload_floats(ref, h.dout, download_floats(dev, d.dout));
     forward(ref, h);
     backward(ref, h);
     // The op-test registry's tolerances for bf16 attention (tests/common/op_registry.cpp).
     const double out_err = relative_error(download_floats(dev, d.out), download_floats(ref, h.out));
     const double lse_err = relative_error(download_floats(dev, d.lse), download_floats(ref, h.lse));
-    const double dqkv_err =
-        relative_error(download_floats(dev, d.dqkv), download_floats(ref, h.dqkv));
+    double dqkv_err = relative_error(download_floats(dev, d.dqkv), download_floats(ref, h.dqkv));
+    if (d.dkv_all.defined()) {
+      dqkv_err = std::max(dqkv_err, relative_error(download_floats(dev, d.dkv_all),
+                                                   download_floats(ref, h.dkv_all)));
+    }
     r.rel_err = p.backward ? dqkv_err : out_err;
     if (!(out_err <= 2e-2 && lse_err <= 1e-3 && dqkv_err <= 3e-2)) {
       r.failure = fmt::format(

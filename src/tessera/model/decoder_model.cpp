@@ -187,8 +187,9 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   }
   if (rt.context_parallel_size > 1) {
     const int64_t cp = rt.context_parallel_size;
-    plan.add(&a.cp_qkv, dt, {cp * N, s.qkv_width()}, Keep::Shared);
-    plan.add(&a.cp_dqkv, dt, {cp * N, s.qkv_width()}, Keep::Shared);
+    plan.add(&a.cp_kv, dt, {N, s.kv_width()}, Keep::Shared);
+    plan.add(&a.cp_kv_all, dt, {cp * N, s.kv_width()}, Keep::Shared);
+    plan.add(&a.cp_dkv_all, dt, {cp * N, s.kv_width()}, Keep::Shared);
     plan.add(&a.cp_positions, DType::I32, {cp, rt.seq_length}, Keep::Shared);
   }
 }
@@ -358,7 +359,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
                                                                a_.ce_stats, a_.ce_all_stats);
   attention_ = std::make_unique<ContextParallelAttention>(
       backend_, cp, runtime_.context_parallel_rank,
-      ContextParallelAttention::Buffers{a_.cp_qkv, a_.cp_dqkv, a_.cp_positions});
+      ContextParallelAttention::Buffers{a_.cp_kv, a_.cp_kv_all, a_.cp_dkv_all, a_.cp_positions});
   // Gradients the first GEMM of a step writes (beta 0) need no zeroing: the linears' and the
   // expert stacks' (whose grouped weight gradient writes every expert, with rows or not).
   std::vector<char> gemm_written(layout_.params.size(), 0);

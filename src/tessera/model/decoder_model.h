@@ -120,7 +120,7 @@ class DecoderModel final : public Model, private LayerOps {
     Tensor gathered, partial;
     // Context parallelism: every rank's packed q, k, v (cp x N, width) and their gradients,
     // and every rank's token positions (cp, seq_length) int32.
-    Tensor cp_qkv, cp_dqkv, cp_positions;
+    Tensor cp_kv, cp_kv_all, cp_dkv_all, cp_positions;
   };
   // Declares the layers' and the model's activations into `plan`.
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,

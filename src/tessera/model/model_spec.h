@@ -105,6 +105,7 @@ struct ModelSpec {
   YarnRope yarn;
 
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t kv_width() const { return 2 * kv_heads * head_dim; }  // of qkv's keys and values
   int64_t attn_width() const { return heads * head_dim; }
   // Weights that are multiplied: every layer's projections and the output head (not the
   // embedding lookup), as in the Megatron/NeMo FLOPs convention; each block counts its own.

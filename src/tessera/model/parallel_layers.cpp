@@ -231,17 +231,34 @@ ParallelGroup& ContextParallelAttention::group() const {
 void ContextParallelAttention::forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                        const AttentionShape& s) {
   if (size_ == 1) return backend_.attention_forward(out, lse, qkv, s);
-  group().all_gather(b_.qkv, qkv);
-  backend_.attention_gathered_forward(out, lse, b_.qkv, b_.positions, rank_, s);
+  backend_.attention_gathered_forward(out, lse, qkv, gather_kv(qkv, s), b_.positions, rank_, s);
 }
 
 void ContextParallelAttention::backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                         const Tensor& lse, const Tensor& qkv,
                                         const AttentionShape& s) {
   if (size_ == 1) return backend_.attention_backward(dqkv, dout, out, lse, qkv, s);
-  group().all_gather(b_.qkv, qkv);
-  backend_.attention_gathered_backward(b_.dqkv, dout, out, lse, b_.qkv, b_.positions, rank_, s);
-  group().reduce_scatter(dqkv, b_.dqkv);
+  const Tensor kv_all = gather_kv(qkv, s);
+  const Tensor dkv_all = rows(b_.dkv_all, size_ * qkv.dim(0), s);
+  backend_.attention_gathered_backward(dqkv, dkv_all, dout, out, lse, qkv, kv_all, b_.positions,
+                                       rank_, s);
+  const Tensor dkv = rows(b_.kv, qkv.dim(0), s);
+  group().reduce_scatter(dkv, dkv_all);
+  backend_.copy_columns(dqkv, s.heads * s.head_dim, dkv, 0, s.kv_width());
+}
+
+Tensor ContextParallelAttention::rows(const Tensor& buffer, int64_t n, const AttentionShape& s) {
+  return buffer.flat_range(0, n * s.kv_width()).view({n, s.kv_width()});
+}
+
+// Only the keys and values travel: the queries are this rank's alone (a third of the bytes of
+// the whole qkv with 4 query heads per key head, Llama 3's ratio).
+Tensor ContextParallelAttention::gather_kv(const Tensor& qkv, const AttentionShape& s) {
+  const int64_t n = qkv.dim(0);
+  const Tensor kv = rows(b_.kv, n, s), kv_all = rows(b_.kv_all, size_ * n, s);
+  backend_.copy_columns(kv, 0, qkv, s.heads * s.head_dim, s.kv_width());
+  group().all_gather(kv_all, kv);
+  return kv_all;
 }
 
 std::vector<int32_t> context_parallel_positions(int64_t seq_length, int size) {

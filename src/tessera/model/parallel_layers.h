@@ -168,14 +168,16 @@ class VocabParallelCrossEntropy {
   Tensor stats_, all_stats_;
 };
 
-// Megatron's context parallelism with the keys and values all-gathered: every rank's packed
-// q, k, v are gathered, and this rank's queries attend to all of them by position; in the
-// backward they are gathered again rather than kept, and each rank's key and value gradients,
-// which every rank's queries contribute to, are reduce-scattered back to it.
+// Megatron's context parallelism with the keys and values all-gathered: every rank's k and v
+// columns of qkv are gathered (the queries stay with their rank), and this rank's queries
+// attend to all of them by position; in the backward they are gathered again rather than
+// kept, and each rank's key and value gradients, which every rank's queries contribute to, are
+// reduce-scattered back to it.
 class ContextParallelAttention {
  public:
   struct Buffers {
-    Tensor qkv, dqkv;  // (cp x N, width): every rank's packed q, k, v and their gradients
+    Tensor kv;              // (N, 2 KV D): this rank's k and v columns, or their gradients
+    Tensor kv_all, dkv_all;  // (cp x N, 2 KV D): every rank's, and their gradients
     Tensor positions;  // (cp, seq_length) int32: every rank's token positions
   };
   ContextParallelAttention(Backend& backend, int size, int rank, Buffers buffers)
@@ -188,6 +190,10 @@ class ContextParallelAttention {
 
  private:
   ParallelGroup& group() const;
+  // The first n rows of a (rows, 2 KV D) buffer.
+  static Tensor rows(const Tensor& buffer, int64_t n, const AttentionShape& s);
+  // This rank's k and v columns of qkv, all-gathered: (cp x N, 2 KV D).
+  Tensor gather_kv(const Tensor& qkv, const AttentionShape& s);
 
   Backend& backend_;
   ParallelGroup* group_ = nullptr;

@@ -94,6 +94,8 @@ struct AttentionShape {
   bool rope_per_token = false;
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * v_dim(); }
+  // Of a token's key heads then value heads alone (qkv's last columns; the KV cache's rows).
+  int64_t kv_width() const { return kv_heads * (head_dim + v_dim()); }
   int64_t out_width() const { return heads * v_dim(); }  // of out (B, T, H * Dv)
   int64_t tokens() const { return batch * seq; }
 };

@@ -643,57 +643,65 @@ OpCost cost_attention_backward(const Tensor& dqkv, const Tensor& dout, const Ten
 // ---- attention_gathered_forward
 
 void check_attention_gathered_forward(const OpChecks& check, const Tensor& out, const Tensor& lse,
-                                      const Tensor& qkv_all, const Tensor& positions,
-                                      int64_t segment, const AttentionShape& s) {
+                                      const Tensor& qkv, const Tensor& kv_all,
+                                      const Tensor& positions, int64_t segment,
+                                      const AttentionShape& s) {
   const int64_t segments = check_gathered(check, positions, segment, s);
-  check.count(qkv_all, segments * s.tokens() * s.qkv_width(), "qkv_all");
+  check.count(qkv, s.tokens() * s.qkv_width(), "qkv");
+  check.count(kv_all, segments * s.tokens() * s.kv_width(), "kv_all");
   check.count(out, s.tokens() * s.heads * s.head_dim, "out");
   check.count(lse, s.batch * s.heads * s.seq, "lse");
 }
 
-OpArgs describe_attention_gathered_forward(const Tensor& out, const Tensor& lse,
-                                           const Tensor& qkv_all, const Tensor& positions,
+OpArgs describe_attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                           const Tensor& kv_all, const Tensor& positions,
                                            int64_t segment, const AttentionShape& s) {
-  return op_args::attention(s, qkv_all.dtype);
+  return op_args::attention(s, qkv.dtype);
 }
 
-OpCost cost_attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
-                                       const Tensor& positions, int64_t segment,
-                                       const AttentionShape& s) {
+OpCost cost_attention_gathered_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                       const Tensor& kv_all, const Tensor& positions,
+                                       int64_t segment, const AttentionShape& s) {
   const double pairs = gathered_pairs(positions, s);
   return {2 * s.heads * pairs * (s.head_dim + s.v_dim()),
-          bytes_of(qkv_all) + bytes_of(out) + bytes_of(lse)};
+          bytes_of(qkv) + bytes_of(kv_all) + bytes_of(out) + bytes_of(lse)};
 }
 
 // ---- attention_gathered_backward
 
-void check_attention_gathered_backward(const OpChecks& check, const Tensor& dqkv_all,
-                                       const Tensor& dout, const Tensor& out, const Tensor& lse,
-                                       const Tensor& qkv_all, const Tensor& positions,
+void check_attention_gathered_backward(const OpChecks& check, const Tensor& dqkv,
+                                       const Tensor& dkv_all, const Tensor& dout,
+                                       const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                       const Tensor& kv_all, const Tensor& positions,
                                        int64_t segment, const AttentionShape& s) {
   const int64_t segments = check_gathered(check, positions, segment, s);
-  const int64_t width = s.qkv_width(), heads_width = s.heads * s.head_dim;
-  check.count(qkv_all, segments * s.tokens() * width, "qkv_all");
-  check.count(dqkv_all, segments * s.tokens() * width, "dqkv_all");
+  const int64_t heads_width = s.heads * s.head_dim;
+  check.count(qkv, s.tokens() * s.qkv_width(), "qkv");
+  check.count(dqkv, s.tokens() * s.qkv_width(), "dqkv");
+  check.count(kv_all, segments * s.tokens() * s.kv_width(), "kv_all");
+  check.count(dkv_all, segments * s.tokens() * s.kv_width(), "dkv_all");
   check.count(out, s.tokens() * heads_width, "out");
   check.count(dout, s.tokens() * heads_width, "dout");
   check.count(lse, s.batch * s.heads * s.seq, "lse");
 }
 
-OpArgs describe_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
-                                            const Tensor& out, const Tensor& lse,
-                                            const Tensor& qkv_all, const Tensor& positions,
+OpArgs describe_attention_gathered_backward(const Tensor& dqkv, const Tensor& dkv_all,
+                                            const Tensor& dout, const Tensor& out,
+                                            const Tensor& lse, const Tensor& qkv,
+                                            const Tensor& kv_all, const Tensor& positions,
                                             int64_t segment, const AttentionShape& s) {
-  return op_args::attention(s, qkv_all.dtype);
+  return op_args::attention(s, qkv.dtype);
 }
 
-OpCost cost_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
-                                        const Tensor& out, const Tensor& lse, const Tensor& qkv_all,
+OpCost cost_attention_gathered_backward(const Tensor& dqkv, const Tensor& dkv_all,
+                                        const Tensor& dout, const Tensor& out, const Tensor& lse,
+                                        const Tensor& qkv, const Tensor& kv_all,
                                         const Tensor& positions, int64_t segment,
                                         const AttentionShape& s) {
   const double pairs = gathered_pairs(positions, s);
   return {2 * s.heads * pairs * (3 * s.head_dim + 2 * s.v_dim()),
-          bytes_of(qkv_all) + bytes_of(dqkv_all) + bytes_of(out) + bytes_of(dout) + bytes_of(lse)};
+          bytes_of(qkv) + bytes_of(dqkv) + bytes_of(kv_all) + bytes_of(dkv_all) + bytes_of(out) +
+              bytes_of(dout) + bytes_of(lse)};
 }
 
 // ---- attention_decode

@@ -587,23 +587,25 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
   }
 }
 
-// One token per sequence: little work, so the reference's loops as they are.
 void CpuBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
-                                               const Tensor& qkv_all, const Tensor& positions,
-                                               int64_t segment, const AttentionShape& s) {
+                                               const Tensor& qkv, const Tensor& kv_all,
+                                               const Tensor& positions, int64_t segment,
+                                               const AttentionShape& s) {
   const int64_t segments = positions.numel() / s.seq, pairs = s.batch * s.heads;
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < pairs; ++p)
-    ref::attention_gathered_head_forward(f32(out), f32(lse), f32(qkv_all), positions.as<int32_t>(),
-                                         segments, segment, s, p / s.heads, p % s.heads);
+    ref::attention_gathered_head_forward(f32(out), f32(lse), f32(qkv), f32(kv_all),
+                                         positions.as<int32_t>(), segments, segment, s,
+                                         p / s.heads, p % s.heads);
 }
 
-void CpuBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
-                                                const Tensor& out, const Tensor& lse,
-                                                const Tensor& qkv_all, const Tensor& positions,
+void CpuBackend::do_attention_gathered_backward(const Tensor& dqkv, const Tensor& dkv_all,
+                                                const Tensor& dout, const Tensor& out,
+                                                const Tensor& lse, const Tensor& qkv,
+                                                const Tensor& kv_all, const Tensor& positions,
                                                 int64_t segment, const AttentionShape& s) {
   const int64_t segments = positions.numel() / s.seq;
-  std::memset(dqkv_all.data, 0, dqkv_all.nbytes());
+  std::memset(dkv_all.data, 0, dkv_all.nbytes());
   // The heads that share a key/value head add into the same rows: each thread takes a (batch,
   // key/value head) pair and its query heads in order, the reference's order.
   const int64_t group = s.heads / s.kv_heads, pairs = s.batch * s.kv_heads;
@@ -611,12 +613,13 @@ void CpuBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Te
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t b = p / s.kv_heads, kv = p % s.kv_heads;
     for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
-      ref::attention_gathered_head_backward(f32(dqkv_all), f32(dout), f32(out), f32(lse),
-                                            f32(qkv_all), positions.as<int32_t>(), segments,
-                                            segment, s, b, h);
+      ref::attention_gathered_head_backward(f32(dqkv), f32(dkv_all), f32(dout), f32(out),
+                                            f32(lse), f32(qkv), f32(kv_all),
+                                            positions.as<int32_t>(), segments, segment, s, b, h);
   }
 }
 
+// One token per sequence: little work, so the reference's loops as they are.
 void CpuBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
                                      const Tensor& positions, int64_t pos, const AttentionShape& s) {
   ref::attention_decode(f32(out), f32(q), f32(kv),

@@ -369,21 +369,21 @@ bool visible(const AttentionShape& s, int64_t b, int64_t keys, int64_t query, in
 }  // namespace
 
 template <class T>
-void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int32_t* positions,
-                                     int64_t segments, int64_t segment, const AttentionShape& s,
-                                     int64_t b, int64_t h) {
-  const int64_t B = s.batch, T_ = s.seq, D = s.head_dim, H = s.heads, width = s.qkv_width();
-  const int64_t keys = segments * T_, kv = h / (H / s.kv_heads);
-  // Row (segment c, batch b, token u) of qkv_all.
-  auto row = [&](int64_t c, int64_t u) { return qkv_all + ((c * B + b) * T_ + u) * width; };
+void attention_gathered_head_forward(T* out, T* lse, const T* qkv, const T* kv_all,
+                                     const int32_t* positions, int64_t segments, int64_t segment,
+                                     const AttentionShape& s, int64_t b, int64_t h) {
+  const int64_t B = s.batch, T_ = s.seq, D = s.head_dim, H = s.heads, KV = s.kv_heads;
+  const int64_t keys = segments * T_, kv = h / (H / KV), width = s.qkv_width();
+  // Key j's row of kv_all: its key heads, then its value heads.
+  auto key_row = [&](int64_t j) { return kv_all + ((j / T_ * B + b) * T_ + j % T_) * s.kv_width(); };
   std::vector<double> p(static_cast<size_t>(keys)), acc(static_cast<size_t>(D));
   for (int64_t i = 0; i < T_; ++i) {
-    const T* q = row(segment, i) + h * D;
+    const T* q = qkv + (b * T_ + i) * width + h * D;
     const int64_t qpos = positions[segment * T_ + i];
     double max = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < keys; ++j) {
       if (!visible(s, b, keys, qpos, positions[j])) continue;
-      p[j] = s.scale * dot(q, row(j / T_, j % T_) + (H + kv) * D, D);
+      p[j] = s.scale * dot(q, key_row(j) + kv * D, D);
       max = std::max(max, p[j]);
     }
     T* o = out + ((b * T_ + i) * H + h) * D;
@@ -398,7 +398,7 @@ void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int
       if (!visible(s, b, keys, qpos, positions[j])) continue;
       const double e = std::exp(p[j] - max);
       denom += e;
-      const T* v = row(j / T_, j % T_) + (H + s.kv_heads + kv) * D;
+      const T* v = key_row(j) + (KV + kv) * D;
       for (int64_t d = 0; d < D; ++d) acc[d] += e * v[d];
     }
     for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / denom);
@@ -407,17 +407,17 @@ void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int
 }
 
 template <class T>
-void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, const T* lse,
-                                      const T* qkv_all, const int32_t* positions, int64_t segments,
-                                      int64_t segment, const AttentionShape& s, int64_t b,
-                                      int64_t h) {
+void attention_gathered_head_backward(T* dqkv, T* dkv_all, const T* dout, const T* out,
+                                      const T* lse, const T* qkv, const T* kv_all,
+                                      const int32_t* positions, int64_t segments, int64_t segment,
+                                      const AttentionShape& s, int64_t b, int64_t h) {
   // As attention_head_backward: p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dout_i . v_j - D_i).
-  const int64_t B = s.batch, T_ = s.seq, D = s.head_dim, H = s.heads, width = s.qkv_width();
-  const int64_t keys = segments * T_, kv = h / (H / s.kv_heads);
-  auto offset = [&](int64_t c, int64_t u) { return ((c * B + b) * T_ + u) * width; };
+  const int64_t B = s.batch, T_ = s.seq, D = s.head_dim, H = s.heads, KV = s.kv_heads;
+  const int64_t keys = segments * T_, kv = h / (H / KV), width = s.qkv_width();
+  auto key_at = [&](int64_t j) { return ((j / T_ * B + b) * T_ + j % T_) * s.kv_width(); };
   std::vector<double> dq(static_cast<size_t>(D));
   for (int64_t i = 0; i < T_; ++i) {
-    const T* q = qkv_all + offset(segment, i) + h * D;
+    const T* q = qkv + (b * T_ + i) * width + h * D;
     const T* g = dout + ((b * T_ + i) * H + h) * D;
     const double lse_i = lse[(b * H + h) * T_ + i];
     const double D_i = dot(g, out + ((b * T_ + i) * H + h) * D, D);
@@ -425,41 +425,42 @@ void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, 
     std::fill(dq.begin(), dq.end(), 0.0);
     for (int64_t j = 0; j < keys; ++j) {
       if (!visible(s, b, keys, qpos, positions[j])) continue;
-      const int64_t at = offset(j / T_, j % T_);
-      const T* k = qkv_all + at + (H + kv) * D;
-      const T* v = qkv_all + at + (H + s.kv_heads + kv) * D;
+      const int64_t at = key_at(j);
+      const T* k = kv_all + at + kv * D;
+      const T* v = kv_all + at + (KV + kv) * D;
       const double p = std::exp(s.scale * dot(q, k, D) - lse_i);
       const double ds = p * (dot(g, v, D) - D_i);
-      T* dk = dqkv_all + at + (H + kv) * D;
-      T* dv = dqkv_all + at + (H + s.kv_heads + kv) * D;
+      T* dk = dkv_all + at + kv * D;
+      T* dv = dkv_all + at + (KV + kv) * D;
       for (int64_t d = 0; d < D; ++d) {
         dq[d] += ds * k[d];
         dk[d] += static_cast<T>(s.scale * ds * q[d]);
         dv[d] += static_cast<T>(p * g[d]);
       }
     }
-    T* dq_i = dqkv_all + offset(segment, i) + h * D;
+    T* dq_i = dqkv + (b * T_ + i) * width + h * D;
     for (int64_t d = 0; d < D; ++d) dq_i[d] = static_cast<T>(s.scale * dq[d]);
   }
 }
 
 template <class T>
-void attention_gathered_forward(T* out, T* lse, const T* qkv_all, const int32_t* positions,
-                                int64_t segments, int64_t segment, const AttentionShape& s) {
+void attention_gathered_forward(T* out, T* lse, const T* qkv, const T* kv_all,
+                                const int32_t* positions, int64_t segments, int64_t segment,
+                                const AttentionShape& s) {
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
-      attention_gathered_head_forward(out, lse, qkv_all, positions, segments, segment, s, b, h);
+      attention_gathered_head_forward(out, lse, qkv, kv_all, positions, segments, segment, s, b, h);
 }
 
 template <class T>
-void attention_gathered_backward(T* dqkv_all, const T* dout, const T* out, const T* lse,
-                                 const T* qkv_all, const int32_t* positions, int64_t segments,
-                                 int64_t segment, const AttentionShape& s) {
-  std::fill(dqkv_all, dqkv_all + segments * s.tokens() * s.qkv_width(), T(0));
+void attention_gathered_backward(T* dqkv, T* dkv_all, const T* dout, const T* out, const T* lse,
+                                 const T* qkv, const T* kv_all, const int32_t* positions,
+                                 int64_t segments, int64_t segment, const AttentionShape& s) {
+  std::fill(dkv_all, dkv_all + segments * s.tokens() * s.kv_width(), T(0));
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h)
-      attention_gathered_head_backward(dqkv_all, dout, out, lse, qkv_all, positions, segments,
-                                       segment, s, b, h);
+      attention_gathered_head_backward(dqkv, dkv_all, dout, out, lse, qkv, kv_all, positions,
+                                       segments, segment, s, b, h);
 }
 
 // ---- multi-latent attention ----
@@ -807,16 +808,17 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void cross_entropy<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t, T);           \
-  template void attention_gathered_forward<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t,  \
-                                              const AttentionShape&);                              \
-  template void attention_gathered_head_forward<T>(T*, T*, const T*, const int32_t*, int64_t,      \
-                                                   int64_t, const AttentionShape&, int64_t,        \
-                                                   int64_t);                                       \
-  template void attention_gathered_head_backward<T>(T*, const T*, const T*, const T*, const T*,    \
-                                                    const int32_t*, int64_t, int64_t,              \
-                                                    const AttentionShape&, int64_t, int64_t);      \
-  template void attention_gathered_backward<T>(T*, const T*, const T*, const T*, const T*,         \
-                                               const int32_t*, int64_t, int64_t,                   \
+  template void attention_gathered_forward<T>(T*, T*, const T*, const T*, const int32_t*, int64_t, \
+                                              int64_t, const AttentionShape&);                     \
+  template void attention_gathered_head_forward<T>(T*, T*, const T*, const T*, const int32_t*,     \
+                                                   int64_t, int64_t, const AttentionShape&,        \
+                                                   int64_t, int64_t);                              \
+  template void attention_gathered_head_backward<T>(T*, T*, const T*, const T*, const T*,          \
+                                                    const T*, const T*, const int32_t*, int64_t,   \
+                                                    int64_t, const AttentionShape&, int64_t,       \
+                                                    int64_t);                                      \
+  template void attention_gathered_backward<T>(T*, T*, const T*, const T*, const T*, const T*,     \
+                                               const T*, const int32_t*, int64_t, int64_t,         \
                                                const AttentionShape&);                             \
   template void embedding_shard_forward<T>(T*, const int32_t*, const T*, int64_t, int64_t,         \
                                            int64_t, int64_t);                                      \

@@ -125,33 +125,35 @@ void attention_head_backward(T* dqkv, T* dk, T* dv, int64_t dkv_stride, const T*
                              int64_t h, double* scratch);
 
 // Context parallelism: the queries of segment `segment` attend to the keys and values of
-// every segment. qkv_all (S, B, T, width): segment s packs q, k and v of its T tokens per
-// sequence (s.seq = T); positions (S, T): each token's position in the whole sequence, the same
-// in every sequence of the batch. A key is visible from a query at a position no later
-// (causal) and within the window. out (B, T, H*D), lse (B, H, T): the segment's queries.
+// every segment. qkv (B, T, width): the segment's packed q, k, v (s.seq = T); kv_all
+// (S, B, T, s.kv_width()): segment s's key heads then value heads per token; positions (S, T):
+// each token's position in the whole sequence, the same in every sequence of the batch. A key
+// is visible from a query at a position no later (causal) and within the window. out
+// (B, T, H*D), lse (B, H, T): the segment's queries.
 template <class T>
-void attention_gathered_forward(T* out, T* lse, const T* qkv_all, const int32_t* positions,
-                                int64_t segments, int64_t segment, const AttentionShape& s);
+void attention_gathered_forward(T* out, T* lse, const T* qkv, const T* kv_all,
+                                const int32_t* positions, int64_t segments, int64_t segment,
+                                const AttentionShape& s);
 
-// dqkv_all (S, B, T, width) is overwritten: the query gradients of segment `segment` in its
-// query heads (zero in the other segments'), and the key and value gradients that its queries
-// give every segment's tokens. The sum over the segments' calls is the whole gradient.
+// dqkv's query columns get the segment's query gradients (its other columns are not written);
+// dkv_all (S, B, T, s.kv_width()) is overwritten with the key and value gradients that its
+// queries give every segment's tokens. The sum over the segments' calls is the whole gradient.
 template <class T>
-void attention_gathered_backward(T* dqkv_all, const T* dout, const T* out, const T* lse,
-                                 const T* qkv_all, const int32_t* positions, int64_t segments,
-                                 int64_t segment, const AttentionShape& s);
+void attention_gathered_backward(T* dqkv, T* dkv_all, const T* dout, const T* out, const T* lse,
+                                 const T* qkv, const T* kv_all, const int32_t* positions,
+                                 int64_t segments, int64_t segment, const AttentionShape& s);
 
 // The two above for the one (batch b, query head h) pair; the backward accumulates into the
-// key and value rows of dqkv_all (not zeroed) and overwrites the pair's query rows.
+// key and value rows of dkv_all (not zeroed) and overwrites the pair's query columns of dqkv.
 template <class T>
-void attention_gathered_head_forward(T* out, T* lse, const T* qkv_all, const int32_t* positions,
-                                     int64_t segments, int64_t segment, const AttentionShape& s,
-                                     int64_t b, int64_t h);
+void attention_gathered_head_forward(T* out, T* lse, const T* qkv, const T* kv_all,
+                                     const int32_t* positions, int64_t segments, int64_t segment,
+                                     const AttentionShape& s, int64_t b, int64_t h);
 template <class T>
-void attention_gathered_head_backward(T* dqkv_all, const T* dout, const T* out, const T* lse,
-                                      const T* qkv_all, const int32_t* positions, int64_t segments,
-                                      int64_t segment, const AttentionShape& s, int64_t b,
-                                      int64_t h);
+void attention_gathered_head_backward(T* dqkv, T* dkv_all, const T* dout, const T* out,
+                                      const T* lse, const T* qkv, const T* kv_all,
+                                      const int32_t* positions, int64_t segments, int64_t segment,
+                                      const AttentionShape& s, int64_t b, int64_t h);
 
 // Generation's attention for one new token per sequence, at position `pos` (or sequence b's at
 // positions[b] when positions is not null): q (B, H*D) attends to the keys and values of the

@@ -968,6 +968,9 @@ template <class Params>
 Params make_params(const AttentionShape& s) {
   Params p{};
   p.width = s.qkv_width();
+  p.kv_width = p.width;
+  p.kv_col = static_cast<int>(s.heads * s.head_dim);
+  p.batch = static_cast<int>(s.batch);
   p.seq = static_cast<int>(s.seq);
   p.heads = static_cast<int>(s.heads);
   p.kv_heads = static_cast<int>(s.kv_heads);
@@ -1089,13 +1092,13 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
   }
   if (s.batch == 0 || s.seq == 0) return;
   auto p = make_params<AttentionForwardParams>(s);
-  p.qkv = static_cast<const bf16*>(qkv);
+  p.qkv = p.kv = static_cast<const bf16*>(qkv);
   p.out = static_cast<bf16*>(out);
   p.lse = lse;
   const int batch = static_cast<int>(s.batch);
   if (options.forward_warpgroup && aligned16(qkv) &&
       warpgroup_kernels_run(s.head_dim)) {
-    attention_forward_hopper(p, batch, stream);
+    attention_forward_hopper(p, stream);
     return;
   }
   const bool wide = options.forward_block_n == 64;
@@ -1125,6 +1128,26 @@ size_t attention_backward_scratch_bytes(const AttentionShape& s, const Attention
   return bytes;
 }
 
+namespace {
+
+// Carves the backward's scratch (attention_backward_scratch_bytes): lse2 and delta, then dQ's
+// fp32 sums unless the dQ is deterministic; and fills them from dout, out and lse.
+void prepare_backward(AttentionBackwardParams& p, const AttentionShape& s, const void* dout,
+                      const void* out, const float* lse, void* scratch, bool deterministic,
+                      cudaStream_t stream) {
+  const size_t stats = align_up(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float));
+  uint8_t* const bytes = static_cast<uint8_t*>(scratch);
+  float* const lse2 = reinterpret_cast<float*>(bytes);
+  float* const delta = reinterpret_cast<float*>(bytes + stats);
+  p.lse2 = lse2;
+  p.delta = delta;
+  p.dq_accum = deterministic ? nullptr : reinterpret_cast<float*>(bytes + 2 * stats);
+  p.dout = static_cast<const bf16*>(dout);
+  preprocess_backward(s, dout, out, lse, lse2, delta, p.dq_accum, stream);
+}
+
+}  // namespace
+
 void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,
                         const void* qkv, const AttentionShape& s, void* scratch,
                         cudaStream_t stream, const AttentionOptions& options) {
@@ -1132,22 +1155,14 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
   check_shape(s);
   if (s.batch == 0 || s.seq == 0) return;
   auto p = make_params<AttentionBackwardParams>(s);
-  const size_t stats = align_up(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float));
-  uint8_t* const scratch_bytes = static_cast<uint8_t*>(scratch);
-  float* const lse2 = reinterpret_cast<float*>(scratch_bytes);
-  float* const delta = reinterpret_cast<float*>(scratch_bytes + stats);
-  p.qkv = static_cast<const bf16*>(qkv);
-  p.dout = static_cast<const bf16*>(dout);
-  p.lse2 = lse2;
-  p.delta = delta;
-  p.dqkv = static_cast<bf16*>(dqkv);
-  p.dq_accum = options.deterministic ? nullptr : reinterpret_cast<float*>(scratch_bytes + 2 * stats);
-  preprocess_backward(s, dout, out, lse, lse2, delta, p.dq_accum, stream);
+  p.qkv = p.kv = static_cast<const bf16*>(qkv);
+  p.dqkv = p.dkv = static_cast<bf16*>(dqkv);
+  prepare_backward(p, s, dout, out, lse, scratch, options.deterministic, stream);
 
   const int batch = static_cast<int>(s.batch);
   if (!options.deterministic && options.backward_warpgroup && aligned16(qkv) && aligned16(dout) &&
       warpgroup_kernels_run(s.head_dim)) {
-    attention_backward_hopper(p, batch, stream);
+    attention_backward_hopper(p, stream);
     launch_dq_convert<128>(p, batch, stream);
     return;
   }
@@ -1177,74 +1192,54 @@ namespace {
 
 // Context parallelism takes the warpgroup kernels for causal bf16 attention of head dim 128
 // (packed documents too), when each segment's two chunks are whole tiles (T a multiple of 256).
-bool gathered_on_warpgroups(const void* qkv_all, int64_t segments, const AttentionShape& s) {
+bool gathered_on_warpgroups(const void* qkv, const void* kv_all, int64_t segments,
+                            const AttentionShape& s) {
   return segments > 1 && s.head_dim == 128 && s.v_dim() == 128 && s.causal && s.seq % 256 == 0 &&
-         aligned16(qkv_all) && warpgroup_kernels_run(s.head_dim);
+         aligned16(qkv) && aligned16(kv_all) && warpgroup_kernels_run(s.head_dim);
 }
 
-// The window against the whole sequence's tokens (effective_window's, for every segment's).
-int gathered_window(int64_t segments, const AttentionShape& s) {
-  return s.window > 0 && s.window < segments * s.seq ? static_cast<int>(s.window) : 0;
+// The parameters both passes share: this segment's queries in qkv, every segment's keys and
+// values in kv_all, the window against the whole sequence's tokens (effective_window's, for
+// every segment's).
+template <class Params>
+Params gathered_params(const void* qkv, const void* kv_all, int64_t segments, int64_t segment,
+                       const AttentionShape& s) {
+  auto p = make_params<Params>(s);
+  p.window = s.window > 0 && s.window < segments * s.seq ? static_cast<int>(s.window) : 0;
+  p.qkv = static_cast<const bf16*>(qkv);
+  p.kv = static_cast<const bf16*>(kv_all);
+  p.kv_width = s.kv_width();
+  p.kv_col = 0;
+  p.segments = static_cast<int>(segments);
+  p.segment = static_cast<int>(segment);
+  return p;
 }
 
 }  // namespace
 
-bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv_all,
-                                          int64_t segments, int64_t segment,
+bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv,
+                                          const void* kv_all, int64_t segments, int64_t segment,
                                           const AttentionShape& s, cudaStream_t stream) {
-  if (!gathered_on_warpgroups(qkv_all, segments, s)) return false;
-  auto p = make_params<AttentionForwardParams>(s);
-  p.window = gathered_window(segments, s);
-  p.qkv = static_cast<const bf16*>(qkv_all);
+  if (!gathered_on_warpgroups(qkv, kv_all, segments, s)) return false;
+  auto p = gathered_params<AttentionForwardParams>(qkv, kv_all, segments, segment, s);
   p.out = static_cast<bf16*>(out);
   p.lse = lse;
-  p.segments = static_cast<int>(segments);
-  p.segment = static_cast<int>(segment);
-  attention_forward_hopper(p, static_cast<int>(s.batch), stream);
+  attention_forward_hopper(p, stream);
   return true;
 }
 
-bool attention_gathered_backward_warpgroup(void* dqkv_all, const void* dout, const void* out,
-                                           const float* lse, const void* qkv_all,
-                                           int64_t segments, int64_t segment,
+bool attention_gathered_backward_warpgroup(void* dqkv, void* dkv_all, const void* dout,
+                                           const void* out, const float* lse, const void* qkv,
+                                           const void* kv_all, int64_t segments, int64_t segment,
                                            const AttentionShape& s, void* scratch,
-                                           size_t scratch_bytes, cudaStream_t stream) {
-  if (!gathered_on_warpgroups(qkv_all, segments, s) || !aligned16(dout)) return false;
-  if (scratch_bytes < attention_backward_scratch_bytes(s)) {
-    throw InternalError("cuda attention_gathered_backward: scratch of " +
-                        std::to_string(scratch_bytes) + " bytes, below the " +
-                        std::to_string(attention_backward_scratch_bytes(s)) + " it needs");
-  }
-  auto p = make_params<AttentionBackwardParams>(s);
-  p.window = gathered_window(segments, s);
-  const size_t stats = align_up(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float));
-  uint8_t* const scratch_bytes_at = static_cast<uint8_t*>(scratch);
-  float* const lse2 = reinterpret_cast<float*>(scratch_bytes_at);
-  float* const delta = reinterpret_cast<float*>(scratch_bytes_at + stats);
-  p.lse2 = lse2;
-  p.delta = delta;
-  p.dq_accum = reinterpret_cast<float*>(scratch_bytes_at + 2 * stats);
-  p.qkv = static_cast<const bf16*>(qkv_all);
-  p.dout = static_cast<const bf16*>(dout);
-  p.dqkv = static_cast<bf16*>(dqkv_all);
-  p.segments = static_cast<int>(segments);
-  p.segment = static_cast<int>(segment);
-  preprocess_backward(s, dout, out, lse, lse2, delta, p.dq_accum, stream);
-  const int batch = static_cast<int>(s.batch);
-  attention_backward_hopper(p, batch, stream);  // dK, dV of every segment's rows
-  // dQ in this segment's rows; the other segments' query columns hold zeros, so that the
-  // reduce-scatter of dqkv_all adds only the queries' owners' dQ.
-  const int64_t segment_elements = s.batch * s.seq * s.qkv_width();
-  bf16* const base = static_cast<bf16*>(dqkv_all);
-  AttentionBackwardParams own = p;
-  own.dqkv = base + segment * segment_elements;
-  launch_dq_convert<128>(own, batch, stream);
-  for (int64_t c = 0; c < segments; ++c) {
-    if (c == segment) continue;
-    TS_CUDA_CHECK(cudaMemset2DAsync(base + c * segment_elements, s.qkv_width() * sizeof(bf16), 0,
-                                    s.heads * s.head_dim * sizeof(bf16),
-                                    static_cast<size_t>(s.batch * s.seq), stream));
-  }
+                                           cudaStream_t stream) {
+  if (!gathered_on_warpgroups(qkv, kv_all, segments, s) || !aligned16(dout)) return false;
+  auto p = gathered_params<AttentionBackwardParams>(qkv, kv_all, segments, segment, s);
+  p.dqkv = static_cast<bf16*>(dqkv);
+  p.dkv = static_cast<bf16*>(dkv_all);
+  prepare_backward(p, s, dout, out, lse, scratch, false, stream);
+  attention_backward_hopper(p, stream);  // dK, dV of every segment's rows
+  launch_dq_convert<128>(p, p.batch, stream);
   return true;
 }
 

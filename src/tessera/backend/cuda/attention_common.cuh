@@ -18,13 +18,18 @@ struct AttentionForwardParams {
   bf16* out;
   float* lse;
   int64_t width;  // elements per token of qkv: (H + 2 KV) D
+  // The keys and values: rows of kv_width elements whose first key head is at column kv_col.
+  // qkv itself (kv_col = H D), or under context parallelism every segment's key and value
+  // heads, (segments x B, T, 2 KV D) with kv_col = 0 (the warpgroup kernels only).
+  const bf16* kv;
+  int64_t kv_width;
+  int kv_col;
   const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
-  int seq, heads, kv_heads, group, window;
+  int seq, heads, kv_heads, group, window, batch;
   bool causal;
   float scale, scale_log2;
-  // Context parallelism on the warpgroup kernels (ContextSegments): segments > 1 reads qkv as
-  // every segment's (segments x B, T, width) and takes segment `segment`'s queries; 0 or 1:
-  // none.
+  // Context parallelism on the warpgroup kernels (ContextSegments): segments > 1 reads kv as
+  // every segment's and takes this segment's queries from qkv; 0 or 1: none.
   int segments, segment;
 };
 
@@ -36,12 +41,15 @@ struct AttentionBackwardParams {
   bf16* dqkv;
   float* dq_accum;  // (B, T, H, D) fp32, atomic dQ mode only
   int64_t width;
+  const bf16* kv;  // as AttentionForwardParams'
+  bf16* dkv;       // dK and dV, in kv's layout (dqkv itself without context parallelism)
+  int64_t kv_width;
+  int kv_col;
   const int32_t* document_starts;  // (B, T) packed documents (causal only); null: none
-  int seq, heads, kv_heads, group, window;
+  int seq, heads, kv_heads, group, window, batch;
   bool causal;
   float scale, scale_log2;
-  int segments, segment;  // as AttentionForwardParams'; dqkv then (segments x B, T, width)
-  int batch;              // B (the backward's flat grid does not carry it)
+  int segments, segment;  // as AttentionForwardParams'
 };
 
 // Megatron's causal load balancing of context parallelism, as the warpgroup kernels see it: a
@@ -108,10 +116,10 @@ __device__ __forceinline__ GridBlock grid_key_block(int blocks, int kv_heads) {
 }
 
 // The forward on warpgroup MMAs (attention_hopper.cu): same contract as the FA2 forward.
-void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream);
-// The backward's dK, dV (written to p.dqkv) and dQ (added to p.dq_accum, fp32, zeroed by the
+void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stream);
+// The backward's dK, dV (written to p.dkv) and dQ (added to p.dq_accum, fp32, zeroed by the
 // caller, which converts it after) on warpgroup MMAs, from the preprocessed p.lse2 and p.delta.
-void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cudaStream_t stream);
+void attention_backward_hopper(const AttentionBackwardParams& p, cudaStream_t stream);
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -16,7 +16,7 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
 
 struct Shape {
-  int64_t B, T, H, KV, D, width;
+  int64_t B, T, H, KV, D, width, kv_width;  // of qkv's rows and kv_all's
   bool causal;
   int64_t window;
   float scale;
@@ -32,6 +32,7 @@ Shape shape_of(const AttentionShape& s, int64_t segments) {
           s.kv_heads,
           s.head_dim,
           s.qkv_width(),
+          s.kv_width(),
           s.causal,
           s.window,
           s.scale,
@@ -66,9 +67,14 @@ __device__ __forceinline__ float dot_row(const float* a, const T* b, int64_t D) 
   return acc;
 }
 
-// Row (segment c, batch b, token u) of qkv_all.
-__device__ __forceinline__ int64_t row_at(const Shape& s, int64_t c, int64_t b, int64_t u) {
-  return ((c * s.B + b) * s.T + u) * s.width;
+// Row (batch b, token u) of this segment's qkv.
+__device__ __forceinline__ int64_t qkv_row(const Shape& s, int64_t b, int64_t u) {
+  return (b * s.T + u) * s.width;
+}
+
+// Key j's row of kv_all (of sequence b): its key heads, then its value heads.
+__device__ __forceinline__ int64_t key_row(const Shape& s, int64_t b, int64_t j) {
+  return ((j / s.T * s.B + b) * s.T + j % s.T) * s.kv_width;
 }
 
 // One block per (query i, batch b, head h): the visible keys in tiles of kThreads, one score
@@ -76,14 +82,14 @@ __device__ __forceinline__ int64_t row_at(const Shape& s, int64_t c, int64_t b, 
 // kDimsPerThread output dimensions.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    gathered_forward_kernel(T* out, float* lse, const T* qkv, const int32_t* positions,
-                            int64_t segments, int64_t segment, Shape s) {
+    gathered_forward_kernel(T* out, float* lse, const T* qkv, const T* kv_all,
+                            const int32_t* positions, int64_t segments, int64_t segment, Shape s) {
   __shared__ float q[kMaxHeadDim];
   __shared__ float p[kThreads];
   __shared__ float reduce[32];
   const int64_t i = blockIdx.x, b = blockIdx.y / s.H, h = blockIdx.y % s.H;
   const int64_t kv = h / (s.H / s.KV), keys = segments * s.T;
-  const T* q_row = qkv + row_at(s, segment, b, i) + h * s.D;
+  const T* q_row = qkv + qkv_row(s, b, i) + h * s.D;
   for (int64_t d = threadIdx.x; d < s.D; d += kThreads) q[d] = to_float(q_row[d]);
   __syncthreads();
   const int64_t qpos = positions[segment * s.T + i];
@@ -92,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t j = j0 + threadIdx.x;
     float score = -INFINITY;
     if (j < keys && visible(s, b, qpos, positions[j]))
-      score = s.scale * dot_row(q, qkv + row_at(s, j / s.T, b, j % s.T) + (s.H + kv) * s.D, s.D);
+      score = s.scale * dot_row(q, kv_all + key_row(s, b, j) + kv * s.D, s.D);
     const float tile_max = block_max(score, reduce);
     if (tile_max == -INFINITY) continue;  // the same on every thread
     const float new_m = fmaxf(m, tile_max);
@@ -106,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t jj = 0; jj < n; ++jj) {
       if (p[jj] == 0.0f) continue;
       const int64_t key = j0 + jj;
-      const T* v = qkv + row_at(s, key / s.T, b, key % s.T) + (s.H + s.KV + kv) * s.D;
+      const T* v = kv_all + key_row(s, b, key) + (s.KV + kv) * s.D;
 #pragma unroll
       for (int c = 0; c < kDimsPerThread; ++c) {
         const int64_t d = threadIdx.x + c * kThreads;
@@ -130,14 +136,14 @@ __global__ void __launch_bounds__(kThreads)
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     gathered_dq_kernel(T* dqkv, float* row_dot, const T* dout, const T* out, const float* lse,
-                       const T* qkv, const int32_t* positions, int64_t segments, int64_t segment,
-                       Shape s) {
+                       const T* qkv, const T* kv_all, const int32_t* positions, int64_t segments,
+                       int64_t segment, Shape s) {
   __shared__ float q[kMaxHeadDim], g[kMaxHeadDim];
   __shared__ float ds[kThreads];
   __shared__ float reduce[32];
   const int64_t i = blockIdx.x, b = blockIdx.y / s.H, h = blockIdx.y % s.H;
   const int64_t kv = h / (s.H / s.KV), keys = segments * s.T;
-  const T* q_row = qkv + row_at(s, segment, b, i) + h * s.D;
+  const T* q_row = qkv + qkv_row(s, b, i) + h * s.D;
   const int64_t at = ((b * s.T + i) * s.H + h) * s.D;
   float part = 0.0f;
   for (int64_t d = threadIdx.x; d < s.D; d += kThreads) {
@@ -155,9 +161,9 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t j = j0 + threadIdx.x;
       float d_s = 0.0f;
       if (j < keys && visible(s, b, qpos, positions[j])) {
-        const T* k_row = qkv + row_at(s, j / s.T, b, j % s.T);
-        const float prob = __expf(s.scale * dot_row(q, k_row + (s.H + kv) * s.D, s.D) - lse_i);
-        d_s = prob * (dot_row(g, k_row + (s.H + s.KV + kv) * s.D, s.D) - D_i);
+        const T* k_row = kv_all + key_row(s, b, j);
+        const float prob = __expf(s.scale * dot_row(q, k_row + kv * s.D, s.D) - lse_i);
+        d_s = prob * (dot_row(g, k_row + (s.KV + kv) * s.D, s.D) - D_i);
       }
       ds[threadIdx.x] = d_s;
       __syncthreads();
@@ -165,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t jj = 0; jj < n; ++jj) {
         if (ds[jj] == 0.0f) continue;
         const int64_t key = j0 + jj;
-        const T* k = qkv + row_at(s, key / s.T, b, key % s.T) + (s.H + kv) * s.D;
+        const T* k = kv_all + key_row(s, b, key) + kv * s.D;
 #pragma unroll
         for (int c = 0; c < kDimsPerThread; ++c) {
           const int64_t d = threadIdx.x + c * kThreads;
@@ -175,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncthreads();
     }
   }
-  T* dq = dqkv + row_at(s, segment, b, i) + h * s.D;
+  T* dq = dqkv + qkv_row(s, b, i) + h * s.D;
 #pragma unroll
   for (int c = 0; c < kDimsPerThread; ++c) {
     const int64_t d = threadIdx.x + c * kThreads;
@@ -185,20 +191,19 @@ __global__ void __launch_bounds__(kThreads)
 
 // Key and value gradients, one block per (key j of any segment, batch b, key/value head kv):
 // over the group's query heads and the segment's queries that see key j, in tiles,
-// dk_j = scale sum_i ds_ij q_i and dv_j = sum_i p_ij dout_i. Also zeroes the group's query
-// heads in the rows of other segments, which no query gradient covers.
+// dk_j = scale sum_i ds_ij q_i and dv_j = sum_i p_ij dout_i, into dkv_all.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
-    gathered_dkv_kernel(T* dqkv, const float* row_dot, const T* dout, const float* lse,
-                        const T* qkv, const int32_t* positions, int64_t segment, Shape s) {
+    gathered_dkv_kernel(T* dkv_all, const float* row_dot, const T* dout, const float* lse,
+                        const T* qkv, const T* kv_all, const int32_t* positions, int64_t segment,
+                        Shape s) {
   __shared__ float k[kMaxHeadDim], v[kMaxHeadDim];
   __shared__ float p[kThreads], ds[kThreads];
   const int64_t j = blockIdx.x, b = blockIdx.y / s.KV, kv = blockIdx.y % s.KV;
-  const int64_t group = s.H / s.KV, key_segment = j / s.T;
-  const int64_t key_row = row_at(s, key_segment, b, j % s.T);
+  const int64_t group = s.H / s.KV, row = key_row(s, b, j);
   for (int64_t d = threadIdx.x; d < s.D; d += kThreads) {
-    k[d] = to_float(qkv[key_row + (s.H + kv) * s.D + d]);
-    v[d] = to_float(qkv[key_row + (s.H + s.KV + kv) * s.D + d]);
+    k[d] = to_float(kv_all[row + kv * s.D + d]);
+    v[d] = to_float(kv_all[row + (s.KV + kv) * s.D + d]);
   }
   __syncthreads();
   const int64_t kpos = positions[j];
@@ -210,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
       if (i < s.T && visible(s, b, positions[segment * s.T + i], kpos)) {
         const float lse_i = lse[(b * s.H + h) * s.T + i];
         if (lse_i != -INFINITY) {
-          const T* q_row = qkv + row_at(s, segment, b, i) + h * s.D;
+          const T* q_row = qkv + qkv_row(s, b, i) + h * s.D;
           const T* g_row = dout + ((b * s.T + i) * s.H + h) * s.D;
           float qk = 0.0f, gv = 0.0f;
           for (int64_t d = 0; d < s.D; ++d) {
@@ -228,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t ii = 0; ii < n; ++ii) {
         if (p[ii] == 0.0f) continue;
         const int64_t q_i = i0 + ii;
-        const T* q_row = qkv + row_at(s, segment, b, q_i) + h * s.D;
+        const T* q_row = qkv + qkv_row(s, b, q_i) + h * s.D;
         const T* g_row = dout + ((b * s.T + q_i) * s.H + h) * s.D;
 #pragma unroll
         for (int c = 0; c < kDimsPerThread; ++c) {
@@ -246,13 +251,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = 0; c < kDimsPerThread; ++c) {
     const int64_t d = threadIdx.x + c * kThreads;
     if (d >= s.D) continue;
-    dqkv[key_row + (s.H + kv) * s.D + d] = from_float<T>(s.scale * dk[c]);
-    dqkv[key_row + (s.H + s.KV + kv) * s.D + d] = from_float<T>(dv[c]);
+    dkv_all[row + kv * s.D + d] = from_float<T>(s.scale * dk[c]);
+    dkv_all[row + (s.KV + kv) * s.D + d] = from_float<T>(dv[c]);
   }
-  if (key_segment == segment) return;
-  for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
-    for (int64_t d = threadIdx.x; d < s.D; d += kThreads)
-      dqkv[key_row + h * s.D + d] = from_float<T>(0.0f);
 }
 
 void check_shape(const AttentionShape& s, const char* op) {
@@ -263,23 +264,23 @@ void check_shape(const AttentionShape& s, const char* op) {
 
 }  // namespace
 
-void attention_gathered_forward(void* out, float* lse, const void* qkv_all,
+void attention_gathered_forward(void* out, float* lse, const void* qkv, const void* kv_all,
                                 const int32_t* positions, int64_t segments, int64_t segment,
                                 const AttentionShape& s, DType dtype, cudaStream_t stream) {
   NvtxRange range("attention_gathered_forward");
   if (s.tokens() == 0) return;
   check_shape(s, "attention_gathered_forward");
-  if (dtype == DType::BF16 &&
-      attention_gathered_forward_warpgroup(out, lse, qkv_all, segments, segment, s, stream)) {
+  if (dtype == DType::BF16 && attention_gathered_forward_warpgroup(out, lse, qkv, kv_all, segments,
+                                                                   segment, s, stream)) {
     return;
   }
   check_grid("attention_gathered_forward", s.seq);
   dispatch_float(dtype, "attention_gathered_forward", [&](auto tag) {
     using T = decltype(tag);
     const dim3 grid(static_cast<unsigned>(s.seq), static_cast<unsigned>(s.batch * s.heads));
-    gathered_forward_kernel<T>
-        <<<grid, kThreads, 0, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv_all),
-                                        positions, segments, segment, shape_of(s, segments));
+    gathered_forward_kernel<T><<<grid, kThreads, 0, stream>>>(
+        static_cast<T*>(out), lse, static_cast<const T*>(qkv), static_cast<const T*>(kv_all),
+        positions, segments, segment, shape_of(s, segments));
     TS_CUDA_CHECK_LAUNCH("gathered_forward_kernel");
   });
 }
@@ -289,11 +290,11 @@ size_t attention_gathered_backward_scratch_bytes(const AttentionShape& s) {
                   attention_backward_scratch_bytes(s));  // the warpgroup kernels'
 }
 
-void attention_gathered_backward(void* dqkv_all, const void* dout, const void* out,
-                                 const float* lse, const void* qkv_all, const int32_t* positions,
-                                 int64_t segments, int64_t segment, const AttentionShape& s,
-                                 DType dtype, bool deterministic, void* scratch,
-                                 size_t scratch_bytes, cudaStream_t stream) {
+void attention_gathered_backward(void* dqkv, void* dkv_all, const void* dout, const void* out,
+                                 const float* lse, const void* qkv, const void* kv_all,
+                                 const int32_t* positions, int64_t segments, int64_t segment,
+                                 const AttentionShape& s, DType dtype, bool deterministic,
+                                 void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("attention_gathered_backward");
   if (s.tokens() == 0) return;
   check_shape(s, "attention_gathered_backward");
@@ -301,8 +302,8 @@ void attention_gathered_backward(void* dqkv_all, const void* dout, const void* o
   TS_CHECK(scratch_bytes >= attention_gathered_backward_scratch_bytes(s),
            "cuda attention_gathered_backward: scratch of {} bytes", scratch_bytes);
   if (dtype == DType::BF16 && !deterministic &&
-      attention_gathered_backward_warpgroup(dqkv_all, dout, out, lse, qkv_all, segments, segment,
-                                            s, scratch, scratch_bytes, stream)) {
+      attention_gathered_backward_warpgroup(dqkv, dkv_all, dout, out, lse, qkv, kv_all, segments,
+                                            segment, s, scratch, stream)) {
     return;
   }
   auto* row_dot = static_cast<float*>(scratch);
@@ -311,14 +312,15 @@ void attention_gathered_backward(void* dqkv_all, const void* dout, const void* o
     const Shape sh = shape_of(s, segments);
     const dim3 queries(static_cast<unsigned>(s.seq), static_cast<unsigned>(s.batch * s.heads));
     gathered_dq_kernel<T><<<queries, kThreads, 0, stream>>>(
-        static_cast<T*>(dqkv_all), row_dot, static_cast<const T*>(dout), static_cast<const T*>(out),
-        lse, static_cast<const T*>(qkv_all), positions, segments, segment, sh);
+        static_cast<T*>(dqkv), row_dot, static_cast<const T*>(dout), static_cast<const T*>(out),
+        lse, static_cast<const T*>(qkv), static_cast<const T*>(kv_all), positions, segments,
+        segment, sh);
     TS_CUDA_CHECK_LAUNCH("gathered_dq_kernel");
     const dim3 keys(static_cast<unsigned>(segments * s.seq),
                     static_cast<unsigned>(s.batch * s.kv_heads));
     gathered_dkv_kernel<T><<<keys, kThreads, 0, stream>>>(
-        static_cast<T*>(dqkv_all), row_dot, static_cast<const T*>(dout), lse,
-        static_cast<const T*>(qkv_all), positions, segment, sh);
+        static_cast<T*>(dkv_all), row_dot, static_cast<const T*>(dout), lse,
+        static_cast<const T*>(qkv), static_cast<const T*>(kv_all), positions, segment, sh);
     TS_CUDA_CHECK_LAUNCH("gathered_dkv_kernel");
   });
 }

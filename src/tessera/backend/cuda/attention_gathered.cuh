@@ -4,7 +4,7 @@
 // (all ranks' tokens, all-gathered), masked by each token's position in the whole sequence.
 // On Hopper, causal bf16 attention of head dim 128 in Megatron's balanced layout (positions as
 // context_parallel_positions gives them, T a multiple of 256) runs on the warpgroup flash
-// kernels (attention_hopper*.cu), which read every segment's keys from qkv_all by position
+// kernels (attention_hopper*.cu), which read every segment's keys from kv_all by position
 // and this segment's queries, outputs and gradients in place; the deterministic backward and
 // every other case take straightforward kernels: one block per query row (forward, query
 // gradients) or key row (key and value gradients), keys or queries streamed in tiles through
@@ -19,31 +19,34 @@
 
 namespace tessera::cuda {
 
-// qkv_all (S, B, T, width), positions (S, T) int32; out (B, T, H*D), lse (B, H, T) fp32.
-void attention_gathered_forward(void* out, float* lse, const void* qkv_all,
+// qkv (B, T, width): this segment's; kv_all (S, B, T, 2 KV D); positions (S, T) int32;
+// out (B, T, H*D), lse (B, H, T) fp32.
+void attention_gathered_forward(void* out, float* lse, const void* qkv, const void* kv_all,
                                 const int32_t* positions, int64_t segments, int64_t segment,
                                 const AttentionShape& s, DType dtype, cudaStream_t stream);
 
 // Device scratch bytes attention_gathered_backward needs.
 size_t attention_gathered_backward_scratch_bytes(const AttentionShape& s);
 
-// dqkv_all (S, B, T, width) overwritten, as Backend::attention_gathered_backward states.
-// deterministic: the straightforward kernels (the warpgroup backward adds dQ atomically).
-void attention_gathered_backward(void* dqkv_all, const void* dout, const void* out,
-                                 const float* lse, const void* qkv_all, const int32_t* positions,
-                                 int64_t segments, int64_t segment, const AttentionShape& s,
-                                 DType dtype, bool deterministic, void* scratch,
-                                 size_t scratch_bytes, cudaStream_t stream);
+// dqkv's query columns and dkv_all (S, B, T, 2 KV D) written, as
+// Backend::attention_gathered_backward states. deterministic: the straightforward kernels (the
+// warpgroup backward adds dQ atomically).
+void attention_gathered_backward(void* dqkv, void* dkv_all, const void* dout, const void* out,
+                                 const float* lse, const void* qkv, const void* kv_all,
+                                 const int32_t* positions, int64_t segments, int64_t segment,
+                                 const AttentionShape& s, DType dtype, bool deterministic,
+                                 void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 // The warpgroup kernels' part (attention.cu): false, having done nothing, where they do not
-// apply (bf16 is the caller's to check).
-bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv_all,
-                                          int64_t segments, int64_t segment,
+// apply (bf16 is the caller's to check). The backward's scratch holds
+// attention_backward_scratch_bytes(s).
+bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv,
+                                          const void* kv_all, int64_t segments, int64_t segment,
                                           const AttentionShape& s, cudaStream_t stream);
-bool attention_gathered_backward_warpgroup(void* dqkv_all, const void* dout, const void* out,
-                                           const float* lse, const void* qkv_all,
-                                           int64_t segments, int64_t segment,
+bool attention_gathered_backward_warpgroup(void* dqkv, void* dkv_all, const void* dout,
+                                           const void* out, const float* lse, const void* qkv,
+                                           const void* kv_all, int64_t segments, int64_t segment,
                                            const AttentionShape& s, void* scratch,
-                                           size_t scratch_bytes, cudaStream_t stream);
+                                           cudaStream_t stream);
 
 }  // namespace tessera::cuda

@@ -18,8 +18,8 @@
 // loaded. Grid order as there: the heaviest query tiles start first.
 //
 // Under context parallelism (p.segments > 1, ContextSegments) the same kernel reads every
-// rank's keys from the gathered qkv by position and this rank's queries in place: masks and
-// tile ranges are in positions, loads and stores in rows.
+// rank's keys from the gathered keys and values (p.kv) by position and this rank's queries in
+// place: masks and tile ranges are in positions, loads and stores in rows.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -133,7 +133,8 @@ __device__ __forceinline__ void probabilities_to_a(uint32_t (&pa)[8][4], const f
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap qkv_map,
+    attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map,
+                                    const __grid_constant__ CUtensorMap kv_map,
                                     const AttentionForwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -182,11 +183,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp_group == 0) {
     release_registers<40>();
     if (threadIdx.x == 0) {
-      const int q_col = h * kD, k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
+      const int q_col = h * kD, k_col = p.kv_col + kvh * kD, v_col = p.kv_col + (p.kv_heads + kvh) * kD;
       mbar_expect_tx(full_q, kTileBytes);
-      const int q_plane = (cs.split() ? p.segment * batch : 0) + b;
-      tma_load(sQ, &qkv_map, full_q, q_col, u0, q_plane);
-      tma_load(sQ + kHalfBytes, &qkv_map, full_q, q_col + 64, u0, q_plane);
+      tma_load(sQ, &q_map, full_q, q_col, u0, b);
+      tma_load(sQ + kHalfBytes, &q_map, full_q, q_col + 64, u0, b);
       for (int n = n_begin, i = 0; n < n_end; ++n, ++i) {
         const int s = i % kStages;
         const uint32_t parity = ((i / kStages) & 1) ^ 1;
@@ -194,12 +194,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int k0 = k_row.x, k_plane = k_row.y * batch + b;
         mbar_wait(empty_k(s), parity);
         mbar_expect_tx(full_k(s), kTileBytes);
-        tma_load(sK + s * kTileBytes, &qkv_map, full_k(s), k_col, k0, k_plane);
-        tma_load(sK + s * kTileBytes + kHalfBytes, &qkv_map, full_k(s), k_col + 64, k0, k_plane);
+        tma_load(sK + s * kTileBytes, &kv_map, full_k(s), k_col, k0, k_plane);
+        tma_load(sK + s * kTileBytes + kHalfBytes, &kv_map, full_k(s), k_col + 64, k0, k_plane);
         mbar_wait(empty_v(s), parity);
         mbar_expect_tx(full_v(s), kTileBytes);
-        tma_load(sV + s * kTileBytes, &qkv_map, full_v(s), v_col, k0, k_plane);
-        tma_load(sV + s * kTileBytes + kHalfBytes, &qkv_map, full_v(s), v_col + 64, k0, k_plane);
+        tma_load(sV + s * kTileBytes, &kv_map, full_v(s), v_col, k0, k_plane);
+        tma_load(sV + s * kTileBytes + kHalfBytes, &kv_map, full_v(s), v_col + 64, k0, k_plane);
       }
     }
     return;
@@ -389,23 +389,27 @@ bool attention_hopper_available(int64_t head_dim, int device) {
 #endif
 }
 
-void attention_forward_hopper(const AttentionForwardParams& p, int batch, cudaStream_t stream) {
-  // The whole qkv tensor as (batch, token, element): boxes of 128 tokens x 64 elements, tokens
-  // past T read as zeros. Its strides must be multiples of 16 bytes, which a width of whole
-  // 128-element heads is.
-  // Under context parallelism (p.segments > 1) every segment's rows: (segments x batch).
-  const uint64_t planes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(std::max(p.segments, 1));
-  const uint64_t dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq), planes};
-  const uint64_t strides[2] = {static_cast<uint64_t>(p.width) * 2,
-                               static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
-  const uint32_t box[3] = {64, kBlockN, 1};
-  const CUtensorMap map = tensor_map(p.qkv, false, dims, strides, box);
+CUtensorMap hopper::row_map(const bf16* base, int64_t width, int seq, int64_t planes, uint32_t rows) {
+  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(seq),
+                            static_cast<uint64_t>(planes)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(width) * 2,
+                               static_cast<uint64_t>(width) * 2 * static_cast<uint64_t>(seq)};
+  const uint32_t box[3] = {64, rows, 1};
+  return tensor_map(base, false, dims, strides, box);
+}
+
+void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stream) {
+  // This segment's queries (batch planes); the keys and values of every segment (segments x
+  // batch planes under context parallelism).
+  const CUtensorMap q_map = row_map(p.qkv, p.width, p.seq, p.batch, kBlockN);
+  const CUtensorMap kv_map =
+      row_map(p.kv, p.kv_width, p.seq, int64_t{p.batch} * std::max(p.segments, 1), kBlockN);
   // Per device, and cheap: set on every launch as attention.cu's kernels do.
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
-  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, batch);
-  attention_forward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(map, p);
+  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, p.batch);
+  attention_forward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(q_map, kv_map, p);
   TS_CUDA_CHECK_LAUNCH("attention_forward_hopper_kernel");
 }
 

@@ -20,8 +20,8 @@
 // Masks are the forward's (attention_common.cuh) seen from the key side: query tiles with no
 // visible pair are never visited, element masks only where a tile holds an invisible pair.
 // Under context parallelism (p.segments > 1) a CTA owns a block of keys of any rank, found by
-// position in the gathered qkv, and visits this rank's query tiles that see it; its dK and dV
-// go to that rank's rows of dqkv, for the reduce-scatter.
+// position in the gathered keys and values (p.kv), and visits this rank's query tiles that see
+// it; its dK and dV go to that rank's rows of p.dkv, for the reduce-scatter.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -68,7 +68,8 @@ constexpr uint32_t kStageArrivals = 33;
 constexpr int kBarrierDsWritten = 1;  // named barrier of the consumers
 
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap qkv_map,
+    attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map,
+                                     const __grid_constant__ CUtensorMap kv_map,
                                      const __grid_constant__ CUtensorMap dout_map,
                                      const __grid_constant__ CUtensorMap dq_map,
                                      const AttentionBackwardParams p) {
@@ -153,14 +154,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp == 0) {  // loads: K and V once, then Q, dO, lse2, delta per tile
       if (lane == 0) {
-        const int k_col = (p.heads + kvh) * kD, v_col = (p.heads + p.kv_heads + kvh) * kD;
+        const int k_col = p.kv_col + kvh * kD, v_col = p.kv_col + (p.kv_heads + kvh) * kD;
         mbar_expect_tx(full_kv, 2 * kKVBytes);
         for (int half = 0; half < 2; ++half) {
           for (int rows = 0; rows < 2; ++rows) {
             const uint32_t at = half * kKVBlockBytes + rows * kQBlockBytes;
             const int row = k_row.x + kBlockM * rows, plane = k_row.y * p.batch + b;
-            tma_load(sK + at, &qkv_map, full_kv, k_col + 64 * half, row, plane);
-            tma_load(sV + at, &qkv_map, full_kv, v_col + 64 * half, row, plane);
+            tma_load(sK + at, &kv_map, full_kv, k_col + 64 * half, row, plane);
+            tma_load(sV + at, &kv_map, full_kv, v_col + 64 * half, row, plane);
           }
         }
       }
@@ -172,8 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) {
           mbar_expect_tx(full_q(s), 2 * kQBytes);
           for (int half = 0; half < 2; ++half) {
-            tma_load(sQ(s) + half * kQBlockBytes, &qkv_map, full_q(s), h * kD + 64 * half, m0,
-                     (cs.split() ? p.segment * p.batch : 0) + b);
+            tma_load(sQ(s) + half * kQBlockBytes, &q_map, full_q(s), h * kD + 64 * half, m0, b);
             tma_load(sDO(s) + half * kQBlockBytes, &dout_map, full_q(s), h * kD + 64 * half, m0, b);
           }
         }
@@ -401,9 +401,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int j = k0 + key_row0 + 8 * r;
     if (j >= Tk) continue;
     const int64_t plane = static_cast<int64_t>(k_row.y) * p.batch + b;
-    bf16* const row = p.dqkv + (plane * T + k_row.x + key_row0 + 8 * r) * p.width;
-    bf16* const dk_row = row + static_cast<int64_t>(p.heads + kvh) * kD;
-    bf16* const dv_row = row + static_cast<int64_t>(p.heads + p.kv_heads + kvh) * kD;
+    bf16* const row = p.dkv + (plane * T + k_row.x + key_row0 + 8 * r) * p.kv_width + p.kv_col;
+    bf16* const dk_row = row + static_cast<int64_t>(kvh) * kD;
+    bf16* const dv_row = row + static_cast<int64_t>(p.kv_heads + kvh) * kD;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
       const int col = 8 * c + 2 * t;
@@ -419,32 +419,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-void attention_backward_hopper(const AttentionBackwardParams& p, int batch, cudaStream_t stream) {
-  // Under context parallelism (p.segments > 1) every segment's rows: (segments x batch).
+void attention_backward_hopper(const AttentionBackwardParams& p, cudaStream_t stream) {
+  // This segment's queries and dO (batch planes); the keys and values of every segment
+  // (segments x batch planes under context parallelism).
   const int segments = std::max(p.segments, 1);
-  const uint64_t qkv_dims[3] = {static_cast<uint64_t>(p.width), static_cast<uint64_t>(p.seq),
-                                static_cast<uint64_t>(batch) * static_cast<uint64_t>(segments)};
-  const uint64_t qkv_strides[2] = {static_cast<uint64_t>(p.width) * 2,
-                                   static_cast<uint64_t>(p.width) * 2 * static_cast<uint64_t>(p.seq)};
-  const uint64_t dout_width = static_cast<uint64_t>(p.heads) * kD;
-  const uint64_t dout_dims[3] = {dout_width, static_cast<uint64_t>(p.seq), static_cast<uint64_t>(batch)};
-  const uint64_t dout_strides[2] = {dout_width * 2, dout_width * 2 * static_cast<uint64_t>(p.seq)};
-  const uint32_t box[3] = {64, kBlockM, 1};
-  const CUtensorMap qkv_map = tensor_map(p.qkv, false, qkv_dims, qkv_strides, box);
-  const CUtensorMap dout_map = tensor_map(p.dout, false, dout_dims, dout_strides, box);
+  const CUtensorMap q_map = row_map(p.qkv, p.width, p.seq, p.batch, kBlockM);
+  const CUtensorMap kv_map = row_map(p.kv, p.kv_width, p.seq, int64_t{p.batch} * segments, kBlockM);
+  const int64_t dout_width = int64_t{p.heads} * kD;
+  const CUtensorMap dout_map = row_map(p.dout, dout_width, p.seq, p.batch, kBlockM);
   // dq_accum (B, T, H D) fp32, boxes of 64 rows x 32 columns.
-  const uint64_t dq_strides[2] = {dout_width * 4, dout_width * 4 * static_cast<uint64_t>(p.seq)};
+  const uint64_t dq_dims[3] = {static_cast<uint64_t>(dout_width), static_cast<uint64_t>(p.seq),
+                               static_cast<uint64_t>(p.batch)};
+  const uint64_t dq_strides[2] = {static_cast<uint64_t>(dout_width) * 4,
+                                  static_cast<uint64_t>(dout_width) * 4 * static_cast<uint64_t>(p.seq)};
   const uint32_t dq_box[3] = {32, kBlockM, 1};
-  const CUtensorMap dq_map = tensor_map(p.dq_accum, true, dout_dims, dq_strides, dq_box);
+  const CUtensorMap dq_map = tensor_map(p.dq_accum, true, dq_dims, dq_strides, dq_box);
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
   const int64_t keys = static_cast<int64_t>(p.seq) * segments;
-  const dim3 grid = heaviest_first_grid((keys + kBlockN - 1) / kBlockN, p.kv_heads, batch);
-  AttentionBackwardParams with_batch = p;
-  with_batch.batch = batch;
-  attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(qkv_map, dout_map,
-                                                                            dq_map, with_batch);
+  const dim3 grid = heaviest_first_grid((keys + kBlockN - 1) / kBlockN, p.kv_heads, p.batch);
+  attention_backward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(q_map, kv_map,
+                                                                            dout_map, dq_map, p);
   TS_CUDA_CHECK_LAUNCH("attention_backward_hopper_kernel");
 }
 

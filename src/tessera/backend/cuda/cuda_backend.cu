@@ -765,21 +765,24 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
 }
 
 void CudaBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
-                                                const Tensor& qkv_all, const Tensor& positions,
-                                                int64_t segment, const AttentionShape& s) {
-  cuda::attention_gathered_forward(out.data, lse.as<float>(), qkv_all.data, positions.as<int32_t>(),
-                                   positions.numel() / s.seq, segment, s, qkv_all.dtype, stream_);
+                                                const Tensor& qkv, const Tensor& kv_all,
+                                                const Tensor& positions, int64_t segment,
+                                                const AttentionShape& s) {
+  cuda::attention_gathered_forward(out.data, lse.as<float>(), qkv.data, kv_all.data,
+                                   positions.as<int32_t>(), positions.numel() / s.seq, segment, s,
+                                   qkv.dtype, stream_);
 }
 
-void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv_all, const Tensor& dout,
-                                                 const Tensor& out, const Tensor& lse,
-                                                 const Tensor& qkv_all, const Tensor& positions,
+void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv, const Tensor& dkv_all,
+                                                 const Tensor& dout, const Tensor& out,
+                                                 const Tensor& lse, const Tensor& qkv,
+                                                 const Tensor& kv_all, const Tensor& positions,
                                                  int64_t segment, const AttentionShape& s) {
   const size_t bytes = cuda::attention_gathered_backward_scratch_bytes(s);
-  cuda::attention_gathered_backward(
-      dqkv_all.data, dout.data, out.data, lse.as<float>(), qkv_all.data, positions.as<int32_t>(),
-      positions.numel() / s.seq, segment, s, qkv_all.dtype, deterministic_, scratch(bytes), bytes,
-      stream_);
+  cuda::attention_gathered_backward(dqkv.data, dkv_all.data, dout.data, out.data, lse.as<float>(),
+                                    qkv.data, kv_all.data, positions.as<int32_t>(),
+                                    positions.numel() / s.seq, segment, s, qkv.dtype,
+                                    deterministic_, scratch(bytes), bytes, stream_);
 }
 
 void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
