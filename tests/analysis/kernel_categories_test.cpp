@@ -86,6 +86,8 @@ const Case kCases[] = {
     {"triton_poi_fused__to_copy_add_mul_neg_slice_slice_backward_5", "", Category::kElementwise},
     {"swiglu_forward_kernel", "", Category::kElementwise},
     {"void tessera::cuda::rope_kernel<__nv_bfloat16>(...)", "", Category::kElementwise},
+    {"void tessera::cuda::(anonymous namespace)::copy_columns_kernel<uint4>(uint4*, long, ...)", "",
+     Category::kElementwise},
     // other
     {"void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, float, "
      "long>",

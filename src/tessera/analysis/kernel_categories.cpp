@@ -179,6 +179,8 @@ constexpr CategoryRule kRules[] = {
     {F::kKernel, M::kPrefix, "fill_", "", C::kElementwise, "Tessera fill_*"},
     {F::kKernel, M::kContains, "::fill_kernel", "", C::kElementwise, "Tessera fill_kernel"},
     {F::kKernel, M::kContains, "::convert_kernel", "", C::kElementwise, "Tessera convert_kernel"},
+    {F::kKernel, M::kContains, "::copy_columns_kernel", "", C::kElementwise,
+     "Tessera copy_columns_kernel (fused projections' slices, context parallelism's keys)"},
     // --- other known kernels
     {F::kKernel, M::kContains, "embedding", "", C::kOther, "embedding lookup / backward"},
     {F::kKernel, M::kContains, "gather", "", C::kOther, "gather"},

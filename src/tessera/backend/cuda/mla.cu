@@ -157,26 +157,37 @@ void copy_columns(void* dst, int64_t dst_width, int64_t dst_col, const void* src
                   int64_t src_col, int64_t rows, int64_t cols, size_t element_bytes,
                   cudaStream_t stream) {
   NvtxRange range("copy_columns");
-  const int64_t n = rows * cols;
-  if (n == 0) return;
-  const int64_t blocks = ceil_div(n, 256);
+  if (rows * cols == 0) return;
+  // The widest unit (16 bytes down to one element) that every row's block starts on and that
+  // divides the widths and the block: a third of the time of element copies for bf16 blocks
+  // of whole heads (context parallelism's keys and values).
+  const auto d = reinterpret_cast<uintptr_t>(static_cast<char*>(dst) + dst_col * element_bytes);
+  const auto s = reinterpret_cast<uintptr_t>(static_cast<const char*>(src) + src_col * element_bytes);
+  const uint64_t widths = (dst_width | src_width | cols) * element_bytes;
+  size_t unit = 16;
+  while (unit > element_bytes && ((d | s | widths) % unit) != 0) unit /= 2;
+  const int64_t per_unit = static_cast<int64_t>(unit / element_bytes);
+  const int64_t units = rows * (cols / per_unit);
+  const int64_t blocks = ceil_div(units, 256);
   check_grid("copy_columns", blocks);
   auto launch = [&](auto tag) {
     using T = decltype(tag);
-    copy_columns_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<T*>(dst) + dst_col, dst_width,
-                                                       static_cast<const T*>(src) + src_col,
-                                                       src_width, rows, cols);
+    copy_columns_kernel<T><<<blocks, 256, 0, stream>>>(
+        reinterpret_cast<T*>(d), dst_width / per_unit, reinterpret_cast<const T*>(s),
+        src_width / per_unit, rows, cols / per_unit);
     TS_CUDA_CHECK_LAUNCH("copy_columns_kernel");
   };
-  switch (element_bytes) {
+  switch (unit) {
     case 1:
       return launch(uint8_t{});
     case 2:
       return launch(uint16_t{});
     case 4:
       return launch(uint32_t{});
-    default:
+    case 8:
       return launch(uint64_t{});
+    default:
+      return launch(uint4{});
   }
 }
 
