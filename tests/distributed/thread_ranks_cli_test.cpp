@@ -7,12 +7,15 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <iterator>
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/run_command.h"
@@ -164,6 +167,44 @@ TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderEveryParallelism) {
     const TrainingRun run = train(workspace_, "packed_mesh" + std::to_string(runs++), ranks, data + flags);
     expect_close(run.losses, one.losses, kLossTolerance, "loss");
     expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+  }
+}
+
+// Whole documents packed best-fit decreasing (packing_strategy bfd) under context parallelism:
+// each sequence's documents and padding come in the order that balances the ranks' attention
+// work, which changes no document's loss, so CP = 2 and 4 train like one rank in packing order.
+TEST_F(ThreadRanksCli, BfdPackingBalancedForContextParallelismTrainsLikeOneRank) {
+  fs::create_directories(workspace_);
+  {
+    std::ofstream docs(workspace_ / "docs.jsonl");
+    for (int i = 0; i < 120; ++i)
+      docs << nlohmann::json{{"text", std::string(4 + (i * 29) % 58, static_cast<char>('a' + i % 26))}}
+                  .dump()
+           << "\n";
+  }
+  const RunResult r = run_tessera("preprocess --input " + (workspace_ / "docs.jsonl").string() +
+                                  " --output-prefix " + (workspace_ / "docs").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string data = "--mock_data false --tokenizer_type ByteLevel --data_path " +
+                           (workspace_ / "docs_text_document").string() +
+                           " --split 100,0,0 --packing_strategy bfd --reset_position_ids "
+                           "--reset_attention_mask --num_query_groups 2 --log_interval 1 ";
+  const TrainingRun one = train(workspace_, "bfd1", 1, data);
+  ASSERT_EQ(one.losses.size(), 6u);
+  for (int cp : {2, 4}) {
+    SCOPED_TRACE("context_parallel_size " + std::to_string(cp));
+    const std::string name = "bfd_cp" + std::to_string(cp);
+    const TrainingRun run = train(workspace_, name, cp, data + "--context_parallel_size " + std::to_string(cp));
+    expect_close(run.losses, one.losses, kLossTolerance, "loss");
+    expect_close(run.grad_norms, one.grad_norms, kGradNormTolerance, "grad norm");
+    std::ifstream log(run.root / "logs" / "pre_trainer" / "rank-0" / "info.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    const std::string said = fmt::format("ordered for {} context-parallel ranks: the busiest rank's attention work ", cp);
+    const size_t at = text.find(said);
+    ASSERT_NE(at, std::string::npos) << text;
+    double balanced = 0, packed = 0;
+    ASSERT_EQ(std::sscanf(text.c_str() + at + said.size(), "%lfx the ranks' mean (%lfx", &balanced, &packed), 2);
+    EXPECT_LT(balanced, packed);  // these documents' packing order leaves the ranks uneven
   }
 }
 

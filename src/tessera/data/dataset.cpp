@@ -152,6 +152,9 @@ struct IndexedContext {
   LossMask loss_mask;
   PackingStrategy packing;
   int32_t pad_id;  // bfd padding
+  // Context-parallel ranks whose attention work each bfd sequence's order balances (documents
+  // that do not see each other only; PackedDatasetOptions).
+  int64_t balanced_ranks;
   std::map<std::string, std::shared_ptr<const IndexedDataset>> opened;
   // The roles of chat datasets (preprocess --chat), by token prefix; null for other data.
   std::map<std::string, std::shared_ptr<const IndexedDataset>> roles;
@@ -227,6 +230,7 @@ std::unique_ptr<SampleSource> make_blend_source(const std::vector<BlendEntry>& b
           .loss_mask = ctx.loss_mask,
           .eod_mask = ctx.eod_mask,
           .pad_id = ctx.pad_id,
+          .context_parallel_size = ctx.balanced_ranks,
       }));
       identity += fmt::format("{}\"{}[{}, {}) bfd\"", i ? ", " : "[",
                               std::filesystem::absolute(blend[i].prefix).string(), first, end);
@@ -290,6 +294,7 @@ DataSources make_data_sources(const Experiment& e, const Tokenizer& tokenizer, i
                      .loss_mask = dc.loss_mask,
                      .packing = dc.packing_strategy,
                      .pad_id = tokenizer.eod_id(),
+                     .balanced_ranks = dc.reset_attention_mask ? e.training.context_parallel_size : 1,
                      .opened = {},
                      .roles = {},
                      .unrecorded = {}};
