@@ -62,6 +62,8 @@ TraceData tessera_trace(const std::filesystem::path& dir) {
   b.memset(720, 2, 0, {{"bytes", 4096}});
   b.kernel("void at::native::vectorized_elementwise_kernel<4, add>", 730, 3);  // no op
   tessera_op(b, "mystery_op", 7, {{"numel", 10}}, 740, "swiglu_forward_kernel", 4);
+  tessera_op(b, "copy_columns", 10, {{"rows", 8}, {"cols", 64}, {"dtype", "bf16"}, {"op_bytes", 2048}},
+             770, "void tessera::cuda::copy_columns_kernel<uint4>", 2);
   tessera_op(b, "fill", 8, {{"dtype", "bf16"}}, 750, "fill_kernel", 2);
   tessera_op(b, "matmul", 9, {{"M", 64}, {"N", 64}, {"K", 64}, {"dtype", "bf16"}}, 760,
              "nvjet_sm90_x", 5);
@@ -72,7 +74,7 @@ TEST(Bandwidth, TesseraOpsBytesGbpsAndShareOfHbm) {
   const TraceData d = tessera_trace(test_dir());
   const GpuSpec h100 = *find_gpu_spec("H100");
   const Table t = bandwidth_table(d, h100);
-  ASSERT_EQ(t.rows.size(), 9u);  // every op but the GEMM, and the memset
+  ASSERT_EQ(t.rows.size(), 10u);  // every op but the GEMM, and the memset
 
   // RMSNorm: x and out (rows x cols bf16), weight (cols bf16), rstd (rows fp32); two calls.
   const double norm_bytes = (2.0 * 4096 * 4096 + 4096) * 2 + 4.0 * 4096;
@@ -116,6 +118,11 @@ TEST(Bandwidth, TesseraOpsBytesGbpsAndShareOfHbm) {
   const size_t memset = row_of(t, "kernel", "Memset (Device)");
   EXPECT_EQ(t.text(memset, "op"), "(no op)");
   EXPECT_DOUBLE_EQ(t.number(memset, "mbytes").value(), 4096 / 1e6);
+
+  // An op without a model of its own here: the op table's count it carries.
+  const size_t columns = row_of(t, "op", "copy_columns");
+  EXPECT_DOUBLE_EQ(t.number(columns, "mbytes").value(), 2048 / 1e6);
+  EXPECT_EQ(t.text(columns, "bytes_basis"), "copy_columns: the op's own count (op_bytes)");
 
   // Listed, not dropped, with the reason.
   const size_t lone = row_of(t, "kernel", "void at::native::vectorized_elementwise_kernel<4, add>");

@@ -327,10 +327,13 @@ BytesEstimate pytorch_op_bytes(std::string_view op, std::string_view input_dims,
 BytesEstimate tessera_op_bytes(std::string_view op, std::string_view args_json) {
   const auto* model = std::find_if(std::begin(kTesseraModels), std::end(kTesseraModels),
                                    [&](const TesseraModel& m) { return m.op == op; });
+  const auto j = nlohmann::json::parse(args_json, nullptr, false);
   if (model == std::end(kTesseraModels)) {
+    // Ops this file has no model of still carry the op table's own count (ops/op_table.h).
+    if (j.is_object() && OpArgsView(j).num("op_bytes") > 0)
+      return {OpArgsView(j).num("op_bytes"), fmt::format("{}: the op's own count (op_bytes)", op), true};
     return not_derived(fmt::format("no byte model for op '{}'", op));
   }
-  const auto j = nlohmann::json::parse(args_json, nullptr, false);
   if (!j.is_object()) return not_derived("the op has no arguments");
   const OpArgsView a(j);
   for (const char* key : model->needs) {
