@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <iterator>
@@ -70,6 +71,23 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_LE(std::fabs(got[i] - want[i]), tolerance * std::fabs(want[i]))
         << what << " at iteration " << i + 1 << ": " << got[i] << " vs " << want[i];
+}
+
+// `count` documents of one repeated letter, document i of length(i) bytes, preprocessed with
+// the byte-level tokenizer in `workspace`: the data options that read them.
+std::string byte_documents(const fs::path& workspace, int count, const std::function<int(int)>& length) {
+  fs::create_directories(workspace);
+  {
+    std::ofstream docs(workspace / "docs.jsonl");
+    for (int i = 0; i < count; ++i)
+      docs << nlohmann::json{{"text", std::string(length(i), static_cast<char>('a' + i % 26))}}.dump()
+           << "\n";
+  }
+  const RunResult r = run_tessera("preprocess --input " + (workspace / "docs.jsonl").string() +
+                                  " --output-prefix " + (workspace / "docs").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return "--mock_data false --tokenizer_type ByteLevel --data_path " +
+         (workspace / "docs_text_document").string();
 }
 
 class ThreadRanksCli : public ::testing::Test {
@@ -134,21 +152,10 @@ TEST_F(ThreadRanksCli, TensorParallelTrainsLikeOneRank) {
 // Context-parallel ranks hold load-balanced chunks of each sequence, whose documents cross
 // chunks and ranks.
 TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderEveryParallelism) {
-  fs::create_directories(workspace_);
-  {
-    std::ofstream docs(workspace_ / "docs.jsonl");
-    for (int i = 0; i < 200; ++i)
-      docs << nlohmann::json{{"text", std::string(5 + (i * 37) % 41, static_cast<char>('a' + i % 26))}}
-                  .dump()
-           << "\n";
-  }
-  const RunResult r = run_tessera("preprocess --input " + (workspace_ / "docs.jsonl").string() +
-                                  " --output-prefix " + (workspace_ / "docs").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string data = "--mock_data false --tokenizer_type ByteLevel --data_path " +
-                           (workspace_ / "docs_text_document").string() +
-                           " --split 100,0,0 --reset_position_ids --reset_attention_mask "
-                           "--num_query_groups 2 --num_layers 4 --log_interval 1 ";
+  const std::string data =
+      byte_documents(workspace_, 200, [](int i) { return 5 + (i * 37) % 41; }) +
+      " --split 100,0,0 --reset_position_ids --reset_attention_mask --num_query_groups 2 "
+      "--num_layers 4 --log_interval 1 ";
   const TrainingRun one = train(workspace_, "packed1", 1, data);
   ASSERT_EQ(one.losses.size(), 6u);
   for (const auto& [ranks, flags] : std::vector<std::pair<int, std::string>>{
@@ -174,21 +181,10 @@ TEST_F(ThreadRanksCli, PackedDocumentsTrainLikeOneRankUnderEveryParallelism) {
 // each sequence's documents and padding come in the order that balances the ranks' attention
 // work, which changes no document's loss, so CP = 2 and 4 train like one rank in packing order.
 TEST_F(ThreadRanksCli, BfdPackingBalancedForContextParallelismTrainsLikeOneRank) {
-  fs::create_directories(workspace_);
-  {
-    std::ofstream docs(workspace_ / "docs.jsonl");
-    for (int i = 0; i < 120; ++i)
-      docs << nlohmann::json{{"text", std::string(4 + (i * 29) % 58, static_cast<char>('a' + i % 26))}}
-                  .dump()
-           << "\n";
-  }
-  const RunResult r = run_tessera("preprocess --input " + (workspace_ / "docs.jsonl").string() +
-                                  " --output-prefix " + (workspace_ / "docs").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string data = "--mock_data false --tokenizer_type ByteLevel --data_path " +
-                           (workspace_ / "docs_text_document").string() +
-                           " --split 100,0,0 --packing_strategy bfd --reset_position_ids "
-                           "--reset_attention_mask --num_query_groups 2 --log_interval 1 ";
+  const std::string data =
+      byte_documents(workspace_, 120, [](int i) { return 4 + (i * 29) % 58; }) +
+      " --split 100,0,0 --packing_strategy bfd --reset_position_ids --reset_attention_mask "
+      "--num_query_groups 2 --log_interval 1 ";
   const TrainingRun one = train(workspace_, "bfd1", 1, data);
   ASSERT_EQ(one.losses.size(), 6u);
   for (int cp : {2, 4}) {
