@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "tessera/backend/cuda/vendor.h"
+#include "tessera/backend/cuda/document_search.h"
 
 namespace tessera::cuda {
 
@@ -167,25 +168,15 @@ __device__ __forceinline__ int document_end(const int32_t* starts, int j, int T)
   return lo;
 }
 
-// document_end for a whole warp with the same j: a 32-way search, three rounds of loads at
-// T = 8192 where a bisection makes thirteen dependent ones.
+// document_end for a whole warp with the same j: document_search.h's 32-way search, a lane a
+// probe.
 __device__ __forceinline__ int document_end_warp(const int32_t* starts, int j, int T) {
   if (!starts) return T;
-  int lo = j + 1, hi = T;  // the end lies in [lo, hi]
   const int lane = static_cast<int>(threadIdx.x % 32);
-  while (lo < hi) {
-    const int step = (hi - lo + 31) / 32;
+  return document_end_search(j, T, [&](int lo, int step, int hi) {
     const int at = lo + lane * step;
-    const unsigned past = __ballot_sync(0xffffffffu, at < hi && starts[at] > j);
-    if (past == 0) {
-      lo = min(hi, lo + 31 * step + 1);
-    } else {
-      const int first = __ffs(static_cast<int>(past)) - 1;
-      hi = lo + first * step;
-      if (first > 0) lo += (first - 1) * step + 1;
-    }
-  }
-  return hi;
+    return __ballot_sync(0xffffffffu, at < hi && starts[at] > j);
+  });
 }
 
 }  // namespace tessera::cuda
