@@ -118,8 +118,8 @@ class DecoderModel final : public Model, private LayerOps {
     // Sequence parallelism, (N, C): a residual-stream tensor gathered from every rank, and the
     // partial sums a rank computes for all tokens before they are reduce-scattered.
     Tensor gathered, partial;
-    // Context parallelism: every rank's packed q, k, v (cp x N, width) and their gradients,
-    // and every rank's token positions (cp, seq_length) int32.
+    // Context parallelism: this rank's keys and values (N, 2 KV D), every rank's (cp x N, ...)
+    // and their gradients, and every rank's token positions (cp, seq_length) int32.
     Tensor cp_kv, cp_kv_all, cp_dkv_all, cp_positions;
   };
   // Declares the layers' and the model's activations into `plan`.

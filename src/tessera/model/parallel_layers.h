@@ -176,9 +176,9 @@ class VocabParallelCrossEntropy {
 class ContextParallelAttention {
  public:
   struct Buffers {
-    Tensor kv;              // (N, 2 KV D): this rank's k and v columns, or their gradients
+    Tensor kv;               // (N, 2 KV D): this rank's k and v columns, or their gradients
     Tensor kv_all, dkv_all;  // (cp x N, 2 KV D): every rank's, and their gradients
-    Tensor positions;  // (cp, seq_length) int32: every rank's token positions
+    Tensor positions;        // (cp, seq_length) int32: every rank's token positions
   };
   ContextParallelAttention(Backend& backend, int size, int rank, Buffers buffers)
       : backend_(backend), size_(size), rank_(rank), b_(buffers) {}
