@@ -15,8 +15,8 @@
 // a rank's share depends on where the documents fall. When documents do not see each other
 // (context_parallel_size > 1 here), each sequence's documents and its padding (a document of
 // its own to the attention) are ordered so that the busiest rank's attention work is least:
-// every order for up to 8 pieces, else up to four rounds of swaps of two pieces (stopping when
-// a round finds none that helps or the busiest rank is within 0.5% of the mean). Ordering
+// every order for up to 6 pieces, else rounds of swaps of two pieces while one helps (stopping
+// once the busiest rank is within 0.5% of the mean, or after 4,096 orders weighed). Ordering
 // cannot cut a document, so one long document with little else stays as Megatron's chunks
 // leave it.
 #include <cstdint>
