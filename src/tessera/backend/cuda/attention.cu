@@ -33,7 +33,6 @@
 // of range (the `boundary` flags below), so interior tiles pay nothing for masking.
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/attention_common.cuh"
-#include "tessera/backend/cuda/attention_gathered.cuh"
 
 #include <climits>
 #include <cmath>
@@ -1194,7 +1193,7 @@ namespace {
 // (packed documents too), when each segment's two chunks are whole tiles (T a multiple of 256).
 bool gathered_on_warpgroups(const void* qkv, const void* kv_all, int64_t segments,
                             const AttentionShape& s) {
-  return segments > 1 && s.head_dim == 128 && s.v_dim() == 128 && s.causal && s.seq % 256 == 0 &&
+  return s.tokens() > 0 && segments > 1 && s.head_dim == 128 && s.v_dim() == 128 && s.causal && s.seq % 256 == 0 &&
          aligned16(qkv) && aligned16(kv_all) && warpgroup_kernels_run(s.head_dim);
 }
 

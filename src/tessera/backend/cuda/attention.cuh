@@ -59,4 +59,20 @@ void attention_backward(void* dqkv, const void* dout, const void* out, const flo
                         cudaStream_t stream, const AttentionOptions& options);
 size_t attention_backward_scratch_bytes(const AttentionShape& s, const AttentionOptions& options);
 
+// Context parallelism's gathered attention (Backend::attention_gathered_forward / _backward)
+// on the warpgroup kernels: causal bf16 attention of head dim 128 in Megatron's balanced layout
+// (positions as context_parallel_positions gives them, T a multiple of 256), every segment's
+// keys read from kv_all by position, this segment's queries, outputs and gradients in place.
+// False, having done nothing, where they do not apply (bf16 is the caller's to check): then
+// attention_gathered.cuh's portable kernels run. The backward's scratch holds
+// attention_backward_scratch_bytes(s).
+bool attention_gathered_forward_warpgroup(void* out, float* lse, const void* qkv,
+                                          const void* kv_all, int64_t segments, int64_t segment,
+                                          const AttentionShape& s, cudaStream_t stream);
+bool attention_gathered_backward_warpgroup(void* dqkv, void* dkv_all, const void* dout,
+                                           const void* out, const float* lse, const void* qkv,
+                                           const void* kv_all, int64_t segments, int64_t segment,
+                                           const AttentionShape& s, void* scratch,
+                                           cudaStream_t stream);
+
 }  // namespace tessera::cuda

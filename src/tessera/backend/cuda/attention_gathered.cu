@@ -1,9 +1,7 @@
 #include "tessera/backend/cuda/attention_gathered.cuh"
 
-#include <algorithm>
 #include <cmath>
 
-#include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
 #include "tessera/core/error.h"
@@ -270,10 +268,6 @@ void attention_gathered_forward(void* out, float* lse, const void* qkv, const vo
   NvtxRange range("attention_gathered_forward");
   if (s.tokens() == 0) return;
   check_shape(s, "attention_gathered_forward");
-  if (dtype == DType::BF16 && attention_gathered_forward_warpgroup(out, lse, qkv, kv_all, segments,
-                                                                   segment, s, stream)) {
-    return;
-  }
   check_grid("attention_gathered_forward", s.seq);
   dispatch_float(dtype, "attention_gathered_forward", [&](auto tag) {
     using T = decltype(tag);
@@ -286,26 +280,20 @@ void attention_gathered_forward(void* out, float* lse, const void* qkv, const vo
 }
 
 size_t attention_gathered_backward_scratch_bytes(const AttentionShape& s) {
-  return std::max(static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float),
-                  attention_backward_scratch_bytes(s));  // the warpgroup kernels'
+  return static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float);
 }
 
 void attention_gathered_backward(void* dqkv, void* dkv_all, const void* dout, const void* out,
                                  const float* lse, const void* qkv, const void* kv_all,
                                  const int32_t* positions, int64_t segments, int64_t segment,
-                                 const AttentionShape& s, DType dtype, bool deterministic,
-                                 void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                                 const AttentionShape& s, DType dtype, void* scratch,
+                                 size_t scratch_bytes, cudaStream_t stream) {
   NvtxRange range("attention_gathered_backward");
   if (s.tokens() == 0) return;
   check_shape(s, "attention_gathered_backward");
   check_grid("attention_gathered_backward", segments * s.seq);
   TS_CHECK(scratch_bytes >= attention_gathered_backward_scratch_bytes(s),
            "cuda attention_gathered_backward: scratch of {} bytes", scratch_bytes);
-  if (dtype == DType::BF16 && !deterministic &&
-      attention_gathered_backward_warpgroup(dqkv, dkv_all, dout, out, lse, qkv, kv_all, segments,
-                                            segment, s, scratch, stream)) {
-    return;
-  }
   auto* row_dot = static_cast<float*>(scratch);
   dispatch_float(dtype, "attention_gathered_backward", [&](auto tag) {
     using T = decltype(tag);

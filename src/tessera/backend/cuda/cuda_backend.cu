@@ -764,25 +764,41 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
                            bytes > 0 ? scratch(bytes) : nullptr, stream_, options);
 }
 
+// The warpgroup kernels where they apply, else the portable ones.
 void CudaBackend::do_attention_gathered_forward(const Tensor& out, const Tensor& lse,
                                                 const Tensor& qkv, const Tensor& kv_all,
                                                 const Tensor& positions, int64_t segment,
                                                 const AttentionShape& s) {
+  const int64_t segments = positions.numel() / s.seq;
+  if (qkv.dtype == DType::BF16 &&
+      cuda::attention_gathered_forward_warpgroup(out.data, lse.as<float>(), qkv.data, kv_all.data,
+                                                 segments, segment, s, stream_)) {
+    return;
+  }
   cuda::attention_gathered_forward(out.data, lse.as<float>(), qkv.data, kv_all.data,
-                                   positions.as<int32_t>(), positions.numel() / s.seq, segment, s,
-                                   qkv.dtype, stream_);
+                                   positions.as<int32_t>(), segments, segment, s, qkv.dtype,
+                                   stream_);
 }
 
+// The deterministic backward keeps the portable kernels (the warpgroup one adds dQ atomically).
 void CudaBackend::do_attention_gathered_backward(const Tensor& dqkv, const Tensor& dkv_all,
                                                  const Tensor& dout, const Tensor& out,
                                                  const Tensor& lse, const Tensor& qkv,
                                                  const Tensor& kv_all, const Tensor& positions,
                                                  int64_t segment, const AttentionShape& s) {
-  const size_t bytes = cuda::attention_gathered_backward_scratch_bytes(s);
+  const int64_t segments = positions.numel() / s.seq;
+  const bool warpgroup = qkv.dtype == DType::BF16 && !deterministic_;
+  const size_t bytes = std::max(cuda::attention_gathered_backward_scratch_bytes(s),
+                                warpgroup ? cuda::attention_backward_scratch_bytes(s) : 0);
+  void* const work = scratch(bytes);
+  if (warpgroup && cuda::attention_gathered_backward_warpgroup(
+                       dqkv.data, dkv_all.data, dout.data, out.data, lse.as<float>(), qkv.data,
+                       kv_all.data, segments, segment, s, work, stream_)) {
+    return;
+  }
   cuda::attention_gathered_backward(dqkv.data, dkv_all.data, dout.data, out.data, lse.as<float>(),
-                                    qkv.data, kv_all.data, positions.as<int32_t>(),
-                                    positions.numel() / s.seq, segment, s, qkv.dtype,
-                                    deterministic_, scratch(bytes), bytes, stream_);
+                                    qkv.data, kv_all.data, positions.as<int32_t>(), segments,
+                                    segment, s, qkv.dtype, work, bytes, stream_);
 }
 
 void CudaBackend::do_attention_decode(const Tensor& out, const Tensor& q, const Tensor& kv,
