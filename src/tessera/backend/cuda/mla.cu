@@ -159,7 +159,7 @@ void copy_columns(void* dst, int64_t dst_width, int64_t dst_col, const void* src
   NvtxRange range("copy_columns");
   if (rows * cols == 0) return;
   // The widest unit (16 bytes down to one element) that every row's block starts on and that
-  // divides the widths and the block: a third of the time of element copies for bf16 blocks
+  // divides the widths and the block: a quarter of the time of element copies for bf16 blocks
   // of whole heads (context parallelism's keys and values).
   const auto d = reinterpret_cast<uintptr_t>(static_cast<char*>(dst) + dst_col * element_bytes);
   const auto s = reinterpret_cast<uintptr_t>(static_cast<const char*>(src) + src_col * element_bytes);
