@@ -342,6 +342,24 @@ TEST_F(CpuBackendTest, GatheredAttentionOverSegmentsIsWholeSequenceAttention) {
   }
 }
 
+// The gathered keys and values are each rank's k and v columns alone: a gather of the whole
+// q, k, v (the layout before the queries stopped travelling) is refused by name, not read.
+TEST_F(CpuBackendTest, GatheredAttentionRefusesKeysGatheredWithTheirQueries) {
+  AttentionShape s;
+  s.batch = 1, s.seq = 4, s.heads = 4, s.kv_heads = 2, s.head_dim = 8, s.scale = 0.35f;
+  GuardedTensor own = random({4, s.qkv_width()}), whole = random({2 * 4, s.qkv_width()}),
+                pos = ids({0, 1, 6, 7, 2, 3, 4, 5});
+  GuardedTensor out = random({4, s.heads * s.head_dim}), lse = random({1, 4, 4});
+  try {
+    backend->attention_gathered_forward(out, lse, own, whole, pos, 0, s);
+    FAIL() << "no exception";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_gathered_forward: kv_all (8, 64) has 512 elements, expected 256"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Context parallelism runs grouped-query attention only: narrower value heads (multi-latent
 // attention) are refused by name rather than read with the keys' width.
 TEST_F(CpuBackendTest, GatheredAttentionRefusesNarrowerValueHeads) {
