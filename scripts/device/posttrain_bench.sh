@@ -26,9 +26,10 @@
 #     dpo        DPO of the Llama 3.1 8B 4-layer proxy on Brown pairs of 2 x 4096 tokens (a
 #                prompt of ~2000 tokens, each answer cut at 4096), one pair per step, reference
 #                log-probabilities precomputed (kept beside the dataset); the peer's --task dpo
-#                --compile at the same size (--seq 8192: two sequences of 4096)
-#     dpo_full   the full Llama 3.1 8B: DPO on those pairs and packed SFT at seq 4096
-#                (bench model --full), DPO's tokens/s against SFT's
+#                --compile at the same size (--seq 8192: two sequences of 4096); each pair
+#                with its prompt once (the default), then as two sequences (dpo_shared_prompt false)
+#     dpo_full   the full Llama 3.1 8B: DPO on those pairs (prompt once, then two sequences)
+#                and packed SFT at seq 4096 (bench model --full), DPO's tokens/s against SFT's
 #     dpo_copy   DPO of the proxy and of the full model with a frozen copy of the reference
 #                on the device (dpo_precompute_ref_log_probs false): its cost in time and memory
 #     lora       the full Llama 3.1 8B at seq 4096, global batch 1, selective recompute and
@@ -92,12 +93,16 @@ fi
 if want dpo; then
   echo "== DPO proxy: pairs of 2 x 4096 tokens, the peer"
   timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${DPO_DATA[@]}" -o "$OUT/proxy_dpo" 2>&1 | tail -4
+  timeout 200 "$BIN/tessera" bench model --models llama3.1_8B "${DPO_DATA[@]}" --dpo_shared_prompt false \
+    -o "$OUT/proxy_dpo_apart" 2>&1 | tail -4
   timeout 200 python3 "$ROOT/.device/peer/torch_posttrain.py" --task dpo --compile --layers 4 --seq 8192 \
     --json "$OUT/peer.jsonl" 2>&1 | tail -1
 fi
 if want dpo_full; then
   echo "== full model at seq 4096: DPO, then packed SFT"
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${DPO_DATA[@]}" -o "$OUT/full_dpo" 2>&1 | tail -4
+  timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${DPO_DATA[@]}" --dpo_shared_prompt false \
+    -o "$OUT/full_dpo_apart" 2>&1 | tail -4
   timeout 240 "$BIN/tessera" bench model --full --models llama3.1_8B "${SFT_DATA[@]}" --seq_length 4096 \
     --data_path "$work/chats4k_chat_document" -o "$OUT/full_sft4k" 2>&1 | tail -5
 fi

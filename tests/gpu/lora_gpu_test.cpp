@@ -3,6 +3,7 @@
 // document starts, each within bf16 rounding of the reference. And DPO's kept passes (two
 // activation slots, each backward after both forwards) against forward_backward on the GPU.
 #include "gpu_test_util.h"
+#include "model/shared_prompt_runs.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/generator.h"
 #include "tessera/model/init.h"
@@ -190,7 +191,7 @@ TEST(GpuModel, LossBackwardOfKeptSlotsEqualsForwardBackward) {
   }
   for (int b = 0; b < 2; ++b) {
     model.use_slot(b);
-    model.loss_backward(scales[b], scales[b]);
+    model.loss_backward({&scales[b], 1}, scales[b]);
   }
   const double err = relative_error(download_float(*backend, model.grads()), expected);
   std::printf("[ grad     ] kept slots%s against forward_backward: rel err %.2e\n",
@@ -281,7 +282,8 @@ TEST(GpuModel, HeadOnLossRowsEqualsTheWholeHead) {
         model.forward_backward(0.01f);
       } else {
         model.forward_loss();
-        if (pass == 1) model.loss_backward(0.01f, 0.01f);
+        const float scale = 0.01f;
+        if (pass == 1) model.loss_backward({&scale, 1}, scale);
         if (pass == 2) model.token_loss_backward(dlogps, 0.0f);
       }
       loss[rows] = download_float(*backend, model.loss_sum())[0];
@@ -299,6 +301,40 @@ TEST(GpuModel, HeadOnLossRowsEqualsTheWholeHead) {
     EXPECT_LT(token_err, 1e-2);
     EXPECT_LT(grad_err, 1e-2);
   }
+}
+
+// What the CPU test Model.SharedPromptPairEqualsItsSidesApart checks, in bf16 on the GPU's
+// kernels (head dims 64 and 128, the latter the warpgroup kernels'): a DPO pair in one row
+// with its prompt once gives each answer's log-probability and the pair's gradients as its
+// two sides run apart.
+TEST(GpuModel, SharedPromptPairTracksItsSidesApart) {
+  TS_REQUIRE_GPU();
+  const int64_t side = 512, prompt = 200, real[2] = {480, 380};
+  const Side sides[2] = {make_side(0, prompt, real[0], side), make_side(1, prompt, real[1], side)};
+  const auto make = [] { return make_backend(DeviceChoice::Gpu, 0); };
+  for (const int64_t head_dim : {64, 128})
+    for (const bool masks : {false, true}) {
+      ModelSpec spec = small_spec();
+      spec.head_dim = head_dim;
+      spec.max_position_embeddings = side;
+      ModelRuntime rt;
+      rt.micro_batch = 1;
+      rt.seq_length = side;
+      rt.compute_dtype = DType::BF16;
+      rt.reset_position_ids = true;
+      rt.reset_attention_mask = masks;
+      rt.keep_logit_grads = true;
+      rt.head_on_loss_rows = true;
+      const PairResult apart = run_apart(make, init_weights, spec, rt, sides);
+      const PairResult shared = run_shared(make, init_weights, spec, rt, sides, prompt - 1, real, 672);
+      const double grad_err = relative_error(shared.grads, apart.grads);
+      std::printf("[ shared   ] head dim %lld, masks %d: log-probabilities %.6f %.6f (apart %.6f %.6f), "
+                  "gradients %.2e\n",
+                  static_cast<long long>(head_dim), masks, shared.logps[0], shared.logps[1],
+                  apart.logps[0], apart.logps[1], grad_err);
+      for (int s = 0; s < 2; ++s) EXPECT_NEAR(shared.logps[s] / apart.logps[s], 1.0, 2e-3) << "side " << s;
+      EXPECT_LT(grad_err, 1e-2);
+    }
 }
 
 }  // namespace

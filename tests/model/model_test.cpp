@@ -172,7 +172,7 @@ TEST(Model, LossBackwardOfKeptSlotsEqualsForwardBackward) {
     for (int b = 0; b < 2; ++b) {
       model.use_slot(b);
       model.zero_loss_sum();
-      model.loss_backward(scales[b], scales[b]);
+      model.loss_backward({&scales[b], 1}, scales[b]);
       float again = 0;
       backend->download(&again, model.loss_sum());
       EXPECT_EQ(again, keep ? 0.0f : losses[b]) << "the head's second run, batch " << b;
@@ -289,7 +289,8 @@ TEST(Model, HeadOnLossRowsEqualsTheWholeHead) {
       model.forward_backward(0.3f);
     } else {
       model.forward_loss();
-      if (pass == Pass::Kept) model.loss_backward(0.3f, 0.3f);
+      const float scale = 0.3f;
+      if (pass == Pass::Kept) model.loss_backward({&scale, 1}, scale);
       if (pass == Pass::PerToken) model.token_loss_backward(dlogps, 0.0f);
     }
     Outcome o;

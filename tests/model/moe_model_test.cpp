@@ -274,7 +274,8 @@ TEST(MoeModel, EachActivationSlotBackwardReadsItsOwnRouting) {
     };
     const auto backward = [&](int pass) {
       model.use_slot(interleaved ? pass : 0);
-      model.loss_backward(1.0f / static_cast<float>(N), 1.0f / static_cast<float>(N));
+      const float scale = 1.0f / static_cast<float>(N);
+      model.loss_backward({&scale, 1}, scale);
     };
     if (interleaved) {
       forward(0), forward(1), backward(0), backward(1);

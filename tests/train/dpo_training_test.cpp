@@ -491,5 +491,47 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
   EXPECT_FALSE(fs::exists(dir / "g" / "u" / "mismatched" / "metrics.jsonl"));
 }
 
+// A pair in one sequence with its prompt once trains as its sides run apart: the same
+// statistics at every step, the reference's log-probabilities and the frozen copy's included.
+TEST(DpoTraining, SharedPromptTrainsAsTheSidesApart) {
+  ScratchDir dir;
+  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir,
+                                           {{"Is tennis a sport?", "yes"},
+                                            {"Is jazz a sport?", "no"},
+                                            {"Is golf a sport?", "yes"},
+                                            {"Is a piano a sport?", "no"}},
+                                           2));
+  const std::string model = tiny_model(dir);
+  RunResult r = run_tessera(model + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
+                            (dir / "start").string() + " --exp_name start");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string dpo = model + " --objective dpo --finetune --load " + (dir / "start").string() +
+                          " --data_path " + (dir / "p_preference_document").string() +
+                          " --split 100,0,0 --micro_batch_size 1 --global_batch_size 2 --lr 3e-3 "
+                          "--lr_warmup_iters 0 --log_interval 1 --train_iters 4 --dpo_beta 0.5";
+  for (const char* reference : {"true", "false"}) {
+    std::map<std::string, std::vector<nlohmann::json>> steps;
+    for (const char* shared : {"true", "false"}) {
+      const std::string name = std::string("ref_") + reference + "_shared_" + shared;
+      r = run_tessera(dpo + " --dpo_precompute_ref_log_probs " + reference + " --dpo_shared_prompt " +
+                      shared + " --dpo_reference_logps " + (dir / (name + ".logps")).string() +
+                      " --exp_name " + name);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(r.output.find("with its prompt once") != std::string::npos, shared == std::string("true"))
+          << r.output;
+      for (const auto& j : metrics_lines(dir / "g" / "u" / name / "metrics.jsonl"))
+        if (j.contains("rewards/accuracies")) steps[shared].push_back(j);
+    }
+    ASSERT_EQ(steps["true"].size(), 4u);
+    ASSERT_EQ(steps["false"].size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      for (const char* key : {"lm_loss", "logps/chosen", "logps/rejected", "rewards/margins"}) {
+        const double apart = steps["false"][i][key].get<double>();
+        EXPECT_NEAR(steps["true"][i][key].get<double>(), apart, 1e-4 * std::max(1.0, std::abs(apart)))
+            << key << " at step " << i + 1 << ", precomputed reference " << reference;
+      }
+  }
+}
+
 }  // namespace
 }  // namespace tessera::testing

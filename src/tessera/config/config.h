@@ -155,6 +155,9 @@ struct TrainingConfig {
   // TRL's precompute_ref_log_probs: true, the log-probabilities above; false, a frozen copy
   // of the reference weights on the device, run before each step.
   bool dpo_precompute_ref_log_probs = true;
+  // Each pair in one sequence with its prompt once (the prompt's rows computed once for both
+  // answers; attention still over each side apart), where the run allows it.
+  bool dpo_shared_prompt = true;
   // objective grpo (train/grpo_run.h): TRL's GRPOConfig names with a grpo_ prefix.
   int64_t grpo_num_generations = 8;          // completions per prompt (a group)
   int64_t grpo_max_completion_length = 256;  // new tokens per completion at most

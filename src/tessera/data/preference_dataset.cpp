@@ -46,6 +46,50 @@ void PreferenceSource::sample(uint64_t index, int side, int32_t* tokens, int32_t
   }
 }
 
+PreferenceSource::PairSides PreferenceSource::read_sides(uint64_t index) const {
+  PairSides p;
+  const auto n = static_cast<size_t>(2 * seq_);
+  p.tokens.resize(n), p.targets.resize(n), p.positions.resize(n);
+  for (int side = 0; side < 2; ++side) {
+    const auto at = static_cast<size_t>(side * seq_);
+    sample(index, side, p.tokens.data() + at, p.targets.data() + at, p.positions.data() + at);
+    p.real[side] = std::min<int64_t>(tokens_->sequence_length(2 * pair(index) + static_cast<uint64_t>(side)), seq_);
+  }
+  const int32_t* rejected_tokens = p.tokens.data() + seq_;
+  const int32_t* rejected_targets = p.targets.data() + seq_;
+  const int64_t both = std::min(p.real[0], p.real[1]);
+  while (p.shared < both && p.tokens[p.shared] == rejected_tokens[p.shared] &&
+         p.targets[p.shared] < 0 && rejected_targets[p.shared] < 0)
+    ++p.shared;
+  return p;
+}
+
+SharedPromptPair PreferenceSource::sample_shared(uint64_t index, int64_t row_length, int32_t* tokens,
+                                                 int32_t* targets, int32_t* positions) const {
+  const PairSides p = read_sides(index);
+  const int64_t used = p.real[0] + p.real[1] - p.shared;
+  TS_CHECK(used <= row_length, "pair {} of {}: {} rows with its prompt once, in a row of {}",
+           pair(index), prefix(), used, row_length);
+  // Row r of the layout is side 0's row r, then side 1's rows from `shared` on.
+  for (int64_t r = 0; r < row_length; ++r) {
+    const int64_t from = r < p.real[0] ? r : r < used ? seq_ + p.shared + (r - p.real[0]) : -1;
+    tokens[r] = from >= 0 ? p.tokens[from] : pad_id_;
+    targets[r] = from >= 0 ? p.targets[from] : -1;
+    positions[r] = static_cast<int32_t>(from >= 0 ? p.positions[from] : r - used);
+  }
+  return {static_cast<int32_t>(p.shared), static_cast<int32_t>(p.real[0]), static_cast<int32_t>(used)};
+}
+
+PreferenceSource::SharedExtent PreferenceSource::shared_extent() const {
+  SharedExtent e;
+  for (uint64_t i = 0; i < pairs(); ++i) {
+    const PairSides p = read_sides(i);
+    e.row = std::max(e.row, p.real[0] + p.real[1] - p.shared);
+    e.side = std::max({e.side, p.real[0], p.real[1]});
+  }
+  return e;
+}
+
 int64_t PreferenceSource::real_tokens(uint64_t index) const {
   int64_t n = 0;
   for (uint64_t side = 0; side < 2; ++side) n += std::min<int64_t>(tokens_->sequence_length(2 * pair(index) + side), seq_);

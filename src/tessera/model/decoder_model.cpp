@@ -175,7 +175,18 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
   // The document starts by position over whole sequences: under context parallelism every
   // rank's tokens' (the gathered attention's keys).
   if (rt.reset_attention_mask)
-    plan.add(&a.document_starts, DType::I32, {N * rt.context_parallel_size});
+    plan.add(&a.document_starts, DType::I32,
+             {std::max(N * rt.context_parallel_size, rt.attention_batch() * rt.attention_seq())});
+  if (rt.shared_prompt_side > 0) {
+    SharedPromptBuffers& b = a.shared_prompt;
+    const int64_t expanded = rt.attention_batch() * rt.attention_seq();
+    plan.add(&b.source, DType::I32, {expanded});
+    for (Tensor* rows : {&b.home_model, &b.home_attention, &b.copy_attention, &b.copy_model})
+      plan.add(rows, DType::I32, {N});
+    for (Tensor* t : {&b.qkv, &b.dqkv}) plan.add(t, dt, {expanded, s.qkv_width()}, Keep::Shared);
+    for (Tensor* t : {&b.out, &b.dout}) plan.add(t, dt, {expanded, s.attn_width()}, Keep::Shared);
+    for (Tensor* t : {&b.prompt_sum, &b.prompt_copy}) plan.add(t, dt, {N, s.qkv_width()}, Keep::Shared);
+  }
   if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
     plan.add(&a.ce_stats, DType::F32, {chunk, 2}, Keep::Shared);
@@ -290,7 +301,18 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   act_buffer_ = DeviceBuffer(backend_, plan_->bytes(), "activations");
   plan_->bind(act_buffer_);
   loss_row_count_.assign(static_cast<size_t>(runtime_.pipeline_slots), -1);
+  sequence_rows_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
   sequence_head_rows_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
+  shared_prompt_counts_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
+  if (runtime_.shared_prompt_side > 0) {
+    // Attention's expanded sides are whole sequences of the model's rows: every rank must
+    // hold the whole of them, and the expansion reads q, k and v of one layout.
+    TS_CHECK(runtime_.context_parallel_size == 1 && runtime_.reset_position_ids && !spec_.mla.enabled,
+             "shared prompts (sides of {} in rows of {}) need reset_position_ids, one "
+             "context-parallel rank and grouped-query attention",
+             runtime_.shared_prompt_side, runtime_.seq_length);
+    shared_prompt_ = std::make_unique<SharedPromptAttention>(backend_, a_.shared_prompt);
+  }
   document_positions_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
   document_pairs_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
 
@@ -581,9 +603,13 @@ void DecoderModel::set_batch(const int32_t* tokens, const int32_t* targets,
 void DecoderModel::set_loss_rows(const int32_t* targets) {
   int64_t& count = loss_row_count_[static_cast<size_t>(slot_)];
   std::vector<int64_t>& begins = sequence_head_rows_[static_cast<size_t>(slot_)];
+  std::vector<int64_t>& sequences = sequence_rows_[static_cast<size_t>(slot_)];
   const int64_t N = runtime_.tokens(), T = runtime_.seq_length;
-  begins.clear();
-  for (int64_t b = 0; b <= runtime_.micro_batch; ++b) begins.push_back(b * T);
+  if (!shared_prompt_) {  // shared prompts' sequences come from their pairs
+    sequences.clear();
+    for (int64_t b = 0; b <= runtime_.micro_batch; ++b) sequences.push_back(b * T);
+  }
+  begins = sequences;
   count = -1;
   if (!runtime_.head_on_loss_rows) return;
   host_loss_rows_.clear();
@@ -601,9 +627,9 @@ void DecoderModel::set_loss_rows(const int32_t* targets) {
   if (rows >= N) return;
   for (int64_t i = 0; static_cast<int64_t>(host_loss_rows_.size()) < rows; ++i)
     if (targets[i] < 0) host_loss_rows_.push_back(static_cast<int32_t>(i));
-  for (int64_t b = 1; b <= runtime_.micro_batch; ++b)
+  for (size_t b = 1; b < sequences.size(); ++b)
     begins[b] = std::lower_bound(host_loss_rows_.begin(), host_loss_rows_.begin() + kept,
-                                 static_cast<int32_t>(b * T)) - host_loss_rows_.begin();
+                                 static_cast<int32_t>(sequences[b])) - host_loss_rows_.begin();
   host_loss_targets_.resize(host_loss_rows_.size());
   for (size_t i = 0; i < host_loss_rows_.size(); ++i) host_loss_targets_[i] = targets[host_loss_rows_[i]];
   count = rows;
@@ -624,8 +650,11 @@ void DecoderModel::set_document_positions(const int32_t* positions) {
   for (int64_t i = 0; i < all; ++i)
     TS_CHECK(positions[i] >= 0 && positions[i] <= i % whole,
              "token {} of its sequence at position {} in its document", i % whole, positions[i]);
-  // This rank's tokens' positions in their documents.
-  std::vector<int32_t>& own = document_positions_[static_cast<size_t>(slot_)];
+  // This rank's tokens' positions in their documents. With shared prompts attention's
+  // documents are the expanded sides' (set_shared_prompt_pairs).
+  const bool shared = runtime_.shared_prompt_side > 0;
+  std::vector<int32_t> rows_positions;
+  std::vector<int32_t>& own = shared ? rows_positions : document_positions_[static_cast<size_t>(slot_)];
   own.resize(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) {
     const int64_t b = i / T, t = i % T;
@@ -639,12 +668,43 @@ void DecoderModel::set_document_positions(const int32_t* positions) {
       backend_.upload(a_.rope.at(base), rows.data());
     }
   }
-  if (runtime_.reset_attention_mask) {
+  if (runtime_.reset_attention_mask && !shared) {
     host_ids_.resize(static_cast<size_t>(all));
     for (int64_t i = 0; i < all; ++i) host_ids_[i] = static_cast<int32_t>(i % whole) - positions[i];
     backend_.upload(a_.document_starts, host_ids_.data());
     document_pairs_[static_cast<size_t>(slot_)].clear();
   }
+}
+
+void DecoderModel::set_shared_prompt_pairs(std::span<const SharedPromptPair> pairs) {
+  TS_CHECK(shared_prompt_ && static_cast<int64_t>(pairs.size()) == runtime_.micro_batch,
+           "set_shared_prompt_pairs: {} pairs for a micro-batch of {}{}", pairs.size(),
+           runtime_.micro_batch, shared_prompt_ ? "" : " without shared_prompt_side");
+  const SharedPromptRows rows =
+      shared_prompt_rows(pairs, runtime_.seq_length, runtime_.shared_prompt_side);
+  const SharedPromptBuffers& b = a_.shared_prompt;
+  const auto upload = [&](const Tensor& t, const std::vector<int32_t>& v) {
+    if (!v.empty()) backend_.upload(t.flat_range(0, static_cast<int64_t>(v.size())), v.data());
+  };
+  upload(b.source, rows.source);
+  upload(b.home_model, rows.home_model);
+  upload(b.home_attention, rows.home_attention);
+  upload(b.copy_attention, rows.copy_attention);
+  upload(b.copy_model, rows.copy_model);
+  const auto slot = static_cast<size_t>(slot_);
+  shared_prompt_counts_[slot] = {static_cast<int64_t>(rows.home_model.size()),
+                                 static_cast<int64_t>(rows.copy_model.size())};
+  sequence_rows_[slot] = rows.sequence_rows;
+  // Without reset_attention_mask each side attends causally over its whole sequence, padding
+  // after it, as the batched layout's sequences do.
+  if (!runtime_.reset_attention_mask) return;
+  const int64_t side = runtime_.shared_prompt_side;
+  host_ids_.resize(rows.positions.size());
+  for (size_t i = 0; i < rows.positions.size(); ++i)
+    host_ids_[i] = static_cast<int32_t>(static_cast<int64_t>(i) % side) - rows.positions[i];
+  backend_.upload(a_.document_starts, host_ids_.data());
+  document_positions_[slot] = rows.positions;
+  document_pairs_[slot].clear();
 }
 
 // The pairs the slot's batch's documents leave visible to attention of `window` (0: none).
@@ -663,19 +723,32 @@ void DecoderModel::set_context_parallel_group(ParallelGroup* group) {
 // With reset_attention_mask every block's attention stays within documents.
 void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                      const AttentionShape& s) {
-  AttentionShape within = s;
-  within.document_starts = a_.document_starts;
-  if (within.document_starts.defined()) within.document_pairs = document_pairs(s.window);
-  attention_->forward(out, lse, qkv, within);
+  const AttentionShape within = attention_shape(s);
+  if (!shared_prompt_) return attention_->forward(out, lse, qkv, within);
+  shared_prompt_->forward(shared_prompt_counts_[static_cast<size_t>(slot_)], out, lse, qkv, within,
+                          [this](const Tensor& o, const Tensor& l, const Tensor& q,
+                                 const AttentionShape& a) { attention_->forward(o, l, q, a); });
 }
 
 void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                       const Tensor& lse, const Tensor& qkv,
                                       const AttentionShape& s) {
+  const AttentionShape within = attention_shape(s);
+  if (!shared_prompt_) return attention_->backward(dqkv, dout, out, lse, qkv, within);
+  shared_prompt_->backward(
+      shared_prompt_counts_[static_cast<size_t>(slot_)], dqkv, dout, out, lse, qkv, within,
+      [this](const Tensor& dq, const Tensor& dout_all, const Tensor& o, const Tensor& l,
+             const Tensor& q, const AttentionShape& a) { attention_->backward(dq, dout_all, o, l, q, a); });
+}
+
+// The blocks' shape of their rows, as attention runs on them: within documents with
+// reset_attention_mask, and with shared prompts over the pairs' two sides apart.
+AttentionShape DecoderModel::attention_shape(const AttentionShape& s) const {
   AttentionShape within = s;
+  if (shared_prompt_) within.batch = runtime_.attention_batch(), within.seq = runtime_.attention_seq();
   within.document_starts = a_.document_starts;
   if (within.document_starts.defined()) within.document_pairs = document_pairs(s.window);
-  attention_->backward(dqkv, dout, out, lse, qkv, within);
+  return within;
 }
 
 // Each parameter's tensor-parallel style picks its layer. A replicated weight (the whole of it
@@ -857,7 +930,8 @@ void DecoderModel::head_forward(int chunk, bool with_grad, float grad_scale) {
 void DecoderModel::kept_head_backward(int chunk, std::span<const float> sequence_scales) {
   TS_CHECK(holds_head(chunk) && runtime_.keep_logit_grads,
            "kept_head_backward of chunk {}: not the head's, or no kept logit gradients", chunk);
-  const int64_t B = runtime_.micro_batch, T = runtime_.seq_length;
+  const std::vector<int64_t>& sequences = sequence_rows_[static_cast<size_t>(slot_)];
+  const auto B = static_cast<int64_t>(sequences.size()) - 1;
   TS_CHECK(sequence_scales.size() == 1 || static_cast<int64_t>(sequence_scales.size()) == B,
            "kept_head_backward: {} scales for {} sequences", sequence_scales.size(), B);
   const auto scale_of = [&](int64_t b) { return sequence_scales[sequence_scales.size() == 1 ? 0 : b]; };
@@ -873,7 +947,8 @@ void DecoderModel::kept_head_backward(int chunk, std::span<const float> sequence
   const bool fp8_head = runtime_.fp8.enabled() && runtime_.fp8.lm_head;
   const auto scale_rows = [&](const Tensor& t, bool head_rows_of_t) {
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t begin = head_rows_of_t ? begins[b] : b * T, end = head_rows_of_t ? begins[b + 1] : (b + 1) * T;
+      const std::vector<int64_t>& rows_of_t = head_rows_of_t ? begins : sequences;
+      const int64_t begin = rows_of_t[b], end = rows_of_t[b + 1];
       if (end > begin) backend_.scale(t.rows(begin, end), t.rows(begin, end), scale_of(b));
     }
   };
@@ -1013,14 +1088,16 @@ void DecoderModel::forward_loss() {
   forward_chunk(0, false, 0.0f);
 }
 
-void DecoderModel::loss_backward(float grad_scale, float aux_grad_scale) {
+void DecoderModel::loss_backward(std::span<const float> sequence_scales, float aux_grad_scale) {
   TS_CHECK(chunks() == 1 && parts_.embedding && parts_.head,
            "loss_backward on a pipeline stage: its schedule runs the chunks' passes");
   grad_scale_ = aux_grad_scale;
   if (runtime_.keep_logit_grads) {
-    kept_head_backward(0, {&grad_scale, 1});
+    kept_head_backward(0, sequence_scales);
   } else {
-    head_forward(0, true, grad_scale);
+    TS_CHECK(sequence_scales.size() == 1,
+             "loss_backward: {} sequence scales without keep_logit_grads (one)", sequence_scales.size());
+    head_forward(0, true, sequence_scales[0]);
   }
   backward_chunk(0);
 }

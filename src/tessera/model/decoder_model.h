@@ -19,6 +19,7 @@
 #include "tessera/model/moe_balance.h"
 #include "tessera/model/parallel_layers.h"
 #include "tessera/model/rope.h"
+#include "tessera/model/shared_prompt.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
@@ -57,9 +58,10 @@ class DecoderModel final : public Model, private LayerOps {
   void zero_grads() override;
   void set_batch(const int32_t* tokens, const int32_t* targets,
                  const int32_t* positions = nullptr) override;
+  void set_shared_prompt_pairs(std::span<const SharedPromptPair> pairs) override;
   void forward_backward(float grad_scale) override;
   void forward_loss() override;
-  void loss_backward(float grad_scale, float aux_grad_scale) override;
+  void loss_backward(std::span<const float> sequence_scales, float aux_grad_scale) override;
   void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) override;
   Tensor token_losses() const override { return a_.losses; }
   void forward_logits(const Tensor& logits) override;
@@ -92,6 +94,7 @@ class DecoderModel final : public Model, private LayerOps {
 
  private:
   void set_document_positions(const int32_t* positions);
+  AttentionShape attention_shape(const AttentionShape& s) const;
   double document_pairs(int64_t window) const;
   // Model-level activations (the layers and blocks hold their own). Ns = sequence_tokens().
   struct Activations {
@@ -121,6 +124,7 @@ class DecoderModel final : public Model, private LayerOps {
     // Context parallelism: this rank's keys and values (N, 2 KV D), every rank's (cp x N, ...)
     // and their gradients, and every rank's token positions (cp, seq_length) int32.
     Tensor cp_kv, cp_kv_all, cp_dkv_all, cp_positions;
+    SharedPromptBuffers shared_prompt;  // with shared_prompt_side
   };
   // Declares the layers' and the model's activations into `plan`.
   static void declare_activations(const ModelSpec& spec, const ModelRuntime& rt,
@@ -241,9 +245,13 @@ class DecoderModel final : public Model, private LayerOps {
   // head_on_loss_rows: per slot, the head's rows (loss rows and padding), or -1 for every
   // token; and the host's rows and targets before their upload.
   std::vector<int64_t> loss_row_count_;
-  // Per slot, where each sequence's rows begin among the head's rows (micro_batch + 1 values;
-  // the loss rows of sequence b are [begin[b], begin[b + 1]), the padding after the last).
-  std::vector<std::vector<int64_t>> sequence_head_rows_;
+  // Per slot, where each scaled sequence's rows begin (kept_head_backward's sequences:
+  // attention_batch() + 1 values), among the tokens and among the head's rows (the loss rows
+  // of sequence b are [begin[b], begin[b + 1]), the padding after the last).
+  std::vector<std::vector<int64_t>> sequence_rows_, sequence_head_rows_;
+  // shared_prompt_side: per slot, the pairs' rows' counts (their rows in a_.shared_prompt).
+  std::vector<SharedPromptAttention::Counts> shared_prompt_counts_;
+  std::unique_ptr<SharedPromptAttention> shared_prompt_;
   std::vector<int32_t> host_loss_rows_, host_loss_targets_;
   // Packed documents, per slot: each token's position in its document (what its attention
   // sees), and the visible pairs by attention window, counted once per batch (every layer's

@@ -79,10 +79,13 @@ class LoraModel : public Model, private LinearAdapters {
   void set_batch(const int32_t* tokens, const int32_t* targets, const int32_t* positions = nullptr) override {
     base_->set_batch(tokens, targets, positions);
   }
+  void set_shared_prompt_pairs(std::span<const SharedPromptPair> pairs) override {
+    base_->set_shared_prompt_pairs(pairs);
+  }
   void forward_backward(float grad_scale) override { base_->forward_backward(grad_scale); }
   void forward_loss() override { base_->forward_loss(); }
-  void loss_backward(float grad_scale, float aux_grad_scale) override {
-    base_->loss_backward(grad_scale, aux_grad_scale);
+  void loss_backward(std::span<const float> sequence_scales, float aux_grad_scale) override {
+    base_->loss_backward(sequence_scales, aux_grad_scale);
   }
   void token_loss_backward(const Tensor& dlogps, float aux_grad_scale) override {
     base_->token_loss_backward(dlogps, aux_grad_scale);

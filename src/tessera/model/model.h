@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/config/config.h"
+#include "tessera/core/shared_prompt_pair.h"
 #include "tessera/model/fp8_linears.h"
 #include "tessera/model/model_spec.h"
 #include "tessera/model/param_layout.h"
@@ -110,6 +111,11 @@ struct ModelRuntime {
   // This rank's place in that group: its layout holds experts [rank x E / size, (rank + 1) x
   // E / size) of every expert stack (param_layout.h, TensorParallelStyle::Expert).
   int expert_parallel_rank = 0;
+  // DPO pairs with their prompt once (set_shared_prompt_pairs): each micro-batch row of
+  // seq_length holds one pair, its prompt's rows followed by both answers'; attention runs
+  // over the pairs' two sides apart, 2 x micro_batch sequences of this many tokens, as two
+  // sequences of the pair would. 0: off, attention runs over the rows as they are.
+  int64_t shared_prompt_side = 0;
 
   // The role of the layer at `position` of a model chunk of `count` layers: with Full, block
   // re-runs the first recompute_num_layers layers one by one (0: none); uniform re-runs groups
@@ -118,6 +124,10 @@ struct ModelRuntime {
   RecomputeRole recompute_role(int64_t position, int64_t count) const;
 
   int64_t tokens() const { return micro_batch * seq_length; }
+  // The sequences attention runs over, and their length: the rows as they are, or with
+  // shared_prompt_side each pair's two sides apart.
+  int64_t attention_batch() const { return shared_prompt_side > 0 ? 2 * micro_batch : micro_batch; }
+  int64_t attention_seq() const { return shared_prompt_side > 0 ? shared_prompt_side : seq_length; }
   // Rows of the residual-stream activations on this rank: its share of the tokens under
   // sequence parallelism, else all of them.
   int64_t sequence_tokens() const {
@@ -229,19 +239,22 @@ class Model {
   // reset_position_ids or reset_attention_mask and ignored without.
   virtual void set_batch(const int32_t* tokens, const int32_t* targets,
                          const int32_t* positions = nullptr) = 0;
+  // With runtime().shared_prompt_side, before set_batch: where each pair's rows are.
+  virtual void set_shared_prompt_pairs(std::span<const SharedPromptPair> pairs) = 0;
   // Forward and backward of the current batch. Gradients accumulate into grads(); the
   // summed token losses accumulate into loss_sum(). d(loss)/d(logits) is scaled by
   // grad_scale (1 / tokens per optimizer step for a mean loss).
   virtual void forward_backward(float grad_scale) = 0;
   // Forward only (evaluation): summed token losses accumulate into loss_sum().
   virtual void forward_loss() = 0;
-  // The backward of the current slot's last forward_loss, with d(loss)/d(logits) scaled by
-  // grad_scale: for a scale that depends on the loss itself (DPO's pull on each answer). The
-  // layers' stored activations are reused; the logits' gradients too with
-  // runtime().keep_logit_grads, else the loss head runs again, adding its losses to loss_sum()
-  // once more. The MoE layers' auxiliary losses get aux_grad_scale, as forward_backward's
-  // grad_scale (not the loss's pull, which may be negative).
-  virtual void loss_backward(float grad_scale, float aux_grad_scale) = 0;
+  // The backward of the current slot's last forward_loss, with d(loss)/d(logits) of sequence b
+  // (as kept_head_backward counts them) scaled by sequence_scales[b] (one value: all of them):
+  // for a scale that depends on the loss itself (DPO's pull on each answer). The layers'
+  // stored activations are reused; the logits' gradients too with runtime().keep_logit_grads,
+  // else the loss head runs again (one scale only), adding its losses to loss_sum() once more.
+  // The MoE layers' auxiliary losses get aux_grad_scale, as forward_backward's grad_scale (not
+  // the loss's pull, which may be negative).
+  virtual void loss_backward(std::span<const float> sequence_scales, float aux_grad_scale) = 0;
   // The backward of the current slot's last forward_loss for an objective of each position's
   // log-probability of its target (GRPO's per-token policy gradient): dlogps (tokens) fp32 on
   // the device holds d(objective)/d(logp) per position; ignored targets get no gradient. The
@@ -272,7 +285,10 @@ class Model {
   // With runtime().keep_logit_grads, after forward_chunk(c, false) of the chunk holding the head:
   // the head's backward from the kept logit gradients into chunk_grad, those of sequence b of
   // the micro-batch scaled by sequence_scales[b] (one value: all of them), for a loss whose
-  // scale each sequence learns from its own forward (DPO's answers). backward_chunk(c) follows.
+  // scale each sequence learns from its own forward (DPO's answers). The sequences are the
+  // micro-batch's rows, or with runtime().shared_prompt_side each pair's chosen side (its
+  // shared prompt's rows with it) and rejected side: runtime().attention_batch() of them.
+  // backward_chunk(c) follows.
   virtual void kept_head_backward(int chunk, std::span<const float> sequence_scales) = 0;
   // A chunk's boundary tensors (sequence_tokens(), hidden) in `slot`: what a stage receives
   // into and sends from.

@@ -371,6 +371,7 @@ void Trainer::open_data() {
                                           tokenizer_->eod_id());
     log_.info("dpo: {}{}", dpo_->pairs.train->describe(),
               dpo_->pairs.valid ? "; validation " + dpo_->pairs.valid->describe() : "");
+    choose_dpo_layout();
   }
   if (!data_.valid &&
       (exp_.data.eval_interval > 0 || exp_.data.target_loss > 0 || exp_.data.skip_train)) {
@@ -383,9 +384,51 @@ void Trainer::open_data() {
   open_host_batch();
 }
 
+// The prompt once saves the GEMMs, norms and MLPs of its rows in the rejected side: rows of
+// the longest pair so laid out (every pair is read for it), rounded up so that sequence
+// parallelism and FP8 GEMMs (16 rows, blockwise scaling's blocks) divide them. Attention
+// still runs over both sides apart.
+void Trainer::choose_dpo_layout() {
+  const TrainingConfig& t = exp_.training;
+  ModelRuntime& rt = setup_.runtime;
+  if (!t.dpo_shared_prompt) return;
+  const char* batched = nullptr;
+  if (rt.context_parallel_size > 1) batched = "context parallelism splits each side over its ranks";
+  if (setup_.spec.mla.enabled) batched = "multi-head latent attention";
+  if (batched) {
+    log_.info("dpo: each side its own sequence (dpo_shared_prompt: not with {})", batched);
+    return;
+  }
+  PreferenceSource::SharedExtent longest = dpo_->pairs.train->shared_extent();
+  if (dpo_->pairs.valid) {
+    const PreferenceSource::SharedExtent valid = dpo_->pairs.valid->shared_extent();
+    longest = {std::max(longest.row, valid.row), std::max(longest.side, valid.side)};
+  }
+  const bool blockwise = rt.fp8.enabled() && rt.fp8.recipe == Fp8Recipe::Blockwise;
+  const int64_t multiple = std::lcm<int64_t>(blockwise ? kFp8BlockSize : 16, rt.tensor_parallel_size);
+  const auto round_up = [&](int64_t n) { return (n + multiple - 1) / multiple * multiple; };
+  const int64_t row = round_up(longest.row);
+  if (row >= 2 * t.seq_length) {
+    log_.info("dpo: each side its own sequence (with their prompt once the longest pair takes "
+              "{} rows, no fewer than two sides of {})", longest.row, t.seq_length);
+    return;
+  }
+  // Attention's sides need be no longer than the longest side: what lies beyond is padding,
+  // which no answer's row sees.
+  rt.shared_prompt_side = std::min(round_up(longest.side), t.seq_length);
+  rt.seq_length = row;
+  rt.micro_batch = 1;
+  rt.reset_position_ids = true;
+  if (!pipelined()) rt.pipeline_slots = 1;
+  log_.info("dpo: each pair in one sequence of {} tokens with its prompt once (the longest pair "
+            "takes {}, two sides {}); attention over each side apart, as sequences of {}", row,
+            longest.row, 2 * t.seq_length, rt.shared_prompt_side);
+}
+
 void Trainer::open_host_batch() {
   // Whole sequences: under context parallelism the model takes its share of them.
-  const int64_t N = setup_.runtime.micro_batch * exp_.training.seq_length;
+  const int64_t N = setup_.runtime.micro_batch *
+                    (shared_prompts() ? setup_.runtime.seq_length : exp_.training.seq_length);
   host_tokens_.resize(N);
   host_targets_.resize(N);
   host_positions_.resize(N);
@@ -800,22 +843,34 @@ bool Trainer::pipelined() const {
   return exp_.training.pipeline_model_parallel_size > 1;
 }
 
-void Trainer::load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens) {
+int64_t Trainer::load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens) {
+  if (shared_prompts()) {
+    const SharedPromptPair layout = pairs.sample_shared(index, setup_.runtime.seq_length, host_tokens_.data(),
+                                                        host_targets_.data(), host_positions_.data());
+    const auto counts = [&](int64_t begin, int64_t end) {
+      return std::count_if(host_targets_.begin() + begin, host_targets_.begin() + end, [](int32_t t) { return t >= 0; });
+    };
+    if (tokens) *tokens = {counts(0, layout.chosen_end), counts(layout.chosen_end, layout.rejected_end)};
+    model_->set_shared_prompt_pairs({&layout, 1});
+    model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
+    return layout.chosen_end;
+  }
   for (int side = 0; side < 2; ++side) {
     const int64_t counted = sample_pair_side(pairs, index, side, side);
     if (tokens) (*tokens)[side] = counted;
   }
   model_->set_batch(host_tokens_.data(), host_targets_.data(), host_positions_.data());
+  return model_->runtime().tokens() / 2;
 }
 
 // Each answer's summed token losses is minus its log-probability; context-parallel ranks hold
 // parts of both.
-std::array<double, 2> Trainer::sequence_logps() {
+std::array<double, 2> Trainer::sequence_logps(int64_t rejected_row) {
   std::vector<float> losses(static_cast<size_t>(model_->runtime().tokens()));
   backend_->download(losses.data(), model_->token_losses());
-  const size_t half = losses.size() / 2;
-  std::array<float, 2> sums = {static_cast<float>(-std::accumulate(losses.begin(), losses.begin() + half, 0.0)),
-                               static_cast<float>(-std::accumulate(losses.begin() + half, losses.end(), 0.0))};
+  const auto split = losses.begin() + rejected_row;
+  std::array<float, 2> sums = {static_cast<float>(-std::accumulate(losses.begin(), split, 0.0)),
+                               static_cast<float>(-std::accumulate(split, losses.end(), 0.0))};
   if (model_->runtime().context_parallel_size > 1) {
     const Tensor both = dpo_->stats.flat_range(0, 2);
     backend_->upload(both, sums.data());
@@ -827,6 +882,12 @@ std::array<double, 2> Trainer::sequence_logps() {
 
 std::array<double, 2> Trainer::pair_logps(const PreferenceSource& pairs, uint64_t index,
                                           std::array<int64_t, 2>* tokens) {
+  if (!pipelined() && shared_prompts()) {
+    const int64_t rejected_row = load_pair(pairs, index, tokens);
+    model_->zero_loss_sum();
+    model_->forward_loss();
+    return sequence_logps(rejected_row);
+  }
   if (!pipelined()) {
     int64_t chosen = 0, rejected = 0;
     const std::array<double, 2> logps = {answer_logp(pairs, index, 0, &chosen), answer_logp(pairs, index, 1, &rejected)};
@@ -836,8 +897,9 @@ std::array<double, 2> Trainer::pair_logps(const PreferenceSource& pairs, uint64_
   if (tokens) *tokens = {0, 0};
   // One micro-batch through the stages: the last stage's slot then holds its losses.
   model_->zero_loss_sum();
-  parallel_->run_forward_passes(1, [&](int64_t) { load_pair(pairs, index, tokens); }, [](int64_t) {});
-  return holds_output_head() ? sequence_logps() : std::array<double, 2>{0, 0};
+  int64_t rejected_row = 0;
+  parallel_->run_forward_passes(1, [&](int64_t) { rejected_row = load_pair(pairs, index, tokens); }, [](int64_t) {});
+  return holds_output_head() ? sequence_logps(rejected_row) : std::array<double, 2>{0, 0};
 }
 
 // A DPO run's reference is its starting weights, or reference_load's: their digest (with the
@@ -1064,11 +1126,12 @@ DpoBatchStats Trainer::dpo_gradients() {
     // answers' backward takes their pulls. The MoE layers' auxiliary losses (weighed by the
     // scale times the micro-batch's tokens) count once a pair, a mean over the step's pairs.
     std::vector<std::array<int64_t, 2>> tokens(static_cast<size_t>(per_rank));
+    std::vector<int64_t> rejected_rows(static_cast<size_t>(per_rank));
     const auto aux_scale = static_cast<float>(1.0 / (pairs * static_cast<double>(model_->runtime().tokens())));
     parallel_->run_scaled_micro_batches(
-        per_rank, aux_scale, [&](int64_t m) { load_pair(train, pair_at(m), &tokens[m]); },
+        per_rank, aux_scale, [&](int64_t m) { rejected_rows[m] = load_pair(train, pair_at(m), &tokens[m]); },
         [&](int64_t m) {
-          const DpoPair p = score_pair(train, pair_at(m), sequence_logps(), tokens[m], &sums);
+          const DpoPair p = score_pair(train, pair_at(m), sequence_logps(rejected_rows[m]), tokens[m], &sums);
           return std::vector<float>{static_cast<float>(-p.dloss_dchosen / pairs),
                                     static_cast<float>(-p.dloss_drejected / pairs)};
         });
@@ -1081,13 +1144,23 @@ DpoBatchStats Trainer::dpo_gradients() {
         std::array<int64_t, 2> counts{};
         const std::array<double, 2> logps = pair_logps(train, g, &counts);
         const DpoPair p = score_pair(train, g, logps, counts, &sums);
+        if (shared_prompts()) {
+          // One backward of both answers, each scaled by its pull; the MoE layers' auxiliary
+          // losses a mean over the step's pairs, as the pipelined path's.
+          const std::array<float, 2> scales = {static_cast<float>(-p.dloss_dchosen / pairs),
+                                               static_cast<float>(-p.dloss_drejected / pairs)};
+          parallel_->begin_micro_batch(m == per_rank - 1);
+          model_->loss_backward(scales, static_cast<float>(1.0 / (pairs * static_cast<double>(model_->runtime().tokens()))));
+          return;
+        }
         for (int side = 0; side < 2; ++side) {
           model_->use_slot(side);
           parallel_->begin_micro_batch(side == 1 && m == per_rank - 1);
           const double pull = side == 0 ? p.dloss_dchosen : p.dloss_drejected;
           // The MoE layers' auxiliary losses: a mean over the step's answers, as the pipelined
           // path's over its pairs.
-          model_->loss_backward(static_cast<float>(-pull / pairs),
+          const auto scale = static_cast<float>(-pull / pairs);
+          model_->loss_backward({&scale, 1},
                                 static_cast<float>(1.0 / (2 * pairs * static_cast<double>(model_->runtime().tokens()))));
         }
       });

@@ -170,13 +170,18 @@ class Trainer {
   // reads; the step's gradients.
   int64_t sample_pair_side(const PreferenceSource& pairs, uint64_t index, int side, int64_t row);
   double answer_logp(const PreferenceSource& pairs, uint64_t index, int side, int64_t* tokens = nullptr);
-  // Over pipeline stages a pair is one micro-batch of its two answers (chosen first): it as
-  // the model's batch, with each answer's target count; and the current slot's answers'
-  // log-probabilities after the head's forward (on the last stage).
+  // Over pipeline stages a pair is one micro-batch of its two answers (chosen first), and with
+  // shared prompts (dpo_shared_prompt) everywhere: it as the model's batch, with each answer's
+  // target count, returning the first row of the rejected answer's (its token losses);
+  // and the current slot's answers' log-probabilities after the head's forward (on the last
+  // stage), split at that row.
   bool pipelined() const;
   bool holds_output_head() const;  // the last pipeline stage (or no pipeline)
-  void load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens);
-  std::array<double, 2> sequence_logps();
+  bool shared_prompts() const { return setup_.runtime.shared_prompt_side > 0; }
+  int64_t load_pair(const PreferenceSource& pairs, uint64_t index, std::array<int64_t, 2>* tokens);
+  std::array<double, 2> sequence_logps(int64_t rejected_row);
+  // dpo_shared_prompt: lays the pairs out with their prompt once where the run allows it.
+  void choose_dpo_layout();
   // Both answers' log-probabilities (forward passes only), and their target counts; over
   // pipeline stages zeros but on the last stage.
   std::array<double, 2> pair_logps(const PreferenceSource& pairs, uint64_t index,

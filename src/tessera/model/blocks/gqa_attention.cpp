@@ -38,7 +38,7 @@ void GqaAttention::declare_activations(ActivationPlan& plan, const ModelRuntime&
   const DType dt = rt.compute_dtype;
   plan.add(&qkv_, dt, {N, s_.qkv_width()});
   plan.add(&att_, dt, {N, s_.attn_width()});
-  plan.add(&lse_, DType::F32, {rt.micro_batch, s_.heads, rt.seq_length});
+  plan.add(&lse_, DType::F32, {rt.attention_batch(), s_.heads, rt.attention_seq()});
   if (o_.qk_norm == QkNorm::None) return;
   plan.add(&qk_.raw, dt, {N, s_.qkv_width()});
   if (o_.qk_norm == QkNorm::PerHead) {
