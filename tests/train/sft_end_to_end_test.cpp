@@ -116,9 +116,13 @@ TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
   r = run_command(bin + " preprocess --preference --input " + topic.string() + "_pairs.jsonl" +
                   " --output-prefix " + topic.string() + "_pairs --tokenizer-model llama3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The held-out accuracy after 120 steps depends on the run's rounding (seeds 2, 3 and 4 give
+  // 0.5 to 1.0 in either layout): the pairs run as two sequences, whose trajectory this
+  // measured; the prompt-once layout's equality with it is DpoTraining.SharedPromptTrainsAsThe-
+  // SidesApart's.
   r = run_command(bin + " train --config dpo_tiny --load " + (dir / "tuned").string() + " --save " +
                   (dir / "preferred").string() + " --data_path " + topic.string() +
-                  "_pairs_preference_document --log_progress false" + ws);
+                  "_pairs_preference_document --dpo_shared_prompt false --log_progress false" + ws);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   double held_out_accuracy = -1;
   for (const auto& entry : fs::recursive_directory_iterator(dir / "ws"))
