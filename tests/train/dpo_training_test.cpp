@@ -46,6 +46,9 @@ void preprocess_pairs(const ScratchDir& dir,
   ASSERT_EQ(r.exit_code, 0) << r.output;
 }
 
+const std::vector<std::pair<std::string, std::string>> kFourQuestions = {
+    {"Is tennis a sport?", "yes"}, {"Is jazz a sport?", "no"}, {"Is golf a sport?", "yes"}, {"Is a piano a sport?", "no"}};
+
 // The tiny model the runs train, in dir's workspace.
 std::string tiny_model(const ScratchDir& dir) {
   return "train --device cpu --model tiny_llama --tokenizer_model qwen3 --num_layers 1 "
@@ -381,12 +384,7 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
 
 TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
   ScratchDir dir;
-  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir,
-                                           {{"Is tennis a sport?", "yes"},
-                                            {"Is jazz a sport?", "no"},
-                                            {"Is golf a sport?", "yes"},
-                                            {"Is a piano a sport?", "no"}},
-                                           1));
+  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir, kFourQuestions, 1));
   const std::string model = tiny_model(dir);
   RunResult r;
   // Two models: the policy's start, and another one the reference.
@@ -495,12 +493,7 @@ TEST(DpoTraining, AReferenceFromAnotherCheckpoint) {
 // statistics at every step, the reference's log-probabilities and the frozen copy's included.
 TEST(DpoTraining, SharedPromptTrainsAsTheSidesApart) {
   ScratchDir dir;
-  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir,
-                                           {{"Is tennis a sport?", "yes"},
-                                            {"Is jazz a sport?", "no"},
-                                            {"Is golf a sport?", "yes"},
-                                            {"Is a piano a sport?", "no"}},
-                                           2));
+  ASSERT_NO_FATAL_FAILURE(preprocess_pairs(dir, kFourQuestions, 2));
   const std::string model = tiny_model(dir);
   RunResult r = run_tessera(model + " --train_iters 1 --lr_warmup_iters 0 --mock_data true --save " +
                             (dir / "start").string() + " --exp_name start");
