@@ -114,13 +114,18 @@ void FullyShardedDataParallel::grads_needed(int unit) {
     if (own > 0) b.fill(g.flat_range(0, own), 0.0f);
     b.copy(g.flat_range(own, n), grad_shard(unit));
     if (own + n < g.numel()) b.fill(g.flat_range(own + n, g.numel() - own - n), 0.0f);
-  } else {
-    b.fill(g, 0.0f);
   }
   slot.unit = unit;
   slot.in_use = true;
   slot.last_use = ++uses_;
   model_.bind_unit_grads(unit, g);
+  if (accumulate_) return;
+  // The step's first micro-batch: the weight-gradient GEMMs write their gradients (no zeroed
+  // unit for them to read and add to) and the model zeroes the rest of the unit; the padding
+  // beyond it is reduced with it.
+  const int64_t count = model_.layout().units[unit].count();
+  if (count < g.numel()) b.fill(g.flat_range(count, g.numel() - count), 0.0f);
+  model_.start_unit_grads(unit);
 }
 
 void FullyShardedDataParallel::grads_ready(int unit) {

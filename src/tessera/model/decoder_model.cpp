@@ -399,6 +399,22 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
     else
       accumulated_grad_ranges_.push_back({p.offset, p.offset + p.numel()});
   }
+  // Per unit: all of it but its GEMM-written weights (the gaps between tensors included), from
+  // the unit's start.
+  unit_accumulated_ranges_.assign(layout_.units.size(), {});
+  unit_gemm_weights_.assign(layout_.units.size(), {});
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const ParamRange& unit = layout_.units[u];
+    int64_t at = unit.begin;
+    for (size_t i = 0; i < layout_.params.size(); ++i) {
+      const ParamInfo& p = layout_.params[i];
+      if (!gemm_written[i] || p.offset < unit.begin || p.offset >= unit.end) continue;
+      if (p.offset > at) unit_accumulated_ranges_[u].push_back({at - unit.begin, p.offset - unit.begin});
+      at = p.offset + p.numel();
+      unit_gemm_weights_[u].push_back(static_cast<int>(i));
+    }
+    if (at < unit.end) unit_accumulated_ranges_[u].push_back({at - unit.begin, unit.end - unit.begin});
+  }
   bind_stats();
   bind_state();
   zero_grads();
@@ -518,6 +534,13 @@ void DecoderModel::bind_unit_grads(int unit, const Tensor& grads) {
   TS_CHECK(runtime_.sharded_params, "gradients are bound only with sharded_params");
   check_unit_binding(grads, runtime_.grad_dtype, layout_.units[unit], unit, "gradients");
   unit_grads_[unit] = grads;
+}
+
+void DecoderModel::start_unit_grads(int unit) {
+  TS_CHECK(runtime_.sharded_params, "start_unit_grads only with sharded_params");
+  const Tensor& g = unit_grads_[unit];
+  for (const ParamRange& r : unit_accumulated_ranges_[unit]) backend_.fill(g.flat_range(r.begin, r.count()), 0.0f);
+  for (int weight : unit_gemm_weights_[unit]) gemms_.write_grad_next(weight);
 }
 
 // A new step's gradients: also the start of the step's FP8 non-finite check. Sharded, the

@@ -46,6 +46,7 @@ class DecoderModel final : public Model, private LayerOps {
   Tensor grad(int index) const override;
   void bind_unit_params(int unit, const Tensor& params) override;
   void bind_unit_grads(int unit, const Tensor& grads) override;
+  void start_unit_grads(int unit) override;
   bool unit_read_from_copies(int unit) const override;
   void set_unit_observer(ParamUnitObserver* observer) override { observer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override;
@@ -274,8 +275,11 @@ class DecoderModel final : public Model, private LayerOps {
 
   std::unique_ptr<Fp8Linears> fp8_;
   // The ranges of grads_ that zero_grads() fills: everything but the weights that only
-  // weight-gradient GEMMs write.
+  // weight-gradient GEMMs write; and per unit, its own such ranges (from its start), which
+  // start_unit_grads fills, and its GEMM-written weights.
   std::vector<ParamRange> accumulated_grad_ranges_;
+  std::vector<std::vector<ParamRange>> unit_accumulated_ranges_;
+  std::vector<std::vector<int>> unit_gemm_weights_;
 
   // The layers that run the model's GEMMs and collectives (model/parallel_layers.h).
   LinearGemms gemms_;

@@ -239,6 +239,10 @@ void LoraModel::bind_unit_grads(int, const Tensor&) {
   throw InternalError("LoRA adapters are not sharded over ranks (FSDP): they are bound in place");
 }
 
+void LoraModel::start_unit_grads(int) {
+  throw InternalError("LoRA adapters are not sharded over ranks (FSDP): they are bound in place");
+}
+
 void LoraModel::zero_grads() {
   backend_.fill(grads_, 0.0f);
   base_->zero_grads();

@@ -64,6 +64,7 @@ class LoraModel : public Model, private LinearAdapters {
   Tensor grad(int index) const override;
   void bind_unit_params(int unit, const Tensor& params) override;
   void bind_unit_grads(int unit, const Tensor& grads) override;
+  void start_unit_grads(int unit) override;
   void set_unit_observer(ParamUnitObserver* observer) override { outer_ = observer; }
   void set_expert_exchange(ExpertExchange* exchange) override { base_->set_expert_exchange(exchange); }
   void set_tensor_parallel_group(ParallelGroup* group) override {

@@ -59,7 +59,8 @@ struct ModelRuntime {
   // FSDP: parameters and gradients live outside the model, sharded over ranks. The model then
   // allocates no flat buffers; its unit observer binds each unit's tensors (bind_unit_params,
   // bind_unit_grads) before the model reads or writes them, and starts each unit's gradients
-  // from what they already hold, so every weight-gradient GEMM accumulates.
+  // from what they already hold, so every weight-gradient GEMM accumulates (but after
+  // start_unit_grads).
   bool sharded_params = false;
   // With sharded_params and the FP8 weight cache: once a unit's FP8 weights are cached for the
   // step, its passes read them there and its other parameters (norms, biases: vectors) from
@@ -213,6 +214,11 @@ class Model {
   // least units[u].count() elements laid out as in the flat buffer from units[u].begin.
   virtual void bind_unit_params(int unit, const Tensor& params) = 0;
   virtual void bind_unit_grads(int unit, const Tensor& grads) = 0;
+  // sharded_params, after bind_unit_grads: unit u's bound gradients hold nothing yet this step
+  // (the first micro-batch's). The model zeroes what its passes add into (norms, biases, the
+  // gaps between tensors) and lets the weight-gradient GEMMs write the rest, instead of
+  // accumulating into a whole unit zeroed first.
+  virtual void start_unit_grads(int unit) = 0;
   // runtime().fp8_unit_copies: whether a pass reading unit u now would read none of its bound
   // parameters (its FP8 weights cached, copies of the rest current), so it need not be bound.
   virtual bool unit_read_from_copies(int unit) const {

@@ -59,6 +59,9 @@ class LinearGemms {
   // gradient gets their zero contribution, which must be written where the step's first
   // weight-gradient GEMM would have overwritten last step's values.
   void backward_without_rows(int weight);
+  // The next weight-gradient GEMM of `weight` writes its gradient (beta 0) rather than adding
+  // to it: a sharded unit's first micro-batch (DecoderModel::start_unit_grads).
+  void write_grad_next(int weight) { grad_written_[weight] = 0; }
   // An expert stack w (local experts, out, in) over the row groups; dw accumulates.
   void expert_forward(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                       const ExpertGroups& groups) const;
