@@ -25,8 +25,9 @@ TEST(SharedPromptRows, MapEachSideAsTwoSequences) {
   EXPECT_EQ(r.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0, 0, 1, 2, 3, 4, 0, 1}));
   EXPECT_EQ(r.home_model, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(r.home_attention, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 10, 11}));
-  EXPECT_EQ(r.copy_attention, (std::vector<int32_t>{7, 8, 9}));
-  EXPECT_EQ(r.copy_model, (std::vector<int32_t>{0, 1, 2}));
+  // The prompt's copies: attention rows 0-2 (its home, model rows 0-2) and 7-9.
+  EXPECT_EQ(r.prompts, (std::vector<SharedPromptRows::PromptCopies>{{0, 7, 3}}));
+  EXPECT_EQ(r.padding, (std::vector<std::pair<int64_t, int64_t>>{{8, 10}}));
   EXPECT_EQ(r.sequence_rows, (std::vector<int64_t>{0, 6, 10}));
   const SharedPromptPair too_long{3, 6, 11};
   EXPECT_THROW(shared_prompt_rows({&too_long, 1}, 10, 7), InternalError);

@@ -181,11 +181,9 @@ void DecoderModel::declare_activations(const ModelSpec& s, const ModelRuntime& r
     SharedPromptBuffers& b = a.shared_prompt;
     const int64_t expanded = rt.attention_batch() * rt.attention_seq();
     plan.add(&b.source, DType::I32, {expanded});
-    for (Tensor* rows : {&b.home_model, &b.home_attention, &b.copy_attention, &b.copy_model})
-      plan.add(rows, DType::I32, {N});
+    for (Tensor* rows : {&b.home_model, &b.home_attention}) plan.add(rows, DType::I32, {N});
     for (Tensor* t : {&b.qkv, &b.dqkv}) plan.add(t, dt, {expanded, s.qkv_width()}, Keep::Shared);
     for (Tensor* t : {&b.out, &b.dout}) plan.add(t, dt, {expanded, s.attn_width()}, Keep::Shared);
-    for (Tensor* t : {&b.prompt_sum, &b.prompt_copy}) plan.add(t, dt, {N, s.qkv_width()}, Keep::Shared);
   }
   if (s.logit_softcap > 0) plan.add(&a.capped, dt, {chunk, s.vocab_size}, Keep::Shared);
   if (rt.tensor_parallel_size > 1) {
@@ -303,7 +301,7 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   loss_row_count_.assign(static_cast<size_t>(runtime_.pipeline_slots), -1);
   sequence_rows_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
   sequence_head_rows_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
-  shared_prompt_counts_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
+  shared_prompt_layouts_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
   if (runtime_.shared_prompt_side > 0) {
     // Attention's expanded sides are whole sequences of the model's rows: every rank must
     // hold the whole of them, and the expansion reads q, k and v of one layout.
@@ -311,7 +309,6 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
              "shared prompts (sides of {} in rows of {}) need reset_position_ids, one "
              "context-parallel rank and grouped-query attention",
              runtime_.shared_prompt_side, runtime_.seq_length);
-    shared_prompt_ = std::make_unique<SharedPromptAttention>(backend_, a_.shared_prompt);
   }
   document_positions_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
   document_pairs_.assign(static_cast<size_t>(runtime_.pipeline_slots), {});
@@ -382,6 +379,8 @@ DecoderModel::DecoderModel(Backend& backend, const ModelSpec& spec, const ModelR
   attention_ = std::make_unique<ContextParallelAttention>(
       backend_, cp, runtime_.context_parallel_rank,
       ContextParallelAttention::Buffers{a_.cp_kv, a_.cp_kv_all, a_.cp_dkv_all, a_.cp_positions});
+  if (runtime_.shared_prompt_side > 0)
+    shared_prompt_ = std::make_unique<SharedPromptAttention>(backend_, *attention_, a_.shared_prompt);
   // Gradients the first GEMM of a step writes (beta 0) need no zeroing: the linears' and the
   // expert stacks' (whose grouped weight gradient writes every expert, with rows or not).
   std::vector<char> gemm_written(layout_.params.size(), 0);
@@ -712,11 +711,8 @@ void DecoderModel::set_shared_prompt_pairs(std::span<const SharedPromptPair> pai
   upload(b.source, rows.source);
   upload(b.home_model, rows.home_model);
   upload(b.home_attention, rows.home_attention);
-  upload(b.copy_attention, rows.copy_attention);
-  upload(b.copy_model, rows.copy_model);
   const auto slot = static_cast<size_t>(slot_);
-  shared_prompt_counts_[slot] = {static_cast<int64_t>(rows.home_model.size()),
-                                 static_cast<int64_t>(rows.copy_model.size())};
+  shared_prompt_layouts_[slot] = {static_cast<int64_t>(rows.home_model.size()), rows.prompts, rows.padding};
   sequence_rows_[slot] = rows.sequence_rows;
   // Without reset_attention_mask each side attends causally over its whole sequence, padding
   // after it, as the batched layout's sequences do.
@@ -748,9 +744,7 @@ void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const
                                      const AttentionShape& s) {
   const AttentionShape within = attention_shape(s);
   if (!shared_prompt_) return attention_->forward(out, lse, qkv, within);
-  shared_prompt_->forward(shared_prompt_counts_[static_cast<size_t>(slot_)], out, lse, qkv, within,
-                          [this](const Tensor& o, const Tensor& l, const Tensor& q,
-                                 const AttentionShape& a) { attention_->forward(o, l, q, a); });
+  shared_prompt_->forward(shared_prompt_layouts_[static_cast<size_t>(slot_)], out, lse, qkv, within);
 }
 
 void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
@@ -758,10 +752,8 @@ void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, co
                                       const AttentionShape& s) {
   const AttentionShape within = attention_shape(s);
   if (!shared_prompt_) return attention_->backward(dqkv, dout, out, lse, qkv, within);
-  shared_prompt_->backward(
-      shared_prompt_counts_[static_cast<size_t>(slot_)], dqkv, dout, out, lse, qkv, within,
-      [this](const Tensor& dq, const Tensor& dout_all, const Tensor& o, const Tensor& l,
-             const Tensor& q, const AttentionShape& a) { attention_->backward(dq, dout_all, o, l, q, a); });
+  shared_prompt_->backward(shared_prompt_layouts_[static_cast<size_t>(slot_)], dqkv, dout, out,
+                           lse, qkv, within);
 }
 
 // The blocks' shape of their rows, as attention runs on them: within documents with

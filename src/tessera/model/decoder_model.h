@@ -250,8 +250,8 @@ class DecoderModel final : public Model, private LayerOps {
   // attention_batch() + 1 values), among the tokens and among the head's rows (the loss rows
   // of sequence b are [begin[b], begin[b + 1]), the padding after the last).
   std::vector<std::vector<int64_t>> sequence_rows_, sequence_head_rows_;
-  // shared_prompt_side: per slot, the pairs' rows' counts (their rows in a_.shared_prompt).
-  std::vector<SharedPromptAttention::Counts> shared_prompt_counts_;
+  // shared_prompt_side: per slot, the pairs' layout on the host (their rows in a_.shared_prompt).
+  std::vector<SharedPromptAttention::Layout> shared_prompt_layouts_;
   std::unique_ptr<SharedPromptAttention> shared_prompt_;
   std::vector<int32_t> host_loss_rows_, host_loss_targets_;
   // Packed documents, per slot: each token's position in its document (what its attention

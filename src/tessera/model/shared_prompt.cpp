@@ -34,10 +34,8 @@ SharedPromptRows shared_prompt_rows(std::span<const SharedPromptPair> pairs, int
       r.home_model.push_back(static_cast<int32_t>(base + i));
       r.home_attention.push_back(static_cast<int32_t>(i < chosen ? chosen_row + i : rejected_row + prompt + i - chosen));
     }
-    for (int64_t k = 0; k < prompt; ++k) {
-      r.copy_attention.push_back(static_cast<int32_t>(rejected_row + k));
-      r.copy_model.push_back(static_cast<int32_t>(base + k));
-    }
+    r.prompts.push_back({chosen_row, rejected_row, prompt});
+    if (rejected < row_length) r.padding.emplace_back(base + rejected, base + row_length);
     r.sequence_rows.push_back(base);
     r.sequence_rows.push_back(base + chosen);
   }
@@ -49,47 +47,43 @@ Tensor SharedPromptAttention::rows(const Tensor& buffer, int64_t rows, int64_t w
   return buffer.flat_range(0, rows * width).view({rows, width});
 }
 
-void SharedPromptAttention::forward(const Counts& c, const Tensor& out, const Tensor& lse,
-                                    const Tensor& qkv, const AttentionShape& s,
-                                    const Attend& attend) {
+void SharedPromptAttention::forward(const Layout& l, const Tensor& out, const Tensor& lse,
+                                    const Tensor& qkv, const AttentionShape& s) {
   const int64_t n = s.tokens();
   const Tensor qkv_all = rows(b_.qkv, n, qkv.dim(1)), out_all = rows(b_.out, n, out.dim(1));
   backend_.copy_rows(qkv_all, Tensor{}, qkv, b_.source.flat_range(0, n));
-  attend(out_all, lse, qkv_all, s);
+  attention_.forward(out_all, lse, qkv_all, s);
   // Padding rows take no result; zeros keep them finite for the GEMMs after.
-  if (c.homes < out.dim(0)) backend_.fill(out, 0.0f);
-  backend_.copy_rows(out, b_.home_model.flat_range(0, c.homes), out_all,
-                     b_.home_attention.flat_range(0, c.homes));
+  for (const auto& [begin, end] : l.padding) backend_.fill(out.rows(begin, end), 0.0f);
+  backend_.copy_rows(out, b_.home_model.flat_range(0, l.homes), out_all,
+                     b_.home_attention.flat_range(0, l.homes));
 }
 
 // The expanded rows' outputs other than their own side's (padding, the rejected side's copies
 // of the prompt) are read from other rows: their output gradients are zero, so their outputs
 // and their log-sum-exps (kept from the forward, finite) give them no gradient to pass on.
-void SharedPromptAttention::backward(const Counts& c, const Tensor& dqkv, const Tensor& dout,
+void SharedPromptAttention::backward(const Layout& l, const Tensor& dqkv, const Tensor& dout,
                                      const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                     const AttentionShape& s,
-                                     const AttendBackward& attend_backward) {
+                                     const AttentionShape& s) {
   const int64_t n = s.tokens(), wq = qkv.dim(1), wo = out.dim(1);
   const Tensor source = b_.source.flat_range(0, n);
-  const Tensor home_model = b_.home_model.flat_range(0, c.homes);
-  const Tensor home_attention = b_.home_attention.flat_range(0, c.homes);
+  const Tensor home_model = b_.home_model.flat_range(0, l.homes);
+  const Tensor home_attention = b_.home_attention.flat_range(0, l.homes);
   const Tensor qkv_all = rows(b_.qkv, n, wq), out_all = rows(b_.out, n, wo);
   const Tensor dqkv_all = rows(b_.dqkv, n, wq), dout_all = rows(b_.dout, n, wo);
   backend_.copy_rows(qkv_all, Tensor{}, qkv, source);
   backend_.copy_rows(out_all, Tensor{}, out, source);
   backend_.fill(dout_all, 0.0f);
   backend_.copy_rows(dout_all, home_attention, dout, home_model);
-  attend_backward(dqkv_all, dout_all, out_all, lse, qkv_all, s);
-  if (c.homes < dqkv.dim(0)) backend_.fill(dqkv, 0.0f);
+  attention_.backward(dqkv_all, dout_all, out_all, lse, qkv_all, s);
+  // The prompt's rows: the chosen side's gradients plus the rejected side's, before they return.
+  for (const SharedPromptRows::PromptCopies& p : l.prompts) {
+    if (p.rows == 0) continue;
+    const Tensor home = dqkv_all.rows(p.chosen, p.chosen + p.rows);
+    backend_.add(home, home, dqkv_all.rows(p.rejected, p.rejected + p.rows));
+  }
+  for (const auto& [begin, end] : l.padding) backend_.fill(dqkv.rows(begin, end), 0.0f);
   backend_.copy_rows(dqkv, home_model, dqkv_all, home_attention);
-  if (c.copies == 0) return;
-  // The prompt's rows: the chosen side's gradients (in place) plus the rejected side's.
-  const Tensor copy_model = b_.copy_model.flat_range(0, c.copies);
-  const Tensor sum = rows(b_.prompt_sum, c.copies, wq), own = rows(b_.prompt_copy, c.copies, wq);
-  backend_.copy_rows(sum, Tensor{}, dqkv_all, b_.copy_attention.flat_range(0, c.copies));
-  backend_.copy_rows(own, Tensor{}, dqkv, copy_model);
-  backend_.add(sum, sum, own);
-  backend_.copy_rows(dqkv, copy_model, sum, Tensor{});
 }
 
 }  // namespace tessera
