@@ -14,6 +14,7 @@
 #include "tessera/ckpt/checkpoint.h"
 #include "tessera/ckpt/safetensors.h"
 #include "tessera/core/error.h"
+#include "tessera/core/split_master.h"
 #include "tessera/obs/metrics.h"
 #include "tessera/ops/device_buffer.h"
 
@@ -108,6 +109,117 @@ TEST(Checkpoint, ModelWeightsAreStoredInTheComputeDtype) {
       ASSERT_EQ(stored[i], round_to_bf16(values[p.offset + i])) << p.name << "[" << i << "]";
     EXPECT_TRUE(same_bits(c.master(p), range(values, p))) << p.name;  // fp32 master kept exactly
   }
+}
+
+// Split master weights (core/split_master.h) as a GPU run keeps them, built by hand on the CPU
+// backend: the checkpoint holds the fp32 values the halves make, and those load back into
+// halves, whole or over owned ranges (as a ZeRO-1 rank holds them), and into a whole fp32 copy.
+TEST(Checkpoint, SplitMasterIsSavedAndLoadedAsItsFp32Values) {
+  ScratchDir dir;
+  Logger log("", 0, false, false);
+  auto trainer = make_trainer(tiny_experiment(dir.path()), log);
+  Backend& b = trainer->backend();
+  const ParamLayout& layout = trainer->model().layout();
+  const int64_t P = layout.total;
+  std::vector<float> values(P);
+  // Random-looking values with exact halfway cases (low halves 0x8000) among them.
+  for (int64_t i = 0; i < P; ++i) {
+    values[i] = std::sin(0.37f * static_cast<float>(i)) * 0.1f;
+    if (i % 7 == 0) {
+      uint32_t bits;
+      std::memcpy(&bits, &values[i], 4);
+      bits = (bits & 0xffff0000u) | 0x8000u;
+      std::memcpy(&values[i], &bits, 4);
+    }
+  }
+  // One run's tensors: bf16 params (the high halves), uint16 low halves, fp32 moments.
+  struct Split {
+    DeviceBuffer buffer;
+    Tensor high, low, fp32;
+    TrainingTensors t;
+  };
+  auto make = [&](const std::vector<ParamRange>& owned) {
+    auto r = std::make_unique<Split>();
+    r->buffer = DeviceBuffer(b, P * (2 + 2 + 4 + 4 + 4), "split run");
+    r->high = r->buffer.tensor(DType::BF16, {P});
+    r->low = r->buffer.tensor(DType::U16, {P}, P * 2);
+    r->fp32 = r->buffer.tensor(DType::F32, {P}, P * 4);
+    TrainingTensors& t = r->t;
+    t.backend = &b;
+    t.spec = &trainer->spec();
+    t.layout = &layout;
+    t.param = [&layout, high = r->high](int index) {
+      const ParamInfo& p = layout.params[index];
+      return high.flat_range(p.offset, p.numel());
+    };
+    t.params_dtype = DType::BF16;
+    t.master = r->low;
+    t.exp_avg = r->buffer.tensor(DType::F32, {P}, P * 8);
+    t.exp_avg_sq = r->buffer.tensor(DType::F32, {P}, P * 12);
+    b.fill(t.exp_avg, 0.5f);
+    b.fill(t.exp_avg_sq, 0.25f);
+    // Owned ranges packed one after another, each range's high halves its own params slice.
+    t.owned = owned;
+    int64_t at = 0;
+    for (const ParamRange& o : owned.empty() ? std::vector<ParamRange>{{0, P}} : owned) {
+      t.master_high.push_back(r->high.flat_range(at, o.count()));
+      at += o.count();
+    }
+    return r;
+  };
+  auto joined = [&](const Split& r) {
+    std::vector<uint16_t> h(P), l(P);
+    b.download(h.data(), r.high);
+    b.download(l.data(), r.low);
+    std::vector<float> out(P);
+    for (int64_t i = 0; i < P; ++i) {
+      const uint32_t bits = split_master_join(h[i], l[i]);
+      std::memcpy(&out[i], &bits, 4);
+    }
+    return out;
+  };
+  auto saved = make({});
+  b.upload(saved->fp32, values.data());
+  b.split_master(saved->high, saved->low, saved->fp32);
+  ASSERT_TRUE(same_bits(joined(*saved), values));
+  TrainerState s;
+  s.iteration = 3;
+  const std::string path = save_checkpoint((dir / "ckpt").string(), saved->t, s, 0);
+  const Checkpoint c(path);
+  for (const ParamInfo& p : layout.params)
+    EXPECT_TRUE(same_bits(c.master(p), range(values, p))) << p.name;
+  EXPECT_NE(read_file(fs::path(path) / "trainer_state.json").find("\"master\": \"fp32\""),
+            std::string::npos);
+
+  // Loads compare on the parameters' elements (the layout's alignment gaps are not stored);
+  // `got` holds the owned ranges packed.
+  auto mismatches = [&](const std::vector<float>& got, const std::vector<ParamRange>& owned) {
+    int64_t at = 0, differ = 0, checked = 0;
+    for (const ParamRange& o : owned) {
+      for (const ParamInfo& p : layout.params)
+        for (int64_t i = std::max(o.begin, p.offset); i < std::min(o.end, p.offset + p.numel());
+             ++i, ++checked)
+          differ += std::memcmp(&got[at + i - o.begin], &values[i], 4) != 0;
+      at += o.count();
+    }
+    EXPECT_GT(checked, 0);
+    return differ;
+  };
+  std::vector<std::string> warnings;
+  auto whole = make({});
+  load_checkpoint(path, whole->t, &warnings);
+  EXPECT_EQ(mismatches(joined(*whole), {{0, P}}), 0);
+  // Two owned ranges, the second starting mid-tensor: its elements land at packed offsets.
+  const std::vector<ParamRange> owned = {{0, P / 3}, {P / 2, P}};
+  auto sharded = make(owned);
+  load_checkpoint(path, sharded->t, &warnings);
+  EXPECT_EQ(mismatches(joined(*sharded), owned), 0);
+  // A run that keeps a whole fp32 copy reads the same values.
+  auto fp32 = make({});
+  fp32->t.master = fp32->fp32;
+  fp32->t.master_high.clear();
+  load_checkpoint(path, fp32->t, &warnings);
+  EXPECT_EQ(mismatches(download(b, fp32->fp32), {{0, P}}), 0);
 }
 
 // Per-iteration losses of a train() call, from its metrics.

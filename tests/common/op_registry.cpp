@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <tuple>
@@ -15,6 +16,7 @@
 
 #include "common/reference_backend.h"
 #include "common/test_tensors.h"
+#include "tessera/core/split_master.h"
 #include "tessera/ops/device_buffer.h"
 #include "tessera/ops/op_observer.h"
 
@@ -537,13 +539,29 @@ std::vector<OpCase> mlp_and_loss_cases() {
 
 // The storage of AdamW's state (Megatron's precision-aware optimizer): an fp32 master with a
 // compute-dtype copy, or none (bf16 parameters updated in place); gradients and each moment
-// fp32 or bf16. The arithmetic is fp32 in every case.
+// The fp32 values of a split master's halves (core/split_master.h), joined on the host.
+std::vector<float> joined_master(Backend& b, const Tensor& high, const Tensor& low) {
+  std::vector<uint16_t> h(static_cast<size_t>(high.numel())), l(h.size());
+  b.download(h.data(), high);
+  b.download(l.data(), low);
+  std::vector<float> out(h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    const uint32_t bits = split_master_join(h[i], l[i]);
+    std::memcpy(&out[i], &bits, 4);
+  }
+  return out;
+}
+
+// fp32 or bf16. The arithmetic is fp32 in every case. split: the master kept as the bf16
+// parameters and its low halves (split master weights).
 struct AdamWStorage {
   bool master = true;
+  bool split = false;
   Kind grad = Kind::F32, exp_avg = Kind::F32, exp_avg_sq = Kind::F32;
   std::string name() const {
     auto k = [](Kind kind) { return kind == Kind::BF16 ? "bf16" : "fp32"; };
-    return fmt::format(" master {} grad {} m {} v {}", master ? "fp32" : "none(bf16 params)",
+    return fmt::format(" master {} grad {} m {} v {}",
+                       split ? "split" : master ? "fp32" : "none(bf16 params)",
                        k(grad), k(exp_avg), k(exp_avg_sq));
   }
 };
@@ -553,13 +571,19 @@ OpCase adamw_case(int64_t P, float norm_sq, std::vector<ParamSegment> segments, 
   OpCase c;
   c.name = fmt::format(
       "adamw_step P{} grad_norm_sq {}{}{}", P, norm_sq, suffix,
-      st.master && st.grad == Kind::F32 && st.exp_avg == Kind::F32 && st.exp_avg_sq == Kind::F32
+      st.master && !st.split && st.grad == Kind::F32 && st.exp_avg == Kind::F32 &&
+              st.exp_avg_sq == Kind::F32
           ? std::string()
           : st.name());
   // A bf16 output's elements may round to either neighbour where the reference's double and
   // the backend's fp32 arithmetic differ in the last fp32 bit: a few bf16 ulps in the norm.
   auto tol = [](Kind k, double fp32_tol) { return k == Kind::BF16 ? 1e-2 : fp32_tol; };
-  if (st.master) {
+  if (st.split) {
+    // The master goes in and comes out whole (split before the step, joined after it); its
+    // high halves are the bf16 parameters.
+    c.specs = {{"master", {P}, Kind::F32, Role::InOut, 0.1f, 0, 1, 1e-6},
+               {"params", {P}, Kind::BF16, Role::Out, 1, 0, 1, 1e-2}};
+  } else if (st.master) {
     c.specs = {{"master", {P}, Kind::F32, Role::InOut, 0.1f, 0, 1, 1e-6},
                {"params", {P}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
   } else {
@@ -574,7 +598,13 @@ OpCase adamw_case(int64_t P, float norm_sq, std::vector<ParamSegment> segments, 
     const Tensor norm = nb.tensor(DType::F32, {1});
     b.upload(norm, &norm_sq);
     AdamWArgs a;
-    if (st.master) a.master = t.at("master");
+    DeviceBuffer lb(b, st.split ? static_cast<size_t>(t.at("master").numel()) * 2 : 0, "low halves");
+    if (st.split) {
+      a.master = lb.tensor(DType::U16, {t.at("master").numel()});
+      b.split_master(t.at("params"), a.master, t.at("master"));
+    } else if (st.master) {
+      a.master = t.at("master");
+    }
     a.grad = t.at("grad");
     a.exp_avg = t.at("m");
     a.exp_avg_sq = t.at("v");
@@ -585,8 +615,9 @@ OpCase adamw_case(int64_t P, float norm_sq, std::vector<ParamSegment> segments, 
     a.max_grad_norm = 1.0f;
     a.step = 7;
     // Skipped steps leave this copy as it was.
-    if (st.master) b.convert(t.at("params"), t.at("master"));
+    if (st.master && !st.split) b.convert(t.at("params"), t.at("master"));
     b.adamw_step(a);
+    if (st.split) b.upload(t.at("master"), joined_master(b, t.at("params"), a.master).data());
     b.synchronize();
   };
   return c;
@@ -631,10 +662,16 @@ std::vector<OpCase> reduction_and_optimizer_cases() {
           if (master && grad == Kind::F32 && m == Kind::F32 && v == Kind::F32) continue;
           cases.push_back(adamw_case(20011, 400.0f,
                                      {{0, 3, false}, {3, 15000, true}, {15003, 5000, false}}, "",
-                                     {master, grad, m, v}));
+                                     {master, false, grad, m, v}));
         }
   cases.push_back(adamw_case(20011, std::nanf(""), {{0, 20011, true}}, "",
-                             {false, Kind::BF16, Kind::BF16, Kind::BF16}));
+                             {false, false, Kind::BF16, Kind::BF16, Kind::BF16}));
+  // Split master weights with each moment storage, and a skipped step (both halves unchanged).
+  for (Kind m : {Kind::F32, Kind::BF16})
+    cases.push_back(adamw_case(20011, 400.0f, {{0, 3, false}, {3, 15000, true}, {15003, 5000, false}},
+                               "", {true, true, Kind::BF16, m, m}));
+  cases.push_back(adamw_case(20011, std::nanf(""), {{0, 20011, true}}, "",
+                             {true, true, Kind::F32, Kind::BF16, Kind::BF16}));
   return cases;
 }
 
@@ -947,6 +984,21 @@ std::vector<OpCase> init_and_conversion_cases() {
     b.convert(t.at("back"), t.at("half"));
   };
   cases.push_back(convert);
+  // The two halves of a split master, and the fp32 values joined from them (on the host) that
+  // must be the input's, bit for bit.
+  OpCase split;
+  split.name = "split_master n100003";
+  split.specs = {{"x", {100003}, Kind::F32, Role::In, 100.0f},
+                 {"high", {100003}, Kind::BF16, Role::Out, 1, 0, 1, 0},
+                 {"joined", {100003}, Kind::F32, Role::Out, 1, 0, 1, 0}};
+  split.run = [](Backend& b, const Tensors& t) {
+    const int64_t n = t.at("x").numel();
+    DeviceBuffer lb(b, static_cast<size_t>(n) * 2, "low halves");
+    const Tensor low = lb.tensor(DType::U16, {n});
+    b.split_master(t.at("high"), low, t.at("x"));
+    b.upload(t.at("joined"), joined_master(b, t.at("high"), low).data());
+  };
+  cases.push_back(split);
   OpCase init;
   init.name = "init_normal n1000003 first_index 1234";
   init.specs = {{"x", {1000003}, Kind::F32, Role::Out, 1, 0, 1, 0}};

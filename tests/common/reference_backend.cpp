@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "tessera/backend/cpu/reference.h"
 #include "tessera/core/fp8.h"
+#include "tessera/core/split_master.h"
 #include "tessera/ops/op_checks.h"
 
 namespace tessera::test {
@@ -90,6 +92,16 @@ void ReferenceBackend::do_fill(const Tensor& dst, float value) {
 
 void ReferenceBackend::do_convert(const Tensor& dst, const Tensor& src) {
   for (int64_t i = 0; i < dst.numel(); ++i) write_float(dst, i, read_float(src, i));
+}
+
+void ReferenceBackend::do_split_master(const Tensor& high, const Tensor& low,
+                                       const Tensor& master) {
+  for (int64_t i = 0; i < master.numel(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, master.as<float>() + i, 4);
+    high.as<uint16_t>()[i] = split_master_high(bits);
+    low.as<uint16_t>()[i] = split_master_low(bits);
+  }
 }
 
 void ReferenceBackend::do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index,
@@ -734,17 +746,41 @@ void ReferenceBackend::do_sum_squares(const Tensor& out, const Tensor& x, bool a
 
 // The state in double whatever its storage; each tensor is rounded once to its dtype (fp32 or
 // bf16) at the end, as the op's contract says.
+// A split master is joined into fp32 values first and its result split again after rounding
+// to fp32.
 void ReferenceBackend::do_adamw_step(const AdamWArgs& args) {
   const bool has_master = args.master.defined();
+  const bool split = has_master && args.master.dtype == DType::U16;
   const Tensor& updated = has_master ? args.master : args.params;
-  const bool copy = has_master && args.params.defined() && args.params.data != args.master.data;
-  std::vector<double> master = values(updated), m = values(args.exp_avg),
-                      v = values(args.exp_avg_sq);
+  const bool copy =
+      has_master && !split && args.params.defined() && args.params.data != args.master.data;
+  std::vector<double> master = split ? std::vector<double>(static_cast<size_t>(updated.numel()))
+                                     : values(updated);
+  if (split) {
+    for (int64_t i = 0; i < updated.numel(); ++i) {
+      const uint32_t bits =
+          split_master_join(args.params.as<uint16_t>()[i], args.master.as<uint16_t>()[i]);
+      float f;
+      std::memcpy(&f, &bits, 4);
+      master[i] = f;
+    }
+  }
+  std::vector<double> m = values(args.exp_avg), v = values(args.exp_avg_sq);
   std::vector<double> params = copy ? values(args.params) : std::vector<double>{};
   ref::adamw_step(master.data(), copy ? params.data() : nullptr, m.data(), v.data(),
                   values(args.grad).data(), values(args.grad_norm_sq)[0], args.segments,
                   ref::AdamWSettings::from(args));
-  store(updated, master);
+  if (split) {
+    for (int64_t i = 0; i < updated.numel(); ++i) {
+      const auto f = static_cast<float>(master[i]);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      args.params.as<uint16_t>()[i] = split_master_high(bits);
+      args.master.as<uint16_t>()[i] = split_master_low(bits);
+    }
+  } else {
+    store(updated, master);
+  }
   store(args.exp_avg, m);
   store(args.exp_avg_sq, v);
   if (copy) store(args.params, params);

@@ -1,13 +1,16 @@
 // Megatron's precision-aware optimizer on the GPU: bf16 gradients, moments and main
 // parameters (no fp32 master) train the tiny Llama on Brown text like fp32 state does, their
-// state has the dtypes asked for, and a checkpoint of bf16 state resumes bitwise.
+// state has the dtypes asked for, and a checkpoint of bf16 state resumes bitwise; split master
+// weights train as a whole fp32 copy and checkpoint as its fp32 values.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
 #include "common/experiment_yaml.h"
 #include "common/scratch_dir.h"
 #include "gpu_test_util.h"
+#include "tessera/core/split_master.h"
 #include "tessera/data/tokenizer.h"
 #include "tessera/obs/logger.h"
 #include "tessera/plan/memory_plan.h"
@@ -108,6 +111,62 @@ TEST(GpuPrecisionAwareOptimizer, Bf16StateCheckpointResumesBitwise) {
     EXPECT_EQ(resumed.run_iteration(it).loss, straight[it - 1]) << "iteration " << it;
 }
 
+// Split master weights (the default beside bf16 parameters) against a whole fp32 copy: the
+// same update on the same fp32 values, the parameters rounding ties away from zero instead of to
+// even, so the curves differ only by the few halfway values a step meets (~P / 65,536).
+TEST(GpuPrecisionAwareOptimizer, SplitMasterTrainsAsAWholeFp32Copy) {
+  TS_REQUIRE_GPU();
+  constexpr int kIters = 60;
+  const std::vector<double> whole = losses(experiment(kIters, "store_param_remainders: false\n"), kIters);
+  const std::vector<double> split = losses(experiment(kIters, ""), kIters);
+  const double d = worst_window(split, whole);
+  std::printf("[ curve    ] whole fp32 master %.5f -> %.5f; split %.5f -> %.5f (worst 10-step mean %.4f%%)\n",
+              whole.front(), whole.back(), split.front(), split.back(), 100 * d);
+  EXPECT_NEAR(split.front(), whole.front(), 1e-4 * whole.front());
+  EXPECT_LE(d, 0.002);
+  Logger log("", 0, false, false);
+  Trainer t(experiment(2, ""), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
+  EXPECT_TRUE(t.optimizer().splits_master());
+  EXPECT_EQ(t.optimizer().master().dtype, DType::U16);
+  EXPECT_EQ(t.optimizer().master().numel(), t.model().params().numel());
+}
+
+// A split master's checkpoint resumes bitwise, and loads into a run with a whole fp32 copy as
+// the same fp32 values (checkpoints hold fp32 either way).
+TEST(GpuPrecisionAwareOptimizer, SplitMasterCheckpointResumesBitwiseAndLoadsIntoAWholeCopy) {
+  TS_REQUIRE_GPU();
+  testing::ScratchDir dir;
+  const std::string save = (dir / "ckpt").string();
+  const std::vector<double> straight = losses(experiment(6, ""), 6);
+  Logger log("", 0, false, false);
+  {
+    Trainer first(experiment(6, "save: " + save + "\n"), make_backend(DeviceChoice::Gpu, 0), log,
+                  nullptr);
+    for (int it = 1; it <= 3; ++it) first.run_iteration(it);
+    first.save_checkpoint();
+  }
+  Trainer resumed(experiment(6, "load: " + save + "\n"), make_backend(DeviceChoice::Gpu, 0), log,
+                  nullptr);
+  Trainer whole(experiment(6, "load: " + save + "\nstore_param_remainders: false\n"),
+                make_backend(DeviceChoice::Gpu, 0), log, nullptr);
+  const int64_t P = resumed.model().params().numel();
+  std::vector<uint16_t> high(P), low(P);
+  std::vector<float> fp32(P);
+  resumed.backend().download(high.data(), resumed.model().params());
+  resumed.backend().download(low.data(), resumed.optimizer().master());
+  whole.backend().download(fp32.data(), whole.optimizer().master());
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < P; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &fp32[i], 4);
+    mismatches += split_master_join(high[i], low[i]) != bits;
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << P;
+  ASSERT_EQ(resumed.completed_iterations(), 3);
+  for (int it = 4; it <= 6; ++it)
+    EXPECT_EQ(resumed.run_iteration(it).loss, straight[it - 1]) << "iteration " << it;
+}
+
 // The memory planner counts what the CUDA backend allocates, exactly: weights, gradients and
 // optimizer state in their dtypes, activations, FP8 buffers, the cuBLASLt workspace, the kernel
 // scratch, the AdamW chunk table and the trainer's scalars. With Tessera's attention every
@@ -121,7 +180,9 @@ TEST(GpuPrecisionAwareOptimizer, PlannerPredictsThePeakExactly) {
     int ffn_hidden_size = 320;  // whole 128-blocks (384) for blockwise FP8
   };
   const Case cases[] = {
-      {"fp32 state", "attention_backend: tessera\n", true},
+      {"fp32 state (split master)", "attention_backend: tessera\n", true},
+      {"fp32 state (whole master)", "attention_backend: tessera\nstore_param_remainders: false\n",
+       true},
       {"bf16 state", kAllBf16 + "attention_backend: tessera\n", true},
       {"bf16 grads+moments, fp8, selective",
        kBf16GradsAndMoments +

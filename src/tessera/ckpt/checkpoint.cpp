@@ -20,6 +20,7 @@
 #include "tessera/ckpt/json_fields.h"
 #include "tessera/ckpt/model_spec_json.h"
 #include "tessera/core/error.h"
+#include "tessera/core/split_master.h"
 #include "tessera/ops/device_buffer.h"
 
 namespace tessera {
@@ -298,7 +299,52 @@ Tensor state_tensor(const TrainingTensors& t, FlatState state, size_t i, int64_t
   return all.flat_range(at, count);
 }
 
+bool split_master(const TrainingTensors& t, FlatState state) {
+  return state == FlatState::Master && !t.master_high.empty();
+}
+
+// A split master's halves of owned range i's elements [at, at + count) of the packed tensors.
+std::pair<Tensor, Tensor> split_master_halves(const TrainingTensors& t, size_t i, int64_t at,
+                                              int64_t count) {
+  int64_t range_start = 0;
+  for (size_t k = 0; k < i; ++k) range_start += t.owned[k].count();
+  return {t.master_high[i].flat_range(at - range_start, count), t.master.flat_range(at, count)};
+}
+
+// state_tensor(t, state, i, at, count) into host memory in state_dtype_of(t, state).
+void download_state(const TrainingTensors& t, FlatState state, size_t i, int64_t at,
+                    int64_t count, void* dst) {
+  if (!split_master(t, state)) return t.backend->download(dst, state_tensor(t, state, i, at, count));
+  const auto [high, low] = split_master_halves(t, i, at, count);
+  std::vector<uint16_t> h(static_cast<size_t>(count)), l(h.size());
+  t.backend->download(h.data(), high);
+  t.backend->download(l.data(), low);
+  auto* out = static_cast<uint32_t*>(dst);
+  for (size_t k = 0; k < h.size(); ++k) out[k] = split_master_join(h[k], l[k]);
+}
+
+// values into elements [offset, offset + size) of state_tensor(t, state, i, at, range_count).
+void upload_state(const TrainingTensors& t, FlatState state, size_t i, int64_t at,
+                  int64_t range_count, int64_t offset, const std::vector<float>& values) {
+  const auto count = static_cast<int64_t>(values.size());
+  if (!split_master(t, state))
+    return upload_values(*t.backend,
+                         state_tensor(t, state, i, at, range_count).flat_range(offset, count),
+                         values.data());
+  const auto [high, low] = split_master_halves(t, i, at + offset, count);
+  std::vector<uint16_t> h(values.size()), l(values.size());
+  for (size_t k = 0; k < values.size(); ++k) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[k], 4);
+    h[k] = split_master_high(bits);
+    l[k] = split_master_low(bits);
+  }
+  t.backend->upload(high, h.data());
+  t.backend->upload(low, l.data());
+}
+
 DType state_dtype_of(const TrainingTensors& t, FlatState state) {
+  if (split_master(t, state)) return DType::F32;
   if (state == FlatState::Master && !t.master_ranges.empty()) return t.master_ranges[0].dtype;
   return (state == FlatState::Master   ? t.master
           : state == FlatState::ExpAvg ? t.exp_avg
@@ -414,8 +460,8 @@ std::string save_checkpoint(const std::string& save_dir, const TrainingTensors& 
   const auto& params = t.layout->params;
   FileToWrite optimizer{kOptimizerFile, {}, [&](size_t i, void* dst) {
                           const ParamInfo& p = params[i % params.size()];
-                          t.backend->download(dst, state_tensor(t, kFlatStates[i / params.size()],
-                                                                0, p.offset, p.numel()));
+                          download_state(t, kFlatStates[i / params.size()], 0, p.offset,
+                                         p.numel(), dst);
                         }};
   for (FlatState s : kFlatStates)
     for (const auto& p : params)
@@ -462,8 +508,7 @@ void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& 
                         for (size_t k = 0; k < t.owned.size(); ++k) {
                           const int64_t count = t.owned[k].count();
                           host.resize(static_cast<size_t>(at + count) * width);
-                          t.backend->download(host.data() + at * width,
-                                              state_tensor(t, s, k, at, count));
+                          download_state(t, s, k, at, count, host.data() + at * width);
                           at += count;
                         }
                         auto* out = static_cast<std::byte*>(dst);
@@ -486,9 +531,8 @@ void write_checkpoint_shard(const std::string& save_dir, const TrainingTensors& 
   }
   const size_t n = t.owned.size();
   FileToWrite shard{shard_file_name(rank, world), {}, [&](size_t i, void* dst) {
-                      t.backend->download(
-                          dst, state_tensor(t, kFlatStates[i / n], i % n, packed_at[i % n],
-                                            t.owned[i % n].count()));
+                      download_state(t, kFlatStates[i / n], i % n, packed_at[i % n],
+                                     t.owned[i % n].count(), dst);
                     }};
   for (FlatState s : kFlatStates)
     for (const ParamRange& r : t.owned)
@@ -987,14 +1031,10 @@ TrainerState load_checkpoint(const std::string& dir, const TrainingTensors& t,
         if (s != FlatState::Master && !moments) break;
         // Whatever dtype the checkpoint holds it in, the state arrives as the run keeps it
         // (bf16 moments resume fp32 ones and the other way round).
-        const Tensor dst = state_tensor(t, s, i, at, r.count());
         for (const PlacedRun& run : runs)
           c.read_flat(s, {run.begin, run.begin + run.count},
                       [&](int64_t offset, const std::vector<float>& v) {
-                        upload_values(*t.backend,
-                                      dst.flat_range(run.local + offset - run.begin,
-                                                     static_cast<int64_t>(v.size())),
-                                      v.data());
+                        upload_state(t, s, i, at, r.count(), run.local + offset - run.begin, v);
                       });
       }
       at += r.count();

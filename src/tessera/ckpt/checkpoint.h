@@ -76,6 +76,10 @@ struct TrainingTensors {
   // Master weights that are not packed: with bf16 main parameters under ZeRO-1 or FSDP they
   // are this rank's parameters, owned range i in master_ranges[i]. Empty: `master` holds them.
   std::vector<Tensor> master_ranges;
+  // Split master weights (core/split_master.h): per owned range (one when unsharded) the bf16
+  // parameters that are the master's high halves; `master` then holds the packed uint16 low
+  // halves. Saved and loaded as the fp32 values they hold. Empty: no split.
+  std::vector<Tensor> master_high;
   // Further fp32 state by name (the FP8 scaling state, "fp8.*"), kept in
   // optimizer.safetensors (sharded: rank 0's shard). Loading a checkpoint without them (or
   // with other shapes) leaves these tensors as they are, so checkpoints of runs without that

@@ -271,6 +271,10 @@ struct TrainingConfig {
   // precision-aware optimizer.
   bool grad_reduce_in_bf16 = false;
   DType main_params_dtype = DType::F32;
+  // Megatron's store_param_remainders: an fp32 master beside bf16 parameters is kept as its
+  // low 16 bits only, the parameters being its high halves (core/split_master.h): the same
+  // fp32 values in 2 bytes a parameter less; false keeps a whole fp32 copy.
+  bool store_param_remainders = true;
   DType exp_avg_dtype = DType::F32;
   DType exp_avg_sq_dtype = DType::F32;
   double dist_timeout_minutes = 10.0;      // rendezvous and collective timeout

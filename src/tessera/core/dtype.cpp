@@ -12,6 +12,7 @@ std::string_view dtype_name(DType t) {
     case DType::I32: return "int32";
     case DType::I64: return "int64";
     case DType::U8: return "uint8";
+    case DType::U16: return "uint16";
   }
   return "?";
 }
@@ -26,7 +27,7 @@ bool parse_dtype(std::string_view name, DType* out) {
       {"bf16", DType::BF16},    {"bfloat16", DType::BF16}, {"fp16", DType::F16},
       {"float16", DType::F16},  {"fp8_e4m3", DType::E4M3}, {"e4m3", DType::E4M3},
       {"fp8_e5m2", DType::E5M2}, {"e5m2", DType::E5M2},    {"int32", DType::I32},
-      {"int64", DType::I64},    {"uint8", DType::U8},
+      {"int64", DType::I64},    {"uint8", DType::U8},     {"uint16", DType::U16},
   };
   for (const auto& a : kAliases) {
     if (a.name == name) {

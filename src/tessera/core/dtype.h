@@ -7,7 +7,7 @@
 
 namespace tessera {
 
-enum class DType : uint8_t { F32, BF16, F16, E4M3, E5M2, I32, I64, U8 };
+enum class DType : uint8_t { F32, BF16, F16, E4M3, E5M2, I32, I64, U8, U16 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -19,6 +19,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::U16: return 2;
   }
   return 0;
 }
@@ -27,7 +28,9 @@ std::string_view dtype_name(DType t);
 // Parses "fp32"/"float32", "bf16"/"bfloat16", ...; returns false on an unknown name.
 bool parse_dtype(std::string_view name, DType* out);
 
-inline bool is_floating(DType t) { return t != DType::I32 && t != DType::I64 && t != DType::U8; }
+inline bool is_floating(DType t) {
+  return t != DType::I32 && t != DType::I64 && t != DType::U8 && t != DType::U16;
+}
 
 // bfloat16 <-> float on the host, round-to-nearest-even like the hardware conversion.
 inline uint16_t float_to_bf16_bits(float f) {

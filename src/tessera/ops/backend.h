@@ -136,8 +136,10 @@ struct ParamSegment {
 // fp32 whatever the storage, each bf16 tensor is read into fp32 and its new value rounded back
 // to nearest even; the parameter update uses the fp32 moments before that rounding.
 struct AdamWArgs {
-  Tensor master;        // (P) fp32 master weights, updated in place; undefined: `params` are
-                        // the master (bf16 main parameters), updated in place
+  Tensor master;        // (P) fp32 master weights, updated in place; uint16: their low halves,
+                        // `params` (bf16) their high halves (split master weights,
+                        // core/split_master.h), both updated; undefined: `params` are the
+                        // master (bf16 main parameters), updated in place
   Tensor grad;          // (P) fp32 or bf16
   Tensor exp_avg;       // (P) fp32 or bf16 first moment
   Tensor exp_avg_sq;    // (P) fp32 or bf16 second moment

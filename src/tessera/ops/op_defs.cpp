@@ -1552,6 +1552,13 @@ void check_adamw_step(const OpChecks& check, const AdamWArgs& args) {
   const Tensor& updated = args.master.defined() ? args.master : args.params;
   check.placed(updated, args.master.defined() ? "master" : "params");
   const int64_t P = updated.numel();
+  if (args.master.defined()) {
+    check.that(args.master.dtype == DType::F32 || args.master.dtype == DType::U16,
+               "master has dtype {}, expected fp32 or uint16 (split)", dtype_name(args.master.dtype));
+    if (args.master.dtype == DType::U16)
+      check.that(args.params.defined() && args.params.dtype == DType::BF16,
+                 "a split master (uint16 low halves) needs bf16 params, its high halves");
+  }
   check.count(args.grad, P, "grad");
   check.count(args.exp_avg, P, "exp_avg");
   check.count(args.exp_avg_sq, P, "exp_avg_sq");
@@ -1573,8 +1580,30 @@ OpCost cost_adamw_step(const AdamWArgs& args) {
   // parameter; the state is read and written, the gradient read, the parameters written.
   const Tensor& updated = args.master.defined() ? args.master : args.params;
   const double state = bytes_of(args.exp_avg) + bytes_of(args.exp_avg_sq) + bytes_of(args.master);
-  return {15 * elements(updated), 2 * state + bytes_of(args.grad) +
-                                      bytes_of(args.params) * (args.master.defined() ? 1 : 2)};
+  // The parameters are only written beside an fp32 master; read too when they are the
+  // master or its high halves.
+  const bool params_read = !args.master.defined() || args.master.dtype == DType::U16;
+  return {15 * elements(updated),
+          2 * state + bytes_of(args.grad) + bytes_of(args.params) * (params_read ? 2 : 1)};
+}
+
+// ---- split_master
+
+void check_split_master(const OpChecks& check, const Tensor& high, const Tensor& low,
+                        const Tensor& master) {
+  check.placed(master, "master");
+  check.count(high, master.numel(), "high");
+  check.count(low, master.numel(), "low");
+  check.that(high.dtype == DType::BF16, "high has dtype {}, expected bf16", dtype_name(high.dtype));
+  check.that(low.dtype == DType::U16, "low has dtype {}, expected uint16", dtype_name(low.dtype));
+}
+
+OpArgs describe_split_master(const Tensor& high, const Tensor& low, const Tensor& master) {
+  return op_args::convert(high, master);
+}
+
+OpCost cost_split_master(const Tensor& high, const Tensor& low, const Tensor& master) {
+  return {0, bytes_of(master) + bytes_of(high) + bytes_of(low)};
 }
 
 }  // namespace tessera::op_defs

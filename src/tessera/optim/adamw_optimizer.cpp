@@ -34,6 +34,10 @@ bool AdamWOptimizer::keeps_master_copy(DType compute, const OptimizerDtypes& d, 
   return compute != DType::F32 || sharded;
 }
 
+bool AdamWOptimizer::splits_master(DType compute, const OptimizerDtypes& d, bool sharded) {
+  return keeps_master_copy(compute, d, sharded) && compute == DType::BF16 && d.split_master;
+}
+
 std::vector<std::vector<ParamSegment>> AdamWOptimizer::step_segments(
     const ParamLayout& layout, const std::vector<ParamRange>& owned) {
   const std::vector<ParamSegment> all = layout.decay_segments();
@@ -43,7 +47,7 @@ std::vector<std::vector<ParamSegment>> AdamWOptimizer::step_segments(
 }
 
 OptimizerDtypes OptimizerDtypes::from(const TrainingConfig& t) {
-  return {t.main_params_dtype, t.exp_avg_dtype, t.exp_avg_sq_dtype};
+  return {t.main_params_dtype, t.exp_avg_dtype, t.exp_avg_sq_dtype, t.store_param_remainders};
 }
 
 AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
@@ -74,6 +78,9 @@ AdamWOptimizer::AdamWOptimizer(Model& model, const TrainingConfig& config,
     if (!sharded_) master_ = model.params();
   } else if (!keeps_master_copy(compute, dtypes_, sharded_)) {
     master_ = model.params();
+  } else if (splits_master(compute, dtypes_, sharded_)) {
+    master_buffer_ = DeviceBuffer(b, held * sizeof(uint16_t), "fp32 master weights' low halves");
+    master_ = master_buffer_.tensor(DType::U16, {held});
   } else {
     master_buffer_ = DeviceBuffer(b, held * sizeof(float), "fp32 master weights");
     master_ = master_buffer_.tensor(DType::F32, {held});
@@ -113,7 +120,9 @@ void AdamWOptimizer::restore_moments() {
 size_t AdamWOptimizer::state_bytes(int64_t params, DType compute, const OptimizerDtypes& dtypes,
                                    bool sharded) {
   const auto p = static_cast<size_t>(params);
-  const size_t master = keeps_master_copy(compute, dtypes, sharded) ? p * sizeof(float) : 0;
+  const size_t master = !keeps_master_copy(compute, dtypes, sharded) ? 0
+                        : splits_master(compute, dtypes, sharded) ? p * sizeof(uint16_t)
+                                                                  : p * sizeof(float);
   return master + aligned(p * dtype_size(dtypes.exp_avg)) + p * dtype_size(dtypes.exp_avg_sq);
 }
 
@@ -124,7 +133,7 @@ std::vector<ParamRange> AdamWOptimizer::owned() const {
 }
 
 void AdamWOptimizer::sync_params_from_master() {
-  if (!params_are_master_) {
+  if (!params_are_master_ && !splits_master()) {
     int64_t at = 0;  // master weights are packed in owned order
     for (const OwnedParams& o : owned_) {
       if (o.params.data != master_.data)
@@ -136,6 +145,7 @@ void AdamWOptimizer::sync_params_from_master() {
 }
 
 std::vector<FlatSlice> AdamWOptimizer::master_slices() const {
+  TS_CHECK(!splits_master(), "a split master has no fp32 slices (write_master)");
   std::vector<FlatSlice> slices;
   int64_t at = 0;
   for (const OwnedParams& o : owned_) {
@@ -144,6 +154,33 @@ std::vector<FlatSlice> AdamWOptimizer::master_slices() const {
     at += o.range.count();
   }
   return slices;
+}
+
+void AdamWOptimizer::write_master(const std::function<void(const std::vector<FlatSlice>&)>& write) {
+  if (!splits_master()) {
+    write(master_slices());
+    sync_params_from_master();
+    return;
+  }
+  // The moments hold at least 4 bytes a parameter (two of 2 or 4): room for the fp32 values.
+  Backend& b = model_.backend();
+  const Tensor scratch = moments_buffer_.tensor(DType::F32, {master_.numel()});
+  std::vector<FlatSlice> slices;
+  int64_t at = 0;
+  for (const OwnedParams& o : owned_) {
+    slices.push_back({o.range, scratch.flat_range(at, o.range.count())});
+    at += o.range.count();
+  }
+  write(slices);
+  at = 0;
+  for (const OwnedParams& o : owned_) {
+    const int64_t n = o.range.count();
+    b.split_master(o.params, master_.flat_range(at, n), scratch.flat_range(at, n));
+    at += n;
+  }
+  b.fill(exp_avg_, 0.0f);
+  b.fill(exp_avg_sq_, 0.0f);
+  model_.params_updated();
 }
 
 void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
@@ -165,7 +202,7 @@ void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {
       a.params = o.params;
     } else {
       a.master = master_.flat_range(at, n);
-      a.params = o.params.data != master_.data ? o.params : Tensor{};
+      a.params = o.params.data != master_.data ? o.params : Tensor{};  // split: the high halves
     }
     a.grad = o.grads;
     a.exp_avg = exp_avg_.flat_range(at, n);

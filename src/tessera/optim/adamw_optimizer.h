@@ -8,6 +8,7 @@
 // rank's copies of those ranges' parameters, which data parallelism then gathers from every
 // rank.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/config/config.h"
@@ -22,6 +23,9 @@ struct OptimizerDtypes {
   DType main_params = DType::F32;  // F32: an fp32 master copy; BF16: none (bf16 parameters)
   DType exp_avg = DType::F32;
   DType exp_avg_sq = DType::F32;
+  // An fp32 master beside bf16 parameters kept as its low halves only, the parameters being
+  // its high halves (store_param_remainders, core/split_master.h).
+  bool split_master = true;
   static OptimizerDtypes from(const TrainingConfig& t);
 };
 
@@ -48,6 +52,13 @@ class AdamWOptimizer {
   // weights of the whole layout (fp32 parameters of an unsharded run).
   static bool keeps_master_copy(DType compute, const OptimizerDtypes& dtypes, bool sharded);
   bool keeps_master_copy() const { return keeps_master_copy(model_.runtime().compute_dtype, dtypes_, sharded_); }
+  // Whether that copy is split (core/split_master.h): 2 bytes a parameter, its other half the
+  // bf16 parameters, so that writing the parameters writes the master too.
+  static bool splits_master(DType compute, const OptimizerDtypes& dtypes, bool sharded);
+  bool splits_master() const { return splits_master(model_.runtime().compute_dtype, dtypes_, sharded_); }
+  // Whether sync_params_from_master() can bring the parameters back after others overwrote
+  // them (a frozen reference's weights): an fp32 copy that is whole.
+  bool restores_params() const { return keeps_master_copy() && !splits_master(); }
 
   bool sharded() const { return sharded_; }
   std::vector<ParamRange> owned() const;
@@ -56,8 +67,9 @@ class AdamWOptimizer {
   const OptimizerDtypes& dtypes() const { return dtypes_; }
   // bf16 main parameters: no master copy; master_slices() are the parameters.
   bool params_are_master() const { return params_are_master_; }
-  // (P) master weights, fp32 (sharded: the owned counts packed); with bf16 main parameters
-  // the parameters themselves (bf16), packed views only when unsharded.
+  // (P) master weights, fp32 (sharded: the owned counts packed), or split: their uint16 low
+  // halves so packed, the owned params their high halves; with bf16 main parameters the
+  // parameters themselves (bf16), packed views only when unsharded.
   Tensor master() const { return master_; }
   Tensor exp_avg() const { return exp_avg_; }        // (P) first moments, dtypes().exp_avg
   Tensor exp_avg_sq() const { return exp_avg_sq_; }  // (P) second moments
@@ -77,8 +89,13 @@ class AdamWOptimizer {
   // `step` is the 1-based count of applied updates including this one.
   void step(double lr, const Tensor& grad_norm_sq, int64_t step);
   // The master weights by owned range (fp32, or the bf16 parameters with bf16 main
-  // parameters), to initialise or load them into (then sync_params_from_master()).
+  // parameters); not of a split master, which write_master() fills.
   std::vector<FlatSlice> master_slices() const;
+  // Calls `write` with fp32 (or, bf16 main parameters, bf16) slices by owned range to
+  // initialise or load the master weights into, then refreshes the parameters from them. A
+  // split master's slices are fp32 scratch in the moments' memory, split into both halves
+  // after `write` (the moments are zeroed then: only a fresh or weights-only start writes so).
+  void write_master(const std::function<void(const std::vector<FlatSlice>&)>& write);
 
  private:
   Model& model_;

@@ -16,6 +16,7 @@
 #include "tessera/model/decoder_model.h"
 #include "tessera/model/lora_layout.h"
 #include "tessera/model/param_layout.h"
+#include "tessera/optim/adamw_optimizer.h"
 
 namespace tessera::plan {
 namespace {
@@ -125,10 +126,13 @@ std::string optimizer_state_text(const PlanInput& in) {
   const bool master_is_params =
       o.main_params != DType::F32 ||
       (in.runtime.compute_dtype == DType::F32 && in.sharding == StateSharding::None);
+  const bool split = AdamWOptimizer::splits_master(in.runtime.compute_dtype, o,
+                                                   in.sharding != StateSharding::None);
   return fmt::format("{} master weights, {}/{} AdamW moments",
                      o.main_params != DType::F32 ? "no (bf16 parameters updated in place)"
                      : master_is_params          ? "fp32 (the weights)"
-                                                 : "fp32",
+                     : split ? "fp32 (split: the bf16 weights and their 2-byte low halves)"
+                             : "fp32",
                      dtype_name(o.exp_avg), dtype_name(o.exp_avg_sq));
 }
 

@@ -10,7 +10,7 @@ FrozenReference::FrozenReference(Backend& backend, AdamWOptimizer& optimizer, Mo
                                  dist::Parallelism& parallel)
     : backend_(backend), optimizer_(optimizer), model_(model), parallel_(parallel) {
   const std::vector<OwnedParams>& shards = optimizer_.owned_params();
-  const bool restorable = optimizer_.keeps_master_copy();
+  const bool restorable = optimizer_.restores_params();
   size_t bytes = 0;
   for (const OwnedParams& o : shards) bytes += o.params.nbytes();
   buffer_ = DeviceBuffer(backend_, bytes * (restorable ? 1 : 2), "reference weights");

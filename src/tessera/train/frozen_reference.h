@@ -20,8 +20,9 @@ class Parallelism;
 class FrozenReference {
  public:
   // Copies the weights the optimizer updates, as they are now. Where the optimizer keeps no
-  // master copy to restore the policy's weights from (fp32 weights of an unsharded run, bf16
-  // main parameters), room for theirs is kept beside the copy (the memory planner counts both).
+  // whole master copy to restore the policy's weights from (fp32 weights of an unsharded run,
+  // bf16 main parameters, a split master whose high halves the reference's overwrite), room
+  // for theirs is kept beside the copy (the memory planner counts both).
   FrozenReference(Backend& backend, AdamWOptimizer& optimizer, Model& model, dist::Parallelism& parallel);
 
   size_t bytes() const { return buffer_.bytes(); }

@@ -470,8 +470,10 @@ void Trainer::build_model() {
 // keep ranks alike from here on.
 void Trainer::start_state() {
   ranks_stop_together_ = parallel_->world_size() > 1 && !exp_.checkpoint.save.empty();
-  init_parameters(*backend_, setup_.spec, model_->layout(), optimizer_->master_slices(),
-                  static_cast<uint64_t>(exp_.training.seed));
+  optimizer_->write_master([&](const std::vector<FlatSlice>& slices) {
+    init_parameters(*backend_, setup_.spec, model_->layout(), slices,
+                    static_cast<uint64_t>(exp_.training.seed));
+  });
   if (lora_) load_lora_base();
   if (!exp_.checkpoint.reference_load.empty()) load_reference();
   restore_start_state();
@@ -500,6 +502,8 @@ TrainingTensors Trainer::training_tensors() const {
   // Sharded bf16 main parameters are this rank's parameter slices, wherever they lie.
   if (optimizer_->sharded() && optimizer_->params_are_master())
     for (const FlatSlice& s : optimizer_->master_slices()) t.master_ranges.push_back(s.values);
+  if (optimizer_->splits_master())
+    for (const OwnedParams& o : optimizer_->owned_params()) t.master_high.push_back(o.params);
   t.exp_avg = optimizer_->exp_avg();
   t.exp_avg_sq = optimizer_->exp_avg_sq();
   for (const StepHook* hook : step_hooks_)
@@ -577,8 +581,10 @@ void Trainer::restore_start_state() {
   } else {
     if (!c.load.empty()) log_.warning("no checkpoint in {} yet (load): starting a new run", c.load);
     if (!c.hf_init_path.empty() && !lora_) {
-      differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
-                                    optimizer_->master_slices(), model_->persistent_state());
+      optimizer_->write_master([&](const std::vector<FlatSlice>& slices) {
+        differences = load_hf_weights(c.hf_init_path, setup_.spec, model_->layout(), *backend_,
+                                      slices, model_->persistent_state());
+      });
       initial_weights_ = "the Hugging Face model at hf_init_path " + c.hf_init_path;
       initial_weight_files_ = hf_weight_files(c.hf_init_path);
       log_.info("initial weights: Hugging Face model {}", c.hf_init_path);

@@ -20,6 +20,7 @@
 
 #include "tessera/backend/cpu/attention_blocked.h"
 #include "tessera/backend/cpu/reference.h"
+#include "tessera/core/split_master.h"
 #include "tessera/ops/op_checks.h"
 
 namespace tessera {
@@ -300,6 +301,20 @@ void CpuBackend::do_fill(const Tensor& dst, float value) {
   float* p = f32(dst);
   parallel_chunks(dst.numel(),
                   [&](int64_t begin, int64_t end) { std::fill(p + begin, p + end, value); });
+}
+
+void CpuBackend::do_split_master(const Tensor& high, const Tensor& low, const Tensor& master) {
+  const float* in = f32(master);
+  uint16_t* h = high.as<uint16_t>();
+  uint16_t* l = low.as<uint16_t>();
+  parallel_chunks(master.numel(), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, in + i, 4);
+      h[i] = split_master_high(bits);
+      l[i] = split_master_low(bits);
+    }
+  });
 }
 
 void CpuBackend::do_convert(const Tensor& dst, const Tensor& src) {
@@ -1142,17 +1157,51 @@ class StateView {
 
 }  // namespace
 
+// A split master (core/split_master.h): the fp32 values of [o, o + n) joined from the bf16
+// parameters (high halves) and the low halves, and written back split.
+class SplitMasterView {
+ public:
+  SplitMasterView(const Tensor& high, const Tensor& low)
+      : high_(high.as<uint16_t>()), low_(low.as<uint16_t>()) {}
+  float* read(int64_t o, int64_t n, std::vector<float>& scratch) const {
+    scratch.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = split_master_join(high_[o + i], low_[o + i]);
+      std::memcpy(&scratch[i], &bits, 4);
+    }
+    return scratch.data();
+  }
+  void write(int64_t o, int64_t n, const float* values) const {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, values + i, 4);
+      high_[o + i] = split_master_high(bits);
+      low_[o + i] = split_master_low(bits);
+    }
+  }
+
+ private:
+  uint16_t* high_;
+  uint16_t* low_;
+};
+
 void CpuBackend::do_adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
-  // Without an fp32 master the parameters are the master (bf16 main parameters).
+  // Without an fp32 master the parameters are the master (bf16 main parameters); a split
+  // master's high halves are the parameters.
   const bool has_master = args.master.defined();
-  if (has_master) expect_f32(args.master, op, "master");
-  const StateView master(has_master ? args.master : args.params, op,
-                         has_master ? "master" : "params");
+  const bool split = has_master && args.master.dtype == DType::U16;
+  if (has_master && !split) expect_f32(args.master, op, "master");
+  const std::optional<SplitMasterView> split_master =
+      split ? std::optional<SplitMasterView>(std::in_place, args.params, args.master) : std::nullopt;
+  const std::optional<StateView> whole_master =
+      split ? std::nullopt
+            : std::optional<StateView>(std::in_place, has_master ? args.master : args.params, op,
+                                       has_master ? "master" : "params");
   const StateView grad(args.grad, op, "grad"), m(args.exp_avg, op, "exp_avg"),
       v(args.exp_avg_sq, op, "exp_avg_sq");
   float* params = nullptr;
-  if (has_master && args.params.defined() && args.params.data != args.master.data) {
+  if (has_master && !split && args.params.defined() && args.params.data != args.master.data) {
     params = f32(args.params);
   }
 
@@ -1181,12 +1230,15 @@ void CpuBackend::do_adamw_step(const AdamWArgs& args) {
     for (int64_t i = 0; i < count; ++i) {
       const Piece& piece = pieces[i];
       const int64_t o = piece.offset, n = piece.count;
-      float* p = master.read(o, n, p_tmp);
+      float* p = split ? split_master->read(o, n, p_tmp) : whole_master->read(o, n, p_tmp);
       float* mv = m.read(o, n, m_tmp);
       float* vv = v.read(o, n, v_tmp);
       ref::adamw_update(p, params != nullptr ? params + o : nullptr, mv, vv, grad.read(o, n, g_tmp),
                         n, settings, piece.decay, *scale);
-      master.write(o, n, p);
+      if (split)
+        split_master->write(o, n, p);
+      else
+        whole_master->write(o, n, p);
       m.write(o, n, mv);
       v.write(o, n, vv);
     }

@@ -5,6 +5,7 @@
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
 #include "tessera/core/error.h"
+#include "tessera/core/split_master.h"
 
 namespace tessera::cuda {
 namespace {
@@ -37,11 +38,47 @@ struct Update {
   }
 };
 
+// A split master (core/split_master.h) is TM = TP = uint16_t: master the low halves, params
+// the bf16 bits of the high halves.
+template <class TM>
+inline constexpr bool kSplitMaster = std::is_same_v<TM, uint16_t>;
+
+template <class TM, class TP, int VEC>
+__device__ __forceinline__ void load_master(const TM* master, const TP* params, float (&out)[VEC]) {
+  if constexpr (kSplitMaster<TM>) {
+    const Pack<uint16_t, VEC> high = load_pack<uint16_t, VEC>(params), low = load_pack<uint16_t, VEC>(master);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out[k] = __uint_as_float(split_master_join(high.v[k], low.v[k]));
+  } else {
+    load_floats<TM, VEC>(master, out);
+  }
+}
+
+// Stores the master, and the compute-dtype copy when params is not null.
+template <class TM, class TP, int VEC>
+__device__ __forceinline__ void store_master(TM* master, TP* params, const float (&in)[VEC]) {
+  if constexpr (kSplitMaster<TM>) {
+    Pack<uint16_t, VEC> high, low;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const uint32_t bits = __float_as_uint(in[k]);
+      high.v[k] = split_master_high(bits);
+      low.v[k] = split_master_low(bits);
+    }
+    store_pack<uint16_t, VEC>(params, high);
+    store_pack<uint16_t, VEC>(master, low);
+  } else {
+    store_floats<TM, VEC>(master, in);
+    if (params != nullptr) store_floats<TP, VEC>(params, in);
+  }
+}
+
 // VEC = 4 when every base pointer allows it; elements before the first 4-aligned index of a
 // chunk and after the last full pack go through the scalar path. Storage types: TM the master
-// (fp32, or the bf16 parameters themselves), TP the compute-dtype copy (written when params is
-// not null), TG the gradient, TS1 / TS2 the moments. Whatever they are, the update runs on
-// fp32 values and each bf16 store rounds to nearest even (the host reference's rounding).
+// (fp32, the bf16 parameters themselves, or a split master's low halves), TP the compute-dtype
+// copy (written when params is not null), TG the gradient, TS1 / TS2 the moments. Whatever they
+// are, the update runs on fp32 values and each bf16 store rounds to nearest even (the host
+// reference's rounding).
 template <class TM, class TP, class TG, class TS1, class TS2, int VEC>
 __global__ void adamw_kernel(TM* master, TP* params, TS1* exp_avg, TS2* exp_avg_sq, const TG* grad,
                              const float* grad_norm_sq, const AdamWChunk* chunks, AdamWScalars s) {
@@ -58,28 +95,36 @@ __global__ void adamw_kernel(TM* master, TP* params, TS1* exp_avg, TS2* exp_avg_
   const int64_t vec_begin = std::min(end, (begin + VEC - 1) / VEC * VEC);
   const int64_t vec_end = std::max(vec_begin, end / VEC * VEC);
   auto scalar = [&](int64_t i) {
-    float p = to_float(master[i]), m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
-    update(p, m, v, to_float(grad[i]));
-    master[i] = from_float<TM>(p);
+    float p[1], m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
+    load_master<TM, TP, 1>(master + i, params + i, p);
+    update(p[0], m, v, to_float(grad[i]));
+    store_master<TM, TP, 1>(master + i, params != nullptr ? params + i : nullptr, p);
     exp_avg[i] = from_float<TS1>(m);
     exp_avg_sq[i] = from_float<TS2>(v);
-    if (params != nullptr) params[i] = from_float<TP>(p);
   };
   for (int64_t i = begin + threadIdx.x; i < vec_begin; i += kThreads) scalar(i);
   for (int64_t i = vec_end + threadIdx.x; i < end; i += kThreads) scalar(i);
   for (int64_t i = vec_begin + static_cast<int64_t>(threadIdx.x) * VEC; i < vec_end;
        i += kThreads * VEC) {
     float p[VEC], m[VEC], v[VEC], g[VEC];
-    load_floats<TM, VEC>(master + i, p);
+    load_master<TM, TP, VEC>(master + i, params + i, p);
     load_floats<TS1, VEC>(exp_avg + i, m);
     load_floats<TS2, VEC>(exp_avg_sq + i, v);
     load_floats<TG, VEC>(grad + i, g);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) update(p[k], m[k], v[k], g[k]);
-    store_floats<TM, VEC>(master + i, p);
+    store_master<TM, TP, VEC>(master + i, params != nullptr ? params + i : nullptr, p);
     store_floats<TS1, VEC>(exp_avg + i, m);
     store_floats<TS2, VEC>(exp_avg_sq + i, v);
-    if (params != nullptr) store_floats<TP, VEC>(params + i, p);
+  }
+}
+
+__global__ void split_master_kernel(uint16_t* high, uint16_t* low, const float* master, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t bits = __float_as_uint(master[i]);
+    high[i] = split_master_high(bits);
+    low[i] = split_master_low(bits);
   }
 }
 
@@ -138,7 +183,11 @@ void adamw_step(const AdamWBuffers& t, const float* grad_norm_sq, const AdamWChu
     });
   };
   dispatch_float(t.grad_dtype, "adamw_step grad", [&](auto tg) {
-    if (t.params == nullptr) {  // no copy: the master is fp32 master weights or the parameters
+    if (t.master_dtype == DType::U16) {
+      TS_CHECK(t.params != nullptr && t.params_dtype == DType::BF16,
+               "adamw_step: a split master needs bf16 parameters, its high halves");
+      with_moments(uint16_t{}, uint16_t{}, tg);
+    } else if (t.params == nullptr) {  // no copy: the master is fp32 master weights or the parameters
       dispatch_float(t.master_dtype, "adamw_step master",
                      [&](auto tm) { with_moments(tm, float{}, tg); });
     } else {
@@ -147,6 +196,14 @@ void adamw_step(const AdamWBuffers& t, const float* grad_norm_sq, const AdamWChu
                      [&](auto tp) { with_moments(float{}, tp, tg); });
     }
   });
+}
+
+void split_master(void* high, void* low, const float* master, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65536);
+  split_master_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      static_cast<uint16_t*>(high), static_cast<uint16_t*>(low), master, n);
+  TS_CUDA_CHECK_LAUNCH("split_master_kernel");
 }
 
 }  // namespace tessera::cuda

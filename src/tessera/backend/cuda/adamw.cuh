@@ -35,7 +35,8 @@ struct AdamWScalars {
 };
 
 // The tensors of one step and their storage dtypes (fp32 or bf16). master: the fp32 master
-// weights, or, with bf16 main parameters, the parameters themselves (params then null).
+// weights, a split master's low halves (uint16, params its bf16 high halves), or, with bf16
+// main parameters, the parameters themselves (params then null).
 // params: the compute-dtype copy written from the master, or null.
 struct AdamWBuffers {
   void* master = nullptr;
@@ -56,5 +57,8 @@ struct AdamWBuffers {
 // every storage dtype.
 void adamw_step(const AdamWBuffers& t, const float* grad_norm_sq, const AdamWChunk* chunks,
                 int64_t chunk_count, const AdamWScalars& s, cudaStream_t stream);
+
+// high (bf16 bits) and low (uint16) of n fp32 master weights (core/split_master.h).
+void split_master(void* high, void* low, const float* master, int64_t n, cudaStream_t stream);
 
 }  // namespace tessera::cuda

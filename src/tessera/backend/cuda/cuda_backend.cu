@@ -429,6 +429,10 @@ void CudaBackend::do_fill(const Tensor& dst, float value) {
   cuda::fill(dst.data, dst.numel(), value, dst.dtype, stream_);
 }
 
+void CudaBackend::do_split_master(const Tensor& high, const Tensor& low, const Tensor& master) {
+  cuda::split_master(high.data, low.data, master.as<float>(), master.numel(), stream_);
+}
+
 void CudaBackend::do_convert(const Tensor& dst, const Tensor& src) {
   if (dst.data == src.data && dst.dtype == src.dtype) return;
   cuda::convert(dst.data, dst.dtype, src.data, src.dtype, src.numel(), stream_);

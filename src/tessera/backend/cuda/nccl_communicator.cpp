@@ -58,6 +58,8 @@ ncclDataType_t nccl_type(DType t, bool reducing, const char* op) {
       // Moved as bytes; a sum of fp8 values over ranks would lose everything anyway.
       if (!reducing) return ncclUint8;
       break;
+    case DType::U16:  // the master's low halves stay with the rank that updates them
+      break;
   }
   throw InternalError(fmt::format("{}: dtype {} cannot be reduced by NCCL", op, dtype_name(t)));
 }
