@@ -46,8 +46,9 @@ struct Options {
 };
 
 // The full-size run's defaults, before the user's keys (which win): Megatron's
-// precision-aware optimizer with bf16 gradients and moments and selective recompute, what
-// fits the 7-8B presets on one H200 at seq 8192 (docs/memory.md).
+// precision-aware optimizer with bf16 gradients and moments, and no recompute, which the fp32
+// master's low halves (store_param_remainders) leave room for: the 7-8B presets fit one H200 at
+// seq 8192 so, FP8 weight cache included (docs/memory.md).
 const std::vector<std::string> kFullDefaults = {"--use_precision_aware_optimizer",
                                                 "true",
                                                 "--use_distributed_optimizer",
@@ -59,7 +60,7 @@ const std::vector<std::string> kFullDefaults = {"--use_precision_aware_optimizer
                                                 "--exp_avg_sq_dtype",
                                                 "bf16",
                                                 "--recompute_granularity",
-                                                "selective"};
+                                                "null"};
 
 Options parse(const std::vector<std::string>& args) {
   Options o;
@@ -307,7 +308,7 @@ int model_bench_command(const std::vector<std::string>& args) {
         "other.\n"
         "--full: every layer of the preset, the global batch by accumulation of --micro_batches\n"
         "micro-batches (default 16), Megatron's precision-aware optimizer with bf16 gradients and\n"
-        "moments and selective recompute (keys given here win); MFU against the GPU's datasheet "
+        "moments and no recompute (keys given here win); MFU against the GPU's datasheet "
         "bf16\n"
         "peak (configs/gpus.yaml), the memory planner's prediction beside the measured peak, and "
         "one\n"
