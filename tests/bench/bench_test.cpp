@@ -520,6 +520,21 @@ TEST(BenchCommands, ModelOnTheCpuIsHonestAboutItsCeilingAndItsSplit) {
   fs::remove_all(out);
 }
 
+// The bench's sequence is measured even where the experiment's own runs are shorter (Primus's
+// Mixtral: seq and max_position_embeddings 4096), unless the keys cap the positions.
+TEST(BenchCommands, ModelMeasuresTheBenchSequenceBeyondTheExperimentsPositions) {
+  const std::string mixtral =
+      "bench model --device cpu --models mixtral_8x7B --num_layers 1 --hidden_size 64 "
+      "--ffn_hidden_size 64 --moe_ffn_hidden_size 64 --num_attention_heads 4 "
+      "--num_query_groups 2 --vocab_size 300 --iters 1 --warmup 0 --no_breakdown --seq_length 4160";
+  Result r = run(mixtral);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "| mixtral_8x7B |")) << r.output;
+  r = run(mixtral + " --max_position_embeddings 4096");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "expected at most max_position_embeddings (4096)")) << r.output;
+}
+
 // Exit code 0 with a verdict whether or not there is a GPU; without one the report says so.
 TEST(Preflight, ReportsAVerdictPerLine) {
   const fs::path out =

@@ -130,9 +130,10 @@ std::string family(const std::string& op) {
   return "other";
 }
 
-// The last --micro_batch_size among `--key value` / `--key=value` tokens (dashes or underscores).
-int64_t last_micro_batch(const std::vector<std::string>& tokens) {
-  int64_t mbs = 1;
+// The last value of the integer key `key` among `--key value` / `--key=value` tokens (dashes
+// or underscores), or `fallback`.
+int64_t last_int(const std::vector<std::string>& tokens, const std::string& key, int64_t fallback) {
+  int64_t last = fallback;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (!tokens[i].starts_with("--")) continue;
     std::string name = tokens[i].substr(2), value;
@@ -143,14 +144,14 @@ int64_t last_micro_batch(const std::vector<std::string>& tokens) {
       value = tokens[i + 1];
     }
     std::replace(name.begin(), name.end(), '-', '_');
-    if (name != "micro_batch_size") continue;
+    if (name != key) continue;
     try {
-      mbs = std::stoll(value);
+      last = std::stoll(value);
     } catch (...) {
-      throw ConfigError("command line", "micro_batch_size", value, "an integer");
+      throw ConfigError("command line", key, value, "an integer");
     }
   }
-  return mbs;
+  return last;
 }
 
 // The experiment `bench model` trains for `model`: the proxy (4 layers, global batch 1) or
@@ -168,6 +169,14 @@ Experiment bench_experiment(const Options& o, const std::string& model) {
     lo.cli_overrides.insert(lo.cli_overrides.end(),
                             {"--num_layers", "4", "--global_batch_size", "1"});
   }
+  // The bench's sequence is the positions the model must take: an experiment whose own runs
+  // are shorter (Primus's Mixtral at 4096) is measured at it all the same, unless the user's
+  // keys set max_position_embeddings themselves.
+  std::vector<std::string> all = lo.cli_overrides;
+  all.insert(all.end(), o.overrides.begin(), o.overrides.end());
+  if (last_int(o.overrides, "max_position_embeddings", 0) == 0)
+    lo.cli_overrides.insert(lo.cli_overrides.end(),
+                            {"--max_position_embeddings", std::to_string(last_int(all, "seq_length", 0))});
   lo.cli_overrides.insert(lo.cli_overrides.end(), o.overrides.begin(), o.overrides.end());
   lo.cli_overrides.insert(lo.cli_overrides.end(),
                           {"--train_iters", std::to_string(o.warmup + o.iters + 1)});
@@ -175,7 +184,7 @@ Experiment bench_experiment(const Options& o, const std::string& model) {
   // The global batch follows the micro batch the keys settle on.
   lo.cli_overrides.insert(lo.cli_overrides.end(),
                           {"--global_batch_size",
-                           std::to_string(o.micro_batches * last_micro_batch(lo.cli_overrides))});
+                           std::to_string(o.micro_batches * last_int(lo.cli_overrides, "micro_batch_size", 1))});
   return load_experiment(lo);
 }
 
