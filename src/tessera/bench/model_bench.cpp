@@ -46,9 +46,10 @@ struct Options {
 };
 
 // The full-size run's defaults, before the user's keys (which win): Megatron's
-// precision-aware optimizer with bf16 gradients and moments, and no recompute, which the fp32
-// master's low halves (store_param_remainders) leave room for: the 7-8B presets fit one H200 at
-// seq 8192 so, FP8 weight cache included (docs/memory.md).
+// precision-aware optimizer with bf16 gradients and moments. Recompute is chosen per run
+// (full_recompute): none where the plan fits the device, which the fp32 master's low halves
+// (store_param_remainders) allow for the 7-8B presets at seq 8192 on one H200, FP8 weight cache
+// included (docs/memory.md), else selective.
 const std::vector<std::string> kFullDefaults = {"--use_precision_aware_optimizer",
                                                 "true",
                                                 "--use_distributed_optimizer",
@@ -58,9 +59,7 @@ const std::vector<std::string> kFullDefaults = {"--use_precision_aware_optimizer
                                                 "--exp_avg_dtype",
                                                 "bf16",
                                                 "--exp_avg_sq_dtype",
-                                                "bf16",
-                                                "--recompute_granularity",
-                                                "null"};
+                                                "bf16"};
 
 Options parse(const std::vector<std::string>& args) {
   Options o;
@@ -130,10 +129,9 @@ std::string family(const std::string& op) {
   return "other";
 }
 
-// The last value of the integer key `key` among `--key value` / `--key=value` tokens (dashes
-// or underscores), or `fallback`.
-int64_t last_int(const std::vector<std::string>& tokens, const std::string& key, int64_t fallback) {
-  int64_t last = fallback;
+// The last value of `key` among `--key value` / `--key=value` tokens (dashes or underscores).
+std::optional<std::string> last_value(const std::vector<std::string>& tokens, const std::string& key) {
+  std::optional<std::string> last;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (!tokens[i].starts_with("--")) continue;
     std::string name = tokens[i].substr(2), value;
@@ -144,19 +142,27 @@ int64_t last_int(const std::vector<std::string>& tokens, const std::string& key,
       value = tokens[i + 1];
     }
     std::replace(name.begin(), name.end(), '-', '_');
-    if (name != key) continue;
-    try {
-      last = std::stoll(value);
-    } catch (...) {
-      throw ConfigError("command line", key, value, "an integer");
-    }
+    if (name == key) last = value;
   }
   return last;
 }
 
+// last_value() of an integer key, or `fallback`.
+int64_t last_int(const std::vector<std::string>& tokens, const std::string& key, int64_t fallback) {
+  const std::optional<std::string> value = last_value(tokens, key);
+  if (!value) return fallback;
+  try {
+    return std::stoll(*value);
+  } catch (...) {
+    throw ConfigError("command line", key, *value, "an integer");
+  }
+}
+
 // The experiment `bench model` trains for `model`: the proxy (4 layers, global batch 1) or
-// the full model (all layers, micro_batches micro-batches per step), then the user's keys.
-Experiment bench_experiment(const Options& o, const std::string& model) {
+// the full model (all layers, micro_batches micro-batches per step, `full_recompute`), then the
+// user's keys.
+Experiment bench_experiment(const Options& o, const std::string& model,
+                            const std::string& full_recompute = "null") {
   LoadOptions lo;
   lo.config_path = model + "-pretrain";
   // One device: an MoE experiment's experts, spread over a node's GPUs, all on this one.
@@ -165,6 +171,7 @@ Experiment bench_experiment(const Options& o, const std::string& model) {
       "--log_interval", "1000000", "--expert_model_parallel_size", "1"};
   if (o.full) {
     lo.cli_overrides.insert(lo.cli_overrides.end(), kFullDefaults.begin(), kFullDefaults.end());
+    lo.cli_overrides.insert(lo.cli_overrides.end(), {"--recompute_granularity", full_recompute});
   } else {
     lo.cli_overrides.insert(lo.cli_overrides.end(),
                             {"--num_layers", "4", "--global_batch_size", "1"});
@@ -317,7 +324,8 @@ int model_bench_command(const std::vector<std::string>& args) {
         "other.\n"
         "--full: every layer of the preset, the global batch by accumulation of --micro_batches\n"
         "micro-batches (default 16), Megatron's precision-aware optimizer with bf16 gradients and\n"
-        "moments and no recompute (keys given here win); MFU against the GPU's datasheet "
+        "moments and no recompute where the plan fits the device, else selective (keys given\n"
+        "here win); MFU against the GPU's datasheet "
         "bf16\n"
         "peak (configs/gpus.yaml), the memory planner's prediction beside the measured peak, and "
         "one\n"
@@ -339,7 +347,7 @@ int model_bench_command(const std::vector<std::string>& args) {
   double ceiling = 0;
   std::string device;
   for (const std::string& model : o.models) {
-    const Experiment e = bench_experiment(o, model);
+    Experiment e = bench_experiment(o, model);
     auto backend = make_backend(e.training.device, 0, backend_options(e.training));
     if (!ceiling_gemm) {
       device = backend->description();
@@ -354,11 +362,27 @@ int model_bench_command(const std::vector<std::string>& args) {
       ceiling = ceiling_gemm->tflops;
     }
     // What the planner says this run needs, from the run set-up the trainer makes.
-    const RunSetup setup = make_run_setup(e, {1, backend->default_compute_dtype()}, [&] {
-      return make_tokenizer(e.data, e.model_config.vocab_size)->vocab_size();
-    });
-    const plan::MemoryPlan planned =
-        plan::plan_memory(plan::plan_input(setup, backend->device().kind == DeviceKind::GPU));
+    const auto setup_of = [&](const Experiment& x) {
+      return make_run_setup(x, {1, backend->default_compute_dtype()}, [&] {
+        return make_tokenizer(x.data, x.model_config.vocab_size)->vocab_size();
+      });
+    };
+    const auto plan_of = [&](const RunSetup& s) {
+      return plan::plan_memory(plan::plan_input(s, backend->device().kind == DeviceKind::GPU));
+    };
+    RunSetup setup = setup_of(e);
+    plan::MemoryPlan planned = plan_of(setup);
+    // --full without a recompute key of the user's: selective where no recompute would not fit.
+    const MemoryStats free = backend->memory_stats();
+    if (o.full && !last_value(o.overrides, "recompute_granularity") && free.device_free_bytes > 0 &&
+        planned.allocated() > free.device_free_bytes + free.allocated_bytes) {
+      fmt::print("{}: without recompute the run needs {:.2f} GiB of the {:.2f} GiB free: selective recompute\n",
+                 model, static_cast<double>(planned.allocated()) / (1 << 30),
+                 static_cast<double>(free.device_free_bytes + free.allocated_bytes) / (1 << 30));
+      e = bench_experiment(o, model, "selective");
+      setup = setup_of(e);
+      planned = plan_of(setup);
+    }
     Trainer trainer(e, std::move(backend), log, nullptr);
     Backend& b = trainer.backend();
     for (int i = 1; i <= o.warmup; ++i) trainer.run_iteration(i);
