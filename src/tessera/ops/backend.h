@@ -134,7 +134,8 @@ struct ParamSegment {
 
 // The state may be stored in bf16 (Megatron's precision-aware optimizer): the arithmetic is
 // fp32 whatever the storage, each bf16 tensor is read into fp32 and its new value rounded back
-// to nearest even; the parameter update uses the fp32 moments before that rounding.
+// to nearest even (a split master's high halves: ties away from zero, core/split_master.h); the
+// parameter update uses the fp32 moments before that rounding.
 struct AdamWArgs {
   Tensor master;        // (P) fp32 master weights, updated in place; uint16: their low halves,
                         // `params` (bf16) their high halves (split master weights,

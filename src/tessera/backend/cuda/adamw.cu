@@ -78,7 +78,7 @@ __device__ __forceinline__ void store_master(TM* master, TP* params, const float
 // (fp32, the bf16 parameters themselves, or a split master's low halves), TP the compute-dtype
 // copy (written when params is not null), TG the gradient, TS1 / TS2 the moments. Whatever they
 // are, the update runs on fp32 values and each bf16 store rounds to nearest even (the host
-// reference's rounding).
+// reference's rounding), but a split master's high halves, which round ties away from zero.
 template <class TM, class TP, class TG, class TS1, class TS2, int VEC>
 __global__ void adamw_kernel(TM* master, TP* params, TS1* exp_avg, TS2* exp_avg_sq, const TG* grad,
                              const float* grad_norm_sq, const AdamWChunk* chunks, AdamWScalars s) {
