@@ -172,10 +172,7 @@ TEST(Checkpoint, SplitMasterIsSavedAndLoadedAsItsFp32Values) {
     b.download(h.data(), r.high);
     b.download(l.data(), r.low);
     std::vector<float> out(P);
-    for (int64_t i = 0; i < P; ++i) {
-      const uint32_t bits = split_master_join(h[i], l[i]);
-      std::memcpy(&out[i], &bits, 4);
-    }
+    join_master_values(h.data(), l.data(), out.data(), P);
     return out;
   };
   auto saved = make({});

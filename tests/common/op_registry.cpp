@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <tuple>
@@ -545,10 +544,7 @@ std::vector<float> joined_master(Backend& b, const Tensor& high, const Tensor& l
   b.download(h.data(), high);
   b.download(l.data(), low);
   std::vector<float> out(h.size());
-  for (size_t i = 0; i < h.size(); ++i) {
-    const uint32_t bits = split_master_join(h[i], l[i]);
-    std::memcpy(&out[i], &bits, 4);
-  }
+  join_master_values(h.data(), l.data(), out.data(), high.numel());
   return out;
 }
 

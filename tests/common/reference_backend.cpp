@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -96,12 +95,7 @@ void ReferenceBackend::do_convert(const Tensor& dst, const Tensor& src) {
 
 void ReferenceBackend::do_split_master(const Tensor& high, const Tensor& low,
                                        const Tensor& master) {
-  for (int64_t i = 0; i < master.numel(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, master.as<float>() + i, 4);
-    high.as<uint16_t>()[i] = split_master_high(bits);
-    low.as<uint16_t>()[i] = split_master_low(bits);
-  }
+  split_master_values(master.as<float>(), high.as<uint16_t>(), low.as<uint16_t>(), master.numel());
 }
 
 void ReferenceBackend::do_init_normal(const Tensor& dst, uint64_t seed, uint64_t first_index,
@@ -754,16 +748,14 @@ void ReferenceBackend::do_adamw_step(const AdamWArgs& args) {
   const Tensor& updated = has_master ? args.master : args.params;
   const bool copy =
       has_master && !split && args.params.defined() && args.params.data != args.master.data;
-  std::vector<double> master = split ? std::vector<double>(static_cast<size_t>(updated.numel()))
-                                     : values(updated);
+  std::vector<double> master;
+  std::vector<float> joined(split ? static_cast<size_t>(updated.numel()) : 0);
   if (split) {
-    for (int64_t i = 0; i < updated.numel(); ++i) {
-      const uint32_t bits =
-          split_master_join(args.params.as<uint16_t>()[i], args.master.as<uint16_t>()[i]);
-      float f;
-      std::memcpy(&f, &bits, 4);
-      master[i] = f;
-    }
+    join_master_values(args.params.as<uint16_t>(), args.master.as<uint16_t>(), joined.data(),
+                       updated.numel());
+    master.assign(joined.begin(), joined.end());
+  } else {
+    master = values(updated);
   }
   std::vector<double> m = values(args.exp_avg), v = values(args.exp_avg_sq);
   std::vector<double> params = copy ? values(args.params) : std::vector<double>{};
@@ -771,13 +763,9 @@ void ReferenceBackend::do_adamw_step(const AdamWArgs& args) {
                   values(args.grad).data(), values(args.grad_norm_sq)[0], args.segments,
                   ref::AdamWSettings::from(args));
   if (split) {
-    for (int64_t i = 0; i < updated.numel(); ++i) {
-      const auto f = static_cast<float>(master[i]);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      args.params.as<uint16_t>()[i] = split_master_high(bits);
-      args.master.as<uint16_t>()[i] = split_master_low(bits);
-    }
+    joined.assign(master.begin(), master.end());  // each rounded once to fp32
+    split_master_values(joined.data(), args.params.as<uint16_t>(), args.master.as<uint16_t>(),
+                        updated.numel());
   } else {
     store(updated, master);
   }

@@ -179,11 +179,10 @@ Experiment bench_experiment(const Options& o, const std::string& model,
   // The bench's sequence is the positions the model must take: an experiment whose own runs
   // are shorter (Primus's Mixtral at 4096) is measured at it all the same, unless the user's
   // keys set max_position_embeddings themselves.
-  std::vector<std::string> all = lo.cli_overrides;
-  all.insert(all.end(), o.overrides.begin(), o.overrides.end());
-  if (last_int(o.overrides, "max_position_embeddings", 0) == 0)
-    lo.cli_overrides.insert(lo.cli_overrides.end(),
-                            {"--max_position_embeddings", std::to_string(last_int(all, "seq_length", 0))});
+  if (!last_value(o.overrides, "max_position_embeddings")) {
+    const int64_t seq = last_int(o.overrides, "seq_length", last_int(lo.cli_overrides, "seq_length", 0));
+    lo.cli_overrides.insert(lo.cli_overrides.end(), {"--max_position_embeddings", std::to_string(seq)});
+  }
   lo.cli_overrides.insert(lo.cli_overrides.end(), o.overrides.begin(), o.overrides.end());
   lo.cli_overrides.insert(lo.cli_overrides.end(),
                           {"--train_iters", std::to_string(o.warmup + o.iters + 1)});

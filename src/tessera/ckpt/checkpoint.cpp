@@ -319,8 +319,7 @@ void download_state(const TrainingTensors& t, FlatState state, size_t i, int64_t
   std::vector<uint16_t> h(static_cast<size_t>(count)), l(h.size());
   t.backend->download(h.data(), high);
   t.backend->download(l.data(), low);
-  auto* out = static_cast<uint32_t*>(dst);
-  for (size_t k = 0; k < h.size(); ++k) out[k] = split_master_join(h[k], l[k]);
+  join_master_values(h.data(), l.data(), static_cast<float*>(dst), count);
 }
 
 // values into elements [offset, offset + size) of state_tensor(t, state, i, at, range_count).
@@ -333,12 +332,7 @@ void upload_state(const TrainingTensors& t, FlatState state, size_t i, int64_t a
                          values.data());
   const auto [high, low] = split_master_halves(t, i, at + offset, count);
   std::vector<uint16_t> h(values.size()), l(values.size());
-  for (size_t k = 0; k < values.size(); ++k) {
-    uint32_t bits;
-    std::memcpy(&bits, &values[k], 4);
-    h[k] = split_master_high(bits);
-    l[k] = split_master_low(bits);
-  }
+  split_master_values(values.data(), h.data(), l.data(), count);
   t.backend->upload(high, h.data());
   t.backend->upload(low, l.data());
 }

@@ -12,6 +12,7 @@
 // round-to-nearest-even copy only where the fp32 value lies exactly halfway between two bf16
 // values, by one bf16 step.
 #include <cstdint>
+#include <cstring>
 
 #include "tessera/core/host_device.h"
 
@@ -35,6 +36,24 @@ TS_HOST_DEVICE uint32_t split_master_join(uint16_t high, uint16_t low) {
   if ((high & 0x7fffu) > 0x7f80u) return (static_cast<uint32_t>(high) << 16) | low;
   const uint32_t truncated = static_cast<uint32_t>(high) - (static_cast<uint32_t>(low) >> 15);
   return (truncated << 16) | low;
+}
+
+// n fp32 values split into their halves, and joined back: the host's loops (checkpoints, the
+// CPU backends).
+inline void split_master_values(const float* master, uint16_t* high, uint16_t* low, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, master + i, 4);
+    high[i] = split_master_high(bits);
+    low[i] = split_master_low(bits);
+  }
+}
+
+inline void join_master_values(const uint16_t* high, const uint16_t* low, float* master, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = split_master_join(high[i], low[i]);
+    std::memcpy(master + i, &bits, 4);
+  }
 }
 
 }  // namespace tessera

@@ -58,7 +58,10 @@ class AdamWOptimizer {
   bool splits_master() const { return splits_master(model_.runtime().compute_dtype, dtypes_, sharded_); }
   // Whether sync_params_from_master() can bring the parameters back after others overwrote
   // them (a frozen reference's weights): an fp32 copy that is whole.
-  bool restores_params() const { return keeps_master_copy() && !splits_master(); }
+  static bool restores_params(DType compute, const OptimizerDtypes& dtypes, bool sharded) {
+    return keeps_master_copy(compute, dtypes, sharded) && !splits_master(compute, dtypes, sharded);
+  }
+  bool restores_params() const { return restores_params(model_.runtime().compute_dtype, dtypes_, sharded_); }
 
   bool sharded() const { return sharded_; }
   std::vector<ParamRange> owned() const;

@@ -128,10 +128,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (in.link_completions > 0) p.generation += grpo_link_bytes(in.link_completions, in.runtime.seq_length);
   if (in.reference_copy)
     p.reference = static_cast<size_t>(p.optimizer_elements) * dtype_size(dt) *
-                  (AdamWOptimizer::keeps_master_copy(dt, od, sharded) &&
-                           !AdamWOptimizer::splits_master(dt, od, sharded)
-                       ? 1
-                       : 2);
+                  (AdamWOptimizer::restores_params(dt, od, sharded) ? 1 : 2);
   if (in.sharding == StateSharding::Fsdp && in.lora) {
     // FrozenShardedDataParallel: the frozen base's shards and slots beside the adapters.
     p.weights = model.weights + dist::ShardedUnits::plan_memory(DecoderModel::plan_layout(in.spec, in.runtime),

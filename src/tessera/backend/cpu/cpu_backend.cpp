@@ -308,12 +308,7 @@ void CpuBackend::do_split_master(const Tensor& high, const Tensor& low, const Te
   uint16_t* h = high.as<uint16_t>();
   uint16_t* l = low.as<uint16_t>();
   parallel_chunks(master.numel(), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, in + i, 4);
-      h[i] = split_master_high(bits);
-      l[i] = split_master_low(bits);
-    }
+    split_master_values(in + begin, h + begin, l + begin, end - begin);
   });
 }
 
@@ -1165,19 +1160,11 @@ class SplitMasterView {
       : high_(high.as<uint16_t>()), low_(low.as<uint16_t>()) {}
   float* read(int64_t o, int64_t n, std::vector<float>& scratch) const {
     scratch.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t bits = split_master_join(high_[o + i], low_[o + i]);
-      std::memcpy(&scratch[i], &bits, 4);
-    }
+    join_master_values(high_ + o, low_ + o, scratch.data(), n);
     return scratch.data();
   }
   void write(int64_t o, int64_t n, const float* values) const {
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, values + i, 4);
-      high_[o + i] = split_master_high(bits);
-      low_[o + i] = split_master_low(bits);
-    }
+    split_master_values(values, high_ + o, low_ + o, n);
   }
 
  private:

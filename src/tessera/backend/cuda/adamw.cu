@@ -43,20 +43,25 @@ struct Update {
 template <class TM>
 inline constexpr bool kSplitMaster = std::is_same_v<TM, uint16_t>;
 
+// Elements [i, i + VEC) of the master (params, null unless there is a copy, is read when split).
 template <class TM, class TP, int VEC>
-__device__ __forceinline__ void load_master(const TM* master, const TP* params, float (&out)[VEC]) {
+__device__ __forceinline__ void load_master(const TM* master, const TP* params, int64_t i,
+                                            float (&out)[VEC]) {
   if constexpr (kSplitMaster<TM>) {
-    const Pack<uint16_t, VEC> high = load_pack<uint16_t, VEC>(params), low = load_pack<uint16_t, VEC>(master);
+    const Pack<uint16_t, VEC> high = load_pack<uint16_t, VEC>(params + i),
+                              low = load_pack<uint16_t, VEC>(master + i);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) out[k] = __uint_as_float(split_master_join(high.v[k], low.v[k]));
   } else {
-    load_floats<TM, VEC>(master, out);
+    load_floats<TM, VEC>(master + i, out);
   }
 }
 
-// Stores the master, and the compute-dtype copy when params is not null.
+// Stores elements [i, i + VEC) of the master, and of the compute-dtype copy when params is not
+// null.
 template <class TM, class TP, int VEC>
-__device__ __forceinline__ void store_master(TM* master, TP* params, const float (&in)[VEC]) {
+__device__ __forceinline__ void store_master(TM* master, TP* params, int64_t i,
+                                             const float (&in)[VEC]) {
   if constexpr (kSplitMaster<TM>) {
     Pack<uint16_t, VEC> high, low;
 #pragma unroll
@@ -65,11 +70,11 @@ __device__ __forceinline__ void store_master(TM* master, TP* params, const float
       high.v[k] = split_master_high(bits);
       low.v[k] = split_master_low(bits);
     }
-    store_pack<uint16_t, VEC>(params, high);
-    store_pack<uint16_t, VEC>(master, low);
+    store_pack<uint16_t, VEC>(params + i, high);
+    store_pack<uint16_t, VEC>(master + i, low);
   } else {
-    store_floats<TM, VEC>(master, in);
-    if (params != nullptr) store_floats<TP, VEC>(params, in);
+    store_floats<TM, VEC>(master + i, in);
+    if (params != nullptr) store_floats<TP, VEC>(params + i, in);
   }
 }
 
@@ -96,9 +101,9 @@ __global__ void adamw_kernel(TM* master, TP* params, TS1* exp_avg, TS2* exp_avg_
   const int64_t vec_end = std::max(vec_begin, end / VEC * VEC);
   auto scalar = [&](int64_t i) {
     float p[1], m = to_float(exp_avg[i]), v = to_float(exp_avg_sq[i]);
-    load_master<TM, TP, 1>(master + i, params + i, p);
+    load_master<TM, TP, 1>(master, params, i, p);
     update(p[0], m, v, to_float(grad[i]));
-    store_master<TM, TP, 1>(master + i, params != nullptr ? params + i : nullptr, p);
+    store_master<TM, TP, 1>(master, params, i, p);
     exp_avg[i] = from_float<TS1>(m);
     exp_avg_sq[i] = from_float<TS2>(v);
   };
@@ -107,13 +112,13 @@ __global__ void adamw_kernel(TM* master, TP* params, TS1* exp_avg, TS2* exp_avg_
   for (int64_t i = vec_begin + static_cast<int64_t>(threadIdx.x) * VEC; i < vec_end;
        i += kThreads * VEC) {
     float p[VEC], m[VEC], v[VEC], g[VEC];
-    load_master<TM, TP, VEC>(master + i, params + i, p);
+    load_master<TM, TP, VEC>(master, params, i, p);
     load_floats<TS1, VEC>(exp_avg + i, m);
     load_floats<TS2, VEC>(exp_avg_sq + i, v);
     load_floats<TG, VEC>(grad + i, g);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) update(p[k], m[k], v[k], g[k]);
-    store_master<TM, TP, VEC>(master + i, params != nullptr ? params + i : nullptr, p);
+    store_master<TM, TP, VEC>(master, params, i, p);
     store_floats<TS1, VEC>(exp_avg + i, m);
     store_floats<TS2, VEC>(exp_avg_sq + i, v);
   }
