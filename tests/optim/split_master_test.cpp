@@ -9,6 +9,7 @@
 
 #include "common/experiment_yaml.h"
 #include "tessera/core/dtype.h"
+#include "tessera/core/error.h"
 #include "tessera/core/split_master.h"
 #include "tessera/optim/adamw_optimizer.h"
 
@@ -96,6 +97,14 @@ TEST(SplitMaster, ItSplitsOnlyAnFp32CopyBesideBf16Parameters) {
   const Experiment e = experiment_from_yaml("model: tiny_llama\nmock_data: true\n"
                                             "store_param_remainders: false\n");
   EXPECT_FALSE(OptimizerDtypes::from(e.training).split_master);
+  // A value that is not a bool is refused by name.
+  try {
+    experiment_from_yaml("model: tiny_llama\nmock_data: true\nstore_param_remainders: half\n");
+    ADD_FAILURE() << "store_param_remainders: half was accepted";
+  } catch (const ConfigError& err) {
+    EXPECT_EQ(err.key(), "store_param_remainders");
+    EXPECT_NE(std::string(err.what()).find("half"), std::string::npos) << err.what();
+  }
 }
 
 }  // namespace
