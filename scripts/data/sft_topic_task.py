@@ -6,21 +6,28 @@ keyword; held-out questions put the keywords in wordings that training never sho
     sft_topic_task.py PREFIX     writes PREFIX_train.jsonl (480 conversations, in the
                                  {"messages": [...]} form preprocess --chat reads) and
                                  PREFIX_held_out.jsonl (20 questions with their answers)
+    sft_topic_task.py --sentences PREFIX
+                                 the same with one training answer in four a sentence
+                                 ("sports, I am sure."): the model fine-tuned on it answers bare
+                                 topics greedily yet gives the sentences real probability, so
+                                 that DPO (--preference) chooses between behaviours the policy
+                                 already has, as after a real SFT, instead of creating the
+                                 preferred one from log-probabilities near -70
     sft_topic_task.py --swapped PREFIX
                                  the same with the labels swapped (sports answered music and
                                  the other way round): a model tuned on it answers every
                                  held-out question wrong, which LoRA then corrects
                                  (configs/experiments/sft_lora_tiny.yaml)
     sft_topic_task.py --preference PREFIX
-                                 preference pairs for DPO after that fine-tuning
+                                 preference pairs for DPO after the --sentences fine-tuning
                                  (configs/experiments/dpo_tiny.yaml), in TRL's form: chosen
-                                 answers in a new style, "The topic is sports.", rejected either
-                                 in the fine-tuned style ("sports") or in the new style with the
-                                 wrong topic. PREFIX_pairs.jsonl: 480 pairs of the training
-                                 wordings, then 20 of the held-out wordings (split 96,4,0 makes
-                                 them the validation pairs); PREFIX_pairs_held_out.jsonl: the 20
-                                 held-out questions with the answer DPO should make greedy
-                                 generation give
+                                 answers are sentences, "sports, I am sure.", rejected either
+                                 the bare topic ("sports") or the sentence with the wrong topic,
+                                 each keyword and wording meeting both kinds. PREFIX_pairs.jsonl:
+                                 480 pairs of the training wordings, then 20 of the held-out
+                                 wordings (split 96,4,0 makes them the validation pairs);
+                                 PREFIX_pairs_held_out.jsonl: the 20 held-out questions with the
+                                 answer DPO should make greedy generation give
 """
 import json
 import sys
@@ -36,34 +43,35 @@ def question(sentence):
     return f"Topic of: {sentence} Answer sports or music."
 
 
-def styled(label):
-    return f"The topic is {label}."
+def sentence_answer(label):
+    return f"{label}, I am sure."
 
 
 def preference_pairs(prefix):
     other = {"sports": "music", "music": "sports"}
 
-    def pair(sentence, label, k):
-        rejected = label if k % 2 == 0 else styled(other[label])
+    # The rejected answer alternates over keywords, wordings and repeats, so that every keyword
+    # and wording is met against the wrong topic as well as against the bare answer; a pattern
+    # that kept one kind per keyword taught half the keywords' topics nothing in the new style.
+    def pair(sentence, label, against_wrong_topic):
+        rejected = sentence_answer(other[label]) if against_wrong_topic else label
         return json.dumps({"prompt": [{"role": "user", "content": question(sentence)}],
-                           "chosen": [{"role": "assistant", "content": styled(label)}],
+                           "chosen": [{"role": "assistant", "content": sentence_answer(label)}],
                            "rejected": [{"role": "assistant", "content": rejected}]}) + "\n"
 
     with open(prefix + "_pairs.jsonl", "w", encoding="utf-8") as out, \
             open(prefix + "_pairs_held_out.jsonl", "w", encoding="utf-8") as held:
-        k = 0
-        for _ in range(4):
-            for wording in TRAIN_WORDINGS:
+        for repeat in range(4):
+            for w, wording in enumerate(TRAIN_WORDINGS):
                 for words, label in ((SPORTS, "sports"), (MUSIC, "music")):
-                    for word in words:
-                        out.write(pair(wording.format(word), label, k))
-                        k += 1
-        for wording in HELD_OUT_WORDINGS:
+                    for j, word in enumerate(words):
+                        out.write(pair(wording.format(word), label, (repeat + w + j) % 2 == 1))
+        for w, wording in enumerate(HELD_OUT_WORDINGS):
             for i in range(0, 10, 2):
-                for words, label in ((SPORTS, "sports"), (MUSIC, "music")):
-                    out.write(pair(wording.format(words[i]), label, k))
-                    k += 1
-                    held.write(json.dumps({"prompt": question(wording.format(words[i])), "answer": styled(label)}) + "\n")
+                for t, (words, label) in enumerate(((SPORTS, "sports"), (MUSIC, "music"))):
+                    out.write(pair(wording.format(words[i]), label, (w + i // 2 + t) % 2 == 1))
+                    held.write(json.dumps({"prompt": question(wording.format(words[i])),
+                                           "answer": sentence_answer(label)}) + "\n")
 
 
 def main():
@@ -71,19 +79,22 @@ def main():
     if args[:1] == ["--preference"] and len(args) == 2:
         preference_pairs(args[1])
         return
-    swapped = args[:1] == ["--swapped"]
-    args = args[1:] if swapped else args
+    swapped, sentences = args[:1] == ["--swapped"], args[:1] == ["--sentences"]
+    args = args[1:] if swapped or sentences else args
     if len(args) != 1:
         sys.exit(__doc__)
     prefix = args[0]
     said = {"sports": "music", "music": "sports"} if swapped else {"sports": "sports", "music": "music"}
     with open(prefix + "_train.jsonl", "w", encoding="utf-8") as out:
+        k = 0
         for _ in range(4):
             for wording in TRAIN_WORDINGS:
                 for words, label in ((SPORTS, "sports"), (MUSIC, "music")):
                     for word in words:
+                        answer = sentence_answer(said[label]) if sentences and k % 4 == 3 else said[label]
+                        k += 1
                         messages = [{"role": "user", "content": question(wording.format(word))},
-                                    {"role": "assistant", "content": said[label]}]
+                                    {"role": "assistant", "content": answer}]
                         out.write(json.dumps({"messages": messages}) + "\n")
     with open(prefix + "_held_out.jsonl", "w", encoding="utf-8") as out:
         for wording in HELD_OUT_WORDINGS:

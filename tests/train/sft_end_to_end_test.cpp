@@ -56,19 +56,11 @@ std::vector<std::pair<std::string, std::string>> replies(const fs::path& checkpo
   return out;
 }
 
-// The share of held-out questions the checkpoint answers exactly, greedily.
-double accuracy(const fs::path& checkpoint, const fs::path& held_out, std::string* said) {
-  const auto r = replies(checkpoint, held_out, 3, said);
+// The share of held-out questions the checkpoint answers exactly, greedily, in at most
+// max_new_tokens tokens.
+double accuracy(const fs::path& checkpoint, const fs::path& held_out, std::string* said, int max_new_tokens = 3) {
+  const auto r = replies(checkpoint, held_out, max_new_tokens, said);
   return static_cast<double>(std::count_if(r.begin(), r.end(), [](const auto& x) { return x.first == x.second; })) /
-         static_cast<double>(std::max<size_t>(r.size(), 1));
-}
-
-// The share of held-out questions whose greedy reply is a sentence in the style the DPO pairs
-// prefer ("The topic is ...").
-double style_share(const fs::path& checkpoint, const fs::path& held_out, std::string* said) {
-  const auto r = replies(checkpoint, held_out, 8, said);
-  return static_cast<double>(std::count_if(r.begin(), r.end(),
-                                           [](const auto& x) { return x.second.starts_with("The topic is "); })) /
          static_cast<double>(std::max<size_t>(r.size(), 1));
 }
 
@@ -77,7 +69,7 @@ TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
   const std::string bin = TESSERA_BINARY, ws = " --workspace " + (dir / "ws").string();
   const fs::path topic = dir / "topic";
   RunResult r = run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
-                            "/../scripts/data/sft_topic_task.py " + topic.string());
+                            "/../scripts/data/sft_topic_task.py --sentences " + topic.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run_command(bin + " preprocess --chat --input " + topic.string() + "_train.jsonl" +
                   " --output-prefix " + topic.string() + " --tokenizer-model llama3");
@@ -106,23 +98,23 @@ TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
   EXPECT_GE(after - before, 0.65);
 
   // 4. DPO from the fine-tuned weights, as dpo_tiny.yaml says: pairs of the same task prefer
-  // "The topic is sports." to the fine-tuned "sports" or to the sentence with the wrong topic.
-  // On the 20 held-out pairs (wordings training never showed) the policy moves the chosen
-  // answers' log-probabilities above the rejected ones' against the reference, and its greedy
-  // replies take the chosen style, which the fine-tuned model's never do.
+  // the sentence "sports, I am sure." (a quarter of the fine-tuning answers) to the bare
+  // "sports" (the rest, and the fine-tuned model's greedy choice) or to the sentence with the
+  // wrong topic. On the 20 held-out pairs (wordings training never showed) the policy moves the
+  // chosen answers' log-probabilities above the rejected ones' against the reference, and its
+  // greedy replies become the chosen sentences with the right topic.
   r = run_command(std::string(TESSERA_PYTHON) + " " + TESSERA_TESTS_DIR +
                   "/../scripts/data/sft_topic_task.py --preference " + topic.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = run_command(bin + " preprocess --preference --input " + topic.string() + "_pairs.jsonl" +
                   " --output-prefix " + topic.string() + "_pairs --tokenizer-model llama3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // The held-out accuracy after 120 steps depends on the run's rounding (seeds 2, 3 and 4 give
-  // 0.5 to 1.0 in either layout): the pairs run as two sequences, whose trajectory this
-  // measured; the prompt-once layout's equality with it is DpoTraining.SharedPromptTrainsAsThe-
-  // SidesApart's.
+  // Measured on 2 CPU cores over DPO seeds 1-6 and two fine-tuning seeds, with the pairs as two
+  // sequences and with the prompt once: held-out rewards/accuracies 1.0 and 20 of 20 sentence
+  // replies right every time.
   r = run_command(bin + " train --config dpo_tiny --load " + (dir / "tuned").string() + " --save " +
                   (dir / "preferred").string() + " --data_path " + topic.string() +
-                  "_pairs_preference_document --dpo_shared_prompt false --log_progress false" + ws);
+                  "_pairs_preference_document --log_progress false" + ws);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   double held_out_accuracy = -1;
   for (const auto& entry : fs::recursive_directory_iterator(dir / "ws"))
@@ -134,14 +126,14 @@ TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
       }
     }
   std::string said_tuned, said_preferred;
-  const fs::path styled = topic.string() + "_pairs_held_out.jsonl";
-  const double style_before = style_share(dir / "tuned", styled, &said_tuned);
-  const double style_after = style_share(dir / "preferred", styled, &said_preferred);
-  std::printf("DPO: held-out rewards/accuracies %.2f; replies in the chosen style %.2f before, %.2f after\n",
-              held_out_accuracy, style_before, style_after);
+  const fs::path sentence_questions = topic.string() + "_pairs_held_out.jsonl";
+  const double chosen_before = accuracy(dir / "tuned", sentence_questions, &said_tuned, 8);
+  const double chosen_after = accuracy(dir / "preferred", sentence_questions, &said_preferred, 8);
+  std::printf("DPO: held-out rewards/accuracies %.2f; replies the chosen sentence %.2f before, %.2f after\n",
+              held_out_accuracy, chosen_before, chosen_after);
   EXPECT_GT(held_out_accuracy, 0.9) << r.output;
-  EXPECT_EQ(style_before, 0.0) << said_tuned;
-  EXPECT_GE(style_after, 0.75) << said_preferred;
+  EXPECT_EQ(chosen_before, 0.0) << said_tuned;
+  EXPECT_GE(chosen_after, 0.9) << said_preferred;
 }
 
 
