@@ -373,6 +373,25 @@ TEST(DpoTraining, ReportsTrlStatisticsValidatesAndLearnsFromPairs) {
   EXPECT_NE(r.output.find("objective dpo trains on preference pairs"), std::string::npos)
       << r.output;
 
+  // So are conversations, whose documents have roles too and come in an even count here.
+  {
+    std::ofstream out(dir / "chat.jsonl");
+    for (const auto& [q, a] : kFourQuestions)
+      out << nlohmann::json{{"messages", {{{"role", "user"}, {"content", q}}, {{"role", "assistant"}, {"content", a}}}}}
+                 .dump()
+          << "\n";
+  }
+  ASSERT_EQ(run_tessera("preprocess --chat --input " + (dir / "chat.jsonl").string() + " --output-prefix " +
+                        (dir / "c").string() + " --tokenizer-model qwen3")
+                .exit_code,
+            0);
+  r = run_tessera(dpo + " --train_iters 2 --data_path " + (dir / "c_chat_document").string() +
+                  " --exp_name conversations");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find((dir / "c_chat_document").string() + ": documents 0 and 1 (pair 0) differ at token "),
+            std::string::npos)
+      << r.output;
+
   // Refused by name: several sequences per micro-batch.
   r = run_tessera(dpo +
                   " --train_iters 2 --micro_batch_size 2 --global_batch_size 4 --exp_name mbs");

@@ -14,6 +14,35 @@ namespace {
 
 constexpr uint64_t kPairOrderSalt = 0x7072656665720001ull;  // "prefer"
 
+// The tokens of document `doc` before its first assistant token: the prompt, in a pair.
+std::vector<int32_t> prompt_of(const IndexedDataset& tokens, const IndexedDataset& roles, uint64_t doc) {
+  const auto n = static_cast<uint64_t>(tokens.sequence_length(doc));
+  std::vector<int32_t> ids(n), role(n);
+  tokens.read(doc, 0, n, ids.data());
+  roles.read(doc, 0, n, role.data());
+  size_t k = 0;
+  while (k < n && token_role(static_cast<uint8_t>(role[k])) != TokenRole::Assistant) ++k;
+  ids.resize(k);
+  return ids;
+}
+
+// Conversations (preprocess --chat) have roles and may come in an even count too; what makes
+// documents 2p and 2p+1 a pair is one prompt, up to the first assistant token of either.
+void check_pairs_share_their_prompts(const IndexedDataset& tokens, const IndexedDataset& roles,
+                                     const std::string& prefix) {
+  for (uint64_t pair = 0; pair < tokens.sequences() / 2; ++pair) {
+    const std::vector<int32_t> chosen = prompt_of(tokens, roles, 2 * pair),
+                               rejected = prompt_of(tokens, roles, 2 * pair + 1);
+    if (chosen == rejected) continue;
+    const auto differ = std::mismatch(chosen.begin(), chosen.end(), rejected.begin(), rejected.end());
+    throw DataError(fmt::format(
+        "{}: documents {} and {} (pair {}) differ at token {}, before either's answer; objective "
+        "dpo trains on preference pairs, a pair's two documents the chosen and the rejected "
+        "answer to one prompt (tessera preprocess --preference; --chat writes conversations)",
+        prefix, 2 * pair, 2 * pair + 1, pair, differ.first - chosen.begin()));
+  }
+}
+
 }  // namespace
 
 PreferenceSource::PreferenceSource(std::shared_ptr<const IndexedDataset> tokens,
@@ -113,6 +142,7 @@ PreferenceSources make_preference_sources(const Experiment& e, int64_t vocab,
     throw DataError(fmt::format("{}: {} documents (roles: {}); expected pairs, an even count with "
                                 "their roles (tessera preprocess --preference)",
                                 prefix, tokens->sequences(), roles->sequences()));
+  check_pairs_share_their_prompts(*tokens, *roles, prefix);
   const uint64_t pairs = tokens->sequences() / 2;
   const std::vector<double> split = parse_split(e.data.split);
   const double total = split[0] + split[1] + split[2];
