@@ -23,6 +23,7 @@ hash).
 """
 import argparse
 import json
+import os
 import random
 
 
@@ -99,6 +100,8 @@ def main():
     def answer_field(ans, key):
         return json.dumps(list(key)) if a.task == "countdown" else ans
 
+    # The experiments' commands write under data/, which a fresh clone does not have.
+    os.makedirs(os.path.dirname(a.prefix) or ".", exist_ok=True)
     with open(a.prefix + "_sft.jsonl", "w", encoding="utf-8") as sft, \
             open(a.prefix + "_prompts.jsonl", "w", encoding="utf-8") as prompts:
         for q, ans, key in train:

@@ -30,6 +30,7 @@ keyword; held-out questions put the keywords in wordings that training never sho
                                  answer DPO should make greedy generation give
 """
 import json
+import os
 import sys
 
 SPORTS = ["football", "tennis", "soccer", "baseball", "golf", "hockey", "rugby", "cricket", "boxing", "swimming"]
@@ -76,6 +77,9 @@ def preference_pairs(prefix):
 
 def main():
     args = sys.argv[1:]
+    if args and not args[-1].startswith("--"):
+        # The experiments' commands write under data/, which a fresh clone does not have.
+        os.makedirs(os.path.dirname(args[-1]) or ".", exist_ok=True)
     if args[:1] == ["--preference"] and len(args) == 2:
         preference_pairs(args[1])
         return

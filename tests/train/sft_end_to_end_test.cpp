@@ -74,7 +74,7 @@ TEST(SftEndToEnd, FineTuningTeachesAHeldOutInstructionTask) {
   r = run_command(bin + " preprocess --chat --input " + topic.string() + "_train.jsonl" +
                   " --output-prefix " + topic.string() + " --tokenizer-model llama3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // 1. A short pretraining on Brown (the default experiment).
+  // 1. A short pretraining on Brown (the default experiment), as sft_tiny.yaml's first command.
   r = run_command(bin + " train --train_iters 20 --lr_warmup_iters 5 --eval_interval 0 "
                         "--log_progress false --save " +
                   (dir / "pretrained").string() + ws + " --exp_name pretrain");
