@@ -157,11 +157,7 @@ std::vector<FlatSlice> AdamWOptimizer::master_slices() const {
 }
 
 void AdamWOptimizer::write_master(const std::function<void(const std::vector<FlatSlice>&)>& write) {
-  if (!splits_master()) {
-    write(master_slices());
-    sync_params_from_master();
-    return;
-  }
+  if (!splits_master()) return write(master_slices());
   // The moments hold at least 4 bytes a parameter (two of 2 or 4): room for the fp32 values.
   Backend& b = model_.backend();
   const Tensor scratch = moments_buffer_.tensor(DType::F32, {master_.numel()});
@@ -180,7 +176,6 @@ void AdamWOptimizer::write_master(const std::function<void(const std::vector<Fla
   }
   b.fill(exp_avg_, 0.0f);
   b.fill(exp_avg_sq_, 0.0f);
-  model_.params_updated();
 }
 
 void AdamWOptimizer::step(double lr, const Tensor& grad_norm_sq, int64_t step) {

@@ -95,9 +95,10 @@ class AdamWOptimizer {
   // parameters); not of a split master, which write_master() fills.
   std::vector<FlatSlice> master_slices() const;
   // Calls `write` with fp32 (or, bf16 main parameters, bf16) slices by owned range to
-  // initialise or load the master weights into, then refreshes the parameters from them. A
-  // split master's slices are fp32 scratch in the moments' memory, split into both halves
-  // after `write` (the moments are zeroed then: only a fresh or weights-only start writes so).
+  // initialise or load the master weights into; sync_params_from_master() then brings the
+  // parameters. A split master's slices are fp32 scratch in the moments' memory, split into
+  // both halves after `write` (the moments are zeroed then: only a fresh or weights-only start
+  // writes so).
   void write_master(const std::function<void(const std::vector<FlatSlice>&)>& write);
 
  private:
