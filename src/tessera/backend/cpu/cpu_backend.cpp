@@ -1150,45 +1150,51 @@ class StateView {
   Tensor t_;
 };
 
-}  // namespace
-
-// A split master (core/split_master.h): the fp32 values of [o, o + n) joined from the bf16
-// parameters (high halves) and the low halves, and written back split.
-class SplitMasterView {
+// The master's fp32 values of [o, o + n), read and written back: the state tensor the step
+// updates (an fp32 master, or the bf16 parameters themselves without one), or a split master
+// (core/split_master.h) joined from the bf16 parameters (its high halves) and its low halves.
+class MasterView {
  public:
-  SplitMasterView(const Tensor& high, const Tensor& low)
-      : high_(high.as<uint16_t>()), low_(low.as<uint16_t>()) {}
+  MasterView(const AdamWArgs& args, const char* op) {
+    if (!args.master.defined()) {
+      whole_.emplace(args.params, op, "params");
+    } else if (args.master.dtype == DType::U16) {
+      high_ = args.params.as<uint16_t>();
+      low_ = args.master.as<uint16_t>();
+    } else {
+      expect_f32(args.master, op, "master");
+      whole_.emplace(args.master, op, "master");
+    }
+  }
   float* read(int64_t o, int64_t n, std::vector<float>& scratch) const {
+    if (whole_) return whole_->read(o, n, scratch);
     scratch.resize(static_cast<size_t>(n));
     join_master_values(high_ + o, low_ + o, scratch.data(), n);
     return scratch.data();
   }
   void write(int64_t o, int64_t n, const float* values) const {
+    if (whole_) return whole_->write(o, n, values);
     split_master_values(values, high_ + o, low_ + o, n);
   }
 
  private:
-  uint16_t* high_;
-  uint16_t* low_;
+  std::optional<StateView> whole_;
+  uint16_t* high_ = nullptr;
+  uint16_t* low_ = nullptr;
 };
+
+}  // namespace
 
 void CpuBackend::do_adamw_step(const AdamWArgs& args) {
   const char* op = "adamw_step";
-  // Without an fp32 master the parameters are the master (bf16 main parameters); a split
-  // master's high halves are the parameters.
-  const bool has_master = args.master.defined();
-  const bool split = has_master && args.master.dtype == DType::U16;
-  if (has_master && !split) expect_f32(args.master, op, "master");
-  const std::optional<SplitMasterView> split_master =
-      split ? std::optional<SplitMasterView>(std::in_place, args.params, args.master) : std::nullopt;
-  const std::optional<StateView> whole_master =
-      split ? std::nullopt
-            : std::optional<StateView>(std::in_place, has_master ? args.master : args.params, op,
-                                       has_master ? "master" : "params");
+  const MasterView master(args, op);
   const StateView grad(args.grad, op, "grad"), m(args.exp_avg, op, "exp_avg"),
       v(args.exp_avg_sq, op, "exp_avg_sq");
+  // An fp32 master's compute-dtype copy, written beside it (a split master's high halves are
+  // written by master.write()).
   float* params = nullptr;
-  if (has_master && !split && args.params.defined() && args.params.data != args.master.data) {
+  if (args.master.defined() && args.master.dtype == DType::F32 && args.params.defined() &&
+      args.params.data != args.master.data) {
     params = f32(args.params);
   }
 
@@ -1217,15 +1223,12 @@ void CpuBackend::do_adamw_step(const AdamWArgs& args) {
     for (int64_t i = 0; i < count; ++i) {
       const Piece& piece = pieces[i];
       const int64_t o = piece.offset, n = piece.count;
-      float* p = split ? split_master->read(o, n, p_tmp) : whole_master->read(o, n, p_tmp);
+      float* p = master.read(o, n, p_tmp);
       float* mv = m.read(o, n, m_tmp);
       float* vv = v.read(o, n, v_tmp);
       ref::adamw_update(p, params != nullptr ? params + o : nullptr, mv, vv, grad.read(o, n, g_tmp),
                         n, settings, piece.decay, *scale);
-      if (split)
-        split_master->write(o, n, p);
-      else
-        whole_master->write(o, n, p);
+      master.write(o, n, p);
       m.write(o, n, mv);
       v.write(o, n, vv);
     }
