@@ -7,7 +7,9 @@
 // run, as warpgroup MMAs:
 //   S^T = K Q^T, dP^T = V dO^T          (64 keys x 64 queries, shared x shared)
 //   P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - delta)     (registers)
-//   dV += P^T dO, dK += dS^T Q          (64 keys x 128, P^T and dS^T straight from registers)
+//   dV += P^T dO, dK += dS^T Q          (64 keys x 128, P^T and dS^T straight from registers;
+//                                        dV issued once P^T is known, so it runs while dP^T
+//                                        finishes and dS^T is formed)
 //   dQ[:, 64 w .. 64 w + 63] = dS K     (dS^T of both warpgroups through shared memory)
 // and hand their half of dQ to the reducing warp through shared memory (so the sum over key
 // blocks varies in order run to run, as in FlashAttention and cuDNN's default; attention.cu's
@@ -258,7 +260,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t ds_store = static_cast<uint32_t>(key_row0 * 128 + (g << 4) + 4 * t);
   // dQ staging (64 query rows x this warpgroup's 64 columns as two 32-column fp32 boxes): rows
   // 16 warp + g (+ 8), columns 8 c + 2 t: chunk 2 (c % 4) + t / 2 of box c / 4.
-  const uint32_t dq_store = static_cast<uint32_t>((warp * 16 + g) * 128 + (((t / 2) ^ g) << 4) + (t % 2) * 8);
+  // A half-warp's rows g and g ^ 1 would put their 8-byte stores on one pair of chunks (two
+  // passes): odd rows store 8-column block c ^ 2 where even rows store c, so the four rows of a
+  // half-warp cover all eight chunks.
+  const bool odd_row = (g & 1) != 0;
+  const uint32_t dq_store = static_cast<uint32_t>((warp * 16 + g) * 128 + (((t / 2) ^ g ^ (odd_row ? 4 : 0)) << 4) + (t % 2) * 8);
   uint8_t* const dq_tile = smem + kDQOffset + consumer * 2 * kDQBoxBytes;
 
   float dk[64], dv[64];
@@ -321,7 +327,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    wgmma_wait<0>();
+    // dV += P^T dO runs while dP^T finishes and dS^T is formed. P^T and dS^T as A fragments:
+    // queries 16 kq .. 16 kq + 15 are chunks 2 kq, 2 kq + 1.
+    uint32_t pa[4][4], dsa[4][4];
+#pragma unroll
+    for (int kq = 0; kq < 4; ++kq) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) pa[kq][q] = pack_bf16(st[8 * kq + 2 * q], st[8 * kq + 2 * q + 1]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dv, pa[kq], at(do_mn_desc, stage + kq * 16 * 128));
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_accumulators(dpt);
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
@@ -334,19 +352,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    // P^T and dS^T as A fragments: queries 16 kq .. 16 kq + 15 are chunks 2 kq, 2 kq + 1.
-    uint32_t pa[4][4], dsa[4][4];
 #pragma unroll
     for (int kq = 0; kq < 4; ++kq) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        pa[kq][q] = pack_bf16(st[8 * kq + 2 * q], st[8 * kq + 2 * q + 1]);
-        dsa[kq][q] = pack_bf16(dpt[8 * kq + 2 * q], dpt[8 * kq + 2 * q + 1]);
-      }
+      for (int q = 0; q < 4; ++q) dsa[kq][q] = pack_bf16(dpt[8 * kq + 2 * q], dpt[8 * kq + 2 * q + 1]);
     }
     wgmma_fence();
-#pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dv, pa[kq], at(do_mn_desc, stage + kq * 16 * 128));
 #pragma unroll
     for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dk, dsa[kq], at(q_mn_desc, stage + kq * 16 * 128));
     wgmma_commit();
@@ -387,7 +398,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
         const uint32_t at_chunk = (dq_store ^ ((2 * (c % 4)) << 4)) + (c / 4) * kDQBoxBytes + r * 8 * 128;
-        *reinterpret_cast<float2*>(dq_tile + at_chunk) = make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
+        *reinterpret_cast<float2*>(dq_tile + at_chunk) =
+            odd_row ? make_float2(dq[4 * (c ^ 2) + 2 * r], dq[4 * (c ^ 2) + 2 * r + 1])
+                    : make_float2(dq[4 * c + 2 * r], dq[4 * c + 2 * r + 1]);
       }
     }
     fence_async_shared();
