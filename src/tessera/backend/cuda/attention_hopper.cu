@@ -63,15 +63,16 @@ struct ConsumerState {
 
 // Masks S (raw scores) where needed, folds the tile into the running max and sum, leaves
 // exp2-scaled probabilities in s and returns each row's rescale factor for O.
-// row0: this thread's first query's position; Tk: the keys (the whole sequence's).
+// row0: this thread's first query's position; Tk: the keys (the whole sequence's);
+// document_first: the first key of each of its two rows' documents (0 without documents).
 __device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, float (&alpha)[2],
                                              bool boundary, int row0, int k0, int t, int Tk,
-                                             const AttentionForwardParams& p, const int32_t* starts) {
+                                             const AttentionForwardParams& p, const int (&document_first)[2]) {
   if (boundary) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = row0 + 8 * r;
-      const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_start(starts, i, Tk)) - k0 - 2 * t;
+      const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_first[r]) - k0 - 2 * t;
       const int hi = min(p.causal ? i : Tk - 1, Tk - 1) - k0 - 2 * t;
 #pragma unroll
       for (int c = 0; c < 16; ++c) {
@@ -236,6 +237,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   st.row_max[0] = st.row_max[1] = -INFINITY;
   st.row_sum[0] = st.row_sum[1] = 0.f;
 
+  // Read here, while Q and the first keys load: a tile's mask reading them from global memory
+  // would wait on the load in the middle of its softmax (packed documents: every CTA's last
+  // tile, the diagonal, and with short documents a CTA has only a few).
+  const int document_first[2] = {document_start(starts, row0, Tk), document_start(starts, row0 + 8, Tk)};
   float s_acc[64];
   uint32_t pa[8][4];
   float alpha[2];
@@ -253,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (arrives) mbar_arrive(empty_k(0));
     const int k0 = n_begin * kBlockN;
     softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
-                 row0, k0, t, Tk, p, starts);
+                 row0, k0, t, Tk, p, document_first);
     probabilities_to_a(pa, s_acc);
   }
   // Tile n: S of n is issued before P V of n - 1, so the tensor cores have the second while
@@ -277,7 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (arrives) mbar_arrive(empty_k(s));
     const int k0 = n * kBlockN;
     softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
-                 row0, k0, t, Tk, p, starts);
+                 row0, k0, t, Tk, p, document_first);
     wgmma_wait<0>();
     fence_accumulators(st.o);
     if (arrives) mbar_arrive(empty_v(prev));
