@@ -53,6 +53,9 @@ constexpr uint32_t kKOffset = kTileBytes;
 constexpr uint32_t kVOffset = kKOffset + kStages * kTileBytes;
 constexpr uint32_t kBarrierOffset = kVOffset + kStages * kTileBytes;
 constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;  // 9 barriers, alignment slack
+// Named barriers 1 and 2: consumer warpgroup 1's and 2's turn to issue MMAs.
+constexpr int kBarrierTurn = 1;
+constexpr int kConsumerThreads = 256;
 
 // ---- the kernel (accumulator layout: hopper_ptx.cuh) ----
 
@@ -241,6 +244,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   // would wait on the load in the middle of its softmax (packed documents: every CTA's last
   // tile, the diagonal, and with short documents a CTA has only a few).
   const int document_first[2] = {document_start(starts, row0, Tk), document_start(starts, row0 + 8, Tk)};
+  // The two warpgroups take turns to issue their MMAs (FlashAttention-3's ping-pong), so that
+  // one's softmax runs while the tensor cores work on the other's: without turns they start
+  // together and stay in step, and both softmaxes of the first tile and both epilogues leave
+  // the tensor cores idle, which weighs on CTAs of a few tiles (short packed documents).
+  // Warpgroup 1 goes first; each has tiles + 1 turns, and warpgroup 1 takes one more at the
+  // end so that no arrival is left pending.
+  auto await_turn = [&] { named_barrier(kBarrierTurn + consumer, kConsumerThreads); };
+  auto pass_turn = [&] { named_barrier_arrive(kBarrierTurn + (consumer ^ 1), kConsumerThreads); };
+  if (consumer == 1) pass_turn();
+
   float s_acc[64];
   uint32_t pa[8][4];
   float alpha[2];
@@ -249,10 +262,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Tile n_begin: S, softmax, P.
   {
     mbar_wait(full_k(0), 0);
+    await_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128_ss(s_acc, q_desc(kk), k_desc(0, kk), kk > 0);
     wgmma_commit();
+    pass_turn();
     wgmma_wait<0>();
     fence_accumulators(s_acc);
     if (arrives) mbar_arrive(empty_k(0));
@@ -267,16 +282,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = i % kStages, prev = (i - 1) % kStages;
     const uint32_t parity = (i / kStages) & 1, prev_parity = ((i - 1) / kStages) & 1;
     mbar_wait(full_k(s), parity);
+    mbar_wait(full_v(prev), prev_parity);
+    await_turn();
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128_ss(s_acc, q_desc(kk), k_desc(s, kk), kk > 0);
     wgmma_commit();
-    mbar_wait(full_v(prev), prev_parity);
     fence_accumulators(st.o);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n128_rs(st.o, pa[kk], v_desc(prev, kk));
     wgmma_commit();
+    pass_turn();
     wgmma_wait<1>();
     fence_accumulators(s_acc);
     if (arrives) mbar_arrive(empty_k(s));
@@ -294,14 +311,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int last = n_end - 1 - n_begin;
     const int s = last % kStages;
     mbar_wait(full_v(s), (last / kStages) & 1);
+    await_turn();
     wgmma_fence();
     fence_accumulators(st.o);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n128_rs(st.o, pa[kk], v_desc(s, kk));
     wgmma_commit();
+    pass_turn();
     wgmma_wait<0>();
     fence_accumulators(st.o);
   }
+  if (consumer == 0) await_turn();
 
   // Epilogue: normalise, write lse, stage O (bf16) in this warp's own rows of the Q tile, in
   // Q's swizzled layout, then store 16-byte chunks of whole rows.

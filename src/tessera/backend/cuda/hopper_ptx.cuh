@@ -96,6 +96,10 @@ __device__ __forceinline__ void fence_async_shared() {
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// This thread's arrival at barrier `id` without waiting for the others.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 template <int kRegisters>
 __device__ __forceinline__ void release_registers() {
