@@ -9,9 +9,10 @@
 // from shared memory once for the warpgroup's 64 rows (mma.sync re-reads it per warp through
 // ldmatrix, which caps the tensor cores at the shared-memory port), and TMA frees the
 // consumers from address arithmetic and copy issue. The softmax of one tile overlaps the MMAs
-// two ways: the two consumer warpgroups run independently (one's exponentials while the
-// other's MMAs), and within a warpgroup S of tile n+1 is issued before P V of tile n, so the
-// tensor cores work while the softmax of tile n+1 runs (FA3's intra-warpgroup overlap).
+// two ways: the two consumer warpgroups take turns to issue their MMAs (FA3's ping-pong: one's
+// exponentials while the other's MMAs), and within a warpgroup S of tile n+1 is issued before
+// P V of tile n, so the tensor cores work while the softmax of tile n+1 runs (FA3's
+// intra-warpgroup overlap).
 //
 // The masks are attention.cu's: causal, sliding window, packed documents (attention_common.cuh),
 // element masks only on tiles that hold an invisible pair, tiles with no visible pair never
