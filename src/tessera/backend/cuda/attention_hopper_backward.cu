@@ -69,6 +69,27 @@ constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;
 constexpr uint32_t kStageArrivals = 33;
 constexpr int kBarrierDsWritten = 1;  // named barrier of the consumers
 
+// A 64 x 64 accumulator (keys x queries: P^T or dS^T) as the A fragments of the four k-steps
+// of an MMA that sums over its queries: queries 16 kq .. 16 kq + 15 are chunks 2 kq, 2 kq + 1.
+__device__ __forceinline__ void to_a_fragments(uint32_t (&a)[4][4], const float (&x)[32]) {
+#pragma unroll
+  for (int kq = 0; kq < 4; ++kq) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a[kq][q] = pack_bf16(x[8 * kq + 2 * q], x[8 * kq + 2 * q + 1]);
+  }
+}
+
+// d (64 keys x 128) += A (64 keys x 64 queries, registers) B (the tile's 64 queries of Q or
+// dO, read MN-major: descriptor b of the first stage, the stage `stage` bytes on), issued as
+// one group.
+__device__ __forceinline__ void accumulate_over_queries(float (&d)[64], const uint32_t (&a)[4][4], uint64_t b,
+                                                        uint32_t stage) {
+  wgmma_fence();
+#pragma unroll
+  for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(d, a[kq], b + ((stage + kq * 16 * 128) >> 4));
+  wgmma_commit();
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     attention_backward_hopper_kernel(const __grid_constant__ CUtensorMap q_map,
                                      const __grid_constant__ CUtensorMap kv_map,
@@ -327,18 +348,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    // dV += P^T dO runs while dP^T finishes and dS^T is formed. P^T and dS^T as A fragments:
-    // queries 16 kq .. 16 kq + 15 are chunks 2 kq, 2 kq + 1.
+    // dV += P^T dO runs while dP^T finishes and dS^T is formed.
     uint32_t pa[4][4], dsa[4][4];
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) pa[kq][q] = pack_bf16(st[8 * kq + 2 * q], st[8 * kq + 2 * q + 1]);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dv, pa[kq], at(do_mn_desc, stage + kq * 16 * 128));
-    wgmma_commit();
+    to_a_fragments(pa, st);
+    accumulate_over_queries(dv, pa, do_mn_desc, stage);
     wgmma_wait<1>();
     fence_accumulators(dpt);
 #pragma unroll
@@ -352,15 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-#pragma unroll
-    for (int kq = 0; kq < 4; ++kq) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) dsa[kq][q] = pack_bf16(dpt[8 * kq + 2 * q], dpt[8 * kq + 2 * q + 1]);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(dk, dsa[kq], at(q_mn_desc, stage + kq * 16 * 128));
-    wgmma_commit();
+    to_a_fragments(dsa, dpt);
+    accumulate_over_queries(dk, dsa, q_mn_desc, stage);
 
     // dS^T to shared memory (the buffer's previous tile, two back, was read before both
     // warpgroups passed the last tile's barrier), then dQ once both halves are there.
