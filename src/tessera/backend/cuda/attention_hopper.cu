@@ -249,8 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // one's softmax runs while the tensor cores work on the other's: without turns they start
   // together and stay in step, and both softmaxes of the first tile and both epilogues leave
   // the tensor cores idle, which weighs on CTAs of a few tiles (short packed documents).
-  // Warpgroup 1 goes first; each has tiles + 1 turns, and warpgroup 1 takes one more at the
-  // end so that no arrival is left pending.
+  // Consumer 0 goes first (consumer 1's arrival opens its barrier); each has tiles + 1 turns,
+  // and consumer 0 takes one more at the end so that no arrival is left pending. (The barrier
+  // ids are run-time values, so ptxas reserves all 16: harmless at one CTA an SM.)
   auto await_turn = [&] { named_barrier(kBarrierTurn + consumer, kConsumerThreads); };
   auto pass_turn = [&] { named_barrier_arrive(kBarrierTurn + (consumer ^ 1), kConsumerThreads); };
   if (consumer == 1) pass_turn();
