@@ -125,11 +125,20 @@ void ReferenceBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout)
 }
 
 void ReferenceBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
-  const MatrixDims d = matrix_dims(args.x);
+  MatrixDims d = matrix_dims(args.x);
   const float* x = args.x.as<float>();
+  // With swiglu: the values this backend's swiglu_forward stores.
+  std::vector<float> h;
+  if (args.swiglu) {
+    d.cols /= 2;
+    std::vector<double> o(static_cast<size_t>(d.rows * d.cols));
+    ref::swiglu_forward(o.data(), values(args.x).data(), d.rows, d.cols);
+    h.assign(o.begin(), o.end());
+    x = h.data();
+  }
   if (args.amax.defined()) {
     float amax = static_cast<float>(values(args.amax)[0]);
-    for (int64_t i = 0; i < args.x.numel(); ++i) {  // NaN compares false: it sticks once seen
+    for (int64_t i = 0; i < d.rows * d.cols; ++i) {  // NaN compares false: it sticks once seen
       const float a = std::fabs(x[i]);
       if (std::isnan(a) || a > amax) amax = a;
     }

@@ -95,6 +95,47 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
   }
 }
 
+// The cast reading a SwiGLU from its gate_up (an FP8 down projection's forward cast and its
+// weight gradient's transposed one) gives the codes and amax of swiglu_forward then the cast,
+// code for code and bit for bit, so that the model's FP8 numbers do not depend on which path
+// ran: whole tiles and not, 16-byte loads and (F not a multiple of 8) element loads.
+TEST(GpuFp8, SwigluCastMatchesSwigluThenCastCodeForCode) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  Backend& g = *be.gpu;
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
+             {33, 36}, {130, 72}, {256, 128}, {1000, 1792}}) {
+      SCOPED_TRACE(fmt::format("{} R={} F={}", dtype_name(format), R, F));
+      GuardedTensor gate_up(g, DType::BF16, {R, 2 * F}), h(g, DType::BF16, {R, F});
+      upload_float(g, gate_up, random_normal(R * 2 * F, 29, 3.0f));
+      g.swiglu_forward(h.t(), gate_up.t());
+      DeviceBuffer scalars(g, 4 * 256, "scalars");
+      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
+      GuardedTensor codes(g, format, {R, F}), codes_t(g, format, {F, R});
+      GuardedTensor read(g, format, {R, F}), read_t(g, format, {F, R});
+      const Fp8CastArgs of_h{h, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
+      const Fp8CastArgs of_gate_up{gate_up, read, read_t, scale, scalar_on(g, scalars, 2, 0.0f), true};
+      g.fp8_cast_transpose(of_h);
+      g.fp8_cast_transpose(of_gate_up);
+      int64_t bad = 0;
+      for (const auto& [want, got] : {std::pair{&codes, &read}, std::pair{&codes_t, &read_t}}) {
+        std::vector<uint8_t> w(R * F), r(R * F);
+        g.download(w.data(), want->t());
+        g.download(r.data(), got->t());
+        for (int64_t i = 0; i < R * F; ++i) bad += w[i] != r[i];
+        EXPECT_TRUE(got->guards_intact()) << "write outside the outputs";
+      }
+      const float amax = read_scalar(g, of_h.amax);
+      EXPECT_EQ(bad, 0) << "codes differing from swiglu_forward then the cast";
+      EXPECT_EQ(read_scalar(g, of_gate_up.amax), amax);
+      std::printf("[ fp8      ] swiglu cast %-8s %5ldx%-5ld mismatches %ld, amax %g\n",
+                  std::string(dtype_name(format)).c_str(), static_cast<long>(R),
+                  static_cast<long>(F), static_cast<long>(bad), amax);
+    }
+  }
+}
+
 // The grouped cast against the CPU code for code at the MoE experts' shapes: an output
 // gradient over 64 expert groups of DeepSeek-V2-Lite's width (multiples of 16 rows, some
 // empty) with padding rows past them, odd groups, and an expert stack with a scale and amax

@@ -19,6 +19,7 @@
 
 #include "tessera/model/activation_plan.h"
 #include "tessera/model/expert_exchange.h"
+#include "tessera/model/linear_input.h"
 #include "tessera/model/model.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/model/rope.h"
@@ -39,7 +40,8 @@ class ForwardOps {
   // here: a row-parallel output is summed over the ranks (or reduce-scattered onto the
   // sequence shards, with sequence parallelism, when out has sequence_tokens() rows), and a
   // column-parallel input with sequence_tokens() rows is gathered first.
-  virtual void linear(const Tensor& out, const Tensor& in, int weight, int bias,
+  // The input may be a SwiGLU of a gate_up tensor where linear_reads_swiglu(weight).
+  virtual void linear(const Tensor& out, const LinearInput& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
   // (positions, rotary dims) fp32: the rope ops' cos/sin table of rotary base `base` (0: the
   // model's rotary_base with its scaling; a mixer's rope_bases() says which it reads); row t
@@ -75,8 +77,13 @@ class LayerOps : public ForwardOps {
   // first contribution); dbias += colsum(dout). Under tensor parallelism a column-parallel
   // din is summed over the ranks (reduce-scattered with sequence parallelism), and sequence
   // shards (in of a column-parallel, dout of a row-parallel linear) are gathered first.
-  virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+  virtual void linear_backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
                                int weight, int bias) = 0;
+  // Whether `weight`'s linear (forward and backward) takes its input as
+  // LinearInput::swiglu_of(gate_up), casting it to FP8 straight from gate_up, so that a block
+  // need not write the SwiGLU's output (an FP8 linear with per-tensor scaling, no adapters,
+  // its input not gathered over the sequence shards).
+  virtual bool linear_reads_swiglu(int weight) const = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
   // Expert parallelism (model/expert_exchange.h); null when every expert runs here.

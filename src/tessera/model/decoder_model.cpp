@@ -769,14 +769,14 @@ AttentionShape DecoderModel::attention_shape(const AttentionShape& s) const {
 // Each parameter's tensor-parallel style picks its layer. A replicated weight (the whole of it
 // on every rank) and the output head (whose collectives are the cross-entropy's) run the local
 // GEMMs; a residual is added by a row-parallel layer, or folded into a local GEMM's beta.
-void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int bias,
+void DecoderModel::linear(const Tensor& out, const LinearInput& in, int weight, int bias,
                           const Tensor& residual) {
   const ParamInfo& p = layout_.params[weight];
   switch (p.tp) {
     case TensorParallelStyle::Column:
       if (tp_.size > 1 || !residual.defined()) {
         TS_CHECK(!residual.defined(), "{}: a column-parallel linear with a residual", p.name);
-        return column_.forward(out, in, weight, bias);
+        return column_.forward(out, in.tensor(), weight, bias);
       }
       break;
     case TensorParallelStyle::Row:
@@ -797,11 +797,11 @@ void DecoderModel::linear(const Tensor& out, const Tensor& in, int weight, int b
   gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
 }
 
-void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
                                    int weight, int bias) {
   switch (layout_.params[weight].tp) {
     case TensorParallelStyle::Column:
-      return column_.backward(din, dout, in, weight, bias);
+      return column_.backward(din, dout, in.tensor(), weight, bias);
     case TensorParallelStyle::Row:
       if (bias < 0) return row_.backward(din, dout, in, weight);
       break;
@@ -809,6 +809,12 @@ void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const 
       break;
   }
   gemms_.backward(din, dout, in, weight, bias);
+}
+
+// A column-parallel layer may gather its input over the sequence shards first: it takes the
+// tensor.
+bool DecoderModel::linear_reads_swiglu(int weight) const {
+  return layout_.params[weight].tp != TensorParallelStyle::Column && gemms_.reads_swiglu(weight);
 }
 
 void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,

@@ -348,10 +348,11 @@ void Fp8Linears::update_scales(const Tensor& history, const Tensor& scale, const
   backend_.fp8_update_scales(u);
 }
 
-void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out,
+void Fp8Linears::cast(const Group& g, int64_t slot, const LinearInput& x, const Tensor& out,
                       const Tensor& out_t, bool record) {
   Fp8CastArgs c;
-  c.x = x;
+  c.x = x.x;
+  c.swiglu = x.swiglu;
   c.scale = g.scale.flat_range(slot, 1);
   const Tensor amax = g.history.flat_range(slot, 1);  // row 0
   if (record && just_in_time()) {
@@ -359,7 +360,8 @@ void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tenso
     // the step so far (micro-batches and recomputes of the same tensor).
     if (options_.recipe == Fp8Recipe::Tensorwise) backend_.fill(amax, 0.0f);
     Fp8CastArgs a;
-    a.x = x;
+    a.x = x.x;
+    a.swiglu = x.swiglu;
     a.amax = amax;
     backend_.fp8_cast_transpose(a);
     update_scales(amax.view({1, 1}), c.scale, g.scale_inv.flat_range(slot, 1), g.format,
@@ -410,13 +412,13 @@ Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
   return dst;
 }
 
-void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
+void Fp8Linears::forward(int i, const Tensor& out, const LinearInput& in, const Tensor& weight,
                          const Tensor& bias, float beta, const Tensor& residual) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t rows = in.numel() / l.in;
   TS_CHECK(rows <= rows_ && in.numel() == rows * l.in, "fp8 {}: input {} is not (rows <= {}, {})",
-           l.name, in.shape.str(), rows_, l.in);
-  if (blockwise()) return forward_blockwise(i, out, in, weight, bias, beta, residual);
+           l.name, in.x.shape.str(), rows_, l.in);
+  if (blockwise()) return forward_blockwise(i, out, in.tensor(), weight, bias, beta, residual);
   const Tensor x = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
   cast(fwd_, input_slot(i), in, x, {}, true);
   const Tensor w = weight_codes(i, weight, false);
@@ -433,14 +435,15 @@ void Fp8Linears::forward(int i, const Tensor& out, const Tensor& in, const Tenso
   backend_.matmul_fp8(m);
 }
 
-void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const LinearInput& in,
                           const Tensor& weight, const Tensor& dweight, float dweight_beta) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t rows = dout.numel() / l.out;
   TS_CHECK(rows <= rows_ && dout.numel() == rows * l.out && in.numel() == rows * l.in,
            "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
-           in.shape.str(), rows, l.out, l.in);
-  if (blockwise()) return backward_blockwise(i, din, dout, in, weight, dweight, dweight_beta);
+           in.x.shape.str(), rows, l.out, l.in);
+  if (blockwise())
+    return backward_blockwise(i, din, dout, in.tensor(), weight, dweight, dweight_beta);
   const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
   cast(bwd_, i, dout, dy, dy_t, true);

@@ -222,8 +222,9 @@ void Generator::copy_state(const std::vector<std::pair<std::string, Tensor>>& st
   }
 }
 
-void Generator::linear(const Tensor& out, const Tensor& in, int weight, int bias,
+void Generator::linear(const Tensor& out, const LinearInput& input, int weight, int bias,
                        const Tensor& residual) {
+  const Tensor& in = input.tensor();  // generation's linears are bf16
   MatmulArgs m;
   m.out = out;
   m.a = in;

@@ -41,15 +41,15 @@ void LinearGemms::backward_without_rows(int weight) {
   if (take_grad_beta(weight) == 0.0f && !frozen) backend_.fill(grads_(weight), 0.0f);
 }
 
-void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
-                          const Tensor& c) const {
+void LinearGemms::forward(const Tensor& out, const LinearInput& in, int weight, int bias,
+                          float beta, const Tensor& c) const {
   if (is_fp8(weight)) {
     fp8_->forward(fp8_index_[weight], out, in, fp8_weight(weight),
                   bias >= 0 ? params_(bias) : Tensor{}, beta, c);
   } else {
     MatmulArgs m;
     m.out = out;
-    m.a = in;
+    m.a = in.tensor();
     m.b = params_(weight);
     m.trans_b = true;
     m.beta = beta;
@@ -57,18 +57,18 @@ void LinearGemms::forward(const Tensor& out, const Tensor& in, int weight, int b
     if (bias >= 0) m.bias = params_(bias);
     backend_.matmul(m);
   }
-  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in, weight);
+  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in.tensor(), weight);
 }
 
-void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
-                           int bias) {
+void LinearGemms::backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
+                           int weight, int bias) {
   const float grad_beta = take_grad_beta(weight);
   const bool adapted = adapters_ && adapters_->adapts(weight);
   if (is_fp8(weight)) {
     // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
     fp8_->backward(fp8_index_[weight], din, dout, in, fp8_weight(weight), adapted ? Tensor{} : grads_(weight),
                    grad_beta);
-    if (adapted) adapters_->backward(din, dout, in, weight);
+    if (adapted) adapters_->backward(din, dout, in.tensor(), weight);
   } else {
     if (din.defined()) {
       MatmulArgs d;
@@ -78,13 +78,13 @@ void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& 
       backend_.matmul(d);
     }
     if (adapted) {
-      adapters_->backward(din, dout, in, weight);  // the weight itself is frozen
+      adapters_->backward(din, dout, in.tensor(), weight);  // the weight itself is frozen
     } else {
       MatmulArgs w;
       w.out = grads_(weight);
       w.a = dout;
       w.trans_a = true;
-      w.b = in;
+      w.b = in.tensor();
       w.beta = grad_beta;
       backend_.matmul(w);
     }
@@ -159,7 +159,7 @@ void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout, const
 
 // ---- RowParallelLinear
 
-void RowParallelLinear::forward(const Tensor& out, const Tensor& in, int weight,
+void RowParallelLinear::forward(const Tensor& out, const LinearInput& in, int weight,
                                 const Tensor& residual) {
   if (!tp_.sequence_parallel) {
     // The residual rides on the GEMM's beta (one pass less over the states), on one rank only.
@@ -169,7 +169,7 @@ void RowParallelLinear::forward(const Tensor& out, const Tensor& in, int weight,
     tp_.reduce_to_sequence(out, out);
     return;
   }
-  const Tensor partial = tp_.partial.view({in.dim(0), out.dim(1)});
+  const Tensor partial = tp_.partial.view({in.x.dim(0), out.dim(1)});
   float beta = 0.0f;
   if (residual.defined()) {
     // Zeros but for the residual in this rank's shard of the rows.
@@ -184,7 +184,7 @@ void RowParallelLinear::forward(const Tensor& out, const Tensor& in, int weight,
   tp_.reduce_to_sequence(out, partial);
 }
 
-void RowParallelLinear::backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+void RowParallelLinear::backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
                                  int weight) {
   gemms_.backward(din, tp_.sequence_parallel ? tp_.gather_sequence(dout) : dout, in, weight, -1);
 }

@@ -50,11 +50,17 @@ class LinearGemms {
   // gradients, started by their owner) makes every one add instead.
   void start_step(bool accumulate_all);
 
+  // Whether `weight`'s GEMMs take a SwiGLU input from its gate_up (LinearInput): an FP8
+  // linear with per-tensor scaling whose weight no adapter adapts (adapters read the input).
+  bool reads_swiglu(int weight) const {
+    return is_fp8(weight) && fp8_->reads_swiglu() && !(adapters_ && adapters_->adapts(weight));
+  }
   // out = in @ W^T (+ bias) + beta * c.
-  void forward(const Tensor& out, const Tensor& in, int weight, int bias, float beta,
+  void forward(const Tensor& out, const LinearInput& in, int weight, int bias, float beta,
                const Tensor& c) const;
   // din = dout @ W (skipped when undefined); dW (+)= dout^T @ in; dbias += colsum(dout).
-  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight, int bias);
+  void backward(const Tensor& din, const Tensor& dout, const LinearInput& in, int weight,
+                int bias);
   // A backward of `weight` on no rows (the output head on a batch without loss rows): its
   // gradient gets their zero contribution, which must be written where the step's first
   // weight-gradient GEMM would have overwritten last step's values.
@@ -127,8 +133,8 @@ class RowParallelLinear {
  public:
   RowParallelLinear(TensorParallelGroup& tp, LinearGemms& gemms) : tp_(tp), gemms_(gemms) {}
   // out = in @ W^T (+ residual), summed over the ranks; a bias would be added by every rank.
-  void forward(const Tensor& out, const Tensor& in, int weight, const Tensor& residual);
-  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight);
+  void forward(const Tensor& out, const LinearInput& in, int weight, const Tensor& residual);
+  void backward(const Tensor& din, const Tensor& dout, const LinearInput& in, int weight);
 
  private:
   TensorParallelGroup& tp_;

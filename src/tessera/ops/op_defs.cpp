@@ -275,7 +275,10 @@ OpCost cost_bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 void check_fp8_cast_transpose(const OpChecks& check, const Fp8CastArgs& args) {
   check.placed(args.x, "x");
-  const int64_t n = args.x.numel();
+  if (args.swiglu)
+    check.that(matrix_dims(args.x).cols % 2 == 0, "x {} is not a gate_up (R, 2C)",
+               args.x.shape.str());
+  const int64_t n = args.swiglu ? args.x.numel() / 2 : args.x.numel();
   for (const auto& [t, what] : {std::pair{&args.out, "out"}, std::pair{&args.out_t, "out_t"}}) {
     if (!t->defined()) continue;
     check.count(*t, n, what);
@@ -293,7 +296,8 @@ OpArgs describe_fp8_cast_transpose(const Fp8CastArgs& args) {
 }
 
 OpCost cost_fp8_cast_transpose(const Fp8CastArgs& args) {
-  // Scale, round and the amax: two operations an element.
+  // Scale, round and the amax: two operations an element (with swiglu, an element of gate_up
+  // holds half of one and adds its SiLU and product).
   return {2 * elements(args.x), bytes_of(args.x) + bytes_of(args.out) + bytes_of(args.out_t)};
 }
 

@@ -502,9 +502,10 @@ Fp8CastTarget fp8_cast_target(const Args& args) {
 void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
   const auto [format, cast] = fp8_cast_target(args);
   const MatrixDims d = matrix_dims(args.x);
-  cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, d.cols,
-                           cast ? args.scale.as<float>() : nullptr, args.out.data, args.out_t.data,
-                           format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
+  cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, args.swiglu ? d.cols / 2 : d.cols,
+                           args.swiglu, cast ? args.scale.as<float>() : nullptr, args.out.data,
+                           args.out_t.data, format,
+                           args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
 }
 
 void CudaBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {

@@ -11,10 +11,6 @@ namespace {
 // streaming: N = 8192, F = 14336 moves 705 MB forward and 1.17 GB backward in bf16.
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + __expf(-x));
-}
-
 template <class T, int VEC>
 __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64_t F) {
   const int64_t packs_per_row = F / VEC;
@@ -26,7 +22,7 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64
   load_floats<T, VEC>(gate, g);
   load_floats<T, VEC>(gate + F, u);
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) g[k] = g[k] * sigmoid(g[k]) * u[k];
+  for (int k = 0; k < VEC; ++k) g[k] = swiglu_value(g[k], u[k]);
   store_floats<T, VEC>(out + n * F + f, g);
 }
 

@@ -23,13 +23,17 @@ void SwigluMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntim
   plan.add(&dgate_up_, rt.compute_dtype, {N, 2 * s_.ffn});
 }
 
+LinearInput SwigluMlp::down_input(const LayerOps& ops) const {
+  return ops.linear_reads_swiglu(down_) ? LinearInput::swiglu_of(gate_up_out_) : LinearInput(h_);
+}
+
 void SwigluMlp::forward_inner(LayerOps& ops, const Tensor& in) {
   ops.linear(gate_up_out_, in, gate_up_, -1);
-  ops.backend().swiglu_forward(h_, gate_up_out_);
+  if (!down_input(ops).swiglu) ops.backend().swiglu_forward(h_, gate_up_out_);
 }
 
 void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
-  ops.linear(out, h_, down_, -1, residual);
+  ops.linear(out, down_input(ops), down_, -1, residual);
 }
 
 // h and (under selective recompute) the block's normed input share one buffer: h is used up
@@ -37,11 +41,12 @@ void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& r
 void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                          const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
-  if (ops.runtime().recompute == RecomputeGranularity::Selective) {
+  const LinearInput down_in = down_input(ops);
+  if (ops.runtime().recompute == RecomputeGranularity::Selective && !down_in.swiglu) {
     ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
     b.swiglu_forward(h_, gate_up_out_);
   }
-  ops.linear_backward(dh_, dout, h_, down_, -1);
+  ops.linear_backward(dh_, dout, down_in, down_, -1);
   b.swiglu_backward(dgate_up_, dh_, gate_up_out_);
   recompute_in();
   ops.linear_backward(din, dgate_up_, in, gate_up_, -1);
