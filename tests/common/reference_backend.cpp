@@ -125,20 +125,11 @@ void ReferenceBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout)
 }
 
 void ReferenceBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
-  MatrixDims d = matrix_dims(args.x);
+  const MatrixDims d = matrix_dims(args.x);
   const float* x = args.x.as<float>();
-  // With swiglu: the values this backend's swiglu_forward stores.
-  std::vector<float> h;
-  if (args.swiglu) {
-    d.cols /= 2;
-    std::vector<double> o(static_cast<size_t>(d.rows * d.cols));
-    ref::swiglu_forward(o.data(), values(args.x).data(), d.rows, d.cols);
-    h.assign(o.begin(), o.end());
-    x = h.data();
-  }
   if (args.amax.defined()) {
     float amax = static_cast<float>(values(args.amax)[0]);
-    for (int64_t i = 0; i < d.rows * d.cols; ++i) {  // NaN compares false: it sticks once seen
+    for (int64_t i = 0; i < args.x.numel(); ++i) {  // NaN compares false: it sticks once seen
       const float a = std::fabs(x[i]);
       if (std::isnan(a) || a > amax) amax = a;
     }
@@ -445,6 +436,14 @@ void ReferenceBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_u
   std::vector<double> o(static_cast<size_t>(out.numel()));
   ref::swiglu_forward(o.data(), values(gate_up).data(), d.rows, d.cols);
   store(out, o);
+}
+
+void ReferenceBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
+                                              const Fp8CastArgs& codes) {
+  do_swiglu_forward(out, gate_up);
+  Fp8CastArgs cast = codes;
+  cast.x = out;
+  do_fp8_cast_transpose(cast);
 }
 
 void ReferenceBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,

@@ -230,30 +230,31 @@ TEST_F(CpuOps, CastTransposeWritesCodesTransposeAndAmax) {
   EXPECT_EQ(q[11], 0xFB) << "-Inf saturates to -max in the cast; the amax reports it";
 }
 
-// With swiglu the cast reads a gate_up: its codes and amax are those of swiglu_forward's
-// output cast as a tensor, in both layouts.
-TEST_F(CpuOps, SwigluCastIsTheCastOfSwigluForward) {
+// The SwiGLU with its cast on the way writes what swiglu_forward then the cast write: h, its
+// codes and its amax.
+TEST_F(CpuOps, SwigluForwardCastIsSwigluThenTheCast) {
   const int64_t R = 6, F = 5;
   std::vector<float> x(R * 2 * F);
   for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
-  const Tensor gate_up = make(DType::F32, {R, 2 * F}), h = make(DType::F32, {R, F});
+  const Tensor gate_up = make(DType::F32, {R, 2 * F});
+  const Tensor h = make(DType::F32, {R, F}), h_fused = make(DType::F32, {R, F});
   b->upload(gate_up, x.data());
   b->swiglu_forward(h, gate_up);
   const Tensor scale = scalar(37.0f);
-  const Tensor codes = make(DType::E4M3, {R, F}), codes_t = make(DType::E4M3, {F, R});
-  const Tensor read = make(DType::E4M3, {R, F}), read_t = make(DType::E4M3, {F, R});
-  const Fp8CastArgs of_h{h, codes, codes_t, scale, scalar(0.0f)};
-  const Fp8CastArgs of_gate_up{gate_up, read, read_t, scale, scalar(0.0f), true};
-  b->fp8_cast_transpose(of_h);
-  b->fp8_cast_transpose(of_gate_up);
-  for (const auto& [want, got] : {std::pair{codes, read}, std::pair{codes_t, read_t}}) {
-    std::vector<uint8_t> w(R * F), g(R * F);
-    b->download(w.data(), want);
-    b->download(g.data(), got);
-    EXPECT_EQ(w, g);
-  }
-  EXPECT_GT(value(of_h.amax), 0.0f);
-  EXPECT_EQ(value(of_gate_up.amax), value(of_h.amax));
+  const Fp8CastArgs cast{h, make(DType::E4M3, {R, F}), {}, scale, scalar(0.0f)};
+  b->fp8_cast_transpose(cast);
+  const Fp8CastArgs fused{{}, make(DType::E4M3, {R, F}), {}, scale, scalar(0.0f)};
+  b->swiglu_forward_cast(h_fused, gate_up, fused);
+  std::vector<float> want(R * F), got(R * F);
+  b->download(want.data(), h);
+  b->download(got.data(), h_fused);
+  EXPECT_EQ(want, got);
+  std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
+  b->download(want_codes.data(), cast.out);
+  b->download(got_codes.data(), fused.out);
+  EXPECT_EQ(want_codes, got_codes);
+  EXPECT_GT(value(cast.amax), 0.0f);
+  EXPECT_EQ(value(fused.amax), value(cast.amax));
 }
 
 TEST_F(CpuOps, MatmulFp8IsTheGemmOfDequantisedCodes) {

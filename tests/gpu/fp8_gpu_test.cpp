@@ -95,43 +95,55 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
   }
 }
 
-// The cast reading a SwiGLU from its gate_up (an FP8 down projection's forward cast and its
-// weight gradient's transposed one) gives the codes and amax of swiglu_forward then the cast,
-// code for code and bit for bit, so that the model's FP8 numbers do not depend on which path
-// ran: whole tiles and not, 16-byte loads and (F not a multiple of 8) element loads.
-TEST(GpuFp8, SwigluCastMatchesSwigluThenCastCodeForCode) {
+// The SwiGLU writing its FP8 codes on the way (an FP8 down projection's forward cast folded
+// into its producer) gives what swiglu_forward then the cast give, bit for bit and code for
+// code, so the model's numbers do not depend on which path ran: 16-byte and (F not a multiple
+// of 8) element paths, a partial last block, e4m3 and e5m2; and a NaN reaches the amax.
+TEST(GpuFp8, SwigluForwardCastMatchesSwigluThenTheCast) {
   TS_REQUIRE_GPU();
   Backends be;
   Backend& g = *be.gpu;
   for (const DType format : {DType::E4M3, DType::E5M2}) {
     for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
-             {33, 36}, {130, 72}, {256, 128}, {1000, 1792}}) {
+             {33, 36}, {130, 72}, {1000, 1792}, {512, 14336}}) {
       SCOPED_TRACE(fmt::format("{} R={} F={}", dtype_name(format), R, F));
-      GuardedTensor gate_up(g, DType::BF16, {R, 2 * F}), h(g, DType::BF16, {R, F});
-      upload_float(g, gate_up, random_normal(R * 2 * F, 29, 3.0f));
-      g.swiglu_forward(h.t(), gate_up.t());
+      GuardedTensor gate_up(g, DType::BF16, {R, 2 * F});
+      GuardedTensor h(g, DType::BF16, {R, F}), h_fused(g, DType::BF16, {R, F});
+      std::vector<float> x = random_normal(R * 2 * F, 29, 3.0f);
+      upload_float(g, gate_up, x);
       DeviceBuffer scalars(g, 4 * 256, "scalars");
       const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
-      GuardedTensor codes(g, format, {R, F}), codes_t(g, format, {F, R});
-      GuardedTensor read(g, format, {R, F}), read_t(g, format, {F, R});
-      const Fp8CastArgs of_h{h, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
-      const Fp8CastArgs of_gate_up{gate_up, read, read_t, scale, scalar_on(g, scalars, 2, 0.0f), true};
-      g.fp8_cast_transpose(of_h);
-      g.fp8_cast_transpose(of_gate_up);
-      int64_t bad = 0;
-      for (const auto& [want, got] : {std::pair{&codes, &read}, std::pair{&codes_t, &read_t}}) {
-        std::vector<uint8_t> w(R * F), r(R * F);
-        g.download(w.data(), want->t());
-        g.download(r.data(), got->t());
-        for (int64_t i = 0; i < R * F; ++i) bad += w[i] != r[i];
-        EXPECT_TRUE(got->guards_intact()) << "write outside the outputs";
+      GuardedTensor codes(g, format, {R, F}), fused_codes(g, format, {R, F});
+      const Fp8CastArgs cast{h, codes, {}, scale, scalar_on(g, scalars, 1, 0.0f)};
+      const Fp8CastArgs fused{{}, fused_codes, {}, scale, scalar_on(g, scalars, 2, 0.0f)};
+      g.swiglu_forward(h.t(), gate_up.t());
+      g.fp8_cast_transpose(cast);
+      g.swiglu_forward_cast(h_fused.t(), gate_up.t(), fused);
+      int64_t bad_h = 0, bad_codes = 0;
+      {
+        std::vector<uint16_t> want(R * F), got(R * F);
+        g.download(want.data(), h.t());
+        g.download(got.data(), h_fused.t());
+        for (int64_t i = 0; i < R * F; ++i) bad_h += want[i] != got[i];
+        std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
+        g.download(want_codes.data(), codes.t());
+        g.download(got_codes.data(), fused_codes.t());
+        for (int64_t i = 0; i < R * F; ++i) bad_codes += want_codes[i] != got_codes[i];
       }
-      const float amax = read_scalar(g, of_h.amax);
-      EXPECT_EQ(bad, 0) << "codes differing from swiglu_forward then the cast";
-      EXPECT_EQ(read_scalar(g, of_gate_up.amax), amax);
-      std::printf("[ fp8      ] swiglu cast %-8s %5ldx%-5ld mismatches %ld, amax %g\n",
+      const float amax = read_scalar(g, cast.amax);
+      EXPECT_EQ(bad_h, 0) << "h differing from swiglu_forward's";
+      EXPECT_EQ(bad_codes, 0) << "codes differing from the cast of swiglu_forward's h";
+      EXPECT_EQ(read_scalar(g, fused.amax), amax);
+      EXPECT_TRUE(h_fused.guards_intact() && fused_codes.guards_intact())
+          << "write outside the outputs";
+      std::printf("[ fp8      ] swiglu_forward_cast %-8s %5ldx%-5ld h %ld, codes %ld differ, amax %g\n",
                   std::string(dtype_name(format)).c_str(), static_cast<long>(R),
-                  static_cast<long>(F), static_cast<long>(bad), amax);
+                  static_cast<long>(F), static_cast<long>(bad_h), static_cast<long>(bad_codes),
+                  amax);
+      x[2 * F + 1] = NAN;  // row 1's gate
+      upload_float(g, gate_up, x);
+      g.swiglu_forward_cast(h_fused.t(), gate_up.t(), fused);
+      EXPECT_TRUE(std::isnan(read_scalar(g, fused.amax))) << "a NaN in h must reach the amax";
     }
   }
 }

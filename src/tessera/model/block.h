@@ -40,7 +40,7 @@ class ForwardOps {
   // here: a row-parallel output is summed over the ranks (or reduce-scattered onto the
   // sequence shards, with sequence parallelism, when out has sequence_tokens() rows), and a
   // column-parallel input with sequence_tokens() rows is gathered first.
-  // The input may be a SwiGLU of a gate_up tensor where linear_reads_swiglu(weight).
+  // With in.cast, the input's FP8 codes are in the layer's linear_input_cast target.
   virtual void linear(const Tensor& out, const LinearInput& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
   // (positions, rotary dims) fp32: the rope ops' cos/sin table of rotary base `base` (0: the
@@ -77,13 +77,13 @@ class LayerOps : public ForwardOps {
   // first contribution); dbias += colsum(dout). Under tensor parallelism a column-parallel
   // din is summed over the ranks (reduce-scattered with sequence parallelism), and sequence
   // shards (in of a column-parallel, dout of a row-parallel linear) are gathered first.
-  virtual void linear_backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
+  virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                int weight, int bias) = 0;
-  // Whether `weight`'s linear (forward and backward) takes its input as
-  // LinearInput::swiglu_of(gate_up), casting it to FP8 straight from gate_up, so that a block
-  // need not write the SwiGLU's output (an FP8 linear with per-tensor scaling, no adapters,
-  // its input not gathered over the sequence shards).
-  virtual bool linear_reads_swiglu(int weight) const = 0;
+  // Where `weight`'s linear reads the FP8 codes of an input of `rows` rows that its producer
+  // writes on the way (then pass LinearInput::with_codes to linear): Fp8Linears::input_cast.
+  // Undefined out where the layer casts its input itself (bf16, blockwise or just-in-time
+  // scaling, or an input gathered over the sequence shards first).
+  virtual Fp8CastArgs linear_input_cast(int weight, int64_t rows) const = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
   // Expert parallelism (model/expert_exchange.h); null when every expert runs here.

@@ -776,7 +776,8 @@ void DecoderModel::linear(const Tensor& out, const LinearInput& in, int weight, 
     case TensorParallelStyle::Column:
       if (tp_.size > 1 || !residual.defined()) {
         TS_CHECK(!residual.defined(), "{}: a column-parallel linear with a residual", p.name);
-        return column_.forward(out, in.tensor(), weight, bias);
+        TS_CHECK(!in.cast, "{}: a column-parallel linear given its input's codes", p.name);
+        return column_.forward(out, in.x, weight, bias);
       }
       break;
     case TensorParallelStyle::Row:
@@ -797,11 +798,11 @@ void DecoderModel::linear(const Tensor& out, const LinearInput& in, int weight, 
   gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
 }
 
-void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
+void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                    int weight, int bias) {
   switch (layout_.params[weight].tp) {
     case TensorParallelStyle::Column:
-      return column_.backward(din, dout, in.tensor(), weight, bias);
+      return column_.backward(din, dout, in, weight, bias);
     case TensorParallelStyle::Row:
       if (bias < 0) return row_.backward(din, dout, in, weight);
       break;
@@ -811,10 +812,11 @@ void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const 
   gemms_.backward(din, dout, in, weight, bias);
 }
 
-// A column-parallel layer may gather its input over the sequence shards first: it takes the
-// tensor.
-bool DecoderModel::linear_reads_swiglu(int weight) const {
-  return layout_.params[weight].tp != TensorParallelStyle::Column && gemms_.reads_swiglu(weight);
+// A column-parallel layer may gather its input over the sequence shards first: it casts the
+// gathered tensor itself.
+Fp8CastArgs DecoderModel::linear_input_cast(int weight, int64_t rows) const {
+  if (layout_.params[weight].tp == TensorParallelStyle::Column) return {};
+  return gemms_.input_cast(weight, rows);
 }
 
 void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,

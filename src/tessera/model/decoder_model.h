@@ -140,9 +140,9 @@ class DecoderModel final : public Model, private LayerOps {
   // LayerOps
   void linear(const Tensor& out, const LinearInput& in, int weight, int bias,
               const Tensor& residual) override;
-  void linear_backward(const Tensor& din, const Tensor& dout, const LinearInput& in, int weight,
+  void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                        int bias) override;
-  bool linear_reads_swiglu(int weight) const override;
+  Fp8CastArgs linear_input_cast(int weight, int64_t rows) const override;
   const Tensor& rope_table(double base) const override { return a_.rope.at(base); }
   void expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                      const ExpertGroups& groups) override;

@@ -348,11 +348,10 @@ void Fp8Linears::update_scales(const Tensor& history, const Tensor& scale, const
   backend_.fp8_update_scales(u);
 }
 
-void Fp8Linears::cast(const Group& g, int64_t slot, const LinearInput& x, const Tensor& out,
+void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out,
                       const Tensor& out_t, bool record) {
   Fp8CastArgs c;
-  c.x = x.x;
-  c.swiglu = x.swiglu;
+  c.x = x;
   c.scale = g.scale.flat_range(slot, 1);
   const Tensor amax = g.history.flat_range(slot, 1);  // row 0
   if (record && just_in_time()) {
@@ -360,8 +359,7 @@ void Fp8Linears::cast(const Group& g, int64_t slot, const LinearInput& x, const 
     // the step so far (micro-batches and recomputes of the same tensor).
     if (options_.recipe == Fp8Recipe::Tensorwise) backend_.fill(amax, 0.0f);
     Fp8CastArgs a;
-    a.x = x.x;
-    a.swiglu = x.swiglu;
+    a.x = x;
     a.amax = amax;
     backend_.fp8_cast_transpose(a);
     update_scales(amax.view({1, 1}), c.scale, g.scale_inv.flat_range(slot, 1), g.format,
@@ -415,12 +413,14 @@ Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
 void Fp8Linears::forward(int i, const Tensor& out, const LinearInput& in, const Tensor& weight,
                          const Tensor& bias, float beta, const Tensor& residual) {
   const Fp8LinearShape& l = linears_[i];
-  const int64_t rows = in.numel() / l.in;
-  TS_CHECK(rows <= rows_ && in.numel() == rows * l.in, "fp8 {}: input {} is not (rows <= {}, {})",
-           l.name, in.x.shape.str(), rows_, l.in);
-  if (blockwise()) return forward_blockwise(i, out, in.tensor(), weight, bias, beta, residual);
+  const int64_t rows = in.x.numel() / l.in;
+  TS_CHECK(rows <= rows_ && in.x.numel() == rows * l.in,
+           "fp8 {}: input {} is not (rows <= {}, {})", l.name, in.x.shape.str(), rows_, l.in);
+  TS_CHECK(!in.cast || input_cast(i, rows).out.defined(),
+           "fp8 {}: an input cast by its producer where the forward casts its own", l.name);
+  if (blockwise()) return forward_blockwise(i, out, in.x, weight, bias, beta, residual);
   const Tensor x = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
-  cast(fwd_, input_slot(i), in, x, {}, true);
+  if (!in.cast) cast(fwd_, input_slot(i), in.x, x, {}, true);
   const Tensor w = weight_codes(i, weight, false);
   Fp8MatmulArgs m;
   m.out = out;
@@ -435,15 +435,24 @@ void Fp8Linears::forward(int i, const Tensor& out, const LinearInput& in, const 
   backend_.matmul_fp8(m);
 }
 
-void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const LinearInput& in,
+Fp8CastArgs Fp8Linears::input_cast(int i, int64_t rows) const {
+  const Fp8LinearShape& l = linears_[i];
+  if (blockwise() || just_in_time() || l.expert_stack() || rows > rows_) return {};
+  Fp8CastArgs c;
+  c.out = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
+  c.scale = fwd_.scale.flat_range(input_slot(i), 1);
+  c.amax = fwd_.history.flat_range(input_slot(i), 1);  // row 0, as cast() records it
+  return c;
+}
+
+void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                           const Tensor& weight, const Tensor& dweight, float dweight_beta) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t rows = dout.numel() / l.out;
   TS_CHECK(rows <= rows_ && dout.numel() == rows * l.out && in.numel() == rows * l.in,
            "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
-           in.x.shape.str(), rows, l.out, l.in);
-  if (blockwise())
-    return backward_blockwise(i, din, dout, in.tensor(), weight, dweight, dweight_beta);
+           in.shape.str(), rows, l.out, l.in);
+  if (blockwise()) return backward_blockwise(i, din, dout, in, weight, dweight, dweight_beta);
   const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
   cast(bwd_, i, dout, dy, dy_t, true);

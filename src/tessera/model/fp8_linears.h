@@ -90,18 +90,21 @@ class Fp8Linears final : public StepHook {
   static size_t plan_bytes(const Fp8Options& options, const std::vector<Fp8LinearShape>& linears,
                            int64_t rows);
 
-  // out (rows, out) = in (rows, in) @ W^T (+ bias) (+ beta * residual) for linear i. The
-  // input may be a SwiGLU of gate_up (reads_swiglu()).
+  // out (rows, out) = in (rows, in) @ W^T (+ bias) (+ beta * residual) for linear i; with
+  // in.cast its input's codes are already in input_cast(i, rows)'s target.
   void forward(int i, const Tensor& out, const LinearInput& in, const Tensor& weight,
                const Tensor& bias, float beta, const Tensor& residual);
+  // Where linear i's forward reads its input's codes, for a producer that writes them on the
+  // way (swiglu_forward_cast): out (rows, in), the scale and the amax slot the forward's own
+  // cast would use (x, out_t undefined). Undefined out where the forward must cast itself:
+  // blockwise scaling, and scales computed just in time from the tensor's amax (tensorwise,
+  // or delayed before its first history), which needs the amax before any code.
+  Fp8CastArgs input_cast(int i, int64_t rows) const;
   // din (rows, in) = dout @ W when din is defined; dweight (out, in), fp32 or bf16 (the
   // gradient buffer's dtype) = dout^T @ in + dweight_beta * dweight when dweight is defined
   // (undefined: a frozen weight).
-  void backward(int i, const Tensor& din, const Tensor& dout, const LinearInput& in,
+  void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);
-  // Whether the linears cast an input given as a SwiGLU from its gate_up: per-tensor scaling
-  // (blockwise scaling casts tiles by their own amax, from the tensor).
-  bool reads_swiglu() const { return !blockwise(); }
 
   // Expert stack i over its row groups: out (R, out) = in (R, in) @ W[e]^T per group of expert
   // e, rows past the groups zeroed. weight (local_experts, out, in): this rank's experts. The
@@ -159,8 +162,8 @@ class Fp8Linears final : public StepHook {
   // Casts x into out and/or out_t with the scale of `slot`. record: these are this step's
   // values of the tensor (not a re-cast in another layout), so its amax counts and, when
   // scaling just in time, the scale is first computed from it.
-  void cast(const Group& g, int64_t slot, const LinearInput& x, const Tensor& out,
-            const Tensor& out_t, bool record);
+  void cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out, const Tensor& out_t,
+            bool record);
   void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
                      DType format, bool most_recent, bool roll);
   Tensor weight_codes(int i, const Tensor& weight, bool transposed);

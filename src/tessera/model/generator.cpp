@@ -224,7 +224,8 @@ void Generator::copy_state(const std::vector<std::pair<std::string, Tensor>>& st
 
 void Generator::linear(const Tensor& out, const LinearInput& input, int weight, int bias,
                        const Tensor& residual) {
-  const Tensor& in = input.tensor();  // generation's linears are bf16
+  TS_CHECK(!input.cast, "generation's linears are bf16: an input cast to FP8");
+  const Tensor& in = input.x;
   MatmulArgs m;
   m.out = out;
   m.a = in;

@@ -47,9 +47,10 @@ void LinearGemms::forward(const Tensor& out, const LinearInput& in, int weight, 
     fp8_->forward(fp8_index_[weight], out, in, fp8_weight(weight),
                   bias >= 0 ? params_(bias) : Tensor{}, beta, c);
   } else {
+    TS_CHECK(!in.cast, "a bf16 linear given an input cast to FP8");
     MatmulArgs m;
     m.out = out;
-    m.a = in.tensor();
+    m.a = in.x;
     m.b = params_(weight);
     m.trans_b = true;
     m.beta = beta;
@@ -57,18 +58,18 @@ void LinearGemms::forward(const Tensor& out, const LinearInput& in, int weight, 
     if (bias >= 0) m.bias = params_(bias);
     backend_.matmul(m);
   }
-  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in.tensor(), weight);
+  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in.x, weight);
 }
 
-void LinearGemms::backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
-                           int weight, int bias) {
+void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
+                           int bias) {
   const float grad_beta = take_grad_beta(weight);
   const bool adapted = adapters_ && adapters_->adapts(weight);
   if (is_fp8(weight)) {
     // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
     fp8_->backward(fp8_index_[weight], din, dout, in, fp8_weight(weight), adapted ? Tensor{} : grads_(weight),
                    grad_beta);
-    if (adapted) adapters_->backward(din, dout, in.tensor(), weight);
+    if (adapted) adapters_->backward(din, dout, in, weight);
   } else {
     if (din.defined()) {
       MatmulArgs d;
@@ -78,13 +79,13 @@ void LinearGemms::backward(const Tensor& din, const Tensor& dout, const LinearIn
       backend_.matmul(d);
     }
     if (adapted) {
-      adapters_->backward(din, dout, in.tensor(), weight);  // the weight itself is frozen
+      adapters_->backward(din, dout, in, weight);  // the weight itself is frozen
     } else {
       MatmulArgs w;
       w.out = grads_(weight);
       w.a = dout;
       w.trans_a = true;
-      w.b = in.tensor();
+      w.b = in;
       w.beta = grad_beta;
       backend_.matmul(w);
     }
@@ -184,7 +185,7 @@ void RowParallelLinear::forward(const Tensor& out, const LinearInput& in, int we
   tp_.reduce_to_sequence(out, partial);
 }
 
-void RowParallelLinear::backward(const Tensor& din, const Tensor& dout, const LinearInput& in,
+void RowParallelLinear::backward(const Tensor& din, const Tensor& dout, const Tensor& in,
                                  int weight) {
   gemms_.backward(din, tp_.sequence_parallel ? tp_.gather_sequence(dout) : dout, in, weight, -1);
 }

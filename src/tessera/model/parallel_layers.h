@@ -50,17 +50,16 @@ class LinearGemms {
   // gradients, started by their owner) makes every one add instead.
   void start_step(bool accumulate_all);
 
-  // Whether `weight`'s GEMMs take a SwiGLU input from its gate_up (LinearInput): an FP8
-  // linear with per-tensor scaling whose weight no adapter adapts (adapters read the input).
-  bool reads_swiglu(int weight) const {
-    return is_fp8(weight) && fp8_->reads_swiglu() && !(adapters_ && adapters_->adapts(weight));
+  // Where `weight`'s forward reads its input's FP8 codes when a producer writes them
+  // (Fp8Linears::input_cast); undefined out for a bf16 weight.
+  Fp8CastArgs input_cast(int weight, int64_t rows) const {
+    return is_fp8(weight) ? fp8_->input_cast(fp8_index_[weight], rows) : Fp8CastArgs{};
   }
   // out = in @ W^T (+ bias) + beta * c.
   void forward(const Tensor& out, const LinearInput& in, int weight, int bias, float beta,
                const Tensor& c) const;
   // din = dout @ W (skipped when undefined); dW (+)= dout^T @ in; dbias += colsum(dout).
-  void backward(const Tensor& din, const Tensor& dout, const LinearInput& in, int weight,
-                int bias);
+  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight, int bias);
   // A backward of `weight` on no rows (the output head on a batch without loss rows): its
   // gradient gets their zero contribution, which must be written where the step's first
   // weight-gradient GEMM would have overwritten last step's values.
@@ -134,7 +133,7 @@ class RowParallelLinear {
   RowParallelLinear(TensorParallelGroup& tp, LinearGemms& gemms) : tp_(tp), gemms_(gemms) {}
   // out = in @ W^T (+ residual), summed over the ranks; a bias would be added by every rank.
   void forward(const Tensor& out, const LinearInput& in, int weight, const Tensor& residual);
-  void backward(const Tensor& din, const Tensor& dout, const LinearInput& in, int weight);
+  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight);
 
  private:
   TensorParallelGroup& tp_;

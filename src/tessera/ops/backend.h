@@ -159,16 +159,12 @@ struct AdamWArgs {
 // no step waits for the host.
 
 // One read of x producing any of: its FP8 copy, its FP8 transpose, and its amax.
-// With swiglu, x is a gate_up (R, 2C) = [gate | up] and the values cast are swiglu_forward's
-// output of it, rounded to x's dtype as that op stores them: the codes and amax are those of
-// swiglu_forward then the cast, without the (R, C) tensor between them ever being written.
 struct Fp8CastArgs {
-  Tensor x;      // (R, C) compute dtype, or (R, 2C) with swiglu
+  Tensor x;      // (R, C) compute dtype
   Tensor out;    // (R, C) e4m3 or e5m2, or undefined
   Tensor out_t;  // (C, R) same dtype as out, or undefined
   Tensor scale;  // (1) fp32; read when out or out_t is defined
   Tensor amax;   // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
-  bool swiglu = false;
 };
 
 // Per-tensor scaled FP8 cast of x (R, C) cut into G row groups, each with its codes row-major

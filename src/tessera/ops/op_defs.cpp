@@ -275,10 +275,7 @@ OpCost cost_bias_backward(const Tensor& dbias, const Tensor& dout) {
 
 void check_fp8_cast_transpose(const OpChecks& check, const Fp8CastArgs& args) {
   check.placed(args.x, "x");
-  if (args.swiglu)
-    check.that(matrix_dims(args.x).cols % 2 == 0, "x {} is not a gate_up (R, 2C)",
-               args.x.shape.str());
-  const int64_t n = args.swiglu ? args.x.numel() / 2 : args.x.numel();
+  const int64_t n = args.x.numel();
   for (const auto& [t, what] : {std::pair{&args.out, "out"}, std::pair{&args.out_t, "out_t"}}) {
     if (!t->defined()) continue;
     check.count(*t, n, what);
@@ -296,8 +293,7 @@ OpArgs describe_fp8_cast_transpose(const Fp8CastArgs& args) {
 }
 
 OpCost cost_fp8_cast_transpose(const Fp8CastArgs& args) {
-  // Scale, round and the amax: two operations an element (with swiglu, an element of gate_up
-  // holds half of one and adds its SiLU and product).
+  // Scale, round and the amax: two operations an element.
   return {2 * elements(args.x), bytes_of(args.x) + bytes_of(args.out) + bytes_of(args.out_t)};
 }
 
@@ -962,6 +958,28 @@ OpArgs describe_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 OpCost cost_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   // silu(g) * u: an exponential, a division and two multiplications.
   return {5 * elements(out), bytes_of(gate_up) + bytes_of(out)};
+}
+
+// ---- swiglu_forward_cast
+
+void check_swiglu_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& gate_up,
+                               const Fp8CastArgs& codes) {
+  check_swiglu_forward(check, out, gate_up);
+  check.that(!codes.x.defined() && !codes.out_t.defined(),
+             "codes.x and codes.out_t must be undefined (the codes are out's, row-major)");
+  check.count(codes.out, out.numel(), "codes.out");
+  check.count(codes.scale, 1, "codes.scale");
+  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+}
+
+OpArgs describe_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
+                                    const Fp8CastArgs& /*codes*/) {
+  return op_args::rows_cols(gate_up);
+}
+
+OpCost cost_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up, const Fp8CastArgs& codes) {
+  // The SwiGLU's five operations an element, then the cast's scale, rounding and amax.
+  return {7 * elements(out), bytes_of(gate_up) + bytes_of(out) + bytes_of(codes.out)};
 }
 
 // ---- swiglu_backward

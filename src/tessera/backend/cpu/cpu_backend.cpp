@@ -743,6 +743,15 @@ void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
     ref::swiglu_forward(f32(out) + n * F, f32(gate_up) + n * 2 * F, 1, F);
 }
 
+// The cast of what the SwiGLU wrote: the codes and amax of the two ops one after the other.
+void CpuBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
+                                        const Fp8CastArgs& codes) {
+  do_swiglu_forward(out, gate_up);
+  Fp8CastArgs cast = codes;
+  cast.x = out;
+  do_fp8_cast_transpose(cast);
+}
+
 void CpuBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                     const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "tessera/backend/cpu/cpu_backend.h"
-#include "tessera/backend/cpu/reference.h"
 #include "tessera/core/fp8.h"
 #include "tessera/ops/op_checks.h"
 
@@ -33,16 +32,8 @@ std::vector<float> dequantize(const Tensor& t, const Tensor& scale_inv, Fp8Scali
 }  // namespace
 
 void CpuBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
-  const auto [R, x_cols] = matrix_dims(args.x);
+  const auto [R, C] = matrix_dims(args.x);
   const float* x = args.x.as<float>();
-  // With swiglu the values are swiglu_forward's, by the same function.
-  const int64_t C = args.swiglu ? x_cols / 2 : x_cols;
-  std::vector<float> h;
-  if (args.swiglu) {
-    h.resize(static_cast<size_t>(R * C));
-    ref::swiglu_forward(h.data(), x, R, C);
-    x = h.data();
-  }
   if (args.amax.defined()) {
     // NaN compares false, so it is tracked apart: a NaN anywhere makes the amax NaN.
     float m = *args.amax.as<float>();

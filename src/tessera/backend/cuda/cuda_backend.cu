@@ -502,10 +502,9 @@ Fp8CastTarget fp8_cast_target(const Args& args) {
 void CudaBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
   const auto [format, cast] = fp8_cast_target(args);
   const MatrixDims d = matrix_dims(args.x);
-  cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, args.swiglu ? d.cols / 2 : d.cols,
-                           args.swiglu, cast ? args.scale.as<float>() : nullptr, args.out.data,
-                           args.out_t.data, format,
-                           args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
+  cuda::fp8_cast_transpose(args.x.data, args.x.dtype, d.rows, d.cols,
+                           cast ? args.scale.as<float>() : nullptr, args.out.data, args.out_t.data,
+                           format, args.amax.defined() ? args.amax.as<float>() : nullptr, stream_);
 }
 
 void CudaBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
@@ -865,6 +864,14 @@ void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);
   const int64_t N = d.rows, F = d.cols / 2;
   cuda::swiglu_forward(out.data, gate_up.data, N, F, gate_up.dtype, stream_);
+}
+
+void CudaBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
+                                         const Fp8CastArgs& codes) {
+  const MatrixDims d = matrix_dims(gate_up);
+  cuda::swiglu_forward_cast(out.data, codes.out.data, gate_up.data, d.rows, d.cols / 2,
+                            gate_up.dtype, codes.out.dtype, codes.scale.as<float>(),
+                            codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
 }
 
 void CudaBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,

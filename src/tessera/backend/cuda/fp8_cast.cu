@@ -87,13 +87,12 @@ __device__ __forceinline__ void store_codes(uint8_t* out, int64_t r, int64_t C, 
     if (c + k < C) out[r * C + c + k] = static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)));
 }
 
-// Thread threadIdx.x's share of a tile at (r0, c) of x (rows of ld elements, C of them
-// read): rows r0 + threadIdx.x / 16 + 16 k below `rows`, its kPack columns from c
-// (vectorised when vec_in); entries past rows or C stay unset.
+// Thread threadIdx.x's share of a tile at (r0, c): rows r0 + threadIdx.x / 16 + 16 k below
+// `rows`, its kPack columns from c (vectorised when vec_in); entries past rows or C stay unset.
 template <class T>
 __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* __restrict__ x,
-                                          int64_t rows, int64_t C, int64_t ld, int64_t r0,
-                                          int64_t c, bool vec_in) {
+                                          int64_t rows, int64_t C, int64_t r0, int64_t c,
+                                          bool vec_in) {
   const int t = threadIdx.x;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
@@ -103,12 +102,12 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 #pragma unroll
         for (int k = 0; k < kPack; k += kVec16<T>)
           *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
-              load_pack<T, kVec16<T>>(x + r * ld + c + k);
+              load_pack<T, kVec16<T>>(x + r * C + c + k);
       }
     } else {
 #pragma unroll
       for (int k = 0; k < kPack; ++k)
-        if (r < rows && c + k < C) v[pass][k] = x[r * ld + c + k];
+        if (r < rows && c + k < C) v[pass][k] = x[r * C + c + k];
     }
   }
 }
@@ -120,9 +119,7 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 // vec_in: C % 8 == 0 and x (16 bytes), out (8 bytes) aligned, so a thread's 8 columns are
 // all inside or all outside and move as single accesses; vec_t: likewise R % 16 == 0 and
 // out_t 16-byte aligned for the transposed runs. Otherwise element by element.
-// kSwiglu: x is a gate_up (R, 2C); the values are swiglu_value of its two halves, rounded to
-// T as swiglu_forward stores them (the gate and up tiles both loaded before any use).
-template <class T, DType kFormat, bool kSwiglu>
+template <class T, DType kFormat>
 __global__ void __launch_bounds__(kCastThreads)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
                               const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
@@ -140,18 +137,7 @@ __global__ void __launch_bounds__(kCastThreads)
   const int tc = (t % (kTileCols / kPack)) * kPack;
   const int64_t c = c0 + tc;
   alignas(16) T v[kLoadPasses][kPack];
-  if constexpr (kSwiglu) {
-    alignas(16) T up[kLoadPasses][kPack];
-    load_tile(v, x, R, C, 2 * C, r0, c, vec_in);
-    load_tile(up, x + C, R, C, 2 * C, r0, c, vec_in);
-#pragma unroll
-    for (int pass = 0; pass < kLoadPasses; ++pass)
-#pragma unroll
-      for (int k = 0; k < kPack; ++k)
-        v[pass][k] = from_float<T>(swiglu_value(to_float(v[pass][k]), to_float(up[pass][k])));
-  } else {
-    load_tile(v, x, R, C, C, r0, c, vec_in);
-  }
+  load_tile(v, x, R, C, r0, c, vec_in);
   unsigned m = 0;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
@@ -266,7 +252,7 @@ __global__ void __launch_bounds__(kCastThreads)
   const int tc = (t % (kTileCols / kPack)) * kPack;
   const int64_t c = c0 + tc;
   alignas(16) T v[kLoadPasses][kPack];
-  load_tile(v, x, used, C, C, r0, c, vec_in);
+  load_tile(v, x, used, C, r0, c, vec_in);
   unsigned m = 0;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
@@ -363,9 +349,8 @@ __global__ void fp8_update_scales_kernel(float* history, int64_t H, int64_t S, f
 
 }  // namespace
 
-void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, bool swiglu,
-                        const float* scale, void* out, void* out_t, DType format, float* amax,
-                        cudaStream_t stream) {
+void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, const float* scale,
+                        void* out, void* out_t, DType format, float* amax, cudaStream_t stream) {
   NvtxRange range("fp8_cast_transpose");
   if (R == 0 || C == 0) return;
   const int64_t grid_y = ceil_div(R, kTileRows);
@@ -377,20 +362,17 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, bool
   auto* a = reinterpret_cast<unsigned*>(amax);
   const bool vec_in = C % kPack == 0 && is_aligned(x, 16) && (o == nullptr || is_aligned(o, kPack));
   const bool vec_t = R % kRunT == 0 && (ot == nullptr || is_aligned(ot, kRunT));
-  TS_CHECK(format == DType::E4M3 || format == DType::E5M2 || (out == nullptr && out_t == nullptr),
-           "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
   dispatch_float(x_dtype, "fp8_cast_transpose", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
-    const auto launch = [&](auto kernel) {
-      kernel<<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
-    };
     if (format == DType::E5M2) {
-      swiglu ? launch(fp8_cast_transpose_kernel<T, DType::E5M2, true>)
-             : launch(fp8_cast_transpose_kernel<T, DType::E5M2, false>);
+      fp8_cast_transpose_kernel<T, DType::E5M2>
+          <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
     } else {
-      swiglu ? launch(fp8_cast_transpose_kernel<T, DType::E4M3, true>)
-             : launch(fp8_cast_transpose_kernel<T, DType::E4M3, false>);
+      TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
+               "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
+      fp8_cast_transpose_kernel<T, DType::E4M3>
+          <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
     }
   });
   TS_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");

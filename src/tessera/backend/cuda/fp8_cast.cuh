@@ -12,10 +12,8 @@ namespace tessera::cuda {
 // x (R, C) in x_dtype (bf16 or fp32) -> out (R, C) and/or out_t (C, R) in `format` (e4m3 or
 // e5m2), q = satfinite_rn(x * *scale); amax (when non-null) = max(*amax, max |x|), NaN or Inf
 // when x holds one. Either output may be null; with both null only the amax is computed.
-// swiglu: x is a gate_up (R, 2C) and the values are swiglu_forward's output of it.
-void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, bool swiglu,
-                        const float* scale, void* out, void* out_t, DType format, float* amax,
-                        cudaStream_t stream);
+void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, const float* scale,
+                        void* out, void* out_t, DType format, float* amax, cudaStream_t stream);
 
 // Grouped cast (ops/backend.h: fp8_grouped_cast): x (R, C) in G row groups, either equal
 // groups of group_rows rows (group_rows > 0) or offsets (G + 1 int32 on the device; rows from

@@ -35,17 +35,6 @@ __device__ __forceinline__ T from_float(float x) {
   }
 }
 
-// ---- SwiGLU, one definition: the FP8 cast's swiglu prologue must store codes of exactly
-// swiglu_forward's values ----
-
-__device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + __expf(-x));
-}
-
-__device__ __forceinline__ float swiglu_value(float gate, float up) {
-  return gate * sigmoid(gate) * up;
-}
-
 // ---- packs ----
 
 template <int Bytes>

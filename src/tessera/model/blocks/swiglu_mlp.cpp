@@ -23,17 +23,21 @@ void SwigluMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntim
   plan.add(&dgate_up_, rt.compute_dtype, {N, 2 * s_.ffn});
 }
 
-LinearInput SwigluMlp::down_input(const LayerOps& ops) const {
-  return ops.linear_reads_swiglu(down_) ? LinearInput::swiglu_of(gate_up_out_) : LinearInput(h_);
-}
-
+// The codes are written here, where a full recompute also writes h (it skips the layer's
+// last output projection), and read by the down projection next, before any other cast.
 void SwigluMlp::forward_inner(LayerOps& ops, const Tensor& in) {
   ops.linear(gate_up_out_, in, gate_up_, -1);
-  if (!down_input(ops).swiglu) ops.backend().swiglu_forward(h_, gate_up_out_);
+  const Fp8CastArgs codes = ops.linear_input_cast(down_, h_.dim(0));
+  if (codes.out.defined()) {
+    ops.backend().swiglu_forward_cast(h_, gate_up_out_, codes);
+  } else {
+    ops.backend().swiglu_forward(h_, gate_up_out_);
+  }
 }
 
 void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
-  ops.linear(out, down_input(ops), down_, -1, residual);
+  const bool cast = ops.linear_input_cast(down_, h_.dim(0)).out.defined();
+  ops.linear(out, cast ? LinearInput::with_codes(h_) : LinearInput(h_), down_, -1, residual);
 }
 
 // h and (under selective recompute) the block's normed input share one buffer: h is used up
@@ -41,12 +45,11 @@ void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& r
 void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                          const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
-  const LinearInput down_in = down_input(ops);
-  if (ops.runtime().recompute == RecomputeGranularity::Selective && !down_in.swiglu) {
+  if (ops.runtime().recompute == RecomputeGranularity::Selective) {
     ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
     b.swiglu_forward(h_, gate_up_out_);
   }
-  ops.linear_backward(dh_, dout, down_in, down_, -1);
+  ops.linear_backward(dh_, dout, h_, down_, -1);
   b.swiglu_backward(dgate_up_, dh_, gate_up_out_);
   recompute_in();
   ops.linear_backward(din, dgate_up_, in, gate_up_, -1);

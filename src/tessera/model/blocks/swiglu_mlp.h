@@ -3,9 +3,9 @@
 //   gate_up = in @ Wgate_up^T       (N, 2F) = [gate | up]
 //   h = silu(gate) * up             (N, F)
 //   out = h @ Wdown^T               (N, C)
-// An FP8 down projection with per-tensor scaling casts h straight from gate_up (its forward
-// and its weight gradient's transposed cast): h is then never written, and selective
-// recompute has no SwiGLU to redo (LayerOps::linear_reads_swiglu).
+// An FP8 down projection's forward cast of h is folded into the SwiGLU
+// (swiglu_forward_cast): h's codes are written with h, and h is not read back before the
+// backward.
 #include "tessera/model/block.h"
 
 namespace tessera {
@@ -34,9 +34,6 @@ class SwigluMlp final : public Mixer {
   }
 
  private:
-  // The down projection's input: h, or the SwiGLU of gate_up where the layer reads that.
-  LinearInput down_input(const LayerOps& ops) const;
-
   ModelSpec s_;
   int gate_up_ = -1, down_ = -1;
   Tensor gate_up_out_, h_;  // activations
