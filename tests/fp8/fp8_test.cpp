@@ -20,6 +20,7 @@
 #include "tessera/model/lora_model.h"
 #include "tessera/obs/logger.h"
 #include "tessera/ops/device_buffer.h"
+#include "tessera/ops/op_observer.h"
 #include "tessera/train/trainer.h"
 
 namespace tessera {
@@ -414,6 +415,51 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Delayed, false},
                       std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Tensorwise, true},
                       std::tuple{Fp8Mode::E4M3, Fp8Recipe::Delayed, true}));
+
+// Counts the SwiGLU ops a run launches, folded cast or not.
+class SwigluOps final : public OpObserver {
+ public:
+  void op_begin(const char* name, const OpArgs& /*args*/) override {
+    folded += std::string_view(name) == "swiglu_forward_cast";
+    plain += std::string_view(name) == "swiglu_forward";
+  }
+  void op_end() override {}
+  void range_begin(const char*) override {}
+  void range_end() override {}
+  int folded = 0, plain = 0;
+};
+
+// Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
+// gives every tensor the scale tensorwise scaling computes from the tensor itself. From its
+// second pass the delayed run takes the down projections' input codes from the SwiGLU
+// (swiglu_forward_cast, into Fp8Linears::input_cast's target) instead of casting h; tensorwise
+// never can. So the two must agree bit for bit: the folded codes go where the GEMM reads them,
+// with the slot's scale and amax.
+TEST(Fp8Model, DownProjectionCodesFromTheSwigluChangeNoBit) {
+  Fp8Options delayed;
+  delayed.mode = Fp8Mode::Hybrid;
+  delayed.amax_history_len = 1;
+  delayed.amax_algo = Fp8AmaxAlgo::MostRecent;
+  Fp8Options tensorwise = delayed;
+  tensorwise.recipe = Fp8Recipe::Tensorwise;
+  const ModelSpec spec = tiny_spec();
+  auto run = [&](const Fp8Options& o, SwigluOps& ops) {
+    ModelRun r;
+    r.model = std::make_unique<DecoderModel>(*r.backend, spec, fp8_runtime(2, 16, o));
+    init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
+    r.backend->set_op_observer(&ops);
+    run_passes(*r.backend, *r.model, 32, 2, r.loss, r.grads);
+    r.backend->set_op_observer(nullptr);
+    return r;
+  };
+  SwigluOps folded_ops, plain_ops;
+  const ModelRun folded = run(delayed, folded_ops), plain = run(tensorwise, plain_ops);
+  EXPECT_EQ(folded_ops.folded, spec.num_layers) << "the second pass's SwiGLUs, one a layer";
+  EXPECT_EQ(folded_ops.plain, spec.num_layers) << "the first pass's, scaled just in time";
+  EXPECT_EQ(plain_ops.folded, 0);
+  EXPECT_EQ(folded.loss, plain.loss);
+  EXPECT_EQ(folded.grads, plain.grads);
+}
 
 // LoRA on an FP8 base: the frozen weights run their FP8 GEMMs, the adapters stay in the
 // compute dtype, and the loss and the adapters' gradients stay as near the run without FP8 as
