@@ -69,6 +69,13 @@ constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;
 constexpr uint32_t kStageArrivals = 33;
 constexpr int kBarrierDsWritten = 1;  // named barrier of the consumers
 
+// An operand's descriptor `bytes` further on (a later k-step or stage): the byte offset >> 4
+// added to the start-address field (bits 0-13), which never carries (shared memory is below
+// 256 KiB), so a tile's descriptors cost one addition of a constant each.
+__device__ __forceinline__ uint64_t desc_at(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
+
 // A 64 x 64 accumulator (keys x queries: P^T or dS^T) as the A fragments of the four k-steps
 // of an MMA that sums over its queries: queries 16 kq .. 16 kq + 15 are chunks 2 kq, 2 kq + 1.
 __device__ __forceinline__ void to_a_fragments(uint32_t (&a)[4][4], const float (&x)[32]) {
@@ -86,7 +93,7 @@ __device__ __forceinline__ void accumulate_over_queries(float (&d)[64], const ui
                                                         uint32_t stage) {
   wgmma_fence();
 #pragma unroll
-  for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(d, a[kq], b + ((stage + kq * 16 * 128) >> 4));
+  for (int kq = 0; kq < kBlockM / 16; ++kq) wgmma_m64n128_rs(d, a[kq], desc_at(b, stage + kq * 16 * 128));
   wgmma_commit();
 }
 
@@ -240,10 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int key_row0 = consumer * 64 + warp * 16 + g;  // this thread's first key in the block
   const bool arrives = lane == 0;
 
-  // Each operand's descriptor at its first k-step and stage; a later one adds its byte offset
-  // >> 4 to the start-address field (bits 0-13), which never carries (shared memory is below
-  // 256 KiB), so a tile's 32 descriptors cost 32 additions of constants.
-  auto at = [](uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); };
+  // Each operand's descriptor at its first k-step and stage (later ones: desc_at).
   // S^T = K Q^T, dP^T = V dO^T: A = this warpgroup's 64 keys of K or V, B = the Q or dO tile,
   // both K-major; k-step kk = columns 16 kk.. of 64-column block kk / 4.
   auto k_step = [](int kk, uint32_t block_bytes) { return (kk / 4) * block_bytes + (kk % 4) * 32; };
@@ -305,14 +309,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_m64n64_ss<0, 0>(st, at(k_desc, k_step(kk, kKVBlockBytes)),
-                            at(q_desc, stage + k_step(kk, kQBlockBytes)), kk > 0);
+      wgmma_m64n64_ss<0, 0>(st, desc_at(k_desc, k_step(kk, kKVBlockBytes)),
+                            desc_at(q_desc, stage + k_step(kk, kQBlockBytes)), kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      wgmma_m64n64_ss<0, 0>(dpt, at(v_desc, k_step(kk, kKVBlockBytes)),
-                            at(do_desc, stage + k_step(kk, kQBlockBytes)), kk > 0);
+      wgmma_m64n64_ss<0, 0>(dpt, desc_at(v_desc, k_step(kk, kKVBlockBytes)),
+                            desc_at(do_desc, stage + k_step(kk, kQBlockBytes)), kk > 0);
     }
     wgmma_commit();
 
@@ -387,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_m64n64_ss<1, 1>(dq, at(ds_desc, ds_buffer + kk * 16 * 128), at(k_mn_desc, kk * 16 * 128), kk > 0);
+      wgmma_m64n64_ss<1, 1>(dq, desc_at(ds_desc, ds_buffer + kk * 16 * 128), desc_at(k_mn_desc, kk * 16 * 128), kk > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();

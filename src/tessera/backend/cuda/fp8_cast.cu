@@ -66,14 +66,6 @@ __device__ __forceinline__ void tile_column_runs(const uint8_t (&tile)[kTileRows
   }
 }
 
-// The block's amax (the max of its warps' bit patterns) into amax_bits, unless it is zero.
-__device__ __forceinline__ void block_amax_to(unsigned* amax_bits, const unsigned* warp_amax) {
-  unsigned block_max = 0;
-#pragma unroll
-  for (int w = 0; w < kCastThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
-  if (block_max != 0) atomicMax(amax_bits, block_max);
-}
-
 // A thread's kPack codes (two words) of row r from column c into out (R, C): one 8-byte store
 // when vec_in, else code by code inside the matrix.
 __device__ __forceinline__ void store_codes(uint8_t* out, int64_t r, int64_t C, int64_t c,
@@ -164,7 +156,7 @@ __global__ void __launch_bounds__(kCastThreads)
   if (amax_bits == nullptr && out_t == nullptr) return;
   __syncthreads();
   if (amax_bits != nullptr && t == 0) {
-    block_amax_to(amax_bits, warp_amax);
+    block_amax_to<kCastThreads>(amax_bits, warp_amax);
   }
   if (out_t == nullptr) return;
   // Thread t writes out_t rows c0 + cg .. c0 + cg + 4 (tile columns), columns r0 + j0 ..
@@ -289,7 +281,7 @@ __global__ void __launch_bounds__(kCastThreads)
     if (per_group_amax) {
       if (group_amax[t] != 0) atomicMax(amax_bits + row_group[t], group_amax[t]);
     } else if (t == 0) {
-      block_amax_to(amax_bits, warp_amax);
+      block_amax_to<kCastThreads>(amax_bits, warp_amax);
     }
   }
   if (out_t == nullptr) return;

@@ -137,6 +137,18 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return v;
 }
 
+// An amax over a block of kThreads: warp_amax holds each warp's max of |x| bit patterns (for
+// non-negative floats unsigned order is float order, and a NaN sorts above Inf); one thread
+// folds them into *amax_bits, one atomic a block (per-warp atomics on the one address
+// serialise), none when the block saw only zeros.
+template <int kThreads>
+__device__ __forceinline__ void block_amax_to(unsigned* amax_bits, const unsigned* warp_amax) {
+  unsigned block_max = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
+  if (block_max != 0) atomicMax(amax_bits, block_max);
+}
+
 // ---- host-side launch helpers ----
 
 inline bool is_aligned(const void* p, size_t bytes) {

@@ -50,7 +50,7 @@ __device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&q)[VEC])
 }
 
 // swiglu_forward_kernel, also writing the codes of the stored values (their rounding to T, as
-// the cast reads them back) and their amax: one atomic a block, as the cast kernel does. Same
+// the cast reads them back) and their amax, as the cast kernel reduces it. Same
 // grid as swiglu_forward_kernel (kernels of the same occupancy keep the stream at the
 // bandwidth; the cast's tiled kernel is for transposes, which this cast never writes).
 template <class T, int VEC, DType kFormat>
@@ -83,12 +83,7 @@ __global__ void __launch_bounds__(kThreads)
   m = warp_reduce_max(m);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned block_max = 0;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
-    if (block_max != 0) atomicMax(amax_bits, block_max);
-  }
+  if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax);
 }
 
 // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
