@@ -258,6 +258,31 @@ TEST_F(CpuOps, SwigluForwardCastIsSwigluThenTheCast) {
   EXPECT_EQ(value(fused.amax), value(cast.amax));
 }
 
+// Codes that do not fit h, or a layout the op does not write, are refused before anything is
+// written, naming the op and the argument.
+TEST_F(CpuOps, SwigluForwardCastRefusesCodesThatAreNotHs) {
+  const int64_t R = 4, F = 8;
+  const Tensor gate_up = make(DType::F32, {R, 2 * F}), h = make(DType::F32, {R, F});
+  b->fill(gate_up, 1.0f);
+  b->fill(h, -3.0f);
+  const Tensor scale = scalar(2.0f);
+  auto refused = [&](const Fp8CastArgs& codes, const char* what) {
+    try {
+      b->swiglu_forward_cast(h, gate_up, codes);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find("swiglu_forward_cast"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{}, make(DType::E4M3, {R, F - 1}), {}, scale, {}}, "codes.out");
+  refused({{}, make(DType::E4M3, {R, F}), make(DType::E4M3, {F, R}), scale, {}}, "codes.out_t");
+  refused({{}, make(DType::E4M3, {R, F}), {}, {}, {}}, "codes.scale");
+  std::vector<float> untouched(R * F);
+  b->download(untouched.data(), h);
+  EXPECT_EQ(untouched, std::vector<float>(R * F, -3.0f)) << "h written by a refused call";
+}
+
 TEST_F(CpuOps, MatmulFp8IsTheGemmOfDequantisedCodes) {
   const int64_t M = 16, N = 32, K = 48;
   std::mt19937 rng(3);
