@@ -1229,50 +1229,71 @@ void cast_fp8_tensorwise(Backend& b, DeviceBuffer& state, size_t at, const Tenso
       Fp8CastArgs{src, transposed ? Tensor{} : codes, transposed ? codes : Tensor{}, scale, {}});
 }
 
-// swiglu_forward_cast as an FP8 down projection's forward runs it: h and its codes in one
-// pass, the codes then multiplied by the weight's (cast tensorwise). The scale is given, as
-// delayed scaling gives it. The GPU casts h as stored (bf16), the reference its fp32 value,
-// so a few codes in a hundred land one FP8 step apart: the product's tolerance is 3e-2. F
-// not a multiple of 8 takes the kernel's element path; the GEMM needs multiples of 16, so
-// that case checks h and the amax only.
-std::vector<OpCase> swiglu_forward_cast_cases() {
+// A *_forward_cast op as an FP8 linear's forward runs it: the producer writes its output
+// `y` (M, K) and y's codes in one pass, the codes then multiplied by the weight's (cast
+// tensorwise) when N > 0. The scale is given, as delayed scaling gives it. The GPU casts y as
+// stored (bf16), the reference its fp32 value, so a few codes in a hundred land one FP8 step
+// apart: the product's tolerance is 3e-2. K not a multiple of 8 takes the kernels' element
+// path; the GEMM needs multiples of 16, so that case checks y and the amax only.
+OpCase forward_cast_case(const std::string& name, int64_t M, int64_t K, int64_t N,
+                         std::vector<Spec> inputs,
+                         std::function<void(Backend&, const Tensors&, const Fp8CastArgs&)> produce) {
+  OpCase c;
+  c.name = fmt::format("{}{} M{} K{}{}", name, N ? "+matmul_fp8" : "", M, K,
+                       N ? fmt::format(" N{}", N) : std::string());
+  c.specs = std::move(inputs);
+  c.specs.push_back({"y", {M, K}, Kind::Act, Role::Out, 1.0f, 0, 1, 1e-2});
+  // A small start, below max |y|: the op max-es into it.
+  c.specs.push_back({"amax", {1}, Kind::F32, Role::InOut, 0.01f, 0, 1, 1e-2, true});
+  if (N) {
+    c.specs.push_back({"w", {N, K}, Kind::Act, Role::In, 0.05f});
+    c.specs.push_back({"out", {M, N}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2});
+  }
+  c.run = [M, K, N, produce](Backend& b, const Tensors& t) {
+    DeviceBuffer codes(b, K * (M + N) + 1024, "fp8 codes");
+    DeviceBuffer state(b, 8 * 256, "fp8 scales");
+    const float scale = 16.0f, scale_inv = 1.0f / scale;
+    const Tensor y_scale = state.tensor(DType::F32, {1}), y_inv = state.tensor(DType::F32, {1}, 256);
+    b.upload(y_scale, &scale);
+    b.upload(y_inv, &scale_inv);
+    Fp8CastArgs y;
+    y.out = codes.tensor(DType::E4M3, {M, K});
+    y.scale = y_scale;
+    y.amax = t.at("amax");
+    produce(b, t, y);
+    if (!N) return;
+    const Tensor w = codes.tensor(DType::E4M3, {N, K}, (M * K + 255) / 256 * 256);
+    const Tensor w_inv = state.tensor(DType::F32, {1}, 512);
+    cast_fp8_tensorwise(b, state, 1024, t.at("w"), w, w_inv);
+    Fp8MatmulArgs m;
+    m.out = t.at("out"), m.a = y.out, m.b = w, m.a_scale_inv = y_inv, m.b_scale_inv = w_inv;
+    b.matmul_fp8(m);
+  };
+  return c;
+}
+
+// The SwiGLU writing the down projection's codes, and the pre-norm the QKV or gate_up
+// projection's.
+std::vector<OpCase> forward_cast_cases() {
   std::vector<OpCase> cases;
   struct P {
-    int64_t M, F, N;
+    int64_t M, K, N;
   };
   for (const P& p : std::vector<P>{{208, 112, 48}, {67, 36, 0}}) {
-    OpCase c;
-    c.name = fmt::format("swiglu_forward_cast{} M{} F{}{}", p.N ? "+matmul_fp8" : "", p.M, p.F,
-                         p.N ? fmt::format(" N{}", p.N) : std::string());
-    c.specs = {{"gate_up", {p.M, 2 * p.F}, Kind::Act, Role::In, 1.5f},
-               {"h", {p.M, p.F}, Kind::Act, Role::Out, 1.0f, 0, 1, 1e-2},
-               // A small start, below max |h|: the op max-es into it.
-               {"amax", {1}, Kind::F32, Role::InOut, 0.01f, 0, 1, 1e-2, true}};
-    if (p.N) {
-      c.specs.push_back({"w", {p.N, p.F}, Kind::Act, Role::In, 0.05f});
-      c.specs.push_back({"out", {p.M, p.N}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2});
-    }
-    c.run = [p](Backend& b, const Tensors& t) {
-      DeviceBuffer codes(b, 2 * p.F * (p.M + p.N) + 1024, "fp8 codes");
-      DeviceBuffer state(b, 8 * 256, "fp8 scales");
-      const float scale = 16.0f, scale_inv = 1.0f / scale;
-      const Tensor h_scale = state.tensor(DType::F32, {1}), h_inv = state.tensor(DType::F32, {1}, 256);
-      b.upload(h_scale, &scale);
-      b.upload(h_inv, &scale_inv);
-      Fp8CastArgs h;
-      h.out = codes.tensor(DType::E4M3, {p.M, p.F});
-      h.scale = h_scale;
-      h.amax = t.at("amax");
-      b.swiglu_forward_cast(t.at("h"), t.at("gate_up"), h);
-      if (!p.N) return;
-      const Tensor w = codes.tensor(DType::E4M3, {p.N, p.F}, (p.M * p.F + 255) / 256 * 256);
-      const Tensor w_inv = state.tensor(DType::F32, {1}, 512);
-      cast_fp8_tensorwise(b, state, 1024, t.at("w"), w, w_inv);
-      Fp8MatmulArgs m;
-      m.out = t.at("out"), m.a = h.out, m.b = w, m.a_scale_inv = h_inv, m.b_scale_inv = w_inv;
-      b.matmul_fp8(m);
-    };
-    cases.push_back(c);
+    cases.push_back(forward_cast_case(
+        "swiglu_forward_cast", p.M, p.K, p.N, {{"gate_up", {p.M, 2 * p.K}, Kind::Act, Role::In, 1.5f}},
+        [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
+          b.swiglu_forward_cast(t.at("y"), t.at("gate_up"), y);
+        }));
+  }
+  for (const P& p : std::vector<P>{{144, 320, 96}, {33, 100, 0}}) {
+    cases.push_back(forward_cast_case(
+        "rmsnorm_forward_cast", p.M, p.K, p.N,
+        {{"x", {p.M, p.K}}, {"norm_w", {p.K}, Kind::Act, Role::In, 0.5f},
+         {"rstd", {p.M}, Kind::F32, Role::Out, 1, 0, 1, 1e-5}},
+        [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
+          b.rmsnorm_forward_cast(t.at("y"), t.at("rstd"), t.at("x"), t.at("norm_w"), 1e-5f, y);
+        }));
   }
   return cases;
 }
@@ -1858,7 +1879,7 @@ std::vector<OpCase> all_cases() {
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
                   gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
                   reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases,
-                  swiglu_forward_cast_cases, fp8_grouped_cast_cases, init_and_conversion_cases})
+                  forward_cast_cases, fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

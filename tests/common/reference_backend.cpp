@@ -264,6 +264,13 @@ void ReferenceBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd,
   store(rstd, r);
 }
 
+void ReferenceBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd,
+                                               const Tensor& x, const Tensor& weight, float eps,
+                                               const Fp8CastArgs& codes) {
+  do_rmsnorm_forward(out, rstd, x, weight, eps);
+  cast_output(out, codes);
+}
+
 void ReferenceBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight,
                                            const Tensor& dout, const Tensor& x,
                                            const Tensor& weight, const Tensor& rstd) {
@@ -441,9 +448,7 @@ void ReferenceBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_u
 void ReferenceBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
                                               const Fp8CastArgs& codes) {
   do_swiglu_forward(out, gate_up);
-  Fp8CastArgs cast = codes;
-  cast.x = out;
-  do_fp8_cast_transpose(cast);
+  cast_output(out, codes);
 }
 
 void ReferenceBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,

@@ -8,7 +8,10 @@
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/cpu/cpu_backend.h"
@@ -258,29 +261,73 @@ TEST_F(CpuOps, SwigluForwardCastIsSwigluThenTheCast) {
   EXPECT_EQ(value(fused.amax), value(cast.amax));
 }
 
-// Codes that do not fit h, or a layout the op does not write, are refused before anything is
-// written, naming the op and the argument.
-TEST_F(CpuOps, SwigluForwardCastRefusesCodesThatAreNotHs) {
+// The pre-norm with its cast on the way writes what rmsnorm_forward then the cast write: the
+// normed rows, their statistics, the codes and the amax.
+TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
+  const int64_t R = 6, C = 5;
+  std::vector<float> x(R * C), w(C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + 0.25f * static_cast<float>(i);
+  const Tensor xt = make(DType::F32, {R, C}), wt = make(DType::F32, {C});
+  b->upload(xt, x.data());
+  b->upload(wt, w.data());
+  const Tensor out = make(DType::F32, {R, C}), out_fused = make(DType::F32, {R, C});
+  const Tensor rstd = make(DType::F32, {R}), rstd_fused = make(DType::F32, {R});
+  b->rmsnorm_forward(out, rstd, xt, wt, 1e-5f);
+  const Tensor scale = scalar(37.0f);
+  const Fp8CastArgs cast{out, make(DType::E4M3, {R, C}), {}, scale, scalar(0.0f)};
+  b->fp8_cast_transpose(cast);
+  const Fp8CastArgs fused{{}, make(DType::E4M3, {R, C}), {}, scale, scalar(0.0f)};
+  b->rmsnorm_forward_cast(out_fused, rstd_fused, xt, wt, 1e-5f, fused);
+  for (const auto& [want_t, got_t] : {std::pair{out, out_fused}, std::pair{rstd, rstd_fused}}) {
+    std::vector<float> want(want_t.numel()), got(got_t.numel());
+    b->download(want.data(), want_t);
+    b->download(got.data(), got_t);
+    EXPECT_EQ(want, got);
+  }
+  std::vector<uint8_t> want_codes(R * C), got_codes(R * C);
+  b->download(want_codes.data(), cast.out);
+  b->download(got_codes.data(), fused.out);
+  EXPECT_EQ(want_codes, got_codes);
+  EXPECT_GT(value(cast.amax), 0.0f);
+  EXPECT_EQ(value(fused.amax), value(cast.amax));
+}
+
+// Codes that do not fit the producer's output, or a layout the ops do not write, are refused
+// before anything is written, naming the op and the argument.
+TEST_F(CpuOps, ForwardCastsRefuseCodesThatAreNotTheirOutputs) {
   const int64_t R = 4, F = 8;
   const Tensor gate_up = make(DType::F32, {R, 2 * F}), h = make(DType::F32, {R, F});
+  const Tensor weight = make(DType::F32, {F}), rstd = make(DType::F32, {R});
   b->fill(gate_up, 1.0f);
-  b->fill(h, -3.0f);
+  b->fill(weight, 1.0f);
   const Tensor scale = scalar(2.0f);
-  auto refused = [&](const Fp8CastArgs& codes, const char* what) {
-    try {
-      b->swiglu_forward_cast(h, gate_up, codes);
-      ADD_FAILURE() << "accepted: " << what;
-    } catch (const InternalError& e) {
-      EXPECT_NE(std::string(e.what()).find("swiglu_forward_cast"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-    }
-  };
-  refused({{}, make(DType::E4M3, {R, F - 1}), {}, scale, {}}, "codes.out");
-  refused({{}, make(DType::E4M3, {R, F}), make(DType::E4M3, {F, R}), scale, {}}, "codes.out_t");
-  refused({{}, make(DType::E4M3, {R, F}), {}, {}, {}}, "codes.scale");
-  std::vector<float> untouched(R * F);
-  b->download(untouched.data(), h);
-  EXPECT_EQ(untouched, std::vector<float>(R * F, -3.0f)) << "h written by a refused call";
+  const std::vector<std::pair<std::string, std::function<void(const Fp8CastArgs&)>>> ops = {
+      {"swiglu_forward_cast", [&](const Fp8CastArgs& c) { b->swiglu_forward_cast(h, gate_up, c); }},
+      {"rmsnorm_forward_cast",
+       [&](const Fp8CastArgs& c) {
+         b->rmsnorm_forward_cast(h, rstd, gate_up.flat_range(0, R * F).view({R, F}), weight, 1e-5f,
+                                 c);
+       }}};
+  for (const auto& [op, run] : ops) {
+    b->fill(h, -3.0f);
+    auto refused = [&](const Fp8CastArgs& codes, const char* what) {
+      try {
+        run(codes);
+        ADD_FAILURE() << op << " accepted: " << what;
+      } catch (const InternalError& e) {
+        EXPECT_NE(std::string(e.what()).find(op), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      }
+    };
+    refused({{}, make(DType::E4M3, {R, F - 1}), {}, scale, {}}, "codes.out");
+    refused({{}, make(DType::E4M3, {R, F}), make(DType::E4M3, {F, R}), scale, {}}, "codes.out_t");
+    refused({{}, make(DType::E4M3, {R, F}), {}, {}, {}}, "codes.scale");
+    std::vector<float> untouched(R * F);
+    b->download(untouched.data(), h);
+    EXPECT_EQ(untouched, std::vector<float>(R * F, -3.0f))
+        << op << ": output written by a refused call";
+  }
 }
 
 TEST_F(CpuOps, MatmulFp8IsTheGemmOfDequantisedCodes) {
@@ -441,26 +488,31 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Tensorwise, true},
                       std::tuple{Fp8Mode::E4M3, Fp8Recipe::Delayed, true}));
 
-// Counts the SwiGLU ops a run launches, folded cast or not.
-class SwigluOps final : public OpObserver {
+// Counts the ops a run launches that may write an FP8 linear's input codes (the SwiGLU and
+// the norms), with their cast folded in or not.
+class ProducerOps final : public OpObserver {
  public:
   void op_begin(const char* name, const OpArgs& /*args*/) override {
-    folded += std::string_view(name) == "swiglu_forward_cast";
-    plain += std::string_view(name) == "swiglu_forward";
+    const std::string_view op = name;
+    swiglu_folded += op == "swiglu_forward_cast";
+    swiglu_plain += op == "swiglu_forward";
+    norm_folded += op == "rmsnorm_forward_cast";
+    norm_plain += op == "rmsnorm_forward";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
-  int folded = 0, plain = 0;
+  int swiglu_folded = 0, swiglu_plain = 0, norm_folded = 0, norm_plain = 0;
 };
 
 // Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
 // gives every tensor the scale tensorwise scaling computes from the tensor itself. From its
-// second pass the delayed run takes the down projections' input codes from the SwiGLU
-// (swiglu_forward_cast, into Fp8Linears::input_cast's target) instead of casting h; tensorwise
-// never can. So the two must agree bit for bit: the folded codes go where the GEMM reads them,
-// with the slot's scale and amax.
-TEST(Fp8Model, DownProjectionCodesFromTheSwigluChangeNoBit) {
+// second pass the delayed run takes the input codes of the down projections from the SwiGLU
+// (swiglu_forward_cast) and those of the QKV and gate_up projections from the pre-norms
+// (rmsnorm_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
+// inputs; tensorwise never can. So the two must agree bit for bit: the folded codes go where
+// the GEMMs read them, with each slot's scale and amax.
+TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   Fp8Options delayed;
   delayed.mode = Fp8Mode::Hybrid;
   delayed.amax_history_len = 1;
@@ -468,7 +520,7 @@ TEST(Fp8Model, DownProjectionCodesFromTheSwigluChangeNoBit) {
   Fp8Options tensorwise = delayed;
   tensorwise.recipe = Fp8Recipe::Tensorwise;
   const ModelSpec spec = tiny_spec();
-  auto run = [&](const Fp8Options& o, SwigluOps& ops) {
+  auto run = [&](const Fp8Options& o, ProducerOps& ops) {
     ModelRun r;
     r.model = std::make_unique<DecoderModel>(*r.backend, spec, fp8_runtime(2, 16, o));
     init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
@@ -477,11 +529,14 @@ TEST(Fp8Model, DownProjectionCodesFromTheSwigluChangeNoBit) {
     r.backend->set_op_observer(nullptr);
     return r;
   };
-  SwigluOps folded_ops, plain_ops;
+  ProducerOps folded_ops, plain_ops;
   const ModelRun folded = run(delayed, folded_ops), plain = run(tensorwise, plain_ops);
-  EXPECT_EQ(folded_ops.folded, spec.num_layers) << "the second pass's SwiGLUs, one a layer";
-  EXPECT_EQ(folded_ops.plain, spec.num_layers) << "the first pass's, scaled just in time";
-  EXPECT_EQ(plain_ops.folded, 0);
+  const int L = static_cast<int>(spec.num_layers);
+  EXPECT_EQ(folded_ops.swiglu_folded, L) << "the second pass's SwiGLUs, one a layer";
+  EXPECT_EQ(folded_ops.swiglu_plain, L) << "the first pass's, scaled just in time";
+  EXPECT_EQ(folded_ops.norm_folded, 2 * L) << "the second pass's pre-norms, two a layer";
+  EXPECT_EQ(folded_ops.norm_plain, 2 * L + 2) << "the first pass's, and the final norms";
+  EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded, 0);
   EXPECT_EQ(folded.loss, plain.loss);
   EXPECT_EQ(folded.grads, plain.grads);
 }

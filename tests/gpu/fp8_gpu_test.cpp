@@ -3,6 +3,8 @@
 // hybrid (per-tensor and blockwise) training on real text tracking bf16 training. Every
 // comparison prints its numbers.
 
+#include <functional>
+#include <string>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -95,56 +97,92 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
   }
 }
 
-// The SwiGLU writing its FP8 codes on the way (an FP8 down projection's forward cast folded
-// into its producer) gives what swiglu_forward then the cast give, bit for bit and code for
-// code, so the model's numbers do not depend on which path ran: 16-byte and (F not a multiple
-// of 8) element paths, a partial last block, e4m3 and e5m2; and a NaN reaches the amax.
+// A producer writing its output's FP8 codes on the way (an FP8 linear's forward cast folded
+// into it) gives what the producer then the cast give, bit for bit and code for code, so the
+// model's numbers do not depend on which path ran: 16-byte and element paths, e4m3 and e5m2;
+// and a NaN in the input reaches the amax. `produce(out, codes)` runs the plain producer
+// (codes undefined) or its *_forward_cast; `input` (R, in_cols) bf16 is what it reads.
+struct ForwardCastCase {
+  std::string name;
+  int64_t R, in_cols, out_cols;
+  std::function<void(Backend&, const Tensor& input, const Tensor& out, const Fp8CastArgs* codes)> produce;
+};
+
+void expect_forward_cast_matches_the_cast(Backend& g, const ForwardCastCase& c) {
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    const int64_t R = c.R, F = c.out_cols;
+    SCOPED_TRACE(fmt::format("{} {} R={} cols={}", c.name, dtype_name(format), R, F));
+    GuardedTensor input(g, DType::BF16, {R, c.in_cols});
+    GuardedTensor h(g, DType::BF16, {R, F}), h_fused(g, DType::BF16, {R, F});
+    std::vector<float> x = random_normal(R * c.in_cols, 29, 3.0f);
+    upload_float(g, input, x);
+    DeviceBuffer scalars(g, 4 * 256, "scalars");
+    const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
+    GuardedTensor codes(g, format, {R, F}), fused_codes(g, format, {R, F});
+    const Fp8CastArgs cast{h, codes, {}, scale, scalar_on(g, scalars, 1, 0.0f)};
+    const Fp8CastArgs fused{{}, fused_codes, {}, scale, scalar_on(g, scalars, 2, 0.0f)};
+    c.produce(g, input.t(), h.t(), nullptr);
+    g.fp8_cast_transpose(cast);
+    c.produce(g, input.t(), h_fused.t(), &fused);
+    int64_t bad_h = 0, bad_codes = 0;
+    {
+      std::vector<uint16_t> want(R * F), got(R * F);
+      g.download(want.data(), h.t());
+      g.download(got.data(), h_fused.t());
+      for (int64_t i = 0; i < R * F; ++i) bad_h += want[i] != got[i];
+      std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
+      g.download(want_codes.data(), codes.t());
+      g.download(got_codes.data(), fused_codes.t());
+      for (int64_t i = 0; i < R * F; ++i) bad_codes += want_codes[i] != got_codes[i];
+    }
+    const float amax = read_scalar(g, cast.amax);
+    EXPECT_EQ(bad_h, 0) << "output differing from the plain producer's";
+    EXPECT_EQ(bad_codes, 0) << "codes differing from the cast of the plain producer's output";
+    EXPECT_EQ(read_scalar(g, fused.amax), amax);
+    EXPECT_TRUE(h_fused.guards_intact() && fused_codes.guards_intact())
+        << "write outside the outputs";
+    std::printf("[ fp8      ] %-20s %-8s %5ldx%-5ld out %ld, codes %ld differ, amax %g\n",
+                c.name.c_str(), std::string(dtype_name(format)).c_str(), static_cast<long>(R),
+                static_cast<long>(F), static_cast<long>(bad_h), static_cast<long>(bad_codes), amax);
+    x[c.in_cols + 1] = NAN;  // row 1
+    upload_float(g, input, x);
+    c.produce(g, input.t(), h_fused.t(), &fused);
+    EXPECT_TRUE(std::isnan(read_scalar(g, fused.amax))) << "a NaN in the output must reach the amax";
+  }
+}
+
 TEST(GpuFp8, SwigluForwardCastMatchesSwigluThenTheCast) {
   TS_REQUIRE_GPU();
   Backends be;
+  for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
+           {33, 36}, {130, 72}, {1000, 1792}, {512, 14336}}) {
+    expect_forward_cast_matches_the_cast(
+        *be.gpu, {"swiglu_forward_cast", R, 2 * F, F,
+                  [](Backend& g, const Tensor& gate_up, const Tensor& h, const Fp8CastArgs* codes) {
+                    if (codes) return g.swiglu_forward_cast(h, gate_up, *codes);
+                    g.swiglu_forward(h, gate_up);
+                  }});
+  }
+}
+
+// The pre-norm writing the codes of the mixer's first linear: rows of the full models' widths
+// (Llama 4096, Qwen 3584), an odd width on the element path.
+TEST(GpuFp8, RmsnormForwardCastMatchesTheNormThenTheCast) {
+  TS_REQUIRE_GPU();
+  Backends be;
   Backend& g = *be.gpu;
-  for (const DType format : {DType::E4M3, DType::E5M2}) {
-    for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
-             {33, 36}, {130, 72}, {1000, 1792}, {512, 14336}}) {
-      SCOPED_TRACE(fmt::format("{} R={} F={}", dtype_name(format), R, F));
-      GuardedTensor gate_up(g, DType::BF16, {R, 2 * F});
-      GuardedTensor h(g, DType::BF16, {R, F}), h_fused(g, DType::BF16, {R, F});
-      std::vector<float> x = random_normal(R * 2 * F, 29, 3.0f);
-      upload_float(g, gate_up, x);
-      DeviceBuffer scalars(g, 4 * 256, "scalars");
-      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
-      GuardedTensor codes(g, format, {R, F}), fused_codes(g, format, {R, F});
-      const Fp8CastArgs cast{h, codes, {}, scale, scalar_on(g, scalars, 1, 0.0f)};
-      const Fp8CastArgs fused{{}, fused_codes, {}, scale, scalar_on(g, scalars, 2, 0.0f)};
-      g.swiglu_forward(h.t(), gate_up.t());
-      g.fp8_cast_transpose(cast);
-      g.swiglu_forward_cast(h_fused.t(), gate_up.t(), fused);
-      int64_t bad_h = 0, bad_codes = 0;
-      {
-        std::vector<uint16_t> want(R * F), got(R * F);
-        g.download(want.data(), h.t());
-        g.download(got.data(), h_fused.t());
-        for (int64_t i = 0; i < R * F; ++i) bad_h += want[i] != got[i];
-        std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
-        g.download(want_codes.data(), codes.t());
-        g.download(got_codes.data(), fused_codes.t());
-        for (int64_t i = 0; i < R * F; ++i) bad_codes += want_codes[i] != got_codes[i];
-      }
-      const float amax = read_scalar(g, cast.amax);
-      EXPECT_EQ(bad_h, 0) << "h differing from swiglu_forward's";
-      EXPECT_EQ(bad_codes, 0) << "codes differing from the cast of swiglu_forward's h";
-      EXPECT_EQ(read_scalar(g, fused.amax), amax);
-      EXPECT_TRUE(h_fused.guards_intact() && fused_codes.guards_intact())
-          << "write outside the outputs";
-      std::printf("[ fp8      ] swiglu_forward_cast %-8s %5ldx%-5ld h %ld, codes %ld differ, amax %g\n",
-                  std::string(dtype_name(format)).c_str(), static_cast<long>(R),
-                  static_cast<long>(F), static_cast<long>(bad_h), static_cast<long>(bad_codes),
-                  amax);
-      x[2 * F + 1] = NAN;  // row 1's gate
-      upload_float(g, gate_up, x);
-      g.swiglu_forward_cast(h_fused.t(), gate_up.t(), fused);
-      EXPECT_TRUE(std::isnan(read_scalar(g, fused.amax))) << "a NaN in h must reach the amax";
-    }
+  for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+           {33, 36}, {7, 1001}, {257, 3584}, {1024, 4096}}) {
+    GuardedTensor weight(g, DType::BF16, {C});
+    upload_float(g, weight, random_normal(C, 31, 1.0f));
+    GuardedTensor rstd(g, DType::F32, {R});
+    const Tensor w = weight.t(), r = rstd.t();
+    expect_forward_cast_matches_the_cast(
+        g, {"rmsnorm_forward_cast", R, C, C,
+            [w, r](Backend& b, const Tensor& x, const Tensor& out, const Fp8CastArgs* codes) {
+              if (codes) return b.rmsnorm_forward_cast(out, r, x, w, 1e-5f, *codes);
+              b.rmsnorm_forward(out, r, x, w, 1e-5f);
+            }});
   }
 }
 

@@ -184,6 +184,13 @@ const TesseraModel kTesseraModels[] = {
        const double r = a.num("rows"), c = a.num("cols");
        return (2 * r * c + c) * a.size("dtype") + 4 * r;
      }},
+    {"rmsnorm_forward_cast",
+     "x, weight read; out, rstd (fp32) and out's FP8 codes written",
+     {"rows", "cols", "dtype"},
+     [](const OpArgsView& a) {
+       const double r = a.num("rows"), c = a.num("cols");
+       return (2 * r * c + c) * a.size("dtype") + 4 * r + r * c;
+     }},
     {"rmsnorm_backward",
      "dout, x, weight, rstd read; dx read and written (it accumulates); dweight (fp32) read and "
      "written",
@@ -212,6 +219,12 @@ const TesseraModel kTesseraModels[] = {
      "gate_up (rows x cols) read, out (rows x cols/2) written",
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) { return 1.5 * a.num("rows") * a.num("cols") * a.size("dtype"); }},
+    {"swiglu_forward_cast",
+     "gate_up (rows x cols) read, out (rows x cols/2) and its FP8 codes written",
+     {"rows", "cols", "dtype"},
+     [](const OpArgsView& a) {
+       return 1.5 * a.num("rows") * a.num("cols") * a.size("dtype") + 0.5 * a.num("rows") * a.num("cols");
+     }},
     {"swiglu_backward",
      "gate_up, dout read; dgate_up written",
      {"rows", "cols", "dtype"},

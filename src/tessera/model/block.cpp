@@ -44,9 +44,18 @@ void Block::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& r
   if (norms_.post) plan.add(&dy_, rt.compute_dtype, {rt.sequence_tokens(), hidden_});
 }
 
+// The pre-norm writes the FP8 codes of the mixer's first linear on the way where that linear
+// reads them (delayed scaling, LayerOps::linear_input_cast): its cast does not read ln back.
 void Block::forward_inner(LayerOps& ops, const Tensor& x) {
-  if (norms_.pre) ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
-  mixer_->forward_inner(ops, mixer_input(x));
+  if (!norms_.pre) return mixer_->forward_inner(ops, x);
+  const int first = mixer_->input_linear();
+  const Fp8CastArgs codes = first >= 0 ? ops.linear_input_cast(first, x.dim(0)) : Fp8CastArgs{};
+  if (!codes.out.defined()) {
+    ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
+    return mixer_->forward_inner(ops, ln_);
+  }
+  ops.backend().rmsnorm_forward_cast(ln_, rstd_, x, ops.param(pre_norm_), eps_, codes);
+  mixer_->forward_inner(ops, LinearInput::with_codes(ln_));
 }
 
 // Post-norm: out = x + norm(y), the norm written into out and x added in place.

@@ -167,8 +167,13 @@ class Mixer {
   virtual void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) = 0;
 
   // Everything but the output projection, from `in` (sequence_tokens(), C), which its block
-  // keeps valid (or recomputable) until the backward.
-  virtual void forward_inner(LayerOps& ops, const Tensor& in) = 0;
+  // keeps valid (or recomputable) until the backward. With in.cast, in's FP8 codes are in
+  // input_linear()'s linear_input_cast target (its block's norm wrote them).
+  virtual void forward_inner(LayerOps& ops, const LinearInput& in) = 0;
+  // The linear layer (its weight's index) that reads the mixer's input first in the forward,
+  // before any other FP8 linear casts: its input cast can be folded into the block's norm.
+  // -1 where none does (the input goes to several linears, or to a router or experts first).
+  virtual int input_linear() const { return -1; }
   // out = the output projection (+ residual when defined: folded into the GEMM, one pass less).
   virtual void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) = 0;
   // dout: d(loss)/d(its output); din (sequence_tokens(), C) is overwritten with d(loss)/d(in).

@@ -776,8 +776,7 @@ void DecoderModel::linear(const Tensor& out, const LinearInput& in, int weight, 
     case TensorParallelStyle::Column:
       if (tp_.size > 1 || !residual.defined()) {
         TS_CHECK(!residual.defined(), "{}: a column-parallel linear with a residual", p.name);
-        TS_CHECK(!in.cast, "{}: a column-parallel linear given its input's codes", p.name);
-        return column_.forward(out, in.x, weight, bias);
+        return column_.forward(out, in, weight, bias);
       }
       break;
     case TensorParallelStyle::Row:
@@ -812,10 +811,10 @@ void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const 
   gemms_.backward(din, dout, in, weight, bias);
 }
 
-// A column-parallel layer may gather its input over the sequence shards first: it casts the
-// gathered tensor itself.
+// A column-parallel layer under sequence parallelism gathers its input over the sequence
+// shards first: it casts the gathered tensor itself.
 Fp8CastArgs DecoderModel::linear_input_cast(int weight, int64_t rows) const {
-  if (layout_.params[weight].tp == TensorParallelStyle::Column) return {};
+  if (layout_.params[weight].tp == TensorParallelStyle::Column && tp_.sequence_parallel) return {};
   return gemms_.input_cast(weight, rows);
 }
 

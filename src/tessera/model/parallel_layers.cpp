@@ -143,8 +143,10 @@ void TensorParallelGroup::reduce_to_sequence(const Tensor& out, const Tensor& in
 
 // ---- ColumnParallelLinear
 
-void ColumnParallelLinear::forward(const Tensor& out, const Tensor& in, int weight, int bias) {
-  gemms_.forward(out, tp_.sequence_parallel ? tp_.gather_sequence(in) : in, weight, bias, 0.0f, {});
+void ColumnParallelLinear::forward(const Tensor& out, const LinearInput& in, int weight, int bias) {
+  if (!tp_.sequence_parallel) return gemms_.forward(out, in, weight, bias, 0.0f, {});
+  TS_CHECK(!in.cast, "a column-parallel linear given its sequence shard's codes");
+  gemms_.forward(out, tp_.gather_sequence(in.x), weight, bias, 0.0f, {});
 }
 
 // The weight gradient needs the whole input, gathered again rather than kept; with sequence

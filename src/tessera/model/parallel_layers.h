@@ -114,7 +114,8 @@ struct TensorParallelGroup {
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear(TensorParallelGroup& tp, LinearGemms& gemms) : tp_(tp), gemms_(gemms) {}
-  void forward(const Tensor& out, const Tensor& in, int weight, int bias);
+  // With in.cast (never under sequence parallelism) the whole input's codes are written.
+  void forward(const Tensor& out, const LinearInput& in, int weight, int bias);
   void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight, int bias);
 
  private:

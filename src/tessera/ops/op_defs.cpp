@@ -53,6 +53,16 @@ OpCost mla_cost(const MlaQkvArgs& a) {
   return {3 * rotated, 2 * bytes_of(a.qkv)};
 }
 
+// The codes a producer writes of its output `out` as the FP8 cast would (the *_forward_cast
+// ops): row-major only, one per element of out, one scale, an optional amax.
+void check_codes_of(const OpChecks& check, const Tensor& out, const Fp8CastArgs& codes) {
+  check.that(!codes.x.defined() && !codes.out_t.defined(),
+             "codes.x and codes.out_t must be undefined (the codes are out's, row-major)");
+  check.count(codes.out, out.numel(), "codes.out");
+  check.count(codes.scale, 1, "codes.scale");
+  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+}
+
 // The epilogue operands shared by both GEMMs: c (read with beta; undefined or out itself
 // means out) and a bias broadcast over rows.
 void check_epilogue(const OpChecks& check, const Tensor& out, const Tensor& c, const Tensor& bias,
@@ -538,6 +548,27 @@ OpCost cost_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor&
   return {4 * elements(x), bytes_of(x) + bytes_of(out) + bytes_of(weight) + bytes_of(rstd)};
 }
 
+// ---- rmsnorm_forward_cast
+
+void check_rmsnorm_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& rstd,
+                                const Tensor& x, const Tensor& weight, float eps,
+                                const Fp8CastArgs& codes) {
+  check_rmsnorm_forward(check, out, rstd, x, weight, eps);
+  check_codes_of(check, out, codes);
+}
+
+OpArgs describe_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                     const Tensor& weight, float eps, const Fp8CastArgs& /*codes*/) {
+  return op_args::rows_cols(x);
+}
+
+OpCost cost_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                 const Tensor& weight, float eps, const Fp8CastArgs& codes) {
+  // The norm's four operations an element, then the cast's scale, rounding and amax.
+  const OpCost norm = cost_rmsnorm_forward(out, rstd, x, weight, eps);
+  return {norm.flops + 2 * elements(x), norm.bytes + bytes_of(codes.out)};
+}
+
 // ---- rmsnorm_backward
 
 void check_rmsnorm_backward(const OpChecks& check, const Tensor& dx, const Tensor& dweight,
@@ -965,11 +996,7 @@ OpCost cost_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 void check_swiglu_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& gate_up,
                                const Fp8CastArgs& codes) {
   check_swiglu_forward(check, out, gate_up);
-  check.that(!codes.x.defined() && !codes.out_t.defined(),
-             "codes.x and codes.out_t must be undefined (the codes are out's, row-major)");
-  check.count(codes.out, out.numel(), "codes.out");
-  check.count(codes.scale, 1, "codes.scale");
-  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+  check_codes_of(check, out, codes);
 }
 
 OpArgs describe_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,

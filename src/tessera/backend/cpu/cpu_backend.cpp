@@ -476,6 +476,12 @@ void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const
   }
 }
 
+void CpuBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                         const Tensor& weight, float eps, const Fp8CastArgs& codes) {
+  do_rmsnorm_forward(out, rstd, x, weight, eps);
+  cast_output(out, codes);
+}
+
 void CpuBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                      const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
@@ -743,13 +749,16 @@ void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
     ref::swiglu_forward(f32(out) + n * F, f32(gate_up) + n * 2 * F, 1, F);
 }
 
-// The cast of what the SwiGLU wrote: the codes and amax of the two ops one after the other.
-void CpuBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
-                                        const Fp8CastArgs& codes) {
-  do_swiglu_forward(out, gate_up);
+void CpuBackend::cast_output(const Tensor& out, const Fp8CastArgs& codes) {
   Fp8CastArgs cast = codes;
   cast.x = out;
   do_fp8_cast_transpose(cast);
+}
+
+void CpuBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
+                                        const Fp8CastArgs& codes) {
+  do_swiglu_forward(out, gate_up);
+  cast_output(out, codes);
 }
 
 void CpuBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,

@@ -660,6 +660,15 @@ void CudaBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, cons
                         x.dtype, stream_);
 }
 
+void CudaBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                          const Tensor& weight, float eps,
+                                          const Fp8CastArgs& codes) {
+  const MatrixDims d = matrix_dims(x);
+  cuda::rmsnorm_forward_cast(out.data, rstd.as<float>(), codes.out.data, x.data, weight.data,
+                             d.rows, d.cols, eps, x.dtype, codes.out.dtype, codes.scale.as<float>(),
+                             codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
+}
+
 void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                       const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const MatrixDims d = matrix_dims(x);

@@ -115,6 +115,19 @@ __device__ __forceinline__ void store_floats(T* p, const float (&in)[VEC]) {
   }
 }
 
+// A thread's VEC codes in one store (VEC of 16-byte packs: 8 for bf16, 4 for fp32, 1 without).
+template <int VEC>
+__device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&q)[VEC]) {
+  if constexpr (VEC == 8) {
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(q);
+  } else if constexpr (VEC == 4) {
+    *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(q);
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) p[k] = q[k];
+  }
+}
+
 // ---- reductions (fixed order: the same bits on every run) ----
 
 // Butterfly sum: every lane ends with the same bits, since each step adds a + b on one lane

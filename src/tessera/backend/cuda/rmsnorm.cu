@@ -3,6 +3,7 @@
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/kernel_utils.cuh"
 #include "tessera/backend/cuda/reduce.cuh"
+#include "tessera/core/error.h"
 
 namespace tessera::cuda {
 namespace {
@@ -12,9 +13,15 @@ namespace {
 // row, 64 KiB per SM), so DRAM sees x once and out once.
 constexpr int kThreads = 256;
 
-template <class T, int VEC>
+// With kCodes also the codes (in kFormat, scaled by *scale) of the values stored (their
+// rounding to T, as the FP8 cast reads them back) and their amax, max-ed into *amax_bits
+// (when non-null) one atomic a block, as the cast kernel does: an FP8 linear's forward cast
+// folded into its input's producer (rmsnorm_forward_cast).
+template <class T, int VEC, bool kCodes = false, DType kFormat = DType::E4M3>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* weight, int64_t C,
-                                       float eps) {
+                                       float eps, uint8_t* codes = nullptr,
+                                       const float* scale_ptr = nullptr,
+                                       unsigned* amax_bits = nullptr) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
@@ -29,6 +36,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
   ss = block_sum(ss, shared);
   const float r = rsqrtf(ss / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
+  unsigned m = 0;
   for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
     float v[VEC], w[VEC];
     load_floats<T, VEC>(xr + c, v);
@@ -36,6 +44,25 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = v[k] * r * w[k];
     store_floats<T, VEC>(outr + c, v);
+    if constexpr (kCodes) {
+      const float scale = *scale_ptr;
+      alignas(8) uint8_t q[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float stored = to_float(from_float<T>(v[k]));
+        m = max(m, __float_as_uint(fabsf(stored)));
+        q[k] = fp8_encode<kFormat>(stored * scale);
+      }
+      store_codes(codes + row * C + c, q);
+    }
+  }
+  if constexpr (kCodes) {
+    __shared__ unsigned warp_amax[kThreads / 32];
+    if (amax_bits == nullptr) return;
+    m = warp_reduce_max(m);
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax);
   }
 }
 
@@ -120,6 +147,37 @@ void rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, 
       rmsnorm_forward_kernel<T, kVec><<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
     } else {
       rmsnorm_forward_kernel<T, 1><<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
+    }
+    TS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
+  });
+}
+
+void rmsnorm_forward_cast(void* out, float* rstd, void* codes, const void* x, const void* weight,
+                          int64_t N, int64_t C, float eps, DType dtype, DType format,
+                          const float* scale, float* amax, cudaStream_t stream) {
+  NvtxRange range("rmsnorm_forward_cast");
+  if (N == 0) return;
+  TS_CHECK(format == DType::E4M3 || format == DType::E5M2, "rmsnorm_forward_cast: codes dtype {}",
+           dtype_name(format));
+  check_grid("rmsnorm_forward_cast", N);
+  dispatch_float(dtype, "rmsnorm_forward_cast", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int kVec = kVec16<T>;
+    auto* o = static_cast<T*>(out);
+    auto* q = static_cast<uint8_t*>(codes);
+    auto* xs = static_cast<const T*>(x);
+    auto* w = static_cast<const T*>(weight);
+    auto* amax_bits = reinterpret_cast<unsigned*>(amax);
+    const auto launch = [&](auto kernel) {
+      kernel<<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps, q, scale, amax_bits);
+    };
+    const bool vec = packed<T>(C, {out, x, weight, codes});
+    if (format == DType::E4M3) {
+      vec ? launch(rmsnorm_forward_kernel<T, kVec, true, DType::E4M3>)
+          : launch(rmsnorm_forward_kernel<T, 1, true, DType::E4M3>);
+    } else {
+      vec ? launch(rmsnorm_forward_kernel<T, kVec, true, DType::E5M2>)
+          : launch(rmsnorm_forward_kernel<T, 1, true, DType::E5M2>);
     }
     TS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
   });

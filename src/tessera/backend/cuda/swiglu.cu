@@ -36,19 +36,6 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64
   store_floats<T, VEC>(out + n * F + f, g);
 }
 
-// A thread's VEC codes in one store (VEC of 16-byte packs: 8 for bf16, 4 for fp32, 1 without).
-template <int VEC>
-__device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&q)[VEC]) {
-  if constexpr (VEC == 8) {
-    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(q);
-  } else if constexpr (VEC == 4) {
-    *reinterpret_cast<uint32_t*>(p) = *reinterpret_cast<const uint32_t*>(q);
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) p[k] = q[k];
-  }
-}
-
 // swiglu_forward_kernel, also writing the codes of the stored values (their rounding to T, as
 // the cast reads them back) and their amax, as the cast kernel reduces it. Same
 // grid as swiglu_forward_kernel (kernels of the same occupancy keep the stream at the

@@ -100,7 +100,7 @@ void GqaAttention::qk_norm_forward(ForwardOps& ops, const QkTensors& t, const Te
   b.copy_columns(qkv, q, k_normed, 0, kv);
 }
 
-void GqaAttention::forward_inner(LayerOps& ops, const Tensor& in) {
+void GqaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
   Backend& b = ops.backend();
   AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   a.rope_per_token = ops.runtime().reset_position_ids;

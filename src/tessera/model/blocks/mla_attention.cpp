@@ -119,10 +119,10 @@ void MlaAttention::pack_qkv(ForwardOps& ops, const Pass& t, const Tensor& freqs,
   b.mla_qkv_forward(p);
 }
 
-void MlaAttention::forward_inner(LayerOps& ops, const Tensor& in) {
+void MlaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
   const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   Pass t;
-  t.ln = in, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;
+  t.ln = in.x, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;
   t.c_kv = c_kv_, t.c_kv_ln = c_kv_ln_, t.kv_rstd = kv_rstd_, t.kv = dkv_, t.qkv = qkv_;
   pack_qkv(ops, t, ops.rope_table(), a);
   ops.attention_forward(att_, lse_, qkv_, a);

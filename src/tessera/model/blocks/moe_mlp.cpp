@@ -198,9 +198,9 @@ ExpertExchange* MoeMlp::exchange(LayerOps& ops) const {
   return size > 1 ? ex : nullptr;
 }
 
-void MoeMlp::forward_inner(LayerOps& ops, const Tensor& in) {
+void MoeMlp::forward_inner(LayerOps& ops, const LinearInput& in) {
   route_and_run_experts(ops,
-                        {in, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
+                        {in.x, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
                          shared_gu_, shared_h_, dropped_},
                         ops.runtime().moe_force_balance, exchange(ops),
                         host_routing_.at(static_cast<size_t>(ops.activation_slot())));

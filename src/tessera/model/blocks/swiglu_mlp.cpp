@@ -25,7 +25,7 @@ void SwigluMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntim
 
 // The codes are written here, where a full recompute also writes h (it skips the layer's
 // last output projection), and read by the down projection next, before any other cast.
-void SwigluMlp::forward_inner(LayerOps& ops, const Tensor& in) {
+void SwigluMlp::forward_inner(LayerOps& ops, const LinearInput& in) {
   ops.linear(gate_up_out_, in, gate_up_, -1);
   const Fp8CastArgs codes = ops.linear_input_cast(down_, h_.dim(0));
   if (codes.out.defined()) {

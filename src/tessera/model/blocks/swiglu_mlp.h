@@ -21,7 +21,8 @@ class SwigluMlp final : public Mixer {
   std::vector<int> linear_weights() const override { return {gate_up_, down_}; }
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
-  void forward_inner(LayerOps& ops, const Tensor& in) override;
+  void forward_inner(LayerOps& ops, const LinearInput& in) override;
+  int input_linear() const override { return gate_up_; }
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
   void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;
