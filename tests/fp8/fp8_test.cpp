@@ -197,6 +197,31 @@ struct CpuOps : ::testing::Test {
     b->download(&v, t);
     return v;
   }
+  std::vector<float> values(const Tensor& t) {
+    std::vector<float> v(t.numel());
+    b->download(v.data(), t);
+    return v;
+  }
+  // A producer with its output's cast folded in writes what the producer then the cast write:
+  // `produce(out, codes)` writes out (R, F) with its plain op (codes null) or its
+  // *_forward_cast; then its output, codes and amax are compared.
+  void expect_cast_folded_in(int64_t R, int64_t F,
+                             const std::function<void(const Tensor&, const Fp8CastArgs*)>& produce) {
+    const Tensor out = make(DType::F32, {R, F}), out_fused = make(DType::F32, {R, F});
+    produce(out, nullptr);
+    const Tensor scale = scalar(37.0f);
+    const Fp8CastArgs cast{out, make(DType::E4M3, {R, F}), {}, scale, scalar(0.0f)};
+    b->fp8_cast_transpose(cast);
+    const Fp8CastArgs fused{{}, make(DType::E4M3, {R, F}), {}, scale, scalar(0.0f)};
+    produce(out_fused, &fused);
+    EXPECT_EQ(values(out), values(out_fused));
+    std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
+    b->download(want_codes.data(), cast.out);
+    b->download(got_codes.data(), fused.out);
+    EXPECT_EQ(want_codes, got_codes);
+    EXPECT_GT(value(cast.amax), 0.0f);
+    EXPECT_EQ(value(fused.amax), value(cast.amax));
+  }
 };
 
 TEST_F(CpuOps, CastTransposeWritesCodesTransposeAndAmax) {
@@ -241,24 +266,11 @@ TEST_F(CpuOps, SwigluForwardCastIsSwigluThenTheCast) {
   std::vector<float> x(R * 2 * F);
   for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
   const Tensor gate_up = make(DType::F32, {R, 2 * F});
-  const Tensor h = make(DType::F32, {R, F}), h_fused = make(DType::F32, {R, F});
   b->upload(gate_up, x.data());
-  b->swiglu_forward(h, gate_up);
-  const Tensor scale = scalar(37.0f);
-  const Fp8CastArgs cast{h, make(DType::E4M3, {R, F}), {}, scale, scalar(0.0f)};
-  b->fp8_cast_transpose(cast);
-  const Fp8CastArgs fused{{}, make(DType::E4M3, {R, F}), {}, scale, scalar(0.0f)};
-  b->swiglu_forward_cast(h_fused, gate_up, fused);
-  std::vector<float> want(R * F), got(R * F);
-  b->download(want.data(), h);
-  b->download(got.data(), h_fused);
-  EXPECT_EQ(want, got);
-  std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
-  b->download(want_codes.data(), cast.out);
-  b->download(got_codes.data(), fused.out);
-  EXPECT_EQ(want_codes, got_codes);
-  EXPECT_GT(value(cast.amax), 0.0f);
-  EXPECT_EQ(value(fused.amax), value(cast.amax));
+  expect_cast_folded_in(R, F, [&](const Tensor& h, const Fp8CastArgs* codes) {
+    if (codes) return b->swiglu_forward_cast(h, gate_up, *codes);
+    b->swiglu_forward(h, gate_up);
+  });
 }
 
 // The pre-norm with its cast on the way writes what rmsnorm_forward then the cast write: the
@@ -271,26 +283,12 @@ TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
   const Tensor xt = make(DType::F32, {R, C}), wt = make(DType::F32, {C});
   b->upload(xt, x.data());
   b->upload(wt, w.data());
-  const Tensor out = make(DType::F32, {R, C}), out_fused = make(DType::F32, {R, C});
   const Tensor rstd = make(DType::F32, {R}), rstd_fused = make(DType::F32, {R});
-  b->rmsnorm_forward(out, rstd, xt, wt, 1e-5f);
-  const Tensor scale = scalar(37.0f);
-  const Fp8CastArgs cast{out, make(DType::E4M3, {R, C}), {}, scale, scalar(0.0f)};
-  b->fp8_cast_transpose(cast);
-  const Fp8CastArgs fused{{}, make(DType::E4M3, {R, C}), {}, scale, scalar(0.0f)};
-  b->rmsnorm_forward_cast(out_fused, rstd_fused, xt, wt, 1e-5f, fused);
-  for (const auto& [want_t, got_t] : {std::pair{out, out_fused}, std::pair{rstd, rstd_fused}}) {
-    std::vector<float> want(want_t.numel()), got(got_t.numel());
-    b->download(want.data(), want_t);
-    b->download(got.data(), got_t);
-    EXPECT_EQ(want, got);
-  }
-  std::vector<uint8_t> want_codes(R * C), got_codes(R * C);
-  b->download(want_codes.data(), cast.out);
-  b->download(got_codes.data(), fused.out);
-  EXPECT_EQ(want_codes, got_codes);
-  EXPECT_GT(value(cast.amax), 0.0f);
-  EXPECT_EQ(value(fused.amax), value(cast.amax));
+  expect_cast_folded_in(R, C, [&](const Tensor& out, const Fp8CastArgs* codes) {
+    if (codes) return b->rmsnorm_forward_cast(out, rstd_fused, xt, wt, 1e-5f, *codes);
+    b->rmsnorm_forward(out, rstd, xt, wt, 1e-5f);
+  });
+  EXPECT_EQ(values(rstd), values(rstd_fused));
 }
 
 // Codes that do not fit the producer's output, or a layout the ops do not write, are refused
