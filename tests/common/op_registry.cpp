@@ -1234,15 +1234,17 @@ void cast_fp8_tensorwise(Backend& b, DeviceBuffer& state, size_t at, const Tenso
 // tensorwise) when N > 0. The scale is given, as delayed scaling gives it. The GPU casts y as
 // stored (bf16), the reference its fp32 value, so a few codes in a hundred land one FP8 step
 // apart: the product's tolerance is 3e-2. K not a multiple of 8 takes the kernels' element
-// path; the GEMM needs multiples of 16, so that case checks y and the amax only.
+// path; the GEMM needs multiples of 16, so that case checks y and the amax only. y_tol: the
+// producer's own tolerance.
 OpCase forward_cast_case(const std::string& name, int64_t M, int64_t K, int64_t N,
                          std::vector<Spec> inputs,
-                         std::function<void(Backend&, const Tensors&, const Fp8CastArgs&)> produce) {
+                         std::function<void(Backend&, const Tensors&, const Fp8CastArgs&)> produce,
+                         double y_tol = 1e-2) {
   OpCase c;
   c.name = fmt::format("{}{} M{} K{}{}", name, N ? "+matmul_fp8" : "", M, K,
                        N ? fmt::format(" N{}", N) : std::string());
   c.specs = std::move(inputs);
-  c.specs.push_back({"y", {M, K}, Kind::Act, Role::Out, 1.0f, 0, 1, 1e-2});
+  c.specs.push_back({"y", {M, K}, Kind::Act, Role::Out, 1.0f, 0, 1, y_tol});
   // A small start, below max |y|: the op max-es into it.
   c.specs.push_back({"amax", {1}, Kind::F32, Role::InOut, 0.01f, 0, 1, 1e-2, true});
   if (N) {
@@ -1272,8 +1274,9 @@ OpCase forward_cast_case(const std::string& name, int64_t M, int64_t K, int64_t 
   return c;
 }
 
-// The SwiGLU writing the down projection's codes, and the pre-norm the QKV or gate_up
-// projection's.
+// The SwiGLU writing the down projection's codes, the pre-norm the QKV or gate_up
+// projection's, and attention the output projection's (causal over a partial last tile of the
+// warpgroup forward, and full attention over two sequences).
 std::vector<OpCase> forward_cast_cases() {
   std::vector<OpCase> cases;
   struct P {
@@ -1294,6 +1297,17 @@ std::vector<OpCase> forward_cast_cases() {
         [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
           b.rmsnorm_forward_cast(t.at("y"), t.at("rstd"), t.at("x"), t.at("norm_w"), 1e-5f, y);
         }));
+  }
+  for (const AttentionShape& a : {attn(1, 208, 4, 2, 128, 0), attn(2, 72, 4, 2, 128, 0, false)}) {
+    cases.push_back(forward_cast_case(
+        fmt::format("attention_forward_cast{}", a.causal ? "" : " full"), a.tokens(),
+        a.out_width(), 64,
+        {{"qkv", {a.tokens(), a.qkv_width()}},
+         {"lse", {a.batch, a.heads, a.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}},
+        [a](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
+          b.attention_forward_cast(t.at("y"), t.at("lse"), t.at("qkv"), a, y);
+        },
+        2e-2));
   }
   return cases;
 }

@@ -264,6 +264,13 @@ void ReferenceBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd,
   store(rstd, r);
 }
 
+void ReferenceBackend::do_attention_forward_cast(const Tensor& out, const Tensor& lse,
+                                                 const Tensor& qkv, const AttentionShape& s,
+                                                 const Fp8CastArgs& codes) {
+  do_attention_forward(out, lse, qkv, s);
+  cast_output(out, codes);
+}
+
 void ReferenceBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd,
                                                const Tensor& x, const Tensor& weight, float eps,
                                                const Fp8CastArgs& codes) {

@@ -4,7 +4,9 @@
 // give one rank's scales. Without sequence parallelism every rank norms the whole input and
 // its pre-norms write the codes of its column-parallel QKV and gate_up projections
 // (rmsnorm_forward_cast, the forward casts folded in); with it the column-parallel layers
-// gather the sequence shards and cast what they gathered.
+// gather the sequence shards and cast what they gathered. Either way each rank's attention
+// writes the codes of its heads' part of the row-parallel output projection's input
+// (attention_forward_cast).
 //
 // Not bitwise: the row-parallel projections and the column-parallel layers' input gradients
 // add partial sums over the ranks, in another order than one rank's GEMMs, and the scales
@@ -54,16 +56,17 @@ ModelRuntime tp_runtime(int ranks, int rank, bool sequence_parallel) {
   return rt;
 }
 
-// Counts the pre-norms that wrote their mixer's input codes.
-class FoldedNorms final : public OpObserver {
+// Counts the pre-norms and attentions that wrote the next linear's input codes.
+class FoldedCasts final : public OpObserver {
  public:
   void op_begin(const char* name, const OpArgs& /*args*/) override {
-    count += std::string_view(name) == "rmsnorm_forward_cast";
+    norms += std::string_view(name) == "rmsnorm_forward_cast";
+    attentions += std::string_view(name) == "attention_forward_cast";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
-  int count = 0;
+  int norms = 0, attentions = 0;
 };
 
 struct RankRun {
@@ -140,7 +143,7 @@ TEST(Fp8TensorParallel, TwoRanksComputeWhatOneDoes) {
   for (const bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     std::vector<RankRun> ranks(2);
-    std::vector<int> folded(2);
+    std::vector<FoldedCasts> folded(2);
     dist::run_local_ranks(2, [&](int rank, dist::Communicator& comm) {
       RankRun& r = ranks[rank];
       r.model = std::make_unique<DecoderModel>(*r.backend, spec, tp_runtime(2, rank, sp));
@@ -152,18 +155,17 @@ TEST(Fp8TensorParallel, TwoRanksComputeWhatOneDoes) {
       r.model->fp8()->set_amax_reducer([&comm](const Tensor& amaxes) {
         comm.all_reduce(amaxes, dist::ReduceOp::Max, dist::Lane::Compute);
       });
-      FoldedNorms norms;
-      r.backend->set_op_observer(&norms);
+      r.backend->set_op_observer(&folded[rank]);
       step(r, 3, [&comm](const Tensor& partial) {
         comm.all_reduce(partial, dist::ReduceOp::Sum, dist::Lane::Compute);
       });
       r.backend->set_op_observer(nullptr);
-      folded[rank] = norms.count;
     });
     for (int rank = 0; rank < 2; ++rank) {
       SCOPED_TRACE("rank " + std::to_string(rank));
-      EXPECT_EQ(folded[rank], sp ? 0 : 2 * static_cast<int>(spec.num_layers))
-          << "pre-norms writing their mixer's codes";
+      const int L = static_cast<int>(spec.num_layers);
+      EXPECT_EQ(folded[rank].norms, sp ? 0 : 2 * L) << "pre-norms writing their mixer's codes";
+      EXPECT_EQ(folded[rank].attentions, L) << "attentions writing the output projection's codes";
       const RankRun& r = ranks[rank];
       EXPECT_LT(relative(r.loss, one.loss), 1e-6) << r.loss << " vs " << one.loss;
       std::map<std::string, std::pair<double, double>> diff_norm;

@@ -486,8 +486,8 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{Fp8Mode::Hybrid, Fp8Recipe::Tensorwise, true},
                       std::tuple{Fp8Mode::E4M3, Fp8Recipe::Delayed, true}));
 
-// Counts the ops a run launches that may write an FP8 linear's input codes (the SwiGLU and
-// the norms), with their cast folded in or not.
+// Counts the ops a run launches that may write an FP8 linear's input codes (the SwiGLU, the
+// norms and attention), with their cast folded in or not.
 class ProducerOps final : public OpObserver {
  public:
   void op_begin(const char* name, const OpArgs& /*args*/) override {
@@ -496,18 +496,22 @@ class ProducerOps final : public OpObserver {
     swiglu_plain += op == "swiglu_forward";
     norm_folded += op == "rmsnorm_forward_cast";
     norm_plain += op == "rmsnorm_forward";
+    attention_folded += op == "attention_forward_cast";
+    attention_plain += op == "attention_forward";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
   int swiglu_folded = 0, swiglu_plain = 0, norm_folded = 0, norm_plain = 0;
+  int attention_folded = 0, attention_plain = 0;
 };
 
 // Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
 // gives every tensor the scale tensorwise scaling computes from the tensor itself. From its
 // second pass the delayed run takes the input codes of the down projections from the SwiGLU
-// (swiglu_forward_cast) and those of the QKV and gate_up projections from the pre-norms
-// (rmsnorm_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
+// (swiglu_forward_cast), those of the QKV and gate_up projections from the pre-norms
+// (rmsnorm_forward_cast) and those of the output projections from attention
+// (attention_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
 // inputs; tensorwise never can. So the two must agree bit for bit: the folded codes go where
 // the GEMMs read them, with each slot's scale and amax.
 TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
@@ -534,7 +538,9 @@ TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   EXPECT_EQ(folded_ops.swiglu_plain, L) << "the first pass's, scaled just in time";
   EXPECT_EQ(folded_ops.norm_folded, 2 * L) << "the second pass's pre-norms, two a layer";
   EXPECT_EQ(folded_ops.norm_plain, 2 * L + 2) << "the first pass's, and the final norms";
-  EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded, 0);
+  EXPECT_EQ(folded_ops.attention_folded, L) << "the second pass's attention, one a layer";
+  EXPECT_EQ(folded_ops.attention_plain, L) << "the first pass's";
+  EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded + plain_ops.attention_folded, 0);
   EXPECT_EQ(folded.loss, plain.loss);
   EXPECT_EQ(folded.grads, plain.grads);
 }

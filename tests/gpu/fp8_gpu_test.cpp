@@ -141,7 +141,7 @@ void expect_forward_cast_matches_the_cast(Backend& g, const ForwardCastCase& c) 
     EXPECT_EQ(read_scalar(g, fused.amax), amax);
     EXPECT_TRUE(h_fused.guards_intact() && fused_codes.guards_intact())
         << "write outside the outputs";
-    std::printf("[ fp8      ] %-20s %-8s %5ldx%-5ld out %ld, codes %ld differ, amax %g\n",
+    std::printf("[ fp8      ] %-42s %-8s %5ldx%-5ld out %ld, codes %ld differ, amax %g\n",
                 c.name.c_str(), std::string(dtype_name(format)).c_str(), static_cast<long>(R),
                 static_cast<long>(F), static_cast<long>(bad_h), static_cast<long>(bad_codes), amax);
     x[c.in_cols + 1] = NAN;  // row 1
@@ -182,6 +182,35 @@ TEST(GpuFp8, RmsnormForwardCastMatchesTheNormThenTheCast) {
             [w, r](Backend& b, const Tensor& x, const Tensor& out, const Fp8CastArgs* codes) {
               if (codes) return b.rmsnorm_forward_cast(out, r, x, w, 1e-5f, *codes);
               b.rmsnorm_forward(out, r, x, w, 1e-5f);
+            }});
+  }
+}
+
+// Attention writing the output projection's codes in its epilogue (the warpgroup forward on
+// Hopper; elsewhere the cast after it): causal with a partial last tile, a window, and full
+// attention, 4 query heads over 2 key/value heads of 128.
+TEST(GpuFp8, AttentionForwardCastMatchesAttentionThenTheCast) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  Backend& g = *be.gpu;
+  struct Shape {
+    int64_t batch, seq, window;
+    bool causal;
+  };
+  for (const Shape& sh : std::vector<Shape>{{2, 300, 0, true}, {1, 256, 64, true}, {1, 128, 0, false}}) {
+    AttentionShape s;
+    s.batch = sh.batch, s.seq = sh.seq, s.heads = 4, s.kv_heads = 2, s.head_dim = 128;
+    s.causal = sh.causal, s.window = sh.window;
+    s.scale = 1.0f / std::sqrt(128.0f);
+    GuardedTensor lse(g, DType::F32, {s.batch * s.heads * s.seq});
+    const Tensor l = lse.t();
+    expect_forward_cast_matches_the_cast(
+        g, {fmt::format("attention_forward_cast B{} T{} window {}{}", sh.batch, sh.seq, sh.window,
+                        sh.causal ? "" : " full"),
+            s.tokens(), s.qkv_width(), s.out_width(),
+            [s, l](Backend& b, const Tensor& qkv, const Tensor& out, const Fp8CastArgs* codes) {
+              if (codes) return b.attention_forward_cast(out, l, qkv, s, *codes);
+              b.attention_forward(out, l, qkv, s);
             }});
   }
 }

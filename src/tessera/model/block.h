@@ -61,9 +61,12 @@ class ForwardOps {
     backend().grouped_matmul(g);
   }
   // Causal (windowed) attention over a packed QKV activation (Backend::attention_forward);
-  // under context parallelism its keys and values span every rank's tokens.
+  // under context parallelism its keys and values span every rank's tokens. With codes.out
+  // defined (a LayerOps::linear_input_cast target) out's FP8 codes and amax are written too,
+  // by the attention kernel where it can (Backend::attention_forward_cast).
   virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                 const AttentionShape& s) {
+                                 const AttentionShape& s, const Fp8CastArgs& codes) {
+    if (codes.out.defined()) return backend().attention_forward_cast(out, lse, qkv, s, codes);
     backend().attention_forward(out, lse, qkv, s);
   }
 };

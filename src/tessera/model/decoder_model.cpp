@@ -739,12 +739,14 @@ void DecoderModel::set_context_parallel_group(ParallelGroup* group) {
   attention_->set_group(group);
 }
 
-// With reset_attention_mask every block's attention stays within documents.
+// With reset_attention_mask every block's attention stays within documents. Shared prompts
+// cast out after their attention.
 void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                     const AttentionShape& s) {
+                                     const AttentionShape& s, const Fp8CastArgs& codes) {
   const AttentionShape within = attention_shape(s);
-  if (!shared_prompt_) return attention_->forward(out, lse, qkv, within);
+  if (!shared_prompt_) return attention_->forward(out, lse, qkv, within, codes);
   shared_prompt_->forward(shared_prompt_layouts_[static_cast<size_t>(slot_)], out, lse, qkv, within);
+  if (codes.out.defined()) backend_.fp8_cast_transpose({out, codes.out, {}, codes.scale, codes.amax});
 }
 
 void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,

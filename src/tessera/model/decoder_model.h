@@ -150,7 +150,7 @@ class DecoderModel final : public Model, private LayerOps {
                               const Tensor& w, const Tensor& dw,
                               const ExpertGroups& groups) override;
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         const AttentionShape& s) override;
+                         const AttentionShape& s, const Fp8CastArgs& codes) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                           const Tensor& lse, const Tensor& qkv, const AttentionShape& s) override;
   const Tensor& norm_grad() const override { return a_.dnorm; }

@@ -193,7 +193,10 @@ class ContextParallelAttention {
       : backend_(backend), size_(size), rank_(rank), b_(buffers) {}
   // The group of `size` ranks (not owned); needed before the first pass when size > 1.
   void set_group(ParallelGroup* group) { group_ = group; }
-  void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& s);
+  // With codes.out defined out's FP8 codes and amax too (ForwardOps::attention_forward):
+  // folded into the kernel on one rank, cast after the gathered attention on several.
+  void forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& s,
+               const Fp8CastArgs& codes);
   void backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
                 const Tensor& qkv, const AttentionShape& s);
 

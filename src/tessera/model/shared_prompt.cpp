@@ -52,7 +52,7 @@ void SharedPromptAttention::forward(const Layout& l, const Tensor& out, const Te
   const int64_t n = s.tokens();
   const Tensor qkv_all = rows(b_.qkv, n, qkv.dim(1)), out_all = rows(b_.out, n, out.dim(1));
   backend_.copy_rows(qkv_all, Tensor{}, qkv, b_.source.flat_range(0, n));
-  attention_.forward(out_all, lse, qkv_all, s);
+  attention_.forward(out_all, lse, qkv_all, s, {});
   // Padding rows take no result; zeros keep them finite for the GEMMs after.
   for (const auto& [begin, end] : l.padding) backend_.fill(out.rows(begin, end), 0.0f);
   backend_.copy_rows(out, b_.home_model.flat_range(0, l.homes), out_all,

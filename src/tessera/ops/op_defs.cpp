@@ -645,6 +645,26 @@ OpCost cost_attention_forward(const Tensor& out, const Tensor& lse, const Tensor
           bytes_of(qkv) + bytes_of(out) + bytes_of(lse)};
 }
 
+// ---- attention_forward_cast
+
+void check_attention_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& lse,
+                                  const Tensor& qkv, const AttentionShape& s,
+                                  const Fp8CastArgs& codes) {
+  check_attention_forward(check, out, lse, qkv, s);
+  check_codes_of(check, out, codes);
+}
+
+OpArgs describe_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                       const AttentionShape& s, const Fp8CastArgs& /*codes*/) {
+  return describe_attention_forward(out, lse, qkv, s);
+}
+
+OpCost cost_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                   const AttentionShape& s, const Fp8CastArgs& codes) {
+  const OpCost attention = cost_attention_forward(out, lse, qkv, s);
+  return {attention.flops + 2 * elements(out), attention.bytes + bytes_of(codes.out)};
+}
+
 // ---- attention_backward
 
 void check_attention_backward(const OpChecks& check, const Tensor& dqkv, const Tensor& dout,

@@ -476,6 +476,12 @@ void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const
   }
 }
 
+void CpuBackend::do_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                           const AttentionShape& s, const Fp8CastArgs& codes) {
+  do_attention_forward(out, lse, qkv, s);
+  cast_output(out, codes);
+}
+
 void CpuBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                          const Tensor& weight, float eps, const Fp8CastArgs& codes) {
   do_rmsnorm_forward(out, rstd, x, weight, eps);

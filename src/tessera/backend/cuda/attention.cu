@@ -1177,6 +1177,27 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
   attention_forward(out, lse, qkv, s, stream, AttentionOptions{});
 }
 
+bool attention_forward_cast(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                            void* codes, DType format, const float* scale, float* amax,
+                            cudaStream_t stream) {
+  NvtxRange range("attention_forward_cast");
+  check_shape(s);
+  TS_CHECK(format == DType::E4M3 || format == DType::E5M2, "attention_forward_cast: codes dtype {}",
+           dtype_name(format));
+  if (!aligned16(qkv) || !aligned16(codes) || !warpgroup_kernels_run(s.head_dim)) return false;
+  if (s.batch == 0 || s.seq == 0) return true;
+  auto p = make_params<AttentionForwardParams>(s);
+  p.qkv = p.kv = static_cast<const bf16*>(qkv);
+  p.out = static_cast<bf16*>(out);
+  p.lse = lse;
+  p.codes = static_cast<uint8_t*>(codes);
+  p.code_scale = scale;
+  p.code_amax = reinterpret_cast<unsigned*>(amax);
+  p.codes_e5m2 = format == DType::E5M2;
+  attention_forward_hopper(p, stream);
+  return true;
+}
+
 void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,
                         const void* qkv, const AttentionShape& s, void* scratch,
                         cudaStream_t stream) {

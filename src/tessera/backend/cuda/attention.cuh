@@ -18,6 +18,14 @@ namespace tessera::cuda {
 // qkv (B,T,(H+2KV)*D) bf16, out (B,T,H*D) bf16, lse (B,H,T) fp32.
 void attention_forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
                        cudaStream_t stream);
+// attention_forward, also writing out's FP8 codes (B,T,H*D) in `format` (e4m3 or e5m2) =
+// satfinite_rn(out * *scale) of the stored out, and (amax non-null) amax = max(*amax,
+// max |out|): the output projection's forward cast folded in. Only the warpgroup forward
+// writes codes: where another kernel would run it returns false having written nothing, and
+// the caller runs attention_forward and then the cast.
+bool attention_forward_cast(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                            void* codes, DType format, const float* scale, float* amax,
+                            cudaStream_t stream);
 // dqkv (B,T,(H+2KV)*D) bf16 overwritten; dout, out bf16; scratch:
 // attention_backward_scratch_bytes(s) bytes of device memory.
 void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,

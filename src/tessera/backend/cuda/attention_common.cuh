@@ -32,6 +32,13 @@ struct AttentionForwardParams {
   // Context parallelism on the warpgroup kernels (ContextSegments): segments > 1 reads kv as
   // every segment's and takes this segment's queries from qkv; 0 or 1: none.
   int segments, segment;
+  // Non-null (the warpgroup forward only): out's FP8 codes in out's layout, e5m2 when
+  // codes_e5m2 else e4m3, of the stored values times *code_scale, and max |out| max-ed into
+  // *code_amax (its float's bits; when non-null): the output projection's forward cast.
+  uint8_t* codes;
+  const float* code_scale;
+  unsigned* code_amax;
+  bool codes_e5m2;
 };
 
 struct AttentionBackwardParams {

@@ -31,6 +31,7 @@
 #include "tessera/backend/cuda/attention_common.cuh"
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/hopper_ptx.cuh"
+#include "tessera/backend/cuda/kernel_utils.cuh"
 #include "tessera/core/error.h"
 
 namespace tessera::cuda {
@@ -113,6 +114,23 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, 
     // Partial sums per thread; the quad's are combined once, in the epilogue.
     st.row_sum[r] = st.row_sum[r] * alpha[r] + sum;
   }
+}
+
+// The FP8 codes of 8 stored bf16 values (as fp8_cast_transpose would write them from out) at
+// dst, 8-byte aligned; returns max |value| as its float's bits.
+template <DType kFormat>
+__device__ __forceinline__ unsigned store_fp8(uint8_t* dst, const uint4& values, float scale) {
+  const bf16* x = reinterpret_cast<const bf16*>(&values);
+  alignas(8) uint8_t q[8];
+  unsigned m = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float v = to_float(x[k]);
+    m = max(m, __float_as_uint(fabsf(v)));
+    q[k] = fp8_encode<kFormat>(v * scale);
+  }
+  store_codes<8>(dst, q);
+  return m;
 }
 
 __device__ __forceinline__ void rescale(ConsumerState& st, const float (&alpha)[2]) {
@@ -353,15 +371,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncwarp();
   const int warp_row0 = consumer * 64 + warp * 16;
   const int64_t out_stride = static_cast<int64_t>(p.heads) * kD;
-  bf16* const out = p.out + (static_cast<int64_t>(b) * T + u0) * out_stride + h * kD;
+  const int64_t out_offset = (static_cast<int64_t>(b) * T + u0) * out_stride + h * kD;
+  bf16* const out = p.out + out_offset;
+  const float code_scale = p.codes != nullptr ? *p.code_scale : 0.f;
+  unsigned code_amax = 0;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const int chunk = lane + 32 * k;  // 16 rows x 16 chunks of 8 columns
     const int row = warp_row0 + chunk / 16, col = (chunk % 16) * 8;
     if (u0 + row < T) {
-      *reinterpret_cast<uint4*>(out + row * out_stride + col) =
-          *reinterpret_cast<const uint4*>(smem + kQOffset + staged(row, col));
+      const uint4 values = *reinterpret_cast<const uint4*>(smem + kQOffset + staged(row, col));
+      *reinterpret_cast<uint4*>(out + row * out_stride + col) = values;
+      if (p.codes != nullptr) {
+        uint8_t* const codes = p.codes + out_offset + row * out_stride + col;
+        code_amax = max(code_amax, p.codes_e5m2
+                                       ? store_fp8<DType::E5M2>(codes, values, code_scale)
+                                       : store_fp8<DType::E4M3>(codes, values, code_scale));
+      }
     }
+  }
+  // One atomic a warp (the CTA's two consumer warpgroups never meet again).
+  if (p.code_amax != nullptr) {
+    code_amax = warp_reduce_max(code_amax);
+    if (lane == 0 && code_amax != 0) atomicMax(p.code_amax, code_amax);
   }
 #else
   __trap();  // compiled without sm_90a; attention_hopper_available() said no

@@ -746,6 +746,25 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
   cuda::attention_forward(out.data, lse.as<float>(), qkv.data, s, stream_);
 }
 
+// The warpgroup forward writes the codes in its epilogue; where another kernel runs (fp32,
+// cuDNN, other head sizes) the cast follows the attention.
+void CudaBackend::do_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                            const AttentionShape& s, const Fp8CastArgs& codes) {
+  const bool flash = qkv.dtype == DType::BF16 && flash_kernels_take(s) &&
+                     (s.document_starts.defined() ||
+                      !use_cudnn_attention(s, false, {out.data, lse.data, qkv.data}));
+  if (flash && cuda::attention_forward_cast(out.data, lse.as<float>(), qkv.data, s, codes.out.data,
+                                            codes.out.dtype, codes.scale.as<float>(),
+                                            codes.amax.defined() ? codes.amax.as<float>() : nullptr,
+                                            stream_)) {
+    return;
+  }
+  do_attention_forward(out, lse, qkv, s);
+  Fp8CastArgs cast = codes;
+  cast.x = out;
+  do_fp8_cast_transpose(cast);
+}
+
 void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
                                         const Tensor& lse, const Tensor& qkv,
                                         const AttentionShape& s) {

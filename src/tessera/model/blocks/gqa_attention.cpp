@@ -111,11 +111,13 @@ void GqaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
     ops.linear(qkv_, in, qkv_weight_, qkv_bias_);
   }
   if (o_.rope) b.rope_forward(qkv_, ops.rope_table(o_.rope_base), a);
-  ops.attention_forward(att_, lse_, qkv_, a);
+  ops.attention_forward(att_, lse_, qkv_, a, ops.linear_input_cast(o_proj_, att_.dim(0)));
 }
 
+// The output projection reads the codes attention wrote, next, before any other FP8 cast.
 void GqaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
-  ops.linear(out, att_, o_proj_, -1, residual);
+  const bool cast = ops.linear_input_cast(o_proj_, att_.dim(0)).out.defined();
+  ops.linear(out, cast ? LinearInput::with_codes(att_) : LinearInput(att_), o_proj_, -1, residual);
 }
 
 void GqaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,

@@ -125,7 +125,7 @@ void MlaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
   t.ln = in.x, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;
   t.c_kv = c_kv_, t.c_kv_ln = c_kv_ln_, t.kv_rstd = kv_rstd_, t.kv = dkv_, t.qkv = qkv_;
   pack_qkv(ops, t, ops.rope_table(), a);
-  ops.attention_forward(att_, lse_, qkv_, a);
+  ops.attention_forward(att_, lse_, qkv_, a, {});
 }
 
 void MlaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
