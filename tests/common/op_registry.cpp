@@ -1255,7 +1255,8 @@ OpCase forward_cast_case(const std::string& name, int64_t M, int64_t K, int64_t 
     DeviceBuffer codes(b, K * (M + N) + 1024, "fp8 codes");
     DeviceBuffer state(b, 8 * 256, "fp8 scales");
     const float scale = 16.0f, scale_inv = 1.0f / scale;
-    const Tensor y_scale = state.tensor(DType::F32, {1}), y_inv = state.tensor(DType::F32, {1}, 256);
+    const Tensor y_scale = state.tensor(DType::F32, {1}),
+                 y_inv = state.tensor(DType::F32, {1}, 256);
     b.upload(y_scale, &scale);
     b.upload(y_inv, &scale_inv);
     Fp8CastArgs y;
@@ -1283,25 +1284,26 @@ std::vector<OpCase> forward_cast_cases() {
     int64_t M, K, N;
   };
   for (const P& p : std::vector<P>{{208, 112, 48}, {67, 36, 0}}) {
-    cases.push_back(forward_cast_case(
-        "swiglu_forward_cast", p.M, p.K, p.N, {{"gate_up", {p.M, 2 * p.K}, Kind::Act, Role::In, 1.5f}},
-        [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
-          b.swiglu_forward_cast(t.at("y"), t.at("gate_up"), y);
-        }));
+    cases.push_back(forward_cast_case("swiglu_forward_cast", p.M, p.K, p.N,
+                                      {{"gate_up", {p.M, 2 * p.K}, Kind::Act, Role::In, 1.5f}},
+                                      [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
+                                        b.swiglu_forward_cast(t.at("y"), t.at("gate_up"), y);
+                                      }));
   }
   for (const P& p : std::vector<P>{{144, 320, 96}, {33, 100, 0}}) {
-    cases.push_back(forward_cast_case(
-        "rmsnorm_forward_cast", p.M, p.K, p.N,
-        {{"x", {p.M, p.K}}, {"norm_w", {p.K}, Kind::Act, Role::In, 0.5f},
-         {"rstd", {p.M}, Kind::F32, Role::Out, 1, 0, 1, 1e-5}},
-        [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
-          b.rmsnorm_forward_cast(t.at("y"), t.at("rstd"), t.at("x"), t.at("norm_w"), 1e-5f, y);
-        }));
+    cases.push_back(forward_cast_case("rmsnorm_forward_cast", p.M, p.K, p.N,
+                                      {{"x", {p.M, p.K}},
+                                       {"norm_w", {p.K}, Kind::Act, Role::In, 0.5f},
+                                       {"rstd", {p.M}, Kind::F32, Role::Out, 1, 0, 1, 1e-5}},
+                                      [](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
+                                        b.rmsnorm_forward_cast(t.at("y"), t.at("rstd"), t.at("x"),
+                                                               t.at("norm_w"), 1e-5f, y);
+                                      }));
   }
   for (const AttentionShape& a : {attn(1, 208, 4, 2, 128, 0), attn(2, 72, 4, 2, 128, 0, false)}) {
     cases.push_back(forward_cast_case(
-        fmt::format("attention_forward_cast{}", a.causal ? "" : " full"), a.tokens(),
-        a.out_width(), 64,
+        fmt::format("attention_forward_cast{}", a.causal ? "" : " full"), a.tokens(), a.out_width(),
+        64,
         {{"qkv", {a.tokens(), a.qkv_width()}},
          {"lse", {a.batch, a.heads, a.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}},
         [a](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
@@ -1892,8 +1894,8 @@ std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
                   gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
-                  reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases,
-                  forward_cast_cases, fp8_grouped_cast_cases, init_and_conversion_cases})
+                  reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, forward_cast_cases,
+                  fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

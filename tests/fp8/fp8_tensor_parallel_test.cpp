@@ -188,8 +188,8 @@ TEST(Fp8TensorParallel, TwoRanksComputeWhatOneDoes) {
         state = std::max(state, relative(r.state[i], one.state[i]));
       EXPECT_LT(state, 1e-5) << "scaling state";
       std::printf("[ fp8 tp   ] %s rank %d: loss %.2e, gradients %.2e, state %.2e relative\n",
-                  sp ? "sequence parallel" : "tensor parallel  ", rank,
-                  relative(r.loss, one.loss), worst, state);
+                  sp ? "sequence parallel" : "tensor parallel  ", rank, relative(r.loss, one.loss),
+                  worst, state);
     }
   }
 }

@@ -205,8 +205,8 @@ struct CpuOps : ::testing::Test {
   // A producer with its output's cast folded in writes what the producer then the cast write:
   // `produce(out, codes)` writes out (R, F) with its plain op (codes null) or its
   // *_forward_cast; then its output, codes and amax are compared.
-  void expect_cast_folded_in(int64_t R, int64_t F,
-                             const std::function<void(const Tensor&, const Fp8CastArgs*)>& produce) {
+  void expect_cast_folded_in(
+      int64_t R, int64_t F, const std::function<void(const Tensor&, const Fp8CastArgs*)>& produce) {
     const Tensor out = make(DType::F32, {R, F}), out_fused = make(DType::F32, {R, F});
     produce(out, nullptr);
     const Tensor scale = scalar(37.0f);
@@ -302,8 +302,7 @@ TEST_F(CpuOps, ForwardCastsRefuseCodesThatAreNotTheirOutputs) {
   const Tensor scale = scalar(2.0f);
   const std::vector<std::pair<std::string, std::function<void(const Fp8CastArgs&)>>> ops = {
       {"swiglu_forward_cast", [&](const Fp8CastArgs& c) { b->swiglu_forward_cast(h, gate_up, c); }},
-      {"rmsnorm_forward_cast",
-       [&](const Fp8CastArgs& c) {
+      {"rmsnorm_forward_cast", [&](const Fp8CastArgs& c) {
          b->rmsnorm_forward_cast(h, rstd, gate_up.flat_range(0, R * F).view({R, F}), weight, 1e-5f,
                                  c);
        }}};

@@ -105,7 +105,8 @@ TEST(GpuFp8, CastTransposeMatchesTheCpuCodeForCode) {
 struct ForwardCastCase {
   std::string name;
   int64_t R, in_cols, out_cols;
-  std::function<void(Backend&, const Tensor& input, const Tensor& out, const Fp8CastArgs* codes)> produce;
+  std::function<void(Backend&, const Tensor& input, const Tensor& out, const Fp8CastArgs* codes)>
+      produce;
 };
 
 void expect_forward_cast_matches_the_cast(Backend& g, const ForwardCastCase& c) {
@@ -147,15 +148,16 @@ void expect_forward_cast_matches_the_cast(Backend& g, const ForwardCastCase& c) 
     x[c.in_cols + 1] = NAN;  // row 1
     upload_float(g, input, x);
     c.produce(g, input.t(), h_fused.t(), &fused);
-    EXPECT_TRUE(std::isnan(read_scalar(g, fused.amax))) << "a NaN in the output must reach the amax";
+    EXPECT_TRUE(std::isnan(read_scalar(g, fused.amax)))
+        << "a NaN in the output must reach the amax";
   }
 }
 
 TEST(GpuFp8, SwigluForwardCastMatchesSwigluThenTheCast) {
   TS_REQUIRE_GPU();
   Backends be;
-  for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
-           {33, 36}, {130, 72}, {1000, 1792}, {512, 14336}}) {
+  for (const auto& [R, F] :
+       std::vector<std::pair<int64_t, int64_t>>{{33, 36}, {130, 72}, {1000, 1792}, {512, 14336}}) {
     expect_forward_cast_matches_the_cast(
         *be.gpu, {"swiglu_forward_cast", R, 2 * F, F,
                   [](Backend& g, const Tensor& gate_up, const Tensor& h, const Fp8CastArgs* codes) {
@@ -171,8 +173,8 @@ TEST(GpuFp8, RmsnormForwardCastMatchesTheNormThenTheCast) {
   TS_REQUIRE_GPU();
   Backends be;
   Backend& g = *be.gpu;
-  for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{
-           {33, 36}, {7, 1001}, {257, 3584}, {1024, 4096}}) {
+  for (const auto& [R, C] :
+       std::vector<std::pair<int64_t, int64_t>>{{33, 36}, {7, 1001}, {257, 3584}, {1024, 4096}}) {
     GuardedTensor weight(g, DType::BF16, {C});
     upload_float(g, weight, random_normal(C, 31, 1.0f));
     GuardedTensor rstd(g, DType::F32, {R});
@@ -197,7 +199,8 @@ TEST(GpuFp8, AttentionForwardCastMatchesAttentionThenTheCast) {
     int64_t batch, seq, window;
     bool causal;
   };
-  for (const Shape& sh : std::vector<Shape>{{2, 300, 0, true}, {1, 256, 64, true}, {1, 128, 0, false}}) {
+  for (const Shape& sh :
+       std::vector<Shape>{{2, 300, 0, true}, {1, 256, 64, true}, {1, 128, 0, false}}) {
     AttentionShape s;
     s.batch = sh.batch, s.seq = sh.seq, s.heads = 4, s.kv_heads = 2, s.head_dim = 128;
     s.causal = sh.causal, s.window = sh.window;

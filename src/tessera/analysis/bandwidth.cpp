@@ -223,7 +223,8 @@ const TesseraModel kTesseraModels[] = {
      "gate_up (rows x cols) read, out (rows x cols/2) and its FP8 codes written",
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) {
-       return 1.5 * a.num("rows") * a.num("cols") * a.size("dtype") + 0.5 * a.num("rows") * a.num("cols");
+       return 1.5 * a.num("rows") * a.num("cols") * a.size("dtype") +
+              0.5 * a.num("rows") * a.num("cols");
      }},
     {"swiglu_backward",
      "gate_up, dout read; dgate_up written",

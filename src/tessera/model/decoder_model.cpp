@@ -746,7 +746,8 @@ void DecoderModel::attention_forward(const Tensor& out, const Tensor& lse, const
   const AttentionShape within = attention_shape(s);
   if (!shared_prompt_) return attention_->forward(out, lse, qkv, within, codes);
   shared_prompt_->forward(shared_prompt_layouts_[static_cast<size_t>(slot_)], out, lse, qkv, within);
-  if (codes.out.defined()) backend_.fp8_cast_transpose({out, codes.out, {}, codes.scale, codes.amax});
+  if (codes.out.defined())
+    backend_.fp8_cast_transpose({out, codes.out, {}, codes.scale, codes.amax});
 }
 
 void DecoderModel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,

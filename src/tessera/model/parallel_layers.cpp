@@ -237,7 +237,8 @@ void ContextParallelAttention::forward(const Tensor& out, const Tensor& lse, con
     return backend_.attention_forward_cast(out, lse, qkv, s, codes);
   if (size_ == 1) return backend_.attention_forward(out, lse, qkv, s);
   backend_.attention_gathered_forward(out, lse, qkv, gather_kv(qkv, s), b_.positions, rank_, s);
-  if (codes.out.defined()) backend_.fp8_cast_transpose({out, codes.out, {}, codes.scale, codes.amax});
+  if (codes.out.defined())
+    backend_.fp8_cast_transpose({out, codes.out, {}, codes.scale, codes.amax});
 }
 
 void ContextParallelAttention::backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,

@@ -558,7 +558,8 @@ void check_rmsnorm_forward_cast(const OpChecks& check, const Tensor& out, const 
 }
 
 OpArgs describe_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                     const Tensor& weight, float eps, const Fp8CastArgs& /*codes*/) {
+                                     const Tensor& weight, float eps,
+                                     const Fp8CastArgs& /*codes*/) {
   return op_args::rows_cols(x);
 }
 

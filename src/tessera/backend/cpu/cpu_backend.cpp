@@ -483,7 +483,8 @@ void CpuBackend::do_attention_forward_cast(const Tensor& out, const Tensor& lse,
 }
 
 void CpuBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                         const Tensor& weight, float eps, const Fp8CastArgs& codes) {
+                                         const Tensor& weight, float eps,
+                                         const Fp8CastArgs& codes) {
   do_rmsnorm_forward(out, rstd, x, weight, eps);
   cast_output(out, codes);
 }

@@ -384,9 +384,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<uint4*>(out + row * out_stride + col) = values;
       if (p.codes != nullptr) {
         uint8_t* const codes = p.codes + out_offset + row * out_stride + col;
-        code_amax = max(code_amax, p.codes_e5m2
-                                       ? store_fp8<DType::E5M2>(codes, values, code_scale)
-                                       : store_fp8<DType::E4M3>(codes, values, code_scale));
+        code_amax =
+            max(code_amax, p.codes_e5m2 ? store_fp8<DType::E5M2>(codes, values, code_scale)
+                                        : store_fp8<DType::E4M3>(codes, values, code_scale));
       }
     }
   }
