@@ -1,6 +1,7 @@
 // Megatron's command-line flags and Primus's files as users paste them (config/megatron_keys.h):
 // one test per group of the list (architecture, schedule and loss, FP8, runtime, data,
 // MoE), the boolean spellings of every flag, Megatron's nargs, and Primus's model files.
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "common/experiment_yaml.h"
@@ -182,13 +184,21 @@ TEST(MegatronFlags, TheCommandLinesScheduleSpellingReplacesTheFilesOther) {
   EXPECT_FALSE(f.training.use_distributed_optimizer);
 }
 
-TEST(MegatronFlags, Fp8FormatIsFp8AndFp8ParamGatherIsRefused) {
+TEST(MegatronFlags, Fp8FormatIsFp8AndFp8ParamGatherAndAttentionAreRefused) {
   EXPECT_EQ(load({"--fp8-format", "hybrid"}).training.fp8, Fp8Mode::Hybrid);
   EXPECT_EQ(load({"--fp8-format", "e4m3"}).training.fp8, Fp8Mode::E4M3);
   EXPECT_EQ(load({"--fp8-format", "hybrid"}).origin.at("fp8"), "command line");
   expect_refused({"--fp8-format", "mxfp8"}, "fp8_format", "hybrid or e4m3");
   expect_refused({"--fp8-param-gather"}, "fp8_param_gather", "FP8 parameters");
   EXPECT_TRUE(accepted(load({"--no-fp8-param-gather"}), "fp8_param_gather"));
+  // Megatron's FP8 attention flags: refused where set, accepted off (attention stays bf16).
+  for (const char* key : {"fp8_dot_product_attention", "fp8_multi_head_attention"}) {
+    std::string flag = std::string("--") + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    expect_refused({flag.c_str()}, key, "FP8 attention is not implemented");
+    const std::string off = "--no-" + flag.substr(2);
+    EXPECT_TRUE(accepted(load({off.c_str()}), key)) << key;
+  }
 }
 
 TEST(MegatronFlags, RuntimeFlags) {
