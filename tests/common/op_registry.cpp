@@ -1314,6 +1314,57 @@ std::vector<OpCase> forward_cast_cases() {
   return cases;
 }
 
+// swiglu_backward_cast as the gate_up projection's backward runs it: the gradient's codes in
+// both layouts, then the data gradient's GEMM from the row-major codes and the weight
+// gradient's from the transposed ones (x cast transposed). The gradient itself is never compared: the op may leave it unwritten.
+// The GPU casts the bf16 gradient, the reference its fp32 value: tolerance 3e-2, as for the
+// forward folds.
+std::vector<OpCase> swiglu_backward_cast_cases() {
+  const int64_t M = 144, F = 64, N = 48, C = 32;
+  OpCase c;
+  c.name = fmt::format("swiglu_backward_cast+matmul_fp8 M{} F{} N{} C{}", M, F, N, C);
+  c.specs = {{"gate_up", {M, 2 * F}, Kind::Act, Role::In, 1.5f},
+             {"dh", {M, F}, Kind::Act, Role::In, 0.05f},
+             {"w", {N, 2 * F}, Kind::Act, Role::In, 0.05f},
+             {"x", {M, C}},
+             {"amax", {1}, Kind::F32, Role::InOut, 1e-4f, 0, 1, 1e-2, true},
+             {"dx", {M, N}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2},
+             {"dw", {2 * F, C}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2}};
+  c.run = [=](Backend& b, const Tensors& t) {
+    DeviceBuffer scratch(b, M * 2 * F * dtype_size(t.at("gate_up").dtype), "d(gate_up)");
+    DeviceBuffer codes(b, 2 * M * 2 * F + N * 2 * F + C * M + 4096, "fp8 codes");
+    DeviceBuffer state(b, 16 * 256, "fp8 scales");
+    const float scale = 512.0f, scale_inv = 1.0f / scale;
+    const Tensor d_scale = state.tensor(DType::F32, {1}), d_inv = state.tensor(DType::F32, {1}, 256);
+    b.upload(d_scale, &scale);
+    b.upload(d_inv, &scale_inv);
+    Fp8CastArgs d;
+    d.out = codes.tensor(DType::E4M3, {M, 2 * F});
+    d.out_t = codes.tensor(DType::E4M3, {2 * F, M}, M * 2 * F);
+    d.scale = d_scale;
+    d.amax = t.at("amax");
+    b.swiglu_backward_cast(scratch.tensor(t.at("gate_up").dtype, {M, 2 * F}), t.at("dh"),
+                           t.at("gate_up"), d);
+    // dx (M, N) = dgate_up @ w^T, w (N, 2F) standing for the weight's transposed codes.
+    const Tensor w = codes.tensor(DType::E4M3, {N, 2 * F}, 2 * M * 2 * F);
+    const Tensor w_inv = state.tensor(DType::F32, {1}, 512);
+    cast_fp8_tensorwise(b, state, 1024, t.at("w"), w, w_inv);
+    Fp8MatmulArgs dgrad;
+    dgrad.out = t.at("dx"), dgrad.a = d.out, dgrad.b = w, dgrad.a_scale_inv = d_inv;
+    dgrad.b_scale_inv = w_inv;
+    b.matmul_fp8(dgrad);
+    // dw (2F, C) = dgate_up^T @ x, both operands K-major (x cast transposed).
+    const Tensor x_t = codes.tensor(DType::E4M3, {C, M}, 2 * M * 2 * F + N * 2 * F);
+    const Tensor x_inv = state.tensor(DType::F32, {1}, 768);
+    cast_fp8_tensorwise(b, state, 1536, t.at("x"), x_t, x_inv, true);
+    Fp8MatmulArgs wgrad;
+    wgrad.out = t.at("dw"), wgrad.a = d.out_t, wgrad.b = x_t, wgrad.a_scale_inv = d_inv;
+    wgrad.b_scale_inv = x_inv;
+    b.matmul_fp8(wgrad);
+  };
+  return {c};
+}
+
 // The FP8 grouped GEMMs as the MoE block runs them under fp8: activations cast with one
 // tensorwise scale (e5m2 for a gradient), every expert's weight with its own, the codes then
 // multiplied per group; the weight gradient from both operands cast per group into the
@@ -1895,6 +1946,7 @@ std::vector<OpCase> all_cases() {
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
                   gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
                   reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, forward_cast_cases,
+                  swiglu_backward_cast_cases,
                   fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;

@@ -458,6 +458,12 @@ void ReferenceBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& g
   cast_output(out, codes);
 }
 
+void ReferenceBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
+                                               const Tensor& gate_up, const Fp8CastArgs& codes) {
+  do_swiglu_backward(dgate_up, dout, gate_up);
+  cast_output(dgate_up, codes);
+}
+
 void ReferenceBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                           const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(dout);

@@ -6,7 +6,8 @@
 // (rmsnorm_forward_cast, the forward casts folded in); with it the column-parallel layers
 // gather the sequence shards and cast what they gathered. Either way each rank's attention
 // writes the codes of its heads' part of the row-parallel output projection's input
-// (attention_forward_cast).
+// (attention_forward_cast), and its SwiGLU backward the codes of its slice of the
+// column-parallel gate_up projection's output gradient (swiglu_backward_cast).
 //
 // Not bitwise: the row-parallel projections and the column-parallel layers' input gradients
 // add partial sums over the ranks, in another order than one rank's GEMMs, and the scales
@@ -56,17 +57,19 @@ ModelRuntime tp_runtime(int ranks, int rank, bool sequence_parallel) {
   return rt;
 }
 
-// Counts the pre-norms and attentions that wrote the next linear's input codes.
+// Counts the pre-norms and attentions that wrote the next linear's input codes, and the SwiGLU
+// backwards that wrote the gate_up projection's output-gradient codes.
 class FoldedCasts final : public OpObserver {
  public:
   void op_begin(const char* name, const OpArgs& /*args*/) override {
     norms += std::string_view(name) == "rmsnorm_forward_cast";
     attentions += std::string_view(name) == "attention_forward_cast";
+    backwards += std::string_view(name) == "swiglu_backward_cast";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
-  int norms = 0, attentions = 0;
+  int norms = 0, attentions = 0, backwards = 0;
 };
 
 struct RankRun {
@@ -166,6 +169,7 @@ TEST(Fp8TensorParallel, TwoRanksComputeWhatOneDoes) {
       const int L = static_cast<int>(spec.num_layers);
       EXPECT_EQ(folded[rank].norms, sp ? 0 : 2 * L) << "pre-norms writing their mixer's codes";
       EXPECT_EQ(folded[rank].attentions, L) << "attentions writing the output projection's codes";
+      EXPECT_EQ(folded[rank].backwards, L) << "SwiGLU backwards writing gate_up's gradient codes";
       const RankRun& r = ranks[rank];
       EXPECT_LT(relative(r.loss, one.loss), 1e-6) << r.loss << " vs " << one.loss;
       std::map<std::string, std::pair<double, double>> diff_norm;

@@ -291,6 +291,36 @@ TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
   EXPECT_EQ(values(rstd), values(rstd_fused));
 }
 
+// The SwiGLU backward with its gradient's cast writes what swiglu_backward then the cast write
+// (both layouts and the amax).
+TEST_F(CpuOps, SwigluBackwardCastIsTheBackwardThenTheCast) {
+  const int64_t R = 6, F = 5;
+  std::vector<float> x(R * 2 * F), d(R * F);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
+  for (size_t i = 0; i < d.size(); ++i) d[i] = 0.1f * std::cos(0.7f * static_cast<float>(i));
+  const Tensor gate_up = make(DType::F32, {R, 2 * F}), dh = make(DType::F32, {R, F});
+  b->upload(gate_up, x.data());
+  b->upload(dh, d.data());
+  const Tensor dgate_up = make(DType::F32, {R, 2 * F}), scratch = make(DType::F32, {R, 2 * F});
+  b->swiglu_backward(dgate_up, dh, gate_up);
+  const Tensor scale = scalar(300.0f);
+  const Fp8CastArgs cast{dgate_up, make(DType::E5M2, {R, 2 * F}), make(DType::E5M2, {2 * F, R}),
+                         scale, scalar(0.0f)};
+  b->fp8_cast_transpose(cast);
+  const Fp8CastArgs folded{{}, make(DType::E5M2, {R, 2 * F}), make(DType::E5M2, {2 * F, R}),
+                           scale, scalar(0.0f)};
+  b->swiglu_backward_cast(scratch, dh, gate_up, folded);
+  for (const auto& [want_t, got_t] :
+       {std::pair{cast.out, folded.out}, std::pair{cast.out_t, folded.out_t}}) {
+    std::vector<uint8_t> want(R * 2 * F), got(R * 2 * F);
+    b->download(want.data(), want_t);
+    b->download(got.data(), got_t);
+    EXPECT_EQ(want, got);
+  }
+  EXPECT_GT(value(cast.amax), 0.0f);
+  EXPECT_EQ(value(folded.amax), value(cast.amax));
+}
+
 // Codes that do not fit the producer's output, or a layout the ops do not write, are refused
 // before anything is written, naming the op and the argument.
 TEST_F(CpuOps, ForwardCastsRefuseCodesThatAreNotTheirOutputs) {
@@ -497,12 +527,14 @@ class ProducerOps final : public OpObserver {
     norm_plain += op == "rmsnorm_forward";
     attention_folded += op == "attention_forward_cast";
     attention_plain += op == "attention_forward";
+    backward_folded += op == "swiglu_backward_cast";
+    backward_plain += op == "swiglu_backward";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
   int swiglu_folded = 0, swiglu_plain = 0, norm_folded = 0, norm_plain = 0;
-  int attention_folded = 0, attention_plain = 0;
+  int attention_folded = 0, attention_plain = 0, backward_folded = 0, backward_plain = 0;
 };
 
 // Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
@@ -511,7 +543,8 @@ class ProducerOps final : public OpObserver {
 // (swiglu_forward_cast), those of the QKV and gate_up projections from the pre-norms
 // (rmsnorm_forward_cast) and those of the output projections from attention
 // (attention_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
-// inputs; tensorwise never can. So the two must agree bit for bit: the folded codes go where
+// inputs, and the gate_up projections' output-gradient codes from the SwiGLU backward
+// (swiglu_backward_cast, into output_grad_cast's target); tensorwise never can. So the two must agree bit for bit: the folded codes go where
 // the GEMMs read them, with each slot's scale and amax.
 TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   Fp8Options delayed;
@@ -539,7 +572,11 @@ TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   EXPECT_EQ(folded_ops.norm_plain, 2 * L + 2) << "the first pass's, and the final norms";
   EXPECT_EQ(folded_ops.attention_folded, L) << "the second pass's attention, one a layer";
   EXPECT_EQ(folded_ops.attention_plain, L) << "the first pass's";
-  EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded + plain_ops.attention_folded, 0);
+  EXPECT_EQ(folded_ops.backward_folded, L) << "the second pass's SwiGLU backwards";
+  EXPECT_EQ(folded_ops.backward_plain, L) << "the first pass's";
+  EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded + plain_ops.attention_folded +
+                plain_ops.backward_folded,
+            0);
   EXPECT_EQ(folded.loss, plain.loss);
   EXPECT_EQ(folded.grads, plain.grads);
 }

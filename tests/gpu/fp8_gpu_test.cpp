@@ -188,6 +188,60 @@ TEST(GpuFp8, RmsnormForwardCastMatchesTheNormThenTheCast) {
   }
 }
 
+// The SwiGLU backward writing its gradient's codes in both layouts (never the gradient itself)
+// gives what swiglu_backward then the cast give, code for code: the folded kernel's tiles
+// (rows a multiple of 128, F of 64) at the full models' widths (Llama 14336, Qwen 18944) and
+// the written-then-cast path elsewhere; e4m3 and e5m2; a NaN reaches the amax.
+TEST(GpuFp8, SwigluBackwardCastMatchesTheBackwardThenTheCast) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  Backend& g = *be.gpu;
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
+             {128, 64}, {512, 14336}, {256, 18944}, {300, 72}, {33, 36}}) {
+      SCOPED_TRACE(fmt::format("{} R={} F={}", dtype_name(format), R, F));
+      GuardedTensor gate_up(g, DType::BF16, {R, 2 * F}), dh(g, DType::BF16, {R, F});
+      GuardedTensor dgate_up(g, DType::BF16, {R, 2 * F}), scratch(g, DType::BF16, {R, 2 * F});
+      upload_float(g, gate_up, random_normal(R * 2 * F, 41, 3.0f));
+      std::vector<float> d = random_normal(R * F, 43, 0.02f);
+      upload_float(g, dh, d);
+      DeviceBuffer scalars(g, 4 * 256, "scalars");
+      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 4000.0f : 60000.0f);
+      GuardedTensor codes(g, format, {R, 2 * F}), codes_t(g, format, {2 * F, R});
+      GuardedTensor fused(g, format, {R, 2 * F}), fused_t(g, format, {2 * F, R});
+      const Fp8CastArgs cast{dgate_up, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
+      const Fp8CastArgs folded{{}, fused, fused_t, scale, scalar_on(g, scalars, 2, 0.0f)};
+      g.swiglu_backward(dgate_up.t(), dh.t(), gate_up.t());
+      g.fp8_cast_transpose(cast);
+      g.swiglu_backward_cast(scratch.t(), dh.t(), gate_up.t(), folded);
+      int64_t bad = 0, bad_t = 0;
+      {
+        std::vector<uint8_t> want(R * 2 * F), got(R * 2 * F);
+        g.download(want.data(), codes.t());
+        g.download(got.data(), fused.t());
+        for (size_t i = 0; i < want.size(); ++i) bad += want[i] != got[i];
+        g.download(want.data(), codes_t.t());
+        g.download(got.data(), fused_t.t());
+        for (size_t i = 0; i < want.size(); ++i) bad_t += want[i] != got[i];
+      }
+      const float amax = read_scalar(g, cast.amax);
+      EXPECT_EQ(bad, 0) << "codes differing from the cast of swiglu_backward's gradient";
+      EXPECT_EQ(bad_t, 0) << "transposed codes differing";
+      EXPECT_EQ(read_scalar(g, folded.amax), amax);
+      EXPECT_TRUE(fused.guards_intact() && fused_t.guards_intact() && scratch.guards_intact())
+          << "write outside the outputs";
+      std::printf("[ fp8      ] swiglu_backward_cast %-8s %5ldx%-5ld codes %ld, transposed %ld "
+                  "differ, amax %g\n",
+                  std::string(dtype_name(format)).c_str(), static_cast<long>(R),
+                  static_cast<long>(F), static_cast<long>(bad), static_cast<long>(bad_t), amax);
+      d[F + 3] = NAN;  // row 1
+      upload_float(g, dh, d);
+      g.swiglu_backward_cast(scratch.t(), dh.t(), gate_up.t(), folded);
+      EXPECT_TRUE(std::isnan(read_scalar(g, folded.amax))) << "a NaN must reach the amax";
+    }
+  }
+}
+
 // Attention writing the output projection's codes in its epilogue (the warpgroup forward on
 // Hopper; elsewhere the cast after it): causal with a partial last tile, a window, and full
 // attention, 4 query heads over 2 key/value heads of 128.

@@ -55,7 +55,7 @@ void Block::forward_inner(LayerOps& ops, const Tensor& x) {
     return mixer_->forward_inner(ops, ln_);
   }
   ops.backend().rmsnorm_forward_cast(ln_, rstd_, x, ops.param(pre_norm_), eps_, codes);
-  mixer_->forward_inner(ops, LinearInput::with_codes(ln_));
+  mixer_->forward_inner(ops, LinearOperand::with_codes(ln_));
 }
 
 // Post-norm: out = x + norm(y), the norm written into out and x added in place.

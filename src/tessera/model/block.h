@@ -19,7 +19,7 @@
 
 #include "tessera/model/activation_plan.h"
 #include "tessera/model/expert_exchange.h"
-#include "tessera/model/linear_input.h"
+#include "tessera/model/linear_operand.h"
 #include "tessera/model/model.h"
 #include "tessera/model/param_layout.h"
 #include "tessera/model/rope.h"
@@ -41,7 +41,7 @@ class ForwardOps {
   // sequence shards, with sequence parallelism, when out has sequence_tokens() rows), and a
   // column-parallel input with sequence_tokens() rows is gathered first.
   // With in.cast, the input's FP8 codes are in the layer's linear_input_cast target.
-  virtual void linear(const Tensor& out, const LinearInput& in, int weight, int bias,
+  virtual void linear(const Tensor& out, const LinearOperand& in, int weight, int bias,
                       const Tensor& residual = {}) = 0;
   // (positions, rotary dims) fp32: the rope ops' cos/sin table of rotary base `base` (0: the
   // model's rotary_base with its scaling; a mixer's rope_bases() says which it reads); row t
@@ -80,13 +80,19 @@ class LayerOps : public ForwardOps {
   // first contribution); dbias += colsum(dout). Under tensor parallelism a column-parallel
   // din is summed over the ranks (reduce-scattered with sequence parallelism), and sequence
   // shards (in of a column-parallel, dout of a row-parallel linear) are gathered first.
-  virtual void linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+  // With dout.cast, dout's FP8 codes (both layouts) are in linear_output_grad_cast's target.
+  virtual void linear_backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
                                int weight, int bias) = 0;
   // Where `weight`'s linear reads the FP8 codes of an input of `rows` rows that its producer
-  // writes on the way (then pass LinearInput::with_codes to linear): Fp8Linears::input_cast.
+  // writes on the way (then pass LinearOperand::with_codes to linear): Fp8Linears::input_cast.
   // Undefined out where the layer casts its input itself (bf16, blockwise or just-in-time
   // scaling, or an input gathered over the sequence shards first).
   virtual Fp8CastArgs linear_input_cast(int weight, int64_t rows) const = 0;
+  // Where `weight`'s linear reads the FP8 codes (both layouts) of an output gradient of `rows`
+  // rows that its producer writes on the way (then pass LinearOperand::with_codes to
+  // linear_backward, without a bias): Fp8Linears::output_grad_cast. Undefined out where the
+  // layer casts the gradient itself (as for linear_input_cast, and where adapters read it).
+  virtual Fp8CastArgs linear_output_grad_cast(int weight, int64_t rows) const = 0;
   // (N, C): the gradient of a norm's output, shared by every block's backward.
   virtual const Tensor& norm_grad() const = 0;
   // Expert parallelism (model/expert_exchange.h); null when every expert runs here.
@@ -172,7 +178,7 @@ class Mixer {
   // Everything but the output projection, from `in` (sequence_tokens(), C), which its block
   // keeps valid (or recomputable) until the backward. With in.cast, in's FP8 codes are in
   // input_linear()'s linear_input_cast target (its block's norm wrote them).
-  virtual void forward_inner(LayerOps& ops, const LinearInput& in) = 0;
+  virtual void forward_inner(LayerOps& ops, const LinearOperand& in) = 0;
   // The linear layer (its weight's index) that reads the mixer's input first in the forward,
   // before any other FP8 linear casts: its input cast can be folded into the block's norm.
   // -1 where none does (the input goes to several linears, or to a router or experts first).

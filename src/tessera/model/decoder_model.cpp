@@ -772,7 +772,7 @@ AttentionShape DecoderModel::attention_shape(const AttentionShape& s) const {
 // Each parameter's tensor-parallel style picks its layer. A replicated weight (the whole of it
 // on every rank) and the output head (whose collectives are the cross-entropy's) run the local
 // GEMMs; a residual is added by a row-parallel layer, or folded into a local GEMM's beta.
-void DecoderModel::linear(const Tensor& out, const LinearInput& in, int weight, int bias,
+void DecoderModel::linear(const Tensor& out, const LinearOperand& in, int weight, int bias,
                           const Tensor& residual) {
   const ParamInfo& p = layout_.params[weight];
   switch (p.tp) {
@@ -800,8 +800,8 @@ void DecoderModel::linear(const Tensor& out, const LinearInput& in, int weight, 
   gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
 }
 
-void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in,
-                                   int weight, int bias) {
+void DecoderModel::linear_backward(const Tensor& din, const LinearOperand& dout,
+                                   const Tensor& in, int weight, int bias) {
   switch (layout_.params[weight].tp) {
     case TensorParallelStyle::Column:
       return column_.backward(din, dout, in, weight, bias);
@@ -819,6 +819,13 @@ void DecoderModel::linear_backward(const Tensor& din, const Tensor& dout, const 
 Fp8CastArgs DecoderModel::linear_input_cast(int weight, int64_t rows) const {
   if (layout_.params[weight].tp == TensorParallelStyle::Column && tp_.sequence_parallel) return {};
   return gemms_.input_cast(weight, rows);
+}
+
+// A row-parallel layer under sequence parallelism gathers its output gradient over the shards
+// first: it casts the gathered tensor itself.
+Fp8CastArgs DecoderModel::linear_output_grad_cast(int weight, int64_t rows) const {
+  if (layout_.params[weight].tp == TensorParallelStyle::Row && tp_.sequence_parallel) return {};
+  return gemms_.output_grad_cast(weight, rows);
 }
 
 void DecoderModel::expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,

@@ -410,7 +410,7 @@ Tensor Fp8Linears::weight_codes(int i, const Tensor& weight, bool transposed) {
   return dst;
 }
 
-void Fp8Linears::forward(int i, const Tensor& out, const LinearInput& in, const Tensor& weight,
+void Fp8Linears::forward(int i, const Tensor& out, const LinearOperand& in, const Tensor& weight,
                          const Tensor& bias, float beta, const Tensor& residual) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t rows = in.x.numel() / l.in;
@@ -445,17 +445,31 @@ Fp8CastArgs Fp8Linears::input_cast(int i, int64_t rows) const {
   return c;
 }
 
-void Fp8Linears::backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+Fp8CastArgs Fp8Linears::output_grad_cast(int i, int64_t rows) const {
+  const Fp8LinearShape& l = linears_[i];
+  if (blockwise() || just_in_time() || l.expert_stack() || rows > rows_) return {};
+  Fp8CastArgs c;
+  c.out = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
+  c.out_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
+  c.scale = bwd_.scale.flat_range(i, 1);
+  c.amax = bwd_.history.flat_range(i, 1);  // row 0, as cast() records it
+  return c;
+}
+
+void Fp8Linears::backward(int i, const Tensor& din, const LinearOperand& dout, const Tensor& in,
                           const Tensor& weight, const Tensor& dweight, float dweight_beta) {
   const Fp8LinearShape& l = linears_[i];
-  const int64_t rows = dout.numel() / l.out;
-  TS_CHECK(rows <= rows_ && dout.numel() == rows * l.out && in.numel() == rows * l.in,
-           "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
+  const int64_t rows = dout.x.numel() / l.out;
+  TS_CHECK(rows <= rows_ && dout.x.numel() == rows * l.out && in.numel() == rows * l.in,
+           "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.x.shape.str(),
            in.shape.str(), rows, l.out, l.in);
-  if (blockwise()) return backward_blockwise(i, din, dout, in, weight, dweight, dweight_beta);
+  TS_CHECK(!dout.cast || output_grad_cast(i, rows).out.defined(),
+           "fp8 {}: an output gradient cast by its producer where the backward casts its own",
+           l.name);
+  if (blockwise()) return backward_blockwise(i, din, dout.x, in, weight, dweight, dweight_beta);
   const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
-  cast(bwd_, i, dout, dy, dy_t, true);
+  if (!dout.cast) cast(bwd_, i, dout.x, dy, dy_t, true);
   if (din.defined()) {
     Fp8MatmulArgs d;
     d.out = din;

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "tessera/config/config.h"
-#include "tessera/model/linear_input.h"
+#include "tessera/model/linear_operand.h"
 #include "tessera/model/step_hook.h"
 #include "tessera/ops/backend.h"
 #include "tessera/ops/device_buffer.h"
@@ -92,7 +92,7 @@ class Fp8Linears final : public StepHook {
 
   // out (rows, out) = in (rows, in) @ W^T (+ bias) (+ beta * residual) for linear i; with
   // in.cast its input's codes are already in input_cast(i, rows)'s target.
-  void forward(int i, const Tensor& out, const LinearInput& in, const Tensor& weight,
+  void forward(int i, const Tensor& out, const LinearOperand& in, const Tensor& weight,
                const Tensor& bias, float beta, const Tensor& residual);
   // Where linear i's forward reads its input's codes, for a producer that writes them on the
   // way (swiglu_forward_cast): out (rows, in), the scale and the amax slot the forward's own
@@ -102,9 +102,15 @@ class Fp8Linears final : public StepHook {
   Fp8CastArgs input_cast(int i, int64_t rows) const;
   // din (rows, in) = dout @ W when din is defined; dweight (out, in), fp32 or bf16 (the
   // gradient buffer's dtype) = dout^T @ in + dweight_beta * dweight when dweight is defined
-  // (undefined: a frozen weight).
-  void backward(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
+  // (undefined: a frozen weight). With dout.cast its codes (both layouts) are already in
+  // output_grad_cast(i, rows)'s target.
+  void backward(int i, const Tensor& din, const LinearOperand& dout, const Tensor& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);
+  // Where linear i's backward reads its output gradient's codes, for a producer that writes
+  // them on the way (swiglu_backward_cast): out (rows, out) and out_t (out, rows), the scale
+  // and the amax slot the backward's own cast would use (x undefined). Undefined out where the
+  // backward must cast itself, as for input_cast.
+  Fp8CastArgs output_grad_cast(int i, int64_t rows) const;
 
   // Expert stack i over its row groups: out (R, out) = in (R, in) @ W[e]^T per group of expert
   // e, rows past the groups zeroed. weight (local_experts, out, in): this rank's experts. The

@@ -222,7 +222,7 @@ void Generator::copy_state(const std::vector<std::pair<std::string, Tensor>>& st
   }
 }
 
-void Generator::linear(const Tensor& out, const LinearInput& input, int weight, int bias,
+void Generator::linear(const Tensor& out, const LinearOperand& input, int weight, int bias,
                        const Tensor& residual) {
   TS_CHECK(!input.cast, "generation's linears are bf16: an input cast to FP8");
   const Tensor& in = input.x;

@@ -152,7 +152,7 @@ class Generator final : private ForwardOps {
   Backend& backend() const override { return backend_; }
   const ModelSpec& spec() const override { return spec_; }
   Tensor param(int index) const override;
-  void linear(const Tensor& out, const LinearInput& in, int weight, int bias,
+  void linear(const Tensor& out, const LinearOperand& in, int weight, int bias,
               const Tensor& residual) override;
   const Tensor& rope_table(double base) const override { return rope_.at(base); }
 

@@ -41,7 +41,7 @@ void LinearGemms::backward_without_rows(int weight) {
   if (take_grad_beta(weight) == 0.0f && !frozen) backend_.fill(grads_(weight), 0.0f);
 }
 
-void LinearGemms::forward(const Tensor& out, const LinearInput& in, int weight, int bias,
+void LinearGemms::forward(const Tensor& out, const LinearOperand& in, int weight, int bias,
                           float beta, const Tensor& c) const {
   if (is_fp8(weight)) {
     fp8_->forward(fp8_index_[weight], out, in, fp8_weight(weight),
@@ -61,14 +61,17 @@ void LinearGemms::forward(const Tensor& out, const LinearInput& in, int weight, 
   if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in.x, weight);
 }
 
-void LinearGemms::backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
-                           int bias) {
+void LinearGemms::backward(const Tensor& din, const LinearOperand& dout_operand, const Tensor& in,
+                           int weight, int bias) {
   const float grad_beta = take_grad_beta(weight);
   const bool adapted = adapters_ && adapters_->adapts(weight);
+  const Tensor& dout = dout_operand.x;
+  TS_CHECK(!dout_operand.cast || (is_fp8(weight) && !adapted && bias < 0),
+           "an output gradient given as codes to a linear that reads it in bf16");
   if (is_fp8(weight)) {
     // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
-    fp8_->backward(fp8_index_[weight], din, dout, in, fp8_weight(weight), adapted ? Tensor{} : grads_(weight),
-                   grad_beta);
+    fp8_->backward(fp8_index_[weight], din, dout_operand, in, fp8_weight(weight),
+                   adapted ? Tensor{} : grads_(weight), grad_beta);
     if (adapted) adapters_->backward(din, dout, in, weight);
   } else {
     if (din.defined()) {
@@ -143,7 +146,7 @@ void TensorParallelGroup::reduce_to_sequence(const Tensor& out, const Tensor& in
 
 // ---- ColumnParallelLinear
 
-void ColumnParallelLinear::forward(const Tensor& out, const LinearInput& in, int weight, int bias) {
+void ColumnParallelLinear::forward(const Tensor& out, const LinearOperand& in, int weight, int bias) {
   if (!tp_.sequence_parallel) return gemms_.forward(out, in, weight, bias, 0.0f, {});
   TS_CHECK(!in.cast, "a column-parallel linear given its sequence shard's codes");
   gemms_.forward(out, tp_.gather_sequence(in.x), weight, bias, 0.0f, {});
@@ -151,18 +154,18 @@ void ColumnParallelLinear::forward(const Tensor& out, const LinearInput& in, int
 
 // The weight gradient needs the whole input, gathered again rather than kept; with sequence
 // parallelism d(input)'s partial sums for every token go to each rank's shard.
-void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout, const Tensor& in,
-                                    int weight, int bias) {
+void ColumnParallelLinear::backward(const Tensor& din, const LinearOperand& dout,
+                                    const Tensor& in, int weight, int bias) {
   const bool sp = tp_.sequence_parallel;
   const Tensor x = sp ? tp_.gather_sequence(in) : in;
-  const Tensor dx = din.defined() && sp ? tp_.partial.view({dout.dim(0), din.dim(1)}) : din;
+  const Tensor dx = din.defined() && sp ? tp_.partial.view({dout.x.dim(0), din.dim(1)}) : din;
   gemms_.backward(dx, dout, x, weight, bias);
   if (din.defined()) tp_.reduce_to_sequence(din, dx);
 }
 
 // ---- RowParallelLinear
 
-void RowParallelLinear::forward(const Tensor& out, const LinearInput& in, int weight,
+void RowParallelLinear::forward(const Tensor& out, const LinearOperand& in, int weight,
                                 const Tensor& residual) {
   if (!tp_.sequence_parallel) {
     // The residual rides on the GEMM's beta (one pass less over the states), on one rank only.
@@ -187,9 +190,11 @@ void RowParallelLinear::forward(const Tensor& out, const LinearInput& in, int we
   tp_.reduce_to_sequence(out, partial);
 }
 
-void RowParallelLinear::backward(const Tensor& din, const Tensor& dout, const Tensor& in,
+void RowParallelLinear::backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
                                  int weight) {
-  gemms_.backward(din, tp_.sequence_parallel ? tp_.gather_sequence(dout) : dout, in, weight, -1);
+  if (!tp_.sequence_parallel) return gemms_.backward(din, dout, in, weight, -1);
+  TS_CHECK(!dout.cast, "a row-parallel linear given its output gradient's shard's codes");
+  gemms_.backward(din, tp_.gather_sequence(dout.x), in, weight, -1);
 }
 
 // ---- VocabParallelEmbedding

@@ -56,10 +56,19 @@ class LinearGemms {
     return is_fp8(weight) ? fp8_->input_cast(fp8_index_[weight], rows) : Fp8CastArgs{};
   }
   // out = in @ W^T (+ bias) + beta * c.
-  void forward(const Tensor& out, const LinearInput& in, int weight, int bias, float beta,
+  void forward(const Tensor& out, const LinearOperand& in, int weight, int bias, float beta,
                const Tensor& c) const;
+  // Where `weight`'s backward reads its output gradient's FP8 codes when a producer writes
+  // them (Fp8Linears::output_grad_cast); undefined out for a bf16 weight and for an adapted
+  // one (its adapters read the gradient itself).
+  Fp8CastArgs output_grad_cast(int weight, int64_t rows) const {
+    if (!is_fp8(weight) || (adapters_ && adapters_->adapts(weight))) return {};
+    return fp8_->output_grad_cast(fp8_index_[weight], rows);
+  }
   // din = dout @ W (skipped when undefined); dW (+)= dout^T @ in; dbias += colsum(dout).
-  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight, int bias);
+  // With dout.cast (an FP8 weight without adapters or bias) its codes are already written.
+  void backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight,
+                int bias);
   // A backward of `weight` on no rows (the output head on a batch without loss rows): its
   // gradient gets their zero contribution, which must be written where the step's first
   // weight-gradient GEMM would have overwritten last step's values.
@@ -115,8 +124,9 @@ class ColumnParallelLinear {
  public:
   ColumnParallelLinear(TensorParallelGroup& tp, LinearGemms& gemms) : tp_(tp), gemms_(gemms) {}
   // With in.cast (never under sequence parallelism) the whole input's codes are written.
-  void forward(const Tensor& out, const LinearInput& in, int weight, int bias);
-  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight, int bias);
+  void forward(const Tensor& out, const LinearOperand& in, int weight, int bias);
+  void backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight,
+                int bias);
 
  private:
   TensorParallelGroup& tp_;
@@ -133,8 +143,10 @@ class RowParallelLinear {
  public:
   RowParallelLinear(TensorParallelGroup& tp, LinearGemms& gemms) : tp_(tp), gemms_(gemms) {}
   // out = in @ W^T (+ residual), summed over the ranks; a bias would be added by every rank.
-  void forward(const Tensor& out, const LinearInput& in, int weight, const Tensor& residual);
-  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight);
+  void forward(const Tensor& out, const LinearOperand& in, int weight, const Tensor& residual);
+  // With dout.cast (never under sequence parallelism, which gathers dout first) its codes are
+  // already written.
+  void backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight);
 
  private:
   TensorParallelGroup& tp_;

@@ -1049,6 +1049,33 @@ OpCost cost_swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Te
   return {10 * elements(dout), bytes_of(gate_up) + bytes_of(dout) + bytes_of(dgate_up)};
 }
 
+// ---- swiglu_backward_cast
+
+void check_swiglu_backward_cast(const OpChecks& check, const Tensor& dgate_up, const Tensor& dout,
+                                const Tensor& gate_up, const Fp8CastArgs& codes) {
+  check_swiglu_backward(check, dgate_up, dout, gate_up);
+  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are d(gate_up)'s)");
+  check.count(codes.out, dgate_up.numel(), "codes.out");
+  check.count(codes.out_t, dgate_up.numel(), "codes.out_t");
+  check.that(codes.out.dtype == codes.out_t.dtype, "codes.out {} and codes.out_t {} differ",
+             dtype_name(codes.out.dtype), dtype_name(codes.out_t.dtype));
+  check.count(codes.scale, 1, "codes.scale");
+  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+}
+
+OpArgs describe_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
+                                     const Tensor& gate_up, const Fp8CastArgs& /*codes*/) {
+  return op_args::rows_cols(gate_up);
+}
+
+OpCost cost_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
+                                 const Tensor& gate_up, const Fp8CastArgs& codes) {
+  // The backward's operations, then the cast's scale, rounding and amax of both halves; the
+  // bytes of the folded kernel (d(gate_up) itself not stored).
+  return {14 * elements(dout),
+          bytes_of(gate_up) + bytes_of(dout) + bytes_of(codes.out) + bytes_of(codes.out_t)};
+}
+
 // ---- cross_entropy
 
 void check_cross_entropy(const OpChecks& check, const Tensor& losses, const Tensor& logits,

@@ -768,6 +768,12 @@ void CpuBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up
   cast_output(out, codes);
 }
 
+void CpuBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
+                                         const Tensor& gate_up, const Fp8CastArgs& codes) {
+  do_swiglu_backward(dgate_up, dout, gate_up);
+  cast_output(dgate_up, codes);
+}
+
 void CpuBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
                                     const Tensor& gate_up) {
   const MatrixDims d = matrix_dims(gate_up);

@@ -909,6 +909,22 @@ void CudaBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
   cuda::swiglu_backward(dgate_up.data, dout.data, gate_up.data, N, F, gate_up.dtype, stream_);
 }
 
+// The folded kernel takes aligned bf16 shapes; elsewhere d(gate_up) is written and cast.
+void CudaBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
+                                          const Tensor& gate_up, const Fp8CastArgs& codes) {
+  const MatrixDims d = matrix_dims(gate_up);
+  if (cuda::swiglu_backward_cast(dout.data, gate_up.data, d.rows, d.cols / 2, gate_up.dtype,
+                                 codes.out.data, codes.out_t.data, codes.out.dtype,
+                                 codes.scale.as<float>(),
+                                 codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_)) {
+    return;
+  }
+  do_swiglu_backward(dgate_up, dout, gate_up);
+  Fp8CastArgs cast = codes;
+  cast.x = dgate_up;
+  do_fp8_cast_transpose(cast);
+}
+
 void CudaBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits,
                                    const Tensor& targets, const Tensor& dlogits, float grad_scale) {
   const MatrixDims d = matrix_dims(logits);

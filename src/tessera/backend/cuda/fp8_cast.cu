@@ -35,20 +35,6 @@ __device__ __forceinline__ uint32_t to_fp8x2(float a, float b) {
   return fp8x2_encode<kFormat>(a, b);
 }
 
-// Rows j..j+3 of 4 columns (one word each, column 0 in the low byte) -> the 4 columns' words
-// of rows j..j+3 (row j in the low byte).
-__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4],
-                                                    uint32_t (&cols)[4]) {
-  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140),
-                 hi01 = __byte_perm(rows[0], rows[1], 0x7362);
-  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140),
-                 hi23 = __byte_perm(rows[2], rows[3], 0x7362);
-  cols[0] = __byte_perm(lo01, lo23, 0x5410);
-  cols[1] = __byte_perm(lo01, lo23, 0x7632);
-  cols[2] = __byte_perm(hi01, hi23, 0x5410);
-  cols[3] = __byte_perm(hi01, hi23, 0x7632);
-}
-
 // Tile columns cg .. cg + 4 over tile rows j0 .. j0 + kRunT: four runs of kRunT codes, four
 // to a word, each a row of the transposed output.
 __device__ __forceinline__ void tile_column_runs(const uint8_t (&tile)[kTileRows][kTileCols + 4],

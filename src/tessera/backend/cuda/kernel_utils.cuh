@@ -128,6 +128,20 @@ __device__ __forceinline__ void store_codes(uint8_t* p, const uint8_t (&q)[VEC])
   }
 }
 
+// Rows j..j+3 of 4 columns (one word each, column 0 in the low byte) -> the 4 columns' words
+// of rows j..j+3 (row j in the low byte).
+__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4],
+                                                    uint32_t (&cols)[4]) {
+  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140),
+                 hi01 = __byte_perm(rows[0], rows[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140),
+                 hi23 = __byte_perm(rows[2], rows[3], 0x7362);
+  cols[0] = __byte_perm(lo01, lo23, 0x5410);
+  cols[1] = __byte_perm(lo01, lo23, 0x7632);
+  cols[2] = __byte_perm(hi01, hi23, 0x5410);
+  cols[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 // ---- reductions (fixed order: the same bits on every run) ----
 
 // Butterfly sum: every lane ends with the same bits, since each step adds a + b on one lane

@@ -73,7 +73,15 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax);
 }
 
-// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))). One function for both backward
+// kernels: the folded cast's codes are of exactly the values the plain backward stores.
+__device__ __forceinline__ void swiglu_grad(float gate, float up, float dout, float& dgate,
+                                            float& dup) {
+  const float sig = sigmoid(gate);
+  dgate = dout * up * sig * (1.0f + gate * (1.0f - sig));
+  dup = dout * gate * sig;
+}
+
 template <class T, int VEC>
 __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up, int64_t N,
                                        int64_t F) {
@@ -88,14 +96,115 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
   load_floats<T, VEC>(gate + F, u);
   load_floats<T, VEC>(dout + n * F + f, d);
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    const float sig = sigmoid(g[k]);
-    const float dg = d[k] * u[k] * sig * (1.0f + g[k] * (1.0f - sig));
-    u[k] = d[k] * g[k] * sig;
-    g[k] = dg;
-  }
+  for (int k = 0; k < VEC; ++k) swiglu_grad(g[k], u[k], d[k], g[k], u[k]);
   store_floats<T, VEC>(dgate, g);
   store_floats<T, VEC>(dgate + F, u);
+}
+
+// swiglu_backward_kernel writing d(gate_up)'s FP8 codes in both layouts instead of its bf16
+// values (the cast of the gradient folded into its producer). A block of 128 threads takes
+// 128 rows of 64 columns of F and writes both halves of those columns: each element's sigmoid
+// is computed once, and gate, up and dout are read once, where a cast of the bf16 gradient
+// reads 2F columns back and its tiles would compute the sigmoid twice (performance-notes
+// entries 16 and 53). Loads as fp8_cast_transpose_kernel's (a thread's 8 columns of rows 16
+// apart), kInFlight of its 8 rows' loads issued before any use; codes go to the row-major
+// output at once and through shared memory, as 32-bit words, to the transposed one in runs of
+// 16 rows. One amax atomic a block. Aligned shapes only (N % 128, F % 64, 16-byte pointers).
+constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 128, kCastPack = 8;
+constexpr int kCastRowsPerPass = kCastThreads / (kCastCols / kCastPack);  // 16
+constexpr int kCastPasses = kCastRows / kCastRowsPerPass;                 // 8
+constexpr int kCastInFlight = 4;  // measured: 4 rows' loads beat 1, 2 and 8 (lab, H200)
+constexpr int kColGroups = kCastCols / 4;                                 // 16
+constexpr int kRunT = kCastRows / (kCastThreads / kColGroups);            // 16
+
+template <DType kFormat>
+__global__ void __launch_bounds__(kCastThreads)
+    swiglu_backward_cast_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ dout,
+                                int64_t N, int64_t F, const float* __restrict__ scale_ptr,
+                                uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                                unsigned* __restrict__ amax_bits) {
+  // Rows of 68 bytes, as the cast kernel's: the transposed reads fall in distinct banks.
+  __shared__ __align__(16) uint8_t tile[2][kCastRows][kCastCols + 4];
+  __shared__ unsigned warp_amax[kCastThreads / 32];
+  const float scale = *scale_ptr;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCastRows;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
+  const int t = threadIdx.x;
+  const int tc = (t % (kCastCols / kCastPack)) * kCastPack;
+  const int64_t c = c0 + tc;
+  unsigned m = 0;
+#pragma unroll
+  for (int p0 = 0; p0 < kCastPasses; p0 += kCastInFlight) {
+    uint4 g[kCastInFlight], u[kCastInFlight], d[kCastInFlight];
+#pragma unroll
+    for (int i = 0; i < kCastInFlight; ++i) {
+      const int64_t r = r0 + t / (kCastCols / kCastPack) + (p0 + i) * kCastRowsPerPass;
+      g[i] = *reinterpret_cast<const uint4*>(gate_up + r * 2 * F + c);
+      u[i] = *reinterpret_cast<const uint4*>(gate_up + r * 2 * F + F + c);
+      d[i] = *reinterpret_cast<const uint4*>(dout + r * F + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kCastInFlight; ++i) {
+      const int tr = t / (kCastCols / kCastPack) + (p0 + i) * kCastRowsPerPass;
+      const int64_t r = r0 + tr;
+      const bf16* gv = reinterpret_cast<const bf16*>(&g[i]);
+      const bf16* uv = reinterpret_cast<const bf16*>(&u[i]);
+      const bf16* dv = reinterpret_cast<const bf16*>(&d[i]);
+      uint32_t wg[2] = {0, 0}, wu[2] = {0, 0};
+#pragma unroll
+      for (int k = 0; k < kCastPack; k += 2) {
+        float dg[2], du[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          swiglu_grad(to_float(gv[k + e]), to_float(uv[k + e]), to_float(dv[k + e]), dg[e], du[e]);
+          // The values the plain backward stores, as the cast reads them back.
+          dg[e] = to_float(from_float<bf16>(dg[e]));
+          du[e] = to_float(from_float<bf16>(du[e]));
+          m = max(m, max(__float_as_uint(fabsf(dg[e])), __float_as_uint(fabsf(du[e]))));
+        }
+        const int shift = 16 * (k / 2 % 2);
+        wg[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(dg[0] * scale, dg[1] * scale))
+                     << shift;
+        wu[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(du[0] * scale, du[1] * scale))
+                     << shift;
+      }
+      *reinterpret_cast<uint2*>(out + r * 2 * F + c) = make_uint2(wg[0], wg[1]);
+      *reinterpret_cast<uint2*>(out + r * 2 * F + F + c) = make_uint2(wu[0], wu[1]);
+      *reinterpret_cast<uint32_t*>(&tile[0][tr][tc]) = wg[0];
+      *reinterpret_cast<uint32_t*>(&tile[0][tr][tc + 4]) = wg[1];
+      *reinterpret_cast<uint32_t*>(&tile[1][tr][tc]) = wu[0];
+      *reinterpret_cast<uint32_t*>(&tile[1][tr][tc + 4]) = wu[1];
+    }
+  }
+  if (amax_bits != nullptr) {
+    m = warp_reduce_max(m);
+    if (t % 32 == 0) warp_amax[t / 32] = m;
+  }
+  __syncthreads();
+  if (amax_bits != nullptr && t == 0) block_amax_to<kCastThreads>(amax_bits, warp_amax);
+  // Thread t writes rows cg .. cg + 4 of each half's 64 transposed rows, 16 columns from j0.
+  const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    uint32_t run[4][kRunT / 4];
+#pragma unroll
+    for (int j = 0; j < kRunT; j += 4) {
+      const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[half][j0 + j][cg]),
+                                *reinterpret_cast<const uint32_t*>(&tile[half][j0 + j + 1][cg]),
+                                *reinterpret_cast<const uint32_t*>(&tile[half][j0 + j + 2][cg]),
+                                *reinterpret_cast<const uint32_t*>(&tile[half][j0 + j + 3][cg])};
+      uint32_t cols[4];
+      transpose_4x4_bytes(rows, cols);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t oc = half * F + c0 + cg + k;
+      *reinterpret_cast<uint4*>(out_t + oc * N + r0 + j0) =
+          make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+    }
+  }
 }
 
 // Calls launch(T{}, VEC) with 16-byte packs when F and every pointer allow them.
@@ -173,6 +282,32 @@ void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int6
                       static_cast<const T*>(gate_up), N, F);
                 });
   TS_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
+}
+
+bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int64_t F,
+                          DType dtype, void* codes, void* codes_t, DType format,
+                          const float* scale, float* amax, cudaStream_t stream) {
+  NvtxRange range("swiglu_backward_cast");
+  TS_CHECK(format == DType::E4M3 || format == DType::E5M2, "swiglu_backward_cast: codes dtype {}",
+           dtype_name(format));
+  if (dtype != DType::BF16 || N % kCastRows != 0 || F % kCastCols != 0) return false;
+  for (const void* p : {dout, gate_up, static_cast<const void*>(codes), static_cast<const void*>(codes_t)})
+    if (!is_aligned(p, 16)) return false;
+  if (N == 0 || F == 0) return true;
+  const dim3 grid(static_cast<unsigned>(F / kCastCols), static_cast<unsigned>(N / kCastRows));
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, kCastThreads, 0, stream>>>(
+        static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), N, F, scale,
+        static_cast<uint8_t*>(codes), static_cast<uint8_t*>(codes_t),
+        reinterpret_cast<unsigned*>(amax));
+  };
+  if (format == DType::E4M3) {
+    launch(swiglu_backward_cast_kernel<DType::E4M3>);
+  } else {
+    launch(swiglu_backward_cast_kernel<DType::E5M2>);
+  }
+  TS_CUDA_CHECK_LAUNCH("swiglu_backward_cast_kernel");
+  return true;
 }
 
 }  // namespace tessera::cuda

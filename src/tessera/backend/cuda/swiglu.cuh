@@ -22,4 +22,14 @@ void swiglu_forward_cast(void* out, void* codes, const void* gate_up, int64_t N,
 void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int64_t N, int64_t F,
                      DType dtype, cudaStream_t stream);
 
+// swiglu_backward's d(gate_up) as FP8 codes in both layouts, never stored in `dtype`: codes
+// (N, 2F) and codes_t (2F, N) in `format` (e4m3 or e5m2) = satfinite_rn(d * *scale) of the
+// values swiglu_backward stores, and (amax non-null) amax = max(*amax, max |d|): the cast of
+// the gradient folded into its producer. bf16 with N % 128 == 0, F % 64 == 0 and 16-byte
+// aligned pointers only: otherwise it returns false having written nothing (the caller runs
+// swiglu_backward and then the cast).
+bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int64_t F,
+                          DType dtype, void* codes, void* codes_t, DType format,
+                          const float* scale, float* amax, cudaStream_t stream);
+
 }  // namespace tessera::cuda

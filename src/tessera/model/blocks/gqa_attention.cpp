@@ -100,7 +100,7 @@ void GqaAttention::qk_norm_forward(ForwardOps& ops, const QkTensors& t, const Te
   b.copy_columns(qkv, q, k_normed, 0, kv);
 }
 
-void GqaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
+void GqaAttention::forward_inner(LayerOps& ops, const LinearOperand& in) {
   Backend& b = ops.backend();
   AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   a.rope_per_token = ops.runtime().reset_position_ids;
@@ -117,7 +117,7 @@ void GqaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
 // The output projection reads the codes attention wrote, next, before any other FP8 cast.
 void GqaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
   const bool cast = ops.linear_input_cast(o_proj_, att_.dim(0)).out.defined();
-  ops.linear(out, cast ? LinearInput::with_codes(att_) : LinearInput(att_), o_proj_, -1, residual);
+  ops.linear(out, cast ? LinearOperand::with_codes(att_) : LinearOperand(att_), o_proj_, -1, residual);
 }
 
 void GqaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,

@@ -43,7 +43,7 @@ class GqaAttention final : public Mixer {
   std::vector<int> linear_weights() const override { return {qkv_weight_, o_proj_}; }
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
-  void forward_inner(LayerOps& ops, const LinearInput& in) override;
+  void forward_inner(LayerOps& ops, const LinearOperand& in) override;
   int input_linear() const override { return qkv_weight_; }
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
   void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,

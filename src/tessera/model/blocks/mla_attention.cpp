@@ -119,7 +119,7 @@ void MlaAttention::pack_qkv(ForwardOps& ops, const Pass& t, const Tensor& freqs,
   b.mla_qkv_forward(p);
 }
 
-void MlaAttention::forward_inner(LayerOps& ops, const LinearInput& in) {
+void MlaAttention::forward_inner(LayerOps& ops, const LinearOperand& in) {
   const AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   Pass t;
   t.ln = in.x, t.a = da_, t.q_a = q_a_, t.q_a_ln = q_a_ln_, t.q_rstd = q_rstd_, t.q = dq_;

@@ -37,7 +37,7 @@ class MlaAttention final : public Mixer {
   std::vector<int> linear_weights() const override;
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
-  void forward_inner(LayerOps& ops, const LinearInput& in) override;
+  void forward_inner(LayerOps& ops, const LinearOperand& in) override;
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
   void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;

@@ -198,7 +198,7 @@ ExpertExchange* MoeMlp::exchange(LayerOps& ops) const {
   return size > 1 ? ex : nullptr;
 }
 
-void MoeMlp::forward_inner(LayerOps& ops, const LinearInput& in) {
+void MoeMlp::forward_inner(LayerOps& ops, const LinearOperand& in) {
   route_and_run_experts(ops,
                         {in.x, logits_, indices_, weights_, rows_, offsets_, xp_, h1_, h_, yp_,
                          shared_gu_, shared_h_, dropped_},

@@ -25,7 +25,7 @@ void SwigluMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntim
 
 // The codes are written here, where a full recompute also writes h (it skips the layer's
 // last output projection), and read by the down projection next, before any other cast.
-void SwigluMlp::forward_inner(LayerOps& ops, const LinearInput& in) {
+void SwigluMlp::forward_inner(LayerOps& ops, const LinearOperand& in) {
   ops.linear(gate_up_out_, in, gate_up_, -1);
   const Fp8CastArgs codes = ops.linear_input_cast(down_, h_.dim(0));
   if (codes.out.defined()) {
@@ -37,7 +37,7 @@ void SwigluMlp::forward_inner(LayerOps& ops, const LinearInput& in) {
 
 void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
   const bool cast = ops.linear_input_cast(down_, h_.dim(0)).out.defined();
-  ops.linear(out, cast ? LinearInput::with_codes(h_) : LinearInput(h_), down_, -1, residual);
+  ops.linear(out, cast ? LinearOperand::with_codes(h_) : LinearOperand(h_), down_, -1, residual);
 }
 
 // h and (under selective recompute) the block's normed input share one buffer: h is used up
@@ -50,9 +50,19 @@ void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, co
     b.swiglu_forward(h_, gate_up_out_);
   }
   ops.linear_backward(dh_, dout, h_, down_, -1);
-  b.swiglu_backward(dgate_up_, dh_, gate_up_out_);
+  // Where the gate_up projection takes its output gradient's codes, the SwiGLU backward writes
+  // them in both layouts and never d(gate_up) itself (recompute_in casts nothing in between).
+  const Fp8CastArgs codes = ops.linear_output_grad_cast(gate_up_, dgate_up_.dim(0));
+  if (codes.out.defined()) {
+    b.swiglu_backward_cast(dgate_up_, dh_, gate_up_out_, codes);
+  } else {
+    b.swiglu_backward(dgate_up_, dh_, gate_up_out_);
+  }
   recompute_in();
-  ops.linear_backward(din, dgate_up_, in, gate_up_, -1);
+  ops.linear_backward(din,
+                      codes.out.defined() ? LinearOperand::with_codes(dgate_up_)
+                                          : LinearOperand(dgate_up_),
+                      in, gate_up_, -1);
 }
 
 size_t SwigluMlp::cached_scratch_bytes(int64_t n, DType dtype) const {

@@ -5,7 +5,8 @@
 //   out = h @ Wdown^T               (N, C)
 // An FP8 down projection's forward cast of h is folded into the SwiGLU
 // (swiglu_forward_cast): h's codes are written with h, and h is not read back before the
-// backward.
+// backward. Likewise the gate_up projection's output-gradient cast is folded into the SwiGLU
+// backward (swiglu_backward_cast), which then never stores d(gate_up).
 #include "tessera/model/block.h"
 
 namespace tessera {
@@ -21,7 +22,7 @@ class SwigluMlp final : public Mixer {
   std::vector<int> linear_weights() const override { return {gate_up_, down_}; }
   void declare_activations(ActivationPlan& plan, const ModelRuntime& rt) override;
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
-  void forward_inner(LayerOps& ops, const LinearInput& in) override;
+  void forward_inner(LayerOps& ops, const LinearOperand& in) override;
   int input_linear() const override { return gate_up_; }
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
   void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,

@@ -1,0 +1,27 @@
+#pragma once
+// An operand an FP8 linear layer casts before its GEMMs (its input in the forward, its output
+// gradient in the backward), and whether those FP8 codes are already written. Where the
+// operand's producer writes the codes on the way (the *_forward_cast ops into
+// LayerOps::linear_input_cast's target, swiglu_backward_cast into linear_output_grad_cast's),
+// the linear's cast and its re-read of the operand go. The tensor itself stays where others
+// read it: the weight gradient's transposed cast and LoRA's adapters read the input.
+#include "tessera/core/tensor.h"
+
+namespace tessera {
+
+struct LinearOperand {
+  Tensor x;
+  // x's codes are in the layer's cast target (input_cast / output_grad_cast), with its scale
+  // and amax.
+  bool cast = false;
+
+  // Implicit: a tensor is an operand as it is.
+  LinearOperand(const Tensor& t) : x(t) {}
+  static LinearOperand with_codes(const Tensor& t) {
+    LinearOperand in(t);
+    in.cast = true;
+    return in;
+  }
+};
+
+}  // namespace tessera
