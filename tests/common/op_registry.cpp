@@ -1229,6 +1229,19 @@ void cast_fp8_tensorwise(Backend& b, DeviceBuffer& state, size_t at, const Tenso
       Fp8CastArgs{src, transposed ? Tensor{} : codes, transposed ? codes : Tensor{}, scale, {}});
 }
 
+// A scale given, as delayed scaling gives it, in the first two slots of `state`: the scale at
+// byte 0 and its inverse (the GEMMs') at 256.
+struct GivenScale {
+  Tensor scale, scale_inv;
+};
+GivenScale given_scale(Backend& b, const DeviceBuffer& state, float scale) {
+  const GivenScale g{state.tensor(DType::F32, {1}), state.tensor(DType::F32, {1}, 256)};
+  const float inv = 1.0f / scale;
+  b.upload(g.scale, &scale);
+  b.upload(g.scale_inv, &inv);
+  return g;
+}
+
 // A *_forward_cast op as an FP8 linear's forward runs it: the producer writes its output
 // `y` (M, K) and y's codes in one pass, the codes then multiplied by the weight's (cast
 // tensorwise) when N > 0. The scale is given, as delayed scaling gives it. The GPU casts y as
@@ -1254,14 +1267,10 @@ OpCase forward_cast_case(const std::string& name, int64_t M, int64_t K, int64_t 
   c.run = [M, K, N, produce](Backend& b, const Tensors& t) {
     DeviceBuffer codes(b, K * (M + N) + 1024, "fp8 codes");
     DeviceBuffer state(b, 8 * 256, "fp8 scales");
-    const float scale = 16.0f, scale_inv = 1.0f / scale;
-    const Tensor y_scale = state.tensor(DType::F32, {1}),
-                 y_inv = state.tensor(DType::F32, {1}, 256);
-    b.upload(y_scale, &scale);
-    b.upload(y_inv, &scale_inv);
+    const GivenScale y_scale = given_scale(b, state, 16.0f);
     Fp8CastArgs y;
     y.out = codes.tensor(DType::E4M3, {M, K});
-    y.scale = y_scale;
+    y.scale = y_scale.scale;
     y.amax = t.at("amax");
     produce(b, t, y);
     if (!N) return;
@@ -1269,7 +1278,8 @@ OpCase forward_cast_case(const std::string& name, int64_t M, int64_t K, int64_t 
     const Tensor w_inv = state.tensor(DType::F32, {1}, 512);
     cast_fp8_tensorwise(b, state, 1024, t.at("w"), w, w_inv);
     Fp8MatmulArgs m;
-    m.out = t.at("out"), m.a = y.out, m.b = w, m.a_scale_inv = y_inv, m.b_scale_inv = w_inv;
+    m.out = t.at("out"), m.a = y.out, m.b = w, m.a_scale_inv = y_scale.scale_inv;
+    m.b_scale_inv = w_inv;
     b.matmul_fp8(m);
   };
   return c;
@@ -1316,9 +1326,9 @@ std::vector<OpCase> forward_cast_cases() {
 
 // swiglu_backward_cast as the gate_up projection's backward runs it: the gradient's codes in
 // both layouts, then the data gradient's GEMM from the row-major codes and the weight
-// gradient's from the transposed ones (x cast transposed). The gradient itself is never compared: the op may leave it unwritten.
-// The GPU casts the bf16 gradient, the reference its fp32 value: tolerance 3e-2, as for the
-// forward folds.
+// gradient's from the transposed ones (x cast transposed). The gradient itself is never compared:
+// the op may leave it unwritten. The GPU casts the bf16 gradient, the reference its fp32 value:
+// tolerance 3e-2, as for the forward folds.
 std::vector<OpCase> swiglu_backward_cast_cases() {
   const int64_t M = 144, F = 64, N = 48, C = 32;
   OpCase c;
@@ -1334,14 +1344,12 @@ std::vector<OpCase> swiglu_backward_cast_cases() {
     DeviceBuffer scratch(b, M * 2 * F * dtype_size(t.at("gate_up").dtype), "d(gate_up)");
     DeviceBuffer codes(b, 2 * M * 2 * F + N * 2 * F + C * M + 4096, "fp8 codes");
     DeviceBuffer state(b, 16 * 256, "fp8 scales");
-    const float scale = 512.0f, scale_inv = 1.0f / scale;
-    const Tensor d_scale = state.tensor(DType::F32, {1}), d_inv = state.tensor(DType::F32, {1}, 256);
-    b.upload(d_scale, &scale);
-    b.upload(d_inv, &scale_inv);
+    const GivenScale d_scale = given_scale(b, state, 512.0f);
+    const Tensor& d_inv = d_scale.scale_inv;
     Fp8CastArgs d;
     d.out = codes.tensor(DType::E4M3, {M, 2 * F});
     d.out_t = codes.tensor(DType::E4M3, {2 * F, M}, M * 2 * F);
-    d.scale = d_scale;
+    d.scale = d_scale.scale;
     d.amax = t.at("amax");
     b.swiglu_backward_cast(scratch.tensor(t.at("gate_up").dtype, {M, 2 * F}), t.at("dh"),
                            t.at("gate_up"), d);
@@ -1946,8 +1954,7 @@ std::vector<OpCase> all_cases() {
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
                   gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
                   reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, forward_cast_cases,
-                  swiglu_backward_cast_cases,
-                  fp8_grouped_cast_cases, init_and_conversion_cases})
+                  swiglu_backward_cast_cases, fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

@@ -307,8 +307,8 @@ TEST_F(CpuOps, SwigluBackwardCastIsTheBackwardThenTheCast) {
   const Fp8CastArgs cast{dgate_up, make(DType::E5M2, {R, 2 * F}), make(DType::E5M2, {2 * F, R}),
                          scale, scalar(0.0f)};
   b->fp8_cast_transpose(cast);
-  const Fp8CastArgs folded{{}, make(DType::E5M2, {R, 2 * F}), make(DType::E5M2, {2 * F, R}),
-                           scale, scalar(0.0f)};
+  const Fp8CastArgs folded{
+      {}, make(DType::E5M2, {R, 2 * F}), make(DType::E5M2, {2 * F, R}), scale, scalar(0.0f)};
   b->swiglu_backward_cast(scratch, dh, gate_up, folded);
   for (const auto& [want_t, got_t] :
        {std::pair{cast.out, folded.out}, std::pair{cast.out_t, folded.out_t}}) {
@@ -544,8 +544,9 @@ class ProducerOps final : public OpObserver {
 // (rmsnorm_forward_cast) and those of the output projections from attention
 // (attention_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
 // inputs, and the gate_up projections' output-gradient codes from the SwiGLU backward
-// (swiglu_backward_cast, into output_grad_cast's target); tensorwise never can. So the two must agree bit for bit: the folded codes go where
-// the GEMMs read them, with each slot's scale and amax.
+// (swiglu_backward_cast, into output_grad_cast's target); tensorwise never can. So the two must
+// agree bit for bit: the folded codes go where the GEMMs read them, with each slot's scale and
+// amax.
 TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   Fp8Options delayed;
   delayed.mode = Fp8Mode::Hybrid;

@@ -230,10 +230,11 @@ TEST(GpuFp8, SwigluBackwardCastMatchesTheBackwardThenTheCast) {
       EXPECT_EQ(read_scalar(g, folded.amax), amax);
       EXPECT_TRUE(fused.guards_intact() && fused_t.guards_intact() && scratch.guards_intact())
           << "write outside the outputs";
-      std::printf("[ fp8      ] swiglu_backward_cast %-8s %5ldx%-5ld codes %ld, transposed %ld "
-                  "differ, amax %g\n",
-                  std::string(dtype_name(format)).c_str(), static_cast<long>(R),
-                  static_cast<long>(F), static_cast<long>(bad), static_cast<long>(bad_t), amax);
+      std::printf(
+          "[ fp8      ] swiglu_backward_cast %-8s %5ldx%-5ld codes %ld, transposed %ld "
+          "differ, amax %g\n",
+          std::string(dtype_name(format)).c_str(), static_cast<long>(R), static_cast<long>(F),
+          static_cast<long>(bad), static_cast<long>(bad_t), amax);
       d[F + 3] = NAN;  // row 1
       upload_float(g, dh, d);
       g.swiglu_backward_cast(scratch.t(), dh.t(), gate_up.t(), folded);

@@ -800,8 +800,8 @@ void DecoderModel::linear(const Tensor& out, const LinearOperand& in, int weight
   gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
 }
 
-void DecoderModel::linear_backward(const Tensor& din, const LinearOperand& dout,
-                                   const Tensor& in, int weight, int bias) {
+void DecoderModel::linear_backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
+                                   int weight, int bias) {
   switch (layout_.params[weight].tp) {
     case TensorParallelStyle::Column:
       return column_.backward(din, dout, in, weight, bias);

@@ -146,7 +146,8 @@ void TensorParallelGroup::reduce_to_sequence(const Tensor& out, const Tensor& in
 
 // ---- ColumnParallelLinear
 
-void ColumnParallelLinear::forward(const Tensor& out, const LinearOperand& in, int weight, int bias) {
+void ColumnParallelLinear::forward(const Tensor& out, const LinearOperand& in, int weight,
+                                   int bias) {
   if (!tp_.sequence_parallel) return gemms_.forward(out, in, weight, bias, 0.0f, {});
   TS_CHECK(!in.cast, "a column-parallel linear given its sequence shard's codes");
   gemms_.forward(out, tp_.gather_sequence(in.x), weight, bias, 0.0f, {});
@@ -154,8 +155,8 @@ void ColumnParallelLinear::forward(const Tensor& out, const LinearOperand& in, i
 
 // The weight gradient needs the whole input, gathered again rather than kept; with sequence
 // parallelism d(input)'s partial sums for every token go to each rank's shard.
-void ColumnParallelLinear::backward(const Tensor& din, const LinearOperand& dout,
-                                    const Tensor& in, int weight, int bias) {
+void ColumnParallelLinear::backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
+                                    int weight, int bias) {
   const bool sp = tp_.sequence_parallel;
   const Tensor x = sp ? tp_.gather_sequence(in) : in;
   const Tensor dx = din.defined() && sp ? tp_.partial.view({dout.x.dim(0), din.dim(1)}) : din;

@@ -1068,8 +1068,8 @@ OpArgs describe_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
   return op_args::rows_cols(gate_up);
 }
 
-OpCost cost_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
-                                 const Tensor& gate_up, const Fp8CastArgs& codes) {
+OpCost cost_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up,
+                                 const Fp8CastArgs& codes) {
   // The backward's operations, then the cast's scale, rounding and amax of both halves; the
   // bytes of the folded kernel (d(gate_up) itself not stored).
   return {14 * elements(dout),

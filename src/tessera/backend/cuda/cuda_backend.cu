@@ -913,10 +913,10 @@ void CudaBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
 void CudaBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
                                           const Tensor& gate_up, const Fp8CastArgs& codes) {
   const MatrixDims d = matrix_dims(gate_up);
-  if (cuda::swiglu_backward_cast(dout.data, gate_up.data, d.rows, d.cols / 2, gate_up.dtype,
-                                 codes.out.data, codes.out_t.data, codes.out.dtype,
-                                 codes.scale.as<float>(),
-                                 codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_)) {
+  if (cuda::swiglu_backward_cast(
+          dout.data, gate_up.data, d.rows, d.cols / 2, gate_up.dtype, codes.out.data,
+          codes.out_t.data, codes.out.dtype, codes.scale.as<float>(),
+          codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_)) {
     return;
   }
   do_swiglu_backward(dgate_up, dout, gate_up);

@@ -113,9 +113,9 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
 constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 128, kCastPack = 8;
 constexpr int kCastRowsPerPass = kCastThreads / (kCastCols / kCastPack);  // 16
 constexpr int kCastPasses = kCastRows / kCastRowsPerPass;                 // 8
-constexpr int kCastInFlight = 4;  // measured: 4 rows' loads beat 1, 2 and 8 (lab, H200)
-constexpr int kColGroups = kCastCols / 4;                                 // 16
-constexpr int kRunT = kCastRows / (kCastThreads / kColGroups);            // 16
+constexpr int kCastInFlight = 4;           // measured: 4 rows' loads beat 1, 2 and 8 (lab, H200)
+constexpr int kColGroups = kCastCols / 4;  // 16
+constexpr int kRunT = kCastRows / (kCastThreads / kColGroups);  // 16
 
 template <DType kFormat>
 __global__ void __launch_bounds__(kCastThreads)
@@ -284,14 +284,15 @@ void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int6
   TS_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
 }
 
-bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int64_t F,
-                          DType dtype, void* codes, void* codes_t, DType format,
-                          const float* scale, float* amax, cudaStream_t stream) {
+bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int64_t F, DType dtype,
+                          void* codes, void* codes_t, DType format, const float* scale, float* amax,
+                          cudaStream_t stream) {
   NvtxRange range("swiglu_backward_cast");
   TS_CHECK(format == DType::E4M3 || format == DType::E5M2, "swiglu_backward_cast: codes dtype {}",
            dtype_name(format));
   if (dtype != DType::BF16 || N % kCastRows != 0 || F % kCastCols != 0) return false;
-  for (const void* p : {dout, gate_up, static_cast<const void*>(codes), static_cast<const void*>(codes_t)})
+  for (const void* p :
+       {dout, gate_up, static_cast<const void*>(codes), static_cast<const void*>(codes_t)})
     if (!is_aligned(p, 16)) return false;
   if (N == 0 || F == 0) return true;
   const dim3 grid(static_cast<unsigned>(F / kCastCols), static_cast<unsigned>(N / kCastRows));

@@ -28,8 +28,8 @@ void swiglu_backward(void* dgate_up, const void* dout, const void* gate_up, int6
 // the gradient folded into its producer. bf16 with N % 128 == 0, F % 64 == 0 and 16-byte
 // aligned pointers only: otherwise it returns false having written nothing (the caller runs
 // swiglu_backward and then the cast).
-bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int64_t F,
-                          DType dtype, void* codes, void* codes_t, DType format,
-                          const float* scale, float* amax, cudaStream_t stream);
+bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int64_t F, DType dtype,
+                          void* codes, void* codes_t, DType format, const float* scale, float* amax,
+                          cudaStream_t stream);
 
 }  // namespace tessera::cuda

@@ -117,7 +117,8 @@ void GqaAttention::forward_inner(LayerOps& ops, const LinearOperand& in) {
 // The output projection reads the codes attention wrote, next, before any other FP8 cast.
 void GqaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
   const bool cast = ops.linear_input_cast(o_proj_, att_.dim(0)).out.defined();
-  ops.linear(out, cast ? LinearOperand::with_codes(att_) : LinearOperand(att_), o_proj_, -1, residual);
+  ops.linear(out, cast ? LinearOperand::with_codes(att_) : LinearOperand(att_), o_proj_, -1,
+             residual);
 }
 
 void GqaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,

@@ -59,10 +59,9 @@ void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, co
     b.swiglu_backward(dgate_up_, dh_, gate_up_out_);
   }
   recompute_in();
-  ops.linear_backward(din,
-                      codes.out.defined() ? LinearOperand::with_codes(dgate_up_)
-                                          : LinearOperand(dgate_up_),
-                      in, gate_up_, -1);
+  ops.linear_backward(
+      din, codes.out.defined() ? LinearOperand::with_codes(dgate_up_) : LinearOperand(dgate_up_),
+      in, gate_up_, -1);
 }
 
 size_t SwigluMlp::cached_scratch_bytes(int64_t n, DType dtype) const {
