@@ -107,7 +107,7 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
 // is computed once, and gate, up and dout are read once, where a cast of the bf16 gradient
 // reads 2F columns back and its tiles would compute the sigmoid twice (performance-notes
 // entries 16 and 53). Loads as fp8_cast_transpose_kernel's (a thread's 8 columns of rows 16
-// apart), kInFlight of its 8 rows' loads issued before any use; codes go to the row-major
+// apart), kCastInFlight of its 8 rows' loads issued before any use; codes go to the row-major
 // output at once and through shared memory, as 32-bit words, to the transposed one in runs of
 // 16 rows. One amax atomic a block. Aligned shapes only (N % 128, F % 64, 16-byte pointers).
 constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 128, kCastPack = 8;
