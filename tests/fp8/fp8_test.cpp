@@ -357,6 +357,35 @@ TEST_F(CpuOps, ForwardCastsRefuseCodesThatAreNotTheirOutputs) {
   }
 }
 
+// The backward's codes must be both layouts of d(gate_up), with a scale; anything else is
+// refused before anything is written, naming the op and the argument.
+TEST_F(CpuOps, SwigluBackwardCastRefusesCodesThatAreNotTheGradients) {
+  const int64_t R = 4, F = 8;
+  const Tensor gate_up = make(DType::F32, {R, 2 * F}), dh = make(DType::F32, {R, F});
+  const Tensor dgate_up = make(DType::F32, {R, 2 * F});
+  b->fill(gate_up, 1.0f);
+  b->fill(dh, 1.0f);
+  b->fill(dgate_up, -3.0f);
+  const Tensor scale = scalar(2.0f);
+  const Tensor codes = make(DType::E5M2, {R, 2 * F}), codes_t = make(DType::E5M2, {2 * F, R});
+  auto refused = [&](const Fp8CastArgs& c, const char* what) {
+    try {
+      b->swiglu_backward_cast(dgate_up, dh, gate_up, c);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find("swiglu_backward_cast"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{}, codes, {}, scale, {}}, "codes.out_t");
+  refused({{}, make(DType::E5M2, {R, F}), codes_t, scale, {}}, "codes.out");
+  refused({dgate_up, codes, codes_t, scale, {}}, "codes.x");
+  refused({{}, codes, codes_t, {}, {}}, "codes.scale");
+  std::vector<float> untouched(R * 2 * F);
+  b->download(untouched.data(), dgate_up);
+  EXPECT_EQ(untouched, std::vector<float>(R * 2 * F, -3.0f)) << "written by a refused call";
+}
+
 TEST_F(CpuOps, MatmulFp8IsTheGemmOfDequantisedCodes) {
   const int64_t M = 16, N = 32, K = 48;
   std::mt19937 rng(3);

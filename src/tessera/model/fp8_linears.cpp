@@ -435,9 +435,13 @@ void Fp8Linears::forward(int i, const Tensor& out, const LinearOperand& in, cons
   backend_.matmul_fp8(m);
 }
 
+bool Fp8Linears::producer_casts(int i, int64_t rows) const {
+  return !blockwise() && !just_in_time() && !linears_[i].expert_stack() && rows <= rows_;
+}
+
 Fp8CastArgs Fp8Linears::input_cast(int i, int64_t rows) const {
   const Fp8LinearShape& l = linears_[i];
-  if (blockwise() || just_in_time() || l.expert_stack() || rows > rows_) return {};
+  if (!producer_casts(i, rows)) return {};
   Fp8CastArgs c;
   c.out = x_codes_.flat_range(0, rows * l.in).view({rows, l.in});
   c.scale = fwd_.scale.flat_range(input_slot(i), 1);
@@ -447,7 +451,7 @@ Fp8CastArgs Fp8Linears::input_cast(int i, int64_t rows) const {
 
 Fp8CastArgs Fp8Linears::output_grad_cast(int i, int64_t rows) const {
   const Fp8LinearShape& l = linears_[i];
-  if (blockwise() || just_in_time() || l.expert_stack() || rows > rows_) return {};
+  if (!producer_casts(i, rows)) return {};
   Fp8CastArgs c;
   c.out = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   c.out_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});

@@ -170,6 +170,9 @@ class Fp8Linears final : public StepHook {
   // scaling just in time, the scale is first computed from it.
   void cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out, const Tensor& out_t,
             bool record);
+  // Whether a producer of linear i's operands on `rows` rows can write their codes: the scale
+  // known before the values (delayed, with a history), per tensor, not an expert stack.
+  bool producer_casts(int i, int64_t rows) const;
   void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
                      DType format, bool most_recent, bool roll);
   Tensor weight_codes(int i, const Tensor& weight, bool transposed);

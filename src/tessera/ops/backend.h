@@ -469,6 +469,14 @@ class Backend {
 #include "tessera/ops/op_table.inc"
 
  protected:
+  // The *_cast ops' codes and amax where a backend does not fold them into the producer: its
+  // own cast (do_fp8_cast_transpose) of what the producer wrote, after it.
+  void cast_output(const Tensor& out, const Fp8CastArgs& codes) {
+    Fp8CastArgs cast = codes;
+    cast.x = out;
+    do_fp8_cast_transpose(cast);
+  }
+
   // What each backend implements. The facade has checked that every tensor argument is
   // defined (or empty) and lives on this backend's device, that shapes and counts agree as the
   // op's comment states and that dtypes follow its signature; a do_<op> checks anything only

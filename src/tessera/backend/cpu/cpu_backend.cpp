@@ -756,12 +756,6 @@ void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
     ref::swiglu_forward(f32(out) + n * F, f32(gate_up) + n * 2 * F, 1, F);
 }
 
-void CpuBackend::cast_output(const Tensor& out, const Fp8CastArgs& codes) {
-  Fp8CastArgs cast = codes;
-  cast.x = out;
-  do_fp8_cast_transpose(cast);
-}
-
 void CpuBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
                                         const Fp8CastArgs& codes) {
   do_swiglu_forward(out, gate_up);

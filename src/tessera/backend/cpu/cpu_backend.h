@@ -59,10 +59,6 @@ class CpuBackend : public Backend {
 #define TS_OP TESSERA_OP_DECLARE_OVERRIDE
 #include "tessera/ops/op_table.inc"
 
-  // The *_cast ops' codes and amax: the cast (do_fp8_cast_transpose, this backend's) of what
-  // the producer wrote, after it.
-  void cast_output(const Tensor& out, const Fp8CastArgs& codes);
-
  private:
   AllocationTracker allocations_;
   std::deque<double> event_times_ms_;  // events: indices into it, biased by one

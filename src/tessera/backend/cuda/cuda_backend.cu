@@ -760,9 +760,7 @@ void CudaBackend::do_attention_forward_cast(const Tensor& out, const Tensor& lse
     return;
   }
   do_attention_forward(out, lse, qkv, s);
-  Fp8CastArgs cast = codes;
-  cast.x = out;
-  do_fp8_cast_transpose(cast);
+  cast_output(out, codes);
 }
 
 void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,
@@ -920,9 +918,7 @@ void CudaBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& 
     return;
   }
   do_swiglu_backward(dgate_up, dout, gate_up);
-  Fp8CastArgs cast = codes;
-  cast.x = dgate_up;
-  do_fp8_cast_transpose(cast);
+  cast_output(dgate_up, codes);
 }
 
 void CudaBackend::do_cross_entropy(const Tensor& losses, const Tensor& logits,

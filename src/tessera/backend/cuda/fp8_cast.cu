@@ -35,23 +35,6 @@ __device__ __forceinline__ uint32_t to_fp8x2(float a, float b) {
   return fp8x2_encode<kFormat>(a, b);
 }
 
-// Tile columns cg .. cg + 4 over tile rows j0 .. j0 + kRunT: four runs of kRunT codes, four
-// to a word, each a row of the transposed output.
-__device__ __forceinline__ void tile_column_runs(const uint8_t (&tile)[kTileRows][kTileCols + 4],
-                                                 int cg, int j0, uint32_t (&run)[4][kRunT / 4]) {
-#pragma unroll
-  for (int j = 0; j < kRunT; j += 4) {
-    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
-                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
-    uint32_t cols[4];
-    transpose_4x4_bytes(rows, cols);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
-  }
-}
-
 // A thread's kPack codes (two words) of row r from column c into out (R, C): one 8-byte store
 // when vec_in, else code by code inside the matrix.
 __device__ __forceinline__ void store_codes(uint8_t* out, int64_t r, int64_t C, int64_t c,

@@ -142,6 +142,25 @@ __device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4],
   cols[3] = __byte_perm(hi01, hi23, 0x7632);
 }
 
+// Columns cg .. cg + 4 of a tile of codes (rows padded to kPitch bytes) over rows j0 .. j0 +
+// 4 kWords: four runs of 4 kWords codes, four to a word, each a row of the transposed output
+// (the transposing casts' write-out).
+template <int kRows, int kPitch, int kWords>
+__device__ __forceinline__ void tile_column_runs(const uint8_t (&tile)[kRows][kPitch], int cg,
+                                                 int j0, uint32_t (&run)[4][kWords]) {
+#pragma unroll
+  for (int j = 0; j < 4 * kWords; j += 4) {
+    const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[j0 + j][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 1][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 2][cg]),
+                              *reinterpret_cast<const uint32_t*>(&tile[j0 + j + 3][cg])};
+    uint32_t cols[4];
+    transpose_4x4_bytes(rows, cols);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
+  }
+}
+
 // ---- reductions (fixed order: the same bits on every run) ----
 
 // Butterfly sum: every lane ends with the same bits, since each step adds a + b on one lane

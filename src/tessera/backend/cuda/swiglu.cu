@@ -187,17 +187,7 @@ __global__ void __launch_bounds__(kCastThreads)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     uint32_t run[4][kRunT / 4];
-#pragma unroll
-    for (int j = 0; j < kRunT; j += 4) {
-      const uint32_t rows[4] = {*reinterpret_cast<const uint32_t*>(&tile[half][j0 + j][cg]),
-                                *reinterpret_cast<const uint32_t*>(&tile[half][j0 + j + 1][cg]),
-                                *reinterpret_cast<const uint32_t*>(&tile[half][j0 + j + 2][cg]),
-                                *reinterpret_cast<const uint32_t*>(&tile[half][j0 + j + 3][cg])};
-      uint32_t cols[4];
-      transpose_4x4_bytes(rows, cols);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) run[k][j / 4] = cols[k];
-    }
+    tile_column_runs(tile[half], cg, j0, run);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int64_t oc = half * F + c0 + cg + k;
