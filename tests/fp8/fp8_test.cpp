@@ -273,6 +273,37 @@ TEST_F(CpuOps, SwigluForwardCastIsSwigluThenTheCast) {
   });
 }
 
+// Without h the SwiGLU writes h's codes in either layout or both, and the amax, as the cast of
+// the h swiglu_forward writes: the transposed codes a down projection keeps in h's place.
+TEST_F(CpuOps, SwigluForwardCastWritesEitherLayoutWithoutH) {
+  const int64_t R = 6, F = 5;
+  std::vector<float> x(R * 2 * F);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
+  const Tensor gate_up = make(DType::F32, {R, 2 * F}), h = make(DType::F32, {R, F});
+  b->upload(gate_up, x.data());
+  b->swiglu_forward(h, gate_up);
+  const Tensor scale = scalar(37.0f);
+  const Fp8CastArgs cast{h, make(DType::E4M3, {R, F}), make(DType::E4M3, {F, R}), scale,
+                         scalar(0.0f)};
+  b->fp8_cast_transpose(cast);
+  auto codes = [&](const Tensor& t) {
+    std::vector<uint8_t> c(R * F);
+    b->download(c.data(), t);
+    return c;
+  };
+  for (const bool rows : {true, false}) {
+    const Fp8CastArgs folded{{},
+                             rows ? make(DType::E4M3, {R, F}) : Tensor{},
+                             make(DType::E4M3, {F, R}),
+                             scale,
+                             scalar(0.0f)};
+    b->swiglu_forward_cast({}, gate_up, folded);
+    if (rows) EXPECT_EQ(codes(folded.out), codes(cast.out));
+    EXPECT_EQ(codes(folded.out_t), codes(cast.out_t));
+    EXPECT_EQ(value(folded.amax), value(cast.amax));
+  }
+}
+
 // The pre-norm with its cast on the way writes what rmsnorm_forward then the cast write: the
 // normed rows, their statistics, the codes and the amax.
 TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
@@ -348,7 +379,10 @@ TEST_F(CpuOps, ForwardCastsRefuseCodesThatAreNotTheirOutputs) {
       }
     };
     refused({{}, make(DType::E4M3, {R, F - 1}), {}, scale, {}}, "codes.out");
-    refused({{}, make(DType::E4M3, {R, F}), make(DType::E4M3, {F, R}), scale, {}}, "codes.out_t");
+    refused({{}, {}, {}, scale, {}}, "codes.out");
+    // The SwiGLU writes a transposed layout too (swiglu_forward_cast), of out's shape only.
+    refused({{}, make(DType::E4M3, {R, F}), make(DType::E4M3, {F, R - 1}), scale, {}},
+            "codes.out_t");
     refused({{}, make(DType::E4M3, {R, F}), {}, {}, {}}, "codes.scale");
     std::vector<float> untouched(R * F);
     b->download(untouched.data(), h);
@@ -558,12 +592,15 @@ class ProducerOps final : public OpObserver {
     attention_plain += op == "attention_forward";
     backward_folded += op == "swiglu_backward_cast";
     backward_plain += op == "swiglu_backward";
+    passes += op == "embedding_forward";
+    second_pass_casts += passes == 2 && op == "fp8_cast_transpose";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
   int swiglu_folded = 0, swiglu_plain = 0, norm_folded = 0, norm_plain = 0;
   int attention_folded = 0, attention_plain = 0, backward_folded = 0, backward_plain = 0;
+  int passes = 0, second_pass_casts = 0;
 };
 
 // Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
@@ -573,29 +610,36 @@ class ProducerOps final : public OpObserver {
 // (rmsnorm_forward_cast) and those of the output projections from attention
 // (attention_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
 // inputs, and the gate_up projections' output-gradient codes from the SwiGLU backward
-// (swiglu_backward_cast, into output_grad_cast's target); tensorwise never can. So the two must
-// agree bit for bit: the folded codes go where the GEMMs read them, with each slot's scale and
-// amax.
-TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
-  Fp8Options delayed;
-  delayed.mode = Fp8Mode::Hybrid;
-  delayed.amax_history_len = 1;
-  delayed.amax_algo = Fp8AmaxAlgo::MostRecent;
-  Fp8Options tensorwise = delayed;
-  tensorwise.recipe = Fp8Recipe::Tensorwise;
+// (swiglu_backward_cast, into output_grad_cast's target), and the down projections' transposed
+// input codes, kept from the SwiGLU in h's place; tensorwise never can. So the two must agree
+// bit for bit: the folded codes go where the GEMMs read them, with each slot's scale and amax.
+// Two passes of the tiny model, delayed (one step of most-recent history) or tensorwise, with
+// the ops counted.
+ModelRun run_two_passes(Fp8Recipe recipe, RecomputeGranularity recompute, ProducerOps& ops) {
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  o.recipe = recipe;
+  o.amax_history_len = 1;
+  o.amax_algo = Fp8AmaxAlgo::MostRecent;
+  ModelRuntime rt = fp8_runtime(2, 16, o);
+  rt.recompute = recompute;
   const ModelSpec spec = tiny_spec();
-  auto run = [&](const Fp8Options& o, ProducerOps& ops) {
-    ModelRun r;
-    r.model = std::make_unique<DecoderModel>(*r.backend, spec, fp8_runtime(2, 16, o));
-    init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
-    r.backend->set_op_observer(&ops);
-    run_passes(*r.backend, *r.model, 32, 2, r.loss, r.grads);
-    r.backend->set_op_observer(nullptr);
-    return r;
-  };
+  ModelRun r;
+  r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
+  init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 11);
+  r.backend->set_op_observer(&ops);
+  run_passes(*r.backend, *r.model, 32, 2, r.loss, r.grads);
+  r.backend->set_op_observer(nullptr);
+  return r;
+}
+
+TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   ProducerOps folded_ops, plain_ops;
-  const ModelRun folded = run(delayed, folded_ops), plain = run(tensorwise, plain_ops);
-  const int L = static_cast<int>(spec.num_layers);
+  const ModelRun folded =
+      run_two_passes(Fp8Recipe::Delayed, RecomputeGranularity::None, folded_ops);
+  const ModelRun plain =
+      run_two_passes(Fp8Recipe::Tensorwise, RecomputeGranularity::None, plain_ops);
+  const int L = static_cast<int>(tiny_spec().num_layers);
   EXPECT_EQ(folded_ops.swiglu_folded, L) << "the second pass's SwiGLUs, one a layer";
   EXPECT_EQ(folded_ops.swiglu_plain, L) << "the first pass's, scaled just in time";
   EXPECT_EQ(folded_ops.norm_folded, 2 * L) << "the second pass's pre-norms, two a layer";
@@ -604,11 +648,36 @@ TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   EXPECT_EQ(folded_ops.attention_plain, L) << "the first pass's";
   EXPECT_EQ(folded_ops.backward_folded, L) << "the second pass's SwiGLU backwards";
   EXPECT_EQ(folded_ops.backward_plain, L) << "the first pass's";
+  // The second pass casts (weights cached) the output gradients of the QKV, output and down
+  // projections and the transposed inputs of the QKV, output and gate_up projections; tensorwise
+  // casts every input twice (its amax first) and every output gradient twice, and transposes
+  // every input again.
+  EXPECT_EQ(folded_ops.second_pass_casts, 6 * L);
+  EXPECT_EQ(plain_ops.second_pass_casts, 20 * L);
   EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded + plain_ops.attention_folded +
                 plain_ops.backward_folded,
             0);
   EXPECT_EQ(folded.loss, plain.loss);
   EXPECT_EQ(folded.grads, plain.grads);
+}
+
+// Under recompute the SwiGLU runs again in the backward: selective recompute (which keeps no h)
+// recomputes the down projection's transposed codes rather than h, full recompute re-runs the
+// layer's forward, which writes them again. Either way the delayed run equals the tensorwise
+// one bit for bit.
+TEST(Fp8Model, KeptTransposedCodesChangeNoBitUnderRecompute) {
+  const int L = static_cast<int>(tiny_spec().num_layers);
+  for (const RecomputeGranularity recompute :
+       {RecomputeGranularity::Selective, RecomputeGranularity::Full}) {
+    SCOPED_TRACE(recompute == RecomputeGranularity::Selective ? "selective" : "full");
+    ProducerOps folded_ops, plain_ops;
+    const ModelRun folded = run_two_passes(Fp8Recipe::Delayed, recompute, folded_ops);
+    const ModelRun plain = run_two_passes(Fp8Recipe::Tensorwise, recompute, plain_ops);
+    EXPECT_EQ(folded_ops.swiglu_folded, 2 * L) << "the second pass's, forward and recompute";
+    EXPECT_EQ(folded_ops.swiglu_plain, 2 * L) << "the first pass's";
+    EXPECT_EQ(folded.loss, plain.loss);
+    EXPECT_EQ(folded.grads, plain.grads);
+  }
 }
 
 // LoRA on an FP8 base: the frozen weights run their FP8 GEMMs, the adapters stay in the

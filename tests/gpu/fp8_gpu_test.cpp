@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -239,6 +240,84 @@ TEST(GpuFp8, SwigluBackwardCastMatchesTheBackwardThenTheCast) {
       upload_float(g, dh, d);
       g.swiglu_backward_cast(scratch.t(), dh.t(), gate_up.t(), folded);
       EXPECT_TRUE(std::isnan(read_scalar(g, folded.amax))) << "a NaN must reach the amax";
+    }
+  }
+}
+
+// The SwiGLU writing h's transposed codes in h's place (the down projection's weight gradient
+// keeps them): without h, with or without the row-major codes and the amax, and beside h; code
+// for code what swiglu_forward then the cast of both layouts give. The tiled kernel's shapes
+// (rows a multiple of 128, F of 64) at the full models' widths, and the element path elsewhere.
+TEST(GpuFp8, SwigluForwardCastWritesTransposedCodesAsTheCast) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  Backend& g = *be.gpu;
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    for (const auto& [R, F] : std::vector<std::pair<int64_t, int64_t>>{
+             {128, 64}, {512, 14336}, {256, 18944}, {300, 72}, {33, 36}}) {
+      GuardedTensor gate_up(g, DType::BF16, {R, 2 * F}), h(g, DType::BF16, {R, F});
+      std::vector<float> x = random_normal(R * 2 * F, 47, 3.0f);
+      upload_float(g, gate_up, x);
+      DeviceBuffer scalars(g, 4 * 256, "scalars");
+      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
+      GuardedTensor codes(g, format, {R, F}), codes_t(g, format, {F, R});
+      const Fp8CastArgs cast{h, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
+      g.swiglu_forward(h.t(), gate_up.t());
+      g.fp8_cast_transpose(cast);
+      const float amax = read_scalar(g, cast.amax);
+      struct Variant {
+        const char* name;
+        bool h, rows, amax;
+      };
+      for (const Variant& v : {Variant{"rows and transposed", false, true, true},
+                               Variant{"transposed alone", false, false, false},
+                               Variant{"beside h", true, true, true}}) {
+        SCOPED_TRACE(fmt::format("{} R={} F={} {}", dtype_name(format), R, F, v.name));
+        GuardedTensor h2(g, DType::BF16, {R, F}), out(g, format, {R, F}), out_t(g, format, {F, R});
+        const Fp8CastArgs folded{{},
+                                 v.rows ? out.t() : Tensor{},
+                                 out_t,
+                                 scale,
+                                 v.amax ? scalar_on(g, scalars, 2, 0.0f) : Tensor{}};
+        g.swiglu_forward_cast(v.h ? h2.t() : Tensor{}, gate_up.t(), folded);
+        int64_t bad = 0, bad_t = 0, bad_h = 0;
+        {
+          std::vector<uint8_t> want(R * F), got(R * F);
+          if (v.rows) {
+            g.download(want.data(), codes.t());
+            g.download(got.data(), out.t());
+            for (size_t i = 0; i < want.size(); ++i) bad += want[i] != got[i];
+          }
+          g.download(want.data(), codes_t.t());
+          g.download(got.data(), out_t.t());
+          for (size_t i = 0; i < want.size(); ++i) bad_t += want[i] != got[i];
+          if (v.h) {
+            std::vector<uint16_t> want_h(R * F), got_h(R * F);
+            g.download(want_h.data(), h.t());
+            g.download(got_h.data(), h2.t());
+            for (size_t i = 0; i < want_h.size(); ++i) bad_h += want_h[i] != got_h[i];
+          }
+        }
+        EXPECT_EQ(bad, 0) << "codes differing from the cast of swiglu_forward's h";
+        EXPECT_EQ(bad_t, 0) << "transposed codes differing";
+        EXPECT_EQ(bad_h, 0) << "h differing from swiglu_forward's";
+        if (v.amax) EXPECT_EQ(read_scalar(g, folded.amax), amax);
+        EXPECT_TRUE(h2.guards_intact() && out.guards_intact() && out_t.guards_intact())
+            << "write outside the outputs";
+        std::printf(
+            "[ fp8      ] swiglu_forward_cast %-19s %-8s %5ldx%-5ld codes %ld, transposed %ld, "
+            "h %ld differ\n",
+            v.name, std::string(dtype_name(format)).c_str(), static_cast<long>(R),
+            static_cast<long>(F), static_cast<long>(bad), static_cast<long>(bad_t),
+            static_cast<long>(bad_h));
+        if (!v.amax) continue;
+        const float kept = std::exchange(x[2 * F + 5], NAN);  // row 1's gate
+        upload_float(g, gate_up, x);
+        g.swiglu_forward_cast({}, gate_up.t(), folded);
+        EXPECT_TRUE(std::isnan(read_scalar(g, folded.amax))) << "a NaN must reach the amax";
+        x[2 * F + 5] = kept;
+        upload_float(g, gate_up, x);
+      }
     }
   }
 }

@@ -80,14 +80,21 @@ class LayerOps : public ForwardOps {
   // first contribution); dbias += colsum(dout). Under tensor parallelism a column-parallel
   // din is summed over the ranks (reduce-scattered with sequence parallelism), and sequence
   // shards (in of a column-parallel, dout of a row-parallel linear) are gathered first.
-  // With dout.cast, dout's FP8 codes (both layouts) are in linear_output_grad_cast's target.
-  virtual void linear_backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
-                               int weight, int bias) = 0;
+  // With dout.cast, dout's FP8 codes (both layouts) are in linear_output_grad_cast's target;
+  // with in.codes_t (where linear_keeps_input_codes) the input's transposed codes.
+  virtual void linear_backward(const Tensor& din, const LinearOperand& dout,
+                               const LinearOperand& in, int weight, int bias) = 0;
   // Where `weight`'s linear reads the FP8 codes of an input of `rows` rows that its producer
   // writes on the way (then pass LinearOperand::with_codes to linear): Fp8Linears::input_cast.
   // Undefined out where the layer casts its input itself (bf16, blockwise or just-in-time
   // scaling, or an input gathered over the sequence shards first).
   virtual Fp8CastArgs linear_input_cast(int weight, int64_t rows) const = 0;
+  // Whether `weight`'s backward can take, in place of its input of `rows` rows, the input's
+  // transposed FP8 codes (in, rows) that its producer wrote in the forward with
+  // linear_input_cast's scale and amax (codes.out_t beside codes.out) and kept
+  // (LinearOperand::transposed_codes): where linear_input_cast is defined and no adapter reads
+  // the input.
+  virtual bool linear_keeps_input_codes(int weight, int64_t rows) const = 0;
   // Where `weight`'s linear reads the FP8 codes (both layouts) of an output gradient of `rows`
   // rows that its producer writes on the way (then pass LinearOperand::with_codes to
   // linear_backward, without a bias): Fp8Linears::output_grad_cast. Undefined out where the

@@ -800,8 +800,8 @@ void DecoderModel::linear(const Tensor& out, const LinearOperand& in, int weight
   gemms_.forward(out, in, weight, bias, residual.defined() ? 1.0f : 0.0f, residual);
 }
 
-void DecoderModel::linear_backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
-                                   int weight, int bias) {
+void DecoderModel::linear_backward(const Tensor& din, const LinearOperand& dout,
+                                   const LinearOperand& in, int weight, int bias) {
   switch (layout_.params[weight].tp) {
     case TensorParallelStyle::Column:
       return column_.backward(din, dout, in, weight, bias);
@@ -819,6 +819,10 @@ void DecoderModel::linear_backward(const Tensor& din, const LinearOperand& dout,
 Fp8CastArgs DecoderModel::linear_input_cast(int weight, int64_t rows) const {
   if (layout_.params[weight].tp == TensorParallelStyle::Column && tp_.sequence_parallel) return {};
   return gemms_.input_cast(weight, rows);
+}
+
+bool DecoderModel::linear_keeps_input_codes(int weight, int64_t rows) const {
+  return linear_input_cast(weight, rows).out.defined() && !gemms_.adapted(weight);
 }
 
 // A row-parallel layer under sequence parallelism gathers its output gradient over the shards

@@ -140,10 +140,11 @@ class DecoderModel final : public Model, private LayerOps {
   // LayerOps
   void linear(const Tensor& out, const LinearOperand& in, int weight, int bias,
               const Tensor& residual) override;
-  void linear_backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight,
-                       int bias) override;
+  void linear_backward(const Tensor& din, const LinearOperand& dout, const LinearOperand& in,
+                       int weight, int bias) override;
   Fp8CastArgs linear_output_grad_cast(int weight, int64_t rows) const override;
   Fp8CastArgs linear_input_cast(int weight, int64_t rows) const override;
+  bool linear_keeps_input_codes(int weight, int64_t rows) const override;
   const Tensor& rope_table(double base) const override { return a_.rope.at(base); }
   void expert_linear(const Tensor& out, const Tensor& in, int weight, const Tensor& w,
                      const ExpertGroups& groups) override;

@@ -460,17 +460,23 @@ Fp8CastArgs Fp8Linears::output_grad_cast(int i, int64_t rows) const {
   return c;
 }
 
-void Fp8Linears::backward(int i, const Tensor& din, const LinearOperand& dout, const Tensor& in,
-                          const Tensor& weight, const Tensor& dweight, float dweight_beta) {
+void Fp8Linears::backward(int i, const Tensor& din, const LinearOperand& dout,
+                          const LinearOperand& in, const Tensor& weight, const Tensor& dweight,
+                          float dweight_beta) {
   const Fp8LinearShape& l = linears_[i];
   const int64_t rows = dout.x.numel() / l.out;
-  TS_CHECK(rows <= rows_ && dout.x.numel() == rows * l.out && in.numel() == rows * l.in,
+  const Tensor& x = in.codes_t.defined() ? in.codes_t : in.x;
+  TS_CHECK(rows <= rows_ && dout.x.numel() == rows * l.out && x.numel() == rows * l.in,
            "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.x.shape.str(),
-           in.shape.str(), rows, l.out, l.in);
+           x.shape.str(), rows, l.out, l.in);
   TS_CHECK(!dout.cast || output_grad_cast(i, rows).out.defined(),
            "fp8 {}: an output gradient cast by its producer where the backward casts its own",
            l.name);
-  if (blockwise()) return backward_blockwise(i, din, dout.x, in, weight, dweight, dweight_beta);
+  TS_CHECK(!in.codes_t.defined() || (input_cast(i, rows).out.defined() && x.dtype == DType::E4M3 &&
+                                     x.shape == Shape{l.in, rows}),
+           "fp8 {}: transposed input codes {} {} where the backward casts its input itself", l.name,
+           dtype_name(x.dtype), x.shape.str());
+  if (blockwise()) return backward_blockwise(i, din, dout.x, in.x, weight, dweight, dweight_beta);
   const Tensor dy = dy_codes_.flat_range(0, rows * l.out).view({rows, l.out});
   const Tensor dy_t = dy_codes_t_.flat_range(0, rows * l.out).view({l.out, rows});
   if (!dout.cast) cast(bwd_, i, dout.x, dy, dy_t, true);
@@ -485,9 +491,13 @@ void Fp8Linears::backward(int i, const Tensor& din, const LinearOperand& dout, c
     backend_.matmul_fp8(d);
   }
   if (!dweight.defined()) return;  // a frozen weight (LoRA's base)
-  // The input's transpose with the scale its forward cast used (same values, same codes).
-  const Tensor x_t = x_codes_.flat_range(0, rows * l.in).view({l.in, rows});
-  cast(fwd_, input_slot(i), in, {}, x_t, false);
+  // The input's transpose with the scale its forward cast used (same values, same codes):
+  // kept from the forward, or cast now from the kept input.
+  Tensor x_t = in.codes_t;
+  if (!x_t.defined()) {
+    x_t = x_codes_.flat_range(0, rows * l.in).view({l.in, rows});
+    cast(fwd_, input_slot(i), in.x, {}, x_t, false);
+  }
   Fp8MatmulArgs w;
   w.out = dweight;
   w.a = dy_t;

@@ -9,7 +9,8 @@
 // FP8 tensor cores take only K-major operands, hence the transposed copies: dY is cast once
 // into both layouts, W (with the transpose cache) once per optimizer step into both, and X
 // forward into its copy and again in backward into its transpose, from the bf16 activation
-// the model stores anyway (FP8 copies of activations are never kept across the step).
+// the model stores anyway; or, where X's producer writes its codes (delayed scaling) and
+// nothing else reads X, its transpose is written in the forward and kept in X's place.
 //
 // Delayed scaling: a cast uses the scale from earlier steps and records this tensor's amax
 // in history row 0; end_step() turns the histories into new scales. Until the first
@@ -103,8 +104,9 @@ class Fp8Linears final : public StepHook {
   // din (rows, in) = dout @ W when din is defined; dweight (out, in), fp32 or bf16 (the
   // gradient buffer's dtype) = dout^T @ in + dweight_beta * dweight when dweight is defined
   // (undefined: a frozen weight). With dout.cast its codes (both layouts) are already in
-  // output_grad_cast(i, rows)'s target.
-  void backward(int i, const Tensor& din, const LinearOperand& dout, const Tensor& in,
+  // output_grad_cast(i, rows)'s target. With in.codes_t (only where input_cast(i, rows) is
+  // defined) the input's transposed codes were written in the forward with its scale.
+  void backward(int i, const Tensor& din, const LinearOperand& dout, const LinearOperand& in,
                 const Tensor& weight, const Tensor& dweight, float dweight_beta);
   // Where linear i's backward reads its output gradient's codes, for a producer that writes
   // them on the way (swiglu_backward_cast): out (rows, out) and out_t (out, rows), the scale

@@ -4,7 +4,8 @@
 // operand's producer writes the codes on the way (the *_forward_cast ops into
 // LayerOps::linear_input_cast's target, swiglu_backward_cast into linear_output_grad_cast's),
 // the linear's cast and its re-read of the operand go. The tensor itself stays where others
-// read it: the weight gradient's transposed cast and LoRA's adapters read the input.
+// read it (LoRA's adapters read the input), but for an input whose transposed codes the
+// producer wrote for the weight gradient instead (LayerOps::linear_keeps_input_codes).
 #include "tessera/core/tensor.h"
 
 namespace tessera {
@@ -14,12 +15,20 @@ struct LinearOperand {
   // x's codes are in the layer's cast target (input_cast / output_grad_cast), with its scale
   // and amax.
   bool cast = false;
+  // An input of the backward: its codes transposed, (in, rows), written by its producer in the
+  // forward with the forward cast's scale and kept, in place of x (undefined).
+  Tensor codes_t;
 
   // Implicit: a tensor is an operand as it is.
   LinearOperand(const Tensor& t) : x(t) {}
   static LinearOperand with_codes(const Tensor& t) {
     LinearOperand in(t);
     in.cast = true;
+    return in;
+  }
+  static LinearOperand transposed_codes(const Tensor& codes_t) {
+    LinearOperand in{Tensor{}};
+    in.codes_t = codes_t;
     return in;
   }
 };

@@ -37,7 +37,7 @@ float LinearGemms::take_grad_beta(int weight) {
 }
 
 void LinearGemms::backward_without_rows(int weight) {
-  const bool frozen = adapters_ && adapters_->adapts(weight);
+  const bool frozen = adapted(weight);
   if (take_grad_beta(weight) == 0.0f && !frozen) backend_.fill(grads_(weight), 0.0f);
 }
 
@@ -58,19 +58,22 @@ void LinearGemms::forward(const Tensor& out, const LinearOperand& in, int weight
     if (bias >= 0) m.bias = params_(bias);
     backend_.matmul(m);
   }
-  if (adapters_ && adapters_->adapts(weight)) adapters_->forward(out, in.x, weight);
+  if (adapted(weight)) adapters_->forward(out, in.x, weight);
 }
 
-void LinearGemms::backward(const Tensor& din, const LinearOperand& dout_operand, const Tensor& in,
-                           int weight, int bias) {
+void LinearGemms::backward(const Tensor& din, const LinearOperand& dout_operand,
+                           const LinearOperand& in_operand, int weight, int bias) {
   const float grad_beta = take_grad_beta(weight);
-  const bool adapted = adapters_ && adapters_->adapts(weight);
+  const bool adapted = this->adapted(weight);
   const Tensor& dout = dout_operand.x;
+  const Tensor& in = in_operand.x;
   TS_CHECK(!dout_operand.cast || (is_fp8(weight) && !adapted && bias < 0),
            "an output gradient given as codes to a linear that reads it in bf16");
+  TS_CHECK(!in_operand.codes_t.defined() || (is_fp8(weight) && !adapted),
+           "an input given as transposed codes to a linear that reads it in bf16");
   if (is_fp8(weight)) {
     // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
-    fp8_->backward(fp8_index_[weight], din, dout_operand, in, fp8_weight(weight),
+    fp8_->backward(fp8_index_[weight], din, dout_operand, in_operand, fp8_weight(weight),
                    adapted ? Tensor{} : grads_(weight), grad_beta);
     if (adapted) adapters_->backward(din, dout, in, weight);
   } else {
@@ -155,10 +158,12 @@ void ColumnParallelLinear::forward(const Tensor& out, const LinearOperand& in, i
 
 // The weight gradient needs the whole input, gathered again rather than kept; with sequence
 // parallelism d(input)'s partial sums for every token go to each rank's shard.
-void ColumnParallelLinear::backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
-                                    int weight, int bias) {
+void ColumnParallelLinear::backward(const Tensor& din, const LinearOperand& dout,
+                                    const LinearOperand& in, int weight, int bias) {
   const bool sp = tp_.sequence_parallel;
-  const Tensor x = sp ? tp_.gather_sequence(in) : in;
+  TS_CHECK(!sp || !in.codes_t.defined(),
+           "a column-parallel linear given its sequence shard's transposed codes");
+  const LinearOperand x = sp ? LinearOperand(tp_.gather_sequence(in.x)) : in;
   const Tensor dx = din.defined() && sp ? tp_.partial.view({dout.x.dim(0), din.dim(1)}) : din;
   gemms_.backward(dx, dout, x, weight, bias);
   if (din.defined()) tp_.reduce_to_sequence(din, dx);
@@ -191,8 +196,8 @@ void RowParallelLinear::forward(const Tensor& out, const LinearOperand& in, int 
   tp_.reduce_to_sequence(out, partial);
 }
 
-void RowParallelLinear::backward(const Tensor& din, const LinearOperand& dout, const Tensor& in,
-                                 int weight) {
+void RowParallelLinear::backward(const Tensor& din, const LinearOperand& dout,
+                                 const LinearOperand& in, int weight) {
   if (!tp_.sequence_parallel) return gemms_.backward(din, dout, in, weight, -1);
   TS_CHECK(!dout.cast, "a row-parallel linear given its output gradient's shard's codes");
   gemms_.backward(din, tp_.gather_sequence(dout.x), in, weight, -1);

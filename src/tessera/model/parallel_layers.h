@@ -45,6 +45,8 @@ class LinearGemms {
   // Adapters on the weights they adapt, which are frozen from then on (not owned; null: none).
   void use_adapters(LinearAdapters* adapters) { adapters_ = adapters; }
   bool is_fp8(int weight) const { return fp8_index_[weight] >= 0; }
+  // Whether adapters adapt `weight` (and read its input and output gradient).
+  bool adapted(int weight) const { return adapters_ && adapters_->adapts(weight); }
 
   // A new step: every weight's next weight-gradient GEMM writes; `accumulate_all` (sharded
   // gradients, started by their owner) makes every one add instead.
@@ -62,12 +64,13 @@ class LinearGemms {
   // them (Fp8Linears::output_grad_cast); undefined out for a bf16 weight and for an adapted
   // one (its adapters read the gradient itself).
   Fp8CastArgs output_grad_cast(int weight, int64_t rows) const {
-    if (!is_fp8(weight) || (adapters_ && adapters_->adapts(weight))) return {};
+    if (!is_fp8(weight) || adapted(weight)) return {};
     return fp8_->output_grad_cast(fp8_index_[weight], rows);
   }
   // din = dout @ W (skipped when undefined); dW (+)= dout^T @ in; dbias += colsum(dout).
-  // With dout.cast (an FP8 weight without adapters or bias) its codes are already written.
-  void backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight,
+  // With dout.cast (an FP8 weight without adapters or bias) its codes are already written;
+  // with in.codes_t (an FP8 weight without adapters) the input's transposed codes.
+  void backward(const Tensor& din, const LinearOperand& dout, const LinearOperand& in, int weight,
                 int bias);
   // A backward of `weight` on no rows (the output head on a batch without loss rows): its
   // gradient gets their zero contribution, which must be written where the step's first
@@ -125,7 +128,8 @@ class ColumnParallelLinear {
   ColumnParallelLinear(TensorParallelGroup& tp, LinearGemms& gemms) : tp_(tp), gemms_(gemms) {}
   // With in.cast (never under sequence parallelism) the whole input's codes are written.
   void forward(const Tensor& out, const LinearOperand& in, int weight, int bias);
-  void backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight,
+  // With in.codes_t (never under sequence parallelism) the input's transposed codes.
+  void backward(const Tensor& din, const LinearOperand& dout, const LinearOperand& in, int weight,
                 int bias);
 
  private:
@@ -146,7 +150,7 @@ class RowParallelLinear {
   void forward(const Tensor& out, const LinearOperand& in, int weight, const Tensor& residual);
   // With dout.cast (never under sequence parallelism, which gathers dout first) its codes are
   // already written.
-  void backward(const Tensor& din, const LinearOperand& dout, const Tensor& in, int weight);
+  void backward(const Tensor& din, const LinearOperand& dout, const LinearOperand& in, int weight);
 
  private:
   TensorParallelGroup& tp_;

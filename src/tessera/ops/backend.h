@@ -8,6 +8,7 @@
 // only ever call this interface, and ask what a backend can do with supports() and
 // supports_op(), never which vendor it is: a new device is a new backend, never a change to
 // the model. The conventions of shapes and dtypes are at the top of ops/op_table.inc.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -475,6 +476,18 @@ class Backend {
     Fp8CastArgs cast = codes;
     cast.x = out;
     do_fp8_cast_transpose(cast);
+  }
+  // Host backends' stand-in for an output an op may leave unwritten (swiglu_forward_cast's out):
+  // `out` itself, or a host tensor of `dtype` and `shape` on `storage`.
+  static Tensor host_output(const Tensor& out, DType dtype, Shape shape,
+                            std::vector<std::byte>& storage) {
+    if (out.defined()) return out;
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = shape;
+    storage.resize(t.nbytes());
+    t.data = storage.data();
+    return t;
   }
 
   // What each backend implements. The facade has checked that every tensor argument is

@@ -1016,8 +1016,20 @@ OpCost cost_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 
 void check_swiglu_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& gate_up,
                                const Fp8CastArgs& codes) {
-  check_swiglu_forward(check, out, gate_up);
-  check_codes_of(check, out, codes);
+  check.placed(gate_up, "gate_up");
+  const MatrixDims d = matrix_dims(gate_up);
+  check.that(d.cols % 2 == 0, "gate_up {} has an odd width", gate_up.shape.str());
+  const int64_t n = d.rows * d.cols / 2;
+  if (out.defined()) check.count(out, n, "out");
+  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are out's)");
+  check.that(codes.out.defined() || codes.out_t.defined(), "neither codes.out nor codes.out_t");
+  if (codes.out.defined()) check.count(codes.out, n, "codes.out");
+  if (codes.out_t.defined()) check.count(codes.out_t, n, "codes.out_t");
+  check.that(!codes.out.defined() || !codes.out_t.defined() || codes.out.dtype == codes.out_t.dtype,
+             "codes.out {} and codes.out_t {} differ", dtype_name(codes.out.dtype),
+             dtype_name(codes.out_t.dtype));
+  check.count(codes.scale, 1, "codes.scale");
+  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
 }
 
 OpArgs describe_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
@@ -1027,7 +1039,8 @@ OpArgs describe_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
 
 OpCost cost_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up, const Fp8CastArgs& codes) {
   // The SwiGLU's five operations an element, then the cast's scale, rounding and amax.
-  return {7 * elements(out), bytes_of(gate_up) + bytes_of(out) + bytes_of(codes.out)};
+  return {3.5 * elements(gate_up),
+          bytes_of(gate_up) + bytes_of(out) + bytes_of(codes.out) + bytes_of(codes.out_t)};
 }
 
 // ---- swiglu_backward

@@ -758,8 +758,11 @@ void CpuBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 
 void CpuBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
                                         const Fp8CastArgs& codes) {
-  do_swiglu_forward(out, gate_up);
-  cast_output(out, codes);
+  std::vector<std::byte> storage;
+  const MatrixDims d = matrix_dims(gate_up);
+  const Tensor h = host_output(out, gate_up.dtype, {d.rows, d.cols / 2}, storage);
+  do_swiglu_forward(h, gate_up);
+  cast_output(h, codes);
 }
 
 void CpuBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,

@@ -895,8 +895,9 @@ void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 void CudaBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
                                          const Fp8CastArgs& codes) {
   const MatrixDims d = matrix_dims(gate_up);
-  cuda::swiglu_forward_cast(out.data, codes.out.data, gate_up.data, d.rows, d.cols / 2,
-                            gate_up.dtype, codes.out.dtype, codes.scale.as<float>(),
+  const DType format = codes.out.defined() ? codes.out.dtype : codes.out_t.dtype;
+  cuda::swiglu_forward_cast(out.data, codes.out.data, codes.out_t.data, gate_up.data, d.rows,
+                            d.cols / 2, gate_up.dtype, format, codes.scale.as<float>(),
                             codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
 }
 

@@ -37,13 +37,14 @@ __global__ void swiglu_forward_kernel(T* out, const T* gate_up, int64_t N, int64
 }
 
 // swiglu_forward_kernel, also writing the codes of the stored values (their rounding to T, as
-// the cast reads them back) and their amax, as the cast kernel reduces it. Same
-// grid as swiglu_forward_kernel (kernels of the same occupancy keep the stream at the
-// bandwidth; the cast's tiled kernel is for transposes, which this cast never writes).
+// the cast reads them back) and their amax, as the cast kernel reduces it; out, codes and
+// codes_t are each written when non-null. Same grid as swiglu_forward_kernel (kernels of the
+// same occupancy keep the stream at the bandwidth). Transposed codes here are single bytes
+// N apart: the layout for shapes the tiled kernel below does not take.
 template <class T, int VEC, DType kFormat>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_forward_cast_kernel(T* out, uint8_t* codes, const T* gate_up, int64_t N, int64_t F,
-                               const float* scale_ptr, unsigned* amax_bits) {
+    swiglu_forward_cast_kernel(T* out, uint8_t* codes, uint8_t* codes_t, const T* gate_up,
+                               int64_t N, int64_t F, const float* scale_ptr, unsigned* amax_bits) {
   __shared__ unsigned warp_amax[kThreads / 32];
   const int64_t packs_per_row = F / VEC;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -63,8 +64,12 @@ __global__ void __launch_bounds__(kThreads)
       m = max(m, __float_as_uint(fabsf(stored)));
       q[k] = fp8_encode<kFormat>(stored * scale);
     }
-    store_floats<T, VEC>(out + n * F + f, g);
-    store_codes(codes + n * F + f, q);
+    if (out != nullptr) store_floats<T, VEC>(out + n * F + f, g);
+    if (codes != nullptr) store_codes(codes + n * F + f, q);
+    if (codes_t != nullptr) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) codes_t[(f + k) * N + n] = q[k];
+    }
   }
   if (amax_bits == nullptr) return;
   m = warp_reduce_max(m);
@@ -101,15 +106,18 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
   store_floats<T, VEC>(dgate + F, u);
 }
 
-// swiglu_backward_kernel writing d(gate_up)'s FP8 codes in both layouts instead of its bf16
-// values (the cast of the gradient folded into its producer). A block of 128 threads takes
-// 128 rows of 64 columns of F and writes both halves of those columns: each element's sigmoid
-// is computed once, and gate, up and dout are read once, where a cast of the bf16 gradient
-// reads 2F columns back and its tiles would compute the sigmoid twice (performance-notes
-// entries 16 and 53). Loads as fp8_cast_transpose_kernel's (a thread's 8 columns of rows 16
-// apart), kCastInFlight of its 8 rows' loads issued before any use; codes go to the row-major
-// output at once and through shared memory, as 32-bit words, to the transposed one in runs of
-// 16 rows. One amax atomic a block. Aligned shapes only (N % 128, F % 64, 16-byte pointers).
+// The SwiGLU's forward or backward writing its result's FP8 codes in both layouts in one tile
+// pass: h's (N, F) and (F, N) in the forward (h itself not stored: the down projection's
+// forward reads the first, its weight gradient keeps the second), d(gate_up)'s (N, 2F) and
+// (2F, N) in the backward (d(gate_up) itself not stored). A block of 128 threads takes 128 rows
+// of 64 columns of F and, in the backward, writes both halves of those columns: each element's
+// sigmoid is computed once, and gate, up and dout are read once, where a cast of the bf16
+// gradient reads 2F columns back and its tiles would compute the sigmoid twice
+// (performance-notes entries 16 and 53). Loads as fp8_cast_transpose_kernel's (a thread's 8
+// columns of rows 16 apart), kCastInFlight of its 8 rows' loads issued before any use; codes go
+// to the row-major output at once (when out is non-null) and through shared memory, as 32-bit
+// words, to the transposed one in runs of 16 rows. One amax atomic a block. Aligned shapes only
+// (N % 128, F % 64, 16-byte pointers).
 constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 128, kCastPack = 8;
 constexpr int kCastRowsPerPass = kCastThreads / (kCastCols / kCastPack);  // 16
 constexpr int kCastPasses = kCastRows / kCastRowsPerPass;                 // 8
@@ -117,14 +125,15 @@ constexpr int kCastInFlight = 4;           // measured: 4 rows' loads beat 1, 2 
 constexpr int kColGroups = kCastCols / 4;  // 16
 constexpr int kRunT = kCastRows / (kCastThreads / kColGroups);  // 16
 
-template <DType kFormat>
+template <DType kFormat, bool kBackward>
 __global__ void __launch_bounds__(kCastThreads)
-    swiglu_backward_cast_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ dout,
-                                int64_t N, int64_t F, const float* __restrict__ scale_ptr,
-                                uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                                unsigned* __restrict__ amax_bits) {
+    swiglu_cast_tiles_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ dout,
+                             int64_t N, int64_t F, const float* __restrict__ scale_ptr,
+                             uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                             unsigned* __restrict__ amax_bits) {
+  constexpr int kHalves = kBackward ? 2 : 1;  // of the result's columns: (d gate, d up) or h
   // Rows of 68 bytes, as the cast kernel's: the transposed reads fall in distinct banks.
-  __shared__ __align__(16) uint8_t tile[2][kCastRows][kCastCols + 4];
+  __shared__ __align__(16) uint8_t tile[kHalves][kCastRows][kCastCols + 4];
   __shared__ unsigned warp_amax[kCastThreads / 32];
   const float scale = *scale_ptr;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCastRows;
@@ -141,7 +150,7 @@ __global__ void __launch_bounds__(kCastThreads)
       const int64_t r = r0 + t / (kCastCols / kCastPack) + (p0 + i) * kCastRowsPerPass;
       g[i] = *reinterpret_cast<const uint4*>(gate_up + r * 2 * F + c);
       u[i] = *reinterpret_cast<const uint4*>(gate_up + r * 2 * F + F + c);
-      d[i] = *reinterpret_cast<const uint4*>(dout + r * F + c);
+      if constexpr (kBackward) d[i] = *reinterpret_cast<const uint4*>(dout + r * F + c);
     }
 #pragma unroll
     for (int i = 0; i < kCastInFlight; ++i) {
@@ -150,30 +159,40 @@ __global__ void __launch_bounds__(kCastThreads)
       const bf16* gv = reinterpret_cast<const bf16*>(&g[i]);
       const bf16* uv = reinterpret_cast<const bf16*>(&u[i]);
       const bf16* dv = reinterpret_cast<const bf16*>(&d[i]);
-      uint32_t wg[2] = {0, 0}, wu[2] = {0, 0};
+      uint32_t w[kHalves][2] = {};
 #pragma unroll
       for (int k = 0; k < kCastPack; k += 2) {
-        float dg[2], du[2];
+        float v[kHalves][2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          swiglu_grad(to_float(gv[k + e]), to_float(uv[k + e]), to_float(dv[k + e]), dg[e], du[e]);
-          // The values the plain backward stores, as the cast reads them back.
-          dg[e] = to_float(from_float<bf16>(dg[e]));
-          du[e] = to_float(from_float<bf16>(du[e]));
-          m = max(m, max(__float_as_uint(fabsf(dg[e])), __float_as_uint(fabsf(du[e]))));
+          if constexpr (kBackward) {
+            swiglu_grad(to_float(gv[k + e]), to_float(uv[k + e]), to_float(dv[k + e]), v[0][e],
+                        v[1][e]);
+          } else {
+            v[0][e] = swiglu_value(to_float(gv[k + e]), to_float(uv[k + e]));
+          }
+          // The values the plain kernels store, as the cast reads them back.
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            v[h][e] = to_float(from_float<bf16>(v[h][e]));
+            m = max(m, __float_as_uint(fabsf(v[h][e])));
+          }
         }
         const int shift = 16 * (k / 2 % 2);
-        wg[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(dg[0] * scale, dg[1] * scale))
-                     << shift;
-        wu[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(du[0] * scale, du[1] * scale))
-                     << shift;
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h)
+          w[h][k / 4] |=
+              static_cast<uint32_t>(fp8x2_encode<kFormat>(v[h][0] * scale, v[h][1] * scale))
+              << shift;
       }
-      *reinterpret_cast<uint2*>(out + r * 2 * F + c) = make_uint2(wg[0], wg[1]);
-      *reinterpret_cast<uint2*>(out + r * 2 * F + F + c) = make_uint2(wu[0], wu[1]);
-      *reinterpret_cast<uint32_t*>(&tile[0][tr][tc]) = wg[0];
-      *reinterpret_cast<uint32_t*>(&tile[0][tr][tc + 4]) = wg[1];
-      *reinterpret_cast<uint32_t*>(&tile[1][tr][tc]) = wu[0];
-      *reinterpret_cast<uint32_t*>(&tile[1][tr][tc + 4]) = wu[1];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        if (out != nullptr)
+          *reinterpret_cast<uint2*>(out + r * kHalves * F + h * F + c) =
+              make_uint2(w[h][0], w[h][1]);
+        *reinterpret_cast<uint32_t*>(&tile[h][tr][tc]) = w[h][0];
+        *reinterpret_cast<uint32_t*>(&tile[h][tr][tc + 4]) = w[h][1];
+      }
     }
   }
   if (amax_bits != nullptr) {
@@ -185,7 +204,7 @@ __global__ void __launch_bounds__(kCastThreads)
   // Thread t writes rows cg .. cg + 4 of each half's 64 transposed rows, 16 columns from j0.
   const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < kHalves; ++half) {
     uint32_t run[4][kRunT / 4];
     tile_column_runs(tile[half], cg, j0, run);
 #pragma unroll
@@ -195,6 +214,35 @@ __global__ void __launch_bounds__(kCastThreads)
           make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
     }
   }
+}
+
+// Whether swiglu_cast_tiles_kernel takes these shapes and pointers.
+bool cast_tiles_fit(int64_t N, int64_t F, DType dtype,
+                    std::initializer_list<const void*> pointers) {
+  if (dtype != DType::BF16 || N % kCastRows != 0 || F % kCastCols != 0) return false;
+  for (const void* p : pointers)
+    if (!is_aligned(p, 16)) return false;
+  return true;
+}
+
+// swiglu_cast_tiles_kernel over (N, F) in `format`.
+template <bool kBackward>
+void launch_cast_tiles(const void* gate_up, const void* dout, int64_t N, int64_t F, void* codes,
+                       void* codes_t, DType format, const float* scale, float* amax,
+                       cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(F / kCastCols), static_cast<unsigned>(N / kCastRows));
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, kCastThreads, 0, stream>>>(
+        static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), N, F, scale,
+        static_cast<uint8_t*>(codes), static_cast<uint8_t*>(codes_t),
+        reinterpret_cast<unsigned*>(amax));
+  };
+  if (format == DType::E4M3) {
+    launch(swiglu_cast_tiles_kernel<DType::E4M3, kBackward>);
+  } else {
+    launch(swiglu_cast_tiles_kernel<DType::E5M2, kBackward>);
+  }
+  TS_CUDA_CHECK_LAUNCH("swiglu_cast_tiles_kernel");
 }
 
 // Calls launch(T{}, VEC) with 16-byte packs when F and every pointer allow them.
@@ -231,22 +279,26 @@ void swiglu_forward(void* out, const void* gate_up, int64_t N, int64_t F, DType 
   TS_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
 }
 
-void swiglu_forward_cast(void* out, void* codes, const void* gate_up, int64_t N, int64_t F,
-                         DType dtype, DType format, const float* scale, float* amax,
+void swiglu_forward_cast(void* out, void* codes, void* codes_t, const void* gate_up, int64_t N,
+                         int64_t F, DType dtype, DType format, const float* scale, float* amax,
                          cudaStream_t stream) {
   NvtxRange range("swiglu_forward_cast");
-  if (N == 0 || F == 0) return;
   TS_CHECK(format == DType::E4M3 || format == DType::E5M2, "swiglu_forward_cast: codes dtype {}",
            dtype_name(format));
+  if (N == 0 || F == 0) return;
+  if (codes_t != nullptr && out == nullptr &&
+      cast_tiles_fit(N, F, dtype, {gate_up, codes, codes_t}))
+    return launch_cast_tiles<false>(gate_up, nullptr, N, F, codes, codes_t, format, scale, amax,
+                                    stream);
   launch_packed("swiglu_forward_cast", F, dtype, {out, gate_up, codes}, [&](auto tag, auto vec_tag) {
     using T = decltype(tag);
     constexpr int VEC = decltype(vec_tag)::value;
     const int64_t blocks = ceil_div(N * (F / VEC), kThreads);
     check_grid("swiglu_forward_cast", blocks);
     const auto launch = [&](auto kernel) {
-      kernel<<<blocks, kThreads, 0, stream>>>(static_cast<T*>(out), static_cast<uint8_t*>(codes),
-                                              static_cast<const T*>(gate_up), N, F, scale,
-                                              reinterpret_cast<unsigned*>(amax));
+      kernel<<<blocks, kThreads, 0, stream>>>(
+          static_cast<T*>(out), static_cast<uint8_t*>(codes), static_cast<uint8_t*>(codes_t),
+          static_cast<const T*>(gate_up), N, F, scale, reinterpret_cast<unsigned*>(amax));
     };
     if (format == DType::E4M3) {
       launch(swiglu_forward_cast_kernel<T, VEC, DType::E4M3>);
@@ -280,24 +332,9 @@ bool swiglu_backward_cast(const void* dout, const void* gate_up, int64_t N, int6
   NvtxRange range("swiglu_backward_cast");
   TS_CHECK(format == DType::E4M3 || format == DType::E5M2, "swiglu_backward_cast: codes dtype {}",
            dtype_name(format));
-  if (dtype != DType::BF16 || N % kCastRows != 0 || F % kCastCols != 0) return false;
-  for (const void* p :
-       {dout, gate_up, static_cast<const void*>(codes), static_cast<const void*>(codes_t)})
-    if (!is_aligned(p, 16)) return false;
+  if (!cast_tiles_fit(N, F, dtype, {dout, gate_up, codes, codes_t})) return false;
   if (N == 0 || F == 0) return true;
-  const dim3 grid(static_cast<unsigned>(F / kCastCols), static_cast<unsigned>(N / kCastRows));
-  const auto launch = [&](auto kernel) {
-    kernel<<<grid, kCastThreads, 0, stream>>>(
-        static_cast<const bf16*>(gate_up), static_cast<const bf16*>(dout), N, F, scale,
-        static_cast<uint8_t*>(codes), static_cast<uint8_t*>(codes_t),
-        reinterpret_cast<unsigned*>(amax));
-  };
-  if (format == DType::E4M3) {
-    launch(swiglu_backward_cast_kernel<DType::E4M3>);
-  } else {
-    launch(swiglu_backward_cast_kernel<DType::E5M2>);
-  }
-  TS_CUDA_CHECK_LAUNCH("swiglu_backward_cast_kernel");
+  launch_cast_tiles<true>(gate_up, dout, N, F, codes, codes_t, format, scale, amax, stream);
   return true;
 }
 

@@ -11,11 +11,13 @@ namespace tessera::cuda {
 void swiglu_forward(void* out, const void* gate_up, int64_t N, int64_t F, DType dtype,
                     cudaStream_t stream);
 
-// swiglu_forward, also writing codes (N, F) in `format` (e4m3 or e5m2) = satfinite_rn(out *
-// *scale) of the stored out, and (amax non-null) amax = max(*amax, max |out|): the FP8 cast of
-// out in the same pass (fp8_cast_transpose's codes and amax).
-void swiglu_forward_cast(void* out, void* codes, const void* gate_up, int64_t N, int64_t F,
-                         DType dtype, DType format, const float* scale, float* amax,
+// swiglu_forward, writing out, codes (N, F) and codes_t (F, N), each when non-null, with codes in
+// `format` (e4m3 or e5m2) = satfinite_rn(out * *scale) of the stored out, and (amax non-null)
+// amax = max(*amax, max |out|): the FP8 cast of out in the same pass (fp8_cast_transpose's codes
+// and amax). Transposed codes without out take one tiled pass for bf16 with N % 128 == 0,
+// F % 64 == 0 and 16-byte aligned pointers, and a slower one otherwise.
+void swiglu_forward_cast(void* out, void* codes, void* codes_t, const void* gate_up, int64_t N,
+                         int64_t F, DType dtype, DType format, const float* scale, float* amax,
                          cudaStream_t stream);
 
 // dgate_up (N, 2F) overwritten: dgate = dout * up * silu'(gate), dup = dout * silu(gate).

@@ -23,16 +23,26 @@ void SwigluMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntim
   plan.add(&dgate_up_, rt.compute_dtype, {N, 2 * s_.ffn});
 }
 
+Tensor SwigluMlp::h_codes_t() const {
+  Tensor t = h_;
+  t.dtype = DType::E4M3;
+  t.shape = Shape{h_.dim(1), h_.dim(0)};
+  return t;
+}
+
 // The codes are written here, where a full recompute also writes h (it skips the layer's
 // last output projection), and read by the down projection next, before any other cast.
+// Where its backward takes h's transposed codes, h itself is not written: the codes are kept
+// in its place (or, under selective recompute, which keeps neither, recomputed there).
 void SwigluMlp::forward_inner(LayerOps& ops, const LinearOperand& in) {
   ops.linear(gate_up_out_, in, gate_up_, -1);
-  const Fp8CastArgs codes = ops.linear_input_cast(down_, h_.dim(0));
-  if (codes.out.defined()) {
-    ops.backend().swiglu_forward_cast(h_, gate_up_out_, codes);
-  } else {
-    ops.backend().swiglu_forward(h_, gate_up_out_);
-  }
+  const int64_t N = h_.dim(0);
+  Fp8CastArgs codes = ops.linear_input_cast(down_, N);
+  if (!codes.out.defined()) return ops.backend().swiglu_forward(h_, gate_up_out_);
+  if (!ops.linear_keeps_input_codes(down_, N))
+    return ops.backend().swiglu_forward_cast(h_, gate_up_out_, codes);
+  if (ops.runtime().recompute != RecomputeGranularity::Selective) codes.out_t = h_codes_t();
+  ops.backend().swiglu_forward_cast({}, gate_up_out_, codes);
 }
 
 void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) {
@@ -40,16 +50,28 @@ void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& r
   ops.linear(out, cast ? LinearOperand::with_codes(h_) : LinearOperand(h_), down_, -1, residual);
 }
 
-// h and (under selective recompute) the block's normed input share one buffer: h is used up
-// before the input is recomputed.
+// h and (under selective recompute) the block's normed input share one buffer: h (or its
+// codes) is used up before the input is recomputed.
 void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
                          const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
+  const int64_t N = h_.dim(0);
+  const bool kept_codes = ops.linear_keeps_input_codes(down_, N);
   if (ops.runtime().recompute == RecomputeGranularity::Selective) {
     ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
-    b.swiglu_forward(h_, gate_up_out_);
+    if (kept_codes) {
+      // The forward's scale, so the forward's codes; their amax was recorded then.
+      Fp8CastArgs codes = ops.linear_input_cast(down_, N);
+      codes.out = codes.amax = Tensor{};
+      codes.out_t = h_codes_t();
+      b.swiglu_forward_cast({}, gate_up_out_, codes);
+    } else {
+      b.swiglu_forward(h_, gate_up_out_);
+    }
   }
-  ops.linear_backward(dh_, dout, h_, down_, -1);
+  ops.linear_backward(dh_, dout,
+                      kept_codes ? LinearOperand::transposed_codes(h_codes_t()) : LinearOperand(h_),
+                      down_, -1);
   // Where the gate_up projection takes its output gradient's codes, the SwiGLU backward writes
   // them in both layouts and never d(gate_up) itself (recompute_in casts nothing in between).
   const Fp8CastArgs codes = ops.linear_output_grad_cast(gate_up_, dgate_up_.dim(0));

@@ -5,8 +5,10 @@
 //   out = h @ Wdown^T               (N, C)
 // An FP8 down projection's forward cast of h is folded into the SwiGLU
 // (swiglu_forward_cast): h's codes are written with h, and h is not read back before the
-// backward. Likewise the gate_up projection's output-gradient cast is folded into the SwiGLU
-// backward (swiglu_backward_cast), which then never stores d(gate_up).
+// backward. Where nothing but the down projection reads h (no adapters), the SwiGLU writes
+// h's transposed codes for the down projection's weight gradient in h's place, and h itself
+// is never stored. Likewise the gate_up projection's output-gradient cast is folded into the
+// SwiGLU backward (swiglu_backward_cast), which then never stores d(gate_up).
 #include "tessera/model/block.h"
 
 namespace tessera {
@@ -36,6 +38,9 @@ class SwigluMlp final : public Mixer {
   }
 
  private:
+  // h's transposed codes (F, N) in h's memory, where the backward takes them in h's place.
+  Tensor h_codes_t() const;
+
   ModelSpec s_;
   int gate_up_ = -1, down_ = -1;
   Tensor gate_up_out_, h_;  // activations
