@@ -1373,6 +1373,47 @@ std::vector<OpCase> swiglu_backward_cast_cases() {
   return {c};
 }
 
+// The pre-norm without its output, as a block whose first linear keeps its input as codes runs
+// it: the forward's codes and statistics, later the transposed codes from the norm's input
+// (rmsnorm_transposed_codes), and the linear's weight gradient from them (dy cast transposed):
+// the tiles at 256 x 128 on the GPU, its element path at 144 x 96.
+std::vector<OpCase> rmsnorm_transposed_codes_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [M, C] : std::vector<std::pair<int64_t, int64_t>>{{256, 128}, {144, 96}}) {
+    const int64_t N = 48;
+    OpCase c;
+    c.name = fmt::format("rmsnorm_transposed_codes+matmul_fp8 M{} C{} N{}", M, C, N);
+    c.specs = {{"x", {M, C}},
+               {"norm_w", {C}, Kind::Act, Role::In, 0.5f},
+               {"dy", {M, N}, Kind::Act, Role::In, 0.05f},
+               {"rstd", {M}, Kind::F32, Role::Out, 1, 0, 1, 1e-5},
+               {"dw", {N, C}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2}};
+    c.run = [M, C, N](Backend& b, const Tensors& t) {
+      DeviceBuffer codes(b, 2 * M * C + M * N + 4096, "fp8 codes");
+      DeviceBuffer state(b, 16 * 256, "fp8 scales");
+      const GivenScale x_scale = given_scale(b, state, 16.0f);
+      Fp8CastArgs rows;
+      rows.out = codes.tensor(DType::E4M3, {M, C});
+      rows.scale = x_scale.scale;
+      b.rmsnorm_forward_cast({}, t.at("rstd"), t.at("x"), t.at("norm_w"), 1e-5f, rows);
+      Fp8CastArgs transposed;
+      transposed.out_t = codes.tensor(DType::E4M3, {C, M}, M * C);
+      transposed.scale = x_scale.scale;
+      b.rmsnorm_transposed_codes(transposed, t.at("x"), t.at("rstd"), t.at("norm_w"), 1e-5f);
+      // dw (N, C) = dy^T @ norm(x), both operands K-major.
+      const Tensor dy_t = codes.tensor(DType::E4M3, {N, M}, 2 * M * C);
+      const Tensor dy_inv = state.tensor(DType::F32, {1}, 512);
+      cast_fp8_tensorwise(b, state, 1024, t.at("dy"), dy_t, dy_inv, true);
+      Fp8MatmulArgs wgrad;
+      wgrad.out = t.at("dw"), wgrad.a = dy_t, wgrad.b = transposed.out_t;
+      wgrad.a_scale_inv = dy_inv, wgrad.b_scale_inv = x_scale.scale_inv;
+      b.matmul_fp8(wgrad);
+    };
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
 // The FP8 grouped GEMMs as the MoE block runs them under fp8: activations cast with one
 // tensorwise scale (e5m2 for a gradient), every expert's weight with its own, the codes then
 // multiplied per group; the weight gradient from both operands cast per group into the
@@ -1954,7 +1995,8 @@ std::vector<OpCase> all_cases() {
   for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
                   gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
                   reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, forward_cast_cases,
-                  swiglu_backward_cast_cases, fp8_grouped_cast_cases, init_and_conversion_cases})
+                  swiglu_backward_cast_cases, rmsnorm_transposed_codes_cases,
+                  fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

@@ -274,8 +274,13 @@ void ReferenceBackend::do_attention_forward_cast(const Tensor& out, const Tensor
 void ReferenceBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd,
                                                const Tensor& x, const Tensor& weight, float eps,
                                                const Fp8CastArgs& codes) {
-  do_rmsnorm_forward(out, rstd, x, weight, eps);
-  cast_output(out, codes);
+  host_rmsnorm_forward_cast(out, rstd, x, weight, eps, codes);
+}
+
+void ReferenceBackend::do_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x,
+                                                   const Tensor& /*rstd*/, const Tensor& weight,
+                                                   float eps) {
+  host_rmsnorm_transposed_codes(codes, x, weight, eps);
 }
 
 void ReferenceBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight,
@@ -454,11 +459,7 @@ void ReferenceBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_u
 
 void ReferenceBackend::do_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
                                               const Fp8CastArgs& codes) {
-  std::vector<std::byte> storage;
-  const MatrixDims d = matrix_dims(gate_up);
-  const Tensor h = host_output(out, gate_up.dtype, {d.rows, d.cols / 2}, storage);
-  do_swiglu_forward(h, gate_up);
-  cast_output(h, codes);
+  host_swiglu_forward_cast(out, gate_up, codes);
 }
 
 void ReferenceBackend::do_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,

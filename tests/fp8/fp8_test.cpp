@@ -322,6 +322,39 @@ TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
   EXPECT_EQ(values(rstd), values(rstd_fused));
 }
 
+// Without its output the pre-norm writes the codes and its statistics alone, and
+// rmsnorm_transposed_codes writes, from the norm's input, the transposed codes the cast of that
+// output writes: the gate_up and QKV projections' weight-gradient codes where ln is not kept.
+TEST_F(CpuOps, RmsnormCodesWithoutItsOutputAreTheCastOfIt) {
+  const int64_t R = 6, C = 5;
+  std::vector<float> x(R * C), w(C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + 0.25f * static_cast<float>(i);
+  const Tensor xt = make(DType::F32, {R, C}), wt = make(DType::F32, {C});
+  b->upload(xt, x.data());
+  b->upload(wt, w.data());
+  const Tensor out = make(DType::F32, {R, C}), rstd = make(DType::F32, {R});
+  b->rmsnorm_forward(out, rstd, xt, wt, 1e-5f);
+  const Tensor scale = scalar(37.0f);
+  const Fp8CastArgs cast{out, make(DType::E4M3, {R, C}), make(DType::E4M3, {C, R}), scale,
+                         scalar(0.0f)};
+  b->fp8_cast_transpose(cast);
+  auto codes = [&](const Tensor& t) {
+    std::vector<uint8_t> c(R * C);
+    b->download(c.data(), t);
+    return c;
+  };
+  const Tensor rstd_folded = make(DType::F32, {R});
+  const Fp8CastArgs rows{{}, make(DType::E4M3, {R, C}), {}, scale, scalar(0.0f)};
+  b->rmsnorm_forward_cast({}, rstd_folded, xt, wt, 1e-5f, rows);
+  EXPECT_EQ(codes(rows.out), codes(cast.out));
+  EXPECT_EQ(value(rows.amax), value(cast.amax));
+  EXPECT_EQ(values(rstd_folded), values(rstd));
+  const Fp8CastArgs transposed{{}, {}, make(DType::E4M3, {C, R}), scale, {}};
+  b->rmsnorm_transposed_codes(transposed, xt, rstd, wt, 1e-5f);
+  EXPECT_EQ(codes(transposed.out_t), codes(cast.out_t));
+}
+
 // The SwiGLU backward with its gradient's cast writes what swiglu_backward then the cast write
 // (both layouts and the amax).
 TEST_F(CpuOps, SwigluBackwardCastIsTheBackwardThenTheCast) {
@@ -594,13 +627,14 @@ class ProducerOps final : public OpObserver {
     backward_plain += op == "swiglu_backward";
     passes += op == "embedding_forward";
     second_pass_casts += passes == 2 && op == "fp8_cast_transpose";
+    norm_codes_t += op == "rmsnorm_transposed_codes";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
   int swiglu_folded = 0, swiglu_plain = 0, norm_folded = 0, norm_plain = 0;
   int attention_folded = 0, attention_plain = 0, backward_folded = 0, backward_plain = 0;
-  int passes = 0, second_pass_casts = 0;
+  int passes = 0, second_pass_casts = 0, norm_codes_t = 0;
 };
 
 // Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
@@ -610,8 +644,9 @@ class ProducerOps final : public OpObserver {
 // (rmsnorm_forward_cast) and those of the output projections from attention
 // (attention_forward_cast), into Fp8Linears::input_cast's target, instead of casting their
 // inputs, and the gate_up projections' output-gradient codes from the SwiGLU backward
-// (swiglu_backward_cast, into output_grad_cast's target), and the down projections' transposed
-// input codes, kept from the SwiGLU in h's place; tensorwise never can. So the two must agree
+// (swiglu_backward_cast, into output_grad_cast's target), the down projections' transposed
+// input codes, kept from the SwiGLU in h's place, and the QKV and gate_up projections', written
+// in the backward from the pre-norms' inputs (rmsnorm_transposed_codes); tensorwise never can. So the two must agree
 // bit for bit: the folded codes go where the GEMMs read them, with each slot's scale and amax.
 // Two passes of the tiny model, delayed (one step of most-recent history) or tensorwise, with
 // the ops counted.
@@ -649,13 +684,13 @@ TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   EXPECT_EQ(folded_ops.backward_folded, L) << "the second pass's SwiGLU backwards";
   EXPECT_EQ(folded_ops.backward_plain, L) << "the first pass's";
   // The second pass casts (weights cached) the output gradients of the QKV, output and down
-  // projections and the transposed inputs of the QKV, output and gate_up projections; tensorwise
-  // casts every input twice (its amax first) and every output gradient twice, and transposes
-  // every input again.
-  EXPECT_EQ(folded_ops.second_pass_casts, 6 * L);
+  // projections and the output projection's transposed input; tensorwise casts every input
+  // twice (its amax first) and every output gradient twice, and transposes every input again.
+  EXPECT_EQ(folded_ops.second_pass_casts, 4 * L);
+  EXPECT_EQ(folded_ops.norm_codes_t, 2 * L) << "the second pass's pre-norms' transposed codes";
   EXPECT_EQ(plain_ops.second_pass_casts, 20 * L);
   EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded + plain_ops.attention_folded +
-                plain_ops.backward_folded,
+                plain_ops.backward_folded + plain_ops.norm_codes_t,
             0);
   EXPECT_EQ(folded.loss, plain.loss);
   EXPECT_EQ(folded.grads, plain.grads);
@@ -663,8 +698,8 @@ TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
 
 // Under recompute the SwiGLU runs again in the backward: selective recompute (which keeps no h)
 // recomputes the down projection's transposed codes rather than h, full recompute re-runs the
-// layer's forward, which writes them again. Either way the delayed run equals the tensorwise
-// one bit for bit.
+// layer's forward, which writes them again; the pre-norms' transposed codes are written in the
+// backward either way. The delayed run equals the tensorwise one bit for bit.
 TEST(Fp8Model, KeptTransposedCodesChangeNoBitUnderRecompute) {
   const int L = static_cast<int>(tiny_spec().num_layers);
   for (const RecomputeGranularity recompute :
@@ -675,6 +710,7 @@ TEST(Fp8Model, KeptTransposedCodesChangeNoBitUnderRecompute) {
     const ModelRun plain = run_two_passes(Fp8Recipe::Tensorwise, recompute, plain_ops);
     EXPECT_EQ(folded_ops.swiglu_folded, 2 * L) << "the second pass's, forward and recompute";
     EXPECT_EQ(folded_ops.swiglu_plain, 2 * L) << "the first pass's";
+    EXPECT_EQ(folded_ops.norm_codes_t, 2 * L) << "the second pass's";
     EXPECT_EQ(folded.loss, plain.loss);
     EXPECT_EQ(folded.grads, plain.grads);
   }

@@ -189,6 +189,62 @@ TEST(GpuFp8, RmsnormForwardCastMatchesTheNormThenTheCast) {
   }
 }
 
+// The pre-norm without its output (codes and statistics alone), and the transposed codes
+// written later from its input and statistics (rmsnorm_transposed_codes), code for code what
+// rmsnorm_forward then the cast of both layouts give: the tiled kernel at the full models'
+// widths (Llama 4096, Qwen 3584), the element path at odd shapes; e4m3 and e5m2.
+TEST(GpuFp8, RmsnormCodesWithoutItsOutputAreTheCastOfIt) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  Backend& g = *be.gpu;
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{
+             {128, 64}, {1024, 4096}, {256, 3584}, {33, 36}, {7, 1001}}) {
+      SCOPED_TRACE(fmt::format("{} R={} C={}", dtype_name(format), R, C));
+      GuardedTensor x(g, DType::BF16, {R, C}), weight(g, DType::BF16, {C});
+      upload_float(g, x, random_normal(R * C, 53, 3.0f));
+      upload_float(g, weight, random_normal(C, 59, 1.0f));
+      GuardedTensor out(g, DType::BF16, {R, C}), rstd(g, DType::F32, {R}), rstd2(g, DType::F32, {R});
+      DeviceBuffer scalars(g, 4 * 256, "scalars");
+      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
+      GuardedTensor codes(g, format, {R, C}), codes_t(g, format, {C, R});
+      GuardedTensor rows(g, format, {R, C}), rows_t(g, format, {C, R});
+      g.rmsnorm_forward(out.t(), rstd.t(), x.t(), weight.t(), 1e-5f);
+      const Fp8CastArgs cast{out, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
+      g.fp8_cast_transpose(cast);
+      const Fp8CastArgs folded{{}, rows, {}, scale, scalar_on(g, scalars, 2, 0.0f)};
+      g.rmsnorm_forward_cast({}, rstd2.t(), x.t(), weight.t(), 1e-5f, folded);
+      g.rmsnorm_transposed_codes(Fp8CastArgs{{}, {}, rows_t, scale, {}}, x.t(), rstd2.t(),
+                                 weight.t(), 1e-5f);
+      int64_t bad = 0, bad_t = 0, bad_rstd = 0;
+      {
+        std::vector<uint8_t> want(R * C), got(R * C);
+        g.download(want.data(), codes.t());
+        g.download(got.data(), rows.t());
+        for (size_t i = 0; i < want.size(); ++i) bad += want[i] != got[i];
+        g.download(want.data(), codes_t.t());
+        g.download(got.data(), rows_t.t());
+        for (size_t i = 0; i < want.size(); ++i) bad_t += want[i] != got[i];
+        std::vector<float> want_r(R), got_r(R);
+        g.download(want_r.data(), rstd.t());
+        g.download(got_r.data(), rstd2.t());
+        for (int64_t i = 0; i < R; ++i) bad_rstd += want_r[i] != got_r[i];
+      }
+      EXPECT_EQ(bad, 0) << "codes differing from the cast of rmsnorm_forward's output";
+      EXPECT_EQ(bad_t, 0) << "transposed codes differing";
+      EXPECT_EQ(bad_rstd, 0) << "statistics differing";
+      EXPECT_EQ(read_scalar(g, folded.amax), read_scalar(g, cast.amax));
+      EXPECT_TRUE(rows.guards_intact() && rows_t.guards_intact() && rstd2.guards_intact())
+          << "write outside the outputs";
+      std::printf(
+          "[ fp8      ] rmsnorm codes without out  %-8s %5ldx%-5ld codes %ld, transposed %ld, "
+          "rstd %ld differ\n",
+          std::string(dtype_name(format)).c_str(), static_cast<long>(R), static_cast<long>(C),
+          static_cast<long>(bad), static_cast<long>(bad_t), static_cast<long>(bad_rstd));
+    }
+  }
+}
+
 // The SwiGLU backward writing its gradient's codes in both layouts (never the gradient itself)
 // gives what swiglu_backward then the cast give, code for code: the folded kernel's tiles
 // (rows a multiple of 128, F of 64) at the full models' widths (Llama 14336, Qwen 18944) and

@@ -185,11 +185,18 @@ const TesseraModel kTesseraModels[] = {
        return (2 * r * c + c) * a.size("dtype") + 4 * r;
      }},
     {"rmsnorm_forward_cast",
-     "x, weight read; out, rstd (fp32) and out's FP8 codes written",
+     "x, weight read; out (unless out_unwritten), rstd (fp32) and out's FP8 codes written",
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) {
        const double r = a.num("rows"), c = a.num("cols");
-       return (2 * r * c + c) * a.size("dtype") + 4 * r + r * c;
+       return ((a.flag("out_unwritten") ? 1 : 2) * r * c + c) * a.size("dtype") + 4 * r + r * c;
+     }},
+    {"rmsnorm_transposed_codes",
+     "x, weight, rstd (fp32) read; the output's transposed FP8 codes written",
+     {"rows", "cols", "dtype"},
+     [](const OpArgsView& a) {
+       const double r = a.num("rows"), c = a.num("cols");
+       return (r * c + c) * a.size("dtype") + 4 * r + r * c;
      }},
     {"rmsnorm_backward",
      "dout, x, weight, rstd read; dx read and written (it accumulates); dweight (fp32) read and "
@@ -220,11 +227,14 @@ const TesseraModel kTesseraModels[] = {
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) { return 1.5 * a.num("rows") * a.num("cols") * a.size("dtype"); }},
     {"swiglu_forward_cast",
-     "gate_up (rows x cols) read, out (rows x cols/2) and its FP8 codes written",
+     "gate_up (rows x cols) read, out (rows x cols/2, unless out_unwritten) and its FP8 codes "
+     "(code_layouts of them: row-major, transposed) written",
      {"rows", "cols", "dtype"},
      [](const OpArgsView& a) {
-       return 1.5 * a.num("rows") * a.num("cols") * a.size("dtype") +
-              0.5 * a.num("rows") * a.num("cols");
+       const double layouts = a.num("code_layouts") > 0 ? a.num("code_layouts") : 1;
+       return (a.flag("out_unwritten") ? 1.0 : 1.5) * a.num("rows") * a.num("cols") *
+                  a.size("dtype") +
+              0.5 * layouts * a.num("rows") * a.num("cols");
      }},
     {"swiglu_backward",
      "gate_up, dout read; dgate_up written",

@@ -46,6 +46,8 @@ void Block::declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& r
 
 // The pre-norm writes the FP8 codes of the mixer's first linear on the way where that linear
 // reads them (delayed scaling, LayerOps::linear_input_cast): its cast does not read ln back.
+// Where nothing else reads ln (no adapters), ln is not written at all: the backward writes the
+// linear's transposed codes from x and the statistics instead (backward's recompute_in).
 void Block::forward_inner(LayerOps& ops, const Tensor& x) {
   if (!norms_.pre) return mixer_->forward_inner(ops, x);
   const int first = mixer_->input_linear();
@@ -54,8 +56,14 @@ void Block::forward_inner(LayerOps& ops, const Tensor& x) {
     ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
     return mixer_->forward_inner(ops, ln_);
   }
-  ops.backend().rmsnorm_forward_cast(ln_, rstd_, x, ops.param(pre_norm_), eps_, codes);
+  ops.backend().rmsnorm_forward_cast(ln_kept_as_codes(ops, x) ? Tensor{} : ln_, rstd_, x, ops.param(pre_norm_), eps_,
+                                     codes);
   mixer_->forward_inner(ops, LinearOperand::with_codes(ln_));
+}
+
+bool Block::ln_kept_as_codes(const LayerOps& ops, const Tensor& x) const {
+  const int first = mixer_->input_linear();
+  return norms_.pre && first >= 0 && ops.linear_keeps_input_codes(first, x.dim(0));
 }
 
 // Post-norm: out = x + norm(y), the norm written into out and x added in place.
@@ -77,13 +85,24 @@ void Block::backward(LayerOps& ops, const Tensor& x, const Tensor& dresid) {
     dy = dy_;
   }
   const bool selective = ops.runtime().recompute == RecomputeGranularity::Selective;
+  const bool ln_codes = ln_kept_as_codes(ops, x);
   const auto recompute_in = [&] {
+    if (ln_codes) {
+      // The first linear's transposed codes with its forward's scale, in ln's memory.
+      Fp8CastArgs codes = ops.linear_input_cast(mixer_->input_linear(), x.dim(0));
+      codes.out = codes.amax = Tensor{};
+      codes.out_t = transposed_codes_in(ln_);
+      return b.rmsnorm_transposed_codes(codes, x, rstd_, ops.param(pre_norm_), eps_);
+    }
     if (!norms_.pre || !selective) return;
     ScopedRange r(b, "recompute");  // a trace's step breakdown counts it as recompute
     b.rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
   };
   const Tensor& din = ops.norm_grad();
-  mixer_->backward(ops, mixer_input(x), dy, din, recompute_in);
+  mixer_->backward(ops,
+                   ln_codes ? LinearOperand::transposed_codes(transposed_codes_in(ln_))
+                            : LinearOperand(mixer_input(x)),
+                   dy, din, recompute_in);
   // d(x): the residual path (already in dresid) plus the branch's.
   if (norms_.pre)
     b.rmsnorm_backward(dresid, ops.grad(pre_norm_), din, x, ops.param(pre_norm_), rstd_);

@@ -194,9 +194,11 @@ class Mixer {
   virtual void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) = 0;
   // dout: d(loss)/d(its output); din (sequence_tokens(), C) is overwritten with d(loss)/d(in).
   // `in` may be recomputable: the mixer calls recompute_in() before its first read of it in
-  // the backward (recomputed tensors share memory, so the order matters). Weight gradients
+  // the backward (recomputed tensors share memory, so the order matters). Where the block's
+  // pre-norm kept no output, in.codes_t holds its transposed FP8 codes for input_linear()
+  // (LayerOps::linear_keeps_input_codes), written by recompute_in(). Weight gradients
   // accumulate.
-  virtual void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+  virtual void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
                         const std::function<void()>& recompute_in) = 0;
 
   // ---- generation with a cache (model/generator.h) ----
@@ -292,6 +294,9 @@ class Block {
  private:
   // The mixer's input: the pre-norm's output, or x itself.
   const Tensor& mixer_input(const Tensor& x) const { return norms_.pre ? ln_ : x; }
+  // Whether the pre-norm's output is kept as the mixer's first linear's transposed FP8 codes
+  // rather than written (forward_inner).
+  bool ln_kept_as_codes(const LayerOps& ops, const Tensor& x) const;
 
   NormSlots norms_;
   std::unique_ptr<Mixer> mixer_;

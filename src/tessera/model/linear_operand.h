@@ -33,4 +33,13 @@ struct LinearOperand {
   }
 };
 
+// The memory of an operand x (R, C) of 2 or 4 bytes an element seen as its transposed FP8 codes
+// (C, R), e4m3: where a producer keeps those codes in the operand's place.
+inline Tensor transposed_codes_in(const Tensor& x) {
+  Tensor t = x;
+  t.dtype = DType::E4M3;
+  t.shape = Shape{x.dim(1), x.dim(0)};
+  return t;
+}
+
 }  // namespace tessera

@@ -4,8 +4,10 @@
 #include "tessera/ops/backend.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -177,5 +179,45 @@ OpArgs with_cost(OpArgs args, const OpCost& cost) {
     do_##name args;                                                               \
   }
 #include "tessera/ops/op_table.inc"
+
+namespace {
+
+// `out` itself, or a host tensor of `dtype` and `shape` on `storage`.
+Tensor host_output(const Tensor& out, DType dtype, Shape shape, std::vector<std::byte>& storage) {
+  if (out.defined()) return out;
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = shape;
+  storage.resize(t.nbytes());
+  t.data = storage.data();
+  return t;
+}
+
+}  // namespace
+
+void Backend::host_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
+                                       const Fp8CastArgs& codes) {
+  std::vector<std::byte> storage;
+  const MatrixDims d = matrix_dims(gate_up);
+  const Tensor h = host_output(out, gate_up.dtype, {d.rows, d.cols / 2}, storage);
+  do_swiglu_forward(h, gate_up);
+  cast_output(h, codes);
+}
+
+void Backend::host_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                        const Tensor& weight, float eps, const Fp8CastArgs& codes) {
+  std::vector<std::byte> storage;
+  const Tensor y = host_output(out, x.dtype, x.shape, storage);
+  do_rmsnorm_forward(y, rstd, x, weight, eps);
+  cast_output(y, codes);
+}
+
+void Backend::host_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x,
+                                            const Tensor& weight, float eps) {
+  std::vector<std::byte> out_storage, rstd_storage;
+  const Tensor y = host_output({}, x.dtype, x.shape, out_storage);
+  do_rmsnorm_forward(y, host_output({}, DType::F32, {x.dim(0)}, rstd_storage), x, weight, eps);
+  cast_output(y, codes);
+}
 
 }  // namespace tessera

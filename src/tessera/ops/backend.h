@@ -8,7 +8,6 @@
 // only ever call this interface, and ask what a backend can do with supports() and
 // supports_op(), never which vendor it is: a new device is a new backend, never a change to
 // the model. The conventions of shapes and dtypes are at the top of ops/op_table.inc.
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -477,18 +476,14 @@ class Backend {
     cast.x = out;
     do_fp8_cast_transpose(cast);
   }
-  // Host backends' stand-in for an output an op may leave unwritten (swiglu_forward_cast's out):
-  // `out` itself, or a host tensor of `dtype` and `shape` on `storage`.
-  static Tensor host_output(const Tensor& out, DType dtype, Shape shape,
-                            std::vector<std::byte>& storage) {
-    if (out.defined()) return out;
-    Tensor t;
-    t.dtype = dtype;
-    t.shape = shape;
-    storage.resize(t.nbytes());
-    t.data = storage.data();
-    return t;
-  }
+  // Host backends' *_cast ops, composed: the producer into out (or, where out is undefined, a
+  // host temporary: these ops may leave out unwritten), then its cast. rmsnorm_transposed_codes
+  // runs the forward again, its statistics recomputed to the bits the forward wrote.
+  void host_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up, const Fp8CastArgs& codes);
+  void host_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                 const Tensor& weight, float eps, const Fp8CastArgs& codes);
+  void host_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x,
+                                     const Tensor& weight, float eps);
 
   // What each backend implements. The facade has checked that every tensor argument is
   // defined (or empty) and lives on this backend's device, that shapes and counts agree as the

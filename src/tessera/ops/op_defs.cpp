@@ -53,12 +53,12 @@ OpCost mla_cost(const MlaQkvArgs& a) {
   return {3 * rotated, 2 * bytes_of(a.qkv)};
 }
 
-// The codes a producer writes of its output `out` as the FP8 cast would (the *_forward_cast
-// ops): row-major only, one per element of out, one scale, an optional amax.
-void check_codes_of(const OpChecks& check, const Tensor& out, const Fp8CastArgs& codes) {
+// The codes a producer writes of its output as the FP8 cast would (the *_forward_cast ops):
+// row-major only, one per element of the output, one scale, an optional amax.
+void check_codes_of(const OpChecks& check, int64_t elements, const Fp8CastArgs& codes) {
   check.that(!codes.x.defined() && !codes.out_t.defined(),
              "codes.x and codes.out_t must be undefined (the codes are out's, row-major)");
-  check.count(codes.out, out.numel(), "codes.out");
+  check.count(codes.out, elements, "codes.out");
   check.count(codes.scale, 1, "codes.scale");
   if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
 }
@@ -553,14 +553,18 @@ OpCost cost_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor&
 void check_rmsnorm_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& rstd,
                                 const Tensor& x, const Tensor& weight, float eps,
                                 const Fp8CastArgs& codes) {
-  check_rmsnorm_forward(check, out, rstd, x, weight, eps);
-  check_codes_of(check, out, codes);
+  check.placed(x, "x");
+  const MatrixDims d = matrix_dims(x);
+  if (out.defined()) check.count(out, d.rows * d.cols, "out");
+  check.count(rstd, d.rows, "rstd");
+  check.count(weight, d.cols, "weight");
+  check_codes_of(check, d.rows * d.cols, codes);
 }
 
 OpArgs describe_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                      const Tensor& weight, float eps,
                                      const Fp8CastArgs& /*codes*/) {
-  return op_args::rows_cols(x);
+  return op_args::rows_cols(x).add_bool("out_unwritten", !out.defined());
 }
 
 OpCost cost_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
@@ -568,6 +572,33 @@ OpCost cost_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Te
   // The norm's four operations an element, then the cast's scale, rounding and amax.
   const OpCost norm = cost_rmsnorm_forward(out, rstd, x, weight, eps);
   return {norm.flops + 2 * elements(x), norm.bytes + bytes_of(codes.out)};
+}
+
+// ---- rmsnorm_transposed_codes
+
+void check_rmsnorm_transposed_codes(const OpChecks& check, const Fp8CastArgs& codes,
+                                    const Tensor& x, const Tensor& rstd, const Tensor& weight,
+                                    float eps) {
+  check.placed(x, "x");
+  const MatrixDims d = matrix_dims(x);
+  check.count(rstd, d.rows, "rstd");
+  check.count(weight, d.cols, "weight");
+  check.that(!codes.x.defined() && !codes.out.defined() && !codes.amax.defined(),
+             "codes.x, codes.out and codes.amax must be undefined (the codes are the norm's "
+             "output's, transposed)");
+  check.count(codes.out_t, d.rows * d.cols, "codes.out_t");
+  check.count(codes.scale, 1, "codes.scale");
+}
+
+OpArgs describe_rmsnorm_transposed_codes(const Fp8CastArgs& /*codes*/, const Tensor& x,
+                                         const Tensor& rstd, const Tensor& weight, float eps) {
+  return op_args::rows_cols(x);
+}
+
+OpCost cost_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x, const Tensor& rstd,
+                                     const Tensor& weight, float eps) {
+  // The norm's two multiplications an element, then the cast's scale and rounding.
+  return {4 * elements(x), bytes_of(x) + bytes_of(rstd) + bytes_of(weight) + bytes_of(codes.out_t)};
 }
 
 // ---- rmsnorm_backward
@@ -652,7 +683,7 @@ void check_attention_forward_cast(const OpChecks& check, const Tensor& out, cons
                                   const Tensor& qkv, const AttentionShape& s,
                                   const Fp8CastArgs& codes) {
   check_attention_forward(check, out, lse, qkv, s);
-  check_codes_of(check, out, codes);
+  check_codes_of(check, out.numel(), codes);
 }
 
 OpArgs describe_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -1032,9 +1063,12 @@ void check_swiglu_forward_cast(const OpChecks& check, const Tensor& out, const T
   if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
 }
 
+// What it writes, for the bandwidth report: out or not, and one or two code layouts.
 OpArgs describe_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up,
-                                    const Fp8CastArgs& /*codes*/) {
-  return op_args::rows_cols(gate_up);
+                                    const Fp8CastArgs& codes) {
+  return op_args::rows_cols(gate_up)
+      .add_bool("out_unwritten", !out.defined())
+      .add("code_layouts", int64_t{codes.out.defined()} + int64_t{codes.out_t.defined()});
 }
 
 OpCost cost_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up, const Fp8CastArgs& codes) {

@@ -669,6 +669,15 @@ void CudaBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd,
                              codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
 }
 
+void CudaBackend::do_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x,
+                                               const Tensor& rstd, const Tensor& weight,
+                                               float /*eps*/) {
+  const MatrixDims d = matrix_dims(x);
+  cuda::rmsnorm_transposed_codes(codes.out_t.data, x.data, rstd.as<float>(), weight.data, d.rows,
+                                 d.cols, x.dtype, codes.out_t.dtype, codes.scale.as<float>(),
+                                 stream_);
+}
+
 void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                       const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const MatrixDims d = matrix_dims(x);

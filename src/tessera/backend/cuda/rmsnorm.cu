@@ -13,7 +13,7 @@ namespace {
 // row, 64 KiB per SM), so DRAM sees x once and out once.
 constexpr int kThreads = 256;
 
-// With kCodes also the codes (in kFormat, scaled by *scale) of the values stored (their
+// With kCodes also the codes (out may then be null: not stored) (in kFormat, scaled by *scale) of the values stored (their
 // rounding to T, as the FP8 cast reads them back) and their amax, max-ed into *amax_bits
 // (when non-null) one atomic a block, as the cast kernel does: an FP8 linear's forward cast
 // folded into its input's producer (rmsnorm_forward_cast).
@@ -25,7 +25,6 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
-  T* outr = out + row * C;
   float ss = 0.0f;
   for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
     float v[VEC];
@@ -43,7 +42,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
     load_floats<T, VEC>(weight + c, w);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = v[k] * r * w[k];
-    store_floats<T, VEC>(outr + c, v);
+    if (!kCodes || out != nullptr) store_floats<T, VEC>(out + row * C + c, v);
     if constexpr (kCodes) {
       const float scale = *scale_ptr;
       alignas(8) uint8_t q[VEC];
@@ -64,6 +63,79 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
     __syncthreads();
     if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax);
   }
+}
+
+// rmsnorm_transposed_codes: the codes of the forward's stored output (x * rstd * w in fp32 as
+// rmsnorm_forward_kernel computes it, rounded to bf16) transposed, from x and the forward's
+// rstd, never storing the output. The transposing cast's tile (fp8_cast_transpose_kernel): a
+// block of 128 threads takes 128 rows of 64 columns, a thread 8 columns of rows 16 apart, its
+// 8 rows' loads issued before any use; codes go through shared memory, as 32-bit words, to
+// runs of 16 rows of the transposed output. bf16 with N % 128, C % 64 and 16-byte pointers.
+constexpr int kTileRows = 128, kTileCols = 64, kTileThreads = 128, kTilePack = 8;
+constexpr int kTileRowsPerPass = kTileThreads / (kTileCols / kTilePack);  // 16
+constexpr int kTilePasses = kTileRows / kTileRowsPerPass;                 // 8
+constexpr int kTileColGroups = kTileCols / 4;                             // 16
+constexpr int kTileRun = kTileRows / (kTileThreads / kTileColGroups);     // 16
+
+template <DType kFormat>
+__global__ void __launch_bounds__(kTileThreads)
+    rmsnorm_codes_t_kernel(const bf16* __restrict__ x, const float* __restrict__ rstd,
+                           const bf16* __restrict__ weight, int64_t N, int64_t C,
+                           const float* __restrict__ scale_ptr, uint8_t* __restrict__ out_t) {
+  __shared__ __align__(16) uint8_t tile[kTileRows][kTileCols + 4];
+  const float scale = *scale_ptr;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
+  const int t = threadIdx.x;
+  const int tc = (t % (kTileCols / kTilePack)) * kTilePack;
+  float w[kTilePack];
+  load_floats<bf16, kTilePack>(weight + c0 + tc, w);
+  uint4 v[kTilePasses];
+  float r[kTilePasses];
+#pragma unroll
+  for (int p = 0; p < kTilePasses; ++p) {
+    const int64_t row = r0 + t / (kTileCols / kTilePack) + p * kTileRowsPerPass;
+    v[p] = *reinterpret_cast<const uint4*>(x + row * C + c0 + tc);
+    r[p] = rstd[row];
+  }
+#pragma unroll
+  for (int p = 0; p < kTilePasses; ++p) {
+    const bf16* xv = reinterpret_cast<const bf16*>(&v[p]);
+    uint32_t word[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < kTilePack; k += 2) {
+      // The forward's values as it stores them, as the cast reads them back.
+      const float a = to_float(from_float<bf16>(to_float(xv[k]) * r[p] * w[k]));
+      const float b = to_float(from_float<bf16>(to_float(xv[k + 1]) * r[p] * w[k + 1]));
+      word[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(a * scale, b * scale))
+                     << (16 * (k / 2 % 2));
+    }
+    const int tr = t / (kTileCols / kTilePack) + p * kTileRowsPerPass;
+    *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = word[0];
+    *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = word[1];
+  }
+  __syncthreads();
+  // Thread t writes rows cg .. cg + 4 of the 64 transposed rows, 16 columns from j0.
+  const int cg = (t % kTileColGroups) * 4, j0 = (t / kTileColGroups) * kTileRun;
+  uint32_t run[4][kTileRun / 4];
+  tile_column_runs(tile, cg, j0, run);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    *reinterpret_cast<uint4*>(out_t + (c0 + cg + k) * N + r0 + j0) =
+        make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+}
+
+// rmsnorm_codes_t_kernel for any shape and dtype: a thread an element, consecutive threads
+// consecutive rows (the output's contiguous direction).
+template <class T, DType kFormat>
+__global__ void rmsnorm_codes_t_elements_kernel(const T* x, const float* rstd, const T* weight,
+                                                int64_t N, int64_t C, const float* scale_ptr,
+                                                uint8_t* out_t) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * C) return;
+  const int64_t c = i / N, n = i % N;
+  const float stored = to_float(from_float<T>(to_float(x[n * C + c]) * rstd[n] * to_float(weight[c])));
+  out_t[i] = fp8_encode<kFormat>(stored * *scale_ptr);
 }
 
 // Each block takes kRowsPerBlock consecutive rows (a fixed number, so the partial sums and
@@ -181,6 +253,44 @@ void rmsnorm_forward_cast(void* out, float* rstd, void* codes, const void* x, co
     }
     TS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
   });
+}
+
+void rmsnorm_transposed_codes(void* codes_t, const void* x, const float* rstd, const void* weight,
+                              int64_t N, int64_t C, DType dtype, DType format, const float* scale,
+                              cudaStream_t stream) {
+  NvtxRange range("rmsnorm_transposed_codes");
+  TS_CHECK(format == DType::E4M3 || format == DType::E5M2,
+           "rmsnorm_transposed_codes: codes dtype {}", dtype_name(format));
+  if (N == 0 || C == 0) return;
+  const bool tiles = dtype == DType::BF16 && N % kTileRows == 0 && C % kTileCols == 0 &&
+                     is_aligned(x, 16) && is_aligned(weight, 16) && is_aligned(codes_t, 16);
+  auto* out_t = static_cast<uint8_t*>(codes_t);
+  const auto with_format = [&](auto launch) {
+    if (format == DType::E4M3) {
+      launch(std::integral_constant<DType, DType::E4M3>{});
+    } else {
+      launch(std::integral_constant<DType, DType::E5M2>{});
+    }
+  };
+  if (tiles) {
+    const dim3 grid(static_cast<unsigned>(C / kTileCols), static_cast<unsigned>(N / kTileRows));
+    with_format([&](auto f) {
+      rmsnorm_codes_t_kernel<decltype(f)::value><<<grid, kTileThreads, 0, stream>>>(
+          static_cast<const bf16*>(x), rstd, static_cast<const bf16*>(weight), N, C, scale, out_t);
+    });
+    TS_CUDA_CHECK_LAUNCH("rmsnorm_codes_t_kernel");
+    return;
+  }
+  const int64_t blocks = ceil_div(N * C, kThreads);
+  check_grid("rmsnorm_transposed_codes", blocks);
+  dispatch_float(dtype, "rmsnorm_transposed_codes", [&](auto tag) {
+    using T = decltype(tag);
+    with_format([&](auto f) {
+      rmsnorm_codes_t_elements_kernel<T, decltype(f)::value><<<blocks, kThreads, 0, stream>>>(
+          static_cast<const T*>(x), rstd, static_cast<const T*>(weight), N, C, scale, out_t);
+    });
+  });
+  TS_CUDA_CHECK_LAUNCH("rmsnorm_codes_t_elements_kernel");
 }
 
 size_t rmsnorm_backward_scratch_bytes(int64_t N, int64_t C) {

@@ -121,7 +121,8 @@ void GqaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor
              residual);
 }
 
-void GqaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+void GqaAttention::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
+                         const Tensor& din,
                             const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);

@@ -46,7 +46,7 @@ class GqaAttention final : public Mixer {
   void forward_inner(LayerOps& ops, const LinearOperand& in) override;
   int input_linear() const override { return qkv_weight_; }
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
-  void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+  void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;
   int64_t cache_width() const override { return 2 * s_.kv_heads * s_.head_dim; }
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;

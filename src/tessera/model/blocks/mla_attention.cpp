@@ -132,7 +132,8 @@ void MlaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor
   ops.linear(out, att_, o_proj_, -1, residual);
 }
 
-void MlaAttention::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+void MlaAttention::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
+                         const Tensor& din,
                             const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const ModelRuntime& rt = ops.runtime();

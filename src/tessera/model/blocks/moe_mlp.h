@@ -51,7 +51,7 @@ class MoeMlp final : public Mixer {
   void declare_backward_scratch(ActivationPlan& plan, const ModelRuntime& rt) override;
   void forward_inner(LayerOps& ops, const LinearOperand& in) override;
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
-  void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+  void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   bool decode_reads_host() const override { return true; }

@@ -23,13 +23,6 @@ void SwigluMlp::declare_backward_scratch(ActivationPlan& plan, const ModelRuntim
   plan.add(&dgate_up_, rt.compute_dtype, {N, 2 * s_.ffn});
 }
 
-Tensor SwigluMlp::h_codes_t() const {
-  Tensor t = h_;
-  t.dtype = DType::E4M3;
-  t.shape = Shape{h_.dim(1), h_.dim(0)};
-  return t;
-}
-
 // The codes are written here, where a full recompute also writes h (it skips the layer's
 // last output projection), and read by the down projection next, before any other cast.
 // Where its backward takes h's transposed codes, h itself is not written: the codes are kept
@@ -41,7 +34,7 @@ void SwigluMlp::forward_inner(LayerOps& ops, const LinearOperand& in) {
   if (!codes.out.defined()) return ops.backend().swiglu_forward(h_, gate_up_out_);
   if (!ops.linear_keeps_input_codes(down_, N))
     return ops.backend().swiglu_forward_cast(h_, gate_up_out_, codes);
-  if (ops.runtime().recompute != RecomputeGranularity::Selective) codes.out_t = h_codes_t();
+  if (ops.runtime().recompute != RecomputeGranularity::Selective) codes.out_t = transposed_codes_in(h_);
   ops.backend().swiglu_forward_cast({}, gate_up_out_, codes);
 }
 
@@ -52,7 +45,8 @@ void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& r
 
 // h and (under selective recompute) the block's normed input share one buffer: h (or its
 // codes) is used up before the input is recomputed.
-void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+void SwigluMlp::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
+                         const Tensor& din,
                          const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const int64_t N = h_.dim(0);
@@ -63,14 +57,14 @@ void SwigluMlp::backward(LayerOps& ops, const Tensor& in, const Tensor& dout, co
       // The forward's scale, so the forward's codes; their amax was recorded then.
       Fp8CastArgs codes = ops.linear_input_cast(down_, N);
       codes.out = codes.amax = Tensor{};
-      codes.out_t = h_codes_t();
+      codes.out_t = transposed_codes_in(h_);
       b.swiglu_forward_cast({}, gate_up_out_, codes);
     } else {
       b.swiglu_forward(h_, gate_up_out_);
     }
   }
   ops.linear_backward(dh_, dout,
-                      kept_codes ? LinearOperand::transposed_codes(h_codes_t()) : LinearOperand(h_),
+                      kept_codes ? LinearOperand::transposed_codes(transposed_codes_in(h_)) : LinearOperand(h_),
                       down_, -1);
   // Where the gate_up projection takes its output gradient's codes, the SwiGLU backward writes
   // them in both layouts and never d(gate_up) itself (recompute_in casts nothing in between).

@@ -27,7 +27,7 @@ class SwigluMlp final : public Mixer {
   void forward_inner(LayerOps& ops, const LinearOperand& in) override;
   int input_linear() const override { return gate_up_; }
   void forward_output(LayerOps& ops, const Tensor& out, const Tensor& residual) override;
-  void backward(LayerOps& ops, const Tensor& in, const Tensor& dout, const Tensor& din,
+  void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
@@ -38,9 +38,6 @@ class SwigluMlp final : public Mixer {
   }
 
  private:
-  // h's transposed codes (F, N) in h's memory, where the backward takes them in h's place.
-  Tensor h_codes_t() const;
-
   ModelSpec s_;
   int gate_up_ = -1, down_ = -1;
   Tensor gate_up_out_, h_;  // activations
