@@ -3,6 +3,7 @@
 // hybrid (per-tensor and blockwise) training on real text tracking bf16 training. Every
 // comparison prints its numbers.
 
+#include <cstring>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -25,6 +26,18 @@ Tensor scalar_on(Backend& b, DeviceBuffer& buf, size_t slot, float v) {
   const Tensor t = buf.tensor(DType::F32, {1}, slot * 256);
   b.upload(t, &v);
   return t;
+}
+
+// Elements of two tensors of one shape and dtype on b whose bits differ (codes, or values bit
+// for bit).
+int64_t differing(Backend& b, const Tensor& want, const Tensor& got) {
+  const size_t n = want.nbytes(), e = dtype_size(want.dtype);
+  std::vector<uint8_t> w(n), g(n);
+  b.download(w.data(), want);
+  b.download(g.data(), got);
+  int64_t bad = 0;
+  for (size_t i = 0; i < n; i += e) bad += std::memcmp(&w[i], &g[i], e) != 0;
+  return bad;
 }
 
 float read_scalar(Backend& b, const Tensor& t) {
@@ -126,17 +139,7 @@ void expect_forward_cast_matches_the_cast(Backend& g, const ForwardCastCase& c) 
     c.produce(g, input.t(), h.t(), nullptr);
     g.fp8_cast_transpose(cast);
     c.produce(g, input.t(), h_fused.t(), &fused);
-    int64_t bad_h = 0, bad_codes = 0;
-    {
-      std::vector<uint16_t> want(R * F), got(R * F);
-      g.download(want.data(), h.t());
-      g.download(got.data(), h_fused.t());
-      for (int64_t i = 0; i < R * F; ++i) bad_h += want[i] != got[i];
-      std::vector<uint8_t> want_codes(R * F), got_codes(R * F);
-      g.download(want_codes.data(), codes.t());
-      g.download(got_codes.data(), fused_codes.t());
-      for (int64_t i = 0; i < R * F; ++i) bad_codes += want_codes[i] != got_codes[i];
-    }
+    const int64_t bad_h = differing(g, h, h_fused), bad_codes = differing(g, codes, fused_codes);
     const float amax = read_scalar(g, cast.amax);
     EXPECT_EQ(bad_h, 0) << "output differing from the plain producer's";
     EXPECT_EQ(bad_codes, 0) << "codes differing from the cast of the plain producer's output";
@@ -216,20 +219,8 @@ TEST(GpuFp8, RmsnormCodesWithoutItsOutputAreTheCastOfIt) {
       g.rmsnorm_forward_cast({}, rstd2.t(), x.t(), weight.t(), 1e-5f, folded);
       g.rmsnorm_transposed_codes(Fp8CastArgs{{}, {}, rows_t, scale, {}}, x.t(), rstd2.t(),
                                  weight.t(), 1e-5f);
-      int64_t bad = 0, bad_t = 0, bad_rstd = 0;
-      {
-        std::vector<uint8_t> want(R * C), got(R * C);
-        g.download(want.data(), codes.t());
-        g.download(got.data(), rows.t());
-        for (size_t i = 0; i < want.size(); ++i) bad += want[i] != got[i];
-        g.download(want.data(), codes_t.t());
-        g.download(got.data(), rows_t.t());
-        for (size_t i = 0; i < want.size(); ++i) bad_t += want[i] != got[i];
-        std::vector<float> want_r(R), got_r(R);
-        g.download(want_r.data(), rstd.t());
-        g.download(got_r.data(), rstd2.t());
-        for (int64_t i = 0; i < R; ++i) bad_rstd += want_r[i] != got_r[i];
-      }
+      const int64_t bad = differing(g, codes, rows), bad_t = differing(g, codes_t, rows_t),
+                    bad_rstd = differing(g, rstd, rstd2);
       EXPECT_EQ(bad, 0) << "codes differing from the cast of rmsnorm_forward's output";
       EXPECT_EQ(bad_t, 0) << "transposed codes differing";
       EXPECT_EQ(bad_rstd, 0) << "statistics differing";
@@ -271,16 +262,7 @@ TEST(GpuFp8, SwigluBackwardCastMatchesTheBackwardThenTheCast) {
       g.swiglu_backward(dgate_up.t(), dh.t(), gate_up.t());
       g.fp8_cast_transpose(cast);
       g.swiglu_backward_cast(scratch.t(), dh.t(), gate_up.t(), folded);
-      int64_t bad = 0, bad_t = 0;
-      {
-        std::vector<uint8_t> want(R * 2 * F), got(R * 2 * F);
-        g.download(want.data(), codes.t());
-        g.download(got.data(), fused.t());
-        for (size_t i = 0; i < want.size(); ++i) bad += want[i] != got[i];
-        g.download(want.data(), codes_t.t());
-        g.download(got.data(), fused_t.t());
-        for (size_t i = 0; i < want.size(); ++i) bad_t += want[i] != got[i];
-      }
+      const int64_t bad = differing(g, codes, fused), bad_t = differing(g, codes_t, fused_t);
       const float amax = read_scalar(g, cast.amax);
       EXPECT_EQ(bad, 0) << "codes differing from the cast of swiglu_backward's gradient";
       EXPECT_EQ(bad_t, 0) << "transposed codes differing";
@@ -336,24 +318,8 @@ TEST(GpuFp8, SwigluForwardCastWritesTransposedCodesAsTheCast) {
                                  scale,
                                  v.amax ? scalar_on(g, scalars, 2, 0.0f) : Tensor{}};
         g.swiglu_forward_cast(v.h ? h2.t() : Tensor{}, gate_up.t(), folded);
-        int64_t bad = 0, bad_t = 0, bad_h = 0;
-        {
-          std::vector<uint8_t> want(R * F), got(R * F);
-          if (v.rows) {
-            g.download(want.data(), codes.t());
-            g.download(got.data(), out.t());
-            for (size_t i = 0; i < want.size(); ++i) bad += want[i] != got[i];
-          }
-          g.download(want.data(), codes_t.t());
-          g.download(got.data(), out_t.t());
-          for (size_t i = 0; i < want.size(); ++i) bad_t += want[i] != got[i];
-          if (v.h) {
-            std::vector<uint16_t> want_h(R * F), got_h(R * F);
-            g.download(want_h.data(), h.t());
-            g.download(got_h.data(), h2.t());
-            for (size_t i = 0; i < want_h.size(); ++i) bad_h += want_h[i] != got_h[i];
-          }
-        }
+        const int64_t bad = v.rows ? differing(g, codes, out) : 0,
+                      bad_t = differing(g, codes_t, out_t), bad_h = v.h ? differing(g, h, h2) : 0;
         EXPECT_EQ(bad, 0) << "codes differing from the cast of swiglu_forward's h";
         EXPECT_EQ(bad_t, 0) << "transposed codes differing";
         EXPECT_EQ(bad_h, 0) << "h differing from swiglu_forward's";
@@ -374,6 +340,64 @@ TEST(GpuFp8, SwigluForwardCastWritesTransposedCodesAsTheCast) {
         x[2 * F + 5] = kept;
         upload_float(g, gate_up, x);
       }
+    }
+  }
+}
+
+// The rope backward writing its gradient's codes in both layouts (never the gradient itself)
+// gives what rope_backward then the cast give, code for code: the folded tiles (heads of 128,
+// tokens a multiple of 128) at Llama's 32/8 heads, with a table row per position and per token
+// (packed documents), and the rotated-then-cast path at 96 tokens and at heads of 64; e4m3 and
+// e5m2; a NaN reaches the amax.
+TEST(GpuFp8, RopeBackwardCastMatchesTheRotationThenTheCast) {
+  TS_REQUIRE_GPU();
+  Backends be;
+  Backend& g = *be.gpu;
+  struct Case {
+    int64_t batch, seq, heads, kv_heads, head_dim;
+    bool per_token;
+  };
+  for (const DType format : {DType::E4M3, DType::E5M2}) {
+    for (const Case& k : {Case{2, 128, 32, 8, 128, false}, Case{1, 256, 4, 2, 128, true},
+                          Case{1, 96, 4, 2, 128, false}, Case{1, 128, 4, 2, 64, false}}) {
+      AttentionShape s;
+      s.batch = k.batch, s.seq = k.seq, s.heads = k.heads, s.kv_heads = k.kv_heads;
+      s.head_dim = k.head_dim, s.rope_per_token = k.per_token;
+      const int64_t N = s.tokens(), W = s.qkv_width(), rows = k.per_token ? N : s.seq;
+      SCOPED_TRACE(fmt::format("{} N={} W={} D={}{}", dtype_name(format), N, W, k.head_dim,
+                               k.per_token ? " per token" : ""));
+      GuardedTensor dqkv(g, DType::BF16, {N, W}), scratch(g, DType::BF16, {N, W});
+      GuardedTensor freqs(g, DType::F32, {rows, k.head_dim});
+      std::vector<float> d = random_normal(N * W, 61, 0.02f);
+      upload_float(g, dqkv, d);
+      upload_float(g, scratch, d);
+      g.upload(freqs, random_normal(rows * k.head_dim, 67, 1.0f).data());
+      DeviceBuffer scalars(g, 4 * 256, "scalars");
+      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 4000.0f : 60000.0f);
+      GuardedTensor codes(g, format, {N, W}), codes_t(g, format, {W, N});
+      GuardedTensor fused(g, format, {N, W}), fused_t(g, format, {W, N});
+      const Fp8CastArgs cast{dqkv, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
+      const Fp8CastArgs folded{{}, fused, fused_t, scale, scalar_on(g, scalars, 2, 0.0f)};
+      g.rope_backward(dqkv.t(), freqs.t(), s);
+      g.fp8_cast_transpose(cast);
+      g.rope_backward_cast(scratch.t(), freqs.t(), s, folded);
+      const int64_t bad = differing(g, codes, fused), bad_t = differing(g, codes_t, fused_t);
+      const float amax = read_scalar(g, cast.amax);
+      EXPECT_EQ(bad, 0) << "codes differing from the cast of rope_backward's gradient";
+      EXPECT_EQ(bad_t, 0) << "transposed codes differing";
+      EXPECT_EQ(read_scalar(g, folded.amax), amax);
+      EXPECT_TRUE(fused.guards_intact() && fused_t.guards_intact() && scratch.guards_intact())
+          << "write outside the outputs";
+      std::printf(
+          "[ fp8      ] rope_backward_cast %-8s %5ldx%-5ld D%-3ld%s codes %ld, transposed %ld "
+          "differ, amax %g\n",
+          std::string(dtype_name(format)).c_str(), static_cast<long>(N), static_cast<long>(W),
+          static_cast<long>(k.head_dim), k.per_token ? " per token" : "", static_cast<long>(bad),
+          static_cast<long>(bad_t), amax);
+      d[W + 3] = NAN;  // row 1, a query head
+      upload_float(g, scratch, d);
+      g.rope_backward_cast(scratch.t(), freqs.t(), s, folded);
+      EXPECT_TRUE(std::isnan(read_scalar(g, folded.amax))) << "a NaN must reach the amax";
     }
   }
 }
