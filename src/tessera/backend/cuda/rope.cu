@@ -133,8 +133,11 @@ __global__ void __launch_bounds__(kTileThreads)
     }
     *reinterpret_cast<uint2*>(out + r * width + c0 + pc) = make_uint2(w1[0], w1[1]);
     *reinterpret_cast<uint2*>(out + r * width + c0 + kHalf + pc) = make_uint2(w2[0], w2[1]);
-    *reinterpret_cast<uint2*>(&tile[tr][pc]) = make_uint2(w1[0], w1[1]);
-    *reinterpret_cast<uint2*>(&tile[tr][kHalf + pc]) = make_uint2(w2[0], w2[1]);
+    // 32-bit words: rows of 132 bytes keep only 4-byte alignment.
+    *reinterpret_cast<uint32_t*>(&tile[tr][pc]) = w1[0];
+    *reinterpret_cast<uint32_t*>(&tile[tr][pc + 4]) = w1[1];
+    *reinterpret_cast<uint32_t*>(&tile[tr][kHalf + pc]) = w2[0];
+    *reinterpret_cast<uint32_t*>(&tile[tr][kHalf + pc + 4]) = w2[1];
   }
   if (amax_bits != nullptr) {
     m = warp_reduce_max(m);
