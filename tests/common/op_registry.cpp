@@ -1373,63 +1373,6 @@ std::vector<OpCase> swiglu_backward_cast_cases() {
   return {c};
 }
 
-// rope_backward_cast as the QKV projection's backward runs it: the rotated gradient's codes in
-// both layouts (never the gradient), then the data gradient's GEMM from the row-major codes
-// and the weight gradient's from the transposed ones (x cast transposed): on the GPU the
-// folded tiles at 128 tokens of heads of 128, the rotated-then-cast path at 96.
-std::vector<OpCase> rope_backward_cast_cases() {
-  std::vector<OpCase> cases;
-  for (const int64_t T : {64, 96}) {
-    AttentionShape s;
-    s.batch = T == 64 ? 2 : 1, s.seq = T, s.heads = 2, s.kv_heads = 1, s.head_dim = 128;
-    const int64_t N = s.tokens(), W = s.qkv_width(), C = 32, K = 48;
-    OpCase c;
-    c.name = fmt::format("rope_backward_cast+matmul_fp8 B{} T{} W{}", s.batch, T, W);
-    c.specs = {{"dqkv", {N, W}, Kind::Act, Role::In, 0.05f},
-               {"w", {W, K}, Kind::Act, Role::In, 0.05f},
-               {"x", {N, C}},
-               {"amax", {1}, Kind::F32, Role::InOut, 1e-4f, 0, 1, 1e-2, true},
-               {"dx", {N, K}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2},
-               {"dw", {W, C}, Kind::Act, Role::Out, 1.0f, 0, 1, 3e-2}};
-    c.run = [s, N, W, C, K](Backend& b, const Tensors& t) {
-      const std::vector<float> table = rope_freqs(s.seq, s.head_dim);
-      DeviceBuffer f(b, table.size() * 4, "freqs");
-      const Tensor freqs = f.tensor(DType::F32, {s.seq, s.head_dim});
-      b.upload(freqs, table.data());
-      DeviceBuffer scratch(b, N * W * dtype_size(t.at("dqkv").dtype), "dqkv");
-      const Tensor d_in = scratch.tensor(t.at("dqkv").dtype, {N, W});
-      b.copy(d_in, t.at("dqkv"));
-      DeviceBuffer codes(b, 2 * N * W + K * W + C * N + 4096, "fp8 codes");
-      DeviceBuffer state(b, 16 * 256, "fp8 scales");
-      const GivenScale d_scale = given_scale(b, state, 512.0f);
-      Fp8CastArgs d;
-      d.out = codes.tensor(DType::E4M3, {N, W});
-      d.out_t = codes.tensor(DType::E4M3, {W, N}, N * W);
-      d.scale = d_scale.scale;
-      d.amax = t.at("amax");
-      b.rope_backward_cast(d_in, freqs, s, d);
-      // dx (N, K) = dqkv @ w, w's transpose (K, W) standing for the weight's transposed codes.
-      const Tensor w_t = codes.tensor(DType::E4M3, {K, W}, 2 * N * W);
-      const Tensor w_inv = state.tensor(DType::F32, {1}, 512);
-      cast_fp8_tensorwise(b, state, 1024, t.at("w"), w_t, w_inv, true);
-      Fp8MatmulArgs dgrad;
-      dgrad.out = t.at("dx"), dgrad.a = d.out, dgrad.b = w_t, dgrad.a_scale_inv = d_scale.scale_inv;
-      dgrad.b_scale_inv = w_inv;
-      b.matmul_fp8(dgrad);
-      // dw (W, C) = dqkv^T @ x, both operands K-major (x cast transposed).
-      const Tensor x_t = codes.tensor(DType::E4M3, {C, N}, 2 * N * W + K * W);
-      const Tensor x_inv = state.tensor(DType::F32, {1}, 768);
-      cast_fp8_tensorwise(b, state, 1536, t.at("x"), x_t, x_inv, true);
-      Fp8MatmulArgs wgrad;
-      wgrad.out = t.at("dw"), wgrad.a = d.out_t, wgrad.b = x_t;
-      wgrad.a_scale_inv = d_scale.scale_inv, wgrad.b_scale_inv = x_inv;
-      b.matmul_fp8(wgrad);
-    };
-    cases.push_back(std::move(c));
-  }
-  return cases;
-}
-
 // The pre-norm without its output, as a block whose first linear keeps its input as codes runs
 // it: the forward's codes and statistics, later the transposed codes from the norm's input
 // (rmsnorm_transposed_codes), and the linear's weight gradient from them (dy cast transposed):
@@ -2049,12 +1992,11 @@ std::vector<OpCase> gathered_attention_cases() {
 
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> all;
-  for (auto fn :
-       {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
-        gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
-        reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, forward_cast_cases,
-        swiglu_backward_cast_cases, rope_backward_cast_cases, rmsnorm_transposed_codes_cases,
-        fp8_grouped_cast_cases, init_and_conversion_cases})
+  for (auto fn : {matmul_cases, norm_and_embedding_cases, attention_cases, decode_cases, mla_cases,
+                  gathered_attention_cases, mlp_and_loss_cases, qk_norm_cases, moe_cases,
+                  reduction_and_optimizer_cases, bf16_gradient_cases, fp8_cases, forward_cast_cases,
+                  swiglu_backward_cast_cases, rmsnorm_transposed_codes_cases,
+                  fp8_grouped_cast_cases, init_and_conversion_cases})
     for (auto& c : fn()) all.push_back(std::move(c));
   return all;
 }

@@ -301,12 +301,6 @@ void ReferenceBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs,
   store(qkv, v);
 }
 
-void ReferenceBackend::do_rope_backward_cast(const Tensor& dqkv, const Tensor& freqs,
-                                             const AttentionShape& s, const Fp8CastArgs& codes) {
-  do_rope_backward(dqkv, freqs, s);
-  cast_output(dqkv, codes);
-}
-
 void ReferenceBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
                                         const AttentionShape& s) {
   std::vector<double> v = values(dqkv);

@@ -372,34 +372,6 @@ TEST_F(CpuOps, SwigluBackwardCastIsTheBackwardThenTheCast) {
   EXPECT_EQ(value(folded.amax), value(cast.amax));
 }
 
-// The rope backward with its gradient's cast writes what rope_backward then the cast write
-// (both layouts and the amax), over query, key and value heads.
-TEST_F(CpuOps, RopeBackwardCastIsTheRotationThenTheCast) {
-  AttentionShape s;
-  s.batch = 2, s.seq = 3, s.heads = 2, s.kv_heads = 1, s.head_dim = 4;
-  const int64_t N = s.tokens(), W = s.qkv_width();
-  std::vector<float> d(N * W), f(s.seq * s.head_dim);
-  for (size_t i = 0; i < d.size(); ++i) d[i] = 0.1f * std::cos(0.7f * static_cast<float>(i));
-  for (size_t i = 0; i < f.size(); ++i) f[i] = std::sin(0.9f * static_cast<float>(i) + 0.3f);
-  const Tensor dqkv = make(DType::F32, {N, W}), scratch = make(DType::F32, {N, W});
-  const Tensor freqs = make(DType::F32, {s.seq, s.head_dim});
-  b->upload(dqkv, d.data());
-  b->upload(scratch, d.data());
-  b->upload(freqs, f.data());
-  b->rope_backward(dqkv, freqs, s);
-  const Tensor scale = scalar(300.0f);
-  const Fp8CastArgs cast{dqkv, make(DType::E5M2, {N, W}), make(DType::E5M2, {W, N}), scale,
-                         scalar(0.0f)};
-  b->fp8_cast_transpose(cast);
-  const Fp8CastArgs folded{
-      {}, make(DType::E5M2, {N, W}), make(DType::E5M2, {W, N}), scale, scalar(0.0f)};
-  b->rope_backward_cast(scratch, freqs, s, folded);
-  EXPECT_EQ(codes(folded.out), codes(cast.out));
-  EXPECT_EQ(codes(folded.out_t), codes(cast.out_t));
-  EXPECT_GT(value(cast.amax), 0.0f);
-  EXPECT_EQ(value(folded.amax), value(cast.amax));
-}
-
 // Codes that do not fit the producer's output, or a layout the ops do not write, are refused
 // before anything is written, naming the op and the argument.
 TEST_F(CpuOps, ForwardCastsRefuseCodesThatAreNotTheirOutputs) {
@@ -643,14 +615,13 @@ class ProducerOps final : public OpObserver {
     passes += op == "embedding_forward";
     second_pass_casts += passes == 2 && op == "fp8_cast_transpose";
     norm_codes_t += op == "rmsnorm_transposed_codes";
-    rope_folded += op == "rope_backward_cast";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
   int swiglu_folded = 0, swiglu_plain = 0, norm_folded = 0, norm_plain = 0;
   int attention_folded = 0, attention_plain = 0, backward_folded = 0, backward_plain = 0;
-  int passes = 0, second_pass_casts = 0, norm_codes_t = 0, rope_folded = 0;
+  int passes = 0, second_pass_casts = 0, norm_codes_t = 0;
 };
 
 // Delayed scaling with one step of most-recent history, over one batch and unchanged weights,
@@ -662,9 +633,7 @@ class ProducerOps final : public OpObserver {
 // inputs, and the gate_up projections' output-gradient codes from the SwiGLU backward
 // (swiglu_backward_cast, into output_grad_cast's target), the down projections' transposed
 // input codes, kept from the SwiGLU in h's place, and the QKV and gate_up projections', written
-// in the backward from the pre-norms' inputs (rmsnorm_transposed_codes), and the QKV
-// projections' output-gradient codes from the rope backward (rope_backward_cast); tensorwise
-// never can. So the two must agree
+// in the backward from the pre-norms' inputs (rmsnorm_transposed_codes); tensorwise never can. So the two must agree
 // bit for bit: the folded codes go where the GEMMs read them, with each slot's scale and amax.
 // Two passes of the tiny model, delayed (one step of most-recent history) or tensorwise, with
 // the ops counted.
@@ -701,15 +670,14 @@ TEST(Fp8Model, InputCodesFromTheirProducersChangeNoBit) {
   EXPECT_EQ(folded_ops.attention_plain, L) << "the first pass's";
   EXPECT_EQ(folded_ops.backward_folded, L) << "the second pass's SwiGLU backwards";
   EXPECT_EQ(folded_ops.backward_plain, L) << "the first pass's";
-  // The second pass casts (weights cached) the output gradients of the output and down
+  // The second pass casts (weights cached) the output gradients of the QKV, output and down
   // projections and the output projection's transposed input; tensorwise casts every input
   // twice (its amax first) and every output gradient twice, and transposes every input again.
-  EXPECT_EQ(folded_ops.second_pass_casts, 3 * L);
+  EXPECT_EQ(folded_ops.second_pass_casts, 4 * L);
   EXPECT_EQ(folded_ops.norm_codes_t, 2 * L) << "the second pass's pre-norms' transposed codes";
-  EXPECT_EQ(folded_ops.rope_folded, L) << "the second pass's rope backwards";
   EXPECT_EQ(plain_ops.second_pass_casts, 20 * L);
   EXPECT_EQ(plain_ops.swiglu_folded + plain_ops.norm_folded + plain_ops.attention_folded +
-                plain_ops.backward_folded + plain_ops.norm_codes_t + plain_ops.rope_folded,
+                plain_ops.backward_folded + plain_ops.norm_codes_t,
             0);
   EXPECT_EQ(folded.loss, plain.loss);
   EXPECT_EQ(folded.grads, plain.grads);

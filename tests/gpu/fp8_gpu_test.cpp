@@ -344,64 +344,6 @@ TEST(GpuFp8, SwigluForwardCastWritesTransposedCodesAsTheCast) {
   }
 }
 
-// The rope backward writing its gradient's codes in both layouts (never the gradient itself)
-// gives what rope_backward then the cast give, code for code: the folded tiles (heads of 128,
-// tokens a multiple of 128) at Llama's 32/8 heads, with a table row per position and per token
-// (packed documents), and the rotated-then-cast path at 96 tokens and at heads of 64; e4m3 and
-// e5m2; a NaN reaches the amax.
-TEST(GpuFp8, RopeBackwardCastMatchesTheRotationThenTheCast) {
-  TS_REQUIRE_GPU();
-  Backends be;
-  Backend& g = *be.gpu;
-  struct Case {
-    int64_t batch, seq, heads, kv_heads, head_dim;
-    bool per_token;
-  };
-  for (const DType format : {DType::E4M3, DType::E5M2}) {
-    for (const Case& k : {Case{2, 128, 32, 8, 128, false}, Case{1, 256, 4, 2, 128, true},
-                          Case{1, 96, 4, 2, 128, false}, Case{1, 128, 4, 2, 64, false}}) {
-      AttentionShape s;
-      s.batch = k.batch, s.seq = k.seq, s.heads = k.heads, s.kv_heads = k.kv_heads;
-      s.head_dim = k.head_dim, s.rope_per_token = k.per_token;
-      const int64_t N = s.tokens(), W = s.qkv_width(), rows = k.per_token ? N : s.seq;
-      SCOPED_TRACE(fmt::format("{} N={} W={} D={}{}", dtype_name(format), N, W, k.head_dim,
-                               k.per_token ? " per token" : ""));
-      GuardedTensor dqkv(g, DType::BF16, {N, W}), scratch(g, DType::BF16, {N, W});
-      GuardedTensor freqs(g, DType::F32, {rows, k.head_dim});
-      std::vector<float> d = random_normal(N * W, 61, 0.02f);
-      upload_float(g, dqkv, d);
-      upload_float(g, scratch, d);
-      g.upload(freqs, random_normal(rows * k.head_dim, 67, 1.0f).data());
-      DeviceBuffer scalars(g, 4 * 256, "scalars");
-      const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 4000.0f : 60000.0f);
-      GuardedTensor codes(g, format, {N, W}), codes_t(g, format, {W, N});
-      GuardedTensor fused(g, format, {N, W}), fused_t(g, format, {W, N});
-      const Fp8CastArgs cast{dqkv, codes, codes_t, scale, scalar_on(g, scalars, 1, 0.0f)};
-      const Fp8CastArgs folded{{}, fused, fused_t, scale, scalar_on(g, scalars, 2, 0.0f)};
-      g.rope_backward(dqkv.t(), freqs.t(), s);
-      g.fp8_cast_transpose(cast);
-      g.rope_backward_cast(scratch.t(), freqs.t(), s, folded);
-      const int64_t bad = differing(g, codes, fused), bad_t = differing(g, codes_t, fused_t);
-      const float amax = read_scalar(g, cast.amax);
-      EXPECT_EQ(bad, 0) << "codes differing from the cast of rope_backward's gradient";
-      EXPECT_EQ(bad_t, 0) << "transposed codes differing";
-      EXPECT_EQ(read_scalar(g, folded.amax), amax);
-      EXPECT_TRUE(fused.guards_intact() && fused_t.guards_intact() && scratch.guards_intact())
-          << "write outside the outputs";
-      std::printf(
-          "[ fp8      ] rope_backward_cast %-8s %5ldx%-5ld D%-3ld%s codes %ld, transposed %ld "
-          "differ, amax %g\n",
-          std::string(dtype_name(format)).c_str(), static_cast<long>(N), static_cast<long>(W),
-          static_cast<long>(k.head_dim), k.per_token ? " per token" : "", static_cast<long>(bad),
-          static_cast<long>(bad_t), amax);
-      d[W + 3] = NAN;  // row 1, a query head
-      upload_float(g, scratch, d);
-      g.rope_backward_cast(scratch.t(), freqs.t(), s, folded);
-      EXPECT_TRUE(std::isnan(read_scalar(g, folded.amax))) << "a NaN must reach the amax";
-    }
-  }
-}
-
 // Attention writing the output projection's codes in its epilogue (the warpgroup forward on
 // Hopper; elsewhere the cast after it): causal with a partial last tile, a window, and full
 // attention, 4 query heads over 2 key/value heads of 128.

@@ -63,20 +63,6 @@ void check_codes_of(const OpChecks& check, int64_t elements, const Fp8CastArgs& 
   if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
 }
 
-// The codes a backward writes of the gradient it produces, as the output-gradient cast would
-// (swiglu_backward_cast, rope_backward_cast): both layouts of one dtype, one scale, an
-// optional amax.
-void check_codes_in_both_layouts(const OpChecks& check, int64_t elements,
-                                 const Fp8CastArgs& codes) {
-  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are the gradient's)");
-  check.count(codes.out, elements, "codes.out");
-  check.count(codes.out_t, elements, "codes.out_t");
-  check.that(codes.out.dtype == codes.out_t.dtype, "codes.out {} and codes.out_t {} differ",
-             dtype_name(codes.out.dtype), dtype_name(codes.out_t.dtype));
-  check.count(codes.scale, 1, "codes.scale");
-  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
-}
-
 // The epilogue operands shared by both GEMMs: c (read with beta; undefined or out itself
 // means out) and a bias broadcast over rows.
 void check_epilogue(const OpChecks& check, const Tensor& out, const Tensor& c, const Tensor& bias,
@@ -670,28 +656,6 @@ OpCost cost_rope_backward(const Tensor& dqkv, const Tensor& freqs, const Attenti
   return rope_cost(dqkv, freqs, s);
 }
 
-// ---- rope_backward_cast
-
-void check_rope_backward_cast(const OpChecks& check, const Tensor& dqkv, const Tensor& freqs,
-                              const AttentionShape& s, const Fp8CastArgs& codes) {
-  check.rope(dqkv, freqs, s);
-  check_codes_in_both_layouts(check, dqkv.numel(), codes);
-}
-
-OpArgs describe_rope_backward_cast(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s,
-                                   const Fp8CastArgs& /*codes*/) {
-  return op_args::rope(s, dqkv.dtype);
-}
-
-OpCost cost_rope_backward_cast(const Tensor& dqkv, const Tensor& freqs, const AttentionShape& s,
-                               const Fp8CastArgs& codes) {
-  // The rotation, then the cast's scale, rounding and amax of every element; the bytes of the
-  // folded kernel (dqkv read once, not written).
-  const OpCost rope = rope_cost(dqkv, freqs, s);
-  return {rope.flops + 3 * elements(dqkv),
-          bytes_of(dqkv) + bytes_of(codes.out) + bytes_of(codes.out_t)};
-}
-
 // ---- attention_forward
 
 void check_attention_forward(const OpChecks& check, const Tensor& out, const Tensor& lse,
@@ -1137,7 +1101,13 @@ OpCost cost_swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Te
 void check_swiglu_backward_cast(const OpChecks& check, const Tensor& dgate_up, const Tensor& dout,
                                 const Tensor& gate_up, const Fp8CastArgs& codes) {
   check_swiglu_backward(check, dgate_up, dout, gate_up);
-  check_codes_in_both_layouts(check, dgate_up.numel(), codes);
+  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are d(gate_up)'s)");
+  check.count(codes.out, dgate_up.numel(), "codes.out");
+  check.count(codes.out_t, dgate_up.numel(), "codes.out_t");
+  check.that(codes.out.dtype == codes.out_t.dtype, "codes.out {} and codes.out_t {} differ",
+             dtype_name(codes.out.dtype), dtype_name(codes.out_t.dtype));
+  check.count(codes.scale, 1, "codes.scale");
+  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
 }
 
 OpArgs describe_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,

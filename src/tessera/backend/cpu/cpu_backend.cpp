@@ -524,12 +524,6 @@ void CpuBackend::do_rope_forward(const Tensor& qkv, const Tensor& freqs, const A
   }
 }
 
-void CpuBackend::do_rope_backward_cast(const Tensor& dqkv, const Tensor& freqs,
-                                       const AttentionShape& s, const Fp8CastArgs& codes) {
-  do_rope_backward(dqkv, freqs, s);
-  cast_output(dqkv, codes);
-}
-
 void CpuBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
                                   const AttentionShape& s) {
   AttentionShape token = s;

@@ -696,19 +696,6 @@ void CudaBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
   cuda::rope_backward(dqkv.data, freqs.as<float>(), rope_shape(s), dqkv.dtype, stream_);
 }
 
-// The folded kernel takes bf16 heads of 128 on whole tiles; elsewhere dqkv is rotated and cast.
-void CudaBackend::do_rope_backward_cast(const Tensor& dqkv, const Tensor& freqs,
-                                        const AttentionShape& s, const Fp8CastArgs& codes) {
-  if (cuda::rope_backward_cast(dqkv.data, freqs.as<float>(), rope_shape(s), dqkv.dtype,
-                               codes.out.data, codes.out_t.data, codes.out.dtype,
-                               codes.scale.as<float>(),
-                               codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_)) {
-    return;
-  }
-  do_rope_backward(dqkv, freqs, s);
-  cast_output(dqkv, codes);
-}
-
 bool CudaBackend::use_cudnn_attention(const AttentionShape& s, bool backward,
                                       std::initializer_list<const void*> buffers) {
   if (cudnn_ == nullptr) return false;  // attention_backend tessera, or auto without cuDNN

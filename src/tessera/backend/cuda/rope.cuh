@@ -24,14 +24,4 @@ void rope_forward(void* qkv, const float* freqs, const RopeShape& s, DType dtype
 void rope_backward(void* dqkv, const float* freqs, const RopeShape& s, DType dtype,
                    cudaStream_t stream);
 
-// rope_backward's dqkv as FP8 codes in both layouts, never stored in `dtype`: codes (N, width)
-// and codes_t (width, N) in `format` (e4m3 or e5m2) = satfinite_rn(d * *scale) of the values
-// rope_backward stores, and (amax non-null) amax = max(*amax, max |d|): the cast of the
-// gradient folded into its producer. bf16 with head_dim 128, N = batch x seq a multiple of
-// 128 and 16-byte aligned pointers only: otherwise it returns false having written nothing (the
-// caller runs rope_backward and then the cast).
-bool rope_backward_cast(const void* dqkv, const float* freqs, const RopeShape& s, DType dtype,
-                        void* codes, void* codes_t, DType format, const float* scale, float* amax,
-                        cudaStream_t stream);
-
 }  // namespace tessera::cuda

@@ -129,18 +129,7 @@ void GqaAttention::backward(LayerOps& ops, const LinearOperand& in, const Tensor
   a.rope_per_token = ops.runtime().reset_position_ids;
   ops.linear_backward(datt_, dout, att_, o_proj_, -1);
   ops.attention_backward(dqkv_, datt_, att_, lse_, qkv_, a);
-  // Where rope is the last producer of d(qkv) (no qk-norm) and the QKV projection takes its
-  // output gradient's codes (no bias, whose gradient reads d(qkv)), the rotation writes them in
-  // both layouts and never d(qkv) itself (recompute_in writes no linear's gradient codes in
-  // between).
-  const Fp8CastArgs codes = o_.rope && o_.qk_norm == QkNorm::None && qkv_bias_ < 0
-                                ? ops.linear_output_grad_cast(qkv_weight_, dqkv_.dim(0))
-                                : Fp8CastArgs{};
-  if (codes.out.defined()) {
-    b.rope_backward_cast(dqkv_, ops.rope_table(o_.rope_base), a, codes);
-  } else if (o_.rope) {
-    b.rope_backward(dqkv_, ops.rope_table(o_.rope_base), a);
-  }
+  if (o_.rope) b.rope_backward(dqkv_, ops.rope_table(o_.rope_base), a);
   if (o_.qk_norm == QkNorm::PerHead) {
     b.qk_norm_backward(dqkv_, ops.grad(q_norm_), ops.grad(k_norm_), dqkv_, qk_.raw,
                        ops.param(q_norm_), ops.param(k_norm_), qk_.rstd, a);
@@ -158,9 +147,7 @@ void GqaAttention::backward(LayerOps& ops, const LinearOperand& in, const Tensor
     b.copy_columns(dqkv_, q, dk_, 0, kv);
   }
   recompute_in();
-  ops.linear_backward(din,
-                      codes.out.defined() ? LinearOperand::with_codes(dqkv_) : LinearOperand(dqkv_),
-                      in, qkv_weight_, qkv_bias_);
+  ops.linear_backward(din, dqkv_, in, qkv_weight_, qkv_bias_);
 }
 
 GqaAttention::QkTensors GqaAttention::qk_scratch(ScratchArena& scratch, int64_t n,

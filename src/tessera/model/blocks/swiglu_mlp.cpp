@@ -67,8 +67,7 @@ void SwigluMlp::backward(LayerOps& ops, const LinearOperand& in, const Tensor& d
                       kept_codes ? LinearOperand::transposed_codes(transposed_codes_in(h_)) : LinearOperand(h_),
                       down_, -1);
   // Where the gate_up projection takes its output gradient's codes, the SwiGLU backward writes
-  // them in both layouts and never d(gate_up) itself (recompute_in writes no linear's gradient
-  // codes in between).
+  // them in both layouts and never d(gate_up) itself (recompute_in casts nothing in between).
   const Fp8CastArgs codes = ops.linear_output_grad_cast(gate_up_, dgate_up_.dim(0));
   if (codes.out.defined()) {
     b.swiglu_backward_cast(dgate_up_, dh_, gate_up_out_, codes);
