@@ -633,10 +633,10 @@ class ProducerOps final : public OpObserver {
 // inputs, and the gate_up projections' output-gradient codes from the SwiGLU backward
 // (swiglu_backward_cast, into output_grad_cast's target), the down projections' transposed
 // input codes, kept from the SwiGLU in h's place, and the QKV and gate_up projections', written
-// in the backward from the pre-norms' inputs (rmsnorm_transposed_codes); tensorwise never can. So the two must agree
-// bit for bit: the folded codes go where the GEMMs read them, with each slot's scale and amax.
-// Two passes of the tiny model, delayed (one step of most-recent history) or tensorwise, with
-// the ops counted.
+// in the backward from the pre-norms' inputs (rmsnorm_transposed_codes); tensorwise never can. So
+// the two must agree bit for bit: the folded codes go where the GEMMs read them, with each slot's
+// scale and amax. Two passes of the tiny model, delayed (one step of most-recent history) or
+// tensorwise, with the ops counted.
 ModelRun run_two_passes(Fp8Recipe recipe, RecomputeGranularity recompute, ProducerOps& ops) {
   Fp8Options o;
   o.mode = Fp8Mode::Hybrid;

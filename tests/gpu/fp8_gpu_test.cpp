@@ -207,7 +207,8 @@ TEST(GpuFp8, RmsnormCodesWithoutItsOutputAreTheCastOfIt) {
       GuardedTensor x(g, DType::BF16, {R, C}), weight(g, DType::BF16, {C});
       upload_float(g, x, random_normal(R * C, 53, 3.0f));
       upload_float(g, weight, random_normal(C, 59, 1.0f));
-      GuardedTensor out(g, DType::BF16, {R, C}), rstd(g, DType::F32, {R}), rstd2(g, DType::F32, {R});
+      GuardedTensor out(g, DType::BF16, {R, C}), rstd(g, DType::F32, {R}),
+          rstd2(g, DType::F32, {R});
       DeviceBuffer scalars(g, 4 * 256, "scalars");
       const Tensor scale = scalar_on(g, scalars, 0, format == DType::E4M3 ? 40.0f : 1000.0f);
       GuardedTensor codes(g, format, {R, C}), codes_t(g, format, {C, R});

@@ -56,8 +56,8 @@ void Block::forward_inner(LayerOps& ops, const Tensor& x) {
     ops.backend().rmsnorm_forward(ln_, rstd_, x, ops.param(pre_norm_), eps_);
     return mixer_->forward_inner(ops, ln_);
   }
-  ops.backend().rmsnorm_forward_cast(ln_kept_as_codes(ops, x) ? Tensor{} : ln_, rstd_, x, ops.param(pre_norm_), eps_,
-                                     codes);
+  ops.backend().rmsnorm_forward_cast(ln_kept_as_codes(ops, x) ? Tensor{} : ln_, rstd_, x,
+                                     ops.param(pre_norm_), eps_, codes);
   mixer_->forward_inner(ops, LinearOperand::with_codes(ln_));
 }
 

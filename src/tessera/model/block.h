@@ -198,8 +198,8 @@ class Mixer {
   // pre-norm kept no output, in.codes_t holds its transposed FP8 codes for input_linear()
   // (LayerOps::linear_keeps_input_codes), written by recompute_in(). Weight gradients
   // accumulate.
-  virtual void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
-                        const std::function<void()>& recompute_in) = 0;
+  virtual void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
+                        const Tensor& din, const std::function<void()>& recompute_in) = 0;
 
   // ---- generation with a cache (model/generator.h) ----
   // Values per position it keeps for later tokens (an attention's keys and values).

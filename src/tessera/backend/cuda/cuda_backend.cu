@@ -670,8 +670,8 @@ void CudaBackend::do_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd,
 }
 
 void CudaBackend::do_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x,
-                                               const Tensor& rstd, const Tensor& weight,
-                                               float /*eps*/) {
+                                              const Tensor& rstd, const Tensor& weight,
+                                              float /*eps*/) {
   const MatrixDims d = matrix_dims(x);
   cuda::rmsnorm_transposed_codes(codes.out_t.data, x.data, rstd.as<float>(), weight.data, d.rows,
                                  d.cols, x.dtype, codes.out_t.dtype, codes.scale.as<float>(),

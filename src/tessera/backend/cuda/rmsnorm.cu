@@ -13,10 +13,10 @@ namespace {
 // row, 64 KiB per SM), so DRAM sees x once and out once.
 constexpr int kThreads = 256;
 
-// With kCodes also the codes (out may then be null: not stored) (in kFormat, scaled by *scale) of the values stored (their
-// rounding to T, as the FP8 cast reads them back) and their amax, max-ed into *amax_bits
-// (when non-null) one atomic a block, as the cast kernel does: an FP8 linear's forward cast
-// folded into its input's producer (rmsnorm_forward_cast).
+// With kCodes also the codes (in kFormat, scaled by *scale) of the values stored (their
+// rounding to T, as the FP8 cast reads them back) and their amax, max-ed into *amax_bits (when
+// non-null) one atomic a block, as the cast kernel does: an FP8 linear's forward cast folded
+// into its input's producer (rmsnorm_forward_cast). out may then be null: not stored.
 template <class T, int VEC, bool kCodes = false, DType kFormat = DType::E4M3>
 __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* weight, int64_t C,
                                        float eps, uint8_t* codes = nullptr,
@@ -134,7 +134,8 @@ __global__ void rmsnorm_codes_t_elements_kernel(const T* x, const float* rstd, c
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   const int64_t c = i / N, n = i % N;
-  const float stored = to_float(from_float<T>(to_float(x[n * C + c]) * rstd[n] * to_float(weight[c])));
+  const float stored =
+      to_float(from_float<T>(to_float(x[n * C + c]) * rstd[n] * to_float(weight[c])));
   out_t[i] = fp8_encode<kFormat>(stored * *scale_ptr);
 }
 

@@ -13,9 +13,9 @@ namespace tessera::cuda {
 void rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, int64_t N,
                      int64_t C, float eps, DType dtype, cudaStream_t stream);
 
-// rmsnorm_forward (out written when non-null), also writing codes (N, C) in `format` (e4m3 or e5m2) = satfinite_rn(out *
-// *scale) of the stored out, and (amax non-null) amax = max(*amax, max |out|): the FP8 cast of
-// out in the same pass (fp8_cast_transpose's codes and amax).
+// rmsnorm_forward (out written when non-null), also writing codes (N, C) in `format` (e4m3 or e5m2)
+// = satfinite_rn(out * *scale) of the stored out, and (amax non-null) amax = max(*amax, max |out|):
+// the FP8 cast of out in the same pass (fp8_cast_transpose's codes and amax).
 void rmsnorm_forward_cast(void* out, float* rstd, void* codes, const void* x, const void* weight,
                           int64_t N, int64_t C, float eps, DType dtype, DType format,
                           const float* scale, float* amax, cudaStream_t stream);

@@ -122,8 +122,7 @@ void GqaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor
 }
 
 void GqaAttention::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
-                         const Tensor& din,
-                            const std::function<void()>& recompute_in) {
+                            const Tensor& din, const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   AttentionShape a = shape(ops.runtime().micro_batch, ops.runtime().seq_length);
   a.rope_per_token = ops.runtime().reset_position_ids;

@@ -133,8 +133,7 @@ void MlaAttention::forward_output(LayerOps& ops, const Tensor& out, const Tensor
 }
 
 void MlaAttention::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
-                         const Tensor& din,
-                            const std::function<void()>& recompute_in) {
+                            const Tensor& din, const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const ModelRuntime& rt = ops.runtime();
   const bool selective = rt.recompute == RecomputeGranularity::Selective;

@@ -224,8 +224,7 @@ void MoeMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& resi
   if (dropped_.defined()) b.sum(stats_.flat_range(E + 2, 1), dropped_, /*accumulate=*/true);
 }
 
-void MoeMlp::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
-                         const Tensor& din,
+void MoeMlp::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
                       const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const bool selective = ops.runtime().recompute == RecomputeGranularity::Selective;

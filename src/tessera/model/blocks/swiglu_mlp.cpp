@@ -34,7 +34,8 @@ void SwigluMlp::forward_inner(LayerOps& ops, const LinearOperand& in) {
   if (!codes.out.defined()) return ops.backend().swiglu_forward(h_, gate_up_out_);
   if (!ops.linear_keeps_input_codes(down_, N))
     return ops.backend().swiglu_forward_cast(h_, gate_up_out_, codes);
-  if (ops.runtime().recompute != RecomputeGranularity::Selective) codes.out_t = transposed_codes_in(h_);
+  if (ops.runtime().recompute != RecomputeGranularity::Selective)
+    codes.out_t = transposed_codes_in(h_);
   ops.backend().swiglu_forward_cast({}, gate_up_out_, codes);
 }
 
@@ -46,8 +47,7 @@ void SwigluMlp::forward_output(LayerOps& ops, const Tensor& out, const Tensor& r
 // h and (under selective recompute) the block's normed input share one buffer: h (or its
 // codes) is used up before the input is recomputed.
 void SwigluMlp::backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout,
-                         const Tensor& din,
-                         const std::function<void()>& recompute_in) {
+                         const Tensor& din, const std::function<void()>& recompute_in) {
   Backend& b = ops.backend();
   const int64_t N = h_.dim(0);
   const bool kept_codes = ops.linear_keeps_input_codes(down_, N);
@@ -63,9 +63,10 @@ void SwigluMlp::backward(LayerOps& ops, const LinearOperand& in, const Tensor& d
       b.swiglu_forward(h_, gate_up_out_);
     }
   }
-  ops.linear_backward(dh_, dout,
-                      kept_codes ? LinearOperand::transposed_codes(transposed_codes_in(h_)) : LinearOperand(h_),
-                      down_, -1);
+  ops.linear_backward(
+      dh_, dout,
+      kept_codes ? LinearOperand::transposed_codes(transposed_codes_in(h_)) : LinearOperand(h_),
+      down_, -1);
   // Where the gate_up projection takes its output gradient's codes, the SwiGLU backward writes
   // them in both layouts and never d(gate_up) itself (recompute_in casts nothing in between).
   const Fp8CastArgs codes = ops.linear_output_grad_cast(gate_up_, dgate_up_.dim(0));
