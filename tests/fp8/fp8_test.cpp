@@ -202,6 +202,16 @@ struct CpuOps : ::testing::Test {
     b->download(v.data(), t);
     return v;
   }
+  // A norm's input (R, C) and weight (C), fixed values of either sign.
+  std::pair<Tensor, Tensor> norm_inputs(int64_t R, int64_t C) {
+    std::vector<float> x(R * C), w(C);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + 0.25f * static_cast<float>(i);
+    const Tensor xt = make(DType::F32, {R, C}), wt = make(DType::F32, {C});
+    b->upload(xt, x.data());
+    b->upload(wt, w.data());
+    return {xt, wt};
+  }
   std::vector<uint8_t> codes(const Tensor& t) {
     std::vector<uint8_t> c(t.numel());
     b->download(c.data(), t);
@@ -305,12 +315,7 @@ TEST_F(CpuOps, SwigluForwardCastWritesEitherLayoutWithoutH) {
 // normed rows, their statistics, the codes and the amax.
 TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
   const int64_t R = 6, C = 5;
-  std::vector<float> x(R * C), w(C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + 0.25f * static_cast<float>(i);
-  const Tensor xt = make(DType::F32, {R, C}), wt = make(DType::F32, {C});
-  b->upload(xt, x.data());
-  b->upload(wt, w.data());
+  const auto [xt, wt] = norm_inputs(R, C);
   const Tensor rstd = make(DType::F32, {R}), rstd_fused = make(DType::F32, {R});
   expect_cast_folded_in(R, C, [&](const Tensor& out, const Fp8CastArgs* codes) {
     if (codes) return b->rmsnorm_forward_cast(out, rstd_fused, xt, wt, 1e-5f, *codes);
@@ -324,12 +329,7 @@ TEST_F(CpuOps, RmsnormForwardCastIsTheNormThenTheCast) {
 // output writes: the gate_up and QKV projections' weight-gradient codes where ln is not kept.
 TEST_F(CpuOps, RmsnormCodesWithoutItsOutputAreTheCastOfIt) {
   const int64_t R = 6, C = 5;
-  std::vector<float> x(R * C), w(C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = 3.0f * std::sin(1.3f * static_cast<float>(i));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + 0.25f * static_cast<float>(i);
-  const Tensor xt = make(DType::F32, {R, C}), wt = make(DType::F32, {C});
-  b->upload(xt, x.data());
-  b->upload(wt, w.data());
+  const auto [xt, wt] = norm_inputs(R, C);
   const Tensor out = make(DType::F32, {R, C}), rstd = make(DType::F32, {R});
   b->rmsnorm_forward(out, rstd, xt, wt, 1e-5f);
   const Tensor scale = scalar(37.0f);
