@@ -17,6 +17,7 @@ namespace tessera {
 // A tensor seen as a matrix: the last dimension is the columns, all leading ones the rows.
 struct MatrixDims {
   int64_t rows = 1, cols = 1;
+  int64_t elements() const { return rows * cols; }
 };
 MatrixDims matrix_dims(const Tensor& t);
 

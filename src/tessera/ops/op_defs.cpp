@@ -53,14 +53,52 @@ OpCost mla_cost(const MlaQkvArgs& a) {
   return {3 * rotated, 2 * bytes_of(a.qkv)};
 }
 
-// The codes a producer writes of its output as the FP8 cast would (the *_forward_cast ops):
-// row-major only, one per element of the output, one scale, an optional amax.
-void check_codes_of(const OpChecks& check, int64_t elements, const Fp8CastArgs& codes) {
-  check.that(!codes.x.defined() && !codes.out_t.defined(),
-             "codes.x and codes.out_t must be undefined (the codes are out's, row-major)");
-  check.count(codes.out, elements, "codes.out");
+// Whether an op writing a tensor's FP8 codes (the *_cast ops) takes one of their layouts.
+enum class CodeLayout { Absent, Optional, Required };
+
+// The codes an op writes of a tensor of `elements` elements as the FP8 cast would: codes.out
+// (row-major) and codes.out_t (transposed) as `rows` and `transposed` say, at least one, of one
+// dtype; one scale; an amax where the op records one (`amax`: optional, else absent, the
+// tensor's amax recorded before); codes.x undefined (the codes are the op's own result's).
+void check_codes(const OpChecks& check, int64_t elements, const Fp8CastArgs& codes,
+                 CodeLayout rows, CodeLayout transposed, bool amax = true) {
+  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are of the op's result)");
+  for (const auto& [t, layout, name] : {std::tuple{&codes.out, rows, "codes.out"},
+                                        std::tuple{&codes.out_t, transposed, "codes.out_t"}}) {
+    if (layout == CodeLayout::Absent) {
+      check.that(!t->defined(), "{} must be undefined (a layout this op does not write)", name);
+    } else if (layout == CodeLayout::Required || t->defined()) {
+      check.count(*t, elements, name);
+    }
+  }
+  check.that(codes.out.defined() || codes.out_t.defined(), "neither codes.out nor codes.out_t");
+  check.that(!codes.out.defined() || !codes.out_t.defined() || codes.out.dtype == codes.out_t.dtype,
+             "codes.out {} and codes.out_t {} differ", dtype_name(codes.out.dtype),
+             dtype_name(codes.out_t.dtype));
   check.count(codes.scale, 1, "codes.scale");
-  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+  if (!amax) {
+    check.that(!codes.amax.defined(), "codes.amax must be undefined (recorded before)");
+  } else if (codes.amax.defined()) {
+    check.count(codes.amax, 1, "codes.amax");
+  }
+}
+
+// A norm's operands: x (N, C), rstd (N), weight (C); x's dims.
+MatrixDims check_norm_operands(const OpChecks& check, const Tensor& x, const Tensor& rstd,
+                               const Tensor& weight) {
+  check.placed(x, "x");
+  const MatrixDims d = matrix_dims(x);
+  check.count(rstd, d.rows, "rstd");
+  check.count(weight, d.cols, "weight");
+  return d;
+}
+
+// The SwiGLU's input gate_up (N, 2F); the elements of its output, N x F.
+int64_t check_gate_up(const OpChecks& check, const Tensor& gate_up) {
+  check.placed(gate_up, "gate_up");
+  const MatrixDims d = matrix_dims(gate_up);
+  check.that(d.cols % 2 == 0, "gate_up {} has an odd width", gate_up.shape.str());
+  return d.rows * d.cols / 2;
 }
 
 // The epilogue operands shared by both GEMMs: c (read with beta; undefined or out itself
@@ -531,11 +569,7 @@ OpCost cost_embedding_shard_backward(const Tensor& dtable, const Tensor& dout, c
 
 void check_rmsnorm_forward(const OpChecks& check, const Tensor& out, const Tensor& rstd,
                            const Tensor& x, const Tensor& weight, float eps) {
-  check.placed(x, "x");
-  const MatrixDims d = matrix_dims(x);
-  check.count(out, d.rows * d.cols, "out");
-  check.count(rstd, d.rows, "rstd");
-  check.count(weight, d.cols, "weight");
+  check.count(out, check_norm_operands(check, x, rstd, weight).elements(), "out");
 }
 
 OpArgs describe_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
@@ -553,12 +587,9 @@ OpCost cost_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor&
 void check_rmsnorm_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& rstd,
                                 const Tensor& x, const Tensor& weight, float eps,
                                 const Fp8CastArgs& codes) {
-  check.placed(x, "x");
-  const MatrixDims d = matrix_dims(x);
-  if (out.defined()) check.count(out, d.rows * d.cols, "out");
-  check.count(rstd, d.rows, "rstd");
-  check.count(weight, d.cols, "weight");
-  check_codes_of(check, d.rows * d.cols, codes);
+  const int64_t n = check_norm_operands(check, x, rstd, weight).elements();
+  if (out.defined()) check.count(out, n, "out");
+  check_codes(check, n, codes, CodeLayout::Required, CodeLayout::Absent);
 }
 
 OpArgs describe_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Tensor& x,
@@ -579,15 +610,8 @@ OpCost cost_rmsnorm_forward_cast(const Tensor& out, const Tensor& rstd, const Te
 void check_rmsnorm_transposed_codes(const OpChecks& check, const Fp8CastArgs& codes,
                                     const Tensor& x, const Tensor& rstd, const Tensor& weight,
                                     float eps) {
-  check.placed(x, "x");
-  const MatrixDims d = matrix_dims(x);
-  check.count(rstd, d.rows, "rstd");
-  check.count(weight, d.cols, "weight");
-  check.that(!codes.x.defined() && !codes.out.defined() && !codes.amax.defined(),
-             "codes.x, codes.out and codes.amax must be undefined (the codes are the norm's "
-             "output's, transposed)");
-  check.count(codes.out_t, d.rows * d.cols, "codes.out_t");
-  check.count(codes.scale, 1, "codes.scale");
+  check_codes(check, check_norm_operands(check, x, rstd, weight).elements(), codes,
+              CodeLayout::Absent, CodeLayout::Required, /*amax=*/false);
 }
 
 OpArgs describe_rmsnorm_transposed_codes(const Fp8CastArgs& /*codes*/, const Tensor& x,
@@ -683,7 +707,7 @@ void check_attention_forward_cast(const OpChecks& check, const Tensor& out, cons
                                   const Tensor& qkv, const AttentionShape& s,
                                   const Fp8CastArgs& codes) {
   check_attention_forward(check, out, lse, qkv, s);
-  check_codes_of(check, out.numel(), codes);
+  check_codes(check, out.numel(), codes, CodeLayout::Required, CodeLayout::Absent);
 }
 
 OpArgs describe_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
@@ -1028,10 +1052,7 @@ OpCost cost_softcap_backward(const Tensor& dx, const Tensor& dy, const Tensor& y
 // ---- swiglu_forward
 
 void check_swiglu_forward(const OpChecks& check, const Tensor& out, const Tensor& gate_up) {
-  check.placed(gate_up, "gate_up");
-  const MatrixDims d = matrix_dims(gate_up);
-  check.that(d.cols % 2 == 0, "gate_up {} has an odd width", gate_up.shape.str());
-  check.count(out, d.rows * d.cols / 2, "out");
+  check.count(out, check_gate_up(check, gate_up), "out");
 }
 
 OpArgs describe_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
@@ -1047,20 +1068,9 @@ OpCost cost_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 
 void check_swiglu_forward_cast(const OpChecks& check, const Tensor& out, const Tensor& gate_up,
                                const Fp8CastArgs& codes) {
-  check.placed(gate_up, "gate_up");
-  const MatrixDims d = matrix_dims(gate_up);
-  check.that(d.cols % 2 == 0, "gate_up {} has an odd width", gate_up.shape.str());
-  const int64_t n = d.rows * d.cols / 2;
+  const int64_t n = check_gate_up(check, gate_up);
   if (out.defined()) check.count(out, n, "out");
-  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are out's)");
-  check.that(codes.out.defined() || codes.out_t.defined(), "neither codes.out nor codes.out_t");
-  if (codes.out.defined()) check.count(codes.out, n, "codes.out");
-  if (codes.out_t.defined()) check.count(codes.out_t, n, "codes.out_t");
-  check.that(!codes.out.defined() || !codes.out_t.defined() || codes.out.dtype == codes.out_t.dtype,
-             "codes.out {} and codes.out_t {} differ", dtype_name(codes.out.dtype),
-             dtype_name(codes.out_t.dtype));
-  check.count(codes.scale, 1, "codes.scale");
-  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+  check_codes(check, n, codes, CodeLayout::Optional, CodeLayout::Optional);
 }
 
 // What it writes, for the bandwidth report: out or not, and one or two code layouts.
@@ -1081,11 +1091,9 @@ OpCost cost_swiglu_forward_cast(const Tensor& out, const Tensor& gate_up, const 
 
 void check_swiglu_backward(const OpChecks& check, const Tensor& dgate_up, const Tensor& dout,
                            const Tensor& gate_up) {
-  check.placed(gate_up, "gate_up");
-  const MatrixDims d = matrix_dims(gate_up);
-  check.that(d.cols % 2 == 0, "gate_up {} has an odd width", gate_up.shape.str());
-  check.count(dgate_up, d.rows * d.cols, "dgate_up");
-  check.count(dout, d.rows * d.cols / 2, "dout");
+  const int64_t n = check_gate_up(check, gate_up);
+  check.count(dgate_up, 2 * n, "dgate_up");
+  check.count(dout, n, "dout");
 }
 
 OpArgs describe_swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) {
@@ -1101,13 +1109,7 @@ OpCost cost_swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Te
 void check_swiglu_backward_cast(const OpChecks& check, const Tensor& dgate_up, const Tensor& dout,
                                 const Tensor& gate_up, const Fp8CastArgs& codes) {
   check_swiglu_backward(check, dgate_up, dout, gate_up);
-  check.that(!codes.x.defined(), "codes.x must be undefined (the codes are d(gate_up)'s)");
-  check.count(codes.out, dgate_up.numel(), "codes.out");
-  check.count(codes.out_t, dgate_up.numel(), "codes.out_t");
-  check.that(codes.out.dtype == codes.out_t.dtype, "codes.out {} and codes.out_t {} differ",
-             dtype_name(codes.out.dtype), dtype_name(codes.out_t.dtype));
-  check.count(codes.scale, 1, "codes.scale");
-  if (codes.amax.defined()) check.count(codes.amax, 1, "codes.amax");
+  check_codes(check, dgate_up.numel(), codes, CodeLayout::Required, CodeLayout::Required);
 }
 
 OpArgs describe_swiglu_backward_cast(const Tensor& dgate_up, const Tensor& dout,
