@@ -161,6 +161,26 @@ __device__ __forceinline__ void tile_column_runs(const uint8_t (&tile)[kRows][kP
   }
 }
 
+// The transposing kernels' write-out of a whole tile of codes, kRows x kCols (rows padded to
+// kPitch bytes) that kThreads threads wrote: each thread 4 tile columns over 16 tile rows
+// (tile_column_runs), tile column c to row `first + c` of out_t (rows of `ld` codes), tile row
+// j to its column r0 + j. Every run must lie inside out_t, 16-byte aligned.
+template <int kThreads, int kCols, int kRows, int kPitch>
+__device__ __forceinline__ void store_tile_transposed(const uint8_t (&tile)[kRows][kPitch], int t,
+                                                      uint8_t* out_t, int64_t first, int64_t ld,
+                                                      int64_t r0) {
+  constexpr int kColGroups = kCols / 4;
+  constexpr int kRun = kRows / (kThreads / kColGroups);
+  static_assert(kRun == 16, "a thread's runs are 16 codes, one 16-byte store");
+  const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRun;
+  uint32_t run[4][kRun / 4];
+  tile_column_runs(tile, cg, j0, run);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    *reinterpret_cast<uint4*>(out_t + (first + cg + k) * ld + r0 + j0) =
+        make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+}
+
 // ---- reductions (fixed order: the same bits on every run) ----
 
 // Butterfly sum: every lane ends with the same bits, since each step adds a + b on one lane

@@ -74,8 +74,6 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
 constexpr int kTileRows = 128, kTileCols = 64, kTileThreads = 128, kTilePack = 8;
 constexpr int kTileRowsPerPass = kTileThreads / (kTileCols / kTilePack);  // 16
 constexpr int kTilePasses = kTileRows / kTileRowsPerPass;                 // 8
-constexpr int kTileColGroups = kTileCols / 4;                             // 16
-constexpr int kTileRun = kTileRows / (kTileThreads / kTileColGroups);     // 16
 
 template <DType kFormat>
 __global__ void __launch_bounds__(kTileThreads)
@@ -115,14 +113,7 @@ __global__ void __launch_bounds__(kTileThreads)
     *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = word[1];
   }
   __syncthreads();
-  // Thread t writes rows cg .. cg + 4 of the 64 transposed rows, 16 columns from j0.
-  const int cg = (t % kTileColGroups) * 4, j0 = (t / kTileColGroups) * kTileRun;
-  uint32_t run[4][kTileRun / 4];
-  tile_column_runs(tile, cg, j0, run);
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    *reinterpret_cast<uint4*>(out_t + (c0 + cg + k) * N + r0 + j0) =
-        make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
+  store_tile_transposed<kTileThreads, kTileCols>(tile, t, out_t, c0, N, r0);
 }
 
 // rmsnorm_codes_t_kernel for any shape and dtype: a thread an element, consecutive threads

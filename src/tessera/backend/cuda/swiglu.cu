@@ -121,9 +121,7 @@ __global__ void swiglu_backward_kernel(T* dgate_up, const T* dout, const T* gate
 constexpr int kCastRows = 128, kCastCols = 64, kCastThreads = 128, kCastPack = 8;
 constexpr int kCastRowsPerPass = kCastThreads / (kCastCols / kCastPack);  // 16
 constexpr int kCastPasses = kCastRows / kCastRowsPerPass;                 // 8
-constexpr int kCastInFlight = 4;           // measured: 4 rows' loads beat 1, 2 and 8 (lab, H200)
-constexpr int kColGroups = kCastCols / 4;  // 16
-constexpr int kRunT = kCastRows / (kCastThreads / kColGroups);  // 16
+constexpr int kCastInFlight = 4;  // measured: 4 rows' loads beat 1, 2 and 8 (lab, H200)
 
 template <DType kFormat, bool kBackward>
 __global__ void __launch_bounds__(kCastThreads)
@@ -201,19 +199,9 @@ __global__ void __launch_bounds__(kCastThreads)
   }
   __syncthreads();
   if (amax_bits != nullptr && t == 0) block_amax_to<kCastThreads>(amax_bits, warp_amax);
-  // Thread t writes rows cg .. cg + 4 of each half's 64 transposed rows, 16 columns from j0.
-  const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
 #pragma unroll
-  for (int half = 0; half < kHalves; ++half) {
-    uint32_t run[4][kRunT / 4];
-    tile_column_runs(tile[half], cg, j0, run);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t oc = half * F + c0 + cg + k;
-      *reinterpret_cast<uint4*>(out_t + oc * N + r0 + j0) =
-          make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
-    }
-  }
+  for (int half = 0; half < kHalves; ++half)
+    store_tile_transposed<kCastThreads, kCastCols>(tile[half], t, out_t, half * F + c0, N, r0);
 }
 
 // Whether swiglu_cast_tiles_kernel takes these shapes and pointers.
