@@ -64,18 +64,18 @@ void LinearGemms::forward(const Tensor& out, const LinearOperand& in, int weight
 void LinearGemms::backward(const Tensor& din, const LinearOperand& dout_operand,
                            const LinearOperand& in_operand, int weight, int bias) {
   const float grad_beta = take_grad_beta(weight);
-  const bool adapted = this->adapted(weight);
+  const bool frozen = adapted(weight);  // its adapters train in its place
   const Tensor& dout = dout_operand.x;
   const Tensor& in = in_operand.x;
-  TS_CHECK(!dout_operand.cast || (is_fp8(weight) && !adapted && bias < 0),
+  TS_CHECK(!dout_operand.cast || (is_fp8(weight) && !frozen && bias < 0),
            "an output gradient given as codes to a linear that reads it in bf16");
-  TS_CHECK(!in_operand.codes_t.defined() || (is_fp8(weight) && !adapted),
+  TS_CHECK(!in_operand.codes_t.defined() || (is_fp8(weight) && !frozen),
            "an input given as transposed codes to a linear that reads it in bf16");
   if (is_fp8(weight)) {
     // An adapted weight is frozen: no weight-gradient GEMM (an undefined gradient).
     fp8_->backward(fp8_index_[weight], din, dout_operand, in_operand, fp8_weight(weight),
-                   adapted ? Tensor{} : grads_(weight), grad_beta);
-    if (adapted) adapters_->backward(din, dout, in, weight);
+                   frozen ? Tensor{} : grads_(weight), grad_beta);
+    if (frozen) adapters_->backward(din, dout, in, weight);
   } else {
     if (din.defined()) {
       MatmulArgs d;
@@ -84,7 +84,7 @@ void LinearGemms::backward(const Tensor& din, const LinearOperand& dout_operand,
       d.b = params_(weight);
       backend_.matmul(d);
     }
-    if (adapted) {
+    if (frozen) {
       adapters_->backward(din, dout, in, weight);  // the weight itself is frozen
     } else {
       MatmulArgs w;
