@@ -7,7 +7,10 @@
 // gather the sequence shards and cast what they gathered. Either way each rank's attention
 // writes the codes of its heads' part of the row-parallel output projection's input
 // (attention_forward_cast), and its SwiGLU backward the codes of its slice of the
-// column-parallel gate_up projection's output gradient (swiglu_backward_cast).
+// column-parallel gate_up projection's output gradient (swiglu_backward_cast). Without
+// sequence parallelism the pre-norms keep no output: each rank writes the transposed codes its
+// QKV and gate_up slices' weight gradients read from the norms' inputs
+// (rmsnorm_transposed_codes).
 //
 // Not bitwise: the row-parallel projections and the column-parallel layers' input gradients
 // add partial sums over the ranks, in another order than one rank's GEMMs, and the scales
@@ -57,19 +60,21 @@ ModelRuntime tp_runtime(int ranks, int rank, bool sequence_parallel) {
   return rt;
 }
 
-// Counts the pre-norms and attentions that wrote the next linear's input codes, and the SwiGLU
-// backwards that wrote the gate_up projection's output-gradient codes.
+// Counts the pre-norms and attentions that wrote the next linear's input codes, the SwiGLU
+// backwards that wrote the gate_up projection's output-gradient codes, and the transposed codes
+// written in the pre-norms' place.
 class FoldedCasts final : public OpObserver {
  public:
   void op_begin(const char* name, const OpArgs& /*args*/) override {
     norms += std::string_view(name) == "rmsnorm_forward_cast";
     attentions += std::string_view(name) == "attention_forward_cast";
     backwards += std::string_view(name) == "swiglu_backward_cast";
+    norm_codes_t += std::string_view(name) == "rmsnorm_transposed_codes";
   }
   void op_end() override {}
   void range_begin(const char*) override {}
   void range_end() override {}
-  int norms = 0, attentions = 0, backwards = 0;
+  int norms = 0, attentions = 0, backwards = 0, norm_codes_t = 0;
 };
 
 struct RankRun {
@@ -170,6 +175,8 @@ TEST(Fp8TensorParallel, TwoRanksComputeWhatOneDoes) {
       EXPECT_EQ(folded[rank].norms, sp ? 0 : 2 * L) << "pre-norms writing their mixer's codes";
       EXPECT_EQ(folded[rank].attentions, L) << "attentions writing the output projection's codes";
       EXPECT_EQ(folded[rank].backwards, L) << "SwiGLU backwards writing gate_up's gradient codes";
+      EXPECT_EQ(folded[rank].norm_codes_t, sp ? 0 : 2 * L)
+          << "transposed codes written in the pre-norms' place";
       const RankRun& r = ranks[rank];
       EXPECT_LT(relative(r.loss, one.loss), 1e-6) << r.loss << " vs " << one.loss;
       std::map<std::string, std::pair<double, double>> diff_norm;
