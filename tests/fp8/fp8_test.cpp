@@ -19,6 +19,7 @@
 #include "tessera/config/config.h"
 #include "tessera/core/fp8.h"
 #include "tessera/model/decoder_model.h"
+#include "tessera/model/fp8_linears.h"
 #include "tessera/model/init.h"
 #include "tessera/model/lora_model.h"
 #include "tessera/obs/logger.h"
@@ -438,6 +439,54 @@ TEST_F(CpuOps, SwigluBackwardCastRefusesCodesThatAreNotTheGradients) {
   std::vector<float> untouched(R * 2 * F);
   b->download(untouched.data(), dgate_up);
   EXPECT_EQ(untouched, std::vector<float>(R * 2 * F, -3.0f)) << "written by a refused call";
+}
+
+// The norm's transposed codes are all the op writes: a row-major layout, an amax (recorded in
+// the forward) or codes of another shape are refused by name before anything is written.
+TEST_F(CpuOps, RmsnormTransposedCodesRefusesCodesThatAreNotTheTransposedOutput) {
+  const int64_t R = 4, C = 8;
+  const auto [xt, wt] = norm_inputs(R, C);
+  const Tensor rstd = make(DType::F32, {R});
+  b->rmsnorm_forward(make(DType::F32, {R, C}), rstd, xt, wt, 1e-5f);
+  const Tensor codes_t = make(DType::E4M3, {C, R}), scale = scalar(2.0f);
+  const std::vector<uint8_t> before = codes(codes_t);
+  auto refused = [&](const Fp8CastArgs& c, const char* what) {
+    try {
+      b->rmsnorm_transposed_codes(c, xt, rstd, wt, 1e-5f);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find("rmsnorm_transposed_codes"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{}, make(DType::E4M3, {R, C}), codes_t, scale, {}}, "codes.out");
+  refused({{}, {}, codes_t, scale, scalar(0.0f)}, "codes.amax");
+  refused({{}, {}, make(DType::E4M3, {C, R - 1}), scale, {}}, "codes.out_t");
+  refused({{}, {}, codes_t, {}, {}}, "codes.scale");
+  EXPECT_EQ(codes(codes_t), before) << "written by a refused call";
+}
+
+// A linear's backward takes an input's transposed codes only where its forward took the
+// input's codes from the producer (delayed scaling with a history): before the first history
+// (just-in-time scales) they are refused, naming the linear.
+TEST_F(CpuOps, Fp8LinearRefusesTransposedInputCodesWhereItCastsItsInput) {
+  Fp8Options o;
+  o.mode = Fp8Mode::Hybrid;
+  Fp8Linears fp8(*b, o, {{.name = "down", .out = 16, .in = 32}}, 16);
+  EXPECT_FALSE(fp8.input_cast(0, 16).out.defined()) << "no history: the forward casts";
+  const Tensor weight = make(DType::F32, {16, 32}), dout = make(DType::F32, {16, 16});
+  b->fill(weight, 0.5f);
+  b->fill(dout, 0.25f);
+  try {
+    fp8.backward(0, make(DType::F32, {16, 32}),
+                 dout, LinearOperand::transposed_codes(make(DType::E4M3, {32, 16})), weight,
+                 make(DType::F32, {16, 32}), 0.0f);
+    ADD_FAILURE() << "transposed input codes accepted where the backward casts its input";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8 down: transposed input codes"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(CpuOps, MatmulFp8IsTheGemmOfDequantisedCodes) {
