@@ -1151,11 +1151,12 @@ OpCase permute_case(int64_t N, int64_t K, int64_t E, int64_t C, int64_t align, i
 }
 
 // Grouped GEMMs over groups of the given sizes: forward (b transposed or not), and the weight
-// gradient accumulating (beta 1) or overwriting.
+// gradient accumulating (beta 1) or overwriting; given the offsets on the host too, or only on
+// the device (where the backend reads them there, or copies them).
 std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int64_t N, int64_t K,
                                          const std::string& what,
                                          const std::vector<int32_t>& weights = {},
-                                         int64_t num_weights = 0) {
+                                         int64_t num_weights = 0, bool host_offsets = true) {
   const int64_t G = static_cast<int64_t>(sizes.size());
   const int64_t W = weights.empty() ? G : num_weights;
   std::vector<int32_t> offsets = {0};
@@ -1180,7 +1181,7 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
       GroupedMatmulArgs g;
       g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.trans_b = trans_b;
       g.offsets = upload_offsets(b, buf);
-      g.host_offsets = offsets;
+      if (host_offsets) g.host_offsets = offsets;
       g.group_weights = weights;
       b.grouped_matmul(g);
       b.synchronize();
@@ -1202,7 +1203,7 @@ std::vector<OpCase> grouped_matmul_cases(const std::vector<int32_t>& sizes, int6
       GroupedMatmulWgradArgs g;
       g.out = t.at("out"), g.a = t.at("a"), g.b = t.at("b"), g.beta = beta_;
       g.offsets = upload_offsets(b, buf);
-      g.host_offsets = offsets;
+      if (host_offsets) g.host_offsets = offsets;
       g.group_weights = weights;
       b.grouped_matmul_wgrad(g);
       b.synchronize();
@@ -1587,6 +1588,18 @@ std::vector<OpCase> moe_cases() {
        grouped_matmul_cases({3, 5, 0, 4, 7, 2}, 21, 19, "shared weights", {0, 2, 1, 0, 2, 0}, 4))
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_cases({96, 96, 96, 96, 96, 96, 96, 96}, 256, 512, "8 experts"))
+    cases.push_back(std::move(c));
+  // Widths the Hopper grouped kernel takes (multiples of 8), with groups of any size and the
+  // offsets on the device only; and shapes it does not take, whose GEMMs need the offsets on
+  // the host (the backend copies them).
+  for (auto& c :
+       grouped_matmul_cases({37, 0, 300, 1, 150, 0}, 264, 200, "device offsets only", {}, 0, false))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_cases({3, 0, 17, 1, 0, 9}, 37, 29, "device offsets, odd widths", {},
+                                      0, false))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_cases({3, 5, 0, 4, 7, 2}, 24, 16, "device offsets, shared weights",
+                                      {0, 2, 1, 0, 2, 0}, 4, false))
     cases.push_back(std::move(c));
   for (auto& c : grouped_matmul_fp8_cases({48, 0, 16, 112, 0, 32}, 48, 80, "with empty groups"))
     cases.push_back(std::move(c));

@@ -11,6 +11,7 @@
 #include <map>
 #include <vector>
 
+#include "common/moe_host_copies.h"
 #include "common/placed_layout.h"
 #include "tessera/backend/cpu/cpu_backend.h"
 #include "tessera/ckpt/checkpoint.h"
@@ -157,6 +158,25 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{Fp8Mode::Hybrid, Fp8Recipe::Tensorwise, false, false, RecomputeGranularity::Full}));
 
 // Recomputing a layer recasts the same values with the same scales: the same numbers.
+// The row groups' offsets stay on the device where the experts' grouped GEMMs read them there
+// (bf16 or fp32 experts: Backend::grouped_matmul_reads_device_offsets), so no MoE layer waits
+// for its routing; FP8 experts, which launch per group, copy them once a layer and pass.
+TEST(Fp8MoeRouting, OnlyFp8ExpertsCopyTheirRowGroupsToTheHost) {
+  for (const bool fp8 : {false, true}) {
+    MoeRun r;
+    const ModelSpec spec = moe_spec();
+    const ModelRuntime rt = moe_runtime(fp8 ? hybrid() : Fp8Options{});
+    r.model = std::make_unique<DecoderModel>(*r.backend, spec, rt);
+    init_parameters(*r.backend, spec, r.model->layout(), r.model->params(), 5);
+    testing::MoeHostCopies copies;
+    r.backend->set_op_observer(&copies);
+    step(r, batch(rt.tokens()));
+    r.backend->set_op_observer(nullptr);
+    EXPECT_EQ(copies.grouped, 2 * 6) << "grouped GEMMs of two MoE layers' forward and backward";
+    EXPECT_EQ(copies.downloads, fp8 ? 2 : 0) << (fp8 ? "fp8" : "fp32") << " experts";
+  }
+}
+
 TEST(Fp8MoeState, RecomputeChangesNothing) {
   for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise}) {
     const MoeRun plain = run_moe(hybrid(recipe), 2, true);

@@ -7,6 +7,7 @@
 
 #include "common/experiment_yaml.h"
 #include "common/moe_balance_of.h"
+#include "common/moe_host_copies.h"
 #include "gpu_test_util.h"
 #include "tessera/model/decoder_model.h"
 #include "tessera/obs/logger.h"
@@ -65,6 +66,24 @@ TEST(GpuMoe, LossGradientsAndBalanceMatchTheCpuReference) {
     EXPECT_LT(err, 5e-2) << p.name;
     std::printf("[ grad     ] %-52s rel err %.2e\n", p.name.c_str(), err);
   }
+}
+
+// bf16 experts on Hopper run the grouped kernel over the device's row offsets: no MoE layer
+// copies its routing to the host (the forward and backward of a micro-batch never wait for
+// it), and the step still matches the CPU reference (LossGradientsAndBalanceMatchTheCpuReference).
+TEST(GpuMoe, ExpertsNeverWaitForTheRouting) {
+  TS_REQUIRE_GPU();
+  Logger log("", 0, false, false);
+  auto gpu = trainer_on(tiny_moe(2), DeviceChoice::Gpu, log);
+  if (!gpu->backend().grouped_matmul_reads_device_offsets(DType::BF16))
+    GTEST_SKIP() << "skipped: no grouped kernel on this GPU (sm_90a only)";
+  testing::MoeHostCopies copies;
+  gpu->backend().set_op_observer(&copies);
+  gpu->run_iteration(1);
+  gpu->backend().set_op_observer(nullptr);
+  // One MoE layer (moe_layer_freq [1,0] of 2), two micro-batches of 4 sequences.
+  EXPECT_EQ(copies.grouped, 2 * 6) << "grouped GEMMs of the MoE layer's forward and backward";
+  EXPECT_EQ(copies.downloads, 0);
 }
 
 TEST(GpuMoe, Bf16LossCurveWithLearnedRoutingTracksFp32) {

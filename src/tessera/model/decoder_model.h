@@ -151,6 +151,10 @@ class DecoderModel final : public Model, private LayerOps {
   void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                               const Tensor& w, const Tensor& dw,
                               const ExpertGroups& groups) override;
+  // FP8 expert stacks launch per group from host offsets (Backend::grouped_matmul_fp8).
+  bool expert_linear_reads_device_offsets(int weight, DType dtype) const override {
+    return !gemms_.is_fp8(weight) && backend_.grouped_matmul_reads_device_offsets(dtype);
+  }
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                          const AttentionShape& s, const Fp8CastArgs& codes) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& out,

@@ -150,6 +150,15 @@ void Backend::range_pop() {
   do_range_pop();
 }
 
+std::span<const int32_t> Backend::host_group_offsets(const Tensor& offsets,
+                                                     std::span<const int32_t> host,
+                                                     std::vector<int32_t>& storage) {
+  if (!host.empty()) return host;
+  storage.resize(static_cast<size_t>(offsets.numel()));
+  do_download(storage.data(), offsets);
+  return storage;
+}
+
 std::span<const DType> Backend::compute_dtypes() const {
   static constexpr DType kWithBf16[] = {DType::F32, DType::BF16}, kF32[] = {DType::F32};
   if (supports(Capability::Bf16Compute)) return kWithBf16;

@@ -298,9 +298,11 @@ struct MoeAuxLossArgs {
 // Per-group GEMMs over contiguous row ranges (the experts of an MoE layer): group g is rows
 // [offsets[g], offsets[g+1]) with offsets[0] = 0 and offsets non-decreasing. host_offsets
 // holds the same G + 1 values on the host (a backend that launches one GEMM per group reads
-// them there instead of waiting for the device). Group g multiplies weight w(g) of b's W:
-// group_weights[g] (host, G values in [0, W)), or g itself when group_weights is empty (then
-// G = W). Several groups may share a weight (an expert's rows from several ranks).
+// them there instead of waiting for the device), or is empty: the backend then reads the
+// device's (Backend::grouped_matmul_reads_device_offsets says whether that costs a wait). Group g
+// multiplies weight w(g) of b's W: group_weights[g] (host, G values in [0, W)), or g itself when
+// group_weights is empty (then G = W). Several groups may share a weight (an expert's rows from
+// several ranks).
 //   out[rows_g] (M_g, N) = a[rows_g] (M_g, K) @ op(b[w(g)]),  op(x) = x^T when trans_b
 // Rows of out from offsets[G] on are set to zero.
 struct GroupedMatmulArgs {
@@ -309,7 +311,7 @@ struct GroupedMatmulArgs {
   Tensor b;    // (W, N, K) when trans_b, else (W, K, N)
   bool trans_b = true;
   Tensor offsets;                          // (G + 1) int32
-  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> host_offsets;   // G + 1 values, or empty
   std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
 };
 
@@ -323,7 +325,7 @@ struct GroupedMatmulWgradArgs {
   Tensor b;    // (R, N) compute dtype
   float beta = 0.0f;
   Tensor offsets;                          // (G + 1) int32
-  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> host_offsets;   // G + 1 values, or empty (as grouped_matmul)
   std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
 };
 
@@ -336,7 +338,8 @@ struct GroupedMatmulWgradArgs {
 //   out[rows_g] (M_g, N) = (a[rows_g] * a_scale_inv) @ (b[w(g)] * b_scale_inv[w(g)])^T
 // accumulated in fp32; groups and w(g) as in GroupedMatmulArgs; groups without rows are
 // skipped and rows of out from offsets[G] on are set to zero. a and b may differ in format,
-// but not both e5m2; N and K must be multiples of fp8_gemm_multiple().
+// but not both e5m2; N and K must be multiples of fp8_gemm_multiple(). host_offsets are
+// required (for these and for the weight gradients below).
 struct GroupedFp8MatmulArgs {
   Tensor out;                              // (R, N) compute dtype or fp32
   Tensor a;                                // (R, K) e4m3/e5m2
@@ -397,6 +400,14 @@ class Backend {
   // timed candidates, seconds each) then meets a few shapes again and again; 1 where any row
   // count costs only what it computes.
   virtual int64_t varying_gemm_rows_multiple() const { return 1; }
+  // Whether grouped_matmul and grouped_matmul_wgrad in `dtype` with one weight a group run
+  // from the device's offsets without waiting for the device (callers then pass no
+  // host_offsets and need not copy them): true where ops read host memory, and on GPUs with a
+  // grouped GEMM kernel of their own. Where false, ops given no host_offsets copy them first.
+  virtual bool grouped_matmul_reads_device_offsets(DType dtype) const {
+    (void)dtype;
+    return !supports(Capability::AsyncQueue);
+  }
   // The compute dtype of a run with `precision` auto: bf16 where supported, else fp32.
   DType default_compute_dtype() const {
     return supports(Capability::Bf16Compute) ? DType::BF16 : DType::F32;
@@ -484,6 +495,10 @@ class Backend {
                                  const Tensor& weight, float eps, const Fp8CastArgs& codes);
   void host_rmsnorm_transposed_codes(const Fp8CastArgs& codes, const Tensor& x,
                                      const Tensor& weight, float eps);
+  // A grouped GEMM's offsets on the host: `host` where the caller gave them, else a copy of
+  // the device's into `storage` (a download: waits for the queue).
+  std::span<const int32_t> host_group_offsets(const Tensor& offsets, std::span<const int32_t> host,
+                                              std::vector<int32_t>& storage);
 
   // What each backend implements. The facade has checked that every tensor argument is
   // defined (or empty) and lives on this backend's device, that shapes and counts agree as the

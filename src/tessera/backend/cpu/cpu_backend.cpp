@@ -1031,7 +1031,9 @@ void CpuBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   const int64_t N = o.cols, K = matrix_dims(a.a).cols;
   std::optional<OneOpenMpThread> alone;
   if (g_live_backends.load(std::memory_order_relaxed) > 1) alone.emplace();
-  for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
+  std::vector<int32_t> storage;
+  const std::span<const int32_t> offsets = host_group_offsets(a.offsets, a.host_offsets, storage);
+  for (const GroupRows& g : group_rows(offsets, a.group_weights)) {
     if (g.rows == 0) continue;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, a.trans_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(g.rows), static_cast<int>(N), static_cast<int>(K), 1.0f,
@@ -1040,7 +1042,7 @@ void CpuBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
                 static_cast<int>(std::max<int64_t>(1, a.trans_b ? K : N)), 0.0f,
                 f32(a.out) + g.begin * N, static_cast<int>(std::max<int64_t>(1, N)));
   }
-  float* tail = f32(a.out) + static_cast<int64_t>(a.host_offsets.back()) * N;
+  float* tail = f32(a.out) + static_cast<int64_t>(offsets.back()) * N;
   std::fill(tail, f32(a.out) + o.rows * N, 0.0f);
 }
 
@@ -1055,7 +1057,9 @@ void CpuBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   std::optional<OneOpenMpThread> alone;
   if (g_live_backends.load(std::memory_order_relaxed) > 1) alone.emplace();
   std::vector<char> started(static_cast<size_t>(W), 0);
-  for (const GroupRows& g : group_rows(a.host_offsets, a.group_weights)) {
+  std::vector<int32_t> storage;
+  for (const GroupRows& g :
+       group_rows(host_group_offsets(a.offsets, a.host_offsets, storage), a.group_weights)) {
     if (g.rows == 0) continue;
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(g.rows), 1.0f, f32(a.a) + g.begin * M,

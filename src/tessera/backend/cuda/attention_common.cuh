@@ -7,8 +7,9 @@
 // head_dim 128). Include from .cu files only.
 #include <cstdint>
 
-#include "tessera/backend/cuda/vendor.h"
 #include "tessera/backend/cuda/document_search.h"
+#include "tessera/backend/cuda/hopper_ptx.cuh"
+#include "tessera/backend/cuda/vendor.h"
 
 namespace tessera::cuda {
 
@@ -129,22 +130,10 @@ void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stre
 // caller, which converts it after) on warpgroup MMAs, from the preprocessed p.lse2 and p.delta.
 void attention_backward_hopper(const AttentionBackwardParams& p, cudaStream_t stream);
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = +0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Two fp32 values -> one bf16x2 register (round to nearest even), the lower column in the
-// low half as the MMA fragments expect; cvt puts its first source in the upper half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
 }
 
 // Whether the tile of queries [q0, q_last] x keys [k0, k0 + block_n) holds a pair that must be

@@ -22,10 +22,8 @@
 // rank's keys from the gathered keys and values (p.kv) by position and this rank's queries in
 // place: masks and tile ranges are in positions, loads and stores in rows.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 #include "tessera/backend/cuda/attention.cuh"
 #include "tessera/backend/cuda/attention_common.cuh"
@@ -402,59 +400,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
-CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dims)[3],
-                               const uint64_t (&strides)[2], const uint32_t (&box)[3]) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    TS_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                   cudaEnableDefault, &found));
-    if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-      throw InternalError("attention: the driver has no cuTensorMapEncodeTiled");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  CUtensorMap map;
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUresult made = encode(
-      &map, fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (made != CUDA_SUCCESS) {
-    throw InternalError("attention: cuTensorMapEncodeTiled failed (" + std::to_string(made) +
-                        ") for a tensor of " + std::to_string(dims[0]) + " x " +
-                        std::to_string(dims[1]) + " x " + std::to_string(dims[2]) + " elements");
-  }
-  return map;
-}
-
 bool attention_hopper_available(int64_t head_dim, int device) {
-#if defined(TESSERA_CUDA_SM90A)
-  if (head_dim != kD) return false;
-  // Asked on every attention call: each device's answer is looked up once (0: not yet,
-  // 1: no, 2: yes).
-  static std::atomic<int> sm90[64];
-  if (device < 0 || device >= 64) return false;
-  if (sm90[device] == 0) {
-    int major = 0, minor = 0;
-    TS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    TS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    sm90[device] = major == 9 && minor == 0 ? 2 : 1;
-  }
-  return sm90[device] == 2;
-#else
-  (void)head_dim, (void)device;
-  return false;
-#endif
-}
-
-CUtensorMap hopper::row_map(const bf16* base, int64_t width, int seq, int64_t planes, uint32_t rows) {
-  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(seq),
-                            static_cast<uint64_t>(planes)};
-  const uint64_t strides[2] = {static_cast<uint64_t>(width) * 2,
-                               static_cast<uint64_t>(width) * 2 * static_cast<uint64_t>(seq)};
-  const uint32_t box[3] = {64, rows, 1};
-  return tensor_map(base, false, dims, strides, box);
+  return head_dim == kD && hopper::runs_on(device);
 }
 
 void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stream) {

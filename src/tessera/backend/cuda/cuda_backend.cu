@@ -11,18 +11,19 @@
 #include "tessera/backend/cuda/attention_gathered.cuh"
 #include "tessera/backend/cuda/attention_rowwise.cuh"
 #include "tessera/backend/cuda/cross_entropy.cuh"
-#include "tessera/backend/cuda/sampling.cuh"
 #include "tessera/backend/cuda/cuda_backend.h"
 #include "tessera/backend/cuda/cuda_check.cuh"
 #include "tessera/backend/cuda/cudnn_attention.cuh"
 #include "tessera/backend/cuda/elementwise.cuh"
 #include "tessera/backend/cuda/embedding.cuh"
 #include "tessera/backend/cuda/fp8_cast.cuh"
+#include "tessera/backend/cuda/grouped_matmul_hopper.cuh"
 #include "tessera/backend/cuda/mla.cuh"
 #include "tessera/backend/cuda/moe.cuh"
 #include "tessera/backend/cuda/reduce.cuh"
 #include "tessera/backend/cuda/rmsnorm.cuh"
 #include "tessera/backend/cuda/rope.cuh"
+#include "tessera/backend/cuda/sampling.cuh"
 #include "tessera/backend/cuda/swiglu.cuh"
 #include "tessera/backend/cuda/vendor.h"
 #include "tessera/core/error.h"
@@ -1069,13 +1070,26 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
       d.rows, matrix_dims(rows).cols, d.cols, R, dout.dtype, scratch(bytes), bytes, stream_);
 }
 
-// One cuBLASLt GEMM per non-empty group, sized from the host offsets: the first CUDA grouped
-// GEMM. A single grouped kernel reading the device offsets would replace this loop without
-// changing the op.
+// On Hopper, bf16 with one weight a group: one grouped kernel that reads the device offsets
+// (grouped_matmul_hopper.cuh), so that no step waits for the routing. Otherwise one cuBLASLt
+// GEMM per non-empty group, sized from the host offsets (copied from the device when the
+// caller gave none).
+bool CudaBackend::grouped_matmul_reads_device_offsets(DType dtype) const {
+  return dtype == DType::BF16 && cuda::grouped_matmul_hopper_runs_on(device_);
+}
+
 void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
-  const int64_t N = matrix_dims(a.out).cols, K = matrix_dims(a.a).cols;
+  const int64_t N = matrix_dims(a.out).cols, K = matrix_dims(a.a).cols, R = matrix_dims(a.a).rows;
+  const int64_t G = a.offsets.numel() - 1;
+  if (a.group_weights.empty() && a.a.dtype == DType::BF16 &&
+      cuda::grouped_matmul_hopper_takes(device_, G, {N, K}, {a.out.data, a.a.data, a.b.data})) {
+    return cuda::grouped_matmul_hopper(a.out.as<bf16>(), a.a.as<bf16>(), a.b.as<bf16>(),
+                                       a.offsets.as<int32_t>(), G, R, N, K, a.trans_b, stream_);
+  }
+  std::vector<int32_t> storage;
+  const std::span<const int32_t> offsets = host_group_offsets(a.offsets, a.host_offsets, storage);
   const size_t elem = dtype_size(a.a.dtype);
-  for_each_row_group(a.host_offsets, a.group_weights,
+  for_each_row_group(offsets, a.group_weights,
                      [&](int64_t, int64_t begin, int64_t rows, int64_t w) {
                        MatmulProblem p;
                        p.out = static_cast<char*>(a.out.data) + begin * N * elem;
@@ -1088,19 +1102,26 @@ void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
                        p.tune = false;  // routed row counts: a new shape nearly every call
                        lt_->run(p, stream_);
                      });
-  zero_rows_past_groups(a.out, a.host_offsets.back(), stream_);
+  zero_rows_past_groups(a.out, offsets.back(), stream_);
 }
 
 void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   const char* op = "grouped_matmul_wgrad";
-  // fp32, or bf16 gradients (main_grads_dtype bf16): cuBLASLt adds in fp32 and rounds.
+  // fp32, or bf16 gradients (main_grads_dtype bf16): the fp32 sums rounded once.
   TS_CHECK(a.out.dtype == DType::F32 || a.out.dtype == DType::BF16,
            "cuda grouped_matmul_wgrad: out is {}, expected fp32 or bf16", dtype_name(a.out.dtype));
-  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0), R = matrix_dims(a.a).rows;
+  if (a.group_weights.empty() && a.a.dtype == DType::BF16 &&
+      cuda::grouped_matmul_hopper_takes(device_, W, {M, N}, {a.out.data, a.a.data, a.b.data})) {
+    return cuda::grouped_matmul_wgrad_hopper(a.out.data, a.out.dtype == DType::F32, a.a.as<bf16>(),
+                                             a.b.as<bf16>(), a.offsets.as<int32_t>(), W, R, M, N,
+                                             a.beta, stream_);
+  }
   const size_t elem = dtype_size(a.a.dtype), out_elem = dtype_size(a.out.dtype);
+  std::vector<int32_t> storage;
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
-  for_each_row_group(a.host_offsets, a.group_weights,
+  for_each_row_group(host_group_offsets(a.offsets, a.host_offsets, storage), a.group_weights,
                      [&](int64_t, int64_t begin, int64_t rows, int64_t w) {
                        MatmulProblem p;
                        p.out = static_cast<char*>(a.out.data) + w * M * N * out_elem;

@@ -1,7 +1,8 @@
 #pragma once
-// Hopper's asynchronous machinery (sm_90a) for the warp-specialised attention kernels
-// (attention_hopper.cu, attention_hopper_backward.cu): mbarriers, TMA tensor copies, named
-// barriers, warpgroup MMAs (wgmma) with shared-memory descriptors, and the host's tensor maps.
+// Hopper's asynchronous machinery (sm_90a) for the warp-specialised kernels (attention_hopper.cu,
+// attention_hopper_backward.cu, grouped_matmul_hopper.cu): mbarriers, TMA tensor copies, named
+// barriers, warpgroup MMAs (wgmma) with shared-memory descriptors, and the host's tensor maps
+// (hopper_ptx.cu).
 // Every shared-memory operand here is a 128-byte swizzled tile as TMA writes it: rows of 64
 // bf16 (128 bytes), 16-byte chunk c of row r stored at chunk c ^ (r % 8), tiles starting on a
 // 1024-byte boundary (the swizzle's period). Include from .cu files only.
@@ -12,8 +13,25 @@
 
 #include "tessera/backend/cuda/vendor.h"
 
-namespace tessera::cuda::hopper {
+namespace tessera::cuda {
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Two fp32 values -> one bf16x2 register (round to nearest even), the lower column in the
+// low half as the MMA fragments expect; cvt puts its first source in the upper half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+namespace hopper {
+
+// Whether kernels of this family run on `device`: built for sm_90a (TESSERA_CUDA_SM90A; nvcc's
+// host pass cannot see the device's features) and an sm_90 GPU.
+bool runs_on(int device);
 // A rank-3 tensor map of bf16 (or fp32) elements with 128-byte swizzled boxes; dims innermost
 // first, strides in bytes for dims 1 and 2, box rows of 128 bytes (the swizzle span: 64 bf16
 // or 32 fp32). Loads read out-of-range rows as zeros; reductions skip them. Throws
@@ -149,6 +167,9 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #define TS_LIST32                                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define TS_ACC128                                                                          \
+  TS_ACC64, TS_ACC8(64), TS_ACC8(72), TS_ACC8(80), TS_ACC8(88), TS_ACC8(96), TS_ACC8(104), \
+      TS_ACC8(112), TS_ACC8(120)
 #define TS_LIST64                                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "   \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "    \
@@ -186,6 +207,30 @@ __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t a, uint
       : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
 }
 
+// d (64 x 256) = (+=) A (64 x 16) B (16 x 256), both from shared memory; kTransA / kTransB as
+// for wgmma_m64n64_ss.
+template <int kTransA, int kTransB>
+__device__ __forceinline__ void wgmma_m64n256_ss(float (&d)[128], uint64_t a, uint64_t b,
+                                                 int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "
+      "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, "
+      "%125, %126, %127}, %128, %129, p, 1, 1, %131, %132;\n"
+      "}\n"
+      : TS_ACC128
+      : "l"(a), "l"(b), "r"(accumulate), "n"(kTransA), "n"(kTransB));
+}
+
 // d (64 x 128) += A (64 x 16, registers: mma.sync's m16n8k16 A fragment per warp) B (16 x 128,
 // shared, MN-major).
 __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
@@ -202,6 +247,7 @@ __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t 
 
 #undef TS_LIST64
 #undef TS_LIST32
+#undef TS_ACC128
 #undef TS_ACC64
 #undef TS_ACC32
 #undef TS_ACC8
@@ -213,4 +259,6 @@ __device__ __forceinline__ uint32_t swizzled_offset(int rows, int row, int col) 
                                ((((col % 64) / 8) ^ (row % 8)) << 4) + (col % 8) * 2);
 }
 
-}  // namespace tessera::cuda::hopper
+}  // namespace hopper
+
+}  // namespace tessera::cuda

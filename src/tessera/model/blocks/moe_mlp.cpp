@@ -169,10 +169,17 @@ void MoeMlp::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force
   capacity.weights = t.weights;
   if (capacity.capacity > 0) capacity.dropped = t.dropped;
   b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign, capacity);
-  // The group sizes are known on the device only; one copy per pass serves every grouped
-  // GEMM of the layer, forward and backward (and the exchange's counts).
-  host.offsets.resize(static_cast<size_t>(s_.moe.experts + 1));
-  b.download(host.offsets.data(), t.offsets);
+  // The group sizes are known on the device only. Where every grouped GEMM of the layer reads
+  // them there, nothing waits for the routing; otherwise one copy per pass serves them all,
+  // forward and backward (and the exchange's counts).
+  const DType dtype = t.ln.dtype;
+  if (ex == nullptr && ops.expert_linear_reads_device_offsets(gate_up_, dtype) &&
+      ops.expert_linear_reads_device_offsets(down_, dtype)) {
+    host.offsets.clear();
+  } else {
+    host.offsets.resize(static_cast<size_t>(s_.moe.experts + 1));
+    b.download(host.offsets.data(), t.offsets);
+  }
   // The experts run on this rank's rows (every expert) or on the rows the group sends to
   // this rank's share of them.
   Tensor x = t.xp, y = t.yp;

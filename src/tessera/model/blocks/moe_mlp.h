@@ -15,10 +15,11 @@
 // The experts' weights are one (E, 2F, C) and one (E, C, F) tensor (under expert parallelism
 // each rank holds its E / ep experts of them, param_layout.h); like a linear's, their
 // gradients are written by a step's first weight-gradient GEMM and added to by later
-// micro-batches' (the model's expert_linear_backward). The group offsets are copied to the host
-// once per forward pass (grouped GEMMs that launch per expert size their GEMMs from them). The
-// grouped GEMMs run through the model's expert_linear, in FP8 when the run's FP8 covers the experts
-// (docs/fp8.md).
+// micro-batches' (the model's expert_linear_backward). The group offsets stay on the device
+// where the grouped GEMMs read them there (bf16 experts on Hopper, all on this rank); otherwise
+// they are copied to the host once per forward pass (grouped GEMMs that launch per expert size
+// their GEMMs from them, and the exchange's counts). The grouped GEMMs run through the model's
+// expert_linear, in FP8 when the run's FP8 covers the experts (docs/fp8.md).
 //
 // With expert parallelism (model/expert_exchange.h) the permuted rows of each rank's experts
 // go to that rank, which runs its experts on the (source rank, expert) groups it receives,
@@ -89,9 +90,9 @@ class MoeMlp final : public Mixer {
     Tensor dropped;  // (1) with token dropping: the pass's dropped pairs
   };
   // What a pass's backward reads of its routing on the host: the experts' row groups of this
-  // rank's tokens (offsets), and with expert parallelism the (source rank, expert) groups
-  // received (expert_offsets, group_weights: each group's local expert) and the rows sent to
-  // and received from each rank.
+  // rank's tokens (offsets; empty where the grouped GEMMs read the device's), and with expert
+  // parallelism the (source rank, expert) groups received (expert_offsets, group_weights: each
+  // group's local expert) and the rows sent to and received from each rank.
   struct HostRouting {
     std::vector<int32_t> offsets, expert_offsets, group_weights;
     std::vector<int64_t> send_rows, send_first, recv_rows, recv_first;

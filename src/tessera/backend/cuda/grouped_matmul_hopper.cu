@@ -1,0 +1,396 @@
+// Grouped bf16 GEMMs for Hopper (sm_90a) that read the groups' row offsets on the device.
+//
+// One persistent kernel per call, a CTA an SM, each CTA walking tiles of 128 x 256 outputs
+// (t = blockIdx.x, blockIdx.x + gridDim.x, ...). A producer warp streams 64-deep slices of
+// both operands through a four-stage ring with TMA (128-byte swizzled boxes, mbarrier
+// tracked, reads past an operand's extent zero-filled); two consumer warpgroups own 64 output
+// rows each and multiply with wgmma m64n256k16 from shared memory, releasing a stage once the
+// MMAs that read it have completed. The ring runs across tiles, so the next tile's first
+// slices load while this one's outputs are stored.
+//
+// Three operand layouts, one kernel:
+//   forward         out (R, N) rows of group g = a (R, K) rows of g @ b[g]^T,  b (G, N, K)
+//   data gradient   the same with b[g] not transposed,                          b (G, K, N)
+//   weight gradient out[g] (M, N) = beta out[g] + a[rows_g]^T b[rows_g],        a (R, M), b (R, N)
+// The forward kinds tile each group's rows (a group's last tile loads rows of the next one,
+// which the store leaves alone); the tile list follows the offsets, so every CTA first turns
+// them into a table of tile counts in shared memory. The weight gradient tiles each (M, N) and
+// reduces over the group's rows: where its last slice runs past them, the consumers zero
+// those rows of both operands in shared memory before the MMAs, so no row of another group
+// enters the sum.
+//
+// Tile order: a group's row tiles innermost (forward; one weight tile then meets all the rows
+// that use it while it is in L2), the output's 256-column tiles innermost (weight gradient; b's
+// rows, the smaller operand of an expert, stay in L2 across a row of tiles).
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+#include "tessera/backend/cuda/cuda_check.cuh"
+#include "tessera/backend/cuda/grouped_matmul_hopper.cuh"
+#include "tessera/backend/cuda/hopper_ptx.cuh"
+#include "tessera/backend/cuda/kernel_utils.cuh"
+
+namespace tessera::cuda {
+
+namespace {
+
+using namespace hopper;
+
+enum class GroupedKind { Forward, DataGrad, WeightGrad };
+
+constexpr int kBlockM = 128;  // output rows a tile: 64 per consumer warpgroup
+constexpr int kBlockN = 256;
+constexpr int kBlockK = 64;  // one 128-byte swizzled row of bf16
+constexpr int kStages = 4;
+constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
+constexpr int kConsumerWarps = 8;
+constexpr int kMaxGroups = 1024;
+constexpr uint32_t kBoxBytes = 64 * 64 * 2;          // a 64 x 64 box
+constexpr uint32_t kABytes = kBlockM * kBlockK * 2;  // 16 KiB
+constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;  // 32 KiB
+constexpr uint32_t kStageBytes = kABytes + kBBytes;
+constexpr uint32_t kBarrierOffset = kStages * kStageBytes;
+constexpr uint32_t kTableOffset = kBarrierOffset + 2 * kStages * 8;
+constexpr size_t kSmemBytes = kTableOffset + (kMaxGroups + 1) * 4 + 1024;  // + alignment slack
+
+struct GroupedParams {
+  void* out;
+  const int32_t* offsets;
+  int groups;
+  int out_rows;          // WeightGrad: M (the forward kinds' output rows are their groups')
+  int n, k;              // output columns; the reduction (forward kinds; WeightGrad: per group)
+  int n_tiles, m_tiles;  // m_tiles: WeightGrad's M tiles
+  float beta;
+  bool out_fp32;
+};
+
+struct Tile {
+  int group;
+  int m0, m_end;  // output rows [m0, min(m0 + 128, m_end))
+  int n0;
+  int k0, k_end;  // the reduction's range: columns of a (forward kinds) or rows (WeightGrad)
+};
+
+// The tiles before group g, for g = 0..G, in `table` (shared memory): every thread's tile list.
+__device__ void build_tile_table(int* table, const GroupedParams& p) {
+  for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
+    const int rows = p.offsets[g + 1] - p.offsets[g];
+    table[g + 1] = (rows + kBlockM - 1) / kBlockM * p.n_tiles;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    table[0] = 0;
+    for (int g = 1; g <= p.groups; ++g) table[g] += table[g - 1];
+  }
+  __syncthreads();
+}
+
+template <GroupedKind kKind>
+__device__ __forceinline__ int tile_count(const GroupedParams& p, const int* table) {
+  if constexpr (kKind == GroupedKind::WeightGrad) return p.groups * p.m_tiles * p.n_tiles;
+  return table[p.groups];
+}
+
+template <GroupedKind kKind>
+__device__ __forceinline__ Tile decode_tile(int t, const GroupedParams& p, const int* table) {
+  Tile tile;
+  if constexpr (kKind == GroupedKind::WeightGrad) {
+    const int per_group = p.m_tiles * p.n_tiles;
+    tile.group = t / per_group;
+    const int local = t % per_group;
+    tile.m0 = (local / p.n_tiles) * kBlockM;
+    tile.m_end = p.out_rows;
+    tile.n0 = (local % p.n_tiles) * kBlockN;
+    tile.k0 = p.offsets[tile.group];
+    tile.k_end = p.offsets[tile.group + 1];
+  } else {
+    // The group holding tile t: the last g with table[g] <= t (empty groups have no tiles).
+    int lo = 0, hi = p.groups - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (table[mid] <= t)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    tile.group = lo;
+    const int first = p.offsets[lo];
+    const int row_tiles = (p.offsets[lo + 1] - first + kBlockM - 1) / kBlockM;
+    const int local = t - table[lo];
+    tile.m0 = first + (local % row_tiles) * kBlockM;
+    tile.m_end = p.offsets[lo + 1];
+    tile.n0 = (local / row_tiles) * kBlockN;
+    tile.k0 = 0;
+    tile.k_end = p.k;
+  }
+  return tile;
+}
+
+template <GroupedKind kKind>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_matmul_hopper_kernel(const __grid_constant__ CUtensorMap a_map,
+                                 const __grid_constant__ CUtensorMap b_map, const GroupedParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - raw);
+  auto stage_a = [&](int s) { return base + s * kStageBytes; };
+  auto stage_b = [&](int s) { return base + s * kStageBytes + kABytes; };
+  const uint32_t bars = base + kBarrierOffset;
+  auto full = [&](int s) { return bars + 8 * s; };
+  auto empty = [&](int s) { return bars + 8 * (kStages + s); };
+  int* const table = reinterpret_cast<int*>(smem + kTableOffset);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  if constexpr (kKind != GroupedKind::WeightGrad) build_tile_table(table, p);
+  __syncthreads();
+  const int tiles = tile_count<kKind>(p, table);
+
+  const int warp_group = threadIdx.x / 128;
+  if (warp_group == 0) {
+    release_registers<40>();
+    if (threadIdx.x == 0) {
+      int it = 0;  // slices loaded by this CTA: the ring's position
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const Tile tile = decode_tile<kKind>(t, p, table);
+        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it) {
+          const int s = it % kStages;
+          mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
+          mbar_expect_tx(full(s), kStageBytes);
+          if constexpr (kKind == GroupedKind::WeightGrad) {
+            // a's rows k0.. x columns m0.. (two 64-column boxes), b's rows x 256 columns.
+            for (int j = 0; j < 2; ++j)
+              tma_load(stage_a(s) + j * kBoxBytes, &a_map, full(s), tile.m0 + 64 * j, k0, 0);
+            for (int j = 0; j < 4; ++j)
+              tma_load(stage_b(s) + j * kBoxBytes, &b_map, full(s), tile.n0 + 64 * j, k0, 0);
+          } else {
+            tma_load(stage_a(s), &a_map, full(s), k0, tile.m0, 0);
+            if constexpr (kKind == GroupedKind::Forward) {
+              tma_load(stage_b(s), &b_map, full(s), k0, tile.n0, tile.group);
+            } else {
+              for (int j = 0; j < 4; ++j)
+                tma_load(stage_b(s) + j * kBoxBytes, &b_map, full(s), tile.n0 + 64 * j, k0,
+                         tile.group);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+  claim_registers<232>();
+
+  // Broadcast from lane 0 so that the compiler knows the warpgroup is warp-uniform.
+  const int consumer = __shfl_sync(0xffffffffu, warp_group - 1, 0);
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int row_in_tile = consumer * 64 + warp * 16 + g;
+  const bool arrives = lane == 0;
+
+  // Descriptors at stage 0, k-step 0 (hopper_ptx.cuh). K-major operands (a and the forward's
+  // b): k-step kk is 32 bytes along the 128-byte rows. MN-major ones (the rest): k-step kk is
+  // 16 rows further, 64-column blocks a box apart. This warpgroup's 64 rows of a are 64 rows
+  // (K-major) or one 64-column block (MN-major) into the stage.
+  constexpr bool kTransA = kKind == GroupedKind::WeightGrad;
+  constexpr bool kTransB = kKind != GroupedKind::Forward;
+  const uint64_t a_desc = kTransA ? smem_desc(stage_a(0) + consumer * kBoxBytes, kBoxBytes, 1024)
+                                  : smem_desc(stage_a(0) + consumer * 64 * 128, 16, 1024);
+  const uint64_t b_desc =
+      kTransB ? smem_desc(stage_b(0), kBoxBytes, 1024) : smem_desc(stage_b(0), 16, 1024);
+  auto step = [](bool trans, int kk) {
+    return static_cast<uint32_t>(trans ? kk * 16 * 128 : kk * 32);
+  };
+
+  float acc[128];
+  int it = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const Tile tile = decode_tile<kKind>(t, p, table);
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    int slices = 0;
+    for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it, ++slices) {
+      const int s = it % kStages;
+      mbar_wait(full(s), (it / kStages) & 1);
+      if constexpr (kKind == GroupedKind::WeightGrad) {
+        const int rows = tile.k_end - k0;  // this group's rows left; the slice may hold others
+        if (rows < kBlockK) {
+          // Rows [rows, 64) of the slice hold the next group's rows (or zeros): cleared in
+          // both operands (0 x Inf would still reach the sum) before the MMAs read them. Each
+          // warpgroup clears its own block of a and two of b's four; both wait for both.
+          const uint32_t first_row = static_cast<uint32_t>(rows) * 128;
+          uint8_t* const blocks[3] = {smem + (stage_a(s) - base) + consumer * kBoxBytes,
+                                      smem + (stage_b(s) - base) + 2 * consumer * kBoxBytes,
+                                      smem + (stage_b(s) - base) + (2 * consumer + 1) * kBoxBytes};
+          for (uint8_t* block : blocks)
+            for (int c = threadIdx.x % 128; c < (kBlockK - rows) * 8; c += 128)
+              reinterpret_cast<uint4*>(block + first_row)[c] = make_uint4(0, 0, 0, 0);
+          fence_async_shared();
+          named_barrier(1, 256);
+        }
+      }
+      const uint32_t stage_offset = static_cast<uint32_t>(s) * kStageBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        wgmma_m64n256_ss<kTransA, kTransB>(acc, a_desc + ((stage_offset + step(kTransA, kk)) >> 4),
+                                           b_desc + ((stage_offset + step(kTransB, kk)) >> 4), 1);
+      }
+      wgmma_commit();
+      // The previous slice's MMAs are complete once at most this one's are pending.
+      wgmma_wait<1>();
+      if (slices > 0 && arrives) mbar_arrive(empty((it - 1) % kStages));
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (slices > 0 && arrives) mbar_arrive(empty((it - 1) % kStages));
+
+      // Store: accumulator chunk c holds columns 8c + 2 t4 (+1) of rows row_in_tile (+8).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = tile.m0 + row_in_tile + 8 * h;
+      if (row >= min(tile.m0 + kBlockM, tile.m_end)) continue;
+      if constexpr (kKind == GroupedKind::WeightGrad) {
+        const int64_t row_offset = (static_cast<int64_t>(tile.group) * p.out_rows + row) * p.n;
+#pragma unroll
+        for (int c = 0; c < 32; ++c) {
+          const int col = tile.n0 + 8 * c + 2 * t4;
+          if (col >= p.n) continue;
+          float v0 = acc[4 * c + 2 * h], v1 = acc[4 * c + 2 * h + 1];
+          if (p.out_fp32) {
+            float2* const dst =
+                reinterpret_cast<float2*>(static_cast<float*>(p.out) + row_offset + col);
+            if (p.beta != 0.f) {
+              const float2 old = *dst;
+              v0 = fmaf(p.beta, old.x, v0), v1 = fmaf(p.beta, old.y, v1);
+            }
+            *dst = make_float2(v0, v1);
+          } else {
+            uint32_t* const dst =
+                reinterpret_cast<uint32_t*>(static_cast<bf16*>(p.out) + row_offset + col);
+            if (p.beta != 0.f) {
+              const uint32_t old = *dst;
+              v0 = fmaf(p.beta, __uint_as_float(old << 16), v0);
+              v1 = fmaf(p.beta, __uint_as_float(old & 0xFFFF0000u), v1);
+            }
+            *dst = pack_bf16(v0, v1);
+          }
+        }
+      } else {
+        bf16* const out_row = static_cast<bf16*>(p.out) + static_cast<int64_t>(row) * p.n;
+#pragma unroll
+        for (int c = 0; c < 32; ++c) {
+          const int col = tile.n0 + 8 * c + 2 * t4;
+          if (col < p.n)
+            *reinterpret_cast<uint32_t*>(out_row + col) =
+                pack_bf16(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+        }
+      }
+    }
+  }
+#else
+  __trap();  // compiled without sm_90a; grouped_matmul_hopper_takes said no
+#endif
+}
+
+// Rows of out from offsets[G] on, zeroed: the forward's rows past the groups.
+__global__ void zero_rows_past_groups_kernel(bf16* out, const int32_t* end, int64_t R, int64_t N) {
+  const int64_t total = R * N;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(*end) * N + blockIdx.x * blockDim.x + threadIdx.x;
+       i < total; i += stride)
+    out[i] = bf16{};
+}
+
+int multiprocessors() {
+  int device = 0, count = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template <GroupedKind kKind>
+void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedParams& p,
+            int64_t tile_bound, cudaStream_t stream) {
+  if (tile_bound == 0) return;
+  TS_CUDA_CHECK(cudaFuncSetAttribute(grouped_matmul_hopper_kernel<kKind>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemBytes)));
+  const int grid = static_cast<int>(std::min<int64_t>(tile_bound, multiprocessors()));
+  grouped_matmul_hopper_kernel<kKind><<<grid, kThreads, kSmemBytes, stream>>>(a_map, b_map, p);
+  TS_CUDA_CHECK_LAUNCH("grouped_matmul_hopper_kernel");
+}
+
+// A (planes, rows, width) bf16 tensor map read in boxes of box_rows x 64.
+CUtensorMap rows_map(const bf16* base, int64_t width, int64_t rows, int64_t planes,
+                     uint32_t box_rows) {
+  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(rows),
+                            static_cast<uint64_t>(planes)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(width) * 2,
+                               static_cast<uint64_t>(width) * 2 * static_cast<uint64_t>(rows)};
+  const uint32_t box[3] = {64, box_rows, 1};
+  return tensor_map(base, false, dims, strides, box);
+}
+
+}  // namespace
+
+bool grouped_matmul_hopper_runs_on(int device) {
+  return runs_on(device);
+}
+
+bool grouped_matmul_hopper_takes(int device, int64_t groups, std::initializer_list<int64_t> widths,
+                                 std::initializer_list<const void*> bases) {
+  if (groups < 1 || groups > kMaxGroups) return false;
+  for (int64_t w : widths)
+    if (w <= 0 || w % 8 != 0 || w > (int64_t{1} << 30)) return false;
+  for (const void* b : bases)
+    if (reinterpret_cast<uintptr_t>(b) % 16 != 0) return false;
+  return runs_on(device);
+}
+
+void grouped_matmul_hopper(bf16* out, const bf16* a, const bf16* b, const int32_t* offsets,
+                           int64_t G, int64_t R, int64_t N, int64_t K, bool trans_b,
+                           cudaStream_t stream) {
+  GroupedParams p{};
+  p.out = out, p.offsets = offsets, p.groups = static_cast<int>(G);
+  p.n = static_cast<int>(N), p.k = static_cast<int>(K);
+  p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
+  // At most a partial row tile per group beyond R's whole ones.
+  const int64_t tile_bound = ((R + kBlockM - 1) / kBlockM + G) * p.n_tiles;
+  const CUtensorMap a_map = rows_map(a, K, R, 1, kBlockM);
+  if (trans_b) {
+    launch<GroupedKind::Forward>(a_map, rows_map(b, K, N, G, kBlockN), p, R > 0 ? tile_bound : 0,
+                                 stream);
+  } else {
+    launch<GroupedKind::DataGrad>(a_map, rows_map(b, N, K, G, 64), p, R > 0 ? tile_bound : 0,
+                                  stream);
+  }
+  if (R > 0) {
+    zero_rows_past_groups_kernel<<<264, 256, 0, stream>>>(out, offsets + G, R, N);
+    TS_CUDA_CHECK_LAUNCH("zero_rows_past_groups_kernel");
+  }
+}
+
+void grouped_matmul_wgrad_hopper(void* out, bool out_fp32, const bf16* a, const bf16* b,
+                                 const int32_t* offsets, int64_t G, int64_t R, int64_t M, int64_t N,
+                                 float beta, cudaStream_t stream) {
+  GroupedParams p{};
+  p.out = out, p.offsets = offsets, p.groups = static_cast<int>(G);
+  p.out_rows = static_cast<int>(M), p.n = static_cast<int>(N);
+  p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
+  p.m_tiles = static_cast<int>((M + kBlockM - 1) / kBlockM);
+  p.beta = beta, p.out_fp32 = out_fp32;
+  // R = 0 still writes beta * out; a map needs at least one row.
+  const int64_t map_rows = std::max<int64_t>(R, 1);
+  launch<GroupedKind::WeightGrad>(rows_map(a, M, map_rows, 1, 64), rows_map(b, N, map_rows, 1, 64),
+                                  p, G * p.m_tiles * p.n_tiles, stream);
+}
+
+}  // namespace tessera::cuda
