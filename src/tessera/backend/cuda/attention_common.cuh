@@ -7,9 +7,12 @@
 // head_dim 128). Include from .cu files only.
 #include <cstdint>
 
+// vendor.h first: document_search.h's functions are host-and-device only where it has defined
+// TS_HOST_DEVICE.
+#include "tessera/backend/cuda/vendor.h"
+
 #include "tessera/backend/cuda/document_search.h"
 #include "tessera/backend/cuda/hopper_ptx.cuh"
-#include "tessera/backend/cuda/vendor.h"
 
 namespace tessera::cuda {
 
