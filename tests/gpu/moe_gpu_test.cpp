@@ -75,7 +75,7 @@ TEST(GpuMoe, ExpertsNeverWaitForTheRouting) {
   TS_REQUIRE_GPU();
   Logger log("", 0, false, false);
   auto gpu = trainer_on(tiny_moe(2), DeviceChoice::Gpu, log);
-  if (!gpu->backend().grouped_matmul_reads_device_offsets(DType::BF16))
+  if (!gpu->backend().grouped_matmul_reads_device_offsets(DType::BF16, 1024, 8))
     GTEST_SKIP() << "skipped: no grouped kernel on this GPU (sm_90a only)";
   testing::MoeHostCopies copies;
   gpu->backend().set_op_observer(&copies);

@@ -60,12 +60,11 @@ class ForwardOps {
     (void)weight;
     backend().grouped_matmul(g);
   }
-  // Whether expert_linear (and its backward) of `weight` over `dtype` rows runs from the
-  // device's group offsets alone (Backend::grouped_matmul_reads_device_offsets): the block then
-  // passes no host offsets and never waits for the routing.
-  virtual bool expert_linear_reads_device_offsets(int weight, DType dtype) const {
-    (void)weight;
-    return backend().grouped_matmul_reads_device_offsets(dtype);
+  // Whether expert_linear (and its backward) of `weight` on the rows of `in` runs best from
+  // the device's group offsets alone (Backend::grouped_matmul_reads_device_offsets): the block
+  // then passes no host offsets and never waits for the routing.
+  virtual bool expert_linear_reads_device_offsets(int weight, const Tensor& in) const {
+    return backend().grouped_matmul_reads_device_offsets(in.dtype, in.dim(0), param(weight).dim(0));
   }
   // Causal (windowed) attention over a packed QKV activation (Backend::attention_forward);
   // under context parallelism its keys and values span every rank's tokens. With codes.out

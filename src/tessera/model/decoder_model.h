@@ -152,8 +152,8 @@ class DecoderModel final : public Model, private LayerOps {
                               const Tensor& w, const Tensor& dw,
                               const ExpertGroups& groups) override;
   // FP8 expert stacks launch per group from host offsets (Backend::grouped_matmul_fp8).
-  bool expert_linear_reads_device_offsets(int weight, DType dtype) const override {
-    return !gemms_.is_fp8(weight) && backend_.grouped_matmul_reads_device_offsets(dtype);
+  bool expert_linear_reads_device_offsets(int weight, const Tensor& in) const override {
+    return !gemms_.is_fp8(weight) && ForwardOps::expert_linear_reads_device_offsets(weight, in);
   }
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                          const AttentionShape& s, const Fp8CastArgs& codes) override;

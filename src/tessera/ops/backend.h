@@ -400,12 +400,14 @@ class Backend {
   // timed candidates, seconds each) then meets a few shapes again and again; 1 where any row
   // count costs only what it computes.
   virtual int64_t varying_gemm_rows_multiple() const { return 1; }
-  // Whether grouped_matmul and grouped_matmul_wgrad in `dtype` with one weight a group run
-  // from the device's offsets without waiting for the device (callers then pass no
-  // host_offsets and need not copy them): true where ops read host memory, and on GPUs with a
-  // grouped GEMM kernel of their own. Where false, ops given no host_offsets copy them first.
-  virtual bool grouped_matmul_reads_device_offsets(DType dtype) const {
-    (void)dtype;
+  // Whether grouped_matmul and grouped_matmul_wgrad in `dtype` over `groups` row groups of
+  // `rows` rows in all (one weight a group) run best from the device's offsets alone: callers
+  // then pass no host_offsets and never wait for the device to learn them. True where ops read
+  // host memory; on GPUs where the backend's grouped kernel beats its library's GEMMs run once
+  // per group. Given no host_offsets, ops run either way (copying them where they must).
+  virtual bool grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
+                                                   int64_t groups) const {
+    (void)dtype, (void)rows, (void)groups;
     return !supports(Capability::AsyncQueue);
   }
   // The compute dtype of a run with `precision` auto: bf16 where supported, else fp32.

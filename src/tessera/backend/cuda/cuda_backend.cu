@@ -1070,18 +1070,26 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
       d.rows, matrix_dims(rows).cols, d.cols, R, dout.dtype, scratch(bytes), bytes, stream_);
 }
 
-// On Hopper, bf16 with one weight a group: one grouped kernel that reads the device offsets
-// (grouped_matmul_hopper.cuh), so that no step waits for the routing. Otherwise one cuBLASLt
-// GEMM per non-empty group, sized from the host offsets (copied from the device when the
-// caller gave none).
-bool CudaBackend::grouped_matmul_reads_device_offsets(DType dtype) const {
-  return dtype == DType::BF16 && cuda::grouped_matmul_hopper_runs_on(device_);
+// Given no host offsets (bf16 with one weight a group, on Hopper): one grouped kernel that
+// reads the device's (grouped_matmul_hopper.cuh), so that no step waits for the routing.
+// Given host offsets, or shapes the kernel does not take: one cuBLASLt GEMM per non-empty
+// group, sized from them (copied from the device when the caller gave none).
+//
+// Which to ask for: the kernel wins where groups are small (64 experts of 512 rows: 1.23-1.35x
+// cuBLASLt's per-group GEMMs, the DeepSeek-V2-Lite proxy +5.7%), cuBLASLt where each group's
+// GEMM fills the GPU many times over (Mixtral's experts of 2,048 rows: the kernel at 0.90-0.99
+// of it, the proxy's step 5% slower); performance-notes entry 57.
+bool CudaBackend::grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
+                                                      int64_t groups) const {
+  constexpr int64_t kMostRowsPerGroup = 1024;
+  return dtype == DType::BF16 && cuda::grouped_matmul_hopper_runs_on(device_) &&
+         rows <= kMostRowsPerGroup * groups;
 }
 
 void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   const int64_t N = matrix_dims(a.out).cols, K = matrix_dims(a.a).cols, R = matrix_dims(a.a).rows;
   const int64_t G = a.offsets.numel() - 1;
-  if (a.group_weights.empty() && a.a.dtype == DType::BF16 &&
+  if (a.host_offsets.empty() && a.group_weights.empty() && a.a.dtype == DType::BF16 &&
       cuda::grouped_matmul_hopper_takes(device_, G, {N, K}, {a.out.data, a.a.data, a.b.data})) {
     return cuda::grouped_matmul_hopper(a.out.as<bf16>(), a.a.as<bf16>(), a.b.as<bf16>(),
                                        a.offsets.as<int32_t>(), G, R, N, K, a.trans_b, stream_);
@@ -1111,7 +1119,7 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   TS_CHECK(a.out.dtype == DType::F32 || a.out.dtype == DType::BF16,
            "cuda grouped_matmul_wgrad: out is {}, expected fp32 or bf16", dtype_name(a.out.dtype));
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0), R = matrix_dims(a.a).rows;
-  if (a.group_weights.empty() && a.a.dtype == DType::BF16 &&
+  if (a.host_offsets.empty() && a.group_weights.empty() && a.a.dtype == DType::BF16 &&
       cuda::grouped_matmul_hopper_takes(device_, W, {M, N}, {a.out.data, a.a.data, a.b.data})) {
     return cuda::grouped_matmul_wgrad_hopper(a.out.data, a.out.dtype == DType::F32, a.a.as<bf16>(),
                                              a.b.as<bf16>(), a.offsets.as<int32_t>(), W, R, M, N,

@@ -169,12 +169,11 @@ void MoeMlp::route_and_run_experts(ForwardOps& ops, const Buffers& t, bool force
   capacity.weights = t.weights;
   if (capacity.capacity > 0) capacity.dropped = t.dropped;
   b.moe_permute(t.xp, t.rows, t.offsets, t.ln, t.indices, kGroupAlign, capacity);
-  // The group sizes are known on the device only. Where every grouped GEMM of the layer reads
-  // them there, nothing waits for the routing; otherwise one copy per pass serves them all,
-  // forward and backward (and the exchange's counts).
-  const DType dtype = t.ln.dtype;
-  if (ex == nullptr && ops.expert_linear_reads_device_offsets(gate_up_, dtype) &&
-      ops.expert_linear_reads_device_offsets(down_, dtype)) {
+  // The group sizes are known on the device only. Where every grouped GEMM of the layer runs
+  // best from them there, nothing waits for the routing; otherwise one copy per pass serves
+  // them all, forward and backward (and the exchange's counts).
+  if (ex == nullptr && ops.expert_linear_reads_device_offsets(gate_up_, t.xp) &&
+      ops.expert_linear_reads_device_offsets(down_, t.h)) {
     host.offsets.clear();
   } else {
     host.offsets.resize(static_cast<size_t>(s_.moe.experts + 1));
