@@ -67,7 +67,8 @@ class CudaBackend final : public Backend {
   int64_t fp8_gemm_multiple() const override { return kFp8GemmMultiple; }
   // 256 rows: under 3% of an 8192-token batch's head padded on average, a few tuned shapes.
   int64_t varying_gemm_rows_multiple() const override { return 256; }
-  bool grouped_matmul_reads_device_offsets(DType dtype, int64_t rows, int64_t groups) const override;
+  bool grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
+                                           int64_t groups) const override;
   StreamHandle stream() const override { return StreamHandle{stream_}; }
   // Whether cuDNN attention is loaded (attention_backend cudnn or auto), and why not.
   bool cudnn_attention_loaded() const { return cudnn_ != nullptr; }
