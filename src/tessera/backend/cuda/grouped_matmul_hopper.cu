@@ -1,12 +1,20 @@
 // Grouped bf16 GEMMs for Hopper (sm_90a) that read the groups' row offsets on the device.
 //
-// One persistent kernel per call, a CTA an SM, each CTA walking tiles of 128 x 256 outputs
-// (t = blockIdx.x, blockIdx.x + gridDim.x, ...). A producer warp streams 64-deep slices of
-// both operands through a four-stage ring with TMA (128-byte swizzled boxes, mbarrier
-// tracked, reads past an operand's extent zero-filled); two consumer warpgroups own 64 output
-// rows each and multiply with wgmma m64n256k16 from shared memory, releasing a stage once the
-// MMAs that read it have completed. The ring runs across tiles, so the next tile's first
-// slices load while this one's outputs are stored.
+// One persistent kernel per call, launched in clusters of two CTAs (a CTA an SM) that walk
+// pairs of 128 x 256 output tiles: the pair's tiles are neighbours in rows (2t, 2t + 1) and
+// share their b tile, which each CTA loads half of into both (TMA multicast), so that b crosses
+// from L2 once a pair rather than once a tile (the weights, in the forward and data gradient).
+// In each CTA a producer warp streams 64-deep slices of both operands through a four-stage
+// ring with TMA (128-byte swizzled boxes, mbarrier tracked, reads past an operand's extent
+// zero-filled); two consumer warpgroups own 64 output rows each and multiply with wgmma
+// m64n256k16 from shared memory, releasing a stage in both CTAs once the MMAs that read it
+// have completed (a stage is refilled only when both are done with it). The ring runs across
+// tiles, so the next tile's first slices load while this one's outputs are stored. The pairs
+// launched are those that can run at once (cudaOccupancyMaxActiveClusters).
+//
+// The consumers' releases are CTA-scope arrivals even on the other CTA's barrier: their only
+// message is that the MMAs have read the stage, and a cluster-scope release costs a fence per
+// slice (measured: the kernel at 0.55-0.69 of cuBLAS with it, 0.92-1.06 without).
 //
 // Three operand layouts, one kernel:
 //   forward         out (R, N) rows of group g = a (R, K) rows of g @ b[g]^T,  b (G, N, K)
@@ -46,6 +54,7 @@ constexpr int kStages = 4;
 constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
 constexpr int kConsumerWarps = 8;
 constexpr int kMaxGroups = 1024;
+constexpr int kCluster = 2;  // CTAs of a pair: row tiles 2t and 2t + 1, one b tile
 constexpr uint32_t kBoxBytes = 64 * 64 * 2;          // a 64 x 64 box
 constexpr uint32_t kABytes = kBlockM * kBlockK * 2;  // 16 KiB
 constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;  // 32 KiB
@@ -60,7 +69,7 @@ struct GroupedParams {
   int groups;
   int out_rows;          // WeightGrad: M (the forward kinds' output rows are their groups')
   int n, k;              // output columns; the reduction (forward kinds; WeightGrad: per group)
-  int n_tiles, m_tiles;  // m_tiles: WeightGrad's M tiles
+  int n_tiles, m_pairs;  // m_pairs: WeightGrad's pairs of M tiles
   float beta;
   bool out_fp32;
 };
@@ -72,12 +81,15 @@ struct Tile {
   int k0, k_end;  // the reduction's range: columns of a (forward kinds) or rows (WeightGrad)
 };
 
-// The tiles before group g, for g = 0..G, in `table` (shared memory): every thread's tile list.
+// The row tiles of a group of `rows` rows, in pairs.
+__device__ __forceinline__ int row_pairs(int rows) {
+  return (rows + kCluster * kBlockM - 1) / (kCluster * kBlockM);
+}
+
+// The tile pairs before group g, for g = 0..G, in `table` (shared memory): every thread's list.
 __device__ void build_tile_table(int* table, const GroupedParams& p) {
-  for (int g = threadIdx.x; g < p.groups; g += blockDim.x) {
-    const int rows = p.offsets[g + 1] - p.offsets[g];
-    table[g + 1] = (rows + kBlockM - 1) / kBlockM * p.n_tiles;
-  }
+  for (int g = threadIdx.x; g < p.groups; g += blockDim.x)
+    table[g + 1] = row_pairs(p.offsets[g + 1] - p.offsets[g]) * p.n_tiles;
   __syncthreads();
   if (threadIdx.x == 0) {
     table[0] = 0;
@@ -88,18 +100,21 @@ __device__ void build_tile_table(int* table, const GroupedParams& p) {
 
 template <GroupedKind kKind>
 __device__ __forceinline__ int tile_count(const GroupedParams& p, const int* table) {
-  if constexpr (kKind == GroupedKind::WeightGrad) return p.groups * p.m_tiles * p.n_tiles;
+  if constexpr (kKind == GroupedKind::WeightGrad) return p.groups * p.m_pairs * p.n_tiles;
   return table[p.groups];
 }
 
+// Pair t's tile for cluster rank `rank`: the pair's two row tiles share their b tile. (Of a
+// group's odd row tiles, the last pair's second lies past the group: it loads and multiplies
+// like the first and stores nothing.)
 template <GroupedKind kKind>
-__device__ __forceinline__ Tile decode_tile(int t, const GroupedParams& p, const int* table) {
+__device__ __forceinline__ Tile decode_tile(int t, int rank, const GroupedParams& p, const int* table) {
   Tile tile;
   if constexpr (kKind == GroupedKind::WeightGrad) {
-    const int per_group = p.m_tiles * p.n_tiles;
+    const int per_group = p.m_pairs * p.n_tiles;
     tile.group = t / per_group;
     const int local = t % per_group;
-    tile.m0 = (local / p.n_tiles) * kBlockM;
+    tile.m0 = ((local / p.n_tiles) * kCluster + rank) * kBlockM;
     tile.m_end = p.out_rows;
     tile.n0 = (local % p.n_tiles) * kBlockN;
     tile.k0 = p.offsets[tile.group];
@@ -116,84 +131,44 @@ __device__ __forceinline__ Tile decode_tile(int t, const GroupedParams& p, const
     }
     tile.group = lo;
     const int first = p.offsets[lo];
-    const int row_tiles = (p.offsets[lo + 1] - first + kBlockM - 1) / kBlockM;
+    const int pairs = row_pairs(p.offsets[lo + 1] - first);
     const int local = t - table[lo];
-    tile.m0 = first + (local % row_tiles) * kBlockM;
+    tile.m0 = first + ((local % pairs) * kCluster + rank) * kBlockM;
     tile.m_end = p.offsets[lo + 1];
-    tile.n0 = (local / row_tiles) * kBlockN;
+    tile.n0 = (local / pairs) * kBlockN;
     tile.k0 = 0;
     tile.k_end = p.k;
   }
   return tile;
 }
 
+// Byte addresses in the CTA's shared memory, from its 1024-byte aligned base: the ring's
+// stages (a's tile, then b's) and their barriers.
+struct Ring {
+  uint32_t base;
+  __device__ uint32_t a(int s) const { return base + s * kStageBytes; }
+  __device__ uint32_t b(int s) const { return base + s * kStageBytes + kABytes; }
+  __device__ uint32_t full(int s) const { return base + kBarrierOffset + 8 * s; }
+  __device__ uint32_t empty(int s) const { return base + kBarrierOffset + 8 * (kStages + s); }
+};
+
+// The consumer warpgroups: 64 rows each of every tile of this CTA, multiplied from the ring
+// and stored.
 template <GroupedKind kKind>
-__global__ void __launch_bounds__(kThreads, 1)
-    grouped_matmul_hopper_kernel(const __grid_constant__ CUtensorMap a_map,
-                                 const __grid_constant__ CUtensorMap b_map, const GroupedParams p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_addr(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  uint8_t* const smem = smem_raw + (base - raw);
-  auto stage_a = [&](int s) { return base + s * kStageBytes; };
-  auto stage_b = [&](int s) { return base + s * kStageBytes + kABytes; };
-  const uint32_t bars = base + kBarrierOffset;
-  auto full = [&](int s) { return bars + 8 * s; };
-  auto empty = [&](int s) { return bars + 8 * (kStages + s); };
-  int* const table = reinterpret_cast<int*>(smem + kTableOffset);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full(s), 1);
-      mbar_init(empty(s), kConsumerWarps);
-    }
-    mbar_init_fence();
-  }
-  if constexpr (kKind != GroupedKind::WeightGrad) build_tile_table(table, p);
-  __syncthreads();
-  const int tiles = tile_count<kKind>(p, table);
-
-  const int warp_group = threadIdx.x / 128;
-  if (warp_group == 0) {
-    release_registers<40>();
-    if (threadIdx.x == 0) {
-      int it = 0;  // slices loaded by this CTA: the ring's position
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const Tile tile = decode_tile<kKind>(t, p, table);
-        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it) {
-          const int s = it % kStages;
-          mbar_wait(empty(s), ((it / kStages) & 1) ^ 1);
-          mbar_expect_tx(full(s), kStageBytes);
-          if constexpr (kKind == GroupedKind::WeightGrad) {
-            // a's rows k0.. x columns m0.. (two 64-column boxes), b's rows x 256 columns.
-            for (int j = 0; j < 2; ++j)
-              tma_load(stage_a(s) + j * kBoxBytes, &a_map, full(s), tile.m0 + 64 * j, k0, 0);
-            for (int j = 0; j < 4; ++j)
-              tma_load(stage_b(s) + j * kBoxBytes, &b_map, full(s), tile.n0 + 64 * j, k0, 0);
-          } else {
-            tma_load(stage_a(s), &a_map, full(s), k0, tile.m0, 0);
-            if constexpr (kKind == GroupedKind::Forward) {
-              tma_load(stage_b(s), &b_map, full(s), k0, tile.n0, tile.group);
-            } else {
-              for (int j = 0; j < 4; ++j)
-                tma_load(stage_b(s) + j * kBoxBytes, &b_map, full(s), tile.n0 + 64 * j, k0,
-                         tile.group);
-            }
-          }
-        }
-      }
-    }
-    return;
-  }
-  claim_registers<232>();
-
+__device__ __forceinline__ void consume(const GroupedParams& p, const int* table, int tiles,
+                                        int first_pair, int pair_stride, int rank, const Ring& ring,
+                                        uint8_t* smem) {
   // Broadcast from lane 0 so that the compiler knows the warpgroup is warp-uniform.
-  const int consumer = __shfl_sync(0xffffffffu, warp_group - 1, 0);
+  const int consumer = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128 - 1, 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int row_in_tile = consumer * 64 + warp * 16 + g;
   const bool arrives = lane == 0;
+  // A stage this warp is done with, released in both CTAs of the pair (each loaded half of
+  // its b tile into both).
+  auto release = [&](int s) {
+    for (int cta = 0; cta < kCluster; ++cta) mbar_arrive_cluster(ring.empty(s), cta);
+  };
 
   // Descriptors at stage 0, k-step 0 (hopper_ptx.cuh). K-major operands (a and the forward's
   // b): k-step kk is 32 bytes along the 128-byte rows. MN-major ones (the rest): k-step kk is
@@ -201,24 +176,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   // (K-major) or one 64-column block (MN-major) into the stage.
   constexpr bool kTransA = kKind == GroupedKind::WeightGrad;
   constexpr bool kTransB = kKind != GroupedKind::Forward;
-  const uint64_t a_desc = kTransA ? smem_desc(stage_a(0) + consumer * kBoxBytes, kBoxBytes, 1024)
-                                  : smem_desc(stage_a(0) + consumer * 64 * 128, 16, 1024);
+  const uint64_t a_desc = kTransA ? smem_desc(ring.a(0) + consumer * kBoxBytes, kBoxBytes, 1024)
+                                  : smem_desc(ring.a(0) + consumer * 64 * 128, 16, 1024);
   const uint64_t b_desc =
-      kTransB ? smem_desc(stage_b(0), kBoxBytes, 1024) : smem_desc(stage_b(0), 16, 1024);
+      kTransB ? smem_desc(ring.b(0), kBoxBytes, 1024) : smem_desc(ring.b(0), 16, 1024);
   auto step = [](bool trans, int kk) {
     return static_cast<uint32_t>(trans ? kk * 16 * 128 : kk * 32);
   };
 
   float acc[128];
   int it = 0;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const Tile tile = decode_tile<kKind>(t, p, table);
+  for (int t = first_pair; t < tiles; t += pair_stride) {
+    const Tile tile = decode_tile<kKind>(t, rank, p, table);
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int slices = 0;
     for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it, ++slices) {
       const int s = it % kStages;
-      mbar_wait(full(s), (it / kStages) & 1);
+      mbar_wait(ring.full(s), (it / kStages) & 1);
       if constexpr (kKind == GroupedKind::WeightGrad) {
         const int rows = tile.k_end - k0;  // this group's rows left; the slice may hold others
         if (rows < kBlockK) {
@@ -226,9 +201,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           // both operands (0 x Inf would still reach the sum) before the MMAs read them. Each
           // warpgroup clears its own block of a and two of b's four; both wait for both.
           const uint32_t first_row = static_cast<uint32_t>(rows) * 128;
-          uint8_t* const blocks[3] = {smem + (stage_a(s) - base) + consumer * kBoxBytes,
-                                      smem + (stage_b(s) - base) + 2 * consumer * kBoxBytes,
-                                      smem + (stage_b(s) - base) + (2 * consumer + 1) * kBoxBytes};
+          uint8_t* const blocks[3] = {smem + (ring.a(s) - ring.base) + consumer * kBoxBytes,
+                                      smem + (ring.b(s) - ring.base) + 2 * consumer * kBoxBytes,
+                                      smem + (ring.b(s) - ring.base) + (2 * consumer + 1) * kBoxBytes};
           for (uint8_t* block : blocks)
             for (int c = threadIdx.x % 128; c < (kBlockK - rows) * 8; c += 128)
               reinterpret_cast<uint4*>(block + first_row)[c] = make_uint4(0, 0, 0, 0);
@@ -246,11 +221,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       // The previous slice's MMAs are complete once at most this one's are pending.
       wgmma_wait<1>();
-      if (slices > 0 && arrives) mbar_arrive(empty((it - 1) % kStages));
+      if (slices > 0 && arrives) release((it - 1) % kStages);
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    if (slices > 0 && arrives) mbar_arrive(empty((it - 1) % kStages));
+    if (slices > 0 && arrives) release((it - 1) % kStages);
 
       // Store: accumulator chunk c holds columns 8c + 2 t4 (+1) of rows row_in_tile (+8).
 #pragma unroll
@@ -295,10 +270,81 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+}
+
+template <GroupedKind kKind>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_matmul_hopper_kernel(const __grid_constant__ CUtensorMap a_map,
+                                 const __grid_constant__ CUtensorMap b_map, const GroupedParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const smem = smem_raw + (base - raw);
+  const Ring ring{base};
+  int* const table = reinterpret_cast<int*>(smem + kTableOffset);
+
+  // A stage is refilled once both CTAs' consumers are done with it: each CTA loads half of
+  // the pair's b tile into both.
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(ring.full(s), 1);
+      mbar_init(ring.empty(s), kCluster * kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  if constexpr (kKind != GroupedKind::WeightGrad) build_tile_table(table, p);
+  cluster_sync();  // the partner's barriers are initialised before anything signals them
+  const int tiles = tile_count<kKind>(p, table);
+  const int rank = static_cast<int>(cluster_rank());
+  const int first_pair = static_cast<int>(blockIdx.x) / kCluster;
+  const int pair_stride = static_cast<int>(gridDim.x) / kCluster;
+
+  const int warp_group = threadIdx.x / 128;
+  if (warp_group == 0) {
+    release_registers<40>();
+    if (threadIdx.x == 0) {
+      constexpr uint16_t kBoth = (1u << kCluster) - 1;
+      int it = 0;  // slices loaded by this CTA: the ring's position
+      for (int t = first_pair; t < tiles; t += pair_stride) {
+        const Tile tile = decode_tile<kKind>(t, rank, p, table);
+        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it) {
+          const int s = it % kStages;
+          mbar_wait(ring.empty(s), ((it / kStages) & 1) ^ 1);
+          mbar_expect_tx(ring.full(s), kStageBytes);
+          // This CTA's a tile, and its half of the pair's b tile into both CTAs.
+          if constexpr (kKind == GroupedKind::WeightGrad) {
+            // a's rows k0.. x columns m0.. (two 64-column boxes), b's rows x 256 columns.
+            for (int j = 0; j < 2; ++j)
+              tma_load(ring.a(s) + j * kBoxBytes, &a_map, ring.full(s), tile.m0 + 64 * j, k0, 0);
+            for (int j = 2 * rank; j < 2 * rank + 2; ++j)
+              tma_load_multicast(ring.b(s) + j * kBoxBytes, &b_map, ring.full(s), tile.n0 + 64 * j, k0,
+                                 0, kBoth);
+          } else {
+            tma_load(ring.a(s), &a_map, ring.full(s), k0, tile.m0, 0);
+            if constexpr (kKind == GroupedKind::Forward) {
+              tma_load_multicast(ring.b(s) + rank * kBBytes / 2, &b_map, ring.full(s), k0,
+                                 tile.n0 + rank * kBlockN / 2, tile.group, kBoth);
+            } else {
+              for (int j = 2 * rank; j < 2 * rank + 2; ++j)
+                tma_load_multicast(ring.b(s) + j * kBoxBytes, &b_map, ring.full(s), tile.n0 + 64 * j,
+                                   k0, tile.group, kBoth);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    claim_registers<232>();
+    consume<kKind>(p, table, tiles, first_pair, pair_stride, rank, ring, smem);
+  }
+  // Neither CTA leaves while the other may still signal its barriers.
+  cluster_sync();
 #else
   __trap();  // compiled without sm_90a; grouped_matmul_hopper_takes said no
 #endif
 }
+
 
 // Rows of out from offsets[G] on, zeroed: the forward's rows past the groups.
 __global__ void zero_rows_past_groups_kernel(bf16* out, const int32_t* end, int64_t R, int64_t N) {
@@ -316,16 +362,32 @@ int multiprocessors() {
   return count;
 }
 
+// pair_bound: at least the pairs of tiles there are (the device knows how many).
 template <GroupedKind kKind>
 void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedParams& p,
-            int64_t tile_bound, cudaStream_t stream) {
-  if (tile_bound == 0) return;
+            int64_t pair_bound, cudaStream_t stream) {
+  if (pair_bound == 0) return;
   TS_CUDA_CHECK(cudaFuncSetAttribute(grouped_matmul_hopper_kernel<kKind>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
-  const int grid = static_cast<int>(std::min<int64_t>(tile_bound, multiprocessors()));
-  grouped_matmul_hopper_kernel<kKind><<<grid, kThreads, kSmemBytes, stream>>>(a_map, b_map, p);
-  TS_CUDA_CHECK_LAUNCH("grouped_matmul_hopper_kernel");
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // As many pairs as run at once: a pair's CTAs share a GPC, so the SMs of a GPC with an odd
+  // count (or taken by other work) may hold fewer pairs than half the SMs, and a persistent
+  // grid larger than what runs would leave its last pairs for a second wave.
+  config.gridDim = dim3(static_cast<unsigned>(multiprocessors()));
+  int resident = 0;
+  TS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, grouped_matmul_hopper_kernel<kKind>, &config));
+  const int64_t pairs = std::min<int64_t>(pair_bound, std::max(resident, 1));
+  config.gridDim = dim3(static_cast<unsigned>(pairs * kCluster));
+  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_matmul_hopper_kernel<kKind>, a_map, b_map, p));
 }
 
 // A (planes, rows, width) bf16 tensor map read in boxes of box_rows x 64.
@@ -362,15 +424,14 @@ void grouped_matmul_hopper(bf16* out, const bf16* a, const bf16* b, const int32_
   p.out = out, p.offsets = offsets, p.groups = static_cast<int>(G);
   p.n = static_cast<int>(N), p.k = static_cast<int>(K);
   p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
-  // At most a partial row tile per group beyond R's whole ones.
-  const int64_t tile_bound = ((R + kBlockM - 1) / kBlockM + G) * p.n_tiles;
+  // At most a partial pair of row tiles per group beyond R's whole ones.
+  const int64_t pair_bound = R > 0 ? ((R + kCluster * kBlockM - 1) / (kCluster * kBlockM) + G) * p.n_tiles : 0;
   const CUtensorMap a_map = rows_map(a, K, R, 1, kBlockM);
   if (trans_b) {
-    launch<GroupedKind::Forward>(a_map, rows_map(b, K, N, G, kBlockN), p, R > 0 ? tile_bound : 0,
+    launch<GroupedKind::Forward>(a_map, rows_map(b, K, N, G, kBlockN / kCluster), p, pair_bound,
                                  stream);
   } else {
-    launch<GroupedKind::DataGrad>(a_map, rows_map(b, N, K, G, 64), p, R > 0 ? tile_bound : 0,
-                                  stream);
+    launch<GroupedKind::DataGrad>(a_map, rows_map(b, N, K, G, 64), p, pair_bound, stream);
   }
   if (R > 0) {
     zero_rows_past_groups_kernel<<<264, 256, 0, stream>>>(out, offsets + G, R, N);
@@ -385,12 +446,12 @@ void grouped_matmul_wgrad_hopper(void* out, bool out_fp32, const bf16* a, const 
   p.out = out, p.offsets = offsets, p.groups = static_cast<int>(G);
   p.out_rows = static_cast<int>(M), p.n = static_cast<int>(N);
   p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
-  p.m_tiles = static_cast<int>((M + kBlockM - 1) / kBlockM);
+  p.m_pairs = static_cast<int>((M + kCluster * kBlockM - 1) / (kCluster * kBlockM));
   p.beta = beta, p.out_fp32 = out_fp32;
   // R = 0 still writes beta * out; a map needs at least one row.
   const int64_t map_rows = std::max<int64_t>(R, 1);
   launch<GroupedKind::WeightGrad>(rows_map(a, M, map_rows, 1, 64), rows_map(b, N, map_rows, 1, 64),
-                                  p, G * p.m_tiles * p.n_tiles, stream);
+                                  p, G * p.m_pairs * p.n_tiles, stream);
 }
 
 }  // namespace tessera::cuda
