@@ -210,9 +210,13 @@ class Mixer {
   // ---- generation with a cache (model/generator.h) ----
   // Values per position it keeps for later tokens (an attention's keys and values).
   virtual int64_t cache_width() const { return 0; }
-  // Whether its forward_cached reads device results on the host (an MoE's routing reads its
-  // experts' row counts): a decode step through it cannot be captured (Backend::capture).
-  virtual bool decode_reads_host() const { return false; }
+  // Whether its forward_cached on `tokens` new tokens of `dtype` reads device results on the
+  // host (an MoE's routing, where its grouped GEMMs size themselves from the experts' row
+  // counts there): a decode step through it cannot then be captured (Backend::capture).
+  virtual bool decode_reads_host(const Backend& backend, int64_t tokens, DType dtype) const {
+    (void)backend, (void)tokens, (void)dtype;
+    return false;
+  }
   // Scratch bytes its forward_cached takes for n tokens of `dtype`.
   virtual size_t cached_scratch_bytes(int64_t n, DType dtype) const = 0;
   // The mixer on n new tokens `in` (n, C) of one sequence at positions [at.pos, at.pos + n):

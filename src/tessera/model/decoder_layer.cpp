@@ -102,8 +102,10 @@ std::vector<int64_t> DecoderLayer::cache_widths() const {
   return widths;
 }
 
-bool DecoderLayer::decode_reads_host() const {
-  return std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->mixer().decode_reads_host(); });
+bool DecoderLayer::decode_reads_host(const Backend& backend, int64_t tokens, DType dtype) const {
+  return std::any_of(blocks_.begin(), blocks_.end(), [&](const auto& b) {
+    return b->mixer().decode_reads_host(backend, tokens, dtype);
+  });
 }
 
 size_t DecoderLayer::cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const {

@@ -45,7 +45,7 @@ class DecoderLayer {
   // tokens.
   std::vector<int64_t> cache_widths() const;
   // Whether any block reads device results on the host while decoding (Mixer::decode_reads_host).
-  bool decode_reads_host() const;
+  bool decode_reads_host(const Backend& backend, int64_t tokens, DType dtype) const;
   size_t cached_scratch_bytes(int64_t n, int64_t hidden, DType dtype) const;
 
   // The rotary bases its mixers read (Mixer::rope_bases).

@@ -146,7 +146,9 @@ void Generator::allocate_state(const Tensor& cache_region) {
   }
   positions_.assign(static_cast<size_t>(B), 0);
   captures_steps_ = backend_.supports(Capability::CapturesWork) &&
-                    std::none_of(layers_.begin(), layers_.end(), [](const auto& l) { return l->decode_reads_host(); });
+                    std::none_of(layers_.begin(), layers_.end(), [&](const auto& l) {
+                      return l->decode_reads_host(backend_, B, dtype_);
+                    });
 
   // The blocks' state (the expert bias): fp32, zero until load() sets it.
   const auto state_total = static_cast<int64_t>(z.block_state_floats);

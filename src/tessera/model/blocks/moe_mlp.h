@@ -55,7 +55,10 @@ class MoeMlp final : public Mixer {
   void backward(LayerOps& ops, const LinearOperand& in, const Tensor& dout, const Tensor& din,
                 const std::function<void()>& recompute_in) override;
   size_t cached_scratch_bytes(int64_t n, DType dtype) const override;
-  bool decode_reads_host() const override { return true; }
+  bool decode_reads_host(const Backend& backend, int64_t tokens, DType dtype) const override {
+    return !backend.grouped_matmul_reads_device_offsets(dtype, permuted_rows(tokens, s_.moe),
+                                                        s_.moe.experts);
+  }
   void forward_cached(ForwardOps& ops, ScratchArena& scratch, const Tensor& in, const Tensor& out,
                       const Tensor& residual, const Tensor& cache, const CachePosition& at) override;
   std::vector<LinearGemm> linear_gemms() const override;
