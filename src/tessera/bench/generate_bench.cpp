@@ -45,8 +45,9 @@ std::vector<std::vector<int32_t>> random_prompts(int64_t batch, int64_t length, 
 // default experiment with the model preset `<model>` (the tiny ones have no experiment).
 Experiment generate_experiment(const Options& o) {
   LoadOptions lo;
+  // One device: an MoE experiment's experts, spread over a node's GPUs, all on this one.
   lo.cli_overrides = {"--num_layers", std::to_string(o.layers), "--seq_length",
-                      std::to_string(o.prompt + o.new_tokens)};
+                      std::to_string(o.prompt + o.new_tokens), "--expert_model_parallel_size", "1"};
   lo.config_path = o.model + "-pretrain";
   try {
     return load_experiment(lo);
