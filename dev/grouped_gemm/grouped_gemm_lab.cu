@@ -245,11 +245,15 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> mixtral(8, 2048);
   const std::vector<int32_t> uneven = {3008, 1008, 2496, 1504, 2048, 2048, 1792, 2480};
   const std::vector<int32_t> small(64, 512);
+  const std::vector<int32_t> qwen3(128, 512);  // Qwen3-30B-A3B: 128 experts top-8
   const bool t = bench;
   forward_case(h, "mixtral gate_up N28672 K4096", mixtral, 28672, 4096, true, t);
   forward_case(h, "mixtral down N4096 K14336", mixtral, 4096, 14336, true, t);
   forward_case(h, "mixtral uneven gate_up", uneven, 28672, 4096, true, t);
   forward_case(h, "64 experts N2816 K2048", small, 2816, 2048, true, t);
+  forward_case(h, "qwen3 128 experts gate_up N1536 K2048", qwen3, 1536, 2048, true, t);
+  forward_case(h, "qwen3 128 experts down N2048 K768", qwen3, 2048, 768, true, t);
+  forward_case(h, "qwen3 128 experts down dgrad N768 K2048", qwen3, 768, 2048, false, t);
   forward_case(h, "mixtral gate_up dgrad N4096 K28672", mixtral, 4096, 28672, false, t);
   forward_case(h, "mixtral down dgrad N14336 K4096", mixtral, 14336, 4096, false, t);
   forward_case(h, "64 experts dgrad N2048 K2816", small, 2048, 2816, false, t);

@@ -228,6 +228,54 @@ TEST(GpuGeneration, MultiLatentAttentionSlotsTrackTheCpu) {
 namespace tessera::gpu_test {
 namespace {
 
+// A small model's generators, 40 positions and 4 slots, loaded with the same random weights:
+// fp32 on the CPU, bf16 on the GPU.
+struct DecodePair {
+  std::unique_ptr<Backend> cpu = make_backend(DeviceChoice::Cpu, 0),
+                           gpu = make_backend(DeviceChoice::Gpu, 0);
+  std::unique_ptr<Generator> on_cpu, on_gpu;
+
+  explicit DecodePair(const ModelSpec& s) {
+    const std::vector<float> w = initial_weights(*cpu, s, 9);
+    const auto weights = [&](const ParamInfo& p) {
+      return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel());
+    };
+    on_cpu = std::make_unique<Generator>(*cpu, s, DType::F32, 40, 4);
+    on_gpu = std::make_unique<Generator>(*gpu, s, DType::BF16, 40, 4);
+    on_cpu->load(weights);
+    on_gpu->load(weights);
+  }
+};
+
+ModelSpec decode_spec() {
+  ModelSpec s;
+  s.vocab_size = s.tokenizer_vocab = 256;
+  s.num_layers = 2;
+  s.heads = 4, s.kv_heads = 2, s.head_dim = 64;
+  s.hidden = 256, s.ffn = 512;
+  s.max_position_embeddings = 64;
+  s.init_std = 0.05f;
+  return s;
+}
+
+// Each step's logits of the prompts' slots: the prompts prefilled, then `steps` steps with
+// the tokens fixed (slot b's token at step i: 11 + 40 b + i), op by op or captured.
+std::vector<std::vector<float>> decode(Generator& g,
+                                       const std::vector<std::vector<int32_t>>& prompts, int steps,
+                                       bool eager) {
+  g.set_eager(eager);
+  for (size_t b = 0; b < prompts.size(); ++b) g.prefill_slot(static_cast<int64_t>(b), prompts[b]);
+  std::vector<std::vector<float>> out;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int32_t> tokens;
+    for (size_t b = 0; b < prompts.size(); ++b)
+      tokens.push_back(static_cast<int32_t>(11 + 40 * b + step));
+    g.step_slots(tokens);
+    out.push_back(g.logits(static_cast<int64_t>(prompts.size())));
+  }
+  return out;
+}
+
 // Decode steps captured as CUDA graphs (Generator::step_slots): three busy slots of four at
 // positions of their own, stepped op by op and then captured (the first step of a row count
 // runs op by op, the next is captured and replayed, the rest replay; the captured steps run
@@ -236,38 +284,15 @@ namespace {
 // is captured again.
 TEST(GpuGeneration, CapturedDecodeStepsGiveTheStepsOpByOp) {
   TS_REQUIRE_GPU();
-  ModelSpec s;
-  s.vocab_size = s.tokenizer_vocab = 256;
-  s.num_layers = 2;
-  s.heads = 4, s.kv_heads = 2, s.head_dim = 64;
-  s.hidden = 256, s.ffn = 512;
-  s.max_position_embeddings = 64;
-  s.init_std = 0.05f;
-  auto cpu = make_backend(DeviceChoice::Cpu, 0);
-  auto gpu = make_backend(DeviceChoice::Gpu, 0);
-  const std::vector<float> w = initial_weights(*cpu, s, 9);
-  const auto weights = [&](const ParamInfo& p) { return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel()); };
-  Generator on_cpu(*cpu, s, DType::F32, 40, 4), on_gpu(*gpu, s, DType::BF16, 40, 4);
-  on_cpu.load(weights);
-  on_gpu.load(weights);
-  ASSERT_EQ(on_gpu.step_rows(3), 4);
+  DecodePair d(decode_spec());
+  Backend* gpu = d.gpu.get();
+  ASSERT_EQ(d.on_gpu->step_rows(3), 4);
   const std::vector<std::vector<int32_t>> prompts = {{3, 141, 59, 26, 5}, {9, 8}, {77, 1, 2, 3, 4, 5, 6}};
   constexpr int kSteps = 6;
-  // Each step's logits of the three slots, the tokens fixed (11 + step, 50 + step, 90 + step).
-  const auto decode = [&](Generator& g, bool eager) {
-    g.set_eager(eager);
-    for (size_t b = 0; b < prompts.size(); ++b) g.prefill_slot(static_cast<int64_t>(b), prompts[b]);
-    std::vector<std::vector<float>> out;
-    for (int step = 0; step < kSteps; ++step) {
-      g.step_slots({11 + step, 50 + step, 90 + step});
-      out.push_back(g.logits(3));
-    }
-    return out;
-  };
-  const auto want = decode(on_cpu, true);
-  const auto by_op = decode(on_gpu, true);
-  const auto captured = decode(on_gpu, false);
-  const auto again = decode(on_gpu, false);  // every step replays
+  const auto want = decode(*d.on_cpu, prompts, kSteps, true);
+  const auto by_op = decode(*d.on_gpu, prompts, kSteps, true);
+  const auto captured = decode(*d.on_gpu, prompts, kSteps, false);
+  const auto again = decode(*d.on_gpu, prompts, kSteps, false);  // every step replays
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_LT(relative_error(by_op[step], want[step]), 3e-2) << "op by op, step " << step;
     EXPECT_LT(relative_error(captured[step], want[step]), 3e-2) << "captured, step " << step;
@@ -292,7 +317,7 @@ TEST(GpuGeneration, CapturedDecodeStepsGiveTheStepsOpByOp) {
     for (const Tensor& t : {x, dx, dout, rstd, dw, weight}) gpu->fill(t, 0.5f);
     gpu->rmsnorm_backward(dx, dw, dout, x, weight, rstd);
   }
-  const auto recaptured = decode(on_gpu, false);
+  const auto recaptured = decode(*d.on_gpu, prompts, kSteps, false);
   for (int step = 0; step < kSteps; ++step)
     EXPECT_EQ(recaptured[step], captured[step]) << "captured again, step " << step;
 }
@@ -303,38 +328,17 @@ TEST(GpuGeneration, CapturedDecodeStepsGiveTheStepsOpByOp) {
 // rows), and near the CPU's.
 TEST(GpuGeneration, MoeDecodeStepsAreCapturedWhereTheRoutingStaysOnTheDevice) {
   TS_REQUIRE_GPU();
-  ModelSpec s;
+  ModelSpec s = decode_spec();
   s.family = "mixtral";
-  s.vocab_size = s.tokenizer_vocab = 256;
-  s.num_layers = 2;
-  s.heads = 4, s.kv_heads = 2, s.head_dim = 64;
-  s.hidden = 256, s.ffn = 512;
-  s.max_position_embeddings = 64;
-  s.init_std = 0.05f;
   s.moe.experts = 4, s.moe.topk = 2, s.moe.ffn = 128, s.moe.layers = {true, true};
-  auto cpu = make_backend(DeviceChoice::Cpu, 0);
-  auto gpu = make_backend(DeviceChoice::Gpu, 0);
-  const std::vector<float> w = initial_weights(*cpu, s, 9);
-  const auto weights = [&](const ParamInfo& p) { return std::vector<float>(w.begin() + p.offset, w.begin() + p.offset + p.numel()); };
-  Generator on_cpu(*cpu, s, DType::F32, 40, 4), on_gpu(*gpu, s, DType::BF16, 40, 4);
-  on_cpu.load(weights);
-  on_gpu.load(weights);
-  if (!on_gpu.captures_steps()) GTEST_SKIP() << "skipped: no grouped kernel on this GPU (sm_90a only)";
+  DecodePair d(s);
+  if (!d.on_gpu->captures_steps())
+    GTEST_SKIP() << "skipped: no grouped kernel on this GPU (sm_90a only)";
   const std::vector<std::vector<int32_t>> prompts = {{3, 141, 59, 26, 5}, {9, 8}, {77, 1, 2, 3, 4, 5, 6}, {200}};
   constexpr int kSteps = 5;
-  const auto decode = [&](Generator& g, bool eager) {
-    g.set_eager(eager);
-    for (size_t b = 0; b < prompts.size(); ++b) g.prefill_slot(static_cast<int64_t>(b), prompts[b]);
-    std::vector<std::vector<float>> out;
-    for (int step = 0; step < kSteps; ++step) {
-      g.step_slots({11 + step, 50 + step, 90 + step, 130 + step});
-      out.push_back(g.logits(4));
-    }
-    return out;
-  };
-  const auto want = decode(on_cpu, true);
-  const auto by_op = decode(on_gpu, true);
-  const auto captured = decode(on_gpu, false);
+  const auto want = decode(*d.on_cpu, prompts, kSteps, true);
+  const auto by_op = decode(*d.on_gpu, prompts, kSteps, true);
+  const auto captured = decode(*d.on_gpu, prompts, kSteps, false);
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_EQ(captured[step], by_op[step]) << "captured against op by op, step " << step;
     // bf16 logits may route a near-tied token to another expert than fp32 does: a looser bound

@@ -35,7 +35,7 @@ CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dim
   return map;
 }
 
-CUtensorMap hopper::row_map(const bf16* base, int64_t width, int seq, int64_t planes,
+CUtensorMap hopper::row_map(const bf16* base, int64_t width, int64_t seq, int64_t planes,
                             uint32_t rows) {
   const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(seq),
                             static_cast<uint64_t>(planes)};

@@ -38,10 +38,10 @@ bool runs_on(int device);
 // InternalError when the driver refuses it.
 CUtensorMap tensor_map(const void* base, bool fp32, const uint64_t (&dims)[3],
                        const uint64_t (&strides)[2], const uint32_t (&box)[3]);
-// bf16 rows of `width` elements as (planes, seq, width), in boxes of `rows` tokens x 64
-// elements; tokens past seq read as zeros. Widths of whole 64-element halves of heads keep the
-// strides multiples of 16 bytes, as TMA needs.
-CUtensorMap row_map(const bf16* base, int64_t width, int seq, int64_t planes, uint32_t rows);
+// bf16 rows of `width` elements as (planes, seq, width), in boxes of `rows` rows x 64
+// elements; rows past seq read as zeros. Widths of multiples of 8 elements keep the strides
+// multiples of 16 bytes, as TMA needs.
+CUtensorMap row_map(const bf16* base, int64_t width, int64_t seq, int64_t planes, uint32_t rows);
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
