@@ -159,6 +159,13 @@ TEST(CliConventions, DashedNamesAndEqualsWorkInEverySubcommand) {
         succeeds([](const RunResult& r) {
           EXPECT_TRUE(has(r.output, "| 3 | op by op |")) << r.output;
         })}},
+      // An MoE preset cut to fewer layers than its moe_layer_freq lists names its own.
+      {"bench generate",
+       {"bench generate --model=tiny_moe --num-layers=2 --moe-layer-freq=1 --batch=2 --prompt=4 "
+        "--new=3 --device=cpu --warmup=0 --iters=1",
+        succeeds([](const RunResult& r) {
+          EXPECT_TRUE(has(r.output, "| 2 | op by op |")) << r.output;
+        })}},
       {"bench gemm",
        {"bench gemm --device=cpu --sizes=64 --layouts=NN --epilogues=none --warmup=1 --iters=1 "
         "--gemm-autotune=false",

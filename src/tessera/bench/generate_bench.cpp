@@ -27,6 +27,9 @@ struct Options {
   int64_t layers = 4, prompt = 256, new_tokens = 256;
   std::vector<int64_t> batches = {1, 64};
   bool eager = false;  // time the steps op by op too
+  // The experiment's moe_layer_freq (a preset's list names every one of its layers: fewer
+  // layers need their own, e.g. "1"); empty: the experiment's.
+  std::string moe_layer_freq;
 };
 
 // B prompts of P ids drawn uniformly from the vocabulary, the same for every run.
@@ -48,6 +51,7 @@ Experiment generate_experiment(const Options& o) {
   // One device: an MoE experiment's experts, spread over a node's GPUs, all on this one.
   lo.cli_overrides = {"--num_layers", std::to_string(o.layers), "--seq_length",
                       std::to_string(o.prompt + o.new_tokens), "--expert_model_parallel_size", "1"};
+  if (!o.moe_layer_freq.empty()) lo.cli_overrides.insert(lo.cli_overrides.end(), {"--moe_layer_freq", o.moe_layer_freq});
   lo.config_path = o.model + "-pretrain";
   try {
     return load_experiment(lo);
@@ -85,12 +89,15 @@ std::vector<std::vector<int32_t>> ids_of(const std::vector<std::vector<Continuat
 int generate_bench_command(const std::vector<std::string>& args) {
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
     fmt::print(
-        "usage: tessera bench generate [--model llama3.1_8B] [--num_layers 4] [--batch 1,64]\n"
-        "                              [--prompt 256] [--new 256] [--eager] [--device auto|cpu|cuda]\n"
+        "usage: tessera bench generate [--model llama3.1_8B] [--num_layers 4] [--moe_layer_freq F]\n"
+        "                              [--batch 1,64] [--prompt 256] [--new 256] [--eager]\n"
+        "                              [--device auto|cpu|cuda]\n"
         "                              [--warmup 1] [--iters 3] [--trace PREFIX] [-o DIR]\n\n"
         "Batched generation's tokens/s (batch x new tokens / time, the prompts' prefill included)\n"
         "on the continuation engine, with random weights of the preset (its experiment\n"
-        "<model>-pretrain, or the model preset itself; its first --num_layers layers): --batch prompts of --prompt random ids, --new tokens each, sampled at\n"
+        "<model>-pretrain, or the model preset itself; its first --num_layers layers, with\n"
+        "--moe_layer_freq where the preset lists its MoE layers one by one, e.g. 1: every layer\n"
+        "MoE): --batch prompts of --prompt random ids, --new tokens each, sampled at\n"
         "temperature 1 with no end token, all in one batch of slots. On GPUs the decode steps are\n"
         "captured as CUDA graphs; --eager times them op by op as well. Each batch size is first\n"
         "checked: 8 greedy tokens (at most --new) with captured steps equal those op by op. --trace PREFIX\n"
@@ -100,11 +107,13 @@ int generate_bench_command(const std::vector<std::string>& args) {
     return 0;
   }
   std::set<std::string> valued = kCommonOptions;
-  for (const char* k : {"model", "num_layers", "batch", "prompt", "new", "trace"}) valued.insert(k);
+  for (const char* k : {"model", "num_layers", "moe_layer_freq", "batch", "prompt", "new", "trace"})
+    valued.insert(k);
   const CommandArgs a(args, valued, {"eager"}, false);
   Options o;
   o.model = a.get("model", o.model);
   o.layers = a.get_int("num_layers", o.layers);
+  o.moe_layer_freq = a.get("moe_layer_freq", o.moe_layer_freq);
   o.prompt = a.get_int("prompt", o.prompt);
   o.new_tokens = a.get_int("new", o.new_tokens);
   o.batches = a.get_int_list("batch", o.batches);
