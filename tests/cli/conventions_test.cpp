@@ -154,7 +154,8 @@ TEST(CliConventions, DashedNamesAndEqualsWorkInEverySubcommand) {
           EXPECT_FALSE(has(r.output, "breakdown")) << r.output;
         }}},
       {"bench generate",
-       {"bench generate --model=tiny_llama --num-layers=2 --batch=1,3 --prompt=5 --new=4 --device=cpu "
+       {"bench generate --model=tiny_llama --num-layers=2 --batch=1,3 --prompt=5 --new=4 "
+        "--device=cpu "
         "--warmup=0 --iters=1",
         succeeds([](const RunResult& r) {
           EXPECT_TRUE(has(r.output, "| 3 | op by op |")) << r.output;

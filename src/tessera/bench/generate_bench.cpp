@@ -51,7 +51,8 @@ Experiment generate_experiment(const Options& o) {
   // One device: an MoE experiment's experts, spread over a node's GPUs, all on this one.
   lo.cli_overrides = {"--num_layers", std::to_string(o.layers), "--seq_length",
                       std::to_string(o.prompt + o.new_tokens), "--expert_model_parallel_size", "1"};
-  if (!o.moe_layer_freq.empty()) lo.cli_overrides.insert(lo.cli_overrides.end(), {"--moe_layer_freq", o.moe_layer_freq});
+  if (!o.moe_layer_freq.empty())
+    lo.cli_overrides.insert(lo.cli_overrides.end(), {"--moe_layer_freq", o.moe_layer_freq});
   lo.config_path = o.model + "-pretrain";
   try {
     return load_experiment(lo);
@@ -89,7 +90,8 @@ std::vector<std::vector<int32_t>> ids_of(const std::vector<std::vector<Continuat
 int generate_bench_command(const std::vector<std::string>& args) {
   if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
     fmt::print(
-        "usage: tessera bench generate [--model llama3.1_8B] [--num_layers 4] [--moe_layer_freq F]\n"
+        "usage: tessera bench generate [--model llama3.1_8B] [--num_layers 4] [--moe_layer_freq "
+        "F]\n"
         "                              [--batch 1,64] [--prompt 256] [--new 256] [--eager]\n"
         "                              [--device auto|cpu|cuda]\n"
         "                              [--warmup 1] [--iters 3] [--trace PREFIX] [-o DIR]\n\n"
@@ -100,7 +102,8 @@ int generate_bench_command(const std::vector<std::string>& args) {
         "MoE): --batch prompts of --prompt random ids, --new tokens each, sampled at\n"
         "temperature 1 with no end token, all in one batch of slots. On GPUs the decode steps are\n"
         "captured as CUDA graphs; --eager times them op by op as well. Each batch size is first\n"
-        "checked: 8 greedy tokens (at most --new) with captured steps equal those op by op. --trace PREFIX\n"
+        "checked: 8 greedy tokens (at most --new) with captured steps equal those op by op. "
+        "--trace PREFIX\n"
         "profiles one more run of each batch size (op by op: profiled ops are not captured) into\n"
         "PREFIX_b<batch>.json, a Chrome trace for `tessera report`. -o DIR writes\n"
         "bench_generate.csv and .md.\n");
