@@ -125,6 +125,7 @@ double time_ms(F&& run, int iters) {
 }
 
 int failures = 0;
+std::string only;  // --only: the cases whose name holds it (one launch each under a profiler)
 
 void report(const char* kind, const std::string& name, double err, double tol, double flops,
             double ours_ms, double cublas_ms) {
@@ -141,6 +142,7 @@ void report(const char* kind, const std::string& name, double err, double tol, d
 // out[rows_g] = a[rows_g] @ op(b[g]) through both paths.
 void forward_case(cublasHandle_t h, const std::string& name, const std::vector<int32_t>& sizes,
                   int64_t N, int64_t K, bool trans_b, bool timed) {
+  if (name.find(only) == std::string::npos) return;
   Groups g(sizes, 5);
   const int64_t G = g.G();
   Buffer<bf16> a(g.R * K), b(G * N * K), ours(g.R * N), ref(g.R * N);
@@ -176,6 +178,7 @@ void forward_case(cublasHandle_t h, const std::string& name, const std::vector<i
 template <typename Out>
 void wgrad_case(cublasHandle_t h, const std::string& name, const std::vector<int32_t>& sizes,
                 int64_t M, int64_t N, float beta, bool timed) {
+  if (name.find(only) == std::string::npos) return;
   Groups g(sizes, 3);
   const int64_t G = g.G();
   constexpr bool fp32 = std::is_same_v<Out, float>;
@@ -214,8 +217,10 @@ void wgrad_case(cublasHandle_t h, const std::string& name, const std::vector<int
 
 int main(int argc, char** argv) {
   bool bench = true;
-  for (int i = 1; i < argc; ++i)
+  for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--no-bench") bench = false;
+    if (std::string(argv[i]) == "--only" && i + 1 < argc) only = argv[++i];
+  }
   int device = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   Buffer<bf16> probe(8);
