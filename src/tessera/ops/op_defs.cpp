@@ -189,6 +189,12 @@ void check_slots(const OpChecks& check, const Tensor& t, int64_t N, int64_t K, c
   check.that(d.rows == N && d.cols == K, "{} {} is not ({}, {})", what, t.shape.str(), N, K);
 }
 
+// The rows in groups where the host knows them; else every row of a (the groups' padding
+// and the rows past them too: an upper bound, as op_args::grouped_matmul's M).
+double grouped_rows(const Tensor& a, std::span<const int32_t> host_offsets) {
+  return host_offsets.empty() ? static_cast<double>(matrix_dims(a).rows) : host_offsets.back();
+}
+
 // The groups of a grouped GEMM (offsets, host offsets) and the weight each multiplies. The
 // bf16 grouped GEMMs may be given no host offsets (host_optional); the FP8 ones need them.
 void check_groups(const OpChecks& check, const Tensor& offsets,
@@ -1528,7 +1534,7 @@ OpArgs describe_grouped_matmul(const GroupedMatmulArgs& a) {
 }
 
 OpCost cost_grouped_matmul(const GroupedMatmulArgs& a) {
-  const double rows = a.host_offsets.empty() ? 0 : a.host_offsets.back();
+  const double rows = grouped_rows(a.a, a.host_offsets);
   const double N = a.trans_b ? a.b.dim(1) : a.b.dim(2), K = a.trans_b ? a.b.dim(2) : a.b.dim(1);
   return {2 * rows * N * K, bytes_of(a.out) + rows * K * dtype_size(a.a.dtype) + bytes_of(a.b)};
 }
@@ -1553,7 +1559,7 @@ OpArgs describe_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
 }
 
 OpCost cost_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
-  const double rows = a.host_offsets.empty() ? 0 : a.host_offsets.back();
+  const double rows = grouped_rows(a.a, a.host_offsets);
   const double M = a.out.dim(1), N = a.out.dim(2);
   return {2 * rows * M * N,
           rows * (M + N) * dtype_size(a.a.dtype) + (a.beta != 0.0f ? 2 : 1) * bytes_of(a.out)};
