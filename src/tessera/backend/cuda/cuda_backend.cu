@@ -1075,10 +1075,11 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
 // Given host offsets, or shapes the kernel does not take: one cuBLASLt GEMM per non-empty
 // group, sized from them (copied from the device when the caller gave none).
 //
-// Which to ask for: the kernel wins where groups are small (64 experts of 512 rows: 1.23-1.35x
-// cuBLASLt's per-group GEMMs, the DeepSeek-V2-Lite proxy +5.7%), cuBLASLt where each group's
-// GEMM fills the GPU many times over (Mixtral's experts of 2,048 rows: the kernel at 0.90-0.99
-// of it, the proxy's step 5% slower); performance-notes entry 57.
+// Which to ask for: the kernel wins where groups are small (64 experts of 512 rows: 1.14-1.38x
+// cuBLASLt's per-group GEMMs, Qwen3-30B-A3B's 128: 1.7-4.5x; the proxies +5.5% and +17%),
+// cuBLASLt where each group's GEMM fills the GPU many times over (Mixtral's experts of 2,048
+// rows: the kernel at 0.92-1.07 of it, the proxy's step 2.6% slower); performance-notes
+// entry 57.
 bool CudaBackend::grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
                                                       int64_t groups) const {
   constexpr int64_t kMostRowsPerGroup = 1024;

@@ -15,7 +15,7 @@
 //
 // The consumers' releases are CTA-scope arrivals even on the other CTA's barrier: their only
 // message is that the MMAs have read the stage, and a cluster-scope release costs a fence per
-// slice (measured: the kernel at 0.55-0.69 of cuBLAS with it, 0.92-1.06 without).
+// slice (measured: the kernel at 0.50-0.69 of cuBLAS with it, 0.92-1.06 without).
 //
 // Three operand layouts, one kernel:
 //   forward         out (R, N) rows of group g = a (R, K) rows of g @ b[g]^T,  b (G, N, K)
@@ -32,6 +32,7 @@
 // that use it while it is in L2), the output's 256-column tiles innermost (weight gradient; b's
 // rows, the smaller operand of an expert, stay in L2 across a row of tiles).
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
@@ -379,11 +380,27 @@ __global__ void zero_rows_past_groups_kernel(bf16* out, const int32_t* end, int6
     out[i] = bf16{};
 }
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&device));
-  TS_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+// The pairs of kind kKind that run at once on `device`, with the kernel's shared memory
+// allowed: found once per kind and device (the answers never change; asked on every launch
+// they would cost the host a few driver queries per GEMM).
+template <GroupedKind kKind>
+int resident_pairs(int device, cudaLaunchConfig_t config) {
+  static std::atomic<int> known[64];  // runs_on admits devices 0..63 only
+  int pairs = known[device].load(std::memory_order_relaxed);
+  if (pairs > 0) return pairs;
+  TS_CUDA_CHECK(cudaFuncSetAttribute(grouped_matmul_hopper_kernel<kKind>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemBytes)));
+  int sms = 0;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // A pair's CTAs share a GPC, so the SMs of a GPC with an odd count may hold fewer pairs than
+  // half the SMs, and a persistent grid larger than what runs would leave its last pairs for
+  // a second wave.
+  config.gridDim = dim3(static_cast<unsigned>(sms));
+  TS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&pairs, grouped_matmul_hopper_kernel<kKind>, &config));
+  pairs = std::max(pairs, 1);
+  known[device].store(pairs, std::memory_order_relaxed);
+  return pairs;
 }
 
 // pair_bound: at least the pairs of tiles there are (the device knows how many).
@@ -391,9 +408,6 @@ template <GroupedKind kKind>
 void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedParams& p,
             int64_t pair_bound, cudaStream_t stream) {
   if (pair_bound == 0) return;
-  TS_CUDA_CHECK(cudaFuncSetAttribute(grouped_matmul_hopper_kernel<kKind>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemBytes)));
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
@@ -403,13 +417,9 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedPar
   cluster.val.clusterDim.x = kCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  // As many pairs as run at once: a pair's CTAs share a GPC, so the SMs of a GPC with an odd
-  // count (or taken by other work) may hold fewer pairs than half the SMs, and a persistent
-  // grid larger than what runs would leave its last pairs for a second wave.
-  config.gridDim = dim3(static_cast<unsigned>(multiprocessors()));
-  int resident = 0;
-  TS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&resident, grouped_matmul_hopper_kernel<kKind>, &config));
-  const int64_t pairs = std::min<int64_t>(pair_bound, std::max(resident, 1));
+  int device = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&device));
+  const int64_t pairs = std::min<int64_t>(pair_bound, resident_pairs<kKind>(device, config));
   config.gridDim = dim3(static_cast<unsigned>(pairs * kCluster));
   TS_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_matmul_hopper_kernel<kKind>, a_map, b_map, p));
 }
