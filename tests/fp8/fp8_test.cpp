@@ -467,6 +467,34 @@ TEST_F(CpuOps, RmsnormTransposedCodesRefusesCodesThatAreNotTheTransposedOutput) 
   EXPECT_EQ(codes(codes_t), before) << "written by a refused call";
 }
 
+// The FP8 grouped GEMMs launch per group from host offsets: given only the device's (as the
+// bf16 ones may be), they are refused by name, with nothing written.
+TEST_F(CpuOps, Fp8GroupedMatmulRefusesDeviceOffsetsAlone) {
+  const Tensor offsets = make(DType::I32, {3});
+  const int32_t host[3] = {0, 16, 32};
+  b->upload(offsets, host);
+  GroupedFp8MatmulArgs m;
+  m.out = make(DType::F32, {32, 16});
+  m.a = make(DType::E4M3, {32, 16});
+  m.b = make(DType::E4M3, {2, 16, 16});
+  m.a_scale_inv = scalar(1.0f);
+  m.b_scale_inv = make(DType::F32, {2});
+  b->fill(m.b_scale_inv, 1.0f);
+  m.offsets = offsets;
+  b->fill(m.out, 7.0f);
+  try {
+    b->grouped_matmul_fp8(m);
+    ADD_FAILURE() << "accepted without host offsets";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("grouped_matmul_fp8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("0 host offsets for 2 groups"), std::string::npos)
+        << e.what();
+  }
+  for (float v : values(m.out)) ASSERT_EQ(v, 7.0f) << "written by a refused call";
+  m.host_offsets = host;
+  b->grouped_matmul_fp8(m);  // the same call with them runs
+}
+
 // A linear's backward takes an input's transposed codes only where its forward took the
 // input's codes from the producer (delayed scaling with a history): before the first history
 // (just-in-time scales) they are refused, naming the linear.
