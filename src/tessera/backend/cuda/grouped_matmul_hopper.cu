@@ -397,7 +397,8 @@ int resident_pairs(int device, cudaLaunchConfig_t config) {
   // half the SMs, and a persistent grid larger than what runs would leave its last pairs for
   // a second wave.
   config.gridDim = dim3(static_cast<unsigned>(sms));
-  TS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&pairs, grouped_matmul_hopper_kernel<kKind>, &config));
+  TS_CUDA_CHECK(
+      cudaOccupancyMaxActiveClusters(&pairs, grouped_matmul_hopper_kernel<kKind>, &config));
   pairs = std::max(pairs, 1);
   known[device].store(pairs, std::memory_order_relaxed);
   return pairs;
