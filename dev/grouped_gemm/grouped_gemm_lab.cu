@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   int device = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   Buffer<bf16> probe(8);
-  if (!tessera::cuda::grouped_matmul_hopper_takes(device, 1, {8}, {probe.p})) {
+  if (!tessera::cuda::grouped_matmul_hopper_takes(device, 1, 2, {8}, {probe.p})) {
     std::printf("grouped_matmul_hopper does not run on this device\n");
     return 1;
   }

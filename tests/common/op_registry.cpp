@@ -1417,13 +1417,16 @@ std::vector<OpCase> rmsnorm_transposed_codes_cases() {
 
 // The FP8 grouped GEMMs as the MoE block runs them under fp8: activations cast with one
 // tensorwise scale (e5m2 for a gradient), every expert's weight with its own, the codes then
-// multiplied per group; the weight gradient from both operands cast per group into the
-// group-transposed layout. Every backend sees the same codes. Group sizes are multiples of
-// 16 rows, as moe_permute pads them and FP8 GEMMs need.
+// multiplied per group; the weight gradient from both operands' transposed codes. Every
+// backend sees the same codes. Group sizes are multiples of 16 rows, as moe_permute pads them
+// and FP8 GEMMs need. with_host_offsets false: the ops get the device's offsets alone;
+// fast_accum: the forward kinds with fast accumulation.
 std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, int64_t N,
                                              int64_t K, const std::string& what,
                                              const std::vector<int32_t>& weights = {},
-                                             int64_t num_weights = 0) {
+                                             int64_t num_weights = 0,
+                                             bool with_host_offsets = true,
+                                             bool fast_accum = false) {
   const int64_t G = static_cast<int64_t>(sizes.size());
   const int64_t W = weights.empty() ? G : num_weights;
   std::vector<int32_t> offsets = {0};
@@ -1437,8 +1440,8 @@ std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, 
   std::vector<OpCase> cases;
   for (DType a_format : {DType::E4M3, DType::E5M2}) {  // forward, data gradient
     OpCase c;
-    c.name = fmt::format("grouped_matmul_fp8 G{} rows{} N{} K{} {} {}", G, used, N, K,
-                         dtype_name(a_format), what);
+    c.name = fmt::format("grouped_matmul_fp8 G{} rows{} N{} K{} {}{} {}", G, used, N, K,
+                         dtype_name(a_format), fast_accum ? " fast" : "", what);
     c.specs = {{"a", {R, K}, Kind::Act, Role::In, 0.5f},
                {"b", {W, N, K}, Kind::Act, Role::In, 0.05f},
                {"out", {R, N}, Kind::Act, Role::Out, 1, 0, 1, 1e-2}};
@@ -1459,14 +1462,16 @@ std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, 
       GroupedFp8MatmulArgs g;
       g.out = t.at("out"), g.a = qa, g.b = qb, g.a_scale_inv = a_inv, g.b_scale_inv = b_inv;
       g.offsets = upload_offsets(b, buf);
-      g.host_offsets = offsets;
+      if (with_host_offsets) g.host_offsets = offsets;
       g.group_weights = weights;
+      g.fast_accum = fast_accum;
       b.grouped_matmul_fp8(g);
       b.synchronize();
     };
     cases.push_back(c);
   }
   for (float beta : {0.0f, 1.0f}) {
+    if (fast_accum) break;  // the weight gradients keep split accumulation
     OpCase c;
     c.name = fmt::format("grouped_matmul_fp8_wgrad G{} rows{} M{} N{}{} {}", G, used, N, K,
                          beta != 0 ? " beta1" : "", what);
@@ -1477,33 +1482,19 @@ std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, 
       DeviceBuffer buf(b, offsets.size() * 4, "offsets");
       DeviceBuffer codes(b, R * (N + K) + 1024, "fp8 codes");
       DeviceBuffer state(b, 4 * 512, "fp8 scales");
-      const Tensor qa = codes.tensor(DType::E5M2, {R * N});  // the output gradient
-      const Tensor qb = codes.tensor(DType::E4M3, {R * K}, (R * N + 255) / 256 * 256);
+      // The transposed codes of the output gradient and of the input, every row cast (the
+      // rows past the groups too: the op must leave them out of its sums).
+      const Tensor qa = codes.tensor(DType::E5M2, {N, R});
+      const Tensor qb = codes.tensor(DType::E4M3, {K, R}, (R * N + 255) / 256 * 256);
       const Tensor a_inv = state.tensor(DType::F32, {1}),
                    b_inv = state.tensor(DType::F32, {1}, 256);
-      for (int i = 0; i < 2; ++i) {
-        const Tensor& src = t.at(i == 0 ? "a" : "b");
-        const Tensor& q = i == 0 ? qa : qb;
-        const Tensor& inv = i == 0 ? a_inv : b_inv;
-        const int64_t cols = i == 0 ? N : K;
-        // The scale from the whole tensor, then each group transposed in place.
-        cast_fp8_tensorwise(b, state, 512 + 1024 * i, src,
-                            q.flat_range(0, R * cols).view({R, cols}), inv);
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
-          if (rows == 0) continue;
-          Fp8CastArgs x;
-          x.x = src.flat_range(begin * cols, rows * cols).view({rows, cols});
-          x.out_t = q.flat_range(begin * cols, rows * cols).view({cols, rows});
-          x.scale = state.tensor(DType::F32, {1}, 512 + 1024 * i + 256);
-          b.fp8_cast_transpose(x);
-        }
-      }
+      cast_fp8_tensorwise(b, state, 512, t.at("a"), qa, a_inv, true);
+      cast_fp8_tensorwise(b, state, 1536, t.at("b"), qb, b_inv, true);
       GroupedFp8MatmulWgradArgs g;
       g.out = t.at("out"), g.a_t = qa, g.b_t = qb, g.a_scale_inv = a_inv, g.b_scale_inv = b_inv;
       g.beta = beta;
       g.offsets = upload_offsets(b, buf);
-      g.host_offsets = offsets;
+      if (with_host_offsets) g.host_offsets = offsets;
       g.group_weights = weights;
       b.grouped_matmul_fp8_wgrad(g);
       b.synchronize();
@@ -1615,6 +1606,20 @@ std::vector<OpCase> moe_cases() {
   for (size_t e = 3; e < many.size(); e += 37) many[e] = 16;
   many.back() = 32;
   for (auto& c : grouped_matmul_fp8_cases(many, 32, 16, "300 experts"))
+    cases.push_back(std::move(c));
+  // The offsets on the device only: the Hopper grouped kernel's FP8 kinds (slices of 128 rows
+  // or columns with tails of 16 to 112, two column tiles, groups of 0 to 512 rows), split and
+  // fast accumulation; and shared weights, whose GEMMs copy the offsets to the host.
+  for (bool fast : {false, true})
+    for (auto& c : grouped_matmul_fp8_cases({160, 0, 320, 16, 48, 512}, 272, 400,
+                                            "device offsets only", {}, 0, false, fast))
+      cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_fp8_cases({48, 0, 16, 112, 0, 32}, 48, 80,
+                                          "device offsets, empty groups", {}, 0, false))
+    cases.push_back(std::move(c));
+  for (auto& c : grouped_matmul_fp8_cases({16, 48, 0, 32, 80, 16}, 16, 48,
+                                          "device offsets, shared weights", {0, 2, 1, 0, 2, 0}, 4,
+                                          false))
     cases.push_back(std::move(c));
   return cases;
 }

@@ -148,7 +148,8 @@ void ReferenceBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
 }
 
 // As the model cast its experts before the grouped cast: one fp8_cast_transpose per group
-// with rows, on the group's rows, into its row-major rows and its transposed block.
+// with rows, on the group's rows, into its row-major rows and its transposed block (with
+// offsets, that block's columns of x's transpose).
 void ReferenceBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
   const MatrixDims d = matrix_dims(args.x);
   std::vector<int64_t> o;
@@ -166,14 +167,24 @@ void ReferenceBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
     auto slot = [g](const Tensor& t) {
       return t.numel() == 1 ? t : t.flat_range(static_cast<int64_t>(g), 1);
     };
+    const bool whole_t = args.group_rows == 0 && args.out_t.defined();
+    std::vector<uint8_t> block_t(whole_t ? static_cast<size_t>(n) : 0);
     Fp8CastArgs c;
     c.x = args.x.flat_range(begin * d.cols, n).view({rows, d.cols});
     if (args.out.defined()) c.out = args.out.flat_range(begin * d.cols, n).view({rows, d.cols});
-    if (args.out_t.defined())
+    if (whole_t) {
+      c.out_t = args.out_t;  // its dtype and device
+      c.out_t.data = block_t.data();
+      c.out_t.shape = Shape{d.cols, rows};
+    } else if (args.out_t.defined()) {
       c.out_t = args.out_t.flat_range(begin * d.cols, n).view({d.cols, rows});
+    }
     if (c.out.defined() || c.out_t.defined()) c.scale = slot(args.scale);
     if (args.amax.defined()) c.amax = slot(args.amax);
     do_fp8_cast_transpose(c);
+    for (int64_t col = 0; whole_t && col < d.cols; ++col)
+      std::copy_n(block_t.data() + col * rows, rows,
+                  args.out_t.as<uint8_t>() + col * d.rows + begin);
   }
 }
 
@@ -688,7 +699,7 @@ void ReferenceBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) 
 }
 
 // The FP8 grouped GEMMs: the bf16 ones' reference over the dequantised operands, each weight
-// with its own scale; the wgrad's group-transposed blocks are first put back as rows.
+// with its own scale; the wgrad's transposed operands are first put back as rows.
 void ReferenceBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
   const MatrixDims o = matrix_dims(a.out);
   const int64_t W = a.b.dim(0), N = a.b.dim(1), K = a.b.dim(2);
@@ -708,17 +719,15 @@ void ReferenceBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
 }
 
 void ReferenceBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
-  const int64_t M = a.out.dim(1), N = a.out.dim(2), R = a.a_t.numel() / M;
+  const int64_t M = a.out.dim(1), N = a.out.dim(2), R = matrix_dims(a.a_t).cols;
   const int64_t G = a.offsets.numel() - 1;
   const int32_t* offsets = ids(a.offsets, R + 1, false);
+  // The groups' rows; the rest stay zero (their codes are whatever the buffers held).
   auto rows_of = [&](const Tensor& t, const Tensor& scale_inv, int64_t cols) {
-    const std::vector<double> v = dequantize(t.view({cols, R}), scale_inv, Fp8Scaling::Tensor);
+    const std::vector<double> v = dequantize(t, scale_inv, Fp8Scaling::Tensor);
     std::vector<double> rows(v.size(), 0.0);
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t begin = offsets[g], n = offsets[g + 1] - begin;
-      for (int64_t c = 0; c < cols; ++c)
-        for (int64_t r = 0; r < n; ++r) rows[(begin + r) * cols + c] = v[begin * cols + c * n + r];
-    }
+    for (int64_t r = offsets[0]; r < offsets[G]; ++r)
+      for (int64_t c = 0; c < cols; ++c) rows[r * cols + c] = v[c * R + r];
     return rows;
   };
   std::vector<double> out =

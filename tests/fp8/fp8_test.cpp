@@ -467,32 +467,46 @@ TEST_F(CpuOps, RmsnormTransposedCodesRefusesCodesThatAreNotTheTransposedOutput) 
   EXPECT_EQ(codes(codes_t), before) << "written by a refused call";
 }
 
-// The FP8 grouped GEMMs launch per group from host offsets: given only the device's (as the
-// bf16 ones may be), they are refused by name, with nothing written.
-TEST_F(CpuOps, Fp8GroupedMatmulRefusesDeviceOffsetsAlone) {
+// The FP8 weight gradient takes its operands as the activations' transposes, (M, rows) and
+// (N, rows): one in the old per-group layout (flat rows x M) is refused by name, nothing
+// written; the right shapes run from the device's offsets alone and from the host's alike.
+TEST_F(CpuOps, Fp8GroupedWeightGradientTakesTransposedOperands) {
   const Tensor offsets = make(DType::I32, {3});
-  const int32_t host[3] = {0, 16, 32};
+  const int32_t host[3] = {0, 16, 48};
   b->upload(offsets, host);
-  GroupedFp8MatmulArgs m;
-  m.out = make(DType::F32, {32, 16});
-  m.a = make(DType::E4M3, {32, 16});
-  m.b = make(DType::E4M3, {2, 16, 16});
-  m.a_scale_inv = scalar(1.0f);
-  m.b_scale_inv = make(DType::F32, {2});
-  b->fill(m.b_scale_inv, 1.0f);
-  m.offsets = offsets;
-  b->fill(m.out, 7.0f);
+  GroupedFp8MatmulWgradArgs w;
+  w.out = make(DType::F32, {2, 16, 32});
+  w.a_t = make(DType::E4M3, {64 * 16});
+  w.b_t = make(DType::E4M3, {32, 64});
+  w.a_scale_inv = scalar(0.5f);
+  w.b_scale_inv = scalar(2.0f);
+  w.offsets = offsets;
+  b->fill(w.out, 7.0f);
   try {
-    b->grouped_matmul_fp8(m);
-    ADD_FAILURE() << "accepted without host offsets";
+    b->grouped_matmul_fp8_wgrad(w);
+    ADD_FAILURE() << "a flat a_t accepted";
   } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find("grouped_matmul_fp8"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("0 host offsets for 2 groups"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("grouped_matmul_fp8_wgrad"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("are not (16, rows) and (32, rows)"), std::string::npos)
         << e.what();
   }
-  for (float v : values(m.out)) ASSERT_EQ(v, 7.0f) << "written by a refused call";
-  m.host_offsets = host;
-  b->grouped_matmul_fp8(m);  // the same call with them runs
+  for (float v : values(w.out)) ASSERT_EQ(v, 7.0f) << "written by a refused call";
+  w.a_t = make(DType::E4M3, {16, 64});
+  std::vector<uint8_t> codes(64 * 32);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 29 + 3) % 0x70);
+  b->upload(w.a_t, codes.data());
+  b->upload(w.b_t, codes.data());
+  b->grouped_matmul_fp8_wgrad(w);
+  const std::vector<float> device_offsets = values(w.out);
+  w.host_offsets = host;
+  b->grouped_matmul_fp8_wgrad(w);
+  EXPECT_EQ(values(w.out), device_offsets);
+  // Expert 0 from columns 0..15 of both: a_t[0, :16] . b_t[0, :16], scaled by 0.5 x 2.
+  double want = 0;
+  for (int r = 0; r < 16; ++r)
+    want += fp8_bits_to_float(codes[r], DType::E4M3) * fp8_bits_to_float(codes[r], DType::E4M3);
+  EXPECT_NEAR(device_offsets[0], want, 1e-3 * std::fabs(want));
 }
 
 // A linear's backward takes an input's transposed codes only where its forward took the

@@ -68,22 +68,26 @@ TEST(GpuMoe, LossGradientsAndBalanceMatchTheCpuReference) {
   }
 }
 
-// bf16 experts on Hopper run the grouped kernel over the device's row offsets: no MoE layer
-// copies its routing to the host (the forward and backward of a micro-batch never wait for
-// it), and the step still matches the CPU reference (LossGradientsAndBalanceMatchTheCpuReference).
+// bf16 and FP8 experts on Hopper run the grouped kernel over the device's row offsets: no MoE
+// layer copies its routing to the host (the forward and backward of a micro-batch never wait
+// for it), and the step still matches the CPU reference (LossGradientsAndBalanceMatchTheCpuReference,
+// GpuFp8Moe.*).
 TEST(GpuMoe, ExpertsNeverWaitForTheRouting) {
   TS_REQUIRE_GPU();
   Logger log("", 0, false, false);
-  auto gpu = trainer_on(tiny_moe(2), DeviceChoice::Gpu, log);
-  if (!gpu->backend().grouped_matmul_reads_device_offsets(DType::BF16, 1024, 8))
-    GTEST_SKIP() << "skipped: no grouped kernel on this GPU (sm_90a only)";
-  testing::MoeHostCopies copies;
-  gpu->backend().set_op_observer(&copies);
-  gpu->run_iteration(1);
-  gpu->backend().set_op_observer(nullptr);
-  // One MoE layer (moe_layer_freq [1,0] of 2), two micro-batches of 4 sequences.
-  EXPECT_EQ(copies.grouped, 2 * 6) << "grouped GEMMs of the MoE layer's forward and backward";
-  EXPECT_EQ(copies.downloads, 0);
+  for (const std::string fp8 : {"", "fp8: hybrid\n"}) {
+    SCOPED_TRACE(fp8.empty() ? "bf16 experts" : "fp8 experts");
+    auto gpu = trainer_on(tiny_moe(2, fp8), DeviceChoice::Gpu, log);
+    if (!gpu->backend().grouped_matmul_reads_device_offsets(DType::BF16, 1024, 8))
+      GTEST_SKIP() << "skipped: no grouped kernel on this GPU (sm_90a only)";
+    testing::MoeHostCopies copies;
+    gpu->backend().set_op_observer(&copies);
+    gpu->run_iteration(1);
+    gpu->backend().set_op_observer(nullptr);
+    // One MoE layer (moe_layer_freq [1,0] of 2), two micro-batches of 4 sequences.
+    EXPECT_EQ(copies.grouped, 2 * 6) << "grouped GEMMs of the MoE layer's forward and backward";
+    EXPECT_EQ(copies.downloads, 0);
+  }
 }
 
 TEST(GpuMoe, Bf16LossCurveWithLearnedRoutingTracksFp32) {

@@ -151,9 +151,11 @@ class DecoderModel final : public Model, private LayerOps {
   void expert_linear_backward(const Tensor& din, const Tensor& dout, const Tensor& in, int weight,
                               const Tensor& w, const Tensor& dw,
                               const ExpertGroups& groups) override;
-  // FP8 expert stacks launch per group from host offsets (Backend::grouped_matmul_fp8).
+  // FP8 expert stacks ask for their FP8 GEMMs (Backend::grouped_matmul_fp8).
   bool expert_linear_reads_device_offsets(int weight, const Tensor& in) const override {
-    return !gemms_.is_fp8(weight) && ForwardOps::expert_linear_reads_device_offsets(weight, in);
+    if (!gemms_.is_fp8(weight)) return ForwardOps::expert_linear_reads_device_offsets(weight, in);
+    return backend().grouped_matmul_reads_device_offsets(DType::E4M3, in.dim(0),
+                                                         param(weight).dim(0));
   }
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                          const AttentionShape& s, const Fp8CastArgs& codes) override;

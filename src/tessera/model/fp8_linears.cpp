@@ -543,17 +543,22 @@ Tensor Fp8Linears::expert_codes(int i, const Tensor& weight, int64_t first_exper
 
 // Only the rows in groups are cast (and count towards the amaxes): rows past them are
 // padding the grouped GEMMs never read, and under expert parallelism may hold stale values.
+// The casts find them from the device's offsets, so that nothing here waits for the routing.
 void Fp8Linears::expert_forward(int i, const Tensor& out, const Tensor& in, const Tensor& weight,
                                 const ExpertGroups& groups) {
   const Fp8LinearShape& l = linears_[i];
-  const int64_t R = in.dim(0), used = groups.host_offsets.back();
+  const int64_t R = in.dim(0);
   TS_CHECK(l.expert_stack() && R * l.in <= x_codes_.numel() && in.numel() == R * l.in,
            "fp8 {}: input {} is not (rows <= {}, {}) of an expert stack", l.name, in.shape.str(),
            l.rows, l.in);
   const Tensor x = x_codes_.flat_range(0, R * l.in).view({R, l.in});
-  if (used > 0)
-    cast(fwd_, input_slot(i), in.flat_range(0, used * l.in).view({used, l.in}),
-         x.flat_range(0, used * l.in).view({used, l.in}), {}, true);
+  {
+    Fp8GroupedCastArgs c;
+    c.x = in.view({R, l.in});
+    c.offsets = groups.offsets;
+    c.out = x;
+    cast_groups(fwd_, input_slot(i), 1, c, true);
+  }
   GroupedFp8MatmulArgs m;
   m.out = out;
   m.a = x;
@@ -571,16 +576,15 @@ void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, c
                                  const Tensor& weight, const Tensor& dweight,
                                  const ExpertGroups& groups, float dweight_beta) {
   const Fp8LinearShape& l = linears_[i];
-  const int64_t R = dout.dim(0), used = groups.host_offsets.back();
+  const int64_t R = dout.dim(0);
   TS_CHECK(l.expert_stack() && R * l.out <= dy_codes_.numel() && dout.numel() == R * l.out &&
                in.numel() == R * l.in,
            "fp8 {}: dout {} / in {} are not ({} rows of {} / {})", l.name, dout.shape.str(),
            in.shape.str(), R, l.out, l.in);
-  // dY in one pass: row-major for the data gradient, and per group transposed for the
-  // weights'.
+  // dY in one pass: row-major for the data gradient, and transposed for the weights'.
   const Tensor dy = dy_codes_.flat_range(0, R * l.out).view({R, l.out});
-  const Tensor dy_t = dy_codes_t_.flat_range(0, R * l.out);
-  if (used > 0) {
+  const Tensor dy_t = dy_codes_t_.flat_range(0, R * l.out).view({l.out, R});
+  {
     Fp8GroupedCastArgs c;
     c.x = dout.view({R, l.out});
     c.offsets = groups.offsets;
@@ -601,9 +605,9 @@ void Fp8Linears::expert_backward(int i, const Tensor& din, const Tensor& dout, c
     d.fast_accum = options_.fast_accum_dgrad;
     backend_.grouped_matmul_fp8(d);
   }
-  // The input per group transposed, with the scale its forward cast used.
-  const Tensor x_t = x_codes_.flat_range(0, R * l.in);
-  if (used > 0) {
+  // The input transposed, with the scale its forward cast used.
+  const Tensor x_t = x_codes_.flat_range(0, R * l.in).view({l.in, R});
+  {
     Fp8GroupedCastArgs c;
     c.x = in.view({R, l.in});
     c.offsets = groups.offsets;

@@ -167,15 +167,16 @@ struct Fp8CastArgs {
   Tensor amax;   // (1) fp32 or undefined: max(amax, max |x|), NaN or Inf when x holds one
 };
 
-// Per-tensor scaled FP8 cast of x (R, C) cut into G row groups, each with its codes row-major
-// and/or transposed in place: group g's rows [o_g, o_g+1) as a (C, o_g+1 - o_g) block at element
-// o_g * C of out_t (the "group-transposed" layout GroupedFp8MatmulWgradArgs reads), in one pass
-// over x. Its two uses in an MoE layer's FP8 experts are one op because they are one cast:
+// Per-tensor scaled FP8 cast of x (R, C) cut into G row groups, with its codes row-major and/or
+// transposed, in one pass over x. Its two uses in an MoE layer's FP8 experts are one op
+// because they are one cast:
 //   activations: rows grouped by expert (offsets, read on the device, so no step waits for the
-//     host), one scale and one amax for all (the tensor's); rows from o_G on are neither read
-//     nor written (padding the grouped GEMMs never read);
+//     host), one scale and one amax for all (the tensor's), out_t x's transpose (C, R) as
+//     GroupedFp8MatmulWgradArgs reads it; rows from o_G on are neither read nor written
+//     (padding the grouped GEMMs never read), nor are their columns of out_t;
 //   an expert stack (E, out, in) viewed as (E * out, in): E groups of `out` rows (group_rows),
-//     each expert with its own scale and amax (consecutive slots), and out_t (E, in, out).
+//     each expert with its own scale and amax (consecutive slots), and out_t the stack of the
+//     experts' transposes (E, in, out).
 // Group g uses scale[g] and amax[g] when those hold G values, else the single one.
 //   codes = saturate(round_to_nearest_even(x * scale)), as fp8_cast_transpose's.
 struct Fp8GroupedCastArgs {
@@ -184,7 +185,7 @@ struct Fp8GroupedCastArgs {
   Tensor offsets;          // (G + 1) int32, o_g = offsets[g]: 0 at g = 0, non-decreasing,
                            // offsets[G] <= R
   Tensor out;              // (R, C) e4m3 or e5m2, or undefined
-  Tensor out_t;            // R * C like out (group-transposed), or undefined
+  Tensor out_t;            // R * C like out (as above), or undefined
   Tensor scale;            // (1) or (G) fp32; read when out or out_t is defined
   Tensor amax;             // (1) or (G) fp32 >= 0, or undefined: max(amax, max |x| over the
                            // group's rows), NaN or Inf when they hold one
@@ -338,8 +339,8 @@ struct GroupedMatmulWgradArgs {
 //   out[rows_g] (M_g, N) = (a[rows_g] * a_scale_inv) @ (b[w(g)] * b_scale_inv[w(g)])^T
 // accumulated in fp32; groups and w(g) as in GroupedMatmulArgs; groups without rows are
 // skipped and rows of out from offsets[G] on are set to zero. a and b may differ in format,
-// but not both e5m2; N and K must be multiples of fp8_gemm_multiple(). host_offsets are
-// required (for these and for the weight gradients below).
+// but not both e5m2; N and K must be multiples of fp8_gemm_multiple(). host_offsets as
+// GroupedMatmulArgs' (optional).
 struct GroupedFp8MatmulArgs {
   Tensor out;                              // (R, N) compute dtype or fp32
   Tensor a;                                // (R, K) e4m3/e5m2
@@ -347,26 +348,27 @@ struct GroupedFp8MatmulArgs {
   Tensor a_scale_inv;                      // (1) fp32
   Tensor b_scale_inv;                      // (W) fp32, one per weight (expert)
   Tensor offsets;                          // (G + 1) int32
-  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> host_offsets;   // G + 1 values, or empty
   std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
   bool fast_accum = false;                 // cuBLASLt's faster, less precise accumulation
 };
 
-// Its weight gradients. The K of these GEMMs is the rows, so both operands come in the
-// "group-transposed" layout: group g's rows transposed in place, a (M, M_g) row-major block at
-// element offsets[g] * M of a_t (and (N, M_g) at offsets[g] * N of b_t). For every weight w:
+// Its weight gradients. The K of these GEMMs is the rows, so both operands come transposed
+// (K-major): a_t (M, R) and b_t (N, R), group g's columns [offsets[g], offsets[g+1]). For every
+// weight w:
 //   out[w] (M, N) = beta * out[w] + the sum over the groups g of w of
-//                   (a_t block g * a_scale_inv) @ (b_t block g * b_scale_inv)^T
-// (a weight without rows gives beta * out[w]); fp32 accumulation, bf16 out rounded once.
+//                   (a_t[:, rows_g] * a_scale_inv) @ (b_t[:, rows_g] * b_scale_inv)^T
+// (a weight without rows gives beta * out[w]); fp32 accumulation, bf16 out rounded once. R must
+// be a multiple of fp8_gemm_multiple() (the rows' stride), as the groups' rows are.
 struct GroupedFp8MatmulWgradArgs {
   Tensor out;          // (W, M, N) fp32 or compute dtype
-  Tensor a_t;          // R * M e4m3/e5m2, group-transposed
-  Tensor b_t;          // R * N e4m3/e5m2, group-transposed
+  Tensor a_t;          // (M, R) e4m3/e5m2
+  Tensor b_t;          // (N, R) e4m3/e5m2
   Tensor a_scale_inv;  // (1) fp32
   Tensor b_scale_inv;  // (1) fp32
   float beta = 0.0f;
   Tensor offsets;                          // (G + 1) int32
-  std::span<const int32_t> host_offsets;   // G + 1 values
+  std::span<const int32_t> host_offsets;   // G + 1 values, or empty
   std::span<const int32_t> group_weights;  // G values, or empty (w(g) = g)
   bool fast_accum = false;
 };
@@ -400,8 +402,9 @@ class Backend {
   // timed candidates, seconds each) then meets a few shapes again and again; 1 where any row
   // count costs only what it computes.
   virtual int64_t varying_gemm_rows_multiple() const { return 1; }
-  // Whether grouped_matmul and grouped_matmul_wgrad in `dtype` over `groups` row groups of
-  // `rows` rows in all (one weight a group) run best from the device's offsets alone: callers
+  // Whether grouped_matmul and grouped_matmul_wgrad in `dtype` (e4m3: their FP8 forms, at the
+  // formats of Fp8Format hybrid or e4m3) over `groups` row groups of `rows` rows in all (one
+  // weight a group) run best from the device's offsets alone: callers
   // then pass no host_offsets and never wait for the device to learn them. True where ops read
   // host memory; on GPUs where the backend's grouped kernel beats its library's GEMMs run once
   // per group. Given no host_offsets, ops run either way (copying them where they must).

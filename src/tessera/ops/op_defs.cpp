@@ -195,11 +195,11 @@ double grouped_rows(const Tensor& a, std::span<const int32_t> host_offsets) {
   return host_offsets.empty() ? static_cast<double>(matrix_dims(a).rows) : host_offsets.back();
 }
 
-// The groups of a grouped GEMM (offsets, host offsets) and the weight each multiplies. The
-// bf16 grouped GEMMs may be given no host offsets (host_optional); the FP8 ones need them.
+// The groups of a grouped GEMM (offsets, host offsets when given) and the weight each
+// multiplies.
 void check_groups(const OpChecks& check, const Tensor& offsets,
                   std::span<const int32_t> host_offsets, std::span<const int32_t> group_weights,
-                  int64_t weights, int64_t rows, bool host_optional) {
+                  int64_t weights, int64_t rows) {
   check.placed(offsets, "offsets");
   const int64_t groups = offsets.numel() - 1;
   check.that(groups >= 0, "no offsets");
@@ -213,7 +213,7 @@ void check_groups(const OpChecks& check, const Tensor& offsets,
       check.that(w >= 0 && w < weights, "group weight {} outside the {} weights", w, weights);
   }
   // The device's offsets are the caller's to keep in range: reading them here would wait.
-  if (host_optional && host_offsets.empty()) return;
+  if (host_offsets.empty()) return;
   check.that(static_cast<int64_t>(host_offsets.size()) == groups + 1,
              "{} host offsets for {} groups", host_offsets.size(), groups);
   check.that(host_offsets[0] == 0 && host_offsets.back() <= rows,
@@ -1526,7 +1526,7 @@ void check_grouped_matmul(const OpChecks& check, const GroupedMatmulArgs& a) {
              "a {} and b {} (trans_b={}) do not give out {}", a.a.shape.str(), a.b.shape.str(),
              a.trans_b, a.out.shape.str());
   check.that(a.out.data != a.a.data && a.out.data != a.b.data, "out aliases an input");
-  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows, true);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows);
 }
 
 OpArgs describe_grouped_matmul(const GroupedMatmulArgs& a) {
@@ -1551,7 +1551,7 @@ void check_grouped_matmul_wgrad(const OpChecks& check, const GroupedMatmulWgradA
   check.that(ad.rows == bd.rows && a.out.dim(1) == ad.cols && a.out.dim(2) == bd.cols,
              "a {} and b {} do not give out {} per group", a.a.shape.str(), a.b.shape.str(),
              a.out.shape.str());
-  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, ad.rows, true);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, ad.rows);
 }
 
 OpArgs describe_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
@@ -1578,7 +1578,7 @@ void check_grouped_matmul_fp8(const OpChecks& check, const GroupedFp8MatmulArgs&
              "a {} and b {} do not give out {} (out = a @ b[w]^T)", a.a.shape.str(),
              a.b.shape.str(), a.out.shape.str());
   check_fp8_operands(check, a.a, a.b, a.a_scale_inv, a.b_scale_inv, W);
-  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows, false);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, o.rows);
 }
 
 OpArgs describe_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
@@ -1586,7 +1586,7 @@ OpArgs describe_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
 }
 
 OpCost cost_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
-  const double rows = a.host_offsets.empty() ? 0 : a.host_offsets.back();
+  const double rows = grouped_rows(a.a, a.host_offsets);
   const double N = a.b.dim(1), K = a.b.dim(2);
   return {2 * rows * N * K, bytes_of(a.out) + rows * K + bytes_of(a.b)};
 }
@@ -1599,13 +1599,12 @@ void check_grouped_matmul_fp8_wgrad(const OpChecks& check, const GroupedFp8Matmu
   check.placed(a.b_t, "b_t");
   check.that(a.out.shape.rank() == 3, "out {} is not (weights, M, N)", a.out.shape.str());
   const int64_t W = a.out.dim(0), M = a.out.dim(1), N = a.out.dim(2);
-  check.that(M > 0 && N > 0 && a.a_t.numel() % M == 0 && a.b_t.numel() % N == 0 &&
-                 a.a_t.numel() / M == a.b_t.numel() / N,
-             "a_t ({} values) and b_t ({}) are not the same rows of {} and {} columns",
-             a.a_t.numel(), a.b_t.numel(), M, N);
+  const MatrixDims ad = matrix_dims(a.a_t), bd = matrix_dims(a.b_t);
+  check.that(ad.rows == M && bd.rows == N && ad.cols == bd.cols,
+             "a_t {} and b_t {} are not ({}, rows) and ({}, rows) for out {}", a.a_t.shape.str(),
+             a.b_t.shape.str(), M, N, a.out.shape.str());
   check_fp8_operands(check, a.a_t, a.b_t, a.a_scale_inv, a.b_scale_inv, 1);
-  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, M > 0 ? a.a_t.numel() / M : 0,
-               false);
+  check_groups(check, a.offsets, a.host_offsets, a.group_weights, W, ad.cols);
 }
 
 OpArgs describe_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
@@ -1613,7 +1612,8 @@ OpArgs describe_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
 }
 
 OpCost cost_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
-  const double rows = a.host_offsets.empty() ? 0 : a.host_offsets.back();
+  const double rows =
+      a.host_offsets.empty() ? static_cast<double>(matrix_dims(a.a_t).cols) : a.host_offsets.back();
   const double M = a.out.dim(1), N = a.out.dim(2);
   return {2 * rows * M * N, rows * (M + N) + (a.beta != 0.0f ? 2 : 1) * bytes_of(a.out)};
 }

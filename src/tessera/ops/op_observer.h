@@ -253,7 +253,7 @@ inline OpArgs grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& g) {
   const bool shaped = g.out.shape.rank() == 3;
   OpArgs r;
   r.add("M", shaped ? g.out.shape[1] : 0).add("N", shaped ? g.out.shape[2] : 0);
-  r.add("K", g.host_offsets.empty() ? 0 : g.host_offsets.back());
+  r.add("K", g.host_offsets.empty() ? matrix(g.a_t).second : g.host_offsets.back());
   r.add("groups", shaped ? g.out.shape[0] : 0);
   r.add_dtype("dtype", g.a_t.dtype).add_dtype("b_dtype", g.b_t.dtype);
   r.add_dtype("out_dtype", g.out.dtype);

@@ -59,7 +59,8 @@ void CpuBackend::do_fp8_cast_transpose(const Fp8CastArgs& args) {
 }
 
 // Group by group, as the per-group casts it replaces: the amax of the group's rows, then each
-// element's code into its row-major place and its place in the group's transposed block.
+// element's code into its row-major place and its transposed place (x's transpose with
+// offsets, the group's transposed block with group_rows).
 void CpuBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
   const OpChecks check("cpu", DeviceKind::CPU, "fp8_grouped_cast");
   const auto [R, C] = matrix_dims(args.x);
@@ -93,13 +94,20 @@ void CpuBackend::do_fp8_grouped_cast(const Fp8GroupedCastArgs& args) {
     }
     if (!cast) continue;
     const float scale = args.scale.as<float>()[args.scale.numel() == 1 ? 0 : g];
-    uint8_t* block_t = out_t ? out_t + begin * C : nullptr;  // (C, rows)
+    // Element (r, c) of the group's block_t (C, rows) at block_t[c * pitch + r].
+    uint8_t* block_t = nullptr;
+    int64_t pitch = R;
+    if (out_t != nullptr && args.group_rows > 0) {
+      block_t = out_t + begin * C, pitch = rows;
+    } else if (out_t != nullptr) {
+      block_t = out_t + begin;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = 0; c < C; ++c) {
         const uint8_t q = float_to_fp8_bits(x[(begin + r) * C + c] * scale, format);
         if (out) out[(begin + r) * C + c] = q;
-        if (block_t) block_t[c * rows + r] = q;
+        if (block_t) block_t[c * pitch + r] = q;
       }
     }
   }
@@ -135,10 +143,13 @@ void CpuBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) {
   const uint8_t* b = args.b.as<uint8_t>();
   const float* b_scale_inv = args.b_scale_inv.as<float>();
   float* out = args.out.as<float>();
-  const int64_t G = static_cast<int64_t>(args.host_offsets.size()) - 1;
+  std::vector<int32_t> storage;
+  const std::span<const int32_t> offsets =
+      host_group_offsets(args.offsets, args.host_offsets, storage);
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
   std::vector<float> w(static_cast<size_t>(N * K));
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = args.host_offsets[g], rows = args.host_offsets[g + 1] - begin;
+    const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
     const int64_t e = args.group_weights.empty() ? g : args.group_weights[g];
     if (rows == 0) continue;
     for (int64_t i = 0; i < N * K; ++i)
@@ -149,28 +160,29 @@ void CpuBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& args) {
                 static_cast<int>(std::max<int64_t>(1, K)), 0.0f, out + begin * N,
                 static_cast<int>(std::max<int64_t>(1, N)));
   }
-  std::fill(out + static_cast<int64_t>(args.host_offsets.back()) * N, out + R * N, 0.0f);
+  std::fill(out + static_cast<int64_t>(offsets.back()) * N, out + R * N, 0.0f);
 }
 
 void CpuBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& args) {
   const int64_t W = args.out.dim(0), M = args.out.dim(1), N = args.out.dim(2);
-  // The group-transposed blocks are K-major rows of the whole buffers: one dequantisation.
-  const int64_t R = args.a_t.numel() / M;
-  const std::vector<float> a =
-      dequantize(args.a_t.view({M, R}), args.a_scale_inv, Fp8Scaling::Tensor);
-  const std::vector<float> b =
-      dequantize(args.b_t.view({N, R}), args.b_scale_inv, Fp8Scaling::Tensor);
+  const int64_t R = matrix_dims(args.a_t).cols;
+  const std::vector<float> a = dequantize(args.a_t, args.a_scale_inv, Fp8Scaling::Tensor);
+  const std::vector<float> b = dequantize(args.b_t, args.b_scale_inv, Fp8Scaling::Tensor);
   float* out = args.out.as<float>();
+  std::vector<int32_t> storage;
+  const std::span<const int32_t> offsets =
+      host_group_offsets(args.offsets, args.host_offsets, storage);
   // A weight's first group applies beta, later ones add; BLAS is never called with K = 0.
   std::vector<char> started(static_cast<size_t>(W), 0);
-  const int64_t G = static_cast<int64_t>(args.host_offsets.size()) - 1;
+  const int64_t G = static_cast<int64_t>(offsets.size()) - 1;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t begin = args.host_offsets[g], rows = args.host_offsets[g + 1] - begin;
+    const int64_t begin = offsets[g], rows = offsets[g + 1] - begin;
     const int64_t e = args.group_weights.empty() ? g : args.group_weights[g];
     if (rows == 0) continue;
+    // Group g's columns of a_t (M, R) and b_t (N, R).
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(M), static_cast<int>(N),
-                static_cast<int>(rows), 1.0f, a.data() + begin * M, static_cast<int>(rows),
-                b.data() + begin * N, static_cast<int>(rows), started[e] ? 1.0f : args.beta,
+                static_cast<int>(rows), 1.0f, a.data() + begin, static_cast<int>(R),
+                b.data() + begin, static_cast<int>(R), started[e] ? 1.0f : args.beta,
                 out + e * M * N, static_cast<int>(N));
     started[e] = 1;
   }

@@ -456,7 +456,7 @@ void attention_backward_hopper(const AttentionBackwardParams& p, cudaStream_t st
   const uint64_t dq_strides[2] = {static_cast<uint64_t>(dout_width) * 4,
                                   static_cast<uint64_t>(dout_width) * 4 * static_cast<uint64_t>(p.seq)};
   const uint32_t dq_box[3] = {32, kBlockM, 1};
-  const CUtensorMap dq_map = tensor_map(p.dq_accum, true, dq_dims, dq_strides, dq_box);
+  const CUtensorMap dq_map = tensor_map(p.dq_accum, 4, dq_dims, dq_strides, dq_box);
   TS_CUDA_CHECK(cudaFuncSetAttribute(attention_backward_hopper_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));

@@ -1070,7 +1070,7 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
       d.rows, matrix_dims(rows).cols, d.cols, R, dout.dtype, scratch(bytes), bytes, stream_);
 }
 
-// Given no host offsets (bf16 with one weight a group, on Hopper): one grouped kernel that
+// Given no host offsets (bf16 or FP8, one weight a group, on Hopper): one grouped kernel that
 // reads the device's (grouped_matmul_hopper.cuh), so that no step waits for the routing.
 // Given host offsets, or shapes the kernel does not take: one cuBLASLt GEMM per non-empty
 // group, sized from them (copied from the device when the caller gave none).
@@ -1083,15 +1083,15 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
 bool CudaBackend::grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
                                                       int64_t groups) const {
   constexpr int64_t kMostRowsPerGroup = 1024;
-  return dtype == DType::BF16 && cuda::grouped_matmul_hopper_runs_on(device_) &&
-         rows <= kMostRowsPerGroup * groups;
+  return (dtype == DType::BF16 || dtype == DType::E4M3) &&
+         cuda::grouped_matmul_hopper_runs_on(device_) && rows <= kMostRowsPerGroup * groups;
 }
 
 void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
   const int64_t N = matrix_dims(a.out).cols, K = matrix_dims(a.a).cols, R = matrix_dims(a.a).rows;
   const int64_t G = a.offsets.numel() - 1;
   if (a.host_offsets.empty() && a.group_weights.empty() && a.a.dtype == DType::BF16 &&
-      cuda::grouped_matmul_hopper_takes(device_, G, {N, K}, {a.out.data, a.a.data, a.b.data})) {
+      cuda::grouped_matmul_hopper_takes(device_, G, 2, {N, K}, {a.out.data, a.a.data, a.b.data})) {
     return cuda::grouped_matmul_hopper(a.out.as<bf16>(), a.a.as<bf16>(), a.b.as<bf16>(),
                                        a.offsets.as<int32_t>(), G, R, N, K, a.trans_b, stream_);
   }
@@ -1121,7 +1121,7 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
            "cuda grouped_matmul_wgrad: out is {}, expected fp32 or bf16", dtype_name(a.out.dtype));
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0), R = matrix_dims(a.a).rows;
   if (a.host_offsets.empty() && a.group_weights.empty() && a.a.dtype == DType::BF16 &&
-      cuda::grouped_matmul_hopper_takes(device_, W, {M, N}, {a.out.data, a.a.data, a.b.data})) {
+      cuda::grouped_matmul_hopper_takes(device_, W, 2, {M, N}, {a.out.data, a.a.data, a.b.data})) {
     return cuda::grouped_matmul_wgrad_hopper(a.out.data, a.out.dtype == DType::F32, a.a.as<bf16>(),
                                              a.b.as<bf16>(), a.offsets.as<int32_t>(), W, R, M, N,
                                              a.beta, stream_);
@@ -1148,27 +1148,38 @@ void CudaBackend::do_grouped_matmul_wgrad(const GroupedMatmulWgradArgs& a) {
   finish_unwritten_weights(op, a.out, started, a.beta, stream_);
 }
 
-// The FP8 grouped GEMMs: one cuBLASLt FP8 GEMM per group with rows, as do_grouped_matmul.
+// The FP8 grouped GEMMs: the grouped kernel where it takes them from the device's offsets (b
+// e4m3, bf16 out), else one cuBLASLt FP8 GEMM per group with rows, as do_grouped_matmul.
 // cuBLASLt reads a scale only from a 16-byte aligned address, and the experts' scale_invs sit
 // side by side: the activation's scale is copied to its slot once, every weight's scale to
 // its own slot in one strided copy, all before the GEMMs are queued (stream order keeps the
 // slots' values until they have run, whatever a later op copies there).
 void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
-  const int64_t N = matrix_dims(a.out).cols, K = a.b.dim(2);
+  const int64_t N = matrix_dims(a.out).cols, K = a.b.dim(2), R = matrix_dims(a.a).rows;
   TS_CHECK(N % 16 == 0 && K % 16 == 0,
            "cuda grouped_matmul_fp8: N={} K={} must be multiples of 16 for cuBLASLt FP8", N, K);
   for (const Tensor* t : {&a.out, &a.a, &a.b})
     TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
              "cuda grouped_matmul_fp8: an operand at {} is not 16-byte aligned", t->data);
+  const int64_t G = a.offsets.numel() - 1;
+  if (a.host_offsets.empty() && a.group_weights.empty() && a.b.dtype == DType::E4M3 &&
+      a.out.dtype == DType::BF16 &&
+      cuda::grouped_matmul_hopper_takes(device_, G, 1, {N, K}, {a.out.data, a.a.data, a.b.data})) {
+    return cuda::grouped_matmul_fp8_hopper(
+        a.out.as<bf16>(), a.a.data, a.a.dtype == DType::E5M2, a.b.data, a.a_scale_inv.as<float>(),
+        a.b_scale_inv.as<float>(), a.offsets.as<int32_t>(), G, R, N, K, !a.fast_accum, stream_);
+  }
+  std::vector<int32_t> storage;
+  const std::span<const int32_t> offsets = host_group_offsets(a.offsets, a.host_offsets, storage);
   const size_t out_elem = dtype_size(a.out.dtype);
   const float* a_scale = nullptr;
   const float* b_scales = nullptr;
-  if (a.host_offsets.back() > 0) {
+  if (offsets.back() > 0) {
     b_scales = aligned_fp8_weight_scales(a.b_scale_inv.as<float>(), a.b.dim(0));
     a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
   }
   for_each_row_group(
-      a.host_offsets, a.group_weights, [&](int64_t g, int64_t begin, int64_t rows, int64_t w) {
+      offsets, a.group_weights, [&](int64_t g, int64_t begin, int64_t rows, int64_t w) {
         TS_CHECK(rows % 16 == 0 && begin % 16 == 0,
                  "cuda grouped_matmul_fp8: group {} has rows [{}, {}); FP8 groups start and end at "
                  "multiples of 16 rows",
@@ -1188,30 +1199,42 @@ void CudaBackend::do_grouped_matmul_fp8(const GroupedFp8MatmulArgs& a) {
         p.tune = false;  // routed row counts: a new shape nearly every call
         lt_->run(p, stream_);
       });
-  zero_rows_past_groups(a.out, a.host_offsets.back(), stream_);
+  zero_rows_past_groups(a.out, offsets.back(), stream_);
 }
 
 void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a) {
   const char* op = "grouped_matmul_fp8_wgrad";
   const int64_t M = a.out.dim(1), N = a.out.dim(2), W = a.out.dim(0);
-  TS_CHECK(M % 16 == 0 && N % 16 == 0,
-           "cuda grouped_matmul_fp8_wgrad: M={} N={} must be multiples of 16 for cuBLASLt FP8", M,
-           N);
+  const int64_t R = matrix_dims(a.a_t).cols;
+  TS_CHECK(M % 16 == 0 && N % 16 == 0 && R % 16 == 0,
+           "cuda grouped_matmul_fp8_wgrad: M={} N={} and the rows R={} must be multiples of 16 "
+           "for cuBLASLt FP8",
+           M, N, R);
   for (const Tensor* t : {&a.out, &a.a_t, &a.b_t})
     TS_CHECK(reinterpret_cast<uintptr_t>(t->data) % 16 == 0,
              "cuda grouped_matmul_fp8_wgrad: an operand at {} is not 16-byte aligned", t->data);
+  if (a.host_offsets.empty() && a.group_weights.empty() && a.b_t.dtype == DType::E4M3 &&
+      cuda::grouped_matmul_hopper_takes(device_, W, 1, {M, N, R},
+                                        {a.out.data, a.a_t.data, a.b_t.data})) {
+    return cuda::grouped_matmul_fp8_wgrad_hopper(
+        a.out.data, a.out.dtype == DType::F32, a.a_t.data, a.a_t.dtype == DType::E5M2, a.b_t.data,
+        a.a_scale_inv.as<float>(), a.b_scale_inv.as<float>(), a.offsets.as<int32_t>(), W, R, M, N,
+        a.beta, !a.fast_accum, stream_);
+  }
+  std::vector<int32_t> storage;
+  const std::span<const int32_t> offsets = host_group_offsets(a.offsets, a.host_offsets, storage);
   const size_t out_elem = dtype_size(a.out.dtype);
   // Both operands have one scale: copied once, before the GEMMs (as in do_grouped_matmul_fp8).
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
-  if (a.host_offsets.back() > 0) {
+  if (offsets.back() > 0) {
     a_scale = aligned_fp8_scale(a.a_scale_inv.as<float>(), 0);
     b_scale = aligned_fp8_scale(a.b_scale_inv.as<float>(), 1);
   }
   // A weight's first group applies beta, later ones add; weights without rows get beta alone.
   std::vector<char> started(static_cast<size_t>(W), 0);
   for_each_row_group(
-      a.host_offsets, a.group_weights, [&](int64_t g, int64_t begin, int64_t rows, int64_t w) {
+      offsets, a.group_weights, [&](int64_t g, int64_t begin, int64_t rows, int64_t w) {
         TS_CHECK(
             rows % 16 == 0 && begin % 16 == 0,
             "cuda grouped_matmul_fp8_wgrad: group {} has rows [{}, {}); FP8 groups start and end "
@@ -1220,11 +1243,13 @@ void CudaBackend::do_grouped_matmul_fp8_wgrad(const GroupedFp8MatmulWgradArgs& a
         MatmulProblem p;
         p.out = static_cast<char*>(a.out.data) + w * M * N * out_elem;
         p.out_dtype = a.out.dtype;
-        p.a = static_cast<const uint8_t*>(a.a_t.data) + begin * M;  // (M, rows) K-major
-        p.b = static_cast<const uint8_t*>(a.b_t.data) + begin * N;  // (N, rows) K-major
+        // The group's columns of a_t (M, R) and b_t (N, R): K-major, rows R apart.
+        p.a = static_cast<const uint8_t*>(a.a_t.data) + begin;
+        p.b = static_cast<const uint8_t*>(a.b_t.data) + begin;
         p.a_dtype = a.a_t.dtype;
         p.b_dtype = a.b_t.dtype;
         p.M = M, p.N = N, p.K = rows;
+        p.lda = p.ldb = R;
         p.trans_a = false, p.trans_b = true;
         p.beta = started[w] ? 1.0f : a.beta;
         p.a_scale = a_scale;

@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(kCastThreads)
 // fp8_cast_transpose_kernel's tile, loads and transposes over row groups. Each tile first
 // maps its rows to their groups (one row per thread, a binary search of the offsets): a tile
 // may span several groups, and a group's scale and amax follow its rows. The transposed runs
-// of 16 rows stay single 16-byte stores wherever a run lies in one group at an aligned
-// address, which holds throughout when every group is a multiple of 16 rows (the experts'
-// activations and weights); other runs go byte by byte.
+// of 16 rows stay single 16-byte stores wherever a run lies in groups (with group_rows, in
+// one) at an aligned address, which holds throughout when every group is a multiple of 16
+// rows (the experts' activations and weights); other runs go byte by byte.
 template <class T, DType kFormat>
 __global__ void __launch_bounds__(kCastThreads)
     fp8_grouped_cast_kernel(const T* __restrict__ x, int64_t R, int64_t C, int64_t group_rows,
@@ -254,21 +254,25 @@ __global__ void __launch_bounds__(kCastThreads)
     }
   }
   if (out_t == nullptr) return;
-  // Thread t writes columns c0 + cg .. c0 + cg + 4 of x (rows of the groups' blocks), tile
-  // rows j0 .. j0 + 16, as fp8_cast_transpose_kernel does.
+  // Thread t writes columns c0 + cg .. c0 + cg + 4 of x (rows of out_t), tile rows j0 .. j0 +
+  // 16, as fp8_cast_transpose_kernel does. With offsets out_t is x's transpose (C, R); with
+  // group_rows each group's block is transposed in place.
   const int cg = (t % kColGroups) * 4, j0 = (t / kColGroups) * kRunT;
   uint32_t run[4][kRunT / 4];
   tile_column_runs(tile, cg, j0, run);
   if (row_group[j0] < 0) return;  // rows past the groups come only after rows in them
   const int64_t r = r0 + j0;
-  const bool one_group = row_group[j0 + kRunT - 1] == row_group[j0];
+  const bool whole_t = offsets != nullptr;
+  // Whether the run is one 16-byte store: all its rows in groups (and with group_rows, one).
+  const bool one_run = whole_t ? row_group[j0 + kRunT - 1] >= 0
+                               : row_group[j0 + kRunT - 1] == row_group[j0];
   const int64_t begin = group_begin[j0], size = group_size[j0];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t oc = c0 + cg + k;
     if (oc >= C) break;
-    const int64_t at = begin * C + oc * size + (r - begin);
-    if (one_group && aligned_t && at % 16 == 0) {
+    const int64_t at = whole_t ? oc * R + r : begin * C + oc * size + (r - begin);
+    if (one_run && aligned_t && at % 16 == 0) {
       *reinterpret_cast<uint4*>(out_t + at) =
           make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
     } else {
@@ -276,7 +280,7 @@ __global__ void __launch_bounds__(kCastThreads)
       for (int b = 0; b < kRunT; ++b) {
         if (row_group[j0 + b] < 0) break;
         const int64_t gb = group_begin[j0 + b];
-        out_t[gb * C + oc * group_size[j0 + b] + (r + b - gb)] =
+        out_t[whole_t ? oc * R + r + b : gb * C + oc * group_size[j0 + b] + (r + b - gb)] =
             static_cast<uint8_t>(run[k][b / 4] >> (8 * (b % 4)));
       }
     }

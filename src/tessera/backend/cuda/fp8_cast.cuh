@@ -18,8 +18,9 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
 // Grouped cast (ops/backend.h: fp8_grouped_cast): x (R, C) in G row groups, either equal
 // groups of group_rows rows (group_rows > 0) or offsets (G + 1 int32 on the device; rows from
 // offsets[G] on are neither read nor written). Group g's codes, satfinite_rn(x * scale_g), go
-// to out (R, C) row-major and/or to out_t in the group-transposed layout ((C, rows_g) at
-// element begin_g * C); amax (may be null) = max(amax_g, max |x| of the group's rows).
+// to out (R, C) row-major and/or to out_t: with offsets x's transpose (C, R) (the group's
+// columns), with group_rows each group's transposed block ((C, rows_g) at element begin_g * C);
+// amax (may be null) = max(amax_g, max |x| of the group's rows).
 // scale_g / amax_g: scale[g] / amax[g] when per_group_scale / per_group_amax, else scale[0]
 // / amax[0].
 void fp8_grouped_cast(const void* x, DType x_dtype, int64_t R, int64_t C, int64_t group_rows,

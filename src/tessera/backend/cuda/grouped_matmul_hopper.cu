@@ -1,4 +1,5 @@
-// Grouped bf16 GEMMs for Hopper (sm_90a) that read the groups' row offsets on the device.
+// Grouped bf16 and FP8 GEMMs for Hopper (sm_90a) that read the groups' row offsets on the
+// device.
 //
 // One persistent kernel per call, launched in clusters of two CTAs (a CTA an SM) that walk
 // pairs of 128 x 256 output tiles: the pair's tiles are neighbours in rows (2t, 2t + 1) and
@@ -21,6 +22,17 @@
 //   forward         out (R, N) rows of group g = a (R, K) rows of g @ b[g]^T,  b (G, N, K)
 //   data gradient   the same with b[g] not transposed,                          b (G, K, N)
 //   weight gradient out[g] (M, N) = beta out[g] + a[rows_g]^T b[rows_g],        a (R, M), b (R, N)
+// and two of FP8 codes, whose MMAs take only K-major operands (so the data gradient is the
+// forward over the weights' transposed codes):
+//   FP8 forward          as the forward, scaled by a's scale_inv and b[g]'s
+//   FP8 weight gradient  out[g] = beta out[g] + a_t[:, rows_g] b_t[:, rows_g]^T, scaled,
+//                        a_t (M, R) and b_t (N, R): the transposes of the activations
+// FP8 slices are 128 codes deep (one 128-byte row, as bf16's 64). With split accumulation
+// (Transformer Engine's use_split_accumulator: the data and weight gradients by default) each
+// slice's products are summed apart and added to the fp32 accumulators, as cuBLASLt does
+// without fast accumulation: the tensor cores keep fewer bits of an FP8 sum than fp32's over
+// thousands of rows. The partial sums take registers, so those MMAs are two of 64 x 128 in
+// turn, waited for before their sum is added.
 // The forward kinds tile each group's rows (a group's last tile loads rows of the next one,
 // which the store leaves alone); the tile list follows the offsets, so every CTA first turns
 // them into a table of tile counts in shared memory. The weight gradient tiles each (M, N) and
@@ -47,11 +59,18 @@ namespace {
 
 using namespace hopper;
 
-enum class GroupedKind { Forward, DataGrad, WeightGrad };
+enum class GroupedKind { Forward, DataGrad, WeightGrad, Fp8Forward, Fp8WeightGrad };
+
+template <GroupedKind kKind>
+constexpr bool kIsFp8 = kKind == GroupedKind::Fp8Forward || kKind == GroupedKind::Fp8WeightGrad;
+// The kinds whose tiles walk each group's rows (the rest reduce over them).
+template <GroupedKind kKind>
+constexpr bool kRowTiles = kKind != GroupedKind::WeightGrad && kKind != GroupedKind::Fp8WeightGrad;
 
 constexpr int kBlockM = 128;  // output rows a tile: 64 per consumer warpgroup
 constexpr int kBlockN = 256;
-constexpr int kBlockK = 64;  // one 128-byte swizzled row of bf16
+constexpr int kBlockK = 64;  // one 128-byte swizzled row of bf16 (FP8: kBlockKCodes)
+constexpr int kBlockKCodes = 128;
 constexpr int kStages = 4;
 constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
 constexpr int kConsumerWarps = 8;
@@ -74,6 +93,8 @@ struct GroupedParams {
   int n_tiles, m_pairs;  // m_pairs: WeightGrad's pairs of M tiles
   float beta;
   bool out_fp32;
+  const float* a_scale_inv;  // FP8 kinds: (1)
+  const float* b_scale_inv;  // FP8 kinds: (G) for the forward, (1) for the weight gradient
 };
 
 struct Tile {
@@ -102,7 +123,7 @@ __device__ void build_tile_table(int* table, const GroupedParams& p) {
 
 template <GroupedKind kKind>
 __device__ __forceinline__ int tile_count(const GroupedParams& p, const int* table) {
-  if constexpr (kKind == GroupedKind::WeightGrad) return p.groups * p.m_pairs * p.n_tiles;
+  if constexpr (!kRowTiles<kKind>) return p.groups * p.m_pairs * p.n_tiles;
   return table[p.groups];
 }
 
@@ -112,7 +133,7 @@ __device__ __forceinline__ int tile_count(const GroupedParams& p, const int* tab
 template <GroupedKind kKind>
 __device__ __forceinline__ Tile decode_tile(int t, int rank, const GroupedParams& p, const int* table) {
   Tile tile;
-  if constexpr (kKind == GroupedKind::WeightGrad) {
+  if constexpr (!kRowTiles<kKind>) {
     const int per_group = p.m_pairs * p.n_tiles;
     tile.group = t / per_group;
     const int local = t % per_group;
@@ -154,9 +175,38 @@ struct Ring {
   __device__ uint32_t empty(int s) const { return base + kBarrierOffset + 8 * (kStages + s); }
 };
 
+// Rows [rows, 64) of a weight gradient's slice hold the next group's rows (or zeros):
+// cleared in both operands (0 x Inf would still reach the sum) before the MMAs read them. Each
+// consumer warpgroup clears its own part of a and half of b; both wait for both. bf16 slices
+// are MN-major (a slice's rows are rows of shared memory); FP8 ones K-major (a slice's rows are
+// 16-byte chunks of every row, at their swizzled places; FP8 groups are whole chunks).
+template <GroupedKind kKind>
+__device__ __forceinline__ void clear_rows_past_group(int rows, int consumer, uint8_t* a,
+                                                      uint8_t* b) {
+  if constexpr (kKind == GroupedKind::WeightGrad) {
+    const uint32_t first_row = static_cast<uint32_t>(rows) * 128;
+    uint8_t* const blocks[3] = {a + consumer * kBoxBytes, b + 2 * consumer * kBoxBytes,
+                                b + (2 * consumer + 1) * kBoxBytes};
+    for (uint8_t* block : blocks)
+      for (int c = threadIdx.x % 128; c < (kBlockK - rows) * 8; c += 128)
+        reinterpret_cast<uint4*>(block + first_row)[c] = make_uint4(0, 0, 0, 0);
+  } else {
+    const int first_chunk = rows / 16, chunks = 8 - first_chunk;
+    // This warpgroup's 64 rows of a, then its 128 of b's 256.
+    for (int i = threadIdx.x % 128; i < 192 * chunks; i += 128) {
+      const int r = i / chunks, chunk = first_chunk + i % chunks;
+      uint8_t* const row = r < 64 ? a + (consumer * 64 + r) * 128 : b + (consumer * 128 + r - 64) * 128;
+      const int swizzle_row = r < 64 ? r : r - 64;  // both parts start on an 8-row atom
+      reinterpret_cast<uint4*>(row)[chunk ^ (swizzle_row % 8)] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  fence_async_shared();
+  named_barrier(1, 256);
+}
+
 // The consumer warpgroups: 64 rows each of every tile of this CTA, multiplied from the ring
 // and stored.
-template <GroupedKind kKind>
+template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
 __device__ __forceinline__ void consume(const GroupedParams& p, const int* table, int tiles,
                                         int first_pair, int pair_stride, int rank, const Ring& ring,
                                         uint8_t* smem) {
@@ -173,11 +223,14 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
   };
 
   // Descriptors at stage 0, k-step 0 (hopper_ptx.cuh). K-major operands (a and the forward's
-  // b): k-step kk is 32 bytes along the 128-byte rows. MN-major ones (the rest): k-step kk is
-  // 16 rows further, 64-column blocks a box apart. This warpgroup's 64 rows of a are 64 rows
-  // (K-major) or one 64-column block (MN-major) into the stage.
+  // b, every FP8 operand): k-step kk is 32 bytes along the 128-byte rows (16 bf16 or 32
+  // codes). MN-major ones (the rest): k-step kk is 16 rows further, 64-column blocks a box
+  // apart. This warpgroup's 64 rows of a are 64 rows (K-major) or one 64-column block
+  // (MN-major) into the stage.
+  constexpr bool kFp8 = kIsFp8<kKind>;
   constexpr bool kTransA = kKind == GroupedKind::WeightGrad;
-  constexpr bool kTransB = kKind != GroupedKind::Forward;
+  constexpr bool kTransB = kKind == GroupedKind::DataGrad || kKind == GroupedKind::WeightGrad;
+  constexpr int kSliceDepth = kFp8 ? kBlockKCodes : kBlockK;
   const uint64_t a_desc = kTransA ? smem_desc(ring.a(0) + consumer * kBoxBytes, kBoxBytes, 1024)
                                   : smem_desc(ring.a(0) + consumer * 64 * 128, 16, 1024);
   const uint64_t b_desc =
@@ -186,10 +239,11 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
     return static_cast<uint32_t>(trans ? kk * 16 * 128 : kk * 32);
   };
 
-  // The forward kinds' bf16 outputs: a tile's accumulators are packed here once its MMAs are
+  // The row tiles' bf16 outputs: a tile's accumulators are packed here once its MMAs are
   // done, and stored while the next tile's first MMAs run, rather than with the tensor cores
-  // idle (measured 0-3.6% faster, performance-notes entry 57).
-  constexpr bool kStoresBehind = kKind != GroupedKind::WeightGrad;
+  // idle (measured 0-3.6% faster, performance-notes entry 57). Split accumulation's partial
+  // sums leave no registers for that: its tiles store at once.
+  constexpr bool kStoresBehind = kRowTiles<kKind> && !kSplit;
   uint32_t packed[64];
   Tile behind{};
   bool has_behind = false;
@@ -214,53 +268,80 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int slices = 0;
-    for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it, ++slices) {
+    for (int k0 = tile.k0; k0 < tile.k_end; k0 += kSliceDepth, ++it, ++slices) {
       const int s = it % kStages;
       mbar_wait(ring.full(s), (it / kStages) & 1);
-      if constexpr (kKind == GroupedKind::WeightGrad) {
+      if constexpr (!kRowTiles<kKind>) {
         const int rows = tile.k_end - k0;  // this group's rows left; the slice may hold others
-        if (rows < kBlockK) {
-          // Rows [rows, 64) of the slice hold the next group's rows (or zeros): cleared in
-          // both operands (0 x Inf would still reach the sum) before the MMAs read them. Each
-          // warpgroup clears its own block of a and two of b's four; both wait for both.
-          const uint32_t first_row = static_cast<uint32_t>(rows) * 128;
-          uint8_t* const blocks[3] = {smem + (ring.a(s) - ring.base) + consumer * kBoxBytes,
-                                      smem + (ring.b(s) - ring.base) + 2 * consumer * kBoxBytes,
-                                      smem + (ring.b(s) - ring.base) + (2 * consumer + 1) * kBoxBytes};
-          for (uint8_t* block : blocks)
-            for (int c = threadIdx.x % 128; c < (kBlockK - rows) * 8; c += 128)
-              reinterpret_cast<uint4*>(block + first_row)[c] = make_uint4(0, 0, 0, 0);
-          fence_async_shared();
-          named_barrier(1, 256);
+        if (rows < kSliceDepth) {
+          clear_rows_past_group<kKind>(rows, consumer, smem + (ring.a(s) - ring.base),
+                                       smem + (ring.b(s) - ring.base));
         }
       }
       const uint32_t stage_offset = static_cast<uint32_t>(s) * kStageBytes;
-      wgmma_fence();
+      if constexpr (kSplit) {
+        // Each half of the tile's 256 columns: the slice's sum apart, then added.
+        float part[64];
 #pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        wgmma_m64n256_ss<kTransA, kTransB>(acc, a_desc + ((stage_offset + step(kTransA, kk)) >> 4),
-                                           b_desc + ((stage_offset + step(kTransB, kk)) >> 4), 1);
+        for (int half = 0; half < 2; ++half) {
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk) {
+            wgmma_m64n128_fp8_ss<kPair>(part, a_desc + ((stage_offset + kk * 32) >> 4),
+                                        b_desc + ((stage_offset + half * 128 * 128 + kk * 32) >> 4),
+                                        kk > 0);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_accumulators(part);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) acc[64 * half + i] += part[i];
+        }
+        if (arrives) release(s);
+      } else {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t a_k = a_desc + ((stage_offset + step(kTransA, kk)) >> 4);
+          const uint64_t b_k = b_desc + ((stage_offset + step(kTransB, kk)) >> 4);
+          if constexpr (kFp8) {
+            wgmma_m64n256_fp8_ss<kPair>(acc, a_k, b_k, 1);
+          } else {
+            wgmma_m64n256_ss<kTransA, kTransB>(acc, a_k, b_k, 1);
+          }
+        }
+        wgmma_commit();
+        if constexpr (kStoresBehind) {
+          if (slices == 0 && has_behind) store_packed(behind), has_behind = false;
+        }
+        // The previous slice's MMAs are complete once at most this one's are pending.
+        wgmma_wait<1>();
+        if (slices > 0 && arrives) release((it - 1) % kStages);
       }
-      wgmma_commit();
-      if constexpr (kStoresBehind) {
-        if (slices == 0 && has_behind) store_packed(behind), has_behind = false;
-      }
-      // The previous slice's MMAs are complete once at most this one's are pending.
-      wgmma_wait<1>();
+    }
+    if constexpr (!kSplit) {
+      wgmma_wait<0>();
+      fence_accumulators(acc);
       if (slices > 0 && arrives) release((it - 1) % kStages);
     }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    if (slices > 0 && arrives) release((it - 1) % kStages);
 
+    float scale = 1.f;
+    if constexpr (kFp8) {
+      scale = p.a_scale_inv[0] * p.b_scale_inv[kKind == GroupedKind::Fp8Forward ? tile.group : 0];
+    }
     // Accumulator chunk c holds columns 8c + 2 t4 (+1) of rows row_in_tile (+8).
-    if constexpr (kStoresBehind) {
+    if constexpr (kRowTiles<kKind>) {
 #pragma unroll
       for (int c = 0; c < 32; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          packed[2 * c + h] = pack_bf16(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
-      behind = tile, has_behind = true;
+          packed[2 * c + h] =
+              pack_bf16(scale * acc[4 * c + 2 * h], scale * acc[4 * c + 2 * h + 1]);
+      if constexpr (kStoresBehind) {
+        behind = tile, has_behind = true;
+      } else {
+        store_packed(tile);
+      }
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -271,7 +352,7 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
         for (int c = 0; c < 32; ++c) {
           const int col = tile.n0 + 8 * c + 2 * t4;
           if (col >= p.n) continue;
-          float v0 = acc[4 * c + 2 * h], v1 = acc[4 * c + 2 * h + 1];
+          float v0 = scale * acc[4 * c + 2 * h], v1 = scale * acc[4 * c + 2 * h + 1];
           if (p.out_fp32) {
             float2* const dst =
                 reinterpret_cast<float2*>(static_cast<float*>(p.out) + row_offset + col);
@@ -297,7 +378,7 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
   if (has_behind) store_packed(behind);
 }
 
-template <GroupedKind kKind>
+template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_matmul_hopper_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map, const GroupedParams p) {
@@ -318,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init_fence();
   }
-  if constexpr (kKind != GroupedKind::WeightGrad) build_tile_table(table, p);
+  if constexpr (kRowTiles<kKind>) build_tile_table(table, p);
   cluster_sync();  // the partner's barriers are initialised before anything signals them
   const int tiles = tile_count<kKind>(p, table);
   const int rank = static_cast<int>(cluster_rank());
@@ -333,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int it = 0;  // slices loaded by this CTA: the ring's position
       for (int t = first_pair; t < tiles; t += pair_stride) {
         const Tile tile = decode_tile<kKind>(t, rank, p, table);
-        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kBlockK, ++it) {
+        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kIsFp8<kKind> ? kBlockKCodes : kBlockK, ++it) {
           const int s = it % kStages;
           mbar_wait(ring.empty(s), ((it / kStages) & 1) ^ 1);
           mbar_expect_tx(ring.full(s), kStageBytes);
@@ -346,14 +427,17 @@ __global__ void __launch_bounds__(kThreads, 1)
               tma_load_multicast(ring.b(s) + j * kBoxBytes, &b_map, ring.full(s), tile.n0 + 64 * j, k0,
                                  0, kBoth);
           } else {
+            // K-major a: the tile's rows x the slice (the FP8 weight gradient's a_t: M rows x
+            // the group's rows).
             tma_load(ring.a(s), &a_map, ring.full(s), k0, tile.m0, 0);
-            if constexpr (kKind == GroupedKind::Forward) {
-              tma_load_multicast(ring.b(s) + rank * kBBytes / 2, &b_map, ring.full(s), k0,
-                                 tile.n0 + rank * kBlockN / 2, tile.group, kBoth);
-            } else {
+            if constexpr (kKind == GroupedKind::DataGrad) {
               for (int j = 2 * rank; j < 2 * rank + 2; ++j)
                 tma_load_multicast(ring.b(s) + j * kBoxBytes, &b_map, ring.full(s), tile.n0 + 64 * j,
                                    k0, tile.group, kBoth);
+            } else {  // K-major b: the group's weight, or the FP8 weight gradient's b_t
+              const int plane = kKind == GroupedKind::Fp8WeightGrad ? 0 : tile.group;
+              tma_load_multicast(ring.b(s) + rank * kBBytes / 2, &b_map, ring.full(s), k0,
+                                 tile.n0 + rank * kBlockN / 2, plane, kBoth);
             }
           }
         }
@@ -361,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     claim_registers<232>();
-    consume<kKind>(p, table, tiles, first_pair, pair_stride, rank, ring, smem);
+    consume<kKind, kPair, kSplit>(p, table, tiles, first_pair, pair_stride, rank, ring, smem);
   }
   // Neither CTA leaves while the other may still signal its barriers.
   cluster_sync();
@@ -371,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 
-// Rows of out from offsets[G] on, zeroed: the forward's rows past the groups.
+// Rows of out from offsets[G] on, zeroed: the forward kinds' rows past the groups.
 __global__ void zero_rows_past_groups_kernel(bf16* out, const int32_t* end, int64_t R, int64_t N) {
   const int64_t total = R * N;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -383,12 +467,13 @@ __global__ void zero_rows_past_groups_kernel(bf16* out, const int32_t* end, int6
 // The pairs of kind kKind that run at once on `device`, with the kernel's shared memory
 // allowed: found once per kind and device (the answers never change; asked on every launch
 // they would cost the host a few driver queries per GEMM).
-template <GroupedKind kKind>
+template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
 int resident_pairs(int device, cudaLaunchConfig_t config) {
+  constexpr auto kernel = grouped_matmul_hopper_kernel<kKind, kPair, kSplit>;
   static std::atomic<int> known[64];  // runs_on admits devices 0..63 only
   int pairs = known[device].load(std::memory_order_relaxed);
   if (pairs > 0) return pairs;
-  TS_CUDA_CHECK(cudaFuncSetAttribute(grouped_matmul_hopper_kernel<kKind>,
+  TS_CUDA_CHECK(cudaFuncSetAttribute(kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
   int sms = 0;
@@ -398,14 +483,14 @@ int resident_pairs(int device, cudaLaunchConfig_t config) {
   // a second wave.
   config.gridDim = dim3(static_cast<unsigned>(sms));
   TS_CUDA_CHECK(
-      cudaOccupancyMaxActiveClusters(&pairs, grouped_matmul_hopper_kernel<kKind>, &config));
+      cudaOccupancyMaxActiveClusters(&pairs, kernel, &config));
   pairs = std::max(pairs, 1);
   known[device].store(pairs, std::memory_order_relaxed);
   return pairs;
 }
 
 // pair_bound: at least the pairs of tiles there are (the device knows how many).
-template <GroupedKind kKind>
+template <GroupedKind kKind, Fp8Pair kPair = Fp8Pair::E4m3E4m3, bool kSplit = false>
 void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedParams& p,
             int64_t pair_bound, cudaStream_t stream) {
   if (pair_bound == 0) return;
@@ -420,9 +505,11 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedPar
   config.numAttrs = 1;
   int device = 0;
   TS_CUDA_CHECK(cudaGetDevice(&device));
-  const int64_t pairs = std::min<int64_t>(pair_bound, resident_pairs<kKind>(device, config));
+  const int64_t pairs =
+      std::min<int64_t>(pair_bound, resident_pairs<kKind, kPair, kSplit>(device, config));
   config.gridDim = dim3(static_cast<unsigned>(pairs * kCluster));
-  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_matmul_hopper_kernel<kKind>, a_map, b_map, p));
+  TS_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_matmul_hopper_kernel<kKind, kPair, kSplit>,
+                                   a_map, b_map, p));
 }
 
 }  // namespace
@@ -431,51 +518,114 @@ bool grouped_matmul_hopper_runs_on(int device) {
   return runs_on(device);
 }
 
-bool grouped_matmul_hopper_takes(int device, int64_t groups, std::initializer_list<int64_t> widths,
+bool grouped_matmul_hopper_takes(int device, int64_t groups, int element_bytes,
+                                 std::initializer_list<int64_t> widths,
                                  std::initializer_list<const void*> bases) {
   if (groups < 1 || groups > kMaxGroups) return false;
   for (int64_t w : widths)
-    if (w <= 0 || w % 8 != 0 || w > (int64_t{1} << 30)) return false;
+    if (w <= 0 || (w * element_bytes) % 16 != 0 || w > (int64_t{1} << 30)) return false;
   for (const void* b : bases)
     if (reinterpret_cast<uintptr_t>(b) % 16 != 0) return false;
   return runs_on(device);
 }
 
-void grouped_matmul_hopper(bf16* out, const bf16* a, const bf16* b, const int32_t* offsets,
-                           int64_t G, int64_t R, int64_t N, int64_t K, bool trans_b,
-                           cudaStream_t stream) {
+namespace {
+
+// The row-tile kinds' parameters and a bound on their pairs of tiles: at most a partial pair
+// of row tiles per group beyond R's whole ones.
+GroupedParams row_tile_params(void* out, const int32_t* offsets, int64_t G, int64_t N, int64_t K) {
   GroupedParams p{};
   p.out = out, p.offsets = offsets, p.groups = static_cast<int>(G);
   p.n = static_cast<int>(N), p.k = static_cast<int>(K);
   p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
-  // At most a partial pair of row tiles per group beyond R's whole ones.
-  const int64_t pair_bound = R > 0 ? ((R + kCluster * kBlockM - 1) / (kCluster * kBlockM) + G) * p.n_tiles : 0;
-  const CUtensorMap a_map = row_map(a, K, R, 1, kBlockM);
-  if (trans_b) {
-    launch<GroupedKind::Forward>(a_map, row_map(b, K, N, G, kBlockN / kCluster), p, pair_bound,
-                                 stream);
-  } else {
-    launch<GroupedKind::DataGrad>(a_map, row_map(b, N, K, G, 64), p, pair_bound, stream);
-  }
-  if (R > 0) {
-    zero_rows_past_groups_kernel<<<264, 256, 0, stream>>>(out, offsets + G, R, N);
-    TS_CUDA_CHECK_LAUNCH("zero_rows_past_groups_kernel");
-  }
+  return p;
+}
+int64_t row_tile_pairs(const GroupedParams& p, int64_t R) {
+  return R > 0 ? ((R + kCluster * kBlockM - 1) / (kCluster * kBlockM) + p.groups) * p.n_tiles : 0;
 }
 
-void grouped_matmul_wgrad_hopper(void* out, bool out_fp32, const bf16* a, const bf16* b,
-                                 const int32_t* offsets, int64_t G, int64_t R, int64_t M, int64_t N,
-                                 float beta, cudaStream_t stream) {
+void zero_rows_past_groups(bf16* out, const int32_t* offsets, int64_t G, int64_t R, int64_t N,
+                           cudaStream_t stream) {
+  if (R == 0) return;
+  zero_rows_past_groups_kernel<<<264, 256, 0, stream>>>(out, offsets + G, R, N);
+  TS_CUDA_CHECK_LAUNCH("zero_rows_past_groups_kernel");
+}
+
+GroupedParams weight_tile_params(void* out, bool out_fp32, const int32_t* offsets, int64_t G,
+                                 int64_t M, int64_t N, float beta) {
   GroupedParams p{};
   p.out = out, p.offsets = offsets, p.groups = static_cast<int>(G);
   p.out_rows = static_cast<int>(M), p.n = static_cast<int>(N);
   p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
   p.m_pairs = static_cast<int>((M + kCluster * kBlockM - 1) / (kCluster * kBlockM));
   p.beta = beta, p.out_fp32 = out_fp32;
+  return p;
+}
+
+// The FP8 kinds' instances: a's format x split accumulation.
+template <GroupedKind kKind>
+void launch_fp8(bool a_e5m2, bool split, const CUtensorMap& a_map, const CUtensorMap& b_map,
+                const GroupedParams& p, int64_t pair_bound, cudaStream_t stream) {
+  constexpr Fp8Pair k44 = Fp8Pair::E4m3E4m3, k54 = Fp8Pair::E5m2E4m3;
+  if (a_e5m2) {
+    split ? launch<kKind, k54, true>(a_map, b_map, p, pair_bound, stream)
+          : launch<kKind, k54, false>(a_map, b_map, p, pair_bound, stream);
+  } else {
+    split ? launch<kKind, k44, true>(a_map, b_map, p, pair_bound, stream)
+          : launch<kKind, k44, false>(a_map, b_map, p, pair_bound, stream);
+  }
+}
+
+}  // namespace
+
+void grouped_matmul_hopper(bf16* out, const bf16* a, const bf16* b, const int32_t* offsets,
+                           int64_t G, int64_t R, int64_t N, int64_t K, bool trans_b,
+                           cudaStream_t stream) {
+  const GroupedParams p = row_tile_params(out, offsets, G, N, K);
+  const CUtensorMap a_map = row_map(a, K, R, 1, kBlockM);
+  if (trans_b) {
+    launch<GroupedKind::Forward>(a_map, row_map(b, K, N, G, kBlockN / kCluster), p,
+                                 row_tile_pairs(p, R), stream);
+  } else {
+    launch<GroupedKind::DataGrad>(a_map, row_map(b, N, K, G, 64), p, row_tile_pairs(p, R), stream);
+  }
+  zero_rows_past_groups(out, offsets, G, R, N, stream);
+}
+
+void grouped_matmul_wgrad_hopper(void* out, bool out_fp32, const bf16* a, const bf16* b,
+                                 const int32_t* offsets, int64_t G, int64_t R, int64_t M, int64_t N,
+                                 float beta, cudaStream_t stream) {
+  const GroupedParams p = weight_tile_params(out, out_fp32, offsets, G, M, N, beta);
   // R = 0 still writes beta * out; a map needs at least one row.
   const int64_t map_rows = std::max<int64_t>(R, 1);
   launch<GroupedKind::WeightGrad>(row_map(a, M, map_rows, 1, 64), row_map(b, N, map_rows, 1, 64), p,
                                   G * p.m_pairs * p.n_tiles, stream);
+}
+
+void grouped_matmul_fp8_hopper(bf16* out, const void* a, bool a_e5m2, const void* b,
+                               const float* a_scale_inv, const float* b_scale_inv,
+                               const int32_t* offsets, int64_t G, int64_t R, int64_t N, int64_t K,
+                               bool split_accumulation, cudaStream_t stream) {
+  GroupedParams p = row_tile_params(out, offsets, G, N, K);
+  p.a_scale_inv = a_scale_inv, p.b_scale_inv = b_scale_inv;
+  launch_fp8<GroupedKind::Fp8Forward>(a_e5m2, split_accumulation, codes_map(a, K, R, 1, kBlockM),
+                                      codes_map(b, K, N, G, kBlockN / kCluster), p,
+                                      row_tile_pairs(p, R), stream);
+  zero_rows_past_groups(out, offsets, G, R, N, stream);
+}
+
+void grouped_matmul_fp8_wgrad_hopper(void* out, bool out_fp32, const void* a_t, bool a_e5m2,
+                                     const void* b_t, const float* a_scale_inv,
+                                     const float* b_scale_inv, const int32_t* offsets, int64_t G,
+                                     int64_t R, int64_t M, int64_t N, float beta,
+                                     bool split_accumulation, cudaStream_t stream) {
+  GroupedParams p = weight_tile_params(out, out_fp32, offsets, G, M, N, beta);
+  p.a_scale_inv = a_scale_inv, p.b_scale_inv = b_scale_inv;
+  // R = 0 still writes beta * out; a map needs at least 16 columns (TMA's stride rule).
+  const int64_t map_columns = std::max<int64_t>(R, 16);
+  launch_fp8<GroupedKind::Fp8WeightGrad>(
+      a_e5m2, split_accumulation, codes_map(a_t, map_columns, M, 1, kBlockM),
+      codes_map(b_t, map_columns, N, 1, kBlockN / kCluster), p, G * p.m_pairs * p.n_tiles, stream);
 }
 
 }  // namespace tessera::cuda

@@ -8,7 +8,7 @@
 
 namespace tessera::cuda {
 
-CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dims)[3],
+CUtensorMap hopper::tensor_map(const void* base, int element_bytes, const uint64_t (&dims)[3],
                                const uint64_t (&strides)[2], const uint32_t (&box)[3]) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -23,7 +23,11 @@ CUtensorMap hopper::tensor_map(const void* base, bool fp32, const uint64_t (&dim
   CUtensorMap map;
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult made =
-      encode(&map, fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+      encode(&map,
+             element_bytes == 4   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+             : element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                  : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+             3,
              const_cast<void*>(base), dims, strides, box, element_strides,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -42,7 +46,17 @@ CUtensorMap hopper::row_map(const bf16* base, int64_t width, int64_t seq, int64_
   const uint64_t strides[2] = {static_cast<uint64_t>(width) * 2,
                                static_cast<uint64_t>(width) * 2 * static_cast<uint64_t>(seq)};
   const uint32_t box[3] = {64, rows, 1};
-  return tensor_map(base, false, dims, strides, box);
+  return tensor_map(base, 2, dims, strides, box);
+}
+
+CUtensorMap hopper::codes_map(const void* base, int64_t width, int64_t seq, int64_t planes,
+                              uint32_t rows) {
+  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(seq),
+                            static_cast<uint64_t>(planes)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(width),
+                               static_cast<uint64_t>(width) * static_cast<uint64_t>(seq)};
+  const uint32_t box[3] = {128, rows, 1};
+  return tensor_map(base, 1, dims, strides, box);
 }
 
 bool hopper::runs_on(int device) {

@@ -32,16 +32,20 @@ namespace hopper {
 // Whether kernels of this family run on `device`: built for sm_90a (TESSERA_CUDA_SM90A; nvcc's
 // host pass cannot see the device's features) and an sm_90 GPU.
 bool runs_on(int device);
-// A rank-3 tensor map of bf16 (or fp32) elements with 128-byte swizzled boxes; dims innermost
-// first, strides in bytes for dims 1 and 2, box rows of 128 bytes (the swizzle span: 64 bf16
-// or 32 fp32). Loads read out-of-range rows as zeros; reductions skip them. Throws
-// InternalError when the driver refuses it.
-CUtensorMap tensor_map(const void* base, bool fp32, const uint64_t (&dims)[3],
+// A rank-3 tensor map of 1-byte (FP8 codes), bf16 or fp32 elements (element_bytes 1, 2, 4)
+// with 128-byte swizzled boxes; dims innermost first, strides in bytes for dims 1 and 2, box
+// rows of 128 bytes (the swizzle span: 128 codes, 64 bf16 or 32 fp32). Loads read
+// out-of-range elements as zeros; reductions skip them. Throws InternalError when the driver
+// refuses it.
+CUtensorMap tensor_map(const void* base, int element_bytes, const uint64_t (&dims)[3],
                        const uint64_t (&strides)[2], const uint32_t (&box)[3]);
 // bf16 rows of `width` elements as (planes, seq, width), in boxes of `rows` rows x 64
 // elements; rows past seq read as zeros. Widths of multiples of 8 elements keep the strides
 // multiples of 16 bytes, as TMA needs.
 CUtensorMap row_map(const bf16* base, int64_t width, int64_t seq, int64_t planes, uint32_t rows);
+// The same for FP8 codes: rows of `width` codes in boxes of `rows` rows x 128 codes; widths of
+// multiples of 16 keep the strides TMA's.
+CUtensorMap codes_map(const void* base, int64_t width, int64_t seq, int64_t planes, uint32_t rows);
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -281,6 +285,63 @@ __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t 
       "}\n"
       : TS_ACC64
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// The FP8 pairs of operands the FP8 wrappers below take: a's format, then b's (b is always
+// e4m3 there: the weights and the activations; a is an e4m3 activation or an e5m2 gradient).
+enum class Fp8Pair { E4m3E4m3, E5m2E4m3 };
+
+// d (64 x 256, fp32) = (+=) A (64 x 32 codes) B^T (B: 256 x 32 codes), both from shared
+// memory, K-major (the only FP8 layout wgmma takes).
+template <Fp8Pair kPair>
+__device__ __forceinline__ void wgmma_m64n256_fp8_ss(float (&d)[128], uint64_t a, uint64_t b,
+                                                     int accumulate) {
+#define TS_WGMMA_FP8_N256(types)                                                            \
+  asm volatile(                                                                             \
+      "{\n"                                                                                 \
+      ".reg .pred p;\n"                                                                     \
+      "setp.ne.b32 p, %130, 0;\n"                                                           \
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32." types " {"                             \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "              \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "    \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "    \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "    \
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "    \
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "    \
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, "    \
+      "%110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, " \
+      "%124, %125, %126, %127}, %128, %129, p, 1, 1;\n"                                     \
+      "}\n"                                                                                 \
+      : TS_ACC128                                                                           \
+      : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (kPair == Fp8Pair::E4m3E4m3) {
+    TS_WGMMA_FP8_N256("e4m3.e4m3");
+  } else {
+    TS_WGMMA_FP8_N256("e5m2.e4m3");
+  }
+#undef TS_WGMMA_FP8_N256
+}
+
+// d (64 x 128) = (+=) A (64 x 32 codes) B^T (B: 128 x 32 codes), as wgmma_m64n256_fp8_ss.
+template <Fp8Pair kPair>
+__device__ __forceinline__ void wgmma_m64n128_fp8_ss(float (&d)[64], uint64_t a, uint64_t b,
+                                                     int accumulate) {
+#define TS_WGMMA_FP8_N128(types)                                               \
+  asm volatile(                                                                \
+      "{\n"                                                                    \
+      ".reg .pred p;\n"                                                        \
+      "setp.ne.b32 p, %66, 0;\n"                                               \
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32." types " " TS_LIST64      \
+      ", %64, %65, p, 1, 1;\n"                                                 \
+      "}\n"                                                                    \
+      : TS_ACC64                                                               \
+      : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (kPair == Fp8Pair::E4m3E4m3) {
+    TS_WGMMA_FP8_N128("e4m3.e4m3");
+  } else {
+    TS_WGMMA_FP8_N128("e5m2.e4m3");
+  }
+#undef TS_WGMMA_FP8_N128
 }
 
 #undef TS_LIST64

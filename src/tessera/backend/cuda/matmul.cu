@@ -182,11 +182,13 @@ LtMatmul::Plan& LtMatmul::plan_for(const MatmulProblem& p, const Key& key) {
   const bool fp8 = is_fp8_type(p.a_dtype);
   const uint64_t M = p.M, N = p.N, K = p.K;
   // cuBLAS A = our b: stored (N, K) col-major when not transposed, else (K, N).
-  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, b_type, p.trans_b ? K : N, p.trans_b ? N : K,
-                                             static_cast<int64_t>(p.trans_b ? K : N)));
+  const int64_t ldb = p.ldb > 0 ? p.ldb : static_cast<int64_t>(p.trans_b ? K : N);
+  TS_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->a, b_type, p.trans_b ? K : N, p.trans_b ? N : K, ldb));
   // cuBLAS B = our a: stored (K, M) col-major when not transposed, else (M, K).
-  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, a_type, p.trans_a ? M : K, p.trans_a ? K : M,
-                                             static_cast<int64_t>(p.trans_a ? M : K)));
+  const int64_t lda = p.lda > 0 ? p.lda : static_cast<int64_t>(p.trans_a ? M : K);
+  TS_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->b, a_type, p.trans_a ? M : K, p.trans_a ? K : M, lda));
   TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, out, N, M, static_cast<int64_t>(N)));
   TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, out, N, M, static_cast<int64_t>(N)));
 
@@ -357,7 +359,9 @@ void LtMatmul::run(const MatmulProblem& p, cudaStream_t stream) {
                 static_cast<int>(p.b_dtype),
                 p.fast_accum,
                 static_cast<int>(p.a_scaling),
-                static_cast<int>(p.b_scaling)};
+                static_cast<int>(p.b_scaling),
+                p.lda,
+                p.ldb};
   if (is_fp8_type(p.a_dtype)) {
     TS_CHECK(is_fp8_type(p.b_dtype) && !(p.a_dtype == DType::E5M2 && p.b_dtype == DType::E5M2),
              "cuBLASLt FP8 matmul takes e4m3 x e4m3 or e4m3 x e5m2 operands: {}", describe(p));

@@ -36,6 +36,10 @@ struct MatmulProblem {
   const void* bias = nullptr;    // (N) or null
   DType bias_dtype = DType::BF16;
   int64_t M = 0, N = 0, K = 0;
+  // Elements from one row of a (b) to the next as stored; 0: packed (its stored width). A
+  // wider stride reads a block of columns of a larger matrix (an expert's rows of the
+  // transposed activations).
+  int64_t lda = 0, ldb = 0;
   bool trans_a = false, trans_b = false;
   float alpha = 1.0f, beta = 0.0f;
   // FP8 operands only: device fp32 scalars that multiply a and b (their scale_inv), and
@@ -85,7 +89,7 @@ class LtMatmul {
   //  alignment of a, b, c, out, bias, b dtype, fast accumulation, a and b scalings):
   //  everything the heuristic's answer depends on.
   using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, bool, int, int, int,
-                         int, int, int, bool, int, int>;
+                         int, int, int, bool, int, int, int64_t, int64_t>;
 
  private:
   struct Plan;

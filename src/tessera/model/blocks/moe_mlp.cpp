@@ -108,7 +108,7 @@ int64_t MoeMlp::expert_rows(int64_t n, const ModelRuntime& rt) const {
     const int64_t balanced = (n * m.topk + m.experts - 1) / m.experts;
     per_expert = per_expert > 0 ? std::min(per_expert, balanced) : balanced;
   }
-  return ep * (kept_pairs(n, local, per_expert, m.topk) + local * (kGroupAlign - 1));
+  return ep * aligned_rows(kept_pairs(n, local, per_expert, m.topk) + local * (kGroupAlign - 1));
 }
 
 ExpertGroups MoeMlp::expert_groups(const ExpertExchange* ex, const Tensor& offsets,

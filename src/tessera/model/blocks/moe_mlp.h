@@ -74,9 +74,14 @@ class MoeMlp final : public Mixer {
   void update_state(Backend& backend) override;
 
   // Rows of the permuted activations for n tokens: every routing fits (with token dropping,
-  // every expert at its capacity).
+  // every expert at its capacity), in a whole number of kGroupAlign rows (the FP8 weight
+  // gradients' transposed activations are rows of this many codes, a multiple of 16).
   static int64_t permuted_rows(int64_t n, const MoeSpec& moe) {
-    return kept_pairs(n, moe.experts, moe.capacity(n), moe.topk) + moe.experts * (kGroupAlign - 1);
+    return aligned_rows(kept_pairs(n, moe.experts, moe.capacity(n), moe.topk) +
+                        moe.experts * (kGroupAlign - 1));
+  }
+  static int64_t aligned_rows(int64_t rows) {
+    return (rows + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
   }
   // (token, expert) pairs of n tokens that `experts` experts keep at most (capacity 0:
   // dropless).
