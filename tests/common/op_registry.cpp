@@ -1424,8 +1424,7 @@ std::vector<OpCase> rmsnorm_transposed_codes_cases() {
 std::vector<OpCase> grouped_matmul_fp8_cases(const std::vector<int32_t>& sizes, int64_t N,
                                              int64_t K, const std::string& what,
                                              const std::vector<int32_t>& weights = {},
-                                             int64_t num_weights = 0,
-                                             bool with_host_offsets = true,
+                                             int64_t num_weights = 0, bool with_host_offsets = true,
                                              bool fast_accum = false) {
   const int64_t G = static_cast<int64_t>(sizes.size());
   const int64_t W = weights.empty() ? G : num_weights;
@@ -1617,9 +1616,9 @@ std::vector<OpCase> moe_cases() {
   for (auto& c : grouped_matmul_fp8_cases({48, 0, 16, 112, 0, 32}, 48, 80,
                                           "device offsets, empty groups", {}, 0, false))
     cases.push_back(std::move(c));
-  for (auto& c : grouped_matmul_fp8_cases({16, 48, 0, 32, 80, 16}, 16, 48,
-                                          "device offsets, shared weights", {0, 2, 1, 0, 2, 0}, 4,
-                                          false))
+  for (auto& c :
+       grouped_matmul_fp8_cases({16, 48, 0, 32, 80, 16}, 16, 48, "device offsets, shared weights",
+                                {0, 2, 1, 0, 2, 0}, 4, false))
     cases.push_back(std::move(c));
   return cases;
 }

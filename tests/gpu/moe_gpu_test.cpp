@@ -70,8 +70,8 @@ TEST(GpuMoe, LossGradientsAndBalanceMatchTheCpuReference) {
 
 // bf16 and FP8 experts on Hopper run the grouped kernel over the device's row offsets: no MoE
 // layer copies its routing to the host (the forward and backward of a micro-batch never wait
-// for it), and the step still matches the CPU reference (LossGradientsAndBalanceMatchTheCpuReference,
-// GpuFp8Moe.*).
+// for it), and the step still matches the CPU reference
+// (LossGradientsAndBalanceMatchTheCpuReference, GpuFp8Moe.*).
 TEST(GpuMoe, ExpertsNeverWaitForTheRouting) {
   TS_REQUIRE_GPU();
   Logger log("", 0, false, false);

@@ -264,8 +264,8 @@ __global__ void __launch_bounds__(kCastThreads)
   const int64_t r = r0 + j0;
   const bool whole_t = offsets != nullptr;
   // Whether the run is one 16-byte store: all its rows in groups (and with group_rows, one).
-  const bool one_run = whole_t ? row_group[j0 + kRunT - 1] >= 0
-                               : row_group[j0 + kRunT - 1] == row_group[j0];
+  const bool one_run =
+      whole_t ? row_group[j0 + kRunT - 1] >= 0 : row_group[j0 + kRunT - 1] == row_group[j0];
   const int64_t begin = group_begin[j0], size = group_size[j0];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {

@@ -65,7 +65,7 @@ template <GroupedKind kKind>
 constexpr bool kIsFp8 = kKind == GroupedKind::Fp8Forward || kKind == GroupedKind::Fp8WeightGrad;
 // The kinds whose tiles walk each group's rows (the rest reduce over them).
 template <GroupedKind kKind>
-constexpr bool kRowTiles = kKind != GroupedKind::WeightGrad && kKind != GroupedKind::Fp8WeightGrad;
+constexpr bool kRowTiles = kKind != GroupedKind::WeightGrad&& kKind != GroupedKind::Fp8WeightGrad;
 
 constexpr int kBlockM = 128;  // output rows a tile: 64 per consumer warpgroup
 constexpr int kBlockN = 256;
@@ -195,7 +195,8 @@ __device__ __forceinline__ void clear_rows_past_group(int rows, int consumer, ui
     // This warpgroup's 64 rows of a, then its 128 of b's 256.
     for (int i = threadIdx.x % 128; i < 192 * chunks; i += 128) {
       const int r = i / chunks, chunk = first_chunk + i % chunks;
-      uint8_t* const row = r < 64 ? a + (consumer * 64 + r) * 128 : b + (consumer * 128 + r - 64) * 128;
+      uint8_t* const row =
+          r < 64 ? a + (consumer * 64 + r) * 128 : b + (consumer * 128 + r - 64) * 128;
       const int swizzle_row = r < 64 ? r : r - 64;  // both parts start on an 8-row atom
       reinterpret_cast<uint4*>(row)[chunk ^ (swizzle_row % 8)] = make_uint4(0, 0, 0, 0);
     }
@@ -335,8 +336,7 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
       for (int c = 0; c < 32; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          packed[2 * c + h] =
-              pack_bf16(scale * acc[4 * c + 2 * h], scale * acc[4 * c + 2 * h + 1]);
+          packed[2 * c + h] = pack_bf16(scale * acc[4 * c + 2 * h], scale * acc[4 * c + 2 * h + 1]);
       if constexpr (kStoresBehind) {
         behind = tile, has_behind = true;
       } else {
@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int it = 0;  // slices loaded by this CTA: the ring's position
       for (int t = first_pair; t < tiles; t += pair_stride) {
         const Tile tile = decode_tile<kKind>(t, rank, p, table);
-        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kIsFp8<kKind> ? kBlockKCodes : kBlockK, ++it) {
+        for (int k0 = tile.k0; k0 < tile.k_end;
+             k0 += kIsFp8<kKind> ? kBlockKCodes : kBlockK, ++it) {
           const int s = it % kStages;
           mbar_wait(ring.empty(s), ((it / kStages) & 1) ^ 1);
           mbar_expect_tx(ring.full(s), kStageBytes);
@@ -454,7 +455,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-
 // Rows of out from offsets[G] on, zeroed: the forward kinds' rows past the groups.
 __global__ void zero_rows_past_groups_kernel(bf16* out, const int32_t* end, int64_t R, int64_t N) {
   const int64_t total = R * N;
@@ -473,8 +473,7 @@ int resident_pairs(int device, cudaLaunchConfig_t config) {
   static std::atomic<int> known[64];  // runs_on admits devices 0..63 only
   int pairs = known[device].load(std::memory_order_relaxed);
   if (pairs > 0) return pairs;
-  TS_CUDA_CHECK(cudaFuncSetAttribute(kernel,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+  TS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
   int sms = 0;
   TS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -482,8 +481,7 @@ int resident_pairs(int device, cudaLaunchConfig_t config) {
   // half the SMs, and a persistent grid larger than what runs would leave its last pairs for
   // a second wave.
   config.gridDim = dim3(static_cast<unsigned>(sms));
-  TS_CUDA_CHECK(
-      cudaOccupancyMaxActiveClusters(&pairs, kernel, &config));
+  TS_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&pairs, kernel, &config));
   pairs = std::max(pairs, 1);
   known[device].store(pairs, std::memory_order_relaxed);
   return pairs;

@@ -27,8 +27,7 @@ CUtensorMap hopper::tensor_map(const void* base, int element_bytes, const uint64
              element_bytes == 4   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
              : element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                   : CU_TENSOR_MAP_DATA_TYPE_UINT8,
-             3,
-             const_cast<void*>(base), dims, strides, box, element_strides,
+             3, const_cast<void*>(base), dims, strides, box, element_strides,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (made != CUDA_SUCCESS) {
