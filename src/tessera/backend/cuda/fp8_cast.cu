@@ -171,13 +171,20 @@ __global__ void __launch_bounds__(kCastThreads)
   // Per-group amaxes, at the tile row where the group's rows in this tile start.
   __shared__ unsigned group_amax[kTileRows];
   __shared__ unsigned warp_amax[kCastThreads / 32];
+  const int t = threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
+  const int tc = (t % (kTileCols / kPack)) * kPack;
+  const int64_t c = c0 + tc;
+  // The tile's loads go first, so that they do not wait for the offsets (rows of x past the
+  // groups are read, never used).
+  alignas(16) T v[kLoadPasses][kPack];
+  load_tile(v, x, R, C, r0, c, vec_in);
   // Clamped into [0, R]: whatever the offsets hold, no access leaves x.
   int64_t used = R;
   if (offsets != nullptr) used = offsets[G] < 0 ? 0 : offsets[G] < R ? offsets[G] : R;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
   if (r0 >= used) return;  // the whole block: no barrier is left waiting
   const bool cast = out != nullptr || out_t != nullptr;
-  const int t = threadIdx.x;
   static_assert(kCastThreads == kTileRows, "one thread maps each tile row to its group");
   {
     const int64_t r = r0 + t;
@@ -189,8 +196,8 @@ __global__ void __launch_bounds__(kCastThreads)
         size = group_rows;
       } else if (!per_group_scale && !per_group_amax) {
         // One scale and amax, and the transpose x's: only whether the row is in a group
-        // matters, so the rows skip the search (dependent loads of the offsets at every
-        // block's start: the forward casts of a layer's experts took 1.3x as long with it).
+        // matters, so the rows skip the search (a chain of dependent loads at every block's
+        // start).
         g = 0;
       } else {  // the last g with offsets[g] <= r: offsets[g] <= r < offsets[g + 1]
         int64_t lo = 0, hi = G - 1;
@@ -214,11 +221,6 @@ __global__ void __launch_bounds__(kCastThreads)
     group_amax[t] = 0;
   }
   __syncthreads();
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
-  const int tc = (t % (kTileCols / kPack)) * kPack;
-  const int64_t c = c0 + tc;
-  alignas(16) T v[kLoadPasses][kPack];
-  load_tile(v, x, used, C, r0, c, vec_in);
   unsigned m = 0;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
