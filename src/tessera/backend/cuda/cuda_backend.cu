@@ -1076,7 +1076,8 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
 // group, sized from them (copied from the device when the caller gave none).
 //
 // Which to ask for: the kernel wins where groups are small (64 experts of 512 rows: 1.14-1.38x
-// cuBLASLt's per-group GEMMs, Qwen3-30B-A3B's 128: 1.7-4.5x; the proxies +5.5% and +17%),
+// cuBLASLt's per-group GEMMs, Qwen3-30B-A3B's 128: 1.7-4.5x; the proxies +5.5% and +17%, and
+// in FP8 +11.8% and +10.6%, entry 58),
 // cuBLASLt where each group's GEMM fills the GPU many times over (Mixtral's experts of 2,048
 // rows: the kernel at 0.92-1.07 of it, the proxy's step 2.6% slower); performance-notes
 // entry 57.
