@@ -1075,17 +1075,18 @@ void CudaBackend::do_moe_unpermute_backward(const Tensor& dyp, const Tensor& dwe
 // Given host offsets, or shapes the kernel does not take: one cuBLASLt GEMM per non-empty
 // group, sized from them (copied from the device when the caller gave none).
 //
-// Which to ask for: the kernel wins where groups are small (64 experts of 512 rows: 1.14-1.38x
-// cuBLASLt's per-group GEMMs, Qwen3-30B-A3B's 128: 1.7-4.5x; the proxies +5.5% and +17%, and
-// in FP8 +11.8% and +10.6%, entry 58),
-// cuBLASLt where each group's GEMM fills the GPU many times over (Mixtral's experts of 2,048
-// rows: the kernel at 0.92-1.07 of it, the proxy's step 2.6% slower); performance-notes
-// entry 57.
+// Which to ask for: in bf16 the kernel wins where groups are small (64 experts of 512 rows:
+// 1.14-1.38x cuBLASLt's per-group GEMMs, Qwen3-30B-A3B's 128: 1.7-4.5x; the proxies +5.5% and
+// +17%), cuBLASLt where each group's GEMM fills the GPU many times over (Mixtral's experts of
+// 2,048 rows: the kernel at 0.92-1.07 of it, the proxy's step 2.6% slower); performance-notes
+// entry 57. In FP8 the kernel wins at every size measured: +11.8% and +10.6% on those
+// proxies, and on Mixtral's +0.7-1.5% in four of five A/B runs (-0.3% in one; entry 58).
 bool CudaBackend::grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
                                                       int64_t groups) const {
-  constexpr int64_t kMostRowsPerGroup = 1024;
-  return (dtype == DType::BF16 || dtype == DType::E4M3) &&
-         cuda::grouped_matmul_hopper_runs_on(device_) && rows <= kMostRowsPerGroup * groups;
+  constexpr int64_t kMostBf16RowsPerGroup = 1024;
+  if (!cuda::grouped_matmul_hopper_runs_on(device_)) return false;
+  if (dtype == DType::E4M3) return true;
+  return dtype == DType::BF16 && rows <= kMostBf16RowsPerGroup * groups;
 }
 
 void CudaBackend::do_grouped_matmul(const GroupedMatmulArgs& a) {
