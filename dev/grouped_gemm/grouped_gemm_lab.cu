@@ -1,7 +1,9 @@
-// The grouped GEMM lab: grouped_matmul_hopper.cu's three kinds against cuBLAS run once per
-// group (the backend's other path), checked and timed on the same inputs. See README.md.
+// The grouped GEMM lab: grouped_matmul_hopper.cu's kinds against cuBLAS run once per group
+// (the bf16 ones: the backend's other path; the FP8 ones: bf16 GEMMs of the codes' values),
+// checked and timed on the same inputs. See README.md.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -213,6 +215,125 @@ void wgrad_case(cublasHandle_t h, const std::string& name, const std::vector<int
          fp32 ? 1e-4 : 1e-2, flops, t_ours, t_cublas);
 }
 
+// Random finite FP8 codes of magnitude about 0.25-2 (exponents around the bias), so that
+// sums over thousands of products stay far from overflow; and their values in bf16, which
+// holds every e4m3 and e5m2 value exactly.
+__global__ void fill_codes(uint8_t* x, int64_t n, uint32_t seed, bool e5m2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13, h *= 0x5bd1e995u, h ^= h >> 15;
+    const uint32_t sign = (h >> 8) & 0x80;
+    x[i] = static_cast<uint8_t>(e5m2 ? sign | ((13 + (h & 3)) << 2) | ((h >> 2) & 3)
+                                     : sign | ((5 + (h & 3)) << 3) | ((h >> 2) & 7));
+  }
+}
+__global__ void decode_codes(const uint8_t* x, bf16* out, int64_t n, bool e5m2) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    __nv_fp8_storage_t c = x[i];
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(c, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    out[i] = __float2bfloat16(__half2float(__half(h)));
+  }
+}
+
+// FP8 codes on the device with their bf16 values.
+struct Codes {
+  Buffer<uint8_t> codes;
+  Buffer<bf16> values;
+  Codes(int64_t n, uint32_t seed, bool e5m2) : codes(n), values(n) {
+    fill_codes<<<264, 256>>>(codes.p, n, seed, e5m2);
+    decode_codes<<<264, 256>>>(codes.p, values.p, n, e5m2);
+  }
+};
+
+// The FP8 forward (and data gradient, the same kind over transposed weight codes): out[rows_g]
+// = a[rows_g] b[g]^T x a_scale x b_scale[g], against cuBLAS bf16 GEMMs of the codes' values
+// with the scales as alpha (the products are exact in both; only the sums' order differs).
+void fp8_forward_case(cublasHandle_t h, const std::string& name, const std::vector<int32_t>& sizes,
+                      int64_t N, int64_t K, bool a_e5m2, bool split, bool timed) {
+  if (name.find(only) == std::string::npos) return;
+  Groups g(sizes, 16);
+  const int64_t G = g.G();
+  Codes a(g.R * K, 7, a_e5m2), b(G * N * K, 8, false);
+  Buffer<bf16> ours(g.R * N), ref(g.R * N);
+  Buffer<float> scales(G + 1);
+  std::vector<float> host(G + 1);
+  for (int64_t i = 0; i <= G; ++i) host[i] = i == 0 ? 0.5f : 0.25f + 0.01f * static_cast<float>(i);
+  CHECK_CUDA(cudaMemcpy(scales.p, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  fill<<<264, 256>>>(ours.p, ours.n, 3);
+  CHECK_CUDA(cudaMemset(ref.p, 0, ref.n * 2));
+  auto run_ours = [&] {
+    tessera::cuda::grouped_matmul_fp8_hopper(ours.p, a.codes.p, a_e5m2, b.codes.p, scales.p,
+                                             scales.p + 1, g.device.p, G, g.R, N, K, split,
+                                             nullptr);
+  };
+  const float zero = 0;
+  auto run_cublas = [&] {
+    for (int64_t i = 0; i < G; ++i) {
+      const int64_t rows = g.offsets[i + 1] - g.offsets[i];
+      if (rows == 0) continue;
+      const float alpha = host[0] * host[i + 1];
+      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &alpha,
+                                b.values.p + i * N * K, CUDA_R_16BF, K,
+                                a.values.p + g.offsets[i] * K, CUDA_R_16BF, K, &zero,
+                                ref.p + g.offsets[i] * N, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    }
+  };
+  run_ours(), run_cublas();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double err = relative_error(ours, ref);
+  const double flops = 2.0 * g.used() * N * K;
+  double t_ours = 0, t_cublas = 0;
+  if (timed) t_ours = time_ms(run_ours, 20), t_cublas = time_ms(run_cublas, 20);
+  report(split ? "f8fwd+" : "f8fwd", name + (a_e5m2 ? " e5m2" : " e4m3"), err, 1e-2, flops,
+         t_ours, t_cublas);
+}
+
+// The FP8 weight gradient: out[g] = beta out[g] + a_t[:, rows_g] b_t[:, rows_g]^T x both
+// scales, over the activations' transposed codes (M, R) and (N, R), fp32 out. The tensor cores
+// keep about 14 bits of an FP8 sum (measured here: 1.2-2.5e-4 of the largest output with split
+// accumulation, whatever the depth), so the tolerance is 1e-3, not fp32's; without split
+// accumulation (fast) the error grows with the rows an expert sums.
+void fp8_wgrad_case(cublasHandle_t h, const std::string& name, const std::vector<int32_t>& sizes,
+                    int64_t M, int64_t N, float beta, bool split, bool timed) {
+  if (name.find(only) == std::string::npos) return;
+  Groups g(sizes, 16);
+  const int64_t G = g.G();
+  Codes a(M * g.R, 9, true), b(N * g.R, 10, false);  // the gradient's e5m2, the input's e4m3
+  Buffer<float> ours(G * M * N), ref(G * M * N), scales(2);
+  const float host[2] = {0.5f, 0.125f};
+  CHECK_CUDA(cudaMemcpy(scales.p, host, 8, cudaMemcpyHostToDevice));
+  fill<<<264, 256>>>(ours.p, ours.n, 6);
+  CHECK_CUDA(cudaMemcpy(ref.p, ours.p, ours.n * 4, cudaMemcpyDeviceToDevice));
+  auto run_ours = [&] {
+    tessera::cuda::grouped_matmul_fp8_wgrad_hopper(ours.p, true, a.codes.p, true, b.codes.p,
+                                                   scales.p, scales.p + 1, g.device.p, G, g.R, M,
+                                                   N, beta, split, nullptr);
+  };
+  const float alpha = host[0] * host[1];
+  // Column-major: out^T (N x M) = b_t's columns (rows x N)^T a_t's columns (rows x M).
+  auto run_cublas = [&] {
+    for (int64_t i = 0; i < G; ++i) {
+      const int64_t rows = g.offsets[i + 1] - g.offsets[i];
+      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rows, &alpha,
+                                b.values.p + g.offsets[i], CUDA_R_16BF, g.R,
+                                a.values.p + g.offsets[i], CUDA_R_16BF, g.R, &beta,
+                                ref.p + i * M * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    }
+  };
+  run_ours(), run_cublas();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double err = relative_error(ours, ref);
+  const double flops = 2.0 * g.used() * M * N;
+  double t_ours = 0, t_cublas = 0;
+  if (timed && beta == 0) t_ours = time_ms(run_ours, 10), t_cublas = time_ms(run_cublas, 10);
+  report(split ? "f8wgr+" : "f8wgrad", name + (beta != 0 ? " beta1" : ""), err, split ? 1e-3 : 1e-2,
+         flops, t_ours, t_cublas);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,6 +388,26 @@ int main(int argc, char** argv) {
   wgrad_case<bf16>(h, "mixtral gate_up M28672 N4096", mixtral, 28672, 4096, 0.f, t);
   wgrad_case<float>(h, "mixtral uneven gate_up", uneven, 28672, 4096, 0.f, t);
   wgrad_case<float>(h, "64 experts M2816 N2048", small, 2816, 2048, 0.f, t);
+
+  // The FP8 kinds (split accumulation marked +): groups of whole 16s (FP8's rule), empty ones,
+  // tails of slices, two column tiles; then the proxies' shapes, timed against cuBLAS bf16
+  // GEMMs per group.
+  const std::vector<int32_t> odd16 = {160, 0, 320, 16, 48, 512};
+  for (bool split : {false, true}) {
+    fp8_forward_case(h, "odd groups N272 K400", odd16, 272, 400, split, split, false);
+    fp8_forward_case(h, "one group N512 K64", {0, 0, 1008, 0}, 512, 64, false, split, false);
+  }
+  for (float beta : {0.f, 1.f})
+    fp8_wgrad_case(h, "odd groups M272 N400", odd16, 272, 400, beta, true, false);
+  fp8_forward_case(h, "mixtral gate_up N28672 K4096", mixtral, 28672, 4096, false, false, t);
+  fp8_forward_case(h, "mixtral down dgrad N4096 K14336", mixtral, 4096, 14336, true, true, t);
+  fp8_forward_case(h, "qwen3 128 experts gate_up N1536 K2048", qwen3, 1536, 2048, false, false, t);
+  fp8_forward_case(h, "qwen3 128 experts gate_up dgrad N2048 K1536", qwen3, 2048, 1536, true, true,
+                   t);
+  for (bool split : {true, false}) {
+    fp8_wgrad_case(h, "mixtral gate_up M28672 N4096", mixtral, 28672, 4096, 0.f, split, t);
+    fp8_wgrad_case(h, "qwen3 128 experts gate_up M1536 N2048", qwen3, 1536, 2048, 0.f, split, t);
+  }
   std::printf("%s: %d failing\n", failures ? "FAILED" : "PASSED", failures);
   cublasDestroy(h);
   return failures ? 1 : 0;
