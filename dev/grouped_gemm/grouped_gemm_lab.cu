@@ -274,11 +274,10 @@ void fp8_forward_case(cublasHandle_t h, const std::string& name, const std::vect
       const int64_t rows = g.offsets[i + 1] - g.offsets[i];
       if (rows == 0) continue;
       const float alpha = host[0] * host[i + 1];
-      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &alpha,
-                                b.values.p + i * N * K, CUDA_R_16BF, K,
-                                a.values.p + g.offsets[i] * K, CUDA_R_16BF, K, &zero,
-                                ref.p + g.offsets[i] * N, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+      CHECK_CUBLAS(cublasGemmEx(
+          h, CUBLAS_OP_T, CUBLAS_OP_N, N, rows, K, &alpha, b.values.p + i * N * K, CUDA_R_16BF, K,
+          a.values.p + g.offsets[i] * K, CUDA_R_16BF, K, &zero, ref.p + g.offsets[i] * N,
+          CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
   run_ours(), run_cublas();
@@ -287,8 +286,8 @@ void fp8_forward_case(cublasHandle_t h, const std::string& name, const std::vect
   const double flops = 2.0 * g.used() * N * K;
   double t_ours = 0, t_cublas = 0;
   if (timed) t_ours = time_ms(run_ours, 20), t_cublas = time_ms(run_cublas, 20);
-  report(split ? "f8fwd+" : "f8fwd", name + (a_e5m2 ? " e5m2" : " e4m3"), err, 1e-2, flops,
-         t_ours, t_cublas);
+  report(split ? "f8fwd+" : "f8fwd", name + (a_e5m2 ? " e5m2" : " e4m3"), err, 1e-2, flops, t_ours,
+         t_cublas);
 }
 
 // The FP8 weight gradient: out[g] = beta out[g] + a_t[:, rows_g] b_t[:, rows_g]^T x both
@@ -309,19 +308,18 @@ void fp8_wgrad_case(cublasHandle_t h, const std::string& name, const std::vector
   CHECK_CUDA(cudaMemcpy(ref.p, ours.p, ours.n * 4, cudaMemcpyDeviceToDevice));
   auto run_ours = [&] {
     tessera::cuda::grouped_matmul_fp8_wgrad_hopper(ours.p, true, a.codes.p, true, b.codes.p,
-                                                   scales.p, scales.p + 1, g.device.p, G, g.R, M,
-                                                   N, beta, split, nullptr);
+                                                   scales.p, scales.p + 1, g.device.p, G, g.R, M, N,
+                                                   beta, split, nullptr);
   };
   const float alpha = host[0] * host[1];
   // Column-major: out^T (N x M) = b_t's columns (rows x N)^T a_t's columns (rows x M).
   auto run_cublas = [&] {
     for (int64_t i = 0; i < G; ++i) {
       const int64_t rows = g.offsets[i + 1] - g.offsets[i];
-      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rows, &alpha,
-                                b.values.p + g.offsets[i], CUDA_R_16BF, g.R,
-                                a.values.p + g.offsets[i], CUDA_R_16BF, g.R, &beta,
-                                ref.p + i * M * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+      CHECK_CUBLAS(
+          cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rows, &alpha, b.values.p + g.offsets[i],
+                       CUDA_R_16BF, g.R, a.values.p + g.offsets[i], CUDA_R_16BF, g.R, &beta,
+                       ref.p + i * M * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
   run_ours(), run_cublas();
