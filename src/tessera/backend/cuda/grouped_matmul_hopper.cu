@@ -82,7 +82,11 @@ constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;  // 32 KiB
 constexpr uint32_t kStageBytes = kABytes + kBBytes;
 constexpr uint32_t kBarrierOffset = kStages * kStageBytes;
 constexpr uint32_t kTableOffset = kBarrierOffset + 2 * kStages * 8;
-constexpr size_t kSmemBytes = kTableOffset + (kMaxGroups + 1) * 4 + 1024;  // + alignment slack
+// The weight gradients' fp32 outputs leave through a staging box per consumer warpgroup (64
+// rows x 32 columns, 128-byte swizzled like the ring's tiles) and TMA stores.
+constexpr uint32_t kStagingBytes = 64 * 32 * 4;
+constexpr uint32_t kStagingOffset = (kTableOffset + (kMaxGroups + 1) * 4 + 1023) / 1024 * 1024;
+constexpr size_t kSmemBytes = kStagingOffset + 2 * kStagingBytes + 1024;  // + alignment slack
 
 struct GroupedParams {
   void* out;
@@ -93,6 +97,7 @@ struct GroupedParams {
   int n_tiles, m_pairs;  // m_pairs: WeightGrad's pairs of M tiles
   float beta;
   bool out_fp32;
+  bool tma_out;  // weight gradients: fp32 out, beta 0 or 1, stored through out_map
   const float* a_scale_inv;  // FP8 kinds: (1)
   const float* b_scale_inv;  // FP8 kinds: (G) for the forward, (1) for the weight gradient
 };
@@ -208,9 +213,9 @@ __device__ __forceinline__ void clear_rows_past_group(int rows, int consumer, ui
 // The consumer warpgroups: 64 rows each of every tile of this CTA, multiplied from the ring
 // and stored.
 template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
-__device__ __forceinline__ void consume(const GroupedParams& p, const int* table, int tiles,
-                                        int first_pair, int pair_stride, int rank, const Ring& ring,
-                                        uint8_t* smem) {
+__device__ __forceinline__ void consume(const GroupedParams& p, const CUtensorMap& out_map,
+                                        const int* table, int tiles, int first_pair,
+                                        int pair_stride, int rank, const Ring& ring, uint8_t* smem) {
   // Broadcast from lane 0 so that the compiler knows the warpgroup is warp-uniform.
   const int consumer = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128 - 1, 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -258,6 +263,46 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
       for (int c = 0; c < 32; ++c) {
         const int col = tile.n0 + 8 * c + 2 * t4;
         if (col < p.n) *reinterpret_cast<uint32_t*>(out_row + col) = packed[2 * c + h];
+      }
+    }
+  };
+
+  // A weight gradient tile's fp32 sums (this warpgroup's 64 rows), 32 columns at a time,
+  // through the staging box and TMA stores (adds for beta 1), which drain while the next
+  // tile's MMAs run; stored from registers, the sums took the tensor cores' time (the weight
+  // gradients write 4 bytes an output against the 1-2 of the operands' slices they read).
+  // Rows past M and columns past N are the map's edges: TMA leaves them alone.
+  const bool staging_leader = threadIdx.x % 128 == 0;
+  const uint32_t staging = ring.base + kStagingOffset + consumer * kStagingBytes;
+  auto store_weight_tile = [&](const Tile& tile, const float(&sums)[128], float scale) {
+    uint8_t* const box = smem + kStagingOffset + consumer * kStagingBytes;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (tile.n0 + 32 * j >= p.n) break;
+      if (staging_leader) bulk_wait_read();  // the previous box has left the staging buffer
+      named_barrier(2 + consumer, 128);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp * 16 + g + 8 * h;
+          const int c = 4 * j + cc;
+          // Columns 8 cc + 2 t4 (+1): 16-byte chunk 2 cc + t4 / 2 of the row, swizzled.
+          const uint32_t at = row * 128 + (((2 * cc + t4 / 2) ^ (row % 8)) << 4) + 8 * (t4 % 2);
+          *reinterpret_cast<float2*>(box + at) =
+              make_float2(scale * sums[4 * c + 2 * h], scale * sums[4 * c + 2 * h + 1]);
+        }
+      }
+      fence_async_shared();
+      named_barrier(2 + consumer, 128);
+      if (staging_leader) {
+        const int c0 = tile.n0 + 32 * j, c1 = tile.m0 + 64 * consumer;
+        if (p.beta == 0.f) {
+          tma_store(&out_map, staging, c0, c1, tile.group);
+        } else {
+          tma_reduce_add(&out_map, staging, c0, c1, tile.group);
+        }
+        bulk_commit();
       }
     }
   };
@@ -342,6 +387,8 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
       } else {
         store_packed(tile);
       }
+    } else if (p.tma_out) {
+      store_weight_tile(tile, acc, scale);
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -376,12 +423,14 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const int* table
     }
   }
   if (has_behind) store_packed(behind);
+  if (p.tma_out && staging_leader) bulk_wait();  // the last boxes written before the CTA ends
 }
 
 template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_matmul_hopper_kernel(const __grid_constant__ CUtensorMap a_map,
-                                 const __grid_constant__ CUtensorMap b_map, const GroupedParams p) {
+                                 const __grid_constant__ CUtensorMap b_map,
+                                 const __grid_constant__ CUtensorMap out_map, const GroupedParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -446,7 +495,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     claim_registers<232>();
-    consume<kKind, kPair, kSplit>(p, table, tiles, first_pair, pair_stride, rank, ring, smem);
+    consume<kKind, kPair, kSplit>(p, out_map, table, tiles, first_pair, pair_stride, rank, ring,
+                                  smem);
   }
   // Neither CTA leaves while the other may still signal its barriers.
   cluster_sync();
@@ -488,9 +538,10 @@ int resident_pairs(int device, cudaLaunchConfig_t config) {
 }
 
 // pair_bound: at least the pairs of tiles there are (the device knows how many).
+// out_map: the weight gradients' output where p.tma_out (else unused).
 template <GroupedKind kKind, Fp8Pair kPair = Fp8Pair::E4m3E4m3, bool kSplit = false>
-void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedParams& p,
-            int64_t pair_bound, cudaStream_t stream) {
+void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const CUtensorMap& out_map,
+            const GroupedParams& p, int64_t pair_bound, cudaStream_t stream) {
   if (pair_bound == 0) return;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kThreads);
@@ -507,7 +558,7 @@ void launch(const CUtensorMap& a_map, const CUtensorMap& b_map, const GroupedPar
       std::min<int64_t>(pair_bound, resident_pairs<kKind, kPair, kSplit>(device, config));
   config.gridDim = dim3(static_cast<unsigned>(pairs * kCluster));
   TS_CUDA_CHECK(cudaLaunchKernelEx(&config, grouped_matmul_hopper_kernel<kKind, kPair, kSplit>,
-                                   a_map, b_map, p));
+                                   a_map, b_map, out_map, p));
 }
 
 }  // namespace
@@ -557,20 +608,34 @@ GroupedParams weight_tile_params(void* out, bool out_fp32, const int32_t* offset
   p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
   p.m_pairs = static_cast<int>((M + kCluster * kBlockM - 1) / (kCluster * kBlockM));
   p.beta = beta, p.out_fp32 = out_fp32;
+  p.tma_out = out_fp32 && (beta == 0.f || beta == 1.f);
   return p;
+}
+
+// The weight gradients' output (G, M, N) fp32 as TMA stores it, in the staging box's shape;
+// where p.tma_out is false the kernel stores from registers and never reads it (a map of a
+// few rows stands in).
+CUtensorMap weight_out_map(const GroupedParams& p, void* out, int64_t G, int64_t M, int64_t N) {
+  const uint64_t dims[3] = {static_cast<uint64_t>(N), static_cast<uint64_t>(p.tma_out ? M : 1),
+                            static_cast<uint64_t>(p.tma_out ? G : 1)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(N) * 4,
+                               static_cast<uint64_t>(M) * static_cast<uint64_t>(N) * 4};
+  const uint32_t box[3] = {32, 64, 1};
+  return tensor_map(out, 4, dims, strides, box);
 }
 
 // The FP8 kinds' instances: a's format x split accumulation.
 template <GroupedKind kKind>
 void launch_fp8(bool a_e5m2, bool split, const CUtensorMap& a_map, const CUtensorMap& b_map,
-                const GroupedParams& p, int64_t pair_bound, cudaStream_t stream) {
+                const CUtensorMap& out_map, const GroupedParams& p, int64_t pair_bound,
+                cudaStream_t stream) {
   constexpr Fp8Pair k44 = Fp8Pair::E4m3E4m3, k54 = Fp8Pair::E5m2E4m3;
   if (a_e5m2) {
-    split ? launch<kKind, k54, true>(a_map, b_map, p, pair_bound, stream)
-          : launch<kKind, k54, false>(a_map, b_map, p, pair_bound, stream);
+    split ? launch<kKind, k54, true>(a_map, b_map, out_map, p, pair_bound, stream)
+          : launch<kKind, k54, false>(a_map, b_map, out_map, p, pair_bound, stream);
   } else {
-    split ? launch<kKind, k44, true>(a_map, b_map, p, pair_bound, stream)
-          : launch<kKind, k44, false>(a_map, b_map, p, pair_bound, stream);
+    split ? launch<kKind, k44, true>(a_map, b_map, out_map, p, pair_bound, stream)
+          : launch<kKind, k44, false>(a_map, b_map, out_map, p, pair_bound, stream);
   }
 }
 
@@ -582,10 +647,11 @@ void grouped_matmul_hopper(bf16* out, const bf16* a, const bf16* b, const int32_
   const GroupedParams p = row_tile_params(out, offsets, G, N, K);
   const CUtensorMap a_map = row_map(a, K, R, 1, kBlockM);
   if (trans_b) {
-    launch<GroupedKind::Forward>(a_map, row_map(b, K, N, G, kBlockN / kCluster), p,
+    launch<GroupedKind::Forward>(a_map, row_map(b, K, N, G, kBlockN / kCluster), a_map, p,
                                  row_tile_pairs(p, R), stream);
   } else {
-    launch<GroupedKind::DataGrad>(a_map, row_map(b, N, K, G, 64), p, row_tile_pairs(p, R), stream);
+    launch<GroupedKind::DataGrad>(a_map, row_map(b, N, K, G, 64), a_map, p, row_tile_pairs(p, R),
+                                  stream);
   }
   zero_rows_past_groups(out, offsets, G, R, N, stream);
 }
@@ -596,8 +662,9 @@ void grouped_matmul_wgrad_hopper(void* out, bool out_fp32, const bf16* a, const 
   const GroupedParams p = weight_tile_params(out, out_fp32, offsets, G, M, N, beta);
   // R = 0 still writes beta * out; a map needs at least one row.
   const int64_t map_rows = std::max<int64_t>(R, 1);
-  launch<GroupedKind::WeightGrad>(row_map(a, M, map_rows, 1, 64), row_map(b, N, map_rows, 1, 64), p,
-                                  G * p.m_pairs * p.n_tiles, stream);
+  launch<GroupedKind::WeightGrad>(row_map(a, M, map_rows, 1, 64), row_map(b, N, map_rows, 1, 64),
+                                  weight_out_map(p, out, G, M, N), p, G * p.m_pairs * p.n_tiles,
+                                  stream);
 }
 
 void grouped_matmul_fp8_hopper(bf16* out, const void* a, bool a_e5m2, const void* b,
@@ -606,8 +673,9 @@ void grouped_matmul_fp8_hopper(bf16* out, const void* a, bool a_e5m2, const void
                                bool split_accumulation, cudaStream_t stream) {
   GroupedParams p = row_tile_params(out, offsets, G, N, K);
   p.a_scale_inv = a_scale_inv, p.b_scale_inv = b_scale_inv;
-  launch_fp8<GroupedKind::Fp8Forward>(a_e5m2, split_accumulation, codes_map(a, K, R, 1, kBlockM),
-                                      codes_map(b, K, N, G, kBlockN / kCluster), p,
+  const CUtensorMap a_map = codes_map(a, K, R, 1, kBlockM);
+  launch_fp8<GroupedKind::Fp8Forward>(a_e5m2, split_accumulation, a_map,
+                                      codes_map(b, K, N, G, kBlockN / kCluster), a_map, p,
                                       row_tile_pairs(p, R), stream);
   zero_rows_past_groups(out, offsets, G, R, N, stream);
 }
@@ -623,7 +691,8 @@ void grouped_matmul_fp8_wgrad_hopper(void* out, bool out_fp32, const void* a_t, 
   const int64_t map_columns = std::max<int64_t>(R, 16);
   launch_fp8<GroupedKind::Fp8WeightGrad>(
       a_e5m2, split_accumulation, codes_map(a_t, map_columns, M, 1, kBlockM),
-      codes_map(b_t, map_columns, N, 1, kBlockN / kCluster), p, G * p.m_pairs * p.n_tiles, stream);
+      codes_map(b_t, map_columns, N, 1, kBlockN / kCluster), weight_out_map(p, out, G, M, N), p,
+      G * p.m_pairs * p.n_tiles, stream);
 }
 
 }  // namespace tessera::cuda

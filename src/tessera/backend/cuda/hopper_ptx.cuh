@@ -135,6 +135,16 @@ __device__ __forceinline__ void tma_reduce_add(const CUtensorMap* map, uint32_t 
       "r"(src), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Stores a box from shared memory into the tensor at (c0, c1, c2), asynchronously, skipping
+// the box's elements past the tensor's extent; committed and waited for as tma_reduce_add.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                          int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
