@@ -97,7 +97,7 @@ struct GroupedParams {
   int n_tiles, m_pairs;  // m_pairs: WeightGrad's pairs of M tiles
   float beta;
   bool out_fp32;
-  bool tma_out;  // weight gradients stored through out_map (weight_tile_params)
+  bool tma_out;              // weight gradients stored through out_map (weight_tile_params)
   const float* a_scale_inv;  // FP8 kinds: (1)
   const float* b_scale_inv;  // FP8 kinds: (G) for the forward, (1) for the weight gradient
 };
@@ -215,7 +215,8 @@ __device__ __forceinline__ void clear_rows_past_group(int rows, int consumer, ui
 template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
 __device__ __forceinline__ void consume(const GroupedParams& p, const CUtensorMap& out_map,
                                         const int* table, int tiles, int first_pair,
-                                        int pair_stride, int rank, const Ring& ring, uint8_t* smem) {
+                                        int pair_stride, int rank, const Ring& ring,
+                                        uint8_t* smem) {
   // Broadcast from lane 0 so that the compiler knows the warpgroup is warp-uniform.
   const int consumer = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128 - 1, 0);
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -430,7 +431,8 @@ template <GroupedKind kKind, Fp8Pair kPair, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_matmul_hopper_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map,
-                                 const __grid_constant__ CUtensorMap out_map, const GroupedParams p) {
+                                 const __grid_constant__ CUtensorMap out_map,
+                                 const GroupedParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -615,8 +617,7 @@ GroupedParams weight_tile_params(void* out, bool out_fp32, const int32_t* offset
   p.n_tiles = static_cast<int>((N + kBlockN - 1) / kBlockN);
   p.m_pairs = static_cast<int>((M + kCluster * kBlockM - 1) / (kCluster * kBlockM));
   p.beta = beta, p.out_fp32 = out_fp32;
-  p.tma_out =
-      out_fp32 && (beta == 0.f || beta == 1.f) && R <= kMostStagedRowsPerGroup * G;
+  p.tma_out = out_fp32 && (beta == 0.f || beta == 1.f) && R <= kMostStagedRowsPerGroup * G;
   return p;
 }
 
