@@ -11,7 +11,8 @@
 // m64n256k16 from shared memory, releasing a stage in both CTAs once the MMAs that read it
 // have completed (a stage is refilled only when both are done with it). The ring runs across
 // tiles, so the next tile's first slices load while this one's outputs are stored; the bf16
-// outputs of the forward kinds are packed and stored behind the next tile's first MMAs. The
+// outputs of the forward kinds are packed and stored behind the next tile's first MMAs, and
+// the weight gradients' fp32 tiles of small groups leave through a staging box by TMA. The
 // pairs launched are those that can run at once (cudaOccupancyMaxActiveClusters).
 //
 // The consumers' releases are CTA-scope arrivals even on the other CTA's barrier: their only
