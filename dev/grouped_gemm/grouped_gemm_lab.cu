@@ -141,6 +141,20 @@ void report(const char* kind, const std::string& name, double err, double tol, d
   std::printf("\n");
 }
 
+// Runs both paths once, checks ours against cuBLAS's within tol and, when timed, times both
+// (iters launches each) and reports the line.
+template <typename T, typename Ours, typename Cublas>
+void check_and_time(const char* kind, const std::string& name, const Buffer<T>& ours,
+                    const Buffer<T>& ref, Ours&& run_ours, Cublas&& run_cublas, double flops,
+                    double tol, bool timed, int iters) {
+  run_ours(), run_cublas();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const double err = relative_error(ours, ref);
+  double t_ours = 0, t_cublas = 0;
+  if (timed) t_ours = time_ms(run_ours, iters), t_cublas = time_ms(run_cublas, iters);
+  report(kind, name, err, tol, flops, t_ours, t_cublas);
+}
+
 // out[rows_g] = a[rows_g] @ op(b[g]) through both paths.
 void forward_case(cublasHandle_t h, const std::string& name, const std::vector<int32_t>& sizes,
                   int64_t N, int64_t K, bool trans_b, bool timed) {
@@ -167,13 +181,8 @@ void forward_case(cublasHandle_t h, const std::string& name, const std::vector<i
           ref.p + g.offsets[i] * N, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
-  run_ours(), run_cublas();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const double err = relative_error(ours, ref);
-  const double flops = 2.0 * g.used() * N * K;
-  double t_ours = 0, t_cublas = 0;
-  if (timed) t_ours = time_ms(run_ours, 20), t_cublas = time_ms(run_cublas, 20);
-  report(trans_b ? "fwd" : "dgrad", name, err, 1e-2, flops, t_ours, t_cublas);
+  check_and_time(trans_b ? "fwd" : "dgrad", name, ours, ref, run_ours, run_cublas,
+                 2.0 * g.used() * N * K, 1e-2, timed, 20);
 }
 
 // out[g] = beta out[g] + a[rows_g]^T b[rows_g] through both paths.
@@ -204,15 +213,10 @@ void wgrad_case(cublasHandle_t h, const std::string& name, const std::vector<int
           fp32 ? CUDA_R_32F : CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
-  run_ours(), run_cublas();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const double err = relative_error(ours, ref);
-  const double flops = 2.0 * g.used() * M * N;
-  double t_ours = 0, t_cublas = 0;
   // beta 1 accumulates on every repeat: time only overwriting cases.
-  if (timed && beta == 0) t_ours = time_ms(run_ours, 10), t_cublas = time_ms(run_cublas, 10);
-  report("wgrad", name + (fp32 ? " fp32" : " bf16") + (beta != 0 ? " beta1" : ""), err,
-         fp32 ? 1e-4 : 1e-2, flops, t_ours, t_cublas);
+  check_and_time("wgrad", name + (fp32 ? " fp32" : " bf16") + (beta != 0 ? " beta1" : ""), ours,
+                 ref, run_ours, run_cublas, 2.0 * g.used() * M * N, fp32 ? 1e-4 : 1e-2,
+                 timed && beta == 0, 10);
 }
 
 // Random finite FP8 codes of magnitude about 0.25-2 (exponents around the bias), so that
@@ -280,14 +284,8 @@ void fp8_forward_case(cublasHandle_t h, const std::string& name, const std::vect
           CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
-  run_ours(), run_cublas();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const double err = relative_error(ours, ref);
-  const double flops = 2.0 * g.used() * N * K;
-  double t_ours = 0, t_cublas = 0;
-  if (timed) t_ours = time_ms(run_ours, 20), t_cublas = time_ms(run_cublas, 20);
-  report(split ? "f8fwd+" : "f8fwd", name + (a_e5m2 ? " e5m2" : " e4m3"), err, 1e-2, flops, t_ours,
-         t_cublas);
+  check_and_time(split ? "f8fwd+" : "f8fwd", name + (a_e5m2 ? " e5m2" : " e4m3"), ours, ref,
+                 run_ours, run_cublas, 2.0 * g.used() * N * K, 1e-2, timed, 20);
 }
 
 // The FP8 weight gradient: out[g] = beta out[g] + a_t[:, rows_g] b_t[:, rows_g]^T x both
@@ -322,14 +320,9 @@ void fp8_wgrad_case(cublasHandle_t h, const std::string& name, const std::vector
                        ref.p + i * M * N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
   };
-  run_ours(), run_cublas();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  const double err = relative_error(ours, ref);
-  const double flops = 2.0 * g.used() * M * N;
-  double t_ours = 0, t_cublas = 0;
-  if (timed && beta == 0) t_ours = time_ms(run_ours, 10), t_cublas = time_ms(run_cublas, 10);
-  report(split ? "f8wgr+" : "f8wgrad", name + (beta != 0 ? " beta1" : ""), err, split ? 1e-3 : 1e-2,
-         flops, t_ours, t_cublas);
+  check_and_time(split ? "f8wgr+" : "f8wgrad", name + (beta != 0 ? " beta1" : ""), ours, ref,
+                 run_ours, run_cublas, 2.0 * g.used() * M * N, split ? 1e-3 : 1e-2,
+                 timed && beta == 0, 10);
 }
 
 }  // namespace
