@@ -66,7 +66,8 @@ template <GroupedKind kKind>
 constexpr bool kIsFp8 = kKind == GroupedKind::Fp8Forward || kKind == GroupedKind::Fp8WeightGrad;
 // The kinds whose tiles walk each group's rows (the rest reduce over them).
 template <GroupedKind kKind>
-constexpr bool kRowTiles = kKind != GroupedKind::WeightGrad&& kKind != GroupedKind::Fp8WeightGrad;
+constexpr bool kRowTiles =
+    !(kKind == GroupedKind::WeightGrad || kKind == GroupedKind::Fp8WeightGrad);
 
 constexpr int kBlockM = 128;  // output rows a tile: 64 per consumer warpgroup
 constexpr int kBlockN = 256;
@@ -181,7 +182,7 @@ struct Ring {
   __device__ uint32_t empty(int s) const { return base + kBarrierOffset + 8 * (kStages + s); }
 };
 
-// Rows [rows, 64) of a weight gradient's slice hold the next group's rows (or zeros):
+// The rows of a weight gradient's slice from `rows` on hold the next group's rows (or zeros):
 // cleared in both operands (0 x Inf would still reach the sum) before the MMAs read them. Each
 // consumer warpgroup clears its own part of a and half of b; both wait for both. bf16 slices
 // are MN-major (a slice's rows are rows of shared memory); FP8 ones K-major (a slice's rows are
