@@ -404,10 +404,10 @@ class Backend {
   virtual int64_t varying_gemm_rows_multiple() const { return 1; }
   // Whether grouped_matmul and grouped_matmul_wgrad in `dtype` (e4m3: their FP8 forms, at the
   // formats of Fp8Format hybrid or e4m3) over `groups` row groups of `rows` rows in all (one
-  // weight a group) run best from the device's offsets alone: callers
-  // then pass no host_offsets and never wait for the device to learn them. True where ops read
-  // host memory; on GPUs where the backend's grouped kernel beats its library's GEMMs run once
-  // per group. Given no host_offsets, ops run either way (copying them where they must).
+  // weight a group) run best from the device's offsets alone: callers then pass no
+  // host_offsets and never wait for the device to learn them. True where ops read host
+  // memory; on GPUs where the backend's grouped kernel beats its library's GEMMs run once per
+  // group. Given no host_offsets, ops run either way (copying them where they must).
   virtual bool grouped_matmul_reads_device_offsets(DType dtype, int64_t rows,
                                                    int64_t groups) const {
     (void)dtype, (void)rows, (void)groups;
