@@ -73,6 +73,9 @@ constexpr int kBlockM = 128;  // output rows a tile: 64 per consumer warpgroup
 constexpr int kBlockN = 256;
 constexpr int kBlockK = 64;  // one 128-byte swizzled row of bf16 (FP8: kBlockKCodes)
 constexpr int kBlockKCodes = 128;
+// The reduction a ring stage holds: one 128-byte row of each operand's rows.
+template <GroupedKind kKind>
+constexpr int kSliceDepth = kIsFp8<kKind> ? kBlockKCodes : kBlockK;
 constexpr int kStages = 4;
 constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
 constexpr int kConsumerWarps = 8;
@@ -239,7 +242,7 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const CUtensorMa
   constexpr bool kFp8 = kIsFp8<kKind>;
   constexpr bool kTransA = kKind == GroupedKind::WeightGrad;
   constexpr bool kTransB = kKind == GroupedKind::DataGrad || kKind == GroupedKind::WeightGrad;
-  constexpr int kSliceDepth = kFp8 ? kBlockKCodes : kBlockK;
+  constexpr int kSlice = kSliceDepth<kKind>;
   const uint64_t a_desc = kTransA ? smem_desc(ring.a(0) + consumer * kBoxBytes, kBoxBytes, 1024)
                                   : smem_desc(ring.a(0) + consumer * 64 * 128, 16, 1024);
   const uint64_t b_desc =
@@ -317,12 +320,12 @@ __device__ __forceinline__ void consume(const GroupedParams& p, const CUtensorMa
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
     int slices = 0;
-    for (int k0 = tile.k0; k0 < tile.k_end; k0 += kSliceDepth, ++it, ++slices) {
+    for (int k0 = tile.k0; k0 < tile.k_end; k0 += kSlice, ++it, ++slices) {
       const int s = it % kStages;
       mbar_wait(ring.full(s), (it / kStages) & 1);
       if constexpr (!kRowTiles<kKind>) {
         const int rows = tile.k_end - k0;  // this group's rows left; the slice may hold others
-        if (rows < kSliceDepth) {
+        if (rows < kSlice) {
           clear_rows_past_group<kKind>(rows, consumer, smem + (ring.a(s) - ring.base),
                                        smem + (ring.b(s) - ring.base));
         }
@@ -467,8 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int it = 0;  // slices loaded by this CTA: the ring's position
       for (int t = first_pair; t < tiles; t += pair_stride) {
         const Tile tile = decode_tile<kKind>(t, rank, p, table);
-        for (int k0 = tile.k0; k0 < tile.k_end;
-             k0 += kIsFp8<kKind> ? kBlockKCodes : kBlockK, ++it) {
+        for (int k0 = tile.k0; k0 < tile.k_end; k0 += kSliceDepth<kKind>, ++it) {
           const int s = it % kStages;
           mbar_wait(ring.empty(s), ((it / kStages) & 1) ^ 1);
           mbar_expect_tx(ring.full(s), kStageBytes);
@@ -623,12 +625,14 @@ GroupedParams weight_tile_params(void* out, bool out_fp32, const int32_t* offset
   return p;
 }
 
-// The weight gradients' output (G, M, N) fp32 as TMA stores it, in the staging box's shape;
-// where p.tma_out is false the kernel stores from registers and never reads it (a map of a
-// few rows stands in).
-CUtensorMap weight_out_map(const GroupedParams& p, void* out, int64_t G, int64_t M, int64_t N) {
-  const uint64_t dims[3] = {static_cast<uint64_t>(N), static_cast<uint64_t>(p.tma_out ? M : 1),
-                            static_cast<uint64_t>(p.tma_out ? G : 1)};
+// The weight gradients' output (G, M, N) fp32 as TMA stores it, in the staging box's shape,
+// where p.tma_out; elsewhere the kernel stores from registers and never reads its out_map, so
+// `unused` (a map made anyway) stands in and no map is made for nothing.
+CUtensorMap weight_out_map(const GroupedParams& p, void* out, int64_t G, int64_t M, int64_t N,
+                           const CUtensorMap& unused) {
+  if (!p.tma_out) return unused;
+  const uint64_t dims[3] = {static_cast<uint64_t>(N), static_cast<uint64_t>(M),
+                            static_cast<uint64_t>(G)};
   const uint64_t strides[2] = {static_cast<uint64_t>(N) * 4,
                                static_cast<uint64_t>(M) * static_cast<uint64_t>(N) * 4};
   const uint32_t box[3] = {32, 64, 1};
@@ -673,9 +677,10 @@ void grouped_matmul_wgrad_hopper(void* out, bool out_fp32, const bf16* a, const 
   const GroupedParams p = weight_tile_params(out, out_fp32, offsets, G, R, M, N, beta);
   // R = 0 still writes beta * out; a map needs at least one row.
   const int64_t map_rows = std::max<int64_t>(R, 1);
-  launch<GroupedKind::WeightGrad>(row_map(a, M, map_rows, 1, 64), row_map(b, N, map_rows, 1, 64),
-                                  weight_out_map(p, out, G, M, N), p, G * p.m_pairs * p.n_tiles,
-                                  stream);
+  const CUtensorMap a_map = row_map(a, M, map_rows, 1, 64);
+  launch<GroupedKind::WeightGrad>(a_map, row_map(b, N, map_rows, 1, 64),
+                                  weight_out_map(p, out, G, M, N, a_map), p,
+                                  G * p.m_pairs * p.n_tiles, stream);
 }
 
 void grouped_matmul_fp8_hopper(bf16* out, const void* a, bool a_e5m2, const void* b,
@@ -700,10 +705,11 @@ void grouped_matmul_fp8_wgrad_hopper(void* out, bool out_fp32, const void* a_t, 
   p.a_scale_inv = a_scale_inv, p.b_scale_inv = b_scale_inv;
   // R = 0 still writes beta * out; a map needs at least 16 columns (TMA's stride rule).
   const int64_t map_columns = std::max<int64_t>(R, 16);
-  launch_fp8<GroupedKind::Fp8WeightGrad>(
-      a_e5m2, split_accumulation, codes_map(a_t, map_columns, M, 1, kBlockM),
-      codes_map(b_t, map_columns, N, 1, kBlockN / kCluster), weight_out_map(p, out, G, M, N), p,
-      G * p.m_pairs * p.n_tiles, stream);
+  const CUtensorMap a_map = codes_map(a_t, map_columns, M, 1, kBlockM);
+  launch_fp8<GroupedKind::Fp8WeightGrad>(a_e5m2, split_accumulation, a_map,
+                                         codes_map(b_t, map_columns, N, 1, kBlockN / kCluster),
+                                         weight_out_map(p, out, G, M, N, a_map), p,
+                                         G * p.m_pairs * p.n_tiles, stream);
 }
 
 }  // namespace tessera::cuda

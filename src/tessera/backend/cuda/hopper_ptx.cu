@@ -38,24 +38,30 @@ CUtensorMap hopper::tensor_map(const void* base, int element_bytes, const uint64
   return map;
 }
 
-CUtensorMap hopper::row_map(const bf16* base, int64_t width, int64_t seq, int64_t planes,
-                            uint32_t rows) {
+namespace {
+
+// Rows of `width` elements of element_bytes as (planes, seq, width), in boxes of `rows` rows x
+// one 128-byte swizzle span.
+CUtensorMap rows_map(const void* base, int element_bytes, int64_t width, int64_t seq,
+                     int64_t planes, uint32_t rows) {
+  const uint64_t row_bytes = static_cast<uint64_t>(width) * static_cast<uint64_t>(element_bytes);
   const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(seq),
                             static_cast<uint64_t>(planes)};
-  const uint64_t strides[2] = {static_cast<uint64_t>(width) * 2,
-                               static_cast<uint64_t>(width) * 2 * static_cast<uint64_t>(seq)};
-  const uint32_t box[3] = {64, rows, 1};
-  return tensor_map(base, 2, dims, strides, box);
+  const uint64_t strides[2] = {row_bytes, row_bytes * static_cast<uint64_t>(seq)};
+  const uint32_t box[3] = {128u / static_cast<uint32_t>(element_bytes), rows, 1};
+  return hopper::tensor_map(base, element_bytes, dims, strides, box);
+}
+
+}  // namespace
+
+CUtensorMap hopper::row_map(const bf16* base, int64_t width, int64_t seq, int64_t planes,
+                            uint32_t rows) {
+  return rows_map(base, 2, width, seq, planes, rows);
 }
 
 CUtensorMap hopper::codes_map(const void* base, int64_t width, int64_t seq, int64_t planes,
                               uint32_t rows) {
-  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(seq),
-                            static_cast<uint64_t>(planes)};
-  const uint64_t strides[2] = {static_cast<uint64_t>(width),
-                               static_cast<uint64_t>(width) * static_cast<uint64_t>(seq)};
-  const uint32_t box[3] = {128, rows, 1};
-  return tensor_map(base, 1, dims, strides, box);
+  return rows_map(base, 1, width, seq, planes, rows);
 }
 
 bool hopper::runs_on(int device) {
