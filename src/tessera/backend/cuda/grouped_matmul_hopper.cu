@@ -706,10 +706,9 @@ void grouped_matmul_fp8_wgrad_hopper(void* out, bool out_fp32, const void* a_t, 
   // R = 0 still writes beta * out; a map needs at least 16 columns (TMA's stride rule).
   const int64_t map_columns = std::max<int64_t>(R, 16);
   const CUtensorMap a_map = codes_map(a_t, map_columns, M, 1, kBlockM);
-  launch_fp8<GroupedKind::Fp8WeightGrad>(a_e5m2, split_accumulation, a_map,
-                                         codes_map(b_t, map_columns, N, 1, kBlockN / kCluster),
-                                         weight_out_map(p, out, G, M, N, a_map), p,
-                                         G * p.m_pairs * p.n_tiles, stream);
+  launch_fp8<GroupedKind::Fp8WeightGrad>(
+      a_e5m2, split_accumulation, a_map, codes_map(b_t, map_columns, N, 1, kBlockN / kCluster),
+      weight_out_map(p, out, G, M, N, a_map), p, G * p.m_pairs * p.n_tiles, stream);
 }
 
 }  // namespace tessera::cuda
