@@ -24,23 +24,26 @@ run() {  # run PRECISION GPU TIMEOUT [keys]
     || echo "$v run failed: $(tail -3 "$OUT/${MODEL}_$v.log")"
 }
 # Side by side on two GPUs; one after the other on one. FP8_RECIPE picks the FP8 run's
-# recipe (delayed, the default; tensorwise: current scaling; blockwise); SKIP_BF16=1 reuses a
+# recipe (delayed, the default; tensorwise: current scaling; blockwise; none: bf16 GEMMs);
+# FP8_ATTENTION=1 adds FP8 attention (fp8_dot_product_attention) to it; SKIP_BF16=1 reuses a
 # BF16 run already in OUT.
-recipe=(--fp8 hybrid --fp8_recipe "${FP8_RECIPE:-delayed}")
+recipe=()
+[ "${FP8_RECIPE:-delayed}" != none ] && recipe=(--fp8 hybrid --fp8_recipe "${FP8_RECIPE:-delayed}")
+[ "${FP8_ATTENTION:-0}" = 1 ] && recipe+=(--fp8_dot_product_attention true)
 if [ "${SKIP_BF16:-0}" = 1 ]; then
   run fp8 0 290 "${recipe[@]}"
 elif [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   run bf16 0 560 & run fp8 1 560 "${recipe[@]}" & wait
 else
-  run bf16 0 290; run fp8 0 260 "${recipe[@]}"
+  run bf16 0 285; run fp8 0 285 "${recipe[@]}"
 fi
-PYTHONPATH="$ROOT/scripts/device" python3 - "$OUT" "$MODEL" "${FP8_RECIPE:-delayed}" <<'PY' | tee "$OUT/full_fp8_loss.md"
+PYTHONPATH="$ROOT/scripts/device" python3 - "$OUT" "$MODEL" "${recipe[*]}" <<'PY' | tee "$OUT/full_fp8_loss.md"
 import sys
 from loss_curves import difference, means
 out, model = sys.argv[1], sys.argv[2]
 b, f = means(out, f"{model}_bf16"), means(out, f"{model}_fp8")
 print(f"{model}, Brown text, seq 8192, {10 * len(b)} iterations")
 print(f"bf16 10-iteration mean loss {b[0]:.3f} -> {b[-1]:.3f}" if b else "no bf16 curve")
-print(f"fp8 hybrid ({sys.argv[3]}) {f[0]:.3f} -> {f[-1]:.3f}: {difference(f, b) or 'curves differ in length'}" if f else "no fp8 curve")
+print(f"fp8 ({sys.argv[3]}) {f[0]:.3f} -> {f[-1]:.3f}: {difference(f, b) or 'curves differ in length'}" if f else "no fp8 curve")
 PY
 for v in bf16 fp8; do grep -h "done:" "$OUT/${MODEL}_$v.log" | sed "s/^/$v: /"; done

@@ -17,7 +17,7 @@
 #             PyTorch peers they are compared with. Each writes OUT/full_table.md (the two
 #             together: the whole table; each fits one 10-minute call). full_fp8_loss:
 #             scripts/device/full_fp8_loss.sh (two GPUs side by side, or one;
-#             FULL_FP8_MODEL, TOKENIZER, FP8_RECIPE pass through).
+#             FULL_FP8_MODEL, TOKENIZER, FP8_RECIPE, FP8_ATTENTION pass through).
 #   (default: all)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -302,7 +302,7 @@ fi
 if want full_fp8_loss; then
   echo "== full ${FULL_FP8_MODEL:-llama3.1_8B}, FP8 hybrid against BF16 over 300 steps of Brown text"
   bash "$ROOT/scripts/device/full_fp8_loss.sh" "$BIN/tessera" "$OUT/full_fp8_loss" \
-    "${FULL_FP8_MODEL:-llama3.1_8B}" 2>&1 | tail -8
+    "${FULL_FP8_MODEL:-llama3.1_8B}" 2>&1 | tail -8   # FP8_RECIPE, FP8_ATTENTION pass through
 fi
 if want four_gpu; then
   echo "== two and four GPUs (scripts/device/four_gpu.sh ${FOUR_GPU_STEPS:-})"

@@ -1311,9 +1311,12 @@ std::vector<OpCase> forward_cast_cases() {
                                                                t.at("norm_w"), 1e-5f, y);
                                       }));
   }
-  for (const AttentionShape& a : {attn(1, 208, 4, 2, 128, 0), attn(2, 72, 4, 2, 128, 0, false)}) {
+  AttentionShape fp8 = attn(1, 208, 4, 2, 128, 0);
+  fp8.fp8 = true;
+  for (const AttentionShape& a : {attn(1, 208, 4, 2, 128, 0), attn(2, 72, 4, 2, 128, 0, false), fp8}) {
     cases.push_back(forward_cast_case(
-        fmt::format("attention_forward_cast{}", a.causal ? "" : " full"), a.tokens(), a.out_width(),
+        fmt::format("{}attention_forward_cast{}", a.fp8 ? "fp8_" : "", a.causal ? "" : " full"),
+        a.tokens(), a.out_width(),
         64,
         {{"qkv", {a.tokens(), a.qkv_width()}},
          {"lse", {a.batch, a.heads, a.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}},
@@ -1722,6 +1725,35 @@ void add_packed_attention_cases(std::vector<OpCase>& cases, const PackedAttentio
   cases.push_back(g);
 }
 
+// FP8 attention (AttentionShape::fp8) against ref::attention_fp8_forward, which states its
+// numerics; with `documents`, packed documents as add_packed_attention_cases lays them out.
+// Named fp8_attention_* so that the bf16-only attention runs (fp32, cuDNN) leave them out.
+OpCase fp8_attention_case(AttentionShape s, const std::vector<std::vector<int>>& documents = {}) {
+  s.fp8 = true;
+  std::vector<int32_t> starts;
+  for (const auto& sequence : documents)
+    for (int length : sequence)
+      for (int k = 0; k < length; ++k) starts.push_back(static_cast<int32_t>(starts.size() % s.seq) - k);
+  OpCase f;
+  f.name = fmt::format("fp8_attention_forward B{} T{} H{} KV{} D{} window{}{}{}", s.batch, s.seq,
+                       s.heads, s.kv_heads, s.head_dim, s.window, s.causal ? "" : " full",
+                       starts.empty() ? "" : " packed");
+  f.specs = {{"qkv", {s.tokens(), s.qkv_width()}},
+             {"out", {s.tokens(), s.out_width()}, Kind::Act, Role::Out, 1, 0, 1, 2e-2},
+             {"lse", {s.batch, s.heads, s.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}};
+  f.run = [s, starts](Backend& b, const Tensors& t) {
+    AttentionShape within = s;
+    DeviceBuffer d(b, starts.size() * 4, "document starts");
+    if (!starts.empty()) {
+      within.document_starts = d.tensor(DType::I32, {s.tokens()});
+      b.upload(within.document_starts, starts.data());
+    }
+    b.attention_forward(t.at("out"), t.at("lse"), t.at("qkv"), within);
+    b.synchronize();
+  };
+  return f;
+}
+
 }  // namespace
 
 std::vector<OpCase> attention_cases() {
@@ -1749,6 +1781,13 @@ std::vector<OpCase> attention_cases() {
         PackedAttention{attn(1, 600, 4, 4, 64, 100), {{64, 64, 5, 331, 136}}}}) {
     add_packed_attention_cases(cases, p);
   }
+  // FP8 attention: a partial last tile, GQA over two sequences without the causal mask, a window
+  // across tiles, and packed documents ending inside and on tile edges.
+  for (const AttentionShape& s : {attn(1, 200, 4, 4, 128, 0), attn(2, 77, 4, 2, 128, 0, false),
+                                  attn(1, 1024, 8, 2, 128, 256)}) {
+    cases.push_back(fp8_attention_case(s));
+  }
+  cases.push_back(fp8_attention_case(attn(2, 700, 8, 2, 128, 0), {{128, 1, 127, 300, 144}, {700}}));
   return cases;
 }
 
@@ -1758,6 +1797,7 @@ std::vector<OpCase> wide_attention_cases() {
   for (const AttentionShape& s : {attn(1, 1300, 16, 4, 128, 0), attn(1, 1300, 16, 4, 128, 300)}) {
     add_attention_cases(cases, s);
   }
+  cases.push_back(fp8_attention_case(attn(1, 1300, 16, 4, 128, 0)));
   // Query tiles that see one key tile (a document inside one tile) next to ones that see
   // several, documents on a tile edge and across tiles.
   add_packed_attention_cases(cases,

@@ -322,7 +322,11 @@ void ReferenceBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
 void ReferenceBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                             const AttentionShape& s) {
   std::vector<double> o(static_cast<size_t>(out.numel())), l(static_cast<size_t>(lse.numel()));
-  ref::attention_forward(o.data(), l.data(), values(qkv).data(), s);
+  if (s.fp8) {
+    ref::attention_fp8_forward(o.data(), l.data(), values(qkv).data(), s);
+  } else {
+    ref::attention_forward(o.data(), l.data(), values(qkv).data(), s);
+  }
   store(out, o);
   store(lse, l);
 }

@@ -184,21 +184,29 @@ TEST(MegatronFlags, TheCommandLinesScheduleSpellingReplacesTheFilesOther) {
   EXPECT_FALSE(f.training.use_distributed_optimizer);
 }
 
-TEST(MegatronFlags, Fp8FormatIsFp8AndFp8ParamGatherAndAttentionAreRefused) {
+TEST(MegatronFlags, Fp8FormatIsFp8AndFp8ParamGatherIsRefusedAndFp8AttentionTakesHeadsOf128) {
   EXPECT_EQ(load({"--fp8-format", "hybrid"}).training.fp8, Fp8Mode::Hybrid);
   EXPECT_EQ(load({"--fp8-format", "e4m3"}).training.fp8, Fp8Mode::E4M3);
   EXPECT_EQ(load({"--fp8-format", "hybrid"}).origin.at("fp8"), "command line");
   expect_refused({"--fp8-format", "mxfp8"}, "fp8_format", "hybrid or e4m3");
   expect_refused({"--fp8-param-gather"}, "fp8_param_gather", "FP8 parameters");
   EXPECT_TRUE(accepted(load({"--no-fp8-param-gather"}), "fp8_param_gather"));
-  // Megatron's FP8 attention flags: refused where set, accepted off (attention stays bf16).
-  for (const char* key : {"fp8_dot_product_attention", "fp8_multi_head_attention"}) {
-    std::string flag = std::string("--") + key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    expect_refused({flag.c_str()}, key, "FP8 attention is not implemented");
-    const std::string off = "--no-" + flag.substr(2);
-    EXPECT_TRUE(accepted(load({off.c_str()}), key)) << key;
-  }
+  // FP8 activations between the attention's projections: refused where set, accepted off.
+  expect_refused({"--fp8-multi-head-attention"}, "fp8_multi_head_attention",
+                 "fp8_dot_product_attention runs");
+  EXPECT_TRUE(accepted(load({"--no-fp8-multi-head-attention"}), "fp8_multi_head_attention"));
+  // FP8 attention itself: heads of 128 on a GPU, refused by name with what it needs elsewhere.
+  const std::string gpu = std::string(kMinimal) + "device: cuda\nkv_channels: 128\n";
+  EXPECT_TRUE(load({"--fp8-dot-product-attention"}, gpu).training.fp8_dot_product_attention);
+  EXPECT_FALSE(load({"--no-fp8-dot-product-attention"}, gpu).training.fp8_dot_product_attention);
+  const auto refused = [&](const std::string& yaml, const std::string& fragment) {
+    const ConfigError err = error_of({"--fp8-dot-product-attention"}, yaml);
+    EXPECT_EQ(err.key(), "fp8_dot_product_attention") << err.what();
+    EXPECT_NE(std::string(err.what()).find(fragment), std::string::npos) << err.what();
+  };
+  refused(std::string(kMinimal) + "device: cuda\n", "heads of 64");
+  refused(std::string(kMinimal) + "device: cpu\nkv_channels: 128\n", "device cpu");
+  refused(gpu + "precision: fp32\n", "precision fp32");
 }
 
 TEST(MegatronFlags, RuntimeFlags) {

@@ -624,16 +624,20 @@ Experiment experiment(const std::string& extra, int ffn_hidden_size = 320) {
 // within `tol` of bf16's at every logged step. Single iterations are not compared: two runs
 // whose weights differ by rounding see each batch at slightly different points, and one
 // batch's loss then differs by a few percent either way (bf16 vs fp32 does so too).
-// model_keys: keys both runs add to the dense test model (an MoE family's).
+// model_keys: keys both runs add to the dense test model (an MoE family's, heads of 128).
+// fp8_keys without `fp8:` (FP8 attention alone) leave the GEMMs in bf16.
 void compare_curves(const std::string& fp8_keys, int iters, double tol,
                     const std::string& model_keys = "") {
   constexpr int kLogInterval = 10;
   Logger log("", 0, false, false);
   Trainer bf16(experiment(model_keys), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
   Trainer fp8(experiment(model_keys + fp8_keys), make_backend(DeviceChoice::Gpu, 0), log, nullptr);
-  const Fp8Linears* linears = dynamic_cast<DecoderModel&>(fp8.model()).fp8();
-  ASSERT_NE(linears, nullptr);
-  if (!model_keys.empty()) {
+  const DecoderModel& model = dynamic_cast<DecoderModel&>(fp8.model());
+  const Fp8Linears* linears = model.fp8();
+  ASSERT_EQ(linears != nullptr, fp8_keys.find("fp8: ") != std::string::npos);
+  ASSERT_EQ(model.runtime().fp8_attention,
+            fp8_keys.find("fp8_dot_product_attention: true") != std::string::npos);
+  if (model_keys.find("num_experts") != std::string::npos) {
     int stacks = 0;
     for (const Fp8LinearShape& l : linears->linears()) stacks += l.expert_stack();
     ASSERT_EQ(stacks, 2 * fp8.model().spec().num_layers) << "the experts do not run in FP8";
@@ -675,6 +679,15 @@ TEST(GpuFp8Model, TensorwiseWithoutCacheAndE4m3WithHeadTrackBf16) {
 
 // Fast accumulation in every FP8 GEMM, the head's included: its data gradient sums over the
 // Llama 3 vocabulary (K = 128,256), the longest reduction of any GEMM in these models.
+// FP8 attention on heads of 128 (kv_channels 128 beside a hidden size of 256), alone and with
+// FP8 GEMMs under current scaling.
+TEST(GpuFp8Model, Fp8AttentionTracksBf16OnRealText) {
+  TS_REQUIRE_GPU();
+  compare_curves("fp8_dot_product_attention: true\n", 200, 0.02, "kv_channels: 128\n");
+  compare_curves("fp8: hybrid\nfp8_recipe: tensorwise\nfp8_dot_product_attention: true\n", 100,
+                 0.02, "kv_channels: 128\n");
+}
+
 TEST(GpuFp8Model, FastAccumulationInEveryGemmTracksBf16) {
   TS_REQUIRE_GPU();
   compare_curves(

@@ -57,6 +57,25 @@ ModelRuntime base_runtime() {
   return rt;
 }
 
+// FP8 attention (fp8_dot_product_attention) reaches every layer's attention: on the CPU's
+// emulation of its codes the loss and gradients move by the codes' error and no more, and full
+// recompute replays the same codes.
+TEST(Model, Fp8AttentionMovesTheLossByItsCodesErrorOnly) {
+  ModelSpec spec = tiny_spec();
+  spec.head_dim = 128;  // FP8 attention's heads
+  const Result exact = run(spec, base_runtime());
+  ModelRuntime rt = base_runtime();
+  rt.fp8_attention = true;
+  const Result fp8 = run(spec, rt);
+  EXPECT_NE(fp8.loss_sum, exact.loss_sum);
+  EXPECT_LT(std::abs(fp8.loss_sum - exact.loss_sum), 0.01 * std::abs(exact.loss_sum));
+  const double grads = relative_difference(fp8.grads, exact.grads);
+  EXPECT_GT(grads, 0.0);
+  EXPECT_LT(grads, 0.1);
+  rt.recompute = RecomputeGranularity::Full;
+  EXPECT_EQ(run(spec, rt).grads, fp8.grads);
+}
+
 TEST(Model, RecomputeGivesIdenticalGradients) {
   const ModelSpec spec = tiny_spec();
   const Result plain = run(spec, base_runtime());

@@ -11,6 +11,7 @@
 
 #include "op_test_util.h"
 #include "tessera/backend/cpu/reference.h"
+#include "tessera/core/fp8.h"
 #include "tessera/core/random.h"
 
 namespace tessera {
@@ -133,6 +134,56 @@ TEST(ReferenceForward, AttentionWindowOneCopiesValues) {
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t d = 0; d < 8; ++d)
         EXPECT_DOUBLE_EQ(out[t * 16 + h * 8 + d], qkv[t * s.qkv_width() + 3 * 8 + d]);
+}
+
+// FP8 attention (ref::attention_fp8_forward): with one visible key a row's probability is
+// 1 (its code 256; the row sum 256 to within the fp32 rounding of its score), so the output is
+// the value's code times its tile's descale: the value rounded to e4m3 on its tile's scale.
+TEST(ReferenceForward, Fp8AttentionOfOneKeyReturnsTheValueOnItsTilesFp8Grid) {
+  std::mt19937_64 rng(15);
+  AttentionShape s{1, 300, 2, 1, 128, true, 1, 0.125f};
+  s.fp8 = true;
+  const int64_t W = s.qkv_width(), D = 128;
+  std::vector<double> qkv = random_values(s.tokens() * W, rng, 3.0);
+  std::vector<double> out(s.tokens() * 2 * D), lse(2 * s.seq);
+  ref::attention_fp8_forward(out.data(), lse.data(), qkv.data(), s);
+  const int64_t v_col = 3 * D;  // 2 query heads, 1 key head, then the value head
+  for (int64_t tile = 0; tile < 3; ++tile) {
+    const int64_t t0 = 128 * tile, t1 = std::min<int64_t>(s.seq, t0 + 128);
+    float amax = 0;
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(static_cast<float>(qkv[t * W + v_col + d])));
+    const float scale = fp8_block_scale(amax, 448.f);
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t d = 0; d < D; ++d) {
+          const float coded = round_to_fp8(static_cast<float>(qkv[t * W + v_col + d]) * scale, DType::E4M3);
+          const double want = static_cast<double>(coded) / scale;  // e4m3 steps are 6% apart
+          ASSERT_NEAR(out[t * 2 * D + h * D + d], want, 1e-5 * std::fabs(want))
+              << "token " << t << " head " << h << " dim " << d;
+        }
+  }
+}
+
+// Against exact attention over the same inputs the FP8 form stays within its codes' error
+// (e4m3 keeps 3 mantissa bits: up to 2^-4 relative a value; full attention's outputs, averages
+// over many keys, are small beside it), and does differ: the codes are used.
+TEST(ReferenceForward, Fp8AttentionStaysNearAttention) {
+  std::mt19937_64 rng(16);
+  for (AttentionShape s : {AttentionShape{2, 300, 4, 2, 128, true, 0, 0.0884f},
+                           AttentionShape{1, 260, 2, 2, 128, false, 0, 0.0884f},
+                           AttentionShape{1, 400, 2, 1, 128, true, 150, 0.0884f}}) {
+    SCOPED_TRACE(fmt::format("T={} causal={} window={}", s.seq, s.causal, s.window));
+    const std::vector<double> qkv = random_values(s.tokens() * s.qkv_width(), rng, 2.0);
+    std::vector<double> out(s.tokens() * s.out_width()), lse(s.batch * s.heads * s.seq);
+    std::vector<double> out8 = out, lse8 = lse;
+    ref::attention_forward(out.data(), lse.data(), qkv.data(), s);
+    s.fp8 = true;
+    ref::attention_fp8_forward(out8.data(), lse8.data(), qkv.data(), s);
+    EXPECT_LT(relative_error(out8, out), 0.08);
+    EXPECT_GT(relative_error(out8, out), 1e-3);
+    EXPECT_LT(relative_error(lse8, lse), 0.01);
+  }
 }
 
 TEST(ReferenceForward, RopeMatchesExplicitRotation) {

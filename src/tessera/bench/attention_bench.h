@@ -26,9 +26,12 @@ struct AttentionProblem {
   // > 1: causal attention under context parallelism over this many segments of seq tokens
   // (each segment's share timed in turn; the pairs are the whole sequence's).
   int64_t segments = 1;
+  // fp8_dot_product_attention: the forward on e4m3 codes (AttentionShape::fp8); the backward
+  // rows time the bf16 backward after it.
+  bool fp8 = false;
 
   AttentionShape shape() const;  // without the document starts (allocate() adds them)
-  std::string mask() const;  // "causal", "full", "window 4096", "packed 2048"
+  std::string mask() const;  // "causal", "full", "window 4096", "packed 2048" (+ " fp8")
   double forward_flops() const;
   double flops() const { return backward ? 2.5 * forward_flops() : forward_flops(); }
 };

@@ -236,6 +236,8 @@ struct TrainingConfig {
   int64_t fp8_margin = 0;
   bool fp8_lm_head = false;
   bool fp8_weight_transpose_cache = true;
+  // Megatron's name: attention's forward products on e4m3 codes (AttentionShape::fp8).
+  bool fp8_dot_product_attention = false;
   // Transformer Engine's MMParams.use_split_accumulator per FP8 GEMM kind: false lets the tensor
   // cores keep partial sums in reduced precision (faster, error growing with K).
   bool fp8_gemm_fprop_split_accumulator = false;

@@ -602,6 +602,23 @@ void check_fp8(const Checker& c, const TrainingConfig& t) {
             "a multiple of 128 with fp8_lm_head and blockwise");
 }
 
+// FP8 attention is the warpgroup forward's FP8 form: heads of 128, one sequence's keys.
+void check_fp8_attention(const Checker& c, const ModelConfig& m, const TrainingConfig& t) {
+  const char* key = "fp8_dot_product_attention";
+  const std::string why = "false";
+  c.require(t.device != DeviceChoice::Cpu, key,
+            why + " with device cpu: FP8 attention runs on Hopper GPUs' tensor cores");
+  c.require(t.precision != Precision::Fp32, key,
+            why + " with precision fp32: FP8 attention reads bf16 queries, keys and values");
+  c.require(!m.multi_latent_attention, key,
+            why + " with multi_latent_attention: its heads (192 and 128) are not one width of 128");
+  const int64_t head_dim = m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
+  c.require(m.multi_latent_attention || head_dim == 128, key,
+            fmt::format("{} with heads of {}: FP8 attention takes heads of 128", why, head_dim));
+  c.require(t.context_parallel_size == 1, key,
+            why + " with context_parallel_size above 1: context parallelism's attention is bf16");
+}
+
 // The run's tokenizer as a dataset would record it (without the vocabulary, which only
 // loading the tokenizer tells); the tokenizer.json is hashed once, on first use.
 class RunTokenizer {
@@ -1073,6 +1090,7 @@ void validate_experiment(const Experiment& e, int job_size) {
   check_optimizer_precision(c, e.training);
   check_step(c, e.training, e.model_config);
   if (e.training.fp8 != Fp8Mode::Off) check_fp8(c, e.training);
+  if (e.training.fp8_dot_product_attention) check_fp8_attention(c, e.model_config, e.training);
   check_data(c, e.data);
   check_packed_documents(c, e);
   check_dpo(c, e);

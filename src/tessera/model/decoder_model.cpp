@@ -766,6 +766,7 @@ AttentionShape DecoderModel::attention_shape(const AttentionShape& s) const {
   if (shared_prompt_) within.batch = runtime_.attention_batch(), within.seq = runtime_.attention_seq();
   within.document_starts = a_.document_starts;
   if (within.document_starts.defined()) within.document_pairs = document_pairs(s.window);
+  within.fp8 = runtime_.fp8_attention;
   return within;
 }
 

@@ -53,6 +53,7 @@ struct ModelRuntime {
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool packed_documents() const { return reset_position_ids || reset_attention_mask; }
+  bool fp8_attention = false;  // fp8_dot_product_attention: AttentionShape::fp8 in training
   // The parameter and gradient buffers are allocated for the parameter count rounded up to
   // this multiple, so data parallelism can split them into equal per-rank shards.
   int64_t flat_buffer_multiple = 1;

@@ -33,6 +33,8 @@ enum class Capability {
   Fp8BlockScaling,  // FP8 GEMMs with 1x128 / 128x128 block scales (Fp8Scaling) in hardware
   PackedSequences,  // AttentionShape's document_starts and rope_per_token (packed documents)
   CapturesWork,     // Backend::capture records ops into replayable graphs (CUDA graphs)
+  Fp8Attention,     // AttentionShape::fp8 in hardware (FP8 tensor cores); the CPU emulates it
+                    // for tests only
 };
 
 // The backend's queue of work (CUDA: its cudaStream_t), for libraries that queue work beside
@@ -92,6 +94,11 @@ struct AttentionShape {
   // position in its document; false: row t for token t of every sequence. Backends with
   // Capability::PackedSequences run it.
   bool rope_per_token = false;
+  // fp8_dot_product_attention: attention_forward (and attention_forward_cast) multiply e4m3
+  // codes (op_table.inc's attention_forward gives the numerics); heads of one width. The
+  // backward ignores it: bf16 over qkv with the forward's out and lse. Backends with
+  // Capability::Fp8Attention run it.
+  bool fp8 = false;
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   int64_t qkv_width() const { return (heads + kv_heads) * head_dim + kv_heads * v_dim(); }
   // Of a token's key heads then value heads alone (qkv's last columns; the KV cache's rows).

@@ -75,6 +75,7 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
   for (int64_t l = 0; l < s.num_layers; ++l)
     if (auto a = make_decoder_layer(s, l)->attention_shape(rt.micro_batch, rt.seq_length)) {
       d.attention = *a;
+      d.attention.fp8 = rt.fp8_attention;
       break;
     }
   d.backend = in.backend;

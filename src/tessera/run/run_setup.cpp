@@ -140,6 +140,7 @@ RunSetup make_run_setup(const Experiment& e, const RunDevices& devices,
   rt.head_on_loss_rows = t.objective != Objective::Lm || e.data.eod_mask_loss ||
                          e.data.packing_strategy == PackingStrategy::Bfd || masked_chat_data(e);
   rt.fp8 = fp8_options(t);
+  rt.fp8_attention = t.fp8_dot_product_attention;
   rt.moe_force_balance = t.moe_force_balance;
   rt.expert_parallel_size = s.mesh.size(dist::MeshDim::EP);
   rt.expert_parallel_rank = s.mesh.coordinate(devices.rank, dist::MeshDim::EP);

@@ -205,6 +205,7 @@ bool CpuBackend::supports(Capability c) const {
     case Capability::Fp8BlockScaling:
     case Capability::AsyncQueue:
     case Capability::CapturesWork:
+    case Capability::Fp8Attention:
       return false;
     case Capability::PackedSequences:
       return true;
@@ -539,6 +540,7 @@ void CpuBackend::do_rope_backward(const Tensor& dqkv, const Tensor& freqs,
 
 void CpuBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                       const AttentionShape& s) {
+  if (s.fp8) return ref::attention_fp8_forward(f32(out), f32(lse), f32(qkv), s);
   const int64_t pairs = s.batch * s.heads;
   const SingleThreadedBlas blas_per_thread;
 #pragma omp parallel

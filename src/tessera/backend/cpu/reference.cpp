@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "tessera/core/error.h"
+#include "tessera/core/fp8.h"
 #include "tessera/core/random.h"
 
 namespace tessera::ref {
@@ -301,6 +303,83 @@ void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       attention_head_forward(out, lse, qkv, s, b, h, scratch.data());
+    }
+  }
+}
+
+template <class T>
+void attention_fp8_forward(T* out, T* lse, const T* qkv, const AttentionShape& s) {
+  const int64_t B = s.batch, seq = s.seq, D = s.head_dim, H = s.heads, KV = s.kv_heads;
+  TS_CHECK(s.v_dim() == D, "FP8 attention: value heads of {} beside key heads of {}", s.v_dim(), D);
+  constexpr int64_t kTile = 128;
+  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  constexpr float kProbabilityShift = 8.f;  // probabilities are coded as 2^8 p
+  const int64_t width = s.qkv_width(), slots = H + 2 * KV, tiles = (seq + kTile - 1) / kTile;
+  // The codes' values (exact in float) in qkv's layout, and each tile's descale.
+  std::vector<float> codes(static_cast<size_t>(B * seq * width));
+  std::vector<float> descale(static_cast<size_t>(B * slots * tiles));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t slot = 0; slot < slots; ++slot)
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t t0 = tile * kTile, t1 = std::min(seq, t0 + kTile);
+        auto at = [&](int64_t t, int64_t d) { return (b * seq + t) * width + slot * D + d; };
+        float amax = 0.f;
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(static_cast<float>(qkv[at(t, d)])));
+        const float scale = fp8_block_scale(amax, fp8_max(DType::E4M3));
+        descale[static_cast<size_t>((b * slots + slot) * tiles + tile)] = 1.f / scale;
+        for (int64_t t = t0; t < t1; ++t)
+          for (int64_t d = 0; d < D; ++d)
+            codes[static_cast<size_t>(at(t, d))] =
+                round_to_fp8(static_cast<float>(qkv[at(t, d)]) * scale, DType::E4M3);
+      }
+  const float scale_log2 = s.scale * kLog2e;
+#pragma omp parallel for schedule(static)
+  for (int64_t pair = 0; pair < B * H; ++pair) {
+    const int64_t b = pair / H, h = pair % H, kv = h / (H / KV);
+    const float* descale_q = descale.data() + (b * slots + h) * tiles;
+    const float* descale_k = descale.data() + (b * slots + H + kv) * tiles;
+    const float* descale_v = descale_k + KV * tiles;
+    const float* rows = codes.data() + b * seq * width;
+    std::vector<double> acc(static_cast<size_t>(D));
+    std::vector<float> raw(static_cast<size_t>(kTile));
+    for (int64_t i = 0; i < seq; ++i) {
+      T* o = out + (b * seq + i) * H * D + h * D;
+      T* lse_i = lse + (b * H + h) * seq + i;
+      const KeyRange keys = visible_keys(s, i, b);
+      if (keys.first > keys.last) {
+        std::fill(o, o + D, T(0));
+        *lse_i = -std::numeric_limits<T>::infinity();
+        continue;
+      }
+      const float* q = rows + i * width + h * D;
+      const float q_scale_log2 = scale_log2 * descale_q[i / kTile];
+      float m = -std::numeric_limits<float>::infinity();
+      double l = 0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t n = keys.first / kTile; n <= keys.last / kTile; ++n) {
+        const int64_t j0 = std::max(keys.first, n * kTile), j1 = std::min(keys.last, n * kTile + kTile - 1);
+        const float c = q_scale_log2 * descale_k[n];
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = j0; j <= j1; ++j) {
+          raw[j - j0] = static_cast<float>(dot(q, rows + j * width + (H + kv) * D, D));
+          mx = std::max(mx, raw[j - j0]);
+        }
+        const float m_new = std::max(m, mx * c);
+        const float alpha = std::exp2(m - m_new);  // 0 at the first tile (m = -inf)
+        m = m_new;
+        l *= alpha;
+        for (double& a : acc) a *= alpha;
+        for (int64_t j = j0; j <= j1; ++j) {
+          const float p = std::exp2(std::fma(raw[j - j0], c, kProbabilityShift - m));
+          l += p;
+          const double weight = static_cast<double>(round_to_fp8(p, DType::E4M3)) * descale_v[n];
+          const float* v = rows + j * width + (H + KV + kv) * D;
+          for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += weight * v[d];
+        }
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[static_cast<size_t>(d)] / l);
+      *lse_i = static_cast<T>((static_cast<double>(m) + std::log2(l) - kProbabilityShift) * kLn2);
     }
   }
 }
@@ -792,6 +871,7 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void rope_forward<T>(T*, const T*, const AttentionShape&);                              \
   template void rope_backward<T>(T*, const T*, const AttentionShape&);                             \
   template void attention_forward<T>(T*, T*, const T*, const AttentionShape&);                     \
+  template void attention_fp8_forward<T>(T*, T*, const T*, const AttentionShape&);                 \
   template void mla_qkv_forward<T>(T*, const T*, int64_t, const T*, int64_t, const T*, const T*,   \
                                    const AttentionShape&, int64_t, int64_t, int64_t);              \
   template void mla_qkv_backward<T>(T*, int64_t, T*, int64_t, T*, const T*, const T*,              \

@@ -105,6 +105,13 @@ KeyRange visible_keys(const AttentionShape& s, int64_t i, int64_t b = 0);
 template <class T>
 void attention_forward(T* out, T* lse, const T* qkv, const AttentionShape& s);
 
+// attention_forward with s.fp8 (fp8_dot_product_attention), the numerics ops/op_table.inc's
+// attention_forward states: both products over e4m3 codes of 128-token tiles of each head,
+// the probabilities coded per 128-key tile against the running row max. Heads of one width
+// (Dv = D).
+template <class T>
+void attention_fp8_forward(T* out, T* lse, const T* qkv, const AttentionShape& s);
+
 // dqkv (B, T, width) is overwritten with the gradients of q, k and v for dout (B, T, H*Dv).
 // Probabilities are recomputed from lse; sum_j p_ij dp_ij is taken as dout_i . out_i.
 template <class T>

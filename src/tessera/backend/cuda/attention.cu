@@ -1198,6 +1198,29 @@ bool attention_forward_cast(void* out, float* lse, const void* qkv, const Attent
   return true;
 }
 
+bool attention_forward_fp8(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                           void* scratch, void* codes, DType format, const float* scale,
+                           float* amax, cudaStream_t stream) {
+  NvtxRange range("attention_forward_fp8");
+  check_shape(s);
+  if (s.head_dim != 128 || s.v_dim() != 128 || !aligned16(qkv) ||
+      (codes != nullptr && !aligned16(codes)) || !warpgroup_kernels_run(s.head_dim)) {
+    return false;
+  }
+  if (s.batch == 0 || s.seq == 0) return true;
+  auto p = make_params<AttentionForwardParams>(s);
+  p.out = static_cast<bf16*>(out);
+  p.lse = lse;
+  p.codes = static_cast<uint8_t*>(codes);
+  p.code_scale = scale;
+  p.code_amax = reinterpret_cast<unsigned*>(amax);
+  p.codes_e5m2 = format == DType::E5M2;
+  const Fp8AttentionOperands operands =
+      cast_fp8_attention_operands(static_cast<const bf16*>(qkv), s, scratch, stream);
+  attention_forward_hopper_fp8(p, operands, stream);
+  return true;
+}
+
 void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,
                         const void* qkv, const AttentionShape& s, void* scratch,
                         cudaStream_t stream) {

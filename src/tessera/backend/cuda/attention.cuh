@@ -26,6 +26,15 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
 bool attention_forward_cast(void* out, float* lse, const void* qkv, const AttentionShape& s,
                             void* codes, DType format, const float* scale, float* amax,
                             cudaStream_t stream);
+// FP8 attention (AttentionShape::fp8; ops/op_table.inc's attention_forward states the
+// numerics): qkv's heads cast per 128-token tile into `scratch` (attention_fp8_scratch_bytes(s)
+// bytes), then the warpgroup forward over the codes; codes (null: none) as
+// attention_forward_cast's. Returns false, having done nothing, where the warpgroup kernels do
+// not run (not sm_90a, heads other than 128 wide, qkv or codes not 16-byte aligned).
+bool attention_forward_fp8(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                           void* scratch, void* codes, DType format, const float* scale,
+                           float* amax, cudaStream_t stream);
+size_t attention_fp8_scratch_bytes(const AttentionShape& s);
 // dqkv (B,T,(H+2KV)*D) bf16 overwritten; dout, out bf16; scratch:
 // attention_backward_scratch_bytes(s) bytes of device memory.
 void attention_backward(void* dqkv, const void* dout, const void* out, const float* lse,

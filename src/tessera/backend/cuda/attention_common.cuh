@@ -13,10 +13,12 @@
 
 #include "tessera/backend/cuda/document_search.h"
 #include "tessera/backend/cuda/hopper_ptx.cuh"
+#include "tessera/ops/backend.h"
 
 namespace tessera::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 struct AttentionForwardParams {
   const bf16* qkv;
@@ -43,6 +45,11 @@ struct AttentionForwardParams {
   const float* code_scale;
   unsigned* code_amax;
   bool codes_e5m2;
+  // FP8 attention (attention_fp8.cu; the warpgroup forward only): the descale of each 128-token
+  // tile of every query, key and value head, (B, H + 2 KV, tiles) fp32, whose codes the
+  // kernel's tensor maps read; null in bf16 attention.
+  const float* descales;
+  int tiles;
 };
 
 struct AttentionBackwardParams {
@@ -129,6 +136,22 @@ __device__ __forceinline__ GridBlock grid_key_block(int blocks, int kv_heads) {
 
 // The forward on warpgroup MMAs (attention_hopper.cu): same contract as the FA2 forward.
 void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stream);
+// FP8 attention's operands (attention_fp8.cu), cast from a bf16 qkv into the scratch
+// (attention_fp8_scratch_bytes): qk (B, T, (H + KV) 128) the query and key heads' e4m3 codes,
+// vt (B, KV, 128, padded_seq) the value heads' transposed codes, descales (B, H + 2 KV, tiles)
+// each 128-token tile's.
+struct Fp8AttentionOperands {
+  const uint8_t* qk = nullptr;
+  const uint8_t* vt = nullptr;
+  const float* descales = nullptr;
+  int tiles = 0;
+  int64_t padded_seq = 0;
+};
+Fp8AttentionOperands cast_fp8_attention_operands(const bf16* qkv, const AttentionShape& s,
+                                                 void* scratch, cudaStream_t stream);
+// The warpgroup forward over those codes (p.descales and p.tiles taken from them).
+void attention_forward_hopper_fp8(const AttentionForwardParams& p, const Fp8AttentionOperands& codes,
+                                  cudaStream_t stream);
 // The backward's dK, dV (written to p.dkv) and dQ (added to p.dq_accum, fp32, zeroed by the
 // caller, which converts it after) on warpgroup MMAs, from the preprocessed p.lse2 and p.delta.
 void attention_backward_hopper(const AttentionBackwardParams& p, cudaStream_t stream);

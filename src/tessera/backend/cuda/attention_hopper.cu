@@ -21,6 +21,15 @@
 // Under context parallelism (p.segments > 1, ContextSegments) the same kernel reads every
 // rank's keys from the gathered keys and values (p.kv) by position and this rank's queries in
 // place: masks and tile ranges are in positions, loads and stores in rows.
+//
+// FP8 attention (kFp8, attention_fp8.cu casts the operands) runs both products on e4m3 codes
+// at twice the bf16 rate: S = Q K^T as wgmma m64n128k32 from shared memory, O += P V with P's
+// codes in registers and V's transposed codes in shared memory (FP8 wgmma takes K-major
+// operands only). Each 128-token tile of a head has its own descale: a tile's scores are
+// scaled by its query and key descales in the softmax, and O is held in units of the current
+// value tile's descale, converted by the ratio of two tiles' descales where the softmax
+// rescales it anyway. P is coded as 256 p (e4m3 keeps 2^-9 of its largest value 448: p down to
+// 2^-17 stays a code); the row sums stay fp32, so the factor cancels in the normalisation.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -44,15 +53,32 @@ constexpr int kBlockN = 128;  // keys per tile
 constexpr int kStages = 2;
 constexpr int kThreads = 384;  // warpgroup 0 produces, 1 and 2 consume
 constexpr int kConsumerWarps = 8;
-constexpr uint32_t kHalfBytes = kBlockN * 64 * 2;  // one TMA box: 128 rows x 64 columns
-constexpr uint32_t kTileBytes = 2 * kHalfBytes;     // 128 rows x 128 columns (Q, a K or V stage)
+// One TMA box: 128 rows x 128 bytes (64 bf16 or 128 codes). A tile (Q, or a K or V stage) is
+// 128 rows x 128 columns: two boxes in bf16, one of codes.
+constexpr uint32_t kBoxBytes = kBlockN * 128;
+template <bool kFp8>
+constexpr uint32_t kTileBytes = kFp8 ? kBoxBytes : 2 * kBoxBytes;
 // Shared memory from a 1024-byte aligned base (the 128-byte swizzle repeats every 1024 bytes
 // and wgmma's descriptors assume atoms that start on that boundary).
 constexpr uint32_t kQOffset = 0;
-constexpr uint32_t kKOffset = kTileBytes;
-constexpr uint32_t kVOffset = kKOffset + kStages * kTileBytes;
-constexpr uint32_t kBarrierOffset = kVOffset + kStages * kTileBytes;
-constexpr size_t kSmemBytes = kBarrierOffset + 128 + 1024;  // 9 barriers, alignment slack
+template <bool kFp8>
+constexpr uint32_t kKOffset = kTileBytes<kFp8>;
+template <bool kFp8>
+constexpr uint32_t kVOffset = kKOffset<kFp8> + kStages * kTileBytes<kFp8>;
+// The epilogue stages O (bf16, 32 KB) in each warpgroup's own rows of the Q tile; the FP8 Q tile
+// is half that, so FP8 stages it past the V stages (the other warpgroup may still read K and V).
+template <bool kFp8>
+constexpr uint32_t kOutOffset = kFp8 ? kVOffset<kFp8> + kStages * kTileBytes<kFp8> : kQOffset;
+template <bool kFp8>
+constexpr uint32_t kBarrierOffset =
+    kFp8 ? kOutOffset<kFp8> + 2 * kBoxBytes : kVOffset<kFp8> + kStages * kTileBytes<kFp8>;
+template <bool kFp8>  // 9 barriers, alignment slack
+constexpr size_t kSmemBytes = kBarrierOffset<kFp8> + 128 + 1024;
+// k-steps of the MMAs over a tile's 128 columns: 16 bf16 or 32 codes each.
+template <bool kFp8>
+constexpr int kKSteps = kFp8 ? 4 : 8;
+// FP8 probabilities are coded as 2^kFp8ProbabilityShift p (the header's note).
+constexpr float kFp8ProbabilityShift = 8.f;
 // Named barriers 1 and 2: consumer warpgroup 1's and 2's turn to issue MMAs.
 constexpr int kBarrierTurn = 1;
 constexpr int kConsumerThreads = 256;
@@ -64,13 +90,15 @@ struct ConsumerState {
   float row_max[2], row_sum[2];
 };
 
-// Masks S (raw scores) where needed, folds the tile into the running max and sum, leaves
-// exp2-scaled probabilities in s and returns each row's rescale factor for O.
+// Masks S (raw scores) where needed, folds the tile into the running max (in log2 units:
+// scores times c, the tile's softmax scale times log2 e) and sum, leaves 2^shift times the
+// probabilities in s and returns each row's rescale factor for O.
 // row0: this thread's first query's position; Tk: the keys (the whole sequence's);
 // document_first: the first key of each of its two rows' documents (0 without documents).
 __device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, float (&alpha)[2],
                                              bool boundary, int row0, int k0, int t, int Tk,
-                                             const AttentionForwardParams& p, const int (&document_first)[2]) {
+                                             const AttentionForwardParams& p, const int (&document_first)[2],
+                                             float c, float shift) {
   if (boundary) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -78,34 +106,35 @@ __device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, 
       const int lo = max(p.window > 0 ? i - p.window + 1 : 0, document_first[r]) - k0 - 2 * t;
       const int hi = min(p.causal ? i : Tk - 1, Tk - 1) - k0 - 2 * t;
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
+      for (int j = 0; j < 16; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int col = 8 * c + e;
-          if (col < lo || col > hi) s[4 * c + 2 * r + e] = -INFINITY;
+          const int col = 8 * j + e;
+          if (col < lo || col > hi) s[4 * j + 2 * r + e] = -INFINITY;
         }
       }
     }
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = st.row_max[r];
+    float mx = -INFINITY;
 #pragma unroll
-    for (int c = 0; c < 16; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * r], s[4 * c + 2 * r + 1]));
+    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
     mx = fmaxf(mx, warp_shfl_xor(mx, 1));
     mx = fmaxf(mx, warp_shfl_xor(mx, 2));
+    const float m = fmaxf(st.row_max[r], mx * c);  // c > 0: -inf stays -inf
     // A row with nothing visible so far keeps max -inf; 0 as the subtrahend makes its
     // exponents exp2(-inf) = 0 rather than NaN.
-    const float m_scaled = mx == -INFINITY ? 0.f : mx * p.scale_log2;
-    alpha[r] = fast_exp2(st.row_max[r] * p.scale_log2 - m_scaled);
-    st.row_max[r] = mx;
+    const float m_sub = m == -INFINITY ? 0.f : m;
+    alpha[r] = fast_exp2(st.row_max[r] - m_sub);
+    st.row_max[r] = m;
     float sum = 0.f;
 #pragma unroll
-    for (int c = 0; c < 16; ++c) {
+    for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = fast_exp2(fmaf(s[4 * c + 2 * r + e], p.scale_log2, -m_scaled));
-        s[4 * c + 2 * r + e] = pv;
+        const float pv = fast_exp2(fmaf(s[4 * j + 2 * r + e], c, shift - m_sub));
+        s[4 * j + 2 * r + e] = pv;
         sum += pv;
       }
     }
@@ -153,17 +182,42 @@ __device__ __forceinline__ void probabilities_to_a(uint32_t (&pa)[8][4], const f
   }
 }
 
+__device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d) {
+  return static_cast<uint32_t>(fp8x2_encode<DType::E4M3>(a, b)) |
+         static_cast<uint32_t>(fp8x2_encode<DType::E4M3>(c, d)) << 16;
+}
+
+// P (e4m3) as the A fragments of the 4 k-steps of P V. An FP8 fragment holds columns 4 t ..
+// 4 t + 3 and 16 + 4 t .. of its rows where the accumulator holds 2 t, 2 t + 1 of each 8:
+// so k-step kk's logical column 4 t + i is key 8 (i / 2) + 2 t + i % 2 of keys 32 kk .. (16 more
+// for the second half), the order in which attention_fp8.cu writes V's transposed codes.
+__device__ __forceinline__ void probabilities_to_e4m3_a(uint32_t (&pa)[4][4], const float (&s)[64]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const float* x = s + 16 * kk;
+    pa[kk][0] = pack_e4m3(x[0], x[1], x[4], x[5]);
+    pa[kk][1] = pack_e4m3(x[2], x[3], x[6], x[7]);
+    pa[kk][2] = pack_e4m3(x[8], x[9], x[12], x[13]);
+    pa[kk][3] = pack_e4m3(x[10], x[11], x[14], x[15]);
+  }
+}
+
+// kFp8: q_map and kv_map both read the query and key heads' codes, vt_map the value heads'
+// transposed codes (attention_fp8.cu); otherwise vt_map is not read.
+template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_forward_hopper_kernel(const __grid_constant__ CUtensorMap q_map,
                                     const __grid_constant__ CUtensorMap kv_map,
+                                    const __grid_constant__ CUtensorMap vt_map,
                                     const AttentionForwardParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr uint32_t kTile = kTileBytes<kFp8>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const smem = smem_raw + (base - raw);
-  const uint32_t sQ = base + kQOffset, sK = base + kKOffset, sV = base + kVOffset;
-  const uint32_t bars = base + kBarrierOffset;
+  const uint32_t sQ = base + kQOffset, sK = base + kKOffset<kFp8>, sV = base + kVOffset<kFp8>;
+  const uint32_t bars = base + kBarrierOffset<kFp8>;
   const uint32_t full_q = bars;
   auto full_k = [&](int s) { return bars + 8 + 8 * s; };
   auto full_v = [&](int s) { return bars + 24 + 8 * s; };
@@ -205,22 +259,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     release_registers<40>();
     if (threadIdx.x == 0) {
       const int q_col = h * kD, k_col = p.kv_col + kvh * kD, v_col = p.kv_col + (p.kv_heads + kvh) * kD;
-      mbar_expect_tx(full_q, kTileBytes);
-      tma_load(sQ, &q_map, full_q, q_col, u0, b);
-      tma_load(sQ + kHalfBytes, &q_map, full_q, q_col + 64, u0, b);
+      // A tile's boxes: 128 columns of codes in one, of bf16 in two.
+      auto load_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row, int plane) {
+        tma_load(dst, map, bar, col, row, plane);
+        if constexpr (!kFp8) tma_load(dst + kBoxBytes, map, bar, col + 64, row, plane);
+      };
+      mbar_expect_tx(full_q, kTile);
+      load_tile(sQ, &q_map, full_q, q_col, u0, b);
       for (int n = n_begin, i = 0; n < n_end; ++n, ++i) {
         const int s = i % kStages;
         const uint32_t parity = ((i / kStages) & 1) ^ 1;
         const int2 k_row = cs.row_of(n * kBlockN);  // the segment and row holding the tile
         const int k0 = k_row.x, k_plane = k_row.y * batch + b;
         mbar_wait(empty_k(s), parity);
-        mbar_expect_tx(full_k(s), kTileBytes);
-        tma_load(sK + s * kTileBytes, &kv_map, full_k(s), k_col, k0, k_plane);
-        tma_load(sK + s * kTileBytes + kHalfBytes, &kv_map, full_k(s), k_col + 64, k0, k_plane);
+        mbar_expect_tx(full_k(s), kTile);
+        load_tile(sK + s * kTile, &kv_map, full_k(s), k_col, k0, k_plane);
         mbar_wait(empty_v(s), parity);
-        mbar_expect_tx(full_v(s), kTileBytes);
-        tma_load(sV + s * kTileBytes, &kv_map, full_v(s), v_col, k0, k_plane);
-        tma_load(sV + s * kTileBytes + kHalfBytes, &kv_map, full_v(s), v_col + 64, k0, k_plane);
+        mbar_expect_tx(full_v(s), kTile);
+        if constexpr (kFp8) {  // head kvh's dimensions are rows of its plane, keys its columns
+          tma_load(sV + s * kTile, &vt_map, full_v(s), k0, 0, b * p.kv_heads + kvh);
+        } else {
+          load_tile(sV + s * kTile, &kv_map, full_v(s), v_col, k0, k_plane);
+        }
       }
     }
     return;
@@ -239,17 +299,57 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Each operand's descriptor at its first k-step and stage; a later one adds its byte offset
   // >> 4 to the start-address field (bits 0-13), which never carries (shared memory is below
   // 256 KiB), so a tile's descriptors cost one addition of a constant each.
-  // Q's k-step kk: 64-column half kk / 4, 32 bytes per k-step inside the 128-byte row; this
-  // warpgroup's rows start 64 rows (8 KiB) into each half. K's likewise, from its stage.
+  // Q's k-step kk: 32 bytes per k-step inside the 128-byte row (in bf16 in 64-column box
+  // kk / 4); this warpgroup's rows start 64 rows (8 KiB) into each box. K's likewise, from its
+  // stage; so are V's transposed codes in FP8 (keys along the row).
   const uint64_t q_base = smem_desc(sQ + consumer * 64 * 128, 16, 1024);
   const uint64_t k_base = smem_desc(sK, 16, 1024);
-  const uint64_t v_base = smem_desc(sV, kHalfBytes, 1024);
-  auto q_desc = [&](int kk) { return q_base + (((kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4); };
-  auto k_desc = [&](int s, int kk) {
-    return k_base + ((s * kTileBytes + (kk / 4) * kHalfBytes + (kk % 4) * 32) >> 4);
+  const uint64_t v_base = smem_desc(sV, kFp8 ? 16 : kBoxBytes, 1024);
+  auto step_offset = [](int kk) { return (kk / 4) * kBoxBytes + (kk % 4) * 32; };
+  auto q_desc = [&](int kk) { return q_base + (step_offset(kk) >> 4); };
+  auto k_desc = [&](int s, int kk) { return k_base + ((s * kTile + step_offset(kk)) >> 4); };
+  // bf16 V's k-step kk is keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes further.
+  auto v_desc = [&](int s, int kk) {
+    return v_base + ((s * kTile + (kFp8 ? step_offset(kk) : kk * 16 * 128)) >> 4);
   };
-  // V's k-step kk is keys 16 kk .. 16 kk + 15: 16 rows of 128 bytes further.
-  auto v_desc = [&](int s, int kk) { return v_base + ((s * kTileBytes + kk * 16 * 128) >> 4); };
+  // The MMAs of one tile: S = Q K^T (overwritten) and O += P V.
+  auto issue_scores = [&](float (&acc)[64], int s) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps<kFp8>; ++kk) {
+      if constexpr (kFp8) {
+        wgmma_m64n128_fp8_ss<Fp8Pair::E4m3E4m3>(acc, q_desc(kk), k_desc(s, kk), kk > 0);
+      } else {
+        wgmma_m64n128_ss(acc, q_desc(kk), k_desc(s, kk), kk > 0);
+      }
+    }
+  };
+  auto issue_values = [&](float (&o)[64], const uint32_t (&pa)[kKSteps<kFp8>][4], int s) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps<kFp8>; ++kk) {
+      if constexpr (kFp8) {
+        wgmma_m64n128_e4m3_rs(o, pa[kk], v_desc(s, kk));
+      } else {
+        wgmma_m64n128_rs(o, pa[kk], v_desc(s, kk));
+      }
+    }
+  };
+  auto to_a = [](uint32_t (&pa)[kKSteps<kFp8>][4], const float (&s)[64]) {
+    if constexpr (kFp8) {
+      probabilities_to_e4m3_a(pa, s);
+    } else {
+      probabilities_to_a(pa, s);
+    }
+  };
+  // FP8: the descales of the CTA's query tile and of key and value tile n (attention_fp8.cu's
+  // layout); the softmax scales a tile's scores by c(n) in log2 units.
+  const int64_t head_tiles = static_cast<int64_t>(p.tiles);
+  const float* const descale_q =
+      kFp8 ? p.descales + (static_cast<int64_t>(b) * (p.heads + 2 * p.kv_heads) + h) * head_tiles : nullptr;
+  const float* const descale_k = kFp8 ? descale_q + (p.heads - h + kvh) * head_tiles : nullptr;
+  const float* const descale_v = kFp8 ? descale_k + p.kv_heads * head_tiles : nullptr;
+  const float q_scale_log2 = kFp8 ? p.scale_log2 * descale_q[m_tile] : p.scale_log2;
+  auto score_scale = [&](int n) { return kFp8 ? q_scale_log2 * descale_k[n] : p.scale_log2; };
+  const float shift = kFp8 ? kFp8ProbabilityShift : 0.f;
 
   ConsumerState st;
 #pragma unroll
@@ -273,17 +373,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (consumer == 1) pass_turn();
 
   float s_acc[64];
-  uint32_t pa[8][4];
+  uint32_t pa[kKSteps<kFp8>][4];
   float alpha[2];
   mbar_wait(full_q, 0);
 
   // Tile n_begin: S, softmax, P.
   {
+    const float c = score_scale(n_begin);
     mbar_wait(full_k(0), 0);
     await_turn();
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128_ss(s_acc, q_desc(kk), k_desc(0, kk), kk > 0);
+    issue_scores(s_acc, 0);
     wgmma_commit();
     pass_turn();
     wgmma_wait<0>();
@@ -291,25 +391,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (arrives) mbar_arrive(empty_k(0));
     const int k0 = n_begin * kBlockN;
     softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
-                 row0, k0, t, Tk, p, document_first);
-    probabilities_to_a(pa, s_acc);
+                 row0, k0, t, Tk, p, document_first, c, shift);
+    to_a(pa, s_acc);
   }
   // Tile n: S of n is issued before P V of n - 1, so the tensor cores have the second while
   // the softmax of the first runs; O is rescaled only once P V of n - 1 has landed.
   for (int n = n_begin + 1, i = 1; n < n_end; ++n, ++i) {
     const int s = i % kStages, prev = (i - 1) % kStages;
     const uint32_t parity = (i / kStages) & 1, prev_parity = ((i - 1) / kStages) & 1;
+    const float c = score_scale(n);
+    // FP8: O moves from tile n - 1's value units to tile n's with the softmax's rescale.
+    const float value_ratio = kFp8 ? __fdividef(descale_v[n - 1], descale_v[n]) : 1.f;
     mbar_wait(full_k(s), parity);
     mbar_wait(full_v(prev), prev_parity);
     await_turn();
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) wgmma_m64n128_ss(s_acc, q_desc(kk), k_desc(s, kk), kk > 0);
+    issue_scores(s_acc, s);
     wgmma_commit();
     fence_accumulators(st.o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n128_rs(st.o, pa[kk], v_desc(prev, kk));
+    issue_values(st.o, pa, prev);
     wgmma_commit();
     pass_turn();
     wgmma_wait<1>();
@@ -317,12 +418,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (arrives) mbar_arrive(empty_k(s));
     const int k0 = n * kBlockN;
     softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
-                 row0, k0, t, Tk, p, document_first);
+                 row0, k0, t, Tk, p, document_first, c, shift);
     wgmma_wait<0>();
     fence_accumulators(st.o);
     if (arrives) mbar_arrive(empty_v(prev));
+    if constexpr (kFp8) alpha[0] *= value_ratio, alpha[1] *= value_ratio;
     rescale(st, alpha);
-    probabilities_to_a(pa, s_acc);
+    to_a(pa, s_acc);
   }
   // P V of the last tile. (The first tile's alpha was 0 against an O of zeros: nothing to rescale.)
   {
@@ -332,8 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     await_turn();
     wgmma_fence();
     fence_accumulators(st.o);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma_m64n128_rs(st.o, pa[kk], v_desc(s, kk));
+    issue_values(st.o, pa, s);
     wgmma_commit();
     pass_turn();
     wgmma_wait<0>();
@@ -344,15 +445,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Epilogue: normalise, write lse, stage O (bf16) in this warp's own rows of the Q tile, in
   // Q's swizzled layout, then store 16-byte chunks of whole rows.
   const int64_t stat_row = (static_cast<int64_t>(b) * p.heads + h) * T;
+  // FP8: O is in the last value tile's units.
+  const float value_descale = kFp8 ? descale_v[n_end - 1] : 1.f;
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = st.row_sum[r];
     l += warp_shfl_xor(l, 1);
     l += warp_shfl_xor(l, 2);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    inv[r] = l > 0.f ? value_descale / l : 0.f;
     const int i = u0 + local_row0 + 8 * r;
-    if (t == 0 && i < T) p.lse[stat_row + i] = l > 0.f ? st.row_max[r] * p.scale + logf(l) : -INFINITY;
+    if (t == 0 && i < T)
+      p.lse[stat_row + i] = l > 0.f ? (st.row_max[r] + log2f(l) - shift) * kLn2 : -INFINITY;
   }
   // The Q tile was last written by TMA and read by wgmma (the async proxy); these generic
   // writes reuse it.
@@ -362,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int c = 0; c < 16; ++c) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      *reinterpret_cast<uint32_t*>(smem + kQOffset + staged(local_row0 + 8 * r, 8 * c + 2 * t)) =
+      *reinterpret_cast<uint32_t*>(smem + kOutOffset<kFp8> + staged(local_row0 + 8 * r, 8 * c + 2 * t)) =
           pack_bf16(st.o[4 * c + 2 * r] * inv[r], st.o[4 * c + 2 * r + 1] * inv[r]);
     }
   }
@@ -378,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int chunk = lane + 32 * k;  // 16 rows x 16 chunks of 8 columns
     const int row = warp_row0 + chunk / 16, col = (chunk % 16) * 8;
     if (u0 + row < T) {
-      const uint4 values = *reinterpret_cast<const uint4*>(smem + kQOffset + staged(row, col));
+      const uint4 values = *reinterpret_cast<const uint4*>(smem + kOutOffset<kFp8> + staged(row, col));
       *reinterpret_cast<uint4*>(out + row * out_stride + col) = values;
       if (p.codes != nullptr) {
         uint8_t* const codes = p.codes + out_offset + row * out_stride + col;
@@ -404,19 +508,43 @@ bool attention_hopper_available(int64_t head_dim, int device) {
   return head_dim == kD && hopper::runs_on(device);
 }
 
+namespace {
+
+template <bool kFp8>
+void launch_forward(const CUtensorMap& q_map, const CUtensorMap& kv_map, const CUtensorMap& vt_map,
+                    const AttentionForwardParams& p, cudaStream_t stream) {
+  // Per device, and cheap: set on every launch as attention.cu's kernels do.
+  TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel<kFp8>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemBytes<kFp8>)));
+  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, p.batch);
+  attention_forward_hopper_kernel<kFp8>
+      <<<grid, kThreads, kSmemBytes<kFp8>, stream>>>(q_map, kv_map, vt_map, p);
+  TS_CUDA_CHECK_LAUNCH("attention_forward_hopper_kernel");
+}
+
+}  // namespace
+
 void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stream) {
   // This segment's queries (batch planes); the keys and values of every segment (segments x
   // batch planes under context parallelism).
   const CUtensorMap q_map = row_map(p.qkv, p.width, p.seq, p.batch, kBlockN);
   const CUtensorMap kv_map =
       row_map(p.kv, p.kv_width, p.seq, int64_t{p.batch} * std::max(p.segments, 1), kBlockN);
-  // Per device, and cheap: set on every launch as attention.cu's kernels do.
-  TS_CUDA_CHECK(cudaFuncSetAttribute(attention_forward_hopper_kernel,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemBytes)));
-  const dim3 grid((p.seq + kBlockM - 1) / kBlockM, p.heads, p.batch);
-  attention_forward_hopper_kernel<<<grid, kThreads, kSmemBytes, stream>>>(q_map, kv_map, p);
-  TS_CUDA_CHECK_LAUNCH("attention_forward_hopper_kernel");
+  launch_forward<false>(q_map, kv_map, kv_map, p, stream);
+}
+
+void attention_forward_hopper_fp8(const AttentionForwardParams& p, const Fp8AttentionOperands& codes,
+                                  cudaStream_t stream) {
+  const int64_t width = int64_t{p.heads + p.kv_heads} * kD;
+  const CUtensorMap qk_map = codes_map(codes.qk, width, p.seq, p.batch, kBlockN);
+  const CUtensorMap vt_map =
+      codes_map(codes.vt, codes.padded_seq, kD, int64_t{p.batch} * p.kv_heads, kBlockN);
+  AttentionForwardParams q = p;
+  q.kv_col = static_cast<int>(p.heads * kD);  // the key heads follow the query heads
+  q.descales = codes.descales;
+  q.tiles = codes.tiles;
+  launch_forward<true>(qk_map, qk_map, vt_map, q, stream);
 }
 
 }  // namespace tessera::cuda

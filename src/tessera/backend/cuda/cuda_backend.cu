@@ -189,6 +189,8 @@ bool CudaBackend::supports(Capability c) const {
     case Capability::PackedSequences:  // Tessera's attention kernels; cuDNN's are not used for them
     case Capability::CapturesWork:
       return true;
+    case Capability::Fp8Attention:  // the warpgroup forward's FP8 form
+      return attention_hopper_available(128, device_);
   }
   return false;
 }
@@ -731,8 +733,26 @@ void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::st
                key.c_str(), why.c_str());
 }
 
+// FP8 attention (s.fp8) runs on the warpgroup forward only, bf16 in and out.
+void CudaBackend::attention_forward_fp8(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                        const AttentionShape& s, const Fp8CastArgs& codes) {
+  const size_t bytes = cuda::attention_fp8_scratch_bytes(s);
+  const bool ran =
+      qkv.dtype == DType::BF16 &&
+      cuda::attention_forward_fp8(out.data, lse.as<float>(), qkv.data, s, scratch(bytes),
+                                  codes.out.data, codes.out.defined() ? codes.out.dtype : DType::E4M3,
+                                  codes.out.defined() ? codes.scale.as<float>() : nullptr,
+                                  codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
+  if (!ran) {
+    throw InternalError("FP8 attention (fp8_dot_product_attention) runs on Hopper GPUs (sm_90a "
+                        "builds) over bf16 heads of 128; not " + attention_shape_text(s) + " in " +
+                        std::string(dtype_name(qkv.dtype)));
+  }
+}
+
 void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                        const AttentionShape& s) {
+  if (s.fp8) return attention_forward_fp8(out, lse, qkv, s, {});
   // fp32 runs (parity checks) take the row-wise kernels; packed documents skip cuDNN, whose
   // ragged layout wants the documents as separate sequences of a padded batch.
   if (qkv.dtype == DType::F32) {
@@ -760,6 +780,7 @@ void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, con
 // cuDNN, other head sizes) the cast follows the attention.
 void CudaBackend::do_attention_forward_cast(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                             const AttentionShape& s, const Fp8CastArgs& codes) {
+  if (s.fp8) return attention_forward_fp8(out, lse, qkv, s, codes);
   const bool flash = qkv.dtype == DType::BF16 && flash_kernels_take(s) &&
                      (s.document_starts.defined() ||
                       !use_cudnn_attention(s, false, {out.data, lse.data, qkv.data}));
@@ -1389,6 +1410,7 @@ size_t step_buffer_bytes(const StepBufferDemand& d) {
     need(d.backend.attention == AttentionBackend::Tessera ? tessera
          : d.backend.attention == AttentionBackend::Vendor ? cudnn
                                                             : std::max(tessera, cudnn));
+    if (d.attention.fp8) need(attention_fp8_scratch_bytes(d.attention));  // the forward's codes
   }
   const size_t granules = (scratch + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
   size_t chunks = 0;  // the chunk table grows to the largest call's

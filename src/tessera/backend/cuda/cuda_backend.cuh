@@ -123,6 +123,9 @@ class CudaBackend final : public Backend {
   // Under auto: remembers that `key` ("forward B=.. T=..") runs on Tessera's kernels and says
   // why on stderr; under cudnn: throws ConfigError.
   void cudnn_attention_fallback(const std::string& key, const std::string& why);
+  // attention_forward(_cast) with s.fp8 (codes.out undefined: no output codes).
+  void attention_forward_fp8(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                             const AttentionShape& s, const Fp8CastArgs& codes);
   // Device copy of the chunk table for these segments, rebuilt only when they change.
   const AdamWChunk* adamw_chunk_table(std::span<const ParamSegment> segments, int64_t params,
                                       int64_t* count);

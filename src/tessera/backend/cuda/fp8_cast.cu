@@ -404,16 +404,6 @@ constexpr int kBlock = 128;              // tile length and block side (core/fp8
 constexpr int kBlockThreads = 256;       // 8 warps
 constexpr int kBlockPitch = kBlock + 1;  // floats per shared row: column reads hit 32 banks
 
-// fp8_block_scale on the device: one correctly rounded division, then the power of two below.
-__device__ __forceinline__ float block_scale(float amax, float fp8_max) {
-  if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
-  const float ratio = __fdiv_rn(fp8_max, amax);
-  if (!isfinite(ratio)) return 1.0f;
-  int e = 0;
-  frexpf(ratio, &e);
-  return ldexpf(1.0f, e - 1);
-}
-
 // Warp max of |v| (non-negative, finite or not: fmaxf drops NaN, which the caller reports
 // apart through nonfinite).
 __device__ __forceinline__ float warp_max(float v) {
@@ -459,7 +449,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (threadIdx.x == 0) {
       float a = 0.0f;
       for (int w = 0; w < kBlockThreads / 32; ++w) a = fmaxf(a, warp_amax[w]);
-      const float s = block_scale(a, fp8_max);
+      const float s = fp8_block_scale_on_device(a, fp8_max);
       tile_scale = s;
       const int64_t rb = blockIdx.y, cb = blockIdx.x;
       if (out) out_scale_inv[rb * ((kb_c + 3) / 4 * 4) + cb] = 1.0f / s;
@@ -480,7 +470,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       mr = warp_max(mr);
       mc = warp_max(mc);
       if (lane == 0) {
-        const float sr = block_scale(mr, fp8_max), sc = block_scale(mc, fp8_max);
+        const float sr = fp8_block_scale_on_device(mr, fp8_max), sc = fp8_block_scale_on_device(mc, fp8_max);
         row_scale[j] = sr;
         col_scale[j] = sc;
         if (out && r0 + j < R) out_scale_inv[blockIdx.x * R + r0 + j] = 1.0f / sr;

@@ -355,6 +355,22 @@ __device__ __forceinline__ void wgmma_m64n128_fp8_ss(float (&d)[64], uint64_t a,
 #undef TS_WGMMA_FP8_N128
 }
 
+// d (64 x 128) += A (64 x 32 e4m3 codes, registers: mma.sync's m16n8k32 A fragment per warp,
+// four codes a register, the lowest column in the low byte) B^T (B: 128 x 32 e4m3 codes,
+// shared, K-major).
+__device__ __forceinline__ void wgmma_m64n128_e4m3_rs(float (&d)[64], const uint32_t (&a)[4],
+                                                      uint64_t b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " TS_LIST64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : TS_ACC64
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
 #undef TS_LIST64
 #undef TS_LIST32
 #undef TS_ACC128
