@@ -1313,11 +1313,11 @@ std::vector<OpCase> forward_cast_cases() {
   }
   AttentionShape fp8 = attn(1, 208, 4, 2, 128, 0);
   fp8.fp8 = true;
-  for (const AttentionShape& a : {attn(1, 208, 4, 2, 128, 0), attn(2, 72, 4, 2, 128, 0, false), fp8}) {
+  for (const AttentionShape& a :
+       {attn(1, 208, 4, 2, 128, 0), attn(2, 72, 4, 2, 128, 0, false), fp8}) {
     cases.push_back(forward_cast_case(
         fmt::format("{}attention_forward_cast{}", a.fp8 ? "fp8_" : "", a.causal ? "" : " full"),
-        a.tokens(), a.out_width(),
-        64,
+        a.tokens(), a.out_width(), 64,
         {{"qkv", {a.tokens(), a.qkv_width()}},
          {"lse", {a.batch, a.heads, a.seq}, Kind::F32, Role::Out, 1, 0, 1, 1e-3}},
         [a](Backend& b, const Tensors& t, const Fp8CastArgs& y) {
@@ -1733,7 +1733,8 @@ OpCase fp8_attention_case(AttentionShape s, const std::vector<std::vector<int>>&
   std::vector<int32_t> starts;
   for (const auto& sequence : documents)
     for (int length : sequence)
-      for (int k = 0; k < length; ++k) starts.push_back(static_cast<int32_t>(starts.size() % s.seq) - k);
+      for (int k = 0; k < length; ++k)
+        starts.push_back(static_cast<int32_t>(starts.size() % s.seq) - k);
   OpCase f;
   f.name = fmt::format("fp8_attention_forward B{} T{} H{} KV{} D{} window{}{}{}", s.batch, s.seq,
                        s.heads, s.kv_heads, s.head_dim, s.window, s.causal ? "" : " full",

@@ -152,12 +152,14 @@ TEST(ReferenceForward, Fp8AttentionOfOneKeyReturnsTheValueOnItsTilesFp8Grid) {
     const int64_t t0 = 128 * tile, t1 = std::min<int64_t>(s.seq, t0 + 128);
     float amax = 0;
     for (int64_t t = t0; t < t1; ++t)
-      for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(static_cast<float>(qkv[t * W + v_col + d])));
+      for (int64_t d = 0; d < D; ++d)
+        amax = std::max(amax, std::fabs(static_cast<float>(qkv[t * W + v_col + d])));
     const float scale = fp8_block_scale(amax, 448.f);
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t d = 0; d < D; ++d) {
-          const float coded = round_to_fp8(static_cast<float>(qkv[t * W + v_col + d]) * scale, DType::E4M3);
+          const float coded =
+              round_to_fp8(static_cast<float>(qkv[t * W + v_col + d]) * scale, DType::E4M3);
           const double want = static_cast<double>(coded) / scale;  // e4m3 steps are 6% apart
           ASSERT_NEAR(out[t * 2 * D + h * D + d], want, 1e-5 * std::fabs(want))
               << "token " << t << " head " << h << " dim " << d;

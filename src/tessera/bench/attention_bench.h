@@ -31,7 +31,7 @@ struct AttentionProblem {
   bool fp8 = false;
 
   AttentionShape shape() const;  // without the document starts (allocate() adds them)
-  std::string mask() const;  // "causal", "full", "window 4096", "packed 2048" (+ " fp8")
+  std::string mask() const;      // "causal", "full", "window 4096", "packed 2048" (+ " fp8")
   double forward_flops() const;
   double flops() const { return backward ? 2.5 * forward_flops() : forward_flops(); }
 };

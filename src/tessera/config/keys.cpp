@@ -325,7 +325,14 @@ std::vector<KeySpec> build_keys() {
   k.push_back(int_key("fp8_amax_history_len", "training", "Steps of amax history per tensor (delayed scaling).", TS_FIELD(training.fp8_amax_history_len)));
   k.push_back(choice_key<Fp8AmaxAlgo>("fp8_amax_compute_algo", "training", "Amax used for a delayed scale: the max over the history, or the most recent step's.", {{"max", Fp8AmaxAlgo::Max}, {"most_recent", Fp8AmaxAlgo::MostRecent}}, TS_FIELD(training.fp8_amax_compute_algo)));
   k.push_back(int_key("fp8_margin", "training", "FP8 scale = (fp8 max / amax) / 2^margin.", TS_FIELD(training.fp8_margin)));
-  k.push_back(bool_key("fp8_dot_product_attention", "training", "Megatron's FP8 attention: the attention forward's two products (scores and probabilities times values) multiply e4m3 codes at twice the bf16 rate, each 128-token tile of a head scaled by its own amax; the backward stays bf16 over the bf16 queries, keys and values with this forward's output and log-sum-exp. Heads of 128 on Hopper GPUs, with or without fp8 GEMMs; not with multi-latent attention or context parallelism (docs/fp8.md).", TS_FIELD(training.fp8_dot_product_attention)));
+  k.push_back(bool_key(
+      "fp8_dot_product_attention", "training",
+      "Megatron's FP8 attention: the attention forward's two products (scores and probabilities "
+      "times values) multiply e4m3 codes at twice the bf16 rate, each 128-token tile of a head "
+      "scaled by its own amax; the backward stays bf16 over the bf16 queries, keys and values with "
+      "this forward's output and log-sum-exp. Heads of 128 on Hopper GPUs, with or without fp8 "
+      "GEMMs; not with multi-latent attention or context parallelism (docs/fp8.md).",
+      TS_FIELD(training.fp8_dot_product_attention)));
   k.push_back(bool_key("fp8_lm_head", "training", "Run the output head in FP8 too (off: bf16, as Transformer Engine recipes keep it).", TS_FIELD(training.fp8_lm_head)));
   k.push_back(bool_key("fp8_weight_transpose_cache", "training", "Keep each weight's FP8 copy and FP8 transpose from the first use in a step to the next optimizer step (2 bytes per weight); false re-casts at every use (--no_fp8_weight_transpose_cache).", TS_FIELD(training.fp8_weight_transpose_cache)));
   k.push_back(bool_key("fp8_gemm_fprop_split_accumulator", "training", "FP8 forward GEMMs accumulate in full fp32 (true) or with the tensor cores' faster reduced-precision accumulation (false, Transformer Engine's default for the forward).", TS_FIELD(training.fp8_gemm_fprop_split_accumulator)));

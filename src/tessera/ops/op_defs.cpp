@@ -763,7 +763,8 @@ void check_attention_gathered_forward(const OpChecks& check, const Tensor& out, 
                                       const Tensor& positions, int64_t segment,
                                       const AttentionShape& s) {
   const int64_t segments = check_gathered(check, positions, segment, s);
-  if (s.fp8) check.fail("FP8 attention (AttentionShape::fp8) does not run under context parallelism");
+  if (s.fp8)
+    check.fail("FP8 attention (AttentionShape::fp8) does not run under context parallelism");
   check.count(qkv, s.tokens() * s.qkv_width(), "qkv");
   check.count(kv_all, segments * s.tokens() * s.kv_width(), "kv_all");
   check.count(out, s.tokens() * s.heads * s.head_dim, "out");

@@ -129,7 +129,8 @@ void check_device_runs(const Experiment& e, const RunSetup& setup, Backend& back
                           ": its FP8 GEMMs take no 1x128 / 128x128 block scales (on CUDA: a "
                           "Hopper GPU, and cuBLASLt 12.9 or newer loaded at run time)");
   if (e.training.fp8_dot_product_attention && !backend.supports(Capability::Fp8Attention))
-    throw ConfigError(origin_of(e, "fp8_dot_product_attention"), "fp8_dot_product_attention", "true",
+    throw ConfigError(origin_of(e, "fp8_dot_product_attention"), "fp8_dot_product_attention",
+                      "true",
                       "false on " + backend.description() +
                           ": FP8 attention runs on the warpgroup kernels of Hopper GPUs (builds "
                           "for sm_90a)");

@@ -325,7 +325,8 @@ void attention_fp8_forward(T* out, T* lse, const T* qkv, const AttentionShape& s
         auto at = [&](int64_t t, int64_t d) { return (b * seq + t) * width + slot * D + d; };
         float amax = 0.f;
         for (int64_t t = t0; t < t1; ++t)
-          for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(static_cast<float>(qkv[at(t, d)])));
+          for (int64_t d = 0; d < D; ++d)
+            amax = std::max(amax, std::fabs(static_cast<float>(qkv[at(t, d)])));
         const float scale = fp8_block_scale(amax, fp8_max(DType::E4M3));
         descale[static_cast<size_t>((b * slots + slot) * tiles + tile)] = 1.f / scale;
         for (int64_t t = t0; t < t1; ++t)
@@ -358,7 +359,8 @@ void attention_fp8_forward(T* out, T* lse, const T* qkv, const AttentionShape& s
       double l = 0;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t n = keys.first / kTile; n <= keys.last / kTile; ++n) {
-        const int64_t j0 = std::max(keys.first, n * kTile), j1 = std::min(keys.last, n * kTile + kTile - 1);
+        const int64_t j0 = std::max(keys.first, n * kTile),
+                      j1 = std::min(keys.last, n * kTile + kTile - 1);
         const float c = q_scale_log2 * descale_k[n];
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = j0; j <= j1; ++j) {
@@ -883,7 +885,7 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void attention_head_backward<T>(T*, T*, T*, int64_t, const T*, const T*, const T*,      \
                                            const T*, const AttentionShape&, int64_t, int64_t,      \
                                            double*);                                               \
-  template void attention_decode<T>(T*, const T*, const T*, const int32_t*, int64_t,             \
+  template void attention_decode<T>(T*, const T*, const T*, const int32_t*, int64_t,               \
                                     const AttentionShape&);                                        \
   template void swiglu_forward<T>(T*, const T*, int64_t, int64_t);                                 \
   template void swiglu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
@@ -893,10 +895,9 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void attention_gathered_head_forward<T>(T*, T*, const T*, const T*, const int32_t*,     \
                                                    int64_t, int64_t, const AttentionShape&,        \
                                                    int64_t, int64_t);                              \
-  template void attention_gathered_head_backward<T>(T*, T*, const T*, const T*, const T*,          \
-                                                    const T*, const T*, const int32_t*, int64_t,   \
-                                                    int64_t, const AttentionShape&, int64_t,       \
-                                                    int64_t);                                      \
+  template void attention_gathered_head_backward<T>(                                               \
+      T*, T*, const T*, const T*, const T*, const T*, const T*, const int32_t*, int64_t, int64_t,  \
+      const AttentionShape&, int64_t, int64_t);                                                    \
   template void attention_gathered_backward<T>(T*, T*, const T*, const T*, const T*, const T*,     \
                                                const T*, const int32_t*, int64_t, int64_t,         \
                                                const AttentionShape&);                             \
@@ -910,7 +911,7 @@ void init_normal(T* dst, int64_t n, uint64_t seed, uint64_t first_index, T mean,
   template void softcap_backward<T>(T*, const T*, const T*, T, int64_t);                           \
   template void log_softmax_gather<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);         \
   template void sample_tokens<T>(int32_t*, T*, T*, const T*, const int32_t*, const int32_t*,       \
-                                 int64_t, int64_t, int64_t, T, T, uint64_t);                        \
+                                 int64_t, int64_t, int64_t, T, T, uint64_t);                       \
   template void log_softmax_gather_backward<T>(T*, const T*, const T*, const T*, const int32_t*,   \
                                                int64_t, int64_t);                                  \
   template void cross_entropy_shard_stats<T>(T*, const T*, const int32_t*, int64_t, int64_t,       \

@@ -150,8 +150,8 @@ struct Fp8AttentionOperands {
 Fp8AttentionOperands cast_fp8_attention_operands(const bf16* qkv, const AttentionShape& s,
                                                  void* scratch, cudaStream_t stream);
 // The warpgroup forward over those codes (p.descales and p.tiles taken from them).
-void attention_forward_hopper_fp8(const AttentionForwardParams& p, const Fp8AttentionOperands& codes,
-                                  cudaStream_t stream);
+void attention_forward_hopper_fp8(const AttentionForwardParams& p,
+                                  const Fp8AttentionOperands& codes, cudaStream_t stream);
 // The backward's dK, dV (written to p.dkv) and dQ (added to p.dq_accum, fp32, zeroed by the
 // caller, which converts it after) on warpgroup MMAs, from the preprocessed p.lse2 and p.delta.
 void attention_backward_hopper(const AttentionBackwardParams& p, cudaStream_t stream);

@@ -4,9 +4,10 @@
 //
 // Scaling is per tile of 128 tokens of one head (the kernel's query and key tiles), so one pass
 // over qkv casts it: a CTA reads its tile, takes the amax, and writes the codes and the
-// descale (core/fp8.h's block scale: a power of two). Query and key heads keep qkv's row layout; value heads are transposed, (B, KV, 128,
-// padded_seq), because FP8 MMAs read K-major operands only, with the keys of each 32 permuted
-// as the kernel's probabilities sit in its registers (key_of_column).
+// descale (core/fp8.h's block scale: a power of two). Query and key heads keep qkv's row layout;
+// value heads are transposed, (B, KV, 128, padded_seq), because FP8 MMAs read K-major operands
+// only, with the keys of each 32 permuted as the kernel's probabilities sit in its registers
+// (key_of_column).
 #include <cstdint>
 
 #include "tessera/backend/cuda/attention.cuh"
@@ -25,7 +26,9 @@ constexpr int kTileTokens = 128;
 constexpr int kCastThreads = 256;  // 16 threads a token row, 8 values each
 constexpr size_t kAlign = 256;
 
-size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t aligned(size_t bytes) {
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
 
 struct Fp8AttentionScratch {
   int64_t tiles = 0, padded_seq = 0;
@@ -89,7 +92,7 @@ __global__ void __launch_bounds__(kCastThreads)
   const float scale = fp8_block_scale_on_device(__uint_as_float(amax), 448.f);
   if (threadIdx.x == 0) descales[(int64_t{b} * slots + slot) * tiles + tile] = 1.f / scale;
 
-  auto codes_of = [&](const uint4& v, uint8_t (&q)[8]) {
+  auto codes_of = [&](const uint4& v, uint8_t(&q)[8]) {
     const bf16* x = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[e] = fp8_encode<DType::E4M3>(to_float(x[e]) * scale);
@@ -116,7 +119,8 @@ __global__ void __launch_bounds__(kCastThreads)
   }
   __syncthreads();
   const int kv_head = slot - H - KV;
-  uint8_t* const plane = vt + (int64_t{b} * KV + kv_head) * kD * padded_seq + int64_t{tile} * kTileTokens;
+  uint8_t* const plane =
+      vt + (int64_t{b} * KV + kv_head) * kD * padded_seq + int64_t{tile} * kTileTokens;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {  // 128 dims x 8 chunks of 16 columns
     const int job = static_cast<int>(threadIdx.x) + kCastThreads * k;

@@ -64,14 +64,14 @@ constexpr uint32_t kQOffset = 0;
 template <bool kFp8>
 constexpr uint32_t kKOffset = kTileBytes<kFp8>;
 template <bool kFp8>
-constexpr uint32_t kVOffset = kKOffset<kFp8> + kStages * kTileBytes<kFp8>;
+constexpr uint32_t kVOffset = kKOffset<kFp8> + kStages* kTileBytes<kFp8>;
 // The epilogue stages O (bf16, 32 KB) in each warpgroup's own rows of the Q tile; the FP8 Q tile
 // is half that, so FP8 stages it past the V stages (the other warpgroup may still read K and V).
 template <bool kFp8>
-constexpr uint32_t kOutOffset = kFp8 ? kVOffset<kFp8> + kStages * kTileBytes<kFp8> : kQOffset;
+constexpr uint32_t kOutOffset = kFp8 ? kVOffset<kFp8> + kStages* kTileBytes<kFp8> : kQOffset;
 template <bool kFp8>
 constexpr uint32_t kBarrierOffset =
-    kFp8 ? kOutOffset<kFp8> + 2 * kBoxBytes : kVOffset<kFp8> + kStages * kTileBytes<kFp8>;
+    kFp8 ? kOutOffset<kFp8> + 2 * kBoxBytes : kVOffset<kFp8> + kStages* kTileBytes<kFp8>;
 template <bool kFp8>  // 9 barriers, alignment slack
 constexpr size_t kSmemBytes = kBarrierOffset<kFp8> + 128 + 1024;
 // k-steps of the MMAs over a tile's 128 columns: 16 bf16 or 32 codes each.
@@ -97,8 +97,8 @@ struct ConsumerState {
 // document_first: the first key of each of its two rows' documents (0 without documents).
 __device__ __forceinline__ void softmax_tile(float (&s)[64], ConsumerState& st, float (&alpha)[2],
                                              bool boundary, int row0, int k0, int t, int Tk,
-                                             const AttentionForwardParams& p, const int (&document_first)[2],
-                                             float c, float shift) {
+                                             const AttentionForwardParams& p,
+                                             const int (&document_first)[2], float c, float shift) {
   if (boundary) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -191,7 +191,8 @@ __device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d
 // 4 t + 3 and 16 + 4 t .. of its rows where the accumulator holds 2 t, 2 t + 1 of each 8:
 // so k-step kk's logical column 4 t + i is key 8 (i / 2) + 2 t + i % 2 of keys 32 kk .. (16 more
 // for the second half), the order in which attention_fp8.cu writes V's transposed codes.
-__device__ __forceinline__ void probabilities_to_e4m3_a(uint32_t (&pa)[4][4], const float (&s)[64]) {
+__device__ __forceinline__ void probabilities_to_e4m3_a(uint32_t (&pa)[4][4],
+                                                        const float (&s)[64]) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const float* x = s + 16 * kk;
@@ -260,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       const int q_col = h * kD, k_col = p.kv_col + kvh * kD, v_col = p.kv_col + (p.kv_heads + kvh) * kD;
       // A tile's boxes: 128 columns of codes in one, of bf16 in two.
-      auto load_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row, int plane) {
+      auto load_tile = [&](uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int row,
+                           int plane) {
         tma_load(dst, map, bar, col, row, plane);
         if constexpr (!kFp8) tma_load(dst + kBoxBytes, map, bar, col + 64, row, plane);
       };
@@ -313,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return v_base + ((s * kTile + (kFp8 ? step_offset(kk) : kk * 16 * 128)) >> 4);
   };
   // The MMAs of one tile: S = Q K^T (overwritten) and O += P V.
-  auto issue_scores = [&](float (&acc)[64], int s) {
+  auto issue_scores = [&](float(&acc)[64], int s) {
 #pragma unroll
     for (int kk = 0; kk < kKSteps<kFp8>; ++kk) {
       if constexpr (kFp8) {
@@ -323,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  auto issue_values = [&](float (&o)[64], const uint32_t (&pa)[kKSteps<kFp8>][4], int s) {
+  auto issue_values = [&](float(&o)[64], const uint32_t(&pa)[kKSteps<kFp8>][4], int s) {
 #pragma unroll
     for (int kk = 0; kk < kKSteps<kFp8>; ++kk) {
       if constexpr (kFp8) {
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  auto to_a = [](uint32_t (&pa)[kKSteps<kFp8>][4], const float (&s)[64]) {
+  auto to_a = [](uint32_t(&pa)[kKSteps<kFp8>][4], const float(&s)[64]) {
     if constexpr (kFp8) {
       probabilities_to_e4m3_a(pa, s);
     } else {
@@ -344,7 +346,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // layout); the softmax scales a tile's scores by c(n) in log2 units.
   const int64_t head_tiles = static_cast<int64_t>(p.tiles);
   const float* const descale_q =
-      kFp8 ? p.descales + (static_cast<int64_t>(b) * (p.heads + 2 * p.kv_heads) + h) * head_tiles : nullptr;
+      kFp8 ? p.descales + (static_cast<int64_t>(b) * (p.heads + 2 * p.kv_heads) + h) * head_tiles
+           : nullptr;
   const float* const descale_k = kFp8 ? descale_q + (p.heads - h + kvh) * head_tiles : nullptr;
   const float* const descale_v = kFp8 ? descale_k + p.kv_heads * head_tiles : nullptr;
   const float q_scale_log2 = kFp8 ? p.scale_log2 * descale_q[m_tile] : p.scale_log2;
@@ -390,8 +393,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(s_acc);
     if (arrives) mbar_arrive(empty_k(0));
     const int k0 = n_begin * kBlockN;
-    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
-                 row0, k0, t, Tk, p, document_first, c, shift);
+    softmax_tile(s_acc, st, alpha,
+                 tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start), row0,
+                 k0, t, Tk, p, document_first, c, shift);
     to_a(pa, s_acc);
   }
   // Tile n: S of n is issued before P V of n - 1, so the tensor cores have the second while
@@ -417,8 +421,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_accumulators(s_acc);
     if (arrives) mbar_arrive(empty_k(s));
     const int k0 = n * kBlockN;
-    softmax_tile(s_acc, st, alpha, tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start),
-                 row0, k0, t, Tk, p, document_first, c, shift);
+    softmax_tile(s_acc, st, alpha,
+                 tile_needs_mask(q0, q_last, k0, kBlockN, Tk, p.causal, p.window, last_start), row0,
+                 k0, t, Tk, p, document_first, c, shift);
     wgmma_wait<0>();
     fence_accumulators(st.o);
     if (arrives) mbar_arrive(empty_v(prev));
@@ -466,7 +471,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int c = 0; c < 16; ++c) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      *reinterpret_cast<uint32_t*>(smem + kOutOffset<kFp8> + staged(local_row0 + 8 * r, 8 * c + 2 * t)) =
+      *reinterpret_cast<uint32_t*>(smem + kOutOffset<kFp8> +
+                                   staged(local_row0 + 8 * r, 8 * c + 2 * t)) =
           pack_bf16(st.o[4 * c + 2 * r] * inv[r], st.o[4 * c + 2 * r + 1] * inv[r]);
     }
   }
@@ -482,7 +488,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int chunk = lane + 32 * k;  // 16 rows x 16 chunks of 8 columns
     const int row = warp_row0 + chunk / 16, col = (chunk % 16) * 8;
     if (u0 + row < T) {
-      const uint4 values = *reinterpret_cast<const uint4*>(smem + kOutOffset<kFp8> + staged(row, col));
+      const uint4 values =
+          *reinterpret_cast<const uint4*>(smem + kOutOffset<kFp8> + staged(row, col));
       *reinterpret_cast<uint4*>(out + row * out_stride + col) = values;
       if (p.codes != nullptr) {
         uint8_t* const codes = p.codes + out_offset + row * out_stride + col;
@@ -534,8 +541,8 @@ void attention_forward_hopper(const AttentionForwardParams& p, cudaStream_t stre
   launch_forward<false>(q_map, kv_map, kv_map, p, stream);
 }
 
-void attention_forward_hopper_fp8(const AttentionForwardParams& p, const Fp8AttentionOperands& codes,
-                                  cudaStream_t stream) {
+void attention_forward_hopper_fp8(const AttentionForwardParams& p,
+                                  const Fp8AttentionOperands& codes, cudaStream_t stream) {
   const int64_t width = int64_t{p.heads + p.kv_heads} * kD;
   const CUtensorMap qk_map = codes_map(codes.qk, width, p.seq, p.batch, kBlockN);
   const CUtensorMap vt_map =

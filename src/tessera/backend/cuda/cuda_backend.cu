@@ -737,16 +737,17 @@ void CudaBackend::cudnn_attention_fallback(const std::string& key, const std::st
 void CudaBackend::attention_forward_fp8(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                         const AttentionShape& s, const Fp8CastArgs& codes) {
   const size_t bytes = cuda::attention_fp8_scratch_bytes(s);
-  const bool ran =
-      qkv.dtype == DType::BF16 &&
-      cuda::attention_forward_fp8(out.data, lse.as<float>(), qkv.data, s, scratch(bytes),
-                                  codes.out.data, codes.out.defined() ? codes.out.dtype : DType::E4M3,
-                                  codes.out.defined() ? codes.scale.as<float>() : nullptr,
-                                  codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
+  const bool ran = qkv.dtype == DType::BF16 &&
+                   cuda::attention_forward_fp8(
+                       out.data, lse.as<float>(), qkv.data, s, scratch(bytes), codes.out.data,
+                       codes.out.defined() ? codes.out.dtype : DType::E4M3,
+                       codes.out.defined() ? codes.scale.as<float>() : nullptr,
+                       codes.amax.defined() ? codes.amax.as<float>() : nullptr, stream_);
   if (!ran) {
-    throw InternalError("FP8 attention (fp8_dot_product_attention) runs on Hopper GPUs (sm_90a "
-                        "builds) over bf16 heads of 128; not " + attention_shape_text(s) + " in " +
-                        std::string(dtype_name(qkv.dtype)));
+    throw InternalError(
+        "FP8 attention (fp8_dot_product_attention) runs on Hopper GPUs (sm_90a "
+        "builds) over bf16 heads of 128; not " +
+        attention_shape_text(s) + " in " + std::string(dtype_name(qkv.dtype)));
   }
 }
 

@@ -470,7 +470,8 @@ __global__ void __launch_bounds__(kBlockThreads)
       mr = warp_max(mr);
       mc = warp_max(mc);
       if (lane == 0) {
-        const float sr = fp8_block_scale_on_device(mr, fp8_max), sc = fp8_block_scale_on_device(mc, fp8_max);
+        const float sr = fp8_block_scale_on_device(mr, fp8_max),
+                    sc = fp8_block_scale_on_device(mc, fp8_max);
         row_scale[j] = sr;
         col_scale[j] = sc;
         if (out && r0 + j < R) out_scale_inv[blockIdx.x * R + r0 + j] = 1.0f / sr;
