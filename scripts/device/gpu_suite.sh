@@ -86,16 +86,18 @@ if want attention_profile; then
   # Nsight Compute on one launch of a warpgroup attention kernel at seq 8192: every section,
   # plus per-instruction stall samples; the report and its text pages come back in $OUT.
   # ATTENTION_PROFILE_KERNELS: forward and/or backward (default backward); ATTENTION_PROFILE_MASK:
-  # a bench attention mask (default causal; packed: documents of 1024 tokens).
+  # a bench attention mask (default causal; packed: documents of 1024 tokens);
+  # ATTENTION_PROFILE_ARGS: more bench attention arguments (--fp8_dot_product_attention true),
+  # ATTENTION_PROFILE_TAG a suffix of the output names.
   ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)"
   mask="${ATTENTION_PROFILE_MASK:-causal}"
   for pass in ${ATTENTION_PROFILE_KERNELS:-backward}; do
     echo "== ncu: attention_${pass}_hopper_kernel at seq 8192, $mask"
-    name="attention_${pass}_${mask}"
+    name="attention_${pass}_${mask}${ATTENTION_PROFILE_TAG:-}"
     timeout 300 "$ncu_bin" --clock-control none --set full --import-source yes \
       -k "regex:attention_${pass}_hopper" --launch-skip 2 --launch-count 1 -f -o "$OUT/$name" \
       "$BIN/tessera" bench attention --seqs 8192 --head_dims 128 --masks "$mask" --document_length 1024 \
-      --attention_backend tessera -o "$OUT/${name}_bench" > "$OUT/${name}_ncu_run.log" 2>&1
+      --attention_backend tessera ${ATTENTION_PROFILE_ARGS:-} -o "$OUT/${name}_bench" > "$OUT/${name}_ncu_run.log" 2>&1
     tail -3 "$OUT/${name}_ncu_run.log"
     "$ncu_bin" --import "$OUT/$name.ncu-rep" --page details > "$OUT/${name}_details.txt" 2>&1
     "$ncu_bin" --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass \
