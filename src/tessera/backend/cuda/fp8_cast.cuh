@@ -1,6 +1,6 @@
 #pragma once
 // FP8 casts and delayed-scaling updates (ops/backend.h: fp8_cast_transpose,
-// fp8_update_scales; the arithmetic is core/fp8.h's reference).
+// fp8_update_scales; the arithmetic is core/fp8.h's reference). Include from GPU sources only.
 #include <cstdint>
 
 #include "tessera/backend/cuda/vendor.h"
@@ -44,9 +44,8 @@ void fp8_block_cast(const void* x, DType x_dtype, int64_t R, int64_t C, Fp8Scali
                     void* out, float* out_scale_inv, void* out_t, float* out_t_scale_inv,
                     DType format, float* nonfinite, cudaStream_t stream);
 
-#ifdef __CUDACC__
-// core/fp8.h's fp8_block_scale on the device: one correctly rounded division, then the power
-// of two below.
+// core/fp8.h's fp8_block_scale on the device (this header is included by GPU sources only):
+// one correctly rounded division, then the power of two below.
 __device__ __forceinline__ float fp8_block_scale_on_device(float amax, float fp8_max) {
   if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
   const float ratio = __fdiv_rn(fp8_max, amax);
@@ -55,6 +54,5 @@ __device__ __forceinline__ float fp8_block_scale_on_device(float amax, float fp8
   frexpf(ratio, &e);
   return ldexpf(1.0f, e - 1);
 }
-#endif
 
 }  // namespace tessera::cuda
