@@ -1177,6 +1177,24 @@ void attention_forward(void* out, float* lse, const void* qkv, const AttentionSh
   attention_forward(out, lse, qkv, s, stream, AttentionOptions{});
 }
 
+namespace {
+
+// The warpgroup forward's parameters with its outputs: out, lse and, with codes non-null, out's
+// FP8 codes (attention_forward_cast's).
+AttentionForwardParams forward_params(void* out, float* lse, const AttentionShape& s, void* codes,
+                                      DType format, const float* scale, float* amax) {
+  auto p = make_params<AttentionForwardParams>(s);
+  p.out = static_cast<bf16*>(out);
+  p.lse = lse;
+  p.codes = static_cast<uint8_t*>(codes);
+  p.code_scale = scale;
+  p.code_amax = reinterpret_cast<unsigned*>(amax);
+  p.codes_e5m2 = format == DType::E5M2;
+  return p;
+}
+
+}  // namespace
+
 bool attention_forward_cast(void* out, float* lse, const void* qkv, const AttentionShape& s,
                             void* codes, DType format, const float* scale, float* amax,
                             cudaStream_t stream) {
@@ -1186,14 +1204,8 @@ bool attention_forward_cast(void* out, float* lse, const void* qkv, const Attent
            dtype_name(format));
   if (!aligned16(qkv) || !aligned16(codes) || !warpgroup_kernels_run(s.head_dim)) return false;
   if (s.batch == 0 || s.seq == 0) return true;
-  auto p = make_params<AttentionForwardParams>(s);
+  auto p = forward_params(out, lse, s, codes, format, scale, amax);
   p.qkv = p.kv = static_cast<const bf16*>(qkv);
-  p.out = static_cast<bf16*>(out);
-  p.lse = lse;
-  p.codes = static_cast<uint8_t*>(codes);
-  p.code_scale = scale;
-  p.code_amax = reinterpret_cast<unsigned*>(amax);
-  p.codes_e5m2 = format == DType::E5M2;
   attention_forward_hopper(p, stream);
   return true;
 }
@@ -1208,13 +1220,7 @@ bool attention_forward_fp8(void* out, float* lse, const void* qkv, const Attenti
     return false;
   }
   if (s.batch == 0 || s.seq == 0) return true;
-  auto p = make_params<AttentionForwardParams>(s);
-  p.out = static_cast<bf16*>(out);
-  p.lse = lse;
-  p.codes = static_cast<uint8_t*>(codes);
-  p.code_scale = scale;
-  p.code_amax = reinterpret_cast<unsigned*>(amax);
-  p.codes_e5m2 = format == DType::E5M2;
+  const AttentionForwardParams p = forward_params(out, lse, s, codes, format, scale, amax);
   const Fp8AttentionOperands operands =
       cast_fp8_attention_operands(static_cast<const bf16*>(qkv), s, scratch, stream);
   attention_forward_hopper_fp8(p, operands, stream);
