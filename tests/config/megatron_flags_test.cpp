@@ -207,6 +207,7 @@ TEST(MegatronFlags, Fp8FormatIsFp8AndFp8ParamGatherIsRefusedAndFp8AttentionTakes
   refused(std::string(kMinimal) + "device: cuda\n", "heads of 64");
   refused(std::string(kMinimal) + "device: cpu\nkv_channels: 128\n", "device cpu");
   refused(gpu + "precision: fp32\n", "precision fp32");
+  refused(gpu + "attention_backend: cudnn\n", "attention_backend cudnn");
 }
 
 TEST(MegatronFlags, RuntimeFlags) {

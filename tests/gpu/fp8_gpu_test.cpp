@@ -677,8 +677,6 @@ TEST(GpuFp8Model, TensorwiseWithoutCacheAndE4m3WithHeadTrackBf16) {
   compare_curves("fp8: e4m3\nfp8_lm_head: true\n", 100, 0.02);
 }
 
-// Fast accumulation in every FP8 GEMM, the head's included: its data gradient sums over the
-// Llama 3 vocabulary (K = 128,256), the longest reduction of any GEMM in these models.
 // FP8 attention on heads of 128 (kv_channels 128 beside a hidden size of 256), alone and with
 // FP8 GEMMs under current scaling.
 TEST(GpuFp8Model, Fp8AttentionTracksBf16OnRealText) {
@@ -688,6 +686,8 @@ TEST(GpuFp8Model, Fp8AttentionTracksBf16OnRealText) {
                  0.02, "kv_channels: 128\n");
 }
 
+// Fast accumulation in every FP8 GEMM, the head's included: its data gradient sums over the
+// Llama 3 vocabulary (K = 128,256), the longest reduction of any GEMM in these models.
 TEST(GpuFp8Model, FastAccumulationInEveryGemmTracksBf16) {
   TS_REQUIRE_GPU();
   compare_curves(

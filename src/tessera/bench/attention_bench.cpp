@@ -35,8 +35,8 @@ balancing: every segment's keys, one segment's queries), every segment's share t
 on this GPU, so that its TFLOP/s are one GPU's under context parallelism, the exchange of keys
 and values aside. --attention_backend picks the kernels and
 --deterministic_mode true their bit-reproducible backward, and --fp8_dot_product_attention true
-the forward on FP8 codes (backward rows: the bf16 backward after it), as the training keys of
-those names do. Each row is checked before timing (T=200 against the CPU reference; forward
+the forward on FP8 codes (heads of 128, the default --head_dims then; backward rows: the bf16
+backward after it), as the training keys of those names do. Each row is checked before timing (T=200 against the CPU reference; forward
 rows also sampled at full size against a host softmax).
 TFLOP/s: forward 4*B*H*D*pairs with pairs = T^2/2 causal, T^2 full, the exact band for a
 window, L^2/2 per document of L tokens packed; backward 2.5x forward. -o DIR writes bench_attention.csv and .md.
@@ -362,7 +362,12 @@ int attention_bench_command(const std::vector<std::string>& args) {
       if (heads % kv != 0)
         throw ConfigError("command line", "kv_heads", std::to_string(kv),
                           fmt::format("a divisor of --heads {}", heads));
-      for (int64_t d : a.get_int_list("head_dims", {64, 128}))
+      // FP8 attention takes heads of 128 only.
+      for (int64_t d : a.get_int_list("head_dims", fp8 == "true" ? std::vector<int64_t>{128}
+                                                                 : std::vector<int64_t>{64, 128})) {
+        if (fp8 == "true" && d != 128)
+          throw ConfigError("command line", "head_dims", std::to_string(d),
+                            "128 with --fp8_dot_product_attention true");
         for (const std::string& mask : a.get_list("masks", {"causal", "full", "window"})) {
           if (mask != "causal" && mask != "full" && mask != "window" && mask != "packed" && mask != "cp")
             throw ConfigError("command line", "masks", mask, "causal, full, window, packed and/or cp");
@@ -387,6 +392,7 @@ int attention_bench_command(const std::vector<std::string>& args) {
             problems.push_back(p);
           }
         }
+      }
     }
   }
 

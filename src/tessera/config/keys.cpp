@@ -336,8 +336,9 @@ std::vector<KeySpec> build_keys() {
       "Megatron's FP8 attention: the attention forward's two products (scores and probabilities "
       "times values) multiply e4m3 codes at twice the bf16 rate, each 128-token tile of a head "
       "scaled by its own amax; the backward stays bf16 over the bf16 queries, keys and values with "
-      "this forward's output and log-sum-exp. Heads of 128 on Hopper GPUs, with or without fp8 "
-      "GEMMs; not with multi-latent attention or context parallelism (docs/fp8.md).",
+      "this forward's output and log-sum-exp. Heads of 128 on Hopper GPUs (Tessera's kernels), "
+      "with or without fp8 GEMMs; not with multi-latent attention, context parallelism or "
+      "attention_backend cudnn (docs/fp8.md).",
       TS_FIELD(training.fp8_dot_product_attention)));
   k.push_back(bool_key("fp8_lm_head", "training", "Run the output head in FP8 too (off: bf16, as Transformer Engine recipes keep it).", TS_FIELD(training.fp8_lm_head)));
   k.push_back(bool_key("fp8_weight_transpose_cache", "training", "Keep each weight's FP8 copy and FP8 transpose from the first use in a step to the next optimizer step (2 bytes per weight); false re-casts at every use (--no_fp8_weight_transpose_cache).", TS_FIELD(training.fp8_weight_transpose_cache)));

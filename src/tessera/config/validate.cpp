@@ -70,6 +70,11 @@ void check_experiment_names(const Checker& c, const Experiment& e) {
   c.require(!e.workspace.empty(), "workspace", "a directory path");
 }
 
+// Width of the query, key and value heads of a model without multi-latent attention.
+int64_t attention_head_dim(const ModelConfig& m) {
+  return m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
+}
+
 void check_model(const Checker& c, const ModelConfig& m) {
   c.require(m.num_layers >= 1, "num_layers", "at least 1");
   c.require(m.hidden_size >= 1, "hidden_size", "at least 1");
@@ -84,7 +89,7 @@ void check_model(const Checker& c, const ModelConfig& m) {
     c.require(
         m.hidden_size % m.num_attention_heads == 0, "num_attention_heads",
         fmt::format("a divisor of hidden_size ({}) unless kv_channels is set", m.hidden_size));
-  const int64_t head_dim = m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
+  const int64_t head_dim = attention_head_dim(m);
   if (!m.multi_latent_attention)
     c.require(head_dim % 2 == 0, m.kv_channels ? "kv_channels" : "hidden_size",
               fmt::format("an even head dimension for rotary embeddings (got {})", head_dim));
@@ -602,21 +607,24 @@ void check_fp8(const Checker& c, const TrainingConfig& t) {
             "a multiple of 128 with fp8_lm_head and blockwise");
 }
 
-// FP8 attention is the warpgroup forward's FP8 form: heads of 128, one sequence's keys.
+// FP8 attention is the warpgroup forward's FP8 form (Tessera's kernels, not cuDNN's): heads of
+// 128, one sequence's keys.
 void check_fp8_attention(const Checker& c, const ModelConfig& m, const TrainingConfig& t) {
   const char* key = "fp8_dot_product_attention";
-  const std::string why = "false";
   c.require(t.device != DeviceChoice::Cpu, key,
-            why + " with device cpu: FP8 attention runs on Hopper GPUs' tensor cores");
+            "false with device cpu: FP8 attention runs on Hopper GPUs' tensor cores");
   c.require(t.precision != Precision::Fp32, key,
-            why + " with precision fp32: FP8 attention reads bf16 queries, keys and values");
+            "false with precision fp32: FP8 attention reads bf16 queries, keys and values");
   c.require(!m.multi_latent_attention, key,
-            why + " with multi_latent_attention: its heads (192 and 128) are not one width of 128");
-  const int64_t head_dim = m.kv_channels ? m.kv_channels : m.hidden_size / m.num_attention_heads;
-  c.require(m.multi_latent_attention || head_dim == 128, key,
-            fmt::format("{} with heads of {}: FP8 attention takes heads of 128", why, head_dim));
+            "false with multi_latent_attention: its heads (192 and 128) are not one width of 128");
+  c.require(attention_head_dim(m) == 128, key,
+            fmt::format("false with heads of {}: FP8 attention takes heads of 128",
+                        attention_head_dim(m)));
   c.require(t.context_parallel_size == 1, key,
-            why + " with context_parallel_size above 1: context parallelism's attention is bf16");
+            "false with context_parallel_size above 1: context parallelism's attention is bf16");
+  c.require(t.attention_backend != AttentionBackend::Vendor, key,
+            "false with attention_backend cudnn (or fused): FP8 attention runs on Tessera's "
+            "warpgroup kernels");
 }
 
 // The run's tokenizer as a dataset would record it (without the vocabulary, which only

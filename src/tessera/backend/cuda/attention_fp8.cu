@@ -60,9 +60,9 @@ __global__ void __launch_bounds__(kCastThreads)
     attention_fp8_cast_kernel(const bf16* __restrict__ qkv, uint8_t* __restrict__ qk,
                               uint8_t* __restrict__ vt, float* __restrict__ descales, int T, int H,
                               int KV, int tiles, int64_t padded_seq) {
-  // A value tile's codes, tokens x dims; 4 bytes of padding a row spread the transposing
-  // column reads over the banks.
-  __shared__ uint8_t value_codes[kTileTokens][kD + 4];
+  // A value tile's codes, tokens x dims (4-byte stores); 4 bytes of padding a row move each
+  // row's column by a bank, which eases the transposing column reads' conflicts.
+  __shared__ alignas(16) uint8_t value_codes[kTileTokens][kD + 4];
   __shared__ unsigned warp_amax[kCastThreads / 32];
   const int tile = static_cast<int>(blockIdx.x), slot = static_cast<int>(blockIdx.y);
   const int b = static_cast<int>(blockIdx.z), slots = H + 2 * KV;

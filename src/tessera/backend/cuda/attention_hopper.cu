@@ -28,7 +28,7 @@
 // operands only). Each 128-token tile of a head has its own descale: a tile's scores are
 // scaled by its query and key descales in the softmax, and O is held in units of the current
 // value tile's descale, converted by the ratio of two tiles' descales where the softmax
-// rescales it anyway. P is coded as 256 p (e4m3 keeps 2^-9 of its largest value 448: p down to
+// rescales it anyway. P is coded as 256 p (e4m3's smallest subnormal is 2^-9, so p down to
 // 2^-17 stays a code); the row sums stay fp32, so the factor cancels in the normalisation.
 #include <algorithm>
 #include <cmath>
@@ -408,7 +408,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int s = i % kStages, prev = (i - 1) % kStages;
     const uint32_t parity = (i / kStages) & 1, prev_parity = ((i - 1) / kStages) & 1;
     const float c = score_scale(n);
-    // FP8: O moves from tile n - 1's value units to tile n's with the softmax's rescale.
+    // FP8: O moves from tile n - 1's value units to tile n's with the softmax's rescale. The
+    // descales are powers of two, so the ratio is exact; O would overflow only after a value
+    // tile whose amax is some 2^100 below an earlier one's (amaxes near 1e-28 in bf16 training).
     const float value_ratio = kFp8 ? __fdividef(descale_v[n - 1], descale_v[n]) : 1.f;
     mbar_wait(full_k(s), parity);
     mbar_wait(full_v(prev), prev_parity);
@@ -451,8 +453,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (consumer == 0) await_turn();
 
-  // Epilogue: normalise, write lse, stage O (bf16) in this warp's own rows of the Q tile, in
-  // Q's swizzled layout, then store 16-byte chunks of whole rows.
+  // Epilogue: normalise, write lse, stage O (bf16) in this warp's own rows of a 128-row
+  // swizzled tile (bf16: the Q tile; FP8: the staging tile at kOutOffset), then store 16-byte
+  // chunks of whole rows.
   const int64_t stat_row = (static_cast<int64_t>(b) * p.heads + h) * T;
   // FP8: O is in the last value tile's units.
   const float value_descale = kFp8 ? descale_v[n_end - 1] : 1.f;
@@ -467,8 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (t == 0 && i < T)
       p.lse[stat_row + i] = l > 0.f ? (st.row_max[r] + log2f(l) - shift) * kLn2 : -INFINITY;
   }
-  // The Q tile was last written by TMA and read by wgmma (the async proxy); these generic
-  // writes reuse it.
+  // bf16 stages in the Q tile, last written by TMA and read by wgmma (the async proxy); these
+  // generic writes reuse it. (FP8's staging tile is only ever written here.)
   fence_async_shared();
   auto staged = [&](int row, int col) { return swizzled_offset(kBlockM, row, col); };
 #pragma unroll

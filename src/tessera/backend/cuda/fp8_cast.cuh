@@ -44,8 +44,8 @@ void fp8_block_cast(const void* x, DType x_dtype, int64_t R, int64_t C, Fp8Scali
                     void* out, float* out_scale_inv, void* out_t, float* out_t_scale_inv,
                     DType format, float* nonfinite, cudaStream_t stream);
 
-// core/fp8.h's fp8_block_scale on the device (this header is included by GPU sources only):
-// one correctly rounded division, then the power of two below.
+// core/fp8.h's fp8_block_scale on the device: one correctly rounded division, then the power
+// of two below.
 __device__ __forceinline__ float fp8_block_scale_on_device(float amax, float fp8_max) {
   if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
   const float ratio = __fdiv_rn(fp8_max, amax);
