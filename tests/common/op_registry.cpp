@@ -1698,15 +1698,24 @@ struct PackedAttention {
   std::vector<std::vector<int>> documents;
 };
 
+// Each token's document start (by position in its sequence of `seq` tokens) for sequences
+// holding documents of these lengths, in order.
+std::vector<int32_t> document_starts_of(const std::vector<std::vector<int>>& documents,
+                                        int64_t seq) {
+  std::vector<int32_t> starts;
+  for (const auto& sequence : documents)
+    for (int length : sequence)
+      for (int k = 0; k < length; ++k)
+        starts.push_back(static_cast<int32_t>(starts.size() % seq) - k);
+  return starts;
+}
+
 void add_packed_attention_cases(std::vector<OpCase>& cases, const PackedAttention& p) {
   const AttentionShape& s = p.s;
-  std::vector<int32_t> starts, positions;
-  for (const auto& sequence : p.documents)
-    for (int length : sequence)
-      for (int k = 0; k < length; ++k) {
-        starts.push_back(static_cast<int32_t>(positions.size() % s.seq) - k);
-        positions.push_back(k);
-      }
+  const std::vector<int32_t> starts = document_starts_of(p.documents, s.seq);
+  std::vector<int32_t> positions;  // each token's place in its document
+  for (size_t i = 0; i < starts.size(); ++i)
+    positions.push_back(static_cast<int32_t>(i % s.seq) - starts[i]);
   const std::string shape = fmt::format("B{} T{} H{} KV{} D{}{} window{} packed", s.batch, s.seq,
                                         s.heads, s.kv_heads, s.head_dim, v_dim_text(s), s.window);
   cases.push_back(rope_case(shape, s, positions));
@@ -1730,11 +1739,7 @@ void add_packed_attention_cases(std::vector<OpCase>& cases, const PackedAttentio
 // Named fp8_attention_* so that the bf16-only attention runs (fp32, cuDNN) leave them out.
 OpCase fp8_attention_case(AttentionShape s, const std::vector<std::vector<int>>& documents = {}) {
   s.fp8 = true;
-  std::vector<int32_t> starts;
-  for (const auto& sequence : documents)
-    for (int length : sequence)
-      for (int k = 0; k < length; ++k)
-        starts.push_back(static_cast<int32_t>(starts.size() % s.seq) - k);
+  const std::vector<int32_t> starts = document_starts_of(documents, s.seq);
   OpCase f;
   f.name = fmt::format("fp8_attention_forward B{} T{} H{} KV{} D{} window{}{}{}", s.batch, s.seq,
                        s.heads, s.kv_heads, s.head_dim, s.window, s.causal ? "" : " full",

@@ -36,8 +36,9 @@ on this GPU, so that its TFLOP/s are one GPU's under context parallelism, the ex
 and values aside. --attention_backend picks the kernels and
 --deterministic_mode true their bit-reproducible backward, and --fp8_dot_product_attention true
 the forward on FP8 codes (heads of 128, the default --head_dims then; backward rows: the bf16
-backward after it), as the training keys of those names do. Each row is checked before timing (T=200 against the CPU reference; forward
-rows also sampled at full size against a host softmax).
+backward after it), as the training keys of those names do. Each row is checked before timing
+(T=200 against the CPU reference; forward rows also sampled at full size against a host
+softmax).
 TFLOP/s: forward 4*B*H*D*pairs with pairs = T^2/2 causal, T^2 full, the exact band for a
 window, L^2/2 per document of L tokens packed; backward 2.5x forward. -o DIR writes bench_attention.csv and .md.
 )";
@@ -349,9 +350,10 @@ int attention_bench_command(const std::vector<std::string>& args) {
     throw ConfigError("command line", "document_length", std::to_string(document_length), "a positive token count");
   const int64_t tokens = a.get_int("tokens", 16384);
   const int64_t segments = a.get_int("context_parallel_size", 2);
-  const std::string fp8 = a.get("fp8_dot_product_attention", "false");
-  if (fp8 != "true" && fp8 != "false")
-    throw ConfigError("command line", "fp8_dot_product_attention", fp8, "true or false");
+  const std::string fp8_text = a.get("fp8_dot_product_attention", "false");
+  if (fp8_text != "true" && fp8_text != "false")
+    throw ConfigError("command line", "fp8_dot_product_attention", fp8_text, "true or false");
+  const bool fp8 = fp8_text == "true";
   if (segments < 2)
     throw ConfigError("command line", "context_parallel_size", std::to_string(segments), "2 or more");
   std::vector<AttentionProblem> problems;
@@ -363,9 +365,9 @@ int attention_bench_command(const std::vector<std::string>& args) {
         throw ConfigError("command line", "kv_heads", std::to_string(kv),
                           fmt::format("a divisor of --heads {}", heads));
       // FP8 attention takes heads of 128 only.
-      for (int64_t d : a.get_int_list("head_dims", fp8 == "true" ? std::vector<int64_t>{128}
-                                                                 : std::vector<int64_t>{64, 128})) {
-        if (fp8 == "true" && d != 128)
+      for (int64_t d : a.get_int_list("head_dims", fp8 ? std::vector<int64_t>{128}
+                                                       : std::vector<int64_t>{64, 128})) {
+        if (fp8 && d != 128)
           throw ConfigError("command line", "head_dims", std::to_string(d),
                             "128 with --fp8_dot_product_attention true");
         for (const std::string& mask : a.get_list("masks", {"causal", "full", "window"})) {
@@ -374,8 +376,8 @@ int attention_bench_command(const std::vector<std::string>& args) {
           for (int64_t t : a.get_int_list("seqs", {1024, 2048, 4096, 8192, 16384, 32768})) {
             if (mask == "window" && window >= t) continue;
             if (mask == "packed" && document_length >= t) continue;
-            if (mask == "cp" && fp8 == "true")
-              throw ConfigError("command line", "fp8_dot_product_attention", fp8,
+            if (mask == "cp" && fp8)
+              throw ConfigError("command line", "fp8_dot_product_attention", fp8_text,
                                 "false with the cp mask: context parallelism's attention is bf16");
             if (mask == "cp" && t % (2 * segments) != 0)
               throw ConfigError("command line", "seqs", std::to_string(t),
@@ -387,7 +389,7 @@ int attention_bench_command(const std::vector<std::string>& args) {
             p.window = mask == "window" ? window : 0;
             p.document_length = mask == "packed" ? document_length : 0;
             p.segments = mask == "cp" ? segments : 1;
-            p.fp8 = fp8 == "true";
+            p.fp8 = fp8;
             p.backward = pass == "backward";
             problems.push_back(p);
           }
