@@ -365,8 +365,8 @@ int attention_bench_command(const std::vector<std::string>& args) {
         throw ConfigError("command line", "kv_heads", std::to_string(kv),
                           fmt::format("a divisor of --heads {}", heads));
       // FP8 attention takes heads of 128 only.
-      for (int64_t d : a.get_int_list("head_dims", fp8 ? std::vector<int64_t>{128}
-                                                       : std::vector<int64_t>{64, 128})) {
+      for (int64_t d : a.get_int_list(
+               "head_dims", fp8 ? std::vector<int64_t>{128} : std::vector<int64_t>{64, 128})) {
         if (fp8 && d != 128)
           throw ConfigError("command line", "head_dims", std::to_string(d),
                             "128 with --fp8_dot_product_attention true");
