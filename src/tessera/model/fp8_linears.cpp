@@ -21,7 +21,8 @@ struct Fp8Plan {
 };
 
 struct Fp8Offsets {
-  size_t fwd_history, fwd_scale, fwd_scale_inv, bwd_history, bwd_scale, bwd_scale_inv, status;
+  size_t fwd_history, fwd_scale, fwd_scale_inv, fwd_scale_inv_gemm, bwd_history, bwd_scale,
+      bwd_scale_inv, bwd_scale_inv_gemm, status;
   std::vector<size_t> cache, cache_t;
   size_t weight_scratch = 0, x_codes, dy_codes, dy_codes_t;
   // Blockwise: the scale_inv of every cast (Fp8BlockScales), for the weights per linear with
@@ -79,9 +80,11 @@ Fp8Offsets plan_offsets(const Fp8Options& o, const std::vector<Fp8LinearShape>& 
   f.fwd_history = p.add(H * F * sizeof(float));
   f.fwd_scale = p.add(F * sizeof(float));
   f.fwd_scale_inv = p.add(F * sizeof(float));
+  f.fwd_scale_inv_gemm = p.add(F * Fp8Linears::kScaleInvPitch * sizeof(float));
   f.bwd_history = p.add(H * L * sizeof(float));
   f.bwd_scale = p.add(L * sizeof(float));
   f.bwd_scale_inv = p.add(L * sizeof(float));
+  f.bwd_scale_inv_gemm = p.add(L * Fp8Linears::kScaleInvPitch * sizeof(float));
   f.status = p.add(sizeof(float));
   const bool blocks = blockwise(o);
   for (const auto& l : linears) {
@@ -187,15 +190,19 @@ Fp8Linears::Fp8Linears(Backend& backend, const Fp8Options& options,
   for (const auto& l : linears_) fwd_column_.push_back(F), F += forward_columns(l);
   fwd_ = {buffer_.tensor(DType::F32, {H, F}, f.fwd_history),
           buffer_.tensor(DType::F32, {F}, f.fwd_scale),
-          buffer_.tensor(DType::F32, {F}, f.fwd_scale_inv), DType::E4M3};
+          buffer_.tensor(DType::F32, {F}, f.fwd_scale_inv),
+          buffer_.tensor(DType::F32, {F, kScaleInvPitch}, f.fwd_scale_inv_gemm), DType::E4M3};
   bwd_ = {buffer_.tensor(DType::F32, {H, L}, f.bwd_history),
           buffer_.tensor(DType::F32, {L}, f.bwd_scale),
-          buffer_.tensor(DType::F32, {L}, f.bwd_scale_inv), options_.grad_format()};
+          buffer_.tensor(DType::F32, {L}, f.bwd_scale_inv),
+          buffer_.tensor(DType::F32, {L, kScaleInvPitch}, f.bwd_scale_inv_gemm),
+          options_.grad_format()};
   status_ = buffer_.tensor(DType::F32, {1}, f.status);
   for (const Group* g : {&fwd_, &bwd_}) {  // Transformer Engine's initial state
     backend_.fill(g->history, 0.0f);
     backend_.fill(g->scale, 1.0f);
     backend_.fill(g->scale_inv, 1.0f);
+    backend_.fill(g->scale_inv_gemm, 1.0f);
   }
   backend_.fill(status_, 0.0f);
   for (size_t i = 0; i < linears_.size() && options_.weight_cache; ++i) {
@@ -334,18 +341,30 @@ bool Fp8Linears::just_in_time() const {
   return options_.recipe == Fp8Recipe::Tensorwise || !have_history_;
 }
 
-void Fp8Linears::update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
-                               DType format, bool most_recent, bool roll) {
+void Fp8Linears::update_scales(const Group& g, int64_t slot, int64_t slots, const Tensor& history,
+                               bool most_recent, bool roll) {
   Fp8ScaleUpdateArgs u;
   u.amax_history = history;
-  u.scale = scale;
-  u.scale_inv = scale_inv;
+  u.scale = g.scale.flat_range(slot, slots);
+  u.scale_inv = g.scale_inv.flat_range(slot, slots);
   u.nonfinite = status_;
-  u.fp8_max = fp8_max(format);
+  u.fp8_max = fp8_max(g.format);
   u.margin = options_.margin;
   u.most_recent = most_recent;
   u.roll = roll;
   backend_.fp8_update_scales(u);
+  copy_scale_inv_to_gemm(g, slot, slots);
+}
+
+void Fp8Linears::copy_scale_inv_to_gemm(const Group& g, int64_t slot, int64_t slots) {
+  backend_.copy_columns(g.scale_inv_gemm.flat_range(slot * kScaleInvPitch, slots * kScaleInvPitch)
+                            .view({slots, kScaleInvPitch}),
+                        0, g.scale_inv.flat_range(slot, slots).view({slots, 1}), 0, 1);
+}
+
+void Fp8Linears::state_restored() {
+  have_history_ = true;
+  for (const Group* g : {&fwd_, &bwd_}) copy_scale_inv_to_gemm(*g, 0, g->scale_inv.numel());
 }
 
 void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tensor& out,
@@ -362,8 +381,7 @@ void Fp8Linears::cast(const Group& g, int64_t slot, const Tensor& x, const Tenso
     a.x = x;
     a.amax = amax;
     backend_.fp8_cast_transpose(a);
-    update_scales(amax.view({1, 1}), c.scale, g.scale_inv.flat_range(slot, 1), g.format,
-                  /*most_recent=*/true, /*roll=*/false);
+    update_scales(g, slot, 1, amax.view({1, 1}), /*most_recent=*/true, /*roll=*/false);
   } else if (record) {
     c.amax = amax;
   }
@@ -384,8 +402,7 @@ void Fp8Linears::cast_groups(const Group& g, int64_t slot, int64_t slots, Fp8Gro
     a.out = a.out_t = Tensor{};
     a.amax = amax;
     backend_.fp8_grouped_cast(a);
-    update_scales(amax.view({1, slots}), c.scale, g.scale_inv.flat_range(slot, slots), g.format,
-                  /*most_recent=*/true, /*roll=*/false);
+    update_scales(g, slot, slots, amax.view({1, slots}), /*most_recent=*/true, /*roll=*/false);
   } else if (record) {
     c.amax = amax;
   }
@@ -655,7 +672,7 @@ void Fp8Linears::end_step(const Tensor& grad_norm_sq) {
     const bool most_recent = options_.amax_algo == Fp8AmaxAlgo::MostRecent;
     for (const Group* g : {&fwd_, &bwd_}) {
       if (amax_reducer_) amax_reducer_(g->history.flat_range(0, g->history.dim(1)));
-      update_scales(g->history, g->scale, g->scale_inv, g->format, most_recent, /*roll=*/true);
+      update_scales(*g, 0, g->scale_inv.numel(), g->history, most_recent, /*roll=*/true);
     }
     have_history_ = true;
   }

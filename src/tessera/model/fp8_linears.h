@@ -159,12 +159,19 @@ class Fp8Linears final : public StepHook {
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   std::vector<std::pair<std::string, Tensor>> state() const override { return state_tensors(); }
   // The state was overwritten from a checkpoint: its histories are valid from now on.
-  void state_restored() override { have_history_ = true; }
+  void state_restored() override;
   const std::vector<Fp8LinearShape>& linears() const { return linears_; }
+  // Floats between consecutive slots of the scale_invs the GEMMs read (16 bytes).
+  static constexpr int64_t kScaleInvPitch = 4;
 
  private:
-  struct Group {  // tensors sharing a format: history (H, S), scale (S), scale_inv (S)
-    Tensor history, scale, scale_inv;
+  // Tensors sharing a format: history (H, S), scale (S), scale_inv (S), and scale_inv_gemm (S,
+  // kScaleInvPitch), scale_inv's slots 16 bytes apart, copied from it whenever it changes:
+  // cuBLASLt reads a tensor scale from a 16-byte aligned address, and the GEMMs reading this
+  // copy spare the backend a copy to an aligned slot for every GEMM (~5,600 a step of the full
+  // Llama 3.1 8B).
+  struct Group {
+    Tensor history, scale, scale_inv, scale_inv_gemm;
     DType format = DType::E4M3;
   };
   // Casts x into out and/or out_t with the scale of `slot`. record: these are this step's
@@ -175,8 +182,11 @@ class Fp8Linears final : public StepHook {
   // Whether a producer of linear i's operands on `rows` rows can write their codes: the scale
   // known before the values (delayed, with a history), per tensor, not an expert stack.
   bool producer_casts(int i, int64_t rows) const;
-  void update_scales(const Tensor& history, const Tensor& scale, const Tensor& scale_inv,
-                     DType format, bool most_recent, bool roll);
+  // The scales of g's slots [slot, slot + slots) from `history` (rows of those slots), and
+  // their copy for the GEMMs.
+  void update_scales(const Group& g, int64_t slot, int64_t slots, const Tensor& history,
+                     bool most_recent, bool roll);
+  void copy_scale_inv_to_gemm(const Group& g, int64_t slot, int64_t slots);
   Tensor weight_codes(int i, const Tensor& weight, bool transposed);
   // Expert stack i's codes of this rank's experts, (local, out, in) or transposed per expert
   // (local, in, out); their scale_invs are the forward columns expert_slot(i, first_expert)...
@@ -194,7 +204,10 @@ class Fp8Linears final : public StepHook {
   void backward_blockwise(int i, const Tensor& din, const Tensor& dout, const Tensor& in,
                           const Tensor& weight, const Tensor& dweight, float dweight_beta);
   bool blockwise() const { return options_.recipe == Fp8Recipe::Blockwise; }
-  Tensor scale_inv(const Group& g, int64_t slot) const { return g.scale_inv.flat_range(slot, 1); }
+  // The scale_inv of g's slot as the GEMMs read it.
+  Tensor scale_inv(const Group& g, int64_t slot) const {
+    return g.scale_inv_gemm.flat_range(slot * kScaleInvPitch, 1);
+  }
   bool just_in_time() const;
 
   Backend& backend_;
