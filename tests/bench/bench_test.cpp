@@ -408,6 +408,20 @@ TEST(BenchCommands, WriteTablesAsMarkdownAndCsv) {
   r = run("bench attention --device cpu --seqs 64 --head_dims 16 --masks cp --context_parallel_size 1");
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_NE(r.output.find("'context_parallel_size' has value '1'"), std::string::npos) << r.output;
+  // FP8 attention takes heads of 128 and no context parallelism: refused by name, nothing run.
+  r = run("bench attention --device cpu --seqs 64 --head_dims 64 --fp8_dot_product_attention true");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("'head_dims' has value '64'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("128 with --fp8_dot_product_attention true"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("checked and timed"), std::string::npos) << r.output;
+  r = run("bench attention --device cpu --seqs 64 --masks cp --fp8_dot_product_attention true");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("'fp8_dot_product_attention' has value 'true'"), std::string::npos)
+      << r.output;
+  r = run("bench attention --device cpu --seqs 64 --fp8_dot_product_attention yes");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("true or false"), std::string::npos) << r.output;
 
   r = run("bench membw --device cpu --sizes_mib 1,4 --iters 2 -o " + out.string());
   ASSERT_EQ(r.status, 0) << r.output;
