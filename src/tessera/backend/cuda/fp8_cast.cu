@@ -50,7 +50,7 @@ __device__ __forceinline__ void store_codes(uint8_t* out, int64_t r, int64_t C, 
 
 // Thread threadIdx.x's share of a tile at (r0, c): rows r0 + threadIdx.x / 16 + 16 k below
 // `rows`, its kPack columns from c (vectorised when vec_in); entries past rows or C stay unset.
-template <class T>
+template <class T, bool kAligned = false>
 __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* __restrict__ x,
                                           int64_t rows, int64_t C, int64_t r0, int64_t c,
                                           bool vec_in) {
@@ -58,8 +58,8 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
     const int64_t r = r0 + t / (kTileCols / kPack) + pass * kLoadRowsPerPass;
-    if (vec_in) {
-      if (r < rows && c < C) {
+    if (kAligned || vec_in) {
+      if (kAligned || (r < rows && c < C)) {
 #pragma unroll
         for (int k = 0; k < kPack; k += kVec16<T>)
           *reinterpret_cast<Pack<T, kVec16<T>>*>(&v[pass][k]) =
@@ -80,8 +80,11 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 // vec_in: C % 8 == 0 and x (16 bytes), out (8 bytes) aligned, so a thread's 8 columns are
 // all inside or all outside and move as single accesses; vec_t: likewise R % 16 == 0 and
 // out_t 16-byte aligned for the transposed runs. Otherwise element by element.
-template <class T, DType kFormat>
-__global__ void __launch_bounds__(kCastThreads)
+// kAligned: whole tiles (R % 128, C % 64) with vec_in and vec_t, no bounds checks: 62 registers
+// against 96, 8 blocks an SM against 5 (the full Llama step's transposing casts 127 -> 87 ms;
+// performance-notes entry 62).
+template <class T, DType kFormat, bool kAligned>
+__global__ void __launch_bounds__(kCastThreads, kAligned && sizeof(T) == 2 ? 8 : 0)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
                               const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
                               uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,
@@ -91,6 +94,7 @@ __global__ void __launch_bounds__(kCastThreads)
   __shared__ __align__(16) uint8_t tile[kTileRows][kTileCols + 4];
   __shared__ unsigned warp_amax[kCastThreads / 32];
   const bool cast = out != nullptr || out_t != nullptr;
+  const unsigned seen = amax_seen(amax_bits);
   const float scale = cast ? *scale_ptr : 1.0f;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(kCastThreads)
   const int tc = (t % (kTileCols / kPack)) * kPack;
   const int64_t c = c0 + tc;
   alignas(16) T v[kLoadPasses][kPack];
-  load_tile(v, x, R, C, r0, c, vec_in);
+  load_tile<T, kAligned>(v, x, R, C, r0, c, vec_in);
   unsigned m = 0;
 #pragma unroll
   for (int pass = 0; pass < kLoadPasses; ++pass) {
@@ -107,12 +111,13 @@ __global__ void __launch_bounds__(kCastThreads)
     uint32_t words[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < kPack; k += 2) {
-      const bool in0 = r < R && c + k < C, in1 = r < R && c + k + 1 < C;
+      const bool in0 = kAligned || (r < R && c + k < C);
+      const bool in1 = kAligned || (r < R && c + k + 1 < C);
       const float a = in0 ? to_float(v[pass][k]) : 0.0f, b = in1 ? to_float(v[pass][k + 1]) : 0.0f;
       m = max(m, max(__float_as_uint(fabsf(a)), __float_as_uint(fabsf(b))));
       if (cast) words[k / 4] |= to_fp8x2<kFormat>(a * scale, b * scale) << (16 * (k / 2 % 2));
     }
-    if (out != nullptr && r < R) store_codes(out, r, C, c, words, vec_in);
+    if (out != nullptr && (kAligned || r < R)) store_codes(out, r, C, c, words, kAligned || vec_in);
     if (out_t != nullptr) {
       *reinterpret_cast<uint32_t*>(&tile[tr][tc]) = words[0];
       *reinterpret_cast<uint32_t*>(&tile[tr][tc + 4]) = words[1];
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(kCastThreads)
   if (amax_bits == nullptr && out_t == nullptr) return;
   __syncthreads();
   if (amax_bits != nullptr && t == 0) {
-    block_amax_to<kCastThreads>(amax_bits, warp_amax);
+    block_amax_to<kCastThreads>(amax_bits, warp_amax, seen);
   }
   if (out_t == nullptr) return;
   // Thread t writes out_t rows c0 + cg .. c0 + cg + 4 (tile columns), columns r0 + j0 ..
@@ -134,12 +139,12 @@ __global__ void __launch_bounds__(kCastThreads)
   uint32_t run[4][kRunT / 4];
   tile_column_runs(tile, cg, j0, run);
   const int64_t r = r0 + j0;
-  if (r >= R) return;
+  if (!kAligned && r >= R) return;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int64_t oc = c0 + cg + k;
-    if (oc >= C) break;
-    if (vec_t) {
+    if (!kAligned && oc >= C) break;
+    if (kAligned || vec_t) {
       *reinterpret_cast<uint4*>(out_t + oc * R + r) =
           make_uint4(run[k][0], run[k][1], run[k][2], run[k][3]);
     } else {
@@ -180,6 +185,7 @@ __global__ void __launch_bounds__(kCastThreads)
   // groups are read, never used).
   alignas(16) T v[kLoadPasses][kPack];
   load_tile(v, x, R, C, r0, c, vec_in);
+  const unsigned seen = per_group_amax ? 0u : amax_seen(amax_bits);
   // Clamped into [0, R]: whatever the offsets hold, no access leaves x.
   int64_t used = R;
   if (offsets != nullptr) used = offsets[G] < 0 ? 0 : offsets[G] < R ? offsets[G] : R;
@@ -257,7 +263,7 @@ __global__ void __launch_bounds__(kCastThreads)
     if (per_group_amax) {
       if (group_amax[t] != 0) atomicMax(amax_bits + row_group[t], group_amax[t]);
     } else if (t == 0) {
-      block_amax_to<kCastThreads>(amax_bits, warp_amax);
+      block_amax_to<kCastThreads>(amax_bits, warp_amax, seen);
     }
   }
   if (out_t == nullptr) return;
@@ -334,17 +340,22 @@ void fp8_cast_transpose(const void* x, DType x_dtype, int64_t R, int64_t C, cons
   auto* a = reinterpret_cast<unsigned*>(amax);
   const bool vec_in = C % kPack == 0 && is_aligned(x, 16) && (o == nullptr || is_aligned(o, kPack));
   const bool vec_t = R % kRunT == 0 && (ot == nullptr || is_aligned(ot, kRunT));
+  // Whole tiles with every access vectorised: the kernel without its bounds checks.
+  const bool aligned = vec_in && vec_t && R % kTileRows == 0 && C % kTileCols == 0;
   dispatch_float(x_dtype, "fp8_cast_transpose", [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(x);
+    const auto launch = [&](auto kernel) {
+      kernel<<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
+    };
+    TS_CHECK(format == DType::E4M3 || format == DType::E5M2 || (out == nullptr && out_t == nullptr),
+             "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
     if (format == DType::E5M2) {
-      fp8_cast_transpose_kernel<T, DType::E5M2>
-          <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
+      aligned ? launch(fp8_cast_transpose_kernel<T, DType::E5M2, true>)
+              : launch(fp8_cast_transpose_kernel<T, DType::E5M2, false>);
     } else {
-      TS_CHECK(format == DType::E4M3 || (out == nullptr && out_t == nullptr),
-               "fp8_cast_transpose: output dtype {} is not fp8", dtype_name(format));
-      fp8_cast_transpose_kernel<T, DType::E4M3>
-          <<<grid, kCastThreads, 0, stream>>>(in, R, C, scale, o, ot, a, vec_in, vec_t);
+      aligned ? launch(fp8_cast_transpose_kernel<T, DType::E4M3, true>)
+              : launch(fp8_cast_transpose_kernel<T, DType::E4M3, false>);
     }
   });
   TS_CUDA_CHECK_LAUNCH("fp8_cast_transpose_kernel");

@@ -203,16 +203,25 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return v;
 }
 
+// *amax_bits as a block reads it before its values (0 where null; thread 0's is the one used):
+// amaxes only grow, so it is a lower bound of the value at the block's end.
+__device__ __forceinline__ unsigned amax_seen(const unsigned* amax_bits) {
+  return amax_bits != nullptr && threadIdx.x == 0 ? load_device_coherent(amax_bits) : 0u;
+}
+
 // An amax over a block of kThreads: warp_amax holds each warp's max of |x| bit patterns (for
 // non-negative floats unsigned order is float order, and a NaN sorts above Inf); one thread
 // folds them into *amax_bits, one atomic a block (per-warp atomics on the one address
-// serialise), none when the block saw only zeros.
+// serialise), none when the block's max is not above `seen` (amax_seen at the kernel's start):
+// an atomic that could not change the value is not sent to the one address every block of
+// the kernel shares.
 template <int kThreads>
-__device__ __forceinline__ void block_amax_to(unsigned* amax_bits, const unsigned* warp_amax) {
+__device__ __forceinline__ void block_amax_to(unsigned* amax_bits, const unsigned* warp_amax,
+                                              unsigned seen) {
   unsigned block_max = 0;
 #pragma unroll
   for (int w = 0; w < kThreads / 32; ++w) block_max = max(block_max, warp_amax[w]);
-  if (block_max != 0) atomicMax(amax_bits, block_max);
+  if (block_max > seen) atomicMax(amax_bits, block_max);
 }
 
 // ---- host-side launch helpers ----

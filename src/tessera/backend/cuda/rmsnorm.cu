@@ -23,6 +23,9 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
                                        const float* scale_ptr = nullptr,
                                        unsigned* amax_bits = nullptr) {
   __shared__ float shared[32];
+  const unsigned seen = kCodes ? amax_seen(amax_bits) : 0u;
+  // Read before the reduction, off the row's path from its reduction to its codes.
+  const float scale = kCodes ? *scale_ptr : 1.0f;
   const int64_t row = blockIdx.x;
   const T* xr = x + row * C;
   float ss = 0.0f;
@@ -35,7 +38,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
   ss = block_sum(ss, shared);
   const float r = rsqrtf(ss / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  unsigned m = 0;
+  unsigned m = 0, m2 = 0;  // m2: two bf16 amaxes, one a half (the pairs below)
   for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
     float v[VEC], w[VEC];
     load_floats<T, VEC>(xr + c, v);
@@ -43,8 +46,25 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = v[k] * r * w[k];
     if (!kCodes || out != nullptr) store_floats<T, VEC>(out + row * C + c, v);
-    if constexpr (kCodes) {
-      const float scale = *scale_ptr;
+    if constexpr (kCodes && std::is_same_v<T, bf16> && VEC % 4 == 0) {
+      // Pairs: one rounding to bf16, one |.| and max of both halves (bf16 bit patterns order
+      // as their floats do), one conversion to two codes.
+      uint32_t words[VEC / 4] = {};
+#pragma unroll
+      for (int k = 0; k < VEC; k += 2) {
+        const bf16x2 pair = floats_to_bf16x2(v[k], v[k + 1]);
+        const uint32_t bits = *reinterpret_cast<const uint32_t*>(&pair);
+        m2 = max_u16x2(m2, bits & 0x7fff7fffu);
+        const float lo = __uint_as_float(bits << 16), hi = __uint_as_float(bits & 0xffff0000u);
+        words[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(lo * scale, hi * scale))
+                        << (16 * (k / 2 % 2));
+      }
+      if constexpr (VEC == 8) {
+        *reinterpret_cast<uint2*>(codes + row * C + c) = make_uint2(words[0], words[1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(codes + row * C + c) = words[0];
+      }
+    } else if constexpr (kCodes) {
       alignas(8) uint8_t q[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
@@ -55,13 +75,14 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
       store_codes(codes + row * C + c, q);
     }
   }
+  m = max(m, max(m2 << 16, m2 & 0xffff0000u));
   if constexpr (kCodes) {
     __shared__ unsigned warp_amax[kThreads / 32];
     if (amax_bits == nullptr) return;
     m = warp_reduce_max(m);
     if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
     __syncthreads();
-    if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax);
+    if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax, seen);
   }
 }
 
@@ -102,9 +123,12 @@ __global__ void __launch_bounds__(kTileThreads)
     uint32_t word[2] = {0, 0};
 #pragma unroll
     for (int k = 0; k < kTilePack; k += 2) {
-      // The forward's values as it stores them, as the cast reads them back.
-      const float a = to_float(from_float<bf16>(to_float(xv[k]) * r[p] * w[k]));
-      const float b = to_float(from_float<bf16>(to_float(xv[k + 1]) * r[p] * w[k + 1]));
+      // The forward's values as it stores them, as the cast reads them back (both rounded to
+      // bf16 by one conversion).
+      const bf16x2 pair =
+          floats_to_bf16x2(to_float(xv[k]) * r[p] * w[k], to_float(xv[k + 1]) * r[p] * w[k + 1]);
+      const uint32_t bits = *reinterpret_cast<const uint32_t*>(&pair);
+      const float a = __uint_as_float(bits << 16), b = __uint_as_float(bits & 0xffff0000u);
       word[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(a * scale, b * scale))
                      << (16 * (k / 2 % 2));
     }
@@ -178,6 +202,86 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial, const T* dout, co
         dweight_acc[k * packs + c / VEC] += gv[k] * xv[k] * r;
       }
       store_floats<T, VEC>(dxr + c, dv);
+    }
+  }
+  __syncthreads();
+  float* out = partial + static_cast<int64_t>(blockIdx.x) * C;
+  for (int64_t c = threadIdx.x; c < C; c += kThreads)
+    out[c] = dweight_acc[(c % VEC) * packs + c / VEC];
+}
+
+// The pack as the compiler must treat it: new bits, so that floats converted from it before
+// this point are not kept alive to stand for the ones converted after (a bf16 row then stays
+// 4 registers a pack across the reduction, not 8).
+template <class T, int VEC>
+__device__ __forceinline__ void reload_opaque(Pack<T, VEC>& pack) {
+  static_assert(sizeof(pack) == 16);
+  auto* words = reinterpret_cast<uint32_t*>(pack.v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) opaque_bits(words[i]);
+}
+
+// rmsnorm_backward_kernel with a thread's packs of a row (at most kPacks: C <= kPacks * kThreads
+// * VEC) held in registers as they were loaded: g, x and the incoming dx of a row are all
+// issued before its reduction, so a row costs one DRAM latency, not two (the first kernel
+// loads dx only after the reduction), at 4 blocks of 16 rows an SM. The same sums in the same
+// order as rmsnorm_backward_kernel: the same bits.
+template <class T, int VEC, int kPacks>
+__global__ void __launch_bounds__(kThreads, 4)
+    rmsnorm_backward_rows_kernel(T* dx, float* partial, const T* dout, const T* x, const T* weight,
+                                 const float* rstd, int64_t N, int64_t C) {
+  extern __shared__ float dweight_acc[];  // (C)
+  __shared__ float shared[32];
+  const int64_t packs = C / VEC;
+  for (int64_t c = threadIdx.x; c < C; c += kThreads) dweight_acc[c] = 0.0f;
+  Pack<T, VEC> w[kPacks];
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int64_t p = threadIdx.x + i * kThreads;
+    if (p < packs) w[i] = load_pack<T, VEC>(weight + p * VEC);
+  }
+  __syncthreads();  // zeroed with another thread-to-channel mapping than the one used below
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
+  const int64_t row1 = min(N, row0 + kRowsPerBlock);
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (int64_t row = row0; row < row1; ++row) {
+    Pack<T, VEC> g[kPacks], xv[kPacks], d[kPacks];
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int64_t p = threadIdx.x + i * kThreads;
+      if (p < packs) {
+        g[i] = load_pack<T, VEC>(dout + row * C + p * VEC);
+        xv[i] = load_pack<T, VEC>(x + row * C + p * VEC);
+        d[i] = load_pack<T, VEC>(dx + row * C + p * VEC);
+      }
+    }
+    const float r = rstd[row];
+    float gwx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      if (threadIdx.x + i * kThreads < packs) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          gwx += to_float(g[i].v[k]) * to_float(w[i].v[k]) * to_float(xv[i].v[k]);
+      }
+    }
+    gwx = block_sum(gwx, shared);
+    const float coef = r * r * gwx * inv_c;
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int64_t p = threadIdx.x + i * kThreads;
+      if (p >= packs) continue;
+      reload_opaque(g[i]);
+      reload_opaque(xv[i]);
+      reload_opaque(w[i]);
+      float dv[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float gk = to_float(g[i].v[k]), xk = to_float(xv[i].v[k]);
+        dv[k] = to_float(d[i].v[k]) + r * (to_float(w[i].v[k]) * gk - xk * coef);
+        dweight_acc[k * packs + p] += gk * xk * r;
+      }
+      store_floats<T, VEC>(dx + row * C + p * VEC, dv);
     }
   }
   __syncthreads();
@@ -314,7 +418,9 @@ void rmsnorm_backward(void* dx, void* dweight, DType dweight_dtype, const void* 
           static_cast<T*>(dx), partial, static_cast<const T*>(dout), static_cast<const T*>(x),
           static_cast<const T*>(weight), rstd, N, C);
     };
-    if (packed<T>(C, {dx, dout, x, weight})) {
+    if (packed<T>(C, {dx, dout, x, weight}) && C <= 2 * kThreads * kVec) {
+      launch(rmsnorm_backward_rows_kernel<T, kVec, 2>);
+    } else if (packed<T>(C, {dx, dout, x, weight})) {
       launch(rmsnorm_backward_kernel<T, kVec>);
     } else {
       launch(rmsnorm_backward_kernel<T, 1>);

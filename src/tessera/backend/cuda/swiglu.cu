@@ -12,8 +12,11 @@ namespace {
 // streaming: N = 8192, F = 14336 moves 705 MB forward and 1.17 GB backward in bf16.
 constexpr int kThreads = 256;
 
+// __fdividef, not the IEEE division, whose slow path held registers (the backward tiles' 86
+// against 72) and issue slots in kernels bound by bytes in flight. 1 + e^-x is in [1, inf]:
+// __fdividef returns 0 only past 2^126, where the sigmoid is below 1e-38.
 __device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + __expf(-x));
+  return __fdividef(1.0f, 1.0f + __expf(-x));
 }
 
 // One function for both forward kernels: the cast's codes are of exactly the values stored.
@@ -46,6 +49,7 @@ __global__ void __launch_bounds__(kThreads)
     swiglu_forward_cast_kernel(T* out, uint8_t* codes, uint8_t* codes_t, const T* gate_up,
                                int64_t N, int64_t F, const float* scale_ptr, unsigned* amax_bits) {
   __shared__ unsigned warp_amax[kThreads / 32];
+  const unsigned seen = amax_seen(amax_bits);
   const int64_t packs_per_row = F / VEC;
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   unsigned m = 0;
@@ -75,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
   m = warp_reduce_max(m);
   if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
   __syncthreads();
-  if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax);
+  if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax, seen);
 }
 
 // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))). One function for both backward
@@ -123,8 +127,11 @@ constexpr int kCastRowsPerPass = kCastThreads / (kCastCols / kCastPack);  // 16
 constexpr int kCastPasses = kCastRows / kCastRowsPerPass;                 // 8
 constexpr int kCastInFlight = 4;  // measured: 4 rows' loads beat 1, 2 and 8 (lab, H200)
 
+// Registers capped so that 8 backward (64 registers, none spilled) and 10 forward blocks fit an
+// SM: more tiles' loads in flight (the full Llama step's SwiGLU casts 288 -> 245 ms with the
+// sigmoid above; performance-notes entry 62).
 template <DType kFormat, bool kBackward>
-__global__ void __launch_bounds__(kCastThreads)
+__global__ void __launch_bounds__(kCastThreads, kBackward ? 8 : 10)
     swiglu_cast_tiles_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ dout,
                              int64_t N, int64_t F, const float* __restrict__ scale_ptr,
                              uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
@@ -133,6 +140,7 @@ __global__ void __launch_bounds__(kCastThreads)
   // Rows of 68 bytes, as the cast kernel's: the transposed reads fall in distinct banks.
   __shared__ __align__(16) uint8_t tile[kHalves][kCastRows][kCastCols + 4];
   __shared__ unsigned warp_amax[kCastThreads / 32];
+  const unsigned seen = amax_seen(amax_bits);
   const float scale = *scale_ptr;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCastRows;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kCastCols;
@@ -198,7 +206,7 @@ __global__ void __launch_bounds__(kCastThreads)
     if (t % 32 == 0) warp_amax[t / 32] = m;
   }
   __syncthreads();
-  if (amax_bits != nullptr && t == 0) block_amax_to<kCastThreads>(amax_bits, warp_amax);
+  if (amax_bits != nullptr && t == 0) block_amax_to<kCastThreads>(amax_bits, warp_amax, seen);
 #pragma unroll
   for (int half = 0; half < kHalves; ++half)
     store_tile_transposed<kCastThreads, kCastCols>(tile[half], t, out_t, half * F + c0, N, r0);

@@ -69,6 +69,25 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// ---- memory and integer pairs ----
+
+// *p as the device's last level of cache holds it (not a line an SM cached earlier): the
+// value other blocks' atomics have left there so far.
+__device__ __forceinline__ unsigned load_device_coherent(const unsigned* p) {
+  return __ldcg(p);
+}
+
+// w, from here on bits the compiler cannot see through: values it derived from w before are
+// not reused for those derived after (no instruction is emitted).
+__device__ __forceinline__ void opaque_bits(uint32_t& w) {
+  asm volatile("" : "+r"(w));
+}
+
+// The unsigned max of each 16-bit half (one VIMNMX.U16x2 on sm_90).
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  return __vmaxu2(a, b);
+}
+
 // ---- FP8 codes (core/fp8.h's conversion: round to nearest even, saturating) ----
 
 template <DType kFormat>

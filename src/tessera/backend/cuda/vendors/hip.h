@@ -183,6 +183,22 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return exp2f(x);
 }
 
+// ---- memory and integer pairs ----
+
+// A relaxed atomic load: the device-coherent value, whatever an SM's cache holds.
+__device__ __forceinline__ unsigned load_device_coherent(const unsigned* p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+__device__ __forceinline__ void opaque_bits(uint32_t& w) {
+  asm volatile("" : "+v"(w));
+}
+
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  const uint32_t lo = max(a & 0xffffu, b & 0xffffu), hi = max(a >> 16, b >> 16);
+  return lo | (hi << 16);
+}
+
 // ---- FP8 codes: no conversion instruction on gfx90a, so integer code (vendors/fp8_codes.h) ----
 
 template <DType kFormat>
