@@ -79,7 +79,10 @@ struct StepBufferDemand {
   BackendOptions backend;  // attention's implementation and mode pick its scratch
   // The fused AdamW calls of one optimizer step, each with the lengths of its segments.
   std::vector<std::vector<int64_t>> adamw_segments;
-  bool fp8 = false;  // FP8 GEMMs with per-tensor scales (their scale slots)
+  // FP8 expert stacks with per-tensor scales: the per-group GEMMs copy their weights' scales,
+  // side by side in the scale state, into 16-byte slots (the dense FP8 linears' scales are
+  // already 16 bytes apart; the grouped kernel reads the experts' in place).
+  bool fp8_expert_gemms = false;
 };
 
 class Platform {

@@ -84,8 +84,9 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
     for (const ParamSegment& seg : call) lengths.push_back(seg.count);
     if (!lengths.empty()) d.adamw_segments.push_back(std::move(lengths));
   }
-  // Per-tensor FP8 GEMMs copy unaligned scalar scales into slots; block scales are arrays.
-  d.fp8 = rt.fp8.enabled() && rt.fp8.recipe != Fp8Recipe::Blockwise;
+  // Blockwise scaling keeps the experts in bf16. Planned whether or not the grouped kernel will
+  // take the stacks' shapes on the machine that runs the plan.
+  d.fp8_expert_gemms = rt.fp8.enabled() && rt.fp8.recipe != Fp8Recipe::Blockwise && s.moe.enabled();
   return d;
 }
 

@@ -1422,7 +1422,7 @@ size_t step_buffer_bytes(const StepBufferDemand& d) {
     chunks = std::max(chunks, n);
   }
   return kLtWorkspaceBytes + granules + chunks * sizeof(AdamWChunk) +
-         (d.fp8 ? kFp8ScaleSlotBytes : 0);
+         (d.fp8_expert_gemms ? kFp8ScaleSlotBytes : 0);
 }
 
 int device_count() {
