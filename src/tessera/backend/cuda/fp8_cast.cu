@@ -84,7 +84,7 @@ __device__ __forceinline__ void load_tile(T (&v)[kLoadPasses][kPack], const T* _
 // against 96, 8 blocks an SM against 5 (the full Llama step's transposing casts 127 -> 87 ms;
 // performance-notes entry 62).
 template <class T, DType kFormat, bool kAligned>
-__global__ void __launch_bounds__(kCastThreads, kAligned && sizeof(T) == 2 ? 8 : 0)
+__global__ void TS_LAUNCH_BOUNDS(kCastThreads, kAligned && sizeof(T) == 2 ? 8 : 0)
     fp8_cast_transpose_kernel(const T* __restrict__ x, int64_t R, int64_t C,
                               const float* __restrict__ scale_ptr, uint8_t* __restrict__ out,
                               uint8_t* __restrict__ out_t, unsigned* __restrict__ amax_bits,

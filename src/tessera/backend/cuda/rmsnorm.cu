@@ -227,7 +227,7 @@ __device__ __forceinline__ void reload_opaque(Pack<T, VEC>& pack) {
 // loads dx only after the reduction), at 4 blocks of 16 rows an SM. The same sums in the same
 // order as rmsnorm_backward_kernel: the same bits.
 template <class T, int VEC, int kPacks>
-__global__ void __launch_bounds__(kThreads, 4)
+__global__ void TS_LAUNCH_BOUNDS(kThreads, 4)
     rmsnorm_backward_rows_kernel(T* dx, float* partial, const T* dout, const T* x, const T* weight,
                                  const float* rstd, int64_t N, int64_t C) {
   extern __shared__ float dweight_acc[];  // (C)

@@ -131,7 +131,7 @@ constexpr int kCastInFlight = 4;  // measured: 4 rows' loads beat 1, 2 and 8 (la
 // SM: more tiles' loads in flight (the full Llama step's SwiGLU casts 288 -> 245 ms with the
 // sigmoid above; performance-notes entry 62).
 template <DType kFormat, bool kBackward>
-__global__ void __launch_bounds__(kCastThreads, kBackward ? 8 : 10)
+__global__ void TS_LAUNCH_BOUNDS(kCastThreads, kBackward ? 8 : 10)
     swiglu_cast_tiles_kernel(const bf16* __restrict__ gate_up, const bf16* __restrict__ dout,
                              int64_t N, int64_t F, const float* __restrict__ scale_ptr,
                              uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,

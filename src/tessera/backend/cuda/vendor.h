@@ -3,8 +3,8 @@
 // kernels, launchers, the backend and the communicator are written against CUDA's names (the
 // runtime, bf16 types, cuBLASLt, NCCL, NVTX) and a few device helpers with one name on every
 // vendor (warp shuffles and votes, exp2, a device-coherent load, opaque bits, the max of 16-bit
-// pairs, FP8 codes); vendors/hip.h maps the names onto HIP, hipBLASLt, RCCL and roctx. The
-// build picks the vendor (CMake's TESSERA_GPU).
+// pairs, FP8 codes, launch bounds in blocks per multiprocessor); vendors/hip.h maps the names onto
+// HIP, hipBLASLt, RCCL and roctx. The build picks the vendor (CMake's TESSERA_GPU).
 //
 // What each vendor compiles (docs/architecture.md, "Adding a GPU vendor"): the portable kernel
 // families use only this header, so they compile for both; files with inline PTX (flash

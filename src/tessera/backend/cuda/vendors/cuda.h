@@ -69,6 +69,10 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// A kernel's launch bounds: at most `threads` a block, registers capped so that `blocks` of
+// them fit an SM (0: no cap).
+#define TS_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+
 // ---- memory and integer pairs ----
 
 // *p as the device's last level of cache holds it (not a line an SM cached earlier): the

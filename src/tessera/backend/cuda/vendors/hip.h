@@ -183,6 +183,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return exp2f(x);
 }
 
+// HIP's second __launch_bounds__ argument is the minimum waves per SIMD (amdgpu_waves_per_eu),
+// not blocks per multiprocessor: `blocks` blocks of `threads` on a CU's four SIMDs, in 64-lane
+// waves, are blocks * ceil(threads / 64) / 4 waves a SIMD (rounded up; 0 stays 0, no cap).
+#define TS_LAUNCH_BOUNDS(threads, blocks) \
+  __launch_bounds__(threads, ((blocks) * (((threads) + 63) / 64) + 3) / 4)
+
 // ---- memory and integer pairs ----
 
 // A relaxed atomic load: the device-coherent value, whatever an SM's cache holds.
