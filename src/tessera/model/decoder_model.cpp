@@ -234,6 +234,8 @@ ModelMemory DecoderModel::plan_memory(const ModelSpec& whole, const ModelRuntime
     const auto linears = fp8_linears(layout, layers, rt);
     m.fp8 = Fp8Linears::plan_bytes(rt.fp8, shapes_of(linears), rt.tokens()) +
             static_cast<size_t>(unit_copies(layout, linears, rt).elements) * dtype_size(rt.compute_dtype);
+    m.fp8_expert_stacks = std::ranges::any_of(
+        linears, [](const auto& linear) { return linear.second.expert_stack(); });
   }
   return m;
 }

@@ -145,6 +145,7 @@ struct ModelMemory {
   size_t activations = 0;  // stored activations, backward scratch, logits chunk, batch
   size_t fp8 = 0;          // FP8 scaling state, weight cache and cast buffers (fp8 runs)
   size_t block_state = 0;  // the blocks' fp32 statistics and state (MoE balance, expert bias)
+  bool fp8_expert_stacks = false;  // FP8 linears include expert stacks (grouped FP8 GEMMs)
 };
 
 // What the model reports, as a pass goes, to whoever manages its parameters across ranks

@@ -52,8 +52,8 @@ std::vector<std::vector<ParamRange>> owned_by_rank(const PlanInput& in, const Pa
 }
 
 // What the GPU backend's own buffers are asked for in a step of this run (StepBufferDemand).
-StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
-                             const std::vector<ParamRange>& owned) {
+StepBufferDemand step_demand(const PlanInput& in, const ModelMemory& model,
+                             const ParamLayout& layout, const std::vector<ParamRange>& owned) {
   const ModelSpec& s = in.spec;
   const ModelRuntime& rt = in.runtime;
   StepBufferDemand d;
@@ -84,9 +84,9 @@ StepBufferDemand step_demand(const PlanInput& in, const ParamLayout& layout,
     for (const ParamSegment& seg : call) lengths.push_back(seg.count);
     if (!lengths.empty()) d.adamw_segments.push_back(std::move(lengths));
   }
-  // Blockwise scaling keeps the experts in bf16. Planned whether or not the grouped kernel will
-  // take the stacks' shapes on the machine that runs the plan.
-  d.fp8_expert_gemms = rt.fp8.enabled() && rt.fp8.recipe != Fp8Recipe::Blockwise && s.moe.enabled();
+  // Planned whether or not the grouped kernel will take the stacks' shapes on the machine that
+  // runs the plan.
+  d.fp8_expert_gemms = model.fp8_expert_stacks;
   return d;
 }
 
@@ -162,9 +162,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
                        : 0);
   if (in.gpu) {
     const Platform* platform = gpu_platform();
-    p.backend_buffers = platform
-                            ? platform->step_buffer_bytes(step_demand(in, layout, owned[largest]))
-                            : kBackendBuffersBytes;
+    p.backend_buffers =
+        platform ? platform->step_buffer_bytes(step_demand(in, model, layout, owned[largest]))
+                 : kBackendBuffersBytes;
     p.context = kContextBytes;
   }
   return p;
