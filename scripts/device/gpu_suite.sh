@@ -10,7 +10,9 @@
 #       [baseline]   (not in the default; dist: 2 GPUs; four_gpu: scripts/device/four_gpu.sh
 #                     with the steps in FOUR_GPU_STEPS (default all), 4 GPUs; eight_gpu:
 #                     scripts/device/eight_gpu.sh with EIGHT_GPU_STEPS, 8 GPUs; baseline: bench model of the packed
-#                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline)
+#                     baseline build and this one, interleaved, scripts/device/pack.sh --baseline;
+#                     full_baseline: the same at full size, FP8 hybrid with FULL_ARGS, each
+#                     profiled step's kernels reported to OUT/full_ab_BUILD_roundN/report)
 #       full: Llama 3.1 8B and Qwen 2.5 7B at full size on one GPU, BF16 and FP8 hybrid
 #             (bench model --full: all layers, 16 micro-batches per step, precision-aware
 #             optimizer, profiled step breakdown); full_proxies: the 4-layer proxies and the
@@ -190,6 +192,22 @@ if want baseline && [ -x "$BIN/tessera_baseline" ]; then
     for build in tessera_baseline tessera; do
       timeout 400 "$BIN/$build" bench model -o "$OUT/${build}_round$round" 2>&1 \
         | tee "$OUT/bench_${build}_round$round.log" | tail -5
+    done
+  done
+fi
+if want full_baseline && [ -x "$BIN/tessera_baseline" ]; then
+  echo "== bench model --full, FP8 hybrid: the baseline build and this one, two interleaved rounds"
+  for round in 1 2; do
+    for build in tessera_baseline tessera; do
+      dir="$OUT/full_ab_${build}_round$round"
+      timeout 290 "$BIN/$build" bench model --full --models "${FULL_MODELS:-llama3.1_8B}" --fp8 hybrid \
+        ${FULL_ARGS:-} -o "$dir" 2>&1 | tee "$dir.log" | tail -3
+      # The kernel tables stay; the traces (hundreds of MB) do not travel back.
+      for trace in "$dir"/traces/*.pt.trace.json.gz; do
+        [ -e "$trace" ] && "$BIN/tessera" report "$trace" -o "$dir/report_$(basename "$trace" .pt.trace.json.gz)" \
+          > /dev/null 2>&1
+      done
+      rm -rf "$dir/traces"
     done
   done
 fi

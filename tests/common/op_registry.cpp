@@ -288,7 +288,8 @@ std::vector<OpCase> matmul_cases() {
 
 std::vector<OpCase> norm_and_embedding_cases() {
   std::vector<OpCase> cases;
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{257, 320}, {33, 100}, {512, 4096}}) {
+  // C 320 and 4096: the one-pass kernels on CUDA; 5120: the two-pass ones; 100: unaligned rows.
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{257, 320}, {33, 100}, {512, 4096}, {24, 5120}}) {
     OpCase f;
     f.name = fmt::format("rmsnorm_forward N{} C{}", N, C);
     f.specs = {{"x", {N, C}},
@@ -1301,7 +1302,7 @@ std::vector<OpCase> forward_cast_cases() {
                                         b.swiglu_forward_cast(t.at("y"), t.at("gate_up"), y);
                                       }));
   }
-  for (const P& p : std::vector<P>{{144, 320, 96}, {33, 100, 0}}) {
+  for (const P& p : std::vector<P>{{144, 320, 96}, {33, 100, 0}, {48, 4096, 32}, {32, 5120, 32}}) {
     cases.push_back(forward_cast_case("rmsnorm_forward_cast", p.M, p.K, p.N,
                                       {{"x", {p.M, p.K}},
                                        {"norm_w", {p.K}, Kind::Act, Role::In, 0.5f},

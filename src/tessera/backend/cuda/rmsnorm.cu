@@ -9,12 +9,73 @@ namespace tessera::cuda {
 namespace {
 
 // One block of 256 threads per row: at C = 4096 bf16 that is 2 packs of 8 per thread and
-// 8 resident blocks (rows) per SM. The row is read twice, the second time from L1 (8 KiB per
-// row, 64 KiB per SM), so DRAM sees x once and out once.
+// 8 resident blocks (rows) per SM. Rows wider than the one-pass kernel takes are read twice,
+// the second time from L1 (8 KiB per row at C = 4096, 64 KiB per SM), so DRAM sees x once.
 constexpr int kThreads = 256;
+// Rows of up to 4,096 bf16 channels (2 packs a thread) take the one-pass forward.
+constexpr int kRowPacks = 2;
 
-// With kCodes also the codes (in kFormat, scaled by *scale) of the values stored (their
-// rounding to T, as the FP8 cast reads them back) and their amax, max-ed into *amax_bits (when
+// The pack as the compiler must treat it: new bits, so that floats converted from it before
+// this point are not kept alive to stand for the ones converted after (a bf16 row then stays
+// 4 registers a pack across the reduction, not 8).
+template <class T, int VEC>
+__device__ __forceinline__ void reload_opaque(Pack<T, VEC>& pack) {
+  static_assert(sizeof(pack) == 16);
+  auto* words = reinterpret_cast<uint32_t*>(pack.v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) opaque_bits(words[i]);
+}
+
+// One pack of a row's output, v = x * rstd * w in fp32: stored (unless out is null, with
+// kCodes) and, with kCodes, converted to codes (in kFormat, scaled by `scale`) of the values
+// stored (their rounding to T, as the FP8 cast reads them back), their |.| max-ed into m, or
+// for bf16 pairs into m2 (two bf16 maxes, one a half).
+template <class T, int VEC, bool kCodes, DType kFormat>
+__device__ __forceinline__ void store_normed(const float (&v)[VEC], T* out, uint8_t* codes,
+                                             int64_t at, float scale, unsigned& m, unsigned& m2) {
+  if (!kCodes || out != nullptr) store_floats<T, VEC>(out + at, v);
+  if constexpr (kCodes && std::is_same_v<T, bf16> && VEC % 4 == 0) {
+    // Pairs: one rounding to bf16, one |.| and max of both halves (bf16 bit patterns order as
+    // their floats do), one conversion to two codes.
+    uint32_t words[VEC / 4] = {};
+#pragma unroll
+    for (int k = 0; k < VEC; k += 2) {
+      const bf16x2 pair = floats_to_bf16x2(v[k], v[k + 1]);
+      const uint32_t bits = *reinterpret_cast<const uint32_t*>(&pair);
+      m2 = max_u16x2(m2, bits & 0x7fff7fffu);
+      const float lo = __uint_as_float(bits << 16), hi = __uint_as_float(bits & 0xffff0000u);
+      words[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(lo * scale, hi * scale))
+                      << (16 * (k / 2 % 2));
+    }
+    if constexpr (VEC == 8) {
+      *reinterpret_cast<uint2*>(codes + at) = make_uint2(words[0], words[1]);
+    } else {
+      *reinterpret_cast<uint32_t*>(codes + at) = words[0];
+    }
+  } else if constexpr (kCodes) {
+    alignas(8) uint8_t q[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float stored = to_float(from_float<T>(v[k]));
+      m = max(m, __float_as_uint(fabsf(stored)));
+      q[k] = fp8_encode<kFormat>(stored * scale);
+    }
+    store_codes(codes + at, q);
+  }
+}
+
+// The block's max of its threads' m and m2 (store_normed's) into *amax_bits, when non-null.
+__device__ __forceinline__ void fold_block_amax(unsigned m, unsigned m2, unsigned* amax_bits,
+                                                unsigned seen) {
+  __shared__ unsigned warp_amax[kThreads / 32];
+  if (amax_bits == nullptr) return;
+  m = warp_reduce_max(max(m, max(m2 << 16, m2 & 0xffff0000u)));
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax, seen);
+}
+
+// With kCodes also the codes of the values stored and their amax, max-ed into *amax_bits (when
 // non-null) one atomic a block, as the cast kernel does: an FP8 linear's forward cast folded
 // into its input's producer (rmsnorm_forward_cast). out may then be null: not stored.
 template <class T, int VEC, bool kCodes = false, DType kFormat = DType::E4M3>
@@ -38,52 +99,67 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T*
   ss = block_sum(ss, shared);
   const float r = rsqrtf(ss / static_cast<float>(C) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
-  unsigned m = 0, m2 = 0;  // m2: two bf16 amaxes, one a half (the pairs below)
+  unsigned m = 0, m2 = 0;
   for (int64_t c = threadIdx.x * VEC; c < C; c += kThreads * VEC) {
     float v[VEC], w[VEC];
     load_floats<T, VEC>(xr + c, v);
     load_floats<T, VEC>(weight + c, w);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) v[k] = v[k] * r * w[k];
-    if (!kCodes || out != nullptr) store_floats<T, VEC>(out + row * C + c, v);
-    if constexpr (kCodes && std::is_same_v<T, bf16> && VEC % 4 == 0) {
-      // Pairs: one rounding to bf16, one |.| and max of both halves (bf16 bit patterns order
-      // as their floats do), one conversion to two codes.
-      uint32_t words[VEC / 4] = {};
+    store_normed<T, VEC, kCodes, kFormat>(v, out, codes, row * C + c, scale, m, m2);
+  }
+  if constexpr (kCodes) fold_block_amax(m, m2, amax_bits, seen);
+}
+
+// rmsnorm_forward_kernel for rows of at most kPacks packs a thread, in one pass: a thread's
+// packs of x are all loaded before the sum of squares and held as loaded through the block's
+// reduction. The first kernel's loop over a runtime row length issues one pack's load at a
+// time and reads the row again after the reduction; here a row costs one DRAM latency and no
+// second read. The weight, which every row reads (so L1 or L2 holds it), is loaded after the
+// reduction: held too it would cost 8 registers, and 8 blocks an SM fit 32 (31 used). The same
+// sums in the same order: the same bits.
+template <class T, int VEC, int kPacks, bool kCodes = false, DType kFormat = DType::E4M3>
+__global__ void rmsnorm_forward_row_kernel(T* out, float* rstd, const T* x, const T* weight,
+                                           int64_t C, float eps, uint8_t* codes = nullptr,
+                                           const float* scale_ptr = nullptr,
+                                           unsigned* amax_bits = nullptr) {
+  __shared__ float shared[32];
+  const unsigned seen = kCodes ? amax_seen(amax_bits) : 0u;
+  const float scale = kCodes ? *scale_ptr : 1.0f;
+  const int64_t row = blockIdx.x;
+  const int packs = static_cast<int>(C / VEC);
+  Pack<T, VEC> xv[kPacks];
 #pragma unroll
-      for (int k = 0; k < VEC; k += 2) {
-        const bf16x2 pair = floats_to_bf16x2(v[k], v[k + 1]);
-        const uint32_t bits = *reinterpret_cast<const uint32_t*>(&pair);
-        m2 = max_u16x2(m2, bits & 0x7fff7fffu);
-        const float lo = __uint_as_float(bits << 16), hi = __uint_as_float(bits & 0xffff0000u);
-        words[k / 4] |= static_cast<uint32_t>(fp8x2_encode<kFormat>(lo * scale, hi * scale))
-                        << (16 * (k / 2 % 2));
-      }
-      if constexpr (VEC == 8) {
-        *reinterpret_cast<uint2*>(codes + row * C + c) = make_uint2(words[0], words[1]);
-      } else {
-        *reinterpret_cast<uint32_t*>(codes + row * C + c) = words[0];
-      }
-    } else if constexpr (kCodes) {
-      alignas(8) uint8_t q[VEC];
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = threadIdx.x + i * kThreads;
+    if (p < packs) xv[i] = load_pack<T, VEC>(x + row * C + p * VEC);
+  }
+  float ss = 0.0f;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float stored = to_float(from_float<T>(v[k]));
-        m = max(m, __float_as_uint(fabsf(stored)));
-        q[k] = fp8_encode<kFormat>(stored * scale);
-      }
-      store_codes(codes + row * C + c, q);
+  for (int i = 0; i < kPacks; ++i) {
+    if (threadIdx.x + i * kThreads >= packs) continue;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      const float v = to_float(xv[i].v[k]);
+      ss += v * v;
     }
   }
-  m = max(m, max(m2 << 16, m2 & 0xffff0000u));
-  if constexpr (kCodes) {
-    __shared__ unsigned warp_amax[kThreads / 32];
-    if (amax_bits == nullptr) return;
-    m = warp_reduce_max(m);
-    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
-    __syncthreads();
-    if (threadIdx.x == 0) block_amax_to<kThreads>(amax_bits, warp_amax, seen);
+  ss = block_sum(ss, shared);
+  const float r = rsqrtf(ss / static_cast<float>(C) + eps);
+  if (threadIdx.x == 0) rstd[row] = r;
+  unsigned m = 0, m2 = 0;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = threadIdx.x + i * kThreads;
+    if (p >= packs) continue;
+    reload_opaque(xv[i]);
+    const Pack<T, VEC> w = load_pack<T, VEC>(weight + p * VEC);
+    float v[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = to_float(xv[i].v[k]) * r * to_float(w.v[k]);
+    store_normed<T, VEC, kCodes, kFormat>(v, out, codes, row * C + p * VEC, scale, m, m2);
   }
+  if constexpr (kCodes) fold_block_amax(m, m2, amax_bits, seen);
 }
 
 // rmsnorm_transposed_codes: the codes of the forward's stored output (x * rstd * w in fp32 as
@@ -210,17 +286,6 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial, const T* dout, co
     out[c] = dweight_acc[(c % VEC) * packs + c / VEC];
 }
 
-// The pack as the compiler must treat it: new bits, so that floats converted from it before
-// this point are not kept alive to stand for the ones converted after (a bf16 row then stays
-// 4 registers a pack across the reduction, not 8).
-template <class T, int VEC>
-__device__ __forceinline__ void reload_opaque(Pack<T, VEC>& pack) {
-  static_assert(sizeof(pack) == 16);
-  auto* words = reinterpret_cast<uint32_t*>(pack.v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) opaque_bits(words[i]);
-}
-
 // rmsnorm_backward_kernel with a thread's packs of a row (at most kPacks: C <= kPacks * kThreads
 // * VEC) held in registers as they were loaded: g, x and the incoming dx of a row are all
 // issued before its reduction, so a row costs one DRAM latency, not two (the first kernel
@@ -311,7 +376,10 @@ void rmsnorm_forward(void* out, float* rstd, const void* x, const void* weight, 
     auto* o = static_cast<T*>(out);
     auto* xs = static_cast<const T*>(x);
     auto* w = static_cast<const T*>(weight);
-    if (packed<T>(C, {out, x, weight})) {
+    if (packed<T>(C, {out, x, weight}) && C <= kRowPacks * kThreads * kVec) {
+      rmsnorm_forward_row_kernel<T, kVec, kRowPacks>
+          <<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
+    } else if (packed<T>(C, {out, x, weight})) {
       rmsnorm_forward_kernel<T, kVec><<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
     } else {
       rmsnorm_forward_kernel<T, 1><<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps);
@@ -340,12 +408,21 @@ void rmsnorm_forward_cast(void* out, float* rstd, void* codes, const void* x, co
       kernel<<<N, kThreads, 0, stream>>>(o, rstd, xs, w, C, eps, q, scale, amax_bits);
     };
     const bool vec = packed<T>(C, {out, x, weight, codes});
+    const bool row = vec && C <= kRowPacks * kThreads * kVec;
+    const auto with_format = [&](auto f) {
+      constexpr DType kFormat = decltype(f)::value;
+      if (row) {
+        launch(rmsnorm_forward_row_kernel<T, kVec, kRowPacks, true, kFormat>);
+      } else if (vec) {
+        launch(rmsnorm_forward_kernel<T, kVec, true, kFormat>);
+      } else {
+        launch(rmsnorm_forward_kernel<T, 1, true, kFormat>);
+      }
+    };
     if (format == DType::E4M3) {
-      vec ? launch(rmsnorm_forward_kernel<T, kVec, true, DType::E4M3>)
-          : launch(rmsnorm_forward_kernel<T, 1, true, DType::E4M3>);
+      with_format(std::integral_constant<DType, DType::E4M3>{});
     } else {
-      vec ? launch(rmsnorm_forward_kernel<T, kVec, true, DType::E5M2>)
-          : launch(rmsnorm_forward_kernel<T, 1, true, DType::E5M2>);
+      with_format(std::integral_constant<DType, DType::E5M2>{});
     }
     TS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
   });
